@@ -1,0 +1,23 @@
+"""shardq's pure core: the queue engine. It does no I/O and never reads the clock."""
+
+from ._config import EngineConfig
+from ._engine import COMMANDS, Engine
+from ._ids import IdFactory
+from ._job import Job
+from ._lifecycle import STATES, next_state
+from ._mutations import Mutation, Record, fold_mutations
+from ._query import job_view
+
+__all__ = [
+    "COMMANDS",
+    "STATES",
+    "Engine",
+    "EngineConfig",
+    "IdFactory",
+    "Job",
+    "Mutation",
+    "Record",
+    "fold_mutations",
+    "job_view",
+    "next_state",
+]

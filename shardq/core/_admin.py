@@ -1,0 +1,236 @@
+"""Queue control and DLQ administration (reference §2.5, §2.6 and the stall config of §2.7)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from shardq.errors import CommandError
+
+from ._job import Job
+from ._lifecycle import COMPLETED, DELAYED, FAILED, WAITING, WAITING_CHILDREN
+from ._options import as_int, is_number
+from ._queue import QueueState
+from ._state import EngineState
+
+__all__ = ["AdminOps"]
+
+_STALL_KEYS: Final = {"enabled": bool, "stallInterval": int, "maxStalls": int, "gracePeriod": int}
+_DLQ_KEYS: Final = {
+    "autoRetry": bool,
+    "autoRetryInterval": int,
+    "maxAutoRetries": int,
+    "maxAge": int,
+    "maxEntries": int,
+}
+_CLEAN_STATES: Final = {
+    None: (WAITING, DELAYED),
+    "wait": (WAITING,),
+    "waiting": (WAITING,),
+    "prioritized": (WAITING,),
+    "delayed": (DELAYED,),
+    "completed": (COMPLETED,),
+    "failed": (FAILED,),
+    "waiting-children": (WAITING_CHILDREN,),
+}
+
+
+class AdminOps(EngineState):
+    def _q(self, cmd: Mapping[str, Any]) -> QueueState:
+        return self.queue(str(cmd.get("queue", "")))
+
+    def _peek(self, cmd: Mapping[str, Any]) -> QueueState:
+        """The queue for a read: a missing queue reads as defaults and is not created."""
+        name = str(cmd.get("queue", ""))
+        return self.queues.get(name) or QueueState(name, self.jobs)
+
+    def _save_config(self, q: QueueState) -> None:
+        self.out.append(("queue", q.name, q.config()))
+
+    def _jobs_in(self, q: QueueState, states: Iterable[str]) -> list[Job]:
+        wanted = set(states)
+        return [j for i in q.ids if (j := self.jobs[i]).state in wanted]
+
+    # -- pause, drain, clean, obliterate --------------------------------------------------
+
+    def cmd_pause(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self._q(cmd)
+        q.paused = True
+        self._save_config(q)
+        return {"ok": True}
+
+    def cmd_resume(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self._q(cmd)
+        q.paused = False
+        self._save_config(q)
+        self.events.append(("ready", q.name, ""))
+        return {"ok": True}
+
+    def cmd_is_paused(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self.queues.get(str(cmd.get("queue")))
+        return {"ok": True, "paused": bool(q and q.paused)}
+
+    def cmd_drain(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self._q(cmd)
+        doomed = self._jobs_in(q, (WAITING, DELAYED))
+        for job in doomed:
+            self.move(job, "remove", now, {})
+        return {"ok": True, "count": len(doomed)}
+
+    def cmd_clean(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self._q(cmd)
+        state = cmd.get("state")
+        states = _CLEAN_STATES.get(state, ()) if state is None or isinstance(state, str) else ()
+        grace = as_int(cmd.get("grace"), 0)
+        limit = as_int(cmd.get("limit"), 1000)
+        ids: list[str] = []
+        for job in self._jobs_in(q, states):
+            if len(ids) >= limit:
+                break
+            if now - _finished_at(job) >= grace:
+                ids.append(job.id)
+                self.move(job, "remove", now, {})
+        return {"ok": True, "count": len(ids), "ids": ids}
+
+    def cmd_obliterate(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        name = str(cmd.get("queue", ""))
+        q = self.queues.get(name)
+        if q is not None:
+            # The writer deletes the whole queue from one "qdel"; no per-job mutation is needed.
+            for job_id in list(q.ids):
+                self.remove(self.jobs[job_id], emit=False)
+            del self.queues[name]
+        self.out.append(("qdel", name))
+        return {"ok": True}
+
+    def cmd_list_queues(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        return {"ok": True, "queues": sorted(n for n, q in self.queues.items() if not q.is_default())}
+
+    # -- stall and DLQ config --------------------------------------------------------------
+
+    def cmd_set_stall_config(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self._q(cmd)
+        q.stall.update(_typed_config(cmd.get("config"), _STALL_KEYS))
+        self._save_config(q)
+        return {"ok": True}
+
+    def cmd_get_stall_config(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        return {"ok": True, "config": dict(self._peek(cmd).stall)}
+
+    def cmd_set_dlq_config(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self._q(cmd)
+        q.dlq_config.update(_typed_config(cmd.get("config"), _DLQ_KEYS))
+        self._save_config(q)
+        self._cap_dlq(q)
+        return {"ok": True}
+
+    def cmd_get_dlq_config(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        return {"ok": True, "config": dict(self._peek(cmd).dlq_config)}
+
+    # -- the DLQ itself --------------------------------------------------------------------
+
+    def cmd_dlq(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self.queues.get(str(cmd.get("queue")))
+        entries = self._dlq_jobs(q, cmd.get("filter"))
+        count = as_int(cmd.get("count"), len(entries))
+        chosen = entries[: max(count, 0)]
+        return {
+            "ok": True,
+            "jobs": [j.to_wire() for j in chosen],
+            "entries": [{"job": j.to_wire(), **(j.dlq or {})} for j in chosen],
+        }
+
+    def _dlq_jobs(self, q: QueueState | None, flt: object) -> list[Job]:
+        jobs = [self.jobs[i] for i in (q.dlq if q else ())]
+        if not isinstance(flt, Mapping):
+            return jobs
+        reason = flt.get("reason")
+        if isinstance(reason, str):
+            jobs = [j for j in jobs if (j.dlq or {}).get("reason") == reason]
+        offset = as_int(flt.get("offset"), 0)
+        limit = as_int(flt.get("limit"), len(jobs))
+        return jobs[offset : offset + limit]
+
+    def cmd_retry_dlq(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self.queues.get(str(cmd.get("queue")))
+        job_id = cmd.get("jobId")
+        if job_id is not None:
+            chosen = [job_id] if q is not None and job_id in q.dlq else []
+        else:
+            chosen = list(q.dlq if q else ())[: as_int(cmd.get("count"), 1 << 62)]
+        for i in chosen:
+            self.revive(self.jobs[i], now)
+        if chosen:
+            self.events.append(("ready", str(cmd.get("queue")), ""))
+        return {"ok": True, "count": len(chosen)}
+
+    def cmd_purge_dlq(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self.queues.get(str(cmd.get("queue")))
+        doomed = list(q.dlq if q else ())
+        for i in doomed:
+            self.remove(self.jobs[i])
+        return {"ok": True, "count": len(doomed)}
+
+    def cmd_retry_completed(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self._q(cmd)
+        job_id = cmd.get("id")
+        if job_id is not None:
+            job = self.find(job_id)
+            chosen = [job] if job is not None and job.state == COMPLETED else []
+        else:
+            chosen = self._jobs_in(q, (COMPLETED,))[: as_int(cmd.get("count"), 1 << 62)]
+        for job in chosen:
+            self.revive(job, now)
+        return {"ok": True, "count": len(chosen)}
+
+    def dlq_maintenance(self, now: int) -> None:
+        """Drop DLQ entries past maxAge and auto-retry entries when the queue asks for it."""
+        for q in list(self.queues.values()):
+            cfg = q.dlq_config
+            for job_id in list(q.dlq):
+                job = self.jobs[job_id]
+                entry = job.dlq or {}
+                expires = entry.get("expiresAt")
+                if expires is not None and expires <= now:
+                    self.remove(job)
+                elif cfg.get("autoRetry") and _auto_retry_due(entry, cfg, now):
+                    self.revive(job, now)
+
+
+def _auto_retry_due(entry: Mapping[str, Any], cfg: Mapping[str, Any], now: int) -> bool:
+    if as_int(entry.get("retryCount"), 0) >= as_int(cfg.get("maxAutoRetries"), 3):
+        return False
+    return now - as_int(entry.get("enteredAt"), now) >= as_int(cfg.get("autoRetryInterval"), 0)
+
+
+def _finished_at(job: Job) -> int:
+    if job.state == COMPLETED and job.completed_at is not None:
+        return job.completed_at
+    if job.state == FAILED and job.dlq:
+        return as_int(job.dlq.get("enteredAt"), job.created_at)
+    return job.created_at
+
+
+def _typed_config(raw: object, schema: Mapping[str, type]) -> dict[str, Any]:
+    """Known keys of a config map, coerced to their types.
+
+    Raises:
+        CommandError: the config is not a map, or a value has the wrong type.
+    """
+    if not isinstance(raw, Mapping):
+        raise CommandError("config must be an object")
+    out: dict[str, Any] = {}
+    for key, kind in schema.items():
+        if key not in raw:
+            continue
+        value = raw[key]
+        if kind is bool and isinstance(value, bool):
+            out[key] = value
+        elif key == "maxAge" and value is None:
+            out[key] = None  # bunqueue: a null maxAge keeps entries forever
+        elif kind is int and is_number(value) and value >= 0:
+            out[key] = int(value)
+        else:
+            raise CommandError(f"config.{key} must be a {'boolean' if kind is bool else 'number'}")
+    return out
+

@@ -1,0 +1,37 @@
+"""Engine limits. Every cap is configurable; the defaults are bunqueue's (reference §3.13)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["EngineConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    # Completed jobs kept in memory for lookups; older ones live only on disk.
+    max_completed: int = 50_000
+    # Results of completed jobs kept in memory (bunqueue maxJobResults).
+    max_results: int = 10_000
+    # Log lines kept per job unless the job sets keepLogs.
+    max_logs_per_job: int = 1_000
+    # Deduplication keys held at once; the oldest claim is dropped first.
+    max_dedup_keys: int = 50_000
+    # Completed-then-removed ids remembered so `dependsOn` can still find them.
+    max_dep_completions: int = 10_000
+    # Retired deliveries remembered to answer a late ACK with "already-finalized".
+    max_finalized: int = 10_000
+    # Default lease for a pull with an owner (bunqueue lockTtl default).
+    default_lock_ttl_ms: int = 30_000
+    # How often unleased active jobs are checked for stalls (bunqueue stallCheckMs).
+    stall_check_ms: int = 5_000
+    # How often DLQ age limits and auto-retry run (bunqueue dlqMaintenanceMs).
+    dlq_maintenance_ms: int = 60_000
+    # A stack sent with FAIL is cut to this many lines before stackTraceLimit applies.
+    max_stack_lines: int = 100
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"engine config {name} must be a positive integer, got {value!r}")

@@ -1,0 +1,339 @@
+"""Pulling, leases and completions: PULL, PULLB, ACK, ACKB, FAIL, heartbeats, release.
+
+Fencing rules (seed "The ACK plumbing", bunqueue `assertLeaseToken`):
+- while a lease exists, ACK and FAIL must carry its exact token;
+- a token whose TTL passed is accepted while nobody else holds the job, even after the lease
+  sweep put it back in the queue;
+- a token from an older delivery is rejected once the job was delivered again;
+- a second ACK of the same delivery is a no-op;
+- an ACK or FAIL for a delivery the timeout sweep already retired gets "already-finalized".
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from typing import Any, Final
+
+from shardq.errors import CommandError
+
+from ._job import Job, backoff_delay
+from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
+from ._options import as_int, check_number, is_number, validate_queue_name
+from ._state import EngineState, Lease
+
+__all__ = ["ConsumeOps"]
+
+FINALIZED: Final = {"ok": True, "data": {"applied": False, "reason": "already-finalized"}}
+_APPLY, _NOOP, _RETIRED = "apply", "noop", "retired"
+
+
+def _not_processing(job_id: object) -> CommandError:
+    return CommandError(f"Job not found or not in processing state: {job_id}")
+
+
+class ConsumeOps(EngineState):
+    # -- pulling ---------------------------------------------------------------------------
+
+    def cmd_pull(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        queue = self._check_pull(cmd)
+        owner = _owner(cmd)
+        job = self.take(queue, now)
+        token = self.activate(job, cmd, owner, now) if job is not None else None
+        reply: dict[str, Any] = {"ok": True, "job": job.to_wire() if job else None}
+        if owner is not None:
+            reply["token"] = token
+        return reply
+
+    def cmd_pullb(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        queue = self._check_pull(cmd)
+        error = check_number(cmd.get("count"), "count", 1, 1000)
+        if error:
+            raise CommandError(error)
+        owner = _owner(cmd)
+        jobs: list[dict[str, Any]] = []
+        tokens: list[str] = []
+        for _ in range(as_int(cmd.get("count"), 1)):
+            job = self.take(queue, now)
+            if job is None:
+                break
+            token = self.activate(job, cmd, owner, now)
+            jobs.append(job.to_wire())
+            tokens.append(token or "")
+        reply: dict[str, Any] = {"ok": True, "jobs": jobs}
+        if owner is not None:
+            reply["tokens"] = tokens
+        return reply
+
+    def _check_pull(self, cmd: Mapping[str, Any]) -> str:
+        queue = cmd.get("queue")
+        error = validate_queue_name(queue) or check_number(cmd.get("timeout"), "timeout", 0, 60000)
+        if error:
+            raise CommandError(error)
+        return str(queue)
+
+    def take(self, queue: str, now: int) -> Job | None:
+        """The next deliverable job of `queue`, skipping (and dropping) TTL-expired ones."""
+        q = self.queues.get(queue)
+        if q is None or q.paused:
+            return None
+        self.promote_due(now)
+        while True:
+            job = q.pop_ready()
+            if job is None:
+                return None
+            ttl = job.opts.get("ttl")
+            if ttl and now >= job.created_at + ttl:
+                self.move(job, "expire", now, {})
+                continue
+            return job
+
+    def activate(
+        self, job: Job, cmd: Mapping[str, Any], owner: str | None, now: int
+    ) -> str | None:
+        job.started_at = now
+        job.last_heartbeat = now
+        job.delivery += 1
+        self.move(job, "pull", now, {"startedAt": now, "lastHeartbeat": now})
+        token: str | None = None
+        if owner is not None:
+            token = self.ids.token()
+            ttl = _positive(cmd.get("lockTtl"), self.config.default_lock_ttl_ms)
+            lease = Lease(token, owner, _conn(cmd), now, ttl)
+            self.leases[job.id] = lease
+            heapq.heappush(self.lease_heap, (lease.expires_at, job.id, token))
+        else:
+            self.unleased[job.id] = None
+        job.token = token
+        if not cmd.get("detach"):
+            self.track_conn(cmd.get("_conn"), job)
+        timeout = job.opts.get("timeout")
+        if timeout:
+            heapq.heappush(self.timeouts, (now + int(timeout), job.id, job.delivery))
+        return token
+
+    def promote_due(self, now: int) -> None:
+        """Move every delayed job whose run time has come to its ready heap."""
+        heap = self.delayed
+        while heap and heap[0][0] <= now:
+            key = heapq.heappop(heap)
+            job = self.jobs.get(key[-1])
+            if job is not None and job.dkey is key and job.state == DELAYED:
+                self.move(job, "promote", now, {})
+                self.events.append(("ready", job.queue, job.id))
+
+    # -- fencing ---------------------------------------------------------------------------
+
+    def fence(self, job_id: object, token: object) -> tuple[str, Job | None]:
+        """Classify a completion attempt as apply, no-op or retired.
+
+        Raises:
+            CommandError: with bunqueue's lease error strings.
+        """
+        if isinstance(token, str) and self.finalized.get(token) == job_id:
+            return _RETIRED, None
+        job = self.find(job_id)
+        if job is None:
+            raise _not_processing(job_id)
+        if job.state == ACTIVE:
+            lease = self.leases.get(job.id)
+            if lease is None:
+                return _APPLY, job
+            if not isinstance(token, str) or not token:
+                raise CommandError(f"Lock token required for job {job.id}")
+            if token != lease.token:
+                raise CommandError(f"Invalid or expired lock token for job {job.id}")
+            return _APPLY, job
+        return self._fence_inactive(job, token)
+
+    def _fence_inactive(self, job: Job, token: object) -> tuple[str, Job | None]:
+        same_delivery = token is not None and token == job.token
+        if job.state == COMPLETED and (same_delivery or token is None):
+            return _NOOP, job
+        if same_delivery and job.state in (WAITING, DELAYED):
+            return _APPLY, job
+        if job.state == COMPLETED:
+            raise CommandError(f"Invalid or expired lock token for job {job.id}")
+        raise _not_processing(job.id)
+
+    # -- completion ------------------------------------------------------------------------
+
+    def cmd_ack(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        outcome, job = self.fence(cmd.get("id"), cmd.get("token"))
+        if outcome == _RETIRED:
+            return dict(FINALIZED)
+        if outcome == _APPLY and job is not None:
+            self.complete(job, cmd, "result", cmd.get("removeOnComplete"), now)
+        return {"ok": True}
+
+    def cmd_ackb(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        ids = cmd.get("ids")
+        if not isinstance(ids, list):
+            raise CommandError("ids must be an array")
+        extras = {k: cmd.get(k) for k in ("tokens", "results", "removeOnCompletes")}
+        for name, values in extras.items():
+            if values is not None and (not isinstance(values, list) or len(values) != len(ids)):
+                raise CommandError(f"ACKB {name} length must match ids length")
+        tokens, results, removes = (extras[k] or [None] * len(ids) for k in extras)
+        # Every lease is checked before anything is applied.
+        verdicts = [self.fence(job_id, tokens[i]) for i, job_id in enumerate(ids)]
+        ignored = [i for i, (outcome, _) in enumerate(verdicts) if outcome == _RETIRED]
+        for i, (outcome, job) in enumerate(verdicts):
+            if outcome == _APPLY and job is not None and job.state != COMPLETED:
+                item = {"result": results[i]} if extras["results"] is not None else {}
+                self.complete(job, item, "result", removes[i], now)
+        if ignored:
+            data = {"ignoredIds": [ids[i] for i in ignored], "ignoredIndices": ignored}
+            return {"ok": True, "data": data}
+        return {"ok": True}
+
+    def complete(
+        self, job: Job, source: Mapping[str, Any], key: str, remove: object, now: int
+    ) -> None:
+        job.completed_at = now
+        changes: dict[str, Any] = {"completedAt": now}
+        if key in source:
+            job.result, job.has_result = source[key], True
+            changes["returnvalue"] = job.result
+            changes["hasResult"] = True
+        self.move(job, "ack", now, changes)
+        self.release_dependents(job.id, now)
+        if remove is None:
+            remove = job.opts.get("removeOnComplete")
+        if remove:
+            self.remove(job)
+        else:
+            self.retain_completed(job)
+
+    def cmd_fail(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        outcome, job = self.fence(cmd.get("id"), cmd.get("token"))
+        if outcome == _RETIRED:
+            return dict(FINALIZED)
+        if outcome == _NOOP or job is None or job.state != ACTIVE:
+            # A lapsed delivery was already charged by the lease sweep.
+            return {"ok": True}
+        error = cmd.get("error")
+        job.failed_reason = error if isinstance(error, str) else None
+        job.stacktrace = self._stack(job, cmd.get("stack"))
+        unrecoverable = bool(cmd.get("unrecoverable"))
+        self.charge(job, now, "max_attempts_exceeded", unrecoverable, cmd.get("removeOnFail"))
+        return {"ok": True}
+
+    def charge(
+        self,
+        job: Job,
+        now: int,
+        exhausted: str,
+        unrecoverable: bool = False,
+        remove_on_fail: object = None,
+    ) -> None:
+        """Count one used attempt, then retry with backoff or dead-letter the job.
+
+        `exhausted` is the DLQ reason when the attempts run out; an unrecoverable failure
+        goes to the DLQ at once as "explicit_fail".
+        """
+        job.attempts += 1
+        changes: dict[str, Any] = {
+            "attempts": job.attempts,
+            "failedReason": job.failed_reason,
+            "stacktrace": job.stacktrace,
+        }
+        if unrecoverable:
+            self.dead(job, "explicit_fail", now, changes, remove_on_fail)
+        elif job.attempts >= job.max_attempts:
+            self.dead(job, exhausted, now, changes, remove_on_fail)
+        else:
+            job.run_at = now + backoff_delay(job, self.rng)
+            self.requeue_or_delay(job, "requeue", now, changes)
+
+    def _stack(self, job: Job, stack: object) -> list[str] | None:
+        if not isinstance(stack, list):
+            return job.stacktrace
+        lines = [s.strip() for s in stack[: self.config.max_stack_lines] if isinstance(s, str)]
+        return lines[: as_int(job.opts.get("stackTraceLimit"), 10)]
+
+    # -- leases: heartbeats, extension and release ----------------------------------------
+
+    def _renew(self, job_id: object, token: object, duration: object, now: int) -> bool:
+        job = self.find(job_id)
+        if job is None or job.state != ACTIVE:
+            return False
+        if token is None:
+            job.last_heartbeat = now
+            return True
+        lease = self.leases.get(job.id)
+        if lease is None or token != lease.token:
+            return False
+        if is_number(duration) and duration > 0:  # type: ignore[operator]
+            lease.ttl = int(duration)  # type: ignore[call-overload]
+        lease.expires_at = now + lease.ttl
+        lease.renewals += 1
+        job.last_heartbeat = now
+        return True
+
+    def cmd_job_heartbeat(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        if not self._renew(cmd.get("id"), cmd.get("token"), cmd.get("duration"), now):
+            raise CommandError("Job not found or not active (or invalid token)")
+        return {"ok": True, "data": {"ok": True}}
+
+    def cmd_job_heartbeat_b(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        ids = cmd.get("ids") if isinstance(cmd.get("ids"), list) else []
+        tokens = cmd.get("tokens") if isinstance(cmd.get("tokens"), list) else []
+        count = 0
+        for i, job_id in enumerate(ids or ()):
+            token = tokens[i] if tokens and i < len(tokens) else None
+            count += self._renew(job_id, token, None, now)
+        return {"ok": True, "data": {"ok": True, "count": count}}
+
+    def cmd_extend_lock(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job_id, token = cmd.get("id"), cmd.get("token")
+        lease = self.leases.get(job_id) if isinstance(job_id, str) else None
+        if lease is None or (token is not None and token != lease.token):
+            raise CommandError("Lock not found or invalid token")
+        self._renew(job_id, lease.token, cmd.get("duration"), now)
+        return {"ok": True}
+
+    def cmd_extend_locks(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        ids, tokens, durations = (cmd.get(k) or [] for k in ("ids", "tokens", "durations"))
+        count = 0
+        for i, job_id in enumerate(ids):
+            token = tokens[i] if i < len(tokens) else None
+            duration = durations[i] if i < len(durations) else None
+            count += self._renew(job_id, token, duration, now)
+        return {"ok": True, "count": count}
+
+    def release_connection(self, conn: str, now: int) -> int:
+        """Put back the jobs a closed connection held, without charging an attempt (§1.8).
+
+        A job whose lease was renewed at least once stays active: a pooled client may be
+        heartbeating it over another connection, and lease expiry reclaims it otherwise.
+        """
+        released = 0
+        for job_id, delivery in sorted(self.conn_jobs.pop(conn, {}).items()):
+            self.job_conn.pop(job_id, None)
+            job = self.jobs.get(job_id)
+            if job is None or job.state != ACTIVE or job.delivery != delivery:
+                continue
+            lease = self.leases.get(job_id)
+            if lease is not None and lease.renewals > 0:
+                continue
+            self.move(job, "requeue", now, {})
+            self.events.append(("ready", job.queue, job.id))
+            released += 1
+        return released
+
+
+def _owner(cmd: Mapping[str, Any]) -> str | None:
+    owner = cmd.get("owner")
+    return owner if isinstance(owner, str) and owner else None
+
+
+def _conn(cmd: Mapping[str, Any]) -> str | None:
+    conn = cmd.get("_conn")
+    return conn if isinstance(conn, str) else None
+
+
+def _positive(value: object, default: int) -> int:
+    if is_number(value) and value > 0:  # type: ignore[operator]
+        return int(value)  # type: ignore[call-overload, no-any-return]
+    return default

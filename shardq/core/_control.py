@@ -1,0 +1,170 @@
+"""Job mutation, queue control and the DLQ (reference §2.4, §2.5, §2.6, §2.7)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shardq.errors import CommandError
+
+from ._job import Job
+from ._lifecycle import ACTIVE, COMPLETED, DELAYED, FAILED, QUEUED_STATES, WAITING
+from ._options import as_int, check_number, is_number
+from ._state import EngineState
+
+__all__ = ["ControlOps"]
+
+_WAITING_LIKE = (WAITING, DELAYED)
+
+
+class ControlOps(EngineState):
+    # -- job mutation ----------------------------------------------------------------------
+
+    def cmd_cancel(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.job_or_error(cmd.get("id"), "Job not found or cannot be cancelled")
+        if job.state not in QUEUED_STATES:
+            raise CommandError("Job not found or cannot be cancelled")
+        self.move(job, "remove", now, {})
+        return {"ok": True}
+
+    def cmd_discard(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.job_or_error(cmd.get("id"), "Job not found")
+        if job.state in (COMPLETED, FAILED):
+            raise CommandError("Job not found")
+        self._check_token(job, cmd.get("token"))
+        job.failed_reason = job.failed_reason or "discarded"
+        self.dead(job, "explicit_fail", now, {"failedReason": job.failed_reason}, False)
+        return {"ok": True}
+
+    def cmd_promote(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.job_or_error(cmd.get("id"), "Job not found or not delayed")
+        if job.state != DELAYED:
+            raise CommandError("Job not found or not delayed")
+        self._promote(job, now)
+        return {"ok": True}
+
+    def _promote(self, job: Job, now: int) -> None:
+        job.run_at = now
+        self.move(job, "promote", now, {"runAt": now})
+        self.events.append(("ready", job.queue, job.id))
+
+    def cmd_promote_jobs(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self.queues.get(str(cmd.get("queue")))
+        limit = as_int(cmd.get("count"), 1000)
+        due = [self.jobs[i] for i in (q.ids if q else ()) if self.jobs[i].state == DELAYED]
+        due.sort(key=lambda j: (j.run_at, j.seq))
+        for job in due[:limit]:
+            self._promote(job, now)
+        return {"ok": True, "count": min(len(due), limit)}
+
+    def cmd_move_to_wait(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.job_or_error(cmd.get("id"), "Job not found")
+        if job.state == ACTIVE:
+            self._check_token(job, cmd.get("token"), "Job not found or not active")
+            self.move(job, "requeue", now, {})
+        elif job.state == DELAYED:
+            self._promote(job, now)
+        elif job.state == FAILED:
+            self.revive(job, now)
+        elif job.state != WAITING:
+            raise CommandError(f"Cannot move job from state '{job.public_state()}' to waiting")
+        return {"ok": True}
+
+    def cmd_move_to_delayed(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.job_or_error(cmd.get("id"), "Job not found")
+        error = check_number(cmd.get("delay"), "delay", 0, 365 * 86_400_000)
+        if error:
+            raise CommandError(error)
+        if job.state != ACTIVE:
+            raise CommandError(f"Job is not active (current state: {job.public_state()})")
+        self._check_token(job, cmd.get("token"))
+        job.run_at = now + as_int(cmd.get("delay"), 0)
+        self.requeue_or_delay(job, "requeue", now, {})
+        return {"ok": True}
+
+    def cmd_change_priority(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.job_or_error(cmd.get("id"), "Job not found or not in queue")
+        priority = cmd.get("priority")
+        if job.state not in QUEUED_STATES or not is_number(priority):
+            raise CommandError("Job not found or not in queue")
+        q = self.queue(job.queue)
+        waiting = job.state == WAITING
+        if waiting:
+            q.prioritized -= job.priority > 0
+        job.priority = priority  # type: ignore[assignment]
+        changes: dict[str, Any] = {"priority": priority}
+        if isinstance(cmd.get("lifo"), bool):
+            job.lifo = bool(cmd["lifo"])
+            changes["lifo"] = job.lifo
+        if waiting:
+            q.prioritized += job.priority > 0
+            q.push_ready(job)
+        self.out.append(("upd", job.id, changes))
+        return {"ok": True}
+
+    def cmd_change_delay(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.job_or_error(cmd.get("id"), "Job not found or cannot change delay")
+        delay = cmd.get("delay")
+        if job.state not in _WAITING_LIKE or check_number(delay, "delay", 0, 365 * 86_400_000):
+            raise CommandError("Job not found or cannot change delay")
+        job.run_at = now + as_int(delay, 0)
+        if job.run_at > now:
+            self.move(job, "delay", now, {"runAt": job.run_at})
+        elif job.state == DELAYED:
+            self.move(job, "promote", now, {"runAt": job.run_at})
+        else:
+            # Still waiting, but its run time is part of its place in the ready heap.
+            self.queue(job.queue).push_ready(job)
+            self.out.append(("upd", job.id, {"runAt": job.run_at}))
+        return {"ok": True}
+
+    def cmd_update(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.job_or_error(cmd.get("id"), "Job not found or cannot be updated")
+        if job.state in (COMPLETED, FAILED) or "data" not in cmd:
+            raise CommandError("Job not found or cannot be updated")
+        job.data = cmd["data"]
+        self.out.append(("upd", job.id, {"data": job.data}))
+        return {"ok": True}
+
+    def _check_token(self, job: Job, token: object, message: str | None = None) -> None:
+        lease = self.leases.get(job.id)
+        if lease is None or job.state != ACTIVE:
+            return
+        if not isinstance(token, str) or not token:
+            raise CommandError(message or f"Lock token required for job {job.id}")
+        if token != lease.token:
+            raise CommandError(message or f"Invalid or expired lock token for job {job.id}")
+
+    # -- progress and logs -----------------------------------------------------------------
+
+    def cmd_progress(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.job_or_error(cmd.get("id"), "Job not found")
+        if job.state != ACTIVE:
+            raise CommandError(f"Job is not active (current state: {job.public_state()})")
+        progress = cmd.get("progress")
+        job.progress = progress if is_number(progress) else 0  # type: ignore[assignment]
+        message = cmd.get("message")
+        job.progress_message = message if isinstance(message, str) else None
+        job.last_heartbeat = now
+        changes = {"progress": job.progress, "progressMessage": job.progress_message}
+        self.out.append(("upd", job.id, changes))
+        return {"ok": True}
+
+    def cmd_add_log(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.job_or_error(cmd.get("id"), "Job not found")
+        level = cmd.get("level") if cmd.get("level") in ("info", "warn", "error") else "info"
+        entry = {"timestamp": now, "level": level, "message": str(cmd.get("message", ""))}
+        logs = job.logs = [*(job.logs or ()), entry]
+        limit = as_int(job.opts.get("keepLogs"), self.config.max_logs_per_job)
+        if len(logs) > limit:
+            del logs[: len(logs) - limit]
+        self.out.append(("upd", job.id, {"logs": list(logs)}))
+        return {"ok": True, "data": {"added": True}}
+
+    def cmd_clear_logs(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.find(cmd.get("id"))
+        if job is not None and job.logs:
+            keep = as_int(cmd.get("keepLogs"), 0)
+            job.logs = job.logs[len(job.logs) - keep :] if keep > 0 else None
+            self.out.append(("upd", job.id, {"logs": job.logs}))
+        return {"ok": True}

@@ -1,0 +1,115 @@
+"""The queue engine: one shard's queues in memory, driven by commands and by time.
+
+    reply, mutations = engine.apply(command, now)
+    events, mutations = engine.tick(now)
+
+`command` is a bunqueue command map (`{"cmd": "PUSH", "queue": ..., ...}`); the reply is the
+bunqueue reply map without `reqId`. A refused command answers `{"ok": False, "error": ...}` with
+bunqueue's exact message and changes nothing, except PUSHB, which keeps its accepted prefix.
+The front end adds `_conn` (the connection id) to commands, so a closed connection's jobs can
+be released with `release_connection`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from shardq.errors import CommandError
+
+from ._control import ControlOps
+from ._mutations import Mutation
+from ._produce import ProduceOps
+from ._query import QueryOps
+from ._timers import TimerOps
+
+__all__ = ["COMMANDS", "Engine"]
+
+Handler = Callable[[Mapping[str, Any], int], dict[str, Any]]
+
+COMMANDS: Final[dict[str, str]] = {
+    "PUSH": "cmd_push",
+    "PUSHB": "cmd_pushb",
+    "PULL": "cmd_pull",
+    "PULLB": "cmd_pullb",
+    "ACK": "cmd_ack",
+    "ACKB": "cmd_ackb",
+    "FAIL": "cmd_fail",
+    "JobHeartbeat": "cmd_job_heartbeat",
+    "JobHeartbeatB": "cmd_job_heartbeat_b",
+    "ExtendLock": "cmd_extend_lock",
+    "ExtendLocks": "cmd_extend_locks",
+    "GetJob": "cmd_get_job",
+    "GetJobByCustomId": "cmd_get_job_by_custom_id",
+    "GetState": "cmd_get_state",
+    "GetResult": "cmd_get_result",
+    "GetProgress": "cmd_get_progress",
+    "GetJobCounts": "cmd_get_job_counts",
+    "GetCountsPerPriority": "cmd_get_counts_per_priority",
+    "Count": "cmd_count",
+    "GetJobs": "cmd_get_jobs",
+    "GetLogs": "cmd_get_logs",
+    "AddLog": "cmd_add_log",
+    "ClearLogs": "cmd_clear_logs",
+    "Progress": "cmd_progress",
+    "Cancel": "cmd_cancel",
+    "Discard": "cmd_discard",
+    "Promote": "cmd_promote",
+    "PromoteJobs": "cmd_promote_jobs",
+    "MoveToWait": "cmd_move_to_wait",
+    "MoveToDelayed": "cmd_move_to_delayed",
+    "ChangePriority": "cmd_change_priority",
+    "ChangeDelay": "cmd_change_delay",
+    "Update": "cmd_update",
+    "Pause": "cmd_pause",
+    "Resume": "cmd_resume",
+    "IsPaused": "cmd_is_paused",
+    "Drain": "cmd_drain",
+    "Clean": "cmd_clean",
+    "Obliterate": "cmd_obliterate",
+    "ListQueues": "cmd_list_queues",
+    "Dlq": "cmd_dlq",
+    "RetryDlq": "cmd_retry_dlq",
+    "PurgeDlq": "cmd_purge_dlq",
+    "RetryCompleted": "cmd_retry_completed",
+    "SetDlqConfig": "cmd_set_dlq_config",
+    "GetDlqConfig": "cmd_get_dlq_config",
+    "SetStallConfig": "cmd_set_stall_config",
+    "GetStallConfig": "cmd_get_stall_config",
+}
+
+
+class Engine(TimerOps, ProduceOps, ControlOps, QueryOps):
+    """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handlers: dict[str, Handler] = {
+            name: getattr(self, method) for name, method in COMMANDS.items()
+        }
+        self.last_events: list[tuple[str, str, str]] = []
+
+    def apply(self, command: Mapping[str, Any], now: int) -> tuple[dict[str, Any], list[Mutation]]:
+        """Run one command at time `now` (ms). Returns the reply and the mutations it made."""
+        self.out, self.events = [], []
+        name = command.get("cmd")
+        handler = self._handlers.get(name) if isinstance(name, str) else None
+        if handler is None:
+            reply: dict[str, Any] = {"ok": False, "error": f"Unknown command: {name}"}
+        else:
+            try:
+                reply = handler(command, int(now))
+            except CommandError as e:
+                reply = {"ok": False, "error": str(e)}
+        self.last_events = self.events
+        return reply, self.out
+
+    def release(self, conn: str, now: int) -> tuple[int, list[Mutation]]:
+        """Release the jobs a closed connection held (no attempt charged). See §1.8."""
+        self.out, self.events = [], []
+        released = self.release_connection(conn, int(now))
+        self.last_events = self.events
+        return released, self.out
+
+    def supports(self, name: str) -> bool:
+        return name in self._handlers

@@ -1,0 +1,388 @@
+"""The job record: bunqueue's `Job` fields and defaults (reference §3.1 and §2.1.1).
+
+Fields the engine reads or changes on the hot path are attributes. The options a job only
+carries (tags, groupId, removeOnComplete, ...) live in `opts`, a dict already in wire form, so
+building the wire map is one dict copy plus the hot fields.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from typing import Any, Final
+
+from ._lifecycle import DELAYED, WAITING
+from ._options import as_int, is_number
+
+__all__ = ["DEFAULT_MAX_BACKOFF_MS", "TIMELINE_MAX", "Job", "backoff_delay"]
+
+DEFAULT_MAX_ATTEMPTS: Final = 3
+DEFAULT_BACKOFF_MS: Final = 1000
+# bunqueue caps every computed backoff at one hour unless backoff.maxDelay says otherwise.
+DEFAULT_MAX_BACKOFF_MS: Final = 3_600_000
+DEFAULT_STACK_TRACE_LIMIT: Final = 10
+# bunqueue's MAX_TIMELINE_ENTRIES.
+TIMELINE_MAX: Final = 20
+
+# Options copied verbatim (after defaults) into `opts`. Order is the wire order.
+_BOOL_OPTS: Final = (
+    "removeOnComplete",
+    "removeOnFail",
+    "durable",
+    "failParentOnFailure",
+    "removeDependencyOnFailure",
+    "continueParentOnFailure",
+    "ignoreDependencyOnFailure",
+)
+_NULLABLE_OPTS: Final = (
+    "ttl",
+    "timeout",
+    "stallTimeout",
+    "uniqueKey",
+    "parentId",
+    "groupId",
+    "repeat",
+    "keepLogs",
+    "sizeLimit",
+    "debounceId",
+    "debounceTtl",
+)
+_LIST_OPTS: Final = ("dependsOn", "childrenIds", "tags")
+
+_BOOL_SET: Final = frozenset(_BOOL_OPTS)
+_LIST_SET: Final = frozenset(_LIST_OPTS)
+_OPTION_KEYS: Final = frozenset(
+    (*_BOOL_OPTS, *_NULLABLE_OPTS, *_LIST_OPTS, "backoff", "dedup", "stackTraceLimit")
+)
+# The wire value of every option a push did not set.
+_WIRE_DEFAULTS: Final[dict[str, Any]] = {
+    "backoff": DEFAULT_BACKOFF_MS,
+    "backoffConfig": None,
+    **dict.fromkeys(_NULLABLE_OPTS),
+    **{key: [] for key in _LIST_OPTS},
+    **dict.fromkeys(_BOOL_OPTS, False),
+    "customId": None,
+    "stackTraceLimit": DEFAULT_STACK_TRACE_LIMIT,
+}
+_LIST_DEFAULTS: Final = _LIST_OPTS
+
+_HOT: Final = (
+    "id",
+    "queue",
+    "name",
+    "data",
+    "priority",
+    "createdAt",
+    "runAt",
+    "startedAt",
+    "completedAt",
+    "attempts",
+    "maxAttempts",
+    "progress",
+    "progressMessage",
+    "stacktrace",
+    "lastHeartbeat",
+    "stallCount",
+    "childrenCompleted",
+    "lifo",
+    "timeline",
+)
+_ENGINE: Final = ("state", "seq", "failedReason", "dlq", "logs", "dedupUntil")
+_NOT_OPTIONS: Final = frozenset((*_HOT, *_ENGINE, "returnvalue", "hasResult"))
+
+
+class Job:
+    """One job. Mutated only by the engine; every change is mirrored in a mutation."""
+
+    __slots__ = (
+        "attempts",
+        "children_completed",
+        "completed_at",
+        "created_at",
+        "data",
+        "dedup_until",
+        "delivery",
+        "dkey",
+        "dlq",
+        "failed_reason",
+        "has_result",
+        "hkey",
+        "id",
+        "last_heartbeat",
+        "lifo",
+        "logs",
+        "max_attempts",
+        "name",
+        "opts",
+        "priority",
+        "progress",
+        "progress_message",
+        "queue",
+        "result",
+        "run_at",
+        "seq",
+        "stacktrace",
+        "stall_count",
+        "started_at",
+        "state",
+        "timeline",
+        "token",
+    )
+
+    def __init__(self, job_id: str, queue: str, seq: int) -> None:
+        self.id = job_id
+        self.queue = queue
+        self.seq = seq
+        self.name = "default"
+        self.data: Any = None
+        self.priority: float = 0
+        self.created_at = 0
+        self.run_at = 0
+        self.started_at: int | None = None
+        self.completed_at: int | None = None
+        self.attempts = 0
+        self.max_attempts = DEFAULT_MAX_ATTEMPTS
+        self.progress: float = 0
+        self.progress_message: str | None = None
+        self.stacktrace: list[str] | None = None
+        self.last_heartbeat = 0
+        self.stall_count = 0
+        self.children_completed = 0
+        self.lifo = False
+        self.timeline: list[dict[str, Any]] = []
+        self.opts: dict[str, Any] = {}
+        self.state = WAITING
+        self.failed_reason: str | None = None
+        self.dlq: dict[str, Any] | None = None
+        self.logs: list[dict[str, Any]] | None = None
+        self.dedup_until: int | None = None
+        self.result: Any = None
+        self.has_result = False
+        # Not persisted: heap entries this job currently owns, and its delivery fencing.
+        self.hkey: tuple[Any, ...] | None = None
+        self.dkey: tuple[Any, ...] | None = None
+        self.delivery = 0
+        self.token: str | None = None
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        job_id: str,
+        queue: str,
+        seq: int,
+        fields: Mapping[str, Any],
+        now: int,
+        *,
+        custom: bool = False,
+    ) -> Job:
+        """A new job from validated push fields (see `validate_job_fields`)."""
+        job = cls(job_id, queue, seq)
+        job.data = fields.get("data")
+        job.name = _job_name(fields)
+        job.priority = _number(fields.get("priority"), 0)
+        created = as_int(fields.get("timestamp"), now)
+        job.created_at = created
+        job.run_at = created + as_int(fields.get("delay"), 0)
+        job.last_heartbeat = created
+        job.max_attempts = as_int(fields.get("maxAttempts"), DEFAULT_MAX_ATTEMPTS)
+        job.lifo = bool(fields.get("lifo", False))
+        job.opts = _options(fields, job_id if custom else None)
+        return job
+
+    @property
+    def custom_id(self) -> str | None:
+        value = self.opts.get("customId")
+        return value if isinstance(value, str) else None
+
+    @property
+    def unique_key(self) -> str | None:
+        value = self.opts.get("uniqueKey")
+        return value if isinstance(value, str) else None
+
+    # -- wire and record forms ------------------------------------------------------------
+
+    def to_wire(self) -> dict[str, Any]:
+        """The bunqueue `Job` map, as PULL returns it."""
+        wire = {**_WIRE_DEFAULTS, **self.opts}
+        for key in _LIST_DEFAULTS:
+            if key not in self.opts:
+                wire[key] = []
+        return self._hot_fields(wire)
+
+    def _hot_fields(self, wire: dict[str, Any]) -> dict[str, Any]:
+        wire["id"] = self.id
+        wire["queue"] = self.queue
+        wire["name"] = self.name
+        wire["data"] = self.data
+        wire["priority"] = self.priority
+        wire["createdAt"] = self.created_at
+        wire["runAt"] = self.run_at
+        wire["startedAt"] = self.started_at
+        wire["completedAt"] = self.completed_at
+        wire["attempts"] = self.attempts
+        wire["maxAttempts"] = self.max_attempts
+        wire["progress"] = self.progress
+        wire["progressMessage"] = self.progress_message
+        wire["stacktrace"] = self.stacktrace
+        wire["lastHeartbeat"] = self.last_heartbeat
+        wire["stallCount"] = self.stall_count
+        wire["childrenCompleted"] = self.children_completed
+        wire["lifo"] = self.lifo
+        wire["timeline"] = list(self.timeline)
+        return wire
+
+    def to_record(self) -> dict[str, Any]:
+        """The persisted record: the wire map plus the engine fields (see `_mutations`).
+
+        Options left at their defaults are not stored; `to_wire` fills them back in.
+        """
+        rec = self._hot_fields(dict(self.opts))
+        return self._engine_fields(rec)
+
+    def _engine_fields(self, rec: dict[str, Any]) -> dict[str, Any]:
+        rec["state"] = self.state
+        rec["seq"] = self.seq
+        rec["failedReason"] = self.failed_reason
+        rec["dlq"] = self.dlq
+        rec["logs"] = self.logs
+        rec["dedupUntil"] = self.dedup_until
+        rec["hasResult"] = self.has_result
+        if self.has_result:
+            rec["returnvalue"] = self.result
+        return rec
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> Job:
+        job = cls(rec["id"], rec["queue"], int(rec["seq"]))
+        job.name = rec.get("name") or "default"
+        job.data = rec.get("data")
+        job.priority = rec.get("priority") or 0
+        job.created_at = rec.get("createdAt") or 0
+        job.run_at = rec.get("runAt") or 0
+        job.started_at = rec.get("startedAt")
+        job.completed_at = rec.get("completedAt")
+        job.attempts = rec.get("attempts") or 0
+        job.max_attempts = rec.get("maxAttempts") or DEFAULT_MAX_ATTEMPTS
+        job.progress = rec.get("progress") or 0
+        job.progress_message = rec.get("progressMessage")
+        job.stacktrace = rec.get("stacktrace")
+        job.last_heartbeat = rec.get("lastHeartbeat") or job.created_at
+        job.stall_count = rec.get("stallCount") or 0
+        job.children_completed = rec.get("childrenCompleted") or 0
+        job.lifo = bool(rec.get("lifo"))
+        job.timeline = list(rec.get("timeline") or [])
+        job.state = rec["state"]
+        job.failed_reason = rec.get("failedReason")
+        job.dlq = rec.get("dlq")
+        job.logs = rec.get("logs")
+        job.dedup_until = rec.get("dedupUntil")
+        job.has_result = bool(rec.get("hasResult", "returnvalue" in rec))
+        if job.has_result:
+            job.result = rec.get("returnvalue")
+        job.opts = {k: v for k, v in rec.items() if k not in _NOT_OPTIONS}
+        return job
+
+    # -- small behaviours -----------------------------------------------------------------
+
+    def note(self, state: str, now: int, attempt: int | None = None) -> None:
+        """Append a bounded timeline entry."""
+        timeline = self.timeline
+        if attempt is None:
+            timeline.append({"state": state, "timestamp": now})
+        else:
+            timeline.append({"state": state, "timestamp": now, "attempt": attempt})
+        if len(timeline) > TIMELINE_MAX:
+            del timeline[0]
+
+    def public_state(self) -> str:
+        if self.state == WAITING and self.priority > 0:
+            return "prioritized"
+        return self.state
+
+    def ready_state(self, now: int) -> str:
+        """Where a queued job belongs at `now`: waiting once its run time has come."""
+        return DELAYED if self.run_at > now else WAITING
+
+
+def _number(value: object, default: float) -> float:
+    if is_number(value) and math.isfinite(value):  # type: ignore[arg-type]
+        number: float = value  # type: ignore[assignment]
+        return int(number) if number == int(number) else number
+    return default
+
+
+def _job_name(fields: Mapping[str, Any]) -> str:
+    name = fields.get("name")
+    if isinstance(name, str) and name:
+        return name
+    # v2 clients (bunqueue-client 0.1.5) keep the name inside data; data stays verbatim.
+    data = fields.get("data")
+    if isinstance(data, Mapping) and isinstance(data.get("name"), str) and data["name"]:
+        return str(data["name"])
+    return "default"
+
+
+def _options(fields: Mapping[str, Any], custom_id: str | None) -> dict[str, Any]:
+    """Only the options the push set: defaults are filled in by `to_wire`, not stored."""
+    opts: dict[str, Any] = {}
+    if custom_id is not None:
+        opts["customId"] = custom_id
+    present = _OPTION_KEYS.intersection(fields) if len(fields) > 1 else ()
+    for key in present:
+        value = fields[key]
+        if value is None:
+            continue
+        if key in _BOOL_SET:
+            opts[key] = bool(value)
+        elif key in _LIST_SET:
+            opts[key] = [str(v) for v in value]
+        elif key == "backoff":
+            _set_backoff(opts, value)
+        elif key == "dedup":
+            _set_dedup(opts, value)
+        elif key == "stackTraceLimit":
+            opts[key] = as_int(value, DEFAULT_STACK_TRACE_LIMIT)
+        else:
+            opts[key] = value
+    return opts
+
+
+def _set_backoff(opts: dict[str, Any], backoff: Any) -> None:
+    if isinstance(backoff, Mapping):
+        config = {"type": backoff["type"], "delay": _number(backoff["delay"], 0)}
+        if backoff.get("maxDelay") is not None:
+            config["maxDelay"] = _number(backoff["maxDelay"], DEFAULT_MAX_BACKOFF_MS)
+        opts["backoff"] = config["delay"]
+        opts["backoffConfig"] = config
+    else:
+        opts["backoff"] = _number(backoff, DEFAULT_BACKOFF_MS)
+
+
+def _set_dedup(opts: dict[str, Any], dedup: Any) -> None:
+    if isinstance(dedup, Mapping):
+        opts["deduplicationTtl"] = dedup.get("ttl")
+        opts["deduplicationExtend"] = bool(dedup.get("extend", False))
+        opts["deduplicationReplace"] = bool(dedup.get("replace", False))
+
+
+def backoff_delay(job: Job, rng: random.Random) -> int:
+    """Retry delay after `job.attempts` was incremented (bunqueue `calculateBackoff`).
+
+    Exponential (and a plain number): base * 2^attempts * (0.5 + rand). Fixed: delay * (0.8 +
+    rand * 0.4). Both capped at backoffConfig.maxDelay, else one hour.
+    """
+    config = job.opts.get("backoffConfig")
+    cap = DEFAULT_MAX_BACKOFF_MS
+    if isinstance(config, Mapping):
+        cap = config.get("maxDelay", cap)
+        if config.get("type") == "fixed":
+            return int(min(config["delay"] * (0.8 + rng.random() * 0.4), cap))
+        base = config["delay"]
+    else:
+        base = job.opts.get("backoff", DEFAULT_BACKOFF_MS)
+    # Exponent capped so a huge attempt count cannot overflow a float before the cap applies.
+    delay = base * (2.0 ** min(job.attempts, 60)) * (0.5 + rng.random())
+    return int(min(delay, cap))

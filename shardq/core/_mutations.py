@@ -1,0 +1,67 @@
+"""Mutation records: the engine's only output that reaches disk.
+
+Every state change the engine makes is described by a small tuple. The writer persists them;
+replaying them into an empty engine (`Engine.restore`) rebuilds the same queues in the same order.
+
+    ("put", rec)              a whole job record (see below), inserted or replaced
+    ("upd", job_id, changes)  a dict of record fields that changed; merge into the stored record
+    ("del", job_id)           the job is gone (removed, cancelled, drained, evicted from the DLQ)
+    ("queue", name, cfg)      the whole persisted config of one queue (paused, stall and DLQ config)
+    ("qdel", name)            the queue was obliterated: its jobs and its config are gone
+
+A job record is the bunqueue wire `Job` map plus these engine fields:
+
+    state        "waiting" | "delayed" | "active" | "completed" | "failed" | "waiting-children"
+                 ("prioritized" is derived from priority, never stored)
+    seq          int, the engine's admission counter; FIFO order among equal keys
+    returnvalue  the ACK result (absent until completed)
+    hasResult    whether returnvalue holds a result (a stored null is a result)
+    failedReason the last error message, or None
+    dlq          None, or the DLQ entry metadata {enteredAt, reason, error, attempts, ...}
+    logs         list of {timestamp, level, message}
+    dedupUntil   ms when the uniqueKey claim lapses, or None for "while the job lives"
+
+Records contain only msgpack-friendly values (str, int, float, bool, None, list, dict).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, TypeAlias
+
+__all__ = ["Mutation", "Record", "fold_mutations"]
+
+Record: TypeAlias = dict[str, Any]
+Mutation: TypeAlias = tuple[Any, ...]
+
+
+def fold_mutations(
+    mutations: Iterable[Mutation],
+    records: dict[str, Record] | None = None,
+    queues: dict[str, dict[str, Any]] | None = None,
+) -> tuple[dict[str, Record], dict[str, dict[str, Any]]]:
+    """Apply mutations, one by one, to plain dicts: the meaning the writer must preserve.
+
+    Returns the job records by id (in admission order) and the queue configs by name.
+    """
+    records = {} if records is None else records
+    queues = {} if queues is None else queues
+    for m in mutations:
+        kind = m[0]
+        if kind == "put":
+            records[m[1]["id"]] = dict(m[1])
+        elif kind == "upd":
+            rec = records.get(m[1])
+            if rec is not None:
+                rec.update(m[2])
+        elif kind == "del":
+            records.pop(m[1], None)
+        elif kind == "queue":
+            queues[m[1]] = dict(m[2])
+        elif kind == "qdel":
+            queues.pop(m[1], None)
+            for job_id in [k for k, r in records.items() if r["queue"] == m[1]]:
+                del records[job_id]
+        else:
+            raise ValueError(f"unknown mutation kind {kind!r}")
+    return records, queues

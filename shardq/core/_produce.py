@@ -1,0 +1,148 @@
+"""PUSH and PUSHB: admission, custom-id idempotency and uniqueKey deduplication."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shardq.errors import CommandError
+
+from ._job import Job
+from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
+from ._options import as_int, validate_job_fields, validate_queue_name
+from ._state import EngineState
+
+__all__ = ["ProduceOps"]
+
+
+def custom_id_of(value: object) -> str | None:
+    """A custom id as the wire sends it: a string, or a number sent as its decimal form."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float) and value == int(value):
+        value = int(value)
+    text = str(value) if isinstance(value, str | int | float) else None
+    return text or None
+
+
+class ProduceOps(EngineState):
+    def cmd_push(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        queue = cmd.get("queue")
+        error = validate_queue_name(queue) or validate_job_fields(cmd)
+        if error:
+            raise CommandError(error)
+        self._check_deps(cmd.get("dependsOn"), set())
+        job_id = self.push_one(str(queue), cmd, custom_id_of(cmd.get("jobId")), now)
+        return {"ok": True, "id": job_id}
+
+    def cmd_pushb(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        queue = cmd.get("queue")
+        error = validate_queue_name(queue)
+        if error:
+            raise CommandError(error)
+        entries = cmd.get("jobs")
+        if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
+            raise CommandError("jobs must be an array of job objects")
+        self._validate_batch(entries)
+        queue = str(queue)
+        ids: list[str] = []
+        for index, entry in enumerate(entries):
+            try:
+                ids.append(self.push_one(queue, entry, custom_id_of(entry.get("customId")), now))
+            except CommandError as e:
+                # Accepted prefix: entries before this one stay admitted (bunqueue semantics).
+                raise CommandError(f"jobs[{index}]: {e}") from e
+        return {"ok": True, "ids": ids}
+
+    # -- validation ------------------------------------------------------------------------
+
+    def _validate_batch(self, entries: Sequence[Mapping[str, Any]]) -> None:
+        batch_ids = {c for e in entries if (c := custom_id_of(e.get("customId")))}
+        for index, entry in enumerate(entries):
+            error = validate_job_fields(entry)
+            if error:
+                raise CommandError(f"jobs[{index}]: {error}")
+            own = custom_id_of(entry.get("customId"))
+            for dep in entry.get("dependsOn") or ():
+                if str(dep) == own:
+                    raise CommandError(f"jobs[{index}]: Job cannot depend on itself: {dep}")
+            try:
+                self._check_deps(entry.get("dependsOn"), batch_ids)
+            except CommandError as e:
+                raise CommandError(f"jobs[{index}]: {e}") from None
+
+    def _check_deps(self, deps: object, batch_ids: set[str]) -> None:
+        for dep in deps or ():  # type: ignore[attr-defined]
+            key = str(dep)
+            if key not in batch_ids and key not in self.jobs and key not in self.dep_done:
+                raise CommandError(f"Dependency job not found: {key}")
+
+    # -- admission -------------------------------------------------------------------------
+
+    def push_one(
+        self, queue: str, fields: Mapping[str, Any], custom: str | None, now: int
+    ) -> str:
+        """Admit one validated job, or return the id of the live job it duplicates."""
+        if custom is not None:
+            existing = self.jobs.get(custom)
+            if existing is not None:
+                if existing.state not in TERMINAL_STATES:
+                    return existing.id
+                # A terminal generation is retired so the id can start a fresh one.
+                self.remove(existing)
+        key = fields.get("uniqueKey")
+        if isinstance(key, str):
+            owner_id = self._dedup(queue, key, fields, now)
+            if owner_id is not None:
+                return owner_id
+        job_id = custom if custom is not None else self.ids.new(now)
+        job = Job.create(job_id, queue, self.next_seq(), fields, now, custom=custom is not None)
+        if isinstance(key, str):
+            ttl = _dedup_options(fields).get("ttl")
+            job.dedup_until = now + as_int(ttl, 0) if ttl else None
+            self.claim_unique(job)
+        self.admit(job, now)
+        return job.id
+
+    def _live_owner(self, queue: str, key: str, now: int) -> Job | None:
+        owner_id = self.unique.get((queue, key))
+        owner = self.jobs.get(owner_id) if owner_id is not None else None
+        if owner is None:
+            self.unique.pop((queue, key), None)
+            return None
+        if owner.dedup_until is not None and owner.dedup_until <= now:
+            del self.unique[(queue, key)]
+            return None
+        return owner
+
+    def _dedup(self, queue: str, key: str, fields: Mapping[str, Any], now: int) -> str | None:
+        """The owner's id when the push is a duplicate; None to admit a new job."""
+        owner = self._live_owner(queue, key, now)
+        if owner is None:
+            return None
+        policy = _dedup_options(fields)
+        if policy.get("replace"):
+            return self._dedup_replace(owner)
+        if policy.get("extend") and policy.get("ttl"):
+            owner.dedup_until = now + as_int(policy["ttl"], 0)
+            self.out.append(("upd", owner.id, {"dedupUntil": owner.dedup_until}))
+            if owner.state in QUEUED_STATES:
+                return owner.id
+            raise CommandError("Duplicate unique_key (extended TTL)")
+        return owner.id
+
+    def _dedup_replace(self, owner: Job) -> str | None:
+        if owner.state in QUEUED_STATES:
+            if self.dependents.get(owner.id):
+                raise CommandError(
+                    f"Cannot replace deduplicated job {owner.id} because live jobs depend on it"
+                )
+            self.remove(owner)
+            return None
+        # An active owner keeps running under its lease; the key moves to the successor.
+        return None
+
+
+def _dedup_options(fields: Mapping[str, Any]) -> Mapping[str, Any]:
+    dedup = fields.get("dedup")
+    return dedup if isinstance(dedup, Mapping) else {}

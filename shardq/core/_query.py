@@ -1,0 +1,113 @@
+"""Read-only commands (reference §2.3). None of them emits a mutation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shardq.errors import CommandError
+
+from ._job import Job
+from ._lifecycle import ACTIVE, DELAYED, STATES, WAITING
+from ._options import as_int
+from ._state import EngineState
+
+__all__ = ["QueryOps", "job_view"]
+
+def job_view(job: Job) -> dict[str, Any]:
+    """The Job map GetJob and GetJobs answer: the wire job plus state, result and reason."""
+    view = job.to_wire()
+    view["state"] = job.public_state()
+    view["returnvalue"] = job.result if job.has_result else None
+    view["failedReason"] = job.failed_reason
+    return view
+
+
+class QueryOps(EngineState):
+    def cmd_get_job(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.find(cmd.get("id"))
+        if job is None:
+            raise CommandError("Job not found")
+        return {"ok": True, "job": job_view(job)}
+
+    def cmd_get_job_by_custom_id(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.find(cmd.get("customId"))
+        if job is None or job.custom_id is None:
+            raise CommandError("Job not found")
+        return {"ok": True, "job": job_view(job)}
+
+    def cmd_get_state(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.find(cmd.get("id"))
+        return {"ok": True, "id": cmd.get("id"), "state": job.public_state() if job else "unknown"}
+
+    def cmd_get_result(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.find(cmd.get("id"))
+        reply: dict[str, Any] = {"ok": True, "id": cmd.get("id")}
+        if job is not None and job.has_result:
+            reply["result"] = job.result
+        return reply
+
+    def cmd_get_progress(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.find(cmd.get("id"))
+        if job is None:
+            raise CommandError("Job not found")
+        return {"ok": True, "progress": job.progress, "message": job.progress_message}
+
+    def cmd_get_job_counts(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self.queues.get(str(cmd.get("queue")))
+        counts = dict.fromkeys((*STATES, "prioritized", "paused"), 0)
+        if q is not None:
+            counts.update(q.counts)
+            counts["prioritized"] = q.prioritized
+            counts[WAITING] -= q.prioritized
+            if q.paused:
+                # bunqueue #92: a paused queue reports its waiting work under "paused".
+                counts["paused"] = counts[WAITING] + counts["prioritized"]
+                counts[WAITING] = counts["prioritized"] = 0
+        return {"ok": True, "counts": counts}
+
+    def cmd_count(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self.queues.get(str(cmd.get("queue")))
+        count = q.counts[WAITING] + q.counts[DELAYED] if q else 0
+        return {"ok": True, "count": count}
+
+    def cmd_get_counts_per_priority(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        name = str(cmd.get("queue"))
+        q = self.queues.get(name)
+        counts: dict[str, int] = {}
+        for job_id in q.ids if q else ():
+            job = self.jobs[job_id]
+            if job.state in (WAITING, DELAYED):
+                key = str(job.priority)
+                counts[key] = counts.get(key, 0) + 1
+        return {"ok": True, "queue": name, "counts": counts}
+
+    def cmd_get_jobs(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        q = self.queues.get(str(cmd.get("queue")))
+        wanted = _wanted_states(cmd.get("state"))
+        jobs = [self.jobs[i] for i in (q.ids if q else ())]
+        if wanted is not None:
+            jobs = [j for j in jobs if j.public_state() in wanted]
+        jobs.sort(key=lambda j: (j.created_at, j.seq), reverse=cmd.get("asc") is False)
+        offset = max(as_int(cmd.get("offset"), 0), 0)
+        limit = max(as_int(cmd.get("limit"), 100), 0)
+        return {"ok": True, "jobs": [job_view(j) for j in jobs[offset : offset + limit]]}
+
+    def cmd_get_logs(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        job = self.find(cmd.get("id"))
+        logs = list(job.logs or ()) if job else []
+        start = as_int(cmd.get("start"), 0)
+        end = as_int(cmd.get("end"), len(logs) - 1)
+        chosen = logs[start : end + 1] if end >= 0 else logs[start:]
+        return {"ok": True, "data": {"logs": chosen, "count": len(logs)}}
+
+    def active_count(self) -> int:
+        return sum(q.counts[ACTIVE] for q in self.queues.values())
+
+
+def _wanted_states(state: object) -> set[str] | None:
+    """States a GetJobs filter names; "prioritized" is its own state there, as in BullMQ."""
+    if state is None:
+        return None
+    names = [state] if isinstance(state, str) else state if isinstance(state, list) else []
+    return {WAITING if s == "wait" else str(s) for s in names}

@@ -1,0 +1,95 @@
+"""Per-queue state: the ready and delayed heaps, counts, controls and the DLQ index."""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ._job import Job
+from ._lifecycle import STATES, WAITING
+
+__all__ = ["DEFAULT_DLQ_CONFIG", "DEFAULT_STALL_CONFIG", "QueueState"]
+
+# bunqueue defaults (`src/domain/types/stall.ts`, `src/domain/types/dlq.ts`).
+DEFAULT_STALL_CONFIG: Final[dict[str, Any]] = {
+    "enabled": True,
+    "stallInterval": 30_000,
+    "maxStalls": 3,
+    "gracePeriod": 5_000,
+}
+DEFAULT_DLQ_CONFIG: Final[dict[str, Any]] = {
+    "autoRetry": False,
+    "autoRetryInterval": 3_600_000,
+    "maxAutoRetries": 3,
+    "maxAge": 604_800_000,
+    "maxEntries": 10_000,
+}
+
+
+@dataclass(eq=False)
+class QueueState:
+    """Everything one queue holds besides the job records themselves.
+
+    The ready heap uses lazy deletion: an entry is live only while it is the very tuple the job
+    holds in `hkey`, so cancelling or reprioritising a job never searches the heap. The heap is
+    rebuilt once dead entries outnumber live ones, which keeps memory bounded.
+    """
+
+    name: str
+    jobs: dict[str, Job]
+    ready: list[tuple[Any, ...]] = field(default_factory=list)
+    ids: dict[str, None] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATES, 0))
+    prioritized: int = 0
+    paused: bool = False
+    stall: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_STALL_CONFIG))
+    dlq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_DLQ_CONFIG))
+    dlq: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+    def config(self) -> dict[str, Any]:
+        """The persisted controls of this queue (mutation `("queue", name, cfg)`)."""
+        return {"paused": self.paused, "stall": dict(self.stall), "dlq": dict(self.dlq_config)}
+
+    def load_config(self, cfg: dict[str, Any]) -> None:
+        self.paused = bool(cfg.get("paused", False))
+        self.stall.update(cfg.get("stall") or {})
+        self.dlq_config.update(cfg.get("dlq") or {})
+
+    def is_default(self) -> bool:
+        return not self.ids and self.config() == QueueState(self.name, {}).config()
+
+    # -- heaps -----------------------------------------------------------------------------
+
+    def push_ready(self, job: Job) -> None:
+        if job.lifo:
+            key: tuple[Any, ...] = (-job.priority, 0, -job.seq, job.seq, job.id)
+        else:
+            key = (-job.priority, 1, job.run_at, job.seq, job.id)
+        job.hkey = key
+        heapq.heappush(self.ready, key)
+        self._maybe_compact_ready()
+
+    def pop_ready(self) -> Job | None:
+        heap = self.ready
+        while heap:
+            key = heapq.heappop(heap)
+            job = self.jobs.get(key[-1])
+            if job is not None and job.hkey is key and job.state == WAITING:
+                job.hkey = None
+                return job
+        return None
+
+    def _maybe_compact_ready(self) -> None:
+        if len(self.ready) > 64 and len(self.ready) > 2 * self.live_ready():
+            self.ready = [k for k in self.ready if self._owns(k)]
+            heapq.heapify(self.ready)
+
+    def live_ready(self) -> int:
+        return max(self.counts[WAITING], 1)
+
+    def _owns(self, key: tuple[Any, ...]) -> bool:
+        job = self.jobs.get(key[-1])
+        return job is not None and job.hkey is key
+

@@ -1,0 +1,193 @@
+"""What time does: promotions, lease expiry, timeouts, TTLs, stalls, DLQ upkeep, and recovery."""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ._admin import AdminOps
+from ._consume import ConsumeOps
+from ._job import Job, backoff_delay
+from ._lifecycle import ACTIVE, DELAYED, TERMINAL_STATES, WAITING, WAITING_CHILDREN
+from ._mutations import Mutation, Record
+from ._options import as_int
+
+__all__ = ["TimerOps"]
+
+Event = tuple[str, str, str]
+
+
+class TimerOps(ConsumeOps, AdminOps):
+    def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
+        """Fire every deadline that is due at `now`; return the events and mutations."""
+        now = int(now)
+        self.out, self.events = [], []
+        self.promote_due(now)
+        self._expire_leases(now)
+        self._expire_timeouts(now)
+        self._expire_ttls(now)
+        if now >= self.next_stall_check:
+            self._check_stalls(now)
+            self.next_stall_check = now + self.config.stall_check_ms
+        if now >= self.next_dlq_check:
+            self.dlq_maintenance(now)
+            self.next_dlq_check = now + self.config.dlq_maintenance_ms
+        return self.events, self.out
+
+    def next_deadline(self) -> int | None:
+        """When `tick` next has work to do, or None when nothing is scheduled."""
+        heaps = (self.delayed, self.lease_heap, self.timeouts, self.ttl_heap)
+        times: list[int] = [h[0][0] for h in heaps if h]
+        if self.unleased:
+            times.append(self.next_stall_check)
+        if any(q.dlq for q in self.queues.values()):
+            times.append(self.next_dlq_check)
+        return min(times) if times else None
+
+    # -- deadlines -------------------------------------------------------------------------
+
+    def _expire_leases(self, now: int) -> None:
+        heap = self.lease_heap
+        while heap and heap[0][0] <= now:
+            _, job_id, token = heapq.heappop(heap)
+            lease = self.leases.get(job_id)
+            if lease is None or lease.token != token:
+                continue
+            if lease.expires_at > now:
+                heapq.heappush(heap, (lease.expires_at, job_id, token))
+                continue
+            self.stall(self.jobs[job_id], now, backoff=False)
+
+    def _expire_timeouts(self, now: int) -> None:
+        heap = self.timeouts
+        while heap and heap[0][0] <= now:
+            _, job_id, delivery = heapq.heappop(heap)
+            job = self.jobs.get(job_id)
+            if job is None or job.state != ACTIVE or job.delivery != delivery:
+                continue
+            timeout = job.opts.get("timeout")
+            job.failed_reason = f"Job timed out after {timeout}ms"
+            self.finalize(job)
+            self.events.append(("timeout", job.queue, job.id))
+            self.charge(job, now, "timeout")
+
+    def _expire_ttls(self, now: int) -> None:
+        heap = self.ttl_heap
+        while heap and heap[0][0] <= now:
+            _, job_id, seq = heapq.heappop(heap)
+            job = self.jobs.get(job_id)
+            if job is not None and job.seq == seq and job.state in (WAITING, DELAYED):
+                self.events.append(("expired", job.queue, job.id))
+                self.move(job, "expire", now, {})
+
+    def _check_stalls(self, now: int) -> None:
+        for job_id in list(self.unleased):
+            job = self.jobs[job_id]
+            cfg = self.queue(job.queue).stall
+            if not cfg.get("enabled", True) or job.started_at is None:
+                continue
+            limit = as_int(job.opts.get("stallTimeout"), as_int(cfg.get("stallInterval"), 30_000))
+            grace = as_int(cfg.get("gracePeriod"), 0)
+            if now - job.started_at >= grace and now - job.last_heartbeat > limit:
+                self.stall(job, now, backoff=True)
+
+    def stall(self, job: Job, now: int, *, backoff: bool) -> None:
+        """Reclaim an active job nobody finished: attempts + 1, stallCount + 1, or the DLQ.
+
+        A lapsed lease requeues at once (bunqueue `requeueExpiredJob`); a stall found by the
+        heartbeat check, or at startup, waits out the backoff first.
+        """
+        job.stall_count += 1
+        job.attempts += 1
+        job.last_heartbeat = now
+        changes: dict[str, Any] = {
+            "attempts": job.attempts,
+            "stallCount": job.stall_count,
+            "lastHeartbeat": now,
+        }
+        max_stalls = as_int(self.queue(job.queue).stall.get("maxStalls"), 3)
+        self.events.append(("stalled", job.queue, job.id))
+        if job.attempts >= job.max_attempts:
+            job.failed_reason = f"Job reached max attempts ({job.max_attempts})"
+            changes["failedReason"] = job.failed_reason
+            self.dead(job, "max_attempts_exceeded", now, changes)
+        elif job.stall_count >= max_stalls:
+            job.failed_reason = f"Job stalled {job.stall_count} times"
+            changes["failedReason"] = job.failed_reason
+            self.dead(job, "stalled", now, changes)
+        else:
+            if backoff:
+                job.run_at = now + backoff_delay(job, self.rng)
+            self.requeue_or_delay(job, "requeue", now, changes)
+
+    # -- recovery and replay ---------------------------------------------------------------
+
+    def restore(
+        self,
+        records: Iterable[Record],
+        queues: Mapping[str, Mapping[str, Any]],
+        now: int,
+        *,
+        recover: bool = True,
+    ) -> list[Mutation]:
+        """Load persisted records into this (empty) engine.
+
+        With `recover`, jobs that were active when the process died come back with attempts
+        + 1 (or go to the DLQ at the limit), as bunqueue's startup recovery does (§4.5).
+        Without it, the records are loaded exactly as they are: the replay of a mutation stream.
+        Returns the mutations recovery made.
+        """
+        now = int(now)
+        self.out, self.events = [], []
+        for name, cfg in queues.items():
+            self.queue(name).load_config(dict(cfg))
+        active: list[Job] = []
+        for rec in records:
+            job = self._load(Job.from_record(rec), now)
+            if job.state == ACTIVE:
+                active.append(job)
+        for job in self.jobs.values():
+            if job.state == WAITING_CHILDREN:
+                self._blocked_by_deps(job)
+        self._restore_orders()
+        for job in [self.jobs[i] for i in self.completed_order]:
+            self.retain_completed(job)
+        for job in active:
+            if recover:
+                self.stall(job, now, backoff=True)
+            else:
+                self.unleased[job.id] = None
+        self.events = []
+        return self.out
+
+    def _restore_orders(self) -> None:
+        """Records arrive in admission order; the DLQ and completed lists are by entry time."""
+        for q in self.queues.values():
+            dlq = sorted(q.dlq, key=lambda i: _entry_seq(self.jobs[i]))
+            q.dlq = OrderedDict.fromkeys(dlq)
+        jobs = self.jobs
+        done = sorted(self.completed_order, key=lambda i: (_finished(jobs[i]), jobs[i].seq))
+        self.completed_order = OrderedDict.fromkeys(done)
+
+    def _load(self, job: Job, now: int) -> Job:
+        self.seq = max(self.seq, job.seq, _entry_seq(job))
+        self.jobs[job.id] = job
+        q = self.queue(job.queue)
+        q.ids[job.id] = None
+        self._enter(job, q)
+        if job.state not in TERMINAL_STATES or (job.dedup_until or 0) > now:
+            self.claim_unique(job)
+        ttl = job.opts.get("ttl")
+        if ttl:
+            heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
+        return job
+
+
+def _entry_seq(job: Job) -> int:
+    return as_int((job.dlq or {}).get("entrySeq"), job.seq)
+
+
+def _finished(job: Job) -> int:
+    return job.completed_at or 0
