@@ -1,0 +1,12 @@
+"""shardq's storage: the only package that touches SQLite.
+
+`Store` owns one SQLite file (WAL mode). The writer process applies batches of the engine's
+mutations to it, one transaction per batch; a recovering shard reads jobs and queue configs
+back from it. Schema, migrations and every PRAGMA live in `_schema`.
+"""
+
+from shardq.storage._errors import StorageError, StorageFull
+from shardq.storage._schema import SYNCHRONOUS_MODES, SchemaInfo
+from shardq.storage._store import Store
+
+__all__ = ["SYNCHRONOUS_MODES", "SchemaInfo", "StorageError", "StorageFull", "Store"]

@@ -1,0 +1,210 @@
+"""Connection settings, the schema and its forward migrations: all in this one module.
+
+Migrations are an ordered list of functions. Migration `MIGRATIONS[i]` takes a database at
+version `i` to version `i + 1`, and the `migrations` table records every version applied. Each
+migration runs in its own transaction together with its record, so a crash mid-migration leaves
+the previous version intact. Never edit a released migration; append a new one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from sqlite_utils import Database
+
+from shardq.storage._errors import StorageError, wrap_error
+from shardq.storage._tx import transaction
+
+__all__ = [
+    "MIGRATIONS",
+    "SYNCHRONOUS_MODES",
+    "SchemaInfo",
+    "configure",
+    "describe",
+    "migrate",
+    "read_pragmas",
+]
+
+SYNCHRONOUS_MODES: Mapping[str, str] = {
+    # In WAL mode NORMAL survives a crash of any process (the commit is in the OS page cache)
+    # but a power loss can drop the last commits; FULL fsyncs every commit and survives that too.
+    "normal": "NORMAL",
+    "full": "FULL",
+}
+
+PAGE_SIZE = 4096  # bunqueue's value; also the page size of the usual filesystems.
+
+# Order matters: busy_timeout comes first so every later statement waits on a lock instead of
+# failing; page_size must precede journal_mode, as a WAL database can no longer change it.
+_PRAGMAS_BEFORE_WAL: tuple[tuple[str, object], ...] = (
+    ("busy_timeout", 5000),  # ms; bunqueue's value: outwait a checkpoint or a backup reader
+    ("page_size", PAGE_SIZE),  # only takes effect on a new, empty database
+)
+_PRAGMAS_AFTER_WAL: tuple[tuple[str, object], ...] = (
+    ("cache_size", -64000),  # negative means KiB: 64 MB of page cache, as in bunqueue
+    ("temp_store", "MEMORY"),
+    ("mmap_size", 268435456),  # 256 MiB of memory-mapped reads, as in bunqueue
+    ("foreign_keys", "OFF"),  # no foreign keys in this schema; keep every write check-free
+)
+
+# What `read_pragmas` reports, for tests and operators.
+_REPORTED_PRAGMAS = (
+    "journal_mode",
+    "synchronous",
+    "busy_timeout",
+    "page_size",
+    "cache_size",
+    "temp_store",
+    "mmap_size",
+    "foreign_keys",
+    "max_page_count",
+)
+
+
+def configure(conn: sqlite3.Connection, *, synchronous: str, max_bytes: int | None) -> None:
+    """Apply every PRAGMA shardq relies on. This is the only place a PRAGMA is set.
+
+    `max_bytes` caps the database file size (None = no cap); writes past it fail with
+    `StorageFull`, which is how disk-full handling is exercised without filling a disk.
+
+    Raises `StorageError` for an unknown `synchronous` value, a file that is not a SQLite
+    database, or a filesystem on which WAL mode cannot be enabled.
+    """
+    mode = synchronous_mode(synchronous)
+    for name, value in _PRAGMAS_BEFORE_WAL:
+        conn.execute(f"PRAGMA {name} = {value}")
+    (journal,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    if str(journal).lower() != "wal":
+        # WAL is what makes group commit cheap and lets readers run beside the writer; a
+        # silent fallback to a rollback journal would change both.
+        raise StorageError(f"cannot enable WAL journal mode (SQLite kept {journal!r})")
+    conn.execute(f"PRAGMA synchronous = {mode}")
+    for name, value in _PRAGMAS_AFTER_WAL:
+        conn.execute(f"PRAGMA {name} = {value}")
+    if max_bytes is not None:
+        (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+        conn.execute(f"PRAGMA max_page_count = {max(1, int(max_bytes) // int(page_size))}")
+
+
+def synchronous_mode(synchronous: str) -> str:
+    """The PRAGMA value for a `synchronous` setting. Raises `StorageError` if unknown."""
+    try:
+        return SYNCHRONOUS_MODES[synchronous.lower()]
+    except (KeyError, AttributeError):
+        known = ", ".join(repr(k) for k in SYNCHRONOUS_MODES)
+        raise StorageError(f"unknown synchronous mode {synchronous!r} (use {known})") from None
+
+
+def read_pragmas(conn: sqlite3.Connection) -> dict[str, object]:
+    """The current value of every PRAGMA `configure` manages, as SQLite reports it."""
+    return {name: conn.execute(f"PRAGMA {name}").fetchone()[0] for name in _REPORTED_PRAGMAS}
+
+
+def _v1_initial(db: Database) -> None:
+    jobs = db.table("jobs")
+    jobs.create(
+        {
+            "id": str,
+            "queue": str,
+            "state": str,
+            "priority": float,
+            "run_at": int,
+            "seq": int,
+            "rec": bytes,  # the whole msgpack-encoded job record; the columns are for queries
+        },
+        pk="id",
+        not_null={"queue", "state", "seq", "rec"},
+    )
+    jobs.create_index(["queue", "state", "seq"], index_name="idx_jobs_queue_state_seq")
+    jobs.create_index(["state"], index_name="idx_jobs_state")
+    # Recovery streams every job in seq order; without this index each page would sort the
+    # whole table. Its entries are (seq, rowid), so keyset pages on (seq, rowid) are range scans.
+    jobs.create_index(["seq"], index_name="idx_jobs_seq")
+    db.table("queue_state").create({"name": str, "cfg": bytes}, pk="name", not_null={"cfg"})
+    db.table("meta").create({"key": str, "value": str}, pk="key")
+    db.table("meta").insert({"key": "record_encoding", "value": "msgpack"})
+
+
+Migration = Callable[[Database], None]
+
+# Append only. The database's schema version is the number of migrations applied to it.
+MIGRATIONS: list[Migration] = [_v1_initial]
+
+
+def migrate(conn: sqlite3.Connection, db: Database) -> int:
+    """Bring the database up to the newest schema; return its version.
+
+    Safe to call on every open: an up-to-date database is left untouched. Raises
+    `StorageError` if the database was written by a newer shardq (its version is higher
+    than the number of migrations known here), or if a migration fails (that migration is
+    rolled back, earlier ones stay).
+    """
+    with transaction(conn, "creating the migrations table"):
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS migrations ("
+            "version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+        )
+    while True:
+        # Re-read the version inside each transaction: another process may have migrated
+        # between our steps, and the write lock makes the check and the step atomic.
+        with transaction(conn, "migrating the schema"):
+            version = _current_version(db)
+            known = len(MIGRATIONS)
+            if version > known:
+                raise StorageError(
+                    f"the database has schema version {version}, newer than version {known} "
+                    "that this shardq knows; upgrade shardq to open it"
+                )
+            if version == known:
+                return version
+            MIGRATIONS[version](db)
+            db.execute(
+                "INSERT INTO migrations (version, applied_at) VALUES (?, datetime('now'))",
+                [version + 1],
+            )
+
+
+def _current_version(db: Database) -> int:
+    (version,) = db.execute("SELECT coalesce(max(version), 0) FROM migrations").fetchone()
+    return int(version)
+
+
+@dataclass(frozen=True)
+class SchemaInfo:
+    """What the database holds, as read back from SQLite (for tests and admin commands)."""
+
+    version: int
+    migrations: tuple[int, ...]
+    """Every version recorded in the `migrations` table, ascending."""
+    columns: Mapping[str, tuple[tuple[str, str, bool], ...]]
+    """Table name to its columns as (name, declared type, NOT NULL)."""
+    indexes: Mapping[str, tuple[tuple[str, ...], ...]]
+    """Table name to the column lists of its explicit indexes, sorted."""
+
+
+def describe(db: Database) -> SchemaInfo:
+    """Read the schema back. Raises `StorageError` if SQLite fails."""
+    try:
+        applied = tuple(
+            int(v) for (v,) in db.execute("SELECT version FROM migrations ORDER BY version")
+        )
+        columns: dict[str, tuple[tuple[str, str, bool], ...]] = {}
+        indexes: dict[str, tuple[tuple[str, ...], ...]] = {}
+        for table in db.tables:
+            columns[table.name] = tuple(
+                (str(c.name), str(c.type), bool(c.notnull)) for c in table.columns
+            )
+            # origin "c" = made by CREATE INDEX; skip the implicit primary-key indexes.
+            indexes[table.name] = tuple(
+                sorted(tuple(ix.columns) for ix in table.indexes if ix.origin == "c")
+            )
+    except sqlite3.Error as e:
+        raise wrap_error(e, "reading the schema") from e
+    return SchemaInfo(
+        version=applied[-1] if applied else 0,
+        migrations=applied,
+        columns=columns,
+        indexes=indexes,
+    )
