@@ -1,0 +1,41 @@
+"""The bunqueue wire protocol, sans-IO: frames, command envelopes and the exact error strings."""
+
+from shardq.protocol._errors import (
+    INTERNAL_SERVER_ERROR,
+    INVALID_COMMAND,
+    INVALID_COMMAND_FORMAT,
+    INVALID_TOKEN,
+    NOT_AUTHENTICATED,
+    RATE_LIMIT_EXCEEDED,
+    frame_too_large,
+    unknown_command,
+)
+from shardq.protocol._frames import (
+    MAX_FRAME_SIZE,
+    DecodedFrame,
+    FrameDecoder,
+    check_command,
+    encode,
+    encode_many,
+    error_reply,
+    req_id,
+)
+
+__all__ = [
+    "INTERNAL_SERVER_ERROR",
+    "INVALID_COMMAND",
+    "INVALID_COMMAND_FORMAT",
+    "INVALID_TOKEN",
+    "MAX_FRAME_SIZE",
+    "NOT_AUTHENTICATED",
+    "RATE_LIMIT_EXCEEDED",
+    "DecodedFrame",
+    "FrameDecoder",
+    "check_command",
+    "encode",
+    "encode_many",
+    "error_reply",
+    "frame_too_large",
+    "req_id",
+    "unknown_command",
+]
