@@ -1,0 +1,276 @@
+"""Random interleavings of the engine's operations, checked against DESIGN.md's invariants.
+
+Several workers push, pull, ack (sometimes with a stale token), fail, heartbeat, cancel, drop
+their connection and let the clock jump, in any order. After every step the machine checks:
+at most one live lease per job, no job lost or duplicated, attempts never above maxAttempts,
+delayed jobs never ready early, a stale token never completes a job, one job per live custom
+id, and that the engine's counts and heaps agree with its records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from shardq.core import Engine, EngineConfig
+from shardq.core._lifecycle import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING
+
+WORKERS = ("w0", "w1", "w2")
+QUEUES = ("qa", "qb")
+CUSTOM_IDS = ("order-1", "order-2", "order-3")
+CLOCK_JUMPS = (0, 1, 999, 1_001, 5_000, 29_999, 30_001, 120_000, 3_600_000)
+
+
+class EngineMachine(RuleBasedStateMachine):
+    @initialize(seed=st.integers(0, 2**32))
+    def start(self, seed: int) -> None:
+        self.engine = Engine(EngineConfig(max_completed=10_000), seed=seed)
+        self.now = 1_000_000
+        self.pushed: dict[str, int] = {}  # job id -> maxAttempts of its current generation
+        self.gone: set[str] = set()  # removed on purpose (cancel); nothing else may vanish
+        self.held: dict[str, dict[str, str]] = {w: {} for w in WORKERS}  # worker -> id -> token
+        self.stale: list[tuple[str, str]] = []  # (job id, token) of superseded deliveries
+        self.conn = {w: f"{w}-c0" for w in WORKERS}
+        self.generation = dict.fromkeys(WORKERS, 0)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def apply(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        reply, _ = self.engine.apply(cmd, self.now)
+        return reply
+
+    def current_token(self, job_id: str) -> str | None:
+        lease = self.engine.leases.get(job_id)
+        return lease.token if lease else None
+
+    def forget_superseded(self) -> None:
+        """Move held leases that are no longer current into the stale list."""
+        for worker, held in self.held.items():
+            for job_id, token in list(held.items()):
+                job = self.engine.jobs.get(job_id)
+                if job is None or job.state != ACTIVE or self.current_token(job_id) != token:
+                    del held[job_id]
+                    self.stale.append((job_id, token))
+                    del self.stale[:-50]
+            del worker
+
+    # -- rules -----------------------------------------------------------------------------
+
+    @rule(
+        queue=st.sampled_from(QUEUES),
+        delay=st.sampled_from((0, 0, 0, 500, 40_000)),
+        priority=st.sampled_from((0, 0, 1, 5)),
+        max_attempts=st.integers(1, 4),
+        lifo=st.booleans(),
+        custom=st.none() | st.sampled_from(CUSTOM_IDS),
+        timeout=st.sampled_from((None, None, 10_000)),
+    )
+    def push(
+        self,
+        queue: str,
+        delay: int,
+        priority: int,
+        max_attempts: int,
+        lifo: bool,
+        custom: str | None,
+        timeout: int | None,
+    ) -> None:
+        cmd: dict[str, Any] = {
+            "cmd": "PUSH",
+            "queue": queue,
+            "data": {"n": len(self.pushed)},
+            "delay": delay,
+            "priority": priority,
+            "maxAttempts": max_attempts,
+            "lifo": lifo,
+            "backoff": {"type": "fixed", "delay": 1_000},
+        }
+        if custom is not None:
+            cmd["jobId"] = custom
+        if timeout is not None:
+            cmd["timeout"] = timeout
+        before = self.engine.jobs.get(custom) if custom else None
+        live_before = before is not None and before.state not in (COMPLETED, FAILED)
+        reply = self.apply(cmd)
+        assert reply["ok"], reply
+        job_id = reply["id"]
+        if custom is not None:
+            assert job_id == custom
+            if live_before:
+                return  # idempotent: the live generation is returned, nothing is admitted
+        self.pushed[job_id] = max_attempts
+        self.gone.discard(job_id)
+
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        queue=st.sampled_from(QUEUES),
+        count=st.integers(1, 3),
+        lock_ttl=st.sampled_from((1_000, 30_000)),
+    )
+    def pull(self, worker: str, queue: str, count: int, lock_ttl: int) -> None:
+        cmd = {
+            "cmd": "PULLB",
+            "queue": queue,
+            "owner": worker,
+            "count": count,
+            "lockTtl": lock_ttl,
+            "_conn": self.conn[worker],
+        }
+        reply = self.apply(cmd)
+        assert reply["ok"], reply
+        assert len(reply["jobs"]) == len(reply["tokens"])
+        for job, token in zip(reply["jobs"], reply["tokens"], strict=True):
+            assert job["runAt"] <= self.now, "a delayed job was delivered early"
+            assert job["attempts"] < job["maxAttempts"]
+            self.held[worker][job["id"]] = token
+        self.forget_superseded()
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data(), with_result=st.booleans())
+    def ack(self, data: st.DataObject, with_result: bool) -> None:
+        worker = data.draw(st.sampled_from([w for w in WORKERS if self.held[w]]))
+        job_id = data.draw(st.sampled_from(sorted(self.held[worker])))
+        token = self.held[worker].pop(job_id)
+        cmd: dict[str, Any] = {"cmd": "ACK", "id": job_id, "token": token}
+        if with_result:
+            cmd["result"] = {"done": job_id}
+        reply = self.apply(cmd)
+        assert reply["ok"], reply
+        job = self.engine.jobs.get(job_id)
+        assert job is not None and job.state == COMPLETED
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data(), unrecoverable=st.booleans())
+    def fail(self, data: st.DataObject, unrecoverable: bool) -> None:
+        worker = data.draw(st.sampled_from([w for w in WORKERS if self.held[w]]))
+        job_id = data.draw(st.sampled_from(sorted(self.held[worker])))
+        token = self.held[worker].pop(job_id)
+        attempts = self.engine.jobs[job_id].attempts
+        cmd = {"cmd": "FAIL", "id": job_id, "token": token, "error": "boom"}
+        cmd["unrecoverable"] = unrecoverable
+        reply = self.apply(cmd)
+        assert reply["ok"], reply
+        job = self.engine.jobs[job_id]
+        assert job.attempts == attempts + 1
+        if unrecoverable or job.attempts >= job.max_attempts:
+            assert job.state == FAILED
+        else:
+            assert job.state in (WAITING, DELAYED)
+
+    @precondition(lambda self: bool(self.stale))
+    @rule(data=st.data(), fail_instead=st.booleans())
+    def stale_completion(self, data: st.DataObject, fail_instead: bool) -> None:
+        job_id, token = data.draw(st.sampled_from(self.stale))
+        job = self.engine.jobs.get(job_id)
+        state_before = job.state if job else None
+        holder = self.current_token(job_id)
+        reply = self.apply({"cmd": "FAIL" if fail_instead else "ACK", "id": job_id, "token": token})
+        if holder is not None and holder != token:
+            # Someone else holds the job now: the stale worker must change nothing.
+            assert not reply["ok"] or reply.get("data", {}).get("applied") is False, reply
+            assert self.engine.jobs[job_id].state == ACTIVE
+            assert self.current_token(job_id) == holder
+        elif reply["ok"] and state_before == COMPLETED:
+            assert self.engine.jobs[job_id].state == COMPLETED
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data())
+    def heartbeat(self, data: st.DataObject) -> None:
+        worker = data.draw(st.sampled_from([w for w in WORKERS if self.held[w]]))
+        ids = sorted(self.held[worker])
+        tokens = [self.held[worker][i] for i in ids]
+        reply = self.apply({"cmd": "JobHeartbeatB", "ids": ids, "tokens": tokens})
+        assert reply["ok"] and reply["data"]["count"] <= len(ids)
+
+    @rule(jump=st.sampled_from(CLOCK_JUMPS))
+    def tick(self, jump: int) -> None:
+        self.now += jump
+        self.engine.tick(self.now)
+        self.forget_superseded()
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def drop_connection(self, worker: str) -> None:
+        self.engine.release(self.conn[worker], self.now)
+        self.generation[worker] += 1
+        self.conn[worker] = f"{worker}-c{self.generation[worker]}"
+        self.forget_superseded()
+
+    @precondition(lambda self: bool(self.pushed))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        job_id = data.draw(st.sampled_from(sorted(self.pushed)))
+        job = self.engine.jobs.get(job_id)
+        queued = job is not None and job.state in (WAITING, DELAYED)
+        reply = self.apply({"cmd": "Cancel", "id": job_id})
+        assert reply["ok"] == queued, reply
+        if queued:
+            self.gone.add(job_id)
+            assert job_id not in self.engine.jobs
+
+    # -- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def nothing_lost_or_duplicated(self) -> None:
+        for job_id in self.pushed:
+            assert job_id in self.engine.jobs or job_id in self.gone, f"lost {job_id}"
+        total = sum(sum(q.counts.values()) for q in self.engine.queues.values())
+        assert total == len(self.engine.jobs)
+        ids = [i for q in self.engine.queues.values() for i in q.ids]
+        assert len(ids) == len(set(ids)) == len(self.engine.jobs)
+
+    @invariant()
+    def one_live_lease_per_job(self) -> None:
+        current: dict[str, str] = {}
+        for held in self.held.values():
+            for job_id, token in held.items():
+                if self.current_token(job_id) == token:
+                    assert job_id not in current, f"two live leases on {job_id}"
+                    current[job_id] = token
+        for job_id in self.engine.leases:
+            assert self.engine.jobs[job_id].state == ACTIVE
+
+    @invariant()
+    def attempts_bounded(self) -> None:
+        for job in self.engine.jobs.values():
+            assert 0 <= job.attempts <= job.max_attempts, (job.id, job.attempts)
+
+    @invariant()
+    def nothing_ready_early(self) -> None:
+        for job in self.engine.jobs.values():
+            if job.state == DELAYED:
+                assert job.dkey is not None
+            if job.state == WAITING:
+                assert job.run_at <= self.now or job.hkey is not None
+
+    @invariant()
+    def counts_and_heaps_agree(self) -> None:
+        for q in self.engine.queues.values():
+            states = [self.engine.jobs[i].state for i in q.ids]
+            for state in STATES:
+                assert q.counts[state] == states.count(state), (q.name, state)
+            waiting = [self.engine.jobs[i] for i in q.ids if self.engine.jobs[i].state == WAITING]
+            assert q.prioritized == sum(1 for j in waiting if j.priority > 0)
+            live = {id(k) for k in q.ready}
+            assert all(id(j.hkey) in live for j in waiting), "a waiting job fell out of its heap"
+        delayed = {id(k) for k in self.engine.delayed}
+        for job in self.engine.jobs.values():
+            if job.state == DELAYED:
+                assert id(job.dkey) in delayed
+
+    @invariant()
+    def one_job_per_custom_id(self) -> None:
+        for custom in CUSTOM_IDS:
+            owners = [j for j in self.engine.jobs.values() if j.custom_id == custom]
+            assert len(owners) <= 1
+
+
+EngineMachine.TestCase.settings = settings(
+    max_examples=int(__import__("os").environ.get("SHARDQ_STATEFUL_EXAMPLES", "150")),
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestEngineMachine = EngineMachine.TestCase
