@@ -104,7 +104,8 @@ class AdminOps(EngineState):
         return {"ok": True}
 
     def cmd_list_queues(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        return {"ok": True, "queues": sorted(n for n, q in self.queues.items() if not q.is_default())}
+        names = sorted(name for name, q in self.queues.items() if not q.is_default())
+        return {"ok": True, "queues": names}
 
     # -- stall and DLQ config --------------------------------------------------------------
 

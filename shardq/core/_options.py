@@ -182,8 +182,7 @@ def _validate_lists(fields: Mapping[str, Any]) -> str | None:
 
 _CHECKED_FIELDS: Final = frozenset(
     ("name", "groupId", "priority", "backoff", "dependsOn", "childrenIds", "tags")
-    + tuple(f for f, _, _ in (*_BOUNDS, *_TTL_BOUNDS))  # noqa: RUF005
-)
+).union(field for field, _, _ in (*_BOUNDS, *_TTL_BOUNDS))
 
 
 def validate_job_fields(fields: Mapping[str, Any]) -> str | None:
