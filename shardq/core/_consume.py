@@ -262,7 +262,8 @@ class ConsumeOps(EngineState):
             job.last_heartbeat = now
             return True
         lease = self.leases.get(job.id)
-        if lease is None or token != lease.token:
+        # A lapsed lease cannot be renewed (bunqueue): the holder may still ACK it, not extend it.
+        if lease is None or token != lease.token or lease.expires_at <= now:
             return False
         if is_number(duration) and duration > 0:  # type: ignore[operator]
             lease.ttl = int(duration)  # type: ignore[call-overload]

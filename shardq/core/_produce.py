@@ -133,7 +133,7 @@ class ProduceOps(EngineState):
 
     def _dedup_replace(self, owner: Job) -> str | None:
         if owner.state in QUEUED_STATES:
-            if self.dependents.get(owner.id):
+            if any(self.find(child) is not None for child in self.dependents.get(owner.id, ())):
                 raise CommandError(
                     f"Cannot replace deduplicated job {owner.id} because live jobs depend on it"
                 )
