@@ -1,0 +1,82 @@
+"""Bounded memory: completed jobs and results are evicted from memory, never from disk."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from engine_driver import Driver
+
+from shardq.core import Engine, EngineConfig, Mutation
+
+
+def _complete(d: Driver, n: int) -> tuple[list[str], list[Mutation]]:
+    ids: list[str] = []
+    mutations: list[Mutation] = []
+    for i in range(n):
+        job_id = d.push(data=i, at=i)
+        mutations += d.mutations
+        _, token = d.pull_id(at=i)
+        mutations += d.mutations
+        d.ack(job_id, token, at=i, result=i)
+        mutations += d.mutations
+        ids.append(job_id)
+    return ids, mutations
+
+
+def test_completed_jobs_and_results_are_capped() -> None:
+    d = Driver(Engine(EngineConfig(max_completed=5, max_results=3), seed=1))
+    ids, mutations = _complete(d, 20)
+    assert d.counts()["completed"] == 5
+    assert [d.state(i) for i in ids] == ["unknown"] * 15 + ["completed"] * 5
+    with_result = [i for i in ids if "result" in d.ok({"cmd": "GetResult", "id": i})]
+    assert with_result == ids[-3:]
+    assert [d.ok({"cmd": "GetResult", "id": i})["result"] for i in with_result] == [17, 18, 19]
+    assert all(m[0] != "del" for m in mutations)
+    assert sum(1 for j in d.engine.jobs.values() if j.state == "completed") <= 5
+
+
+def test_evicted_completion_still_satisfies_dependencies() -> None:
+    d = Driver(Engine(EngineConfig(max_completed=1), seed=1))
+    ids, _ = _complete(d, 3)
+    assert d.state(ids[0]) == "unknown"
+    child = d.push(dependsOn=[ids[0]])
+    assert d.state(child) == "waiting"
+
+
+def test_evicted_custom_id_can_be_pushed_again() -> None:
+    d = Driver(Engine(EngineConfig(max_completed=1), seed=1))
+    d.push(jobId="j")
+    d.run_to_completion()
+    d.push(data="other")
+    d.run_to_completion()
+    assert d.state("j") == "unknown"
+    assert d.push(jobId="j") == "j"
+    assert d.state("j") == "waiting"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_completed", 0),
+        ("max_completed", -1),
+        ("max_results", 0),
+        ("max_logs_per_job", 0),
+        ("default_lock_ttl_ms", 0),
+        ("max_completed", 1.5),
+        ("max_completed", "10"),
+    ],
+)
+def test_config_values_must_be_positive_integers(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(**{field: value})
+
+
+def test_default_lock_ttl_follows_the_config() -> None:
+    d = Driver(Engine(EngineConfig(default_lock_ttl_ms=500), seed=1))
+    job_id = d.push()
+    d.pull_id(at=0)
+    d.tick(499)
+    assert d.state(job_id) == "active"
+    d.tick(500)
+    assert d.state(job_id) == "waiting"
