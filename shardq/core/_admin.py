@@ -195,7 +195,7 @@ class AdminOps(EngineState):
                 if expires is not None and expires <= now:
                     self.remove(job)
                 elif cfg.get("autoRetry") and _auto_retry_due(entry, cfg, now):
-                    self.revive(job, now)
+                    self.revive(job, now, auto=True)
 
 
 def _auto_retry_due(entry: Mapping[str, Any], cfg: Mapping[str, Any], now: int) -> bool:

@@ -88,7 +88,7 @@ _HOT: Final = (
     "lifo",
     "timeline",
 )
-_ENGINE: Final = ("state", "seq", "failedReason", "dlq", "logs", "dedupUntil")
+_ENGINE: Final = ("state", "seq", "failedReason", "dlq", "dlqRetries", "logs", "dedupUntil")
 _NOT_OPTIONS: Final = frozenset((*_HOT, *_ENGINE, "returnvalue", "hasResult"))
 
 
@@ -105,6 +105,7 @@ class Job:
         "delivery",
         "dkey",
         "dlq",
+        "dlq_retries",
         "failed_reason",
         "has_result",
         "hkey",
@@ -155,6 +156,7 @@ class Job:
         self.state = WAITING
         self.failed_reason: str | None = None
         self.dlq: dict[str, Any] | None = None
+        self.dlq_retries = 0
         self.logs: list[dict[str, Any]] | None = None
         self.dedup_until: int | None = None
         self.result: Any = None
@@ -247,6 +249,7 @@ class Job:
         rec["seq"] = self.seq
         rec["failedReason"] = self.failed_reason
         rec["dlq"] = self.dlq
+        rec["dlqRetries"] = self.dlq_retries
         rec["logs"] = self.logs
         rec["dedupUntil"] = self.dedup_until
         rec["hasResult"] = self.has_result
@@ -277,6 +280,7 @@ class Job:
         job.state = rec["state"]
         job.failed_reason = rec.get("failedReason")
         job.dlq = rec.get("dlq")
+        job.dlq_retries = rec.get("dlqRetries") or 0
         job.logs = rec.get("logs")
         job.dedup_until = rec.get("dedupUntil")
         job.has_result = bool(rec.get("hasResult", "returnvalue" in rec))

@@ -18,6 +18,7 @@ A job record is the bunqueue wire `Job` map plus these engine fields:
     hasResult    whether returnvalue holds a result (a stored null is a result)
     failedReason the last error message, or None
     dlq          None, or the DLQ entry metadata {enteredAt, reason, error, attempts, ...}
+    dlqRetries   how many times DLQ auto-retry has revived the job
     logs         list of {timestamp, level, message}
     dedupUntil   ms when the uniqueKey claim lapses, or None for "while the job lives"
 

@@ -326,7 +326,7 @@ class EngineState:
             "reason": reason,
             "error": job.failed_reason,
             "attempts": [attempt],
-            "retryCount": 0,
+            "retryCount": job.dlq_retries,
             "lastRetryAt": None,
             "nextRetryAt": None,
             "expiresAt": now + int(max_age) if max_age else None,
@@ -344,8 +344,11 @@ class EngineState:
             oldest = next(iter(q.dlq))
             self.remove(self.jobs[oldest])
 
-    def revive(self, job: Job, now: int) -> None:
-        """Give a failed or completed job a fresh run (RetryDlq, RetryCompleted, MoveToWait)."""
+    def revive(self, job: Job, now: int, *, auto: bool = False) -> None:
+        """Give a failed or completed job a fresh run (RetryDlq, RetryCompleted, MoveToWait).
+
+        `auto` marks a DLQ auto-retry, which is counted against the queue's maxAutoRetries.
+        """
         job.attempts = 0
         job.stall_count = 0
         job.run_at = now
@@ -363,5 +366,8 @@ class EngineState:
             "returnvalue": None,
             "hasResult": False,
         }
+        if auto:
+            job.dlq_retries += 1
+            changes["dlqRetries"] = job.dlq_retries
         self.move(job, "revive", now, changes)
         self.claim_unique(job)

@@ -380,11 +380,6 @@ def test_dlq_auto_retry(d: Driver) -> None:
     assert job["attempts"] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: DLQ auto-retry never counts retryCount (revive drops the entry), "
-    "so maxAutoRetries never stops it",
-)
 def test_dlq_auto_retry_stops_after_max_auto_retries(d: Driver) -> None:
     config = {"autoRetry": True, "autoRetryInterval": 0, "maxAutoRetries": 2}
     d.ok({"cmd": "SetDlqConfig", "queue": "q", "config": config})
