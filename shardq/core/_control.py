@@ -87,19 +87,10 @@ class ControlOps(EngineState):
         priority = cmd.get("priority")
         if job.state not in QUEUED_STATES or not is_number(priority):
             raise CommandError("Job not found or not in queue")
-        q = self.queue(job.queue)
-        waiting = job.state == WAITING
-        if waiting:
-            q.prioritized -= job.priority > 0
-        job.priority = priority  # type: ignore[assignment]
         changes: dict[str, Any] = {"priority": priority}
         if isinstance(cmd.get("lifo"), bool):
-            job.lifo = bool(cmd["lifo"])
-            changes["lifo"] = job.lifo
-        if waiting:
-            q.prioritized += job.priority > 0
-            q.push_ready(job)
-        self.out.append(("upd", job.id, changes))
+            changes["lifo"] = cmd["lifo"]
+        self.reorder(job, changes)
         return {"ok": True}
 
     def cmd_change_delay(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -107,15 +98,15 @@ class ControlOps(EngineState):
         delay = cmd.get("delay")
         if job.state not in _WAITING_LIKE or check_number(delay, "delay", 0, 365 * 86_400_000):
             raise CommandError("Job not found or cannot change delay")
-        job.run_at = now + as_int(delay, 0)
-        if job.run_at > now:
-            self.move(job, "delay", now, {"runAt": job.run_at})
+        run_at = now + as_int(delay, 0)
+        if run_at > now:
+            job.run_at = run_at
+            self.move(job, "delay", now, {"runAt": run_at})
         elif job.state == DELAYED:
-            self.move(job, "promote", now, {"runAt": job.run_at})
+            job.run_at = run_at
+            self.move(job, "promote", now, {"runAt": run_at})
         else:
-            # Still waiting, but its run time is part of its place in the ready heap.
-            self.queue(job.queue).push_ready(job)
-            self.out.append(("upd", job.id, {"runAt": job.run_at}))
+            self.reorder(job, {"runAt": run_at})
         return {"ok": True}
 
     def cmd_update(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:

@@ -58,7 +58,13 @@ class QueueState:
         self.dlq_config.update(cfg.get("dlq") or {})
 
     def is_default(self) -> bool:
-        return not self.ids and self.config() == QueueState(self.name, {}).config()
+        """True when the queue holds no jobs and no control differs from the defaults."""
+        return (
+            not self.ids
+            and not self.paused
+            and self.stall == DEFAULT_STALL_CONFIG
+            and self.dlq_config == DEFAULT_DLQ_CONFIG
+        )
 
     # -- heaps -----------------------------------------------------------------------------
 

@@ -34,6 +34,9 @@ from ._queue import QueueState
 
 __all__ = ["EngineState", "Lease"]
 
+# Heaps smaller than this are never compacted: rebuilding them would cost more than it saves.
+_MIN_COMPACT = 64
+
 
 class Lease:
     """A fenced claim on an active job, granted by a pull with an owner."""
@@ -60,6 +63,7 @@ class EngineState:
         self.jobs: dict[str, Job] = {}
         self.queues: dict[str, QueueState] = {}
         self.delayed: list[tuple[Any, ...]] = []
+        self.delayed_watermark = _MIN_COMPACT
         self.leases: dict[str, Lease] = {}
         self.lease_heap: list[tuple[int, str, str]] = []
         self.timeouts: list[tuple[int, str, int]] = []
@@ -136,6 +140,19 @@ class EngineState:
         changes["timeline"] = list(job.timeline)
         self.out.append(("upd", job.id, changes))
 
+    def reorder(self, job: Job, changes: dict[str, Any]) -> None:
+        """Change the fields that place a queued job (priority, lifo, runAt) in its state.
+
+        Leaving and re-entering the state keeps the counts and heap keys right, as `move` does.
+        """
+        q = self.queue(job.queue)
+        self._leave(job, q)
+        job.priority = changes.get("priority", job.priority)
+        job.lifo = bool(changes.get("lifo", job.lifo))
+        job.run_at = changes.get("runAt", job.run_at)
+        self._enter(job, q)
+        self.out.append(("upd", job.id, changes))
+
     def requeue_or_delay(self, job: Job, event_now: str, now: int, changes: dict[str, Any]) -> None:
         """Move an active or queued job to waiting or delayed, by its run time."""
         changes["runAt"] = job.run_at
@@ -196,10 +213,13 @@ class EngineState:
             self.release_unique(job)
 
     def _maybe_compact_delayed(self) -> None:
-        live = sum(q.counts[DELAYED] for q in self.queues.values())
-        if len(self.delayed) > 64 and len(self.delayed) > 2 * live:
-            self.delayed = [k for k in self.delayed if self._owns_delayed(k)]
-            heapq.heapify(self.delayed)
+        # Checked only when the heap doubles past its last compacted size, so a delayed push
+        # costs O(1) amortised and dead entries never exceed the live ones by more than 2x.
+        if len(self.delayed) < self.delayed_watermark:
+            return
+        self.delayed = [k for k in self.delayed if self._owns_delayed(k)]
+        heapq.heapify(self.delayed)
+        self.delayed_watermark = max(_MIN_COMPACT, 2 * len(self.delayed))
 
     def _owns_delayed(self, key: tuple[Any, ...]) -> bool:
         job = self.jobs.get(key[-1])
