@@ -1,0 +1,47 @@
+"""What the supervisor hands each child process: its role, index, endpoints and settings."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["ChildSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    role: str  # "writer" | "shard" | "frontend"
+    run_dir: str  # holds the ipc:// socket files
+    data_path: str  # the SQLite file
+    shards: int
+    index: int = 0  # the shard index (0 for other roles)
+    host: str = "127.0.0.1"
+    tcp_port: int = 6789
+    zmq_port: int = 6788
+    auth_tokens: tuple[str, ...] = ()
+    log_format: str = "json"  # "json" | "console"
+    log_level: str = "info"
+    flush_interval_ms: int = 10
+    flush_max_mutations: int = 100
+    synchronous: str = "normal"
+    shutdown_timeout_ms: int = 30_000
+    max_frame_bytes: int = 64 * 1024 * 1024
+    tcp_idle_timeout_ms: int = 60_000
+    engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
+
+    def endpoint(self, name: str) -> str:
+        """`ipc://` address of one of the run directory's sockets: sup, writer, front, shard-i."""
+        return f"ipc://{self.run_dir}/{name}"
+
+    def shard_endpoint(self, index: int) -> str:
+        return self.endpoint(f"shard-{index}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ChildSpec:
+        raw: dict[str, Any] = json.loads(text)
+        raw["auth_tokens"] = tuple(raw.get("auth_tokens") or ())
+        return cls(**raw)
