@@ -10,6 +10,7 @@ process can reach before protocol hops and commits. Each scenario runs `repeats`
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardq.core import Engine
+from shardq.runtime._gc import GC_THRESHOLDS
 
 Scenario = Callable[[Engine, int], int]
 
@@ -62,16 +64,25 @@ def measure(scenario: Scenario, seconds: float, repeats: int) -> dict[str, float
 
 
 def main(seconds: float = 2.0, repeats: int = 5, json_path: str | None = None) -> dict[str, Any]:
-    results = {
-        "single push+pull+ack (cycles/s)": measure(single_cycle, seconds, repeats),
-        "100 per call: PUSHB+PULLB+ACKB (jobs/s)": measure(bulk_cycle, seconds, repeats),
-    }
+    default = gc.get_threshold()
+    results: dict[str, dict[str, float]] = {}
+    # Both collector settings: CPython's default, and the one shard processes run with.
+    for label, thresholds in (("default GC", default), ("shard GC", GC_THRESHOLDS)):
+        gc.set_threshold(*thresholds)
+        results[f"single push+pull+ack, {label} (cycles/s)"] = measure(
+            single_cycle, seconds, repeats
+        )
+        results[f"100 per call: PUSHB+PULLB+ACKB, {label} (jobs/s)"] = measure(
+            bulk_cycle, seconds, repeats
+        )
+    gc.set_threshold(*default)
     report = {
         "machine": {
             "python": platform.python_version(),
             "cpu_count": os.cpu_count(),
             "processor": platform.processor() or platform.machine(),
         },
+        "gc_thresholds": {"default": list(default), "shard": list(GC_THRESHOLDS)},
         "seconds": seconds,
         "repeats": repeats,
         "results": results,

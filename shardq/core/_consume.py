@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
 
 from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
 from ._options import as_int, check_number, is_number, validate_queue_name
+from ._queue import QueueState
 from ._state import EngineState, Lease
 
 __all__ = ["ConsumeOps"]
@@ -39,7 +40,7 @@ class ConsumeOps(EngineState):
         queue = self._check_pull(cmd)
         owner = _owner(cmd)
         job = self.take(queue, now)
-        token = self.activate(job, cmd, owner, now) if job is not None else None
+        token = self.activate(job, self._grant(cmd, owner), now) if job is not None else None
         reply: dict[str, Any] = {"ok": True, "job": job.to_wire() if job else None}
         if owner is not None:
             reply["token"] = token
@@ -51,13 +52,16 @@ class ConsumeOps(EngineState):
         if error:
             raise CommandError(error)
         owner = _owner(cmd)
+        grant = self._grant(cmd, owner)
         jobs: list[dict[str, Any]] = []
         tokens: list[str] = []
-        for _ in range(as_int(cmd.get("count"), 1)):
-            job = self.take(queue, now)
+        q = self.ready_queue(queue, now)
+        count = as_int(cmd.get("count"), 1)
+        while q is not None and len(jobs) < count:
+            job = self.next_ready(q, now)
             if job is None:
                 break
-            token = self.activate(job, cmd, owner, now)
+            token = self.activate(job, grant, now)
             jobs.append(job.to_wire())
             tokens.append(token or "")
         reply: dict[str, Any] = {"ok": True, "jobs": jobs}
@@ -74,40 +78,51 @@ class ConsumeOps(EngineState):
 
     def take(self, queue: str, now: int) -> Job | None:
         """The next deliverable job of `queue`, skipping (and dropping) TTL-expired ones."""
+        q = self.ready_queue(queue, now)
+        return None if q is None else self.next_ready(q, now)
+
+    def ready_queue(self, queue: str, now: int) -> QueueState | None:
+        """The queue to pull from, with its due delayed jobs promoted; None if paused or empty."""
         q = self.queues.get(queue)
         if q is None or q.paused:
             return None
         self.promote_due(now)
+        return q
+
+    def next_ready(self, q: QueueState, now: int) -> Job | None:
         while True:
             job = q.pop_ready()
             if job is None:
                 return None
-            ttl = job.opts.get("ttl")
+            ttl = job.opts.get("ttl") if job.opts else None
             if ttl and now >= job.created_at + ttl:
                 self.move(job, "expire", now, {})
                 continue
             return job
 
-    def activate(
-        self, job: Job, cmd: Mapping[str, Any], owner: str | None, now: int
-    ) -> str | None:
+    def _grant(self, cmd: Mapping[str, Any], owner: str | None) -> _Grant:
+        """What every job of one pull gets: owner, lease TTL and the connection to track."""
+        ttl = _positive(cmd.get("lockTtl"), self.config.default_lock_ttl_ms)
+        conn = _conn(cmd)
+        return _Grant(owner, ttl, conn, None if cmd.get("detach") else conn)
+
+    def activate(self, job: Job, grant: _Grant, now: int) -> str | None:
         job.started_at = now
         job.last_heartbeat = now
         job.delivery += 1
         self.move(job, "pull", now, {"startedAt": now, "lastHeartbeat": now})
         token: str | None = None
-        if owner is not None:
+        if grant.owner is not None:
             token = self.ids.token()
-            ttl = _positive(cmd.get("lockTtl"), self.config.default_lock_ttl_ms)
-            lease = Lease(token, owner, _conn(cmd), now, ttl)
+            lease = Lease(token, grant.owner, grant.conn, now, grant.ttl)
             self.leases[job.id] = lease
             heapq.heappush(self.lease_heap, (lease.expires_at, job.id, token))
         else:
             self.unleased[job.id] = None
         job.token = token
-        if not cmd.get("detach"):
-            self.track_conn(cmd.get("_conn"), job)
-        timeout = job.opts.get("timeout")
+        if grant.track is not None:
+            self.track_conn(grant.track, job)
+        timeout = job.opts.get("timeout") if job.opts else None
         if timeout:
             heapq.heappush(self.timeouts, (now + int(timeout), job.id, job.delivery))
         return token
@@ -322,6 +337,13 @@ class ConsumeOps(EngineState):
             self.events.append(("ready", job.queue, job.id))
             released += 1
         return released
+
+
+class _Grant(NamedTuple):
+    owner: str | None
+    ttl: int
+    conn: str | None
+    track: str | None  # the connection that releases the job on close (None when detached)
 
 
 def _owner(cmd: Mapping[str, Any]) -> str | None:

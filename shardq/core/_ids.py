@@ -11,6 +11,7 @@ import random
 __all__ = ["IdFactory"]
 
 _RAND_A_MAX = 0xFFF
+_LOW48 = (1 << 48) - 1
 
 
 class IdFactory:
@@ -21,34 +22,33 @@ class IdFactory:
     ignored: ids keep the last millisecond seen until time passes it.
     """
 
-    __slots__ = ("_counter", "_last_ms", "_rng", "_token_prefix", "_tokens")
+    __slots__ = ("_counter", "_last_ms", "_prefix", "_rng", "_token_prefix", "_tokens")
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
         self._last_ms = -1
         self._counter = 0
+        self._prefix = ""
         self._token_prefix = f"{rng.getrandbits(64):016x}-"
         self._tokens = 0
 
     def new(self, now_ms: int) -> str:
         ms = int(now_ms)
         if ms > self._last_ms:
-            self._last_ms = ms
-            self._counter = self._rng.getrandbits(11)
+            self._advance(ms)
         else:
             self._counter += 1
             if self._counter > _RAND_A_MAX:
-                self._last_ms += 1
-                self._counter = self._rng.getrandbits(11)
-        value = (
-            (self._last_ms & 0xFFFFFFFFFFFF) << 80
-            | 0x7 << 76
-            | self._counter << 64
-            | 0b10 << 62
-            | self._rng.getrandbits(62)
-        )
-        h = f"{value:032x}"
-        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+                self._advance(self._last_ms + 1)
+        rand = self._rng.getrandbits(62)
+        # Variant bits 10 on top of 62 random bits; the time prefix is cached per millisecond.
+        return f"{self._prefix}7{self._counter:03x}-{0x8000 | rand >> 48:04x}-{rand & _LOW48:012x}"
+
+    def _advance(self, ms: int) -> None:
+        self._last_ms = ms
+        self._counter = self._rng.getrandbits(11)
+        h = f"{ms & 0xFFFFFFFFFFFF:012x}"
+        self._prefix = f"{h[:8]}-{h[8:]}-"
 
     def token(self) -> str:
         """A lease token: unique per delivery, opaque to clients.

@@ -65,7 +65,6 @@ _WIRE_DEFAULTS: Final[dict[str, Any]] = {
     "customId": None,
     "stackTraceLimit": DEFAULT_STACK_TRACE_LIMIT,
 }
-_LIST_DEFAULTS: Final = _LIST_OPTS
 
 _HOT: Final = (
     "id",
@@ -151,7 +150,9 @@ class Job:
         self.stall_count = 0
         self.children_completed = 0
         self.lifo = False
-        self.timeline: list[dict[str, Any]] = []
+        # (state, timestamp, attempt) tuples: a tuple of plain values is one object the cyclic
+        # GC stops tracking, a dict is not; `timeline_view` gives the wire form.
+        self.timeline: list[tuple[str, int, int | None]] = []
         self.opts: dict[str, Any] = {}
         self.state = WAITING
         self.failed_reason: str | None = None
@@ -182,16 +183,28 @@ class Job:
     ) -> Job:
         """A new job from validated push fields (see `validate_job_fields`)."""
         job = cls(job_id, queue, seq)
-        job.data = fields.get("data")
-        job.name = _job_name(fields)
-        job.priority = _number(fields.get("priority"), 0)
-        created = as_int(fields.get("timestamp"), now)
-        job.created_at = created
-        job.run_at = created + as_int(fields.get("delay"), 0)
-        job.last_heartbeat = created
-        job.max_attempts = as_int(fields.get("maxAttempts"), DEFAULT_MAX_ATTEMPTS)
-        job.lifo = bool(fields.get("lifo", False))
-        job.opts = _options(fields, job_id if custom else None)
+        get = fields.get
+        job.data = data = get("data")
+        name = get("name")
+        if isinstance(name, str) and name:
+            job.name = name
+        elif type(data) is dict:
+            job.name = _legacy_name(data)
+        # Absent options are the common case: test for None before parsing numbers.
+        priority = get("priority")
+        if priority is not None:
+            job.priority = _number(priority, 0)
+        stamp = get("timestamp")
+        created = now if stamp is None else as_int(stamp, now)
+        job.created_at = job.last_heartbeat = created
+        delay = get("delay")
+        job.run_at = created if delay is None else created + as_int(delay, 0)
+        attempts = get("maxAttempts")
+        if attempts is not None:
+            job.max_attempts = as_int(attempts, DEFAULT_MAX_ATTEMPTS)
+        job.lifo = bool(get("lifo", False))
+        if custom or len(fields) > 1:
+            job.opts = _options(fields, job_id if custom else None)
         return job
 
     @property
@@ -208,51 +221,58 @@ class Job:
 
     def to_wire(self) -> dict[str, Any]:
         """The bunqueue `Job` map, as PULL returns it."""
-        wire = {**_WIRE_DEFAULTS, **self.opts}
-        for key in _LIST_DEFAULTS:
-            if key not in self.opts:
-                wire[key] = []
-        return self._hot_fields(wire)
+        # One literal instead of a store per key: this runs once per delivered job.
+        return {
+            **_WIRE_DEFAULTS,
+            # Fresh lists: a caller may mutate the map it got.
+            "dependsOn": [],
+            "childrenIds": [],
+            "tags": [],
+            **self.opts,
+            **self._hot_fields(),
+            "timeline": timeline_view(self.timeline),
+        }
 
-    def _hot_fields(self, wire: dict[str, Any]) -> dict[str, Any]:
-        wire["id"] = self.id
-        wire["queue"] = self.queue
-        wire["name"] = self.name
-        wire["data"] = self.data
-        wire["priority"] = self.priority
-        wire["createdAt"] = self.created_at
-        wire["runAt"] = self.run_at
-        wire["startedAt"] = self.started_at
-        wire["completedAt"] = self.completed_at
-        wire["attempts"] = self.attempts
-        wire["maxAttempts"] = self.max_attempts
-        wire["progress"] = self.progress
-        wire["progressMessage"] = self.progress_message
-        wire["stacktrace"] = self.stacktrace
-        wire["lastHeartbeat"] = self.last_heartbeat
-        wire["stallCount"] = self.stall_count
-        wire["childrenCompleted"] = self.children_completed
-        wire["lifo"] = self.lifo
-        wire["timeline"] = list(self.timeline)
-        return wire
+    def _hot_fields(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "name": self.name,
+            "data": self.data,
+            "priority": self.priority,
+            "createdAt": self.created_at,
+            "runAt": self.run_at,
+            "startedAt": self.started_at,
+            "completedAt": self.completed_at,
+            "attempts": self.attempts,
+            "maxAttempts": self.max_attempts,
+            "progress": self.progress,
+            "progressMessage": self.progress_message,
+            "stacktrace": self.stacktrace,
+            "lastHeartbeat": self.last_heartbeat,
+            "stallCount": self.stall_count,
+            "childrenCompleted": self.children_completed,
+            "lifo": self.lifo,
+        }
 
     def to_record(self) -> dict[str, Any]:
         """The persisted record: the wire map plus the engine fields (see `_mutations`).
 
         Options left at their defaults are not stored; `to_wire` fills them back in.
         """
-        rec = self._hot_fields(dict(self.opts))
-        return self._engine_fields(rec)
-
-    def _engine_fields(self, rec: dict[str, Any]) -> dict[str, Any]:
-        rec["state"] = self.state
-        rec["seq"] = self.seq
-        rec["failedReason"] = self.failed_reason
-        rec["dlq"] = self.dlq
-        rec["dlqRetries"] = self.dlq_retries
-        rec["logs"] = self.logs
-        rec["dedupUntil"] = self.dedup_until
-        rec["hasResult"] = self.has_result
+        rec = {
+            **self.opts,
+            **self._hot_fields(),
+            "timeline": list(self.timeline),
+            "state": self.state,
+            "seq": self.seq,
+            "failedReason": self.failed_reason,
+            "dlq": self.dlq,
+            "dlqRetries": self.dlq_retries,
+            "logs": self.logs,
+            "dedupUntil": self.dedup_until,
+            "hasResult": self.has_result,
+        }
         if self.has_result:
             rec["returnvalue"] = self.result
         return rec
@@ -276,7 +296,7 @@ class Job:
         job.stall_count = rec.get("stallCount") or 0
         job.children_completed = rec.get("childrenCompleted") or 0
         job.lifo = bool(rec.get("lifo"))
-        job.timeline = list(rec.get("timeline") or [])
+        job.timeline = [_timeline_entry(e) for e in rec.get("timeline") or ()]
         job.state = rec["state"]
         job.failed_reason = rec.get("failedReason")
         job.dlq = rec.get("dlq")
@@ -294,10 +314,7 @@ class Job:
     def note(self, state: str, now: int, attempt: int | None = None) -> None:
         """Append a bounded timeline entry."""
         timeline = self.timeline
-        if attempt is None:
-            timeline.append({"state": state, "timestamp": now})
-        else:
-            timeline.append({"state": state, "timestamp": now, "attempt": attempt})
+        timeline.append((state, now, attempt))
         if len(timeline) > TIMELINE_MAX:
             del timeline[0]
 
@@ -311,6 +328,24 @@ class Job:
         return DELAYED if self.run_at > now else WAITING
 
 
+def timeline_view(timeline: list[tuple[str, int, int | None]]) -> list[dict[str, Any]]:
+    """The wire form of a timeline: `[{state, timestamp, attempt?}]`."""
+    out: list[dict[str, Any]] = []
+    for state, timestamp, attempt in timeline:
+        entry: dict[str, Any] = {"state": state, "timestamp": timestamp}
+        if attempt is not None:
+            entry["attempt"] = attempt
+        out.append(entry)
+    return out
+
+
+def _timeline_entry(entry: Any) -> tuple[str, int, int | None]:
+    if isinstance(entry, Mapping):
+        return (entry["state"], entry["timestamp"], entry.get("attempt"))
+    state, timestamp, attempt = entry
+    return (state, timestamp, attempt)
+
+
 def _number(value: object, default: float) -> float:
     if is_number(value) and math.isfinite(value):  # type: ignore[arg-type]
         number: float = value  # type: ignore[assignment]
@@ -318,15 +353,10 @@ def _number(value: object, default: float) -> float:
     return default
 
 
-def _job_name(fields: Mapping[str, Any]) -> str:
-    name = fields.get("name")
-    if isinstance(name, str) and name:
-        return name
+def _legacy_name(data: dict[str, Any]) -> str:
     # v2 clients (bunqueue-client 0.1.5) keep the name inside data; data stays verbatim.
-    data = fields.get("data")
-    if isinstance(data, Mapping) and isinstance(data.get("name"), str) and data["name"]:
-        return str(data["name"])
-    return "default"
+    name = data.get("name")
+    return name if isinstance(name, str) and name else "default"
 
 
 def _options(fields: Mapping[str, Any], custom_id: str | None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ replaying them into an empty engine (`Engine.restore`) rebuilds the same queues 
 
 A job record is the bunqueue wire `Job` map plus these engine fields:
 
+    timeline     [state, timestamp, attempt] triples (the wire form is a list of maps)
     state        "waiting" | "delayed" | "active" | "completed" | "failed" | "waiting-children"
                  ("prioritized" is derived from priority, never stored)
     seq          int, the engine's admission counter; FIFO order among equal keys

@@ -93,7 +93,37 @@ def _json_default(value: object) -> object:
     raise TypeError(type(value).__name__)
 
 
+_ATOMIC: Final = frozenset({int, float, bool, type(None)})
+# A payload this small cannot approach MAX_DATA_CHARS, whatever escaping JSON adds (at most 6
+# characters per character of a string).
+_SMALL_ITEMS: Final = 64
+_SMALL_CHARS: Final = 4096
+
+
+def _certainly_small(data: object) -> bool:
+    """True for a flat payload of plain values, far under the cap: no need to serialise it."""
+    kind = type(data)
+    if kind in _ATOMIC:
+        return True
+    if kind is str:
+        return len(data) <= _SMALL_CHARS  # type: ignore[arg-type]
+    if kind is not dict or len(data) > _SMALL_ITEMS:  # type: ignore[arg-type]
+        return False
+    for key, value in data.items():  # type: ignore[attr-defined]
+        if type(key) is not str or len(key) > _SMALL_CHARS:
+            return False
+        vkind = type(value)
+        if vkind is str:
+            if len(value) > _SMALL_CHARS:
+                return False
+        elif vkind not in _ATOMIC:
+            return False
+    return True
+
+
 def validate_data(data: object) -> str | None:
+    if _certainly_small(data):
+        return None
     try:
         text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=_json_default)
     except (TypeError, ValueError):

@@ -43,12 +43,13 @@ class ProduceOps(EngineState):
         entries = cmd.get("jobs")
         if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
             raise CommandError("jobs must be an array of job objects")
-        self._validate_batch(entries)
+        customs = [custom_id_of(e["customId"]) if "customId" in e else None for e in entries]
+        self._validate_batch(entries, customs)
         queue = str(queue)
         ids: list[str] = []
         for index, entry in enumerate(entries):
             try:
-                ids.append(self.push_one(queue, entry, custom_id_of(entry.get("customId")), now))
+                ids.append(self.push_one(queue, entry, customs[index], now))
             except CommandError as e:
                 # Accepted prefix: entries before this one stay admitted (bunqueue semantics).
                 raise CommandError(f"jobs[{index}]: {e}") from e
@@ -56,13 +57,17 @@ class ProduceOps(EngineState):
 
     # -- validation ------------------------------------------------------------------------
 
-    def _validate_batch(self, entries: Sequence[Mapping[str, Any]]) -> None:
-        batch_ids = {c for e in entries if (c := custom_id_of(e.get("customId")))}
+    def _validate_batch(
+        self, entries: Sequence[Mapping[str, Any]], customs: Sequence[str | None]
+    ) -> None:
+        batch_ids = {c for c in customs if c is not None}
         for index, entry in enumerate(entries):
             error = validate_job_fields(entry)
             if error:
                 raise CommandError(f"jobs[{index}]: {error}")
-            own = custom_id_of(entry.get("customId"))
+            if "dependsOn" not in entry:
+                continue
+            own = customs[index]
             for dep in entry.get("dependsOn") or ():
                 if str(dep) == own:
                     raise CommandError(f"jobs[{index}]: Job cannot depend on itself: {dep}")
@@ -90,13 +95,14 @@ class ProduceOps(EngineState):
                     return existing.id
                 # A terminal generation is retired so the id can start a fresh one.
                 self.remove(existing)
-        key = fields.get("uniqueKey")
+        key = fields.get("uniqueKey") if "uniqueKey" in fields else None
         if isinstance(key, str):
             owner_id = self._dedup(queue, key, fields, now)
             if owner_id is not None:
                 return owner_id
         job_id = custom if custom is not None else self.ids.new(now)
-        job = Job.create(job_id, queue, self.next_seq(), fields, now, custom=custom is not None)
+        self.seq += 1
+        job = Job.create(job_id, queue, self.seq, fields, now, custom=custom is not None)
         if isinstance(key, str):
             ttl = _dedup_options(fields).get("ttl")
             job.dedup_until = now + as_int(ttl, 0) if ttl else None

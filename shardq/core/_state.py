@@ -110,13 +110,14 @@ class EngineState:
         self.jobs[job.id] = job
         q = self.queue(job.queue)
         q.ids[job.id] = None
-        if self._blocked_by_deps(job):
+        opts = job.opts
+        if opts and self._blocked_by_deps(job):
             job.state = WAITING_CHILDREN
         else:
-            job.state = job.ready_state(now)
+            job.state = DELAYED if job.run_at > now else WAITING
         job.note(job.state, now)
         self._enter(job, q)
-        ttl = job.opts.get("ttl")
+        ttl = opts.get("ttl") if opts else None
         if ttl:
             heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
         self.out.append(("put", job.to_record()))
@@ -209,7 +210,7 @@ class EngineState:
             q.dlq[job.id] = None
         elif state == COMPLETED:
             self.completed_order[job.id] = None
-        if state in TERMINAL_STATES:
+        if job.opts and state in TERMINAL_STATES:
             self.release_unique(job)
 
     def _maybe_compact_delayed(self) -> None:
@@ -277,7 +278,7 @@ class EngineState:
 
     def remember_completion(self, job_id: str) -> None:
         self.dep_done[job_id] = None
-        while len(self.dep_done) > self.config.max_dep_completions:
+        if len(self.dep_done) > self.config.max_dep_completions:
             self.dep_done.popitem(last=False)
 
     def is_completed(self, job_id: str) -> bool:
@@ -296,6 +297,8 @@ class EngineState:
         return bool(pending)
 
     def release_dependents(self, job_id: str, now: int) -> None:
+        if not self.dependents:
+            return
         for child_id in sorted(self.dependents.pop(job_id, ())):
             child = self.jobs.get(child_id)
             if child is None or child.state != WAITING_CHILDREN:
@@ -314,9 +317,23 @@ class EngineState:
                     old.result, old.has_result = None, False
         while len(self.completed_order) > self.config.max_completed:
             old_id, _ = self.completed_order.popitem(last=False)
-            old = self.jobs.get(old_id)
-            if old is not None:
-                self.remove(old, emit=False)
+            self._evict_completed(old_id)
+
+    def _evict_completed(self, job_id: str) -> None:
+        """Forget a completed job in memory only (its row stays on disk). Runs on every ACK
+        once the cache is full, so it does only what a completed job needs undone."""
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return
+        q = self.queues.get(job.queue)
+        if q is not None:
+            q.ids.pop(job_id, None)
+            q.counts[COMPLETED] -= 1
+        self.results_order.pop(job_id, None)
+        if job.opts:
+            self.release_unique(job, force=True)
+        self.remember_completion(job_id)
+        job.state = REMOVED
 
     # -- dead letters ----------------------------------------------------------------------
 
