@@ -21,7 +21,7 @@ from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
 from ._options import as_int, check_number, is_number, validate_queue_name
 from ._queue import QueueState
-from ._state import EngineState, Lease
+from ._state import EngineState, Lease, delivery_key
 
 __all__ = ["ConsumeOps"]
 
@@ -150,6 +150,9 @@ class ConsumeOps(EngineState):
         job = self.find(job_id)
         if job is None:
             raise _not_processing(job_id)
+        retired = self.finalized.get(delivery_key(job)) == job.id
+        if token is None and retired and job.state != ACTIVE:
+            return _RETIRED, None
         if job.state == ACTIVE:
             lease = self.leases.get(job.id)
             if lease is None:
@@ -162,7 +165,8 @@ class ConsumeOps(EngineState):
         return self._fence_inactive(job, token)
 
     def _fence_inactive(self, job: Job, token: object) -> tuple[str, Job | None]:
-        same_delivery = token is not None and token == job.token
+        # A token-less ACK matches a delivery that was made without an owner.
+        same_delivery = token == job.token and (token is not None or job.delivery > 0)
         if job.state == COMPLETED and (same_delivery or token is None):
             return _NOOP, job
         if same_delivery and job.state in (WAITING, DELAYED):

@@ -32,10 +32,16 @@ from ._mutations import Mutation
 from ._options import as_int
 from ._queue import QueueState
 
-__all__ = ["EngineState", "Lease"]
+__all__ = ["EngineState", "Lease", "delivery_key"]
 
 # Heaps smaller than this are never compacted: rebuilding them would cost more than it saves.
 _MIN_COMPACT = 64
+
+
+def delivery_key(job: Job) -> str:
+    """Names one delivery: its lease token, or for a pull without an owner (no token) the job
+    id and delivery count, which a token-less ACK of that same delivery still matches."""
+    return job.token if job.token is not None else f"{job.id}#{job.delivery}"
 
 
 class Lease:
@@ -69,6 +75,8 @@ class EngineState:
         self.timeouts: list[tuple[int, str, int]] = []
         self.ttl_heap: list[tuple[int, str, int]] = []
         self.unleased: dict[str, None] = {}
+        # Unleased jobs found late at the last stall check: id -> (delivery, lastHeartbeat).
+        self.stall_candidates: dict[str, tuple[int, int]] = {}
         self.conn_jobs: dict[str, dict[str, int]] = {}
         self.job_conn: dict[str, str] = {}
         self.unique: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -248,10 +256,8 @@ class EngineState:
 
     def finalize(self, job: Job) -> None:
         """Remember a retired delivery so its late ACK gets "already-finalized"."""
-        if job.token is None:
-            return
-        self.finalized[job.token] = job.id
-        while len(self.finalized) > self.config.max_finalized:
+        self.finalized[delivery_key(job)] = job.id
+        if len(self.finalized) > self.config.max_finalized:
             self.finalized.popitem(last=False)
 
     # -- dedup, dependencies and retention ------------------------------------------------
@@ -341,7 +347,6 @@ class EngineState:
         self, job: Job, reason: str, now: int, changes: dict[str, Any], remove: object = None
     ) -> None:
         """Send a job to its queue's DLQ (or drop it when removeOnFail says so)."""
-        self.finalize(job)
         if remove is None:
             remove = job.opts.get("removeOnFail")
         if remove:

@@ -83,15 +83,25 @@ class TimerOps(ConsumeOps, AdminOps):
                 self.move(job, "expire", now, {})
 
     def _check_stalls(self, now: int) -> None:
+        """Two-phase, as bunqueue's `checkStalledJobs`: a late job first becomes a candidate
+        and is reclaimed at the next check only if nothing was heard from it in between."""
+        candidates, self.stall_candidates = self.stall_candidates, {}
         for job_id in list(self.unleased):
             job = self.jobs[job_id]
-            cfg = self.queue(job.queue).stall
-            if not cfg.get("enabled", True) or job.started_at is None:
+            if not self._is_late(job, now):
                 continue
-            limit = as_int(job.opts.get("stallTimeout"), as_int(cfg.get("stallInterval"), 30_000))
-            grace = as_int(cfg.get("gracePeriod"), 0)
-            if now - job.started_at >= grace and now - job.last_heartbeat > limit:
+            if candidates.get(job_id) == (job.delivery, job.last_heartbeat):
                 self.stall(job, now, backoff=True)
+            else:
+                self.stall_candidates[job_id] = (job.delivery, job.last_heartbeat)
+
+    def _is_late(self, job: Job, now: int) -> bool:
+        cfg = self.queue(job.queue).stall
+        if not cfg.get("enabled", True) or job.started_at is None:
+            return False
+        limit = as_int(job.opts.get("stallTimeout"), as_int(cfg.get("stallInterval"), 30_000))
+        grace = as_int(cfg.get("gracePeriod"), 0)
+        return now - job.started_at >= grace and now - job.last_heartbeat > limit
 
     def stall(self, job: Job, now: int, *, backoff: bool) -> None:
         """Reclaim an active job nobody finished: attempts + 1, stallCount + 1, or the DLQ.
@@ -109,6 +119,9 @@ class TimerOps(ConsumeOps, AdminOps):
         }
         max_stalls = as_int(self.queue(job.queue).stall.get("maxStalls"), 3)
         self.events.append(("stalled", job.queue, job.id))
+        if job.attempts >= job.max_attempts or job.stall_count >= max_stalls:
+            # The sweep retired this delivery: its late ACK is answered "already-finalized".
+            self.finalize(job)
         if job.attempts >= job.max_attempts:
             job.failed_reason = f"Job reached max attempts ({job.max_attempts})"
             changes["failedReason"] = job.failed_reason

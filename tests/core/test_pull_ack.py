@@ -336,11 +336,6 @@ def test_timeout_at_the_last_attempt_dead_letters_with_reason_timeout(d: Driver)
     assert d.run({"cmd": "ACK", "id": job_id, "token": token}, 501)[0] == FINALIZED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: a late ACK for a timed-out delivery pulled without an owner gets "
-    "'Job not found or not in processing state' instead of already-finalized",
-)
 def test_late_ack_after_timeout_of_an_unleased_delivery_is_already_finalized(
     d: Driver,
 ) -> None:
@@ -352,11 +347,6 @@ def test_late_ack_after_timeout_of_an_unleased_delivery_is_already_finalized(
     assert mutations == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: a late ACK for a stall-retried job pulled without an owner is refused "
-    "with 'Job not found or not in processing state' instead of completing it",
-)
 def test_late_ack_after_a_stall_retry_of_an_unleased_delivery_completes(d: Driver) -> None:
     job_id = d.push()
     d.pull_id(at=0, owner=None)

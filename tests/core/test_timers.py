@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from engine_driver import Driver, kinds, upd_states
 
 from shardq.core import Engine, EngineConfig
@@ -283,11 +282,6 @@ def test_unleased_stall_at_max_stalls_dead_letters(d: Driver) -> None:
     assert d.ok({"cmd": "Dlq", "queue": "q"})["entries"][0]["reason"] == "stalled"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: stall detection acts on the first check that finds a job late; "
-    "reference §3.8 makes it two-phase (candidate first, acted on at the next check)",
-)
 def test_stall_detection_is_two_phase(d: Driver) -> None:
     """Reference §3.8: a stalled job becomes a candidate at one check and is acted on only at
     the next one, so a heartbeat landing in between saves it."""
