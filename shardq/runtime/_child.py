@@ -1,0 +1,80 @@
+"""What every child process of `shardq start` shares: reading its spec, talking to the supervisor.
+
+A child is started as `python -m shardq.runtime.<role> --spec '<json>'` and reports to the
+supervisor's PULL socket (`spec.endpoint("sup")`) with one msgpack map per message:
+
+    {"t": "ready", "role", "index", "pid", "addresses"?}   started; serving
+    {"t": "fatal", "role", "index", "pid", "error"}        cannot start; about to exit non-zero
+
+`fatal` is an addition to docs/runtime.md: it lets the supervisor say *why* start-up failed
+(e.g. "the file is not a SQLite database") in its own error line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+import zmq
+
+from shardq.runtime._spec import ChildSpec
+
+__all__ = ["SpecError", "SupervisorLink", "parse_spec_args"]
+
+# Long enough for a `fatal` to reach a supervisor that is busy spawning, short enough that a
+# child whose supervisor is gone still exits promptly.
+_LAST_WORD_LINGER_MS = 2000
+
+
+class SpecError(Exception):
+    """The command line did not carry a valid `--spec '<json>'`."""
+
+
+def parse_spec_args(argv: Sequence[str]) -> ChildSpec:
+    """The `ChildSpec` from `["--spec", json]` (or `["--spec=json"]`).
+
+    Raises `SpecError` if the flag is missing or its JSON does not describe a `ChildSpec`.
+    """
+    args = list(argv)
+    text: str | None = None
+    if len(args) == 2 and args[0] == "--spec":
+        text = args[1]
+    elif len(args) == 1 and args[0].startswith("--spec="):
+        text = args[0].removeprefix("--spec=")
+    if text is None:
+        raise SpecError(f"usage: --spec '<json>' (got {len(args)} arguments)")
+    try:
+        return ChildSpec.from_json(text)
+    except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise SpecError(f"invalid --spec: {e}") from e
+
+
+class SupervisorLink:
+    """A PUSH socket to the supervisor's `sup` endpoint."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], spec: ChildSpec) -> None:
+        self._spec = spec
+        self._sock = ctx.socket(zmq.PUSH)
+        self._sock.connect(spec.endpoint("sup"))
+
+    def ready(self, **extra: Any) -> None:
+        """Tell the supervisor this child serves (e.g. `addresses={...}` for the front end)."""
+        self._send({"t": "ready", **extra})
+
+    def fatal(self, error: str) -> None:
+        """Tell the supervisor this child cannot start, and why (it exits right after)."""
+        self._send({"t": "fatal", "error": error})
+
+    def close(self) -> None:
+        """Close the socket, giving a last message a moment to leave."""
+        self._sock.close(linger=_LAST_WORD_LINGER_MS)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        body = {"role": self._spec.role, "index": self._spec.index, "pid": os.getpid(), **message}
+        # NOBLOCK: the message waits in the socket's queue until connected; only a full
+        # queue (a supervisor that stopped reading) would block, and then it is dropped.
+        with contextlib.suppress(zmq.Again):
+            self._sock.send(msgpack.packb(body, use_bin_type=True), zmq.NOBLOCK)

@@ -1,0 +1,287 @@
+"""`ServerConfig`: every setting of `shardq start`, built once at the entry point.
+
+Layers, lowest to highest precedence: the defaults below, a TOML file (`--config`), the
+environment, then command-line flags. Each layer is parsed and checked on its own, so an error
+names both the key and where the bad value came from. An unknown key in the file is an error;
+unknown environment variables are ignored (the environment is shared with everything else).
+
+Environment names are `SHARDQ_<KEY>` (e.g. `SHARDQ_TCP_PORT`, `SHARDQ_ENGINE_MAX_COMPLETED`),
+plus bunqueue's names so shardq can replace bunqueue in an existing deployment: `TCP_PORT`,
+`HTTP_PORT`, `HOST`, `BUNQUEUE_DATA_PATH` (then `DATA_PATH`), `AUTH_TOKENS` (comma-separated)
+and `SHUTDOWN_TIMEOUT_MS`. A `SHARDQ_` name wins over an alias. Nothing here reads the
+environment at import time: `load_config` reads `os.environ` only when called without `env`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from shardq.core import EngineConfig
+from shardq.errors import ShardqError
+from shardq.storage import SYNCHRONOUS_MODES
+
+__all__ = ["ConfigError", "ServerConfig", "load_config"]
+
+LOG_FORMATS = ("json", "console")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ConfigError(ShardqError):
+    """A setting is unknown or has a bad value. The message names the key and its source."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """The resolved settings of one `shardq start`. Build it with `load_config`."""
+
+    # Loopback unless configured otherwise: a queue server open to the network is a choice.
+    host: str = "127.0.0.1"
+    tcp_port: int = 6789  # bunqueue's TCP port, so its SDKs connect without configuration
+    zmq_port: int = 6788
+    http_port: int = 6790  # bunqueue's HTTP port; reserved for /health, not served yet
+    data_path: str = "./data/shardq.db"
+    shards: int | str = "auto"  # "auto" = one shard per CPU (`shard_count`)
+    auth_tokens: tuple[str, ...] = ()  # empty: every connection starts authenticated
+    shutdown_timeout_ms: int = 30_000  # bunqueue's SHUTDOWN_TIMEOUT_MS: the active-job drain
+    # The window a buffered push can be lost in, and the latency a durable push pays for group
+    # commit: 10 ms keeps both small while still sharing one commit among many pushes.
+    flush_interval_ms: int = 10
+    flush_max_mutations: int = 100  # caps one transaction, so one flush never stalls the writer
+    synchronous: str = "normal"  # WAL + NORMAL survives any process crash; "full" power loss too
+    log_format: str = "json"
+    log_level: str = "info"
+    # A child that dies more often than this in 60 s is not going to heal by restarting.
+    max_restarts_per_minute: int = 5
+    max_frame_bytes: int = 64 * 1024 * 1024  # bunqueue's frame cap (reference section 1)
+    tcp_idle_timeout_ms: int = 60_000  # bunqueue's slowloris bound; 0 turns it off
+    engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
+
+    @property
+    def shard_count(self) -> int:
+        """The number of shard processes: `shards`, or the CPU count for "auto"."""
+        if isinstance(self.shards, int):
+            return self.shards
+        return os.cpu_count() or 1
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The engine limits, defaults overridden by the `[engine]` table."""
+        return EngineConfig(**self.engine)
+
+
+# -- value parsers: each takes a raw value (a TOML value, or a string from the environment or a
+# flag) and returns the typed value, or raises ValueError with what was expected.
+
+_INT_TEXT = re.compile(r"[+]?\d+(?:\.0*)?")
+
+
+def _int_from(value: object, *, ms: bool = False) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer, got a boolean")
+    if isinstance(value, int):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected an integer, got {type(value).__name__}")
+    # bunqueue accepts "+6789", "6789.0", "5000ms" and a trailing "# comment" in its
+    # environment; a deployment moving over keeps working. "30s" or "1e3" stay errors.
+    text = value.split("#", 1)[0].strip()
+    if ms and text.endswith("ms"):
+        text = text[:-2].strip()
+    negative = text.startswith("-")
+    digits = text[1:] if negative else text
+    if not _INT_TEXT.fullmatch(digits):
+        raise ValueError(f"expected an integer, got {value!r}")
+    number = int(digits.lstrip("+").split(".", 1)[0])
+    return -number if negative else number
+
+
+def _ranged(low: int, high: int | None = None, *, ms: bool = False) -> Callable[[object], int]:
+    def parse(value: object) -> int:
+        number = _int_from(value, ms=ms)
+        if number < low or (high is not None and number > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ValueError(f"must be {bound}, got {number}")
+        return number
+
+    return parse
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[object], str]:
+    def parse(value: object) -> str:
+        if not isinstance(value, str) or value.strip().lower() not in options:
+            raise ValueError(f"must be one of {', '.join(options)}, got {value!r}")
+        return value.strip().lower()
+
+    return parse
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _shards(value: object) -> int | str:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _ranged(1)(value)
+    except ValueError:
+        raise ValueError(f'must be "auto" or an integer of at least 1, got {value!r}') from None
+
+
+def _tokens(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):  # the environment's form: "a,b,c"
+        items: list[object] = [part.strip() for part in value.split(",") if part.strip()]
+        if not items:
+            # An empty AUTH_TOKENS is far likelier a templating slip than a wish to turn
+            # authentication off; that wish is spelled by leaving the variable unset.
+            raise ValueError("names no token; leave it unset to run without authentication")
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise ValueError(f"must be a list of strings, got {type(value).__name__}")
+    if not all(isinstance(item, str) and item for item in items):
+        raise ValueError("every token must be a non-empty string")
+    return tuple(str(item) for item in items)
+
+
+def _idle_timeout(value: object) -> int:
+    number = _int_from(value, ms=True)
+    if number == -1:
+        return 0  # bunqueue spells "off" as -1 as well as 0
+    return _ranged(0, ms=True)(number)
+
+
+_PORT = _ranged(1, 65535)
+
+_PARSERS: dict[str, Callable[[object], Any]] = {
+    "host": _text,
+    "tcp_port": _PORT,
+    "zmq_port": _PORT,
+    "http_port": _PORT,
+    "data_path": _text,
+    "shards": _shards,
+    "auth_tokens": _tokens,
+    "shutdown_timeout_ms": _ranged(0, ms=True),
+    "flush_interval_ms": _ranged(0, ms=True),  # 0: flush whatever one poll turn received
+    "flush_max_mutations": _ranged(1),
+    "synchronous": _choice(tuple(SYNCHRONOUS_MODES)),
+    "log_format": _choice(LOG_FORMATS),
+    "log_level": _choice(LOG_LEVELS),
+    "max_restarts_per_minute": _ranged(0),
+    # The frame header is a u32, so nothing larger can even be announced.
+    "max_frame_bytes": _ranged(1, 2**32 - 1),
+    "tcp_idle_timeout_ms": _idle_timeout,
+}
+_ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
+
+# bunqueue's environment names -> our key. Where two aliases name one key, the first wins
+# (bunqueue's own order: BUNQUEUE_DATA_PATH > DATA_PATH).
+_ENV_ALIASES: tuple[tuple[str, str], ...] = (
+    ("TCP_PORT", "tcp_port"),
+    ("HTTP_PORT", "http_port"),
+    ("HOST", "host"),
+    ("BUNQUEUE_DATA_PATH", "data_path"),
+    ("DATA_PATH", "data_path"),
+    ("AUTH_TOKENS", "auth_tokens"),
+    ("SHUTDOWN_TIMEOUT_MS", "shutdown_timeout_ms"),
+)
+
+
+def load_config(
+    config_file: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> ServerConfig:
+    """Build the config from defaults, `config_file` (TOML), `env`, then `flags`.
+
+    `env` defaults to `os.environ` (read now, not at import). `flags` maps keys to values
+    given on the command line; a `None` value means the flag was not given.
+
+    Raises `ConfigError` naming the key (and the file or variable) for an unreadable or
+    malformed file, an unknown key in the file or in `flags`, or any bad value.
+    """
+    values, engine = _from_file(Path(config_file)) if config_file is not None else ({}, {})
+    env_values, env_engine = _from_env(os.environ if env is None else env)
+    values.update(env_values)
+    engine.update(env_engine)
+    values.update(_from_flags(flags or {}))
+    return ServerConfig(**values, engine=engine)
+
+
+def _parse(key: str, raw: object, source: str) -> Any:
+    try:
+        return _PARSERS[key](raw)
+    except ValueError as e:
+        raise ConfigError(f"{key} ({source}): {e}") from None
+
+
+def _parse_engine(name: str, raw: object, source: str) -> int:
+    try:
+        return _ranged(1, ms=name.endswith("_ms"))(raw)
+    except ValueError as e:
+        raise ConfigError(f"engine.{name} ({source}): {e}") from None
+
+
+def _from_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    try:
+        with path.open("rb") as f:
+            raw = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read the config file {path}: {e.strerror or e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"the config file {path} is not valid TOML: {e}") from e
+    source = f"in {path}"
+    engine_raw = raw.pop("engine", {})
+    if not isinstance(engine_raw, dict):
+        raise ConfigError(f"engine ({source}): must be a table of engine limits")
+    for key in raw:
+        if key not in _PARSERS:
+            raise ConfigError(f"unknown config key {key!r} {source}")
+    for name in engine_raw:
+        if name not in _ENGINE_KEYS:
+            raise ConfigError(f"unknown config key 'engine.{name}' {source}")
+    top = {key: _parse(key, value, source) for key, value in raw.items()}
+    eng = {name: _parse_engine(name, value, source) for name, value in engine_raw.items()}
+    return top, eng
+
+
+def _from_env(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, int]]:
+    top: dict[str, Any] = {}
+    for var, key in _ENV_ALIASES:
+        if key not in top and var in env:
+            top[key] = _parse(key, env[var], f"environment {var}")
+    for key in _PARSERS:
+        var = f"SHARDQ_{key.upper()}"
+        if var in env:
+            top[key] = _parse(key, env[var], f"environment {var}")
+    eng: dict[str, int] = {}
+    for name in _ENGINE_KEYS:
+        var = f"SHARDQ_ENGINE_{name.upper()}"
+        if var in env:
+            eng[name] = _parse_engine(name, env[var], f"environment {var}")
+    return top, eng
+
+
+# The flag spelling, for error messages: the repeatable --auth-token is singular.
+_FLAG_NAMES = {key: "--" + key.replace("_", "-") for key in _PARSERS} | {
+    "auth_tokens": "--auth-token"
+}
+
+
+def _from_flags(flags: Mapping[str, object]) -> dict[str, Any]:
+    top: dict[str, Any] = {}
+    for key, value in flags.items():
+        if key not in _PARSERS:
+            raise ConfigError(f"unknown config key {key!r} (command line)")
+        if value is not None:
+            top[key] = _parse(key, value, f"flag {_FLAG_NAMES.get(key, key)}")
+    return top

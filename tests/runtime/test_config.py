@@ -1,0 +1,293 @@
+"""`ServerConfig` / `load_config`: layers, precedence, bunqueue's aliases, and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardq.core import EngineConfig
+from shardq.errors import ShardqError
+from shardq.runtime._config import ConfigError, ServerConfig, load_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+KEYS = [f.name for f in dataclasses.fields(ServerConfig) if f.name != "engine"]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "shardq.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    c = load_config(env={})
+    assert (c.host, c.tcp_port, c.zmq_port, c.http_port) == ("127.0.0.1", 6789, 6788, 6790)
+    assert c.data_path == "./data/shardq.db"
+    assert c.shards == "auto" and c.shard_count == (os.cpu_count() or 1)
+    assert c.auth_tokens == ()
+    assert (c.shutdown_timeout_ms, c.flush_interval_ms, c.flush_max_mutations) == (30000, 10, 100)
+    assert (c.synchronous, c.log_format, c.log_level) == ("normal", "json", "info")
+    assert c.max_restarts_per_minute == 5
+    assert c.max_frame_bytes == 64 * 1024 * 1024
+    assert c.tcp_idle_timeout_ms == 60000
+    assert c.engine == {} and c.engine_config == EngineConfig()
+
+
+def test_config_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        load_config(env={}).tcp_port = 1  # type: ignore[misc]
+
+
+def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path) -> None:
+    path = write(tmp_path, "tcp_port = 7001\nzmq_port = 7101\nhttp_port = 7201\n")
+    env = {"SHARDQ_TCP_PORT": "7002", "SHARDQ_ZMQ_PORT": "7102"}
+    c = load_config(path, env=env, flags={"tcp_port": 7003, "zmq_port": None})
+    assert c.tcp_port == 7003  # flag
+    assert c.zmq_port == 7102  # env (a None flag means "not given")
+    assert c.http_port == 7201  # file
+    assert c.host == "127.0.0.1"  # default
+
+
+def test_engine_table_and_env_merge_per_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "[engine]\nmax_completed = 10\nmax_results = 20\n")
+    c = load_config(path, env={"SHARDQ_ENGINE_MAX_RESULTS": "30"})
+    assert c.engine == {"max_completed": 10, "max_results": 30}
+    assert c.engine_config.max_completed == 10 and c.engine_config.max_results == 30
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "key", "expected"),
+    [
+        ("TCP_PORT", "7100", "tcp_port", 7100),
+        ("HTTP_PORT", "7101", "http_port", 7101),
+        ("HOST", "0.0.0.0", "host", "0.0.0.0"),
+        ("BUNQUEUE_DATA_PATH", "/srv/q/a.db", "data_path", "/srv/q/a.db"),
+        ("DATA_PATH", "/srv/q/b.db", "data_path", "/srv/q/b.db"),
+        ("AUTH_TOKENS", "alpha, beta,gamma", "auth_tokens", ("alpha", "beta", "gamma")),
+        ("SHUTDOWN_TIMEOUT_MS", "5000", "shutdown_timeout_ms", 5000),
+    ],
+)
+def test_bunqueue_aliases(var: str, raw: str, key: str, expected: Any) -> None:
+    assert getattr(load_config(env={var: raw}), key) == expected
+
+
+def test_bunqueue_data_path_wins_over_data_path() -> None:
+    env = {"DATA_PATH": "/b.db", "BUNQUEUE_DATA_PATH": "/a.db"}
+    assert load_config(env=env).data_path == "/a.db"
+
+
+def test_shardq_name_wins_over_alias() -> None:
+    env = {"TCP_PORT": "7000", "SHARDQ_TCP_PORT": "7001"}
+    assert load_config(env=env).tcp_port == 7001
+
+
+def test_file_loses_to_alias(tmp_path: Path) -> None:
+    path = write(tmp_path, 'auth_tokens = ["file"]\n')
+    assert load_config(path, env={"AUTH_TOKENS": "env"}).auth_tokens == ("env",)
+
+
+VALID_TEXT = {
+    "host": "10.0.0.1",
+    "tcp_port": "7000",
+    "zmq_port": "7001",
+    "http_port": "7002",
+    "data_path": "/var/lib/shardq/q.db",
+    "shards": "3",
+    "auth_tokens": "t1,t2",
+    "shutdown_timeout_ms": "1000",
+    "flush_interval_ms": "5",
+    "flush_max_mutations": "50",
+    "synchronous": "full",
+    "log_format": "console",
+    "log_level": "debug",
+    "max_restarts_per_minute": "2",
+    "max_frame_bytes": "1024",
+    "tcp_idle_timeout_ms": "0",
+}
+
+
+def test_every_key_has_a_test_value() -> None:
+    assert sorted(VALID_TEXT) == sorted(KEYS)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_every_key_from_shardq_env(key: str) -> None:
+    c = load_config(env={f"SHARDQ_{key.upper()}": VALID_TEXT[key]})
+    assert getattr(c, key) != getattr(ServerConfig(), key)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_every_key_from_flags(key: str) -> None:
+    assert load_config(env={}, flags={key: VALID_TEXT[key]}) == load_config(
+        env={f"SHARDQ_{key.upper()}": VALID_TEXT[key]}
+    )
+
+
+def test_every_key_from_file(tmp_path: Path) -> None:
+    text = """
+        host = "10.0.0.1"
+        tcp_port = 7000
+        zmq_port = 7001
+        http_port = 7002
+        data_path = "/var/lib/shardq/q.db"
+        shards = 3
+        auth_tokens = ["t1", "t2"]
+        shutdown_timeout_ms = 1000
+        flush_interval_ms = 5
+        flush_max_mutations = 50
+        synchronous = "full"
+        log_format = "console"
+        log_level = "debug"
+        max_restarts_per_minute = 2
+        max_frame_bytes = 1024
+        tcp_idle_timeout_ms = 0
+    """
+    from_file = load_config(write(tmp_path, text), env={})
+    from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
+    assert from_file == from_env
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("+6789", 6789), ("6789.0", 6789), (" 6789 ", 6789), ("6789 # the TCP port", 6789)],
+)
+def test_bunqueue_number_spellings_accepted(raw: str, expected: int) -> None:
+    assert load_config(env={"TCP_PORT": raw}).tcp_port == expected
+
+
+def test_ms_suffix_accepted_on_ms_keys_only() -> None:
+    assert load_config(env={"SHUTDOWN_TIMEOUT_MS": "5000ms"}).shutdown_timeout_ms == 5000
+    with pytest.raises(ConfigError, match="tcp_port"):
+        load_config(env={"TCP_PORT": "6789ms"})
+
+
+@pytest.mark.parametrize("raw", ["30s", "1e3", "6789abc", "", "-5", "0x10"])
+def test_bad_numbers_rejected_naming_key_and_variable(raw: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(env={"SHUTDOWN_TIMEOUT_MS": raw})
+    assert "shutdown_timeout_ms" in str(err.value)
+    assert "SHUTDOWN_TIMEOUT_MS" in str(err.value)
+
+
+def test_idle_timeout_minus_one_means_off() -> None:
+    assert load_config(env={"SHARDQ_TCP_IDLE_TIMEOUT_MS": "-1"}).tcp_idle_timeout_ms == 0
+
+
+def test_shards_auto_and_number() -> None:
+    assert load_config(env={}, flags={"shards": "AUTO"}).shards == "auto"
+    c = load_config(env={}, flags={"shards": "4"})
+    assert c.shards == 4 and c.shard_count == 4
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("tcp_port", "0"),
+        ("tcp_port", "65536"),
+        ("zmq_port", "port"),
+        ("shards", "0"),
+        ("shards", "many"),
+        ("synchronous", "off"),
+        ("log_format", "xml"),
+        ("log_level", "loud"),
+        ("flush_max_mutations", "0"),
+        ("host", " "),
+        ("data_path", ""),
+        ("max_frame_bytes", str(2**32)),
+    ],
+)
+def test_bad_values_name_the_key(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        load_config(env={}, flags={key: value})
+
+
+def test_bad_flag_names_the_flag() -> None:
+    with pytest.raises(ConfigError, match="--tcp-port"):
+        load_config(env={}, flags={"tcp_port": "x"})
+    with pytest.raises(ConfigError, match="--auth-token"):
+        load_config(env={}, flags={"auth_tokens": [""]})
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("tcp_port = true\n", "tcp_port"),  # a TOML boolean is not a port
+        ('tcp_port = "7000"\n', None),  # a string of digits is fine (as in the environment)
+        ("auth_tokens = [1, 2]\n", "auth_tokens"),
+        ('auth_tokens = "a,b"\n', None),
+        ("engine = 5\n", "engine"),
+        ("[engine]\nmax_completed = 0\n", "engine.max_completed"),
+        ('[engine]\nstall_check_ms = "fast"\n', "engine.stall_check_ms"),
+    ],
+)
+def test_file_values_checked(tmp_path: Path, text: str, key: str | None) -> None:
+    path = write(tmp_path, text)
+    if key is None:
+        load_config(path, env={})
+        return
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={})
+    assert key in str(err.value) and str(path) in str(err.value)
+
+
+def test_unknown_key_in_file_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "tcp_port = 7000\ntcp_prot = 7001\n")
+    with pytest.raises(ConfigError, match="unknown config key 'tcp_prot'"):
+        load_config(path, env={})
+
+
+def test_unknown_engine_key_in_file_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "[engine]\nmax_completd = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'engine\.max_completd'"):
+        load_config(path, env={})
+
+
+def test_unknown_flag_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="unknown config key 'colour'"):
+        load_config(env={}, flags={"colour": "blue"})
+
+
+def test_unknown_environment_variables_are_ignored() -> None:
+    # The environment is shared with everything else on the machine (and with test knobs).
+    assert load_config(env={"SHARDQ_STATEFUL_EXAMPLES": "500", "SHARDQ_X": "1"}) == ServerConfig()
+
+
+def test_empty_auth_tokens_variable_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="auth_tokens"):
+        load_config(env={"AUTH_TOKENS": " , "})
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        load_config(tmp_path / "nope.toml", env={})
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "tcp_port = = 1\n"), env={})
+
+
+def test_config_error_is_a_shardq_error() -> None:
+    assert issubclass(ConfigError, ShardqError)
+
+
+def test_environment_read_at_call_time_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TCP_PORT", "7555")
+    assert load_config().tcp_port == 7555  # os.environ, read now
+    assert load_config(env={}).tcp_port == 6789  # an explicit env replaces os.environ
+
+
+def test_example_config_documents_every_key_at_its_default() -> None:
+    example = CONFIGS / "shardq.example.toml"
+    c = load_config(example, env={})
+    assert c == ServerConfig(engine=c.engine)
+    assert c.engine_config == EngineConfig()
+    text = example.read_text()
+    for key in [*KEYS, *(f.name for f in dataclasses.fields(EngineConfig))]:
+        assert f"\n{key} = " in text or f"\n{key}=" in text, key
+
+
+def test_dev_config_loads() -> None:
+    c = load_config(CONFIGS / "dev.toml", env={})
+    assert c.shard_count == 2 and c.log_format == "console"
