@@ -1,0 +1,194 @@
+"""The writer's flush policy, without I/O: what to commit when, and what to tell each shard.
+
+`FlushBuffer` holds the mutation batches and syncs received since the last commit, in arrival
+order. The writer asks it when the next flush is due (`deadline`), hands `mutations()` to
+`Store.apply` as one transaction, and reports the outcome with `committed()` or `failed()`;
+both return the confirmations to send, as `(shard, message)` pairs. Time is an argument
+(seconds on the monotonic clock), so the policy is tested without sleeping.
+
+Shard incarnations. A shard numbers its batches from 1 each time its process starts, so a
+`done` meant for the previous process could confirm the new one's batches before they are
+committed. The buffer therefore counts an *epoch* per shard: a `sync` (sent once, at start-up)
+or a seq that goes backwards starts a new one, and confirmations are only sent for batches of
+the current epoch. Batches of an old epoch are still committed, never dropped: their process is
+gone, not their data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shardq.core import Mutation
+from shardq.storage import StorageError, StorageFull
+
+__all__ = ["MAX_BUFFERED_MUTATIONS", "FlushBuffer", "Outgoing"]
+
+Outgoing = tuple[int, dict[str, Any]]
+"""A message for a shard: (shard index, message map)."""
+
+# While storage fails, the writer stops reading its socket past this many waiting mutations,
+# so the shards' sends block (back-pressure) instead of the writer's memory growing without
+# bound: at roughly 1 KB per mutation this is about 100 MB.
+MAX_BUFFERED_MUTATIONS = 100_000
+RETRY_FIRST_S = 0.1  # the issue's backoff: 100 ms, doubling ...
+RETRY_MAX_S = 30.0  # ... up to 30 s
+
+
+@dataclass(slots=True)
+class _Batch:
+    shard: int
+    epoch: int
+    seq: int
+    size: int
+    told_fail: bool = False
+
+
+class FlushBuffer:
+    """Batches waiting for one commit. `interval_s`/`max_mutations`: when a flush is due."""
+
+    def __init__(
+        self,
+        interval_s: float,
+        max_mutations: int,
+        *,
+        max_buffered: int = MAX_BUFFERED_MUTATIONS,
+    ) -> None:
+        self._interval = interval_s
+        self._max = max_mutations
+        self._max_buffered = max_buffered
+        self._muts: list[Mutation] = []
+        self._batches: list[_Batch] = []
+        self._syncs: list[tuple[int, int, int]] = []  # (shard, epoch, seq)
+        self._first_at: float | None = None
+        self._epochs: dict[int, int] = {}
+        self._last_seq: dict[int, int] = {}
+        self.failures = 0
+        """Failed flush attempts since the last commit (0 when storage is healthy)."""
+        self.failing_since: float | None = None
+        self._retry_at: float | None = None
+
+    # -- input
+
+    def add_muts(self, shard: int, seq: int, mutations: list[Mutation], now: float) -> None:
+        """Buffer one batch of a shard (a `muts` message)."""
+        epoch = self._epoch(shard, seq, restart=False)
+        self._batches.append(_Batch(shard, epoch, seq, len(mutations)))
+        self._muts.extend(mutations)
+        if self._first_at is None:
+            self._first_at = now
+
+    def add_sync(self, shard: int, seq: int, now: float) -> list[Outgoing]:
+        """Take a `sync`; answer it now if nothing is waiting, else after the next commit."""
+        epoch = self._epoch(shard, seq, restart=True)
+        if not self._batches:
+            return [(shard, _done(seq, sync=True))]
+        self._syncs.append((shard, epoch, seq))
+        return []
+
+    # -- policy
+
+    @property
+    def pending(self) -> int:
+        """Mutations waiting for a commit."""
+        return len(self._muts)
+
+    @property
+    def pending_batches(self) -> int:
+        """Batches waiting for a commit."""
+        return len(self._batches)
+
+    @property
+    def accepting(self) -> bool:
+        """Whether to read more input (false while storage fails and the buffer is full)."""
+        return len(self._muts) < self._max_buffered
+
+    def deadline(self) -> float | None:
+        """When the next flush is due (monotonic seconds), or None if nothing waits."""
+        if self._retry_at is not None:
+            return self._retry_at
+        if self._first_at is None:
+            return None
+        if self._syncs or len(self._muts) >= self._max:
+            return self._first_at  # already due: a shard is blocked on the sync
+        return self._first_at + self._interval
+
+    def due(self, now: float) -> bool:
+        """Whether a flush should run at `now`."""
+        deadline = self.deadline()
+        return deadline is not None and now >= deadline
+
+    def full(self) -> bool:
+        """Whether enough mutations wait for a flush regardless of the interval."""
+        return self._retry_at is None and len(self._muts) >= self._max
+
+    def mutations(self) -> list[Mutation]:
+        """Everything waiting, in arrival order: the next transaction. Do not modify it."""
+        return self._muts
+
+    # -- outcome
+
+    def committed(self) -> list[Outgoing]:
+        """The waiting batches are committed: clear them; return `done` per shard (and syncs)."""
+        latest: dict[int, int] = {}
+        for batch in self._batches:
+            if batch.epoch == self._epochs.get(batch.shard, 0):
+                latest[batch.shard] = max(batch.seq, latest.get(batch.shard, batch.seq))
+        out: list[Outgoing] = [
+            (shard, _done(seq, sync=True))
+            for shard, epoch, seq in self._syncs
+            if epoch == self._epochs.get(shard, 0)
+        ]
+        out.extend((shard, _done(seq)) for shard, seq in latest.items())
+        self._muts = []
+        self._batches.clear()
+        self._syncs.clear()
+        self._first_at = None
+        self.failures = 0
+        self.failing_since = None
+        self._retry_at = None
+        return out
+
+    def failed(self, error: StorageError, now: float) -> list[Outgoing]:
+        """The commit failed: keep everything, schedule a retry with backoff.
+
+        On `StorageFull`, return a `fail` for each current batch not yet told, so durable
+        pushes waiting on it are answered with an error; the batch itself stays buffered.
+        """
+        self.failures += 1
+        if self.failing_since is None:
+            self.failing_since = now
+        delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (self.failures - 1))
+        self._retry_at = now + delay
+        if not isinstance(error, StorageFull):
+            return []
+        out: list[Outgoing] = []
+        for batch in self._batches:
+            if not batch.told_fail and batch.epoch == self._epochs.get(batch.shard, 0):
+                batch.told_fail = True
+                out.append((batch.shard, {"t": "fail", "seq": batch.seq, "error": FULL_REASON}))
+        return out
+
+    def retry_in(self, now: float) -> float:
+        """Seconds until the scheduled retry (0 if none is scheduled)."""
+        return 0.0 if self._retry_at is None else max(0.0, self._retry_at - now)
+
+    def _epoch(self, shard: int, seq: int, *, restart: bool) -> int:
+        last = self._last_seq.get(shard)
+        epoch = self._epochs.get(shard, 0)
+        if restart or (last is not None and seq <= last):
+            epoch += 1
+            self._epochs[shard] = epoch
+        self._last_seq[shard] = seq
+        return epoch
+
+
+# The reason a shard puts after "Storage unavailable: " in a failed durable reply.
+FULL_REASON = "database or disk is full"
+
+
+def _done(seq: int, *, sync: bool = False) -> dict[str, Any]:
+    # "sync": true marks the answer to a sync, so a starting shard can tell it from a `done`
+    # still queued for its previous process (an addition to docs/runtime.md; extra keys are
+    # ignored by readers that do not know them).
+    return {"t": "done", "seq": seq, "sync": True} if sync else {"t": "done", "seq": seq}

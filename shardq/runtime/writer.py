@@ -1,0 +1,313 @@
+"""The writer process: the only process that writes the SQLite file.
+
+Run as `python -m shardq.runtime.writer --spec '<json>'` by the supervisor. It binds PULL on
+`spec.endpoint("writer")` and takes `muts` and `sync` messages from the shards; it commits what
+it received as one `Store.apply` per flush (the policy is `shardq.runtime._flush`) and confirms
+back to each shard's PULL socket with `done` (or `fail` while the disk is full). See
+docs/runtime.md for the messages.
+
+Idle-silent: with nothing waiting it blocks in `poll` with no timeout, and wakes for a message
+or a signal only.
+
+Exit codes: 0 after a clean shutdown; 1 if waiting mutations could not be committed before
+the shutdown timeout (or a second SIGTERM); 2 for a bad command line; 3 if the database
+cannot be opened or the writer's socket cannot be bound.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeGuard
+
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+import structlog
+import zmq
+
+from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
+from shardq.runtime._flush import FlushBuffer, Outgoing
+from shardq.runtime._logging import configure
+from shardq.runtime._signals import SignalWaker
+from shardq.runtime._spec import ChildSpec
+from shardq.storage import StorageError, StorageFull, Store
+
+__all__ = ["Writer", "main"]
+
+EXIT_OK, EXIT_UNFLUSHED, EXIT_USAGE, EXIT_NO_DATABASE = 0, 1, 2, 3
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+log = structlog.get_logger()
+
+Context = zmq.Context[zmq.Socket[bytes]]
+
+
+class Writer:
+    """Owns the `Store` and the writer's sockets; `run()` is the process's loop.
+
+    Raises `zmq.ZMQError` from the constructor if the writer endpoint cannot be bound.
+    """
+
+    def __init__(
+        self,
+        spec: ChildSpec,
+        store: Store,
+        ctx: Context,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._spec = spec
+        self._store = store
+        self._clock = clock
+        self._buffer = FlushBuffer(spec.flush_interval_ms / 1000, spec.flush_max_mutations)
+        self._pull = ctx.socket(zmq.PULL)
+        self._shards: list[zmq.Socket[bytes]] = []
+        try:
+            self._pull.bind(spec.endpoint("writer"))
+            for index in range(spec.shards):
+                push = ctx.socket(zmq.PUSH)
+                self._shards.append(push)
+                push.connect(spec.shard_endpoint(index))
+        except zmq.ZMQError:
+            self.close()
+            raise
+        self._reading = False
+        self._degraded = False
+
+    @property
+    def buffer(self) -> FlushBuffer:
+        """The flush buffer (read-only use: for tests and metrics)."""
+        return self._buffer
+
+    def run(self, waker: SignalWaker) -> int:
+        """Serve until SIGTERM/SIGINT, then flush, checkpoint and return the exit code."""
+        poller = zmq.Poller()
+        poller.register(waker.fileno(), zmq.POLLIN)
+        while True:
+            self._watch_input(poller)
+            events = dict(poller.poll(self._timeout_ms()))
+            if waker.fileno() in events and _stop_requested(waker.drain()):
+                break
+            if self._pull in events:
+                self._receive()
+            if self._buffer.due(self._clock()):
+                self._flush()
+        return self._shutdown(waker)
+
+    def close(self) -> None:
+        """Close the sockets. Unsent confirmations are dropped (linger 0): the writer stops
+        after the shards (docs/runtime.md), so nobody is left to read them, and a linger
+        would only hold up the exit."""
+        self._pull.close(linger=0)
+        for push in self._shards:
+            push.close(linger=0)
+
+    # -- the loop
+
+    def _watch_input(self, poller: zmq.Poller) -> None:
+        reading = self._buffer.accepting
+        if reading != self._reading:
+            poller.register(self._pull, zmq.POLLIN if reading else 0)
+            self._reading = reading
+            if not reading:
+                log.warning(
+                    "writer buffer full; shards are blocked until storage recovers",
+                    waiting_mutations=self._buffer.pending,
+                )
+
+    def _timeout_ms(self) -> int | None:
+        deadline = self._buffer.deadline()
+        if deadline is None:
+            return None  # nothing waits: sleep until a message or a signal
+        return max(0, math.ceil((deadline - self._clock()) * 1000))
+
+    def _receive(self) -> None:
+        # Drain what is queued, but stop at a full batch so one flush stays bounded.
+        while self._buffer.accepting and not self._buffer.full():
+            try:
+                frame = self._pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(frame)
+
+    def _handle(self, frame: bytes) -> None:
+        try:
+            message = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as e:  # TypeError: unhashable key
+            log.error("dropped an undecodable message", error=str(e), size=len(frame))
+            return
+        if not isinstance(message, dict):
+            log.error("dropped a message that is not a map", kind=type(message).__name__)
+            return
+        kind, shard, seq = message.get("t"), message.get("shard"), message.get("seq")
+        now = self._clock()
+        if not (_is_int(shard) and _is_int(seq)):
+            log.error("dropped a message without shard and seq", kind=kind)
+        elif kind == "muts" and isinstance(message.get("muts"), list):
+            self._buffer.add_muts(shard, seq, message["muts"], now)
+        elif kind == "sync":
+            self._send(self._buffer.add_sync(shard, seq, now))
+        else:
+            log.error("dropped a malformed message", kind=kind, shard=shard, seq=seq)
+
+    def _flush(self) -> bool:
+        """Commit everything waiting as one transaction; True if it committed."""
+        buffer = self._buffer
+        started = self._clock()
+        try:
+            rows = self._store.apply(buffer.mutations())
+        except StorageError as e:
+            self._send(buffer.failed(e, self._clock()))
+            self._report_failure(e)
+            return False
+        if buffer.failures:
+            log.info(
+                "storage recovered",
+                attempts=buffer.failures + 1,
+                failing_for_ms=round((self._clock() - (buffer.failing_since or started)) * 1000),
+                mutations=buffer.pending,
+            )
+            self._degraded = False
+        log.debug(
+            "flushed",
+            mutations=buffer.pending,
+            batches=buffer.pending_batches,
+            rows=rows,
+            ms=round((self._clock() - started) * 1000, 2),
+        )
+        self._send(buffer.committed())
+        return True
+
+    def _report_failure(self, error: StorageError) -> None:
+        buffer = self._buffer
+        fields: dict[str, Any] = {
+            "error": str(error),
+            "waiting_mutations": buffer.pending,
+            "waiting_batches": buffer.pending_batches,
+            "retry_in_ms": round(buffer.retry_in(self._clock()) * 1000),
+        }
+        if isinstance(error, StorageFull):
+            if not self._degraded:  # once per episode; the retries are not news
+                log.error("storage full: durable writes fail until space is freed", **fields)
+            self._degraded = True
+        elif buffer.failures == 1 or buffer.retry_in(self._clock()) >= 1.0:
+            # The first failure, then only the slow retries: at most one line a second.
+            log.warning("flush failed; retrying", attempt=buffer.failures, **fields)
+
+    def _send(self, messages: Sequence[Outgoing]) -> None:
+        for shard, message in messages:
+            if not 0 <= shard < len(self._shards):
+                continue  # a sender outside the configured shard count: nobody to confirm to
+            try:
+                # A confirmation is cumulative (a later `done` covers this one), so a shard
+                # that stopped reading loses nothing when one is dropped; blocking here would
+                # stall every other shard's commits.
+                self._shards[shard].send(msgpack.packb(message, use_bin_type=True), zmq.NOBLOCK)
+            except zmq.Again:
+                log.warning("confirmation dropped: shard mailbox full", shard=shard, **message)
+
+    # -- shutdown
+
+    def _shutdown(self, waker: SignalWaker) -> int:
+        deadline = self._clock() + self._spec.shutdown_timeout_ms / 1000
+        log.info("writer stopping", waiting_mutations=self._buffer.pending)
+        while True:
+            self._drain_everything()
+            if self._buffer.pending_batches == 0 or self._flush():
+                break
+            now = self._clock()
+            wait_s = min(self._buffer.retry_in(now), deadline - now)
+            if wait_s <= 0 or _wait_for_signal(waker, wait_s):
+                log.error(
+                    "writer stopped with mutations not committed",
+                    lost_mutations=self._buffer.pending,
+                    lost_batches=self._buffer.pending_batches,
+                )
+                return EXIT_UNFLUSHED
+        try:
+            complete = self._store.checkpoint()
+        except StorageError as e:
+            log.warning("WAL checkpoint failed", error=str(e))
+        else:
+            log.info("writer stopped", wal_checkpoint="complete" if complete else "partial")
+        return EXIT_OK
+
+    def _drain_everything(self) -> None:
+        # The shards have stopped by now; whatever they sent last is already in our socket.
+        while True:
+            try:
+                frame = self._pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(frame)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _stop_requested(signals: list[int]) -> bool:
+    return any(signum in _STOP_SIGNALS for signum in signals)
+
+
+def _wait_for_signal(waker: SignalWaker, seconds: float) -> bool:
+    """Sleep up to `seconds`; True if a stop signal arrived meanwhile (a second SIGTERM)."""
+    poller = zmq.Poller()
+    poller.register(waker.fileno(), zmq.POLLIN)
+    if poller.poll(max(0, math.ceil(seconds * 1000))):
+        return _stop_requested(waker.drain())
+    return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The writer process. Returns its exit code (see the module docstring)."""
+    try:
+        spec = parse_spec_args(sys.argv[1:] if argv is None else argv)
+    except SpecError as e:
+        configure("writer")
+        log.error("writer cannot start", error=str(e))
+        return EXIT_USAGE
+    configure("writer", spec.log_format, spec.log_level)
+    # Before anything slow: a SIGTERM during the migration must not kill us mid-way.
+    with SignalWaker(_STOP_SIGNALS) as waker:
+        ctx: Context = zmq.Context()
+        link = SupervisorLink(ctx, spec)
+        try:
+            return _serve(spec, ctx, link, waker)
+        finally:
+            link.close()
+            ctx.term()
+
+
+def _serve(spec: ChildSpec, ctx: Context, link: SupervisorLink, waker: SignalWaker) -> int:
+    try:
+        store = Store.open(spec.data_path, synchronous=spec.synchronous)
+    except StorageError as e:
+        log.error("cannot open the database", path=spec.data_path, error=str(e))
+        link.fatal(str(e))
+        return EXIT_NO_DATABASE
+    with store:
+        try:
+            writer = Writer(spec, store, ctx)
+        except zmq.ZMQError as e:
+            endpoint = spec.endpoint("writer")
+            log.error("cannot bind the writer socket", endpoint=endpoint, error=str(e))
+            link.fatal(f"cannot bind {endpoint}: {e}")
+            return EXIT_NO_DATABASE
+        try:
+            log.info(
+                "writer ready",
+                data_path=str(store.path),
+                schema_version=store.schema_version,
+                synchronous=spec.synchronous,
+            )
+            link.ready()
+            return writer.run(waker)
+        finally:
+            writer.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,503 @@
+"""The writer: its flush policy (fake clock), and the real process over real ipc:// sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+import pytest
+import zmq
+from shardq_harness import poll_until
+from structlog.testing import capture_logs
+
+from shardq.core import Mutation
+from shardq.runtime._flush import FULL_REASON, FlushBuffer
+from shardq.runtime._signals import SignalWaker
+from shardq.runtime._spec import ChildSpec
+from shardq.runtime.writer import Writer
+from shardq.storage import StorageError, StorageFull, Store
+
+WAIT_S = 10.0
+
+
+def job(n: int, queue: str = "q", **extra: Any) -> dict[str, Any]:
+    return {"id": f"j{n}", "queue": queue, "state": "waiting", "seq": n, **extra}
+
+
+def put(n: int, **extra: Any) -> Mutation:
+    return ("put", job(n, **extra))  # msgpack sends it as an array; the writer gets a list
+
+
+def stored_ids(path: Path) -> list[str]:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        return [row[0] for row in conn.execute("SELECT id FROM jobs ORDER BY seq")]
+
+
+# -- the flush policy, on a fake clock
+
+
+def test_nothing_waiting_means_no_deadline() -> None:
+    buffer = FlushBuffer(0.01, 100)
+    assert buffer.deadline() is None and not buffer.due(1e9)
+
+
+def test_flush_is_due_an_interval_after_the_first_mutation() -> None:
+    buffer = FlushBuffer(0.01, 100)
+    buffer.add_muts(0, 1, [put(1)], now=5.0)
+    buffer.add_muts(0, 2, [put(2)], now=5.008)  # a later batch does not push the deadline
+    assert buffer.deadline() == pytest.approx(5.01)
+    assert not buffer.due(5.0099) and buffer.due(5.01)
+
+
+def test_flush_is_due_at_once_with_max_mutations() -> None:
+    buffer = FlushBuffer(60.0, 3)
+    buffer.add_muts(0, 1, [put(1), put(2)], now=1.0)
+    assert not buffer.full() and not buffer.due(1.0)
+    buffer.add_muts(0, 2, [put(3)], now=1.001)
+    assert buffer.full() and buffer.due(1.001)
+    assert [m[1]["id"] for m in buffer.mutations()] == ["j1", "j2", "j3"]
+
+
+def test_done_per_shard_with_its_highest_seq() -> None:
+    buffer = FlushBuffer(0.01, 100)
+    buffer.add_muts(0, 1, [put(1)], 0.0)
+    buffer.add_muts(1, 7, [put(2)], 0.0)
+    buffer.add_muts(0, 2, [put(3)], 0.0)
+    assert sorted(buffer.committed()) == [
+        (0, {"t": "done", "seq": 2}),
+        (1, {"t": "done", "seq": 7}),
+    ]
+    assert buffer.pending == 0 and buffer.deadline() is None
+
+
+def test_sync_answered_at_once_when_nothing_waits() -> None:
+    buffer = FlushBuffer(0.01, 100)
+    assert buffer.add_sync(2, 0, 0.0) == [(2, {"t": "done", "seq": 0, "sync": True})]
+
+
+def test_sync_waits_for_earlier_batches_and_makes_the_flush_due() -> None:
+    buffer = FlushBuffer(60.0, 100)
+    buffer.add_muts(0, 4, [put(1)], 1.0)
+    assert buffer.add_sync(1, 0, 1.5) == []
+    assert buffer.due(1.5)  # a starting shard is blocked on it: no need to wait 60 s
+    assert buffer.committed() == [
+        (1, {"t": "done", "seq": 0, "sync": True}),
+        (0, {"t": "done", "seq": 4}),
+    ]
+
+
+def test_a_restarted_shard_gets_no_done_meant_for_its_previous_process() -> None:
+    buffer = FlushBuffer(60.0, 100)
+    for seq in (1, 2, 3):  # the old process's batches, not yet committed
+        buffer.add_muts(0, seq, [put(seq)], 0.0)
+    buffer.add_sync(0, 0, 0.1)  # the new process starts
+    buffer.add_muts(0, 1, [put(10)], 0.2)
+    out = buffer.committed()
+    assert out == [(0, {"t": "done", "seq": 0, "sync": True}), (0, {"t": "done", "seq": 1})]
+
+
+def test_a_seq_going_backwards_also_starts_a_new_epoch() -> None:
+    buffer = FlushBuffer(60.0, 100)
+    buffer.add_muts(0, 5, [put(1)], 0.0)
+    buffer.add_muts(0, 1, [put(2)], 0.0)
+    assert buffer.committed() == [(0, {"t": "done", "seq": 1})]
+    assert buffer.pending == 0
+
+
+def test_failed_flush_keeps_everything_and_backs_off_doubling_to_30s() -> None:
+    buffer = FlushBuffer(0.01, 2)
+    buffer.add_muts(0, 1, [put(1), put(2)], 0.0)
+    now, delays = 0.0, []
+    for _ in range(12):
+        assert buffer.failed(StorageError("disk I/O error"), now) == []  # not "full": no fail
+        delays.append(round(buffer.deadline() - now, 3))  # type: ignore[operator]
+        now = buffer.deadline()  # type: ignore[assignment]
+    assert delays[:4] == [0.1, 0.2, 0.4, 0.8]
+    assert delays[-1] == 30.0 and max(delays) == 30.0
+    assert buffer.pending == 2 and buffer.failures == 12
+    buffer.failed(StorageError("disk I/O error"), now)
+    buffer.add_muts(0, 2, [put(3)], now)
+    assert not buffer.due(now + 29.9)  # a full buffer does not bypass the backoff
+    assert buffer.due(now + 30)
+    assert buffer.committed() == [(0, {"t": "done", "seq": 2})]
+    assert buffer.failures == 0 and buffer.deadline() is None
+
+
+def test_storage_full_fails_each_batch_once_and_keeps_it() -> None:
+    buffer = FlushBuffer(0.01, 100)
+    buffer.add_muts(0, 1, [put(1)], 0.0)
+    buffer.add_muts(1, 1, [put(2)], 0.0)
+    full = StorageFull("database or disk is full")
+    assert buffer.failed(full, 0.0) == [
+        (0, {"t": "fail", "seq": 1, "error": FULL_REASON}),
+        (1, {"t": "fail", "seq": 1, "error": FULL_REASON}),
+    ]
+    buffer.add_muts(0, 2, [put(3)], 0.05)
+    assert buffer.failed(full, 0.1) == [(0, {"t": "fail", "seq": 2, "error": FULL_REASON})]
+    assert buffer.pending == 3
+    assert sorted(buffer.committed()) == [
+        (0, {"t": "done", "seq": 2}),
+        (1, {"t": "done", "seq": 1}),
+    ]
+
+
+def test_input_stops_past_the_buffer_cap() -> None:
+    buffer = FlushBuffer(0.01, 10, max_buffered=3)
+    buffer.add_muts(0, 1, [put(1), put(2)], 0.0)
+    assert buffer.accepting
+    buffer.add_muts(0, 2, [put(3)], 0.0)
+    assert not buffer.accepting
+
+
+# -- the writer process over real sockets
+
+
+class WriterProcess:
+    """A writer child plus the sockets of its supervisor and shards, all in this test."""
+
+    def __init__(self, run_dir: Path, data_path: Path, **spec: Any) -> None:
+        self.spec = ChildSpec(
+            role="writer", run_dir=str(run_dir), data_path=str(data_path), **{"shards": 2, **spec}
+        )
+        self.log_path = run_dir / "writer.log"
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.sup = self._bind(zmq.PULL, self.spec.endpoint("sup"))
+        self.inboxes = [
+            self._bind(zmq.PULL, self.spec.shard_endpoint(i)) for i in range(self.spec.shards)
+        ]
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.connect(self.spec.endpoint("writer"))
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "shardq.runtime.writer", "--spec", self.spec.to_json()],
+                stdin=subprocess.DEVNULL,
+                stderr=log,
+            )
+
+    def _bind(self, kind: int, endpoint: str) -> zmq.Socket[bytes]:
+        sock = self.ctx.socket(kind)
+        sock.bind(endpoint)
+        return sock
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.push.send(msgpack.packb(message, use_bin_type=True))
+
+    def recv(self, sock: zmq.Socket[bytes], timeout: float = WAIT_S) -> dict[str, Any]:
+        if not sock.poll(int(timeout * 1000)):
+            raise AssertionError(f"no message within {timeout} s\n{self.log_text()}")
+        message: dict[str, Any] = msgpack.unpackb(sock.recv(), raw=False)
+        return message
+
+    def confirmations(self, shard: int) -> list[dict[str, Any]]:
+        """What has already arrived for `shard` (does not wait)."""
+        out = []
+        while self.inboxes[shard].poll(0):
+            out.append(msgpack.unpackb(self.inboxes[shard].recv(), raw=False))
+        return out
+
+    def ready(self) -> dict[str, Any]:
+        return self.recv(self.sup)
+
+    def logs(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log_text().splitlines() if line.strip()]
+
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def wait(self, timeout: float = WAIT_S) -> int:
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(WAIT_S)
+        for sock in [self.sup, self.push, *self.inboxes]:
+            sock.close(linger=0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def writer_process(short_tmp: Path) -> Iterator[Callable[..., WriterProcess]]:
+    made: list[WriterProcess] = []
+
+    def make(data_path: Path | None = None, **spec: Any) -> WriterProcess:
+        proc = WriterProcess(short_tmp, data_path or short_tmp / "db" / "shardq.db", **spec)
+        made.append(proc)
+        return proc
+
+    yield make
+    for proc in made:
+        proc.close()
+    for proc in made:  # every line the writer wrote is a JSON object
+        assert all(isinstance(line, dict) for line in proc.logs())
+
+
+def test_reports_ready_to_the_supervisor(writer_process: Callable[..., WriterProcess]) -> None:
+    w = writer_process()
+    assert w.ready() == {"t": "ready", "role": "writer", "index": 0, "pid": w.proc.pid}
+
+
+def test_batches_from_many_messages_commit_as_one_flush(
+    writer_process: Callable[..., WriterProcess],
+) -> None:
+    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=5)
+    w.ready()
+    for seq in range(1, 6):
+        w.send({"t": "muts", "shard": 0, "seq": seq, "muts": [put(seq)]})
+    assert w.recv(w.inboxes[0]) == {"t": "done", "seq": 5}
+    assert w.confirmations(0) == []  # one flush, one confirmation
+    assert stored_ids(Path(w.spec.data_path)) == ["j1", "j2", "j3", "j4", "j5"]
+
+
+def test_each_shard_gets_its_own_confirmation(writer_process: Callable[..., WriterProcess]) -> None:
+    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=3)
+    w.ready()
+    w.send({"t": "muts", "shard": 0, "seq": 1, "muts": [put(1)]})
+    w.send({"t": "muts", "shard": 1, "seq": 1, "muts": [put(2)]})
+    w.send({"t": "muts", "shard": 0, "seq": 2, "muts": [put(3)]})
+    assert w.recv(w.inboxes[0]) == {"t": "done", "seq": 2}
+    assert w.recv(w.inboxes[1]) == {"t": "done", "seq": 1}
+
+
+def test_flushes_after_the_interval(writer_process: Callable[..., WriterProcess]) -> None:
+    w = writer_process(flush_interval_ms=30, flush_max_mutations=1000)
+    w.ready()
+    sent = time.monotonic()
+    w.send({"t": "muts", "shard": 1, "seq": 1, "muts": [put(1)]})
+    assert w.recv(w.inboxes[1]) == {"t": "done", "seq": 1}
+    assert time.monotonic() - sent >= 0.03  # not before the interval: it batches
+    assert stored_ids(Path(w.spec.data_path)) == ["j1"]
+
+
+def test_sync_when_idle_and_after_pending_batches(
+    writer_process: Callable[..., WriterProcess],
+) -> None:
+    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=1000)
+    w.ready()
+    w.send({"t": "sync", "shard": 0, "seq": 0})
+    assert w.recv(w.inboxes[0]) == {"t": "done", "seq": 0, "sync": True}
+    # A previous process of shard 1 left batches; its successor syncs before reading SQLite.
+    for seq in (1, 2):
+        w.send({"t": "muts", "shard": 1, "seq": seq, "muts": [put(seq)]})
+    w.send({"t": "sync", "shard": 1, "seq": 0})
+    assert w.recv(w.inboxes[1]) == {"t": "done", "seq": 0, "sync": True}
+    assert stored_ids(Path(w.spec.data_path)) == ["j1", "j2"]  # committed before the answer
+    w.send({"t": "muts", "shard": 1, "seq": 1, "muts": [put(3)]})
+    w.send({"t": "sync", "shard": 1, "seq": 1})
+    assert w.recv(w.inboxes[1]) == {"t": "done", "seq": 1, "sync": True}
+    assert w.confirmations(1) == []  # never the old process's "done 2"
+
+
+def test_sigterm_flushes_everything_and_checkpoints(
+    writer_process: Callable[..., WriterProcess],
+) -> None:
+    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=1000)
+    w.ready()
+    for seq in (1, 2, 3):
+        w.send({"t": "muts", "shard": 0, "seq": seq, "muts": [put(seq)]})
+    # A malformed message is logged and dropped; once its line shows, the batches before it
+    # were read (messages from one socket arrive in order), so they sit unflushed in memory.
+    w.send({"t": "bogus", "shard": 0, "seq": 99})
+    poll_until(lambda: "dropped a malformed message" in w.log_text(), WAIT_S, "the barrier")
+    assert stored_ids(Path(w.spec.data_path)) == []
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.wait() == 0
+    assert stored_ids(Path(w.spec.data_path)) == ["j1", "j2", "j3"]
+    wal = Path(w.spec.data_path + "-wal")
+    assert not wal.exists() or wal.stat().st_size == 0  # wal_checkpoint(TRUNCATE) ran
+    events = [line["event"] for line in w.logs()]
+    assert events[-2:] == ["writer stopping", "writer stopped"]
+
+
+def test_undecodable_frames_do_not_stop_the_writer(
+    writer_process: Callable[..., WriterProcess],
+) -> None:
+    w = writer_process(flush_interval_ms=1)
+    w.ready()
+    w.push.send(b"\xc1 not msgpack")
+    w.send([1, 2, 3])  # type: ignore[arg-type]
+    w.send({"t": "muts", "shard": "zero", "seq": 1, "muts": []})
+    w.send({"t": "muts", "shard": 0, "seq": 1, "muts": [put(1)]})
+    assert w.recv(w.inboxes[0]) == {"t": "done", "seq": 1}
+    assert w.proc.poll() is None
+
+
+def _garbage(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"this is not a database, just some bytes " * 100)
+
+
+def _newer_schema(path: Path) -> None:
+    with Store.open(path):
+        pass
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO migrations (version, applied_at) VALUES (99, 'future')")
+
+
+def _blocked_dir(path: Path) -> None:
+    path.parent.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.write_text("a file where the data directory should be")
+
+
+@pytest.mark.parametrize(
+    ("prepare", "reason"),
+    [
+        (_garbage, "not a SQLite database"),
+        (_newer_schema, "newer than version"),
+        (_blocked_dir, "database directory"),
+    ],
+    ids=["garbage-file", "newer-schema", "unusable-directory"],
+)
+def test_exits_3_with_a_clear_reason_if_the_database_cannot_be_opened(
+    writer_process: Callable[..., WriterProcess],
+    short_tmp: Path,
+    prepare: Callable[[Path], None],
+    reason: str,
+) -> None:
+    data_path = short_tmp / "db" / "shardq.db"
+    prepare(data_path)
+    w = writer_process(data_path)
+    report = w.ready()
+    assert report["t"] == "fatal" and reason in report["error"]
+    assert w.wait() == 3
+    [line] = [line for line in w.logs() if line["event"] == "cannot open the database"]
+    assert line["level"] == "error" and reason in line["error"] and line["role"] == "writer"
+
+
+def test_bad_command_line_exits_2_with_a_json_log_line() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardq.runtime.writer", "--spec", "{not json"],
+        capture_output=True,
+        timeout=WAIT_S,
+    )
+    assert proc.returncode == 2
+    [line] = [json.loads(x) for x in proc.stderr.decode().splitlines()]
+    assert line["event"] == "writer cannot start" and "invalid --spec" in line["error"]
+
+
+# -- storage failures, with the writer loop in this process and a thread playing the shard
+
+
+class FlakyStore:
+    """A real `Store` whose commits fail with `error` while `failing` is set."""
+
+    def __init__(self, store: Store, error: StorageError) -> None:
+        self.store = store
+        self.error = error
+        self.failing = threading.Event()
+        self.attempts = 0
+
+    def apply(self, mutations: Sequence[Mutation]) -> int:
+        self.attempts += 1
+        if self.failing.is_set():
+            raise self.error
+        return self.store.apply(mutations)
+
+    def checkpoint(self) -> bool:
+        return self.store.checkpoint()
+
+
+def run_writer_with(
+    spec: ChildSpec, store: Any, shard: Callable[[zmq.Socket[bytes], zmq.Socket[bytes]], None]
+) -> int:
+    """Run `Writer.run` here; `shard(inbox, push)` runs in a thread, then SIGTERMs us."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    writer = Writer(spec, store, ctx)
+    errors: list[BaseException] = []
+
+    def play() -> None:
+        inbox, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        try:
+            inbox.bind(spec.shard_endpoint(0))
+            push.connect(spec.endpoint("writer"))
+            shard(inbox, push)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            inbox.close(linger=0)
+            push.close(linger=0)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=play)
+    try:
+        with SignalWaker((signal.SIGTERM,)) as waker:
+            thread.start()
+            code = writer.run(waker)
+            thread.join(WAIT_S)
+    finally:
+        writer.close()
+        ctx.term()
+    if errors:
+        raise errors[0]
+    return code
+
+
+def recv(sock: zmq.Socket[bytes]) -> dict[str, Any]:
+    if not sock.poll(int(WAIT_S * 1000)):
+        raise AssertionError("no confirmation")
+    message: dict[str, Any] = msgpack.unpackb(sock.recv(), raw=False)
+    return message
+
+
+def send(sock: zmq.Socket[bytes], message: dict[str, Any]) -> None:
+    sock.send(msgpack.packb(message, use_bin_type=True))
+
+
+def test_disk_full_fails_durable_batches_keeps_them_and_recovers(short_tmp: Path) -> None:
+    store = Store.open(short_tmp / "db" / "q.db")
+    flaky = FlakyStore(store, StorageFull("applying a batch: database or disk is full"))
+    spec = ChildSpec(role="writer", run_dir=str(short_tmp), data_path=str(store.path), shards=1)
+    flaky.failing.set()
+
+    def shard(inbox: zmq.Socket[bytes], push: zmq.Socket[bytes]) -> None:
+        send(push, {"t": "muts", "shard": 0, "seq": 1, "muts": [put(1)]})
+        assert recv(inbox) == {"t": "fail", "seq": 1, "error": FULL_REASON}
+        send(push, {"t": "muts", "shard": 0, "seq": 2, "muts": [put(2)]})
+        assert recv(inbox) == {"t": "fail", "seq": 2, "error": FULL_REASON}
+        poll_until(lambda: flaky.attempts >= 3, WAIT_S, "a few retries")
+        flaky.failing.clear()  # space was freed
+        assert recv(inbox) == {"t": "done", "seq": 2}
+
+    with capture_logs() as logs:
+        assert run_writer_with(spec, flaky, shard) == 0
+    assert [job["id"] for job in store.load_jobs()] == ["j1", "j2"]  # nothing was dropped
+    store.close()
+    events = [line["event"] for line in logs]
+    assert events.count("storage full: durable writes fail until space is freed") == 1
+    full = next(line for line in logs if line["event"].startswith("storage full"))
+    assert full["waiting_mutations"] == 1 and full["log_level"] == "error"
+    assert events.count("storage recovered") == 1
+
+
+def test_real_sqlite_full_is_reported_and_unflushed_data_fails_the_exit(short_tmp: Path) -> None:
+    store = Store.open(short_tmp / "db" / "q.db", max_bytes=256 * 1024)
+    spec = ChildSpec(
+        role="writer",
+        run_dir=str(short_tmp),
+        data_path=str(store.path),
+        shards=1,
+        shutdown_timeout_ms=300,
+    )
+
+    def shard(inbox: zmq.Socket[bytes], push: zmq.Socket[bytes]) -> None:
+        big = [put(n, data="x" * 100_000) for n in range(1, 6)]
+        send(push, {"t": "muts", "shard": 0, "seq": 1, "muts": big})
+        assert recv(inbox) == {"t": "fail", "seq": 1, "error": FULL_REASON}
+
+    with capture_logs() as logs:
+        assert run_writer_with(spec, store, shard) == 1  # could not commit before the timeout
+    store.close()
+    lost = next(
+        line for line in logs if line["event"] == "writer stopped with mutations not committed"
+    )
+    assert lost["lost_mutations"] == 5
