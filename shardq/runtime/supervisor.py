@@ -1,0 +1,479 @@
+"""The supervisor: `shardq start`. Spawns the children, watches them, shuts them down in order.
+
+Start-up (docs/runtime.md): check the ports and the data directory, create the run directory,
+bind PULL on `sup`, then spawn the writer, the N shards and the front end, each group only once
+the previous one reported ready, and log one `shardq ready` line with the addresses served.
+
+While running, a child that exits is restarted after a backoff (100 ms doubling to 5 s); a
+child that needs more than `max_restarts_per_minute` restarts within 60 s stops the server
+with a non-zero exit. SIGTERM or SIGINT runs the graceful shutdown (front end, then shards, then
+writer); a second one SIGKILLs every child and exits 1 at once.
+
+The loop sleeps in one poll on the `sup` socket and a signal descriptor (SIGCHLD included), with
+a timeout only while a restart or a ready deadline is pending: an idle supervisor uses no CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+import structlog
+import zmq
+
+import shardq
+from shardq.runtime._config import ConfigError, ServerConfig, load_config
+from shardq.runtime._logging import configure
+from shardq.runtime._preflight import (
+    StartupError,
+    check_data_path,
+    check_ports,
+    make_run_dir,
+    remove_run_dir,
+    remove_stale_run_dirs,
+)
+from shardq.runtime._signals import SignalWaker
+from shardq.runtime._spec import ChildSpec
+
+__all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "EXIT_OK", "Supervisor", "main"]
+
+EXIT_OK, EXIT_FAILURE, EXIT_CONFIG = 0, 1, 2
+
+MODULES: Mapping[str, str] = {
+    "writer": "shardq.runtime.writer",
+    "shard": "shardq.runtime.shard",
+    "frontend": "shardq.runtime.frontend",
+}
+# A child imports, opens the database or binds its ports and reports: seconds normally. A
+# shard recovering a very large database may take longer; raise this with it.
+READY_TIMEOUT_S = 30.0
+RESTART_FIRST_S = 0.1  # quick enough that a one-off crash costs little ...
+RESTART_MAX_S = 5.0  # ... slow enough that a crash loop does not eat a CPU
+RESTART_WINDOW_S = 60.0
+# On top of shutdown_timeout_ms (the front end's drain): time for a child to finish exiting.
+STOP_GRACE_S = 5.0
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+log = structlog.get_logger()
+
+Context = zmq.Context[zmq.Socket[bytes]]
+
+
+class _KillSwitch(Exception):
+    """A second stop signal: every child was SIGKILLed; unwind to the exit."""
+
+
+@dataclass
+class _Child:
+    role: str
+    index: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    ready: bool = False
+    ready_by: float | None = None  # a (re)started child must report ready by then
+    restart_at: float | None = None
+    restarts: deque[float] = field(default_factory=deque)
+    exit_code: int | None = None
+    fatal: str | None = None  # what the child said before failing to start
+    addresses: Any = None
+
+    @property
+    def name(self) -> str:
+        return f"shard-{self.index}" if self.role == "shard" else self.role
+
+
+class Supervisor:
+    """Runs one `shardq start` with `config`. `commands` replaces the argv prefix of a role
+    (default `[sys.executable, "-m", MODULES[role]]`); the child's `--spec` is appended."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        commands: Mapping[str, Sequence[str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._commands = dict(commands or {})
+        self._clock = clock
+        self._data_path = Path(config.data_path).absolute()
+        self._writer = _Child("writer")
+        self._shards = [_Child("shard", i) for i in range(config.shard_count)]
+        self._frontend = _Child("frontend")
+        self._children = [self._writer, *self._shards, self._frontend]
+        self._stops = 0
+        self._serving = False  # "shardq ready" was logged: exits now mean restarts
+        self._stopping = False
+        self._failure: str | None = None
+        self._run_dir = Path()
+        self._poller = zmq.Poller()
+        self._sup: zmq.Socket[bytes] | None = None
+        self._waker: SignalWaker | None = None
+
+    def run(self) -> int:
+        """Start, serve until a stop signal or a failure, shut down. Returns the exit code:
+        0 after a clean shutdown, 1 if start-up failed, a child kept dying, a child did not
+        stop cleanly, or a second signal cut the shutdown short."""
+        config = self._config
+        log.info(
+            "shardq starting",
+            version=shardq.__version__,
+            shards=config.shard_count,
+            data_path=str(self._data_path),
+        )
+        try:
+            check_ports(config)
+            check_data_path(self._data_path)
+            for stale in remove_stale_run_dirs(self._data_path.parent):
+                log.info("removed a stale run directory", path=str(stale))
+            self._run_dir = make_run_dir(self._data_path, os.getpid(), config.shard_count)
+        except StartupError as e:
+            log.error("shardq cannot start", error=str(e))
+            return EXIT_FAILURE
+        try:
+            return self._run_in(self._run_dir)
+        finally:
+            remove_run_dir(self._run_dir)
+
+    def _run_in(self, run_dir: Path) -> int:
+        ctx: Context = zmq.Context()
+        sup = ctx.socket(zmq.PULL)
+        try:
+            with SignalWaker((*_STOP_SIGNALS, signal.SIGCHLD)) as waker:
+                sup.bind(f"ipc://{run_dir}/sup")
+                self._sup, self._waker = sup, waker
+                self._poller.register(sup, zmq.POLLIN)
+                self._poller.register(waker.fileno(), zmq.POLLIN)
+                code = self._lifecycle()
+        except _KillSwitch:
+            code = EXIT_FAILURE
+        finally:
+            self._kill_all()
+            sup.close(linger=0)
+            ctx.term()
+        log.info("shardq stopped", exit_code=code)
+        return code
+
+    def _lifecycle(self) -> int:
+        if self._start():
+            self._announce()
+            self._serving = True
+            self._serve()
+        if self._failure is not None:
+            log.error("shardq is stopping after a failure", reason=self._failure)
+        clean = self._shutdown()
+        return EXIT_OK if clean and self._failure is None else EXIT_FAILURE
+
+    # -- start-up
+
+    def _start(self) -> bool:
+        for group in ([self._writer], self._shards, [self._frontend]):
+            for child in group:
+                self._spawn(child)
+            if not self._await_ready(group):
+                return False
+        return True
+
+    def _await_ready(self, group: list[_Child]) -> bool:
+        deadline = self._clock() + READY_TIMEOUT_S
+        while not all(child.ready for child in group):
+            if self._stops or self._failure is not None:
+                return False
+            if self._clock() >= deadline:
+                late = ", ".join(child.name for child in group if not child.ready)
+                self._failure = f"{late} did not report ready within {READY_TIMEOUT_S:g} s"
+                return False
+            self._pump(deadline)
+        return True
+
+    def _announce(self) -> None:
+        config = self._config
+        addresses = self._frontend.addresses if isinstance(self._frontend.addresses, dict) else {}
+        log.info(
+            "shardq ready",
+            tcp=str(addresses.get("tcp", _host_port(config.host, config.tcp_port))),
+            zmq=str(addresses.get("zmq", "tcp://" + _host_port(config.host, config.zmq_port))),
+            shards=len(self._shards),
+            data_path=str(self._data_path),
+            run_dir=str(self._run_dir),
+            children={child.name: child.proc.pid for child in self._children if child.proc},
+        )
+
+    # -- running
+
+    def _serve(self) -> None:
+        while not self._stops and self._failure is None:
+            self._pump(self._next_timer())
+            now = self._clock()
+            for child in self._children:
+                if child.restart_at is not None and now >= child.restart_at:
+                    self._restart(child, now)
+                elif child.ready_by is not None and now >= child.ready_by and child.proc:
+                    log.error("child not ready in time; killing it", child=child.name)
+                    child.ready_by = None
+                    child.proc.kill()  # its exit schedules the next restart
+
+    def _next_timer(self) -> float | None:
+        times = [t for c in self._children for t in (c.restart_at, c.ready_by) if t is not None]
+        return min(times, default=None)
+
+    def _restart(self, child: _Child, now: float) -> None:
+        child.restart_at = None
+        child.restarts.append(now)
+        self._spawn(child)
+        child.ready_by = now + READY_TIMEOUT_S
+        log.warning("child restarted", child=child.name, restarts_last_minute=len(child.restarts))
+
+    def _on_exit(self, child: _Child, code: int) -> None:
+        child.proc, child.ready, child.ready_by, child.exit_code = None, False, None, code
+        how = _describe_exit(code)
+        if self._stopping:
+            log.info("child stopped", child=child.name, exit=how)
+            return
+        if not self._serving:
+            reason = f"{child.name} exited during start-up ({how})"
+            self._failure = f"{reason}: {child.fatal}" if child.fatal else reason
+            return
+        now = self._clock()
+        while child.restarts and now - child.restarts[0] >= RESTART_WINDOW_S:
+            child.restarts.popleft()
+        if len(child.restarts) >= self._config.max_restarts_per_minute:
+            self._failure = (
+                f"{child.name} exited ({how}) after {len(child.restarts)} restarts within "
+                f"{RESTART_WINDOW_S:g} s (max_restarts_per_minute = "
+                f"{self._config.max_restarts_per_minute})"
+            )
+            return
+        delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2 ** len(child.restarts))
+        child.restart_at = now + delay
+        log.warning(
+            "child exited unexpectedly",
+            child=child.name,
+            exit=how,
+            restart_in_ms=round(delay * 1000),
+        )
+
+    # -- shutdown
+
+    def _shutdown(self) -> bool:
+        """Stop the children in order; True if every one that ran exited with code 0."""
+        self._stopping = True
+        if self._writer.proc is None and self._writer.restart_at is not None:
+            # The shards' last batches need a writer; its backoff does not matter any more.
+            self._spawn(self._writer)
+        for child in self._children:
+            child.restart_at = child.ready_by = None
+        timeout = self._config.shutdown_timeout_ms / 1000 + STOP_GRACE_S
+        clean = True
+        for group in ([self._frontend], self._shards, [self._writer]):
+            clean = self._stop_group(group, timeout) and clean
+        return clean
+
+    def _stop_group(self, group: Iterable[_Child], timeout: float) -> bool:
+        running = [child for child in group if child.proc is not None]
+        for child in running:
+            self._signal(child, signal.SIGTERM)
+        deadline = self._clock() + timeout
+        while any(child.proc is not None for child in running):
+            if self._clock() >= deadline:
+                late = [child for child in running if child.proc is not None]
+                log.error("children did not stop in time", children=[c.name for c in late])
+                for child in late:
+                    self._signal(child, signal.SIGKILL)
+                    self._reap(child, wait=True)
+                return False
+            self._pump(deadline)
+        return all(child.exit_code == 0 for child in running)
+
+    def _kill_all(self) -> None:
+        for child in self._children:
+            if child.proc is not None:
+                self._signal(child, signal.SIGKILL)
+                self._reap(child, wait=True)
+
+    # -- processes
+
+    def _spawn(self, child: _Child) -> None:
+        spec = self._spec(child)
+        argv = [*self._command(child.role), "--spec", spec.to_json()]
+        child.ready, child.fatal, child.exit_code = False, None, None
+        try:
+            child.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+                # Its own process group: a terminal's Ctrl-C reaches only the supervisor,
+                # which then stops the children in order instead of all of them at once.
+                process_group=0,
+                preexec_fn=_die_with_parent(os.getpid()),
+            )
+        except OSError as e:  # no memory, no pids left, a missing interpreter ...
+            self._failure = f"cannot start {child.name}: {e}"
+            return
+        log.info("child started", child=child.name, child_pid=child.proc.pid)
+
+    def _command(self, role: str) -> list[str]:
+        if role in self._commands:
+            return list(self._commands[role])
+        return [sys.executable, "-m", MODULES[role]]
+
+    def _spec(self, child: _Child) -> ChildSpec:
+        c = self._config
+        return ChildSpec(
+            role=child.role,
+            run_dir=str(self._run_dir),
+            data_path=str(self._data_path),
+            shards=len(self._shards),
+            index=child.index,
+            host=c.host,
+            tcp_port=c.tcp_port,
+            zmq_port=c.zmq_port,
+            auth_tokens=c.auth_tokens,
+            log_format=c.log_format,
+            log_level=c.log_level,
+            flush_interval_ms=c.flush_interval_ms,
+            flush_max_mutations=c.flush_max_mutations,
+            synchronous=c.synchronous,
+            shutdown_timeout_ms=c.shutdown_timeout_ms,
+            max_frame_bytes=c.max_frame_bytes,
+            tcp_idle_timeout_ms=c.tcp_idle_timeout_ms,
+            engine=dict(c.engine),
+        )
+
+    def _signal(self, child: _Child, signum: int) -> None:
+        if child.proc is not None and child.proc.returncode is None:
+            child.proc.send_signal(signum)
+
+    def _reap(self, child: _Child, *, wait: bool = False) -> None:
+        proc = child.proc
+        if proc is None:
+            return
+        code = proc.wait() if wait else proc.poll()
+        if code is not None:
+            self._on_exit(child, code)
+
+    # -- events
+
+    def _pump(self, until: float | None) -> None:
+        """Wait for one batch of events (a report, a signal, a child exit) or `until`.
+
+        Raises `_KillSwitch` on a second stop signal, after SIGKILLing every child.
+        """
+        timeout = None if until is None else max(0, math.ceil((until - self._clock()) * 1000))
+        events = dict(self._poller.poll(timeout))
+        if self._waker is None or self._sup is None:
+            raise RuntimeError("the supervisor's sockets are not set up")
+        if self._waker.fileno() in events:
+            for signum in self._waker.drain():
+                if signum in _STOP_SIGNALS:
+                    self._on_stop_signal(signum)
+        if self._sup in events:
+            self._read_reports(self._sup)
+        for child in self._children:
+            self._reap(child)
+
+    def _on_stop_signal(self, signum: int) -> None:
+        self._stops += 1
+        name = signal.Signals(signum).name
+        if self._stops == 1:
+            log.info("shutdown requested", signal=name)
+            return
+        log.warning("second stop signal: killing every child", signal=name)
+        self._stopping = True
+        self._kill_all()
+        raise _KillSwitch
+
+    def _read_reports(self, sup: zmq.Socket[bytes]) -> None:
+        while True:
+            try:
+                frame = sup.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                report = msgpack.unpackb(frame, raw=False)
+            except (ValueError, TypeError, msgpack.UnpackException):
+                log.warning("dropped an undecodable report", size=len(frame))
+                continue
+            if isinstance(report, dict):
+                self._on_report(report)
+
+    def _on_report(self, report: dict[str, Any]) -> None:
+        child = self._find(report.get("role"), report.get("index"))
+        # A report from an earlier process of this child (already replaced) is stale.
+        if child is None or child.proc is None or child.proc.pid != report.get("pid"):
+            return
+        if report.get("t") == "ready":
+            child.ready, child.ready_by = True, None
+            child.addresses = report.get("addresses")
+            log.info("child ready", child=child.name, child_pid=child.proc.pid)
+        elif report.get("t") == "fatal":
+            child.fatal = str(report.get("error"))
+
+    def _find(self, role: object, index: object) -> _Child | None:
+        for child in self._children:
+            if child.role == role and child.index == index:
+                return child
+        return None
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the kernel SIGKILL the child if the supervisor dies.
+
+    An orphaned child would keep the ports and the database; killing it is what a crash of
+    the whole tree means, and every durability promise already holds across that.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing may be imported after fork
+
+    def arm() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the supervisor died before the prctl took effect
+            os._exit(1)
+
+    return arm
+
+
+def main(
+    config_file: str | os.PathLike[str] | None = None,
+    flags: Mapping[str, object] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """`shardq start`: resolve the config, configure logging, run the supervisor.
+
+    Returns the exit code: 0 after a clean shutdown, 1 on a failure (logged), 2 for a bad
+    configuration (logged, naming the key).
+    """
+    try:
+        config = load_config(config_file, env=env, flags=flags)
+    except ConfigError as e:
+        requested = (flags or {}).get("log_format")
+        configure("supervisor", requested if requested in ("json", "console") else "json")
+        log.error("invalid configuration", error=str(e))
+        return EXIT_CONFIG
+    configure("supervisor", config.log_format, config.log_level)
+    return Supervisor(config).run()

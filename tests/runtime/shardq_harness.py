@@ -1,0 +1,389 @@
+"""Run the real `shardq start` in tests: random ports, a temporary data dir, JSON logs to a file.
+
+    from shardq_harness import ShardqServer, free_port
+
+    with ShardqServer(tmp_path / "data", shards=2).start() as server:
+        host, port = server.tcp_address      # raw TCP (bunqueue framing)
+        endpoint = server.zmq_endpoint       # "tcp://127.0.0.1:<port>" for a DEALER
+        ...
+        assert server.stop() == 0            # SIGTERM, wait, exit code
+
+Every wait polls a condition against a deadline; nothing sleeps for a fixed time to
+synchronise. Leaving the `with` block (or calling `close()`) SIGKILLs whatever still runs.
+Linux only for `child_pids()`/`kill9_tree()` precision (they read /proc); elsewhere they fall
+back to the pids in the supervisor's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from shardq.runtime._config import ServerConfig
+
+__all__ = ["LogLine", "ServerError", "ShardqServer", "free_port", "free_ports", "poll_until"]
+
+LogLine = dict[str, Any]
+POLL_S = 0.02
+
+
+class ServerError(AssertionError):
+    """The server did not do what the test waited for; the message ends with its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it back, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free ports (held open together while choosing, so they differ)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def poll_until(
+    condition: Callable[[], Any], timeout: float, what: str, *, detail: Callable[[], str] = str
+) -> Any:
+    """Call `condition` until it returns something truthy (returned) or `timeout` seconds pass
+    (raises `ServerError` naming `what`, followed by `detail()`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise ServerError(f"timed out after {timeout:g} s waiting for {what}\n{detail()}")
+        time.sleep(POLL_S)
+
+
+class ShardqServer:
+    """One `shardq start` process tree.
+
+    `data_dir` holds the database (`shardq.db`, or `data_path`), the run directory and the
+    log (`shardq.log`). `tcp_port`/`zmq_port` default to free ports. `args` are extra CLI
+    flags and `env` extra environment variables (bunqueue's and `SHARDQ_*` names included);
+    the test process's own `SHARDQ_*`/alias variables are not passed on, so a developer's
+    shell cannot change a test. With `via_env`, host, ports and data path are passed as
+    bunqueue's environment variables instead of flags.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        shards: int | str = 1,
+        tcp_port: int | None = None,
+        zmq_port: int | None = None,
+        data_path: Path | None = None,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
+        via_env: bool = False,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.host = host
+        ports = free_ports(2, host)
+        self.tcp_port = tcp_port if tcp_port is not None else ports[0]
+        self.zmq_port = zmq_port if zmq_port is not None else ports[1]
+        self.data_path = data_path if data_path is not None else self.data_dir / "shardq.db"
+        self.log_path = self.data_dir / "shardq.log"
+        self.shards = shards
+        self.args = list(args)
+        self.extra_env = dict(env or {})
+        self.via_env = via_env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready_line: LogLine | None = None
+        self._log_offset = 0
+
+    # -- lifecycle
+
+    def command(self) -> list[str]:
+        """The argv of `shardq start` this server runs."""
+        where = [] if self.via_env else [
+            "--host", self.host,
+            "--tcp-port", str(self.tcp_port),
+            "--zmq-port", str(self.zmq_port),
+            "--data-path", str(self.data_path),
+        ]  # fmt: skip
+        return [
+            sys.executable, "-m", "shardq_cli.main", "start", *where,
+            "--shards", str(self.shards), "--log-format", "json", *self.args,
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        """The environment `shardq start` runs with (see the class docstring)."""
+        env = {k: v for k, v in os.environ.items() if not _is_config_var(k)}
+        if self.via_env:  # bunqueue's names, as an existing deployment would set them
+            env.update(
+                HOST=self.host,
+                TCP_PORT=str(self.tcp_port),
+                SHARDQ_ZMQ_PORT=str(self.zmq_port),
+                BUNQUEUE_DATA_PATH=str(self.data_path),
+            )
+        env.update(self.extra_env)
+        return env
+
+    def start(self, *, wait: bool = True, timeout: float = 30.0) -> ShardqServer:
+        """Spawn the supervisor; with `wait`, return once it logged "shardq ready".
+
+        Raises `ServerError` if it exits or is not ready within `timeout` seconds.
+        """
+        if self.proc is not None and self.proc.poll() is None:
+            raise ServerError("this server is already running")
+        env = self.environment()
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.ready_line = None
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
+            )
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> LogLine:
+        """The "shardq ready" line of this run. Raises `ServerError` if the supervisor exits
+        first or `timeout` seconds pass."""
+
+        def ready() -> LogLine | None:
+            line = self.find_log("shardq ready")
+            if line is None and self._proc().poll() is not None:
+                raise ServerError(
+                    f"shardq exited with code {self._proc().returncode} before it was ready\n"
+                    + self.log_tail()
+                )
+            return line
+
+        self.ready_line = poll_until(ready, timeout, '"shardq ready"', detail=self.log_tail)
+        return self.ready_line
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        """Wait for the supervisor to exit; its exit code. Raises `ServerError` on timeout."""
+        try:
+            return self._proc().wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise ServerError(f"shardq still runs after {timeout:g} s\n{self.log_tail()}") from None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Send `sig` to the supervisor and wait for it to exit; its exit code.
+
+        On timeout the whole tree is SIGKILLed and `ServerError` raised.
+        """
+        proc = self._proc()
+        if proc.poll() is None:
+            proc.send_signal(sig)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill9_tree()
+            raise ServerError(
+                f"shardq did not stop within {timeout:g} s\n{self.log_tail()}"
+            ) from None
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the supervisor only."""
+        self._proc().send_signal(sig)
+
+    def kill9_tree(self) -> list[int]:
+        """SIGKILL the supervisor and every child; return the pids killed. Waits until all are
+        gone (or zombies of another parent). The supervisor is SIGSTOPped first so it cannot
+        spawn a replacement while the children are collected."""
+        proc = self._proc()
+        if proc.poll() is not None:
+            return []
+        proc.send_signal(signal.SIGSTOP)
+        children = list(self.child_pids().values())
+        for pid in [proc.pid, *children]:
+            _kill(pid, signal.SIGKILL)
+        proc.wait(10)
+        poll_until(lambda: not any(_running(pid) for pid in children), 10, "children to die")
+        return [proc.pid, *children]
+
+    def close(self) -> None:
+        """Make sure nothing of this server still runs (SIGKILL if needed)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill9_tree()
+
+    def __enter__(self) -> ShardqServer:
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- what it says
+
+    @property
+    def pid(self) -> int:
+        """The supervisor's pid."""
+        return self._proc().pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The supervisor's exit code, or None while it runs."""
+        return self._proc().poll()
+
+    @property
+    def tcp_address(self) -> tuple[str, int]:
+        """(host, port) of the bunqueue TCP listener."""
+        return (self.host, self.tcp_port)
+
+    @property
+    def zmq_endpoint(self) -> str:
+        """The ZeroMQ endpoint for a DEALER socket to connect to."""
+        return f"tcp://{self.host}:{self.zmq_port}"
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory of the ipc sockets (from the ready line)."""
+        if self.ready_line is None:
+            raise ServerError("the server has not reported ready")
+        return Path(self.ready_line["run_dir"])
+
+    def raw_log(self, *, this_run: bool = True) -> str:
+        """The log file's text (of this run only, unless `this_run=False`)."""
+        if not self.log_path.exists():
+            return ""
+        data = self.log_path.read_bytes()
+        return data[self._log_offset if this_run else 0 :].decode("utf-8", "replace")
+
+    def logs(self, *, strict: bool = True, this_run: bool = True) -> list[LogLine]:
+        """Every complete log line parsed as JSON. With `strict`, a line that is not a JSON
+        object raises `ServerError` quoting it; otherwise such lines are skipped."""
+        text = self.raw_log(this_run=this_run)
+        lines = text.split("\n")[:-1]  # the last piece is empty, or a line still being written
+        parsed: list[LogLine] = []
+        for line in lines:
+            try:
+                item = json.loads(line)
+            except ValueError:
+                item = None
+            if isinstance(item, dict):
+                parsed.append(item)
+            elif strict:
+                raise ServerError(f"log line is not a JSON object: {line!r}")
+        return parsed
+
+    def find_log(self, event: str, **fields: Any) -> LogLine | None:
+        """The first line of this run with `event` and these field values, or None."""
+        for line in self.logs(strict=False):
+            if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
+                return line
+        return None
+
+    def wait_for_log(self, event: str, timeout: float = 10.0, **fields: Any) -> LogLine:
+        """Wait until a line with `event` (and these field values) appears; return it."""
+        what = f"log event {event!r} {fields or ''}"
+        found: LogLine = poll_until(
+            lambda: self.find_log(event, **fields), timeout, what, detail=self.log_tail
+        )
+        return found
+
+    def wait_child_replaced(self, name: str, old_pid: int, timeout: float = 30.0) -> int:
+        """Wait until child `name` (e.g. "shard-1") runs as a process other than `old_pid` that
+        reported ready to the supervisor; return its pid."""
+
+        def replaced() -> int | None:
+            pids = [
+                int(line["child_pid"])
+                for line in self.logs(strict=False)
+                if line.get("event") == "child ready" and line.get("child") == name
+            ]
+            live = self.child_pids().get(name)
+            return live if live is not None and live != old_pid and live in pids else None
+
+        pid: int = poll_until(replaced, timeout, f"{name} to be replaced", detail=self.log_tail)
+        return pid
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of this run's log, for failure messages."""
+        return "--- shardq log tail ---\n" + "\n".join(self.raw_log().splitlines()[-lines:])
+
+    def child_pids(self) -> dict[str, int]:
+        """The running children by name ("writer", "shard-0", "frontend"): pid.
+
+        Names come from the supervisor's "child started" lines (the latest per name); on Linux
+        only pids that /proc lists as the supervisor's children are kept.
+        """
+        latest: dict[str, int] = {}
+        for line in self.logs(strict=False):
+            if line.get("event") == "child started" and line.get("role") == "supervisor":
+                latest[line["child"]] = int(line["child_pid"])
+        live = _proc_children(self.pid)
+        if live is None:
+            return {name: pid for name, pid in latest.items() if _running(pid)}
+        return {name: pid for name, pid in latest.items() if pid in live}
+
+    def _proc(self) -> subprocess.Popen[bytes]:
+        if self.proc is None:
+            raise ServerError("the server was never started")
+        return self.proc
+
+
+# The variables `shardq start` reads: the test's own environment must not leak into a server.
+_CONFIG_VARS = {f"SHARDQ_{f.name.upper()}" for f in fields(ServerConfig)} | {
+    "TCP_PORT", "HTTP_PORT", "HOST", "BUNQUEUE_DATA_PATH", "DATA_PATH", "AUTH_TOKENS",
+    "SHUTDOWN_TIMEOUT_MS",
+}  # fmt: skip
+
+
+def _is_config_var(name: str) -> bool:
+    return name in _CONFIG_VARS or name.startswith("SHARDQ_ENGINE_")
+
+
+def _proc_children(pid: int) -> set[int] | None:
+    task_dir = Path(f"/proc/{pid}/task")
+    if not task_dir.is_dir():
+        return None
+    children: set[int] = set()
+    for task in task_dir.iterdir():
+        try:
+            children.update(int(p) for p in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return children
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie may wait for a parent that never reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)

@@ -1,0 +1,206 @@
+"""`shardq start` as a process tree: start-up, readiness, restarts, failures, shutdown, logs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from shardq_harness import ShardqServer, poll_until
+
+Factory = Callable[..., ShardqServer]
+WAIT_S = 15.0
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _events(server: ShardqServer) -> list[str]:
+    return [line["event"] for line in server.logs()]
+
+
+def test_starts_in_order_logs_one_ready_line_and_stops_cleanly(shardq_server: Factory) -> None:
+    server = shardq_server(shards=2)
+    ready = server.ready_line
+    assert ready is not None
+    assert ready["tcp"] == f"127.0.0.1:{server.tcp_port}"
+    assert ready["zmq"] == f"tcp://127.0.0.1:{server.zmq_port}"
+    assert ready["shards"] == 2 and ready["data_path"] == str(server.data_path)
+    assert set(server.child_pids()) == {"writer", "shard-0", "shard-1", "frontend"}
+    assert ready["children"] == server.child_pids()
+    with socket.create_connection(server.tcp_address, timeout=WAIT_S):
+        pass  # the front end listens
+    run_dir = server.run_dir
+    assert run_dir.is_dir()
+
+    assert server.stop() == 0
+    assert not run_dir.exists()
+    lines = server.logs()  # strict: every line is a JSON object
+    assert all({"timestamp", "level", "event", "role", "pid"} <= line.keys() for line in lines)
+    assert {line["role"] for line in lines} == {
+        "supervisor", "writer", "shard-0", "shard-1", "frontend"
+    }  # fmt: skip
+    sup = [(line["event"], line.get("child")) for line in lines if line["role"] == "supervisor"]
+    order = [step for step in sup if step[0] in ("child started", "child ready")]
+    assert order[:2] == [("child started", "writer"), ("child ready", "writer")]
+    assert order[-2:] == [("child started", "frontend"), ("child ready", "frontend")]
+    assert [e for e, _ in sup].count("shardq ready") == 1
+    stopped = [child for event, child in sup if event == "child stopped"]
+    assert stopped[0] == "frontend" and stopped[-1] == "writer"  # docs/runtime.md's order
+    assert sup[-1] == ("shardq stopped", None)
+
+
+def test_a_killed_writer_is_restarted_and_logged(shardq_server: Factory) -> None:
+    server = shardq_server()
+    old = server.child_pids()["writer"]
+    os.kill(old, signal.SIGKILL)
+    died = server.wait_for_log("child exited unexpectedly", WAIT_S, child="writer")
+    assert died["exit"] == "killed by SIGKILL" and died["level"] == "warning"
+    server.wait_for_log("child restarted", WAIT_S, child="writer")
+    new = server.wait_child_replaced("writer", old, WAIT_S)
+    assert new != old and server.child_pids()["writer"] == new
+    assert server.returncode is None
+    assert server.stop() == 0
+
+
+def test_too_many_restarts_stop_the_server(shardq_server: Factory) -> None:
+    server = shardq_server(env={"SHARDQ_MAX_RESTARTS_PER_MINUTE": "1"})
+    children = server.child_pids()
+    first = server.child_pids()["writer"]
+    os.kill(first, signal.SIGKILL)
+    second = server.wait_child_replaced("writer", first, WAIT_S)
+    os.kill(second, signal.SIGKILL)
+    assert server.wait_exit(WAIT_S) == 1
+    failure = server.find_log("shardq is stopping after a failure")
+    assert failure is not None and failure["level"] == "error"
+    assert "writer" in failure["reason"] and "max_restarts_per_minute = 1" in failure["reason"]
+    poll_until(
+        lambda: not any(_running(pid) for pid in children.values()), WAIT_S, "children to stop"
+    )
+
+
+@pytest.mark.parametrize("taken", ["tcp_port", "zmq_port"])
+def test_a_port_in_use_fails_the_start_naming_it(shardq_server: Factory, taken: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        server = shardq_server(start=False, **{taken: port})
+        server.start(wait=False)
+        assert server.wait_exit(WAIT_S) == 1
+    line = server.find_log("shardq cannot start")
+    assert line is not None and line["level"] == "error"
+    assert f"port {port}" in line["error"] and taken in line["error"]
+    assert "child started" not in _events(server)
+
+
+def test_a_data_path_that_cannot_be_created_fails_the_start(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file")
+    server = shardq_server(start=False, data_path=blocker / "sub" / "shardq.db")
+    server.start(wait=False)
+    assert server.wait_exit(WAIT_S) == 1
+    line = server.find_log("shardq cannot start")
+    assert line is not None and str(blocker / "sub") in line["error"]
+
+
+def test_a_file_that_is_not_a_database_fails_the_start(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    data_path = tmp_path / "data" / "shardq.db"
+    data_path.parent.mkdir(parents=True)
+    data_path.write_bytes(b"definitely not SQLite " * 200)
+    server = shardq_server(start=False)
+    server.start(wait=False)
+    assert server.wait_exit(WAIT_S) == 1
+    failure = server.find_log("shardq is stopping after a failure")
+    assert failure is not None
+    assert "writer exited during start-up (exit code 3)" in failure["reason"]
+    assert "not a SQLite database" in failure["reason"]
+    started = [line["child"] for line in server.logs() if line["event"] == "child started"]
+    assert started == ["writer"]  # nothing else was spawned
+    assert data_path.read_bytes().startswith(b"definitely not SQLite")  # left untouched
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [(["--shards", "0"], "shards"), (["--log-level", "chatty"], "log_level")],
+)
+def test_a_bad_setting_exits_2_naming_it(shardq_server: Factory, args: list[str], key: str) -> None:
+    server = shardq_server(start=False, args=args)
+    server.start(wait=False)
+    assert server.wait_exit(WAIT_S) == 2
+    [line] = server.logs()
+    assert line["event"] == "invalid configuration" and key in line["error"]
+
+
+def test_an_unknown_key_in_the_config_file_exits_2(shardq_server: Factory, tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("shards = 1\nflush_intervall_ms = 5\n")
+    server = shardq_server(start=False, args=["--config", str(config)])
+    server.start(wait=False)
+    assert server.wait_exit(WAIT_S) == 2
+    [line] = server.logs()
+    assert "unknown config key 'flush_intervall_ms'" in line["error"]
+
+
+def test_bunqueue_environment_names_configure_the_server(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    data_path = tmp_path / "bq" / "queue.db"
+    server = shardq_server(via_env=True, data_path=data_path)
+    assert "--tcp-port" not in server.command()
+    assert server.ready_line is not None
+    assert server.ready_line["tcp"] == f"127.0.0.1:{server.tcp_port}"
+    assert server.ready_line["data_path"] == str(data_path)
+    assert server.stop() == 0
+    assert data_path.exists()
+
+
+def test_a_second_signal_kills_every_child_and_exits_1(shardq_server: Factory) -> None:
+    server = shardq_server(env={"SHARDQ_SHUTDOWN_TIMEOUT_MS": "20000"})
+    children = server.child_pids()
+    run_dir = server.run_dir
+    # A front end that cannot react keeps the graceful shutdown waiting.
+    os.kill(children["frontend"], signal.SIGSTOP)
+    server.signal(signal.SIGTERM)
+    server.wait_for_log("shutdown requested", WAIT_S)
+    server.signal(signal.SIGINT)  # a different signal: two SIGTERMs could merge into one
+    assert server.wait_exit(WAIT_S) == 1
+    assert server.find_log("second stop signal: killing every child") is not None
+    poll_until(
+        lambda: not any(_running(pid) for pid in children.values()), WAIT_S, "children to die"
+    )
+    assert not run_dir.exists()
+
+
+def test_kill9_of_the_tree_then_a_restart_on_the_same_data(shardq_server: Factory) -> None:
+    first = shardq_server()
+    stale_run_dir = first.run_dir
+    killed = first.kill9_tree()
+    assert len(killed) == 4 and not any(_running(pid) for pid in killed)
+    assert stale_run_dir.exists()  # nobody could clean up
+
+    second = shardq_server()  # same data dir, new ports
+    assert second.find_log("removed a stale run directory", path=str(stale_run_dir))
+    assert not stale_run_dir.exists()
+    assert second.stop() == 0
+
+
+def test_a_long_data_dir_gets_a_short_run_dir(shardq_server: Factory, tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    server = shardq_server(data_dir=deep)
+    run_dir = server.run_dir
+    assert len(str(run_dir)) < 60 and run_dir.is_dir()
+    assert server.stop() == 0
+    assert not run_dir.exists()
