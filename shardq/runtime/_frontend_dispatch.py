@@ -1,0 +1,439 @@
+"""The front end's request flow: decoded frames in, shard batches out, replies back.
+
+`Dispatcher` knows nothing about TCP or ZeroMQ: a connection is a `Client` (an id, an auth
+flag, `send` and `drop`). Per frame it applies the transport rules (reference §1.5, §1.6),
+answers `Hello`, `Ping` and `Auth` itself, and sends everything else to the shards:
+
+- a command with a `queue` goes to `shard_of(queue, N)`;
+- a command that names one job by id goes to the shard the job cache names; on a miss it goes
+  to every shard and the first reply that shows the job wins (`is_found`);
+- `ACKB`, `JobHeartbeatB` and `ExtendLocks` are split per shard by position and recombined;
+- `ListQueues` and `Stats` go to every shard and are merged.
+
+Commands bound for one shard in one loop turn leave as one `req` message (flushed once per turn
+with `loop.call_soon`). Each forwarded command gets an int `rid`; the shard echoes it and the
+callback registered under it gets the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, Final, Protocol
+
+import structlog
+
+import shardq
+from shardq.errors import ProtocolError
+from shardq.protocol import (
+    INTERNAL_SERVER_ERROR,
+    INVALID_TOKEN,
+    NOT_AUTHENTICATED,
+    DecodedFrame,
+    check_command,
+    error_reply,
+    req_id,
+    unknown_command,
+)
+from shardq.runtime._commands import (
+    BUNQUEUE_COMMANDS,
+    ID_BATCH_COMMANDS,
+    ID_COMMANDS,
+    SHARD_COMMANDS,
+)
+from shardq.runtime._frontend_merge import (
+    JobCache,
+    aligned,
+    combine_batch,
+    is_found,
+    learned_ids,
+    merge_list_queues,
+    merge_stats,
+    sub_batch,
+)
+from shardq.runtime._routing import shard_of
+from shardq.runtime._wire import pack
+
+__all__ = ["Client", "Dispatcher"]
+
+Reply = dict[str, Any]
+OnReply = Callable[[Reply], None]
+
+_ABSENT: Final = object()  # the frame had no reqId: the reply carries none either
+
+_log = structlog.get_logger()
+
+
+class Client(Protocol):
+    """One client connection as the dispatcher sees it."""
+
+    conn: str
+    authenticated: bool
+
+    def send(self, reply: Reply) -> None:
+        """Queue one reply frame for the client (dropped if the connection is gone)."""
+
+    def drop(self, reason: str) -> None:
+        """Close the connection after what is queued, for protocol abuse; `reason` is logged."""
+
+
+class _FirstFound:
+    """Collects one id command's replies from every shard; the first that shows the job wins.
+
+    When no shard shows the job, the first reply (a "not found") answers once all are in.
+    """
+
+    __slots__ = ("_done", "_first", "_left", "_name", "_on_done")
+
+    def __init__(self, n: int, name: str, on_done: Callable[[int | None, Reply], None]) -> None:
+        self._left = n
+        self._name = name
+        self._on_done = on_done
+        self._first: Reply | None = None
+        self._done = False
+
+    def part(self, shard: int, reply: Reply) -> None:
+        self._left -= 1
+        if self._done:
+            return
+        if is_found(self._name, reply):
+            self._done = True
+            self._on_done(shard, reply)
+            return
+        if self._first is None:
+            self._first = reply
+        if self._left == 0:
+            self._done = True
+            self._on_done(None, self._first)
+
+
+class _Gather:
+    """Collects one reply per part, then hands them over in part order."""
+
+    __slots__ = ("_left", "_on_done", "_replies")
+
+    def __init__(self, n: int, on_done: Callable[[list[Reply]], None]) -> None:
+        self._replies: list[Reply] = [{} for _ in range(n)]
+        self._left = n
+        self._on_done = on_done
+
+    def part(self, index: int, reply: Reply) -> None:
+        self._replies[index] = reply
+        self._left -= 1
+        if self._left == 0:
+            self._on_done(self._replies)
+
+
+class _Direct:
+    """The reply of a command sent to one shard goes straight back to its client."""
+
+    __slots__ = ("client", "dispatcher", "name", "req", "shard")
+
+    def __init__(
+        self, dispatcher: Dispatcher, client: Client, req: object, name: str, shard: int
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.client = client
+        self.req = req
+        self.name = name
+        self.shard = shard
+
+    def __call__(self, reply: Reply) -> None:
+        self.dispatcher.learn(self.name, self.shard, reply)
+        self.dispatcher.answer(self.client, self.req, reply)
+
+
+class Dispatcher:
+    """Routes client commands to shards and shard replies to clients."""
+
+    def __init__(
+        self,
+        shards: int,
+        send: Callable[[int, bytes], None],
+        loop: asyncio.AbstractEventLoop,
+        auth_tokens: Sequence[str] = (),
+        cache_size: int | None = None,
+    ) -> None:
+        self.shards = shards
+        self._send = send
+        self._loop = loop
+        self._tokens = [t.encode() for t in auth_tokens]
+        self.cache = JobCache() if cache_size is None else JobCache(cache_size)
+        self._rids = itertools.count(1)
+        self._pending: dict[int, OnReply] = {}
+        self._outbox: list[list[list[Any]]] = [[] for _ in range(shards)]
+        self._control: list[list[dict[str, Any]]] = [[] for _ in range(shards)]
+        self._flush_scheduled = False
+        self._started = time.monotonic()
+        self.drained: set[int] = set()
+        self.all_drained = asyncio.Event()
+        self.release_on_close = True
+        self._local: dict[str, Callable[[Client, object, dict[str, Any]], None]] = {
+            "Hello": self._hello,
+            "Ping": self._ping,
+            "Stats": self._stats,
+            "ListQueues": self._list_queues,
+        }
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self._tokens)
+
+    @property
+    def pending(self) -> int:
+        """Forwarded commands still waiting for a shard's reply."""
+        return len(self._pending)
+
+    # -- frames in -------------------------------------------------------------------------
+
+    def handle(self, client: Client, frame: DecodedFrame) -> None:
+        """Answer or forward one decoded frame. Never raises for any frame content."""
+        if isinstance(frame, ProtocolError):
+            client.send(error_reply(str(frame)))
+            if frame.fatal:
+                client.drop(str(frame))
+            return
+        try:
+            name = check_command(frame)
+        except ProtocolError as e:
+            client.send(error_reply(str(e), req_id(frame)))
+            return
+        req = frame.pop("reqId", _ABSENT)
+        try:
+            self._dispatch(client, req, name, frame)
+        except Exception:
+            # A bug met by one command must not cost the connection the commands behind it.
+            _log.exception("command failed", command=name)
+            self.answer(client, req, error_reply(INTERNAL_SERVER_ERROR))
+
+    def _dispatch(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> None:
+        if name == "Auth":
+            self.answer(client, req, self._auth(client, frame))
+        elif not client.authenticated:
+            self.answer(client, req, error_reply(NOT_AUTHENTICATED))
+        elif name in self._local:
+            self._local[name](client, req, frame)
+        elif name in SHARD_COMMANDS:
+            frame["_conn"] = client.conn
+            self._route(client, req, name, frame)
+        elif name in BUNQUEUE_COMMANDS:
+            self.answer(client, req, error_reply(f"Unsupported command: {name}"))
+        else:
+            self.answer(client, req, error_reply(unknown_command(name)))
+
+    def answer(self, client: Client, req: object, reply: Reply) -> None:
+        """Send `reply` to `client` with the request's `reqId` echoed verbatim, if it had one."""
+        if req is not _ABSENT:
+            reply["reqId"] = req
+        client.send(reply)
+
+    def _auth(self, client: Client, frame: dict[str, Any]) -> Reply:
+        token = frame.get("token")
+        matched = False
+        if isinstance(token, str):
+            given = token.encode()
+            # Every configured token is compared, so the time taken says nothing about which.
+            for known in self._tokens:
+                matched |= hmac.compare_digest(given, known)
+        if not matched:
+            return error_reply(INVALID_TOKEN)
+        client.authenticated = True
+        return {"ok": True}
+
+    def _hello(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        # bunqueue answers its own version; answering 2 to a client that asks for 2 keeps
+        # bunqueue-client 0.1.5 (which checks for 2) and v3 clients both working (§2.12).
+        version = 2 if frame.get("protocolVersion") == 2 else 3
+        caps = ["pipelining"] if version == 2 else ["pipelining", "separate-job-name"]
+        reply = {
+            "ok": True,
+            "protocolVersion": version,
+            "capabilities": caps,
+            "server": "bunqueue",  # compat clients and upstream readiness probes check this
+            "version": shardq.__version__,
+        }
+        self.answer(client, req, reply)
+
+    def _ping(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        now_ms = int(time.time() * 1000)
+        self.answer(client, req, {"ok": True, "data": {"pong": True, "time": now_ms}})
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def _route(self, client: Client, req: object, name: str, cmd: dict[str, Any]) -> None:
+        queue = cmd.get("queue")
+        if isinstance(queue, str) or self.shards == 1:
+            shard = shard_of(queue, self.shards) if isinstance(queue, str) else 0
+            self._ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard))
+        elif name in ID_COMMANDS:
+            self._by_id(client, req, name, cmd)
+        elif name in ID_BATCH_COMMANDS:
+            self._by_ids(client, req, name, cmd)
+        else:
+            # A queue command without a usable queue: any shard gives the engine's error.
+            self._ask(0, client.conn, cmd, _Direct(self, client, req, name, 0))
+
+    def _by_id(self, client: Client, req: object, name: str, cmd: dict[str, Any]) -> None:
+        key = cmd.get("customId" if name == "GetJobByCustomId" else "id")
+        shard = self.cache.get(key)
+        if shard is not None:
+            self._ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard))
+            return
+
+        def done(found: int | None, reply: Reply) -> None:
+            if found is not None:
+                self.cache.learn([key], found)
+                self.learn(name, found, reply)
+            self.answer(client, req, reply)
+
+        self._ask_all_first(client.conn, name, cmd, done)
+
+    def _ask_all_first(
+        self, conn: str, name: str, cmd: dict[str, Any], done: Callable[[int | None, Reply], None]
+    ) -> None:
+        collector = _FirstFound(self.shards, name, done)
+        for shard in range(self.shards):
+            self._ask(shard, conn, cmd, partial(collector.part, shard))
+
+    def _by_ids(self, client: Client, req: object, name: str, cmd: dict[str, Any]) -> None:
+        """Split a batch by the shard of each id; ids not in the cache are looked up everywhere.
+
+        ACKB's misses go one id at a time to every shard (a shard refuses a whole ACKB that
+        names a job it does not hold); the heartbeat batches never refuse, so their misses go
+        to every shard as one part and the counts add up.
+        """
+        if not aligned(name, cmd):
+            self._ask(0, client.conn, cmd, _Direct(self, client, req, name, 0))
+            return
+        ids: list[Any] = cmd["ids"]
+        groups: dict[int, list[int]] = {}
+        misses: list[int] = []
+        for i, job_id in enumerate(ids):
+            shard = self.cache.get(job_id)
+            if shard is None:
+                misses.append(i)
+            else:
+                groups.setdefault(shard, []).append(i)
+        plan: list[tuple[int | None, list[int]]] = list(groups.items())
+        if misses and name == "ACKB":
+            plan.extend((None, [i]) for i in misses)
+        elif misses:
+            plan.extend((shard, misses) for shard in range(self.shards))
+        parts = [indices for _, indices in plan]
+        finish = partial(self._batch_done, client, req, name, ids, parts)
+        if not plan:
+            finish([])
+            return
+        gather = _Gather(len(plan), finish)
+        for k, (shard, indices) in enumerate(plan):
+            sub = sub_batch(name, cmd, indices)
+            if shard is not None:
+                self._ask(shard, client.conn, sub, partial(gather.part, k))
+            else:
+                self._ask_all_first(client.conn, name, sub, partial(self._miss_done, gather, k))
+
+    def _miss_done(self, gather: _Gather, k: int, found: int | None, reply: Reply) -> None:
+        gather.part(k, reply)
+
+    def _batch_done(
+        self,
+        client: Client,
+        req: object,
+        name: str,
+        ids: list[Any],
+        parts: list[list[int]],
+        replies: list[Reply],
+    ) -> None:
+        self.answer(client, req, combine_batch(name, ids, parts, replies))
+
+    def _list_queues(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        self._gather_all(client, frame, lambda rs: self.answer(client, req, merge_list_queues(rs)))
+
+    def _stats(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        uptime = int((time.monotonic() - self._started) * 1000)
+        self._gather_all(
+            client, frame, lambda rs: self.answer(client, req, merge_stats(rs, uptime))
+        )
+
+    def _gather_all(
+        self, client: Client, frame: dict[str, Any], done: Callable[[list[Reply]], None]
+    ) -> None:
+        frame["_conn"] = client.conn
+        gather = _Gather(self.shards, done)
+        for shard in range(self.shards):
+            self._ask(shard, client.conn, frame, partial(gather.part, shard))
+
+    def learn(self, name: str, shard: int, reply: Reply) -> None:
+        """Remember where the jobs a reply names live (only worth it with several shards)."""
+        if self.shards > 1:
+            ids = learned_ids(name, reply)
+            if ids:
+                self.cache.learn(ids, shard)
+
+    # -- to and from the shards ------------------------------------------------------------
+
+    def _ask(self, shard: int, conn: str, cmd: dict[str, Any], on_reply: OnReply) -> None:
+        rid = next(self._rids)
+        self._pending[rid] = on_reply
+        self._outbox[shard].append([conn, rid, cmd])
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Send each shard its batch of this turn, then its control messages, in that order."""
+        self._flush_scheduled = False
+        for shard in range(self.shards):
+            items = self._outbox[shard]
+            if items:
+                self._outbox[shard] = []
+                self._send(shard, pack({"t": "req", "items": items}))
+            control = self._control[shard]
+            if control:
+                self._control[shard] = []
+                for msg in control:
+                    self._send(shard, pack(msg))
+
+    def on_shard_message(self, msg: dict[str, Any]) -> None:
+        """Take one message from a shard (`rep` or `drained`). Never raises."""
+        kind = msg.get("t")
+        if kind == "rep":
+            for item in msg.get("items") or ():
+                self._deliver(item)
+        elif kind == "drained":
+            self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
+            if len(self.drained) >= self.shards:
+                self.all_drained.set()
+        else:
+            _log.warning("unknown internal message dropped", t=kind)
+
+    def _deliver(self, item: Any) -> None:
+        try:
+            _conn, rid, reply = item
+            on_reply = self._pending.pop(rid, None)
+            if on_reply is not None:
+                on_reply(reply)
+        except Exception:
+            # A reply we cannot route must not stop the replies behind it.
+            _log.exception("shard reply dropped")
+
+    def connection_closed(self, conn: str) -> None:
+        """Tell every shard, after this turn's batches, that `conn` is gone (lease release)."""
+        if not self.release_on_close:
+            return
+        for shard in range(self.shards):
+            self._control[shard].append({"t": "close", "conn": conn})
+        self._schedule_flush()
+
+    def start_drain(self) -> None:
+        """Ask every shard to stop handing out jobs; `all_drained` is set once all report."""
+        for shard in range(self.shards):
+            self._control[shard].append({"t": "drain"})
+        self._schedule_flush()

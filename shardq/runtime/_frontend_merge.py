@@ -1,0 +1,207 @@
+"""The front end's pure helpers: the job-to-shard cache, fan-out verdicts and reply merges.
+
+Nothing here touches a socket; `_frontend_dispatch` wires these into the request flow.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+__all__ = [
+    "BATCH_ARRAYS",
+    "JobCache",
+    "aligned",
+    "combine_batch",
+    "is_found",
+    "learned_ids",
+    "merge_list_queues",
+    "merge_stats",
+    "sub_batch",
+]
+
+Reply = dict[str, Any]
+
+DEFAULT_CACHE_SIZE: Final = 1_000_000  # ids of live and recent jobs; ~100 bytes each
+
+
+class JobCache:
+    """Which shard holds a job id, for commands that carry only the id.
+
+    Bounded: the entry learned longest ago is dropped first. A miss is never wrong, only
+    slower (the front end then asks every shard), so eviction is safe.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CACHE_SIZE) -> None:
+        self.capacity = capacity
+        self._shards: OrderedDict[str, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+    def get(self, job_id: object) -> int | None:
+        return self._shards.get(job_id) if isinstance(job_id, str) else None
+
+    def learn(self, job_ids: Sequence[object], shard: int) -> None:
+        shards = self._shards
+        for job_id in job_ids:
+            if isinstance(job_id, str):
+                shards[job_id] = shard
+                shards.move_to_end(job_id)
+        while len(shards) > self.capacity:
+            shards.popitem(last=False)
+
+
+def _job_id(job: object) -> list[object]:
+    return [job.get("id")] if isinstance(job, Mapping) else []
+
+
+def _job_ids(jobs: object) -> list[object]:
+    if not isinstance(jobs, list):
+        return []
+    return [j.get("id") for j in jobs if isinstance(j, Mapping)]
+
+
+def _ids(ids: object) -> list[object]:
+    return list(ids) if isinstance(ids, list) else []
+
+
+_LEARN: Final[dict[str, Callable[[Reply], list[object]]]] = {
+    "PUSH": lambda r: [r.get("id")],
+    "PUSHB": lambda r: _ids(r.get("ids")),
+    "PULL": lambda r: _job_id(r.get("job")),
+    "PULLB": lambda r: _job_ids(r.get("jobs")),
+    "GetJob": lambda r: _job_id(r.get("job")),
+    "GetJobByCustomId": lambda r: _job_id(r.get("job")),
+    "GetJobs": lambda r: _job_ids(r.get("jobs")),
+}
+
+
+def learned_ids(name: str, reply: Reply) -> list[object]:
+    """The job ids a successful reply to `name` reveals (empty when it reveals none)."""
+    learn = _LEARN.get(name)
+    if learn is None or not reply.get("ok"):
+        return []
+    return learn(reply)
+
+
+def is_found(name: str, reply: Reply) -> bool:
+    """Whether a shard's reply to an id command shows that this shard holds the job.
+
+    An error containing "not found" (bunqueue's contract, §1.6) means "not here"; any other
+    error came from the shard that holds the job. A few queries answer ok for an unknown id,
+    so for them the content decides.
+    """
+    if not reply.get("ok"):
+        return "not found" not in str(reply.get("error", "")).lower()
+    if name == "GetState":
+        return reply.get("state") != "unknown"
+    if name == "GetResult":
+        return "result" in reply
+    if name == "GetLogs":
+        data = reply.get("data")
+        return isinstance(data, Mapping) and bool(data.get("count"))
+    return True
+
+
+def first_error(replies: Sequence[Reply]) -> Reply | None:
+    return next((r for r in replies if not r.get("ok")), None)
+
+
+def merge_list_queues(replies: Sequence[Reply]) -> Reply:
+    """ListQueues over every shard: the sorted union of their queue names."""
+    error = first_error(replies)
+    if error is not None:
+        return error
+    names: set[str] = set()
+    for reply in replies:
+        names.update(reply.get("queues") or ())
+    return {"ok": True, "queues": sorted(names)}
+
+
+def merge_stats(replies: Sequence[Reply], uptime_ms: int) -> Reply:
+    """Stats over every shard: counts summed.
+
+    `pushPerSec` and `pullPerSec` are 0: no process keeps rates yet (metrics come later).
+    """
+    error = first_error(replies)
+    if error is not None:
+        return error
+    stats: dict[str, Any] = {}
+    for reply in replies:
+        for key, value in (reply.get("stats") or {}).items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                stats[key] = stats.get(key, 0) + value
+    stats.update(uptime=uptime_ms, pushPerSec=0, pullPerSec=0)
+    return {"ok": True, "stats": stats}
+
+
+# -- commands over many job ids ------------------------------------------------------------
+
+BATCH_ARRAYS: Final[dict[str, tuple[str, ...]]] = {
+    "ACKB": ("tokens", "results", "removeOnCompletes"),
+    "JobHeartbeatB": ("tokens",),
+    "ExtendLocks": ("tokens", "durations"),
+}
+"""The arrays that run alongside `ids`, position by position, per batch command."""
+
+
+def aligned(name: str, cmd: Mapping[str, Any]) -> bool:
+    """Whether `cmd` can be split by position: `ids` is a list and, for ACKB, every array
+    given has its length (otherwise one shard answers, with the engine's exact error)."""
+    ids = cmd.get("ids")
+    if not isinstance(ids, list):
+        return False
+    if name != "ACKB":
+        return True
+    arrays = (cmd.get(key) for key in BATCH_ARRAYS[name])
+    return all(a is None or (isinstance(a, list) and len(a) == len(ids)) for a in arrays)
+
+
+def sub_batch(name: str, cmd: Mapping[str, Any], indices: Sequence[int]) -> dict[str, Any]:
+    """The part of a batch command for the positions `indices`, arrays sliced alike."""
+    sub = dict(cmd)
+    sub["ids"] = [cmd["ids"][i] for i in indices]
+    for key in BATCH_ARRAYS[name]:
+        values = cmd.get(key)
+        if isinstance(values, list):
+            sub[key] = [values[i] if i < len(values) else None for i in indices]
+    return sub
+
+
+def combine_batch(
+    name: str, ids: Sequence[Any], parts: Sequence[Sequence[int]], replies: Sequence[Reply]
+) -> Reply:
+    """One reply for a batch command split into `parts` (positions) answered by `replies`.
+
+    Any failed part fails the whole reply with its error; the other parts were still applied
+    by their shards (each shard checks the leases of its own part only).
+    """
+    error = first_error(replies)
+    if error is not None:
+        return error
+    if name == "ACKB":
+        return _combine_ackb(ids, parts, replies)
+    count = 0
+    for reply in replies:
+        source = reply.get("data") if name == "JobHeartbeatB" else reply
+        count += int((source or {}).get("count") or 0)
+    if name == "JobHeartbeatB":
+        return {"ok": True, "data": {"ok": True, "count": count}}
+    return {"ok": True, "count": count}
+
+
+def _combine_ackb(
+    ids: Sequence[Any], parts: Sequence[Sequence[int]], replies: Sequence[Reply]
+) -> Reply:
+    ignored: list[int] = []
+    for indices, reply in zip(parts, replies, strict=True):
+        data = reply.get("data")
+        if isinstance(data, Mapping):
+            ignored.extend(indices[i] for i in data.get("ignoredIndices") or ())
+    if not ignored:
+        return {"ok": True}
+    ignored.sort()
+    data = {"ignoredIds": [ids[i] for i in ignored], "ignoredIndices": ignored}
+    return {"ok": True, "data": data}

@@ -1,0 +1,139 @@
+"""The ZeroMQ side of the front end: a ROUTER socket for DEALER (or REQ) clients.
+
+Each message is `[identity, (empty,)? , msgpack map]`; the map is the same command map as a TCP
+frame's body, and the reply goes back to the same identity with the same envelope. A ZeroMQ
+client's connection id is `"z" + identity.hex()`.
+
+ZeroMQ reports no disconnects to a ROUTER, so there is no `close` for these connections: the
+leases of a vanished ZeroMQ client are not released early, they lapse by their TTL (and its
+pending long-polls are answered into the void). Auth state is kept per identity, for the
+100,000 identities seen most recently; an identity pushed out must send `Auth` again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections import OrderedDict
+from typing import Any, Final
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from shardq.errors import ProtocolError
+from shardq.protocol import DecodedFrame, FrameDecoder, frame_too_large
+from shardq.runtime._frontend_dispatch import Dispatcher
+from shardq.runtime._wire import pack
+
+__all__ = ["ZmqGateway", "ZmqPeer"]
+
+MAX_PEERS: Final = 100_000  # identities whose auth state is remembered
+_BURST: Final = 1000  # messages taken per wake-up before the loop gets a turn
+_HEADER: Final = struct.Struct(">I")
+
+_log = structlog.get_logger()
+
+
+class ZmqPeer:
+    """One ZeroMQ client identity, as the dispatcher's `Client`."""
+
+    __slots__ = ("authenticated", "conn", "envelope", "gateway")
+
+    def __init__(self, gateway: ZmqGateway, identity: bytes, authenticated: bool) -> None:
+        self.gateway = gateway
+        self.conn = "z" + identity.hex()
+        self.authenticated = authenticated
+        self.envelope: list[bytes] = [identity]
+
+    def send(self, reply: dict[str, Any]) -> None:
+        self.gateway.send(self.envelope, reply)
+
+    def drop(self, reason: str) -> None:
+        # A ROUTER cannot close one peer; the oversize message was refused and is logged.
+        _log.warning("zeromq message refused", conn=self.conn, reason=reason)
+
+
+class ZmqGateway:
+    """Reads the ROUTER socket, decodes messages and hands them to the dispatcher."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, ctx: zmq.asyncio.Context, max_frame_bytes: int
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.router = ctx.socket(zmq.ROUTER)
+        # The same cap as a TCP frame; libzmq disconnects a peer that sends a bigger message
+        # before it is ever buffered whole.
+        self.router.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self._sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.router.underlying)
+        self._max = max_frame_bytes
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._peers: OrderedDict[bytes, ZmqPeer] = OrderedDict()
+        self._resume = asyncio.Event()
+        self._resume.set()
+
+    def bind(self, host: str, port: int) -> int:
+        """Bind on tcp://host:port (0 = any free port); return the port. Raises `ZMQError`."""
+        if ":" in host:
+            self.router.setsockopt(zmq.IPV6, 1)
+            host = f"[{host}]"
+        if port == 0:
+            return self.router.bind_to_random_port(f"tcp://{host}")
+        self.router.bind(f"tcp://{host}:{port}")
+        return port
+
+    def shards_blocked(self, blocked: bool) -> None:
+        """Stop (or resume) taking messages while a shard mailbox is full."""
+        if blocked:
+            self._resume.clear()
+        else:
+            self._resume.set()
+
+    async def run(self) -> None:
+        """Serve until cancelled."""
+        while True:
+            await self._resume.wait()
+            await self.router.poll()
+            for _ in range(_BURST):
+                try:
+                    parts = self._sync.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._on_message(parts)
+            else:
+                await asyncio.sleep(0)
+
+    def _on_message(self, parts: list[bytes]) -> None:
+        if len(parts) < 2:
+            return
+        peer = self._peer(parts[0])
+        peer.envelope = parts[:-1]
+        self.dispatcher.handle(peer, self._decode(parts[-1]))
+
+    def _peer(self, identity: bytes) -> ZmqPeer:
+        peer = self._peers.get(identity)
+        if peer is None:
+            peer = ZmqPeer(self, identity, not self.dispatcher.auth_required)
+            self._peers[identity] = peer
+            if len(self._peers) > MAX_PEERS:
+                self._peers.popitem(last=False)
+        else:
+            self._peers.move_to_end(identity)
+        return peer
+
+    def _decode(self, body: bytes) -> DecodedFrame:
+        if len(body) > self._max:
+            return ProtocolError(frame_too_large(len(body), self._max))
+        # The TCP decoder holds the one definition of a valid body; a message is one frame.
+        frames = self._decoder.feed(_HEADER.pack(len(body)) + body)
+        return frames[0]
+
+    def send(self, envelope: list[bytes], reply: dict[str, Any]) -> None:
+        try:
+            self._sync.send_multipart([*envelope, pack(reply)], zmq.NOBLOCK)
+        except zmq.Again:
+            # The peer's queue is full (it stopped reading): ROUTER drops, as it would anyway.
+            _log.debug("zeromq reply dropped", conn="z" + envelope[0].hex())
+
+    def close(self) -> None:
+        self.router.close(linger=0)

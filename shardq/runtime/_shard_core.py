@@ -1,0 +1,389 @@
+"""One shard's message handling, turn by turn, with no sockets and no clock.
+
+The shard process (`shard.py`) is a thin shell around `ShardCore`: each loop turn it feeds
+every message it drained with `handle(msg, now)`, then calls `finish_turn(now)` and sends what
+that returns. One turn yields at most one `muts` message to the writer (group commit) and one
+`rep` batch to the front end.
+
+Things the engine does not do and the shard adds (docs/runtime.md):
+- durable pushes: their ok reply is held until the writer's `done` covers the turn's seq;
+- long-poll PULL/PULLB: parked per queue until work arrives there or the timeout passes;
+- WaitJob: parked until the job completes or the timeout passes;
+- Stats: this shard's counts, which the front end sums over all shards;
+- drain mode: no job is handed out any more; `drained` is reported once nothing is active.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
+from typing import Any, Final, TypeAlias
+
+import structlog
+
+from shardq.core import Engine, Mutation, Record
+from shardq.protocol import INTERNAL_SERVER_ERROR
+from shardq.runtime._shard_waits import JobWaits, LongPolls, Parked
+
+__all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
+
+Outgoing: TypeAlias = tuple[str, dict[str, Any]]
+"""A message to send: ("writer" | "front", message map)."""
+
+Item: TypeAlias = list[Any]  # [conn, rid, reply]
+
+WAIT_DEFAULT_MS: Final = 30_000
+WAIT_MAX_MS: Final = 600_000  # bunqueue's WaitJob bound (reference §2.3)
+_PULLS: Final = frozenset({"PULL", "PULLB"})
+_COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
+
+_log = structlog.get_logger()
+
+
+def empty_pull_reply(cmd: Mapping[str, Any]) -> dict[str, Any]:
+    """What a PULL or PULLB that got no job answers, in the shape its `owner` asks for."""
+    owner = cmd.get("owner")
+    has_owner = isinstance(owner, str) and bool(owner)
+    if cmd.get("cmd") == "PULLB":
+        return {"ok": True, "jobs": [], "tokens": []} if has_owner else {"ok": True, "jobs": []}
+    return {"ok": True, "job": None, "token": None} if has_owner else {"ok": True, "job": None}
+
+
+def _got_nothing(cmd: Mapping[str, Any], reply: Mapping[str, Any]) -> bool:
+    if not reply.get("ok"):
+        return False
+    if cmd.get("cmd") == "PULLB":
+        return not reply.get("jobs")
+    return reply.get("job") is None
+
+
+def _positive_ms(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return 0
+    return max(int(value), 0)
+
+
+def _is_durable(name: object, cmd: Mapping[str, Any]) -> bool:
+    if name == "PUSH":
+        return bool(cmd.get("durable"))
+    if name == "PUSHB":
+        jobs = cmd.get("jobs")
+        return isinstance(jobs, list) and any(
+            isinstance(e, Mapping) and bool(e.get("durable")) for e in jobs
+        )
+    return False
+
+
+def _wait_timeout_error(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return "timeout must be a number"
+    if value < 0:
+        return "timeout must be at least 0"
+    if value > WAIT_MAX_MS:
+        return f"timeout must be at most {WAIT_MAX_MS}"
+    return None
+
+
+class ShardCore:
+    """The request side of one shard: engine, durable holds, long-polls, WaitJob, drain."""
+
+    def __init__(self, index: int, engine: Engine) -> None:
+        self.index = index
+        self.engine = engine
+        self.seq = 0  # last `muts` seq sent to the writer
+        self.committed = 0  # highest seq the writer confirmed
+        self.draining = False
+        self._drained_sent = False
+        self._muts: list[Mutation] = []
+        self._replies: list[Item] = []
+        self._durable: list[Item] = []
+        self._held: deque[tuple[int, list[Item]]] = deque()
+        self._woken: set[str] = set()
+        self._finished: set[str] = set()
+        self.polls = LongPolls()
+        self.waits = JobWaits()
+        self._handlers: dict[str, Callable[[dict[str, Any], int], None]] = {
+            "req": self._on_req,
+            "close": self._on_close,
+            "done": self._on_done,
+            "fail": self._on_fail,
+            "drain": self._on_drain,
+        }
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    def handle(self, msg: dict[str, Any], now: int) -> None:
+        """Take one internal message. Never raises: a malformed message is logged and dropped."""
+        handler = self._handlers.get(msg.get("t"))  # type: ignore[arg-type]
+        if handler is None:
+            _log.warning("unknown internal message dropped", t=msg.get("t"))
+            return
+        handler(msg, now)
+
+    def recover(self, records: Iterable[Record], queues: Mapping[str, Any], now: int) -> int:
+        """Load stored records into the engine; return how many recovery mutations it made.
+
+        The mutations go out with the next `finish_turn`. Raises what `Engine.restore` raises.
+        """
+        muts = self.engine.restore(records, queues, now)
+        self._muts.extend(muts)
+        return len(muts)
+
+    def poll_timeout(self, now: int) -> int | None:
+        """Milliseconds until something is due (timer, long-poll, WaitJob), None for never."""
+        candidates = (
+            self.engine.next_deadline(),
+            self.polls.next_deadline(),
+            self.waits.next_deadline(),
+        )
+        due = [d for d in candidates if d is not None]
+        return max(min(due) - now, 0) if due else None
+
+    @property
+    def awaiting_commit(self) -> bool:
+        """True while some sent batch is not confirmed by the writer yet."""
+        return self.committed < self.seq
+
+    # -- the end of a turn -----------------------------------------------------------------
+
+    def finish_turn(self, now: int) -> list[Outgoing]:
+        """Run due timers, serve parked requests, and return the turn's outgoing messages.
+
+        The writer's `muts` comes first so that a durable reply can never be sent before the
+        batch holding its job was handed to the writer.
+        """
+        self._tick(now)
+        self._serve_polls(now)
+        self._serve_waits(now)
+        out: list[Outgoing] = []
+        self._flush_mutations(out)
+        out.extend(self.take_replies())
+        if self.draining and not self._drained_sent and self.engine.active_count() == 0:
+            out.append(("front", {"t": "drained", "shard": self.index}))
+            self._drained_sent = True
+        return out
+
+    def take_replies(self) -> list[Outgoing]:
+        """The replies ready to go, as at most one `rep` batch; nothing else runs."""
+        if not self._replies:
+            return []
+        replies, self._replies = self._replies, []
+        return [("front", {"t": "rep", "items": replies})]
+
+    def _tick(self, now: int) -> None:
+        deadline = self.engine.next_deadline()
+        if deadline is not None and deadline <= now:
+            events, muts = self.engine.tick(now)
+            self._absorb(muts, events)
+
+    def _flush_mutations(self, out: list[Outgoing]) -> None:
+        if self._muts:
+            self.seq += 1
+            msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": self._muts}
+            out.append(("writer", msg))
+            self._muts = []
+        if self._durable:
+            # Even a durable push that wrote nothing (a duplicate) waits for the latest seq:
+            # the job it returned may sit in a batch the writer has not committed yet.
+            if self.awaiting_commit:
+                self._held.append((self.seq, self._durable))
+            else:
+                self._replies.extend(self._durable)
+            self._durable = []
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _on_req(self, msg: dict[str, Any], now: int) -> None:
+        items = msg.get("items")
+        for item in items if isinstance(items, list) else ():
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], dict)):
+                _log.warning("malformed request item dropped")
+                continue
+            conn, rid, cmd = item
+            self._request(conn, rid, cmd, now)
+
+    def _request(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> None:
+        name = cmd.get("cmd")
+        try:
+            reply = self._run(conn, rid, name, cmd, now)
+        except Exception:
+            # One bad command must not take the shard's queues down with it.
+            _log.exception("command failed", command=name)
+            reply = {"ok": False, "error": INTERNAL_SERVER_ERROR}
+        if reply is not None:
+            self._replies.append([conn, rid, reply])
+
+    def _run(
+        self, conn: str, rid: int, name: object, cmd: dict[str, Any], now: int
+    ) -> dict[str, Any] | None:
+        """Answer one command; None when the answer is parked (long-poll, WaitJob, durable)."""
+        if name in _PULLS:
+            return self._pull(conn, rid, cmd, now)
+        if name == "WaitJob":
+            return self._wait_job(conn, rid, cmd, now)
+        if name == "Stats":
+            return self._stats(now)
+        reply, muts = self.engine.apply(cmd, now)
+        self._absorb(muts, self.engine.last_events)
+        if reply.get("ok") and _is_durable(name, cmd):
+            self._durable.append([conn, rid, reply])
+            return None
+        return reply
+
+    def _apply(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        reply, muts = self.engine.apply(cmd, now)
+        self._absorb(muts, self.engine.last_events)
+        return reply
+
+    def _stats(self, now: int) -> dict[str, Any]:
+        totals = dict.fromkeys(("waiting", *_COUNT_KEYS, "dlq"), 0)
+        for name in self.engine.apply({"cmd": "ListQueues"}, now)[0].get("queues", ()):
+            counts = self.engine.apply({"cmd": "GetJobCounts", "queue": name}, now)[0]["counts"]
+            totals["waiting"] += counts["waiting"] + counts["prioritized"] + counts["paused"]
+            for key in _COUNT_KEYS:
+                totals[key] += counts[key]
+        totals["dlq"] = totals["failed"]
+        return {"ok": True, "stats": totals}
+
+    # -- long-polls ------------------------------------------------------------------------
+
+    def _pull(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> dict[str, Any] | None:
+        if self.draining:
+            return empty_pull_reply(cmd)
+        reply = self._apply(cmd, now)
+        timeout = _positive_ms(cmd.get("timeout"))
+        if timeout and _got_nothing(cmd, reply):
+            self.polls.park(Parked(conn, rid, cmd, str(cmd.get("queue")), now + timeout))
+            return None
+        return reply
+
+    def _serve_polls(self, now: int) -> None:
+        woken, self._woken = self._woken, set()
+        if not self.polls:
+            return
+        for queue in woken:
+            if self.polls.waiting_on(queue):
+                self.polls.retry(queue, partial(self._retry_pull, now))
+        for parked in self.polls.expire(now):
+            self._replies.append([parked.conn, parked.rid, empty_pull_reply(parked.cmd)])
+
+    def _retry_pull(self, now: int, parked: Parked) -> bool:
+        try:
+            reply = self._apply(parked.cmd, now)
+        except Exception:
+            _log.exception("command failed", command=parked.cmd.get("cmd"))
+            reply = {"ok": False, "error": INTERNAL_SERVER_ERROR}
+        if _got_nothing(parked.cmd, reply):
+            return False
+        self._replies.append([parked.conn, parked.rid, reply])
+        return True
+
+    # -- WaitJob ---------------------------------------------------------------------------
+
+    def _wait_job(
+        self, conn: str, rid: int, cmd: dict[str, Any], now: int
+    ) -> dict[str, Any] | None:
+        timeout = cmd.get("timeout")
+        timeout = WAIT_DEFAULT_MS if timeout is None else timeout
+        error = _wait_timeout_error(timeout)
+        if error:
+            return {"ok": False, "error": error}
+        job_id = cmd.get("id")
+        status = self._job_status(job_id)
+        if status is not None:
+            return status
+        if int(timeout) <= 0:
+            return {"ok": True, "completed": False}
+        self.waits.park(Parked(conn, rid, cmd, str(job_id), now + int(timeout)))
+        return None
+
+    def _job_status(self, job_id: object) -> dict[str, Any] | None:
+        """WaitJob's answer if it is final now, None while the job may still complete."""
+        job = self.engine.find(job_id)
+        if job is None:
+            if isinstance(job_id, str) and self.engine.is_completed(job_id):
+                return {"ok": True, "completed": True, "result": None}
+            return {"ok": False, "error": "Job not found"}
+        if job.state == "completed":
+            return {"ok": True, "completed": True, "result": job.result if job.has_result else None}
+        return None
+
+    def _serve_waits(self, now: int) -> None:
+        finished, self._finished = self._finished, set()
+        if not self.waits:
+            return
+        for job_id in finished:
+            if self.waits.waiting_for(job_id):
+                status = self._job_status(job_id)
+                if status is not None:
+                    for parked in self.waits.take(job_id):
+                        self._replies.append([parked.conn, parked.rid, status])
+        for parked in self.waits.expire(now):
+            self._replies.append([parked.conn, parked.rid, {"ok": True, "completed": False}])
+
+    # -- what a turn changed ---------------------------------------------------------------
+
+    def _absorb(self, muts: list[Mutation], events: Iterable[tuple[str, str, str]]) -> None:
+        if muts:
+            self._muts.extend(muts)
+        if self.polls:
+            self._note_wakeups(muts, events)
+        if self.waits:
+            for m in muts:
+                if m[0] == "del" or (m[0] == "upd" and m[2].get("state") == "completed"):
+                    self._finished.add(m[1])
+
+    def _note_wakeups(self, muts: list[Mutation], events: Iterable[tuple[str, str, str]]) -> None:
+        """Queues that may have deliverable work now: "ready" events and jobs made waiting."""
+        woken = self._woken
+        for kind, queue, _job_id in events:
+            if kind == "ready":
+                woken.add(queue)
+        for m in muts:
+            kind = m[0]
+            if kind == "put" and m[1].get("state") == "waiting":
+                woken.add(m[1]["queue"])
+            elif kind == "upd" and m[2].get("state") == "waiting":
+                job = self.engine.find(m[1])
+                if job is not None:
+                    woken.add(job.queue)
+            elif kind == "queue":
+                woken.add(m[1])
+
+    # -- connections, the writer and drain -------------------------------------------------
+
+    def _on_close(self, msg: dict[str, Any], now: int) -> None:
+        conn = msg.get("conn")
+        if not isinstance(conn, str):
+            return
+        self.polls.drop_conn(conn)
+        self.waits.drop_conn(conn)
+        _released, muts = self.engine.release(conn, now)
+        self._absorb(muts, self.engine.last_events)
+
+    def _on_done(self, msg: dict[str, Any], now: int) -> None:
+        seq = msg.get("seq")
+        if not isinstance(seq, int):
+            return
+        self.committed = max(self.committed, seq)
+        while self._held and self._held[0][0] <= self.committed:
+            self._replies.extend(self._held.popleft()[1])
+
+    def _on_fail(self, msg: dict[str, Any], now: int) -> None:
+        seq = msg.get("seq")
+        if not isinstance(seq, int):
+            return
+        error = {"ok": False, "error": f"Storage unavailable: {msg.get('error')}"}
+        failed = 0
+        while self._held and self._held[0][0] <= seq:
+            for conn, rid, _reply in self._held.popleft()[1]:
+                self._replies.append([conn, rid, error])
+                failed += 1
+        _log.warning("durable replies failed", seq=seq, count=failed, error=msg.get("error"))
+
+    def _on_drain(self, msg: dict[str, Any], now: int) -> None:
+        self.draining = True
+        self._drained_sent = False
+        for parked in self.polls.take_all():
+            self._replies.append([parked.conn, parked.rid, empty_pull_reply(parked.cmd)])

@@ -1,0 +1,224 @@
+"""The front end process: the only one that touches client sockets.
+
+    python -m shardq.runtime.frontend --spec '<ChildSpec JSON>'
+
+One asyncio loop serves a TCP listener (bunqueue framing, `_frontend_tcp`) and a ZeroMQ ROUTER
+(`_frontend_zmq`); both feed the same `Dispatcher`, which batches commands per shard per loop
+turn. Shard replies arrive on the PULL socket `spec.endpoint("front")`.
+
+Back-pressure: a shard's PUSH mailbox holds 1000 batches. When a send to a full one has to
+wait, the front end stops reading from every client (TCP `pause_reading`, ROUTER not polled)
+until it has room again, instead of buffering without bound.
+
+SIGTERM drains (docs/runtime.md): stop accepting connections, send `drain` to every shard,
+keep serving the open connections until each shard reports `drained` or
+`shutdown_timeout_ms` passes, then close the client sockets *without* releasing their leases
+and exit 0. SIGINT is ignored: the supervisor orders the shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Final, cast
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
+from shardq.runtime._frontend_dispatch import Dispatcher
+from shardq.runtime._frontend_tcp import TcpGateway
+from shardq.runtime._frontend_zmq import ZmqGateway
+from shardq.runtime._logging import configure
+from shardq.runtime._spec import ChildSpec
+from shardq.runtime._wire import unpack
+
+__all__ = ["Frontend", "main"]
+
+_BURST: Final = 1000  # shard messages taken per wake-up before the loop gets a turn
+_TCP_BACKLOG: Final = 1024
+
+_log = structlog.get_logger()
+
+
+class _ShardLinks:
+    """One PUSH socket per shard; reports when a send has to wait for a full mailbox."""
+
+    def __init__(
+        self, ctx: zmq.asyncio.Context, spec: ChildSpec, on_blocked: Callable[[bool], None]
+    ) -> None:
+        self._socks = []
+        for i in range(spec.shards):
+            sock = ctx.socket(zmq.PUSH)
+            sock.connect(spec.shard_endpoint(i))
+            self._socks.append(sock)
+        self._on_blocked = on_blocked
+        self._waiting = 0
+
+    def send(self, shard: int, data: bytes) -> None:
+        # zmq.asyncio sends at once when there is room and otherwise queues the send, in
+        # order, behind the earlier ones; only then is the front end throttled.
+        sent = cast("asyncio.Future[object]", self._socks[shard].send(data))
+        if sent.done():
+            self._settled(sent, waited=False)
+            return
+        self._waiting += 1
+        if self._waiting == 1:
+            self._on_blocked(True)
+        sent.add_done_callback(lambda f: self._settled(f, waited=True))
+
+    def _settled(self, sent: asyncio.Future[object], *, waited: bool) -> None:
+        if not sent.cancelled() and sent.exception() is not None:
+            _log.error("send to a shard failed", error=str(sent.exception()))
+        if waited:
+            self._waiting -= 1
+            if self._waiting == 0:
+                self._on_blocked(False)
+
+    def close(self) -> None:
+        for sock in self._socks:
+            sock.close(linger=0)
+
+
+class Frontend:
+    """The sockets, tasks and drain of the front end, around a `Dispatcher`."""
+
+    def __init__(self, spec: ChildSpec, loop: asyncio.AbstractEventLoop) -> None:
+        self.spec = spec
+        self.loop = loop
+        self._ctx = zmq.asyncio.Context()
+        # The supervisor link is a plain (blocking-API) socket on the same context.
+        self.sup = SupervisorLink(zmq.Context.shadow(self._ctx.underlying), spec)
+        self._links = _ShardLinks(self._ctx, spec, self._shards_blocked)
+        self.dispatcher = Dispatcher(spec.shards, self._links.send, loop, spec.auth_tokens)
+        self.tcp = TcpGateway(self.dispatcher, loop, spec.max_frame_bytes, spec.tcp_idle_timeout_ms)
+        self.zmq = ZmqGateway(self.dispatcher, self._ctx, spec.max_frame_bytes)
+        self._inbox = self._ctx.socket(zmq.PULL)
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = asyncio.Event()
+        self._draining = False
+
+    async def start(self) -> dict[str, str]:
+        """Bind every socket and start serving; return the client addresses.
+
+        Raises `OSError` or `zmq.ZMQError` if a port or endpoint cannot be bound.
+        """
+        spec = self.spec
+        self._inbox.bind(spec.endpoint("front"))
+        self._server = await self.loop.create_server(
+            self.tcp.factory, spec.host, spec.tcp_port, reuse_address=True, backlog=_TCP_BACKLOG
+        )
+        tcp_port = self._server.sockets[0].getsockname()[1]
+        zmq_port = self.zmq.bind(spec.host, spec.zmq_port)
+        self._tasks = [
+            self.loop.create_task(self._read_shards()),
+            self.loop.create_task(self.zmq.run()),
+        ]
+        self.loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
+        host = f"[{spec.host}]" if ":" in spec.host else spec.host
+        return {"tcp": f"{host}:{tcp_port}", "zmq": f"tcp://{host}:{zmq_port}"}
+
+    async def wait(self) -> None:
+        """Return once the drain has finished."""
+        await self._stopped.wait()
+
+    def _shards_blocked(self, blocked: bool) -> None:
+        self.tcp.shards_blocked(blocked)
+        self.zmq.shards_blocked(blocked)
+
+    async def _read_shards(self) -> None:
+        sync: zmq.Socket[bytes] = zmq.Socket.shadow(self._inbox.underlying)
+        while True:
+            await self._inbox.poll()
+            for _ in range(_BURST):
+                try:
+                    data = sync.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    msg = unpack(data)
+                except ValueError:
+                    _log.warning("undecodable internal message dropped", size=len(data))
+                    continue
+                self.dispatcher.on_shard_message(msg)
+            else:
+                await asyncio.sleep(0)
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """SIGTERM: start the drain once (a repeated signal changes nothing)."""
+        if not self._draining:
+            self._draining = True
+            self._tasks.append(self.loop.create_task(self._drain()))
+
+    async def _drain(self) -> None:
+        timeout = self.spec.shutdown_timeout_ms / 1000
+        _log.info("front end draining", connections=len(self.tcp.connections))
+        if self._server is not None:
+            self._server.close()
+        self.dispatcher.start_drain()
+        try:
+            await asyncio.wait_for(self.dispatcher.all_drained.wait(), timeout)
+        except TimeoutError:
+            missing = sorted(set(range(self.spec.shards)) - self.dispatcher.drained)
+            _log.warning("drain timeout; closing with jobs active", shards=missing)
+        # Leases are not released: jobs still active are charged by the next start's recovery.
+        self.dispatcher.release_on_close = False
+        self.tcp.close_all()
+        _log.info("front end stopped")
+        self._stopped.set()
+
+    async def close(self) -> None:
+        """Cancel the tasks, close every socket with linger 0 and terminate the context."""
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            self._server.close()
+        self.tcp.close_all()
+        self.zmq.close()
+        self._links.close()
+        self._inbox.close(linger=0)
+        self.sup.close()
+        self._ctx.term()
+
+
+async def serve(spec: ChildSpec) -> int:
+    """Run the front end until its drain ends; return the exit code."""
+    frontend = Frontend(spec, asyncio.get_running_loop())
+    try:
+        try:
+            addresses = await frontend.start()
+        except (OSError, zmq.ZMQError) as e:
+            _log.error("front end cannot bind", error=str(e))
+            frontend.sup.fatal(f"front end cannot bind: {e}")
+            return 1
+        frontend.sup.ready(addresses=addresses)
+        _log.info("front end ready", **addresses)
+        await frontend.wait()
+        return 0
+    finally:
+        await frontend.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m shardq.runtime.frontend --spec JSON`; returns the exit code."""
+    try:
+        spec = parse_spec_args(sys.argv[1:] if argv is None else argv)
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
+    configure("frontend", spec.log_format, spec.log_level)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return asyncio.run(serve(spec))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""A shard process: one `Engine` for the queues with `shard_of(queue, N) == index`.
+
+    python -m shardq.runtime.shard --spec '<ChildSpec JSON>'
+
+The process is a shell around `ShardCore`: it owns the sockets (docs/runtime.md), the clock
+and the signals. Its loop sleeps in `zmq.Poller.poll` until a message arrives or the next
+deadline (engine timer, long-poll, WaitJob) is due, so an idle shard uses no CPU.
+
+SIGINT is ignored: a terminal's Ctrl+C reaches the whole process group, and the supervisor
+orders the shutdown with SIGTERM. SIGTERM ends the loop; the shard then waits (at most
+`shutdown_timeout_ms`) for the writer to confirm its last batch and exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
+
+import structlog
+import zmq
+
+from shardq.core import Engine, EngineConfig, Record
+from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
+from shardq.runtime._clock import AnchoredClock
+from shardq.runtime._gc import tune_gc
+from shardq.runtime._logging import configure
+from shardq.runtime._routing import shard_of
+from shardq.runtime._shard_core import Outgoing, ShardCore
+from shardq.runtime._signals import SignalWaker
+from shardq.runtime._spec import ChildSpec
+from shardq.runtime._wire import pack, unpack
+from shardq.storage import Store
+
+__all__ = ["ShardProcess", "main"]
+
+_MAX_MESSAGES_PER_TURN: Final = 1000
+
+_log = structlog.get_logger()
+
+
+class ShardProcess:
+    """The sockets, clock and signals of one shard, around a `ShardCore`."""
+
+    def __init__(self, spec: ChildSpec) -> None:
+        self.spec = spec
+        self.clock = AnchoredClock()
+        self.core = ShardCore(spec.index, Engine(EngineConfig(**spec.engine)))
+        self._stop = False
+        self._ctx = zmq.Context()
+        self._inbox = self._ctx.socket(zmq.PULL)
+        self._inbox.bind(spec.shard_endpoint(spec.index))
+        self._out = {name: self._push(spec.endpoint(name)) for name in ("front", "writer")}
+        self.sup = SupervisorLink(self._ctx, spec)
+        # SIGTERM arrives as bytes on a socket pair that the poll watches, so it wakes a
+        # blocked poll at once and never runs code in the middle of a turn.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._signals = SignalWaker([signal.SIGTERM])
+        self._poller = zmq.Poller()
+        self._poller.register(self._inbox, zmq.POLLIN)
+        self._poller.register(self._signals.fileno(), zmq.POLLIN)
+
+    def _push(self, endpoint: str) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = self._ctx.socket(zmq.PUSH)
+        sock.connect(endpoint)
+        return sock
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start, serve until SIGTERM, then hand over the last batch. Returns the exit code.
+
+        Raises `StorageError` if the database cannot be read for recovery.
+        """
+        early = self._start()
+        if not self._stop:
+            self._serve(early)
+        self._finish()
+        return 0
+
+    def _start(self) -> list[dict[str, Any]]:
+        """Sync with the writer, recover, report ready; return requests that came meanwhile.
+
+        Raises `StorageError` if the database cannot be read.
+        """
+        early = self._sync_with_writer()
+        if self._stop:
+            return early
+        started = time.monotonic()
+        now = self.clock.now()
+        jobs, queues, recovered = self._recover(now)
+        self._send(self.core.finish_turn(now))
+        _log.info(
+            "shard recovered",
+            jobs=jobs,
+            queues=queues,
+            recovery_mutations=recovered,
+            ms=round((time.monotonic() - started) * 1000),
+        )
+        tune_gc()
+        self.sup.ready()
+        return early
+
+    def _sync_with_writer(self) -> list[dict[str, Any]]:
+        """Wait for the writer to confirm everything this shard's previous run had sent.
+
+        A restarted shard may get front-end requests before it is ready; they are kept and
+        served, in order, once recovery is done.
+        """
+        self._out["writer"].send(pack({"t": "sync", "shard": self.spec.index, "seq": 0}))
+        early: list[dict[str, Any]] = []
+        synced = False
+        while not synced and not self._stop:
+            # No timeout: a SIGTERM wakes the poll through the signal descriptor.
+            for msg in self._wait(None):
+                kind = msg.get("t")
+                if kind == "done":
+                    # The writer marks the answer to a sync; another `done` is not for this run.
+                    synced = synced or bool(msg.get("sync"))
+                elif kind == "fail":
+                    _log.warning("writer cannot commit yet; waiting", error=msg.get("error"))
+                else:
+                    early.append(msg)
+        return early
+
+    def _recover(self, now: int) -> tuple[int, int, int]:
+        """Load this shard's stored queues and jobs; return (jobs, queues, recovery mutations).
+
+        Records stream from the store one page at a time, in seq order, straight into the
+        engine; opening the store runs no migration here (the writer already did).
+        """
+        spec, loaded = self.spec, [0]
+
+        def own(records: Iterator[Record]) -> Iterator[Record]:
+            for rec in records:
+                if shard_of(rec["queue"], spec.shards) == spec.index:
+                    loaded[0] += 1
+                    yield rec
+
+        with Store.open(spec.data_path, synchronous=spec.synchronous) as store:
+            queues = {
+                name: cfg
+                for name, cfg in store.load_queues().items()
+                if shard_of(name, spec.shards) == spec.index
+            }
+            recovered = self.core.recover(own(store.load_jobs()), queues, now)
+        return loaded[0], len(queues), recovered
+
+    def _serve(self, early: list[dict[str, Any]]) -> None:
+        now = self.clock.now()
+        for msg in early:
+            self.core.handle(msg, now)
+        self._send(self.core.finish_turn(now))
+        while not self._stop:
+            timeout = self.core.poll_timeout(self.clock.now())
+            messages = self._wait(timeout)
+            now = self.clock.now()
+            for msg in messages:
+                self.core.handle(msg, now)
+            self._send(self.core.finish_turn(now))
+
+    def _finish(self) -> None:
+        """Send the last batch and wait, within the shutdown timeout, for its commit."""
+        self._send(self.core.finish_turn(self.clock.now()), block_on_front=False)
+        deadline = time.monotonic() + self.spec.shutdown_timeout_ms / 1000
+        while self.core.awaiting_commit and (left := deadline - time.monotonic()) > 0:
+            for msg in self._wait(max(int(left * 1000), 1)):
+                # Only the writer's answers count now: no request is served after the stop.
+                if msg.get("t") in ("done", "fail"):
+                    self.core.handle(msg, self.clock.now())
+            self._send(self.core.take_replies(), block_on_front=False)
+        if self.core.awaiting_commit:
+            _log.warning("shutdown timeout before the writer confirmed", seq=self.core.seq)
+        _log.info("shard stopped", seq=self.core.seq, committed=self.core.committed)
+
+    def close(self) -> None:
+        """Close every socket with linger 0 and terminate the context."""
+        self._signals.close()
+        self.sup.close()
+        for sock in (self._inbox, *self._out.values()):
+            sock.close(linger=0)
+        self._ctx.term()
+
+    # -- sockets ---------------------------------------------------------------------------
+
+    def _wait(self, timeout_ms: int | None) -> list[dict[str, Any]]:
+        """Sleep until a message or a signal arrives, or `timeout_ms` passes; drain the inbox."""
+        ready = dict(self._poller.poll(timeout_ms))
+        if self._signals.fileno() in ready and self._signals.drain():
+            self._stop = True
+        messages: list[dict[str, Any]] = []
+        if self._inbox not in ready:
+            return messages
+        # Everything waiting, up to a cap that keeps timers on time under a steady flood
+        # (each message is a whole batch, so the cap is rarely the limit).
+        for _ in range(_MAX_MESSAGES_PER_TURN):
+            try:
+                data = self._inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                messages.append(unpack(data))
+            except ValueError:
+                _log.warning("undecodable internal message dropped", size=len(data))
+        return messages
+
+    def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None:
+        for dest, msg in out:
+            if dest == "front" and not block_on_front:
+                # Stopping, and the front end may be gone: nobody would read a queued reply.
+                with contextlib.suppress(zmq.Again):
+                    self._out[dest].send(pack(msg), zmq.NOBLOCK)
+                continue
+            # A blocking send is the back-pressure the runtime contract asks for: a full
+            # writer or front-end mailbox stops this shard until it drains.
+            self._out[dest].send(pack(msg))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m shardq.runtime.shard --spec JSON`; returns the exit code."""
+    try:
+        spec = parse_spec_args(sys.argv[1:] if argv is None else argv)
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
+    configure("shard", spec.log_format, spec.log_level, spec.index)
+    try:
+        shard = ShardProcess(spec)
+    except (zmq.ZMQError, ValueError) as e:
+        _log.error("shard cannot start", error=str(e))
+        return 1
+    try:
+        return shard.run()
+    except Exception as e:
+        _log.exception("shard failed")
+        shard.sup.fatal(f"shard {spec.index}: {e}")
+        return 1
+    finally:
+        shard.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""ShardCore without processes: durable holds, long-polls, WaitJob, drain, closes, errors.
+
+Time is an argument here, so nothing sleeps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shardq.core import Engine
+from shardq.runtime._shard_core import ShardCore
+
+T0 = 1_700_000_000_000
+
+
+class Shard:
+    """A ShardCore driven turn by turn, collecting what it sends."""
+
+    def __init__(self) -> None:
+        self.core = ShardCore(0, Engine(seed=1))
+        self.now = T0
+        self.rid = 0
+        self.replies: dict[int, dict[str, Any]] = {}
+        self.batches: list[dict[str, Any]] = []
+        self.drained = 0
+
+    def turn(self, *cmds: dict[str, Any], conn: str = "t1") -> list[int]:
+        """Send `cmds` as one `req` batch and end the turn; return their rids."""
+        rids = []
+        items = []
+        for cmd in cmds:
+            self.rid += 1
+            rids.append(self.rid)
+            items.append([conn, self.rid, {**cmd, "_conn": conn}])
+        if items:
+            self.core.handle({"t": "req", "items": items}, self.now)
+        self.end()
+        return rids
+
+    def msg(self, msg: dict[str, Any]) -> None:
+        self.core.handle(msg, self.now)
+        self.end()
+
+    def end(self) -> None:
+        for dest, out in self.core.finish_turn(self.now):
+            if dest == "writer":
+                assert out["t"] == "muts" and out["seq"] == len(self.batches) + 1
+                self.batches.append(out)
+            elif out["t"] == "rep":
+                for _conn, rid, reply in out["items"]:
+                    assert rid not in self.replies
+                    self.replies[rid] = reply
+            else:
+                assert out == {"t": "drained", "shard": 0}
+                self.drained += 1
+
+    def call(self, cmd: dict[str, Any], conn: str = "t1") -> dict[str, Any]:
+        (rid,) = self.turn(cmd, conn=conn)
+        return self.replies[rid]
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+        self.end()
+
+
+@pytest.fixture
+def s() -> Shard:
+    return Shard()
+
+
+def test_one_turn_sends_one_batch_of_mutations(s: Shard) -> None:
+    rids = s.turn(*({"cmd": "PUSH", "queue": "q", "data": i} for i in range(5)))
+    assert all(s.replies[r]["ok"] for r in rids)
+    assert len(s.batches) == 1 and len(s.batches[0]["muts"]) == 5
+    s.turn({"cmd": "Count", "queue": "q"})
+    assert len(s.batches) == 1  # a turn without mutations sends nothing to the writer
+
+
+def test_durable_push_waits_for_the_writer(s: Shard) -> None:
+    (buffered, durable) = s.turn(
+        {"cmd": "PUSH", "queue": "q", "data": 1},
+        {"cmd": "PUSH", "queue": "q", "data": 2, "durable": True},
+    )
+    assert s.replies[buffered]["ok"] and durable not in s.replies
+    s.msg({"t": "done", "seq": 1})
+    assert s.replies[durable]["ok"] and s.replies[durable]["id"]
+
+
+def test_durable_bulk_push_and_failed_commit(s: Shard) -> None:
+    jobs = [{"data": 1}, {"data": 2, "durable": True}]
+    (rid,) = s.turn({"cmd": "PUSHB", "queue": "q", "jobs": jobs})
+    assert rid not in s.replies
+    s.msg({"t": "fail", "seq": 1, "error": "disk full"})
+    assert s.replies[rid] == {"ok": False, "error": "Storage unavailable: disk full"}
+
+
+def test_durable_duplicate_waits_for_the_pending_commit(s: Shard) -> None:
+    s.turn({"cmd": "PUSH", "queue": "q", "data": 1, "jobId": "a"})
+    (dup,) = s.turn({"cmd": "PUSH", "queue": "q", "data": 1, "jobId": "a", "durable": True})
+    assert dup not in s.replies  # nothing new written, but job "a" is not committed yet
+    s.msg({"t": "done", "seq": 1})
+    assert s.replies[dup] == {"ok": True, "id": "a"}
+    (again,) = s.turn({"cmd": "PUSH", "queue": "q", "data": 1, "jobId": "a", "durable": True})
+    assert s.replies[again] == {"ok": True, "id": "a"}
+
+
+def test_long_poll_is_answered_by_a_later_push(s: Shard) -> None:
+    (poll,) = s.turn({"cmd": "PULL", "queue": "q", "owner": "w", "timeout": 5000})
+    assert poll not in s.replies
+    assert s.core.poll_timeout(s.now) == 5000
+    s.now += 10
+    push = s.call({"cmd": "PUSH", "queue": "q", "data": 1})
+    assert s.replies[poll]["job"]["id"] == push["id"] and s.replies[poll]["token"]
+
+
+def test_long_polls_are_served_in_arrival_order(s: Shard) -> None:
+    first, second = s.turn(
+        {"cmd": "PULL", "queue": "q", "timeout": 5000},
+        {"cmd": "PULLB", "queue": "q", "count": 5, "timeout": 5000},
+    )
+    s.turn({"cmd": "PUSH", "queue": "q", "data": 1})
+    assert s.replies[first]["job"]["data"] == 1 and second not in s.replies
+    s.turn({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": 2}, {"data": 3}]})
+    assert [j["data"] for j in s.replies[second]["jobs"]] == [2, 3]
+
+
+@pytest.mark.parametrize(
+    ("cmd", "empty"),
+    [
+        ({"cmd": "PULL"}, {"ok": True, "job": None}),
+        ({"cmd": "PULL", "owner": "w"}, {"ok": True, "job": None, "token": None}),
+        ({"cmd": "PULLB", "count": 3}, {"ok": True, "jobs": []}),
+        ({"cmd": "PULLB", "count": 3, "owner": "w"}, {"ok": True, "jobs": [], "tokens": []}),
+    ],
+)
+def test_long_poll_times_out_empty(s: Shard, cmd: dict[str, Any], empty: dict[str, Any]) -> None:
+    (rid,) = s.turn({**cmd, "queue": "q", "timeout": 300})
+    s.advance(299)
+    assert rid not in s.replies
+    s.advance(1)
+    assert s.replies[rid] == empty
+    assert s.core.poll_timeout(s.now) is None  # idle again: the shard sleeps
+
+
+def test_long_poll_wakes_on_delayed_promotion_and_resume(s: Shard) -> None:
+    s.turn({"cmd": "PUSH", "queue": "d", "data": 1, "delay": 100})
+    (rid,) = s.turn({"cmd": "PULL", "queue": "d", "timeout": 5000})
+    assert s.core.poll_timeout(s.now) == 100
+    s.advance(100)
+    assert s.replies[rid]["job"]["data"] == 1
+    s.turn({"cmd": "Pause", "queue": "p"}, {"cmd": "PUSH", "queue": "p", "data": 2})
+    (paused,) = s.turn({"cmd": "PULL", "queue": "p", "timeout": 5000})
+    assert paused not in s.replies
+    s.turn({"cmd": "Resume", "queue": "p"})
+    assert s.replies[paused]["job"]["data"] == 2
+
+
+def test_close_releases_leases_and_drops_long_polls(s: Shard) -> None:
+    job_id = s.call({"cmd": "PUSH", "queue": "q", "data": 1})["id"]
+    assert s.call({"cmd": "PULL", "queue": "q", "owner": "w"}, conn="t1")["job"]["id"] == job_id
+    (poll,) = s.turn({"cmd": "PULL", "queue": "other", "timeout": 5000}, conn="t1")
+    (waiter,) = s.turn({"cmd": "PULL", "queue": "q", "owner": "w", "timeout": 5000}, conn="t2")
+    s.msg({"t": "close", "conn": "t1"})
+    assert s.replies[waiter]["job"]["id"] == job_id
+    assert s.replies[waiter]["job"]["attempts"] == 0
+    assert len(s.core.polls) == 0 and poll not in s.replies
+
+
+def test_wait_job(s: Shard) -> None:
+    job_id = s.call({"cmd": "PUSH", "queue": "q", "data": 1})["id"]
+    assert s.call({"cmd": "WaitJob", "id": "nope"}) == {"ok": False, "error": "Job not found"}
+    not_yet = s.call({"cmd": "WaitJob", "id": job_id, "timeout": 0})
+    assert not_yet == {"ok": True, "completed": False}
+    bad = s.call({"cmd": "WaitJob", "id": job_id, "timeout": 600_001})
+    assert bad == {"ok": False, "error": "timeout must be at most 600000"}
+    (wait,) = s.turn({"cmd": "WaitJob", "id": job_id, "timeout": 1000})
+    (short,) = s.turn({"cmd": "WaitJob", "id": job_id, "timeout": 10})
+    s.advance(10)
+    assert s.replies[short] == {"ok": True, "completed": False}
+    pulled = s.call({"cmd": "PULL", "queue": "q", "owner": "w"})
+    s.call({"cmd": "ACK", "id": job_id, "token": pulled["token"], "result": {"r": 7}})
+    assert s.replies[wait] == {"ok": True, "completed": True, "result": {"r": 7}}
+    done = s.call({"cmd": "WaitJob", "id": job_id})
+    assert done == {"ok": True, "completed": True, "result": {"r": 7}}
+
+
+def test_drain_hands_out_nothing_and_reports_once_idle(s: Shard) -> None:
+    s.turn(*({"cmd": "PUSH", "queue": "q", "data": i} for i in range(2)))
+    pulled = s.call({"cmd": "PULL", "queue": "q", "owner": "w"})
+    (poll,) = s.turn({"cmd": "PULL", "queue": "empty", "owner": "w", "timeout": 5000})
+    s.msg({"t": "drain"})
+    assert s.replies[poll] == {"ok": True, "job": None, "token": None}
+    assert s.call({"cmd": "PULLB", "queue": "q", "count": 5}) == {"ok": True, "jobs": []}
+    assert s.drained == 0  # one job is still active
+    assert s.call({"cmd": "PUSH", "queue": "q", "data": 9})["ok"]
+    s.call({"cmd": "ACK", "id": pulled["job"]["id"], "token": pulled["token"]})
+    assert s.drained == 1
+    s.advance(1)
+    assert s.drained == 1
+
+
+def test_a_failing_command_answers_internal_error(
+    s: Shard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = s.core.engine.apply
+
+    def apply(cmd: Any, now: int) -> Any:
+        if cmd.get("cmd") == "Count":
+            raise RuntimeError("boom")
+        return real(cmd, now)
+
+    monkeypatch.setattr(s.core.engine, "apply", apply)
+    bad, good = s.turn({"cmd": "Count", "queue": "q"}, {"cmd": "IsPaused", "queue": "q"})
+    assert s.replies[bad] == {"ok": False, "error": "Internal server error"}
+    assert s.replies[good] == {"ok": True, "paused": False}
+    assert s.call({"cmd": "PUSH", "queue": "q", "data": 1})["ok"]
+
+
+def test_stats_counts_this_shard(s: Shard) -> None:
+    s.turn(*({"cmd": "PUSH", "queue": q, "data": 1} for q in ("a", "a", "b")))
+    s.turn({"cmd": "PUSH", "queue": "b", "data": 1, "delay": 1000})
+    s.call({"cmd": "PULL", "queue": "a"})
+    stats = s.call({"cmd": "Stats"})["stats"]
+    assert stats == {
+        "waiting": 2,
+        "active": 1,
+        "delayed": 1,
+        "completed": 0,
+        "failed": 0,
+        "dlq": 0,
+    }
+
+
+def test_malformed_messages_are_dropped(s: Shard) -> None:
+    s.msg({"t": "nonsense"})
+    s.msg({"t": "req", "items": [["t1", 1], "x", ["t1", 2, {"cmd": "Count", "queue": "q"}]]})
+    assert list(s.replies) == [2]
