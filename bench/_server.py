@@ -1,0 +1,76 @@
+"""Start and stop a real `shardq start` for benchmarks: random ports, a temporary data dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["ShardqProcess", "free_port"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ShardqProcess:
+    """`shardq start` in a child process; `stop()` sends SIGTERM to the PID it started."""
+
+    def __init__(self, shards: str = "auto", *extra: str, ready_timeout: float = 60.0) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="shardq-bench-"))
+        self.tcp_port = free_port()
+        self.zmq_port = free_port()
+        self._log: IO[bytes] = open(self.dir / "server.log", "wb")  # noqa: SIM115
+        args = [
+            sys.executable, "-m", "shardq_cli.main", "start",
+            "--host", "127.0.0.1",
+            "--tcp-port", str(self.tcp_port),
+            "--zmq-port", str(self.zmq_port),
+            "--data-path", str(self.dir / "shardq.db"),
+            "--shards", shards,
+            "--log-format", "json",
+            *extra,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(args, stderr=self._log, stdout=subprocess.DEVNULL)
+        self.ready = self._wait_ready(ready_timeout)
+
+    def _wait_ready(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"shardq exited with {self.proc.returncode}: {self.log_tail()}")
+            for line in (self.dir / "server.log").read_text(errors="replace").splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if entry.get("event") == "shardq ready":
+                    return dict(entry)
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"shardq did not become ready in {timeout}s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        text = (self.dir / "server.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
