@@ -99,6 +99,11 @@ class ShardCore:
         self._replies: list[Item] = []
         self._durable: list[Item] = []
         self._held: deque[tuple[int, list[Item]]] = deque()
+        # Batches sent but not confirmed: a writer that dies loses what it had not committed,
+        # so a restarted writer gets them again ("writer-up"). Bounded by the writer's
+        # back-pressure: a writer that stops reading stops this shard's sends.
+        self._unconfirmed: deque[tuple[int, dict[str, Any]]] = deque()
+        self._resend = False
         self._woken: set[str] = set()
         self._finished: set[str] = set()
         self.polls = LongPolls()
@@ -109,6 +114,7 @@ class ShardCore:
             "done": self._on_done,
             "fail": self._on_fail,
             "drain": self._on_drain,
+            "writer-up": self._on_writer_up,
         }
 
     # -- inputs ----------------------------------------------------------------------------
@@ -157,6 +163,11 @@ class ShardCore:
         self._serve_polls(now)
         self._serve_waits(now)
         out: list[Outgoing] = []
+        if self._resend:
+            # Resent in order and before anything new: every mutation carries absolute values,
+            # so a batch the old writer did commit is harmless to apply again.
+            out.extend(("writer", msg) for _, msg in self._unconfirmed)
+            self._resend = False
         self._flush_mutations(out)
         out.extend(self.take_replies())
         if self.draining and not self._drained_sent and self.engine.active_count() == 0:
@@ -182,6 +193,7 @@ class ShardCore:
             self.seq += 1
             msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": self._muts}
             out.append(("writer", msg))
+            self._unconfirmed.append((self.seq, msg))
             self._muts = []
         if self._durable:
             # Even a durable push that wrote nothing (a duplicate) waits for the latest seq:
@@ -367,6 +379,8 @@ class ShardCore:
         if not isinstance(seq, int):
             return
         self.committed = max(self.committed, seq)
+        while self._unconfirmed and self._unconfirmed[0][0] <= self.committed:
+            self._unconfirmed.popleft()
         while self._held and self._held[0][0] <= self.committed:
             self._replies.extend(self._held.popleft()[1])
 
@@ -381,6 +395,16 @@ class ShardCore:
                 self._replies.append([conn, rid, error])
                 failed += 1
         _log.warning("durable replies failed", seq=seq, count=failed, error=msg.get("error"))
+
+    def _on_writer_up(self, msg: dict[str, Any], now: int) -> None:
+        if self._unconfirmed:
+            first = self._unconfirmed[0][0]
+            _log.warning(
+                "writer restarted; resending unconfirmed batches",
+                batches=len(self._unconfirmed),
+                first_seq=first,
+            )
+            self._resend = True
 
     def _on_drain(self, msg: dict[str, Any], now: int) -> None:
         self.draining = True

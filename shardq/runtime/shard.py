@@ -110,7 +110,8 @@ class ShardProcess:
         A restarted shard may get front-end requests before it is ready; they are kept and
         served, in order, once recovery is done.
         """
-        self._out["writer"].send(pack({"t": "sync", "shard": self.spec.index, "seq": 0}))
+        sync = pack({"t": "sync", "shard": self.spec.index, "seq": 0})
+        self._out["writer"].send(sync)
         early: list[dict[str, Any]] = []
         synced = False
         while not synced and not self._stop:
@@ -120,6 +121,9 @@ class ShardProcess:
                 if kind == "done":
                     # The writer marks the answer to a sync; another `done` is not for this run.
                     synced = synced or bool(msg.get("sync"))
+                elif kind == "writer-up":
+                    # A writer (re)started: one that died may have taken our sync with it.
+                    self._out["writer"].send(sync)
                 elif kind == "fail":
                     _log.warning("writer cannot commit yet; waiting", error=msg.get("error"))
                 else:

@@ -76,6 +76,10 @@ class Writer:
         self._reading = False
         self._degraded = False
 
+    def announce(self) -> None:
+        """Tell every shard this writer is up, so each resends what no writer confirmed."""
+        self._send([(index, {"t": "writer-up"}) for index in range(len(self._shards))])
+
     @property
     def buffer(self) -> FlushBuffer:
         """The flush buffer (read-only use: for tests and metrics)."""
@@ -304,6 +308,7 @@ def _serve(spec: ChildSpec, ctx: Context, link: SupervisorLink, waker: SignalWak
                 synchronous=spec.synchronous,
             )
             link.ready()
+            writer.announce()
             return writer.run(waker)
         finally:
             writer.close()
