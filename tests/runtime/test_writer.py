@@ -206,7 +206,12 @@ class WriterProcess:
         return out
 
     def ready(self) -> dict[str, Any]:
-        return self.recv(self.sup)
+        line = self.recv(self.sup)
+        if line.get("t") == "ready":
+            # A ready writer announces itself to every shard (docs/runtime.md, "writer-up").
+            for inbox in self.inboxes:
+                assert self.recv(inbox) == {"t": "writer-up"}
+        return line
 
     def logs(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.log_text().splitlines() if line.strip()]
