@@ -61,6 +61,7 @@ class FlushBuffer:
         self._batches: list[_Batch] = []
         self._syncs: list[tuple[int, int, int]] = []  # (shard, epoch, seq)
         self._first_at: float | None = None
+        self._urgent = False
         self._epochs: dict[int, int] = {}
         self._last_seq: dict[int, int] = {}
         self.failures = 0
@@ -70,13 +71,17 @@ class FlushBuffer:
 
     # -- input
 
-    def add_muts(self, shard: int, seq: int, mutations: list[Mutation], now: float) -> None:
-        """Buffer one batch of a shard (a `muts` message)."""
+    def add_muts(
+        self, shard: int, seq: int, mutations: list[Mutation], now: float, *, urgent: bool = False
+    ) -> None:
+        """Buffer one batch of a shard (a `muts` message). `urgent`: a durable reply waits on
+        it, so the next flush is due at once (whatever else has arrived shares that commit)."""
         epoch = self._epoch(shard, seq, restart=False)
         self._batches.append(_Batch(shard, epoch, seq, len(mutations)))
         self._muts.extend(mutations)
         if self._first_at is None:
             self._first_at = now
+        self._urgent = self._urgent or urgent
 
     def add_sync(self, shard: int, seq: int, now: float) -> list[Outgoing]:
         """Take a `sync`; answer it now if nothing is waiting, else after the next commit."""
@@ -109,8 +114,8 @@ class FlushBuffer:
             return self._retry_at
         if self._first_at is None:
             return None
-        if self._syncs or len(self._muts) >= self._max:
-            return self._first_at  # already due: a shard is blocked on the sync
+        if self._urgent or self._syncs or len(self._muts) >= self._max:
+            return self._first_at  # already due: a shard waits on a durable reply or a sync
         return self._first_at + self._interval
 
     def due(self, now: float) -> bool:
@@ -144,6 +149,7 @@ class FlushBuffer:
         self._batches.clear()
         self._syncs.clear()
         self._first_at = None
+        self._urgent = False
         self.failures = 0
         self.failing_since = None
         self._retry_at = None

@@ -192,6 +192,8 @@ class ShardCore:
         if self._muts:
             self.seq += 1
             msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": self._muts}
+            if self._durable:
+                msg["durable"] = True  # a reply waits on this commit: the writer flushes now
             out.append(("writer", msg))
             self._unconfirmed.append((self.seq, msg))
             self._muts = []

@@ -150,7 +150,8 @@ class Writer:
         if not (_is_int(shard) and _is_int(seq)):
             log.error("dropped a message without shard and seq", kind=kind)
         elif kind == "muts" and isinstance(message.get("muts"), list):
-            self._buffer.add_muts(shard, seq, message["muts"], now)
+            urgent = message.get("durable") is True
+            self._buffer.add_muts(shard, seq, message["muts"], now, urgent=urgent)
         elif kind == "sync":
             self._send(self._buffer.add_sync(shard, seq, now))
         else:

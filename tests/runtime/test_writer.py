@@ -59,6 +59,17 @@ def test_flush_is_due_an_interval_after_the_first_mutation() -> None:
     assert not buffer.due(5.0099) and buffer.due(5.01)
 
 
+def test_a_durable_batch_makes_the_flush_due_at_once_and_shares_it() -> None:
+    buffer = FlushBuffer(60.0, 100)
+    buffer.add_muts(0, 1, [put(1)], now=2.0)
+    assert not buffer.due(2.5)
+    buffer.add_muts(1, 1, [put(2)], now=2.5, urgent=True)
+    assert buffer.due(2.5)
+    assert buffer.committed() == [(0, {"t": "done", "seq": 1}), (1, {"t": "done", "seq": 1})]
+    buffer.add_muts(0, 2, [put(3)], now=3.0)
+    assert not buffer.due(3.0), "urgency ends with the commit it asked for"
+
+
 def test_flush_is_due_at_once_with_max_mutations() -> None:
     buffer = FlushBuffer(60.0, 3)
     buffer.add_muts(0, 1, [put(1), put(2)], now=1.0)
