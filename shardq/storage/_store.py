@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +24,9 @@ __all__ = ["Store"]
 
 # Recovery holds one page of decoded records at a time; 1000 keeps that to a few MB.
 DEFAULT_PAGE_SIZE = 1000
+# Recently written records kept to merge updates into: a job is usually pulled and acked soon
+# after it is pushed. About 1-2 KB each, so the default holds 20-40 MB at most.
+DEFAULT_CACHE_RECORDS = 20_000
 # Stays under SQLite's historical 999 bound parameters per statement.
 _FETCH_CHUNK = 500
 
@@ -60,7 +64,14 @@ class Store:
     and, for writing, to one process: the writer. Use it as a context manager to close it.
     """
 
-    def __init__(self, conn: sqlite3.Connection, db: Database, path: Path, version: int) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        db: Database,
+        path: Path,
+        version: int,
+        cache_records: int = DEFAULT_CACHE_RECORDS,
+    ) -> None:
         """Use `Store.open`; this only takes ownership of an already configured connection."""
         self._conn = conn
         self._db = db
@@ -68,6 +79,11 @@ class Store:
         self._version = version
         self._packer = msgpack.Packer(use_bin_type=True)
         self._skipped_updates = 0
+        # Records this store wrote last, so the `upd` of a job pushed a moment ago merges into
+        # memory instead of reading and decoding its row back. Valid because this connection
+        # is the only writer; updated only after a commit succeeded.
+        self._cache: OrderedDict[str, Record] = OrderedDict()
+        self._cache_limit = cache_records
 
     @classmethod
     def open(
@@ -76,12 +92,14 @@ class Store:
         *,
         synchronous: str = "normal",
         max_bytes: int | None = None,
+        cache_records: int = DEFAULT_CACHE_RECORDS,
     ) -> Store:
         """Open (creating it if needed) the database at `path` and migrate it.
 
         `synchronous` is "normal" (survives any process crash) or "full" (also survives power
         loss, at about 4x the cost of a small commit). `max_bytes` caps the file size: writes
         beyond it fail with `StorageFull` (None = no cap, the disk is the limit).
+        `cache_records` bounds the records kept in memory to merge updates into (0 = none).
 
         Raises `StorageError` if the directory cannot be created or written, the file is not a
         SQLite database, its schema is newer than this code knows, or `synchronous` is unknown.
@@ -102,7 +120,7 @@ class Store:
             if isinstance(e, StorageError):
                 raise type(e)(f"opening {path}: {e}") from e
             raise wrap_error(e, f"opening {path}") from e
-        return cls(conn, db, path, version)
+        return cls(conn, db, path, version, cache_records)
 
     @property
     def path(self) -> Path:
@@ -136,6 +154,7 @@ class Store:
         with transaction(self._conn, f"applying a batch of {len(mutations)} mutations"):
             plan = coalesce(mutations, self._fetch_records)
             written = self._write(plan)
+        self._remember(plan)
         self._skipped_updates += plan.skipped
         return written
 
@@ -233,9 +252,32 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({str(self._path)!r})"
 
+    def _remember(self, plan: Plan) -> None:
+        cache = self._cache
+        if plan.obliterated:
+            gone = [i for i, rec in cache.items() if rec.get("queue") in plan.obliterated]
+            for job_id in gone:
+                del cache[job_id]
+        for job_id, rec in plan.jobs.items():
+            if rec is None:
+                cache.pop(job_id, None)
+            elif self._cache_limit:
+                cache[job_id] = rec
+                cache.move_to_end(job_id)
+        while len(cache) > self._cache_limit:
+            cache.popitem(last=False)
+
     def _fetch_records(self, job_ids: Collection[str]) -> dict[str, Record]:
-        ids = list(job_ids)
         found: dict[str, Record] = {}
+        ids: list[str] = []
+        for job_id in job_ids:
+            cached = self._cache.get(job_id)
+            if cached is None:
+                ids.append(job_id)
+            else:
+                # A copy: the coalescer merges into what it fetched, and a failed batch must
+                # not leave its changes in the cache. Updates replace top-level fields only.
+                found[job_id] = dict(cached)
         for start in range(0, len(ids), _FETCH_CHUNK):
             chunk = ids[start : start + _FETCH_CHUNK]
             marks = ", ".join("?" * len(chunk))

@@ -318,10 +318,18 @@ _mutations = st.one_of(
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batches=st.lists(st.lists(_mutations, max_size=12), min_size=1, max_size=6))
-def test_random_batches_match_the_reference_model(batches: list[list[tuple[Any, ...]]]) -> None:
+@given(
+    batches=st.lists(st.lists(_mutations, max_size=12), min_size=1, max_size=6),
+    cache=st.sampled_from((0, 2, 20_000)),  # no record cache, constant eviction, no eviction
+)
+def test_random_batches_match_the_reference_model(
+    batches: list[list[tuple[Any, ...]]], cache: int
+) -> None:
     model = Model()
-    with tempfile.TemporaryDirectory() as tmp, Store.open(Path(tmp) / "h.db") as store:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Store.open(Path(tmp) / "h.db", cache_records=cache) as store,
+    ):
         for batch in batches:
             pristine = copy.deepcopy(batch)
             store.apply(batch)
@@ -331,6 +339,18 @@ def test_random_batches_match_the_reference_model(batches: list[list[tuple[Any, 
 
 
 # --- failed batches ----------------------------------------------------------------------------
+
+
+def test_a_failed_batch_leaves_no_trace_in_the_record_cache(store: Store) -> None:
+    store.apply([("put", job("j1"))])
+    with pytest.raises(StorageError):
+        store.apply([("upd", "j1", {"state": "active", "attempts": 9}), ("upd", "j1", {"x": {1}})])
+    store.apply([("upd", "j1", {"progress": 50})])
+    stored = store.get_job("j1")
+    assert stored is not None
+    assert stored["state"] == "waiting" and stored["attempts"] == 0
+    assert stored["progress"] == 50
+
 
 
 @pytest.fixture
