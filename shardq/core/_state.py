@@ -140,10 +140,10 @@ class EngineState:
         if new == REMOVED:
             self.remove(job)
             return
-        q = self.queue(job.queue)
+        q = self.queues[job.queue]
         self._leave(job, q)
         job.state = new
-        job.note(new, now, attempt=job.attempts)
+        job.note(new, now, job.attempts)
         self._enter(job, q)
         changes["state"] = new
         changes["timeline"] = list(job.timeline)
