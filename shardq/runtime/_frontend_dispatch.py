@@ -46,6 +46,7 @@ from shardq.runtime._commands import (
     SHARD_COMMANDS,
 )
 from shardq.runtime._frontend_merge import (
+    SHARD_UNAVAILABLE,
     JobCache,
     aligned,
     combine_batch,
@@ -53,6 +54,7 @@ from shardq.runtime._frontend_merge import (
     learned_ids,
     merge_list_queues,
     merge_stats,
+    shard_unavailable,
     sub_batch,
 )
 from shardq.runtime._routing import shard_of
@@ -87,13 +89,15 @@ class _FirstFound:
     When no shard shows the job, the first reply (a "not found") answers once all are in.
     """
 
-    __slots__ = ("_done", "_first", "_left", "_name", "_on_done")
+    __slots__ = ("_done", "_first", "_left", "_name", "_on_done", "_unavailable")
 
     def __init__(self, n: int, name: str, on_done: Callable[[int | None, Reply], None]) -> None:
         self._left = n
         self._name = name
         self._on_done = on_done
         self._first: Reply | None = None
+        # A restarting shard may hold the job: "not found" would then be a lie.
+        self._unavailable: Reply | None = None
         self._done = False
 
     def part(self, shard: int, reply: Reply) -> None:
@@ -104,11 +108,13 @@ class _FirstFound:
             self._done = True
             self._on_done(shard, reply)
             return
-        if self._first is None:
+        if str(reply.get("error", "")).startswith(SHARD_UNAVAILABLE):
+            self._unavailable = self._unavailable or reply
+        elif self._first is None:
             self._first = reply
         if self._left == 0:
             self._done = True
-            self._on_done(None, self._first)
+            self._on_done(None, self._unavailable or self._first or reply)
 
 
 class _Gather:
@@ -164,7 +170,8 @@ class Dispatcher:
         self._tokens = [t.encode() for t in auth_tokens]
         self.cache = JobCache() if cache_size is None else JobCache(cache_size)
         self._rids = itertools.count(1)
-        self._pending: dict[int, OnReply] = {}
+        self._pending: dict[int, tuple[int, OnReply]] = {}  # rid -> (shard, callback)
+        self.down: set[int] = set()  # shards the supervisor reported dead, not yet back
         self._outbox: list[list[list[Any]]] = [[] for _ in range(shards)]
         self._control: list[list[dict[str, Any]]] = [[] for _ in range(shards)]
         self._flush_scheduled = False
@@ -377,8 +384,12 @@ class Dispatcher:
     # -- to and from the shards ------------------------------------------------------------
 
     def _ask(self, shard: int, conn: str, cmd: dict[str, Any], on_reply: OnReply) -> None:
+        if shard in self.down:
+            # Answered on the next turn, like a real reply: callers never see re-entrancy.
+            self._loop.call_soon(on_reply, shard_unavailable(shard))
+            return
         rid = next(self._rids)
-        self._pending[rid] = on_reply
+        self._pending[rid] = (shard, on_reply)
         self._outbox[shard].append([conn, rid, cmd])
         self._schedule_flush()
 
@@ -407,6 +418,10 @@ class Dispatcher:
         if kind == "rep":
             for item in msg.get("items") or ():
                 self._deliver(item)
+        elif kind == "shard-down":
+            self._shard_down(msg.get("shard"))
+        elif kind == "shard-up":
+            self.down.discard(msg.get("shard"))
         elif kind == "drained":
             self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
             if len(self.drained) >= self.shards:
@@ -414,12 +429,25 @@ class Dispatcher:
         else:
             _log.warning("unknown internal message dropped", t=kind)
 
+    def _shard_down(self, shard: object) -> None:
+        """Answer every request the dead shard holds, and those not sent to it yet."""
+        if not isinstance(shard, int) or not 0 <= shard < self.shards:
+            return
+        self.down.add(shard)
+        self._outbox[shard] = []
+        self._control[shard] = []
+        lost = [rid for rid, (owner, _) in self._pending.items() if owner == shard]
+        _log.warning("shard down; answering its requests", shard=shard, requests=len(lost))
+        for rid in lost:
+            _owner, on_reply = self._pending.pop(rid)
+            on_reply(shard_unavailable(shard))
+
     def _deliver(self, item: Any) -> None:
         try:
             _conn, rid, reply = item
-            on_reply = self._pending.pop(rid, None)
-            if on_reply is not None:
-                on_reply(reply)
+            pending = self._pending.pop(rid, None)
+            if pending is not None:
+                pending[1](reply)
         except Exception:
             # A reply we cannot route must not stop the replies behind it.
             _log.exception("shard reply dropped")

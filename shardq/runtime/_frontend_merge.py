@@ -11,6 +11,7 @@ from typing import Any, Final
 
 __all__ = [
     "BATCH_ARRAYS",
+    "SHARD_UNAVAILABLE",
     "JobCache",
     "aligned",
     "combine_batch",
@@ -18,6 +19,7 @@ __all__ = [
     "learned_ids",
     "merge_list_queues",
     "merge_stats",
+    "shard_unavailable",
     "sub_batch",
 ]
 
@@ -86,6 +88,15 @@ def learned_ids(name: str, reply: Reply) -> list[object]:
     return learn(reply)
 
 
+# The answer to a request for a shard that died before replying, or that is restarting. The
+# request may or may not have been applied; a client retries it (transient).
+SHARD_UNAVAILABLE = "Shard unavailable"
+
+
+def shard_unavailable(shard: int) -> Reply:
+    return {"ok": False, "error": f"{SHARD_UNAVAILABLE}: shard {shard} is restarting"}
+
+
 def is_found(name: str, reply: Reply) -> bool:
     """Whether a shard's reply to an id command shows that this shard holds the job.
 
@@ -94,7 +105,8 @@ def is_found(name: str, reply: Reply) -> bool:
     so for them the content decides.
     """
     if not reply.get("ok"):
-        return "not found" not in str(reply.get("error", "")).lower()
+        error = str(reply.get("error", ""))
+        return "not found" not in error.lower() and not error.startswith(SHARD_UNAVAILABLE)
     if name == "GetState":
         return reply.get("state") != "unknown"
     if name == "GetResult":

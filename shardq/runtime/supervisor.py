@@ -119,6 +119,7 @@ class Supervisor:
         self._run_dir = Path()
         self._poller = zmq.Poller()
         self._sup: zmq.Socket[bytes] | None = None
+        self._front: zmq.Socket[bytes] | None = None
         self._waker: SignalWaker | None = None
 
     def run(self) -> int:
@@ -149,10 +150,12 @@ class Supervisor:
     def _run_in(self, run_dir: Path) -> int:
         ctx: Context = zmq.Context()
         sup = ctx.socket(zmq.PULL)
+        front = ctx.socket(zmq.PUSH)
         try:
             with SignalWaker((*_STOP_SIGNALS, signal.SIGCHLD)) as waker:
                 sup.bind(f"ipc://{run_dir}/sup")
-                self._sup, self._waker = sup, waker
+                front.connect(f"ipc://{run_dir}/front")
+                self._sup, self._waker, self._front = sup, waker, front
                 self._poller.register(sup, zmq.POLLIN)
                 self._poller.register(waker.fileno(), zmq.POLLIN)
                 code = self._lifecycle()
@@ -161,6 +164,7 @@ class Supervisor:
         finally:
             self._kill_all()
             sup.close(linger=0)
+            front.close(linger=0)
             ctx.term()
         log.info("shardq stopped", exit_code=code)
         return code
@@ -257,6 +261,10 @@ class Supervisor:
             return
         delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2 ** len(child.restarts))
         child.restart_at = now + delay
+        if child.role == "shard":
+            # The front end answers the dead shard's requests "Shard unavailable" until it is
+            # back, instead of letting its clients wait out their timeouts.
+            self._tell_front({"t": "shard-down", "shard": child.index})
         log.warning(
             "child exited unexpectedly",
             child=child.name,
@@ -383,6 +391,15 @@ class Supervisor:
         for child in self._children:
             self._reap(child)
 
+    def _tell_front(self, message: dict[str, Any]) -> None:
+        if self._front is None:
+            return
+        try:
+            self._front.send(msgpack.packb(message, use_bin_type=True), zmq.NOBLOCK)
+        except zmq.Again:
+            # A front end that is itself down starts with every shard marked up anyway.
+            log.warning("front end did not take a shard status", **message)
+
     def _on_stop_signal(self, signum: int) -> None:
         self._stops += 1
         name = signal.Signals(signum).name
@@ -417,6 +434,8 @@ class Supervisor:
             child.ready, child.ready_by = True, None
             child.addresses = report.get("addresses")
             log.info("child ready", child=child.name, child_pid=child.proc.pid)
+            if child.role == "shard" and self._serving:
+                self._tell_front({"t": "shard-up", "shard": child.index})
         elif report.get("t") == "fatal":
             child.fatal = str(report.get("error"))
 
