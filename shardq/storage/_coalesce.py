@@ -96,8 +96,8 @@ class _Folder:
     def __init__(self, stored: Mapping[str, Record]) -> None:
         self.plan = Plan()
         self._stored = stored
-        # Records this batch built itself (merged copies, freshly decoded rows): safe to
-        # update in place. Anything else came from the caller and must not be modified.
+        # Records this batch built itself (merged copies): safe to update in place. Anything
+        # else came from the caller or the store's cache and is copied on its first change.
         self._owned: set[str] = set()
         self.dispatch: dict[str, Callable[[str, Record], None]] = {
             "put": self._put,
@@ -119,8 +119,6 @@ class _Folder:
             current = self._stored.get(job_id)
             if current is not None and current.get("queue") in self.plan.obliterated:
                 current = None  # untouched until now, so its stored queue was obliterated
-            elif current is not None:
-                self._owned.add(job_id)
         if current is None:
             self.plan.skipped += 1
             return

@@ -275,9 +275,9 @@ class Store:
             if cached is None:
                 ids.append(job_id)
             else:
-                # A copy: the coalescer merges into what it fetched, and a failed batch must
-                # not leave its changes in the cache. Updates replace top-level fields only.
-                found[job_id] = dict(cached)
+                # Shared, not copied: the coalescer copies a fetched record on its first change,
+                # so a failed batch leaves the cache as it was.
+                found[job_id] = cached
         for start in range(0, len(ids), _FETCH_CHUNK):
             chunk = ids[start : start + _FETCH_CHUNK]
             marks = ", ".join("?" * len(chunk))
