@@ -60,7 +60,7 @@ class ControlOps(EngineState):
     def cmd_move_to_wait(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job = self.job_or_error(cmd.get("id"), "Job not found")
         if job.state == ACTIVE:
-            self._check_token(job, cmd.get("token"), "Job not found or not active")
+            self._check_token(job, cmd.get("token"))
             self.move(job, "requeue", now, {})
         elif job.state == DELAYED:
             self._promote(job, now)
@@ -117,14 +117,14 @@ class ControlOps(EngineState):
         self.out.append(("upd", job.id, {"data": job.data}))
         return {"ok": True}
 
-    def _check_token(self, job: Job, token: object, message: str | None = None) -> None:
+    def _check_token(self, job: Job, token: object) -> None:
         lease = self.leases.get(job.id)
         if lease is None or job.state != ACTIVE:
             return
         if not isinstance(token, str) or not token:
-            raise CommandError(message or f"Lock token required for job {job.id}")
+            raise CommandError(f"Lock token required for job {job.id}")
         if token != lease.token:
-            raise CommandError(message or f"Invalid or expired lock token for job {job.id}")
+            raise CommandError(f"Invalid or expired lock token for job {job.id}")
 
     # -- progress and logs -----------------------------------------------------------------
 

@@ -51,6 +51,8 @@ class QueryOps(EngineState):
         job = self.find(cmd.get("id"))
         if job is None:
             raise CommandError("Job not found")
+        if job.state != ACTIVE:
+            raise CommandError(f"Job is not active (current state: {job.public_state()})")
         return {"ok": True, "progress": job.progress, "message": job.progress_message}
 
     def cmd_get_job_counts(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
