@@ -2,7 +2,8 @@
 
 `Dispatcher` knows nothing about TCP or ZeroMQ: a connection is a `Client` (an id, an auth
 flag, `send` and `drop`). Per frame it applies the transport rules (reference §1.5, §1.6),
-answers `Hello`, `Ping` and `Auth` itself, and sends everything else to the shards:
+answers `Hello`, `Ping` and `Auth` itself (and, through `_frontend_bunqueue`, the worker
+registry, `Metrics` and the flow/cron refusals), and sends everything else to the shards:
 
 - a command with a `queue` goes to `shard_of(queue, N)`;
 - a command that names one job by id goes to the shard the job cache names; on a miss it goes
@@ -45,6 +46,7 @@ from shardq.runtime._commands import (
     ID_COMMANDS,
     SHARD_COMMANDS,
 )
+from shardq.runtime._frontend_bunqueue import BunqueueCommands
 from shardq.runtime._frontend_merge import (
     SHARD_UNAVAILABLE,
     JobCache,
@@ -185,6 +187,9 @@ class Dispatcher:
             "Stats": self._stats,
             "ListQueues": self._list_queues,
         }
+        # Workers, Metrics, flow-children reads and the flow/cron push refusals.
+        self.bunqueue = BunqueueCommands(self.answer, self._gather_all)
+        self._local.update(self.bunqueue.handlers)
 
     @property
     def auth_required(self) -> bool:
@@ -226,7 +231,9 @@ class Dispatcher:
             self._local[name](client, req, frame)
         elif name in SHARD_COMMANDS:
             frame["_conn"] = client.conn
-            self._route(client, req, name, frame)
+            routed = self.bunqueue.before_route(client, req, name, frame)
+            if routed is not None:
+                self._route(routed, req, name, frame)
         elif name in BUNQUEUE_COMMANDS:
             self.answer(client, req, error_reply(f"Unsupported command: {name}"))
         else:
@@ -454,6 +461,7 @@ class Dispatcher:
 
     def connection_closed(self, conn: str) -> None:
         """Tell every shard, after this turn's batches, that `conn` is gone (lease release)."""
+        self.bunqueue.connection_closed(conn)
         if not self.release_on_close:
             return
         for shard in range(self.shards):

@@ -1,0 +1,115 @@
+"""bunqueue commands the front end answers itself, beyond Hello, Ping, Auth, Stats, ListQueues.
+
+- the worker registry (`_frontend_workers`): RegisterWorker, Heartbeat, UnregisterWorker,
+  ListWorkers, and forgetting a closed connection's workers;
+- the legacy `Metrics` (`_frontend_metrics`): counters taken from the replies of the PUSH, PULL
+  and ACK commands on their way back, plus a `Stats` fan-out for the DLQ total;
+- the flow-children reads and the refusal of pushes that need flows or cron
+  (`_frontend_compat`).
+
+`BunqueueCommands` is plugged into the `Dispatcher`: its `handlers` join the front end's local
+commands and every shard command passes `before_route` first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from shardq.protocol import error_reply
+from shardq.runtime._clock import AnchoredClock
+from shardq.runtime._frontend_compat import (
+    CHILDREN_VALUE_COMMANDS,
+    children_values_reply,
+    unsupported_push,
+)
+from shardq.runtime._frontend_metrics import (
+    COUNTED_COMMANDS,
+    Counters,
+    memory_usage_mb,
+    metrics_reply,
+)
+from shardq.runtime._frontend_workers import WORKER_COMMANDS, WorkerRegistry
+
+__all__ = ["BunqueueCommands"]
+
+Reply = dict[str, Any]
+
+_PUSHES: Final = frozenset({"PUSH", "PUSHB"})
+
+
+class _Client(Protocol):
+    conn: str
+    authenticated: bool
+
+    def send(self, reply: Reply) -> None: ...
+
+    def drop(self, reason: str) -> None: ...
+
+
+Answer = Callable[[Any, object, Reply], None]
+GatherAll = Callable[[Any, dict[str, Any], Callable[[list[Reply]], None]], None]
+LocalHandler = Callable[[Any, object, dict[str, Any]], None]
+
+
+class BunqueueCommands:
+    """The worker registry, the Metrics counters and the flow/cron refusals of one front end.
+
+    `answer(client, req, reply)` sends a reply; `gather_all(client, frame, done)` asks every
+    shard and calls `done` with their replies in shard order (both the dispatcher's).
+    """
+
+    def __init__(self, answer: Answer, gather_all: GatherAll) -> None:
+        self._answer = answer
+        self._gather_all = gather_all
+        self.workers = WorkerRegistry()
+        self.counters = Counters()
+        self._clock = AnchoredClock()  # registry times are wall clock, but never jump
+
+    @property
+    def handlers(self) -> dict[str, LocalHandler]:
+        """The commands answered here, by name."""
+        table: dict[str, LocalHandler] = {name: self._worker for name in WORKER_COMMANDS}
+        table.update({name: self._children_values for name in CHILDREN_VALUE_COMMANDS})
+        table["Metrics"] = self._metrics
+        return table
+
+    def before_route(
+        self, client: _Client, req: object, name: str, cmd: dict[str, Any]
+    ) -> _Client | None:
+        """The client to route shard command `name` for, or None when it was answered here."""
+        if name in _PUSHES:
+            refusal = unsupported_push(name, cmd)
+            if refusal is not None:
+                self._answer(client, req, error_reply(refusal))
+                return None
+        if name in COUNTED_COMMANDS:
+            return self.counters.watch(client, name, cmd)
+        return client
+
+    def connection_closed(self, conn: str) -> None:
+        """`conn` closed: the workers it registered go with it (bunqueue §1.8, step 2)."""
+        self.workers.drop_conn(conn)
+
+    # -- handlers --------------------------------------------------------------------------
+
+    def _worker(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
+        name = frame["cmd"]
+        reply = self.workers.handle(name, frame, client.conn, self._clock.now())
+        self._answer(client, req, reply)
+
+    def _children_values(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
+        self._answer(client, req, children_values_reply(frame["cmd"]))
+
+    def _metrics(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
+        if frame.get("queue") is not None or frame.get("type") is not None:
+            # The queue-scoped form reads a per-queue event journal shardq does not keep.
+            self._answer(client, req, error_reply("Unsupported command: Metrics (queue-scoped)"))
+            return
+        stats = {"cmd": "Stats"}
+
+        def done(replies: list[Reply]) -> None:
+            reply = metrics_reply(self.counters, replies, memory_usage_mb())
+            self._answer(client, req, reply)
+
+        self._gather_all(client, stats, done)

@@ -1,0 +1,167 @@
+"""The legacy `Metrics` answer: lifetime counters kept by the front end plus the shards' Stats.
+
+bunqueue's legacy form (no `queue`/`type`, reference §2.9) answers
+`{metrics: {totalPushed, totalPulled, totalCompleted, totalFailed, avgLatencyMs,
+avgProcessingMs, memoryUsageMb, sqliteSizeMb: 0, activeConnections: 0}}`, with counters that
+start at zero with the server process. Every PUSH, PULL and ACK passes through the front end,
+so it counts those from the replies it forwards (`Counters.watch`); a terminal failure can also
+happen inside a shard (stall, timeout), so `totalFailed` is the shards' DLQ total from `Stats`.
+
+Averages follow bunqueue's `latencyTracker`: `avgLatencyMs` is the mean of the push and pull
+averages (a pull is timed only when it delivered a job, long-poll wait included) and
+`avgProcessingMs` the ACK average, both rounded to 0.01 ms. Here they are measured from the
+command's arrival at the front end to its reply.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+__all__ = ["COUNTED_COMMANDS", "Counters", "memory_usage_mb", "metrics_reply"]
+
+Reply = dict[str, Any]
+
+COUNTED_COMMANDS: Final = frozenset({"PUSH", "PUSHB", "PULL", "PULLB", "ACK", "ACKB"})
+_PUSH: Final = frozenset({"PUSH", "PUSHB"})
+_PULL: Final = frozenset({"PULL", "PULLB"})
+
+
+def _delivered(name: str, reply: Mapping[str, Any]) -> int:
+    if name == "PULL":
+        return 1 if isinstance(reply.get("job"), Mapping) else 0
+    jobs = reply.get("jobs")
+    return len(jobs) if isinstance(jobs, list) else 0
+
+
+def _pushed(name: str, reply: Mapping[str, Any]) -> int:
+    if name == "PUSH":
+        return 1
+    ids = reply.get("ids")
+    return len(ids) if isinstance(ids, list) else 0
+
+
+def _acked(name: str, reply: Mapping[str, Any], batch: int) -> int:
+    """Jobs an ok ACK/ACKB reply completed: all but the already-finalized ones."""
+    data = reply.get("data")
+    if name == "ACK":
+        return 0 if isinstance(data, Mapping) and data.get("applied") is False else 1
+    ignored = data.get("ignoredIds") if isinstance(data, Mapping) else None
+    return batch - (len(ignored) if isinstance(ignored, list) else 0)
+
+
+class _Average:
+    __slots__ = ("count", "total")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+
+    def add(self, ms: float) -> None:
+        self.count += 1
+        self.total += ms
+
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+
+class Counters:
+    """Lifetime push/pull/ack counts and latencies seen by this front end."""
+
+    def __init__(self) -> None:
+        self.pushed = 0
+        self.pulled = 0
+        self.completed = 0
+        self.push_ms = _Average()
+        self.pull_ms = _Average()
+        self.ack_ms = _Average()
+
+    def watch(self, client: Any, name: str, cmd: Mapping[str, Any]) -> _Watched:
+        """A stand-in for `client` that counts the reply to this `name` command on its way."""
+        ids = cmd.get("ids") if name == "ACKB" else None
+        return _Watched(self, client, name, len(ids) if isinstance(ids, list) else 0)
+
+    def observe(self, name: str, reply: Mapping[str, Any], elapsed_ms: float, batch: int) -> None:
+        if not reply.get("ok"):
+            return
+        if name in _PUSH:
+            self.pushed += _pushed(name, reply)
+            self.push_ms.add(elapsed_ms)
+        elif name in _PULL:
+            delivered = _delivered(name, reply)
+            if delivered:
+                self.pulled += delivered
+                self.pull_ms.add(elapsed_ms)
+        else:
+            self.completed += _acked(name, reply, batch)
+            self.ack_ms.add(elapsed_ms)
+
+
+class _Watched:
+    """The dispatcher's `Client` for one counted command: counts its reply, then forwards it."""
+
+    __slots__ = ("_batch", "_client", "_counters", "_name", "_started", "conn")
+
+    def __init__(self, counters: Counters, client: Any, name: str, batch: int) -> None:
+        self._counters = counters
+        self._client = client
+        self._name = name
+        self._batch = batch
+        self._started = time.perf_counter()
+        self.conn: str = client.conn
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self._client.authenticated)
+
+    @authenticated.setter
+    def authenticated(self, value: bool) -> None:
+        self._client.authenticated = value
+
+    def send(self, reply: dict[str, Any]) -> None:
+        elapsed_ms = (time.perf_counter() - self._started) * 1000.0
+        self._counters.observe(self._name, reply, elapsed_ms, self._batch)
+        self._client.send(reply)
+
+    def drop(self, reason: str) -> None:
+        self._client.drop(reason)
+
+
+def memory_usage_mb() -> float:
+    """This process's resident memory in MiB (bunqueue reports its own heap here)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            resident_pages = int(f.read().split()[1])
+        return resident_pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, bytes on macOS
+        return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def metrics_reply(counters: Counters, stats_replies: Sequence[Reply], memory_mb: float) -> Reply:
+    """The legacy Metrics reply; a shard's error answers instead."""
+    failed = 0
+    for reply in stats_replies:
+        if not reply.get("ok"):
+            return reply
+        value = (reply.get("stats") or {}).get("failed")
+        if isinstance(value, int) and not isinstance(value, bool):
+            failed += value
+    push, pull = counters.push_ms.mean(), counters.pull_ms.mean()
+    metrics = {
+        "totalPushed": counters.pushed,
+        "totalPulled": counters.pulled,
+        "totalCompleted": counters.completed,
+        "totalFailed": failed,
+        "avgLatencyMs": round((push + pull) / 2, 2),
+        "avgProcessingMs": round(counters.ack_ms.mean(), 2),
+        "memoryUsageMb": memory_mb,
+        # bunqueue 2.9.5 answers these two as constant zeros.
+        "sqliteSizeMb": 0,
+        "activeConnections": 0,
+    }
+    return {"ok": True, "metrics": metrics}
