@@ -1,5 +1,103 @@
-"""shardq's Python client. So far: a synchronous, pipelining TCP connection."""
+"""shardq's Python client: `Queue`/`Worker` and their asyncio twins, over TCP or ZeroMQ.
 
+    from shardq.client import Queue, Worker
+
+    with Queue("emails", url="tcp://127.0.0.1:6789") as queue:
+        job_id = queue.add("welcome", {"to": "a@b.c"})
+
+    def send(job):
+        return f"sent to {job.data['to']}"
+
+    Worker("emails", send, concurrency=10, url="zmq://127.0.0.1:6788").run_until_idle()
+
+The transport follows the URL: `tcp://` speaks bunqueue's framing, `zmq://` the same command
+maps over a ZeroMQ DEALER. A sans-IO core (`ClientCore`) does request ids, reply matching and
+error mapping; the blocking and asyncio transports are thin adapters around it. Errors are a
+tree under `shardq.errors.ShardqError` (see `shardq.client._errors`).
+"""
+
+from shardq.client._async_queue import AsyncQueue, async_join
+from shardq.client._async_worker import AsyncWorker, Handler
+from shardq.client._connection import AsyncConnection, Connection
+from shardq.client._core import ClientCore, Framing, checked
+from shardq.client._errors import (
+    TRANSIENT_ERRORS,
+    AuthenticationFailed,
+    ClientClosed,
+    ClientError,
+    CommandTimeout,
+    ConnectionLost,
+    DeadLettered,
+    InternalServerError,
+    JobFailed,
+    LeaseLost,
+    NotFound,
+    RateLimited,
+    SerializationError,
+    ServerError,
+    StorageUnavailable,
+    TransientServerError,
+    UnrecoverableError,
+    WaitTimeout,
+    error_from_reply,
+    is_transient,
+)
+from shardq.client._models import DlqEntry, Job, JobCounts, JobOptions
+from shardq.client._ops import BulkJob
+from shardq.client._queue import Queue, join
+from shardq.client._retry import RetryPolicy
 from shardq.client._tcp import CommandFailed, ConnectionClosed, TcpConnection
+from shardq.client._url import DEFAULT_URL, Endpoint, parse_url
+from shardq.client._worker import Worker
+from shardq.client._worker_config import WorkerConfig, WorkerOptions
+from shardq.client._worker_state import WorkerStats
 
-__all__ = ["CommandFailed", "ConnectionClosed", "TcpConnection"]
+__all__ = [
+    "DEFAULT_URL",
+    "TRANSIENT_ERRORS",
+    "AsyncConnection",
+    "AsyncQueue",
+    "AsyncWorker",
+    "AuthenticationFailed",
+    "BulkJob",
+    "ClientClosed",
+    "ClientCore",
+    "ClientError",
+    "CommandFailed",
+    "CommandTimeout",
+    "Connection",
+    "ConnectionClosed",
+    "ConnectionLost",
+    "DeadLettered",
+    "DlqEntry",
+    "Endpoint",
+    "Framing",
+    "Handler",
+    "InternalServerError",
+    "Job",
+    "JobCounts",
+    "JobFailed",
+    "JobOptions",
+    "LeaseLost",
+    "NotFound",
+    "Queue",
+    "RateLimited",
+    "RetryPolicy",
+    "SerializationError",
+    "ServerError",
+    "StorageUnavailable",
+    "TcpConnection",
+    "TransientServerError",
+    "UnrecoverableError",
+    "WaitTimeout",
+    "Worker",
+    "WorkerConfig",
+    "WorkerOptions",
+    "WorkerStats",
+    "async_join",
+    "checked",
+    "error_from_reply",
+    "is_transient",
+    "join",
+    "parse_url",
+]

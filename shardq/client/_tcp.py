@@ -1,44 +1,43 @@
-"""A synchronous TCP connection that speaks the bunqueue framing, with pipelining.
+"""`TcpConnection`: the smallest client, a blocking single-threaded socket with pipelining.
 
-Many requests may be in flight at once: each gets a string `reqId` and replies are matched by
-it, whatever order they come back in (the server answers out of order).
+For benchmarks and raw protocol work: no threads, no reconnects, no retries. Many requests
+may be in flight at once (`call_many`); replies are matched by `reqId` through the same
+`ClientCore` the other transports use, whatever order they come back in.
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
-from shardq.errors import ShardqError
-from shardq.protocol import FrameDecoder, encode_many
+from shardq.client._core import ClientCore, Framing
+from shardq.client._errors import CommandTimeout, ConnectionLost, ServerError, error_from_reply
 
 __all__ = ["CommandFailed", "ConnectionClosed", "TcpConnection"]
 
-_RECV_BYTES = 1 << 20
+_RECV_BYTES: Final = 1 << 20
 
+ConnectionClosed = ConnectionLost
+"""The name this error had before the client grew its error tree."""
 
-class ConnectionClosed(ShardqError):
-    """The server closed the connection, or it timed out, before every reply arrived."""
-
-
-class CommandFailed(ShardqError):
-    """The server answered `ok: false`; `str(err)` is its error string."""
-
-    def __init__(self, reply: Mapping[str, Any]) -> None:
-        super().__init__(str(reply.get("error")))
-        self.reply = reply
+CommandFailed = ServerError
+"""The name this error had before the client grew its error tree."""
 
 
 class TcpConnection:
-    """One TCP connection to a shardq (or bunqueue) server."""
+    """One TCP connection to a shardq (or bunqueue) server; use from one thread."""
 
     def __init__(self, host: str, port: int, *, timeout: float = 30.0) -> None:
-        self._sock = socket.create_connection((host, port), timeout=timeout)
+        """Connect. Raises `ConnectionLost` if the server cannot be reached in `timeout`."""
+        try:
+            self._sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as e:
+            raise ConnectionLost(f"cannot connect to {host}:{port}: {e}", sent=False) from e
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._decoder = FrameDecoder()
-        self._next_id = 0
-        self._early: dict[str, dict[str, Any]] = {}
+        self._timeout = timeout
+        self._core: ClientCore[int] = ClientCore(Framing.STREAM)
 
     def close(self) -> None:
         self._sock.close()
@@ -53,8 +52,9 @@ class TcpConnection:
         """Send one command and wait for its reply.
 
         Raises:
-            CommandFailed: the reply was `ok: false` and `check` is true.
-            ConnectionClosed: the connection closed or timed out first.
+            ServerError: the reply was `ok: false` and `check` is true (`CommandFailed`).
+            CommandTimeout: no reply within the timeout.
+            ConnectionLost: the connection closed first (`ConnectionClosed`).
         """
         return self.call_many([command], check=check)[0]
 
@@ -63,43 +63,45 @@ class TcpConnection:
     ) -> list[dict[str, Any]]:
         """Pipeline commands, at most `window` in flight; replies in the order of `commands`.
 
-        Raises:
-            CommandFailed: some reply was `ok: false` and `check` is true.
-            ConnectionClosed: the connection closed or timed out first.
+        Raises what `call` raises; with `check`, for the first `ok: false` reply in order.
         """
         pending = list(commands)
         replies: list[dict[str, Any] | None] = [None] * len(pending)
-        slots: dict[str, int] = {}
         sent = 0
-        while sent < len(pending) or slots:
-            batch = []
-            while sent < len(pending) and len(slots) < window:
-                rid = self._new_id()
-                slots[rid] = sent
-                batch.append({**pending[sent], "reqId": rid})
-                sent += 1
+        while sent < len(pending) or self._core.pending:
+            batch = list(range(sent, min(len(pending), sent + window - self._core.pending)))
             if batch:
-                self._sock.sendall(encode_many(batch))
-            for reply in self._read():
-                index = slots.pop(str(reply.get("reqId")), None)
-                if index is not None:
-                    replies[index] = reply
+                _, payloads = self._core.prepare([pending[i] for i in batch], batch)
+                self._send(payloads[0])
+                sent += len(batch)
+            for index, reply in self._read():
+                replies[index] = reply
         done = [r for r in replies if r is not None]
         if check:
             for reply in done:
-                if not reply.get("ok"):
-                    raise CommandFailed(reply)
+                if reply.get("ok") is not True:
+                    raise error_from_reply(reply)
         return done
 
-    def _new_id(self) -> str:
-        self._next_id += 1
-        return str(self._next_id)
+    def _send(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError as e:
+            raise ConnectionLost(f"send failed: {e}") from e
 
-    def _read(self) -> list[dict[str, Any]]:
+    def _read(self) -> list[tuple[int, dict[str, Any]]]:
+        started = time.monotonic()
         try:
             data = self._sock.recv(_RECV_BYTES)
-        except (TimeoutError, OSError) as e:
-            raise ConnectionClosed(f"no reply: {e}") from e
+        except TimeoutError:
+            self._core.fail_all()
+            waited = time.monotonic() - started
+            raise CommandTimeout(f"no reply within {waited:.3g} s") from None
+        except OSError as e:
+            raise ConnectionLost(f"no reply: {e}") from e
         if not data:
-            raise ConnectionClosed("the server closed the connection")
-        return [frame for frame in self._decoder.feed(data) if isinstance(frame, dict)]
+            raise ConnectionLost("the server closed the connection")
+        matched = self._core.feed(data)
+        if self._core.broken is not None:
+            raise ConnectionLost(f"bad frame from the server: {self._core.broken}")
+        return matched

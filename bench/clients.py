@@ -1,0 +1,147 @@
+"""Throughput of shardq's own client (`shardq.client`) against a real `shardq start`.
+
+    python -m bench.clients [--jobs 20000] [--repeats 3] [--shards auto] [--transports tcp zmq]
+
+Scenarios, per transport: `Queue.add` one at a time (one request in flight), the same with
+`AsyncQueue`, `Queue.add_bulk` (PUSHB of 1000, 4 in flight), and an end-to-end drain: the
+queue is filled with `add_bulk`, then a `Worker` with a no-op handler runs until the server
+counts every job completed (concurrency 1, 10, 50; ACK per job, and ACKB batches at 50).
+Buffered pushes (no `durable`); each run's queue is obliterated after it. Client and server
+share the machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench._server import ShardqProcess
+from shardq.client import AsyncQueue, Job, Queue, Worker
+
+Scenario = Callable[[str, str, int], float]  # (url, queue, jobs) -> jobs/s
+
+SINGLE_SHARE = 10  # single adds are slow: they run jobs // 10
+
+
+def add_sequential(url: str, queue: str, n: int) -> float:
+    with Queue(queue, url=url) as q:
+        q.counts()  # connect outside the timing
+        start = time.perf_counter()
+        for i in range(n):
+            q.add("bench", {"i": i})
+        return n / (time.perf_counter() - start)
+
+
+def add_sequential_async(url: str, queue: str, n: int) -> float:
+    async def run() -> float:
+        async with AsyncQueue(queue, url=url) as q:
+            await q.counts()
+            start = time.perf_counter()
+            for i in range(n):
+                await q.add("bench", {"i": i})
+            return n / (time.perf_counter() - start)
+
+    return asyncio.run(run())
+
+
+def add_bulk(url: str, queue: str, n: int) -> float:
+    with Queue(queue, url=url) as q:
+        q.counts()
+        start = time.perf_counter()
+        q.add_bulk(("bench", {"i": i}) for i in range(n))
+        return n / (time.perf_counter() - start)
+
+
+def noop(job: Job) -> None:
+    return None
+
+
+def drain(concurrency: int, ack_batch: bool) -> Scenario:
+    def run(url: str, queue: str, n: int) -> float:
+        with Queue(queue, url=url) as q:
+            q.add_bulk(("bench", {"i": i}) for i in range(n))
+            worker = Worker(queue, noop, url=url, concurrency=concurrency, ack_batch=ack_batch,
+                            poll_timeout_ms=500)  # fmt: skip
+            start = time.perf_counter()
+            worker.start()
+            while q.counts().completed < n:
+                time.sleep(0.02)
+            elapsed = time.perf_counter() - start
+            worker.close()
+            return n / elapsed
+
+    return run
+
+
+SCENARIOS: dict[str, tuple[Scenario, int]] = {
+    # name: (function, share of --jobs it runs)
+    "add, sequential (Queue)": (add_sequential, SINGLE_SHARE),
+    "add, sequential (AsyncQueue)": (add_sequential_async, SINGLE_SHARE),
+    "add_bulk (PUSHB 1000, 4 in flight)": (add_bulk, 1),
+    "worker drain, concurrency 1": (drain(1, False), SINGLE_SHARE),
+    "worker drain, concurrency 10": (drain(10, False), 1),
+    "worker drain, concurrency 50": (drain(50, False), 1),
+    "worker drain, concurrency 50, ack_batch": (drain(50, True), 1),
+}
+
+
+def bench(server: ShardqProcess, transport: str, jobs: int, repeats: int) -> list[dict[str, Any]]:
+    port = server.tcp_port if transport == "tcp" else server.zmq_port
+    url = f"{transport}://127.0.0.1:{port}"
+    rows: list[dict[str, Any]] = []
+    for k, (name, (fn, share)) in enumerate(SCENARIOS.items()):
+        rates = []
+        for r in range(repeats):
+            queue = f"c{k}-{transport}-{r}"
+            rates.append(fn(url, queue, jobs // share))
+            with Queue(queue, url=url) as q:
+                # Completed jobs stay in the shard's memory (up to 50,000) and make its
+                # GC slower: start every run from an empty server, as the first one does.
+                q.obliterate()
+        rows.append({"transport": transport, "scenario": name, "jobs": jobs // share,
+                     "median": statistics.median(rates), "min": min(rates),
+                     "max": max(rates)})  # fmt: skip
+        print_row(rows[-1])
+    return rows
+
+
+def print_row(row: dict[str, Any]) -> None:
+    print(
+        f"| {row['transport']} | {row['scenario']} | {row['jobs']:,} | {row['median']:,.0f} | "
+        f"{row['min']:,.0f} | {row['max']:,.0f} |",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", default="auto")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--transports", nargs="+", default=["tcp", "zmq"])
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args()
+    server = ShardqProcess(args.shards)
+    print(f"# python {platform.python_version()}, {os.cpu_count()} CPUs, "
+          f"shards={server.ready.get('shards', args.shards)}, jobs={args.jobs}, "
+          f"repeats={args.repeats}")  # fmt: skip
+    print("| transport | scenario | jobs | median jobs/s | min | max |")
+    print("|---|---|---:|---:|---:|---:|")
+    try:
+        rows = [row for t in args.transports for row in bench(server, t, args.jobs, args.repeats)]
+    finally:
+        server.stop()
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump({"cpus": os.cpu_count(), "jobs": args.jobs, "rows": rows}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+"""asyncio transports: one TCP or ZeroMQ connection, used from one event loop.
+
+Thin adapters around a `ClientCore`: a request gets one future per command, replies resolve
+them as they arrive (any order), and a broken connection fails every waiting future with
+`ConnectionLost`. A transport lives for one connection; its owner opens a new one after a
+loss. TCP uses an `asyncio.Protocol` (no reader task); ZeroMQ uses `zmq.asyncio` with a
+socket monitor, as the blocking `SyncZmqTransport` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Protocol, cast
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from shardq.client._core import ClientCore, Framing
+from shardq.client._errors import CommandTimeout, ConnectionLost
+from shardq.client._sync_transport import configure_dealer
+from shardq.client._url import Endpoint
+
+__all__ = [
+    "AsyncTcpTransport",
+    "AsyncTransport",
+    "AsyncZmqTransport",
+    "open_async",
+    "wait_replies_async",
+]
+
+Reply = dict[str, Any]
+Futures = list["asyncio.Future[Reply]"]
+_MONITOR_EVENTS: Final = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+)
+
+
+class AsyncTransport(Protocol):
+    """What the asyncio `AsyncConnection` needs from a transport."""
+
+    releases_on_close: bool
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
+        """Send `commands`; return their request ids and one future per reply.
+
+        Raises:
+            ConnectionLost: the connection is gone (`sent=False`: nothing was written).
+            SerializationError: a command cannot be encoded (nothing was sent).
+        """
+        ...
+
+    def forget(self, rids: Sequence[str]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+async def open_async(
+    endpoint: Endpoint, connect_timeout: float, zmq_context: zmq.asyncio.Context | None = None
+) -> AsyncTransport:
+    """Connect to `endpoint`. Raises `ConnectionLost(sent=False)` if that fails in time."""
+    if endpoint.scheme == "tcp":
+        return await AsyncTcpTransport.open(endpoint, connect_timeout)
+    return await AsyncZmqTransport.open(endpoint, connect_timeout, zmq_context)
+
+
+async def wait_replies_async(
+    transport: AsyncTransport,
+    commands: Sequence[Mapping[str, Any]],
+    timeout: float,
+) -> list[Reply]:
+    """Send `commands` and return their replies in order, all within `timeout` seconds.
+
+    Raises:
+        CommandTimeout: some reply did not come in time (the rest are given up on too).
+        ConnectionLost: the connection broke first.
+        SerializationError: a command cannot be encoded.
+    """
+    rids: list[str] = []
+    try:
+        async with asyncio.timeout(timeout):
+            rids, futures = await transport.request(commands)
+            return [await future for future in futures]
+    except TimeoutError:
+        name = commands[0].get("cmd") if commands else None
+        raise CommandTimeout(f"no reply to {name!r} within {timeout:g} s") from None
+    finally:
+        transport.forget(rids)  # a no-op for answered requests
+
+
+def _fail(futures: Sequence[asyncio.Future[Reply]], message: str, *, sent: bool = True) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(ConnectionLost(message, sent=sent))
+
+
+def _resolve(future: asyncio.Future[Reply], reply: Reply) -> None:
+    if not future.done():
+        future.set_result(reply)
+
+
+class AsyncTcpTransport(asyncio.Protocol):
+    """One TCP connection; `data_received` feeds the core directly."""
+
+    releases_on_close = True
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._endpoint = endpoint
+        self._core: ClientCore[asyncio.Future[Reply]] = ClientCore(Framing.STREAM)
+        self._transport: asyncio.Transport | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._dead: str | None = None
+
+    @classmethod
+    async def open(cls, endpoint: Endpoint, connect_timeout: float) -> AsyncTcpTransport:
+        loop = asyncio.get_running_loop()
+        self = cls(endpoint)
+        try:
+            async with asyncio.timeout(connect_timeout):
+                await loop.create_connection(lambda: self, endpoint.host, endpoint.port)
+        except (OSError, TimeoutError) as e:
+            raise ConnectionLost(f"cannot connect to {endpoint}: {e!r}", sent=False) from e
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None
+
+    async def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
+        if self._dead is not None or self._transport is None:
+            raise ConnectionLost(self._dead or "not connected", sent=False)
+        loop = asyncio.get_running_loop()
+        futures: Futures = [loop.create_future() for _ in commands]
+        rids, payloads = self._core.prepare(commands, futures)
+        self._transport.write(payloads[0])
+        await self._writable.wait()  # back-pressure: the peer reads slower than we write
+        return rids, futures
+
+    def forget(self, rids: Sequence[str]) -> None:
+        self._core.forget(rids)
+
+    async def close(self) -> None:
+        """Close the connection; requests still waiting fail with `ConnectionLost`."""
+        self._die("the connection was closed by the client")
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        for future, reply in self._core.feed(data):
+            _resolve(future, reply)
+        if self._core.broken is not None:
+            self._die(f"the server at {self._endpoint} sent a bad frame: {self._core.broken}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        detail = f": {exc}" if exc else ""
+        self._die(f"connection to {self._endpoint} lost{detail}")
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def _die(self, reason: str) -> None:
+        if self._dead is not None:
+            return
+        self._dead = reason
+        self._writable.set()
+        if self._transport is not None:
+            self._transport.abort()
+        _fail(self._core.fail_all(), reason)
+
+
+class AsyncZmqTransport:
+    """One `zmq.asyncio` DEALER with a reader task and a monitor task.
+
+    Sends use NOBLOCK: with `IMMEDIATE`, `Again` means there is no connection to queue on.
+    """
+
+    releases_on_close = False  # the server's ROUTER sees no close; leases lapse by TTL
+
+    def __init__(self, endpoint: Endpoint, context: zmq.asyncio.Context | None = None) -> None:
+        ctx = context if context is not None else zmq.asyncio.Context.instance()
+        self._endpoint = endpoint
+        self._sock = ctx.socket(zmq.DEALER)
+        configure_dealer(self._sock)
+        self._shadow: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
+        self._monitor = self._sock.get_monitor_socket(_MONITOR_EVENTS)
+        self._core: ClientCore[asyncio.Future[Reply]] = ClientCore(Framing.MESSAGE)
+        loop = asyncio.get_running_loop()
+        self._connected: asyncio.Future[None] = loop.create_future()
+        self._dead: str | None = None
+        self._closed = False
+        self._sock.connect(endpoint.zmq_address)
+        self._tasks = [
+            loop.create_task(self._read_loop(), name=f"shardq-zmq-read-{endpoint.port}"),
+            loop.create_task(self._watch(), name=f"shardq-zmq-monitor-{endpoint.port}"),
+        ]
+
+    @classmethod
+    async def open(
+        cls, endpoint: Endpoint, connect_timeout: float, context: zmq.asyncio.Context | None
+    ) -> AsyncZmqTransport:
+        self = cls(endpoint, context)
+        try:
+            async with asyncio.timeout(connect_timeout):
+                await asyncio.shield(self._connected)
+        except TimeoutError:
+            self._dead = f"no handshake with {endpoint} within {connect_timeout:g} s"
+        if self._dead is not None:
+            reason = self._dead
+            await self.close()
+            raise ConnectionLost(f"cannot connect to {endpoint}: {reason}", sent=False)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None
+
+    async def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
+        if self._dead is not None:
+            raise ConnectionLost(self._dead, sent=False)
+        loop = asyncio.get_running_loop()
+        futures: Futures = [loop.create_future() for _ in commands]
+        rids, bodies = self._core.prepare(commands, futures)
+        for sent, body in enumerate(bodies):
+            if not self._send_now(body):
+                _fail(self._core.take(rids), f"not connected to {self._endpoint}", sent=sent > 0)
+                break
+        return rids, futures
+
+    def _send_now(self, body: bytes) -> bool:
+        """Send without blocking; False if there is no connection to queue on."""
+        # The asyncio socket's own NOBLOCK send (a finished future) also re-checks the
+        # edge-triggered ZMQ_FD for the pending recv, which a send through a shadow socket
+        # would not: a reply could then sit unread until the next message arrives.
+        outcome = cast("asyncio.Future[Any]", self._sock.send(body, zmq.NOBLOCK))
+        return not (outcome.done() and outcome.exception() is not None)
+
+    def forget(self, rids: Sequence[str]) -> None:
+        self._core.forget(rids)
+
+    async def close(self) -> None:
+        """Close the socket; requests still waiting fail with `ConnectionLost`."""
+        self._die("the connection was closed by the client")
+        if self._closed:
+            return
+        self._closed = True
+        current = asyncio.current_task()
+        others = [t for t in self._tasks if t is not current]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        self._monitor.close(linger=0)
+        self._sock.close(linger=0)
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                self._receive(await self._sock.recv())
+                self._drain()
+        except zmq.ZMQError as e:
+            self._die(f"ZeroMQ error on {self._endpoint}: {e}")
+
+    def _drain(self) -> None:
+        """Take what else is queued without a future per message."""
+        while True:
+            try:
+                body = self._shadow.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._receive(body)
+
+    def _receive(self, body: bytes) -> None:
+        matched = self._core.receive(body)
+        if matched is not None:
+            _resolve(*matched)
+
+    async def _watch(self) -> None:
+        try:
+            while True:
+                event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+                self._on_event(event)
+        except zmq.ZMQError as e:
+            self._die(f"ZeroMQ monitor error on {self._endpoint}: {e}")
+
+    def _on_event(self, event: int) -> None:
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if not self._connected.done():
+                self._connected.set_result(None)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._die(f"connection to {self._endpoint} lost")
+        elif event == zmq.EVENT_CONNECT_RETRIED and not self._connected.done():
+            self._die(f"connection to {self._endpoint} refused")
+
+    def _die(self, reason: str) -> None:
+        if self._dead is not None:
+            return
+        self._dead = reason
+        if not self._connected.done():
+            self._connected.set_result(None)
+        _fail(self._core.fail_all(), reason)

@@ -1,0 +1,297 @@
+"""Connections that reconnect, authenticate and retry: `Connection` and `AsyncConnection`.
+
+A connection opens its transport (TCP or ZeroMQ, from the URL) on first use, sends `Auth`
+first on every (re)connect when it has a token, and after a loss opens a new transport on the
+next call. A failed command is retried only when its error is on the transient allowlist and
+sending it again cannot apply it twice (see `RetryPolicy` and `may_resend`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from shardq.client._async_transport import AsyncTransport, open_async, wait_replies_async
+from shardq.client._core import checked
+from shardq.client._errors import ClientClosed, ClientError, ConnectionLost, ServerError
+from shardq.client._retry import RetryPolicy
+from shardq.client._sync_transport import SyncTransport, open_sync, wait_replies
+from shardq.client._url import DEFAULT_URL, Endpoint, parse_url
+
+__all__ = ["AsyncConnection", "Connection"]
+
+Reply = dict[str, Any]
+Command = Mapping[str, Any]
+
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+
+class _Settings:
+    """What both connection kinds share: where, who, how long, how to retry."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout: float,
+        connect_timeout: float,
+        retry: RetryPolicy | None,
+    ) -> None:
+        if timeout <= 0 or connect_timeout <= 0:
+            raise ValueError("timeout and connect_timeout must be > 0")
+        self.endpoint: Endpoint = parse_url(url)
+        self.token = token
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.retry = retry if retry is not None else RetryPolicy(attempts=1)
+        self.generation = 0
+        """How many times a transport was opened; a change means the connection is new."""
+
+    @property
+    def releases_on_close(self) -> bool:
+        """True if the server releases this connection's leased jobs when it closes (TCP)."""
+        return self.endpoint.scheme == "tcp"
+
+    def auth_commands(self) -> list[Command]:
+        return [{"cmd": "Auth", "token": self.token}] if self.token else []
+
+    def may_retry(self, error: ClientError, attempt: int, idempotent: bool, n: int) -> bool:
+        # Of a refused batch the other commands may have been applied: resend only if safe.
+        if isinstance(error, ServerError) and n > 1 and not idempotent:
+            return False
+        return self.retry.allows(error, attempt, idempotent=idempotent)
+
+
+def _check_all(replies: list[Reply], check: bool) -> list[Reply]:
+    return [checked(reply) for reply in replies] if check else replies
+
+
+class Connection(_Settings):
+    """A blocking, pipelining connection to a shardq server; safe to share between threads.
+
+    `url` is `tcp://host:port` (bunqueue framing) or `zmq://host:port` (ZeroMQ DEALER).
+    `timeout` bounds every command (seconds); `retry` says how transient errors are retried
+    (None: never).
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        zmq_context: zmq.Context[Any] | None = None,
+    ) -> None:
+        super().__init__(url, token, timeout, connect_timeout, retry)
+        self._zmq_context = zmq_context
+        self._transport: SyncTransport | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connect(self) -> None:
+        """Open the connection now instead of at the first command.
+
+        Raises:
+            ConnectionLost: the server cannot be reached.
+            AuthenticationFailed: the token was refused.
+            ClientClosed: the connection was closed.
+        """
+        self._ensure()
+
+    def call(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        wait: float = 0.0,
+        idempotent: bool = True,
+    ) -> Reply:
+        """Send one command and return its reply.
+
+        `wait` is how long the server may hold the reply on purpose (a long-poll PULLB or
+        WaitJob); it is added to `timeout` (default: the connection's).
+
+        Raises:
+            ServerError: the server refused it (`NotFound`, `LeaseLost`, ... by message).
+            CommandTimeout: no reply within `timeout` + `wait` seconds.
+            ConnectionLost: no connection, or it broke; retries were exhausted or unsafe.
+            SerializationError: the command cannot be encoded.
+            ClientClosed: the connection was closed.
+        """
+        return self.call_many([command], timeout=timeout, wait=wait, idempotent=idempotent)[0]
+
+    def call_many(
+        self,
+        commands: Sequence[Command],
+        *,
+        timeout: float | None = None,
+        wait: float = 0.0,
+        idempotent: bool = True,
+        check: bool = True,
+    ) -> list[Reply]:
+        """Pipeline `commands` (all in flight at once); replies in the order of `commands`.
+
+        With `check`, the first `ok: false` reply raises; otherwise replies are returned
+        as they are. Raises what `call` raises.
+        """
+        limit = (self.timeout if timeout is None else timeout) + wait
+        attempt = 0
+        while True:
+            try:
+                return _check_all(self._attempt(commands, limit), check)
+            except ClientError as e:
+                if not self.may_retry(e, attempt, idempotent, len(commands)):
+                    raise
+            time.sleep(self.retry.delay(attempt))
+            attempt += 1
+
+    def close(self) -> None:
+        """Close the connection; later calls raise `ClientClosed`. Idempotent."""
+        with self._lock:
+            self._closed = True
+            transport, self._transport = self._transport, None
+        if transport is not None:
+            transport.close()
+
+    def _attempt(self, commands: Sequence[Command], timeout: float) -> list[Reply]:
+        transport = self._ensure()
+        try:
+            return wait_replies(transport, commands, timeout)
+        except ConnectionLost:
+            transport.close()
+            raise
+
+    def _ensure(self) -> SyncTransport:
+        with self._lock:
+            if self._closed:
+                raise ClientClosed(f"the connection to {self.endpoint} was closed")
+            transport = self._transport
+            if transport is not None and transport.alive:
+                return transport
+            if transport is not None:
+                transport.close()
+            self._transport = None
+            transport = open_sync(self.endpoint, self.connect_timeout, self._zmq_context)
+            try:
+                auth = self.auth_commands()
+                _check_all(wait_replies(transport, auth, self.connect_timeout), True)
+            except BaseException:
+                transport.close()
+                raise
+            self._transport = transport
+            self.generation += 1
+            return transport
+
+
+class AsyncConnection(_Settings):
+    """The asyncio twin of `Connection`: pipelining, reconnecting, for one event loop."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        zmq_context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        super().__init__(url, token, timeout, connect_timeout, retry)
+        self._zmq_context = zmq_context
+        self._transport: AsyncTransport | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Open the connection now. Raises what `Connection.connect` raises."""
+        await self._ensure()
+
+    async def call(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        wait: float = 0.0,
+        idempotent: bool = True,
+    ) -> Reply:
+        """Send one command and return its reply. Raises what `Connection.call` raises."""
+        replies = await self.call_many([command], timeout=timeout, wait=wait, idempotent=idempotent)
+        return replies[0]
+
+    async def call_many(
+        self,
+        commands: Sequence[Command],
+        *,
+        timeout: float | None = None,
+        wait: float = 0.0,
+        idempotent: bool = True,
+        check: bool = True,
+    ) -> list[Reply]:
+        """Pipeline `commands`; replies in order. Raises what `Connection.call` raises."""
+        limit = (self.timeout if timeout is None else timeout) + wait
+        attempt = 0
+        while True:
+            try:
+                return _check_all(await self._attempt(commands, limit), check)
+            except ClientError as e:
+                if not self.may_retry(e, attempt, idempotent, len(commands)):
+                    raise
+            await asyncio.sleep(self.retry.delay(attempt))
+            attempt += 1
+
+    async def close(self) -> None:
+        """Close the connection; later calls raise `ClientClosed`. Idempotent."""
+        self._closed = True
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            await transport.close()
+
+    async def _attempt(self, commands: Sequence[Command], timeout: float) -> list[Reply]:
+        transport = await self._ensure()
+        try:
+            return await wait_replies_async(transport, commands, timeout)
+        except ConnectionLost:
+            await transport.close()
+            raise
+
+    async def _ensure(self) -> AsyncTransport:
+        async with self._lock:
+            if self._closed:
+                raise ClientClosed(f"the connection to {self.endpoint} was closed")
+            transport = self._transport
+            if transport is not None and transport.alive:
+                return transport
+            if transport is not None:
+                await transport.close()
+            self._transport = None
+            transport = await open_async(self.endpoint, self.connect_timeout, self._zmq_context)
+            try:
+                auth = self.auth_commands()
+                _check_all(await wait_replies_async(transport, auth, self.connect_timeout), True)
+            except BaseException:
+                await transport.close()
+                raise
+            self._transport = transport
+            self.generation += 1
+            return transport

@@ -1,0 +1,174 @@
+"""The client's protocol state, sans-IO: request ids, encoding, reply matching.
+
+Every transport (sync or asyncio, TCP or ZeroMQ) is a thin adapter around one `ClientCore`:
+
+    rids, payloads = core.prepare(commands, waiters)   # bytes to write, one waiter per command
+    for waiter, reply in core.feed(data): ...          # TCP: whatever recv() returned
+    matched = core.receive(body)                       # ZeroMQ: one message
+    core.forget(rids)                                  # a caller gave up (timeout)
+    for waiter in core.fail_all(): ...                 # the connection broke
+
+A waiter is whatever the adapter resolves when the reply comes (a future, a slot index). The
+core opens no socket, reads no clock and knows no event loop, like `shardq.protocol`. Replies
+come back in any order (the server answers out of order); they are matched by `reqId`, a
+decimal string counter, as bunqueue's own clients use.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Generic, TypeVar
+
+import msgpack  # type: ignore[import-untyped]
+
+from shardq.client._errors import SerializationError, error_from_reply
+from shardq.errors import ProtocolError
+from shardq.protocol import MAX_FRAME_SIZE, FrameDecoder, encode
+
+__all__ = ["ClientCore", "Framing", "checked"]
+
+W = TypeVar("W")
+Reply = dict[str, Any]
+
+_ENCODE_ERRORS: Final = (TypeError, ValueError, OverflowError)
+
+
+class Framing(enum.Enum):
+    """How commands travel: u32-prefixed frames on a byte stream, or one ZeroMQ message each."""
+
+    STREAM = "stream"
+    MESSAGE = "message"
+
+
+def checked(reply: Reply) -> Reply:
+    """Return `reply` if it is `ok: true`.
+
+    Raises:
+        ServerError: the matching subclass (`NotFound`, `LeaseLost`, ...) for `ok: false`.
+    """
+    if reply.get("ok") is True:
+        return reply
+    raise error_from_reply(reply)
+
+
+class ClientCore(Generic[W]):
+    """Request ids and reply matching for one connection."""
+
+    def __init__(self, framing: Framing, *, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+        self.framing = framing
+        self.max_frame_size = max_frame_size
+        self._decoder = FrameDecoder(max_frame_size)
+        self._waiting: dict[str, W] = {}
+        self._next = 0
+        self.broken: str | None = None
+        """Why the peer's byte stream cannot be read any more (an oversize frame), or None."""
+        self.unmatched = 0
+        """Replies that matched no waiting request (late, after a timeout) or had no reqId."""
+
+    @property
+    def pending(self) -> int:
+        """Requests sent and not answered yet."""
+        return len(self._waiting)
+
+    def prepare(
+        self, commands: Sequence[Mapping[str, Any]], waiters: Sequence[W]
+    ) -> tuple[list[str], list[bytes]]:
+        """Give each command a `reqId`, remember its waiter, and return the ids and payloads.
+
+        For `Framing.STREAM` the payloads are one bytes object holding every frame (one write);
+        for `Framing.MESSAGE` one msgpack body per command. Nothing is registered unless every
+        command encodes.
+
+        Raises:
+            SerializationError: a command holds a value msgpack cannot encode, or is larger
+                than the frame limit.
+        """
+        if len(commands) != len(waiters):
+            raise ValueError("one waiter per command")
+        rids = [self._new_id() for _ in commands]
+        bodies = [
+            self._encode({**cmd, "reqId": rid}) for cmd, rid in zip(commands, rids, strict=True)
+        ]
+        for rid, waiter in zip(rids, waiters, strict=True):
+            self._waiting[rid] = waiter
+        if self.framing is Framing.STREAM:
+            return rids, [b"".join(bodies)]
+        return rids, bodies
+
+    def _encode(self, msg: dict[str, Any]) -> bytes:
+        try:
+            data = encode(msg) if self.framing is Framing.STREAM else _pack(msg)
+        except _ENCODE_ERRORS as e:
+            raise SerializationError(f"cannot encode {msg.get('cmd')!r}: {e}") from e
+        body = len(data) - 4 if self.framing is Framing.STREAM else len(data)
+        if body > self.max_frame_size:
+            raise SerializationError(
+                f"{msg.get('cmd')!r} is {body} bytes, over the {self.max_frame_size}-byte limit"
+            )
+        return data
+
+    def feed(self, data: bytes) -> list[tuple[W, Reply]]:
+        """Take bytes from the stream; return the (waiter, reply) pairs they completed.
+
+        Sets `broken` when the peer sent an oversize frame; the adapter should then close.
+        """
+        matched: list[tuple[W, Reply]] = []
+        for frame in self._decoder.feed(data):
+            if isinstance(frame, ProtocolError):
+                if frame.fatal:
+                    self.broken = str(frame)
+                self.unmatched += 1
+                continue
+            pair = self._match(frame)
+            if pair is not None:
+                matched.append(pair)
+        return matched
+
+    def receive(self, body: bytes) -> tuple[W, Reply] | None:
+        """Take one ZeroMQ message body; return its (waiter, reply), or None if it matches
+        nothing (undecodable, no reqId, or a request that was given up on)."""
+        try:
+            reply = msgpack.unpackb(body, raw=False)
+        except (ValueError, TypeError):
+            self.unmatched += 1
+            return None
+        if not isinstance(reply, dict):
+            self.unmatched += 1
+            return None
+        return self._match(reply)
+
+    def is_waiting(self, rid: str) -> bool:
+        """True while the request `rid` has no reply and was not given up on."""
+        return rid in self._waiting
+
+    def forget(self, rids: Sequence[str]) -> None:
+        """Stop waiting for these requests; a late reply is dropped."""
+        for rid in rids:
+            self._waiting.pop(rid, None)
+
+    def take(self, rids: Sequence[str]) -> list[W]:
+        """Forget these requests and return the waiters of those still waiting."""
+        return [self._waiting.pop(rid) for rid in rids if rid in self._waiting]
+
+    def fail_all(self) -> list[W]:
+        """Forget every request still waiting and return their waiters (to fail them)."""
+        waiters = list(self._waiting.values())
+        self._waiting.clear()
+        return waiters
+
+    def _match(self, reply: Reply) -> tuple[W, Reply] | None:
+        rid = reply.get("reqId")  # kept in the reply: raw callers may want to see it
+        if not isinstance(rid, str) or rid not in self._waiting:
+            self.unmatched += 1
+            return None
+        return self._waiting.pop(rid), reply
+
+    def _new_id(self) -> str:
+        self._next += 1
+        return str(self._next)
+
+
+def _pack(msg: Mapping[str, Any]) -> bytes:
+    data: bytes = msgpack.packb(msg, use_bin_type=True)
+    return data

@@ -1,0 +1,191 @@
+"""What the client hands back and takes in: `Job`, `JobCounts`, `DlqEntry`, `JobOptions`.
+
+All are frozen dataclasses built from (or into) bunqueue's wire maps. Integers are read
+leniently because bunqueue's clients send anything past int32 as a float (reference §1.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["DlqEntry", "Job", "JobCounts", "JobOptions"]
+
+
+def _int(value: object, default: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return int(value)
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _opt_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as the server reports it (a pulled job, or `get_job`'s view).
+
+    `state` is None on a job handed to a worker (it is active); `result` and `failed_reason`
+    come with `get_job`. `raw` is the whole wire map, for the fields not modelled here.
+    """
+
+    id: str
+    queue: str
+    name: str
+    data: Any
+    attempts: int
+    max_attempts: int
+    priority: int | float
+    created_at: int
+    started_at: int | None
+    completed_at: int | None
+    progress: int | float
+    state: str | None
+    result: Any
+    failed_reason: str | None
+    stacktrace: list[str] | None
+    custom_id: str | None
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Any]) -> Job:
+        """Build a `Job` from a wire map (missing fields get neutral defaults)."""
+        priority = raw.get("priority")
+        progress = raw.get("progress")
+        stack = raw.get("stacktrace")
+        return cls(
+            id=str(raw.get("id", "")),
+            queue=str(raw.get("queue", "")),
+            name=str(raw.get("name") or "default"),
+            data=raw.get("data"),
+            attempts=_int(raw.get("attempts")),
+            max_attempts=_int(raw.get("maxAttempts"), 1),
+            priority=priority if isinstance(priority, int | float) else 0,
+            created_at=_int(raw.get("createdAt")),
+            started_at=_opt_int(raw.get("startedAt")),
+            completed_at=_opt_int(raw.get("completedAt")),
+            progress=progress if isinstance(progress, int | float) else 0,
+            state=_opt_str(raw.get("state")),
+            result=raw.get("returnvalue"),
+            failed_reason=_opt_str(raw.get("failedReason")),
+            stacktrace=[str(s) for s in stack] if isinstance(stack, list) else None,
+            custom_id=_opt_str(raw.get("customId")),
+            raw=raw,
+        )
+
+
+@dataclass(frozen=True)
+class JobCounts:
+    """A queue's jobs by state (`GetJobCounts`). A paused queue's ready jobs are in `paused`."""
+
+    waiting: int = 0
+    prioritized: int = 0
+    delayed: int = 0
+    active: int = 0
+    completed: int = 0
+    failed: int = 0
+    waiting_children: int = 0
+    paused: int = 0
+
+    @classmethod
+    def from_wire(cls, counts: Mapping[str, Any]) -> JobCounts:
+        return cls(
+            waiting=_int(counts.get("waiting")),
+            prioritized=_int(counts.get("prioritized")),
+            delayed=_int(counts.get("delayed")),
+            active=_int(counts.get("active")),
+            completed=_int(counts.get("completed")),
+            failed=_int(counts.get("failed")),
+            waiting_children=_int(counts.get("waiting-children")),
+            paused=_int(counts.get("paused")),
+        )
+
+    @property
+    def unfinished(self) -> int:
+        """Jobs not yet completed or dead-lettered, whatever holds them back."""
+        return self.workable + self.waiting_children + self.paused
+
+    @property
+    def workable(self) -> int:
+        """Jobs a worker of this queue can still run or is running: waiting, delayed, active."""
+        return self.waiting + self.prioritized + self.delayed + self.active
+
+
+@dataclass(frozen=True)
+class DlqEntry:
+    """One dead-lettered job: the job, why it failed (`reason`, `error`) and when."""
+
+    job: Job
+    reason: str | None
+    error: str | None
+    entered_at: int | None
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Any]) -> DlqEntry:
+        job = raw.get("job")
+        return cls(
+            job=Job.from_wire(job if isinstance(job, Mapping) else {}),
+            reason=_opt_str(raw.get("reason")),
+            error=_opt_str(raw.get("error")),
+            entered_at=_opt_int(raw.get("enteredAt")),
+            raw=raw,
+        )
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Options of a new job; None leaves the server's default (reference §2.1.1).
+
+    `job_id` is an idempotent custom id that becomes the job's id. `max_attempts` counts
+    executions in all. Durations are milliseconds. `extra` passes any other bunqueue field
+    as is (wire names, e.g. ``{"backoff": {"type": "fixed", "delay": 500}}``).
+    """
+
+    job_id: str | None = None
+    priority: int | None = None
+    delay_ms: int | None = None
+    max_attempts: int | None = None
+    backoff_ms: int | None = None
+    ttl_ms: int | None = None
+    timeout_ms: int | None = None
+    stall_timeout_ms: int | None = None
+    unique_key: str | None = None
+    durable: bool | None = None
+    lifo: bool | None = None
+    remove_on_complete: bool | None = None
+    remove_on_fail: bool | None = None
+    tags: Sequence[str] | None = None
+    depends_on: Sequence[str] | None = None
+    stack_trace_limit: int | None = None
+    extra: Mapping[str, Any] | None = None
+
+    def to_wire(self, *, bulk: bool = False) -> dict[str, Any]:
+        """The options as wire fields; in a PUSHB entry the custom id is `customId`."""
+        pairs: list[tuple[str, Any]] = [
+            ("customId" if bulk else "jobId", self.job_id),
+            ("priority", self.priority),
+            ("delay", self.delay_ms),
+            ("maxAttempts", self.max_attempts),
+            ("backoff", self.backoff_ms),
+            ("ttl", self.ttl_ms),
+            ("timeout", self.timeout_ms),
+            ("stallTimeout", self.stall_timeout_ms),
+            ("uniqueKey", self.unique_key),
+            ("durable", self.durable),
+            ("lifo", self.lifo),
+            ("removeOnComplete", self.remove_on_complete),
+            ("removeOnFail", self.remove_on_fail),
+            ("tags", list(self.tags) if self.tags is not None else None),
+            ("dependsOn", list(self.depends_on) if self.depends_on is not None else None),
+            ("stackTraceLimit", self.stack_trace_limit),
+        ]
+        wire = {key: value for key, value in pairs if value is not None}
+        wire.update(self.extra or {})
+        return wire

@@ -1,0 +1,350 @@
+"""Blocking transports: one TCP or ZeroMQ connection, safe to share between threads.
+
+Each is a thin adapter around a `ClientCore`. A background thread owns the reading (TCP) or
+the whole socket (ZeroMQ, whose sockets are not thread-safe); callers get one
+`concurrent.futures.Future` per command and wait with a deadline, so many requests from many
+threads are in flight on one connection. A transport lives for one connection: once it breaks,
+every waiting request fails with `ConnectionLost` and the owner opens a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any, Final, Protocol
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from shardq.client._core import ClientCore, Framing
+from shardq.client._errors import CommandTimeout, ConnectionLost
+from shardq.client._url import Endpoint
+
+__all__ = [
+    "SyncTcpTransport",
+    "SyncTransport",
+    "SyncZmqTransport",
+    "configure_dealer",
+    "open_sync",
+    "wait_replies",
+]
+
+Reply = dict[str, Any]
+Futures = list["Future[Reply]"]
+_RECV_BYTES: Final = 1 << 20
+_JOIN_S: Final = 5.0  # how long close() waits for the I/O thread
+_MONITOR_EVENTS: Final = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+)
+
+
+class SyncTransport(Protocol):
+    """What the blocking `Connection` needs from a transport."""
+
+    releases_on_close: bool
+    """True if closing the connection makes the server release the jobs it leased (TCP)."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
+        """Send `commands`; return their request ids and one future per reply.
+
+        Raises:
+            ConnectionLost: the connection is gone (`sent=False`: nothing was written).
+            SerializationError: a command cannot be encoded (nothing was sent).
+        """
+        ...
+
+    def forget(self, rids: Sequence[str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_sync(
+    endpoint: Endpoint, connect_timeout: float, zmq_context: zmq.Context[Any] | None = None
+) -> SyncTransport:
+    """Connect to `endpoint`. Raises `ConnectionLost(sent=False)` if that fails in time."""
+    if endpoint.scheme == "tcp":
+        return SyncTcpTransport(endpoint, connect_timeout)
+    return SyncZmqTransport(endpoint, connect_timeout, zmq_context)
+
+
+def wait_replies(
+    transport: SyncTransport,
+    commands: Sequence[Mapping[str, Any]],
+    timeout: float,
+) -> list[Reply]:
+    """Send `commands` and return their replies in order, all within `timeout` seconds.
+
+    Raises:
+        CommandTimeout: some reply did not come in time (the rest are given up on too).
+        ConnectionLost: the connection broke first.
+        SerializationError: a command cannot be encoded.
+    """
+    rids, futures = transport.request(commands)
+    deadline = time.monotonic() + timeout
+    try:
+        return [f.result(max(0.0, deadline - time.monotonic())) for f in futures]
+    except TimeoutError:
+        transport.forget(rids)
+        name = commands[0].get("cmd") if commands else None
+        raise CommandTimeout(f"no reply to {name!r} within {timeout:g} s") from None
+
+
+def _fail(futures: Sequence[Future[Reply]], message: str, *, sent: bool = True) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(ConnectionLost(message, sent=sent))
+
+
+def _resolve(matched: Sequence[tuple[Future[Reply], Reply]]) -> None:
+    for future, reply in matched:
+        if not future.done():
+            future.set_result(reply)
+
+
+class SyncTcpTransport:
+    """One TCP connection with a reader thread; writes happen in the calling thread."""
+
+    releases_on_close = True
+
+    def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
+        try:
+            sock = socket.create_connection((endpoint.host, endpoint.port), connect_timeout)
+        except OSError as e:
+            raise ConnectionLost(f"cannot connect to {endpoint}: {e}", sent=False) from e
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # A send that cannot progress for this long (a peer that stopped reading) breaks the
+        # connection instead of blocking a caller forever; the reader just reads on.
+        sock.settimeout(max(connect_timeout, 1.0))
+        self._sock = sock
+        self._endpoint = endpoint
+        self._core: ClientCore[Future[Reply]] = ClientCore(Framing.STREAM)
+        self._core_lock = threading.Lock()  # short sections only; never held during I/O
+        self._send_lock = threading.Lock()  # keeps the frames of concurrent writers whole
+        self._dead: str | None = None
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"shardq-tcp-{endpoint.port}", daemon=True
+        )
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None
+
+    def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
+        futures: list[Future[Reply]] = [Future() for _ in commands]
+        with self._core_lock:
+            if self._dead is not None:
+                raise ConnectionLost(self._dead, sent=False)
+            rids, payloads = self._core.prepare(commands, futures)
+        try:
+            with self._send_lock:
+                self._sock.sendall(payloads[0])
+        except OSError as e:
+            self._die(f"connection to {self._endpoint} lost while sending: {e}")
+        return rids, futures
+
+    def forget(self, rids: Sequence[str]) -> None:
+        with self._core_lock:
+            self._core.forget(rids)
+
+    def close(self) -> None:
+        """Close the connection; requests still waiting fail with `ConnectionLost`."""
+        self._die("the connection was closed by the client")
+        if self._reader is not threading.current_thread():
+            self._reader.join(_JOIN_S)
+
+    def _read_loop(self) -> None:
+        while self._dead is None:
+            try:
+                data = self._sock.recv(_RECV_BYTES)
+            except TimeoutError:
+                continue
+            except OSError as e:
+                self._die(f"connection to {self._endpoint} lost: {e}")
+                return
+            if not data:
+                self._die(f"the server at {self._endpoint} closed the connection")
+                return
+            with self._core_lock:
+                matched = self._core.feed(data)
+                broken = self._core.broken
+            _resolve(matched)
+            if broken is not None:
+                self._die(f"the server at {self._endpoint} sent a bad frame: {broken}")
+
+    def _die(self, reason: str) -> None:
+        with self._core_lock:
+            if self._dead is not None:
+                return
+            self._dead = reason
+            waiting = self._core.fail_all()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        _fail(waiting, reason)
+
+
+class SyncZmqTransport:
+    """One ZeroMQ DEALER owned by an I/O thread; callers hand it messages through a deque.
+
+    `IMMEDIATE` keeps messages off a pipe that has no completed connection, and a socket
+    monitor reports the handshake and the disconnect, so a server restart fails the waiting
+    requests with `ConnectionLost` instead of leaving them to time out, and nothing is sent
+    on a new connection before `Auth`.
+    """
+
+    releases_on_close = False  # the server's ROUTER sees no close; leases lapse by TTL
+
+    def __init__(
+        self, endpoint: Endpoint, connect_timeout: float, context: zmq.Context[Any] | None = None
+    ) -> None:
+        ctx = context if context is not None else zmq.Context.instance()
+        self._endpoint = endpoint
+        self._sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        configure_dealer(self._sock)
+        self._monitor: zmq.Socket[bytes] = self._sock.get_monitor_socket(_MONITOR_EVENTS)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._core: ClientCore[Future[Reply]] = ClientCore(Framing.MESSAGE)
+        self._lock = threading.Lock()
+        self._outbox: deque[tuple[list[str], list[bytes]]] = deque()
+        self._connected = threading.Event()
+        self._dead: str | None = None
+        self._sock.connect(endpoint.zmq_address)
+        self._thread = threading.Thread(
+            target=self._run, name=f"shardq-zmq-{endpoint.port}", daemon=True
+        )
+        self._thread.start()
+        if not self._connected.wait(connect_timeout) or self._dead is not None:
+            reason = self._dead or f"no handshake with {endpoint} within {connect_timeout:g} s"
+            self.close()
+            raise ConnectionLost(f"cannot connect to {endpoint}: {reason}", sent=False)
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None
+
+    def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
+        futures: list[Future[Reply]] = [Future() for _ in commands]
+        with self._lock:
+            if self._dead is not None:
+                raise ConnectionLost(self._dead, sent=False)
+            rids, bodies = self._core.prepare(commands, futures)
+            self._outbox.append((rids, bodies))
+        self._wake()
+        return rids, futures
+
+    def forget(self, rids: Sequence[str]) -> None:
+        with self._lock:
+            self._core.forget(rids)
+
+    def close(self) -> None:
+        """Close the socket; requests still waiting fail with `ConnectionLost`."""
+        self._mark_dead("the connection was closed by the client")
+        self._wake()
+        if self._thread is not threading.current_thread():
+            self._thread.join(_JOIN_S)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # a full pipe already holds a wake-up
+            self._wake_w.send(b"\0")
+
+    # -- the I/O thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        try:
+            while self._dead is None:
+                ready = dict(poller.poll())
+                if self._monitor in ready:
+                    self._on_monitor()
+                if self._wake_r.fileno() in ready:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(4096)
+                self._send_outbox()
+                if self._sock in ready:
+                    self._receive()
+        except zmq.ZMQError as e:
+            self._mark_dead(f"ZeroMQ error on {self._endpoint}: {e}")
+        finally:
+            self._shutdown()
+
+    def _on_monitor(self) -> None:
+        while True:
+            try:
+                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = parse_monitor_message(frames)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._connected.set()
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._mark_dead(f"connection to {self._endpoint} lost")
+            elif event == zmq.EVENT_CONNECT_RETRIED and not self._connected.is_set():
+                self._mark_dead(f"connection to {self._endpoint} refused")
+                self._connected.set()
+
+    def _send_outbox(self) -> None:
+        while self._outbox and self._dead is None:
+            rids, bodies = self._outbox.popleft()
+            sent = 0
+            try:
+                for body in bodies:
+                    self._sock.send(body, zmq.NOBLOCK)
+                    sent += 1
+            except zmq.Again:
+                # IMMEDIATE: no completed connection to queue on. Fail just these.
+                with self._lock:
+                    waiting = self._core.take(rids)
+                _fail(waiting, f"not connected to {self._endpoint}", sent=sent > 0)
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                body = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            with self._lock:
+                matched = self._core.receive(body)
+            if matched is not None:
+                _resolve([matched])
+
+    def _mark_dead(self, reason: str) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = reason
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            reason = self._dead or "the connection closed"
+            waiting = self._core.fail_all()
+            self._outbox.clear()
+        self._monitor.close(linger=0)
+        self._sock.close(linger=0)
+        self._wake_r.close()
+        self._wake_w.close()
+        _fail(waiting, reason)
+
+
+def configure_dealer(sock: zmq.Socket[Any]) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    # Pipelined bulk work may queue thousands of messages; the command timeout bounds them.
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    # ZMTP heartbeats notice a peer that vanished without a FIN (a pulled cable, a frozen
+    # host) within ~15 s, so waiting requests fail instead of waiting out their timeout.
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 5000)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 15000)

@@ -1,0 +1,192 @@
+"""The client's sans-IO parts: reply matching, error mapping, retry rules, worker bookkeeping.
+
+No server and no socket: these run the same for every transport.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import msgpack
+import pytest
+
+import shardq.client
+from shardq.client import (
+    AuthenticationFailed,
+    ClientCore,
+    CommandTimeout,
+    ConnectionLost,
+    Framing,
+    InternalServerError,
+    JobOptions,
+    LeaseLost,
+    NotFound,
+    RateLimited,
+    RetryPolicy,
+    SerializationError,
+    ServerError,
+    StorageUnavailable,
+    UnrecoverableError,
+    error_from_reply,
+    is_transient,
+    parse_url,
+)
+from shardq.client._retry import may_resend
+from shardq.client._worker_state import WorkerState
+from shardq.protocol import FrameDecoder, encode_many
+
+
+def test_stream_replies_match_in_any_order_and_in_pieces() -> None:
+    core: ClientCore[str] = ClientCore(Framing.STREAM)
+    rids, payloads = core.prepare([{"cmd": "A"}, {"cmd": "B"}], ["wa", "wb"])
+    assert len(payloads) == 1  # one write for the batch
+    sent = FrameDecoder().feed(payloads[0])
+    assert [(f["cmd"], f["reqId"]) for f in sent] == [("A", rids[0]), ("B", rids[1])]
+
+    data = encode_many([{"ok": True, "reqId": rids[1]}, {"ok": True, "x": 1, "reqId": rids[0]}])
+    got = [pair for i in range(len(data)) for pair in core.feed(data[i : i + 1])]
+    assert got == [
+        ("wb", {"ok": True, "reqId": rids[1]}),
+        ("wa", {"ok": True, "x": 1, "reqId": rids[0]}),
+    ]
+    assert core.pending == 0
+
+
+def test_late_unknown_and_unnamed_replies_are_dropped() -> None:
+    core: ClientCore[int] = ClientCore(Framing.MESSAGE)
+    rids, bodies = core.prepare([{"cmd": "Ping"}], [7])
+    assert msgpack.unpackb(bodies[0]) == {"cmd": "Ping", "reqId": rids[0]}
+    core.forget(rids)  # the caller timed out
+    assert core.receive(msgpack.packb({"ok": True, "reqId": rids[0]})) is None
+    assert core.receive(msgpack.packb({"ok": False, "error": "Invalid command format"})) is None
+    assert core.receive(b"\xc1") is None  # not msgpack
+    assert core.unmatched == 3
+
+
+def test_fail_all_and_broken_stream() -> None:
+    core: ClientCore[str] = ClientCore(Framing.STREAM, max_frame_size=16)
+    core.prepare([{"cmd": "A"}], ["w"])
+    assert core.feed(b"\x00\x00\x01\x00") == []  # a 256-byte frame: over the limit
+    assert core.broken is not None and "Frame too large" in core.broken
+    assert core.fail_all() == ["w"] and core.pending == 0
+
+
+def test_unencodable_command_registers_nothing() -> None:
+    core: ClientCore[str] = ClientCore(Framing.STREAM)
+    with pytest.raises(SerializationError):
+        core.prepare([{"cmd": "PUSH"}, {"cmd": "PUSH", "data": object()}], ["a", "b"])
+    assert core.pending == 0
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        ("Job not found", NotFound),
+        ("Rate limit exceeded", RateLimited),
+        ("Internal server error", InternalServerError),
+        ("Storage unavailable: disk full", StorageUnavailable),
+        ("Invalid token", AuthenticationFailed),
+        ("Not authenticated", AuthenticationFailed),
+        ("Invalid or expired lock token for job j1", LeaseLost),
+        ("Job not found or not in processing state: j1", LeaseLost),
+        ("Queue name contains invalid characters", ServerError),
+    ],
+)
+def test_error_mapping(message: str, kind: type[ServerError]) -> None:
+    error = error_from_reply({"ok": False, "error": message, "reqId": "3"})
+    assert type(error) is kind and str(error) == message
+    assert error.reply == {"ok": False, "error": message}
+
+
+def test_only_the_allowlist_is_transient_and_resends_are_safe() -> None:
+    lost_unsent = ConnectionLost("refused", sent=False)
+    lost_sent = ConnectionLost("reset")
+    timeout = CommandTimeout("slow")
+    assert all(is_transient(e) for e in (lost_sent, timeout, RateLimited("Rate limit exceeded")))
+    assert not is_transient(ServerError("Job data too large (max 10MB)"))
+    assert not is_transient(NotFound("Job not found"))
+    # A command that is not idempotent goes again only if the server surely did not apply it.
+    assert may_resend(lost_unsent, idempotent=False)
+    assert may_resend(RateLimited("Rate limit exceeded"), idempotent=False)
+    assert not may_resend(lost_sent, idempotent=False)
+    assert not may_resend(timeout, idempotent=False)
+    assert may_resend(timeout, idempotent=True)
+
+
+def test_retry_policy_backoff_with_jitter() -> None:
+    policy = RetryPolicy(attempts=3, base_delay=0.1, max_delay=0.3, jitter=0.5)
+    assert policy.delay(0, rand=0.0) == pytest.approx(0.1)
+    assert policy.delay(1, rand=0.999) == pytest.approx(0.1, abs=0.001)  # 0.2 * (1 - 0.5)
+    assert policy.delay(9, rand=0.0) == pytest.approx(0.3)  # capped
+    assert policy.allows(CommandTimeout("x"), 1, idempotent=True)
+    assert not policy.allows(CommandTimeout("x"), 2, idempotent=True)  # third try was the last
+    assert RetryPolicy(attempts=None).allows(CommandTimeout("x"), 10**6, idempotent=True)
+    with pytest.raises(ValueError):
+        RetryPolicy(jitter=2)
+
+
+def test_urls() -> None:
+    assert str(parse_url("tcp://example.com")) == "tcp://example.com:6789"
+    assert parse_url("zmq://[::1]:7000").zmq_address == "tcp://[::1]:7000"
+    for bad in ("http://h:1", "tcp://", "tcp://h:1/path", "tcp://h:99999"):
+        with pytest.raises(ValueError):
+            parse_url(bad)
+
+
+def test_job_options_wire_names() -> None:
+    options = JobOptions(job_id="k", delay_ms=5, max_attempts=2, tags=["a"], extra={"lifo": True})
+    assert options.to_wire() == {
+        "jobId": "k", "delay": 5, "maxAttempts": 2, "tags": ["a"], "lifo": True,
+    }  # fmt: skip
+    assert options.to_wire(bulk=True)["customId"] == "k"
+
+
+def test_worker_state_pulls_only_free_slots() -> None:
+    state = WorkerState("q", "me", concurrency=3, lock_ttl_ms=1000)
+    assert state.pull_command(500) == {
+        "cmd": "PULLB", "queue": "q", "count": 3, "owner": "me", "lockTtl": 1000, "timeout": 500,
+    }  # fmt: skip
+    leases = state.admit({"jobs": [{"id": "a"}, {"id": "b"}], "tokens": ["ta", "tb"]})
+    assert state.pull_command(500)["count"] == 1
+    state.handler_done(leases[0])
+    assert state.pull_command(500)["count"] == 2
+    assert state.heartbeat_command() == {
+        "cmd": "JobHeartbeatB",
+        "ids": ["a", "b"],
+        "tokens": ["ta", "tb"],
+    }
+    state.buffer_ack(leases[0], {"r": 1})
+    assert [lease.job.id for lease in state.unbuffered()] == ["b"]
+    taken = state.take_acks()
+    assert taken is not None and taken[1]["tokens"] == ["ta"] and taken[1]["results"] == [{"r": 1}]
+    state.drop(leases[0])
+    assert list(state.held) == ["b"]
+
+
+def test_fail_command_carries_the_traceback_tail() -> None:
+    state = WorkerState("q", "me", concurrency=1, lock_ttl_ms=1000)
+    (lease,) = state.admit({"jobs": [{"id": "a", "stackTraceLimit": 2}], "tokens": ["t"]})
+    try:
+        raise UnrecoverableError("bad input")
+    except UnrecoverableError as e:
+        command = state.fail_command(lease, e)
+    assert command["error"] == "bad input" and command["unrecoverable"] is True
+    assert command["token"] == "t" and len(command["stack"]) == 2
+    assert command["stack"][-1].endswith("UnrecoverableError: bad input")
+
+
+SANS_IO = ["_core", "_errors", "_models", "_ops", "_retry", "_url", "_worker_state"]
+IO_MODULES = {"asyncio", "socket", "select", "selectors", "threading", "time", "zmq"}
+
+
+@pytest.mark.parametrize("module", SANS_IO)
+def test_sans_io_modules_do_no_io(module: str) -> None:
+    path = Path(shardq.client.__file__).parent / f"{module}.py"
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert not imported & IO_MODULES, f"{module} imports {sorted(imported & IO_MODULES)}"
