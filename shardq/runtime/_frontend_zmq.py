@@ -71,6 +71,8 @@ class ZmqGateway:
         self._peers: OrderedDict[bytes, ZmqPeer] = OrderedDict()
         self._resume = asyncio.Event()
         self._resume.set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_scheduled = False
 
     def bind(self, host: str, port: int) -> int:
         """Bind on tcp://host:port (0 = any free port); return the port. Raises `ZMQError`."""
@@ -91,17 +93,31 @@ class ZmqGateway:
 
     async def run(self) -> None:
         """Serve until cancelled."""
+        self._loop = asyncio.get_running_loop()
         while True:
             await self._resume.wait()
-            await self.router.poll()
-            for _ in range(_BURST):
-                try:
-                    parts = self._sync.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._on_message(parts)
-            else:
-                await asyncio.sleep(0)
+            # ZeroMQ's readiness signal is edge-triggered and shared by every operation on the
+            # socket: a reply sent in between can consume the edge of a request that arrived.
+            # So look at the socket's events before sleeping on it.
+            if not self._readable():
+                await self.router.poll()
+            self._drain()
+            await asyncio.sleep(0)
+
+    def _readable(self) -> bool:
+        return bool(int(self._sync.get(zmq.EVENTS)) & zmq.POLLIN)
+
+    def _drain(self) -> None:
+        """Take up to a burst of waiting messages (stops while the shards push back)."""
+        self._drain_scheduled = False
+        for _ in range(_BURST):
+            if not self._resume.is_set():
+                return
+            try:
+                parts = self._sync.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_message(parts)
 
     def _on_message(self, parts: list[bytes]) -> None:
         if len(parts) < 2:
@@ -134,6 +150,11 @@ class ZmqGateway:
         except zmq.Again:
             # The peer's queue is full (it stopped reading): ROUTER drops, as it would anyway.
             _log.debug("zeromq reply dropped", conn="z" + envelope[0].hex())
+        # This send may have consumed the readiness edge of a request that just arrived; the
+        # `poll` in `run` would then sleep on it forever.
+        if not self._drain_scheduled and self._loop is not None and self._readable():
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
 
     def close(self) -> None:
         self.router.close(linger=0)
