@@ -1,0 +1,188 @@
+"""The report: ratios against the targets of issue 5, the JSON file and the Markdown table."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.compare._model import SCENARIOS, Row, Scenario
+
+__all__ = ["Ratio", "markdown", "ratios", "write"]
+
+PY_PEERS = ("huey", "rq", "celery", "dramatiq", "arq")
+SHARDQ_CLIENT_PREFERENCE = ("shardq-sdk", "bunqueue-client", "raw")
+
+
+@dataclass
+class Ratio:
+    """shardq against one other contestant on one scenario; > 1 means shardq is better."""
+
+    scenario: str
+    against: str  # "bunqueue" or "fastest Python peer"
+    client: str
+    shardq: float
+    other: float
+    other_peer: str
+    ratio: float
+    target: float | None  # None: reported for information (shardq's SDK against another client)
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target is None else self.ratio >= self.target
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "met": self.met}
+
+
+def _better(sc: Scenario, shardq: float, other: float) -> float:
+    """Throughput: shardq / other; latency (lower is better): other / shardq."""
+    if sc.unit == "ms":
+        return other / shardq if shardq > 0 else float("inf")
+    return shardq / other if other > 0 else float("inf")
+
+
+def _bunqueue_target(sc: Scenario) -> float:
+    return 1.5 if sc.kind in ("pipelined", "drain", "rawdrain") and sc.mode != "durable" else 1.0
+
+
+def _python_target(sc: Scenario) -> float:
+    return 5.0 if sc.kind == "drain" else 1.0
+
+
+def _find(rows: list[Row], scenario: str, peer: str, client: str | None = None) -> Row | None:
+    for row in rows:
+        wanted = client is None or row.client.startswith(client)
+        if row.scenario == scenario and row.peer == peer and row.median is not None and wanted:
+            return row
+    return None
+
+
+def _vs_bunqueue(sc: Scenario, rows: list[Row]) -> Iterable[Ratio]:
+    for client in ("bunqueue-client", "raw", "shardq-sdk"):
+        mine = _find(rows, sc.key, "shardq", client)
+        # shardq's own SDK against bunqueue driven by bunqueue-client: reported, but the
+        # same-client ratio is the one the target is about.
+        theirs = _find(rows, sc.key, "bunqueue", "bunqueue-client" if client == "shardq-sdk"
+                       else client)  # fmt: skip
+        if mine and theirs and mine.median and theirs.median:
+            same = client != "shardq-sdk"
+            label = client if same else "shardq-sdk vs bunqueue-client"
+            yield Ratio(sc.key, "bunqueue", label, mine.median, theirs.median, "bunqueue",
+                        _better(sc, mine.median, theirs.median),
+                        _bunqueue_target(sc) if same else None)  # fmt: skip
+
+
+def _vs_python(sc: Scenario, rows: list[Row]) -> Iterable[Ratio]:
+    peers = [r for r in rows if r.scenario == sc.key and r.peer in PY_PEERS and r.median]
+    mine = next((r for c in SHARDQ_CLIENT_PREFERENCE if (r := _find(rows, sc.key, "shardq", c))),
+                None)  # fmt: skip
+    if not peers or mine is None or not mine.median:
+        return
+    scored = [(_better(sc, mine.median, p.median or 0.0), p) for p in peers]
+    ratio, best = min(scored, key=lambda pair: pair[0])  # the fastest peer = shardq's worst ratio
+    yield Ratio(sc.key, "fastest Python peer", mine.client, mine.median, best.median or 0.0,
+                best.peer, ratio, _python_target(sc))  # fmt: skip
+
+
+def ratios(rows: list[Row]) -> list[Ratio]:
+    out: list[Ratio] = []
+    for sc in SCENARIOS:
+        out.extend(_vs_bunqueue(sc, rows))
+        out.extend(_vs_python(sc, rows))
+    return out
+
+
+def _num(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.1f}" if unit == "ms" else f"{value:,.0f}"
+
+
+def _short_mode(mode: str) -> str:
+    return mode.split(":", 1)[0]
+
+
+def _results_table(rows: list[Row]) -> list[str]:
+    lines = [
+        "| # | scenario | q | peer | client | mode | median | min | max | unit | notes |",
+        "|---:|---|---:|---|---|---|---:|---:|---:|---|---|",
+    ]
+    for row in rows:
+        notes = [row.note] if row.note else []
+        if "p99_ms" in row.extra:
+            notes.append(f"p99 {row.extra['p99_ms']['median']:,.1f} ms (median of repeats)")
+        unit = "ms p50" if row.unit == "ms" else row.unit
+        if "completed" in row.extra and row.extra["completed"]["min"] < row.jobs:
+            notes.append(f"window cut: {row.extra['completed']['min']:,.0f} of {row.jobs:,} done")
+        lines.append(
+            f"| {row.group} | {row.title} | {row.queues} | {row.peer} | {row.client} | "
+            f"{_short_mode(row.mode)} | {_num(row.median, row.unit)} | {_num(row.min, row.unit)} | "
+            f"{_num(row.max, row.unit)} | {unit} | {'; '.join(notes)} |"
+        )
+    return lines
+
+
+def _ratio_table(items: list[Ratio]) -> list[str]:
+    lines = [
+        "| scenario | against | client | shardq | other | ratio | target | met |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in items:
+        other = f"{r.other_peer} {r.other:,.1f}" if r.other_peer else f"{r.other:,.1f}"
+        target = "-" if r.target is None else f"{r.target:.1f}x"
+        met = {None: "(info)", True: "yes", False: "**no**"}[r.met]
+        lines.append(
+            f"| {r.scenario} | {r.against} | {r.client} | {r.shardq:,.1f} | {other} | "
+            f"{r.ratio:.2f}x | {target} | {met} |"
+        )
+    return lines
+
+
+def markdown(report: dict[str, Any], rows: list[Row], items: list[Ratio]) -> str:
+    machine = report["machine"]
+    out = [
+        f"# shardq comparison, {report['date']}",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        f"Machine: {machine['cpu_model']}, {machine['cpu_count']} CPUs, "
+        f"{machine['memory_gib']} GiB, {machine['os']}, Python {machine['python']}; load average "
+        f"at start {', '.join(f'{x:.2f}' for x in machine['load_average_at_start'])}.",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()) + ".",
+        "",
+        "Settings: " + ", ".join(f"{k}={v}" for k, v in report["settings"].items()) + ".",
+        "",
+        "## Results (median, min, max of the repeats)",
+        "",
+        *_results_table(rows),
+        "",
+        "## Ratios (above 1 = shardq better; latency compares p50)",
+        "",
+        *_ratio_table(items),
+        "",
+        "## Durability modes",
+        "",
+        *[f"- {peer}: {mode}" for peer, mode in report["modes"].items()],
+        "",
+        "## Commands (ports and temporary paths vary per run)",
+        "",
+        *[f"- {name}: `{cmd}`" for name, cmd in report["commands"].items()],
+        "",
+        "## Notes",
+        "",
+        *[f"- {note}" for note in report["notes"]],
+        "",
+    ]
+    return "\n".join(out)
+
+
+def write(out_dir: Path, stem: str, report: dict[str, Any], text: str) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    md_path.write_text(text)
+    return json_path, md_path

@@ -1,0 +1,60 @@
+"""Smoke test of `python -m bench compare --quick`: the harness runs and writes its report.
+
+It runs shardq only, with a small N and one repeat, and asserts the shape of what it writes,
+never a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+TOP_KEYS = {"date", "command", "machine", "versions", "settings", "modes", "commands", "notes",
+            "elapsed_s", "rows", "ratios"}  # fmt: skip
+ROW_KEYS = {"scenario", "group", "title", "queues", "peer", "client", "mode", "unit", "jobs",
+            "samples", "median", "min", "max", "extra", "note"}  # fmt: skip
+# At least these scenarios must produce a number with the raw client and bunqueue-client.
+MEASURED = {"push_single", "push_pipelined", "push_bulk_100", "push_bulk_1000", "durable_single",
+            "durable_bulk_100", "drain_c1", "drain_c10", "drain_c50", "drain_raw", "latency_c10",
+            "push_pipelined_8q", "drain_8q_c8", "drain_raw_8q"}  # fmt: skip
+
+
+def test_compare_quick_writes_json_and_table(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "compare", "--quick", "--out-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    json_files = list(tmp_path.glob("*.json"))
+    md_files = list(tmp_path.glob("*.md"))
+    assert len(json_files) == 1 and len(md_files) == 1
+    assert json_files[0].stem == md_files[0].stem  # <date>-quick.json and <date>-quick.md
+
+    report = json.loads(json_files[0].read_text())
+    assert report.keys() >= TOP_KEYS
+    assert report["settings"]["quick"] is True
+    assert report["machine"]["cpu_count"] >= 1
+    assert {row["peer"] for row in report["rows"]} <= {"shardq", "shardq-fsync"}
+    for row in report["rows"]:
+        assert row.keys() >= ROW_KEYS
+        assert row["mode"], row
+    measured = {row["scenario"] for row in report["rows"] if row["median"] is not None}
+    assert measured >= MEASURED, report["notes"]
+    failed = [row for row in report["rows"] if row["note"] == "failed"]
+    assert not failed, report["notes"]
+
+    table = md_files[0].read_text()
+    assert (
+        "| # | scenario | q | peer | client | mode | median | min | max | unit | notes |" in table
+    )
+    assert "## Ratios" in table and "## Commands" in table
+    assert table.strip() in done.stdout  # the same table goes to stdout
