@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 import zmq
@@ -33,8 +34,10 @@ class SpecError(Exception):
     """The command line did not carry a valid `--spec '<json>'`."""
 
 
-def parse_spec_args(argv: Sequence[str]) -> ChildSpec:
-    """The `ChildSpec` from `["--spec", json]` (or `["--spec=json"]`).
+def parse_spec_args(argv: Sequence[str], stdin: TextIO | None = None) -> ChildSpec:
+    """The `ChildSpec` from `["--spec", json]` (or `["--spec=json"]`); `--spec -` reads the
+    JSON from standard input (how the supervisor passes it: the spec holds the auth tokens,
+    and a command line is readable by every local user).
 
     Raises `SpecError` if the flag is missing or its JSON does not describe a `ChildSpec`.
     """
@@ -46,6 +49,8 @@ def parse_spec_args(argv: Sequence[str]) -> ChildSpec:
         text = args[0].removeprefix("--spec=")
     if text is None:
         raise SpecError(f"usage: --spec '<json>' (got {len(args)} arguments)")
+    if text == "-":
+        text = (stdin or sys.stdin).read()
     try:
         return ChildSpec.from_json(text)
     except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError

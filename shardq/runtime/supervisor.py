@@ -15,6 +15,7 @@ a timeout only while a restart or a ready deadline is pending: an idle superviso
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -314,12 +315,14 @@ class Supervisor:
 
     def _spawn(self, child: _Child) -> None:
         spec = self._spec(child)
-        argv = [*self._command(child.role), "--spec", spec.to_json()]
+        # The spec goes through stdin, not argv: it holds the auth tokens, and a command line
+        # is readable by every local user (ps, /proc/<pid>/cmdline).
+        argv = [*self._command(child.role), "--spec", "-"]
         child.ready, child.fatal, child.exit_code = False, None, None
         try:
             child.proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 close_fds=True,
                 # Its own process group: a terminal's Ctrl-C reaches only the supervisor,
                 # which then stops the children in order instead of all of them at once.
@@ -329,6 +332,13 @@ class Supervisor:
         except OSError as e:  # no memory, no pids left, a missing interpreter ...
             self._failure = f"cannot start {child.name}: {e}"
             return
+        stdin = child.proc.stdin
+        if stdin is not None:
+            # A few KB: far below a pipe's buffer, so this never blocks on the child.
+            with contextlib.suppress(BrokenPipeError):
+                stdin.write(spec.to_json().encode())
+            with contextlib.suppress(BrokenPipeError):
+                stdin.close()
         log.info("child started", child=child.name, child_pid=child.proc.pid)
 
     def _command(self, role: str) -> list[str]:
