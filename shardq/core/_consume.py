@@ -284,8 +284,8 @@ class ConsumeOps(EngineState):
         # A lapsed lease cannot be renewed (bunqueue): the holder may still ACK it, not extend it.
         if lease is None or token != lease.token or lease.expires_at <= now:
             return False
-        if is_number(duration) and duration > 0:  # type: ignore[operator]
-            lease.ttl = int(duration)  # type: ignore[call-overload]
+        if is_number(duration) and duration > 0:
+            lease.ttl = int(duration)
         lease.expires_at = now + lease.ttl
         lease.renewals += 1
         job.last_heartbeat = now
@@ -361,6 +361,6 @@ def _conn(cmd: Mapping[str, Any]) -> str | None:
 
 
 def _positive(value: object, default: int) -> int:
-    if is_number(value) and value > 0:  # type: ignore[operator]
-        return int(value)  # type: ignore[call-overload, no-any-return]
+    if is_number(value) and value > 0:
+        return int(value)
     return default

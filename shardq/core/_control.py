@@ -133,7 +133,7 @@ class ControlOps(EngineState):
         if job.state != ACTIVE:
             raise CommandError(f"Job is not active (current state: {job.public_state()})")
         progress = cmd.get("progress")
-        job.progress = progress if is_number(progress) else 0  # type: ignore[assignment]
+        job.progress = progress if is_number(progress) else 0
         message = cmd.get("message")
         job.progress_message = message if isinstance(message, str) else None
         job.last_heartbeat = now

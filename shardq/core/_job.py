@@ -347,9 +347,8 @@ def _timeline_entry(entry: Any) -> tuple[str, int, int | None]:
 
 
 def _number(value: object, default: float) -> float:
-    if is_number(value) and math.isfinite(value):  # type: ignore[arg-type]
-        number: float = value  # type: ignore[assignment]
-        return int(number) if number == int(number) else number
+    if is_number(value) and math.isfinite(value):
+        return int(value) if value == int(value) else value
     return default
 
 

@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 __all__ = [
     "MAX_DATA_CHARS",
@@ -41,15 +41,15 @@ _TTL_BOUNDS: Final[tuple[tuple[str, int, int], ...]] = (
 )
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     kind = type(value)
     return kind is int or kind is float or (kind is not bool and isinstance(value, int | float))
 
 
 def as_int(value: object, default: int) -> int:
     """An integer field that may arrive as a float; `default` when absent or not a number."""
-    if is_number(value) and math.isfinite(value):  # type: ignore[arg-type]
-        return int(value)  # type: ignore[call-overload, no-any-return]
+    if is_number(value) and math.isfinite(value):
+        return int(value)
     return default
 
 
@@ -61,7 +61,7 @@ def check_number(
         return f"{name} is required" if required else None
     if not is_number(value):
         return f"{name} must be a number"
-    number: float = value  # type: ignore[assignment]
+    number = value
     if not math.isfinite(number):
         return f"{name} must be a finite number"
     if name in _INTEGER_FIELDS and number != int(number):
@@ -150,11 +150,11 @@ def _validate_group_id(value: object) -> str | None:
 def _validate_group_priority(value: object) -> str | None:
     if value is None:
         return None
-    if not is_number(value) or not math.isfinite(value):  # type: ignore[arg-type]
+    if not is_number(value) or not math.isfinite(value):
         return "group.priority must be a finite number"
-    if value != int(value):  # type: ignore[call-overload]
+    if value != int(value):
         return "group.priority must be an integer"
-    if not 0 <= value <= _MAX_GROUP_PRIORITY:  # type: ignore[operator]
+    if not 0 <= value <= _MAX_GROUP_PRIORITY:
         return f"group.priority must be between 0 and {_MAX_GROUP_PRIORITY}"
     return None
 
