@@ -5,7 +5,7 @@ from ._engine import COMMANDS, Engine
 from ._ids import IdFactory
 from ._job import Job
 from ._lifecycle import STATES, next_state
-from ._mutations import Mutation, Record, fold_mutations
+from ._mutations import Mutation, Record, fold_mutations, job_id_of
 from ._query import job_view
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Mutation",
     "Record",
     "fold_mutations",
+    "job_id_of",
     "job_view",
     "next_state",
 ]

@@ -114,7 +114,7 @@ class ControlOps(EngineState):
         if job.state in (COMPLETED, FAILED) or "data" not in cmd:
             raise CommandError("Job not found or cannot be updated")
         job.data = cmd["data"]
-        self.out.append(("upd", job.id, {"data": job.data}))
+        self.out.append(("upd", job.key, {"data": job.data}))
         return {"ok": True}
 
     def _check_token(self, job: Job, token: object) -> None:
@@ -138,7 +138,7 @@ class ControlOps(EngineState):
         job.progress_message = message if isinstance(message, str) else None
         job.last_heartbeat = now
         changes = {"progress": job.progress, "progressMessage": job.progress_message}
-        self.out.append(("upd", job.id, changes))
+        self.out.append(("upd", job.key, changes))
         return {"ok": True}
 
     def cmd_add_log(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -149,7 +149,7 @@ class ControlOps(EngineState):
         limit = as_int(job.opts.get("keepLogs"), self.config.max_logs_per_job)
         if len(logs) > limit:
             del logs[: len(logs) - limit]
-        self.out.append(("upd", job.id, {"logs": list(logs)}))
+        self.out.append(("upd", job.key, {"logs": list(logs)}))
         return {"ok": True, "data": {"added": True}}
 
     def cmd_clear_logs(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -157,5 +157,5 @@ class ControlOps(EngineState):
         if job is not None and job.logs:
             keep = as_int(cmd.get("keepLogs"), 0)
             job.logs = job.logs[len(job.logs) - keep :] if keep > 0 else None
-            self.out.append(("upd", job.id, {"logs": job.logs}))
+            self.out.append(("upd", job.key, {"logs": job.logs}))
         return {"ok": True}

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from ._lifecycle import DELAYED, WAITING
+from ._mutations import ROW_KEY_SEP
 from ._options import as_int, is_number
 
 __all__ = ["DEFAULT_MAX_BACKOFF_MS", "TIMELINE_MAX", "Job", "backoff_delay"]
@@ -88,7 +89,8 @@ _HOT: Final = (
     "timeline",
 )
 _ENGINE: Final = ("state", "seq", "failedReason", "dlq", "dlqRetries", "logs", "dedupUntil")
-_NOT_OPTIONS: Final = frozenset((*_HOT, *_ENGINE, "returnvalue", "hasResult"))
+_NOT_OPTIONS: Final = frozenset((*_HOT, *_ENGINE, "returnvalue", "hasResult", "rowKey"))
+
 
 
 class Job:
@@ -109,6 +111,7 @@ class Job:
         "has_result",
         "hkey",
         "id",
+        "key",
         "last_heartbeat",
         "lifo",
         "logs",
@@ -132,6 +135,9 @@ class Job:
 
     def __init__(self, job_id: str, queue: str, seq: int) -> None:
         self.id = job_id
+        # The row this job is stored under: its id, which is unique across the server, except
+        # for a custom id, which a client may reuse on queues that other shards own.
+        self.key = job_id
         self.queue = queue
         self.seq = seq
         self.name = "default"
@@ -205,6 +211,8 @@ class Job:
         job.lifo = bool(get("lifo", False))
         if custom or len(fields) > 1:
             job.opts = _options(fields, job_id if custom else None)
+        if custom:
+            job.key = f"{job_id}{ROW_KEY_SEP}{queue}"
         return job
 
     @property
@@ -275,6 +283,8 @@ class Job:
         }
         if self.has_result:
             rec["returnvalue"] = self.result
+        if self.key != self.id:
+            rec["rowKey"] = self.key
         return rec
 
     @classmethod
@@ -301,6 +311,7 @@ class Job:
         job.failed_reason = rec.get("failedReason")
         job.dlq = rec.get("dlq")
         job.dlq_retries = rec.get("dlqRetries") or 0
+        job.key = rec.get("rowKey") or job.id
         job.logs = rec.get("logs")
         job.dedup_until = rec.get("dedupUntil")
         job.has_result = bool(rec.get("hasResult", "returnvalue" in rec))

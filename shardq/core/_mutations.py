@@ -4,8 +4,12 @@ Every state change the engine makes is described by a small tuple. The writer pe
 replaying them into an empty engine (`Engine.restore`) rebuilds the same queues in the same order.
 
     ("put", rec)              a whole job record (see below), inserted or replaced
-    ("upd", job_id, changes)  a dict of record fields that changed; merge into the stored record
-    ("del", job_id)           the job is gone (removed, cancelled, drained, evicted from the DLQ)
+    ("upd", row_key, changes) a dict of record fields that changed; merge into the stored record
+    ("del", row_key)          the job is gone (removed, cancelled, drained, evicted from the DLQ)
+
+A row key is the job's id, except for a job with a custom id: "<id>\x1f<queue>" (also in the
+record as `rowKey`), because a client may reuse a custom id on queues that different shards
+own, and their rows must not collide in the one SQLite file.
     ("queue", name, cfg)      the whole persisted config of one queue (paused, stall and DLQ config)
     ("qdel", name)            the queue was obliterated: its jobs and its config are gone
 
@@ -22,6 +26,7 @@ A job record is the bunqueue wire `Job` map plus these engine fields:
     dlqRetries   how many times DLQ auto-retry has revived the job
     logs         list of {timestamp, level, message}
     dedupUntil   ms when the uniqueKey claim lapses, or None for "while the job lives"
+    rowKey       the row key, present only when it differs from the id (custom ids)
 
 Records contain only msgpack-friendly values (str, int, float, bool, None, list, dict).
 """
@@ -31,7 +36,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeAlias
 
-__all__ = ["Mutation", "Record", "fold_mutations"]
+__all__ = ["ROW_KEY_SEP", "Mutation", "Record", "fold_mutations", "job_id_of"]
+
+# Separates a custom id from its queue in a row key. Queue names cannot contain it (their
+# characters are [a-zA-Z0-9_.:-]), so the last separator splits a key unambiguously.
+ROW_KEY_SEP = "\x1f"
 
 Record: TypeAlias = dict[str, Any]
 Mutation: TypeAlias = tuple[Any, ...]
@@ -51,7 +60,7 @@ def fold_mutations(
     for m in mutations:
         kind = m[0]
         if kind == "put":
-            records[m[1]["id"]] = dict(m[1])
+            records[m[1].get("rowKey") or m[1]["id"]] = dict(m[1])
         elif kind == "upd":
             rec = records.get(m[1])
             if rec is not None:
@@ -67,3 +76,9 @@ def fold_mutations(
         else:
             raise ValueError(f"unknown mutation kind {kind!r}")
     return records, queues
+
+
+def job_id_of(row_key: str) -> str:
+    """The job id a row key (the id slot of an `upd` or `del`) stands for."""
+    job_id, sep, _queue = row_key.rpartition(ROW_KEY_SEP)
+    return job_id if sep else row_key

@@ -131,7 +131,7 @@ class ProduceOps(EngineState):
             return self._dedup_replace(owner)
         if policy.get("extend") and policy.get("ttl"):
             owner.dedup_until = now + as_int(policy["ttl"], 0)
-            self.out.append(("upd", owner.id, {"dedupUntil": owner.dedup_until}))
+            self.out.append(("upd", owner.key, {"dedupUntil": owner.dedup_until}))
             if owner.state in QUEUED_STATES:
                 return owner.id
             raise CommandError("Duplicate unique_key (extended TTL)")

@@ -147,7 +147,7 @@ class EngineState:
         self._enter(job, q)
         changes["state"] = new
         changes["timeline"] = list(job.timeline)
-        self.out.append(("upd", job.id, changes))
+        self.out.append(("upd", job.key, changes))
 
     def reorder(self, job: Job, changes: dict[str, Any]) -> None:
         """Change the fields that place a queued job (priority, lifo, runAt) in its state.
@@ -160,7 +160,7 @@ class EngineState:
         job.lifo = bool(changes.get("lifo", job.lifo))
         job.run_at = changes.get("runAt", job.run_at)
         self._enter(job, q)
-        self.out.append(("upd", job.id, changes))
+        self.out.append(("upd", job.key, changes))
 
     def requeue_or_delay(self, job: Job, event_now: str, now: int, changes: dict[str, Any]) -> None:
         """Move an active or queued job to waiting or delayed, by its run time."""
@@ -183,7 +183,7 @@ class EngineState:
             self.remember_completion(job.id)
         job.state = REMOVED
         if emit:
-            self.out.append(("del", job.id))
+            self.out.append(("del", job.key))
 
     def _leave(self, job: Job, q: QueueState) -> None:
         state = job.state

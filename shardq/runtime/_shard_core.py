@@ -22,7 +22,7 @@ from typing import Any, Final, TypeAlias
 
 import structlog
 
-from shardq.core import Engine, Mutation, Record
+from shardq.core import Engine, Mutation, Record, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.runtime._shard_waits import JobWaits, LongPolls, Parked
 
@@ -346,7 +346,7 @@ class ShardCore:
         if self.waits:
             for m in muts:
                 if m[0] == "del" or (m[0] == "upd" and m[2].get("state") == "completed"):
-                    self._finished.add(m[1])
+                    self._finished.add(job_id_of(m[1]))
 
     def _note_wakeups(self, muts: list[Mutation], events: Iterable[tuple[str, str, str]]) -> None:
         """Queues that may have deliverable work now: "ready" events and jobs made waiting."""
@@ -359,7 +359,7 @@ class ShardCore:
             if kind == "put" and m[1].get("state") == "waiting":
                 woken.add(m[1]["queue"])
             elif kind == "upd" and m[2].get("state") == "waiting":
-                job = self.engine.find(m[1])
+                job = self.engine.find(job_id_of(m[1]))
                 if job is not None:
                     woken.add(job.queue)
             elif kind == "queue":

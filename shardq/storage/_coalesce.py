@@ -173,7 +173,7 @@ def _parse(index: int, mutation: object) -> _Op:
         )
     if kind == "put":
         rec = fields[0]
-        job_id = rec.get("id")
+        job_id = rec.get("rowKey") or rec.get("id")
         if not isinstance(job_id, str):
             raise StorageError(f"mutation #{index} (put): record field 'id' must be str")
         return kind, job_id, rec

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from engine_driver import Driver, kinds
 
+from shardq.core import job_id_of
+
 DUP_EXTENDED = "Duplicate unique_key (extended TTL)"
 
 
@@ -58,7 +60,8 @@ def test_completed_job_id_starts_a_new_generation(d: Driver) -> None:
     reply, mutations = d.run({"cmd": "PUSH", "queue": "q", "jobId": "j", "data": "second"}, 10)
     assert reply == {"ok": True, "id": "j"}
     assert kinds(mutations) == ["del", "put"]
-    assert mutations[0] == ("del", "j")
+    # A custom-id job's row key names its queue too (see shardq/core/_mutations.py).
+    assert mutations[0] == ("del", "j\x1fq")
     assert mutations[1][1]["id"] == "j" and mutations[1][1]["state"] == "waiting"
     job = d.job("j")
     assert (job["data"], job["state"], job["returnvalue"], job["attempts"]) == (
@@ -264,3 +267,15 @@ def test_custom_id_is_checked_before_the_unique_key(d: Driver) -> None:
     assert d.push(jobId="j", uniqueKey="other") == "j"
     assert d.push(jobId="x", uniqueKey="k") == "j"
     assert d.state("x") == "unknown"
+
+
+def test_custom_id_rows_are_keyed_by_queue_and_plain_ids_by_id(d: Driver) -> None:
+    _, muts = d.run({"cmd": "PUSH", "queue": "qa", "jobId": "order-7", "data": 1}, 1)
+    assert muts[0][1]["id"] == "order-7" and muts[0][1]["rowKey"] == "order-7\x1fqa"
+    job_id, token = d.pull_id(queue="qa", at=2)
+    _, muts = d.run({"cmd": "ACK", "id": job_id, "token": token}, 3)
+    assert muts[0][:2] == ("upd", "order-7\x1fqa")
+    assert job_id_of(muts[0][1]) == "order-7"
+    plain = d.push(queue="qa")
+    _, muts = d.run({"cmd": "Cancel", "id": plain}, 4)
+    assert muts == [("del", plain)] and job_id_of(plain) == plain
