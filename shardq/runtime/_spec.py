@@ -37,6 +37,10 @@ class ChildSpec:
     def shard_endpoint(self, index: int) -> str:
         return self.endpoint(f"shard-{index}")
 
+    def link_path(self, index: int) -> str:
+        """The Unix socket path on which shard `index` takes the front end's link."""
+        return f"{self.run_dir}/link-{index}"
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 

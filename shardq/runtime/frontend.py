@@ -4,11 +4,13 @@
 
 One asyncio loop serves a TCP listener (bunqueue framing, `_frontend_tcp`) and a ZeroMQ ROUTER
 (`_frontend_zmq`); both feed the same `Dispatcher`, which batches commands per shard per loop
-turn. Shard replies arrive on the PULL socket `spec.endpoint("front")`.
+turn. Requests and replies travel over one Unix stream link per shard (`_frontend_links`); the
+supervisor's notices (a shard died, or is up again) arrive on the PULL socket
+`spec.endpoint("front")`.
 
-Back-pressure: a shard's PUSH mailbox holds 1000 batches. When a send to a full one has to
-wait, the front end stops reading from every client (TCP `pause_reading`, ROUTER not polled)
-until it has room again, instead of buffering without bound.
+Back-pressure: when a shard's link buffers more than its high-water mark, the front end stops
+reading from every client (TCP `pause_reading`, ROUTER not polled) until it has drained,
+instead of buffering without bound.
 
 SIGTERM drains (docs/runtime.md): stop accepting connections, send `drain` to every shard,
 keep serving the open connections until each shard reports `drained` or
@@ -21,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from typing import Final, cast
+from collections.abc import Sequence
+from typing import Any, Final
 
 import structlog
 import zmq
@@ -30,6 +32,7 @@ import zmq.asyncio
 
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._frontend_dispatch import Dispatcher
+from shardq.runtime._frontend_links import ShardLinks
 from shardq.runtime._frontend_tcp import TcpGateway
 from shardq.runtime._frontend_zmq import ZmqGateway
 from shardq.runtime._logging import configure
@@ -44,45 +47,6 @@ _TCP_BACKLOG: Final = 1024
 _log = structlog.get_logger()
 
 
-class _ShardLinks:
-    """One PUSH socket per shard; reports when a send has to wait for a full mailbox."""
-
-    def __init__(
-        self, ctx: zmq.asyncio.Context, spec: ChildSpec, on_blocked: Callable[[bool], None]
-    ) -> None:
-        self._socks = []
-        for i in range(spec.shards):
-            sock = ctx.socket(zmq.PUSH)
-            sock.connect(spec.shard_endpoint(i))
-            self._socks.append(sock)
-        self._on_blocked = on_blocked
-        self._waiting = 0
-
-    def send(self, shard: int, data: bytes) -> None:
-        # zmq.asyncio sends at once when there is room and otherwise queues the send, in
-        # order, behind the earlier ones; only then is the front end throttled.
-        sent = cast("asyncio.Future[object]", self._socks[shard].send(data))
-        if sent.done():
-            self._settled(sent, waited=False)
-            return
-        self._waiting += 1
-        if self._waiting == 1:
-            self._on_blocked(True)
-        sent.add_done_callback(lambda f: self._settled(f, waited=True))
-
-    def _settled(self, sent: asyncio.Future[object], *, waited: bool) -> None:
-        if not sent.cancelled() and sent.exception() is not None:
-            _log.error("send to a shard failed", error=str(sent.exception()))
-        if waited:
-            self._waiting -= 1
-            if self._waiting == 0:
-                self._on_blocked(False)
-
-    def close(self) -> None:
-        for sock in self._socks:
-            sock.close(linger=0)
-
-
 class Frontend:
     """The sockets, tasks and drain of the front end, around a `Dispatcher`."""
 
@@ -92,7 +56,14 @@ class Frontend:
         self._ctx = zmq.asyncio.Context()
         # The supervisor link is a plain (blocking-API) socket on the same context.
         self.sup = SupervisorLink(zmq.Context.shadow(self._ctx.underlying), spec)
-        self._links = _ShardLinks(self._ctx, spec, self._shards_blocked)
+        self._links = ShardLinks(
+            [spec.link_path(i) for i in range(spec.shards)],
+            loop,
+            on_message=self._on_shard_message,
+            on_down=self._link_down,
+            on_up=self._link_up,
+            on_blocked=self._shards_blocked,
+        )
         self.dispatcher = Dispatcher(spec.shards, self._links.send, loop, spec.auth_tokens)
         self.tcp = TcpGateway(self.dispatcher, loop, spec.max_frame_bytes, spec.tcp_idle_timeout_ms)
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, spec.max_frame_bytes)
@@ -109,13 +80,14 @@ class Frontend:
         """
         spec = self.spec
         self._inbox.bind(spec.endpoint("front"))
+        await self._links.connect_all()
         self._server = await self.loop.create_server(
             self.tcp.factory, spec.host, spec.tcp_port, reuse_address=True, backlog=_TCP_BACKLOG
         )
         tcp_port = self._server.sockets[0].getsockname()[1]
         zmq_port = self.zmq.bind(spec.host, spec.zmq_port)
         self._tasks = [
-            self.loop.create_task(self._read_shards()),
+            self.loop.create_task(self._read_supervisor()),
             self.loop.create_task(self.zmq.run()),
         ]
         self.loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
@@ -130,7 +102,18 @@ class Frontend:
         self.tcp.shards_blocked(blocked)
         self.zmq.shards_blocked(blocked)
 
-    async def _read_shards(self) -> None:
+    def _on_shard_message(self, msg: dict[str, Any]) -> None:
+        self.dispatcher.on_shard_message(msg)
+
+    def _link_down(self, shard: int) -> None:
+        if shard not in self.dispatcher.down:
+            self.dispatcher.on_shard_message({"t": "shard-down", "shard": shard})
+
+    def _link_up(self, shard: int) -> None:
+        self.dispatcher.on_shard_message({"t": "shard-up", "shard": shard})
+
+    async def _read_supervisor(self) -> None:
+        """The supervisor's messages: a restarted shard is up (reconnect), or one died."""
         sync: zmq.Socket[bytes] = zmq.Socket.shadow(self._inbox.underlying)
         while True:
             await self._inbox.poll()
@@ -144,7 +127,11 @@ class Frontend:
                 except ValueError:
                     _log.warning("undecodable internal message dropped", size=len(data))
                     continue
-                self.dispatcher.on_shard_message(msg)
+                if msg.get("t") == "shard-up" and isinstance(msg.get("shard"), int):
+                    # Up for clients only once the link is connected again (`_link_up`).
+                    self._links.reconnect(msg["shard"])
+                else:
+                    self.dispatcher.on_shard_message(msg)
             else:
                 await asyncio.sleep(0)
 

@@ -13,7 +13,6 @@ orders the shutdown with SIGTERM. SIGTERM ends the loop; the shard then waits (a
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 import time
@@ -27,6 +26,7 @@ from shardq.core import Engine, EngineConfig, Record
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
 from shardq.runtime._gc import tune_gc
+from shardq.runtime._link import FrontLink
 from shardq.runtime._logging import configure
 from shardq.runtime._routing import shard_of
 from shardq.runtime._shard_core import Outgoing, ShardCore
@@ -53,7 +53,10 @@ class ShardProcess:
         self._ctx = zmq.Context()
         self._inbox = self._ctx.socket(zmq.PULL)
         self._inbox.bind(spec.shard_endpoint(spec.index))
-        self._out = {name: self._push(spec.endpoint(name)) for name in ("front", "writer")}
+        self._writer = self._push(spec.endpoint("writer"))
+        # Requests come from, and replies go to, the front end over this link (`_link`).
+        self._front = FrontLink(spec.link_path(spec.index))
+        self._link_fds: set[int] = set()
         self.sup = SupervisorLink(self._ctx, spec)
         # SIGTERM arrives as bytes on a socket pair that the poll watches, so it wakes a
         # blocked poll at once and never runs code in the middle of a turn.
@@ -62,6 +65,7 @@ class ShardProcess:
         self._poller = zmq.Poller()
         self._poller.register(self._inbox, zmq.POLLIN)
         self._poller.register(self._signals.fileno(), zmq.POLLIN)
+        self._watch_link()
 
     def _push(self, endpoint: str) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(zmq.PUSH)
@@ -111,7 +115,7 @@ class ShardProcess:
         served, in order, once recovery is done.
         """
         sync = pack({"t": "sync", "shard": self.spec.index, "seq": 0})
-        self._out["writer"].send(sync)
+        self._writer.send(sync)
         early: list[dict[str, Any]] = []
         synced = False
         while not synced and not self._stop:
@@ -123,7 +127,7 @@ class ShardProcess:
                     synced = synced or bool(msg.get("sync"))
                 elif kind == "writer-up":
                     # A writer (re)started: one that died may have taken our sync with it.
-                    self._out["writer"].send(sync)
+                    self._writer.send(sync)
                 elif kind == "fail":
                     _log.warning("writer cannot commit yet; waiting", error=msg.get("error"))
                 else:
@@ -184,43 +188,63 @@ class ShardProcess:
         """Close every socket with linger 0 and terminate the context."""
         self._signals.close()
         self.sup.close()
-        for sock in (self._inbox, *self._out.values()):
+        self._front.close()
+        for sock in (self._inbox, self._writer):
             sock.close(linger=0)
         self._ctx.term()
 
     # -- sockets ---------------------------------------------------------------------------
 
     def _wait(self, timeout_ms: int | None) -> list[dict[str, Any]]:
-        """Sleep until a message or a signal arrives, or `timeout_ms` passes; drain the inbox."""
+        """Sleep until a message or a signal arrives, or `timeout_ms` passes; take what came.
+
+        Writer messages (the ZeroMQ inbox) come before front-end requests (the link).
+        """
+        self._watch_link()
         ready = dict(self._poller.poll(timeout_ms))
         if self._signals.fileno() in ready and self._signals.drain():
             self._stop = True
         messages: list[dict[str, Any]] = []
-        if self._inbox not in ready:
-            return messages
-        # Everything waiting, up to a cap that keeps timers on time under a steady flood
-        # (each message is a whole batch, so the cap is rarely the limit).
-        for _ in range(_MAX_MESSAGES_PER_TURN):
-            try:
-                data = self._inbox.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            try:
-                messages.append(unpack(data))
-            except ValueError:
-                _log.warning("undecodable internal message dropped", size=len(data))
+        if self._inbox in ready:
+            # Everything waiting, up to a cap that keeps timers on time under a steady flood
+            # (each message is a whole batch, so the cap is rarely the limit).
+            for _ in range(_MAX_MESSAGES_PER_TURN):
+                try:
+                    data = self._inbox.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._decode(data, messages)
+        for fd in self._front.fds():
+            if fd in ready:
+                for data in self._front.readable(fd):
+                    self._decode(data, messages)
         return messages
+
+    @staticmethod
+    def _decode(data: bytes, into: list[dict[str, Any]]) -> None:
+        try:
+            into.append(unpack(data))
+        except ValueError:
+            _log.warning("undecodable internal message dropped", size=len(data))
+
+    def _watch_link(self) -> None:
+        # The link's descriptors change when the front end connects or goes away.
+        fds = set(self._front.fds())
+        for fd in self._link_fds - fds:
+            self._poller.unregister(fd)
+        for fd in fds - self._link_fds:
+            self._poller.register(fd, zmq.POLLIN)
+        self._link_fds = fds
 
     def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None:
         for dest, msg in out:
-            if dest == "front" and not block_on_front:
-                # Stopping, and the front end may be gone: nobody would read a queued reply.
-                with contextlib.suppress(zmq.Again):
-                    self._out[dest].send(pack(msg), zmq.NOBLOCK)
-                continue
-            # A blocking send is the back-pressure the runtime contract asks for: a full
-            # writer or front-end mailbox stops this shard until it drains.
-            self._out[dest].send(pack(msg))
+            if dest == "front":
+                # Blocking is the back-pressure the runtime contract asks for: a front end
+                # that does not read stops this shard. While stopping, nobody may read.
+                self._front.send(pack(msg), block=block_on_front)
+            else:
+                # Likewise a full writer mailbox stops this shard until it drains.
+                self._writer.send(pack(msg))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -233,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure("shard", spec.log_format, spec.log_level, spec.index)
     try:
         shard = ShardProcess(spec)
-    except (zmq.ZMQError, ValueError) as e:
+    except (zmq.ZMQError, OSError, ValueError) as e:
         _log.error("shard cannot start", error=str(e))
         return 1
     try:

@@ -1,0 +1,169 @@
+"""The front end's side of the shard links (`_link`): one asyncio Unix connection per shard.
+
+A link is connected at start-up, and again when the supervisor says a restarted shard is up.
+Its loss is a shard going down, noticed at once (a killed shard's socket closes): the requests
+it holds are answered "Shard unavailable" without waiting for the supervisor.
+
+Back-pressure: when a shard does not read, its transport's buffer fills past the high-water
+mark and asyncio pauses writing; the front end then stops reading from every client
+(`on_blocked(True)`) until every link has drained, instead of buffering without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Final
+
+import structlog
+
+from shardq.runtime._link import FrameSplitter, frame
+from shardq.runtime._wire import unpack
+
+__all__ = ["ShardLinks"]
+
+# Per link: writing pauses (and clients stop being read) above this many buffered bytes.
+_HIGH_WATER: Final = 8 * 1024 * 1024
+_CONNECT_ATTEMPTS: Final = 50
+_CONNECT_PAUSE_S: Final = 0.02
+
+_log = structlog.get_logger()
+
+OnMessage = Callable[[dict[str, Any]], None]
+
+
+class _Link(asyncio.Protocol):
+    def __init__(self, links: ShardLinks, index: int) -> None:
+        self._links = links
+        self.index = index
+        self.transport: asyncio.Transport | None = None
+        self.paused = False
+        self._splitter = FrameSplitter()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.set_write_buffer_limits(high=_HIGH_WATER)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            payloads = self._splitter.feed(data)
+        except ValueError as e:
+            _log.error("corrupt shard link; closing it", shard=self.index, error=str(e))
+            if self.transport is not None:
+                self.transport.close()
+            return
+        for payload in payloads:
+            try:
+                msg = unpack(payload)
+            except ValueError:
+                _log.warning("undecodable internal message dropped", size=len(payload))
+                continue
+            self._links.on_message(msg)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        self._links.blocked_changed()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._links.blocked_changed()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.paused = False
+        self._links.lost(self)
+
+
+class ShardLinks:
+    """Every shard's link. `send` never blocks; `on_down`/`on_up` report a link's state."""
+
+    def __init__(
+        self,
+        paths: list[str],
+        loop: asyncio.AbstractEventLoop,
+        *,
+        on_message: OnMessage,
+        on_down: Callable[[int], None],
+        on_up: Callable[[int], None],
+        on_blocked: Callable[[bool], None],
+    ) -> None:
+        self._paths = paths
+        self._loop = loop
+        self.on_message = on_message
+        self._on_down = on_down
+        self._on_up = on_up
+        self._on_blocked = on_blocked
+        self._links: list[_Link | None] = [None] * len(paths)
+        self._blocked = False
+        self._closing = False
+
+    async def connect_all(self) -> None:
+        """Connect to every shard. Raises `OSError` if one cannot be reached."""
+        for index in range(len(self._paths)):
+            await self._connect(index)
+
+    def reconnect(self, index: int) -> None:
+        """The supervisor says shard `index` is up again: connect to it in the background."""
+        if 0 <= index < len(self._paths) and self._links[index] is None:
+            task = self._loop.create_task(self._reconnect(index))
+            task.add_done_callback(_log_failure)
+
+    def send(self, shard: int, data: bytes) -> None:
+        """Queue one message for `shard`; dropped if its link is down (the shard is down too,
+        and its requests are answered by the down handling)."""
+        link = self._links[shard]
+        if link is not None and link.transport is not None:
+            link.transport.write(frame(data))
+
+    def close(self) -> None:
+        """Close every link; no down reports follow."""
+        self._closing = True
+        for link in self._links:
+            if link is not None and link.transport is not None:
+                link.transport.close()
+
+    # -- called by the links -----------------------------------------------------------------
+
+    def blocked_changed(self) -> None:
+        blocked = any(link is not None and link.paused for link in self._links)
+        if blocked != self._blocked:
+            self._blocked = blocked
+            self._on_blocked(blocked)
+
+    def lost(self, link: _Link) -> None:
+        if self._links[link.index] is link:
+            self._links[link.index] = None
+        self.blocked_changed()
+        if not self._closing:
+            _log.warning("shard link lost", shard=link.index)
+            self._on_down(link.index)
+
+    # -- connecting ---------------------------------------------------------------------------
+
+    async def _connect(self, index: int) -> None:
+        _transport, link = await self._loop.create_unix_connection(
+            lambda: _Link(self, index), self._paths[index]
+        )
+        self._links[index] = link
+        self._on_up(index)
+
+    async def _reconnect(self, index: int) -> None:
+        # The shard reported ready after binding its socket, so the first attempt normally
+        # succeeds; the retries only cover a slow file system.
+        for attempt in range(_CONNECT_ATTEMPTS):
+            if self._closing or self._links[index] is not None:
+                return
+            try:
+                await self._connect(index)
+                return
+            except OSError as e:
+                if attempt == _CONNECT_ATTEMPTS - 1:
+                    _log.error("cannot reconnect to a shard", shard=index, error=str(e))
+                    return
+                await asyncio.sleep(_CONNECT_PAUSE_S)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        _log.error("shard link task failed", error=str(task.exception()))

@@ -1,0 +1,162 @@
+"""The front end <-> shard link: framing, and both ends over a real Unix socket.
+
+The shard's end (`FrontLink`) is driven from the test's thread with real `select` polls; the
+front end's end (`ShardLinks`) runs on a real asyncio loop. Whole-server behaviour over the
+link (kill -9 of a shard, a front-end restart, drains) is in test_frontend_shard.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardq.runtime._frontend_links import ShardLinks
+from shardq.runtime._link import MAX_FRAME_BYTES, FrameSplitter, FrontLink, frame
+from shardq.runtime._wire import pack, unpack
+
+
+@given(
+    payloads=st.lists(st.binary(max_size=300), max_size=20),
+    cuts=st.lists(st.integers(min_value=1, max_value=50), max_size=40),
+)
+def test_frames_survive_any_chunking(payloads: list[bytes], cuts: list[int]) -> None:
+    stream = b"".join(frame(p) for p in payloads)
+    splitter = FrameSplitter()
+    out: list[bytes] = []
+    pos = 0
+    for cut in cuts:
+        out.extend(splitter.feed(stream[pos : pos + cut]))
+        pos += cut
+    out.extend(splitter.feed(stream[pos:]))
+    assert out == payloads
+
+
+def test_a_lying_length_is_refused() -> None:
+    with pytest.raises(ValueError, match="exceeds"):
+        FrameSplitter().feed(struct.pack(">I", MAX_FRAME_BYTES + 1) + b"x")
+
+
+def _read_until(link: FrontLink, count: int, timeout: float = 5.0) -> list[bytes]:
+    got: list[bytes] = []
+    while len(got) < count:
+        ready, _, _ = select.select(link.fds(), [], [], timeout)
+        assert ready, f"only {len(got)} of {count} frames arrived"
+        for fd in ready:
+            got.extend(link.readable(fd))
+    return got
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.down: list[int] = []
+        self.up: list[int] = []
+        self.blocked: list[bool] = []
+
+    def links(self, path: Path) -> ShardLinks:
+        return ShardLinks(
+            [str(path)],
+            asyncio.get_running_loop(),
+            on_message=self.messages.append,
+            on_down=self.down.append,
+            on_up=self.up.append,
+            on_blocked=self.blocked.append,
+        )
+
+
+async def _until(check: Any, what: str, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def test_both_ends_talk_push_back_and_notice_loss(tmp_path: Path) -> None:
+    path = tmp_path / "link-0"
+
+    async def scenario() -> None:
+        shard = FrontLink(str(path))
+        events = _Events()
+        links = events.links(path)
+        await links.connect_all()
+        assert events.up == [0]
+        # The shard accepts on its next poll; then requests and replies flow both ways.
+        links.send(0, pack({"t": "req", "items": [["c1", 1, {"cmd": "Ping"}]]}))
+        await asyncio.sleep(0)
+        (request,) = await asyncio.to_thread(_read_until, shard, 1)
+        assert unpack(request)["items"] == [["c1", 1, {"cmd": "Ping"}]]
+        assert shard.send(pack({"t": "rep", "items": [["c1", 1, {"ok": True}]]}))
+        await _until(lambda: events.messages, "the reply")
+        assert events.messages == [{"t": "rep", "items": [["c1", 1, {"ok": True}]]}]
+
+        # A shard that stops reading makes the front end stop reading its clients, and
+        # reading again lets them go: the link buffers a bounded amount, never everything.
+        big = pack({"t": "req", "items": [["c", 0, {"data": "x" * 1_000_000}]]})
+        sent = 0
+        while not events.blocked:
+            links.send(0, big)
+            sent += 1
+            await asyncio.sleep(0)
+            assert sent < 1000, "writing never paused"
+        assert events.blocked == [True]
+        await asyncio.to_thread(_read_until, shard, sent, 30.0)
+        await _until(lambda: events.blocked == [True, False], "writing to resume")
+
+        # A dead shard is noticed at once; after a restart the link comes back on request.
+        shard.close()
+        await _until(lambda: events.down == [0], "the link loss")
+        links.send(0, pack({"t": "req", "items": []}))  # dropped, not raised
+        restarted = FrontLink(str(path))
+        links.reconnect(0)
+        await _until(lambda: events.up == [0, 0], "the reconnect")
+        links.send(0, pack({"t": "drain"}))
+        await asyncio.sleep(0)
+        (drain,) = await asyncio.to_thread(_read_until, restarted, 1)
+        assert unpack(drain) == {"t": "drain"}
+        links.close()
+        restarted.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_new_front_end_replaces_the_old_one(tmp_path: Path) -> None:
+    path = tmp_path / "link-0"
+
+    async def scenario() -> None:
+        shard = FrontLink(str(path))
+        first, second = _Events(), _Events()
+        old = first.links(path)
+        await old.connect_all()
+        select.select(shard.fds(), [], [], 1.0)
+        for fd in shard.fds():
+            shard.readable(fd)  # accepts the first front end
+        new = second.links(path)
+        await new.connect_all()
+        await asyncio.sleep(0.05)
+        ready, _, _ = select.select(shard.fds(), [], [], 1.0)
+        for fd in ready:
+            shard.readable(fd)  # accepts the second, dropping the first
+        await _until(lambda: first.down == [0], "the old link to close")
+        assert shard.send(pack({"t": "rep", "items": []}))
+        await _until(lambda: second.messages, "the reply on the new link")
+        assert first.messages == []
+        new.close()
+        old.close()
+        shard.close()
+
+    asyncio.run(scenario())
+
+
+def test_replies_without_a_front_end_are_dropped(tmp_path: Path) -> None:
+    shard = FrontLink(str(tmp_path / "link-0"))
+    assert shard.send(pack({"t": "rep", "items": []})) is False
+    assert shard.fds() == shard.fds()[:1]
+    shard.close()
