@@ -25,7 +25,7 @@ from typing import Final
 
 import structlog
 
-__all__ = ["FrameSplitter", "FrontLink", "frame"]
+__all__ = ["FrameSplitter", "FrontLink", "frame", "prepare_listener"]
 
 _HEADER: Final = struct.Struct(">I")
 _READ_SIZE: Final = 1 << 20
@@ -34,6 +34,24 @@ _READ_SIZE: Final = 1 << 20
 MAX_FRAME_BYTES: Final = 256 * 1024 * 1024
 
 _log = structlog.get_logger()
+
+
+def prepare_listener(path: str) -> socket.socket:
+    """A non-blocking Unix stream listener on `path`, replacing a stale socket file there.
+
+    Raises `OSError` if it cannot be bound.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        listener.listen(64)
+    except OSError:
+        listener.close()
+        raise
+    listener.setblocking(False)
+    return listener
 
 
 def frame(data: bytes) -> bytes:
@@ -80,16 +98,7 @@ class FrontLink:
 
     def __init__(self, path: str) -> None:
         """Bind and listen on `path` (a stale socket file is replaced). Raises `OSError`."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._listener.bind(path)
-            self._listener.listen(4)
-        except OSError:
-            self._listener.close()
-            raise
-        self._listener.setblocking(False)
+        self._listener = prepare_listener(path)
         self._conn: socket.socket | None = None
         self._splitter = FrameSplitter()
 

@@ -37,6 +37,11 @@ class ChildSpec:
     def shard_endpoint(self, index: int) -> str:
         return self.endpoint(f"shard-{index}")
 
+    @property
+    def writer_link_path(self) -> str:
+        """The Unix socket path on which the writer takes the shards' links."""
+        return f"{self.run_dir}/link-writer"
+
     def link_path(self, index: int) -> str:
         """The Unix socket path on which shard `index` takes the front end's link."""
         return f"{self.run_dir}/link-{index}"

@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Final
+from typing import Any
 
 import structlog
 import zmq
@@ -27,6 +27,7 @@ from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
 from shardq.runtime._gc import tune_gc
 from shardq.runtime._link import FrontLink
+from shardq.runtime._link_writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime._logging import configure
 from shardq.runtime._routing import shard_of
 from shardq.runtime._shard_core import Outgoing, ShardCore
@@ -37,7 +38,6 @@ from shardq.storage import Store
 
 __all__ = ["ShardProcess", "main"]
 
-_MAX_MESSAGES_PER_TURN: Final = 1000
 
 _log = structlog.get_logger()
 
@@ -51,11 +51,14 @@ class ShardProcess:
         self.core = ShardCore(spec.index, Engine(EngineConfig(**spec.engine)))
         self._stop = False
         self._ctx = zmq.Context()
-        self._inbox = self._ctx.socket(zmq.PULL)
-        self._inbox.bind(spec.shard_endpoint(spec.index))
-        self._writer = self._push(spec.endpoint("writer"))
-        # Requests come from, and replies go to, the front end over this link (`_link`).
+        # Requests come from, and replies go to, the front end over this link (`_link`);
+        # mutations go to, and confirmations come from, the writer over the other
+        # (`_link_writer`). The writer is up before any shard starts; if the link is down
+        # later (a writer restart), `_wait` reconnects it.
         self._front = FrontLink(spec.link_path(spec.index))
+        self._writer = WriterLink(spec.writer_link_path)
+        self._writer.connect()
+        self._next_connect = 0.0
         self._link_fds: set[int] = set()
         self.sup = SupervisorLink(self._ctx, spec)
         # SIGTERM arrives as bytes on a socket pair that the poll watches, so it wakes a
@@ -63,14 +66,8 @@ class ShardProcess:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self._signals = SignalWaker([signal.SIGTERM])
         self._poller = zmq.Poller()
-        self._poller.register(self._inbox, zmq.POLLIN)
         self._poller.register(self._signals.fileno(), zmq.POLLIN)
-        self._watch_link()
-
-    def _push(self, endpoint: str) -> zmq.Socket[bytes]:
-        sock: zmq.Socket[bytes] = self._ctx.socket(zmq.PUSH)
-        sock.connect(endpoint)
-        return sock
+        self._watch_links()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -115,7 +112,7 @@ class ShardProcess:
         served, in order, once recovery is done.
         """
         sync = pack({"t": "sync", "shard": self.spec.index, "seq": 0})
-        self._writer.send(sync)
+        self._writer.send(sync)  # if the link is down, the writer-up below resends it
         early: list[dict[str, Any]] = []
         synced = False
         while not synced and not self._stop:
@@ -189,8 +186,7 @@ class ShardProcess:
         self._signals.close()
         self.sup.close()
         self._front.close()
-        for sock in (self._inbox, self._writer):
-            sock.close(linger=0)
+        self._writer.close()
         self._ctx.term()
 
     # -- sockets ---------------------------------------------------------------------------
@@ -198,22 +194,22 @@ class ShardProcess:
     def _wait(self, timeout_ms: int | None) -> list[dict[str, Any]]:
         """Sleep until a message or a signal arrives, or `timeout_ms` passes; take what came.
 
-        Writer messages (the ZeroMQ inbox) come before front-end requests (the link).
+        Writer messages come before front-end requests. A writer link that came back is
+        reported as `{"t": "writer-up"}`: the cue to resend what no writer confirmed.
         """
-        self._watch_link()
+        self._watch_links()
+        if not self._writer.connected:
+            timeout_ms = min(timeout_ms or RECONNECT_EVERY_MS, RECONNECT_EVERY_MS)
         ready = dict(self._poller.poll(timeout_ms))
         if self._signals.fileno() in ready and self._signals.drain():
             self._stop = True
         messages: list[dict[str, Any]] = []
-        if self._inbox in ready:
-            # Everything waiting, up to a cap that keeps timers on time under a steady flood
-            # (each message is a whole batch, so the cap is rarely the limit).
-            for _ in range(_MAX_MESSAGES_PER_TURN):
-                try:
-                    data = self._inbox.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+        writer_fd = self._writer.fd()
+        if writer_fd is not None and writer_fd in ready:
+            for data in self._writer.readable():
                 self._decode(data, messages)
+        if not self._writer.connected and self._reconnect_writer():
+            messages.append({"t": "writer-up"})
         for fd in self._front.fds():
             if fd in ready:
                 for data in self._front.readable(fd):
@@ -227,9 +223,20 @@ class ShardProcess:
         except ValueError:
             _log.warning("undecodable internal message dropped", size=len(data))
 
-    def _watch_link(self) -> None:
-        # The link's descriptors change when the front end connects or goes away.
+    def _reconnect_writer(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_connect:
+            return False
+        self._next_connect = now + RECONNECT_EVERY_MS / 1000
+        return self._writer.connect()
+
+    def _watch_links(self) -> None:
+        # The links' descriptors change when the front end connects or goes away, and when
+        # the writer link drops and is made again.
         fds = set(self._front.fds())
+        writer_fd = self._writer.fd()
+        if writer_fd is not None:
+            fds.add(writer_fd)
         for fd in self._link_fds - fds:
             self._poller.unregister(fd)
         for fd in fds - self._link_fds:
@@ -243,7 +250,8 @@ class ShardProcess:
                 # that does not read stops this shard. While stopping, nobody may read.
                 self._front.send(pack(msg), block=block_on_front)
             else:
-                # Likewise a full writer mailbox stops this shard until it drains.
+                # Likewise a writer that does not read stops this shard. With the link down
+                # the batch is dropped here and resent from `_unconfirmed` when it is back.
                 self._writer.send(pack(msg))
 
 

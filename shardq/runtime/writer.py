@@ -1,10 +1,10 @@
 """The writer process: the only process that writes the SQLite file.
 
-Run as `python -m shardq.runtime.writer --spec '<json>'` by the supervisor. It binds PULL on
-`spec.endpoint("writer")` and takes `muts` and `sync` messages from the shards; it commits what
-it received as one `Store.apply` per flush (the policy is `shardq.runtime._flush`) and confirms
-back to each shard's PULL socket with `done` (or `fail` while the disk is full). See
-docs/runtime.md for the messages.
+Run as `python -m shardq.runtime.writer --spec '<json>'` by the supervisor. It listens on
+`spec.writer_link_path` (Unix stream links, `_link_writer`) and takes `muts` and `sync` messages
+from the shards; it commits what it received as one `Store.apply` per flush (the policy is
+`shardq.runtime._flush`) and confirms back on each shard's link with `done` (or `fail` while
+the disk is full). See docs/runtime.md for the messages.
 
 Idle-silent: with nothing waiting it blocks in `poll` with no timeout, and wakes for a message
 or a signal only.
@@ -17,6 +17,7 @@ cannot be opened or the writer's socket cannot be bound.
 from __future__ import annotations
 
 import math
+import select
 import signal
 import sys
 import time
@@ -29,6 +30,7 @@ import zmq
 
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._flush import FlushBuffer, Outgoing
+from shardq.runtime._link_writer import ShardConnections
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
@@ -45,16 +47,16 @@ Context = zmq.Context[zmq.Socket[bytes]]
 
 
 class Writer:
-    """Owns the `Store` and the writer's sockets; `run()` is the process's loop.
+    """Owns the `Store` and the shards' links; `run()` is the process's loop.
 
-    Raises `zmq.ZMQError` from the constructor if the writer endpoint cannot be bound.
+    Raises `OSError` from the constructor if the link socket cannot be bound. A shard learns
+    that a (new) writer is up by connecting to it, and then resends what no writer confirmed.
     """
 
     def __init__(
         self,
         spec: ChildSpec,
         store: Store,
-        ctx: Context,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -62,23 +64,9 @@ class Writer:
         self._store = store
         self._clock = clock
         self._buffer = FlushBuffer(spec.flush_interval_ms / 1000, spec.flush_max_mutations)
-        self._pull = ctx.socket(zmq.PULL)
-        self._shards: list[zmq.Socket[bytes]] = []
-        try:
-            self._pull.bind(spec.endpoint("writer"))
-            for index in range(spec.shards):
-                push = ctx.socket(zmq.PUSH)
-                self._shards.append(push)
-                push.connect(spec.shard_endpoint(index))
-        except zmq.ZMQError:
-            self.close()
-            raise
-        self._reading = False
+        self._links = ShardConnections(spec.writer_link_path)
+        self._reading = True
         self._degraded = False
-
-    def announce(self) -> None:
-        """Tell every shard this writer is up, so each resends what no writer confirmed."""
-        self._send([(index, {"t": "writer-up"}) for index in range(len(self._shards))])
 
     @property
     def buffer(self) -> FlushBuffer:
@@ -87,39 +75,57 @@ class Writer:
 
     def run(self, waker: SignalWaker) -> int:
         """Serve until SIGTERM/SIGINT, then flush, checkpoint and return the exit code."""
-        poller = zmq.Poller()
-        poller.register(waker.fileno(), zmq.POLLIN)
         while True:
-            self._watch_input(poller)
-            events = dict(poller.poll(self._timeout_ms()))
+            events = self._poll(waker)
             if waker.fileno() in events and _stop_requested(waker.drain()):
                 break
-            if self._pull in events:
-                self._receive()
+            self._serve_links(events)
             if self._buffer.due(self._clock()):
                 self._flush()
         return self._shutdown(waker)
 
     def close(self) -> None:
-        """Close the sockets. Unsent confirmations are dropped (linger 0): the writer stops
-        after the shards (docs/runtime.md), so nobody is left to read them, and a linger
-        would only hold up the exit."""
-        self._pull.close(linger=0)
-        for push in self._shards:
-            push.close(linger=0)
+        """Close the links. Unsent confirmations are dropped: the writer stops after the
+        shards (docs/runtime.md), so nobody is left to read them."""
+        self._links.close()
 
     # -- the loop
 
-    def _watch_input(self, poller: zmq.Poller) -> None:
+    def _poll(self, waker: SignalWaker) -> dict[int, int]:
+        # Rebuilt each turn: connections come and go, and input is not read at all while the
+        # buffer is full (storage failing), so the shards' blocking sends push back.
+        poller = select.poll()
+        poller.register(waker.fileno(), select.POLLIN)
         reading = self._buffer.accepting
+        if reading:
+            poller.register(self._links.listener_fd(), select.POLLIN)
+            for fd in self._links.conn_fds():
+                poller.register(fd, select.POLLIN)
+        for fd in self._links.waiting_fds():
+            if reading:
+                poller.modify(fd, select.POLLIN | select.POLLOUT)
+            else:
+                poller.register(fd, select.POLLOUT)
         if reading != self._reading:
-            poller.register(self._pull, zmq.POLLIN if reading else 0)
             self._reading = reading
             if not reading:
                 log.warning(
                     "writer buffer full; shards are blocked until storage recovers",
                     waiting_mutations=self._buffer.pending,
                 )
+        return dict(poller.poll(self._timeout_ms()))
+
+    def _serve_links(self, events: dict[int, int]) -> None:
+        links = self._links
+        for fd, mask in events.items():
+            if fd == links.listener_fd():
+                links.accept()
+                continue
+            if mask & select.POLLOUT:
+                links.writable(fd)
+            if mask & ~select.POLLOUT and self._buffer.accepting:
+                for conn, frame in links.readable(fd):
+                    self._handle(frame, conn)
 
     def _timeout_ms(self) -> int | None:
         deadline = self._buffer.deadline()
@@ -127,16 +133,7 @@ class Writer:
             return None  # nothing waits: sleep until a message or a signal
         return max(0, math.ceil((deadline - self._clock()) * 1000))
 
-    def _receive(self) -> None:
-        # Drain what is queued, but stop at a full batch so one flush stays bounded.
-        while self._buffer.accepting and not self._buffer.full():
-            try:
-                frame = self._pull.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._handle(frame)
-
-    def _handle(self, frame: bytes) -> None:
+    def _handle(self, frame: bytes, conn: int) -> None:
         try:
             message = msgpack.unpackb(frame, raw=False, strict_map_key=False)
         except (ValueError, TypeError, msgpack.UnpackException) as e:  # TypeError: unhashable key
@@ -149,7 +146,9 @@ class Writer:
         now = self._clock()
         if not (_is_int(shard) and _is_int(seq)):
             log.error("dropped a message without shard and seq", kind=kind)
-        elif kind == "muts" and isinstance(message.get("muts"), list):
+            return
+        self._links.claim(conn, shard)
+        if kind == "muts" and isinstance(message.get("muts"), list):
             urgent = message.get("durable") is True
             self._buffer.add_muts(shard, seq, message["muts"], now, urgent=urgent)
         elif kind == "sync":
@@ -203,15 +202,9 @@ class Writer:
 
     def _send(self, messages: Sequence[Outgoing]) -> None:
         for shard, message in messages:
-            if not 0 <= shard < len(self._shards):
-                continue  # a sender outside the configured shard count: nobody to confirm to
-            try:
-                # A confirmation is cumulative (a later `done` covers this one), so a shard
-                # that stopped reading loses nothing when one is dropped; blocking here would
-                # stall every other shard's commits.
-                self._shards[shard].send(msgpack.packb(message, use_bin_type=True), zmq.NOBLOCK)
-            except zmq.Again:
-                log.warning("confirmation dropped: shard mailbox full", shard=shard, **message)
+            # Never blocks: what does not fit waits in the link's buffer. A confirmation is
+            # cumulative, so one for a shard that is not connected (it died) is simply dropped.
+            self._links.send(shard, msgpack.packb(message, use_bin_type=True))
 
     # -- shutdown
 
@@ -240,13 +233,13 @@ class Writer:
         return EXIT_OK
 
     def _drain_everything(self) -> None:
-        # The shards have stopped by now; whatever they sent last is already in our socket.
-        while True:
-            try:
-                frame = self._pull.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._handle(frame)
+        # The shards have stopped by now; whatever they sent last is already in our sockets.
+        links = self._links
+        links.accept()
+        for fd in links.conn_fds():
+            while frames := links.readable(fd):
+                for conn, frame in frames:
+                    self._handle(frame, conn)
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -280,13 +273,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ctx: Context = zmq.Context()
         link = SupervisorLink(ctx, spec)
         try:
-            return _serve(spec, ctx, link, waker)
+            return _serve(spec, link, waker)
         finally:
             link.close()
             ctx.term()
 
 
-def _serve(spec: ChildSpec, ctx: Context, link: SupervisorLink, waker: SignalWaker) -> int:
+def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
     try:
         store = Store.open(spec.data_path, synchronous=spec.synchronous)
     except StorageError as e:
@@ -295,9 +288,9 @@ def _serve(spec: ChildSpec, ctx: Context, link: SupervisorLink, waker: SignalWak
         return EXIT_NO_DATABASE
     with store:
         try:
-            writer = Writer(spec, store, ctx)
-        except zmq.ZMQError as e:
-            endpoint = spec.endpoint("writer")
+            writer = Writer(spec, store)
+        except OSError as e:
+            endpoint = spec.writer_link_path
             log.error("cannot bind the writer socket", endpoint=endpoint, error=str(e))
             link.fatal(f"cannot bind {endpoint}: {e}")
             return EXIT_NO_DATABASE
@@ -309,7 +302,6 @@ def _serve(spec: ChildSpec, ctx: Context, link: SupervisorLink, waker: SignalWak
                 synchronous=spec.synchronous,
             )
             link.ready()
-            writer.announce()
             return writer.run(waker)
         finally:
             writer.close()

@@ -1,9 +1,10 @@
-"""The writer: its flush policy (fake clock), and the real process over real ipc:// sockets."""
+"""The writer: its flush policy (fake clock), and the real process over its real links."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import sqlite3
 import subprocess
@@ -22,6 +23,7 @@ from structlog.testing import capture_logs
 
 from shardq.core import Mutation
 from shardq.runtime._flush import FULL_REASON, FlushBuffer
+from shardq.runtime._link_writer import WriterLink
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.writer import Writer
@@ -173,6 +175,45 @@ def test_input_stops_past_the_buffer_cap() -> None:
 # -- the writer process over real sockets
 
 
+class ShardEnd:
+    """What a shard holds of its writer link: the real `WriterLink`, driven by the test."""
+
+    def __init__(self, path: str) -> None:
+        self.link = WriterLink(path)
+        poll_until(self.link.connect, WAIT_S, "the writer link")
+        self._got: list[dict[str, Any]] = []
+
+    def send(self, message: object) -> None:
+        self.send_raw(msgpack.packb(message, use_bin_type=True))
+
+    def send_raw(self, data: bytes) -> None:
+        assert self.link.send(data), "the writer link is down"
+
+    def recv(self, timeout: float = WAIT_S) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while not self._got:
+            fd = self.link.fd()
+            left = deadline - time.monotonic()
+            assert fd is not None and left > 0, "no confirmation (or the link closed)"
+            if select.select([fd], [], [], left)[0]:
+                self._got.extend(msgpack.unpackb(d, raw=False) for d in self.link.readable())
+        return self._got.pop(0)
+
+    def arrived(self) -> list[dict[str, Any]]:
+        """What has already arrived (does not wait)."""
+        fd = self.link.fd()
+        while fd is not None and select.select([fd], [], [], 0)[0]:
+            before = len(self._got)
+            self._got.extend(msgpack.unpackb(d, raw=False) for d in self.link.readable())
+            if len(self._got) == before:
+                break
+        got, self._got = self._got, []
+        return got
+
+    def close(self) -> None:
+        self.link.close()
+
+
 class WriterProcess:
     """A writer child plus the sockets of its supervisor and shards, all in this test."""
 
@@ -183,11 +224,7 @@ class WriterProcess:
         self.log_path = run_dir / "writer.log"
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.sup = self._bind(zmq.PULL, self.spec.endpoint("sup"))
-        self.inboxes = [
-            self._bind(zmq.PULL, self.spec.shard_endpoint(i)) for i in range(self.spec.shards)
-        ]
-        self.push = self.ctx.socket(zmq.PUSH)
-        self.push.connect(self.spec.endpoint("writer"))
+        self.shards: list[ShardEnd] = []  # connected once the writer is ready
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "shardq.runtime.writer", "--spec", self.spec.to_json()],
@@ -201,7 +238,17 @@ class WriterProcess:
         return sock
 
     def send(self, message: dict[str, Any]) -> None:
-        self.push.send(msgpack.packb(message, use_bin_type=True))
+        """Send on the link of the shard the message names (shard 0's if it names none)."""
+        shard = message.get("shard") if isinstance(message, dict) else None
+        end = self.shards[shard if isinstance(shard, int) else 0]
+        end.send(message)
+
+    def conf(self, shard: int, timeout: float = WAIT_S) -> dict[str, Any]:
+        """The next confirmation for `shard`."""
+        try:
+            return self.shards[shard].recv(timeout)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.log_text()}") from None
 
     def recv(self, sock: zmq.Socket[bytes], timeout: float = WAIT_S) -> dict[str, Any]:
         if not sock.poll(int(timeout * 1000)):
@@ -211,17 +258,14 @@ class WriterProcess:
 
     def confirmations(self, shard: int) -> list[dict[str, Any]]:
         """What has already arrived for `shard` (does not wait)."""
-        out = []
-        while self.inboxes[shard].poll(0):
-            out.append(msgpack.unpackb(self.inboxes[shard].recv(), raw=False))
-        return out
+        return self.shards[shard].arrived()
 
     def ready(self) -> dict[str, Any]:
         line = self.recv(self.sup)
         if line.get("t") == "ready":
-            # A ready writer announces itself to every shard (docs/runtime.md, "writer-up").
-            for inbox in self.inboxes:
-                assert self.recv(inbox) == {"t": "writer-up"}
+            # A ready writer listens: each shard connects, which is how it learns the writer
+            # is up (docs/runtime.md).
+            self.shards = [ShardEnd(self.spec.writer_link_path) for _ in range(self.spec.shards)]
         return line
 
     def logs(self) -> list[dict[str, Any]]:
@@ -237,8 +281,9 @@ class WriterProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(WAIT_S)
-        for sock in [self.sup, self.push, *self.inboxes]:
-            sock.close(linger=0)
+        self.sup.close(linger=0)
+        for end in self.shards:
+            end.close()
         self.ctx.term()
 
 
@@ -270,7 +315,7 @@ def test_batches_from_many_messages_commit_as_one_flush(
     w.ready()
     for seq in range(1, 6):
         w.send({"t": "muts", "shard": 0, "seq": seq, "muts": [put(seq)]})
-    assert w.recv(w.inboxes[0]) == {"t": "done", "seq": 5}
+    assert w.conf(0) == {"t": "done", "seq": 5}
     assert w.confirmations(0) == []  # one flush, one confirmation
     assert stored_ids(Path(w.spec.data_path)) == ["j1", "j2", "j3", "j4", "j5"]
 
@@ -281,8 +326,8 @@ def test_each_shard_gets_its_own_confirmation(writer_process: Callable[..., Writ
     w.send({"t": "muts", "shard": 0, "seq": 1, "muts": [put(1)]})
     w.send({"t": "muts", "shard": 1, "seq": 1, "muts": [put(2)]})
     w.send({"t": "muts", "shard": 0, "seq": 2, "muts": [put(3)]})
-    assert w.recv(w.inboxes[0]) == {"t": "done", "seq": 2}
-    assert w.recv(w.inboxes[1]) == {"t": "done", "seq": 1}
+    assert w.conf(0) == {"t": "done", "seq": 2}
+    assert w.conf(1) == {"t": "done", "seq": 1}
 
 
 def test_flushes_after_the_interval(writer_process: Callable[..., WriterProcess]) -> None:
@@ -290,7 +335,7 @@ def test_flushes_after_the_interval(writer_process: Callable[..., WriterProcess]
     w.ready()
     sent = time.monotonic()
     w.send({"t": "muts", "shard": 1, "seq": 1, "muts": [put(1)]})
-    assert w.recv(w.inboxes[1]) == {"t": "done", "seq": 1}
+    assert w.conf(1) == {"t": "done", "seq": 1}
     assert time.monotonic() - sent >= 0.03  # not before the interval: it batches
     assert stored_ids(Path(w.spec.data_path)) == ["j1"]
 
@@ -301,16 +346,16 @@ def test_sync_when_idle_and_after_pending_batches(
     w = writer_process(flush_interval_ms=60_000, flush_max_mutations=1000)
     w.ready()
     w.send({"t": "sync", "shard": 0, "seq": 0})
-    assert w.recv(w.inboxes[0]) == {"t": "done", "seq": 0, "sync": True}
+    assert w.conf(0) == {"t": "done", "seq": 0, "sync": True}
     # A previous process of shard 1 left batches; its successor syncs before reading SQLite.
     for seq in (1, 2):
         w.send({"t": "muts", "shard": 1, "seq": seq, "muts": [put(seq)]})
     w.send({"t": "sync", "shard": 1, "seq": 0})
-    assert w.recv(w.inboxes[1]) == {"t": "done", "seq": 0, "sync": True}
+    assert w.conf(1) == {"t": "done", "seq": 0, "sync": True}
     assert stored_ids(Path(w.spec.data_path)) == ["j1", "j2"]  # committed before the answer
     w.send({"t": "muts", "shard": 1, "seq": 1, "muts": [put(3)]})
     w.send({"t": "sync", "shard": 1, "seq": 1})
-    assert w.recv(w.inboxes[1]) == {"t": "done", "seq": 1, "sync": True}
+    assert w.conf(1) == {"t": "done", "seq": 1, "sync": True}
     assert w.confirmations(1) == []  # never the old process's "done 2"
 
 
@@ -340,11 +385,11 @@ def test_undecodable_frames_do_not_stop_the_writer(
 ) -> None:
     w = writer_process(flush_interval_ms=1)
     w.ready()
-    w.push.send(b"\xc1 not msgpack")
+    w.shards[0].send_raw(b"\xc1 not msgpack")
     w.send([1, 2, 3])  # type: ignore[arg-type]
     w.send({"t": "muts", "shard": "zero", "seq": 1, "muts": []})
     w.send({"t": "muts", "shard": 0, "seq": 1, "muts": [put(1)]})
-    assert w.recv(w.inboxes[0]) == {"t": "done", "seq": 1}
+    assert w.conf(0) == {"t": "done", "seq": 1}
     assert w.proc.poll() is None
 
 
@@ -423,25 +468,21 @@ class FlakyStore:
         return self.store.checkpoint()
 
 
-def run_writer_with(
-    spec: ChildSpec, store: Any, shard: Callable[[zmq.Socket[bytes], zmq.Socket[bytes]], None]
-) -> int:
-    """Run `Writer.run` here; `shard(inbox, push)` runs in a thread, then SIGTERMs us."""
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    writer = Writer(spec, store, ctx)
+def run_writer_with(spec: ChildSpec, store: Any, shard: Callable[[ShardEnd], None]) -> int:
+    """Run `Writer.run` here; `shard(end)` runs in a thread, then SIGTERMs us."""
+    writer = Writer(spec, store)
     errors: list[BaseException] = []
 
     def play() -> None:
-        inbox, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        end = None
         try:
-            inbox.bind(spec.shard_endpoint(0))
-            push.connect(spec.endpoint("writer"))
-            shard(inbox, push)
+            end = ShardEnd(spec.writer_link_path)
+            shard(end)
         except BaseException as e:
             errors.append(e)
         finally:
-            inbox.close(linger=0)
-            push.close(linger=0)
+            if end is not None:
+                end.close()
             os.kill(os.getpid(), signal.SIGTERM)
 
     thread = threading.Thread(target=play)
@@ -452,21 +493,11 @@ def run_writer_with(
             thread.join(WAIT_S)
     finally:
         writer.close()
-        ctx.term()
     if errors:
         raise errors[0]
     return code
 
 
-def recv(sock: zmq.Socket[bytes]) -> dict[str, Any]:
-    if not sock.poll(int(WAIT_S * 1000)):
-        raise AssertionError("no confirmation")
-    message: dict[str, Any] = msgpack.unpackb(sock.recv(), raw=False)
-    return message
-
-
-def send(sock: zmq.Socket[bytes], message: dict[str, Any]) -> None:
-    sock.send(msgpack.packb(message, use_bin_type=True))
 
 
 def test_disk_full_fails_durable_batches_keeps_them_and_recovers(short_tmp: Path) -> None:
@@ -475,14 +506,14 @@ def test_disk_full_fails_durable_batches_keeps_them_and_recovers(short_tmp: Path
     spec = ChildSpec(role="writer", run_dir=str(short_tmp), data_path=str(store.path), shards=1)
     flaky.failing.set()
 
-    def shard(inbox: zmq.Socket[bytes], push: zmq.Socket[bytes]) -> None:
-        send(push, {"t": "muts", "shard": 0, "seq": 1, "muts": [put(1)]})
-        assert recv(inbox) == {"t": "fail", "seq": 1, "error": FULL_REASON}
-        send(push, {"t": "muts", "shard": 0, "seq": 2, "muts": [put(2)]})
-        assert recv(inbox) == {"t": "fail", "seq": 2, "error": FULL_REASON}
+    def shard(end: ShardEnd) -> None:
+        end.send({"t": "muts", "shard": 0, "seq": 1, "muts": [put(1)]})
+        assert end.recv() == {"t": "fail", "seq": 1, "error": FULL_REASON}
+        end.send({"t": "muts", "shard": 0, "seq": 2, "muts": [put(2)]})
+        assert end.recv() == {"t": "fail", "seq": 2, "error": FULL_REASON}
         poll_until(lambda: flaky.attempts >= 3, WAIT_S, "a few retries")
         flaky.failing.clear()  # space was freed
-        assert recv(inbox) == {"t": "done", "seq": 2}
+        assert end.recv() == {"t": "done", "seq": 2}
 
     with capture_logs() as logs:
         assert run_writer_with(spec, flaky, shard) == 0
@@ -505,10 +536,10 @@ def test_real_sqlite_full_is_reported_and_unflushed_data_fails_the_exit(short_tm
         shutdown_timeout_ms=300,
     )
 
-    def shard(inbox: zmq.Socket[bytes], push: zmq.Socket[bytes]) -> None:
+    def shard(end: ShardEnd) -> None:
         big = [put(n, data="x" * 100_000) for n in range(1, 6)]
-        send(push, {"t": "muts", "shard": 0, "seq": 1, "muts": big})
-        assert recv(inbox) == {"t": "fail", "seq": 1, "error": FULL_REASON}
+        end.send({"t": "muts", "shard": 0, "seq": 1, "muts": big})
+        assert end.recv() == {"t": "fail", "seq": 1, "error": FULL_REASON}
 
     with capture_logs() as logs:
         assert run_writer_with(spec, store, shard) == 1  # could not commit before the timeout
@@ -517,3 +548,27 @@ def test_real_sqlite_full_is_reported_and_unflushed_data_fails_the_exit(short_tm
         line for line in logs if line["event"] == "writer stopped with mutations not committed"
     )
     assert lost["lost_mutations"] == 5
+
+
+def test_a_reconnected_shard_gets_the_confirmations(
+    writer_process: Callable[..., WriterProcess],
+) -> None:
+    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=1000)
+    w.ready()
+    w.send({"t": "sync", "shard": 1, "seq": 0})
+    assert w.conf(1) == {"t": "done", "seq": 0, "sync": True}
+    # Shard 1 restarts: its old link closes, the new one speaks for it from its first message.
+    w.shards[1].close()
+    w.shards[1] = ShardEnd(w.spec.writer_link_path)
+    w.send({"t": "muts", "shard": 1, "seq": 1, "muts": [put(1)], "durable": True})
+    assert w.conf(1) == {"t": "done", "seq": 1}
+    assert stored_ids(Path(w.spec.data_path)) == ["j1"]
+    assert w.proc.poll() is None
+
+
+def test_a_shard_link_without_a_writer(short_tmp: Path) -> None:
+    link = WriterLink(str(short_tmp / "nobody-listens"))
+    assert link.connect() is False
+    assert not link.connected and link.fd() is None
+    assert link.send(b"lost") is False  # the shard keeps the batch and resends it later
+    assert link.readable() == []

@@ -1,0 +1,230 @@
+"""The shard <-> writer links: Unix stream sockets framed like the front-end links (`_link`).
+
+The writer listens on `ChildSpec.writer_link_path`; each shard connects once at start and again
+whenever its link drops (the writer restarted). A durable push waits for a round trip over this
+link plus a commit, and over ZeroMQ each direction also woke both sides' I/O threads: on the
+2-core machine those wake-ups cost more than the commit itself.
+
+Writer side (`ShardConnections`): any number of connections; a connection belongs to the shard
+whose index its messages carry (the writer calls `claim`). Writes never block: confirmations
+that do not fit in the socket wait in a per-connection buffer, sent when it turns writable.
+
+Shard side (`WriterLink`): one connection. Sends block while the socket is full: a writer that
+stops reading (its buffer is full while storage fails) stops the shard, the back-pressure of
+docs/runtime.md. While disconnected, sends are dropped: the shard keeps every unconfirmed batch
+and resends them all when the link is back (`reconnected()` is its cue, the old "writer-up").
+"""
+
+from __future__ import annotations
+
+import errno
+import select
+import socket
+from typing import Final
+
+import structlog
+
+from shardq.runtime._link import FrameSplitter, frame, prepare_listener
+
+__all__ = ["ShardConnections", "WriterLink"]
+
+_READ_SIZE: Final = 1 << 20
+RECONNECT_EVERY_MS: Final = 20
+
+_log = structlog.get_logger()
+
+
+class _Conn:
+    __slots__ = ("out", "shard", "sock", "splitter")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.splitter = FrameSplitter()
+        self.out = bytearray()
+        self.shard: int | None = None
+
+
+class ShardConnections:
+    """The writer's end: a listener and the shards' connections, all non-blocking."""
+
+    def __init__(self, path: str) -> None:
+        """Bind and listen on `path` (a stale socket file is replaced). Raises `OSError`."""
+        self._listener = prepare_listener(path)
+        self._conns: dict[int, _Conn] = {}  # by descriptor
+        self._by_shard: dict[int, _Conn] = {}
+
+    def listener_fd(self) -> int:
+        return self._listener.fileno()
+
+    def conn_fds(self) -> list[int]:
+        """The connections' descriptors (poll them for reading)."""
+        return list(self._conns)
+
+    def waiting_fds(self) -> list[int]:
+        """Connections with buffered output (poll them for writing)."""
+        return [fd for fd, conn in self._conns.items() if conn.out]
+
+    def accept(self) -> None:
+        """Take every pending connection."""
+        while True:
+            try:
+                sock, _addr = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                _log.warning("shard link accept failed", error=str(e))
+                return
+            sock.setblocking(False)
+            self._conns[sock.fileno()] = _Conn(sock)
+
+    def readable(self, fd: int, limit: int = _READ_SIZE) -> list[tuple[int, bytes]]:
+        """Read what connection `fd` has (about `limit` bytes at most); (fd, payload) pairs."""
+        conn = self._conns.get(fd)
+        if conn is None:
+            return []
+        try:
+            chunk = conn.sock.recv(limit)
+        except BlockingIOError:
+            return []
+        except OSError as e:
+            self._drop(conn, f"read failed: {e}")
+            return []
+        if not chunk:
+            self._drop(conn, "shard closed the link")
+            return []
+        try:
+            return [(fd, payload) for payload in conn.splitter.feed(chunk)]
+        except ValueError as e:
+            self._drop(conn, str(e))
+            return []
+
+    def claim(self, fd: int, shard: int) -> None:
+        """Connection `fd` speaks for `shard`; its confirmations go there from now on."""
+        conn = self._conns.get(fd)
+        if conn is not None and conn.shard != shard:
+            conn.shard = shard
+            self._by_shard[shard] = conn
+
+    def send(self, shard: int, data: bytes) -> bool:
+        """Queue one frame for `shard`; False if no connection speaks for it."""
+        conn = self._by_shard.get(shard)
+        if conn is None:
+            return False
+        conn.out += frame(data)
+        self._write(conn)
+        return True
+
+    def writable(self, fd: int) -> None:
+        conn = self._conns.get(fd)
+        if conn is not None:
+            self._write(conn)
+
+    def close(self) -> None:
+        for conn in list(self._conns.values()):
+            conn.sock.close()
+        self._conns.clear()
+        self._by_shard.clear()
+        self._listener.close()
+
+    def _write(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            self._drop(conn, f"write failed: {e}")
+            return
+        del conn.out[:sent]
+
+    def _drop(self, conn: _Conn, reason: str) -> None:
+        _log.info("shard link closed", shard=conn.shard, reason=reason)
+        self._conns.pop(conn.sock.fileno(), None)
+        if conn.shard is not None and self._by_shard.get(conn.shard) is conn:
+            del self._by_shard[conn.shard]
+        conn.sock.close()
+
+
+class WriterLink:
+    """A shard's end: one connection to the writer, re-made when it drops."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._sock: socket.socket | None = None
+        self._splitter = FrameSplitter()
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def fd(self) -> int | None:
+        return None if self._sock is None else self._sock.fileno()
+
+    def connect(self) -> bool:
+        """Try once to connect; True on success (and at once if already connected)."""
+        if self._sock is not None:
+            return True
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self._path)
+        except OSError as e:
+            sock.close()
+            if e.errno not in (errno.ENOENT, errno.ECONNREFUSED):
+                _log.warning("cannot connect to the writer", error=str(e))
+            return False
+        sock.setblocking(False)
+        self._sock = sock
+        self._splitter = FrameSplitter()
+        return True
+
+    def readable(self) -> list[bytes]:
+        """Read everything waiting; whole payloads out. A closed link is noted, not raised."""
+        payloads: list[bytes] = []
+        while self._sock is not None:
+            try:
+                chunk = self._sock.recv(_READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                self._drop(f"read failed: {e}")
+                break
+            if not chunk:
+                self._drop("writer closed the link")
+                break
+            try:
+                payloads.extend(self._splitter.feed(chunk))
+            except ValueError as e:
+                self._drop(str(e))
+                break
+            if len(chunk) < _READ_SIZE:
+                break
+        return payloads
+
+    def send(self, data: bytes) -> bool:
+        """Write one frame, waiting while the socket is full; False if the link is down."""
+        sock = self._sock
+        if sock is None:
+            return False
+        view = memoryview(frame(data))
+        try:
+            while view:
+                try:
+                    view = view[sock.send(view) :]
+                except BlockingIOError:
+                    poller = select.poll()
+                    poller.register(sock, select.POLLOUT)
+                    poller.poll()
+        except OSError as e:
+            self._drop(f"write failed: {e}")
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _drop(self, reason: str) -> None:
+        if self._sock is not None:
+            _log.warning("writer link lost", reason=reason)
+            self._sock.close()
+            self._sock = None
