@@ -1,0 +1,53 @@
+"""Smoke test of `python -m bench.latency`: the harness runs and reports every path.
+
+shardq only, a few requests, one repeat; it asserts the shape of the report, never a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_latency_reports_the_floor_and_every_server_path(tmp_path: Path) -> None:
+    out = tmp_path / "latency.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.latency", "--requests", "20", "--repeats", "1",
+         "--peers", "shardq", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(out.read_text())
+    paths = [(row["peer"], row["path"]) for row in rows]
+    assert paths == [
+        ("floor", "Unix socket echo (asyncio <-> poll)"),
+        ("floor", "ZeroMQ PUSH/PULL ipc echo"),
+        ("shardq", "Ping"),
+        ("shardq", "Count"),
+        ("shardq", "PUSH"),
+        ("shardq", "PUSH durable"),
+    ]
+    for row in rows:
+        assert 0 < row["p50_us"] <= row["p90_us"] <= row["p99_us"]
+        assert row["rate"] > 0
+    assert "| shardq | PUSH durable |" in done.stdout
+
+
+def test_latency_refuses_an_unknown_peer() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.latency", "--peers", "shardq,redis"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "unknown peers: redis" in done.stderr
