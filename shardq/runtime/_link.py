@@ -25,7 +25,7 @@ from typing import Final
 
 import structlog
 
-__all__ = ["FrameSplitter", "FrontLink", "frame", "prepare_listener"]
+__all__ = ["FrameSplitter", "FrontLink", "frame", "prepare_listener", "read_frames", "write_frame"]
 
 _HEADER: Final = struct.Struct(">I")
 _READ_SIZE: Final = 1 << 20
@@ -117,25 +117,10 @@ class FrontLink:
         conn = self._conn
         if conn is None or fd != conn.fileno():
             return []
-        payloads: list[bytes] = []
-        while True:
-            try:
-                chunk = conn.recv(_READ_SIZE)
-            except BlockingIOError:
-                return payloads
-            except OSError as e:
-                self._drop(f"read failed: {e}")
-                return payloads
-            if not chunk:
-                self._drop("front end closed the link")
-                return payloads
-            try:
-                payloads.extend(self._splitter.feed(chunk))
-            except ValueError as e:
-                self._drop(str(e))
-                return payloads
-            if len(chunk) < _READ_SIZE:
-                return payloads
+        payloads, lost = read_frames(conn, self._splitter)
+        if lost is not None:
+            self._drop(lost)
+        return payloads
 
     def send(self, data: bytes, *, block: bool = True) -> bool:
         """Write one frame; False if it was dropped (no front end, or it went away).
@@ -147,19 +132,11 @@ class FrontLink:
         conn = self._conn
         if conn is None:
             return False
-        view = memoryview(frame(data))
         try:
-            while view:
-                try:
-                    view = view[conn.send(view) :]
-                except BlockingIOError:
-                    if not block:
-                        return False
-                    _wait_writable(conn)
+            return write_frame(conn, data, block=block)
         except OSError as e:
             self._drop(f"write failed: {e}")
             return False
-        return True
 
     def close(self) -> None:
         """Close the connection and the listener (idempotent)."""
@@ -191,7 +168,42 @@ class FrontLink:
             self._splitter = FrameSplitter()
 
 
-def _wait_writable(conn: socket.socket) -> None:
-    poller = select.poll()
-    poller.register(conn, select.POLLOUT)
-    poller.poll()
+def read_frames(sock: socket.socket, splitter: FrameSplitter) -> tuple[list[bytes], str | None]:
+    """Read what a non-blocking `sock` has; (whole payloads, why the link is lost or None)."""
+    payloads: list[bytes] = []
+    while True:
+        try:
+            chunk = sock.recv(_READ_SIZE)
+        except BlockingIOError:
+            return payloads, None
+        except OSError as e:
+            return payloads, f"read failed: {e}"
+        if not chunk:
+            return payloads, "the peer closed the link"
+        try:
+            payloads.extend(splitter.feed(chunk))
+        except ValueError as e:
+            return payloads, str(e)
+        if len(chunk) < _READ_SIZE:
+            return payloads, None
+
+
+def write_frame(sock: socket.socket, data: bytes, *, block: bool) -> bool:
+    """Write `data` as one frame to a non-blocking `sock`; raises `OSError` if the link broke.
+
+    With `block`, waits while the socket is full. Without it, returns False if nothing could
+    be written at once; a frame once started is always finished, so the stream stays whole.
+    """
+    view = memoryview(frame(data))
+    started = False
+    while view:
+        try:
+            view = view[sock.send(view) :]
+            started = True
+        except BlockingIOError:
+            if not (block or started):
+                return False
+            poller = select.poll()
+            poller.register(sock, select.POLLOUT)
+            poller.poll()
+    return True

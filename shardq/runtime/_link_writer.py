@@ -18,13 +18,18 @@ and resends them all when the link is back (`reconnected()` is its cue, the old 
 from __future__ import annotations
 
 import errno
-import select
 import socket
 from typing import Final
 
 import structlog
 
-from shardq.runtime._link import FrameSplitter, frame, prepare_listener
+from shardq.runtime._link import (
+    FrameSplitter,
+    frame,
+    prepare_listener,
+    read_frames,
+    write_frame,
+)
 
 __all__ = ["ShardConnections", "WriterLink"]
 
@@ -178,45 +183,22 @@ class WriterLink:
 
     def readable(self) -> list[bytes]:
         """Read everything waiting; whole payloads out. A closed link is noted, not raised."""
-        payloads: list[bytes] = []
-        while self._sock is not None:
-            try:
-                chunk = self._sock.recv(_READ_SIZE)
-            except BlockingIOError:
-                break
-            except OSError as e:
-                self._drop(f"read failed: {e}")
-                break
-            if not chunk:
-                self._drop("writer closed the link")
-                break
-            try:
-                payloads.extend(self._splitter.feed(chunk))
-            except ValueError as e:
-                self._drop(str(e))
-                break
-            if len(chunk) < _READ_SIZE:
-                break
+        if self._sock is None:
+            return []
+        payloads, lost = read_frames(self._sock, self._splitter)
+        if lost is not None:
+            self._drop(lost)
         return payloads
 
     def send(self, data: bytes) -> bool:
         """Write one frame, waiting while the socket is full; False if the link is down."""
-        sock = self._sock
-        if sock is None:
+        if self._sock is None:
             return False
-        view = memoryview(frame(data))
         try:
-            while view:
-                try:
-                    view = view[sock.send(view) :]
-                except BlockingIOError:
-                    poller = select.poll()
-                    poller.register(sock, select.POLLOUT)
-                    poller.poll()
+            return write_frame(self._sock, data, block=True)
         except OSError as e:
             self._drop(f"write failed: {e}")
             return False
-        return True
 
     def close(self) -> None:
         if self._sock is not None:
