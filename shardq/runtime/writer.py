@@ -4,7 +4,8 @@ Run as `python -m shardq.runtime.writer --spec '<json>'` by the supervisor. It b
 `spec.endpoint("writer")` and takes `muts` and `sync` messages from the shards; it commits what
 it received as one `Store.apply` per flush (the policy is `shardq.runtime._flush`) and confirms
 back to each shard's PULL socket with `done` (or `fail` while the disk is full). See
-docs/runtime.md for the messages.
+docs/runtime.md for the messages. Shards send job records and changes msgpack-encoded inside
+the message (`shardq.storage._encode`), so decoding a message decodes no job.
 
 Idle-silent: with nothing waiting it blocks in `poll` with no timeout, and wakes for a message
 or a signal only.
