@@ -98,8 +98,20 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
     Input records are never modified. Raises `StorageError` naming the first malformed
     mutation (unknown kind, wrong arity, wrong types, a `put` record without an id).
     """
-    ops = [_parse(index, mutation) for index, mutation in enumerate(mutations)]
-    folder = _Folder(fetch(_ids_first_touched_by_upd(ops)))
+    ops: list[_Op] = []
+    # Only jobs first touched by an `upd` need their stored row: any other op on a job replaces
+    # or deletes it first.
+    seen: set[str] = set()
+    wanted: list[str] = []
+    for index, mutation in enumerate(mutations):
+        op = _parse(index, mutation)
+        ops.append(op)
+        kind, key = op[0], op[1]
+        if kind in _JOB_KINDS and key not in seen:
+            seen.add(key)
+            if kind == "upd":
+                wanted.append(key)
+    folder = _Folder(fetch(wanted))
     dispatch = folder.dispatch
     for kind, key, a, b in ops:
         dispatch[kind](key, a, b)
@@ -128,18 +140,6 @@ def _bad_field(job_id: str, name: str, kind: type, value: Any) -> None:
     raise StorageError(
         f"job {job_id!r}: record field {name!r} must be {kind.__name__}, got {value!r}"
     )
-
-
-def _ids_first_touched_by_upd(ops: list[_Op]) -> list[str]:
-    # Only these need the stored row: any other op on a job replaces or deletes it first.
-    seen: set[str] = set()
-    wanted: list[str] = []
-    for kind, key, _, _ in ops:
-        if kind in _JOB_KINDS and key not in seen:
-            seen.add(key)
-            if kind == "upd":
-                wanted.append(key)
-    return wanted
 
 
 class _Folder:
