@@ -60,9 +60,10 @@ class Row:
     `values` (the column fields, in `COLUMN_FIELDS` order) as its columns.
     `values` None: a stored job this batch updates; set the column fields in `changed` and
     append `patch` to its stored patch. `stored` is what was known of it before the batch.
+    `kept`: patch entries already stored, written back before `patch` (see `_write`).
     """
 
-    __slots__ = ("changed", "patch", "rec", "stored", "values")
+    __slots__ = ("changed", "kept", "patch", "rec", "stored", "values")
 
     def __init__(self, values: list[Any] | None, rec: Part | None, stored: Stored | None) -> None:
         self.values = values
@@ -70,6 +71,7 @@ class Row:
         self.stored = stored
         self.patch: list[Part] = []
         self.changed: dict[str, Any] = {}
+        self.kept = b""
 
     @property
     def queue(self) -> Any:

@@ -129,11 +129,12 @@ def _v1_initial(db: Database) -> None:
 
 def _v2_patch(db: Database) -> None:
     # A job row becomes `rec` plus `patch`: the changes since `rec` was written, as msgpack
-    # change maps one after the other (shardq.storage._store). ADD COLUMN with a constant
-    # default rewrites nothing: the rows stored before read an empty patch, so they load as
-    # they are.
+    # change maps one after the other, each after its length (shardq.storage._store). ADD
+    # COLUMN with a constant default rewrites nothing: the rows stored before read an empty
+    # patch, so they load as they are.
     db.execute("ALTER TABLE jobs ADD COLUMN patch BLOB NOT NULL DEFAULT x''")
-    db.table("meta").insert({"key": "patch_encoding", "value": "msgpack maps, concatenated"})
+    value = "repeated: u32 big-endian length, then a msgpack map"
+    db.table("meta").insert({"key": "patch_encoding", "value": value})
 
 
 Migration = Callable[[Database], None]

@@ -5,8 +5,9 @@ work per job bounds the server. A row holds the job's columns (queue, state, pri
 seq: for queries and recovery order) and two msgpack blobs:
 
 - `rec`: the whole record as of its last `put` (or its last fold, see `_write`);
-- `patch`: every change since, as encoded change maps one after the other. The stored record
-  is `rec` with each change merged in, in order (`load_jobs`, `get_job`).
+- `patch`: every change since, as encoded change maps one after the other, each after its
+  length. The stored record is `rec` with each change merged in, in order (`load_jobs`,
+  `get_job`).
 
 Shards send puts and updates already encoded (`shardq.storage._encode`), so on the hot path
 the writer decodes no record and no change map and encodes nothing: a put is stored as the

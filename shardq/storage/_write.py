@@ -1,7 +1,7 @@
 """Writing a coalesced `Plan` to the `jobs` and `queue_state` tables (inside a transaction).
 
-A job row is `rec` (an encoded record) plus `patch` (encoded change maps, concatenated; see
-`shardq.storage._store` for why). The plan's rows become:
+A job row is `rec` (an encoded record) plus `patch` (encoded change maps, each after its
+4-byte length; see `shardq.storage._store` for why). The plan's rows become:
 
 - a job put in the batch: one UPSERT of the whole row, `rec` from the put and `patch` the
   changes that followed it in the batch (usually none, or a lease and a completion);
@@ -19,6 +19,7 @@ constant.
 from __future__ import annotations
 
 import sqlite3
+import struct
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
@@ -34,9 +35,12 @@ Pack = Callable[[Any], bytes]
 
 # Stays under SQLite's historical 999 bound parameters per statement.
 FETCH_CHUNK = 500
+# Bytes of the length in front of each patch entry (see `_join`).
+_FRAME = 4
+_frame = struct.Struct(">I").pack
+_read_frame = struct.Struct(">I").unpack_from
 
-_COLUMN = {"queue": "queue", "state": "state", "priority": "priority", "runAt": "run_at",
-           "seq": "seq"}  # fmt: skip
+_COLUMN = {name: "run_at" if name == "runAt" else name for name in COLUMN_FIELDS}
 _UPSERT_JOB = (
     "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -115,7 +119,7 @@ def _whole_row(
 ) -> tuple[Any, ...]:
     check_values(job_id, values)
     rec = row.rec if type(row.rec) is bytes else pack(row.rec)
-    patch = _join(row.patch, pack)
+    patch = row.kept + _join(row.patch, pack)
     if len(patch) > patch_floor and len(patch) > len(rec):
         rec, patch = fold(rec, patch, pack)
     known[job_id] = (values[0], len(rec), len(patch))
@@ -149,9 +153,17 @@ def _add_update(
 
 
 def _join(parts: list[Part], pack: Pack) -> bytes:
-    if len(parts) == 1 and type(parts[0]) is bytes:
-        return parts[0]
-    return b"".join(p if type(p) is bytes else pack(p) for p in parts)
+    """The patch entries of `parts`: each a 4-byte big-endian length, then the change map.
+
+    The length makes every entry one exact `unpackb`: a streaming unpacker would take a patch
+    cut short for the start of a longer one and say nothing.
+    """
+    out = []
+    for part in parts:
+        blob = part if type(part) is bytes else pack(part)
+        out.append(_frame(len(blob)))
+        out.append(blob)
+    return b"".join(out)
 
 
 def _materialize_survivors(conn: sqlite3.Connection, plan: Plan) -> None:
@@ -173,7 +185,7 @@ def _materialize_survivors(conn: sqlite3.Connection, plan: Plan) -> None:
             row = survivors[job_id]
             for name, value in row.changed.items():
                 values[COLUMN_FIELDS.index(name)] = value
-            row.values, row.rec, row.patch = values, rec, [patch, *row.patch]
+            row.values, row.rec, row.kept = values, rec, patch
             row.changed, row.stored = {}, None
 
 
@@ -225,20 +237,24 @@ def decode(blob: bytes) -> Any:
 def merge_patch(rec: Any, patch: bytes) -> Record:
     """`rec` (a decoded record) with every change map in `patch` merged in, in order.
 
-    Raises `ValueError` if `rec` or a change is not a map, or `patch` is cut short, and what
-    msgpack raises for bytes that are not msgpack.
+    Raises `ValueError` if `rec` or a change is not a map or `patch` is cut short, and what
+    msgpack raises for bytes that are not one msgpack value.
     """
     if not isinstance(rec, dict):
         raise ValueError(f"a stored job record is not a map: {rec!r:.100}")
-    if patch:
-        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-        unpacker.feed(patch)
-        for changes in unpacker:
-            if not isinstance(changes, dict):
-                raise ValueError(f"a stored job change is not a map: {changes!r:.100}")
-            rec.update(changes)
-        if unpacker.tell() != len(patch):
+    pos, end = 0, len(patch)
+    while pos < end:
+        if pos + _FRAME > end:
             raise ValueError("a stored job patch is cut short")
+        (size,) = _read_frame(patch, pos)
+        start = pos + _FRAME
+        pos = start + size
+        if pos > end:
+            raise ValueError("a stored job patch is cut short")
+        changes = decode(patch[start:pos])
+        if type(changes) is not dict:
+            raise ValueError(f"a stored job change is not a map: {changes!r:.100}")
+        rec.update(changes)
     return rec
 
 

@@ -44,9 +44,14 @@ def raw_row(store: Store, job_id: str) -> tuple[bytes, bytes]:
 
 
 def changes_in(patch: bytes) -> list[Rec]:
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-    unpacker.feed(patch)
-    return list(unpacker)
+    """The change maps of a patch: each a 4-byte big-endian length, then the map."""
+    out, pos = [], 0
+    while pos < len(patch):
+        size = int.from_bytes(patch[pos : pos + 4], "big")
+        out.append(msgpack.unpackb(patch[pos + 4 : pos + 4 + size], raw=False))
+        pos += 4 + size
+    assert pos == len(patch)
+    return out
 
 
 def expected(mutations: list[Mutation]) -> tuple[dict[str, Rec], dict[str, Rec]]:
@@ -243,12 +248,17 @@ def test_a_corrupt_row_is_not_folded_and_is_reported_on_load(db_path: Path) -> N
             s.get_job("j1")
 
 
-def test_a_cut_short_patch_is_reported_as_corrupt(store: Store) -> None:
-    store.apply([("put", job("j1")), ("upd", "j1", {"attempts": 300})])
+def test_a_cut_short_patch_is_reported_and_the_next_row_still_reads(store: Store) -> None:
+    changes = {"attempts": 300, "progress": 7}
+    store.apply([("put", job("j1")), ("put", job("j2", seq=2))])
+    store.apply([("upd", "j1", changes), ("upd", "j2", changes)])
     with sqlite3.connect(store.path) as conn:
-        conn.execute("UPDATE jobs SET patch = substr(patch, 1, length(patch) - 1)")
+        conn.execute("UPDATE jobs SET patch = substr(patch, 1, length(patch) - 1) WHERE id = 'j1'")
     with pytest.raises(StorageError, match="corrupt"):
         list(store.load_jobs())
+    with pytest.raises(StorageError, match="corrupt"):
+        store.get_job("j1")
+    assert store.get_job("j2") == {**job("j2", seq=2), **changes}
 
 
 # --- the migration from schema version 1 -------------------------------------------------------
