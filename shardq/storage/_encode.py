@@ -52,7 +52,7 @@ class MutationEncoder:
         out: list[Mutation] = []
         append = out.append
         for m in mutations:
-            kind = m[0]
+            kind = m[0] if m else None
             if kind == "upd" and len(m) == 3:
                 key, changes = m[1], m[2]
                 if type(key) is str and type(changes) is dict:

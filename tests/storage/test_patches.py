@@ -105,6 +105,7 @@ def test_encoder_sends_records_as_bytes_with_their_columns() -> None:
         ("upd", "j1", {"seq": True}),
         ("upd", 7, {"state": "active"}),
         ("upd", "j1"),
+        (),
     ],
 )
 def test_encoder_passes_what_it_cannot_vouch_for_through(mutation: Mutation) -> None:
