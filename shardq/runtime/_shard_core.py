@@ -25,6 +25,7 @@ import structlog
 from shardq.core import Engine, Mutation, Record, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.runtime._shard_waits import JobWaits, LongPolls, Parked
+from shardq.storage import MutationEncoder
 
 __all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
 
@@ -96,6 +97,9 @@ class ShardCore:
         self.draining = False
         self._drained_sent = False
         self._muts: list[Mutation] = []
+        # Puts and updates go to the writer already encoded (shardq.storage._encode): this
+        # shard packs them once, and the writer stores the bytes without decoding a record.
+        self._encoder = MutationEncoder()
         self._replies: list[Item] = []
         self._durable: list[Item] = []
         self._held: deque[tuple[int, list[Item]]] = deque()
@@ -190,8 +194,9 @@ class ShardCore:
 
     def _flush_mutations(self, out: list[Outgoing]) -> None:
         if self._muts:
+            muts = self._encoder.encode(self._muts)
             self.seq += 1
-            msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": self._muts}
+            msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": muts}
             if self._durable:
                 msg["durable"] = True  # a reply waits on this commit: the writer flushes now
             out.append(("writer", msg))

@@ -2,11 +2,21 @@
 
 `Store` owns one SQLite file (WAL mode). The writer process applies batches of the engine's
 mutations to it, one transaction per batch; a recovering shard reads jobs and queue configs
-back from it. Schema, migrations and every PRAGMA live in `_schema`.
+back from it. Schema, migrations and every PRAGMA live in `_schema`. A shard encodes its
+mutations for the writer with `MutationEncoder` (`_encode`), so the writer stores records as
+the bytes that came.
 """
 
+from shardq.storage._encode import MutationEncoder
 from shardq.storage._errors import StorageError, StorageFull
 from shardq.storage._schema import SYNCHRONOUS_MODES, SchemaInfo
 from shardq.storage._store import Store
 
-__all__ = ["SYNCHRONOUS_MODES", "SchemaInfo", "StorageError", "StorageFull", "Store"]
+__all__ = [
+    "SYNCHRONOUS_MODES",
+    "MutationEncoder",
+    "SchemaInfo",
+    "StorageError",
+    "StorageFull",
+    "Store",
+]

@@ -2,19 +2,24 @@
 
 The writer receives a job's push, lease and completion in the same flush window often enough
 that writing each step would triple the row writes. `coalesce` turns the batch into a `Plan`:
-the final record (or deletion) of each touched job and queue, plus the queues obliterated
-along the way. Writing the plan gives exactly the state that applying the mutations one by one
+the final row (or deletion) of each touched job and queue, plus the queues obliterated along
+the way. Writing the plan gives exactly the state that applying the mutations one by one
 would give, because:
 
 - a `put` replaces the whole record, so nothing before it matters for that job;
 - an `upd` merges into the record as it stands at that point (pending in this batch, or the
-  stored row, read once per batch), and is skipped if the job does not exist at that point;
+  stored row), and is skipped if the job does not exist at that point;
 - a `qdel` turns every pending record of that queue into a deletion, and deletes that queue's
   stored rows *before* the plan's records are written, so a later `put` in the batch survives;
   a stored row that nothing in the batch touched before the `qdel` keeps its stored queue, so
   an `upd` after the `qdel` finds it gone exactly when its stored queue was obliterated.
 
-The mutation shapes are defined in `shardq.core._mutations`.
+Rows are written as a record plus a patch (see `shardq.storage._store`), so the plan never
+merges records: a job put in the batch becomes a `Row` with the put's record and the changes
+that follow it; a stored job the batch only updates becomes a `Row` with no record, the
+column fields its changes set and the changes to append to its stored patch. Both the engine's
+shapes (`shardq.core._mutations`) and the encoded ones (`shardq.storage._encode`) are taken,
+mixed freely; values are checked and encoded only for the rows finally written, as before.
 """
 
 from __future__ import annotations
@@ -24,26 +29,64 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardq.core._mutations import Mutation, Record
+from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._errors import StorageError
 
-__all__ = ["Fetch", "Plan", "coalesce", "row_fields"]
+__all__ = ["Fetch", "Part", "Plan", "Row", "Stored", "check_columns", "check_values", "coalesce"]
 
-Fetch = Callable[[Collection[str]], Mapping[str, Record]]
-"""Reads the stored records of the given job ids (missing ids are simply absent)."""
+Stored = tuple[str, int, int]
+"""What the writer knows of a stored row: (queue, length of rec, length of patch)."""
 
-# A parsed mutation: (kind, job id or queue name, record / changes / cfg / _NOTHING).
-_Op = tuple[str, str, Record]
-_NOTHING: Record = {}  # the payload of "del" and "qdel"; never read
+Fetch = Callable[[Collection[str]], Mapping[str, Stored]]
+"""Reads what is known of the stored rows of the given job ids (missing ids are absent)."""
+
+Part = bytes | Record
+"""A record or change map: encoded already, or still the engine's dict."""
+
+# A parsed mutation: (kind, job id or queue name, columns / cfg / None, record / changes / None)
+_Op = tuple[str, str, Any, Any]
 
 # Fields every stored record must carry: they fill NOT NULL columns.
 _REQUIRED: tuple[tuple[str, type], ...] = (("queue", str), ("state", str), ("seq", int))
+_REQUIRED_TYPES = dict(_REQUIRED)
+_INDEX = {name: i for i, name in enumerate(COLUMN_FIELDS)}
+_REQUIRED_AT = tuple((_INDEX[name], kind) for name, kind in _REQUIRED)
+
+
+class Row:
+    """The net write of one job.
+
+    `values` set: the job was put in this batch; write `rec` and `patch` as its whole row, with
+    `values` (the column fields, in `COLUMN_FIELDS` order) as its columns.
+    `values` None: a stored job this batch updates; set the column fields in `changed` and
+    append `patch` to its stored patch. `stored` is what was known of it before the batch.
+    `kept`: patch entries already stored, written back before `patch` (see `_write`).
+    """
+
+    __slots__ = ("changed", "kept", "patch", "rec", "stored", "values")
+
+    def __init__(self, values: list[Any] | None, rec: Part | None, stored: Stored | None) -> None:
+        self.values = values
+        self.rec = rec
+        self.stored = stored
+        self.patch: list[Part] = []
+        self.changed: dict[str, Any] = {}
+        self.kept = b""
+
+    @property
+    def queue(self) -> Any:
+        """The job's queue as it stands."""
+        if self.values is not None:
+            return self.values[0]
+        assert self.stored is not None
+        return self.changed.get("queue", self.stored[0])
 
 
 @dataclass
 class Plan:
     """The net effect of one batch. `None` as a value means "delete this row"."""
 
-    jobs: dict[str, Record | None] = field(default_factory=dict)
+    jobs: dict[str, Row | None] = field(default_factory=dict)
     queues: dict[str, Record | None] = field(default_factory=dict)
     obliterated: dict[str, None] = field(default_factory=dict)
     """Queues whose stored jobs are deleted before `jobs` is written (an ordered set)."""
@@ -52,54 +95,60 @@ class Plan:
 
 
 def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
-    """Fold `mutations` (in order) into a `Plan`; `fetch` reads stored records.
+    """Fold `mutations` (in order) into a `Plan`; `fetch` reads what is known of stored rows.
 
     Input records are never modified. Raises `StorageError` naming the first malformed
     mutation (unknown kind, wrong arity, wrong types, a `put` record without an id).
     """
-    ops = [_parse(index, mutation) for index, mutation in enumerate(mutations)]
-    folder = _Folder(fetch(_ids_first_touched_by_upd(ops)))
-    for kind, key, payload in ops:
-        folder.dispatch[kind](key, payload)
-    return folder.plan
-
-
-def row_fields(job_id: str, rec: Record) -> tuple[str, str, Any, Any, int]:
-    """(queue, state, priority, run_at, seq) of a final record, checked for the NOT NULLs.
-
-    Raises `StorageError` naming the job and the missing or mistyped field.
-    """
-    if not isinstance(rec, dict):
-        raise StorageError(f"job {job_id!r}: record is a {type(rec).__name__}, not a map")
-    for name, kind in _REQUIRED:
-        value = rec.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise StorageError(
-                f"job {job_id!r}: record field {name!r} must be {kind.__name__}, got {value!r}"
-            )
-    return rec["queue"], rec["state"], rec.get("priority"), rec.get("runAt"), rec["seq"]
-
-
-def _ids_first_touched_by_upd(ops: list[_Op]) -> list[str]:
-    # Only these need the stored row: any other op on a job replaces or deletes it first.
+    ops: list[_Op] = []
+    # Only jobs first touched by an `upd` need their stored row: any other op on a job replaces
+    # or deletes it first.
     seen: set[str] = set()
     wanted: list[str] = []
-    for kind, key, _ in ops:
+    for index, mutation in enumerate(mutations):
+        op = _parse(index, mutation)
+        ops.append(op)
+        kind, key = op[0], op[1]
         if kind in _JOB_KINDS and key not in seen:
             seen.add(key)
             if kind == "upd":
                 wanted.append(key)
-    return wanted
+    folder = _Folder(fetch(wanted))
+    dispatch = folder.dispatch
+    for kind, key, a, b in ops:
+        dispatch[kind](key, a, b)
+    return folder.plan
+
+
+def check_columns(job_id: str, columns: Mapping[str, Any]) -> None:
+    """Check the NOT NULL column fields present in `columns` (a record or changes).
+
+    Raises `StorageError` naming the job and the mistyped field.
+    """
+    for name, value in columns.items():
+        kind = _REQUIRED_TYPES.get(name)
+        if kind is not None and type(value) is not kind:
+            _bad_field(job_id, name, kind, value)
+
+
+def check_values(job_id: str, values: Sequence[Any]) -> None:
+    """Check the column values of a whole row (`COLUMN_FIELDS` order). Raises `StorageError`."""
+    for index, kind in _REQUIRED_AT:
+        if type(values[index]) is not kind:
+            _bad_field(job_id, COLUMN_FIELDS[index], kind, values[index])
+
+
+def _bad_field(job_id: str, name: str, kind: type, value: Any) -> None:
+    raise StorageError(
+        f"job {job_id!r}: record field {name!r} must be {kind.__name__}, got {value!r}"
+    )
 
 
 class _Folder:
-    def __init__(self, stored: Mapping[str, Record]) -> None:
+    def __init__(self, stored: Mapping[str, Stored]) -> None:
         self.plan = Plan()
         self._stored = stored
-        # Records this batch built itself (merged copies): safe to update in place. Anything
-        # else came from the caller or the store's cache and is copied on its first change.
-        self._owned: set[str] = set()
-        self.dispatch: dict[str, Callable[[str, Record], None]] = {
+        self.dispatch: dict[str, Callable[[str, Any, Any], None]] = {
             "put": self._put,
             "upd": self._upd,
             "del": self._del,
@@ -107,46 +156,51 @@ class _Folder:
             "qdel": self._qdel,
         }
 
-    def _put(self, job_id: str, rec: Record) -> None:
-        self.plan.jobs[job_id] = rec
-        self._owned.discard(job_id)
+    def _put(self, job_id: str, values: list[Any], rec: Part) -> None:
+        self.plan.jobs[job_id] = Row(values, rec, None)
 
-    def _upd(self, job_id: str, changes: Record) -> None:
+    def _upd(self, job_id: str, columns: Mapping[str, Any] | None, changes: Part) -> None:
         jobs = self.plan.jobs
-        if job_id in jobs:
-            current = jobs[job_id]
-        else:
-            current = self._stored.get(job_id)
-            if current is not None and current.get("queue") in self.plan.obliterated:
-                current = None  # untouched until now, so its stored queue was obliterated
-        if current is None:
+        row = jobs.get(job_id, _ABSENT)
+        if row is _ABSENT:
+            stored = self._stored.get(job_id)
+            if stored is None or stored[0] in self.plan.obliterated:
+                # Never stored, or untouched until now, so its stored queue was obliterated.
+                self.plan.skipped += 1
+                return
+            row = jobs[job_id] = Row(None, None, stored)
+        elif row is None:
             self.plan.skipped += 1
             return
-        if job_id in self._owned:
-            current.update(changes)
+        assert isinstance(row, Row)
+        row.patch.append(changes)
+        if columns is None:  # the engine's shape: the column fields are in the changes
+            assert isinstance(changes, dict)
+            columns = {name: changes[name] for name in COLUMN_FIELDS if name in changes}
+        if not columns:
+            return
+        values = row.values
+        if values is None:
+            row.changed.update(columns)
         else:
-            current = {**current, **changes}
-            self._owned.add(job_id)
-        jobs[job_id] = current
+            for name, value in columns.items():
+                values[_INDEX[name]] = value
 
-    def _del(self, job_id: str, _payload: Record) -> None:
+    def _del(self, job_id: str, _a: None, _b: None) -> None:
         self.plan.jobs[job_id] = None
-        self._owned.discard(job_id)
 
-    def _queue(self, name: str, cfg: Record) -> None:
+    def _queue(self, name: str, cfg: Record, _b: None) -> None:
         self.plan.queues[name] = cfg
 
-    def _qdel(self, name: str, _payload: Record) -> None:
+    def _qdel(self, name: str, _a: None, _b: None) -> None:
         self.plan.queues[name] = None
         self.plan.obliterated[name] = None
         jobs = self.plan.jobs
-        for job_id in [
-            j for j, rec in jobs.items() if rec is not None and rec.get("queue") == name
-        ]:
+        for job_id in [j for j, row in jobs.items() if row is not None and row.queue == name]:
             jobs[job_id] = None
-            self._owned.discard(job_id)
 
 
+_ABSENT: Any = object()
 _JOB_KINDS = frozenset({"put", "upd", "del"})
 # kind -> the types of the fields after the kind
 _SHAPES: dict[str, tuple[type, ...]] = {
@@ -155,10 +209,30 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "del": (str,),
     "queue": (str, dict),
     "qdel": (str,),
+    "putb": (str, object, object, object, object, object, bytes),
+    "updb": (str, bytes, dict),
 }
 
 
 def _parse(index: int, mutation: object) -> _Op:
+    # The encoded shapes are the writer's hot path: checked inline, before the general case.
+    if type(mutation) is list or type(mutation) is tuple:
+        n = len(mutation)
+        kind = mutation[0] if n else None
+        if kind == "updb" and n == 4:
+            _, key, changes, columns = mutation
+            if type(key) is str and type(changes) is bytes and type(columns) is dict:
+                return "upd", key, columns, changes
+        elif kind == "putb" and n == 8:
+            key, rec = mutation[1], mutation[7]
+            if type(key) is str and type(rec) is bytes:
+                return "put", key, list(mutation[2:7]), rec
+        elif kind == "del" and n == 2 and type(mutation[1]) is str:
+            return "del", mutation[1], None, None
+    return _parse_general(index, mutation)
+
+
+def _parse_general(index: int, mutation: object) -> _Op:
     if not isinstance(mutation, tuple | list) or not mutation:
         raise StorageError(f"mutation #{index} is not a non-empty tuple: {mutation!r:.200}")
     kind = mutation[0]
@@ -176,5 +250,11 @@ def _parse(index: int, mutation: object) -> _Op:
         job_id = rec.get("rowKey") or rec.get("id")
         if not isinstance(job_id, str):
             raise StorageError(f"mutation #{index} (put): record field 'id' must be str")
-        return kind, job_id, rec
-    return kind, fields[0], fields[1] if len(fields) == 2 else _NOTHING
+        return kind, job_id, [rec.get(name) for name in COLUMN_FIELDS], rec
+    if kind == "upd":
+        return kind, fields[0], None, fields[1]
+    if kind == "queue":
+        return kind, fields[0], fields[1], None
+    if kind in ("putb", "updb"):  # well-formed ones took the fast path; this one is not
+        raise StorageError(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")
+    return kind, fields[0], None, None

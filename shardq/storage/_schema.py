@@ -127,10 +127,20 @@ def _v1_initial(db: Database) -> None:
     db.table("meta").insert({"key": "record_encoding", "value": "msgpack"})
 
 
+def _v2_patch(db: Database) -> None:
+    # A job row becomes `rec` plus `patch`: the changes since `rec` was written, as msgpack
+    # change maps one after the other, each after its length (shardq.storage._store). ADD
+    # COLUMN with a constant default rewrites nothing: the rows stored before read an empty
+    # patch, so they load as they are.
+    db.execute("ALTER TABLE jobs ADD COLUMN patch BLOB NOT NULL DEFAULT x''")
+    value = "repeated: u32 big-endian length, then a msgpack map"
+    db.table("meta").insert({"key": "patch_encoding", "value": value})
+
+
 Migration = Callable[[Database], None]
 
 # Append only. The database's schema version is the number of migrations applied to it.
-MIGRATIONS: list[Migration] = [_v1_initial]
+MIGRATIONS: list[Migration] = [_v1_initial, _v2_patch]
 
 
 def migrate(conn: sqlite3.Connection, db: Database) -> int:

@@ -5,12 +5,15 @@ Time is an argument here, so nothing sleeps.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shardq.core import Engine
 from shardq.runtime._shard_core import ShardCore
+from shardq.runtime._wire import pack, unpack
+from shardq.storage import Store
 
 T0 = 1_700_000_000_000
 
@@ -76,6 +79,20 @@ def test_one_turn_sends_one_batch_of_mutations(s: Shard) -> None:
     assert len(s.batches) == 1 and len(s.batches[0]["muts"]) == 5
     s.turn({"cmd": "Count", "queue": "q"})
     assert len(s.batches) == 1  # a turn without mutations sends nothing to the writer
+
+
+def test_puts_and_updates_go_to_the_writer_encoded(s: Shard, tmp_path: Path) -> None:
+    s.turn({"cmd": "PUSH", "queue": "q", "data": {"n": 1}})
+    job = s.call({"cmd": "PULL", "queue": "q", "owner": "w"})
+    kinds = [[m[0] for m in batch["muts"]] for batch in s.batches]
+    assert kinds == [["putb"], ["updb"]]
+    assert all(isinstance(m[-1 if m[0] == "putb" else 2], bytes) for m in s.batches[0]["muts"])
+    with Store.open(tmp_path / "s.db") as store:
+        for batch in s.batches:
+            store.apply(unpack(pack(batch))["muts"])  # as the writer receives it
+        (stored,) = store.load_jobs()
+    assert stored["id"] == job["job"]["id"]
+    assert stored["state"] == "active" and stored["data"] == {"n": 1}
 
 
 def test_durable_push_waits_for_the_writer(s: Shard) -> None:

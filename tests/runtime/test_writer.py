@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -572,3 +573,39 @@ def test_a_shard_link_without_a_writer(short_tmp: Path) -> None:
     assert not link.connected and link.fd() is None
     assert link.send(b"lost") is False  # the shard keeps the batch and resends it later
     assert link.readable() == []
+
+
+class GcWatchingStore:
+    """A real `Store` that notes whether the garbage collector could run during each apply."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.collector_enabled: list[bool] = []
+
+    def apply(self, mutations: Sequence[Mutation]) -> int:
+        self.collector_enabled.append(gc.isenabled())
+        return self.store.apply(mutations)
+
+    def checkpoint(self) -> bool:
+        return self.store.checkpoint()
+
+
+def test_no_garbage_collection_runs_inside_a_flush_and_it_is_back_on_after(
+    short_tmp: Path,
+) -> None:
+    store = Store.open(short_tmp / "db" / "q.db")
+    watching = GcWatchingStore(store)
+    spec = ChildSpec(role="writer", run_dir=str(short_tmp), data_path=str(store.path), shards=1)
+    assert gc.isenabled()
+
+    def shard(end: ShardEnd) -> None:
+        for seq in (1, 2):
+            end.send({"t": "muts", "shard": 0, "seq": seq, "muts": [put(seq)], "durable": True})
+            assert end.recv() == {"t": "done", "seq": seq}
+        poll_until(gc.isenabled, WAIT_S, "the collector back on between flushes")
+
+    assert run_writer_with(spec, watching, shard) == 0
+    assert watching.collector_enabled == [False, False]
+    assert gc.isenabled()
+    assert [job["id"] for job in store.load_jobs()] == ["j1", "j2"]
+    store.close()

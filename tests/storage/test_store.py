@@ -109,6 +109,7 @@ def test_new_database_gets_the_schema_and_records_its_migrations(store: Store) -
         ("run_at", "INTEGER", False),
         ("seq", "INTEGER", True),
         ("rec", "BLOB", True),
+        ("patch", "BLOB", True),
     )
     assert ("queue", "state", "seq") in info.indexes["jobs"]
     assert ("state",) in info.indexes["jobs"]

@@ -1,0 +1,89 @@
+"""Mutations as the writer takes them: records and changes already msgpack-encoded.
+
+A shard must encode its mutations to send them anyway. `MutationEncoder` encodes each job
+record and each change map on its own, and puts the few fields the writer needs for its
+columns beside the bytes, so the writer stores the bytes as they came and never decodes a job:
+
+    ("putb", row_key, queue, state, priority, run_at, seq, rec)  for ("put", rec)
+    ("updb", row_key, changes, columns)                          for ("upd", row_key, changes)
+
+`rec` and `changes` are the msgpack encodings (`use_bin_type=True`) of the engine's record and
+change map. `columns` holds the column fields the changes set, under their record names
+(`queue`, `state`, `priority`, `runAt`, `seq`), and is usually `{"state": ...}`. "del",
+"queue" and "qdel" are small and pass through unchanged, as does any mutation the encoder
+cannot vouch for (a missing row key, a mistyped column field): the writer then rejects it with
+the same error as before. A batch may mix both forms; `Store.apply` takes either.
+
+The meaning is exactly that of the engine's shapes (`shardq.core._mutations`): `putb` is the
+`put` of the record `rec` decodes to, `updb` the `upd` of those changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+
+from shardq.core._mutations import Mutation
+
+__all__ = ["COLUMN_FIELDS", "MutationEncoder"]
+
+COLUMN_FIELDS: Final[tuple[str, ...]] = ("queue", "state", "priority", "runAt", "seq")
+"""The record fields that the `jobs` table also keeps in columns, for queries and recovery order."""
+
+# Column fields that are NOT NULL in the table, and the type each must have.
+_TYPED: Final[tuple[tuple[str, type], ...]] = (("queue", str), ("state", str), ("seq", int))
+
+
+class MutationEncoder:
+    """Turns the engine's mutations into the writer's encoded form. One per thread."""
+
+    def __init__(self) -> None:
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+
+    def encode(self, mutations: Iterable[Mutation]) -> list[Mutation]:
+        """The batch with every well-formed `put` and `upd` encoded; the rest unchanged.
+
+        Raises `TypeError` (from msgpack) for a value msgpack cannot encode, as packing the
+        whole batch would.
+        """
+        pack = self._pack
+        out: list[Mutation] = []
+        append = out.append
+        for m in mutations:
+            kind = m[0] if m else None
+            if kind == "upd" and len(m) == 3:
+                key, changes = m[1], m[2]
+                if type(key) is str and type(changes) is dict:
+                    columns = _columns_of(changes)
+                    if columns is not None:
+                        append(("updb", key, pack(changes), columns))
+                        continue
+            elif kind == "put" and len(m) == 2:
+                row = _row_of(m[1])
+                if row is not None:
+                    append((*row, pack(m[1])))
+                    continue
+            append(m)
+        return out
+
+
+def _row_of(rec: object) -> tuple[str, str, str, str, Any, Any, int] | None:
+    """("putb", row key, queue, state, priority, run_at, seq) of a well-formed record."""
+    if type(rec) is not dict:
+        return None
+    key = rec.get("rowKey") or rec.get("id")
+    queue, state, seq = rec.get("queue"), rec.get("state"), rec.get("seq")
+    if type(key) is str and type(queue) is str and type(state) is str and type(seq) is int:
+        return "putb", key, queue, state, rec.get("priority"), rec.get("runAt"), seq
+    return None
+
+
+def _columns_of(changes: dict[str, Any]) -> dict[str, Any] | None:
+    """The column fields `changes` sets, or None if one of them is mistyped."""
+    columns = {name: changes[name] for name in COLUMN_FIELDS if name in changes}
+    for name, kind in _TYPED:
+        if name in columns and type(columns[name]) is not kind:
+            return None
+    return columns

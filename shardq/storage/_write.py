@@ -1,0 +1,265 @@
+"""Writing a coalesced `Plan` to the `jobs` and `queue_state` tables (inside a transaction).
+
+A job row is `rec` (an encoded record) plus `patch` (encoded change maps, each after its
+4-byte length; see `shardq.storage._store` for why). The plan's rows become:
+
+- a job put in the batch: one UPSERT of the whole row, `rec` from the put and `patch` the
+  changes that followed it in the batch (usually none, or a lease and a completion);
+- a stored job the batch only updates: one UPDATE that sets the columns its changes touched
+  and appends the changes to `patch`; `rec` is neither read nor written. The statement names
+  only those columns, so SQLite rewrites only the indexes over them.
+
+A patch that grows longer than its record (and than `patch_floor`) is folded into the record:
+decoded, merged and written back as `rec` with an empty patch. Folding costs one decode and
+encode of the record and only happens after at least a record's length of changes was
+appended, so rows stay at most about twice their merged size and the cost per change stays
+constant.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import struct
+from collections.abc import Callable, Collection, Iterator
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+
+from shardq.core._mutations import Record
+from shardq.storage._coalesce import Part, Plan, Row, Stored, check_columns, check_values
+from shardq.storage._encode import COLUMN_FIELDS
+
+__all__ = ["FETCH_CHUNK", "chunks", "decode", "merge_patch", "write_plan"]
+
+Pack = Callable[[Any], bytes]
+
+# Stays under SQLite's historical 999 bound parameters per statement.
+FETCH_CHUNK = 500
+# Bytes of the length in front of each patch entry (see `_join`).
+_FRAME = 4
+_frame = struct.Struct(">I").pack
+_read_frame = struct.Struct(">I").unpack_from
+
+_COLUMN = {name: "run_at" if name == "runAt" else name for name in COLUMN_FIELDS}
+_UPSERT_JOB = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    # An in-place update, unlike INSERT OR REPLACE, rewrites only the indexes whose columns
+    # changed, and keeps the rowid (and so the tie order among equal seqs) stable.
+    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
+    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
+    " rec = excluded.rec, patch = excluded.patch"
+)
+_DELETE_JOB = "DELETE FROM jobs WHERE id = ?"
+_DELETE_QUEUE_JOBS = "DELETE FROM jobs WHERE queue = ?"
+_FOLDED = "UPDATE jobs SET rec = ?, patch = x'' WHERE id = ?"
+_UPSERT_QUEUE = (
+    "INSERT INTO queue_state (name, cfg) VALUES (?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET cfg = excluded.cfg"
+)
+_DELETE_QUEUE = "DELETE FROM queue_state WHERE name = ?"
+
+
+def _update_sql(names: tuple[str, ...]) -> str:
+    sets = "".join(f"{_COLUMN[name]} = ?, " for name in names)
+    # `||` joins blobs byte for byte (as text, in this UTF-8 database); CAST keeps it a blob.
+    return f"UPDATE jobs SET {sets}patch = CAST(patch || ? AS BLOB) WHERE id = ?"
+
+
+# One statement per list of updated columns (in the order the changes named them): a few
+# hundred at most, a handful in practice.
+_UPDATE_SQL: dict[tuple[str, ...], str] = {}
+
+
+def write_plan(
+    conn: sqlite3.Connection, plan: Plan, pack: Pack, patch_floor: int
+) -> tuple[int, dict[str, Stored | None]]:
+    """Write `plan`; return the rows written and what is now known of every job it touched
+    (None: the row is gone). Raises what sqlite3 and msgpack raise, and `StorageError` for a
+    row whose column fields are missing or mistyped; the caller's transaction rolls back."""
+    written = 0
+    if plan.obliterated:
+        _materialize_survivors(conn, plan)
+        # Before the job rows: a put later in the batch for that queue must survive it.
+        queues = [(name,) for name in plan.obliterated]
+        written += conn.executemany(_DELETE_QUEUE_JOBS, queues).rowcount
+    known: dict[str, Stored | None] = {}
+    deleted: list[tuple[str]] = []
+    whole: list[tuple[Any, ...]] = []
+    updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    to_fold: list[str] = []
+    for job_id, row in plan.jobs.items():
+        if row is None:
+            deleted.append((job_id,))
+            known[job_id] = None
+        elif row.values is not None:
+            whole.append(_whole_row(job_id, row, row.values, pack, patch_floor, known))
+        elif _add_update(job_id, row, pack, patch_floor, updates, known):
+            to_fold.append(job_id)
+    if deleted:
+        written += conn.executemany(_DELETE_JOB, deleted).rowcount
+    if whole:
+        written += conn.executemany(_UPSERT_JOB, whole).rowcount
+    for names, rows in updates.items():
+        sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
+        written += conn.executemany(sql, rows).rowcount
+    if to_fold:
+        _fold_stored(conn, to_fold, pack, known)
+    written += _write_queues(conn, plan, pack)
+    return written, known
+
+
+def _whole_row(
+    job_id: str,
+    row: Row,
+    values: list[Any],
+    pack: Pack,
+    patch_floor: int,
+    known: dict[str, Stored | None],
+) -> tuple[Any, ...]:
+    check_values(job_id, values)
+    rec = row.rec if type(row.rec) is bytes else pack(row.rec)
+    patch = row.kept + _join(row.patch, pack)
+    if len(patch) > patch_floor and len(patch) > len(rec):
+        rec, patch = fold(rec, patch, pack)
+    known[job_id] = (values[0], len(rec), len(patch))
+    return (job_id, *values, rec, patch)
+
+
+def _add_update(
+    job_id: str,
+    row: Row,
+    pack: Pack,
+    patch_floor: int,
+    updates: dict[tuple[str, ...], list[tuple[Any, ...]]],
+    known: dict[str, Stored | None],
+) -> bool:
+    """Queue the UPDATE of a stored row; True if its patch is now due to be folded."""
+    assert row.stored is not None
+    queue, rec_len, patch_len = row.stored
+    patch = _join(row.patch, pack)
+    changed = row.changed
+    if changed:
+        check_columns(job_id, changed)
+        names = tuple(changed)
+        params = (*changed.values(), patch, job_id)
+        queue = changed.get("queue", queue)
+    else:
+        names, params = (), (patch, job_id)
+    updates.setdefault(names, []).append(params)
+    patch_len += len(patch)
+    known[job_id] = (queue, rec_len, patch_len)
+    return patch_len > patch_floor and patch_len > rec_len
+
+
+def _join(parts: list[Part], pack: Pack) -> bytes:
+    """The patch entries of `parts`: each a 4-byte big-endian length, then the change map.
+
+    The length makes every entry one exact `unpackb`: a streaming unpacker would take a patch
+    cut short for the start of a longer one and say nothing.
+    """
+    out = []
+    for part in parts:
+        blob = part if type(part) is bytes else pack(part)
+        out.append(_frame(len(blob)))
+        out.append(blob)
+    return b"".join(out)
+
+
+def _materialize_survivors(conn: sqlite3.Connection, plan: Plan) -> None:
+    """Turn updates of stored rows whose stored queue is obliterated into whole rows.
+
+    Such a row survives the batch only if a change before the `qdel` moved it to another
+    queue; its stored row is about to be deleted with the queue, so it is read first and
+    written back whole. Rare: the engine never moves a job between queues today.
+    """
+    survivors = {
+        job_id: row
+        for job_id, row in plan.jobs.items()
+        if row is not None and row.stored is not None and row.stored[0] in plan.obliterated
+    }
+    sql = "SELECT id, queue, state, priority, run_at, seq, rec, patch FROM jobs WHERE id IN"
+    for chunk in chunks(list(survivors), FETCH_CHUNK):
+        marks = ", ".join("?" * len(chunk))
+        for job_id, *values, rec, patch in conn.execute(f"{sql} ({marks})", chunk):
+            row = survivors[job_id]
+            for name, value in row.changed.items():
+                values[COLUMN_FIELDS.index(name)] = value
+            row.values, row.rec, row.kept = values, rec, patch
+            row.changed, row.stored = {}, None
+
+
+def _fold_stored(
+    conn: sqlite3.Connection, job_ids: list[str], pack: Pack, known: dict[str, Stored | None]
+) -> None:
+    folded: list[tuple[bytes, str]] = []
+    for chunk in chunks(job_ids, FETCH_CHUNK):
+        marks = ", ".join("?" * len(chunk))
+        sql = f"SELECT id, rec, patch FROM jobs WHERE id IN ({marks})"
+        for job_id, rec, patch in conn.execute(sql, chunk):
+            new_rec, new_patch = fold(rec, patch, pack)
+            if not new_patch:
+                folded.append((new_rec, job_id))
+                info = known[job_id]
+                assert info is not None
+                known[job_id] = (info[0], len(new_rec), 0)
+    if folded:
+        conn.executemany(_FOLDED, folded)
+
+
+def _write_queues(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
+    written = 0
+    configs = [(name, pack(cfg)) for name, cfg in plan.queues.items() if cfg is not None]
+    if configs:
+        written += conn.executemany(_UPSERT_QUEUE, configs).rowcount
+    dropped = [(name,) for name, cfg in plan.queues.items() if cfg is None]
+    if dropped:
+        written += conn.executemany(_DELETE_QUEUE, dropped).rowcount
+    return written
+
+
+def fold(rec: bytes, patch: bytes, pack: Pack) -> tuple[bytes, bytes]:
+    """`rec` with `patch` merged into it, and an empty patch; unchanged if either is corrupt
+    (folding is only an optimisation: recovery reports the corruption)."""
+    try:
+        return pack(merge_patch(decode(rec), patch)), b""
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return rec, patch
+
+
+def decode(blob: bytes) -> Any:
+    """One msgpack value, as stored."""
+    # strict_map_key=False: a job payload may legitimately use integer map keys, and a record
+    # we stored must always load back, or recovery would stop at it.
+    return msgpack.unpackb(blob, raw=False, strict_map_key=False)
+
+
+def merge_patch(rec: Any, patch: bytes) -> Record:
+    """`rec` (a decoded record) with every change map in `patch` merged in, in order.
+
+    Raises `ValueError` if `rec` or a change is not a map or `patch` is cut short, and what
+    msgpack raises for bytes that are not one msgpack value.
+    """
+    if not isinstance(rec, dict):
+        raise ValueError(f"a stored job record is not a map: {rec!r:.100}")
+    pos, end = 0, len(patch)
+    while pos < end:
+        if pos + _FRAME > end:
+            raise ValueError("a stored job patch is cut short")
+        (size,) = _read_frame(patch, pos)
+        start = pos + _FRAME
+        pos = start + size
+        if pos > end:
+            raise ValueError("a stored job patch is cut short")
+        changes = decode(patch[start:pos])
+        if type(changes) is not dict:
+            raise ValueError(f"a stored job change is not a map: {changes!r:.100}")
+        rec.update(changes)
+    return rec
+
+
+def chunks(items: Collection[str], size: int) -> Iterator[list[str]]:
+    """`items` in lists of at most `size`."""
+    seq = list(items)
+    for start in range(0, len(seq), size):
+        yield seq[start : start + size]
