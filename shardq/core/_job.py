@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from ._lifecycle import DELAYED, WAITING
@@ -90,6 +90,10 @@ _HOT: Final = (
 )
 _ENGINE: Final = ("state", "seq", "failedReason", "dlq", "dlqRetries", "logs", "dedupUntil")
 _NOT_OPTIONS: Final = frozenset((*_HOT, *_ENGINE, "returnvalue", "hasResult", "rowKey"))
+# Every key of a wire map, resp. of a record, of a job without options, in order: copying one
+# and filling it in is cheaper than building the map key by key.
+_WIRE_TEMPLATE: Final[dict[str, Any]] = {**_WIRE_DEFAULTS, **dict.fromkeys(_HOT)}
+_RECORD_TEMPLATE: Final[dict[str, Any]] = dict.fromkeys((*_HOT, *_ENGINE, "hasResult"))
 
 
 
@@ -156,9 +160,11 @@ class Job:
         self.stall_count = 0
         self.children_completed = 0
         self.lifo = False
-        # (state, timestamp, attempt) tuples: a tuple of plain values is one object the cyclic
-        # GC stops tracking, a dict is not; `timeline_view` gives the wire form.
-        self.timeline: list[tuple[str, int, int | None]] = []
+        # A tuple of (state, timestamp, attempt) triples. Tuples of plain values are objects
+        # the cyclic GC stops tracking at its first pass (a list stays tracked), and the engine
+        # keeps up to 50,000 completed jobs that collections walk. Jobs moved together share
+        # their triple (see `note`). `timeline_view` gives the wire form.
+        self.timeline: tuple[tuple[str, int, int | None], ...] = ()
         self.opts: dict[str, Any] = {}
         self.state = WAITING
         self.failed_reason: str | None = None
@@ -229,58 +235,63 @@ class Job:
 
     def to_wire(self) -> dict[str, Any]:
         """The bunqueue `Job` map, as PULL returns it."""
-        # One literal instead of a store per key: this runs once per delivered job.
-        return {
-            **_WIRE_DEFAULTS,
-            # Fresh lists: a caller may mutate the map it got.
-            "dependsOn": [],
-            "childrenIds": [],
-            "tags": [],
-            **self.opts,
-            **self._hot_fields(),
-            "timeline": timeline_view(self.timeline),
-        }
+        # This runs once per delivered job. A job without options copies a template that
+        # already holds every key in wire order, so filling it in never grows the dict.
+        if self.opts:
+            wire = {
+                **_WIRE_DEFAULTS,
+                # Fresh lists: a caller may mutate the map it got.
+                "dependsOn": [],
+                "childrenIds": [],
+                "tags": [],
+                **self.opts,
+            }
+        else:
+            wire = _WIRE_TEMPLATE.copy()
+            wire["dependsOn"] = []
+            wire["childrenIds"] = []
+            wire["tags"] = []
+        self._put_hot(wire)
+        wire["timeline"] = timeline_view(self.timeline)
+        return wire
 
-    def _hot_fields(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "queue": self.queue,
-            "name": self.name,
-            "data": self.data,
-            "priority": self.priority,
-            "createdAt": self.created_at,
-            "runAt": self.run_at,
-            "startedAt": self.started_at,
-            "completedAt": self.completed_at,
-            "attempts": self.attempts,
-            "maxAttempts": self.max_attempts,
-            "progress": self.progress,
-            "progressMessage": self.progress_message,
-            "stacktrace": self.stacktrace,
-            "lastHeartbeat": self.last_heartbeat,
-            "stallCount": self.stall_count,
-            "childrenCompleted": self.children_completed,
-            "lifo": self.lifo,
-        }
+    def _put_hot(self, out: dict[str, Any]) -> None:
+        """Store the hot fields into `out`, in `_HOT` order."""
+        out["id"] = self.id
+        out["queue"] = self.queue
+        out["name"] = self.name
+        out["data"] = self.data
+        out["priority"] = self.priority
+        out["createdAt"] = self.created_at
+        out["runAt"] = self.run_at
+        out["startedAt"] = self.started_at
+        out["completedAt"] = self.completed_at
+        out["attempts"] = self.attempts
+        out["maxAttempts"] = self.max_attempts
+        out["progress"] = self.progress
+        out["progressMessage"] = self.progress_message
+        out["stacktrace"] = self.stacktrace
+        out["lastHeartbeat"] = self.last_heartbeat
+        out["stallCount"] = self.stall_count
+        out["childrenCompleted"] = self.children_completed
+        out["lifo"] = self.lifo
 
     def to_record(self) -> dict[str, Any]:
         """The persisted record: the wire map plus the engine fields (see `_mutations`).
 
         Options left at their defaults are not stored; `to_wire` fills them back in.
         """
-        rec = {
-            **self.opts,
-            **self._hot_fields(),
-            "timeline": list(self.timeline),
-            "state": self.state,
-            "seq": self.seq,
-            "failedReason": self.failed_reason,
-            "dlq": self.dlq,
-            "dlqRetries": self.dlq_retries,
-            "logs": self.logs,
-            "dedupUntil": self.dedup_until,
-            "hasResult": self.has_result,
-        }
+        rec = dict(self.opts) if self.opts else _RECORD_TEMPLATE.copy()
+        self._put_hot(rec)
+        rec["timeline"] = list(self.timeline)
+        rec["state"] = self.state
+        rec["seq"] = self.seq
+        rec["failedReason"] = self.failed_reason
+        rec["dlq"] = self.dlq
+        rec["dlqRetries"] = self.dlq_retries
+        rec["logs"] = self.logs
+        rec["dedupUntil"] = self.dedup_until
+        rec["hasResult"] = self.has_result
         if self.has_result:
             rec["returnvalue"] = self.result
         if self.key != self.id:
@@ -306,7 +317,7 @@ class Job:
         job.stall_count = rec.get("stallCount") or 0
         job.children_completed = rec.get("childrenCompleted") or 0
         job.lifo = bool(rec.get("lifo"))
-        job.timeline = [_timeline_entry(e) for e in rec.get("timeline") or ()]
+        job.timeline = tuple([_timeline_entry(e) for e in rec.get("timeline") or ()])
         job.state = rec["state"]
         job.failed_reason = rec.get("failedReason")
         job.dlq = rec.get("dlq")
@@ -322,12 +333,14 @@ class Job:
 
     # -- small behaviours -----------------------------------------------------------------
 
-    def note(self, state: str, now: int, attempt: int | None = None) -> None:
-        """Append a bounded timeline entry."""
+    def note(self, entry: tuple[str, int, int | None]) -> None:
+        """Append a (state, timestamp, attempt) timeline entry; the oldest goes past
+        TIMELINE_MAX. Entries are immutable, so jobs moved together share one."""
         timeline = self.timeline
-        timeline.append((state, now, attempt))
-        if len(timeline) > TIMELINE_MAX:
-            del timeline[0]
+        if len(timeline) < TIMELINE_MAX:
+            self.timeline = (*timeline, entry)
+        else:
+            self.timeline = (*timeline[1:], entry)
 
     def public_state(self) -> str:
         if self.state == WAITING and self.priority > 0:
@@ -339,15 +352,14 @@ class Job:
         return DELAYED if self.run_at > now else WAITING
 
 
-def timeline_view(timeline: list[tuple[str, int, int | None]]) -> list[dict[str, Any]]:
+def timeline_view(timeline: Iterable[tuple[str, int, int | None]]) -> list[dict[str, Any]]:
     """The wire form of a timeline: `[{state, timestamp, attempt?}]`."""
-    out: list[dict[str, Any]] = []
-    for state, timestamp, attempt in timeline:
-        entry: dict[str, Any] = {"state": state, "timestamp": timestamp}
-        if attempt is not None:
-            entry["attempt"] = attempt
-        out.append(entry)
-    return out
+    return [
+        {"state": state, "timestamp": timestamp}
+        if attempt is None
+        else {"state": state, "timestamp": timestamp, "attempt": attempt}
+        for state, timestamp, attempt in timeline
+    ]
 
 
 def _timeline_entry(entry: Any) -> tuple[str, int, int | None]:

@@ -43,9 +43,17 @@ class ProduceOps(EngineState):
         entries = cmd.get("jobs")
         if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
             raise CommandError("jobs must be an array of job objects")
-        customs = [custom_id_of(e["customId"]) if "customId" in e else None for e in entries]
+        customs: list[str | None] = []
+        plain = True
+        for entry in entries:
+            custom = custom_id_of(entry["customId"]) if "customId" in entry else None
+            if custom is not None or isinstance(entry.get("uniqueKey"), str):
+                plain = False
+            customs.append(custom)
         self._validate_batch(entries, customs)
         queue = str(queue)
+        if plain and entries:
+            return {"ok": True, "ids": self._push_plain(queue, entries, now)}
         ids: list[str] = []
         for index, entry in enumerate(entries):
             try:
@@ -109,6 +117,19 @@ class ProduceOps(EngineState):
             self.claim_unique(job)
         self.admit(job, now)
         return job.id
+
+    def _push_plain(self, queue: str, entries: list[Mapping[str, Any]], now: int) -> list[str]:
+        """Admit validated entries that have neither a custom id nor a uniqueKey: none of them
+        can be a duplicate, so they are built first and placed in one pass (as `push_one`
+        would, one by one: the same ids, sequence numbers and records)."""
+        new_id = self.ids.new
+        create = Job.create
+        jobs: list[Job] = []
+        for entry in entries:
+            self.seq += 1
+            jobs.append(create(new_id(now), queue, self.seq, entry, now))
+        self.admit_all(jobs, self.queue(queue), now)
+        return [job.id for job in jobs]
 
     def _live_owner(self, queue: str, key: str, now: int) -> Job | None:
         owner_id = self.unique.get((queue, key))
