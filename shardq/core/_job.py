@@ -10,19 +10,22 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
 
 from ._lifecycle import DELAYED, WAITING
 from ._mutations import ROW_KEY_SEP
 from ._options import as_int, is_number
 
-__all__ = ["DEFAULT_MAX_BACKOFF_MS", "TIMELINE_MAX", "Job", "backoff_delay"]
+__all__ = ["DEFAULT_MAX_BACKOFF_MS", "TIMELINE_MAX", "Job", "backoff_delay", "timeline_plus"]
 
 DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_BACKOFF_MS: Final = 1000
 # bunqueue caps every computed backoff at one hour unless backoff.maxDelay says otherwise.
 DEFAULT_MAX_BACKOFF_MS: Final = 3_600_000
 DEFAULT_STACK_TRACE_LIMIT: Final = 10
+# (state, timestamp, attempt) entries, oldest first.
+Timeline: TypeAlias = tuple[tuple[str, int, int | None], ...]
 # bunqueue's MAX_TIMELINE_ENTRIES.
 TIMELINE_MAX: Final = 20
 
@@ -89,6 +92,9 @@ _HOT: Final = (
     "timeline",
 )
 _ENGINE: Final = ("state", "seq", "failedReason", "dlq", "dlqRetries", "logs", "dedupUntil")
+# The options of a job that has none: one shared, read-only empty map instead of an empty dict
+# per job (the engine keeps up to 50,000 completed jobs, and the GC visits what they hold).
+NO_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({})
 _NOT_OPTIONS: Final = frozenset((*_HOT, *_ENGINE, "returnvalue", "hasResult", "rowKey"))
 # Every key of a wire map, resp. of a record, of a job without options, in order: copying one
 # and filling it in is cheaper than building the map key by key.
@@ -164,8 +170,8 @@ class Job:
         # the cyclic GC stops tracking at its first pass (a list stays tracked), and the engine
         # keeps up to 50,000 completed jobs that collections walk. Jobs moved together share
         # their triple (see `note`). `timeline_view` gives the wire form.
-        self.timeline: tuple[tuple[str, int, int | None], ...] = ()
-        self.opts: dict[str, Any] = {}
+        self.timeline: Timeline = ()
+        self.opts: Mapping[str, Any] = NO_OPTIONS
         self.state = WAITING
         self.failed_reason: str | None = None
         self.dlq: dict[str, Any] | None = None
@@ -328,19 +334,10 @@ class Job:
         job.has_result = bool(rec.get("hasResult", "returnvalue" in rec))
         if job.has_result:
             job.result = rec.get("returnvalue")
-        job.opts = {k: v for k, v in rec.items() if k not in _NOT_OPTIONS}
+        job.opts = {k: v for k, v in rec.items() if k not in _NOT_OPTIONS} or NO_OPTIONS
         return job
 
     # -- small behaviours -----------------------------------------------------------------
-
-    def note(self, entry: tuple[str, int, int | None]) -> None:
-        """Append a (state, timestamp, attempt) timeline entry; the oldest goes past
-        TIMELINE_MAX. Entries are immutable, so jobs moved together share one."""
-        timeline = self.timeline
-        if len(timeline) < TIMELINE_MAX:
-            self.timeline = (*timeline, entry)
-        else:
-            self.timeline = (*timeline[1:], entry)
 
     def public_state(self) -> str:
         if self.state == WAITING and self.priority > 0:
@@ -350,6 +347,17 @@ class Job:
     def ready_state(self, now: int) -> str:
         """Where a queued job belongs at `now`: waiting once its run time has come."""
         return DELAYED if self.run_at > now else WAITING
+
+
+def timeline_plus(timeline: Timeline, entry: tuple[str, int, int | None]) -> Timeline:
+    """`timeline` with `entry` appended, keeping the last TIMELINE_MAX entries.
+
+    Timelines and entries are immutable, so jobs that were admitted and moved together can
+    share them: callers that move many jobs reuse the result for jobs with the same history.
+    """
+    if len(timeline) < TIMELINE_MAX:
+        return (*timeline, entry)
+    return (*timeline[1:], entry)
 
 
 def timeline_view(timeline: Iterable[tuple[str, int, int | None]]) -> list[dict[str, Any]]:
@@ -381,7 +389,7 @@ def _legacy_name(data: dict[str, Any]) -> str:
     return name if isinstance(name, str) and name else "default"
 
 
-def _options(fields: Mapping[str, Any], custom_id: str | None) -> dict[str, Any]:
+def _options(fields: Mapping[str, Any], custom_id: str | None) -> Mapping[str, Any]:
     """Only the options the push set: defaults are filled in by `to_wire`, not stored."""
     opts: dict[str, Any] = {}
     if custom_id is not None:
@@ -403,7 +411,7 @@ def _options(fields: Mapping[str, Any], custom_id: str | None) -> dict[str, Any]
             opts[key] = as_int(value, DEFAULT_STACK_TRACE_LIMIT)
         else:
             opts[key] = value
-    return opts
+    return opts or NO_OPTIONS
 
 
 def _set_backoff(opts: dict[str, Any], backoff: Any) -> None:

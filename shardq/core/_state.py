@@ -17,7 +17,7 @@ from shardq.errors import CommandError
 
 from ._config import EngineConfig
 from ._ids import IdFactory
-from ._job import Job
+from ._job import Job, Timeline, timeline_plus
 from ._lifecycle import (
     ACTIVE,
     COMPLETED,
@@ -126,6 +126,7 @@ class EngineState:
         out = self.out
         waiting: list[Job] = []
         entry: tuple[str, int, None] | None = None
+        timeline: Timeline = ()
         for job in jobs:
             all_jobs[job.id] = job
             ids[job.id] = None
@@ -136,8 +137,10 @@ class EngineState:
                 state = DELAYED if job.run_at > now else WAITING
             job.state = state
             if entry is None or entry[0] != state:
+                # New jobs have no history: those admitted together share their timeline.
                 entry = (state, now, None)
-            job.note(entry)
+                timeline = (entry,)
+            job.timeline = timeline
             if state is WAITING:
                 # The common case, entered in one pass below: heaps and counts do not depend
                 # on the order in which jobs of one state enter.
@@ -209,11 +212,18 @@ class EngineState:
         self._leave_all(jobs, q, state)
         out = self.out
         entry = (new, now, jobs[0].attempts)
+        before: Timeline | None = None
+        after: Timeline = ()
         for job, change in zip(jobs, changes, strict=True):
             job.state = new
             if job.attempts != entry[2]:
                 entry = (new, now, job.attempts)
-            job.note(entry)
+                before = None
+            # Jobs admitted and moved together share one timeline: extend it once.
+            if job.timeline is not before:
+                before = job.timeline
+                after = timeline_plus(before, entry)
+            job.timeline = after
             change["state"] = new
             change["timeline"] = list(job.timeline)
             out.append(("upd", job.key, change))
