@@ -213,7 +213,8 @@ class ConsumeOps(EngineState):
         if outcome == _RETIRED:
             return dict(FINALIZED)
         if outcome == _APPLY and job is not None:
-            self.complete(job, cmd, "result", cmd.get("removeOnComplete"), now)
+            results = [cmd["result"]] if "result" in cmd else None
+            self.complete_all([job], results, [cmd.get("removeOnComplete")], now)
         return {"ok": True}
 
     def cmd_ackb(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -246,12 +247,6 @@ class ConsumeOps(EngineState):
             data = {"ignoredIds": [ids[i] for i in ignored], "ignoredIndices": ignored}
             return {"ok": True, "data": data}
         return {"ok": True}
-
-    def complete(
-        self, job: Job, source: Mapping[str, Any], key: str, remove: object, now: int
-    ) -> None:
-        results = [source[key]] if key in source else None
-        self.complete_all([job], results, [remove], now)
 
     def complete_all(
         self,

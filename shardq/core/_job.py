@@ -17,7 +17,7 @@ from ._lifecycle import DELAYED, WAITING
 from ._mutations import ROW_KEY_SEP
 from ._options import as_int, is_number
 
-__all__ = ["DEFAULT_MAX_BACKOFF_MS", "TIMELINE_MAX", "Job", "backoff_delay", "timeline_plus"]
+__all__ = ["DEFAULT_MAX_BACKOFF_MS", "TIMELINE_MAX", "Job", "Timeline", "backoff_delay"]
 
 DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_BACKOFF_MS: Final = 1000
@@ -168,8 +168,9 @@ class Job:
         self.lifo = False
         # A tuple of (state, timestamp, attempt) triples. Tuples of plain values are objects
         # the cyclic GC stops tracking at its first pass (a list stays tracked), and the engine
-        # keeps up to 50,000 completed jobs that collections walk. Jobs moved together share
-        # their triple (see `note`). `timeline_view` gives the wire form.
+        # keeps up to 50,000 completed jobs that collections walk. Jobs admitted and moved
+        # together share their timeline (`EngineState._move_run` extends it). `timeline_view`
+        # gives the wire form.
         self.timeline: Timeline = ()
         self.opts: Mapping[str, Any] = NO_OPTIONS
         self.state = WAITING
@@ -347,17 +348,6 @@ class Job:
     def ready_state(self, now: int) -> str:
         """Where a queued job belongs at `now`: waiting once its run time has come."""
         return DELAYED if self.run_at > now else WAITING
-
-
-def timeline_plus(timeline: Timeline, entry: tuple[str, int, int | None]) -> Timeline:
-    """`timeline` with `entry` appended, keeping the last TIMELINE_MAX entries.
-
-    Timelines and entries are immutable, so jobs that were admitted and moved together can
-    share them: callers that move many jobs reuse the result for jobs with the same history.
-    """
-    if len(timeline) < TIMELINE_MAX:
-        return (*timeline, entry)
-    return (*timeline[1:], entry)
 
 
 def timeline_view(timeline: Iterable[tuple[str, int, int | None]]) -> list[dict[str, Any]]:

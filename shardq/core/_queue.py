@@ -88,11 +88,11 @@ class QueueState:
         return jobs[0] if jobs else None
 
     def pop_ready_many(self, count: int) -> list[Job]:
-        """Take up to `count` waiting jobs off the ready heap, best first."""
+        """Take up to `count` (at least 1) waiting jobs off the ready heap, best first."""
         heap = self.ready
         jobs = self.jobs
         taken: list[Job] = []
-        while heap and count > 0:
+        while heap:
             key = heappop(heap)
             job = jobs.get(key[-1])
             if job is not None and job.hkey is key and job.state == WAITING:

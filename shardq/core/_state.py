@@ -17,14 +17,13 @@ from shardq.errors import CommandError
 
 from ._config import EngineConfig
 from ._ids import IdFactory
-from ._job import Job, Timeline, timeline_plus
+from ._job import TIMELINE_MAX, Job, Timeline
 from ._lifecycle import (
     ACTIVE,
     COMPLETED,
     DELAYED,
     FAILED,
     REMOVED,
-    TERMINAL_STATES,
     WAITING,
     WAITING_CHILDREN,
     next_state,
@@ -177,6 +176,16 @@ class EngineState:
             IllegalTransition: as `move`, for the first job whose move the table forbids (the
                 jobs before it have moved).
         """
+        if not jobs:
+            return
+        first = jobs[0]
+        state, queue = first.state, first.queue
+        for job in jobs:
+            if job.state != state or job.queue != queue:
+                break
+        else:  # the common case: one run
+            self._move_run(jobs, state, queue, event, now, changes)
+            return
         count = len(jobs)
         start = 0
         while start < count:
@@ -219,10 +228,11 @@ class EngineState:
             if job.attempts != entry[2]:
                 entry = (new, now, job.attempts)
                 before = None
-            # Jobs admitted and moved together share one timeline: extend it once.
+            # Jobs admitted and moved together share one timeline: extend it once. A timeline
+            # keeps its last TIMELINE_MAX entries.
             if job.timeline is not before:
                 before = job.timeline
-                after = timeline_plus(before, entry)
+                after = (*before, entry) if len(before) < TIMELINE_MAX else (*before[1:], entry)
             job.timeline = after
             change["state"] = new
             change["timeline"] = list(job.timeline)
@@ -279,20 +289,20 @@ class EngineState:
                 if job.priority > 0:
                     q.prioritized -= 1
                 job.hkey = None
+        elif state == ACTIVE:
+            self._release_all(jobs)
         elif state == DELAYED:
             for job in jobs:
                 job.dkey = None
-        elif state == ACTIVE:
-            self._release_all(jobs)
-        elif state == FAILED:
-            for job in jobs:
-                q.dlq.pop(job.id, None)
         elif state == COMPLETED:
             for job in jobs:
                 self.completed_order.pop(job.id, None)
+        elif state == FAILED:
+            for job in jobs:
+                q.dlq.pop(job.id, None)
 
     def _release_all(self, jobs: Sequence[Job]) -> None:
-        """What leaving the active state undoes: the lease or the stall watch, and the
+        """What leaving the active state undoes: the lease (or the stall watch) and the
         connection that held the job."""
         leases, unleased = self.leases, self.unleased
         for job in jobs:
@@ -303,13 +313,22 @@ class EngineState:
                 unleased.pop(job.id, None)
 
     def _enter_all(self, jobs: Sequence[Job], q: QueueState, state: str) -> None:
-        """Set up what being in `state` takes for each job (the jobs' state is `state`)."""
+        """Set up what being in `state` takes for each job (the jobs' state is `state`).
+
+        A job with options that enters a terminal state gives up its uniqueKey claim.
+        """
         q.counts[state] += len(jobs)
         if state == WAITING:
             for job in jobs:
                 if job.priority > 0:
                     q.prioritized += 1
             q.push_ready_all(jobs)
+        elif state == COMPLETED:
+            completed = self.completed_order
+            for job in jobs:
+                completed[job.id] = None
+                if job.opts:
+                    self.release_unique(job)
         elif state == DELAYED:
             delayed = self.delayed
             for job in jobs:
@@ -320,12 +339,6 @@ class EngineState:
         elif state == FAILED:
             for job in jobs:
                 q.dlq[job.id] = None
-        elif state == COMPLETED:
-            completed = self.completed_order
-            for job in jobs:
-                completed[job.id] = None
-        if state in TERMINAL_STATES:
-            for job in jobs:
                 if job.opts:
                     self.release_unique(job)
 
