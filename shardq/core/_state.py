@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,7 +84,9 @@ class EngineState:
         self.dependents: dict[str, set[str]] = {}
         self.completed_order: OrderedDict[str, None] = OrderedDict()
         self.results_order: OrderedDict[str, None] = OrderedDict()
-        self.dep_done: OrderedDict[str, None] = OrderedDict()
+        # Ids of completed jobs no longer in memory, for dependsOn, oldest first (bounded).
+        self.dep_done: dict[str, None] = {}
+        self.dep_done_order: deque[str] = deque()
         self.finalized: OrderedDict[str, str] = OrderedDict()
         self.next_stall_check = 0
         self.next_dlq_check = 0
@@ -418,9 +420,14 @@ class EngineState:
             self.unique.popitem(last=False)
 
     def remember_completion(self, job_id: str) -> None:
-        self.dep_done[job_id] = None
-        if len(self.dep_done) > self.config.max_dep_completions:
-            self.dep_done.popitem(last=False)
+        # A bounded FIFO set: the dict answers `in`, the deque remembers the order (cheaper
+        # than an OrderedDict; nothing leaves it but its oldest id).
+        done = self.dep_done
+        if job_id not in done:
+            done[job_id] = None
+            self.dep_done_order.append(job_id)
+            if len(done) > self.config.max_dep_completions:
+                del done[self.dep_done_order.popleft()]
 
     def is_completed(self, job_id: str) -> bool:
         job = self.jobs.get(job_id)
@@ -478,7 +485,8 @@ class EngineState:
         if q is not None:
             q.ids.pop(job_id, None)
             q.counts[COMPLETED] -= 1
-        self.results_order.pop(job_id, None)
+        if self.results_order:
+            self.results_order.pop(job_id, None)
         if job.opts:
             self.release_unique(job, force=True)
         self.remember_completion(job_id)
