@@ -30,6 +30,7 @@ from ._lifecycle import (
 )
 from ._mutations import Mutation
 from ._options import as_int
+from ._order import IdOrder
 from ._queue import QueueState
 
 __all__ = ["EngineState", "Lease", "delivery_key"]
@@ -82,7 +83,8 @@ class EngineState:
         self.job_conn: dict[str, str] = {}
         self.unique: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.dependents: dict[str, set[str]] = {}
-        self.completed_order: OrderedDict[str, None] = OrderedDict()
+        # Completed jobs held in memory, oldest first (evicted past config.max_completed).
+        self.completed_order = IdOrder()
         self.results_order: OrderedDict[str, None] = OrderedDict()
         # Ids of completed jobs no longer in memory, for dependsOn, oldest first (bounded).
         self.dep_done: dict[str, None] = {}
@@ -268,7 +270,7 @@ class EngineState:
         self.jobs.pop(job.id, None)
         q.ids.pop(job.id, None)
         q.dlq.pop(job.id, None)
-        self.completed_order.pop(job.id, None)
+        self.completed_order.discard(job.id)
         self.results_order.pop(job.id, None)
         self.release_unique(job, force=True)
         if job.state == COMPLETED:
@@ -298,7 +300,7 @@ class EngineState:
                 job.dkey = None
         elif state == COMPLETED:
             for job in jobs:
-                self.completed_order.pop(job.id, None)
+                self.completed_order.discard(job.id)
         elif state == FAILED:
             for job in jobs:
                 q.dlq.pop(job.id, None)
@@ -326,9 +328,8 @@ class EngineState:
                     q.prioritized += 1
             q.push_ready_all(jobs)
         elif state == COMPLETED:
-            completed = self.completed_order
+            self.completed_order.add_all([job.id for job in jobs])
             for job in jobs:
-                completed[job.id] = None
                 if job.opts:
                     self.release_unique(job)
         elif state == DELAYED:
@@ -473,7 +474,7 @@ class EngineState:
         completed = self.completed_order
         limit = self.config.max_completed + pending
         while len(completed) > limit:
-            self._evict_completed(completed.popitem(last=False)[0])
+            self._evict_completed(completed.pop_oldest())
 
     def _evict_completed(self, job_id: str) -> None:
         """Forget a completed job in memory only (its row stays on disk). Runs on every ACK
