@@ -271,6 +271,16 @@ class ConsumeOps(EngineState):
                 job.result, job.has_result = result, True
                 changes.append({"completedAt": now, "returnvalue": result, "hasResult": True})
         self.move_all(jobs, "ack", now, changes)
+        # Then, per job: release its dependents, and remove it or keep it (and its result) in
+        # the cache. With nothing to release, remove or keep a result for, only the cache cap
+        # is left, and trimming it once evicts the same jobs in the same order.
+        if not self.dependents:
+            for job, remove in zip(jobs, removes, strict=True):
+                if job.has_result or remove or (remove is None and job.opts):
+                    break
+            else:
+                self.trim_completed()
+                return
         # The jobs after this one completed early: each eviction below leaves room for them,
         # so the same jobs are evicted at the same point as one completion at a time would.
         pending = len(jobs)

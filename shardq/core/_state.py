@@ -471,6 +471,10 @@ class EngineState:
                     old = jobs.get(old_id)
                     if old is not None:
                         old.result, old.has_result = None, False
+        self.trim_completed(pending)
+
+    def trim_completed(self, pending: int = 0) -> None:
+        """Evict the oldest completed jobs past the cap (see `retain_completed`)."""
         completed = self.completed_order
         limit = self.config.max_completed + pending
         while len(completed) > limit:
