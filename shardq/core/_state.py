@@ -30,7 +30,6 @@ from ._lifecycle import (
 )
 from ._mutations import Mutation
 from ._options import as_int
-from ._order import IdOrder
 from ._queue import QueueState
 
 __all__ = ["EngineState", "Lease", "delivery_key"]
@@ -84,7 +83,7 @@ class EngineState:
         self.unique: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.dependents: dict[str, set[str]] = {}
         # Completed jobs held in memory, oldest first (evicted past config.max_completed).
-        self.completed_order = IdOrder()
+        self.completed_order: OrderedDict[str, None] = OrderedDict()
         self.results_order: OrderedDict[str, None] = OrderedDict()
         # Ids of completed jobs no longer in memory, for dependsOn, oldest first (bounded).
         self.dep_done: dict[str, None] = {}
@@ -270,7 +269,7 @@ class EngineState:
         self.jobs.pop(job.id, None)
         q.ids.pop(job.id, None)
         q.dlq.pop(job.id, None)
-        self.completed_order.discard(job.id)
+        self.completed_order.pop(job.id, None)
         self.results_order.pop(job.id, None)
         self.release_unique(job, force=True)
         if job.state == COMPLETED:
@@ -300,7 +299,7 @@ class EngineState:
                 job.dkey = None
         elif state == COMPLETED:
             for job in jobs:
-                self.completed_order.discard(job.id)
+                self.completed_order.pop(job.id, None)
         elif state == FAILED:
             for job in jobs:
                 q.dlq.pop(job.id, None)
@@ -328,8 +327,9 @@ class EngineState:
                     q.prioritized += 1
             q.push_ready_all(jobs)
         elif state == COMPLETED:
-            self.completed_order.add_all([job.id for job in jobs])
+            completed = self.completed_order
             for job in jobs:
+                completed[job.id] = None
                 if job.opts:
                     self.release_unique(job)
         elif state == DELAYED:
@@ -476,9 +476,8 @@ class EngineState:
     def trim_completed(self, pending: int = 0) -> None:
         """Evict the oldest completed jobs past the cap (see `retain_completed`)."""
         completed = self.completed_order
-        limit = self.config.max_completed + pending
-        while len(completed) > limit:
-            self._evict_completed(completed.pop_oldest())
+        for _ in range(len(completed) - self.config.max_completed - pending):
+            self._evict_completed(completed.popitem(last=False)[0])
 
     def _evict_completed(self, job_id: str) -> None:
         """Forget a completed job in memory only (its row stays on disk). Runs on every ACK

@@ -13,7 +13,6 @@ from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, DELAYED, TERMINAL_STATES, WAITING, WAITING_CHILDREN
 from ._mutations import Mutation, Record
 from ._options import as_int
-from ._order import IdOrder
 
 __all__ = ["TimerOps"]
 
@@ -191,7 +190,7 @@ class TimerOps(ConsumeOps, AdminOps):
             q.dlq = OrderedDict.fromkeys(dlq)
         jobs = self.jobs
         done = sorted(self.completed_order, key=lambda i: (_finished(jobs[i]), jobs[i].seq))
-        self.completed_order = IdOrder(done)
+        self.completed_order = OrderedDict.fromkeys(done)
 
     def _load(self, job: Job, now: int) -> Job:
         self.seq = max(self.seq, job.seq, _entry_seq(job))
