@@ -43,10 +43,11 @@ class ConsumeOps(EngineState):
         taken = self.take_many(q, 1, now) if q is not None else None
         reply: dict[str, Any]
         if taken:
-            tokens = self.activate_all(taken, self._grant(cmd, owner), now)
-            reply = {"ok": True, "job": taken[0].to_wire()}
+            job = taken[0]
+            token = self.activate(job, self._grant(cmd, owner), now)
+            reply = {"ok": True, "job": job.to_wire()}
             if owner is not None:
-                reply["token"] = tokens[0]
+                reply["token"] = token
         else:
             reply = {"ok": True, "job": None}
             if owner is not None:
@@ -109,12 +110,21 @@ class ConsumeOps(EngineState):
         conn = _conn(cmd)
         return _Grant(owner, ttl, conn, None if cmd.get("detach") else conn)
 
+    def activate(self, job: Job, grant: _Grant, now: int) -> str | None:
+        """Deliver one waiting job that `take_many` returned: move it to active, lease it and
+        arm its timeout. Returns its lease token (None for a pull without an owner)."""
+        job.started_at = now
+        job.last_heartbeat = now
+        job.delivery += 1
+        self.move(job, "pull", now, {"startedAt": now, "lastHeartbeat": now})
+        token = self._hold(job, grant, now)
+        if token is not None:
+            self.push_leases(now + grant.ttl, (job,))
+        return token
+
     def activate_all(self, jobs: list[Job], grant: _Grant, now: int) -> list[str | None]:
-        """Deliver distinct waiting jobs of one queue, as `take_many` returned them: move them
-        to active, lease them (one lease-heap entry for all) and arm their timeouts. Returns
-        their lease tokens (None for a pull without an owner)."""
-        # Plain loops, not comprehensions: a single PULL comes through here too, and on
-        # Python 3.11 every comprehension is a function call.
+        """`activate` for distinct waiting jobs of one queue (PULLB): one lifecycle pass for
+        all of them and one lease-heap entry for all their leases."""
         changes: list[dict[str, Any]] = []
         for job in jobs:
             job.started_at = now
@@ -123,30 +133,28 @@ class ConsumeOps(EngineState):
             changes.append({"startedAt": now, "lastHeartbeat": now})
         first = jobs[0]
         self._move_run(jobs, first.state, first.queue, "pull", now, changes)
-        owner, track = grant.owner, grant.track
-        tokens: list[str | None] = []
-        if owner is not None:
-            leases, conn, ttl, new_token = self.leases, grant.conn, grant.ttl, self.ids.token
-            for job in jobs:
-                job.token = token = new_token()
-                leases[job.id] = Lease(token, owner, conn, now, ttl)
-                tokens.append(token)
-                if track is not None:
-                    self.track_conn(track, job)
-                if job.opts:
-                    self._arm_timeout(job, now)
-            self.push_leases(now + ttl, jobs)
-        else:
-            unleased = self.unleased
-            for job in jobs:
-                unleased[job.id] = None
-                job.token = None
-                tokens.append(None)
-                if track is not None:
-                    self.track_conn(track, job)
-                if job.opts:
-                    self._arm_timeout(job, now)
+        hold = self._hold
+        tokens = [hold(job, grant, now) for job in jobs]
+        if grant.owner is not None:
+            self.push_leases(now + grant.ttl, jobs)
         return tokens
+
+    def _hold(self, job: Job, grant: _Grant, now: int) -> str | None:
+        """The claim on a job just moved to active: a lease with a fresh token for a pull with
+        an owner, else the stall watch; the connection to release it with; its timeout.
+        The caller schedules the lease expiry (`push_leases`)."""
+        token: str | None = None
+        if grant.owner is not None:
+            token = self.ids.token()
+            self.leases[job.id] = Lease(token, grant.owner, grant.conn, now, grant.ttl)
+        else:
+            self.unleased[job.id] = None
+        job.token = token
+        if grant.track is not None:
+            self.track_conn(grant.track, job)
+        if job.opts:
+            self._arm_timeout(job, now)
+        return token
 
     def _arm_timeout(self, job: Job, now: int) -> None:
         timeout = job.opts.get("timeout")
@@ -213,8 +221,7 @@ class ConsumeOps(EngineState):
         if outcome == _RETIRED:
             return dict(FINALIZED)
         if outcome == _APPLY and job is not None:
-            results = [cmd["result"]] if "result" in cmd else None
-            self.complete_all([job], results, [cmd.get("removeOnComplete")], now)
+            self.complete(job, cmd, "result", cmd.get("removeOnComplete"), now)
         return {"ok": True}
 
     def cmd_ackb(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -248,6 +255,17 @@ class ConsumeOps(EngineState):
             return {"ok": True, "data": data}
         return {"ok": True}
 
+    def complete(
+        self, job: Job, source: Mapping[str, Any], key: str, remove: object, now: int
+    ) -> None:
+        """Complete one job, with `source[key]` as its result when present."""
+        if key in source:
+            changes = self._finish(job, now, True, source[key])
+        else:
+            changes = self._finish(job, now)
+        self.move(job, "ack", now, changes)
+        self._settle(job, remove, now)
+
     def complete_all(
         self,
         jobs: list[Job],
@@ -255,25 +273,20 @@ class ConsumeOps(EngineState):
         removes: Sequence[object],
         now: int,
     ) -> None:
-        """Complete distinct jobs, as completing them one by one would.
+        """`complete` for distinct jobs (ACKB), as completing them one by one would.
 
         `results[i]` is the result of `jobs[i]` (None: no result given); `removes[i]` its
         removeOnComplete override (None: the job's own option).
         """
-        changes: list[dict[str, Any]] = []
+        finish = self._finish
         if results is None:
-            for job in jobs:
-                job.completed_at = now
-                changes.append({"completedAt": now})
+            changes = [finish(job, now) for job in jobs]
         else:
-            for job, result in zip(jobs, results, strict=True):
-                job.completed_at = now
-                job.result, job.has_result = result, True
-                changes.append({"completedAt": now, "returnvalue": result, "hasResult": True})
+            changes = [finish(job, now, True, r) for job, r in zip(jobs, results, strict=True)]
         self.move_all(jobs, "ack", now, changes)
-        # Then, per job: release its dependents, and remove it or keep it (and its result) in
-        # the cache. With nothing to release, remove or keep a result for, only the cache cap
-        # is left, and trimming it once evicts the same jobs in the same order.
+        # Then, per job, what `complete` does after the move (`_settle`). With no dependents to
+        # release, nothing to remove and no result to keep, only the cache cap is left, and
+        # trimming it once evicts the same jobs in the same order.
         if not self.dependents:
             for job, remove in zip(jobs, removes, strict=True):
                 if job.has_result or remove or (remove is None and job.opts):
@@ -286,14 +299,28 @@ class ConsumeOps(EngineState):
         pending = len(jobs)
         for job, remove in zip(jobs, removes, strict=True):
             pending -= 1
-            if self.dependents:
-                self.release_dependents(job.id, now)
-            if remove is None and job.opts:
-                remove = job.opts.get("removeOnComplete")
-            if remove:
-                self.remove(job)
-            else:
-                self.retain_completed(job, pending)
+            self._settle(job, remove, now, pending)
+
+    @staticmethod
+    def _finish(job: Job, now: int, has_result: bool = False, result: Any = None) -> dict[str, Any]:
+        """Stamp a job's completion (and its result); returns the changes to emit."""
+        job.completed_at = now
+        if not has_result:
+            return {"completedAt": now}
+        job.result, job.has_result = result, True
+        return {"completedAt": now, "returnvalue": result, "hasResult": True}
+
+    def _settle(self, job: Job, remove: object, now: int, pending: int = 0) -> None:
+        """After a job completed: release its dependents, then remove it (removeOnComplete,
+        or the job's own option when `remove` is None) or keep it in the bounded cache."""
+        if self.dependents:
+            self.release_dependents(job.id, now)
+        if remove is None and job.opts:
+            remove = job.opts.get("removeOnComplete")
+        if remove:
+            self.remove(job)
+        else:
+            self.retain_completed(job, pending)
 
     def cmd_fail(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         outcome, job = self.fence(cmd.get("id"), cmd.get("token"))

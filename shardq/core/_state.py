@@ -164,7 +164,22 @@ class EngineState:
         Raises:
             IllegalTransition: the lifecycle table forbids `event` in the job's state.
         """
-        self._move_run([job], job.state, job.queue, event, now, [changes])
+        # `_move_run` does the same for many jobs at once; this is its one-job case, kept
+        # apart because single commands and every timer and control path come through here.
+        state = job.state
+        new = next_state(job.id, state, event)
+        if new == REMOVED:
+            self.remove(job)
+            return
+        q = self.queues[job.queue]
+        one = (job,)
+        self._leave_all(one, q, state)
+        job.state = new
+        job.timeline = _extended(job.timeline, (new, now, job.attempts))
+        changes["state"] = new
+        changes["timeline"] = list(job.timeline)
+        self.out.append(("upd", job.key, changes))
+        self._enter_all(one, q, new)
 
     def move_all(
         self, jobs: Sequence[Job], event: str, now: int, changes: Sequence[dict[str, Any]]
@@ -215,6 +230,9 @@ class EngineState:
         changes: Sequence[dict[str, Any]],
     ) -> None:
         """Move jobs that are all in `state` and in `queue` (see `move_all`)."""
+        if len(jobs) == 1:
+            self.move(jobs[0], event, now, changes[0])
+            return
         new = next_state(jobs[0].id, state, event)
         if new == REMOVED:
             for job in jobs:
@@ -231,11 +249,10 @@ class EngineState:
             if job.attempts != entry[2]:
                 entry = (new, now, job.attempts)
                 before = None
-            # Jobs admitted and moved together share one timeline: extend it once. A timeline
-            # keeps its last TIMELINE_MAX entries.
+            # Jobs admitted and moved together share one timeline: extend it once.
             if job.timeline is not before:
                 before = job.timeline
-                after = (*before, entry) if len(before) < TIMELINE_MAX else (*before[1:], entry)
+                after = _extended(before, entry)
             job.timeline = after
             change["state"] = new
             change["timeline"] = list(job.timeline)
@@ -568,3 +585,10 @@ class EngineState:
             changes["dlqRetries"] = job.dlq_retries
         self.move(job, "revive", now, changes)
         self.claim_unique(job)
+
+
+def _extended(timeline: Timeline, entry: tuple[str, int, int | None]) -> Timeline:
+    """`timeline` with `entry` appended; a timeline keeps its last TIMELINE_MAX entries."""
+    if len(timeline) < TIMELINE_MAX:
+        return (*timeline, entry)
+    return (*timeline[1:], entry)
