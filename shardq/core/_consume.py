@@ -86,7 +86,7 @@ class ConsumeOps(EngineState):
     def take_many(self, q: QueueState, count: int, now: int) -> list[Job]:
         """Up to `count` deliverable jobs of `q`, best first, off its ready heap (TTL-expired
         ones are dropped on the way). They are still in the waiting state: deliver them with
-        `activate_all`."""
+        `activate` or `activate_all`."""
         taken = q.pop_ready_many(count)
         for job in taken:
             if job.opts and job.opts.get("ttl"):

@@ -69,10 +69,8 @@ class QueueState:
 
     # -- heaps -----------------------------------------------------------------------------
 
-    def push_ready(self, job: Job) -> None:
-        self.push_ready_all([job])
-
     def push_ready_all(self, jobs: Iterable[Job]) -> None:
+        """Put waiting jobs on the ready heap (each job holds its live entry in `hkey`)."""
         heap = self.ready
         for job in jobs:
             if job.lifo:
@@ -82,10 +80,6 @@ class QueueState:
             job.hkey = key
             heappush(heap, key)
         self._maybe_compact_ready()
-
-    def pop_ready(self) -> Job | None:
-        jobs = self.pop_ready_many(1)
-        return jobs[0] if jobs else None
 
     def pop_ready_many(self, count: int) -> list[Job]:
         """Take up to `count` (at least 1) waiting jobs off the ready heap, best first."""

@@ -119,7 +119,7 @@ class EngineState:
 
     def admit(self, job: Job, now: int) -> None:
         """Place a new job and emit its full record."""
-        self.admit_all([job], self.queue(job.queue), now)
+        self.admit_all((job,), self.queue(job.queue), now)
 
     def admit_all(self, jobs: Sequence[Job], q: QueueState, now: int) -> None:
         """Place new jobs of queue `q`, in order, and emit their full records."""
@@ -148,7 +148,7 @@ class EngineState:
                 # on the order in which jobs of one state enter.
                 waiting.append(job)
             else:
-                self._enter_all([job], q, state)
+                self._enter_all((job,), q, state)
             if opts:
                 ttl = opts.get("ttl")
                 if ttl:
@@ -212,12 +212,7 @@ class EngineState:
             end = start + 1
             while end < count and jobs[end].state == state and jobs[end].queue == queue:
                 end += 1
-            if start == 0 and end == count:
-                self._move_run(jobs, state, queue, event, now, changes)
-            else:
-                self._move_run(
-                    jobs[start:end], state, queue, event, now, changes[start:end]
-                )
+            self._move_run(jobs[start:end], state, queue, event, now, changes[start:end])
             start = end
 
     def _move_run(
@@ -296,10 +291,10 @@ class EngineState:
             self.out.append(("del", job.key))
 
     def _leave(self, job: Job, q: QueueState) -> None:
-        self._leave_all([job], q, job.state)
+        self._leave_all((job,), q, job.state)
 
     def _enter(self, job: Job, q: QueueState) -> None:
-        self._enter_all([job], q, job.state)
+        self._enter_all((job,), q, job.state)
 
     def _leave_all(self, jobs: Sequence[Job], q: QueueState, state: str) -> None:
         """Undo what being in `state` set up for each job: counts, heap keys, leases, indexes."""
