@@ -125,13 +125,12 @@ class ConsumeOps(EngineState):
     def activate_all(self, jobs: list[Job], grant: _Grant, now: int) -> list[str | None]:
         """`activate` for distinct waiting jobs of one queue (PULLB): one lifecycle pass for
         all of them and one lease-heap entry for all their leases."""
-        changes: list[dict[str, Any]] = []
         for job in jobs:
             job.started_at = now
             job.last_heartbeat = now
             job.delivery += 1
-            changes.append({"startedAt": now, "lastHeartbeat": now})
         first = jobs[0]
+        changes = {"startedAt": now, "lastHeartbeat": now}
         self._move_run(jobs, first.state, first.queue, "pull", now, changes)
         hold = self._hold
         tokens = [hold(job, grant, now) for job in jobs]
@@ -278,12 +277,14 @@ class ConsumeOps(EngineState):
         `results[i]` is the result of `jobs[i]` (None: no result given); `removes[i]` its
         removeOnComplete override (None: the job's own option).
         """
-        finish = self._finish
         if results is None:
-            changes = [finish(job, now) for job in jobs]
+            for job in jobs:
+                job.completed_at = now
+            self.move_all(jobs, "ack", now, {"completedAt": now})
         else:
+            finish = self._finish
             changes = [finish(job, now, True, r) for job, r in zip(jobs, results, strict=True)]
-        self.move_all(jobs, "ack", now, changes)
+            self.move_all(jobs, "ack", now, changes)
         # Then, per job, what `complete` does after the move (`_settle`). With no dependents to
         # release, nothing to remove and no result to keep, only the cache cap is left, and
         # trimming it once evicts the same jobs in the same order.

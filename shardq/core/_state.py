@@ -11,7 +11,7 @@ import heapq
 import random
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from shardq.errors import CommandError
 
@@ -32,7 +32,10 @@ from ._mutations import Mutation
 from ._options import as_int
 from ._queue import QueueState
 
-__all__ = ["EngineState", "Lease", "delivery_key"]
+__all__ = ["Changes", "EngineState", "Lease", "delivery_key"]
+
+# The changes of a batch move: one dict per job, or one dict for all of them.
+Changes: TypeAlias = Sequence[dict[str, Any]] | dict[str, Any]
 
 # Heaps smaller than this are never compacted: rebuilding them would cost more than it saves.
 _MIN_COMPACT = 64
@@ -181,14 +184,14 @@ class EngineState:
         self.out.append(("upd", job.key, changes))
         self._enter_all(one, q, new)
 
-    def move_all(
-        self, jobs: Sequence[Job], event: str, now: int, changes: Sequence[dict[str, Any]]
-    ) -> None:
-        """`move` each job in turn, with `changes[i]` for `jobs[i]`; the jobs are distinct.
+    def move_all(self, jobs: Sequence[Job], event: str, now: int, changes: Changes) -> None:
+        """`move` each job in turn, with `changes[i]` for `jobs[i]`, or with a copy of
+        `changes` for every job when it is one dict; the jobs are distinct.
 
-        Same effect and the same mutations, in the same order, as moving them one by one:
-        the table is looked up once per run of jobs in the same state and queue, and each run
-        leaves and enters its states in one pass.
+        Same effect and equal mutations, in the same order, as moving them one by one: the
+        table is looked up once per run of jobs in the same state and queue, and each run
+        leaves and enters its states in one pass. With one dict of changes, jobs that also
+        share their timeline (admitted and moved together) share one `upd` payload.
 
         Raises:
             IllegalTransition: as `move`, for the first job whose move the table forbids (the
@@ -212,7 +215,8 @@ class EngineState:
             end = start + 1
             while end < count and jobs[end].state == state and jobs[end].queue == queue:
                 end += 1
-            self._move_run(jobs[start:end], state, queue, event, now, changes[start:end])
+            part = changes if isinstance(changes, dict) else changes[start:end]
+            self._move_run(jobs[start:end], state, queue, event, now, part)
             start = end
 
     def _move_run(
@@ -222,11 +226,17 @@ class EngineState:
         queue: str,
         event: str,
         now: int,
-        changes: Sequence[dict[str, Any]],
+        changes: Changes,
     ) -> None:
         """Move jobs that are all in `state` and in `queue` (see `move_all`)."""
+        common: dict[str, Any] | None = None
+        per_job: Sequence[dict[str, Any]] = ()
+        if isinstance(changes, dict):
+            common = changes
+        else:
+            per_job = changes
         if len(jobs) == 1:
-            self.move(jobs[0], event, now, changes[0])
+            self.move(jobs[0], event, now, dict(common) if common is not None else per_job[0])
             return
         new = next_state(jobs[0].id, state, event)
         if new == REMOVED:
@@ -239,19 +249,25 @@ class EngineState:
         entry = (new, now, jobs[0].attempts)
         before: Timeline | None = None
         after: Timeline = ()
-        for job, change in zip(jobs, changes, strict=True):
+        payload: dict[str, Any] = {}
+        for i, job in enumerate(jobs):
             job.state = new
             if job.attempts != entry[2]:
                 entry = (new, now, job.attempts)
                 before = None
-            # Jobs admitted and moved together share one timeline: extend it once.
+            # Jobs admitted and moved together share one timeline: extend it once, and with
+            # common changes, emit one payload for all of them (payloads are read-only).
             if job.timeline is not before:
                 before = job.timeline
                 after = _extended(before, entry)
+                if common is not None:
+                    payload = {**common, "state": new, "timeline": list(after)}
             job.timeline = after
-            change["state"] = new
-            change["timeline"] = list(job.timeline)
-            out.append(("upd", job.key, change))
+            if common is None:
+                payload = per_job[i]
+                payload["state"] = new
+                payload["timeline"] = list(after)
+            out.append(("upd", job.key, payload))
         self._enter_all(jobs, q, new)
 
     def reorder(self, job: Job, changes: dict[str, Any]) -> None:
