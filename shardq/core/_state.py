@@ -124,8 +124,15 @@ class EngineState:
         """Place a new job and emit its full record."""
         self.admit_all((job,), self.queue(job.queue), now)
 
-    def admit_all(self, jobs: Sequence[Job], q: QueueState, now: int) -> None:
-        """Place new jobs of queue `q`, in order, and emit their full records."""
+    def admit_all(
+        self, jobs: Sequence[Job], q: QueueState, now: int, *, alike: bool = False
+    ) -> None:
+        """Place new jobs of queue `q`, in order, and emit their full records.
+
+        `alike`: the jobs were built from `{"data": ...}` entries at the same time, so their
+        records differ only in id, name, data and seq; each is a copy of the first with those
+        four fields set (payloads are read-only, so they share the timeline list).
+        """
         all_jobs = self.jobs
         ids = q.ids
         out = self.out
@@ -158,6 +165,17 @@ class EngineState:
                     heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
         if waiting:
             self._enter_all(waiting, q, WAITING)
+        if alike and len(waiting) == len(jobs) > 1:
+            first = jobs[0].to_record()
+            out.append(("put", first))
+            for job in jobs[1:]:
+                rec = first.copy()
+                rec["id"] = job.id
+                rec["name"] = job.name
+                rec["data"] = job.data
+                rec["seq"] = job.seq
+                out.append(("put", rec))
+            return
         for job in jobs:
             out.append(("put", job.to_record()))
 

@@ -310,3 +310,18 @@ def test_lapsed_leases_are_reclaimed_by_expiry_time_then_job_id() -> None:
     first = sorted(j["id"] for j in early["jobs"])
     rest = sorted([one["job"]["id"], two["job"]["id"], *(j["id"] for j in batch["jobs"])])
     assert stalled == first + rest
+
+
+def test_data_only_batch_records_are_the_jobs_records() -> None:
+    """A PUSHB of {"data": ...} entries copies its first record for the others: each copy
+    must still be exactly that job's own record."""
+    engine = Engine(seed=9)
+    datas: list[Any] = [{"n": 1}, {"name": "legacy", "n": 2}, "text", None, [1, 2], {"n": 3}]
+    reply, muts = engine.apply(
+        {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": d} for d in datas]}, 1_000
+    )
+    assert [m[0] for m in muts] == ["put"] * len(datas)
+    for job_id, (_, rec) in zip(reply["ids"], muts, strict=True):
+        assert rec == engine.jobs[job_id].to_record()
+        assert list(rec) == list(engine.jobs[job_id].to_record())
+    assert engine.jobs[reply["ids"][1]].name == "legacy"
