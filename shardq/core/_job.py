@@ -202,6 +202,13 @@ class Job:
     ) -> Job:
         """A new job from validated push fields (see `validate_job_fields`)."""
         job = cls(job_id, queue, seq)
+        if len(fields) == 1 and not custom and "data" in fields:
+            # Just the payload (a PUSHB entry without options): every other field is default.
+            job.data = data = fields["data"]
+            if type(data) is dict:
+                job.name = _legacy_name(data)
+            job.created_at = job.last_heartbeat = job.run_at = now
+            return job
         get = fields.get
         job.data = data = get("data")
         name = get("name")
