@@ -12,7 +12,7 @@ Fencing rules (seed "The ACK plumbing", bunqueue `assertLeaseToken`):
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
@@ -39,11 +39,19 @@ class ConsumeOps(EngineState):
     def cmd_pull(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = self._check_pull(cmd)
         owner = _owner(cmd)
-        job = self.take(queue, now)
-        token = self.activate(job, self._grant(cmd, owner), now) if job is not None else None
-        reply: dict[str, Any] = {"ok": True, "job": job.to_wire() if job else None}
-        if owner is not None:
-            reply["token"] = token
+        q = self.ready_queue(queue, now)
+        taken = self.take_many(q, 1, now) if q is not None else None
+        reply: dict[str, Any]
+        if taken:
+            job = taken[0]
+            token = self.activate(job, self._grant(cmd, owner), now)
+            reply = {"ok": True, "job": job.to_wire()}
+            if owner is not None:
+                reply["token"] = token
+        else:
+            reply = {"ok": True, "job": None}
+            if owner is not None:
+                reply["token"] = None
         return reply
 
     def cmd_pullb(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -52,21 +60,12 @@ class ConsumeOps(EngineState):
         if error:
             raise CommandError(error)
         owner = _owner(cmd)
-        grant = self._grant(cmd, owner)
-        jobs: list[dict[str, Any]] = []
-        tokens: list[str] = []
         q = self.ready_queue(queue, now)
-        count = as_int(cmd.get("count"), 1)
-        while q is not None and len(jobs) < count:
-            job = self.next_ready(q, now)
-            if job is None:
-                break
-            token = self.activate(job, grant, now)
-            jobs.append(job.to_wire())
-            tokens.append(token or "")
-        reply: dict[str, Any] = {"ok": True, "jobs": jobs}
+        taken = self.take_many(q, as_int(cmd.get("count"), 1), now) if q is not None else []
+        tokens = self.activate_all(taken, self._grant(cmd, owner), now) if taken else []
+        reply: dict[str, Any] = {"ok": True, "jobs": [job.to_wire() for job in taken]}
         if owner is not None:
-            reply["tokens"] = tokens
+            reply["tokens"] = [token or "" for token in tokens]
         return reply
 
     def _check_pull(self, cmd: Mapping[str, Any]) -> str:
@@ -76,11 +75,6 @@ class ConsumeOps(EngineState):
             raise CommandError(error)
         return str(queue)
 
-    def take(self, queue: str, now: int) -> Job | None:
-        """The next deliverable job of `queue`, skipping (and dropping) TTL-expired ones."""
-        q = self.ready_queue(queue, now)
-        return None if q is None else self.next_ready(q, now)
-
     def ready_queue(self, queue: str, now: int) -> QueueState | None:
         """The queue to pull from, with its due delayed jobs promoted; None if paused or empty."""
         q = self.queues.get(queue)
@@ -89,16 +83,26 @@ class ConsumeOps(EngineState):
         self.promote_due(now)
         return q
 
-    def next_ready(self, q: QueueState, now: int) -> Job | None:
-        while True:
-            job = q.pop_ready()
-            if job is None:
-                return None
-            ttl = job.opts.get("ttl") if job.opts else None
-            if ttl and now >= job.created_at + ttl:
-                self.move(job, "expire", now, {})
-                continue
-            return job
+    def take_many(self, q: QueueState, count: int, now: int) -> list[Job]:
+        """Up to `count` deliverable jobs of `q`, best first, off its ready heap (TTL-expired
+        ones are dropped on the way). They are still in the waiting state: deliver them with
+        `activate` or `activate_all`."""
+        taken = q.pop_ready_many(count)
+        for job in taken:
+            if job.opts and job.opts.get("ttl"):
+                break
+        else:
+            return taken  # nothing to check: no job carries a TTL
+        live: list[Job] = []
+        while taken:
+            for job in taken:
+                ttl = job.opts.get("ttl") if job.opts else None
+                if ttl and now >= job.created_at + ttl:
+                    self.move(job, "expire", now, {})
+                else:
+                    live.append(job)
+            taken = q.pop_ready_many(count - len(live)) if len(live) < count else []
+        return live
 
     def _grant(self, cmd: Mapping[str, Any], owner: str | None) -> _Grant:
         """What every job of one pull gets: owner, lease TTL and the connection to track."""
@@ -107,25 +111,54 @@ class ConsumeOps(EngineState):
         return _Grant(owner, ttl, conn, None if cmd.get("detach") else conn)
 
     def activate(self, job: Job, grant: _Grant, now: int) -> str | None:
+        """Deliver one waiting job that `take_many` returned: move it to active, lease it and
+        arm its timeout. Returns its lease token (None for a pull without an owner)."""
         job.started_at = now
         job.last_heartbeat = now
         job.delivery += 1
         self.move(job, "pull", now, {"startedAt": now, "lastHeartbeat": now})
+        token = self._hold(job, grant, now)
+        if token is not None:
+            self.push_leases(now + grant.ttl, (job,))
+        return token
+
+    def activate_all(self, jobs: list[Job], grant: _Grant, now: int) -> list[str | None]:
+        """`activate` for distinct waiting jobs of one queue (PULLB): one lifecycle pass for
+        all of them and one lease-heap entry for all their leases."""
+        for job in jobs:
+            job.started_at = now
+            job.last_heartbeat = now
+            job.delivery += 1
+        first = jobs[0]
+        changes = {"startedAt": now, "lastHeartbeat": now}
+        self._move_run(jobs, first.state, first.queue, "pull", now, changes)
+        hold = self._hold
+        tokens = [hold(job, grant, now) for job in jobs]
+        if grant.owner is not None:
+            self.push_leases(now + grant.ttl, jobs)
+        return tokens
+
+    def _hold(self, job: Job, grant: _Grant, now: int) -> str | None:
+        """The claim on a job just moved to active: a lease with a fresh token for a pull with
+        an owner, else the stall watch; the connection to release it with; its timeout.
+        The caller schedules the lease expiry (`push_leases`)."""
         token: str | None = None
         if grant.owner is not None:
             token = self.ids.token()
-            lease = Lease(token, grant.owner, grant.conn, now, grant.ttl)
-            self.leases[job.id] = lease
-            heapq.heappush(self.lease_heap, (lease.expires_at, job.id, token))
+            self.leases[job.id] = Lease(token, grant.owner, grant.conn, now, grant.ttl)
         else:
             self.unleased[job.id] = None
         job.token = token
         if grant.track is not None:
             self.track_conn(grant.track, job)
-        timeout = job.opts.get("timeout") if job.opts else None
+        if job.opts:
+            self._arm_timeout(job, now)
+        return token
+
+    def _arm_timeout(self, job: Job, now: int) -> None:
+        timeout = job.opts.get("timeout")
         if timeout:
             heapq.heappush(self.timeouts, (now + int(timeout), job.id, job.delivery))
-        return token
 
     def promote_due(self, now: int) -> None:
         """Move every delayed job whose run time has come to its ready heap."""
@@ -145,13 +178,18 @@ class ConsumeOps(EngineState):
         Raises:
             CommandError: with bunqueue's lease error strings.
         """
-        if isinstance(token, str) and self.finalized.get(token) == job_id:
+        finalized = self.finalized
+        if finalized and isinstance(token, str) and finalized.get(token) == job_id:
             return _RETIRED, None
         job = self.find(job_id)
         if job is None:
             raise _not_processing(job_id)
-        retired = self.finalized.get(delivery_key(job)) == job.id
-        if token is None and retired and job.state != ACTIVE:
+        if (
+            token is None
+            and job.state != ACTIVE
+            and finalized
+            and finalized.get(delivery_key(job)) == job.id
+        ):
             return _RETIRED, None
         if job.state == ACTIVE:
             lease = self.leases.get(job.id)
@@ -195,12 +233,22 @@ class ConsumeOps(EngineState):
                 raise CommandError(f"ACKB {name} length must match ids length")
         tokens, results, removes = (extras[k] or [None] * len(ids) for k in extras)
         # Every lease is checked before anything is applied.
-        verdicts = [self.fence(job_id, tokens[i]) for i, job_id in enumerate(ids)]
-        ignored = [i for i, (outcome, _) in enumerate(verdicts) if outcome == _RETIRED]
+        fence = self.fence
+        verdicts = [fence(job_id, token) for job_id, token in zip(ids, tokens, strict=True)]
+        # The jobs to complete, each once: a repeated id is a second ACK of the same delivery.
+        todo: dict[Job, int] = {}
+        ignored: list[int] = []
         for i, (outcome, job) in enumerate(verdicts):
-            if outcome == _APPLY and job is not None and job.state != COMPLETED:
-                item = {"result": results[i]} if extras["results"] is not None else {}
-                self.complete(job, item, "result", removes[i], now)
+            if outcome == _APPLY:
+                if job is not None and job.state != COMPLETED and job not in todo:
+                    todo[job] = i
+            elif outcome == _RETIRED:
+                ignored.append(i)
+        if todo:
+            jobs = list(todo)
+            picks = todo.values()
+            values = None if extras["results"] is None else [results[i] for i in picks]
+            self.complete_all(jobs, values, [removes[i] for i in picks], now)
         if ignored:
             data = {"ignoredIds": [ids[i] for i in ignored], "ignoredIndices": ignored}
             return {"ok": True, "data": data}
@@ -209,20 +257,71 @@ class ConsumeOps(EngineState):
     def complete(
         self, job: Job, source: Mapping[str, Any], key: str, remove: object, now: int
     ) -> None:
-        job.completed_at = now
-        changes: dict[str, Any] = {"completedAt": now}
+        """Complete one job, with `source[key]` as its result when present."""
         if key in source:
-            job.result, job.has_result = source[key], True
-            changes["returnvalue"] = job.result
-            changes["hasResult"] = True
+            changes = self._finish(job, now, True, source[key])
+        else:
+            changes = self._finish(job, now)
         self.move(job, "ack", now, changes)
-        self.release_dependents(job.id, now)
-        if remove is None:
+        self._settle(job, remove, now)
+
+    def complete_all(
+        self,
+        jobs: list[Job],
+        results: Sequence[Any] | None,
+        removes: Sequence[object],
+        now: int,
+    ) -> None:
+        """`complete` for distinct jobs (ACKB), as completing them one by one would.
+
+        `results[i]` is the result of `jobs[i]` (None: no result given); `removes[i]` its
+        removeOnComplete override (None: the job's own option).
+        """
+        if results is None:
+            for job in jobs:
+                job.completed_at = now
+            self.move_all(jobs, "ack", now, {"completedAt": now})
+        else:
+            finish = self._finish
+            changes = [finish(job, now, True, r) for job, r in zip(jobs, results, strict=True)]
+            self.move_all(jobs, "ack", now, changes)
+        # Then, per job, what `complete` does after the move (`_settle`). With no dependents to
+        # release, nothing to remove and no result to keep, only the cache cap is left, and
+        # trimming it once evicts the same jobs in the same order.
+        if not self.dependents:
+            for job, remove in zip(jobs, removes, strict=True):
+                if job.has_result or remove or (remove is None and job.opts):
+                    break
+            else:
+                self.trim_completed()
+                return
+        # The jobs after this one completed early: each eviction below leaves room for them,
+        # so the same jobs are evicted at the same point as one completion at a time would.
+        pending = len(jobs)
+        for job, remove in zip(jobs, removes, strict=True):
+            pending -= 1
+            self._settle(job, remove, now, pending)
+
+    @staticmethod
+    def _finish(job: Job, now: int, has_result: bool = False, result: Any = None) -> dict[str, Any]:
+        """Stamp a job's completion (and its result); returns the changes to emit."""
+        job.completed_at = now
+        if not has_result:
+            return {"completedAt": now}
+        job.result, job.has_result = result, True
+        return {"completedAt": now, "returnvalue": result, "hasResult": True}
+
+    def _settle(self, job: Job, remove: object, now: int, pending: int = 0) -> None:
+        """After a job completed: release its dependents, then remove it (removeOnComplete,
+        or the job's own option when `remove` is None) or keep it in the bounded cache."""
+        if self.dependents:
+            self.release_dependents(job.id, now)
+        if remove is None and job.opts:
             remove = job.opts.get("removeOnComplete")
         if remove:
             self.remove(job)
         else:
-            self.retain_completed(job)
+            self.retain_completed(job, pending)
 
     def cmd_fail(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         outcome, job = self.fence(cmd.get("id"), cmd.get("token"))

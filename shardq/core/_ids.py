@@ -42,7 +42,9 @@ class IdFactory:
                 self._advance(self._last_ms + 1)
         rand = self._rng.getrandbits(62)
         # Variant bits 10 on top of 62 random bits; the time prefix is cached per millisecond.
-        return f"{self._prefix}7{self._counter:03x}-{0x8000 | rand >> 48:04x}-{rand & _LOW48:012x}"
+        # %-formatting: about twice as fast as an f-string with format specs (one id per job).
+        hi, lo = 0x8000 | rand >> 48, rand & _LOW48
+        return "%s7%03x-%04x-%012x" % (self._prefix, self._counter, hi, lo)  # noqa: UP031
 
     def _advance(self, ms: int) -> None:
         self._last_ms = ms
@@ -57,4 +59,4 @@ class IdFactory:
         keeps tokens from an earlier run of the shard from ever matching a new delivery.
         """
         self._tokens += 1
-        return f"{self._token_prefix}{self._tokens:x}"
+        return "%s%x" % (self._token_prefix, self._tokens)  # noqa: UP031

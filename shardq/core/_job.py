@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
 
 from ._lifecycle import DELAYED, WAITING
 from ._mutations import ROW_KEY_SEP
 from ._options import as_int, is_number
 
-__all__ = ["DEFAULT_MAX_BACKOFF_MS", "TIMELINE_MAX", "Job", "backoff_delay"]
+__all__ = ["DEFAULT_MAX_BACKOFF_MS", "TIMELINE_MAX", "Job", "Timeline", "backoff_delay"]
 
 DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_BACKOFF_MS: Final = 1000
 # bunqueue caps every computed backoff at one hour unless backoff.maxDelay says otherwise.
 DEFAULT_MAX_BACKOFF_MS: Final = 3_600_000
 DEFAULT_STACK_TRACE_LIMIT: Final = 10
+# (state, timestamp, attempt) entries, oldest first.
+Timeline: TypeAlias = tuple[tuple[str, int, int | None], ...]
 # bunqueue's MAX_TIMELINE_ENTRIES.
 TIMELINE_MAX: Final = 20
 
@@ -89,7 +92,14 @@ _HOT: Final = (
     "timeline",
 )
 _ENGINE: Final = ("state", "seq", "failedReason", "dlq", "dlqRetries", "logs", "dedupUntil")
+# The options of a job that has none: one shared, read-only empty map instead of an empty dict
+# per job (the engine keeps up to 50,000 completed jobs, and the GC visits what they hold).
+NO_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({})
 _NOT_OPTIONS: Final = frozenset((*_HOT, *_ENGINE, "returnvalue", "hasResult", "rowKey"))
+# Every key of a wire map, resp. of a record, of a job without options, in order: copying one
+# and filling it in is cheaper than building the map key by key.
+_WIRE_TEMPLATE: Final[dict[str, Any]] = {**_WIRE_DEFAULTS, **dict.fromkeys(_HOT)}
+_RECORD_TEMPLATE: Final[dict[str, Any]] = dict.fromkeys((*_HOT, *_ENGINE, "hasResult"))
 
 
 
@@ -156,10 +166,13 @@ class Job:
         self.stall_count = 0
         self.children_completed = 0
         self.lifo = False
-        # (state, timestamp, attempt) tuples: a tuple of plain values is one object the cyclic
-        # GC stops tracking, a dict is not; `timeline_view` gives the wire form.
-        self.timeline: list[tuple[str, int, int | None]] = []
-        self.opts: dict[str, Any] = {}
+        # A tuple of (state, timestamp, attempt) triples. Tuples of plain values are objects
+        # the cyclic GC stops tracking at its first pass (a list stays tracked), and the engine
+        # keeps up to 50,000 completed jobs that collections walk. Jobs admitted and moved
+        # together share their timeline (`EngineState._move_run` extends it). `timeline_view`
+        # gives the wire form.
+        self.timeline: Timeline = ()
+        self.opts: Mapping[str, Any] = NO_OPTIONS
         self.state = WAITING
         self.failed_reason: str | None = None
         self.dlq: dict[str, Any] | None = None
@@ -189,6 +202,13 @@ class Job:
     ) -> Job:
         """A new job from validated push fields (see `validate_job_fields`)."""
         job = cls(job_id, queue, seq)
+        if len(fields) == 1 and not custom and "data" in fields:
+            # Just the payload (a PUSHB entry without options): every other field is default.
+            job.data = data = fields["data"]
+            if type(data) is dict:
+                job.name = _legacy_name(data)
+            job.created_at = job.last_heartbeat = job.run_at = now
+            return job
         get = fields.get
         job.data = data = get("data")
         name = get("name")
@@ -229,58 +249,63 @@ class Job:
 
     def to_wire(self) -> dict[str, Any]:
         """The bunqueue `Job` map, as PULL returns it."""
-        # One literal instead of a store per key: this runs once per delivered job.
-        return {
-            **_WIRE_DEFAULTS,
-            # Fresh lists: a caller may mutate the map it got.
-            "dependsOn": [],
-            "childrenIds": [],
-            "tags": [],
-            **self.opts,
-            **self._hot_fields(),
-            "timeline": timeline_view(self.timeline),
-        }
+        # This runs once per delivered job. A job without options copies a template that
+        # already holds every key in wire order, so filling it in never grows the dict.
+        if self.opts:
+            wire = {
+                **_WIRE_DEFAULTS,
+                # Fresh lists: a caller may mutate the map it got.
+                "dependsOn": [],
+                "childrenIds": [],
+                "tags": [],
+                **self.opts,
+            }
+        else:
+            wire = _WIRE_TEMPLATE.copy()
+            wire["dependsOn"] = []
+            wire["childrenIds"] = []
+            wire["tags"] = []
+        self._put_hot(wire)
+        wire["timeline"] = timeline_view(self.timeline)
+        return wire
 
-    def _hot_fields(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "queue": self.queue,
-            "name": self.name,
-            "data": self.data,
-            "priority": self.priority,
-            "createdAt": self.created_at,
-            "runAt": self.run_at,
-            "startedAt": self.started_at,
-            "completedAt": self.completed_at,
-            "attempts": self.attempts,
-            "maxAttempts": self.max_attempts,
-            "progress": self.progress,
-            "progressMessage": self.progress_message,
-            "stacktrace": self.stacktrace,
-            "lastHeartbeat": self.last_heartbeat,
-            "stallCount": self.stall_count,
-            "childrenCompleted": self.children_completed,
-            "lifo": self.lifo,
-        }
+    def _put_hot(self, out: dict[str, Any]) -> None:
+        """Store the hot fields into `out`, in `_HOT` order."""
+        out["id"] = self.id
+        out["queue"] = self.queue
+        out["name"] = self.name
+        out["data"] = self.data
+        out["priority"] = self.priority
+        out["createdAt"] = self.created_at
+        out["runAt"] = self.run_at
+        out["startedAt"] = self.started_at
+        out["completedAt"] = self.completed_at
+        out["attempts"] = self.attempts
+        out["maxAttempts"] = self.max_attempts
+        out["progress"] = self.progress
+        out["progressMessage"] = self.progress_message
+        out["stacktrace"] = self.stacktrace
+        out["lastHeartbeat"] = self.last_heartbeat
+        out["stallCount"] = self.stall_count
+        out["childrenCompleted"] = self.children_completed
+        out["lifo"] = self.lifo
 
     def to_record(self) -> dict[str, Any]:
         """The persisted record: the wire map plus the engine fields (see `_mutations`).
 
         Options left at their defaults are not stored; `to_wire` fills them back in.
         """
-        rec = {
-            **self.opts,
-            **self._hot_fields(),
-            "timeline": list(self.timeline),
-            "state": self.state,
-            "seq": self.seq,
-            "failedReason": self.failed_reason,
-            "dlq": self.dlq,
-            "dlqRetries": self.dlq_retries,
-            "logs": self.logs,
-            "dedupUntil": self.dedup_until,
-            "hasResult": self.has_result,
-        }
+        rec = dict(self.opts) if self.opts else _RECORD_TEMPLATE.copy()
+        self._put_hot(rec)
+        rec["timeline"] = list(self.timeline)
+        rec["state"] = self.state
+        rec["seq"] = self.seq
+        rec["failedReason"] = self.failed_reason
+        rec["dlq"] = self.dlq
+        rec["dlqRetries"] = self.dlq_retries
+        rec["logs"] = self.logs
+        rec["dedupUntil"] = self.dedup_until
+        rec["hasResult"] = self.has_result
         if self.has_result:
             rec["returnvalue"] = self.result
         if self.key != self.id:
@@ -306,7 +331,7 @@ class Job:
         job.stall_count = rec.get("stallCount") or 0
         job.children_completed = rec.get("childrenCompleted") or 0
         job.lifo = bool(rec.get("lifo"))
-        job.timeline = [_timeline_entry(e) for e in rec.get("timeline") or ()]
+        job.timeline = tuple([_timeline_entry(e) for e in rec.get("timeline") or ()])
         job.state = rec["state"]
         job.failed_reason = rec.get("failedReason")
         job.dlq = rec.get("dlq")
@@ -317,17 +342,10 @@ class Job:
         job.has_result = bool(rec.get("hasResult", "returnvalue" in rec))
         if job.has_result:
             job.result = rec.get("returnvalue")
-        job.opts = {k: v for k, v in rec.items() if k not in _NOT_OPTIONS}
+        job.opts = {k: v for k, v in rec.items() if k not in _NOT_OPTIONS} or NO_OPTIONS
         return job
 
     # -- small behaviours -----------------------------------------------------------------
-
-    def note(self, state: str, now: int, attempt: int | None = None) -> None:
-        """Append a bounded timeline entry."""
-        timeline = self.timeline
-        timeline.append((state, now, attempt))
-        if len(timeline) > TIMELINE_MAX:
-            del timeline[0]
 
     def public_state(self) -> str:
         if self.state == WAITING and self.priority > 0:
@@ -339,15 +357,14 @@ class Job:
         return DELAYED if self.run_at > now else WAITING
 
 
-def timeline_view(timeline: list[tuple[str, int, int | None]]) -> list[dict[str, Any]]:
+def timeline_view(timeline: Iterable[tuple[str, int, int | None]]) -> list[dict[str, Any]]:
     """The wire form of a timeline: `[{state, timestamp, attempt?}]`."""
-    out: list[dict[str, Any]] = []
-    for state, timestamp, attempt in timeline:
-        entry: dict[str, Any] = {"state": state, "timestamp": timestamp}
-        if attempt is not None:
-            entry["attempt"] = attempt
-        out.append(entry)
-    return out
+    return [
+        {"state": state, "timestamp": timestamp}
+        if attempt is None
+        else {"state": state, "timestamp": timestamp, "attempt": attempt}
+        for state, timestamp, attempt in timeline
+    ]
 
 
 def _timeline_entry(entry: Any) -> tuple[str, int, int | None]:
@@ -369,7 +386,7 @@ def _legacy_name(data: dict[str, Any]) -> str:
     return name if isinstance(name, str) and name else "default"
 
 
-def _options(fields: Mapping[str, Any], custom_id: str | None) -> dict[str, Any]:
+def _options(fields: Mapping[str, Any], custom_id: str | None) -> Mapping[str, Any]:
     """Only the options the push set: defaults are filled in by `to_wire`, not stored."""
     opts: dict[str, Any] = {}
     if custom_id is not None:
@@ -391,7 +408,7 @@ def _options(fields: Mapping[str, Any], custom_id: str | None) -> dict[str, Any]
             opts[key] = as_int(value, DEFAULT_STACK_TRACE_LIMIT)
         else:
             opts[key] = value
-    return opts
+    return opts or NO_OPTIONS
 
 
 def _set_backoff(opts: dict[str, Any], backoff: Any) -> None:

@@ -29,6 +29,8 @@ A job record is the bunqueue wire `Job` map plus these engine fields:
     rowKey       the row key, present only when it differs from the id (custom ids)
 
 Records contain only msgpack-friendly values (str, int, float, bool, None, list, dict).
+Payloads are read-only for consumers: they may share objects with each other (jobs moved
+together in one batch share one `upd` payload) and with the engine's state.
 """
 
 from __future__ import annotations

@@ -218,7 +218,7 @@ _CHECKED_FIELDS: Final = frozenset(
 def validate_job_fields(fields: Mapping[str, Any]) -> str | None:
     """The first thing wrong with one job's push fields, as bunqueue words it, or None."""
     error = validate_data(fields.get("data"))
-    if error or not _CHECKED_FIELDS.intersection(fields):
+    if error or _CHECKED_FIELDS.isdisjoint(fields):
         return error
     return (
         _validate_name(fields)

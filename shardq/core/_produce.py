@@ -41,11 +41,25 @@ class ProduceOps(EngineState):
         if error:
             raise CommandError(error)
         entries = cmd.get("jobs")
-        if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
+        if not isinstance(entries, list):
             raise CommandError("jobs must be an array of job objects")
-        customs = [custom_id_of(e["customId"]) if "customId" in e else None for e in entries]
+        for entry in entries:
+            if type(entry) is not dict and not isinstance(entry, Mapping):
+                raise CommandError("jobs must be an array of job objects")
+        customs: list[str | None] = []
+        plain = True  # no custom id, no uniqueKey: no entry can be a duplicate
+        data_only = True  # every entry is {"data": ...}
+        for entry in entries:
+            custom = custom_id_of(entry["customId"]) if "customId" in entry else None
+            if custom is not None or isinstance(entry.get("uniqueKey"), str):
+                plain = False
+            if len(entry) != 1 or "data" not in entry:
+                data_only = False
+            customs.append(custom)
         self._validate_batch(entries, customs)
         queue = str(queue)
+        if plain and entries:
+            return {"ok": True, "ids": self._push_plain(queue, entries, now, data_only)}
         ids: list[str] = []
         for index, entry in enumerate(entries):
             try:
@@ -109,6 +123,22 @@ class ProduceOps(EngineState):
             self.claim_unique(job)
         self.admit(job, now)
         return job.id
+
+    def _push_plain(
+        self, queue: str, entries: list[Mapping[str, Any]], now: int, data_only: bool
+    ) -> list[str]:
+        """Admit validated entries that have neither a custom id nor a uniqueKey: none of them
+        can be a duplicate, so they are built first and placed in one pass (as `push_one`
+        would, one by one: the same ids, sequence numbers and records). `data_only`: every
+        entry is just {"data": ...}, so the jobs differ only in id, name, data and seq."""
+        new_id = self.ids.new
+        create = Job.create
+        jobs: list[Job] = []
+        for entry in entries:
+            self.seq += 1
+            jobs.append(create(new_id(now), queue, self.seq, entry, now))
+        self.admit_all(jobs, self.queue(queue), now, alike=data_only)
+        return [job.id for job in jobs]
 
     def _live_owner(self, queue: str, key: str, now: int) -> Job | None:
         owner_id = self.unique.get((queue, key))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
 from typing import Any, Final
 
 from ._job import Job
@@ -68,29 +69,37 @@ class QueueState:
 
     # -- heaps -----------------------------------------------------------------------------
 
-    def push_ready(self, job: Job) -> None:
-        if job.lifo:
-            key: tuple[Any, ...] = (-job.priority, 0, -job.seq, job.seq, job.id)
-        else:
-            key = (-job.priority, 1, job.run_at, job.seq, job.id)
-        job.hkey = key
-        heapq.heappush(self.ready, key)
+    def push_ready_all(self, jobs: Iterable[Job]) -> None:
+        """Put waiting jobs on the ready heap (each job holds its live entry in `hkey`)."""
+        heap = self.ready
+        for job in jobs:
+            if job.lifo:
+                key: tuple[Any, ...] = (-job.priority, 0, -job.seq, job.seq, job.id)
+            else:
+                key = (-job.priority, 1, job.run_at, job.seq, job.id)
+            job.hkey = key
+            heappush(heap, key)
         self._maybe_compact_ready()
 
-    def pop_ready(self) -> Job | None:
+    def pop_ready_many(self, count: int) -> list[Job]:
+        """Take up to `count` (at least 1) waiting jobs off the ready heap, best first."""
         heap = self.ready
+        jobs = self.jobs
+        taken: list[Job] = []
         while heap:
-            key = heapq.heappop(heap)
-            job = self.jobs.get(key[-1])
+            key = heappop(heap)
+            job = jobs.get(key[-1])
             if job is not None and job.hkey is key and job.state == WAITING:
                 job.hkey = None
-                return job
-        return None
+                taken.append(job)
+                if len(taken) >= count:
+                    break
+        return taken
 
     def _maybe_compact_ready(self) -> None:
         if len(self.ready) > 64 and len(self.ready) > 2 * self.live_ready():
             self.ready = [k for k in self.ready if self._owns(k)]
-            heapq.heapify(self.ready)
+            heapify(self.ready)
 
     def live_ready(self) -> int:
         return max(self.counts[WAITING], 1)

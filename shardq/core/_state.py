@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import OrderedDict
-from typing import Any
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 from shardq.errors import CommandError
 
 from ._config import EngineConfig
 from ._ids import IdFactory
-from ._job import Job
+from ._job import TIMELINE_MAX, Job, Timeline
 from ._lifecycle import (
     ACTIVE,
     COMPLETED,
     DELAYED,
     FAILED,
     REMOVED,
-    TERMINAL_STATES,
     WAITING,
     WAITING_CHILDREN,
     next_state,
@@ -32,7 +32,10 @@ from ._mutations import Mutation
 from ._options import as_int
 from ._queue import QueueState
 
-__all__ = ["EngineState", "Lease", "delivery_key"]
+__all__ = ["Changes", "EngineState", "Lease", "delivery_key"]
+
+# The changes of a batch move: one dict per job, or one dict for all of them.
+Changes: TypeAlias = Sequence[dict[str, Any]] | dict[str, Any]
 
 # Heaps smaller than this are never compacted: rebuilding them would cost more than it saves.
 _MIN_COMPACT = 64
@@ -71,7 +74,8 @@ class EngineState:
         self.delayed: list[tuple[Any, ...]] = []
         self.delayed_watermark = _MIN_COMPACT
         self.leases: dict[str, Lease] = {}
-        self.lease_heap: list[tuple[int, str, str]] = []
+        self.lease_heap: list[tuple[Any, ...]] = []
+        self.lease_entries = 0
         self.timeouts: list[tuple[int, str, int]] = []
         self.ttl_heap: list[tuple[int, str, int]] = []
         self.unleased: dict[str, None] = {}
@@ -81,9 +85,12 @@ class EngineState:
         self.job_conn: dict[str, str] = {}
         self.unique: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.dependents: dict[str, set[str]] = {}
+        # Completed jobs held in memory, oldest first (evicted past config.max_completed).
         self.completed_order: OrderedDict[str, None] = OrderedDict()
         self.results_order: OrderedDict[str, None] = OrderedDict()
-        self.dep_done: OrderedDict[str, None] = OrderedDict()
+        # Ids of completed jobs no longer in memory, for dependsOn, oldest first (bounded).
+        self.dep_done: dict[str, None] = {}
+        self.dep_done_order: deque[str] = deque()
         self.finalized: OrderedDict[str, str] = OrderedDict()
         self.next_stall_check = 0
         self.next_dlq_check = 0
@@ -115,20 +122,62 @@ class EngineState:
 
     def admit(self, job: Job, now: int) -> None:
         """Place a new job and emit its full record."""
-        self.jobs[job.id] = job
-        q = self.queue(job.queue)
-        q.ids[job.id] = None
-        opts = job.opts
-        if opts and self._blocked_by_deps(job):
-            job.state = WAITING_CHILDREN
-        else:
-            job.state = DELAYED if job.run_at > now else WAITING
-        job.note(job.state, now)
-        self._enter(job, q)
-        ttl = opts.get("ttl") if opts else None
-        if ttl:
-            heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
-        self.out.append(("put", job.to_record()))
+        self.admit_all((job,), self.queue(job.queue), now)
+
+    def admit_all(
+        self, jobs: Sequence[Job], q: QueueState, now: int, *, alike: bool = False
+    ) -> None:
+        """Place new jobs of queue `q`, in order, and emit their full records.
+
+        `alike`: the jobs were built from `{"data": ...}` entries at the same time, so their
+        records differ only in id, name, data and seq; each is a copy of the first with those
+        four fields set (payloads are read-only, so they share the timeline list).
+        """
+        all_jobs = self.jobs
+        ids = q.ids
+        out = self.out
+        waiting: list[Job] = []
+        entry: tuple[str, int, None] | None = None
+        timeline: Timeline = ()
+        for job in jobs:
+            all_jobs[job.id] = job
+            ids[job.id] = None
+            opts = job.opts
+            if opts and self._blocked_by_deps(job):
+                state = WAITING_CHILDREN
+            else:
+                state = DELAYED if job.run_at > now else WAITING
+            job.state = state
+            if entry is None or entry[0] != state:
+                # New jobs have no history: those admitted together share their timeline.
+                entry = (state, now, None)
+                timeline = (entry,)
+            job.timeline = timeline
+            if state is WAITING:
+                # The common case, entered in one pass below: heaps and counts do not depend
+                # on the order in which jobs of one state enter.
+                waiting.append(job)
+            else:
+                self._enter_all((job,), q, state)
+            if opts:
+                ttl = opts.get("ttl")
+                if ttl:
+                    heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
+        if waiting:
+            self._enter_all(waiting, q, WAITING)
+        if alike and len(waiting) == len(jobs) > 1:
+            first = jobs[0].to_record()
+            out.append(("put", first))
+            for job in jobs[1:]:
+                rec = first.copy()
+                rec["id"] = job.id
+                rec["name"] = job.name
+                rec["data"] = job.data
+                rec["seq"] = job.seq
+                out.append(("put", rec))
+            return
+        for job in jobs:
+            out.append(("put", job.to_record()))
 
     def move(self, job: Job, event: str, now: int, changes: dict[str, Any]) -> None:
         """Apply a lifecycle event and emit the changed fields.
@@ -136,18 +185,108 @@ class EngineState:
         Raises:
             IllegalTransition: the lifecycle table forbids `event` in the job's state.
         """
-        new = next_state(job.id, job.state, event)
+        # `_move_run` does the same for many jobs at once; this is its one-job case, kept
+        # apart because single commands and every timer and control path come through here.
+        state = job.state
+        new = next_state(job.id, state, event)
         if new == REMOVED:
             self.remove(job)
             return
         q = self.queues[job.queue]
-        self._leave(job, q)
+        one = (job,)
+        self._leave_all(one, q, state)
         job.state = new
-        job.note(new, now, job.attempts)
-        self._enter(job, q)
+        job.timeline = _extended(job.timeline, (new, now, job.attempts))
         changes["state"] = new
         changes["timeline"] = list(job.timeline)
         self.out.append(("upd", job.key, changes))
+        self._enter_all(one, q, new)
+
+    def move_all(self, jobs: Sequence[Job], event: str, now: int, changes: Changes) -> None:
+        """`move` each job in turn, with `changes[i]` for `jobs[i]`, or with a copy of
+        `changes` for every job when it is one dict; the jobs are distinct.
+
+        Same effect and equal mutations, in the same order, as moving them one by one: the
+        table is looked up once per run of jobs in the same state and queue, and each run
+        leaves and enters its states in one pass. With one dict of changes, jobs that also
+        share their timeline (admitted and moved together) share one `upd` payload.
+
+        Raises:
+            IllegalTransition: as `move`, for the first job whose move the table forbids (the
+                jobs before it have moved).
+        """
+        if not jobs:
+            return
+        first = jobs[0]
+        state, queue = first.state, first.queue
+        for job in jobs:
+            if job.state != state or job.queue != queue:
+                break
+        else:  # the common case: one run
+            self._move_run(jobs, state, queue, event, now, changes)
+            return
+        count = len(jobs)
+        start = 0
+        while start < count:
+            first = jobs[start]
+            state, queue = first.state, first.queue
+            end = start + 1
+            while end < count and jobs[end].state == state and jobs[end].queue == queue:
+                end += 1
+            part = changes if isinstance(changes, dict) else changes[start:end]
+            self._move_run(jobs[start:end], state, queue, event, now, part)
+            start = end
+
+    def _move_run(
+        self,
+        jobs: Sequence[Job],
+        state: str,
+        queue: str,
+        event: str,
+        now: int,
+        changes: Changes,
+    ) -> None:
+        """Move jobs that are all in `state` and in `queue` (see `move_all`)."""
+        common: dict[str, Any] | None = None
+        per_job: Sequence[dict[str, Any]] = ()
+        if isinstance(changes, dict):
+            common = changes
+        else:
+            per_job = changes
+        if len(jobs) == 1:
+            self.move(jobs[0], event, now, dict(common) if common is not None else per_job[0])
+            return
+        new = next_state(jobs[0].id, state, event)
+        if new == REMOVED:
+            for job in jobs:
+                self.remove(job)
+            return
+        q = self.queues[queue]
+        self._leave_all(jobs, q, state)
+        out = self.out
+        entry = (new, now, jobs[0].attempts)
+        before: Timeline | None = None
+        after: Timeline = ()
+        payload: dict[str, Any] = {}
+        for i, job in enumerate(jobs):
+            job.state = new
+            if job.attempts != entry[2]:
+                entry = (new, now, job.attempts)
+                before = None
+            # Jobs admitted and moved together share one timeline: extend it once, and with
+            # common changes, emit one payload for all of them (payloads are read-only).
+            if job.timeline is not before:
+                before = job.timeline
+                after = _extended(before, entry)
+                if common is not None:
+                    payload = {**common, "state": new, "timeline": list(after)}
+            job.timeline = after
+            if common is None:
+                payload = per_job[i]
+                payload["state"] = new
+                payload["timeline"] = list(after)
+            out.append(("upd", job.key, payload))
+        self._enter_all(jobs, q, new)
 
     def reorder(self, job: Job, changes: dict[str, Any]) -> None:
         """Change the fields that place a queued job (priority, lifo, runAt) in its state.
@@ -186,40 +325,71 @@ class EngineState:
             self.out.append(("del", job.key))
 
     def _leave(self, job: Job, q: QueueState) -> None:
-        state = job.state
-        q.counts[state] -= 1
-        if state == WAITING:
-            if job.priority > 0:
-                q.prioritized -= 1
-            job.hkey = None
-        elif state == DELAYED:
-            job.dkey = None
-        elif state == ACTIVE:
-            self.untrack_conn(job)
-            self.drop_lease(job)
-        elif state == FAILED:
-            q.dlq.pop(job.id, None)
-        elif state == COMPLETED:
-            self.completed_order.pop(job.id, None)
+        self._leave_all((job,), q, job.state)
 
     def _enter(self, job: Job, q: QueueState) -> None:
-        state = job.state
-        q.counts[state] += 1
+        self._enter_all((job,), q, job.state)
+
+    def _leave_all(self, jobs: Sequence[Job], q: QueueState, state: str) -> None:
+        """Undo what being in `state` set up for each job: counts, heap keys, leases, indexes."""
+        q.counts[state] -= len(jobs)
         if state == WAITING:
-            if job.priority > 0:
-                q.prioritized += 1
-            q.push_ready(job)
+            for job in jobs:
+                if job.priority > 0:
+                    q.prioritized -= 1
+                job.hkey = None
+        elif state == ACTIVE:
+            self._release_all(jobs)
         elif state == DELAYED:
-            key = (job.run_at, job.seq, job.id)
-            job.dkey = key
-            heapq.heappush(self.delayed, key)
+            for job in jobs:
+                job.dkey = None
+        elif state == COMPLETED:
+            for job in jobs:
+                self.completed_order.pop(job.id, None)
+        elif state == FAILED:
+            for job in jobs:
+                q.dlq.pop(job.id, None)
+
+    def _release_all(self, jobs: Sequence[Job]) -> None:
+        """What leaving the active state undoes: the lease (or the stall watch) and the
+        connection that held the job."""
+        leases, unleased = self.leases, self.unleased
+        for job in jobs:
+            if self.job_conn:
+                self.untrack_conn(job)
+            leases.pop(job.id, None)
+            if unleased:
+                unleased.pop(job.id, None)
+
+    def _enter_all(self, jobs: Sequence[Job], q: QueueState, state: str) -> None:
+        """Set up what being in `state` takes for each job (the jobs' state is `state`).
+
+        A job with options that enters a terminal state gives up its uniqueKey claim.
+        """
+        q.counts[state] += len(jobs)
+        if state == WAITING:
+            for job in jobs:
+                if job.priority > 0:
+                    q.prioritized += 1
+            q.push_ready_all(jobs)
+        elif state == COMPLETED:
+            completed = self.completed_order
+            for job in jobs:
+                completed[job.id] = None
+                if job.opts:
+                    self.release_unique(job)
+        elif state == DELAYED:
+            delayed = self.delayed
+            for job in jobs:
+                key = (job.run_at, job.seq, job.id)
+                job.dkey = key
+                heapq.heappush(delayed, key)
             self._maybe_compact_delayed()
         elif state == FAILED:
-            q.dlq[job.id] = None
-        elif state == COMPLETED:
-            self.completed_order[job.id] = None
-        if job.opts and state in TERMINAL_STATES:
-            self.release_unique(job)
+            for job in jobs:
+                q.dlq[job.id] = None
+                if job.opts:
+                    self.release_unique(job)
 
     def _maybe_compact_delayed(self) -> None:
         # Checked only when the heap doubles past its last compacted size, so a delayed push
@@ -236,9 +406,23 @@ class EngineState:
 
     # -- leases ----------------------------------------------------------------------------
 
-    def drop_lease(self, job: Job) -> None:
-        self.leases.pop(job.id, None)
-        self.unleased.pop(job.id, None)
+    def push_leases(self, expires_at: int, jobs: Sequence[Job]) -> None:
+        """Schedule the expiry check of leases granted together (to `jobs`, with the tokens
+        they hold now): one heap entry for all of them.
+
+        An entry is (expiresAt, entry number, job id, token), or with tuples of ids and tokens
+        for several leases. The entry number keeps the ids out of heap comparisons. Entries go
+        stale when a lease ends early; `_expire_leases` skips those.
+        """
+        self.lease_entries += 1
+        if len(jobs) == 1:
+            job = jobs[0]
+            entry: tuple[Any, ...] = (expires_at, self.lease_entries, job.id, job.token)
+        else:
+            ids = tuple([job.id for job in jobs])
+            tokens = tuple([job.token for job in jobs])
+            entry = (expires_at, self.lease_entries, ids, tokens)
+        heapq.heappush(self.lease_heap, entry)
 
     def track_conn(self, conn: object, job: Job) -> None:
         if isinstance(conn, str):
@@ -283,9 +467,14 @@ class EngineState:
             self.unique.popitem(last=False)
 
     def remember_completion(self, job_id: str) -> None:
-        self.dep_done[job_id] = None
-        if len(self.dep_done) > self.config.max_dep_completions:
-            self.dep_done.popitem(last=False)
+        # A bounded FIFO set: the dict answers `in`, the deque remembers the order (cheaper
+        # than an OrderedDict; nothing leaves it but its oldest id).
+        done = self.dep_done
+        if job_id not in done:
+            done[job_id] = None
+            self.dep_done_order.append(job_id)
+            if len(done) > self.config.max_dep_completions:
+                del done[self.dep_done_order.popleft()]
 
     def is_completed(self, job_id: str) -> bool:
         job = self.jobs.get(job_id)
@@ -312,18 +501,29 @@ class EngineState:
             if all(self.is_completed(d) for d in child.opts.get("dependsOn") or ()):
                 self.requeue_or_delay(child, "release", now, {})
 
-    def retain_completed(self, job: Job) -> None:
-        """Keep memory bounded: evict the oldest completed jobs and results (not from disk)."""
+    def retain_completed(self, job: Job, pending: int = 0) -> None:
+        """Keep memory bounded: evict the oldest completed jobs and results (not from disk).
+
+        `pending` completed jobs at the end of the order are not counted against the cap yet
+        (a batch completes its jobs first and retains them one by one).
+        """
         if job.has_result:
-            self.results_order[job.id] = None
-            while len(self.results_order) > self.config.max_results:
-                old_id, _ = self.results_order.popitem(last=False)
-                old = self.jobs.get(old_id)
-                if old is not None:
-                    old.result, old.has_result = None, False
-        while len(self.completed_order) > self.config.max_completed:
-            old_id, _ = self.completed_order.popitem(last=False)
-            self._evict_completed(old_id)
+            results = self.results_order
+            results[job.id] = None
+            if len(results) > self.config.max_results:
+                jobs = self.jobs
+                while len(results) > self.config.max_results:
+                    old_id, _ = results.popitem(last=False)
+                    old = jobs.get(old_id)
+                    if old is not None:
+                        old.result, old.has_result = None, False
+        self.trim_completed(pending)
+
+    def trim_completed(self, pending: int = 0) -> None:
+        """Evict the oldest completed jobs past the cap (see `retain_completed`)."""
+        completed = self.completed_order
+        for _ in range(len(completed) - self.config.max_completed - pending):
+            self._evict_completed(completed.popitem(last=False)[0])
 
     def _evict_completed(self, job_id: str) -> None:
         """Forget a completed job in memory only (its row stays on disk). Runs on every ACK
@@ -335,7 +535,8 @@ class EngineState:
         if q is not None:
             q.ids.pop(job_id, None)
             q.counts[COMPLETED] -= 1
-        self.results_order.pop(job_id, None)
+        if self.results_order:
+            self.results_order.pop(job_id, None)
         if job.opts:
             self.release_unique(job, force=True)
         self.remember_completion(job_id)
@@ -413,3 +614,10 @@ class EngineState:
             changes["dlqRetries"] = job.dlq_retries
         self.move(job, "revive", now, changes)
         self.claim_unique(job)
+
+
+def _extended(timeline: Timeline, entry: tuple[str, int, int | None]) -> Timeline:
+    """`timeline` with `entry` appended; a timeline keeps its last TIMELINE_MAX entries."""
+    if len(timeline) < TIMELINE_MAX:
+        return (*timeline, entry)
+    return (*timeline[1:], entry)

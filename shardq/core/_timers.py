@@ -50,13 +50,21 @@ class TimerOps(ConsumeOps, AdminOps):
 
     def _expire_leases(self, now: int) -> None:
         heap = self.lease_heap
+        due: list[tuple[int, str, str]] = []
         while heap and heap[0][0] <= now:
-            _, job_id, token = heapq.heappop(heap)
+            expires_at, _, job_ids, tokens = heapq.heappop(heap)
+            if type(job_ids) is str:
+                due.append((expires_at, job_ids, tokens))
+            else:
+                due.extend([(expires_at, i, t) for i, t in zip(job_ids, tokens, strict=True)])
+        # By expiry time, then job id: the order of one heap entry per lease.
+        due.sort()
+        for _, job_id, token in due:
             lease = self.leases.get(job_id)
             if lease is None or lease.token != token:
                 continue
             if lease.expires_at > now:
-                heapq.heappush(heap, (lease.expires_at, job_id, token))
+                self.push_leases(lease.expires_at, [self.jobs[job_id]])
                 continue
             self.stall(self.jobs[job_id], now, backoff=False)
 
