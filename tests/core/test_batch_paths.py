@@ -45,9 +45,20 @@ PLAIN_ENTRY = st.fixed_dictionaries(
     {"data": st.integers(0, 9)},
     optional={"priority": st.sampled_from((0, 3)), "lifo": st.booleans()},
 )
+# Payload-only entries (PUSHB copies the first record for the others); a dict payload may carry
+# the legacy job name.
+DATA_ENTRY = st.fixed_dictionaries(
+    {
+        "data": st.one_of(
+            st.integers(0, 9),
+            st.fixed_dictionaries({"n": st.integers(0, 9)}, optional={"name": st.just("old")}),
+        )
+    }
+)
 
 PUSH = st.tuples(st.just("push"), st.sampled_from(QUEUES), st.lists(ENTRY, max_size=8))
 PUSH_PLAIN = st.tuples(st.just("push"), st.sampled_from(QUEUES), st.lists(PLAIN_ENTRY, max_size=8))
+PUSH_DATA = st.tuples(st.just("push"), st.sampled_from(QUEUES), st.lists(DATA_ENTRY, max_size=8))
 PULL = st.tuples(
     st.just("pull"),
     st.sampled_from(QUEUES),
@@ -64,9 +75,9 @@ ACK = st.tuples(
 )
 TICK = st.tuples(st.just("tick"), st.sampled_from((1, 400, 1_500, 31_000)))
 # Mostly push -> pull -> ack rounds, so batches of several jobs reach every path.
-ROUND = st.tuples(st.one_of(PUSH, PUSH_PLAIN), PULL, ACK).map(list)
+ROUND = st.tuples(st.one_of(PUSH, PUSH_PLAIN, PUSH_DATA), PULL, ACK).map(list)
 STEPS = st.lists(
-    st.one_of(ROUND, ROUND, st.one_of(PUSH, PUSH_PLAIN, PULL, ACK, TICK).map(lambda s: [s])),
+    st.one_of(ROUND, ROUND, st.one_of(PUSH, PUSH_DATA, PULL, ACK, TICK).map(lambda s: [s])),
     min_size=1,
     max_size=12,
 ).map(lambda rounds: [step for r in rounds for step in r])
