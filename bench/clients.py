@@ -3,11 +3,13 @@
     python -m bench.clients [--jobs 20000] [--repeats 3] [--shards auto] [--transports tcp zmq]
 
 Scenarios, per transport: `Queue.add` one at a time (one request in flight), the same with
-`AsyncQueue`, `Queue.add_bulk` (PUSHB of 1000, 4 in flight), and an end-to-end drain: the
-queue is filled with `add_bulk`, then a `Worker` with a no-op handler runs until the server
-counts every job completed (concurrency 1, 10, 50; ACK per job, and ACKB batches at 50).
-Buffered pushes (no `durable`); each run's queue is obliterated after it. Client and server
-share the machine's cores.
+`AsyncQueue`, `AsyncQueue.add` with 100 calls in flight, `Queue.add_bulk` (PUSHB of 1000, 4 in
+flight), and end-to-end drains: the queue is filled with `add_bulk`, then a `Worker` with a
+no-op handler runs until the server counts every job completed. Drains run the worker with its
+defaults (prefetch buffer, batched ACKs) at concurrency 1, 10 and 50, with an async handler at
+10, and, for reference, with `prefetch=0, ack_batch=False` (pull for free handlers only, one
+ACK per job) at 50. Buffered pushes (no `durable`); each run's queue is obliterated after it.
+Client and server share the machine's cores.
 """
 
 from __future__ import annotations
@@ -51,6 +53,23 @@ def add_sequential_async(url: str, queue: str, n: int) -> float:
     return asyncio.run(run())
 
 
+def add_pipelined_async(url: str, queue: str, n: int) -> float:
+    async def run() -> float:
+        async with AsyncQueue(queue, url=url) as q:
+            await q.counts()
+            window = asyncio.Semaphore(100)
+
+            async def one(i: int) -> None:
+                async with window:
+                    await q.add("bench", {"i": i})
+
+            start = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(n)))
+            return n / (time.perf_counter() - start)
+
+    return asyncio.run(run())
+
+
 def add_bulk(url: str, queue: str, n: int) -> float:
     with Queue(queue, url=url) as q:
         q.counts()
@@ -63,12 +82,16 @@ def noop(job: Job) -> None:
     return None
 
 
-def drain(concurrency: int, ack_batch: bool) -> Scenario:
+async def async_noop(job: Job) -> None:
+    return None
+
+
+def drain(concurrency: int, handler: Callable[[Job], Any] = noop, **options: Any) -> Scenario:
     def run(url: str, queue: str, n: int) -> float:
         with Queue(queue, url=url) as q:
             q.add_bulk(("bench", {"i": i}) for i in range(n))
-            worker = Worker(queue, noop, url=url, concurrency=concurrency, ack_batch=ack_batch,
-                            poll_timeout_ms=500)  # fmt: skip
+            worker = Worker(queue, handler, url=url, concurrency=concurrency,
+                            poll_timeout_ms=500, **options)  # fmt: skip
             start = time.perf_counter()
             worker.start()
             while q.counts().completed < n:
@@ -80,15 +103,19 @@ def drain(concurrency: int, ack_batch: bool) -> Scenario:
     return run
 
 
+ONE_AT_A_TIME: dict[str, Any] = {"prefetch": 0, "ack_batch": False}  # the old behaviour
+
 SCENARIOS: dict[str, tuple[Scenario, int]] = {
     # name: (function, share of --jobs it runs)
     "add, sequential (Queue)": (add_sequential, SINGLE_SHARE),
     "add, sequential (AsyncQueue)": (add_sequential_async, SINGLE_SHARE),
+    "add, 100 in flight (AsyncQueue)": (add_pipelined_async, 1),
     "add_bulk (PUSHB 1000, 4 in flight)": (add_bulk, 1),
-    "worker drain, concurrency 1": (drain(1, False), SINGLE_SHARE),
-    "worker drain, concurrency 10": (drain(10, False), 1),
-    "worker drain, concurrency 50": (drain(50, False), 1),
-    "worker drain, concurrency 50, ack_batch": (drain(50, True), 1),
+    "worker drain, concurrency 1": (drain(1), 1),
+    "worker drain, concurrency 10": (drain(10), 1),
+    "worker drain, concurrency 50": (drain(50), 1),
+    "worker drain, concurrency 10, async handler": (drain(10, async_noop), 1),
+    "worker drain, concurrency 50, prefetch 0, ACK per job": (drain(50, **ONE_AT_A_TIME), 1),
 }
 
 
