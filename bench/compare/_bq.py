@@ -257,8 +257,11 @@ class BqContestant:
         if self.client == "raw":
             return "raw protocol (TcpConnection)"
         if sc.kind in ("drain", "latency"):
-            return {"bunqueue-client": "bunqueue-client Worker (batch_size 10, ACK per job)",
-                    "shardq-sdk": "shardq-sdk Worker (ACK per job)"}[self.client]  # fmt: skip
+            if self.client == "shardq-sdk":
+                from bench.compare._sdk import worker_label
+
+                return worker_label()
+            return "bunqueue-client Worker (batch_size 10, ACK per job)"
         if self.client == "shardq-sdk" and sc.kind == "pipelined":
             return "shardq-sdk AsyncQueue"
         return self.client

@@ -1,7 +1,8 @@
 """shardq's own client (`shardq.client.Queue`, `AsyncQueue`, `Worker`) in the comparison.
 
-Used with its defaults: one ACK per job (`ack_batch` off), a 2 s long-poll. Pipelined pushes
-use `AsyncQueue` with 100 `add` calls in flight on its one connection.
+Used with its defaults, which `worker_label()` spells out in the report (the prefetch buffer,
+ACK batching, a 2 s long-poll). Pipelined pushes use `AsyncQueue` with 100 `add` calls in
+flight on its one connection.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from bench.compare._model import Scenario, Settings
 from bench.compare._record import record
 
-__all__ = ["sdk_available", "sdk_offer", "sdk_runner", "start_sdk_workers"]
+__all__ = ["sdk_available", "sdk_offer", "sdk_runner", "start_sdk_workers", "worker_label"]
 
 Runner = Callable[[int, Sequence[str], Scenario, Settings], float]
 
@@ -24,6 +25,19 @@ def sdk_available() -> bool:
     import shardq.client as client
 
     return all(hasattr(client, name) for name in ("Queue", "AsyncQueue", "Worker"))
+
+
+def worker_label() -> str:
+    """The drain and latency rows' client: the `Worker` and the settings it runs with."""
+    from shardq.client import WorkerConfig
+
+    cfg = WorkerConfig()
+    acks = (
+        f"ACKB <= {cfg.ack_batch_size} or {cfg.ack_flush_interval * 1000:g} ms"
+        if cfg.ack_batch
+        else "ACK per job"
+    )
+    return f"shardq-sdk Worker (prefetch {cfg.prefetch}, {acks})"
 
 
 def _url(port: int) -> str:

@@ -11,7 +11,9 @@
     Worker("emails", send, concurrency=10, url="zmq://127.0.0.1:6788").run_until_idle()
 
 The transport follows the URL: `tcp://` speaks bunqueue's framing, `zmq://` the same command
-maps over a ZeroMQ DEALER. A sans-IO core (`ClientCore`) does request ids, reply matching and
+maps over a ZeroMQ DEALER. A worker leases up to `prefetch` (64) jobs ahead of its free
+handlers, renewing their leases while they wait, and ACKs in batches (`ack_batch`); both are
+options of `WorkerConfig`. A sans-IO core (`ClientCore`) does request ids, reply matching and
 error mapping; the blocking and asyncio transports are thin adapters around it. Errors are a
 tree under `shardq.errors.ShardqError` (see `shardq.client._errors`).
 """

@@ -1,16 +1,23 @@
 """asyncio transports: one TCP or ZeroMQ connection, used from one event loop.
 
-Thin adapters around a `ClientCore`: a request gets one future per command, replies resolve
-them as they arrive (any order), and a broken connection fails every waiting future with
+Thin adapters around a `ClientCore`: `submit` sends commands at once (no await, so commands
+leave in the order they were submitted) and returns one future per reply; replies resolve them
+as they arrive (any order); a broken connection fails every waiting future with
 `ConnectionLost`. A transport lives for one connection; its owner opens a new one after a
-loss. TCP uses an `asyncio.Protocol` (no reader task); ZeroMQ uses `zmq.asyncio` with a
-socket monitor, as the blocking `SyncZmqTransport` does.
+loss. TCP uses an `asyncio.Protocol` (no reader task) and writes everything submitted in one
+loop iteration with one `write`; ZeroMQ uses `zmq.asyncio` with a socket monitor, as the
+blocking `SyncZmqTransport` does.
+
+Deadlines are not one `asyncio.timeout` per request: requests whose deadlines fall in the same
+`DEADLINE_GRAIN` share one timer, which fails those still unanswered with `CommandTimeout`
+(a deadline may pass up to one grain late).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol, cast
@@ -21,10 +28,11 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._sync_transport import configure_dealer
+from shardq.client._sync_transport import configure_dealer, monitor_socket
 from shardq.client._url import Endpoint
 
 __all__ = [
+    "DEADLINE_GRAIN",
     "AsyncTcpTransport",
     "AsyncTransport",
     "AsyncZmqTransport",
@@ -34,6 +42,7 @@ __all__ = [
 
 Reply = dict[str, Any]
 Futures = list["asyncio.Future[Reply]"]
+DEADLINE_GRAIN: Final = 0.05  # seconds: requests whose deadlines are this close share a timer
 _MONITOR_EVENTS: Final = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
 )
@@ -47,13 +56,25 @@ class AsyncTransport(Protocol):
     @property
     def alive(self) -> bool: ...
 
-    async def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
-        """Send `commands`; return their request ids and one future per reply.
+    @property
+    def writable(self) -> bool:
+        """False while the peer reads slower than we write (await `drained` before more)."""
+        ...
+
+    def submit(
+        self, commands: Sequence[Mapping[str, Any]], timeout: float
+    ) -> tuple[list[str], Futures]:
+        """Send `commands` now; return their request ids and one future per reply. A future
+        still unanswered after `timeout` seconds fails with `CommandTimeout`.
 
         Raises:
             ConnectionLost: the connection is gone (`sent=False`: nothing was written).
             SerializationError: a command cannot be encoded (nothing was sent).
         """
+        ...
+
+    async def drained(self) -> None:
+        """Return once the transport is writable again."""
         ...
 
     def forget(self, rids: Sequence[str]) -> None: ...
@@ -82,16 +103,31 @@ async def wait_replies_async(
         ConnectionLost: the connection broke first.
         SerializationError: a command cannot be encoded.
     """
-    rids: list[str] = []
+    if not commands:
+        return []
+    rids, futures = transport.submit(commands, timeout)
     try:
-        async with asyncio.timeout(timeout):
-            rids, futures = await transport.request(commands)
-            return [await future for future in futures]
-    except TimeoutError:
-        name = commands[0].get("cmd") if commands else None
-        raise CommandTimeout(f"no reply to {name!r} within {timeout:g} s") from None
+        if not transport.writable:
+            await _drained(transport, commands, timeout)
+        if len(futures) == 1:
+            return [await futures[0]]
+        return [await future for future in futures]
     finally:
         transport.forget(rids)  # a no-op for answered requests
+
+
+async def _drained(
+    transport: AsyncTransport, commands: Sequence[Mapping[str, Any]], timeout: float
+) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await transport.drained()
+    except TimeoutError:
+        raise CommandTimeout(_timeout_message(commands[0].get("cmd"), timeout)) from None
+
+
+def _timeout_message(name: object, timeout: float) -> str:
+    return f"no reply to {name!r} within {timeout:g} s"
 
 
 def _fail(futures: Sequence[asyncio.Future[Reply]], message: str, *, sent: bool = True) -> None:
@@ -105,23 +141,71 @@ def _resolve(future: asyncio.Future[Reply], reply: Reply) -> None:
         future.set_result(reply)
 
 
+class _Deadlines:
+    """Fails the requests of one core that are not answered in time, with one timer per
+    (grain, timeout, command name) instead of one per request."""
+
+    def __init__(self, core: ClientCore[asyncio.Future[Reply]]) -> None:
+        self._core = core
+        self._buckets: dict[tuple[int, float, object], list[str]] = {}
+        self._timers: dict[tuple[int, float, object], asyncio.TimerHandle] = {}
+
+    def arm(
+        self, loop: asyncio.AbstractEventLoop, rids: list[str], timeout: float, name: object
+    ) -> None:
+        tick = math.ceil((loop.time() + timeout) / DEADLINE_GRAIN)
+        key = (tick, timeout, name)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            self._buckets[key] = list(rids)
+            self._timers[key] = loop.call_at(tick * DEADLINE_GRAIN, self._fire, key)
+        else:
+            bucket.extend(rids)
+
+    def _fire(self, key: tuple[int, float, object]) -> None:
+        self._timers.pop(key, None)
+        rids = self._buckets.pop(key, None)
+        if not rids:
+            return
+        waiting = self._core.take(rids)
+        if waiting:
+            error = CommandTimeout(_timeout_message(key[2], key[1]))
+            for future in waiting:
+                if not future.done():
+                    future.set_exception(error)
+
+    def cancel(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        self._buckets.clear()
+
+
 class AsyncTcpTransport(asyncio.Protocol):
-    """One TCP connection; `data_received` feeds the core directly."""
+    """One TCP connection; `data_received` feeds the core directly.
+
+    What is submitted during one loop iteration goes out in one `write` at its end (a cork):
+    100 pipelined requests cost one system call, not 100.
+    """
 
     releases_on_close = True
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
         self._endpoint = endpoint
+        self._loop = loop
         self._core: ClientCore[asyncio.Future[Reply]] = ClientCore(Framing.STREAM)
+        self._deadlines = _Deadlines(self._core)
         self._transport: asyncio.Transport | None = None
         self._writable = asyncio.Event()
         self._writable.set()
         self._dead: str | None = None
+        self._out: list[bytes] = []
+        self._out_rids: list[list[str]] = []
 
     @classmethod
     async def open(cls, endpoint: Endpoint, connect_timeout: float) -> AsyncTcpTransport:
         loop = asyncio.get_running_loop()
-        self = cls(endpoint)
+        self = cls(endpoint, loop)
         try:
             async with asyncio.timeout(connect_timeout):
                 await loop.create_connection(lambda: self, endpoint.host, endpoint.port)
@@ -133,15 +217,33 @@ class AsyncTcpTransport(asyncio.Protocol):
     def alive(self) -> bool:
         return self._dead is None
 
-    async def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
+    @property
+    def writable(self) -> bool:
+        return self._writable.is_set()
+
+    def submit(
+        self, commands: Sequence[Mapping[str, Any]], timeout: float
+    ) -> tuple[list[str], Futures]:
         if self._dead is not None or self._transport is None:
             raise ConnectionLost(self._dead or "not connected", sent=False)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         futures: Futures = [loop.create_future() for _ in commands]
         rids, payloads = self._core.prepare(commands, futures)
-        self._transport.write(payloads[0])
-        await self._writable.wait()  # back-pressure: the peer reads slower than we write
+        if not self._out:
+            loop.call_soon(self._flush)
+        self._out.append(payloads[0])
+        self._out_rids.append(rids)
+        self._deadlines.arm(loop, rids, timeout, commands[0].get("cmd"))
         return rids, futures
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        self._out_rids = []
+        if self._dead is None and self._transport is not None and out:
+            self._transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    async def drained(self) -> None:
+        await self._writable.wait()
 
     def forget(self, rids: Sequence[str]) -> None:
         self._core.forget(rids)
@@ -162,7 +264,8 @@ class AsyncTcpTransport(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for future, reply in self._core.feed(data):
-            _resolve(future, reply)
+            if not future.done():
+                future.set_result(reply)
         if self._core.broken is not None:
             self._die(f"the server at {self._endpoint} sent a bad frame: {self._core.broken}")
 
@@ -181,8 +284,13 @@ class AsyncTcpTransport(asyncio.Protocol):
             return
         self._dead = reason
         self._writable.set()
+        # Requests still in the cork never left: the caller may safely send them again.
+        unsent = [future for rids in self._out_rids for future in self._core.take(rids)]
+        self._out, self._out_rids = [], []
+        _fail(unsent, reason, sent=False)
         if self._transport is not None:
             self._transport.abort()
+        self._deadlines.cancel()
         _fail(self._core.fail_all(), reason)
 
 
@@ -200,9 +308,10 @@ class AsyncZmqTransport:
         self._sock = ctx.socket(zmq.DEALER)
         configure_dealer(self._sock)
         self._shadow: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
-        self._monitor = self._sock.get_monitor_socket(_MONITOR_EVENTS)
+        self._monitor = monitor_socket(self._sock, _MONITOR_EVENTS)
         self._core: ClientCore[asyncio.Future[Reply]] = ClientCore(Framing.MESSAGE)
-        loop = asyncio.get_running_loop()
+        self._deadlines = _Deadlines(self._core)
+        loop = self._loop = asyncio.get_running_loop()
         self._connected: asyncio.Future[None] = loop.create_future()
         self._dead: str | None = None
         self._closed = False
@@ -232,17 +341,27 @@ class AsyncZmqTransport:
     def alive(self) -> bool:
         return self._dead is None
 
-    async def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
+    @property
+    def writable(self) -> bool:
+        return True  # SNDHWM 0: ZeroMQ queues without limit; the command timeout bounds it
+
+    def submit(
+        self, commands: Sequence[Mapping[str, Any]], timeout: float
+    ) -> tuple[list[str], Futures]:
         if self._dead is not None:
             raise ConnectionLost(self._dead, sent=False)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         futures: Futures = [loop.create_future() for _ in commands]
         rids, bodies = self._core.prepare(commands, futures)
         for sent, body in enumerate(bodies):
             if not self._send_now(body):
                 _fail(self._core.take(rids), f"not connected to {self._endpoint}", sent=sent > 0)
-                break
+                return rids, futures
+        self._deadlines.arm(loop, rids, timeout, commands[0].get("cmd"))
         return rids, futures
+
+    async def drained(self) -> None:
+        return None
 
     def _send_now(self, body: bytes) -> bool:
         """Send without blocking; False if there is no connection to queue on."""
@@ -314,4 +433,5 @@ class AsyncZmqTransport:
         self._dead = reason
         if not self._connected.done():
             self._connected.set_result(None)
+        self._deadlines.cancel()
         _fail(self._core.fail_all(), reason)

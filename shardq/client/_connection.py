@@ -24,7 +24,7 @@ from shardq.client._retry import RetryPolicy
 from shardq.client._sync_transport import SyncTransport, open_sync, wait_replies
 from shardq.client._url import DEFAULT_URL, Endpoint, parse_url
 
-__all__ = ["AsyncConnection", "Connection"]
+__all__ = ["AsyncConnection", "Connection", "Submitted"]
 
 Reply = dict[str, Any]
 Command = Mapping[str, Any]
@@ -223,6 +223,12 @@ class AsyncConnection(_Settings):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @property
+    def live(self) -> bool:
+        """True while a transport is open and usable (no reconnect needed for the next call)."""
+        transport = self._transport
+        return transport is not None and transport.alive and not self._closed
+
     async def connect(self) -> None:
         """Open the connection now. Raises what `Connection.connect` raises."""
         await self._ensure()
@@ -248,7 +254,11 @@ class AsyncConnection(_Settings):
         idempotent: bool = True,
         check: bool = True,
     ) -> list[Reply]:
-        """Pipeline `commands`; replies in order. Raises what `Connection.call` raises."""
+        """Pipeline `commands`; replies in order. Raises what `Connection.call` raises.
+
+        On a live connection the commands are written before this coroutine first yields, so
+        commands from one task leave in the order they were called.
+        """
         limit = (self.timeout if timeout is None else timeout) + wait
         attempt = 0
         while True:
@@ -260,6 +270,27 @@ class AsyncConnection(_Settings):
             await asyncio.sleep(self.retry.delay(attempt))
             attempt += 1
 
+    def submit(
+        self, commands: Sequence[Command], *, timeout: float | None = None
+    ) -> Submitted | None:
+        """Write `commands` now, on the live transport, and return a handle to await their
+        replies with; None when there is no live transport (use `call_many`, which connects).
+
+        No retries: the caller decides what a failure means.
+
+        Raises:
+            SerializationError: a command cannot be encoded (nothing was sent).
+        """
+        transport = self._transport
+        if transport is None or not transport.alive or self._closed:
+            return None
+        limit = self.timeout if timeout is None else timeout
+        try:
+            rids, futures = transport.submit(commands, limit)
+        except ConnectionLost:
+            return None
+        return Submitted(transport, rids, futures)
+
     async def close(self) -> None:
         """Close the connection; later calls raise `ClientClosed`. Idempotent."""
         self._closed = True
@@ -268,7 +299,9 @@ class AsyncConnection(_Settings):
             await transport.close()
 
     async def _attempt(self, commands: Sequence[Command], timeout: float) -> list[Reply]:
-        transport = await self._ensure()
+        transport = self._transport
+        if transport is None or not transport.alive or self._closed:
+            transport = await self._ensure()
         try:
             return await wait_replies_async(transport, commands, timeout)
         except ConnectionLost:
@@ -295,3 +328,33 @@ class AsyncConnection(_Settings):
             self._transport = transport
             self.generation += 1
             return transport
+
+
+class Submitted:
+    """Commands `AsyncConnection.submit` wrote; `await replies()` for their answers."""
+
+    __slots__ = ("_futures", "_rids", "_transport")
+
+    def __init__(
+        self, transport: AsyncTransport, rids: list[str], futures: list[asyncio.Future[Reply]]
+    ) -> None:
+        self._transport = transport
+        self._rids = rids
+        self._futures = futures
+
+    async def replies(self, *, check: bool = True) -> list[Reply]:
+        """The replies in order.
+
+        Raises:
+            ServerError: with `check`, the first `ok: false` reply.
+            CommandTimeout: some reply did not come in time.
+            ConnectionLost: the connection broke first (it is closed; the next call reconnects).
+        """
+        try:
+            replies = [await future for future in self._futures]
+        except ConnectionLost:
+            await self._transport.close()
+            raise
+        finally:
+            self._transport.forget(self._rids)
+        return _check_all(replies, check)

@@ -10,6 +10,8 @@ every waiting request fails with `ConnectionLost` and the owner opens a new one.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import socket
 import threading
 import time
@@ -30,6 +32,7 @@ __all__ = [
     "SyncTransport",
     "SyncZmqTransport",
     "configure_dealer",
+    "monitor_socket",
     "open_sync",
     "wait_replies",
 ]
@@ -210,7 +213,7 @@ class SyncZmqTransport:
         self._endpoint = endpoint
         self._sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         configure_dealer(self._sock)
-        self._monitor: zmq.Socket[bytes] = self._sock.get_monitor_socket(_MONITOR_EVENTS)
+        self._monitor: zmq.Socket[bytes] = monitor_socket(self._sock, _MONITOR_EVENTS)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -336,6 +339,20 @@ class SyncZmqTransport:
         self._wake_r.close()
         self._wake_w.close()
         _fail(waiting, reason)
+
+
+_monitor_ids = itertools.count()
+
+
+def monitor_socket(sock: zmq.Socket[Any], events: int) -> Any:
+    """`sock.get_monitor_socket(events)` on an address no other socket can hold.
+
+    pyzmq names the inproc endpoint after the socket's file descriptor; a descriptor is reused
+    as soon as a socket closes, while the context may not have unbound the old monitor yet, so
+    a new connection could fail with "Address already in use".
+    """
+    addr = f"inproc://shardq-monitor-{os.getpid()}-{next(_monitor_ids)}"
+    return sock.get_monitor_socket(events, addr=addr)
 
 
 def configure_dealer(sock: zmq.Socket[Any]) -> None:

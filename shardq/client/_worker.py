@@ -1,9 +1,10 @@
 """`Worker`: the blocking face of `AsyncWorker`.
 
-A worker is an event loop either way: it multiplexes a long-poll, ACKs and heartbeats on one
-connection while handlers run. `Worker` runs that loop in the calling thread (`run`,
+A worker is an event loop either way: it multiplexes pulls, batched ACKs and heartbeats on
+one connection while handlers run. `Worker` runs that loop in the calling thread (`run`,
 `run_until_idle`) or in a thread of its own (`start`), and `close()` may be called from any
-thread. Sync handlers run in the worker's thread pool, async handlers on its loop.
+thread. Sync handlers run in `concurrency` dedicated threads fed from the prefetch buffer,
+async handlers as `concurrency` tasks on the worker's loop.
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ __all__ = ["Worker"]
 class Worker:
     """Runs `handler(job)` for the jobs of `queue`, `concurrency` at a time.
 
-    Options are those of `WorkerConfig` (`ack_batch`, `lock_ttl_ms`, `close_grace`, ...).
+    Options are those of `WorkerConfig` (`prefetch`, `ack_batch`, `lock_ttl_ms`,
+    `close_grace`, ...). By default up to 64 jobs are leased ahead of the free handlers and
+    ACKs go out in batches (ACKB); `prefetch=0, ack_batch=False` pulls for free handlers only
+    and ACKs each job as its handler returns.
 
         with Worker("emails", send, concurrency=10, url="tcp://127.0.0.1:6789") as worker:
             worker.start()   # in a background thread; or worker.run() to block
             ...
-        # leaving the block closes it: stop pulling, finish, flush ACKs
+        # leaving the block closes it: stop pulling, give back the prefetched jobs, let the
+        # running handlers finish, flush ACKs
 
     A handler's return value is the job's result; an exception fails the job (retried by the
     server while attempts remain), `UnrecoverableError` sends it to the DLQ at once.
@@ -71,7 +76,7 @@ class Worker:
 
     @property
     def stats(self) -> WorkerStats:
-        """Jobs processed, failed, released and lost so far."""
+        """Jobs processed, failed, released, lost and expired so far."""
         return self._impl.stats
 
     def run(self) -> WorkerStats:
@@ -109,8 +114,9 @@ class Worker:
         return self
 
     def close(self, grace: float | None = None) -> WorkerStats:
-        """Stop pulling, let running handlers finish for `grace` seconds (default the
-        config's `close_grace`), release what is still held, flush ACKs and close.
+        """Stop pulling, give the prefetched jobs not started back to the queue at once, let
+        running handlers finish for `grace` seconds (default the config's `close_grace`),
+        release what is still held, flush ACKs, unregister and close.
 
         Idempotent. From a sync handler it returns after the grace (it waits for itself);
         from an async handler it starts the close and returns at once.

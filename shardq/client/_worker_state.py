@@ -1,13 +1,23 @@
-"""A worker's bookkeeping, sans-IO: slots, leases, the ACK buffer, and the commands they imply.
+"""A worker's bookkeeping, sans-IO: leases, the prefetch bound, the ACK buffer, and the
+commands they imply.
 
-The asyncio driver (`AsyncWorker`) owns the I/O and the clock; this object decides what to ask
-for and what to send:
+The asyncio driver (`AsyncWorker`) owns the I/O, the clock and the handlers; this object
+decides what to ask for and what to send:
 
-- a pull asks for exactly the free slots (no prefetch), with an owner and a lease TTL;
+- at most `concurrency + prefetch` jobs are *unfinished* (pulled, handler not returned yet);
+  a pull asks for the difference, and only once the buffer of jobs not started yet is down
+  to half of `prefetch`, so that pulls come in batches (with `prefetch` 0: the free slots);
 - every job pulled is *held* until its ACK or FAIL is answered, or it is released: held jobs
-  are what heartbeats renew and what a hard close gives back;
-- a slot frees when the handler returns, before its ACK is answered, so a slow ACK (or a
-  buffered one) never idles a handler.
+  are what heartbeats renew and what a close gives back;
+- a finished job's ACK may wait in the ACK buffer; the driver sends that buffer ahead of the
+  next pull on the same connection, so the server never has more than
+  `concurrency + prefetch` of this worker's jobs active;
+- a job waiting in the buffer is started only while its lease is surely still its own: the
+  request that granted or last renewed it left less than the lease TTL (minus a margin) ago,
+  and a lease never renewed must still be on the connection that pulled it (closing a TCP
+  connection gives back the jobs whose lease was never renewed, §1.8 of the reference).
+
+Time is an argument: the driver passes its monotonic clock, in seconds.
 """
 
 from __future__ import annotations
@@ -24,15 +34,25 @@ __all__ = ["Lease", "WorkerState", "WorkerStats"]
 
 MAX_PULL: Final = 1000  # PULLB's count limit (reference §3.3)
 DEFAULT_STACK_LINES: Final = 10  # bunqueue's stackTraceLimit default (§3.6)
+LEASE_MARGIN_S: Final = 0.5  # a waiting job starts this long before its lease could lapse
+# (a tenth of the TTL for leases shorter than 5 s)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Lease:
-    """A job this worker holds, with the token that fences its completion."""
+    """A job this worker holds, with the token that fences its completion.
+
+    `renewed` is when (driver clock) the request that granted or last renewed the lease was
+    sent: the server's lease runs at least until `renewed` + TTL.
+    """
 
     job: Job
     token: str | None
-    running: bool = True
+    renewed: float = 0.0
+    generation: int = 0
+    renewals: int = 0
+    started: bool = False
+    finished: bool = False
 
     def fenced(self, command: dict[str, Any]) -> dict[str, Any]:
         """`command` with this lease's token added (when the server gave one)."""
@@ -43,13 +63,16 @@ class Lease:
 
 @dataclass(frozen=True)
 class WorkerStats:
-    """What a worker did: jobs ACKed, FAILed, released at close, and completions the server
-    refused because the lease was gone (the job runs again elsewhere)."""
+    """What a worker did: jobs ACKed, FAILed, released (given back unfinished at close),
+    lost (completions the server refused because the lease was gone: the job runs again
+    elsewhere) and expired (prefetched jobs not started because their lease could have
+    lapsed while they waited: the server hands them out again)."""
 
     processed: int = 0
     failed: int = 0
     released: int = 0
     lost: int = 0
+    expired: int = 0
 
 
 @dataclass
@@ -58,38 +81,59 @@ class _Counters:
     failed: int = 0
     released: int = 0
     lost: int = 0
+    expired: int = 0
 
 
 @dataclass
 class WorkerState:
-    """Slots, held leases and buffered ACKs of one worker on one queue."""
+    """Leases, the pull bound and buffered ACKs of one worker on one queue."""
 
     queue: str
     owner: str
     concurrency: int
     lock_ttl_ms: int
     ack_batch_size: int = 100
+    prefetch: int = 0
     held: dict[str, Lease] = field(default_factory=dict)
-    running: int = 0
+    unfinished: int = 0
     acks: list[tuple[Lease, Any]] = field(default_factory=list)
     counters: _Counters = field(default_factory=_Counters)
 
     @property
-    def free(self) -> int:
-        """Handler slots not in use."""
-        return self.concurrency - self.running
+    def capacity(self) -> int:
+        """The most unfinished jobs this worker holds at once."""
+        return self.concurrency + self.prefetch
+
+    def __post_init__(self) -> None:
+        ttl = self.lock_ttl_ms / 1000
+        self.lease_window_s = ttl - min(LEASE_MARGIN_S, ttl / 10)
+        """How long after a lease was granted or renewed a waiting job may still start."""
 
     def stats(self) -> WorkerStats:
         c = self.counters
-        return WorkerStats(c.processed, c.failed, c.released, c.lost)
+        return WorkerStats(c.processed, c.failed, c.released, c.lost, c.expired)
 
     # -- pulling ---------------------------------------------------------------------------
 
-    def pull_command(self, timeout_ms: int) -> dict[str, Any] | None:
-        """PULLB for the free slots with a long-poll of `timeout_ms`; None with no free slot."""
-        count = min(self.free, MAX_PULL)
-        if count <= 0:
-            return None
+    def pull_count(self, waiting: int) -> int:
+        """How many jobs to pull now, with `waiting` of the unfinished jobs not started yet.
+
+        None while more than half of `prefetch` would still wait once the idle handlers took
+        theirs (nor with no room under the bound). Otherwise the room, but at most the idle
+        handlers' share plus half of `prefetch`: a pull then leaves room for the next one to
+        go out as soon as its jobs arrive, so a refill is always on its way while handlers
+        work (two pulls take turns, like double buffering).
+        """
+        room = self.capacity - self.unfinished
+        if room <= 0:
+            return 0
+        idle = max(0, self.concurrency - (self.unfinished - waiting))
+        if waiting - idle > self.prefetch // 2:
+            return 0
+        return min(room, self.concurrency + (self.prefetch + 1) // 2, MAX_PULL)
+
+    def pull_command(self, count: int, timeout_ms: int) -> dict[str, Any]:
+        """PULLB for `count` jobs with a long-poll of `timeout_ms`, an owner and a lease TTL."""
         return {
             "cmd": "PULLB",
             "queue": self.queue,
@@ -99,50 +143,71 @@ class WorkerState:
             "timeout": timeout_ms,
         }
 
-    def admit(self, reply: Mapping[str, Any]) -> list[Lease]:
-        """Hold the jobs of a PULLB reply (each takes a slot); tokens line up with jobs."""
+    def admit(self, reply: Mapping[str, Any], sent_at: float, generation: int) -> list[Lease]:
+        """Hold the jobs of a PULLB reply (sent at `sent_at` on connection `generation`);
+        tokens line up with jobs. Each counts as unfinished."""
         jobs = reply.get("jobs") or []
         tokens = reply.get("tokens") or []
         leases = []
+        held = self.held
         for i, raw in enumerate(jobs):
             token = tokens[i] if i < len(tokens) and isinstance(tokens[i], str) else None
-            lease = Lease(Job.from_wire(raw), token or None)
-            self.held[lease.job.id] = lease
+            lease = Lease(Job.from_wire(raw), token or None, sent_at, generation)
+            held[lease.job.id] = lease
             leases.append(lease)
-        self.running += len(leases)
+        self.unfinished += len(leases)
         return leases
 
-    def handler_done(self, lease: Lease) -> None:
-        """The handler returned or raised: its slot is free, the job is still held."""
-        if lease.running:
-            lease.running = False
-            self.running -= 1
+    def runnable(self, lease: Lease, now: float, generation: int) -> bool:
+        """True if the waiting job of `lease` may start at `now` (see the module docstring)."""
+        if now >= lease.renewed + self.lease_window_s:
+            return False
+        return lease.renewals > 0 or lease.generation == generation
+
+    def finish(self, lease: Lease) -> None:
+        """The handler returned or raised, or the job was given up before it started: it no
+        longer counts against the bound (it is still held until answered or released)."""
+        if not lease.finished:
+            lease.finished = True
+            self.unfinished -= 1
 
     def drop(self, lease: Lease) -> None:
         """The job is no longer held (answered, refused, or released)."""
-        self.handler_done(lease)
+        self.finish(lease)
         if self.held.get(lease.job.id) is lease:
             del self.held[lease.job.id]
 
     # -- heartbeats and release ------------------------------------------------------------
 
-    def heartbeat_command(self) -> dict[str, Any] | None:
-        """JobHeartbeatB renewing every held lease; None when nothing is held."""
-        leased = [lease for lease in self.held.values() if lease.token]
-        if not leased:
-            return None
-        return {
-            "cmd": "JobHeartbeatB",
-            "ids": [lease.job.id for lease in leased],
-            "tokens": [lease.token for lease in leased],
-        }
+    def renewal(self) -> tuple[list[Lease], list[dict[str, Any]]]:
+        """JobHeartbeatB commands renewing every held lease, and the waiting leases among them.
+
+        The waiting (not started) leases go first, in a command of their own: its reply's
+        count then says whether every one of them was renewed. No command when nothing is held.
+        """
+        waiting: list[Lease] = []
+        others: list[Lease] = []
+        for lease in self.held.values():
+            if lease.token:
+                (others if lease.started or lease.finished else waiting).append(lease)
+        return waiting, [_heartbeat_b(group) for group in (waiting, others) if group]
+
+    def renewed(self, leases: list[Lease], sent_at: float) -> None:
+        """These leases were renewed by a request sent at `sent_at`."""
+        for lease in leases:
+            lease.renewals += 1
+            lease.renewed = max(lease.renewed, sent_at)
+
+    def check_command(self, lease: Lease) -> dict[str, Any]:
+        """JobHeartbeat for one lease: renews it, or refuses if it is no longer this worker's."""
+        return lease.fenced({"cmd": "JobHeartbeat", "id": lease.job.id})
 
     def release_command(self, lease: Lease) -> dict[str, Any]:
         """MoveToWait: give the job back to the queue without charging an attempt."""
         return lease.fenced({"cmd": "MoveToWait", "id": lease.job.id})
 
     def unbuffered(self) -> list[Lease]:
-        """Held leases whose ACK is not waiting in the buffer (what a hard close releases)."""
+        """Held leases whose ACK is not waiting in the buffer (what a close releases)."""
         buffered = {id(lease) for lease, _ in self.acks}
         return [lease for lease in self.held.values() if id(lease) not in buffered]
 
@@ -165,12 +230,14 @@ class WorkerState:
             return None
         batch, self.acks = self.acks, []
         leases = [lease for lease, _ in batch]
-        command = {
+        command: dict[str, Any] = {
             "cmd": "ACKB",
             "ids": [lease.job.id for lease in leases],
             "tokens": [lease.token or "" for lease in leases],
-            "results": [result for _, result in batch],
         }
+        results = [result for _, result in batch]
+        if any(result is not None for result in results):
+            command["results"] = results
         return leases, command
 
     def fail_command(self, lease: Lease, error: BaseException) -> dict[str, Any]:
@@ -188,3 +255,43 @@ class WorkerState:
         if isinstance(error, UnrecoverableError):
             command["unrecoverable"] = True
         return lease.fenced(command)
+
+    # -- the server's worker registry ------------------------------------------------------
+
+    def register_command(
+        self, name: str, hostname: str, pid: int, started_at_ms: int
+    ) -> dict[str, Any]:
+        """RegisterWorker (an upsert by `workerId`, this worker's owner name), as
+        bunqueue-client sends it; `startedAt` in wall-clock milliseconds."""
+        return {
+            "cmd": "RegisterWorker",
+            "name": name,
+            "queues": [self.queue],
+            "concurrency": self.concurrency,
+            "workerId": self.owner,
+            "hostname": hostname,
+            "pid": pid,
+            "startedAt": started_at_ms,
+        }
+
+    def presence_command(self) -> dict[str, Any]:
+        """The worker `Heartbeat`: alive, with its counters (`ListWorkers` shows them)."""
+        c = self.counters
+        return {
+            "cmd": "Heartbeat",
+            "id": self.owner,
+            "activeJobs": self.unfinished,
+            "processed": c.processed,
+            "failed": c.failed,
+        }
+
+    def unregister_command(self) -> dict[str, Any]:
+        return {"cmd": "UnregisterWorker", "workerId": self.owner}
+
+
+def _heartbeat_b(leases: list[Lease]) -> dict[str, Any]:
+    return {
+        "cmd": "JobHeartbeatB",
+        "ids": [lease.job.id for lease in leases],
+        "tokens": [lease.token for lease in leases],
+    }

@@ -6,7 +6,9 @@ No server and no socket: these run the same for every transport.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -19,6 +21,7 @@ from shardq.client import (
     ConnectionLost,
     Framing,
     InternalServerError,
+    Job,
     JobOptions,
     LeaseLost,
     NotFound,
@@ -143,19 +146,20 @@ def test_job_options_wire_names() -> None:
 
 
 def test_worker_state_pulls_only_free_slots() -> None:
-    state = WorkerState("q", "me", concurrency=3, lock_ttl_ms=1000)
-    assert state.pull_command(500) == {
+    state = WorkerState("q", "me", concurrency=3, lock_ttl_ms=1000)  # prefetch 0
+    assert state.pull_count(0) == 3
+    assert state.pull_command(3, 500) == {
         "cmd": "PULLB", "queue": "q", "count": 3, "owner": "me", "lockTtl": 1000, "timeout": 500,
     }  # fmt: skip
-    leases = state.admit({"jobs": [{"id": "a"}, {"id": "b"}], "tokens": ["ta", "tb"]})
-    assert state.pull_command(500)["count"] == 1
-    state.handler_done(leases[0])
-    assert state.pull_command(500)["count"] == 2
-    assert state.heartbeat_command() == {
-        "cmd": "JobHeartbeatB",
-        "ids": ["a", "b"],
-        "tokens": ["ta", "tb"],
-    }
+    leases = state.admit({"jobs": [{"id": "a"}, {"id": "b"}], "tokens": ["ta", "tb"]}, 0.0, 1)
+    assert state.pull_count(0) == 1
+    state.finish(leases[0])
+    assert state.pull_count(0) == 2
+    leases[1].started = True
+    waiting, commands = state.renewal()
+    assert waiting == [] and commands == [
+        {"cmd": "JobHeartbeatB", "ids": ["a", "b"], "tokens": ["ta", "tb"]}
+    ]
     state.buffer_ack(leases[0], {"r": 1})
     assert [lease.job.id for lease in state.unbuffered()] == ["b"]
     taken = state.take_acks()
@@ -164,9 +168,90 @@ def test_worker_state_pulls_only_free_slots() -> None:
     assert list(state.held) == ["b"]
 
 
+def test_worker_state_prefetch_bound_and_refills() -> None:
+    state = WorkerState("q", "me", concurrency=2, lock_ttl_ms=1000, prefetch=8)
+    assert state.capacity == 10
+    # A pull brings the idle handlers' share plus half of prefetch ...
+    assert state.pull_count(0) == 6
+    first = state.admit(_jobs(6), 0.0, 1)
+    # ... so the next one can leave as soon as those arrive: 4 wait once 2 handlers start.
+    assert state.pull_count(6) == 4
+    second = state.admit(_jobs(4, start=6), 0.0, 1)
+    assert state.unfinished == 10 and state.pull_count(8) == 0, "the bound is reached"
+    for lease in first[:2]:
+        state.finish(lease)  # two handlers returned; 8 wait, 2 are about to start
+    assert state.pull_count(8) == 0, "more than half of prefetch would still wait: no pull"
+    for lease in first[2:6]:
+        state.finish(lease)
+    assert state.pull_count(4) == 6, "down to half: refill"
+    # An ACK waiting in the buffer does not hold a slot: it goes out ahead of the next pull.
+    state.buffer_ack(first[0], None)
+    assert state.pull_count(4) == 6
+    taken = state.take_acks()
+    assert taken is not None and "results" not in taken[1], "all-None results are not sent"
+    assert len(second) == 4
+
+
+def test_worker_state_without_prefetch_pulls_for_idle_handlers() -> None:
+    state = WorkerState("q", "me", concurrency=3, lock_ttl_ms=1000)
+    leases = state.admit(_jobs(3), 0.0, 1)
+    assert state.pull_count(0) == 0
+    state.finish(leases[0])
+    assert state.pull_count(0) == 1, "one handler is idle: pull one at once"
+
+
+def _jobs(n: int, start: int = 0) -> dict[str, list[Any]]:
+    ids = [str(i) for i in range(start, start + n)]
+    return {"jobs": [{"id": i} for i in ids], "tokens": [f"t{i}" for i in ids]}
+
+
+def test_worker_state_gate_for_waiting_jobs() -> None:
+    state = WorkerState("q", "me", concurrency=1, lock_ttl_ms=10_000, prefetch=4)
+    assert state.lease_window_s == 9.5  # the TTL less a margin of 0.5 s
+    (lease,) = state.admit({"jobs": [{"id": "a"}], "tokens": ["t"]}, 100.0, 1)
+    assert state.runnable(lease, 109.4, 1)
+    assert not state.runnable(lease, 109.5, 1), "its lease may lapse: never start it"
+    assert not state.runnable(lease, 101.0, 2), "never renewed, and its connection closed"
+    waiting, commands = state.renewal()
+    assert waiting == [lease] and commands[0]["ids"] == ["a"]
+    state.renewed([lease], 105.0)
+    assert state.runnable(lease, 114.0, 2), "renewed leases outlive their connection"
+    assert not state.runnable(lease, 114.5, 2)
+    short = WorkerState("q", "me", concurrency=1, lock_ttl_ms=400)
+    assert short.lease_window_s == pytest.approx(0.36)  # a tenth of a short TTL
+
+
+def test_worker_registry_commands() -> None:
+    state = WorkerState("q", "w-1", concurrency=4, lock_ttl_ms=1000)
+    assert state.register_command("nice", "host", 42, 1_700_000_000_000) == {
+        "cmd": "RegisterWorker", "name": "nice", "queues": ["q"], "concurrency": 4,
+        "workerId": "w-1", "hostname": "host", "pid": 42, "startedAt": 1_700_000_000_000,
+    }  # fmt: skip
+    assert state.presence_command() == {
+        "cmd": "Heartbeat", "id": "w-1", "activeJobs": 0, "processed": 0, "failed": 0,
+    }  # fmt: skip
+    assert state.unregister_command() == {"cmd": "UnregisterWorker", "workerId": "w-1"}
+
+
+def test_job_from_wire_sets_every_field() -> None:
+    raw = {"id": "a", "queue": "q", "name": "n", "data": [1], "attempts": 2.0, "maxAttempts": 3,
+           "priority": 5, "createdAt": 1.7e12, "startedAt": 10, "progress": 50,
+           "stacktrace": ["x"], "customId": "c"}  # fmt: skip
+    job = Job.from_wire(raw)
+    assert set(vars(job)) == {f.name for f in dataclasses.fields(Job)}
+    assert job == Job(
+        id="a", queue="q", name="n", data=[1], attempts=2, max_attempts=3, priority=5,
+        created_at=1_700_000_000_000, started_at=10, completed_at=None, progress=50, state=None,
+        result=None, failed_reason=None, stacktrace=["x"], custom_id="c", raw=raw,
+    )  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.id = "b"  # type: ignore[misc]
+    assert Job.from_wire({}).name == "default"
+
+
 def test_fail_command_carries_the_traceback_tail() -> None:
     state = WorkerState("q", "me", concurrency=1, lock_ttl_ms=1000)
-    (lease,) = state.admit({"jobs": [{"id": "a", "stackTraceLimit": 2}], "tokens": ["t"]})
+    (lease,) = state.admit({"jobs": [{"id": "a", "stackTraceLimit": 2}], "tokens": ["t"]}, 0, 1)
     try:
         raise UnrecoverableError("bad input")
     except UnrecoverableError as e:

@@ -33,10 +33,13 @@ class Gauge:
             self.now -= 1
 
 
+@pytest.mark.parametrize("prefetch", [0, 5])
 @pytest.mark.parametrize("handler_kind", ["sync_handler", "async_handler"])
-def test_concurrency_and_no_prefetch(clients: Clients, handler_kind: str) -> None:
+def test_concurrency_and_the_prefetch_bound(
+    clients: Clients, handler_kind: str, prefetch: int
+) -> None:
     queue = clients.queue()
-    ids = queue.add_bulk([("sq", i) for i in range(24)])
+    ids = queue.add_bulk([("sq", i) for i in range(36)])
     gauge = Gauge()
     active_seen: list[int] = []
 
@@ -53,16 +56,18 @@ def test_concurrency_and_no_prefetch(clients: Clients, handler_kind: str) -> Non
         return int(job.data) ** 2
 
     handler = sync_handler if handler_kind == "sync_handler" else async_handler
-    worker = clients.worker(queue.name, handler, concurrency=6).start()
-    while queue.counts().completed < 24:
+    worker = clients.worker(queue.name, handler, concurrency=6, prefetch=prefetch).start()
+    while queue.counts().completed < 36:
         active_seen.append(queue.counts().active)  # what the server has leased out
         time.sleep(0.01)
     stats = worker.close()
 
-    assert stats.processed == 24 and stats.failed == 0
+    assert stats.processed == 36 and stats.failed == 0 and stats.expired == 0
     assert gauge.peak == 6, "six handlers should run at once"
-    assert max(active_seen) <= 6, "the worker leased more jobs than it has slots"
-    assert sorted(gauge.calls) == sorted(ids)
+    assert max(active_seen) <= 6 + prefetch, "the worker leased more than concurrency + prefetch"
+    if prefetch:
+        assert max(active_seen) > 6, "jobs should be leased ahead of the free handlers"
+    assert sorted(gauge.calls) == sorted(ids), "every job ran exactly once"
     assert queue.get_job(ids[5]).result == 25
 
 
@@ -120,7 +125,9 @@ def test_heartbeats_keep_a_job_past_its_lock_ttl(clients: Clients) -> None:
 
     ttl = {"lock_ttl_ms": 400, "concurrency": 1}
     beating = clients.worker(kept.name, slow, **ttl).start()  # renews every ttl/3
-    silent = clients.worker(lapsed.name, slow, heartbeat_interval=30.0, **ttl).start()
+    # No prefetch for the control: a prefetching worker would pull the lapsed job back into
+    # its own buffer, so its late ACK (the point of the control) would meet a newer lease.
+    silent = clients.worker(lapsed.name, slow, heartbeat_interval=30.0, prefetch=0, **ttl).start()
     wait_until(lambda: kept.counts().completed == 1, 10, "the heartbeated job")
     wait_until(lambda: lapsed.counts().completed == 1, 10, "the control job")
     beating.close()
@@ -135,23 +142,32 @@ def test_heartbeats_keep_a_job_past_its_lock_ttl(clients: Clients) -> None:
 
 def test_ack_batching_is_flushed_on_close(clients: Clients) -> None:
     queue = clients.queue()
-    queue.add_bulk([("n", i) for i in range(30)])
-    done: list[Any] = []
+    queue.add_bulk([("n", i) for i in range(5)])
+    started: list[str] = []
+    go = threading.Event()
+
+    def handler(job: Job) -> Any:
+        started.append(job.id)
+        go.wait(10)
+        return job.data
+
     worker = clients.worker(
         queue.name,
-        lambda job: done.append(job.id) or job.data,
+        handler,
         concurrency=5,
-        ack_batch=True,
-        ack_batch_size=1000,  # never full,
-        ack_flush_interval=600.0,  # never due: only close() can send them
+        ack_batch_size=1000,  # never full
+        ack_flush_interval=600.0,  # never due: only close() can send them (no pull follows)
     ).start()
-    wait_until(lambda: len(done) == 30, 10, "every handler to run")
-    counts = queue.counts()
-    assert (counts.active, counts.completed) == (30, 0), "ACKs should wait in the buffer"
-
-    stats = worker.close()
-    assert stats.processed == 30
-    assert queue.counts().completed == 30
+    wait_until(lambda: len(started) == 5, 10, "every handler to start")
+    closing = threading.Thread(target=worker.close, kwargs={"grace": 10.0})
+    closing.start()
+    time.sleep(0.2)  # the close is waiting for the handlers: no pull will go out any more
+    go.set()
+    closing.join(15)
+    assert not closing.is_alive()
+    assert worker.stats.processed == 5
+    assert queue.counts().completed == 5
+    assert sorted(queue.get_job(i).result for i in started) == [0, 1, 2, 3, 4]
 
 
 def test_ack_batches_flush_by_size_and_time(clients: Clients) -> None:
@@ -168,15 +184,16 @@ def test_ack_batches_flush_by_size_and_time(clients: Clients) -> None:
 def test_graceful_close_finishes_running_jobs(clients: Clients) -> None:
     queue = clients.queue()
     queue.add_bulk([("n", i) for i in range(3)])
-    started = threading.Event()
+    started: list[str] = []
 
     def handler(job: Job) -> str:
-        started.set()
+        started.append(job.id)
         time.sleep(0.3)
         return "ok"
 
     worker = clients.worker(queue.name, handler, concurrency=3).start()
-    assert started.wait(5)
+    # All three running (a job still waiting for its handler would be given back at once).
+    wait_until(lambda: len(started) == 3, 5, "three handlers to start")
     stats = worker.close(grace=5.0)
     assert (stats.processed, stats.released) == (3, 0)
     assert queue.counts().completed == 3
@@ -199,5 +216,7 @@ def test_close_past_grace_releases_held_jobs(clients: Clients) -> None:
     finally:
         release.set()
     assert (stats.processed, stats.released) == (0, 1)
-    job = queue.get_job(job_id)
-    assert (job.state, job.attempts) == ("waiting", 0), "released, not charged an attempt"
+    # Over TCP the worker's last long-poll may still wait at the server (it cannot be called
+    # back) and take the released job; the connection's close, right after, gives it back.
+    wait_until(lambda: queue.get_state(job_id) == "waiting", 5, "the job back in the queue")
+    assert queue.get_job(job_id).attempts == 0, "released, not charged an attempt"
