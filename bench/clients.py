@@ -9,7 +9,8 @@ no-op handler runs until the server counts every job completed. Drains run the w
 defaults (prefetch buffer, batched ACKs) at concurrency 1, 10 and 50, with an async handler at
 10, and, for reference, with `prefetch=0, ack_batch=False` (pull for free handlers only, one
 ACK per job) at 50. Buffered pushes (no `durable`); each run's queue is obliterated after it.
-Client and server share the machine's cores.
+Client and server share the machine's cores. Besides jobs/s, each row gives the client
+process's CPU time per job (all its threads, `time.process_time`) over the timed part.
 """
 
 from __future__ import annotations
@@ -22,39 +23,59 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from bench._server import ShardqProcess
 from shardq.client import AsyncQueue, Job, Queue, Worker
 
-Scenario = Callable[[str, str, int], float]  # (url, queue, jobs) -> jobs/s
+
+@dataclass(frozen=True)
+class Sample:
+    rate: float  # jobs/s
+    cpu_us: float  # client CPU per job, microseconds
+
+
+class Clock:
+    """Wall-clock and process CPU time from its creation: the timed part of a run."""
+
+    def __init__(self) -> None:
+        self.wall = time.perf_counter()
+        self.cpu = time.process_time()
+
+    def sample(self, n: int) -> Sample:
+        wall, cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+        return Sample(n / wall, cpu / n * 1e6)
+
+
+Scenario = Callable[[str, str, int], Sample]  # (url, queue, jobs) -> one sample
 
 SINGLE_SHARE = 10  # single adds are slow: they run jobs // 10
 
 
-def add_sequential(url: str, queue: str, n: int) -> float:
+def add_sequential(url: str, queue: str, n: int) -> Sample:
     with Queue(queue, url=url) as q:
         q.counts()  # connect outside the timing
-        start = time.perf_counter()
+        clock = Clock()
         for i in range(n):
             q.add("bench", {"i": i})
-        return n / (time.perf_counter() - start)
+        return clock.sample(n)
 
 
-def add_sequential_async(url: str, queue: str, n: int) -> float:
-    async def run() -> float:
+def add_sequential_async(url: str, queue: str, n: int) -> Sample:
+    async def run() -> Sample:
         async with AsyncQueue(queue, url=url) as q:
             await q.counts()
-            start = time.perf_counter()
+            clock = Clock()
             for i in range(n):
                 await q.add("bench", {"i": i})
-            return n / (time.perf_counter() - start)
+            return clock.sample(n)
 
     return asyncio.run(run())
 
 
-def add_pipelined_async(url: str, queue: str, n: int) -> float:
-    async def run() -> float:
+def add_pipelined_async(url: str, queue: str, n: int) -> Sample:
+    async def run() -> Sample:
         async with AsyncQueue(queue, url=url) as q:
             await q.counts()
             window = asyncio.Semaphore(100)
@@ -63,19 +84,19 @@ def add_pipelined_async(url: str, queue: str, n: int) -> float:
                 async with window:
                     await q.add("bench", {"i": i})
 
-            start = time.perf_counter()
+            clock = Clock()
             await asyncio.gather(*(one(i) for i in range(n)))
-            return n / (time.perf_counter() - start)
+            return clock.sample(n)
 
     return asyncio.run(run())
 
 
-def add_bulk(url: str, queue: str, n: int) -> float:
+def add_bulk(url: str, queue: str, n: int) -> Sample:
     with Queue(queue, url=url) as q:
         q.counts()
-        start = time.perf_counter()
+        clock = Clock()
         q.add_bulk(("bench", {"i": i}) for i in range(n))
-        return n / (time.perf_counter() - start)
+        return clock.sample(n)
 
 
 def noop(job: Job) -> None:
@@ -87,18 +108,18 @@ async def async_noop(job: Job) -> None:
 
 
 def drain(concurrency: int, handler: Callable[[Job], Any] = noop, **options: Any) -> Scenario:
-    def run(url: str, queue: str, n: int) -> float:
+    def run(url: str, queue: str, n: int) -> Sample:
         with Queue(queue, url=url) as q:
             q.add_bulk(("bench", {"i": i}) for i in range(n))
             worker = Worker(queue, handler, url=url, concurrency=concurrency,
                             poll_timeout_ms=500, **options)  # fmt: skip
-            start = time.perf_counter()
+            clock = Clock()
             worker.start()
             while q.counts().completed < n:
                 time.sleep(0.02)
-            elapsed = time.perf_counter() - start
+            sample = clock.sample(n)
             worker.close()
-            return n / elapsed
+            return sample
 
     return run
 
@@ -124,17 +145,19 @@ def bench(server: ShardqProcess, transport: str, jobs: int, repeats: int) -> lis
     url = f"{transport}://127.0.0.1:{port}"
     rows: list[dict[str, Any]] = []
     for k, (name, (fn, share)) in enumerate(SCENARIOS.items()):
-        rates = []
+        rates, cpus = [], []
         for r in range(repeats):
             queue = f"c{k}-{transport}-{r}"
-            rates.append(fn(url, queue, jobs // share))
+            sample = fn(url, queue, jobs // share)
+            rates.append(sample.rate)
+            cpus.append(sample.cpu_us)
             with Queue(queue, url=url) as q:
                 # Completed jobs stay in the shard's memory (up to 50,000) and make its
                 # GC slower: start every run from an empty server, as the first one does.
                 q.obliterate()
         rows.append({"transport": transport, "scenario": name, "jobs": jobs // share,
                      "median": statistics.median(rates), "min": min(rates),
-                     "max": max(rates)})  # fmt: skip
+                     "max": max(rates), "client_cpu_us": statistics.median(cpus)})  # fmt: skip
         print_row(rows[-1])
     return rows
 
@@ -142,7 +165,7 @@ def bench(server: ShardqProcess, transport: str, jobs: int, repeats: int) -> lis
 def print_row(row: dict[str, Any]) -> None:
     print(
         f"| {row['transport']} | {row['scenario']} | {row['jobs']:,} | {row['median']:,.0f} | "
-        f"{row['min']:,.0f} | {row['max']:,.0f} |",
+        f"{row['min']:,.0f} | {row['max']:,.0f} | {row['client_cpu_us']:,.1f} |",
         flush=True,
     )
 
@@ -159,8 +182,8 @@ def main() -> None:
     print(f"# python {platform.python_version()}, {os.cpu_count()} CPUs, "
           f"shards={server.ready.get('shards', args.shards)}, jobs={args.jobs}, "
           f"repeats={args.repeats}")  # fmt: skip
-    print("| transport | scenario | jobs | median jobs/s | min | max |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| transport | scenario | jobs | median jobs/s | min | max | client CPU µs/job |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     try:
         rows = [row for t in args.transports for row in bench(server, t, args.jobs, args.repeats)]
     finally:

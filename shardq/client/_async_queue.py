@@ -66,7 +66,10 @@ class AsyncQueue:
 
     async def add(self, name: str, data: Any = None, options: Options = None) -> str:
         """Add one job; return its id. See `Queue.add`."""
-        return await self._run(ops.add(self.name, name, data, options))
+        # `ops.add` without its `Op`: the hot path of pipelined producers.
+        command, idempotent = ops.push(self.name, name, data, options)
+        reply = await self.connection.call(command, idempotent=idempotent)
+        return str(reply["id"])
 
     async def add_bulk(self, jobs: Iterable[BulkJob], *, chunk_size: int = 1000) -> list[str]:
         """Add jobs in pipelined PUSHB chunks; ids in order. See `Queue.add_bulk`."""

@@ -281,7 +281,7 @@ class AsyncWorker:
         self._state.finish(lease)
         self._wakeup.set()
         if outcome is Outcome.OK:
-            if inspect.isawaitable(value):  # a sync handler that returned a coroutine
+            if value is not None and inspect.isawaitable(value):  # a sync handler's coroutine
                 self._track(self._complete_awaitable(lease, value))
             else:
                 self._ack(lease, value)

@@ -17,14 +17,14 @@ decimal string counter, as bunqueue's own clients use.
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
 
 from shardq.client._errors import SerializationError, error_from_reply
-from shardq.errors import ProtocolError
-from shardq.protocol import MAX_FRAME_SIZE, FrameDecoder, encode
+from shardq.protocol import MAX_FRAME_SIZE, encode, frame_too_large
 
 __all__ = ["ClientCore", "Framing", "checked"]
 
@@ -32,6 +32,7 @@ W = TypeVar("W")
 Reply = dict[str, Any]
 
 _ENCODE_ERRORS: Final = (TypeError, ValueError, OverflowError)
+_HEADER: Final = struct.Struct(">I")
 
 
 class Framing(enum.Enum):
@@ -58,7 +59,7 @@ class ClientCore(Generic[W]):
     def __init__(self, framing: Framing, *, max_frame_size: int = MAX_FRAME_SIZE) -> None:
         self.framing = framing
         self.max_frame_size = max_frame_size
-        self._decoder = FrameDecoder(max_frame_size)
+        self._buf = bytearray()  # stream bytes of a frame not complete yet
         self._waiting: dict[str, W] = {}
         self._next = 0
         self.broken: str | None = None
@@ -86,6 +87,11 @@ class ClientCore(Generic[W]):
         """
         if len(commands) != len(waiters):
             raise ValueError("one waiter per command")
+        if len(commands) == 1:  # the common case, without the lists
+            rid = self._new_id()
+            body = self._encode({**commands[0], "reqId": rid})
+            self._waiting[rid] = waiters[0]
+            return [rid], [body]
         rids = [self._new_id() for _ in commands]
         bodies = [
             self._encode({**cmd, "reqId": rid}) for cmd, rid in zip(commands, rids, strict=True)
@@ -112,22 +118,42 @@ class ClientCore(Generic[W]):
         """Take bytes from the stream; return the (waiter, reply) pairs they completed.
 
         Sets `broken` when the peer sent an oversize frame; the adapter should then close.
+        (Replies are trusted more than the server trusts commands: a body is only unpacked,
+        and one that is not a map is counted in `unmatched`.)
         """
+        if self.broken is not None:
+            return []
+        buf = self._buf
+        buf += data
         matched: list[tuple[W, Reply]] = []
-        for frame in self._decoder.feed(data):
-            if isinstance(frame, ProtocolError):
-                if frame.fatal:
-                    self.broken = str(frame)
-                self.unmatched += 1
-                continue
-            pair = self._match(frame)
-            if pair is not None:
-                matched.append(pair)
+        pos, size_all, limit = 0, len(buf), self.max_frame_size
+        with memoryview(buf) as view:
+            while size_all - pos >= 4:
+                (size,) = _HEADER.unpack_from(buf, pos)
+                if size > limit:
+                    self.broken = frame_too_large(size, limit)
+                    self.unmatched += 1
+                    break
+                end = pos + 4 + size
+                if end > size_all:
+                    break
+                with view[pos + 4 : end] as body:
+                    pair = self._decode(body)
+                pos = end
+                if pair is not None:
+                    matched.append(pair)
+        if self.broken is not None:
+            self._buf = bytearray()
+        elif pos:
+            del buf[:pos]
         return matched
 
     def receive(self, body: bytes) -> tuple[W, Reply] | None:
         """Take one ZeroMQ message body; return its (waiter, reply), or None if it matches
         nothing (undecodable, no reqId, or a request that was given up on)."""
+        return self._decode(body)
+
+    def _decode(self, body: bytes | memoryview) -> tuple[W, Reply] | None:
         try:
             reply = msgpack.unpackb(body, raw=False)
         except (ValueError, TypeError):

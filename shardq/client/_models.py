@@ -13,6 +13,10 @@ from typing import Any
 __all__ = ["DlqEntry", "Job", "JobCounts", "JobOptions"]
 
 
+_new = object.__new__
+_setattr = object.__setattr__
+
+
 def _int(value: object, default: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return default
@@ -59,25 +63,33 @@ class Job:
         priority = raw.get("priority")
         progress = raw.get("progress")
         stack = raw.get("stacktrace")
-        return cls(
-            id=str(raw.get("id", "")),
-            queue=str(raw.get("queue", "")),
-            name=str(raw.get("name") or "default"),
-            data=raw.get("data"),
-            attempts=_int(raw.get("attempts")),
-            max_attempts=_int(raw.get("maxAttempts"), 1),
-            priority=priority if isinstance(priority, int | float) else 0,
-            created_at=_int(raw.get("createdAt")),
-            started_at=_opt_int(raw.get("startedAt")),
-            completed_at=_opt_int(raw.get("completedAt")),
-            progress=progress if isinstance(progress, int | float) else 0,
-            state=_opt_str(raw.get("state")),
-            result=raw.get("returnvalue"),
-            failed_reason=_opt_str(raw.get("failedReason")),
-            stacktrace=[str(s) for s in stack] if isinstance(stack, list) else None,
-            custom_id=_opt_str(raw.get("customId")),
-            raw=raw,
+        # A worker builds one Job per pulled job: fill the instance dict at once instead of
+        # the frozen __init__'s 17 object.__setattr__ calls (half the cost; same object).
+        job = _new(cls)
+        _setattr(
+            job,
+            "__dict__",
+            {
+                "id": str(raw.get("id", "")),
+                "queue": str(raw.get("queue", "")),
+                "name": str(raw.get("name") or "default"),
+                "data": raw.get("data"),
+                "attempts": _int(raw.get("attempts")),
+                "max_attempts": _int(raw.get("maxAttempts"), 1),
+                "priority": priority if isinstance(priority, int | float) else 0,
+                "created_at": _int(raw.get("createdAt")),
+                "started_at": _opt_int(raw.get("startedAt")),
+                "completed_at": _opt_int(raw.get("completedAt")),
+                "progress": progress if isinstance(progress, int | float) else 0,
+                "state": _opt_str(raw.get("state")),
+                "result": raw.get("returnvalue"),
+                "failed_reason": _opt_str(raw.get("failedReason")),
+                "stacktrace": [str(s) for s in stack] if isinstance(stack, list) else None,
+                "custom_id": _opt_str(raw.get("customId")),
+                "raw": raw,
+            },
         )
+        return job
 
 
 @dataclass(frozen=True)

@@ -80,11 +80,18 @@ def chunked(items: Iterable[T], size: int) -> Iterable[list[T]]:
 # -- producing ------------------------------------------------------------------------------
 
 
+def push(queue: str, name: str, data: Any, options: Options) -> tuple[dict[str, Any], bool]:
+    """The PUSH of one job, and whether it is idempotent (only with a custom id, `job_id`)."""
+    if options is None:
+        return {"cmd": "PUSH", "queue": queue, "name": name, "data": data}, False
+    wire = _wire_options(options, bulk=False)
+    return {"cmd": "PUSH", "queue": queue, "name": name, "data": data, **wire}, _has_custom_id(wire)
+
+
 def add(queue: str, name: str, data: Any, options: Options) -> Op[str]:
     """PUSH one job; the reply's id. Idempotent only with a custom id (`job_id`)."""
-    wire = _wire_options(options, bulk=False)
-    cmd = {"cmd": "PUSH", "queue": queue, "name": name, "data": data, **wire}
-    return Op([cmd], lambda replies: str(replies[0]["id"]), idempotent=_has_custom_id(wire))
+    cmd, idempotent = push(queue, name, data, options)
+    return Op([cmd], lambda replies: str(replies[0]["id"]), idempotent=idempotent)
 
 
 def add_bulk(queue: str, jobs: Sequence[BulkJob]) -> Op[list[str]]:

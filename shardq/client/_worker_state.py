@@ -104,11 +104,10 @@ class WorkerState:
         """The most unfinished jobs this worker holds at once."""
         return self.concurrency + self.prefetch
 
-    @property
-    def lease_window_s(self) -> float:
-        """How long after a lease was granted or renewed a waiting job may still start."""
+    def __post_init__(self) -> None:
         ttl = self.lock_ttl_ms / 1000
-        return ttl - min(LEASE_MARGIN_S, ttl / 10)
+        self.lease_window_s = ttl - min(LEASE_MARGIN_S, ttl / 10)
+        """How long after a lease was granted or renewed a waiting job may still start."""
 
     def stats(self) -> WorkerStats:
         c = self.counters

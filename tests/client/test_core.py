@@ -6,6 +6,7 @@ No server and no socket: these run the same for every transport.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from shardq.client import (
     ConnectionLost,
     Framing,
     InternalServerError,
+    Job,
     JobOptions,
     LeaseLost,
     NotFound,
@@ -229,6 +231,22 @@ def test_worker_registry_commands() -> None:
         "cmd": "Heartbeat", "id": "w-1", "activeJobs": 0, "processed": 0, "failed": 0,
     }  # fmt: skip
     assert state.unregister_command() == {"cmd": "UnregisterWorker", "workerId": "w-1"}
+
+
+def test_job_from_wire_sets_every_field() -> None:
+    raw = {"id": "a", "queue": "q", "name": "n", "data": [1], "attempts": 2.0, "maxAttempts": 3,
+           "priority": 5, "createdAt": 1.7e12, "startedAt": 10, "progress": 50,
+           "stacktrace": ["x"], "customId": "c"}  # fmt: skip
+    job = Job.from_wire(raw)
+    assert set(vars(job)) == {f.name for f in dataclasses.fields(Job)}
+    assert job == Job(
+        id="a", queue="q", name="n", data=[1], attempts=2, max_attempts=3, priority=5,
+        created_at=1_700_000_000_000, started_at=10, completed_at=None, progress=50, state=None,
+        result=None, failed_reason=None, stacktrace=["x"], custom_id="c", raw=raw,
+    )  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.id = "b"  # type: ignore[misc]
+    assert Job.from_wire({}).name == "default"
 
 
 def test_fail_command_carries_the_traceback_tail() -> None:

@@ -17,6 +17,7 @@ from shardq.client import (
     AsyncWorker,
     AuthenticationFailed,
     CommandTimeout,
+    Connection,
     ConnectionLost,
     JobOptions,
     Queue,
@@ -101,10 +102,18 @@ def test_reconnect_after_kill9_and_restart(
     second = queue.add_bulk([("n", i, fast_retry) for i in range(40, 80)])  # reconnects
 
     counts = queue.wait_until_finished(timeout=30)
+    # The restarted server knows nothing of the worker: it registered again on reconnecting.
+    owner = getattr(worker, "async_worker", worker).config.owner
+    wait_until(lambda: owner in list_workers(clients.url), 10, "the worker to register again")
     worker.close()
     assert counts.completed == 80 and counts.failed == 0
     assert set(first + second) <= done
     assert queue.connection.generation == 2, "one reconnect, then the same connection"
+
+
+def list_workers(url: str) -> set[str]:
+    with Connection(url, timeout=5.0) as conn:
+        return {w["id"] for w in conn.call({"cmd": "ListWorkers"})["data"]["workers"]}
 
 
 def test_auth_token_is_sent_on_every_connect(
