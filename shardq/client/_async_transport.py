@@ -28,7 +28,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._sync_transport import configure_dealer, monitor_socket
+from shardq.client._sync_transport import close_monitored, configure_dealer, monitor_socket
 from shardq.client._url import Endpoint
 
 __all__ = [
@@ -385,8 +385,7 @@ class AsyncZmqTransport:
         for task in others:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
-        self._monitor.close(linger=0)
-        self._sock.close(linger=0)
+        close_monitored(self._sock, self._monitor)
 
     async def _read_loop(self) -> None:
         try:

@@ -31,7 +31,9 @@ __all__ = [
     "SyncTcpTransport",
     "SyncTransport",
     "SyncZmqTransport",
+    "close_monitored",
     "configure_dealer",
+    "detach_monitor",
     "monitor_socket",
     "open_sync",
     "wait_replies",
@@ -334,8 +336,7 @@ class SyncZmqTransport:
             reason = self._dead or "the connection closed"
             waiting = self._core.fail_all()
             self._outbox.clear()
-        self._monitor.close(linger=0)
-        self._sock.close(linger=0)
+        close_monitored(self._sock, self._monitor)
         self._wake_r.close()
         self._wake_w.close()
         _fail(waiting, reason)
@@ -353,6 +354,25 @@ def monitor_socket(sock: zmq.Socket[Any], events: int) -> Any:
     """
     addr = f"inproc://shardq-monitor-{os.getpid()}-{next(_monitor_ids)}"
     return sock.get_monitor_socket(events, addr=addr)
+
+
+def close_monitored(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
+    """Close a socket and its monitor: the monitor is detached first (`detach_monitor`)."""
+    detach_monitor(sock, monitor)
+    sock.close(linger=0)
+
+
+def detach_monitor(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
+    """Stop `sock` reporting events, then close the `monitor` socket that read them.
+
+    libzmq's I/O thread writes monitor events with a blocking send. If the monitor's reading
+    end were closed while the socket still reports (a reconnect attempt to a dead server, a
+    disconnect), that thread would block for good, and with it every socket of the context:
+    later connections would never handshake.
+    """
+    with contextlib.suppress(zmq.ZMQError):
+        sock.disable_monitor()
+    monitor.close(linger=0)
 
 
 def configure_dealer(sock: zmq.Socket[Any]) -> None:
