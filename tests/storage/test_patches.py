@@ -18,18 +18,10 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from storage_records import Rec, job
 
 from shardq.core import Engine, EngineConfig, Mutation, fold_mutations
 from shardq.storage import MutationEncoder, StorageError, Store, _schema
-
-Rec = dict[str, Any]
-
-
-def job(job_id: str, queue: str = "qa", state: str = "waiting", seq: int = 1, **extra: Any) -> Rec:
-    rec: Rec = {"id": job_id, "queue": queue, "state": state, "seq": seq}
-    rec.update(priority=0, runAt=1_700_000_000_000, attempts=0, data={"n": seq}, tags=["t"])
-    rec.update(extra)
-    return rec
 
 
 def wire(value: Any) -> Any:

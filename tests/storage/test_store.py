@@ -15,18 +15,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from storage_records import Rec, job
 
 from shardq.errors import ShardqError
 from shardq.storage import StorageError, StorageFull, Store, _schema
-
-Rec = dict[str, Any]
-
-
-def job(job_id: str, queue: str = "qa", state: str = "waiting", seq: int = 1, **extra: Any) -> Rec:
-    rec: Rec = {"id": job_id, "queue": queue, "state": state, "seq": seq}
-    rec.update(priority=0, runAt=1_700_000_000_000, attempts=0, data={"n": seq}, tags=["t"])
-    rec.update(extra)
-    return rec
 
 
 class Model:
@@ -351,7 +343,6 @@ def test_a_failed_batch_leaves_no_trace_in_the_record_cache(store: Store) -> Non
     assert stored is not None
     assert stored["state"] == "waiting" and stored["attempts"] == 0
     assert stored["progress"] == 50
-
 
 
 @pytest.fixture
