@@ -1,17 +1,21 @@
 """Blocking transports: one TCP or ZeroMQ connection, safe to share between threads.
 
-Each is a thin adapter around a `ClientCore`. A background thread owns the reading (TCP) or
-the whole socket (ZeroMQ, whose sockets are not thread-safe); callers get one
-`concurrent.futures.Future` per command and wait with a deadline, so many requests from many
-threads are in flight on one connection. A transport lives for one connection: once it breaks,
-every waiting request fails with `ConnectionLost` and the owner opens a new one.
+Each is a thin adapter around a `ClientCore`. Over TCP the threads waiting for replies take
+turns reading the socket, so a lone caller reads its own reply with no second thread woken;
+over ZeroMQ, whose sockets are not thread-safe, a background thread owns the socket. Callers
+get one `concurrent.futures.Future` per command and wait with a deadline, so many requests
+from many threads are in flight on one connection. A transport lives for one connection:
+once it breaks, every waiting request fails with `ConnectionLost` and the owner opens a new
+one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
+import select
 import socket
 import threading
 import time
@@ -66,6 +70,10 @@ class SyncTransport(Protocol):
         """
         ...
 
+    def wait(self, futures: Futures, deadline: float) -> None:
+        """Return once every future is done. Raises `TimeoutError` at `deadline` (monotonic)."""
+        ...
+
     def forget(self, rids: Sequence[str]) -> None: ...
 
     def close(self) -> None: ...
@@ -93,9 +101,9 @@ def wait_replies(
         SerializationError: a command cannot be encoded.
     """
     rids, futures = transport.request(commands)
-    deadline = time.monotonic() + timeout
     try:
-        return [f.result(max(0.0, deadline - time.monotonic())) for f in futures]
+        transport.wait(futures, time.monotonic() + timeout)
+        return [f.result() for f in futures]
     except TimeoutError:
         transport.forget(rids)
         name = commands[0].get("cmd") if commands else None
@@ -115,7 +123,13 @@ def _resolve(matched: Sequence[tuple[Future[Reply], Reply]]) -> None:
 
 
 class SyncTcpTransport:
-    """One TCP connection with a reader thread; writes happen in the calling thread."""
+    """One TCP connection, read by the threads that wait on it: no reader thread.
+
+    A thread waiting for replies becomes the reader if nobody reads (the leader); it resolves
+    every reply that arrives, its own and other threads', until its own are in, then hands
+    the reading over to a waiting thread. One caller at a time thus reads its reply itself,
+    with no wake-up of a second thread per request. Writes happen in the calling thread.
+    """
 
     releases_on_close = True
 
@@ -126,21 +140,28 @@ class SyncTcpTransport:
             raise ConnectionLost(f"cannot connect to {endpoint}: {e}", sent=False) from e
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A send that cannot progress for this long (a peer that stopped reading) breaks the
-        # connection instead of blocking a caller forever; the reader just reads on.
+        # connection instead of blocking a caller forever. Reads wait in `poll` instead.
         sock.settimeout(max(connect_timeout, 1.0))
         self._sock = sock
+        self._poller = select.poll()
+        self._poller.register(sock, select.POLLIN)
         self._endpoint = endpoint
         self._core: ClientCore[Future[Reply]] = ClientCore(Framing.STREAM)
         self._core_lock = threading.Lock()  # short sections only; never held during I/O
         self._send_lock = threading.Lock()  # keeps the frames of concurrent writers whole
+        self._turn = threading.Condition()  # guards `_reading` and `_followers`
+        self._reading = False
+        self._followers = 0  # threads waiting on `_turn` for their replies
         self._dead: str | None = None
-        self._reader = threading.Thread(
-            target=self._read_loop, name=f"shardq-tcp-{endpoint.port}", daemon=True
-        )
-        self._reader.start()
 
     @property
     def alive(self) -> bool:
+        """False once the connection broke; a server that closed it is noticed here, too."""
+        if self._dead is None and self._lead():
+            try:
+                self._read(0.0)  # takes a close (or late replies) waiting in the socket
+            finally:
+                self._step_down()
         return self._dead is None
 
     def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
@@ -156,6 +177,20 @@ class SyncTcpTransport:
             self._die(f"connection to {self._endpoint} lost while sending: {e}")
         return rids, futures
 
+    def wait(self, futures: Futures, deadline: float) -> None:
+        for future in futures:
+            while not future.done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                if self._lead():
+                    try:
+                        self._read_until(future, deadline)
+                    finally:
+                        self._step_down()
+                else:
+                    self._follow(future, left)
+
     def forget(self, rids: Sequence[str]) -> None:
         with self._core_lock:
             self._core.forget(rids)
@@ -163,27 +198,62 @@ class SyncTcpTransport:
     def close(self) -> None:
         """Close the connection; requests still waiting fail with `ConnectionLost`."""
         self._die("the connection was closed by the client")
-        if self._reader is not threading.current_thread():
-            self._reader.join(_JOIN_S)
 
-    def _read_loop(self) -> None:
-        while self._dead is None:
-            try:
-                data = self._sock.recv(_RECV_BYTES)
-            except TimeoutError:
-                continue
-            except OSError as e:
-                self._die(f"connection to {self._endpoint} lost: {e}")
+    def _lead(self) -> bool:
+        with self._turn:
+            if self._reading:
+                return False
+            self._reading = True
+            return True
+
+    def _follow(self, future: Future[Reply], timeout: float) -> None:
+        """Wait while another thread reads, until it resolves `future` or steps down."""
+        with self._turn:
+            if self._reading and not future.done():
+                self._followers += 1
+                try:
+                    self._turn.wait(timeout)
+                finally:
+                    self._followers -= 1
+
+    def _step_down(self) -> None:
+        with self._turn:
+            self._reading = False
+            if self._followers:
+                self._turn.notify_all()  # one takes over the reading; all check their replies
+
+    def _wake_followers(self) -> None:
+        with self._turn:
+            if self._followers:
+                self._turn.notify_all()
+
+    def _read_until(self, future: Future[Reply], deadline: float) -> None:
+        while not future.done() and self._dead is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return
-            if not data:
-                self._die(f"the server at {self._endpoint} closed the connection")
+            self._read(left)
+
+    def _read(self, timeout: float) -> None:
+        """Wait up to `timeout` s for data; resolve the replies it completes."""
+        try:
+            if not self._poller.poll(math.ceil(timeout * 1000)):
                 return
-            with self._core_lock:
-                matched = self._core.feed(data)
-                broken = self._core.broken
+            data = self._sock.recv(_RECV_BYTES)
+        except OSError as e:
+            self._die(f"connection to {self._endpoint} lost: {e}")
+            return
+        if not data:
+            self._die(f"the server at {self._endpoint} closed the connection")
+            return
+        with self._core_lock:
+            matched = self._core.feed(data)
+            broken = self._core.broken
+        if matched:
             _resolve(matched)
-            if broken is not None:
-                self._die(f"the server at {self._endpoint} sent a bad frame: {broken}")
+            self._wake_followers()
+        if broken is not None:
+            self._die(f"the server at {self._endpoint} sent a bad frame: {broken}")
 
     def _die(self, reason: str) -> None:
         with self._core_lock:
@@ -195,6 +265,7 @@ class SyncTcpTransport:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         _fail(waiting, reason)
+        self._wake_followers()
 
 
 class SyncZmqTransport:
@@ -247,6 +318,11 @@ class SyncZmqTransport:
             self._outbox.append((rids, bodies))
         self._wake()
         return rids, futures
+
+    def wait(self, futures: Futures, deadline: float) -> None:
+        # The I/O thread resolves the futures; this thread only waits.
+        for future in futures:
+            future.result(max(0.0, deadline - time.monotonic()))
 
     def forget(self, rids: Sequence[str]) -> None:
         with self._lock:

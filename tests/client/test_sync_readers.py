@@ -1,0 +1,126 @@
+"""The blocking TCP transport has no reader thread: the threads that wait read for each other.
+
+Whoever waits and finds nobody reading becomes the reader, resolves every reply that comes
+(its own and other threads'), and hands over when its own are in. These tests share one
+connection between many threads and check that every reply reaches its caller, in bounded
+time, including when callers give up (timeouts) or the server goes away.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from shardq_harness import ShardqServer
+
+from shardq.client import CommandTimeout, Connection, ConnectionLost, Queue
+
+THREADS = 8
+CALLS = 150
+
+
+def tcp_url(server: ShardqServer) -> str:
+    host, port = server.tcp_address
+    return f"tcp://{host}:{port}"
+
+
+def test_threads_sharing_a_connection_each_get_their_own_replies(server: ShardqServer) -> None:
+    with Queue(f"sr-{time.monotonic_ns()}", url=tcp_url(server)) as queue:
+
+        def work(t: int) -> list[tuple[int, int]]:
+            seen = []
+            for i in range(CALLS):
+                job_id = queue.add("n", {"t": t, "i": i})
+                job = queue.get_job(job_id)
+                assert job is not None
+                seen.append((job.data["t"], job.data["i"]))
+            return seen
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            results = list(pool.map(work, range(THREADS), timeout=120))
+        for t, seen in enumerate(results):
+            assert seen == [(t, i) for i in range(CALLS)]
+        assert queue.counts().waiting == THREADS * CALLS
+        assert queue.connection.generation == 1, "one connection all along"
+
+
+def test_a_caller_that_gives_up_does_not_stall_the_others(server: ShardqServer) -> None:
+    """A long-poll that times out client-side must hand the reading over to the rest."""
+    name = f"sr-{time.monotonic_ns()}"
+    with Connection(tcp_url(server), timeout=5.0) as conn, Queue(name, connection=conn) as queue:
+        stop = threading.Event()
+
+        def long_poll() -> None:
+            while not stop.is_set():
+                with pytest.raises(CommandTimeout):
+                    # the server holds the pull 2 s; the client gives up after 0.2 s
+                    conn.call({"cmd": "PULL", "queue": name + "-empty", "timeout": 2000},
+                              timeout=0.2)  # fmt: skip
+
+        poller = threading.Thread(target=long_poll)
+        poller.start()
+        try:
+            started = time.monotonic()
+            for i in range(200):
+                queue.add("n", {"i": i})
+            assert queue.counts().waiting == 200
+            assert time.monotonic() - started < 20
+        finally:
+            stop.set()
+            poller.join(10)
+        assert not poller.is_alive()
+
+
+def test_waiting_threads_fail_at_once_when_the_server_goes_away(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    server = shardq_server(shards=1)
+    name = f"sr-{time.monotonic_ns()}"
+    with Connection(tcp_url(server), timeout=30.0) as conn:
+        conn.call({"cmd": "Ping"})
+        errors: list[BaseException] = []
+
+        def wait_for_a_job() -> None:
+            try:
+                conn.call({"cmd": "PULL", "queue": name, "timeout": 10000}, timeout=30.0)
+            except BaseException as e:
+                errors.append(e)
+
+        waiters = [threading.Thread(target=wait_for_a_job) for _ in range(4)]
+        for w in waiters:
+            w.start()
+        time.sleep(0.3)  # all four are waiting: one reads, three follow
+        started = time.monotonic()
+        server.kill9_tree()
+        for w in waiters:
+            w.join(15)
+        assert not any(w.is_alive() for w in waiters)
+        assert time.monotonic() - started < 10, "the waiters noticed the loss, not a timeout"
+        assert len(errors) == 4 and all(isinstance(e, ConnectionLost) for e in errors), errors
+
+
+def test_a_reader_that_leaves_hands_the_reading_over(server: ShardqServer) -> None:
+    """A's wait ends (its own timeout) while B's reply is still to come: B must read it."""
+    name = f"sr-{time.monotonic_ns()}"
+    with Connection(tcp_url(server), timeout=10.0) as conn, Queue(name, url=tcp_url(server)) as q:
+        conn.call({"cmd": "Ping"})
+
+        def a_gives_up() -> None:
+            with pytest.raises(CommandTimeout):
+                conn.call({"cmd": "PULL", "queue": name + "-empty", "timeout": 2000}, timeout=0.3)
+
+        a = threading.Thread(target=a_gives_up)
+        a.start()
+        time.sleep(0.1)  # A reads now; B will wait for A
+        pusher = threading.Timer(0.8, lambda: q.add("late", {"n": 1}))
+        pusher.start()
+        started = time.monotonic()
+        reply = conn.call({"cmd": "PULL", "queue": name, "timeout": 5000}, timeout=10.0)
+        elapsed = time.monotonic() - started
+        a.join(5)
+        pusher.join(5)
+        assert reply["job"]["name"] == "late"
+        assert elapsed < 3.0, f"B waited {elapsed:.1f} s: nobody read its reply after A left"
