@@ -138,13 +138,13 @@ def _v2_patch(db: Database) -> None:
 
 
 def _v3_narrow_indexes(db: Database) -> None:
-    # No query of the server reads `state` or `(queue, state, seq)`: recovery pages through
-    # `seq`, everything else finds a row by `id`. Yet every change of a job's state rewrote an
-    # entry in both: bench.writer's push->pull->ack went from 23.6 to 19.0 us per job without
-    # them (18.3 without the `queue` index below, whose entry a put adds). The one query that
-    # needs a job's queue, obliterate's `DELETE ... WHERE queue = ?`, keeps an index on `queue`
-    # alone: a job's queue never changes, so only a put or a delete touches that one, and an
-    # obliterate reads its own queue's rows rather than the whole table, which on a large
+    # No query of the server reads `state`, and only obliterate's `DELETE ... WHERE queue = ?`
+    # read `(queue, state, seq)`, for its first column: recovery pages through `seq` and
+    # everything else finds a row by `id`. Yet every change of a job's state rewrote an entry
+    # in both: bench.writer's push->pull->ack went from 23.6 to 19.0 us per job without them
+    # (18.3 without the `queue` index below, whose entry a put adds). Obliterate keeps an index
+    # on `queue` alone: a job's queue never changes, so only a put or a delete touches it, and
+    # an obliterate reads its own queue's rows rather than the whole table, which on a large
     # database would hold up every commit (and durable push) behind it.
     db.execute("DROP INDEX IF EXISTS idx_jobs_state")
     db.execute("DROP INDEX IF EXISTS idx_jobs_queue_state_seq")
