@@ -1,13 +1,16 @@
 """The writer's CPU cost per job, without sockets or other processes.
 
-    python -m bench.writer [--jobs 20000] [--repeats 5] [--json PATH]
+    python -m bench.writer [--jobs 20000] [--repeats 5] [--flush-max N] [--json PATH]
 
 Builds the workloads of bench.server with a real `Engine` (PUSHB of 100; push->pull->ack as
 PUSHB 100, then PULLB 100 + ACKB) and turns each command's mutations into the `muts` message a
 shard sends. Then it times, in CPU seconds of this process, what the writer does with them:
 unpack each message, buffer it with the writer's flush policy (`FlushBuffer`, flushing at
-`flush_max_mutations`) and commit with `Store.apply` to a SQLite file in a temporary
-directory (WAL, synchronous NORMAL). The shard's part (encoding the batch) is timed apart.
+`--flush-max` mutations, by default the server's `flush_max_mutations`) and commit with
+`Store.apply` to a SQLite file in a temporary directory (WAL, synchronous NORMAL). The shard's
+part (encoding the batch) is timed apart. There is no clock here: the real writer also flushes
+after `flush_interval_ms`, so with a count above what arrives in that interval (about 600
+mutations at 20k push->pull->ack jobs/s) this batches more than the server does.
 
 CPU time, unlike the jobs/s of bench.server, barely moves when other work shares the machine,
 so this is the figure to compare two versions of the writer with.
@@ -28,6 +31,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core import Engine, Mutation
+from shardq.runtime._config import ServerConfig
 from shardq.runtime._flush import FlushBuffer
 from shardq.storage import Store
 
@@ -42,7 +46,7 @@ except ImportError:  # pragma: no cover
 
 
 T0 = 1_700_000_000_000
-FLUSH_MAX = 100  # the default flush_max_mutations
+FLUSH_MAX = ServerConfig().flush_max_mutations
 
 
 def _pushes(engine: Engine, n: int, now: int) -> list[list[Mutation]]:
@@ -91,10 +95,10 @@ def encode(turns: list[list[Mutation]]) -> tuple[list[bytes], float]:
     return frames, time.process_time() - start
 
 
-def write(frames: list[bytes]) -> float:
+def write(frames: list[bytes], flush_max: int = FLUSH_MAX) -> float:
     """The writer's part: unpack, buffer, commit. Returns the CPU seconds."""
     with tempfile.TemporaryDirectory() as tmp, Store.open(Path(tmp) / "w.db") as store:
-        buffer = FlushBuffer(0.010, FLUSH_MAX)
+        buffer = FlushBuffer(0.010, flush_max)
         start = time.process_time()
         for frame in frames:
             msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
@@ -108,7 +112,7 @@ def write(frames: list[bytes]) -> float:
         return time.process_time() - start
 
 
-def bench_writer(jobs: int, repeats: int) -> list[dict[str, Any]]:
+def bench_writer(jobs: int, repeats: int, flush_max: int = FLUSH_MAX) -> list[dict[str, Any]]:
     rows = []
     for name, build in SCENARIOS.items():
         turns = build(jobs)
@@ -120,7 +124,7 @@ def bench_writer(jobs: int, repeats: int) -> list[dict[str, Any]]:
         # the writes would walk them and bill the writer for the shard's memory.
         del turns
         gc.collect()
-        writer_s = [write(frames) for _ in range(repeats)]
+        writer_s = [write(frames, flush_max) for _ in range(repeats)]
         writer_us = statistics.median(writer_s) / jobs * 1e6
         row = {
             "scenario": name,
@@ -144,13 +148,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--flush-max", type=int, default=FLUSH_MAX, help="flush_max_mutations")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
-    print(f"# jobs={args.jobs}, repeats={args.repeats}, CPU time of one process")
+    print(f"# jobs={args.jobs}, repeats={args.repeats}, flush at {args.flush_max} mutations,"
+          " CPU time of one process")  # fmt: skip
     print("| scenario | writer µs/job (median) | min | jobs per writer CPU-second "
           "| shard encode µs/job | frame bytes/job |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|")
-    rows = bench_writer(args.jobs, args.repeats)
+    rows = bench_writer(args.jobs, args.repeats, args.flush_max)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(rows, indent=2))
 

@@ -23,7 +23,7 @@ class ChildSpec:
     log_format: str = "json"  # "json" | "console"
     log_level: str = "info"
     flush_interval_ms: int = 10
-    flush_max_mutations: int = 100
+    flush_max_mutations: int = 500  # ServerConfig's default (see there)
     synchronous: str = "normal"
     shutdown_timeout_ms: int = 30_000
     max_frame_bytes: int = 64 * 1024 * 1024

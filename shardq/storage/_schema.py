@@ -137,10 +137,24 @@ def _v2_patch(db: Database) -> None:
     db.table("meta").insert({"key": "patch_encoding", "value": value})
 
 
+def _v3_narrow_indexes(db: Database) -> None:
+    # No query of the server reads `state`, and only obliterate's `DELETE ... WHERE queue = ?`
+    # read `(queue, state, seq)`, for its first column: recovery pages through `seq` and
+    # everything else finds a row by `id`. Yet every change of a job's state rewrote an entry
+    # in both: bench.writer's push->pull->ack went from 23.6 to 19.0 us per job without them
+    # (18.3 without the `queue` index below, whose entry a put adds). Obliterate keeps an index
+    # on `queue` alone: a job's queue never changes, so only a put or a delete touches it, and
+    # an obliterate reads its own queue's rows rather than the whole table, which on a large
+    # database would hold up every commit (and durable push) behind it.
+    db.execute("DROP INDEX IF EXISTS idx_jobs_state")
+    db.execute("DROP INDEX IF EXISTS idx_jobs_queue_state_seq")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_jobs_queue ON jobs (queue)")
+
+
 Migration = Callable[[Database], None]
 
 # Append only. The database's schema version is the number of migrations applied to it.
-MIGRATIONS: list[Migration] = [_v1_initial, _v2_patch]
+MIGRATIONS: list[Migration] = [_v1_initial, _v2_patch, _v3_narrow_indexes]
 
 
 def migrate(conn: sqlite3.Connection, db: Database) -> int:

@@ -29,7 +29,7 @@ def test_defaults() -> None:
     assert c.data_path == "./data/shardq.db"
     assert c.shards == "auto" and c.shard_count == (os.cpu_count() or 1)
     assert c.auth_tokens == ()
-    assert (c.shutdown_timeout_ms, c.flush_interval_ms, c.flush_max_mutations) == (30000, 10, 100)
+    assert (c.shutdown_timeout_ms, c.flush_interval_ms, c.flush_max_mutations) == (30000, 10, 500)
     assert (c.synchronous, c.log_format, c.log_level) == ("normal", "json", "info")
     assert c.max_restarts_per_minute == 5
     assert c.max_frame_bytes == 64 * 1024 * 1024
@@ -195,6 +195,7 @@ def test_shards_auto_and_number() -> None:
         ("log_format", "xml"),
         ("log_level", "loud"),
         ("flush_max_mutations", "0"),
+        ("flush_max_mutations", "100001"),
         ("host", " "),
         ("data_path", ""),
         ("max_frame_bytes", str(2**32)),

@@ -23,6 +23,7 @@ from shardq_harness import poll_until
 from structlog.testing import capture_logs
 
 from shardq.core import Mutation
+from shardq.runtime._config import ServerConfig
 from shardq.runtime._flush import FULL_REASON, FlushBuffer
 from shardq.runtime._link_writer import WriterLink
 from shardq.runtime._signals import SignalWaker
@@ -339,6 +340,37 @@ def test_flushes_after_the_interval(writer_process: Callable[..., WriterProcess]
     assert w.conf(1) == {"t": "done", "seq": 1}
     assert time.monotonic() - sent >= 0.03  # not before the interval: it batches
     assert stored_ids(Path(w.spec.data_path)) == ["j1"]
+
+
+def _barrier(w: WriterProcess, shard: int) -> None:
+    """Return once the writer has read everything `shard` sent before (a malformed message
+    is logged as it is read, and one socket's messages are read in order)."""
+    w.send({"t": "bogus", "shard": shard, "seq": 10_000})
+    poll_until(lambda: "dropped a malformed message" in w.log_text(), WAIT_S, "the barrier")
+
+
+def test_the_default_count_starts_a_flush_early_and_a_durable_batch_at_once(
+    writer_process: Callable[..., WriterProcess],
+) -> None:
+    # An interval that never ends: only the count (ServerConfig's default) or a durable batch
+    # can start a flush.
+    count = ServerConfig().flush_max_mutations
+    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=count)
+    w.ready()
+    puts = [put(n) for n in range(1, count + 1)]
+    fifth = count // 5
+    for seq in range(1, 5):  # four fifths: short of the count
+        w.send({"t": "muts", "shard": 0, "seq": seq, "muts": puts[(seq - 1) * fifth : seq * fifth]})
+    _barrier(w, 0)
+    assert w.confirmations(0) == [] and stored_ids(Path(w.spec.data_path)) == []
+    w.send({"t": "muts", "shard": 0, "seq": 5, "muts": puts[4 * fifth :]})
+    assert w.conf(0) == {"t": "done", "seq": 5}
+    assert len(stored_ids(Path(w.spec.data_path))) == count
+    # Below the count again: a durable batch is committed at once, with what waits before it.
+    w.send({"t": "muts", "shard": 0, "seq": 6, "muts": [put(count + 1)]})
+    w.send({"t": "muts", "shard": 0, "seq": 7, "muts": [put(count + 2)], "durable": True})
+    assert w.conf(0) == {"t": "done", "seq": 7}
+    assert len(stored_ids(Path(w.spec.data_path))) == count + 2
 
 
 def test_sync_when_idle_and_after_pending_batches(

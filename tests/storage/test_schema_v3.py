@@ -1,0 +1,146 @@
+"""Schema version 3: only the indexes some query of the server reads.
+
+Version 3 drops `state` and `(queue, state, seq)` and adds `(queue)`. These tests migrate a
+version 2 database written by the store itself (rows with patches, queue configs) and open a
+fresh one; and they pin, with EXPLAIN QUERY PLAN, that every statement the store runs still
+finds its rows through an index, so dropping an index can never quietly turn a read into a
+scan of the whole table.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardq.core import Engine
+from shardq.storage import MutationEncoder, Store, _schema, _store, _write
+
+Rec = dict[str, Any]
+V3_INDEXES = (("queue",), ("seq",))
+V2_INDEXES = (("queue", "state", "seq"), ("seq",), ("state",))
+
+
+def _open_at_version(path: Path, version: int, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """A store whose database was migrated only up to `version`, as older code left it."""
+    with monkeypatch.context() as m:
+        m.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[:version])
+        return Store.open(path)
+
+
+def _engine_batches() -> list[list[Any]]:
+    """Real engine traffic over two queues: pushes, a pull, acks, a failure, a config."""
+    engine, now = Engine(seed=7), 1_700_000_000_000
+    batches = []
+    for queue in ("qa", "qb"):
+        jobs = [{"data": {"i": i}} for i in range(30)]
+        batches.append(engine.apply({"cmd": "PUSHB", "queue": queue, "jobs": jobs}, now)[1])
+        pull = {"cmd": "PULLB", "queue": queue, "count": 20, "owner": "w"}
+        reply, muts = engine.apply(pull, now + 1)
+        batches.append(muts)
+        ids, tokens = [j["id"] for j in reply["jobs"]], reply["tokens"]
+        ack = {"cmd": "ACKB", "ids": ids[:15], "tokens": tokens[:15]}
+        batches.append(engine.apply(ack, now + 2)[1])
+        fail = {"cmd": "FAIL", "id": ids[15], "token": tokens[15], "error": "boom"}
+        batches.append(engine.apply(fail, now + 3)[1])
+    batches.append(engine.apply({"cmd": "Pause", "queue": "qb"}, now + 4)[1])
+    return [b for b in batches if b]
+
+
+def _written_by_v2(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Rec], dict[str, Rec]]:
+    encode = MutationEncoder().encode
+    with _open_at_version(path, 2, monkeypatch) as v2:
+        assert v2.describe().indexes["jobs"] == V2_INDEXES
+        for batch in _engine_batches():
+            v2.apply(encode(batch))
+        jobs, queues = list(v2.load_jobs()), v2.load_queues()
+    assert len(jobs) == 60 and any(rec["state"] == "completed" for rec in jobs)
+    assert queues  # the paused queue's config
+    return jobs, queues
+
+
+def test_a_fresh_database_has_only_the_queue_and_seq_indexes(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "new.db") as store:
+        info = store.describe()
+        assert info.version == store.schema_version == 3
+        assert info.migrations == (1, 2, 3)
+        assert info.indexes["jobs"] == V3_INDEXES
+
+
+def test_a_version_2_database_with_jobs_migrates_and_recovers_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "v2.db"
+    jobs, queues = _written_by_v2(path, monkeypatch)
+    with Store.open(path) as store:
+        info = store.describe()
+        assert (info.version, info.migrations) == (3, (1, 2, 3))
+        assert info.indexes["jobs"] == V3_INDEXES
+        assert list(store.load_jobs(page_size=7)) == jobs  # same records, same seq order
+        assert store.load_queues() == queues
+        counts: dict[str, int] = {}
+        for rec in jobs:
+            if rec["queue"] == "qa":
+                counts[rec["state"]] = counts.get(rec["state"], 0) + 1
+        assert store.count_by_state("qa") == counts
+        # The migrated rows take updates and an obliterate like new ones.
+        first = jobs[0]["id"]
+        store.apply([("upd", first, {"state": "failed", "attempts": 9})])
+        store.apply([("qdel", "qb")])
+        assert store.get_job(first) == {**jobs[0], "state": "failed", "attempts": 9}
+    with Store.open(path) as again:
+        assert again.describe() == info  # reopening migrates nothing more
+        left = list(again.load_jobs())
+        assert {rec["queue"] for rec in left} == {"qa"} and len(left) == 30
+
+
+def test_the_migration_runs_once_and_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "v2.db"
+    _written_by_v2(path, monkeypatch)
+    for _ in range(2):
+        with Store.open(path):
+            pass
+    with sqlite3.connect(path) as conn:
+        versions = [v for (v,) in conn.execute("SELECT version FROM migrations ORDER BY 1")]
+    assert versions == [1, 2, 3]
+
+
+# -- every statement the store runs reads through an index ---------------------------------------
+
+_STATEMENTS: dict[str, tuple[str, tuple[Any, ...], str]] = {
+    # name: (sql, parameters, the index its plan must use)
+    "recovery, first page": (_store._FIRST_PAGE, (10,), "idx_jobs_seq"),
+    "recovery, next page": (_store._NEXT_PAGE, (1, 1, 10), "idx_jobs_seq"),
+    "highest seq": ("SELECT max(seq) FROM jobs", (), "idx_jobs_seq"),
+    "obliterate": (_write._DELETE_QUEUE_JOBS, ("q",), "idx_jobs_queue"),
+    "count by state": (
+        "SELECT state, count(*) FROM jobs WHERE queue = ? GROUP BY state",
+        ("q",),
+        "idx_jobs_queue",
+    ),
+    "delete a job": (_write._DELETE_JOB, ("j",), "sqlite_autoindex_jobs_1"),
+    "fold": (_write._FOLDED, (b"", "j"), "sqlite_autoindex_jobs_1"),
+    "update": (_write._update_sql(("state",)), ("s", b"", "j"), "sqlite_autoindex_jobs_1"),
+    "row summary": (
+        "SELECT id, queue, length(rec), length(patch) FROM jobs WHERE id IN (?, ?)",
+        ("a", "b"),
+        "sqlite_autoindex_jobs_1",
+    ),
+    "one job": ("SELECT rec, patch FROM jobs WHERE id = ?", ("j",), "sqlite_autoindex_jobs_1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_STATEMENTS))
+def test_every_job_read_uses_an_index(tmp_path: Path, name: str) -> None:
+    sql, params, index = _STATEMENTS[name]
+    with Store.open(tmp_path / "plan.db"):
+        pass
+    with sqlite3.connect(tmp_path / "plan.db") as conn:
+        plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+    assert any(f"INDEX {index}" in step for step in plan), plan
+    # A plain `SCAN jobs` (no index) reads the whole table.
+    assert not any(step.startswith("SCAN jobs") and "INDEX" not in step for step in plan), plan
