@@ -67,10 +67,19 @@ class MutationEncoder:
                         append(("updb", key, *last_enc))
                         continue
             elif kind == "put" and len(m) == 2:
-                row = _row_of(m[1])
-                if row is not None:
-                    append((*row, pack(m[1])))
-                    continue
+                rec = m[1]
+                if type(rec) is dict:
+                    key = rec.get("rowKey") or rec.get("id")
+                    queue, state, seq = rec.get("queue"), rec.get("state"), rec.get("seq")
+                    if (
+                        type(key) is str
+                        and type(queue) is str
+                        and type(state) is str
+                        and type(seq) is int
+                    ):
+                        priority, run_at = rec.get("priority"), rec.get("runAt")
+                        append(("putb", key, queue, state, priority, run_at, seq, pack(rec)))
+                        continue
             append(m)
         return out
 
@@ -83,17 +92,6 @@ def _encode_changes(changes: object, pack: Any) -> tuple[bytes, dict[str, Any]] 
     if columns is None:
         return None
     return pack(changes), columns
-
-
-def _row_of(rec: object) -> tuple[str, str, str, str, Any, Any, int] | None:
-    """("putb", row key, queue, state, priority, run_at, seq) of a well-formed record."""
-    if type(rec) is not dict:
-        return None
-    key = rec.get("rowKey") or rec.get("id")
-    queue, state, seq = rec.get("queue"), rec.get("state"), rec.get("seq")
-    if type(key) is str and type(queue) is str and type(state) is str and type(seq) is int:
-        return "putb", key, queue, state, rec.get("priority"), rec.get("runAt"), seq
-    return None
 
 
 def _columns_of(changes: dict[str, Any]) -> dict[str, Any] | None:
