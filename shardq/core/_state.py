@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 from shardq.errors import CommandError
@@ -61,6 +61,11 @@ class Lease:
         self.renewals = 0
 
 
+def wire_maps(jobs: list[Job]) -> list[dict[str, Any]]:
+    """The jobs' wire maps, as PULLB answers them by default."""
+    return [job.to_wire() for job in jobs]
+
+
 class EngineState:
     """All in-memory state of one shard's queues."""
 
@@ -96,6 +101,9 @@ class EngineState:
         self.next_dlq_check = 0
         self.out: list[Mutation] = []
         self.events: list[tuple[str, str, str]] = []
+        self.wire_jobs: Callable[[list[Job]], object] = wire_maps
+        """How PULLB puts its jobs in the reply: their wire maps (`Job.to_wire`) unless the
+        host swaps in an encoder (the shard process does: `shardq.runtime._shard_wire`)."""
 
     # -- lookups ---------------------------------------------------------------------------
 
