@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardq.core import Engine
+from shardq.core._job import WIRE_HOT_KEYS
 from shardq.runtime._shard_wire import FrontPacker, PackedJobs
 from shardq.runtime._wire import pack
 
@@ -97,3 +98,11 @@ def test_packed_jobs_never_go_out_another_way() -> None:
         packer.pack({"t": "rep", "items": [["t1", 1, reply]], "extra": 1})  # not a plain rep
     with pytest.raises(TypeError):
         pack(reply)
+
+
+def test_the_hot_pairs_are_the_hot_keys_in_order() -> None:
+    engine = Engine(seed=1)
+    (job_id,) = engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": 1}]}, T0)[0]["ids"]
+    job = engine.find(job_id)
+    assert job is not None
+    assert tuple(job.wire_hot()[::2]) == WIRE_HOT_KEYS
