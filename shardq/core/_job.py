@@ -25,6 +25,7 @@ __all__ = [
     "Job",
     "Timeline",
     "backoff_delay",
+    "wire_maps",
 ]
 
 DEFAULT_MAX_ATTEMPTS: Final = 3
@@ -392,6 +393,11 @@ class Job:
     def ready_state(self, now: int) -> str:
         """Where a queued job belongs at `now`: waiting once its run time has come."""
         return DELAYED if self.run_at > now else WAITING
+
+
+def wire_maps(jobs: list[Job]) -> list[dict[str, Any]]:
+    """The jobs' wire maps (`Job.to_wire`), as PULLB answers them by default."""
+    return [job.to_wire() for job in jobs]
 
 
 def timeline_view(timeline: Iterable[tuple[str, int, int | None]]) -> list[dict[str, Any]]:

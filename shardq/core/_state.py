@@ -17,7 +17,7 @@ from shardq.errors import CommandError
 
 from ._config import EngineConfig
 from ._ids import IdFactory
-from ._job import TIMELINE_MAX, Job, Timeline
+from ._job import TIMELINE_MAX, Job, Timeline, wire_maps
 from ._lifecycle import (
     ACTIVE,
     COMPLETED,
@@ -59,11 +59,6 @@ class Lease:
         self.ttl = ttl
         self.expires_at = now + ttl
         self.renewals = 0
-
-
-def wire_maps(jobs: list[Job]) -> list[dict[str, Any]]:
-    """The jobs' wire maps, as PULLB answers them by default."""
-    return [job.to_wire() for job in jobs]
 
 
 class EngineState:
