@@ -2,10 +2,11 @@
 
 A PULLB of 100 answers 100 wire maps of 46 keys each, and building them (`Job.to_wire`) and
 packing them cost more than the rest of the pull. Most of each map is the same for every job
-without options (`WIRE_TEMPLATE`): `JobPacker`, the shard engine's `wire_jobs` hook, packs that
-part once and each job's `Job.wire_hot` pairs after it, and `pack_front` splices the results
-into the `rep` frame. The bytes are exactly those of packing the wire maps (tested), so the
-front end and the clients see no difference; a job with options is packed from `to_wire`.
+without options (`WIRE_TEMPLATE`): `FrontPacker.wire_jobs`, the shard engine's `wire_jobs`
+hook, packs that part once and each job's `Job.wire_hot` pairs after it, and
+`FrontPacker.pack` splices the results into the `rep` frame. The bytes are exactly those of
+packing the wire maps (tested), so the front end and the clients see no difference; a job
+with options is packed from `to_wire`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _HOT_PAIRS: Final = 2 * len(WIRE_HOT_KEYS)
 
 
 class PackedJobs:
-    """PULLB's jobs, each already one msgpack map. Only `pack_front` can send them: any
+    """PULLB's jobs, each already one msgpack map. Only `FrontPacker.pack` can send them: any
     other packer refuses this type (`TypeError`) instead of sending something else."""
 
     __slots__ = ("items",)
