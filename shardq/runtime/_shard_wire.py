@@ -1,6 +1,6 @@
 """The shard's reply batches, with PULLB's jobs packed straight from the engine's `Job`s.
 
-A PULLB of 100 answers 100 wire maps of 46 keys each, and building them (`Job.to_wire`) and
+A PULLB of 100 answers 100 wire maps of 44 keys each, and building them (`Job.to_wire`) and
 packing them cost more than the rest of the pull. Most of each map is the same for every job
 without options (`WIRE_TEMPLATE`): `FrontPacker.wire_jobs`, the shard engine's `wire_jobs`
 hook, packs that part once and each job's `Job.wire_hot` pairs after it, and
