@@ -17,7 +17,16 @@ from ._lifecycle import DELAYED, WAITING
 from ._mutations import ROW_KEY_SEP
 from ._options import as_int, is_number
 
-__all__ = ["DEFAULT_MAX_BACKOFF_MS", "TIMELINE_MAX", "Job", "Timeline", "backoff_delay"]
+__all__ = [
+    "DEFAULT_MAX_BACKOFF_MS",
+    "TIMELINE_MAX",
+    "WIRE_HOT_KEYS",
+    "WIRE_TEMPLATE",
+    "Job",
+    "Timeline",
+    "backoff_delay",
+    "wire_maps",
+]
 
 DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_BACKOFF_MS: Final = 1000
@@ -99,8 +108,11 @@ _NOT_OPTIONS: Final = frozenset((*_HOT, *_ENGINE, "returnvalue", "hasResult", "r
 # Every key of a wire map, resp. of a record, of a job without options, in order: copying one
 # and filling it in is cheaper than building the map key by key.
 _WIRE_TEMPLATE: Final[dict[str, Any]] = {**_WIRE_DEFAULTS, **dict.fromkeys(_HOT)}
+WIRE_TEMPLATE: Final[Mapping[str, Any]] = MappingProxyType(_WIRE_TEMPLATE)
+"""The keys of every wire map in order, with the values of a job without options; the ones
+in `WIRE_HOT_KEYS` (at the end) vary per job."""
+WIRE_HOT_KEYS: Final = _HOT
 _RECORD_TEMPLATE: Final[dict[str, Any]] = dict.fromkeys((*_HOT, *_ENGINE, "hasResult"))
-
 
 
 class Job:
@@ -269,6 +281,32 @@ class Job:
         wire["timeline"] = timeline_view(self.timeline)
         return wire
 
+    def wire_hot(self) -> list[Any]:
+        """What `to_wire` sets for a job without options, beyond `WIRE_TEMPLATE`'s values: a
+        flat [key, value, ...] list, in the template's order (`WIRE_HOT_KEYS`). An encoder
+        can pack the rest of a wire map once for every such job."""
+        return [
+            "id", self.id,
+            "queue", self.queue,
+            "name", self.name,
+            "data", self.data,
+            "priority", self.priority,
+            "createdAt", self.created_at,
+            "runAt", self.run_at,
+            "startedAt", self.started_at,
+            "completedAt", self.completed_at,
+            "attempts", self.attempts,
+            "maxAttempts", self.max_attempts,
+            "progress", self.progress,
+            "progressMessage", self.progress_message,
+            "stacktrace", self.stacktrace,
+            "lastHeartbeat", self.last_heartbeat,
+            "stallCount", self.stall_count,
+            "childrenCompleted", self.children_completed,
+            "lifo", self.lifo,
+            "timeline", timeline_view(self.timeline),
+        ]  # fmt: skip
+
     def _put_hot(self, out: dict[str, Any]) -> None:
         """Store the hot fields into `out`, in `_HOT` order."""
         out["id"] = self.id
@@ -355,6 +393,11 @@ class Job:
     def ready_state(self, now: int) -> str:
         """Where a queued job belongs at `now`: waiting once its run time has come."""
         return DELAYED if self.run_at > now else WAITING
+
+
+def wire_maps(jobs: list[Job]) -> list[dict[str, Any]]:
+    """The jobs' wire maps (`Job.to_wire`), as PULLB answers them by default."""
+    return [job.to_wire() for job in jobs]
 
 
 def timeline_view(timeline: Iterable[tuple[str, int, int | None]]) -> list[dict[str, Any]]:

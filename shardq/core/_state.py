@@ -10,14 +10,14 @@ from __future__ import annotations
 import heapq
 import random
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 from shardq.errors import CommandError
 
 from ._config import EngineConfig
 from ._ids import IdFactory
-from ._job import TIMELINE_MAX, Job, Timeline
+from ._job import TIMELINE_MAX, Job, Timeline, wire_maps
 from ._lifecycle import (
     ACTIVE,
     COMPLETED,
@@ -96,6 +96,9 @@ class EngineState:
         self.next_dlq_check = 0
         self.out: list[Mutation] = []
         self.events: list[tuple[str, str, str]] = []
+        self.wire_jobs: Callable[[list[Job]], object] = wire_maps
+        """How PULLB puts its jobs in the reply: their wire maps (`Job.to_wire`) unless the
+        host swaps in an encoder (the shard process does: `shardq.runtime._shard_wire`)."""
 
     # -- lookups ---------------------------------------------------------------------------
 

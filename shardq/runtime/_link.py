@@ -21,6 +21,7 @@ import os
 import select
 import socket
 import struct
+import threading
 from typing import Final
 
 import structlog
@@ -65,26 +66,35 @@ class FrameSplitter:
     def __init__(self) -> None:
         self._buf = bytearray()
 
-    def feed(self, chunk: bytes) -> list[bytes]:
-        """Add `chunk`; return every payload now complete.
+    def feed(self, chunk: bytes | memoryview) -> list[bytes]:
+        """Add `chunk`; return every payload now complete. `chunk` is not kept: it may be a
+        view of a buffer the caller reuses.
 
         Raises `ValueError` if a header announces more than `MAX_FRAME_BYTES`: the stream is
         corrupt and the link must be dropped.
         """
         buf = self._buf
-        buf += chunk
+        # With nothing buffered (the usual case: a read ends on a frame boundary), frames
+        # are cut straight out of `chunk`, one copy each; only a partial tail is buffered.
+        data: bytes | bytearray | memoryview = chunk
+        if buf:
+            buf += chunk
+            data = buf
         out: list[bytes] = []
         start = 0
-        end = len(buf)
-        while end - start >= 4:
-            (size,) = _HEADER.unpack_from(buf, start)
-            if size > MAX_FRAME_BYTES:
-                raise ValueError(f"internal frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
-            if end - start - 4 < size:
-                break
-            out.append(bytes(buf[start + 4 : start + 4 + size]))
-            start += 4 + size
-        if start:
+        end = len(data)
+        with memoryview(data) as view:
+            while end - start >= 4:
+                (size,) = _HEADER.unpack_from(view, start)
+                if size > MAX_FRAME_BYTES:
+                    raise ValueError(f"internal frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
+                if end - start - 4 < size:
+                    break
+                out.append(bytes(view[start + 4 : start + 4 + size]))
+                start += 4 + size
+            if data is not buf and start < end:
+                buf += view[start:]
+        if data is buf and start:
             del buf[:start]
         return out
 
@@ -168,23 +178,36 @@ class FrontLink:
             self._splitter = FrameSplitter()
 
 
+class _ReadBuffer(threading.local):
+    """One receive buffer per thread, reused by every read: `sock.recv(1 MiB)` allocates (and
+    the kernel maps and zeroes) a fresh megabyte per call, about 12 µs on the 2-core machine
+    even for a 100-byte frame, against 2 µs for `recv_into` an already touched buffer."""
+
+    def __init__(self) -> None:
+        self.view = memoryview(bytearray(_READ_SIZE))
+
+
+_read_buffer = _ReadBuffer()
+
+
 def read_frames(sock: socket.socket, splitter: FrameSplitter) -> tuple[list[bytes], str | None]:
     """Read what a non-blocking `sock` has; (whole payloads, why the link is lost or None)."""
     payloads: list[bytes] = []
+    view = _read_buffer.view
     while True:
         try:
-            chunk = sock.recv(_READ_SIZE)
+            n = sock.recv_into(view)
         except BlockingIOError:
             return payloads, None
         except OSError as e:
             return payloads, f"read failed: {e}"
-        if not chunk:
+        if not n:
             return payloads, "the peer closed the link"
         try:
-            payloads.extend(splitter.feed(chunk))
+            payloads.extend(splitter.feed(view[:n]))
         except ValueError as e:
             return payloads, str(e)
-        if len(chunk) < _READ_SIZE:
+        if n < _READ_SIZE:
             return payloads, None
 
 
@@ -194,15 +217,21 @@ def write_frame(sock: socket.socket, data: bytes, *, block: bool) -> bool:
     With `block`, waits while the socket is full. Without it, returns False if nothing could
     be written at once; a frame once started is always finished, so the stream stays whole.
     """
-    view = memoryview(frame(data))
-    started = False
+    # Header and payload go out in one call without being joined first (a reply or a
+    # mutation batch is tens of kilobytes); only a partial write falls back to a copy.
+    try:
+        sent = sock.sendmsg((_HEADER.pack(len(data)), data))
+    except BlockingIOError:
+        if not block:
+            return False
+        sent = 0
+    if sent == len(data) + 4:
+        return True
+    view = memoryview(frame(data))[sent:]
     while view:
         try:
             view = view[sock.send(view) :]
-            started = True
         except BlockingIOError:
-            if not (block or started):
-                return False
             poller = select.poll()
             poller.register(sock, select.POLLOUT)
             poller.poll()

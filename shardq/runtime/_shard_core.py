@@ -70,9 +70,12 @@ def _is_durable(name: object, cmd: Mapping[str, Any]) -> bool:
         return bool(cmd.get("durable"))
     if name == "PUSHB":
         jobs = cmd.get("jobs")
-        return isinstance(jobs, list) and any(
-            isinstance(e, Mapping) and bool(e.get("durable")) for e in jobs
-        )
+        if not isinstance(jobs, list):
+            return False
+        for e in jobs:
+            # Entries are plain dicts off the wire; the ABC check is only the fallback.
+            if (type(e) is dict or isinstance(e, Mapping)) and e.get("durable"):
+                return True
     return False
 
 

@@ -31,6 +31,7 @@ from shardq.runtime._link_writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime._logging import configure
 from shardq.runtime._routing import shard_of
 from shardq.runtime._shard_core import Outgoing, ShardCore
+from shardq.runtime._shard_wire import FrontPacker
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._wire import pack, unpack
@@ -48,7 +49,12 @@ class ShardProcess:
     def __init__(self, spec: ChildSpec) -> None:
         self.spec = spec
         self.clock = AnchoredClock()
-        self.core = ShardCore(spec.index, Engine(EngineConfig(**spec.engine)))
+        # Reply batches go out packed by `_front_packer`, PULLB's jobs straight from the
+        # engine's jobs (`_shard_wire`); the bytes are those of `_wire.pack`.
+        self._front_packer = FrontPacker()
+        engine = Engine(EngineConfig(**spec.engine))
+        engine.wire_jobs = self._front_packer.wire_jobs
+        self.core = ShardCore(spec.index, engine)
         self._stop = False
         self._ctx = zmq.Context()
         # Requests come from, and replies go to, the front end over this link (`_link`);
@@ -244,11 +250,12 @@ class ShardProcess:
         self._link_fds = fds
 
     def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None:
+        pack_reply = self._front_packer.pack
         for dest, msg in out:
             if dest == "front":
                 # Blocking is the back-pressure the runtime contract asks for: a front end
                 # that does not read stops this shard. While stopping, nobody may read.
-                self._front.send(pack(msg), block=block_on_front)
+                self._front.send(pack_reply(msg), block=block_on_front)
             else:
                 # Likewise a writer that does not read stops this shard. With the link down
                 # the batch is dropped here and resent from `_unconfirmed` when it is back.

@@ -51,33 +51,47 @@ class MutationEncoder:
         pack = self._pack
         out: list[Mutation] = []
         append = out.append
+        # Jobs moved together share one change map (a PULLB of 100 emits 100 `upd`s of one
+        # payload, see `shardq.core._mutations`), so the last map's encoding is reused while
+        # the same object comes again: one pack per batch instead of one per job.
+        last: object = None
+        last_enc: tuple[bytes, dict[str, Any]] | None = None
         for m in mutations:
             kind = m[0] if m else None
             if kind == "upd" and len(m) == 3:
                 key, changes = m[1], m[2]
-                if type(key) is str and type(changes) is dict:
-                    columns = _columns_of(changes)
-                    if columns is not None:
-                        append(("updb", key, pack(changes), columns))
+                if type(key) is str:
+                    if changes is not last:
+                        last, last_enc = changes, _encode_changes(changes, pack)
+                    if last_enc is not None:
+                        append(("updb", key, *last_enc))
                         continue
             elif kind == "put" and len(m) == 2:
-                row = _row_of(m[1])
-                if row is not None:
-                    append((*row, pack(m[1])))
-                    continue
+                rec = m[1]
+                if type(rec) is dict:
+                    key = rec.get("rowKey") or rec.get("id")
+                    queue, state, seq = rec.get("queue"), rec.get("state"), rec.get("seq")
+                    if (
+                        type(key) is str
+                        and type(queue) is str
+                        and type(state) is str
+                        and type(seq) is int
+                    ):
+                        priority, run_at = rec.get("priority"), rec.get("runAt")
+                        append(("putb", key, queue, state, priority, run_at, seq, pack(rec)))
+                        continue
             append(m)
         return out
 
 
-def _row_of(rec: object) -> tuple[str, str, str, str, Any, Any, int] | None:
-    """("putb", row key, queue, state, priority, run_at, seq) of a well-formed record."""
-    if type(rec) is not dict:
+def _encode_changes(changes: object, pack: Any) -> tuple[bytes, dict[str, Any]] | None:
+    """(encoded changes, their column fields), or None if they are no map or mistyped."""
+    if type(changes) is not dict:
         return None
-    key = rec.get("rowKey") or rec.get("id")
-    queue, state, seq = rec.get("queue"), rec.get("state"), rec.get("seq")
-    if type(key) is str and type(queue) is str and type(state) is str and type(seq) is int:
-        return "putb", key, queue, state, rec.get("priority"), rec.get("runAt"), seq
-    return None
+    columns = _columns_of(changes)
+    if columns is None:
+        return None
+    return pack(changes), columns
 
 
 def _columns_of(changes: dict[str, Any]) -> dict[str, Any] | None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import select
+import socket
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardq.runtime._frontend_links import ShardLinks
-from shardq.runtime._link import MAX_FRAME_BYTES, FrameSplitter, FrontLink, frame
+from shardq.runtime._link import (
+    MAX_FRAME_BYTES,
+    FrameSplitter,
+    FrontLink,
+    frame,
+    read_frames,
+    write_frame,
+)
 from shardq.runtime._wire import pack, unpack
 
 
@@ -36,6 +45,69 @@ def test_frames_survive_any_chunking(payloads: list[bytes], cuts: list[int]) -> 
         pos += cut
     out.extend(splitter.feed(stream[pos:]))
     assert out == payloads
+
+
+@given(
+    payloads=st.lists(st.binary(max_size=300), max_size=20),
+    cuts=st.lists(st.integers(min_value=1, max_value=50), max_size=40),
+)
+def test_frames_fed_from_a_reused_buffer_stay_whole(payloads: list[bytes], cuts: list[int]) -> None:
+    # read_frames feeds views of one receive buffer that the next read overwrites.
+    stream = b"".join(frame(p) for p in payloads)
+    reused = bytearray(64)
+    splitter = FrameSplitter()
+    out: list[bytes] = []
+    sizes = iter(cuts)
+    pos = 0
+    while pos < len(stream):
+        piece = stream[pos : pos + min(next(sizes, len(reused)), len(reused))]
+        pos += len(piece)
+        reused[: len(piece)] = piece
+        out.extend(splitter.feed(memoryview(reused)[: len(piece)]))
+        reused[:] = b"\xee" * len(reused)
+    assert out == payloads
+
+
+def test_a_frame_larger_than_the_socket_buffer_arrives_whole() -> None:
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with left, right:
+        left.setblocking(False)
+        right.setblocking(False)
+        big = bytes(range(256)) * 20_000  # 5 MB: far more than a socket buffer holds
+        got: list[bytes] = []
+
+        def read() -> None:
+            splitter = FrameSplitter()
+            while len(got) < 2:
+                select.select([right], [], [], 5.0)
+                payloads, lost = read_frames(right, splitter)
+                assert lost is None
+                got.extend(payloads)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert write_frame(left, big, block=True)
+        assert write_frame(left, b"after", block=True)
+        reader.join(10)
+        assert got == [big, b"after"]
+
+
+def test_a_non_blocking_write_to_a_full_socket_writes_nothing() -> None:
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with left, right:
+        left.setblocking(False)
+        right.setblocking(False)
+        sent = 0
+        while write_frame(left, b"x" * 1000, block=False):
+            sent += 1
+        assert not write_frame(left, b"y" * 1000, block=False)
+        splitter, got = FrameSplitter(), []
+        while len(got) < sent:
+            payloads, lost = read_frames(right, splitter)
+            assert lost is None
+            got.extend(payloads)
+        assert got == [b"x" * 1000] * sent
+        assert read_frames(right, splitter) == ([], None)  # no half frame was left behind
 
 
 def test_a_lying_length_is_refused() -> None:

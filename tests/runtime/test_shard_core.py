@@ -129,6 +129,12 @@ def test_durable_bulk_push_and_failed_commit(s: Shard) -> None:
     assert s.replies[rid] == {"ok": False, "error": "Storage unavailable: disk full"}
 
 
+def test_a_bulk_push_without_a_durable_entry_is_answered_at_once(s: Shard) -> None:
+    jobs = [{"data": 1, "durable": False}, {"data": 2, "durable": 0}, {"data": 3}]
+    (rid,) = s.turn({"cmd": "PUSHB", "queue": "q", "jobs": jobs})
+    assert s.replies[rid]["ok"] and len(s.replies[rid]["ids"]) == 3
+
+
 def test_durable_duplicate_waits_for_the_pending_commit(s: Shard) -> None:
     s.turn({"cmd": "PUSH", "queue": "q", "data": 1, "jobId": "a"})
     (dup,) = s.turn({"cmd": "PUSH", "queue": "q", "data": 1, "jobId": "a", "durable": True})

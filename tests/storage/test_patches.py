@@ -104,6 +104,34 @@ def test_encoder_passes_what_it_cannot_vouch_for_through(mutation: Mutation) -> 
     assert MutationEncoder().encode([mutation]) == [mutation]
 
 
+def test_encoder_encodes_a_shared_change_map_once_with_the_same_result() -> None:
+    # A batch move emits one payload object for all its jobs (shardq.core._mutations).
+    shared = {"state": "active", "startedAt": 5, "timeline": [("waiting", 1, None)]}
+    other = {"state": "completed", "completedAt": 6}
+    batch: list[Mutation] = [
+        ("upd", "j1", shared),
+        ("upd", "j2", shared),
+        ("del", "j0"),
+        ("upd", "j3", shared),
+        ("upd", "j4", other),
+        ("upd", "j5", dict(shared)),
+    ]
+    out = MutationEncoder().encode(batch)
+    assert out == [
+        ("updb", m[1], msgpack.packb(m[2], use_bin_type=True), {"state": m[2]["state"]})
+        if m[0] == "upd"
+        else m
+        for m in batch
+    ]
+    assert out[0][2] is out[1][2] is out[3][2]  # packed once
+
+
+def test_encoder_passes_a_shared_mistyped_change_map_through_every_time() -> None:
+    bad = {"state": None}
+    batch: list[Mutation] = [("upd", "j1", bad), ("upd", "j2", bad), ("upd", 3, bad)]
+    assert MutationEncoder().encode(batch) == batch
+
+
 def test_encoder_raises_like_msgpack_for_values_it_cannot_encode() -> None:
     with pytest.raises(TypeError):
         MutationEncoder().encode([("put", job("j1", data=object()))])

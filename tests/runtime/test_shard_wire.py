@@ -1,0 +1,108 @@
+"""The shard's reply packing (`_shard_wire`): the same bytes as packing the engine's wire maps.
+
+The engines below run commands that leave jobs in many shapes (options, progress, retries,
+results, logs); every PULLB reply is then packed both ways and compared byte for byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardq.core import Engine
+from shardq.core._job import WIRE_HOT_KEYS
+from shardq.runtime._shard_wire import FrontPacker, PackedJobs
+from shardq.runtime._wire import pack
+
+T0 = 1_700_000_000_000
+
+_data = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_entry = st.fixed_dictionaries(
+    {"data": _data},
+    optional={
+        "priority": st.integers(0, 5),
+        "name": st.text(min_size=1, max_size=5),
+        "maxAttempts": st.integers(1, 4),
+        "tags": st.lists(st.text(max_size=3), max_size=2),
+        "lifo": st.booleans(),
+        "delay": st.sampled_from([0, 0, 10]),
+    },
+)
+
+
+def _pair() -> tuple[Engine, Engine, FrontPacker]:
+    packer = FrontPacker()
+    fast = Engine(seed=7)
+    fast.wire_jobs = packer.wire_jobs
+    return Engine(seed=7), fast, packer
+
+
+def _pull_both(
+    plain: Engine, fast: Engine, packer: FrontPacker, cmd: dict[str, Any], now: int
+) -> Any:
+    expected, _ = plain.apply(cmd, now)
+    got, _ = fast.apply(cmd, now)
+    want = {"t": "rep", "items": [["t1", 5, {"ok": True}], ["t1", 6, expected]]}
+    have = {"t": "rep", "items": [["t1", 5, {"ok": True}], ["t1", 6, got]]}
+    assert packer.pack(have) == pack(want)
+    return expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=st.lists(st.lists(_entry, min_size=1, max_size=6), min_size=1, max_size=4))
+def test_packed_pullb_replies_are_the_bytes_of_the_wire_maps(
+    batches: list[list[dict[str, Any]]],
+) -> None:
+    plain, fast, packer = _pair()
+    now = T0
+    for jobs in batches:
+        for engine in (plain, fast):
+            engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, now)
+    now += 20
+    reply = _pull_both(
+        plain, fast, packer, {"cmd": "PULLB", "queue": "q", "count": 3, "owner": "w"}, now
+    )
+    for job, token in zip(reply["jobs"], reply["tokens"], strict=True):
+        for engine in (plain, fast):
+            engine.apply({"cmd": "Progress", "id": job["id"], "progress": 40, "message": "m"}, now)
+            engine.apply({"cmd": "FAIL", "id": job["id"], "token": token, "error": "e"}, now)
+    now += 60_000
+    _pull_both(plain, fast, packer, {"cmd": "PULLB", "queue": "q", "count": 50}, now)
+    _pull_both(plain, fast, packer, {"cmd": "PULLB", "queue": "q", "count": 5}, now)  # none left
+
+
+def test_an_empty_pull_and_other_messages_pack_as_usual() -> None:
+    _plain, fast, packer = _pair()
+    empty, _ = fast.apply({"cmd": "PULLB", "queue": "q", "count": 5, "owner": "w"}, T0)
+    assert isinstance(empty["jobs"], PackedJobs) and not empty["jobs"]
+    rep = {"t": "rep", "items": [["t1", 1, empty]]}
+    assert packer.pack(rep) == pack({"t": "rep", "items": [["t1", 1, {**empty, "jobs": []}]]})
+    drained = {"t": "drained", "shard": 0}
+    assert packer.pack(drained) == pack(drained)
+
+
+def test_packed_jobs_never_go_out_another_way() -> None:
+    _plain, fast, packer = _pair()
+    fast.apply({"cmd": "PUSH", "queue": "q", "data": 1}, T0)
+    reply, _ = fast.apply({"cmd": "PULLB", "queue": "q", "count": 5}, T0)
+    with pytest.raises(TypeError):
+        packer.pack({"t": "rep", "items": [["t1", 1, reply]], "extra": 1})  # not a plain rep
+    with pytest.raises(TypeError):
+        pack(reply)
+
+
+def test_the_hot_pairs_are_the_hot_keys_in_order() -> None:
+    engine = Engine(seed=1)
+    (job_id,) = engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": 1}]}, T0)[0]["ids"]
+    job = engine.find(job_id)
+    assert job is not None
+    assert tuple(job.wire_hot()[::2]) == WIRE_HOT_KEYS
