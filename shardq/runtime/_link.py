@@ -190,6 +190,15 @@ class _ReadBuffer(threading.local):
 _read_buffer = _ReadBuffer()
 
 
+def read_buffer() -> memoryview:
+    """This thread's reusable receive buffer (`_READ_SIZE` bytes) for `sock.recv_into`.
+
+    Whatever is read into it must be copied out (`FrameSplitter.feed` does) before the next
+    read on the same thread.
+    """
+    return _read_buffer.view
+
+
 def read_frames(sock: socket.socket, splitter: FrameSplitter) -> tuple[list[bytes], str | None]:
     """Read what a non-blocking `sock` has; (whole payloads, why the link is lost or None)."""
     payloads: list[bytes] = []

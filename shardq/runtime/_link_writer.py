@@ -27,6 +27,7 @@ from shardq.runtime._link import (
     FrameSplitter,
     frame,
     prepare_listener,
+    read_buffer,
     read_frames,
     write_frame,
 )
@@ -87,18 +88,19 @@ class ShardConnections:
         conn = self._conns.get(fd)
         if conn is None:
             return []
+        view = read_buffer()[:limit]  # not a fresh `recv(limit)` allocation per read
         try:
-            chunk = conn.sock.recv(limit)
+            n = conn.sock.recv_into(view)
         except BlockingIOError:
             return []
         except OSError as e:
             self._drop(conn, f"read failed: {e}")
             return []
-        if not chunk:
+        if not n:
             self._drop(conn, "shard closed the link")
             return []
         try:
-            return [(fd, payload) for payload in conn.splitter.feed(chunk)]
+            return [(fd, payload) for payload in conn.splitter.feed(view[:n])]
         except ValueError as e:
             self._drop(conn, str(e))
             return []
