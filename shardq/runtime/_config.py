@@ -25,6 +25,7 @@ from typing import Any
 from shardq.core import EngineConfig
 from shardq.errors import ShardqError
 from shardq.runtime._flush import MAX_BUFFERED_MUTATIONS
+from shardq.runtime._spin import MAX_SPIN_US
 from shardq.storage import SYNCHRONOUS_MODES
 
 __all__ = ["ConfigError", "ServerConfig", "load_config"]
@@ -66,6 +67,10 @@ class ServerConfig:
     max_restarts_per_minute: int = 5
     max_frame_bytes: int = 64 * 1024 * 1024  # bunqueue's frame cap (reference section 1)
     tcp_idle_timeout_ms: int = 60_000  # bunqueue's slowloris bound; 0 turns it off
+    # How long the front end and the shards busy-poll after their last message before they
+    # sleep (microseconds; 0 = never spin). Spinning trades CPU for latency: one request in
+    # flight skips the wake-ups of idle processes (`_spin.py`, BENCHMARKS.md section 4).
+    spin_us: int = 0
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @property
@@ -186,6 +191,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     # The frame header is a u32, so nothing larger can even be announced.
     "max_frame_bytes": _ranged(1, 2**32 - 1),
     "tcp_idle_timeout_ms": _idle_timeout,
+    "spin_us": _ranged(0, MAX_SPIN_US),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

@@ -37,6 +37,7 @@ from shardq.runtime._frontend_tcp import TcpGateway
 from shardq.runtime._frontend_zmq import ZmqGateway
 from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._spin import SpinningSelector
 from shardq.runtime._wire import unpack
 
 __all__ = ["Frontend", "main"]
@@ -188,7 +189,7 @@ async def serve(spec: ChildSpec) -> int:
             frontend.sup.fatal(f"front end cannot bind: {e}")
             return 1
         frontend.sup.ready(addresses=addresses)
-        _log.info("front end ready", **addresses)
+        _log.info("front end ready", spin_us=spec.spin_us, **addresses)
         await frontend.wait()
         return 0
     finally:
@@ -204,7 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure("frontend", spec.log_format, spec.log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return asyncio.run(serve(spec))
+    if spec.spin_us == 0:
+        return asyncio.run(serve(spec))
+    selector = SpinningSelector(spec.spin_us / 1e6)
+    with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selector)) as runner:
+        return runner.run(serve(spec))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from shardq.runtime._shard_core import Outgoing, ShardCore
 from shardq.runtime._shard_wire import FrontPacker
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._spin import spin_until
 from shardq.runtime._wire import pack, unpack
 from shardq.storage import Store
 
@@ -56,6 +57,7 @@ class ShardProcess:
         engine.wire_jobs = self._front_packer.wire_jobs
         self.core = ShardCore(spec.index, engine)
         self._stop = False
+        self._spin_s = spec.spin_us / 1e6
         self._ctx = zmq.Context()
         # Requests come from, and replies go to, the front end over this link (`_link`);
         # mutations go to, and confirmations come from, the writer over the other
@@ -106,6 +108,7 @@ class ShardProcess:
             queues=queues,
             recovery_mutations=recovered,
             ms=round((time.monotonic() - started) * 1000),
+            spin_us=self.spec.spin_us,
         )
         tune_gc()
         self.sup.ready()
@@ -206,7 +209,7 @@ class ShardProcess:
         self._watch_links()
         if not self._writer.connected:
             timeout_ms = min(timeout_ms or RECONNECT_EVERY_MS, RECONNECT_EVERY_MS)
-        ready = dict(self._poller.poll(timeout_ms))
+        ready = dict(self._poll(timeout_ms))
         if self._signals.fileno() in ready and self._signals.drain():
             self._stop = True
         messages: list[dict[str, Any]] = []
@@ -221,6 +224,14 @@ class ShardProcess:
                 for data in self._front.readable(fd):
                     self._decode(data, messages)
         return messages
+
+    def _poll(self, timeout_ms: int | None) -> list[tuple[Any, int]]:
+        """`poll`, after spinning `spin_us` (if set) when it would otherwise sleep."""
+        if self._spin_s and timeout_ms != 0:
+            got: list[tuple[Any, int]] = spin_until(lambda: self._poller.poll(0), self._spin_s)
+            if got:
+                return got
+        return self._poller.poll(timeout_ms)
 
     @staticmethod
     def _decode(data: bytes, into: list[dict[str, Any]]) -> None:

@@ -366,6 +366,7 @@ class Supervisor:
             shutdown_timeout_ms=c.shutdown_timeout_ms,
             max_frame_bytes=c.max_frame_bytes,
             tcp_idle_timeout_ms=c.tcp_idle_timeout_ms,
+            spin_us=c.spin_us,
             engine=dict(c.engine),
         )
 

@@ -30,6 +30,7 @@ def test_defaults() -> None:
     assert c.shards == "auto" and c.shard_count == (os.cpu_count() or 1)
     assert c.auth_tokens == ()
     assert (c.shutdown_timeout_ms, c.flush_interval_ms, c.flush_max_mutations) == (30000, 10, 500)
+    assert c.spin_us == 0  # no spinning unless asked: an idle-ish server should not burn CPU
     assert (c.synchronous, c.log_format, c.log_level) == ("normal", "json", "info")
     assert c.max_restarts_per_minute == 5
     assert c.max_frame_bytes == 64 * 1024 * 1024
@@ -107,6 +108,7 @@ VALID_TEXT = {
     "max_restarts_per_minute": "2",
     "max_frame_bytes": "1024",
     "tcp_idle_timeout_ms": "0",
+    "spin_us": "200",
 }
 
 
@@ -145,6 +147,7 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         max_restarts_per_minute = 2
         max_frame_bytes = 1024
         tcp_idle_timeout_ms = 0
+        spin_us = 200
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
@@ -199,6 +202,8 @@ def test_shards_auto_and_number() -> None:
         ("host", " "),
         ("data_path", ""),
         ("max_frame_bytes", str(2**32)),
+        ("spin_us", "-1"),
+        ("spin_us", "10001"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: str) -> None:
