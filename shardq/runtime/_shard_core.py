@@ -163,23 +163,20 @@ class ShardCore:
     def finish_turn(self, now: int) -> list[Outgoing]:
         """Run due timers, serve parked requests, and return the turn's outgoing messages.
 
-        Replies come first, so that the front end is woken before the writer: a buffered
-        push's reply does not wait for the hand-over of its batch. That is safe because a
-        durable reply never goes out with the batch it waits for: it is held until the writer
-        confirms that batch (`_flush_mutations`).
+        The writer's `muts` comes first so that a durable reply can never be sent before the
+        batch holding its job was handed to the writer.
         """
         self._tick(now)
         self._serve_polls(now)
         self._serve_waits(now)
-        to_writer: list[Outgoing] = []
+        out: list[Outgoing] = []
         if self._resend:
             # Resent in order and before anything new: every mutation carries absolute values,
             # so a batch the old writer did commit is harmless to apply again.
-            to_writer.extend(("writer", msg) for _, msg in self._unconfirmed)
+            out.extend(("writer", msg) for _, msg in self._unconfirmed)
             self._resend = False
-        self._flush_mutations(to_writer)
-        out = self.take_replies()
-        out.extend(to_writer)
+        self._flush_mutations(out)
+        out.extend(self.take_replies())
         if self.draining and not self._drained_sent and self.engine.active_count() == 0:
             out.append(("front", {"t": "drained", "shard": self.index}))
             self._drained_sent = True

@@ -105,22 +105,6 @@ def test_durable_push_waits_for_the_writer(s: Shard) -> None:
     assert s.replies[durable]["ok"] and s.replies[durable]["id"]
 
 
-def test_replies_leave_before_the_batch_and_durable_ones_wait_for_it() -> None:
-    """The front end is woken first; a durable reply never leaves with its own batch."""
-    core = ShardCore(0, Engine(seed=1))
-    items = [
-        ["t1", 1, {"cmd": "PUSH", "queue": "q", "data": 1, "_conn": "t1"}],
-        ["t1", 2, {"cmd": "PUSH", "queue": "q", "data": 2, "durable": True, "_conn": "t1"}],
-    ]
-    core.handle({"t": "req", "items": items}, T0)
-    out = core.finish_turn(T0)
-    assert [dest for dest, _ in out] == ["front", "writer"]
-    assert [rid for _conn, rid, _reply in out[0][1]["items"]] == [1]
-    core.handle({"t": "done", "seq": out[1][1]["seq"]}, T0)
-    (dest, rep), *rest = core.finish_turn(T0)
-    assert dest == "front" and [item[1] for item in rep["items"]] == [2] and rest == []
-
-
 def test_durable_bulk_push_and_failed_commit(s: Shard) -> None:
     jobs = [{"data": 1}, {"data": 2, "durable": True}]
     (rid,) = s.turn({"cmd": "PUSHB", "queue": "q", "jobs": jobs})
