@@ -94,6 +94,7 @@ class EngineState:
         self.finalized: OrderedDict[str, str] = OrderedDict()
         self.next_stall_check = 0
         self.next_dlq_check = 0
+        self.dlq_queues: set[str] = set()  # a superset of the queues whose DLQ holds entries
         self.out: list[Mutation] = []
         self.events: list[tuple[str, str, str]] = []
         self.wire_jobs: Callable[[list[Job]], object] = wire_maps
@@ -389,6 +390,7 @@ class EngineState:
                 heapq.heappush(delayed, key)
             self._maybe_compact_delayed()
         elif state == FAILED:
+            self.dlq_queues.add(q.name)
             for job in jobs:
                 q.dlq[job.id] = None
                 if job.opts:

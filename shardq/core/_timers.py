@@ -42,9 +42,28 @@ class TimerOps(ConsumeOps, AdminOps):
         times: list[int] = [h[0][0] for h in heaps if h]
         if self.unleased:
             times.append(self.next_stall_check)
-        if any(q.dlq for q in self.queues.values()):
+        if self._some_dlq():
             times.append(self.next_dlq_check)
         return min(times) if times else None
+
+    def _some_dlq(self) -> bool:
+        """Whether any queue's DLQ holds an entry, without walking every queue.
+
+        Runs twice per shard turn. `dlq_queues` names every queue a job was dead-lettered in;
+        the names of queues whose DLQ has emptied (or that are gone) are dropped on the way
+        to the first that still holds one.
+        """
+        live, queues = self.dlq_queues, self.queues
+        stale: list[str] = []
+        found = False
+        for name in live:
+            q = queues.get(name)
+            if q is not None and q.dlq:
+                found = True
+                break
+            stale.append(name)
+        live.difference_update(stale)
+        return found
 
     # -- deadlines -------------------------------------------------------------------------
 

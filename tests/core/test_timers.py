@@ -65,6 +65,35 @@ def test_next_deadline_with_a_dlq_is_the_next_maintenance(d: Driver) -> None:
     assert d.engine.next_deadline() == 10 + 60_000
 
 
+def test_next_deadline_finds_the_one_dlq_among_many_queues(d: Driver) -> None:
+    for i in range(500):
+        d.push(queue=f"q{i}")
+    d.run_to_dlq(queue="q499")
+    d.tick(31_000)  # past the failed job's stale lease entry; runs the first maintenance
+    assert d.engine.next_deadline() == 31_000 + 60_000
+    assert d.engine.next_deadline() == 31_000 + 60_000  # asking again changes nothing
+
+
+def test_next_deadline_forgets_a_dlq_once_it_is_empty(d: Driver) -> None:
+    """Purged, retried or obliterated: an empty DLQ schedules no maintenance."""
+    for queue in ("a", "b", "c"):
+        d.push(queue=queue)
+        d.run_to_dlq(queue=queue)
+    d.tick(31_000)
+    assert d.engine.next_deadline() == 31_000 + 60_000
+    d.ok({"cmd": "PurgeDlq", "queue": "a"}, 31_000)
+    d.ok({"cmd": "RetryDlq", "queue": "b"}, 31_000)
+    d.ok({"cmd": "Obliterate", "queue": "b"}, 31_000)  # the retried job, out of the way
+    assert d.engine.next_deadline() == 31_000 + 60_000  # "c" still holds an entry
+    d.ok({"cmd": "Obliterate", "queue": "c"}, 31_000)
+    assert d.engine.next_deadline() is None
+    assert d.engine.dlq_queues == set()  # the names were dropped, not kept forever
+    d.push(queue="a", at=32_000)
+    d.run_to_dlq(queue="a", at=32_000)
+    d.tick(63_000)
+    assert d.engine.next_deadline() == 31_000 + 60_000
+
+
 def test_check_cadence_follows_the_config() -> None:
     d = Driver(Engine(EngineConfig(stall_check_ms=1000, dlq_maintenance_ms=2000), seed=1))
     d.push()
