@@ -83,6 +83,12 @@ class FlushBuffer:
             self._first_at = now
         self._urgent = self._urgent or urgent
 
+    def urge(self) -> None:
+        """Take a `flush`: a durable reply waits on a batch already buffered, which came
+        without `durable` (a duplicate durable push behind a buffered one). Flush at once."""
+        if self._batches:
+            self._urgent = True
+
     def add_sync(self, shard: int, seq: int, now: float) -> list[Outgoing]:
         """Take a `sync`; answer it now if nothing is waiting, else after the next commit."""
         epoch = self._epoch(shard, seq, restart=True)

@@ -106,6 +106,7 @@ class ShardCore:
         self._replies: list[Item] = []
         self._durable: list[Item] = []
         self._held: deque[tuple[int, list[Item]]] = deque()
+        self._urged = 0  # the last seq the writer was asked to commit at once
         # Batches sent but not confirmed: a writer that dies loses what it had not committed,
         # so a restarted writer gets them again ("writer-up"). Bounded by the writer's
         # back-pressure: a writer that stops reading stops this shard's sends.
@@ -202,6 +203,7 @@ class ShardCore:
             msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": muts}
             if self._durable:
                 msg["durable"] = True  # a reply waits on this commit: the writer flushes now
+                self._urged = self.seq
             out.append(("writer", msg))
             self._unconfirmed.append((self.seq, msg))
             self._muts = []
@@ -210,6 +212,11 @@ class ShardCore:
             # the job it returned may sit in a batch the writer has not committed yet.
             if self.awaiting_commit:
                 self._held.append((self.seq, self._durable))
+                if self._urged < self.seq:
+                    # It waits on buffered batches only (a durable duplicate wrote nothing):
+                    # without this, their commit would wait out the flush interval.
+                    out.append(("writer", {"t": "flush", "shard": self.index, "seq": self.seq}))
+                    self._urged = self.seq
             else:
                 self._replies.extend(self._durable)
             self._durable = []

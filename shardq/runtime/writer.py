@@ -1,12 +1,12 @@
 """The writer process: the only process that writes the SQLite file.
 
 Run as `python -m shardq.runtime.writer --spec '<json>'` by the supervisor. It listens on
-`spec.writer_link_path` (Unix stream links, `_link_writer`) and takes `muts` and `sync` messages
-from the shards; it commits what it received as one `Store.apply` per flush (the policy is
-`shardq.runtime._flush`) and confirms back on each shard's link with `done` (or `fail` while
-the disk is full). See docs/runtime.md for the messages. Shards send job records and changes
-msgpack-encoded inside the message (`shardq.storage._encode`), so decoding a message decodes
-no job.
+`spec.writer_link_path` (Unix stream links, `_link_writer`) and takes `muts`, `flush` and
+`sync` messages from the shards; it commits what it received as one `Store.apply` per flush
+(the policy is `shardq.runtime._flush`) and confirms back on each shard's link with `done` (or
+`fail` while the disk is full). See docs/runtime.md for the messages. Shards send job records
+and changes msgpack-encoded inside the message (`shardq.storage._encode`), so decoding a
+message decodes no job.
 
 Idle-silent: with nothing waiting it blocks in `poll` with no timeout, and wakes for a message
 or a signal only.
@@ -158,6 +158,8 @@ class Writer:
             self._buffer.add_muts(shard, seq, message["muts"], now, urgent=urgent)
         elif kind == "sync":
             self._send(self._buffer.add_sync(shard, seq, now))
+        elif kind == "flush":
+            self._buffer.urge()
         else:
             log.error("dropped a malformed message", kind=kind, shard=shard, seq=seq)
 

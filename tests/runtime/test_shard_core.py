@@ -27,6 +27,7 @@ class Shard:
         self.rid = 0
         self.replies: dict[int, dict[str, Any]] = {}
         self.batches: list[dict[str, Any]] = []
+        self.flushes: list[int] = []  # the seqs of `flush` messages to the writer
         self.drained = 0
 
     def turn(self, *cmds: dict[str, Any], conn: str = "t1") -> list[int]:
@@ -48,7 +49,10 @@ class Shard:
 
     def end(self) -> None:
         for dest, out in self.core.finish_turn(self.now):
-            if dest == "writer":
+            if dest == "writer" and out["t"] == "flush":
+                assert out["shard"] == 0
+                self.flushes.append(out["seq"])
+            elif dest == "writer":
                 assert out["t"] == "muts" and out["seq"] == len(self.batches) + 1
                 self.batches.append(out)
             elif out["t"] == "rep":
@@ -95,6 +99,11 @@ def test_puts_and_updates_go_to_the_writer_encoded(s: Shard, tmp_path: Path) -> 
     assert stored["state"] == "active" and stored["data"] == {"n": 1}
 
 
+def test_a_durable_batch_needs_no_flush_message(s: Shard) -> None:
+    s.turn({"cmd": "PUSH", "queue": "q", "data": 1, "durable": True})
+    assert s.batches[0]["durable"] is True and s.flushes == []
+
+
 def test_durable_push_waits_for_the_writer(s: Shard) -> None:
     (buffered, durable) = s.turn(
         {"cmd": "PUSH", "queue": "q", "data": 1},
@@ -123,7 +132,11 @@ def test_durable_duplicate_waits_for_the_pending_commit(s: Shard) -> None:
     s.turn({"cmd": "PUSH", "queue": "q", "data": 1, "jobId": "a"})
     (dup,) = s.turn({"cmd": "PUSH", "queue": "q", "data": 1, "jobId": "a", "durable": True})
     assert dup not in s.replies  # nothing new written, but job "a" is not committed yet
+    assert s.flushes == [1]  # batch 1 went out buffered: the writer is asked to commit it now
+    (dup2,) = s.turn({"cmd": "PUSH", "queue": "q", "data": 1, "jobId": "a", "durable": True})
+    assert dup2 not in s.replies and s.flushes == [1]  # asked once per seq
     s.msg({"t": "done", "seq": 1})
+    assert s.replies[dup2] == {"ok": True, "id": "a"}
     assert s.replies[dup] == {"ok": True, "id": "a"}
     (again,) = s.turn({"cmd": "PUSH", "queue": "q", "data": 1, "jobId": "a", "durable": True})
     assert s.replies[again] == {"ok": True, "id": "a"}

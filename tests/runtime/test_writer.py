@@ -373,6 +373,22 @@ def test_the_default_count_starts_a_flush_early_and_a_durable_batch_at_once(
     assert len(stored_ids(Path(w.spec.data_path))) == count + 2
 
 
+def test_flush_commits_buffered_batches_at_once(
+    writer_process: Callable[..., WriterProcess],
+) -> None:
+    """A durable duplicate waits on buffered batches: `flush` commits them without the
+    interval (a minute here), and with nothing buffered it is a no-op."""
+    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=1000)
+    w.ready()
+    w.send({"t": "flush", "shard": 0, "seq": 0})  # nothing buffered: nothing to confirm
+    w.send({"t": "muts", "shard": 0, "seq": 1, "muts": [put(1)]})
+    w.send({"t": "muts", "shard": 0, "seq": 2, "muts": [put(2)]})
+    w.send({"t": "flush", "shard": 0, "seq": 2})
+    assert w.conf(0) == {"t": "done", "seq": 2}
+    assert stored_ids(Path(w.spec.data_path)) == ["j1", "j2"]
+    assert w.confirmations(0) == []
+
+
 def test_sync_when_idle_and_after_pending_batches(
     writer_process: Callable[..., WriterProcess],
 ) -> None:
