@@ -44,9 +44,7 @@ class SpinningSelector(selectors.EpollSelector):
         super().__init__()
         self._spin_s = spin_s
 
-    def select(
-        self, timeout: float | None = None
-    ) -> list[tuple[selectors.SelectorKey, int]]:
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is not None and timeout <= 0:
             return super().select(timeout)
         got = spin_until(lambda: super(SpinningSelector, self).select(0), self._spin_s)
