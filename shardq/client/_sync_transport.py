@@ -219,8 +219,7 @@ class SyncTcpTransport:
     def _step_down(self) -> None:
         with self._turn:
             self._reading = False
-            if self._followers:
-                self._turn.notify_all()  # one takes over the reading; all check their replies
+        self._wake_followers()  # one takes over the reading; all check their replies
 
     def _wake_followers(self) -> None:
         with self._turn:

@@ -202,7 +202,7 @@ def read_buffer() -> memoryview:
 def read_frames(sock: socket.socket, splitter: FrameSplitter) -> tuple[list[bytes], str | None]:
     """Read what a non-blocking `sock` has; (whole payloads, why the link is lost or None)."""
     payloads: list[bytes] = []
-    view = _read_buffer.view
+    view = read_buffer()
     while True:
         try:
             n = sock.recv_into(view)
