@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardq.core import Engine
-from shardq.runtime._gc import GC_THRESHOLDS
+from shardq.runtime.shard._gc import GC_THRESHOLDS
 
 Scenario = Callable[[Engine, int], int]
 

@@ -32,7 +32,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from shardq.core import Engine, Mutation
 from shardq.runtime._config import ServerConfig
-from shardq.runtime._flush import FlushBuffer
+from shardq.runtime.writer._flush import FlushBuffer
 from shardq.storage import Store
 
 try:  # the encoded form the shards send; older trees send the engine's mutations as they are

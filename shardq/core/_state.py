@@ -99,7 +99,7 @@ class EngineState:
         self.events: list[tuple[str, str, str]] = []
         self.wire_jobs: Callable[[list[Job]], object] = wire_maps
         """How PULLB puts its jobs in the reply: their wire maps (`Job.to_wire`) unless the
-        host swaps in an encoder (the shard process does: `shardq.runtime._shard_wire`)."""
+        host swaps in an encoder (the shard process does: `shardq.runtime.shard._wire`)."""
 
     # -- lookups ---------------------------------------------------------------------------
 

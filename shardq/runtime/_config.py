@@ -24,8 +24,8 @@ from typing import Any
 
 from shardq.core import EngineConfig
 from shardq.errors import ShardqError
-from shardq.runtime._flush import MAX_BUFFERED_MUTATIONS
 from shardq.runtime._spin import MAX_SPIN_US
+from shardq.runtime.writer._flush import MAX_BUFFERED_MUTATIONS
 from shardq.storage import SYNCHRONOUS_MODES
 
 __all__ = ["ConfigError", "ServerConfig", "load_config"]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardq.runtime._frontend_compat import children_values_reply, unsupported_push
-from shardq.runtime._frontend_metrics import Counters, metrics_reply
-from shardq.runtime._frontend_workers import WorkerRegistry
+from shardq.runtime.frontend._compat import children_values_reply, unsupported_push
+from shardq.runtime.frontend._metrics import Counters, metrics_reply
+from shardq.runtime.frontend._workers import WorkerRegistry
 
 T0 = 1_800_000_000_000
 

@@ -14,10 +14,10 @@ import pytest
 
 from shardq.core import Engine
 from shardq.errors import ProtocolError
-from shardq.runtime._frontend_dispatch import Dispatcher
 from shardq.runtime._routing import shard_of
-from shardq.runtime._shard_core import ShardCore
-from shardq.runtime._wire import pack, unpack
+from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.links._control import pack, unpack
+from shardq.runtime.shard._core import ShardCore
 
 T0 = 1_700_000_000_000
 N = 2

@@ -19,8 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardq.runtime._frontend_links import ShardLinks
-from shardq.runtime._link import (
+from shardq.runtime.frontend._links import ShardLinks
+from shardq.runtime.links._control import pack, unpack
+from shardq.runtime.links._stream import (
     MAX_FRAME_BYTES,
     FrameSplitter,
     FrontLink,
@@ -28,7 +29,6 @@ from shardq.runtime._link import (
     read_frames,
     write_frame,
 )
-from shardq.runtime._wire import pack, unpack
 
 
 @given(

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from shardq.core import Engine
-from shardq.runtime._shard_core import ShardCore
-from shardq.runtime._wire import pack, unpack
+from shardq.runtime.links._control import pack, unpack
+from shardq.runtime.shard._core import ShardCore
 from shardq.storage import Store
 
 T0 = 1_700_000_000_000

@@ -1,4 +1,4 @@
-"""The shard's reply packing (`_shard_wire`): the same bytes as packing the engine's wire maps.
+"""The shard's reply packing (`shard._wire`): the same bytes as packing the engine's wire maps.
 
 The engines below run commands that leave jobs in many shapes (options, progress, retries,
 results, logs); every PULLB reply is then packed both ways and compared byte for byte.
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from shardq.core import Engine
 from shardq.core._job import WIRE_HOT_KEYS
-from shardq.runtime._shard_wire import FrontPacker, PackedJobs
-from shardq.runtime._wire import pack
+from shardq.runtime.links._control import pack
+from shardq.runtime.shard._wire import FrontPacker, PackedJobs
 
 T0 = 1_700_000_000_000
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardq.core import Engine
-from shardq.runtime._wire import exact_packer, pack
+from shardq.runtime.links._control import exact_packer, pack
 
 
 class _Int(int):

@@ -24,11 +24,11 @@ from structlog.testing import capture_logs
 
 from shardq.core import Mutation
 from shardq.runtime._config import ServerConfig
-from shardq.runtime._flush import FULL_REASON, FlushBuffer
-from shardq.runtime._link_writer import WriterLink
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime.links._writer import WriterLink
 from shardq.runtime.writer import Writer
+from shardq.runtime.writer._flush import FULL_REASON, FlushBuffer
 from shardq.storage import StorageError, StorageFull, Store
 
 WAIT_S = 10.0

@@ -20,7 +20,7 @@ from typing import Any, Final, cast
 import structlog
 
 from shardq.protocol import FrameDecoder, encode
-from shardq.runtime._frontend_dispatch import Dispatcher
+from shardq.runtime.frontend._dispatch import Dispatcher
 
 __all__ = ["MAX_WRITE_BACKLOG", "TcpConnection", "TcpGateway"]
 

@@ -1,10 +1,10 @@
 """The writer process: the only process that writes the SQLite file.
 
 Run as `python -m shardq.runtime.writer --spec '<json>'` by the supervisor. It listens on
-`spec.writer_link_path` (Unix stream links, `_link_writer`) and takes `muts`, `flush` and
+`spec.writer_link_path` (Unix stream links, `links._writer`) and takes `muts`, `flush` and
 `sync` messages from the shards; it commits what it received as one `Store.apply` per flush
-(the policy is `shardq.runtime._flush`) and confirms back on each shard's link with `done` (or
-`fail` while the disk is full). See docs/runtime.md for the messages. Shards send job records
+(the policy is `_flush`) and confirms back on each shard's link with `done` (or `fail` while
+the disk is full). See docs/runtime.md for the messages. Shards send job records
 and changes msgpack-encoded inside the message (`shardq.storage._encode`), so decoding a
 message decodes no job.
 
@@ -33,11 +33,11 @@ import structlog
 import zmq
 
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
-from shardq.runtime._flush import FlushBuffer, Outgoing
-from shardq.runtime._link_writer import ShardConnections
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime.links._writer import ShardConnections
+from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.storage import StorageError, StorageFull, Store
 
 __all__ = ["Writer", "main"]
@@ -331,6 +331,3 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
         finally:
             writer.close()
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,8 +23,8 @@ import zmq.asyncio
 
 from shardq.errors import ProtocolError
 from shardq.protocol import DecodedFrame, FrameDecoder, frame_too_large
-from shardq.runtime._frontend_dispatch import Dispatcher
-from shardq.runtime._wire import pack
+from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.links._control import pack
 
 __all__ = ["ZmqGateway", "ZmqPeer"]
 

@@ -18,7 +18,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from shardq.core import Job
 from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE
-from shardq.runtime._wire import exact_packer
+from shardq.runtime.links._control import exact_packer
 
 __all__ = ["FrontPacker", "PackedJobs"]
 

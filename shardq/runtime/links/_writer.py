@@ -1,4 +1,4 @@
-"""The shard <-> writer links: Unix stream sockets framed like the front-end links (`_link`).
+"""The shard <-> writer links: Unix stream sockets framed like the front-end links (`_stream`).
 
 The writer listens on `ChildSpec.writer_link_path`; each shard connects once at start and again
 whenever its link drops (the writer restarted). A durable push waits for a round trip over this
@@ -23,7 +23,7 @@ from typing import Final
 
 import structlog
 
-from shardq.runtime._link import (
+from shardq.runtime.links._stream import (
     FrameSplitter,
     frame,
     prepare_listener,

@@ -8,10 +8,10 @@ the 2-core machine: a sequential Count (front end -> shard -> front end) took ab
 ZeroMQ against 23 µs for a Ping the front end answers itself (BENCHMARKS.md §2).
 
 The shard listens (`ChildSpec.link_path`); the front end connects once the shard is ready and
-again after each restart. A frame is a big-endian u32 length and one msgpack map (`_wire`).
+again after each restart. A frame is a big-endian u32 length and one msgpack map (`links._control`).
 This module holds the framing and the shard's side, which is blocking code around a
 `zmq.Poller` (it polls plain descriptors too); the front end's asyncio side is
-`_frontend_links`.
+`frontend._links`.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
     python -m shardq.runtime.frontend --spec '<ChildSpec JSON>'
 
-One asyncio loop serves a TCP listener (bunqueue framing, `_frontend_tcp`) and a ZeroMQ ROUTER
-(`_frontend_zmq`); both feed the same `Dispatcher`, which batches commands per shard per loop
-turn. Requests and replies travel over one Unix stream link per shard (`_frontend_links`); the
+One asyncio loop serves a TCP listener (bunqueue framing, `_tcp`) and a ZeroMQ ROUTER
+(`_zmq`); both feed the same `Dispatcher`, which batches commands per shard per loop
+turn. Requests and replies travel over one Unix stream link per shard (`frontend._links`); the
 supervisor's notices (a shard died, or is up again) arrive on the PULL socket
 `spec.endpoint("front")`.
 
@@ -31,14 +31,14 @@ import zmq
 import zmq.asyncio
 
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
-from shardq.runtime._frontend_dispatch import Dispatcher
-from shardq.runtime._frontend_links import ShardLinks
-from shardq.runtime._frontend_tcp import TcpGateway
-from shardq.runtime._frontend_zmq import ZmqGateway
 from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
-from shardq.runtime._wire import unpack
+from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.frontend._links import ShardLinks
+from shardq.runtime.frontend._tcp import TcpGateway
+from shardq.runtime.frontend._zmq import ZmqGateway
+from shardq.runtime.links._control import unpack
 
 __all__ = ["Frontend", "main"]
 
@@ -211,6 +211,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selector)) as runner:
         return runner.run(serve(spec))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,17 +25,17 @@ import zmq
 from shardq.core import Engine, EngineConfig, Record
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
-from shardq.runtime._gc import tune_gc
-from shardq.runtime._link import FrontLink
-from shardq.runtime._link_writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime._logging import configure
 from shardq.runtime._routing import shard_of
-from shardq.runtime._shard_core import Outgoing, ShardCore
-from shardq.runtime._shard_wire import FrontPacker
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import spin_until
-from shardq.runtime._wire import pack, unpack
+from shardq.runtime.links._control import pack, unpack
+from shardq.runtime.links._stream import FrontLink
+from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
+from shardq.runtime.shard._core import Outgoing, ShardCore
+from shardq.runtime.shard._gc import tune_gc
+from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Store
 
 __all__ = ["ShardProcess", "main"]
@@ -51,7 +51,7 @@ class ShardProcess:
         self.spec = spec
         self.clock = AnchoredClock()
         # Reply batches go out packed by `_front_packer`, PULLB's jobs straight from the
-        # engine's jobs (`_shard_wire`); the bytes are those of `_wire.pack`.
+        # engine's jobs (`shard._wire`); the bytes are those of `_wire.pack`.
         self._front_packer = FrontPacker()
         engine = Engine(EngineConfig(**spec.engine))
         engine.wire_jobs = self._front_packer.wire_jobs
@@ -59,9 +59,9 @@ class ShardProcess:
         self._stop = False
         self._spin_s = spec.spin_us / 1e6
         self._ctx = zmq.Context()
-        # Requests come from, and replies go to, the front end over this link (`_link`);
+        # Requests come from, and replies go to, the front end over this link (`links._stream`);
         # mutations go to, and confirmations come from, the writer over the other
-        # (`_link_writer`). The writer is up before any shard starts; if the link is down
+        # (`links._writer`). The writer is up before any shard starts; if the link is down
         # later (a writer restart), `_wait` reconnects it.
         self._front = FrontLink(spec.link_path(spec.index))
         self._writer = WriterLink(spec.writer_link_path)
@@ -295,6 +295,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shard.close()
 
-
-if __name__ == "__main__":
-    sys.exit(main())

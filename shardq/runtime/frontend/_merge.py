@@ -1,6 +1,6 @@
 """The front end's pure helpers: the job-to-shard cache, fan-out verdicts and reply merges.
 
-Nothing here touches a socket; `_frontend_dispatch` wires these into the request flow.
+Nothing here touches a socket; `_dispatch` wires these into the request flow.
 """
 
 from __future__ import annotations

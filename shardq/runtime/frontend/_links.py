@@ -1,4 +1,4 @@
-"""The front end's side of the shard links (`_link`): one asyncio Unix connection per shard.
+"""The front end's side of the shard links (`links._stream`): one asyncio Unix connection per shard.
 
 A link is connected at start-up, and again when the supervisor says a restarted shard is up.
 Its loss is a shard going down, noticed at once (a killed shard's socket closes): the requests
@@ -17,8 +17,8 @@ from typing import Any, Final
 
 import structlog
 
-from shardq.runtime._link import FrameSplitter, frame
-from shardq.runtime._wire import unpack
+from shardq.runtime.links._control import unpack
+from shardq.runtime.links._stream import FrameSplitter, frame
 
 __all__ = ["ShardLinks"]
 

@@ -2,7 +2,7 @@
 
 `Dispatcher` knows nothing about TCP or ZeroMQ: a connection is a `Client` (an id, an auth
 flag, `send` and `drop`). Per frame it applies the transport rules (reference §1.5, §1.6),
-answers `Hello`, `Ping` and `Auth` itself (and, through `_frontend_bunqueue`, the worker
+answers `Hello`, `Ping` and `Auth` itself (and, through `_bunqueue`, the worker
 registry, `Metrics` and the flow/cron refusals), and sends everything else to the shards:
 
 - a command with a `queue` goes to `shard_of(queue, N)`;
@@ -40,14 +40,15 @@ from shardq.protocol import (
     req_id,
     unknown_command,
 )
-from shardq.runtime._commands import (
+from shardq.runtime._routing import shard_of
+from shardq.runtime.frontend._bunqueue import BunqueueCommands
+from shardq.runtime.frontend._commands import (
     BUNQUEUE_COMMANDS,
     ID_BATCH_COMMANDS,
     ID_COMMANDS,
     SHARD_COMMANDS,
 )
-from shardq.runtime._frontend_bunqueue import BunqueueCommands
-from shardq.runtime._frontend_merge import (
+from shardq.runtime.frontend._merge import (
     SHARD_UNAVAILABLE,
     JobCache,
     aligned,
@@ -59,8 +60,7 @@ from shardq.runtime._frontend_merge import (
     shard_unavailable,
     sub_batch,
 )
-from shardq.runtime._routing import shard_of
-from shardq.runtime._wire import pack
+from shardq.runtime.links._control import pack
 
 __all__ = ["Client", "Dispatcher"]
 

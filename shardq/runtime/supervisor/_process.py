@@ -36,7 +36,9 @@ import zmq
 import shardq
 from shardq.runtime._config import ConfigError, ServerConfig, load_config
 from shardq.runtime._logging import configure
-from shardq.runtime._preflight import (
+from shardq.runtime._signals import SignalWaker
+from shardq.runtime._spec import ChildSpec
+from shardq.runtime.supervisor._preflight import (
     StartupError,
     check_data_path,
     check_ports,
@@ -44,8 +46,6 @@ from shardq.runtime._preflight import (
     remove_run_dir,
     remove_stale_run_dirs,
 )
-from shardq.runtime._signals import SignalWaker
-from shardq.runtime._spec import ChildSpec
 
 __all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "EXIT_OK", "Supervisor", "main"]
 

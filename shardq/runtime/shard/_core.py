@@ -1,6 +1,6 @@
 """One shard's message handling, turn by turn, with no sockets and no clock.
 
-The shard process (`shard.py`) is a thin shell around `ShardCore`: each loop turn it feeds
+The shard process (`shard/_process.py`) is a thin shell around `ShardCore`: each loop turn it feeds
 every message it drained with `handle(msg, now)`, then calls `finish_turn(now)` and sends what
 that returns. One turn yields at most one `muts` message to the writer (group commit) and one
 `rep` batch to the front end.
@@ -24,7 +24,7 @@ import structlog
 
 from shardq.core import Engine, Mutation, Record, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
-from shardq.runtime._shard_waits import JobWaits, LongPolls, Parked
+from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
 from shardq.storage import MutationEncoder
 
 __all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]

@@ -1,11 +1,11 @@
 """bunqueue commands the front end answers itself, beyond Hello, Ping, Auth, Stats, ListQueues.
 
-- the worker registry (`_frontend_workers`): RegisterWorker, Heartbeat, UnregisterWorker,
+- the worker registry (`_workers`): RegisterWorker, Heartbeat, UnregisterWorker,
   ListWorkers, and forgetting a closed connection's workers;
-- the legacy `Metrics` (`_frontend_metrics`): counters taken from the replies of the PUSH, PULL
+- the legacy `Metrics` (`_metrics`): counters taken from the replies of the PUSH, PULL
   and ACK commands on their way back, plus a `Stats` fan-out for the DLQ total;
 - the flow-children reads and the refusal of pushes that need flows or cron
-  (`_frontend_compat`).
+  (`_compat`).
 
 `BunqueueCommands` is plugged into the `Dispatcher`: its `handlers` join the front end's local
 commands and every shard command passes `before_route` first.
@@ -18,18 +18,18 @@ from typing import Any, Final, Protocol
 
 from shardq.protocol import error_reply
 from shardq.runtime._clock import AnchoredClock
-from shardq.runtime._frontend_compat import (
+from shardq.runtime.frontend._compat import (
     CHILDREN_VALUE_COMMANDS,
     children_values_reply,
     unsupported_push,
 )
-from shardq.runtime._frontend_metrics import (
+from shardq.runtime.frontend._metrics import (
     COUNTED_COMMANDS,
     Counters,
     memory_usage_mb,
     metrics_reply,
 )
-from shardq.runtime._frontend_workers import WORKER_COMMANDS, WorkerRegistry
+from shardq.runtime.frontend._workers import WORKER_COMMANDS, WorkerRegistry
 
 __all__ = ["BunqueueCommands"]
 

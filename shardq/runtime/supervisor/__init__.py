@@ -1,0 +1,16 @@
+"""The supervisor process: `shardq start`.
+
+Owns: the configuration, the run directory and its sockets' paths, the child processes (the
+writer, the N shards, the front end) and the process signals. It spawns each group, waits for
+every child to report ready, restarts a child that dies, and shuts the tree down in order on
+SIGTERM or SIGINT.
+
+Receives: on its PULL socket (`ipc://RUN/sup`), each child's `ready` and `fatal` messages
+(`shardq.runtime.links`).
+
+Sends: `shard-down` and `shard-up` to the front end's PULL socket; signals to its children.
+"""
+
+from shardq.runtime.supervisor._process import main
+
+__all__ = ["main"]

@@ -1,0 +1,14 @@
+"""The writer process: the only process that writes the SQLite file.
+
+Owns: the `Store` (`shardq.storage`), the flush buffer and the per-shard epochs and sequence
+numbers it has committed.
+
+Receives: `muts`, `flush` and `sync` messages from every shard on its Unix stream listener
+(`shardq.runtime.links`).
+
+Sends: `done` (and `fail`) confirmations to each shard; `ready` and `fatal` to the supervisor.
+"""
+
+from shardq.runtime.writer._process import Writer, main
+
+__all__ = ["Writer", "main"]
