@@ -3,7 +3,7 @@
 from ._config import EngineConfig
 from ._engine import COMMANDS, Engine
 from ._ids import IdFactory
-from ._job import Job
+from ._job import CompactJobs, Job
 from ._lifecycle import STATES, next_state
 from ._mutations import Mutation, Record, fold_mutations, job_id_of
 from ._query import job_view
@@ -11,6 +11,7 @@ from ._query import job_view
 __all__ = [
     "COMMANDS",
     "STATES",
+    "CompactJobs",
     "Engine",
     "EngineConfig",
     "IdFactory",

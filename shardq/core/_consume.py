@@ -63,7 +63,7 @@ class ConsumeOps(EngineState):
         q = self.ready_queue(queue, now)
         taken = self.take_many(q, as_int(cmd.get("count"), 1), now) if q is not None else []
         tokens = self.activate_all(taken, self._grant(cmd, owner), now) if taken else []
-        reply: dict[str, Any] = {"ok": True, "jobs": self.wire_jobs(taken)}
+        reply: dict[str, Any] = {"ok": True, "jobs": self.pulled(taken)}
         if owner is not None:
             reply["tokens"] = [token or "" for token in tokens]
         return reply

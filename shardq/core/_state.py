@@ -10,14 +10,14 @@ from __future__ import annotations
 import heapq
 import random
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 from shardq.errors import CommandError
 
 from ._config import EngineConfig
 from ._ids import IdFactory
-from ._job import TIMELINE_MAX, Job, Timeline, wire_maps
+from ._job import TIMELINE_MAX, CompactJobs, Job, Timeline, wire_maps
 from ._lifecycle import (
     ACTIVE,
     COMPLETED,
@@ -64,8 +64,17 @@ class Lease:
 class EngineState:
     """All in-memory state of one shard's queues."""
 
-    def __init__(self, config: EngineConfig | None = None, *, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        seed: int | None = None,
+        compact_pulls: bool = False,
+    ) -> None:
         self.config = config or EngineConfig()
+        # PULLB answers `CompactJobs` instead of wire maps: for a host that packs replies
+        # itself and would rather not build 44-key maps per job (the shard process).
+        self.compact_pulls = compact_pulls
         self.rng = random.Random(seed)
         self.ids = IdFactory(self.rng)
         self.seq = 0
@@ -97,9 +106,10 @@ class EngineState:
         self.dlq_queues: set[str] = set()  # a superset of the queues whose DLQ holds entries
         self.out: list[Mutation] = []
         self.events: list[tuple[str, str, str]] = []
-        self.wire_jobs: Callable[[list[Job]], object] = wire_maps
-        """How PULLB puts its jobs in the reply: their wire maps (`Job.to_wire`) unless the
-        host swaps in an encoder (the shard process does: `shardq.runtime.shard._wire`)."""
+
+    def pulled(self, jobs: list[Job]) -> list[dict[str, Any]] | CompactJobs:
+        """How PULLB puts its jobs in the reply: wire maps, or `CompactJobs` snapshots."""
+        return CompactJobs.of(jobs) if self.compact_pulls else wire_maps(jobs)
 
     # -- lookups ---------------------------------------------------------------------------
 

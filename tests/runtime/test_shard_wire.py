@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardq.core import Engine
+from shardq.core import CompactJobs, Engine
 from shardq.core._job import WIRE_HOT_KEYS
 from shardq.runtime.links._control import pack
-from shardq.runtime.shard._wire import FrontPacker, PackedJobs
+from shardq.runtime.shard._wire import FrontPacker
 
 T0 = 1_700_000_000_000
 
@@ -41,8 +41,7 @@ _entry = st.fixed_dictionaries(
 
 def _pair() -> tuple[Engine, Engine, FrontPacker]:
     packer = FrontPacker()
-    fast = Engine(seed=7)
-    fast.wire_jobs = packer.wire_jobs
+    fast = Engine(seed=7, compact_pulls=True)
     return Engine(seed=7), fast, packer
 
 
@@ -54,6 +53,7 @@ def _pull_both(
     want = {"t": "rep", "items": [["t1", 5, {"ok": True}], ["t1", 6, expected]]}
     have = {"t": "rep", "items": [["t1", 5, {"ok": True}], ["t1", 6, got]]}
     assert packer.pack(have) == pack(want)
+    assert got["jobs"].maps() == expected["jobs"]
     return expected
 
 
@@ -83,7 +83,7 @@ def test_packed_pullb_replies_are_the_bytes_of_the_wire_maps(
 def test_an_empty_pull_and_other_messages_pack_as_usual() -> None:
     _plain, fast, packer = _pair()
     empty, _ = fast.apply({"cmd": "PULLB", "queue": "q", "count": 5, "owner": "w"}, T0)
-    assert isinstance(empty["jobs"], PackedJobs) and not empty["jobs"]
+    assert isinstance(empty["jobs"], CompactJobs) and not empty["jobs"]
     rep = {"t": "rep", "items": [["t1", 1, empty]]}
     assert packer.pack(rep) == pack({"t": "rep", "items": [["t1", 1, {**empty, "jobs": []}]]})
     drained = {"t": "drained", "shard": 0}
@@ -106,3 +106,18 @@ def test_the_hot_pairs_are_the_hot_keys_in_order() -> None:
     job = engine.find(job_id)
     assert job is not None
     assert tuple(job.wire_hot()[::2]) == WIRE_HOT_KEYS
+
+
+def test_a_compact_pull_is_a_snapshot_of_the_jobs_when_they_were_pulled() -> None:
+    """The shard packs a turn's replies after the whole turn ran: an ACK later in the same turn
+    must not change what the earlier PULLB answered."""
+    plain, fast, packer = _pair()
+    for engine in (plain, fast):
+        engine.apply({"cmd": "PUSH", "queue": "q", "data": {"n": 1}}, T0)
+    expected, _ = plain.apply({"cmd": "PULLB", "queue": "q", "count": 1, "owner": "w"}, T0 + 1)
+    got, _ = fast.apply({"cmd": "PULLB", "queue": "q", "count": 1, "owner": "w"}, T0 + 1)
+    job_id, token = got["jobs"].maps()[0]["id"], got["tokens"][0]
+    done, _ = fast.apply({"cmd": "ACK", "id": job_id, "token": token, "result": 5}, T0 + 2)
+    assert done["ok"] is True
+    rep = {"t": "rep", "items": [["t1", 1, got]]}
+    assert packer.pack(rep) == pack({"t": "rep", "items": [["t1", 1, expected]]})

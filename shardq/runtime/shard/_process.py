@@ -50,11 +50,10 @@ class ShardProcess:
     def __init__(self, spec: ChildSpec) -> None:
         self.spec = spec
         self.clock = AnchoredClock()
-        # Reply batches go out packed by `_front_packer`, PULLB's jobs straight from the
-        # engine's jobs (`shard._wire`); the bytes are those of `_wire.pack`.
+        # Reply batches go out packed by `_front_packer`, PULLB's jobs from the engine's
+        # compact snapshots (`shard._wire`); the bytes are those of `_control.pack`.
         self._front_packer = FrontPacker()
-        engine = Engine(EngineConfig(**spec.engine))
-        engine.wire_jobs = self._front_packer.wire_jobs
+        engine = Engine(EngineConfig(**spec.engine), compact_pulls=True)
         self.core = ShardCore(spec.index, engine)
         self._stop = False
         self._spin_s = spec.spin_us / 1e6

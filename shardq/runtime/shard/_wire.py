@@ -1,48 +1,32 @@
-"""The shard's reply batches, with PULLB's jobs packed straight from the engine's `Job`s.
+"""The shard's reply batches, with PULLB's jobs packed from the engine's compact snapshots.
 
 A PULLB of 100 answers 100 wire maps of 44 keys each, and building them (`Job.to_wire`) and
 packing them cost more than the rest of the pull. Most of each map is the same for every job
-without options (`WIRE_TEMPLATE`): `FrontPacker.wire_jobs`, the shard engine's `wire_jobs`
-hook, packs that part once and each job's `Job.wire_hot` pairs after it, and
-`FrontPacker.pack` splices the results into the `rep` frame. The bytes are exactly those of
-packing the wire maps (tested), so the front end and the clients see no difference; a job
-with options is packed from `to_wire`.
+without options (`WIRE_TEMPLATE`), so the shard's engine answers PULLB with `CompactJobs`
+(`Engine(compact_pulls=True)`): a job without options is its `Job.wire_hot` pairs, which
+`FrontPacker.pack` writes after the template's bytes, packed once. The bytes are exactly those
+of packing the wire maps (tested), so the front end and the clients see no difference; a job
+with options is in the snapshot as its full wire map.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
-from shardq.core import Job
+from shardq.core import CompactJobs
 from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE
 from shardq.runtime.links._control import exact_packer
 
-__all__ = ["FrontPacker", "PackedJobs"]
+__all__ = ["FrontPacker"]
 
 _HOT_PAIRS: Final = 2 * len(WIRE_HOT_KEYS)
 
 
-class PackedJobs:
-    """PULLB's jobs, each already one msgpack map. Only `FrontPacker.pack` can send them: any
-    other packer refuses this type (`TypeError`) instead of sending something else."""
-
-    __slots__ = ("items",)
-
-    def __init__(self, items: list[bytes]) -> None:
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.items)
-
-
 class FrontPacker:
-    """Packs what a shard sends the front end; `wire_jobs` is its engine's PULLB hook."""
+    """Packs what a shard sends the front end, `CompactJobs` included."""
 
     def __init__(self) -> None:
         self._pack = exact_packer()
@@ -51,7 +35,7 @@ class FrontPacker:
         self._array_header: Callable[[int], bytes] = lenient.pack_array_header
         self._wire = self._wire_maker()
 
-    def _wire_maker(self) -> Callable[[Job], bytes]:
+    def _wire_maker(self) -> Callable[[list[Any] | dict[str, Any]], bytes]:
         pack = self._pack
         keys = list(WIRE_TEMPLATE)
         if tuple(keys[-len(WIRE_HOT_KEYS) :]) != WIRE_HOT_KEYS:
@@ -62,20 +46,15 @@ class FrontPacker:
         )
         skip = len(self._array_header(_HOT_PAIRS))  # the pairs go in as a list: drop its header
 
-        def wire(job: Job) -> bytes:
-            if job.opts:
-                return pack(job.to_wire())
-            return head + pack(job.wire_hot())[skip:]
+        def wire(entry: list[Any] | dict[str, Any]) -> bytes:
+            if type(entry) is dict:
+                return pack(entry)
+            return head + pack(entry)[skip:]
 
         return wire
 
-    def wire_jobs(self, jobs: list[Job]) -> PackedJobs:
-        """The engine's `wire_jobs` hook: the jobs' wire maps, packed."""
-        wire = self._wire
-        return PackedJobs([wire(job) for job in jobs])
-
     def pack(self, msg: Mapping[str, Any]) -> bytes:
-        """`msg` as `_wire.pack` would encode it, were its `PackedJobs` lists of wire maps."""
+        """`msg` as `_control.pack` would encode it, were its `CompactJobs` lists of wire maps."""
         items = msg.get("items") if msg.get("t") == "rep" and len(msg) == 2 else None
         if type(items) is not list or not any(_has_packed(item) for item in items):
             return self._pack(msg)
@@ -97,9 +76,9 @@ class FrontPacker:
         out = [self._array_header(3), pack(conn), pack(rid), self._map_header(len(reply))]
         for key, value in reply.items():
             out.append(pack(key))
-            if type(value) is PackedJobs:
+            if type(value) is CompactJobs:
                 out.append(self._array_header(len(value)))
-                out.extend(value.items)
+                out.extend(map(self._wire, value.entries))
             else:
                 out.append(pack(value))
         return b"".join(out)
@@ -110,4 +89,4 @@ def _has_packed(item: object) -> bool:
     if type(item) is not list or len(item) != 3:
         return False
     reply = item[2]
-    return type(reply) is dict and type(reply.get("jobs")) is PackedJobs
+    return type(reply) is dict and type(reply.get("jobs")) is CompactJobs
