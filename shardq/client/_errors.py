@@ -158,7 +158,7 @@ class UnrecoverableError(ShardqError):
 TRANSIENT_ERRORS: Final = (ConnectionLost, CommandTimeout, TransientServerError)
 """The allowlist of retryable errors; everything else is final."""
 
-# Lease refusals of ACK/FAIL/ACKB/MoveToWait (reference §2.2), by prefix.
+# Lease refusals of ACK/FAIL/ACKB/MoveToWait (docs/protocol.md §6.2), by prefix.
 _LEASE_PREFIXES: Final = (
     "Lock token required for job",
     "Invalid or expired lock token for job",
@@ -166,7 +166,7 @@ _LEASE_PREFIXES: Final = (
     "Job not found or not active",
 )
 _STORAGE_PREFIX: Final = "Storage unavailable"
-_LOCK_TIMEOUT: Final = "Lock acquisition timed out"  # bunqueue lists it as transient (§1.6)
+_LOCK_TIMEOUT: Final = "Lock acquisition timed out"  # bunqueue: transient (docs/protocol.md §13.3)
 
 
 def error_from_reply(reply: Mapping[str, Any]) -> ServerError:

@@ -1,7 +1,7 @@
 """What the client hands back and takes in: `Job`, `JobCounts`, `DlqEntry`, `JobOptions`.
 
 All are frozen dataclasses built from (or into) bunqueue's wire maps. Integers are read
-leniently because bunqueue's clients send anything past int32 as a float (reference §1.2).
+leniently because bunqueue's clients send anything past int32 as a float (docs/protocol.md §2.2).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class DlqEntry:
 
 @dataclass(frozen=True)
 class JobOptions:
-    """Options of a new job; None leaves the server's default (reference §2.1.1).
+    """Options of a new job; None leaves the server's default (docs/protocol.md §5.3).
 
     `job_id` is an idempotent custom id that becomes the job's id. `max_attempts` counts
     executions in all. Durations are milliseconds. `extra` passes any other bunqueue field

@@ -15,7 +15,7 @@ decides what to ask for and what to send:
 - a job waiting in the buffer is started only while its lease is surely still its own: the
   request that granted or last renewed it left less than the lease TTL (minus a margin) ago,
   and a lease never renewed must still be on the connection that pulled it (closing a TCP
-  connection gives back the jobs whose lease was never renewed, §1.8 of the reference).
+  connection gives back the jobs whose lease was never renewed, docs/protocol.md §2.6).
 
 Time is an argument: the driver passes its monotonic clock, in seconds.
 """
@@ -32,8 +32,8 @@ from shardq.client._models import Job
 
 __all__ = ["Lease", "WorkerState", "WorkerStats"]
 
-MAX_PULL: Final = 1000  # PULLB's count limit (reference §3.3)
-DEFAULT_STACK_LINES: Final = 10  # bunqueue's stackTraceLimit default (§3.6)
+MAX_PULL: Final = 1000  # PULLB's count limit (docs/protocol.md §6.1)
+DEFAULT_STACK_LINES: Final = 10  # bunqueue's stackTraceLimit default (docs/protocol.md §6.5)
 LEASE_MARGIN_S: Final = 0.5  # a waiting job starts this long before its lease could lapse
 # (a tenth of the TTL for leases shorter than 5 s)
 

@@ -1,4 +1,4 @@
-"""Queue control and DLQ administration (reference §2.5, §2.6 and the stall config of §2.7)."""
+"""Queue control, the stall config and DLQ administration (docs/protocol.md §9 and §10)."""
 
 from __future__ import annotations
 

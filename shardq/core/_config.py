@@ -1,4 +1,7 @@
-"""Engine limits. Every cap is configurable; the defaults are bunqueue's (reference §3.13)."""
+"""Engine limits. Every cap is configurable; the defaults are bunqueue's.
+
+The limits and what each bounds: docs/protocol.md §4.10 and §4.11.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Pulling, leases and completions: PULL, PULLB, ACK, ACKB, FAIL, heartbeats, release.
 
-Fencing rules (seed "The ACK plumbing", bunqueue `assertLeaseToken`):
+Fencing rules (docs/protocol.md §6.2; bunqueue's `assertLeaseToken` applies the same):
 - while a lease exists, ACK and FAIL must carry its exact token;
 - a token whose TTL passed is accepted while nobody else holds the job, even after the lease
   sweep put it back in the queue;
@@ -422,7 +422,7 @@ class ConsumeOps(EngineState):
         return {"ok": True, "count": count}
 
     def release_connection(self, conn: str, now: int) -> int:
-        """Put back the jobs a closed connection held, without charging an attempt (§1.8).
+        """Give back a closed connection's jobs, charging no attempt (docs/protocol.md §2.6).
 
         A job whose lease was renewed at least once stays active: a pooled client may be
         heartbeating it over another connection, and lease expiry reclaims it otherwise.

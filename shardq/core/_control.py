@@ -1,4 +1,4 @@
-"""Job mutation, queue control and the DLQ (reference §2.4, §2.5, §2.6, §2.7)."""
+"""Job mutation, progress and logs (docs/protocol.md §8 and §7.4)."""
 
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ class Engine(TimerOps, ProduceOps, ControlOps, QueryOps):
         return reply, self.out
 
     def release(self, conn: str, now: int) -> tuple[int, list[Mutation]]:
-        """Release the jobs a closed connection held (no attempt charged). See §1.8."""
+        """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6."""
         self.out, self.events = [], []
         released = self.release_connection(conn, int(now))
         self.last_events = self.events

@@ -1,4 +1,4 @@
-"""The job record: bunqueue's `Job` fields and defaults (reference §3.1 and §2.1.1).
+"""The job record: bunqueue's `Job` fields and defaults (docs/protocol.md §4.1 and §5.3).
 
 Fields the engine reads or changes on the hot path are attributes. The options a job only
 carries (tags, groupId, removeOnComplete, ...) live in `opts`, a dict already in wire form, so

@@ -1,4 +1,4 @@
-"""Read-only commands (reference §2.3). None of them emits a mutation."""
+"""Read-only commands (docs/protocol.md §7). None of them emits a mutation."""
 
 from __future__ import annotations
 

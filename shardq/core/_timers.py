@@ -175,7 +175,8 @@ class TimerOps(ConsumeOps, AdminOps):
         """Load persisted records into this (empty) engine.
 
         With `recover`, jobs that were active when the process died come back with attempts
-        + 1 (or go to the DLQ at the limit), as bunqueue's startup recovery does (§4.5).
+        + 1 (or go to the DLQ at the limit), as bunqueue's startup recovery does
+        (docs/protocol.md §4.12).
         Without it, the records are loaded exactly as they are: the replay of a mutation stream.
         Returns the mutations recovery made.
         """

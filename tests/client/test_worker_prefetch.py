@@ -50,8 +50,8 @@ def test_prefetched_jobs_go_back_at_once_on_close(clients: Clients, backlog: int
         ran_a.append(job.id)
         go.wait(20)  # holds the only handler while 10 jobs wait in the buffer
 
-    # Renewed often, so a TCP close alone would not give the waiting jobs back (§1.8 of the
-    # reference: a renewed lease outlives its connection); a long TTL, so lapsing cannot
+    # Renewed often, so a TCP close alone would not give the waiting jobs back (docs/protocol.md
+    # §2.6: a renewed lease outlives its connection); a long TTL, so lapsing cannot
     # explain a prompt redelivery either. Only the explicit release can.
     a = clients.worker(
         queue.name, slow_first, prefetch=10, heartbeat_interval=0.05, lock_ttl_ms=30_000

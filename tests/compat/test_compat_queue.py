@@ -1,9 +1,9 @@
 """bunqueue-client 0.1.5's `Queue` against `shardq start`: producing, queries, queue control.
 
-Written from the client's documented API (its docstrings and README) and the protocol
-reference; each expectation was checked against a bunqueue 2.9.5 server where they agree (the
-v2 job name is where they do not: bunqueue 2.9.x strips `data.name`, shardq keeps it, which is
-what 0.1.5 needs, reference §2.12).
+Written from the client's documented API (its docstrings and README) and docs/protocol.md;
+each expectation was checked against a bunqueue 2.9.5 server where they agree (the v2 job name
+is where they do not: bunqueue 2.9.x strips `data.name`, shardq keeps it, which is what 0.1.5
+needs, docs/protocol.md §4.6).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_add_options_reach_the_job(clients: Clients, qname: str) -> None:
         attempts=5,
         backoff={"type": "fixed", "delay": 250},
         tags=["a", "b"],
-        timestamp=1_700_000_000_000,  # > int32: the client sends it as a float (§1.2)
+        timestamp=1_700_000_000_000,  # > int32: sent as a float (docs/protocol.md §2.2)
         lifo=True,
     )
     got = queue.get_job(job.id)

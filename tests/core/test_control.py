@@ -1,4 +1,4 @@
-"""Job mutation (reference §2.4): cancel, discard, promote, moves, priority, delay, logs."""
+"""Job mutation (docs/protocol.md §8): cancel, discard, promote, moves, priority, delay, logs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Custom-id idempotency and uniqueKey deduplication (reference §2.1, seed 004)."""
+"""Custom-id idempotency and uniqueKey deduplication (docs/protocol.md §4.7)."""
 
 from __future__ import annotations
 

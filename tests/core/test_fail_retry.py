@@ -1,4 +1,7 @@
-"""FAIL: retry with backoff (reference §3.6), dead-lettering, removeOnFail, stack normalisation."""
+"""FAIL: retry with backoff, dead-lettering, removeOnFail, stack normalisation.
+
+The rules: docs/protocol.md §4.5, §4.10 and §6.5.
+"""
 
 from __future__ import annotations
 

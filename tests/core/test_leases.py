@@ -1,4 +1,7 @@
-"""Connection release (reference §1.8) and lease renewal: heartbeats and lock extension (§2.2)."""
+"""Connection release and lease renewal: heartbeats and lock extension.
+
+The rules: docs/protocol.md §2.6 and §6.6.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Delivery order (reference §3.4): priority, then lifo, then run time, then admission."""
+"""Delivery order (docs/protocol.md §4.4): priority, then lifo, then run time, then admission."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PULL, PULLB, ACK and ACKB, and the lease fencing rules (seed "The ACK plumbing", §2.2)."""
+"""PULL, PULLB, ACK and ACKB, and the lease fencing rules (docs/protocol.md §6.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Read-only commands (reference §2.3): views, states, results, counts and listings."""
+"""Read-only commands (docs/protocol.md §7): views, states, results, counts and listings."""
 
 from __future__ import annotations
 

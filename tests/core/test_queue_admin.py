@@ -1,4 +1,4 @@
-"""Queue control (reference §2.5), the DLQ commands (§2.6) and the stall and DLQ configs."""
+"""Queue control (docs/protocol.md §9), the DLQ commands (§10) and the stall and DLQ configs."""
 
 from __future__ import annotations
 

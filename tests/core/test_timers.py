@@ -1,4 +1,4 @@
-"""What time does: `tick(now)` and `next_deadline()` (reference §3.7, §3.8, §3.11)."""
+"""What time does: `tick(now)` and `next_deadline()` (docs/protocol.md §4.9, §4.11, §10.3)."""
 
 from __future__ import annotations
 
@@ -312,8 +312,8 @@ def test_unleased_stall_at_max_stalls_dead_letters(d: Driver) -> None:
 
 
 def test_stall_detection_is_two_phase(d: Driver) -> None:
-    """Reference §3.8: a stalled job becomes a candidate at one check and is acted on only at
-    the next one, so a heartbeat landing in between saves it."""
+    """A stalled job becomes a candidate at one check and is acted on only at the next one, so
+    a heartbeat landing in between saves it (docs/protocol.md §4.11)."""
     config = {"stallInterval": 1000, "gracePeriod": 0}
     d.ok({"cmd": "SetStallConfig", "queue": "q", "config": config})
     job_id = d.push(at=0)

@@ -88,7 +88,7 @@ class BunqueueCommands:
         return client
 
     def connection_closed(self, conn: str) -> None:
-        """`conn` closed: the workers it registered go with it (bunqueue §1.8, step 2)."""
+        """`conn` closed: the workers it registered go with it (docs/protocol.md §2.6, step 2)."""
         self.workers.drop_conn(conn)
 
     # -- handlers --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ __all__ = [
 ]
 
 BUNQUEUE_COMMANDS: Final = frozenset(
-    # The 107 commands of the bunqueue 2.9.5 server (reference §2). A name outside this set
+    # The 107 commands of the bunqueue 2.9.5 server (docs/protocol.md §14.1). A name outside
     # answers "Unknown command: X", as bunqueue does; a name inside it that shardq does not
     # implement answers "Unsupported command: X", so a client can tell the two apart.
     [

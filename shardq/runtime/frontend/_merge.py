@@ -100,9 +100,9 @@ def shard_unavailable(shard: int) -> Reply:
 def is_found(name: str, reply: Reply) -> bool:
     """Whether a shard's reply to an id command shows that this shard holds the job.
 
-    An error containing "not found" (bunqueue's contract, §1.6) means "not here"; any other
-    error came from the shard that holds the job. A few queries answer ok for an unknown id,
-    so for them the content decides.
+    An error containing "not found" (bunqueue's contract, docs/protocol.md §13.3) means "not
+    here"; any other error came from the shard that holds the job. A few queries answer ok for
+    an unknown id, so for them the content decides.
     """
     if not reply.get("ok"):
         error = str(reply.get("error", ""))

@@ -1,6 +1,6 @@
 """The legacy `Metrics` answer: lifetime counters kept by the front end plus the shards' Stats.
 
-bunqueue's legacy form (no `queue`/`type`, reference §2.9) answers
+bunqueue's legacy form (no `queue`/`type`, docs/protocol.md §11.2) answers
 `{metrics: {totalPushed, totalPulled, totalCompleted, totalFailed, avgLatencyMs,
 avgProcessingMs, memoryUsageMb, sqliteSizeMb: 0, activeConnections: 0}}`, with counters that
 start at zero with the server process. Every PUSH, PULL and ACK passes through the front end,

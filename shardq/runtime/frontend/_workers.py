@@ -1,8 +1,9 @@
 """The worker registry of the front end: RegisterWorker, Heartbeat, UnregisterWorker, ListWorkers.
 
-bunqueue keeps this registry beside its queues (reference §2.2); in shardq no shard owns it, since
-a worker may serve queues on several shards, so the front end, which sees every connection,
-holds it. It is pure: time is an argument (wall-clock milliseconds, as bunqueue reports them).
+bunqueue keeps this registry beside its queues (docs/protocol.md §12); in shardq no shard owns
+it, since a worker may serve queues on several shards, so the front end, which sees every
+connection, holds it. It is pure: time is an argument (wall-clock milliseconds, as bunqueue
+reports them).
 
 The rules, from bunqueue 2.9.5 `workerManager.js` and `handlers/monitoring/workers.js`:
 - `RegisterWorker` is an upsert by `workerId`: a known worker keeps its name, `registeredAt`,
@@ -40,7 +41,7 @@ WORKER_COMMANDS: Final = frozenset(
 
 
 def _number(value: object, default: int | float = 0) -> int | float:
-    """A client number as sent; an integral float (the int64 rule, §1.2) becomes an int."""
+    """A client number as sent; an integral float becomes an int (docs/protocol.md §2.2)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return default
     if isinstance(value, float):
