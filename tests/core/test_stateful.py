@@ -1,4 +1,6 @@
-"""Random interleavings of the engine's operations, checked against DESIGN.md's invariants.
+"""Random interleavings of the engine's operations, checked against the invariants.
+
+The invariants are listed in docs/runtime.md ("Invariants").
 
 Several workers push, pull, ack (sometimes with a stale token), fail, heartbeat, cancel, drop
 their connection and let the clock jump, in any order. After every step the machine checks:

@@ -1,5 +1,5 @@
 """What survives a crash: `kill -9` of the whole tree or of one shard, and SIGTERM mid-stream
-(issue 3's acceptance tests, DESIGN.md "Invariants the tests must prove").
+(issue 3's acceptance tests; the invariants are listed in docs/runtime.md, "Invariants").
 
 Every test runs the real `shardq start --shards 2` and drives it over TCP with the project's
 `TcpConnection`. Producers run in threads on their own connections and keep only the ids the
