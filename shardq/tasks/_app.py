@@ -243,7 +243,8 @@ class App:
         self, task: Task[..., Any], payload: dict[str, Any], job_id: str | None
     ) -> EagerResult:
         job_id = job_id or f"eager-{uuid.uuid4().hex}"
-        args, kwargs = _round_trip(payload)
+        call = _round_trip(payload)
+        args, kwargs = call["args"], call["kwargs"]
         try:
             value = _call(task.fn, args, kwargs)
             value = _round_trip(value)

@@ -11,7 +11,10 @@ from shardq.errors import ShardqError
 
 __all__ = ["EagerResult", "TaskFailed", "TaskResult"]
 
-WAIT_SLICE_MS: Final = 1000  # one WaitJob: how soon `get` notices a job that went to the DLQ
+# WaitJob returns when a job completes, not when it fails: `get` checks the state between
+# slices, short at first (a failure is often quick) and growing to one second.
+FIRST_SLICE_MS: Final = 50
+MAX_SLICE_MS: Final = 1000
 CANCEL_REFUSED: Final = "Job not found or cannot be cancelled"
 
 
@@ -76,18 +79,20 @@ class TaskResult:
             NotFound: the server does not know the job (cancelled or removed).
         """
         deadline = time.monotonic() + timeout
+        slice_ms = FIRST_SLICE_MS
         while (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
             state = self.state()
             if state == "failed":
                 raise self._failure()
             if state == "unknown":
                 raise NotFound(f"job {self.id} of task {self.task} is not known to the server")
-            slice_ms = min(left_ms, WAIT_SLICE_MS)
+            wait_ms = min(left_ms, slice_ms)
             reply = self._queue.connection.call(
-                {"cmd": "WaitJob", "id": self.id, "timeout": slice_ms}, wait=slice_ms / 1000
+                {"cmd": "WaitJob", "id": self.id, "timeout": wait_ms}, wait=wait_ms / 1000
             )
             if reply.get("completed"):
                 return reply.get("result")
+            slice_ms = min(2 * slice_ms, MAX_SLICE_MS)
         raise WaitTimeout(f"task {self.task} (job {self.id}) not finished after {timeout:g} s")
 
     def _failure(self) -> TaskFailed:

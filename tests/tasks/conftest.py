@@ -1,4 +1,4 @@
-"""Fixtures for the task API tests: one real server per module, and `shardq worker` runs.
+"""Fixtures for the task API tests: one real server for the directory, and `shardq worker` runs.
 
 The server is the runtime tests' `ShardqServer` harness; the worker is the real CLI,
 started as a subprocess with its logs in a file.
@@ -28,14 +28,14 @@ from shardq_harness import ShardqServer  # noqa: E402
 pytest_plugins = ["pytester"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
     with ShardqServer(tmp_path_factory.mktemp("tasks") / "data", shards=2).start() as srv:
         yield srv
         assert srv.stop() == 0, srv.log_tail()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def url(server: ShardqServer) -> str:
     host, port = server.tcp_address
     return f"tcp://{host}:{port}"

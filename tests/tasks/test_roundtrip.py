@@ -4,6 +4,7 @@ timeouts, unknown task names, and the worker's JSON logs."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections.abc import Iterator
@@ -54,7 +55,7 @@ def test_retries_with_backoff(worker: WorkerProcess, sample_app: Any, tmp_path: 
     result = sample_tasks.flaky.delay(str(log), 2)
     assert result.get(timeout=20) == 3
     starts = [float(t) for t in log.read_text().split()]
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     # backoff=0.2: the server waits 0.2 * 2^attempt * (0.5..1.5) between attempts.
     assert len(starts) == 3 and all(gap >= 0.18 for gap in gaps), gaps
 
@@ -91,11 +92,12 @@ def test_get_gives_up_after_its_timeout(worker: WorkerProcess, sample_app: Any) 
 def test_unknown_task_name_goes_to_the_dlq(worker: WorkerProcess, sample_app: Any) -> None:
     queue = sample_app.queue("default")
     job_id = queue.add("no.such.task", {"args": [], "kwargs": {}})
-    with pytest.raises(TaskFailed, match="no task named 'no.such.task'"):
+    with pytest.raises(TaskFailed, match=r"no task named 'no\.such\.task'"):
         sample_app.result(job_id, "no.such.task").get(timeout=15)
     (entry,) = [e for e in queue.dlq() if e.job.id == job_id]
-    assert "no task named 'no.such.task' is registered" in (entry.error or entry.job.failed_reason or "")
-    assert "sample_tasks.add" in (entry.error or entry.job.failed_reason or "")
+    reason = entry.error or entry.job.failed_reason or ""
+    assert "no task named 'no.such.task' is registered" in reason
+    assert "sample_tasks.add" in reason
 
 
 def test_logs_name_task_job_attempt_and_duration(worker: WorkerProcess, sample_app: Any) -> None:
