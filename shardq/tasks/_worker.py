@@ -260,7 +260,7 @@ def _wait_children(children: list[BaseProcess], stopping: Any) -> int:
 
 
 class _StatusLine:
-    """"done 1520  failed 3  412/s" on one terminal line, redrawn twice a second."""
+    """One terminal line, "done 1520  failed 3  412/s", redrawn twice a second."""
 
     def __init__(self, counters: Any, out: TextIO, started: float) -> None:
         self._counters = counters

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-USER_TESTS = '''
+USER_TESTS = """
 import shardq
 
 
@@ -44,7 +44,7 @@ def test_eager_mode_needs_no_server():
         return a + b
 
     assert add.delay(2, 3).get() == 5
-'''
+"""
 
 
 def test_plugin_fixtures_in_a_users_test_file(pytester: pytest.Pytester) -> None:

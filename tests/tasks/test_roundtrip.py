@@ -103,9 +103,7 @@ def test_unknown_task_name_goes_to_the_dlq(worker: WorkerProcess, sample_app: An
 def test_logs_name_task_job_attempt_and_duration(worker: WorkerProcess, sample_app: Any) -> None:
     result = sample_tasks.add.delay(40, 2)
     assert result.get(timeout=15) == 42
-    (line,) = [
-        line for line in worker.wait_log("task done") if line.get("job_id") == result.id
-    ]
+    (line,) = [line for line in worker.wait_log("task done") if line.get("job_id") == result.id]
     assert line["task"] == sample_tasks.add.name and line["attempt"] == 1
     assert isinstance(line["duration_ms"], float) and line["pid"] != os.getpid()
 
@@ -117,3 +115,10 @@ def test_unencodable_argument_refused_before_sending(sample_app: Any) -> None:
     with pytest.raises(SerializationError, match="keyword argument 'b'"):
         sample_tasks.add.delay(1, b={1, 2})
     assert sample_app.queue("default").counts() == before
+
+
+def test_unique_key_returns_the_queued_job(worker: WorkerProcess, sample_app: Any) -> None:
+    first = sample_tasks.add.apply((1, 1), delay=5.0, unique_key="sum-once")
+    second = sample_tasks.add.apply((2, 2), unique_key="sum-once")
+    assert second.id == first.id
+    assert first.cancel() is True

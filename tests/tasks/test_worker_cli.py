@@ -1,0 +1,62 @@
+"""`shardq worker` as a command: refusals of a bad app, and the live status line on a
+terminal."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import sample_tasks
+
+HERE = Path(__file__).resolve().parent
+
+
+def _worker(*args: str, **popen: Any) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "shardq_cli.main", "worker", *args]
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    return subprocess.Popen(argv, cwd=HERE, stdin=subprocess.DEVNULL, env=env, **popen)
+
+
+def test_an_app_that_cannot_be_loaded_exits_2() -> None:
+    for spec, message in [
+        ("no_such_module:app", b"cannot import 'no_such_module'"),
+        ("sample_tasks:add", b"'sample_tasks:add' is not a shardq.App (got Task)"),
+    ]:
+        proc = _worker(spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 2 and message in err, err
+
+
+def test_status_line_on_a_terminal(sample_app: Any, url: str) -> None:
+    master, slave = pty.openpty()
+    proc = _worker("sample_tasks:app", "--url", url, "--queues", "default",
+                   stdout=subprocess.DEVNULL, stderr=slave)  # fmt: skip
+    os.close(slave)
+    try:
+        results = [sample_tasks.add.delay(i, 1) for i in range(5)]
+        assert [r.get(timeout=15) for r in results] == [1, 2, 3, 4, 5]
+        seen = _read_until(master, b"done 5  failed 0", timeout=10)
+        assert b"\r\x1b[Kshardq worker  done 5  failed 0  " in seen and b"/s" in seen
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        os.close(master)
+
+
+def _read_until(fd: int, wanted: bytes, timeout: float) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while wanted not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{wanted!r} not shown on the terminal; got {seen[-500:]!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            seen += os.read(fd, 65536)
+    return seen
