@@ -227,8 +227,9 @@ class App:
                 found = self._queues[name] = Queue(name, connection=self._connection)
             return found
 
-    def result(self, job_id: str, task: str = "?", queue: str | None = None) -> TaskResult:
-        """A handle on a job enqueued earlier (e.g. by another process), by id."""
+    def result(self, job_id: str, task: str = "", queue: str | None = None) -> TaskResult:
+        """A handle on a job enqueued earlier (e.g. by another process), by id. `task`
+        names it in errors (by default a failure names the job's own name)."""
         return TaskResult(self.queue(queue or self.default_queue), job_id, task)
 
     def close(self) -> None:

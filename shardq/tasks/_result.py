@@ -99,7 +99,8 @@ class TaskResult:
         job = self._queue.get_job(self.id)
         if job is None:
             return TaskFailed(self.task, self.id, "removed after it failed")
-        return TaskFailed(self.task, self.id, job.failed_reason, job.stacktrace or ())
+        task = self.task or job.name  # a handle made from a bare id learns its task here
+        return TaskFailed(task, self.id, job.failed_reason, job.stacktrace or ())
 
     def cancel(self) -> bool:
         """Remove the job if it has not started (waiting, delayed or prioritized); True if it

@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -35,6 +35,7 @@ from typing import Any, Final, TextIO
 import structlog
 
 from shardq.client import AsyncWorker, WorkerStats
+from shardq.errors import ShardqError
 from shardq.tasks._app import App
 from shardq.tasks._dispatch import DONE, FAILED, Counters, Dispatcher
 
@@ -146,7 +147,13 @@ def serve(
     """Run a worker per queue in this process until a signal; the exit status."""
     if child:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent forwards it (module doc)
-    return asyncio.run(_serve(app, queues, settings, counters, child=child))
+    try:
+        return asyncio.run(_serve(app, queues, settings, counters, child=child))
+    except ShardqError as e:
+        # A permanent refusal (a bad token, a queue name the server rejects): the workers
+        # have shut down; say why in one line instead of a traceback.
+        _log.error("worker failed", error=f"{type(e).__name__}: {e}")
+        return 1
 
 
 async def _serve(
@@ -176,7 +183,7 @@ class _Stopper:
     def __init__(self, workers: list[AsyncWorker]) -> None:
         self._workers = workers
         self._signals = 0
-        self._closing: list[asyncio.Task[WorkerStats]] = []
+        self._closing: list[asyncio.Task[WorkerStats]] = []  # referenced, so not collected
 
     def signal(self, sig: int) -> None:
         self._signals += 1
@@ -239,7 +246,7 @@ def _child_main(
     sys.exit(serve(app, queues, settings, counters, child=True))
 
 
-def _wait_children(children: list[BaseProcess], stopping: Any) -> int:
+def _wait_children(children: list[BaseProcess], stopping: Callable[[], bool]) -> int:
     """Wait until every child exits; one that dies before a stop was asked stops the rest
     (a half-staffed worker would hide the failure). The worst exit status."""
     stopped_others = False

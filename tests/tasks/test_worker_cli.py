@@ -3,6 +3,7 @@ terminal."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import select
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import sample_tasks
+from shardq_harness import ShardqServer
 
 HERE = Path(__file__).resolve().parent
 
@@ -60,3 +62,15 @@ def _read_until(fd: int, wanted: bytes, timeout: float) -> bytes:
         if ready:
             seen += os.read(fd, 65536)
     return seen
+
+
+def test_a_refused_token_stops_the_worker_with_one_clear_line(tmp_path: Path) -> None:
+    with ShardqServer(tmp_path / "data", args=["--auth-token", "s3cret"]).start() as server:
+        host, port = server.tcp_address
+        proc = _worker("sample_tasks:app", "--url", f"tcp://{host}:{port}",
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 1, err
+        failed = [json.loads(line) for line in err.splitlines() if b'"worker failed"' in line]
+        assert failed and "AuthenticationFailed" in failed[0]["error"], err
+        assert b"Traceback" not in err
