@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import sample_tasks
-from conftest import WorkerProcess
+from task_helpers import WorkerProcess
 
 JOBS = 60
 TASK_S = 0.05  # long enough that SIGTERM lands while tasks run, short enough for a quick test

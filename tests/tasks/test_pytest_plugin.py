@@ -4,7 +4,9 @@ eager mode."""
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+import sys
+from pathlib import Path
 
 USER_TESTS = """
 import shardq
@@ -47,7 +49,13 @@ def test_eager_mode_needs_no_server():
 """
 
 
-def test_plugin_fixtures_in_a_users_test_file(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_user=USER_TESTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", timeout=90)
-    result.assert_outcomes(passed=3)
+def test_plugin_fixtures_in_a_users_test_file(tmp_path: Path) -> None:
+    # A pytest of its own, outside this repository (no conftest, no ini): the fixtures can
+    # only come from the installed plugin's entry point.
+    (tmp_path / "test_user.py").write_text(USER_TESTS)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "3 passed" in run.stdout, run.stdout

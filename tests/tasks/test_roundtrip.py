@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import sample_tasks
-from conftest import WorkerProcess
+from task_helpers import WorkerProcess
 
 from shardq import TaskFailed
 from shardq.client import SerializationError, WaitTimeout
