@@ -95,6 +95,28 @@ class Task(Generic[P, R]):
         new_id = queue.add(self.name, payload, opts.job_options(args, kwargs, job_id))
         return TaskResult(queue, new_id, self.name)
 
+    def map(self, calls: Iterable[Any], **options: Unpack[CallOptions]) -> list[TaskResult]:
+        """Enqueue one call per item of `calls` (a tuple of positional arguments, or any
+        other value as the only argument, as huey's `map`), sent in bulk (PUSHB of up to 1000
+        jobs); their handles in order. Options as for `apply`, for every call; a `job_id`
+        is refused (one id cannot name several jobs).
+
+        Raises what `delay` raises; an unencodable argument refuses the whole batch before
+        anything is sent. A refusal of the server raises after earlier chunks were accepted.
+        """
+        opts, job_id = self.options.merged(options)
+        if job_id is not None:
+            raise TypeError("map() takes no job_id: one id cannot name several jobs")
+        jobs = []
+        for call in calls:
+            args = call if isinstance(call, tuple) else (call,)
+            payload = encode_payload(self.name, args, {})
+            jobs.append((self.name, payload, opts.job_options(args, {}, None)))
+        if self.app.eager:
+            return [self.app._run_eagerly(self, payload, None) for _, payload, _ in jobs]
+        queue = self.app.queue(opts.queue)
+        return [TaskResult(queue, i, self.name) for i in queue.add_bulk(jobs)]
+
     def s(self, *args: Any, **kwargs: Any) -> Any:
         """A signature for `chain`/`group`: not available yet (they need flows)."""
         raise NotImplementedError(_MISSING_FLOWS.format(what=f"{self.name}.s()"))

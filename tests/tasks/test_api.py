@@ -55,6 +55,16 @@ def test_eager_mode_runs_at_once_through_msgpack(app: App) -> None:
     assert result.cancel() is False
 
 
+def test_eager_map_runs_each_call(app: App) -> None:
+    @app.task
+    def square(x: int) -> int:
+        return x * x
+
+    assert [r.get() for r in square.map(range(4))] == [0, 1, 4, 9]
+    with pytest.raises(TypeError, match="no job_id"):
+        square.map([1], job_id="one")
+
+
 def test_eager_async_task_from_a_running_loop(app: App) -> None:
     @app.task
     async def inc(x: int) -> int:

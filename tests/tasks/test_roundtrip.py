@@ -122,3 +122,10 @@ def test_unique_key_returns_the_queued_job(worker: WorkerProcess, sample_app: An
     second = sample_tasks.add.apply((2, 2), unique_key="sum-once")
     assert second.id == first.id
     assert first.cancel() is True
+
+
+def test_map_enqueues_in_bulk(worker: WorkerProcess, sample_app: Any) -> None:
+    results = sample_tasks.add.map((i, 10) for i in range(1500))  # two PUSHB chunks
+    assert len({r.id for r in results}) == 1500
+    assert [r.get(timeout=20) for r in results[::100]] == [i + 10 for i in range(0, 1500, 100)]
+    assert results[-1].get(timeout=20) == 1509
