@@ -29,7 +29,13 @@ from typing import Any, Generic, ParamSpec, TypeVar, Unpack, overload
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.client import DEFAULT_URL, Connection, Queue
-from shardq.tasks._options import CallOptions, TaskOptions, UniqueKey, encode_payload
+from shardq.tasks._options import (
+    CallOptions,
+    TaskOptions,
+    UniqueKey,
+    encode_payload,
+    encode_payloads,
+)
 from shardq.tasks._result import EagerResult, TaskFailed, TaskResult
 
 __all__ = ["App", "Task", "chain", "group"]
@@ -107,11 +113,13 @@ class Task(Generic[P, R]):
         opts, job_id = self.options.merged(options)
         if job_id is not None:
             raise TypeError("map() takes no job_id: one id cannot name several jobs")
-        jobs = []
-        for call in calls:
-            args = call if isinstance(call, tuple) else (call,)
-            payload = encode_payload(self.name, args, {})
-            jobs.append((self.name, payload, opts.job_options(args, {}, None)))
+        argument_lists = [call if isinstance(call, tuple) else (call,) for call in calls]
+        payloads = encode_payloads(self.name, argument_lists)
+        shared = None if callable(opts.unique_key) else opts.job_options((), {}, None)
+        jobs = [
+            (self.name, payload, shared or opts.job_options(args, {}, None))
+            for args, payload in zip(argument_lists, payloads, strict=True)
+        ]
         if self.app.eager:
             return [self.app._run_eagerly(self, payload, None) for _, payload, _ in jobs]
         queue = self.app.queue(opts.queue)

@@ -15,7 +15,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from shardq.client import JobOptions, SerializationError
 
-__all__ = ["CallOptions", "TaskOptions", "decode_payload", "encode_payload"]
+__all__ = ["CallOptions", "TaskOptions", "decode_payload", "encode_payload", "encode_payloads"]
 
 # Lines of the remote traceback the server keeps for `TaskFailed` (it stores at most 100).
 # bunqueue's default of 10 cuts most Python tracebacks down to the last two frames.
@@ -124,6 +124,19 @@ def encode_payload(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
     except (TypeError, ValueError, OverflowError) as e:
         raise SerializationError(_blame(task, args, kwargs, e)) from e
     return payload
+
+
+def encode_payloads(task: str, calls: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """The job data of many positional-only calls, checked in one msgpack pass (a bulk
+    enqueue should not encode every call twice over). Raises as `encode_payload` does."""
+    payloads = [{"args": list(args), "kwargs": {}} for args in calls]
+    try:
+        msgpack.packb(payloads, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):
+        for args in calls:
+            encode_payload(task, args, {})  # raises for the first call that cannot be sent
+        raise
+    return payloads
 
 
 def _blame(task: str, args: Sequence[Any], kwargs: Mapping[str, Any], error: Exception) -> str:

@@ -63,6 +63,8 @@ def test_eager_map_runs_each_call(app: App) -> None:
     assert [r.get() for r in square.map(range(4))] == [0, 1, 4, 9]
     with pytest.raises(TypeError, match="no job_id"):
         square.map([1], job_id="one")
+    with pytest.raises(SerializationError, match=r"argument 0 cannot be sent \(object"):
+        square.map([1, object()])
 
 
 def test_eager_async_task_from_a_running_loop(app: App) -> None:
