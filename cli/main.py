@@ -93,7 +93,7 @@ def worker(
     import sys
 
     from shardq.runtime._logging import configure
-    from shardq.tasks._worker import AppNotFound, WorkerSettings, load_app, run
+    from shardq.tasks._worker import AppNotFound, WorkerSettings, exit_now, load_app, run
 
     try:
         configure("worker", log_format, log_level)
@@ -116,7 +116,7 @@ def worker(
     except ValueError as e:
         typer.echo(f"shardq worker: {e}", err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(code)
+    exit_now(code)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Any, Final, TextIO
+from typing import Any, Final, NoReturn, TextIO
 
 import structlog
 
@@ -39,7 +39,7 @@ from shardq.errors import ShardqError
 from shardq.tasks._app import App
 from shardq.tasks._dispatch import DONE, FAILED, Counters, Dispatcher
 
-__all__ = ["WorkerSettings", "load_app", "run"]
+__all__ = ["WorkerSettings", "exit_now", "load_app", "run"]
 
 STATUS_INTERVAL_S: Final = 0.5
 CHILD_POLL_S: Final = 0.1
@@ -100,8 +100,11 @@ def run(app: App, settings: WorkerSettings, *, status: TextIO | None = None) -> 
 
     `status` is where a live one-line status goes (when it is a terminal).
 
+    A sync task still running when the grace is over keeps a thread of this process
+    busy; the caller should leave with `exit_now` (its job was given back to the queue).
+
     Raises:
-        ValueError: a queue is named that no task uses, or the app has no task.
+        ValueError: the app has no task.
     """
     queues = settings.queues or tuple(app.queues)
     if not queues:
@@ -243,7 +246,17 @@ def _child_main(
     from shardq.runtime._logging import configure
 
     configure("worker", settings.log_format, settings.log_level, index)
-    sys.exit(serve(app, queues, settings, counters, child=True))
+    exit_now(serve(app, queues, settings, counters, child=True))
+
+
+def exit_now(code: int) -> NoReturn:
+    """Leave the process without joining its threads: a sync task that outran the grace
+    cannot be interrupted, and the interpreter's exit would wait for it (its job was already
+    given back, and runs again elsewhere)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _wait_children(children: list[BaseProcess], stopping: Callable[[], bool]) -> int:

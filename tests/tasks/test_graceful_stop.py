@@ -64,3 +64,21 @@ def test_second_signal_stops_at_once(
     assert time.monotonic() - started < 10
     assert worker.wait_log("second signal: stopping at once")
     sample_app.queue("batch").obliterate()
+
+
+def test_a_sync_task_past_the_grace_is_given_back(
+    start_worker: Callable[..., WorkerProcess], sample_app: Any, url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "overrun.log"
+    result = sample_tasks.record.apply((str(log), "overrun", 30.0), queue="batch")
+    worker = start_worker(url, "--queues", "batch", "--grace", "0.5")
+    deadline = time.monotonic() + 10
+    while result.state() != "active":
+        assert time.monotonic() < deadline, worker.tail()
+        time.sleep(0.02)
+    started = time.monotonic()
+    assert worker.stop(signal.SIGTERM, timeout=15) == 0, worker.tail()
+    assert time.monotonic() - started < 10  # the thread still sleeping did not hold it
+    assert result.state() == "waiting"  # released without using an attempt: runs again
+    assert not _lines(log)
+    assert result.cancel() is True
