@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sample_tasks
+from shardq_harness import ShardqServer
 from task_helpers import WorkerProcess
 
 from shardq import TaskFailed
@@ -129,3 +130,13 @@ def test_map_enqueues_in_bulk(worker: WorkerProcess, sample_app: Any) -> None:
     assert len({r.id for r in results}) == 1500
     assert [r.get(timeout=20) for r in results[::100]] == [i + 10 for i in range(0, 1500, 100)]
     assert results[-1].get(timeout=20) == 1509
+
+
+def test_producing_over_zeromq(
+    worker: WorkerProcess, sample_app: Any, server: ShardqServer
+) -> None:
+    sample_app.close()
+    sample_app.url = f"zmq://127.0.0.1:{server.zmq_port}"
+    results = [sample_tasks.multiply.delay(i, 2) for i in range(10)]
+    assert [r.get(timeout=15) for r in results] == [2 * i for i in range(10)]
+    assert results[0].state() == "completed"
