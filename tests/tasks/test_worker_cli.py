@@ -11,11 +11,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import sample_tasks
 from shardq_harness import ShardqServer
+from task_helpers import WorkerProcess
 
 HERE = Path(__file__).resolve().parent
 
@@ -74,3 +76,16 @@ def test_a_refused_token_stops_the_worker_with_one_clear_line(tmp_path: Path) ->
         failed = [json.loads(line) for line in err.splitlines() if b'"worker failed"' in line]
         assert failed and "AuthenticationFailed" in failed[0]["error"], err
         assert b"Traceback" not in err
+
+
+def test_ctrl_c_stops_every_process_gracefully(
+    start_worker: Callable[..., WorkerProcess], url: str
+) -> None:
+    worker = start_worker(url, "--queues", "async", "--processes", "2")
+    worker.wait_log("worker process ready", count=2)
+    worker.proc.send_signal(signal.SIGINT)  # what the parent gets from a terminal's Ctrl+C
+    assert worker.proc.wait(30) == 0, worker.tail()
+    stopping = worker.wait_log("stopping: finishing running jobs, giving prefetched ones back", 2)
+    assert {line["signal"] for line in stopping} == {"SIGTERM"}  # forwarded once to each
+    stopped = worker.wait_log("process stopped", 2)
+    assert {line["role"] for line in stopped} == {"worker-0", "worker-1"}
