@@ -36,12 +36,15 @@ class Counters(Protocol):
 
 
 DONE, FAILED = 0, 1
+KNOWN_SHOWN = 20  # task names a DLQ reason lists: enough to spot a typo, short enough to read
 
 
 def unknown_task_reason(name: str, known: Mapping[str, object]) -> str:
     """The DLQ reason of a job whose name no task of this worker has."""
-    names = ", ".join(sorted(known)) or "none"
-    return f"no task named {name!r} is registered in this worker (known tasks: {names})"
+    shown = sorted(known)[:KNOWN_SHOWN]
+    more = f" and {len(known) - len(shown)} more" if len(known) > len(shown) else ""
+    names = ", ".join(shown) or "none"
+    return f"no task named {name!r} is registered in this worker (known tasks: {names}{more})"
 
 
 class Dispatcher:
@@ -77,7 +80,7 @@ class Dispatcher:
         started = time.perf_counter()
         try:
             result = await self._run(task, args, kwargs)
-        except BaseException as e:
+        except Exception as e:  # a cancellation (past the grace) is no failure of the task
             duration = round((time.perf_counter() - started) * 1000, 3)
             self._counters[FAILED] += 1
             _log.warning("task failed", task=task.name, job_id=job.id, attempt=attempt,

@@ -145,3 +145,11 @@ def test_cron_and_flows_say_what_is_missing(app: App) -> None:
         chain(step.s(), step.s())
     with pytest.raises(NotImplementedError, match="flows"):
         group([])
+
+
+def test_unknown_task_reason_names_a_bounded_list() -> None:
+    from shardq.tasks._dispatch import unknown_task_reason
+
+    reason = unknown_task_reason("x", {f"task_{i:02}": None for i in range(25)})
+    assert reason.startswith("no task named 'x' is registered in this worker (known tasks: ")
+    assert "task_19" in reason and "task_20" not in reason and reason.endswith("and 5 more)")
