@@ -12,7 +12,7 @@ from typing import Any
 import sample_tasks
 from task_helpers import WorkerProcess
 
-JOBS = 60
+JOBS = 100  # 1.2 s of work for 4 slots: a SIGTERM after the first 8 lands mid-batch
 TASK_S = 0.05  # long enough that SIGTERM lands while tasks run, short enough for a quick test
 
 

@@ -40,11 +40,11 @@ def test_an_app_that_cannot_be_loaded_exits_2() -> None:
 
 def test_status_line_on_a_terminal(sample_app: Any, url: str) -> None:
     master, slave = pty.openpty()
-    proc = _worker("sample_tasks:app", "--url", url, "--queues", "default",
+    proc = _worker("sample_tasks:app", "--url", url, "--queues", "status",
                    stdout=subprocess.DEVNULL, stderr=slave)  # fmt: skip
     os.close(slave)
     try:
-        results = [sample_tasks.add.delay(i, 1) for i in range(5)]
+        results = [sample_tasks.add.apply((i, 1), queue="status") for i in range(5)]
         assert [r.get(timeout=15) for r in results] == [1, 2, 3, 4, 5]
         seen = _read_until(master, b"done 5  failed 0", timeout=10)
         assert b"\r\x1b[Kshardq worker  done 5  failed 0  " in seen and b"/s" in seen
