@@ -66,5 +66,58 @@ def start(
     raise typer.Exit(main(config, flags))
 
 
+@app.command()
+def worker(
+    app_spec: Annotated[str, typer.Argument(metavar="MODULE:APP", help="e.g. myproject.tasks:app")],
+    queues: Annotated[
+        str | None, typer.Option(help="Comma-separated queues (default: every task's queue).")
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option(help="Tasks run at once per queue and process (threads or coroutines).")
+    ] = 4,
+    processes: Annotated[int, typer.Option(help="Worker processes (forked).")] = 1,
+    grace: Annotated[
+        float, typer.Option(help="Seconds running tasks get to finish after SIGTERM/Ctrl+C.")
+    ] = 30.0,
+    url: Annotated[str | None, typer.Option(help="Server URL (default: the app's).")] = None,
+    log_format: Annotated[str, typer.Option(help="json or console.")] = "json",
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Run the tasks of a shardq.App until SIGTERM or Ctrl+C.
+
+    The first signal finishes the running tasks and gives prefetched jobs back; a second one
+    stops at once. Logs are JSON lines on stderr (task, job_id, attempt, duration_ms); on a
+    terminal a live status line shows the jobs done, failed and per second. Exit codes: 0
+    clean stop, 1 failure or second signal, 2 bad arguments or app.
+    """
+    import sys
+
+    from shardq.runtime._logging import configure
+    from shardq.tasks._worker import AppNotFound, WorkerSettings, exit_now, load_app, run
+
+    try:
+        configure("worker", log_format, log_level)
+        settings = WorkerSettings(
+            queues=tuple(q.strip() for q in (queues or "").split(",") if q.strip()),
+            concurrency=concurrency,
+            processes=processes,
+            grace=grace,
+            url=url,
+            log_format=log_format,
+            log_level=log_level,
+        )
+        loaded = load_app(app_spec)
+    except (AppNotFound, ValueError) as e:
+        typer.echo(f"shardq worker: {e}", err=True)
+        raise typer.Exit(2) from None
+    status = sys.stderr if sys.stderr.isatty() else None
+    try:
+        code = run(loaded, settings, status=status)
+    except ValueError as e:
+        typer.echo(f"shardq worker: {e}", err=True)
+        raise typer.Exit(2) from None
+    exit_now(code)
+
+
 if __name__ == "__main__":
     app()

@@ -1,5 +1,24 @@
-"""shardq: a durable job-queue server built from operating-system processes."""
+"""shardq: a durable job-queue server built from operating-system processes.
+
+`shardq.App`, `shardq.TaskResult` and `shardq.TaskFailed` are the task API
+(`shardq.tasks`); `shardq.client` is the lower-level SDK (`Queue`, `Worker`).
+"""
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["App", "TaskFailed", "TaskResult", "__version__"]
+
+if TYPE_CHECKING:
+    from shardq.tasks import App, TaskFailed, TaskResult
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: the server's processes import `shardq` too, and must not pay
+    # for the client and msgpack checks they never use.
+    if name in ("App", "TaskFailed", "TaskResult"):
+        import shardq.tasks
+
+        return getattr(shardq.tasks, name)
+    raise AttributeError(f"module 'shardq' has no attribute {name!r}")

@@ -246,7 +246,8 @@ def _raw_runner(sc: Scenario) -> Runner | None:
 
 @dataclass
 class BqContestant:
-    """One server (`peer`) with one client: `bunqueue-client`, `raw` or `shardq-sdk`."""
+    """One server (`peer`) with one client: `bunqueue-client`, `raw`, `shardq-sdk` or
+    `shardq-tasks` (the task API, `shardq.App`)."""
 
     peer: str  # shardq | shardq-fsync | bunqueue
     client: str
@@ -261,6 +262,10 @@ class BqContestant:
                 from bench.compare._sdk import worker_label
 
                 return worker_label()
+            if self.client == "shardq-tasks":
+                from bench.compare._tasks import worker_label as tasks_label
+
+                return tasks_label()
             return "bunqueue-client Worker (batch_size 10, ACK per job)"
         if self.client == "shardq-sdk" and sc.kind == "pipelined":
             return "shardq-sdk AsyncQueue"
@@ -283,12 +288,20 @@ class BqContestant:
             from bench.compare._sdk import sdk_runner
 
             return sdk_runner(sc)
+        if self.client == "shardq-tasks":
+            from bench.compare._tasks import tasks_runner
+
+            return tasks_runner(sc)
         return _bqc_runner(sc)
 
     def measure(self, sc: Scenario, settings: Settings, procs: Procs) -> Measurement:
         m = Measurement()
         with self.servers.use(self.peer) as port:
-            target = BqTarget(port, self.client)
+            target: _drain.DrainTarget = BqTarget(port, self.client)
+            if self.client == "shardq-tasks":
+                from bench.compare._tasks import TasksTarget
+
+                target = TasksTarget(port)
             for r in range(settings.repeats):
                 queues = [f"{sc.key}-{r}-{i}" for i in range(sc.queues)]
                 if sc.kind == "drain":

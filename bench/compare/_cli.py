@@ -171,7 +171,7 @@ def bq_contestants(peers: list[str], servers: Servers, run: Run) -> list[Contest
     if "shardq" in peers:
         clients = ["bunqueue-client", "raw"]
         if sdk_available():
-            clients.append("shardq-sdk")
+            clients += ["shardq-sdk", "shardq-tasks"]
         else:
             run.note("shardq's own SDK (shardq.client.Queue/Worker) is not there: not reported")
         out += [BqContestant("shardq", c, servers) for c in clients]

@@ -1,0 +1,33 @@
+"""Tasks: the Python developer's API on top of `shardq.client` (Celery's and Dramatiq's shape).
+
+    import shardq
+
+    app = shardq.App(url="tcp://127.0.0.1:6789")
+
+    @app.task(queue="emails", attempts=5, backoff=2.0, timeout=30)
+    def send_email(to: str) -> str:
+        return f"sent to {to}"
+
+    result = send_email.delay("a@b.c")   # enqueue; a TaskResult
+    result.get(timeout=10)               # "sent to a@b.c", or TaskFailed with the traceback
+
+Run the tasks with `shardq worker myproject.tasks:app --processes 2`. Calling
+`send_email("a@b.c")` runs the function here, as a plain call. The guide, with FastAPI and
+Django examples and a table for Celery, Dramatiq, RQ and huey users, is `docs/tasks.md`.
+"""
+
+from shardq.tasks._app import App, Task, chain, group
+from shardq.tasks._options import CallOptions, TaskOptions
+from shardq.tasks._result import EagerResult, TaskFailed, TaskResult
+
+__all__ = [
+    "App",
+    "CallOptions",
+    "EagerResult",
+    "Task",
+    "TaskFailed",
+    "TaskOptions",
+    "TaskResult",
+    "chain",
+    "group",
+]

@@ -1,0 +1,106 @@
+"""`Dispatcher`: the one handler a worker runs for a queue, which calls the task a job names.
+
+It is an async handler, so one `AsyncWorker` per queue serves sync and async tasks alike:
+async tasks run on the worker's loop, sync ones in a thread pool (`concurrency` threads per
+queue), and the worker's pulls, heartbeats and ACK batches go on meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Mapping
+from concurrent.futures import Executor
+from typing import Any, Protocol
+
+import structlog
+
+from shardq.client import Job, UnrecoverableError
+from shardq.tasks._app import Task
+from shardq.tasks._options import decode_payload
+
+__all__ = ["Counters", "Dispatcher", "unknown_task_reason"]
+
+_log = structlog.get_logger("shardq.tasks")
+
+
+class Counters(Protocol):
+    """Where a process counts its jobs: [done, failed] (a shared-memory array with several
+    worker processes, so the parent can show a live status line)."""
+
+    def __getitem__(self, index: int) -> int: ...
+
+    def __setitem__(self, index: int, value: int) -> None: ...
+
+
+DONE, FAILED = 0, 1
+KNOWN_SHOWN = 20  # task names a DLQ reason lists: enough to spot a typo, short enough to read
+
+
+def unknown_task_reason(name: str, known: Mapping[str, object]) -> str:
+    """The DLQ reason of a job whose name no task of this worker has."""
+    shown = sorted(known)[:KNOWN_SHOWN]
+    more = f" and {len(known) - len(shown)} more" if len(known) > len(shown) else ""
+    names = ", ".join(shown) or "none"
+    return f"no task named {name!r} is registered in this worker (known tasks: {names}{more})"
+
+
+class Dispatcher:
+    """`await dispatcher(job)`: run the task named `job.name` with the job's arguments.
+
+    A job no registered task can run (unknown name, malformed data) raises
+    `UnrecoverableError`, so it goes to the DLQ at once with the reason instead of using up
+    retries. Each job is logged with its task, job id, attempt and duration.
+    """
+
+    def __init__(
+        self, tasks: Mapping[str, Task[..., Any]], executor: Executor, counters: Counters
+    ) -> None:
+        self._tasks = tasks
+        self._executor = executor
+        self._counters = counters
+
+    async def __call__(self, job: Job) -> Any:
+        task = self._tasks.get(job.name)
+        if task is None:
+            self._counters[FAILED] += 1
+            reason = unknown_task_reason(job.name, self._tasks)
+            _log.error("unknown task", task=job.name, job_id=job.id, queue=job.queue)
+            raise UnrecoverableError(reason)
+        call = decode_payload(job.data)
+        if call is None:
+            self._counters[FAILED] += 1
+            raise UnrecoverableError(
+                f"job data is not a task call ({{'args': [...], 'kwargs': {{...}}}}) for {job.name}"
+            )
+        args, kwargs = call
+        attempt = job.attempts + 1
+        started = time.perf_counter()
+        try:
+            result = await self._run(task, args, kwargs)
+        except Exception as e:  # a cancellation (past the grace) is no failure of the task
+            duration = round((time.perf_counter() - started) * 1000, 3)
+            self._counters[FAILED] += 1
+            _log.warning("task failed", task=task.name, job_id=job.id, attempt=attempt,
+                         max_attempts=job.max_attempts, duration_ms=duration,
+                         error=f"{type(e).__name__}: {e}")  # fmt: skip
+            raise
+        duration = round((time.perf_counter() - started) * 1000, 3)
+        self._counters[DONE] += 1
+        _log.info("task done", task=task.name, job_id=job.id, attempt=attempt,
+                  duration_ms=duration)  # fmt: skip
+        return result
+
+    async def _run(self, task: Task[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+        timeout = task.options.timeout
+        if task.is_async:
+            # The server fails the job at its timeout anyway; stopping the coroutine here too
+            # frees the slot for the next job instead of running on for nothing.
+            timer = asyncio.timeout(timeout) if timeout else contextlib.nullcontext()
+            async with timer:
+                return await task.fn(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        call = functools.partial(task.fn, *args, **kwargs)
+        return await loop.run_in_executor(self._executor, call)

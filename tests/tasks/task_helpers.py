@@ -1,0 +1,60 @@
+"""`WorkerProcess`: `shardq worker sample_tasks:app` run as a subprocess by the tests.
+
+A module of its own (not the conftest): every test directory has a module named "conftest".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+__all__ = ["HERE", "WorkerProcess"]
+
+
+class WorkerProcess:
+    """`shardq worker sample_tasks:app ...` as a subprocess, logging to `log_path`."""
+
+    def __init__(self, url: str, log_path: Path, *args: str) -> None:
+        self.log_path = log_path
+        argv = [sys.executable, "-m", "shardq_cli.main", "worker", "sample_tasks:app",
+                "--url", url, *args]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(HERE)}
+        with log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                argv, cwd=HERE, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
+            )
+
+    def logs(self) -> list[dict[str, Any]]:
+        lines = self.log_path.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def wait_log(self, event: str, count: int = 1, timeout: float = 15.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [line for line in self.logs() if line.get("event") == event]
+            if len(found) >= count:
+                return found
+            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"no {count}x {event!r}:\n{self.tail()}"
+            time.sleep(0.02)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"the worker did not stop:\n{self.tail()}") from None
+
+    def tail(self) -> str:
+        return "\n".join(self.log_path.read_text().splitlines()[-30:])
