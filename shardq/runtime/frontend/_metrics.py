@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ["COUNTED_COMMANDS", "Counters", "memory_usage_mb", "metrics_reply"]
+__all__ = ["COUNTED_COMMANDS", "Counters", "RateWindow", "memory_usage_mb", "metrics_reply"]
 
 Reply = dict[str, Any]
 
@@ -69,36 +69,91 @@ class _Average:
         return self.total / self.count if self.count else 0.0
 
 
-class Counters:
-    """Lifetime push/pull/ack counts and latencies seen by this front end."""
+class RateWindow:
+    """Events per second over the last `window_s` whole seconds, kept in one-second buckets.
 
-    def __init__(self) -> None:
+    `add` is O(1) and allocates nothing, so counting stays off the hot path's bill. The second
+    in progress is not counted: a rate read early in a second would otherwise dip. bunqueue
+    keeps an average since the previous read instead, which makes its rate depend on how often
+    someone asks; this one does not.
+    """
+
+    __slots__ = ("_buckets", "_second", "window_s")
+
+    def __init__(self, window_s: int) -> None:
+        if window_s < 1:
+            raise ValueError(f"window_s must be at least 1, got {window_s}")
+        self.window_s = window_s
+        self._buckets = [0] * (window_s + 1)  # the window plus the second in progress
+        self._second = 0
+
+    def add(self, count: int, now: float) -> None:
+        """Count `count` events at `now` (seconds on a monotonic clock)."""
+        second = int(now)
+        if second != self._second:
+            self._advance(second)
+        self._buckets[second % len(self._buckets)] += count
+
+    def per_second(self, now: float) -> float:
+        """The mean rate over the window's complete seconds, rounded as bunqueue rounds it."""
+        second = int(now)
+        if second != self._second:
+            self._advance(second)
+        done = sum(self._buckets) - self._buckets[second % len(self._buckets)]
+        return round(done / self.window_s, 2)
+
+    def _advance(self, second: int) -> None:
+        size = len(self._buckets)
+        for past in range(max(self._second + 1, second - size + 1), second + 1):
+            self._buckets[past % size] = 0  # seconds nobody counted in
+        self._second = second
+
+
+class Counters:
+    """Lifetime push/pull/ack counts and latencies seen by this front end, and the push and
+    pull rates over the last `rate_window_s` seconds (`Stats`' `pushPerSec`, `pullPerSec`)."""
+
+    def __init__(self, rate_window_s: int = 5) -> None:
         self.pushed = 0
         self.pulled = 0
         self.completed = 0
         self.push_ms = _Average()
         self.pull_ms = _Average()
         self.ack_ms = _Average()
+        self.push_rate = RateWindow(rate_window_s)
+        self.pull_rate = RateWindow(rate_window_s)
 
     def watch(self, client: Any, name: str, cmd: Mapping[str, Any]) -> _Watched:
         """A stand-in for `client` that counts the reply to this `name` command on its way."""
         ids = cmd.get("ids") if name == "ACKB" else None
         return _Watched(self, client, name, len(ids) if isinstance(ids, list) else 0)
 
-    def observe(self, name: str, reply: Mapping[str, Any], elapsed_ms: float, batch: int) -> None:
+    def observe(
+        self, name: str, reply: Mapping[str, Any], started: float, now: float, batch: int
+    ) -> None:
+        """Count one reply; `started` and `now` are `time.perf_counter()` readings."""
         if not reply.get("ok"):
             return
+        elapsed_ms = (now - started) * 1000.0
         if name in _PUSH:
-            self.pushed += _pushed(name, reply)
+            pushed = _pushed(name, reply)
+            self.pushed += pushed
+            self.push_rate.add(pushed, now)
             self.push_ms.add(elapsed_ms)
         elif name in _PULL:
             delivered = _delivered(name, reply)
             if delivered:
                 self.pulled += delivered
+                self.pull_rate.add(delivered, now)
                 self.pull_ms.add(elapsed_ms)
         else:
             self.completed += _acked(name, reply, batch)
             self.ack_ms.add(elapsed_ms)
+
+    def rates(self) -> tuple[float, float]:
+        """(pushes, pulls) per second over the rate window, as of now."""
+        now = time.perf_counter()
+        return self.push_rate.per_second(now), self.pull_rate.per_second(now)
 
 
 class _Watched:
@@ -123,8 +178,7 @@ class _Watched:
         self._client.authenticated = value
 
     def send(self, reply: dict[str, Any]) -> None:
-        elapsed_ms = (time.perf_counter() - self._started) * 1000.0
-        self._counters.observe(self._name, reply, elapsed_ms, self._batch)
+        self._counters.observe(self._name, reply, self._started, time.perf_counter(), self._batch)
         self._client.send(reply)
 
     def drop(self, reason: str) -> None:

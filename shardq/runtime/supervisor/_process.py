@@ -375,6 +375,7 @@ class Supervisor:
             max_frame_bytes=c.max_frame_bytes,
             tcp_idle_timeout_ms=c.tcp_idle_timeout_ms,
             spin_us=c.spin_us,
+            stats_rate_window_s=c.stats_rate_window_s,
             engine=dict(c.engine),
         )
 
