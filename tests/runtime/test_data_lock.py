@@ -59,6 +59,18 @@ def test_a_second_server_on_the_same_data_path_exits_1_naming_path_and_pid(
     assert first.stop() == 0
 
 
+def test_a_symlinked_spelling_of_the_data_path_is_the_same_server(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    first = shardq_server()
+    alias = tmp_path / "alias.db"  # another name for the same database file
+    alias.symlink_to(first.data_path)
+    second = shardq_server(start=False, data_dir=tmp_path / "second", data_path=alias)
+    error = _refused(second)
+    assert str(alias) in error and f"PID {first.pid}" in error, error
+    assert first.stop() == 0
+
+
 def test_a_lock_held_by_another_process_blocks_the_start(
     shardq_server: Factory, tmp_path: Path
 ) -> None:

@@ -21,8 +21,10 @@ __all__ = ["DataLock", "lock_path"]
 
 
 def lock_path(data_path: Path) -> Path:
-    """The lock file of the database at `data_path`: beside it, named after it."""
-    return data_path.with_name(data_path.name + ".lock")
+    """The lock file of the database at `data_path`: beside it, named after it. Symbolic
+    links are resolved first, so two spellings of one database share one lock."""
+    real = data_path.resolve()
+    return real.with_name(real.name + ".lock")
 
 
 class DataLock:
