@@ -16,17 +16,20 @@ WINDOW_S = 2
 
 
 def test_rate_window_counts_whole_seconds_and_forgets_old_ones() -> None:
-    rate = RateWindow(2)
-    rate.add(10, 100.2)
-    rate.add(5, 100.9)
-    assert rate.per_second(100.95) == 0  # the second in progress is not counted yet
-    assert rate.per_second(101.0) == 7.5  # 15 in second 100, over a 2 s window
-    rate.add(4, 101.5)
-    assert rate.per_second(102.1) == 9.5  # (15 + 4) / 2
-    assert rate.per_second(103.0) == 2  # second 100 left the window
-    assert rate.per_second(104.0) == 0
-    rate.add(3, 250.0)  # a long idle gap: every old bucket is cleared
-    assert rate.per_second(251.0) == 1.5
+    rate = RateWindow(2, width=1)
+    rate.advance(100, (0,))  # second 100 begins with nothing counted
+    assert rate.per_second() == (0,)  # the second in progress is not counted yet
+    rate.advance(101, (15,))  # 15 in second 100
+    assert rate.per_second() == (7.5,)  # over a 2 s window
+    rate.advance(102, (19,))  # 4 more in second 101
+    assert rate.per_second() == (9.5,)
+    rate.advance(103, (19,))
+    assert rate.per_second() == (2,)  # second 100 left the window
+    rate.advance(104, (19,))
+    assert rate.per_second() == (0,)
+    rate.advance(250, (19,))  # a long idle gap: every mark is refreshed
+    rate.advance(251, (22,))
+    assert rate.per_second() == (1.5,)
 
 
 def test_counters_rate_pushes_and_delivered_pulls_only() -> None:
@@ -35,8 +38,11 @@ def test_counters_rate_pushes_and_delivered_pulls_only() -> None:
     counters.observe("PUSH", {"ok": False, "error": "x"}, 10.0, 10.1, 0)  # refused: not a push
     counters.observe("PULL", {"ok": True, "job": None}, 10.0, 10.2, 0)  # empty: not a pull
     counters.observe("PULLB", {"ok": True, "jobs": [{}, {}]}, 10.0, 10.3, 0)
-    assert counters.push_rate.per_second(11.0) == 3
-    assert counters.pull_rate.per_second(11.0) == 2
+    assert counters.rates(10.9) == (0, 0)  # second 10 is still in progress
+    counters.observe("PUSH", {"ok": True, "id": "d"}, 11.0, 11.5, 0)
+    assert counters.rates(11.6) == (3, 2)
+    assert counters.rates(12.0) == (1, 0)
+    assert counters.rates(14.0) == (0, 0)
 
 
 def _rates(client: Tcp) -> tuple[Any, Any]:

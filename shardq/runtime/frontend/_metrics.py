@@ -70,43 +70,42 @@ class _Average:
 
 
 class RateWindow:
-    """Events per second over the last `window_s` whole seconds, kept in one-second buckets.
+    """Per-second rates of lifetime counters over the last `window_s` whole seconds.
 
-    `add` is O(1) and allocates nothing, so counting stays off the hot path's bill. The second
-    in progress is not counted: a rate read early in a second would otherwise dip. bunqueue
-    keeps an average since the previous read instead, which makes its rate depend on how often
-    someone asks; this one does not.
+    It keeps the counters' values at the start of each of the last `window_s + 1` seconds; a
+    rate is the difference between the newest mark and the one `window_s` seconds older. So
+    the counters themselves stay plain integers, and the only work per counted reply is
+    checking whether a new second began. The second in progress is not counted: a rate read
+    early in a second would otherwise dip. bunqueue averages since the previous read instead,
+    which makes its rate depend on how often someone asks; this one does not.
     """
 
-    __slots__ = ("_buckets", "_second", "window_s")
+    __slots__ = ("_marks", "second", "window_s")
 
-    def __init__(self, window_s: int) -> None:
+    def __init__(self, window_s: int, width: int) -> None:
         if window_s < 1:
             raise ValueError(f"window_s must be at least 1, got {window_s}")
         self.window_s = window_s
-        self._buckets = [0] * (window_s + 1)  # the window plus the second in progress
-        self._second = 0
+        self._marks: list[tuple[int, ...]] = [(0,) * width] * (window_s + 1)
+        self.second = 0  # the newest second marked
 
-    def add(self, count: int, now: float) -> None:
-        """Count `count` events at `now` (seconds on a monotonic clock)."""
-        second = int(now)
-        if second != self._second:
-            self._advance(second)
-        self._buckets[second % len(self._buckets)] += count
+    def advance(self, second: int, counts: tuple[int, ...]) -> None:
+        """`second` began with the counters at `counts`, as did every second skipped since the
+        last mark (nothing was counted in them)."""
+        size = len(self._marks)
+        for past in range(max(self.second + 1, second - size + 1), second + 1):
+            self._marks[past % size] = counts
+        self.second = second
 
-    def per_second(self, now: float) -> float:
-        """The mean rate over the window's complete seconds, rounded as bunqueue rounds it."""
-        second = int(now)
-        if second != self._second:
-            self._advance(second)
-        done = sum(self._buckets) - self._buckets[second % len(self._buckets)]
-        return round(done / self.window_s, 2)
-
-    def _advance(self, second: int) -> None:
-        size = len(self._buckets)
-        for past in range(max(self._second + 1, second - size + 1), second + 1):
-            self._buckets[past % size] = 0  # seconds nobody counted in
-        self._second = second
+    def per_second(self) -> tuple[float, ...]:
+        """Each counter's mean rate over the window before the newest second, to 0.01 (as
+        bunqueue rounds it)."""
+        size = len(self._marks)
+        newest, oldest = (
+            self._marks[self.second % size],
+            self._marks[(self.second - self.window_s) % size],
+        )
+        return tuple(round((a - b) / self.window_s, 2) for a, b in zip(newest, oldest, strict=True))
 
 
 class Counters:
@@ -120,8 +119,7 @@ class Counters:
         self.push_ms = _Average()
         self.pull_ms = _Average()
         self.ack_ms = _Average()
-        self.push_rate = RateWindow(rate_window_s)
-        self.pull_rate = RateWindow(rate_window_s)
+        self._rates = RateWindow(rate_window_s, width=2)
 
     def watch(self, client: Any, name: str, cmd: Mapping[str, Any]) -> _Watched:
         """A stand-in for `client` that counts the reply to this `name` command on its way."""
@@ -134,26 +132,30 @@ class Counters:
         """Count one reply; `started` and `now` are `time.perf_counter()` readings."""
         if not reply.get("ok"):
             return
+        second = int(now)
+        if second != self._rates.second:  # before counting: this reply belongs to `second`
+            self._rates.advance(second, (self.pushed, self.pulled))
         elapsed_ms = (now - started) * 1000.0
         if name in _PUSH:
-            pushed = _pushed(name, reply)
-            self.pushed += pushed
-            self.push_rate.add(pushed, now)
+            self.pushed += _pushed(name, reply)
             self.push_ms.add(elapsed_ms)
         elif name in _PULL:
             delivered = _delivered(name, reply)
             if delivered:
                 self.pulled += delivered
-                self.pull_rate.add(delivered, now)
                 self.pull_ms.add(elapsed_ms)
         else:
             self.completed += _acked(name, reply, batch)
             self.ack_ms.add(elapsed_ms)
 
-    def rates(self) -> tuple[float, float]:
-        """(pushes, pulls) per second over the rate window, as of now."""
-        now = time.perf_counter()
-        return self.push_rate.per_second(now), self.pull_rate.per_second(now)
+    def rates(self, now: float | None = None) -> tuple[float, float]:
+        """(pushes, pulls) per second over the rate window, as of `now` (a
+        `time.perf_counter()` reading; default: the current one)."""
+        second = int(time.perf_counter() if now is None else now)
+        if second != self._rates.second:
+            self._rates.advance(second, (self.pushed, self.pulled))
+        push, pull = self._rates.per_second()
+        return push, pull
 
 
 class _Watched:
