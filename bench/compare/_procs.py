@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,7 +23,8 @@ from pathlib import Path
 from typing import IO
 
 from bench._server import ShardqProcess, free_port
-from bench.compare._bunqueue import DROPPED_ENV, BunqueueInstall, server_env
+from bench.compare._bunqueue import DROPPED_ENV, BunqueueInstall, ensure_bunqueue, server_env
+from bench.compare._env import default_cache
 
 __all__ = [
     "Child",
@@ -176,6 +178,10 @@ def wait_port(port: int, child: Child | None = None, timeout: float = 60.0) -> N
 SHUTDOWN_ENV = {"SHUTDOWN_TIMEOUT_MS": "5000"}
 
 
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 def start_shardq(procs: Procs, *, synchronous: str = "normal") -> ShardqProcess:
     """`shardq start --shards auto` on random ports, in a temporary data dir."""
     # ShardqProcess takes no environment of its own: its child inherits ours for the call.
@@ -198,10 +204,11 @@ def start_shardq(procs: Procs, *, synchronous: str = "normal") -> ShardqProcess:
 
 
 def start_bunqueue(procs: Procs) -> Child:
-    """bunqueue on Bun, as installed in `procs.bunqueue`, on random ports and a fresh data dir."""
+    """bunqueue on Bun, on random ports and a fresh data dir. Bun and bunqueue come from
+    `procs.bunqueue`, installed into the default cache dir first if it is not set."""
     install = procs.bunqueue
     if install is None:
-        raise RuntimeError("bunqueue is not installed (ensure_bunqueue was not called)")
+        install = procs.bunqueue = ensure_bunqueue(default_cache(), _stderr)
     port, http = free_port(), free_port()
     data_dir = procs.tempdir("bench-bunqueue-data-")
     env = {**server_env(port, http, data_dir / "bunqueue.db"), **SHUTDOWN_ENV}
