@@ -71,6 +71,10 @@ class ServerConfig:
     # sleep (microseconds; 0 = never spin). Spinning trades CPU for latency: one request in
     # flight skips the wake-ups of idle processes (`_spin.py`, BENCHMARKS.md section 4).
     spin_us: int = 0
+    # -- crash and stats (issue 10, sections 5 and 8)
+    # Stats' pushPerSec/pullPerSec average the last this many whole seconds: long enough to
+    # smooth a bursty producer, short enough that a stalled one shows within seconds.
+    stats_rate_window_s: int = 5
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @property
@@ -192,6 +196,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_frame_bytes": _ranged(1, 2**32 - 1),
     "tcp_idle_timeout_ms": _idle_timeout,
     "spin_us": _ranged(0, MAX_SPIN_US),
+    # -- crash and stats (issue 10): an hour of one-second buckets is plenty for a rate.
+    "stats_rate_window_s": _ranged(1, 3600),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

@@ -29,6 +29,7 @@ class ChildSpec:
     max_frame_bytes: int = 64 * 1024 * 1024
     tcp_idle_timeout_ms: int = 60_000
     spin_us: int = 0  # ServerConfig's (see there)
+    stats_rate_window_s: int = 5  # ServerConfig's (see there)
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     def endpoint(self, name: str) -> str:
