@@ -202,6 +202,34 @@ class TimerOps(ConsumeOps, AdminOps):
         self.events = []
         return self.out
 
+    # -- what the writer could not store ---------------------------------------------------
+
+    def forget(self, job_ids: Iterable[str], *, stored: bool) -> list[Mutation]:
+        """Drop jobs as if they had never been pushed: their push could not be committed.
+
+        `stored`: their rows were committed after all (the other jobs of a PUSHB one of which
+        was rejected), so a `del` for each is returned; otherwise nothing is.
+        """
+        self.out, self.events = [], []
+        for job_id in job_ids:
+            job = self.find(job_id)
+            if job is not None:
+                self.remove(job, emit=stored)
+        return self.out
+
+    def reload(self, job_id: str, record: Record | None, now: int) -> None:
+        """Make job `job_id` what is stored (`record`, None: nothing is): a change to it could
+        not be committed, so the copy in memory holds values the disk never will."""
+        self.out, self.events = [], []
+        job = self.find(job_id)
+        if job is not None:
+            self.remove(job, emit=False)
+        if record is not None:
+            job = self._load(Job.from_record(record), int(now))
+            if job.state == ACTIVE:
+                self.unleased[job.id] = None  # its lease went with the old copy: stall-watched
+        self.out = []
+
     def _restore_orders(self) -> None:
         """Records arrive in admission order; the DLQ and completed lists are by entry time."""
         for q in self.queues.values():

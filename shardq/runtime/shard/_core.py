@@ -24,10 +24,11 @@ import structlog
 
 from shardq.core import Engine, Mutation, Record, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
+from shardq.runtime.links._control import pack as pack_message
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
-from shardq.storage import MutationEncoder
+from shardq.storage import MutationEncoder, describe
 
-__all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
+__all__ = ["Outgoing", "ShardCore", "empty_pull_reply", "salvage_replies"]
 
 Outgoing: TypeAlias = tuple[str, dict[str, Any]]
 """A message to send: ("writer" | "front", message map)."""
@@ -36,10 +37,17 @@ Item: TypeAlias = list[Any]  # [conn, rid, reply]
 
 WAIT_DEFAULT_MS: Final = 30_000
 WAIT_MAX_MS: Final = 600_000  # bunqueue's WaitJob bound (reference §2.3)
+MAX_SLEEP_MS: Final = 3_600_000  # the longest poll: an idle shard wakes once an hour at most
+TICK_RETRY_MS: Final = 1_000  # after a timer pass raised, wait this long before the next one
 _PULLS: Final = frozenset({"PULL", "PULLB"})
 _COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
 
 _log = structlog.get_logger()
+
+
+def pack_mutations(muts: Iterable[Mutation]) -> None:
+    """Pack `muts` as the writer message would, for the error only (the bytes are dropped)."""
+    pack_message({"muts": list(muts)})
 
 
 def empty_pull_reply(cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,6 +87,31 @@ def _is_durable(name: object, cmd: Mapping[str, Any]) -> bool:
     return False
 
 
+def salvage_replies(msg: dict[str, Any], pack: Callable[[Any], bytes]) -> dict[str, Any]:
+    """A `rep` message whose items `pack` cannot all encode, with each one it cannot encode
+    replaced by an `Internal error` for that request alone (logged with the traceback)."""
+    items = msg.get("items")
+    if msg.get("t") != "rep" or not isinstance(items, list):
+        raise ValueError(f"cannot salvage a {msg.get('t')!r} message")  # a bug: let it show
+    kept: list[Any] = []
+    for item in items:
+        try:
+            pack({"t": "rep", "items": [item]})
+        except (TypeError, ValueError, OverflowError):
+            _log.exception("reply cannot be encoded")
+            item = [item[0], item[1], {"ok": False, "error": INTERNAL_SERVER_ERROR}]
+        kept.append(item)
+    return {"t": "rep", "items": kept}
+
+
+def _names_job(reply: Mapping[str, Any], job_id: str) -> bool:
+    """Whether a push's reply names `job_id` (PUSH's `id`, PUSHB's `ids`)."""
+    if reply.get("id") == job_id:
+        return True
+    ids = reply.get("ids")
+    return isinstance(ids, list) and job_id in ids
+
+
 def _wait_timeout_error(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         return "timeout must be a number"
@@ -112,6 +145,7 @@ class ShardCore:
         # back-pressure: a writer that stops reading stops this shard's sends.
         self._unconfirmed: deque[tuple[int, dict[str, Any]]] = deque()
         self._resend = False
+        self._tick_after = 0  # no timer pass before this time (ms): the last one raised
         self._woken: set[str] = set()
         self._finished: set[str] = set()
         self.polls = LongPolls()
@@ -121,6 +155,7 @@ class ShardCore:
             "close": self._on_close,
             "done": self._on_done,
             "fail": self._on_fail,
+            "rejected": self._on_rejected,
             "drain": self._on_drain,
             "writer-up": self._on_writer_up,
         }
@@ -133,7 +168,12 @@ class ShardCore:
         if handler is None:
             _log.warning("unknown internal message dropped", t=msg.get("t"))
             return
-        handler(msg, now)
+        try:
+            handler(msg, now)
+        except Exception:
+            # Requests have their own guard (`_request`); this is for the rest (a close, the
+            # writer's answers): one bad message must not take the shard's queues down.
+            _log.exception("internal message failed", t=msg.get("t"))
 
     def recover(self, records: Iterable[Record], queues: Mapping[str, Any], now: int) -> int:
         """Load stored records into the engine; return how many recovery mutations it made.
@@ -146,13 +186,17 @@ class ShardCore:
 
     def poll_timeout(self, now: int) -> int | None:
         """Milliseconds until something is due (timer, long-poll, WaitJob), None for never."""
+        timer = self.engine.next_deadline()
         candidates = (
-            self.engine.next_deadline(),
+            None if timer is None else max(timer, self._tick_after),
             self.polls.next_deadline(),
             self.waits.next_deadline(),
         )
         due = [d for d in candidates if d is not None]
-        return max(min(due) - now, 0) if due else None
+        if not due:
+            return None
+        # Clamped: a deadline computed from an extreme input must not overflow the poll call.
+        return int(min(max(min(due) - now, 0), MAX_SLEEP_MS))
 
     @property
     def awaiting_commit(self) -> bool:
@@ -167,9 +211,13 @@ class ShardCore:
         The writer's `muts` comes first so that a durable reply can never be sent before the
         batch holding its job was handed to the writer.
         """
-        self._tick(now)
-        self._serve_polls(now)
-        self._serve_waits(now)
+        for step in (self._tick, self._serve_polls, self._serve_waits):
+            try:
+                step(now)
+            except Exception:
+                # A timer or a parked request that raises is logged and skipped, never fatal:
+                # the rest of the turn (replies, mutations) still goes out.
+                _log.exception("shard step failed", step=step.__name__)
         out: list[Outgoing] = []
         if self._resend:
             # Resent in order and before anything new: every mutation carries absolute values,
@@ -192,13 +240,18 @@ class ShardCore:
 
     def _tick(self, now: int) -> None:
         deadline = self.engine.next_deadline()
-        if deadline is not None and deadline <= now:
+        if deadline is not None and deadline <= now and now >= self._tick_after:
+            self._tick_after = now + TICK_RETRY_MS  # held off only if the tick raises
             events, muts = self.engine.tick(now)
+            self._tick_after = 0
             self._absorb(muts, events)
 
     def _flush_mutations(self, out: list[Outgoing]) -> None:
         if self._muts:
-            muts = self._encoder.encode(self._muts)
+            try:
+                muts = self._encoder.encode(self._muts)
+            except (TypeError, ValueError, OverflowError):
+                muts = self._encode_each(self._muts)
             self.seq += 1
             msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": muts}
             if self._durable:
@@ -220,6 +273,58 @@ class ShardCore:
             else:
                 self._replies.extend(self._durable)
             self._durable = []
+
+    # -- what cannot be encoded ------------------------------------------------------------
+
+    def _encode_each(self, muts: list[Mutation]) -> list[Mutation]:
+        """Encode a batch that failed as a whole, one mutation at a time, dropping those that
+        cannot be encoded (an integer past 64 bits ...). Each dropped one is handled as if
+        the writer had rejected it: memory is made to match the disk, and the request that
+        made it is answered with an error if its reply has not gone out."""
+        out: list[Mutation] = []
+        dropped: list[list[Any]] = []
+        for m in muts:
+            try:
+                encoded = self._encoder.encode((m,))
+                pack_mutations(encoded)
+            except (TypeError, ValueError, OverflowError) as e:
+                dropped.append([*describe(m), f"{type(e).__name__}: {e}"])
+                continue
+            out.extend(encoded)
+        self._reject_here(dropped)
+        return out
+
+    def salvage_batch(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """`msg` (a `muts` batch that could not be packed) without its mutations that cannot
+        be packed, changed in place, so a resend of it packs too; see `_encode_each`."""
+        kept: list[Mutation] = []
+        dropped: list[list[Any]] = []
+        for m in msg.get("muts", ()):
+            try:
+                pack_mutations((m,))
+            except (TypeError, ValueError, OverflowError) as e:
+                dropped.append([*describe(m), f"{type(e).__name__}: {e}"])
+                continue
+            kept.append(m)
+        msg["muts"] = kept
+        self._reject_here(dropped)
+        return msg
+
+    def _reject_here(self, items: list[list[Any]]) -> None:
+        for kind, key, error in items:
+            job_id = job_id_of(key) if isinstance(key, str) and kind != "queue" else None
+            _log.error("mutation cannot be encoded", kind=kind, job_id=job_id, error=error)
+            if job_id is None or kind not in ("put", "upd"):
+                continue
+            # Neither kind can reach the disk: the job's copy in memory holds a value no store
+            # can take, so it goes, as a rejected put does (its stored row, if any, comes back
+            # at the next start). A reply still to be sent for it becomes an error.
+            self._absorb(self.engine.forget((job_id,), stored=False), ())
+            refused = {"ok": False, "error": INTERNAL_SERVER_ERROR}
+            for pending in (self._durable, self._replies):
+                for item in pending:
+                    if _names_job(item[2], job_id):
+                        item[2] = refused
 
     # -- requests --------------------------------------------------------------------------
 
@@ -412,6 +517,40 @@ class ShardCore:
                 self._replies.append([conn, rid, error])
                 failed += 1
         _log.warning("durable replies failed", seq=seq, count=failed, error=msg.get("error"))
+
+    def _on_rejected(self, msg: dict[str, Any], now: int) -> None:
+        """The writer could not store some mutations of batch `seq` (docs/runtime.md): make
+        memory match the disk, and fail the durable push that waits on a rejected job."""
+        seq, items = msg.get("seq"), msg.get("items")
+        if not isinstance(seq, int) or not isinstance(items, list):
+            return
+        for item in items:
+            if not (isinstance(item, list) and len(item) >= 3 and isinstance(item[1], str)):
+                continue
+            kind, key, error = item[0], item[1], item[2]
+            job_id = job_id_of(key)
+            _log.error("the writer rejected a mutation", seq=seq, kind=kind, job_id=job_id)
+            if kind == "put":
+                self._unpush(seq, job_id, str(error))
+            elif kind == "upd":
+                self.engine.reload(job_id, item[3] if len(item) > 3 else None, now)
+
+    def _unpush(self, seq: int, job_id: str, error: str) -> None:
+        """A job's put was rejected: it is not stored, so it must not stay in memory. A durable
+        push still waiting for it is answered with an error, and the other jobs of that
+        push are deleted too, so that a client that retries it creates no duplicate."""
+        self._absorb(self.engine.forget((job_id,), stored=False), ())
+        refused = {"ok": False, "error": f"Storage rejected job {job_id}: {error}"}
+        for held_seq, items in self._held:
+            if held_seq != seq:
+                continue
+            for item in items:
+                reply = item[2]
+                if _names_job(reply, job_id):
+                    item[2] = refused
+                    ids = reply.get("ids") or ()
+                    others = [i for i in ids if isinstance(i, str) and i != job_id]
+                    self._absorb(self.engine.forget(others, stored=True), ())
 
     def _on_writer_up(self, msg: dict[str, Any], now: int) -> None:
         if self._unconfirmed:

@@ -33,7 +33,7 @@ from shardq.runtime._spin import spin_until
 from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.links._stream import FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
-from shardq.runtime.shard._core import Outgoing, ShardCore
+from shardq.runtime.shard._core import Outgoing, ShardCore, salvage_replies
 from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Store
@@ -261,16 +261,28 @@ class ShardProcess:
         self._link_fds = fds
 
     def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None:
-        pack_reply = self._front_packer.pack
         for dest, msg in out:
             if dest == "front":
                 # Blocking is the back-pressure the runtime contract asks for: a front end
                 # that does not read stops this shard. While stopping, nobody may read.
-                self._front.send(pack_reply(msg), block=block_on_front)
+                self._front.send(self._pack_reply(msg), block=block_on_front)
             else:
                 # Likewise a writer that does not read stops this shard. With the link down
                 # the batch is dropped here and resent from `_unconfirmed` when it is back.
-                self._writer.send(pack(msg))
+                try:
+                    data = pack(msg)
+                except (TypeError, ValueError, OverflowError):
+                    data = pack(self.core.salvage_batch(msg))
+                self._writer.send(data)
+
+    def _pack_reply(self, msg: dict[str, Any]) -> bytes:
+        """Pack a message for the front end; if a reply cannot be packed (an integer past 64
+        bits ...), pack each reply on its own: only the one at fault becomes an error."""
+        pack_reply = self._front_packer.pack
+        try:
+            return pack_reply(msg)
+        except (TypeError, ValueError, OverflowError):
+            return pack_reply(salvage_replies(msg, pack_reply))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -181,6 +181,16 @@ class FlushBuffer:
                 out.append((batch.shard, {"t": "fail", "seq": batch.seq, "error": FULL_REASON}))
         return out
 
+    def owner(self, index: int) -> tuple[int, int, bool]:
+        """(shard, seq, current) of the batch holding `mutations()[index]`; `current` is false
+        for a batch of a shard's previous process (nobody waits for news of it)."""
+        start = 0
+        for batch in self._batches:
+            if index < start + batch.size:
+                return batch.shard, batch.seq, batch.epoch == self._epochs.get(batch.shard, 0)
+            start += batch.size
+        raise IndexError(f"no batch holds mutation {index}")
+
     def retry_in(self, now: float) -> float:
         """Seconds until the scheduled retry (0 if none is scheduled)."""
         return 0.0 if self._retry_at is None else max(0.0, self._retry_at - now)

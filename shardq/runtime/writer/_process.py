@@ -32,18 +32,21 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 import structlog
 import zmq
 
+from shardq.core import Mutation, job_id_of
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
-from shardq.storage import StorageError, StorageFull, Store
+from shardq.runtime.writer._isolate import apply_isolating
+from shardq.storage import StorageError, StorageFull, StorageRejected, Store, describe
 
 __all__ = ["Writer", "main"]
 
 EXIT_OK, EXIT_UNFLUSHED, EXIT_USAGE, EXIT_NO_DATABASE = 0, 1, 2, 3
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_JOB_KINDS = frozenset({"put", "upd", "del"})
 
 log = structlog.get_logger()
 
@@ -168,7 +171,7 @@ class Writer:
         buffer = self._buffer
         started = self._clock()
         try:
-            rows = self._store.apply(buffer.mutations())
+            rows = self._commit(buffer.mutations())
         except StorageError as e:
             self._send(buffer.failed(e, self._clock()))
             self._report_failure(e)
@@ -190,6 +193,54 @@ class Writer:
         )
         self._send(buffer.committed())
         return True
+
+    def _commit(self, mutations: list[Mutation]) -> int:
+        """Apply the buffer; if SQLite rejects its values, commit all but the mutations at
+        fault and report those (`rejected`, before the `done` that covers their batch).
+        Raises a transient `StorageError` (the caller retries the whole buffer)."""
+        try:
+            return self._store.apply(mutations)
+        except StorageRejected as e:
+            log.warning("batch rejected; isolating the mutations at fault", error=str(e))
+            rows, found = apply_isolating(self._store.apply, mutations, e)
+        self._send(self._rejections(mutations, found))
+        return rows
+
+    def _rejections(
+        self, mutations: list[Mutation], found: list[tuple[int, StorageRejected]]
+    ) -> list[Outgoing]:
+        """Log each rejected mutation; return one `rejected` message per batch concerned."""
+        by_batch: dict[tuple[int, int], list[list[Any]]] = {}
+        for index, error in found:
+            shard, seq, current = self._buffer.owner(index)
+            kind, key = describe(mutations[index])
+            log.error(
+                "mutation rejected",
+                shard=shard,
+                seq=seq,
+                kind=kind,
+                job_id=job_id_of(key) if key and kind in _JOB_KINDS else None,
+                key=key,
+                error=str(error),
+            )
+            if current:
+                item: list[Any] = [kind, key, str(error)]
+                if kind == "upd" and key is not None:
+                    # The shard's copy of the job holds changes the disk never will: it
+                    # takes the stored record back (None if the job is not stored).
+                    item.append(self._stored(key))
+                by_batch.setdefault((shard, seq), []).append(item)
+        return [
+            (shard, {"t": "rejected", "seq": seq, "items": items})
+            for (shard, seq), items in by_batch.items()
+        ]
+
+    def _stored(self, row_key: str) -> Any:
+        try:
+            return self._store.get_job(row_key)
+        except StorageError as e:
+            log.warning("cannot read a rejected job back", key=row_key, error=str(e))
+            return None
 
     def _report_failure(self, error: StorageError) -> None:
         buffer = self._buffer
@@ -330,4 +381,3 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
             return writer.run(waker)
         finally:
             writer.close()
-
