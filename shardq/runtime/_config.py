@@ -71,6 +71,17 @@ class ServerConfig:
     # sleep (microseconds; 0 = never spin). Spinning trades CPU for latency: one request in
     # flight skips the wake-ups of idle processes (`_spin.py`, BENCHMARKS.md section 4).
     spin_us: int = 0
+    # -- isolation (writer and shard storage) --
+    # The longest wait between two attempts of a failing commit, and so how long service
+    # takes to resume once disk space is freed; one attempt on a full disk is one cheap
+    # failed transaction.
+    storage_retry_max_ms: int = 1_000
+    # A shard whose writer has not read its link for this long reports storage degraded and
+    # refuses durable pushes at once instead of blocking every client of the shard with it.
+    storage_stall_ms: int = 5_000
+    # Cap on the database file (bytes); past it writes fail as on a full disk. 0: no cap, the
+    # disk is the limit.
+    max_db_bytes: int = 0
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @property
@@ -138,6 +149,16 @@ def _text(value: object) -> str:
     return value.strip()
 
 
+MIN_DB_BYTES = 1 << 20  # below this a cap would refuse the schema's own pages
+
+
+def _db_cap(value: object) -> int:
+    cap = _int_from(value)
+    if cap != 0 and cap < MIN_DB_BYTES:
+        raise ValueError(f"expected 0 (no cap) or at least {MIN_DB_BYTES}, got {value!r}")
+    return cap
+
+
 def _shards(value: object) -> int | str:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
@@ -192,6 +213,10 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_frame_bytes": _ranged(1, 2**32 - 1),
     "tcp_idle_timeout_ms": _idle_timeout,
     "spin_us": _ranged(0, MAX_SPIN_US),
+    # -- isolation (writer and shard storage)
+    "storage_retry_max_ms": _ranged(10, 60_000, ms=True),
+    "storage_stall_ms": _ranged(100, 600_000, ms=True),
+    "max_db_bytes": _db_cap,
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

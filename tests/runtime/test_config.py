@@ -109,6 +109,10 @@ VALID_TEXT = {
     "max_frame_bytes": "1024",
     "tcp_idle_timeout_ms": "0",
     "spin_us": "200",
+    # -- isolation (writer and shard storage)
+    "storage_retry_max_ms": "250",
+    "storage_stall_ms": "2000",
+    "max_db_bytes": "2097152",
 }
 
 
@@ -148,6 +152,9 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         max_frame_bytes = 1024
         tcp_idle_timeout_ms = 0
         spin_us = 200
+        storage_retry_max_ms = 250
+        storage_stall_ms = 2000
+        max_db_bytes = 2097152
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
@@ -204,6 +211,12 @@ def test_shards_auto_and_number() -> None:
         ("max_frame_bytes", str(2**32)),
         ("spin_us", "-1"),
         ("spin_us", "10001"),
+        # -- isolation (writer and shard storage)
+        ("storage_retry_max_ms", "5"),
+        ("storage_retry_max_ms", "60001"),
+        ("storage_stall_ms", "99"),
+        ("max_db_bytes", "4096"),
+        ("max_db_bytes", "-1"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: str) -> None:

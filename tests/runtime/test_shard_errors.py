@@ -118,7 +118,7 @@ def test_bad_requests_fail_alone_and_the_shard_keeps_running(
 
 
 def test_a_reply_that_cannot_be_packed_fails_alone() -> None:
-    from shardq.runtime.shard._core import salvage_replies
+    from shardq.runtime.shard._salvage import salvage_replies
     from shardq.runtime.shard._wire import FrontPacker
 
     pack = FrontPacker().pack

@@ -24,11 +24,11 @@ import structlog
 
 from shardq.core import Engine, Mutation, Record, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
-from shardq.runtime.links._control import pack as pack_message
+from shardq.runtime.shard._salvage import names_job, pack_mutations
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
 from shardq.storage import MutationEncoder, describe
 
-__all__ = ["Outgoing", "ShardCore", "empty_pull_reply", "salvage_replies"]
+__all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
 
 Outgoing: TypeAlias = tuple[str, dict[str, Any]]
 """A message to send: ("writer" | "front", message map)."""
@@ -43,11 +43,6 @@ _PULLS: Final = frozenset({"PULL", "PULLB"})
 _COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
 
 _log = structlog.get_logger()
-
-
-def pack_mutations(muts: Iterable[Mutation]) -> None:
-    """Pack `muts` as the writer message would, for the error only (the bytes are dropped)."""
-    pack_message({"muts": list(muts)})
 
 
 def empty_pull_reply(cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,31 +82,6 @@ def _is_durable(name: object, cmd: Mapping[str, Any]) -> bool:
     return False
 
 
-def salvage_replies(msg: dict[str, Any], pack: Callable[[Any], bytes]) -> dict[str, Any]:
-    """A `rep` message whose items `pack` cannot all encode, with each one it cannot encode
-    replaced by an `Internal error` for that request alone (logged with the traceback)."""
-    items = msg.get("items")
-    if msg.get("t") != "rep" or not isinstance(items, list):
-        raise ValueError(f"cannot salvage a {msg.get('t')!r} message")  # a bug: let it show
-    kept: list[Any] = []
-    for item in items:
-        try:
-            pack({"t": "rep", "items": [item]})
-        except (TypeError, ValueError, OverflowError):
-            _log.exception("reply cannot be encoded")
-            item = [item[0], item[1], {"ok": False, "error": INTERNAL_SERVER_ERROR}]
-        kept.append(item)
-    return {"t": "rep", "items": kept}
-
-
-def _names_job(reply: Mapping[str, Any], job_id: str) -> bool:
-    """Whether a push's reply names `job_id` (PUSH's `id`, PUSHB's `ids`)."""
-    if reply.get("id") == job_id:
-        return True
-    ids = reply.get("ids")
-    return isinstance(ids, list) and job_id in ids
-
-
 def _wait_timeout_error(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         return "timeout must be a number"
@@ -138,6 +108,9 @@ class ShardCore:
         self._encoder = MutationEncoder()
         self._replies: list[Item] = []
         self._durable: list[Item] = []
+        # Finished segments of this turn: (durable, mutations, durable replies), see `_cut`.
+        self._segments: list[tuple[bool, list[Mutation], list[Item]]] = []
+        self._seg_durable = False  # whether the current segment's mutations are durable
         self._held: deque[tuple[int, list[Item]]] = deque()
         self._urged = 0  # the last seq the writer was asked to commit at once
         # Batches sent but not confirmed: a writer that dies loses what it had not committed,
@@ -247,36 +220,50 @@ class ShardCore:
             self._absorb(muts, events)
 
     def _flush_mutations(self, out: list[Outgoing]) -> None:
-        if self._muts:
+        if self._muts or self._durable:
+            self._cut()
+        for durable, muts, replies in self._segments:
+            self._send_segment(out, durable, muts, replies)
+        self._segments.clear()
+
+    def _cut(self) -> None:
+        """End the current segment. A turn's mutations go out as one batch per run of durable
+        or buffered requests, in order, so that storage full can drop a durable batch (its
+        pushes failed) without dropping buffered work that was already answered ok."""
+        self._segments.append((self._seg_durable, self._muts, self._durable))
+        self._muts, self._durable = [], []
+
+    def _send_segment(
+        self, out: list[Outgoing], durable: bool, muts: list[Mutation], replies: list[Item]
+    ) -> None:
+        if muts:
             try:
-                muts = self._encoder.encode(self._muts)
+                encoded = self._encoder.encode(muts)
             except (TypeError, ValueError, OverflowError):
-                muts = self._encode_each(self._muts)
+                encoded = self._encode_each(muts, replies)
             self.seq += 1
-            msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": muts}
-            if self._durable:
+            msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": encoded}
+            if durable:
                 msg["durable"] = True  # a reply waits on this commit: the writer flushes now
                 self._urged = self.seq
             out.append(("writer", msg))
             self._unconfirmed.append((self.seq, msg))
-            self._muts = []
-        if self._durable:
+        if replies:
             # Even a durable push that wrote nothing (a duplicate) waits for the latest seq:
             # the job it returned may sit in a batch the writer has not committed yet.
             if self.awaiting_commit:
-                self._held.append((self.seq, self._durable))
+                self._held.append((self.seq, replies))
                 if self._urged < self.seq:
                     # It waits on buffered batches only (a durable duplicate wrote nothing):
                     # without this, their commit would wait out the flush interval.
                     out.append(("writer", {"t": "flush", "shard": self.index, "seq": self.seq}))
                     self._urged = self.seq
             else:
-                self._replies.extend(self._durable)
-            self._durable = []
+                self._replies.extend(replies)
 
     # -- what cannot be encoded ------------------------------------------------------------
 
-    def _encode_each(self, muts: list[Mutation]) -> list[Mutation]:
+    def _encode_each(self, muts: list[Mutation], held: list[Item]) -> list[Mutation]:
         """Encode a batch that failed as a whole, one mutation at a time, dropping those that
         cannot be encoded (an integer past 64 bits ...). Each dropped one is handled as if
         the writer had rejected it: memory is made to match the disk, and the request that
@@ -291,7 +278,7 @@ class ShardCore:
                 dropped.append([*describe(m), f"{type(e).__name__}: {e}"])
                 continue
             out.extend(encoded)
-        self._reject_here(dropped)
+        self._reject_here(dropped, held)
         return out
 
     def salvage_batch(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -307,10 +294,10 @@ class ShardCore:
                 continue
             kept.append(m)
         msg["muts"] = kept
-        self._reject_here(dropped)
+        self._reject_here(dropped, [])
         return msg
 
-    def _reject_here(self, items: list[list[Any]]) -> None:
+    def _reject_here(self, items: list[list[Any]], held: list[Item]) -> None:
         for kind, key, error in items:
             job_id = job_id_of(key) if isinstance(key, str) and kind != "queue" else None
             _log.error("mutation cannot be encoded", kind=kind, job_id=job_id, error=error)
@@ -321,9 +308,9 @@ class ShardCore:
             # at the next start). A reply still to be sent for it becomes an error.
             self._absorb(self.engine.forget((job_id,), stored=False), ())
             refused = {"ok": False, "error": INTERNAL_SERVER_ERROR}
-            for pending in (self._durable, self._replies):
+            for pending in (held, self._replies):
                 for item in pending:
-                    if _names_job(item[2], job_id):
+                    if names_job(item[2], job_id):
                         item[2] = refused
 
     # -- requests --------------------------------------------------------------------------
@@ -359,10 +346,11 @@ class ShardCore:
         if name == "Stats":
             return self._stats(now)
         reply, muts = self.engine.apply(cmd, now)
-        self._absorb(muts, self.engine.last_events)
         if reply.get("ok") and _is_durable(name, cmd):
+            self._absorb(muts, self.engine.last_events, durable=True)
             self._durable.append([conn, rid, reply])
             return None
+        self._absorb(muts, self.engine.last_events)
         return reply
 
     def _apply(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -458,8 +446,18 @@ class ShardCore:
 
     # -- what a turn changed ---------------------------------------------------------------
 
-    def _absorb(self, muts: list[Mutation], events: Iterable[tuple[str, str, str]]) -> None:
+    def _absorb(
+        self,
+        muts: list[Mutation],
+        events: Iterable[tuple[str, str, str]],
+        *,
+        durable: bool = False,
+    ) -> None:
         if muts:
+            if durable is not self._seg_durable:
+                if self._muts or self._durable:
+                    self._cut()
+                self._seg_durable = durable
             self._muts.extend(muts)
         if self.polls:
             self._note_wakeups(muts, events)
@@ -517,6 +515,17 @@ class ShardCore:
                 self._replies.append([conn, rid, error])
                 failed += 1
         _log.warning("durable replies failed", seq=seq, count=failed, error=msg.get("error"))
+        self._forget_batch(seq)
+
+    def _forget_batch(self, seq: int) -> None:
+        """The writer dropped durable batch `seq` (storage full): its pushes were answered
+        with an error, so their jobs leave memory and the batch is never resent."""
+        batch = next((m for s, m in self._unconfirmed if s == seq), None)
+        if batch is None or not batch.get("durable"):
+            return  # a buffered batch: the writer keeps it and commits it later
+        self._unconfirmed = deque((s, m) for s, m in self._unconfirmed if s != seq)
+        puts = [key for kind, key in map(describe, batch["muts"]) if kind == "put" and key]
+        self._absorb(self.engine.forget([job_id_of(key) for key in puts], stored=False), ())
 
     def _on_rejected(self, msg: dict[str, Any], now: int) -> None:
         """The writer could not store some mutations of batch `seq` (docs/runtime.md): make
@@ -546,7 +555,7 @@ class ShardCore:
                 continue
             for item in items:
                 reply = item[2]
-                if _names_job(reply, job_id):
+                if names_job(reply, job_id):
                     item[2] = refused
                     ids = reply.get("ids") or ()
                     others = [i for i in ids if isinstance(i, str) and i != job_id]

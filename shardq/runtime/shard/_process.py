@@ -33,8 +33,9 @@ from shardq.runtime._spin import spin_until
 from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.links._stream import FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
-from shardq.runtime.shard._core import Outgoing, ShardCore, salvage_replies
+from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._gc import tune_gc
+from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Store
 

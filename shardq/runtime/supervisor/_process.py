@@ -367,6 +367,9 @@ class Supervisor:
             max_frame_bytes=c.max_frame_bytes,
             tcp_idle_timeout_ms=c.tcp_idle_timeout_ms,
             spin_us=c.spin_us,
+            storage_retry_max_ms=c.storage_retry_max_ms,
+            storage_stall_ms=c.storage_stall_ms,
+            max_db_bytes=c.max_db_bytes,
             engine=dict(c.engine),
         )
 

@@ -70,7 +70,11 @@ class Writer:
         self._spec = spec
         self._store = store
         self._clock = clock
-        self._buffer = FlushBuffer(spec.flush_interval_ms / 1000, spec.flush_max_mutations)
+        self._buffer = FlushBuffer(
+            spec.flush_interval_ms / 1000,
+            spec.flush_max_mutations,
+            retry_max_s=spec.storage_retry_max_ms / 1000,
+        )
         self._links = ShardConnections(spec.writer_link_path)
         self._reading = True
         self._degraded = False
@@ -158,7 +162,7 @@ class Writer:
         self._links.claim(conn, shard)
         if kind == "muts" and isinstance(message.get("muts"), list):
             urgent = message.get("durable") is True
-            self._buffer.add_muts(shard, seq, message["muts"], now, urgent=urgent)
+            self._send(self._buffer.add_muts(shard, seq, message["muts"], now, urgent=urgent))
         elif kind == "sync":
             self._send(self._buffer.add_sync(shard, seq, now))
         elif kind == "flush":
@@ -357,7 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
     try:
-        store = Store.open(spec.data_path, synchronous=spec.synchronous)
+        store = Store.open(
+            spec.data_path, synchronous=spec.synchronous, max_bytes=spec.max_db_bytes or None
+        )
     except StorageError as e:
         log.error("cannot open the database", path=spec.data_path, error=str(e))
         link.fatal(str(e))
