@@ -108,8 +108,12 @@ class ShardCore:
         self._encoder = MutationEncoder()
         self._replies: list[Item] = []
         self._durable: list[Item] = []
-        # Finished segments of this turn: (durable, mutations, durable replies), see `_cut`.
-        self._segments: list[tuple[bool, list[Mutation], list[Item]]] = []
+        # Finished segments of this turn: (durable, mutations, durable replies, held job
+        # ids), see `_cut`.
+        self._segments: list[tuple[bool, list[Mutation], list[Item], list[str]]] = []
+        self._durable_ids: list[str] = []  # the current segment's held jobs
+        # Jobs the engine holds until their batch's `done`: (seq, job ids), in seq order.
+        self._holding: deque[tuple[int, list[str]]] = deque()
         self._seg_durable = False  # whether the current segment's mutations are durable
         self._held: deque[tuple[int, list[Item]]] = deque()
         self._urged = 0  # the last seq the writer was asked to commit at once
@@ -222,16 +226,18 @@ class ShardCore:
     def _flush_mutations(self, out: list[Outgoing]) -> None:
         if self._muts or self._durable:
             self._cut()
-        for durable, muts, replies in self._segments:
+        for durable, muts, replies, held in self._segments:
             self._send_segment(out, durable, muts, replies)
+            if held:
+                self._holding.append((self.seq, held))
         self._segments.clear()
 
     def _cut(self) -> None:
         """End the current segment. A turn's mutations go out as one batch per run of durable
         or buffered requests, in order, so that storage full can drop a durable batch (its
         pushes failed) without dropping buffered work that was already answered ok."""
-        self._segments.append((self._seg_durable, self._muts, self._durable))
-        self._muts, self._durable = [], []
+        self._segments.append((self._seg_durable, self._muts, self._durable, self._durable_ids))
+        self._muts, self._durable, self._durable_ids = [], [], []
 
     def _send_segment(
         self, out: list[Outgoing], durable: bool, muts: list[Mutation], replies: list[Item]
@@ -349,6 +355,10 @@ class ShardCore:
         if reply.get("ok") and _is_durable(name, cmd):
             self._absorb(muts, self.engine.last_events, durable=True)
             self._durable.append([conn, rid, reply])
+            # Its new jobs are not deliverable before their commit is confirmed (`_on_done`).
+            new = [m[1]["id"] for m in muts if m[0] == "put"]
+            self.engine.hold(new)
+            self._durable_ids.extend(new)
             return None
         self._absorb(muts, self.engine.last_events)
         return reply
@@ -503,6 +513,8 @@ class ShardCore:
             self._unconfirmed.popleft()
         while self._held and self._held[0][0] <= self.committed:
             self._replies.extend(self._held.popleft()[1])
+        while self._holding and self._holding[0][0] <= self.committed:
+            self._woken.update(self.engine.confirm(self._holding.popleft()[1]))
 
     def _on_fail(self, msg: dict[str, Any], now: int) -> None:
         seq = msg.get("seq")
@@ -524,6 +536,7 @@ class ShardCore:
         if batch is None or not batch.get("durable"):
             return  # a buffered batch: the writer keeps it and commits it later
         self._unconfirmed = deque((s, m) for s, m in self._unconfirmed if s != seq)
+        self._holding = deque((s, ids) for s, ids in self._holding if s != seq)
         puts = [key for kind, key in map(describe, batch["muts"]) if kind == "put" and key]
         self._absorb(self.engine.forget([job_id_of(key) for key in puts], stored=False), ())
 
