@@ -37,6 +37,7 @@ Item: TypeAlias = list[Any]  # [conn, rid, reply]
 
 WAIT_DEFAULT_MS: Final = 30_000
 WAIT_MAX_MS: Final = 600_000  # bunqueue's WaitJob bound (reference §2.3)
+STALLED_ERROR: Final = "Storage unavailable: the writer is not keeping up (storage degraded)"
 MAX_SLEEP_MS: Final = 3_600_000  # the longest poll: an idle shard wakes once an hour at most
 TICK_RETRY_MS: Final = 1_000  # after a timer pass raised, wait this long before the next one
 _PULLS: Final = frozenset({"PULL", "PULLB"})
@@ -101,6 +102,9 @@ class ShardCore:
         self.seq = 0  # last `muts` seq sent to the writer
         self.committed = 0  # highest seq the writer confirmed
         self.draining = False
+        # Set by the process while the writer has left this shard's batches unread for longer
+        # than `storage_stall_ms`: durable pushes are refused at once (docs/runtime.md).
+        self.storage_stalled = False
         self._drained_sent = False
         self._muts: list[Mutation] = []
         # Puts and updates go to the writer already encoded (shardq.storage._encode): this
@@ -345,6 +349,8 @@ class ShardCore:
         self, conn: str, rid: int, name: object, cmd: dict[str, Any], now: int
     ) -> dict[str, Any] | None:
         """Answer one command; None when the answer is parked (long-poll, WaitJob, durable)."""
+        if self.storage_stalled and _is_durable(name, cmd):
+            return {"ok": False, "error": STALLED_ERROR}  # refused before it changes anything
         if name in _PULLS:
             return self._pull(conn, rid, cmd, now)
         if name == "WaitJob":
