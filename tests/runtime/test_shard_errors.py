@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 from shardq_harness import ShardqServer
-from test_shard_core import Shard
+from structlog.testing import capture_logs
+from test_shard_core import T0, Shard
 from wire_clients import Tcp
 
+from shardq.core import Engine
 from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.runtime.links._control import unpack
+from shardq.runtime.shard._core import TICK_RETRY_MS, ShardCore
 
 HUGE = 1e300  # int(1e300) fits no 64-bit field: msgpack, SQLite and poll all refuse it
 
@@ -130,3 +133,37 @@ def test_a_reply_that_cannot_be_packed_fails_alone() -> None:
         ["t1", 1, {"ok": True}],
         ["t1", 2, {"ok": False, "error": INTERNAL_SERVER_ERROR}],
     ]
+
+
+class _TickFails(Engine):
+    """An engine whose timer pass raises once, as a bug in a timer path would."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=1)
+        self.failures = 1
+
+    def tick(self, now: int) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("a bug in a timer path")
+        return super().tick(now)
+
+
+def test_a_timer_pass_that_raises_is_logged_and_retried_later() -> None:
+    core = ShardCore(0, _TickFails())
+    now = T0
+    delayed = {"cmd": "PUSH", "queue": "q", "data": 1, "delay": 10, "_conn": "t1"}
+    core.handle({"t": "req", "items": [["t1", 1, delayed]]}, now)
+    core.finish_turn(now)
+    with capture_logs() as logs:
+        out = core.finish_turn(now + 20)  # the promotion is due: the tick raises
+    assert any(line["event"] == "shard step failed" for line in logs)
+    assert core.poll_timeout(now + 20) == TICK_RETRY_MS  # no busy loop on the failing timer
+    ping = {"cmd": "GetJobCounts", "queue": "q", "_conn": "t1"}
+    core.handle({"t": "req", "items": [["t1", 2, ping]]}, now + 20)
+    out = core.finish_turn(now + 20)
+    assert out[-1][1]["items"][0][2]["counts"]["delayed"] == 1  # still answering
+    core.finish_turn(now + 20 + TICK_RETRY_MS)  # the retry runs the promotion
+    core.handle({"t": "req", "items": [["t1", 3, ping]]}, now + 20 + TICK_RETRY_MS)
+    out = core.finish_turn(now + 20 + TICK_RETRY_MS)
+    assert out[-1][1]["items"][0][2]["counts"]["waiting"] == 1
