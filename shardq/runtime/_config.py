@@ -82,6 +82,10 @@ class ServerConfig:
     # Cap on the database file (bytes); past it writes fail as on a full disk. 0: no cap, the
     # disk is the limit.
     max_db_bytes: int = 0
+    # Bytes a shard may hold unsent for a writer that does not read. Below it the shard waits
+    # at most `storage_stall_ms` (then refuses durable pushes and serves on); at it the
+    # shard waits for the writer whatever the time: its memory stays bounded.
+    writer_backlog_max_bytes: int = 256 << 20
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @property
@@ -217,6 +221,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "storage_retry_max_ms": _ranged(10, 60_000, ms=True),
     "storage_stall_ms": _ranged(100, 600_000, ms=True),
     "max_db_bytes": _db_cap,
+    # Above the 8 MiB past which a shard starts waiting for its writer (`shard/_process.py`).
+    "writer_backlog_max_bytes": _ranged(16 << 20, 1 << 40),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

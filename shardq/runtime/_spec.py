@@ -33,6 +33,7 @@ class ChildSpec:
     storage_retry_max_ms: int = 1_000
     storage_stall_ms: int = 5_000
     max_db_bytes: int = 0
+    writer_backlog_max_bytes: int = 256 << 20
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     def endpoint(self, name: str) -> str:

@@ -113,6 +113,7 @@ VALID_TEXT = {
     "storage_retry_max_ms": "250",
     "storage_stall_ms": "2000",
     "max_db_bytes": "2097152",
+    "writer_backlog_max_bytes": "33554432",
 }
 
 
@@ -155,6 +156,7 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         storage_retry_max_ms = 250
         storage_stall_ms = 2000
         max_db_bytes = 2097152
+        writer_backlog_max_bytes = 33554432
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
@@ -217,6 +219,7 @@ def test_shards_auto_and_number() -> None:
         ("storage_stall_ms", "99"),
         ("max_db_bytes", "4096"),
         ("max_db_bytes", "-1"),
+        ("writer_backlog_max_bytes", "1048576"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: str) -> None:

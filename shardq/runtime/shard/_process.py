@@ -44,10 +44,9 @@ __all__ = ["ShardProcess", "main"]
 
 _log = structlog.get_logger()
 
-# Unsent bytes to the writer past which a shard waits for it (bounded by `storage_stall_ms`),
-# and past which it waits whatever the bound: the shard's memory is not the writer's buffer.
+# Unsent bytes to the writer past which a shard waits for it, for at most `storage_stall_ms`
+# (past `writer_backlog_max_bytes` it waits whatever the time: its memory is bounded).
 WRITER_BACKLOG_BYTES = 8 << 20
-WRITER_BACKLOG_MAX_BYTES = 256 << 20
 
 
 class ShardProcess:
@@ -299,7 +298,7 @@ class ShardProcess:
         while writer.pending > WRITER_BACKLOG_BYTES:
             left = bound_s - writer.stalled_for(time.monotonic())
             if left <= 0:
-                if writer.pending <= WRITER_BACKLOG_MAX_BYTES:
+                if writer.pending < self.spec.writer_backlog_max_bytes:
                     return
                 left = bound_s  # over the hard cap: memory comes first, wait again
             writer.wait_writable(left)

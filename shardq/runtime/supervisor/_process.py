@@ -370,6 +370,7 @@ class Supervisor:
             storage_retry_max_ms=c.storage_retry_max_ms,
             storage_stall_ms=c.storage_stall_ms,
             max_db_bytes=c.max_db_bytes,
+            writer_backlog_max_bytes=c.writer_backlog_max_bytes,
             engine=dict(c.engine),
         )
 
