@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardq_harness import ShardqServer
+from shardq_harness import ShardqServer, poll_until
 from test_writer import WriterProcess, put, stored_ids, writer_process
 from wire_clients import Tcp
 
@@ -102,5 +102,27 @@ def test_a_bad_durable_push_fails_alone_and_leaves_no_trace(
         ids = sorted(row[0] for row in db.execute("SELECT id FROM jobs"))
     assert sum(i.startswith("poison") for i in ids) == 1
     assert sum(i.startswith("after-") for i in ids) == 5
+    tcp.close()
+    assert server.stop() == 0
+
+
+def test_a_bad_update_is_undone_in_memory_and_commits_go_on(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    server = shardq_server(shards=1)
+    tcp = Tcp(server.tcp_address)
+    assert _durable_push(tcp, "target", priority=3)["ok"]
+    # A priority past SQLite's INTEGER. Refused at the boundary, or taken by the engine and
+    # rejected by the writer: either way the job ends as stored, with its old priority.
+    tcp.call({"cmd": "ChangePriority", "id": "target", "priority": 2**63 + 1})
+    poll_until(
+        lambda: tcp.call({"cmd": "GetJob", "id": "target"})["job"]["priority"] == 3,
+        5.0,
+        "the job to be what is stored",
+    )
+    for n in range(3):
+        assert _durable_push(tcp, f"later-{n}")["ok"]
+    job = tcp.call({"cmd": "PULL", "queue": "iso"})["job"]
+    assert job["id"] == "target" and job["priority"] == 3  # still a working job
     tcp.close()
     assert server.stop() == 0
