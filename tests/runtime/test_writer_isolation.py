@@ -8,13 +8,18 @@ writer must commit everything else, report the bad ones (`rejected`) and keep co
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from shardq_harness import ShardqServer, poll_until
 from test_writer import WriterProcess, put, stored_ids, writer_process
 from wire_clients import Tcp
+
+from shardq.core import Mutation
+from shardq.runtime.writer._isolate import apply_isolating
+from shardq.storage import StorageFull, StorageRejected, Store
 
 __all__ = ["writer_process"]  # the fixture, re-exported for pytest
 
@@ -126,3 +131,26 @@ def test_a_bad_update_is_undone_in_memory_and_commits_go_on(
     assert job["id"] == "target" and job["priority"] == 3  # still a working job
     tcp.close()
     assert server.stop() == 0
+
+
+def test_a_transient_failure_while_isolating_stops_it(short_tmp: Path) -> None:
+    store = Store.open(short_tmp / "db" / "q.db")
+    calls = 0
+
+    def apply(muts: Sequence[Mutation]) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the disk fills up in the middle of the bisection
+            raise StorageFull("applying a batch: database or disk is full")
+        return store.apply(muts)
+
+    muts = [put(1), put(2, priority=TOO_BIG), put(3), put(4)]
+    with pytest.raises(StorageFull):
+        apply_isolating(apply, muts, StorageRejected("the whole batch"))
+    # What committed before stays (the writer retries the whole buffer: applying it again
+    # is harmless); nothing after the failure was attempted.
+    assert [job["id"] for job in store.load_jobs()] == []  # the first half held the bad one
+    rows, rejected = apply_isolating(store.apply, muts, StorageRejected("the whole batch"))
+    assert [i for i, _ in rejected] == [1] and rows == 3
+    assert [job["id"] for job in store.load_jobs()] == ["j1", "j3", "j4"]
+    store.close()
