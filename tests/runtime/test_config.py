@@ -110,6 +110,11 @@ VALID_TEXT = {
     "tcp_idle_timeout_ms": "0",
     "spin_us": "200",
     "stats_rate_window_s": "2",
+    # -- isolation (writer and shard storage)
+    "storage_retry_max_ms": "250",
+    "storage_stall_ms": "2000",
+    "max_db_bytes": "2097152",
+    "writer_backlog_max_bytes": "33554432",
 }
 
 
@@ -150,6 +155,10 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         tcp_idle_timeout_ms = 0
         spin_us = 200
         stats_rate_window_s = 2
+        storage_retry_max_ms = 250
+        storage_stall_ms = 2000
+        max_db_bytes = 2097152
+        writer_backlog_max_bytes = 33554432
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
@@ -208,6 +217,13 @@ def test_shards_auto_and_number() -> None:
         ("spin_us", "10001"),
         ("stats_rate_window_s", "0"),
         ("stats_rate_window_s", "3601"),
+        # -- isolation (writer and shard storage)
+        ("storage_retry_max_ms", "5"),
+        ("storage_retry_max_ms", "60001"),
+        ("storage_stall_ms", "99"),
+        ("max_db_bytes", "4096"),
+        ("max_db_bytes", "-1"),
+        ("writer_backlog_max_bytes", "1048576"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: str) -> None:

@@ -376,6 +376,10 @@ class Supervisor:
             tcp_idle_timeout_ms=c.tcp_idle_timeout_ms,
             spin_us=c.spin_us,
             stats_rate_window_s=c.stats_rate_window_s,
+            storage_retry_max_ms=c.storage_retry_max_ms,
+            storage_stall_ms=c.storage_stall_ms,
+            max_db_bytes=c.max_db_bytes,
+            writer_backlog_max_bytes=c.writer_backlog_max_bytes,
             engine=dict(c.engine),
         )
 
