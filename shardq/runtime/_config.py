@@ -71,6 +71,12 @@ class ServerConfig:
     # sleep (microseconds; 0 = never spin). Spinning trades CPU for latency: one request in
     # flight skips the wake-ups of idle processes (`_spin.py`, BENCHMARKS.md section 4).
     spin_us: int = 0
+    # -- recovery (issue 10, section 6)
+    # A starting child is killed once it has gone this long without reporting ready or
+    # progress. A shard recovering a large database reports progress every second, so the
+    # bound is on a stall, not on the size of the backlog: 30 s is what a start took at most
+    # (the old fixed ready timeout) and far above a second between progress reports.
+    ready_timeout_ms: int = 30_000
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @property
@@ -192,6 +198,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_frame_bytes": _ranged(1, 2**32 - 1),
     "tcp_idle_timeout_ms": _idle_timeout,
     "spin_us": _ranged(0, MAX_SPIN_US),
+    # -- recovery: at least a second, so that a child's progress reports can keep it alive.
+    "ready_timeout_ms": _ranged(1000, ms=True),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

@@ -109,6 +109,7 @@ VALID_TEXT = {
     "max_frame_bytes": "1024",
     "tcp_idle_timeout_ms": "0",
     "spin_us": "200",
+    "ready_timeout_ms": "5000",
 }
 
 
@@ -148,6 +149,7 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         max_frame_bytes = 1024
         tcp_idle_timeout_ms = 0
         spin_us = 200
+        ready_timeout_ms = 5000
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
@@ -204,6 +206,7 @@ def test_shards_auto_and_number() -> None:
         ("max_frame_bytes", str(2**32)),
         ("spin_us", "-1"),
         ("spin_us", "10001"),
+        ("ready_timeout_ms", "999"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: str) -> None:
