@@ -76,8 +76,13 @@ class Server:
             time.sleep(0.05)
         return None, f"not ready in {timeout:g} s: {self.log_tail()}"
 
-    def log_tail(self, lines: int = 6) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+    def log_tail(self, lines: int = 3) -> str:
+        """The supervisor's failure reason if it logged one, else the last lines."""
+        text = self.log_path.read_text(errors="replace").splitlines()
+        for line in text:
+            if '"shardq is stopping after a failure"' in line:
+                return str(json.loads(line).get("reason"))
+        return "\n".join(text[-lines:])
 
     def rss_mb(self) -> dict[str, float]:
         """RSS of the supervisor and each child, in MB, keyed by role (shards numbered)."""

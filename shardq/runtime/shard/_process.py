@@ -36,6 +36,7 @@ from shardq.runtime.links._stream import FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._gc import tune_gc
+from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
 from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Store
 
@@ -65,6 +66,7 @@ class ShardProcess:
         engine = Engine(EngineConfig(**spec.engine))
         engine.wire_jobs = self._front_packer.wire_jobs
         self.core = ShardCore(spec.index, engine)
+        self._memory = MemoryReturner(engine)
         self._stop = False
         self._spin_s = spec.spin_us / 1e6
         self._ctx = zmq.Context()
@@ -120,6 +122,8 @@ class ShardProcess:
             spin_us=self.spec.spin_us,
         )
         tune_gc()
+        # Recovery decoded every page of records it read: hand that heap back before serving.
+        malloc_trim()
         self.sup.ready()
         return early
 
@@ -207,6 +211,7 @@ class ShardProcess:
             for msg in messages:
                 self.core.handle(msg, now)
             self._send(self.core.finish_turn(now))
+            self._memory.after_turn()
 
     def _finish(self) -> None:
         """Send the last batch and wait, within the shutdown timeout, for its commit."""
