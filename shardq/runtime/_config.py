@@ -247,7 +247,9 @@ def _parse(key: str, raw: object, source: str) -> Any:
 
 def _parse_engine(name: str, raw: object, source: str) -> int:
     try:
-        return _ranged(1, ms=name.endswith("_ms"))(raw)
+        # completed_retention_ms (recovery, issue 10): 0 turns the age limit off.
+        low = 0 if name == "completed_retention_ms" else 1
+        return _ranged(low, ms=name.endswith("_ms"))(raw)
     except ValueError as e:
         raise ConfigError(f"engine.{name} ({source}): {e}") from None
 

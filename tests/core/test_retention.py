@@ -90,6 +90,8 @@ def test_evicted_custom_id_can_be_pushed_again() -> None:
         ("max_results", 0),
         ("max_logs_per_job", 0),
         ("default_lock_ttl_ms", 0),
+        ("completed_retention_ms", -1),
+        ("completed_retention_ms", True),
         ("max_completed", 1.5),
         ("max_completed", "10"),
     ],
@@ -107,3 +109,29 @@ def test_default_lock_ttl_follows_the_config() -> None:
     assert d.state(job_id) == "active"
     d.tick(500)
     assert d.state(job_id) == "waiting"
+
+
+def test_completed_jobs_past_the_retention_age_leave_memory_and_disk() -> None:
+    d = Driver(Engine(EngineConfig(completed_retention_ms=1000), seed=1))
+    early = d.push(at=0)
+    d.run_to_completion(at=100)  # completed at 100
+    late = d.push(at=500)
+    d.run_to_completion(at=600)  # completed at 600
+    assert d.engine.next_deadline() == 1100  # the timer that ends the oldest retention
+    d.tick(1099)
+    assert d.state(early) == "completed"
+    d.tick(1100)
+    assert [m for m in d.mutations if m[0] == "del"] == [("del", early)]
+    assert d.state(early) == "unknown" and d.state(late) == "completed"
+    assert d.engine.next_deadline() == 1600
+    d.tick(1600)
+    assert d.state(late) == "unknown" and d.counts()["completed"] == 0
+
+
+def test_without_a_retention_age_completed_jobs_stay() -> None:
+    d = Driver(Engine(seed=1))
+    job_id = d.push(at=0)
+    d.run_to_completion(at=100)
+    d.tick(10**12)
+    assert d.state(job_id) == "completed"
+    assert all(m[0] != "del" for m in d.mutations)
