@@ -28,6 +28,7 @@ import os
 import platform
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,20 @@ def db_mb(data_dir: Path) -> float:
     return round(sum(f.stat().st_size for f in files if f.exists()) / 1e6, 1)
 
 
+def db_live_mb(data_dir: Path) -> float:
+    """The pages of the (stopped) database that hold data, in MB: the file less its free
+    pages, which SQLite reuses for new rows before it grows the file."""
+    uri = f"file:{data_dir / 'shardq.db'}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True)
+    try:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        conn.close()
+    return round(int(pages - free) * int(size) / 1e6, 1)
+
+
 def pick_queues(layout: str, shards: int) -> list[str]:
     """4 queue names: on shards 0, 1, 2 ... in turn (`spread`), or all on shard 0 (`one`)."""
     names: list[str] = []
@@ -220,6 +235,7 @@ def run_layout(args: argparse.Namespace, layout: str, shards: int) -> dict[str, 
         row["rss_settled"] = second.rss_mb()
         row["final_exit"] = second.stop()
         row["db_mb_after_stop"] = db_mb(data_dir)
+        row["db_live_mb_after_stop"] = db_live_mb(data_dir)
     finally:
         if not args.keep:
             shutil.rmtree(data_dir, ignore_errors=True)
@@ -232,14 +248,19 @@ def _note(text: str) -> None:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print("| layout | jobs | ready s | RSS MB push / restart / drain / settled | DB MB push / drain"
-          " / stopped | push jobs/s | drain jobs/s |")  # fmt: skip
+          " / stopped / live | push jobs/s | drain jobs/s |")  # fmt: skip
     print("|---|---:|---:|---|---|---:|---:|")
     for r in rows:
         rss = " / ".join(
             str(r.get(k, {}).get("total", "-"))
             for k in ("rss_after_push", "rss_after_restart", "rss_after_drain", "rss_settled")
         )
-        db_keys = ("db_mb_after_push", "db_mb_after_drain", "db_mb_after_stop")
+        db_keys = (
+            "db_mb_after_push",
+            "db_mb_after_drain",
+            "db_mb_after_stop",
+            "db_live_mb_after_stop",
+        )
         db = " / ".join(str(r.get(k, "-")) for k in db_keys)
         ready = r.get("ready_s") if r.get("ready_s") is not None else "failed"
         print(f"| {r['layout']} | {r['jobs']:,} | {ready} | {rss} | {db} | "

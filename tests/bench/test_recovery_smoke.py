@@ -37,6 +37,7 @@ def test_recovery_bench_measures_every_phase(tmp_path: Path) -> None:
             assert {"supervisor", "writer", "shard0", "shard1", "frontend"} <= set(rss)
             assert rss["total"] > 0
         assert row["db_mb_after_push"] > 0 and row["db_mb_after_drain"] > 0
+        assert 0 < row["db_live_mb_after_stop"] <= row["db_mb_after_stop"]
     # `one` put its 4 queues on one shard; `spread` used both.
     assert len(set(rows["one"]["queues"])) == 4
     assert {shard_of(q, 2) for q in rows["one"]["queues"]} == {0}
