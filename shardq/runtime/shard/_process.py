@@ -169,9 +169,12 @@ class ShardProcess:
         gc.disable()
         try:
             with Store.open(spec.data_path, synchronous=spec.synchronous) as store:
+                self.sup.progress(loaded=0)
                 names = {n for n in store.queue_names() if shard_of(n, spec.shards) == spec.index}
                 queues = {n: cfg for n, cfg in store.load_queues().items() if n in names}
+                self.sup.progress(loaded=0)
                 floor = store.completed_floor(self.core.engine.config.max_completed, names)
+                self.sup.progress(loaded=0)
                 records = store.load_jobs(queues=names, completed_from=floor)
                 recovered = self.core.recover(progress.count(self._own(records)), queues, now)
                 if floor is not None:
