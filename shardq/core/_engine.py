@@ -5,7 +5,10 @@
 
 `command` is a bunqueue command map (`{"cmd": "PUSH", "queue": ..., ...}`); the reply is the
 bunqueue reply map without `reqId`. A refused command answers `{"ok": False, "error": ...}` with
-bunqueue's exact message and changes nothing, except PUSHB, which keeps its accepted prefix.
+bunqueue's exact message and changes nothing, except PUSHB, which keeps its accepted prefix
+(past validation, which refuses the whole batch). Every field is checked against its bounds
+(`_validate.py`) before a handler runs, so no value the engine stores or schedules can
+overflow SQLite, msgpack or the shard's poll.
 The front end adds `_conn` (the connection id) to commands, so a closed connection's jobs can
 be released with `release_connection`.
 """
@@ -22,6 +25,7 @@ from ._mutations import Mutation
 from ._produce import ProduceOps
 from ._query import QueryOps
 from ._timers import TimerOps
+from ._validate import CHECKED_COMMANDS, check_fields
 
 __all__ = ["COMMANDS", "Engine"]
 
@@ -98,6 +102,10 @@ class Engine(TimerOps, ProduceOps, ControlOps, QueryOps):
             reply: dict[str, Any] = {"ok": False, "error": f"Unknown command: {name}"}
         else:
             try:
+                if name in CHECKED_COMMANDS:
+                    error = check_fields(name, command, self.config.max_key_chars)
+                    if error is not None:
+                        raise CommandError(error)
                 reply = handler(command, int(now))
             except CommandError as e:
                 reply = {"ok": False, "error": str(e)}

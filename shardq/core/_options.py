@@ -14,9 +14,12 @@ from collections.abc import Mapping
 from typing import Any, Final, TypeGuard
 
 __all__ = [
+    "CHECKED_FIELDS",
     "MAX_DATA_CHARS",
     "as_int",
     "check_number",
+    "job_options_error",
+    "validate_data",
     "validate_job_fields",
     "validate_queue_name",
 ]
@@ -210,7 +213,7 @@ def _validate_lists(fields: Mapping[str, Any]) -> str | None:
     return None
 
 
-_CHECKED_FIELDS: Final = frozenset(
+CHECKED_FIELDS: Final = frozenset(
     ("name", "groupId", "priority", "backoff", "dependsOn", "childrenIds", "tags")
 ).union(field for field, _, _ in (*_BOUNDS, *_TTL_BOUNDS))
 
@@ -218,8 +221,13 @@ _CHECKED_FIELDS: Final = frozenset(
 def validate_job_fields(fields: Mapping[str, Any]) -> str | None:
     """The first thing wrong with one job's push fields, as bunqueue words it, or None."""
     error = validate_data(fields.get("data"))
-    if error or _CHECKED_FIELDS.isdisjoint(fields):
+    if error or CHECKED_FIELDS.isdisjoint(fields):
         return error
+    return job_options_error(fields)
+
+
+def job_options_error(fields: Mapping[str, Any]) -> str | None:
+    """The first of one job's options bunqueue checks that is wrong, in its words, or None."""
     return (
         _validate_name(fields)
         or _validate_group_id(fields.get("groupId"))
