@@ -135,6 +135,7 @@ class Job:
         "id",
         "key",
         "last_heartbeat",
+        "leased",
         "lifo",
         "logs",
         "max_attempts",
@@ -197,7 +198,10 @@ class Job:
         self.hkey: tuple[Any, ...] | None = None
         self.dkey: tuple[Any, ...] | None = None
         self.delivery = 0
+        # Every delivery gets a token, with or without an owner (`_consume._hold`); `leased`
+        # says whether a lease guards it, which decides what a token-less ACK may match.
         self.token: str | None = None
+        self.leased = False
 
     # -- construction ---------------------------------------------------------------------
 

@@ -247,7 +247,7 @@ _COMMAND_CHECKS: Final[dict[str, tuple[tuple[str, Check], ...]]] = {
     "GetJobs": (("offset", count), ("limit", count)),
     "Clean": (("queue", _queue), ("grace", duration), ("limit", count)),
     "PromoteJobs": (("count", count),),
-    "RetryDlq": (("count", count),),
+    "RetryDlq": (("count", count), ("jobId", ident)),
     "RetryCompleted": (("queue", _queue), ("count", count)),
     "Dlq": (("count", count), ("filter", _dlq_filter)),
     "Pause": (("queue", _queue),),

@@ -181,14 +181,15 @@ def test_progress_and_log_messages_are_checked(d: Driver) -> None:
 
 # -- every field of every command, with extreme values -------------------------------------
 
+# fmt: off
+_POISONS: list[Any] = [
+    2**63 - 1, 2**63, 2**64 - 1, -(2**63), -1, 0, 1, 1.5, 1e300, -1e300, 1.5e19, -1.5e19,
+    math.nan, math.inf, -math.inf, True, None, "", "x" * 3000, b"\x00\xff", [], {}, [[[[[]]]]],
+    {"type": "fixed", "delay": 1e300}, {"ttl": 1e300},
+]
+# fmt: on
 _EXTREMES = st.one_of(
-    st.sampled_from(
-        [
-            2**63 - 1, 2**63, 2**64 - 1, -(2**63), -1, 0, 1, 1.5, 1e300, -1e300, 1.5e19,
-            -1.5e19, math.nan, math.inf, -math.inf, True, None, "", "x" * 3000, b"\x00\xff",
-            [], {}, [[[[[]]]]], {"type": "fixed", "delay": 1e300}, {"ttl": 1e300},
-        ]
-    ),  # fmt: skip
+    st.sampled_from(_POISONS),
     st.integers(min_value=-(2**63), max_value=2**64 - 1),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=20),
