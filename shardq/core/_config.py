@@ -29,7 +29,7 @@ class EngineConfig:
     dlq_maintenance_ms: int = 60_000
     # A stack sent with FAIL is cut to this many lines before stackTraceLimit applies.
     max_stack_lines: int = 100
-    # Longest custom id, uniqueKey, owner, debounceId, tag or dependsOn entry a command may
+    # Longest custom id, uniqueKey, debounceId, tag or dependsOn entry a command may
     # carry: each is an index key in memory and on disk; 1024 fits UUIDs, URLs and composites.
     max_key_chars: int = 1_024
 

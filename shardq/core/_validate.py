@@ -80,7 +80,7 @@ def index(value: object, field: str, max_chars: int = 0) -> Error:
 
 
 def text(value: object, field: str, max_chars: int) -> Error:
-    """An optional string of at most `max_chars` characters (an owner, a key, a message)."""
+    """An optional string of at most `max_chars` characters (a key)."""
     if value is None:
         return None
     if not isinstance(value, str):
@@ -100,7 +100,9 @@ def ident(value: object, field: str, max_chars: int) -> Error:
 def flag(value: object, field: str, max_chars: int = 0) -> Error:
     """An optional flag. Numbers and maps pass (BullMQ spells `removeOnComplete` as a count or
     `{age, count}`); only their truth is used, so a list or a string is the only mistake."""
-    if value is None or isinstance(value, bool | Mapping) or is_number(value):
+    if type(value) is bool or value is None:
+        return None
+    if isinstance(value, Mapping) or is_number(value):
         return None
     return f"Invalid {field}: must be a boolean"
 
@@ -210,10 +212,13 @@ JOB_EXTRA_FIELDS: Final = frozenset(JOB_EXTRA_CHECKS)
 
 def job_extra_error(fields: Mapping[str, Any], max_chars: int) -> Error:
     """The first of one job's extra push fields that is out of bounds, or None."""
-    for name in JOB_EXTRA_FIELDS.intersection(fields):
-        error = JOB_EXTRA_CHECKS[name](fields[name], name, max_chars)
-        if error:
-            return error
+    checks = JOB_EXTRA_CHECKS
+    for name, value in fields.items():
+        # Absent and null options are the common case, and every check passes None.
+        if value is not None and name in checks:
+            error = checks[name](value, name, max_chars)
+            if error:
+                return error
     return None
 
 
@@ -233,8 +238,8 @@ def validate_job(fields: Mapping[str, Any], max_chars: int) -> Error:
 # Per command: (field, check). Push fields are checked per job by `validate_job_fields`; the
 # commands with bunqueue-worded checks (PULLB count, MoveToDelayed delay, ...) keep them.
 _COMMAND_CHECKS: Final[dict[str, tuple[tuple[str, Check], ...]]] = {
-    "PULL": (("lockTtl", duration), ("owner", text)),
-    "PULLB": (("lockTtl", duration), ("owner", text)),
+    "PULL": (("lockTtl", duration),),
+    "PULLB": (("lockTtl", duration),),
     "JobHeartbeat": (("duration", duration),),
     "ExtendLock": (("duration", duration),),
     "ExtendLocks": (("ids", _array), ("durations", _durations)),
