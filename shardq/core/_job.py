@@ -216,7 +216,7 @@ class Job:
         *,
         custom: bool = False,
     ) -> Job:
-        """A new job from validated push fields (see `validate_job_fields`)."""
+        """A new job from validated push fields (see `_validate.validate_job`)."""
         job = cls(job_id, queue, seq)
         if len(fields) == 1 and not custom and "data" in fields:
             # Just the payload (a PUSHB entry without options): every other field is default.

@@ -20,7 +20,6 @@ __all__ = [
     "check_number",
     "job_options_error",
     "validate_data",
-    "validate_job_fields",
     "validate_queue_name",
 ]
 
@@ -216,14 +215,6 @@ def _validate_lists(fields: Mapping[str, Any]) -> str | None:
 CHECKED_FIELDS: Final = frozenset(
     ("name", "groupId", "priority", "backoff", "dependsOn", "childrenIds", "tags")
 ).union(field for field, _, _ in (*_BOUNDS, *_TTL_BOUNDS))
-
-
-def validate_job_fields(fields: Mapping[str, Any]) -> str | None:
-    """The first thing wrong with one job's push fields, as bunqueue words it, or None."""
-    error = validate_data(fields.get("data"))
-    if error or CHECKED_FIELDS.isdisjoint(fields):
-        return error
-    return job_options_error(fields)
 
 
 def job_options_error(fields: Mapping[str, Any]) -> str | None:

@@ -11,8 +11,9 @@ refused with `Invalid <field>: <why>` and the command changes nothing.
 
 Fields bunqueue itself validates on a push (`priority`, `delay`, `ttl`, ...) keep bunqueue's
 wording (`_options.job_options_error`); `validate_job` adds the push fields bunqueue stores
-unchecked (`timestamp`, `dedup.ttl`, `stackTraceLimit`, ...). `command_error` covers the other
-commands. `Engine.apply` runs it once per command, the push handlers once per job.
+unchecked (`timestamp`, `dedup.ttl`, `stackTraceLimit`, ...); the push handlers run it once per
+job. `check_fields` covers the other commands: the engine puts it in front of the handler of
+each command in `CHECKED_COMMANDS` (`Engine._checked`), so it runs once per command.
 """
 
 from __future__ import annotations
@@ -176,9 +177,8 @@ def _durations(value: object, field: str, max_chars: int = 0) -> Error:
 def _dlq_filter(value: object, field: str, max_chars: int = 0) -> Error:
     if not isinstance(value, Mapping):
         return None  # no filter: the whole DLQ
-    return count(value.get("offset"), f"{field}.offset") or count(
-        value.get("limit"), f"{field}.limit"
-    )
+    offset = count(value.get("offset"), f"{field}.offset")
+    return offset or count(value.get("limit"), f"{field}.limit")
 
 
 _FLAGS: Final = (
@@ -235,7 +235,7 @@ def validate_job(fields: Mapping[str, Any], max_chars: int) -> Error:
     return job_options_error(fields) or job_extra_error(fields, max_chars)
 
 
-# Per command: (field, check). Push fields are checked per job by `validate_job_fields`; the
+# Per command: (field, check). Push fields are checked per job by `validate_job`; the
 # commands with bunqueue-worded checks (PULLB count, MoveToDelayed delay, ...) keep them.
 _COMMAND_CHECKS: Final[dict[str, tuple[tuple[str, Check], ...]]] = {
     "PULL": (("lockTtl", duration),),
