@@ -4,7 +4,8 @@ wedge it.
 Hypothesis sends random bytes, corrupt msgpack, lying length prefixes, zero-length, torn and
 over-limit frames, non-map messages, maps without `cmd`, and every bunqueue command with
 fields of every wrong type and extreme value (huge and negative integers, NaN, infinities,
-deep nesting, long strings). Each example uses a fresh connection; closing a connection on
+deep nesting, long strings), and garbage multipart messages on the ZeroMQ socket. Each TCP
+example uses a fresh connection; closing a connection on
 garbage is a fine answer. After each example the server must still answer a request through
 each shard, and at the end every process is the one that started (no silent restart) and a
 fresh connection completes a durable PUSH and reads it back.
@@ -28,9 +29,11 @@ from typing import Any
 
 import msgpack
 import pytest
+import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shardq_harness import ShardqServer
+from wire_clients import Dealer
 
 from shardq.protocol import FrameDecoder
 from shardq.runtime._routing import shard_of
@@ -527,6 +530,49 @@ def test_every_command_with_wrong_and_extreme_fields(
         if name not in PARKING:  # a long-poll may hold its reply; closing drops it
             raise
     settle(server, started, conn)
+
+
+@FUZZ
+@given(
+    parts=st.one_of(
+        st.lists(st.binary(max_size=300), min_size=1, max_size=4),
+        commands().map(lambda c: [c[1]]),
+        st.lists(VALUES, max_size=3).map(lambda v: [pack(v)]),
+    )
+)
+def test_zeromq_garbage(
+    server: ShardqServer,
+    started: dict[str, int],
+    budget: float,
+    zmq_dealer: Dealer,
+    parts: list[bytes],
+) -> None:
+    if not _within(budget):
+        return
+    sock = zmq_dealer.sock
+    sock.send_multipart(parts)
+    req = uuid.uuid4().hex
+    sock.send(pack({"cmd": "Ping", "reqId": req}))
+    deadline = time.monotonic() + REPLY_S
+    while True:  # the Ping's reply, past any answers to the garbage (in either framing)
+        left = deadline - time.monotonic()
+        assert left > 0 and sock.poll(int(left * 1000)), "no reply to a Ping behind garbage"
+        reply = msgpack.unpackb(sock.recv_multipart()[-1], raw=False)
+        assert isinstance(reply, dict) and isinstance(reply.get("ok"), bool), reply
+        if reply.get("reqId") == req:
+            break
+    assert_serving(server, started)
+
+
+@pytest.fixture(scope="module")
+def zmq_dealer(server: ShardqServer) -> Iterator[Dealer]:
+    ctx: zmq.Context[Any] = zmq.Context()
+    dealer = Dealer(ctx, server.zmq_endpoint)
+    try:
+        yield dealer
+    finally:
+        dealer.close()
+        ctx.term()
 
 
 # -- after everything ------------------------------------------------------------------------
