@@ -5,10 +5,10 @@ Hypothesis sends random bytes, corrupt msgpack, lying length prefixes, zero-leng
 over-limit frames, non-map messages, maps without `cmd`, and every bunqueue command with
 fields of every wrong type and extreme value (huge and negative integers, NaN, infinities,
 deep nesting, long strings), and garbage multipart messages on the ZeroMQ socket. Each TCP
-example uses a fresh connection; closing a connection on
-garbage is a fine answer. After each example the server must still answer a request through
-each shard, and at the end every process is the one that started (no silent restart) and a
-fresh connection completes a durable PUSH and reads it back.
+example uses a fresh connection; closing a connection on garbage is a fine answer. After each
+example the server must still answer a request through each shard, and at the end every
+process is the one that started (no silent restart) and a fresh connection completes a durable
+PUSH and reads it back.
 
 The named poisons at the top once stopped a real server (issue 10, section 2): each must be
 refused with `Invalid ...` and leave the same processes serving durable pushes.

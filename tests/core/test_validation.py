@@ -263,7 +263,7 @@ def _check_outputs(engine: Engine, store: Store, reply: dict[str, Any], muts: li
 
 
 @settings(
-    max_examples=300,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
