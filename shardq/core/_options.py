@@ -130,6 +130,9 @@ def validate_data(data: object) -> str | None:
         text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=_json_default)
     except (TypeError, ValueError):
         return "Job data must be JSON serializable"
+    except RecursionError:
+        # msgpack decodes up to about 1,000 levels, more than json.dumps can walk in a shard.
+        return "Invalid data: nested too deeply"
     if len(text) > MAX_DATA_CHARS:
         return "Job data too large (max 10MB)"
     return None

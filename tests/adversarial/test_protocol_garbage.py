@@ -254,6 +254,36 @@ def test_group_id_is_refused_not_ignored(server: ShardqServer, started: dict[str
     assert_serving(server, started)
 
 
+@pytest.mark.parametrize("depth", [900, 1015, 1019, 1021, 1022])
+def test_nesting_near_msgpack_limit_is_answered(
+    server: ShardqServer, started: dict[str, int], depth: int
+) -> None:
+    """Data nested about as deep as msgpack decodes (~1,024 levels) once made the front end's
+    batch to the shard unpackable: the request and the others in its batch were never
+    answered. Each is answered now, and a stored job's reply always packs."""
+    conn = Conn(server)
+    try:
+        for queue in QUEUES:
+            req = uuid.uuid4().hex
+            body = raw_map(
+                [("cmd", pack("PUSH")), ("queue", pack(queue)), ("reqId", pack(req)),
+                 ("data", deep(depth))]
+            )  # fmt: skip
+            conn.send(frame(body))
+            reply = conn.wait(req, or_unnamed=True)
+            if reply is not None and reply["ok"]:
+                job = conn.call({"cmd": "GetJob", "id": reply["id"]})
+                assert job["ok"] is True, job
+            elif reply is not None:
+                assert reply["error"] in (
+                    "Invalid data: nested too deeply",
+                    "Invalid command: nested too deeply",
+                ), reply
+    finally:
+        conn.close()
+    assert_serving(server, started)
+
+
 # -- garbage strategies ----------------------------------------------------------------------
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**64 - 1)
@@ -350,7 +380,7 @@ def raw_map(items: list[tuple[str, bytes]]) -> bytes:
 def _value(draw: st.DrawFn) -> bytes:
     pick = draw(st.integers(0, 9))
     if pick == 0:
-        return deep(draw(st.sampled_from([100, 600, 2000, 20_000])))
+        return deep(draw(st.sampled_from([100, 600, 1015, 1019, 1021, 2000, 20_000])))
     return pack(draw(EXTREME_NUMBERS if pick < 5 else VALUES))
 
 

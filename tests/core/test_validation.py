@@ -282,3 +282,13 @@ def test_no_field_value_escapes_the_bounds(tmp_path: Path, commands: list[dict[s
         later = engine.next_deadline()
         if later is not None:
             _check_outputs(engine, store, {}, engine.tick(later)[1])
+
+
+def test_data_nested_deeper_than_json_can_walk_is_refused(d: Driver) -> None:
+    data: list[Any] = []
+    for _ in range(5_000):
+        data = [data]
+    assert d.err({"cmd": "PUSH", "queue": "q", "data": data}) == "Invalid data: nested too deeply"
+    assert d.err({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": data}]}) == (
+        "jobs[0]: Invalid data: nested too deeply"
+    )
