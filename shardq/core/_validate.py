@@ -22,7 +22,15 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeAlias
 
-from ._options import CHECKED_FIELDS, check_number, is_number, job_options_error, validate_data
+from ._options import (
+    CHECKED_FIELDS,
+    MAX_NESTING,
+    check_number,
+    is_number,
+    job_options_error,
+    too_deep,
+    validate_data,
+)
 
 __all__ = [
     "CHECKED_COMMANDS",
@@ -164,6 +172,21 @@ def _data(value: object, field: str, max_chars: int = 0) -> Error:
     return validate_data(value)
 
 
+def _payload(value: object, field: str, max_chars: int = 0) -> Error:
+    # Stored as it came (an ACK's result): it must still pack inside every reply that shows it.
+    return f"Invalid {field}: nested too deeply" if too_deep(value) else None
+
+
+def _payloads(value: object, field: str, max_chars: int = 0) -> Error:
+    # ACKB's results: one level more than each result.
+    return f"Invalid {field}: nested too deeply" if too_deep(value, MAX_NESTING + 1) else None
+
+
+def _echoed(value: object, field: str, max_chars: int = 0) -> Error:
+    # GetState and GetResult answer the id they were asked about, whatever it was.
+    return "Invalid id: must be a string" if too_deep(value, 1) else None
+
+
 def _durations(value: object, field: str, max_chars: int = 0) -> Error:
     if not isinstance(value, list):
         return None if value is None else f"Invalid {field}: must be an array"
@@ -238,6 +261,10 @@ def validate_job(fields: Mapping[str, Any], max_chars: int) -> Error:
 # Per command: (field, check). Push fields are checked per job by `validate_job`; the
 # commands with bunqueue-worded checks (PULLB count, MoveToDelayed delay, ...) keep them.
 _COMMAND_CHECKS: Final[dict[str, tuple[tuple[str, Check], ...]]] = {
+    "ACK": (("result", _payload),),
+    "ACKB": (("results", _payloads),),
+    "GetState": (("id", _echoed),),
+    "GetResult": (("id", _echoed),),
     "PULL": (("lockTtl", duration),),
     "PULLB": (("lockTtl", duration),),
     "JobHeartbeat": (("duration", duration),),

@@ -284,6 +284,30 @@ def test_nesting_near_msgpack_limit_is_answered(
     assert_serving(server, started)
 
 
+def test_deep_result_is_refused_before_a_reply_could_not_pack_it(
+    server: ShardqServer, started: dict[str, int]
+) -> None:
+    """An ACK result nested 1,020 levels was stored, and the GetJob reply showing it could not
+    be packed: the shard exited. It is refused now; GetJob answers."""
+    conn = Conn(server)
+    try:
+        job_id = conn.call({"cmd": "PUSH", "queue": QUEUES[1], "data": {}})["id"]
+        token = conn.call({"cmd": "PULL", "queue": QUEUES[1], "owner": "w"})["token"]
+        req = uuid.uuid4().hex
+        ack = [("cmd", pack("ACK")), ("id", pack(job_id)), ("token", pack(token)),
+               ("reqId", pack(req)), ("result", deep(1020))]  # fmt: skip
+        conn.send(frame(raw_map(ack)))
+        assert conn.wait(req) == {
+            "ok": False,
+            "error": "Invalid result: nested too deeply",
+            "reqId": req,
+        }
+        assert conn.call({"cmd": "GetJob", "id": job_id})["job"]["state"] == "active"
+    finally:
+        conn.close()
+    assert_serving(server, started)
+
+
 # -- garbage strategies ----------------------------------------------------------------------
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**64 - 1)

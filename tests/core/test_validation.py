@@ -292,3 +292,25 @@ def test_data_nested_deeper_than_json_can_walk_is_refused(d: Driver) -> None:
     assert d.err({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": data}]}) == (
         "jobs[0]: Invalid data: nested too deeply"
     )
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_stored_and_echoed_values_nest_at_most_512_levels(d: Driver) -> None:
+    job_id = _pushed(d)
+    _, token = d.pull_id(at=NOW, owner="w")
+    ack = {"cmd": "ACK", "id": job_id, "token": token}
+    assert d.err({**ack, "result": _nested(513)}, NOW) == "Invalid result: nested too deeply"
+    results = {"cmd": "ACKB", "ids": [job_id], "tokens": [token], "results": [_nested(513)]}
+    assert d.err(results, NOW) == "Invalid results: nested too deeply"
+    assert d.err({"cmd": "GetState", "id": [[job_id]]}) == "Invalid id: must be a string"
+    assert d.err({"cmd": "Update", "id": job_id, "data": _nested(513)}, NOW) == (
+        "Invalid data: nested too deeply"
+    )
+    d.ack(job_id, token, at=NOW, result=_nested(512))
+    assert d.job(job_id)["returnvalue"] == _nested(512)
