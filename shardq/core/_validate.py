@@ -24,7 +24,6 @@ from typing import Any, Final, TypeAlias
 
 from ._options import (
     CHECKED_FIELDS,
-    MAX_NESTING,
     check_number,
     is_number,
     job_options_error,
@@ -172,14 +171,38 @@ def _data(value: object, field: str, max_chars: int = 0) -> Error:
     return validate_data(value)
 
 
+def _flat(value: object) -> bool:
+    """True for a scalar, or a list or map of scalars: the usual result, which cannot be too
+    deep. Cheaper than `too_deep`, so the walk is left to the rare nested value."""
+    kind = type(value)
+    if kind is dict:
+        children: Any = value.values()  # type: ignore[attr-defined]
+    elif kind is list or kind is tuple:
+        children = value
+    else:
+        return True
+    for child in children:
+        kind = type(child)
+        if kind is dict or kind is list or kind is tuple:
+            return False
+    return True
+
+
 def _payload(value: object, field: str, max_chars: int = 0) -> Error:
     # Stored as it came (an ACK's result): it must still pack inside every reply that shows it.
-    return f"Invalid {field}: nested too deeply" if too_deep(value) else None
+    if _flat(value) or not too_deep(value):
+        return None
+    return f"Invalid {field}: nested too deeply"
 
 
 def _payloads(value: object, field: str, max_chars: int = 0) -> Error:
-    # ACKB's results: one level more than each result.
-    return f"Invalid {field}: nested too deeply" if too_deep(value, MAX_NESTING + 1) else None
+    # ACKB's results, one per job: one `_flat` test each, a walk only for a nested one.
+    if not isinstance(value, list):
+        return None  # the engine reports a results array of the wrong shape
+    for item in value:
+        if not _flat(item) and too_deep(item):
+            return f"Invalid {field}: nested too deeply"
+    return None
 
 
 def _echoed(value: object, field: str, max_chars: int = 0) -> Error:
