@@ -27,6 +27,7 @@ from functools import partial
 from typing import Any, Final, Protocol
 
 import structlog
+from msgpack import packb  # type: ignore[import-untyped]
 
 import shardq
 from shardq.errors import ProtocolError
@@ -61,6 +62,7 @@ from shardq.runtime.frontend._merge import (
     sub_batch,
 )
 from shardq.runtime.links._control import pack
+from shardq.runtime.links._stream import MAX_FRAME_BYTES, split_batch
 
 __all__ = ["Client", "Dispatcher"]
 
@@ -165,8 +167,10 @@ class Dispatcher:
         loop: asyncio.AbstractEventLoop,
         auth_tokens: Sequence[str] = (),
         cache_size: int | None = None,
+        link_max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
         self.shards = shards
+        self._link_max = link_max_frame_bytes
         self._send = send
         self._loop = loop
         self._tokens = [t.encode() for t in auth_tokens]
@@ -412,7 +416,15 @@ class Dispatcher:
             items = self._outbox[shard]
             if items:
                 self._outbox[shard] = []
-                self._send(shard, pack({"t": "req", "items": items}))
+                data = pack({"t": "req", "items": items})
+                if len(data) > self._link_max:
+                    # Rare (several large pushes in one turn): the shard refuses a frame
+                    # over the limit, so the batch goes in parts.
+                    packed = [packb(item) for item in items]
+                    for part in split_batch("req", packed, self._link_max):
+                        self._send(shard, part)
+                else:
+                    self._send(shard, data)
             control = self._control[shard]
             if control:
                 self._control[shard] = []

@@ -64,8 +64,15 @@ class Frontend:
             on_down=self._link_down,
             on_up=self._link_up,
             on_blocked=self._shards_blocked,
+            max_frame=spec.link_max_frame_bytes,
         )
-        self.dispatcher = Dispatcher(spec.shards, self._links.send, loop, spec.auth_tokens)
+        self.dispatcher = Dispatcher(
+            spec.shards,
+            self._links.send,
+            loop,
+            spec.auth_tokens,
+            link_max_frame_bytes=spec.link_max_frame_bytes,
+        )
         self.tcp = TcpGateway(self.dispatcher, loop, spec.max_frame_bytes, spec.tcp_idle_timeout_ms)
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, spec.max_frame_bytes)
         self._inbox = self._ctx.socket(zmq.PULL)
@@ -210,4 +217,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     selector = SpinningSelector(spec.spin_us / 1e6)
     with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selector)) as runner:
         return runner.run(serve(spec))
-

@@ -31,7 +31,7 @@ from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import spin_until
 from shardq.runtime.links._control import pack, unpack
-from shardq.runtime.links._stream import FrontLink
+from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._gc import tune_gc
@@ -63,7 +63,11 @@ class ShardProcess:
         # mutations go to, and confirmations come from, the writer over the other
         # (`links._writer`). The writer is up before any shard starts; if the link is down
         # later (a writer restart), `_wait` reconnects it.
-        self._front = FrontLink(spec.link_path(spec.index))
+        # One request can be a whole client frame, so the link takes at least that much.
+        self._front = FrontLink(
+            spec.link_path(spec.index),
+            max(spec.link_max_frame_bytes, spec.max_frame_bytes + LINK_ENVELOPE_BYTES),
+        )
         self._writer = WriterLink(spec.writer_link_path)
         self._writer.connect()
         self._next_connect = 0.0
@@ -262,15 +266,29 @@ class ShardProcess:
 
     def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None:
         pack_reply = self._front_packer.pack
+        limit = self.spec.link_max_frame_bytes
         for dest, msg in out:
             if dest == "front":
                 # Blocking is the back-pressure the runtime contract asks for: a front end
                 # that does not read stops this shard. While stopping, nobody may read.
-                self._front.send(pack_reply(msg), block=block_on_front)
+                data = pack_reply(msg)
+                if len(data) > limit:
+                    self._send_split(msg, block_on_front)
+                else:
+                    self._front.send(data, block=block_on_front)
             else:
                 # Likewise a writer that does not read stops this shard. With the link down
                 # the batch is dropped here and resent from `_unconfirmed` when it is back.
                 self._writer.send(pack(msg))
+
+    def _send_split(self, msg: dict[str, Any], block: bool) -> None:
+        """A reply batch over the link's frame limit goes out in several frames: the front end
+        refuses (and drops the link on) a larger one."""
+        frames, refused = self._front_packer.split(msg, self.spec.link_max_frame_bytes)
+        for conn, rid, size in refused:
+            _log.warning("reply too large for the front-end link", conn=conn, rid=rid, size=size)
+        for data in frames:
+            self._front.send(data, block=block)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -294,4 +312,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         shard.close()
-
