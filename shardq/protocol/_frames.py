@@ -98,7 +98,8 @@ class FrameDecoder:
         """
         if max_frame_size < 0:
             raise ValueError(f"max_frame_size must be >= 0, got {max_frame_size}")
-        self.max_frame_size: Final = max_frame_size
+        # Not final: the front end raises it once a connection has authenticated.
+        self.max_frame_size = max_frame_size
         self._buf = bytearray()
         # Consumed frames are cut off the front once per feed, not once per frame, so that a
         # read holding many small frames costs one copy instead of one per frame.

@@ -49,6 +49,13 @@ from shardq.runtime.frontend._commands import (
     ID_COMMANDS,
     SHARD_COMMANDS,
 )
+from shardq.runtime.frontend._limits import (
+    PARKING_COMMANDS,
+    Failures,
+    LogLimiter,
+    ParkedSlots,
+    parks,
+)
 from shardq.runtime.frontend._merge import (
     SHARD_UNAVAILABLE,
     JobCache,
@@ -70,6 +77,8 @@ Reply = dict[str, Any]
 OnReply = Callable[[Reply], None]
 
 _ABSENT: Final = object()  # the frame had no reqId: the reply carries none either
+# Connections whose failed Auth attempts are remembered (ZeroMQ peers never say goodbye).
+MAX_AUTH_FAILURE_RECORDS: Final = 100_000
 
 _log = structlog.get_logger()
 
@@ -157,6 +166,32 @@ class _Direct:
         self.dispatcher.answer(self.client, self.req, reply)
 
 
+class _Parked:
+    """The dispatcher's `Client` for one parked long-poll: frees its slot, then forwards."""
+
+    __slots__ = ("_client", "_slots", "conn")
+
+    def __init__(self, slots: ParkedSlots, client: Client) -> None:
+        self._slots = slots
+        self._client = client
+        self.conn: str = client.conn
+
+    @property
+    def authenticated(self) -> bool:
+        return self._client.authenticated
+
+    @authenticated.setter
+    def authenticated(self, value: bool) -> None:
+        self._client.authenticated = value
+
+    def send(self, reply: Reply) -> None:
+        self._slots.give_back(self.conn)
+        self._client.send(reply)
+
+    def drop(self, reason: str) -> None:
+        self._client.drop(reason)
+
+
 class Dispatcher:
     """Routes client commands to shards and shard replies to clients."""
 
@@ -168,9 +203,17 @@ class Dispatcher:
         auth_tokens: Sequence[str] = (),
         cache_size: int | None = None,
         link_max_frame_bytes: int = MAX_FRAME_BYTES,
+        *,
+        max_parked_per_connection: int = 1_000,
+        max_parked: int = 10_000,
+        auth_max_failures: int = 3,
     ) -> None:
         self.shards = shards
         self._link_max = link_max_frame_bytes
+        self.parked = ParkedSlots(max_parked_per_connection, max_parked)
+        self._auth_max_failures = auth_max_failures
+        self._auth_failures = Failures(MAX_AUTH_FAILURE_RECORDS)
+        self._auth_failed_log = LogLimiter("Auth failed")
         self._send = send
         self._loop = loop
         self._tokens = [t.encode() for t in auth_tokens]
@@ -237,6 +280,8 @@ class Dispatcher:
             frame["_conn"] = client.conn
             routed = self.bunqueue.before_route(client, req, name, frame)
             if routed is not None:
+                if name in PARKING_COMMANDS and parks(name, frame):
+                    routed = self._park(routed, frame)
                 self._route(routed, req, name, frame)
         elif name in BUNQUEUE_COMMANDS:
             self.answer(client, req, error_reply(f"Unsupported command: {name}"))
@@ -249,7 +294,18 @@ class Dispatcher:
             reply["reqId"] = req
         client.send(reply)
 
+    def _park(self, client: Client, cmd: dict[str, Any]) -> Client:
+        """A long-poll within the caps holds a slot until it is answered; past them it is
+        sent with no timeout, so its shard answers at once as if nothing were ready."""
+        if self.parked.take(client.conn):
+            return _Parked(self.parked, client)
+        cmd["timeout"] = 0
+        return client
+
     def _auth(self, client: Client, frame: dict[str, Any]) -> Reply:
+        if self._auth_failures.count(client.conn) >= self._auth_max_failures:
+            # Attempts pipelined behind the last one allowed are not even compared.
+            return error_reply(INVALID_TOKEN)
         token = frame.get("token")
         matched = False
         if isinstance(token, str):
@@ -258,9 +314,22 @@ class Dispatcher:
             for known in self._tokens:
                 matched |= hmac.compare_digest(given, known)
         if not matched:
+            if self._tokens:  # without tokens there is nothing to guess, and nothing to close
+                self._auth_failed(client)
             return error_reply(INVALID_TOKEN)
+        self._auth_failures.forget(client.conn)
         client.authenticated = True
         return {"ok": True}
+
+    def _auth_failed(self, client: Client) -> None:
+        """Log it (at most once a second) and close the connection at the last failure
+        allowed: guessing tokens then costs a connection per few attempts."""
+        failures = self._auth_failures.add(client.conn)
+        self._auth_failed_log.log(conn=client.conn, failures=failures)
+        if failures >= self._auth_max_failures:
+            # After the refusal is sent (the caller answers it this turn). A ZeroMQ peer
+            # cannot be closed: it stays refused until the table forgets it.
+            self._loop.call_soon(client.drop, "too many failed Auth attempts")
 
     def _hello(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         # bunqueue answers its own version; answering 2 to a client that asks for 2 keeps
@@ -474,6 +543,7 @@ class Dispatcher:
     def connection_closed(self, conn: str) -> None:
         """Tell every shard, after this turn's batches, that `conn` is gone (lease release)."""
         self.bunqueue.connection_closed(conn)
+        self._auth_failures.forget(conn)
         if not self.release_on_close:
             return
         for shard in range(self.shards):

@@ -36,7 +36,7 @@ from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._links import ShardLinks
-from shardq.runtime.frontend._tcp import TcpGateway
+from shardq.runtime.frontend._tcp import TcpGateway, TcpLimits
 from shardq.runtime.frontend._zmq import ZmqGateway
 from shardq.runtime.links._control import unpack
 
@@ -72,9 +72,12 @@ class Frontend:
             loop,
             spec.auth_tokens,
             link_max_frame_bytes=spec.link_max_frame_bytes,
+            max_parked_per_connection=spec.max_parked_per_connection,
+            max_parked=spec.max_parked,
+            auth_max_failures=spec.auth_max_failures,
         )
-        self.tcp = TcpGateway(self.dispatcher, loop, spec.max_frame_bytes, spec.tcp_idle_timeout_ms)
-        self.zmq = ZmqGateway(self.dispatcher, self._ctx, spec.max_frame_bytes)
+        self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
+        self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))
         self._inbox = self._ctx.socket(zmq.PULL)
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []

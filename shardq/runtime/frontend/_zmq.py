@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from collections import OrderedDict
 from typing import Any, Final
 
@@ -24,6 +25,8 @@ import zmq.asyncio
 from shardq.errors import ProtocolError
 from shardq.protocol import DecodedFrame, FrameDecoder, frame_too_large
 from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.frontend._limits import RateWindow, rate_refusal
+from shardq.runtime.frontend._tcp import TcpLimits
 from shardq.runtime.links._control import pack
 
 __all__ = ["ZmqGateway", "ZmqPeer"]
@@ -38,13 +41,16 @@ _log = structlog.get_logger()
 class ZmqPeer:
     """One ZeroMQ client identity, as the dispatcher's `Client`."""
 
-    __slots__ = ("authenticated", "conn", "envelope", "gateway")
+    __slots__ = ("authenticated", "conn", "envelope", "gateway", "rate")
 
-    def __init__(self, gateway: ZmqGateway, identity: bytes, authenticated: bool) -> None:
+    def __init__(
+        self, gateway: ZmqGateway, identity: bytes, authenticated: bool, rate: RateWindow | None
+    ) -> None:
         self.gateway = gateway
         self.conn = "z" + identity.hex()
         self.authenticated = authenticated
         self.envelope: list[bytes] = [identity]
+        self.rate = rate
 
     def send(self, reply: dict[str, Any]) -> None:
         self.gateway.send(self.envelope, reply)
@@ -57,17 +63,17 @@ class ZmqPeer:
 class ZmqGateway:
     """Reads the ROUTER socket, decodes messages and hands them to the dispatcher."""
 
-    def __init__(
-        self, dispatcher: Dispatcher, ctx: zmq.asyncio.Context, max_frame_bytes: int
-    ) -> None:
+    def __init__(self, dispatcher: Dispatcher, ctx: zmq.asyncio.Context, limits: TcpLimits) -> None:
         self.dispatcher = dispatcher
         self.router = ctx.socket(zmq.ROUTER)
         # The same cap as a TCP frame; libzmq disconnects a peer that sends a bigger message
         # before it is ever buffered whole.
-        self.router.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self.router.setsockopt(zmq.MAXMSGSIZE, limits.max_frame_bytes)
         self._sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.router.underlying)
-        self._max = max_frame_bytes
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self._limits = limits
+        self._max = limits.max_frame_bytes
+        self._max_unauthenticated = min(self._max, limits.unauthenticated_max_frame_bytes)
+        self._decoder = FrameDecoder(self._max)
         self._peers: OrderedDict[bytes, ZmqPeer] = OrderedDict()
         self._resume = asyncio.Event()
         self._resume.set()
@@ -124,12 +130,23 @@ class ZmqGateway:
             return
         peer = self._peer(parts[0])
         peer.envelope = parts[:-1]
-        self.dispatcher.handle(peer, self._decode(parts[-1]))
+        frame = self._decode(parts[-1], peer.authenticated)
+        # The same rate limit as a TCP connection's, per identity.
+        if peer.rate is not None and not peer.rate.allow(time.monotonic()):
+            peer.send(rate_refusal(frame))
+        else:
+            self.dispatcher.handle(peer, frame)
 
     def _peer(self, identity: bytes) -> ZmqPeer:
         peer = self._peers.get(identity)
         if peer is None:
-            peer = ZmqPeer(self, identity, not self.dispatcher.auth_required)
+            limits = self._limits
+            rate = (
+                RateWindow(limits.rate_window_ms, limits.rate_max_requests)
+                if limits.rate_window_ms
+                else None
+            )
+            peer = ZmqPeer(self, identity, not self.dispatcher.auth_required, rate)
             self._peers[identity] = peer
             if len(self._peers) > MAX_PEERS:
                 self._peers.popitem(last=False)
@@ -137,9 +154,12 @@ class ZmqGateway:
             self._peers.move_to_end(identity)
         return peer
 
-    def _decode(self, body: bytes) -> DecodedFrame:
-        if len(body) > self._max:
-            return ProtocolError(frame_too_large(len(body), self._max))
+    def _decode(self, body: bytes, authenticated: bool) -> DecodedFrame:
+        limit = self._max if authenticated else self._max_unauthenticated
+        if len(body) > limit:
+            # Not fatal: a ROUTER cannot close one peer. libzmq has buffered the message
+            # already, but it is refused before decoding.
+            return ProtocolError(frame_too_large(len(body), limit))
         # The TCP decoder holds the one definition of a valid body; a message is one frame.
         frames = self._decoder.feed(_HEADER.pack(len(body)) + body)
         return frames[0]
