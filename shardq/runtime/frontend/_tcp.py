@@ -8,8 +8,8 @@ Every resource a connection can hold is bounded (`TcpLimits`, the "bounds" setti
 - connections: past `max_connections` a new one is closed at once (logged, at most once a
   second);
 - requests in flight: past `max_in_flight_per_connection` the connection is read no further
-  until replies bring it back to half (back-pressure, never an error). The check runs after
-  each read, so one read's frames (at most 256 KiB) may go past it;
+  until replies bring it back to half (back-pressure, never an error); the frames its last
+  read completed wait, decoded, until then;
 - frames: over `max_frame_bytes`, or `unauthenticated_max_frame_bytes` before a successful
   `Auth` when tokens are set, the error frame is written and the connection closed;
 - a partial frame must be complete within `tcp_idle_timeout_ms` of its first byte (slowloris);
@@ -32,7 +32,7 @@ from typing import Any, Final, cast
 
 import structlog
 
-from shardq.protocol import FrameDecoder, encode
+from shardq.protocol import DecodedFrame, FrameDecoder, encode
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._limits import LogLimiter, RateWindow, rate_refusal
@@ -94,10 +94,15 @@ class TcpConnection(asyncio.Protocol):
         )
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
+        self._out_bytes = 0  # in `_out`
+        # `_out` this large is checked against the write backlog at once (0: never).
+        self._backlog_check_at = limits.max_write_backlog or 1 << 62
         self._flush_scheduled = False
         self._paused = 0
         self._in_flight = 0
         self._max_in_flight = limits.max_in_flight
+        self._held: list[DecodedFrame] = []  # frames read past the in-flight cap
+        self._resume_scheduled = False
         self._rate = (
             RateWindow(limits.rate_window_ms, limits.rate_max_requests)
             if limits.rate_window_ms
@@ -134,6 +139,19 @@ class TcpConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         frames = self._decoder.feed(data)
+        if self._held or self._in_flight + len(frames) > self._max_in_flight:
+            # Past the cap: what this read completed waits here (at most one read's frames)
+            # and the socket is read no further until replies bring the count down.
+            self._held.extend(frames)
+            self._handle_held()
+        else:
+            self._handle(frames)
+        if self.closed:
+            return
+        if self._decoder.buffered or self._partial_since is not None or self._idle_s:
+            self._watch_time(bool(frames))
+
+    def _handle(self, frames: list[DecodedFrame]) -> None:
         # Counted before handling: a command answered here is answered (and uncounted) inside
         # `handle`. Every frame gets exactly one reply.
         self._in_flight += len(frames)
@@ -146,14 +164,26 @@ class TcpConnection(asyncio.Protocol):
                 handle(self, frame)
             if self.closed:
                 return
-        if self._in_flight >= self._max_in_flight:
+
+    def _handle_held(self) -> None:
+        """Handle held frames while the cap allows; pause reading while any are left."""
+        self._resume_scheduled = False
+        held = self._held
+        room = self._max_in_flight - self._in_flight
+        if room > 0 and held and not self.closed:
+            batch = held[:room]
+            del held[:room]
+            self._handle(batch)
+        if held:
             self.pause_reading(_PAUSED_BY_IN_FLIGHT)
-        if self._decoder.buffered or self._partial_since is not None or self._idle_s:
-            self._watch_time(bool(frames))
+        else:
+            self.resume_reading(_PAUSED_BY_IN_FLIGHT)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._out.clear()
+        self._out_bytes = 0
+        self._held.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -172,9 +202,20 @@ class TcpConnection(asyncio.Protocol):
         if self.closed:
             return
         self._in_flight -= 1
-        if self._paused & _PAUSED_BY_IN_FLIGHT and self._in_flight <= self._max_in_flight // 2:
-            self.resume_reading(_PAUSED_BY_IN_FLIGHT)
-        self._out.append(encode(reply))
+        held_waits = self._held and not self._resume_scheduled
+        if held_waits and self._in_flight <= self._max_in_flight // 2:
+            # Not from inside `send`: the dispatcher may be mid-way through a batch.
+            self._resume_scheduled = True
+            self._loop.call_soon(self._handle_held)
+        data = encode(reply)
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes > self._backlog_check_at:
+            # Replies pile up within this turn (large ones): check the bound now, not after
+            # encoding every reply of a peer that will be cut anyway.
+            self._check_backlog()
+            if self.closed:
+                return
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
@@ -198,9 +239,16 @@ class TcpConnection(asyncio.Protocol):
             return
         data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
         self._out.clear()
+        self._out_bytes = 0
         transport.write(data)
+        self._check_backlog()
+
+    def _check_backlog(self) -> None:
+        transport = self._transport
         backlog = self._limits.max_write_backlog
-        if backlog and transport.get_write_buffer_size() > backlog:
+        if transport is None or not backlog:
+            return
+        if transport.get_write_buffer_size() + self._out_bytes > backlog:
             self._cut("write backlog")
 
     def pause_reading(self, reason: int) -> None:
