@@ -1,0 +1,74 @@
+"""Per-connection bounds of the front end, against the real server: the rate limit, the
+in-flight cap (back-pressure, never an error), and the idle close."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+from shardq_harness import ShardqServer
+from wire_clients import Dealer, Tcp
+
+Factory = Callable[..., ShardqServer]
+
+
+def test_bunqueues_rate_limit_answers_past_the_window(shardq_server: Factory) -> None:
+    # bunqueue's own environment names, as a deployment moving over would set them.
+    server = shardq_server(env={"RATE_LIMIT_WINDOW_MS": "60000", "RATE_LIMIT_MAX_REQUESTS": "5"})
+    tcp = Tcp(server.tcp_address)
+    reqs = tcp.send(*({"cmd": "Ping"} for _ in range(8)))
+    replies = [tcp.wait(req) for req in reqs]
+    assert [r["ok"] for r in replies] == [True] * 5 + [False] * 3
+    assert replies[-1] == {"ok": False, "error": "Rate limit exceeded"}
+    # Per connection: another one has its own window.
+    other = Tcp(server.tcp_address)
+    assert other.call({"cmd": "Ping"})["ok"]
+    # A ZeroMQ identity has one too.
+    ctx: zmq.Context[Any] = zmq.Context()
+    dealer = Dealer(ctx, server.zmq_endpoint)
+    got = [dealer.call({"cmd": "Ping"})["ok"] for _ in range(7)]
+    assert got == [True] * 5 + [False] * 2
+    dealer.close()
+    ctx.term()
+    tcp.close()
+    other.close()
+    assert server.stop() == 0
+
+
+def test_a_connection_past_its_in_flight_cap_waits_instead_of_failing(
+    shardq_server: Factory,
+) -> None:
+    server = shardq_server(env={"SHARDQ_MAX_IN_FLIGHT_PER_CONNECTION": "4"})
+    # Four WaitJobs of 1.5 s fill the cap; the Ping sent behind them is read
+    # only once they are answered, and is then answered normally.
+    tcp = Tcp(server.tcp_address, timeout=15)
+    job = tcp.call({"cmd": "PUSH", "queue": "q", "data": 2})["id"]
+    started = time.monotonic()
+    waits = tcp.send(*({"cmd": "WaitJob", "id": job, "timeout": 1500} for _ in range(4)))
+    (ping,) = tcp.send({"cmd": "Ping"})
+    assert tcp.wait(ping)["ok"] is True
+    assert time.monotonic() - started >= 1.2, "the Ping was read past the in-flight cap"
+    assert all(tcp.wait(w) == {"ok": True, "completed": False} for w in waits)
+    tcp.close()
+    assert server.stop() == 0
+
+
+def test_an_idle_connection_is_closed_when_configured(shardq_server: Factory) -> None:
+    server = shardq_server(env={"SHARDQ_TCP_IDLE_CLOSE_MS": "800"})
+    idle = Tcp(server.tcp_address, timeout=10)
+    waiting = Tcp(server.tcp_address, timeout=10)
+    assert idle.call({"cmd": "Ping"})["ok"]
+    started = time.monotonic()
+    # A long-poll in flight is not idleness: the connection waits on the server.
+    (poll,) = waiting.send({"cmd": "PULL", "queue": "empty", "timeout": 2500})
+    assert idle.wait_eof(5)
+    assert 0.6 <= time.monotonic() - started < 4
+    assert waiting.wait(poll) == {"ok": True, "job": None}
+    assert time.monotonic() - started >= 2.3
+    assert waiting.wait_eof(5)
+    server.wait_for_log("connection dropped", reason="idle")
+    idle.close()
+    waiting.close()
+    assert server.stop() == 0
