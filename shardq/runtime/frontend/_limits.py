@@ -12,11 +12,10 @@ from typing import Any, Final
 
 import structlog
 
-from shardq.protocol import error_reply
+from shardq.protocol import RATE_LIMIT_EXCEEDED, error_reply
 
 __all__ = [
     "PARKING_COMMANDS",
-    "RATE_LIMIT_EXCEEDED",
     "Failures",
     "LogLimiter",
     "ParkedSlots",
@@ -25,7 +24,6 @@ __all__ = [
     "rate_refusal",
 ]
 
-RATE_LIMIT_EXCEEDED: Final = "Rate limit exceeded"  # bunqueue's wording (transient for clients)
 
 PARKING_COMMANDS: Final = frozenset({"PULL", "PULLB", "WaitJob"})
 

@@ -13,7 +13,6 @@ pending long-polls are answered into the void). Auth state is kept per identity,
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from collections import OrderedDict
 from typing import Any, Final
@@ -23,7 +22,7 @@ import zmq
 import zmq.asyncio
 
 from shardq.errors import ProtocolError
-from shardq.protocol import DecodedFrame, FrameDecoder, frame_too_large
+from shardq.protocol import DecodedFrame, decode_body, frame_too_large
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._limits import RateWindow, rate_refusal
 from shardq.runtime.frontend._tcp import TcpLimits
@@ -33,7 +32,6 @@ __all__ = ["ZmqGateway", "ZmqPeer"]
 
 MAX_PEERS: Final = 100_000  # identities whose auth state is remembered
 _BURST: Final = 1000  # messages taken per wake-up before the loop gets a turn
-_HEADER: Final = struct.Struct(">I")
 
 _log = structlog.get_logger()
 
@@ -73,7 +71,6 @@ class ZmqGateway:
         self._limits = limits
         self._max = limits.max_frame_bytes
         self._max_unauthenticated = min(self._max, limits.unauthenticated_max_frame_bytes)
-        self._decoder = FrameDecoder(self._max)
         self._peers: OrderedDict[bytes, ZmqPeer] = OrderedDict()
         self._resume = asyncio.Event()
         self._resume.set()
@@ -160,9 +157,8 @@ class ZmqGateway:
             # Not fatal: a ROUTER cannot close one peer. libzmq has buffered the message
             # already, but it is refused before decoding.
             return ProtocolError(frame_too_large(len(body), limit))
-        # The TCP decoder holds the one definition of a valid body; a message is one frame.
-        frames = self._decoder.feed(_HEADER.pack(len(body)) + body)
-        return frames[0]
+        # The protocol holds the one definition of a valid body; a message is one frame body.
+        return decode_body(body)
 
     def send(self, envelope: list[bytes], reply: dict[str, Any]) -> None:
         try:

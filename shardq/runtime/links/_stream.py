@@ -20,12 +20,13 @@ import contextlib
 import os
 import select
 import socket
-import struct
 import threading
 from typing import Final
 
 import structlog
 from msgpack import packb  # type: ignore[import-untyped]
+
+from shardq.protocol import FRAME_HEADER, FrameCutter
 
 __all__ = [
     "LINK_ENVELOPE_BYTES",
@@ -38,7 +39,7 @@ __all__ = [
     "write_frame",
 ]
 
-_HEADER: Final = struct.Struct(">I")
+_HEADER: Final = FRAME_HEADER
 _READ_SIZE: Final = 1 << 20
 # Internal frames are whole request or reply batches; a bound keeps a corrupt length from
 # making the reader wait for gigabytes. Each side's bound comes from `link_max_frame_bytes`
@@ -118,11 +119,11 @@ def _array_header(n: int) -> bytes:
 
 
 class FrameSplitter:
-    """Sans-IO: bytes in (any chunking), whole frame payloads out, in order."""
+    """Sans-IO: bytes in (any chunking), whole frame payloads out, in order: the protocol's
+    `FrameCutter`, copying each payload out (callers keep them past the next read)."""
 
     def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
-        self._buf = bytearray()
-        self._max = max_frame
+        self._cutter = FrameCutter(max_frame)
 
     def feed(self, chunk: bytes | memoryview) -> list[bytes]:
         """Add `chunk`; return every payload now complete. `chunk` is not kept: it may be a
@@ -131,31 +132,12 @@ class FrameSplitter:
         Raises `ValueError` if a header announces more than the splitter's `max_frame`: the
         stream is corrupt (or the peer broke the limit) and the link must be dropped.
         """
-        buf = self._buf
-        # With nothing buffered (the usual case: a read ends on a frame boundary), frames
-        # are cut straight out of `chunk`, one copy each; only a partial tail is buffered.
-        data: bytes | bytearray | memoryview = chunk
-        if buf:
-            buf += chunk
-            data = buf
-        out: list[bytes] = []
-        start = 0
-        end = len(data)
-        limit = self._max
-        with memoryview(data) as view:
-            while end - start >= 4:
-                (size,) = _HEADER.unpack_from(view, start)
-                if size > limit:
-                    raise ValueError(f"internal frame of {size} bytes exceeds {limit}")
-                if end - start - 4 < size:
-                    break
-                out.append(bytes(view[start + 4 : start + 4 + size]))
-                start += 4 + size
-            if data is not buf and start < end:
-                buf += view[start:]
-        if data is buf and start:
-            del buf[:start]
-        return out
+        cutter = self._cutter
+        payloads = cutter.cut(chunk, bytes)
+        if cutter.oversize is not None:
+            limit = cutter.max_frame_size
+            raise ValueError(f"internal frame of {cutter.oversize} bytes exceeds {limit}")
+        return payloads
 
 
 class FrontLink:
