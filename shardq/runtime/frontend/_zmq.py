@@ -8,6 +8,10 @@ ZeroMQ reports no disconnects to a ROUTER, so there is no `close` for these conn
 leases of a vanished ZeroMQ client are not released early, they lapse by their TTL (and its
 pending long-polls are answered into the void). Auth state is kept per identity, for the
 100,000 identities seen most recently; an identity pushed out must send `Auth` again.
+
+Of the TCP bounds (`_tcp.py`), the rate limit (per identity), the parked long-poll caps, the
+Auth failures and the pre-Auth frame cap apply here too; a ROUTER cannot stop reading one
+peer, so the in-flight cap and the write backlog do not.
 """
 
 from __future__ import annotations
