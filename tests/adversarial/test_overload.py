@@ -92,6 +92,8 @@ class Watch:
 
     def __enter__(self) -> Watch:
         self._thread.start()
+        # Connected and served once before the abuse starts (it holds one connection).
+        poll_until(lambda: self.round_trips or self.errors, 10, "the healthy client to start")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -103,7 +105,11 @@ class Watch:
         self._thread.join(30)
 
     def _run(self) -> None:
-        tcp = _authed(self.server, timeout=ROUND_TRIP_S * 5)
+        try:
+            tcp = _authed(self.server, timeout=ROUND_TRIP_S * 5)
+        except (TimeoutError, OSError, AssertionError) as e:
+            self.errors.append(f"the healthy client could not connect: {e!r}")
+            return
         try:
             while not self._stop.is_set():
                 self._round_trip(tcp)
