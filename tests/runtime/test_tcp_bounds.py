@@ -72,3 +72,21 @@ def test_an_idle_connection_is_closed_when_configured(shardq_server: Factory) ->
     idle.close()
     waiting.close()
     assert server.stop() == 0
+
+
+def test_the_pre_auth_frame_cap_lifts_after_auth(shardq_server: Factory) -> None:
+    server = shardq_server(
+        env={"AUTH_TOKENS": "secret", "SHARDQ_UNAUTHENTICATED_MAX_FRAME_BYTES": "4096"}
+    )
+    tcp = Tcp(server.tcp_address)
+    assert tcp.call({"cmd": "Auth", "token": "secret"})["ok"]
+    # 100 KB: over the pre-Auth cap, well under max_frame_bytes.
+    pushed = tcp.call({"cmd": "PUSH", "queue": "q", "data": "a" * 100_000})
+    assert pushed["ok"], pushed
+    tcp.close()
+    early = Tcp(server.tcp_address)
+    early.send({"cmd": "PUSH", "queue": "q", "data": "a" * 100_000})
+    assert early.wait_unnamed()["error"].startswith("Frame too large: ")
+    assert early.wait_eof(5)
+    early.close()
+    assert server.stop() == 0
