@@ -90,3 +90,15 @@ def test_the_pre_auth_frame_cap_lifts_after_auth(shardq_server: Factory) -> None
     assert early.wait_eof(5)
     early.close()
     assert server.stop() == 0
+
+
+def test_failed_auth_closes_only_when_tokens_are_set(shardq_server: Factory) -> None:
+    # Without tokens every Auth fails (bunqueue's answer), and there is nothing to guess:
+    # the connection stays open however many a client sends.
+    server = shardq_server()
+    tcp = Tcp(server.tcp_address)
+    replies = [tcp.call({"cmd": "Auth", "token": f"t{i}"}) for i in range(5)]
+    assert all(r == {"ok": False, "error": "Invalid token"} for r in replies)
+    assert tcp.call({"cmd": "Ping"})["ok"]
+    tcp.close()
+    assert server.stop() == 0
