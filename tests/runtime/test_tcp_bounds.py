@@ -102,3 +102,27 @@ def test_failed_auth_closes_only_when_tokens_are_set(shardq_server: Factory) -> 
     assert tcp.call({"cmd": "Ping"})["ok"]
     tcp.close()
     assert server.stop() == 0
+
+
+def test_a_zeromq_peer_past_its_in_flight_cap_waits_too(shardq_server: Factory) -> None:
+    server = shardq_server(env={"SHARDQ_MAX_IN_FLIGHT_PER_CONNECTION": "4"})
+    ctx: zmq.Context[Any] = zmq.Context()
+    dealer = Dealer(ctx, server.zmq_endpoint)
+    job = dealer.call({"cmd": "PUSH", "queue": "q", "data": 1})["id"]
+    started = time.monotonic()
+    waits = [dealer.send({"cmd": "WaitJob", "id": job, "timeout": 1500}) for _ in range(4)]
+    ping = dealer.send({"cmd": "Ping"})
+    assert dealer.wait(ping)["ok"] is True
+    assert time.monotonic() - started >= 1.2, "the Ping was handled past the in-flight cap"
+    assert all(dealer.wait(w) == {"ok": True, "completed": False} for w in waits)
+    # Another identity is not held behind this one's cap.
+    other = Dealer(ctx, server.zmq_endpoint)
+    started = time.monotonic()
+    waits = [dealer.send({"cmd": "WaitJob", "id": job, "timeout": 1500}) for _ in range(4)]
+    assert other.call({"cmd": "Ping"})["ok"]
+    assert time.monotonic() - started < 1.0
+    assert all(dealer.wait(w)["ok"] for w in waits)
+    dealer.close()
+    other.close()
+    ctx.term()
+    assert server.stop() == 0

@@ -10,15 +10,18 @@ pending long-polls are answered into the void). Auth state is kept per identity,
 100,000 identities seen most recently; an identity pushed out must send `Auth` again.
 
 Of the TCP bounds (`_tcp.py`), the rate limit (per identity), the parked long-poll caps, the
-Auth failures and the pre-Auth frame cap apply here too; a ROUTER cannot stop reading one
-peer, so the in-flight cap and the write backlog do not.
+Auth failures and the pre-Auth frame cap apply here too. The in-flight cap applies per
+identity: past it a message waits, decoded, for the identity's earlier replies; a ROUTER
+cannot stop reading one peer, so once `max_in_flight_per_connection` messages wait across all
+identities the ROUTER is read no further. The write backlog does not apply (a peer's full
+queue drops replies, as ZeroMQ does).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Final
 
 import structlog
@@ -43,7 +46,7 @@ _log = structlog.get_logger()
 class ZmqPeer:
     """One ZeroMQ client identity, as the dispatcher's `Client`."""
 
-    __slots__ = ("authenticated", "conn", "envelope", "gateway", "rate")
+    __slots__ = ("authenticated", "conn", "envelope", "gateway", "held", "in_flight", "rate")
 
     def __init__(
         self, gateway: ZmqGateway, identity: bytes, authenticated: bool, rate: RateWindow | None
@@ -53,9 +56,14 @@ class ZmqPeer:
         self.authenticated = authenticated
         self.envelope: list[bytes] = [identity]
         self.rate = rate
+        self.in_flight = 0  # messages handed to the dispatcher and not answered yet
+        self.held: deque[DecodedFrame] = deque()  # messages past the in-flight cap
 
     def send(self, reply: dict[str, Any]) -> None:
+        self.in_flight -= 1
         self.gateway.send(self.envelope, reply)
+        if self.held:
+            self.gateway.release_soon(self)
 
     def drop(self, reason: str) -> None:
         # A ROUTER cannot close one peer; the oversize message was refused and is logged.
@@ -76,6 +84,10 @@ class ZmqGateway:
         self._max = limits.max_frame_bytes
         self._max_unauthenticated = min(self._max, limits.unauthenticated_max_frame_bytes)
         self._peers: OrderedDict[bytes, ZmqPeer] = OrderedDict()
+        self._max_in_flight = limits.max_in_flight
+        self._held = 0  # messages held past their peer's in-flight cap, all peers together
+        self._releasing: set[ZmqPeer] = set()
+        self._blocked_by_shards = False
         self._resume = asyncio.Event()
         self._resume.set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -93,7 +105,13 @@ class ZmqGateway:
 
     def shards_blocked(self, blocked: bool) -> None:
         """Stop (or resume) taking messages while a shard mailbox is full."""
-        if blocked:
+        self._blocked_by_shards = blocked
+        self._update_resume()
+
+    def _update_resume(self) -> None:
+        # Held messages are bounded like one TCP connection's: past that, the ROUTER is read
+        # no further (every peer waits; a ROUTER cannot stop reading only one).
+        if self._blocked_by_shards or self._held >= self._max_in_flight:
             self._resume.clear()
         else:
             self._resume.set()
@@ -132,11 +150,38 @@ class ZmqGateway:
         peer = self._peer(parts[0])
         peer.envelope = parts[:-1]
         frame = self._decode(parts[-1], peer.authenticated)
+        if peer.held or peer.in_flight >= self._max_in_flight:
+            # Past the peer's in-flight cap: the message waits for its earlier ones' replies.
+            peer.held.append(frame)
+            self._held += 1
+            self._update_resume()
+            return
+        self._handle(peer, frame)
+
+    def _handle(self, peer: ZmqPeer, frame: DecodedFrame) -> None:
+        peer.in_flight += 1  # before: a command answered here is answered inside `handle`
         # The same rate limit as a TCP connection's, per identity.
         if peer.rate is not None and not peer.rate.allow(time.monotonic()):
             peer.send(rate_refusal(frame))
         else:
             self.dispatcher.handle(peer, frame)
+
+    def release_soon(self, peer: ZmqPeer) -> None:
+        """`peer` got a reply while it has messages held: hand them over on the next turn,
+        once its in flight is down to half the cap (not from inside `send`: the dispatcher
+        may be mid-way through a batch)."""
+        if peer.in_flight <= self._max_in_flight // 2 and peer not in self._releasing:
+            if not self._releasing and self._loop is not None:
+                self._loop.call_soon(self._release)
+            self._releasing.add(peer)
+
+    def _release(self) -> None:
+        releasing, self._releasing = self._releasing, set()
+        for peer in releasing:
+            while peer.held and peer.in_flight < self._max_in_flight:
+                self._held -= 1
+                self._handle(peer, peer.held.popleft())
+        self._update_resume()
 
     def _peer(self, identity: bytes) -> ZmqPeer:
         peer = self._peers.get(identity)
