@@ -392,6 +392,18 @@ class Supervisor:
             max_db_bytes=c.max_db_bytes,
             writer_backlog_max_bytes=c.writer_backlog_max_bytes,
             engine=dict(c.engine),
+            # -- bounds (issue 10 section 4)
+            link_max_frame_bytes=c.link_max_frame_bytes,
+            max_connections=c.max_connections,
+            max_in_flight_per_connection=c.max_in_flight_per_connection,
+            max_parked_per_connection=c.max_parked_per_connection,
+            max_parked=c.max_parked,
+            tcp_max_write_backlog_bytes=c.tcp_max_write_backlog_bytes,
+            tcp_idle_close_ms=c.tcp_idle_close_ms,
+            unauthenticated_max_frame_bytes=c.unauthenticated_max_frame_bytes,
+            auth_max_failures=c.auth_max_failures,
+            rate_limit_window_ms=c.rate_limit_window_ms,
+            rate_limit_max_requests=c.rate_limit_max_requests,
         )
 
     def _signal(self, child: _Child, signum: int) -> None:
