@@ -9,12 +9,18 @@ import typer
 
 import shardq
 
+from . import _admin, _top
+
 # No locals in tracebacks: they can hold auth tokens and job payloads.
 app = typer.Typer(
     help="shardq: a durable job-queue server.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+_admin.register(app)
+app.command("top")(_top.top)
 
 
 @app.command()
