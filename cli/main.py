@@ -9,7 +9,7 @@ import typer
 
 import shardq
 
-from . import _admin, _top
+from . import _admin, _backup, _top
 
 # No locals in tracebacks: they can hold auth tokens and job payloads.
 app = typer.Typer(
@@ -21,6 +21,7 @@ app = typer.Typer(
 
 _admin.register(app)
 app.command("top")(_top.top)
+app.add_typer(_backup.backup_app, name="backup")
 
 
 @app.command()
