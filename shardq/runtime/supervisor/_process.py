@@ -34,6 +34,7 @@ import structlog
 import zmq
 
 import shardq
+from shardq.backup import scheduled_backups
 from shardq.runtime._config import ConfigError, ServerConfig, load_config
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
@@ -506,4 +507,13 @@ def main(
         log.error("invalid configuration", error=str(e))
         return EXIT_CONFIG
     configure("supervisor", config.log_format, config.log_level)
-    return Supervisor(config).run()
+    try:
+        backups = scheduled_backups(Path(config.data_path), env)
+    except ValueError as e:
+        log.error("invalid configuration", error=str(e))
+        return EXIT_CONFIG
+    try:
+        return Supervisor(config).run()
+    finally:
+        if backups is not None:
+            backups.stop()
