@@ -46,17 +46,33 @@ def start(
     ] = None,
     log_format: Annotated[str | None, typer.Option(help="json or console (default json).")] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error.")] = None,
-    auth_token: Annotated[
-        list[str] | None,
-        typer.Option("--auth-token", help="A client token; repeat for several. Default: none."),
+    auth_token_file: Annotated[
+        Path | None,
+        typer.Option(help="A file of client tokens, one a line (or set AUTH_TOKENS)."),
     ] = None,
+    tls_cert_file: Annotated[
+        Path | None, typer.Option(help="TLS certificate (PEM) for the TCP port; needs the key.")
+    ] = None,
+    tls_key_file: Annotated[
+        Path | None, typer.Option(help="TLS private key (PEM) for the TCP port.")
+    ] = None,
+    auth_token: Annotated[list[str] | None, typer.Option("--auth-token", hidden=True)] = None,
 ) -> None:
     """Start the server: writer, shards and front end, until SIGTERM or SIGINT.
 
     Settings come from --config, then the environment (SHARDQ_<KEY>, or bunqueue's names
-    TCP_PORT, HTTP_PORT, HOST, BUNQUEUE_DATA_PATH, DATA_PATH, AUTH_TOKENS and
-    SHUTDOWN_TIMEOUT_MS), then these flags. Exit codes: 0 clean stop, 1 failure, 2 bad config.
+    TCP_PORT, HTTP_PORT, HOST, BUNQUEUE_DATA_PATH, DATA_PATH, AUTH_TOKENS,
+    SHUTDOWN_TIMEOUT_MS, TLS_CERT_FILE and TLS_KEY_FILE), then these flags. Tokens are never
+    taken from the command line. Exit codes: 0 clean stop, 1 failure, 2 bad config.
     """
+    if auth_token:
+        # A token in argv is readable by every user of the host (`ps`, /proc/*/cmdline).
+        typer.echo(
+            "shardq start: --auth-token is not supported: a token on the command line is "
+            "visible to every user; use AUTH_TOKENS, SHARDQ_AUTH_TOKENS or --auth-token-file",
+            err=True,
+        )
+        raise typer.Exit(2)
     # Imported here: `shardq version` should not pay for zmq and the engine.
     from shardq.runtime.supervisor import main
 
@@ -68,7 +84,9 @@ def start(
         "shards": shards,
         "log_format": log_format,
         "log_level": log_level,
-        "auth_tokens": auth_token or None,
+        "auth_token_file": str(auth_token_file) if auth_token_file else None,
+        "tls_cert_file": str(tls_cert_file) if tls_cert_file else None,
+        "tls_key_file": str(tls_key_file) if tls_key_file else None,
     }
     raise typer.Exit(main(config, flags))
 

@@ -17,6 +17,7 @@ import math
 import os
 import select
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -29,7 +30,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._url import Endpoint
+from shardq.client._url import Endpoint, closed_message, tls_context
 
 __all__ = [
     "SyncTcpTransport",
@@ -136,9 +137,11 @@ class SyncTcpTransport:
     def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
         try:
             sock = socket.create_connection((endpoint.host, endpoint.port), connect_timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if endpoint.tls:  # the handshake runs here, bounded by the connect timeout
+                sock = tls_context().wrap_socket(sock, server_hostname=endpoint.host)
         except OSError as e:
             raise ConnectionLost(f"cannot connect to {endpoint}: {e}", sent=False) from e
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A send that cannot progress for this long (a peer that stopped reading) breaks the
         # connection instead of blocking a caller forever. Reads wait in `poll` instead.
         sock.settimeout(max(connect_timeout, 1.0))
@@ -153,6 +156,7 @@ class SyncTcpTransport:
         self._reading = False
         self._followers = 0  # threads waiting on `_turn` for their replies
         self._dead: str | None = None
+        self._answered = False  # any bytes from the server yet (for the TLS hint)
 
     @property
     def alive(self) -> bool:
@@ -236,15 +240,18 @@ class SyncTcpTransport:
     def _read(self, timeout: float) -> None:
         """Wait up to `timeout` s for data; resolve the replies it completes."""
         try:
-            if not self._poller.poll(math.ceil(timeout * 1000)):
+            # TLS may hold decrypted bytes the socket no longer shows as readable.
+            pending = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
+            if not pending and not self._poller.poll(math.ceil(timeout * 1000)):
                 return
             data = self._sock.recv(_RECV_BYTES)
         except OSError as e:
             self._die(f"connection to {self._endpoint} lost: {e}")
             return
         if not data:
-            self._die(f"the server at {self._endpoint} closed the connection")
+            self._die(closed_message(self._endpoint, self._answered))
             return
+        self._answered = True
         with self._core_lock:
             matched = self._core.feed(data)
             broken = self._core.broken

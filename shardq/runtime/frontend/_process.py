@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 from typing import Any, Final
@@ -83,8 +84,9 @@ class Frontend:
         self._inbox.bind(spec.endpoint("front"))
         await self._links.connect_all()
         self._server = await self.loop.create_server(
-            self.tcp.factory, spec.host, spec.tcp_port, reuse_address=True, backlog=_TCP_BACKLOG
-        )
+            self.tcp.factory, spec.host, spec.tcp_port, reuse_address=True, backlog=_TCP_BACKLOG,
+            ssl=_server_tls(spec),
+        )  # fmt: skip
         tcp_port = self._server.sockets[0].getsockname()[1]
         zmq_port = self.zmq.bind(spec.host, spec.zmq_port)
         self._tasks = [
@@ -176,6 +178,16 @@ class Frontend:
         self._inbox.close(linger=0)
         self.sup.close()
         self._ctx.term()
+
+
+def _server_tls(spec: ChildSpec) -> ssl.SSLContext | None:
+    """The TLS context of the TCP port, or None for plain TCP (the config checked the pair)."""
+    if not (spec.tls_cert_file and spec.tls_key_file):
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(spec.tls_cert_file, spec.tls_key_file)
+    return context
 
 
 async def serve(spec: ChildSpec) -> int:

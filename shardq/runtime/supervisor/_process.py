@@ -359,6 +359,8 @@ class Supervisor:
             tcp_port=c.tcp_port,
             zmq_port=c.zmq_port,
             auth_tokens=c.auth_tokens,
+            tls_cert_file=c.tls_cert_file,
+            tls_key_file=c.tls_key_file,
             log_format=c.log_format,
             log_level=c.log_level,
             flush_interval_ms=c.flush_interval_ms,
