@@ -14,24 +14,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from shardq.backup import (
-    BackupError,
-    BackupSettings,
-    Target,
-    list_backups,
-    open_target,
-    read_status,
-    restore,
-    take_backup,
-)
-
 from ._admin import Json, fail, print_json, print_table
 
+if TYPE_CHECKING:
+    from shardq.backup import BackupSettings, Target
+
 __all__ = ["backup_app"]
+
+# shardq.backup is imported inside each command: it pulls in the storage layer, which every
+# other `shardq` command would otherwise pay for at startup.
 
 backup_app = typer.Typer(
     help="Back up and restore the database (S3 or a local directory).", no_args_is_help=True
@@ -63,6 +58,7 @@ def _db_path(config: Path | None, data_path: str | None) -> Path:
 @contextmanager
 def _backups(directory: Path | None) -> Iterator[tuple[BackupSettings, Target]]:
     """(settings, target), with backup and client errors turned into one line."""
+    from shardq.backup import BackupError, BackupSettings, open_target
 
     env = dict(os.environ)
     if directory is not None:
@@ -85,6 +81,7 @@ def backup_now(
     config: Config = None, data_path: DataPath = None, directory: Directory = None
 ) -> None:
     """Take a snapshot now (safe while the server runs) and prune to S3_BACKUP_RETENTION."""
+    from shardq.backup import take_backup
 
     db = _db_path(config, data_path)
     with _backups(directory) as (settings, target):
@@ -103,6 +100,7 @@ def _age(modified: datetime) -> str:
 @backup_app.command("list")
 def backup_list(directory: Directory = None, as_json: Json = False) -> None:
     """The committed backups, oldest first, with size and age."""
+    from shardq.backup import list_backups
 
     with _backups(directory) as (_, target):
         found = list_backups(target)
@@ -127,6 +125,7 @@ def backup_restore(
     The replaced file is kept as <db>.pre-restore. A truncated or corrupt backup is refused
     and the database is not touched.
     """
+    from shardq.backup import restore
 
     db = _db_path(config, data_path)
     with _backups(directory) as (_, target):
@@ -140,6 +139,7 @@ def backup_status(
     as_json: Json = False,
 ) -> None:  # fmt: skip
     """The backup settings, the newest backup, and the last scheduled run."""
+    from shardq.backup import list_backups, read_status
 
     db = _db_path(config, data_path)
     with _backups(directory) as (settings, target):
