@@ -91,6 +91,25 @@ def start(
     raise typer.Exit(main(config, flags))
 
 
+@app.command("zmq-keygen")
+def zmq_keygen(
+    directory: Annotated[Path, typer.Argument(help="Where to write the two key files.")],
+) -> None:
+    """Make a ZeroMQ CURVE key pair: `server.secret` (for zmq_curve_secret_file, mode 0600)
+    and `server.public` (for clients' SHARDQ_ZMQ_SERVER_KEY)."""
+    import os
+
+    import zmq
+
+    public, secret = zmq.curve_keypair()
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / "server.secret", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret + b"\n")
+    (directory / "server.public").write_bytes(public + b"\n")
+    typer.echo(public.decode())
+
+
 @app.command()
 def worker(
     app_spec: Annotated[str, typer.Argument(metavar="MODULE:APP", help="e.g. myproject.tasks:app")],

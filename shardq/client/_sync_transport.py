@@ -48,8 +48,16 @@ Reply = dict[str, Any]
 Futures = list["Future[Reply]"]
 _RECV_BYTES: Final = 1 << 20
 _JOIN_S: Final = 5.0  # how long close() waits for the I/O thread
+_HANDSHAKE_FAILED: Final = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 _MONITOR_EVENTS: Final = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | _HANDSHAKE_FAILED
 )
 
 
@@ -382,6 +390,12 @@ class SyncZmqTransport:
             elif event == zmq.EVENT_CONNECT_RETRIED and not self._connected.is_set():
                 self._mark_dead(f"connection to {self._endpoint} refused")
                 self._connected.set()
+            elif event & _HANDSHAKE_FAILED and not self._connected.is_set():
+                self._mark_dead(
+                    f"ZeroMQ handshake with {self._endpoint} failed (a CURVE server needs "
+                    "SHARDQ_ZMQ_SERVER_KEY set to its public key, a plain one must not have it)"
+                )
+                self._connected.set()
 
     def _send_outbox(self) -> None:
         while self._outbox and self._dead is None:
@@ -458,6 +472,15 @@ def detach_monitor(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
 
 
 def configure_dealer(sock: zmq.Socket[Any]) -> None:
+    server_key = os.environ.get("SHARDQ_ZMQ_SERVER_KEY", "").strip()
+    if server_key:
+        # CURVE: the server proves it holds the secret of this public key, and the traffic is
+        # encrypted. The client's own key pair is throwaway: clients prove who they are with
+        # Auth tokens, not keys.
+        public, secret = zmq.curve_keypair()
+        sock.curve_serverkey = server_key.encode()
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IMMEDIATE, 1)
     # Pipelined bulk work may queue thousands of messages; the command timeout bounds them.

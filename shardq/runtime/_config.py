@@ -24,6 +24,7 @@ from typing import Any
 
 from shardq.core import EngineConfig
 from shardq.errors import ShardqError
+from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._spin import MAX_SPIN_US
 from shardq.runtime.writer._flush import MAX_BUFFERED_MUTATIONS
 from shardq.storage import SYNCHRONOUS_MODES
@@ -55,6 +56,9 @@ class ServerConfig:
     # Both or neither (checked in load_config): TLS on the TCP port, bunqueue's names.
     tls_cert_file: str = ""  # "" = plain TCP
     tls_key_file: str = ""
+    # ZeroMQ CURVE: a file holding the server's Z85 secret key ("" = plain ZeroMQ). Clients
+    # then need the matching public key (`shardq zmq-keygen` prints both halves' files).
+    zmq_curve_secret_file: str = ""
     shutdown_timeout_ms: int = 30_000  # bunqueue's SHUTDOWN_TIMEOUT_MS: the active-job drain
     # The window a buffered push can be lost in, and the latency a durable push pays for group
     # commit: 10 ms keeps both small while still sharing one commit among many pushes.
@@ -195,6 +199,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "auth_token_file": _path_or_none,
     "tls_cert_file": _path_or_none,
     "tls_key_file": _path_or_none,
+    "zmq_curve_secret_file": _path_or_none,
     "shutdown_timeout_ms": _ranged(0, ms=True),
     "flush_interval_ms": _ranged(0, ms=True),  # 0: flush whatever one poll turn received
     # Above MAX_BUFFERED_MUTATIONS (the back-pressure bound) it could never start a flush.
@@ -245,6 +250,11 @@ def load_config(
     engine.update(env_engine)
     values.update(_from_flags(flags or {}))
     _check_tls(values)
+    if values.get("zmq_curve_secret_file"):
+        try:
+            read_curve_secret(str(values["zmq_curve_secret_file"]))
+        except ValueError as e:
+            raise ConfigError(f"zmq_curve_secret_file: {e}") from None
     if values.get("auth_token_file"):
         tokens = _read_token_file(str(values["auth_token_file"]))
         values["auth_tokens"] = (*values.get("auth_tokens", ()), *tokens)

@@ -155,3 +155,26 @@ def test_token_file_is_read_at_load_and_refused_when_empty_or_missing(tmp_path: 
         load_config(env={}, flags={"auth_token_file": str(tmp_path / "missing")})
     with pytest.raises(ConfigError, match="cannot load"):
         load_config(env={"TLS_CERT_FILE": str(tokens), "TLS_KEY_FILE": str(tokens)})
+
+
+def test_zeromq_curve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = run_cli(["zmq-keygen", str(tmp_path / "keys")])
+    assert keys.returncode == 0, keys.stderr
+    public = (tmp_path / "keys" / "server.public").read_text().strip()
+    assert keys.stdout.strip() == public
+    assert (tmp_path / "keys" / "server.secret").stat().st_mode & 0o077 == 0
+    env = {"SHARDQ_ZMQ_CURVE_SECRET_FILE": str(tmp_path / "keys" / "server.secret")}
+    with ShardqServer(tmp_path / "data", shards=1, env=env).start() as server:
+        url = f"zmq://127.0.0.1:{server.zmq_port}"
+        monkeypatch.setenv("SHARDQ_ZMQ_SERVER_KEY", public)
+        with Queue("curved", url) as queue:
+            job_id = queue.add("x", {"secret": "payload"})
+            assert queue.get_job(job_id) is not None
+        monkeypatch.delenv("SHARDQ_ZMQ_SERVER_KEY")
+        with (
+            Queue("curved", url, connect_timeout=2, retry=None) as queue,
+            pytest.raises(ConnectionLost, match="handshake"),
+        ):
+            queue.add("x", {})
+        cli = run_cli(["status", "--url", url], env={"SHARDQ_ZMQ_SERVER_KEY": public})
+        assert cli.returncode == 0, cli.stderr

@@ -15,7 +15,7 @@ from shardq.runtime._config import ConfigError, ServerConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # Keys naming files are checked together and read at load time: tests/ops/test_tls.py has them.
-FILE_KEYS = ("auth_token_file", "tls_cert_file", "tls_key_file")
+FILE_KEYS = ("auth_token_file", "tls_cert_file", "tls_key_file", "zmq_curve_secret_file")
 KEYS = [f.name for f in dataclasses.fields(ServerConfig) if f.name not in ("engine", *FILE_KEYS)]
 
 

@@ -361,6 +361,7 @@ class Supervisor:
             auth_tokens=c.auth_tokens,
             tls_cert_file=c.tls_cert_file,
             tls_key_file=c.tls_key_file,
+            zmq_curve_secret_file=c.zmq_curve_secret_file,
             log_format=c.log_format,
             log_level=c.log_level,
             flush_interval_ms=c.flush_interval_ms,
