@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from shardq_harness import ShardqServer
+from wire_clients import Tcp
 
 from shardq.client import ConnectionLost, Queue
 from shardq.runtime._config import ConfigError, load_config
@@ -178,3 +179,18 @@ def test_zeromq_curve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             queue.add("x", {})
         cli = run_cli(["status", "--url", url], env={"SHARDQ_ZMQ_SERVER_KEY": public})
         assert cli.returncode == 0, cli.stderr
+
+
+def test_repeated_failed_auth_closes_the_connection(tmp_path: Path) -> None:
+    env = {"SHARDQ_AUTH_TOKENS": "right"}
+    with ShardqServer(tmp_path / "data", shards=1, env=env).start() as server:
+        client = Tcp(server.tcp_address)
+        try:
+            for _ in range(4):
+                assert client.call({"cmd": "Auth", "token": "wrong"})["error"] == "Invalid token"
+            assert client.call({"cmd": "Auth", "token": "right"}) == {"ok": True}  # resets
+            for _ in range(5):
+                assert client.call({"cmd": "Auth", "token": "wrong"})["error"] == "Invalid token"
+            assert client.wait_eof(5)
+        finally:
+            client.close()

@@ -22,6 +22,7 @@ import asyncio
 import hmac
 import itertools
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Final, Protocol
@@ -70,6 +71,11 @@ OnReply = Callable[[Reply], None]
 _ABSENT: Final = object()  # the frame had no reqId: the reply carries none either
 
 _log = structlog.get_logger()
+
+# Failed `Auth`s one connection gets before it is closed (a ZeroMQ identity, which cannot be
+# closed, is refused every later `Auth` instead): guessing tokens costs a reconnect each time.
+MAX_AUTH_FAILURES: Final = 5
+_AUTH_FAILURES_KEPT: Final = 100_000  # connections whose failures are remembered (LRU)
 
 
 class Client(Protocol):
@@ -170,6 +176,7 @@ class Dispatcher:
         self._send = send
         self._loop = loop
         self._tokens = [t.encode() for t in auth_tokens]
+        self._auth_failures: OrderedDict[str, int] = OrderedDict()  # conn -> failed Auths
         self.cache = JobCache() if cache_size is None else JobCache(cache_size)
         self._rids = itertools.count(1)
         self._pending: dict[int, tuple[int, OnReply]] = {}  # rid -> (shard, callback)
@@ -225,6 +232,8 @@ class Dispatcher:
     def _dispatch(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> None:
         if name == "Auth":
             self.answer(client, req, self._auth(client, frame))
+            if self._auth_failures.get(client.conn, 0) >= MAX_AUTH_FAILURES:
+                client.drop("too many failed Auth attempts")
         elif not client.authenticated:
             self.answer(client, req, error_reply(NOT_AUTHENTICATED))
         elif name in self._local:
@@ -253,7 +262,11 @@ class Dispatcher:
             # Every configured token is compared, so the time taken says nothing about which.
             for known in self._tokens:
                 matched |= hmac.compare_digest(given, known)
-        if not matched:
+        failures = self._auth_failures.pop(client.conn, 0)
+        if not matched or failures >= MAX_AUTH_FAILURES:
+            self._auth_failures[client.conn] = failures + 1
+            if len(self._auth_failures) > _AUTH_FAILURES_KEPT:
+                self._auth_failures.popitem(last=False)
             return error_reply(INVALID_TOKEN)
         client.authenticated = True
         return {"ok": True}
