@@ -59,11 +59,11 @@ class BunqueueCommands:
     shard and calls `done` with their replies in shard order (both the dispatcher's).
     """
 
-    def __init__(self, answer: Answer, gather_all: GatherAll) -> None:
+    def __init__(self, answer: Answer, gather_all: GatherAll, rate_window_s: int = 5) -> None:
         self._answer = answer
         self._gather_all = gather_all
         self.workers = WorkerRegistry()
-        self.counters = Counters()
+        self.counters = Counters(rate_window_s)
         self._clock = AnchoredClock()  # registry times are wall clock, but never jump
 
     @property

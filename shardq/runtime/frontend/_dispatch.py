@@ -171,6 +171,7 @@ class Dispatcher:
         loop: asyncio.AbstractEventLoop,
         auth_tokens: Sequence[str] = (),
         cache_size: int | None = None,
+        rate_window_s: int = 5,
     ) -> None:
         self.shards = shards
         self._send = send
@@ -195,7 +196,7 @@ class Dispatcher:
             "ListQueues": self._list_queues,
         }
         # Workers, Metrics, flow-children reads and the flow/cron push refusals.
-        self.bunqueue = BunqueueCommands(self.answer, self._gather_all)
+        self.bunqueue = BunqueueCommands(self.answer, self._gather_all, rate_window_s)
         self._local.update(self.bunqueue.handlers)
 
     @property
@@ -382,8 +383,9 @@ class Dispatcher:
 
     def _stats(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         uptime = int((time.monotonic() - self._started) * 1000)
+        rates = self.bunqueue.counters.rates()
         self._gather_all(
-            client, frame, lambda rs: self.answer(client, req, merge_stats(rs, uptime))
+            client, frame, lambda rs: self.answer(client, req, merge_stats(rs, uptime, rates))
         )
 
     def _gather_all(
