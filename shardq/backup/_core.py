@@ -90,7 +90,7 @@ def _server_lock(db_path: Path, force: bool) -> Iterator[bool]:
             held = True
         except BlockingIOError:
             held = False
-        if not force and (not held or _live_run_dir(db_path)):
+        if not held and not force:
             raise ServerRunning(
                 f"a shardq server is running on {db_path} (lock {lock_path(db_path)}); "
                 "stop it first, or pass --force"
@@ -98,26 +98,6 @@ def _server_lock(db_path: Path, force: bool) -> Iterator[bool]:
         yield held
     finally:
         os.close(fd)
-
-
-def _live_run_dir(db_path: Path) -> bool:
-    """True if a supervisor's `run-<pid>` directory beside the database names a live process.
-
-    A second sign of a running server, for servers older than the lock file; the lock is
-    the authority (this one may also see a server of another database in the same directory,
-    which --force overrides).
-    """
-    for entry in db_path.parent.glob("run-*"):
-        pid = entry.name[len("run-") :]
-        if pid.isdigit() and entry.is_dir():
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                continue
-            except PermissionError:
-                return True
-            return True
-    return False
 
 
 def _new_stem(now: datetime) -> str:
