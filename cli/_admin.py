@@ -382,6 +382,9 @@ def pull(
     """
     if not 0 <= wait <= 60:
         fail("--wait must be between 0 and 60 seconds", 2)
+    if url.startswith("zmq") and not ack:
+        # ZeroMQ reports no disconnect: the job would stay active until stall detection.
+        fail("pull over zmq:// needs --ack (nothing would give the job back); or use tcp://", 2)
     timeout_ms = int(wait * 1000)
     with session(url, token) as conn:
         reply = conn.call(

@@ -28,7 +28,13 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._sync_transport import close_monitored, configure_dealer, monitor_socket
+from shardq.client._sync_transport import (
+    HANDSHAKE_FAILED,
+    close_monitored,
+    configure_dealer,
+    handshake_failed,
+    monitor_socket,
+)
 from shardq.client._url import Endpoint, closed_message, tls_context
 
 __all__ = [
@@ -44,7 +50,10 @@ Reply = dict[str, Any]
 Futures = list["asyncio.Future[Reply]"]
 DEADLINE_GRAIN: Final = 0.05  # seconds: requests whose deadlines are this close share a timer
 _MONITOR_EVENTS: Final = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | HANDSHAKE_FAILED
 )
 
 
@@ -433,6 +442,8 @@ class AsyncZmqTransport:
             self._die(f"connection to {self._endpoint} lost")
         elif event == zmq.EVENT_CONNECT_RETRIED and not self._connected.done():
             self._die(f"connection to {self._endpoint} refused")
+        elif event & HANDSHAKE_FAILED and not self._connected.done():
+            self._die(handshake_failed(self._endpoint))
 
     def _die(self, reason: str) -> None:
         if self._dead is not None:

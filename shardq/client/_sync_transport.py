@@ -33,12 +33,14 @@ from shardq.client._errors import CommandTimeout, ConnectionLost
 from shardq.client._url import Endpoint, closed_message, tls_context
 
 __all__ = [
+    "HANDSHAKE_FAILED",
     "SyncTcpTransport",
     "SyncTransport",
     "SyncZmqTransport",
     "close_monitored",
     "configure_dealer",
     "detach_monitor",
+    "handshake_failed",
     "monitor_socket",
     "open_sync",
     "wait_replies",
@@ -48,7 +50,7 @@ Reply = dict[str, Any]
 Futures = list["Future[Reply]"]
 _RECV_BYTES: Final = 1 << 20
 _JOIN_S: Final = 5.0  # how long close() waits for the I/O thread
-_HANDSHAKE_FAILED: Final = (
+HANDSHAKE_FAILED: Final = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -57,7 +59,7 @@ _MONITOR_EVENTS: Final = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED
     | zmq.EVENT_DISCONNECTED
     | zmq.EVENT_CONNECT_RETRIED
-    | _HANDSHAKE_FAILED
+    | HANDSHAKE_FAILED
 )
 
 
@@ -390,11 +392,8 @@ class SyncZmqTransport:
             elif event == zmq.EVENT_CONNECT_RETRIED and not self._connected.is_set():
                 self._mark_dead(f"connection to {self._endpoint} refused")
                 self._connected.set()
-            elif event & _HANDSHAKE_FAILED and not self._connected.is_set():
-                self._mark_dead(
-                    f"ZeroMQ handshake with {self._endpoint} failed (a CURVE server needs "
-                    "SHARDQ_ZMQ_SERVER_KEY set to its public key, a plain one must not have it)"
-                )
+            elif event & HANDSHAKE_FAILED and not self._connected.is_set():
+                self._mark_dead(handshake_failed(self._endpoint))
                 self._connected.set()
 
     def _send_outbox(self) -> None:
@@ -469,6 +468,13 @@ def detach_monitor(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
     with contextlib.suppress(zmq.ZMQError):
         sock.disable_monitor()
     monitor.close(linger=0)
+
+
+def handshake_failed(endpoint: Endpoint) -> str:
+    return (
+        f"ZeroMQ handshake with {endpoint} failed (a CURVE server needs SHARDQ_ZMQ_SERVER_KEY "
+        "set to its public key; a plain one must not have it)"
+    )
 
 
 def configure_dealer(sock: zmq.Socket[Any]) -> None:

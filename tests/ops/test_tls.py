@@ -3,6 +3,7 @@ certificate each test run generates for itself."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import ipaddress
 import os
@@ -21,7 +22,7 @@ from cryptography.x509.oid import NameOID
 from shardq_harness import ShardqServer
 from wire_clients import Tcp
 
-from shardq.client import ConnectionLost, Queue
+from shardq.client import AsyncQueue, ConnectionLost, Queue
 from shardq.runtime._config import ConfigError, load_config
 
 
@@ -85,6 +86,8 @@ def test_tls_with_shardq_client_cli_and_bunqueue_client(
     url = f"tls://127.0.0.1:{server.tcp_port}"
     with Queue("secure", url, token="s3cret-token") as queue:
         first = queue.add("hello", {"n": 1})
+        by_asyncio = asyncio.run(_async_add(url, "secure", "s3cret-token"))
+        queue.connection.call({"cmd": "Cancel", "id": by_asyncio})  # it was only a probe
 
     producer = bunqueue.Queue(
         "secure", host="127.0.0.1", port=server.tcp_port, token="s3cret-token",
@@ -171,14 +174,22 @@ def test_zeromq_curve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         with Queue("curved", url) as queue:
             job_id = queue.add("x", {"secret": "payload"})
             assert queue.get_job(job_id) is not None
+            assert asyncio.run(_async_add(url)) != job_id  # the asyncio transport too
         monkeypatch.delenv("SHARDQ_ZMQ_SERVER_KEY")
         with (
             Queue("curved", url, connect_timeout=2, retry=None) as queue,
             pytest.raises(ConnectionLost, match="handshake"),
         ):
             queue.add("x", {})
+        with pytest.raises(ConnectionLost, match="handshake"):
+            asyncio.run(_async_add(url))
         cli = run_cli(["status", "--url", url], env={"SHARDQ_ZMQ_SERVER_KEY": public})
         assert cli.returncode == 0, cli.stderr
+
+
+async def _async_add(url: str, name: str = "curved", token: str | None = None) -> str:
+    async with AsyncQueue(name, url, token=token, connect_timeout=2, retry=None) as queue:
+        return await queue.add("y", {"via": "asyncio"})
 
 
 def test_repeated_failed_auth_closes_the_connection(tmp_path: Path) -> None:
