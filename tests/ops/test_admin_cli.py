@@ -10,7 +10,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from conftest import SHARDQ, run_cli
+from ops_helpers import SHARDQ, run_cli
 from shardq_cli.main import app
 from shardq_harness import ShardqServer, free_port
 from typer.testing import CliRunner

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import boto3
 import pytest
-from conftest import run_cli
 from moto.server import ThreadedMotoServer
+from ops_helpers import run_cli
 from shardq_harness import ShardqServer, free_port, poll_until
 
 from shardq.backup import BackupError, LocalTarget, list_backups, restore, take_backup

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import bunqueue
 import pytest
-from conftest import run_cli
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from ops_helpers import run_cli
 from shardq_harness import ShardqServer
 from wire_clients import Tcp
 
