@@ -117,6 +117,7 @@ VALID_TEXT = {
     "storage_stall_ms": "2000",
     "max_db_bytes": "2097152",
     "writer_backlog_max_bytes": "33554432",
+    "ready_timeout_ms": "5000",
 }
 
 
@@ -161,6 +162,7 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         storage_stall_ms = 2000
         max_db_bytes = 2097152
         writer_backlog_max_bytes = 33554432
+        ready_timeout_ms = 5000
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
@@ -226,6 +228,7 @@ def test_shards_auto_and_number() -> None:
         ("max_db_bytes", "4096"),
         ("max_db_bytes", "-1"),
         ("writer_backlog_max_bytes", "1048576"),
+        ("ready_timeout_ms", "999"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: str) -> None:

@@ -69,6 +69,7 @@ Reply = dict[str, Any]
 OnReply = Callable[[Reply], None]
 
 _ABSENT: Final = object()  # the frame had no reqId: the reply carries none either
+INVALID_COMMAND_NESTING: Final = "Invalid command: nested too deeply"
 
 _log = structlog.get_logger()
 
@@ -427,12 +428,30 @@ class Dispatcher:
             items = self._outbox[shard]
             if items:
                 self._outbox[shard] = []
-                self._send(shard, pack({"t": "req", "items": items}))
+                self._send(shard, self._pack_batch(items))
             control = self._control[shard]
             if control:
                 self._control[shard] = []
                 for msg in control:
                     self._send(shard, pack(msg))
+
+    def _pack_batch(self, items: list[list[Any]]) -> bytes:
+        """One `req` message. A command nested close to msgpack's depth limit decodes from the
+        client but cannot be packed again inside the batch: it alone is refused (one pass per
+        item, only then), and the rest of the batch goes on."""
+        try:
+            return pack({"t": "req", "items": items})
+        except ValueError:
+            kept: list[list[Any]] = []
+            for item in items:
+                try:
+                    pack({"t": "req", "items": [item]})
+                except ValueError:
+                    _owner, on_reply = self._pending.pop(item[1])
+                    self._loop.call_soon(on_reply, error_reply(INVALID_COMMAND_NESTING))
+                else:
+                    kept.append(item)
+            return pack({"t": "req", "items": kept})
 
     def on_shard_message(self, msg: dict[str, Any]) -> None:
         """Take one message from a shard (`rep` or `drained`). Never raises."""
