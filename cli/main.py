@@ -9,12 +9,19 @@ import typer
 
 import shardq
 
+from . import _admin, _backup, _top
+
 # No locals in tracebacks: they can hold auth tokens and job payloads.
 app = typer.Typer(
     help="shardq: a durable job-queue server.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+_admin.register(app)
+app.command("top")(_top.top)
+app.add_typer(_backup.backup_app, name="backup")
 
 
 @app.command()
@@ -39,17 +46,33 @@ def start(
     ] = None,
     log_format: Annotated[str | None, typer.Option(help="json or console (default json).")] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error.")] = None,
-    auth_token: Annotated[
-        list[str] | None,
-        typer.Option("--auth-token", help="A client token; repeat for several. Default: none."),
+    auth_token_file: Annotated[
+        Path | None,
+        typer.Option(help="A file of client tokens, one a line (or set AUTH_TOKENS)."),
     ] = None,
+    tls_cert_file: Annotated[
+        Path | None, typer.Option(help="TLS certificate (PEM) for the TCP port; needs the key.")
+    ] = None,
+    tls_key_file: Annotated[
+        Path | None, typer.Option(help="TLS private key (PEM) for the TCP port.")
+    ] = None,
+    auth_token: Annotated[list[str] | None, typer.Option("--auth-token", hidden=True)] = None,
 ) -> None:
     """Start the server: writer, shards and front end, until SIGTERM or SIGINT.
 
     Settings come from --config, then the environment (SHARDQ_<KEY>, or bunqueue's names
-    TCP_PORT, HTTP_PORT, HOST, BUNQUEUE_DATA_PATH, DATA_PATH, AUTH_TOKENS and
-    SHUTDOWN_TIMEOUT_MS), then these flags. Exit codes: 0 clean stop, 1 failure, 2 bad config.
+    TCP_PORT, HTTP_PORT, HOST, BUNQUEUE_DATA_PATH, DATA_PATH, AUTH_TOKENS,
+    SHUTDOWN_TIMEOUT_MS, TLS_CERT_FILE and TLS_KEY_FILE), then these flags. Tokens are never
+    taken from the command line. Exit codes: 0 clean stop, 1 failure, 2 bad config.
     """
+    if auth_token:
+        # A token in argv is readable by every user of the host (`ps`, /proc/*/cmdline).
+        typer.echo(
+            "shardq start: --auth-token is not supported: a token on the command line is "
+            "visible to every user; use AUTH_TOKENS, SHARDQ_AUTH_TOKENS or --auth-token-file",
+            err=True,
+        )
+        raise typer.Exit(2)
     # Imported here: `shardq version` should not pay for zmq and the engine.
     from shardq.runtime.supervisor import main
 
@@ -61,9 +84,30 @@ def start(
         "shards": shards,
         "log_format": log_format,
         "log_level": log_level,
-        "auth_tokens": auth_token or None,
+        "auth_token_file": str(auth_token_file) if auth_token_file else None,
+        "tls_cert_file": str(tls_cert_file) if tls_cert_file else None,
+        "tls_key_file": str(tls_key_file) if tls_key_file else None,
     }
     raise typer.Exit(main(config, flags))
+
+
+@app.command("zmq-keygen")
+def zmq_keygen(
+    directory: Annotated[Path, typer.Argument(help="Where to write the two key files.")],
+) -> None:
+    """Make a ZeroMQ CURVE key pair: `server.secret` (for zmq_curve_secret_file, mode 0600)
+    and `server.public` (for clients' SHARDQ_ZMQ_SERVER_KEY)."""
+    import os
+
+    import zmq
+
+    public, secret = zmq.curve_keypair()
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / "server.secret", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret + b"\n")
+    (directory / "server.public").write_bytes(public + b"\n")
+    typer.echo(public.decode())
 
 
 @app.command()

@@ -28,8 +28,14 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._sync_transport import close_monitored, configure_dealer, monitor_socket
-from shardq.client._url import Endpoint
+from shardq.client._sync_transport import (
+    HANDSHAKE_FAILED,
+    close_monitored,
+    configure_dealer,
+    handshake_failed,
+    monitor_socket,
+)
+from shardq.client._url import Endpoint, closed_message, tls_context
 
 __all__ = [
     "DEADLINE_GRAIN",
@@ -44,7 +50,10 @@ Reply = dict[str, Any]
 Futures = list["asyncio.Future[Reply]"]
 DEADLINE_GRAIN: Final = 0.05  # seconds: requests whose deadlines are this close share a timer
 _MONITOR_EVENTS: Final = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | HANDSHAKE_FAILED
 )
 
 
@@ -201,6 +210,7 @@ class AsyncTcpTransport(asyncio.Protocol):
         self._dead: str | None = None
         self._out: list[bytes] = []
         self._out_rids: list[list[str]] = []
+        self._answered = False  # any bytes from the server yet (for the TLS hint)
 
     @classmethod
     async def open(cls, endpoint: Endpoint, connect_timeout: float) -> AsyncTcpTransport:
@@ -208,7 +218,11 @@ class AsyncTcpTransport(asyncio.Protocol):
         self = cls(endpoint, loop)
         try:
             async with asyncio.timeout(connect_timeout):
-                await loop.create_connection(lambda: self, endpoint.host, endpoint.port)
+                await loop.create_connection(
+                    lambda: self, endpoint.host, endpoint.port,
+                    ssl=tls_context() if endpoint.tls else None,
+                    server_hostname=endpoint.host if endpoint.tls else None,
+                )  # fmt: skip
         except (OSError, TimeoutError) as e:
             raise ConnectionLost(f"cannot connect to {endpoint}: {e!r}", sent=False) from e
         return self
@@ -263,6 +277,7 @@ class AsyncTcpTransport(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        self._answered = True
         for future, reply in self._core.feed(data):
             if not future.done():
                 future.set_result(reply)
@@ -270,8 +285,10 @@ class AsyncTcpTransport(asyncio.Protocol):
             self._die(f"the server at {self._endpoint} sent a bad frame: {self._core.broken}")
 
     def connection_lost(self, exc: Exception | None) -> None:
-        detail = f": {exc}" if exc else ""
-        self._die(f"connection to {self._endpoint} lost{detail}")
+        if exc is None:
+            self._die(closed_message(self._endpoint, self._answered))
+        else:
+            self._die(f"connection to {self._endpoint} lost: {exc}")
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -425,6 +442,8 @@ class AsyncZmqTransport:
             self._die(f"connection to {self._endpoint} lost")
         elif event == zmq.EVENT_CONNECT_RETRIED and not self._connected.done():
             self._die(f"connection to {self._endpoint} refused")
+        elif event & HANDSHAKE_FAILED and not self._connected.done():
+            self._die(handshake_failed(self._endpoint))
 
     def _die(self, reason: str) -> None:
         if self._dead is not None:

@@ -17,6 +17,7 @@ import math
 import os
 import select
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -29,15 +30,17 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._url import Endpoint
+from shardq.client._url import Endpoint, closed_message, tls_context
 
 __all__ = [
+    "HANDSHAKE_FAILED",
     "SyncTcpTransport",
     "SyncTransport",
     "SyncZmqTransport",
     "close_monitored",
     "configure_dealer",
     "detach_monitor",
+    "handshake_failed",
     "monitor_socket",
     "open_sync",
     "wait_replies",
@@ -47,8 +50,16 @@ Reply = dict[str, Any]
 Futures = list["Future[Reply]"]
 _RECV_BYTES: Final = 1 << 20
 _JOIN_S: Final = 5.0  # how long close() waits for the I/O thread
+HANDSHAKE_FAILED: Final = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 _MONITOR_EVENTS: Final = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | HANDSHAKE_FAILED
 )
 
 
@@ -136,9 +147,11 @@ class SyncTcpTransport:
     def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
         try:
             sock = socket.create_connection((endpoint.host, endpoint.port), connect_timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if endpoint.tls:  # the handshake runs here, bounded by the connect timeout
+                sock = tls_context().wrap_socket(sock, server_hostname=endpoint.host)
         except OSError as e:
             raise ConnectionLost(f"cannot connect to {endpoint}: {e}", sent=False) from e
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A send that cannot progress for this long (a peer that stopped reading) breaks the
         # connection instead of blocking a caller forever. Reads wait in `poll` instead.
         sock.settimeout(max(connect_timeout, 1.0))
@@ -153,6 +166,7 @@ class SyncTcpTransport:
         self._reading = False
         self._followers = 0  # threads waiting on `_turn` for their replies
         self._dead: str | None = None
+        self._answered = False  # any bytes from the server yet (for the TLS hint)
 
     @property
     def alive(self) -> bool:
@@ -236,15 +250,18 @@ class SyncTcpTransport:
     def _read(self, timeout: float) -> None:
         """Wait up to `timeout` s for data; resolve the replies it completes."""
         try:
-            if not self._poller.poll(math.ceil(timeout * 1000)):
+            # TLS may hold decrypted bytes the socket no longer shows as readable.
+            pending = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
+            if not pending and not self._poller.poll(math.ceil(timeout * 1000)):
                 return
             data = self._sock.recv(_RECV_BYTES)
         except OSError as e:
             self._die(f"connection to {self._endpoint} lost: {e}")
             return
         if not data:
-            self._die(f"the server at {self._endpoint} closed the connection")
+            self._die(closed_message(self._endpoint, self._answered))
             return
+        self._answered = True
         with self._core_lock:
             matched = self._core.feed(data)
             broken = self._core.broken
@@ -375,6 +392,9 @@ class SyncZmqTransport:
             elif event == zmq.EVENT_CONNECT_RETRIED and not self._connected.is_set():
                 self._mark_dead(f"connection to {self._endpoint} refused")
                 self._connected.set()
+            elif event & HANDSHAKE_FAILED and not self._connected.is_set():
+                self._mark_dead(handshake_failed(self._endpoint))
+                self._connected.set()
 
     def _send_outbox(self) -> None:
         while self._outbox and self._dead is None:
@@ -450,7 +470,23 @@ def detach_monitor(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
     monitor.close(linger=0)
 
 
+def handshake_failed(endpoint: Endpoint) -> str:
+    return (
+        f"ZeroMQ handshake with {endpoint} failed (a CURVE server needs SHARDQ_ZMQ_SERVER_KEY "
+        "set to its public key; a plain one must not have it)"
+    )
+
+
 def configure_dealer(sock: zmq.Socket[Any]) -> None:
+    server_key = os.environ.get("SHARDQ_ZMQ_SERVER_KEY", "").strip()
+    if server_key:
+        # CURVE: the server proves it holds the secret of this public key, and the traffic is
+        # encrypted. The client's own key pair is throwaway: clients prove who they are with
+        # Auth tokens, not keys.
+        public, secret = zmq.curve_keypair()
+        sock.curve_serverkey = server_key.encode()
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IMMEDIATE, 1)
     # Pipelined bulk work may queue thousands of messages; the command timeout bounds them.

@@ -24,6 +24,7 @@ from typing import Any
 
 from shardq.core import EngineConfig
 from shardq.errors import ShardqError
+from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._spin import MAX_SPIN_US
 from shardq.runtime.writer._flush import MAX_BUFFERED_MUTATIONS
 from shardq.storage import SYNCHRONOUS_MODES
@@ -50,6 +51,14 @@ class ServerConfig:
     data_path: str = "./data/shardq.db"
     shards: int | str = "auto"  # "auto" = one shard per CPU (`shard_count`)
     auth_tokens: tuple[str, ...] = ()  # empty: every connection starts authenticated
+    # A file of tokens, one a line: keeps tokens out of argv, the environment and the config.
+    auth_token_file: str = ""  # "" = none
+    # Both or neither (checked in load_config): TLS on the TCP port, bunqueue's names.
+    tls_cert_file: str = ""  # "" = plain TCP
+    tls_key_file: str = ""
+    # ZeroMQ CURVE: a file holding the server's Z85 secret key ("" = plain ZeroMQ). Clients
+    # then need the matching public key (`shardq zmq-keygen` prints both halves' files).
+    zmq_curve_secret_file: str = ""
     shutdown_timeout_ms: int = 30_000  # bunqueue's SHUTDOWN_TIMEOUT_MS: the active-job drain
     # The window a buffered push can be lost in, and the latency a durable push pays for group
     # commit: 10 ms keeps both small while still sharing one commit among many pushes.
@@ -210,6 +219,13 @@ def _shards(value: object) -> int | str:
         raise ValueError(f'must be "auto" or an integer of at least 1, got {value!r}') from None
 
 
+def _path_or_none(value: object) -> str:
+    """A file path, or "" for none (TOML has no null, so "" is how a file spells unset)."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be a path string, got {type(value).__name__}")
+    return value.strip()
+
+
 def _tokens(value: object) -> tuple[str, ...]:
     if isinstance(value, str):  # the environment's form: "a,b,c"
         items: list[object] = [part.strip() for part in value.split(",") if part.strip()]
@@ -243,6 +259,10 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "data_path": _text,
     "shards": _shards,
     "auth_tokens": _tokens,
+    "auth_token_file": _path_or_none,
+    "tls_cert_file": _path_or_none,
+    "tls_key_file": _path_or_none,
+    "zmq_curve_secret_file": _path_or_none,
     "shutdown_timeout_ms": _ranged(0, ms=True),
     "flush_interval_ms": _ranged(0, ms=True),  # 0: flush whatever one poll turn received
     # Above MAX_BUFFERED_MUTATIONS (the back-pressure bound) it could never start a flush.
@@ -297,6 +317,8 @@ _ENV_ALIASES: tuple[tuple[str, str], ...] = (
     ("TCP_MAX_WRITE_QUEUE_BYTES", "tcp_max_write_backlog_bytes"),
     ("RATE_LIMIT_WINDOW_MS", "rate_limit_window_ms"),
     ("RATE_LIMIT_MAX_REQUESTS", "rate_limit_max_requests"),
+    ("TLS_CERT_FILE", "tls_cert_file"),
+    ("TLS_KEY_FILE", "tls_key_file"),
 )
 
 
@@ -319,7 +341,43 @@ def load_config(
     values.update(env_values)
     engine.update(env_engine)
     values.update(_from_flags(flags or {}))
+    _check_tls(values)
+    if values.get("zmq_curve_secret_file"):
+        try:
+            read_curve_secret(str(values["zmq_curve_secret_file"]))
+        except ValueError as e:
+            raise ConfigError(f"zmq_curve_secret_file: {e}") from None
+    if values.get("auth_token_file"):
+        tokens = _read_token_file(str(values["auth_token_file"]))
+        values["auth_tokens"] = (*values.get("auth_tokens", ()), *tokens)
     return ServerConfig(**values, engine=engine)
+
+
+def _check_tls(values: Mapping[str, Any]) -> None:
+    """Refuse half a TLS setup, and a certificate or key that cannot be loaded, at startup
+    rather than in the front end (where it would look like a crash loop)."""
+    cert, key = values.get("tls_cert_file", ""), values.get("tls_key_file", "")
+    if bool(cert) != bool(key):
+        missing = "tls_cert_file (TLS_CERT_FILE)" if key else "tls_key_file (TLS_KEY_FILE)"
+        raise ConfigError(f"TLS needs both a certificate and a key: {missing} is not set")
+    if cert:
+        import ssl  # only a TLS setup pays for it
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"tls_cert_file/tls_key_file: cannot load {cert}, {key}: {e}") from e
+
+
+def _read_token_file(path: str) -> tuple[str, ...]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise ConfigError(f"auth_token_file: cannot read {path}: {e.strerror or e}") from e
+    tokens = tuple(t for t in (line.split("#", 1)[0].strip() for line in lines) if t)
+    if not tokens:
+        raise ConfigError(f"auth_token_file: {path} holds no token")
+    return tokens
 
 
 def _parse(key: str, raw: object, source: str) -> Any:

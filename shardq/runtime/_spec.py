@@ -20,6 +20,9 @@ class ChildSpec:
     tcp_port: int = 6789
     zmq_port: int = 6788
     auth_tokens: tuple[str, ...] = ()
+    tls_cert_file: str = ""  # with tls_key_file: the TCP port speaks TLS ("" = plain TCP)
+    tls_key_file: str = ""
+    zmq_curve_secret_file: str = ""  # "" = plain ZeroMQ
     log_format: str = "json"  # "json" | "console"
     log_level: str = "info"
     flush_interval_ms: int = 10

@@ -148,7 +148,7 @@ def test_flows_are_refused_whole(clients: Clients, qname: str) -> None:
 
 
 def test_auth_token_server(server_factory: Callable[..., ShardqServer]) -> None:
-    server = server_factory(args=["--auth-token", "s3cret", "--auth-token", "other"])
+    server = server_factory(env={"AUTH_TOKENS": "s3cret,other"})
     host, port = server.tcp_address
     raw = Tcp(server.tcp_address)
     try:

@@ -289,7 +289,7 @@ def test_auth_gate_and_slowloris(
     shardq_server: Callable[..., ShardqServer], zctx: zmq.Context[Any]
 ) -> None:
     server = shardq_server(
-        shards=N, args=["--auth-token", "s3cret"], env={"SHARDQ_TCP_IDLE_TIMEOUT_MS": "300"}
+        shards=N, env={"SHARDQ_AUTH_TOKENS": "s3cret", "SHARDQ_TCP_IDLE_TIMEOUT_MS": "300"}
     )
     client = Tcp(server.tcp_address)
     assert client.call({"cmd": "Ping"}) == {"ok": False, "error": "Not authenticated"}

@@ -20,11 +20,15 @@ def test_spec_dash_reads_standard_input() -> None:
     assert parsed == spec
 
 
-def test_no_child_command_line_holds_the_auth_token(shardq_server: Factory) -> None:
+def test_no_command_line_holds_the_auth_token(shardq_server: Factory, tmp_path: Path) -> None:
     token = "s3cret-token-for-the-test"
-    server = shardq_server(shards=2, args=("--auth-token", token))
+    tokens = tmp_path / "tokens"
+    tokens.write_text(token + "\n")
+    server = shardq_server(shards=2, args=("--auth-token-file", str(tokens)))
     children = server.child_pids()
     assert set(children) == {"writer", "shard-0", "shard-1", "frontend"}
+    supervisor = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+    assert token.encode() not in supervisor
     for name, pid in children.items():
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         assert token not in cmdline, f"{name}'s command line shows the token"

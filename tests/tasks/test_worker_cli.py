@@ -67,7 +67,7 @@ def _read_until(fd: int, wanted: bytes, timeout: float) -> bytes:
 
 
 def test_a_refused_token_stops_the_worker_with_one_clear_line(tmp_path: Path) -> None:
-    with ShardqServer(tmp_path / "data", args=["--auth-token", "s3cret"]).start() as server:
+    with ShardqServer(tmp_path / "data", env={"AUTH_TOKENS": "s3cret"}).start() as server:
         host, port = server.tcp_address
         proc = _worker("sample_tasks:app", "--url", f"tcp://{host}:{port}",
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip

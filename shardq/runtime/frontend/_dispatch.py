@@ -83,6 +83,9 @@ MAX_AUTH_FAILURE_RECORDS: Final = 100_000
 
 _log = structlog.get_logger()
 
+# Failed `Auth`s one connection gets before it is closed (a ZeroMQ identity, which cannot be
+# closed, is refused every later `Auth` instead): guessing tokens costs a reconnect each time.
+
 
 class Client(Protocol):
     """One client connection as the dispatcher sees it."""

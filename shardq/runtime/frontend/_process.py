@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 from typing import Any, Final
@@ -31,6 +32,7 @@ import zmq
 import zmq.asyncio
 
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
+from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
@@ -94,9 +96,11 @@ class Frontend:
         self._inbox.bind(spec.endpoint("front"))
         await self._links.connect_all()
         self._server = await self.loop.create_server(
-            self.tcp.factory, spec.host, spec.tcp_port, reuse_address=True, backlog=_TCP_BACKLOG
-        )
+            self.tcp.factory, spec.host, spec.tcp_port, reuse_address=True, backlog=_TCP_BACKLOG,
+            ssl=_server_tls(spec),
+        )  # fmt: skip
         tcp_port = self._server.sockets[0].getsockname()[1]
+        _server_curve(self.zmq.router, spec)
         zmq_port = self.zmq.bind(spec.host, spec.zmq_port)
         self._tasks = [
             self.loop.create_task(self._read_supervisor()),
@@ -187,6 +191,30 @@ class Frontend:
         self._inbox.close(linger=0)
         self.sup.close()
         self._ctx.term()
+
+
+def _server_tls(spec: ChildSpec) -> ssl.SSLContext | None:
+    """The TLS context of the TCP port, or None for plain TCP (the config checked the pair)."""
+    if not (spec.tls_cert_file and spec.tls_key_file):
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(spec.tls_cert_file, spec.tls_key_file)
+    return context
+
+
+def _server_curve(router: zmq.Socket[Any], spec: ChildSpec) -> None:
+    """Make the ROUTER a CURVE server when a secret key is configured (before it binds).
+
+    Any client key is accepted (no ZAP handler): CURVE here encrypts and authenticates the
+    server; clients still prove themselves with `Auth` tokens.
+    """
+    if not spec.zmq_curve_secret_file:
+        return
+    secret = read_curve_secret(spec.zmq_curve_secret_file)
+    router.curve_secretkey = secret
+    router.curve_server = True
+    _log.info("zeromq curve on", public_key=zmq.curve_public(secret).decode())
 
 
 async def serve(spec: ChildSpec) -> int:

@@ -35,6 +35,7 @@ import structlog
 import zmq
 
 import shardq
+from shardq.backup import scheduled_backups
 from shardq.runtime._config import ConfigError, ServerConfig, load_config
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
@@ -377,6 +378,9 @@ class Supervisor:
             tcp_port=c.tcp_port,
             zmq_port=c.zmq_port,
             auth_tokens=c.auth_tokens,
+            tls_cert_file=c.tls_cert_file,
+            tls_key_file=c.tls_key_file,
+            zmq_curve_secret_file=c.zmq_curve_secret_file,
             log_format=c.log_format,
             log_level=c.log_level,
             flush_interval_ms=c.flush_interval_ms,
@@ -547,4 +551,13 @@ def main(
         log.error("invalid configuration", error=str(e))
         return EXIT_CONFIG
     configure("supervisor", config.log_format, config.log_level)
-    return Supervisor(config).run()
+    try:
+        backups = scheduled_backups(Path(config.data_path), env)
+    except ValueError as e:
+        log.error("invalid configuration", error=str(e))
+        return EXIT_CONFIG
+    try:
+        return Supervisor(config).run()
+    finally:
+        if backups is not None:
+            backups.stop()

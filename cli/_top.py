@@ -1,0 +1,120 @@
+"""`shardq top`: a live view of throughput, queue depth and workers, drawn with `rich`.
+
+Every `--interval` seconds it pipelines Metrics, Stats, ListQueues, GetJobCounts and
+ListWorkers over one connection and redraws. Rates are the difference of the front end's
+lifetime counters (Metrics `totalPushed`, `totalPulled`, `totalCompleted`) between two samples
+divided by the time between them, so they are exact over the interval and need no server-side
+rate keeping. A lost server ends the view with the one-line error of every admin command.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Final
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from shardq.client import Connection
+
+from ._admin import Token, Url, list_queues, queue_counts, session
+
+__all__ = ["Sample", "render", "top"]
+
+COUNTERS: Final = ("totalPushed", "totalPulled", "totalCompleted")
+SHOWN_STATES: Final = ("waiting", "delayed", "active", "completed", "failed", "paused")
+MAX_WORKERS_SHOWN: Final = 20
+
+
+@dataclass
+class Sample:
+    """What one refresh read from the server."""
+
+    at: float
+    metrics: dict[str, Any]
+    stats: dict[str, Any]
+    counts: dict[str, dict[str, int]]
+    workers: list[dict[str, Any]]
+    rates: dict[str, float] = field(default_factory=dict)
+
+
+def read_sample(conn: Connection, previous: Sample | None) -> Sample:
+    metrics, stats, workers = conn.call_many(
+        [{"cmd": "Metrics"}, {"cmd": "Stats"}, {"cmd": "ListWorkers"}]
+    )
+    sample = Sample(
+        at=time.monotonic(),
+        metrics=dict(metrics.get("metrics") or {}),
+        stats=dict(stats.get("stats") or {}),
+        counts=queue_counts(conn, list_queues(conn)),
+        workers=list((workers.get("data") or {}).get("workers") or []),
+    )
+    if previous is not None:
+        elapsed = max(sample.at - previous.at, 1e-6)
+        for name in COUNTERS:
+            delta = float(sample.metrics.get(name, 0)) - float(previous.metrics.get(name, 0))
+            sample.rates[name] = max(delta, 0.0) / elapsed
+    return sample
+
+
+def _rate(sample: Sample, name: str) -> str:
+    return f"{sample.rates[name]:,.0f}/s" if name in sample.rates else "-"
+
+
+def render(url: str, sample: Sample) -> Group:
+    """The screen for one sample: a header line, the queues table, the workers table."""
+    s, m = sample.stats, sample.metrics
+    header = Text.assemble(
+        ("shardq top ", "bold"),
+        f"{url}  up {int(s.get('uptime', 0)) // 1000} s  ",
+        ("push ", "bold"), _rate(sample, "totalPushed"), "  ",
+        ("pull ", "bold"), _rate(sample, "totalPulled"), "  ",
+        ("ack ", "bold"), _rate(sample, "totalCompleted"), "  ",
+        f"waiting {s.get('waiting', 0)}  active {s.get('active', 0)}  dlq {s.get('dlq', 0)}  ",
+        f"latency {m.get('avgLatencyMs', 0)} ms",
+    )  # fmt: skip
+    queues = Table(title="queues", expand=False)
+    queues.add_column("queue")
+    for state in SHOWN_STATES:
+        queues.add_column(state, justify="right")
+    depth = sorted(sample.counts.items(), key=lambda kv: -kv[1].get("waiting", 0))
+    for name, counts in depth:
+        queues.add_row(name, *(str(counts.get(st, 0)) for st in SHOWN_STATES))
+    workers = Table(title=f"workers ({len(sample.workers)})", expand=False)
+    for column in ("name", "queues", "status", "active", "processed", "failed"):
+        workers.add_column(column)
+    for w in sample.workers[:MAX_WORKERS_SHOWN]:
+        workers.add_row(
+            str(w.get("name", "")), ",".join(map(str, w.get("queues") or [])),
+            str(w.get("status", "")), str(w.get("activeJobs", 0)),
+            str(w.get("processedJobs", 0)), str(w.get("failedJobs", 0)),
+        )  # fmt: skip
+    return Group(header, queues, workers)
+
+
+def top(
+    url: Url = "tcp://127.0.0.1:6789",
+    token: Token = None,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.", min=0.1)] = 1.0,
+    iterations: Annotated[
+        int, typer.Option(help="Stop after this many refreshes (0: until Ctrl+C).", min=0)
+    ] = 0,
+) -> None:
+    """A live view of throughput, queue depth and workers (Ctrl+C to quit)."""
+    console = Console()
+    with session(url, token) as conn:
+        sample = read_sample(conn, None)
+        done = 1
+        try:
+            with Live(render(url, sample), console=console, auto_refresh=False) as live:
+                while iterations == 0 or done < iterations:
+                    time.sleep(interval)
+                    sample = read_sample(conn, sample)
+                    live.update(render(url, sample), refresh=True)
+                    done += 1
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,41 @@
+"""Backups of the database file: snapshots to S3-compatible storage or a local directory.
+
+`take_backup` copies the live database with `VACUUM INTO`, checks, gzips and uploads it with
+a metadata sidecar; `restore` checks a backup in full before it renames it over the database.
+`BackupScheduler` takes snapshots on a timer inside `shardq start` when `S3_BACKUP_ENABLED`
+is set. Settings use bunqueue's environment names (`BackupSettings`).
+"""
+
+from shardq.backup._core import (
+    BackupError,
+    BackupInfo,
+    ServerRunning,
+    list_backups,
+    lock_path,
+    prune,
+    restore,
+    take_backup,
+)
+from shardq.backup._schedule import BackupScheduler, read_status, scheduled_backups
+from shardq.backup._settings import BackupSettings
+from shardq.backup._targets import LocalTarget, ObjectInfo, S3Target, Target, open_target
+
+__all__ = [
+    "BackupError",
+    "BackupInfo",
+    "BackupScheduler",
+    "BackupSettings",
+    "LocalTarget",
+    "ObjectInfo",
+    "S3Target",
+    "ServerRunning",
+    "Target",
+    "list_backups",
+    "lock_path",
+    "open_target",
+    "prune",
+    "read_status",
+    "restore",
+    "scheduled_backups",
+    "take_backup",
+]

@@ -1,0 +1,109 @@
+"""Scheduled snapshots: a daemon thread in the supervisor process.
+
+A thread, not a child process: a snapshot is one `VACUUM INTO` (SQLite releases the GIL while
+it copies) plus gzip and an upload, and it needs none of the supervisor's sockets. It never
+touches the supervisor's loop, so a slow upload cannot delay a restart or a shutdown; at
+shutdown the thread is told to stop and is not waited for beyond `stop`'s timeout.
+The outcome of every run is written to `<db>.backup-status.json` for `shardq backup status`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from shardq.backup._core import take_backup
+from shardq.backup._settings import BackupSettings
+from shardq.backup._targets import open_target
+
+__all__ = ["BackupScheduler", "read_status", "scheduled_backups", "status_path"]
+
+log = structlog.get_logger("shardq.backup")
+
+
+def status_path(db_path: Path) -> Path:
+    return db_path.with_name(db_path.name + ".backup-status.json")
+
+
+def read_status(db_path: Path) -> dict[str, Any]:
+    """What the last scheduled run wrote, or {} if none ran."""
+    try:
+        value = json.loads(status_path(db_path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _write_status(db_path: Path, status: dict[str, Any]) -> None:
+    path = status_path(db_path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, path)
+
+
+class BackupScheduler:
+    """Takes a snapshot every `settings.interval_ms`, keeping `settings.retention`."""
+
+    def __init__(self, db_path: Path, settings: BackupSettings) -> None:
+        self.db_path = db_path
+        self.settings = settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="shardq-backup", daemon=True)
+        self.runs = 0
+
+    def start(self) -> BackupScheduler:
+        log.info(
+            "scheduled backups on",
+            destination=self.settings.destination,
+            interval_ms=self.settings.interval_ms,
+            retention=self.settings.retention,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.interval_ms / 1000):
+            self.run_once()
+
+    def run_once(self) -> None:
+        """Take one snapshot now; log and record the outcome (never raises)."""
+        started = time.time()
+        status: dict[str, Any] = {**read_status(self.db_path), "last_attempt_at": started}
+        try:
+            info = take_backup(self.db_path, open_target(self.settings), self.settings.retention)
+        except Exception as e:  # a failed run must not end the schedule
+            log.error("scheduled backup failed", error=str(e))
+            status["last_error"] = str(e)
+        else:
+            log.info("backup taken", key=info.key, size=info.size, seconds=time.time() - started)
+            status.update(last_ok_at=time.time(), last_key=info.key, last_error=None)
+        self.runs += 1
+        try:
+            _write_status(self.db_path, status)
+        except OSError as e:
+            log.warning("cannot write the backup status file", error=str(e))
+
+
+def scheduled_backups(
+    db_path: Path, env: Mapping[str, str] | None = None
+) -> BackupScheduler | None:
+    """Start the schedule if `S3_BACKUP_ENABLED` is set; None otherwise.
+
+    Raises `ValueError` for a bad backup setting, so `shardq start` refuses it at once
+    rather than failing six hours later.
+    """
+    settings = BackupSettings.from_env(env)
+    if not settings.enabled:
+        return None
+    return BackupScheduler(db_path, settings).start()
