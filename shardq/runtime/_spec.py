@@ -11,7 +11,7 @@ __all__ = ["ChildSpec"]
 
 @dataclass(frozen=True, slots=True)
 class ChildSpec:
-    role: str  # "writer" | "shard" | "frontend"
+    role: str  # "writer" | "shard" | "frontend" | "http"
     run_dir: str  # holds the ipc:// socket files
     data_path: str  # the SQLite file
     shards: int
@@ -29,6 +29,9 @@ class ChildSpec:
     max_frame_bytes: int = 64 * 1024 * 1024
     tcp_idle_timeout_ms: int = 60_000
     spin_us: int = 0  # ServerConfig's (see there)
+    http_port: int = 0  # the HTTP process's port (0 for every other role)
+    metrics_auth: bool = False
+    metrics_max_queues: int = 100
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     def endpoint(self, name: str) -> str:

@@ -38,6 +38,7 @@ from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
+from shardq.runtime.writer._status import WriterStatus
 from shardq.storage import StorageError, StorageFull, Store
 
 __all__ = ["Writer", "main"]
@@ -71,6 +72,7 @@ class Writer:
         self._links = ShardConnections(spec.writer_link_path)
         self._reading = True
         self._degraded = False
+        self._status = WriterStatus(spec.run_dir, clock)
 
     @property
     def buffer(self) -> FlushBuffer:
@@ -170,6 +172,7 @@ class Writer:
         try:
             rows = self._store.apply(buffer.mutations())
         except StorageError as e:
+            self._status.failed(str(e), disk_full=isinstance(e, StorageFull))
             self._send(buffer.failed(e, self._clock()))
             self._report_failure(e)
             return False
@@ -181,6 +184,7 @@ class Writer:
                 mutations=buffer.pending,
             )
             self._degraded = False
+        self._status.flushed(buffer.pending, self._clock() - started)
         log.debug(
             "flushed",
             mutations=buffer.pending,
