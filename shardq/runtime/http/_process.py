@@ -96,10 +96,8 @@ class _Server:
             return denied
         try:
             return await handler(request)
-        except web.HTTPNotFound:
+        except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
             return _error(404, "Not found")
-        except web.HTTPMethodNotAllowed:
-            return _error(405, "Method not allowed")
 
     async def health(self, request: web.Request) -> web.Response:
         status, body = await self.monitor.health()
@@ -132,8 +130,6 @@ class _Server:
         found = match(request.method, request.path)
         if found is None:
             return _error(404, "Not found")
-        if found is False:
-            return _error(405, "Method not allowed")
         route, captures = found
         body: Any = {}
         if request.can_read_body:

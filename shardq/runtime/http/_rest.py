@@ -207,18 +207,14 @@ ROUTES: Final[tuple[Route, ...]] = (
 )  # fmt: skip
 
 
-def match(method: str, path: str) -> tuple[Route, list[str]] | Literal[False] | None:
-    """The route for `method` and `path` with its decoded captures; False if the path is known
-    under another method; None if no route has that path."""
-    known = False
+def match(method: str, path: str) -> tuple[Route, list[str]] | None:
+    """The route for `method` and `path` with its decoded captures, or None (bunqueue answers
+    404 for a known path under another method too)."""
     for route in ROUTES:
         found = route.pattern.match(path)
-        if found is None:
-            continue
-        if route.method == method:
+        if found is not None and route.method == method:
             return route, [unquote(g) for g in found.groups()]
-        known = True
-    return False if known else None
+    return None
 
 
 def status_for(route: Route, reply: Mapping[str, Any]) -> int:
