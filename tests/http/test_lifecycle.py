@@ -1,0 +1,110 @@
+"""/ready during start-up, /health while storage fails, and the auth and cardinality settings."""
+
+from __future__ import annotations
+
+import resource
+import socket
+from pathlib import Path
+
+import msgpack  # type: ignore[import-untyped]
+from http_helpers import Answer, get, request
+from prometheus_client.parser import text_string_to_metric_families
+from shardq_harness import ShardqServer, free_port, poll_until
+
+
+def _answer(server: ShardqServer, path: str) -> Answer | None:
+    try:
+        return get(server.http_url, path, timeout=5)
+    except OSError:  # not listening yet
+        return None
+
+
+def test_ready_is_503_until_the_front_end_serves(tmp_path: Path) -> None:
+    server = ShardqServer(tmp_path / "data", shards=1, http_port=free_port())
+    with server.start(wait=False):
+        # The HTTP process starts before the writer and the shards, so its first answers come
+        # while they are still starting (recovering, on a database with jobs in it).
+        first = poll_until(lambda: _answer(server, "/ready"), 30, "the HTTP port")
+        assert first.status == 503, first.text
+        assert first.json["ready"] is False and "reason" in first.json
+        health = get(server.http_url, "/health")
+        assert (health.status, health.json["status"]) == (503, "degraded")
+        assert get(server.http_url, "/live").status == 200  # alive, just not ready
+        server.wait_ready()
+        ready = get(server.http_url, "/ready")
+        assert (ready.status, ready.json) == (200, {"ok": True, "ready": True})
+        assert server.stop() == 0
+
+
+def _push_raw(server: ShardqServer, data: str) -> socket.socket:
+    """Send a durable PUSH and leave its reply unread: it waits on a commit that fails."""
+    sock = socket.create_connection(server.tcp_address)
+    frame = msgpack.packb(
+        {"cmd": "PUSH", "queue": "q", "data": data, "durable": True, "reqId": "1"},
+        use_bin_type=True,
+    )
+    sock.sendall(len(frame).to_bytes(4, "big") + frame)
+    return sock
+
+
+def test_health_turns_degraded_while_storage_fails(tmp_path: Path) -> None:
+    server = ShardqServer(tmp_path / "data", shards=1, http_port=free_port())
+    with server.start():
+        body = get(server.http_url, "/health").json
+        writer = next(p["pid"] for p in body["processes"] if p["role"] == "writer")
+        storage = body["storage"]
+        # The writer may not grow any file past this: its next commit fails (as a full disk
+        # would make it), until the limit is lifted. Python ignores SIGXFSZ, so writes fail.
+        limit = max(storage["databaseBytes"], storage["walBytes"]) + 50_000
+        # Only the soft limit: raising it back needs no privilege.
+        resource.prlimit(writer, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        sock = _push_raw(server, "x" * 200_000)
+        try:
+            degraded = poll_until(
+                lambda: (a := get(server.http_url, "/health")).status == 503 and a,
+                15,
+                "/health to turn degraded",
+            )
+            assert degraded.json["status"] == "degraded"
+            assert degraded.json["storage"]["degraded"] is True
+            assert degraded.json["storage"]["error"]
+            ready = get(server.http_url, "/ready")
+            assert ready.status == 503 and ready.json["storage"]["degraded"] is True
+            scraped = get(server.http_url, "/prometheus").text
+            assert "bunqueue_storage_degraded 1.0" in scraped
+        finally:
+            unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+            resource.prlimit(writer, resource.RLIMIT_FSIZE, unlimited)
+        poll_until(
+            lambda: get(server.http_url, "/health").status == 200, 20, "storage to recover"
+        )
+        assert get(server.http_url, "/ready").status == 200
+        sock.close()
+        assert server.stop() == 0
+
+
+def test_auth_tokens_metrics_auth_and_the_queue_cap(tmp_path: Path) -> None:
+    env = {"AUTH_TOKENS": "secret", "METRICS_AUTH": "true", "METRICS_MAX_QUEUES": "2"}
+    server = ShardqServer(tmp_path / "data", shards=2, http_port=free_port(), env=env)
+    with server.start():
+        base = server.http_url
+        for path in ("/health", "/healthz", "/live", "/ready"):
+            assert get(base, path).status == 200, path  # probes never need a token
+        for path in ("/queues", "/stats", "/metrics", "/prometheus", "/workers"):
+            denied = get(base, path)
+            assert (denied.status, denied.json) == (401, {"ok": False, "error": "Unauthorized"})
+            assert get(base, path, token="wrong").status == 401
+        for queue in ("a", "b", "c"):
+            pushed = request(base, "POST", f"/queues/{queue}/jobs", {"data": 1}, token="secret")
+            assert pushed.status == 200, pushed.text
+        scraped = get(base, "/prometheus", token="secret")
+        assert scraped.status == 200
+        values = {
+            (s.name, s.labels.get("queue")): s.value
+            for family in text_string_to_metric_families(scraped.text)
+            for s in family.samples
+        }
+        waiting = {q for (name, q) in values if name == "bunqueue_queue_jobs_waiting"}
+        assert waiting == {"a", "b"}  # two queues, by name; the third is only counted
+        assert values[("bunqueue_queue_metrics_omitted", None)] == 1
+        assert server.stop() == 0
