@@ -77,6 +77,10 @@ def test_prometheus_scrape_parses_and_counters_move(server: ShardqServer) -> Non
     count = after["shardq_writer_flush_duration_seconds_count"]
     assert count >= 1
     assert after['shardq_writer_flush_duration_seconds_bucket{le="+Inf"}'] == count
+    # Latency histograms counted by the front end: 3 pushes, 1 pull that delivered, 1 ACK.
+    for command, moved in (("push", 3), ("pull", 1), ("ack", 1)):
+        name = f"shardq_{command}_latency_seconds_count"
+        assert after[name] - before.get(name, 0) == moved, command
 
 
 def test_json_metrics_stats_and_prometheus_on_metrics(server: ShardqServer) -> None:

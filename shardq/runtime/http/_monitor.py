@@ -57,6 +57,7 @@ class Snapshot:
     uptime: float
     stats: Mapping[str, Any]
     metrics: Mapping[str, Any]
+    latency: Mapping[str, Any]
     workers: Mapping[str, Any]
     storage: StorageFacts
     processes: list[ProcessMemory]
@@ -91,6 +92,7 @@ class Monitor:
             uptime=uptime_seconds(supervisor, self._started),
             stats=_data(stats, "stats"),
             metrics=_data(metrics, "metrics"),
+            latency=_data(metrics, "latency"),
             workers=_data(_data(workers, "data"), "stats"),
             storage=storage_facts(self._spec.data_path, self._spec.run_dir),
             processes=process_memory(supervisor),
@@ -189,6 +191,15 @@ class _SnapshotCollector(Collector):
         yield from self._queues()
         yield from self._server()
         yield from self._storage()
+        for command in ("push", "pull", "ack"):
+            family = _histogram(
+                self._snap.latency.get(command),
+                f"shardq_{command}_latency_seconds",
+                f"{command.upper()} commands, arrival at the front end to reply",
+                scale=0.001,
+            )
+            if family is not None:
+                yield family
 
     def _jobs(self) -> Iterator[Metric]:
         s, m = self._snap.stats, self._snap.metrics
@@ -269,7 +280,9 @@ class _SnapshotCollector(Collector):
                 yield family
 
 
-def _histogram(raw: object, name: str, doc: str) -> Metric | None:
+def _histogram(raw: object, name: str, doc: str, scale: float = 1.0) -> Metric | None:
+    """A histogram family from `{bounds, counts, sum}` (per-bucket counts, +Inf last), with
+    bounds and sum multiplied by `scale` (ms -> s)."""
     if not isinstance(raw, Mapping):
         return None
     bounds, counts = raw.get("bounds"), raw.get("counts")
@@ -278,7 +291,9 @@ def _histogram(raw: object, name: str, doc: str) -> Metric | None:
     if len(counts) != len(bounds) + 1:
         return None
     running, buckets = 0, []
-    for bound, count in zip([*map(str, bounds), "+Inf"], counts, strict=True):
+    labels = [str(float(b) * scale) for b in bounds] + ["+Inf"]
+    for bound, count in zip(labels, counts, strict=True):
         running += int(count)
         buckets.append((bound, running))
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=float(raw.get("sum", 0)))
+    total = float(raw.get("sum", 0)) * scale
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
