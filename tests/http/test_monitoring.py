@@ -77,6 +77,11 @@ def test_prometheus_scrape_parses_and_counters_move(server: ShardqServer) -> Non
     count = after["shardq_writer_flush_duration_seconds_count"]
     assert count >= 1
     assert after['shardq_writer_flush_duration_seconds_bucket{le="+Inf"}'] == count
+    # Two shards, each with a mailbox gauge (nothing waits on them between requests).
+    assert {k: v for k, v in after.items() if k.startswith("shardq_shard_requests")} == {
+        'shardq_shard_requests_in_flight{shard="0"}': 0,
+        'shardq_shard_requests_in_flight{shard="1"}': 0,
+    }
     # Latency histograms counted by the front end: 3 pushes, 1 pull that delivered, 1 ACK.
     for command, moved in (("push", 3), ("pull", 1), ("ack", 1)):
         name = f"shardq_{command}_latency_seconds_count"

@@ -156,8 +156,14 @@ def memory_usage_mb() -> float:
         return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
-def metrics_reply(counters: Counters, stats_replies: Sequence[Reply], memory_mb: float) -> Reply:
-    """The legacy Metrics reply; a shard's error answers instead."""
+def metrics_reply(
+    counters: Counters,
+    stats_replies: Sequence[Reply],
+    memory_mb: float,
+    in_flight: Sequence[int] = (),
+) -> Reply:
+    """The legacy Metrics reply; a shard's error answers instead. `in_flight` is each shard's
+    count of requests awaiting its reply."""
     failed = 0
     for reply in stats_replies:
         if not reply.get("ok"):
@@ -178,11 +184,13 @@ def metrics_reply(counters: Counters, stats_replies: Sequence[Reply], memory_mb:
         "sqliteSizeMb": 0,
         "activeConnections": 0,
     }
-    # Beside `metrics`, whose keys are bunqueue's: the latency histograms (ms) of the HTTP
-    # port's Prometheus exposition. A bunqueue client reads only `metrics`.
+    # Beside `metrics`, whose keys are bunqueue's: the latency histograms (ms) and the shards'
+    # requests in flight, for the HTTP port's Prometheus exposition. A bunqueue client reads
+    # only `metrics`.
     latency = {
         "push": counters.push_ms.histogram(),
         "pull": counters.pull_ms.histogram(),
         "ack": counters.ack_ms.histogram(),
     }
-    return {"ok": True, "metrics": metrics, "latency": latency}
+    shards = {"inFlight": list(in_flight)}
+    return {"ok": True, "metrics": metrics, "latency": latency, "shards": shards}

@@ -58,6 +58,7 @@ class Snapshot:
     stats: Mapping[str, Any]
     metrics: Mapping[str, Any]
     latency: Mapping[str, Any]
+    in_flight: list[int]
     workers: Mapping[str, Any]
     storage: StorageFacts
     processes: list[ProcessMemory]
@@ -73,6 +74,10 @@ class Snapshot:
 def _data(reply: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     value = reply.get(key)
     return value if isinstance(value, Mapping) else {}
+
+
+def _ints(value: object) -> list[int]:
+    return [n for n in value if isinstance(n, int)] if isinstance(value, list) else []
 
 
 class Monitor:
@@ -93,6 +98,7 @@ class Monitor:
             stats=_data(stats, "stats"),
             metrics=_data(metrics, "metrics"),
             latency=_data(metrics, "latency"),
+            in_flight=_ints(_data(metrics, "shards").get("inFlight")),
             workers=_data(_data(workers, "data"), "stats"),
             storage=storage_facts(self._spec.data_path, self._spec.run_dir),
             processes=process_memory(supervisor),
@@ -262,6 +268,14 @@ class _SnapshotCollector(Collector):
             sum(p.rss_bytes for p in snap.processes),
         )
         yield GaugeMetricFamily("bunqueue_backup_enabled", "Backups (shardq has none)", 0)
+        mailbox = GaugeMetricFamily(
+            "shardq_shard_requests_in_flight",
+            "Requests the front end sent to a shard and awaits (parked long-polls included)",
+            labels=["shard"],
+        )
+        for shard, count in enumerate(snap.in_flight):
+            mailbox.add_metric([str(shard)], count)
+        yield mailbox
 
     def _storage(self) -> Iterator[Metric]:
         st = self._snap.storage
