@@ -1,4 +1,5 @@
-"""Fixtures for the HTTP port's tests: one real server with HTTP on a random port per module."""
+"""Fixtures for the HTTP port's tests: one real server with HTTP on a random port, shared by the
+modules of this directory (each uses queues of its own; counters are compared as deltas)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ if str(_RUNTIME) not in sys.path:
 from shardq_harness import ShardqServer, free_port  # noqa: E402
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
     """Two shards, so per-queue answers come from a fan-out; stopped cleanly at the end."""
     data = tmp_path_factory.mktemp("http") / "data"
