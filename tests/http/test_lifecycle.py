@@ -34,6 +34,11 @@ def test_ready_is_503_until_the_front_end_serves(tmp_path: Path) -> None:
         ready = get(server.http_url, "/ready")
         assert (ready.status, ready.json) == (200, {"ok": True, "ready": True})
         assert server.stop() == 0
+    # The storage sizes are in the logs too; a clean stop leaves the WAL checkpointed to empty.
+    started = server.find_log("writer ready")
+    assert started is not None and started["database_bytes"] > 0
+    stopped = server.find_log("writer stopped")
+    assert stopped is not None and stopped["wal_bytes"] == 0, stopped
 
 
 def _push_raw(server: ShardqServer, data: str) -> socket.socket:

@@ -38,7 +38,7 @@ from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
-from shardq.runtime.writer._status import WriterStatus
+from shardq.runtime.writer._status import WriterStatus, file_sizes
 from shardq.storage import StorageError, StorageFull, Store
 
 __all__ = ["Writer", "main"]
@@ -205,6 +205,7 @@ class Writer:
         }
         if isinstance(error, StorageFull):
             if not self._degraded:  # once per episode; the retries are not news
+                fields.update(file_sizes(self._spec.data_path))  # what fills the disk
                 log.error("storage full: durable writes fail until space is freed", **fields)
             self._degraded = True
         elif buffer.failures == 1 or buffer.retry_in(self._clock()) >= 1.0:
@@ -240,7 +241,11 @@ class Writer:
         except StorageError as e:
             log.warning("WAL checkpoint failed", error=str(e))
         else:
-            log.info("writer stopped", wal_checkpoint="complete" if complete else "partial")
+            log.info(
+                "writer stopped",
+                wal_checkpoint="complete" if complete else "partial",
+                **file_sizes(self._spec.data_path),
+            )
         return EXIT_OK
 
     def _drain_everything(self) -> None:
@@ -329,6 +334,7 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
                 data_path=str(store.path),
                 schema_version=store.schema_version,
                 synchronous=spec.synchronous,
+                **file_sizes(store.path),
             )
             link.ready()
             return writer.run(waker)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["DURATION_BUCKETS", "SIZE_BUCKETS", "STATUS_FILE", "WriterStatus"]
+__all__ = ["DURATION_BUCKETS", "SIZE_BUCKETS", "STATUS_FILE", "WriterStatus", "file_sizes"]
 
 STATUS_FILE: Final = "writer-status.json"
 # Seconds: a flush is a SQLite transaction, a millisecond when healthy, a second when the disk
@@ -29,6 +29,18 @@ DURATION_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 # Mutations per flush: 1 (a lone durable push) up to flush_max_mutations and beyond.
 SIZE_BUCKETS: Final = (1, 10, 50, 100, 250, 500, 1000, 5000)
 _WRITE_EVERY_S: Final = 1.0
+
+
+def file_sizes(database: str | os.PathLike[str]) -> dict[str, int]:
+    """The database's and its WAL's sizes in bytes (0 for a missing file), for log lines."""
+    path = Path(database)
+    sizes = {}
+    for key, file in (("database_bytes", path), ("wal_bytes", path.with_name(path.name + "-wal"))):
+        try:
+            sizes[key] = file.stat().st_size
+        except OSError:
+            sizes[key] = 0
+    return sizes
 
 
 class _Histogram:
