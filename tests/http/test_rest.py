@@ -42,6 +42,11 @@ def test_queue_routes(api: Any) -> None:
     bulk = ok(api("POST", "/queues/rest-q/jobs/bulk", {"jobs": [{"data": 3}, {"data": 4}]}))
     assert len(bulk["ids"]) == 2
     assert "rest-q" in ok(api("GET", "/queues"))["queues"]
+    summary = api("GET", "/queues/summary")
+    assert summary.status == 200, summary.text
+    mine = next(q for q in summary.json if q["name"] == "rest-q")  # a bare list, as bunqueue's
+    assert mine["paused"] is False
+    assert (mine["counts"]["waiting"], mine["counts"]["delayed"]) == (2, 1)
     counts = ok(api("GET", "/queues/rest-q/counts"))["counts"]
     assert (counts["prioritized"], counts["waiting"], counts["delayed"]) == (1, 2, 1)
     assert ok(api("GET", "/queues/rest-q/count"))["count"] == 4

@@ -179,6 +179,27 @@ class Monitor:
         keys = ("totalPushed", "totalPulled", "totalCompleted", "totalFailed")
         return {"ok": reply.get("ok") is True, "metrics": {k: m.get(k, 0) for k in keys}}
 
+    async def queues_summary(self) -> tuple[int, Any]:
+        """bunqueue's `/queues/summary`: a bare list of `{name, paused, counts}`, every queue."""
+        listed = await self._backend.call({"cmd": "ListQueues"})
+        if listed.get("ok") is not True:
+            return 503, listed
+        names = [q for q in listed.get("queues") or [] if isinstance(q, str)]
+        commands = [{"cmd": c, "queue": q} for q in names for c in ("GetJobCounts", "IsPaused")]
+        replies = await self._backend.call_many(commands)
+        keys = ("waiting", "prioritized", "active", "completed", "failed", "delayed")
+        summary = []
+        for i, name in enumerate(names):
+            counts, paused = _data(replies[2 * i], "counts"), replies[2 * i + 1]
+            summary.append(
+                {
+                    "name": name,
+                    "paused": paused.get("paused") is True,
+                    "counts": {k: counts.get(k, 0) for k in keys},
+                }
+            )
+        return 200, summary
+
     async def prometheus(self) -> bytes:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_SnapshotCollector(await self.snapshot(per_queue=True)))

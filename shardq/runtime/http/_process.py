@@ -122,6 +122,10 @@ class _Server:
     async def stats(self, request: web.Request) -> web.Response:
         return _json(await self.monitor.stats())
 
+    async def queues_summary(self, request: web.Request) -> web.Response:
+        status, body = await self.monitor.queues_summary()
+        return _json(body, status)
+
     async def index(self, request: web.Request) -> web.StreamResponse:
         page = resources.files("shardq.runtime.http").joinpath("static/index.html")
         return web.Response(text=page.read_text(), content_type="text/html")
@@ -157,6 +161,7 @@ def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
     app.router.add_get("/prometheus", server.prometheus)
     app.router.add_get("/metrics", server.metrics)
     app.router.add_get("/stats", server.stats)
+    app.router.add_get("/queues/summary", server.queues_summary)
     app.router.add_get("/", server.index)
     app.router.add_static("/static/", str(static))
     app.router.add_route("*", "/{tail:.*}", server.rest)

@@ -25,6 +25,17 @@ async function api(path, options = {}) {
   return body;
 }
 
+async function getJson(path) {
+  const headers = token() ? { Authorization: "Bearer " + token() } : {};
+  const response = await fetch(path, { headers });
+  if (response.status === 401) {
+    document.getElementById("login").hidden = false;
+    throw new Error("this server needs a token");
+  }
+  if (!response.ok) throw new Error((await response.json()).error || response.statusText);
+  return response.json();
+}
+
 const post = (path, body = {}) => api(path, { method: "POST", body: JSON.stringify(body) });
 const q = (name) => encodeURIComponent(name);
 
@@ -67,12 +78,8 @@ function showError(error) {
 // -- views
 
 async function queuesView() {
-  const { queues } = await api("/queues");
-  const counts = await Promise.all(queues.map((name) => api(`/queues/${q(name)}/counts`)));
-  const paused = await Promise.all(queues.map((name) => api(`/queues/${q(name)}/paused`)));
-  const rows = queues.map((name, i) => {
-    const c = counts[i].counts;
-    const isPaused = paused[i].paused;
+  const summary = await getJson("/queues/summary");  // a bare list, as bunqueue answers it
+  const rows = summary.map(({ name, paused: isPaused, counts: c }) => {
     return el("tr", { "data-queue": name },
       el("td", {}, el("a", { href: `#/queue/${q(name)}/waiting/0` }, name), isPaused ? el("span", { class: "muted" }, " (paused)") : ""),
       ...STATES.map((s) => num(c[s])),
