@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import resource
+import signal
 import socket
 from pathlib import Path
 
 import msgpack  # type: ignore[import-untyped]
+import pytest
 from http_helpers import Answer, get, request
 from prometheus_client.parser import text_string_to_metric_families
 from shardq_harness import ShardqServer, free_port, poll_until
+
+from shardq.runtime._config import ServerConfig
+from shardq.runtime.supervisor._preflight import StartupError, check_ports
 
 
 def _answer(server: ShardqServer, path: str) -> Answer | None:
@@ -113,3 +119,35 @@ def test_auth_tokens_metrics_auth_and_the_queue_cap(tmp_path: Path) -> None:
         assert waiting == {"a", "b"}  # two queues, by name; the third is only counted
         assert values[("bunqueue_queue_metrics_omitted", None)] == 1
         assert server.stop() == 0
+
+
+def test_a_killed_http_process_is_restarted(server: ShardqServer) -> None:
+    before = get(server.http_url, "/health").json
+    old = next(p["pid"] for p in before["processes"] if p["role"] == "http")
+    os.kill(old, signal.SIGKILL)
+    new = server.wait_child_replaced("http", old)
+
+    def serving() -> bool:
+        try:
+            return get(server.http_url, "/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    poll_until(serving, 15, "the restarted HTTP process to serve")
+    roles = {p["role"]: p["pid"] for p in get(server.http_url, "/health").json["processes"]}
+    assert roles["http"] == new
+
+
+def test_http_port_zero_runs_no_http_process(tmp_path: Path) -> None:
+    with ShardqServer(tmp_path / "data", shards=1).start() as server:  # http_port 0
+        ready = server.ready_line
+        assert ready is not None and ready["http"] == "off"
+        assert "http" not in ready["children"]
+        assert server.stop() == 0
+
+
+def test_the_http_port_must_differ_from_the_others() -> None:
+    port = free_port()
+    config = ServerConfig(tcp_port=port, zmq_port=free_port(), http_port=port)
+    with pytest.raises(StartupError, match="tcp_port and http_port are both"):
+        check_ports(config)
