@@ -182,6 +182,27 @@ def test_unknown_paths_and_bad_bodies(api: Any, server: ShardqServer) -> None:
     assert json.loads(refused.value.read()) == {"ok": False, "error": "Invalid JSON body"}
 
 
+def test_dashboard_json_routes(api: Any, server: ShardqServer) -> None:
+    ok(api("POST", "/queues/board-q/jobs", {"data": 1, "priority": 2}))
+    ok(api("POST", "/queues/board-q/jobs", {"data": 2, "delay": 60_000}))
+    overview = ok(api("GET", "/dashboard"))
+    assert {"stats", "throughput", "latency", "memory", "workers", "crons", "storage"} <= set(
+        overview
+    )
+    assert overview["stats"]["totalPushed"] >= 2 and overview["memory"]["rss"] > 0
+    assert overview["latency"]["averages"]["push"] > 0
+    page = ok(api("GET", "/dashboard/queues?limit=1000&offset=0"))
+    mine = next(q for q in page["queues"] if q["name"] == "board-q")
+    assert (mine["waiting"], mine["delayed"], mine["paused"]) == (0, 1, False)
+    assert page["total"] >= len(page["queues"]) and page["limit"] == 1000
+    detail = ok(api("GET", "/dashboard/queues/board-q?includeJobs=true"))
+    assert (detail["name"], detail["counts"]["prioritized"]) == ("board-q", 1)
+    assert detail["priorityCounts"] == {"0": 1, "2": 1}
+    assert len(detail["jobs"]["delayed"]) == 1 and set(detail["jobs"]["delayed"][0]) == {
+        "id", "priority", "createdAt", "runAt", "attempts", "progress"
+    }  # fmt: skip
+
+
 def test_every_route_was_called() -> None:
     """Runs last in this module: each route of the table was exercised above."""
     missing = {(r.method, r.pattern.pattern) for r in ROUTES} - _used

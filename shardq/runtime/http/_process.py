@@ -26,6 +26,7 @@ from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.http._backend import Backend
 from shardq.runtime.http._monitor import Monitor
+from shardq.runtime.http._overview import Overview
 from shardq.runtime.http._rest import match, status_for
 
 __all__ = ["build_app", "main", "serve"]
@@ -87,6 +88,7 @@ class _Server:
         self.spec = spec
         self.backend = backend
         self.monitor = Monitor(spec, backend)
+        self.overview = Overview(backend, self.monitor)
         self.auth = _Auth(spec)
 
     @web.middleware
@@ -126,6 +128,17 @@ class _Server:
         status, body = await self.monitor.queues_summary()
         return _json(body, status)
 
+    async def dashboard(self, request: web.Request) -> web.Response:
+        return _json(await self.overview.overview())
+
+    async def dashboard_queues(self, request: web.Request) -> web.Response:
+        query = request.query
+        return _json(await self.overview.queues(query.get("limit"), query.get("offset")))
+
+    async def dashboard_queue(self, request: web.Request) -> web.Response:
+        include = request.query.get("includeJobs") == "true"
+        return _json(await self.overview.queue(request.match_info["queue"], include))
+
     async def index(self, request: web.Request) -> web.StreamResponse:
         page = resources.files("shardq.runtime.http").joinpath("static/index.html")
         return web.Response(text=page.read_text(), content_type="text/html")
@@ -162,6 +175,9 @@ def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
     app.router.add_get("/metrics", server.metrics)
     app.router.add_get("/stats", server.stats)
     app.router.add_get("/queues/summary", server.queues_summary)
+    app.router.add_get("/dashboard", server.dashboard)
+    app.router.add_get("/dashboard/queues", server.dashboard_queues)
+    app.router.add_get("/dashboard/queues/{queue}", server.dashboard_queue)
     app.router.add_get("/", server.index)
     app.router.add_static("/static/", str(static))
     app.router.add_route("*", "/{tail:.*}", server.rest)
