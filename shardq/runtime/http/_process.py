@@ -35,7 +35,9 @@ log = structlog.get_logger()
 
 _OPEN: Final = frozenset({"/health", "/healthz", "/live", "/ready"})
 _PROMETHEUS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-_MAX_BODY: Final = 64 * 1024 * 1024  # the TCP port's frame cap; a bulk push can be large
+# A request still running at SIGTERM gets this long: the front end stops with us, so what
+# waits on it fails at once; only a slow client's transfer could take longer.
+_STOP_GRACE_S: Final = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -100,6 +102,11 @@ class _Server:
             return await handler(request)
         except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
             return _error(404, "Not found")
+        except web.HTTPException:
+            raise  # aiohttp's own answers (a body over the size cap: 413)
+        except Exception as e:  # a bug here must not become an HTML page or a dead process
+            log.exception("http request failed", path=request.path)
+            return _error(500, f"Internal error: {type(e).__name__}")
 
     async def health(self, request: web.Request) -> web.Response:
         status, body = await self.monitor.health()
@@ -165,7 +172,8 @@ class _Server:
 
 def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
     server = _Server(spec, backend)
-    app = web.Application(middlewares=[server.guard], client_max_size=_MAX_BODY)
+    # A body may be as large as a frame of the TCP port (a bulk push): it becomes one.
+    app = web.Application(middlewares=[server.guard], client_max_size=spec.max_frame_bytes)
     static = resources.files("shardq.runtime.http").joinpath("static")
     app.router.add_get("/health", server.health)
     app.router.add_get("/healthz", server.live)
@@ -189,18 +197,21 @@ async def serve(spec: ChildSpec) -> int:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sup = SupervisorLink(ctx, spec)
     backend = Backend(spec)
+    # Before anything can fail or take time: a SIGTERM at start-up is a clean stop too.
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     runner = web.AppRunner(build_app(spec, backend), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, spec.host, spec.http_port, reuse_address=True)
+        site = web.TCPSite(
+            runner, spec.host, spec.http_port, reuse_address=True, shutdown_timeout=_STOP_GRACE_S
+        )
         try:
             await site.start()
         except OSError as e:
             log.error("http cannot bind", error=str(e))
             sup.fatal(f"http cannot bind port {spec.http_port}: {e}")
             return 1
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         sup.ready(addresses={"http": f"{spec.host}:{spec.http_port}"})
         log.info("http ready", host=spec.host, port=spec.http_port)
         await stop.wait()
