@@ -35,6 +35,7 @@ def test_ready_is_503_until_the_front_end_serves(tmp_path: Path) -> None:
         assert first.json["ready"] is False and "reason" in first.json
         health = get(server.http_url, "/health")
         assert (health.status, health.json["status"]) == (503, "degraded")
+        assert health.json["error"].startswith("Server unavailable")
         assert get(server.http_url, "/live").status == 200  # alive, just not ready
         server.wait_ready()
         ready = get(server.http_url, "/ready")

@@ -65,6 +65,7 @@ class Snapshot:
     tcp_connections: int
     queues: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     queues_omitted: int = 0
+    error: str | None = None  # why the server did not answer (a restarting shard, ...)
 
     @property
     def healthy(self) -> bool:
@@ -104,6 +105,8 @@ class Monitor:
             processes=process_memory(supervisor),
             tcp_connections=max(0, established(self._spec.tcp_port) - own),
         )
+        if not snap.reachable:
+            snap.error = str(stats.get("error") or "no answer")
         if per_queue and snap.reachable:
             await self._per_queue(snap)
         return snap
@@ -140,7 +143,7 @@ class Monitor:
             "storage": snap.storage.as_json(),
         }
         if not snap.reachable:
-            body["error"] = "the front end does not answer"
+            body["error"] = snap.error  # "Server unavailable: ..." or "Shard unavailable: ..."
         return (200 if snap.healthy else 503), body
 
     async def ready(self) -> tuple[int, dict[str, Any]]:
