@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import os
 import shlex
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,8 +23,9 @@ from typing import Any, Protocol
 
 from bench.compare import _env, _report
 from bench.compare._bq import BqContestant, Servers
+from bench.compare._bunqueue import BUN_VERSION, BUNQUEUE_VERSION, ensure_bunqueue
 from bench.compare._model import SCENARIOS, Measurement, Row, Scenario, Settings
-from bench.compare._procs import BUNQUEUE_SCRIPT, REDIS_ARGS, Procs
+from bench.compare._procs import REDIS_ARGS, Procs
 from bench.compare._pypeers import PY_PEERS, PyPeer
 
 __all__ = ["main"]
@@ -39,8 +41,9 @@ METHOD_NOTES = (
     "latency) to a shared file with O_APPEND: the same completion signal for every peer.",
     "Latency: the workers start first and take 20 warm-up jobs, then one producer pushes at "
     "offered_rate jobs/s for offered_seconds, with worker concurrency 10.",
-    "bunqueue runs through ../shared/tools/bunqueue-server.sh, which lifts its per-connection "
-    "protocol rate limit (RATE_LIMIT_WINDOW_MS=1000, RATE_LIMIT_MAX_REQUESTS=100000000).",
+    f"bunqueue {BUNQUEUE_VERSION} runs on Bun {BUN_VERSION}, both installed from npm into the "
+    "cache dir by the first run; its per-connection protocol rate limit is lifted "
+    "(RATE_LIMIT_WINDOW_MS=1000, RATE_LIMIT_MAX_REQUESTS=100000000).",
     "bunqueue-client 0.1.5's Worker waits 50 ms whenever all of its slots are busy "
     "(worker_runtime._poll_once). With concurrency <= its batch_size (10) one pull fills every "
     "slot, so its drains at concurrency 1 and 10 (and 8 x 1, 8 x 6) are capped near "
@@ -113,7 +116,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--cache-dir",
         type=Path,
         default=_env.default_cache(),
-        help="where the peers' virtual environment goes (default %(default)s)",
+        help="where the peers' virtual environment and Bun with bunqueue go (default %(default)s)",
     )
     parser.add_argument(
         "--out-dir",
@@ -164,7 +167,7 @@ def choose_scenarios(args: argparse.Namespace) -> list[Scenario]:
     return [s for s in SCENARIOS if s.key in keys]
 
 
-def bq_contestants(peers: list[str], servers: Servers, run: Run) -> list[Contestant]:
+def bq_contestants(peers: list[str], servers: Servers, run: Run, cache: Path) -> list[Contestant]:
     from bench.compare._sdk import sdk_available
 
     out: list[Contestant] = []
@@ -177,10 +180,12 @@ def bq_contestants(peers: list[str], servers: Servers, run: Run) -> list[Contest
         out += [BqContestant("shardq", c, servers) for c in clients]
         out.append(BqContestant("shardq-fsync", "bunqueue-client", servers))
     if "bunqueue" in peers:
-        if BUNQUEUE_SCRIPT.exists():
-            out += [BqContestant("bunqueue", c, servers) for c in ("bunqueue-client", "raw")]
+        try:
+            servers.procs.bunqueue = ensure_bunqueue(cache, log)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            run.note(f"bunqueue skipped: {e}")
         else:
-            run.note(f"bunqueue skipped: {BUNQUEUE_SCRIPT} is missing")
+            out += [BqContestant("bunqueue", c, servers) for c in ("bunqueue-client", "raw")]
     return out
 
 
@@ -241,14 +246,14 @@ def describe_commands(run: Run, procs_commands: dict[str, list[str]]) -> None:
     )
 
 
-def collect_versions(run: Run, peers: list[str]) -> None:
+def collect_versions(run: Run, procs: Procs) -> None:
     run.versions.update(_env.project_versions())
-    if "bunqueue" in peers:
-        root = Path(os.environ.get("BQ_ROOT") or _env.default_cache().parent / "bunqueue-2.9.5")
+    install = procs.bunqueue
+    if install is not None:
         run.versions["bunqueue (npm)"] = _package_version(
-            root / "node_modules" / "bunqueue" / "package.json"
+            install.root / "node_modules" / "bunqueue" / "package.json"
         )
-        run.versions["bun"] = _env.tool_version([str(root / "bin" / "bun"), "--version"])
+        run.versions["bun"] = _env.tool_version([str(install.bun), "--version"])
 
 
 def _package_version(path: Path) -> str | None:
@@ -309,9 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     run.note(f"load average at the start: {load} on {os.cpu_count()} CPUs; clients, workers "
              "and servers all share these CPUs")  # fmt: skip
     try:
-        contestants = bq_contestants(peers, servers, run)
+        contestants = bq_contestants(peers, servers, run, args.cache_dir)
         contestants += py_contestants(peers, args.cache_dir, run)
-        collect_versions(run, peers)
+        collect_versions(run, procs)
         rows = measure_all(scenarios, contestants, run, procs)
         servers.close()
         describe_commands(run, procs.commands)

@@ -2,7 +2,7 @@
 
 The Python peers live in their own virtual environment under the cache dir, so their
 dependencies never touch the project's. Redis comes from Debian (`apt-get`), bunqueue and Bun
-from npm (through the shared script, which caches them itself).
+from npm into the same cache dir (`_bunqueue.py`).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import IO
 
 from bench._server import ShardqProcess, free_port
+from bench.compare._bunqueue import DROPPED_ENV, BunqueueInstall, ensure_bunqueue, server_env
+from bench.compare._env import default_cache
 
 __all__ = [
     "Child",
@@ -33,8 +36,6 @@ __all__ = [
     "start_shardq",
     "wait_port",
 ]
-
-BUNQUEUE_SCRIPT = Path(__file__).resolve().parents[3] / "shared" / "tools" / "bunqueue-server.sh"
 
 
 @dataclass
@@ -92,6 +93,7 @@ class Procs:
     shardqs: list[ShardqProcess] = field(default_factory=list)
     dirs: list[Path] = field(default_factory=list)
     commands: dict[str, list[str]] = field(default_factory=dict)  # the first argv of each name
+    bunqueue: BunqueueInstall | None = None  # set once Bun and bunqueue are installed
 
     def tempdir(self, prefix: str) -> Path:
         path = Path(tempfile.mkdtemp(prefix=prefix))
@@ -107,6 +109,7 @@ class Procs:
         cwd: Path | None = None,
         port: int = 0,
         group: bool = True,
+        drop_env: Sequence[str] = (),
     ) -> Child:
         logdir = self.tempdir(f"bench-{name}-")
         log_path = logdir / "output.log"
@@ -116,7 +119,7 @@ class Procs:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
+            env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in drop_env},
             cwd=cwd,
             start_new_session=group,
         )
@@ -175,6 +178,10 @@ def wait_port(port: int, child: Child | None = None, timeout: float = 60.0) -> N
 SHUTDOWN_ENV = {"SHUTDOWN_TIMEOUT_MS": "5000"}
 
 
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 def start_shardq(procs: Procs, *, synchronous: str = "normal") -> ShardqProcess:
     """`shardq start --shards auto` on random ports, in a temporary data dir."""
     # ShardqProcess takes no environment of its own: its child inherits ours for the call.
@@ -197,13 +204,18 @@ def start_shardq(procs: Procs, *, synchronous: str = "normal") -> ShardqProcess:
 
 
 def start_bunqueue(procs: Procs) -> Child:
-    """bunqueue 2.9.5 on Bun via the shared script (it `exec`s bun, so the PID is bun's)."""
+    """bunqueue on Bun, on random ports and a fresh data dir. Bun and bunqueue come from
+    `procs.bunqueue`, installed into the default cache dir first if it is not set."""
+    install = procs.bunqueue
+    if install is None:
+        install = procs.bunqueue = ensure_bunqueue(default_cache(), _stderr)
     port, http = free_port(), free_port()
-    data = procs.tempdir("bench-bunqueue-data-") / "bunqueue.db"
-    env = {"TCP_PORT": str(port), "HTTP_PORT": str(http), "BUNQUEUE_DATA_PATH": str(data),
-           **SHUTDOWN_ENV}  # fmt: skip
-    child = procs.spawn("bunqueue", [str(BUNQUEUE_SCRIPT)], env=env, port=port, group=False)
-    wait_port(port, child, timeout=300.0)  # the first run installs Bun and bunqueue from npm
+    data_dir = procs.tempdir("bench-bunqueue-data-")
+    env = {**server_env(port, http, data_dir / "bunqueue.db"), **SHUTDOWN_ENV}
+    # Its data dir as the working dir: no stray bunqueue.config.* of ours is picked up.
+    child = procs.spawn("bunqueue", install.argv, env=env, cwd=data_dir, port=port, group=False,
+                        drop_env=DROPPED_ENV)  # fmt: skip
+    wait_port(port, child, timeout=120.0)
     return child
 
 

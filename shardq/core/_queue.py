@@ -48,6 +48,8 @@ class QueueState:
     stall: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_STALL_CONFIG))
     dlq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_DLQ_CONFIG))
     dlq: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # The engine's `held` set (uncommitted durable jobs), shared: they stay off the heap.
+    held: set[str] = field(default_factory=set)
 
     def config(self) -> dict[str, Any]:
         """The persisted controls of this queue (mutation `("queue", name, cfg)`)."""
@@ -72,7 +74,11 @@ class QueueState:
     def push_ready_all(self, jobs: Iterable[Job]) -> None:
         """Put waiting jobs on the ready heap (each job holds its live entry in `hkey`)."""
         heap = self.ready
+        held = self.held
         for job in jobs:
+            if held and job.id in held:
+                job.hkey = None  # deliverable once its commit is confirmed (`confirm`)
+                continue
             if job.lifo:
                 key: tuple[Any, ...] = (-job.priority, 0, -job.seq, job.seq, job.id)
             else:

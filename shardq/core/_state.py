@@ -104,6 +104,8 @@ class EngineState:
         self.next_stall_check = 0
         self.next_dlq_check = 0
         self.dlq_queues: set[str] = set()  # a superset of the queues whose DLQ holds entries
+        # Jobs of durable pushes whose commit is not confirmed yet: never delivered (`hold`).
+        self.held: set[str] = set()
         self.out: list[Mutation] = []
         self.events: list[tuple[str, str, str]] = []
 
@@ -116,7 +118,7 @@ class EngineState:
     def queue(self, name: str) -> QueueState:
         q = self.queues.get(name)
         if q is None:
-            q = self.queues[name] = QueueState(name, self.jobs)
+            q = self.queues[name] = QueueState(name, self.jobs, held=self.held)
         return q
 
     def find(self, job_id: object) -> Job | None:

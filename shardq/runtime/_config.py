@@ -79,6 +79,25 @@ class ServerConfig:
     # sleep (microseconds; 0 = never spin). Spinning trades CPU for latency: one request in
     # flight skips the wake-ups of idle processes (`_spin.py`, BENCHMARKS.md section 4).
     spin_us: int = 0
+    # -- crash and stats (issue 10, sections 5 and 8)
+    # Stats' pushPerSec/pullPerSec average the last this many whole seconds: long enough to
+    # smooth a bursty producer, short enough that a stalled one shows within seconds.
+    stats_rate_window_s: int = 5
+    # -- isolation (writer and shard storage) --
+    # The longest wait between two attempts of a failing commit, and so how long service
+    # takes to resume once disk space is freed; one attempt on a full disk is one cheap
+    # failed transaction.
+    storage_retry_max_ms: int = 1_000
+    # A shard whose writer has not read its link for this long reports storage degraded and
+    # refuses durable pushes at once instead of blocking every client of the shard with it.
+    storage_stall_ms: int = 5_000
+    # Cap on the database file (bytes); past it writes fail as on a full disk. 0: no cap, the
+    # disk is the limit.
+    max_db_bytes: int = 0
+    # Bytes a shard may hold unsent for a writer that does not read. Below it the shard waits
+    # at most `storage_stall_ms` (then refuses durable pushes and serves on); at it the
+    # shard waits for the writer whatever the time: its memory stays bounded.
+    writer_backlog_max_bytes: int = 256 << 20
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @property
@@ -144,6 +163,16 @@ def _text(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"must be a non-empty string, got {value!r}")
     return value.strip()
+
+
+MIN_DB_BYTES = 1 << 20  # below this a cap would refuse the schema's own pages
+
+
+def _db_cap(value: object) -> int:
+    cap = _int_from(value)
+    if cap != 0 and cap < MIN_DB_BYTES:
+        raise ValueError(f"expected 0 (no cap) or at least {MIN_DB_BYTES}, got {value!r}")
+    return cap
 
 
 def _shards(value: object) -> int | str:
@@ -215,6 +244,14 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_frame_bytes": _ranged(1, 2**32 - 1),
     "tcp_idle_timeout_ms": _idle_timeout,
     "spin_us": _ranged(0, MAX_SPIN_US),
+    # -- crash and stats (issue 10): an hour of one-second buckets is plenty for a rate.
+    "stats_rate_window_s": _ranged(1, 3600),
+    # -- isolation (writer and shard storage)
+    "storage_retry_max_ms": _ranged(10, 60_000, ms=True),
+    "storage_stall_ms": _ranged(100, 600_000, ms=True),
+    "max_db_bytes": _db_cap,
+    # Above the 8 MiB past which a shard starts waiting for its writer (`shard/_process.py`).
+    "writer_backlog_max_bytes": _ranged(16 << 20, 1 << 40),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

@@ -29,6 +29,12 @@ class ChildSpec:
     max_frame_bytes: int = 64 * 1024 * 1024
     tcp_idle_timeout_ms: int = 60_000
     spin_us: int = 0  # ServerConfig's (see there)
+    stats_rate_window_s: int = 5  # ServerConfig's (see there)
+    # -- isolation (writer and shard storage): ServerConfig's defaults, see there
+    storage_retry_max_ms: int = 1_000
+    storage_stall_ms: int = 5_000
+    max_db_bytes: int = 0
+    writer_backlog_max_bytes: int = 256 << 20
     http_port: int = 0  # the HTTP process's port (0 for every other role)
     metrics_auth: bool = False
     metrics_max_queues: int = 100

@@ -7,8 +7,8 @@ mutations for the writer with `MutationEncoder` (`_encode`), so the writer store
 the bytes that came.
 """
 
-from shardq.storage._encode import MutationEncoder
-from shardq.storage._errors import StorageError, StorageFull
+from shardq.storage._encode import MutationEncoder, describe
+from shardq.storage._errors import StorageError, StorageFull, StorageRejected
 from shardq.storage._schema import SYNCHRONOUS_MODES, SchemaInfo
 from shardq.storage._store import Store
 
@@ -18,5 +18,7 @@ __all__ = [
     "SchemaInfo",
     "StorageError",
     "StorageFull",
+    "StorageRejected",
     "Store",
+    "describe",
 ]

@@ -27,7 +27,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from shardq.core._mutations import Mutation
 
-__all__ = ["COLUMN_FIELDS", "MutationEncoder"]
+__all__ = ["COLUMN_FIELDS", "MutationEncoder", "describe"]
 
 COLUMN_FIELDS: Final[tuple[str, ...]] = ("queue", "state", "priority", "runAt", "seq")
 """The record fields that the `jobs` table also keeps in columns, for queries and recovery order."""
@@ -101,3 +101,20 @@ def _columns_of(changes: dict[str, Any]) -> dict[str, Any] | None:
         if name in columns and type(columns[name]) is not kind:
             return None
     return columns
+
+
+def describe(mutation: object) -> tuple[str, str | None]:
+    """(kind, key) of a mutation in either shape: kind "put", "upd", "del", "queue" or
+    "qdel"; key the job's row key (or the queue's name). Tolerates malformed mutations: a
+    rejected one may be anything (kind "?" and key None when unrecognisable)."""
+    if not isinstance(mutation, list | tuple) or not mutation:
+        return "?", None
+    kind: Any = mutation[0]
+    key: Any = mutation[1] if len(mutation) > 1 else None
+    if kind == "put" and isinstance(key, dict):
+        key = key.get("rowKey") or key.get("id")
+    kind = {"putb": "put", "updb": "upd"}.get(kind, kind)
+    return (
+        kind if isinstance(kind, str) else "?",
+        key if isinstance(key, str) else None,
+    )

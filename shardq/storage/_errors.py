@@ -6,7 +6,7 @@ import sqlite3
 
 from shardq.errors import ShardqError
 
-__all__ = ["StorageError", "StorageFull", "is_disk_full", "wrap_error"]
+__all__ = ["StorageError", "StorageFull", "StorageRejected", "is_disk_full", "wrap_error"]
 
 
 class StorageError(ShardqError):
@@ -18,6 +18,27 @@ class StorageFull(StorageError):
 
     The writer keeps the batch and retries; `/health` reports degraded meanwhile.
     """
+
+
+class StorageRejected(StorageError):
+    """The batch itself is at fault: a mutation SQLite or msgpack cannot take (an integer out
+    of SQLite's 64-bit range, a malformed mutation, a constraint). Retrying the same batch
+    fails the same way, so the writer isolates the mutations at fault instead (every other
+    failure, disk full and a busy database included, is worth retrying).
+    """
+
+
+# Result codes that blame the statement's values, not the database or the disk.
+_REJECTING_CODES = frozenset(
+    {
+        sqlite3.SQLITE_TOOBIG,
+        sqlite3.SQLITE_CONSTRAINT,
+        sqlite3.SQLITE_MISMATCH,
+        sqlite3.SQLITE_RANGE,
+    }
+)
+# sqlite3 raises these (with no result code) for a value it cannot bind.
+_REJECTING_SQLITE_ERRORS = (sqlite3.InterfaceError, sqlite3.DataError, sqlite3.IntegrityError)
 
 
 # Primary result codes whose bare SQLite message does not tell an operator what to do.
@@ -52,6 +73,18 @@ def wrap_error(exc: BaseException, action: str) -> StorageError:
     if is_disk_full(exc):
         return StorageFull(f"{action}: database or disk is full ({exc})")
     code = _primary_code(exc)
+    if _rejects_the_values(exc, code):
+        return StorageRejected(f"{action}: {type(exc).__name__}: {exc}")
     hint = _HINTS.get(code) if code is not None else None
     detail = f"{hint} ({exc})" if hint else f"{type(exc).__name__}: {exc}"
     return StorageError(f"{action}: {detail}")
+
+
+def _rejects_the_values(exc: BaseException, code: int | None) -> bool:
+    if not isinstance(exc, sqlite3.Error):
+        # OverflowError binding an int past 64 bits, TypeError/ValueError from msgpack or a
+        # malformed mutation: raised by our own code on the batch's values, never by the disk.
+        return True
+    if isinstance(exc, sqlite3.ProgrammingError) and "binding" in str(exc):
+        return True  # "Error binding parameter": a value of a type SQLite cannot store
+    return code in _REJECTING_CODES or isinstance(exc, _REJECTING_SQLITE_ERRORS)

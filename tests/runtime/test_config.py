@@ -109,6 +109,12 @@ VALID_TEXT = {
     "max_frame_bytes": "1024",
     "tcp_idle_timeout_ms": "0",
     "spin_us": "200",
+    "stats_rate_window_s": "2",
+    # -- isolation (writer and shard storage)
+    "storage_retry_max_ms": "250",
+    "storage_stall_ms": "2000",
+    "max_db_bytes": "2097152",
+    "writer_backlog_max_bytes": "33554432",
     "metrics_auth": "true",
     "metrics_max_queues": "10",
 }
@@ -150,6 +156,11 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         max_frame_bytes = 1024
         tcp_idle_timeout_ms = 0
         spin_us = 200
+        stats_rate_window_s = 2
+        storage_retry_max_ms = 250
+        storage_stall_ms = 2000
+        max_db_bytes = 2097152
+        writer_backlog_max_bytes = 33554432
         metrics_auth = true
         metrics_max_queues = 10
     """
@@ -208,6 +219,15 @@ def test_shards_auto_and_number() -> None:
         ("max_frame_bytes", str(2**32)),
         ("spin_us", "-1"),
         ("spin_us", "10001"),
+        ("stats_rate_window_s", "0"),
+        ("stats_rate_window_s", "3601"),
+        # -- isolation (writer and shard storage)
+        ("storage_retry_max_ms", "5"),
+        ("storage_retry_max_ms", "60001"),
+        ("storage_stall_ms", "99"),
+        ("max_db_bytes", "4096"),
+        ("max_db_bytes", "-1"),
+        ("writer_backlog_max_bytes", "1048576"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: str) -> None:

@@ -110,7 +110,12 @@ def test_durable_push_waits_for_the_writer(s: Shard) -> None:
         {"cmd": "PUSH", "queue": "q", "data": 2, "durable": True},
     )
     assert s.replies[buffered]["ok"] and durable not in s.replies
+    # The buffered push and the durable one went out as two batches (so that storage full
+    # can drop the durable one alone): the reply waits for the second.
+    assert [b.get("durable", False) for b in s.batches] == [False, True]
     s.msg({"t": "done", "seq": 1})
+    assert durable not in s.replies
+    s.msg({"t": "done", "seq": 2})
     assert s.replies[durable]["ok"] and s.replies[durable]["id"]
 
 

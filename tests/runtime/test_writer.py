@@ -190,6 +190,11 @@ class ShardEnd:
 
     def send_raw(self, data: bytes) -> None:
         assert self.link.send(data), "the writer link is down"
+        # The link never blocks; a test shard waits, as a shard does, until the frame is out.
+        deadline = time.monotonic() + WAIT_S
+        while self.link.pending and time.monotonic() < deadline:
+            self.link.wait_writable(deadline - time.monotonic())
+        assert not self.link.pending, "the writer did not read the frame"
 
     def recv(self, timeout: float = WAIT_S) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

@@ -63,13 +63,14 @@ class BunqueueCommands:
         self,
         answer: Answer,
         gather_all: GatherAll,
+        rate_window_s: int = 5,
         in_flight: Callable[[], list[int]] | None = None,
     ) -> None:
         self._answer = answer
         self._gather_all = gather_all
         self._in_flight = in_flight or (lambda: [])
         self.workers = WorkerRegistry()
-        self.counters = Counters()
+        self.counters = Counters(rate_window_s)
         self._clock = AnchoredClock()  # registry times are wall clock, but never jump
 
     @property

@@ -165,6 +165,7 @@ class Dispatcher:
         loop: asyncio.AbstractEventLoop,
         auth_tokens: Sequence[str] = (),
         cache_size: int | None = None,
+        rate_window_s: int = 5,
     ) -> None:
         self.shards = shards
         self._send = send
@@ -188,7 +189,9 @@ class Dispatcher:
             "ListQueues": self._list_queues,
         }
         # Workers, Metrics, flow-children reads and the flow/cron push refusals.
-        self.bunqueue = BunqueueCommands(self.answer, self._gather_all, self.pending_per_shard)
+        self.bunqueue = BunqueueCommands(
+            self.answer, self._gather_all, rate_window_s, self.pending_per_shard
+        )
         self._local.update(self.bunqueue.handlers)
 
     @property
@@ -377,8 +380,9 @@ class Dispatcher:
 
     def _stats(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         uptime = int((time.monotonic() - self._started) * 1000)
+        rates = self.bunqueue.counters.rates()
         self._gather_all(
-            client, frame, lambda rs: self.answer(client, req, merge_stats(rs, uptime))
+            client, frame, lambda rs: self.answer(client, req, merge_stats(rs, uptime, rates))
         )
 
     def _gather_all(

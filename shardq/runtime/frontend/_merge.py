@@ -132,11 +132,12 @@ def merge_list_queues(replies: Sequence[Reply]) -> Reply:
     return {"ok": True, "queues": sorted(names)}
 
 
-def merge_stats(replies: Sequence[Reply], uptime_ms: int) -> Reply:
-    """Stats over every shard: counts summed.
-
-    `pushPerSec` and `pullPerSec` are 0: no process keeps rates yet (metrics come later).
-    """
+def merge_stats(
+    replies: Sequence[Reply], uptime_ms: int, rates: tuple[float, float] = (0.0, 0.0)
+) -> Reply:
+    """Stats over every shard: counts summed, plus the front end's uptime and its
+    (`pushPerSec`, `pullPerSec`) `rates`: every push and pull passes through the front end, so
+    it counts them (`_metrics.Counters`), not the shards."""
     error = first_error(replies)
     if error is not None:
         return error
@@ -145,7 +146,7 @@ def merge_stats(replies: Sequence[Reply], uptime_ms: int) -> Reply:
         for key, value in (reply.get("stats") or {}).items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 stats[key] = stats.get(key, 0) + value
-    stats.update(uptime=uptime_ms, pushPerSec=0, pullPerSec=0)
+    stats.update(uptime=uptime_ms, pushPerSec=rates[0], pullPerSec=rates[1])
     return {"ok": True, "stats": stats}
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ["COUNTED_COMMANDS", "Counters", "memory_usage_mb", "metrics_reply"]
+__all__ = ["COUNTED_COMMANDS", "Counters", "RateWindow", "memory_usage_mb", "metrics_reply"]
 
 Reply = dict[str, Any]
 
@@ -83,25 +83,73 @@ class _Average:
         return self.total / self.count if self.count else 0.0
 
 
-class Counters:
-    """Lifetime push/pull/ack counts and latencies seen by this front end."""
+class RateWindow:
+    """Per-second rates of lifetime counters over the last `window_s` whole seconds.
 
-    def __init__(self) -> None:
+    It keeps the counters' values at the start of each of the last `window_s + 1` seconds; a
+    rate is the difference between the newest mark and the one `window_s` seconds older. So
+    the counters themselves stay plain integers, and the only work per counted reply is
+    checking whether a new second began. The second in progress is not counted: a rate read
+    early in a second would otherwise dip. bunqueue averages since the previous read instead,
+    which makes its rate depend on how often someone asks; this one does not.
+    """
+
+    __slots__ = ("_marks", "second", "window_s")
+
+    def __init__(self, window_s: int, width: int) -> None:
+        if window_s < 1:
+            raise ValueError(f"window_s must be at least 1, got {window_s}")
+        self.window_s = window_s
+        self._marks: list[tuple[int, ...]] = [(0,) * width] * (window_s + 1)
+        self.second = 0  # the newest second marked
+
+    def advance(self, second: int, counts: tuple[int, ...]) -> None:
+        """`second` began with the counters at `counts`, as did every second skipped since the
+        last mark (nothing was counted in them)."""
+        size = len(self._marks)
+        for past in range(max(self.second + 1, second - size + 1), second + 1):
+            self._marks[past % size] = counts
+        self.second = second
+
+    def per_second(self) -> tuple[float, ...]:
+        """Each counter's mean rate over the window before the newest second, to 0.01 (as
+        bunqueue rounds it)."""
+        size = len(self._marks)
+        newest, oldest = (
+            self._marks[self.second % size],
+            self._marks[(self.second - self.window_s) % size],
+        )
+        return tuple(round((a - b) / self.window_s, 2) for a, b in zip(newest, oldest, strict=True))
+
+
+class Counters:
+    """Lifetime push/pull/ack counts and latencies seen by this front end, and the push and
+    pull rates over the last `rate_window_s` seconds (`Stats`' `pushPerSec`, `pullPerSec`)."""
+
+    def __init__(self, rate_window_s: int = 5) -> None:
         self.pushed = 0
         self.pulled = 0
         self.completed = 0
         self.push_ms = _Average()
         self.pull_ms = _Average()
         self.ack_ms = _Average()
+        self._rates = RateWindow(rate_window_s, width=2)
 
     def watch(self, client: Any, name: str, cmd: Mapping[str, Any]) -> _Watched:
         """A stand-in for `client` that counts the reply to this `name` command on its way."""
         ids = cmd.get("ids") if name == "ACKB" else None
         return _Watched(self, client, name, len(ids) if isinstance(ids, list) else 0)
 
-    def observe(self, name: str, reply: Mapping[str, Any], elapsed_ms: float, batch: int) -> None:
+    def observe(
+        self, name: str, reply: Mapping[str, Any], started: float, now: float, batch: int
+    ) -> None:
+        """Count one reply; `started` and `now` are `time.perf_counter()` readings."""
         if not reply.get("ok"):
             return
+        second = int(now)
+        if second != self._rates.second:  # before counting: this reply belongs to `second`
+            self._rates.advance(second, (self.pushed, self.pulled))
+        elapsed_ms = (now - started) * 1000.0
         if name in _PUSH:
             self.pushed += _pushed(name, reply)
             self.push_ms.add(elapsed_ms)
@@ -113,6 +161,15 @@ class Counters:
         else:
             self.completed += _acked(name, reply, batch)
             self.ack_ms.add(elapsed_ms)
+
+    def rates(self, now: float | None = None) -> tuple[float, float]:
+        """(pushes, pulls) per second over the rate window, as of `now` (a
+        `time.perf_counter()` reading; default: the current one)."""
+        second = int(time.perf_counter() if now is None else now)
+        if second != self._rates.second:
+            self._rates.advance(second, (self.pushed, self.pulled))
+        push, pull = self._rates.per_second()
+        return push, pull
 
 
 class _Watched:
@@ -137,8 +194,7 @@ class _Watched:
         self._client.authenticated = value
 
     def send(self, reply: dict[str, Any]) -> None:
-        elapsed_ms = (time.perf_counter() - self._started) * 1000.0
-        self._counters.observe(self._name, reply, elapsed_ms, self._batch)
+        self._counters.observe(self._name, reply, self._started, time.perf_counter(), self._batch)
         self._client.send(reply)
 
     def drop(self, reason: str) -> None:

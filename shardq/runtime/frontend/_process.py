@@ -65,7 +65,13 @@ class Frontend:
             on_up=self._link_up,
             on_blocked=self._shards_blocked,
         )
-        self.dispatcher = Dispatcher(spec.shards, self._links.send, loop, spec.auth_tokens)
+        self.dispatcher = Dispatcher(
+            spec.shards,
+            self._links.send,
+            loop,
+            spec.auth_tokens,
+            rate_window_s=spec.stats_rate_window_s,
+        )
         self.tcp = TcpGateway(self.dispatcher, loop, spec.max_frame_bytes, spec.tcp_idle_timeout_ms)
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, spec.max_frame_bytes)
         self._inbox = self._ctx.socket(zmq.PULL)

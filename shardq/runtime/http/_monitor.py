@@ -168,10 +168,11 @@ class Monitor:
             "totalCompleted": m.get("totalCompleted", 0),
             "totalFailed": m.get("totalFailed", 0),
         }
+        # Stats carries the push and pull rates; completions and failures have none yet.
         rates = {"pushPerSec": 0, "pullPerSec": 0, "completePerSec": 0, "failPerSec": 0}
         return {
             "ok": True,
-            "stats": {**snap.stats, **totals, **rates},
+            "stats": {**rates, **snap.stats, **totals},
             "memory": {"rss": round(sum(p.rss_bytes for p in snap.processes) / _MB, 1)},
             "storage": snap.storage.as_json(),
         }

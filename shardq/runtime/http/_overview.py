@@ -1,7 +1,7 @@
 """bunqueue's dashboard JSON routes: `/dashboard`, `/dashboard/queues`, `/dashboard/queues/:q`.
 
 Aggregates for a dashboard that wants one call per screen, built from the same commands as the
-REST routes. shardq keeps no throughput rates and no crons yet: those parts answer zeros and
+REST routes. shardq keeps no completion or failure rates and no crons yet: those answer zeros and
 empty lists in bunqueue's shapes, and the latency averages come from the front end's
 histograms (their percentiles are not kept, so `percentiles` is empty).
 """
@@ -57,7 +57,12 @@ class Overview:
             "stats": {k: s.get(k, 0) for k in ("waiting", "active", "delayed", "completed", "dlq")}
             | {k: m.get(k, 0) for k in keys}
             | {"uptime": s.get("uptime", 0)},
-            "throughput": {"pushPerSec": 0, "pullPerSec": 0, "completePerSec": 0, "failPerSec": 0},
+            "throughput": {
+                "pushPerSec": s.get("pushPerSec", 0),
+                "pullPerSec": s.get("pullPerSec", 0),
+                "completePerSec": 0,  # not kept yet
+                "failPerSec": 0,
+            },
             "latency": {
                 "averages": {k: _average_ms(snap.latency.get(k)) for k in ("push", "pull", "ack")},
                 "percentiles": {},

@@ -9,27 +9,33 @@ Writer side (`ShardConnections`): any number of connections; a connection belong
 whose index its messages carry (the writer calls `claim`). Writes never block: confirmations
 that do not fit in the socket wait in a per-connection buffer, sent when it turns writable.
 
-Shard side (`WriterLink`): one connection. Sends block while the socket is full: a writer that
-stops reading (its buffer is full while storage fails) stops the shard, the back-pressure of
-docs/runtime.md. While disconnected, sends are dropped: the shard keeps every unconfirmed batch
-and resends them all when the link is back (`reconnected()` is its cue, the old "writer-up").
+Shard side (`WriterLink`): one connection. Sends never block: what the socket does not take
+waits in the link's buffer (`pending`), sent as the socket turns writable (`flush`), and
+`stalled_for` says how long the writer has left it waiting. The shard turns that into
+back-pressure it can bound (docs/runtime.md, `storage_stall_ms`): past a buffer cap it waits
+for the writer, but never longer than the bound, and past the bound it refuses durable pushes
+instead of blocking every client with a writer that does not read. While disconnected, sends
+are dropped: the shard keeps every unconfirmed batch and resends them all when the link is
+back (`reconnected()` is its cue, the old "writer-up").
 """
 
 from __future__ import annotations
 
 import errno
+import select
 import socket
+import time
 from typing import Final
 
 import structlog
 
 from shardq.runtime.links._stream import (
+    _HEADER,
     FrameSplitter,
     frame,
     prepare_listener,
     read_buffer,
     read_frames,
-    write_frame,
 )
 
 __all__ = ["ShardConnections", "WriterLink"]
@@ -158,6 +164,8 @@ class WriterLink:
         self._path = path
         self._sock: socket.socket | None = None
         self._splitter = FrameSplitter()
+        self._out = bytearray()  # what the socket has not taken yet (whole frames)
+        self._waiting_since: float | None = None  # when `_out` last became non-empty
 
     @property
     def connected(self) -> bool:
@@ -192,23 +200,76 @@ class WriterLink:
             self._drop(lost)
         return payloads
 
+    @property
+    def pending(self) -> int:
+        """Bytes sent but not yet taken by the socket."""
+        return len(self._out)
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds the oldest unsent byte has waited (0 when nothing waits); `now` is
+        `time.monotonic()`."""
+        since = self._waiting_since
+        return 0.0 if since is None or not self._out else now - since
+
     def send(self, data: bytes) -> bool:
-        """Write one frame, waiting while the socket is full; False if the link is down."""
-        if self._sock is None:
+        """Queue one frame and write what the socket takes now; never blocks. False if the
+        link is down (the frame is dropped)."""
+        sock = self._sock
+        if sock is None:
             return False
+        if self._out:
+            self._out += frame(data)
+            return self.flush()
         try:
-            return write_frame(self._sock, data, block=True)
+            # The common case: the writer keeps up, and the frame goes out whole, uncopied.
+            sent = sock.sendmsg((_HEADER.pack(len(data)), data))
+        except BlockingIOError:
+            sent = 0
         except OSError as e:
             self._drop(f"write failed: {e}")
             return False
+        if sent < len(data) + _HEADER.size:
+            self._out += frame(data)[sent:]  # the rest of a frame begun: the stream stays whole
+            self._waiting_since = time.monotonic()
+        return True
+
+    def flush(self) -> bool:
+        """Write what the socket takes of the waiting bytes; False if the link broke."""
+        sock = self._sock
+        if sock is None:
+            return False
+        while self._out:
+            try:
+                sent = sock.send(self._out)
+            except BlockingIOError:
+                return True
+            except OSError as e:
+                self._drop(f"write failed: {e}")
+                return False
+            del self._out[:sent]
+            self._waiting_since = time.monotonic()  # the writer reads: the wait starts over
+        return True
+
+    def wait_writable(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the socket to take more, then write what it takes."""
+        if self._sock is None or not self._out:
+            return
+        poller = select.poll()
+        poller.register(self._sock, select.POLLOUT)
+        if poller.poll(max(0, int(timeout_s * 1000))):
+            self.flush()
 
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._out.clear()
 
     def _drop(self, reason: str) -> None:
         if self._sock is not None:
             _log.warning("writer link lost", reason=reason)
             self._sock.close()
             self._sock = None
+        # A frame cut short cannot continue on a new connection; the shard resends what the
+        # writer did not confirm.
+        self._out.clear()

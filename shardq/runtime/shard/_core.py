@@ -24,8 +24,9 @@ import structlog
 
 from shardq.core import Engine, Mutation, Record, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
+from shardq.runtime.shard._salvage import names_job, pack_mutations
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
-from shardq.storage import MutationEncoder
+from shardq.storage import MutationEncoder, describe
 
 __all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
 
@@ -36,6 +37,9 @@ Item: TypeAlias = list[Any]  # [conn, rid, reply]
 
 WAIT_DEFAULT_MS: Final = 30_000
 WAIT_MAX_MS: Final = 600_000  # bunqueue's WaitJob bound (reference §2.3)
+STALLED_ERROR: Final = "Storage unavailable: the writer is not keeping up (storage degraded)"
+MAX_SLEEP_MS: Final = 3_600_000  # the longest poll: an idle shard wakes once an hour at most
+TICK_RETRY_MS: Final = 1_000  # after a timer pass raised, wait this long before the next one
 _PULLS: Final = frozenset({"PULL", "PULLB"})
 _COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
 
@@ -98,6 +102,9 @@ class ShardCore:
         self.seq = 0  # last `muts` seq sent to the writer
         self.committed = 0  # highest seq the writer confirmed
         self.draining = False
+        # Set by the process while the writer has left this shard's batches unread for longer
+        # than `storage_stall_ms`: durable pushes are refused at once (docs/runtime.md).
+        self.storage_stalled = False
         self._drained_sent = False
         self._muts: list[Mutation] = []
         # Puts and updates go to the writer already encoded (shardq.storage._encode): this
@@ -105,6 +112,13 @@ class ShardCore:
         self._encoder = MutationEncoder()
         self._replies: list[Item] = []
         self._durable: list[Item] = []
+        # Finished segments of this turn: (durable, mutations, durable replies, held job
+        # ids), see `_cut`.
+        self._segments: list[tuple[bool, list[Mutation], list[Item], list[str]]] = []
+        self._durable_ids: list[str] = []  # the current segment's held jobs
+        # Jobs the engine holds until their batch's `done`: (seq, job ids), in seq order.
+        self._holding: deque[tuple[int, list[str]]] = deque()
+        self._seg_durable = False  # whether the current segment's mutations are durable
         self._held: deque[tuple[int, list[Item]]] = deque()
         self._urged = 0  # the last seq the writer was asked to commit at once
         # Batches sent but not confirmed: a writer that dies loses what it had not committed,
@@ -112,6 +126,7 @@ class ShardCore:
         # back-pressure: a writer that stops reading stops this shard's sends.
         self._unconfirmed: deque[tuple[int, dict[str, Any]]] = deque()
         self._resend = False
+        self._tick_after = 0  # no timer pass before this time (ms): the last one raised
         self._woken: set[str] = set()
         self._finished: set[str] = set()
         self.polls = LongPolls()
@@ -121,6 +136,7 @@ class ShardCore:
             "close": self._on_close,
             "done": self._on_done,
             "fail": self._on_fail,
+            "rejected": self._on_rejected,
             "drain": self._on_drain,
             "writer-up": self._on_writer_up,
         }
@@ -133,7 +149,12 @@ class ShardCore:
         if handler is None:
             _log.warning("unknown internal message dropped", t=msg.get("t"))
             return
-        handler(msg, now)
+        try:
+            handler(msg, now)
+        except Exception:
+            # Requests have their own guard (`_request`); this is for the rest (a close, the
+            # writer's answers): one bad message must not take the shard's queues down.
+            _log.exception("internal message failed", t=msg.get("t"))
 
     def recover(self, records: Iterable[Record], queues: Mapping[str, Any], now: int) -> int:
         """Load stored records into the engine; return how many recovery mutations it made.
@@ -146,13 +167,17 @@ class ShardCore:
 
     def poll_timeout(self, now: int) -> int | None:
         """Milliseconds until something is due (timer, long-poll, WaitJob), None for never."""
+        timer = self.engine.next_deadline()
         candidates = (
-            self.engine.next_deadline(),
+            None if timer is None else max(timer, self._tick_after),
             self.polls.next_deadline(),
             self.waits.next_deadline(),
         )
         due = [d for d in candidates if d is not None]
-        return max(min(due) - now, 0) if due else None
+        if not due:
+            return None
+        # Clamped: a deadline computed from an extreme input must not overflow the poll call.
+        return int(min(max(min(due) - now, 0), MAX_SLEEP_MS))
 
     @property
     def awaiting_commit(self) -> bool:
@@ -167,9 +192,13 @@ class ShardCore:
         The writer's `muts` comes first so that a durable reply can never be sent before the
         batch holding its job was handed to the writer.
         """
-        self._tick(now)
-        self._serve_polls(now)
-        self._serve_waits(now)
+        for step in (self._tick, self._serve_polls, self._serve_waits):
+            try:
+                step(now)
+            except Exception:
+                # A timer or a parked request that raises is logged and skipped, never fatal:
+                # the rest of the turn (replies, mutations) still goes out.
+                _log.exception("shard step failed", step=step.__name__)
         out: list[Outgoing] = []
         if self._resend:
             # Resent in order and before anything new: every mutation carries absolute values,
@@ -192,34 +221,107 @@ class ShardCore:
 
     def _tick(self, now: int) -> None:
         deadline = self.engine.next_deadline()
-        if deadline is not None and deadline <= now:
+        if deadline is not None and deadline <= now and now >= self._tick_after:
+            self._tick_after = now + TICK_RETRY_MS  # held off only if the tick raises
             events, muts = self.engine.tick(now)
+            self._tick_after = 0
             self._absorb(muts, events)
 
     def _flush_mutations(self, out: list[Outgoing]) -> None:
-        if self._muts:
-            muts = self._encoder.encode(self._muts)
+        if self._muts or self._durable:
+            self._cut()
+        for durable, muts, replies, held in self._segments:
+            self._send_segment(out, durable, muts, replies)
+            if held:
+                self._holding.append((self.seq, held))
+        self._segments.clear()
+
+    def _cut(self) -> None:
+        """End the current segment. A turn's mutations go out as one batch per run of durable
+        or buffered requests, in order, so that storage full can drop a durable batch (its
+        pushes failed) without dropping buffered work that was already answered ok."""
+        self._segments.append((self._seg_durable, self._muts, self._durable, self._durable_ids))
+        self._muts, self._durable, self._durable_ids = [], [], []
+
+    def _send_segment(
+        self, out: list[Outgoing], durable: bool, muts: list[Mutation], replies: list[Item]
+    ) -> None:
+        if muts:
+            try:
+                encoded = self._encoder.encode(muts)
+            except (TypeError, ValueError, OverflowError):
+                encoded = self._encode_each(muts, replies)
             self.seq += 1
-            msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": muts}
-            if self._durable:
+            msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": encoded}
+            if durable:
                 msg["durable"] = True  # a reply waits on this commit: the writer flushes now
                 self._urged = self.seq
             out.append(("writer", msg))
             self._unconfirmed.append((self.seq, msg))
-            self._muts = []
-        if self._durable:
+        if replies:
             # Even a durable push that wrote nothing (a duplicate) waits for the latest seq:
             # the job it returned may sit in a batch the writer has not committed yet.
             if self.awaiting_commit:
-                self._held.append((self.seq, self._durable))
+                self._held.append((self.seq, replies))
                 if self._urged < self.seq:
                     # It waits on buffered batches only (a durable duplicate wrote nothing):
                     # without this, their commit would wait out the flush interval.
                     out.append(("writer", {"t": "flush", "shard": self.index, "seq": self.seq}))
                     self._urged = self.seq
             else:
-                self._replies.extend(self._durable)
-            self._durable = []
+                self._replies.extend(replies)
+
+    # -- what cannot be encoded ------------------------------------------------------------
+
+    def _encode_each(self, muts: list[Mutation], held: list[Item]) -> list[Mutation]:
+        """Encode a batch that failed as a whole, one mutation at a time, dropping those that
+        cannot be encoded (an integer past 64 bits ...). Each dropped one is handled as if
+        the writer had rejected it: memory is made to match the disk, and the request that
+        made it is answered with an error if its reply has not gone out."""
+        out: list[Mutation] = []
+        dropped: list[list[Any]] = []
+        for m in muts:
+            try:
+                encoded = self._encoder.encode((m,))
+                pack_mutations(encoded)
+            except (TypeError, ValueError, OverflowError) as e:
+                dropped.append([*describe(m), f"{type(e).__name__}: {e}"])
+                continue
+            out.extend(encoded)
+        self._reject_here(dropped, held)
+        return out
+
+    def salvage_batch(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """`msg` (a `muts` batch that could not be packed) without its mutations that cannot
+        be packed, changed in place, so a resend of it packs too; see `_encode_each`."""
+        kept: list[Mutation] = []
+        dropped: list[list[Any]] = []
+        for m in msg.get("muts", ()):
+            try:
+                pack_mutations((m,))
+            except (TypeError, ValueError, OverflowError) as e:
+                dropped.append([*describe(m), f"{type(e).__name__}: {e}"])
+                continue
+            kept.append(m)
+        msg["muts"] = kept
+        self._reject_here(dropped, [])
+        return msg
+
+    def _reject_here(self, items: list[list[Any]], held: list[Item]) -> None:
+        for kind, key, error in items:
+            job_id = job_id_of(key) if isinstance(key, str) and kind != "queue" else None
+            _log.error("mutation cannot be encoded", kind=kind, job_id=job_id, error=error)
+            if job_id is None or kind not in ("put", "upd"):
+                continue
+            # Neither kind can reach the disk: the job's copy in memory holds a value no store
+            # can take, so it goes, as a rejected put does (its stored row, if any, comes back
+            # at the next start). A reply still to be sent for it becomes an error.
+            self._absorb(self.engine.forget((job_id,), stored=False), ())
+            refused = {"ok": False, "error": INTERNAL_SERVER_ERROR}
+            for pending in (held, self._replies):
+                for item in pending:
+                    if names_job(item[2], job_id):
+                        item[2] = refused
 
     # -- requests --------------------------------------------------------------------------
 
@@ -247,6 +349,8 @@ class ShardCore:
         self, conn: str, rid: int, name: object, cmd: dict[str, Any], now: int
     ) -> dict[str, Any] | None:
         """Answer one command; None when the answer is parked (long-poll, WaitJob, durable)."""
+        if self.storage_stalled and _is_durable(name, cmd):
+            return {"ok": False, "error": STALLED_ERROR}  # refused before it changes anything
         if name in _PULLS:
             return self._pull(conn, rid, cmd, now)
         if name == "WaitJob":
@@ -254,10 +358,15 @@ class ShardCore:
         if name == "Stats":
             return self._stats(now)
         reply, muts = self.engine.apply(cmd, now)
-        self._absorb(muts, self.engine.last_events)
         if reply.get("ok") and _is_durable(name, cmd):
+            self._absorb(muts, self.engine.last_events, durable=True)
             self._durable.append([conn, rid, reply])
+            # Its new jobs are not deliverable before their commit is confirmed (`_on_done`).
+            new = [m[1]["id"] for m in muts if m[0] == "put"]
+            self.engine.hold(new)
+            self._durable_ids.extend(new)
             return None
+        self._absorb(muts, self.engine.last_events)
         return reply
 
     def _apply(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -353,8 +462,18 @@ class ShardCore:
 
     # -- what a turn changed ---------------------------------------------------------------
 
-    def _absorb(self, muts: list[Mutation], events: Iterable[tuple[str, str, str]]) -> None:
+    def _absorb(
+        self,
+        muts: list[Mutation],
+        events: Iterable[tuple[str, str, str]],
+        *,
+        durable: bool = False,
+    ) -> None:
         if muts:
+            if durable is not self._seg_durable:
+                if self._muts or self._durable:
+                    self._cut()
+                self._seg_durable = durable
             self._muts.extend(muts)
         if self.polls:
             self._note_wakeups(muts, events)
@@ -400,6 +519,8 @@ class ShardCore:
             self._unconfirmed.popleft()
         while self._held and self._held[0][0] <= self.committed:
             self._replies.extend(self._held.popleft()[1])
+        while self._holding and self._holding[0][0] <= self.committed:
+            self._woken.update(self.engine.confirm(self._holding.popleft()[1]))
 
     def _on_fail(self, msg: dict[str, Any], now: int) -> None:
         seq = msg.get("seq")
@@ -412,6 +533,52 @@ class ShardCore:
                 self._replies.append([conn, rid, error])
                 failed += 1
         _log.warning("durable replies failed", seq=seq, count=failed, error=msg.get("error"))
+        self._forget_batch(seq)
+
+    def _forget_batch(self, seq: int) -> None:
+        """The writer dropped durable batch `seq` (storage full): its pushes were answered
+        with an error, so their jobs leave memory and the batch is never resent."""
+        batch = next((m for s, m in self._unconfirmed if s == seq), None)
+        if batch is None or not batch.get("durable"):
+            return  # a buffered batch: the writer keeps it and commits it later
+        self._unconfirmed = deque((s, m) for s, m in self._unconfirmed if s != seq)
+        self._holding = deque((s, ids) for s, ids in self._holding if s != seq)
+        puts = [key for kind, key in map(describe, batch["muts"]) if kind == "put" and key]
+        self._absorb(self.engine.forget([job_id_of(key) for key in puts], stored=False), ())
+
+    def _on_rejected(self, msg: dict[str, Any], now: int) -> None:
+        """The writer could not store some mutations of batch `seq` (docs/runtime.md): make
+        memory match the disk, and fail the durable push that waits on a rejected job."""
+        seq, items = msg.get("seq"), msg.get("items")
+        if not isinstance(seq, int) or not isinstance(items, list):
+            return
+        for item in items:
+            if not (isinstance(item, list) and len(item) >= 3 and isinstance(item[1], str)):
+                continue
+            kind, key, error = item[0], item[1], item[2]
+            job_id = job_id_of(key)
+            _log.error("the writer rejected a mutation", seq=seq, kind=kind, job_id=job_id)
+            if kind == "put":
+                self._unpush(seq, job_id, str(error))
+            elif kind == "upd":
+                self.engine.reload(job_id, item[3] if len(item) > 3 else None, now)
+
+    def _unpush(self, seq: int, job_id: str, error: str) -> None:
+        """A job's put was rejected: it is not stored, so it must not stay in memory. A durable
+        push still waiting for it is answered with an error, and the other jobs of that
+        push are deleted too, so that a client that retries it creates no duplicate."""
+        self._absorb(self.engine.forget((job_id,), stored=False), ())
+        refused = {"ok": False, "error": f"Storage rejected job {job_id}: {error}"}
+        for held_seq, items in self._held:
+            if held_seq != seq:
+                continue
+            for item in items:
+                reply = item[2]
+                if names_job(reply, job_id):
+                    item[2] = refused
+                    ids = reply.get("ids") or ()
+                    others = [i for i in ids if isinstance(i, str) and i != job_id]
+                    self._absorb(self.engine.forget(others, stored=True), ())
 
     def _on_writer_up(self, msg: dict[str, Any], now: int) -> None:
         if self._unconfirmed:

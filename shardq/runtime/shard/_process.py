@@ -35,6 +35,7 @@ from shardq.runtime.links._stream import FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._gc import tune_gc
+from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Store
 
@@ -42,6 +43,10 @@ __all__ = ["ShardProcess", "main"]
 
 
 _log = structlog.get_logger()
+
+# Unsent bytes to the writer past which a shard waits for it, for at most `storage_stall_ms`
+# (past `writer_backlog_max_bytes` it waits whatever the time: its memory is bounded).
+WRITER_BACKLOG_BYTES = 8 << 20
 
 
 class ShardProcess:
@@ -170,6 +175,7 @@ class ShardProcess:
         while not self._stop:
             timeout = self.core.poll_timeout(self.clock.now())
             messages = self._wait(timeout)
+            self._check_storage()
             now = self.clock.now()
             for msg in messages:
                 self.core.handle(msg, now)
@@ -208,12 +214,18 @@ class ShardProcess:
         self._watch_links()
         if not self._writer.connected:
             timeout_ms = min(timeout_ms or RECONNECT_EVERY_MS, RECONNECT_EVERY_MS)
+        writer_fd = self._writer.fd()
+        if writer_fd is not None:
+            # Unsent batches wait for the socket to take them: wake when it can.
+            out = zmq.POLLOUT if self._writer.pending else 0
+            self._poller.modify(writer_fd, zmq.POLLIN | out)
         ready = dict(self._poll(timeout_ms))
         if self._signals.fileno() in ready and self._signals.drain():
             self._stop = True
         messages: list[dict[str, Any]] = []
-        writer_fd = self._writer.fd()
         if writer_fd is not None and writer_fd in ready:
+            if ready[writer_fd] & zmq.POLLOUT:
+                self._writer.flush()
             for data in self._writer.readable():
                 self._decode(data, messages)
         if not self._writer.connected and self._reconnect_writer():
@@ -260,16 +272,65 @@ class ShardProcess:
         self._link_fds = fds
 
     def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None:
-        pack_reply = self._front_packer.pack
         for dest, msg in out:
             if dest == "front":
                 # Blocking is the back-pressure the runtime contract asks for: a front end
                 # that does not read stops this shard. While stopping, nobody may read.
-                self._front.send(pack_reply(msg), block=block_on_front)
+                self._front.send(self._pack_reply(msg), block=block_on_front)
             else:
                 # Likewise a writer that does not read stops this shard. With the link down
                 # the batch is dropped here and resent from `_unconfirmed` when it is back.
-                self._writer.send(pack(msg))
+                try:
+                    data = pack(msg)
+                except (TypeError, ValueError, OverflowError):
+                    data = pack(self.core.salvage_batch(msg))
+                self._writer.send(data)
+        if self._writer.pending > WRITER_BACKLOG_BYTES:
+            self._wait_for_writer()
+
+    def _wait_for_writer(self) -> None:
+        """Back-pressure with a bound: wait while the writer leaves too much unread, but only
+        until it has left it unread for `storage_stall_ms`; past that, the shard serves on
+        (refusing durable pushes, `_check_storage`) unless the backlog reaches its hard cap."""
+        bound_s = self.spec.storage_stall_ms / 1000
+        writer = self._writer
+        while writer.pending > WRITER_BACKLOG_BYTES:
+            left = bound_s - writer.stalled_for(time.monotonic())
+            if left <= 0:
+                if writer.pending < self.spec.writer_backlog_max_bytes:
+                    return
+                left = bound_s  # over the hard cap: memory comes first, wait again
+            writer.wait_writable(left)
+            if self._signals_pending():
+                return
+
+    def _signals_pending(self) -> bool:
+        poller = zmq.Poller()
+        poller.register(self._signals.fileno(), zmq.POLLIN)
+        return bool(poller.poll(0))
+
+    def _check_storage(self) -> None:
+        stalled_ms = self._writer.stalled_for(time.monotonic()) * 1000
+        stalled = stalled_ms > self.spec.storage_stall_ms
+        if stalled != self.core.storage_stalled:
+            self.core.storage_stalled = stalled
+            if stalled:
+                _log.error(
+                    "storage degraded: the writer is not reading; durable pushes are refused",
+                    stalled_ms=round(stalled_ms),
+                    unsent_bytes=self._writer.pending,
+                )
+            else:
+                _log.warning("storage recovered: the writer reads again")
+
+    def _pack_reply(self, msg: dict[str, Any]) -> bytes:
+        """Pack a message for the front end; if a reply cannot be packed (an integer past 64
+        bits ...), pack each reply on its own: only the one at fault becomes an error."""
+        pack_reply = self._front_packer.pack
+        try:
+            return pack_reply(msg)
+        except (TypeError, ValueError, OverflowError):
+            return pack_reply(salvage_replies(msg, pack_reply))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

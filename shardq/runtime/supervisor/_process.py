@@ -1,8 +1,9 @@
 """The supervisor: `shardq start`. Spawns the children, watches them, shuts them down in order.
 
-Start-up (docs/runtime.md): check the ports and the data directory, create the run directory,
-bind PULL on `sup`, then spawn the writer, the N shards and the front end, each group only once
-the previous one reported ready, and log one `shardq ready` line with the addresses served.
+Start-up (docs/runtime.md): check the data directory, lock the data path (`_lock.py`: one
+server per database), check the ports, create the run directory, bind PULL on `sup`, then
+spawn the writer, the N shards and the front end, each group only once the previous one
+reported ready, and log one `shardq ready` line with the addresses served.
 
 While running, a child that exits is restarted after a backoff (100 ms doubling to 5 s); a
 child that needs more than `max_restarts_per_minute` restarts within 60 s stops the server
@@ -38,6 +39,7 @@ from shardq.runtime._config import ConfigError, ServerConfig, load_config
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime.supervisor._lock import DataLock
 from shardq.runtime.supervisor._preflight import (
     StartupError,
     check_data_path,
@@ -138,19 +140,25 @@ class Supervisor:
             shards=config.shard_count,
             data_path=str(self._data_path),
         )
+        lock: DataLock | None = None
         try:
-            check_ports(config)
             check_data_path(self._data_path)
+            # Before the ports: a second server on this data path is told so, whatever its ports.
+            lock = DataLock.acquire(self._data_path, os.getpid())
+            check_ports(config)
             for stale in remove_stale_run_dirs(self._data_path.parent):
                 log.info("removed a stale run directory", path=str(stale))
             self._run_dir = make_run_dir(self._data_path, os.getpid(), config.shard_count)
         except StartupError as e:
+            if lock is not None:
+                lock.release()
             log.error("shardq cannot start", error=str(e))
             return EXIT_FAILURE
         try:
             return self._run_in(self._run_dir)
         finally:
             remove_run_dir(self._run_dir)
+            lock.release()  # last: the children that used the database are gone
 
     def _run_in(self, run_dir: Path) -> int:
         ctx: Context = zmq.Context()
@@ -372,6 +380,11 @@ class Supervisor:
             max_frame_bytes=c.max_frame_bytes,
             tcp_idle_timeout_ms=c.tcp_idle_timeout_ms,
             spin_us=c.spin_us,
+            stats_rate_window_s=c.stats_rate_window_s,
+            storage_retry_max_ms=c.storage_retry_max_ms,
+            storage_stall_ms=c.storage_stall_ms,
+            max_db_bytes=c.max_db_bytes,
+            writer_backlog_max_bytes=c.writer_backlog_max_bytes,
             engine=dict(c.engine),
             http_port=c.http_port if child.role == "http" else 0,
             metrics_auth=c.metrics_auth,

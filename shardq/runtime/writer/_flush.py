@@ -41,6 +41,7 @@ class _Batch:
     epoch: int
     seq: int
     size: int
+    durable: bool = False  # a durable reply waits on it: dropped, not kept, when storage is full
     told_fail: bool = False
 
 
@@ -53,8 +54,15 @@ class FlushBuffer:
         max_mutations: int,
         *,
         max_buffered: int = MAX_BUFFERED_MUTATIONS,
+        retry_max_s: float = RETRY_MAX_S,
     ) -> None:
         self._interval = interval_s
+        self._retry_max = retry_max_s
+        self.storage_full = False
+        """The last flush failed because storage is full (until a commit succeeds)."""
+        # While full, durable batches that arrive before this time fail at once; the first
+        # one after it is buffered and tried: the probe that notices freed space.
+        self._probe_at = 0.0
         self._max = max_mutations
         self._max_buffered = max_buffered
         self._muts: list[Mutation] = []
@@ -73,15 +81,23 @@ class FlushBuffer:
 
     def add_muts(
         self, shard: int, seq: int, mutations: list[Mutation], now: float, *, urgent: bool = False
-    ) -> None:
+    ) -> list[Outgoing]:
         """Buffer one batch of a shard (a `muts` message). `urgent`: a durable reply waits on
-        it, so the next flush is due at once (whatever else has arrived shares that commit)."""
+        it, so the next flush is due at once (whatever else has arrived shares that commit).
+
+        While storage is full, a durable batch is not buffered at all: its `fail` is returned
+        at once (its pushes are answered now, not after the retry backoff, and the shard
+        forgets them). Otherwise returns nothing.
+        """
         epoch = self._epoch(shard, seq, restart=False)
-        self._batches.append(_Batch(shard, epoch, seq, len(mutations)))
+        if urgent and self.storage_full and now < self._probe_at:
+            return [(shard, {"t": "fail", "seq": seq, "error": FULL_REASON})]
+        self._batches.append(_Batch(shard, epoch, seq, len(mutations), durable=urgent))
         self._muts.extend(mutations)
         if self._first_at is None:
             self._first_at = now
         self._urgent = self._urgent or urgent
+        return []
 
     def urge(self) -> None:
         """Take a `flush`: a durable reply waits on a batch already buffered, which came
@@ -159,27 +175,61 @@ class FlushBuffer:
         self.failures = 0
         self.failing_since = None
         self._retry_at = None
+        self.storage_full = False
         return out
 
     def failed(self, error: StorageError, now: float) -> list[Outgoing]:
-        """The commit failed: keep everything, schedule a retry with backoff.
+        """The commit failed: schedule a retry with backoff.
 
         On `StorageFull`, return a `fail` for each current batch not yet told, so durable
-        pushes waiting on it are answered with an error; the batch itself stays buffered.
+        pushes waiting on it are answered with an error. A durable batch is dropped (its
+        shard forgets its pushes: a client that retries must not find a duplicate once space
+        returns); every other batch stays buffered (buffered pushes were already answered).
         """
         self.failures += 1
         if self.failing_since is None:
             self.failing_since = now
-        delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (self.failures - 1))
-        self._retry_at = now + delay
-        if not isinstance(error, StorageFull):
+        delay = min(self._retry_max, RETRY_FIRST_S * 2 ** (self.failures - 1))
+        self._retry_at = self._probe_at = now + delay
+        self.storage_full = isinstance(error, StorageFull)
+        if not self.storage_full:
             return []
         out: list[Outgoing] = []
         for batch in self._batches:
             if not batch.told_fail and batch.epoch == self._epochs.get(batch.shard, 0):
                 batch.told_fail = True
                 out.append((batch.shard, {"t": "fail", "seq": batch.seq, "error": FULL_REASON}))
+        self._drop_told_durable()
         return out
+
+    def _drop_told_durable(self) -> None:
+        muts: list[Mutation] = []
+        kept: list[_Batch] = []
+        start = 0
+        for batch in self._batches:
+            end = start + batch.size
+            if not (batch.durable and batch.told_fail):
+                kept.append(batch)
+                muts.extend(self._muts[start:end])
+            start = end
+        if len(kept) == len(self._batches):
+            return
+        self._batches, self._muts = kept, muts
+        if not kept:
+            self._first_at = None
+            self._urgent = False
+            if not self._syncs:
+                self._retry_at = None  # nothing left to retry; the next batch tries at once
+
+    def owner(self, index: int) -> tuple[int, int, bool]:
+        """(shard, seq, current) of the batch holding `mutations()[index]`; `current` is false
+        for a batch of a shard's previous process (nobody waits for news of it)."""
+        start = 0
+        for batch in self._batches:
+            if index < start + batch.size:
+                return batch.shard, batch.seq, batch.epoch == self._epochs.get(batch.shard, 0)
+            start += batch.size
+        raise IndexError(f"no batch holds mutation {index}")
 
     def retry_in(self, now: float) -> float:
         """Seconds until the scheduled retry (0 if none is scheduled)."""

@@ -32,19 +32,22 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 import structlog
 import zmq
 
+from shardq.core import Mutation, job_id_of
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
+from shardq.runtime.writer._isolate import apply_isolating
 from shardq.runtime.writer._status import WriterStatus, file_sizes
-from shardq.storage import StorageError, StorageFull, Store
+from shardq.storage import StorageError, StorageFull, StorageRejected, Store, describe
 
 __all__ = ["Writer", "main"]
 
 EXIT_OK, EXIT_UNFLUSHED, EXIT_USAGE, EXIT_NO_DATABASE = 0, 1, 2, 3
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_JOB_KINDS = frozenset({"put", "upd", "del"})
 
 log = structlog.get_logger()
 
@@ -68,7 +71,11 @@ class Writer:
         self._spec = spec
         self._store = store
         self._clock = clock
-        self._buffer = FlushBuffer(spec.flush_interval_ms / 1000, spec.flush_max_mutations)
+        self._buffer = FlushBuffer(
+            spec.flush_interval_ms / 1000,
+            spec.flush_max_mutations,
+            retry_max_s=spec.storage_retry_max_ms / 1000,
+        )
         self._links = ShardConnections(spec.writer_link_path)
         self._reading = True
         self._degraded = False
@@ -157,7 +164,7 @@ class Writer:
         self._links.claim(conn, shard)
         if kind == "muts" and isinstance(message.get("muts"), list):
             urgent = message.get("durable") is True
-            self._buffer.add_muts(shard, seq, message["muts"], now, urgent=urgent)
+            self._send(self._buffer.add_muts(shard, seq, message["muts"], now, urgent=urgent))
         elif kind == "sync":
             self._send(self._buffer.add_sync(shard, seq, now))
         elif kind == "flush":
@@ -170,7 +177,7 @@ class Writer:
         buffer = self._buffer
         started = self._clock()
         try:
-            rows = self._store.apply(buffer.mutations())
+            rows = self._commit(buffer.mutations())
         except StorageError as e:
             self._status.failed(str(e), disk_full=isinstance(e, StorageFull))
             self._send(buffer.failed(e, self._clock()))
@@ -194,6 +201,54 @@ class Writer:
         )
         self._send(buffer.committed())
         return True
+
+    def _commit(self, mutations: list[Mutation]) -> int:
+        """Apply the buffer; if SQLite rejects its values, commit all but the mutations at
+        fault and report those (`rejected`, before the `done` that covers their batch).
+        Raises a transient `StorageError` (the caller retries the whole buffer)."""
+        try:
+            return self._store.apply(mutations)
+        except StorageRejected as e:
+            log.warning("batch rejected; isolating the mutations at fault", error=str(e))
+            rows, found = apply_isolating(self._store.apply, mutations, e)
+        self._send(self._rejections(mutations, found))
+        return rows
+
+    def _rejections(
+        self, mutations: list[Mutation], found: list[tuple[int, StorageRejected]]
+    ) -> list[Outgoing]:
+        """Log each rejected mutation; return one `rejected` message per batch concerned."""
+        by_batch: dict[tuple[int, int], list[list[Any]]] = {}
+        for index, error in found:
+            shard, seq, current = self._buffer.owner(index)
+            kind, key = describe(mutations[index])
+            log.error(
+                "mutation rejected",
+                shard=shard,
+                seq=seq,
+                kind=kind,
+                job_id=job_id_of(key) if key and kind in _JOB_KINDS else None,
+                key=key,
+                error=str(error),
+            )
+            if current:
+                item: list[Any] = [kind, key, str(error)]
+                if kind == "upd" and key is not None:
+                    # The shard's copy of the job holds changes the disk never will: it
+                    # takes the stored record back (None if the job is not stored).
+                    item.append(self._stored(key))
+                by_batch.setdefault((shard, seq), []).append(item)
+        return [
+            (shard, {"t": "rejected", "seq": seq, "items": items})
+            for (shard, seq), items in by_batch.items()
+        ]
+
+    def _stored(self, row_key: str) -> Any:
+        try:
+            return self._store.get_job(row_key)
+        except StorageError as e:
+            log.warning("cannot read a rejected job back", key=row_key, error=str(e))
+            return None
 
     def _report_failure(self, error: StorageError) -> None:
         buffer = self._buffer
@@ -315,7 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
     try:
-        store = Store.open(spec.data_path, synchronous=spec.synchronous)
+        store = Store.open(
+            spec.data_path, synchronous=spec.synchronous, max_bytes=spec.max_db_bytes or None
+        )
     except StorageError as e:
         log.error("cannot open the database", path=spec.data_path, error=str(e))
         link.fatal(str(e))
@@ -340,4 +397,3 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
             return writer.run(waker)
         finally:
             writer.close()
-

@@ -1,0 +1,106 @@
+"""A durable job is deliverable only once its commit is confirmed (issue 10, section 3).
+
+Against the real server: the writer is paused with SIGSTOP, so a durable push cannot commit;
+a worker's pull in between gets nothing, and after SIGCONT it gets the job. The engine-level
+tests check the same rule without processes (`Engine.hold` / `Engine.confirm`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+
+import pytest
+from shardq_harness import ShardqServer, poll_until
+from wire_clients import Tcp
+
+from shardq.core import Engine
+
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture
+def paused_writer(
+    shardq_server: Callable[..., ShardqServer],
+) -> Iterator[tuple[ShardqServer, Callable[[bool], None]]]:
+    server = shardq_server(shards=1)
+    writer = server.child_pids()["writer"]
+    stopped = [False]
+
+    def pause(on: bool) -> None:
+        os.kill(writer, signal.SIGSTOP if on else signal.SIGCONT)
+        stopped[0] = on
+
+    yield server, pause
+    if stopped[0]:
+        os.kill(writer, signal.SIGCONT)  # never leave a stopped process behind
+
+
+def test_a_durable_job_is_pulled_only_after_its_commit(
+    paused_writer: tuple[ShardqServer, Callable[[bool], None]],
+) -> None:
+    server, pause = paused_writer
+    producer, worker = Tcp(server.tcp_address), Tcp(server.tcp_address)
+    pause(True)
+    (push,) = producer.send({"cmd": "PUSH", "queue": "vis", "data": 1, "durable": True})
+    poll_until(lambda: _waiting(worker, "vis") == 1, 5.0, "the shard to take the push")
+    assert worker.call({"cmd": "PULL", "queue": "vis"})["job"] is None
+    # A long-poll parked now is served by the commit, not before. The shard answers one
+    # connection's requests in order, so once the count after it is answered, it is parked.
+    (parked,) = worker.send({"cmd": "PULL", "queue": "vis", "timeout": 5000})
+    assert _waiting(worker, "vis") == 1
+    assert parked not in worker.replies and push not in producer.replies
+    pause(False)
+    job_id = producer.wait(push)["id"]
+    assert worker.wait(parked)["job"]["id"] == job_id
+    producer.close()
+    worker.close()
+    assert server.stop() == 0
+
+
+def test_buffered_pushes_stay_deliverable_at_once(
+    paused_writer: tuple[ShardqServer, Callable[[bool], None]],
+) -> None:
+    server, pause = paused_writer
+    tcp = Tcp(server.tcp_address)
+    pause(True)
+    job_id = tcp.call({"cmd": "PUSH", "queue": "buf", "data": 1})["id"]
+    assert tcp.call({"cmd": "PULL", "queue": "buf"})["job"]["id"] == job_id
+    pause(False)
+    tcp.close()
+    assert server.stop() == 0
+
+
+def _waiting(tcp: Tcp, queue: str) -> int:
+    counts: dict[str, int] = tcp.call({"cmd": "GetJobCounts", "queue": queue})["counts"]
+    return counts["waiting"]
+
+
+# -- the engine's rule, without processes
+
+
+def test_held_jobs_wait_for_confirm_in_their_order() -> None:
+    engine = Engine(seed=1)
+    ids = [engine.apply({"cmd": "PUSH", "queue": "q", "data": n}, T0)[0]["id"] for n in range(3)]
+    engine.hold(ids[:2])
+    assert engine.apply({"cmd": "PULL", "queue": "q"}, T0)[0]["job"]["id"] == ids[2]
+    assert engine.apply({"cmd": "PULL", "queue": "q"}, T0)[0]["job"] is None
+    # A reprioritised held job stays held.
+    assert engine.apply({"cmd": "ChangePriority", "id": ids[1], "priority": 5}, T0)[0]["ok"]
+    assert engine.apply({"cmd": "PULL", "queue": "q"}, T0)[0]["job"] is None
+    assert engine.confirm(ids[:2]) == {"q"}
+    pulled = [engine.apply({"cmd": "PULL", "queue": "q"}, T0)[0]["job"]["id"] for _ in range(2)]
+    assert pulled == [ids[1], ids[0]]  # priority first, as without the hold
+    assert not engine.held
+
+
+def test_a_forgotten_held_job_leaves_nothing_behind() -> None:
+    engine = Engine(seed=1)
+    (job_id,) = [engine.apply({"cmd": "PUSH", "queue": "q", "data": 1}, T0)[0]["id"]]
+    engine.hold([job_id])
+    assert engine.forget([job_id], stored=False) == []
+    assert engine.find(job_id) is None and not engine.held
+    assert engine.confirm([job_id]) == set()
+    counts = engine.apply({"cmd": "GetJobCounts", "queue": "q"}, T0)[0]["counts"]
+    assert counts["waiting"] == 0
