@@ -152,3 +152,31 @@ def test_the_http_port_must_differ_from_the_others() -> None:
     config = ServerConfig(tcp_port=port, zmq_port=free_port(), http_port=port)
     with pytest.raises(StartupError, match="tcp_port and http_port are both"):
         check_ports(config)
+
+
+def test_health_turns_degraded_while_the_writer_does_not_read(tmp_path: Path) -> None:
+    # A stopped writer writes no status file: the shards' view (Stats' storageStalled) counts.
+    env = {"SHARDQ_STORAGE_STALL_MS": "100"}
+    server = ShardqServer(tmp_path / "data", shards=1, http_port=free_port(), env=env)
+    with server.start():
+        body = get(server.http_url, "/health").json
+        writer = next(p["pid"] for p in body["processes"] if p["role"] == "writer")
+        os.kill(writer, signal.SIGSTOP)
+        try:
+            # More than the link's socket buffers hold, so the shard has bytes it cannot send.
+            sockets = [_push_raw(server, "y" * 1_000_000) for _ in range(3)]
+            degraded = poll_until(
+                lambda: (a := get(server.http_url, "/health")).status == 503 and a,
+                15,
+                "/health to see the stalled writer",
+            )
+            assert "the writer is not reading" in degraded.json["storage"]["error"]
+            assert get(server.http_url, "/ready").status == 503
+        finally:
+            os.kill(writer, signal.SIGCONT)
+        poll_until(
+            lambda: get(server.http_url, "/health").status == 200, 20, "the writer to catch up"
+        )
+        for sock in sockets:
+            sock.close()
+        assert server.stop() == 0

@@ -81,6 +81,16 @@ def _ints(value: object) -> list[int]:
     return [n for n in value if isinstance(n, int)] if isinstance(value, list) else []
 
 
+def _add_stall(storage: StorageFacts, stats: Mapping[str, Any]) -> None:
+    """Storage is degraded too while a shard sees its writer stalled (Stats' `storageStalled`):
+    a writer that does not read its links (stopped, or stuck in a system call) cannot write its
+    status file either, so the shards' view is the one that counts then."""
+    stalled = stats.get("storageStalled")
+    if isinstance(stalled, int) and stalled > 0 and not storage.degraded:
+        storage.degraded = True
+        storage.error = f"the writer is not reading ({stalled} shard(s) see it stalled)"
+
+
 class Monitor:
     def __init__(self, spec: ChildSpec, backend: Backend) -> None:
         self._spec = spec
@@ -107,6 +117,7 @@ class Monitor:
         )
         if not snap.reachable:
             snap.error = str(stats.get("error") or "no answer")
+        _add_stall(snap.storage, snap.stats)
         if per_queue and snap.reachable:
             await self._per_queue(snap)
         return snap
@@ -149,8 +160,9 @@ class Monitor:
     async def ready(self) -> tuple[int, dict[str, Any]]:
         # The front end reports ready only after every shard recovered, and starts listening
         # then: a Ping answered is recovery finished.
-        ping = await self._backend.call({"cmd": "Ping"})
+        ping, stats = await self._backend.call_many([{"cmd": "Ping"}, {"cmd": "Stats"}])
         storage = storage_facts(self._spec.data_path, self._spec.run_dir)
+        _add_stall(storage, _data(stats, "stats"))
         ready = ping.get("ok") is True and not storage.degraded
         body: dict[str, Any] = {"ok": ready, "ready": ready}
         if storage.degraded:
