@@ -6,6 +6,7 @@ import os
 import resource
 import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack  # type: ignore[import-untyped]
@@ -16,6 +17,16 @@ from shardq_harness import ShardqServer, free_port, poll_until
 
 from shardq.runtime._config import ServerConfig
 from shardq.runtime.supervisor._preflight import StartupError, check_ports
+
+
+@pytest.fixture(scope="module")
+def storage_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """One shard, a writer stall noticed after 100 ms: for the two storage failures below."""
+    data = tmp_path_factory.mktemp("storage") / "data"
+    env = {"SHARDQ_STORAGE_STALL_MS": "100"}
+    with ShardqServer(data, shards=1, http_port=free_port(), env=env).start() as server:
+        yield server
+        assert server.stop() == 0, server.log_tail()
 
 
 def _answer(server: ShardqServer, path: str) -> Answer | None:
@@ -59,40 +70,36 @@ def _push_raw(server: ShardqServer, data: str) -> socket.socket:
     return sock
 
 
-def test_health_turns_degraded_while_storage_fails(tmp_path: Path) -> None:
-    server = ShardqServer(tmp_path / "data", shards=1, http_port=free_port())
-    with server.start():
-        body = get(server.http_url, "/health").json
-        writer = next(p["pid"] for p in body["processes"] if p["role"] == "writer")
-        storage = body["storage"]
-        # The writer may not grow any file past this: its next commit fails (as a full disk
-        # would make it), until the limit is lifted. Python ignores SIGXFSZ, so writes fail.
-        limit = max(storage["databaseBytes"], storage["walBytes"]) + 50_000
-        # Only the soft limit: raising it back needs no privilege.
-        resource.prlimit(writer, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
-        sock = _push_raw(server, "x" * 200_000)
-        try:
-            degraded = poll_until(
-                lambda: (a := get(server.http_url, "/health")).status == 503 and a,
-                15,
-                "/health to turn degraded",
-            )
-            assert degraded.json["status"] == "degraded"
-            assert degraded.json["storage"]["degraded"] is True
-            assert degraded.json["storage"]["error"]
-            ready = get(server.http_url, "/ready")
-            assert ready.status == 503 and ready.json["storage"]["degraded"] is True
-            scraped = get(server.http_url, "/prometheus").text
-            assert "bunqueue_storage_degraded 1.0" in scraped
-        finally:
-            unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
-            resource.prlimit(writer, resource.RLIMIT_FSIZE, unlimited)
-        poll_until(
-            lambda: get(server.http_url, "/health").status == 200, 20, "storage to recover"
+def test_health_turns_degraded_while_storage_fails(storage_server: ShardqServer) -> None:
+    server = storage_server
+    body = get(server.http_url, "/health").json
+    writer = next(p["pid"] for p in body["processes"] if p["role"] == "writer")
+    storage = body["storage"]
+    # The writer may not grow any file past this: its next commit fails (as a full disk
+    # would make it), until the limit is lifted. Python ignores SIGXFSZ, so writes fail.
+    limit = max(storage["databaseBytes"], storage["walBytes"]) + 50_000
+    # Only the soft limit: raising it back needs no privilege.
+    resource.prlimit(writer, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    sock = _push_raw(server, "x" * 200_000)
+    try:
+        degraded = poll_until(
+            lambda: (a := get(server.http_url, "/health")).status == 503 and a,
+            15,
+            "/health to turn degraded",
         )
-        assert get(server.http_url, "/ready").status == 200
-        sock.close()
-        assert server.stop() == 0
+        assert degraded.json["status"] == "degraded"
+        assert degraded.json["storage"]["degraded"] is True
+        assert degraded.json["storage"]["error"]
+        ready = get(server.http_url, "/ready")
+        assert ready.status == 503 and ready.json["storage"]["degraded"] is True
+        scraped = get(server.http_url, "/prometheus").text
+        assert "bunqueue_storage_degraded 1.0" in scraped
+    finally:
+        unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+        resource.prlimit(writer, resource.RLIMIT_FSIZE, unlimited)
+    poll_until(lambda: get(server.http_url, "/health").status == 200, 20, "storage to recover")
+    assert get(server.http_url, "/ready").status == 200
+    sock.close()
 
 
 def test_auth_tokens_metrics_auth_and_the_queue_cap(tmp_path: Path) -> None:
@@ -154,29 +161,26 @@ def test_the_http_port_must_differ_from_the_others() -> None:
         check_ports(config)
 
 
-def test_health_turns_degraded_while_the_writer_does_not_read(tmp_path: Path) -> None:
+def test_health_turns_degraded_while_the_writer_does_not_read(
+    storage_server: ShardqServer,
+) -> None:
     # A stopped writer writes no status file: the shards' view (Stats' storageStalled) counts.
-    env = {"SHARDQ_STORAGE_STALL_MS": "100"}
-    server = ShardqServer(tmp_path / "data", shards=1, http_port=free_port(), env=env)
-    with server.start():
-        body = get(server.http_url, "/health").json
-        writer = next(p["pid"] for p in body["processes"] if p["role"] == "writer")
-        os.kill(writer, signal.SIGSTOP)
-        try:
-            # More than the link's socket buffers hold, so the shard has bytes it cannot send.
-            sockets = [_push_raw(server, "y" * 1_000_000) for _ in range(3)]
-            degraded = poll_until(
-                lambda: (a := get(server.http_url, "/health")).status == 503 and a,
-                15,
-                "/health to see the stalled writer",
-            )
-            assert "the writer is not reading" in degraded.json["storage"]["error"]
-            assert get(server.http_url, "/ready").status == 503
-        finally:
-            os.kill(writer, signal.SIGCONT)
-        poll_until(
-            lambda: get(server.http_url, "/health").status == 200, 20, "the writer to catch up"
+    server = storage_server
+    body = get(server.http_url, "/health").json
+    writer = next(p["pid"] for p in body["processes"] if p["role"] == "writer")
+    os.kill(writer, signal.SIGSTOP)
+    try:
+        # More than the link's socket buffers hold, so the shard has bytes it cannot send.
+        sockets = [_push_raw(server, "y" * 1_000_000) for _ in range(3)]
+        degraded = poll_until(
+            lambda: (a := get(server.http_url, "/health")).status == 503 and a,
+            15,
+            "/health to see the stalled writer",
         )
-        for sock in sockets:
-            sock.close()
-        assert server.stop() == 0
+        assert "the writer is not reading" in degraded.json["storage"]["error"]
+        assert get(server.http_url, "/ready").status == 503
+    finally:
+        os.kill(writer, signal.SIGCONT)
+    poll_until(lambda: get(server.http_url, "/health").status == 200, 20, "the writer to catch up")
+    for sock in sockets:
+        sock.close()

@@ -257,7 +257,8 @@ class _SnapshotCollector(Collector):
             ("failed", "totalFailed"),
         ):
             yield CounterMetricFamily(
-                f"bunqueue_jobs_{name}", f"Jobs {name} since the front end started",
+                f"bunqueue_jobs_{name}",
+                f"Jobs {name} since the front end started",
                 value=m.get(key, 0),
             )
 
