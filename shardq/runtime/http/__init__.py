@@ -2,8 +2,10 @@
 
 Owns: the HTTP listener (`http_port`, aiohttp) and one client connection to the front end.
 
-Receives: HTTP requests; replies from the front end on its connection; the writer's status
-file (`<run dir>/writer-status.json`: storage degraded, flush sizes and durations); the other
+Receives: HTTP requests; replies from the front end on its connection (among them `Stats`,
+whose `storageStalled` says whether shards see their writer stalled, and `Metrics`, which
+carries latency histograms and each shard's requests in flight); the writer's status file
+(`<run dir>/writer-status.json`: storage degraded, flush sizes and durations); the other
 processes' resident memory and the database's file sizes, read from /proc and the file system.
 
 Sends: bunqueue commands to the front end, as any TCP client does (every REST route is one
