@@ -98,6 +98,12 @@ class ServerConfig:
     # at most `storage_stall_ms` (then refuses durable pushes and serves on); at it the
     # shard waits for the writer whatever the time: its memory stays bounded.
     writer_backlog_max_bytes: int = 256 << 20
+    # -- recovery (issue 10, section 6)
+    # A starting child is killed once it has gone this long without reporting ready or
+    # progress. A shard recovering a large database reports progress every second, so the
+    # bound is on a stall, not on the size of the backlog: 30 s is what a start took at most
+    # (the old fixed ready timeout) and far above a second between progress reports.
+    ready_timeout_ms: int = 30_000
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @property
@@ -252,6 +258,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_db_bytes": _db_cap,
     # Above the 8 MiB past which a shard starts waiting for its writer (`shard/_process.py`).
     "writer_backlog_max_bytes": _ranged(16 << 20, 1 << 40),
+    # -- recovery: at least a second, so that a child's progress reports can keep it alive.
+    "ready_timeout_ms": _ranged(1000, ms=True),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 
@@ -301,7 +309,9 @@ def _parse(key: str, raw: object, source: str) -> Any:
 
 def _parse_engine(name: str, raw: object, source: str) -> int:
     try:
-        return _ranged(1, ms=name.endswith("_ms"))(raw)
+        # completed_retention_ms (recovery, issue 10): 0 turns the age limit off.
+        low = 0 if name == "completed_retention_ms" else 1
+        return _ranged(low, ms=name.endswith("_ms"))(raw)
     except ValueError as e:
         raise ConfigError(f"engine.{name} ({source}): {e}") from None
 

@@ -115,6 +115,7 @@ VALID_TEXT = {
     "storage_stall_ms": "2000",
     "max_db_bytes": "2097152",
     "writer_backlog_max_bytes": "33554432",
+    "ready_timeout_ms": "5000",
     "metrics_auth": "true",
     "metrics_max_queues": "10",
 }
@@ -161,6 +162,7 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         storage_stall_ms = 2000
         max_db_bytes = 2097152
         writer_backlog_max_bytes = 33554432
+        ready_timeout_ms = 5000
         metrics_auth = true
         metrics_max_queues = 10
     """
@@ -228,6 +230,7 @@ def test_shards_auto_and_number() -> None:
         ("max_db_bytes", "4096"),
         ("max_db_bytes", "-1"),
         ("writer_backlog_max_bytes", "1048576"),
+        ("ready_timeout_ms", "999"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: str) -> None:

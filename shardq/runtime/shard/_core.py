@@ -165,6 +165,11 @@ class ShardCore:
         self._muts.extend(muts)
         return len(muts)
 
+    def forget_rows(self, row_keys: Iterable[str]) -> None:
+        """Delete stored job rows the engine never loaded (recovery's stale completed rows);
+        the deletions go out with the next `finish_turn`."""
+        self._muts.extend(("del", key) for key in row_keys)
+
     def poll_timeout(self, now: int) -> int | None:
         """Milliseconds until something is due (timer, long-poll, WaitJob), None for never."""
         timer = self.engine.next_deadline()

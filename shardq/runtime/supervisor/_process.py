@@ -59,9 +59,6 @@ MODULES: Mapping[str, str] = {
     "frontend": "shardq.runtime.frontend",
     "http": "shardq.runtime.http",
 }
-# A child imports, opens the database or binds its ports and reports: seconds normally. A
-# shard recovering a very large database may take longer; raise this with it.
-READY_TIMEOUT_S = 30.0
 RESTART_FIRST_S = 0.1  # quick enough that a one-off crash costs little ...
 RESTART_MAX_S = 5.0  # ... slow enough that a crash loop does not eat a CPU
 RESTART_WINDOW_S = 60.0
@@ -85,7 +82,8 @@ class _Child:
     index: int = 0
     proc: subprocess.Popen[bytes] | None = None
     ready: bool = False
-    ready_by: float | None = None  # a (re)started child must report ready by then
+    # A (re)started child must report ready, or progress, by then; progress moves it on.
+    ready_by: float | None = None
     restart_at: float | None = None
     restarts: deque[float] = field(default_factory=deque)
     exit_code: int | None = None
@@ -198,18 +196,27 @@ class Supervisor:
         for group in (self._http, [self._writer], self._shards, [self._frontend]):
             for child in group:
                 self._spawn(child)
+                child.ready_by = self._clock() + self._ready_timeout_s
             if not self._await_ready(group):
                 return False
         return True
 
+    @property
+    def _ready_timeout_s(self) -> float:
+        return self._config.ready_timeout_ms / 1000
+
     def _await_ready(self, group: list[_Child]) -> bool:
-        deadline = self._clock() + READY_TIMEOUT_S
         while not all(child.ready for child in group):
             if self._stops or self._failure is not None:
                 return False
-            if self._clock() >= deadline:
-                late = ", ".join(child.name for child in group if not child.ready)
-                self._failure = f"{late} did not report ready within {READY_TIMEOUT_S:g} s"
+            waiting = [child for child in group if not child.ready]
+            deadline = min((c.ready_by for c in waiting if c.ready_by is not None), default=None)
+            if deadline is not None and self._clock() >= deadline:
+                late = ", ".join(c.name for c in waiting if c.ready_by == deadline)
+                self._failure = (
+                    f"{late} did not report ready or progress within "
+                    f"{self._ready_timeout_s:g} s (ready_timeout_ms)"
+                )
                 return False
             self._pump(deadline)
         return True
@@ -238,7 +245,11 @@ class Supervisor:
                 if child.restart_at is not None and now >= child.restart_at:
                     self._restart(child, now)
                 elif child.ready_by is not None and now >= child.ready_by and child.proc:
-                    log.error("child not ready in time; killing it", child=child.name)
+                    log.error(
+                        "child neither ready nor progressing in time; killing it",
+                        child=child.name,
+                        ready_timeout_ms=self._config.ready_timeout_ms,
+                    )
                     child.ready_by = None
                     child.proc.kill()  # its exit schedules the next restart
 
@@ -250,7 +261,7 @@ class Supervisor:
         child.restart_at = None
         child.restarts.append(now)
         self._spawn(child)
-        child.ready_by = now + READY_TIMEOUT_S
+        child.ready_by = now + self._ready_timeout_s
         log.warning("child restarted", child=child.name, restarts_last_minute=len(child.restarts))
 
     def _on_exit(self, child: _Child, code: int) -> None:
@@ -468,6 +479,11 @@ class Supervisor:
             log.info("child ready", child=child.name, child_pid=child.proc.pid)
             if child.role == "shard" and self._serving:
                 self._tell_front({"t": "shard-up", "shard": child.index})
+        elif report.get("t") == "progress":
+            # A child that is still working towards ready (a shard loading a large backlog)
+            # gets another full bound: only one that stops making progress is killed.
+            if not child.ready and child.ready_by is not None:
+                child.ready_by = self._clock() + self._ready_timeout_s
         elif report.get("t") == "fatal":
             child.fatal = str(report.get("error"))
 
