@@ -36,6 +36,9 @@ class EngineConfig:
     # Completed jobs older than this (ms since completion) leave memory and disk; 0 keeps them
     # until max_completed pushes them out. bunqueue's COMPLETED_RETENTION_MS, off by default.
     completed_retention_ms: int = 0
+    # Longest custom id, uniqueKey, debounceId, tag or dependsOn entry a command may
+    # carry: each is an index key in memory and on disk; 1024 fits UUIDs, URLs and composites.
+    max_key_chars: int = 1_024
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:

@@ -116,6 +116,18 @@ VALID_TEXT = {
     "max_db_bytes": "2097152",
     "writer_backlog_max_bytes": "33554432",
     "ready_timeout_ms": "5000",
+    # -- bounds (issue 10 section 4)
+    "link_max_frame_bytes": "1048576",
+    "max_connections": "50",
+    "max_in_flight_per_connection": "64",
+    "max_parked_per_connection": "5",
+    "max_parked": "100",
+    "tcp_max_write_backlog_bytes": "0",
+    "tcp_idle_close_ms": "30000",
+    "unauthenticated_max_frame_bytes": "4096",
+    "auth_max_failures": "10",
+    "rate_limit_window_ms": "1000",
+    "rate_limit_max_requests": "100",
     "metrics_auth": "true",
     "metrics_max_queues": "10",
 }
@@ -163,6 +175,17 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         max_db_bytes = 2097152
         writer_backlog_max_bytes = 33554432
         ready_timeout_ms = 5000
+        link_max_frame_bytes = 1048576
+        max_connections = 50
+        max_in_flight_per_connection = 64
+        max_parked_per_connection = 5
+        max_parked = 100
+        tcp_max_write_backlog_bytes = 0
+        tcp_idle_close_ms = 30000
+        unauthenticated_max_frame_bytes = 4096
+        auth_max_failures = 10
+        rate_limit_window_ms = 1000
+        rate_limit_max_requests = 100
         metrics_auth = true
         metrics_max_queues = 10
     """

@@ -513,8 +513,12 @@ class ShardCore:
         conn = msg.get("conn")
         if not isinstance(conn, str):
             return
-        self.polls.drop_conn(conn)
-        self.waits.drop_conn(conn)
+        # Answered (into the void: the connection is gone) rather than forgotten, so that the
+        # front end frees their entries in its tables of requests in flight and parked.
+        for parked in self.polls.drop_conn(conn):
+            self._replies.append([conn, parked.rid, empty_pull_reply(parked.cmd)])
+        for parked in self.waits.drop_conn(conn):
+            self._replies.append([conn, parked.rid, {"ok": True, "completed": False}])
         _released, muts = self.engine.release(conn, now)
         self._absorb(muts, self.engine.last_events)
 

@@ -32,7 +32,7 @@ from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import spin_until
 from shardq.runtime.links._control import pack, unpack
-from shardq.runtime.links._stream import FrontLink
+from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._gc import tune_gc
@@ -77,7 +77,11 @@ class ShardProcess:
         # mutations go to, and confirmations come from, the writer over the other
         # (`links._writer`). The writer is up before any shard starts; if the link is down
         # later (a writer restart), `_wait` reconnects it.
-        self._front = FrontLink(spec.link_path(spec.index))
+        # One request can be a whole client frame, so the link takes at least that much.
+        self._front = FrontLink(
+            spec.link_path(spec.index),
+            max(spec.link_max_frame_bytes, spec.max_frame_bytes + LINK_ENVELOPE_BYTES),
+        )
         self._writer = WriterLink(spec.writer_link_path)
         self._writer.connect()
         self._next_connect = 0.0
@@ -311,11 +315,16 @@ class ShardProcess:
         self._link_fds = fds
 
     def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None:
+        limit = self.spec.link_max_frame_bytes
         for dest, msg in out:
             if dest == "front":
                 # Blocking is the back-pressure the runtime contract asks for: a front end
                 # that does not read stops this shard. While stopping, nobody may read.
-                self._front.send(self._pack_reply(msg), block=block_on_front)
+                data, msg = self._pack_reply(msg)
+                if len(data) > limit:
+                    self._send_split(msg, block_on_front)
+                else:
+                    self._front.send(data, block=block_on_front)
             else:
                 # Likewise a writer that does not read stops this shard. With the link down
                 # the batch is dropped here and resent from `_unconfirmed` when it is back.
@@ -362,14 +371,24 @@ class ShardProcess:
             else:
                 _log.warning("storage recovered: the writer reads again")
 
-    def _pack_reply(self, msg: dict[str, Any]) -> bytes:
-        """Pack a message for the front end; if a reply cannot be packed (an integer past 64
-        bits ...), pack each reply on its own: only the one at fault becomes an error."""
+    def _pack_reply(self, msg: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        """Pack a message for the front end, and the message the bytes stand for: if a reply
+        cannot be packed (an integer past 64 bits ...), each reply is packed on its own and
+        only the one at fault becomes an error."""
         pack_reply = self._front_packer.pack
         try:
-            return pack_reply(msg)
+            return pack_reply(msg), msg
         except (TypeError, ValueError, OverflowError):
-            return pack_reply(salvage_replies(msg, pack_reply))
+            msg = salvage_replies(msg, pack_reply)
+            return pack_reply(msg), msg
+    def _send_split(self, msg: dict[str, Any], block: bool) -> None:
+        """A reply batch over the link's frame limit goes out in several frames: the front end
+        refuses (and drops the link on) a larger one."""
+        frames, refused = self._front_packer.split(msg, self.spec.link_max_frame_bytes)
+        for conn, rid, size in refused:
+            _log.warning("reply too large for the front-end link", conn=conn, rid=rid, size=size)
+        for data in frames:
+            self._front.send(data, block=block)
 
 
 class _Progress:
@@ -403,6 +422,7 @@ class _Progress:
             _log.info("shard recovering", loaded=loaded, jobs_per_s=round(rate))
 
 
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m shardq.runtime.shard --spec JSON`; returns the exit code."""
     try:
@@ -424,4 +444,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         shard.close()
-
