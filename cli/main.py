@@ -38,6 +38,9 @@ def start(
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
     tcp_port: Annotated[int | None, typer.Option(help="bunqueue TCP port (default 6789).")] = None,
     zmq_port: Annotated[int | None, typer.Option(help="ZeroMQ port (default 6788).")] = None,
+    http_port: Annotated[
+        int | None, typer.Option(help="HTTP port: health, metrics, API, dashboard (6790; 0: off).")
+    ] = None,
     data_path: Annotated[
         str | None, typer.Option(help="SQLite file (default ./data/shardq.db).")
     ] = None,
@@ -80,6 +83,7 @@ def start(
         "host": host,
         "tcp_port": tcp_port,
         "zmq_port": zmq_port,
+        "http_port": http_port,
         "data_path": data_path,
         "shards": shards,
         "log_format": log_format,

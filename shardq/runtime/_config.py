@@ -7,9 +7,10 @@ unknown environment variables are ignored (the environment is shared with everyt
 
 Environment names are `SHARDQ_<KEY>` (e.g. `SHARDQ_TCP_PORT`, `SHARDQ_ENGINE_MAX_COMPLETED`),
 plus bunqueue's names so shardq can replace bunqueue in an existing deployment: `TCP_PORT`,
-`HTTP_PORT`, `HOST`, `BUNQUEUE_DATA_PATH` (then `DATA_PATH`), `AUTH_TOKENS` (comma-separated)
-and `SHUTDOWN_TIMEOUT_MS`. A `SHARDQ_` name wins over an alias. Nothing here reads the
-environment at import time: `load_config` reads `os.environ` only when called without `env`.
+`HTTP_PORT`, `HOST`, `BUNQUEUE_DATA_PATH` (then `DATA_PATH`), `AUTH_TOKENS` (comma-separated),
+`SHUTDOWN_TIMEOUT_MS`, `METRICS_AUTH` and `METRICS_MAX_QUEUES`. A `SHARDQ_` name wins over an
+alias. Nothing here reads the environment at import time: `load_config` reads `os.environ` only
+when called without `env`.
 """
 
 from __future__ import annotations
@@ -47,7 +48,14 @@ class ServerConfig:
     host: str = "127.0.0.1"
     tcp_port: int = 6789  # bunqueue's TCP port, so its SDKs connect without configuration
     zmq_port: int = 6788
-    http_port: int = 6790  # bunqueue's HTTP port; reserved for /health, not served yet
+    # bunqueue's HTTP port: /health, /ready, /prometheus, the REST API and the dashboard,
+    # served by their own process (docs/http.md). 0 turns the HTTP port off.
+    http_port: int = 6790
+    # bunqueue's METRICS_AUTH: /prometheus then wants a bearer token like the REST routes.
+    metrics_auth: bool = False
+    # bunqueue's METRICS_MAX_QUEUES: per-queue series beyond this many queues would make every
+    # scrape and the Prometheus server pay for queues nobody graphs; the rest are counted.
+    metrics_max_queues: int = 100
     data_path: str = "./data/shardq.db"
     shards: int | str = "auto"  # "auto" = one shard per CPU (`shard_count`)
     auth_tokens: tuple[str, ...] = ()  # empty: every connection starts authenticated
@@ -242,6 +250,18 @@ def _tokens(value: object) -> tuple[str, ...]:
     return tuple(str(item) for item in items)
 
 
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
 def _idle_timeout(value: object) -> int:
     number = _int_from(value, ms=True)
     if number == -1:
@@ -255,7 +275,10 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "host": _text,
     "tcp_port": _PORT,
     "zmq_port": _PORT,
-    "http_port": _PORT,
+    "http_port": _ranged(0, 65535),  # 0: no HTTP process at all
+    "metrics_auth": _bool,
+    # Past 10,000 a scrape would carry more series than Prometheus keeps comfortably per target.
+    "metrics_max_queues": _ranged(0, 10_000),
     "data_path": _text,
     "shards": _shards,
     "auth_tokens": _tokens,
@@ -319,6 +342,8 @@ _ENV_ALIASES: tuple[tuple[str, str], ...] = (
     ("RATE_LIMIT_MAX_REQUESTS", "rate_limit_max_requests"),
     ("TLS_CERT_FILE", "tls_cert_file"),
     ("TLS_KEY_FILE", "tls_key_file"),
+    ("METRICS_AUTH", "metrics_auth"),
+    ("METRICS_MAX_QUEUES", "metrics_max_queues"),
 )
 
 

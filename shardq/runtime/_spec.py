@@ -11,7 +11,7 @@ __all__ = ["ChildSpec"]
 
 @dataclass(frozen=True, slots=True)
 class ChildSpec:
-    role: str  # "writer" | "shard" | "frontend"
+    role: str  # "writer" | "shard" | "frontend" | "http"
     run_dir: str  # holds the ipc:// socket files
     data_path: str  # the SQLite file
     shards: int
@@ -50,6 +50,9 @@ class ChildSpec:
     auth_max_failures: int = 3
     rate_limit_window_ms: int = 0
     rate_limit_max_requests: int = 10_000
+    http_port: int = 0  # the HTTP process's port (0 for every other role)
+    metrics_auth: bool = False
+    metrics_max_queues: int = 100
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     def endpoint(self, name: str) -> str:

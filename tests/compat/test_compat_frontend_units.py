@@ -132,6 +132,9 @@ def test_metrics_counters() -> None:
     assert (metrics["totalPushed"], metrics["totalPulled"], metrics["totalCompleted"]) == (3, 2, 3)
     assert metrics["totalFailed"] == 3 and metrics["memoryUsageMb"] == 12.5
     assert (metrics["sqliteSizeMb"], metrics["activeConnections"]) == (0, 0)
+    latency = metrics_reply(counters, stats, 12.5)["latency"]
+    # Counted commands that succeeded: 2 pushes, the 1 pull that delivered, 3 ACKs.
+    assert [sum(latency[k]["counts"]) for k in ("push", "pull", "ack")] == [2, 1, 3]
     down = {"ok": False, "error": "Shard unavailable"}
     assert metrics_reply(counters, [stats[0], down], 1.0) == down
 

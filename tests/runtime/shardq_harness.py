@@ -81,7 +81,8 @@ class ShardqServer:
     """One `shardq start` process tree.
 
     `data_dir` holds the database (`shardq.db`, or `data_path`), the run directory and the
-    log (`shardq.log`). `tcp_port`/`zmq_port` default to free ports. `args` are extra CLI
+    log (`shardq.log`). `tcp_port`/`zmq_port` default to free ports, `http_port` to
+    0 (no HTTP process). `args` are extra CLI
     flags and `env` extra environment variables (bunqueue's and `SHARDQ_*` names included);
     the test process's own `SHARDQ_*`/alias variables are not passed on, so a developer's
     shell cannot change a test. With `via_env`, host, ports and data path are passed as
@@ -100,6 +101,7 @@ class ShardqServer:
         env: Mapping[str, str] | None = None,
         host: str = "127.0.0.1",
         via_env: bool = False,
+        http_port: int = 0,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -107,6 +109,8 @@ class ShardqServer:
         ports = free_ports(2, host)
         self.tcp_port = tcp_port if tcp_port is not None else ports[0]
         self.zmq_port = zmq_port if zmq_port is not None else ports[1]
+        # Off unless asked for: a test that wants HTTP passes `http_port=free_port()`.
+        self.http_port = http_port
         self.data_path = data_path if data_path is not None else self.data_dir / "shardq.db"
         self.log_path = self.data_dir / "shardq.log"
         self.shards = shards
@@ -125,6 +129,7 @@ class ShardqServer:
             "--host", self.host,
             "--tcp-port", str(self.tcp_port),
             "--zmq-port", str(self.zmq_port),
+            "--http-port", str(self.http_port),
             "--data-path", str(self.data_path),
         ]  # fmt: skip
         return [
@@ -140,6 +145,7 @@ class ShardqServer:
                 HOST=self.host,
                 TCP_PORT=str(self.tcp_port),
                 SHARDQ_ZMQ_PORT=str(self.zmq_port),
+                HTTP_PORT=str(self.http_port),
                 BUNQUEUE_DATA_PATH=str(self.data_path),
             )
         env.update(self.extra_env)
@@ -252,6 +258,11 @@ class ShardqServer:
     def tcp_address(self) -> tuple[str, int]:
         """(host, port) of the bunqueue TCP listener."""
         return (self.host, self.tcp_port)
+
+    @property
+    def http_url(self) -> str:
+        """The base URL of the HTTP port (`http_port` must have been given)."""
+        return f"http://{self.host}:{self.http_port}"
 
     @property
     def zmq_endpoint(self) -> str:

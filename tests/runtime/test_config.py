@@ -130,6 +130,8 @@ VALID_TEXT = {
     "auth_max_failures": "10",
     "rate_limit_window_ms": "1000",
     "rate_limit_max_requests": "100",
+    "metrics_auth": "true",
+    "metrics_max_queues": "10",
 }
 
 
@@ -186,6 +188,8 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         auth_max_failures = 10
         rate_limit_window_ms = 1000
         rate_limit_max_requests = 100
+        metrics_auth = true
+        metrics_max_queues = 10
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
@@ -345,3 +349,14 @@ def test_example_config_documents_every_key_at_its_default() -> None:
 def test_dev_config_loads() -> None:
     c = load_config(CONFIGS / "dev.toml", env={})
     assert c.shard_count == 2 and c.log_format == "console"
+
+
+def test_http_settings_from_bunqueue_names() -> None:
+    c = load_config(env={"HTTP_PORT": "0", "METRICS_AUTH": "true", "METRICS_MAX_QUEUES": "5"})
+    assert (c.http_port, c.metrics_auth, c.metrics_max_queues) == (0, True, 5)
+
+
+@pytest.mark.parametrize(("var", "raw"), [("METRICS_AUTH", "maybe"), ("HTTP_PORT", "70000")])
+def test_bad_http_settings_rejected(var: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=var):
+        load_config(env={var: raw})

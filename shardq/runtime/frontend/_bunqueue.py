@@ -59,9 +59,16 @@ class BunqueueCommands:
     shard and calls `done` with their replies in shard order (both the dispatcher's).
     """
 
-    def __init__(self, answer: Answer, gather_all: GatherAll, rate_window_s: int = 5) -> None:
+    def __init__(
+        self,
+        answer: Answer,
+        gather_all: GatherAll,
+        rate_window_s: int = 5,
+        in_flight: Callable[[], list[int]] | None = None,
+    ) -> None:
         self._answer = answer
         self._gather_all = gather_all
+        self._in_flight = in_flight or (lambda: [])
         self.workers = WorkerRegistry()
         self.counters = Counters(rate_window_s)
         self._clock = AnchoredClock()  # registry times are wall clock, but never jump
@@ -109,7 +116,7 @@ class BunqueueCommands:
         stats = {"cmd": "Stats"}
 
         def done(replies: list[Reply]) -> None:
-            reply = metrics_reply(self.counters, replies, memory_usage_mb())
+            reply = metrics_reply(self.counters, replies, memory_usage_mb(), self._in_flight())
             self._answer(client, req, reply)
 
         self._gather_all(client, stats, done)

@@ -240,7 +240,9 @@ class Dispatcher:
             "ListQueues": self._list_queues,
         }
         # Workers, Metrics, flow-children reads and the flow/cron push refusals.
-        self.bunqueue = BunqueueCommands(self.answer, self._gather_all, rate_window_s)
+        self.bunqueue = BunqueueCommands(
+            self.answer, self._gather_all, rate_window_s, self.pending_per_shard
+        )
         self._local.update(self.bunqueue.handlers)
 
     @property
@@ -251,6 +253,14 @@ class Dispatcher:
     def pending(self) -> int:
         """Forwarded commands still waiting for a shard's reply."""
         return len(self._pending)
+
+    def pending_per_shard(self) -> list[int]:
+        """`pending` by shard: each shard's mailbox as the front end sees it (requests sent and
+        not answered yet, parked long-polls included). O(pending): for a scrape, not a loop."""
+        counts = [0] * self.shards
+        for shard, _ in self._pending.values():
+            counts[shard] += 1
+        return counts
 
     # -- frames in -------------------------------------------------------------------------
 

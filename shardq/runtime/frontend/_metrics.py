@@ -15,6 +15,7 @@ command's arrival at the front end to its reply.
 
 from __future__ import annotations
 
+import bisect
 import os
 import resource
 import sys
@@ -54,16 +55,29 @@ def _acked(name: str, reply: Mapping[str, Any], batch: int) -> int:
     return batch - (len(ignored) if isinstance(ignored, list) else 0)
 
 
+# Upper bounds (ms) of the latency buckets the HTTP port exposes as Prometheus histograms:
+# from a pipelined command's tenth of a millisecond to a long-poll's seconds.
+LATENCY_BOUNDS_MS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0,
+                            5000.0)  # fmt: skip
+
+
 class _Average:
-    __slots__ = ("count", "total")
+    """A mean, plus a bucket count per `LATENCY_BOUNDS_MS` bound (the last one is +Inf)."""
+
+    __slots__ = ("buckets", "count", "total")
 
     def __init__(self) -> None:
         self.count = 0
         self.total = 0.0
+        self.buckets = [0] * (len(LATENCY_BOUNDS_MS) + 1)
 
     def add(self, ms: float) -> None:
         self.count += 1
         self.total += ms
+        self.buckets[bisect.bisect_left(LATENCY_BOUNDS_MS, ms)] += 1
+
+    def histogram(self) -> dict[str, Any]:
+        return {"bounds": list(LATENCY_BOUNDS_MS), "counts": list(self.buckets), "sum": self.total}
 
     def mean(self) -> float:
         return self.total / self.count if self.count else 0.0
@@ -198,8 +212,14 @@ def memory_usage_mb() -> float:
         return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
-def metrics_reply(counters: Counters, stats_replies: Sequence[Reply], memory_mb: float) -> Reply:
-    """The legacy Metrics reply; a shard's error answers instead."""
+def metrics_reply(
+    counters: Counters,
+    stats_replies: Sequence[Reply],
+    memory_mb: float,
+    in_flight: Sequence[int] = (),
+) -> Reply:
+    """The legacy Metrics reply; a shard's error answers instead. `in_flight` is each shard's
+    count of requests awaiting its reply."""
     failed = 0
     for reply in stats_replies:
         if not reply.get("ok"):
@@ -220,4 +240,13 @@ def metrics_reply(counters: Counters, stats_replies: Sequence[Reply], memory_mb:
         "sqliteSizeMb": 0,
         "activeConnections": 0,
     }
-    return {"ok": True, "metrics": metrics}
+    # Beside `metrics`, whose keys are bunqueue's: the latency histograms (ms) and the shards'
+    # requests in flight, for the HTTP port's Prometheus exposition. A bunqueue client reads
+    # only `metrics`.
+    latency = {
+        "push": counters.push_ms.histogram(),
+        "pull": counters.pull_ms.histogram(),
+        "ack": counters.ack_ms.histogram(),
+    }
+    shards = {"inFlight": list(in_flight)}
+    return {"ok": True, "metrics": metrics, "latency": latency, "shards": shards}

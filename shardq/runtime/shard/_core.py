@@ -387,6 +387,9 @@ class ShardCore:
             for key in _COUNT_KEYS:
                 totals[key] += counts[key]
         totals["dlq"] = totals["failed"]
+        # Summed by the front end: how many shards see their writer stalled (the HTTP port's
+        # /health turns degraded on it; the writer cannot say so while it does not run).
+        totals["storageStalled"] = int(self.storage_stalled)
         return {"ok": True, "stats": totals}
 
     # -- long-polls ------------------------------------------------------------------------

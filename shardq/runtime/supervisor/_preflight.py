@@ -39,10 +39,17 @@ class StartupError(ShardqError):
 
 
 def check_ports(config: ServerConfig) -> None:
-    """Raise `StartupError` if the TCP or ZeroMQ port is taken, equal, or cannot be bound."""
-    if config.tcp_port == config.zmq_port:
-        raise StartupError(f"tcp_port and zmq_port are both {config.tcp_port}; they must differ")
-    for key, port in (("tcp_port", config.tcp_port), ("zmq_port", config.zmq_port)):
+    """Raise `StartupError` if the TCP, ZeroMQ or HTTP port (0: off) is taken, shared, or
+    cannot be bound."""
+    ports = {"tcp_port": config.tcp_port, "zmq_port": config.zmq_port}
+    if config.http_port:
+        ports["http_port"] = config.http_port
+    seen: dict[int, str] = {}
+    for key, port in ports.items():
+        if port in seen:
+            raise StartupError(f"{seen[port]} and {key} are both {port}; they must differ")
+        seen[port] = key
+    for key, port in ports.items():
         _check_port(config.host, port, key)
 
 

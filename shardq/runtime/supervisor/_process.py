@@ -58,6 +58,7 @@ MODULES: Mapping[str, str] = {
     "writer": "shardq.runtime.writer",
     "shard": "shardq.runtime.shard",
     "frontend": "shardq.runtime.frontend",
+    "http": "shardq.runtime.http",
 }
 RESTART_FIRST_S = 0.1  # quick enough that a one-off crash costs little ...
 RESTART_MAX_S = 5.0  # ... slow enough that a crash loop does not eat a CPU
@@ -113,7 +114,10 @@ class Supervisor:
         self._writer = _Child("writer")
         self._shards = [_Child("shard", i) for i in range(config.shard_count)]
         self._frontend = _Child("frontend")
-        self._children = [self._writer, *self._shards, self._frontend]
+        # The HTTP process starts first and stops first: /ready answers 503 while the shards
+        # recover, and a load balancer sees the server leave before its clients are cut.
+        self._http = [_Child("http")] if config.http_port else []
+        self._children = [self._writer, *self._shards, self._frontend, *self._http]
         self._stops = 0
         self._serving = False  # "shardq ready" was logged: exits now mean restarts
         self._stopping = False
@@ -190,7 +194,7 @@ class Supervisor:
     # -- start-up
 
     def _start(self) -> bool:
-        for group in ([self._writer], self._shards, [self._frontend]):
+        for group in (self._http, [self._writer], self._shards, [self._frontend]):
             for child in group:
                 self._spawn(child)
                 child.ready_by = self._clock() + self._ready_timeout_s
@@ -225,6 +229,7 @@ class Supervisor:
             "shardq ready",
             tcp=str(addresses.get("tcp", _host_port(config.host, config.tcp_port))),
             zmq=str(addresses.get("zmq", "tcp://" + _host_port(config.host, config.zmq_port))),
+            http=_host_port(config.host, config.http_port) if self._http else "off",
             shards=len(self._shards),
             data_path=str(self._data_path),
             run_dir=str(self._run_dir),
@@ -305,7 +310,7 @@ class Supervisor:
             child.restart_at = child.ready_by = None
         timeout = self._config.shutdown_timeout_ms / 1000 + STOP_GRACE_S
         clean = True
-        for group in ([self._frontend], self._shards, [self._writer]):
+        for group in ([self._frontend, *self._http], self._shards, [self._writer]):
             clean = self._stop_group(group, timeout) and clean
         return clean
 
@@ -408,6 +413,9 @@ class Supervisor:
             auth_max_failures=c.auth_max_failures,
             rate_limit_window_ms=c.rate_limit_window_ms,
             rate_limit_max_requests=c.rate_limit_max_requests,
+            http_port=c.http_port if child.role == "http" else 0,
+            metrics_auth=c.metrics_auth,
+            metrics_max_queues=c.metrics_max_queues,
         )
 
     def _signal(self, child: _Child, signum: int) -> None:

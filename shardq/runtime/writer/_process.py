@@ -40,6 +40,7 @@ from shardq.runtime._spec import ChildSpec
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.runtime.writer._isolate import apply_isolating
+from shardq.runtime.writer._status import WriterStatus, file_sizes
 from shardq.storage import StorageError, StorageFull, StorageRejected, Store, describe
 
 __all__ = ["Writer", "main"]
@@ -78,6 +79,7 @@ class Writer:
         self._links = ShardConnections(spec.writer_link_path)
         self._reading = True
         self._degraded = False
+        self._status = WriterStatus(spec.run_dir, clock)
 
     @property
     def buffer(self) -> FlushBuffer:
@@ -177,6 +179,7 @@ class Writer:
         try:
             rows = self._commit(buffer.mutations())
         except StorageError as e:
+            self._status.failed(str(e), disk_full=isinstance(e, StorageFull))
             self._send(buffer.failed(e, self._clock()))
             self._report_failure(e)
             return False
@@ -188,6 +191,7 @@ class Writer:
                 mutations=buffer.pending,
             )
             self._degraded = False
+        self._status.flushed(buffer.pending, self._clock() - started)
         log.debug(
             "flushed",
             mutations=buffer.pending,
@@ -256,6 +260,7 @@ class Writer:
         }
         if isinstance(error, StorageFull):
             if not self._degraded:  # once per episode; the retries are not news
+                fields.update(file_sizes(self._spec.data_path))  # what fills the disk
                 log.error("storage full: durable writes fail until space is freed", **fields)
             self._degraded = True
         elif buffer.failures == 1 or buffer.retry_in(self._clock()) >= 1.0:
@@ -291,7 +296,11 @@ class Writer:
         except StorageError as e:
             log.warning("WAL checkpoint failed", error=str(e))
         else:
-            log.info("writer stopped", wal_checkpoint="complete" if complete else "partial")
+            log.info(
+                "writer stopped",
+                wal_checkpoint="complete" if complete else "partial",
+                **file_sizes(self._spec.data_path),
+            )
         return EXIT_OK
 
     def _drain_everything(self) -> None:
@@ -382,6 +391,7 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
                 data_path=str(store.path),
                 schema_version=store.schema_version,
                 synchronous=spec.synchronous,
+                **file_sizes(store.path),
             )
             link.ready()
             return writer.run(waker)

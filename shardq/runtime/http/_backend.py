@@ -1,0 +1,68 @@
+"""The HTTP process's connection to the front end: the shardq SDK's `AsyncConnection` over TCP.
+
+Why the SDK over TCP rather than a raw link to the shards or a new internal endpoint: the front
+end already validates, routes and fans out every command, keeps the worker registry and the
+Metrics counters, and answers a dead shard's requests at once; talking to it as a client means
+the REST routes answer exactly what the TCP port answers, with nothing duplicated. The SDK
+connection pipelines (one connection carries every concurrent HTTP request), sends `Auth`
+first when tokens are configured, and reconnects after a front-end restart. One extra local
+TCP round trip per request is nothing next to HTTP's own cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from shardq.client import AsyncConnection
+from shardq.errors import ShardqError
+from shardq.runtime._spec import ChildSpec
+
+__all__ = ["Backend", "Reply"]
+
+Reply = dict[str, Any]
+# A command's own wait (PULL's or WaitJob's `timeout`) comes on top of this.
+TIMEOUT_S: Final = 10.0
+CONNECT_TIMEOUT_S: Final = 2.0
+_WILDCARDS: Final = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+def frontend_url(spec: ChildSpec) -> str:
+    """The front end's TCP address as a client on this machine reaches it."""
+    host = _WILDCARDS.get(spec.host, spec.host)
+    return f"tcp://[{host}]:{spec.tcp_port}" if ":" in host else f"tcp://{host}:{spec.tcp_port}"
+
+
+class Backend:
+    """Sends commands to the front end; a failure to reach it becomes an error reply."""
+
+    def __init__(self, spec: ChildSpec) -> None:
+        token = spec.auth_tokens[0] if spec.auth_tokens else None
+        self._conn = AsyncConnection(
+            frontend_url(spec), token=token, timeout=TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S
+        )
+
+    @property
+    def live(self) -> bool:
+        return self._conn.live
+
+    async def call(self, command: Mapping[str, Any], *, wait_ms: float = 0) -> Reply:
+        """The front end's reply to `command`; `{ok: false, error: "Server unavailable: ..."}`
+        when it cannot be reached (it is starting, restarting or stopping)."""
+        return (await self.call_many([command], wait_ms=wait_ms))[0]
+
+    async def call_many(
+        self, commands: Sequence[Mapping[str, Any]], *, wait_ms: float = 0
+    ) -> list[Reply]:
+        """Pipelined replies in order, each an error reply if the front end cannot answer."""
+        try:
+            replies = await self._conn.call_many(commands, wait=wait_ms / 1000, check=False)
+        except ShardqError as e:
+            error = {"ok": False, "error": f"Server unavailable: {e}"}
+            return [dict(error) for _ in commands]
+        for reply in replies:
+            reply.pop("reqId", None)  # the TCP envelope's, not part of the answer
+        return replies
+
+    async def close(self) -> None:
+        await self._conn.close()

@@ -1,0 +1,351 @@
+"""/health, /ready, /stats, the JSON /metrics and the Prometheus exposition.
+
+Each answer is built per request from what the front end replies (`Stats`, `Metrics`,
+`ListWorkers`, and `ListQueues` + `GetJobCounts` for the per-queue gauges) and what `_facts`
+reads locally. Nothing is cached: a scrape every 15 s costs a handful of commands.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+import shardq
+from shardq.runtime._spec import ChildSpec
+from shardq.runtime.http._backend import Backend
+from shardq.runtime.http._facts import (
+    ProcessMemory,
+    StorageFacts,
+    established,
+    process_memory,
+    storage_facts,
+    uptime_seconds,
+)
+
+__all__ = ["Monitor", "Snapshot"]
+
+_MB: Final = 1024 * 1024
+# bunqueue's per-queue state names -> the GetJobCounts key (a queue's DLQ is its `failed`).
+_QUEUE_STATES: Final = {
+    "waiting": "waiting",
+    "prioritized": "prioritized",
+    "delayed": "delayed",
+    "active": "active",
+    "completed": "completed",
+    "dlq": "failed",
+    "paused": "paused",
+}
+
+
+@dataclass
+class Snapshot:
+    """One reading of the server, for /health and a scrape."""
+
+    reachable: bool
+    uptime: float
+    stats: Mapping[str, Any]
+    metrics: Mapping[str, Any]
+    latency: Mapping[str, Any]
+    in_flight: list[int]
+    workers: Mapping[str, Any]
+    storage: StorageFacts
+    processes: list[ProcessMemory]
+    tcp_connections: int
+    queues: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    queues_omitted: int = 0
+    error: str | None = None  # why the server did not answer (a restarting shard, ...)
+
+    @property
+    def healthy(self) -> bool:
+        return self.reachable and not self.storage.degraded
+
+
+def _data(reply: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = reply.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _ints(value: object) -> list[int]:
+    return [n for n in value if isinstance(n, int)] if isinstance(value, list) else []
+
+
+def _add_stall(storage: StorageFacts, stats: Mapping[str, Any]) -> None:
+    """Storage is degraded too while a shard sees its writer stalled (Stats' `storageStalled`):
+    a writer that does not read its links (stopped, or stuck in a system call) cannot write its
+    status file either, so the shards' view is the one that counts then."""
+    stalled = stats.get("storageStalled")
+    if isinstance(stalled, int) and stalled > 0 and not storage.degraded:
+        storage.degraded = True
+        storage.error = f"the writer is not reading ({stalled} shard(s) see it stalled)"
+
+
+class Monitor:
+    def __init__(self, spec: ChildSpec, backend: Backend) -> None:
+        self._spec = spec
+        self._backend = backend
+        self._started = time.monotonic()
+
+    async def snapshot(self, *, per_queue: bool = False) -> Snapshot:
+        stats, metrics, workers = await self._backend.call_many(
+            [{"cmd": "Stats"}, {"cmd": "Metrics"}, {"cmd": "ListWorkers"}]
+        )
+        supervisor = os.getppid()
+        own = 1 if self._backend.live else 0  # this process's own connection is not a client
+        snap = Snapshot(
+            reachable=stats.get("ok") is True,
+            uptime=uptime_seconds(supervisor, self._started),
+            stats=_data(stats, "stats"),
+            metrics=_data(metrics, "metrics"),
+            latency=_data(metrics, "latency"),
+            in_flight=_ints(_data(metrics, "shards").get("inFlight")),
+            workers=_data(_data(workers, "data"), "stats"),
+            storage=storage_facts(self._spec.data_path, self._spec.run_dir),
+            processes=process_memory(supervisor),
+            tcp_connections=max(0, established(self._spec.tcp_port) - own),
+        )
+        if not snap.reachable:
+            snap.error = str(stats.get("error") or "no answer")
+        _add_stall(snap.storage, snap.stats)
+        if per_queue and snap.reachable:
+            await self._per_queue(snap)
+        return snap
+
+    async def _per_queue(self, snap: Snapshot) -> None:
+        listed = await self._backend.call({"cmd": "ListQueues"})
+        names = [q for q in listed.get("queues") or [] if isinstance(q, str)]
+        cap = self._spec.metrics_max_queues
+        shown, snap.queues_omitted = names[:cap], max(0, len(names) - cap)
+        replies = await self._backend.call_many(
+            [{"cmd": "GetJobCounts", "queue": q} for q in shown]
+        )
+        snap.queues = {q: _data(r, "counts") for q, r in zip(shown, replies, strict=True)}
+
+    # -- JSON answers
+
+    async def health(self) -> tuple[int, dict[str, Any]]:
+        snap = await self.snapshot()
+        s = snap.stats
+        rss = sum(p.rss_bytes for p in snap.processes)
+        body: dict[str, Any] = {
+            "ok": snap.healthy,
+            "status": "healthy" if snap.healthy else "degraded",
+            "uptime": round(snap.uptime),
+            "version": shardq.__version__,
+            "queues": {k: int(s.get(k, 0)) for k in ("waiting", "active", "delayed", "completed")}
+            | {"dlq": int(s.get("dlq", 0))},
+            "connections": {"tcp": snap.tcp_connections, "ws": 0, "sse": 0},
+            "memory": {"rss": round(rss / _MB, 1)},
+            "processes": [
+                {"role": p.role, "pid": p.pid, "rss": round(p.rss_bytes / _MB, 1)}
+                for p in snap.processes
+            ],
+            "storage": snap.storage.as_json(),
+        }
+        if not snap.reachable:
+            body["error"] = snap.error  # "Server unavailable: ..." or "Shard unavailable: ..."
+        return (200 if snap.healthy else 503), body
+
+    async def ready(self) -> tuple[int, dict[str, Any]]:
+        # The front end reports ready only after every shard recovered, and starts listening
+        # then: a Ping answered is recovery finished.
+        ping, stats = await self._backend.call_many([{"cmd": "Ping"}, {"cmd": "Stats"}])
+        storage = storage_facts(self._spec.data_path, self._spec.run_dir)
+        _add_stall(storage, _data(stats, "stats"))
+        ready = ping.get("ok") is True and not storage.degraded
+        body: dict[str, Any] = {"ok": ready, "ready": ready}
+        if storage.degraded:
+            body["storage"] = storage.as_json()
+        elif not ready:
+            body["reason"] = "recovering or restarting: the front end does not answer yet"
+        return (200 if ready else 503), body
+
+    async def stats(self) -> dict[str, Any]:
+        snap = await self.snapshot()
+        m = snap.metrics
+        totals = {
+            "totalPushed": m.get("totalPushed", 0),
+            "totalPulled": m.get("totalPulled", 0),
+            "totalCompleted": m.get("totalCompleted", 0),
+            "totalFailed": m.get("totalFailed", 0),
+        }
+        # Stats carries the push and pull rates; completions and failures have none yet.
+        rates = {"pushPerSec": 0, "pullPerSec": 0, "completePerSec": 0, "failPerSec": 0}
+        return {
+            "ok": True,
+            "stats": {**rates, **snap.stats, **totals},
+            "memory": {"rss": round(sum(p.rss_bytes for p in snap.processes) / _MB, 1)},
+            "storage": snap.storage.as_json(),
+        }
+
+    async def metrics_json(self) -> dict[str, Any]:
+        reply = await self._backend.call({"cmd": "Metrics"})
+        m = _data(reply, "metrics")
+        keys = ("totalPushed", "totalPulled", "totalCompleted", "totalFailed")
+        return {"ok": reply.get("ok") is True, "metrics": {k: m.get(k, 0) for k in keys}}
+
+    async def queues_summary(self) -> tuple[int, Any]:
+        """bunqueue's `/queues/summary`: a bare list of `{name, paused, counts}`, every queue."""
+        listed = await self._backend.call({"cmd": "ListQueues"})
+        if listed.get("ok") is not True:
+            return 503, listed
+        names = [q for q in listed.get("queues") or [] if isinstance(q, str)]
+        commands = [{"cmd": c, "queue": q} for q in names for c in ("GetJobCounts", "IsPaused")]
+        replies = await self._backend.call_many(commands)
+        keys = ("waiting", "prioritized", "active", "completed", "failed", "delayed")
+        summary = []
+        for i, name in enumerate(names):
+            counts, paused = _data(replies[2 * i], "counts"), replies[2 * i + 1]
+            summary.append(
+                {
+                    "name": name,
+                    "paused": paused.get("paused") is True,
+                    "counts": {k: counts.get(k, 0) for k in keys},
+                }
+            )
+        return 200, summary
+
+    async def prometheus(self) -> bytes:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_SnapshotCollector(await self.snapshot(per_queue=True)))
+        return generate_latest(registry)
+
+
+class _SnapshotCollector(Collector):
+    """Families from one snapshot. bunqueue's names where bunqueue has the metric (its Grafana
+    dashboards keep working), `shardq_` for what only shardq has."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self._snap = snap
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._jobs()
+        yield from self._queues()
+        yield from self._server()
+        yield from self._storage()
+        for command in ("push", "pull", "ack"):
+            family = _histogram(
+                self._snap.latency.get(command),
+                f"shardq_{command}_latency_seconds",
+                f"{command.upper()} commands, arrival at the front end to reply",
+                scale=0.001,
+            )
+            if family is not None:
+                yield family
+
+    def _jobs(self) -> Iterator[Metric]:
+        s, m = self._snap.stats, self._snap.metrics
+        for state in ("waiting", "delayed", "active", "completed", "dlq"):
+            yield GaugeMetricFamily(
+                f"bunqueue_jobs_{state}", f"Jobs {state} (every queue)", value=s.get(state, 0)
+            )
+        for name, key in (
+            ("pushed", "totalPushed"),
+            ("pulled", "totalPulled"),
+            ("completed", "totalCompleted"),
+            ("failed", "totalFailed"),
+        ):
+            yield CounterMetricFamily(
+                f"bunqueue_jobs_{name}",
+                f"Jobs {name} since the front end started",
+                value=m.get(key, 0),
+            )
+
+    def _queues(self) -> Iterator[Metric]:
+        snap = self._snap
+        gauges = {
+            state: GaugeMetricFamily(
+                f"bunqueue_queue_jobs_{state}", f"Jobs {state} per queue", labels=["queue"]
+            )
+            for state in _QUEUE_STATES
+        }
+        for queue, counts in snap.queues.items():
+            for state, family in gauges.items():
+                family.add_metric([queue], counts.get(_QUEUE_STATES[state], 0))
+        yield from gauges.values()
+        yield GaugeMetricFamily(
+            "bunqueue_queue_metrics_exported", "Queues with per-queue series", len(snap.queues)
+        )
+        yield GaugeMetricFamily(
+            "bunqueue_queue_metrics_omitted",
+            "Queues left out by metrics_max_queues",
+            snap.queues_omitted,
+        )
+
+    def _server(self) -> Iterator[Metric]:
+        snap = self._snap
+        yield GaugeMetricFamily("bunqueue_uptime_seconds", "Server uptime", snap.uptime)
+        yield GaugeMetricFamily("bunqueue_connections", "TCP clients", snap.tcp_connections)
+        build = GaugeMetricFamily("bunqueue_build_info", "Build", labels=["version"])
+        build.add_metric([shardq.__version__], 1)
+        yield build
+        for key, name in (("total", "registered"), ("active", "active")):
+            yield GaugeMetricFamily(
+                f"bunqueue_workers_{name}", f"Workers {name}", snap.workers.get(key, 0)
+            )
+        rss = GaugeMetricFamily(
+            "shardq_process_resident_memory_bytes", "RSS per process", labels=["role", "pid"]
+        )
+        for p in snap.processes:
+            rss.add_metric([p.role, str(p.pid)], p.rss_bytes)
+        yield rss
+        yield GaugeMetricFamily(
+            "bunqueue_process_resident_memory_bytes",
+            "RSS of every process together",
+            sum(p.rss_bytes for p in snap.processes),
+        )
+        yield GaugeMetricFamily("bunqueue_backup_enabled", "Backups (shardq has none)", 0)
+        mailbox = GaugeMetricFamily(
+            "shardq_shard_requests_in_flight",
+            "Requests the front end sent to a shard and awaits (parked long-polls included)",
+            labels=["shard"],
+        )
+        for shard, count in enumerate(snap.in_flight):
+            mailbox.add_metric([str(shard)], count)
+        yield mailbox
+
+    def _storage(self) -> Iterator[Metric]:
+        st = self._snap.storage
+        yield GaugeMetricFamily("bunqueue_storage_degraded", "Storage failing", int(st.degraded))
+        yield GaugeMetricFamily("bunqueue_storage_disk_full", "Disk full", int(st.disk_full))
+        yield GaugeMetricFamily(
+            "bunqueue_sqlite_database_size_bytes", "Database file", st.database_bytes
+        )
+        yield GaugeMetricFamily("shardq_sqlite_wal_size_bytes", "WAL file", st.wal_bytes)
+        for key, name, unit in (
+            ("flushSeconds", "shardq_writer_flush_duration_seconds", "seconds"),
+            ("flushMutations", "shardq_writer_flush_mutations", "mutations"),
+        ):
+            family = _histogram(st.writer.get(key), name, f"Writer flushes ({unit})")
+            if family is not None:
+                yield family
+
+
+def _histogram(raw: object, name: str, doc: str, scale: float = 1.0) -> Metric | None:
+    """A histogram family from `{bounds, counts, sum}` (per-bucket counts, +Inf last), with
+    bounds and sum multiplied by `scale` (ms -> s)."""
+    if not isinstance(raw, Mapping):
+        return None
+    bounds, counts = raw.get("bounds"), raw.get("counts")
+    if not isinstance(bounds, list) or not isinstance(counts, list):
+        return None
+    if len(counts) != len(bounds) + 1:
+        return None
+    running, buckets = 0, []
+    labels = [str(float(b) * scale) for b in bounds] + ["+Inf"]
+    for bound, count in zip(labels, counts, strict=True):
+        running += int(count)
+        buckets.append((bound, running))
+    total = float(raw.get("sum", 0)) * scale
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)

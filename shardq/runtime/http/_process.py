@@ -1,0 +1,236 @@
+"""The HTTP process: an aiohttp server on `http_port`; see the package docstring.
+
+Auth follows bunqueue: with `auth_tokens` set, every route but /health, /healthz, /live and
+/ready (and /prometheus unless `metrics_auth`) wants `Authorization: Bearer <token>`, else
+`401 {ok: false, error: "Unauthorized"}`. The dashboard's own files (/, /static/...) carry no
+data and are served to anyone; the page asks for the token and sends it with its API calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from importlib import resources
+from typing import Any, Final
+
+import structlog
+import zmq
+from aiohttp import web
+
+from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
+from shardq.runtime._logging import configure
+from shardq.runtime._spec import ChildSpec
+from shardq.runtime.http._backend import Backend
+from shardq.runtime.http._monitor import Monitor
+from shardq.runtime.http._overview import Overview
+from shardq.runtime.http._rest import match, status_for
+
+__all__ = ["build_app", "main", "serve"]
+
+log = structlog.get_logger()
+
+_OPEN: Final = frozenset({"/health", "/healthz", "/live", "/ready"})
+_PROMETHEUS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+# A request still running at SIGTERM gets this long: the front end stops with us, so what
+# waits on it fails at once; only a slow client's transfer could take longer.
+_STOP_GRACE_S: Final = 2.0
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    # default=str: a reply may carry values JSON has no type for (bytes from msgpack).
+    return web.Response(
+        text=json.dumps(body, default=str), status=status, content_type="application/json"
+    )
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"ok": False, "error": message}, status)
+
+
+class _Auth:
+    def __init__(self, spec: ChildSpec) -> None:
+        self._tokens = [t.encode() for t in spec.auth_tokens]
+        self._metrics_auth = spec.metrics_auth
+
+    def denied(self, request: web.Request) -> web.Response | None:
+        path = request.path
+        if path in _OPEN or path == "/" or path.startswith("/static/"):
+            return None
+        if path == "/prometheus" and not self._metrics_auth:
+            return None
+        if path == "/prometheus" and not self._tokens:
+            return _error(503, "Metrics authentication is enabled but no tokens are configured")
+        if not self._tokens or self._bearer_ok(request.headers.get("Authorization", "")):
+            return None
+        return _error(401, "Unauthorized")
+
+    def _bearer_ok(self, header: str) -> bool:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        given = token.strip().encode()
+        # Compare against every token, always: the time taken says nothing about which matched.
+        return any([hmac.compare_digest(given, t) for t in self._tokens])
+
+
+def _wants_prometheus(request: web.Request) -> bool:
+    """A Prometheus scraper pointed at /metrics asks for text; anything else gets JSON."""
+    accept = request.headers.get("Accept", "")
+    text = "text/plain" in accept or "openmetrics" in accept
+    return request.query.get("format") == "prometheus" or (text and "json" not in accept)
+
+
+class _Server:
+    def __init__(self, spec: ChildSpec, backend: Backend) -> None:
+        self.spec = spec
+        self.backend = backend
+        self.monitor = Monitor(spec, backend)
+        self.overview = Overview(backend, self.monitor)
+        self.auth = _Auth(spec)
+
+    @web.middleware
+    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        denied = self.auth.denied(request)
+        if denied is not None:
+            return denied
+        try:
+            return await handler(request)
+        except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
+            return _error(404, "Not found")
+        except web.HTTPException:
+            raise  # aiohttp's own answers (a body over the size cap: 413)
+        except Exception as e:  # a bug here must not become an HTML page or a dead process
+            log.exception("http request failed", path=request.path)
+            return _error(500, f"Internal error: {type(e).__name__}")
+
+    async def health(self, request: web.Request) -> web.Response:
+        status, body = await self.monitor.health()
+        return _json(body, status)
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.Response(text="OK")
+
+    async def ready(self, request: web.Request) -> web.Response:
+        status, body = await self.monitor.ready()
+        return _json(body, status)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        body = await self.monitor.prometheus()
+        return web.Response(body=body, headers={"Content-Type": _PROMETHEUS_TYPE})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if _wants_prometheus(request):
+            return await self.prometheus(request)
+        return _json(await self.monitor.metrics_json())
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return _json(await self.monitor.stats())
+
+    async def queues_summary(self, request: web.Request) -> web.Response:
+        status, body = await self.monitor.queues_summary()
+        return _json(body, status)
+
+    async def dashboard(self, request: web.Request) -> web.Response:
+        return _json(await self.overview.overview())
+
+    async def dashboard_queues(self, request: web.Request) -> web.Response:
+        query = request.query
+        return _json(await self.overview.queues(query.get("limit"), query.get("offset")))
+
+    async def dashboard_queue(self, request: web.Request) -> web.Response:
+        include = request.query.get("includeJobs") == "true"
+        return _json(await self.overview.queue(request.match_info["queue"], include))
+
+    async def index(self, request: web.Request) -> web.StreamResponse:
+        page = resources.files("shardq.runtime.http").joinpath("static/index.html")
+        return web.Response(text=page.read_text(), content_type="text/html")
+
+    async def rest(self, request: web.Request) -> web.Response:
+        found = match(request.method, request.path)
+        if found is None:
+            return _error(404, "Not found")
+        route, captures = found
+        body: Any = {}
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except ValueError:
+                return _error(400, "Invalid JSON body")
+        if not isinstance(body, dict):
+            return _error(400, "Invalid JSON body")
+        command = route.build(captures, request.query, body)
+        wait = command.get(route.wait_key) if route.wait_key else None
+        wait_ms = wait if isinstance(wait, int | float) and wait > 0 else 0
+        reply = await self.backend.call(command, wait_ms=wait_ms)
+        return _json(reply, status_for(route, reply))
+
+
+def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
+    server = _Server(spec, backend)
+    # A body may be as large as a frame of the TCP port (a bulk push): it becomes one.
+    app = web.Application(middlewares=[server.guard], client_max_size=spec.max_frame_bytes)
+    static = resources.files("shardq.runtime.http").joinpath("static")
+    app.router.add_get("/health", server.health)
+    app.router.add_get("/healthz", server.live)
+    app.router.add_get("/live", server.live)
+    app.router.add_get("/ready", server.ready)
+    app.router.add_get("/prometheus", server.prometheus)
+    app.router.add_get("/metrics", server.metrics)
+    app.router.add_get("/stats", server.stats)
+    app.router.add_get("/queues/summary", server.queues_summary)
+    app.router.add_get("/dashboard", server.dashboard)
+    app.router.add_get("/dashboard/queues", server.dashboard_queues)
+    app.router.add_get("/dashboard/queues/{queue}", server.dashboard_queue)
+    app.router.add_get("/", server.index)
+    app.router.add_static("/static/", str(static))
+    app.router.add_route("*", "/{tail:.*}", server.rest)
+    return app
+
+
+async def serve(spec: ChildSpec) -> int:
+    """Listen until SIGTERM; return the exit code."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sup = SupervisorLink(ctx, spec)
+    backend = Backend(spec)
+    # Before anything can fail or take time: a SIGTERM at start-up is a clean stop too.
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    runner = web.AppRunner(build_app(spec, backend), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(
+            runner, spec.host, spec.http_port, reuse_address=True, shutdown_timeout=_STOP_GRACE_S
+        )
+        try:
+            await site.start()
+        except OSError as e:
+            log.error("http cannot bind", error=str(e))
+            sup.fatal(f"http cannot bind port {spec.http_port}: {e}")
+            return 1
+        sup.ready(addresses={"http": f"{spec.host}:{spec.http_port}"})
+        log.info("http ready", host=spec.host, port=spec.http_port)
+        await stop.wait()
+        log.info("http stopped")
+        return 0
+    finally:
+        await runner.cleanup()
+        await backend.close()
+        sup.close()
+        ctx.term()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m shardq.runtime.http --spec JSON`; returns the exit code."""
+    try:
+        spec = parse_spec_args(sys.argv[1:] if argv is None else argv)
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
+    configure("http", spec.log_format, spec.log_level)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return asyncio.run(serve(spec))

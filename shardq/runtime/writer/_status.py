@@ -1,0 +1,114 @@
+"""The writer's status file: what only the writer knows, for the HTTP process to report.
+
+The writer alone sees whether storage fails (a full disk) and how its flushes go. Rather than a
+new socket and message kind, it writes these facts to `<run dir>/writer-status.json`
+(a temporary file renamed over the old one, so a reader never sees half of it): at once when
+storage turns degraded or recovers, and after a flush at most once a second. So the HTTP
+process reads facts that are at most a second old while the writer flushes, and exact while it
+is idle (nothing changes then). A writer that restarts starts its counters again at zero, as
+Prometheus counters may.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = ["DURATION_BUCKETS", "SIZE_BUCKETS", "STATUS_FILE", "WriterStatus", "file_sizes"]
+
+STATUS_FILE: Final = "writer-status.json"
+# Seconds: a flush is a SQLite transaction, a millisecond when healthy, a second when the disk
+# stalls.
+DURATION_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+# Mutations per flush: 1 (a lone durable push) up to flush_max_mutations and beyond.
+SIZE_BUCKETS: Final = (1, 10, 50, 100, 250, 500, 1000, 5000)
+_WRITE_EVERY_S: Final = 1.0
+
+
+def file_sizes(database: str | os.PathLike[str]) -> dict[str, int]:
+    """The database's and its WAL's sizes in bytes (0 for a missing file), for log lines."""
+    path = Path(database)
+    sizes = {}
+    for key, file in (("database_bytes", path), ("wal_bytes", path.with_name(path.name + "-wal"))):
+        try:
+            sizes[key] = file.stat().st_size
+        except OSError:
+            sizes[key] = 0
+    return sizes
+
+
+class _Histogram:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"bounds": list(self.bounds), "counts": self.counts, "sum": self.sum}
+
+
+class WriterStatus:
+    """Counts flushes and tracks degradation; `save` writes the file when it is due."""
+
+    def __init__(self, run_dir: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._path = Path(run_dir) / STATUS_FILE
+        self._clock = clock
+        self._written_at = -_WRITE_EVERY_S
+        self.degraded = False
+        self.disk_full = False
+        self.error: str | None = None
+        self.since_ms: int | None = None
+        self.failures = 0
+        self.duration = _Histogram(DURATION_BUCKETS)
+        self.size = _Histogram(tuple(float(b) for b in SIZE_BUCKETS))
+
+    def flushed(self, mutations: int, seconds: float) -> None:
+        """A flush committed; storage works (again)."""
+        changed = self.degraded
+        self.degraded = self.disk_full = False
+        self.error = self.since_ms = None
+        self.duration.observe(seconds)
+        self.size.observe(mutations)
+        self.save(force=changed)
+
+    def failed(self, error: str, *, disk_full: bool) -> None:
+        """A flush failed: storage is degraded until one commits."""
+        changed = not self.degraded
+        self.failures += 1
+        if changed:
+            self.since_ms = int(time.time() * 1000)
+        self.degraded, self.disk_full, self.error = True, disk_full, error
+        self.save(force=changed)
+
+    def save(self, *, force: bool = False) -> None:
+        now = self._clock()
+        if not force and now - self._written_at < _WRITE_EVERY_S:
+            return
+        self._written_at = now
+        body = {
+            "pid": os.getpid(),
+            "degraded": self.degraded,
+            "diskFull": self.disk_full,
+            "error": self.error,
+            "since": self.since_ms,
+            "failures": self.failures,
+            "flushSeconds": self.duration.as_dict(),
+            "flushMutations": self.size.as_dict(),
+        }
+        temporary = self._path.with_suffix(".tmp")
+        # Monitoring must never stop the writer: a full disk may refuse this file too.
+        with contextlib.suppress(OSError):
+            temporary.write_text(json.dumps(body))
+            os.replace(temporary, self._path)
