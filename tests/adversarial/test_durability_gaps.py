@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -88,12 +89,40 @@ def _garbage_header(wal: Path) -> None:
         f.write(b"\xde\xad\xbe\xef" * 8)  # the 32-byte WAL header
 
 
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """One killed run shared by the damage cases (each damages its own copy): a start costs
+    seconds on a loaded machine."""
+    data = tmp_path_factory.mktemp("killed") / "data"
+    return data, _durable_run_then_kill(data)
+
+
+@pytest.fixture(scope="module")
+def clean_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir after a clean stop, its WAL checkpointed into the main file."""
+    data = tmp_path_factory.mktemp("clean") / "data"
+    with ShardqServer(data, shards=1).start() as server:
+        with TcpConnection(*server.tcp_address) as c:
+            jobs = [{"data": "x" * 200} for _ in range(200)]  # several pages of rows
+            assert call(c, cmd="PUSHB", queue="db", jobs=jobs, durable=True)["ok"]
+        assert server.stop() == 0
+    return data
+
+
+def _copy_data(src: Path, dst: Path) -> Path:
+    """The database files only: the lock file and the old log stay behind."""
+    dst.mkdir(parents=True)
+    for f in src.glob("shardq.db*"):
+        if not f.name.endswith(".lock"):
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
 @pytest.mark.parametrize("damage", [_truncate_half, _garbage_header], ids=["truncated", "garbage"])
 def test_damaged_wal_restarts_from_a_committed_prefix(
-    tmp_path: Path, damage: Callable[[Path], None]
+    tmp_path: Path, killed_run: tuple[Path, list[str]], damage: Callable[[Path], None]
 ) -> None:
-    data = tmp_path / "data"
-    ids = _durable_run_then_kill(data)
+    data, ids = _copy_data(killed_run[0], tmp_path / "data"), killed_run[1]
     wal = data / "shardq.db-wal"
     assert wal.exists() and wal.stat().st_size > 0, "the kill should leave a WAL behind"
     damage(wal)
@@ -123,14 +152,9 @@ def _corrupt_pages(db: Path) -> None:
 
 @pytest.mark.parametrize("corrupt", [_corrupt_header, _corrupt_pages], ids=["header", "pages"])
 def test_corrupt_database_is_refused_with_a_clear_message(
-    tmp_path: Path, corrupt: Callable[[Path], None]
+    tmp_path: Path, clean_db: Path, corrupt: Callable[[Path], None]
 ) -> None:
-    data = tmp_path / "data"
-    with ShardqServer(data, shards=1).start() as server:
-        with TcpConnection(*server.tcp_address) as c:
-            jobs = [{"data": "x" * 200} for _ in range(200)]  # several pages of rows
-            assert call(c, cmd="PUSHB", queue="db", jobs=jobs, durable=True)["ok"]
-        assert server.stop() == 0  # clean: the WAL is checkpointed into the main file
+    data = _copy_data(clean_db, tmp_path / "data")
     corrupt(data / "shardq.db")
     server = ShardqServer(data, shards=1)
     try:
