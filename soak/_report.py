@@ -92,6 +92,8 @@ def violations(ledger_check: dict[str, Any], rss: dict[str, Any], drain: dict[st
         broken.append(f"RSS grew {rss['growth']:.1%} from the second fifth to the last")
     if not drain.get("drained"):
         broken.append(f"queues did not drain to zero: {drain.get('left')}")
+    elif not drain.get("baseline"):
+        broken.append(f"server collections not back to baseline after the drain: {drain['stats']}")
     broken += [f"fault without recovery: {f}" for f in fault_failures]
     return broken
 

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shardq.client import ClientError, Queue
+from shardq.client import ClientError, Connection, Queue
 from soak._config import SoakConfig
 from soak._faults import FaultRunner
 from soak._ledger import Ledger
@@ -97,10 +97,25 @@ def _drain(cfg: SoakConfig, url: str, load: _Load, progress: Progress) -> dict[s
         now = time.monotonic()
         empty_since = (empty_since or now) if left == {} else None
         if empty_since is not None and now - empty_since >= DRAIN_QUIET_S:
-            return {"drained": True, "seconds": round(now - started, 2), "left": {}}
+            drained: dict[str, Any] = {"drained": True, "seconds": round(now - started, 2)}
+            return {**drained, "left": {}, **_baseline(cfg, url)}
         progress.sample()
         time.sleep(min(cfg.progress_interval_s, 0.5))
     return {"drained": False, "seconds": round(time.monotonic() - started, 2), "left": left}
+
+
+def _baseline(cfg: SoakConfig, url: str) -> dict[str, Any]:
+    """Server-wide live work after the drain: with its own server nothing else runs there, so
+    waiting, active, delayed and the DLQ must all be back to zero (no job reached the DLQ:
+    `max_attempts` outlasts every fault)."""
+    try:
+        with Connection(url, timeout=10.0) as conn:
+            stats = dict(conn.call({"cmd": "Stats"})["stats"])
+    except ClientError as e:
+        return {"stats": f"unavailable: {e}", "baseline": cfg.url is not None}
+    live = {k: stats.get(k, 0) for k in ("waiting", "active", "delayed", "dlq")}
+    # A server the soak does not own may carry other work: report, do not judge.
+    return {"stats": stats, "baseline": cfg.url is not None or not any(live.values())}
 
 
 def _load_phase(cfg: SoakConfig, load: _Load, progress: Progress) -> None:

@@ -39,7 +39,10 @@ def test_smoke_run_exits_0_and_writes_report_and_plot(tmp_path: Path) -> None:
     assert ledger["completions_acknowledged"] == ledger["pushes_acknowledged"]
     assert ledger["durable_lost"] == 0
     assert report["faults_injected"]["worker_churn"] >= 5  # every 400 ms over 6 s
-    assert report["drain"]["drained"]
+    assert report["drain"]["drained"] and report["drain"]["baseline"]
+    assert report["drain"]["stats"]["dlq"] == 0
+    print(f"soak smoke: {ledger['pushes_acknowledged']} pushes, {ledger['deliveries']} "
+          f"deliveries, {report['faults_injected']} faults")  # fmt: skip
     assert not report["rss"]["checked"] and "too short" in report["rss"]["reason"]
     png = (tmp_path / "out" / "soak.png").read_bytes()
     assert png.startswith(b"\x89PNG")
