@@ -141,6 +141,9 @@ def soak(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of the load mix and faults.")] = None,
     rate: Annotated[float | None, typer.Option(help="Pushes per second, all producers.")] = None,
+    bunqueue_share: Annotated[
+        float | None, typer.Option(help="Share of single pushes sent with bunqueue-client.")
+    ] = None,
     shards: Annotated[int | None, typer.Option(help="Shards of the server it starts.")] = None,
     churn: Annotated[
         bool | None, typer.Option("--churn/--no-churn", help="Kill a worker connection often.")
@@ -160,6 +163,7 @@ def soak(
     cfg = load_soak_config(profile).with_overrides(
         seconds=seconds if seconds is not None else hours * 3600,
         url=url, out_dir=out, ledger_path=ledger, seed=seed, rate=rate, shards=shards,
+        bunqueue_share=bunqueue_share,
         worker_churn=churn, kill_shard_every_s=kill_shard_every,
         kill_writer_every_s=kill_writer_every, kill_server_every_s=kill_server_every,
         rolling_restart_every_s=rolling_restart_every,

@@ -32,6 +32,7 @@ class LoadConfig:
     fail_share: float = 0.05  # jobs whose first attempt fails (FAIL), to exercise retries
     max_attempts: int = 50  # high: restarts charge attempts, and no job should reach the DLQ
     backoff_ms: int = 50
+    bunqueue_share: float = 0.0  # single pushes sent through bunqueue-client instead
 
 
 @dataclass(frozen=True)

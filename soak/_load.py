@@ -24,6 +24,15 @@ from soak._ledger import Ledger
 
 __all__ = ["Live", "Producer", "SoakWorker", "queue_names"]
 
+# What a refused or cut-off push raises; bunqueue-client is optional (only its share needs it).
+PUSH_ERRORS: tuple[type[Exception], ...] = (ClientError,)
+try:
+    from bunqueue.errors import BunqueueError
+
+    PUSH_ERRORS += (BunqueueError,)
+except ImportError:  # pragma: no cover - depends on the environment
+    pass
+
 RECONNECT_PAUSE_S = 0.2
 IDLE_PAUSE_S = 0.01
 CALL_TIMEOUT_S = 30.0
@@ -91,6 +100,7 @@ class Producer(threading.Thread):
         self.queues = [Queue(q, url, timeout=CALL_TIMEOUT_S) for q in queues]
         self.rng = random.Random(seed)
         self.n = 0
+        self.bunqueue: dict[str, Any] = {}  # queue name -> bunqueue.Queue, made on first use
 
     def run(self) -> None:
         period = self.cfg.producers / max(self.cfg.rate, 0.1)
@@ -102,8 +112,7 @@ class Producer(threading.Thread):
                 self.halt.wait(max(0.0, next_at - time.monotonic()))
                 next_at = max(next_at, time.monotonic() - 1.0)  # no burst after a stall
         finally:
-            for q in self.queues:
-                q.close()
+            self.close()
 
     def options(self, durable: bool) -> JobOptions:
         cfg, rng = self.cfg, self.rng
@@ -118,13 +127,39 @@ class Producer(threading.Thread):
         self.n += 1
         return {"n": self.n, "fail": self.rng.random() < self.cfg.fail_share}
 
+    def via_bunqueue(self, queue: str, durable: bool) -> list[str]:
+        """One single push through bunqueue's own Python SDK, as an existing deployment's
+        producers would send it."""
+        from bunqueue import Queue as BunqueueQueue  # only when a share asks for it
+
+        if queue not in self.bunqueue:
+            endpoint = parse_url(self.url)
+            self.bunqueue[queue] = BunqueueQueue(
+                queue, host=endpoint.host, port=endpoint.port, command_timeout=CALL_TIMEOUT_S
+            )
+        opts = self.options(durable)
+        job = self.bunqueue[queue].add(
+            "soak", self.payload(), priority=opts.priority, delay=opts.delay_ms,
+            attempts=opts.max_attempts, backoff=opts.backoff_ms, durable=opts.durable,
+        )  # fmt: skip
+        return [str(job.id)]
+
+    def close(self) -> None:
+        for q in self.queues:
+            q.close()
+        for bq in self.bunqueue.values():
+            bq.close()
+
     def turn(self) -> int:
         """One push (single or bulk); returns how many jobs it carried."""
         queue = self.rng.choice(self.queues)
         durable = self.rng.random() < self.cfg.durable_share
         bulk = self.rng.random() < self.cfg.bulk_share
+        bunqueue = not bulk and self.rng.random() < self.cfg.bunqueue_share
         try:
-            if bulk:
+            if bunqueue:
+                ids = self.via_bunqueue(queue.name, durable)
+            elif bulk:
                 jobs: list[BulkJob] = [
                     ("soak", self.payload(), self.options(durable))
                     for _ in range(self.cfg.bulk_size)
@@ -132,7 +167,7 @@ class Producer(threading.Thread):
                 ids = queue.add_bulk(jobs)
             else:
                 ids = [queue.add("soak", self.payload(), self.options(durable))]
-        except ClientError:
+        except PUSH_ERRORS:
             # Refused or cut off (a shard restarting, a server down): not acknowledged.
             with self.live.lock:
                 self.live.errors += 1

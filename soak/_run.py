@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import shutil
 import tempfile
 import threading
@@ -129,6 +130,8 @@ def _load_phase(cfg: SoakConfig, load: _Load, progress: Progress) -> None:
 def run_soak(cfg: SoakConfig) -> int:
     """Run one soak; 0 if every invariant held, 1 otherwise. Writes `report.json`,
     `soak.png` and the ledger under `cfg.out_dir`."""
+    if cfg.load.bunqueue_share > 0 and importlib.util.find_spec("bunqueue") is None:
+        raise SystemExit("bunqueue_share > 0 needs bunqueue-client: pip install bunqueue-client")
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(cfg.ledger)
     tmp = Path(tempfile.mkdtemp(prefix="shardq-soak-"))
