@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import shutil
 import tempfile
 import threading
@@ -180,6 +181,11 @@ def _finish(
         "config": asdict(cfg),
         "samples": samples_json(progress.samples),
     }
+    if cfg.url:
+        report["process_faults"] = "off: the soak does not own the server at --url"
     write_report(cfg.out_dir / "report.json", report)
     write_plot(cfg.out_dir / "soak.png", progress.samples)
+    summary = {"event": "soak done", "ok": not broken, "violations": broken,
+               "report": str(cfg.out_dir / "report.json")}  # fmt: skip
+    print(json.dumps(summary), flush=True)
     return 0 if not broken else 1
