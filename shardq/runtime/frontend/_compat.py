@@ -9,9 +9,10 @@ client must get a clear `Unsupported command: X`, never a success that does noth
   push that would set one is refused below.
 - A PUSH or PUSHB entry that carries a flow link (`parentId`, `childrenIds`, or the legacy v2
   marker `data.__parentId` that bunqueue-client 0.1.5's FlowProducer writes before its
-  `UpdateParent`) or a job-level `repeat` (a scheduler) is refused whole, before any shard sees
-  it. Otherwise the job would be stored without what makes it a flow or a repeat: a parent
-  waiting forever for children whose link never comes, or a "repeating" job that runs once.
+  `UpdateParent`), a job-level `repeat` (a scheduler) or a `groupId` (round-robin groups) is
+  refused whole, before any shard sees it. Otherwise the job would be stored without what
+  makes it a flow, a repeat or a group member: a parent waiting forever for children whose
+  link never comes, a "repeating" job that runs once, or a grouped job served as ungrouped.
   `dependsOn` alone (bunqueue-client's `add_chain`) is a plain dependency, which the engine
   implements, and passes.
 """
@@ -48,6 +49,8 @@ def _unsupported_field(entry: Mapping[str, Any]) -> tuple[str, str] | None:
         return "data.__parentId", "flows"
     if entry.get("repeat") is not None:
         return "repeat", "cron"
+    if entry.get("groupId") is not None:
+        return "groupId", "groups"
     return None
 
 
