@@ -2,7 +2,7 @@
 
 Every check reads the ledger, so it judges what the server acknowledged, not what the soak
 meant to send. A loss or a rerun is excused only inside a recorded fault's window: from
-`loss_window_s` before the fault started to its recovery, the time a kill may catch an answer
+`loss_window_s` before a kill started to its recovery, the time a kill may catch an answer
 the writer had not committed yet (docs/runtime.md, "Durability in the shard").
 """
 
@@ -25,9 +25,14 @@ def _in_window(t: float, faults: Sequence[tuple[str, float, float]], window: flo
     return any(started - window <= t <= ended for _, started, ended in faults)
 
 
+# Only a kill can lose an answer: a SIGTERM restart writes everything it answered first
+# (docs/runtime.md, "Graceful shutdown"), so it excuses nothing.
+LOSSY_FAULTS = frozenset({"kill_shard", "kill_writer", "kill_server"})
+
+
 def check_ledger(ledger: Ledger, cfg: SoakConfig) -> dict[str, Any]:
     """Durable losses, buffered losses (excused or not) and reruns after a completion."""
-    faults = ledger.faults()
+    faults = [f for f in ledger.faults() if f[0] in LOSSY_FAULTS]
     window = cfg.loss_window_s
     durable_lost = [i for i, _ in ledger.unacked(durable=True)]
     buffered = ledger.unacked(durable=False)
