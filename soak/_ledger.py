@@ -57,12 +57,12 @@ class Ledger:
         rows = [(i, queue, int(durable), when) for i in ids]
         self._write("INSERT INTO pushes VALUES (?, ?, ?, ?)", rows)
 
-    def ran(self, ids: Iterable[str]) -> None:
-        now = time.time()
+    def ran(self, ids: Iterable[str], t: float | None = None) -> None:
+        now = time.time() if t is None else t
         self._write("INSERT INTO runs VALUES (?, ?)", [(i, now) for i in ids])
 
-    def acked(self, ids: Iterable[str]) -> None:
-        now = time.time()
+    def acked(self, ids: Iterable[str], t: float | None = None) -> None:
+        now = time.time() if t is None else t
         self._write("INSERT INTO acks VALUES (?, ?)", [(i, now) for i in ids])
 
     def fault(self, kind: str, started: float, ended: float) -> None:

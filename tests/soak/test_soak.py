@@ -88,3 +88,30 @@ def test_default_profile_loads() -> None:
     cfg = load_soak_config(ROOT / "configs" / "soak.toml")
     assert cfg.faults.churn_interval_ms == 400
     assert cfg.load.rate > 0 and cfg.shards >= 1
+
+
+def test_only_a_kill_excuses_a_loss_or_a_rerun(tmp_path: Path) -> None:
+    """The ledger checks on a hand-written ledger: a buffered loss or a rerun just before a
+    kill is excused and counted; the same next to a SIGTERM restart, or far from any fault,
+    breaks the run; a durable loss is never excused."""
+    from soak._report import check_ledger
+
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    t0 = 1_000_000.0
+    ledger.fault("kill_server", t0, t0 + 3)
+    ledger.fault("rolling_restart", t0 + 100, t0 + 105)
+    ledger.pushed("q", ["near-kill"], durable=False, t=t0 - 0.5)
+    ledger.pushed("q", ["near-restart"], durable=False, t=t0 + 99.5)
+    ledger.pushed("q", ["durable-near-kill"], durable=True, t=t0 - 0.5)
+    for job_id, acked in (("rerun-kill", t0 - 0.1), ("rerun-restart", t0 + 100.1)):
+        ledger.pushed("q", [job_id], durable=False, t=acked - 1)
+        ledger.ran([job_id], t=acked - 0.5)
+        ledger.acked([job_id], t=acked)
+        ledger.ran([job_id], t=acked + 9)  # delivered again after its acknowledged completion
+    checked = check_ledger(ledger, SoakConfig(loss_window_s=2.0))
+    ledger.close()
+    assert checked["durable_lost_ids"] == ["durable-near-kill"]
+    assert checked["buffered_lost_in_fault_window"] == 1
+    assert checked["buffered_lost_ids"] == ["near-restart"]
+    assert checked["reruns_after_completion_in_fault_window"] == 1
+    assert checked["rerun_ids"] == ["rerun-restart"]
