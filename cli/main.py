@@ -167,5 +167,57 @@ def worker(
     exit_now(code)
 
 
+
+@app.command()
+def soak(
+    hours: Annotated[float, typer.Option(help="Load phase in hours; fractions work (0.02 = 72 s).")]
+    = 0.02,
+    seconds: Annotated[
+        float | None, typer.Option(help="Load phase in seconds (overrides --hours; for tests).")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Soak profile (default configs/soak.toml).")
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option(help="Target a running server (tcp://host:port); no kills.")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where report.json, soak.png, the ledger go.")] = Path(
+        "soak-out"
+    ),
+    ledger: Annotated[
+        Path | None, typer.Option(help="Ledger file (default OUT/ledger.sqlite3); appended to.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the load mix and faults.")] = None,
+    rate: Annotated[float | None, typer.Option(help="Pushes per second, all producers.")] = None,
+    bunqueue_share: Annotated[
+        float | None, typer.Option(help="Share of single pushes sent with bunqueue-client.")
+    ] = None,
+    shards: Annotated[int | None, typer.Option(help="Shards of the server it starts.")] = None,
+    churn: Annotated[
+        bool | None, typer.Option("--churn/--no-churn", help="Kill a worker connection often.")
+    ] = None,
+    kill_shard_every: Annotated[float | None, typer.Option(help="Seconds; 0 = off.")] = None,
+    kill_writer_every: Annotated[float | None, typer.Option(help="Seconds; 0 = off.")] = None,
+    kill_server_every: Annotated[float | None, typer.Option(help="Seconds; 0 = off.")] = None,
+    rolling_restart_every: Annotated[
+        float | None, typer.Option(help="Seconds between SIGTERM restarts; 0 = off.")
+    ] = None,
+) -> None:
+    """Run load and faults against a server and check its invariants (exit 1 if one broke)."""
+    from soak import load_soak_config, run_soak
+
+    default = Path(__file__).resolve().parents[1] / "configs" / "soak.toml"
+    profile = config or (default if default.exists() else None)
+    cfg = load_soak_config(profile).with_overrides(
+        seconds=seconds if seconds is not None else hours * 3600,
+        url=url, out_dir=out, ledger_path=ledger, seed=seed, rate=rate, shards=shards,
+        bunqueue_share=bunqueue_share,
+        worker_churn=churn, kill_shard_every_s=kill_shard_every,
+        kill_writer_every_s=kill_writer_every, kill_server_every_s=kill_server_every,
+        rolling_restart_every_s=rolling_restart_every,
+    )  # fmt: skip
+    raise typer.Exit(run_soak(cfg))
+
+
 if __name__ == "__main__":
     app()
