@@ -18,6 +18,7 @@ from typing import Any, Final
 from shardq.errors import CommandError
 
 from ._control import ControlOps
+from ._cron import CronOps
 from ._mutations import Mutation
 from ._produce import ProduceOps
 from ._query import QueryOps
@@ -76,10 +77,14 @@ COMMANDS: Final[dict[str, str]] = {
     "GetDlqConfig": "cmd_get_dlq_config",
     "SetStallConfig": "cmd_set_stall_config",
     "GetStallConfig": "cmd_get_stall_config",
+    "Cron": "cmd_cron",
+    "CronGet": "cmd_cron_get",
+    "CronList": "cmd_cron_list",
+    "CronDelete": "cmd_cron_delete",
 }
 
 
-class Engine(TimerOps, ProduceOps, ControlOps, QueryOps):
+class Engine(CronOps, TimerOps, ProduceOps, ControlOps, QueryOps):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
