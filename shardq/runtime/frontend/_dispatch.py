@@ -9,7 +9,9 @@ registry, `Metrics` and the flow/cron refusals), and sends everything else to th
 - a command that names one job by id goes to the shard the job cache names; on a miss it goes
   to every shard and the first reply that shows the job wins (`is_found`);
 - `ACKB`, `JobHeartbeatB` and `ExtendLocks` are split per shard by position and recombined;
-- `ListQueues` and `Stats` go to every shard and are merged.
+- `ListQueues`, `Stats` and `CronList` go to every shard and are merged;
+- `Cron` goes to the shard of its queue, which owns the schedule; `CronGet` and `CronDelete`
+  name only the schedule, so they go to every shard and the one that has it answers.
 
 Commands bound for one shard in one loop turn leave as one `req` message (flushed once per turn
 with `loop.call_soon`). Each forwarded command gets an int `rid`; the shard echoes it and the
@@ -55,6 +57,7 @@ from shardq.runtime.frontend._merge import (
     combine_batch,
     is_found,
     learned_ids,
+    merge_cron_list,
     merge_list_queues,
     merge_stats,
     shard_unavailable,
@@ -187,6 +190,9 @@ class Dispatcher:
             "Ping": self._ping,
             "Stats": self._stats,
             "ListQueues": self._list_queues,
+            "CronList": self._cron_list,
+            "CronGet": self._cron_by_name,
+            "CronDelete": self._cron_by_name,
         }
         # Workers, Metrics, flow-children reads and the flow/cron push refusals.
         self.bunqueue = BunqueueCommands(self.answer, self._gather_all, rate_window_s)
@@ -367,6 +373,15 @@ class Dispatcher:
 
     def _list_queues(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         self._gather_all(client, frame, lambda rs: self.answer(client, req, merge_list_queues(rs)))
+
+    def _cron_list(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        self._gather_all(client, frame, lambda rs: self.answer(client, req, merge_cron_list(rs)))
+
+    def _cron_by_name(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        name = str(frame.get("cmd"))
+        self._ask_all_first(
+            client.conn, name, frame, lambda _shard, reply: self.answer(client, req, reply)
+        )
 
     def _stats(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         uptime = int((time.monotonic() - self._started) * 1000)

@@ -164,7 +164,10 @@ class ShardProcess:
                 for name, cfg in store.load_queues().items()
                 if shard_of(name, spec.shards) == spec.index
             }
-            recovered = self.core.recover(own(store.load_jobs()), queues, now)
+            crons = [
+                c for c in store.load_crons() if shard_of(c["queue"], spec.shards) == spec.index
+            ]
+            recovered = self.core.recover(own(store.load_jobs()), queues, now, crons)
         return loaded[0], len(queues), recovered
 
     def _serve(self, early: list[dict[str, Any]]) -> None:
