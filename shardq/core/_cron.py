@@ -246,7 +246,7 @@ class CronOps(TimerOps, ProduceOps):
         missed = next_slot(rec, slot) <= now
         fresh = rec["lastRun"] is None or slot > rec["lastRun"]
         if fresh and not (missed and rec["skipMissedOnRestart"]):
-            self._push_slot(rec, now)
+            self._push_slot(rec, slot, now)
         rec["lastRun"] = slot if fresh else rec["lastRun"]
         rec["nextRun"] = next_slot(rec, max(now, slot))
         limit = rec["maxLimit"]
@@ -255,9 +255,13 @@ class CronOps(TimerOps, ProduceOps):
         else:
             self._save(rec)
 
-    def _push_slot(self, rec: Record, now: int) -> None:
+    def _push_slot(self, rec: Record, slot: int, now: int) -> None:
+        # The job's timestamp is the slot it stands for (even when fired late), so anyone can
+        # tell which slot a job belongs to.
+        fields = job_fields(rec)
+        fields["timestamp"] = slot
         seq = self.seq
-        job_id = self.push_one(str(rec["queue"]), job_fields(rec), None, now)
+        job_id = self.push_one(str(rec["queue"]), fields, None, now)
         if self.seq != seq:  # a new job; otherwise the previous one still runs (overlap)
             rec["executions"] += 1
             rec["lastJobId"] = job_id

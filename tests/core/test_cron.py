@@ -160,6 +160,14 @@ def test_fired_jobs_carry_the_schedule_options() -> None:
         9,
     )
     assert job["timeout"] == 500
+    assert job["createdAt"] == SECOND  # the slot it fired for
+
+
+def test_a_late_job_carries_its_slot_as_timestamp() -> None:
+    c = Clock(0)
+    c.cron(name="late", repeatEvery=MINUTE)
+    (job_id,) = c.at(MINUTE + 7 * SECOND)
+    assert c.cmd(cmd="GetJob", id=job_id)["job"]["createdAt"] == MINUTE
 
 
 def test_max_limit_removes_the_schedule() -> None:
