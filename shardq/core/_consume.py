@@ -85,8 +85,17 @@ class ConsumeOps(EngineState):
 
     def take_many(self, q: QueueState, count: int, now: int) -> list[Job]:
         """Up to `count` deliverable jobs of `q`, best first, off its ready heap (TTL-expired
-        ones are dropped on the way). They are still in the waiting state: deliver them with
-        `activate` or `activate_all`."""
+        ones are dropped on the way), within the queue's limits. They are still in the waiting
+        state: deliver them with `activate` or `activate_all`."""
+        limits = q.limits
+        if limits is None:
+            return self._take(q, count, now)
+        allowed = limits.cap(q.counts[ACTIVE], count, now)
+        taken = self._take(q, allowed, now) if allowed > 0 else []
+        limits.note(len(taken), now)
+        return taken
+
+    def _take(self, q: QueueState, count: int, now: int) -> list[Job]:
         taken = q.pop_ready_many(count)
         for job in taken:
             if job.opts and job.opts.get("ttl"):

@@ -19,6 +19,7 @@ from shardq.errors import CommandError
 
 from ._control import ControlOps
 from ._cron import CronOps
+from ._limits import LimitOps
 from ._mutations import Mutation
 from ._produce import ProduceOps
 from ._query import QueryOps
@@ -81,10 +82,14 @@ COMMANDS: Final[dict[str, str]] = {
     "CronGet": "cmd_cron_get",
     "CronList": "cmd_cron_list",
     "CronDelete": "cmd_cron_delete",
+    "RateLimit": "cmd_rate_limit",
+    "RateLimitClear": "cmd_rate_limit_clear",
+    "SetConcurrency": "cmd_set_concurrency",
+    "ClearConcurrency": "cmd_clear_concurrency",
 }
 
 
-class Engine(CronOps, TimerOps, ProduceOps, ControlOps, QueryOps):
+class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -106,6 +111,8 @@ class Engine(CronOps, TimerOps, ProduceOps, ControlOps, QueryOps):
                 reply = handler(command, int(now))
             except CommandError as e:
                 reply = {"ok": False, "error": str(e)}
+        if self.limited:
+            self.wake_limited(int(now))  # an ACK or FAIL may have freed a concurrency slot
         self.last_events = self.events
         return reply, self.out
 
@@ -113,6 +120,8 @@ class Engine(CronOps, TimerOps, ProduceOps, ControlOps, QueryOps):
         """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6."""
         self.out, self.events = [], []
         released = self.release_connection(conn, int(now))
+        if self.limited:
+            self.wake_limited(int(now))
         self.last_events = self.events
         return released, self.out
 
