@@ -325,12 +325,17 @@ class ConsumeOps(EngineState):
         or the job's own option when `remove` is None) or keep it in the bounded cache."""
         if self.dependents:
             self.release_dependents(job.id, now)
+        if job.opts and "repeat" in job.opts:
+            self.repeat_after(job, now)
         if remove is None and job.opts:
             remove = job.opts.get("removeOnComplete")
         if remove:
             self.remove(job)
         else:
             self.retain_completed(job, pending)
+
+    def repeat_after(self, job: Job, now: int) -> None:
+        """Push the successor of a completed job with a `repeat` option (`CronOps`)."""
 
     def cmd_fail(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         outcome, job = self.fence(cmd.get("id"), cmd.get("token"))

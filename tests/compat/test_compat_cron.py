@@ -39,3 +39,14 @@ def test_schedulers_fire_list_and_remove(clients: Clients, qname: str) -> None:
 
 def test_an_unknown_scheduler_reads_as_none(clients: Clients, qname: str) -> None:
     assert clients.queue(qname).get_job_scheduler("never-made") is None
+
+
+def test_a_repeating_job_runs_limit_times(clients: Clients, qname: str) -> None:
+    queue = clients.queue(qname)
+    runs: list[int] = []
+    queue.add("again", {"k": 2}, repeat={"every": 200, "limit": 3})
+    clients.worker(qname, lambda job: runs.append(job.data["k"]) or "done")
+    poll_until(lambda: queue.get_job_counts().get("completed") == 3, 15, "three runs")
+    time.sleep(0.6)  # three more periods: the chain must have stopped at its limit
+    assert runs == [2, 2, 2]
+    assert queue.get_job_counts().get("completed") == 3

@@ -136,7 +136,7 @@ def test_metrics_counters() -> None:
     assert metrics_reply(counters, [stats[0], down], 1.0) == down
 
 
-def test_pushes_that_need_flows_or_cron_are_refused() -> None:
+def test_pushes_that_need_flows_are_refused() -> None:
     def refusal(name: str, cmd: dict[str, Any]) -> str | None:
         return unsupported_push(name, cmd)
 
@@ -148,11 +148,9 @@ def test_pushes_that_need_flows_or_cron_are_refused() -> None:
     assert refusal("PUSH", {"data": {"__parentId": "pending"}}) == (
         "Unsupported command: PUSH with data.__parentId (flows)"
     )
-    assert refusal("PUSH", {"repeat": {"every": 5}}) == (
-        "Unsupported command: PUSH with repeat (cron)"
-    )
-    assert refusal("PUSHB", {"jobs": [{"data": 1}, {"repeat": {"limit": 2}}]}) == (
-        "Unsupported command: PUSHB with repeat (cron)"
+    assert refusal("PUSH", {"repeat": {"every": 5}}) is None  # the engine serves repeat
+    assert refusal("PUSHB", {"jobs": [{"data": 1}, {"parentId": "p"}]}) == (
+        "Unsupported command: PUSHB with parentId (flows)"
     )
     assert refusal("PUSHB", {"jobs": "not a list"}) is None  # the engine gives its own error
     assert children_values_reply("GetChildrenValues") == {"ok": True, "data": {"values": {}}}

@@ -316,3 +316,73 @@ def test_the_stored_schedule_matches_the_engine() -> None:
     crons: dict[str, Any] = {}
     fold_mutations(c.muts, crons=crons)
     assert crons == c.engine.crons
+
+
+# -- the job-level repeat option ---------------------------------------------------------------
+
+
+def _run(c: Clock, queue: str = "q") -> str | None:
+    """Pull and ACK the next due job of `queue`; its id, or None if none is due."""
+    job = c.cmd(cmd="PULL", queue=queue)["job"]
+    if job is None:
+        return None
+    assert c.cmd(cmd="ACK", id=job["id"])["ok"]
+    return str(job["id"])
+
+
+def test_repeat_every_chains_until_the_limit() -> None:
+    c = Clock(0)
+    first = c.cmd(cmd="PUSH", queue="q", data={"x": 1}, repeat={"every": 1000, "limit": 3})
+    ran = [_run(c)]
+    assert ran == [first["id"]]
+    assert _run(c) is None  # the successor waits for its slot
+    c.now = 1000
+    ran.append(_run(c))
+    c.now = 2000
+    ran.append(_run(c))
+    c.now = 10_000
+    assert _run(c) is None  # three runs: the chain is over
+    jobs = [c.cmd(cmd="GetJob", id=i)["job"] for i in ran]
+    assert [j["data"] for j in jobs] == [{"x": 1}] * 3
+    assert [j["repeat"].get("count", 0) for j in jobs] == [0, 1, 2]
+
+
+def test_repeat_pattern_waits_for_the_next_slot_in_its_zone() -> None:
+    tz = "Europe/Berlin"
+    c = Clock(ms(2026, 1, 1, 10, 0, tz=tz) + 5 * SECOND)
+    c.cmd(cmd="PUSH", queue="q", data={}, repeat={"pattern": "0 12 * * *", "tz": tz})
+    _run(c)
+    (nxt,) = [j for j in c.cmd(cmd="GetJobs", queue="q", state="delayed")["jobs"]]
+    assert nxt["runAt"] == ms(2026, 1, 1, 12, 0, tz=tz)
+
+
+def test_a_failed_run_does_not_repeat_and_custom_ids_are_not_inherited() -> None:
+    c = Clock(0)
+    c.cmd(cmd="PUSH", queue="q", data={}, jobId="only", repeat={"every": 10}, maxAttempts=1)
+    job = c.cmd(cmd="PULL", queue="q")["job"]
+    assert c.cmd(cmd="FAIL", id=job["id"], error="no")["ok"]
+    c.now = 100
+    assert _run(c) is None
+    c.cmd(cmd="PUSH", queue="q", data={}, jobId="again", repeat={"every": 10})
+    assert _run(c) == "again"
+    c.now = 200
+    nxt = _run(c)
+    assert nxt is not None and nxt != "again"
+
+
+@pytest.mark.parametrize(
+    ("repeat", "error"),
+    [
+        ({"every": -5}, "repeat.every must be a positive number"),
+        ({}, "repeat needs exactly one of every and pattern"),
+        ({"pattern": "nope"}, "Invalid cron expression: nope"),
+        ({"every": 5, "tz": "Nowhere/Zone"}, "Invalid timezone: Nowhere/Zone"),
+        ("daily", "repeat must be an object"),
+    ],
+)
+def test_bad_repeat_options_refuse_the_push(repeat: Any, error: str) -> None:
+    c = Clock(0)
+    assert c.cmd(cmd="PUSH", queue="q", data={}, repeat=repeat)["error"] == error
+    batch = c.cmd(cmd="PUSHB", queue="q", jobs=[{"data": 1}, {"data": 2, "repeat": repeat}])
+    assert batch["error"] == error
+    assert c.waiting() == 0

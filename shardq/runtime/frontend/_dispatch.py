@@ -3,7 +3,7 @@
 `Dispatcher` knows nothing about TCP or ZeroMQ: a connection is a `Client` (an id, an auth
 flag, `send` and `drop`). Per frame it applies the transport rules (reference §1.5, §1.6),
 answers `Hello`, `Ping` and `Auth` itself (and, through `_bunqueue`, the worker
-registry, `Metrics` and the flow/cron refusals), and sends everything else to the shards:
+registry, `Metrics` and the flow refusals), and sends everything else to the shards:
 
 - a command with a `queue` goes to `shard_of(queue, N)`;
 - a command that names one job by id goes to the shard the job cache names; on a miss it goes
@@ -194,7 +194,7 @@ class Dispatcher:
             "CronGet": self._cron_by_name,
             "CronDelete": self._cron_by_name,
         }
-        # Workers, Metrics, flow-children reads and the flow/cron push refusals.
+        # Workers, Metrics, flow-children reads and the flow push refusals.
         self.bunqueue = BunqueueCommands(self.answer, self._gather_all, rate_window_s)
         self._local.update(self.bunqueue.handlers)
 
