@@ -21,6 +21,7 @@ from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
 from ._options import as_int, check_number, is_number, validate_queue_name
 from ._queue import QueueState
+from ._queue_limits import QueueLimits
 from ._state import EngineState, Lease, delivery_key
 
 __all__ = ["ConsumeOps"]
@@ -83,19 +84,12 @@ class ConsumeOps(EngineState):
         self.promote_due(now)
         return q
 
-    def take_many(self, q: QueueState, count: int, now: int) -> list[Job]:
+    def take_many(self, q: QueueState, count: int, now: int, limited: bool = True) -> list[Job]:
         """Up to `count` deliverable jobs of `q`, best first, off its ready heap (TTL-expired
         ones are dropped on the way), within the queue's limits. They are still in the waiting
         state: deliver them with `activate` or `activate_all`."""
-        limits = q.limits
-        if limits is None:
-            return self._take(q, count, now)
-        allowed = limits.cap(q.counts[ACTIVE], count, now)
-        taken = self._take(q, allowed, now) if allowed > 0 else []
-        limits.note(len(taken), now)
-        return taken
-
-    def _take(self, q: QueueState, count: int, now: int) -> list[Job]:
+        if limited and q.limits is not None:
+            return self._take_limited(q, q.limits, count, now)
         taken = q.pop_ready_many(count)
         for job in taken:
             if job.opts and job.opts.get("ttl"):
@@ -112,6 +106,12 @@ class ConsumeOps(EngineState):
                     live.append(job)
             taken = q.pop_ready_many(count - len(live)) if len(live) < count else []
         return live
+
+    def _take_limited(self, q: QueueState, limits: QueueLimits, count: int, now: int) -> list[Job]:
+        allowed = limits.cap(q.counts[ACTIVE], count, now)
+        taken = self.take_many(q, allowed, now, False) if allowed > 0 else []
+        limits.note(len(taken), now)
+        return taken
 
     def _grant(self, cmd: Mapping[str, Any], owner: str | None) -> _Grant:
         """What every job of one pull gets: owner, lease TTL and the connection to track."""

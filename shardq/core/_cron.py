@@ -29,7 +29,7 @@ from ._job import Job
 from ._mutations import Mutation, Record
 from ._options import is_number, validate_data, validate_job_fields, validate_queue_name
 from ._produce import ProduceOps
-from ._repeat import check_repeat, successor
+from ._repeat import successor
 from ._slots import check_zone, next_slot
 from ._timers import Event, TimerOps
 
@@ -129,12 +129,6 @@ def build_schedule(cmd: Mapping[str, Any], old: Record | None, now: int) -> Reco
     return rec
 
 
-def _check_repeat(repeat: object) -> None:
-    error = check_repeat(repeat)
-    if error:
-        raise CommandError(error)
-
-
 def job_fields(rec: Mapping[str, Any]) -> dict[str, Any]:
     """The PUSH fields of the job a schedule fires."""
     fields: dict[str, Any] = dict(rec.get("jobOptions") or {})
@@ -193,19 +187,6 @@ class CronOps(TimerOps, ProduceOps):
         return out
 
     # -- the job-level repeat option -------------------------------------------------------
-
-    def cmd_push(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        if "repeat" in cmd and cmd["repeat"] is not None:
-            _check_repeat(cmd["repeat"])
-        return super().cmd_push(cmd, now)
-
-    def cmd_pushb(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        jobs = cmd.get("jobs")
-        if isinstance(jobs, list):
-            for entry in jobs:
-                if isinstance(entry, Mapping) and entry.get("repeat") is not None:
-                    _check_repeat(entry["repeat"])
-        return super().cmd_pushb(cmd, now)
 
     def repeat_after(self, job: Job, now: int) -> None:
         fields = successor(job, now)

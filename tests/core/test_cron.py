@@ -384,5 +384,5 @@ def test_bad_repeat_options_refuse_the_push(repeat: Any, error: str) -> None:
     c = Clock(0)
     assert c.cmd(cmd="PUSH", queue="q", data={}, repeat=repeat)["error"] == error
     batch = c.cmd(cmd="PUSHB", queue="q", jobs=[{"data": 1}, {"data": 2, "repeat": repeat}])
-    assert batch["error"] == error
+    assert batch["error"] == f"jobs[1]: {error}"
     assert c.waiting() == 0
