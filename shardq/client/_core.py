@@ -17,14 +17,13 @@ decimal string counter, as bunqueue's own clients use.
 from __future__ import annotations
 
 import enum
-import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
 
 from shardq.client._errors import SerializationError, error_from_reply
-from shardq.protocol import MAX_FRAME_SIZE, encode, frame_too_large
+from shardq.protocol import MAX_FRAME_SIZE, FrameCutter, encode, frame_too_large
 
 __all__ = ["ClientCore", "Framing", "checked"]
 
@@ -32,7 +31,6 @@ W = TypeVar("W")
 Reply = dict[str, Any]
 
 _ENCODE_ERRORS: Final = (TypeError, ValueError, OverflowError)
-_HEADER: Final = struct.Struct(">I")
 
 
 class Framing(enum.Enum):
@@ -59,7 +57,7 @@ class ClientCore(Generic[W]):
     def __init__(self, framing: Framing, *, max_frame_size: int = MAX_FRAME_SIZE) -> None:
         self.framing = framing
         self.max_frame_size = max_frame_size
-        self._buf = bytearray()  # stream bytes of a frame not complete yet
+        self._cutter = FrameCutter(max_frame_size)  # the stream's frames (`Framing.STREAM`)
         self._waiting: dict[str, W] = {}
         self._next = 0
         self.broken: str | None = None
@@ -123,30 +121,12 @@ class ClientCore(Generic[W]):
         """
         if self.broken is not None:
             return []
-        buf = self._buf
-        buf += data
-        matched: list[tuple[W, Reply]] = []
-        pos, size_all, limit = 0, len(buf), self.max_frame_size
-        with memoryview(buf) as view:
-            while size_all - pos >= 4:
-                (size,) = _HEADER.unpack_from(buf, pos)
-                if size > limit:
-                    self.broken = frame_too_large(size, limit)
-                    self.unmatched += 1
-                    break
-                end = pos + 4 + size
-                if end > size_all:
-                    break
-                with view[pos + 4 : end] as body:
-                    pair = self._decode(body)
-                pos = end
-                if pair is not None:
-                    matched.append(pair)
-        if self.broken is not None:
-            self._buf = bytearray()
-        elif pos:
-            del buf[:pos]
-        return matched
+        cutter = self._cutter
+        pairs = cutter.cut(data, self._decode)
+        if cutter.oversize is not None:
+            self.broken = frame_too_large(cutter.oversize, cutter.max_frame_size)
+            self.unmatched += 1
+        return [pair for pair in pairs if pair is not None]
 
     def receive(self, body: bytes) -> tuple[W, Reply] | None:
         """Take one ZeroMQ message body; return its (waiter, reply), or None if it matches

@@ -12,6 +12,7 @@ from ._lifecycle import COMPLETED, DELAYED, FAILED, WAITING, WAITING_CHILDREN
 from ._options import as_int, is_number
 from ._queue import QueueState
 from ._state import EngineState
+from ._validate import MAX_COUNT, MAX_DURATION_MS
 
 __all__ = ["AdminOps"]
 
@@ -22,6 +23,14 @@ _DLQ_KEYS: Final = {
     "maxAutoRetries": int,
     "maxAge": int,
     "maxEntries": int,
+}
+# Upper bounds of the numeric config keys: times are added to `now` (DLQ `expiresAt`, stall
+# deadlines), so they get the duration bound; the rest are counts.
+_CONFIG_MAX: Final = {
+    "stallInterval": MAX_DURATION_MS,
+    "gracePeriod": MAX_DURATION_MS,
+    "autoRetryInterval": MAX_DURATION_MS,
+    "maxAge": MAX_DURATION_MS,
 }
 _CLEAN_STATES: Final = {
     None: (WAITING, DELAYED),
@@ -230,8 +239,15 @@ def _typed_config(raw: object, schema: Mapping[str, type]) -> dict[str, Any]:
         elif key == "maxAge" and value is None:
             out[key] = None  # bunqueue: a null maxAge keeps entries forever
         elif kind is int and is_number(value) and value >= 0:
-            out[key] = int(value)
+            out[key] = _bounded(key, value)
         else:
             raise CommandError(f"config.{key} must be a {'boolean' if kind is bool else 'number'}")
     return out
 
+
+def _bounded(key: str, value: float) -> int:
+    """A numeric config value, refused past its bound (infinity included), never clamped."""
+    limit = _CONFIG_MAX.get(key, MAX_COUNT)
+    if not value <= limit:
+        raise CommandError(f"config.{key} must be at most {limit}")
+    return int(value)

@@ -32,9 +32,21 @@ class EngineConfig:
     dlq_maintenance_ms: int = 60_000
     # A stack sent with FAIL is cut to this many lines before stackTraceLimit applies.
     max_stack_lines: int = 100
+    # -- recovery (issue 10, section 6)
+    # Completed jobs older than this (ms since completion) leave memory and disk; 0 keeps them
+    # until max_completed pushes them out. bunqueue's COMPLETED_RETENTION_MS, off by default.
+    completed_retention_ms: int = 0
+    # Longest custom id, uniqueKey, debounceId, tag or dependsOn entry a command may
+    # carry: each is an index key in memory and on disk; 1024 fits UUIDs, URLs and composites.
+    max_key_chars: int = 1_024
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"engine config {name} must be a positive integer, got {value!r}")
+            low = 0 if name in _ZERO_MEANS_OFF else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                kind = "a non-negative" if low == 0 else "a positive"
+                raise ValueError(f"engine config {name} must be {kind} integer, got {value!r}")
+
+
+_ZERO_MEANS_OFF = frozenset({"completed_retention_ms"})

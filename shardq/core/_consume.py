@@ -2,6 +2,10 @@
 
 Fencing rules (docs/protocol.md §6.2; bunqueue's `assertLeaseToken` applies the same):
 - while a lease exists, ACK and FAIL must carry its exact token;
+- every delivery gets a token, a pull without an owner too (it is not in that pull's reply,
+  which keeps bunqueue's shape): an ACK or FAIL without a token still completes such a
+  delivery, as in bunqueue, but one carrying another delivery's token is refused, so a
+  worker whose lease lapsed cannot complete the job someone else is now running;
 - a token whose TTL passed is accepted while nobody else holds the job, even after the lease
   sweep put it back in the queue;
 - a token from an older delivery is rejected once the job was delivered again;
@@ -148,21 +152,22 @@ class ConsumeOps(EngineState):
         return tokens
 
     def _hold(self, job: Job, grant: _Grant, now: int) -> str | None:
-        """The claim on a job just moved to active: a lease with a fresh token for a pull with
+        """The claim on a job just moved to active: a fresh token, and a lease for a pull with
         an owner, else the stall watch; the connection to release it with; its timeout.
-        The caller schedules the lease expiry (`push_leases`)."""
-        token: str | None = None
+        The caller schedules the lease expiry (`push_leases`). Returns the token for a pull
+        with an owner, None otherwise (bunqueue's reply has no token then)."""
+        job.token = token = self.ids.token()
         if grant.owner is not None:
-            token = self.ids.token()
+            job.leased = True
             self.leases[job.id] = Lease(token, grant.owner, grant.conn, now, grant.ttl)
         else:
+            job.leased = False
             self.unleased[job.id] = None
-        job.token = token
         if grant.track is not None:
             self.track_conn(grant.track, job)
         if job.opts:
             self._arm_timeout(job, now)
-        return token
+        return token if job.leased else None
 
     def _arm_timeout(self, job: Job, now: int) -> None:
         timeout = job.opts.get("timeout")
@@ -203,6 +208,10 @@ class ConsumeOps(EngineState):
         if job.state == ACTIVE:
             lease = self.leases.get(job.id)
             if lease is None:
+                # A delivery without an owner: any token it carries must be this delivery's.
+                # (An active job recovered from disk has no token yet: nothing to fence with.)
+                if token and job.token is not None and token != job.token:
+                    raise CommandError(f"Invalid or expired lock token for job {job.id}")
                 return _APPLY, job
             if not isinstance(token, str) or not token:
                 raise CommandError(f"Lock token required for job {job.id}")
@@ -213,7 +222,8 @@ class ConsumeOps(EngineState):
 
     def _fence_inactive(self, job: Job, token: object) -> tuple[str, Job | None]:
         # A token-less ACK matches a delivery that was made without an owner.
-        same_delivery = token == job.token and (token is not None or job.delivery > 0)
+        ownerless = job.delivery > 0 and not job.leased
+        same_delivery = ownerless if token is None else token == job.token
         if job.state == COMPLETED and (same_delivery or token is None):
             return _NOOP, job
         if same_delivery and job.state in (WAITING, DELAYED):

@@ -118,8 +118,13 @@ class ControlOps(EngineState):
         return {"ok": True}
 
     def _check_token(self, job: Job, token: object) -> None:
+        if job.state != ACTIVE:
+            return
         lease = self.leases.get(job.id)
-        if lease is None or job.state != ACTIVE:
+        if lease is None:
+            # Unleased: no token needed, but another delivery's token is refused (`fence`).
+            if token and job.token is not None and token != job.token:
+                raise CommandError(f"Invalid or expired lock token for job {job.id}")
             return
         if not isinstance(token, str) or not token:
             raise CommandError(f"Lock token required for job {job.id}")

@@ -18,8 +18,9 @@ so the engine remains pure. Rules (docs/protocol.md §15):
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from croniter import croniter
 
@@ -27,11 +28,12 @@ from shardq.errors import CommandError
 
 from ._job import Job
 from ._mutations import Mutation, Record
-from ._options import is_number, validate_data, validate_job_fields, validate_queue_name
+from ._options import is_number, validate_data, validate_queue_name
 from ._produce import ProduceOps
 from ._repeat import successor
 from ._slots import check_zone, next_slot
 from ._timers import Event, TimerOps
+from ._validate import validate_job
 
 __all__ = ["CronOps", "next_slot"]
 
@@ -58,10 +60,14 @@ def _check_expression(expr: object) -> str:
     return expr
 
 
+def _finite(value: object) -> TypeGuard[int | float]:
+    return is_number(value) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _positive_int(value: object, what: str) -> int | None:
     if value is None:
         return None
-    if not is_number(value) or isinstance(value, bool) or value != int(value) or value <= 0:
+    if not _finite(value) or value != int(value) or value <= 0:
         raise CommandError(f"{what} must be a positive integer")
     return int(value)
 
@@ -69,12 +75,12 @@ def _positive_int(value: object, what: str) -> int | None:
 def _limit(value: object) -> int | None:
     if value is None:
         return None
-    if not is_number(value) or isinstance(value, bool):
+    if not _finite(value):
         raise CommandError("maxLimit must be a number")
     return int(value) if value > 0 else None  # <= 0 means unlimited, as in bunqueue
 
 
-def build_schedule(cmd: Mapping[str, Any], old: Record | None, now: int) -> Record:
+def build_schedule(cmd: Mapping[str, Any], old: Record | None, now: int, max_chars: int) -> Record:
     """A validated schedule record from a `Cron` command (`old`: the one it replaces)."""
     name = cmd.get("name")
     if not isinstance(name, str) or not name or len(name) > 256:
@@ -118,7 +124,7 @@ def build_schedule(cmd: Mapping[str, Any], old: Record | None, now: int) -> Reco
         "lastJobId": old.get("lastJobId") if old else None,
         "anchor": now,
     }
-    error = validate_job_fields(job_fields(rec))
+    error = validate_job(job_fields(rec), max_chars)
     if error:
         raise CommandError(error)
     if rec["immediately"] and old is None:
@@ -189,7 +195,10 @@ class CronOps(TimerOps, ProduceOps):
     # -- the job-level repeat option -------------------------------------------------------
 
     def repeat_after(self, job: Job, now: int) -> None:
-        fields = successor(job, now)
+        try:
+            fields = successor(job, now)
+        except CommandError:
+            return  # a pattern that matches no future date (30 February): the chain ends
         if fields is not None:
             self.push_one(job.queue, fields, None, now)
 
@@ -198,12 +207,13 @@ class CronOps(TimerOps, ProduceOps):
     def cmd_cron(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         name = cmd.get("name")
         old = self.crons.get(name) if isinstance(name, str) else None
-        rec = build_schedule(cmd, old, now)
+        rec = build_schedule(cmd, old, now, self.config.max_key_chars)
         self._save(rec)
         return {"ok": True, "cron": wire(rec)}
 
     def cmd_cron_get(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        rec = self.crons.get(cmd.get("name"))  # type: ignore[arg-type]
+        name = cmd.get("name")
+        rec = self.crons.get(name) if isinstance(name, str) else None
         if rec is None:
             raise CommandError(NOT_FOUND)
         return {"ok": True, "cron": wire(rec)}
@@ -252,12 +262,18 @@ class CronOps(TimerOps, ProduceOps):
 
     def _fire(self, rec: Record, now: int) -> None:
         slot = int(rec["nextRun"])
-        missed = next_slot(rec, slot) <= now
+        try:
+            missed = next_slot(rec, slot) <= now
+            floor = slot if rec["lastRun"] is None else max(slot, rec["lastRun"])
+            after = next_slot({**rec, "lastRun": floor}, max(now, slot))
+        except CommandError:
+            self._drop(rec["name"])  # no future slot (30 February, past year 9999): it is over
+            return
         fresh = rec["lastRun"] is None or slot > rec["lastRun"]
         if fresh and not (missed and rec["skipMissedOnRestart"]):
             self._push_slot(rec, slot, now)
         rec["lastRun"] = slot if fresh else rec["lastRun"]
-        rec["nextRun"] = next_slot(rec, max(now, slot))
+        rec["nextRun"] = after
         limit = rec["maxLimit"]
         if limit is not None and rec["executions"] >= limit:
             self._drop(rec["name"])

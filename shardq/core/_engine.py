@@ -5,7 +5,10 @@
 
 `command` is a bunqueue command map (`{"cmd": "PUSH", "queue": ..., ...}`); the reply is the
 bunqueue reply map without `reqId`. A refused command answers `{"ok": False, "error": ...}` with
-bunqueue's exact message and changes nothing, except PUSHB, which keeps its accepted prefix.
+bunqueue's exact message and changes nothing, except PUSHB, which keeps its accepted prefix
+(past validation, which refuses the whole batch). Every field is checked against its bounds
+(`_validate.py`) before a handler runs, so no value the engine stores or schedules can
+overflow SQLite, msgpack or the shard's poll.
 The front end adds `_conn` (the connection id) to commands, so a closed connection's jobs can
 be released with `release_connection`.
 """
@@ -24,6 +27,7 @@ from ._mutations import Mutation
 from ._produce import ProduceOps
 from ._query import QueryOps
 from ._timers import TimerOps
+from ._validate import CHECKED_COMMANDS, check_fields
 
 __all__ = ["COMMANDS", "Engine"]
 
@@ -95,7 +99,7 @@ class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._handlers: dict[str, Handler] = {
-            name: getattr(self, method) for name, method in COMMANDS.items()
+            name: self._checked(name, getattr(self, method)) for name, method in COMMANDS.items()
         }
         self.last_events: list[tuple[str, str, str]] = []
 
@@ -115,6 +119,21 @@ class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
             self.wake_limited(int(now))  # an ACK or FAIL may have freed a concurrency slot
         self.last_events = self.events
         return reply, self.out
+
+    def _checked(self, name: str, handler: Handler) -> Handler:
+        """`handler`, behind the field bounds of its command (`_validate.py`) if it has any;
+        done once here so that a command without extra checks pays nothing per call."""
+        if name not in CHECKED_COMMANDS:
+            return handler
+        max_chars = self.config.max_key_chars
+
+        def checked(command: Mapping[str, Any], now: int) -> dict[str, Any]:
+            error = check_fields(name, command, max_chars)
+            if error is not None:
+                raise CommandError(error)
+            return handler(command, now)
+
+        return checked
 
     def release(self, conn: str, now: int) -> tuple[int, list[Mutation]]:
         """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6."""

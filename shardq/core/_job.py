@@ -136,6 +136,7 @@ class Job:
         "id",
         "key",
         "last_heartbeat",
+        "leased",
         "lifo",
         "logs",
         "max_attempts",
@@ -198,7 +199,10 @@ class Job:
         self.hkey: tuple[Any, ...] | None = None
         self.dkey: tuple[Any, ...] | None = None
         self.delivery = 0
+        # Every delivery gets a token, with or without an owner (`_consume._hold`); `leased`
+        # says whether a lease guards it, which decides what a token-less ACK may match.
         self.token: str | None = None
+        self.leased = False
 
     # -- construction ---------------------------------------------------------------------
 
@@ -213,7 +217,7 @@ class Job:
         *,
         custom: bool = False,
     ) -> Job:
-        """A new job from validated push fields (see `validate_job_fields`)."""
+        """A new job from validated push fields (see `_validate.validate_job`)."""
         job = cls(job_id, queue, seq)
         if len(fields) == 1 and not custom and "data" in fields:
             # Just the payload (a PUSHB entry without options): every other field is default.

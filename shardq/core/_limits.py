@@ -44,7 +44,9 @@ class LimitOps(TimerOps):
     def cmd_rate_limit(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         limit = _limit(cmd, positive=False)
         duration = cmd.get("duration")
-        if duration is not None and (not is_number(duration) or duration <= 0):
+        if duration is not None and (
+            not is_number(duration) or not math.isfinite(duration) or duration <= 0
+        ):
             raise CommandError("duration must be a positive number")
         limits = self._limits_of(cmd)
         limits.rate = limit

@@ -14,10 +14,14 @@ from collections.abc import Mapping
 from typing import Any, Final, TypeGuard
 
 __all__ = [
+    "CHECKED_FIELDS",
     "MAX_DATA_CHARS",
+    "MAX_NESTING",
     "as_int",
     "check_number",
-    "validate_job_fields",
+    "job_options_error",
+    "too_deep",
+    "validate_data",
     "validate_queue_name",
 ]
 
@@ -93,6 +97,30 @@ def _json_default(value: object) -> object:
     raise TypeError(type(value).__name__)
 
 
+# How deep containers may nest in a value the engine stores or echoes (data, result, id). msgpack
+# decodes about 1,024 levels, and a stored value travels in messages that add a few levels of
+# their own (a shard's reply: rep, items, item, reply, job): past that a reply cannot be packed.
+MAX_NESTING: Final = 512
+
+
+def too_deep(value: object, limit: int = MAX_NESTING) -> bool:
+    """Whether lists or maps nest more than `limit` levels deep in `value`. Walks only
+    containers; a scalar costs one type test."""
+    kind = type(value)
+    if kind is not dict and kind is not list and kind is not tuple:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in node.values() if type(node) is dict else node:
+            kind = type(child)
+            if kind is dict or kind is list or kind is tuple:
+                stack.append((child, depth + 1))
+    return False
+
+
 _ATOMIC: Final = frozenset({int, float, bool, type(None)})
 # A payload this small cannot approach MAX_DATA_CHARS, whatever escaping JSON adds (at most 6
 # characters per character of a string).
@@ -124,10 +152,14 @@ def _certainly_small(data: object) -> bool:
 def validate_data(data: object) -> str | None:
     if _certainly_small(data):
         return None
+    if too_deep(data):
+        return "Invalid data: nested too deeply"
     try:
         text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=_json_default)
     except (TypeError, ValueError):
         return "Job data must be JSON serializable"
+    except RecursionError:  # `too_deep` keeps it away; this is the backstop
+        return "Invalid data: nested too deeply"
     if len(text) > MAX_DATA_CHARS:
         return "Job data too large (max 10MB)"
     return None
@@ -210,16 +242,13 @@ def _validate_lists(fields: Mapping[str, Any]) -> str | None:
     return None
 
 
-_CHECKED_FIELDS: Final = frozenset(
+CHECKED_FIELDS: Final = frozenset(
     ("name", "groupId", "priority", "backoff", "dependsOn", "childrenIds", "tags")
 ).union(field for field, _, _ in (*_BOUNDS, *_TTL_BOUNDS))
 
 
-def validate_job_fields(fields: Mapping[str, Any]) -> str | None:
-    """The first thing wrong with one job's push fields, as bunqueue words it, or None."""
-    error = validate_data(fields.get("data"))
-    if error or _CHECKED_FIELDS.isdisjoint(fields):
-        return error
+def job_options_error(fields: Mapping[str, Any]) -> str | None:
+    """The first of one job's options bunqueue checks that is wrong, in its words, or None."""
     return (
         _validate_name(fields)
         or _validate_group_id(fields.get("groupId"))

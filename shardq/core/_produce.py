@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -9,9 +10,10 @@ from shardq.errors import CommandError
 
 from ._job import Job
 from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
-from ._options import as_int, validate_job_fields, validate_queue_name
+from ._options import as_int, validate_queue_name
 from ._repeat import check_repeat
 from ._state import EngineState
+from ._validate import validate_job
 
 __all__ = ["ProduceOps"]
 
@@ -20,7 +22,7 @@ def custom_id_of(value: object) -> str | None:
     """A custom id as the wire sends it: a string, or a number sent as its decimal form."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, float) and value == int(value):
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
         value = int(value)
     text = str(value) if isinstance(value, str | int | float) else None
     return text or None
@@ -29,7 +31,7 @@ def custom_id_of(value: object) -> str | None:
 class ProduceOps(EngineState):
     def cmd_push(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")
-        error = validate_queue_name(queue) or validate_job_fields(cmd)
+        error = validate_queue_name(queue) or validate_job(cmd, self.config.max_key_chars)
         if not error and "repeat" in cmd and cmd["repeat"] is not None:
             error = check_repeat(cmd["repeat"])
         if error:
@@ -78,8 +80,9 @@ class ProduceOps(EngineState):
         self, entries: Sequence[Mapping[str, Any]], customs: Sequence[str | None]
     ) -> None:
         batch_ids = {c for c in customs if c is not None}
+        max_chars = self.config.max_key_chars
         for index, entry in enumerate(entries):
-            error = validate_job_fields(entry)
+            error = validate_job(entry, max_chars)
             if not error and "repeat" in entry and entry["repeat"] is not None:
                 error = check_repeat(entry["repeat"])
             if error:
@@ -103,9 +106,7 @@ class ProduceOps(EngineState):
 
     # -- admission -------------------------------------------------------------------------
 
-    def push_one(
-        self, queue: str, fields: Mapping[str, Any], custom: str | None, now: int
-    ) -> str:
+    def push_one(self, queue: str, fields: Mapping[str, Any], custom: str | None, now: int) -> str:
         """Admit one validated job, or return the id of the live job it duplicates."""
         if custom is not None:
             existing = self.jobs.get(custom)

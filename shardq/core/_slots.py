@@ -13,7 +13,7 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from shardq.errors import CommandError
 
@@ -64,9 +64,12 @@ def next_slot(rec: Mapping[str, Any], after: int) -> int:
     )
     last = rec.get("lastRun")
     floor = _wall(int(last), zone) if last is not None else None
-    for _ in range(_MAX_CANDIDATES):
-        when = it.get_next(datetime)
-        ms = int(when.timestamp() * 1000)
-        if ms > after and (floor is None or when.replace(tzinfo=None) > floor):
-            return ms
+    try:
+        for _ in range(_MAX_CANDIDATES):
+            when = it.get_next(datetime)
+            ms = int(when.timestamp() * 1000)
+            if ms > after and (floor is None or when.replace(tzinfo=None) > floor):
+                return ms
+    except (CroniterError, ValueError, OverflowError):
+        pass  # a valid expression that matches no date (30 February), or past year 9999
     raise CommandError(f"Cron expression has no future slot: {expr}")

@@ -94,7 +94,7 @@ class EngineState:
         self.job_conn: dict[str, str] = {}
         self.unique: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.dependents: dict[str, set[str]] = {}
-        # Completed jobs held in memory, oldest first (evicted past config.max_completed).
+        # Completed jobs held, oldest first (evicted past config.max_completed, rows included).
         self.completed_order: OrderedDict[str, None] = OrderedDict()
         self.results_order: OrderedDict[str, None] = OrderedDict()
         # Ids of completed jobs no longer in memory, for dependsOn, oldest first (bounded).
@@ -519,7 +519,8 @@ class EngineState:
                 self.requeue_or_delay(child, "release", now, {})
 
     def retain_completed(self, job: Job, pending: int = 0) -> None:
-        """Keep memory bounded: evict the oldest completed jobs and results (not from disk).
+        """Keep memory and disk bounded: evict the oldest completed jobs (from both) and
+        the oldest results (from memory; the row keeps its result while the job is held).
 
         `pending` completed jobs at the end of the order are not counted against the cap yet
         (a batch completes its jobs first and retains them one by one).
@@ -543,11 +544,17 @@ class EngineState:
             self._evict_completed(completed.popitem(last=False)[0])
 
     def _evict_completed(self, job_id: str) -> None:
-        """Forget a completed job in memory only (its row stays on disk). Runs on every ACK
-        once the cache is full, so it does only what a completed job needs undone."""
+        """Forget a completed job past the cap, in memory and on disk. Runs on every ACK once
+        the cache is full, so it does only what a completed job needs undone.
+
+        The row goes too: nothing reads a completed job the engine no longer holds (recovery
+        would load it only to evict it again), and keeping it made the database grow with
+        every job ever completed.
+        """
         job = self.jobs.pop(job_id, None)
         if job is None:
             return
+        self.out.append(("del", job.key))
         q = self.queues.get(job.queue)
         if q is not None:
             q.ids.pop(job_id, None)

@@ -34,6 +34,8 @@ class TimerOps(ConsumeOps, AdminOps):
         if now >= self.next_dlq_check:
             self.dlq_maintenance(now)
             self.next_dlq_check = now + self.config.dlq_maintenance_ms
+        if self.config.completed_retention_ms and self.completed_order:
+            self._expire_completed(now)
         return self.events, self.out
 
     def next_deadline(self) -> int | None:
@@ -44,7 +46,21 @@ class TimerOps(ConsumeOps, AdminOps):
             times.append(self.next_stall_check)
         if self._some_dlq():
             times.append(self.next_dlq_check)
+        if self.config.completed_retention_ms and self.completed_order:
+            times.append(self._completed_expiry())
         return min(times) if times else None
+
+    def _completed_expiry(self) -> int:
+        """When the oldest completed job outlives completed_retention_ms."""
+        oldest = self.jobs.get(next(iter(self.completed_order)))
+        finished = oldest.completed_at if oldest is not None else None
+        return (finished or 0) + self.config.completed_retention_ms
+
+    def _expire_completed(self, now: int) -> None:
+        # completed_order is in completion order, so the expired ones are at its front.
+        completed = self.completed_order
+        while completed and self._completed_expiry() <= now:
+            self._evict_completed(completed.popitem(last=False)[0])
 
     def _some_dlq(self) -> bool:
         """Whether any queue's DLQ holds an entry, without walking every queue.

@@ -11,10 +11,13 @@ from shardq.protocol._errors import (
     unknown_command,
 )
 from shardq.protocol._frames import (
+    FRAME_HEADER,
     MAX_FRAME_SIZE,
     DecodedFrame,
+    FrameCutter,
     FrameDecoder,
     check_command,
+    decode_body,
     encode,
     encode_many,
     error_reply,
@@ -22,6 +25,7 @@ from shardq.protocol._frames import (
 )
 
 __all__ = [
+    "FRAME_HEADER",
     "INTERNAL_SERVER_ERROR",
     "INVALID_COMMAND",
     "INVALID_COMMAND_FORMAT",
@@ -30,8 +34,10 @@ __all__ = [
     "NOT_AUTHENTICATED",
     "RATE_LIMIT_EXCEEDED",
     "DecodedFrame",
+    "FrameCutter",
     "FrameDecoder",
     "check_command",
+    "decode_body",
     "encode",
     "encode_many",
     "error_reply",

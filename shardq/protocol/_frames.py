@@ -1,8 +1,10 @@
 """Frames of the bunqueue wire protocol: a u32 big-endian body length, then a msgpack body.
 
-The same layout runs in both directions. This module turns bytes into command maps and maps into
-bytes, and nothing else: it owns no socket, reads no clock and knows no event loop, so the TCP
-front end and both clients are thin adapters around it.
+The same layout runs in both directions, and on the internal front end <-> shard and shard <->
+writer links. `FrameCutter` is the one place where such a stream is cut into frames: the TCP
+front end (`FrameDecoder`), the clients (`shardq.client._core`) and the links
+(`shardq.runtime.links._stream`) all cut with it. This module turns bytes into command maps and
+maps into bytes, and nothing else: it owns no socket, reads no clock and knows no event loop.
 
 What a decoded command may contain: `dict` (top level: `str` keys only; nested: `str` or
 `bytes` keys), `list`, `str`, `bytes`, `int`, `float`, `bool` and `None`. Extension types are
@@ -12,8 +14,8 @@ mapped onto that set or refused, see `_ext_hook` and `_unpack`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping
-from typing import Any, Final, TypeAlias
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, TypeAlias, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -21,10 +23,13 @@ from shardq.errors import ProtocolError
 from shardq.protocol._errors import INVALID_COMMAND, INVALID_COMMAND_FORMAT, frame_too_large
 
 __all__ = [
+    "FRAME_HEADER",
     "MAX_FRAME_SIZE",
     "DecodedFrame",
+    "FrameCutter",
     "FrameDecoder",
     "check_command",
+    "decode_body",
     "encode",
     "encode_many",
     "error_reply",
@@ -34,7 +39,10 @@ __all__ = [
 MAX_FRAME_SIZE: Final = 64 * 1024 * 1024
 """bunqueue's cap on a frame body (`frameParser.ts`), checked against the declared length."""
 
-_HEADER: Final = struct.Struct(">I")
+FRAME_HEADER: Final = struct.Struct(">I")
+"""The u32 big-endian length in front of every frame body."""
+_HEADER: Final = FRAME_HEADER
+T = TypeVar("T")
 
 # msgpackr, the encoder of bunqueue's own JS clients, writes JS `undefined` as fixext1 type 0,
 # and bunqueue's protocol doc tells peers to read that as nil.
@@ -54,7 +62,7 @@ def _ext_hook(code: int, data: bytes) -> None:
     raise _RefusedExt(f"msgpack ext type {code} ({len(data)} bytes) is not accepted")
 
 
-def _unpack(body: memoryview) -> Any:
+def _unpack(body: bytes | memoryview) -> Any:
     # strict_map_key refuses int, float, nil and array keys anywhere in the tree. The standard
     # timestamp ext (-1, what msgpackr writes for a JS Date) never reaches ext_hook; timestamp=1
     # turns it into float seconds since the epoch, so a decoded command holds only plain types.
@@ -68,7 +76,8 @@ def _unpack(body: memoryview) -> Any:
     )
 
 
-def _decode_body(body: memoryview) -> DecodedFrame:
+def decode_body(body: bytes | memoryview) -> DecodedFrame:
+    """One frame body as a command map, or the (non-fatal) error to answer it with."""
     if not body:
         return ProtocolError(INVALID_COMMAND_FORMAT)
     try:
@@ -84,8 +93,75 @@ def _decode_body(body: memoryview) -> DecodedFrame:
     return obj
 
 
+class FrameCutter:
+    """Sans-IO: bytes in (any chunking), whole frame bodies out, in order.
+
+    `cut` hands each body to a `take` function as a memoryview that is valid only during the
+    call (decode it, or copy it with `bytes`), so a body is never copied just to be decoded.
+    While nothing is buffered (the usual case: a read ends on a frame boundary) frames are cut
+    straight out of the chunk; only a partial tail is copied, and kept for the next chunk.
+
+    A header over `max_frame_size` is refused on the header alone (waiting for the body would
+    let a peer make us buffer up to 4 GiB): `oversize` then holds the declared size, the buffer
+    is dropped, and every later chunk is ignored.
+    """
+
+    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+        """Raises `ValueError` if `max_frame_size` is negative."""
+        if max_frame_size < 0:
+            raise ValueError(f"max_frame_size must be >= 0, got {max_frame_size}")
+        # Not final: the front end raises it once a connection has authenticated.
+        self.max_frame_size = max_frame_size
+        self.oversize: int | None = None
+        self._buf = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for a frame that is not complete yet (what a stall timer watches)."""
+        return len(self._buf)
+
+    def cut(
+        self, chunk: bytes | bytearray | memoryview, take: Callable[[memoryview], T]
+    ) -> list[T]:
+        """Add `chunk`; return `take(body)` for every frame it completed, oldest first.
+
+        `chunk` is not kept: it may be a view of a buffer the caller reuses. Frames completed
+        before an oversize header are still returned.
+        """
+        if self.oversize is not None:
+            return []
+        buf = self._buf
+        data: bytes | bytearray | memoryview = chunk
+        if buf:
+            buf += chunk
+            data = buf
+        out: list[T] = []
+        start = 0
+        end = len(data)
+        limit = self.max_frame_size
+        with memoryview(data) as view:
+            while end - start >= 4:
+                (size,) = _HEADER.unpack_from(view, start)
+                if size > limit:
+                    self.oversize = size
+                    self._buf = bytearray()
+                    return out
+                stop = start + 4 + size
+                if stop > end:
+                    break
+                # Released before the buffer is resized, which a live export would forbid.
+                with view[start + 4 : stop] as body:
+                    out.append(take(body))
+                start = stop
+            if data is not buf and start < end:
+                buf += view[start:]
+        if data is buf and start:
+            del buf[:start]
+        return out
+
+
 class FrameDecoder:
-    """Reassembles frames from bytes that arrive in arbitrary pieces.
+    """Reassembles command frames from bytes that arrive in arbitrary pieces.
 
     Feed it whatever the socket produced; it returns the frames those bytes completed, in order.
     One peer connection owns one decoder.
@@ -96,26 +172,28 @@ class FrameDecoder:
 
         Raises `ValueError` if `max_frame_size` is negative.
         """
-        if max_frame_size < 0:
-            raise ValueError(f"max_frame_size must be >= 0, got {max_frame_size}")
-        self.max_frame_size: Final = max_frame_size
-        self._buf = bytearray()
-        # Consumed frames are cut off the front once per feed, not once per frame, so that a
-        # read holding many small frames costs one copy instead of one per frame.
-        self._pos = 0
-        self._closed = False
+        self._cutter = FrameCutter(max_frame_size)
+
+    @property
+    def max_frame_size(self) -> int:
+        return self._cutter.max_frame_size
+
+    @max_frame_size.setter
+    def max_frame_size(self, value: int) -> None:
+        # The front end raises it once a connection has authenticated.
+        self._cutter.max_frame_size = value
 
     @property
     def closed(self) -> bool:
         """True once an oversize frame was seen; the decoder then ignores all input."""
-        return self._closed
+        return self._cutter.oversize is not None
 
     @property
     def buffered(self) -> int:
         """Bytes held for a frame that is not complete yet (what a stall timer watches)."""
-        return len(self._buf) - self._pos
+        return self._cutter.buffered
 
-    def feed(self, data: bytes) -> list[DecodedFrame]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[DecodedFrame]:
         """Add `data` and return every frame it completed, oldest first.
 
         Each item is a command map, or a `ProtocolError` to send back to the peer: a body that
@@ -128,40 +206,14 @@ class FrameDecoder:
         Never raises for any content of `data`. Bytes of an incomplete frame stay buffered
         until more data arrives; at EOF they are simply discarded with the decoder.
         """
-        if self._closed:
+        cutter = self._cutter
+        if cutter.oversize is not None:
             return []
-        self._buf += data
-        frames: list[DecodedFrame] = []
-        while (frame := self._next_frame()) is not None:
-            frames.append(frame)
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
+        frames: list[DecodedFrame] = cutter.cut(data, decode_body)
+        if cutter.oversize is not None:
+            limit = cutter.max_frame_size
+            frames.append(ProtocolError(frame_too_large(cutter.oversize, limit), fatal=True))
         return frames
-
-    def _next_frame(self) -> DecodedFrame | None:
-        start = self._pos + _HEADER.size
-        if len(self._buf) < start:
-            return None
-        (size,) = _HEADER.unpack_from(self._buf, self._pos)
-        if size > self.max_frame_size:
-            # Refuse on the header alone: waiting for the body would let a peer make us
-            # buffer up to 4 GiB before we answer.
-            self._close()
-            return ProtocolError(frame_too_large(size, self.max_frame_size), fatal=True)
-        end = start + size
-        if len(self._buf) < end:
-            return None
-        self._pos = end
-        # A view avoids copying the body; both views are released before the buffer is
-        # resized, which a live export would forbid.
-        with memoryview(self._buf) as whole, whole[start:end] as body:
-            return _decode_body(body)
-
-    def _close(self) -> None:
-        self._closed = True
-        self._buf = bytearray()
-        self._pos = 0
 
 
 def encode(msg: Mapping[str, Any]) -> bytes:

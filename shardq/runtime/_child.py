@@ -69,6 +69,11 @@ class SupervisorLink:
         """Tell the supervisor this child serves (e.g. `addresses={...}` for the front end)."""
         self._send({"t": "ready", **extra})
 
+    def progress(self, **fields: Any) -> None:
+        """Tell the supervisor this child is still working towards ready (e.g. `loaded=n`
+        jobs recovered so far): it then waits another `ready_timeout_ms` for it."""
+        self._send({"t": "progress", **fields})
+
     def fatal(self, error: str) -> None:
         """Tell the supervisor this child cannot start, and why (it exits right after)."""
         self._send({"t": "fatal", "error": error})

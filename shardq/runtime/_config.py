@@ -90,6 +90,40 @@ class ServerConfig:
     # at most `storage_stall_ms` (then refuses durable pushes and serves on); at it the
     # shard waits for the writer whatever the time: its memory stays bounded.
     writer_backlog_max_bytes: int = 256 << 20
+    # -- recovery (issue 10, section 6)
+    # A starting child is killed once it has gone this long without reporting ready or
+    # progress. A shard recovering a large database reports progress every second, so the
+    # bound is on a stall, not on the size of the backlog: 30 s is what a start took at most
+    # (the old fixed ready timeout) and far above a second between progress reports.
+    ready_timeout_ms: int = 30_000
+    # -- bounds (issue 10 section 4): every per-connection and per-server resource is capped.
+    # A reply batch is cut into link frames of at most this; a reply bigger than it alone is
+    # refused ("Reply too large"): a bunqueue client refuses a frame over 64 MiB anyway.
+    link_max_frame_bytes: int = 64 * 1024 * 1024
+    # bunqueue has no connection cap; 10,000 leaves room under a typical 65,536 fd limit.
+    max_connections: int = 10_000
+    # Requests a TCP connection may have in flight before it is read no further: ten times
+    # the deepest pipeline of the benchmarks (100), so no pipelining client ever meets it.
+    max_in_flight_per_connection: int = 1_000
+    # Long-polls (PULL/PULLB with a timeout, WaitJob) parked per connection and per server;
+    # past either, the request is answered at once as if nothing were ready. A parked
+    # request costs about 1 KB across the front end and a shard.
+    max_parked_per_connection: int = 1_000
+    max_parked: int = 10_000
+    # bunqueue's TCP_MAX_WRITE_QUEUE_BYTES: replies a client does not read, before it is cut.
+    tcp_max_write_backlog_bytes: int = 64 * 1024 * 1024
+    # A connection with no partial frame and nothing in flight that sends nothing for this
+    # long is closed. Off (0) as in bunqueue, which never closes an idle connection.
+    tcp_idle_close_ms: int = 0
+    # Before Auth (with tokens set) a frame may be this large: Auth needs a few bytes, and an
+    # unauthenticated peer must not make the server buffer 64 MiB.
+    unauthenticated_max_frame_bytes: int = 64 * 1024
+    # Failed Auth attempts on one connection before it is closed (bunqueue never closes).
+    auth_max_failures: int = 3
+    # bunqueue's per-connection rate limiter (RATE_LIMIT_*). bunqueue's default (10,000 per
+    # 60 s, 166 commands/s) would cap every pipelining client, so shardq ships it off (0).
+    rate_limit_window_ms: int = 0
+    rate_limit_max_requests: int = 10_000
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @property
@@ -229,6 +263,22 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_db_bytes": _db_cap,
     # Above the 8 MiB past which a shard starts waiting for its writer (`shard/_process.py`).
     "writer_backlog_max_bytes": _ranged(16 << 20, 1 << 40),
+    # -- recovery: at least a second, so that a child's progress reports can keep it alive.
+    "ready_timeout_ms": _ranged(1000, ms=True),
+    # -- bounds (issue 10 section 4)
+    # Below 64 KiB a batch of a few ordinary replies would already be cut.
+    "link_max_frame_bytes": _ranged(64 * 1024, 2**32 - 1),
+    "max_connections": _ranged(1),
+    "max_in_flight_per_connection": _ranged(1),
+    "max_parked_per_connection": _ranged(0),  # 0: no long-poll ever parks
+    "max_parked": _ranged(0),
+    "tcp_max_write_backlog_bytes": _ranged(0),  # 0: unbounded, as bunqueue's 0
+    "tcp_idle_close_ms": _ranged(0, ms=True),
+    # Auth's own frame must fit: 1 KiB holds any sensible token.
+    "unauthenticated_max_frame_bytes": _ranged(1024, 2**32 - 1),
+    "auth_max_failures": _ranged(1),
+    "rate_limit_window_ms": _ranged(0, ms=True),  # 0: no rate limit, as bunqueue's 0
+    "rate_limit_max_requests": _ranged(1),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 
@@ -242,6 +292,11 @@ _ENV_ALIASES: tuple[tuple[str, str], ...] = (
     ("DATA_PATH", "data_path"),
     ("AUTH_TOKENS", "auth_tokens"),
     ("SHUTDOWN_TIMEOUT_MS", "shutdown_timeout_ms"),
+    # -- bounds (issue 10 section 4)
+    ("TCP_IDLE_TIMEOUT_MS", "tcp_idle_timeout_ms"),
+    ("TCP_MAX_WRITE_QUEUE_BYTES", "tcp_max_write_backlog_bytes"),
+    ("RATE_LIMIT_WINDOW_MS", "rate_limit_window_ms"),
+    ("RATE_LIMIT_MAX_REQUESTS", "rate_limit_max_requests"),
 )
 
 
@@ -276,7 +331,9 @@ def _parse(key: str, raw: object, source: str) -> Any:
 
 def _parse_engine(name: str, raw: object, source: str) -> int:
     try:
-        return _ranged(1, ms=name.endswith("_ms"))(raw)
+        # completed_retention_ms (recovery, issue 10): 0 turns the age limit off.
+        low = 0 if name == "completed_retention_ms" else 1
+        return _ranged(low, ms=name.endswith("_ms"))(raw)
     except ValueError as e:
         raise ConfigError(f"engine.{name} ({source}): {e}") from None
 

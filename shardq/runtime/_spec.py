@@ -35,6 +35,18 @@ class ChildSpec:
     storage_stall_ms: int = 5_000
     max_db_bytes: int = 0
     writer_backlog_max_bytes: int = 256 << 20
+    # -- bounds (issue 10 section 4): ServerConfig's, see there
+    link_max_frame_bytes: int = 64 * 1024 * 1024
+    max_connections: int = 10_000
+    max_in_flight_per_connection: int = 1_000
+    max_parked_per_connection: int = 1_000
+    max_parked: int = 10_000
+    tcp_max_write_backlog_bytes: int = 64 * 1024 * 1024
+    tcp_idle_close_ms: int = 0
+    unauthenticated_max_frame_bytes: int = 64 * 1024
+    auth_max_failures: int = 3
+    rate_limit_window_ms: int = 0
+    rate_limit_max_requests: int = 10_000
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     def endpoint(self, name: str) -> str:

@@ -53,11 +53,11 @@ DEFAULT_CACHE_RECORDS = 100_000
 # A patch is folded into its record once longer than both the record and this many bytes.
 DEFAULT_PATCH_FLOOR = 1024
 
-_FIRST_PAGE = "SELECT seq, rowid, rec, patch FROM jobs ORDER BY seq, rowid LIMIT ?"
-_NEXT_PAGE = (
-    "SELECT seq, rowid, rec, patch FROM jobs WHERE (seq, rowid) > (?, ?)"
-    " ORDER BY seq, rowid LIMIT ?"
-)
+# A recovery filter names a shard's queues in one `IN (...)`; past this many it is left to the
+# caller (SQLite allows 32,766 parameters, and a long list costs more than it filters).
+MAX_FILTER_QUEUES = 1000
+# Ids of stale completed rows are handed out this many at a time (a few hundred KB).
+STALE_PAGE = 10_000
 
 
 class Store:
@@ -169,8 +169,19 @@ class Store:
         self._skipped_updates += plan.skipped
         return written
 
-    def load_jobs(self, *, page_size: int = DEFAULT_PAGE_SIZE) -> Iterator[Record]:
-        """Yield every stored job record, in seq order (ties in insertion order).
+    def load_jobs(
+        self,
+        *,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        queues: Collection[str] | None = None,
+        completed_from: int | None = None,
+    ) -> Iterator[Record]:
+        """Yield the stored job records, in seq order (ties in insertion order).
+
+        `queues`: only the jobs of these queues (None: every queue; past `MAX_FILTER_QUEUES`
+        names the filter is not applied and the caller filters). `completed_from`: completed
+        jobs only from this seq on (see `completed_floor`); other states are always loaded.
+        The filters run in SQLite, so a row they skip is never decoded.
 
         Rows are read `page_size` at a time, so memory stays bounded on a big database. Each
         page is its own read: apply no batch while iterating, or the pages may disagree.
@@ -179,14 +190,68 @@ class Store:
         """
         if page_size < 1:
             raise ValueError(f"page_size must be at least 1, got {page_size}")
-        rows = self._read_page(_FIRST_PAGE, (page_size,))
+        where, params = _filter(queues)
+        if completed_from is not None:
+            where += " AND (state != 'completed' OR seq >= ?)"
+            params = (*params, completed_from)
+        first, more = _first_page(where), _next_page(where)
+        rows = self._read_page(first, (*params, page_size))
         while rows:
             for _seq, _rowid, rec, patch in rows:
                 yield self._decode_row(rec, patch)
             if len(rows) < page_size:
                 return
             last_seq, last_rowid, _, _ = rows[-1]
-            rows = self._read_page(_NEXT_PAGE, (last_seq, last_rowid, page_size))
+            rows = self._read_page(more, (last_seq, last_rowid, *params, page_size))
+
+    def queue_names(self) -> set[str]:
+        """The name of every queue that has a stored job or config.
+
+        Reads the `queue` index only, never a row. Raises `StorageError` if the read fails.
+        """
+        with self._reading("listing queues"):
+            names = {q for (q,) in self._conn.execute("SELECT DISTINCT queue FROM jobs")}
+            names.update(n for (n,) in self._conn.execute("SELECT name FROM queue_state"))
+            return names
+
+    def completed_floor(self, keep: int, queues: Collection[str] | None = None) -> int | None:
+        """The seq from which the newest `keep` completed jobs (of `queues`) are stored, or
+        None if there are at most `keep`: the `completed_from` that loads just those.
+
+        Raises `StorageError` if the read fails; `ValueError` if `keep` < 1.
+        """
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        where, params = _filter(queues)
+        sql = _completed_floor(where)
+        with self._reading("finding the retained completed jobs"):
+            row = self._conn.execute(sql, (*params, keep)).fetchone()
+        # Row `keep` (0-based) is the newest one past the window: the window starts above it.
+        return None if row is None else int(row[0]) + 1
+
+    def stale_completed(
+        self, below: int, queues: Collection[str] | None = None
+    ) -> Iterator[list[str]]:
+        """The row keys of completed jobs (of `queues`) with a seq below `below`, in lists of
+        at most `STALE_PAGE`: rows left by a retention that kept them on disk, to delete.
+
+        Raises `StorageError` (while iterating) if a read fails.
+        """
+        if queues is None or len(queues) > MAX_FILTER_QUEUES:
+            yield from self._stale_pages(_STALE_ALL, (below,))
+            return
+        # One queue at a time: a range of the `queue` index, already in rowid order.
+        for queue in sorted(queues):
+            yield from self._stale_pages(_STALE_OF_QUEUE, (queue, below))
+
+    def _stale_pages(self, sql: str, params: tuple[Any, ...]) -> Iterator[list[str]]:
+        last = -1
+        while True:
+            rows = self._read_page(sql, (*params, last, STALE_PAGE))
+            if not rows:
+                return
+            yield [key for key, _ in rows]
+            last = rows[-1][1]
 
     def load_queues(self) -> dict[str, Record]:
         """Every stored queue config, by queue name. Raises `StorageError` if the read fails."""
@@ -324,6 +389,47 @@ class Store:
             raise
         except (sqlite3.Error, ValueError) as e:
             raise wrap_error(e, f"{self._path}: {action}") from e
+
+
+def _first_page(where: str) -> str:
+    return f"SELECT seq, rowid, rec, patch FROM jobs WHERE {where} ORDER BY seq, rowid LIMIT ?"
+
+
+def _next_page(where: str) -> str:
+    return (
+        f"SELECT seq, rowid, rec, patch FROM jobs WHERE (seq, rowid) > (?, ?) AND {where}"
+        " ORDER BY seq, rowid LIMIT ?"
+    )
+
+
+def _completed_floor(where: str) -> str:
+    return (
+        f"SELECT seq FROM jobs WHERE state = 'completed' AND {where}"
+        " ORDER BY seq DESC LIMIT 1 OFFSET ?"
+    )
+
+
+_STALE_ALL = (
+    "SELECT id, rowid FROM jobs WHERE state = 'completed' AND seq < ?"
+    " AND rowid > ? ORDER BY rowid LIMIT ?"
+)
+_STALE_OF_QUEUE = (
+    "SELECT id, rowid FROM jobs WHERE queue = ? AND state = 'completed' AND seq < ?"
+    " AND rowid > ? ORDER BY rowid LIMIT ?"
+)
+
+
+def _filter(queues: Collection[str] | None) -> tuple[str, tuple[Any, ...]]:
+    """A WHERE condition (and its parameters) keeping the jobs of `queues`."""
+    if queues is None or len(queues) > MAX_FILTER_QUEUES:
+        return "1", ()
+    if not queues:
+        return "0", ()
+    names = tuple(sorted(queues))
+    # The unary `+` keeps SQLite off the `queue` index: through it, every page of a seq-ordered
+    # read would sort all of the queues' rows again. The seq index reads them in order, and the
+    # rows of other queues cost a comparison each, not a decode.
+    return f"+queue IN ({', '.join('?' * len(names))})", names
 
 
 def _prepare_directory(directory: Path) -> None:

@@ -96,6 +96,9 @@ def test_cron_get_list_delete() -> None:
         ({}, "Cron needs exactly one of schedule and repeatEvery"),
         ({"schedule": "0 * * * *", "repeatEvery": 5}, "Cron needs exactly one of schedule"),
         ({"repeatEvery": -1}, "repeatEvery must be a positive integer"),
+        ({"repeatEvery": float("inf")}, "repeatEvery must be a positive integer"),
+        ({"repeatEvery": 5, "maxLimit": float("nan")}, "maxLimit must be a number"),
+        ({"schedule": "0 0 30 2 *"}, "Cron expression has no future slot: 0 0 30 2 *"),
     ],
 )
 def test_invalid_schedules_are_refused(fields: dict[str, Any], error: str) -> None:
@@ -104,6 +107,13 @@ def test_invalid_schedules_are_refused(fields: dict[str, Any], error: str) -> No
     assert reply["ok"] is False
     assert reply["error"].startswith(error)
     assert c.muts == []
+
+
+@pytest.mark.parametrize("name", [["a"], {"a": 1}, None, 7])
+def test_odd_names_are_not_found(name: Any) -> None:
+    c = Clock(0)
+    for cmd in ("CronGet", "CronDelete"):
+        assert c.cmd(cmd=cmd, name=name) == {"ok": False, "error": "Cron job not found"}
 
 
 def test_six_fields_lead_with_seconds() -> None:

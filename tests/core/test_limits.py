@@ -109,6 +109,10 @@ def test_rate_limit_clear_and_validation() -> None:
         "error": "limit must be a finite number",
     }
     assert t.cmd(cmd="SetConcurrency", queue="q", limit=0)["ok"] is False
+    for duration in (float("nan"), float("inf"), 0, "1s"):
+        reply = t.cmd(cmd="RateLimit", queue="q", limit=1, duration=duration)
+        assert reply == {"ok": False, "error": "duration must be a positive number"}
+    assert t.cmd(cmd="RateLimit", queue="q", limit=float("inf"))["ok"] is False
     t.cmd(cmd="RateLimit", queue="q", limit=2)
     assert len(t.pull(10)) == 2
     t.cmd(cmd="RateLimitClear", queue="q")

@@ -115,6 +115,19 @@ VALID_TEXT = {
     "storage_stall_ms": "2000",
     "max_db_bytes": "2097152",
     "writer_backlog_max_bytes": "33554432",
+    "ready_timeout_ms": "5000",
+    # -- bounds (issue 10 section 4)
+    "link_max_frame_bytes": "1048576",
+    "max_connections": "50",
+    "max_in_flight_per_connection": "64",
+    "max_parked_per_connection": "5",
+    "max_parked": "100",
+    "tcp_max_write_backlog_bytes": "0",
+    "tcp_idle_close_ms": "30000",
+    "unauthenticated_max_frame_bytes": "4096",
+    "auth_max_failures": "10",
+    "rate_limit_window_ms": "1000",
+    "rate_limit_max_requests": "100",
 }
 
 
@@ -159,6 +172,18 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         storage_stall_ms = 2000
         max_db_bytes = 2097152
         writer_backlog_max_bytes = 33554432
+        ready_timeout_ms = 5000
+        link_max_frame_bytes = 1048576
+        max_connections = 50
+        max_in_flight_per_connection = 64
+        max_parked_per_connection = 5
+        max_parked = 100
+        tcp_max_write_backlog_bytes = 0
+        tcp_idle_close_ms = 30000
+        unauthenticated_max_frame_bytes = 4096
+        auth_max_failures = 10
+        rate_limit_window_ms = 1000
+        rate_limit_max_requests = 100
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
@@ -224,6 +249,7 @@ def test_shards_auto_and_number() -> None:
         ("max_db_bytes", "4096"),
         ("max_db_bytes", "-1"),
         ("writer_backlog_max_bytes", "1048576"),
+        ("ready_timeout_ms", "999"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: str) -> None:

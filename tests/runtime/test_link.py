@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from shardq.runtime.links._stream import (
     FrontLink,
     frame,
     read_frames,
+    split_batch,
     write_frame,
 )
 
@@ -232,3 +234,53 @@ def test_replies_without_a_front_end_are_dropped(tmp_path: Path) -> None:
     assert shard.send(pack({"t": "rep", "items": []})) is False
     assert shard.fds() == shard.fds()[:1]
     shard.close()
+
+
+def test_a_link_dropped_by_a_live_shard_reconnects_by_itself(tmp_path: Path) -> None:
+    path = tmp_path / "link-0"
+
+    async def pump(shard: FrontLink, done: Any, what: str) -> None:
+        """Run the shard's side (accept, read) until `done()`."""
+        deadline = asyncio.get_running_loop().time() + 5
+        while not done():
+            ready, _, _ = await asyncio.to_thread(select.select, shard.fds(), [], [], 0.05)
+            for fd in ready:
+                shard.readable(fd)
+            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+
+    async def scenario() -> None:
+        shard = FrontLink(str(path), max_frame=1024)
+        events = _Events()
+        links = events.links(path)
+        await links.connect_all()
+        # A frame over the shard's limit makes it drop the link, while it keeps running.
+        links.send(0, pack({"t": "req", "items": [["c", 1, {"data": "x" * 4096}]]}))
+        await pump(shard, lambda: events.down, "the link to drop")
+        assert events.down == [0]
+        # No supervisor message: the front end connects again on its own, and the shard
+        # takes requests on the new link.
+        await pump(shard, lambda: events.up == [0, 0], "the link to come back")
+        links.send(0, pack({"t": "drain"}))
+        await asyncio.sleep(0)
+        (drain,) = await asyncio.to_thread(_read_until, shard, 1)
+        assert unpack(drain) == {"t": "drain"}
+        links.close()
+        shard.close()
+
+    asyncio.run(scenario())
+
+
+@given(st.lists(st.binary(max_size=300), max_size=40), st.integers(min_value=64, max_value=2000))
+def test_a_split_batch_keeps_every_item_in_order_under_the_limit(
+    items: list[bytes], limit: int
+) -> None:
+    packed = [msgpack.packb(item) for item in items]
+    frames = split_batch("rep", packed, limit)
+    got: list[bytes] = []
+    for data in frames:
+        msg = unpack(data)
+        assert msg["t"] == "rep" and msg["items"]
+        # Only an item too large for any frame may make a frame go over, and then alone.
+        assert len(data) <= limit or len(msg["items"]) == 1
+        got.extend(msg["items"])
+    assert got == items

@@ -113,10 +113,30 @@ def test_the_migration_runs_once_and_is_recorded(
 
 # -- every statement the store runs reads through an index ---------------------------------------
 
+_SHARD_QUEUES = ("qa", "qb", "qc")
+_SHARD_FILTER = _store._filter(_SHARD_QUEUES)[0]
+
 _STATEMENTS: dict[str, tuple[str, tuple[Any, ...], str]] = {
     # name: (sql, parameters, the index its plan must use)
-    "recovery, first page": (_store._FIRST_PAGE, (10,), "idx_jobs_seq"),
-    "recovery, next page": (_store._NEXT_PAGE, (1, 1, 10), "idx_jobs_seq"),
+    "recovery, first page": (_store._first_page("1"), (10,), "idx_jobs_seq"),
+    "recovery, next page": (_store._next_page("1"), (1, 1, 10), "idx_jobs_seq"),
+    # A shard's recovery: its queues, and completed jobs only from the retained window on.
+    "recovery of a shard, first page": (
+        _store._first_page(f"{_SHARD_FILTER} AND (state != 'completed' OR seq >= ?)"),
+        (*_SHARD_QUEUES, 5, 10),
+        "idx_jobs_seq",
+    ),
+    "recovery of a shard, next page": (
+        _store._next_page(f"{_SHARD_FILTER} AND (state != 'completed' OR seq >= ?)"),
+        (1, 1, *_SHARD_QUEUES, 5, 10),
+        "idx_jobs_seq",
+    ),
+    "retained completed window": (
+        _store._completed_floor(_SHARD_FILTER),
+        (*_SHARD_QUEUES, 100),
+        "idx_jobs_seq",
+    ),
+    "stale completed rows of a queue": (_store._STALE_OF_QUEUE, ("q", 5, 0, 10), "idx_jobs_queue"),
     "highest seq": ("SELECT max(seq) FROM jobs", (), "idx_jobs_seq"),
     "obliterate": (_write._DELETE_QUEUE_JOBS, ("q",), "idx_jobs_queue"),
     "count by state": (
@@ -146,3 +166,6 @@ def test_every_job_read_uses_an_index(tmp_path: Path, name: str) -> None:
     assert any(f"INDEX {index}" in step for step in plan), plan
     # A plain `SCAN jobs` (no index) reads the whole table.
     assert not any(step.startswith("SCAN jobs") and "INDEX" not in step for step in plan), plan
+    # A sort would read every matching row again for each page of a paged read.
+    if name.startswith(("recovery", "retained", "stale")):
+        assert not any("TEMP B-TREE" in step for step in plan), plan

@@ -437,6 +437,54 @@ def test_load_jobs_streams_across_pages(store: Store, page_size: int) -> None:
     assert keys == sorted(keys)
 
 
+@pytest.mark.parametrize("page_size", [1, 3, 1000])
+def test_load_jobs_reads_only_the_named_queues_and_the_completed_window(
+    store: Store, page_size: int
+) -> None:
+    # Three queues; in each, seqs 1..12 alternate completed and waiting.
+    store.apply(
+        [
+            ("put", job(f"{q}{i}", queue=q, seq=i, state="completed" if i % 2 else "waiting"))
+            for q in ("qa", "qb", "qc")
+            for i in range(1, 13)
+        ]
+    )
+    mine = {"qa", "qb"}
+    floor = store.completed_floor(4, mine)
+    assert floor == 8  # qa and qb hold 12 completed; the newest 4 are seqs 9 and 11 of each
+    loaded = list(store.load_jobs(page_size=page_size, queues=mine, completed_from=floor))
+    assert {r["queue"] for r in loaded} == mine
+    done = sorted(r["id"] for r in loaded if r["state"] == "completed")
+    assert done == ["qa11", "qa9", "qb11", "qb9"]
+    assert sum(r["state"] == "waiting" for r in loaded) == 12  # every waiting job of qa, qb
+    assert [r["seq"] for r in loaded] == sorted(r["seq"] for r in loaded)
+    stale = sorted(key for page in store.stale_completed(floor, mine) for key in page)
+    assert stale == sorted(f"{q}{i}" for q in ("qa", "qb") for i in (1, 3, 5, 7))
+    # Fewer completed jobs than the window: no floor, everything loads.
+    assert store.completed_floor(100, mine) is None
+    assert len(list(store.load_jobs(queues=set()))) == 0
+
+
+def test_stale_completed_pages_cover_every_row(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardq.storage import _store
+
+    monkeypatch.setattr(_store, "STALE_PAGE", 7)
+    store.apply([("put", job(f"j{i:03d}", state="completed", seq=i)) for i in range(50)])
+    pages = list(store.stale_completed(40))
+    assert all(len(p) <= 7 for p in pages)
+    assert sorted(k for p in pages for k in p) == [f"j{i:03d}" for i in range(40)]
+    assert sorted(k for p in store.stale_completed(40, ["qa"]) for k in p) == sorted(
+        k for p in pages for k in p
+    )
+
+
+def test_queue_names_lists_queues_with_jobs_or_configs(store: Store) -> None:
+    store.apply([("put", job("a", queue="qa")), ("queue", "qz", {"paused": True})])
+    assert store.queue_names() == {"qa", "qz"}
+
+
 def test_load_jobs_rejects_a_bad_page_size(store: Store) -> None:
     with pytest.raises(ValueError, match="page_size"):
         next(store.load_jobs(page_size=0))

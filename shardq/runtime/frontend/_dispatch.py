@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any, Final, Protocol
 
 import structlog
+from msgpack import packb  # type: ignore[import-untyped]
 
 import shardq
 from shardq.errors import ProtocolError
@@ -50,6 +51,13 @@ from shardq.runtime.frontend._commands import (
     ID_COMMANDS,
     SHARD_COMMANDS,
 )
+from shardq.runtime.frontend._limits import (
+    PARKING_COMMANDS,
+    Failures,
+    LogLimiter,
+    ParkedSlots,
+    parks,
+)
 from shardq.runtime.frontend._merge import (
     SHARD_UNAVAILABLE,
     JobCache,
@@ -64,6 +72,7 @@ from shardq.runtime.frontend._merge import (
     sub_batch,
 )
 from shardq.runtime.links._control import pack
+from shardq.runtime.links._stream import MAX_FRAME_BYTES, split_batch
 
 __all__ = ["Client", "Dispatcher"]
 
@@ -71,6 +80,9 @@ Reply = dict[str, Any]
 OnReply = Callable[[Reply], None]
 
 _ABSENT: Final = object()  # the frame had no reqId: the reply carries none either
+INVALID_COMMAND_NESTING: Final = "Invalid command: nested too deeply"
+# Connections whose failed Auth attempts are remembered (ZeroMQ peers never say goodbye).
+MAX_AUTH_FAILURE_RECORDS: Final = 100_000
 
 _log = structlog.get_logger()
 
@@ -158,6 +170,32 @@ class _Direct:
         self.dispatcher.answer(self.client, self.req, reply)
 
 
+class _Parked:
+    """The dispatcher's `Client` for one parked long-poll: frees its slot, then forwards."""
+
+    __slots__ = ("_client", "_slots", "conn")
+
+    def __init__(self, slots: ParkedSlots, client: Client) -> None:
+        self._slots = slots
+        self._client = client
+        self.conn: str = client.conn
+
+    @property
+    def authenticated(self) -> bool:
+        return self._client.authenticated
+
+    @authenticated.setter
+    def authenticated(self, value: bool) -> None:
+        self._client.authenticated = value
+
+    def send(self, reply: Reply) -> None:
+        self._slots.give_back(self.conn)
+        self._client.send(reply)
+
+    def drop(self, reason: str) -> None:
+        self._client.drop(reason)
+
+
 class Dispatcher:
     """Routes client commands to shards and shard replies to clients."""
 
@@ -169,8 +207,18 @@ class Dispatcher:
         auth_tokens: Sequence[str] = (),
         cache_size: int | None = None,
         rate_window_s: int = 5,
+        link_max_frame_bytes: int = MAX_FRAME_BYTES,
+        *,
+        max_parked_per_connection: int = 1_000,
+        max_parked: int = 10_000,
+        auth_max_failures: int = 3,
     ) -> None:
         self.shards = shards
+        self._link_max = link_max_frame_bytes
+        self.parked = ParkedSlots(max_parked_per_connection, max_parked)
+        self._auth_max_failures = auth_max_failures
+        self._auth_failures = Failures(MAX_AUTH_FAILURE_RECORDS)
+        self._auth_failed_log = LogLimiter("Auth failed")
         self._send = send
         self._loop = loop
         self._tokens = [t.encode() for t in auth_tokens]
@@ -240,6 +288,8 @@ class Dispatcher:
             frame["_conn"] = client.conn
             routed = self.bunqueue.before_route(client, req, name, frame)
             if routed is not None:
+                if name in PARKING_COMMANDS and parks(name, frame):
+                    routed = self._park(routed, frame)
                 self._route(routed, req, name, frame)
         elif name in BUNQUEUE_COMMANDS:
             self.answer(client, req, error_reply(f"Unsupported command: {name}"))
@@ -252,7 +302,18 @@ class Dispatcher:
             reply["reqId"] = req
         client.send(reply)
 
+    def _park(self, client: Client, cmd: dict[str, Any]) -> Client:
+        """A long-poll within the caps holds a slot until it is answered; past them it is
+        sent with no timeout, so its shard answers at once as if nothing were ready."""
+        if self.parked.take(client.conn):
+            return _Parked(self.parked, client)
+        cmd["timeout"] = 0
+        return client
+
     def _auth(self, client: Client, frame: dict[str, Any]) -> Reply:
+        if self._auth_failures.count(client.conn) >= self._auth_max_failures:
+            # Attempts pipelined behind the last one allowed are not even compared.
+            return error_reply(INVALID_TOKEN)
         token = frame.get("token")
         matched = False
         if isinstance(token, str):
@@ -261,9 +322,22 @@ class Dispatcher:
             for known in self._tokens:
                 matched |= hmac.compare_digest(given, known)
         if not matched:
+            if self._tokens:  # without tokens there is nothing to guess, and nothing to close
+                self._auth_failed(client)
             return error_reply(INVALID_TOKEN)
+        self._auth_failures.forget(client.conn)
         client.authenticated = True
         return {"ok": True}
+
+    def _auth_failed(self, client: Client) -> None:
+        """Log it (at most once a second) and close the connection at the last failure
+        allowed: guessing tokens then costs a connection per few attempts."""
+        failures = self._auth_failures.add(client.conn)
+        self._auth_failed_log.log(conn=client.conn, failures=failures)
+        if failures >= self._auth_max_failures:
+            # After the refusal is sent (the caller answers it this turn). A ZeroMQ peer
+            # cannot be closed: it stays refused until the table forgets it.
+            self._loop.call_soon(client.drop, "too many failed Auth attempts")
 
     def _hello(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         # bunqueue answers its own version; answering 2 to a client that asks for 2 keeps
@@ -429,12 +503,38 @@ class Dispatcher:
             items = self._outbox[shard]
             if items:
                 self._outbox[shard] = []
-                self._send(shard, pack({"t": "req", "items": items}))
+                data, items = self._pack_batch(items)
+                if len(data) > self._link_max:
+                    # Rare (several large pushes in one turn): the shard refuses a frame
+                    # over the limit, so the batch goes in parts.
+                    packed = [packb(item) for item in items]
+                    for part in split_batch("req", packed, self._link_max):
+                        self._send(shard, part)
+                else:
+                    self._send(shard, data)
             control = self._control[shard]
             if control:
                 self._control[shard] = []
                 for msg in control:
                     self._send(shard, pack(msg))
+
+    def _pack_batch(self, items: list[list[Any]]) -> tuple[bytes, list[list[Any]]]:
+        """One `req` message, and the items it holds. A command nested close to msgpack's depth
+        limit decodes from the client but cannot be packed again inside the batch: it alone is
+        refused (one pass per item, only then), and the rest of the batch goes on."""
+        try:
+            return pack({"t": "req", "items": items}), items
+        except ValueError:
+            kept: list[list[Any]] = []
+            for item in items:
+                try:
+                    pack({"t": "req", "items": [item]})
+                except ValueError:
+                    _owner, on_reply = self._pending.pop(item[1])
+                    self._loop.call_soon(on_reply, error_reply(INVALID_COMMAND_NESTING))
+                else:
+                    kept.append(item)
+            return pack({"t": "req", "items": kept}), kept
 
     def on_shard_message(self, msg: dict[str, Any]) -> None:
         """Take one message from a shard (`rep` or `drained`). Never raises."""
@@ -479,6 +579,7 @@ class Dispatcher:
     def connection_closed(self, conn: str) -> None:
         """Tell every shard, after this turn's batches, that `conn` is gone (lease release)."""
         self.bunqueue.connection_closed(conn)
+        self._auth_failures.forget(conn)
         if not self.release_on_close:
             return
         for shard in range(self.shards):

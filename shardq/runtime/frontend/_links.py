@@ -1,8 +1,11 @@
 """The front end's side of the shard links (`links._stream`): one asyncio Unix connection per shard.
 
-A link is connected at start-up, and again when the supervisor says a restarted shard is up.
-Its loss is a shard going down, noticed at once (a killed shard's socket closes): the requests
-it holds are answered "Shard unavailable" without waiting for the supervisor.
+A link is connected at start-up. Its loss is a shard going down, noticed at once (a killed
+shard's socket closes): the requests it holds are answered "Shard unavailable" without waiting
+for the supervisor. Whatever the reason of the loss, the front end then tries to connect again
+every `_RETRY_PAUSE_S` until it succeeds, and at once when the supervisor says a restarted
+shard is up: a shard whose process runs is never left unavailable (a link dropped over a bad
+frame reconnects to the same, live, shard within a few milliseconds).
 
 Back-pressure: when a shard does not read, its transport's buffer fills past the high-water
 mark and asyncio pauses writing; the front end then stops reading from every client
@@ -18,14 +21,15 @@ from typing import Any, Final
 import structlog
 
 from shardq.runtime.links._control import unpack
-from shardq.runtime.links._stream import FrameSplitter, frame
+from shardq.runtime.links._stream import MAX_FRAME_BYTES, FrameSplitter, frame
 
 __all__ = ["ShardLinks"]
 
 # Per link: writing pauses (and clients stop being read) above this many buffered bytes.
 _HIGH_WATER: Final = 8 * 1024 * 1024
-_CONNECT_ATTEMPTS: Final = 50
-_CONNECT_PAUSE_S: Final = 0.02
+# A dead shard's socket refuses a connection in microseconds, so retrying this often costs
+# nothing, and a live shard is back within one pause.
+_RETRY_PAUSE_S: Final = 0.05
 
 _log = structlog.get_logger()
 
@@ -33,12 +37,12 @@ OnMessage = Callable[[dict[str, Any]], None]
 
 
 class _Link(asyncio.Protocol):
-    def __init__(self, links: ShardLinks, index: int) -> None:
+    def __init__(self, links: ShardLinks, index: int, max_frame: int) -> None:
         self._links = links
         self.index = index
         self.transport: asyncio.Transport | None = None
         self.paused = False
-        self._splitter = FrameSplitter()
+        self._splitter = FrameSplitter(max_frame)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -87,8 +91,10 @@ class ShardLinks:
         on_down: Callable[[int], None],
         on_up: Callable[[int], None],
         on_blocked: Callable[[bool], None],
+        max_frame: int = MAX_FRAME_BYTES,
     ) -> None:
         self._paths = paths
+        self._max_frame = max_frame
         self._loop = loop
         self.on_message = on_message
         self._on_down = on_down
@@ -97,6 +103,7 @@ class ShardLinks:
         self._links: list[_Link | None] = [None] * len(paths)
         self._blocked = False
         self._closing = False
+        self._retrying: set[int] = set()
 
     async def connect_all(self) -> None:
         """Connect to every shard. Raises `OSError` if one cannot be reached."""
@@ -104,8 +111,19 @@ class ShardLinks:
             await self._connect(index)
 
     def reconnect(self, index: int) -> None:
-        """The supervisor says shard `index` is up again: connect to it in the background."""
-        if 0 <= index < len(self._paths) and self._links[index] is None:
+        """The supervisor says shard `index` is up again: connect to it (in the background)
+        if the link is not up yet, or count it up if the retries already reconnected it (the
+        supervisor's `shard-down` may have come after that)."""
+        if not 0 <= index < len(self._paths):
+            return
+        if self._links[index] is not None:
+            self._on_up(index)
+        else:
+            self._retry(index)
+
+    def _retry(self, index: int) -> None:
+        if index not in self._retrying and not self._closing:
+            self._retrying.add(index)
             task = self._loop.create_task(self._reconnect(index))
             task.add_done_callback(_log_failure)
 
@@ -136,32 +154,33 @@ class ShardLinks:
             self._links[link.index] = None
         self.blocked_changed()
         if not self._closing:
-            _log.warning("shard link lost", shard=link.index)
+            _log.warning("shard link lost; reconnecting", shard=link.index)
             self._on_down(link.index)
+            self._retry(link.index)
 
     # -- connecting ---------------------------------------------------------------------------
 
     async def _connect(self, index: int) -> None:
         _transport, link = await self._loop.create_unix_connection(
-            lambda: _Link(self, index), self._paths[index]
+            lambda: _Link(self, index, self._max_frame), self._paths[index]
         )
         self._links[index] = link
         self._on_up(index)
 
     async def _reconnect(self, index: int) -> None:
-        # The shard reported ready after binding its socket, so the first attempt normally
-        # succeeds; the retries only cover a slow file system.
-        for attempt in range(_CONNECT_ATTEMPTS):
-            if self._closing or self._links[index] is not None:
-                return
-            try:
-                await self._connect(index)
-                return
-            except OSError as e:
-                if attempt == _CONNECT_ATTEMPTS - 1:
-                    _log.error("cannot reconnect to a shard", shard=index, error=str(e))
-                    return
-                await asyncio.sleep(_CONNECT_PAUSE_S)
+        # Until it succeeds or the front end stops: a dead shard refuses until its replacement
+        # binds, a live one (the link dropped over a bad frame) accepts at once. A replacement
+        # takes requests before it is ready and answers them once it is.
+        try:
+            while not self._closing and self._links[index] is None:
+                try:
+                    await self._connect(index)
+                except OSError:
+                    await asyncio.sleep(_RETRY_PAUSE_S)
+                else:
+                    _log.info("shard link reconnected", shard=index)
+        finally:
+            self._retrying.discard(index)
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -36,7 +36,7 @@ from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._links import ShardLinks
-from shardq.runtime.frontend._tcp import TcpGateway
+from shardq.runtime.frontend._tcp import TcpGateway, TcpLimits
 from shardq.runtime.frontend._zmq import ZmqGateway
 from shardq.runtime.links._control import unpack
 
@@ -64,6 +64,7 @@ class Frontend:
             on_down=self._link_down,
             on_up=self._link_up,
             on_blocked=self._shards_blocked,
+            max_frame=spec.link_max_frame_bytes,
         )
         self.dispatcher = Dispatcher(
             spec.shards,
@@ -71,9 +72,13 @@ class Frontend:
             loop,
             spec.auth_tokens,
             rate_window_s=spec.stats_rate_window_s,
+            link_max_frame_bytes=spec.link_max_frame_bytes,
+            max_parked_per_connection=spec.max_parked_per_connection,
+            max_parked=spec.max_parked,
+            auth_max_failures=spec.auth_max_failures,
         )
-        self.tcp = TcpGateway(self.dispatcher, loop, spec.max_frame_bytes, spec.tcp_idle_timeout_ms)
-        self.zmq = ZmqGateway(self.dispatcher, self._ctx, spec.max_frame_bytes)
+        self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
+        self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))
         self._inbox = self._ctx.socket(zmq.PULL)
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -216,4 +221,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     selector = SpinningSelector(spec.spin_us / 1e6)
     with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selector)) as runner:
         return runner.run(serve(spec))
-

@@ -4,10 +4,22 @@ A `Protocol` rather than streams: it decodes every frame of one `recv` in one ca
 every reply of one loop turn in one `transport.write`, about 4x cheaper per request
 (reference/limits.md).
 
-Connections are cut for three kinds of abuse, each logged once:
-- an oversize frame: the error frame is written, then the connection is closed (§1.1);
-- a partial frame held longer than `tcp_idle_timeout_ms` (slowloris, §1.1);
-- more than 64 MiB of replies the peer does not read (bunqueue's write-queue bound).
+Every resource a connection can hold is bounded (`TcpLimits`, the "bounds" settings):
+- connections: past `max_connections` a new one is closed at once (logged, at most once a
+  second);
+- requests in flight: past `max_in_flight_per_connection` the connection is read no further
+  until replies bring it back to half (back-pressure, never an error); the frames its last
+  read completed wait, decoded, until then;
+- frames: over `max_frame_bytes`, or `unauthenticated_max_frame_bytes` before a successful
+  `Auth` when tokens are set, the error frame is written and the connection closed;
+- a partial frame must be complete within `tcp_idle_timeout_ms` of its first byte (slowloris);
+  with `tcp_idle_close_ms`, a connection with no partial frame and nothing in flight that sends
+  nothing for that long is closed;
+- replies the peer does not read: reading pauses while they back up, and past
+  `tcp_max_write_backlog_bytes` the connection is cut;
+- with `rate_limit_window_ms`, frames past `rate_limit_max_requests` per window are answered
+  "Rate limit exceeded" (bunqueue's limiter).
+Each cut is logged once per connection.
 """
 
 from __future__ import annotations
@@ -15,22 +27,53 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import structlog
 
-from shardq.protocol import FrameDecoder, encode
+from shardq.protocol import DecodedFrame, FrameDecoder, encode
+from shardq.runtime._spec import ChildSpec
 from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.frontend._limits import LogLimiter, RateWindow, rate_refusal
 
-__all__ = ["MAX_WRITE_BACKLOG", "TcpConnection", "TcpGateway"]
-
-MAX_WRITE_BACKLOG: Final = 64 * 1024 * 1024  # bunqueue TCP_MAX_WRITE_QUEUE_BYTES default
+__all__ = ["TcpConnection", "TcpGateway", "TcpLimits"]
 
 # Reasons a connection's reading is paused; reading resumes when none is left.
 _PAUSED_BY_WRITES: Final = 1
 _PAUSED_BY_SHARDS: Final = 2
+_PAUSED_BY_IN_FLIGHT: Final = 4
 
 _log = structlog.get_logger()
+
+
+@dataclass(frozen=True, slots=True)
+class TcpLimits:
+    """The bounds of the TCP side; `ServerConfig` documents each (defaults are its own)."""
+
+    max_frame_bytes: int = 64 * 1024 * 1024
+    stall_timeout_ms: int = 60_000  # tcp_idle_timeout_ms: a partial frame, from its first byte
+    idle_close_ms: int = 0
+    max_connections: int = 10_000
+    max_in_flight: int = 1_000
+    max_write_backlog: int = 64 * 1024 * 1024
+    unauthenticated_max_frame_bytes: int = 64 * 1024
+    rate_window_ms: int = 0
+    rate_max_requests: int = 10_000
+
+    @classmethod
+    def from_spec(cls, spec: ChildSpec) -> TcpLimits:
+        return cls(
+            max_frame_bytes=spec.max_frame_bytes,
+            stall_timeout_ms=spec.tcp_idle_timeout_ms,
+            idle_close_ms=spec.tcp_idle_close_ms,
+            max_connections=spec.max_connections,
+            max_in_flight=spec.max_in_flight_per_connection,
+            max_write_backlog=spec.tcp_max_write_backlog_bytes,
+            unauthenticated_max_frame_bytes=spec.unauthenticated_max_frame_bytes,
+            rate_window_ms=spec.rate_limit_window_ms,
+            rate_max_requests=spec.rate_limit_max_requests,
+        )
 
 
 class TcpConnection(asyncio.Protocol):
@@ -39,39 +82,111 @@ class TcpConnection(asyncio.Protocol):
     def __init__(self, gateway: TcpGateway, conn: str) -> None:
         self.gateway = gateway
         self.conn = conn
-        self.authenticated = not gateway.dispatcher.auth_required
+        limits = gateway.limits
+        self._limits = limits
+        self._authenticated = not gateway.dispatcher.auth_required
         self.closed = False
         self._loop = gateway.loop
-        self._decoder = FrameDecoder(gateway.max_frame_bytes)
+        self._decoder = FrameDecoder(
+            limits.max_frame_bytes
+            if self._authenticated
+            else min(limits.max_frame_bytes, limits.unauthenticated_max_frame_bytes)
+        )
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
+        self._out_bytes = 0  # in `_out`
+        # `_out` this large is checked against the write backlog at once (0: never).
+        self._backlog_check_at = limits.max_write_backlog or 1 << 62
         self._flush_scheduled = False
         self._paused = 0
-        self._stall_deadline = 0.0
-        self._stall_timer: asyncio.TimerHandle | None = None
-        self._peer: Any = None
+        self._in_flight = 0
+        self._max_in_flight = limits.max_in_flight
+        self._held: list[DecodedFrame] = []  # frames read past the in-flight cap
+        self._resume_scheduled = False
+        self._rate = (
+            RateWindow(limits.rate_window_ms, limits.rate_max_requests)
+            if limits.rate_window_ms
+            else None
+        )
+        self._stall_s = limits.stall_timeout_ms / 1000
+        self._idle_s = limits.idle_close_ms / 1000
+        self._partial_since: float | None = None  # when the partial frame's first byte came
+        self._last_seen = 0.0  # when data last came (only kept with `idle_close_ms`)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self.peer: Any = None
+
+    @property
+    def authenticated(self) -> bool:
+        return self._authenticated
+
+    @authenticated.setter
+    def authenticated(self, value: bool) -> None:
+        # Past Auth, the small pre-auth frame cap gives way to the full one.
+        self._authenticated = value
+        if value:
+            self._decoder.max_frame_size = self._limits.max_frame_bytes
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # create_server always hands a stream protocol an `asyncio.Transport`.
         self._transport = cast(asyncio.Transport, transport)
-        self._peer = transport.get_extra_info("peername")
-        self.gateway.added(self)
+        self.peer = transport.get_extra_info("peername")
+        if self.gateway.added(self) and self._idle_s > 0:
+            self._last_seen = self._loop.time()
+            self._arm(self._last_seen + self._idle_s)
 
     def data_received(self, data: bytes) -> None:
-        for frame in self._decoder.feed(data):
-            self.gateway.dispatcher.handle(self, frame)
+        frames = self._decoder.feed(data)
+        if self._held or self._in_flight + len(frames) > self._max_in_flight:
+            # Past the cap: what this read completed waits here (at most one read's frames)
+            # and the socket is read no further until replies bring the count down.
+            self._held.extend(frames)
+            self._handle_held()
+        else:
+            self._handle(frames)
+        if self.closed:
+            return
+        if self._decoder.buffered or self._partial_since is not None or self._idle_s:
+            self._watch_time(bool(frames))
+
+    def _handle(self, frames: list[DecodedFrame]) -> None:
+        # Counted before handling: a command answered here is answered (and uncounted) inside
+        # `handle`. Every frame gets exactly one reply.
+        self._in_flight += len(frames)
+        handle = self.gateway.dispatcher.handle
+        rate = self._rate
+        for frame in frames:
+            if rate is not None and not rate.allow(self._loop.time()):
+                self.send(rate_refusal(frame))
+            else:
+                handle(self, frame)
             if self.closed:
                 return
-        self._watch_partial_frame()
+
+    def _handle_held(self) -> None:
+        """Handle held frames while the cap allows; pause reading while any are left."""
+        self._resume_scheduled = False
+        held = self._held
+        room = self._max_in_flight - self._in_flight
+        if room > 0 and held and not self.closed:
+            batch = held[:room]
+            del held[:room]
+            self._handle(batch)
+        if held:
+            self.pause_reading(_PAUSED_BY_IN_FLIGHT)
+        else:
+            self.resume_reading(_PAUSED_BY_IN_FLIGHT)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._out.clear()
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
+        self._out_bytes = 0
+        self._held.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.gateway.removed(self)
 
     def pause_writing(self) -> None:
@@ -86,14 +201,28 @@ class TcpConnection(asyncio.Protocol):
     def send(self, reply: dict[str, Any]) -> None:
         if self.closed:
             return
-        self._out.append(encode(reply))
+        self._in_flight -= 1
+        held_waits = self._held and not self._resume_scheduled
+        if held_waits and self._in_flight <= self._max_in_flight // 2:
+            # Not from inside `send`: the dispatcher may be mid-way through a batch.
+            self._resume_scheduled = True
+            self._loop.call_soon(self._handle_held)
+        data = encode(reply)
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes > self._backlog_check_at:
+            # Replies pile up within this turn (large ones): check the bound now, not after
+            # encoding every reply of a peer that will be cut anyway.
+            self._check_backlog()
+            if self.closed:
+                return
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
 
     def drop(self, reason: str) -> None:
         """Write what is queued (e.g. the error frame), then close; log why."""
-        _log.warning("connection dropped", conn=self.conn, peer=self._peer, reason=reason)
+        _log.warning("connection dropped", conn=self.conn, peer=self.peer, reason=reason)
         self.flush()
         self.closed = True
         if self._transport is not None:
@@ -110,13 +239,17 @@ class TcpConnection(asyncio.Protocol):
             return
         data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
         self._out.clear()
+        self._out_bytes = 0
         transport.write(data)
-        if transport.get_write_buffer_size() > MAX_WRITE_BACKLOG:
-            _log.warning(
-                "connection dropped", conn=self.conn, peer=self._peer, reason="write backlog"
-            )
-            self.closed = True
-            transport.abort()
+        self._check_backlog()
+
+    def _check_backlog(self) -> None:
+        transport = self._transport
+        backlog = self._limits.max_write_backlog
+        if transport is None or not backlog:
+            return
+        if transport.get_write_buffer_size() + self._out_bytes > backlog:
+            self._cut("write backlog")
 
     def pause_reading(self, reason: int) -> None:
         if not self._paused and self._transport is not None and not self.closed:
@@ -135,67 +268,96 @@ class TcpConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    # -- slowloris -------------------------------------------------------------------------
-
-    def _watch_partial_frame(self) -> None:
-        """Arm (or push back) the stall deadline while part of a frame is buffered.
-
-        One timer per connection is re-armed lazily instead of rescheduled on every read.
-        """
-        idle = self.gateway.idle_timeout_s
-        if not self._decoder.buffered or idle <= 0:
-            if self._stall_timer is not None:
-                self._stall_timer.cancel()
-                self._stall_timer = None
-            return
-        self._stall_deadline = self._loop.time() + idle
-        if self._stall_timer is None:
-            self._stall_timer = self._loop.call_later(idle, self._check_stall)
-
-    def _check_stall(self) -> None:
-        self._stall_timer = None
-        if self.closed or not self._decoder.buffered:
-            return
-        left = self._stall_deadline - self._loop.time()
-        if left > 0:
-            self._stall_timer = self._loop.call_later(left, self._check_stall)
-            return
-        _log.warning(
-            "connection dropped", conn=self.conn, peer=self._peer, reason="partial frame timeout"
-        )
+    def _cut(self, reason: str) -> None:
+        """Abort the connection at once, dropping what is unsent; log why."""
+        _log.warning("connection dropped", conn=self.conn, peer=self.peer, reason=reason)
         self.closed = True
         if self._transport is not None:
             self._transport.abort()
+
+    # -- time bounds: slowloris and idle ---------------------------------------------------
+
+    def _watch_time(self, completed: bool) -> None:
+        """Note when the current partial frame began, and when data last came.
+
+        A partial frame left after complete ones began in this read; one left by a read that
+        completed nothing is the same frame as before, and keeps its first byte's time: a
+        peer dripping a byte at a time cannot push its deadline back.
+        """
+        now = self._loop.time()
+        if self._idle_s:
+            self._last_seen = now
+        if not self._decoder.buffered:
+            self._partial_since = None
+            return
+        if completed or self._partial_since is None:
+            self._partial_since = now
+            if self._stall_s > 0:
+                self._arm(now + self._stall_s)
+
+    def _arm(self, at: float) -> None:
+        """Make sure a check runs by `at` (one timer per connection, moved only earlier)."""
+        if self._timer is not None:
+            if self._timer_at <= at:
+                return
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._check_time)
+
+    def _check_time(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        now = self._loop.time()
+        due: list[float] = []
+        if self._partial_since is not None and self._stall_s > 0:
+            stall_at = self._partial_since + self._stall_s
+            if stall_at <= now:
+                self._cut("partial frame timeout")
+                return
+            due.append(stall_at)
+        if self._idle_s > 0:
+            if self._in_flight > 0 or self._partial_since is not None:
+                self._last_seen = now  # waiting on us (a long-poll), or mid-frame: not idle
+            idle_at = self._last_seen + self._idle_s
+            if idle_at <= now:
+                self._cut("idle")
+                return
+            due.append(idle_at)
+        if due:
+            self._arm(min(due))
 
 
 class TcpGateway:
     """Creates and tracks the TCP connections; tells the dispatcher when one closes."""
 
     def __init__(
-        self,
-        dispatcher: Dispatcher,
-        loop: asyncio.AbstractEventLoop,
-        max_frame_bytes: int,
-        idle_timeout_ms: int,
+        self, dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop, limits: TcpLimits
     ) -> None:
         self.dispatcher = dispatcher
         self.loop = loop
-        self.max_frame_bytes = max_frame_bytes
-        self.idle_timeout_s = idle_timeout_ms / 1000
+        self.limits = limits
         self.connections: dict[str, TcpConnection] = {}
         self._ids = itertools.count(1)
         self._pid = os.getpid()
         self._shards_blocked = False
+        self._refused_log = LogLimiter("connection refused: max_connections reached")
 
     def factory(self) -> TcpConnection:
         # The pid makes ids unique across front-end restarts too: a shard still holds the
         # leases of a crashed front end's connections, and a reused id would release them.
         return TcpConnection(self, f"t{self._pid}.{next(self._ids)}")
 
-    def added(self, connection: TcpConnection) -> None:
+    def added(self, connection: TcpConnection) -> bool:
+        """Track a new connection; False (and it is closed) past `max_connections`."""
+        if len(self.connections) >= self.limits.max_connections:
+            self._refused_log.log(peer=connection.peer, max_connections=self.limits.max_connections)
+            connection.close()
+            return False
         self.connections[connection.conn] = connection
         if self._shards_blocked:
             connection.pause_reading(_PAUSED_BY_SHARDS)
+        return True
 
     def removed(self, connection: TcpConnection) -> None:
         if self.connections.pop(connection.conn, None) is not None:

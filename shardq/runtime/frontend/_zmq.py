@@ -8,13 +8,20 @@ ZeroMQ reports no disconnects to a ROUTER, so there is no `close` for these conn
 leases of a vanished ZeroMQ client are not released early, they lapse by their TTL (and its
 pending long-polls are answered into the void). Auth state is kept per identity, for the
 100,000 identities seen most recently; an identity pushed out must send `Auth` again.
+
+Of the TCP bounds (`_tcp.py`), the rate limit (per identity), the parked long-poll caps, the
+Auth failures and the pre-Auth frame cap apply here too. The in-flight cap applies per
+identity: past it a message waits, decoded, for the identity's earlier replies; a ROUTER
+cannot stop reading one peer, so once `max_in_flight_per_connection` messages wait across all
+identities the ROUTER is read no further. The write backlog does not apply (a peer's full
+queue drops replies, as ZeroMQ does).
 """
 
 from __future__ import annotations
 
 import asyncio
-import struct
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from typing import Any, Final
 
 import structlog
@@ -22,15 +29,16 @@ import zmq
 import zmq.asyncio
 
 from shardq.errors import ProtocolError
-from shardq.protocol import DecodedFrame, FrameDecoder, frame_too_large
+from shardq.protocol import DecodedFrame, decode_body, frame_too_large
 from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.frontend._limits import RateWindow, rate_refusal
+from shardq.runtime.frontend._tcp import TcpLimits
 from shardq.runtime.links._control import pack
 
 __all__ = ["ZmqGateway", "ZmqPeer"]
 
 MAX_PEERS: Final = 100_000  # identities whose auth state is remembered
 _BURST: Final = 1000  # messages taken per wake-up before the loop gets a turn
-_HEADER: Final = struct.Struct(">I")
 
 _log = structlog.get_logger()
 
@@ -38,16 +46,24 @@ _log = structlog.get_logger()
 class ZmqPeer:
     """One ZeroMQ client identity, as the dispatcher's `Client`."""
 
-    __slots__ = ("authenticated", "conn", "envelope", "gateway")
+    __slots__ = ("authenticated", "conn", "envelope", "gateway", "held", "in_flight", "rate")
 
-    def __init__(self, gateway: ZmqGateway, identity: bytes, authenticated: bool) -> None:
+    def __init__(
+        self, gateway: ZmqGateway, identity: bytes, authenticated: bool, rate: RateWindow | None
+    ) -> None:
         self.gateway = gateway
         self.conn = "z" + identity.hex()
         self.authenticated = authenticated
         self.envelope: list[bytes] = [identity]
+        self.rate = rate
+        self.in_flight = 0  # messages handed to the dispatcher and not answered yet
+        self.held: deque[DecodedFrame] = deque()  # messages past the in-flight cap
 
     def send(self, reply: dict[str, Any]) -> None:
+        self.in_flight -= 1
         self.gateway.send(self.envelope, reply)
+        if self.held:
+            self.gateway.release_soon(self)
 
     def drop(self, reason: str) -> None:
         # A ROUTER cannot close one peer; the oversize message was refused and is logged.
@@ -57,18 +73,21 @@ class ZmqPeer:
 class ZmqGateway:
     """Reads the ROUTER socket, decodes messages and hands them to the dispatcher."""
 
-    def __init__(
-        self, dispatcher: Dispatcher, ctx: zmq.asyncio.Context, max_frame_bytes: int
-    ) -> None:
+    def __init__(self, dispatcher: Dispatcher, ctx: zmq.asyncio.Context, limits: TcpLimits) -> None:
         self.dispatcher = dispatcher
         self.router = ctx.socket(zmq.ROUTER)
         # The same cap as a TCP frame; libzmq disconnects a peer that sends a bigger message
         # before it is ever buffered whole.
-        self.router.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self.router.setsockopt(zmq.MAXMSGSIZE, limits.max_frame_bytes)
         self._sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.router.underlying)
-        self._max = max_frame_bytes
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self._limits = limits
+        self._max = limits.max_frame_bytes
+        self._max_unauthenticated = min(self._max, limits.unauthenticated_max_frame_bytes)
         self._peers: OrderedDict[bytes, ZmqPeer] = OrderedDict()
+        self._max_in_flight = limits.max_in_flight
+        self._held = 0  # messages held past their peer's in-flight cap, all peers together
+        self._releasing: set[ZmqPeer] = set()
+        self._blocked_by_shards = False
         self._resume = asyncio.Event()
         self._resume.set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -86,7 +105,13 @@ class ZmqGateway:
 
     def shards_blocked(self, blocked: bool) -> None:
         """Stop (or resume) taking messages while a shard mailbox is full."""
-        if blocked:
+        self._blocked_by_shards = blocked
+        self._update_resume()
+
+    def _update_resume(self) -> None:
+        # Held messages are bounded like one TCP connection's: past that, the ROUTER is read
+        # no further (every peer waits; a ROUTER cannot stop reading only one).
+        if self._blocked_by_shards or self._held >= self._max_in_flight:
             self._resume.clear()
         else:
             self._resume.set()
@@ -124,12 +149,50 @@ class ZmqGateway:
             return
         peer = self._peer(parts[0])
         peer.envelope = parts[:-1]
-        self.dispatcher.handle(peer, self._decode(parts[-1]))
+        frame = self._decode(parts[-1], peer.authenticated)
+        if peer.held or peer.in_flight >= self._max_in_flight:
+            # Past the peer's in-flight cap: the message waits for its earlier ones' replies.
+            peer.held.append(frame)
+            self._held += 1
+            self._update_resume()
+            return
+        self._handle(peer, frame)
+
+    def _handle(self, peer: ZmqPeer, frame: DecodedFrame) -> None:
+        peer.in_flight += 1  # before: a command answered here is answered inside `handle`
+        # The same rate limit as a TCP connection's, per identity.
+        if peer.rate is not None and not peer.rate.allow(time.monotonic()):
+            peer.send(rate_refusal(frame))
+        else:
+            self.dispatcher.handle(peer, frame)
+
+    def release_soon(self, peer: ZmqPeer) -> None:
+        """`peer` got a reply while it has messages held: hand them over on the next turn,
+        once its in flight is down to half the cap (not from inside `send`: the dispatcher
+        may be mid-way through a batch)."""
+        if peer.in_flight <= self._max_in_flight // 2 and peer not in self._releasing:
+            if not self._releasing and self._loop is not None:
+                self._loop.call_soon(self._release)
+            self._releasing.add(peer)
+
+    def _release(self) -> None:
+        releasing, self._releasing = self._releasing, set()
+        for peer in releasing:
+            while peer.held and peer.in_flight < self._max_in_flight:
+                self._held -= 1
+                self._handle(peer, peer.held.popleft())
+        self._update_resume()
 
     def _peer(self, identity: bytes) -> ZmqPeer:
         peer = self._peers.get(identity)
         if peer is None:
-            peer = ZmqPeer(self, identity, not self.dispatcher.auth_required)
+            limits = self._limits
+            rate = (
+                RateWindow(limits.rate_window_ms, limits.rate_max_requests)
+                if limits.rate_window_ms
+                else None
+            )
+            peer = ZmqPeer(self, identity, not self.dispatcher.auth_required, rate)
             self._peers[identity] = peer
             if len(self._peers) > MAX_PEERS:
                 self._peers.popitem(last=False)
@@ -137,12 +200,14 @@ class ZmqGateway:
             self._peers.move_to_end(identity)
         return peer
 
-    def _decode(self, body: bytes) -> DecodedFrame:
-        if len(body) > self._max:
-            return ProtocolError(frame_too_large(len(body), self._max))
-        # The TCP decoder holds the one definition of a valid body; a message is one frame.
-        frames = self._decoder.feed(_HEADER.pack(len(body)) + body)
-        return frames[0]
+    def _decode(self, body: bytes, authenticated: bool) -> DecodedFrame:
+        limit = self._max if authenticated else self._max_unauthenticated
+        if len(body) > limit:
+            # Not fatal: a ROUTER cannot close one peer. libzmq has buffered the message
+            # already, but it is refused before decoding.
+            return ProtocolError(frame_too_large(len(body), limit))
+        # The protocol holds the one definition of a valid body; a message is one frame body.
+        return decode_body(body)
 
     def send(self, envelope: list[bytes], reply: dict[str, Any]) -> None:
         try:

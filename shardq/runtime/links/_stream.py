@@ -20,19 +20,36 @@ import contextlib
 import os
 import select
 import socket
-import struct
 import threading
 from typing import Final
 
 import structlog
+from msgpack import packb  # type: ignore[import-untyped]
 
-__all__ = ["FrameSplitter", "FrontLink", "frame", "prepare_listener", "read_frames", "write_frame"]
+from shardq.protocol import FRAME_HEADER, FrameCutter
 
-_HEADER: Final = struct.Struct(">I")
+__all__ = [
+    "LINK_ENVELOPE_BYTES",
+    "FrameSplitter",
+    "FrontLink",
+    "frame",
+    "prepare_listener",
+    "read_frames",
+    "split_batch",
+    "write_frame",
+]
+
+_HEADER: Final = FRAME_HEADER
 _READ_SIZE: Final = 1 << 20
 # Internal frames are whole request or reply batches; a bound keeps a corrupt length from
-# making the reader wait for gigabytes. Batches are far below it.
+# making the reader wait for gigabytes. Each side's bound comes from `link_max_frame_bytes`
+# (the senders split their batches under it, `split_batch`); this is the default.
 MAX_FRAME_BYTES: Final = 256 * 1024 * 1024
+# Room a request batch needs beyond the client frame it carries (`_conn`, ids, headers).
+LINK_ENVELOPE_BYTES: Final = 64 * 1024
+# What a batch frame adds around its items: a 2-entry map header, "t", the kind, "items" and
+# an array header of at most 5 bytes.
+_BATCH_OVERHEAD: Final = 32
 
 _log = structlog.get_logger()
 
@@ -60,43 +77,67 @@ def frame(data: bytes) -> bytes:
     return _HEADER.pack(len(data)) + data
 
 
-class FrameSplitter:
-    """Sans-IO: bytes in (any chunking), whole frame payloads out, in order."""
+def split_batch(kind: str, items: list[bytes], limit: int) -> list[bytes]:
+    """Batch messages `{"t": kind, "items": [...]}` made of already packed `items`, in order,
+    each at most `limit` bytes, except that an item too large for any frame goes alone (the
+    caller decides what to do with those first: `batch_overhead`).
 
-    def __init__(self) -> None:
-        self._buf = bytearray()
+    Used only when a whole batch came out over the limit, so the cost of cutting it up is
+    paid by the large replies that need it and never by the usual small batch.
+    """
+    head = packb("t") + packb(kind) + packb("items")
+    frames: list[bytes] = []
+    group: list[bytes] = []
+    size = _BATCH_OVERHEAD
+    for item in items:
+        if group and size + len(item) > limit:
+            frames.append(_batch(head, group))
+            group, size = [], _BATCH_OVERHEAD
+        group.append(item)
+        size += len(item)
+    if group:
+        frames.append(_batch(head, group))
+    return frames
+
+
+def batch_overhead() -> int:
+    """Bytes a batch frame adds to its items: an item larger than `limit` minus this can
+    never be sent within `limit`."""
+    return _BATCH_OVERHEAD
+
+
+def _batch(head: bytes, items: list[bytes]) -> bytes:
+    return b"".join([b"\x82", head, _array_header(len(items)), *items])
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 0x10000:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+class FrameSplitter:
+    """Sans-IO: bytes in (any chunking), whole frame payloads out, in order: the protocol's
+    `FrameCutter`, copying each payload out (callers keep them past the next read)."""
+
+    def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
+        self._cutter = FrameCutter(max_frame)
 
     def feed(self, chunk: bytes | memoryview) -> list[bytes]:
         """Add `chunk`; return every payload now complete. `chunk` is not kept: it may be a
         view of a buffer the caller reuses.
 
-        Raises `ValueError` if a header announces more than `MAX_FRAME_BYTES`: the stream is
-        corrupt and the link must be dropped.
+        Raises `ValueError` if a header announces more than the splitter's `max_frame`: the
+        stream is corrupt (or the peer broke the limit) and the link must be dropped.
         """
-        buf = self._buf
-        # With nothing buffered (the usual case: a read ends on a frame boundary), frames
-        # are cut straight out of `chunk`, one copy each; only a partial tail is buffered.
-        data: bytes | bytearray | memoryview = chunk
-        if buf:
-            buf += chunk
-            data = buf
-        out: list[bytes] = []
-        start = 0
-        end = len(data)
-        with memoryview(data) as view:
-            while end - start >= 4:
-                (size,) = _HEADER.unpack_from(view, start)
-                if size > MAX_FRAME_BYTES:
-                    raise ValueError(f"internal frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
-                if end - start - 4 < size:
-                    break
-                out.append(bytes(view[start + 4 : start + 4 + size]))
-                start += 4 + size
-            if data is not buf and start < end:
-                buf += view[start:]
-        if data is buf and start:
-            del buf[:start]
-        return out
+        cutter = self._cutter
+        payloads = cutter.cut(chunk, bytes)
+        if cutter.oversize is not None:
+            limit = cutter.max_frame_size
+            raise ValueError(f"internal frame of {cutter.oversize} bytes exceeds {limit}")
+        return payloads
 
 
 class FrontLink:
@@ -106,11 +147,13 @@ class FrontLink:
     no front end is connected are dropped: the connections they answer died with it.
     """
 
-    def __init__(self, path: str) -> None:
-        """Bind and listen on `path` (a stale socket file is replaced). Raises `OSError`."""
+    def __init__(self, path: str, max_frame: int = MAX_FRAME_BYTES) -> None:
+        """Bind and listen on `path` (a stale socket file is replaced); refuse request frames
+        over `max_frame` bytes. Raises `OSError`."""
         self._listener = prepare_listener(path)
         self._conn: socket.socket | None = None
-        self._splitter = FrameSplitter()
+        self._max = max_frame
+        self._splitter = FrameSplitter(max_frame)
 
     def fds(self) -> list[int]:
         """The descriptors to poll for reading: the listener and the connection, if any."""
@@ -168,14 +211,14 @@ class FrontLink:
                 self._drop("a new front end connected")
             conn.setblocking(False)
             self._conn = conn
-            self._splitter = FrameSplitter()
+            self._splitter = FrameSplitter(self._max)
 
     def _drop(self, reason: str) -> None:
         if self._conn is not None:
             _log.info("front end link closed", reason=reason)
             self._conn.close()
             self._conn = None
-            self._splitter = FrameSplitter()
+            self._splitter = FrameSplitter(self._max)
 
 
 class _ReadBuffer(threading.local):

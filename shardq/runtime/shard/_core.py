@@ -172,6 +172,11 @@ class ShardCore:
         self._muts.extend(muts)
         return len(muts)
 
+    def forget_rows(self, row_keys: Iterable[str]) -> None:
+        """Delete stored job rows the engine never loaded (recovery's stale completed rows);
+        the deletions go out with the next `finish_turn`."""
+        self._muts.extend(("del", key) for key in row_keys)
+
     def poll_timeout(self, now: int) -> int | None:
         """Milliseconds until something is due (timer, long-poll, WaitJob), None for never."""
         timer = self.engine.next_deadline()
@@ -512,8 +517,12 @@ class ShardCore:
         conn = msg.get("conn")
         if not isinstance(conn, str):
             return
-        self.polls.drop_conn(conn)
-        self.waits.drop_conn(conn)
+        # Answered (into the void: the connection is gone) rather than forgotten, so that the
+        # front end frees their entries in its tables of requests in flight and parked.
+        for parked in self.polls.drop_conn(conn):
+            self._replies.append([conn, parked.rid, empty_pull_reply(parked.cmd)])
+        for parked in self.waits.drop_conn(conn):
+            self._replies.append([conn, parked.rid, {"ok": True, "completed": False}])
         _released, muts = self.engine.release(conn, now)
         self._absorb(muts, self.engine.last_events)
 

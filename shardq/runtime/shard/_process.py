@@ -13,6 +13,7 @@ orders the shutdown with SIGTERM. SIGTERM ends the loop; the shard then waits (a
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 import time
@@ -31,10 +32,11 @@ from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import spin_until
 from shardq.runtime.links._control import pack, unpack
-from shardq.runtime.links._stream import FrontLink
+from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._gc import tune_gc
+from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
 from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Store
@@ -47,6 +49,13 @@ _log = structlog.get_logger()
 # Unsent bytes to the writer past which a shard waits for it, for at most `storage_stall_ms`
 # (past `writer_backlog_max_bytes` it waits whatever the time: its memory is bounded).
 WRITER_BACKLOG_BYTES = 8 << 20
+# A recovering shard tells the supervisor how far it got this often: well inside the shortest
+# `ready_timeout_ms` (1 s), so a shard at work is never taken for a stalled one.
+PROGRESS_EVERY_S = 0.25
+# ... and logs it this often (a 30 s recovery logs 15 lines).
+LOG_PROGRESS_EVERY_S = 2.0
+# Records loaded between two looks at the clock: a clock read per record would cost more.
+_CLOCK_EVERY = 1000
 
 
 class ShardProcess:
@@ -60,6 +69,7 @@ class ShardProcess:
         self._front_packer = FrontPacker()
         engine = Engine(EngineConfig(**spec.engine), compact_pulls=True)
         self.core = ShardCore(spec.index, engine)
+        self._memory = MemoryReturner(engine)
         self._stop = False
         self._spin_s = spec.spin_us / 1e6
         self._ctx = zmq.Context()
@@ -67,7 +77,11 @@ class ShardProcess:
         # mutations go to, and confirmations come from, the writer over the other
         # (`links._writer`). The writer is up before any shard starts; if the link is down
         # later (a writer restart), `_wait` reconnects it.
-        self._front = FrontLink(spec.link_path(spec.index))
+        # One request can be a whole client frame, so the link takes at least that much.
+        self._front = FrontLink(
+            spec.link_path(spec.index),
+            max(spec.link_max_frame_bytes, spec.max_frame_bytes + LINK_ENVELOPE_BYTES),
+        )
         self._writer = WriterLink(spec.writer_link_path)
         self._writer.connect()
         self._next_connect = 0.0
@@ -115,6 +129,8 @@ class ShardProcess:
             spin_us=self.spec.spin_us,
         )
         tune_gc()
+        # Recovery decoded every page of records it read: hand that heap back before serving.
+        malloc_trim()
         self.sup.ready()
         return early
 
@@ -147,28 +163,57 @@ class ShardProcess:
     def _recover(self, now: int) -> tuple[int, int, int]:
         """Load this shard's stored queues and jobs; return (jobs, queues, recovery mutations).
 
-        Records stream from the store one page at a time, in seq order, straight into the
-        engine; opening the store runs no migration here (the writer already did).
+        Only what the engine will hold is read: the jobs of this shard's queues, and of their
+        completed jobs only the newest `max_completed` (the filters run in SQLite, so the
+        other rows are never decoded). Records stream from the store one page at a time, in
+        seq order, straight into the engine; opening the store runs no migration here (the
+        writer already did). Completed rows beyond the window (left by a version that kept
+        them on disk) are deleted. Progress goes to the log and the supervisor every second.
+        The collector is off meanwhile: every object made is kept, so it would only walk them.
         """
-        spec, loaded = self.spec, [0]
+        spec = self.spec
+        progress = _Progress(self.sup)
+        gc.disable()
+        try:
+            with Store.open(spec.data_path, synchronous=spec.synchronous) as store:
+                self.sup.progress(loaded=0)
+                names = {n for n in store.queue_names() if shard_of(n, spec.shards) == spec.index}
+                queues = {n: cfg for n, cfg in store.load_queues().items() if n in names}
+                self.sup.progress(loaded=0)
+                floor = store.completed_floor(self.core.engine.config.max_completed, names)
+                self.sup.progress(loaded=0)
+                records = store.load_jobs(queues=names, completed_from=floor)
+                # By shard, not by `names`: a schedule's queue may hold no job or config yet.
+                crons = [
+                    c for c in store.load_crons() if shard_of(c["queue"], spec.shards) == spec.index
+                ]
+                recovered = self.core.recover(
+                    progress.count(self._own(records)), queues, now, crons
+                )
+                if floor is not None:
+                    recovered += self._delete_stale(store.stale_completed(floor, names), now)
+        finally:
+            gc.enable()
+        return progress.loaded, len(queues), recovered
 
-        def own(records: Iterator[Record]) -> Iterator[Record]:
-            for rec in records:
-                if shard_of(rec["queue"], spec.shards) == spec.index:
-                    loaded[0] += 1
-                    yield rec
+    def _own(self, records: Iterator[Record]) -> Iterator[Record]:
+        # The store filters by queue already, except past `MAX_FILTER_QUEUES` queues.
+        shards, index = self.spec.shards, self.spec.index
+        for rec in records:
+            if shard_of(rec["queue"], shards) == index:
+                yield rec
 
-        with Store.open(spec.data_path, synchronous=spec.synchronous) as store:
-            queues = {
-                name: cfg
-                for name, cfg in store.load_queues().items()
-                if shard_of(name, spec.shards) == spec.index
-            }
-            crons = [
-                c for c in store.load_crons() if shard_of(c["queue"], spec.shards) == spec.index
-            ]
-            recovered = self.core.recover(own(store.load_jobs()), queues, now, crons)
-        return loaded[0], len(queues), recovered
+    def _delete_stale(self, pages: Iterator[list[str]], now: int) -> int:
+        """Delete stored completed rows the engine did not load, one page per batch."""
+        deleted = 0
+        for keys in pages:
+            self.core.forget_rows(keys)
+            self._send(self.core.finish_turn(now))
+            deleted += len(keys)
+            self.sup.progress(deleted=deleted)
+        if deleted:
+            _log.info("stale completed rows deleted", rows=deleted)
+        return deleted
 
     def _serve(self, early: list[dict[str, Any]]) -> None:
         now = self.clock.now()
@@ -183,6 +228,7 @@ class ShardProcess:
             for msg in messages:
                 self.core.handle(msg, now)
             self._send(self.core.finish_turn(now))
+            self._memory.after_turn()
 
     def _finish(self) -> None:
         """Send the last batch and wait, within the shutdown timeout, for its commit."""
@@ -275,11 +321,16 @@ class ShardProcess:
         self._link_fds = fds
 
     def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None:
+        limit = self.spec.link_max_frame_bytes
         for dest, msg in out:
             if dest == "front":
                 # Blocking is the back-pressure the runtime contract asks for: a front end
                 # that does not read stops this shard. While stopping, nobody may read.
-                self._front.send(self._pack_reply(msg), block=block_on_front)
+                data, msg = self._pack_reply(msg)
+                if len(data) > limit:
+                    self._send_split(msg, block_on_front)
+                else:
+                    self._front.send(data, block=block_on_front)
             else:
                 # Likewise a writer that does not read stops this shard. With the link down
                 # the batch is dropped here and resent from `_unconfirmed` when it is back.
@@ -326,14 +377,56 @@ class ShardProcess:
             else:
                 _log.warning("storage recovered: the writer reads again")
 
-    def _pack_reply(self, msg: dict[str, Any]) -> bytes:
-        """Pack a message for the front end; if a reply cannot be packed (an integer past 64
-        bits ...), pack each reply on its own: only the one at fault becomes an error."""
+    def _pack_reply(self, msg: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        """Pack a message for the front end, and the message the bytes stand for: if a reply
+        cannot be packed (an integer past 64 bits ...), each reply is packed on its own and
+        only the one at fault becomes an error."""
         pack_reply = self._front_packer.pack
         try:
-            return pack_reply(msg)
+            return pack_reply(msg), msg
         except (TypeError, ValueError, OverflowError):
-            return pack_reply(salvage_replies(msg, pack_reply))
+            msg = salvage_replies(msg, pack_reply)
+            return pack_reply(msg), msg
+    def _send_split(self, msg: dict[str, Any], block: bool) -> None:
+        """A reply batch over the link's frame limit goes out in several frames: the front end
+        refuses (and drops the link on) a larger one."""
+        frames, refused = self._front_packer.split(msg, self.spec.link_max_frame_bytes)
+        for conn, rid, size in refused:
+            _log.warning("reply too large for the front-end link", conn=conn, rid=rid, size=size)
+        for data in frames:
+            self._front.send(data, block=block)
+
+
+class _Progress:
+    """Counts the records a recovery loads and reports the count: to the supervisor (which
+    waits on a child that makes progress) every `PROGRESS_EVERY_S`, to the log every
+    `LOG_PROGRESS_EVERY_S`."""
+
+    def __init__(self, sup: SupervisorLink) -> None:
+        self._sup = sup
+        self.loaded = 0
+        self._started = time.monotonic()
+        self._next = self._started + PROGRESS_EVERY_S
+        self._next_log = self._started + LOG_PROGRESS_EVERY_S
+
+    def count(self, records: Iterator[Record]) -> Iterator[Record]:
+        loaded = self.loaded
+        for rec in records:
+            loaded += 1
+            if not loaded % _CLOCK_EVERY and time.monotonic() >= self._next:
+                self._report(loaded)
+            yield rec
+        self.loaded = loaded
+
+    def _report(self, loaded: int) -> None:
+        now = time.monotonic()
+        self._next = now + PROGRESS_EVERY_S
+        self._sup.progress(loaded=loaded)
+        if now >= self._next_log:
+            self._next_log = now + LOG_PROGRESS_EVERY_S
+            rate = loaded / max(now - self._started, 1e-9)
+            _log.info("shard recovering", loaded=loaded, jobs_per_s=round(rate))
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -357,4 +450,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         shard.close()
-

@@ -101,10 +101,12 @@ class LongPolls:
             self._remove(parked)
         return due
 
-    def drop_conn(self, conn: str) -> None:
-        """Forget every waiter of a closed connection (it gets no answer)."""
-        for parked in [p for p in self._all() if p.conn == conn]:
+    def drop_conn(self, conn: str) -> list[Parked]:
+        """Remove and return every waiter of a closed connection."""
+        dropped = [p for p in self._all() if p.conn == conn]
+        for parked in dropped:
             self._remove(parked)
+        return dropped
 
     def take_all(self) -> list[Parked]:
         """Remove and return every waiter, in queue order (drain answers them empty)."""
@@ -171,15 +173,19 @@ class JobWaits:
                 self._by_job.pop(parked.key, None)
         return due
 
-    def drop_conn(self, conn: str) -> None:
+    def drop_conn(self, conn: str) -> list[Parked]:
+        """Remove and return every waiter of a closed connection."""
+        dropped = []
         for job_id in list(self._by_job):
             kept = []
             for parked in self._by_job[job_id]:
                 if parked.conn == conn:
                     parked.live = False
+                    dropped.append(parked)
                 else:
                     kept.append(parked)
             if kept:
                 self._by_job[job_id] = kept
             else:
                 del self._by_job[job_id]
+        return dropped

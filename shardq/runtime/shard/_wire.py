@@ -19,8 +19,9 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from shardq.core import CompactJobs
 from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE
 from shardq.runtime.links._control import exact_packer
+from shardq.runtime.links._stream import batch_overhead, split_batch
 
-__all__ = ["FrontPacker"]
+__all__ = ["FrontPacker", "reply_too_large"]
 
 _HOT_PAIRS: Final = 2 * len(WIRE_HOT_KEYS)
 
@@ -70,6 +71,26 @@ class FrontPacker:
                 out.append(pack(value))
         return b"".join(out)
 
+    def split(self, msg: Mapping[str, Any], limit: int) -> tuple[list[bytes], list[list[Any]]]:
+        """A `rep` batch too large for one link frame, as frames of at most `limit` bytes.
+
+        A reply that fits in no frame is replaced by a `Reply too large` error for its request
+        alone; those items (`[conn, rid, size]`) are returned too, for the log.
+        """
+        pack = self._pack
+        room = limit - batch_overhead()
+        packed: list[bytes] = []
+        refused: list[list[Any]] = []
+        for item in msg["items"]:
+            data = self._item(item) if _has_packed(item) else pack(item)
+            if len(data) > room:
+                conn, rid, _reply = item
+                refused.append([conn, rid, len(data)])
+                error = {"ok": False, "error": reply_too_large(len(data), room)}
+                data = pack([conn, rid, error])
+            packed.append(data)
+        return split_batch("rep", packed, limit), refused
+
     def _item(self, item: list[Any]) -> bytes:
         pack = self._pack
         conn, rid, reply = item
@@ -82,6 +103,11 @@ class FrontPacker:
             else:
                 out.append(pack(value))
         return b"".join(out)
+
+
+def reply_too_large(size: int, limit: int) -> str:
+    """The error that replaces a reply no link frame can carry."""
+    return f"Reply too large: {size} bytes exceeds maximum {limit}"
 
 
 def _has_packed(item: object) -> bool:

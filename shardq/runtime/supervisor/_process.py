@@ -58,9 +58,6 @@ MODULES: Mapping[str, str] = {
     "shard": "shardq.runtime.shard",
     "frontend": "shardq.runtime.frontend",
 }
-# A child imports, opens the database or binds its ports and reports: seconds normally. A
-# shard recovering a very large database may take longer; raise this with it.
-READY_TIMEOUT_S = 30.0
 RESTART_FIRST_S = 0.1  # quick enough that a one-off crash costs little ...
 RESTART_MAX_S = 5.0  # ... slow enough that a crash loop does not eat a CPU
 RESTART_WINDOW_S = 60.0
@@ -84,7 +81,8 @@ class _Child:
     index: int = 0
     proc: subprocess.Popen[bytes] | None = None
     ready: bool = False
-    ready_by: float | None = None  # a (re)started child must report ready by then
+    # A (re)started child must report ready, or progress, by then; progress moves it on.
+    ready_by: float | None = None
     restart_at: float | None = None
     restarts: deque[float] = field(default_factory=deque)
     exit_code: int | None = None
@@ -194,18 +192,27 @@ class Supervisor:
         for group in ([self._writer], self._shards, [self._frontend]):
             for child in group:
                 self._spawn(child)
+                child.ready_by = self._clock() + self._ready_timeout_s
             if not self._await_ready(group):
                 return False
         return True
 
+    @property
+    def _ready_timeout_s(self) -> float:
+        return self._config.ready_timeout_ms / 1000
+
     def _await_ready(self, group: list[_Child]) -> bool:
-        deadline = self._clock() + READY_TIMEOUT_S
         while not all(child.ready for child in group):
             if self._stops or self._failure is not None:
                 return False
-            if self._clock() >= deadline:
-                late = ", ".join(child.name for child in group if not child.ready)
-                self._failure = f"{late} did not report ready within {READY_TIMEOUT_S:g} s"
+            waiting = [child for child in group if not child.ready]
+            deadline = min((c.ready_by for c in waiting if c.ready_by is not None), default=None)
+            if deadline is not None and self._clock() >= deadline:
+                late = ", ".join(c.name for c in waiting if c.ready_by == deadline)
+                self._failure = (
+                    f"{late} did not report ready or progress within "
+                    f"{self._ready_timeout_s:g} s (ready_timeout_ms)"
+                )
                 return False
             self._pump(deadline)
         return True
@@ -233,7 +240,11 @@ class Supervisor:
                 if child.restart_at is not None and now >= child.restart_at:
                     self._restart(child, now)
                 elif child.ready_by is not None and now >= child.ready_by and child.proc:
-                    log.error("child not ready in time; killing it", child=child.name)
+                    log.error(
+                        "child neither ready nor progressing in time; killing it",
+                        child=child.name,
+                        ready_timeout_ms=self._config.ready_timeout_ms,
+                    )
                     child.ready_by = None
                     child.proc.kill()  # its exit schedules the next restart
 
@@ -245,7 +256,7 @@ class Supervisor:
         child.restart_at = None
         child.restarts.append(now)
         self._spawn(child)
-        child.ready_by = now + READY_TIMEOUT_S
+        child.ready_by = now + self._ready_timeout_s
         log.warning("child restarted", child=child.name, restarts_last_minute=len(child.restarts))
 
     def _on_exit(self, child: _Child, code: int) -> None:
@@ -381,6 +392,18 @@ class Supervisor:
             max_db_bytes=c.max_db_bytes,
             writer_backlog_max_bytes=c.writer_backlog_max_bytes,
             engine=dict(c.engine),
+            # -- bounds (issue 10 section 4)
+            link_max_frame_bytes=c.link_max_frame_bytes,
+            max_connections=c.max_connections,
+            max_in_flight_per_connection=c.max_in_flight_per_connection,
+            max_parked_per_connection=c.max_parked_per_connection,
+            max_parked=c.max_parked,
+            tcp_max_write_backlog_bytes=c.tcp_max_write_backlog_bytes,
+            tcp_idle_close_ms=c.tcp_idle_close_ms,
+            unauthenticated_max_frame_bytes=c.unauthenticated_max_frame_bytes,
+            auth_max_failures=c.auth_max_failures,
+            rate_limit_window_ms=c.rate_limit_window_ms,
+            rate_limit_max_requests=c.rate_limit_max_requests,
         )
 
     def _signal(self, child: _Child, signum: int) -> None:
@@ -460,6 +483,11 @@ class Supervisor:
             log.info("child ready", child=child.name, child_pid=child.proc.pid)
             if child.role == "shard" and self._serving:
                 self._tell_front({"t": "shard-up", "shard": child.index})
+        elif report.get("t") == "progress":
+            # A child that is still working towards ready (a shard loading a large backlog)
+            # gets another full bound: only one that stops making progress is killed.
+            if not child.ready and child.ready_by is not None:
+                child.ready_by = self._clock() + self._ready_timeout_s
         elif report.get("t") == "fatal":
             child.fatal = str(report.get("error"))
 

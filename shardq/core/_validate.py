@@ -1,0 +1,325 @@
+"""Bounds for the fields of every command, checked once before the engine acts on it.
+
+Why these bounds: every integer the engine keeps is stored in SQLite (a signed 64-bit column),
+packed with msgpack, or becomes a deadline the shard's poll waits on. A value outside those
+ranges, or one that grows outside them through the engine's own arithmetic (a `timestamp` plus
+a `delay`, `now` plus a `lockTtl`, a `dedup.ttl` or a DLQ `maxAge`), raised far from the request
+that carried it: in the writer, which retried the batch forever, or in the shard's loop, which
+exited. So a time is at most `MAX_TIMESTAMP_MS`, a duration at most `MAX_DURATION_MS`, a count
+at most `MAX_COUNT`; their sums stay far below 2^63. Nothing is clamped: a value out of range is
+refused with `Invalid <field>: <why>` and the command changes nothing.
+
+Fields bunqueue itself validates on a push (`priority`, `delay`, `ttl`, ...) keep bunqueue's
+wording (`_options.job_options_error`); `validate_job` adds the push fields bunqueue stores
+unchecked (`timestamp`, `dedup.ttl`, `stackTraceLimit`, ...); the push handlers run it once per
+job. `check_fields` covers the other commands: the engine puts it in front of the handler of
+each command in `CHECKED_COMMANDS` (`Engine._checked`), so it runs once per command.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeAlias
+
+from ._options import (
+    CHECKED_FIELDS,
+    check_number,
+    is_number,
+    job_options_error,
+    too_deep,
+    validate_data,
+)
+
+__all__ = [
+    "CHECKED_COMMANDS",
+    "MAX_COUNT",
+    "MAX_DURATION_MS",
+    "MAX_TIMESTAMP_MS",
+    "check_fields",
+    "job_extra_error",
+    "validate_job",
+]
+
+MAX_COUNT: Final = 2**53 - 1
+"""Counts, limits and offsets: JavaScript's largest exact integer, what bunqueue's clients send."""
+MAX_TIMESTAMP_MS: Final = 2**53 - 1
+"""A wall-clock time in ms (about the year 287,000): plus any duration it stays under 2^63."""
+MAX_DURATION_MS: Final = 4_320_000_000_000_000
+"""bunqueue clamps durations at 4.32e15 ms; shardq refuses what bunqueue would clamp."""
+_MAX_QUEUE_CHARS: Final = 256  # bunqueue's queue-name bound
+
+Error: TypeAlias = str | None
+Check: TypeAlias = Callable[[object, str, int], Error]
+
+
+def _number(value: object, field: str, lo: int, hi: int, integral: bool) -> Error:
+    if not is_number(value):
+        return f"Invalid {field}: must be a number"
+    if not math.isfinite(value):
+        return f"Invalid {field}: must be a finite number"
+    if integral and value != int(value):
+        return f"Invalid {field}: must be an integer"
+    if value < lo:
+        return f"Invalid {field}: must be at least {lo}"
+    if value > hi:
+        return f"Invalid {field}: must be at most {hi}"
+    return None
+
+
+def duration(value: object, field: str, max_chars: int = 0) -> Error:
+    """An optional span of milliseconds: 0 to `MAX_DURATION_MS`."""
+    return None if value is None else _number(value, field, 0, MAX_DURATION_MS, False)
+
+
+def timestamp(value: object, field: str, max_chars: int = 0) -> Error:
+    """An optional wall-clock time in milliseconds: 0 to `MAX_TIMESTAMP_MS`."""
+    return None if value is None else _number(value, field, 0, MAX_TIMESTAMP_MS, False)
+
+
+def count(value: object, field: str, max_chars: int = 0) -> Error:
+    """An optional non-negative integer: a count, a limit or an offset."""
+    return None if value is None else _number(value, field, 0, MAX_COUNT, True)
+
+
+def index(value: object, field: str, max_chars: int = 0) -> Error:
+    """An optional list index, negative ones counting from the end."""
+    return None if value is None else _number(value, field, -MAX_COUNT, MAX_COUNT, True)
+
+
+def text(value: object, field: str, max_chars: int) -> Error:
+    """An optional string of at most `max_chars` characters (a key)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return f"Invalid {field}: must be a string"
+    if len(value) > max_chars:
+        return f"Invalid {field}: must be at most {max_chars} characters"
+    return None
+
+
+def ident(value: object, field: str, max_chars: int) -> Error:
+    """An optional job id as clients send it: a string, or a finite number."""
+    if is_number(value):
+        return None if math.isfinite(value) else f"Invalid {field}: must be a finite number"
+    return text(value, field, max_chars)
+
+
+def flag(value: object, field: str, max_chars: int = 0) -> Error:
+    """An optional flag. Numbers and maps pass (BullMQ spells `removeOnComplete` as a count or
+    `{age, count}`); only their truth is used, so a list or a string is the only mistake."""
+    if type(value) is bool or value is None:
+        return None
+    if isinstance(value, Mapping) or is_number(value):
+        return None
+    return f"Invalid {field}: must be a boolean"
+
+
+def _idents(value: object, field: str, max_chars: int) -> Error:
+    if not isinstance(value, list | tuple):
+        return None  # `_options` reports "<field> must be an array" in bunqueue's words
+    for item in value:
+        error = ident(item, f"{field} entry", max_chars)
+        if error:
+            return error
+    return None
+
+
+def _queue(value: object, field: str, max_chars: int = 0) -> Error:
+    """A queue the command may create: a string, as long as a pushable queue name may be."""
+    if not isinstance(value, str):
+        return "Queue name is required"
+    if len(value) > _MAX_QUEUE_CHARS:
+        return f"Queue name too long (max {_MAX_QUEUE_CHARS} characters)"
+    return None
+
+
+def _dedup(value: object, field: str, max_chars: int) -> Error:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        return f"Invalid {field}: must be an object"
+    return duration(value.get("ttl"), f"{field}.ttl")
+
+
+def _message(value: object, field: str, max_chars: int = 0) -> Error:
+    # Stored as its text: a scalar is fine, a container is a mistake (and may nest deeply).
+    if value is None or isinstance(value, str | bool) or is_number(value):
+        return None
+    return f"Invalid {field}: must be a string"
+
+
+def _array(value: object, field: str, max_chars: int = 0) -> Error:
+    if value is None or isinstance(value, list):
+        return None
+    return f"Invalid {field}: must be an array"
+
+
+def _progress(value: object, field: str, max_chars: int = 0) -> Error:
+    if value is None or (is_number(value) and math.isfinite(value)):
+        return None
+    return f"Invalid {field}: must be a finite number"
+
+
+def _priority(value: object, field: str, max_chars: int = 0) -> Error:
+    # The bound a push gets, in bunqueue's words: the column it lands in is a 64-bit integer.
+    # A priority that is no number at all keeps bunqueue's "Job not found or not in queue".
+    return check_number(value, field, -1_000_000, 1_000_000) if is_number(value) else None
+
+
+def _data(value: object, field: str, max_chars: int = 0) -> Error:
+    return validate_data(value)
+
+
+def _flat(value: object) -> bool:
+    """True for a scalar, or a list or map of scalars: the usual result, which cannot be too
+    deep. Cheaper than `too_deep`, so the walk is left to the rare nested value."""
+    kind = type(value)
+    if kind is dict:
+        children: Any = value.values()  # type: ignore[attr-defined]
+    elif kind is list or kind is tuple:
+        children = value
+    else:
+        return True
+    for child in children:
+        kind = type(child)
+        if kind is dict or kind is list or kind is tuple:
+            return False
+    return True
+
+
+def _payload(value: object, field: str, max_chars: int = 0) -> Error:
+    # Stored as it came (an ACK's result): it must still pack inside every reply that shows it.
+    if _flat(value) or not too_deep(value):
+        return None
+    return f"Invalid {field}: nested too deeply"
+
+
+def _payloads(value: object, field: str, max_chars: int = 0) -> Error:
+    # ACKB's results, one per job: one `_flat` test each, a walk only for a nested one.
+    if not isinstance(value, list):
+        return None  # the engine reports a results array of the wrong shape
+    for item in value:
+        if not _flat(item) and too_deep(item):
+            return f"Invalid {field}: nested too deeply"
+    return None
+
+
+def _echoed(value: object, field: str, max_chars: int = 0) -> Error:
+    # GetState and GetResult answer the id they were asked about, whatever it was.
+    return "Invalid id: must be a string" if too_deep(value, 1) else None
+
+
+def _durations(value: object, field: str, max_chars: int = 0) -> Error:
+    if not isinstance(value, list):
+        return None if value is None else f"Invalid {field}: must be an array"
+    for item in value:
+        error = duration(item, f"{field} entry")
+        if error:
+            return error
+    return None
+
+
+def _dlq_filter(value: object, field: str, max_chars: int = 0) -> Error:
+    if not isinstance(value, Mapping):
+        return None  # no filter: the whole DLQ
+    offset = count(value.get("offset"), f"{field}.offset")
+    return offset or count(value.get("limit"), f"{field}.limit")
+
+
+_FLAGS: Final = (
+    "lifo",
+    "durable",
+    "removeOnComplete",
+    "removeOnFail",
+    "failParentOnFailure",
+    "removeDependencyOnFailure",
+    "continueParentOnFailure",
+    "ignoreDependencyOnFailure",
+)
+# The push fields bunqueue stores without checking them, with their checks.
+JOB_EXTRA_CHECKS: Final[dict[str, Check]] = {
+    "timestamp": timestamp,
+    "jobId": ident,
+    "customId": ident,
+    "uniqueKey": text,
+    "dedup": _dedup,
+    "debounceId": text,
+    "debounceTtl": duration,
+    "stackTraceLimit": count,
+    "keepLogs": count,
+    "sizeLimit": count,
+    "dependsOn": _idents,
+    "tags": _idents,
+    **dict.fromkeys(_FLAGS, flag),
+}
+JOB_EXTRA_FIELDS: Final = frozenset(JOB_EXTRA_CHECKS)
+
+
+def job_extra_error(fields: Mapping[str, Any], max_chars: int) -> Error:
+    """The first of one job's extra push fields that is out of bounds, or None."""
+    checks = JOB_EXTRA_CHECKS
+    for name, value in fields.items():
+        # Absent and null options are the common case, and every check passes None.
+        if value is not None and name in checks:
+            error = checks[name](value, name, max_chars)
+            if error:
+                return error
+    return None
+
+
+_JOB_FIELDS: Final = CHECKED_FIELDS | JOB_EXTRA_FIELDS
+
+
+def validate_job(fields: Mapping[str, Any], max_chars: int) -> Error:
+    """The first thing wrong with one job's push fields, or None: bunqueue's checks in its
+    words, then the bounds of the fields bunqueue does not check. A job that is just its
+    `data` (the common PUSHB entry) costs one set test beyond the data check."""
+    error = validate_data(fields.get("data"))
+    if error or _JOB_FIELDS.isdisjoint(fields):
+        return error
+    return job_options_error(fields) or job_extra_error(fields, max_chars)
+
+
+# Per command: (field, check). Push fields are checked per job by `validate_job`; the
+# commands with bunqueue-worded checks (PULLB count, MoveToDelayed delay, ...) keep them.
+_COMMAND_CHECKS: Final[dict[str, tuple[tuple[str, Check], ...]]] = {
+    "ACK": (("result", _payload),),
+    "ACKB": (("results", _payloads),),
+    "GetState": (("id", _echoed),),
+    "GetResult": (("id", _echoed),),
+    "PULL": (("lockTtl", duration),),
+    "PULLB": (("lockTtl", duration),),
+    "JobHeartbeat": (("duration", duration),),
+    "ExtendLock": (("duration", duration),),
+    "ExtendLocks": (("ids", _array), ("durations", _durations)),
+    "ChangePriority": (("priority", _priority),),
+    "Update": (("data", _data),),
+    "Progress": (("progress", _progress), ("message", _message)),
+    "AddLog": (("message", _message),),
+    "ClearLogs": (("keepLogs", count),),
+    "GetLogs": (("start", index), ("end", index)),
+    "GetJobs": (("offset", count), ("limit", count)),
+    "Clean": (("queue", _queue), ("grace", duration), ("limit", count)),
+    "PromoteJobs": (("count", count),),
+    "RetryDlq": (("count", count), ("jobId", ident)),
+    "RetryCompleted": (("queue", _queue), ("count", count)),
+    "Dlq": (("count", count), ("filter", _dlq_filter)),
+    "Pause": (("queue", _queue),),
+    "Resume": (("queue", _queue),),
+    "Drain": (("queue", _queue),),
+    "SetDlqConfig": (("queue", _queue),),
+    "SetStallConfig": (("queue", _queue),),
+}
+CHECKED_COMMANDS: Final = frozenset(_COMMAND_CHECKS)
+
+
+def check_fields(name: str, cmd: Mapping[str, Any], max_chars: int) -> Error:
+    """The first field of command `name` that is out of bounds, or None. Only for names in
+    `CHECKED_COMMANDS`; absent optional fields pass."""
+    for field, check in _COMMAND_CHECKS[name]:
+        if field in cmd or check is _queue:
+            error = check(cmd.get(field), field, max_chars)
+            if error:
+                return error
+    return None

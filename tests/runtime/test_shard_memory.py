@@ -1,0 +1,58 @@
+"""The shard's memory release after a drain (`shardq.runtime.shard._memory`), on a real engine.
+
+The RSS it saves is measured by `python -m bench.recovery`; here: that it runs when the job
+count has halved from a large high-water mark, shrinks the tables, and changes no state.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from shardq.core import Engine, EngineConfig
+from shardq.runtime.shard import _memory
+from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
+
+NOW = 1_700_000_000_000
+
+
+def drain_some(engine: Engine, queue: str, batches: int) -> None:
+    for _ in range(batches):
+        reply, _ = engine.apply({"cmd": "PULLB", "queue": queue, "count": 100}, NOW)
+        engine.apply({"cmd": "ACKB", "ids": [j["id"] for j in reply["jobs"]]}, NOW)
+
+
+def test_a_drain_releases_memory_without_changing_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_memory, "RELEASE_FROM", 2000)
+    engine = Engine(EngineConfig(max_completed=100), seed=1)
+    returner = MemoryReturner(engine)
+    for queue, n in (("a", 2000), ("b", 1800)):
+        jobs = [{"data": i} for i in range(n)]
+        engine.apply({"cmd": "PUSHB", "queue": queue, "jobs": jobs}, NOW)
+        returner.after_turn()
+    assert returner.releases == 0
+    jobs_table = engine.jobs
+    size_full = sys.getsizeof(engine.jobs)
+    drain_some(engine, "a", 15)  # 3,800 -> 2,400 jobs held: not yet halved
+    returner.after_turn()
+    assert returner.releases == 0
+    drain_some(engine, "a", 5)  # -> 1,900 (1,800 of "b" and 100 completed): halved
+    returner.after_turn()
+    assert returner.releases == 1
+    assert engine.jobs is jobs_table  # rebuilt in place: the queues share this dict
+    assert sys.getsizeof(engine.jobs) < size_full  # a table sized for 1,900, not 3,800
+    counts = engine.apply({"cmd": "GetJobCounts", "queue": "b"}, NOW)[0]["counts"]
+    assert counts["waiting"] == 1800
+    # Everything still works on the rebuilt tables, in order.
+    first = engine.apply({"cmd": "PULL", "queue": "b"}, NOW)[0]["job"]
+    assert first["data"] == 0
+    drain_some(engine, "b", 20)
+    assert engine.apply({"cmd": "GetJobCounts", "queue": "b"}, NOW)[0]["counts"]["waiting"] == 0
+    returner.after_turn()  # the high-water mark is 1,900 now: below RELEASE_FROM
+    assert returner.releases == 1
+
+
+def test_malloc_trim_is_found_on_this_glibc_system() -> None:
+    # The servers this project runs on are glibc Linux; a silent False would lose the trim.
+    assert malloc_trim() is True
