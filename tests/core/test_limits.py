@@ -143,3 +143,17 @@ def test_other_queues_are_untouched(limited: bool) -> None:
         t.cmd(cmd="SetConcurrency", queue="q", limit=1)
     assert len(t.pull(5, "free")) == 5
     assert t.engine.queues["free"].limits is None
+
+
+def test_a_timeout_frees_a_slot_and_the_tick_wakes_the_queue() -> None:
+    t = Q()
+    jobs = [{"data": i, "timeout": 100, "maxAttempts": 1} for i in range(2)]
+    t.cmd(cmd="PUSHB", queue="q", jobs=jobs)
+    t.cmd(cmd="SetConcurrency", queue="q", limit=1)
+    assert len(t.pull(2, owner="w")) == 1
+    assert t.pull(2, owner="w") == []
+    t.now += 100
+    events, _ = t.engine.tick(t.now)
+    assert ("timeout", "q") in {(kind, q) for kind, q, _ in events}
+    assert ("ready", "q", "") in events
+    assert len(t.pull(2, owner="w")) == 1
