@@ -87,6 +87,14 @@ def test_a_schedule_every_second_survives_restarts_without_firing_a_slot_twice(
         gone = conn.call({"cmd": "CronDelete", "name": "tick"}, check=False)
         assert gone["error"] == "Cron job not found"
         assert [c["name"] for c in conn.call({"cmd": "CronList"})["crons"]] == ["hourly"]
+        # Moved to a queue of the other shard, the schedule leaves no copy behind.
+        moved = {"cmd": "Cron", "name": "hourly", "queue": tick, "data": None}
+        assert conn.call({**moved, "schedule": "0 * * * *"})["cron"]["queue"] == tick
+        listed = conn.call({"cmd": "CronList"})["crons"]
+        assert [(c["name"], c["queue"]) for c in listed] == [("hourly", tick)]
+        refused = conn.call({**moved, "queue": hourly, "schedule": "bad"}, check=False)
+        assert refused["error"] == "Invalid cron expression: bad"
+        assert [c["queue"] for c in conn.call({"cmd": "CronList"})["crons"]] == [tick]
         time.sleep(2.5)  # two more slots would have passed: none may fire after the delete
         assert len(fired(conn, tick)) == len(jobs)
         assert len(jobs) >= 7  # 3 in the first run, 2 more in each run after a restart

@@ -9,9 +9,8 @@ registry, `Metrics` and the flow refusals), and sends everything else to the sha
 - a command that names one job by id goes to the shard the job cache names; on a miss it goes
   to every shard and the first reply that shows the job wins (`is_found`);
 - `ACKB`, `JobHeartbeatB` and `ExtendLocks` are split per shard by position and recombined;
-- `ListQueues`, `Stats` and `CronList` go to every shard and are merged;
-- `Cron` goes to the shard of its queue, which owns the schedule; `CronGet` and `CronDelete`
-  name only the schedule, so they go to every shard and the one that has it answers.
+- `ListQueues` and `Stats` go to every shard and are merged;
+- the Cron commands are routed by `_cron.py` (a schedule lives on the shard of its queue).
 
 Commands bound for one shard in one loop turn leave as one `req` message (flushed once per turn
 with `loop.call_soon`). Each forwarded command gets an int `rid`; the shard echoes it and the
@@ -51,6 +50,7 @@ from shardq.runtime.frontend._commands import (
     ID_COMMANDS,
     SHARD_COMMANDS,
 )
+from shardq.runtime.frontend._cron import CronRoutes
 from shardq.runtime.frontend._limits import (
     PARKING_COMMANDS,
     Failures,
@@ -65,7 +65,6 @@ from shardq.runtime.frontend._merge import (
     combine_batch,
     is_found,
     learned_ids,
-    merge_cron_list,
     merge_list_queues,
     merge_stats,
     shard_unavailable,
@@ -238,10 +237,8 @@ class Dispatcher:
             "Ping": self._ping,
             "Stats": self._stats,
             "ListQueues": self._list_queues,
-            "CronList": self._cron_list,
-            "CronGet": self._cron_by_name,
-            "CronDelete": self._cron_by_name,
         }
+        self._local.update(CronRoutes(self).handlers)
         # Workers, Metrics, flow-children reads and the flow push refusals.
         self.bunqueue = BunqueueCommands(self.answer, self._gather_all, rate_window_s)
         self._local.update(self.bunqueue.handlers)
@@ -447,15 +444,6 @@ class Dispatcher:
 
     def _list_queues(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         self._gather_all(client, frame, lambda rs: self.answer(client, req, merge_list_queues(rs)))
-
-    def _cron_list(self, client: Client, req: object, frame: dict[str, Any]) -> None:
-        self._gather_all(client, frame, lambda rs: self.answer(client, req, merge_cron_list(rs)))
-
-    def _cron_by_name(self, client: Client, req: object, frame: dict[str, Any]) -> None:
-        name = str(frame.get("cmd"))
-        self._ask_all_first(
-            client.conn, name, frame, lambda _shard, reply: self.answer(client, req, reply)
-        )
 
     def _stats(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         uptime = int((time.monotonic() - self._started) * 1000)
