@@ -115,8 +115,8 @@ class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
                 reply = handler(command, int(now))
             except CommandError as e:
                 reply = {"ok": False, "error": str(e)}
-        if self.limited:
-            self.wake_limited(int(now))  # an ACK or FAIL may have freed a concurrency slot
+        if self.blocked:
+            self.wake_limited(int(now))  # an ACK or FAIL may have freed a held-back queue
         self.last_events = self.events
         return reply, self.out
 
@@ -139,7 +139,7 @@ class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
         """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6."""
         self.out, self.events = [], []
         released = self.release_connection(conn, int(now))
-        if self.limited:
+        if self.blocked:
             self.wake_limited(int(now))
         self.last_events = self.events
         return released, self.out

@@ -10,13 +10,13 @@ polling, the moment capacity returns: at the deadline when the rate window reope
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from shardq.errors import CommandError
 
 from ._lifecycle import ACTIVE
-from ._mutations import Mutation, Record
+from ._mutations import Mutation
 from ._options import is_number
 from ._queue_limits import DEFAULT_WINDOW_MS, QueueLimits
 from ._timers import Event, TimerOps
@@ -36,8 +36,11 @@ def _limit(cmd: Mapping[str, Any], *, positive: bool) -> int:
 class LimitOps(TimerOps):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Names of the queues that have limits (a superset: obliterated ones drop out lazily).
-        self.limited: set[str] = set()
+        # Limited queues whose pulls were held back: the only ones to watch for capacity.
+        self.blocked: set[str] = set()
+
+    def held_back(self, queue: str) -> None:
+        self.blocked.add(queue)
 
     # -- commands --------------------------------------------------------------------------
 
@@ -69,14 +72,12 @@ class LimitOps(TimerOps):
         q = self.queue(str(cmd.get("queue", "")))
         if q.limits is None:
             q.limits = QueueLimits()
-        self.limited.add(q.name)
         return q.limits
 
     def _saved(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
         q = self.queue(str(cmd.get("queue", "")))
         if q.limits is not None and q.limits.empty():
             q.limits = None
-            self.limited.discard(q.name)
         self.out.append(("queue", q.name, q.config()))
         self.events.append(("ready", q.name, ""))  # a raised or cleared limit may free pulls
         return {"ok": True}
@@ -84,12 +85,12 @@ class LimitOps(TimerOps):
     # -- waking parked pulls ---------------------------------------------------------------
 
     def wake_limited(self, now: int) -> None:
-        """Emit "ready" for each limited queue whose held-back pulls may now be served."""
-        for name in list(self.limited):
+        """Emit "ready" for each queue whose held-back pulls may now be served."""
+        for name in list(self.blocked):
             q = self.queues.get(name)
             limits = q.limits if q is not None else None
             if q is None or limits is None:
-                self.limited.discard(name)
+                self.blocked.discard(name)
                 continue
             woke = False
             if limits.conc_blocked and q.counts[ACTIVE] < (limits.concurrency or 0):
@@ -99,32 +100,22 @@ class LimitOps(TimerOps):
                 limits.rate_blocked, woke = False, True
             if woke:
                 self.events.append(("ready", name, ""))
+            if not (limits.conc_blocked or limits.rate_blocked):
+                self.blocked.discard(name)
 
     def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
         events, out = super().tick(now)
-        if self.limited:
+        if self.blocked:
             self.wake_limited(int(now))
         return events, out
 
     def next_deadline(self) -> int | None:
         deadline = super().next_deadline()
-        if not self.limited:
+        if not self.blocked:
             return deadline
-        for name in self.limited:
+        for name in self.blocked:
             q = self.queues.get(name)
             at = q.limits.reopens_at() if q is not None and q.limits is not None else None
             if at is not None and (deadline is None or at < deadline):
                 deadline = at
         return deadline
-
-    def restore(
-        self,
-        records: Iterable[Record],
-        queues: Mapping[str, Mapping[str, Any]],
-        now: int,
-        *,
-        recover: bool = True,
-    ) -> list[Mutation]:
-        out = super().restore(records, queues, now, recover=recover)
-        self.limited.update(name for name, q in self.queues.items() if q.limits is not None)
-        return out

@@ -131,7 +131,10 @@ def test_limits_are_persisted_and_restored() -> None:
     back.restore(records.values(), queues, t.now)
     reply, _ = back.apply({"cmd": "PULLB", "queue": "q", "count": 6, "owner": "w"}, t.now)
     assert len(reply["jobs"]) == 2
-    assert back.limited == {"q"}
+    assert back.queues["q"].limits is not None
+    reply, _ = back.apply({"cmd": "PULLB", "queue": "q", "count": 6, "owner": "w"}, t.now)
+    assert reply["jobs"] == []
+    assert back.blocked == {"q"}  # watched for capacity from now on
 
 
 @pytest.mark.parametrize("limited", [False, True])
