@@ -25,6 +25,7 @@ from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
 from ._options import as_int, check_number, is_number, validate_queue_name
 from ._queue import QueueState
+from ._queue_limits import QueueLimits
 from ._state import EngineState, Lease, delivery_key
 
 __all__ = ["ConsumeOps"]
@@ -87,10 +88,12 @@ class ConsumeOps(EngineState):
         self.promote_due(now)
         return q
 
-    def take_many(self, q: QueueState, count: int, now: int) -> list[Job]:
+    def take_many(self, q: QueueState, count: int, now: int, limited: bool = True) -> list[Job]:
         """Up to `count` deliverable jobs of `q`, best first, off its ready heap (TTL-expired
-        ones are dropped on the way). They are still in the waiting state: deliver them with
-        `activate` or `activate_all`."""
+        ones are dropped on the way), within the queue's limits. They are still in the waiting
+        state: deliver them with `activate` or `activate_all`."""
+        if limited and q.limits is not None:
+            return self._take_limited(q, q.limits, count, now)
         taken = q.pop_ready_many(count)
         for job in taken:
             if job.opts and job.opts.get("ttl"):
@@ -107,6 +110,17 @@ class ConsumeOps(EngineState):
                     live.append(job)
             taken = q.pop_ready_many(count - len(live)) if len(live) < count else []
         return live
+
+    def _take_limited(self, q: QueueState, limits: QueueLimits, count: int, now: int) -> list[Job]:
+        allowed = limits.cap(q.counts[ACTIVE], count, now)
+        taken = self.take_many(q, allowed, now, False) if allowed > 0 else []
+        limits.note(len(taken), now)
+        if allowed < count:
+            self.held_back(q.name)
+        return taken
+
+    def held_back(self, queue: str) -> None:
+        """A pull on `queue` got less than it asked for because of its limits (`LimitOps`)."""
 
     def _grant(self, cmd: Mapping[str, Any], owner: str | None) -> _Grant:
         """What every job of one pull gets: owner, lease TTL and the connection to track."""
@@ -326,12 +340,17 @@ class ConsumeOps(EngineState):
         or the job's own option when `remove` is None) or keep it in the bounded cache."""
         if self.dependents:
             self.release_dependents(job.id, now)
+        if job.opts and "repeat" in job.opts:
+            self.repeat_after(job, now)
         if remove is None and job.opts:
             remove = job.opts.get("removeOnComplete")
         if remove:
             self.remove(job)
         else:
             self.retain_completed(job, pending)
+
+    def repeat_after(self, job: Job, now: int) -> None:
+        """Push the successor of a completed job with a `repeat` option (`CronOps`)."""
 
     def cmd_fail(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         outcome, job = self.fence(cmd.get("id"), cmd.get("token"))

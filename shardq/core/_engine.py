@@ -21,6 +21,8 @@ from typing import Any, Final
 from shardq.errors import CommandError
 
 from ._control import ControlOps
+from ._cron import CronOps
+from ._limits import LimitOps
 from ._mutations import Mutation
 from ._produce import ProduceOps
 from ._query import QueryOps
@@ -80,10 +82,18 @@ COMMANDS: Final[dict[str, str]] = {
     "GetDlqConfig": "cmd_get_dlq_config",
     "SetStallConfig": "cmd_set_stall_config",
     "GetStallConfig": "cmd_get_stall_config",
+    "Cron": "cmd_cron",
+    "CronGet": "cmd_cron_get",
+    "CronList": "cmd_cron_list",
+    "CronDelete": "cmd_cron_delete",
+    "RateLimit": "cmd_rate_limit",
+    "RateLimitClear": "cmd_rate_limit_clear",
+    "SetConcurrency": "cmd_set_concurrency",
+    "ClearConcurrency": "cmd_clear_concurrency",
 }
 
 
-class Engine(TimerOps, ProduceOps, ControlOps, QueryOps):
+class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -105,6 +115,8 @@ class Engine(TimerOps, ProduceOps, ControlOps, QueryOps):
                 reply = handler(command, int(now))
             except CommandError as e:
                 reply = {"ok": False, "error": str(e)}
+        if self.blocked:
+            self.wake_limited(int(now))  # an ACK or FAIL may have freed a held-back queue
         self.last_events = self.events
         return reply, self.out
 
@@ -127,6 +139,8 @@ class Engine(TimerOps, ProduceOps, ControlOps, QueryOps):
         """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6."""
         self.out, self.events = [], []
         released = self.release_connection(conn, int(now))
+        if self.blocked:
+            self.wake_limited(int(now))
         self.last_events = self.events
         return released, self.out
 

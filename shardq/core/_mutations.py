@@ -12,6 +12,8 @@ record as `rowKey`), because a client may reuse a custom id on queues that diffe
 own, and their rows must not collide in the one SQLite file.
     ("queue", name, cfg)      the whole persisted config of one queue (paused, stall and DLQ config)
     ("qdel", name)            the queue was obliterated: its jobs and its config are gone
+    ("cron", name, rec)       the whole record of one cron schedule (shardq.core._cron)
+    ("crondel", name)         the schedule is gone (deleted, or its maxLimit was reached)
 
 A job record is the bunqueue wire `Job` map plus these engine fields:
 
@@ -52,13 +54,16 @@ def fold_mutations(
     mutations: Iterable[Mutation],
     records: dict[str, Record] | None = None,
     queues: dict[str, dict[str, Any]] | None = None,
+    crons: dict[str, Record] | None = None,
 ) -> tuple[dict[str, Record], dict[str, dict[str, Any]]]:
     """Apply mutations, one by one, to plain dicts: the meaning the writer must preserve.
 
-    Returns the job records by id (in admission order) and the queue configs by name.
+    Returns the job records by id (in admission order) and the queue configs by name; cron
+    schedules go to `crons` when given (and are dropped otherwise).
     """
     records = {} if records is None else records
     queues = {} if queues is None else queues
+    crons = {} if crons is None else crons
     for m in mutations:
         kind = m[0]
         if kind == "put":
@@ -75,6 +80,10 @@ def fold_mutations(
             queues.pop(m[1], None)
             for job_id in [k for k, r in records.items() if r["queue"] == m[1]]:
                 del records[job_id]
+        elif kind == "cron":
+            crons[m[1]] = dict(m[2])
+        elif kind == "crondel":
+            crons.pop(m[1], None)
         else:
             raise ValueError(f"unknown mutation kind {kind!r}")
     return records, queues

@@ -11,6 +11,7 @@ from shardq.errors import CommandError
 from ._job import Job
 from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
 from ._options import as_int, validate_queue_name
+from ._repeat import check_repeat
 from ._state import EngineState
 from ._validate import validate_job
 
@@ -31,6 +32,8 @@ class ProduceOps(EngineState):
     def cmd_push(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")
         error = validate_queue_name(queue) or validate_job(cmd, self.config.max_key_chars)
+        if not error and "repeat" in cmd and cmd["repeat"] is not None:
+            error = check_repeat(cmd["repeat"])
         if error:
             raise CommandError(error)
         self._check_deps(cmd.get("dependsOn"), set())
@@ -80,6 +83,8 @@ class ProduceOps(EngineState):
         max_chars = self.config.max_key_chars
         for index, entry in enumerate(entries):
             error = validate_job(entry, max_chars)
+            if not error and "repeat" in entry and entry["repeat"] is not None:
+                error = check_repeat(entry["repeat"])
             if error:
                 raise CommandError(f"jobs[{index}]: {error}")
             if "dependsOn" not in entry:

@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from ._job import Job
 from ._lifecycle import STATES, WAITING
+from ._queue_limits import QueueLimits
 
 __all__ = ["DEFAULT_DLQ_CONFIG", "DEFAULT_STALL_CONFIG", "QueueState"]
 
@@ -50,21 +51,29 @@ class QueueState:
     dlq: OrderedDict[str, None] = field(default_factory=OrderedDict)
     # The engine's `held` set (uncommitted durable jobs), shared: they stay off the heap.
     held: set[str] = field(default_factory=set)
+    # Rate limit and concurrency cap; None (the usual case) costs a pull one test.
+    limits: QueueLimits | None = None
 
     def config(self) -> dict[str, Any]:
         """The persisted controls of this queue (mutation `("queue", name, cfg)`)."""
-        return {"paused": self.paused, "stall": dict(self.stall), "dlq": dict(self.dlq_config)}
+        cfg = {"paused": self.paused, "stall": dict(self.stall), "dlq": dict(self.dlq_config)}
+        if self.limits is not None:
+            cfg["limits"] = self.limits.config()
+        return cfg
 
     def load_config(self, cfg: dict[str, Any]) -> None:
         self.paused = bool(cfg.get("paused", False))
         self.stall.update(cfg.get("stall") or {})
         self.dlq_config.update(cfg.get("dlq") or {})
+        if cfg.get("limits"):
+            self.limits = QueueLimits.from_config(cfg["limits"])
 
     def is_default(self) -> bool:
         """True when the queue holds no jobs and no control differs from the defaults."""
         return (
             not self.ids
             and not self.paused
+            and self.limits is None
             and self.stall == DEFAULT_STALL_CONFIG
             and self.dlq_config == DEFAULT_DLQ_CONFIG
         )

@@ -88,6 +88,8 @@ class Plan:
 
     jobs: dict[str, Row | None] = field(default_factory=dict)
     queues: dict[str, Record | None] = field(default_factory=dict)
+    crons: dict[str, Record | None] = field(default_factory=dict)
+    """Cron schedule records by name (None: delete the schedule)."""
     obliterated: dict[str, None] = field(default_factory=dict)
     """Queues whose stored jobs are deleted before `jobs` is written (an ordered set)."""
     skipped: int = 0
@@ -154,6 +156,8 @@ class _Folder:
             "del": self._del,
             "queue": self._queue,
             "qdel": self._qdel,
+            "cron": self._cron,
+            "crondel": self._crondel,
         }
 
     def _put(self, job_id: str, values: list[Any], rec: Part) -> None:
@@ -192,6 +196,12 @@ class _Folder:
     def _queue(self, name: str, cfg: Record, _b: None) -> None:
         self.plan.queues[name] = cfg
 
+    def _cron(self, name: str, rec: Record, _b: None) -> None:
+        self.plan.crons[name] = rec
+
+    def _crondel(self, name: str, _a: None, _b: None) -> None:
+        self.plan.crons[name] = None
+
     def _qdel(self, name: str, _a: None, _b: None) -> None:
         self.plan.queues[name] = None
         self.plan.obliterated[name] = None
@@ -209,6 +219,8 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "del": (str,),
     "queue": (str, dict),
     "qdel": (str,),
+    "cron": (str, dict),
+    "crondel": (str,),
     "putb": (str, object, object, object, object, object, bytes),
     "updb": (str, bytes, dict),
 }
@@ -253,7 +265,7 @@ def _parse_general(index: int, mutation: object) -> _Op:
         return kind, job_id, [rec.get(name) for name in COLUMN_FIELDS], rec
     if kind == "upd":
         return kind, fields[0], None, fields[1]
-    if kind == "queue":
+    if kind in ("queue", "cron"):
         return kind, fields[0], fields[1], None
     if kind in ("putb", "updb"):  # well-formed ones took the fast path; this one is not
         raise StorageError(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")

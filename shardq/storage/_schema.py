@@ -151,10 +151,19 @@ def _v3_narrow_indexes(db: Database) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS idx_jobs_queue ON jobs (queue)")
 
 
+def _v4_cron_jobs(db: Database) -> None:
+    # Cron schedules (shardq.core._cron), one row per schedule name, the whole record in `rec`;
+    # `queue` lets a shard load only the schedules of the queues it owns. A table of its own
+    # keeps the jobs table, and so the writer's per-job statements, exactly as they were.
+    db.table("cron_jobs").create(
+        {"name": str, "queue": str, "rec": bytes}, pk="name", not_null={"queue", "rec"}
+    )
+
+
 Migration = Callable[[Database], None]
 
 # Append only. The database's schema version is the number of migrations applied to it.
-MIGRATIONS: list[Migration] = [_v1_initial, _v2_patch, _v3_narrow_indexes]
+MIGRATIONS: list[Migration] = [_v1_initial, _v2_patch, _v3_narrow_indexes, _v4_cron_jobs]
 
 
 def migrate(conn: sqlite3.Connection, db: Database) -> int:

@@ -259,6 +259,12 @@ class Store:
             rows = self._conn.execute("SELECT name, cfg FROM queue_state").fetchall()
             return {name: decode(cfg) for name, cfg in rows}
 
+    def load_crons(self) -> list[Record]:
+        """Every stored cron schedule record. Raises `StorageError` if the read fails."""
+        with self._reading("loading cron schedules"):
+            rows = self._conn.execute("SELECT rec FROM cron_jobs ORDER BY name").fetchall()
+            return [decode(rec) for (rec,) in rows]
+
     def get_job(self, job_id: str) -> Record | None:
         """The stored record of `job_id`, or None. Raises `StorageError` if the read fails."""
         with self._reading(f"reading job {job_id!r}"):

@@ -106,6 +106,8 @@ def write_plan(
     if to_fold:
         _fold_stored(conn, to_fold, pack, known)
     written += _write_queues(conn, plan, pack)
+    if plan.crons:
+        written += _write_crons(conn, plan, pack)
     return written, known
 
 
@@ -215,6 +217,23 @@ def _write_queues(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
     dropped = [(name,) for name, cfg in plan.queues.items() if cfg is None]
     if dropped:
         written += conn.executemany(_DELETE_QUEUE, dropped).rowcount
+    return written
+
+
+_UPSERT_CRON = (
+    "INSERT INTO cron_jobs (name, queue, rec) VALUES (?, ?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET queue = excluded.queue, rec = excluded.rec"
+)
+
+
+def _write_crons(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
+    written = 0
+    rows = [(n, str(r.get("queue")), pack(r)) for n, r in plan.crons.items() if r is not None]
+    if rows:
+        written += conn.executemany(_UPSERT_CRON, rows).rowcount
+    dropped = [(name,) for name, rec in plan.crons.items() if rec is None]
+    if dropped:
+        written += conn.executemany("DELETE FROM cron_jobs WHERE name = ?", dropped).rowcount
     return written
 
 

@@ -139,7 +139,7 @@ def test_metrics_counters() -> None:
     assert metrics_reply(counters, [stats[0], down], 1.0) == down
 
 
-def test_pushes_that_need_flows_cron_or_groups_are_refused() -> None:
+def test_pushes_that_need_flows_or_groups_are_refused() -> None:
     def refusal(name: str, cmd: dict[str, Any]) -> str | None:
         return unsupported_push(name, cmd)
 
@@ -151,11 +151,9 @@ def test_pushes_that_need_flows_cron_or_groups_are_refused() -> None:
     assert refusal("PUSH", {"data": {"__parentId": "pending"}}) == (
         "Unsupported command: PUSH with data.__parentId (flows)"
     )
-    assert refusal("PUSH", {"repeat": {"every": 5}}) == (
-        "Unsupported command: PUSH with repeat (cron)"
-    )
-    assert refusal("PUSHB", {"jobs": [{"data": 1}, {"repeat": {"limit": 2}}]}) == (
-        "Unsupported command: PUSHB with repeat (cron)"
+    assert refusal("PUSH", {"repeat": {"every": 5}}) is None  # the engine serves repeat
+    assert refusal("PUSHB", {"jobs": [{"data": 1}, {"parentId": "p"}]}) == (
+        "Unsupported command: PUSHB with parentId (flows)"
     )
     assert refusal("PUSHB", {"jobs": [{"data": 1}, {"data": 2, "groupId": "g"}]}) == (
         "Unsupported command: PUSHB with groupId (groups)"

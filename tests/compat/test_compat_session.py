@@ -1,8 +1,9 @@
 """bunqueue-client 0.1.5 against `shardq start`: session, monitoring, auth, and what is not there.
 
 Auth, Ping and Hello; Stats, Metrics and ListQueues; an `--auth-token` server that refuses every
-command before `Auth`; and the features of later issues (cron, flows, rate and concurrency
-limits, webhooks), which must fail with `Unsupported command`, never succeed doing nothing.
+command before `Auth`; and the features of later issues (flows, webhooks), which must fail with
+`Unsupported command`, never succeed doing nothing. Cron and queue limits have their own tests
+(test_compat_cron.py, test_compat_limits.py).
 """
 
 from __future__ import annotations
@@ -89,14 +90,6 @@ def test_flow_children_reads_answer_empty(clients: Clients, qname: str) -> None:
 def test_later_features_are_unsupported_not_faked(clients: Clients, qname: str) -> None:
     queue = clients.queue(qname)
     attempts: dict[str, Callable[[], object]] = {
-        "Cron": lambda: queue.add_cron("nightly", "0 3 * * *", {"x": 1}),
-        "CronList": queue.get_job_schedulers,
-        "CronGet": lambda: queue.get_job_scheduler("nightly"),
-        "CronDelete": lambda: queue.remove_job_scheduler("nightly"),
-        "RateLimit": lambda: queue.set_global_rate_limit(10),
-        "RateLimitClear": queue.remove_global_rate_limit,
-        "SetConcurrency": lambda: queue.set_global_concurrency(2),
-        "ClearConcurrency": queue.remove_global_concurrency,
         "AddWebhook": lambda: queue.add_webhook("https://example.com/h", ["job.completed"]),
         "ListWebhooks": queue.list_webhooks,
         "RemoveWebhook": lambda: queue.remove_webhook("w1"),
@@ -108,8 +101,6 @@ def test_later_features_are_unsupported_not_faked(clients: Clients, qname: str) 
         with pytest.raises(CommandError) as caught:
             attempt()
         assert str(caught.value) == f"Unsupported command: {name}"
-    with pytest.raises(CommandError, match=r"Unsupported command: PUSH with repeat \(cron\)"):
-        queue.add("again", repeat={"every": 1000, "limit": 3})
     assert queue.count() == 0
 
 

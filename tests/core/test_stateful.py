@@ -6,7 +6,8 @@ Several workers push, pull, ack (sometimes with a stale token), fail, heartbeat,
 their connection and let the clock jump, in any order. After every step the machine checks:
 at most one live lease per job, no job lost or duplicated, attempts never above maxAttempts,
 delayed jobs never ready early, a stale token never completes a job, one job per live custom
-id, and that the engine's counts and heaps agree with its records.
+id, and that the engine's counts and heaps agree with its records. Queue limits come and go:
+no pull ever takes a queue past its concurrency cap or its rate limit.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ class EngineMachine(RuleBasedStateMachine):
         self.stale: list[tuple[str, str]] = []  # (job id, token) of superseded deliveries
         self.conn = {w: f"{w}-c0" for w in WORKERS}
         self.generation = dict.fromkeys(WORKERS, 0)
+        # Queue limits in force: concurrency cap, and (limit, window, deliveries since set).
+        self.caps: dict[str, int] = {}
+        self.rates: dict[str, tuple[int, int, list[tuple[int, int]]]] = {}
+        # Both queues start limited, so every run presses on the limits (`set_limits` changes
+        # or clears them later).
+        self.set_limits("qa", None, (2, 5_000))
+        self.set_limits("qb", 1, None)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -121,14 +129,52 @@ class EngineMachine(RuleBasedStateMachine):
             "lockTtl": lock_ttl,
             "_conn": self.conn[worker],
         }
+        active_before = (
+            self.engine.queues[queue].counts[ACTIVE] if queue in self.engine.queues else 0
+        )
         reply = self.apply(cmd)
         assert reply["ok"], reply
         assert len(reply["jobs"]) == len(reply["tokens"])
+        self.check_limits(queue, len(reply["jobs"]), active_before)
         for job, token in zip(reply["jobs"], reply["tokens"], strict=True):
             assert job["runAt"] <= self.now, "a delayed job was delivered early"
             assert job["attempts"] < job["maxAttempts"]
             self.held[worker][job["id"]] = token
         self.forget_superseded()
+
+    def check_limits(self, queue: str, taken: int, active_before: int) -> None:
+        """A pull never takes a capped queue past its cap, nor a rated one past its rate."""
+        if not taken:
+            return
+        cap = self.caps.get(queue)
+        if cap is not None:
+            assert active_before + taken <= cap, "a pull went past the concurrency cap"
+        if queue in self.rates:
+            limit, window, log = self.rates[queue]
+            recent = sum(n for at, n in log if at > self.now - window)
+            assert recent + taken <= limit, "a pull went past the rate limit"
+            log.append((self.now, taken))
+
+    @rule(
+        queue=st.sampled_from(QUEUES),
+        cap=st.one_of(st.none(), st.integers(1, 3)),
+        rate=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.sampled_from((1_000, 5_000)))),
+    )
+    def set_limits(self, queue: str, cap: int | None, rate: tuple[int, int] | None) -> None:
+        if cap is None:
+            assert self.apply({"cmd": "ClearConcurrency", "queue": queue})["ok"]
+            self.caps.pop(queue, None)
+        else:
+            assert self.apply({"cmd": "SetConcurrency", "queue": queue, "limit": cap})["ok"]
+            self.caps[queue] = cap
+        if rate is None:
+            assert self.apply({"cmd": "RateLimitClear", "queue": queue})["ok"]
+            self.rates.pop(queue, None)
+        else:
+            limit, window = rate
+            cmd = {"cmd": "RateLimit", "queue": queue, "limit": limit, "duration": window}
+            assert self.apply(cmd)["ok"]
+            self.rates[queue] = (limit, window, [])
 
     @precondition(lambda self: any(self.held.values()))
     @rule(data=st.data(), with_result=st.booleans())

@@ -221,9 +221,9 @@ def test_transport_errors(connect: Callable[[], Tcp]) -> None:
     client.send_raw(encode({"reqId": "no-cmd", "queue": "q"}))
     assert client.wait("no-cmd") == {"ok": False, "error": "Invalid command"}
     assert client.call({"cmd": "Foo"}) == {"ok": False, "error": "Unknown command: Foo"}
-    assert client.call({"cmd": "Cron", "name": "c"}) == {
+    assert client.call({"cmd": "GetQueueLimits", "queue": "q"}) == {
         "ok": False,
-        "error": "Unsupported command: Cron",
+        "error": "Unsupported command: GetQueueLimits",
     }
     assert client.call({"cmd": "Auth", "token": "x"}) == {"ok": False, "error": "Invalid token"}
     assert client.call({"cmd": "Ping"})["data"]["pong"] is True  # still open after all that

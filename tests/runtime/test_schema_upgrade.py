@@ -15,7 +15,7 @@ from pathlib import Path
 from shardq_harness import ShardqServer
 
 from shardq.client import TcpConnection
-from shardq.storage import Store
+from shardq.storage import Store, _schema
 
 Factory = Callable[..., ShardqServer]
 WAIT_S = 20.0
@@ -27,7 +27,8 @@ def _back_to_version_2(path: Path) -> None:
         conn.execute("DROP INDEX idx_jobs_queue")
         conn.execute("CREATE INDEX idx_jobs_queue_state_seq ON jobs (queue, state, seq)")
         conn.execute("CREATE INDEX idx_jobs_state ON jobs (state)")
-        conn.execute("DELETE FROM migrations WHERE version = 3")
+        conn.execute("DROP TABLE cron_jobs")  # version 4
+        conn.execute("DELETE FROM migrations WHERE version >= 3")
         conn.execute("COMMIT")
     conn.close()
 
@@ -67,4 +68,6 @@ def test_a_version_2_database_is_upgraded_and_recovered(shardq_server: Factory) 
     assert again.stop() == 0, again.log_tail()
     with Store.open(server.data_path) as store:
         info = store.describe()
-    assert (info.version, info.indexes["jobs"]) == (3, (("queue",), ("seq",)))
+    newest = len(_schema.MIGRATIONS)
+    assert (info.version, info.indexes["jobs"]) == (newest, (("queue",), ("seq",)))
+    assert "cron_jobs" in info.columns

@@ -53,7 +53,7 @@ LocalHandler = Callable[[Any, object, dict[str, Any]], None]
 
 
 class BunqueueCommands:
-    """The worker registry, the Metrics counters and the flow/cron refusals of one front end.
+    """The worker registry, the Metrics counters and the flow refusals of one front end.
 
     `answer(client, req, reply)` sends a reply; `gather_all(client, frame, done)` asks every
     shard and calls `done` with their replies in shard order (both the dispatcher's).

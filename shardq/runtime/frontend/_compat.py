@@ -1,7 +1,7 @@
 """bunqueue commands the front end answers for features shardq does not have yet.
 
-Flows, cron, rate and concurrency limits and webhooks come with their own issue; until then a
-client must get a clear `Unsupported command: X`, never a success that does nothing.
+Flows and webhooks come with their own issue; until then a client must get a clear
+`Unsupported command: X`, never a success that does nothing.
 
 - The flow-children reads (`GetChildrenValues`, `GetFailedChildrenValues`,
   `GetIgnoredChildrenFailures`) answer empty values, in bunqueue's shapes. That is true, not
@@ -9,10 +9,10 @@ client must get a clear `Unsupported command: X`, never a success that does noth
   push that would set one is refused below.
 - A PUSH or PUSHB entry that carries a flow link (`parentId`, `childrenIds`, or the legacy v2
   marker `data.__parentId` that bunqueue-client 0.1.5's FlowProducer writes before its
-  `UpdateParent`), a job-level `repeat` (a scheduler) or a `groupId` (round-robin groups) is
-  refused whole, before any shard sees it. Otherwise the job would be stored without what
-  makes it a flow, a repeat or a group member: a parent waiting forever for children whose
-  link never comes, a "repeating" job that runs once, or a grouped job served as ungrouped.
+  `UpdateParent`) or a `groupId` (round-robin groups) is refused whole, before any shard sees
+  it. Otherwise the job would be stored without what makes it a flow or a group member: a
+  parent waiting forever for children whose link never comes, or a grouped job served as
+  ungrouped. A job-level `repeat` is served by the engine (docs/protocol.md §15.5).
   `dependsOn` alone (bunqueue-client's `add_chain`) is a plain dependency, which the engine
   implements, and passes.
 """
@@ -47,15 +47,13 @@ def _unsupported_field(entry: Mapping[str, Any]) -> tuple[str, str] | None:
     data = entry.get("data")
     if isinstance(data, Mapping) and "__parentId" in data:
         return "data.__parentId", "flows"
-    if entry.get("repeat") is not None:
-        return "repeat", "cron"
     if entry.get("groupId") is not None:
         return "groupId", "groups"
     return None
 
 
 def unsupported_push(name: str, cmd: Mapping[str, Any]) -> str | None:
-    """The error for a PUSH/PUSHB that needs flows or cron, or None when it can go ahead."""
+    """The error for a PUSH/PUSHB that needs flows, or None when it can go ahead."""
     if name == "PUSH":
         found = _unsupported_field(cmd)
     else:

@@ -3,13 +3,14 @@
 `Dispatcher` knows nothing about TCP or ZeroMQ: a connection is a `Client` (an id, an auth
 flag, `send` and `drop`). Per frame it applies the transport rules (reference §1.5, §1.6),
 answers `Hello`, `Ping` and `Auth` itself (and, through `_bunqueue`, the worker
-registry, `Metrics` and the flow/cron refusals), and sends everything else to the shards:
+registry, `Metrics` and the flow refusals), and sends everything else to the shards:
 
 - a command with a `queue` goes to `shard_of(queue, N)`;
 - a command that names one job by id goes to the shard the job cache names; on a miss it goes
   to every shard and the first reply that shows the job wins (`is_found`);
 - `ACKB`, `JobHeartbeatB` and `ExtendLocks` are split per shard by position and recombined;
-- `ListQueues` and `Stats` go to every shard and are merged.
+- `ListQueues` and `Stats` go to every shard and are merged;
+- the Cron commands are routed by `_cron.py` (a schedule lives on the shard of its queue).
 
 Commands bound for one shard in one loop turn leave as one `req` message (flushed once per turn
 with `loop.call_soon`). Each forwarded command gets an int `rid`; the shard echoes it and the
@@ -49,6 +50,7 @@ from shardq.runtime.frontend._commands import (
     ID_COMMANDS,
     SHARD_COMMANDS,
 )
+from shardq.runtime.frontend._cron import CronRoutes
 from shardq.runtime.frontend._limits import (
     PARKING_COMMANDS,
     Failures,
@@ -239,7 +241,8 @@ class Dispatcher:
             "Stats": self._stats,
             "ListQueues": self._list_queues,
         }
-        # Workers, Metrics, flow-children reads and the flow/cron push refusals.
+        self._local.update(CronRoutes(self).handlers)
+        # Workers, Metrics, flow-children reads and the flow push refusals.
         self.bunqueue = BunqueueCommands(
             self.answer, self._gather_all, rate_window_s, self.pending_per_shard
         )

@@ -17,6 +17,7 @@ __all__ = [
     "combine_batch",
     "is_found",
     "learned_ids",
+    "merge_cron_list",
     "merge_list_queues",
     "merge_stats",
     "shard_unavailable",
@@ -130,6 +131,16 @@ def merge_list_queues(replies: Sequence[Reply]) -> Reply:
     for reply in replies:
         names.update(reply.get("queues") or ())
     return {"ok": True, "queues": sorted(names)}
+
+
+def merge_cron_list(replies: Sequence[Reply]) -> Reply:
+    """CronList over every shard: each shard's schedules, together, ordered by name."""
+    error = first_error(replies)
+    if error is not None:
+        return error
+    crons = [c for reply in replies for c in reply.get("crons") or ()]
+    crons.sort(key=lambda c: str(c.get("name")))
+    return {"ok": True, "crons": crons}
 
 
 def merge_stats(

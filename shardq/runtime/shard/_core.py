@@ -156,12 +156,19 @@ class ShardCore:
             # writer's answers): one bad message must not take the shard's queues down.
             _log.exception("internal message failed", t=msg.get("t"))
 
-    def recover(self, records: Iterable[Record], queues: Mapping[str, Any], now: int) -> int:
-        """Load stored records into the engine; return how many recovery mutations it made.
+    def recover(
+        self,
+        records: Iterable[Record],
+        queues: Mapping[str, Any],
+        now: int,
+        crons: Iterable[Record] = (),
+    ) -> int:
+        """Load stored records (and cron schedules) into the engine; return how many recovery
+        mutations it made.
 
         The mutations go out with the next `finish_turn`. Raises what `Engine.restore` raises.
         """
-        muts = self.engine.restore(records, queues, now)
+        muts = self.engine.restore(records, queues, now, crons=crons)
         self._muts.extend(muts)
         return len(muts)
 

@@ -183,7 +183,13 @@ class ShardProcess:
                 floor = store.completed_floor(self.core.engine.config.max_completed, names)
                 self.sup.progress(loaded=0)
                 records = store.load_jobs(queues=names, completed_from=floor)
-                recovered = self.core.recover(progress.count(self._own(records)), queues, now)
+                # By shard, not by `names`: a schedule's queue may hold no job or config yet.
+                crons = [
+                    c for c in store.load_crons() if shard_of(c["queue"], spec.shards) == spec.index
+                ]
+                recovered = self.core.recover(
+                    progress.count(self._own(records)), queues, now, crons
+                )
                 if floor is not None:
                     recovered += self._delete_stale(store.stale_completed(floor, names), now)
         finally:

@@ -1,0 +1,304 @@
+"""Cron and repeat-every schedules: the `Cron*` commands and the jobs they fire.
+
+A schedule is a plain record (persisted whole as `("cron", name, rec)`, removed as
+`("crondel", name)`). Time stays an input: the next slot is computed from the `now` passed in,
+so the engine remains pure. Rules (docs/protocol.md §15):
+
+- a slot fires at most once: `lastRun` (the slot last handled) is persisted in the same batch
+  as the job it pushed, and a slot at or before `lastRun` never fires;
+- a late tick fires the due slot once and moves on to the first slot after `now`; when more
+  than one slot was missed (downtime, a forward jump of the clock) `skipMissedOnRestart`
+  decides whether the late slot fires at all. There is never a backlog of slots;
+- a backward jump of the clock only delays the next slot: it stays where it was;
+- in a time zone, the local wall-clock time of a slot never goes backward: the hour that
+  repeats when the clock falls back fires each wall time once, and a slot that falls in the
+  hour skipped by spring-forward resolves to croniter's next valid instant.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, TypeGuard
+
+from croniter import croniter
+
+from shardq.errors import CommandError
+
+from ._job import Job
+from ._mutations import Mutation, Record
+from ._options import is_number, validate_data, validate_queue_name
+from ._produce import ProduceOps
+from ._repeat import successor
+from ._slots import check_zone, next_slot
+from ._timers import Event, TimerOps
+from ._validate import validate_job
+
+__all__ = ["CronOps", "next_slot"]
+
+# jobOptions keys a schedule passes on to the jobs it fires; others are ignored, as bunqueue does.
+JOB_OPTION_KEYS: Final = (
+    "maxAttempts",
+    "backoff",
+    "timeout",
+    "delay",
+    "stallTimeout",
+    "removeOnComplete",
+    "removeOnFail",
+)
+# Fields of a record that are the engine's bookkeeping, not the schedule's definition.
+_WIRE_HIDDEN: Final = frozenset({"data", "lastJobId", "anchor", "createdAt", "jobOptions"})
+NOT_FOUND: Final = "Cron job not found"
+
+
+def _check_expression(expr: object) -> str:
+    if not isinstance(expr, str) or len(expr.split()) not in (5, 6):
+        raise CommandError(f"Invalid cron expression: {expr}")
+    if not croniter.is_valid(expr, second_at_beginning=len(expr.split()) == 6):
+        raise CommandError(f"Invalid cron expression: {expr}")
+    return expr
+
+
+def _finite(value: object) -> TypeGuard[int | float]:
+    return is_number(value) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive_int(value: object, what: str) -> int | None:
+    if value is None:
+        return None
+    if not _finite(value) or value != int(value) or value <= 0:
+        raise CommandError(f"{what} must be a positive integer")
+    return int(value)
+
+
+def _limit(value: object) -> int | None:
+    if value is None:
+        return None
+    if not _finite(value):
+        raise CommandError("maxLimit must be a number")
+    return int(value) if value > 0 else None  # <= 0 means unlimited, as in bunqueue
+
+
+def build_schedule(cmd: Mapping[str, Any], old: Record | None, now: int, max_chars: int) -> Record:
+    """A validated schedule record from a `Cron` command (`old`: the one it replaces)."""
+    name = cmd.get("name")
+    if not isinstance(name, str) or not name or len(name) > 256:
+        raise CommandError("Cron name is required (a string of 1 to 256 characters)")
+    error = validate_queue_name(cmd.get("queue")) or validate_data(cmd.get("data"))
+    if error:
+        raise CommandError(error)
+    schedule, every = cmd.get("schedule"), _positive_int(cmd.get("repeatEvery"), "repeatEvery")
+    if (schedule is None) == (every is None):
+        raise CommandError("Cron needs exactly one of schedule and repeatEvery")
+    if schedule is not None:
+        _check_expression(schedule)
+    tz = cmd.get("timezone")
+    if tz is not None and not check_zone(tz):
+        raise CommandError(f"Invalid timezone: {tz}")
+    options = cmd.get("jobOptions")
+    rec: Record = {
+        "name": name,
+        "queue": cmd["queue"],
+        "data": cmd.get("data"),
+        "jobName": cmd.get("jobName") if isinstance(cmd.get("jobName"), str) else name,
+        "schedule": schedule,
+        "repeatEvery": every,
+        "timezone": None if tz is None else str(tz),
+        "priority": cmd.get("priority") if is_number(cmd.get("priority")) else 0,
+        "maxLimit": _limit(cmd.get("maxLimit")),
+        "uniqueKey": cmd.get("uniqueKey") if isinstance(cmd.get("uniqueKey"), str) else None,
+        "dedup": cmd.get("dedup") if isinstance(cmd.get("dedup"), dict) else None,
+        "immediately": bool(cmd.get("immediately", False)),
+        "skipMissedOnRestart": bool(cmd.get("skipMissedOnRestart", True)),
+        "skipIfNoWorker": bool(cmd.get("skipIfNoWorker", False)),
+        "preventOverlap": bool(cmd.get("preventOverlap", True)),
+        "jobOptions": (
+            {k: options[k] for k in JOB_OPTION_KEYS if k in options}
+            if isinstance(options, Mapping)
+            else None
+        ),
+        "createdAt": old["createdAt"] if old else now,
+        "executions": old["executions"] if old else 0,
+        "lastRun": old.get("lastRun") if old else None,
+        "lastJobId": old.get("lastJobId") if old else None,
+        "anchor": now,
+    }
+    error = validate_job(job_fields(rec), max_chars)
+    if error:
+        raise CommandError(error)
+    if rec["immediately"] and old is None:
+        rec["nextRun"] = now
+    else:
+        # Never at or before the slot last handled, even if the clock went back since.
+        rec["nextRun"] = next_slot(rec, max(now, rec["lastRun"] or now))
+    return rec
+
+
+def job_fields(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """The PUSH fields of the job a schedule fires."""
+    fields: dict[str, Any] = dict(rec.get("jobOptions") or {})
+    fields["data"] = rec["data"]
+    fields["name"] = rec["jobName"]
+    fields["priority"] = rec["priority"]
+    key = rec["uniqueKey"] or (f"cron:{rec['name']}" if rec["preventOverlap"] else None)
+    if key is not None:
+        fields["uniqueKey"] = key
+        if rec["dedup"] is not None:
+            fields["dedup"] = rec["dedup"]
+    return fields
+
+
+def wire(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """A schedule as `CronGet`/`CronList` show it."""
+    return {k: v for k, v in rec.items() if k not in _WIRE_HIDDEN}
+
+
+class CronOps(TimerOps, ProduceOps):
+    """Schedules live in `crons` (name -> record); `cron_heap` holds (nextRun, name) entries,
+    stale ones skipped lazily. A shard without schedules pays one empty-dict test per tick."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.crons: dict[str, Record] = {}
+        self.cron_heap: list[tuple[int, str]] = []
+
+    def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
+        events, out = super().tick(now)
+        if self.crons:
+            self.fire_crons(int(now))
+        return events, out
+
+    def next_deadline(self) -> int | None:
+        deadline = super().next_deadline()
+        if not self.crons:
+            return deadline
+        due = self.cron_deadline()
+        if due is None or deadline is None:
+            return deadline if due is None else due
+        return min(due, deadline)
+
+    def restore(
+        self,
+        records: Iterable[Record],
+        queues: Mapping[str, Mapping[str, Any]],
+        now: int,
+        *,
+        recover: bool = True,
+        crons: Iterable[Record] = (),
+    ) -> list[Mutation]:
+        """`TimerOps.restore`, plus the persisted schedules (`crons`)."""
+        out = super().restore(records, queues, now, recover=recover)
+        self.load_crons(crons, int(now), recover=recover)
+        return out
+
+    # -- the job-level repeat option -------------------------------------------------------
+
+    def repeat_after(self, job: Job, now: int) -> None:
+        try:
+            fields = successor(job, now)
+        except CommandError:
+            return  # a pattern that matches no future date (30 February): the chain ends
+        if fields is not None:
+            self.push_one(job.queue, fields, None, now)
+
+    # -- commands --------------------------------------------------------------------------
+
+    def cmd_cron(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        name = cmd.get("name")
+        old = self.crons.get(name) if isinstance(name, str) else None
+        rec = build_schedule(cmd, old, now, self.config.max_key_chars)
+        self._save(rec)
+        return {"ok": True, "cron": wire(rec)}
+
+    def cmd_cron_get(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        name = cmd.get("name")
+        rec = self.crons.get(name) if isinstance(name, str) else None
+        if rec is None:
+            raise CommandError(NOT_FOUND)
+        return {"ok": True, "cron": wire(rec)}
+
+    def cmd_cron_list(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        return {"ok": True, "crons": [wire(self.crons[n]) for n in sorted(self.crons)]}
+
+    def cmd_cron_delete(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        name = cmd.get("name")
+        if not isinstance(name, str) or name not in self.crons:
+            raise CommandError(NOT_FOUND)
+        self._drop(name)
+        return {"ok": True}
+
+    # -- state -----------------------------------------------------------------------------
+
+    def _save(self, rec: Record) -> None:
+        self.crons[rec["name"]] = rec
+        heapq.heappush(self.cron_heap, (rec["nextRun"], rec["name"]))
+        self.out.append(("cron", rec["name"], dict(rec)))
+
+    def _drop(self, name: str) -> None:
+        del self.crons[name]
+        self.out.append(("crondel", name))
+
+    def cron_deadline(self) -> int | None:
+        """The next slot due, dropping heap entries of deleted or rescheduled schedules."""
+        heap, crons = self.cron_heap, self.crons
+        while heap:
+            at, name = heap[0]
+            rec = crons.get(name)
+            if rec is not None and rec["nextRun"] == at:
+                return at
+            heapq.heappop(heap)
+        return None
+
+    def fire_crons(self, now: int) -> None:
+        """Handle every schedule whose slot is due at `now`, each at most once per tick: a
+        slot handled moves `nextRun` past `now`, so no schedule can fire a backlog."""
+        while True:
+            at = self.cron_deadline()
+            if at is None or at > now:
+                return
+            _, name = heapq.heappop(self.cron_heap)
+            self._fire(self.crons[name], now)
+
+    def _fire(self, rec: Record, now: int) -> None:
+        slot = int(rec["nextRun"])
+        try:
+            missed = next_slot(rec, slot) <= now
+            floor = slot if rec["lastRun"] is None else max(slot, rec["lastRun"])
+            after = next_slot({**rec, "lastRun": floor}, max(now, slot))
+        except CommandError:
+            self._drop(rec["name"])  # no future slot (30 February, past year 9999): it is over
+            return
+        fresh = rec["lastRun"] is None or slot > rec["lastRun"]
+        if fresh and not (missed and rec["skipMissedOnRestart"]):
+            self._push_slot(rec, slot, now)
+        rec["lastRun"] = slot if fresh else rec["lastRun"]
+        rec["nextRun"] = after
+        limit = rec["maxLimit"]
+        if limit is not None and rec["executions"] >= limit:
+            self._drop(rec["name"])
+        else:
+            self._save(rec)
+
+    def _push_slot(self, rec: Record, slot: int, now: int) -> None:
+        # The job's timestamp is the slot it stands for (even when fired late), so anyone can
+        # tell which slot a job belongs to.
+        fields = job_fields(rec)
+        fields["timestamp"] = slot
+        seq = self.seq
+        job_id = self.push_one(str(rec["queue"]), fields, None, now)
+        if self.seq != seq:  # a new job; otherwise the previous one still runs (overlap)
+            rec["executions"] += 1
+            rec["lastJobId"] = job_id
+            self.events.append(("cron", str(rec["queue"]), job_id))
+
+    def load_crons(self, records: Iterable[Record], now: int, *, recover: bool = True) -> None:
+        """Take persisted schedules back. A slot missed while the server was down fires once
+        at the first tick, or is skipped when `skipMissedOnRestart` says so."""
+        for stored in records:
+            rec = dict(stored)
+            if recover and rec["nextRun"] <= now and rec["skipMissedOnRestart"]:
+                rec["nextRun"] = next_slot(rec, now)
+                self.out.append(("cron", rec["name"], dict(rec)))
+            self.crons[rec["name"]] = rec
+            heapq.heappush(self.cron_heap, (rec["nextRun"], rec["name"]))

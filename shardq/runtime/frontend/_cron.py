@@ -1,0 +1,68 @@
+"""How the front end routes the Cron commands (docs/protocol.md §15).
+
+A schedule lives on the shard of its queue. `Cron` goes there; once that shard accepted it,
+a `CronDelete` of the same name goes to every other shard, so a schedule moved to a queue of
+another shard leaves no copy behind (a failed upsert deletes nothing). `CronGet` and
+`CronDelete` name only the schedule: every shard is asked and the one that has it answers.
+`CronList` gathers every shard's schedules, ordered by name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shardq.runtime._routing import shard_of
+from shardq.runtime.frontend._merge import merge_cron_list
+
+if TYPE_CHECKING:
+    from shardq.runtime.frontend._dispatch import Client, Dispatcher, Reply
+
+__all__ = ["CronRoutes"]
+
+
+def _ignore(_reply: Reply) -> None:
+    """The reply to a clean-up `CronDelete`: "not found" is the usual answer, and fine."""
+
+
+class CronRoutes:
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._d = dispatcher
+        self.handlers = {
+            "Cron": self.upsert,
+            "CronList": self.list,
+            "CronGet": self.by_name,
+            "CronDelete": self.by_name,
+        }
+
+    def upsert(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        d = self._d
+        queue, name = frame.get("queue"), frame.get("name")
+        frame["_conn"] = client.conn
+        if d.shards == 1 or not isinstance(queue, str) or not isinstance(name, str):
+            d._route(client, req, "Cron", frame)  # one shard, or the owner's validation error
+            return
+        owner = shard_of(queue, d.shards)
+
+        def done(reply: Reply) -> None:
+            if reply.get("ok"):
+                cleanup = {"cmd": "CronDelete", "name": name, "_conn": client.conn}
+                for shard in range(d.shards):
+                    if shard != owner:
+                        d._ask(shard, client.conn, dict(cleanup), _ignore)
+            d.answer(client, req, reply)
+
+        d._ask(owner, client.conn, frame, done)
+
+    def list(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        d = self._d
+        d._gather_all(client, frame, lambda rs: d.answer(client, req, merge_cron_list(rs)))
+
+    def by_name(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        d = self._d
+        frame["_conn"] = client.conn
+        d._ask_all_first(
+            client.conn,
+            str(frame.get("cmd")),
+            frame,
+            lambda _shard, reply: d.answer(client, req, reply),
+        )
