@@ -82,7 +82,7 @@ class ServerConfig:
     log_level: str = "info"
     # A child that dies more often than this in 60 s is not going to heal by restarting.
     max_restarts_per_minute: int = 5
-    max_frame_bytes: int = 64 * 1024 * 1024  # bunqueue's frame cap (reference section 1)
+    max_frame_bytes: int = 64 * 1024 * 1024  # bunqueue's frame cap (docs/protocol.md §2.5)
     tcp_idle_timeout_ms: int = 60_000  # bunqueue's slowloris bound; 0 turns it off
     # How long the front end and the shards busy-poll after their last message before they
     # sleep (microseconds; 0 = never spin). Spinning trades CPU for latency: one request in

@@ -1,8 +1,8 @@
 """The front end's request flow: decoded frames in, shard batches out, replies back.
 
 `Dispatcher` knows nothing about TCP or ZeroMQ: a connection is a `Client` (an id, an auth
-flag, `send` and `drop`). Per frame it applies the transport rules (reference §1.5, §1.6),
-answers `Hello`, `Ping` and `Auth` itself (and, through `_bunqueue`, the worker
+flag, `send` and `drop`). Per frame it applies the session and error rules (docs/protocol.md
+§3.2, §13.1), answers `Hello`, `Ping` and `Auth` itself (and, through `_bunqueue`, the worker
 registry, `Metrics` and the flow refusals), and sends everything else to the shards:
 
 - a command with a `queue` goes to `shard_of(queue, N)`;
@@ -351,7 +351,8 @@ class Dispatcher:
 
     def _hello(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         # bunqueue answers its own version; answering 2 to a client that asks for 2 keeps
-        # bunqueue-client 0.1.5 (which checks for 2) and v3 clients both working (§2.12).
+        # bunqueue-client 0.1.5 (which checks for 2) and v3 clients both working
+        # (docs/protocol.md §3.1).
         version = 2 if frame.get("protocolVersion") == 2 else 3
         caps = ["pipelining"] if version == 2 else ["pipelining", "separate-job-name"]
         reply = {

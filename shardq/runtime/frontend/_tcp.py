@@ -1,8 +1,8 @@
 """The TCP side of the front end: bunqueue framing over an asyncio `Protocol`.
 
 A `Protocol` rather than streams: it decodes every frame of one `recv` in one call and writes
-every reply of one loop turn in one `transport.write`, about 4x cheaper per request
-(reference/limits.md).
+every reply of one loop turn in one `transport.write` (`python -m bench.limits` measures the
+`Protocol` shape, BENCHMARKS.md section 4).
 
 Every resource a connection can hold is bounded (`TcpLimits`, the "bounds" settings):
 - connections: past `max_connections` a new one is closed at once (logged, at most once a

@@ -36,7 +36,7 @@ Outgoing: TypeAlias = tuple[str, dict[str, Any]]
 Item: TypeAlias = list[Any]  # [conn, rid, reply]
 
 WAIT_DEFAULT_MS: Final = 30_000
-WAIT_MAX_MS: Final = 600_000  # bunqueue's WaitJob bound (reference §2.3)
+WAIT_MAX_MS: Final = 600_000  # bunqueue's WaitJob bound (docs/protocol.md §7.3)
 STALLED_ERROR: Final = "Storage unavailable: the writer is not keeping up (storage degraded)"
 MAX_SLEEP_MS: Final = 3_600_000  # the longest poll: an idle shard wakes once an hour at most
 TICK_RETRY_MS: Final = 1_000  # after a timer pass raised, wait this long before the next one
