@@ -36,6 +36,7 @@ class ShardqProcess:
             "--host", "127.0.0.1",
             "--tcp-port", str(self.tcp_port),
             "--zmq-port", str(self.zmq_port),
+            "--http-port", "0",  # no HTTP process: benchmarks measure the job path alone
             "--data-path", str(self.dir / "shardq.db"),
             "--shards", shards,
             "--log-format", "json",

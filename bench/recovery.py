@@ -60,7 +60,8 @@ class Server:
         args = [
             sys.executable, "-m", "shardq_cli.main", "start",
             "--host", "127.0.0.1", "--tcp-port", str(self.tcp_port),
-            "--zmq-port", str(free_port()), "--data-path", str(data_dir / "shardq.db"),
+            "--zmq-port", str(free_port()), "--http-port", "0",
+            "--data-path", str(data_dir / "shardq.db"),
             "--shards", shards, "--log-format", "json",
         ]  # fmt: skip
         self.started = time.monotonic()

@@ -79,6 +79,7 @@ class SoakServer:
         return [
             sys.executable, "-m", "shardq_cli.main", "start", "--host", "127.0.0.1",
             "--tcp-port", str(self.tcp_port), "--zmq-port", str(self.zmq_port),
+            "--http-port", "0",  # never the default port, which a real server may hold
             "--data-path", str(self.data_dir / "shardq.db"), "--shards", str(self.shards),
             "--log-format", "json",
         ]  # fmt: skip

@@ -149,7 +149,9 @@ def test_a_shard_recovering_longer_than_the_ready_timeout_is_not_killed(
     # The recovery outlasted the bound: only its progress reports kept it alive.
     assert recovered["ms"] > timeout_ms, recovered
     progress = [line for line in server.logs() if line.get("event") == "shard recovering"]
-    assert progress and all(0 < line["loaded"] < jobs for line in progress)
+    # Lines logged during the set-up reads say 0 loaded; under load one may fall at the end.
+    loaded = [line["loaded"] for line in progress]
+    assert loaded and all(0 <= n <= jobs for n in loaded) and loaded == sorted(loaded), loaded
     assert server.find_log("child neither ready nor progressing in time; killing it") is None
     with TcpConnection(*server.tcp_address, timeout=30) as conn:
         assert conn.call({"cmd": "Count", "queue": "backlog"})["count"] == jobs
