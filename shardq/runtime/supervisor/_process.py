@@ -26,7 +26,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -373,50 +373,20 @@ class Supervisor:
 
     def _spec(self, child: _Child) -> ChildSpec:
         c = self._config
-        return ChildSpec(
+        # Every setting a child needs has the same name in ServerConfig and ChildSpec: copy them
+        # by name, so a new setting needs no line here.
+        shared = {f.name: getattr(c, f.name) for f in fields(ChildSpec) if hasattr(c, f.name)}
+        shared.update(
             role=child.role,
             run_dir=str(self._run_dir),
-            data_path=str(self._data_path),
+            data_path=str(self._data_path),  # resolved, and `shards` counted, at start
             shards=len(self._shards),
             index=child.index,
-            host=c.host,
-            tcp_port=c.tcp_port,
-            zmq_port=c.zmq_port,
-            auth_tokens=c.auth_tokens,
-            tls_cert_file=c.tls_cert_file,
-            tls_key_file=c.tls_key_file,
-            zmq_curve_secret_file=c.zmq_curve_secret_file,
-            log_format=c.log_format,
-            log_level=c.log_level,
-            flush_interval_ms=c.flush_interval_ms,
-            flush_max_mutations=c.flush_max_mutations,
-            synchronous=c.synchronous,
-            shutdown_timeout_ms=c.shutdown_timeout_ms,
-            max_frame_bytes=c.max_frame_bytes,
-            tcp_idle_timeout_ms=c.tcp_idle_timeout_ms,
-            spin_us=c.spin_us,
-            stats_rate_window_s=c.stats_rate_window_s,
-            storage_retry_max_ms=c.storage_retry_max_ms,
-            storage_stall_ms=c.storage_stall_ms,
-            max_db_bytes=c.max_db_bytes,
-            writer_backlog_max_bytes=c.writer_backlog_max_bytes,
             engine=dict(c.engine),
-            # -- bounds (issue 10 section 4)
-            link_max_frame_bytes=c.link_max_frame_bytes,
-            max_connections=c.max_connections,
-            max_in_flight_per_connection=c.max_in_flight_per_connection,
-            max_parked_per_connection=c.max_parked_per_connection,
-            max_parked=c.max_parked,
-            tcp_max_write_backlog_bytes=c.tcp_max_write_backlog_bytes,
-            tcp_idle_close_ms=c.tcp_idle_close_ms,
-            unauthenticated_max_frame_bytes=c.unauthenticated_max_frame_bytes,
-            auth_max_failures=c.auth_max_failures,
-            rate_limit_window_ms=c.rate_limit_window_ms,
-            rate_limit_max_requests=c.rate_limit_max_requests,
+            # Only the HTTP process serves HTTP; the other children see port 0.
             http_port=c.http_port if child.role == "http" else 0,
-            metrics_auth=c.metrics_auth,
-            metrics_max_queues=c.metrics_max_queues,
         )
+        return ChildSpec(**shared)
 
     def _signal(self, child: _Child, signum: int) -> None:
         if child.proc is not None and child.proc.returncode is None:
