@@ -41,7 +41,7 @@ class _Load:
     def __init__(self, cfg: SoakConfig, url: str, ledger: Ledger, server: SoakServer | None):
         self.live = Live()
         self.stop_push, self.stop_work, self.stop_faults = (threading.Event() for _ in range(3))
-        queues = queue_names(cfg.load.queues)
+        queues = queue_names(cfg.load.queues, cfg.shards)
         self.queues = sorted(set(queues) | set(ledger.queues()))
         self.producers = [
             Producer(url, cfg.load, queues, ledger, self.live, cfg.seed * 1000 + i, self.stop_push)

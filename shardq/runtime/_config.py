@@ -103,6 +103,11 @@ class ServerConfig:
     # Cap on the database file (bytes); past it writes fail as on a full disk. 0: no cap, the
     # disk is the limit.
     max_db_bytes: int = 0
+    # SQLite's page cache and memory-mapped read window per connection, in MB. Both count in
+    # the writer's resident memory; shardq's writes append in id order and it reads little,
+    # so small values cost nothing measurable (BENCHMARKS.md section 5). bunqueue: 64 and 256.
+    sqlite_cache_mb: int = 16
+    sqlite_mmap_mb: int = 0
     # Bytes a shard may hold unsent for a writer that does not read. Below it the shard waits
     # at most `storage_stall_ms` (then refuses durable pushes and serves on); at it the
     # shard waits for the writer whatever the time: its memory stays bounded.
@@ -122,6 +127,11 @@ class ServerConfig:
     # Requests a TCP connection may have in flight before it is read no further: ten times
     # the deepest pipeline of the benchmarks (100), so no pipelining client ever meets it.
     max_in_flight_per_connection: int = 1_000
+    # Which shard holds a job, for commands that carry only its id (GetJob, ACK by id ...).
+    # A miss asks every shard, so the cap trades memory (about 200 bytes an id) for fan-out on
+    # ids older than the last this many pushed or pulled; 100,000 covers every lease a
+    # worker fleet holds at once many times over.
+    job_cache_size: int = 100_000
     # Long-polls (PULL/PULLB with a timeout, WaitJob) parked per connection and per server;
     # past either, the request is answered at once as if nothing were ready. A parked
     # request costs about 1 KB across the front end and a shard.
@@ -304,6 +314,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "storage_retry_max_ms": _ranged(10, 60_000, ms=True),
     "storage_stall_ms": _ranged(100, 600_000, ms=True),
     "max_db_bytes": _db_cap,
+    "sqlite_cache_mb": _ranged(1, 65_536),
+    "sqlite_mmap_mb": _ranged(0, 1 << 20),  # 0: plain reads, no map
     # Above the 8 MiB past which a shard starts waiting for its writer (`shard/_process.py`).
     "writer_backlog_max_bytes": _ranged(16 << 20, 1 << 40),
     # -- recovery: at least a second, so that a child's progress reports can keep it alive.
@@ -313,6 +325,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "link_max_frame_bytes": _ranged(64 * 1024, 2**32 - 1),
     "max_connections": _ranged(1),
     "max_in_flight_per_connection": _ranged(1),
+    "job_cache_size": _ranged(0, 100_000_000),  # 0: no cache, every id-only command fans out
     "max_parked_per_connection": _ranged(0),  # 0: no long-poll ever parks
     "max_parked": _ranged(0),
     "tcp_max_write_backlog_bytes": _ranged(0),  # 0: unbounded, as bunqueue's 0

@@ -37,11 +37,14 @@ class ChildSpec:
     storage_retry_max_ms: int = 1_000
     storage_stall_ms: int = 5_000
     max_db_bytes: int = 0
+    sqlite_cache_mb: int = 16
+    sqlite_mmap_mb: int = 0
     writer_backlog_max_bytes: int = 256 << 20
     # -- bounds (issue 10 section 4): ServerConfig's, see there
     link_max_frame_bytes: int = 64 * 1024 * 1024
     max_connections: int = 10_000
     max_in_flight_per_connection: int = 1_000
+    job_cache_size: int = 100_000
     max_parked_per_connection: int = 1_000
     max_parked: int = 10_000
     tcp_max_write_backlog_bytes: int = 64 * 1024 * 1024

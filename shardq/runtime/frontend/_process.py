@@ -78,6 +78,7 @@ class Frontend:
             max_parked_per_connection=spec.max_parked_per_connection,
             max_parked=spec.max_parked,
             auth_max_failures=spec.auth_max_failures,
+            cache_size=spec.job_cache_size,
         )
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))
