@@ -126,6 +126,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--drain-window", type=float, default=None, help="seconds (default 5)")
     parser.add_argument(
+        "--realtime",
+        type=int,
+        default=0,
+        metavar="PRIO",
+        help="run every process of the run (clients, servers, workers) under SCHED_FIFO at this "
+        "priority (1-99; needs root or CAP_SYS_NICE), so that other work on the machine cannot "
+        "preempt them; 0 (default) = normal scheduling",
+    )
+    parser.add_argument(
         "--rate",
         type=float,
         default=None,
@@ -298,6 +307,19 @@ def render(path: Path) -> int:
     return 0
 
 
+def _go_realtime(priority: int, run: Run) -> None:
+    """SCHED_FIFO for this process and, by inheritance, every process it starts: the peers
+    and shardq then compete with each other as before, but no longer with unrelated load."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--realtime {priority}: cannot switch to SCHED_FIFO: {e}") from None
+    run.note(
+        f"every process of the run was scheduled SCHED_FIFO at priority {priority} "
+        "(--realtime), so other load on the machine could not preempt them"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.render:
@@ -306,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = f"python -m bench compare {shlex.join(given)}".strip()
     run = Run(settings_from(args), notes=list(METHOD_NOTES))
+    if args.realtime:
+        _go_realtime(args.realtime, run)
     peers = choose_peers(args)
     scenarios = choose_scenarios(args)
     procs = Procs()
