@@ -1,8 +1,13 @@
 """`python -m bench compare`: run every scenario on every peer, then write the report.
 
-    python -m bench compare [--quick] [--peers shardq,bunqueue,huey,rq,celery,dramatiq,arq]
+    python -m bench compare [--quick] [--peers shardq,bunqueue,huey,rq,celery,dramatiq,arq,
+                                               saq,taskiq]
                             [--jobs N] [--repeats K] [--scenarios a,b] [--cache-dir DIR]
-                            [--out-dir DIR]
+                            [--out-dir DIR] [--label NAME]
+
+The task-API scenarios of issue 15 (every Python peer through its own task API and worker
+command, shardq through `shardq.App` and `shardq worker`): `--scenarios
+tasks_push_single,tasks_push_bulk_100,tasks_drain_2p`.
 
 Scenario-major order: each scenario runs on every peer before the next one starts, so a change
 in the machine's background load hits all peers of a scenario alike.
@@ -123,6 +128,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=Path,
         default=RESULTS,
         help="where <date>.json and <date>.md go (default bench/results)",
+    )
+    parser.add_argument(
+        "--label",
+        default="",
+        help="appended to the file names: <date>-<label>.json (e.g. issue15)",
     )
     parser.add_argument("--drain-window", type=float, default=None, help="seconds (default 5)")
     parser.add_argument(
@@ -352,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     report["ratios"] = [r.to_json() for r in items]
     text = _report.markdown(report, rows, items)
     stem = report["date"] + ("-quick" if run.settings.quick else "")  # never over a full run
+    stem += f"-{args.label}" if args.label else ""
     json_path, md_path = _report.write(args.out_dir, stem, report, text)
     print(text)
     log(f"wrote {json_path} and {md_path} in {report['elapsed_s']} s")
