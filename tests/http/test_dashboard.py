@@ -120,6 +120,13 @@ def test_overview_shows_rates_workers_and_crons(
     cron = {"name": "nightly-report", "queue": "signups", "repeatEvery": 3_600_000, "data": {}}
     made = request(server.http_url, "POST", "/crons", cron)
     assert made.status == 200, made.text
+    try:
+        _overview_in_the_browser(server, page, tmp_path)
+    finally:  # the server is shared: test_rest.py lists the crons
+        request(server.http_url, "DELETE", "/crons/nightly-report")
+
+
+def _overview_in_the_browser(server: ShardqServer, page: Page, tmp_path: Path) -> None:
     page.goto(server.http_url + "/")
     row = page.locator('[data-testid="queues"] tr[data-queue="signups"]')
     expect(row).to_contain_text("signups")
