@@ -29,6 +29,10 @@ def tls_server(
     # A loaded machine can take a while to start five processes.
     with server.start(timeout=90):
         yield server, ssl.create_default_context(cafile=str(cert))
+        # A clean stop: the HTTPS listener and its open connections close with the process.
+        assert server.stop() == 0, server.log_tail()
+        errors = [line for line in server.logs() if line.get("level") == "error"]
+        assert errors == []
 
 
 def test_https_serves_the_api_and_the_dashboard(
