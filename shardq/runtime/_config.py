@@ -8,7 +8,8 @@ unknown environment variables are ignored (the environment is shared with everyt
 Environment names are `SHARDQ_<KEY>` (e.g. `SHARDQ_TCP_PORT`, `SHARDQ_ENGINE_MAX_COMPLETED`),
 plus bunqueue's names so shardq can replace bunqueue in an existing deployment: `TCP_PORT`,
 `HTTP_PORT`, `HOST`, `BUNQUEUE_DATA_PATH` (then `DATA_PATH`), `AUTH_TOKENS` (comma-separated),
-`SHUTDOWN_TIMEOUT_MS`, `METRICS_AUTH` and `METRICS_MAX_QUEUES`. A `SHARDQ_` name wins over an
+`SHUTDOWN_TIMEOUT_MS`, `METRICS_AUTH`, `METRICS_MAX_QUEUES`, `CORS_ALLOW_ORIGIN` and the
+`RATE_LIMIT_*` pair (which sets the TCP and the HTTP limits alike). A `SHARDQ_` name wins over an
 alias. Nothing here reads the environment at import time: `load_config` reads `os.environ` only
 when called without `env`.
 """
@@ -56,6 +57,14 @@ class ServerConfig:
     # bunqueue's METRICS_MAX_QUEUES: per-queue series beyond this many queues would make every
     # scrape and the Prometheus server pay for queues nobody graphs; the rest are counted.
     metrics_max_queues: int = 100
+    # bunqueue's CORS_ALLOW_ORIGIN: the origins whose pages may read the HTTP port's answers.
+    # "*" (any), bunqueue's default: the API wants a bearer token anyway, not a cookie.
+    cors_allow_origin: tuple[str, ...] = ("*",)
+    # bunqueue's per-IP limit on the HTTP port (its RATE_LIMIT_* variables set these too):
+    # on, with bunqueue's 10,000 requests per 60 s, since one IP is usually one dashboard or
+    # script, not a pipelining client. A window of 0 turns it off.
+    http_rate_limit_window_ms: int = 60_000
+    http_rate_limit_max_requests: int = 10_000
     data_path: str = "./data/shardq.db"
     shards: int | str = "auto"  # "auto" = one shard per CPU (`shard_count`)
     auth_tokens: tuple[str, ...] = ()  # empty: every connection starts authenticated
@@ -244,6 +253,23 @@ def _path_or_none(value: object) -> str:
     return value.strip()
 
 
+def _origins(value: object) -> tuple[str, ...]:
+    """Comma-separated in the environment, a list in TOML; "*" alone means any origin."""
+    raw = value.split(",") if isinstance(value, str) else value
+    if not isinstance(raw, list | tuple) or not all(isinstance(i, str) for i in raw):
+        raise ValueError(f"must be a list of origins, got {value!r}")
+    items = [i.strip().rstrip("/") for i in raw if i.strip()]
+    if not items:
+        raise ValueError('names no origin; use "*" for any origin')
+    bad = [i for i in items if i != "*" and not _ORIGIN.fullmatch(i)]
+    if bad:
+        raise ValueError(f"an origin is scheme://host[:port] and nothing more, got {bad[0]!r}")
+    return tuple(items)
+
+
+_ORIGIN = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s,]+")
+
+
 def _tokens(value: object) -> tuple[str, ...]:
     if isinstance(value, str):  # the environment's form: "a,b,c"
         items: list[object] = [part.strip() for part in value.split(",") if part.strip()]
@@ -289,6 +315,9 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "metrics_auth": _bool,
     # Past 10,000 a scrape would carry more series than Prometheus keeps comfortably per target.
     "metrics_max_queues": _ranged(0, 10_000),
+    "cors_allow_origin": _origins,
+    "http_rate_limit_window_ms": _ranged(0, ms=True),  # 0: no limit
+    "http_rate_limit_max_requests": _ranged(1),
     "data_path": _text,
     "shards": _shards,
     "auth_tokens": _tokens,
@@ -353,6 +382,10 @@ _ENV_ALIASES: tuple[tuple[str, str], ...] = (
     ("TCP_MAX_WRITE_QUEUE_BYTES", "tcp_max_write_backlog_bytes"),
     ("RATE_LIMIT_WINDOW_MS", "rate_limit_window_ms"),
     ("RATE_LIMIT_MAX_REQUESTS", "rate_limit_max_requests"),
+    # bunqueue's one limiter counts per TCP connection and per HTTP client IP alike.
+    ("RATE_LIMIT_WINDOW_MS", "http_rate_limit_window_ms"),
+    ("RATE_LIMIT_MAX_REQUESTS", "http_rate_limit_max_requests"),
+    ("CORS_ALLOW_ORIGIN", "cors_allow_origin"),
     ("TLS_CERT_FILE", "tls_cert_file"),
     ("TLS_KEY_FILE", "tls_key_file"),
     ("METRICS_AUTH", "metrics_auth"),

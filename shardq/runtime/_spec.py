@@ -56,6 +56,9 @@ class ChildSpec:
     http_port: int = 0  # the HTTP process's port (0 for every other role)
     metrics_auth: bool = False
     metrics_max_queues: int = 100
+    cors_allow_origin: tuple[str, ...] = ("*",)
+    http_rate_limit_window_ms: int = 60_000
+    http_rate_limit_max_requests: int = 10_000
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     def endpoint(self, name: str) -> str:
@@ -81,4 +84,6 @@ class ChildSpec:
     def from_json(cls, text: str) -> ChildSpec:
         raw: dict[str, Any] = json.loads(text)
         raw["auth_tokens"] = tuple(raw.get("auth_tokens") or ())
+        if "cors_allow_origin" in raw:
+            raw["cors_allow_origin"] = tuple(raw["cors_allow_origin"])
         return cls(**raw)

@@ -135,6 +135,9 @@ VALID_TEXT = {
     "rate_limit_max_requests": "100",
     "metrics_auth": "true",
     "metrics_max_queues": "10",
+    "cors_allow_origin": "https://a.example,http://b.example:8080",
+    "http_rate_limit_window_ms": "0",
+    "http_rate_limit_max_requests": "50",
 }
 
 
@@ -196,6 +199,9 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         rate_limit_max_requests = 100
         metrics_auth = true
         metrics_max_queues = 10
+        cors_allow_origin = ["https://a.example", "http://b.example:8080"]
+        http_rate_limit_window_ms = 0
+        http_rate_limit_max_requests = 50
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
