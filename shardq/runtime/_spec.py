@@ -54,6 +54,7 @@ class ChildSpec:
     metrics_auth: bool = False
     metrics_max_queues: int = 100
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
+    test_clock_file: str = ""  # ServerConfig's (test-only, see there)
 
     def endpoint(self, name: str) -> str:
         """`ipc://` address of one of the run directory's sockets: sup, writer, front, shard-i."""

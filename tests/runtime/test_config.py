@@ -132,6 +132,7 @@ VALID_TEXT = {
     "rate_limit_max_requests": "100",
     "metrics_auth": "true",
     "metrics_max_queues": "10",
+    "test_clock_file": "/tmp/shardq-test-clock",
 }
 
 
@@ -190,6 +191,7 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         rate_limit_max_requests = 100
         metrics_auth = true
         metrics_max_queues = 10
+        test_clock_file = "/tmp/shardq-test-clock"
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})

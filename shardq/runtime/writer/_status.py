@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from shardq.runtime import _clock
+
 __all__ = ["DURATION_BUCKETS", "SIZE_BUCKETS", "STATUS_FILE", "WriterStatus", "file_sizes"]
 
 STATUS_FILE: Final = "writer-status.json"
@@ -88,7 +90,7 @@ class WriterStatus:
         changed = not self.degraded
         self.failures += 1
         if changed:
-            self.since_ms = int(time.time() * 1000)
+            self.since_ms = int(_clock.wall() * 1000)
         self.degraded, self.disk_full, self.error = True, disk_full, error
         self.save(force=changed)
 
