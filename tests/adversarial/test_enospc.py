@@ -168,7 +168,7 @@ def test_a_full_disk_refuses_durable_pushes_keeps_the_rest_and_recovers(
             buffered = [f"r{r}-buffered-{q}" for q in qs]
             for job_id, q in zip(buffered, qs, strict=True):
                 assert book.push(c, q, job_id, durable=False)  # taken, kept in memory
-            status, body = poll_until(
+            _, body = poll_until(
                 lambda: (h := health(server))[0] == 503 and h, TIMEOUT_S, "/health degraded"
             )
             assert body["status"] == "degraded" and body["storage"]["diskFull"] is True, body
