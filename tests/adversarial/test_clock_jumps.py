@@ -172,6 +172,7 @@ def test_live_jumps_move_no_delayed_job_and_no_lease(tmp_path: Path, clock: Test
         ledger.check_once()
         assert len(ledger.delivered) == 20
         assert server.stop() == 0
+    print(f"live: 2 jumps, {len(ledger.delivered)} delayed jobs, 2 leases across 2 more jumps")
 
 
 def lease_round(c: TcpConnection, clock: TestClock) -> None:
@@ -290,7 +291,13 @@ def test_restarts_across_jumps_deliver_once_never_early_and_fire_no_cron_burst(
             fresh = {ledger.push(c, q, DELAY_MS) for q in qs}  # delays still hold after it
             drain(c, ledger, qs, fresh, f"fresh delayed jobs after round {r}")
         ledger.check_once()
+    with conn(server) as c:
+        slots = sum(len(cron_slots(c, q)) for q in cron_qs)
     assert server.stop() == 0
+    print(
+        f"restarts: {JUMPS} jumps, {len(ledger.run_at)} delayed jobs, "
+        f"{len(ledger.delivered)} deliveries, {slots} cron slots, none twice"
+    )
 
 
 def check_cron(
