@@ -155,12 +155,19 @@ def drain(c: TcpConnection, ledger: Ledger, qs: list[str], want: set[str], what:
 # -- live jumps ------------------------------------------------------------------------------
 
 
-def test_live_jumps_move_no_delayed_job_and_no_lease(tmp_path: Path, clock: TestClock) -> None:
+def test_live_jumps_move_no_delayed_job_no_lease_and_no_schedule(
+    tmp_path: Path, clock: TestClock
+) -> None:
     ledger = Ledger(clock)
     with start(tmp_path, clock) as server, conn(server) as c:
+        tick = queues("live-tick")[1]
+        ok(c, cmd="Cron", name="live", queue=tick, data={}, repeatEvery=1000, preventOverlap=False)
+        ticking = time.monotonic()
         for jump_s in (3 * HOUR_S, -6 * HOUR_S):  # to 3 h ahead, then to 3 h behind
             qs = queues(f"live{int(jump_s)}")
             ids = {ledger.push(c, q, DELAY_MS) for q in qs for _ in range(5)}
+            if jump_s < 0:
+                before_back = (len(cron_slots(c, tick)), time.monotonic())
             clock.set(clock.offset_s + jump_s)
             # The jump is live: what reports the time sees it at once.
             assert abs(server_time_ms(c) - clock.now_ms()) < 5_000
@@ -171,8 +178,19 @@ def test_live_jumps_move_no_delayed_job_and_no_lease(tmp_path: Path, clock: Test
         lease_round(c, clock)
         ledger.check_once()
         assert len(ledger.delivered) == 20
+        # The schedule kept to real time through both jumps: no burst, no pause, no repeat.
+        slots, elapsed_s = cron_slots(c, tick), time.monotonic() - ticking
+        assert len(set(slots)) == len(slots)
+        assert len(slots) <= elapsed_s + 2, (len(slots), elapsed_s)  # no burst
+        # A schedule on the wall clock would stop for 6 h after the backward jump; this one
+        # fires on (at half rate at least: a loaded machine may make a shard skip a late slot).
+        since_back_s = time.monotonic() - before_back[1]
+        assert len(slots) - before_back[0] >= since_back_s / 2 - 1, (slots, since_back_s)
         assert server.stop() == 0
-    print(f"live: 2 jumps, {len(ledger.delivered)} delayed jobs, 2 leases across 2 more jumps")
+    print(
+        f"live: 4 jumps, {len(ledger.delivered)} delayed jobs, 2 leases, "
+        f"{len(slots)} cron slots in {elapsed_s:.1f} s"
+    )
 
 
 def lease_round(c: TcpConnection, clock: TestClock) -> None:
