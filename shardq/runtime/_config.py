@@ -161,6 +161,9 @@ class ServerConfig:
     rate_limit_window_ms: int = 0
     rate_limit_max_requests: int = 10_000
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
+    # Test-only: a file whose number (seconds) every server process adds to the wall clock,
+    # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
+    test_clock_file: str = ""
 
     @property
     def shard_count(self) -> int:
@@ -364,6 +367,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "auth_max_failures": _ranged(1),
     "rate_limit_window_ms": _ranged(0, ms=True),  # 0: no rate limit, as bunqueue's 0
     "rate_limit_max_requests": _ranged(1),
+    "test_clock_file": _path_or_none,
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 
