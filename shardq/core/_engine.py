@@ -90,6 +90,7 @@ COMMANDS: Final[dict[str, str]] = {
     "RateLimitClear": "cmd_rate_limit_clear",
     "SetConcurrency": "cmd_set_concurrency",
     "ClearConcurrency": "cmd_clear_concurrency",
+    "GetQueueLimits": "cmd_get_queue_limits",
     **GROUP_COMMANDS,
 }
 

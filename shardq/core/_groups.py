@@ -13,16 +13,18 @@ the group gets room again (`wakes_at`, `room`).
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from heapq import heappop, heappush
 from typing import Any
 
 from ._job import Job
 from ._lifecycle import ACTIVE, DELAYED, WAITING
+from ._options import is_number
 from ._queue_limits import QueueLimits
 
-__all__ = ["Group", "GroupTable", "group_of"]
+__all__ = ["Group", "GroupTable", "group_of", "group_size_error"]
 
 
 def group_of(job: Job) -> str | None:
@@ -101,14 +103,7 @@ class Group:
         limit (0: it may now), -2 when it has no rate limit of any kind."""
         if self.until > now:
             return self.until - now
-        limits = self.limits
-        if limits is None or limits.rate is None:
-            return -2
-        limits._slide(now)
-        cap = max_jobs if max_jobs is not None else limits.rate
-        if limits.used < cap or not limits.log:
-            return 0
-        return max(limits.log[0][0] + limits.window - now, 0)
+        return self.limits.ttl(now, max_jobs) if self.limits is not None else -2
 
     def push(self, job: Job) -> None:
         key = (job.priority, job.run_at, job.seq, job.id)
@@ -280,3 +275,31 @@ class GroupTable:
             depth = group.waiting + group.delayed
             total += depth if per_group is None else min(depth, per_group)
         return total
+
+
+def group_size_error(table: GroupTable | None, entries: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why pushing `entries` (in order) would overfill a group with a `groupMaxSize`, or None.
+
+    Checked before anything is admitted, so a push that would overfill a group admits nothing
+    (bunqueue's check is atomic too). Each entry counts against its group's depth (waiting and
+    delayed jobs) as if the entries before it were admitted.
+    """
+    added: dict[str, int] = {}
+    many = len(entries) > 1
+    for index, entry in enumerate(entries):
+        gid = entry.get("groupId")
+        if gid is None:
+            continue
+        gid = str(gid)
+        depth = (table.depth(gid) if table is not None else 0) + added.get(gid, 0)
+        cap = entry.get("groupMaxSize")
+        error = None
+        if cap is not None:
+            if not is_number(cap) or not math.isfinite(cap) or cap != int(cap) or cap < 1:
+                error = "groupMaxSize must be a positive integer"
+            elif depth >= cap:
+                error = f"Group {gid} has reached its maximum size of {int(cap)}"
+        if error:
+            return f"jobs[{index}]: {error}" if many else error
+        added[gid] = added.get(gid, 0) + 1
+    return None
