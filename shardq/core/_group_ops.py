@@ -91,10 +91,20 @@ class GroupOps(LimitOps):
         return table, table.groups.get(gid) if table is not None else None
 
     def _group(self, cmd: Mapping[str, Any]) -> tuple[QueueState, str, Group]:
+        """The group a setting goes to (made if new).
+
+        Raises:
+            CommandError: a new group would pass `max_configured_groups` in its queue.
+        """
         queue, gid = self._group_args(cmd)
         q = self.queue(queue)
         if q.groups is None:
             q.groups = GroupTable(self.jobs)
+        group = q.groups.groups.get(gid)
+        if group is None or not group.configured():
+            cap = self.config.max_configured_groups
+            if q.groups.configured_count() >= cap:
+                raise CommandError(f"Too many configured groups in queue {queue} (max {cap})")
         return q, gid, q.groups.get(gid)
 
     def _group_saved(self, q: QueueState, gid: str) -> None:
@@ -147,8 +157,9 @@ class GroupOps(LimitOps):
     # -- settings --------------------------------------------------------------------------
 
     def cmd_set_group_rate_limit(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        q, gid, group = self._group(cmd)
+        self._group_args(cmd)
         rate, window = _positive(cmd, "max"), _positive(cmd, "duration")
+        q, gid, group = self._group(cmd)
         limits = group.limits = group.limits or QueueLimits()
         limits.rate, limits.window = rate, window
         self._group_saved(q, gid)
@@ -166,8 +177,9 @@ class GroupOps(LimitOps):
         return _data(removed=1)
 
     def cmd_set_group_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        q, gid, group = self._group(cmd)
+        self._group_args(cmd)
         cap = _positive(cmd, "concurrency")
+        q, gid, group = self._group(cmd)
         limits = group.limits = group.limits or QueueLimits()
         limits.concurrency = cap
         self._group_saved(q, gid)
@@ -203,8 +215,10 @@ class GroupOps(LimitOps):
         return _data(changed=True)
 
     def cmd_rate_limit_group(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        self._group_args(cmd)
+        duration = _positive(cmd, "duration")
         q, gid, group = self._group(cmd)
-        group.until = now + _positive(cmd, "duration")
+        group.until = now + duration
         self._group_saved(q, gid)
         return {"ok": True}
 

@@ -71,8 +71,12 @@ class Group:
 
     def room(self, now: int, taken: int) -> int:
         """How many more jobs this group may hand out now, `taken` already taken this pull."""
-        if self.paused or self.until > now:
+        if self.paused:
             return 0
+        if self.until:
+            if self.until > now:
+                return 0
+            self.until = 0  # passed: the group is no longer configured by it
         limits = self.limits
         if limits is None:
             return 1 << 30
@@ -158,6 +162,9 @@ class GroupTable:
 
     def configured(self) -> bool:
         return any(g.configured() for g in self.groups.values())
+
+    def configured_count(self) -> int:
+        return sum(1 for g in self.groups.values() if g.configured())
 
     # -- what the engine's state changes tell the table -----------------------------------
 

@@ -159,7 +159,7 @@ class EngineState:
             all_jobs[job.id] = job
             ids[job.id] = None
             opts = job.opts
-            if opts:
+            if opts and q.groups is None and opts.get("groupId") is not None:
                 q.watch_group(job)
             if opts and self._blocked_by_deps(job):
                 state = WAITING_CHILDREN

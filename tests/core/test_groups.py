@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from shardq.core import Engine, Mutation, fold_mutations
+from shardq.core import Engine, EngineConfig, Mutation, fold_mutations
 
 
 class G:
@@ -223,3 +223,23 @@ def test_idle_groups_are_forgotten() -> None:
     t.cmd(cmd="ACK", id=job["id"], token=_token(t, job["id"]))
     table = t.engine.queues["q"].groups
     assert table is not None and table.groups == {}
+
+
+def test_configured_groups_are_capped_per_queue() -> None:
+    t = G()
+    t.engine = Engine(EngineConfig(max_configured_groups=2), seed=1)
+    for gid in ("a", "b"):
+        assert t.data("PauseGroup", groupId=gid) == {"changed": True}
+    reply = t.cmd(cmd="SetGroupConcurrency", queue="q", groupId="c", concurrency=1)
+    assert reply == {"ok": False, "error": "Too many configured groups in queue q (max 2)"}
+    # a configured group may still change, and one that is let go frees its place
+    assert t.cmd(cmd="SetGroupConcurrency", queue="q", groupId="a", concurrency=1)["ok"]
+    assert t.data("ResumeGroup", groupId="b") == {"changed": True}
+    assert t.data("PauseGroup", groupId="c") == {"changed": True}
+
+
+def test_a_refused_setting_leaves_no_group_behind() -> None:
+    t = G()
+    bad = t.cmd(cmd="SetGroupRateLimit", queue="q", groupId="x", max=0, duration=1000)
+    assert bad == {"ok": False, "error": "max must be a positive integer"}
+    assert "q" not in t.engine.queues
