@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 from ._job import Job
@@ -95,11 +95,8 @@ class Group:
             return now
         if limits.concurrency is not None and self.active >= limits.concurrency:
             return None
-        at = limits.reopens_at() if limits.rate is not None else None
-        if at is not None and at > now:
-            limits._slide(now)
-            if limits.rate is not None and limits.used >= limits.rate:
-                return at
+        if limits.rate is not None and limits.ttl(now) > 0:
+            return limits.log[0][0] + limits.window  # the oldest delivery leaves the window
         return now
 
     def ttl(self, now: int, max_jobs: int | None) -> int:
@@ -183,10 +180,24 @@ class GroupTable:
                 continue
             group = self.get(gid)
             group.push(job)
+            if len(group.ready) > 64 and len(group.ready) > 2 * group.waiting:
+                self._compact(group)
             if not group.in_ring:
                 group.in_ring = True
                 self.ring.append(gid)
         return plain
+
+    def _compact(self, group: Group) -> None:
+        """Drop the dead entries of a group's heap (reprioritised or cancelled jobs), so that
+        they never outnumber the live ones by more than 2x."""
+        jobs = self.jobs
+        live = []
+        for key in group.ready:
+            job = jobs.get(key[-1])
+            if job is not None and job.hkey is key:
+                live.append(key)
+        heapify(live)
+        group.ready = live
 
     def entered(self, jobs: Iterable[Job], state: str, step: int) -> None:
         """Count grouped jobs entering (`step` 1) or leaving (-1) `state`."""
@@ -199,6 +210,8 @@ class GroupTable:
             group = self.get(gid)
             if state == WAITING:
                 group.waiting += step
+                if not group.waiting:
+                    group.ready.clear()  # only dead entries are left
             elif state == DELAYED:
                 group.delayed += step
             else:

@@ -243,3 +243,18 @@ def test_a_refused_setting_leaves_no_group_behind() -> None:
     bad = t.cmd(cmd="SetGroupRateLimit", queue="q", groupId="x", max=0, duration=1000)
     assert bad == {"ok": False, "error": "max must be a positive integer"}
     assert "q" not in t.engine.queues
+
+
+def test_group_heaps_stay_bounded_under_reprioritisation() -> None:
+    t = G()
+    ids = [t.push("A", f"A{i}")["id"] for i in range(3)]
+    for n in range(300):
+        assert t.cmd(cmd="ChangePriority", id=ids[n % 3], priority=n % 7)["ok"]
+    table = t.engine.queues["q"].groups
+    assert table is not None
+    assert len(table.groups["A"].ready) <= 2 * 3 + 64
+    assert sorted(t.labels()) == ["A0", "A1", "A2"]
+    t.push("B", "B0")
+    assert t.cmd(cmd="Cancel", id=t.push("B", "B1")["id"])["ok"]
+    assert t.labels() == ["B0"]
+    assert table.groups["B"].ready == []  # nothing waits: no dead entries kept
