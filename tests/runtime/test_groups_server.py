@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from shardq_harness import ShardqServer
 
-from shardq.client import TcpConnection
+from shardq.client import JobOptions, Queue, ServerError, TcpConnection
 
 Factory = Callable[..., ShardqServer]
 WAIT_S = 30.0
@@ -80,7 +81,12 @@ def test_two_groups_share_a_queue_fairly(shardq_server: Factory) -> None:
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         # all of A is pushed before any of B: FIFO would serve 30 A first
         _push(conn, "fair", "A", [f"A{i}" for i in range(30)])
-        _push(conn, "fair", "B", [f"B{i}" for i in range(10)])
+        host, port = server.tcp_address
+        with Queue("fair", url=f"tcp://{host}:{port}") as queue:  # our client's group option
+            for i in range(10):
+                queue.add("b", {"label": f"B{i}"}, JobOptions(group_id="B", group_max_size=10))
+            with pytest.raises(ServerError, match="Group B has reached its maximum size of 10"):
+                queue.add("b", {"label": "B10"}, JobOptions(group_id="B", group_max_size=10))
         order: list[str] = []
         for _ in range(40):
             reply = conn.call({"cmd": "PULL", "queue": "fair", "owner": "w"})
