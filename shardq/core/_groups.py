@@ -235,7 +235,8 @@ class GroupTable:
             group = groups[gid]
             got = taken.get(gid, 0)
             if group.room(now, got) <= 0:
-                self.blocked.add(gid)
+                if not group.paused:  # ResumeGroup wakes parked pulls by itself
+                    self.blocked.add(gid)
                 ring.rotate(-1)
                 skipped += 1
                 continue
