@@ -8,6 +8,7 @@ from the front end's histograms (their percentiles are not kept, so `percentiles
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
