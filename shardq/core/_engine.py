@@ -28,6 +28,7 @@ from ._produce import ProduceOps
 from ._query import QueryOps
 from ._timers import TimerOps
 from ._validate import CHECKED_COMMANDS, check_fields
+from ._webhooks import WebhookOps
 
 __all__ = ["COMMANDS", "Engine"]
 
@@ -90,10 +91,15 @@ COMMANDS: Final[dict[str, str]] = {
     "RateLimitClear": "cmd_rate_limit_clear",
     "SetConcurrency": "cmd_set_concurrency",
     "ClearConcurrency": "cmd_clear_concurrency",
+    "AddWebhook": "cmd_add_webhook",
+    "RemoveWebhook": "cmd_remove_webhook",
+    "ListWebhooks": "cmd_list_webhooks",
+    "SetWebhookEnabled": "cmd_set_webhook_enabled",
+    "WebhookSync": "cmd_webhook_sync",
 }
 
 
-class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
+class Engine(WebhookOps, CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -53,6 +53,14 @@ class ChildSpec:
     http_port: int = 0  # the HTTP process's port (0 for every other role)
     metrics_auth: bool = False
     metrics_max_queues: int = 100
+    # -- webhooks (docs/protocol.md §17): ServerConfig's, see there
+    webhook_allow_private: bool = False
+    webhook_max_retries: int = 3
+    webhook_retry_delay_ms: int = 1_000
+    webhook_timeout_ms: int = 10_000
+    webhook_max_pending: int = 10_000
+    webhook_concurrency: int = 16
+    webhook_sync_ms: int = 500
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     def endpoint(self, name: str) -> str:

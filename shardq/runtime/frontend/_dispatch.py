@@ -10,7 +10,8 @@ registry, `Metrics` and the flow refusals), and sends everything else to the sha
   to every shard and the first reply that shows the job wins (`is_found`);
 - `ACKB`, `JobHeartbeatB` and `ExtendLocks` are split per shard by position and recombined;
 - `ListQueues` and `Stats` go to every shard and are merged;
-- the Cron commands are routed by `_cron.py` (a schedule lives on the shard of its queue).
+- the Cron commands are routed by `_cron.py` (a schedule lives on the shard of its queue);
+- the webhook commands go to shard 0 (`_webhooks.py`).
 
 Commands bound for one shard in one loop turn leave as one `req` message (flushed once per turn
 with `loop.call_soon`). Each forwarded command gets an int `rid`; the shard echoes it and the
@@ -70,6 +71,7 @@ from shardq.runtime.frontend._merge import (
     shard_unavailable,
     sub_batch,
 )
+from shardq.runtime.frontend._webhooks import WebhookRoutes
 from shardq.runtime.links._control import pack
 from shardq.runtime.links._stream import MAX_FRAME_BYTES, split_batch
 
@@ -214,6 +216,8 @@ class Dispatcher:
         max_parked_per_connection: int = 1_000,
         max_parked: int = 10_000,
         auth_max_failures: int = 3,
+        webhook_allow_private: bool = False,
+        webhook_timeout_ms: int = 10_000,
     ) -> None:
         self.shards = shards
         self._link_max = link_max_frame_bytes
@@ -242,6 +246,10 @@ class Dispatcher:
             "ListQueues": self._list_queues,
         }
         self._local.update(CronRoutes(self).handlers)
+        hooks = WebhookRoutes(
+            self, allow_private=webhook_allow_private, timeout_ms=webhook_timeout_ms
+        )
+        self._local.update(hooks.handlers)
         # Workers, Metrics, flow-children reads and the flow push refusals.
         self.bunqueue = BunqueueCommands(
             self.answer, self._gather_all, rate_window_s, self.pending_per_shard

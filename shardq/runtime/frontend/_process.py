@@ -78,6 +78,8 @@ class Frontend:
             max_parked_per_connection=spec.max_parked_per_connection,
             max_parked=spec.max_parked,
             auth_max_failures=spec.auth_max_failures,
+            webhook_allow_private=spec.webhook_allow_private,
+            webhook_timeout_ms=spec.webhook_timeout_ms,
         )
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))

@@ -28,6 +28,7 @@ from shardq.runtime.http._backend import Backend
 from shardq.runtime.http._monitor import Monitor
 from shardq.runtime.http._overview import Overview
 from shardq.runtime.http._rest import match, status_for
+from shardq.runtime.http._webhooks import WebhookService
 
 __all__ = ["build_app", "main", "serve"]
 
@@ -212,9 +213,12 @@ async def serve(spec: ChildSpec) -> int:
             log.error("http cannot bind", error=str(e))
             sup.fatal(f"http cannot bind port {spec.http_port}: {e}")
             return 1
+        webhooks = WebhookService(spec, backend)
+        await webhooks.start()
         sup.ready(addresses={"http": f"{spec.host}:{spec.http_port}"})
         log.info("http ready", host=spec.host, port=spec.http_port)
         await stop.wait()
+        await webhooks.stop()
         log.info("http stopped")
         return 0
     finally:

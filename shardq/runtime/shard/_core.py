@@ -162,13 +162,14 @@ class ShardCore:
         queues: Mapping[str, Any],
         now: int,
         crons: Iterable[Record] = (),
+        webhooks: Iterable[Record] = (),
     ) -> int:
         """Load stored records (and cron schedules) into the engine; return how many recovery
         mutations it made.
 
         The mutations go out with the next `finish_turn`. Raises what `Engine.restore` raises.
         """
-        muts = self.engine.restore(records, queues, now, crons=crons)
+        muts = self.engine.restore(records, queues, now, crons=crons, webhooks=webhooks)
         self._muts.extend(muts)
         return len(muts)
 
