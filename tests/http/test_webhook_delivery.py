@@ -4,6 +4,7 @@ HMAC signature, retries with exponential backoff, the private-address refusal, t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -100,7 +101,7 @@ def test_failures_are_retried_with_exponential_backoff_then_counted() -> None:
                 await settled(d)
             finally:
                 await d.stop()
-        gaps = [b.at - a.at for a, b in zip(hits, hits[1:], strict=False)]
+        gaps = [b.at - a.at for a, b in itertools.pairwise(hits)]
         assert 0.09 <= gaps[0] < 0.6 and 0.19 <= gaps[1] < 1.0, gaps  # 100 ms, then 200 ms
         assert len({h.body for h in hits}) == 1  # the same signed body each time
         assert (d.delivered, d.failed, d.retried) == (1, 0, 2)
