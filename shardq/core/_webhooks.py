@@ -1,4 +1,4 @@
-"""The webhook registry (docs/protocol.md §17): AddWebhook, RemoveWebhook, ListWebhooks,
+"""The webhook registry (docs/protocol.md, "Webhooks"): AddWebhook, RemoveWebhook, ListWebhooks,
 SetWebhookEnabled, and the delivery side's WebhookSync.
 
 Webhooks are not queue state: the front end sends all five commands to shard 0, whose engine

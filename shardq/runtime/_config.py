@@ -142,7 +142,7 @@ class ServerConfig:
     # 60 s, 166 commands/s) would cap every pipelining client, so shardq ships it off (0).
     rate_limit_window_ms: int = 0
     rate_limit_max_requests: int = 10_000
-    # -- webhooks (docs/protocol.md §17), delivered by the HTTP process
+    # -- webhooks (docs/protocol.md, "Webhooks"), delivered by the HTTP process
     # Off by default: a client could otherwise point the server at its own network (SSRF).
     webhook_allow_private: bool = False
     # bunqueue's WEBHOOK_MAX_RETRIES and WEBHOOK_RETRY_DELAY_MS: attempts per delivery in all,

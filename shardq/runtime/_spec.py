@@ -53,7 +53,7 @@ class ChildSpec:
     http_port: int = 0  # the HTTP process's port (0 for every other role)
     metrics_auth: bool = False
     metrics_max_queues: int = 100
-    # -- webhooks (docs/protocol.md §17): ServerConfig's, see there
+    # -- webhooks (docs/protocol.md, "Webhooks"): ServerConfig's, see there
     webhook_allow_private: bool = False
     webhook_max_retries: int = 3
     webhook_retry_delay_ms: int = 1_000

@@ -1,5 +1,5 @@
 """Which webhook targets are refused: private, loopback, link-local and other non-public
-addresses (docs/protocol.md §17.3), unless `webhook_allow_private` is set.
+addresses (docs/protocol.md, "Webhooks"), unless `webhook_allow_private` is set.
 
 A webhook URL is chosen by a client, and the server then sends requests to it: without this a
 client could make the server probe its own network (SSRF). The host is resolved, not only

@@ -162,10 +162,6 @@ def test_cron_routes(api: Any) -> None:
 
 def test_features_not_served_yet_answer_501(api: Any) -> None:
     for method, path, body in [
-        ("GET", "/webhooks", None),
-        ("POST", "/webhooks", {"url": "http://127.0.0.1:1/", "events": ["job.completed"]}),
-        ("DELETE", "/webhooks/w", None),
-        ("PUT", "/webhooks/w/enabled", {"enabled": False}),
         ("GET", "/storage", None),
     ]:
         answer = api(method, path, body)

@@ -215,10 +215,6 @@ def test_front_end_answers_and_command_names(h: Harness) -> None:
     assert h.call({"cmd": "Ping"})["data"]["pong"] is True
     assert h.call({"cmd": "Auth", "token": "x"}) == {"ok": False, "error": "Invalid token"}
     assert h.call({"cmd": "Foo"}) == {"ok": False, "error": "Unknown command: Foo"}
-    assert h.call({"cmd": "AddWebhook"}) == {
-        "ok": False,
-        "error": "Unsupported command: AddWebhook",
-    }
     assert h.call({"cmd": "SubscribeEvents"})["error"] == "Unsupported command: SubscribeEvents"
 
 

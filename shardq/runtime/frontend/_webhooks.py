@@ -1,4 +1,4 @@
-"""How the front end routes the webhook commands (docs/protocol.md §17).
+"""How the front end routes the webhook commands (docs/protocol.md, "Webhooks").
 
 Shard 0 owns the webhook registry (`shardq.core._webhooks`), whatever queue a webhook names, so
 every webhook command goes there. AddWebhook is checked here first: its URL must not resolve to
