@@ -141,6 +141,13 @@ class ServerConfig:
     # 60 s, 166 commands/s) would cap every pipelining client, so shardq ships it off (0).
     rate_limit_window_ms: int = 0
     rate_limit_max_requests: int = 10_000
+    # -- events (docs/protocol.md §17): the front end keeps the most recent events, with
+    # their ids, so a subscriber can resume (SSE Last-Event-ID, SubscribeEvents `since`).
+    # bunqueue keeps 10,000 per queue (maxQueueEvents); one event is a few hundred bytes.
+    events_ring_size: int = 10_000
+    # Bytes a subscriber may leave unread before events to it are dropped and counted: a slow
+    # subscriber loses events, it never grows the server's memory nor slows a push.
+    events_subscriber_buffer_bytes: int = 1024 * 1024
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @property
@@ -322,6 +329,9 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "auth_max_failures": _ranged(1),
     "rate_limit_window_ms": _ranged(0, ms=True),  # 0: no rate limit, as bunqueue's 0
     "rate_limit_max_requests": _ranged(1),
+    # -- events: 0 keeps no ring (no resumption); 4 KiB holds a few events at least.
+    "events_ring_size": _ranged(0, 10_000_000),
+    "events_subscriber_buffer_bytes": _ranged(4096, 1 << 32),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

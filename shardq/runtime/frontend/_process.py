@@ -78,6 +78,8 @@ class Frontend:
             max_parked_per_connection=spec.max_parked_per_connection,
             max_parked=spec.max_parked,
             auth_max_failures=spec.auth_max_failures,
+            events_ring_size=spec.events_ring_size,
+            events_buffer_bytes=spec.events_subscriber_buffer_bytes,
         )
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))
