@@ -157,6 +157,13 @@ class ServerConfig:
     # How often the HTTP process reads the registry and reports outcomes: a change takes
     # effect for deliveries within this long.
     webhook_sync_ms: int = 500
+    # -- events (docs/protocol.md §17): the front end keeps the most recent events, with
+    # their ids, so a subscriber can resume (SSE Last-Event-ID, SubscribeEvents `since`).
+    # bunqueue keeps 10,000 per queue (maxQueueEvents); one event is a few hundred bytes.
+    events_ring_size: int = 10_000
+    # Bytes a subscriber may leave unread before events to it are dropped and counted: a slow
+    # subscriber loses events, it never grows the server's memory nor slows a push.
+    events_subscriber_buffer_bytes: int = 1024 * 1024
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @property
@@ -345,6 +352,9 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "webhook_max_pending": _ranged(1, 10_000_000),
     "webhook_concurrency": _ranged(1, 1_000),
     "webhook_sync_ms": _ranged(10, 60_000, ms=True),
+    # -- events: 0 keeps no ring (no resumption); 4 KiB holds a few events at least.
+    "events_ring_size": _ranged(0, 10_000_000),
+    "events_subscriber_buffer_bytes": _ranged(4096, 1 << 32),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

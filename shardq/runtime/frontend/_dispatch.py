@@ -52,6 +52,7 @@ from shardq.runtime.frontend._commands import (
     SHARD_COMMANDS,
 )
 from shardq.runtime.frontend._cron import CronRoutes
+from shardq.runtime.frontend._events import EventHub
 from shardq.runtime.frontend._limits import (
     PARKING_COMMANDS,
     Failures,
@@ -218,6 +219,8 @@ class Dispatcher:
         auth_max_failures: int = 3,
         webhook_allow_private: bool = False,
         webhook_timeout_ms: int = 10_000,
+        events_ring_size: int = 10_000,
+        events_buffer_bytes: int = 1 << 20,
     ) -> None:
         self.shards = shards
         self._link_max = link_max_frame_bytes
@@ -255,6 +258,10 @@ class Dispatcher:
             self.answer, self._gather_all, rate_window_s, self.pending_per_shard
         )
         self._local.update(self.bunqueue.handlers)
+        self.events = EventHub(
+            shards, self.control, self.answer, events_ring_size, events_buffer_bytes
+        )
+        self._local.update(self.events.handlers)
 
     @property
     def auth_required(self) -> bool:
@@ -554,8 +561,11 @@ class Dispatcher:
                 self._deliver(item)
         elif kind == "shard-down":
             self._shard_down(msg.get("shard"))
+        elif kind == "events":
+            self.events.on_events(msg.get("items"))
         elif kind == "shard-up":
             self.down.discard(msg.get("shard"))
+            self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
         elif kind == "drained":
             self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
             if len(self.drained) >= self.shards:
@@ -589,12 +599,19 @@ class Dispatcher:
     def connection_closed(self, conn: str) -> None:
         """Tell every shard, after this turn's batches, that `conn` is gone (lease release)."""
         self.bunqueue.connection_closed(conn)
+        self.events.forget(conn)
         self._auth_failures.forget(conn)
         if not self.release_on_close:
             return
         for shard in range(self.shards):
             self._control[shard].append({"t": "close", "conn": conn})
         self._schedule_flush()
+
+    def control(self, shard: int, msg: dict[str, Any]) -> None:
+        """Send `msg` to `shard` after this turn's requests (dropped while it is down)."""
+        if shard not in self.down:
+            self._control[shard].append(msg)
+            self._schedule_flush()
 
     def start_drain(self) -> None:
         """Ask every shard to stop handing out jobs; `all_drained` is set once all report."""

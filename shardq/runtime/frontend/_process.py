@@ -80,6 +80,8 @@ class Frontend:
             auth_max_failures=spec.auth_max_failures,
             webhook_allow_private=spec.webhook_allow_private,
             webhook_timeout_ms=spec.webhook_timeout_ms,
+            events_ring_size=spec.events_ring_size,
+            events_buffer_bytes=spec.events_subscriber_buffer_bytes,
         )
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))
