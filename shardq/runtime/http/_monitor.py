@@ -216,9 +216,12 @@ class Monitor:
             )
         return 200, summary
 
-    async def prometheus(self) -> bytes:
+    async def prometheus(self, *extra: Collector) -> bytes:
+        """The exposition text; `extra` collectors (webhook delivery) add their metrics."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_SnapshotCollector(await self.snapshot(per_queue=True)))
+        for collector in extra:
+            registry.register(collector)
         return generate_latest(registry)
 
 

@@ -93,6 +93,7 @@ class _Server:
         self.monitor = Monitor(spec, backend)
         self.overview = Overview(backend, self.monitor)
         self.auth = _Auth(spec)
+        self.webhooks = WebhookService(spec, backend)
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -121,7 +122,7 @@ class _Server:
         return _json(body, status)
 
     async def prometheus(self, request: web.Request) -> web.Response:
-        body = await self.monitor.prometheus()
+        body = await self.monitor.prometheus(self.webhooks.collector())
         return web.Response(body=body, headers={"Content-Type": _PROMETHEUS_TYPE})
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -190,6 +191,9 @@ def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
     app.router.add_get("/", server.index)
     app.router.add_static("/static/", str(static))
     app.router.add_route("*", "/{tail:.*}", server.rest)
+    # Webhook delivery lives and dies with the HTTP server (docs/protocol.md, "Webhooks").
+    app.on_startup.append(lambda _app: server.webhooks.start())
+    app.on_cleanup.append(lambda _app: server.webhooks.stop())
     return app
 
 
@@ -213,12 +217,9 @@ async def serve(spec: ChildSpec) -> int:
             log.error("http cannot bind", error=str(e))
             sup.fatal(f"http cannot bind port {spec.http_port}: {e}")
             return 1
-        webhooks = WebhookService(spec, backend)
-        await webhooks.start()
         sup.ready(addresses={"http": f"{spec.host}:{spec.http_port}"})
         log.info("http ready", host=spec.host, port=spec.http_port)
         await stop.wait()
-        await webhooks.stop()
         log.info("http stopped")
         return 0
     finally:

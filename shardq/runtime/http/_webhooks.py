@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 import structlog
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from shardq.protocol import FrameDecoder, encode
 from shardq.runtime._spec import ChildSpec
@@ -31,6 +33,7 @@ log = structlog.get_logger()
 # shardq's (and bunqueue's) job event types -> the webhook event names bunqueue delivers.
 EVENT_NAMES: Final = {
     "pushed": "job.pushed",
+    "pulled": "job.started",  # a worker took the job
     "active": "job.started",
     "completed": "job.completed",
     "failed": "job.failed",
@@ -121,6 +124,10 @@ class WebhookService:
         self._sync_s = spec.webhook_sync_ms / 1000
         self._sync_task: asyncio.Task[None] | None = None
         self._streams: dict[str | None, asyncio.Task[None]] = {}
+        self.hooks: list[dict[str, Any]] = []  # the registry as last synced
+
+    def collector(self) -> Collector:
+        return _Collector(self)
 
     async def start(self) -> None:
         await self.deliveries.start()
@@ -150,8 +157,9 @@ class WebhookService:
         if not reply.get("ok") or not isinstance(hooks, list):
             self.deliveries.give_back(tally)  # counted at the next sync that works
             return
-        self.deliveries.set_hooks([h for h in hooks if isinstance(h, dict)])
-        self._subscribe(hooks)
+        self.hooks = [h for h in hooks if isinstance(h, dict)]
+        self.deliveries.set_hooks(self.hooks)
+        self._subscribe(self.hooks)
 
     def _subscribe(self, hooks: list[Any]) -> None:
         queues = {h.get("queue") for h in hooks if isinstance(h, dict) and h.get("enabled")}
@@ -168,3 +176,24 @@ class WebhookService:
         if name is None or not isinstance(job_id, str) or not isinstance(queue, str):
             return
         self.deliveries.offer(name, job_id, queue, _payload_extra(event))
+
+
+class _Collector(Collector):
+    """The webhook metrics on /prometheus: bunqueue's two gauges and the delivery counters."""
+
+    def __init__(self, service: WebhookService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        hooks, d = self._service.hooks, self._service.deliveries
+        enabled = sum(1 for h in hooks if h.get("enabled"))
+        yield GaugeMetricFamily("bunqueue_webhooks_registered", "Webhooks", len(hooks))
+        yield GaugeMetricFamily("bunqueue_webhooks_enabled", "Enabled webhooks", enabled)
+        outcomes = CounterMetricFamily(
+            "shardq_webhook_deliveries", "Webhook deliveries by outcome", labels=["outcome"]
+        )
+        for outcome in ("delivered", "failed", "dropped"):
+            outcomes.add_metric([outcome], getattr(d, outcome))
+        yield outcomes
+        yield CounterMetricFamily("shardq_webhook_retries", "Delivery attempts retried", d.retried)
+        yield GaugeMetricFamily("shardq_webhook_pending", "Deliveries waiting", d.pending)
