@@ -90,21 +90,22 @@ def test_unsigned_without_secret_and_matching_by_event_and_queue() -> None:
 
 def test_failures_are_retried_with_exponential_backoff_then_counted() -> None:
     async def scenario() -> None:
-        settings = DeliverySettings(retry_delay_ms=100, max_retries=4, allow_private=True)
-        async with Receiver(fail_first=2) as rx:
+        settings = DeliverySettings(retry_delay_ms=100, max_retries=5, allow_private=True)
+        async with Receiver(fail_first=3) as rx:
             d = Deliveries(settings)
             await d.start()
             try:
                 d.set_hooks([hook(rx.url)])
                 d.offer("job.completed", "j1", "q")
-                hits = await rx.wait_for(3, 10)
+                hits = await rx.wait_for(4, 10)
                 await settled(d)
             finally:
                 await d.stop()
         gaps = [b.at - a.at for a, b in itertools.pairwise(hits)]
-        assert 0.09 <= gaps[0] < 0.6 and 0.19 <= gaps[1] < 1.0, gaps  # 100 ms, then 200 ms
+        # 100, 200, then 400 ms: doubling (a linear backoff would wait 300 ms last).
+        assert 0.09 <= gaps[0] < 0.6 and 0.19 <= gaps[1] < 1.0 and 0.39 <= gaps[2] < 2, gaps
         assert len({h.body for h in hits}) == 1  # the same signed body each time
-        assert (d.delivered, d.failed, d.retried) == (1, 0, 2)
+        assert (d.delivered, d.failed, d.retried) == (1, 0, 3)
 
     run(scenario)
 

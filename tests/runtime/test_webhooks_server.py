@@ -4,6 +4,7 @@ refusal of private addresses without the flag."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 import urllib.request
@@ -165,20 +166,21 @@ def test_webhooks_survive_a_restart(shardq_server: Callable[..., ShardqServer]) 
 def test_failing_receiver_is_retried_with_backoff(
     shardq_server: Callable[..., ShardqServer],
 ) -> None:
-    server = start(shardq_server, WEBHOOK_MAX_RETRIES="3")
+    server = start(shardq_server, WEBHOOK_MAX_RETRIES="4")
     tcp = Tcp(server.tcp_address)
-    with ThreadedReceiver(fail_first=2) as rx:
+    with ThreadedReceiver(fail_first=3) as rx:
         try:
             add_hook(tcp, rx.url, ["job.pushed"], queue="retry-q")
             synced(server, 1)
             prime(tcp, rx, "retry-q")
             first = rx.hits[0].json["jobId"]
-            poll_until(lambda: len(for_job(rx.hits, first)) == 3, 10, "three attempts")
+            poll_until(lambda: len(for_job(rx.hits, first)) == 4, 10, "four attempts")
             hits = for_job(rx.hits, first)
-            gaps = [b.at - a.at for a, b in zip(hits, hits[1:], strict=False)]
-            assert 0.09 <= gaps[0] and 0.19 <= gaps[1], gaps  # 100 ms, then 200 ms
+            gaps = [b.at - a.at for a, b in itertools.pairwise(hits)]
+            # 100, 200, then 400 ms: doubling (a linear backoff would wait 300 ms last).
+            assert gaps[0] >= 0.09 and gaps[1] >= 0.19 and gaps[2] >= 0.39, gaps
             assert len({h.body for h in hits}) == 1
-            poll_until(lambda: metric(server, "shardq_webhook_retries_total") >= 2, 10, "retries")
+            poll_until(lambda: metric(server, "shardq_webhook_retries_total") >= 3, 10, "retries")
         finally:
             tcp.close()
 
