@@ -79,6 +79,7 @@ class Frontend:
             max_parked=spec.max_parked,
             auth_max_failures=spec.auth_max_failures,
             events_ring_size=spec.events_ring_size,
+            events_ring_data_bytes=spec.events_ring_data_bytes,
             events_buffer_bytes=spec.events_subscriber_buffer_bytes,
         )
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
