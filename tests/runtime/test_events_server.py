@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 import zmq
 from shardq_harness import ShardqServer
 from wire_clients import Dealer, Tcp
+
+from shardq.protocol import encode
 
 Reply = dict[str, Any]
 
@@ -133,3 +137,49 @@ def test_two_subscribers_and_zeromq_get_the_same_events(
             t.close()
         dealer.close()
         ctx.term()
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_subscriber_that_never_reads_costs_bounded_memory(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    server = shardq_server(env={"SHARDQ_EVENTS_SUBSCRIBER_BUFFER_BYTES": "65536"})
+    front = server.child_pids()["frontend"]
+    stuck = socket.create_connection(server.tcp_address)
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    c = Tcp(server.tcp_address, timeout=30)
+    try:
+        stuck.sendall(encode({"cmd": "SubscribeEvents", "queue": "slow", "reqId": "s"}))
+        c.call({"cmd": "Ping"})  # the subscription is in place once this round trip is over
+        before = _rss_bytes(front)
+        result = "x" * 10_000  # every completed event carries it: 30 MB of events in all
+        started = time.monotonic()
+        for _ in range(15):
+            jobs = [{"data": {}} for _ in range(200)]
+            ids = c.call({"cmd": "PUSHB", "queue": "slow", "jobs": jobs})["ids"]
+            pulled = c.call({"cmd": "PULLB", "queue": "slow", "count": 200, "owner": "w"})
+            ack = {"cmd": "ACKB", "ids": ids, "tokens": pulled["tokens"], "results": [result] * 200}
+            assert c.call(ack)["ok"]
+        elapsed = time.monotonic() - started
+        grown = _rss_bytes(front) - before
+        # Unbounded, the front end would hold the 30 MB the subscriber never read.
+        assert grown < 12 * 1024 * 1024, grown
+        assert elapsed < 60, elapsed
+        assert server.wait_for_log("events dropped for a slow subscriber", timeout=10)
+        # A reading subscriber is not held back by the stuck one.
+        reader = Tcp(server.tcp_address)
+        try:
+            assert reader.call({"cmd": "SubscribeEvents", "queue": "slow"})["ok"]
+            job = c.call({"cmd": "PUSH", "queue": "slow", "data": {}})["id"]
+            assert _kinds(_events(reader, 1), job) == ["pushed"]
+        finally:
+            reader.close()
+    finally:
+        stuck.close()
+        c.close()

@@ -220,6 +220,7 @@ class Dispatcher:
         webhook_allow_private: bool = False,
         webhook_timeout_ms: int = 10_000,
         events_ring_size: int = 10_000,
+        events_ring_data_bytes: int = 1024,
         events_buffer_bytes: int = 1 << 20,
     ) -> None:
         self.shards = shards
@@ -259,7 +260,12 @@ class Dispatcher:
         )
         self._local.update(self.bunqueue.handlers)
         self.events = EventHub(
-            shards, self.control, self.answer, events_ring_size, events_buffer_bytes
+            shards,
+            self.control,
+            self.answer,
+            events_ring_size,
+            events_buffer_bytes,
+            ring_data_bytes=events_ring_data_bytes,
         )
         self._local.update(self.events.handlers)
 

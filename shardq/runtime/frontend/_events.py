@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import structlog
+from msgpack import packb  # type: ignore[import-untyped]
 
 from shardq.core._options import validate_queue_name as check_queue_name
 
@@ -64,6 +65,8 @@ class EventHub:
         answer: Callable[[Any, object, Reply], None],
         ring_size: int = 10_000,
         buffer_bytes: int = 1 << 20,
+        *,
+        ring_data_bytes: int = 1024,
     ) -> None:
         self._shards = shards
         self._control = control
@@ -72,6 +75,7 @@ class EventHub:
             deque(maxlen=ring_size) if ring_size else deque(maxlen=0)
         )
         self._buffer_bytes = buffer_bytes
+        self._ring_data_bytes = ring_data_bytes
         self._ids = itertools.count(int(time.time() * _MICROS))
         self.last_id = 0
         self.subscribers: dict[str, _Subscriber] = {}
@@ -198,7 +202,7 @@ class EventHub:
                 continue
             event_id = next(self._ids)
             self.last_id = event_id
-            self.ring.append((event_id, event))
+            self.ring.append((event_id, self._ring_copy(event)))
             frames: dict[str, bytes] = {}
             for sub in self.subscribers.values():
                 if sub.queue is None or sub.queue == event["queue"]:
@@ -208,6 +212,20 @@ class EventHub:
                     listener(event_id, event)
                 except Exception:
                     _log.exception("event listener failed")
+
+    def _ring_copy(self, event: Event) -> Event:
+        """What the ring keeps of an event: a large `data` would make the ring's memory a
+        multiple of the results' sizes, so it is left out (`truncated: true`)."""
+        data = event.get("data")
+        if data is None or isinstance(data, int | float | bool):
+            return event
+        try:
+            size = len(packb(data, use_bin_type=True))
+        except (TypeError, ValueError, OverflowError):
+            size = self._ring_data_bytes + 1
+        if size <= self._ring_data_bytes:
+            return event
+        return {**{k: v for k, v in event.items() if k != "data"}, "truncated": True}
 
     def _deliver(
         self, sub: _Subscriber, event_id: int, event: Event, frames: dict[str, bytes]

@@ -81,6 +81,7 @@ class Frontend:
             webhook_allow_private=spec.webhook_allow_private,
             webhook_timeout_ms=spec.webhook_timeout_ms,
             events_ring_size=spec.events_ring_size,
+            events_ring_data_bytes=spec.events_ring_data_bytes,
             events_buffer_bytes=spec.events_subscriber_buffer_bytes,
         )
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
