@@ -59,6 +59,9 @@ class _EventStream:
         self.queue = queue
         self._on_event = on_event
         self._warned = False
+        # The last event id seen: a new connection resumes after it from the front end's ring,
+        # so a lost connection loses no event the ring still holds.
+        self._last_id: int | None = None
 
     async def run(self) -> None:
         while True:
@@ -84,6 +87,8 @@ class _EventStream:
                 writer.write(encode({"cmd": "Auth", "token": spec.auth_tokens[0], "reqId": "a"}))
             sub: dict[str, Any] = {"cmd": "SubscribeEvents", "reqId": "s"}
             sub.update({"all": True} if self.queue is None else {"queue": self.queue})
+            if self._last_id is not None:
+                sub["since"] = self._last_id
             writer.write(encode(sub))
             await writer.drain()
             await self._read(reader)
@@ -105,6 +110,11 @@ class _EventStream:
 
     def _frame(self, frame: Mapping[str, Any]) -> None:
         if frame.get("type") == "event" and isinstance(frame.get("event"), dict):
+            event_id = frame.get("id")
+            if isinstance(event_id, int):
+                if self._last_id is not None and event_id <= self._last_id:
+                    return  # replayed from the ring, and delivered already
+                self._last_id = event_id
             self._on_event(frame["event"])
         elif frame.get("reqId") in ("a", "s") and not frame.get("ok"):
             raise RuntimeError(f"event subscription refused: {frame.get('error')}")
