@@ -12,9 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import zmq
 from shardq_harness import ShardqServer, free_port, poll_until
 from webhook_receiver import Hit, ThreadedReceiver
-from wire_clients import Tcp
+from wire_clients import Dealer, Tcp
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -239,5 +240,20 @@ def test_private_addresses_are_refused_without_the_flag(
             assert reply["error"].startswith("Invalid webhook URL: ")
             assert "WEBHOOK_ALLOW_PRIVATE" in reply["error"]
         assert tcp.call({"cmd": "ListWebhooks"})["data"]["webhooks"] == []
+        # The same commands over ZeroMQ.
+        ctx: zmq.Context[Any] = zmq.Context()
+        dealer = Dealer(ctx, server.zmq_endpoint)
+        try:
+            refused = dealer.call(
+                {"cmd": "AddWebhook", "url": "http://[::1]/h", "events": ["job.pushed"]}
+            )
+            assert refused["ok"] is False and "loopback" in refused["error"], refused
+            assert dealer.call({"cmd": "ListWebhooks"})["data"] == {
+                "webhooks": [],
+                "stats": {"total": 0, "enabled": 0},
+            }
+        finally:
+            dealer.close()
+            ctx.term()
     finally:
         tcp.close()
