@@ -139,6 +139,10 @@ VALID_TEXT = {
     "webhook_sync_ms": "100",
     "metrics_auth": "true",
     "metrics_max_queues": "10",
+    "events_ring_size": "500",
+    "events_ring_data_bytes": "0",
+    "events_subscriber_buffer_bytes": "65536",
+    "events_max_streams": "10",
 }
 
 

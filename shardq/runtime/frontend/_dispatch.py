@@ -52,7 +52,7 @@ from shardq.runtime.frontend._commands import (
     SHARD_COMMANDS,
 )
 from shardq.runtime.frontend._cron import CronRoutes
-from shardq.runtime.frontend._events import EventHub
+from shardq.runtime.frontend._events import EventHub, EventLimits
 from shardq.runtime.frontend._limits import (
     PARKING_COMMANDS,
     Failures,
@@ -219,9 +219,7 @@ class Dispatcher:
         auth_max_failures: int = 3,
         webhook_allow_private: bool = False,
         webhook_timeout_ms: int = 10_000,
-        events_ring_size: int = 10_000,
-        events_ring_data_bytes: int = 1024,
-        events_buffer_bytes: int = 1 << 20,
+        events: EventLimits = EventLimits(),  # noqa: B008 (frozen, so shared safely)
     ) -> None:
         self.shards = shards
         self._link_max = link_max_frame_bytes
@@ -259,14 +257,7 @@ class Dispatcher:
             self.answer, self._gather_all, rate_window_s, self.pending_per_shard
         )
         self._local.update(self.bunqueue.handlers)
-        self.events = EventHub(
-            shards,
-            self.control,
-            self.answer,
-            events_ring_size,
-            events_buffer_bytes,
-            ring_data_bytes=events_ring_data_bytes,
-        )
+        self.events = EventHub(shards, self.control, self.answer, events)
         self._local.update(self.events.handlers)
 
     @property

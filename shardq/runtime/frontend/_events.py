@@ -24,8 +24,9 @@ import structlog
 from msgpack import packb  # type: ignore[import-untyped]
 
 from shardq.core._options import validate_queue_name as check_queue_name
+from shardq.runtime._spec import ChildSpec
 
-__all__ = ["EventHub", "EventSink"]
+__all__ = ["EventHub", "EventLimits", "EventSink"]
 
 Reply = dict[str, Any]
 Event = dict[str, Any]
@@ -48,6 +49,23 @@ class EventSink(Protocol):
         """Queue one event frame; False when it was dropped (the peer is not reading)."""
 
 
+@dataclass(frozen=True, slots=True)
+class EventLimits:
+    """The events settings of `ServerConfig` (see there); defaults are its own."""
+
+    ring_size: int = 10_000
+    ring_data_bytes: int = 1024
+    buffer_bytes: int = 1 << 20
+
+    @classmethod
+    def from_spec(cls, spec: ChildSpec) -> EventLimits:
+        return cls(
+            spec.events_ring_size,
+            spec.events_ring_data_bytes,
+            spec.events_subscriber_buffer_bytes,
+        )
+
+
 @dataclass(slots=True)
 class _Subscriber:
     sink: EventSink
@@ -63,19 +81,17 @@ class EventHub:
         shards: int,
         control: Callable[[int, dict[str, Any]], None],
         answer: Callable[[Any, object, Reply], None],
-        ring_size: int = 10_000,
-        buffer_bytes: int = 1 << 20,
-        *,
-        ring_data_bytes: int = 1024,
+        limits: EventLimits = EventLimits(),
     ) -> None:
+        ring_size = limits.ring_size
         self._shards = shards
         self._control = control
         self._answer = answer
         self.ring: deque[tuple[int, Event]] = (
             deque(maxlen=ring_size) if ring_size else deque(maxlen=0)
         )
-        self._buffer_bytes = buffer_bytes
-        self._ring_data_bytes = ring_data_bytes
+        self._buffer_bytes = limits.buffer_bytes
+        self._ring_data_bytes = limits.ring_data_bytes
         self._ids = itertools.count(int(time.time() * _MICROS))
         self.last_id = 0
         self.subscribers: dict[str, _Subscriber] = {}

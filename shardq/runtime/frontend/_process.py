@@ -37,6 +37,7 @@ from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
 from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.frontend._events import EventLimits
 from shardq.runtime.frontend._links import ShardLinks
 from shardq.runtime.frontend._tcp import TcpGateway, TcpLimits
 from shardq.runtime.frontend._zmq import ZmqGateway
@@ -80,9 +81,7 @@ class Frontend:
             auth_max_failures=spec.auth_max_failures,
             webhook_allow_private=spec.webhook_allow_private,
             webhook_timeout_ms=spec.webhook_timeout_ms,
-            events_ring_size=spec.events_ring_size,
-            events_ring_data_bytes=spec.events_ring_data_bytes,
-            events_buffer_bytes=spec.events_subscriber_buffer_bytes,
+            events=EventLimits.from_spec(spec),
         )
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))

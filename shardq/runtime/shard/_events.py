@@ -44,6 +44,7 @@ class EventTap:
         self._cmd: Mapping[str, Any] | None = None
         self._before: dict[str, tuple[str, str]] = {}  # job id -> (queue, state) before
         self._pushed: set[str] = set()
+        self._timed_out: set[str] = set()  # jobs a timer pass failed for their `timeout`
 
     def listen(self, msg: Mapping[str, Any]) -> None:
         """`{"t": "listen", "all": bool, "queues": [...]}` from the front end."""
@@ -102,6 +103,8 @@ class EventTap:
     ) -> None:
         """Turn a batch of mutations (and the engine's own timer events) into job events."""
         name = self._cmd.get("cmd") if self._cmd is not None else None
+        if name is None:
+            self._timed_out = {job_id for kind, _, job_id in engine_events if kind == "timeout"}
         for m in muts:
             kind = m[0]
             if kind == "put":
@@ -148,7 +151,9 @@ class EventTap:
         elif state == "failed":
             error = changes.get("failedReason") or _failed_reason(engine, job_id)
             self._emit("failed", queue, job_id, error=error, terminal=True)
-        elif name == "FAIL" and self._before.get(job_id, ("", ""))[1] == "active":
+        elif (name == "FAIL" and self._before.get(job_id, ("", ""))[1] == "active") or (
+            name is None and job_id in self._timed_out
+        ):
             error = _failed_reason(engine, job_id)
             self._emit("failed", queue, job_id, error=error, terminal=False)
             self._emit("retried", queue, job_id, prev="failed")
