@@ -261,3 +261,18 @@ def test_private_addresses_are_refused_without_the_flag(
             ctx.term()
     finally:
         tcp.close()
+
+
+def test_deliveries_work_with_auth_tokens(shardq_server: Callable[..., ShardqServer]) -> None:
+    # The HTTP process's registry reads and event connections must authenticate too.
+    server = start(shardq_server, AUTH_TOKENS="tok-1")
+    tcp = Tcp(server.tcp_address)
+    with ThreadedReceiver() as rx:
+        try:
+            assert tcp.call({"cmd": "Auth", "token": "tok-1"})["ok"]
+            add_hook(tcp, rx.url, ["job.pushed"], queue="auth-q", secret=SECRET)
+            synced(server, 1)
+            prime(tcp, rx, "auth-q")
+            assert rx.hits[0].signed_by(SECRET)
+        finally:
+            tcp.close()
