@@ -28,6 +28,7 @@ from ._produce import ProduceOps
 from ._query import QueryOps
 from ._timers import TimerOps
 from ._validate import CHECKED_COMMANDS, check_fields
+from ._webhooks import WebhookOps
 
 __all__ = ["COMMANDS", "Engine"]
 
@@ -92,10 +93,15 @@ COMMANDS: Final[dict[str, str]] = {
     "ClearConcurrency": "cmd_clear_concurrency",
     "GetQueueLimits": "cmd_get_queue_limits",
     **GROUP_COMMANDS,
+    "AddWebhook": "cmd_add_webhook",
+    "RemoveWebhook": "cmd_remove_webhook",
+    "ListWebhooks": "cmd_list_webhooks",
+    "SetWebhookEnabled": "cmd_set_webhook_enabled",
+    "WebhookSync": "cmd_webhook_sync",
 }
 
 
-class Engine(CronOps, GroupOps, TimerOps, ProduceOps, ControlOps, QueryOps):
+class Engine(WebhookOps, CronOps, GroupOps, TimerOps, ProduceOps, ControlOps, QueryOps):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

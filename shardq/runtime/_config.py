@@ -8,7 +8,8 @@ unknown environment variables are ignored (the environment is shared with everyt
 Environment names are `SHARDQ_<KEY>` (e.g. `SHARDQ_TCP_PORT`, `SHARDQ_ENGINE_MAX_COMPLETED`),
 plus bunqueue's names so shardq can replace bunqueue in an existing deployment: `TCP_PORT`,
 `HTTP_PORT`, `HOST`, `BUNQUEUE_DATA_PATH` (then `DATA_PATH`), `AUTH_TOKENS` (comma-separated),
-`SHUTDOWN_TIMEOUT_MS`, `METRICS_AUTH`, `METRICS_MAX_QUEUES`, `CORS_ALLOW_ORIGIN` and the
+`SHUTDOWN_TIMEOUT_MS`, `METRICS_AUTH`, `METRICS_MAX_QUEUES`, `CORS_ALLOW_ORIGIN`,
+`WEBHOOK_ALLOW_PRIVATE`, `WEBHOOK_MAX_RETRIES`, `WEBHOOK_RETRY_DELAY_MS` and the
 `RATE_LIMIT_*` pair (which sets the TCP and the HTTP limits alike). A `SHARDQ_` name wins over an
 alias. Nothing here reads the environment at import time: `load_config` reads `os.environ` only
 when called without `env`.
@@ -160,6 +161,35 @@ class ServerConfig:
     # 60 s, 166 commands/s) would cap every pipelining client, so shardq ships it off (0).
     rate_limit_window_ms: int = 0
     rate_limit_max_requests: int = 10_000
+    # -- webhooks (docs/protocol.md, "Webhooks"), delivered by the HTTP process
+    # Off by default: a client could otherwise point the server at its own network (SSRF).
+    webhook_allow_private: bool = False
+    # bunqueue's WEBHOOK_MAX_RETRIES and WEBHOOK_RETRY_DELAY_MS: attempts per delivery in all,
+    # and the first retry's delay (each later retry waits twice the one before).
+    webhook_max_retries: int = 3
+    webhook_retry_delay_ms: int = 1_000
+    webhook_timeout_ms: int = 10_000  # bunqueue's fixed per-request timeout
+    # Deliveries waiting (for a free sender or a retry) past which new ones are dropped and
+    # counted: a receiver that is down must cost bounded memory, never the queues' speed.
+    webhook_max_pending: int = 10_000
+    webhook_concurrency: int = 16  # requests in flight at once, over all receivers
+    # How often the HTTP process reads the registry and reports outcomes: a change takes
+    # effect for deliveries within this long.
+    webhook_sync_ms: int = 500
+    # -- events (docs/protocol.md §17): the front end keeps the most recent events, with
+    # their ids, so a subscriber can resume (SSE Last-Event-ID, SubscribeEvents `since`).
+    # bunqueue keeps 10,000 per queue (maxQueueEvents); one event is a few hundred bytes.
+    events_ring_size: int = 10_000
+    # An event's `data` (a result, a failed job's payload) larger than this is left out of
+    # the ring's copy (`truncated: true`): live subscribers get it whole, a replay does not,
+    # and the ring stays within about events_ring_size * this.
+    events_ring_data_bytes: int = 1024
+    # Bytes a subscriber may leave unread before events to it are dropped and counted: a slow
+    # subscriber loses events, it never grows the server's memory nor slows a push.
+    events_subscriber_buffer_bytes: int = 1024 * 1024
+    # SSE and WebSocket streams the HTTP port keeps open at once, of each kind (bunqueue's
+    # MAX_SSE_CLIENTS and MAX_WS_CLIENTS); each is one subscription to the front end.
+    events_max_streams: int = 1_000
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
     # Test-only: a file whose number (seconds) every server process adds to the wall clock,
     # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
@@ -368,6 +398,18 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "rate_limit_window_ms": _ranged(0, ms=True),  # 0: no rate limit, as bunqueue's 0
     "rate_limit_max_requests": _ranged(1),
     "test_clock_file": _path_or_none,
+    "webhook_allow_private": _bool,
+    "webhook_max_retries": _ranged(1, 100),
+    "webhook_retry_delay_ms": _ranged(0, 3_600_000, ms=True),
+    "webhook_timeout_ms": _ranged(1, 600_000, ms=True),
+    "webhook_max_pending": _ranged(1, 10_000_000),
+    "webhook_concurrency": _ranged(1, 1_000),
+    "webhook_sync_ms": _ranged(10, 60_000, ms=True),
+    # -- events: 0 keeps no ring (no resumption); 4 KiB holds a few events at least.
+    "events_ring_size": _ranged(0, 10_000_000),
+    "events_ring_data_bytes": _ranged(0, 1 << 20),
+    "events_subscriber_buffer_bytes": _ranged(4096, 1 << 32),
+    "events_max_streams": _ranged(0, 100_000),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 
@@ -394,6 +436,9 @@ _ENV_ALIASES: tuple[tuple[str, str], ...] = (
     ("TLS_KEY_FILE", "tls_key_file"),
     ("METRICS_AUTH", "metrics_auth"),
     ("METRICS_MAX_QUEUES", "metrics_max_queues"),
+    ("WEBHOOK_ALLOW_PRIVATE", "webhook_allow_private"),
+    ("WEBHOOK_MAX_RETRIES", "webhook_max_retries"),
+    ("WEBHOOK_RETRY_DELAY_MS", "webhook_retry_delay_ms"),
 )
 
 

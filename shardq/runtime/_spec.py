@@ -53,12 +53,24 @@ class ChildSpec:
     auth_max_failures: int = 3
     rate_limit_window_ms: int = 0
     rate_limit_max_requests: int = 10_000
+    events_ring_size: int = 10_000  # ServerConfig's (see there)
+    events_ring_data_bytes: int = 1024
+    events_subscriber_buffer_bytes: int = 1024 * 1024
+    events_max_streams: int = 1_000
     http_port: int = 0  # the HTTP process's port (0 for every other role)
     metrics_auth: bool = False
     metrics_max_queues: int = 100
     cors_allow_origin: tuple[str, ...] = ("*",)
     http_rate_limit_window_ms: int = 60_000
     http_rate_limit_max_requests: int = 10_000
+    # -- webhooks (docs/protocol.md, "Webhooks"): ServerConfig's, see there
+    webhook_allow_private: bool = False
+    webhook_max_retries: int = 3
+    webhook_retry_delay_ms: int = 1_000
+    webhook_timeout_ms: int = 10_000
+    webhook_max_pending: int = 10_000
+    webhook_concurrency: int = 16
+    webhook_sync_ms: int = 500
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
     test_clock_file: str = ""  # ServerConfig's (test-only, see there)
 

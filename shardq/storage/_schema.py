@@ -176,10 +176,22 @@ def _v4_cron_jobs(db: Database) -> None:
     )
 
 
+def _v5_webhooks(db: Database) -> None:
+    # The webhook registry (shardq.core._webhooks), one row per webhook id, the whole record in
+    # `rec`. Only shard 0 reads it (it owns the registry), so it needs no index of its own.
+    db.table("webhooks").create({"id": str, "rec": bytes}, pk="id", not_null={"rec"})
+
+
 Migration = Callable[[Database], None]
 
 # Append only. The database's schema version is the number of migrations applied to it.
-MIGRATIONS: list[Migration] = [_v1_initial, _v2_patch, _v3_narrow_indexes, _v4_cron_jobs]
+MIGRATIONS: list[Migration] = [
+    _v1_initial,
+    _v2_patch,
+    _v3_narrow_indexes,
+    _v4_cron_jobs,
+    _v5_webhooks,
+]
 
 
 def migrate(conn: sqlite3.Connection, db: Database) -> int:

@@ -274,6 +274,12 @@ class Store:
             rows = self._conn.execute("SELECT rec FROM cron_jobs ORDER BY name").fetchall()
             return [decode(rec) for (rec,) in rows]
 
+    def load_webhooks(self) -> list[Record]:
+        """Every stored webhook record. Raises `StorageError` if the read fails."""
+        with self._reading("loading webhooks"):
+            rows = self._conn.execute("SELECT rec FROM webhooks ORDER BY id").fetchall()
+            return [decode(rec) for (rec,) in rows]
+
     def get_job(self, job_id: str) -> Record | None:
         """The stored record of `job_id`, or None. Raises `StorageError` if the read fails."""
         with self._reading(f"reading job {job_id!r}"):

@@ -108,6 +108,8 @@ def write_plan(
     written += _write_queues(conn, plan, pack)
     if plan.crons:
         written += _write_crons(conn, plan, pack)
+    if plan.webhooks:
+        written += _write_webhooks(conn, plan, pack)
     return written, known
 
 
@@ -234,6 +236,22 @@ def _write_crons(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
     dropped = [(name,) for name, rec in plan.crons.items() if rec is None]
     if dropped:
         written += conn.executemany("DELETE FROM cron_jobs WHERE name = ?", dropped).rowcount
+    return written
+
+
+_UPSERT_WEBHOOK = (
+    "INSERT INTO webhooks (id, rec) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET rec = excluded.rec"
+)
+
+
+def _write_webhooks(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
+    written = 0
+    rows = [(i, pack(r)) for i, r in plan.webhooks.items() if r is not None]
+    if rows:
+        written += conn.executemany(_UPSERT_WEBHOOK, rows).rowcount
+    dropped = [(i,) for i, rec in plan.webhooks.items() if rec is None]
+    if dropped:
+        written += conn.executemany("DELETE FROM webhooks WHERE id = ?", dropped).rowcount
     return written
 
 

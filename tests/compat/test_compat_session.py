@@ -90,10 +90,6 @@ def test_flow_children_reads_answer_empty(clients: Clients, qname: str) -> None:
 def test_later_features_are_unsupported_not_faked(clients: Clients, qname: str) -> None:
     queue = clients.queue(qname)
     attempts: dict[str, Callable[[], object]] = {
-        "AddWebhook": lambda: queue.add_webhook("https://example.com/h", ["job.completed"]),
-        "ListWebhooks": queue.list_webhooks,
-        "RemoveWebhook": lambda: queue.remove_webhook("w1"),
-        "SetWebhookEnabled": lambda: queue.set_webhook_enabled("w1", False),
         "RemoveChildDependency": lambda: queue.remove_child_dependency("x"),
         "RemoveUnprocessedChildren": lambda: queue.remove_unprocessed_children("x"),
     }

@@ -133,12 +133,23 @@ VALID_TEXT = {
     "auth_max_failures": "10",
     "rate_limit_window_ms": "1000",
     "rate_limit_max_requests": "100",
+    "webhook_allow_private": "true",
+    "webhook_max_retries": "5",
+    "webhook_retry_delay_ms": "250",
+    "webhook_timeout_ms": "2000",
+    "webhook_max_pending": "50",
+    "webhook_concurrency": "4",
+    "webhook_sync_ms": "100",
     "metrics_auth": "true",
     "metrics_max_queues": "10",
     "cors_allow_origin": "https://a.example,http://b.example:8080",
     "http_rate_limit_window_ms": "0",
     "http_rate_limit_max_requests": "50",
     "test_clock_file": "/tmp/shardq-test-clock",
+    "events_ring_size": "500",
+    "events_ring_data_bytes": "0",
+    "events_subscriber_buffer_bytes": "65536",
+    "events_max_streams": "10",
 }
 
 
@@ -204,6 +215,17 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         http_rate_limit_window_ms = 0
         http_rate_limit_max_requests = 50
         test_clock_file = "/tmp/shardq-test-clock"
+        webhook_allow_private = true
+        webhook_max_retries = 5
+        webhook_retry_delay_ms = 250
+        webhook_timeout_ms = 2000
+        webhook_max_pending = 50
+        webhook_concurrency = 4
+        webhook_sync_ms = 100
+        events_ring_size = 500
+        events_ring_data_bytes = 0
+        events_subscriber_buffer_bytes = 65536
+        events_max_streams = 10
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
@@ -374,3 +396,22 @@ def test_http_settings_from_bunqueue_names() -> None:
 def test_bad_http_settings_rejected(var: str, raw: str) -> None:
     with pytest.raises(ConfigError, match=var):
         load_config(env={var: raw})
+
+
+def test_webhook_settings_from_bunqueue_names() -> None:
+    env = {
+        "WEBHOOK_ALLOW_PRIVATE": "true",
+        "WEBHOOK_MAX_RETRIES": "5",
+        "WEBHOOK_RETRY_DELAY_MS": "250",
+        "SHARDQ_WEBHOOK_MAX_PENDING": "7",
+    }
+    c = load_config(env=env)
+    assert (c.webhook_allow_private, c.webhook_max_retries, c.webhook_retry_delay_ms) == (
+        True,
+        5,
+        250,
+    )
+    assert c.webhook_max_pending == 7
+    for var, raw in [("WEBHOOK_MAX_RETRIES", "0"), ("WEBHOOK_ALLOW_PRIVATE", "perhaps")]:
+        with pytest.raises(ConfigError, match=var):
+            load_config(env={var: raw})

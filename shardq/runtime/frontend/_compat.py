@@ -1,6 +1,6 @@
 """bunqueue commands the front end answers for features shardq does not have yet.
 
-Flows and webhooks come with their own issue; until then a client must get a clear
+Flows come with their own issue; until then a client must get a clear
 `Unsupported command: X`, never a success that does nothing.
 
 - The flow-children reads (`GetChildrenValues`, `GetFailedChildrenValues`,

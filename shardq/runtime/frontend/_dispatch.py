@@ -10,7 +10,8 @@ registry, `Metrics` and the flow refusals), and sends everything else to the sha
   to every shard and the first reply that shows the job wins (`is_found`);
 - `ACKB`, `JobHeartbeatB` and `ExtendLocks` are split per shard by position and recombined;
 - `ListQueues` and `Stats` go to every shard and are merged;
-- the Cron commands are routed by `_cron.py` (a schedule lives on the shard of its queue).
+- the Cron commands are routed by `_cron.py` (a schedule lives on the shard of its queue);
+- the webhook commands go to shard 0 (`_webhooks.py`).
 
 Commands bound for one shard in one loop turn leave as one `req` message (flushed once per turn
 with `loop.call_soon`). Each forwarded command gets an int `rid`; the shard echoes it and the
@@ -52,6 +53,7 @@ from shardq.runtime.frontend._commands import (
     SHARD_COMMANDS,
 )
 from shardq.runtime.frontend._cron import CronRoutes
+from shardq.runtime.frontend._events import EventHub, EventLimits
 from shardq.runtime.frontend._limits import (
     PARKING_COMMANDS,
     Failures,
@@ -71,6 +73,7 @@ from shardq.runtime.frontend._merge import (
     shard_unavailable,
     sub_batch,
 )
+from shardq.runtime.frontend._webhooks import WebhookRoutes
 from shardq.runtime.links._control import pack
 from shardq.runtime.links._stream import MAX_FRAME_BYTES, split_batch
 
@@ -215,6 +218,9 @@ class Dispatcher:
         max_parked_per_connection: int = 1_000,
         max_parked: int = 10_000,
         auth_max_failures: int = 3,
+        webhook_allow_private: bool = False,
+        webhook_timeout_ms: int = 10_000,
+        events: EventLimits = EventLimits(),  # noqa: B008 (frozen, so shared safely)
     ) -> None:
         self.shards = shards
         self._link_max = link_max_frame_bytes
@@ -243,11 +249,17 @@ class Dispatcher:
             "ListQueues": self._list_queues,
         }
         self._local.update(CronRoutes(self).handlers)
+        hooks = WebhookRoutes(
+            self, allow_private=webhook_allow_private, timeout_ms=webhook_timeout_ms
+        )
+        self._local.update(hooks.handlers)
         # Workers, Metrics, flow-children reads and the flow push refusals.
         self.bunqueue = BunqueueCommands(
             self.answer, self._gather_all, rate_window_s, self.pending_per_shard
         )
         self._local.update(self.bunqueue.handlers)
+        self.events = EventHub(shards, self.control, self.answer, events)
+        self._local.update(self.events.handlers)
 
     @property
     def auth_required(self) -> bool:
@@ -547,8 +559,11 @@ class Dispatcher:
                 self._deliver(item)
         elif kind == "shard-down":
             self._shard_down(msg.get("shard"))
+        elif kind == "events":
+            self.events.on_events(msg.get("items"))
         elif kind == "shard-up":
             self.down.discard(msg.get("shard"))
+            self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
         elif kind == "drained":
             self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
             if len(self.drained) >= self.shards:
@@ -582,12 +597,19 @@ class Dispatcher:
     def connection_closed(self, conn: str) -> None:
         """Tell every shard, after this turn's batches, that `conn` is gone (lease release)."""
         self.bunqueue.connection_closed(conn)
+        self.events.forget(conn)
         self._auth_failures.forget(conn)
         if not self.release_on_close:
             return
         for shard in range(self.shards):
             self._control[shard].append({"t": "close", "conn": conn})
         self._schedule_flush()
+
+    def control(self, shard: int, msg: dict[str, Any]) -> None:
+        """Send `msg` to `shard` after this turn's requests (dropped while it is down)."""
+        if shard not in self.down:
+            self._control[shard].append(msg)
+            self._schedule_flush()
 
     def start_drain(self) -> None:
         """Ask every shard to stop handing out jobs; `all_drained` is set once all report."""

@@ -37,6 +37,7 @@ from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
 from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.frontend._events import EventLimits
 from shardq.runtime.frontend._links import ShardLinks
 from shardq.runtime.frontend._tcp import TcpGateway, TcpLimits
 from shardq.runtime.frontend._zmq import ZmqGateway
@@ -79,6 +80,9 @@ class Frontend:
             max_parked=spec.max_parked,
             auth_max_failures=spec.auth_max_failures,
             cache_size=spec.job_cache_size,
+            webhook_allow_private=spec.webhook_allow_private,
+            webhook_timeout_ms=spec.webhook_timeout_ms,
+            events=EventLimits.from_spec(spec),
         )
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))

@@ -220,6 +220,24 @@ class TcpConnection(asyncio.Protocol):
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
 
+    def push_event(self, msg: dict[str, Any], frames: dict[str, bytes], limit: int) -> bool:
+        """Queue a server-initiated event frame (no reply to anything: in flight is
+        untouched); False, and nothing queued, while `limit` bytes wait unread for the peer."""
+        transport = self._transport
+        if self.closed or transport is None:
+            return False
+        if transport.get_write_buffer_size() + self._out_bytes > limit:
+            return False
+        data = frames.get("tcp")
+        if data is None:
+            data = frames["tcp"] = encode(msg)
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+        return True
+
     def drop(self, reason: str) -> None:
         """Write what is queued (e.g. the error frame), then close; log why."""
         _log.warning("connection dropped", conn=self.conn, peer=self.peer, reason=reason)

@@ -98,6 +98,8 @@ class Monitor:
         self._backend = backend
         self._started = time.monotonic()
         self.rates = QueueRates()
+        # Open SSE and WebSocket streams by kind, filled in by the HTTP process (`_streams`).
+        self.streams_open: dict[str, int] = {}
 
     async def snapshot(self, *, per_queue: bool = False) -> Snapshot:
         stats, metrics, workers = await self._backend.call_many(
@@ -147,7 +149,7 @@ class Monitor:
             "version": shardq.__version__,
             "queues": {k: int(s.get(k, 0)) for k in ("waiting", "active", "delayed", "completed")}
             | {"dlq": int(s.get("dlq", 0))},
-            "connections": {"tcp": snap.tcp_connections, "ws": 0, "sse": 0},
+            "connections": {"tcp": snap.tcp_connections, "ws": 0, "sse": 0} | self.streams_open,
             "memory": {"rss": round(rss / _MB, 1)},
             "processes": [
                 {"role": p.role, "pid": p.pid, "rss": round(p.rss_bytes / _MB, 1)}
@@ -227,9 +229,12 @@ class Monitor:
             )
         return 200, summary
 
-    async def prometheus(self) -> bytes:
+    async def prometheus(self, *extra: Collector) -> bytes:
+        """The exposition text; `extra` collectors (webhook delivery) add their metrics."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_SnapshotCollector(await self.snapshot(per_queue=True)))
+        for collector in extra:
+            registry.register(collector)
         return generate_latest(registry)
 
 

@@ -30,7 +30,9 @@ from shardq.runtime.http._edge import Edge
 from shardq.runtime.http._monitor import Monitor
 from shardq.runtime.http._overview import Overview
 from shardq.runtime.http._rest import match, status_for
+from shardq.runtime.http._streams import EventStreams
 from shardq.runtime.http._tls_site import TlsSite
+from shardq.runtime.http._webhooks import WebhookService
 
 __all__ = ["build_app", "main", "serve"]
 
@@ -95,6 +97,9 @@ class _Server:
         self.monitor = Monitor(spec, backend)
         self.overview = Overview(backend, self.monitor)
         self.auth = _Auth(spec)
+        self.streams = EventStreams(spec, backend)
+        self.monitor.streams_open = self.streams.open
+        self.webhooks = WebhookService(spec, backend)
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -123,7 +128,7 @@ class _Server:
         return _json(body, status)
 
     async def prometheus(self, request: web.Request) -> web.Response:
-        body = await self.monitor.prometheus()
+        body = await self.monitor.prometheus(self.webhooks.collector())
         return web.Response(body=body, headers={"Content-Type": _PROMETHEUS_TYPE})
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -193,9 +198,16 @@ def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
     app.router.add_get("/dashboard", server.dashboard)
     app.router.add_get("/dashboard/queues", server.dashboard_queues)
     app.router.add_get("/dashboard/queues/{queue}", server.dashboard_queue)
+    for path in ("/events", "/events/queues/{queue}"):
+        app.router.add_get(path, server.streams.sse)
+    for path in ("/ws", "/ws/queues/{queue}"):
+        app.router.add_get(path, server.streams.ws)
     app.router.add_get("/", server.index)
     app.router.add_static("/static/", str(static))
     app.router.add_route("*", "/{tail:.*}", server.rest)
+    # Webhook delivery lives and dies with the HTTP server (docs/protocol.md, "Webhooks").
+    app.on_startup.append(lambda _app: server.webhooks.start())
+    app.on_cleanup.append(lambda _app: server.webhooks.stop())
     return app
 
 

@@ -4,7 +4,7 @@ A route is (method, path pattern, builder, kind). The builder turns the path's c
 query and the JSON body into the command map; the reply is the front end's, as JSON, exactly
 what the TCP port would answer. The status follows bunqueue: reads answer 200 whatever `ok`
 says (the reply carries the error), writes 400 when refused, a missing job 404. A command
-shardq does not serve yet (crons, webhooks, flows) answers its `Unsupported command: X` with
+shardq does not serve yet (crons, flows) answers its `Unsupported command: X` with
 501 Not Implemented, so a client can tell "not here" from "refused".
 """
 

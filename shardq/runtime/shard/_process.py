@@ -192,8 +192,10 @@ class ShardProcess:
                 crons = [
                     c for c in store.load_crons() if shard_of(c["queue"], spec.shards) == spec.index
                 ]
+                # Shard 0 owns the webhook registry (shardq.core._webhooks).
+                hooks = store.load_webhooks() if spec.index == 0 else []
                 recovered = self.core.recover(
-                    progress.count(self._own(records)), queues, now, crons
+                    progress.count(self._own(records)), queues, now, crons, hooks
                 )
                 if floor is not None:
                     recovered += self._delete_stale(store.stale_completed(floor, names), now)

@@ -1,0 +1,189 @@
+"""The webhook registry (docs/protocol.md, "Webhooks"): AddWebhook, RemoveWebhook, ListWebhooks,
+SetWebhookEnabled, and the delivery side's WebhookSync.
+
+Webhooks are not queue state: the front end sends all five commands to shard 0, whose engine
+holds the registry, so there is one owner and one order of changes. A webhook is persisted as
+one record (mutations `("webhook", id, rec)` and `("webhookdel", id)`); its delivery counters
+(`successCount`, `failureCount`, `lastTriggered`) live in memory only and start at zero when
+the shard starts, as they do in bunqueue, which keeps no webhook across a restart at all.
+
+Whether a URL is reachable and public is checked outside the engine (it needs DNS): the front
+end refuses private addresses before a command gets here. The engine checks only the shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from shardq.errors import CommandError
+
+from ._mutations import Mutation, Record
+from ._timers import TimerOps
+
+__all__ = ["WEBHOOK_EVENTS", "WebhookOps"]
+
+WEBHOOK_EVENTS: Final = (
+    "job.pushed",
+    "job.started",
+    "job.completed",
+    "job.failed",
+    "job.progress",
+)
+_EVENT_SET: Final = frozenset(WEBHOOK_EVENTS)
+# Longer URLs than this are refused by most HTTP servers anyway (and would bloat every list).
+MAX_URL_CHARS: Final = 2048
+MAX_SECRET_CHARS: Final = 1024
+MAX_QUEUE_CHARS: Final = 256
+# A registry is read whole by ListWebhooks and by every delivery sync: keep it small.
+MAX_WEBHOOKS: Final = 1000
+NOT_FOUND: Final = "Webhook not found"
+# The fields a webhook's record keeps on disk; the counters are added for the wire.
+_STORED: Final = ("id", "url", "events", "queue", "secret", "createdAt", "enabled")
+
+
+def _url(cmd: Mapping[str, Any]) -> str:
+    url = cmd.get("url")
+    if not isinstance(url, str) or not url:
+        raise CommandError("url is required")
+    if len(url) > MAX_URL_CHARS:
+        raise CommandError(f"url must be at most {MAX_URL_CHARS} characters")
+    if not url.lower().startswith(("http://", "https://")):
+        raise CommandError("Invalid webhook URL: only http and https are allowed")
+    return url
+
+
+def _events(cmd: Mapping[str, Any]) -> list[str]:
+    events = cmd.get("events")
+    if not isinstance(events, list) or not events:
+        raise CommandError("events must be a non-empty array")
+    bad = [e for e in events if e not in _EVENT_SET]
+    if bad:
+        allowed = ", ".join(WEBHOOK_EVENTS)
+        raise CommandError(f"Invalid webhook event: {bad[0]!r:.100} (allowed: {allowed})")
+    return list(dict.fromkeys(events))
+
+
+def _optional_text(cmd: Mapping[str, Any], key: str, limit: int) -> str | None:
+    value = cmd.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > limit:
+        raise CommandError(f"{key} must be a string of 1 to {limit} characters")
+    return value
+
+
+def _id(cmd: Mapping[str, Any], key: str) -> str:
+    value = cmd.get(key)
+    if not isinstance(value, str) or not value:
+        raise CommandError(f"{key} is required")
+    return value
+
+
+class WebhookOps(TimerOps):
+    """`webhooks` maps id -> stored record; `webhook_tally` id -> [success, failure, last]."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.webhooks: dict[str, Record] = {}
+        self.webhook_tally: dict[str, list[int | None]] = {}
+
+    def restore(
+        self,
+        records: Iterable[Record],
+        queues: Mapping[str, Mapping[str, Any]],
+        now: int,
+        *,
+        recover: bool = True,
+        webhooks: Iterable[Record] = (),
+        **more: Any,
+    ) -> list[Mutation]:
+        """The other mixins' `restore`, plus the persisted webhooks."""
+        out: list[Mutation] = super().restore(records, queues, now, recover=recover, **more)
+        for rec in webhooks:
+            if isinstance(rec.get("id"), str):
+                self.webhooks[rec["id"]] = {k: rec.get(k) for k in _STORED}
+        return out
+
+    # -- commands --------------------------------------------------------------------------
+
+    def cmd_add_webhook(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        url, events = _url(cmd), _events(cmd)
+        queue = _optional_text(cmd, "queue", MAX_QUEUE_CHARS)
+        secret = _optional_text(cmd, "secret", MAX_SECRET_CHARS)
+        if len(self.webhooks) >= MAX_WEBHOOKS:
+            raise CommandError(f"Too many webhooks: at most {MAX_WEBHOOKS}")
+        hook_id = self.ids.new(now)
+        rec: Record = {
+            "id": hook_id,
+            "url": url,
+            "events": events,
+            "queue": queue,
+            "secret": secret,
+            "createdAt": now,
+            "enabled": True,
+        }
+        self.webhooks[hook_id] = rec
+        self.out.append(("webhook", hook_id, dict(rec)))
+        data = {"webhookId": hook_id, "url": url, "events": events, "queue": queue}
+        return {"ok": True, "data": {**data, "createdAt": now}}
+
+    def cmd_remove_webhook(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        hook_id = _id(cmd, "webhookId")
+        if self.webhooks.pop(hook_id, None) is None:
+            raise CommandError(NOT_FOUND)
+        self.webhook_tally.pop(hook_id, None)
+        self.out.append(("webhookdel", hook_id))
+        return {"ok": True, "data": {"removed": True}}
+
+    def cmd_set_webhook_enabled(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        hook_id = _id(cmd, "id")
+        enabled = cmd.get("enabled")
+        if not isinstance(enabled, bool):
+            raise CommandError("enabled must be a boolean")
+        rec = self.webhooks.get(hook_id)
+        if rec is None:
+            raise CommandError(NOT_FOUND)
+        if rec["enabled"] is not enabled:
+            rec["enabled"] = enabled
+            self.out.append(("webhook", hook_id, dict(rec)))
+        return {"ok": True}
+
+    def cmd_list_webhooks(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        hooks = [self._wire(rec, secret=False) for rec in self.webhooks.values()]
+        return {"ok": True, "data": {"webhooks": hooks, "stats": self._webhook_stats()}}
+
+    def cmd_webhook_sync(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        """The delivery side reports its outcomes since the last sync and reads the registry,
+        secrets included (it signs with them). `tally`: [[id, successes, failures, lastAt]]."""
+        tally = cmd.get("tally")
+        for entry in tally if isinstance(tally, list) else ():
+            self._count(entry)
+        hooks = [self._wire(rec, secret=True) for rec in self.webhooks.values()]
+        return {"ok": True, "webhooks": hooks}
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _count(self, entry: object) -> None:
+        if not (isinstance(entry, list) and len(entry) == 4 and entry[0] in self.webhooks):
+            return
+        hook_id, ok, failed, last = entry
+        if not all(isinstance(n, int) and n >= 0 for n in (ok, failed)):
+            return
+        row = self.webhook_tally.setdefault(hook_id, [0, 0, None])
+        row[0] = int(row[0] or 0) + ok
+        row[1] = int(row[1] or 0) + failed
+        if isinstance(last, int) and last > int(row[2] or 0):
+            row[2] = last
+
+    def _wire(self, rec: Record, *, secret: bool) -> dict[str, Any]:
+        ok, failed, last = self.webhook_tally.get(rec["id"], (0, 0, None))
+        out = {k: rec[k] for k in _STORED if k != "secret"}
+        if secret:
+            out["secret"] = rec["secret"]
+        out.update(successCount=ok, failureCount=failed, lastTriggered=last)
+        return out
+
+    def _webhook_stats(self) -> dict[str, int]:
+        enabled = sum(1 for rec in self.webhooks.values() if rec["enabled"])
+        return {"total": len(self.webhooks), "enabled": enabled}
