@@ -374,6 +374,9 @@ def flow_nodes(entries: object) -> list[tuple[str, str, dict[str, Any]]]:
 def _node(index: int, entry: object) -> tuple[str, str, dict[str, Any]]:
     if not isinstance(entry, Mapping):
         raise CommandError(f"jobs[{index}]: a flow node must be a map of id, queue and input")
+    # A shard's part of a PUSHF spread over several: the node's place in the whole graph.
+    given_index = entry.get("_index")
+    index = given_index if isinstance(given_index, int) else index
     job_id, queue, given = entry.get("id"), entry.get("queue"), entry.get("input", {})
     if not isinstance(job_id, str) or not job_id:
         raise CommandError(f"jobs[{index}]: id must be a non-empty string")

@@ -160,9 +160,9 @@ def _split(entries: object, shards: int) -> dict[int, list[Any]] | None:
     if not isinstance(entries, list) or not entries:
         return None
     parts: dict[int, list[Any]] = {}
-    for entry in entries:
+    for index, entry in enumerate(entries):
         queue = entry.get("queue") if isinstance(entry, Mapping) else None
         if not isinstance(queue, str) or not isinstance(entry.get("id"), str):
             return None
-        parts.setdefault(shard_of(queue, shards), []).append(entry)
+        parts.setdefault(shard_of(queue, shards), []).append({**entry, "_index": index})
     return parts
