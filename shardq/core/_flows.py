@@ -306,6 +306,9 @@ class FlowOps(TimerOps, ProduceOps):
             child = self.jobs.get(child_id)
             if child is not None and child.state in QUEUED_STATES:
                 self.remove(child)
+                # The parent stops waiting for it, or it would wait forever.
+                gone = {"parent": parent.id, "child": child_id, "kind": "failed"}
+                self.flow_receive({**gone, "policy": "remove", "reason": None}, now)
         return {"ok": True}
 
     def cmd_flow_release(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -321,7 +324,7 @@ class FlowOps(TimerOps, ProduceOps):
         node is admitted, or none is. `_hold`: keep the new jobs from delivery until a
         `FlowRelease` (the front end's first phase, docs/protocol.md §17.3)."""
         nodes = flow_nodes(cmd.get("jobs"))
-        for job_id, _queue, _fields in nodes:
+        for job_id, _queue, _fields in sorted(nodes, key=lambda n: int(n[2]["_index"])):
             if job_id in self.jobs:
                 raise CommandError(f"Job already exists: {job_id}")
         admitted: list[Job] = []
