@@ -309,7 +309,10 @@ class FlowOps(TimerOps, ProduceOps):
                 # The parent stops waiting for it, or it would wait forever.
                 gone = {"parent": parent.id, "child": child_id, "kind": "failed"}
                 self.flow_receive({**gone, "policy": "remove", "reason": None}, now)
-        return {"ok": True}
+        pending = parent.opts.get("flowPending") or ()
+        elsewhere = [c for c in pending if c not in self.jobs]
+        # The front end cancels these on their shards (and strips this field).
+        return {"ok": True, "elsewhere": elsewhere} if elsewhere else {"ok": True}
 
     def cmd_flow_release(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         ids = cmd.get("ids")

@@ -180,6 +180,22 @@ def test_pushf_refused_on_one_shard_leaves_nothing_anywhere(shardq_server: Facto
             assert conn.call({"cmd": "Count", "queue": queue})["count"] == 0
 
 
+def test_remove_unprocessed_children_reaches_other_shards(shardq_server: Factory) -> None:
+    parent_q = _queue_on(0, "up")
+    child_qs = [_queue_on(1, "uc"), _queue_on(2, "uc"), _queue_on(3, "uc")]
+    server = _start(shardq_server)
+    with TcpConnection(*server.tcp_address) as conn:
+        assert conn.call(_flow(parent_q, child_qs))["ok"]
+        pulled = conn.call({"cmd": "PULL", "queue": child_qs[0], "owner": "w"})  # c0 runs
+        assert conn.call({"cmd": "RemoveUnprocessedChildren", "id": "P"})["ok"] is True
+        assert [_state(conn, c) for c in ("c0", "c1", "c2")] == ["active", "unknown", "unknown"]
+        assert _state(conn, "P") == "waiting-children"
+        conn.call({"cmd": "ACK", "id": "c0", "token": pulled["token"], "result": 0})
+        poll_until(lambda: _state(conn, "P") == "waiting", 10, "the parent released")
+        values = conn.call({"cmd": "GetChildrenValues", "id": "P"})["data"]["values"]
+        assert values == {"c0": 0}
+
+
 @pytest.mark.parametrize("victim", ["parent", "child"])
 def test_a_shard_killed_mid_flow_still_counts_each_child_once(
     shardq_server: Factory, victim: str

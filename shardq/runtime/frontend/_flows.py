@@ -36,7 +36,10 @@ def _ignore(_reply: Reply) -> None:
 class FlowRoutes:
     def __init__(self, dispatcher: Dispatcher) -> None:
         self._d = dispatcher
-        self.handlers = {"PUSHF": self.pushf}
+        self.handlers = {
+            "PUSHF": self.pushf,
+            "RemoveUnprocessedChildren": self.remove_unprocessed,
+        }
 
     # -- notices ---------------------------------------------------------------------------
 
@@ -100,6 +103,71 @@ class FlowRoutes:
     def _one_shard(self, client: Client, req: object, shard: int, reply: Reply) -> None:
         self._d.learn("PUSHF", shard, reply)
         self._d.answer(client, req, reply)
+
+
+    # -- RemoveUnprocessedChildren --------------------------------------------------------
+
+    def remove_unprocessed(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        """The parent's shard removes the children it holds; those it does not are cancelled
+        on their shards (if still queued) and the parent is told to stop waiting for them."""
+        d = self._d
+        frame["_conn"] = client.conn
+        parent = frame.get("id")
+
+        def done(found: int | None, reply: Reply) -> None:
+            elsewhere = reply.pop("elsewhere", None)
+            if found is None or not isinstance(elsewhere, list):
+                d.answer(client, req, reply)
+                return
+            d.cache.learn([parent], found)
+            _Cascade(self, client, req, str(parent), found, elsewhere).start()
+
+        shard = d.cache.get(parent)
+        if shard is not None or d.shards == 1:
+            owner = shard if shard is not None else 0
+            d._ask(owner, client.conn, frame, partial(done, owner))
+        else:
+            d._ask_all_first(client.conn, "RemoveUnprocessedChildren", frame, done)
+
+
+class _Cascade:
+    """Cancels a parent's children on other shards, then tells the parent, then answers."""
+
+    def __init__(
+        self,
+        routes: FlowRoutes,
+        client: Client,
+        req: object,
+        parent: str,
+        parent_shard: int,
+        children: list[Any],
+    ) -> None:
+        self._d = routes._d
+        self._client, self._req = client, req
+        self._parent, self._parent_shard = parent, parent_shard
+        self._children = [c for c in children if isinstance(c, str)]
+        self._left = len(self._children)
+
+    def start(self) -> None:
+        if not self._children:
+            self._d.answer(self._client, self._req, {"ok": True})
+        for child in self._children:
+            cancel = {"cmd": "Cancel", "id": child, "_conn": _INTERNAL_CONN}
+            answered = partial(self._cancelled, child)
+            self._d._ask_all_first(_INTERNAL_CONN, "Cancel", cancel, answered)
+
+    def _cancelled(self, child: str, found: int | None, reply: Reply) -> None:
+        if found is None or not reply.get("ok"):
+            self._one_done({"ok": True})  # running, finished or gone: it reports by itself
+            return
+        notice = {"parent": self._parent, "child": child, "kind": "failed", "policy": "remove"}
+        cmd = {"cmd": FLOW_NOTIFY, "items": [notice], "_conn": _INTERNAL_CONN}
+        self._d._ask(self._parent_shard, _INTERNAL_CONN, cmd, self._one_done)
+
+    def _one_done(self, _reply: Reply) -> None:
+        self._left -= 1
+        if self._left == 0:
+            self._d.answer(self._client, self._req, {"ok": True})
 
 
 class _TwoPhase:
