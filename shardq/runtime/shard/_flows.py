@@ -34,8 +34,10 @@ class FlowRelay:
 
     def take(self, now: int) -> list[dict[str, Any]]:
         """The `flow` messages to send now: new notices, and those unacknowledged too long."""
-        outbox = self.engine.flow_outbox
         due = self._due
+        if not due and not self.engine.flow_new:
+            return []  # every turn of a shard without flows ends here
+        outbox = self.engine.flow_outbox
         keys = [k for k in self.engine.take_flow_new() if k in outbox]
         if due and min(due.values()) <= now:
             keys.extend(k for k, at in due.items() if at <= now)
