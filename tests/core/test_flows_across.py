@@ -65,71 +65,99 @@ def _start(now: int) -> tuple[Side, Side]:
     return parent, child
 
 
+class World:
+    """The two sides, the channel between them, and what the parent still has to confirm."""
+
+    def __init__(self, rnd: Any) -> None:
+        self.rnd = rnd
+        self.now = 1_000
+        self.parent, self.child = _start(self.now)
+        self.channel: list[tuple[str, dict[str, Any]]] = []  # notices on their way
+        self.applied: list[str] = []  # keys the parent applied (or deduped), not committed
+        self.acks: list[str] = []  # keys whose application the parent committed
+
+    def step(self, action: str) -> None:
+        getattr(self, action)()
+        if self.channel and self.rnd.random() < 0.5:
+            self.deliver()
+
+    def deliver(self) -> None:
+        key, notice = self.channel.pop(self.rnd.randrange(len(self.channel)))
+        assert self.parent.apply({"cmd": "FlowNotify", "items": [notice]}, self.now)["ok"]
+        self.applied.append(key)
+
+    def work(self) -> None:
+        pulled = self.child.apply({"cmd": "PULL", "queue": "c", "owner": "w"}, self.now)
+        if pulled["job"] is not None:
+            ack = {"cmd": "ACK", "id": pulled["job"]["id"], "token": pulled["token"]}
+            self.child.apply({**ack, "result": pulled["job"]["data"]}, self.now)
+
+    def send(self) -> None:  # the shard's first send, or a resend
+        self.channel.extend(self.child.engine.flow_outbox.items())
+        self.child.engine.take_flow_new()
+
+    def dup(self) -> None:
+        if self.channel:
+            self.channel.append(self.rnd.choice(self.channel))
+
+    def drop(self) -> None:
+        if self.channel:
+            self.channel.pop(self.rnd.randrange(len(self.channel)))
+
+    def commit_parent(self) -> None:
+        self.parent.commit()
+        self.acks.extend(self.applied)
+        self.applied = []
+
+    def ack(self) -> None:
+        if self.acks:
+            self.child.pending.extend(self.child.engine.flow_acked(self.acks))
+            self.acks = []
+
+    def commit_child(self) -> None:
+        self.child.commit()
+
+    def crash_parent(self) -> None:
+        self.parent.crash(self.now)
+        self.applied = []
+
+    def crash_child(self) -> None:
+        self.child.crash(self.now)
+
+    def settled(self) -> bool:
+        jobs = self.child.engine.jobs
+        return not self.child.engine.flow_outbox and all(
+            j.state == "completed" for j in jobs.values()
+        )
+
+    def drain(self) -> None:
+        """The shards keep resending and committing until nothing is owed; each round
+        finishes a child or gets a notice acknowledged, so a few rounds per child suffice."""
+        for _ in range(10 * CHILDREN):
+            self.now += 7_000
+            for action in ("commit_child", "work", "commit_child", "send"):
+                self.step(action)
+            while self.channel:
+                self.deliver()
+            for action in ("commit_parent", "ack", "commit_child"):
+                getattr(self, action)()
+            if self.settled():
+                return
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(ACTIONS), max_size=60), st.randoms(use_true_random=False))
 def test_every_completed_child_counts_once_through_losses_repeats_and_crashes(
     actions: list[str], rnd: Any
 ) -> None:
-    now = 1_000
-    parent, child = _start(now)
-    channel: list[tuple[str, dict[str, Any]]] = []  # notices on their way
-    applied: list[str] = []  # keys the parent applied (or deduped), waiting for its commit
-    acks: list[str] = []  # keys whose application the parent committed
-
-    def step(action: str) -> None:
-        nonlocal applied
-        if action == "work":
-            pulled = child.apply({"cmd": "PULL", "queue": "c", "owner": "w"}, now)
-            if pulled["job"] is not None:
-                child.apply({"cmd": "ACK", "id": pulled["job"]["id"], "token": pulled["token"],
-                             "result": pulled["job"]["data"]}, now)  # fmt: skip
-        elif action == "send":  # the shard's first send, or a resend
-            channel.extend(child.engine.flow_outbox.items())
-            child.engine.take_flow_new()
-        elif action == "dup" and channel:
-            channel.append(rnd.choice(channel))
-        elif action == "drop" and channel:
-            channel.pop(rnd.randrange(len(channel)))
-        elif action == "commit_parent":
-            parent.commit()
-            acks.extend(applied)
-            applied = []
-        elif action == "ack" and acks:
-            child.pending.extend(child.engine.flow_acked(acks))
-            acks.clear()
-        elif action == "commit_child":
-            child.commit()
-        elif action == "crash_parent":
-            parent.crash(now)
-            applied = []
-        elif action == "crash_child":
-            child.crash(now)
-        if channel and rnd.random() < 0.5:
-            key, notice = channel.pop(rnd.randrange(len(channel)))
-            assert parent.apply({"cmd": "FlowNotify", "items": [notice]}, now)["ok"]
-            applied.append(key)
-
+    world = World(rnd)
     for action in actions:
-        now += 7
-        step(action)
-    # Drain: the shards keep resending and committing until nothing is owed. Each round
-    # finishes at least one child or acknowledges at least one notice, so this ends.
-    for _ in range(10 * CHILDREN):
-        now += 7_000
-        for action in ("commit_child", "work", "commit_child", "send"):
-            step(action)
-        while channel:
-            step("commit_parent")
-        step("commit_parent")
-        step("ack")
-        step("commit_child")
-        if not child.engine.flow_outbox and all(
-            child.engine.jobs[k].state == "completed" for k in child.engine.jobs
-        ):
-            break
-    done = {k: j.result for k, j in child.engine.jobs.items() if j.state == "completed"}
+        world.now += 7
+        world.step(action)
+    world.drain()
+    done = {k: j.result for k, j in world.child.engine.jobs.items() if j.state == "completed"}
     assert len(done) == CHILDREN
-    job = parent.engine.jobs["P"]
+    job = world.parent.engine.jobs["P"]
     assert job.opts["childrenValues"] == done
     assert job.children_completed == CHILDREN
     assert job.state == "waiting"
