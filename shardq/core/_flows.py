@@ -132,8 +132,8 @@ class FlowOps(TimerOps, ProduceOps):
         kind = notice.get("kind")
         if child_id not in pending or (kind == "failed" and child_id in opts["failedChildren"]):
             return False
-        changes = self._fan_in(parent, opts, str(child_id), notice)
-        changes.update({f: opts[f] for f in _FLOW_FIELDS})
+        self._fan_in(parent, opts, str(child_id), notice)
+        changes: dict[str, Any] = {f: opts[f] for f in _FLOW_FIELDS}
         changes["childrenCompleted"] = parent.children_completed
         self.out.append(("upd", parent.key, changes))
         self._after_fan_in(parent, notice, now)
@@ -141,7 +141,8 @@ class FlowOps(TimerOps, ProduceOps):
 
     def _fan_in(
         self, parent: Job, opts: dict[str, Any], child_id: str, notice: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    ) -> None:
+        # New maps and lists, never changed in place: an emitted `upd` payload shares them.
         kind = notice.get("kind")
         policy = notice.get("policy")
         resolved = True
@@ -159,7 +160,6 @@ class FlowOps(TimerOps, ProduceOps):
                 resolved = policy == "continue"
         if resolved:
             opts["flowPending"] = [c for c in opts["flowPending"] if c != child_id]
-        return {}
 
     def _after_fan_in(self, parent: Job, notice: Mapping[str, Any], now: int) -> None:
         if parent.state != WAITING_CHILDREN:
