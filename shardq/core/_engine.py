@@ -22,6 +22,7 @@ from shardq.errors import CommandError
 
 from ._control import ControlOps
 from ._cron import CronOps
+from ._flows import FLOW_NOTIFY, FLOW_RELEASE, FlowOps
 from ._group_ops import GROUP_COMMANDS, GroupOps
 from ._mutations import Mutation
 from ._produce import ProduceOps
@@ -30,7 +31,7 @@ from ._timers import TimerOps
 from ._validate import CHECKED_COMMANDS, check_fields
 from ._webhooks import WebhookOps
 
-__all__ = ["COMMANDS", "Engine"]
+__all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine"]
 
 Handler = Callable[[Mapping[str, Any], int], dict[str, Any]]
 
@@ -98,10 +99,22 @@ COMMANDS: Final[dict[str, str]] = {
     "ListWebhooks": "cmd_list_webhooks",
     "SetWebhookEnabled": "cmd_set_webhook_enabled",
     "WebhookSync": "cmd_webhook_sync",
+    "PUSHF": "cmd_pushf",
+    "GetChildrenValues": "cmd_get_children_values",
+    "GetFailedChildrenValues": "cmd_get_failed_children_values",
+    "GetIgnoredChildrenFailures": "cmd_get_ignored_children_failures",
+    "UpdateParent": "cmd_update_parent",
+    "MoveToWaitingChildren": "cmd_move_to_waiting_children",
+    "RemoveChildDependency": "cmd_remove_child_dependency",
+    "RemoveUnprocessedChildren": "cmd_remove_unprocessed_children",
+    FLOW_NOTIFY: "cmd_flow_notify",
+    FLOW_RELEASE: "cmd_flow_release",
 }
 
+INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE})
+"""Commands shards send each other through the front end; a client's are refused."""
 
-class Engine(WebhookOps, CronOps, GroupOps, TimerOps, ProduceOps, ControlOps, QueryOps):
+class Engine(FlowOps, WebhookOps, CronOps, GroupOps, TimerOps, ProduceOps, ControlOps, QueryOps):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

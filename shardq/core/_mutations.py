@@ -16,6 +16,8 @@ own, and their rows must not collide in the one SQLite file.
     ("crondel", name)         the schedule is gone (deleted, or its maxLimit was reached)
     ("webhook", id, rec)      the whole record of one webhook (shardq.core._webhooks)
     ("webhookdel", id)        the webhook is removed
+    ("flow", key, notice)     a flow notice owed to a parent on another shard (shardq.core._flows)
+    ("flowdel", key)          the parent's shard acknowledged that notice
 
 A job record is the bunqueue wire `Job` map plus these engine fields:
 
@@ -88,6 +90,8 @@ def fold_mutations(
             crons.pop(m[1], None)
         elif kind in ("webhook", "webhookdel"):
             pass  # the webhook registry (shardq.core._webhooks) is not job or queue state
+        elif kind in ("flow", "flowdel"):
+            pass  # the outbox is not part of the job records this fold rebuilds
         else:
             raise ValueError(f"unknown mutation kind {kind!r}")
     return records, queues

@@ -92,6 +92,8 @@ class Plan:
     """Cron schedule records by name (None: delete the schedule)."""
     webhooks: dict[str, Record | None] = field(default_factory=dict)
     """Webhook records by id (None: delete the webhook)."""
+    flows: dict[str, Record | None] = field(default_factory=dict)
+    """Flow outbox notices by key (None: the parent acknowledged it)."""
     obliterated: dict[str, None] = field(default_factory=dict)
     """Queues whose stored jobs are deleted before `jobs` is written (an ordered set)."""
     skipped: int = 0
@@ -162,6 +164,8 @@ class _Folder:
             "crondel": self._crondel,
             "webhook": self._webhook,
             "webhookdel": self._webhookdel,
+            "flow": self._flow,
+            "flowdel": self._flowdel,
         }
 
     def _put(self, job_id: str, values: list[Any], rec: Part) -> None:
@@ -211,6 +215,11 @@ class _Folder:
 
     def _webhookdel(self, hook_id: str, _a: None, _b: None) -> None:
         self.plan.webhooks[hook_id] = None
+    def _flow(self, key: str, rec: Record, _b: None) -> None:
+        self.plan.flows[key] = rec
+
+    def _flowdel(self, key: str, _a: None, _b: None) -> None:
+        self.plan.flows[key] = None
 
     def _qdel(self, name: str, _a: None, _b: None) -> None:
         self.plan.queues[name] = None
@@ -233,6 +242,8 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "crondel": (str,),
     "webhook": (str, dict),
     "webhookdel": (str,),
+    "flow": (str, dict),
+    "flowdel": (str,),
     "putb": (str, object, object, object, object, object, bytes),
     "updb": (str, bytes, dict),
 }
@@ -277,7 +288,7 @@ def _parse_general(index: int, mutation: object) -> _Op:
         return kind, job_id, [rec.get(name) for name in COLUMN_FIELDS], rec
     if kind == "upd":
         return kind, fields[0], None, fields[1]
-    if kind in ("queue", "cron", "webhook"):
+    if kind in ("queue", "cron", "webhook", "flow"):
         return kind, fields[0], fields[1], None
     if kind in ("putb", "updb"):  # well-formed ones took the fast path; this one is not
         raise StorageError(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")

@@ -182,6 +182,15 @@ def _v5_webhooks(db: Database) -> None:
     db.table("webhooks").create({"id": str, "rec": bytes}, pk="id", not_null={"rec"})
 
 
+def _v6_flows(db: Database) -> None:
+    # Flow notices a child's shard still owes a parent on another shard (shardq.core._flows),
+    # stored in the batch that finished the child and deleted once the parent's shard has
+    # committed them; `queue` is the child's, so each shard reloads only its own.
+    db.table("flow_outbox").create(
+        {"key": str, "queue": str, "rec": bytes}, pk="key", not_null={"queue", "rec"}
+    )
+
+
 Migration = Callable[[Database], None]
 
 # Append only. The database's schema version is the number of migrations applied to it.
@@ -191,6 +200,7 @@ MIGRATIONS: list[Migration] = [
     _v3_narrow_indexes,
     _v4_cron_jobs,
     _v5_webhooks,
+    _v6_flows,
 ]
 
 

@@ -280,6 +280,13 @@ class Store:
             rows = self._conn.execute("SELECT rec FROM webhooks ORDER BY id").fetchall()
             return [decode(rec) for (rec,) in rows]
 
+    def load_flow_outbox(self) -> list[Record]:
+        """Every flow notice not acknowledged yet (docs/protocol.md §17). Raises
+        `StorageError` if the read fails."""
+        with self._reading("loading the flow outbox"):
+            rows = self._conn.execute("SELECT rec FROM flow_outbox ORDER BY key").fetchall()
+            return [decode(rec) for (rec,) in rows]
+
     def get_job(self, job_id: str) -> Record | None:
         """The stored record of `job_id`, or None. Raises `StorageError` if the read fails."""
         with self._reading(f"reading job {job_id!r}"):

@@ -110,6 +110,8 @@ def write_plan(
         written += _write_crons(conn, plan, pack)
     if plan.webhooks:
         written += _write_webhooks(conn, plan, pack)
+    if plan.flows:
+        written += _write_flows(conn, plan, pack)
     return written, known
 
 
@@ -252,6 +254,23 @@ def _write_webhooks(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
     dropped = [(i,) for i, rec in plan.webhooks.items() if rec is None]
     if dropped:
         written += conn.executemany("DELETE FROM webhooks WHERE id = ?", dropped).rowcount
+    return written
+
+
+_UPSERT_FLOW = (
+    "INSERT INTO flow_outbox (key, queue, rec) VALUES (?, ?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET queue = excluded.queue, rec = excluded.rec"
+)
+
+
+def _write_flows(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
+    written = 0
+    rows = [(k, str(r.get("cq")), pack(r)) for k, r in plan.flows.items() if r is not None]
+    if rows:
+        written += conn.executemany(_UPSERT_FLOW, rows).rowcount
+    dropped = [(key,) for key, rec in plan.flows.items() if rec is None]
+    if dropped:
+        written += conn.executemany("DELETE FROM flow_outbox WHERE key = ?", dropped).rowcount
     return written
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardq.runtime.frontend._compat import children_values_reply, unsupported_push
 from shardq.runtime.frontend._metrics import Counters, metrics_reply
 from shardq.runtime.frontend._workers import WorkerRegistry
 
@@ -137,27 +136,3 @@ def test_metrics_counters() -> None:
     assert [sum(latency[k]["counts"]) for k in ("push", "pull", "ack")] == [2, 1, 3]
     down = {"ok": False, "error": "Shard unavailable"}
     assert metrics_reply(counters, [stats[0], down], 1.0) == down
-
-
-def test_pushes_that_need_flows_are_refused() -> None:
-    def refusal(name: str, cmd: dict[str, Any]) -> str | None:
-        return unsupported_push(name, cmd)
-
-    assert refusal("PUSH", {"data": {"name": "x"}, "dependsOn": ["a"], "childrenIds": []}) is None
-    assert refusal("PUSH", {"parentId": "p"}) == "Unsupported command: PUSH with parentId (flows)"
-    assert refusal("PUSH", {"childrenIds": ["c"]}) == (
-        "Unsupported command: PUSH with childrenIds (flows)"
-    )
-    assert refusal("PUSH", {"data": {"__parentId": "pending"}}) == (
-        "Unsupported command: PUSH with data.__parentId (flows)"
-    )
-    assert refusal("PUSH", {"repeat": {"every": 5}}) is None  # the engine serves repeat
-    assert refusal("PUSHB", {"jobs": [{"data": 1}, {"parentId": "p"}]}) == (
-        "Unsupported command: PUSHB with parentId (flows)"
-    )
-    # job groups are served by the engine (docs/protocol.md §17)
-    assert refusal("PUSHB", {"jobs": [{"data": 1}, {"data": 2, "groupId": "g"}]}) is None
-    assert refusal("PUSH", {"data": 1, "groupId": "g"}) is None
-    assert refusal("PUSHB", {"jobs": "not a list"}) is None  # the engine gives its own error
-    assert children_values_reply("GetChildrenValues") == {"ok": True, "data": {"values": {}}}
-    assert children_values_reply("GetFailedChildrenValues") == {"ok": True, "values": {}}

@@ -4,8 +4,6 @@
   ListWorkers, and forgetting a closed connection's workers;
 - the legacy `Metrics` (`_metrics`): counters taken from the replies of the PUSH, PULL
   and ACK commands on their way back, plus a `Stats` fan-out for the DLQ total;
-- the flow-children reads and the refusal of pushes that need flows or cron
-  (`_compat`).
 
 `BunqueueCommands` is plugged into the `Dispatcher`: its `handlers` join the front end's local
 commands and every shard command passes `before_route` first.
@@ -14,15 +12,10 @@ commands and every shard command passes `before_route` first.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from shardq.protocol import error_reply
 from shardq.runtime._clock import AnchoredClock
-from shardq.runtime.frontend._compat import (
-    CHILDREN_VALUE_COMMANDS,
-    children_values_reply,
-    unsupported_push,
-)
 from shardq.runtime.frontend._metrics import (
     COUNTED_COMMANDS,
     Counters,
@@ -35,7 +28,6 @@ __all__ = ["BunqueueCommands"]
 
 Reply = dict[str, Any]
 
-_PUSHES: Final = frozenset({"PUSH", "PUSHB"})
 
 
 class _Client(Protocol):
@@ -77,7 +69,6 @@ class BunqueueCommands:
     def handlers(self) -> dict[str, LocalHandler]:
         """The commands answered here, by name."""
         table: dict[str, LocalHandler] = {name: self._worker for name in WORKER_COMMANDS}
-        table.update({name: self._children_values for name in CHILDREN_VALUE_COMMANDS})
         table["Metrics"] = self._metrics
         return table
 
@@ -85,11 +76,6 @@ class BunqueueCommands:
         self, client: _Client, req: object, name: str, cmd: dict[str, Any]
     ) -> _Client | None:
         """The client to route shard command `name` for, or None when it was answered here."""
-        if name in _PUSHES:
-            refusal = unsupported_push(name, cmd)
-            if refusal is not None:
-                self._answer(client, req, error_reply(refusal))
-                return None
         if name in COUNTED_COMMANDS:
             return self.counters.watch(client, name, cmd)
         return client
@@ -104,9 +90,6 @@ class BunqueueCommands:
         name = frame["cmd"]
         reply = self.workers.handle(name, frame, client.conn, self._clock.now())
         self._answer(client, req, reply)
-
-    def _children_values(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
-        self._answer(client, req, children_values_reply(frame["cmd"]))
 
     def _metrics(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
         if frame.get("queue") is not None or frame.get("type") is not None:
