@@ -194,10 +194,10 @@ class EventHub:
         return remove
 
     def shard_up(self, shard: int) -> None:
-        """A shard (re)connected: a new process knows nothing of who listens."""
+        """A shard (re)connected: a new shard knows nothing of who listens, and after a
+        restart of this front end a shard still follows the last one's subscribers."""
         every, queues = self._listening
-        if every or queues:
-            self._control(shard, {"t": "listen", "all": every, "queues": list(queues)})
+        self._control(shard, {"t": "listen", "all": every, "queues": list(queues)})
 
     def _update_listen(self) -> None:
         every = bool(self._listeners) or any(s.queue is None for s in self.subscribers.values())
