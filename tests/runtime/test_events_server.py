@@ -99,15 +99,19 @@ def test_failed_retried_removed_and_duplicated(
         assert c.call({"cmd": "FAIL", "id": job_id, "token": token, "error": "again"})["ok"]
         other = c.call({"cmd": "PUSH", "queue": "fx", "data": {}, "delay": 60_000})["id"]
         assert c.call({"cmd": "Cancel", "id": other})["ok"]
-        frames = _events(sub, 9)
+        later = c.call({"cmd": "PUSH", "queue": "fx", "data": {}, "delay": 60_000})["id"]
+        assert c.call({"cmd": "MoveToWait", "id": later})["ok"]
+        frames = _events(sub, 11)
         assert _kinds(frames, job_id) == [
             "pushed", "pulled", "failed", "retried", "duplicated", "pulled", "failed",
         ]  # fmt: skip
         failed = [f["event"] for f in frames if f["event"]["eventType"] == "failed"]
         assert [(e["error"], e["terminal"]) for e in failed] == [("boom", False), ("again", True)]
         assert _kinds(frames, other) == ["pushed", "removed"]
-        removed = frames[-1]["event"]
+        removed = frames[-3]["event"]
         assert removed["prev"] == "delayed"
+        assert _kinds(frames, later) == ["pushed", "waiting"]
+        assert frames[-1]["event"]["prev"] == "delayed"
     finally:
         sub.close()
         c.close()
