@@ -194,6 +194,10 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         rate_limit_max_requests = 100
         metrics_auth = true
         metrics_max_queues = 10
+        events_ring_size = 500
+        events_ring_data_bytes = 0
+        events_subscriber_buffer_bytes = 65536
+        events_max_streams = 10
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
