@@ -1,7 +1,7 @@
 """Recovery of a large backlog: time to ready after a restart, memory, and the disk after a drain.
 
     python -m bench.recovery [--jobs 1000000] [--batch 1000] [--layout spread one]
-                             [--shards auto] [--settle 5] [--json PATH]
+                             [--shards auto] [--settle 5] [--json PATH] [--no-drain]
 
 For each layout, on a fresh data directory:
 
@@ -10,6 +10,11 @@ For each layout, on a fresh data directory:
 2. stop it with SIGTERM and start it again on the same data: the time from the new
    supervisor's start to its `shardq ready` line is the recovery time;
 3. drain every queue with PULLB of `--batch` and ACKB.
+
+The restarted server has its HTTP port on: from the new supervisor's start, `/ready` is asked
+every 50 ms until it answers 200. The time of that 200 is the time a load balancer would wait
+(`/ready` s), and the 503s before it show that it kept traffic away while the shards
+recovered (the front end, which `/ready` asks, starts only once every shard has recovered).
 
 `spread` picks 4 queues that cover every shard; `one` picks 4 queues that all hash to shard 0,
 so one shard recovers the whole backlog. RSS of every process (supervisor, writer, shards,
@@ -32,7 +37,10 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,27 +54,69 @@ ROLES = {
     "shardq.runtime.writer": "writer",
     "shardq.runtime.shard": "shard",
     "shardq.runtime.frontend": "frontend",
+    "shardq.runtime.http": "http",
 }
 
 
-class Server:
-    """`shardq start` on a given data directory; `stop()` SIGTERMs only the PID it started."""
+class ReadyProbe(threading.Thread):
+    """Asks `GET /ready` every 50 ms from `started` until it answers 200 or `timeout` passes."""
 
-    def __init__(self, data_dir: Path, shards: str, ready_timeout: float, run: int) -> None:
+    def __init__(self, port: int, started: float, timeout: float) -> None:
+        super().__init__(daemon=True)
+        self.url = f"http://127.0.0.1:{port}/ready"
+        self.started = started
+        self.deadline = started + timeout
+        self.ready_s: float | None = None
+        self.not_ready = 0  # 503 answers
+        self.unreachable = 0  # the HTTP process was not listening yet
+
+    def run(self) -> None:
+        while time.monotonic() < self.deadline:
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as answer:
+                    status = answer.status
+            except urllib.error.HTTPError as e:
+                status = e.code
+            except OSError:
+                self.unreachable += 1
+                time.sleep(0.05)
+                continue
+            if status == 200:
+                self.ready_s = time.monotonic() - self.started
+                return
+            self.not_ready += 1
+            time.sleep(0.05)
+
+
+class Server:
+    """`shardq start` on a given data directory; `stop()` SIGTERMs only the PID it started.
+    With `probe_ready`, its HTTP port is on and a `ReadyProbe` watches `/ready`."""
+
+    def __init__(
+        self, data_dir: Path, shards: str, ready_timeout: float, run: int, probe_ready: bool = False
+    ) -> None:
         self.data_dir = data_dir
         self.tcp_port = free_port()
+        http_port = free_port() if probe_ready else 0
         self.log_path = data_dir / f"server-{run}.log"
         self._log: IO[bytes] = open(self.log_path, "wb")  # noqa: SIM115
         args = [
             sys.executable, "-m", "shardq_cli.main", "start",
             "--host", "127.0.0.1", "--tcp-port", str(self.tcp_port),
-            "--zmq-port", str(free_port()), "--http-port", "0",
+            "--zmq-port", str(free_port()), "--http-port", str(http_port),
             "--data-path", str(data_dir / "shardq.db"),
             "--shards", shards, "--log-format", "json",
         ]  # fmt: skip
         self.started = time.monotonic()
         self.proc = subprocess.Popen(args, stderr=self._log, stdout=subprocess.DEVNULL)
+        self.probe = ReadyProbe(http_port, self.started, ready_timeout) if probe_ready else None
+        if self.probe is not None:
+            self.probe.start()
         self.ready_s, self.error = self._wait_ready(ready_timeout)
+        if self.probe is not None and self.error is None:
+            self.probe.join()
+            if self.probe.ready_s is None:
+                self.error = "/ready never answered 200"
 
     def _wait_ready(self, timeout: float) -> tuple[float | None, str | None]:
         deadline = self.started + timeout
@@ -220,13 +270,20 @@ def run_layout(args: argparse.Namespace, layout: str, shards: int) -> dict[str, 
         row["db_mb_after_push"] = db_mb(data_dir)
         row["stop_exit"] = first.stop()
         _note(f"{layout}: restarting")
-        second = Server(data_dir, args.shards, args.ready_timeout, 2)
+        second = Server(data_dir, args.shards, args.ready_timeout, 2, probe_ready=True)
         row["ready_s"] = None if second.ready_s is None else round(second.ready_s, 2)
+        if second.probe is not None:
+            probe = second.probe
+            row["http_ready_s"] = None if probe.ready_s is None else round(probe.ready_s, 2)
+            row["ready_503s"], row["ready_unreachable"] = probe.not_ready, probe.unreachable
         if second.error:
             row["error"] = f"restart: {second.error}"
             second.stop()
             return row
         row["rss_after_restart"] = second.rss_mb()
+        if args.no_drain:
+            row["final_exit"] = second.stop()
+            return row
         _note(f"{layout}: ready in {second.ready_s:.1f} s; draining")
         drained, rate = drain(second.tcp_port, queues, args.batch)
         row["drained"], row["drain_jobs_per_s"] = drained, round(rate)
@@ -248,9 +305,10 @@ def _note(text: str) -> None:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("| layout | jobs | ready s | RSS MB push / restart / drain / settled | DB MB push / drain"
-          " / stopped / live | push jobs/s | drain jobs/s |")  # fmt: skip
-    print("|---|---:|---:|---|---|---:|---:|")
+    print("| layout | jobs | ready s | /ready 200 s (503s) | RSS MB push / restart / drain"
+          " / settled | DB MB push / drain / stopped / live | push jobs/s | drain jobs/s |"
+    )  # fmt: skip
+    print("|---|---:|---:|---:|---|---|---:|---:|")
     for r in rows:
         rss = " / ".join(
             str(r.get(k, {}).get("total", "-"))
@@ -264,7 +322,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
         db = " / ".join(str(r.get(k, "-")) for k in db_keys)
         ready = r.get("ready_s") if r.get("ready_s") is not None else "failed"
-        print(f"| {r['layout']} | {r['jobs']:,} | {ready} | {rss} | {db} | "
+        http = f"{r.get('http_ready_s', 'failed')} ({r.get('ready_503s', '-')})"
+        print(f"| {r['layout']} | {r['jobs']:,} | {ready} | {http} | {rss} | {db} | "
               f"{r.get('push_jobs_per_s', '-')} | {r.get('drain_jobs_per_s', '-')} |")  # fmt: skip
         if "error" in r:
             print(f"\n{r['layout']}: {r['error']}\n")
@@ -285,6 +344,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dir", help="where the data directories go (default: the temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the data directories")
     parser.add_argument("--json", dest="json_path")
+    parser.add_argument(
+        "--no-drain", action="store_true", help="stop after the restart (time to ready only)"
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.batch < 1:
         parser.error("--jobs and --batch must be at least 1")

@@ -19,6 +19,7 @@ from typing import Any
 
 from shardq.client import BulkJob, ClientError, JobOptions, Queue, TcpConnection
 from shardq.client._url import parse_url
+from shardq.runtime._routing import shard_of
 from soak._config import LoadConfig
 from soak._ledger import Ledger
 
@@ -42,8 +43,17 @@ LATENCY_KEEP = 50_000  # outstanding push times kept for latency (older ones age
 RECENT_ACKS = 200_000
 
 
-def queue_names(count: int) -> list[str]:
-    return [f"soak-{i}" for i in range(count)]
+def queue_names(count: int, shards: int = 1) -> list[str]:
+    """`count` queue names that take turns over the `shards` shards (as the server hashes
+    them), so that load and a killed shard always meet jobs; with fewer queues than shards,
+    the first `count` shards get one each."""
+    by_shard: list[list[str]] = [[] for _ in range(max(1, shards))]
+    i = 0
+    while sum(map(len, by_shard)) < count * len(by_shard):
+        name = f"soak-{i}"
+        by_shard[shard_of(name, len(by_shard))].append(name)
+        i += 1
+    return [by_shard[k % len(by_shard)][k // len(by_shard)] for k in range(count)]
 
 
 @dataclass

@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import json
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -41,7 +42,7 @@ class _Load:
     def __init__(self, cfg: SoakConfig, url: str, ledger: Ledger, server: SoakServer | None):
         self.live = Live()
         self.stop_push, self.stop_work, self.stop_faults = (threading.Event() for _ in range(3))
-        queues = queue_names(cfg.load.queues)
+        queues = queue_names(cfg.load.queues, cfg.shards)
         self.queues = sorted(set(queues) | set(ledger.queues()))
         self.producers = [
             Producer(url, cfg.load, queues, ledger, self.live, cfg.seed * 1000 + i, self.stop_push)
@@ -128,9 +129,18 @@ def _load_phase(cfg: SoakConfig, load: _Load, progress: Progress) -> None:
         progress.sample()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run_soak(cfg: SoakConfig) -> int:
     """Run one soak; 0 if every invariant held, 1 otherwise. Writes `report.json`,
-    `soak.png` and the ledger under `cfg.out_dir`."""
+    `soak.png` and the ledger under `cfg.out_dir`.
+
+    SIGTERM stops it as Ctrl+C does: the server it started is stopped, never left behind.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     if cfg.load.bunqueue_share > 0 and importlib.util.find_spec("bunqueue") is None:
         raise SystemExit("bunqueue_share > 0 needs bunqueue-client: pip install bunqueue-client")
     cfg.out_dir.mkdir(parents=True, exist_ok=True)

@@ -255,6 +255,10 @@ class BqContestant:
 
     def client_for(self, sc: Scenario) -> str:
         """The client as the report names it; it starts with `self.client`."""
+        if self.client == "shardq-tasks" and sc.tasks:
+            from bench.compare._tasks import task_client
+
+            return task_client(sc)
         if self.client == "raw":
             return "raw protocol (TcpConnection)"
         if sc.kind in ("drain", "latency"):
@@ -265,7 +269,7 @@ class BqContestant:
             if self.client == "shardq-tasks":
                 from bench.compare._tasks import worker_label as tasks_label
 
-                return tasks_label()
+                return tasks_label(sc.processes)
             return "bunqueue-client Worker (batch_size 10, ACK per job)"
         if self.client == "shardq-sdk" and sc.kind == "pipelined":
             return "shardq-sdk AsyncQueue"
@@ -275,6 +279,8 @@ class BqContestant:
         return MODES.get((self.peer, sc.mode), sc.mode)
 
     def supports(self, sc: Scenario) -> bool:
+        if sc.tasks:  # issue 15 compares task APIs: shardq.App only
+            return self.peer == "shardq" and self.client == "shardq-tasks"
         if self.peer == "shardq-fsync":
             return sc.mode == "durable" and self._runner(sc) is not None
         if sc.kind in ("drain", "latency"):
@@ -301,7 +307,7 @@ class BqContestant:
             if self.client == "shardq-tasks":
                 from bench.compare._tasks import TasksTarget
 
-                target = TasksTarget(port)
+                target = TasksTarget(port, sc.processes)
             for r in range(settings.repeats):
                 queues = [f"{sc.key}-{r}-{i}" for i in range(sc.queues)]
                 if sc.kind == "drain":

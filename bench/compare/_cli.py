@@ -1,8 +1,13 @@
 """`python -m bench compare`: run every scenario on every peer, then write the report.
 
-    python -m bench compare [--quick] [--peers shardq,bunqueue,huey,rq,celery,dramatiq,arq]
+    python -m bench compare [--quick] [--peers shardq,bunqueue,huey,rq,celery,dramatiq,arq,
+                                               saq,taskiq]
                             [--jobs N] [--repeats K] [--scenarios a,b] [--cache-dir DIR]
-                            [--out-dir DIR]
+                            [--out-dir DIR] [--label NAME]
+
+The task-API scenarios of issue 15 (every Python peer through its own task API and worker
+command, shardq through `shardq.App` and `shardq worker`): `--scenarios
+tasks_push_single,tasks_push_bulk_100,tasks_drain_2p`.
 
 Scenario-major order: each scenario runs on every peer before the next one starts, so a change
 in the machine's background load hits all peers of a scenario alike.
@@ -124,7 +129,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=RESULTS,
         help="where <date>.json and <date>.md go (default bench/results)",
     )
+    parser.add_argument(
+        "--label",
+        default="",
+        help="appended to the file names: <date>-<label>.json (e.g. issue15)",
+    )
     parser.add_argument("--drain-window", type=float, default=None, help="seconds (default 5)")
+    parser.add_argument(
+        "--realtime",
+        type=int,
+        default=0,
+        metavar="PRIO",
+        help="run every process of the run (clients, servers, workers) under SCHED_FIFO at this "
+        "priority (1-99; needs root or CAP_SYS_NICE), so that other work on the machine cannot "
+        "preempt them; 0 (default) = normal scheduling",
+    )
     parser.add_argument(
         "--rate",
         type=float,
@@ -298,6 +317,19 @@ def render(path: Path) -> int:
     return 0
 
 
+def _go_realtime(priority: int, run: Run) -> None:
+    """SCHED_FIFO for this process and, by inheritance, every process it starts: the peers
+    and shardq then compete with each other as before, but no longer with unrelated load."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--realtime {priority}: cannot switch to SCHED_FIFO: {e}") from None
+    run.note(
+        f"every process of the run was scheduled SCHED_FIFO at priority {priority} "
+        "(--realtime), so other load on the machine could not preempt them"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.render:
@@ -306,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = f"python -m bench compare {shlex.join(given)}".strip()
     run = Run(settings_from(args), notes=list(METHOD_NOTES))
+    if args.realtime:
+        _go_realtime(args.realtime, run)
     peers = choose_peers(args)
     scenarios = choose_scenarios(args)
     procs = Procs()
@@ -328,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     report["ratios"] = [r.to_json() for r in items]
     text = _report.markdown(report, rows, items)
     stem = report["date"] + ("-quick" if run.settings.quick else "")  # never over a full run
+    stem += f"-{args.label}" if args.label else ""
     json_path, md_path = _report.write(args.out_dir, stem, report, text)
     print(text)
     log(f"wrote {json_path} and {md_path} in {report['elapsed_s']} s")

@@ -35,10 +35,25 @@ PEER_REQUIREMENTS = (
     "celery[redis]==5.7.0",
     "dramatiq[redis]==2.2.1",
     "arq==0.25.0",
+    "saq==0.26.4",
+    "taskiq==0.13.0",
+    "taskiq-redis==1.2.4",
     "redis==8.1.0",
     "hiredis==3.5.0",
 )
-PEER_DISTRIBUTIONS = ("huey", "rq", "celery", "kombu", "dramatiq", "arq", "redis", "hiredis")
+PEER_DISTRIBUTIONS = (
+    "huey",
+    "rq",
+    "celery",
+    "kombu",
+    "dramatiq",
+    "arq",
+    "saq",
+    "taskiq",
+    "taskiq-redis",
+    "redis",
+    "hiredis",
+)
 
 Log = Callable[[str], None]
 

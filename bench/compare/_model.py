@@ -34,7 +34,7 @@ class Scenario:
     """One line of the issue's scenario list; `size` is the job count as a multiple of --jobs."""
 
     key: str
-    group: int  # the number of the scenario in issue 5
+    group: int  # the number of the scenario in issue 5; 7: the task API of issue 15
     title: str
     mode: str  # buffered | durable | fsync-capable; each row states its own exact mode
     queues: int = 1
@@ -43,6 +43,8 @@ class Scenario:
     concurrency: int = 0  # worker concurrency (drain scenarios), total over all queues
     kind: str = "push"  # push | pipelined | bulk | drain | rawdrain | latency
     unit: str = "jobs/s"
+    processes: int = 1  # worker processes of a drain; concurrency is then per process
+    tasks: bool = False  # issue 15: every peer through its task API, shardq through shardq.App
 
     def jobs(self, settings: Settings) -> int:
         if self.kind == "latency":
@@ -86,6 +88,12 @@ SCENARIOS: tuple[Scenario, ...] = (
              "buffered", queues=8, concurrency=48, kind="drain"),
     Scenario("drain_raw_8q", 6, "end-to-end drain, raw PULLB 100 + ACKB, 8 queues, 1 connection",
              "buffered", queues=8, size=4, batch=100, kind="rawdrain"),
+    Scenario("tasks_push_single", 7, "task API: enqueue one by one", "buffered", size=0.4,
+             tasks=True),
+    Scenario("tasks_push_bulk_100", 7, "task API: enqueue in bulk, 100 per call", "buffered",
+             size=4, batch=100, kind="bulk", tasks=True),
+    Scenario("tasks_drain_2p", 7, "task API: drain with 2 worker processes, concurrency 10 each",
+             "buffered", concurrency=10, processes=2, kind="drain", tasks=True),
 )  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""The Python peers (huey, RQ, Celery, Dramatiq, arq), each with its own API and worker.
+"""The Python peers (huey, RQ, Celery, Dramatiq, arq, saq, taskiq), each with its own API
+and worker.
 
 Their code runs in the peers' virtual environment: the producer side through
 `bench.compare.peer_driver`, the workers through each project's own command line, started and
@@ -15,14 +16,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.compare import _drain
+from bench.compare import _drain, _taskpeers
 from bench.compare._model import Measurement, Scenario, Settings
 from bench.compare._procs import Child, Procs, start_redis
 
 __all__ = ["PY_PEERS", "PyPeer", "worker_argv"]
 
 REPO = Path(__file__).resolve().parents[2]
-PY_PEERS = ("huey", "rq", "celery", "dramatiq", "arq")
+PY_PEERS = ("huey", "rq", "celery", "dramatiq", "arq", "saq", "taskiq")
 QUEUE = "bench"
 REDIS_MODE = "everysec: Redis AOF, appendfsync everysec (fsync once a second)"
 
@@ -32,6 +33,8 @@ CLIENTS = {
     "celery": "task.delay",
     "dramatiq": "actor.send",
     "arq": "ArqRedis.enqueue_job",
+    "saq": "Queue.enqueue",
+    "taskiq": "task.kiq",
 }
 BULK_CLIENTS = {"rq": "Queue.enqueue_many"}
 PIPELINED_CLIENTS = {"arq": "enqueue_job, 100 in flight (asyncio)"}
@@ -51,6 +54,8 @@ def worker_argv(peer: str, bindir: Path, concurrency: int, redis_url: str) -> li
         "dramatiq": lambda: [str(bindir / "dramatiq"), "bench.compare.peer_dramatiq",
                              "--processes", "1", "--threads", c],
         "arq": lambda: [str(bindir / "arq"), "bench.compare.peer_arq.WorkerSettings"],
+        "saq": lambda: _taskpeers.multi_argv("saq", bindir, 1, concurrency, redis_url),
+        "taskiq": lambda: _taskpeers.multi_argv("taskiq", bindir, 1, concurrency, redis_url),
     }  # fmt: skip
     return argv[peer]()
 
@@ -61,6 +66,8 @@ WORKER_NOTES = {
     "celery": "celery worker -P prefork -c <c>",
     "dramatiq": "dramatiq --processes 1 --threads <c>",
     "arq": "arq worker, max_jobs=<c>, poll_delay 0.5 s (default)",
+    "saq": "saq settings --workers 1, concurrency=<c>",
+    "taskiq": "taskiq worker --workers 1 --max-async-tasks <c> (RedisStreamBroker)",
 }
 
 
@@ -71,6 +78,7 @@ class PyTarget:
     peer: str
     python: Path
     env: dict[str, str]
+    processes: int = 1  # > 1: the peer's own multi-process worker (`_taskpeers`)
 
     def driver(self, action: str, *args: str) -> dict[str, object]:
         cmd = [str(self.python), "-m", "bench.compare.peer_driver", self.peer, action, *args]
@@ -87,8 +95,12 @@ class PyTarget:
     def start_workers(
         self, procs: Procs, concurrency: int, queues: Sequence[str], record_file: Path
     ) -> Child:
-        argv = worker_argv(self.peer, self.python.parent, concurrency,
-                           self.env.get("BENCH_REDIS_URL", ""))  # fmt: skip
+        redis_url = self.env.get("BENCH_REDIS_URL", "")
+        if self.processes > 1:
+            argv = _taskpeers.multi_argv(self.peer, self.python.parent, self.processes,
+                                         concurrency, redis_url)  # fmt: skip
+        else:
+            argv = worker_argv(self.peer, self.python.parent, concurrency, redis_url)
         env = {**self.env, "BENCH_CONCURRENCY": str(concurrency),
                "BENCH_RECORD_FILE": str(record_file)}  # fmt: skip
         return procs.spawn(f"{self.peer}-worker", argv, env=env, cwd=REPO)
@@ -110,6 +122,8 @@ class PyPeer:
         return CLIENTS[self.peer]
 
     def client_for(self, sc: Scenario) -> str:
+        if sc.tasks:
+            return _task_client(self.peer, sc)
         if sc.kind == "bulk":
             return BULK_CLIENTS.get(self.peer, "")
         if sc.kind == "pipelined":
@@ -124,6 +138,8 @@ class PyPeer:
         return REDIS_MODE
 
     def supports(self, sc: Scenario) -> bool:
+        if sc.tasks:
+            return sc.kind in ("push", "bulk", "drain")
         if sc.queues != 1 or sc.kind == "rawdrain":
             return False
         if sc.mode == "durable":
@@ -135,24 +151,27 @@ class PyPeer:
         return True
 
     @contextmanager
-    def _target(self, procs: Procs) -> Iterator[PyTarget]:
+    def _target(self, procs: Procs, processes: int = 1) -> Iterator[PyTarget]:
         env = {"PYTHONPATH": str(REPO), "BENCH_QUEUE": QUEUE}
         if self.peer == "huey":
             env["BENCH_HUEY_FILE"] = str(procs.tempdir("bench-huey-") / "huey.db")
-            yield PyTarget(self.peer, self.python, env)
+            yield PyTarget(self.peer, self.python, env, processes)
             return
         if self.redis_server is None:
             raise RuntimeError("no redis-server")
         redis = start_redis(procs, self.redis_server)
         try:
             env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{redis.port}/0"
-            yield PyTarget(self.peer, self.python, env)
+            yield PyTarget(self.peer, self.python, env, processes)
         finally:
             procs.stop(redis)
 
     def measure(self, sc: Scenario, settings: Settings, procs: Procs) -> Measurement:
         m = Measurement()
-        with self._target(procs) as target:
+        if sc.tasks and sc.kind == "bulk" and self.peer in _taskpeers.NO_BULK:
+            m.note = _taskpeers.NO_BULK[self.peer]
+            return m
+        with self._target(procs, sc.processes) as target:
             if sc.kind in ("push", "pipelined", "bulk"):
                 action = {"push": "push_single", "pipelined": "push_pipelined",
                           "bulk": "push_bulk"}[sc.kind]  # fmt: skip
@@ -170,3 +189,11 @@ class PyPeer:
                 else:
                     _drain.latency_once(procs, target, sc.concurrency, QUEUE, settings, m)
         return m
+
+
+def _task_client(peer: str, sc: Scenario) -> str:
+    if sc.kind == "bulk":
+        return _taskpeers.BULK_CLIENTS.get(peer, "-")
+    if sc.kind == "drain":
+        return f"{CLIENTS[peer]}; worker: {_taskpeers.MULTI_NOTES[peer]}"
+    return CLIENTS[peer]

@@ -12,8 +12,8 @@ from bench.compare._model import SCENARIOS, Row, Scenario
 
 __all__ = ["Ratio", "markdown", "ratios", "write"]
 
-PY_PEERS = ("huey", "rq", "celery", "dramatiq", "arq")
-SHARDQ_CLIENT_PREFERENCE = ("shardq-sdk", "bunqueue-client", "raw")
+PY_PEERS = ("huey", "rq", "celery", "dramatiq", "arq", "saq", "taskiq")
+SHARDQ_CLIENT_PREFERENCE = ("shardq-sdk", "bunqueue-client", "raw", "shardq-tasks")
 
 
 @dataclass
@@ -21,7 +21,7 @@ class Ratio:
     """shardq against one other contestant on one scenario; > 1 means shardq is better."""
 
     scenario: str
-    against: str  # "bunqueue" or "fastest Python peer"
+    against: str  # "bunqueue", "fastest Python peer", or one peer (issue 15's task rows)
     client: str
     shardq: float
     other: float
@@ -87,11 +87,23 @@ def _vs_python(sc: Scenario, rows: list[Row]) -> Iterable[Ratio]:
                 best.peer, ratio, _python_target(sc))  # fmt: skip
 
 
+def _vs_each_peer(sc: Scenario, rows: list[Row]) -> Iterable[Ratio]:
+    """Issue 15 asks for shardq/peer for every task peer, not only the fastest."""
+    mine = _find(rows, sc.key, "shardq", "shardq-tasks")
+    if not sc.tasks or mine is None or not mine.median:
+        return
+    for p in rows:
+        if p.scenario == sc.key and p.peer in PY_PEERS and p.median:
+            yield Ratio(sc.key, p.peer, mine.client, mine.median, p.median, p.peer,
+                        _better(sc, mine.median, p.median), None)  # fmt: skip
+
+
 def ratios(rows: list[Row]) -> list[Ratio]:
     out: list[Ratio] = []
     for sc in SCENARIOS:
         out.extend(_vs_bunqueue(sc, rows))
         out.extend(_vs_python(sc, rows))
+        out.extend(_vs_each_peer(sc, rows))
     return out
 
 

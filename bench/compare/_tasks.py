@@ -13,13 +13,24 @@ from pathlib import Path
 from bench.compare._model import Scenario, Settings
 from bench.compare._procs import Child, Procs
 
-__all__ = ["TasksTarget", "tasks_runner", "worker_label"]
+__all__ = ["TasksTarget", "task_client", "tasks_runner", "worker_label"]
 
 REPO = Path(__file__).resolve().parents[2]
 Runner = Callable[[int, Sequence[str], Scenario, Settings], float]
 
 
-def worker_label() -> str:
+def task_client(sc: Scenario) -> str:
+    """The client column of an issue-15 row; it starts with the contestant's name."""
+    if sc.kind == "bulk":
+        return "shardq-tasks: task.map (one PUSHB per call)"
+    if sc.kind == "drain":
+        return "shardq-tasks: " + worker_label(sc.processes)
+    return "shardq-tasks: task.delay"
+
+
+def worker_label(processes: int = 1) -> str:
+    if processes > 1:
+        return f"task.delay; worker: shardq worker --processes {processes} --concurrency <c>"
     return "shardq worker (task API, 1 process, SDK worker defaults)"
 
 
@@ -66,6 +77,7 @@ class TasksTarget:
     """Fill with `noop.map`, drain with `shardq worker`, offer load with `noop.delay`."""
 
     port: int
+    processes: int = 1  # > 1: `shardq worker --processes`, concurrency per process
 
     def fill(self, n: int, queues: Sequence[str]) -> None:
         from bench.compare.peer_shardq import noop
@@ -82,7 +94,7 @@ class TasksTarget:
         args = [sys.executable, "-m", "shardq_cli.main", "worker",
                 "bench.compare.peer_shardq:app", "--url", f"tcp://127.0.0.1:{self.port}",
                 "--queues", ",".join(queues), "--concurrency", str(per_queue),
-                "--log-level", "warning"]  # fmt: skip
+                "--processes", str(self.processes), "--log-level", "warning"]  # fmt: skip
         env = {"BENCH_RECORD_FILE": str(record_file), "PYTHONPATH": str(REPO)}
         return procs.spawn("shardq-tasks-worker", args, env=env, cwd=REPO)
 

@@ -34,3 +34,8 @@ def push_one() -> None:
 def fill(n: int) -> None:
     for _ in range(n):
         noop.delay(time.time())
+
+
+def push_bulk(size: int) -> None:
+    """`group(...).apply_async()`: Celery's call for many jobs, one message per job."""
+    _celery.group(noop.s(time.time()) for _ in range(size)).apply_async()

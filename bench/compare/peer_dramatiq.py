@@ -27,3 +27,8 @@ def push_one() -> None:
 def fill(n: int) -> None:
     for _ in range(n):
         noop.send(time.time())
+
+
+def push_bulk(size: int) -> None:
+    """`group(...).run()`: Dramatiq's call for many jobs, one message per job."""
+    _dramatiq.group([noop.message(time.time()) for _ in range(size)]).run()

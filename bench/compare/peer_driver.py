@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from types import ModuleType
 
-PEERS = ("huey", "rq", "celery", "dramatiq", "arq")
+PEERS = ("huey", "rq", "celery", "dramatiq", "arq", "saq", "taskiq")
 
 
 def _timed(fn: Callable[[], None]) -> float:

@@ -27,3 +27,8 @@ def push_one() -> None:
 def fill(n: int) -> None:
     for _ in range(n):
         noop(time.time())
+
+
+def push_bulk(size: int) -> None:
+    """`task.map`: huey's call for many jobs; it enqueues them one by one underneath."""
+    noop.map([time.time() for _ in range(size)])

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import math
 import socket
+import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol, cast
 
@@ -92,11 +93,15 @@ class AsyncTransport(Protocol):
 
 
 async def open_async(
-    endpoint: Endpoint, connect_timeout: float, zmq_context: zmq.asyncio.Context | None = None
+    endpoint: Endpoint,
+    connect_timeout: float,
+    zmq_context: zmq.asyncio.Context | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> AsyncTransport:
-    """Connect to `endpoint`. Raises `ConnectionLost(sent=False)` if that fails in time."""
+    """Connect to `endpoint` (`tls`: the context of a `tls://` endpoint, else the default one).
+    Raises `ConnectionLost(sent=False)` if that fails in time."""
     if endpoint.scheme == "tcp":
-        return await AsyncTcpTransport.open(endpoint, connect_timeout)
+        return await AsyncTcpTransport.open(endpoint, connect_timeout, tls)
     return await AsyncZmqTransport.open(endpoint, connect_timeout, zmq_context)
 
 
@@ -213,14 +218,16 @@ class AsyncTcpTransport(asyncio.Protocol):
         self._answered = False  # any bytes from the server yet (for the TLS hint)
 
     @classmethod
-    async def open(cls, endpoint: Endpoint, connect_timeout: float) -> AsyncTcpTransport:
+    async def open(
+        cls, endpoint: Endpoint, connect_timeout: float, tls: ssl.SSLContext | None = None
+    ) -> AsyncTcpTransport:
         loop = asyncio.get_running_loop()
         self = cls(endpoint, loop)
         try:
             async with asyncio.timeout(connect_timeout):
                 await loop.create_connection(
                     lambda: self, endpoint.host, endpoint.port,
-                    ssl=tls_context() if endpoint.tls else None,
+                    ssl=(tls or tls_context()) if endpoint.tls else None,
                     server_hostname=endpoint.host if endpoint.tls else None,
                 )  # fmt: skip
         except (OSError, TimeoutError) as e:

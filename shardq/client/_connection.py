@@ -9,6 +9,7 @@ sending it again cannot apply it twice (see `RetryPolicy` and `may_resend`).
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -210,9 +211,13 @@ class AsyncConnection(_Settings):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         retry: RetryPolicy | None = None,
         zmq_context: zmq.asyncio.Context | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__(url, token, timeout, connect_timeout, retry)
         self._zmq_context = zmq_context
+        # For a `tls://` url: replaces the default verification (`SHARDQ_TLS_CA_FILE` or the
+        # system's CAs), e.g. to pin one certificate.
+        self._tls_context = tls_context
         self._transport: AsyncTransport | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -318,7 +323,9 @@ class AsyncConnection(_Settings):
             if transport is not None:
                 await transport.close()
             self._transport = None
-            transport = await open_async(self.endpoint, self.connect_timeout, self._zmq_context)
+            transport = await open_async(
+                self.endpoint, self.connect_timeout, self._zmq_context, self._tls_context
+            )
             try:
                 auth = self.auth_commands()
                 _check_all(await wait_replies_async(transport, auth, self.connect_timeout), True)

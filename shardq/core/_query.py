@@ -14,6 +14,7 @@ from ._state import EngineState
 
 __all__ = ["QueryOps", "job_view"]
 
+
 def job_view(job: Job) -> dict[str, Any]:
     """The Job map GetJob and GetJobs answer: the wire job plus state, result and reason."""
     view = job.to_wire()
@@ -66,7 +67,11 @@ class QueryOps(EngineState):
                 # bunqueue #92: a paused queue reports its waiting work under "paused".
                 counts["paused"] = counts[WAITING] + counts["prioritized"]
                 counts[WAITING] = counts["prioritized"] = 0
-        return {"ok": True, "counts": counts}
+        reply: dict[str, Any] = {"ok": True, "counts": counts}
+        if cmd.get("totals") is True:  # shardq's own (the HTTP port's rates): bunqueue's stays
+            pushed, completed = (q.pushed, q.completed) if q else (0, 0)
+            reply["totals"] = {"pushed": pushed, "completed": completed}
+        return reply
 
     def cmd_count(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self.queues.get(str(cmd.get("queue")))

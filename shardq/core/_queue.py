@@ -53,6 +53,11 @@ class QueueState:
     held: set[str] = field(default_factory=set)
     # Rate limit and concurrency cap; None (the usual case) costs a pull one test.
     limits: QueueLimits | None = None
+    # Jobs admitted and completed since this shard started (not persisted): the HTTP port
+    # turns their differences over time into per-queue rates, so a push or an ACK pays one
+    # addition per batch here, not a clock read.
+    pushed: int = 0
+    completed: int = 0
 
     def config(self) -> dict[str, Any]:
         """The persisted controls of this queue (mutation `("queue", name, cfg)`)."""

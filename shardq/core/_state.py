@@ -152,6 +152,7 @@ class EngineState:
         all_jobs = self.jobs
         ids = q.ids
         out = self.out
+        q.pushed += len(jobs)
         waiting: list[Job] = []
         entry: tuple[str, int, None] | None = None
         timeline: Timeline = ()
@@ -209,6 +210,8 @@ class EngineState:
             self.remove(job)
             return
         q = self.queues[job.queue]
+        if event == "ack":
+            q.completed += 1
         one = (job,)
         self._leave_all(one, q, state)
         job.state = new
@@ -278,6 +281,8 @@ class EngineState:
                 self.remove(job)
             return
         q = self.queues[queue]
+        if event == "ack":
+            q.completed += len(jobs)
         self._leave_all(jobs, q, state)
         out = self.out
         entry = (new, now, jobs[0].attempts)

@@ -8,7 +8,8 @@ unknown environment variables are ignored (the environment is shared with everyt
 Environment names are `SHARDQ_<KEY>` (e.g. `SHARDQ_TCP_PORT`, `SHARDQ_ENGINE_MAX_COMPLETED`),
 plus bunqueue's names so shardq can replace bunqueue in an existing deployment: `TCP_PORT`,
 `HTTP_PORT`, `HOST`, `BUNQUEUE_DATA_PATH` (then `DATA_PATH`), `AUTH_TOKENS` (comma-separated),
-`SHUTDOWN_TIMEOUT_MS`, `METRICS_AUTH` and `METRICS_MAX_QUEUES`. A `SHARDQ_` name wins over an
+`SHUTDOWN_TIMEOUT_MS`, `METRICS_AUTH`, `METRICS_MAX_QUEUES`, `CORS_ALLOW_ORIGIN` and the
+`RATE_LIMIT_*` pair (which sets the TCP and the HTTP limits alike). A `SHARDQ_` name wins over an
 alias. Nothing here reads the environment at import time: `load_config` reads `os.environ` only
 when called without `env`.
 """
@@ -56,6 +57,14 @@ class ServerConfig:
     # bunqueue's METRICS_MAX_QUEUES: per-queue series beyond this many queues would make every
     # scrape and the Prometheus server pay for queues nobody graphs; the rest are counted.
     metrics_max_queues: int = 100
+    # bunqueue's CORS_ALLOW_ORIGIN: the origins whose pages may read the HTTP port's answers.
+    # "*" (any), bunqueue's default: the API wants a bearer token anyway, not a cookie.
+    cors_allow_origin: tuple[str, ...] = ("*",)
+    # bunqueue's per-IP limit on the HTTP port (its RATE_LIMIT_* variables set these too):
+    # on, with bunqueue's 10,000 requests per 60 s, since one IP is usually one dashboard or
+    # script, not a pipelining client. A window of 0 turns it off.
+    http_rate_limit_window_ms: int = 60_000
+    http_rate_limit_max_requests: int = 10_000
     data_path: str = "./data/shardq.db"
     shards: int | str = "auto"  # "auto" = one shard per CPU (`shard_count`)
     auth_tokens: tuple[str, ...] = ()  # empty: every connection starts authenticated
@@ -103,6 +112,11 @@ class ServerConfig:
     # Cap on the database file (bytes); past it writes fail as on a full disk. 0: no cap, the
     # disk is the limit.
     max_db_bytes: int = 0
+    # SQLite's page cache and memory-mapped read window per connection, in MB. Both count in
+    # the writer's resident memory; shardq's writes append in id order and it reads little,
+    # so small values cost nothing measurable (BENCHMARKS.md section 5). bunqueue: 64 and 256.
+    sqlite_cache_mb: int = 16
+    sqlite_mmap_mb: int = 0
     # Bytes a shard may hold unsent for a writer that does not read. Below it the shard waits
     # at most `storage_stall_ms` (then refuses durable pushes and serves on); at it the
     # shard waits for the writer whatever the time: its memory stays bounded.
@@ -122,6 +136,11 @@ class ServerConfig:
     # Requests a TCP connection may have in flight before it is read no further: ten times
     # the deepest pipeline of the benchmarks (100), so no pipelining client ever meets it.
     max_in_flight_per_connection: int = 1_000
+    # Which shard holds a job, for commands that carry only its id (GetJob, ACK by id ...).
+    # A miss asks every shard, so the cap trades memory (about 200 bytes an id) for fan-out on
+    # ids older than the last this many pushed or pulled; 100,000 covers every lease a
+    # worker fleet holds at once many times over.
+    job_cache_size: int = 100_000
     # Long-polls (PULL/PULLB with a timeout, WaitJob) parked per connection and per server;
     # past either, the request is answered at once as if nothing were ready. A parked
     # request costs about 1 KB across the front end and a shard.
@@ -248,6 +267,23 @@ def _path_or_none(value: object) -> str:
     return value.strip()
 
 
+def _origins(value: object) -> tuple[str, ...]:
+    """Comma-separated in the environment, a list in TOML; "*" alone means any origin."""
+    raw = value.split(",") if isinstance(value, str) else value
+    if not isinstance(raw, list | tuple) or not all(isinstance(i, str) for i in raw):
+        raise ValueError(f"must be a list of origins, got {value!r}")
+    items = [i.strip().rstrip("/") for i in raw if i.strip()]
+    if not items:
+        raise ValueError('names no origin; use "*" for any origin')
+    bad = [i for i in items if i != "*" and not _ORIGIN.fullmatch(i)]
+    if bad:
+        raise ValueError(f"an origin is scheme://host[:port] and nothing more, got {bad[0]!r}")
+    return tuple(items)
+
+
+_ORIGIN = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s,]+")
+
+
 def _tokens(value: object) -> tuple[str, ...]:
     if isinstance(value, str):  # the environment's form: "a,b,c"
         items: list[object] = [part.strip() for part in value.split(",") if part.strip()]
@@ -293,6 +329,9 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "metrics_auth": _bool,
     # Past 10,000 a scrape would carry more series than Prometheus keeps comfortably per target.
     "metrics_max_queues": _ranged(0, 10_000),
+    "cors_allow_origin": _origins,
+    "http_rate_limit_window_ms": _ranged(0, ms=True),  # 0: no limit
+    "http_rate_limit_max_requests": _ranged(1),
     "data_path": _text,
     "shards": _shards,
     "auth_tokens": _tokens,
@@ -318,6 +357,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "storage_retry_max_ms": _ranged(10, 60_000, ms=True),
     "storage_stall_ms": _ranged(100, 600_000, ms=True),
     "max_db_bytes": _db_cap,
+    "sqlite_cache_mb": _ranged(1, 65_536),
+    "sqlite_mmap_mb": _ranged(0, 1 << 20),  # 0: plain reads, no map
     # Above the 8 MiB past which a shard starts waiting for its writer (`shard/_process.py`).
     "writer_backlog_max_bytes": _ranged(16 << 20, 1 << 40),
     # -- recovery: at least a second, so that a child's progress reports can keep it alive.
@@ -327,6 +368,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "link_max_frame_bytes": _ranged(64 * 1024, 2**32 - 1),
     "max_connections": _ranged(1),
     "max_in_flight_per_connection": _ranged(1),
+    "job_cache_size": _ranged(0, 100_000_000),  # 0: no cache, every id-only command fans out
     "max_parked_per_connection": _ranged(0),  # 0: no long-poll ever parks
     "max_parked": _ranged(0),
     "tcp_max_write_backlog_bytes": _ranged(0),  # 0: unbounded, as bunqueue's 0
@@ -359,6 +401,10 @@ _ENV_ALIASES: tuple[tuple[str, str], ...] = (
     ("TCP_MAX_WRITE_QUEUE_BYTES", "tcp_max_write_backlog_bytes"),
     ("RATE_LIMIT_WINDOW_MS", "rate_limit_window_ms"),
     ("RATE_LIMIT_MAX_REQUESTS", "rate_limit_max_requests"),
+    # bunqueue's one limiter counts per TCP connection and per HTTP client IP alike.
+    ("RATE_LIMIT_WINDOW_MS", "http_rate_limit_window_ms"),
+    ("RATE_LIMIT_MAX_REQUESTS", "http_rate_limit_max_requests"),
+    ("CORS_ALLOW_ORIGIN", "cors_allow_origin"),
     ("TLS_CERT_FILE", "tls_cert_file"),
     ("TLS_KEY_FILE", "tls_key_file"),
     ("METRICS_AUTH", "metrics_auth"),

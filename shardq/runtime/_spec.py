@@ -37,11 +37,14 @@ class ChildSpec:
     storage_retry_max_ms: int = 1_000
     storage_stall_ms: int = 5_000
     max_db_bytes: int = 0
+    sqlite_cache_mb: int = 16
+    sqlite_mmap_mb: int = 0
     writer_backlog_max_bytes: int = 256 << 20
     # -- bounds (issue 10 section 4): ServerConfig's, see there
     link_max_frame_bytes: int = 64 * 1024 * 1024
     max_connections: int = 10_000
     max_in_flight_per_connection: int = 1_000
+    job_cache_size: int = 100_000
     max_parked_per_connection: int = 1_000
     max_parked: int = 10_000
     tcp_max_write_backlog_bytes: int = 64 * 1024 * 1024
@@ -57,6 +60,9 @@ class ChildSpec:
     http_port: int = 0  # the HTTP process's port (0 for every other role)
     metrics_auth: bool = False
     metrics_max_queues: int = 100
+    cors_allow_origin: tuple[str, ...] = ("*",)
+    http_rate_limit_window_ms: int = 60_000
+    http_rate_limit_max_requests: int = 10_000
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     def endpoint(self, name: str) -> str:
@@ -82,4 +88,6 @@ class ChildSpec:
     def from_json(cls, text: str) -> ChildSpec:
         raw: dict[str, Any] = json.loads(text)
         raw["auth_tokens"] = tuple(raw.get("auth_tokens") or ())
+        if "cors_allow_origin" in raw:
+            raw["cors_allow_origin"] = tuple(raw["cors_allow_origin"])
         return cls(**raw)

@@ -43,11 +43,15 @@ _PRAGMAS_BEFORE_WAL: tuple[tuple[str, object], ...] = (
     ("page_size", PAGE_SIZE),  # only takes effect on a new, empty database
 )
 _PRAGMAS_AFTER_WAL: tuple[tuple[str, object], ...] = (
-    ("cache_size", -64000),  # negative means KiB: 64 MB of page cache, as in bunqueue
     ("temp_store", "MEMORY"),
-    ("mmap_size", 268435456),  # 256 MiB of memory-mapped reads, as in bunqueue
     ("foreign_keys", "OFF"),  # no foreign keys in this schema; keep every write check-free
 )
+# The page cache and the memory map both count in the resident memory of the process that
+# holds the connection, the writer above all (bunqueue's 64 MB and 256 MiB made the writer
+# about 400 MB after a 1,000,000-job drain). shardq's writes append in id order and its reads
+# are few, so a small cache and no map cost nothing measurable (BENCHMARKS.md section 5).
+DEFAULT_CACHE_MB = 16
+DEFAULT_MMAP_MB = 0
 
 # What `read_pragmas` reports, for tests and operators.
 _REPORTED_PRAGMAS = (
@@ -63,8 +67,18 @@ _REPORTED_PRAGMAS = (
 )
 
 
-def configure(conn: sqlite3.Connection, *, synchronous: str, max_bytes: int | None) -> None:
+def configure(
+    conn: sqlite3.Connection,
+    *,
+    synchronous: str,
+    max_bytes: int | None,
+    cache_mb: int = DEFAULT_CACHE_MB,
+    mmap_mb: int = DEFAULT_MMAP_MB,
+) -> None:
     """Apply every PRAGMA shardq relies on. This is the only place a PRAGMA is set.
+
+    `cache_mb` is SQLite's page cache and `mmap_mb` its memory-mapped read window (0 = plain
+    reads), both per connection.
 
     `max_bytes` caps the database file size (None = no cap); writes past it fail with
     `StorageFull`, which is how disk-full handling is exercised without filling a disk.
@@ -83,6 +97,8 @@ def configure(conn: sqlite3.Connection, *, synchronous: str, max_bytes: int | No
     conn.execute(f"PRAGMA synchronous = {mode}")
     for name, value in _PRAGMAS_AFTER_WAL:
         conn.execute(f"PRAGMA {name} = {value}")
+    conn.execute(f"PRAGMA cache_size = {-1024 * int(cache_mb)}")  # negative means KiB
+    conn.execute(f"PRAGMA mmap_size = {(int(mmap_mb) << 20)}")
     if max_bytes is not None:
         (page_size,) = conn.execute("PRAGMA page_size").fetchone()
         conn.execute(f"PRAGMA max_page_count = {max(1, int(max_bytes) // int(page_size))}")

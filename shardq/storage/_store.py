@@ -100,6 +100,8 @@ class Store:
         max_bytes: int | None = None,
         cache_records: int = DEFAULT_CACHE_RECORDS,
         patch_floor: int = DEFAULT_PATCH_FLOOR,
+        cache_mb: int = _schema.DEFAULT_CACHE_MB,
+        mmap_mb: int = _schema.DEFAULT_MMAP_MB,
     ) -> Store:
         """Open (creating it if needed) the database at `path` and migrate it.
 
@@ -108,7 +110,8 @@ class Store:
         beyond it fail with `StorageFull` (None = no cap, the disk is the limit).
         `cache_records` bounds the jobs whose row summary is kept in memory (0 = none).
         `patch_floor`: a job's patch is folded into its record once it is longer than both
-        the record and this many bytes.
+        the record and this many bytes. `cache_mb` and `mmap_mb` size SQLite's page cache
+        and memory map (`_schema.configure`).
 
         Raises `StorageError` if the directory cannot be created or written, the file is not a
         SQLite database, its schema is newer than this code knows, or `synchronous` is unknown.
@@ -121,7 +124,13 @@ class Store:
         except sqlite3.Error as e:
             raise wrap_error(e, f"opening {path}") from e
         try:
-            _schema.configure(conn, synchronous=synchronous, max_bytes=max_bytes)
+            _schema.configure(
+                conn,
+                synchronous=synchronous,
+                max_bytes=max_bytes,
+                cache_mb=cache_mb,
+                mmap_mb=mmap_mb,
+            )
             db = Database(conn, recursive_triggers=False, execute_plugins=False)
             version = _schema.migrate(conn, db)
         except Exception as e:

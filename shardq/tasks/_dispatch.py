@@ -61,13 +61,17 @@ class Dispatcher:
         self._tasks = tasks
         self._executor = executor
         self._counters = counters
+        # The module's logger is a lazy proxy that builds a new bound logger on every call
+        # (the process's logging setup does not cache them): once per job it cost as much as
+        # the rest of the dispatch. Bound here, after the worker configured logging.
+        self._log = _log.bind()
 
     async def __call__(self, job: Job) -> Any:
         task = self._tasks.get(job.name)
         if task is None:
             self._counters[FAILED] += 1
             reason = unknown_task_reason(job.name, self._tasks)
-            _log.error("unknown task", task=job.name, job_id=job.id, queue=job.queue)
+            self._log.error("unknown task", task=job.name, job_id=job.id, queue=job.queue)
             raise UnrecoverableError(reason)
         call = decode_payload(job.data)
         if call is None:
@@ -83,13 +87,13 @@ class Dispatcher:
         except Exception as e:  # a cancellation (past the grace) is no failure of the task
             duration = round((time.perf_counter() - started) * 1000, 3)
             self._counters[FAILED] += 1
-            _log.warning("task failed", task=task.name, job_id=job.id, attempt=attempt,
+            self._log.warning("task failed", task=task.name, job_id=job.id, attempt=attempt,
                          max_attempts=job.max_attempts, duration_ms=duration,
                          error=f"{type(e).__name__}: {e}")  # fmt: skip
             raise
         duration = round((time.perf_counter() - started) * 1000, 3)
         self._counters[DONE] += 1
-        _log.info("task done", task=task.name, job_id=job.id, attempt=attempt,
+        self._log.info("task done", task=task.name, job_id=job.id, attempt=attempt,
                   duration_ms=duration)  # fmt: skip
         return result
 

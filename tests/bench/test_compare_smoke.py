@@ -7,9 +7,12 @@ never a speed.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,3 +61,42 @@ def test_compare_quick_writes_json_and_table(tmp_path: Path) -> None:
     )
     assert "## Ratios" in table and "## Commands" in table
     assert table.strip() in done.stdout  # the same table goes to stdout
+
+
+def _may_go_realtime() -> bool:
+    try:
+        pid = os.fork()
+    except OSError:
+        return False
+    if pid == 0:  # try in a child, so this process keeps its own scheduling
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        except OSError:
+            os._exit(1)
+        os._exit(0)
+    return os.waitpid(pid, 0)[1] == 0
+
+
+def test_realtime_runs_every_process_under_sched_fifo(tmp_path: Path) -> None:
+    if not _may_go_realtime():
+        pytest.skip("this machine refuses SCHED_FIFO to this user (needs CAP_SYS_NICE)")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "compare", "--quick", "--realtime", "1",
+         "--peers", "shardq", "--scenarios", "push_single", "--out-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert any("SCHED_FIFO at priority 1" in note for note in report["notes"])
+    assert report["command"].endswith("--realtime 1 --peers shardq --scenarios push_single "
+                                      f"--out-dir {tmp_path}")  # fmt: skip
+    assert next(r["median"] for r in report["rows"] if r["scenario"] == "push_single")
+
+
+def test_realtime_refused_is_a_clear_error() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "compare", "--quick", "--realtime", "100"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "--realtime 100: cannot switch to SCHED_FIFO" in done.stderr

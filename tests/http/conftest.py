@@ -20,6 +20,7 @@ from shardq_harness import ShardqServer, free_port  # noqa: E402
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
     """Two shards, so per-queue answers come from a fan-out; stopped cleanly at the end."""
     data = tmp_path_factory.mktemp("http") / "data"
-    with ShardqServer(data, shards=2, http_port=free_port()).start() as srv:
+    # 90 s: five processes start slowly on a loaded 2-core machine.
+    with ShardqServer(data, shards=2, http_port=free_port()).start(timeout=90) as srv:
         yield srv
         assert srv.stop() == 0, srv.log_tail()

@@ -116,12 +116,15 @@ VALID_TEXT = {
     "storage_retry_max_ms": "250",
     "storage_stall_ms": "2000",
     "max_db_bytes": "2097152",
+    "sqlite_cache_mb": "64",
+    "sqlite_mmap_mb": "256",
     "writer_backlog_max_bytes": "33554432",
     "ready_timeout_ms": "5000",
     # -- bounds (issue 10 section 4)
     "link_max_frame_bytes": "1048576",
     "max_connections": "50",
     "max_in_flight_per_connection": "64",
+    "job_cache_size": "1000",
     "max_parked_per_connection": "5",
     "max_parked": "100",
     "tcp_max_write_backlog_bytes": "0",
@@ -136,6 +139,9 @@ VALID_TEXT = {
     "events_ring_data_bytes": "0",
     "events_subscriber_buffer_bytes": "65536",
     "events_max_streams": "10",
+    "cors_allow_origin": "https://a.example,http://b.example:8080",
+    "http_rate_limit_window_ms": "0",
+    "http_rate_limit_max_requests": "50",
 }
 
 
@@ -179,11 +185,14 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         storage_retry_max_ms = 250
         storage_stall_ms = 2000
         max_db_bytes = 2097152
+        sqlite_cache_mb = 64
+        sqlite_mmap_mb = 256
         writer_backlog_max_bytes = 33554432
         ready_timeout_ms = 5000
         link_max_frame_bytes = 1048576
         max_connections = 50
         max_in_flight_per_connection = 64
+        job_cache_size = 1000
         max_parked_per_connection = 5
         max_parked = 100
         tcp_max_write_backlog_bytes = 0
@@ -198,6 +207,9 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         events_ring_data_bytes = 0
         events_subscriber_buffer_bytes = 65536
         events_max_streams = 10
+        cors_allow_origin = ["https://a.example", "http://b.example:8080"]
+        http_rate_limit_window_ms = 0
+        http_rate_limit_max_requests = 50
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})

@@ -115,3 +115,37 @@ def test_only_a_kill_excuses_a_loss_or_a_rerun(tmp_path: Path) -> None:
     assert checked["buffered_lost_ids"] == ["near-restart"]
     assert checked["reruns_after_completion_in_fault_window"] == 1
     assert checked["rerun_ids"] == ["rerun-restart"]
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        found += [int(child), *_descendants(int(child))]
+    return found
+
+
+def test_sigterm_stops_the_server_it_started(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "shardq_cli.main", "soak", "--seconds", "120",
+        "--out", str(tmp_path), "--rate", "50",
+    ]  # fmt: skip
+    soak = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert soak.stdout is not None
+        for _ in range(600):  # the first progress line: the server is up and under load
+            if b"soak progress" in soak.stdout.readline():
+                break
+        server_tree = _descendants(soak.pid)
+        assert server_tree, "the soak started no server"
+        soak.terminate()
+        soak.wait(timeout=90)
+        deadline = time.monotonic() + 30
+        while (alive := [p for p in server_tree if Path(f"/proc/{p}").exists()]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        assert alive == [], f"server processes left running: {alive}"
+    finally:
+        if soak.poll() is None:
+            soak.kill()
+            soak.wait()

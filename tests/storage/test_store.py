@@ -163,11 +163,18 @@ def test_pragmas_are_applied(db_path: Path, mode: str, expected: int) -> None:
     assert p["journal_mode"] == "wal"
     assert p["synchronous"] == expected
     assert p["busy_timeout"] == 5000
-    assert p["cache_size"] == -64000
+    assert p["cache_size"] == -16 * 1024  # 16 MB (negative: KiB)
     assert p["temp_store"] == 2  # MEMORY
-    assert p["mmap_size"] == 268435456
+    assert p["mmap_size"] == 0
     assert p["page_size"] == 4096
     assert p["foreign_keys"] == 0
+
+
+def test_page_cache_and_memory_map_are_settings(db_path: Path) -> None:
+    with Store.open(db_path, cache_mb=64, mmap_mb=256) as s:
+        p = s.pragmas()
+    assert p["cache_size"] == -64 * 1024
+    assert p["mmap_size"] == 256 << 20
 
 
 def test_unknown_synchronous_mode_is_refused_before_touching_disk(db_path: Path) -> None:

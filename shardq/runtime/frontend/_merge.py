@@ -26,7 +26,7 @@ __all__ = [
 
 Reply = dict[str, Any]
 
-DEFAULT_CACHE_SIZE: Final = 1_000_000  # ids of live and recent jobs; ~100 bytes each
+DEFAULT_CACHE_SIZE: Final = 100_000  # ServerConfig.job_cache_size (see there): ~200 bytes an id
 
 
 class JobCache:

@@ -80,6 +80,7 @@ class Frontend:
             max_parked=spec.max_parked,
             auth_max_failures=spec.auth_max_failures,
             events=EventLimits.from_spec(spec),
+            cache_size=spec.job_cache_size,
         )
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))

@@ -1,6 +1,9 @@
 """The HTTP process: health, Prometheus, bunqueue's REST API and the dashboard (docs/http.md).
 
-Owns: the HTTP listener (`http_port`, aiohttp) and one client connection to the front end.
+Owns: the HTTP listener (`http_port`, aiohttp; HTTPS with `tls_cert_file`, `_tls_site.py`),
+bunqueue's CORS answers and per-IP rate limit (`_edge.py`), the samples behind the per-queue
+rates (`_rates.py`), and one client connection to the front end (over TLS when the TCP port
+speaks it).
 
 Receives: HTTP requests; replies from the front end on its connection (among them `Stats`,
 whose `storageStalled` says whether shards see their writer stalled, and `Metrics`, which

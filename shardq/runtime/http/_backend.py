@@ -17,6 +17,7 @@ from typing import Any, Final
 from shardq.client import AsyncConnection
 from shardq.errors import ShardqError
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._tls import loopback_client_context
 
 __all__ = ["Backend", "Reply"]
 
@@ -30,7 +31,12 @@ _WILDCARDS: Final = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 def frontend_url(spec: ChildSpec) -> str:
     """The front end's TCP address as a client on this machine reaches it."""
     host = _WILDCARDS.get(spec.host, spec.host)
-    return f"tcp://[{host}]:{spec.tcp_port}" if ":" in host else f"tcp://{host}:{spec.tcp_port}"
+    scheme = "tls" if spec.tls_cert_file else "tcp"
+    return (
+        f"{scheme}://[{host}]:{spec.tcp_port}"
+        if ":" in host
+        else f"{scheme}://{host}:{spec.tcp_port}"
+    )
 
 
 class Backend:
@@ -38,8 +44,13 @@ class Backend:
 
     def __init__(self, spec: ChildSpec) -> None:
         token = spec.auth_tokens[0] if spec.auth_tokens else None
+        tls = loopback_client_context(spec.tls_cert_file) if spec.tls_cert_file else None
         self._conn = AsyncConnection(
-            frontend_url(spec), token=token, timeout=TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S
+            frontend_url(spec),
+            token=token,
+            timeout=TIMEOUT_S,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            tls_context=tls,
         )
 
     @property

@@ -33,6 +33,7 @@ from shardq.runtime.http._facts import (
     storage_facts,
     uptime_seconds,
 )
+from shardq.runtime.http._rates import QueueRates
 
 __all__ = ["Monitor", "Snapshot"]
 
@@ -98,6 +99,7 @@ class Monitor:
         self._started = time.monotonic()
         # Open SSE and WebSocket streams by kind, filled in by the HTTP process (`_streams`).
         self.streams_open: dict[str, int] = {}
+        self.rates = QueueRates()
 
     async def snapshot(self, *, per_queue: bool = False) -> Snapshot:
         stats, metrics, workers = await self._backend.call_many(
@@ -203,10 +205,17 @@ class Monitor:
         if listed.get("ok") is not True:
             return 503, listed
         names = [q for q in listed.get("queues") or [] if isinstance(q, str)]
-        commands = [{"cmd": c, "queue": q} for q in names for c in ("GetJobCounts", "IsPaused")]
+        commands: list[dict[str, Any]] = []
+        for q in names:
+            commands += [
+                {"cmd": "GetJobCounts", "queue": q, "totals": True},
+                {"cmd": "IsPaused", "queue": q},
+            ]
         replies = await self._backend.call_many(commands)
         keys = ("waiting", "prioritized", "active", "completed", "failed", "delayed")
         summary = []
+        now = time.monotonic()
+        self.rates.keep_only(names)
         for i, name in enumerate(names):
             counts, paused = _data(replies[2 * i], "counts"), replies[2 * i + 1]
             summary.append(
@@ -214,6 +223,8 @@ class Monitor:
                     "name": name,
                     "paused": paused.get("paused") is True,
                     "counts": {k: counts.get(k, 0) for k in keys},
+                    # shardq's addition to bunqueue's shape (docs/http.md)
+                    "throughput": self.rates.observe(name, _data(replies[2 * i], "totals"), now),
                 }
             )
         return 200, summary

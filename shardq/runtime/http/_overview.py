@@ -1,9 +1,9 @@
 """bunqueue's dashboard JSON routes: `/dashboard`, `/dashboard/queues`, `/dashboard/queues/:q`.
 
 Aggregates for a dashboard that wants one call per screen, built from the same commands as the
-REST routes. shardq keeps no completion or failure rates and no crons yet: those answer zeros and
-empty lists in bunqueue's shapes, and the latency averages come from the front end's
-histograms (their percentiles are not kept, so `percentiles` is empty).
+REST routes. The completion rate comes from the front end's lifetime count, sampled here like
+the per-queue rates (`_rates.py`); shardq keeps no failure rate (0). The latency averages come
+from the front end's histograms (their percentiles are not kept, so `percentiles` is empty).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from shardq.runtime.http._backend import Backend
 from shardq.runtime.http._monitor import Monitor
+from shardq.runtime.http._rates import QueueRates
 
 __all__ = ["Overview"]
 
@@ -40,16 +41,29 @@ def _average_ms(histogram: object) -> float:
     return round(total / count, 2) if count and isinstance(total, int | float) else 0.0
 
 
+def _crons(reply: Mapping[str, Any]) -> dict[str, Any]:
+    crons = [c for c in reply.get("crons") or [] if isinstance(c, Mapping)]
+    fields = ("name", "queue", "schedule", "repeatEvery", "nextRun", "executions")
+    return {
+        "total": len(crons),
+        "list": [{f: c.get(f) for f in fields} for c in crons[:_LIST_CAP]],
+        "truncated": len(crons) > _LIST_CAP,
+    }
+
+
 class Overview:
     def __init__(self, backend: Backend, monitor: Monitor) -> None:
         self._backend = backend
         self._monitor = monitor
+        self._server_rates = QueueRates()  # one entry: the whole server's completions
 
     async def overview(self) -> dict[str, Any]:
         snap = await self._monitor.snapshot()
-        listed = await self._backend.call({"cmd": "ListWorkers"})
+        listed, crons = await self._backend.call_many([{"cmd": "ListWorkers"}, {"cmd": "CronList"}])
         workers = _map(listed.get("data")).get("workers") or []
         s, m = snap.stats, snap.metrics
+        totals = {"pushed": m.get("totalPushed"), "completed": m.get("totalCompleted")}
+        rates = self._server_rates.observe("", totals, time.monotonic())
         keys = ("totalPushed", "totalPulled", "totalCompleted", "totalFailed")
         fields = ("id", "name", "queues", "lastSeen", "activeJobs", "processedJobs", "failedJobs")
         return {
@@ -60,8 +74,8 @@ class Overview:
             "throughput": {
                 "pushPerSec": s.get("pushPerSec", 0),
                 "pullPerSec": s.get("pullPerSec", 0),
-                "completePerSec": 0,  # not kept yet
-                "failPerSec": 0,
+                "completePerSec": rates["completePerSec"] or 0,
+                "failPerSec": 0,  # not kept
             },
             "latency": {
                 "averages": {k: _average_ms(snap.latency.get(k)) for k in ("push", "pull", "ack")},
@@ -74,7 +88,7 @@ class Overview:
                 "list": [{f: _map(w).get(f) for f in fields} for w in workers[:_LIST_CAP]],
                 "truncated": len(workers) > _LIST_CAP,
             },
-            "crons": {"total": 0, "list": [], "truncated": False},
+            "crons": _crons(crons),
             "storage": snap.storage.as_json(),
             "timestamp": int(time.time() * 1000),
         }
@@ -86,11 +100,20 @@ class Overview:
             return listed
         names = [q for q in listed.get("queues") or [] if isinstance(q, str)]
         page = names[offset : offset + limit]
-        commands = [{"cmd": c, "queue": q} for q in page for c in ("GetJobCounts", "IsPaused")]
+        commands: list[dict[str, Any]] = []
+        for q in page:
+            commands += [
+                {"cmd": "GetJobCounts", "queue": q, "totals": True},
+                {"cmd": "IsPaused", "queue": q},
+            ]
         replies = await self._backend.call_many(commands)
         queues = []
+        now = time.monotonic()
+        rates = self._monitor.rates
+        rates.keep_only(names)
         for i, name in enumerate(page):
             c = _map(replies[2 * i].get("counts"))
+            throughput = rates.observe(name, _map(replies[2 * i].get("totals")), now)
             queues.append(
                 {
                     "name": name,
@@ -99,6 +122,7 @@ class Overview:
                     "active": c.get("active", 0),
                     "dlq": c.get("failed", 0),
                     "paused": replies[2 * i + 1].get("paused") is True,
+                    **throughput,
                 }
             )
         return {

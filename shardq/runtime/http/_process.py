@@ -24,11 +24,14 @@ from aiohttp import web
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._tls import server_context
 from shardq.runtime.http._backend import Backend
+from shardq.runtime.http._edge import Edge
 from shardq.runtime.http._monitor import Monitor
 from shardq.runtime.http._overview import Overview
 from shardq.runtime.http._rest import match, status_for
 from shardq.runtime.http._streams import EventStreams
+from shardq.runtime.http._tls_site import TlsSite
 
 __all__ = ["build_app", "main", "serve"]
 
@@ -175,8 +178,12 @@ class _Server:
 
 def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
     server = _Server(spec, backend)
+    edge = Edge(spec)
     # A body may be as large as a frame of the TCP port (a bulk push): it becomes one.
-    app = web.Application(middlewares=[server.guard], client_max_size=spec.max_frame_bytes)
+    app = web.Application(
+        middlewares=[edge.guard, server.guard], client_max_size=spec.max_frame_bytes
+    )
+    app.on_response_prepare.append(edge.add_cors)
     static = resources.files("shardq.runtime.http").joinpath("static")
     app.router.add_get("/health", server.health)
     app.router.add_get("/healthz", server.live)
@@ -209,10 +216,17 @@ async def serve(spec: ChildSpec) -> int:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     runner = web.AppRunner(build_app(spec, backend), access_log=None)
     await runner.setup()
+    tls_site: TlsSite | None = None
     try:
-        site = web.TCPSite(
-            runner, spec.host, spec.http_port, reuse_address=True, shutdown_timeout=_STOP_GRACE_S
-        )
+        site: web.BaseSite | TlsSite
+        if spec.tls_cert_file:
+            context = server_context(spec.tls_cert_file, spec.tls_key_file)
+            site = tls_site = TlsSite(runner, spec.host, spec.http_port, context)
+        else:
+            site = web.TCPSite(
+                runner, spec.host, spec.http_port, reuse_address=True,
+                shutdown_timeout=_STOP_GRACE_S,
+            )  # fmt: skip
         try:
             await site.start()
         except OSError as e:
@@ -220,11 +234,13 @@ async def serve(spec: ChildSpec) -> int:
             sup.fatal(f"http cannot bind port {spec.http_port}: {e}")
             return 1
         sup.ready(addresses={"http": f"{spec.host}:{spec.http_port}"})
-        log.info("http ready", host=spec.host, port=spec.http_port)
+        log.info("http ready", host=spec.host, port=spec.http_port, tls=tls_site is not None)
         await stop.wait()
         log.info("http stopped")
         return 0
     finally:
+        if tls_site is not None:
+            await tls_site.stop()
         await runner.cleanup()
         await backend.close()
         sup.close()

@@ -175,7 +175,12 @@ class ShardProcess:
         progress = _Progress(self.sup)
         gc.disable()
         try:
-            with Store.open(spec.data_path, synchronous=spec.synchronous) as store:
+            with Store.open(
+                spec.data_path,
+                synchronous=spec.synchronous,
+                cache_mb=spec.sqlite_cache_mb,
+                mmap_mb=spec.sqlite_mmap_mb,
+            ) as store:
                 self.sup.progress(loaded=0)
                 names = {n for n in store.queue_names() if shard_of(n, spec.shards) == spec.index}
                 queues = {n: cfg for n, cfg in store.load_queues().items() if n in names}

@@ -371,7 +371,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
     try:
         store = Store.open(
-            spec.data_path, synchronous=spec.synchronous, max_bytes=spec.max_db_bytes or None
+            spec.data_path,
+            synchronous=spec.synchronous,
+            max_bytes=spec.max_db_bytes or None,
+            cache_mb=spec.sqlite_cache_mb,
+            mmap_mb=spec.sqlite_mmap_mb,
         )
     except StorageError as e:
         log.error("cannot open the database", path=spec.data_path, error=str(e))

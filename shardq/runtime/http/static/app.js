@@ -77,18 +77,40 @@ function showError(error) {
 
 // -- views
 
+const rate = (value, kind) => el("td", { class: "num", "data-rate": kind },
+  value === null || value === undefined ? "—" : value.toFixed(1));
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
 async function queuesView() {
   const summary = await getJson("/queues/summary");  // a bare list, as bunqueue answers it
-  const rows = summary.map(({ name, paused: isPaused, counts: c }) => {
+  const overview = await api("/dashboard");
+  const rows = summary.map(({ name, paused: isPaused, counts: c, throughput: t = {} }) => {
     return el("tr", { "data-queue": name },
       el("td", {}, el("a", { href: `#/queue/${q(name)}/waiting/0` }, name), isPaused ? el("span", { class: "muted" }, " (paused)") : ""),
       ...STATES.map((s) => num(c[s])),
+      rate(t.pushPerSec, "push"), rate(t.completePerSec, "complete"),
       el("td", {},
-        isPaused ? button("Resume", () => post(`/queues/${q(name)}/resume`)) : button("Pause", () => post(`/queues/${q(name)}/pause`)),
+        isPaused ? button("Resume", () => post(`/queues/${q(name)}/resume`), { "data-action": "resume" })
+          : button("Pause", () => post(`/queues/${q(name)}/pause`), { "data-action": "pause" }),
         " ", el("a", { href: `#/dlq/${q(name)}` }, "DLQ")));
   });
-  const headers = ["Queue", ...STATES.map((s) => ({ label: s, num: true })), ""];
-  return [el("h1", {}, "Queues"), table(headers, rows, "queues")];
+  const headers = ["Queue", ...STATES.map((s) => ({ label: s, num: true })),
+    { label: "pushed/s", num: true }, { label: "completed/s", num: true }, ""];
+  const facts = el("p", { class: "muted", "data-testid": "overview" },
+    el("a", { href: "#/workers", "data-testid": "workers-count" }, plural(overview.workers.total, "worker")), " · ",
+    el("a", { href: "#/crons", "data-testid": "crons-count" }, plural(overview.crons.total, "cron schedule")),
+    " · rates over the last 10 s");
+  return [el("h1", {}, "Queues"), facts, table(headers, rows, "queues")];
+}
+
+async function cronsView() {
+  const { crons } = await api("/dashboard");
+  const rows = crons.list.map((c) => el("tr", { "data-cron": c.name },
+    el("td", {}, c.name), el("td", {}, el("a", { href: `#/queue/${q(c.queue)}/waiting/0` }, c.queue)),
+    el("td", {}, c.schedule ?? `every ${c.repeatEvery} ms`), el("td", {}, when(c.nextRun)), num(c.executions)));
+  return [el("h1", {}, "Cron schedules"),
+    table(["Name", "Queue", "Schedule", "Next run", { label: "Executions", num: true }], rows, "crons"),
+    crons.truncated ? el("p", { class: "muted" }, `first ${crons.list.length} of ${crons.total}`) : ""];
 }
 
 async function queueView(name, state, page) {
@@ -127,8 +149,8 @@ async function jobView(id) {
       ` · attempts ${job.attempts}/${job.maxAttempts} · progress ${job.progress ?? 0}`),
     job.failedReason ? el("p", { class: "error", "data-testid": "job-error" }, job.failedReason) : "",
     el("div", { class: "grid" },
-      el("section", {}, el("h2", {}, "Data"), json(job.data)),
-      el("section", {}, el("h2", {}, "Result"), json(job.returnvalue ?? null))),
+      el("section", { "data-testid": "job-data" }, el("h2", {}, "Data"), json(job.data)),
+      el("section", { "data-testid": "job-result" }, el("h2", {}, "Result"), json(job.returnvalue ?? null))),
     el("h2", {}, "Timeline"), table(["State", "At", { label: "Attempt", num: true }], timeline, "timeline"),
     el("h2", {}, "Logs"), table(["At", "Level", "Message"], logRows, "logs"),
     job.stacktrace ? [el("h2", {}, "Stack"), json(job.stacktrace)] : "",
@@ -154,7 +176,7 @@ async function dlqView(name) {
 
 async function workersView() {
   const { data } = await api("/workers");
-  const rows = data.workers.map((w) => el("tr", {},
+  const rows = data.workers.map((w) => el("tr", { "data-worker": w.id },
     el("td", {}, w.name), el("td", {}, w.id), el("td", {}, (w.queues || []).join(", ")),
     el("td", {}, w.status), num(w.concurrency), num(w.activeJobs), num(w.processedJobs),
     num(w.failedJobs), el("td", {}, when(w.lastSeen))));
@@ -189,6 +211,7 @@ async function route() {
     else if (parts[0] === "job") content = await jobView(parts[1]);
     else if (parts[0] === "dlq") content = await dlqView(parts[1]);
     else if (parts[0] === "workers") content = await workersView();
+    else if (parts[0] === "crons") content = await cronsView();
     else content = await queuesView();
     showError(null);
     view.replaceChildren(...[content].flat(2).filter((n) => n !== ""));

@@ -1,0 +1,30 @@
+"""TLS contexts shared by the processes that speak TLS: the front end's TCP port, the HTTP port
+and the HTTP process's own connection to the front end (`TLS_CERT_FILE`/`TLS_KEY_FILE`)."""
+
+from __future__ import annotations
+
+import ssl
+
+__all__ = ["loopback_client_context", "server_context"]
+
+
+def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """The server side, TLS 1.2 or later (the config checked that the pair loads)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+def loopback_client_context(cert_file: str) -> ssl.SSLContext:
+    """A client that trusts exactly the server's own certificate, whatever names it carries.
+
+    The HTTP process reaches its front end by a local address, which a certificate made for
+    the public name does not list, and may be signed by a CA this machine does not trust:
+    pinning the certificate itself checks what matters, that the peer holds our key.
+    """
+    context = ssl.create_default_context(cafile=cert_file)
+    context.check_hostname = False  # before verify_flags: the pin replaces the name check
+    # The file's certificates become trust anchors themselves, the leaf included.
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return context
