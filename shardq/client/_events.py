@@ -11,7 +11,7 @@ A subscription runs on its own connection (bunqueue's TS `QueueEvents` does the 
 server pushes event frames there without a `reqId`, which would only be noise among a
 connection's replies. It sends `Auth` (with a token) and `SubscribeEvents`, then reads events.
 When the connection breaks it reconnects and resubscribes with `since` set to the last event
-id it saw, so the server replays what the ring still holds (docs/protocol.md §17); `gap` on the
+id it saw, so the server replays what the ring still holds (docs/protocol.md §18); `gap` on the
 first event after that says some events were lost in between.
 """
 

@@ -156,8 +156,10 @@ class JobOptions:
     """Options of a new job; None leaves the server's default (docs/protocol.md §5.3).
 
     `job_id` is an idempotent custom id that becomes the job's id. `max_attempts` counts
-    executions in all. Durations are milliseconds. `extra` passes any other bunqueue field
-    as is (wire names, e.g. ``{"backoff": {"type": "fixed", "delay": 500}}``).
+    executions in all. `group_id` puts the job in a job group, and `group_max_size` refuses
+    the push when that group already holds so many queued jobs (docs/protocol.md §17).
+    Durations are milliseconds. `extra` passes any other bunqueue field as is (wire names,
+    e.g. ``{"backoff": {"type": "fixed", "delay": 500}}``).
     """
 
     job_id: str | None = None
@@ -176,6 +178,8 @@ class JobOptions:
     tags: Sequence[str] | None = None
     depends_on: Sequence[str] | None = None
     stack_trace_limit: int | None = None
+    group_id: str | None = None
+    group_max_size: int | None = None
     extra: Mapping[str, Any] | None = None
 
     def to_wire(self, *, bulk: bool = False) -> dict[str, Any]:
@@ -197,6 +201,8 @@ class JobOptions:
             ("tags", list(self.tags) if self.tags is not None else None),
             ("dependsOn", list(self.depends_on) if self.depends_on is not None else None),
             ("stackTraceLimit", self.stack_trace_limit),
+            ("groupId", self.group_id),
+            ("groupMaxSize", self.group_max_size),
         ]
         wire = {key: value for key, value in pairs if value is not None}
         wire.update(self.extra or {})

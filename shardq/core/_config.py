@@ -39,6 +39,9 @@ class EngineConfig:
     # Longest custom id, uniqueKey, debounceId, tag or dependsOn entry a command may
     # carry: each is an index key in memory and on disk; 1024 fits UUIDs, URLs and composites.
     max_key_chars: int = 1_024
+    # Groups of one queue that may hold settings (pause, limits) at once: their settings are
+    # saved with the queue's on every change, so this bounds that write; bunqueue has no cap.
+    max_configured_groups: int = 10_000
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:

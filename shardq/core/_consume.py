@@ -88,12 +88,17 @@ class ConsumeOps(EngineState):
         self.promote_due(now)
         return q
 
-    def take_many(self, q: QueueState, count: int, now: int, limited: bool = True) -> list[Job]:
+    def take_many(
+        self, q: QueueState, count: int, now: int, limited: bool = True, grouped: bool = True
+    ) -> list[Job]:
         """Up to `count` deliverable jobs of `q`, best first, off its ready heap (TTL-expired
-        ones are dropped on the way), within the queue's limits. They are still in the waiting
-        state: deliver them with `activate` or `activate_all`."""
+        ones are dropped on the way), within the queue's and its groups' limits. They are
+        still in the waiting state: deliver them with `activate` or `activate_all`.
+        `grouped` False takes ungrouped jobs only."""
         if limited and q.limits is not None:
             return self._take_limited(q, q.limits, count, now)
+        if grouped and q.groups is not None:
+            return self.take_grouped(q, count, now)
         taken = q.pop_ready_many(count)
         for job in taken:
             if job.opts and job.opts.get("ttl"):
@@ -121,6 +126,10 @@ class ConsumeOps(EngineState):
 
     def held_back(self, queue: str) -> None:
         """A pull on `queue` got less than it asked for because of its limits (`LimitOps`)."""
+
+    def take_grouped(self, q: QueueState, count: int, now: int) -> list[Job]:
+        """`take_many` for a queue with job groups (`GroupOps`)."""
+        return self.take_many(q, count, now, False, False)
 
     def _grant(self, cmd: Mapping[str, Any], owner: str | None) -> _Grant:
         """What every job of one pull gets: owner, lease TTL and the connection to track."""

@@ -22,7 +22,7 @@ from shardq.errors import CommandError
 
 from ._control import ControlOps
 from ._cron import CronOps
-from ._limits import LimitOps
+from ._group_ops import GROUP_COMMANDS, GroupOps
 from ._mutations import Mutation
 from ._produce import ProduceOps
 from ._query import QueryOps
@@ -90,10 +90,12 @@ COMMANDS: Final[dict[str, str]] = {
     "RateLimitClear": "cmd_rate_limit_clear",
     "SetConcurrency": "cmd_set_concurrency",
     "ClearConcurrency": "cmd_clear_concurrency",
+    "GetQueueLimits": "cmd_get_queue_limits",
+    **GROUP_COMMANDS,
 }
 
 
-class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
+class Engine(CronOps, GroupOps, TimerOps, ProduceOps, ControlOps, QueryOps):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -117,6 +119,8 @@ class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
                 reply = {"ok": False, "error": str(e)}
         if self.blocked:
             self.wake_limited(int(now))  # an ACK or FAIL may have freed a held-back queue
+        if self.group_blocked:
+            self.wake_groups(int(now))
         self.last_events = self.events
         return reply, self.out
 
@@ -141,6 +145,8 @@ class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
         released = self.release_connection(conn, int(now))
         if self.blocked:
             self.wake_limited(int(now))
+        if self.group_blocked:
+            self.wake_groups(int(now))
         self.last_events = self.events
         return released, self.out
 

@@ -1,5 +1,5 @@
-"""Per-queue rate limit and concurrency cap: RateLimit, RateLimitClear, SetConcurrency,
-ClearConcurrency (docs/protocol.md §16).
+"""Per-queue rate limit and concurrency cap: RateLimit (with its `ttl`), RateLimitClear,
+SetConcurrency, ClearConcurrency and GetQueueLimits (docs/protocol.md §16).
 
 A queue without limits has `limits` None and pays one attribute test per pull. A limited queue
 hands out no more than its limits allow (`QueueLimits.cap`), and parked pulls are woken, without
@@ -9,6 +9,7 @@ polling, the moment capacity returns: at the deadline when the rate window reope
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -38,6 +39,9 @@ class LimitOps(TimerOps):
         super().__init__(*args, **kwargs)
         # Limited queues whose pulls were held back: the only ones to watch for capacity.
         self.blocked: set[str] = set()
+        # (time, queue) at which a RateLimit given a `ttl` clears itself; stale entries (the
+        # limit was replaced or cleared since) are skipped.
+        self.rate_expiries: list[tuple[int, str]] = []
 
     def held_back(self, queue: str) -> None:
         self.blocked.add(queue)
@@ -51,14 +55,37 @@ class LimitOps(TimerOps):
             not is_number(duration) or not math.isfinite(duration) or duration <= 0
         ):
             raise CommandError("duration must be a positive number")
+        ttl = cmd.get("ttl")
+        if ttl is not None and (not is_number(ttl) or not math.isfinite(ttl) or ttl <= 0):
+            raise CommandError("ttl must be a positive number")
         limits = self._limits_of(cmd)
         limits.rate = limit
         limits.window = int(duration) if duration is not None else DEFAULT_WINDOW_MS
+        limits.rate_until = None if ttl is None else now + int(ttl)
+        if limits.rate_until is not None:
+            heapq.heappush(self.rate_expiries, (limits.rate_until, str(cmd.get("queue", ""))))
         return self._saved(cmd)
 
     def cmd_rate_limit_clear(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        self._limits_of(cmd).rate = None
+        limits = self._limits_of(cmd)
+        limits.rate, limits.rate_until = None, None
         return self._saved(cmd)
+
+    def cmd_get_queue_limits(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        max_jobs = cmd.get("maxJobs")
+        if max_jobs is not None and (not is_number(max_jobs) or not math.isfinite(max_jobs)):
+            raise CommandError("maxJobs must be a finite number")
+        q = self.queues.get(str(cmd.get("queue", "")))
+        limits = q.limits if q is not None else None
+        if q is None or limits is None:
+            rate, ttl, cap, maxed = None, -2, None, False
+        else:
+            rate = None if limits.rate is None else {"max": limits.rate, "duration": limits.window}
+            ttl = limits.ttl(now, None if max_jobs is None else int(max_jobs))
+            cap = limits.concurrency
+            maxed = ttl > 0 or (cap is not None and q.counts[ACTIVE] >= cap)
+        view = {"rateLimit": rate, "rateLimitTtl": ttl, "concurrencyLimit": cap, "maxed": maxed}
+        return {"ok": True, "data": {"limits": view}}
 
     def cmd_set_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         self._limits_of(cmd).concurrency = _limit(cmd, positive=True)
@@ -103,14 +130,36 @@ class LimitOps(TimerOps):
             if not (limits.conc_blocked or limits.rate_blocked):
                 self.blocked.discard(name)
 
+    def _expire_rate_limits(self, now: int) -> None:
+        heap = self.rate_expiries
+        while heap and heap[0][0] <= now:
+            at, name = heapq.heappop(heap)
+            q = self.queues.get(name)
+            limits = q.limits if q is not None else None
+            if q is None or limits is None or limits.rate_until != at:
+                continue
+            limits.rate, limits.rate_until = None, None
+            self._saved({"queue": name})
+
+    def restore(self, *args: Any, **kwargs: Any) -> list[Mutation]:
+        out = super().restore(*args, **kwargs)
+        for q in self.queues.values():
+            if q.limits is not None and q.limits.rate_until is not None:
+                heapq.heappush(self.rate_expiries, (q.limits.rate_until, q.name))
+        return out
+
     def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
         events, out = super().tick(now)
+        if self.rate_expiries:
+            self._expire_rate_limits(int(now))
         if self.blocked:
             self.wake_limited(int(now))
         return events, out
 
     def next_deadline(self) -> int | None:
         deadline = super().next_deadline()
+        if self.rate_expiries and (deadline is None or self.rate_expiries[0][0] < deadline):
+            deadline = self.rate_expiries[0][0]
         if not self.blocked:
             return deadline
         for name in self.blocked:

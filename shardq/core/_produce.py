@@ -8,6 +8,7 @@ from typing import Any
 
 from shardq.errors import CommandError
 
+from ._groups import group_size_error
 from ._job import Job
 from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
 from ._options import as_int, validate_queue_name
@@ -37,6 +38,8 @@ class ProduceOps(EngineState):
         if error:
             raise CommandError(error)
         self._check_deps(cmd.get("dependsOn"), set())
+        if cmd.get("groupMaxSize") is not None:
+            self._check_group_sizes(str(queue), (cmd,))
         job_id = self.push_one(str(queue), cmd, custom_id_of(cmd.get("jobId")), now)
         return {"ok": True, "id": job_id}
 
@@ -61,8 +64,9 @@ class ProduceOps(EngineState):
             if len(entry) != 1 or "data" not in entry:
                 data_only = False
             customs.append(custom)
-        self._validate_batch(entries, customs)
         queue = str(queue)
+        if self._validate_batch(entries, customs):
+            self._check_group_sizes(queue, entries)
         if plain and entries:
             return {"ok": True, "ids": self._push_plain(queue, entries, now, data_only)}
         ids: list[str] = []
@@ -78,10 +82,14 @@ class ProduceOps(EngineState):
 
     def _validate_batch(
         self, entries: Sequence[Mapping[str, Any]], customs: Sequence[str | None]
-    ) -> None:
+    ) -> bool:
+        """Refuse the batch if any entry is invalid. True if an entry sets groupMaxSize."""
         batch_ids = {c for c in customs if c is not None}
         max_chars = self.config.max_key_chars
+        sized = False
         for index, entry in enumerate(entries):
+            if "groupMaxSize" in entry:
+                sized = True
             error = validate_job(entry, max_chars)
             if not error and "repeat" in entry and entry["repeat"] is not None:
                 error = check_repeat(entry["repeat"])
@@ -97,6 +105,13 @@ class ProduceOps(EngineState):
                 self._check_deps(entry.get("dependsOn"), batch_ids)
             except CommandError as e:
                 raise CommandError(f"jobs[{index}]: {e}") from None
+        return sized
+
+    def _check_group_sizes(self, queue: str, entries: Sequence[Mapping[str, Any]]) -> None:
+        q = self.queues.get(queue)
+        error = group_size_error(q.groups if q is not None else None, entries)
+        if error:
+            raise CommandError(error)
 
     def _check_deps(self, deps: object, batch_ids: set[str]) -> None:
         for dep in deps or ():  # type: ignore[attr-defined]

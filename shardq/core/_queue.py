@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from typing import Any, Final
 
+from ._groups import GroupTable
 from ._job import Job
 from ._lifecycle import STATES, WAITING
 from ._queue_limits import QueueLimits
@@ -58,12 +59,16 @@ class QueueState:
     # addition per batch here, not a clock read.
     pushed: int = 0
     completed: int = 0
+    # Job groups (`_groups`): None until a grouped job arrives or a group is configured.
+    groups: GroupTable | None = None
 
     def config(self) -> dict[str, Any]:
         """The persisted controls of this queue (mutation `("queue", name, cfg)`)."""
         cfg = {"paused": self.paused, "stall": dict(self.stall), "dlq": dict(self.dlq_config)}
         if self.limits is not None:
             cfg["limits"] = self.limits.config()
+        if self.groups is not None and self.groups.configured():
+            cfg["groups"] = self.groups.config()
         return cfg
 
     def load_config(self, cfg: dict[str, Any]) -> None:
@@ -72,6 +77,9 @@ class QueueState:
         self.dlq_config.update(cfg.get("dlq") or {})
         if cfg.get("limits"):
             self.limits = QueueLimits.from_config(cfg["limits"])
+        if cfg.get("groups"):
+            self.groups = GroupTable(self.jobs)
+            self.groups.load(cfg["groups"])
 
     def is_default(self) -> bool:
         """True when the queue holds no jobs and no control differs from the defaults."""
@@ -79,6 +87,7 @@ class QueueState:
             not self.ids
             and not self.paused
             and self.limits is None
+            and (self.groups is None or not self.groups.configured())
             and self.stall == DEFAULT_STALL_CONFIG
             and self.dlq_config == DEFAULT_DLQ_CONFIG
         )
@@ -89,6 +98,8 @@ class QueueState:
         """Put waiting jobs on the ready heap (each job holds its live entry in `hkey`)."""
         heap = self.ready
         held = self.held
+        if self.groups is not None:
+            jobs = self.groups.divert(jobs, held)
         for job in jobs:
             if held and job.id in held:
                 job.hkey = None  # deliverable once its commit is confirmed (`confirm`)
@@ -102,7 +113,8 @@ class QueueState:
         self._maybe_compact_ready()
 
     def pop_ready_many(self, count: int) -> list[Job]:
-        """Take up to `count` (at least 1) waiting jobs off the ready heap, best first."""
+        """Take up to `count` (at least 1) waiting jobs off the ready heap, best first
+        (ungrouped jobs only: grouped ones wait on their group's heap)."""
         heap = self.ready
         jobs = self.jobs
         taken: list[Job] = []
@@ -120,6 +132,11 @@ class QueueState:
         if len(self.ready) > 64 and len(self.ready) > 2 * self.live_ready():
             self.ready = [k for k in self.ready if self._owns(k)]
             heapify(self.ready)
+
+    def watch_group(self, job: Job) -> None:
+        """Start the group table at the queue's first grouped job (`job` has options)."""
+        if self.groups is None and job.opts.get("groupId") is not None:
+            self.groups = GroupTable(self.jobs)
 
     def live_ready(self) -> int:
         return max(self.counts[WAITING], 1)

@@ -14,12 +14,23 @@ DEFAULT_WINDOW_MS = 1000
 class QueueLimits:
     """The limits of one queue and what the rate limit has handed out in its window."""
 
-    __slots__ = ("conc_blocked", "concurrency", "log", "rate", "rate_blocked", "used", "window")
+    __slots__ = (
+        "conc_blocked",
+        "concurrency",
+        "log",
+        "rate",
+        "rate_blocked",
+        "rate_until",
+        "used",
+        "window",
+    )
 
     def __init__(self) -> None:
         self.rate: int | None = None
         self.window = DEFAULT_WINDOW_MS
         self.concurrency: int | None = None
+        # RateLimit's `ttl`: the rate limit clears itself at this time (ms); None: never.
+        self.rate_until: int | None = None
         # (time, jobs handed out) per pull inside the window, oldest first; `used` sums them.
         self.log: deque[tuple[int, int]] = deque()
         self.used = 0
@@ -33,10 +44,14 @@ class QueueLimits:
         limits.rate = cfg.get("rate")
         limits.window = int(cfg.get("window") or DEFAULT_WINDOW_MS)
         limits.concurrency = cfg.get("concurrency")
+        limits.rate_until = cfg.get("rateUntil")
         return limits
 
     def config(self) -> dict[str, Any]:
-        return {"rate": self.rate, "window": self.window, "concurrency": self.concurrency}
+        cfg = {"rate": self.rate, "window": self.window, "concurrency": self.concurrency}
+        if self.rate_until is not None:
+            cfg["rateUntil"] = self.rate_until
+        return cfg
 
     def empty(self) -> bool:
         return self.rate is None and self.concurrency is None
@@ -63,6 +78,17 @@ class QueueLimits:
         if taken and self.rate is not None:
             self.log.append((now, taken))
             self.used += taken
+
+    def ttl(self, now: int, max_jobs: int | None = None) -> int:
+        """ms until the rate window has room for a job (0: it has now; -2: no rate limit).
+        `max_jobs` counts the window as full at that many jobs instead of at the limit."""
+        if self.rate is None:
+            return -2
+        self._slide(now)
+        cap = self.rate if max_jobs is None else max_jobs
+        if self.used < cap or not self.log:
+            return 0 if self.used < cap else self.window
+        return max(self.log[0][0] + self.window - now, 0)
 
     def reopens_at(self) -> int | None:
         """When the oldest delivery leaves the rate window, if a pull was held back by it."""

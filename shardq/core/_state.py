@@ -160,6 +160,8 @@ class EngineState:
             all_jobs[job.id] = job
             ids[job.id] = None
             opts = job.opts
+            if opts and q.groups is None and opts.get("groupId") is not None:
+                q.watch_group(job)
             if opts and self._blocked_by_deps(job):
                 state = WAITING_CHILDREN
             else:
@@ -354,6 +356,8 @@ class EngineState:
     def _leave_all(self, jobs: Sequence[Job], q: QueueState, state: str) -> None:
         """Undo what being in `state` set up for each job: counts, heap keys, leases, indexes."""
         q.counts[state] -= len(jobs)
+        if q.groups is not None:
+            q.groups.entered(jobs, state, -1)
         if state == WAITING:
             for job in jobs:
                 if job.priority > 0:
@@ -388,6 +392,8 @@ class EngineState:
         A job with options that enters a terminal state gives up its uniqueKey claim.
         """
         q.counts[state] += len(jobs)
+        if q.groups is not None:
+            q.groups.entered(jobs, state, 1)
         if state == WAITING:
             for job in jobs:
                 if job.priority > 0:

@@ -286,6 +286,8 @@ class TimerOps(ConsumeOps, AdminOps):
         self.jobs[job.id] = job
         q = self.queue(job.queue)
         q.ids[job.id] = None
+        if job.opts:
+            q.watch_group(job)
         self._enter(job, q)
         if job.state not in TERMINAL_STATES or (job.dedup_until or 0) > now:
             self.claim_unique(job)

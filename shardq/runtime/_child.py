@@ -21,6 +21,7 @@ from typing import Any, TextIO
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 import zmq
 
+from shardq.runtime import _clock
 from shardq.runtime._spec import ChildSpec
 
 __all__ = ["SpecError", "SupervisorLink", "parse_spec_args"]
@@ -52,9 +53,12 @@ def parse_spec_args(argv: Sequence[str], stdin: TextIO | None = None) -> ChildSp
     if text == "-":
         text = (stdin or sys.stdin).read()
     try:
-        return ChildSpec.from_json(text)
+        spec = ChildSpec.from_json(text)
+        # Every child reads its spec here first, so no clock is read before this is installed.
+        _clock.install_test_clock(spec.test_clock_file)
     except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
         raise SpecError(f"invalid --spec: {e}") from e
+    return spec
 
 
 class SupervisorLink:

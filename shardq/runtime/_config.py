@@ -160,7 +160,7 @@ class ServerConfig:
     # 60 s, 166 commands/s) would cap every pipelining client, so shardq ships it off (0).
     rate_limit_window_ms: int = 0
     rate_limit_max_requests: int = 10_000
-    # -- events (docs/protocol.md §17): the front end keeps the most recent events, with
+    # -- events (docs/protocol.md §18): the front end keeps the most recent events, with
     # their ids, so a subscriber can resume (SSE Last-Event-ID, SubscribeEvents `since`).
     # bunqueue keeps 10,000 per queue (maxQueueEvents); one event is a few hundred bytes.
     events_ring_size: int = 10_000
@@ -175,6 +175,9 @@ class ServerConfig:
     # MAX_SSE_CLIENTS and MAX_WS_CLIENTS); each is one subscription to the front end.
     events_max_streams: int = 1_000
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
+    # Test-only: a file whose number (seconds) every server process adds to the wall clock,
+    # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
+    test_clock_file: str = ""
 
     @property
     def shard_count(self) -> int:
@@ -383,6 +386,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "events_ring_data_bytes": _ranged(0, 1 << 20),
     "events_subscriber_buffer_bytes": _ranged(4096, 1 << 32),
     "events_max_streams": _ranged(0, 100_000),
+    "test_clock_file": _path_or_none,
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

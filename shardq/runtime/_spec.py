@@ -64,6 +64,7 @@ class ChildSpec:
     http_rate_limit_window_ms: int = 60_000
     http_rate_limit_max_requests: int = 10_000
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
+    test_clock_file: str = ""  # ServerConfig's (test-only, see there)
 
     def endpoint(self, name: str) -> str:
         """`ipc://` address of one of the run directory's sockets: sup, writer, front, shard-i."""

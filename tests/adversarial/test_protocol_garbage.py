@@ -161,16 +161,20 @@ def test_known_poison_is_refused_and_the_server_goes_on(
     durable_round_trip(server)
 
 
-def test_group_id_is_refused_not_ignored(server: ShardqServer, started: dict[str, int]) -> None:
+def test_group_id_is_checked_then_scheduled(server: ShardqServer, started: dict[str, int]) -> None:
     conn = Conn(server)
     try:
-        push = {"cmd": "PUSH", "queue": QUEUES[1], "data": {}, "groupId": "g"}
-        reply = conn.call(push)
-        assert reply["error"] == "Unsupported command: PUSH with groupId (groups)", reply
-        jobs = [{"data": 1}, {"data": 2, "groupId": "g"}]
+        bad = {"cmd": "PUSH", "queue": QUEUES[1], "data": {}, "groupId": ""}
+        assert conn.call(bad)["error"] == "groupId must be a non-empty string"
+        jobs = [{"data": 1}, {"data": 2, "groupId": "g", "groupMaxSize": 0}]
         reply = conn.call({"cmd": "PUSHB", "queue": QUEUES[1], "jobs": jobs})
-        assert reply["error"] == "Unsupported command: PUSHB with groupId (groups)"
-        assert conn.call({"cmd": "Count", "queue": QUEUES[1]})["count"] == 0
+        assert reply["error"] == "jobs[1]: groupMaxSize must be a positive integer"
+        assert conn.call({"cmd": "Count", "queue": QUEUES[1]})["count"] == 0  # nothing admitted
+        push = {"cmd": "PUSH", "queue": QUEUES[1], "data": {}, "groupId": "g"}
+        job_id = conn.call(push)["id"]
+        pulled = conn.call({"cmd": "PULL", "queue": QUEUES[1]})
+        assert pulled["job"]["id"] == job_id and pulled["job"]["groupId"] == "g"
+        assert conn.call({"cmd": "ACK", "id": job_id})["ok"]
     finally:
         conn.close()
     assert_serving(server, started)
@@ -263,7 +267,8 @@ FIELDS = st.sampled_from(
      "message", "result", "results", "error", "stack", "state", "limit", "offset", "grace",
      "config", "filter", "keepLogs", "stackTraceLimit", "removeOnComplete", "removeOnFail",
      "durable", "lifo", "tags", "dependsOn", "detach", "start", "end", "protocolVersion",
-     "groupId", "repeat", "parentId", "workerId", "queues", "concurrency"]
+     "groupId", "repeat", "parentId", "workerId", "queues", "concurrency", "max", "maxJobs",
+     "maxCount", "groupMaxSize"]
 )  # fmt: skip
 COMMAND_NAMES = st.one_of(st.sampled_from(sorted(BUNQUEUE_COMMANDS)), st.text(max_size=12))
 JOB_FIELDS = (

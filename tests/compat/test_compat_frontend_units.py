@@ -139,7 +139,7 @@ def test_metrics_counters() -> None:
     assert metrics_reply(counters, [stats[0], down], 1.0) == down
 
 
-def test_pushes_that_need_flows_or_groups_are_refused() -> None:
+def test_pushes_that_need_flows_are_refused() -> None:
     def refusal(name: str, cmd: dict[str, Any]) -> str | None:
         return unsupported_push(name, cmd)
 
@@ -155,10 +155,9 @@ def test_pushes_that_need_flows_or_groups_are_refused() -> None:
     assert refusal("PUSHB", {"jobs": [{"data": 1}, {"parentId": "p"}]}) == (
         "Unsupported command: PUSHB with parentId (flows)"
     )
-    assert refusal("PUSHB", {"jobs": [{"data": 1}, {"data": 2, "groupId": "g"}]}) == (
-        "Unsupported command: PUSHB with groupId (groups)"
-    )
-    assert refusal("PUSH", {"data": 1, "groupId": None}) is None
+    # job groups are served by the engine (docs/protocol.md §17)
+    assert refusal("PUSHB", {"jobs": [{"data": 1}, {"data": 2, "groupId": "g"}]}) is None
+    assert refusal("PUSH", {"data": 1, "groupId": "g"}) is None
     assert refusal("PUSHB", {"jobs": "not a list"}) is None  # the engine gives its own error
     assert children_values_reply("GetChildrenValues") == {"ok": True, "data": {"values": {}}}
     assert children_values_reply("GetFailedChildrenValues") == {"ok": True, "values": {}}

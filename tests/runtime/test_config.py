@@ -142,6 +142,7 @@ VALID_TEXT = {
     "cors_allow_origin": "https://a.example,http://b.example:8080",
     "http_rate_limit_window_ms": "0",
     "http_rate_limit_max_requests": "50",
+    "test_clock_file": "/tmp/shardq-test-clock",
 }
 
 
@@ -210,6 +211,7 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         cors_allow_origin = ["https://a.example", "http://b.example:8080"]
         http_rate_limit_window_ms = 0
         http_rate_limit_max_requests = 50
+        test_clock_file = "/tmp/shardq-test-clock"
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})

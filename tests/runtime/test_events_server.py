@@ -1,4 +1,4 @@
-"""Job events over the real server: SubscribeEvents on TCP and ZeroMQ (docs/protocol.md §17)."""
+"""Job events over the real server: SubscribeEvents on TCP and ZeroMQ (docs/protocol.md §18)."""
 
 from __future__ import annotations
 

@@ -219,7 +219,7 @@ def test_front_end_answers_and_command_names(h: Harness) -> None:
         "ok": False,
         "error": "Unsupported command: AddWebhook",
     }
-    # Served by the front end (docs/protocol.md §17): a subscription names a valid queue.
+    # Served by the front end (docs/protocol.md §18): a subscription names a valid queue.
     assert h.call({"cmd": "SubscribeEvents"})["error"] == "Queue name is required"
 
 

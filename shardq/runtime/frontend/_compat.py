@@ -9,10 +9,10 @@ Flows and webhooks come with their own issue; until then a client must get a cle
   push that would set one is refused below.
 - A PUSH or PUSHB entry that carries a flow link (`parentId`, `childrenIds`, or the legacy v2
   marker `data.__parentId` that bunqueue-client 0.1.5's FlowProducer writes before its
-  `UpdateParent`) or a `groupId` (round-robin groups) is refused whole, before any shard sees
-  it. Otherwise the job would be stored without what makes it a flow or a group member: a
-  parent waiting forever for children whose link never comes, or a grouped job served as
-  ungrouped. A job-level `repeat` is served by the engine (docs/protocol.md §15.5).
+  `UpdateParent`) is refused whole, before any shard sees it. Otherwise the job would be
+  stored without what makes it a flow: a parent waiting forever for children whose link
+  never comes. Job groups (`groupId`) are served by the engine (docs/protocol.md §17). A
+  job-level `repeat` is served by the engine (docs/protocol.md §15.5).
   `dependsOn` alone (bunqueue-client's `add_chain`) is a plain dependency, which the engine
   implements, and passes.
 """
@@ -47,8 +47,6 @@ def _unsupported_field(entry: Mapping[str, Any]) -> tuple[str, str] | None:
     data = entry.get("data")
     if isinstance(data, Mapping) and "__parentId" in data:
         return "data.__parentId", "flows"
-    if entry.get("groupId") is not None:
-        return "groupId", "groups"
     return None
 
 

@@ -42,6 +42,7 @@ from shardq.protocol import (
     req_id,
     unknown_command,
 )
+from shardq.runtime import _clock
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._bunqueue import BunqueueCommands
 from shardq.runtime.frontend._commands import (
@@ -369,7 +370,7 @@ class Dispatcher:
         self.answer(client, req, reply)
 
     def _ping(self, client: Client, req: object, frame: dict[str, Any]) -> None:
-        now_ms = int(time.time() * 1000)
+        now_ms = int(_clock.wall() * 1000)
         self.answer(client, req, {"ok": True, "data": {"pong": True, "time": now_ms}})
 
     # -- routing ---------------------------------------------------------------------------

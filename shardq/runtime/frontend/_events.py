@@ -4,7 +4,7 @@ Shards build events only for queues someone listens to (`shard/_events.py`); thi
 which (`{"t": "listen", "all", "queues"}`, to every shard whenever the set changes and to a shard
 that comes back), numbers every event that arrives with a monotonic id, keeps the most recent
 `events_ring_size` of them for resumption, and writes each to the connections subscribed to its
-queue as bunqueue does: `{type: "event", event, id}` with no `reqId` (docs/protocol.md §17).
+queue as bunqueue does: `{type: "event", event, id}` with no `reqId` (docs/protocol.md §18).
 
 A subscriber that does not read loses events, counted, once `events_subscriber_buffer_bytes`
 wait unread for it: the hub never buffers for it and never waits for it. In-process listeners

@@ -28,6 +28,8 @@ __all__ = ["ProcessMemory", "StorageFacts", "established", "process_memory", "st
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _ESTABLISHED: Final = "01"
+# Reads of the writer's status before a half-written one is given up on (see storage_facts).
+_STATUS_READS: Final = 3
 
 
 @dataclass(frozen=True)
@@ -128,11 +130,16 @@ def storage_facts(data_path: str, run_dir: str) -> StorageFacts:
     """The database's sizes and what the writer last wrote about storage."""
     db = Path(data_path)
     facts = StorageFacts(_size(db), _size(db.with_name(db.name + "-wal")))
-    raw = _read(str(Path(run_dir) / STATUS_FILE))
-    try:
-        status = json.loads(raw) if raw else {}
-    except ValueError:  # never torn (renamed into place), but never trusted blindly either
-        status = {}
+    status: object = {}
+    # Renamed into place, except on a full disk, where the writer overwrites it in place and
+    # a read can catch it half written: then read again.
+    for _ in range(_STATUS_READS):
+        raw = _read(str(Path(run_dir) / STATUS_FILE))
+        try:
+            status = json.loads(raw) if raw else {}
+            break
+        except ValueError:
+            status = {}
     if isinstance(status, dict):
         facts.degraded = status.get("degraded") is True
         facts.disk_full = status.get("diskFull") is True

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
+from shardq.runtime import _clock
 from shardq.runtime.http._backend import Backend
 from shardq.runtime.http._monitor import Monitor
 from shardq.runtime.http._rates import QueueRates
@@ -90,7 +91,7 @@ class Overview:
             },
             "crons": _crons(crons),
             "storage": snap.storage.as_json(),
-            "timestamp": int(time.time() * 1000),
+            "timestamp": int(_clock.wall() * 1000),
         }
 
     async def queues(self, limit_text: str | None, offset_text: str | None) -> dict[str, Any]:
@@ -131,7 +132,7 @@ class Overview:
             "total": len(names),
             "limit": limit,
             "offset": offset,
-            "timestamp": int(time.time() * 1000),
+            "timestamp": int(_clock.wall() * 1000),
         }
 
     async def queue(self, name: str, include_jobs: bool) -> dict[str, Any]:
@@ -156,7 +157,7 @@ class Overview:
             "paused": paused.get("paused") is True,
             "priorityCounts": priorities.get("counts"),
             "dlqPreview": [{k: _map(j).get(k) for k in preview} for j in dlq.get("jobs") or []],
-            "timestamp": int(time.time() * 1000),
+            "timestamp": int(_clock.wall() * 1000),
         }
         if include_jobs:
             summary = ("id", "priority", "createdAt", "runAt", "attempts", "progress")

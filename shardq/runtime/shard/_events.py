@@ -3,7 +3,7 @@
 The engine stays pure and knows nothing of events: the shard reads the mutations a command
 made (a `put` is a push, an `upd` to `active` a delivery, to `completed` a completion ...)
 together with the command that made them, and builds bunqueue's `JobEvent` maps
-(docs/protocol.md §17). It does so only while the front end has said that someone listens
+(docs/protocol.md §18). It does so only while the front end has said that someone listens
 (`{"t": "listen"}`), and only for the queues someone listens to: a shard nobody listens to
 pays one attribute test per command.
 """

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from shardq.runtime import _clock
+
 __all__ = ["DURATION_BUCKETS", "SIZE_BUCKETS", "STATUS_FILE", "WriterStatus", "file_sizes"]
 
 STATUS_FILE: Final = "writer-status.json"
@@ -29,6 +31,8 @@ DURATION_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 # Mutations per flush: 1 (a lone durable push) up to flush_max_mutations and beyond.
 SIZE_BUCKETS: Final = (1, 10, 50, 100, 250, 500, 1000, 5000)
 _WRITE_EVERY_S: Final = 1.0
+# The status file's size at least: room for the longest error text, written in place.
+_RESERVE_BYTES: Final = 8192
 
 
 def file_sizes(database: str | os.PathLike[str]) -> dict[str, int]:
@@ -88,7 +92,7 @@ class WriterStatus:
         changed = not self.degraded
         self.failures += 1
         if changed:
-            self.since_ms = int(time.time() * 1000)
+            self.since_ms = int(_clock.wall() * 1000)
         self.degraded, self.disk_full, self.error = True, disk_full, error
         self.save(force=changed)
 
@@ -107,8 +111,21 @@ class WriterStatus:
             "flushSeconds": self.duration.as_dict(),
             "flushMutations": self.size.as_dict(),
         }
+        text = json.dumps(body).encode()
+        # Padded (JSON allows trailing blanks) so that when a full disk refuses the new file,
+        # the same bytes can overwrite the old one in place: blocks it holds need no space.
+        data = text.ljust(max(_RESERVE_BYTES, -(-len(text) // 4096) * 4096), b" ")
         temporary = self._path.with_suffix(".tmp")
-        # Monitoring must never stop the writer: a full disk may refuse this file too.
-        with contextlib.suppress(OSError):
-            temporary.write_text(json.dumps(body))
+        try:
+            temporary.write_bytes(data)
             os.replace(temporary, self._path)
+        except OSError:
+            # Monitoring must never stop the writer; this is how /health learns the disk is
+            # full, so it must get through then most of all.
+            with contextlib.suppress(OSError):
+                self._overwrite(data)
+
+    def _overwrite(self, data: bytes) -> None:
+        with self._path.open("r+b") as f:
+            if os.fstat(f.fileno()).st_size >= len(data):
+                f.write(data)

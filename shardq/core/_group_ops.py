@@ -1,0 +1,274 @@
+"""Job groups in the engine: the group commands, grouped pulls and waking the pulls a group
+held back (docs/protocol.md §17). The data structures are in `_groups`.
+
+Group settings (pause, rate limit, concurrency cap, a `RateLimitGroup` deadline) are part of
+their queue's persisted settings, like the queue's own limits (`_limits`), so they survive a
+restart and need no table of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from shardq.errors import CommandError
+
+from ._groups import Group, GroupTable
+from ._job import Job
+from ._limits import LimitOps
+from ._mutations import Mutation
+from ._options import _validate_group_id, is_number, validate_queue_name
+from ._queue import QueueState
+from ._queue_limits import QueueLimits
+from ._timers import Event
+
+__all__ = ["GROUP_COMMANDS", "GroupOps"]
+
+GROUP_COMMANDS: dict[str, str] = {
+    "GetGroupJobsCount": "cmd_get_group_jobs_count",
+    "GetGroupsJobsCount": "cmd_get_groups_jobs_count",
+    "GetGroupActiveCount": "cmd_get_group_active_count",
+    "SetGroupRateLimit": "cmd_set_group_rate_limit",
+    "GetGroupRateLimit": "cmd_get_group_rate_limit",
+    "RemoveGroupRateLimit": "cmd_remove_group_rate_limit",
+    "GetGroupRateLimitTtl": "cmd_get_group_rate_limit_ttl",
+    "SetGroupConcurrency": "cmd_set_group_concurrency",
+    "GetGroupConcurrency": "cmd_get_group_concurrency",
+    "RemoveGroupConcurrency": "cmd_remove_group_concurrency",
+    "PauseGroup": "cmd_pause_group",
+    "ResumeGroup": "cmd_resume_group",
+    "IsGroupPaused": "cmd_is_group_paused",
+    "RateLimitGroup": "cmd_rate_limit_group",
+}
+
+# bunqueue's clients send counts as JavaScript numbers: the largest exact integer.
+_MAX_SAFE = 2**53 - 1
+
+
+def _positive(cmd: Mapping[str, Any], field: str) -> int:
+    value = cmd.get(field)
+    if (
+        not is_number(value)
+        or not math.isfinite(value)
+        or value != int(value)
+        or not 1 <= value <= _MAX_SAFE
+    ):
+        raise CommandError(f"{field} must be a positive integer")
+    return int(value)
+
+
+def _optional_count(cmd: Mapping[str, Any], field: str) -> int | None:
+    return None if cmd.get(field) is None else _positive(cmd, field)
+
+
+def _data(**fields: Any) -> dict[str, Any]:
+    return {"ok": True, "data": fields}
+
+
+class GroupOps(LimitOps):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Queues where a pull skipped a group for want of room: the only ones to watch.
+        self.group_blocked: set[str] = set()
+        self.groups_now = 0  # the last time a grouped pull or wake check ran
+
+    # -- addressing ------------------------------------------------------------------------
+
+    def _group_args(self, cmd: Mapping[str, Any]) -> tuple[str, str]:
+        queue, gid = cmd.get("queue"), cmd.get("groupId")
+        error = validate_queue_name(queue) or _validate_group_id(gid)
+        if gid is None:
+            error = error or "groupId is required"
+        if error:
+            raise CommandError(error)
+        return str(queue), str(gid)
+
+    def _peek_group(self, cmd: Mapping[str, Any]) -> tuple[GroupTable | None, Group | None]:
+        queue, gid = self._group_args(cmd)
+        q = self.queues.get(queue)
+        table = q.groups if q is not None else None
+        return table, table.groups.get(gid) if table is not None else None
+
+    def _group(self, cmd: Mapping[str, Any]) -> tuple[QueueState, str, Group]:
+        """The group a setting goes to (made if new).
+
+        Raises:
+            CommandError: a new group would pass `max_configured_groups` in its queue.
+        """
+        queue, gid = self._group_args(cmd)
+        q = self.queue(queue)
+        if q.groups is None:
+            q.groups = GroupTable(self.jobs)
+        group = q.groups.groups.get(gid)
+        if group is None or not group.configured():
+            cap = self.config.max_configured_groups
+            if q.groups.configured_count() >= cap:
+                raise CommandError(f"Too many configured groups in queue {queue} (max {cap})")
+        return q, gid, q.groups.get(gid)
+
+    def _group_saved(self, q: QueueState, gid: str) -> None:
+        if q.groups is not None:
+            q.groups.drop_if_idle(gid)
+        self.out.append(("queue", q.name, q.config()))
+        self.events.append(("ready", q.name, ""))  # a lifted limit may serve parked pulls
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def cmd_get_group_jobs_count(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        _, group = self._peek_group(cmd)
+        return _data(count=group.waiting + group.delayed if group is not None else 0)
+
+    def cmd_get_groups_jobs_count(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        queue = cmd.get("queue")
+        error = validate_queue_name(queue)
+        if error:
+            raise CommandError(error)
+        per_group = _optional_count(cmd, "maxCount")
+        q = self.queues.get(str(queue))
+        table = q.groups if q is not None else None
+        return _data(count=table.total_depth(per_group) if table is not None else 0)
+
+    def cmd_get_group_active_count(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        _, group = self._peek_group(cmd)
+        return _data(count=group.active if group is not None else 0)
+
+    def cmd_get_group_rate_limit(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        _, group = self._peek_group(cmd)
+        limits = group.limits if group is not None else None
+        if limits is None or limits.rate is None:
+            return _data(limit=None)
+        return _data(limit={"max": limits.rate, "duration": limits.window})
+
+    def cmd_get_group_rate_limit_ttl(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        _, group = self._peek_group(cmd)
+        max_jobs = _optional_count(cmd, "maxJobs")
+        return _data(ttl=group.ttl(now, max_jobs) if group is not None else -2)
+
+    def cmd_get_group_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        _, group = self._peek_group(cmd)
+        limits = group.limits if group is not None else None
+        return _data(concurrency=limits.concurrency if limits is not None else None)
+
+    def cmd_is_group_paused(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        _, group = self._peek_group(cmd)
+        return _data(paused=group is not None and group.paused)
+
+    # -- settings --------------------------------------------------------------------------
+
+    def cmd_set_group_rate_limit(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        self._group_args(cmd)
+        rate, window = _positive(cmd, "max"), _positive(cmd, "duration")
+        q, gid, group = self._group(cmd)
+        limits = group.limits = group.limits or QueueLimits()
+        limits.rate, limits.window = rate, window
+        self._group_saved(q, gid)
+        return {"ok": True}
+
+    def cmd_remove_group_rate_limit(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        _, group = self._peek_group(cmd)
+        limits = group.limits if group is not None else None
+        if group is None or limits is None or limits.rate is None:
+            return _data(removed=0)
+        limits.rate = None
+        if limits.empty():
+            group.limits = None
+        self._group_saved(self.queue(str(cmd["queue"])), str(cmd["groupId"]))
+        return _data(removed=1)
+
+    def cmd_set_group_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        self._group_args(cmd)
+        cap = _positive(cmd, "concurrency")
+        q, gid, group = self._group(cmd)
+        limits = group.limits = group.limits or QueueLimits()
+        limits.concurrency = cap
+        self._group_saved(q, gid)
+        return {"ok": True}
+
+    def cmd_remove_group_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        _, group = self._peek_group(cmd)
+        limits = group.limits if group is not None else None
+        if group is None or limits is None or limits.concurrency is None:
+            return _data(removed=0)
+        limits.concurrency = None
+        if limits.empty():
+            group.limits = None
+        self._group_saved(self.queue(str(cmd["queue"])), str(cmd["groupId"]))
+        return _data(removed=1)
+
+    def cmd_pause_group(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        return self._set_paused(cmd, True)
+
+    def cmd_resume_group(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        return self._set_paused(cmd, False)
+
+    def _set_paused(self, cmd: Mapping[str, Any], paused: bool) -> dict[str, Any]:
+        if not paused:
+            _, found = self._peek_group(cmd)
+            if found is None or not found.paused:
+                return _data(changed=False)
+        q, gid, group = self._group(cmd)
+        if group.paused == paused:
+            return _data(changed=False)
+        group.paused = paused
+        self._group_saved(q, gid)
+        return _data(changed=True)
+
+    def cmd_rate_limit_group(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        self._group_args(cmd)
+        duration = _positive(cmd, "duration")
+        q, gid, group = self._group(cmd)
+        group.until = now + duration
+        self._group_saved(q, gid)
+        return {"ok": True}
+
+    # -- pulling ---------------------------------------------------------------------------
+
+    def take_grouped(self, q: QueueState, count: int, now: int) -> list[Job]:
+        self.groups_now = now
+        taken = self.take_many(q, count, now, False, False)
+        table = q.groups
+        if table is None or len(taken) >= count:
+            return taken
+        while len(taken) < count and table.ring:
+            live, expired = table.take(count - len(taken), now)
+            for job in expired:
+                self.move(job, "expire", now, {})
+            taken.extend(live)
+            if not expired:
+                break
+        if len(taken) < count and table.blocked:
+            self.group_blocked.add(q.name)
+        return taken
+
+    # -- waking parked pulls ---------------------------------------------------------------
+
+    def wake_groups(self, now: int) -> None:
+        """Emit "ready" for each queue with a held-back group that has room again."""
+        self.groups_now = now
+        for name in list(self.group_blocked):
+            q = self.queues.get(name)
+            table = q.groups if q is not None else None
+            if q is None or table is None:
+                self.group_blocked.discard(name)
+                continue
+            if table.wake(now):
+                self.events.append(("ready", name, ""))
+            if not table.blocked:
+                self.group_blocked.discard(name)
+
+    def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
+        events, out = super().tick(now)
+        if self.group_blocked:
+            self.wake_groups(int(now))  # appends to `events`, which is `self.events`
+        return events, out
+
+    def next_deadline(self) -> int | None:
+        deadline = super().next_deadline()
+        for name in self.group_blocked:
+            q = self.queues.get(name)
+            table = q.groups if q is not None else None
+            at = table.next_wake(self.groups_now) if table is not None else None
+            if at is not None and (deadline is None or at < deadline):
+                deadline = at
+        return deadline
