@@ -66,7 +66,12 @@ class AsyncQueue:
         """This queue's job events: `async for event in queue.events()`. See `Queue.events`."""
         c = self.connection
         return AsyncEventStream(
-            c.endpoint, self.name, c.token, connect_timeout=c.connect_timeout, since=since
+            c.endpoint,
+            self.name,
+            c.token,
+            connect_timeout=c.connect_timeout,
+            since=since,
+            tls_context=getattr(c, "_tls_context", None),
         )
 
     async def on(self, name: str, listener: Callable[[QueueEvent], object]) -> AsyncQueue:

@@ -11,7 +11,7 @@ A subscription runs on its own connection (bunqueue's TS `QueueEvents` does the 
 server pushes event frames there without a `reqId`, which would only be noise among a
 connection's replies. It sends `Auth` (with a token) and `SubscribeEvents`, then reads events.
 When the connection breaks it reconnects and resubscribes with `since` set to the last event
-id it saw, so the server replays what the ring still holds (docs/protocol.md §17); `gap` on the
+id it saw, so the server replays what the ring still holds (docs/protocol.md §18); `gap` on the
 first event after that says some events were lost in between.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -177,11 +178,14 @@ class EventStream:
         *,
         connect_timeout: float = 5.0,
         since: int | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._feed = _Feed(queue, token)
         self._feed.last_id = since
         self._connect_timeout = connect_timeout
+        # `tls://`: this context, else the system's CAs (or SHARDQ_TLS_CA_FILE).
+        self._tls = tls_context
         self._sock: socket.socket | None = None
         self._dealer: zmq.Socket[Any] | None = None
         self._decoder = FrameDecoder()
@@ -253,7 +257,8 @@ class EventStream:
             (self.endpoint.host, self.endpoint.port), timeout=self._connect_timeout
         )
         if self.endpoint.tls:
-            sock = tls_context().wrap_socket(sock, server_hostname=self.endpoint.host)
+            context = self._tls or tls_context()
+            sock = context.wrap_socket(sock, server_hostname=self.endpoint.host)
         sock.sendall(encode_many(hello))
         self._decoder = FrameDecoder()
         self._sock = sock
@@ -378,11 +383,14 @@ class AsyncEventStream:
         *,
         connect_timeout: float = 5.0,
         since: int | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._feed = _Feed(queue, token)
         self._feed.last_id = since
         self._connect_timeout = connect_timeout
+        # `tls://`: this context, else the system's CAs (or SHARDQ_TLS_CA_FILE).
+        self._tls = tls_context
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._dealer: zmq.asyncio.Socket | None = None
@@ -450,7 +458,7 @@ class AsyncEventStream:
             asyncio.open_connection(
                 self.endpoint.host,
                 self.endpoint.port,
-                ssl=tls_context() if self.endpoint.tls else None,
+                ssl=(self._tls or tls_context()) if self.endpoint.tls else None,
             ),
             self._connect_timeout,
         )

@@ -81,7 +81,7 @@ class Queue:
 
     def events(self, *, since: int | None = None) -> EventStream:
         """This queue's job events, as a blocking iterator on a connection of its own
-        (docs/protocol.md §17); `since` replays the events after that id the server still
+        (docs/protocol.md §18); `since` replays the events after that id the server still
         holds. Iterating raises `ConnectionLost` once reconnecting fails, and the server's
         error if it refuses the subscription."""
         c = self.connection

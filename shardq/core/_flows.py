@@ -1,4 +1,4 @@
-"""Flows: parents that wait for their children, across shards (docs/protocol.md §17).
+"""Flows: parents that wait for their children, across shards (docs/protocol.md §20).
 
 A flow parent names its children in `childrenIds`; each child names its parent in `parentId`
 (and the parent's queue in `parentQueue`, or in bunqueue-client 0.1.5's `data.__parentQueue`).
@@ -325,7 +325,7 @@ class FlowOps(TimerOps, ProduceOps):
     def cmd_pushf(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         """An atomic flow graph (or, with several shards, this shard's part of one): every
         node is admitted, or none is. `_hold`: keep the new jobs from delivery until a
-        `FlowRelease` (the front end's first phase, docs/protocol.md §17.3)."""
+        `FlowRelease` (the front end's first phase, docs/protocol.md §20.3)."""
         nodes = flow_nodes(cmd.get("jobs"))
         for job_id, _queue, _fields in sorted(nodes, key=lambda n: int(n[2]["_index"])):
             if job_id in self.jobs:

@@ -122,7 +122,7 @@ class ServerConfig:
     # at most `storage_stall_ms` (then refuses durable pushes and serves on); at it the
     # shard waits for the writer whatever the time: its memory stays bounded.
     writer_backlog_max_bytes: int = 256 << 20
-    # -- flows (docs/protocol.md §17)
+    # -- flows (docs/protocol.md §20)
     # A notice a child's shard owes a parent on another shard is sent again after this long
     # without an acknowledgement: long enough for a restarting shard to come back without a
     # storm of resends, short enough that a flow is not held up noticeably by one loss.
@@ -181,7 +181,7 @@ class ServerConfig:
     # How often the HTTP process reads the registry and reports outcomes: a change takes
     # effect for deliveries within this long.
     webhook_sync_ms: int = 500
-    # -- events (docs/protocol.md §17): the front end keeps the most recent events, with
+    # -- events (docs/protocol.md §18): the front end keeps the most recent events, with
     # their ids, so a subscriber can resume (SSE Last-Event-ID, SubscribeEvents `since`).
     # bunqueue keeps 10,000 per queue (maxQueueEvents); one event is a few hundred bytes.
     events_ring_size: int = 10_000

@@ -281,7 +281,7 @@ class Store:
             return [decode(rec) for (rec,) in rows]
 
     def load_flow_outbox(self) -> list[Record]:
-        """Every flow notice not acknowledged yet (docs/protocol.md §17). Raises
+        """Every flow notice not acknowledged yet (docs/protocol.md §20). Raises
         `StorageError` if the read fails."""
         with self._reading("loading the flow outbox"):
             rows = self._conn.execute("SELECT rec FROM flow_outbox ORDER BY key").fetchall()

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import pytest
 from client_helpers import queue_name, wait_until
 from shardq_harness import ShardqServer
 
-from shardq.client import AsyncQueue, AsyncWorker, Job, Queue, QueueEvent, Worker
+from shardq.client import AsyncQueue, AsyncWorker, Job, Queue, QueueEvent, ServerError, Worker
 
 
 def _url(server: ShardqServer, transport: str) -> str:
@@ -92,3 +93,19 @@ def test_async_iterator_and_async_callbacks(server: ShardqServer, transport: str
             assert progress == [40]
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_subscription_authenticates_first(shardq_server: Any) -> None:
+    server = shardq_server(env={"AUTH_TOKENS": "sekret"})
+    url = _url(server, "tcp")
+    with Queue("authq", url, token="sekret") as queue, queue.events() as stream:
+        stream.subscribe()
+        job = queue.add("j", {})
+        event = stream.get(10)
+        assert event is not None and event.job_id == job
+    with (
+        Queue("authq", url) as anonymous,
+        anonymous.events() as refused,
+        pytest.raises(ServerError, match="Not authenticated"),
+    ):
+        refused.subscribe()

@@ -1,4 +1,4 @@
-"""Flows in the engine (docs/protocol.md §17): fan-in, policies, the flow commands, the outbox.
+"""Flows in the engine (docs/protocol.md §20): fan-in, policies, the flow commands, the outbox.
 
 One engine stands for one shard: a parent it does not hold is "on another shard", so the
 child's notice goes to the outbox, and `FlowNotify` is how the parent's shard receives one.

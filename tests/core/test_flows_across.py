@@ -2,7 +2,7 @@
 that loses, repeats and reorders notices, and by crashes that lose what was not committed.
 
 Whatever happens, once the channel is drained the parent counted every completed child exactly
-once (docs/protocol.md §17.4). The engines follow the shard's rules: a notice is acknowledged
+once (docs/protocol.md §20.4). The engines follow the shard's rules: a notice is acknowledged
 only after the parent's shard committed what it changed; a crash rebuilds an engine from its
 committed mutations alone (the outbox from its `flow` and `flowdel` rows).
 """

@@ -213,6 +213,10 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         rate_limit_max_requests = 100
         metrics_auth = true
         metrics_max_queues = 10
+        events_ring_size = 500
+        events_ring_data_bytes = 0
+        events_subscriber_buffer_bytes = 65536
+        events_max_streams = 10
         cors_allow_origin = ["https://a.example", "http://b.example:8080"]
         http_rate_limit_window_ms = 0
         http_rate_limit_max_requests = 50

@@ -1,7 +1,9 @@
-"""Job events over the real server: SubscribeEvents on TCP and ZeroMQ (docs/protocol.md §17)."""
+"""Job events over the real server: SubscribeEvents on TCP and ZeroMQ (docs/protocol.md §18)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -10,7 +12,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 import zmq
-from shardq_harness import ShardqServer
+from shardq_harness import ShardqServer, poll_until
 from wire_clients import Dealer, Tcp
 
 from shardq.protocol import encode
@@ -97,15 +99,19 @@ def test_failed_retried_removed_and_duplicated(
         assert c.call({"cmd": "FAIL", "id": job_id, "token": token, "error": "again"})["ok"]
         other = c.call({"cmd": "PUSH", "queue": "fx", "data": {}, "delay": 60_000})["id"]
         assert c.call({"cmd": "Cancel", "id": other})["ok"]
-        frames = _events(sub, 9)
+        later = c.call({"cmd": "PUSH", "queue": "fx", "data": {}, "delay": 60_000})["id"]
+        assert c.call({"cmd": "MoveToWait", "id": later})["ok"]
+        frames = _events(sub, 11)
         assert _kinds(frames, job_id) == [
             "pushed", "pulled", "failed", "retried", "duplicated", "pulled", "failed",
         ]  # fmt: skip
         failed = [f["event"] for f in frames if f["event"]["eventType"] == "failed"]
         assert [(e["error"], e["terminal"]) for e in failed] == [("boom", False), ("again", True)]
         assert _kinds(frames, other) == ["pushed", "removed"]
-        removed = frames[-1]["event"]
+        removed = frames[-3]["event"]
         assert removed["prev"] == "delayed"
+        assert _kinds(frames, later) == ["pushed", "waiting"]
+        assert frames[-1]["event"]["prev"] == "delayed"
     finally:
         sub.close()
         c.close()
@@ -182,4 +188,57 @@ def test_a_subscriber_that_never_reads_costs_bounded_memory(
             reader.close()
     finally:
         stuck.close()
+        c.close()
+
+
+def test_trim_all_queues_and_resume_with_a_gap(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    server = shardq_server(shards=2)
+    everything, c = Tcp(server.tcp_address), Tcp(server.tcp_address)
+    try:
+        assert everything.call({"cmd": "SubscribeEvents", "all": True})["ok"]
+        ids = [c.call({"cmd": "PUSH", "queue": "tq", "data": {}})["id"] for _ in range(5)]
+        other = c.call({"cmd": "PUSH", "queue": "tq2", "data": {}})["id"]
+        seen = _events(everything, 6)
+        assert {f["event"]["jobId"] for f in seen} == {*ids, other}
+        trimmed = c.call({"cmd": "TrimEvents", "queue": "tq", "maxLength": 2})
+        assert trimmed == {"ok": True, "data": {"removed": 3}}
+        bad = c.call({"cmd": "TrimEvents", "queue": "tq", "maxLength": -1})
+        assert bad == {"ok": False, "error": "maxLength must be a non-negative integer"}
+        refused = c.call({"cmd": "SubscribeEvents", "queue": "no spaces"})
+        assert refused == {"ok": False, "error": "Queue name contains invalid characters"}
+        # Resuming from before the ring's oldest event: told so, then what the ring holds.
+        late = Tcp(server.tcp_address)
+        try:
+            reply = late.call({"cmd": "SubscribeEvents", "queue": "tq", "since": 0})
+            assert reply["ok"] and reply["gap"] is True
+            assert reply["lastEventId"] == seen[-1]["id"]
+            assert [f["event"]["jobId"] for f in _events(late, 2)] == ids[3:]
+            resumed = late.call({"cmd": "SubscribeEvents", "queue": "tq", "since": seen[-1]["id"]})
+            assert resumed["gap"] is False
+        finally:
+            late.close()
+    finally:
+        everything.close()
+        c.close()
+
+
+def test_a_restarted_shard_learns_who_listens(shardq_server: Callable[..., ShardqServer]) -> None:
+    server = shardq_server()
+    sub, c = Tcp(server.tcp_address), Tcp(server.tcp_address, timeout=60)
+    try:
+        assert sub.call({"cmd": "SubscribeEvents", "queue": "rq"})["ok"]
+        old = server.child_pids()["shard-0"]
+        os.kill(old, signal.SIGKILL)
+        server.wait_child_replaced("shard-0", old, 60)
+
+        def pushed() -> str | None:
+            reply = c.call({"cmd": "PUSH", "queue": "rq", "data": {}})
+            return str(reply["id"]) if reply.get("ok") else None
+
+        job = poll_until(pushed, 30, "a push to the restarted shard")
+        assert _kinds(_events(sub, 1), job) == ["pushed"]
+    finally:
+        sub.close()
         c.close()

@@ -215,7 +215,7 @@ def test_front_end_answers_and_command_names(h: Harness) -> None:
     assert h.call({"cmd": "Ping"})["data"]["pong"] is True
     assert h.call({"cmd": "Auth", "token": "x"}) == {"ok": False, "error": "Invalid token"}
     assert h.call({"cmd": "Foo"}) == {"ok": False, "error": "Unknown command: Foo"}
-    # Served by the front end (docs/protocol.md §17): a subscription names a valid queue.
+    # Served by the front end (docs/protocol.md §18): a subscription names a valid queue.
     assert h.call({"cmd": "SubscribeEvents"})["error"] == "Queue name is required"
 
 

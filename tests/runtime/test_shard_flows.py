@@ -1,4 +1,4 @@
-"""The crash-safety contract of flows in one shard, turn by turn (docs/protocol.md §17.4).
+"""The crash-safety contract of flows in one shard, turn by turn (docs/protocol.md §20.4).
 
 - A child's shard emits its notice after the writer batch that stores both the child's outcome
   and the notice, sends it again every `flow_resend_ms` until acknowledged, and deletes it

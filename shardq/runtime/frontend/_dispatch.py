@@ -613,10 +613,10 @@ class Dispatcher:
         self._schedule_flush()
 
     def control(self, shard: int, msg: dict[str, Any]) -> None:
-        """Send `msg` to `shard` after this turn's requests (dropped while it is down)."""
+        """Send `msg` to `shard` at once, ahead of requests still in this turn's batch (so a
+        `listen` precedes every request that follows a subscription); dropped while down."""
         if shard not in self.down:
-            self._control[shard].append(msg)
-            self._schedule_flush()
+            self._send(shard, pack(msg))
 
     def start_drain(self) -> None:
         """Ask every shard to stop handing out jobs; `all_drained` is set once all report."""

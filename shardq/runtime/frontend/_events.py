@@ -4,7 +4,7 @@ Shards build events only for queues someone listens to (`shard/_events.py`); thi
 which (`{"t": "listen", "all", "queues"}`, to every shard whenever the set changes and to a shard
 that comes back), numbers every event that arrives with a monotonic id, keeps the most recent
 `events_ring_size` of them for resumption, and writes each to the connections subscribed to its
-queue as bunqueue does: `{type: "event", event, id}` with no `reqId` (docs/protocol.md §17).
+queue as bunqueue does: `{type: "event", event, id}` with no `reqId` (docs/protocol.md §18).
 
 A subscriber that does not read loses events, counted, once `events_subscriber_buffer_bytes`
 wait unread for it: the hub never buffers for it and never waits for it. In-process listeners
@@ -194,10 +194,10 @@ class EventHub:
         return remove
 
     def shard_up(self, shard: int) -> None:
-        """A shard (re)connected: a new process knows nothing of who listens."""
+        """A shard (re)connected: a new shard knows nothing of who listens, and after a
+        restart of this front end a shard still follows the last one's subscribers."""
         every, queues = self._listening
-        if every or queues:
-            self._control(shard, {"t": "listen", "all": every, "queues": list(queues)})
+        self._control(shard, {"t": "listen", "all": every, "queues": list(queues)})
 
     def _update_listen(self) -> None:
         every = bool(self._listeners) or any(s.queue is None for s in self.subscribers.values())

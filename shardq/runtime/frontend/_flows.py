@@ -1,4 +1,4 @@
-"""How the front end carries flows between shards (docs/protocol.md §17).
+"""How the front end carries flows between shards (docs/protocol.md §20).
 
 - **Notices.** A child's shard sends `{"t": "flow", "shard": i, "items": [[key, notice]]}`;
   each notice goes to the shard of its parent's queue as an internal `FlowNotify`. That shard

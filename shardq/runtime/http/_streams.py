@@ -28,6 +28,7 @@ from aiohttp import WSMsgType, web
 from shardq.client import AsyncEventStream, QueueEvent
 from shardq.client._url import parse_url
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._tls import loopback_client_context
 from shardq.runtime.http._backend import Backend, frontend_url
 
 __all__ = ["EventStreams"]
@@ -118,13 +119,17 @@ class EventStreams:
 
     def __init__(self, spec: ChildSpec, backend: Backend) -> None:
         self._endpoint = parse_url(frontend_url(spec))
+        # A TLS front end's certificate is trusted as the HTTP process's backend trusts it.
+        self._tls = loopback_client_context(spec.tls_cert_file) if spec.tls_cert_file else None
         self._token = spec.auth_tokens[0] if spec.auth_tokens else None
         self._backend = backend
         self._max = spec.events_max_streams
         self.open = {"sse": 0, "ws": 0}
 
     def _subscription(self, queue: str | None, since: int | None) -> AsyncEventStream:
-        return AsyncEventStream(self._endpoint, queue, self._token, since=since)
+        return AsyncEventStream(
+            self._endpoint, queue, self._token, since=since, tls_context=self._tls
+        )
 
     def _full(self, kind: str) -> bool:
         return self.open[kind] >= self._max

@@ -3,7 +3,7 @@
 The engine stays pure and knows nothing of events: the shard reads the mutations a command
 made (a `put` is a push, an `upd` to `active` a delivery, to `completed` a completion ...)
 together with the command that made them, and builds bunqueue's `JobEvent` maps
-(docs/protocol.md §17). It does so only while the front end has said that someone listens
+(docs/protocol.md §18). It does so only while the front end has said that someone listens
 (`{"t": "listen"}`), and only for the queues someone listens to: a shard nobody listens to
 pays one attribute test per command.
 """
@@ -29,7 +29,9 @@ _QUEUED: Final = frozenset({"waiting", "delayed", "waiting-children", "prioritiz
 _PUSHES: Final = frozenset({"PUSH", "PUSHB"})
 # Commands whose jobs may leave memory in the same command (a `del` names no queue): their
 # queue is looked up before the command runs.
-_BY_ID: Final = frozenset({"ACK", "FAIL", "Cancel", "Discard", "MoveToDelayed", "Progress"})
+_BY_ID: Final = frozenset(
+    {"ACK", "FAIL", "Cancel", "Discard", "MoveToDelayed", "MoveToWait", "Progress"}
+)
 
 
 class EventTap:
@@ -157,6 +159,8 @@ class EventTap:
             error = _failed_reason(engine, job_id)
             self._emit("failed", queue, job_id, error=error, terminal=False)
             self._emit("retried", queue, job_id, prev="failed")
+        elif name == "MoveToWait" and state == "waiting":
+            self._emit("waiting", queue, job_id, prev=self._before.get(job_id, ("", "?"))[1])
         elif name == "MoveToDelayed" and state == "delayed":
             job = engine.find(job_id)
             delay = max(job.run_at - self.now, 0) if job is not None else 0

@@ -5,7 +5,7 @@ A child's shard sends each notice it owes a parent on another shard to the front
 shard as an internal `FlowNotify` and, once that shard's reply says the notice is committed,
 answers `{"t": "flowack", "keys": [...]}`. A notice not acknowledged within `resend_ms` is sent
 again (the parent's shard was restarting, the front end lost it): a parent applies a child's
-notice once, so sending it twice is harmless (docs/protocol.md §17.4).
+notice once, so sending it twice is harmless (docs/protocol.md §20.4).
 """
 
 from __future__ import annotations
