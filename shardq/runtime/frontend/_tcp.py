@@ -32,7 +32,7 @@ from typing import Any, Final, cast
 
 import structlog
 
-from shardq.protocol import DecodedFrame, FrameDecoder, encode
+from shardq.protocol import DecodedFrame, FrameDecoder, encode_js
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._limits import LogLimiter, RateWindow, rate_refusal
@@ -207,7 +207,7 @@ class TcpConnection(asyncio.Protocol):
             # Not from inside `send`: the dispatcher may be mid-way through a batch.
             self._resume_scheduled = True
             self._loop.call_soon(self._handle_held)
-        data = encode(reply)
+        data = encode_js(reply)  # bunqueue's JS clients read 64-bit ints as BigInt
         self._out.append(data)
         self._out_bytes += len(data)
         if self._out_bytes > self._backlog_check_at:
