@@ -39,6 +39,9 @@ class EngineConfig:
     # Longest custom id, uniqueKey, debounceId, tag or dependsOn entry a command may
     # carry: each is an index key in memory and on disk; 1024 fits UUIDs, URLs and composites.
     max_key_chars: int = 1_024
+    # Minutes of finished-job counts kept per queue and outcome for queue-scoped Metrics:
+    # bunqueue's maxMetricDataPoints (two weeks); at most ~1 MB per busy queue.
+    max_metric_minutes: int = 20_160
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:

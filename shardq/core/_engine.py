@@ -22,6 +22,7 @@ from shardq.errors import CommandError
 
 from ._control import ControlOps
 from ._cron import CronOps
+from ._introspect import IntrospectOps
 from ._limits import LimitOps
 from ._mutations import Mutation
 from ._produce import ProduceOps
@@ -90,10 +91,16 @@ COMMANDS: Final[dict[str, str]] = {
     "RateLimitClear": "cmd_rate_limit_clear",
     "SetConcurrency": "cmd_set_concurrency",
     "ClearConcurrency": "cmd_clear_concurrency",
+    "GetDeduplicationJobId": "cmd_get_deduplication_job_id",
+    "RemoveDeduplicationKey": "cmd_remove_deduplication_key",
+    "RemoveJobDeduplicationKey": "cmd_remove_job_deduplication_key",
+    "RemoveDlqJob": "cmd_remove_dlq_job",
+    "GetDlqStats": "cmd_get_dlq_stats",
+    "Metrics": "cmd_queue_metrics",
 }
 
 
-class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps):
+class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps, IntrospectOps):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -14,6 +14,7 @@ from ._state import EngineState
 
 __all__ = ["QueryOps", "job_view"]
 
+
 def job_view(job: Job) -> dict[str, Any]:
     """The Job map GetJob and GetJobs answer: the wire job plus state, result and reason."""
     view = job.to_wire()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from typing import Any, Final
 
+from ._finished import FinishedLog
 from ._job import Job
 from ._lifecycle import STATES, WAITING
 from ._queue_limits import QueueLimits
@@ -53,6 +54,12 @@ class QueueState:
     held: set[str] = field(default_factory=set)
     # Rate limit and concurrency cap; None (the usual case) costs a pull one test.
     limits: QueueLimits | None = None
+    # Jobs finished per minute (queue-scoped Metrics), made at the first finished job.
+    finished: FinishedLog | None = None
+
+    def start_finished(self) -> FinishedLog:
+        self.finished = FinishedLog()
+        return self.finished
 
     def config(self) -> dict[str, Any]:
         """The persisted controls of this queue (mutation `("queue", name, cfg)`)."""
@@ -122,4 +129,3 @@ class QueueState:
     def _owns(self, key: tuple[Any, ...]) -> bool:
         job = self.jobs.get(key[-1])
         return job is not None and job.hkey is key
-

@@ -49,6 +49,7 @@ class _Client(Protocol):
 
 Answer = Callable[[Any, object, Reply], None]
 GatherAll = Callable[[Any, dict[str, Any], Callable[[list[Reply]], None]], None]
+Route = Callable[[Any, object, str, dict[str, Any]], None]
 LocalHandler = Callable[[Any, object, dict[str, Any]], None]
 
 
@@ -65,8 +66,10 @@ class BunqueueCommands:
         gather_all: GatherAll,
         rate_window_s: int = 5,
         in_flight: Callable[[], list[int]] | None = None,
+        route: Route | None = None,
     ) -> None:
         self._answer = answer
+        self._route = route
         self._gather_all = gather_all
         self._in_flight = in_flight or (lambda: [])
         self.workers = WorkerRegistry()
@@ -109,9 +112,10 @@ class BunqueueCommands:
         self._answer(client, req, children_values_reply(frame["cmd"]))
 
     def _metrics(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
-        if frame.get("queue") is not None or frame.get("type") is not None:
-            # The queue-scoped form reads a per-queue event journal shardq does not keep.
-            self._answer(client, req, error_reply("Unsupported command: Metrics (queue-scoped)"))
+        if self._route is not None and ("queue" in frame or "type" in frame):
+            # The queue-scoped form: the counts live with the queue, on its shard.
+            frame["_conn"] = client.conn
+            self._route(client, req, "Metrics", frame)
             return
         stats = {"cmd": "Stats"}
 

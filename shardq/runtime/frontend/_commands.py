@@ -159,6 +159,7 @@ ID_COMMANDS: Final = frozenset(
         "Update",
         "ClearLogs",
         "WaitJob",
+        "RemoveJobDeduplicationKey",
     ]
 )
 """Commands that name one job (by `id`, or `customId` for GetJobByCustomId) and no queue."""

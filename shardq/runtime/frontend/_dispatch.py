@@ -244,9 +244,15 @@ class Dispatcher:
         self._local.update(CronRoutes(self).handlers)
         # Workers, Metrics, flow-children reads and the flow push refusals.
         self.bunqueue = BunqueueCommands(
-            self.answer, self._gather_all, rate_window_s, self.pending_per_shard
+            self.answer, self._gather_all, rate_window_s, self.pending_per_shard, self._route
         )
         self._local.update(self.bunqueue.handlers)
+
+    def add_handlers(
+        self, handlers: dict[str, Callable[[Client, object, dict[str, Any]], None]]
+    ) -> None:
+        """Answer these commands in the front end (the process's own, e.g. monitoring)."""
+        self._local.update(handlers)
 
     @property
     def auth_required(self) -> bool:
@@ -465,6 +471,12 @@ class Dispatcher:
         self._gather_all(
             client, frame, lambda rs: self.answer(client, req, merge_stats(rs, uptime, rates))
         )
+
+    def gather_all(
+        self, client: Client, frame: dict[str, Any], done: Callable[[list[Reply]], None]
+    ) -> None:
+        """Ask every shard `frame`; `done` gets their replies in shard order."""
+        self._gather_all(client, frame, done)
 
     def _gather_all(
         self, client: Client, frame: dict[str, Any], done: Callable[[list[Reply]], None]

@@ -38,6 +38,7 @@ from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._links import ShardLinks
+from shardq.runtime.frontend._monitoring import MonitoringCommands
 from shardq.runtime.frontend._tcp import TcpGateway, TcpLimits
 from shardq.runtime.frontend._zmq import ZmqGateway
 from shardq.runtime.links._control import unpack
@@ -79,6 +80,7 @@ class Frontend:
             max_parked=spec.max_parked,
             auth_max_failures=spec.auth_max_failures,
         )
+        self.dispatcher.add_handlers(MonitoringCommands(self.dispatcher, spec).handlers)
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))
         self._inbox = self._ctx.socket(zmq.PULL)

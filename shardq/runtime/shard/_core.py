@@ -24,6 +24,7 @@ import structlog
 
 from shardq.core import Engine, Mutation, Record, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
+from shardq.runtime.shard._memory import release_memory
 from shardq.runtime.shard._salvage import names_job, pack_mutations
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
 from shardq.storage import MutationEncoder, describe
@@ -369,6 +370,9 @@ class ShardCore:
             return self._wait_job(conn, rid, cmd, now)
         if name == "Stats":
             return self._stats(now)
+        if name == "CompactMemory":
+            release_memory(self.engine)
+            return {"ok": True}
         reply, muts = self.engine.apply(cmd, now)
         if reply.get("ok") and _is_durable(name, cmd):
             self._absorb(muts, self.engine.last_events, durable=True)
