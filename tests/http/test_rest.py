@@ -166,12 +166,18 @@ def test_features_not_served_yet_answer_501(api: Any) -> None:
         ("POST", "/webhooks", {"url": "http://127.0.0.1:1/", "events": ["job.completed"]}),
         ("DELETE", "/webhooks/w", None),
         ("PUT", "/webhooks/w/enabled", {"enabled": False}),
-        ("GET", "/storage", None),
     ]:
         answer = api(method, path, body)
         assert answer.status == 501, (path, answer.text)
         assert answer.json == {"ok": False, "error": answer.json["error"]}
         assert answer.json["error"].startswith("Unsupported command: ")
+
+
+def test_storage_status_route(api: Any) -> None:
+    assert ok(api("GET", "/storage")) == {
+        "ok": True,
+        "data": {"diskFull": False, "error": None, "since": None},
+    }
 
 
 def test_unknown_paths_and_bad_bodies(api: Any, server: ShardqServer) -> None:
