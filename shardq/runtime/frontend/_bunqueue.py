@@ -3,7 +3,8 @@
 - the worker registry (`_workers`): RegisterWorker, Heartbeat, UnregisterWorker,
   ListWorkers, and forgetting a closed connection's workers;
 - the legacy `Metrics` (`_metrics`): counters taken from the replies of the PUSH, PULL
-  and ACK commands on their way back, plus a `Stats` fan-out for the DLQ total;
+  and ACK commands on their way back, plus a `Stats` fan-out for the DLQ total; the
+  queue-scoped form goes on to the queue's shard;
 - the flow-children reads and the refusal of pushes that need flows or cron
   (`_compat`).
 
