@@ -43,7 +43,7 @@ from shardq.protocol import (
     unknown_command,
 )
 from shardq.runtime._routing import shard_of
-from shardq.runtime.frontend._bunqueue import BunqueueCommands
+from shardq.runtime.frontend._bunqueue import BunqueueCommands, LocalHandler
 from shardq.runtime.frontend._commands import (
     BUNQUEUE_COMMANDS,
     ID_BATCH_COMMANDS,
@@ -248,9 +248,7 @@ class Dispatcher:
         )
         self._local.update(self.bunqueue.handlers)
 
-    def add_handlers(
-        self, handlers: dict[str, Callable[[Client, object, dict[str, Any]], None]]
-    ) -> None:
+    def add_handlers(self, handlers: dict[str, LocalHandler]) -> None:
         """Answer these commands in the front end (the process's own, e.g. monitoring)."""
         self._local.update(handlers)
 
@@ -472,12 +470,6 @@ class Dispatcher:
             client, frame, lambda rs: self.answer(client, req, merge_stats(rs, uptime, rates))
         )
 
-    def gather_all(
-        self, client: Client, frame: dict[str, Any], done: Callable[[list[Reply]], None]
-    ) -> None:
-        """Ask every shard `frame`; `done` gets their replies in shard order."""
-        self._gather_all(client, frame, done)
-
     def _gather_all(
         self, client: Client, frame: dict[str, Any], done: Callable[[list[Reply]], None]
     ) -> None:
@@ -485,6 +477,8 @@ class Dispatcher:
         gather = _Gather(self.shards, done)
         for shard in range(self.shards):
             self._ask(shard, client.conn, frame, partial(gather.part, shard))
+
+    gather_all = _gather_all  # the monitoring commands' CompactMemory asks every shard
 
     def learn(self, name: str, shard: int, reply: Reply) -> None:
         """Remember where the jobs a reply names live (only worth it with several shards)."""
