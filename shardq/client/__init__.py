@@ -44,6 +44,7 @@ from shardq.client._errors import (
     error_from_reply,
     is_transient,
 )
+from shardq.client._events import AsyncEventStream, EventStream, QueueEvent
 from shardq.client._models import DlqEntry, Job, JobCounts, JobOptions
 from shardq.client._ops import BulkJob
 from shardq.client._queue import Queue, join
@@ -58,6 +59,7 @@ __all__ = [
     "DEFAULT_URL",
     "TRANSIENT_ERRORS",
     "AsyncConnection",
+    "AsyncEventStream",
     "AsyncQueue",
     "AsyncWorker",
     "AuthenticationFailed",
@@ -73,6 +75,7 @@ __all__ = [
     "DeadLettered",
     "DlqEntry",
     "Endpoint",
+    "EventStream",
     "Framing",
     "Handler",
     "InternalServerError",
@@ -83,6 +86,7 @@ __all__ = [
     "LeaseLost",
     "NotFound",
     "Queue",
+    "QueueEvent",
     "RateLimited",
     "RetryPolicy",
     "SerializationError",

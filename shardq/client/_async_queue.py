@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from shardq.client import _ops as ops
 from shardq.client._connection import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, AsyncConnection
 from shardq.client._errors import JobFailed, WaitTimeout
+from shardq.client._events import AsyncEventCallbacks, AsyncEventStream, QueueEvent
 from shardq.client._models import DlqEntry, Job, JobCounts
 from shardq.client._ops import BulkJob, Op, Options
 from shardq.client._queue import BULK_WINDOW, DLQ_SHOWN, WAIT_SLICE_MS, dead_lettered
@@ -43,6 +44,7 @@ class AsyncQueue:
         self.connection = connection or AsyncConnection(
             url, token=token, timeout=timeout, connect_timeout=connect_timeout, retry=retry
         )
+        self._callbacks: AsyncEventCallbacks | None = None
 
     async def __aenter__(self) -> AsyncQueue:
         return self
@@ -54,9 +56,32 @@ class AsyncQueue:
         return f"AsyncQueue({self.name!r}, {str(self.connection.endpoint)!r})"
 
     async def close(self) -> None:
-        """Close the connection (unless it was passed in). Idempotent."""
+        """Close the connection (unless it was passed in) and the event listeners. Idempotent."""
+        if self._callbacks is not None:
+            await self._callbacks.close()
         if self._owns:
             await self.connection.close()
+
+    def events(self, *, since: int | None = None) -> AsyncEventStream:
+        """This queue's job events: `async for event in queue.events()`. See `Queue.events`."""
+        c = self.connection
+        return AsyncEventStream(
+            c.endpoint, self.name, c.token, connect_timeout=c.connect_timeout, since=since
+        )
+
+    async def on(self, name: str, listener: Callable[[QueueEvent], object]) -> AsyncQueue:
+        """Call `listener(event)` (awaited if it returns an awaitable) for each event named
+        `name`, from a task of its own. See `Queue.on`."""
+        if self._callbacks is None:
+            self._callbacks = AsyncEventCallbacks(self.events)
+        await self._callbacks.on(name, listener)
+        return self
+
+    def off(self, name: str, listener: Callable[[QueueEvent], object]) -> AsyncQueue:
+        """Stop calling `listener` for `name`."""
+        if self._callbacks is not None:
+            self._callbacks.off(name, listener)
+        return self
 
     async def _run(self, op: Op[T]) -> T:
         replies = await self.connection.call_many(

@@ -9,6 +9,7 @@ from typing import Any, Final, TypeVar
 from shardq.client import _ops as ops
 from shardq.client._connection import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Connection
 from shardq.client._errors import DeadLettered, JobFailed, WaitTimeout
+from shardq.client._events import EventCallbacks, EventStream, QueueEvent
 from shardq.client._models import DlqEntry, Job, JobCounts
 from shardq.client._ops import BulkJob, Op, Options
 from shardq.client._retry import RetryPolicy
@@ -60,6 +61,7 @@ class Queue:
         self.connection = connection or Connection(
             url, token=token, timeout=timeout, connect_timeout=connect_timeout, retry=retry
         )
+        self._callbacks: EventCallbacks | None = None
 
     def __enter__(self) -> Queue:
         return self
@@ -71,9 +73,36 @@ class Queue:
         return f"Queue({self.name!r}, {str(self.connection.endpoint)!r})"
 
     def close(self) -> None:
-        """Close the connection (unless it was passed in). Idempotent."""
+        """Close the connection (unless it was passed in) and the event listeners. Idempotent."""
+        if self._callbacks is not None:
+            self._callbacks.close()
         if self._owns:
             self.connection.close()
+
+    def events(self, *, since: int | None = None) -> EventStream:
+        """This queue's job events, as a blocking iterator on a connection of its own
+        (docs/protocol.md §17); `since` replays the events after that id the server still
+        holds. Iterating raises `ConnectionLost` once reconnecting fails, and the server's
+        error if it refuses the subscription."""
+        c = self.connection
+        return EventStream(
+            c.endpoint, self.name, c.token, connect_timeout=c.connect_timeout, since=since
+        )
+
+    def on(self, name: str, listener: Callable[[QueueEvent], object]) -> Queue:
+        """Call `listener(event)` for each event named `name` (bunqueue's `completed`,
+        `pushed`, `pulled` ..., BullMQ's `waiting` and `active`, or "*"), from a thread of its
+        own, from now on. Raises `ConnectionLost` or the server's refusal at the first `on`."""
+        if self._callbacks is None:
+            self._callbacks = EventCallbacks(self.events)
+        self._callbacks.on(name, listener)
+        return self
+
+    def off(self, name: str, listener: Callable[[QueueEvent], object]) -> Queue:
+        """Stop calling `listener` for `name`."""
+        if self._callbacks is not None:
+            self._callbacks.off(name, listener)
+        return self
 
     def _run(self, op: Op[T]) -> T:
         replies = self.connection.call_many(

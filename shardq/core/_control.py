@@ -77,7 +77,7 @@ class ControlOps(EngineState):
             raise CommandError(error)
         if job.state == WAITING:
             # bunqueue 2.9.5 refuses this; 2.8 delayed the job, and bunqueue-client 0.1.5's
-            # move_to_delayed relies on it (docs/protocol.md §17.4).
+            # move_to_delayed relies on it (docs/protocol.md §19.4).
             return self.cmd_change_delay(cmd, now)
         if job.state != ACTIVE:
             raise CommandError(f"Job is not active (current state: {job.public_state()})")

@@ -1,4 +1,4 @@
-"""Deduplication-key administration, DLQ extras and queue-scoped Metrics (docs/protocol.md §17).
+"""Deduplication-key administration, DLQ extras and queue-scoped Metrics (docs/protocol.md §19).
 
 Each answers in bunqueue's shape, wrapped in `data`. The dedup commands act on the engine's
 `uniqueKey` claims (`unique`): removing a claim also clears the key from its job's record, so

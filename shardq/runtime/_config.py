@@ -141,6 +141,20 @@ class ServerConfig:
     # 60 s, 166 commands/s) would cap every pipelining client, so shardq ships it off (0).
     rate_limit_window_ms: int = 0
     rate_limit_max_requests: int = 10_000
+    # -- events (docs/protocol.md §17): the front end keeps the most recent events, with
+    # their ids, so a subscriber can resume (SSE Last-Event-ID, SubscribeEvents `since`).
+    # bunqueue keeps 10,000 per queue (maxQueueEvents); one event is a few hundred bytes.
+    events_ring_size: int = 10_000
+    # An event's `data` (a result, a failed job's payload) larger than this is left out of
+    # the ring's copy (`truncated: true`): live subscribers get it whole, a replay does not,
+    # and the ring stays within about events_ring_size * this.
+    events_ring_data_bytes: int = 1024
+    # Bytes a subscriber may leave unread before events to it are dropped and counted: a slow
+    # subscriber loses events, it never grows the server's memory nor slows a push.
+    events_subscriber_buffer_bytes: int = 1024 * 1024
+    # SSE and WebSocket streams the HTTP port keeps open at once, of each kind (bunqueue's
+    # MAX_SSE_CLIENTS and MAX_WS_CLIENTS); each is one subscription to the front end.
+    events_max_streams: int = 1_000
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @property
@@ -322,6 +336,11 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "auth_max_failures": _ranged(1),
     "rate_limit_window_ms": _ranged(0, ms=True),  # 0: no rate limit, as bunqueue's 0
     "rate_limit_max_requests": _ranged(1),
+    # -- events: 0 keeps no ring (no resumption); 4 KiB holds a few events at least.
+    "events_ring_size": _ranged(0, 10_000_000),
+    "events_ring_data_bytes": _ranged(0, 1 << 20),
+    "events_subscriber_buffer_bytes": _ranged(4096, 1 << 32),
+    "events_max_streams": _ranged(0, 100_000),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

@@ -50,6 +50,10 @@ class ChildSpec:
     auth_max_failures: int = 3
     rate_limit_window_ms: int = 0
     rate_limit_max_requests: int = 10_000
+    events_ring_size: int = 10_000  # ServerConfig's (see there)
+    events_ring_data_bytes: int = 1024
+    events_subscriber_buffer_bytes: int = 1024 * 1024
+    events_max_streams: int = 1_000
     http_port: int = 0  # the HTTP process's port (0 for every other role)
     metrics_auth: bool = False
     metrics_max_queues: int = 100

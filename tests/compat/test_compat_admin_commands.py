@@ -1,7 +1,7 @@
 """The admin and monitoring commands on a real two-shard server, as a bunqueue peer sends them:
 queue-scoped Metrics and the dedup/DLQ commands reach the queue's shard, id-only commands find
 their job on either shard, and the monitoring commands answer in bunqueue's `data` shapes
-(docs/protocol.md §17)."""
+(docs/protocol.md §19)."""
 
 from __future__ import annotations
 

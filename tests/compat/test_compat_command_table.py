@@ -1,4 +1,4 @@
-"""docs/protocol.md §18 lists all 107 bunqueue commands with shardq's status; this keeps it true.
+"""docs/protocol.md §20 lists all 107 bunqueue commands with shardq's status; this keeps it true.
 
 The table must name exactly `BUNQUEUE_COMMANDS`, in its order, and a command is "not yet" in the
 table exactly when a real server answers it `Unsupported command: <name>`.
@@ -21,7 +21,7 @@ SOURCE = Path(__file__).resolve().parents[2] / "shardq" / "runtime" / "frontend"
 
 def table() -> list[tuple[str, str]]:
     text = DOC.read_text()
-    section = text[text.index("## 18. Command table") :]
+    section = text[text.index("## 20. Command table") :]
     rows = [m for line in section.splitlines() if (m := ROW.match(line))]
     assert [int(m[1]) for m in rows] == list(range(1, len(rows) + 1))
     return [(m[2], m[3]) for m in rows]

@@ -1,5 +1,5 @@
 """The dedup-key administration, DLQ extras, queue-scoped Metrics and MoveToDelayed of a waiting
-job, on the engine with a fake clock (docs/protocol.md §17)."""
+job, on the engine with a fake clock (docs/protocol.md §19)."""
 
 from __future__ import annotations
 

@@ -132,6 +132,10 @@ VALID_TEXT = {
     "rate_limit_max_requests": "100",
     "metrics_auth": "true",
     "metrics_max_queues": "10",
+    "events_ring_size": "500",
+    "events_ring_data_bytes": "0",
+    "events_subscriber_buffer_bytes": "65536",
+    "events_max_streams": "10",
 }
 
 

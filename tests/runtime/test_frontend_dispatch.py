@@ -219,7 +219,8 @@ def test_front_end_answers_and_command_names(h: Harness) -> None:
         "ok": False,
         "error": "Unsupported command: AddWebhook",
     }
-    assert h.call({"cmd": "SubscribeEvents"})["error"] == "Unsupported command: SubscribeEvents"
+    # Served by the front end (docs/protocol.md §17): a subscription names a valid queue.
+    assert h.call({"cmd": "SubscribeEvents"})["error"] == "Queue name is required"
 
 
 def test_transport_errors(h: Harness) -> None:

@@ -51,6 +51,7 @@ from shardq.runtime.frontend._commands import (
     SHARD_COMMANDS,
 )
 from shardq.runtime.frontend._cron import CronRoutes
+from shardq.runtime.frontend._events import EventHub, EventLimits
 from shardq.runtime.frontend._limits import (
     PARKING_COMMANDS,
     Failures,
@@ -214,6 +215,7 @@ class Dispatcher:
         max_parked_per_connection: int = 1_000,
         max_parked: int = 10_000,
         auth_max_failures: int = 3,
+        events: EventLimits = EventLimits(),  # noqa: B008 (frozen, so shared safely)
     ) -> None:
         self.shards = shards
         self._link_max = link_max_frame_bytes
@@ -247,6 +249,8 @@ class Dispatcher:
             self.answer, self._gather_all, rate_window_s, self.pending_per_shard, self._route
         )
         self._local.update(self.bunqueue.handlers)
+        self.events = EventHub(shards, self.control, self.answer, events)
+        self._local.update(self.events.handlers)
 
     def add_handlers(self, handlers: dict[str, LocalHandler]) -> None:
         """Answer these commands in the front end (the process's own, e.g. monitoring)."""
@@ -552,8 +556,11 @@ class Dispatcher:
                 self._deliver(item)
         elif kind == "shard-down":
             self._shard_down(msg.get("shard"))
+        elif kind == "events":
+            self.events.on_events(msg.get("items"))
         elif kind == "shard-up":
             self.down.discard(msg.get("shard"))
+            self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
         elif kind == "drained":
             self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
             if len(self.drained) >= self.shards:
@@ -587,12 +594,19 @@ class Dispatcher:
     def connection_closed(self, conn: str) -> None:
         """Tell every shard, after this turn's batches, that `conn` is gone (lease release)."""
         self.bunqueue.connection_closed(conn)
+        self.events.forget(conn)
         self._auth_failures.forget(conn)
         if not self.release_on_close:
             return
         for shard in range(self.shards):
             self._control[shard].append({"t": "close", "conn": conn})
         self._schedule_flush()
+
+    def control(self, shard: int, msg: dict[str, Any]) -> None:
+        """Send `msg` to `shard` at once, ahead of requests still in this turn's batch (so a
+        `listen` precedes every request that follows a subscription); dropped while down."""
+        if shard not in self.down:
+            self._send(shard, pack(msg))
 
     def start_drain(self) -> None:
         """Ask every shard to stop handing out jobs; `all_drained` is set once all report."""

@@ -1,4 +1,4 @@
-"""bunqueue's monitoring commands on the TCP and ZeroMQ ports (docs/protocol.md §17.2).
+"""bunqueue's monitoring commands on the TCP and ZeroMQ ports (docs/protocol.md §19.6).
 
 `Prometheus`, `StorageStatus` and the three `Dashboard*` commands answer what the HTTP
 process's `/prometheus`, `/health` storage facts and `/dashboard` routes answer, built by the

@@ -25,6 +25,7 @@ Each cut is logged once per connection.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import os
 from dataclasses import dataclass
@@ -219,6 +220,25 @@ class TcpConnection(asyncio.Protocol):
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
+
+    def push_event(self, msg: dict[str, Any], frames: dict[str, bytes], limit: int) -> bool:
+        """Queue a server-initiated event frame (no reply to anything: in flight is
+        untouched); False, and nothing queued, while `limit` bytes wait unread for the peer."""
+        transport = self._transport
+        if self.closed or transport is None:
+            return False
+        if transport.get_write_buffer_size() + self._out_bytes > limit:
+            return False
+        data = frames.get("tcp")
+        if data is None:
+            # A copy: encode_js floats large ints in place, and the ZeroMQ frame keeps them.
+            data = frames["tcp"] = encode_js(copy.deepcopy(msg))
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+        return True
 
     def drop(self, reason: str) -> None:
         """Write what is queued (e.g. the error frame), then close; log why."""

@@ -65,6 +65,14 @@ class ZmqPeer:
         if self.held:
             self.gateway.release_soon(self)
 
+    def push_event(self, msg: dict[str, Any], frames: dict[str, bytes], limit: int) -> bool:
+        """Send a server-initiated event; False when the peer's queue is full (its high-water
+        mark stands for the byte bound here: a ROUTER cannot tell bytes unread)."""
+        data = frames.get("zmq")
+        if data is None:
+            data = frames["zmq"] = pack(msg)
+        return self.gateway.send_raw(self.envelope, data)
+
     def drop(self, reason: str) -> None:
         # A ROUTER cannot close one peer; the oversize message was refused and is logged.
         _log.warning("zeromq message refused", conn=self.conn, reason=reason)
@@ -220,6 +228,17 @@ class ZmqGateway:
         if not self._drain_scheduled and self._loop is not None and self._readable():
             self._drain_scheduled = True
             self._loop.call_soon(self._drain)
+
+    def send_raw(self, envelope: list[bytes], body: bytes) -> bool:
+        """Send one packed message to a peer without blocking; False if it was dropped."""
+        try:
+            self._sync.send_multipart([*envelope, body], zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        if not self._drain_scheduled and self._loop is not None and self._readable():
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
+        return True
 
     def close(self) -> None:
         self.router.close(linger=0)

@@ -71,7 +71,7 @@ class Backend:
 
 def _whole_numbers(value: Any) -> Any:
     """Floats that hold whole numbers as ints again: the TCP port sends large ones (epoch-ms
-    times) as floats for bunqueue's JS clients (docs/protocol.md §17.5), and JSON should read
+    times) as floats for bunqueue's JS clients (docs/protocol.md §19.5), and JSON should read
     `1796171053576`, as bunqueue's own HTTP answers do, not `1796171053576.0`."""
     kind = type(value)
     if kind is float:

@@ -96,6 +96,8 @@ class Monitor:
         self._spec = spec
         self._backend = backend
         self._started = time.monotonic()
+        # Open SSE and WebSocket streams by kind, filled in by the HTTP process (`_streams`).
+        self.streams_open: dict[str, int] = {}
 
     async def snapshot(self, *, per_queue: bool = False) -> Snapshot:
         stats, metrics, workers = await self._backend.call_many(
@@ -145,7 +147,7 @@ class Monitor:
             "version": shardq.__version__,
             "queues": {k: int(s.get(k, 0)) for k in ("waiting", "active", "delayed", "completed")}
             | {"dlq": int(s.get("dlq", 0))},
-            "connections": {"tcp": snap.tcp_connections, "ws": 0, "sse": 0},
+            "connections": {"tcp": snap.tcp_connections, "ws": 0, "sse": 0} | self.streams_open,
             "memory": {"rss": round(rss / _MB, 1)},
             "processes": [
                 {"role": p.role, "pid": p.pid, "rss": round(p.rss_bytes / _MB, 1)}

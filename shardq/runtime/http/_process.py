@@ -28,6 +28,7 @@ from shardq.runtime.http._backend import Backend
 from shardq.runtime.http._monitor import Monitor
 from shardq.runtime.http._overview import Overview
 from shardq.runtime.http._rest import match, status_for
+from shardq.runtime.http._streams import EventStreams
 
 __all__ = ["build_app", "main", "serve"]
 
@@ -92,6 +93,8 @@ class _Server:
         self.monitor = Monitor(spec, backend)
         self.overview = Overview(backend, self.monitor)
         self.auth = _Auth(spec)
+        self.streams = EventStreams(spec, backend)
+        self.monitor.streams_open = self.streams.open
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -186,6 +189,10 @@ def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
     app.router.add_get("/dashboard", server.dashboard)
     app.router.add_get("/dashboard/queues", server.dashboard_queues)
     app.router.add_get("/dashboard/queues/{queue}", server.dashboard_queue)
+    for path in ("/events", "/events/queues/{queue}"):
+        app.router.add_get(path, server.streams.sse)
+    for path in ("/ws", "/ws/queues/{queue}"):
+        app.router.add_get(path, server.streams.ws)
     app.router.add_get("/", server.index)
     app.router.add_static("/static/", str(static))
     app.router.add_route("*", "/{tail:.*}", server.rest)

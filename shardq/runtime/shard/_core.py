@@ -24,6 +24,7 @@ import structlog
 
 from shardq.core import Engine, Mutation, Record, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
+from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._memory import release_memory
 from shardq.runtime.shard._salvage import names_job, pack_mutations
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
@@ -132,6 +133,7 @@ class ShardCore:
         self._finished: set[str] = set()
         self.polls = LongPolls()
         self.waits = JobWaits()
+        self.events = EventTap()  # job events, built only while the front end listens
         self._handlers: dict[str, Callable[[dict[str, Any], int], None]] = {
             "req": self._on_req,
             "close": self._on_close,
@@ -140,6 +142,7 @@ class ShardCore:
             "rejected": self._on_rejected,
             "drain": self._on_drain,
             "writer-up": self._on_writer_up,
+            "listen": lambda msg, now: self.events.listen(msg),
         }
 
     # -- inputs ----------------------------------------------------------------------------
@@ -150,6 +153,7 @@ class ShardCore:
         if handler is None:
             _log.warning("unknown internal message dropped", t=msg.get("t"))
             return
+        self.events.now = now
         try:
             handler(msg, now)
         except Exception:
@@ -205,6 +209,7 @@ class ShardCore:
         The writer's `muts` comes first so that a durable reply can never be sent before the
         batch holding its job was handed to the writer.
         """
+        self.events.now = now
         for step in (self._tick, self._serve_polls, self._serve_waits):
             try:
                 step(now)
@@ -212,7 +217,7 @@ class ShardCore:
                 # A timer or a parked request that raises is logged and skipped, never fatal:
                 # the rest of the turn (replies, mutations) still goes out.
                 _log.exception("shard step failed", step=step.__name__)
-        out: list[Outgoing] = []
+        out: list[Outgoing] = [("front", m) for m in self.events.take()]
         if self._resend:
             # Resent in order and before anything new: every mutation carries absolute values,
             # so a batch the old writer did commit is harmless to apply again.
@@ -349,12 +354,17 @@ class ShardCore:
 
     def _request(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> None:
         name = cmd.get("cmd")
+        tap = self.events
+        if tap.active:
+            tap.begin(name, cmd, self.engine)
         try:
             reply = self._run(conn, rid, name, cmd, now)
         except Exception:
             # One bad command must not take the shard's queues down with it.
             _log.exception("command failed", command=name)
             reply = {"ok": False, "error": INTERNAL_SERVER_ERROR}
+        if tap.active:
+            tap.end(name, reply if reply is not None or not self._durable else self._durable[-1][2])
         if reply is not None:
             self._replies.append([conn, rid, reply])
 
@@ -494,6 +504,8 @@ class ShardCore:
                     self._cut()
                 self._seg_durable = durable
             self._muts.extend(muts)
+        if self.events.active:
+            self.events.observe(muts, events, self.engine)
         if self.polls:
             self._note_wakeups(muts, events)
         if self.waits:

@@ -1,0 +1,559 @@
+"""Queue events: a dedicated subscription connection, as an iterator and as callbacks.
+
+    async with AsyncQueue("emails") as queue:
+        async for event in queue.events():
+            print(event.name, event.job_id)
+
+    queue = Queue("emails")
+    queue.on("completed", lambda event: print(event.job_id, event.data))
+
+A subscription runs on its own connection (bunqueue's TS `QueueEvents` does the same): the
+server pushes event frames there without a `reqId`, which would only be noise among a
+connection's replies. It sends `Auth` (with a token) and `SubscribeEvents`, then reads events.
+When the connection breaks it reconnects and resubscribes with `since` set to the last event
+id it saw, so the server replays what the ring still holds (docs/protocol.md §17); `gap` on the
+first event after that says some events were lost in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgpack  # type: ignore[import-untyped]
+import zmq
+import zmq.asyncio
+
+from shardq.client._errors import ConnectionLost, error_from_reply
+from shardq.client._url import Endpoint, tls_context
+from shardq.protocol import FrameDecoder, encode_many
+
+__all__ = [
+    "AsyncEventCallbacks",
+    "AsyncEventStream",
+    "EventCallbacks",
+    "EventStream",
+    "QueueEvent",
+    "parse_event",
+]
+
+# bunqueue's wire names -> the names BullMQ's (and bunqueue's TS) QueueEvents emit.
+BULLMQ_NAMES: Final = {"pushed": "waiting", "pulled": "active"}
+RECONNECT_ATTEMPTS: Final = 10  # then the iterator raises ConnectionLost
+RECONNECT_FIRST_S: Final = 0.1
+RECONNECT_MAX_S: Final = 2.0
+_SUBSCRIBE_REQ: Final = "subscribe"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEvent:
+    """One job event. `type` is bunqueue's `eventType` (`pushed`, `pulled`, `completed` ...),
+    `name` the BullMQ name (`waiting`, `active`, `completed` ...); `data` is the result of a
+    completed job, `{progress, message}` for progress; `error` and `terminal` come with failed
+    (terminal False: the job is retried), `prev` with removed and retried, `delay` with delayed.
+    `id` is the server's event id; `gap` is True on the first event after a reconnect whose
+    missed events the server no longer held."""
+
+    type: str
+    queue: str
+    job_id: str
+    timestamp: float
+    id: int | None = None
+    data: Any = None
+    error: str | None = None
+    progress: Any = None
+    prev: str | None = None
+    delay: int | None = None
+    terminal: bool | None = None
+    gap: bool = False
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return BULLMQ_NAMES.get(self.type, self.type)
+
+    def matches(self, name: str) -> bool:
+        """Whether a listener registered for `name` (either naming, or "*") wants this."""
+        return name in ("*", self.type, self.name)
+
+
+def parse_event(frame: Mapping[str, Any], gap: bool = False) -> QueueEvent | None:
+    """The event a server frame carries, or None for a frame that is not a valid event."""
+    event = frame.get("event")
+    if frame.get("type") != "event" or not isinstance(event, dict):
+        return None
+    kind, queue, job_id = event.get("eventType"), event.get("queue"), event.get("jobId")
+    if not (isinstance(kind, str) and isinstance(queue, str) and isinstance(job_id, str)):
+        return None
+    event_id = frame.get("id")
+    return QueueEvent(
+        type=kind,
+        queue=queue,
+        job_id=job_id,
+        timestamp=float(event.get("timestamp") or 0),
+        id=event_id if isinstance(event_id, int) else None,
+        data=event.get("data"),
+        error=event.get("error"),
+        progress=event.get("progress"),
+        prev=event.get("prev"),
+        delay=event.get("delay"),
+        terminal=event.get("terminal"),
+        gap=gap,
+        raw=event,
+    )
+
+
+class _Feed:
+    """The sans-IO part of a subscription: the commands it sends and what frames mean."""
+
+    def __init__(self, queue: str | None, token: str | None) -> None:
+        self.queue = queue
+        self.token = token
+        self.last_id: int | None = None
+        self.subscribed = False
+        self._gap = False
+
+    def hello(self) -> list[dict[str, Any]]:
+        """What a (re)connect sends: Auth, then SubscribeEvents (from the last id seen)."""
+        self.subscribed = False
+        out: list[dict[str, Any]] = []
+        if self.token:
+            out.append({"cmd": "Auth", "token": self.token, "reqId": "auth"})
+        sub: dict[str, Any] = {"cmd": "SubscribeEvents", "reqId": _SUBSCRIBE_REQ}
+        if self.queue is None:
+            sub["all"] = True
+        else:
+            sub["queue"] = self.queue
+        if self.last_id is not None:
+            sub["since"] = self.last_id
+        out.append(sub)
+        return out
+
+    def take(self, frame: object) -> QueueEvent | None:
+        """An event, or None (a reply). Raises the server's error if the subscription or
+        its Auth was refused."""
+        if not isinstance(frame, dict):
+            return None
+        if "reqId" in frame:
+            if not frame.get("ok"):
+                raise error_from_reply(frame)
+            if frame["reqId"] == _SUBSCRIBE_REQ:
+                self.subscribed = True
+                self._gap = bool(frame.get("gap"))
+            return None
+        event = parse_event(frame, self._gap)
+        if event is not None:
+            self._gap = False
+            if event.id is not None:
+                self.last_id = event.id
+        return event
+
+
+def _pack_zmq(commands: list[dict[str, Any]]) -> list[bytes]:
+    return [msgpack.packb(c, use_bin_type=True) for c in commands]
+
+
+# -- blocking -------------------------------------------------------------------------------
+
+
+class EventStream:
+    """A blocking iterator over a queue's events (`Queue.events()`); `queue=None` follows
+    every queue. Iterating blocks until an event comes; `get(timeout)` returns None instead
+    once `timeout` seconds pass. Raises `ConnectionLost` after `RECONNECT_ATTEMPTS` failed
+    reconnects, and the server's error if it refuses the subscription."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        queue: str | None,
+        token: str | None = None,
+        *,
+        connect_timeout: float = 5.0,
+        since: int | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self._feed = _Feed(queue, token)
+        self._feed.last_id = since
+        self._connect_timeout = connect_timeout
+        self._sock: socket.socket | None = None
+        self._dealer: zmq.Socket[Any] | None = None
+        self._decoder = FrameDecoder()
+        self._ready: deque[QueueEvent] = deque()
+        self.closed = False
+
+    def __enter__(self) -> EventStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[QueueEvent]:
+        return self
+
+    def __next__(self) -> QueueEvent:
+        while True:
+            if self.closed:
+                raise StopIteration
+            event = self.get(1.0)
+            if event is not None:
+                return event
+
+    @property
+    def last_id(self) -> int | None:
+        return self._feed.last_id
+
+    def subscribe(self) -> None:
+        """Connect and subscribe now (iteration does it on first use). Raises as `get`."""
+        self._ensure()
+        deadline = time.monotonic() + self._connect_timeout
+        while not self._feed.subscribed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConnectionLost(f"no SubscribeEvents reply from {self.endpoint}")
+            self._read(left)
+
+    def get(self, timeout: float | None = None) -> QueueEvent | None:
+        """The next event, or None after `timeout` seconds (None: wait for ever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready:
+            if self.closed:
+                return None
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            try:
+                self._ensure()
+                self._read(1.0 if left is None else min(left, 1.0))
+            except (OSError, zmq.ZMQError, ConnectionLost):
+                self._reconnect()
+        return self._ready.popleft()
+
+    def _ensure(self) -> None:
+        if self._sock is None and self._dealer is None:
+            self._open()
+
+    def _open(self) -> None:
+        hello = self._feed.hello()
+        if self.endpoint.scheme == "zmq":
+            dealer: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(self.endpoint.zmq_address)
+            for body in _pack_zmq(hello):
+                dealer.send(body)
+            self._dealer = dealer
+            return
+        sock = socket.create_connection(
+            (self.endpoint.host, self.endpoint.port), timeout=self._connect_timeout
+        )
+        if self.endpoint.tls:
+            sock = tls_context().wrap_socket(sock, server_hostname=self.endpoint.host)
+        sock.sendall(encode_many(hello))
+        self._decoder = FrameDecoder()
+        self._sock = sock
+
+    def _read(self, timeout: float) -> None:
+        if self._dealer is not None:
+            if self._dealer.poll(int(timeout * 1000)):
+                self._take(msgpack.unpackb(self._dealer.recv_multipart()[-1], raw=False))
+            return
+        assert self._sock is not None
+        self._sock.settimeout(timeout)
+        try:
+            data = self._sock.recv(1 << 16)
+        except TimeoutError:
+            return
+        if not data:
+            raise ConnectionLost(f"the server at {self.endpoint} closed the event connection")
+        for frame in self._decoder.feed(data):
+            self._take(frame)
+
+    def _take(self, frame: object) -> None:
+        event = self._feed.take(frame)
+        if event is not None:
+            self._ready.append(event)
+
+    def _reconnect(self) -> None:
+        self._drop()
+        delay = RECONNECT_FIRST_S
+        for _ in range(RECONNECT_ATTEMPTS):
+            if self.closed:
+                return
+            time.sleep(delay)
+            try:
+                self.subscribe()
+                return
+            except (OSError, zmq.ZMQError, ConnectionLost):
+                self._drop()
+                delay = min(delay * 2, RECONNECT_MAX_S)
+        raise ConnectionLost(f"cannot resubscribe to events at {self.endpoint}")
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._dealer is not None:
+            self._dealer.close(linger=0)
+            self._dealer = None
+
+    def close(self) -> None:
+        """Close the subscription connection. Idempotent."""
+        self.closed = True
+        self._drop()
+
+
+Listener = Callable[[QueueEvent], object]
+
+
+class EventCallbacks:
+    """`Queue.on(name, fn)`: a thread reads an `EventStream` and calls the listeners of each
+    event, in order. A listener that raises is skipped for that event (and the error kept in
+    `errors`, the last 100), never stops the others."""
+
+    def __init__(self, make_stream: Callable[[], EventStream]) -> None:
+        self._make_stream = make_stream
+        self._listeners: list[tuple[str, Listener]] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stream: EventStream | None = None
+        self.errors: deque[BaseException] = deque(maxlen=100)
+
+    def on(self, name: str, listener: Listener) -> None:
+        with self._lock:
+            self._listeners.append((name, listener))
+            if self._thread is None:
+                self._stream = self._make_stream()
+                self._stream.subscribe()  # events from now on are seen: raises here if refused
+                self._thread = threading.Thread(target=self._run, daemon=True, name="events")
+                self._thread.start()
+
+    def off(self, name: str, listener: Listener) -> None:
+        with self._lock:
+            if (name, listener) in self._listeners:
+                self._listeners.remove((name, listener))
+
+    def _run(self) -> None:
+        stream = self._stream
+        assert stream is not None
+        while not stream.closed:
+            try:
+                event = stream.get(0.2)
+            except Exception as e:  # the stream gave up: keep why, stop
+                self.errors.append(e)
+                return
+            if event is None:
+                continue
+            with self._lock:
+                listeners = [fn for name, fn in self._listeners if event.matches(name)]
+            for fn in listeners:
+                try:
+                    fn(event)
+                except Exception as e:
+                    self.errors.append(e)
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+# -- asyncio --------------------------------------------------------------------------------
+
+
+class AsyncEventStream:
+    """The asyncio twin of `EventStream`: `async for event in queue.events()`."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        queue: str | None,
+        token: str | None = None,
+        *,
+        connect_timeout: float = 5.0,
+        since: int | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self._feed = _Feed(queue, token)
+        self._feed.last_id = since
+        self._connect_timeout = connect_timeout
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._dealer: zmq.asyncio.Socket | None = None
+        self._decoder = FrameDecoder()
+        self._ready: deque[QueueEvent] = deque()
+        self.closed = False
+
+    async def __aenter__(self) -> AsyncEventStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __aiter__(self) -> AsyncEventStream:
+        return self
+
+    async def __anext__(self) -> QueueEvent:
+        event = await self.get()
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    @property
+    def last_id(self) -> int | None:
+        return self._feed.last_id
+
+    async def subscribe(self) -> None:
+        """Connect and subscribe now. Raises `ConnectionLost` or the server's refusal."""
+        if self._reader is None and self._dealer is None:
+            await self._open()
+        deadline = time.monotonic() + self._connect_timeout
+        while not self._feed.subscribed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConnectionLost(f"no SubscribeEvents reply from {self.endpoint}")
+            await self._read(left)
+
+    async def get(self, timeout: float | None = None) -> QueueEvent | None:
+        """The next event; None after `timeout` seconds, or once closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready:
+            if self.closed:
+                return None
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            try:
+                await self.subscribe()
+                await self._read(1.0 if left is None else min(left, 1.0))
+            except (OSError, zmq.ZMQError, ConnectionLost):
+                await self._reconnect()
+        return self._ready.popleft()
+
+    async def _open(self) -> None:
+        hello = self._feed.hello()
+        if self.endpoint.scheme == "zmq":
+            dealer = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(self.endpoint.zmq_address)
+            for body in _pack_zmq(hello):
+                await dealer.send_multipart([body])
+            self._dealer = dealer
+            return
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(
+                self.endpoint.host,
+                self.endpoint.port,
+                ssl=tls_context() if self.endpoint.tls else None,
+            ),
+            self._connect_timeout,
+        )
+        self._reader, self._writer = reader, writer
+        self._decoder = FrameDecoder()
+        writer.write(encode_many(hello))
+
+    async def _read(self, timeout: float) -> None:
+        if self._dealer is not None:
+            if await self._dealer.poll(int(timeout * 1000)):
+                body = (await self._dealer.recv_multipart())[-1]
+                self._take(msgpack.unpackb(body, raw=False))
+            return
+        assert self._reader is not None
+        try:
+            data = await asyncio.wait_for(self._reader.read(1 << 16), timeout)
+        except TimeoutError:
+            return
+        if not data:
+            raise ConnectionLost(f"the server at {self.endpoint} closed the event connection")
+        for frame in self._decoder.feed(data):
+            self._take(frame)
+
+    def _take(self, frame: object) -> None:
+        event = self._feed.take(frame)
+        if event is not None:
+            self._ready.append(event)
+
+    async def _reconnect(self) -> None:
+        self._drop()
+        delay = RECONNECT_FIRST_S
+        for _ in range(RECONNECT_ATTEMPTS):
+            if self.closed:
+                return
+            await asyncio.sleep(delay)
+            try:
+                await self.subscribe()
+                return
+            except (OSError, zmq.ZMQError, ConnectionLost):
+                self._drop()
+                delay = min(delay * 2, RECONNECT_MAX_S)
+        raise ConnectionLost(f"cannot resubscribe to events at {self.endpoint}")
+
+    def _drop(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = self._reader = None
+        if self._dealer is not None:
+            self._dealer.close(linger=0)
+            self._dealer = None
+
+    async def close(self) -> None:
+        """Close the subscription connection. Idempotent."""
+        self.closed = True
+        self._drop()
+
+
+class AsyncEventCallbacks:
+    """`await AsyncQueue.on(name, fn)`: a task reads an `AsyncEventStream` and calls the
+    listeners of each event in order (awaiting those that return awaitables). A listener that
+    raises is skipped for that event (the error kept in `errors`, the last 100)."""
+
+    def __init__(self, make_stream: Callable[[], AsyncEventStream]) -> None:
+        self._make_stream = make_stream
+        self._listeners: list[tuple[str, Listener]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._stream: AsyncEventStream | None = None
+        self.errors: deque[BaseException] = deque(maxlen=100)
+
+    async def on(self, name: str, listener: Listener) -> None:
+        self._listeners.append((name, listener))
+        if self._task is None:
+            self._stream = self._make_stream()
+            await self._stream.subscribe()
+            self._task = asyncio.get_running_loop().create_task(self._run(self._stream))
+
+    def off(self, name: str, listener: Listener) -> None:
+        if (name, listener) in self._listeners:
+            self._listeners.remove((name, listener))
+
+    async def _run(self, stream: AsyncEventStream) -> None:
+        while not stream.closed:
+            try:
+                event = await stream.get()
+            except Exception as e:  # the stream gave up: keep why, stop
+                self.errors.append(e)
+                return
+            if event is None:
+                return
+            for name, fn in list(self._listeners):
+                if not event.matches(name):
+                    continue
+                try:
+                    result = fn(event)
+                    if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                        await result
+                except Exception as e:
+                    self.errors.append(e)
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task

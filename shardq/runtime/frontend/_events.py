@@ -1,0 +1,255 @@
+"""Job events: SubscribeEvents, UnsubscribeEvents and TrimEvents, and the fan-out to subscribers.
+
+Shards build events only for queues someone listens to (`shard/_events.py`); this hub tells them
+which (`{"t": "listen", "all", "queues"}`, to every shard whenever the set changes and to a shard
+that comes back), numbers every event that arrives with a monotonic id, keeps the most recent
+`events_ring_size` of them for resumption, and writes each to the connections subscribed to its
+queue as bunqueue does: `{type: "event", event, id}` with no `reqId` (docs/protocol.md §17).
+
+A subscriber that does not read loses events, counted, once `events_subscriber_buffer_bytes`
+wait unread for it: the hub never buffers for it and never waits for it. In-process listeners
+(`add_listener`: webhooks, tests) get every event, with its id.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import structlog
+from msgpack import packb  # type: ignore[import-untyped]
+
+from shardq.core._options import validate_queue_name as check_queue_name
+from shardq.runtime._spec import ChildSpec
+
+__all__ = ["EventHub", "EventLimits", "EventSink"]
+
+Reply = dict[str, Any]
+Event = dict[str, Any]
+Listener = Callable[[int, Event], None]
+
+_log = structlog.get_logger()
+
+# The first id of a front end's lifetime: microseconds since the epoch at its start, so the
+# ids of a restarted front end stay above those of the one before (a resuming SSE client's
+# Last-Event-ID then never names an event of the new one by accident).
+_MICROS: Final = 1_000_000
+
+
+class EventSink(Protocol):
+    """A connection that can take server-initiated frames (TCP and ZeroMQ clients)."""
+
+    conn: str
+
+    def push_event(self, msg: dict[str, Any], frames: dict[str, bytes], limit: int) -> bool:
+        """Queue one event frame; False when it was dropped (the peer is not reading)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventLimits:
+    """The events settings of `ServerConfig` (see there); defaults are its own."""
+
+    ring_size: int = 10_000
+    ring_data_bytes: int = 1024
+    buffer_bytes: int = 1 << 20
+
+    @classmethod
+    def from_spec(cls, spec: ChildSpec) -> EventLimits:
+        return cls(
+            spec.events_ring_size,
+            spec.events_ring_data_bytes,
+            spec.events_subscriber_buffer_bytes,
+        )
+
+
+@dataclass(slots=True)
+class _Subscriber:
+    sink: EventSink
+    queue: str | None  # None: every queue (shardq's `all: true`)
+    dropped: int = 0
+
+
+class EventHub:
+    """Subscriptions, the ring of recent events, and the fan-out."""
+
+    def __init__(
+        self,
+        shards: int,
+        control: Callable[[int, dict[str, Any]], None],
+        answer: Callable[[Any, object, Reply], None],
+        limits: EventLimits = EventLimits(),
+    ) -> None:
+        ring_size = limits.ring_size
+        self._shards = shards
+        self._control = control
+        self._answer = answer
+        self.ring: deque[tuple[int, Event]] = (
+            deque(maxlen=ring_size) if ring_size else deque(maxlen=0)
+        )
+        self._buffer_bytes = limits.buffer_bytes
+        self._ring_data_bytes = limits.ring_data_bytes
+        self._ids = itertools.count(int(time.time() * _MICROS))
+        self.last_id = 0
+        self.subscribers: dict[str, _Subscriber] = {}
+        self._listeners: list[Listener] = []
+        self._listening: tuple[bool, tuple[str, ...]] = (False, ())
+        self.dropped = 0  # events not written to a subscriber that was not reading
+        self.handlers: dict[str, Callable[[Any, object, dict[str, Any]], None]] = {
+            "SubscribeEvents": self._subscribe,
+            "UnsubscribeEvents": self._unsubscribe,
+            "TrimEvents": self._trim,
+        }
+
+    # -- commands --------------------------------------------------------------------------
+
+    def _subscribe(self, client: Any, req: object, frame: dict[str, Any]) -> None:
+        every = frame.get("all") is True
+        queue = frame.get("queue")
+        if not every:
+            error = check_queue_name(queue)
+            if error is not None:
+                self._answer(client, req, {"ok": False, "error": error})
+                return
+        if not hasattr(client, "push_event"):
+            self._answer(client, req, {"ok": False, "error": "Events need a TCP or ZeroMQ client"})
+            return
+        # One subscription per connection, as bunqueue: a new one replaces the old one.
+        sub = _Subscriber(client, None if every else str(queue))
+        self.subscribers[client.conn] = sub
+        reply: Reply = {"ok": True}
+        since = frame.get("since")
+        replay: list[tuple[int, Event]] = []
+        if isinstance(since, int) and not isinstance(since, bool):
+            replay, gap = self._since(since, sub.queue)
+            reply["lastEventId"] = self.last_id
+            reply["gap"] = gap
+        self._answer(client, req, reply)
+        for event_id, event in replay:
+            self._deliver(sub, event_id, event, {})
+        self._update_listen()
+
+    def _since(self, since: int, queue: str | None) -> tuple[list[tuple[int, Event]], bool]:
+        """The ring's events after `since` for `queue`, and whether some may be missing (the
+        id is older than the oldest the ring still holds)."""
+        oldest = self.ring[0][0] if self.ring else self.last_id + 1
+        gap = since + 1 < oldest and since < self.last_id
+        return [
+            (i, e) for i, e in self.ring if i > since and (queue is None or e["queue"] == queue)
+        ], gap
+
+    def _unsubscribe(self, client: Any, req: object, frame: dict[str, Any]) -> None:
+        self.subscribers.pop(client.conn, None)
+        self._answer(client, req, {"ok": True})
+        self._update_listen()
+
+    def _trim(self, client: Any, req: object, frame: dict[str, Any]) -> None:
+        queue = frame.get("queue")
+        error = check_queue_name(queue)
+        keep = frame.get("maxLength")
+        if error is None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
+            error = "maxLength must be a non-negative integer"
+        if error is not None:
+            self._answer(client, req, {"ok": False, "error": error})
+            return
+        removed = self.trim(str(queue), int(keep or 0))
+        self._answer(client, req, {"ok": True, "data": {"removed": removed}})
+
+    def trim(self, queue: str, keep: int) -> int:
+        """Drop the ring's events of `queue` but its newest `keep`; return how many went."""
+        held = sum(1 for _, e in self.ring if e["queue"] == queue)
+        remove = max(held - keep, 0)
+        if remove:
+            left = remove
+            kept: list[tuple[int, Event]] = []
+            for item in self.ring:
+                if left and item[1]["queue"] == queue:
+                    left -= 1
+                    continue
+                kept.append(item)
+            self.ring.clear()
+            self.ring.extend(kept)
+        return remove
+
+    # -- connections and shards ------------------------------------------------------------
+
+    def forget(self, conn: str) -> None:
+        """The connection closed."""
+        if self.subscribers.pop(conn, None) is not None:
+            self._update_listen()
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener(id, event)` for every event of every queue; returns the remover."""
+        self._listeners.append(listener)
+        self._update_listen()
+
+        def remove() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+                self._update_listen()
+
+        return remove
+
+    def shard_up(self, shard: int) -> None:
+        """A shard (re)connected: a new shard knows nothing of who listens, and after a
+        restart of this front end a shard still follows the last one's subscribers."""
+        every, queues = self._listening
+        self._control(shard, {"t": "listen", "all": every, "queues": list(queues)})
+
+    def _update_listen(self) -> None:
+        every = bool(self._listeners) or any(s.queue is None for s in self.subscribers.values())
+        queues = () if every else tuple(sorted({str(s.queue) for s in self.subscribers.values()}))
+        if (every, queues) == self._listening:
+            return
+        self._listening = (every, queues)
+        msg = {"t": "listen", "all": every, "queues": list(queues)}
+        for shard in range(self._shards):
+            self._control(shard, msg)
+
+    # -- events in, frames out -------------------------------------------------------------
+
+    def on_events(self, items: object) -> None:
+        """A shard's `events` message. Never raises for a malformed item."""
+        for event in items if isinstance(items, list) else ():
+            if not (isinstance(event, dict) and isinstance(event.get("queue"), str)):
+                continue
+            event_id = next(self._ids)
+            self.last_id = event_id
+            self.ring.append((event_id, self._ring_copy(event)))
+            frames: dict[str, bytes] = {}
+            for sub in self.subscribers.values():
+                if sub.queue is None or sub.queue == event["queue"]:
+                    self._deliver(sub, event_id, event, frames)
+            for listener in self._listeners:
+                try:
+                    listener(event_id, event)
+                except Exception:
+                    _log.exception("event listener failed")
+
+    def _ring_copy(self, event: Event) -> Event:
+        """What the ring keeps of an event: a large `data` would make the ring's memory a
+        multiple of the results' sizes, so it is left out (`truncated: true`)."""
+        data = event.get("data")
+        if data is None or isinstance(data, int | float | bool):
+            return event
+        try:
+            size = len(packb(data, use_bin_type=True))
+        except (TypeError, ValueError, OverflowError):
+            size = self._ring_data_bytes + 1
+        if size <= self._ring_data_bytes:
+            return event
+        return {**{k: v for k, v in event.items() if k != "data"}, "truncated": True}
+
+    def _deliver(
+        self, sub: _Subscriber, event_id: int, event: Event, frames: dict[str, bytes]
+    ) -> None:
+        msg = {"type": "event", "event": event, "id": event_id}
+        if not sub.sink.push_event(msg, frames, self._buffer_bytes):
+            sub.dropped += 1
+            self.dropped += 1
+            if sub.dropped == 1 or sub.dropped % 10_000 == 0:
+                _log.warning("events dropped for a slow subscriber", conn=sub.sink.conn,
+                             dropped=sub.dropped)  # fmt: skip
