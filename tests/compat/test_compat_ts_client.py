@@ -1,7 +1,7 @@
 """bunqueue's own TypeScript client (`bunqueue/client`, run on Bun) against a real shardq.
 
 Each test runs one script of `ts/` (see `bun_scripts.py`) and checks what it reports. Two
-scripts that need lifecycle events are in `test_compat_ts_client_pending.py`.
+script that needs flows is in `test_compat_ts_client_pending.py`.
 """
 
 from __future__ import annotations
@@ -57,3 +57,10 @@ def test_rate_limited_worker(shared_server: ShardqServer) -> None:
     for a, b in combinations(range(6), 2):
         if b - a >= 2:  # three starts a, .., b inside one window would break the limit
             assert starts[b] - starts[a] >= 1000 - 50, starts  # 50 ms: two clocks' rounding
+
+
+def test_default_worker_reports_no_error(shared_server: ShardqServer) -> None:
+    """A Worker with default options subscribes to events at start: shardq answers, no error."""
+    got = run_script("default_worker", shared_server.tcp_address[1])
+    assert got["processed"] == 1
+    assert got["errors"] == []

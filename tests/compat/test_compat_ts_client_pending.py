@@ -1,9 +1,7 @@
-"""bunqueue's TypeScript client: the parts that need lifecycle events (issue 11, item 4).
+"""bunqueue's TypeScript client: `QueueEvents` together with `FlowProducer`.
 
-EXPECTED TO FAIL until `SubscribeEvents` is served (branch wt-events) and flows are served
-(branch wt-flows): a default TS `Worker` subscribes to events when it starts and reports the
-refusal as an `error` event, and `QueueEvents` cannot start at all. `strict=True`, so the day
-they pass the marker must go.
+EXPECTED TO FAIL until flows are served (branch wt-flows): the flow's parent is refused. With
+`strict=True`, the day it passes the marker must go.
 """
 
 from __future__ import annotations
@@ -12,14 +10,7 @@ import pytest
 from bun_scripts import run_script
 from conftest import ShardqServer
 
-PENDING = "SubscribeEvents (wt-events) and flows (wt-flows) are not merged yet"
-
-
-@pytest.mark.xfail(reason=PENDING, strict=True)
-def test_default_worker_reports_no_error(shared_server: ShardqServer) -> None:
-    got = run_script("default_worker", shared_server.tcp_address[1])
-    assert got["processed"] == 1
-    assert got["errors"] == []
+PENDING = "flows (wt-flows) are not merged yet"
 
 
 @pytest.mark.xfail(reason=PENDING, strict=True)
