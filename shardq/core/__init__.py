@@ -1,7 +1,8 @@
 """shardq's pure core: the queue engine. It does no I/O and never reads the clock."""
 
 from ._config import EngineConfig
-from ._engine import COMMANDS, Engine
+from ._engine import COMMANDS, INTERNAL_COMMANDS, Engine
+from ._flows import FLOW_NOTIFY, FLOW_RELEASE
 from ._ids import IdFactory
 from ._job import CompactJobs, Job
 from ._lifecycle import STATES, next_state
@@ -10,6 +11,9 @@ from ._query import job_view
 
 __all__ = [
     "COMMANDS",
+    "FLOW_NOTIFY",
+    "FLOW_RELEASE",
+    "INTERNAL_COMMANDS",
     "STATES",
     "CompactJobs",
     "Engine",

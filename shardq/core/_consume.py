@@ -340,8 +340,11 @@ class ConsumeOps(EngineState):
         or the job's own option when `remove` is None) or keep it in the bounded cache."""
         if self.dependents:
             self.release_dependents(job.id, now)
-        if job.opts and "repeat" in job.opts:
-            self.repeat_after(job, now)
+        if job.opts:
+            if "repeat" in job.opts:
+                self.repeat_after(job, now)
+            if "parentId" in job.opts:
+                self.child_finished(job, "completed", now)
         if remove is None and job.opts:
             remove = job.opts.get("removeOnComplete")
         if remove:

@@ -22,6 +22,7 @@ from shardq.errors import CommandError
 
 from ._control import ControlOps
 from ._cron import CronOps
+from ._flows import FLOW_NOTIFY, FLOW_RELEASE, FlowOps
 from ._introspect import IntrospectOps
 from ._limits import LimitOps
 from ._mutations import Mutation
@@ -30,7 +31,7 @@ from ._query import QueryOps
 from ._timers import TimerOps
 from ._validate import CHECKED_COMMANDS, check_fields
 
-__all__ = ["COMMANDS", "Engine"]
+__all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine"]
 
 Handler = Callable[[Mapping[str, Any], int], dict[str, Any]]
 
@@ -97,10 +98,23 @@ COMMANDS: Final[dict[str, str]] = {
     "RemoveDlqJob": "cmd_remove_dlq_job",
     "GetDlqStats": "cmd_get_dlq_stats",
     "Metrics": "cmd_queue_metrics",
+    "PUSHF": "cmd_pushf",
+    "GetChildrenValues": "cmd_get_children_values",
+    "GetFailedChildrenValues": "cmd_get_failed_children_values",
+    "GetIgnoredChildrenFailures": "cmd_get_ignored_children_failures",
+    "UpdateParent": "cmd_update_parent",
+    "MoveToWaitingChildren": "cmd_move_to_waiting_children",
+    "RemoveChildDependency": "cmd_remove_child_dependency",
+    "RemoveUnprocessedChildren": "cmd_remove_unprocessed_children",
+    FLOW_NOTIFY: "cmd_flow_notify",
+    FLOW_RELEASE: "cmd_flow_release",
 }
 
+INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE})
+"""Commands shards send each other through the front end; a client's are refused."""
 
-class Engine(CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps, IntrospectOps):
+
+class Engine(FlowOps, CronOps, LimitOps, TimerOps, ProduceOps, ControlOps, QueryOps, IntrospectOps):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -68,7 +68,7 @@ _BOOL_SET: Final = frozenset(_BOOL_OPTS)
 _LIST_SET: Final = frozenset(_LIST_OPTS)
 _OPTION_KEYS: Final = frozenset(
     (*_BOOL_OPTS, *_NULLABLE_OPTS, *_LIST_OPTS, "backoff", "dedup", "stackTraceLimit")
-)
+) | {"parentQueue"}  # shardq's: where a flow child's parent lives (docs/protocol.md §18)
 # The wire value of every option a push did not set.
 _WIRE_DEFAULTS: Final[dict[str, Any]] = {
     "backoff": DEFAULT_BACKOFF_MS,

@@ -16,7 +16,8 @@ Rules:
 | waiting          | pull→active, delay→delayed, dead→failed, ack→completed, remove, expire       |
 | delayed          | promote→waiting, delay→delayed, dead→failed, ack→completed, remove, expire   |
 | waiting-children | release→waiting, delay→delayed, dead→failed, remove                          |
-| active           | ack→completed, retry→delayed, requeue→waiting, dead→failed, remove            |
+| active           | ack→completed, retry→delayed, requeue→waiting, dead→failed, remove,           |
+|                  | park→waiting-children (MoveToWaitingChildren)                                |
 | completed        | revive→waiting, remove                                                       |
 | failed           | revive→waiting, remove                                                       |
 """
@@ -75,6 +76,7 @@ _TABLE: Final[dict[tuple[str, str], str]] = {
     (ACTIVE, "requeue"): WAITING,
     (ACTIVE, "dead"): FAILED,
     (ACTIVE, "remove"): REMOVED,
+    (ACTIVE, "park"): WAITING_CHILDREN,
     (COMPLETED, "revive"): WAITING,
     (COMPLETED, "remove"): REMOVED,
     (FAILED, "revive"): WAITING,

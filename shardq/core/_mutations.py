@@ -14,6 +14,8 @@ own, and their rows must not collide in the one SQLite file.
     ("qdel", name)            the queue was obliterated: its jobs and its config are gone
     ("cron", name, rec)       the whole record of one cron schedule (shardq.core._cron)
     ("crondel", name)         the schedule is gone (deleted, or its maxLimit was reached)
+    ("flow", key, notice)     a flow notice owed to a parent on another shard (shardq.core._flows)
+    ("flowdel", key)          the parent's shard acknowledged that notice
 
 A job record is the bunqueue wire `Job` map plus these engine fields:
 
@@ -84,6 +86,8 @@ def fold_mutations(
             crons[m[1]] = dict(m[2])
         elif kind == "crondel":
             crons.pop(m[1], None)
+        elif kind in ("flow", "flowdel"):
+            pass  # the outbox is not part of the job records this fold rebuilds
         else:
             raise ValueError(f"unknown mutation kind {kind!r}")
     return records, queues

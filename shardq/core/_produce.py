@@ -36,7 +36,8 @@ class ProduceOps(EngineState):
             error = check_repeat(cmd["repeat"])
         if error:
             raise CommandError(error)
-        self._check_deps(cmd.get("dependsOn"), set())
+        # A flow parent's children may live on other shards: its fan-in waits for them.
+        self._check_deps(cmd.get("dependsOn"), set(cmd.get("childrenIds") or ()))
         job_id = self.push_one(str(queue), cmd, custom_id_of(cmd.get("jobId")), now)
         return {"ok": True, "id": job_id}
 
@@ -94,7 +95,8 @@ class ProduceOps(EngineState):
                 if str(dep) == own:
                     raise CommandError(f"jobs[{index}]: Job cannot depend on itself: {dep}")
             try:
-                self._check_deps(entry.get("dependsOn"), batch_ids)
+                children = set(entry.get("childrenIds") or ())
+                self._check_deps(entry.get("dependsOn"), batch_ids | children)
             except CommandError as e:
                 raise CommandError(f"jobs[{index}]: {e}") from None
 

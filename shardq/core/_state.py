@@ -106,6 +106,10 @@ class EngineState:
         self.dlq_queues: set[str] = set()  # a superset of the queues whose DLQ holds entries
         # Jobs of durable pushes whose commit is not confirmed yet: never delivered (`hold`).
         self.held: set[str] = set()
+        # Notices to parents on other shards, not acknowledged yet, by key (`_flows`), and
+        # the keys added since the shard last took them.
+        self.flow_outbox: dict[str, dict[str, Any]] = {}
+        self.flow_new: list[str] = []
         self.out: list[Mutation] = []
         self.events: list[tuple[str, str, str]] = []
 
@@ -506,6 +510,8 @@ class EngineState:
         return job_id in self.dep_done
 
     def _blocked_by_deps(self, job: Job) -> bool:
+        if job.opts.get("childrenIds"):
+            return self.flow_blocked(job)
         deps = job.opts.get("dependsOn")
         if not deps:
             return False
@@ -521,8 +527,19 @@ class EngineState:
             child = self.jobs.get(child_id)
             if child is None or child.state != WAITING_CHILDREN:
                 continue
+            if child.opts.get("childrenIds"):
+                if not self.flow_blocked(child):
+                    self.requeue_or_delay(child, "release", now, {})
+                continue
             if all(self.is_completed(d) for d in child.opts.get("dependsOn") or ()):
                 self.requeue_or_delay(child, "release", now, {})
+
+    def flow_blocked(self, job: Job) -> bool:
+        """Whether a flow parent must wait for its children (`FlowOps`)."""
+        return False
+
+    def child_finished(self, job: Job, kind: str, now: int) -> None:
+        """A flow child completed or failed for good: tell its parent (`FlowOps`)."""
 
     def retain_completed(self, job: Job, pending: int = 0) -> None:
         """Keep memory and disk bounded: evict the oldest completed jobs (from both) and
@@ -580,6 +597,9 @@ class EngineState:
         """Send a job to its queue's DLQ (or drop it when removeOnFail says so)."""
         if remove is None:
             remove = job.opts.get("removeOnFail")
+        if job.opts and "parentId" in job.opts:
+            job.failed_reason = job.failed_reason or reason
+            self.child_finished(job, "failed", now)
         if remove:
             self.remove(job)
             return

@@ -107,6 +107,11 @@ class ServerConfig:
     # at most `storage_stall_ms` (then refuses durable pushes and serves on); at it the
     # shard waits for the writer whatever the time: its memory stays bounded.
     writer_backlog_max_bytes: int = 256 << 20
+    # -- flows (docs/protocol.md §18)
+    # A notice a child's shard owes a parent on another shard is sent again after this long
+    # without an acknowledgement: long enough for a restarting shard to come back without a
+    # storm of resends, short enough that a flow is not held up noticeably by one loss.
+    flow_resend_ms: int = 1_000
     # -- recovery (issue 10, section 6)
     # A starting child is killed once it has gone this long without reporting ready or
     # progress. A shard recovering a large database reports progress every second, so the
@@ -320,6 +325,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_db_bytes": _db_cap,
     # Above the 8 MiB past which a shard starts waiting for its writer (`shard/_process.py`).
     "writer_backlog_max_bytes": _ranged(16 << 20, 1 << 40),
+    "flow_resend_ms": _ranged(10, 600_000, ms=True),
     # -- recovery: at least a second, so that a child's progress reports can keep it alive.
     "ready_timeout_ms": _ranged(1000, ms=True),
     # -- bounds (issue 10 section 4)

@@ -38,6 +38,7 @@ class ChildSpec:
     storage_stall_ms: int = 5_000
     max_db_bytes: int = 0
     writer_backlog_max_bytes: int = 256 << 20
+    flow_resend_ms: int = 1_000  # ServerConfig's (see there)
     # -- bounds (issue 10 section 4): ServerConfig's, see there
     link_max_frame_bytes: int = 64 * 1024 * 1024
     max_connections: int = 10_000

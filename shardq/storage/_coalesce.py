@@ -90,6 +90,8 @@ class Plan:
     queues: dict[str, Record | None] = field(default_factory=dict)
     crons: dict[str, Record | None] = field(default_factory=dict)
     """Cron schedule records by name (None: delete the schedule)."""
+    flows: dict[str, Record | None] = field(default_factory=dict)
+    """Flow outbox notices by key (None: the parent acknowledged it)."""
     obliterated: dict[str, None] = field(default_factory=dict)
     """Queues whose stored jobs are deleted before `jobs` is written (an ordered set)."""
     skipped: int = 0
@@ -158,6 +160,8 @@ class _Folder:
             "qdel": self._qdel,
             "cron": self._cron,
             "crondel": self._crondel,
+            "flow": self._flow,
+            "flowdel": self._flowdel,
         }
 
     def _put(self, job_id: str, values: list[Any], rec: Part) -> None:
@@ -202,6 +206,12 @@ class _Folder:
     def _crondel(self, name: str, _a: None, _b: None) -> None:
         self.plan.crons[name] = None
 
+    def _flow(self, key: str, rec: Record, _b: None) -> None:
+        self.plan.flows[key] = rec
+
+    def _flowdel(self, key: str, _a: None, _b: None) -> None:
+        self.plan.flows[key] = None
+
     def _qdel(self, name: str, _a: None, _b: None) -> None:
         self.plan.queues[name] = None
         self.plan.obliterated[name] = None
@@ -221,6 +231,8 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "qdel": (str,),
     "cron": (str, dict),
     "crondel": (str,),
+    "flow": (str, dict),
+    "flowdel": (str,),
     "putb": (str, object, object, object, object, object, bytes),
     "updb": (str, bytes, dict),
 }
@@ -265,7 +277,7 @@ def _parse_general(index: int, mutation: object) -> _Op:
         return kind, job_id, [rec.get(name) for name in COLUMN_FIELDS], rec
     if kind == "upd":
         return kind, fields[0], None, fields[1]
-    if kind in ("queue", "cron"):
+    if kind in ("queue", "cron", "flow"):
         return kind, fields[0], fields[1], None
     if kind in ("putb", "updb"):  # well-formed ones took the fast path; this one is not
         raise StorageError(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")

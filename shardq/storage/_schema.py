@@ -160,10 +160,25 @@ def _v4_cron_jobs(db: Database) -> None:
     )
 
 
+def _v5_flows(db: Database) -> None:
+    # Flow notices a child's shard still owes a parent on another shard (shardq.core._flows),
+    # stored in the batch that finished the child and deleted once the parent's shard has
+    # committed them; `queue` is the child's, so each shard reloads only its own.
+    db.table("flow_outbox").create(
+        {"key": str, "queue": str, "rec": bytes}, pk="key", not_null={"queue", "rec"}
+    )
+
+
 Migration = Callable[[Database], None]
 
 # Append only. The database's schema version is the number of migrations applied to it.
-MIGRATIONS: list[Migration] = [_v1_initial, _v2_patch, _v3_narrow_indexes, _v4_cron_jobs]
+MIGRATIONS: list[Migration] = [
+    _v1_initial,
+    _v2_patch,
+    _v3_narrow_indexes,
+    _v4_cron_jobs,
+    _v5_flows,
+]
 
 
 def migrate(conn: sqlite3.Connection, db: Database) -> int:

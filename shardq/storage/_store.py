@@ -265,6 +265,13 @@ class Store:
             rows = self._conn.execute("SELECT rec FROM cron_jobs ORDER BY name").fetchall()
             return [decode(rec) for (rec,) in rows]
 
+    def load_flow_outbox(self) -> list[Record]:
+        """Every flow notice not acknowledged yet (docs/protocol.md §18). Raises
+        `StorageError` if the read fails."""
+        with self._reading("loading the flow outbox"):
+            rows = self._conn.execute("SELECT rec FROM flow_outbox ORDER BY key").fetchall()
+            return [decode(rec) for (rec,) in rows]
+
     def get_job(self, job_id: str) -> Record | None:
         """The stored record of `job_id`, or None. Raises `StorageError` if the read fails."""
         with self._reading(f"reading job {job_id!r}"):

@@ -108,6 +108,8 @@ def write_plan(
     written += _write_queues(conn, plan, pack)
     if plan.crons:
         written += _write_crons(conn, plan, pack)
+    if plan.flows:
+        written += _write_flows(conn, plan, pack)
     return written, known
 
 
@@ -234,6 +236,23 @@ def _write_crons(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
     dropped = [(name,) for name, rec in plan.crons.items() if rec is None]
     if dropped:
         written += conn.executemany("DELETE FROM cron_jobs WHERE name = ?", dropped).rowcount
+    return written
+
+
+_UPSERT_FLOW = (
+    "INSERT INTO flow_outbox (key, queue, rec) VALUES (?, ?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET queue = excluded.queue, rec = excluded.rec"
+)
+
+
+def _write_flows(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
+    written = 0
+    rows = [(k, str(r.get("cq")), pack(r)) for k, r in plan.flows.items() if r is not None]
+    if rows:
+        written += conn.executemany(_UPSERT_FLOW, rows).rowcount
+    dropped = [(key,) for key, rec in plan.flows.items() if rec is None]
+    if dropped:
+        written += conn.executemany("DELETE FROM flow_outbox WHERE key = ?", dropped).rowcount
     return written
 
 

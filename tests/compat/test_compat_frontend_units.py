@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardq.runtime.frontend._compat import children_values_reply, unsupported_push
+from shardq.runtime.frontend._compat import unsupported_push
 from shardq.runtime.frontend._metrics import Counters, metrics_reply
 from shardq.runtime.frontend._workers import WorkerRegistry
 
@@ -139,26 +139,18 @@ def test_metrics_counters() -> None:
     assert metrics_reply(counters, [stats[0], down], 1.0) == down
 
 
-def test_pushes_that_need_flows_or_groups_are_refused() -> None:
+def test_pushes_that_need_groups_are_refused_and_flows_pass() -> None:
     def refusal(name: str, cmd: dict[str, Any]) -> str | None:
         return unsupported_push(name, cmd)
 
     assert refusal("PUSH", {"data": {"name": "x"}, "dependsOn": ["a"], "childrenIds": []}) is None
-    assert refusal("PUSH", {"parentId": "p"}) == "Unsupported command: PUSH with parentId (flows)"
-    assert refusal("PUSH", {"childrenIds": ["c"]}) == (
-        "Unsupported command: PUSH with childrenIds (flows)"
-    )
-    assert refusal("PUSH", {"data": {"__parentId": "pending"}}) == (
-        "Unsupported command: PUSH with data.__parentId (flows)"
-    )
+    assert refusal("PUSH", {"parentId": "p"}) is None
+    assert refusal("PUSH", {"childrenIds": ["c"]}) is None
+    assert refusal("PUSH", {"data": {"__parentId": "pending"}}) is None
     assert refusal("PUSH", {"repeat": {"every": 5}}) is None  # the engine serves repeat
-    assert refusal("PUSHB", {"jobs": [{"data": 1}, {"parentId": "p"}]}) == (
-        "Unsupported command: PUSHB with parentId (flows)"
-    )
+    assert refusal("PUSHB", {"jobs": [{"data": 1}, {"parentId": "p"}]}) is None
     assert refusal("PUSHB", {"jobs": [{"data": 1}, {"data": 2, "groupId": "g"}]}) == (
         "Unsupported command: PUSHB with groupId (groups)"
     )
     assert refusal("PUSH", {"data": 1, "groupId": None}) is None
     assert refusal("PUSHB", {"jobs": "not a list"}) is None  # the engine gives its own error
-    assert children_values_reply("GetChildrenValues") == {"ok": True, "data": {"values": {}}}
-    assert children_values_reply("GetFailedChildrenValues") == {"ok": True, "values": {}}

@@ -1,9 +1,9 @@
 """bunqueue-client 0.1.5 against `shardq start`: session, monitoring, auth, and what is not there.
 
 Auth, Ping and Hello; Stats, Metrics and ListQueues; an `--auth-token` server that refuses every
-command before `Auth`; and the features of later issues (flows, webhooks), which must fail with
-`Unsupported command`, never succeed doing nothing. Cron and queue limits have their own tests
-(test_compat_cron.py, test_compat_limits.py).
+command before `Auth`; and the features of later issues (webhooks), which must fail with
+`Unsupported command`, never succeed doing nothing. Cron, queue limits and flows have their own
+tests (test_compat_cron.py, test_compat_limits.py, test_compat_flows.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from bunqueue import AuthError, CommandError, Connection, FlowProducer, Job, Queue
+from bunqueue import AuthError, CommandError, Connection, Job, Queue
 from compat_clients import Clients
 from shardq_harness import ShardqServer, poll_until
 from wire_clients import Tcp
@@ -94,48 +94,12 @@ def test_later_features_are_unsupported_not_faked(clients: Clients, qname: str) 
         "ListWebhooks": queue.list_webhooks,
         "RemoveWebhook": lambda: queue.remove_webhook("w1"),
         "SetWebhookEnabled": lambda: queue.set_webhook_enabled("w1", False),
-        "RemoveChildDependency": lambda: queue.remove_child_dependency("x"),
-        "RemoveUnprocessedChildren": lambda: queue.remove_unprocessed_children("x"),
     }
     for name, attempt in attempts.items():
         with pytest.raises(CommandError) as caught:
             attempt()
         assert str(caught.value) == f"Unsupported command: {name}"
     assert queue.count() == 0
-
-
-def test_flows_are_refused_whole(clients: Clients, qname: str) -> None:
-    queue = clients.queue(qname)
-    host, port = clients.server.tcp_address
-    flows = FlowProducer(host=host, port=port)
-    try:
-        with pytest.raises(
-            CommandError, match=r"Unsupported command: PUSH with parentId \(flows\)"
-        ):
-            flows.add(
-                {
-                    "name": "parent",
-                    "queueName": qname,
-                    "data": {},
-                    "children": [{"name": "child", "queueName": qname, "data": {"c": 1}}],
-                }
-            )
-        first = queue.add("first")
-        with pytest.raises(CommandError, match="Unsupported command: PUSH with childrenIds"):
-            flows.add_bulk_then(
-                [{"name": "p1", "queueName": qname}], {"name": "final", "queueName": qname}
-            )
-        # Nothing half-made is left: only the job pushed outside the flows remains.
-        assert [j.id for j in queue.get_jobs()] == [first.id]
-        with pytest.raises(CommandError, match="Unsupported command: PUSHB with parentId"):
-            queue.add_bulk([{"name": "ok"}, {"name": "child", "parent_id": first.id}])
-        assert queue.count() == 1
-        # A chain is plain dependsOn, which shardq has: it runs in order.
-        chain = flows.add_chain([{"name": f"s{i}", "queueName": qname} for i in range(3)])
-        assert queue.get_state(chain[0]) == "waiting"
-        assert [queue.get_state(i) for i in chain[1:]] == ["waiting-children"] * 2
-    finally:
-        flows.close()
 
 
 def test_auth_token_server(server_factory: Callable[..., ShardqServer]) -> None:

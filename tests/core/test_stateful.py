@@ -7,7 +7,9 @@ their connection and let the clock jump, in any order. After every step the mach
 at most one live lease per job, no job lost or duplicated, attempts never above maxAttempts,
 delayed jobs never ready early, a stale token never completes a job, one job per live custom
 id, and that the engine's counts and heaps agree with its records. Queue limits come and go:
-no pull ever takes a queue past its concurrency cap or its rate limit.
+no pull ever takes a queue past its concurrency cap or its rate limit. Flows come too (PUSHF or
+bunqueue-client 0.1.5's legacy sequence, each with a failure policy): a parent counts each
+child once, every finished child is counted, and a parent waits only while a child is pending.
 """
 
 from __future__ import annotations
@@ -19,12 +21,27 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shardq.core import Engine, EngineConfig
-from shardq.core._lifecycle import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING
+from shardq.core._lifecycle import (
+    ACTIVE,
+    COMPLETED,
+    DELAYED,
+    FAILED,
+    STATES,
+    WAITING,
+    WAITING_CHILDREN,
+)
 
 WORKERS = ("w0", "w1", "w2")
 QUEUES = ("qa", "qb")
 CUSTOM_IDS = ("order-1", "order-2", "order-3")
 CLOCK_JUMPS = (0, 1, 999, 1_001, 5_000, 29_999, 30_001, 120_000, 3_600_000)
+POLICIES = (
+    None,
+    "failParentOnFailure",
+    "ignoreDependencyOnFailure",
+    "removeDependencyOnFailure",
+    "continueParentOnFailure",
+)
 
 
 class EngineMachine(RuleBasedStateMachine):
@@ -41,6 +58,7 @@ class EngineMachine(RuleBasedStateMachine):
         # Queue limits in force: concurrency cap, and (limit, window, deliveries since set).
         self.caps: dict[str, int] = {}
         self.rates: dict[str, tuple[int, int, list[tuple[int, int]]]] = {}
+        self.parents: dict[str, tuple[list[str], str | None]] = {}  # id -> (children, policy)
         # Both queues start limited, so every run presses on the limits (`set_limits` changes
         # or clears them later).
         self.set_limits("qa", None, (2, 5_000))
@@ -113,6 +131,48 @@ class EngineMachine(RuleBasedStateMachine):
                 return  # idempotent: the live generation is returned, nothing is admitted
         self.pushed[job_id] = max_attempts
         self.gone.discard(job_id)
+
+    @rule(
+        parent_q=st.sampled_from(QUEUES),
+        child_qs=st.lists(st.sampled_from(QUEUES), min_size=1, max_size=3),
+        policy=st.sampled_from(POLICIES),
+        attempts=st.integers(1, 2),
+        atomic=st.booleans(),
+    )
+    def push_flow(
+        self,
+        parent_q: str,
+        child_qs: list[str],
+        policy: str | None,
+        attempts: int,
+        atomic: bool,
+    ) -> None:
+        opts: dict[str, Any] = {"maxAttempts": attempts, "backoff": 1_000}
+        if policy is not None:
+            opts[policy] = True
+        if atomic:
+            tag = f"f{len(self.parents)}"
+            children = [f"{tag}c{i}" for i in range(len(child_qs))]
+            nodes = [{"id": tag, "queue": parent_q, "input": {"childrenIds": children}}]
+            nodes += [
+                {"id": c, "queue": q, "input": {"data": c, "parentId": tag, **opts}}
+                for c, q in zip(children, child_qs, strict=True)
+            ]
+            assert self.apply({"cmd": "PUSHF", "jobs": nodes})["ok"]
+            parent = tag
+        else:
+            data = {"__parentId": "pending", "__parentQueue": parent_q}
+            base = {"cmd": "PUSH", "data": data, "parentId": "pending", **opts}
+            children = [self.apply({**base, "queue": q})["id"] for q in child_qs]
+            cmd = {"cmd": "PUSH", "queue": parent_q, "data": {}, "childrenIds": children,
+                   "dependsOn": children}  # fmt: skip
+            parent = self.apply(cmd)["id"]
+            for child in children:
+                reply = self.apply({"cmd": "UpdateParent", "childId": child, "parentId": parent})
+                assert reply["ok"], reply
+        for job_id in (parent, *children):
+            self.pushed[job_id] = self.engine.jobs[job_id].max_attempts
+        self.parents[parent] = (children, policy)
 
     @rule(
         worker=st.sampled_from(WORKERS),
@@ -251,7 +311,7 @@ class EngineMachine(RuleBasedStateMachine):
     def cancel(self, data: st.DataObject) -> None:
         job_id = data.draw(st.sampled_from(sorted(self.pushed)))
         job = self.engine.jobs.get(job_id)
-        queued = job is not None and job.state in (WAITING, DELAYED)
+        queued = job is not None and job.state in (WAITING, DELAYED, WAITING_CHILDREN)
         reply = self.apply({"cmd": "Cancel", "id": job_id})
         assert reply["ok"] == queued, reply
         if queued:
@@ -307,6 +367,28 @@ class EngineMachine(RuleBasedStateMachine):
         for job in self.engine.jobs.values():
             if job.state == DELAYED:
                 assert id(job.dkey) in delayed
+
+    @invariant()
+    def each_child_counted_once(self) -> None:
+        jobs = self.engine.jobs
+        for parent_id, (children, policy) in self.parents.items():
+            parent = jobs.get(parent_id)
+            if parent is None:
+                continue
+            values = parent.opts["childrenValues"]
+            pending = parent.opts["flowPending"]
+            assert set(values) <= set(children) and not set(values) & set(pending)
+            assert parent.children_completed == len(values), parent_id
+            for child_id in children:
+                child = jobs.get(child_id)
+                if child is not None and child.state == COMPLETED:
+                    assert child_id in values, f"{child_id} completed but not counted"
+                if child is not None and child.state == FAILED and policy is None:
+                    assert child_id in parent.opts["failedChildren"]
+            if parent.state == WAITING_CHILDREN:
+                assert pending, f"{parent_id} waits for nothing"
+            elif policy != "continueParentOnFailure" and parent.state != FAILED:
+                assert not pending, f"{parent_id} ran with children pending"
 
     @invariant()
     def one_job_per_custom_id(self) -> None:

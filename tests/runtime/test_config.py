@@ -117,6 +117,7 @@ VALID_TEXT = {
     "storage_stall_ms": "2000",
     "max_db_bytes": "2097152",
     "writer_backlog_max_bytes": "33554432",
+    "flow_resend_ms": "300",
     "ready_timeout_ms": "5000",
     # -- bounds (issue 10 section 4)
     "link_max_frame_bytes": "1048576",
@@ -180,6 +181,7 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         storage_stall_ms = 2000
         max_db_bytes = 2097152
         writer_backlog_max_bytes = 33554432
+        flow_resend_ms = 300
         ready_timeout_ms = 5000
         link_max_frame_bytes = 1048576
         max_connections = 50
@@ -259,6 +261,7 @@ def test_shards_auto_and_number() -> None:
         ("max_db_bytes", "4096"),
         ("max_db_bytes", "-1"),
         ("writer_backlog_max_bytes", "1048576"),
+        ("flow_resend_ms", "9"),
         ("ready_timeout_ms", "999"),
     ],
 )

@@ -20,8 +20,6 @@ from typing import Any, Final, Protocol
 from shardq.protocol import error_reply
 from shardq.runtime._clock import AnchoredClock
 from shardq.runtime.frontend._compat import (
-    CHILDREN_VALUE_COMMANDS,
-    children_values_reply,
     unsupported_push,
 )
 from shardq.runtime.frontend._metrics import (
@@ -81,7 +79,6 @@ class BunqueueCommands:
     def handlers(self) -> dict[str, LocalHandler]:
         """The commands answered here, by name."""
         table: dict[str, LocalHandler] = {name: self._worker for name in WORKER_COMMANDS}
-        table.update({name: self._children_values for name in CHILDREN_VALUE_COMMANDS})
         table["Metrics"] = self._metrics
         return table
 
@@ -108,9 +105,6 @@ class BunqueueCommands:
         name = frame["cmd"]
         reply = self.workers.handle(name, frame, client.conn, self._clock.now())
         self._answer(client, req, reply)
-
-    def _children_values(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
-        self._answer(client, req, children_values_reply(frame["cmd"]))
 
     def _metrics(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
         if self._route is not None and ("queue" in frame or "type" in frame):

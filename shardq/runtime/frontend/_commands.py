@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from shardq.core import COMMANDS
+from shardq.core import COMMANDS, INTERNAL_COMMANDS
 
 __all__ = [
     "BUNQUEUE_COMMANDS",
@@ -129,8 +129,8 @@ BUNQUEUE_COMMANDS: Final = frozenset(
     ]
 )
 
-ENGINE_COMMANDS: Final = frozenset(COMMANDS)
-"""What `Engine.apply` implements."""
+ENGINE_COMMANDS: Final = frozenset(COMMANDS) - INTERNAL_COMMANDS
+"""What `Engine.apply` implements for clients (the shards' own commands are not routed)."""
 
 SHARD_COMMANDS: Final = ENGINE_COMMANDS | {"WaitJob", "Stats"}
 """What a shard answers: the engine's commands plus the two the shard adds itself."""
@@ -160,6 +160,13 @@ ID_COMMANDS: Final = frozenset(
         "ClearLogs",
         "WaitJob",
         "RemoveJobDeduplicationKey",
+        "GetChildrenValues",
+        "GetFailedChildrenValues",
+        "GetIgnoredChildrenFailures",
+        "UpdateParent",
+        "MoveToWaitingChildren",
+        "RemoveChildDependency",
+        "RemoveUnprocessedChildren",
     ]
 )
 """Commands that name one job (by `id`, or `customId` for GetJobByCustomId) and no queue."""

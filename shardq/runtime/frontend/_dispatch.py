@@ -52,6 +52,7 @@ from shardq.runtime.frontend._commands import (
 )
 from shardq.runtime.frontend._cron import CronRoutes
 from shardq.runtime.frontend._events import EventHub, EventLimits
+from shardq.runtime.frontend._flows import FlowRoutes
 from shardq.runtime.frontend._limits import (
     PARKING_COMMANDS,
     Failures,
@@ -80,6 +81,8 @@ Reply = dict[str, Any]
 OnReply = Callable[[Reply], None]
 
 _ABSENT: Final = object()  # the frame had no reqId: the reply carries none either
+# The field naming the job, for the id commands that do not call it `id`.
+_ID_FIELDS: Final = {"GetJobByCustomId": "customId", "UpdateParent": "childId"}
 INVALID_COMMAND_NESTING: Final = "Invalid command: nested too deeply"
 # Connections whose failed Auth attempts are remembered (ZeroMQ peers never say goodbye).
 MAX_AUTH_FAILURE_RECORDS: Final = 100_000
@@ -244,6 +247,8 @@ class Dispatcher:
             "ListQueues": self._list_queues,
         }
         self._local.update(CronRoutes(self).handlers)
+        self.flows = FlowRoutes(self)
+        self._local.update(self.flows.handlers)
         # Workers, Metrics, flow-children reads and the flow push refusals.
         self.bunqueue = BunqueueCommands(
             self.answer, self._gather_all, rate_window_s, self.pending_per_shard, self._route
@@ -392,7 +397,7 @@ class Dispatcher:
             self._ask(0, client.conn, cmd, _Direct(self, client, req, name, 0))
 
     def _by_id(self, client: Client, req: object, name: str, cmd: dict[str, Any]) -> None:
-        key = cmd.get("customId" if name == "GetJobByCustomId" else "id")
+        key = cmd.get(_ID_FIELDS.get(name, "id"))
         shard = self.cache.get(key)
         if shard is not None:
             self._ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard))
@@ -561,6 +566,8 @@ class Dispatcher:
         elif kind == "shard-up":
             self.down.discard(msg.get("shard"))
             self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
+        elif kind == "flow":
+            self.flows.on_notices(msg)
         elif kind == "drained":
             self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
             if len(self.drained) >= self.shards:

@@ -73,6 +73,7 @@ def _ids(ids: object) -> list[object]:
 _LEARN: Final[dict[str, Callable[[Reply], list[object]]]] = {
     "PUSH": lambda r: [r.get("id")],
     "PUSHB": lambda r: _ids(r.get("ids")),
+    "PUSHF": lambda r: _ids([j.get("id") for j in r.get("data", {}).get("jobs", ())]),
     "PULL": lambda r: _job_id(r.get("job")),
     "PULLB": lambda r: _job_ids(r.get("jobs")),
     "GetJob": lambda r: _job_id(r.get("job")),
@@ -98,6 +99,11 @@ def shard_unavailable(shard: int) -> Reply:
     return {"ok": False, "error": f"{SHARD_UNAVAILABLE}: shard {shard} is restarting"}
 
 
+_CHILDREN_VALUES: Final = frozenset(
+    {"GetChildrenValues", "GetFailedChildrenValues", "GetIgnoredChildrenFailures"}
+)
+
+
 def is_found(name: str, reply: Reply) -> bool:
     """Whether a shard's reply to an id command shows that this shard holds the job.
 
@@ -115,6 +121,11 @@ def is_found(name: str, reply: Reply) -> bool:
     if name == "RemoveJobDeduplicationKey":  # an unknown id answers removed: false
         data = reply.get("data")
         return isinstance(data, Mapping) and data.get("removed") is True
+    if name in _CHILDREN_VALUES:
+        # Every shard answers values for any id (empty when it does not hold the parent).
+        data = reply.get("data")
+        values = data.get("values") if isinstance(data, Mapping) else reply.get("values")
+        return bool(values)
     if name == "GetLogs":
         data = reply.get("data")
         return isinstance(data, Mapping) and bool(data.get("count"))

@@ -22,9 +22,10 @@ from typing import Any, Final, TypeAlias
 
 import structlog
 
-from shardq.core import Engine, Mutation, Record, job_id_of
+from shardq.core import FLOW_NOTIFY, FLOW_RELEASE, Engine, Mutation, Record, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.runtime.shard._events import EventTap
+from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import release_memory
 from shardq.runtime.shard._salvage import names_job, pack_mutations
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
@@ -98,9 +99,10 @@ def _wait_timeout_error(value: object) -> str | None:
 class ShardCore:
     """The request side of one shard: engine, durable holds, long-polls, WaitJob, drain."""
 
-    def __init__(self, index: int, engine: Engine) -> None:
+    def __init__(self, index: int, engine: Engine, *, flow_resend_ms: int = 1_000) -> None:
         self.index = index
         self.engine = engine
+        self.flows = FlowRelay(index, engine, flow_resend_ms)
         self.seq = 0  # last `muts` seq sent to the writer
         self.committed = 0  # highest seq the writer confirmed
         self.draining = False
@@ -143,6 +145,7 @@ class ShardCore:
             "drain": self._on_drain,
             "writer-up": self._on_writer_up,
             "listen": lambda msg, now: self.events.listen(msg),
+            "flowack": self._on_flowack,
         }
 
     # -- inputs ----------------------------------------------------------------------------
@@ -189,6 +192,7 @@ class ShardCore:
             None if timer is None else max(timer, self._tick_after),
             self.polls.next_deadline(),
             self.waits.next_deadline(),
+            self.flows.next_deadline(),
         )
         due = [d for d in candidates if d is not None]
         if not due:
@@ -224,6 +228,9 @@ class ShardCore:
             out.extend(("writer", msg) for _, msg in self._unconfirmed)
             self._resend = False
         self._flush_mutations(out)
+        # After the batch that stores them: a notice never reaches a parent before the
+        # child's outcome it reports is on its way to disk.
+        out.extend(("front", msg) for msg in self.flows.take(now))
         out.extend(self.take_replies())
         if self.draining and not self._drained_sent and self.engine.active_count() == 0:
             out.append(("front", {"t": "drained", "shard": self.index}))
@@ -383,6 +390,8 @@ class ShardCore:
         if name == "CompactMemory":
             release_memory(self.engine)
             return {"ok": True}
+        if name in (FLOW_NOTIFY, FLOW_RELEASE):
+            return self._flow_command(conn, rid, cmd, now)
         reply, muts = self.engine.apply(cmd, now)
         if reply.get("ok") and _is_durable(name, cmd):
             self._absorb(muts, self.engine.last_events, durable=True)
@@ -394,6 +403,25 @@ class ShardCore:
             return None
         self._absorb(muts, self.engine.last_events)
         return reply
+
+    def _flow_command(
+        self, conn: str, rid: int, cmd: dict[str, Any], now: int
+    ) -> dict[str, Any] | None:
+        """A notice from another shard is answered (and so acknowledged) only once what it
+        changed is committed, like a durable push, but it is never dropped on a full disk: the
+        child's shard sends it again until then. A release wakes the long-polls it fed."""
+        reply, muts = self.engine.apply(cmd, now)
+        self._absorb(muts, self.engine.last_events)
+        if cmd.get("cmd") == FLOW_RELEASE:
+            return reply
+        self._durable.append([conn, rid, reply])
+        return None
+
+    def _on_flowack(self, msg: dict[str, Any], now: int) -> None:
+        keys = msg.get("keys")
+        if isinstance(keys, list):
+            self.flows.acked(keys)
+            self._absorb(self.engine.flow_acked(keys), ())
 
     def _apply(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         reply, muts = self.engine.apply(cmd, now)

@@ -68,7 +68,7 @@ class ShardProcess:
         # compact snapshots (`shard._wire`); the bytes are those of `_control.pack`.
         self._front_packer = FrontPacker()
         engine = Engine(EngineConfig(**spec.engine), compact_pulls=True)
-        self.core = ShardCore(spec.index, engine)
+        self.core = ShardCore(spec.index, engine, flow_resend_ms=spec.flow_resend_ms)
         self._memory = MemoryReturner(engine)
         self._stop = False
         self._spin_s = spec.spin_us / 1e6
@@ -189,6 +189,10 @@ class ShardProcess:
                 ]
                 recovered = self.core.recover(
                     progress.count(self._own(records)), queues, now, crons
+                )
+                outbox = store.load_flow_outbox()
+                self.core.engine.load_flow_outbox(
+                    n for n in outbox if shard_of(n["cq"], spec.shards) == spec.index
                 )
                 if floor is not None:
                     recovered += self._delete_stale(store.stale_completed(floor, names), now)

@@ -1,0 +1,236 @@
+"""How the front end carries flows between shards (docs/protocol.md §18).
+
+- **Notices.** A child's shard sends `{"t": "flow", "shard": i, "items": [[key, notice]]}`;
+  each notice goes to the shard of its parent's queue as an internal `FlowNotify`. That shard
+  answers once what the notice changed is committed, and only then is the child's shard told
+  `{"t": "flowack", "keys": [...]}`: it forgets the notice. Anything lost on the way (a shard
+  restarting, this process restarting) is sent again by the child's shard.
+- **PUSHF over several shards**, in two phases. Each shard gets its part as one PUSHF with
+  `_hold`: it admits all of its nodes or none, and keeps them from delivery. If every part
+  is admitted, each shard gets a `FlowRelease` and the flow starts; if one is refused, the
+  parts already admitted are cancelled (their jobs never ran) and the client gets the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from shardq.core import FLOW_NOTIFY, FLOW_RELEASE
+from shardq.runtime._routing import shard_of
+
+if TYPE_CHECKING:
+    from shardq.runtime.frontend._dispatch import Client, Dispatcher, Reply
+
+__all__ = ["FlowRoutes"]
+
+# The connection id of requests the front end makes for the shards themselves.
+_INTERNAL_CONN = "flows"
+
+
+def _ignore(_reply: Reply) -> None:
+    """A clean-up's reply: a job already gone is fine."""
+
+
+class FlowRoutes:
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._d = dispatcher
+        self.handlers = {
+            "PUSHF": self.pushf,
+            "RemoveUnprocessedChildren": self.remove_unprocessed,
+        }
+
+    # -- notices ---------------------------------------------------------------------------
+
+    def on_notices(self, msg: Mapping[str, Any]) -> None:
+        """Route a child's shard's notices to their parents' shards."""
+        d = self._d
+        origin, items = msg.get("shard"), msg.get("items")
+        if not isinstance(origin, int) or not isinstance(items, list):
+            return
+        by_shard: dict[int, list[list[Any]]] = {}
+        unrouted: list[list[Any]] = []
+        for item in items:
+            if isinstance(item, list) and len(item) == 2 and isinstance(item[1], Mapping):
+                queue = item[1].get("pq")
+                if isinstance(queue, str):
+                    by_shard.setdefault(shard_of(queue, d.shards), []).append(item)
+                else:
+                    unrouted.append(item)
+        for shard, part in by_shard.items():
+            self._notify([shard], origin, part)
+        if unrouted:
+            # A child that names its parent but not the parent's queue: only the shard that
+            # holds the parent applies it, and the notice is done once every shard answered.
+            self._notify(list(range(d.shards)), origin, unrouted)
+
+    def _notify(self, shards: list[int], origin: int, part: list[list[Any]]) -> None:
+        keys = [k for k, _ in part]
+        answers: list[Reply] = []
+
+        def answered(reply: Reply) -> None:
+            answers.append(reply)
+            if len(answers) == len(shards) and all(r.get("ok") for r in answers):
+                self._notified(origin, keys)
+
+        for shard in shards:
+            cmd = {"cmd": FLOW_NOTIFY, "items": [n for _, n in part], "_conn": _INTERNAL_CONN}
+            self._d._ask(shard, _INTERNAL_CONN, cmd, answered)
+
+    def _notified(self, origin: int, keys: list[Any]) -> None:
+        """Every shard that had to apply the notices committed them: the child's shard may
+        forget them. (A shard that did not answer ok gets them again, from a resend.)"""
+        d = self._d
+        if origin in d.down or not 0 <= origin < d.shards:
+            return
+        d._control[origin].append({"t": "flowack", "keys": keys})
+        d._schedule_flush()
+
+    # -- PUSHF -----------------------------------------------------------------------------
+
+    def pushf(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        d = self._d
+        frame["_conn"] = client.conn
+        parts = _split(frame.get("jobs"), d.shards)
+        if parts is None or len(parts) < 2:
+            # One shard holds it all (or the graph is malformed: any shard says why).
+            shard = next(iter(parts)) if parts else 0
+            d._ask(shard, client.conn, frame, partial(self._one_shard, client, req, shard))
+            return
+        _TwoPhase(self, client, req, frame, parts).start()
+
+    def _one_shard(self, client: Client, req: object, shard: int, reply: Reply) -> None:
+        self._d.learn("PUSHF", shard, reply)
+        self._d.answer(client, req, reply)
+
+
+    # -- RemoveUnprocessedChildren --------------------------------------------------------
+
+    def remove_unprocessed(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        """The parent's shard removes the children it holds; those it does not are cancelled
+        on their shards (if still queued) and the parent is told to stop waiting for them."""
+        d = self._d
+        frame["_conn"] = client.conn
+        parent = frame.get("id")
+
+        def done(found: int | None, reply: Reply) -> None:
+            elsewhere = reply.pop("elsewhere", None)
+            if found is None or not isinstance(elsewhere, list):
+                d.answer(client, req, reply)
+                return
+            d.cache.learn([parent], found)
+            _Cascade(self, client, req, str(parent), found, elsewhere).start()
+
+        shard = d.cache.get(parent)
+        if shard is not None or d.shards == 1:
+            owner = shard if shard is not None else 0
+            d._ask(owner, client.conn, frame, partial(done, owner))
+        else:
+            d._ask_all_first(client.conn, "RemoveUnprocessedChildren", frame, done)
+
+
+class _Cascade:
+    """Cancels a parent's children on other shards, then tells the parent, then answers."""
+
+    def __init__(
+        self,
+        routes: FlowRoutes,
+        client: Client,
+        req: object,
+        parent: str,
+        parent_shard: int,
+        children: list[Any],
+    ) -> None:
+        self._d = routes._d
+        self._client, self._req = client, req
+        self._parent, self._parent_shard = parent, parent_shard
+        self._children = [c for c in children if isinstance(c, str)]
+        self._left = len(self._children)
+
+    def start(self) -> None:
+        if not self._children:
+            self._d.answer(self._client, self._req, {"ok": True})
+        for child in self._children:
+            cancel = {"cmd": "Cancel", "id": child, "_conn": _INTERNAL_CONN}
+            answered = partial(self._cancelled, child)
+            self._d._ask_all_first(_INTERNAL_CONN, "Cancel", cancel, answered)
+
+    def _cancelled(self, child: str, found: int | None, reply: Reply) -> None:
+        if found is None or not reply.get("ok"):
+            self._one_done({"ok": True})  # running, finished or gone: it reports by itself
+            return
+        notice = {"parent": self._parent, "child": child, "kind": "failed", "policy": "remove"}
+        cmd = {"cmd": FLOW_NOTIFY, "items": [notice], "_conn": _INTERNAL_CONN}
+        self._d._ask(self._parent_shard, _INTERNAL_CONN, cmd, self._one_done)
+
+    def _one_done(self, _reply: Reply) -> None:
+        self._left -= 1
+        if self._left == 0:
+            self._d.answer(self._client, self._req, {"ok": True})
+
+
+class _TwoPhase:
+    """One PUSHF spread over several shards (see the module docstring)."""
+
+    def __init__(
+        self,
+        routes: FlowRoutes,
+        client: Client,
+        req: object,
+        frame: dict[str, Any],
+        parts: dict[int, list[Any]],
+    ) -> None:
+        self._routes = routes
+        self._d = routes._d
+        self._client = client
+        self._req = req
+        self._order = [str(e["id"]) for e in frame["jobs"]]
+        self._parts = parts
+        self._replies: dict[int, Reply] = {}
+
+    def start(self) -> None:
+        for shard, entries in self._parts.items():
+            cmd = {"cmd": "PUSHF", "jobs": entries, "_hold": True, "_conn": self._client.conn}
+            self._d._ask(shard, self._client.conn, cmd, partial(self._admitted, shard))
+
+    def _admitted(self, shard: int, reply: Reply) -> None:
+        self._replies[shard] = reply
+        if len(self._replies) < len(self._parts):
+            return
+        d = self._d
+        refused = next((r for r in self._replies.values() if not r.get("ok")), None)
+        for part_shard, part_reply in self._replies.items():
+            ids = [str(e["id"]) for e in self._parts[part_shard]]
+            if refused is None:
+                cmd = {"cmd": FLOW_RELEASE, "ids": ids, "_conn": _INTERNAL_CONN}
+                d._ask(part_shard, _INTERNAL_CONN, cmd, _ignore)
+                d.learn("PUSHF", part_shard, part_reply)
+            elif part_reply.get("ok"):
+                for job_id in ids:
+                    cancel = {"cmd": "Cancel", "id": job_id, "_conn": _INTERNAL_CONN}
+                    d._ask(part_shard, _INTERNAL_CONN, cancel, _ignore)
+        if refused is not None:
+            d.answer(self._client, self._req, refused)
+            return
+        jobs = {
+            j["id"]: j
+            for r in self._replies.values()
+            for j in r.get("data", {}).get("jobs", ())
+            if isinstance(j, Mapping)
+        }
+        ordered = [jobs[i] for i in self._order if i in jobs]
+        d.answer(self._client, self._req, {"ok": True, "data": {"jobs": ordered}})
+
+
+def _split(entries: object, shards: int) -> dict[int, list[Any]] | None:
+    """The nodes of a PUSHF by the shard of their queue, or None if one is malformed."""
+    if not isinstance(entries, list) or not entries:
+        return None
+    parts: dict[int, list[Any]] = {}
+    for index, entry in enumerate(entries):
+        queue = entry.get("queue") if isinstance(entry, Mapping) else None
+        if not isinstance(queue, str) or not isinstance(entry.get("id"), str):
+            return None
+        parts.setdefault(shard_of(queue, shards), []).append({**entry, "_index": index})
+    return parts
