@@ -1,7 +1,8 @@
 """bunqueue's own TypeScript client (`bunqueue/client`, run on Bun) against a real shardq.
 
-Each test runs one script of `ts/` (see `bun_scripts.py`) and checks what it reports. Two
-script that needs flows is in `test_compat_ts_client_pending.py`.
+Each test runs one script of `ts/` (see `bun_scripts.py`) and checks what it reports: `Queue`
+with options, `Worker` with retries, `upsertJobScheduler`, a rate-limited worker, a default
+`Worker` (which subscribes to events by itself), `QueueEvents` and `FlowProducer`.
 """
 
 from __future__ import annotations
@@ -64,3 +65,15 @@ def test_default_worker_reports_no_error(shared_server: ShardqServer) -> None:
     got = run_script("default_worker", shared_server.tcp_address[1])
     assert got["processed"] == 1
     assert got["errors"] == []
+
+
+def test_queue_events_and_flow_producer(shared_server: ShardqServer) -> None:
+    """QueueEvents sees completions; a FlowProducer tree runs its children before its parent."""
+    got = run_script("events_flows", shared_server.tcp_address[1])
+    assert got["done"] is True
+    order = got["processed"]
+    assert sorted(order) == ["child-a", "child-b", "parent", "single"]
+    assert order.index("parent") > max(order.index("child-a"), order.index("child-b"))
+    assert got["completedEvents"] >= 4
+    assert got["parentState"] == "completed"
+    assert got["eventErrors"] == [] and got["workerErrors"] == []
