@@ -94,6 +94,8 @@ def parse_event(frame: Mapping[str, Any], gap: bool = False) -> QueueEvent | Non
     if not (isinstance(kind, str) and isinstance(queue, str) and isinstance(job_id, str)):
         return None
     event_id = frame.get("id")
+    if isinstance(event_id, float) and event_id.is_integer():
+        event_id = int(event_id)  # the TCP port sends ids beyond 32 bits as floats (§21.5)
     return QueueEvent(
         type=kind,
         queue=queue,

@@ -42,6 +42,9 @@ class EngineConfig:
     # Groups of one queue that may hold settings (pause, limits) at once: their settings are
     # saved with the queue's on every change, so this bounds that write; bunqueue has no cap.
     max_configured_groups: int = 10_000
+    # Minutes of finished-job counts kept per queue and outcome for queue-scoped Metrics:
+    # bunqueue's maxMetricDataPoints (two weeks); at most ~1 MB per busy queue.
+    max_metric_minutes: int = 20_160
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:

@@ -75,6 +75,10 @@ class ControlOps(EngineState):
         error = check_number(cmd.get("delay"), "delay", 0, 365 * 86_400_000)
         if error:
             raise CommandError(error)
+        if job.state == WAITING:
+            # bunqueue 2.9.5 refuses this; 2.8 delayed the job, and bunqueue-client 0.1.5's
+            # move_to_delayed relies on it (docs/protocol.md §21.4).
+            return self.cmd_change_delay(cmd, now)
         if job.state != ACTIVE:
             raise CommandError(f"Job is not active (current state: {job.public_state()})")
         self._check_token(job, cmd.get("token"))

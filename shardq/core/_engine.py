@@ -24,6 +24,7 @@ from ._control import ControlOps
 from ._cron import CronOps
 from ._flows import FLOW_NOTIFY, FLOW_RELEASE, FlowOps
 from ._group_ops import GROUP_COMMANDS, GroupOps
+from ._introspect import IntrospectOps
 from ._mutations import Mutation
 from ._produce import ProduceOps
 from ._query import QueryOps
@@ -99,6 +100,12 @@ COMMANDS: Final[dict[str, str]] = {
     "ListWebhooks": "cmd_list_webhooks",
     "SetWebhookEnabled": "cmd_set_webhook_enabled",
     "WebhookSync": "cmd_webhook_sync",
+    "GetDeduplicationJobId": "cmd_get_deduplication_job_id",
+    "RemoveDeduplicationKey": "cmd_remove_deduplication_key",
+    "RemoveJobDeduplicationKey": "cmd_remove_job_deduplication_key",
+    "RemoveDlqJob": "cmd_remove_dlq_job",
+    "GetDlqStats": "cmd_get_dlq_stats",
+    "Metrics": "cmd_queue_metrics",
     "PUSHF": "cmd_pushf",
     "GetChildrenValues": "cmd_get_children_values",
     "GetFailedChildrenValues": "cmd_get_failed_children_values",
@@ -114,7 +121,17 @@ COMMANDS: Final[dict[str, str]] = {
 INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE})
 """Commands shards send each other through the front end; a client's are refused."""
 
-class Engine(FlowOps, WebhookOps, CronOps, GroupOps, TimerOps, ProduceOps, ControlOps, QueryOps):
+class Engine(
+    FlowOps,
+    WebhookOps,
+    CronOps,
+    GroupOps,
+    TimerOps,
+    ProduceOps,
+    ControlOps,
+    QueryOps,
+    IntrospectOps,
+):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from shardq.errors import CommandError
 
 from ._job import Job
-from ._lifecycle import ACTIVE, DELAYED, STATES, WAITING
+from ._lifecycle import ACTIVE, COMPLETED, DELAYED, STATES, WAITING
 from ._options import as_int
 from ._state import EngineState
 
@@ -21,6 +21,9 @@ def job_view(job: Job) -> dict[str, Any]:
     view["state"] = job.public_state()
     view["returnvalue"] = job.result if job.has_result else None
     view["failedReason"] = job.failed_reason
+    if job.state == COMPLETED:
+        # bunqueue reports a finished job as 100% done, whatever its handler last reported.
+        view["progress"] = 100
     return view
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from typing import Any, Final
 
+from ._finished import FinishedLog
 from ._groups import GroupTable
 from ._job import Job
 from ._lifecycle import STATES, WAITING
@@ -61,6 +62,12 @@ class QueueState:
     completed: int = 0
     # Job groups (`_groups`): None until a grouped job arrives or a group is configured.
     groups: GroupTable | None = None
+    # Jobs finished per minute (queue-scoped Metrics), made at the first finished job.
+    finished: FinishedLog | None = None
+
+    def start_finished(self) -> FinishedLog:
+        self.finished = FinishedLog()
+        return self.finished
 
     def config(self) -> dict[str, Any]:
         """The persisted controls of this queue (mutation `("queue", name, cfg)`)."""
@@ -144,4 +151,3 @@ class QueueState:
     def _owns(self, key: tuple[Any, ...]) -> bool:
         job = self.jobs.get(key[-1])
         return job is not None and job.hkey is key
-

@@ -409,6 +409,9 @@ class EngineState:
                 completed[job.id] = None
                 if job.opts:
                     self.release_unique(job)
+            finished = q.finished or q.start_finished()
+            at = jobs[0].completed_at or 0
+            finished.note("completed", len(jobs), at, self.config.max_metric_minutes)
         elif state == DELAYED:
             delayed = self.delayed
             for job in jobs:
@@ -422,6 +425,9 @@ class EngineState:
                 q.dlq[job.id] = None
                 if job.opts:
                     self.release_unique(job)
+            finished = q.finished or q.start_finished()
+            at = (jobs[0].dlq or {}).get("enteredAt") or 0
+            finished.note("failed", len(jobs), at, self.config.max_metric_minutes)
 
     def _maybe_compact_delayed(self) -> None:
         # Checked only when the heap doubles past its last compacted size, so a delayed push

@@ -23,6 +23,7 @@ from shardq.protocol._frames import (
     error_reply,
     req_id,
 )
+from shardq.protocol._jsnum import encode_js, js_numbers
 
 __all__ = [
     "FRAME_HEADER",
@@ -39,9 +40,11 @@ __all__ = [
     "check_command",
     "decode_body",
     "encode",
+    "encode_js",
     "encode_many",
     "error_reply",
     "frame_too_large",
+    "js_numbers",
     "req_id",
     "unknown_command",
 ]

@@ -228,7 +228,8 @@ def test_worker_registry(clients: Clients, qname: str) -> None:
     (entry,) = mine()
     assert entry["id"] == worker.worker_id and entry["name"] == worker.name
     assert entry["concurrency"] == 3 and entry["status"] == "active"
-    assert isinstance(entry["registeredAt"], int) and entry["uptime"] >= 0
+    # An epoch-ms time comes as a float on the TCP port, as bunqueue sends it (protocol §21.5).
+    assert isinstance(entry["registeredAt"], float) and entry["uptime"] >= 0
     job = queue.add("one")
     queue.wait_for_job(job.id, 10_000)
     # The worker's Heartbeat reports its counters.

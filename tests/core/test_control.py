@@ -245,9 +245,8 @@ def test_move_to_delayed_needs_the_token(d: Driver) -> None:
     assert error == f"Invalid or expired lock token for job {job_id}"
 
 
-@pytest.mark.parametrize(
-    "state", ["waiting", "prioritized", "delayed", "completed", "failed", "waiting-children"]
-)
+# A waiting or prioritized job is delayed instead (test_introspect_commands.py).
+@pytest.mark.parametrize("state", ["delayed", "completed", "failed", "waiting-children"])
 def test_move_to_delayed_refuses_inactive_jobs(d: Driver, state: str) -> None:
     job_id = _in_state(d, state)
     error = d.err({"cmd": "MoveToDelayed", "id": job_id, "delay": 10})

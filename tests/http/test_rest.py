@@ -175,14 +175,11 @@ def test_webhook_routes(api: Any) -> None:
         assert (answer.status, answer.json) == (400, {"ok": False, "error": "Webhook not found"})
 
 
-def test_features_not_served_yet_answer_501(api: Any) -> None:
-    for method, path, body in [
-        ("GET", "/storage", None),
-    ]:
-        answer = api(method, path, body)
-        assert answer.status == 501, (path, answer.text)
-        assert answer.json == {"ok": False, "error": answer.json["error"]}
-        assert answer.json["error"].startswith("Unsupported command: ")
+def test_storage_status_route(api: Any) -> None:
+    assert ok(api("GET", "/storage")) == {
+        "ok": True,
+        "data": {"diskFull": False, "error": None, "since": None},
+    }
 
 
 def test_unknown_paths_and_bad_bodies(api: Any, server: ShardqServer) -> None:

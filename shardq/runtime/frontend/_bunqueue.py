@@ -3,7 +3,8 @@
 - the worker registry (`_workers`): RegisterWorker, Heartbeat, UnregisterWorker,
   ListWorkers, and forgetting a closed connection's workers;
 - the legacy `Metrics` (`_metrics`): counters taken from the replies of the PUSH, PULL
-  and ACK commands on their way back, plus a `Stats` fan-out for the DLQ total;
+  and ACK commands on their way back, plus a `Stats` fan-out for the DLQ total; the
+  queue-scoped form goes on to the queue's shard;
 
 `BunqueueCommands` is plugged into the `Dispatcher`: its `handlers` join the front end's local
 commands and every shard command passes `before_route` first.
@@ -14,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from shardq.protocol import error_reply
 from shardq.runtime._clock import AnchoredClock
 from shardq.runtime.frontend._metrics import (
     COUNTED_COMMANDS,
@@ -41,6 +41,7 @@ class _Client(Protocol):
 
 Answer = Callable[[Any, object, Reply], None]
 GatherAll = Callable[[Any, dict[str, Any], Callable[[list[Reply]], None]], None]
+Route = Callable[[Any, object, str, dict[str, Any]], None]
 LocalHandler = Callable[[Any, object, dict[str, Any]], None]
 
 
@@ -57,8 +58,10 @@ class BunqueueCommands:
         gather_all: GatherAll,
         rate_window_s: int = 5,
         in_flight: Callable[[], list[int]] | None = None,
+        route: Route | None = None,
     ) -> None:
         self._answer = answer
+        self._route = route
         self._gather_all = gather_all
         self._in_flight = in_flight or (lambda: [])
         self.workers = WorkerRegistry()
@@ -92,9 +95,10 @@ class BunqueueCommands:
         self._answer(client, req, reply)
 
     def _metrics(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
-        if frame.get("queue") is not None or frame.get("type") is not None:
-            # The queue-scoped form reads a per-queue event journal shardq does not keep.
-            self._answer(client, req, error_reply("Unsupported command: Metrics (queue-scoped)"))
+        if self._route is not None and ("queue" in frame or "type" in frame):
+            # The queue-scoped form: the counts live with the queue, on its shard.
+            frame["_conn"] = client.conn
+            self._route(client, req, "Metrics", frame)
             return
         stats = {"cmd": "Stats"}
 

@@ -159,6 +159,7 @@ ID_COMMANDS: Final = frozenset(
         "Update",
         "ClearLogs",
         "WaitJob",
+        "RemoveJobDeduplicationKey",
         "GetChildrenValues",
         "GetFailedChildrenValues",
         "GetIgnoredChildrenFailures",

@@ -45,7 +45,7 @@ from shardq.protocol import (
 )
 from shardq.runtime import _clock
 from shardq.runtime._routing import shard_of
-from shardq.runtime.frontend._bunqueue import BunqueueCommands
+from shardq.runtime.frontend._bunqueue import BunqueueCommands, LocalHandler
 from shardq.runtime.frontend._commands import (
     BUNQUEUE_COMMANDS,
     ID_BATCH_COMMANDS,
@@ -260,11 +260,15 @@ class Dispatcher:
         self._local.update(self.flows.handlers)
         # Workers, Metrics, flow-children reads and the flow push refusals.
         self.bunqueue = BunqueueCommands(
-            self.answer, self._gather_all, rate_window_s, self.pending_per_shard
+            self.answer, self._gather_all, rate_window_s, self.pending_per_shard, self._route
         )
         self._local.update(self.bunqueue.handlers)
         self.events = EventHub(shards, self.control, self.answer, events)
         self._local.update(self.events.handlers)
+
+    def add_handlers(self, handlers: dict[str, LocalHandler]) -> None:
+        """Answer these commands in the front end (the process's own, e.g. monitoring)."""
+        self._local.update(handlers)
 
     @property
     def auth_required(self) -> bool:
@@ -491,6 +495,8 @@ class Dispatcher:
         gather = _Gather(self.shards, done)
         for shard in range(self.shards):
             self._ask(shard, client.conn, frame, partial(gather.part, shard))
+
+    gather_all = _gather_all  # the monitoring commands' CompactMemory asks every shard
 
     def learn(self, name: str, shard: int, reply: Reply) -> None:
         """Remember where the jobs a reply names live (only worth it with several shards)."""

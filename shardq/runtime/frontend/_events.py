@@ -122,6 +122,10 @@ class EventHub:
         self.subscribers[client.conn] = sub
         reply: Reply = {"ok": True}
         since = frame.get("since")
+        if isinstance(since, float) and since.is_integer():
+            # An event id beyond 32 bits reaches TCP clients as a float (protocol §21.5),
+            # and JS clients send it back as one.
+            since = int(since)
         replay: list[tuple[int, Event]] = []
         if isinstance(since, int) and not isinstance(since, bool):
             replay, gap = self._since(since, sub.queue)

@@ -118,6 +118,9 @@ def is_found(name: str, reply: Reply) -> bool:
         return reply.get("state") != "unknown"
     if name == "GetResult":
         return "result" in reply
+    if name == "RemoveJobDeduplicationKey":  # an unknown id answers removed: false
+        data = reply.get("data")
+        return isinstance(data, Mapping) and data.get("removed") is True
     if name in _CHILDREN_VALUES:
         # Every shard answers values for any id (empty when it does not hold the parent).
         data = reply.get("data")

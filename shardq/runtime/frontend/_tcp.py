@@ -25,6 +25,7 @@ Each cut is logged once per connection.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import os
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from typing import Any, Final, cast
 
 import structlog
 
-from shardq.protocol import DecodedFrame, FrameDecoder, encode
+from shardq.protocol import DecodedFrame, FrameDecoder, encode_js
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._limits import LogLimiter, RateWindow, rate_refusal
@@ -207,7 +208,7 @@ class TcpConnection(asyncio.Protocol):
             # Not from inside `send`: the dispatcher may be mid-way through a batch.
             self._resume_scheduled = True
             self._loop.call_soon(self._handle_held)
-        data = encode(reply)
+        data = encode_js(reply)  # bunqueue's JS clients read 64-bit ints as BigInt
         self._out.append(data)
         self._out_bytes += len(data)
         if self._out_bytes > self._backlog_check_at:
@@ -230,7 +231,8 @@ class TcpConnection(asyncio.Protocol):
             return False
         data = frames.get("tcp")
         if data is None:
-            data = frames["tcp"] = encode(msg)
+            # A copy: encode_js floats large ints in place, and the ZeroMQ frame keeps them.
+            data = frames["tcp"] = encode_js(copy.deepcopy(msg))
         self._out.append(data)
         self._out_bytes += len(data)
         if not self._flush_scheduled:

@@ -25,6 +25,7 @@ Reply = dict[str, Any]
 # A command's own wait (PULL's or WaitJob's `timeout`) comes on top of this.
 TIMEOUT_S: Final = 10.0
 CONNECT_TIMEOUT_S: Final = 2.0
+_MAX_SAFE: Final = 2**53  # beyond it a float's whole value is not the number that was meant
 _WILDCARDS: Final = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
@@ -73,7 +74,21 @@ class Backend:
             return [dict(error) for _ in commands]
         for reply in replies:
             reply.pop("reqId", None)  # the TCP envelope's, not part of the answer
-        return replies
+        return [_whole_numbers(reply) for reply in replies]
 
     async def close(self) -> None:
         await self._conn.close()
+
+
+def _whole_numbers(value: Any) -> Any:
+    """Floats that hold whole numbers as ints again: the TCP port sends large ones (epoch-ms
+    times) as floats for bunqueue's JS clients (docs/protocol.md §21.5), and JSON should read
+    `1796171053576`, as bunqueue's own HTTP answers do, not `1796171053576.0`."""
+    kind = type(value)
+    if kind is float:
+        return int(value) if value.is_integer() and abs(value) <= _MAX_SAFE else value
+    if kind is dict:
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if kind is list:
+        return [_whole_numbers(v) for v in value]
+    return value

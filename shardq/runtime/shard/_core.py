@@ -26,6 +26,7 @@ from shardq.core import FLOW_NOTIFY, FLOW_RELEASE, Engine, Mutation, Record, job
 from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
+from shardq.runtime.shard._memory import release_memory
 from shardq.runtime.shard._salvage import names_job, pack_mutations
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
 from shardq.storage import MutationEncoder, describe
@@ -387,6 +388,9 @@ class ShardCore:
             return self._wait_job(conn, rid, cmd, now)
         if name == "Stats":
             return self._stats(now)
+        if name == "CompactMemory":
+            release_memory(self.engine)
+            return {"ok": True}
         if name in (FLOW_NOTIFY, FLOW_RELEASE):
             return self._flow_command(conn, rid, cmd, now)
         reply, muts = self.engine.apply(cmd, now)

@@ -25,7 +25,7 @@ import structlog
 
 from shardq.core import Engine
 
-__all__ = ["MemoryReturner", "malloc_trim"]
+__all__ = ["MemoryReturner", "malloc_trim", "release_memory"]
 
 # Below this many jobs at the high-water mark a release is not worth its pause: what a
 # smaller backlog leaves behind is a few tens of MB.
@@ -65,6 +65,25 @@ def _rebuild(table: MutableMapping[Any, Any]) -> None:
     table.update(items)
 
 
+def release_memory(engine: Engine) -> bool:
+    """Collect, rebuild the engine's big tables at their size, and trim the C heap; whether
+    the heap could be trimmed. Also bunqueue's `CompactMemory` command."""
+    gc.collect()
+    tables: list[MutableMapping[Any, Any]] = [
+        engine.jobs,
+        engine.completed_order,
+        engine.results_order,
+        engine.unleased,
+        engine.leases,
+        engine.job_conn,
+    ]
+    for q in engine.queues.values():
+        tables += (q.ids, q.dlq)
+    for table in tables:
+        _rebuild(table)
+    return malloc_trim()
+
+
 class MemoryReturner:
     """Watches the engine's job count and releases memory once it has halved (see above)."""
 
@@ -84,21 +103,7 @@ class MemoryReturner:
     def release(self, held: int) -> None:
         """Collect, rebuild the engine's big tables at their size, and trim the C heap."""
         started = time.monotonic()
-        engine = self._engine
-        gc.collect()
-        tables: list[MutableMapping[Any, Any]] = [
-            engine.jobs,
-            engine.completed_order,
-            engine.results_order,
-            engine.unleased,
-            engine.leases,
-            engine.job_conn,
-        ]
-        for q in engine.queues.values():
-            tables += (q.ids, q.dlq)
-        for table in tables:
-            _rebuild(table)
-        trimmed = malloc_trim()
+        trimmed = release_memory(self._engine)
         _log.info(
             "memory released",
             jobs=held,

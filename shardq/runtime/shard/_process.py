@@ -398,6 +398,7 @@ class ShardProcess:
         except (TypeError, ValueError, OverflowError):
             msg = salvage_replies(msg, pack_reply)
             return pack_reply(msg), msg
+
     def _send_split(self, msg: dict[str, Any], block: bool) -> None:
         """A reply batch over the link's frame limit goes out in several frames: the front end
         refuses (and drops the link on) a larger one."""
@@ -437,7 +438,6 @@ class _Progress:
             self._next_log = now + LOG_PROGRESS_EVERY_S
             rate = loaded / max(now - self._started, 1e-9)
             _log.info("shard recovering", loaded=loaded, jobs_per_s=round(rate))
-
 
 
 def main(argv: Sequence[str] | None = None) -> int:
