@@ -1,10 +1,11 @@
 """`shardq worker module:app`: run every task of an app, in one or several processes.
 
-Each process runs one `AsyncWorker` per queue on one event loop, all with a `Dispatcher`
-handler (so the SDK's prefetch, batched ACKs, lease heartbeats and reconnects apply), and a
-thread pool for the sync tasks. With `processes > 1` the command forks that many children
-after importing the app (Celery's prefork, arq's and dramatiq's worker processes) and
-supervises them:
+Each process runs one `AsyncWorker` per queue on one event loop (so the SDK's prefetch,
+batched ACKs, lease heartbeats and reconnects apply): a queue whose tasks are all sync gets a
+`SyncDispatcher`, run in the SDK worker's own threads; a queue with async tasks gets a
+`Dispatcher` on the loop, with a thread pool for its sync tasks. With `processes > 1` the
+command forks that many children after importing the app (Celery's prefork, arq's and
+dramatiq's worker processes) and supervises them:
 
 - the first SIGTERM or SIGINT stops pulling, gives the prefetched jobs back to the queue and
   lets the running ones finish (up to `grace` seconds), then flushes the ACKs and exits 0;
