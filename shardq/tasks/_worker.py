@@ -1,10 +1,11 @@
 """`shardq worker module:app`: run every task of an app, in one or several processes.
 
-Each process runs one `AsyncWorker` per queue on one event loop, all with a `Dispatcher`
-handler (so the SDK's prefetch, batched ACKs, lease heartbeats and reconnects apply), and a
-thread pool for the sync tasks. With `processes > 1` the command forks that many children
-after importing the app (Celery's prefork, arq's and dramatiq's worker processes) and
-supervises them:
+Each process runs one `AsyncWorker` per queue on one event loop (so the SDK's prefetch,
+batched ACKs, lease heartbeats and reconnects apply): a queue whose tasks are all sync gets a
+`SyncDispatcher`, run in the SDK worker's own threads; a queue with async tasks gets a
+`Dispatcher` on the loop, with a thread pool for its sync tasks. With `processes > 1` the
+command forks that many children after importing the app (Celery's prefork, arq's and
+dramatiq's worker processes) and supervises them:
 
 - the first SIGTERM or SIGINT stops pulling, gives the prefetched jobs back to the queue and
   lets the running ones finish (up to `grace` seconds), then flushes the ACKs and exits 0;
@@ -37,7 +38,7 @@ import structlog
 from shardq.client import AsyncWorker, WorkerStats
 from shardq.errors import ShardqError
 from shardq.tasks._app import App
-from shardq.tasks._dispatch import DONE, FAILED, Counters, Dispatcher
+from shardq.tasks._dispatch import DONE, FAILED, Counters, Dispatcher, SyncDispatcher
 
 __all__ = ["WorkerSettings", "exit_now", "load_app", "run"]
 
@@ -165,7 +166,7 @@ async def _serve(
     executor = ThreadPoolExecutor(settings.concurrency * len(queues), "shardq-task")
     dispatcher = Dispatcher(app.tasks, executor, counters)
     workers = [
-        AsyncWorker(q, dispatcher, concurrency=settings.concurrency,
+        AsyncWorker(q, _handler(app, q, dispatcher, counters), concurrency=settings.concurrency,
                     url=settings.url or app.url, token=app.token, close_grace=settings.grace)
         for q in queues
     ]  # fmt: skip
@@ -180,6 +181,14 @@ async def _serve(
         executor.shutdown(wait=False, cancel_futures=True)
     _log.info("process stopped", **_summary(stats))
     return 0
+
+
+def _handler(app: App, queue: str, dispatcher: Dispatcher, counters: Counters) -> Any:
+    """The handler of `queue`'s worker: the sync one when every task sent there by default is
+    sync (the common case, and the fast one), else the loop's."""
+    if all(not t.is_async for t in app.tasks.values() if t.options.queue == queue):
+        return SyncDispatcher(app.tasks, counters, dispatcher, asyncio.get_running_loop())
+    return dispatcher
 
 
 class _Stopper:
