@@ -202,6 +202,10 @@ class WorkerRegistry:
         }
         return {"ok": True, "data": {"workers": workers, "stats": stats}}
 
+    def queues(self) -> frozenset[str]:
+        """Every queue some registered worker serves (what `skipIfNoWorker` asks about)."""
+        return frozenset(q for w in self._workers.values() for q in w.queues)
+
     def drop_conn(self, conn: str) -> int:
         """Forget every worker `conn` registered (it closed); return how many."""
         gone = [w.id for w in self._workers.values() if w.conn == conn]
