@@ -86,20 +86,22 @@ class BunqueueCommands:
 
     def connection_closed(self, conn: str) -> None:
         """`conn` closed: the workers it registered go with it (docs/protocol.md §2.6, step 2)."""
-        if self.workers.drop_conn(conn) and self.presence is not None:
-            self.presence.update(self.workers.queues())
+        self.workers.drop_conn(conn)
+        self._served_changed()
 
     # -- handlers --------------------------------------------------------------------------
 
     def _worker(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
         name = frame["cmd"]
-        before = len(self.workers)  # silent workers forgotten also change who serves a queue
         reply = self.workers.handle(name, frame, client.conn, self._clock.now())
-        if self.presence is not None and (
-            WorkerPresence.may_change(name) or len(self.workers) != before
-        ):
-            self.presence.update(self.workers.queues())
+        self._served_changed()
         self._answer(client, req, reply)
+
+    def _served_changed(self) -> None:
+        """Tell the shards when a queue gained its first worker or lost its last."""
+        if self.workers.served_changed and self.presence is not None:
+            self.workers.served_changed = False
+            self.presence.update(self.workers.queues())
 
     def _metrics(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
         if self._route is not None and ("queue" in frame or "type" in frame):

@@ -3,18 +3,16 @@
 The worker registry lives in the front end (`_workers`), the schedules in the shards. Rather
 than ask at every slot, the front end sends `{"t": "workers", "queues": [...]}` to every shard
 when the set of served queues changes, and to a shard that (re)connects, as `_events` does for
-listeners. Heartbeats and listings cannot change the set, so they cost nothing here.
+listeners. The registry counts workers per queue, so a registration that changes no queue's
+served state costs nothing here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 __all__ = ["WorkerPresence"]
-
-# Worker commands after which the set of served queues may have changed.
-_CHANGING: Final = frozenset({"RegisterWorker", "UnregisterWorker"})
 
 
 class WorkerPresence:
@@ -24,10 +22,6 @@ class WorkerPresence:
         self._shards = shards
         self._control = control
         self._queues: frozenset[str] = frozenset()
-
-    @staticmethod
-    def may_change(command: str) -> bool:
-        return command in _CHANGING
 
     def update(self, queues: frozenset[str]) -> None:
         if queues == self._queues:
