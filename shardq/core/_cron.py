@@ -26,6 +26,7 @@ from croniter import croniter
 
 from shardq.errors import CommandError
 
+from ._cronskip import WorkerPresence, too_soon
 from ._job import Job
 from ._mutations import Mutation, Record
 from ._options import is_number, validate_data, validate_queue_name
@@ -48,7 +49,9 @@ JOB_OPTION_KEYS: Final = (
     "removeOnFail",
 )
 # Fields of a record that are the engine's bookkeeping, not the schedule's definition.
-_WIRE_HIDDEN: Final = frozenset({"data", "lastJobId", "anchor", "createdAt", "jobOptions"})
+_WIRE_HIDDEN: Final = frozenset(
+    {"data", "lastJobId", "lastFiredAt", "anchor", "createdAt", "jobOptions"}
+)
 NOT_FOUND: Final = "Cron job not found"
 
 
@@ -122,6 +125,7 @@ def build_schedule(cmd: Mapping[str, Any], old: Record | None, now: int, max_cha
         "executions": old["executions"] if old else 0,
         "lastRun": old.get("lastRun") if old else None,
         "lastJobId": old.get("lastJobId") if old else None,
+        "lastFiredAt": old.get("lastFiredAt") if old else None,
         "anchor": now,
     }
     error = validate_job(job_fields(rec), max_chars)
@@ -162,6 +166,7 @@ class CronOps(TimerOps, ProduceOps):
         super().__init__(*args, **kwargs)
         self.crons: dict[str, Record] = {}
         self.cron_heap: list[tuple[int, str]] = []
+        self.workers = WorkerPresence()
 
     def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
         events, out = super().tick(now)
@@ -270,7 +275,8 @@ class CronOps(TimerOps, ProduceOps):
             self._drop(rec["name"])  # no future slot (30 February, past year 9999): it is over
             return
         fresh = rec["lastRun"] is None or slot > rec["lastRun"]
-        if fresh and not (missed and rec["skipMissedOnRestart"]):
+        skipped = missed and rec["skipMissedOnRestart"]
+        if fresh and not skipped and not self._skips(rec, slot, now):
             self._push_slot(rec, slot, now)
         rec["lastRun"] = slot if fresh else rec["lastRun"]
         rec["nextRun"] = after
@@ -279,6 +285,11 @@ class CronOps(TimerOps, ProduceOps):
             self._drop(rec["name"])
         else:
             self._save(rec)
+
+    def _skips(self, rec: Record, slot: int, now: int) -> bool:
+        if rec.get("skipIfNoWorker") and not self.workers.served(str(rec["queue"])):
+            return True
+        return too_soon(rec, slot, now)
 
     def _push_slot(self, rec: Record, slot: int, now: int) -> None:
         # The job's timestamp is the slot it stands for (even when fired late), so anyone can
@@ -290,6 +301,7 @@ class CronOps(TimerOps, ProduceOps):
         if self.seq != seq:  # a new job; otherwise the previous one still runs (overlap)
             rec["executions"] += 1
             rec["lastJobId"] = job_id
+            rec["lastFiredAt"] = now
             self.events.append(("cron", str(rec["queue"]), job_id))
 
     def load_crons(self, records: Iterable[Record], now: int, *, recover: bool = True) -> None:

@@ -22,12 +22,12 @@ from shardq.runtime.frontend._metrics import (
     memory_usage_mb,
     metrics_reply,
 )
+from shardq.runtime.frontend._presence import WorkerPresence
 from shardq.runtime.frontend._workers import WORKER_COMMANDS, WorkerRegistry
 
 __all__ = ["BunqueueCommands"]
 
 Reply = dict[str, Any]
-
 
 
 class _Client(Protocol):
@@ -67,6 +67,7 @@ class BunqueueCommands:
         self.workers = WorkerRegistry()
         self.counters = Counters(rate_window_s)
         self._clock = AnchoredClock()  # registry times are wall clock, but never jump
+        self.presence: WorkerPresence | None = None  # set by the dispatcher
 
     @property
     def handlers(self) -> dict[str, LocalHandler]:
@@ -86,13 +87,21 @@ class BunqueueCommands:
     def connection_closed(self, conn: str) -> None:
         """`conn` closed: the workers it registered go with it (docs/protocol.md §2.6, step 2)."""
         self.workers.drop_conn(conn)
+        self._served_changed()
 
     # -- handlers --------------------------------------------------------------------------
 
     def _worker(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
         name = frame["cmd"]
         reply = self.workers.handle(name, frame, client.conn, self._clock.now())
+        self._served_changed()
         self._answer(client, req, reply)
+
+    def _served_changed(self) -> None:
+        """Tell the shards when a queue gained its first worker or lost its last."""
+        if self.workers.served_changed and self.presence is not None:
+            self.workers.served_changed = False
+            self.presence.update(self.workers.queues())
 
     def _metrics(self, client: _Client, req: object, frame: dict[str, Any]) -> None:
         if self._route is not None and ("queue" in frame or "type" in frame):

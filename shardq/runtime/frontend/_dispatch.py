@@ -74,6 +74,7 @@ from shardq.runtime.frontend._merge import (
     shard_unavailable,
     sub_batch,
 )
+from shardq.runtime.frontend._presence import WorkerPresence
 from shardq.runtime.frontend._webhooks import WebhookRoutes
 from shardq.runtime.links._control import pack
 from shardq.runtime.links._stream import MAX_FRAME_BYTES, split_batch
@@ -264,6 +265,7 @@ class Dispatcher:
         )
         self._local.update(self.bunqueue.handlers)
         self.events = EventHub(shards, self.control, self.answer, events)
+        self.bunqueue.presence = WorkerPresence(shards, self.control)  # for skipIfNoWorker
         self._local.update(self.events.handlers)
 
     def add_handlers(self, handlers: dict[str, LocalHandler]) -> None:
@@ -575,6 +577,7 @@ class Dispatcher:
         elif kind == "shard-up":
             self.down.discard(msg.get("shard"))
             self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
+            self.bunqueue.presence.shard_up(msg.get("shard"))  # type: ignore[union-attr,arg-type]
         elif kind == "flow":
             self.flows.on_notices(msg)
         elif kind == "drained":

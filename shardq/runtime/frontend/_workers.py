@@ -99,6 +99,10 @@ class WorkerRegistry:
         self._seq = 0
         self._processed: int | float = 0
         self._failed: int | float = 0
+        # Registered workers per queue, so that who serves a queue (cron's skipIfNoWorker) is
+        # known without a scan; `served_changed` says a queue gained its first or lost its last.
+        self._serving: dict[str, int] = {}
+        self.served_changed = False
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -135,10 +139,13 @@ class WorkerRegistry:
             )
             self._seq += 1
             self._workers[worker_id] = worker
+            self._serve(worker.queues, 1)
             while len(self._workers) > self.capacity:
-                self._workers.popitem(last=False)
+                self._serve(self._workers.popitem(last=False)[1].queues, -1)
         else:
+            self._serve(worker.queues, -1)
             worker.queues = _queues(cmd.get("queues"))
+            self._serve(worker.queues, 1)
             worker.concurrency = _number(cmd.get("concurrency"), 1)
             if isinstance(hostname, str) and hostname:
                 worker.hostname = hostname
@@ -171,7 +178,7 @@ class WorkerRegistry:
         worker = self._get(cmd.get("workerId"))
         if worker is None:
             return {"ok": False, "error": WORKER_NOT_FOUND}
-        del self._workers[worker.id]
+        self._remove(worker.id)
         return {"ok": True, "data": {"removed": True}}
 
     def list_workers(self, now: int) -> Reply:
@@ -202,17 +209,35 @@ class WorkerRegistry:
         }
         return {"ok": True, "data": {"workers": workers, "stats": stats}}
 
+    def queues(self) -> frozenset[str]:
+        """Every queue some registered worker serves (what `skipIfNoWorker` asks about)."""
+        return frozenset(self._serving)
+
     def drop_conn(self, conn: str) -> int:
         """Forget every worker `conn` registered (it closed); return how many."""
         gone = [w.id for w in self._workers.values() if w.conn == conn]
         for worker_id in gone:
-            del self._workers[worker_id]
+            self._remove(worker_id)
         return len(gone)
 
     # -- internals -------------------------------------------------------------------------
 
     def _get(self, worker_id: object) -> _Worker | None:
         return self._workers.get(worker_id) if isinstance(worker_id, str) else None
+
+    def _remove(self, worker_id: str) -> None:
+        self._serve(self._workers.pop(worker_id).queues, -1)
+
+    def _serve(self, queues: list[str], step: int) -> None:
+        serving = self._serving
+        for queue in set(queues):  # a queue named twice by one worker counts once
+            count = serving.get(queue, 0) + step
+            if count > 0:
+                serving[queue] = count
+            else:
+                serving.pop(queue, None)
+            if (step > 0 and count == 1) or (step < 0 and count <= 0):
+                self.served_changed = True
 
     def _seen(self, worker: _Worker, now: int) -> None:
         worker.last_seen = now
@@ -224,4 +249,4 @@ class WorkerRegistry:
             oldest = next(iter(workers.values()))
             if now - oldest.last_seen <= FORGET_AFTER_MS:
                 return
-            del workers[oldest.id]
+            self._remove(oldest.id)

@@ -134,6 +134,7 @@ class ShardCore:
         self._woken: set[str] = set()
         self._finished: set[str] = set()
         self.polls = LongPolls()
+        engine.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
         self.waits = JobWaits()
         self.events = EventTap()  # job events, built only while the front end listens
         self._handlers: dict[str, Callable[[dict[str, Any], int], None]] = {
@@ -145,6 +146,7 @@ class ShardCore:
             "drain": self._on_drain,
             "writer-up": self._on_writer_up,
             "listen": lambda msg, now: self.events.listen(msg),
+            "workers": lambda msg, now: self.engine.workers.set_worker_queues(msg.get("queues")),
             "flowack": self._on_flowack,
         }
 
