@@ -1,9 +1,8 @@
-"""bunqueue-client 0.1.5 against `shardq start`: session, monitoring, auth, and what is not there.
+"""bunqueue-client 0.1.5 against `shardq start`: session, monitoring and auth.
 
 Auth, Ping and Hello; Stats, Metrics and ListQueues; an `--auth-token` server that refuses every
-command before `Auth`; and the features of later issues (webhooks), which must fail with
-`Unsupported command`, never succeed doing nothing. Cron, queue limits and flows have their own
-tests (test_compat_cron.py, test_compat_limits.py, test_compat_flows.py).
+command before `Auth`. Cron, queue limits, flows, webhooks, events and groups have their own
+tests (test_compat_cron.py, test_compat_limits.py, test_compat_flows.py, ...).
 """
 
 from __future__ import annotations

@@ -221,10 +221,6 @@ def test_transport_errors(connect: Callable[[], Tcp]) -> None:
     client.send_raw(encode({"reqId": "no-cmd", "queue": "q"}))
     assert client.wait("no-cmd") == {"ok": False, "error": "Invalid command"}
     assert client.call({"cmd": "Foo"}) == {"ok": False, "error": "Unknown command: Foo"}
-    assert client.call({"cmd": "CompactMemory"}) == {
-        "ok": False,
-        "error": "Unsupported command: CompactMemory",
-    }
     assert client.call({"cmd": "Auth", "token": "x"}) == {"ok": False, "error": "Invalid token"}
     assert client.call({"cmd": "Ping"})["data"]["pong"] is True  # still open after all that
 
