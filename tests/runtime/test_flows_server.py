@@ -64,6 +64,14 @@ def _state(conn: TcpConnection, job_id: str) -> str:
     return str(conn.call({"cmd": "GetState", "id": job_id})["state"])
 
 
+def _served(conn: TcpConnection, queues: list[str]) -> bool:
+    """True once every queue's shard answers: a restarted shard reports ready a few
+    milliseconds before the front end has linked to it again, and meanwhile its commands
+    answer `Shard unavailable`."""
+    replies = conn.call_many([{"cmd": "Count", "queue": q} for q in queues], check=False)
+    return all(reply.get("ok") for reply in replies)
+
+
 def test_a_flow_across_four_shards_completes_and_reads_its_childrens_values(
     shardq_server: Factory,
 ) -> None:
@@ -219,6 +227,7 @@ def test_a_shard_killed_mid_flow_still_counts_each_child_once(
             _work(conn, queue, lambda job: job["data"]["n"])
         server.wait_child_replaced(name, old)
     with TcpConnection(*server.tcp_address) as conn:
+        poll_until(lambda: _served(conn, [parent_q, *child_qs]), 10, "every shard linked again")
         for queue in child_qs[6:]:
             if victim == "child" and shard_of(queue, SHARDS) == 1:
                 _work(conn, queue, lambda job: job["data"]["n"])
