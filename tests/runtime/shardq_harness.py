@@ -329,7 +329,29 @@ class ShardqServer:
             return live if live is not None and live != old_pid and live in pids else None
 
         pid: int = poll_until(replaced, timeout, f"{name} to be replaced", detail=self.log_tail)
+        if name.startswith("shard-"):
+            # A shard reports ready a few milliseconds before the front end has linked to it
+            # again; until then its commands answer `Shard unavailable: ... restarting`.
+            poll_until(
+                lambda: self._relinked(int(name.split("-")[1]), pid),
+                timeout,
+                f"the front end to link {name} again",
+                detail=self.log_tail,
+            )
         return pid
+
+    def _relinked(self, index: int, pid: int) -> bool:
+        started = False
+        for line in self.logs(strict=False):
+            if line.get("event") == "child started" and line.get("child_pid") == pid:
+                started = True
+            elif (
+                started
+                and line.get("event") == "shard link reconnected"
+                and line.get("shard") == index
+            ):
+                return True
+        return False
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of this run's log, for failure messages."""

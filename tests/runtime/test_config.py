@@ -228,10 +228,6 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         webhook_max_pending = 50
         webhook_concurrency = 4
         webhook_sync_ms = 100
-        events_ring_size = 500
-        events_ring_data_bytes = 0
-        events_subscriber_buffer_bytes = 65536
-        events_max_streams = 10
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})

@@ -28,7 +28,8 @@ def _back_to_version_2(path: Path) -> None:
         conn.execute("CREATE INDEX idx_jobs_queue_state_seq ON jobs (queue, state, seq)")
         conn.execute("CREATE INDEX idx_jobs_state ON jobs (state)")
         conn.execute("DROP TABLE cron_jobs")  # version 4
-        conn.execute("DROP TABLE flow_outbox")  # version 5
+        conn.execute("DROP TABLE webhooks")  # version 5
+        conn.execute("DROP TABLE flow_outbox")  # version 6
         conn.execute("DELETE FROM migrations WHERE version >= 3")
         conn.execute("COMMIT")
     conn.close()
