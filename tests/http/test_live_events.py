@@ -77,7 +77,7 @@ def test_websocket_receives_a_jobs_events(server: ShardqServer) -> None:
     queue = _queue()
 
     async def receive(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
-        message = await asyncio.wait_for(ws.receive(), 10)
+        message = await asyncio.wait_for(ws.receive(), 30)  # a loaded CI machine is slow
         assert message.type == aiohttp.WSMsgType.TEXT, message
         body: dict[str, Any] = json.loads(message.data)
         return body

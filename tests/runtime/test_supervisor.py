@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -185,19 +187,24 @@ def test_a_second_signal_kills_every_child_and_exits_1(shardq_server: Factory) -
 
 
 def test_kill9_of_the_tree_then_a_restart_on_the_same_data(shardq_server: Factory) -> None:
-    first = shardq_server()
-    stale_run_dir = first.run_dir
-    killed = first.kill9_tree()
-    assert len(killed) == 4 and not any(_running(pid) for pid in killed)
-    assert stale_run_dir.exists()  # nobody could clean up
+    # A short data dir, so the run dir is `<data dir>/run-<pid>` (the sweep's case) whatever
+    # the test runner's temp path; under a long path it would be a temporary directory, which
+    # a restart does not sweep yet (a known leak after kill -9, noted in the issues).
+    short = Path(tempfile.mkdtemp(prefix="sq-", dir="/tmp"))
+    try:
+        first = shardq_server(data_dir=short / "data")
+        stale_run_dir = first.run_dir
+        assert stale_run_dir.parent == short / "data"
+        killed = first.kill9_tree()
+        assert len(killed) == 4 and not any(_running(pid) for pid in killed)
+        assert stale_run_dir.exists()  # nobody could clean up
 
-    second = shardq_server()  # same data dir, new ports
-    assert not stale_run_dir.exists()
-    # Normally this start removed it and says so; with the suite on several workers
-    # (pytest -n), another test's server start may have swept the same temp dir first.
-    swept_here = second.find_log("removed a stale run directory", path=str(stale_run_dir))
-    assert swept_here is not None or os.environ.get("PYTEST_XDIST_WORKER") is not None
-    assert second.stop() == 0
+        second = shardq_server(data_dir=short / "data")  # same data dir, new ports
+        assert second.find_log("removed a stale run directory", path=str(stale_run_dir))
+        assert not stale_run_dir.exists()
+        assert second.stop() == 0
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_a_long_data_dir_gets_a_short_run_dir(shardq_server: Factory, tmp_path: Path) -> None:
