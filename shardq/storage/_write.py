@@ -213,15 +213,29 @@ def _fold_stored(
         conn.executemany(_FOLDED, folded)
 
 
-def _write_queues(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
+def _write_keyed(
+    conn: sqlite3.Connection,
+    items: dict[str, Record | None],
+    upsert: str,
+    delete: str,
+    row: Callable[[str, Record], tuple[Any, ...]],
+) -> int:
+    """Upsert the records of `items` (a row each, from `row`) and delete the keys mapped to
+    None: the small keyed tables (queues, cron schedules, webhooks, the flow outbox)."""
     written = 0
-    configs = [(name, pack(cfg)) for name, cfg in plan.queues.items() if cfg is not None]
-    if configs:
-        written += conn.executemany(_UPSERT_QUEUE, configs).rowcount
-    dropped = [(name,) for name, cfg in plan.queues.items() if cfg is None]
+    rows = [row(key, rec) for key, rec in items.items() if rec is not None]
+    if rows:
+        written += conn.executemany(upsert, rows).rowcount
+    dropped = [(key,) for key, rec in items.items() if rec is None]
     if dropped:
-        written += conn.executemany(_DELETE_QUEUE, dropped).rowcount
+        written += conn.executemany(delete, dropped).rowcount
     return written
+
+
+def _write_queues(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
+    return _write_keyed(
+        conn, plan.queues, _UPSERT_QUEUE, _DELETE_QUEUE, lambda name, cfg: (name, pack(cfg))
+    )
 
 
 _UPSERT_CRON = (
@@ -231,14 +245,10 @@ _UPSERT_CRON = (
 
 
 def _write_crons(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
-    written = 0
-    rows = [(n, str(r.get("queue")), pack(r)) for n, r in plan.crons.items() if r is not None]
-    if rows:
-        written += conn.executemany(_UPSERT_CRON, rows).rowcount
-    dropped = [(name,) for name, rec in plan.crons.items() if rec is None]
-    if dropped:
-        written += conn.executemany("DELETE FROM cron_jobs WHERE name = ?", dropped).rowcount
-    return written
+    return _write_keyed(
+        conn, plan.crons, _UPSERT_CRON, "DELETE FROM cron_jobs WHERE name = ?",
+        lambda name, rec: (name, str(rec.get("queue")), pack(rec)),
+    )  # fmt: skip
 
 
 _UPSERT_WEBHOOK = (
@@ -247,14 +257,10 @@ _UPSERT_WEBHOOK = (
 
 
 def _write_webhooks(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
-    written = 0
-    rows = [(i, pack(r)) for i, r in plan.webhooks.items() if r is not None]
-    if rows:
-        written += conn.executemany(_UPSERT_WEBHOOK, rows).rowcount
-    dropped = [(i,) for i, rec in plan.webhooks.items() if rec is None]
-    if dropped:
-        written += conn.executemany("DELETE FROM webhooks WHERE id = ?", dropped).rowcount
-    return written
+    return _write_keyed(
+        conn, plan.webhooks, _UPSERT_WEBHOOK, "DELETE FROM webhooks WHERE id = ?",
+        lambda hook_id, rec: (hook_id, pack(rec)),
+    )  # fmt: skip
 
 
 _UPSERT_FLOW = (
@@ -264,14 +270,10 @@ _UPSERT_FLOW = (
 
 
 def _write_flows(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
-    written = 0
-    rows = [(k, str(r.get("cq")), pack(r)) for k, r in plan.flows.items() if r is not None]
-    if rows:
-        written += conn.executemany(_UPSERT_FLOW, rows).rowcount
-    dropped = [(key,) for key, rec in plan.flows.items() if rec is None]
-    if dropped:
-        written += conn.executemany("DELETE FROM flow_outbox WHERE key = ?", dropped).rowcount
-    return written
+    return _write_keyed(
+        conn, plan.flows, _UPSERT_FLOW, "DELETE FROM flow_outbox WHERE key = ?",
+        lambda key, rec: (key, str(rec.get("cq")), pack(rec)),
+    )  # fmt: skip
 
 
 def fold(rec: bytes, patch: bytes, pack: Pack) -> tuple[bytes, bytes]:
