@@ -112,3 +112,26 @@ def test_websocket_receives_a_jobs_events(server: ShardqServer) -> None:
             tcp.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_websocket_sees_every_event_after_its_connect_returned(server: ShardqServer) -> None:
+    """The subscription is in place before the handshake completes: a client that pushes the
+    moment its connect returns, without ever sending Subscribe, still sees that push."""
+    queue = _queue()
+
+    async def scenario() -> None:
+        tcp = Tcp(server.tcp_address)
+        try:
+            async with aiohttp.ClientSession() as session:
+                base = server.http_url.replace("http://", "ws://")
+                for _ in range(20):
+                    async with session.ws_connect(f"{base}/ws/queues/{queue}") as ws:
+                        job_id = tcp.call({"cmd": "PUSH", "queue": queue, "data": {}})["id"]
+                        message = await asyncio.wait_for(ws.receive(), 30)
+                        assert message.type == aiohttp.WSMsgType.TEXT, message
+                        event = json.loads(message.data)
+                        assert (event["eventType"], event["jobId"]) == ("pushed", job_id)
+        finally:
+            tcp.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))

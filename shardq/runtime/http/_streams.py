@@ -131,6 +131,20 @@ class EventStreams:
             self._endpoint, queue, self._token, since=since, tls_context=self._tls
         )
 
+    async def _subscribe(
+        self, request: web.Request, since: int | None
+    ) -> AsyncEventStream | web.Response:
+        """The stream's subscription at the front end, in place before this returns; or the
+        error response when the front end is down (503) or refuses the queue name (400)."""
+        stream = self._subscription(request.match_info.get("queue"), since)
+        try:
+            await stream.subscribe()
+        except Exception as e:
+            await stream.close()
+            body = {"ok": False, "error": f"Events unavailable: {e}"}
+            return web.json_response(body, status=503 if "Server" in str(e) else 400)
+        return stream
+
     def _full(self, kind: str) -> bool:
         return self.open[kind] >= self._max
 
@@ -139,14 +153,9 @@ class EventStreams:
     async def sse(self, request: web.Request) -> web.StreamResponse:
         if self._full("sse"):
             return web.Response(text="Too many SSE connections", status=503)
-        queue = request.match_info.get("queue")
-        stream = self._subscription(queue, _last_event_id(request))
-        try:
-            await stream.subscribe()
-        except Exception as e:  # the front end is down, or refused the queue name
-            await stream.close()
-            body = {"ok": False, "error": f"Events unavailable: {e}"}
-            return web.json_response(body, status=503 if "Server" in str(e) else 400)
+        stream = await self._subscribe(request, _last_event_id(request))
+        if isinstance(stream, web.Response):
+            return stream
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -189,18 +198,17 @@ class EventStreams:
             return web.json_response(
                 {"ok": False, "error": "Too many WebSocket connections"}, status=503
             )
+        # Before the handshake completes: once a client's connect has returned, every event
+        # after it reaches the socket, whether or not the client ever sends Subscribe.
+        stream = await self._subscribe(request, None)
+        if isinstance(stream, web.Response):
+            return stream
         socket = web.WebSocketResponse(max_msg_size=WS_MAX_MESSAGE, heartbeat=HEARTBEAT_S)
-        await socket.prepare(request)
-        stream = self._subscription(request.match_info.get("queue"), None)
         try:
-            # Before the first message is read: a client that subscribes and then pushes
-            # must see its push's events.
-            await stream.subscribe()
-        except Exception as e:
+            await socket.prepare(request)
+        except BaseException:
             await stream.close()
-            await socket.send_json({"ok": False, "error": f"Events unavailable: {e}"})
-            await socket.close()
-            return socket
+            raise
         # None: a legacy client that never sent Subscribe gets every job event, raw.
         patterns: list[set[str] | None] = [None]
         self.open["ws"] += 1
