@@ -187,9 +187,8 @@ def test_a_second_signal_kills_every_child_and_exits_1(shardq_server: Factory) -
 
 
 def test_kill9_of_the_tree_then_a_restart_on_the_same_data(shardq_server: Factory) -> None:
-    # A short data dir, so the run dir is `<data dir>/run-<pid>` (the sweep's case) whatever
-    # the test runner's temp path; under a long path it would be a temporary directory, which
-    # a restart does not sweep yet (a known leak after kill -9, noted in the issues).
+    # A short data dir, so the run dir is `<data dir>/run-<pid>` itself whatever the test
+    # runner's temp path (the long-path case, a link to a temporary dir, is the test below).
     short = Path(tempfile.mkdtemp(prefix="sq-", dir="/tmp"))
     try:
         first = shardq_server(data_dir=short / "data")
@@ -207,10 +206,27 @@ def test_kill9_of_the_tree_then_a_restart_on_the_same_data(shardq_server: Factor
         shutil.rmtree(short, ignore_errors=True)
 
 
+def test_kill9_with_a_long_data_dir_leaves_nothing_after_a_restart(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    first = shardq_server(data_dir=deep)
+    temporary, link = first.run_dir, deep / f"run-{first.pid}"
+    assert link.is_symlink() and link.resolve() == temporary.resolve()
+    first.kill9_tree()
+    assert temporary.is_dir()  # nobody could clean up
+
+    second = shardq_server(data_dir=deep)
+    assert second.find_log("removed a stale run directory", path=str(link))
+    assert not temporary.exists() and not link.is_symlink()
+    assert second.stop() == 0
+    assert not any(p.name.startswith("run-") for p in deep.iterdir())
+
+
 def test_a_long_data_dir_gets_a_short_run_dir(shardq_server: Factory, tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     server = shardq_server(data_dir=deep)
     run_dir = server.run_dir
     assert len(str(run_dir)) < 60 and run_dir.is_dir()
     assert server.stop() == 0
-    assert not run_dir.exists()
+    assert not run_dir.exists() and not (deep / f"run-{server.pid}").is_symlink()

@@ -32,6 +32,7 @@ __all__ = [
 # included); 90 leaves room for the longest socket name we append.
 MAX_IPC_PATH = 90
 _RUN_DIR = re.compile(r"run-(\d+)")
+_TEMP_PREFIX = "shardq-run-"
 
 
 class StartupError(ShardqError):
@@ -93,28 +94,33 @@ def check_data_path(data_path: Path) -> None:
 
 def make_run_dir(data_path: Path, pid: int, shards: int) -> Path:
     """Create the directory of the ipc:// sockets: `<data dir>/run-<pid>`, or a short temporary
-    directory when socket paths there would be too long. Mode 0700: anyone who can reach a
-    socket can feed the writer mutations. Raises `StartupError` if it cannot be created."""
+    directory when socket paths there would be too long; `run-<pid>` is then a symlink to it,
+    so that a restart after `kill -9` finds and sweeps it either way. Mode 0700: anyone who can
+    reach a socket can feed the writer mutations. Raises `StartupError` if it cannot be
+    created."""
     run_dir = data_path.parent / f"run-{pid}"
     longest = f"{run_dir}/shard-{max(shards - 1, 0)}"
     try:
-        if len(longest.encode()) > MAX_IPC_PATH:
-            return Path(tempfile.mkdtemp(prefix="shardq-"))
-        if run_dir.exists():  # a previous process with our pid died without cleaning up
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(mode=0o700)
+        if run_dir.exists() or run_dir.is_symlink():  # a previous process with our pid died
+            _remove(run_dir)
+        if len(longest.encode()) <= MAX_IPC_PATH:
+            run_dir.mkdir(mode=0o700)
+            return run_dir
+        short = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))
+        run_dir.symlink_to(short, target_is_directory=True)
+        return short
     except OSError as e:
         raise StartupError(f"cannot create the run directory {run_dir}: {_reason(e)}") from e
-    return run_dir
 
 
-def remove_run_dir(run_dir: Path) -> None:
-    """Remove the run directory and its socket files (missing is fine)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
+def remove_run_dir(data_path: Path, pid: int) -> None:
+    """Remove the run directory of process `pid` and its socket files (missing is fine)."""
+    _remove(data_path.parent / f"run-{pid}")
 
 
 def remove_stale_run_dirs(directory: Path) -> list[Path]:
-    """Remove `run-<pid>` directories in `directory` whose process is gone; return them.
+    """Remove `run-<pid>` directories (or links to temporary ones) in `directory` whose
+    process is gone; return them.
 
     A supervisor killed with SIGKILL cannot remove its own.
     """
@@ -122,10 +128,26 @@ def remove_stale_run_dirs(directory: Path) -> list[Path]:
     with contextlib.suppress(OSError):
         for entry in directory.iterdir():
             match = _RUN_DIR.fullmatch(entry.name)
-            if match and entry.is_dir() and not _alive(int(match.group(1))):
-                shutil.rmtree(entry, ignore_errors=True)
+            gone = match is not None and not _alive(int(match.group(1)))
+            if gone and (entry.is_symlink() or entry.is_dir()):
+                _remove(entry)
                 removed.append(entry)
     return removed
+
+
+def _remove(entry: Path) -> None:
+    """Remove a run dir; for a link, also the temporary directory it points to, but only one
+    that `make_run_dir` could have made (a planted link never deletes anything else)."""
+    if not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+        return
+    with contextlib.suppress(OSError):
+        target = entry.readlink()
+        ours = target.parent == Path(tempfile.gettempdir()) and target.name.startswith(_TEMP_PREFIX)
+        if ours and target.is_dir() and target.stat().st_uid == os.getuid():
+            shutil.rmtree(target, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        entry.unlink()
 
 
 def _alive(pid: int) -> bool:

@@ -156,7 +156,7 @@ class Supervisor:
         try:
             return self._run_in(self._run_dir)
         finally:
-            remove_run_dir(self._run_dir)
+            remove_run_dir(self._data_path, os.getpid())
             lock.release()  # last: the children that used the database are gone
 
     def _run_in(self, run_dir: Path) -> int:
