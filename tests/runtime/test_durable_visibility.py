@@ -16,6 +16,7 @@ from shardq_harness import ShardqServer, poll_until
 from wire_clients import Tcp
 
 from shardq.core import Engine
+from shardq.runtime._routing import shard_of
 
 T0 = 1_700_000_000_000
 
@@ -50,7 +51,9 @@ def test_a_durable_job_is_pulled_only_after_its_commit(
     # connection's requests in order, so once the count after it is answered, it is parked.
     (parked,) = worker.send({"cmd": "PULL", "queue": "vis", "timeout": 5000})
     assert _waiting(worker, "vis") == 1
-    assert parked not in worker.replies and push not in producer.replies
+    assert parked not in worker.replies
+    with pytest.raises(TimeoutError):  # the push is not answered before its commit either
+        producer.wait(push, timeout=0.5)
     pause(False)
     job_id = producer.wait(push)["id"]
     assert worker.wait(parked)["job"]["id"] == job_id
@@ -70,6 +73,45 @@ def test_buffered_pushes_stay_deliverable_at_once(
     pause(False)
     tcp.close()
     assert server.stop() == 0
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_durable_flow_is_answered_after_its_commit_and_survives_kill9(
+    shardq_server: Callable[..., ShardqServer], shards: int
+) -> None:
+    """PUSHF with a durable node is answered only once the writer committed it, on one shard
+    and across two (parent and child on different shards); then a kill -9 loses nothing."""
+    parent_q = next(f"fp-{i}" for i in range(100) if shard_of(f"fp-{i}", shards) == 0)
+    child_q = next(f"fc-{i}" for i in range(100) if shard_of(f"fc-{i}", shards) == shards - 1)
+    flow = {
+        "cmd": "PUSHF",
+        "jobs": [
+            {"id": "P", "queue": parent_q, "input": {"data": 0, "childrenIds": ["C"]}},
+            {"id": "C", "queue": child_q, "input": {"data": 1, "parentId": "P", "durable": True}},
+        ],
+    }
+    server = shardq_server(shards=shards)
+    writer = server.child_pids()["writer"]
+    tcp, probe = Tcp(server.tcp_address), Tcp(server.tcp_address)
+    os.kill(writer, signal.SIGSTOP)
+    try:
+        (sent,) = tcp.send(flow)
+        poll_until(lambda: _waiting(probe, child_q) == 1, 5.0, "the shard to take the flow")
+        assert probe.call({"cmd": "PULL", "queue": child_q})["job"] is None
+        with pytest.raises(TimeoutError):
+            tcp.wait(sent, timeout=1.0)
+    finally:
+        os.kill(writer, signal.SIGCONT)
+    assert tcp.wait(sent)["ok"]
+    tcp.close()
+    probe.close()
+    server.kill9_tree()
+    again = shardq_server(shards=shards, data_dir=server.data_dir)
+    check = Tcp(again.tcp_address)
+    assert check.call({"cmd": "GetState", "id": "P"})["state"] == "waiting-children"
+    assert check.call({"cmd": "PULL", "queue": child_q, "timeout": 5000})["job"]["id"] == "C"
+    check.close()
+    assert again.stop() == 0
 
 
 def _waiting(tcp: Tcp, queue: str) -> int:

@@ -83,6 +83,14 @@ def _is_durable(name: object, cmd: Mapping[str, Any]) -> bool:
             # Entries are plain dicts off the wire; the ABC check is only the fallback.
             if (type(e) is dict or isinstance(e, Mapping)) and e.get("durable"):
                 return True
+    if name == "PUSHF":
+        nodes = cmd.get("jobs")
+        if not isinstance(nodes, list):
+            return False
+        for node in nodes:
+            fields = node.get("input") if isinstance(node, Mapping) else None
+            if isinstance(fields, Mapping) and fields.get("durable"):
+                return True
     return False
 
 
@@ -399,10 +407,11 @@ class ShardCore:
         if reply.get("ok") and _is_durable(name, cmd):
             self._absorb(muts, self.engine.last_events, durable=True)
             self._durable.append([conn, rid, reply])
-            # Its new jobs are not deliverable before their commit is confirmed (`_on_done`).
-            new = [m[1]["id"] for m in muts if m[0] == "put"]
-            self.engine.hold(new)
-            self._durable_ids.extend(new)
+            if not cmd.get("_hold"):  # a flow's part stays held until its FlowRelease
+                # Its new jobs are not deliverable before their commit is confirmed.
+                new = [m[1]["id"] for m in muts if m[0] == "put"]
+                self.engine.hold(new)
+                self._durable_ids.extend(new)
             return None
         self._absorb(muts, self.engine.last_events)
         return reply
