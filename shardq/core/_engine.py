@@ -121,6 +121,7 @@ COMMANDS: Final[dict[str, str]] = {
 INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE})
 """Commands shards send each other through the front end; a client's are refused."""
 
+
 class Engine(
     FlowOps,
     WebhookOps,

@@ -223,7 +223,6 @@ class FlowOps(TimerOps, ProduceOps):
 
     # -- commands --------------------------------------------------------------------------
 
-
     def cmd_flow_notify(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         items = cmd.get("items")
         applied = 0
@@ -238,9 +237,7 @@ class FlowOps(TimerOps, ProduceOps):
     def cmd_get_failed_children_values(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         return {"ok": True, "values": self._flow_field(cmd, "failedChildren")}
 
-    def cmd_get_ignored_children_failures(
-        self, cmd: Mapping[str, Any], now: int
-    ) -> dict[str, Any]:
+    def cmd_get_ignored_children_failures(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         return {"ok": True, "values": self._flow_field(cmd, "ignoredFailures")}
 
     def _flow_field(self, cmd: Mapping[str, Any], field: str) -> dict[str, Any]:

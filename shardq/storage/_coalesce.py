@@ -215,6 +215,7 @@ class _Folder:
 
     def _webhookdel(self, hook_id: str, _a: None, _b: None) -> None:
         self.plan.webhooks[hook_id] = None
+
     def _flow(self, key: str, rec: Record, _b: None) -> None:
         self.plan.flows[key] = rec
 

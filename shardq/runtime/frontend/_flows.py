@@ -104,7 +104,6 @@ class FlowRoutes:
         self._d.learn("PUSHF", shard, reply)
         self._d.answer(client, req, reply)
 
-
     # -- RemoveUnprocessedChildren --------------------------------------------------------
 
     def remove_unprocessed(self, client: Client, req: object, frame: dict[str, Any]) -> None:
