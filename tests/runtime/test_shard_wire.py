@@ -6,14 +6,26 @@ results, logs); every PULLB reply is then packed both ways and compared byte for
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardq.core import CompactJobs, Engine
 from shardq.core._job import WIRE_HOT_KEYS
+from shardq.protocol import FRAME_HEADER, js_numbers
+from shardq.protocol._prepacked import (
+    IDS_KEY,
+    JS_NUMBERS,
+    PLAIN_NUMBERS,
+    WIRE_KEY,
+    WIRE_MODE_KEY,
+    prepacked_body,
+    prepacked_frame,
+)
 from shardq.runtime.links._control import pack
 from shardq.runtime.shard._wire import FrontPacker
 
@@ -121,3 +133,75 @@ def test_a_compact_pull_is_a_snapshot_of_the_jobs_when_they_were_pulled() -> Non
     assert done["ok"] is True
     rep = {"t": "rep", "items": [["t1", 1, got]]}
     assert packer.pack(rep) == pack({"t": "rep", "items": [["t1", 1, expected]]})
+
+
+# -- replies passed through the front end as bytes (`protocol._prepacked`)
+
+
+def _passed_through(packer: FrontPacker, reply: dict[str, Any], mode: int) -> dict[str, Any]:
+    """What the front end receives for `reply` sent with `_wire_mode` = `mode`."""
+    tagged = {**reply, WIRE_MODE_KEY: mode}
+    message = msgpack.unpackb(packer.pack({"t": "rep", "items": [["t1", 9, tagged]]}))
+    ((conn, rid, outer),) = message["items"]
+    assert (conn, rid) == ("t1", 9)
+    return dict(outer)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=st.lists(st.lists(_entry, min_size=1, max_size=6), min_size=1, max_size=4))
+def test_a_passed_through_pullb_is_the_bytes_the_front_end_would_have_sent(
+    batches: list[list[dict[str, Any]]],
+) -> None:
+    plain, fast, packer = _pair()
+    now = T0
+    for jobs in batches:
+        for engine in (plain, fast):
+            engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, now)
+    pull = {"cmd": "PULLB", "queue": "q", "count": 4, "owner": "w"}
+    for mode in (PLAIN_NUMBERS, JS_NUMBERS):
+        now += 100
+        expected, _ = plain.apply(pull, now)
+        got, _ = fast.apply(pull, now)
+        outer = _passed_through(packer, got, mode)
+        assert outer["ok"] is True
+        assert outer[IDS_KEY] == [job["id"] for job in expected["jobs"]]
+        want = js_numbers(copy.deepcopy(expected)) if mode == JS_NUMBERS else expected
+        assert outer[WIRE_KEY] == msgpack.packb(want, use_bin_type=True)
+        if mode == JS_NUMBERS:
+            assert not _large_ints(msgpack.unpackb(outer[WIRE_KEY]))
+        for job, token in zip(expected["jobs"], expected["tokens"], strict=True):
+            for engine in (plain, fast):  # back to the queue, with a timeline that grows
+                engine.apply({"cmd": "FAIL", "id": job["id"], "token": token, "error": "e"}, now)
+        now += 60_000
+
+
+def _large_ints(value: Any) -> list[int]:
+    """The ints a JavaScript client would decode as BigInt (beyond int32 and uint32)."""
+    if type(value) is int:
+        return [value] if value > 2**32 - 1 or value < -(2**31) else []
+    items = value.values() if isinstance(value, dict) else value if type(value) is list else ()
+    return [n for item in items for n in _large_ints(item)]
+
+
+def test_passing_through_leaves_the_jobs_own_data_alone() -> None:
+    engine, packer = Engine(seed=1, compact_pulls=True), FrontPacker()
+    data = {"big": 2**40, "nested": [2**41]}
+    engine.apply({"cmd": "PUSH", "queue": "q", "data": data}, T0)
+    reply, _ = engine.apply({"cmd": "PULLB", "queue": "q", "count": 1, "owner": "w"}, T0 + 1)
+    body = msgpack.unpackb(_passed_through(packer, reply, JS_NUMBERS)[WIRE_KEY])
+    assert body["jobs"][0]["data"] == {"big": float(2**40), "nested": [float(2**41)]}
+    job = engine.apply({"cmd": "GetJob", "id": body["jobs"][0]["id"]}, T0 + 2)[0]["job"]
+    assert job["data"] == data and type(job["data"]["big"]) is int  # the engine's copy
+
+
+@pytest.mark.parametrize("entries", [1, 15, 16, 70_000])
+@pytest.mark.parametrize("req", ["r-1", 7, None])
+def test_the_request_id_is_spliced_into_a_packed_map(entries: int, req: Any) -> None:
+    reply = {f"k{i}": i for i in range(entries)}
+    passed = {WIRE_KEY: msgpack.packb(reply, use_bin_type=True), "reqId": req}
+    got = msgpack.unpackb(prepacked_body(passed, req, has_req=True))
+    assert next(iter(got)) == "reqId" and got == {"reqId": req, **reply}
+    assert prepacked_body(passed, req, has_req=False) == passed[WIRE_KEY]
+    frame = prepacked_frame(passed)
+    assert FRAME_HEADER.unpack_from(frame)[0] == len(frame) - 4
+    assert msgpack.unpackb(frame[4:]) == got

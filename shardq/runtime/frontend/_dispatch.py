@@ -43,6 +43,7 @@ from shardq.protocol import (
     req_id,
     unknown_command,
 )
+from shardq.protocol._prepacked import WIRE_MODE_KEY
 from shardq.runtime import _clock
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._bunqueue import BunqueueCommands, LocalHandler
@@ -108,6 +109,15 @@ class Client(Protocol):
 
     def drop(self, reason: str) -> None:
         """Close the connection after what is queued, for protocol abuse; `reason` is logged."""
+
+
+def _pass_through(client: Client, cmd: dict[str, Any]) -> None:
+    """Let the shard pack a PULLB's reply in its final form for a TCP or ZeroMQ client (their
+    `wire_mode` says how numbers go), to be passed on as bytes (`protocol._prepacked`)."""
+    cmd.pop(WIRE_MODE_KEY, None)  # never a client's to choose
+    mode = getattr(client, "wire_mode", None)
+    if mode is not None:
+        cmd[WIRE_MODE_KEY] = mode
 
 
 class _FirstFound:
@@ -320,6 +330,8 @@ class Dispatcher:
             self._local[name](client, req, frame)
         elif name in SHARD_COMMANDS:
             frame["_conn"] = client.conn
+            if name == "PULLB":
+                _pass_through(client, frame)
             routed = self.bunqueue.before_route(client, req, name, frame)
             if routed is not None:
                 if name in PARKING_COMMANDS and parks(name, frame):

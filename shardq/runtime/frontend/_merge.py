@@ -9,6 +9,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from shardq.protocol._prepacked import IDS_KEY
+
 __all__ = [
     "BATCH_ARRAYS",
     "SHARD_UNAVAILABLE",
@@ -75,7 +77,7 @@ _LEARN: Final[dict[str, Callable[[Reply], list[object]]]] = {
     "PUSHB": lambda r: _ids(r.get("ids")),
     "PUSHF": lambda r: _ids([j.get("id") for j in r.get("data", {}).get("jobs", ())]),
     "PULL": lambda r: _job_id(r.get("job")),
-    "PULLB": lambda r: _job_ids(r.get("jobs")),
+    "PULLB": lambda r: _ids(r[IDS_KEY]) if IDS_KEY in r else _job_ids(r.get("jobs")),
     "GetJob": lambda r: _job_id(r.get("job")),
     "GetJobByCustomId": lambda r: _job_id(r.get("job")),
     "GetJobs": lambda r: _job_ids(r.get("jobs")),

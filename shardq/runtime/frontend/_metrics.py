@@ -23,6 +23,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from shardq.protocol._prepacked import IDS_KEY
+
 __all__ = ["COUNTED_COMMANDS", "Counters", "RateWindow", "memory_usage_mb", "metrics_reply"]
 
 Reply = dict[str, Any]
@@ -35,7 +37,7 @@ _PULL: Final = frozenset({"PULL", "PULLB"})
 def _delivered(name: str, reply: Mapping[str, Any]) -> int:
     if name == "PULL":
         return 1 if isinstance(reply.get("job"), Mapping) else 0
-    jobs = reply.get("jobs")
+    jobs = reply.get("jobs", reply.get(IDS_KEY))  # a pass-through reply has only the ids
     return len(jobs) if isinstance(jobs, list) else 0
 
 

@@ -34,6 +34,7 @@ from typing import Any, Final, cast
 import structlog
 
 from shardq.protocol import DecodedFrame, FrameDecoder, encode_js
+from shardq.protocol._prepacked import JS_NUMBERS, WIRE_KEY, prepacked_frame
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._limits import LogLimiter, RateWindow, rate_refusal
@@ -79,6 +80,8 @@ class TcpLimits:
 
 class TcpConnection(asyncio.Protocol):
     """One TCP client: a frame decoder in, a per-turn write buffer out."""
+
+    wire_mode = JS_NUMBERS  # how a shard packs a reply passed through to it
 
     def __init__(self, gateway: TcpGateway, conn: str) -> None:
         self.gateway = gateway
@@ -208,7 +211,9 @@ class TcpConnection(asyncio.Protocol):
             # Not from inside `send`: the dispatcher may be mid-way through a batch.
             self._resume_scheduled = True
             self._loop.call_soon(self._handle_held)
-        data = encode_js(reply)  # bunqueue's JS clients read 64-bit ints as BigInt
+        # bunqueue's JS clients read 64-bit ints as BigInt, so large ints go as floats (a reply
+        # packed by the shard already has them so).
+        data = prepacked_frame(reply) if WIRE_KEY in reply else encode_js(reply)
         self._out.append(data)
         self._out_bytes += len(data)
         if self._out_bytes > self._backlog_check_at:

@@ -30,6 +30,7 @@ import zmq.asyncio
 
 from shardq.errors import ProtocolError
 from shardq.protocol import DecodedFrame, decode_body, frame_too_large
+from shardq.protocol._prepacked import PLAIN_NUMBERS, WIRE_KEY, prepacked_body
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._limits import RateWindow, rate_refusal
 from shardq.runtime.frontend._tcp import TcpLimits
@@ -47,6 +48,7 @@ class ZmqPeer:
     """One ZeroMQ client identity, as the dispatcher's `Client`."""
 
     __slots__ = ("authenticated", "conn", "envelope", "gateway", "held", "in_flight", "rate")
+    wire_mode = PLAIN_NUMBERS  # how a shard packs a reply passed through to it
 
     def __init__(
         self, gateway: ZmqGateway, identity: bytes, authenticated: bool, rate: RateWindow | None
@@ -219,7 +221,11 @@ class ZmqGateway:
 
     def send(self, envelope: list[bytes], reply: dict[str, Any]) -> None:
         try:
-            self._sync.send_multipart([*envelope, pack(reply)], zmq.NOBLOCK)
+            if WIRE_KEY in reply:  # packed by the shard
+                body = prepacked_body(reply, reply.get("reqId"), "reqId" in reply)
+            else:
+                body = pack(reply)
+            self._sync.send_multipart([*envelope, body], zmq.NOBLOCK)
         except zmq.Again:
             # The peer's queue is full (it stopped reading): ROUTER drops, as it would anyway.
             _log.debug("zeromq reply dropped", conn="z" + envelope[0].hex())

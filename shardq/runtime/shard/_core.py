@@ -22,8 +22,17 @@ from typing import Any, Final, TypeAlias
 
 import structlog
 
-from shardq.core import FLOW_NOTIFY, FLOW_RELEASE, Engine, Mutation, Record, job_id_of
+from shardq.core import (
+    FLOW_NOTIFY,
+    FLOW_RELEASE,
+    CompactJobs,
+    Engine,
+    Mutation,
+    Record,
+    job_id_of,
+)
 from shardq.protocol import INTERNAL_SERVER_ERROR
+from shardq.protocol._prepacked import JS_NUMBERS, PLAIN_NUMBERS, WIRE_MODE_KEY
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import release_memory
@@ -92,6 +101,15 @@ def _is_durable(name: object, cmd: Mapping[str, Any]) -> bool:
             if isinstance(fields, Mapping) and fields.get("durable"):
                 return True
     return False
+
+
+def _pass_through(cmd: Mapping[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    """Mark a PULLB reply with jobs to be packed in its final form (`shard._wire`), when the
+    front end said how (`_wire_mode`: the client is on TCP or ZeroMQ)."""
+    mode = cmd.get(WIRE_MODE_KEY)
+    if mode in (PLAIN_NUMBERS, JS_NUMBERS) and type(reply.get("jobs")) is CompactJobs:
+        reply[WIRE_MODE_KEY] = mode
+    return reply
 
 
 def _wait_timeout_error(value: object) -> str | None:
@@ -463,7 +481,7 @@ class ShardCore:
         if timeout and _got_nothing(cmd, reply):
             self.polls.park(Parked(conn, rid, cmd, str(cmd.get("queue")), now + timeout))
             return None
-        return reply
+        return _pass_through(cmd, reply)
 
     def _serve_polls(self, now: int) -> None:
         woken, self._woken = self._woken, set()
@@ -483,7 +501,7 @@ class ShardCore:
             reply = {"ok": False, "error": INTERNAL_SERVER_ERROR}
         if _got_nothing(parked.cmd, reply):
             return False
-        self._replies.append([parked.conn, parked.rid, reply])
+        self._replies.append([parked.conn, parked.rid, _pass_through(parked.cmd, reply)])
         return True
 
     # -- WaitJob ---------------------------------------------------------------------------

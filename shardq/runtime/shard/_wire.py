@@ -7,6 +7,10 @@ without options (`WIRE_TEMPLATE`), so the shard's engine answers PULLB with `Com
 `FrontPacker.pack` writes after the template's bytes, packed once. The bytes are exactly those
 of packing the wire maps (tested), so the front end and the clients see no difference; a job
 with options is in the snapshot as its full wire map.
+
+A PULLB from a TCP or ZeroMQ client carries `_wire_mode` (set by the front end): its reply is
+then packed here in its final form, numbers as that client's transport wants them, and passed
+through the front end as bytes (`shardq.protocol._prepacked`).
 """
 
 from __future__ import annotations
@@ -18,12 +22,18 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from shardq.core import CompactJobs
 from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE
+from shardq.protocol import js_numbers
+from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY, js_safe
 from shardq.runtime.links._control import exact_packer
 from shardq.runtime.links._stream import batch_overhead, split_batch
 
 __all__ = ["FrontPacker", "reply_too_large"]
 
 _HOT_PAIRS: Final = 2 * len(WIRE_HOT_KEYS)
+_ID_AT: Final = 2 * WIRE_HOT_KEYS.index("id") + 1  # the id's place in a `wire_hot` list
+_TIMELINE_AT: Final = 2 * WIRE_HOT_KEYS.index("timeline") + 1
+_INT32_MIN: Final = -(2**31)
+_UINT32_MAX: Final = 2**32 - 1
 
 
 class FrontPacker:
@@ -34,22 +44,31 @@ class FrontPacker:
         lenient = msgpack.Packer(use_bin_type=True)
         self._map_header: Callable[[int], bytes] = lenient.pack_map_header
         self._array_header: Callable[[int], bytes] = lenient.pack_array_header
-        self._wire = self._wire_maker()
+        self._wire = self._wire_maker(js=False)
+        self._wire_js = self._wire_maker(js=True)
 
-    def _wire_maker(self) -> Callable[[list[Any] | dict[str, Any]], bytes]:
+    def _wire_maker(self, *, js: bool) -> Callable[[list[Any] | dict[str, Any]], bytes]:
+        """Packs one `CompactJobs` entry; with `js`, integers beyond 32 bits at the top level
+        and in the timeline become floats (the entries are fresh snapshots, changed in place;
+        nested job data is left to `js_safe`)."""
         pack = self._pack
         keys = list(WIRE_TEMPLATE)
         if tuple(keys[-len(WIRE_HOT_KEYS) :]) != WIRE_HOT_KEYS:
             raise RuntimeError("WIRE_TEMPLATE must end with WIRE_HOT_KEYS")  # a code change
         constant = keys[: -len(WIRE_HOT_KEYS)]
         head = self._map_header(len(keys)) + b"".join(
-            pack(key) + pack(WIRE_TEMPLATE[key]) for key in constant
+            pack(key) + pack(js_numbers(WIRE_TEMPLATE[key]) if js else WIRE_TEMPLATE[key])
+            for key in constant
         )
         skip = len(self._array_header(_HOT_PAIRS))  # the pairs go in as a list: drop its header
 
         def wire(entry: list[Any] | dict[str, Any]) -> bytes:
-            if type(entry) is dict:
+            if isinstance(entry, dict):
+                if js:
+                    _float_job_map(entry)
                 return pack(entry)
+            if js:
+                _float_hot(entry)
             return head + pack(entry)[skip:]
 
         return wire
@@ -94,6 +113,8 @@ class FrontPacker:
     def _item(self, item: list[Any]) -> bytes:
         pack = self._pack
         conn, rid, reply = item
+        if WIRE_MODE_KEY in reply:
+            return self._pass_through(conn, rid, reply)
         out = [self._array_header(3), pack(conn), pack(rid), self._map_header(len(reply))]
         for key, value in reply.items():
             out.append(pack(key))
@@ -103,6 +124,54 @@ class FrontPacker:
             else:
                 out.append(pack(value))
         return b"".join(out)
+
+    def _pass_through(self, conn: str, rid: int, reply: dict[str, Any]) -> bytes:
+        """A PULLB reply packed in its final form, inside the map the front end passes on."""
+        pack = self._pack
+        js = reply[WIRE_MODE_KEY] == JS_NUMBERS
+        wire = self._wire_js if js else self._wire
+        ids: list[Any] = []
+        body = [self._map_header(len(reply) - 1)]
+        for key, value in reply.items():
+            if key == WIRE_MODE_KEY:
+                continue
+            body.append(pack(key))
+            if type(value) is CompactJobs:
+                body.append(self._array_header(len(value)))
+                for entry in value.entries:
+                    ids.append(entry["id"] if isinstance(entry, dict) else entry[_ID_AT])
+                    body.append(wire(entry))
+            else:
+                body.append(pack(value))  # ok, tokens: no large numbers
+        packed = b"".join(body)
+        if js:
+            packed = js_safe(packed)  # a large number in some job's data
+        outer = {"ok": reply.get("ok", True), IDS_KEY: ids, WIRE_KEY: packed}
+        return b"".join((self._array_header(3), pack(conn), pack(rid), pack(outer)))
+
+
+def _float_hot(entry: list[Any]) -> None:
+    """A `wire_hot` list's large integers, and its timeline's timestamps, as floats."""
+    for i in range(1, len(entry), 2):
+        value = entry[i]
+        if type(value) is int and (value > _UINT32_MAX or value < _INT32_MIN):
+            entry[i] = float(value)
+    _float_timeline(entry[_TIMELINE_AT])
+
+
+def _float_job_map(job: dict[str, Any]) -> None:
+    for key, value in job.items():
+        if type(value) is int and (value > _UINT32_MAX or value < _INT32_MIN):
+            job[key] = float(value)
+    _float_timeline(job.get("timeline"))
+
+
+def _float_timeline(timeline: object) -> None:
+    if type(timeline) is list:
+        for point in timeline:
+            stamp = point.get("timestamp") if type(point) is dict else None
+            if type(stamp) is int and stamp > _UINT32_MAX:
+                point["timestamp"] = float(stamp)
 
 
 def reply_too_large(size: int, limit: int) -> str:
