@@ -1,0 +1,182 @@
+"""Two builds of shardq side by side, by the CPU time each server process spends per job.
+
+    python -m bench.cpu_ab --build base=/path/to/old/venv/bin/shardq --build new=shardq
+                           [--scenario push1q,push8q,drain1q,drain8q] [--jobs 30000]
+                           [--rounds 3] [--shards 2]
+
+For each round, each build in turn starts a real `shardq start` on free ports with a fresh data
+directory, and one raw TCP client runs the scenario: `push*` sends N PUSH pipelined 100 at a
+time, `drain*` first fills the queues with PUSHB (not measured) and then takes everything with
+PULLB 100 + ACKB on every queue at once. `*8q` spreads the jobs over 8 queues. The CPU time of
+each child process (user + system, from /proc) is read before and after and divided by N.
+
+Why this and not `bench compare`: on a shared VM the wall-clock rate of the same build moves
+by 2x within an hour, so two `compare` runs one after the other cannot resolve a 10 %
+difference. CPU time per job barely moves with other load, and alternating the builds round by
+round puts both under the same conditions. Linux only (/proc). The children are told apart by
+start order (writer, shards, front end), so the HTTP port is turned off where the build has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench.cpu import cpu_seconds
+from shardq.client import ConnectionLost, TcpConnection
+
+SCENARIOS = ("push1q", "push8q", "drain1q", "drain8q")
+BATCH = 100
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, role) of the supervisor's children, in start order."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        pids = sorted(int(c) for c in f.read().split())
+    roles = ["writer", *(f"shard{i}" for i in range(len(pids) - 2)), "frontend"]
+    return list(zip(pids, roles, strict=True))
+
+
+def _start(executable: str, shards: int, data_dir: str) -> tuple[subprocess.Popen[bytes], int]:
+    tcp = _free_port()
+    args = [executable, "start", "--shards", str(shards), "--tcp-port", str(tcp),
+            "--zmq-port", str(_free_port()), "--data-path", f"{data_dir}/shardq.db",
+            "--log-level", "warning"]  # fmt: skip
+    help_text = subprocess.run([executable, "start", "--help"], capture_output=True, text=True)
+    if "--http-port" in help_text.stdout:
+        args += ["--http-port", "0"]
+    server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return server, tcp
+
+
+def _connect(port: int, server: subprocess.Popen[bytes]) -> TcpConnection:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            conn = TcpConnection("127.0.0.1", port)
+            conn.call({"cmd": "Ping"})
+            return conn
+        except (OSError, ConnectionLost):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _drain(conn: TcpConnection, queues: list[str]) -> int:
+    live, done = list(queues), 0
+    while live:
+        pulls = [{"cmd": "PULLB", "queue": q, "count": BATCH, "owner": "ab"} for q in live]
+        replies = conn.call_many(pulls, window=len(pulls))
+        acks = [
+            {"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]}
+            for r in replies
+            if r["jobs"]
+        ]
+        live = [q for q, r in zip(live, replies, strict=True) if r["jobs"]]
+        if acks:
+            conn.call_many(acks, window=len(acks))
+        done += sum(len(a["ids"]) for a in acks)
+    return done
+
+
+def _work(conn: TcpConnection, scenario: str, queues: list[str], jobs: int) -> int:
+    if scenario.startswith("push"):
+        pushes = (
+            {"cmd": "PUSH", "queue": queues[i % len(queues)], "data": {"i": i}} for i in range(jobs)
+        )
+        conn.call_many(pushes, window=BATCH)
+        return jobs
+    return _drain(conn, queues)
+
+
+def _fill(conn: TcpConnection, scenario: str, queues: list[str], jobs: int) -> None:
+    warm = ({"cmd": "PUSH", "queue": "warm", "data": {"i": i}} for i in range(2000))
+    conn.call_many(warm, window=BATCH)
+    if scenario.startswith("drain"):
+        fills = (
+            {"cmd": "PUSHB", "queue": queues[i % len(queues)],
+             "jobs": [{"data": {"i": k}} for k in range(BATCH)]}
+            for i in range(jobs // BATCH)
+        )  # fmt: skip
+        conn.call_many(fills, window=8)
+
+
+def measure(executable: str, scenario: str, jobs: int, shards: int) -> dict[str, Any]:
+    """One run of `scenario` on a fresh server: CPU µs per job by process, and jobs/s."""
+    with tempfile.TemporaryDirectory(prefix="cpu-ab-") as data_dir:
+        server, port = _start(executable, shards, data_dir)
+        try:
+            conn = _connect(port, server)
+            queues = [f"q{i}" for i in range(8 if scenario.endswith("8q") else 1)]
+            _fill(conn, scenario, queues, jobs)
+            time.sleep(1.0)  # the writer commits the fill
+            children = _children(server.pid)
+            before = {pid: cpu_seconds(pid) for pid, _ in children}
+            started = time.perf_counter()
+            done = _work(conn, scenario, queues, jobs)
+            elapsed = time.perf_counter() - started
+            time.sleep(0.5)  # the writer commits what the run left
+            after = {pid: cpu_seconds(pid) for pid, _ in children}
+            conn.close()
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+    us = {role: (after[pid] - before[pid]) * 1e6 / done for pid, role in children}
+    return {"jobs_per_s": done / elapsed, "us_per_job": us}
+
+
+def _line(scenario: str, name: str, result: dict[str, Any]) -> str:
+    us: dict[str, float] = result["us_per_job"]
+    shards = sum(v for k, v in us.items() if k.startswith("shard"))
+    return (
+        f"| {scenario} | {name} | {result['jobs_per_s']:,.0f} | {us['frontend']:.1f} | "
+        f"{shards:.1f} | {us['writer']:.1f} | {sum(us.values()):.1f} |"
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cpu_ab", description=__doc__)
+    parser.add_argument(
+        "--build",
+        action="append",
+        required=True,
+        metavar="NAME=SHARDQ",
+        help="a name and the `shardq` executable of a build (twice or more)",
+    )
+    parser.add_argument("--scenario", default=",".join(SCENARIOS))
+    parser.add_argument("--jobs", type=int, default=30_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=2)  # fmt: skip
+    args = parser.parse_args(argv)
+    builds = [tuple(b.split("=", 1)) for b in args.build]
+    if any(len(b) != 2 for b in builds) or os.name != "posix":
+        parser.error("--build takes NAME=PATH; Linux only")
+    scenarios = args.scenario.split(",")
+    if unknown := set(scenarios) - set(SCENARIOS):
+        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    print("| scenario | build | jobs/s | front end µs/job | shards µs/job | writer µs/job | "
+          "total µs/job |\n|---|---|---:|---:|---:|---:|---:|", flush=True)  # fmt: skip
+    for scenario in scenarios:
+        for _ in range(args.rounds):
+            for name, executable in builds:
+                result = measure(executable, scenario, args.jobs, args.shards)
+                print(_line(scenario, name, result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
