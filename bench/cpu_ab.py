@@ -56,10 +56,16 @@ def _start(executable: str, shards: int, data_dir: str) -> tuple[subprocess.Pope
     args = [executable, "start", "--shards", str(shards), "--tcp-port", str(tcp),
             "--zmq-port", str(_free_port()), "--data-path", f"{data_dir}/shardq.db",
             "--log-level", "warning"]  # fmt: skip
-    help_text = subprocess.run([executable, "start", "--help"], capture_output=True, text=True)
+    # In the data dir, not here: `python -m` puts the working directory first on the import
+    # path, and in a checkout that would run this checkout's code under any build's name.
+    help_text = subprocess.run(
+        [executable, "start", "--help"], capture_output=True, text=True, cwd=data_dir
+    )
     if "--http-port" in help_text.stdout:
         args += ["--http-port", "0"]
-    server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=data_dir
+    )
     return server, tcp
 
 
