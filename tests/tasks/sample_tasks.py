@@ -56,12 +56,20 @@ async def too_slow(seconds: float) -> str:
 
 
 @app.task(queue="batch")
-def record(log: str, key: str, seconds: float) -> str:
-    """Sleeps, then appends `key` to `log`: one line per completed execution."""
+def record(log: str, key: str, seconds: float, started: str | None = None) -> str:
+    """Sleeps, then appends `key` to `log`: one line per completed execution. With `started`,
+    first appends `key` there too (a test then knows the task runs, not just that it was
+    leased: a leased job may still wait in the worker's prefetch buffer)."""
+    if started is not None:
+        _append(started, key)
     time.sleep(seconds)
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    _append(log, key)
+    return key
+
+
+def _append(path: str, key: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, f"{key}\n".encode())
     finally:
         os.close(fd)
-    return key
