@@ -97,4 +97,8 @@ def test_a_schedule_every_second_survives_restarts_without_firing_a_slot_twice(
         assert [c["queue"] for c in conn.call({"cmd": "CronList"})["crons"]] == [tick]
         time.sleep(2.5)  # two more slots would have passed: none may fire after the delete
         assert len(fired(conn, tick)) == len(jobs)
-        assert len(jobs) >= 7  # 3 in the first run, 2 more in each run after a restart
+        # 3 in the first run, 2 more in each run after a restart. The kill -9 came right after
+        # a slot fired, and in buffered mode it loses up to the last flush interval of writes:
+        # that slot's job may be gone. A restart never fires a past slot again
+        # (skipMissedOnRestart), so the count can be one short, never a slot twice.
+        assert before >= 4 and len(jobs) >= before + 2
