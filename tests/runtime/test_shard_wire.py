@@ -57,6 +57,15 @@ def _pair() -> tuple[Engine, Engine, FrontPacker]:
     return Engine(seed=7), fast, packer
 
 
+def _filled(batches: list[list[dict[str, Any]]]) -> tuple[Engine, Engine, FrontPacker]:
+    """`_pair()` with the same PUSHB batches (at T0) in both engines."""
+    plain, fast, packer = _pair()
+    for jobs in batches:
+        for engine in (plain, fast):
+            engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, T0)
+    return plain, fast, packer
+
+
 def _pull_both(
     plain: Engine, fast: Engine, packer: FrontPacker, cmd: dict[str, Any], now: int
 ) -> Any:
@@ -74,12 +83,8 @@ def _pull_both(
 def test_packed_pullb_replies_are_the_bytes_of_the_wire_maps(
     batches: list[list[dict[str, Any]]],
 ) -> None:
-    plain, fast, packer = _pair()
-    now = T0
-    for jobs in batches:
-        for engine in (plain, fast):
-            engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, now)
-    now += 20
+    plain, fast, packer = _filled(batches)
+    now = T0 + 20
     reply = _pull_both(
         plain, fast, packer, {"cmd": "PULLB", "queue": "q", "count": 3, "owner": "w"}, now
     )
@@ -152,11 +157,8 @@ def _passed_through(packer: FrontPacker, reply: dict[str, Any], mode: int) -> di
 def test_a_passed_through_pullb_is_the_bytes_the_front_end_would_have_sent(
     batches: list[list[dict[str, Any]]],
 ) -> None:
-    plain, fast, packer = _pair()
+    plain, fast, packer = _filled(batches)
     now = T0
-    for jobs in batches:
-        for engine in (plain, fast):
-            engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, now)
     pull = {"cmd": "PULLB", "queue": "q", "count": 4, "owner": "w"}
     for mode in (PLAIN_NUMBERS, JS_NUMBERS):
         now += 100
