@@ -22,13 +22,14 @@ import msgpack  # type: ignore[import-untyped]
 
 from shardq.protocol._frames import FRAME_HEADER
 
-__all__ = ["encode_js", "js_numbers"]
+__all__ = ["JOB_TIME_KEYS", "UINT32_MAX", "encode_js", "js_job", "js_numbers", "js_timeline"]
 
 _INT32_MIN: Final = -(2**31)
-_UINT32_MAX: Final = 2**32 - 1
+UINT32_MAX: Final = 2**32 - 1
+_UINT32_MAX: Final = UINT32_MAX
 # The job fields that hold epoch milliseconds. Other large numbers (a long `ttl`, a `repeat`
 # end date) are rare and are caught by the marker check after packing.
-_JOB_TIME_KEYS: Final = ("createdAt", "runAt", "startedAt", "completedAt", "lastHeartbeat")
+JOB_TIME_KEYS: Final = ("createdAt", "runAt", "startedAt", "completedAt", "lastHeartbeat")
 _UINT64: Final = b"\xcf"
 _INT64: Final = b"\xd3"
 
@@ -81,16 +82,23 @@ def _fix_list(items: list[Any]) -> None:
             items[i] = js_numbers(value)
 
 
-def _fix_job(job: object) -> None:
-    # Only the fields that hold timestamps: walking all ~45 keys of each job would cost as
-    # much as packing it.
+def js_job(job: object) -> None:
+    """Float the epoch-ms fields of one job wire map, and its timeline's, in place.
+
+    Only the fields that hold timestamps: walking all ~45 keys of each job would cost as much
+    as packing it. Any other large number is left to the marker check after packing.
+    """
     if type(job) is not dict:
         return
-    for key in _JOB_TIME_KEYS:
+    for key in JOB_TIME_KEYS:
         value = job.get(key)
         if type(value) is int and value > _UINT32_MAX:
             job[key] = float(value)
-    timeline = job.get("timeline")
+    js_timeline(job.get("timeline"))
+
+
+def js_timeline(timeline: object) -> None:
+    """Float the timestamps of a wire timeline (`[{state, timestamp, ...}]`) in place."""
     if type(timeline) is list:
         for entry in timeline:
             if type(entry) is dict:
@@ -102,11 +110,11 @@ def _fix_job(job: object) -> None:
 def _fix_jobs(reply: dict[str, Any]) -> None:
     job = reply.get("job")
     if job is not None:
-        _fix_job(job)
+        js_job(job)
     jobs = reply.get("jobs")
     if type(jobs) is list:
         for job in jobs:
-            _fix_job(job)
+            js_job(job)
 
 
 def encode_js(msg: Mapping[str, Any]) -> bytes:

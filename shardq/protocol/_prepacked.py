@@ -61,21 +61,20 @@ def js_safe(body: bytes) -> bytes:
     return packed
 
 
-def prepacked_body(reply: Mapping[str, Any], req: object, has_req: bool) -> bytes:
-    """The packed reply map of a pass-through `reply`, with `reqId` first when `has_req`."""
+def prepacked_body(reply: Mapping[str, Any]) -> bytes:
+    """The packed reply map of a pass-through `reply`, with its `reqId` (set by the
+    dispatcher, if the request had one) spliced in first."""
     body: bytes = reply[WIRE_KEY]
-    if not has_req:
+    if "reqId" not in reply:
         return body
     count, skip = _map_size(body)
-    return b"".join(
-        (_map_header(count + 1), _REQ_ID, msgpack.packb(req, use_bin_type=True), body[skip:])
-    )
+    req = msgpack.packb(reply["reqId"], use_bin_type=True)
+    return b"".join((_map_header(count + 1), _REQ_ID, req, body[skip:]))
 
 
 def prepacked_frame(reply: Mapping[str, Any]) -> bytes:
-    """A pass-through `reply` (its `reqId`, if any, set by the dispatcher) as one TCP frame."""
-    has_req = "reqId" in reply
-    body = prepacked_body(reply, reply.get("reqId"), has_req)
+    """A pass-through `reply` as one TCP frame."""
+    body = prepacked_body(reply)
     return FRAME_HEADER.pack(len(body)) + body
 
 

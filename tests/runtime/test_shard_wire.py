@@ -201,9 +201,9 @@ def test_passing_through_leaves_the_jobs_own_data_alone() -> None:
 def test_the_request_id_is_spliced_into_a_packed_map(entries: int, req: Any) -> None:
     reply = {f"k{i}": i for i in range(entries)}
     passed = {WIRE_KEY: msgpack.packb(reply, use_bin_type=True), "reqId": req}
-    got = msgpack.unpackb(prepacked_body(passed, req, has_req=True))
+    got = msgpack.unpackb(prepacked_body(passed))
     assert next(iter(got)) == "reqId" and got == {"reqId": req, **reply}
-    assert prepacked_body(passed, req, has_req=False) == passed[WIRE_KEY]
+    assert prepacked_body({WIRE_KEY: passed[WIRE_KEY]}) == passed[WIRE_KEY]
     frame = prepacked_frame(passed)
     assert FRAME_HEADER.unpack_from(frame)[0] == len(frame) - 4
     assert msgpack.unpackb(frame[4:]) == got

@@ -220,11 +220,8 @@ class ZmqGateway:
         return decode_body(body)
 
     def send(self, envelope: list[bytes], reply: dict[str, Any]) -> None:
+        body = prepacked_body(reply) if WIRE_KEY in reply else pack(reply)  # the shard's bytes
         try:
-            if WIRE_KEY in reply:  # packed by the shard
-                body = prepacked_body(reply, reply.get("reqId"), "reqId" in reply)
-            else:
-                body = pack(reply)
             self._sync.send_multipart([*envelope, body], zmq.NOBLOCK)
         except zmq.Again:
             # The peer's queue is full (it stopped reading): ROUTER drops, as it would anyway.

@@ -23,6 +23,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from shardq.core import CompactJobs
 from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE
 from shardq.protocol import js_numbers
+from shardq.protocol._jsnum import JOB_TIME_KEYS, UINT32_MAX, js_job, js_timeline
 from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY, js_safe
 from shardq.runtime.links._control import exact_packer
 from shardq.runtime.links._stream import batch_overhead, split_batch
@@ -32,8 +33,8 @@ __all__ = ["FrontPacker", "reply_too_large"]
 _HOT_PAIRS: Final = 2 * len(WIRE_HOT_KEYS)
 _ID_AT: Final = 2 * WIRE_HOT_KEYS.index("id") + 1  # the id's place in a `wire_hot` list
 _TIMELINE_AT: Final = 2 * WIRE_HOT_KEYS.index("timeline") + 1
-_INT32_MIN: Final = -(2**31)
-_UINT32_MAX: Final = 2**32 - 1
+# Where a `wire_hot` list holds the epoch-ms fields (`_jsnum.JOB_TIME_KEYS`).
+_TIMES_AT: Final = tuple(2 * WIRE_HOT_KEYS.index(k) + 1 for k in JOB_TIME_KEYS)
 
 
 class FrontPacker:
@@ -48,9 +49,9 @@ class FrontPacker:
         self._wire_js = self._wire_maker(js=True)
 
     def _wire_maker(self, *, js: bool) -> Callable[[list[Any] | dict[str, Any]], bytes]:
-        """Packs one `CompactJobs` entry; with `js`, integers beyond 32 bits at the top level
-        and in the timeline become floats (the entries are fresh snapshots, changed in place;
-        nested job data is left to `js_safe`)."""
+        """Packs one `CompactJobs` entry; with `js`, its timestamps become floats as `encode_js`
+        makes them (the entries are fresh snapshots, changed in place; any other large number
+        is left to `js_safe`)."""
         pack = self._pack
         keys = list(WIRE_TEMPLATE)
         if tuple(keys[-len(WIRE_HOT_KEYS) :]) != WIRE_HOT_KEYS:
@@ -65,7 +66,7 @@ class FrontPacker:
         def wire(entry: list[Any] | dict[str, Any]) -> bytes:
             if isinstance(entry, dict):
                 if js:
-                    _float_job_map(entry)
+                    js_job(entry)
                 return pack(entry)
             if js:
                 _float_hot(entry)
@@ -151,27 +152,12 @@ class FrontPacker:
 
 
 def _float_hot(entry: list[Any]) -> None:
-    """A `wire_hot` list's large integers, and its timeline's timestamps, as floats."""
-    for i in range(1, len(entry), 2):
+    """`js_job` for a `wire_hot` list: its epoch-ms values and its timeline's as floats."""
+    for i in _TIMES_AT:
         value = entry[i]
-        if type(value) is int and (value > _UINT32_MAX or value < _INT32_MIN):
+        if type(value) is int and value > UINT32_MAX:
             entry[i] = float(value)
-    _float_timeline(entry[_TIMELINE_AT])
-
-
-def _float_job_map(job: dict[str, Any]) -> None:
-    for key, value in job.items():
-        if type(value) is int and (value > _UINT32_MAX or value < _INT32_MIN):
-            job[key] = float(value)
-    _float_timeline(job.get("timeline"))
-
-
-def _float_timeline(timeline: object) -> None:
-    if type(timeline) is list:
-        for point in timeline:
-            stamp = point.get("timestamp") if type(point) is dict else None
-            if type(stamp) is int and stamp > _UINT32_MAX:
-                point["timestamp"] = float(stamp)
+    js_timeline(entry[_TIMELINE_AT])
 
 
 def reply_too_large(size: int, limit: int) -> str:
