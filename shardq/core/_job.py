@@ -246,7 +246,7 @@ class Job:
         if attempts is not None:
             job.max_attempts = as_int(attempts, DEFAULT_MAX_ATTEMPTS)
         job.lifo = bool(get("lifo", False))
-        if custom or len(fields) > 1:
+        if custom or not _OPTION_KEYS.isdisjoint(fields):
             job.opts = _options(fields, job_id if custom else None)
         if custom:
             job.key = f"{job_id}{ROW_KEY_SEP}{queue}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from shardq.errors import CommandError
 
@@ -17,6 +17,9 @@ from ._state import EngineState
 from ._validate import validate_job
 
 __all__ = ["ProduceOps"]
+
+# The push fields whose checks read the engine's state or parse a schedule (`_check_push`).
+_CROSS_CHECKED: Final = frozenset(("repeat", "dependsOn", "childrenIds", "groupMaxSize"))
 
 
 def custom_id_of(value: object) -> str | None:
@@ -33,16 +36,24 @@ class ProduceOps(EngineState):
     def cmd_push(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")
         error = validate_queue_name(queue) or validate_job(cmd, self.config.max_key_chars)
-        if not error and "repeat" in cmd and cmd["repeat"] is not None:
-            error = check_repeat(cmd["repeat"])
         if error:
             raise CommandError(error)
+        queue = str(queue)
+        if not _CROSS_CHECKED.isdisjoint(cmd):  # one set test for a push with none of them
+            self._check_push(queue, cmd)
+        custom = custom_id_of(cmd["jobId"]) if "jobId" in cmd else None
+        return {"ok": True, "id": self.push_one(queue, cmd, custom, now)}
+
+    def _check_push(self, queue: str, cmd: Mapping[str, Any]) -> None:
+        """The checks of a single push that read more than its own fields."""
+        if cmd.get("repeat") is not None:
+            error = check_repeat(cmd["repeat"])
+            if error:
+                raise CommandError(error)
         # A flow parent's children may live on other shards: its fan-in waits for them.
         self._check_deps(cmd.get("dependsOn"), set(cmd.get("childrenIds") or ()))
         if cmd.get("groupMaxSize") is not None:
-            self._check_group_sizes(str(queue), (cmd,))
-        job_id = self.push_one(str(queue), cmd, custom_id_of(cmd.get("jobId")), now)
-        return {"ok": True, "id": job_id}
+            self._check_group_sizes(queue, (cmd,))
 
     def cmd_pushb(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")

@@ -142,7 +142,20 @@ class EngineState:
 
     def admit(self, job: Job, now: int) -> None:
         """Place a new job and emit its full record."""
-        self.admit_all((job,), self.queue(job.queue), now)
+        q = self.queue(job.queue)
+        if job.opts:
+            self.admit_all((job,), q, now)
+            return
+        # Without options (the common single push) no group, dependency or TTL applies:
+        # `admit_all`'s one-job case, written out.
+        self.jobs[job.id] = job
+        q.ids[job.id] = None
+        q.pushed += 1
+        state = DELAYED if job.run_at > now else WAITING
+        job.state = state
+        job.timeline = ((state, now, None),)
+        self._enter_all((job,), q, state)
+        self.out.append(("put", job.to_record()))
 
     def admit_all(
         self, jobs: Sequence[Job], q: QueueState, now: int, *, alike: bool = False
