@@ -46,13 +46,13 @@ Outgoing: TypeAlias = tuple[str, dict[str, Any]]
 """A message to send: ("writer" | "front", message map)."""
 
 Item: TypeAlias = list[Any]  # [conn, rid, reply]
+OwnCommand: TypeAlias = Callable[[str, int, dict[str, Any], int], dict[str, Any] | None]
 
 WAIT_DEFAULT_MS: Final = 30_000
 WAIT_MAX_MS: Final = 600_000  # bunqueue's WaitJob bound (docs/protocol.md §7.3)
 STALLED_ERROR: Final = "Storage unavailable: the writer is not keeping up (storage degraded)"
 MAX_SLEEP_MS: Final = 3_600_000  # the longest poll: an idle shard wakes once an hour at most
 TICK_RETRY_MS: Final = 1_000  # after a timer pass raised, wait this long before the next one
-_PULLS: Final = frozenset({"PULL", "PULLB"})
 _COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
 
 _log = structlog.get_logger()
@@ -163,6 +163,16 @@ class ShardCore:
         engine.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
         self.waits = JobWaits()
         self.events = EventTap()  # job events, built only while the front end listens
+        # The commands the shard answers itself rather than the engine: one lookup per request.
+        self._own_commands: dict[object, OwnCommand] = {
+            "PULL": self._pull,
+            "PULLB": self._pull,
+            "WaitJob": self._wait_job,
+            "Stats": self._stats_command,
+            "CompactMemory": self._compact_memory,
+            FLOW_NOTIFY: self._flow_command,
+            FLOW_RELEASE: self._flow_command,
+        }
         self._handlers: dict[str, Callable[[dict[str, Any], int], None]] = {
             "req": self._on_req,
             "close": self._on_close,
@@ -410,17 +420,9 @@ class ShardCore:
         """Answer one command; None when the answer is parked (long-poll, WaitJob, durable)."""
         if self.storage_stalled and _is_durable(name, cmd):
             return {"ok": False, "error": STALLED_ERROR}  # refused before it changes anything
-        if name in _PULLS:
-            return self._pull(conn, rid, cmd, now)
-        if name == "WaitJob":
-            return self._wait_job(conn, rid, cmd, now)
-        if name == "Stats":
-            return self._stats(now)
-        if name == "CompactMemory":
-            release_memory(self.engine)
-            return {"ok": True}
-        if name in (FLOW_NOTIFY, FLOW_RELEASE):
-            return self._flow_command(conn, rid, cmd, now)
+        own = self._own_commands.get(name)
+        if own is not None:
+            return own(conn, rid, cmd, now)
         reply, muts = self.engine.apply(cmd, now)
         if reply.get("ok") and _is_durable(name, cmd):
             self._absorb(muts, self.engine.last_events, durable=True)
@@ -433,6 +435,13 @@ class ShardCore:
             return None
         self._absorb(muts, self.engine.last_events)
         return reply
+
+    def _stats_command(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> dict[str, Any]:
+        return self._stats(now)
+
+    def _compact_memory(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> dict[str, Any]:
+        release_memory(self.engine)
+        return {"ok": True}
 
     def _flow_command(
         self, conn: str, rid: int, cmd: dict[str, Any], now: int

@@ -76,9 +76,14 @@ class FrontPacker:
 
     def pack(self, msg: Mapping[str, Any]) -> bytes:
         """`msg` as `_control.pack` would encode it, were its `CompactJobs` lists of wire maps."""
-        items = msg.get("items") if msg.get("t") == "rep" and len(msg) == 2 else None
-        if type(items) is not list or not any(_has_packed(item) for item in items):
+        try:
+            # Most batches hold no `CompactJobs`: packing fails on the first one there is, which
+            # costs less over a turn than looking for them in every reply first.
             return self._pack(msg)
+        except TypeError:
+            items = msg.get("items") if msg.get("t") == "rep" and len(msg) == 2 else None
+            if type(items) is not list or not any(_has_packed(item) for item in items):
+                raise
         pack = self._pack
         out = [self._map_header(2)]
         for key, value in msg.items():
