@@ -14,6 +14,7 @@ mapped onto that set or refused, see `_ext_hook` and `_unpack`.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, TypeAlias, TypeVar
 
@@ -216,6 +217,22 @@ class FrameDecoder:
         return frames
 
 
+class _Packer(threading.local):
+    """One msgpack packer per thread: `msgpack.packb` builds a packer (and its buffer) per
+    call, which costs as much again as packing a small reply."""
+
+    def __init__(self) -> None:
+        self.pack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
+
+
+_PACKER: Final = _Packer()
+
+
+def pack_body(body: Any) -> bytes:
+    """`msgpack.packb(body, use_bin_type=True)`, with this thread's packer."""
+    return _PACKER.pack(body)
+
+
 def encode(msg: Mapping[str, Any]) -> bytes:
     """Return `msg` as one frame: a u32 big-endian body length, then the msgpack body.
 
@@ -226,7 +243,7 @@ def encode(msg: Mapping[str, Any]) -> bytes:
     integer outside the 64-bit ranges, and `ValueError` if the body is longer than a u32 can
     declare.
     """
-    body: bytes = msgpack.packb(msg if isinstance(msg, dict) else dict(msg), use_bin_type=True)
+    body = _PACKER.pack(msg if isinstance(msg, dict) else dict(msg))
     if len(body) > 0xFFFF_FFFF:
         raise ValueError(f"a {len(body)}-byte body does not fit a u32 length prefix")
     return _HEADER.pack(len(body)) + body

@@ -18,9 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-import msgpack  # type: ignore[import-untyped]
-
-from shardq.protocol._frames import FRAME_HEADER
+from shardq.protocol._frames import FRAME_HEADER, pack_body
 
 __all__ = ["JOB_TIME_KEYS", "UINT32_MAX", "encode_js", "js_job", "js_numbers", "js_timeline"]
 
@@ -122,14 +120,13 @@ def encode_js(msg: Mapping[str, Any]) -> bytes:
 
     `msg` itself may be changed (see `js_numbers`). Raises as `encode` does.
     """
-    packb = msgpack.packb
     reply = msg if type(msg) is dict else dict(msg)
     if "job" in reply or "jobs" in reply:
         _fix_jobs(reply)  # jobs always hold timestamps: the usual case needs one pack
-    body: bytes = packb(reply, use_bin_type=True)
+    body = pack_body(reply)
     if _UINT64 in body or _INT64 in body:
         _fix_dict(reply)
-        body = packb(reply, use_bin_type=True)
+        body = pack_body(reply)
     if len(body) > 0xFFFF_FFFF:
         raise ValueError(f"a {len(body)}-byte body does not fit a u32 length prefix")
     return FRAME_HEADER.pack(len(body)) + body
