@@ -2,7 +2,10 @@
 
     python -m bench.cpu_ab --build base=/path/to/old/venv/bin/shardq --build new=shardq
                            [--scenario push1q,push8q,drain1q,drain8q] [--jobs 30000]
-                           [--rounds 3] [--shards 2]
+                           [--rounds 3] [--shards 2] [--instructions]
+
+With `--instructions` each build runs each scenario once under valgrind, and the
+table gives the instructions each process executes per job instead (`bench/_instructions.py`).
 
 For each round, each build in turn starts a real `shardq start` on free ports with a fresh data
 directory, and one raw TCP client runs the scenario: `push*` sends N PUSH pipelined 100 at a
@@ -12,9 +15,11 @@ each child process (user + system, from /proc) is read before and after and divi
 
 Why this and not `bench compare`: on a shared VM the wall-clock rate of the same build moves
 by 2x within an hour, so two `compare` runs one after the other cannot resolve a 10 %
-difference. CPU time per job barely moves with other load, and alternating the builds round by
-round puts both under the same conditions. Linux only (/proc). The children are told apart by
-start order (writer, shards, front end), so the HTTP port is turned off where the build has one.
+difference. CPU time per job moves much less, and alternating the builds round by round puts
+both under the same conditions; it still moves by 10-20 % from one round to the next, so a
+difference of a few per cent needs `--instructions`, whose counts repeat to well under 1 %.
+Linux only (/proc). The children are told apart by start order (writer, shards, front end),
+so the HTTP port is turned off where the build has one.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import tempfile
 import time
 from typing import Any
 
+from bench._instructions import have_valgrind, measure_instructions
 from bench.cpu import cpu_seconds
 from shardq.client import ConnectionLost, TcpConnection
 
@@ -51,9 +57,18 @@ def _children(pid: int) -> list[tuple[int, str]]:
     return list(zip(pids, roles, strict=True))
 
 
-def _start(executable: str, shards: int, data_dir: str) -> tuple[subprocess.Popen[bytes], int]:
+def _start(
+    executable: str,
+    shards: int,
+    data_dir: str,
+    *,
+    wrapper: tuple[str, ...] | list[str] = (),
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A server of `executable` on free ports, run under `wrapper` (a command prefix) if set,
+    with `env` added to the environment."""
     tcp = _free_port()
-    args = [executable, "start", "--shards", str(shards), "--tcp-port", str(tcp),
+    args = [*wrapper, executable, "start", "--shards", str(shards), "--tcp-port", str(tcp),
             "--zmq-port", str(_free_port()), "--data-path", f"{data_dir}/shardq.db",
             "--log-level", "warning"]  # fmt: skip
     # In the data dir, not here: `python -m` puts the working directory first on the import
@@ -64,13 +79,17 @@ def _start(executable: str, shards: int, data_dir: str) -> tuple[subprocess.Pope
     if "--http-port" in help_text.stdout:
         args += ["--http-port", "0"]
     server = subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=data_dir
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=data_dir,
+        env={**os.environ, **(env or {})},
     )
     return server, tcp
 
 
-def _connect(port: int, server: subprocess.Popen[bytes]) -> TcpConnection:
-    deadline = time.monotonic() + 60
+def _connect(port: int, server: subprocess.Popen[bytes], timeout_s: float = 60) -> TcpConnection:
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
             conn = TcpConnection("127.0.0.1", port)
@@ -80,6 +99,10 @@ def _connect(port: int, server: subprocess.Popen[bytes]) -> TcpConnection:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def queues_of(scenario: str) -> list[str]:
+    return [f"q{i}" for i in range(8 if scenario.endswith("8q") else 1)]
 
 
 def _drain(conn: TcpConnection, queues: list[str]) -> int:
@@ -127,7 +150,7 @@ def measure(executable: str, scenario: str, jobs: int, shards: int) -> dict[str,
         server, port = _start(executable, shards, data_dir)
         try:
             conn = _connect(port, server)
-            queues = [f"q{i}" for i in range(8 if scenario.endswith("8q") else 1)]
+            queues = queues_of(scenario)
             _fill(conn, scenario, queues, jobs)
             time.sleep(1.0)  # the writer commits the fill
             children = _children(server.pid)
@@ -154,6 +177,27 @@ def _line(scenario: str, name: str, result: dict[str, Any]) -> str:
     )
 
 
+def _count_instructions(
+    builds: list[tuple[str, ...]], scenarios: list[str], jobs: int, shards: int
+) -> None:
+    print("| scenario | build | front end kIr/job | shards kIr/job | writer kIr/job | "
+          "total kIr/job | total against the first build |\n|---|---|---:|---:|---:|---:|---:|",
+          flush=True)  # fmt: skip
+    for scenario in scenarios:
+        first = 0.0
+        for name, executable in builds:
+            ir = measure_instructions(executable, scenario, jobs, shards)["ir_per_job"]
+            shard_ir = sum(v for k, v in ir.items() if k.startswith("shard"))
+            total = sum(ir.values())
+            first = first or total
+            change = 100 * (total / first - 1)
+            print(
+                f"| {scenario} | {name} | {ir['frontend'] / 1e3:.1f} | {shard_ir / 1e3:.1f} | "
+                f"{ir['writer'] / 1e3:.1f} | {total / 1e3:.1f} | {change:+.1f} % |",
+                flush=True,
+            )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cpu_ab", description=__doc__)
     parser.add_argument(
@@ -167,6 +211,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=30_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shards", type=int, default=2)  # fmt: skip
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per job under valgrind (one round)",
+    )
     args = parser.parse_args(argv)
     builds = [tuple(b.split("=", 1)) for b in args.build]
     if any(len(b) != 2 for b in builds) or os.name != "posix":
@@ -174,6 +223,11 @@ def main(argv: list[str]) -> int:
     scenarios = args.scenario.split(",")
     if unknown := set(scenarios) - set(SCENARIOS):
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    if args.instructions:
+        if not have_valgrind():
+            parser.error("--instructions needs valgrind (apt-get install valgrind)")
+        _count_instructions(builds, scenarios, args.jobs, args.shards)
+        return 0
     print("| scenario | build | jobs/s | front end µs/job | shards µs/job | writer µs/job | "
           "total µs/job |\n|---|---|---:|---:|---:|---:|---:|", flush=True)  # fmt: skip
     for scenario in scenarios:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SHARDQ = str(Path(sys.executable).parent / "shardq")
 
@@ -37,3 +39,30 @@ def test_cpu_ab_refuses_an_unknown_scenario() -> None:
         cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "unknown scenario(s): nope" in done.stderr
+
+
+def test_instructions_are_counted_for_a_process_and_its_children(tmp_path: Path) -> None:
+    """What `--instructions` runs a server under, on a process that starts another: the
+    server-level part of the tool (start, fill, work) is the CPU mode's, tested above."""
+    from bench._instructions import read_totals, valgrind_wrapper
+
+    child = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'pass'], check=True)"
+    done = subprocess.run(
+        [*valgrind_wrapper(tmp_path), sys.executable, "-c", child],
+        capture_output=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    counts = [read_totals(path) for path in tmp_path.glob("ir.*")]
+    # Python starting up runs some tens of millions of instructions; both processes counted.
+    assert len(counts) == 2 and min(counts) > 10_000_000
+
+
+def test_read_totals_reads_a_cachegrind_file(tmp_path: Path) -> None:
+    from bench._instructions import read_totals
+
+    out = tmp_path / "ir.1"
+    out.write_bytes(b"desc: I1 cache: 32768 B\ncmd: python3 -m x\nevents: Ir\nsummary: 123456\n")
+    assert read_totals(out) == 123456
+    out.write_bytes(b"version: 1\nevents: Ir\n")
+    with pytest.raises(ValueError, match="no instruction count"):
+        read_totals(out)
