@@ -183,7 +183,7 @@ class Dispatcher:
         self._local.update(hooks.handlers)
         self.flows = FlowRoutes(self)
         self._local.update(self.flows.handlers)
-        # Workers, Metrics, flow-children reads and the flow push refusals.
+        # The worker registry and the legacy Metrics.
         self.bunqueue = BunqueueCommands(
             self.answer, self._gather_all, rate_window_s, self.pending_per_shard, self._route
         )
