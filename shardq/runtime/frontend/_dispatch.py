@@ -26,7 +26,7 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import structlog
 from msgpack import packb  # type: ignore[import-untyped]
@@ -64,11 +64,9 @@ from shardq.runtime.frontend._limits import (
     parks,
 )
 from shardq.runtime.frontend._merge import (
-    SHARD_UNAVAILABLE,
     JobCache,
     aligned,
     combine_batch,
-    is_found,
     learned_ids,
     merge_list_queues,
     merge_stats,
@@ -76,14 +74,20 @@ from shardq.runtime.frontend._merge import (
     sub_batch,
 )
 from shardq.runtime.frontend._presence import WorkerPresence
+from shardq.runtime.frontend._replies import (
+    Client,
+    FirstFound,
+    Gather,
+    OnReply,
+    ParkedClient,
+    Reply,
+)
 from shardq.runtime.frontend._webhooks import WebhookRoutes
 from shardq.runtime.links._control import pack
 from shardq.runtime.links._stream import MAX_FRAME_BYTES, split_batch
 
-__all__ = ["Client", "Dispatcher"]
+__all__ = ["Client", "Dispatcher", "Reply"]
 
-Reply = dict[str, Any]
-OnReply = Callable[[Reply], None]
 
 _ABSENT: Final = object()  # the frame had no reqId: the reply carries none either
 # The field naming the job, for the id commands that do not call it `id`.
@@ -98,19 +102,6 @@ _log = structlog.get_logger()
 # closed, is refused every later `Auth` instead): guessing tokens costs a reconnect each time.
 
 
-class Client(Protocol):
-    """One client connection as the dispatcher sees it."""
-
-    conn: str
-    authenticated: bool
-
-    def send(self, reply: Reply) -> None:
-        """Queue one reply frame for the client (dropped if the connection is gone)."""
-
-    def drop(self, reason: str) -> None:
-        """Close the connection after what is queued, for protocol abuse; `reason` is logged."""
-
-
 def _pass_through(client: Client, cmd: dict[str, Any]) -> None:
     """Let the shard pack a PULLB's reply in its final form for a TCP or ZeroMQ client (their
     `wire_mode` says how numbers go), to be passed on as bytes (`protocol._prepacked`)."""
@@ -118,57 +109,6 @@ def _pass_through(client: Client, cmd: dict[str, Any]) -> None:
     mode = getattr(client, "wire_mode", None)
     if mode is not None:
         cmd[WIRE_MODE_KEY] = mode
-
-
-class _FirstFound:
-    """Collects one id command's replies from every shard; the first that shows the job wins.
-
-    When no shard shows the job, the first reply (a "not found") answers once all are in.
-    """
-
-    __slots__ = ("_done", "_first", "_left", "_name", "_on_done", "_unavailable")
-
-    def __init__(self, n: int, name: str, on_done: Callable[[int | None, Reply], None]) -> None:
-        self._left = n
-        self._name = name
-        self._on_done = on_done
-        self._first: Reply | None = None
-        # A restarting shard may hold the job: "not found" would then be a lie.
-        self._unavailable: Reply | None = None
-        self._done = False
-
-    def part(self, shard: int, reply: Reply) -> None:
-        self._left -= 1
-        if self._done:
-            return
-        if is_found(self._name, reply):
-            self._done = True
-            self._on_done(shard, reply)
-            return
-        if str(reply.get("error", "")).startswith(SHARD_UNAVAILABLE):
-            self._unavailable = self._unavailable or reply
-        elif self._first is None:
-            self._first = reply
-        if self._left == 0:
-            self._done = True
-            self._on_done(None, self._unavailable or self._first or reply)
-
-
-class _Gather:
-    """Collects one reply per part, then hands them over in part order."""
-
-    __slots__ = ("_left", "_on_done", "_replies")
-
-    def __init__(self, n: int, on_done: Callable[[list[Reply]], None]) -> None:
-        self._replies: list[Reply] = [{} for _ in range(n)]
-        self._left = n
-        self._on_done = on_done
-
-    def part(self, index: int, reply: Reply) -> None:
-        self._replies[index] = reply
-        self._left -= 1
-        if self._left == 0:
-            self._on_done(self._replies)
 
 
 class _Direct:
@@ -188,32 +128,6 @@ class _Direct:
     def __call__(self, reply: Reply) -> None:
         self.dispatcher.learn(self.name, self.shard, reply)
         self.dispatcher.answer(self.client, self.req, reply)
-
-
-class _Parked:
-    """The dispatcher's `Client` for one parked long-poll: frees its slot, then forwards."""
-
-    __slots__ = ("_client", "_slots", "conn")
-
-    def __init__(self, slots: ParkedSlots, client: Client) -> None:
-        self._slots = slots
-        self._client = client
-        self.conn: str = client.conn
-
-    @property
-    def authenticated(self) -> bool:
-        return self._client.authenticated
-
-    @authenticated.setter
-    def authenticated(self, value: bool) -> None:
-        self._client.authenticated = value
-
-    def send(self, reply: Reply) -> None:
-        self._slots.give_back(self.conn)
-        self._client.send(reply)
-
-    def drop(self, reason: str) -> None:
-        self._client.drop(reason)
 
 
 class Dispatcher:
@@ -269,7 +183,7 @@ class Dispatcher:
         self._local.update(hooks.handlers)
         self.flows = FlowRoutes(self)
         self._local.update(self.flows.handlers)
-        # Workers, Metrics, flow-children reads and the flow push refusals.
+        # The worker registry and the legacy Metrics.
         self.bunqueue = BunqueueCommands(
             self.answer, self._gather_all, rate_window_s, self.pending_per_shard, self._route
         )
@@ -352,7 +266,7 @@ class Dispatcher:
         """A long-poll within the caps holds a slot until it is answered; past them it is
         sent with no timeout, so its shard answers at once as if nothing were ready."""
         if self.parked.take(client.conn):
-            return _Parked(self.parked, client)
+            return ParkedClient(self.parked, client)
         cmd["timeout"] = 0
         return client
 
@@ -437,7 +351,7 @@ class Dispatcher:
     def _ask_all_first(
         self, conn: str, name: str, cmd: dict[str, Any], done: Callable[[int | None, Reply], None]
     ) -> None:
-        collector = _FirstFound(self.shards, name, done)
+        collector = FirstFound(self.shards, name, done)
         for shard in range(self.shards):
             self._ask(shard, conn, cmd, partial(collector.part, shard))
 
@@ -470,7 +384,7 @@ class Dispatcher:
         if not plan:
             finish([])
             return
-        gather = _Gather(len(plan), finish)
+        gather = Gather(len(plan), finish)
         for k, (shard, indices) in enumerate(plan):
             sub = sub_batch(name, cmd, indices)
             if shard is not None:
@@ -478,7 +392,7 @@ class Dispatcher:
             else:
                 self._ask_all_first(client.conn, name, sub, partial(self._miss_done, gather, k))
 
-    def _miss_done(self, gather: _Gather, k: int, found: int | None, reply: Reply) -> None:
+    def _miss_done(self, gather: Gather, k: int, found: int | None, reply: Reply) -> None:
         gather.part(k, reply)
 
     def _batch_done(
@@ -506,7 +420,7 @@ class Dispatcher:
         self, client: Client, frame: dict[str, Any], done: Callable[[list[Reply]], None]
     ) -> None:
         frame["_conn"] = client.conn
-        gather = _Gather(self.shards, done)
+        gather = Gather(self.shards, done)
         for shard in range(self.shards):
             self._ask(shard, client.conn, frame, partial(gather.part, shard))
 

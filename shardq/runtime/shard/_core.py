@@ -36,16 +36,15 @@ from shardq.protocol._prepacked import JS_NUMBERS, PLAIN_NUMBERS, WIRE_MODE_KEY
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import release_memory
-from shardq.runtime.shard._salvage import names_job, pack_mutations
+from shardq.runtime.shard._refusals import Item, StorageRefusals
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
-from shardq.storage import MutationEncoder, describe
+from shardq.storage import MutationEncoder
 
 __all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
 
 Outgoing: TypeAlias = tuple[str, dict[str, Any]]
 """A message to send: ("writer" | "front", message map)."""
 
-Item: TypeAlias = list[Any]  # [conn, rid, reply]
 OwnCommand: TypeAlias = Callable[[str, int, dict[str, Any], int], dict[str, Any] | None]
 
 WAIT_DEFAULT_MS: Final = 30_000
@@ -122,7 +121,7 @@ def _wait_timeout_error(value: object) -> str | None:
     return None
 
 
-class ShardCore:
+class ShardCore(StorageRefusals):
     """The request side of one shard: engine, durable holds, long-polls, WaitJob, drain."""
 
     def __init__(self, index: int, engine: Engine, *, flow_resend_ms: int = 1_000) -> None:
@@ -334,58 +333,6 @@ class ShardCore:
                     self._urged = self.seq
             else:
                 self._replies.extend(replies)
-
-    # -- what cannot be encoded ------------------------------------------------------------
-
-    def _encode_each(self, muts: list[Mutation], held: list[Item]) -> list[Mutation]:
-        """Encode a batch that failed as a whole, one mutation at a time, dropping those that
-        cannot be encoded (an integer past 64 bits ...). Each dropped one is handled as if
-        the writer had rejected it: memory is made to match the disk, and the request that
-        made it is answered with an error if its reply has not gone out."""
-        out: list[Mutation] = []
-        dropped: list[list[Any]] = []
-        for m in muts:
-            try:
-                encoded = self._encoder.encode((m,))
-                pack_mutations(encoded)
-            except (TypeError, ValueError, OverflowError) as e:
-                dropped.append([*describe(m), f"{type(e).__name__}: {e}"])
-                continue
-            out.extend(encoded)
-        self._reject_here(dropped, held)
-        return out
-
-    def salvage_batch(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """`msg` (a `muts` batch that could not be packed) without its mutations that cannot
-        be packed, changed in place, so a resend of it packs too; see `_encode_each`."""
-        kept: list[Mutation] = []
-        dropped: list[list[Any]] = []
-        for m in msg.get("muts", ()):
-            try:
-                pack_mutations((m,))
-            except (TypeError, ValueError, OverflowError) as e:
-                dropped.append([*describe(m), f"{type(e).__name__}: {e}"])
-                continue
-            kept.append(m)
-        msg["muts"] = kept
-        self._reject_here(dropped, [])
-        return msg
-
-    def _reject_here(self, items: list[list[Any]], held: list[Item]) -> None:
-        for kind, key, error in items:
-            job_id = job_id_of(key) if isinstance(key, str) and kind != "queue" else None
-            _log.error("mutation cannot be encoded", kind=kind, job_id=job_id, error=error)
-            if job_id is None or kind not in ("put", "upd"):
-                continue
-            # Neither kind can reach the disk: the job's copy in memory holds a value no store
-            # can take, so it goes, as a rejected put does (its stored row, if any, comes back
-            # at the next start). A reply still to be sent for it becomes an error.
-            self._absorb(self.engine.forget((job_id,), stored=False), ())
-            refused = {"ok": False, "error": INTERNAL_SERVER_ERROR}
-            for pending in (held, self._replies):
-                for item in pending:
-                    if names_job(item[2], job_id):
-                        item[2] = refused
 
     # -- requests --------------------------------------------------------------------------
 
@@ -623,64 +570,6 @@ class ShardCore:
             self._replies.extend(self._held.popleft()[1])
         while self._holding and self._holding[0][0] <= self.committed:
             self._woken.update(self.engine.confirm(self._holding.popleft()[1]))
-
-    def _on_fail(self, msg: dict[str, Any], now: int) -> None:
-        seq = msg.get("seq")
-        if not isinstance(seq, int):
-            return
-        error = {"ok": False, "error": f"Storage unavailable: {msg.get('error')}"}
-        failed = 0
-        while self._held and self._held[0][0] <= seq:
-            for conn, rid, _reply in self._held.popleft()[1]:
-                self._replies.append([conn, rid, error])
-                failed += 1
-        _log.warning("durable replies failed", seq=seq, count=failed, error=msg.get("error"))
-        self._forget_batch(seq)
-
-    def _forget_batch(self, seq: int) -> None:
-        """The writer dropped durable batch `seq` (storage full): its pushes were answered
-        with an error, so their jobs leave memory and the batch is never resent."""
-        batch = next((m for s, m in self._unconfirmed if s == seq), None)
-        if batch is None or not batch.get("durable"):
-            return  # a buffered batch: the writer keeps it and commits it later
-        self._unconfirmed = deque((s, m) for s, m in self._unconfirmed if s != seq)
-        self._holding = deque((s, ids) for s, ids in self._holding if s != seq)
-        puts = [key for kind, key in map(describe, batch["muts"]) if kind == "put" and key]
-        self._absorb(self.engine.forget([job_id_of(key) for key in puts], stored=False), ())
-
-    def _on_rejected(self, msg: dict[str, Any], now: int) -> None:
-        """The writer could not store some mutations of batch `seq` (docs/runtime.md): make
-        memory match the disk, and fail the durable push that waits on a rejected job."""
-        seq, items = msg.get("seq"), msg.get("items")
-        if not isinstance(seq, int) or not isinstance(items, list):
-            return
-        for item in items:
-            if not (isinstance(item, list) and len(item) >= 3 and isinstance(item[1], str)):
-                continue
-            kind, key, error = item[0], item[1], item[2]
-            job_id = job_id_of(key)
-            _log.error("the writer rejected a mutation", seq=seq, kind=kind, job_id=job_id)
-            if kind == "put":
-                self._unpush(seq, job_id, str(error))
-            elif kind == "upd":
-                self.engine.reload(job_id, item[3] if len(item) > 3 else None, now)
-
-    def _unpush(self, seq: int, job_id: str, error: str) -> None:
-        """A job's put was rejected: it is not stored, so it must not stay in memory. A durable
-        push still waiting for it is answered with an error, and the other jobs of that
-        push are deleted too, so that a client that retries it creates no duplicate."""
-        self._absorb(self.engine.forget((job_id,), stored=False), ())
-        refused = {"ok": False, "error": f"Storage rejected job {job_id}: {error}"}
-        for held_seq, items in self._held:
-            if held_seq != seq:
-                continue
-            for item in items:
-                reply = item[2]
-                if names_job(reply, job_id):
-                    item[2] = refused
-                    ids = reply.get("ids") or ()
-                    others = [i for i in ids if isinstance(i, str) and i != job_id]
-                    self._absorb(self.engine.forget(others, stored=True), ())
 
     def _on_writer_up(self, msg: dict[str, Any], now: int) -> None:
         if self._unconfirmed:

@@ -1,0 +1,105 @@
+"""Who a reply goes to: the dispatcher's view of a client, and the collectors that gather
+the replies of a command sent to several shards before its client is answered."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from shardq.runtime.frontend._limits import ParkedSlots
+from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE, is_found
+
+__all__ = ["Client", "FirstFound", "Gather", "OnReply", "ParkedClient", "Reply"]
+
+Reply = dict[str, Any]
+OnReply = Callable[[Reply], None]
+
+
+class Client(Protocol):
+    """One client connection as the dispatcher sees it."""
+
+    conn: str
+    authenticated: bool
+
+    def send(self, reply: Reply) -> None:
+        """Queue one reply frame for the client (dropped if the connection is gone)."""
+
+    def drop(self, reason: str) -> None:
+        """Close the connection after what is queued, for protocol abuse; `reason` is logged."""
+
+
+class FirstFound:
+    """Collects one id command's replies from every shard; the first that shows the job wins.
+
+    When no shard shows the job, the first reply (a "not found") answers once all are in.
+    """
+
+    __slots__ = ("_done", "_first", "_left", "_name", "_on_done", "_unavailable")
+
+    def __init__(self, n: int, name: str, on_done: Callable[[int | None, Reply], None]) -> None:
+        self._left = n
+        self._name = name
+        self._on_done = on_done
+        self._first: Reply | None = None
+        # A restarting shard may hold the job: "not found" would then be a lie.
+        self._unavailable: Reply | None = None
+        self._done = False
+
+    def part(self, shard: int, reply: Reply) -> None:
+        self._left -= 1
+        if self._done:
+            return
+        if is_found(self._name, reply):
+            self._done = True
+            self._on_done(shard, reply)
+            return
+        if str(reply.get("error", "")).startswith(SHARD_UNAVAILABLE):
+            self._unavailable = self._unavailable or reply
+        elif self._first is None:
+            self._first = reply
+        if self._left == 0:
+            self._done = True
+            self._on_done(None, self._unavailable or self._first or reply)
+
+
+class Gather:
+    """Collects one reply per part, then hands them over in part order."""
+
+    __slots__ = ("_left", "_on_done", "_replies")
+
+    def __init__(self, n: int, on_done: Callable[[list[Reply]], None]) -> None:
+        self._replies: list[Reply] = [{} for _ in range(n)]
+        self._left = n
+        self._on_done = on_done
+
+    def part(self, index: int, reply: Reply) -> None:
+        self._replies[index] = reply
+        self._left -= 1
+        if self._left == 0:
+            self._on_done(self._replies)
+
+
+class ParkedClient:
+    """The dispatcher's `Client` for one parked long-poll: frees its slot, then forwards."""
+
+    __slots__ = ("_client", "_slots", "conn")
+
+    def __init__(self, slots: ParkedSlots, client: Client) -> None:
+        self._slots = slots
+        self._client = client
+        self.conn: str = client.conn
+
+    @property
+    def authenticated(self) -> bool:
+        return self._client.authenticated
+
+    @authenticated.setter
+    def authenticated(self, value: bool) -> None:
+        self._client.authenticated = value
+
+    def send(self, reply: Reply) -> None:
+        self._slots.give_back(self.conn)
+        self._client.send(reply)
+
+    def drop(self, reason: str) -> None:
+        self._client.drop(reason)
