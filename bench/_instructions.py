@@ -3,11 +3,11 @@
 `python -m bench.cpu_ab --instructions` uses this instead of CPU time. CPU time on a shared VM
 moves by 10-20 % between two runs of the same build, with what else the machine runs. An
 instruction count does not depend on other load, but it still depends on how the processes'
-batches form, which timing decides: two runs of one build with 5,000 jobs differed by about 2 %
-in the front end, 4-6 % in the shards and up to 25 % in the writer (its group commits). Compare
-per process, and repeat a build to see the spread. It says nothing about cache misses, system
-calls or waits: it ranks builds by the work they do, and the CPU-time mode stays the measure
-of speed.
+batches form, which timing decides. Two runs of one build with 5,000 jobs (BENCHMARKS.md §7)
+differed by at most 4 % in the front end, but by 2-44 % in the shards and 3-35 % in the writer
+(its group commits). Compare per process, and repeat a build to see the spread. It says
+nothing about cache misses, system calls or waits: it ranks builds by the work they do, and the
+CPU-time mode stays the measure of speed.
 
 Every process of the server runs under cachegrind with its cache simulation off, which only
 counts instructions (`--trace-children=yes`), about 25 times slower than native. Startup,

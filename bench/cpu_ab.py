@@ -18,8 +18,8 @@ by 2x within an hour, so two `compare` runs one after the other cannot resolve a
 difference. CPU time per job moves much less, and alternating the builds round by round puts
 both under the same conditions; it still moves by 10-20 % from one round to the next. A
 difference of a few per cent in one process shows better in `--instructions`, whose counts do
-not depend on other load (the same build twice: within about 2 % in the front end and 6 % in
-the shards; the writer's depend on how its commits batch).
+not depend on other load; the front end's repeat within 4 %, the shards' and the writer's
+vary far more with how their batches form.
 Linux only (/proc). The children are told apart by start order (writer, shards, front end),
 so the HTTP port is turned off where the build has one.
 """
