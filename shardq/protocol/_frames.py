@@ -34,6 +34,7 @@ __all__ = [
     "encode",
     "encode_many",
     "error_reply",
+    "pack_body",
     "req_id",
 ]
 

@@ -24,7 +24,6 @@ __all__ = ["JOB_TIME_KEYS", "UINT32_MAX", "encode_js", "js_job", "js_numbers", "
 
 _INT32_MIN: Final = -(2**31)
 UINT32_MAX: Final = 2**32 - 1
-_UINT32_MAX: Final = UINT32_MAX
 # The job fields that hold epoch milliseconds. Other large numbers (a long `ttl`, a `repeat`
 # end date) are rare and are caught by the marker check after packing.
 JOB_TIME_KEYS: Final = ("createdAt", "runAt", "startedAt", "completedAt", "lastHeartbeat")
@@ -40,7 +39,7 @@ def js_numbers(value: Any) -> Any:
     """
     kind = type(value)
     if kind is int:
-        return float(value) if value > _UINT32_MAX or value < _INT32_MIN else value
+        return float(value) if value > UINT32_MAX or value < _INT32_MIN else value
     if kind is dict:
         _fix_dict(value)
     elif kind is list:
@@ -56,7 +55,7 @@ def _fix_dict(d: dict[Any, Any]) -> None:
     for key, value in d.items():
         kind = type(value)
         if kind is int:
-            if value > _UINT32_MAX or value < _INT32_MIN:
+            if value > UINT32_MAX or value < _INT32_MIN:
                 d[key] = float(value)
         elif kind is dict:
             _fix_dict(value)
@@ -70,7 +69,7 @@ def _fix_list(items: list[Any]) -> None:
     for i, value in enumerate(items):
         kind = type(value)
         if kind is int:
-            if value > _UINT32_MAX or value < _INT32_MIN:
+            if value > UINT32_MAX or value < _INT32_MIN:
                 items[i] = float(value)
         elif kind is dict:
             _fix_dict(value)
@@ -90,7 +89,7 @@ def js_job(job: object) -> None:
         return
     for key in JOB_TIME_KEYS:
         value = job.get(key)
-        if type(value) is int and value > _UINT32_MAX:
+        if type(value) is int and value > UINT32_MAX:
             job[key] = float(value)
     js_timeline(job.get("timeline"))
 
@@ -101,7 +100,7 @@ def js_timeline(timeline: object) -> None:
         for entry in timeline:
             if type(entry) is dict:
                 value = entry.get("timestamp")
-                if type(value) is int and value > _UINT32_MAX:
+                if type(value) is int and value > UINT32_MAX:
                     entry["timestamp"] = float(value)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]
 
-from shardq.protocol._frames import FRAME_HEADER
+from shardq.protocol._frames import FRAME_HEADER, pack_body
 from shardq.protocol._jsnum import js_numbers
 
 __all__ = [
@@ -68,7 +68,7 @@ def prepacked_body(reply: Mapping[str, Any]) -> bytes:
     if "reqId" not in reply:
         return body
     count, skip = _map_size(body)
-    req = msgpack.packb(reply["reqId"], use_bin_type=True)
+    req = pack_body(reply["reqId"])
     return b"".join((_map_header(count + 1), _REQ_ID, req, body[skip:]))
 
 
