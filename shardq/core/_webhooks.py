@@ -7,21 +7,23 @@ one record (mutations `("webhook", id, rec)` and `("webhookdel", id)`); its deli
 (`successCount`, `failureCount`, `lastTriggered`) live in memory only and start at zero when
 the shard starts, as they do in bunqueue, which keeps no webhook across a restart at all.
 
-Whether a URL is reachable and public is checked outside the engine (it needs DNS): the front
-end refuses private addresses before a command gets here. The engine checks only the shape.
+Whether a URL's target is public is checked outside the engine: the front end refuses literal
+private addresses, and the HTTP process checks what a name resolves to at each delivery. The
+engine checks the URL's shape (`webhook_url_error`), with no DNS lookup.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from shardq.errors import CommandError
 
 from ._mutations import Mutation, Record
 from ._timers import TimerOps
 
-__all__ = ["WEBHOOK_EVENTS", "WebhookOps"]
+__all__ = ["WEBHOOK_EVENTS", "WebhookOps", "parse_webhook_url", "webhook_url_error"]
 
 WEBHOOK_EVENTS: Final = (
     "job.pushed",
@@ -42,14 +44,73 @@ NOT_FOUND: Final = "Webhook not found"
 _STORED: Final = ("id", "url", "events", "queue", "secret", "createdAt", "enabled")
 
 
+# DNS's own limits (RFC 1035): longer labels or names can never resolve, and Python's IDNA
+# codec raises on them deep inside a lookup.
+MAX_LABEL_CHARS: Final = 63
+MAX_HOST_CHARS: Final = 253
+
+
+def _host_error(host: str) -> str | None:
+    if ":" in host:  # an IPv6 literal: urlsplit has taken it from its brackets
+        return None
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > MAX_HOST_CHARS:
+        return f"host name longer than {MAX_HOST_CHARS} characters"
+    for label in name.split("."):
+        if not label:
+            return "host name has an empty label"
+        if len(label) > MAX_LABEL_CHARS:
+            return f"host name label longer than {MAX_LABEL_CHARS} characters"
+    try:
+        encoded = name.encode("idna")
+    except UnicodeError:
+        return "host name is not a valid (IDNA) name"
+    if len(encoded) > MAX_HOST_CHARS:
+        return f"host name longer than {MAX_HOST_CHARS} characters once encoded"
+    return None
+
+
+def parse_webhook_url(url: str) -> tuple[str, int]:
+    """The host and port an http(s) URL names. Raises `ValueError` (with the reason) for a
+    URL that names none, or whose host could never be resolved. Does no DNS lookup."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError for a port out of range
+    except ValueError as e:
+        raise ValueError(str(e) or "malformed URL") from None
+    scheme = parts.scheme.lower()
+    host = parts.hostname
+    if scheme not in ("http", "https"):
+        raise ValueError("only http and https are allowed")
+    if not host:
+        raise ValueError("the URL names no host")
+    reason = _host_error(host)
+    if reason is not None:
+        raise ValueError(reason)
+    return host, port or (443 if scheme == "https" else 80)
+
+
+def webhook_url_error(url: object) -> str | None:
+    """Why `url` is not a usable webhook URL (the whole error text), or None. Never raises."""
+    if not isinstance(url, str) or not url:
+        return "url is required"
+    if len(url) > MAX_URL_CHARS:
+        return f"url must be at most {MAX_URL_CHARS} characters"
+    if any(c.isspace() or ord(c) < 0x20 for c in url):
+        return "Invalid webhook URL: it contains whitespace or control characters"
+    try:
+        parse_webhook_url(url)
+    except ValueError as e:
+        return f"Invalid webhook URL: {e}"
+    return None
+
+
 def _url(cmd: Mapping[str, Any]) -> str:
     url = cmd.get("url")
-    if not isinstance(url, str) or not url:
-        raise CommandError("url is required")
-    if len(url) > MAX_URL_CHARS:
-        raise CommandError(f"url must be at most {MAX_URL_CHARS} characters")
-    if not url.lower().startswith(("http://", "https://")):
-        raise CommandError("Invalid webhook URL: only http and https are allowed")
+    error = webhook_url_error(url)
+    if error is not None:
+        raise CommandError(error)
+    assert isinstance(url, str)
     return url
 
 

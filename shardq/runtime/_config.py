@@ -17,6 +17,7 @@ when called without `env`.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -181,6 +182,13 @@ class ServerConfig:
     # How often the HTTP process reads the registry and reports outcomes: a change takes
     # effect for deliveries within this long.
     webhook_sync_ms: int = 500
+    # Non-public networks (CIDRs) webhooks may reach even without webhook_allow_private: a
+    # receiver on the operator's own network, and nothing else of it.
+    webhook_allow_networks: tuple[str, ...] = ()
+    # Bytes of request bodies the pending deliveries may hold at most (with
+    # webhook_max_pending): large results to a receiver that is down cost bounded memory.
+    # Past it the oldest pending delivery is dropped, counted and logged.
+    webhook_max_pending_bytes: int = 64 << 20
     # -- events (docs/protocol.md §18): the front end keeps the most recent events, with
     # their ids, so a subscriber can resume (SSE Last-Event-ID, SubscribeEvents `since`).
     # bunqueue keeps 10,000 per queue (maxQueueEvents); one event is a few hundred bytes.
@@ -199,6 +207,10 @@ class ServerConfig:
     # Test-only: a file whose number (seconds) every server process adds to the wall clock,
     # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
     test_clock_file: str = ""
+    # Test-only: a JSON file {"host": "address"} the HTTP process's webhook deliveries resolve
+    # names with, re-read at each lookup ("" = off, the system's resolver; docs/protocol.md,
+    # "Webhooks"). Lets a test change a name's answer between deliveries (DNS rebinding).
+    test_resolve_file: str = ""
 
     @property
     def shard_count(self) -> int:
@@ -327,6 +339,22 @@ def _tokens(value: object) -> tuple[str, ...]:
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
+def _networks(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):  # the environment's form: "10.0.0.0/8,fd00::/8"
+        items: list[object] = [part.strip() for part in value.split(",") if part.strip()]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise ValueError(f"must be a list of networks, got {type(value).__name__}")
+    out = []
+    for item in items:
+        try:
+            out.append(str(ipaddress.ip_network(str(item), strict=False)))
+        except ValueError as e:
+            raise ValueError(f"{item!r} is not a network (e.g. 10.1.0.0/16): {e}") from None
+    return tuple(out)
+
+
 def _bool(value: object) -> bool:
     if isinstance(value, bool):
         return value
@@ -411,6 +439,9 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "webhook_max_pending": _ranged(1, 10_000_000),
     "webhook_concurrency": _ranged(1, 1_000),
     "webhook_sync_ms": _ranged(10, 60_000, ms=True),
+    "webhook_allow_networks": _networks,
+    "webhook_max_pending_bytes": _ranged(1 << 16, 1 << 40),
+    "test_resolve_file": _path_or_none,
     # -- events: 0 keeps no ring (no resumption); 4 KiB holds a few events at least.
     "events_ring_size": _ranged(0, 10_000_000),
     "events_ring_data_bytes": _ranged(0, 1 << 20),

@@ -72,6 +72,12 @@ class ChildSpec:
     webhook_max_pending: int = 10_000
     webhook_concurrency: int = 16
     webhook_sync_ms: int = 500
+    webhook_allow_networks: tuple[str, ...] = ()
+    webhook_max_pending_bytes: int = 64 << 20
+    test_resolve_file: str = ""  # ServerConfig's (test-only, see there)
+    # The supervisor's per-run secret that marks the HTTP process's link to the front end as
+    # internal (WebhookSync is served only there). Given to the front end and HTTP process only.
+    internal_key: str = ""
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
     test_clock_file: str = ""  # ServerConfig's (test-only, see there)
 
@@ -98,6 +104,8 @@ class ChildSpec:
     def from_json(cls, text: str) -> ChildSpec:
         raw: dict[str, Any] = json.loads(text)
         raw["auth_tokens"] = tuple(raw.get("auth_tokens") or ())
+        if "webhook_allow_networks" in raw:
+            raw["webhook_allow_networks"] = tuple(raw["webhook_allow_networks"])
         if "cors_allow_origin" in raw:
             raw["cors_allow_origin"] = tuple(raw["cors_allow_origin"])
         return cls(**raw)

@@ -1,38 +1,59 @@
 """Which webhook targets are refused: private, loopback, link-local and other non-public
-addresses (docs/protocol.md, "Webhooks"), unless `webhook_allow_private` is set.
+addresses (docs/protocol.md, "Webhooks"), unless `webhook_allow_private` is set or the address
+is inside one of `webhook_allow_networks`.
 
 A webhook URL is chosen by a client, and the server then sends requests to it: without this a
-client could make the server probe its own network (SSRF). The host is resolved, not only
-read: `localhost`, or a public-looking name whose DNS answer is 10.0.0.5, is refused like the
-literal address. Used by the front end at AddWebhook and by the HTTP process at each delivery
-(DNS may have changed in between).
+client could make the server probe its own network (SSRF). The rules are applied where it
+counts, at delivery, on the addresses the connection really uses (`_delivery`): a name whose
+DNS answer changed since registration (DNS rebinding) is caught there. Registration does no
+DNS lookup at all (bunqueue registers `https://example.com/...` without one, and a server with
+no resolver must still take it); it refuses only what needs no lookup: a malformed URL, a
+literal refused address, and `localhost` names (RFC 6761: they always mean this machine).
 """
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
-from urllib.parse import urlsplit
 
-__all__ = ["ALLOW_HINT", "NOT_AN_IP", "check_url", "refused_reason", "url_host_port"]
+from shardq.core._webhooks import parse_webhook_url, webhook_url_error
+
+__all__ = [
+    "ALLOW_HINT",
+    "NOT_AN_IP",
+    "SsrfRules",
+    "refused_reason",
+    "registration_error",
+    "url_host_port",
+]
 
 # Shared address space (RFC 6598, carrier-grade NAT): not `is_private` in Python 3.11, yet
 # just as internal to whoever runs the server.
 _SHARED: Final = ipaddress.ip_network("100.64.0.0/10")
 NOT_AN_IP: Final = "not an IP address"
-ALLOW_HINT: Final = "set webhook_allow_private (WEBHOOK_ALLOW_PRIVATE) to allow it"
+ALLOW_HINT: Final = (
+    "set webhook_allow_private (WEBHOOK_ALLOW_PRIVATE) or webhook_allow_networks to allow it"
+)
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
 def refused_reason(address: str) -> str | None:
     """Why `address` (an IP literal) is not a public address, or None when it is."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
+    ip = _ip(address)
+    if ip is None:
         return NOT_AN_IP
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
     checks = (
         (ip.is_loopback, "loopback"),
         (ip.is_link_local, "link-local"),
@@ -47,37 +68,53 @@ def refused_reason(address: str) -> str | None:
 
 def url_host_port(url: str) -> tuple[str, int]:
     """The host and port a URL names. Raises `ValueError` for a URL that names none."""
-    parts = urlsplit(url)
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise ValueError("only http and https URLs with a host are allowed")
-    port = parts.port  # raises ValueError for a port out of range
-    return parts.hostname, port or (443 if parts.scheme.lower() == "https" else 80)
+    return parse_webhook_url(url)
 
 
-async def check_url(url: str, *, allow_private: bool, timeout_s: float) -> str | None:
-    """The error for a webhook URL that must be refused, or None when it may be used.
+@dataclass(frozen=True, slots=True)
+class SsrfRules:
+    """The rules of one server: `allow_private` lets everything in; `allow_networks` lets in
+    the non-public addresses inside them (a receiver on the operator's own network)."""
 
-    Resolves the host (within `timeout_s`); every address it resolves to must be public.
-    """
-    try:
-        host, port = url_host_port(url)
-    except ValueError as e:
-        return f"Invalid webhook URL: {e}"
-    if allow_private:
-        return None
-    try:
-        infos = await asyncio.wait_for(
-            asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
-            timeout_s,
-        )
-    except (TimeoutError, OSError) as e:
-        return f"Invalid webhook URL: cannot resolve host {host}: {e or 'timed out'}"
-    for info in infos:
-        address = str(info[4][0])
+    allow_private: bool = False
+    allow_networks: tuple[Network, ...] = ()
+
+    @classmethod
+    def of(cls, allow_private: bool, networks: Sequence[str] = ()) -> SsrfRules:
+        nets = tuple(ipaddress.ip_network(n, strict=False) for n in networks)
+        return cls(allow_private, nets)
+
+    def address_error(self, host: str, address: str) -> str | None:
+        """Why `address` (what `host` resolved to, or `host` itself) may not be reached."""
+        if self.allow_private:
+            return None
         reason = refused_reason(address)
-        if reason is not None:
-            return (
-                f"Invalid webhook URL: {host} resolves to a {reason} address ({address});"
-                f" {ALLOW_HINT}"
-            )
-    return None
+        if reason is None:
+            return None
+        ip = _ip(address)
+        if ip is not None and any(ip.version == n.version and ip in n for n in self.allow_networks):
+            return None
+        if host == address:
+            return f"{host} is a {reason} address; {ALLOW_HINT}"
+        return f"{host} resolves to a {reason} address ({address}); {ALLOW_HINT}"
+
+
+def _is_localhost(host: str) -> bool:
+    name = host.rstrip(".").lower()
+    return name == "localhost" or name.endswith(".localhost")
+
+
+def registration_error(url: object, rules: SsrfRules) -> str | None:
+    """The error for a webhook URL that AddWebhook must refuse, or None. No DNS lookup: only
+    the URL's shape, a literal address, and `localhost` names. Never raises."""
+    shape = webhook_url_error(url)
+    if shape is not None or not isinstance(url, str):
+        return shape
+    host, _port = parse_webhook_url(url)
+    if _ip(host) is not None:
+        error = rules.address_error(host, host)
+    elif _is_localhost(host):
+        error = rules.address_error(host, "127.0.0.1")
+    else:
+        return None  # a name: checked at each delivery, on what it resolves to then
+    return None if error is None else f"Invalid webhook URL: {error}"

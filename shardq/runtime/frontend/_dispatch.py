@@ -46,6 +46,7 @@ from shardq.protocol import (
 from shardq.protocol._prepacked import WIRE_MODE_KEY
 from shardq.runtime import _clock
 from shardq.runtime._routing import shard_of
+from shardq.runtime._ssrf import SsrfRules
 from shardq.runtime.frontend._bunqueue import BunqueueCommands, LocalHandler
 from shardq.runtime.frontend._commands import (
     BUNQUEUE_COMMANDS,
@@ -146,8 +147,8 @@ class Dispatcher:
         max_parked_per_connection: int = 1_000,
         max_parked: int = 10_000,
         auth_max_failures: int = 3,
-        webhook_allow_private: bool = False,
-        webhook_timeout_ms: int = 10_000,
+        webhook_rules: SsrfRules = SsrfRules(),  # noqa: B008 (frozen, so shared safely)
+        internal_key: str = "",
         events: EventLimits = EventLimits(),  # noqa: B008 (frozen, so shared safely)
     ) -> None:
         self.shards = shards
@@ -159,6 +160,10 @@ class Dispatcher:
         self._send = send
         self._loop = loop
         self._tokens = [t.encode() for t in auth_tokens]
+        # A connection whose Auth presented the supervisor's per-run key is the HTTP process's
+        # internal link: only there are internal commands (WebhookSync) served.
+        self._internal_key = internal_key.encode()
+        self._internal: set[str] = set()
         self.cache = JobCache() if cache_size is None else JobCache(cache_size)
         self._rids = itertools.count(1)
         self._pending: dict[int, tuple[int, OnReply]] = {}  # rid -> (shard, callback)
@@ -177,9 +182,7 @@ class Dispatcher:
             "ListQueues": self._list_queues,
         }
         self._local.update(CronRoutes(self).handlers)
-        hooks = WebhookRoutes(
-            self, allow_private=webhook_allow_private, timeout_ms=webhook_timeout_ms
-        )
+        hooks = WebhookRoutes(self, webhook_rules)
         self._local.update(hooks.handlers)
         self.flows = FlowRoutes(self)
         self._local.update(self.flows.handlers)
@@ -275,6 +278,11 @@ class Dispatcher:
             # Attempts pipelined behind the last one allowed are not even compared.
             return error_reply(INVALID_TOKEN)
         token = frame.get("token")
+        internal = self._internal_key and isinstance(token, str)
+        if internal and hmac.compare_digest(str(token).encode(), self._internal_key):
+            self._internal.add(client.conn)
+            client.authenticated = True
+            return {"ok": True}
         matched = False
         if isinstance(token, str):
             given = token.encode()
@@ -288,6 +296,10 @@ class Dispatcher:
         self._auth_failures.forget(client.conn)
         client.authenticated = True
         return {"ok": True}
+
+    def is_internal(self, client: Client) -> bool:
+        """Whether `client` is the HTTP process's internal link (see `_auth`)."""
+        return client.conn in self._internal
 
     def _auth_failed(self, client: Client) -> None:
         """Log it (at most once a second) and close the connection at the last failure
@@ -541,6 +553,7 @@ class Dispatcher:
         self.bunqueue.connection_closed(conn)
         self.events.forget(conn)
         self._auth_failures.forget(conn)
+        self._internal.discard(conn)
         if not self.release_on_close:
             return
         for shard in range(self.shards):

@@ -36,6 +36,7 @@ from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
+from shardq.runtime._ssrf import SsrfRules
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._events import EventLimits
 from shardq.runtime.frontend._links import ShardLinks
@@ -81,8 +82,8 @@ class Frontend:
             max_parked=spec.max_parked,
             auth_max_failures=spec.auth_max_failures,
             cache_size=spec.job_cache_size,
-            webhook_allow_private=spec.webhook_allow_private,
-            webhook_timeout_ms=spec.webhook_timeout_ms,
+            webhook_rules=SsrfRules.of(spec.webhook_allow_private, spec.webhook_allow_networks),
+            internal_key=spec.internal_key,
             events=EventLimits.from_spec(spec),
         )
         self.dispatcher.add_handlers(MonitoringCommands(self.dispatcher, spec).handlers)

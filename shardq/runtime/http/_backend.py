@@ -43,8 +43,14 @@ def frontend_url(spec: ChildSpec) -> str:
 class Backend:
     """Sends commands to the front end; a failure to reach it becomes an error reply."""
 
-    def __init__(self, spec: ChildSpec) -> None:
+    def __init__(self, spec: ChildSpec, *, internal: bool = False) -> None:
+        """`internal`: authenticate with the supervisor's per-run key, which marks this
+        connection as the HTTP process's internal link (the only one served WebhookSync).
+        Never for the connection that carries REST and /ws commands: a client's command must
+        never ride an internal link."""
         token = spec.auth_tokens[0] if spec.auth_tokens else None
+        if internal and spec.internal_key:
+            token = spec.internal_key
         tls = loopback_client_context(spec.tls_cert_file) if spec.tls_cert_file else None
         self._conn = AsyncConnection(
             frontend_url(spec),

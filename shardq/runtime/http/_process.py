@@ -99,7 +99,7 @@ class _Server:
         self.auth = _Auth(spec)
         self.streams = EventStreams(spec, backend)
         self.monitor.streams_open = self.streams.open
-        self.webhooks = WebhookService(spec, backend)
+        self.webhooks = WebhookService(spec)  # on its own internal link (WebhookSync)
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -2,6 +2,8 @@
 
 - Every `webhook_sync_ms` it sends `WebhookSync` to the front end (which goes to shard 0, the
   registry's owner) with the delivery outcomes since the last sync, and gets the registry back.
+  It does so on its own internal connection (`Backend(internal=True)`), never on the one that
+  carries clients' REST and /ws commands: the front end serves WebhookSync only there.
 - While some webhook is enabled it holds one event subscription per queue those webhooks name
   (one for all queues if some webhook names none), each on its own TCP connection to the front
   end, as any client subscribes (`SubscribeEvents`). With no webhook enabled it subscribes to
@@ -126,10 +128,11 @@ class WebhookService:
     """Runs for the HTTP process's lifetime: `start`, then `stop`."""
 
     def __init__(
-        self, spec: ChildSpec, backend: Backend, deliveries: Deliveries | None = None
+        self, spec: ChildSpec, backend: Backend | None = None, deliveries: Deliveries | None = None
     ) -> None:
         self._spec = spec
-        self._backend = backend
+        self._own_backend = backend is None
+        self._backend = backend if backend is not None else Backend(spec, internal=True)
         self.deliveries = deliveries or Deliveries(DeliverySettings.from_spec(spec))
         self._sync_s = spec.webhook_sync_ms / 1000
         self._sync_task: asyncio.Task[None] | None = None
@@ -150,6 +153,8 @@ class WebhookService:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._streams.clear()
         await self.deliveries.stop()
+        if self._own_backend:
+            await self._backend.close()
 
     async def _sync_loop(self) -> None:
         while True:
@@ -207,3 +212,13 @@ class _Collector(Collector):
         yield outcomes
         yield CounterMetricFamily("shardq_webhook_retries", "Delivery attempts retried", d.retried)
         yield GaugeMetricFamily("shardq_webhook_pending", "Deliveries waiting", d.pending)
+        yield GaugeMetricFamily(
+            "shardq_webhook_pending_bytes",
+            "Body bytes the pending deliveries hold",
+            d.pending_bytes,
+        )
+        yield CounterMetricFamily(
+            "shardq_webhook_dropped_bytes",
+            "Deliveries dropped by the webhook_max_pending_bytes bound",
+            d.dropped_bytes,
+        )

@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import math
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -118,6 +119,9 @@ class Supervisor:
         # recover, and a load balancer sees the server leave before its clients are cut.
         self._http = [_Child("http")] if config.http_port else []
         self._children = [self._writer, *self._shards, self._frontend, *self._http]
+        # Proves to the front end that a connection is the HTTP process's internal link (its
+        # WebhookSync): made afresh for each run, handed over only in the specs (stdin).
+        self._internal_key = secrets.token_urlsafe(32)
         self._stops = 0
         self._serving = False  # "shardq ready" was logged: exits now mean restarts
         self._stopping = False
@@ -385,6 +389,7 @@ class Supervisor:
             engine=dict(c.engine),
             # Only the HTTP process serves HTTP; the other children see port 0.
             http_port=c.http_port if child.role == "http" else 0,
+            internal_key=self._internal_key if child.role in ("frontend", "http") else "",
         )
         return ChildSpec(**shared)
 
