@@ -71,7 +71,7 @@ class AsyncQueue:
             c.token,
             connect_timeout=c.connect_timeout,
             since=since,
-            tls_context=getattr(c, "_tls_context", None),
+            security=c.security,
         )
 
     async def on(self, name: str, listener: Callable[[QueueEvent], object]) -> AsyncQueue:

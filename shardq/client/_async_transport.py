@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import math
 import socket
-import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol, cast
 
@@ -29,14 +28,14 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost
+from shardq.client._sockets import ClientSecurity, connect_tcp_async, new_dealer
 from shardq.client._sync_transport import (
     HANDSHAKE_FAILED,
     close_monitored,
-    configure_dealer,
     handshake_failed,
     monitor_socket,
 )
-from shardq.client._url import Endpoint, closed_message, tls_context
+from shardq.client._url import Endpoint, closed_message
 
 __all__ = [
     "DEADLINE_GRAIN",
@@ -96,13 +95,14 @@ async def open_async(
     endpoint: Endpoint,
     connect_timeout: float,
     zmq_context: zmq.asyncio.Context | None = None,
-    tls: ssl.SSLContext | None = None,
+    security: ClientSecurity | None = None,
 ) -> AsyncTransport:
-    """Connect to `endpoint` (`tls`: the context of a `tls://` endpoint, else the default one).
+    """Connect to `endpoint`, secured as `security` says (default: from the environment).
     Raises `ConnectionLost(sent=False)` if that fails in time."""
+    security = security if security is not None else ClientSecurity.from_env()
     if endpoint.scheme == "tcp":
-        return await AsyncTcpTransport.open(endpoint, connect_timeout, tls)
-    return await AsyncZmqTransport.open(endpoint, connect_timeout, zmq_context)
+        return await AsyncTcpTransport.open(endpoint, connect_timeout, security)
+    return await AsyncZmqTransport.open(endpoint, connect_timeout, zmq_context, security)
 
 
 async def wait_replies_async(
@@ -219,17 +219,13 @@ class AsyncTcpTransport(asyncio.Protocol):
 
     @classmethod
     async def open(
-        cls, endpoint: Endpoint, connect_timeout: float, tls: ssl.SSLContext | None = None
+        cls, endpoint: Endpoint, connect_timeout: float, security: ClientSecurity
     ) -> AsyncTcpTransport:
         loop = asyncio.get_running_loop()
         self = cls(endpoint, loop)
         try:
             async with asyncio.timeout(connect_timeout):
-                await loop.create_connection(
-                    lambda: self, endpoint.host, endpoint.port,
-                    ssl=(tls or tls_context()) if endpoint.tls else None,
-                    server_hostname=endpoint.host if endpoint.tls else None,
-                )  # fmt: skip
+                await connect_tcp_async(endpoint, security, lambda: self)
         except (OSError, TimeoutError) as e:
             raise ConnectionLost(f"cannot connect to {endpoint}: {e!r}", sent=False) from e
         return self
@@ -326,11 +322,12 @@ class AsyncZmqTransport:
 
     releases_on_close = False  # the server's ROUTER sees no close; leases lapse by TTL
 
-    def __init__(self, endpoint: Endpoint, context: zmq.asyncio.Context | None = None) -> None:
+    def __init__(
+        self, endpoint: Endpoint, context: zmq.asyncio.Context | None, security: ClientSecurity
+    ) -> None:
         ctx = context if context is not None else zmq.asyncio.Context.instance()
         self._endpoint = endpoint
-        self._sock = ctx.socket(zmq.DEALER)
-        configure_dealer(self._sock)
+        self._sock: zmq.asyncio.Socket = new_dealer(ctx, security)
         self._shadow: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
         self._monitor = monitor_socket(self._sock, _MONITOR_EVENTS)
         self._core: ClientCore[asyncio.Future[Reply]] = ClientCore(Framing.MESSAGE)
@@ -347,9 +344,13 @@ class AsyncZmqTransport:
 
     @classmethod
     async def open(
-        cls, endpoint: Endpoint, connect_timeout: float, context: zmq.asyncio.Context | None
+        cls,
+        endpoint: Endpoint,
+        connect_timeout: float,
+        context: zmq.asyncio.Context | None,
+        security: ClientSecurity,
     ) -> AsyncZmqTransport:
-        self = cls(endpoint, context)
+        self = cls(endpoint, context, security)
         try:
             async with asyncio.timeout(connect_timeout):
                 await asyncio.shield(self._connected)

@@ -22,6 +22,7 @@ from shardq.client._async_transport import AsyncTransport, open_async, wait_repl
 from shardq.client._core import checked
 from shardq.client._errors import ClientClosed, ClientError, ConnectionLost, ServerError
 from shardq.client._retry import RetryPolicy
+from shardq.client._sockets import ClientSecurity
 from shardq.client._sync_transport import SyncTransport, open_sync, wait_replies
 from shardq.client._url import DEFAULT_URL, Endpoint, parse_url
 
@@ -44,6 +45,7 @@ class _Settings:
         timeout: float,
         connect_timeout: float,
         retry: RetryPolicy | None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         if timeout <= 0 or connect_timeout <= 0:
             raise ValueError("timeout and connect_timeout must be > 0")
@@ -52,6 +54,11 @@ class _Settings:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.retry = retry if retry is not None else RetryPolicy(attempts=1)
+        # Read once, here, where the user's configuration is read; every socket this
+        # connection and its queues' event streams open is secured from it (`_sockets`).
+        # `tls_context` replaces a `tls://` url's default verification (e.g. to pin one
+        # certificate).
+        self.security = ClientSecurity.from_env(tls_context=tls_context)
         self.generation = 0
         """How many times a transport was opened; a change means the connection is new."""
 
@@ -91,8 +98,9 @@ class Connection(_Settings):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         retry: RetryPolicy | None = None,
         zmq_context: zmq.Context[Any] | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(url, token, timeout, connect_timeout, retry)
+        super().__init__(url, token, timeout, connect_timeout, retry, tls_context)
         self._zmq_context = zmq_context
         self._transport: SyncTransport | None = None
         self._lock = threading.Lock()
@@ -187,7 +195,9 @@ class Connection(_Settings):
             if transport is not None:
                 transport.close()
             self._transport = None
-            transport = open_sync(self.endpoint, self.connect_timeout, self._zmq_context)
+            transport = open_sync(
+                self.endpoint, self.connect_timeout, self._zmq_context, self.security
+            )
             try:
                 auth = self.auth_commands()
                 _check_all(wait_replies(transport, auth, self.connect_timeout), True)
@@ -213,11 +223,8 @@ class AsyncConnection(_Settings):
         zmq_context: zmq.asyncio.Context | None = None,
         tls_context: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(url, token, timeout, connect_timeout, retry)
+        super().__init__(url, token, timeout, connect_timeout, retry, tls_context)
         self._zmq_context = zmq_context
-        # For a `tls://` url: replaces the default verification (`SHARDQ_TLS_CA_FILE` or the
-        # system's CAs), e.g. to pin one certificate.
-        self._tls_context = tls_context
         self._transport: AsyncTransport | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -324,7 +331,7 @@ class AsyncConnection(_Settings):
                 await transport.close()
             self._transport = None
             transport = await open_async(
-                self.endpoint, self.connect_timeout, self._zmq_context, self._tls_context
+                self.endpoint, self.connect_timeout, self._zmq_context, self.security
             )
             try:
                 auth = self.auth_commands()

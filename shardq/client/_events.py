@@ -33,7 +33,8 @@ import zmq
 import zmq.asyncio
 
 from shardq.client._errors import ConnectionLost, error_from_reply
-from shardq.client._url import Endpoint, tls_context
+from shardq.client._sockets import ClientSecurity, connect_tcp, new_dealer, open_tcp_stream
+from shardq.client._url import Endpoint
 from shardq.protocol import FrameDecoder, encode_many
 
 __all__ = [
@@ -181,13 +182,16 @@ class EventStream:
         connect_timeout: float = 5.0,
         since: int | None = None,
         tls_context: ssl.SSLContext | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._feed = _Feed(queue, token)
         self._feed.last_id = since
         self._connect_timeout = connect_timeout
-        # `tls://`: this context, else the system's CAs (or SHARDQ_TLS_CA_FILE).
-        self._tls = tls_context
+        # How its socket is secured: a queue's streams use their connection's (CURVE, TLS);
+        # else read from the environment now, with `tls_context` replacing a `tls://`
+        # endpoint's default verification.
+        self._security = security or ClientSecurity.from_env(tls_context=tls_context)
         self._sock: socket.socket | None = None
         self._dealer: zmq.Socket[Any] | None = None
         self._decoder = FrameDecoder()
@@ -248,19 +252,14 @@ class EventStream:
     def _open(self) -> None:
         hello = self._feed.hello()
         if self.endpoint.scheme == "zmq":
-            dealer: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
-            dealer.setsockopt(zmq.LINGER, 0)
+            ctx: zmq.Context[Any] = zmq.Context.instance()
+            dealer: zmq.Socket[Any] = new_dealer(ctx, self._security, immediate=False)
             dealer.connect(self.endpoint.zmq_address)
             for body in _pack_zmq(hello):
                 dealer.send(body)
             self._dealer = dealer
             return
-        sock = socket.create_connection(
-            (self.endpoint.host, self.endpoint.port), timeout=self._connect_timeout
-        )
-        if self.endpoint.tls:
-            context = self._tls or tls_context()
-            sock = context.wrap_socket(sock, server_hostname=self.endpoint.host)
+        sock = connect_tcp(self.endpoint, self._connect_timeout, self._security)
         sock.sendall(encode_many(hello))
         self._decoder = FrameDecoder()
         self._sock = sock
@@ -386,13 +385,16 @@ class AsyncEventStream:
         connect_timeout: float = 5.0,
         since: int | None = None,
         tls_context: ssl.SSLContext | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._feed = _Feed(queue, token)
         self._feed.last_id = since
         self._connect_timeout = connect_timeout
-        # `tls://`: this context, else the system's CAs (or SHARDQ_TLS_CA_FILE).
-        self._tls = tls_context
+        # How its socket is secured: a queue's streams use their connection's (CURVE, TLS);
+        # else read from the environment now, with `tls_context` replacing a `tls://`
+        # endpoint's default verification.
+        self._security = security or ClientSecurity.from_env(tls_context=tls_context)
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._dealer: zmq.asyncio.Socket | None = None
@@ -449,20 +451,15 @@ class AsyncEventStream:
     async def _open(self) -> None:
         hello = self._feed.hello()
         if self.endpoint.scheme == "zmq":
-            dealer = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-            dealer.setsockopt(zmq.LINGER, 0)
+            ctx = zmq.asyncio.Context.instance()
+            dealer: zmq.asyncio.Socket = new_dealer(ctx, self._security, immediate=False)
             dealer.connect(self.endpoint.zmq_address)
             for body in _pack_zmq(hello):
                 await dealer.send_multipart([body])
             self._dealer = dealer
             return
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                self.endpoint.host,
-                self.endpoint.port,
-                ssl=(self._tls or tls_context()) if self.endpoint.tls else None,
-            ),
-            self._connect_timeout,
+            open_tcp_stream(self.endpoint, self._security), self._connect_timeout
         )
         self._reader, self._writer = reader, writer
         self._decoder = FrameDecoder()

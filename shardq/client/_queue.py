@@ -86,7 +86,12 @@ class Queue:
         error if it refuses the subscription."""
         c = self.connection
         return EventStream(
-            c.endpoint, self.name, c.token, connect_timeout=c.connect_timeout, since=since
+            c.endpoint,
+            self.name,
+            c.token,
+            connect_timeout=c.connect_timeout,
+            since=since,
+            security=c.security,
         )
 
     def on(self, name: str, listener: Callable[[QueueEvent], object]) -> Queue:

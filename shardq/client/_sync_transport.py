@@ -30,7 +30,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._url import Endpoint, closed_message, tls_context
+from shardq.client._sockets import ClientSecurity, connect_tcp, new_dealer
+from shardq.client._url import Endpoint, closed_message
 
 __all__ = [
     "HANDSHAKE_FAILED",
@@ -38,7 +39,6 @@ __all__ = [
     "SyncTransport",
     "SyncZmqTransport",
     "close_monitored",
-    "configure_dealer",
     "detach_monitor",
     "handshake_failed",
     "monitor_socket",
@@ -91,12 +91,16 @@ class SyncTransport(Protocol):
 
 
 def open_sync(
-    endpoint: Endpoint, connect_timeout: float, zmq_context: zmq.Context[Any] | None = None
+    endpoint: Endpoint,
+    connect_timeout: float,
+    zmq_context: zmq.Context[Any] | None = None,
+    security: ClientSecurity | None = None,
 ) -> SyncTransport:
     """Connect to `endpoint`. Raises `ConnectionLost(sent=False)` if that fails in time."""
+    security = security if security is not None else ClientSecurity.from_env()
     if endpoint.scheme == "tcp":
-        return SyncTcpTransport(endpoint, connect_timeout)
-    return SyncZmqTransport(endpoint, connect_timeout, zmq_context)
+        return SyncTcpTransport(endpoint, connect_timeout, security)
+    return SyncZmqTransport(endpoint, connect_timeout, zmq_context, security)
 
 
 def wait_replies(
@@ -144,12 +148,11 @@ class SyncTcpTransport:
 
     releases_on_close = True
 
-    def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
-        try:
-            sock = socket.create_connection((endpoint.host, endpoint.port), connect_timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if endpoint.tls:  # the handshake runs here, bounded by the connect timeout
-                sock = tls_context().wrap_socket(sock, server_hostname=endpoint.host)
+    def __init__(
+        self, endpoint: Endpoint, connect_timeout: float, security: ClientSecurity
+    ) -> None:
+        try:  # a TLS handshake runs here too, bounded by the connect timeout
+            sock = connect_tcp(endpoint, connect_timeout, security)
         except OSError as e:
             raise ConnectionLost(f"cannot connect to {endpoint}: {e}", sent=False) from e
         # A send that cannot progress for this long (a peer that stopped reading) breaks the
@@ -296,12 +299,15 @@ class SyncZmqTransport:
     releases_on_close = False  # the server's ROUTER sees no close; leases lapse by TTL
 
     def __init__(
-        self, endpoint: Endpoint, connect_timeout: float, context: zmq.Context[Any] | None = None
+        self,
+        endpoint: Endpoint,
+        connect_timeout: float,
+        context: zmq.Context[Any] | None,
+        security: ClientSecurity,
     ) -> None:
         ctx = context if context is not None else zmq.Context.instance()
         self._endpoint = endpoint
-        self._sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-        configure_dealer(self._sock)
+        self._sock: zmq.Socket[bytes] = new_dealer(ctx, security)
         self._monitor: zmq.Socket[bytes] = monitor_socket(self._sock, _MONITOR_EVENTS)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -475,24 +481,3 @@ def handshake_failed(endpoint: Endpoint) -> str:
         f"ZeroMQ handshake with {endpoint} failed (a CURVE server needs SHARDQ_ZMQ_SERVER_KEY "
         "set to its public key; a plain one must not have it)"
     )
-
-
-def configure_dealer(sock: zmq.Socket[Any]) -> None:
-    server_key = os.environ.get("SHARDQ_ZMQ_SERVER_KEY", "").strip()
-    if server_key:
-        # CURVE: the server proves it holds the secret of this public key, and the traffic is
-        # encrypted. The client's own key pair is throwaway: clients prove who they are with
-        # Auth tokens, not keys.
-        public, secret = zmq.curve_keypair()
-        sock.curve_serverkey = server_key.encode()
-        sock.curve_publickey = public
-        sock.curve_secretkey = secret
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IMMEDIATE, 1)
-    # Pipelined bulk work may queue thousands of messages; the command timeout bounds them.
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    # ZMTP heartbeats notice a peer that vanished without a FIN (a pulled cable, a frozen
-    # host) within ~15 s, so waiting requests fail instead of waiting out their timeout.
-    sock.setsockopt(zmq.HEARTBEAT_IVL, 5000)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 15000)

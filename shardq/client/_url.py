@@ -3,13 +3,11 @@ TLS) or `zmq://host:6788` (ZeroMQ)."""
 
 from __future__ import annotations
 
-import os
-import ssl
 from dataclasses import dataclass
 from typing import Final, Literal
 from urllib.parse import urlsplit
 
-__all__ = ["DEFAULT_URL", "Endpoint", "closed_message", "parse_url", "tls_context"]
+__all__ = ["DEFAULT_URL", "Endpoint", "closed_message", "parse_url"]
 
 DEFAULT_URL: Final = "tcp://127.0.0.1:6789"
 
@@ -56,13 +54,6 @@ def parse_url(url: str) -> Endpoint:
     port = parts.port  # raises ValueError for a port out of range or not a number
     kind: Literal["tcp", "zmq"] = "zmq" if scheme == "zmq" else "tcp"
     return Endpoint(kind, host, port or _DEFAULT_PORTS[scheme], tls=scheme == "tls")
-
-
-def tls_context() -> ssl.SSLContext:
-    """The client side of `tls://`: verify the server's certificate and name against the
-    system's CAs, or against the CA bundle named by `SHARDQ_TLS_CA_FILE` (a private CA or a
-    self-signed certificate)."""
-    return ssl.create_default_context(cafile=os.environ.get("SHARDQ_TLS_CA_FILE") or None)
 
 
 def closed_message(endpoint: Endpoint, answered: bool) -> str:
