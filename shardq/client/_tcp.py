@@ -7,13 +7,14 @@ may be in flight at once (`call_many`); replies are matched by `reqId` through t
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost, ServerError, error_from_reply
+from shardq.client._sockets import ClientSecurity, connect_tcp
+from shardq.client._url import Endpoint
 
 __all__ = ["CommandFailed", "ConnectionClosed", "TcpConnection"]
 
@@ -32,10 +33,9 @@ class TcpConnection:
     def __init__(self, host: str, port: int, *, timeout: float = 30.0) -> None:
         """Connect. Raises `ConnectionLost` if the server cannot be reached in `timeout`."""
         try:
-            self._sock = socket.create_connection((host, port), timeout=timeout)
+            self._sock = connect_tcp(Endpoint("tcp", host, port), timeout, ClientSecurity())
         except OSError as e:
             raise ConnectionLost(f"cannot connect to {host}:{port}: {e}", sent=False) from e
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._timeout = timeout
         self._core: ClientCore[int] = ClientCore(Framing.STREAM)
 
