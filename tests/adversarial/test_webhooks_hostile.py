@@ -63,10 +63,12 @@ class Target:
     async def _start(self) -> None:
         app = web.Application(client_max_size=16 << 20)
         app.router.add_post("/hook", self._hook)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await self._runner.setup()
         # A handler that never answers must not hold the test's teardown for a minute.
-        await web.TCPSite(self._runner, self.host, self.port, shutdown_timeout=0.5).start()
+        self._runner = web.AppRunner(
+            app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
+        )
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
         self.port = self._runner.addresses[0][1]
 
     def __enter__(self) -> Target:
