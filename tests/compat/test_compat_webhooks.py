@@ -55,3 +55,23 @@ def test_private_and_bad_urls_are_refused(clients: Clients, qname: str) -> None:
         with pytest.raises(CommandError, match=r"Invalid webhook URL: .* address"):
             queue.add_webhook(url, ["job.completed"])
     assert queue.list_webhooks() == []
+
+
+def test_add_webhook_needs_no_dns(clients: Clients, qname: str) -> None:
+    # bunqueue registers a public URL without resolving it; so must shardq, on a machine with
+    # no DNS at all. `.invalid` never resolves (RFC 6761): it registers only if no lookup is
+    # made (the rules apply at delivery, on the addresses a name resolves to then).
+    queue = clients.queue(qname)
+    public = queue.add_webhook("https://example.com/hook", ["job.completed"], qname)
+    unresolvable = queue.add_webhook("https://hooks.shardq.invalid/hook", ["job.failed"])
+    try:
+        listed = {h["id"]: h["url"] for h in queue.list_webhooks()}
+        assert {k: listed.get(k) for k in (public, unresolvable)} == {
+            public: "https://example.com/hook",
+            unresolvable: "https://hooks.shardq.invalid/hook",
+        }
+        with pytest.raises(CommandError, match="label longer than 63 characters"):
+            queue.add_webhook("https://" + "a" * 64 + ".example.com/hook", ["job.completed"])
+    finally:  # the module's server is shared: leave its registry as found
+        queue.remove_webhook(public)
+        queue.remove_webhook(unresolvable)
