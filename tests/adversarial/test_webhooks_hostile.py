@@ -171,6 +171,10 @@ def test_webhook_sync_is_refused_to_every_client(tmp_path: Path) -> None:
                     if msg.get("reqId") == "w":
                         return dict(msg)
 
+        # The shards' own internal commands are refused to clients the same way.
+        for name in ("FlowNotify", "FlowRelease"):
+            reply = tcp.call({"cmd": name, "items": []})
+            assert (reply["ok"], reply["error"]) == (False, f"Unknown command: {name}")
         ws_reply = asyncio.run(over_ws())
         assert (ws_reply["ok"], ws_reply["error"]) == (False, refused)
         assert "s3cret" not in json.dumps([tcp_reply, zmq_reply, ws_reply])
