@@ -84,7 +84,7 @@ class Target:
 
 
 def start(tmp_path: Path, **env: str) -> ShardqServer:
-    server = ShardqServer(tmp_path / "data", shards=2, http_port=free_port(), env={**FAST, **env})
+    server = ShardqServer(tmp_path / "data", shards=1, http_port=free_port(), env={**FAST, **env})
     return server.start(timeout=90)
 
 
