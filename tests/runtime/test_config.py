@@ -141,6 +141,9 @@ VALID_TEXT = {
     "webhook_max_pending": "50",
     "webhook_concurrency": "4",
     "webhook_sync_ms": "100",
+    "webhook_allow_networks": "10.20.0.0/16,fd00::/8",
+    "webhook_max_pending_bytes": "1048576",
+    "test_resolve_file": "/tmp/shardq-test-resolve.json",
     "metrics_auth": "true",
     "metrics_max_queues": "10",
     "cors_allow_origin": "https://a.example,http://b.example:8080",
@@ -228,6 +231,9 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         webhook_max_pending = 50
         webhook_concurrency = 4
         webhook_sync_ms = 100
+        webhook_allow_networks = ["10.20.0.0/16", "fd00::/8"]
+        webhook_max_pending_bytes = 1048576
+        test_resolve_file = "/tmp/shardq-test-resolve.json"
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})
@@ -418,3 +424,12 @@ def test_webhook_settings_from_bunqueue_names() -> None:
     for var, raw in [("WEBHOOK_MAX_RETRIES", "0"), ("WEBHOOK_ALLOW_PRIVATE", "perhaps")]:
         with pytest.raises(ConfigError, match=var):
             load_config(env={var: raw})
+
+
+def test_webhook_allow_networks_are_checked_and_normalized() -> None:
+    c = load_config(env={"SHARDQ_WEBHOOK_ALLOW_NETWORKS": " 10.20.1.7/16 , 127.0.0.1 "})
+    assert c.webhook_allow_networks == ("10.20.0.0/16", "127.0.0.1/32")
+    with pytest.raises(ConfigError, match="is not a network"):
+        load_config(env={"SHARDQ_WEBHOOK_ALLOW_NETWORKS": "10.0.0.0/33"})
+    with pytest.raises(ConfigError, match="webhook_max_pending_bytes"):
+        load_config(env={"SHARDQ_WEBHOOK_MAX_PENDING_BYTES": "100"})
