@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from aiohttp import web
 from webhook_receiver import Receiver
 
 from shardq.runtime.http._delivery import Deliveries, DeliverySettings, sign
@@ -162,5 +163,57 @@ def test_pending_deliveries_are_bounded_and_drops_counted() -> None:
             assert (queued, d.dropped, d.pending) == (5, 45, 5)
         finally:
             await d.stop()
+
+    run(scenario)
+
+
+def test_pending_bytes_are_bounded_and_drops_counted() -> None:
+    async def scenario() -> None:
+        settings = DeliverySettings(
+            retry_delay_ms=10_000, max_pending_bytes=100_000, concurrency=2, allow_private=True
+        )
+        d = Deliveries(settings)
+        await d.start()
+        try:
+            d.set_hooks([hook("http://127.0.0.1:9/hook")])
+            big = {"data": "x" * 30_000}
+            queued = sum(d.offer("job.completed", f"j{i}", "q", big) for i in range(10))
+            # Three 30 KB bodies fit under 100,000 bytes; the others are dropped and counted.
+            assert (queued, d.dropped, d.dropped_bytes) == (3, 7, 7)
+            assert 90_000 < d.pending_bytes <= 100_000
+            assert d.offer("job.completed", "small", "q") == 1  # a small one still fits
+        finally:
+            await d.stop()
+
+    run(scenario)
+
+
+def test_redirects_are_not_followed_nor_retried() -> None:
+    async def scenario() -> None:
+        async with Receiver() as target:
+            hits: list[str] = []
+
+            async def redirect(request: web.Request) -> web.Response:
+                hits.append(request.path)
+                return web.Response(status=307, headers={"Location": target.url})
+
+            app = web.Application()
+            app.router.add_post("/hook", redirect)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            port = runner.addresses[0][1]
+            d = Deliveries(DeliverySettings(retry_delay_ms=10, allow_private=True))
+            await d.start()
+            try:
+                d.set_hooks([hook(f"http://127.0.0.1:{port}/hook")])
+                d.offer("job.completed", "j1", "q")
+                await settled(d)
+            finally:
+                await d.stop()
+                await runner.cleanup()
+            # Even to an allowed target: the redirect is a failed delivery, not followed.
+            assert target.hits == [] and hits == ["/hook"]
+        assert (d.delivered, d.failed, d.retried) == (0, 1, 0)
 
     run(scenario)
