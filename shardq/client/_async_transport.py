@@ -94,12 +94,11 @@ class AsyncTransport(Protocol):
 async def open_async(
     endpoint: Endpoint,
     connect_timeout: float,
-    zmq_context: zmq.asyncio.Context | None = None,
-    security: ClientSecurity | None = None,
+    zmq_context: zmq.asyncio.Context | None,
+    security: ClientSecurity,
 ) -> AsyncTransport:
-    """Connect to `endpoint`, secured as `security` says (default: from the environment).
-    Raises `ConnectionLost(sent=False)` if that fails in time."""
-    security = security if security is not None else ClientSecurity.from_env()
+    """Connect to `endpoint`, secured as `security` says. Raises `ConnectionLost(sent=False)`
+    if that fails in time."""
     if endpoint.scheme == "tcp":
         return await AsyncTcpTransport.open(endpoint, connect_timeout, security)
     return await AsyncZmqTransport.open(endpoint, connect_timeout, zmq_context, security)

@@ -93,11 +93,11 @@ class SyncTransport(Protocol):
 def open_sync(
     endpoint: Endpoint,
     connect_timeout: float,
-    zmq_context: zmq.Context[Any] | None = None,
-    security: ClientSecurity | None = None,
+    zmq_context: zmq.Context[Any] | None,
+    security: ClientSecurity,
 ) -> SyncTransport:
-    """Connect to `endpoint`. Raises `ConnectionLost(sent=False)` if that fails in time."""
-    security = security if security is not None else ClientSecurity.from_env()
+    """Connect to `endpoint`, secured as `security` says. Raises `ConnectionLost(sent=False)`
+    if that fails in time."""
     if endpoint.scheme == "tcp":
         return SyncTcpTransport(endpoint, connect_timeout, security)
     return SyncZmqTransport(endpoint, connect_timeout, zmq_context, security)
