@@ -138,6 +138,7 @@ class WebhookService:
         self._sync_task: asyncio.Task[None] | None = None
         self._streams: dict[str | None, asyncio.Task[None]] = {}
         self.hooks: list[dict[str, Any]] = []  # the registry as last synced
+        self._sync_error = ""  # the last sync's refusal, logged once
 
     def collector(self) -> Collector:
         return _Collector(self)
@@ -171,7 +172,13 @@ class WebhookService:
         hooks = reply.get("webhooks")
         if not reply.get("ok") or not isinstance(hooks, list):
             self.deliveries.give_back(tally)  # counted at the next sync that works
+            error = str(reply.get("error", ""))
+            if error != self._sync_error and not error.startswith("Server unavailable"):
+                # E.g. refused as not internal: said once, not every webhook_sync_ms.
+                log.warning("webhook sync refused", error=error)
+            self._sync_error = error
             return
+        self._sync_error = ""
         self.hooks = [h for h in hooks if isinstance(h, dict)]
         self.deliveries.set_hooks(self.hooks)
         self._subscribe(self.hooks)
