@@ -16,18 +16,28 @@ Run the tasks with `shardq worker myproject.tasks:app --processes 2`. Calling
 Django examples and a table for Celery, Dramatiq, RQ and huey users, is `docs/tasks.md`.
 """
 
-from shardq.tasks._app import App, Task, chain, group
+from shardq.client import JobCancelled, RunningJob, current_job
+from shardq.tasks._app import App, Task
+from shardq.tasks._canvas import Chain, Chord, Group, Signature, chain, chord, group
 from shardq.tasks._options import CallOptions, TaskOptions
 from shardq.tasks._result import EagerResult, TaskFailed, TaskResult
 
 __all__ = [
     "App",
     "CallOptions",
+    "Chain",
+    "Chord",
     "EagerResult",
+    "Group",
+    "JobCancelled",
+    "RunningJob",
+    "Signature",
     "Task",
     "TaskFailed",
     "TaskOptions",
     "TaskResult",
     "chain",
+    "chord",
+    "current_job",
     "group",
 ]

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from shardq.client import NotFound, Queue, ServerError, WaitTimeout
+from shardq.client import NotFound, Queue, WaitTimeout
 from shardq.errors import ShardqError
 
 __all__ = ["EagerResult", "TaskFailed", "TaskResult"]
@@ -15,7 +15,6 @@ __all__ = ["EagerResult", "TaskFailed", "TaskResult"]
 # slices, short at first (a failure is often quick) and growing to one second.
 FIRST_SLICE_MS: Final = 50
 MAX_SLICE_MS: Final = 1000
-CANCEL_REFUSED: Final = "Job not found or cannot be cancelled"
 
 
 class TaskFailed(ShardqError):
@@ -102,16 +101,12 @@ class TaskResult:
         task = self.task or job.name  # a handle made from a bare id learns its task here
         return TaskFailed(task, self.id, job.failed_reason, job.stacktrace or ())
 
-    def cancel(self) -> bool:
-        """Remove the job if it has not started (waiting, delayed or prioritized); True if it
-        was removed. A running or finished job is left alone (False)."""
-        try:
-            self._queue.connection.call({"cmd": "Cancel", "id": self.id})
-        except ServerError as e:
-            if e.message == CANCEL_REFUSED:
-                return False
-            raise
-        return True
+    def cancel(self, reason: str | None = None) -> bool:
+        """Cancel the task: removed if it has not started; if it runs, the server fails it
+        at once (`get` raises `TaskFailed` with reason "cancelled: <reason>", no retry) and
+        tells its worker, where `shardq.current_job().cancelled` turns true and an async
+        task is cancelled. False when it already finished (or is unknown)."""
+        return self._queue.cancel(self.id, reason)
 
 
 class EagerResult(TaskResult):
@@ -133,5 +128,5 @@ class EagerResult(TaskResult):
             raise self._error
         return self._value
 
-    def cancel(self) -> bool:
+    def cancel(self, reason: str | None = None) -> bool:
         return False  # it already ran

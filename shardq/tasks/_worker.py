@@ -39,6 +39,7 @@ from shardq.client import AsyncWorker, WorkerStats
 from shardq.errors import ShardqError
 from shardq.tasks._app import App
 from shardq.tasks._dispatch import DONE, FAILED, Counters, Dispatcher, SyncDispatcher
+from shardq.tasks._periodic import sync_schedules
 
 __all__ = ["WorkerSettings", "exit_now", "load_app", "run"]
 
@@ -118,6 +119,14 @@ def run(app: App, settings: WorkerSettings, *, status: TextIO | None = None) -> 
     started = time.monotonic()
     _log.info("worker starting", queues=list(queues), processes=settings.processes,
               concurrency=settings.concurrency, tasks=sorted(app.tasks))  # fmt: skip
+    # Once per `shardq worker`, before forking: children must not inherit the connection.
+    try:
+        written = sync_schedules(app, queues, settings.url)
+    except ShardqError as e:
+        _log.error("cannot write the periodic tasks' schedules", error=f"{type(e).__name__}: {e}")
+        return 1
+    if written:
+        _log.info("schedules written", tasks=written)
     line = _StatusLine(counters, status, started) if status is not None else None
     if settings.processes == 1:
         with _running(line):

@@ -91,6 +91,7 @@ class EventHub:
             deque(maxlen=ring_size) if ring_size else deque(maxlen=0)
         )
         self._buffer_bytes = limits.buffer_bytes
+        self.buffer_bytes = limits.buffer_bytes  # also bounds the cancels pushed to workers
         self._ring_data_bytes = limits.ring_data_bytes
         self._ids = itertools.count(int(time.time() * _MICROS))
         self.last_id = 0
