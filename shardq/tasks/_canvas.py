@@ -296,7 +296,8 @@ def chain(*canvases: Canvas) -> Chain:
 def group(*canvases: Canvas | Iterable[Canvas]) -> Group:
     """Calls run in parallel; `.delay().get()` is the list of their results, in order.
     Takes signatures, or one iterable of them (`group(add.s(i, i) for i in range(10))`)."""
-    items = list(canvases[0]) if len(canvases) == 1 and not isinstance(canvases[0], Canvas) \
+    first = canvases[0] if len(canvases) == 1 else None
+    items = list(first) if isinstance(first, Iterable) and not isinstance(first, Canvas) \
         else list(canvases)  # fmt: skip
     for c in items:
         if not isinstance(c, Canvas):
