@@ -12,9 +12,12 @@ app = shardq.App()
 
 
 def _note(what: str) -> None:
+    """One line per run: the tag, the slot the job was pushed for (its createdAt, ms) and
+    when it ran."""
+    slot = shardq.current_job().job.created_at
     fd = os.open(os.environ["SHARDQ_TEST_PERIODIC_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
-        os.write(fd, f"{what} {time.time()}\n".encode())
+        os.write(fd, f"{what} {slot} {time.time()}\n".encode())
     finally:
         os.close(fd)
 
