@@ -18,6 +18,7 @@ waiting forever.
 
 from __future__ import annotations
 
+import abc
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ class _Feed:
     take: str
 
 
-class Canvas:
+class Canvas(abc.ABC):
     """A call or a composition of calls, sent as one flow by `delay`/`apply_async`."""
 
     def delay(self) -> TaskResult:
@@ -114,14 +115,17 @@ class Canvas:
     def app(self) -> App:
         return self.signatures()[0].task.app
 
+    @abc.abstractmethod
     def signatures(self) -> list[Signature]:
-        raise NotImplementedError  # every subclass defines it; the base is never built
+        """The calls of this canvas, depth first."""
 
+    @abc.abstractmethod
     def build(self, flow: _Flow, parent: _Link | None, feed: _Feed | None) -> _Link:
-        raise NotImplementedError
+        """Add this canvas's nodes to `flow`, under `parent`, consuming `feed`; its root."""
 
+    @abc.abstractmethod
     def run_eagerly(self, feed: _EagerFeed | None) -> EagerResult:
-        raise NotImplementedError
+        """Run it here and now (`App(eager=True)`)."""
 
 
 _EagerFeed = tuple[list[Any], str]  # results already computed, and how they are taken
@@ -179,10 +183,11 @@ class Signature(Canvas):
 class Chain(Canvas):
     """Calls one after another, each given the previous one's result as first argument."""
 
-    def __init__(self, canvases: Sequence[Canvas]) -> None:
+    def __init__(self, canvases: Sequence[Canvas], *, feed: _Feed | None = None) -> None:
         if not canvases:
             raise ValueError("chain() needs at least one signature")
         self.canvases = tuple(canvases)
+        self._feed = feed  # what the first call consumes, when this chain is part of one
 
     def __repr__(self) -> str:
         return "chain(" + ", ".join(map(repr, self.canvases)) + ")"
@@ -191,10 +196,12 @@ class Chain(Canvas):
         return [s for c in self.canvases for s in c.signatures()]
 
     def build(self, flow: _Flow, parent: _Link | None, feed: _Feed | None) -> _Link:
+        # The last call consumes the chain of the ones before it; only the first call of
+        # the whole chain consumes what the chain is fed.
+        feed = feed or self._feed
         *before, last = self.canvases
         if before:
-            rest: Canvas = Chain(before) if len(before) > 1 else before[0]
-            feed = _Feed((_Fed(rest, feed) if feed else rest,), TAKE_FIRST)
+            feed = _Feed((Chain(before, feed=feed),), TAKE_FIRST)
         return last.build(flow, parent, feed)
 
     def run_eagerly(self, feed: _EagerFeed | None) -> EagerResult:
@@ -206,21 +213,6 @@ class Chain(Canvas):
             feed = ([result.get()], TAKE_FIRST)
         assert result is not None  # a chain has at least one canvas
         return result
-
-
-class _Fed(Canvas):
-    """A canvas built with the feed of the chain it opens (a chain's input reaches its first
-    call only)."""
-
-    def __init__(self, canvas: Canvas, feed: _Feed) -> None:
-        self.canvas = canvas
-        self.feed = feed
-
-    def signatures(self) -> list[Signature]:
-        return self.canvas.signatures()
-
-    def build(self, flow: _Flow, parent: _Link | None, feed: _Feed | None) -> _Link:
-        return self.canvas.build(flow, parent, self.feed)
 
 
 class Group(Canvas):

@@ -56,6 +56,9 @@ def test_nested_canvases(flow_worker: WorkerProcess) -> None:
     assert grouped.get(timeout=20) == [10, 6]
     started = shardq.chain(shardq.group(add.s(1, 2), add.s(3, 4)), total.s(), mul.s(2)).delay()
     assert started.get(timeout=20) == 20
+    # A chord whose callback is a chain: only its first call takes the group's results.
+    body = shardq.chain(total.s(), mul.s(2), add.s(1))
+    assert shardq.chord([add.s(1, 1), add.s(2, 2)], body).delay().get(timeout=20) == 13
 
 
 def test_a_failed_call_fails_the_calls_that_wait_for_it(flow_worker: WorkerProcess) -> None:
@@ -87,6 +90,8 @@ def test_eager_canvases_give_the_same_results(tmp_path: Path) -> None:
     assert shardq.group(inc.s(i) for i in range(3)).delay().get() == [1, 2, 3]
     assert shardq.chord([inc.s(1), inc.s(2)], summed.s()).delay().get() == 5
     assert inc.s(4).delay().get() == 5
+    body = shardq.chain(summed.s(), inc.s(by=100))
+    assert shardq.chord([inc.s(1), inc.s(2)], body).delay().get() == 105
 
 
 def test_refusals() -> None:
