@@ -15,8 +15,6 @@ from ._state import EngineState
 __all__ = ["ControlOps"]
 
 _WAITING_LIKE = (WAITING, DELAYED)
-# Characters of a cancel's reason kept in the job's failedReason (a reason is for people).
-MAX_CANCEL_REASON = 1000
 
 
 class ControlOps(EngineState):
@@ -36,7 +34,8 @@ class ControlOps(EngineState):
         """shardq's `Cancel {active: true}`: a running job is dead-lettered at once (reason
         `cancelled`, no retry) and the connection that holds it is told, so its worker can
         stop the handler. The worker's late ACK or FAIL then finds no lease."""
-        text = reason[:MAX_CANCEL_REASON] if isinstance(reason, str) and reason else None
+        # Unbounded here as FAIL's error is: the frame size limit bounds both.
+        text = reason if isinstance(reason, str) and reason else None
         job.failed_reason = f"cancelled: {text}" if text else "cancelled"
         lease = self.leases.get(job.id)
         conn = lease.conn if lease is not None else self.job_conn.get(job.id)
