@@ -128,7 +128,8 @@ def test_bunqueue_cancel_is_unchanged(url: str) -> None:
         assert conn.call({"cmd": "Cancel", "id": queued})["ok"] is True
         assert conn.call({"cmd": "GetState", "id": queued})["state"] == "unknown"
         conn.call({"cmd": "PUSH", "queue": "cancel-compat", "data": {}})
-        pulled = conn.call({"cmd": "PULL", "queue": "cancel-compat", "owner": "w", "lockTtl": 30_000})
+        pull = {"cmd": "PULL", "queue": "cancel-compat", "owner": "w", "lockTtl": 30_000}
+        pulled = conn.call(pull)
         with pytest.raises(ServerError, match="Job not found or cannot be cancelled"):
             conn.call({"cmd": "Cancel", "id": pulled["job"]["id"]})
         assert conn.call({"cmd": "GetState", "id": pulled["job"]["id"]})["state"] == "active"
