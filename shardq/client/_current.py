@@ -27,12 +27,15 @@ class JobCancelled(UnrecoverableError):
 class RunningJob:
     """The job of the running handler: the pulled `job`, and its cancellation."""
 
-    __slots__ = ("_event", "_task", "job", "reason")
+    __slots__ = ("_cancelled", "_event", "_task", "job", "reason")
 
     def __init__(self, job: Job) -> None:
         self.job = job
         self.reason: str | None = None  # the server's failedReason once cancelled
-        self._event = threading.Event()
+        self._cancelled = False
+        # Made on the first `wait_cancelled` only: an Event costs more than the rest of a
+        # job's bookkeeping, and one is made per job.
+        self._event: threading.Event | None = None
         self._task: asyncio.Task[Any] | None = None
 
     def __repr__(self) -> str:
@@ -57,32 +60,43 @@ class RunningJob:
     @property
     def cancelled(self) -> bool:
         """True once the server said this job was cancelled: stop and return (or raise)."""
-        return self._event.is_set()
+        return self._cancelled
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
         """Block until the job is cancelled or `timeout` seconds pass; `cancelled`. A sync
         handler can sleep on this instead of `time.sleep`."""
-        return self._event.wait(timeout)
+        with _EVENT_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._cancelled:
+                    self._event.set()
+            event = self._event
+        return event.wait(timeout)
 
     def raise_if_cancelled(self) -> None:
         """Raise `JobCancelled` if the job was cancelled."""
-        if self._event.is_set():
+        if self._cancelled:
             raise JobCancelled(self.reason or "cancelled")
 
     def bind_task(self, task: asyncio.Task[Any] | None) -> None:
         """The asyncio task that runs this job's coroutine (cancelled with the job)."""
         self._task = task
-        if task is not None and self._event.is_set():
+        if task is not None and self._cancelled:
             task.cancel(self.reason)
 
     def cancel(self, reason: str | None) -> None:
         """Mark the job cancelled; on the worker's loop (the task is cancelled there)."""
         self.reason = reason or "cancelled"
-        self._event.set()
+        with _EVENT_LOCK:
+            self._cancelled = True
+            if self._event is not None:
+                self._event.set()
         task = self._task
         if task is not None and not task.done():
             task.cancel(self.reason)
 
+
+_EVENT_LOCK = threading.Lock()  # makes or sets a job's Event (rare: waits and cancels only)
 
 _CURRENT: contextvars.ContextVar[RunningJob | None] = contextvars.ContextVar(
     "shardq_current_job", default=None
