@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Unpack
 
+from shardq.client import Connection, ServerError
 from shardq.tasks._options import CallOptions, encode_payload
 from shardq.tasks._result import EagerResult, TaskResult
 
@@ -54,6 +55,7 @@ TAKE_ALL: Final = "all"
 TAKE_COLLECT: Final = "collect"
 
 _Link = tuple[str, str]  # (job id, queue)
+EXISTS: Final = "Job already exists: "  # the server's refusal of a taken id (protocol §20.1)
 
 
 @dataclass
@@ -61,6 +63,25 @@ class _Flow:
     """The PUSHF nodes of one canvas, built depth first."""
 
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    generated: set[str] = field(default_factory=set)  # the ids made here (not a job_id's)
+
+    def new_id(self, job_id: str | None = None) -> str:
+        if job_id is not None:
+            return job_id
+        made = uuid.uuid4().hex
+        self.generated.add(made)
+        return made
+
+    def send(self, conn: Connection) -> None:
+        """One PUSHF of every node. A resend after a lost reply (the connection retries it)
+        may meet the jobs the first try made: "Job already exists" for an id made here can
+        only mean that, since PUSHF is all or nothing."""
+        try:
+            conn.call({"cmd": "PUSHF", "jobs": self.nodes})
+        except ServerError as e:
+            taken = e.message.removeprefix(EXISTS)
+            if not (e.message.startswith(EXISTS) and taken in self.generated):
+                raise
 
     def add(
         self,
@@ -104,7 +125,7 @@ class Canvas(abc.ABC):
         flow = _Flow()
         job_id, queue = self.build(flow, None, None)
         name = flow.nodes[-1]["input"]["name"]  # a parent is added after its children
-        app.queue(queue).connection.call({"cmd": "PUSHF", "jobs": flow.nodes})
+        flow.send(app.queue(queue).connection)
         return TaskResult(app.queue(queue), job_id, name)
 
     def apply_async(self) -> TaskResult:
@@ -163,7 +184,7 @@ class Signature(Canvas):
 
     def build(self, flow: _Flow, parent: _Link | None, feed: _Feed | None) -> _Link:
         opts, job_id = self.task.options.merged(self.options)
-        me = (job_id or uuid.uuid4().hex, opts.queue)
+        me = (flow.new_id(job_id), opts.queue)
         children = [c.build(flow, me, None) for c in feed.canvases] if feed else []
         data = encode_payload(self.task.name, self.args, self.kwargs)
         if feed is not None:
@@ -236,7 +257,7 @@ class Group(Canvas):
                 "consumer); pass that result as an argument, or make the group first"
             )
         # The collector runs where the first call runs: a worker of that queue exists.
-        me = (uuid.uuid4().hex, self.signatures()[0].task.options.queue)
+        me = (flow.new_id(), self.signatures()[0].task.options.queue)
         children = [c.build(flow, me, None) for c in self.canvases]
         data = {"args": [], "kwargs": {}, "flow": {"take": TAKE_COLLECT,
                 "children": [c for c, _ in children]}}  # fmt: skip

@@ -14,6 +14,8 @@ from task_helpers import WorkerProcess
 
 import shardq
 from shardq import TaskFailed
+from shardq.client import ServerError
+from shardq.tasks._canvas import _Flow
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +75,18 @@ def test_a_failed_call_fails_the_calls_that_wait_for_it(flow_worker: WorkerProce
     chorded = shardq.chord([add.s(1, 1), explode.s("bad")], total.s()).delay()
     with pytest.raises(TaskFailed, match="bad"):
         chorded.get(timeout=20)
+
+
+def test_a_resent_flow_is_not_an_error(flow_worker: WorkerProcess) -> None:
+    flow = _Flow()
+    root_id, queue = shardq.chain(add.s(1, 2), mul.s(3)).build(flow, None, None)
+    conn = flow_tasks.app.queue(queue).connection
+    flow.send(conn)
+    flow.send(conn)  # what the connection's retry does after a lost reply
+    assert flow_tasks.app.result(root_id, queue=queue).get(timeout=20) == 9
+    # An id the caller chose is another matter: taken, it is refused.
+    with pytest.raises(ServerError, match=f"Job already exists: {root_id}"):
+        shardq.group(add.s(1, 1), add.s(2, 2).set(job_id=root_id)).delay()
 
 
 def test_eager_canvases_give_the_same_results(tmp_path: Path) -> None:
