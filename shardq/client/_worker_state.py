@@ -191,7 +191,7 @@ class WorkerState:
         waiting: list[Lease] = []
         others: list[Lease] = []
         for lease in self.held.values():
-            if lease.token:
+            if lease.token and not lease.cancelled:  # a cancelled job's lease is gone
                 (others if lease.started or lease.finished else waiting).append(lease)
         return waiting, [_heartbeat_b(group) for group in (waiting, others) if group]
 

@@ -246,7 +246,7 @@ class App:
             TypeError: the decorated object is not a task of this app.
         """
         schedule = Schedule(cron, tz, every, tuple(args), dict(kwargs or {}))
-        encode_payload("periodic", schedule.args, schedule.kwargs)  # refuse bad arguments now
+        encode_payload("app.periodic", schedule.args, schedule.kwargs)  # refuse bad arguments now
 
         def register(task: Task[P, R]) -> Task[P, R]:
             if not isinstance(task, Task) or self.tasks.get(task.name) is not task:
