@@ -96,7 +96,9 @@ INVALID_COMMAND_NESTING: Final = "Invalid command: nested too deeply"
 # Connections whose failed Auth attempts are remembered (ZeroMQ peers never say goodbye).
 MAX_AUTH_FAILURE_RECORDS: Final = 100_000
 _PULLS: Final = frozenset({"PULL", "PULLB"})
-MAX_PULLERS: Final = 100_000  # connections remembered for cancels (as ZeroMQ peers are)
+# Connections remembered for the cancels pushed to them: the bound of the Auth records above,
+# for the same reason (a TCP one leaves when it closes; ZeroMQ peers never say goodbye).
+MAX_PULLERS: Final = MAX_AUTH_FAILURE_RECORDS
 
 _log = structlog.get_logger()
 
