@@ -132,6 +132,13 @@ class Canvas(abc.ABC):
         """Celery's name for `delay`."""
         return self.delay()
 
+    def __or__(self, other: Canvas) -> Chain:
+        """`a.s(1) | b.s()` is `chain(a.s(1), b.s())`, as in Celery."""
+        if not isinstance(other, Canvas):
+            return NotImplemented
+        first = self.canvases if isinstance(self, Chain) and self._feed is None else (self,)
+        return Chain([*first, other])
+
     @property
     def app(self) -> App:
         return self.signatures()[0].task.app

@@ -101,6 +101,7 @@ def test_eager_canvases_give_the_same_results(tmp_path: Path) -> None:
         return sum(values)
 
     assert shardq.chain(inc.s(1), inc.s(by=10)).delay().get() == 12
+    assert (inc.s(1) | inc.s(by=10) | inc.s(by=100)).delay().get() == 112
     assert shardq.group(inc.s(i) for i in range(3)).delay().get() == [1, 2, 3]
     assert shardq.chord([inc.s(1), inc.s(2)], summed.s()).delay().get() == 5
     assert inc.s(4).delay().get() == 5
