@@ -20,20 +20,28 @@ moment (the server does not fire a slot less than 0.8 intervals after the last o
 from __future__ import annotations
 
 import math
+import threading
 import zoneinfo
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import structlog
 from croniter import croniter
 
-from shardq.client import Connection
+from shardq.client import Connection, is_transient
+from shardq.errors import ShardqError
 from shardq.tasks._options import encode_payload
 
 if TYPE_CHECKING:
     from shardq.tasks._app import App, Task
 
-__all__ = ["Schedule", "sync_schedules"]
+__all__ = ["Schedule", "ScheduleWriter", "sync_schedules"]
+
+RETRY_FIRST_S = 0.5  # first pause before writing the schedules again; doubles up to the next
+RETRY_MAX_S = 5.0
+
+_log = structlog.get_logger("shardq.tasks")
 
 # The task options a schedule's jobs keep (the server passes these on, docs/protocol.md §15.1).
 _JOB_OPTIONS = ("maxAttempts", "backoff", "timeout")
@@ -108,3 +116,56 @@ def sync_schedules(app: App, queues: Sequence[str], url: str | None = None) -> l
         for name, schedule in due:
             conn.call(schedule.command(app.tasks[name]))
     return [name for name, _ in due]
+
+
+class ScheduleWriter:
+    """Writes the schedules for `shardq worker`: once at start, and while the server cannot be
+    reached (a worker started before its server), again in a background thread with a growing
+    pause, as the workers themselves keep trying to connect."""
+
+    def __init__(self, app: App, queues: Sequence[str], url: str | None) -> None:
+        self._app = app
+        self._queues = tuple(queues)
+        self._url = url
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def write(self) -> bool:
+        """One attempt; False after a transient failure (logged), True once written.
+
+        Raises:
+            ServerError: the server refused a schedule (a permanent error).
+        """
+        try:
+            written = sync_schedules(self._app, self._queues, self._url)
+        except ShardqError as e:
+            if not is_transient(e):
+                raise
+            _log.warning("cannot write the periodic tasks' schedules yet; retrying",
+                         error=f"{type(e).__name__}: {e}")  # fmt: skip
+            return False
+        if written:
+            _log.info("schedules written", tasks=written)
+        return True
+
+    def keep_trying(self) -> None:
+        """Retry `write` in a daemon thread until it succeeds, a refusal, or `stop`."""
+        self._thread = threading.Thread(target=self._retry, name="shardq-schedules", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(RETRY_MAX_S)
+
+    def _retry(self) -> None:
+        pause = RETRY_FIRST_S
+        while not self._stop.wait(pause):
+            try:
+                if self.write():
+                    return
+            except ShardqError as e:
+                _log.error("the server refused the periodic tasks' schedules",
+                           error=f"{type(e).__name__}: {e}")  # fmt: skip
+                return
+            pause = min(2 * pause, RETRY_MAX_S)

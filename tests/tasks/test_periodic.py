@@ -12,6 +12,7 @@ from typing import Any
 
 import periodic_tasks
 import pytest
+from shardq_harness import ShardqServer
 from task_helpers import WorkerProcess
 
 from shardq.client import Connection
@@ -83,6 +84,26 @@ def test_the_worker_writes_the_schedules_and_the_server_fires_them(
     every_slots = sorted(slot for slot, _ in _runs(log, "every"))
     gaps = [b - a for a, b in itertools.pairwise(every_slots)]
     assert all(gap >= 800 for gap in gaps), gaps  # never closer than 0.8 intervals
+
+
+def test_a_worker_started_before_its_server_writes_the_schedules_later(tmp_path: Path) -> None:
+    srv = ShardqServer(tmp_path / "data")  # ports chosen, not started yet
+    url = f"tcp://{srv.host}:{srv.tcp_port}"
+    log = tmp_path / "runs.log"
+    env = {"SHARDQ_TEST_PERIODIC_LOG": str(log)}
+    worker = WorkerProcess(url, tmp_path / "worker.log", "--processes", "2",
+                           app="periodic_tasks:app", env=env)  # fmt: skip
+    try:
+        worker.wait_log("cannot write the periodic tasks' schedules yet; retrying")
+        with srv.start():
+            worker.wait_log("schedules written")
+            _wait_runs(log, 1)
+            assert worker.stop() == 0, worker.tail()
+            assert srv.stop() == 0, srv.log_tail()
+    finally:
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+            worker.proc.wait()
 
 
 def test_periodic_refusals() -> None:
