@@ -261,11 +261,21 @@ def job_retry(job_id: JobArg, url: Url = DEFAULT_URL, token: Token = None) -> No
 
 
 @job_app.command("cancel")
-def job_cancel(job_id: JobArg, url: Url = DEFAULT_URL, token: Token = None) -> None:
-    """Delete a waiting or delayed job (an active one cannot be cancelled)."""
+def job_cancel(
+    job_id: JobArg,
+    reason: Annotated[str | None, typer.Option(help="Why (kept in its failedReason).")] = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Cancel a job: a queued one is removed; a running one fails at once (no retry) and
+    the server tells the worker running it to stop."""
+    from ._cancel import cancel_job
+
     with session(url, token) as conn:
-        conn.call({"cmd": "Cancel", "id": job_id}, idempotent=False)
-    typer.echo(f"cancelled {job_id}")
+        line = cancel_job(conn, job_id, reason)
+    if line is None:
+        fail(f"job {job_id} was not cancelled: it is unknown or already finished")
+    typer.echo(line)
 
 
 @job_app.command("promote")

@@ -8,16 +8,27 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["App", "TaskFailed", "TaskResult", "__version__"]
+__all__ = [
+    "App",
+    "TaskFailed",
+    "TaskResult",
+    "__version__",
+    "chain",
+    "chord",
+    "current_job",
+    "group",
+]
 
 if TYPE_CHECKING:
-    from shardq.tasks import App, TaskFailed, TaskResult
+    from shardq.tasks import App, TaskFailed, TaskResult, chain, chord, current_job, group
+
+_TASK_NAMES = frozenset(__all__) - {"__version__"}
 
 
 def __getattr__(name: str) -> Any:
     # Imported on first use: the server's processes import `shardq` too, and must not pay
     # for the client and msgpack checks they never use.
-    if name in ("App", "TaskFailed", "TaskResult"):
+    if name in _TASK_NAMES:
         import shardq.tasks
 
         return getattr(shardq.tasks, name)

@@ -22,6 +22,7 @@ from shardq.client._async_queue import AsyncQueue, async_join
 from shardq.client._async_worker import AsyncWorker, Handler
 from shardq.client._connection import AsyncConnection, Connection
 from shardq.client._core import ClientCore, Framing, checked
+from shardq.client._current import JobCancelled, RunningJob, current_job
 from shardq.client._errors import (
     TRANSIENT_ERRORS,
     AuthenticationFailed,
@@ -80,6 +81,7 @@ __all__ = [
     "Handler",
     "InternalServerError",
     "Job",
+    "JobCancelled",
     "JobCounts",
     "JobFailed",
     "JobOptions",
@@ -89,6 +91,7 @@ __all__ = [
     "QueueEvent",
     "RateLimited",
     "RetryPolicy",
+    "RunningJob",
     "SerializationError",
     "ServerError",
     "StorageUnavailable",
@@ -102,6 +105,7 @@ __all__ = [
     "WorkerStats",
     "async_join",
     "checked",
+    "current_job",
     "error_from_reply",
     "is_transient",
     "join",

@@ -156,6 +156,10 @@ class AsyncQueue:
         """Remove old jobs in `state`; their ids. See `Queue.clean`."""
         return await self._run(ops.clean(self.name, grace_ms, state, limit))
 
+    async def cancel(self, job_id: str, reason: str | None = None) -> bool:
+        """Cancel a queued or running job, as `Queue.cancel` does."""
+        return await self._run(ops.cancel(job_id, reason))
+
     async def obliterate(self) -> None:
         """Delete the queue and everything in it."""
         await self._run(ops.obliterate(self.name))

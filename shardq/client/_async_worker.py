@@ -87,6 +87,7 @@ class AsyncWorker:
         self._conn = AsyncConnection(
             cfg.url, token=cfg.token, timeout=cfg.timeout, connect_timeout=cfg.connect_timeout
         )
+        self._conn.on_push = self._on_push
         self._async_handler = _is_async(handler)
         self._runner: Runner | None = None
         self._log = _log.bind(queue=queue, owner=cfg.owner)
@@ -272,7 +273,24 @@ class AsyncWorker:
 
     def _gate(self, lease: Lease) -> bool:
         """May this prefetched job start now? (In a handler thread for sync handlers.)"""
+        if lease.cancelled:
+            return False
         return self._state.runnable(lease, time.monotonic(), self._conn.generation)
+
+    def _on_push(self, msg: dict[str, Any]) -> None:
+        """A frame the server sent unasked; a `cancel` names a job this worker may hold
+        (`Cancel {active: true}`): its handler sees `current_job().cancelled`, an async
+        one is cancelled, and a prefetched one never starts. On the loop."""
+        if msg.get("type") != "cancel":
+            return
+        lease = self._state.held.get(str(msg.get("jobId")))
+        if lease is None or lease.cancelled:
+            return
+        reason = msg.get("reason")
+        lease.cancelled = True
+        self._log.info("job cancelled", job_id=lease.job.id, reason=reason)
+        if lease.running is not None:
+            lease.running.cancel(reason if isinstance(reason, str) else None)
 
     def _on_done(self, lease: Lease, outcome: Outcome, value: Any) -> None:
         """A handler returned, raised, or its job was skipped; on the loop, never raises."""
@@ -280,6 +298,11 @@ class AsyncWorker:
             return  # past the close: the job was released
         self._state.finish(lease)
         self._wakeup.set()
+        if lease.cancelled:
+            # The server already dead-lettered it: no ACK or FAIL (it would be refused).
+            self._state.drop(lease)
+            self._state.counters.failed += 1
+            return
         if outcome is Outcome.OK:
             if value is not None and inspect.isawaitable(value):  # a sync handler's coroutine
                 self._track(self._complete_awaitable(lease, value))

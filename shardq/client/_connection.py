@@ -12,7 +12,7 @@ import asyncio
 import ssl
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -228,6 +228,8 @@ class AsyncConnection(_Settings):
         self._transport: AsyncTransport | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+        # Frames the server sends unasked on this connection (a worker's cancels).
+        self.on_push: Callable[[Reply], None] | None = None
 
     async def __aenter__(self) -> AsyncConnection:
         return self
@@ -339,6 +341,9 @@ class AsyncConnection(_Settings):
             except BaseException:
                 await transport.close()
                 raise
+            core = getattr(transport, "_core", None)
+            if core is not None and self.on_push is not None:
+                core.on_push = self.on_push
             self._transport = transport
             self.generation += 1
             return transport

@@ -17,7 +17,7 @@ decimal string counter, as bunqueue's own clients use.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
@@ -64,6 +64,9 @@ class ClientCore(Generic[W]):
         """Why the peer's byte stream cannot be read any more (an oversize frame), or None."""
         self.unmatched = 0
         """Replies that matched no waiting request (late, after a timeout) or had no reqId."""
+        self.on_push: Callable[[Reply], None] | None = None
+        """Called with each frame the server sends unasked that names a `type` (a worker's
+        `cancel`, docs/protocol.md §8), instead of counting it as unmatched."""
 
     @property
     def pending(self) -> int:
@@ -165,6 +168,9 @@ class ClientCore(Generic[W]):
 
     def _match(self, reply: Reply) -> tuple[W, Reply] | None:
         rid = reply.get("reqId")  # kept in the reply: raw callers may want to see it
+        if rid is None and self.on_push is not None and "type" in reply:
+            self.on_push(reply)
+            return None
         if not isinstance(rid, str) or rid not in self._waiting:
             self.unmatched += 1
             return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, Final, Generic, TypeAlias, TypeVar
 
 from shardq.client._errors import error_from_reply
 from shardq.client._models import DlqEntry, Job, JobCounts, JobOptions
@@ -177,6 +177,28 @@ def clean(queue: str, grace_ms: int, state: str, limit: int) -> Op[list[str]]:
         raise ValueError(f"state must be one of {sorted(CLEAN_STATES)}, got {state!r}")
     cmd = {"cmd": "Clean", "queue": queue, "grace": grace_ms, "state": state, "limit": limit}
     return Op([cmd], lambda r: [str(i) for i in r[0].get("ids") or ()], idempotent=False)
+
+
+CANCEL_REFUSED: Final = "Job not found or cannot be cancelled"
+
+
+def cancel(job_id: str, reason: str | None) -> Op[bool]:
+    """Cancel {active: true}: remove a queued job, or stop a running one (dead-lettered with
+    reason `cancelled`, its worker told at once); False when there is nothing to cancel
+    (unknown, completed or failed)."""
+    cmd: dict[str, Any] = {"cmd": "Cancel", "id": job_id, "active": True}
+    if reason:
+        cmd["reason"] = reason
+
+    def parse(replies: list[Reply]) -> bool:
+        reply = replies[0]
+        if reply.get("ok") is True:
+            return True
+        if reply.get("error") == CANCEL_REFUSED:
+            return False
+        raise error_from_reply(reply)
+
+    return Op([cmd], parse, check=False)
 
 
 def obliterate(queue: str) -> Op[None]:

@@ -192,6 +192,13 @@ class Queue:
         Clean does not take."""
         return self._run(ops.clean(self.name, grace_ms, state, limit))
 
+    def cancel(self, job_id: str, reason: str | None = None) -> bool:
+        """Cancel a job: a queued one is removed; a running one is dead-lettered at once
+        (failedReason `cancelled: <reason>`, never retried) and the worker running it is
+        told by the server: its handler sees `current_job().cancelled`, an async handler is
+        cancelled. False when the job is unknown or already finished."""
+        return self._run(ops.cancel(job_id, reason))
+
     def obliterate(self) -> None:
         """Delete the queue and everything in it (jobs, DLQ, settings)."""
         self._run(ops.obliterate(self.name))

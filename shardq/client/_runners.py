@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol
 
+from shardq.client._current import JobCancelled, RunningJob, enter, leave
 from shardq.client._models import Job
 from shardq.client._worker_state import Lease
 
@@ -123,6 +124,7 @@ class AsyncRunner:
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
         buffer, gate, on_done, handler = self._buffer, self._gate, self._on_done, self._handler
         ran = 0
         while not self._stopping:
@@ -136,12 +138,27 @@ class AsyncRunner:
                 on_done(lease, Outcome.SKIPPED, None)
                 continue
             lease.started = True
+            # The handler runs inline in this task (no task per job): a cancel pushed by
+            # the server cancels this task while it waits inside the handler, and the
+            # CancelledError is taken back here (`uncancel`) so the runner goes on.
+            running = lease.running = RunningJob(lease.job)
+            running.bind_task(me)
+            token = enter(running)
             try:
                 result = await handler(lease.job)
+            except asyncio.CancelledError:
+                if not running.cancelled:
+                    raise
+                on_done(lease, Outcome.ERROR, JobCancelled(running.reason or "cancelled"))
             except Exception as e:
                 on_done(lease, Outcome.ERROR, e)
             else:
                 on_done(lease, Outcome.OK, result)
+            finally:
+                running.bind_task(None)
+                leave(token)
+                if running.cancelled and me is not None and me.cancelling():
+                    me.uncancel()  # the job's cancel, not the runner's
             ran += 1
             if ran >= YIELD_EVERY:
                 ran = 0
@@ -222,12 +239,16 @@ class ThreadRunner:
                     report(lease, Outcome.SKIPPED, None)
                     continue
                 lease.started = True
+                running = lease.running = RunningJob(lease.job)
+                token = enter(running)
                 try:
                     result = handler(lease.job)
                 except Exception as e:
                     report(lease, Outcome.ERROR, e)
                 else:
                     report(lease, Outcome.OK, result)
+                finally:
+                    leave(token)
         finally:
             self._call_on_loop(self._thread_exited)
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from shardq.client._current import RunningJob
 from shardq.client._errors import UnrecoverableError
 from shardq.client._models import Job
 
@@ -53,6 +54,8 @@ class Lease:
     renewals: int = 0
     started: bool = False
     finished: bool = False
+    running: RunningJob | None = None  # what `current_job()` gives its handler
+    cancelled: bool = False  # the server pushed a cancel for it (`Cancel {active: true}`)
 
     def fenced(self, command: dict[str, Any]) -> dict[str, Any]:
         """`command` with this lease's token added (when the server gave one)."""
@@ -188,7 +191,7 @@ class WorkerState:
         waiting: list[Lease] = []
         others: list[Lease] = []
         for lease in self.held.values():
-            if lease.token:
+            if lease.token and not lease.cancelled:  # a cancelled job's lease is gone
                 (others if lease.started or lease.finished else waiting).append(lease)
         return waiting, [_heartbeat_b(group) for group in (waiting, others) if group]
 

@@ -22,10 +22,28 @@ class ControlOps(EngineState):
 
     def cmd_cancel(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job = self.job_or_error(cmd.get("id"), "Job not found or cannot be cancelled")
+        if job.state == ACTIVE and cmd.get("active") is True:
+            self._cancel_active(job, cmd.get("reason"), now)
+            return {"ok": True}
         if job.state not in QUEUED_STATES:
             raise CommandError("Job not found or cannot be cancelled")
         self.move(job, "remove", now, {})
         return {"ok": True}
+
+    def _cancel_active(self, job: Job, reason: object, now: int) -> None:
+        """shardq's `Cancel {active: true}`: a running job is dead-lettered at once (reason
+        `cancelled`, no retry) and the connection that holds it is told, so its worker can
+        stop the handler. The worker's late ACK or FAIL then finds no lease."""
+        # Unbounded here as FAIL's error is: the frame size limit bounds both.
+        text = reason if isinstance(reason, str) and reason else None
+        job.failed_reason = f"cancelled: {text}" if text else "cancelled"
+        lease = self.leases.get(job.id)
+        conn = lease.conn if lease is not None else self.job_conn.get(job.id)
+        self.dead(job, "cancelled", now, {"failedReason": job.failed_reason}, False)
+        if conn is not None:
+            self.cancel_notices.append(
+                {"conn": conn, "jobId": job.id, "queue": job.queue, "reason": job.failed_reason}
+            )
 
     def cmd_discard(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job = self.job_or_error(cmd.get("id"), "Job not found")

@@ -101,6 +101,9 @@ class EngineTables:
         # the keys added since the shard last took them.
         self.flow_outbox: dict[str, dict[str, Any]] = {}
         self.flow_new: list[str] = []
+        # Cancels of active jobs this turn, for the connections that run them (`_control`):
+        # the shard hands them to the front end, which pushes them to those connections.
+        self.cancel_notices: list[dict[str, Any]] = []
         self.out: list[Mutation] = []
         self.events: list[tuple[str, str, str]] = []
 

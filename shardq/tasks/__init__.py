@@ -11,23 +11,37 @@
     result = send_email.delay("a@b.c")   # enqueue; a TaskResult
     result.get(timeout=10)               # "sent to a@b.c", or TaskFailed with the traceback
 
+`@app.periodic("*/5 * * * *")` (or `every=30`) above `@app.task` runs a task on a schedule;
+`shardq.chain(a.s(1), b.s())`, `shardq.group(...)` and `shardq.chord(...)` compose calls;
+`result.cancel()` stops a running task, which sees `shardq.current_job().cancelled`.
+
 Run the tasks with `shardq worker myproject.tasks:app --processes 2`. Calling
 `send_email("a@b.c")` runs the function here, as a plain call. The guide, with FastAPI and
 Django examples and a table for Celery, Dramatiq, RQ and huey users, is `docs/tasks.md`.
 """
 
-from shardq.tasks._app import App, Task, chain, group
+from shardq.client import JobCancelled, RunningJob, current_job
+from shardq.tasks._app import App, Task
+from shardq.tasks._canvas import Chain, Chord, Group, Signature, chain, chord, group
 from shardq.tasks._options import CallOptions, TaskOptions
 from shardq.tasks._result import EagerResult, TaskFailed, TaskResult
 
 __all__ = [
     "App",
     "CallOptions",
+    "Chain",
+    "Chord",
     "EagerResult",
+    "Group",
+    "JobCancelled",
+    "RunningJob",
+    "Signature",
     "Task",
     "TaskFailed",
     "TaskOptions",
     "TaskResult",
     "chain",
+    "chord",
+    "current_job",
     "group",
 ]

@@ -29,6 +29,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, Unpack, overload
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.client import DEFAULT_URL, Connection, Queue
+from shardq.tasks._canvas import Signature
 from shardq.tasks._options import (
     CallOptions,
     TaskOptions,
@@ -36,23 +37,13 @@ from shardq.tasks._options import (
     encode_payload,
     encode_payloads,
 )
+from shardq.tasks._periodic import Schedule
 from shardq.tasks._result import EagerResult, TaskFailed, TaskResult
 
-__all__ = ["App", "Task", "chain", "group"]
+__all__ = ["App", "Task"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-_MISSING_CRON = (
-    "periodic tasks need cron schedules, which shardq does not have yet (the server answers "
-    "'Unsupported command' to cron commands); run a scheduler such as cron or APScheduler "
-    "that calls .delay() until then"
-)
-_MISSING_FLOWS = (
-    "{what} needs flows (jobs that wait for other jobs), which shardq does not have yet (the "
-    "server answers 'Unsupported command' to them); call the next task's .delay() at the end "
-    "of a task until then"
-)
 
 
 class Task(Generic[P, R]):
@@ -125,9 +116,10 @@ class Task(Generic[P, R]):
         queue = self.app.queue(opts.queue)
         return [TaskResult(queue, i, self.name) for i in queue.add_bulk(jobs)]
 
-    def s(self, *args: Any, **kwargs: Any) -> Any:
-        """A signature for `chain`/`group`: not available yet (they need flows)."""
-        raise NotImplementedError(_MISSING_FLOWS.format(what=f"{self.name}.s()"))
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature: this call, not sent yet, for `chain`, `group` and `chord` (or its
+        own `.delay()`). Per-call options go through `.set(queue=..., ...)`."""
+        return Signature(self, args, kwargs, {})
 
 
 class App:
@@ -154,6 +146,7 @@ class App:
         self.default_queue = queue
         self.timeout = timeout
         self.tasks: dict[str, Task[..., Any]] = {}
+        self.schedules: dict[str, Schedule] = {}
         self._lock = threading.Lock()
         self._pid = -1
         self._connection: Connection | None = None
@@ -233,13 +226,40 @@ class App:
 
         return register if fn is None else register(fn)
 
-    def periodic(self, cron: str, *, tz: str | None = None, **options: Any) -> Any:
-        """Run a task on a cron schedule: not available yet.
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        tz: str | None = None,
+        every: float | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Callable[[Task[P, R]], Task[P, R]]:
+        """Run a task on a schedule, stacked on `@app.task`: a cron expression (5 fields, or 6
+        with seconds first) read in time zone `tz` (UTC by default), or `every` seconds; the
+        task is called with `args` and `kwargs`. `shardq worker` writes the schedule to the
+        server when it starts (docs/tasks.md); the server fires each slot at most once.
 
         Raises:
-            NotImplementedError: always, naming what is missing (cron schedules).
+            ValueError: both or neither of `cron` and `every`, an invalid expression or
+                zone, a task already periodic.
+            TypeError: the decorated object is not a task of this app.
         """
-        raise NotImplementedError(_MISSING_CRON)
+        schedule = Schedule(cron, tz, every, tuple(args), dict(kwargs or {}))
+        encode_payload("app.periodic", schedule.args, schedule.kwargs)  # refuse bad arguments now
+
+        def register(task: Task[P, R]) -> Task[P, R]:
+            if not isinstance(task, Task) or self.tasks.get(task.name) is not task:
+                raise TypeError(
+                    f"@app.periodic(...) goes above @app.task(...) of the same app, got {task!r}"
+                )
+            with self._lock:
+                if task.name in self.schedules:
+                    raise ValueError(f"task {task.name!r} already has a schedule")
+                self.schedules[task.name] = schedule
+            return task
+
+        return register
 
     # -- producing --------------------------------------------------------------------------
 
@@ -328,21 +348,3 @@ def _default_name(fn: Callable[..., Any]) -> str:
         path = getattr(main, "__file__", None) or ""
         module = spec.name if spec is not None else os.path.splitext(os.path.basename(path))[0]
     return f"{module}.{fn.__qualname__}"
-
-
-def chain(*signatures: Any) -> Any:
-    """Run tasks one after another, each given the previous result: not available yet.
-
-    Raises:
-        NotImplementedError: always, naming what is missing (flows).
-    """
-    raise NotImplementedError(_MISSING_FLOWS.format(what="chain()"))
-
-
-def group(signatures: Iterable[Any]) -> Any:
-    """Run tasks in parallel and collect their results: not available yet.
-
-    Raises:
-        NotImplementedError: always, naming what is missing (flows).
-    """
-    raise NotImplementedError(_MISSING_FLOWS.format(what="group()"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import threading
 import time
@@ -20,8 +21,11 @@ from typing import Any, Protocol
 
 import structlog
 
-from shardq.client import Job, UnrecoverableError
+from shardq.client import Job, JobCancelled, RunningJob, UnrecoverableError
+from shardq.client._current import enter as _enter
+from shardq.client._current import running_job
 from shardq.tasks._app import Task
+from shardq.tasks._canvas import GROUP_TASK, flow_call
 from shardq.tasks._options import decode_payload
 
 __all__ = ["Counters", "Dispatcher", "SyncDispatcher", "unknown_task_reason"]
@@ -71,6 +75,8 @@ class Dispatcher:
 
     async def __call__(self, job: Job) -> Any:
         task = self._tasks.get(job.name)
+        if task is None and job.name == GROUP_TASK:
+            return _collect(job)
         if task is None:
             self._counters[FAILED] += 1
             reason = unknown_task_reason(job.name, self._tasks)
@@ -82,7 +88,7 @@ class Dispatcher:
             raise UnrecoverableError(
                 f"job data is not a task call ({{'args': [...], 'kwargs': {{...}}}}) for {job.name}"
             )
-        args, kwargs = call
+        args, kwargs = _inputs(job, call[0]), call[1]
         attempt = job.attempts + 1
         started = time.perf_counter()
         try:
@@ -110,7 +116,8 @@ class Dispatcher:
                 return await task.fn(*args, **kwargs)
         loop = asyncio.get_running_loop()
         call = functools.partial(task.fn, *args, **kwargs)
-        return await loop.run_in_executor(self._executor, call)
+        # In the pool's thread too, `shardq.current_job()` is this job.
+        return await loop.run_in_executor(self._executor, contextvars.copy_context().run, call)
 
 
 class SyncDispatcher:
@@ -139,14 +146,17 @@ class SyncDispatcher:
         task = self._tasks.get(job.name)
         if task is None or task.is_async:
             # Unknown names too: the loop's dispatcher words the DLQ reason and counts it.
-            return asyncio.run_coroutine_threadsafe(self._on_loop(job), self._loop).result()
+            running = running_job()
+            return asyncio.run_coroutine_threadsafe(
+                self._in_task(job, running), self._loop
+            ).result()
         call = decode_payload(job.data)
         if call is None:
             self._counters.add(FAILED)
             raise UnrecoverableError(
                 f"job data is not a task call ({{'args': [...], 'kwargs': {{...}}}}) for {job.name}"
             )
-        args, kwargs = call
+        args, kwargs = _inputs(job, call[0]), call[1]
         started = time.perf_counter()
         try:
             result = task.fn(*args, **kwargs)
@@ -161,6 +171,41 @@ class SyncDispatcher:
         self._log.info("task done", task=task.name, job_id=job.id, attempt=job.attempts + 1,
                        duration_ms=round((time.perf_counter() - started) * 1000, 3))  # fmt: skip
         return result
+
+    async def _in_task(self, job: Job, running: RunningJob | None) -> Any:
+        """The loop's dispatcher in a task of its own, which a cancel of the job cancels
+        (and where `shardq.current_job()` is the job, `running`: the handler thread's)."""
+        if running is None:
+            return await self._on_loop(job)
+        _enter(running)
+        running.bind_task(asyncio.current_task())
+        try:
+            return await self._on_loop(job)
+        except asyncio.CancelledError:
+            if running.cancelled:
+                raise JobCancelled(running.reason or "cancelled") from None
+            raise
+        finally:
+            running.bind_task(None)
+
+
+def _inputs(job: Job, args: list[Any]) -> list[Any]:
+    """The arguments of a call, with the results of the calls it waits for in front (a
+    chain's or a chord's, `_canvas`); a malformed flow goes to the DLQ at once."""
+    if "flow" not in job.data:  # decode_payload checked it is a mapping
+        return args
+    try:
+        return flow_call(job, args)[0]
+    except ValueError as e:
+        raise UnrecoverableError(str(e)) from e
+
+
+def _collect(job: Job) -> Any:
+    """A group's collector: the list of its calls' results, in order."""
+    try:
+        return flow_call(job, [])[0][0]
+    except (ValueError, IndexError) as e:
+        raise UnrecoverableError(f"{GROUP_TASK} job {job.id}: {e}") from e
 
 
 class _LockedCounters:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from shardq.client import NotFound, Queue, ServerError, WaitTimeout
+from shardq.client import NotFound, Queue, WaitTimeout
 from shardq.errors import ShardqError
 
 __all__ = ["EagerResult", "TaskFailed", "TaskResult"]
@@ -15,7 +15,8 @@ __all__ = ["EagerResult", "TaskFailed", "TaskResult"]
 # slices, short at first (a failure is often quick) and growing to one second.
 FIRST_SLICE_MS: Final = 50
 MAX_SLICE_MS: Final = 1000
-CANCEL_REFUSED: Final = "Job not found or cannot be cancelled"
+CHILD_FAILED: Final = "child "  # how the server words a flow parent's failure (protocol §20.2)
+MAX_CHILD_HOPS: Final = 100  # a chain deeper than this reports the failure found that far
 
 
 class TaskFailed(ShardqError):
@@ -39,6 +40,14 @@ class TaskFailed(ShardqError):
         if self.traceback:
             message += f"\n\nRemote traceback (most recent call last):\n{self.traceback}"
         super().__init__(message)
+
+
+def _failed_child(reason: str | None) -> str | None:
+    """The child id of a flow parent's reason "child <id> failed: <error>", else None."""
+    if not reason or not reason.startswith(CHILD_FAILED):
+        return None
+    child, sep, _ = reason[len(CHILD_FAILED) :].partition(" failed: ")
+    return child if sep and child else None
 
 
 def _exc_type(lines: Sequence[str]) -> str | None:
@@ -100,18 +109,27 @@ class TaskResult:
         if job is None:
             return TaskFailed(self.task, self.id, "removed after it failed")
         task = self.task or job.name  # a handle made from a bare id learns its task here
-        return TaskFailed(task, self.id, job.failed_reason, job.stacktrace or ())
+        reason, stack = job.failed_reason, job.stacktrace or ()
+        # A chain or chord fails because a call it waited for failed ("child <id> failed:
+        # ..."): follow the children down to that call, for its own error and traceback.
+        for _ in range(MAX_CHILD_HOPS):
+            child_id = _failed_child(reason)
+            child = self._queue.get_job(child_id) if child_id else None
+            if child is None:
+                break
+            reason = f"{child.name} (job {child.id}) failed: {child.failed_reason}"
+            stack = child.stacktrace or ()
+            if _failed_child(child.failed_reason) is None:
+                break
+            reason = child.failed_reason
+        return TaskFailed(task, self.id, reason, stack)
 
-    def cancel(self) -> bool:
-        """Remove the job if it has not started (waiting, delayed or prioritized); True if it
-        was removed. A running or finished job is left alone (False)."""
-        try:
-            self._queue.connection.call({"cmd": "Cancel", "id": self.id})
-        except ServerError as e:
-            if e.message == CANCEL_REFUSED:
-                return False
-            raise
-        return True
+    def cancel(self, reason: str | None = None) -> bool:
+        """Cancel the task: removed if it has not started; if it runs, the server fails it
+        at once (`get` raises `TaskFailed` with reason "cancelled: <reason>", no retry) and
+        tells its worker, where `shardq.current_job().cancelled` turns true and an async
+        task is cancelled. False when it already finished (or is unknown)."""
+        return self._queue.cancel(self.id, reason)
 
 
 class EagerResult(TaskResult):
@@ -133,5 +151,5 @@ class EagerResult(TaskResult):
             raise self._error
         return self._value
 
-    def cancel(self) -> bool:
+    def cancel(self, reason: str | None = None) -> bool:
         return False  # it already ran

@@ -22,6 +22,7 @@ from typing import Any, Final
 from shardq.client import AsyncWorker
 from shardq.tasks._app import App
 from shardq.tasks._dispatch import Dispatcher
+from shardq.tasks._periodic import sync_schedules
 
 __all__ = ["LocalServer", "ThreadWorker"]
 
@@ -147,6 +148,12 @@ class ThreadWorker:
         self._error: BaseException | None = None
 
     def start(self) -> ThreadWorker:
+        """Write the periodic tasks' schedules (as `shardq worker` does), then serve.
+
+        Raises:
+            ShardqError: the server refused a schedule, or cannot be reached.
+        """
+        sync_schedules(self.app, self.queues)
         self._thread.start()
         self._started.wait(10)
         return self

@@ -39,6 +39,7 @@ from shardq.client import AsyncWorker, WorkerStats
 from shardq.errors import ShardqError
 from shardq.tasks._app import App
 from shardq.tasks._dispatch import DONE, FAILED, Counters, Dispatcher, SyncDispatcher
+from shardq.tasks._periodic import ScheduleWriter
 
 __all__ = ["WorkerSettings", "exit_now", "load_app", "run"]
 
@@ -118,12 +119,25 @@ def run(app: App, settings: WorkerSettings, *, status: TextIO | None = None) -> 
     started = time.monotonic()
     _log.info("worker starting", queues=list(queues), processes=settings.processes,
               concurrency=settings.concurrency, tasks=sorted(app.tasks))  # fmt: skip
+    # Once per `shardq worker`, in this process (children would not need a connection each);
+    # a server that cannot be reached yet is tried again in a thread, started after the fork.
+    writer = ScheduleWriter(app, queues, settings.url)
+    try:
+        written = writer.write()
+    except ShardqError as e:
+        _log.error("the server refused the periodic tasks' schedules",
+                   error=f"{type(e).__name__}: {e}")  # fmt: skip
+        return 1
     line = _StatusLine(counters, status, started) if status is not None else None
     if settings.processes == 1:
+        if not written:
+            writer.keep_trying()
         with _running(line):
             code = serve(app, queues, settings, _Slot(counters, 0), child=False)
     else:
-        code = _supervise(app, queues, settings, counters, line)
+        code = _supervise(app, queues, settings, counters, line,
+                          None if written else writer.keep_trying)  # fmt: skip
+    writer.stop()
     _log.info("worker stopped", done=_total(counters, DONE), failed=_total(counters, FAILED))
     return code
 
@@ -221,6 +235,7 @@ def _supervise(
     settings: WorkerSettings,
     counters: Any,
     line: _StatusLine | None,
+    after_fork: Callable[[], None] | None = None,
 ) -> int:
     ctx = multiprocessing.get_context("fork")
     children: list[BaseProcess] = []
@@ -232,6 +247,8 @@ def _supervise(
         )
         child.start()
         children.append(child)
+    if after_fork is not None:
+        after_fork()
     forwarded = 0
 
     def forward(sig: int, _frame: object) -> None:

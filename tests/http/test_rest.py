@@ -125,6 +125,11 @@ def test_job_routes(api: Any) -> None:
     ok(api("DELETE", f"/jobs/{third}"))
     missing = api("GET", f"/jobs/{third}")
     assert (missing.status, missing.json["ok"]) == (404, False)
+    running = ok(api("POST", "/queues/job-q/jobs", {"data": 0}))["id"]
+    ok(api("POST", "/queues/job-q/jobs/pull-batch", {"count": 1, "owner": "me"}))
+    ok(api("POST", f"/jobs/{running}/cancel", {"reason": "from the API"}))
+    cancelled = ok(api("GET", f"/jobs/{running}"))["job"]
+    assert (cancelled["state"], cancelled["failedReason"]) == ("failed", "cancelled: from the API")
 
 
 def test_dlq_routes(api: Any) -> None:

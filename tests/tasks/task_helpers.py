@@ -22,11 +22,17 @@ __all__ = ["HERE", "WorkerProcess"]
 class WorkerProcess:
     """`shardq worker sample_tasks:app ...` as a subprocess, logging to `log_path`."""
 
-    def __init__(self, url: str, log_path: Path, *args: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        log_path: Path,
+        *args: str,
+        app: str = "sample_tasks:app",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.log_path = log_path
-        argv = [sys.executable, "-m", "shardq_cli.main", "worker", "sample_tasks:app",
-                "--url", url, *args]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(HERE)}
+        argv = [sys.executable, "-m", "shardq_cli.main", "worker", app, "--url", url, *args]
+        env = {**os.environ, **(env or {}), "PYTHONPATH": str(HERE)}
         with log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 argv, cwd=HERE, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env

@@ -135,16 +135,36 @@ def test_wire_options_of_a_call(app: App) -> None:
     }  # fmt: skip
 
 
-def test_cron_and_flows_say_what_is_missing(app: App) -> None:
-    @app.task
-    def step() -> None: ...
+def test_a_canvas_is_one_flow_and_a_schedule_one_cron_command(app: App) -> None:
+    from shardq.tasks._canvas import _Flow
 
-    with pytest.raises(NotImplementedError, match="cron schedules"):
-        app.periodic("*/5 * * * *", tz="Europe/Paris")
-    with pytest.raises(NotImplementedError, match="flows"):
-        chain(step.s(), step.s())
-    with pytest.raises(NotImplementedError, match="flows"):
-        group([])
+    @app.task(queue="q1", attempts=2)
+    def step(x: int, y: int = 0) -> int: ...
+
+    @app.task(queue="q2")
+    def gather(values: list[int]) -> int: ...
+
+    flow = _Flow()
+    root = chain(group(step.s(1), step.s(2)), gather.s()).build(flow, None, None)
+    by_id = {node["id"]: node for node in flow.nodes}
+    parent = by_id[root[0]]
+    assert parent == flow.nodes[-1] and parent["queue"] == "q2"  # a parent after its children
+    children = parent["input"]["childrenIds"]
+    assert parent["input"]["data"]["flow"] == {"take": "first", "children": children}
+    collector = by_id[children[0]]
+    assert collector["input"]["name"] == "shardq.group" and collector["queue"] == "q1"
+    assert collector["input"]["failParentOnFailure"] is True
+    calls = [by_id[c]["input"] for c in collector["input"]["childrenIds"]]
+    assert [c["data"]["args"] for c in calls] == [[1], [2]]
+    assert all(c["maxAttempts"] == 2 and c["parentId"] == collector["id"] for c in calls)
+
+    app.periodic("*/5 * * * *", tz="Europe/Paris", kwargs={"y": 1})(step)
+    cmd = app.schedules[step.name].command(step)
+    assert cmd == {
+        "cmd": "Cron", "name": step.name, "queue": "q1", "jobName": step.name,
+        "data": {"args": [], "kwargs": {"y": 1}}, "priority": 0,
+        "jobOptions": {"maxAttempts": 2}, "schedule": "*/5 * * * *", "timezone": "Europe/Paris",
+    }  # fmt: skip
 
 
 def test_unknown_task_reason_names_a_bounded_list() -> None:

@@ -38,6 +38,24 @@ def test_same_server_for_the_session(shardq_server, shardq_app):
     assert shardq_app.queue("user-q").counts().completed == 1
 
 
+def test_periodic_tasks_run_under_the_test_worker(shardq_app, shardq_worker):
+    import time
+
+    ticks = []
+
+    @shardq_app.periodic(every=0.2)
+    @shardq_app.task(queue="tick-q")
+    def tick():
+        ticks.append(time.monotonic())
+
+    shardq_worker(shardq_app)
+    deadline = time.monotonic() + 10
+    while len(ticks) < 3:
+        assert time.monotonic() < deadline, ticks
+        time.sleep(0.02)
+    shardq_app.queue("tick-q").connection.call({"cmd": "CronDelete", "name": tick.name})
+
+
 def test_eager_mode_needs_no_server():
     app = shardq.App(eager=True)
 
@@ -58,4 +76,4 @@ def test_plugin_fixtures_in_a_users_test_file(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=90, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "3 passed" in run.stdout, run.stdout
+    assert "4 passed" in run.stdout, run.stdout

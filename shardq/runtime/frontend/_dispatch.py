@@ -96,6 +96,10 @@ _ID_FIELDS: Final = {"GetJobByCustomId": "customId", "UpdateParent": "childId"}
 INVALID_COMMAND_NESTING: Final = "Invalid command: nested too deeply"
 # Connections whose failed Auth attempts are remembered (ZeroMQ peers never say goodbye).
 MAX_AUTH_FAILURE_RECORDS: Final = 100_000
+_PULLS: Final = frozenset({"PULL", "PULLB"})
+# Connections remembered for the cancels pushed to them: the bound of the Auth records above,
+# for the same reason (a TCP one leaves when it closes; ZeroMQ peers never say goodbye).
+MAX_PULLERS: Final = MAX_AUTH_FAILURE_RECORDS
 
 _log = structlog.get_logger()
 
@@ -175,6 +179,7 @@ class Dispatcher:
         self.drained: set[int] = set()
         self.all_drained = asyncio.Event()
         self.release_on_close = True
+        self._pullers: dict[str, Client] = {}  # conn -> a client that pulled (`_push_cancels`)
         self._local: dict[str, Callable[[Client, object, dict[str, Any]], None]] = {
             "Hello": self._hello,
             "Ping": self._ping,
@@ -247,8 +252,10 @@ class Dispatcher:
             self._local[name](client, req, frame)
         elif name in SHARD_COMMANDS:
             frame["_conn"] = client.conn
-            if name == "PULLB":
-                _pass_through(client, frame)
+            if name in _PULLS:
+                self._note_puller(client)
+                if name == "PULLB":
+                    _pass_through(client, frame)
             routed = self.bunqueue.before_route(client, req, name, frame)
             if routed is not None:
                 if name in PARKING_COMMANDS and parks(name, frame):
@@ -518,6 +525,8 @@ class Dispatcher:
             self.bunqueue.presence.shard_up(msg.get("shard"))  # type: ignore[union-attr,arg-type]
         elif kind == "flow":
             self.flows.on_notices(msg)
+        elif kind == "cancel":
+            self._push_cancels(msg.get("items"))
         elif kind == "drained":
             self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
             if len(self.drained) >= self.shards:
@@ -548,8 +557,35 @@ class Dispatcher:
             # A reply we cannot route must not stop the replies behind it.
             _log.exception("shard reply dropped")
 
+    def _note_puller(self, client: Client) -> None:
+        """Remember a connection that may hold leases, for the cancels pushed to it. A TCP
+        one is forgotten when it closes; ZeroMQ peers never close, so they are capped."""
+        pullers = self._pullers
+        if client.conn not in pullers:
+            if len(pullers) >= MAX_PULLERS:
+                del pullers[next(iter(pullers))]
+            pullers[client.conn] = client
+
+    def _push_cancels(self, items: object) -> None:
+        """Tell the connections running these jobs that they were cancelled
+        (`Cancel {active: true}`): `{type: "cancel", jobId, queue, reason}`, unasked, like an
+        event. A connection gone or not reading misses it; the job is dead-lettered anyway."""
+        for item in items if isinstance(items, list) else ():
+            if not isinstance(item, dict):
+                continue
+            client = self._pullers.get(str(item.get("conn")))
+            push = getattr(client, "push_event", None)
+            if push is None:
+                continue
+            msg = {"type": "cancel", "jobId": item.get("jobId"), "queue": item.get("queue"),
+                   "reason": item.get("reason")}  # fmt: skip
+            if not push(msg, {}, self.events.buffer_bytes):
+                _log.warning("cancel not pushed: the worker is not reading",
+                             conn=item.get("conn"), job_id=item.get("jobId"))  # fmt: skip
+
     def connection_closed(self, conn: str) -> None:
         """Tell every shard, after this turn's batches, that `conn` is gone (lease release)."""
+        self._pullers.pop(conn, None)
         self.bunqueue.connection_closed(conn)
         self.events.forget(conn)
         self._auth_failures.forget(conn)

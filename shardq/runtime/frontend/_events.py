@@ -90,7 +90,7 @@ class EventHub:
         self.ring: deque[tuple[int, Event]] = (
             deque(maxlen=ring_size) if ring_size else deque(maxlen=0)
         )
-        self._buffer_bytes = limits.buffer_bytes
+        self.buffer_bytes = limits.buffer_bytes  # also bounds the cancels pushed to workers
         self._ring_data_bytes = limits.ring_data_bytes
         self._ids = itertools.count(int(time.time() * _MICROS))
         self.last_id = 0
@@ -251,7 +251,7 @@ class EventHub:
         self, sub: _Subscriber, event_id: int, event: Event, frames: dict[str, bytes]
     ) -> None:
         msg = {"type": "event", "event": event, "id": event_id}
-        if not sub.sink.push_event(msg, frames, self._buffer_bytes):
+        if not sub.sink.push_event(msg, frames, self.buffer_bytes):
             sub.dropped += 1
             self.dropped += 1
             if sub.dropped == 1 or sub.dropped % 10_000 == 0:

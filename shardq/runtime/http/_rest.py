@@ -116,6 +116,11 @@ def _job(cmd: str, *keys: str, id_key: str = "id") -> Builder:
     return lambda a, q, b: _some(cmd=cmd, **{id_key: a[0]}, **{k: b.get(k) for k in keys})
 
 
+def _cancel(a: list[str], q: Query, b: Body) -> dict[str, Any]:
+    # shardq's cancel of a queued or running job (docs/protocol.md §8); DELETE stays bunqueue's.
+    return _some(cmd="Cancel", id=a[0], active=True, reason=b.get("reason"))
+
+
 def _config(cmd: str) -> Builder:
     return lambda a, q, b: {"cmd": cmd, "queue": a[0], "config": b.get("config", b)}
 
@@ -167,6 +172,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     _r("GET", "/jobs/custom/:id", _job("GetJobByCustomId", id_key="customId"), "find"),
     _r("GET", J, _job("GetJob"), "find"),
     _r("DELETE", J, _job("Cancel"), "write"),
+    _r("POST", f"{J}/cancel", _cancel, "write"),
     _r("POST", f"{J}/ack", _job("ACK", "result", "token"), "write"),
     _r("POST", f"{J}/fail", _job("FAIL", "error", "token", "unrecoverable", "stack"), "write"),
     _r("GET", f"{J}/state", _job("GetState")),

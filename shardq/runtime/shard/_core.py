@@ -269,6 +269,10 @@ class ShardCore(StorageRefusals):
         # After the batch that stores them: a notice never reaches a parent before the
         # child's outcome it reports is on its way to disk.
         out.extend(("front", msg) for msg in self.flows.take(now))
+        if self.engine.cancel_notices:
+            # After the batch that dead-letters them: the worker is told of a settled fact.
+            notices, self.engine.cancel_notices = self.engine.cancel_notices, []
+            out.append(("front", {"t": "cancel", "items": notices}))
         out.extend(self.take_replies())
         if self.draining and not self._drained_sent and self.engine.active_count() == 0:
             out.append(("front", {"t": "drained", "shard": self.index}))
