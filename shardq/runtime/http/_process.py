@@ -26,6 +26,7 @@ from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._tls import server_context
 from shardq.runtime.http._backend import Backend
+from shardq.runtime.http._charts import Charts
 from shardq.runtime.http._edge import Edge
 from shardq.runtime.http._monitor import Monitor
 from shardq.runtime.http._overview import Overview
@@ -39,6 +40,7 @@ __all__ = ["build_app", "main", "serve"]
 log = structlog.get_logger()
 
 _OPEN: Final = frozenset({"/health", "/healthz", "/live", "/ready"})
+_PAGE: Final = frozenset({"/", "/favicon.ico"})  # the dashboard's own files: no data in them
 _PROMETHEUS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # A request still running at SIGTERM gets this long: the front end stops with us, so what
 # waits on it fails at once; only a slow client's transfer could take longer.
@@ -64,7 +66,7 @@ class _Auth:
 
     def denied(self, request: web.Request) -> web.Response | None:
         path = request.path
-        if path in _OPEN or path == "/" or path.startswith("/static/"):
+        if path in _OPEN or path in _PAGE or path.startswith("/static/"):
             return None
         if path == "/prometheus" and not self._metrics_auth:
             return None
@@ -96,6 +98,7 @@ class _Server:
         self.backend = backend
         self.monitor = Monitor(spec, backend)
         self.overview = Overview(backend, self.monitor)
+        self.charts = Charts(backend, spec.metrics_max_queues)
         self.auth = _Auth(spec)
         self.streams = EventStreams(spec, backend)
         self.monitor.streams_open = self.streams.open
@@ -154,6 +157,19 @@ class _Server:
         include = request.query.get("includeJobs") == "true"
         return _json(await self.overview.queue(request.match_info["queue"], include))
 
+    async def dashboard_history(self, request: web.Request) -> web.Response:
+        query = request.query
+        body = await self.charts.history(query.get("queue"), query.get("minutes"))
+        return _json(body, 200 if body.get("ok") is True else 400)
+
+    async def dashboard_search(self, request: web.Request) -> web.Response:
+        body = await self.charts.search(request.query.get("q", ""))
+        return _json(body, 200 if body.get("ok") is True else 400)
+
+    async def favicon(self, request: web.Request) -> web.StreamResponse:
+        icon = resources.files("shardq.runtime.http").joinpath("static/favicon.svg")
+        return web.Response(body=icon.read_bytes(), content_type="image/svg+xml")
+
     async def index(self, request: web.Request) -> web.StreamResponse:
         page = resources.files("shardq.runtime.http").joinpath("static/index.html")
         return web.Response(text=page.read_text(), content_type="text/html")
@@ -197,6 +213,9 @@ def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
     app.router.add_get("/queues/summary", server.queues_summary)
     app.router.add_get("/dashboard", server.dashboard)
     app.router.add_get("/dashboard/queues", server.dashboard_queues)
+    app.router.add_get("/dashboard/history", server.dashboard_history)
+    app.router.add_get("/dashboard/search", server.dashboard_search)
+    app.router.add_get("/favicon.ico", server.favicon)
     app.router.add_get("/dashboard/queues/{queue}", server.dashboard_queue)
     for path in ("/events", "/events/queues/{queue}"):
         app.router.add_get(path, server.streams.sse)
