@@ -178,7 +178,9 @@ class Charts:
             jobs = [reply.get("job")] if i < 2 else reply.get("jobs") or []
             for job in jobs:
                 if isinstance(job, Mapping) and isinstance(job.get("id"), str):
-                    hits.setdefault(job["id"], {f: job.get(f) for f in _JOB_FIELDS} | {"match": how})
+                    hits.setdefault(
+                        job["id"], {f: job.get(f) for f in _JOB_FIELDS} | {"match": how}
+                    )
         jobs = list(hits.values())
         return {
             "ok": True,
