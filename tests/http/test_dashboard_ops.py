@@ -131,8 +131,8 @@ def test_search_finds_a_job_by_id_custom_id_and_name(server: ShardqServer, page:
     box = page.get_by_test_id("search-input")
     for text, job, how in (
         ("invoice-778", by_name, "name"),
-        (by_name, by_name, "id"),
-        ("order-abc-1", "order-abc-1", "customId"),
+        (by_name, by_name, "job id"),
+        ("order-abc-1", "order-abc-1", "custom id"),
     ):
         box.fill(text)
         box.press("Enter")

@@ -335,12 +335,14 @@ async function workerView(id) {
 
 // -- search: a job id, a custom id or part of a job name
 
+const MATCHED = { id: "job id", customId: "custom id", name: "name" };
+
 async function searchView(text) {
   const found = await api(`/dashboard/search?q=${encodeURIComponent(text)}`);
   const rows = found.jobs.map((job) => el("tr", { "data-job": job.id },
     el("td", {}, el("a", { href: `#/job/${q(job.id)}` }, job.id)), el("td", {}, job.name),
     el("td", {}, el("a", { href: `#/queue/${q(job.queue)}/${job.state === "waiting-children" ? "waiting" : job.state}/0` }, job.queue)),
-    el("td", {}, job.state), el("td", { "data-col": "match" }, job.match), el("td", {}, when(job.createdAt))));
+    el("td", {}, job.state), el("td", { "data-col": "match" }, MATCHED[job.match] ?? job.match), el("td", {}, when(job.createdAt))));
   const notes = [found.truncated ? "more jobs match than shown" : "",
     found.queuesOmitted ? `${found.queuesOmitted} queues not searched by name` : ""].filter(Boolean);
   return [el("h1", {}, "Jobs matching ", el("code", {}, text)),

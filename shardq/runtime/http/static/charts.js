@@ -41,7 +41,7 @@ function seriesPath(values, x, y) {
   return d.trim();
 }
 
-function axes(max, points, unit, x, y) {
+function axes(max, points, x, y) {
   const { width, height, left, right, bottom } = CHART;
   const parts = [];
   for (const fraction of [0, 0.5, 1]) {
@@ -56,7 +56,6 @@ function axes(max, points, unit, x, y) {
     parts.push(svg("text", { x: x(points.length - 1), y: base, class: "tick", "text-anchor": "end" },
       "now"));
   }
-  parts.push(svg("text", { x: 4, y: 12, class: "tick" }, unit));
   return parts;
 }
 
@@ -70,7 +69,7 @@ function lineChart(spec) {
   const x = (i) => left + (i * (width - left - right)) / Math.max(1, n - 1);
   const y = (v) => top + (height - top - bottom) * (1 - v / max);
   const drawing = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": spec.title },
-    ...axes(max, spec.points, spec.unit, x, y));
+    ...axes(max, spec.points, x, y));
   const legend = el("div", { class: "legend" });
   spec.series.forEach((s, k) => {
     const values = columns[k];
@@ -85,7 +84,7 @@ function lineChart(spec) {
       el("i", { style: `background:${s.color}` }), `${s.label} ${shortNumber(last)}`));
   });
   return el("figure", { class: "chart", "data-testid": spec.testid },
-    el("figcaption", {}, spec.title), drawing, legend);
+    el("figcaption", {}, spec.title, el("span", { class: "muted" }, ` (${spec.unit})`)), drawing, legend);
 }
 
 // The two charts of a history answer (/dashboard/history): throughput and job times.
