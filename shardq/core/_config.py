@@ -46,7 +46,7 @@ class EngineConfig:
     # bunqueue's maxMetricDataPoints (two weeks); at most ~1 MB per busy queue.
     max_metric_minutes: int = 20_160
     # Minutes of per-queue pushed/completed/failed counts and wait/run time buckets kept for
-    # the dashboard's charts (GetJobCounts `history`); at most ~36 KB per busy queue an hour.
+    # the dashboard's charts (GetJobCounts `history`); at most ~42 KB per busy queue an hour.
     max_history_minutes: int = 60
 
     def __post_init__(self) -> None:

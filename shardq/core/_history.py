@@ -5,8 +5,8 @@
 for good per minute, and how long the completed ones waited (due to picked up) and ran (picked
 up to completed), as counts per `TIME_BOUNDS_MS` bucket so that minutes and queues add up and
 percentiles come out of the sum. Only the last `max_history_minutes` minutes are kept, and a
-minute costs nothing until something happens in it: at most about 600 bytes per queue and
-minute (two bucket lists and three counters), 36 KB per busy queue for the default hour.
+minute costs nothing until something happens in it: about 700 bytes per queue and
+minute (two bucket lists and three counters), 42 KB per busy queue for the default hour.
 
 A push pays one dict lookup and an addition; a completion two bisects per job. A restart
 rebuilds the completed and failed counts and times from the jobs the shard still holds (they

@@ -28,6 +28,7 @@ from shardq.runtime._tls import server_context
 from shardq.runtime.http._backend import Backend
 from shardq.runtime.http._charts import Charts
 from shardq.runtime.http._edge import Edge
+from shardq.runtime.http._mcp import McpEndpoint
 from shardq.runtime.http._monitor import Monitor
 from shardq.runtime.http._overview import Overview
 from shardq.runtime.http._rest import match, status_for
@@ -103,6 +104,7 @@ class _Server:
         self.streams = EventStreams(spec, backend)
         self.monitor.streams_open = self.streams.open
         self.webhooks = WebhookService(spec, backend)
+        self.mcp = McpEndpoint(backend, spec.max_frame_bytes)
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -223,6 +225,8 @@ def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
         app.router.add_get(path, server.streams.ws)
     app.router.add_get("/", server.index)
     app.router.add_static("/static/", str(static))
+    app.router.add_route("*", "/mcp", server.mcp.handle)
+    app.cleanup_ctx.append(server.mcp.lifespan)
     app.router.add_route("*", "/{tail:.*}", server.rest)
     # Webhook delivery lives and dies with the HTTP server (docs/protocol.md, "Webhooks").
     app.on_startup.append(lambda _app: server.webhooks.start())
