@@ -70,14 +70,18 @@ class QueueHistory:
     def completed(self, jobs: Sequence[Job], at: int, keep: int) -> None:
         entry = self._minute(at, keep)
         entry.completed += len(jobs)
+        wait, run = entry.wait, entry.run
+        if wait is None or run is None:
+            wait = entry.wait = [0] * _BUCKETS
+            run = entry.run = [0] * _BUCKETS
+        find, bounds = bisect.bisect_left, TIME_BOUNDS_MS  # locals: this runs per job
         for job in jobs:
             started, done = job.started_at, job.completed_at
             if started is None or done is None:
                 continue  # finished without being picked up (a flow parent, a forced move)
-            if entry.wait is None or entry.run is None:
-                entry.wait, entry.run = [0] * _BUCKETS, [0] * _BUCKETS
-            entry.wait[bisect.bisect_left(TIME_BOUNDS_MS, max(0, started - job.run_at))] += 1
-            entry.run[bisect.bisect_left(TIME_BOUNDS_MS, max(0, done - started))] += 1
+            # A negative time (a clock step back) lands in the first bucket, as 0 would.
+            wait[find(bounds, started - job.run_at)] += 1
+            run[find(bounds, done - started)] += 1
 
     def read(self, now: int, minutes: int) -> list[list[Any]]:
         """`[minuteStartMs, pushed, completed, failed, waitCounts, runCounts]` for each minute

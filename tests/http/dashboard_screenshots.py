@@ -16,6 +16,7 @@ import math
 import random
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,11 @@ def handler(queue: str) -> Any:
     return run
 
 
-def workload(url: str, seconds: float) -> None:
+def workload(url: str, stop: threading.Event) -> None:
     queues = {name: Queue(name, url) for name in QUEUES}
     started = time.monotonic()
-    while (elapsed := time.monotonic() - started) < seconds:
+    while not stop.is_set():
+        elapsed = time.monotonic() - started
         wave = 0.5 + 0.5 * math.sin(elapsed / 40)
         for name, queue in queues.items():
             count = int(2 + 10 * wave * (1.5 if name == "emails" else 0.6))
@@ -97,9 +99,16 @@ def main() -> None:
             ]
             for worker in workers:
                 worker.start()
-            workload(url, args.minutes * 60)
-            time.sleep(3)
-            screenshots(server.http_url, args.folder)
+            # The pictures are taken while the work goes on: the newest minute has data too.
+            stop = threading.Event()
+            producer = threading.Thread(target=workload, args=(url, stop))
+            producer.start()
+            time.sleep(args.minutes * 60)
+            try:
+                screenshots(server.http_url, args.folder)
+            finally:
+                stop.set()
+                producer.join()
             for worker in workers:
                 worker.close()
             server.stop()

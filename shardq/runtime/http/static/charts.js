@@ -53,6 +53,11 @@ function axes(max, points, x, y) {
   if (points.length) {
     const base = height - bottom + 15;
     parts.push(svg("text", { x: x(0), y: base, class: "tick" }, clock(points[0].at)));
+    const middle = Math.floor((points.length - 1) / 2);
+    if (middle > 0) {
+      parts.push(svg("text", { x: x(middle), y: base, class: "tick", "text-anchor": "middle" },
+        clock(points[middle].at)));
+    }
     parts.push(svg("text", { x: x(points.length - 1), y: base, class: "tick", "text-anchor": "end" },
       "now"));
   }
