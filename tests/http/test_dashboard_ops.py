@@ -98,6 +98,11 @@ def test_charts_draw_the_queues_pushes_completions_failures_and_times(
     zero = baseline(throughput)
     raised = [i for i, (_, y) in enumerate(points) if y < zero]
     assert raised and min(raised) >= 58, raised
+    # Each minute has a band whose tooltip reads its values.
+    bands = throughput.locator("rect.band title")
+    expect(bands).to_have_count(60)
+    tip = bands.nth(raised[-1]).text_content() or ""
+    assert re.search(r"pushed [\d.]+ · completed [\d.]+ · failed [\d.]+$", tip), tip
     # The five jobs ran about 300 ms each: run p50 sits in the 200-500 ms bucket.
     run = charts.get_by_test_id("chart-times").locator('path[data-series="run-p50"]')
     assert 200 <= float(run.get_attribute("data-last") or 0) <= 500

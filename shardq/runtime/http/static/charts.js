@@ -64,6 +64,17 @@ function axes(max, points, x, y) {
   return parts;
 }
 
+// One transparent band per minute whose tooltip reads that minute's values.
+function hoverBands(spec, columns, x) {
+  const { height, top, bottom } = CHART;
+  const step = spec.points.length > 1 ? x(1) - x(0) : 10;
+  return spec.points.map((point, i) => {
+    const values = spec.series.map((s, k) => `${s.label} ${shortNumber(columns[k][i])}`);
+    return svg("rect", { x: x(i) - step / 2, y: top, width: step, height: height - top - bottom, class: "band" },
+      svg("title", {}, `${clock(point.at)}: ${values.join(" · ")}`));
+  });
+}
+
 // spec: {title, testid, unit, points, series: [{key, label, color, value(point), count?(point)}]}
 function lineChart(spec) {
   const { width, height, left, right, top, bottom } = CHART;
@@ -88,6 +99,7 @@ function lineChart(spec) {
     legend.append(el("span", { class: "key", "data-legend": s.key },
       el("i", { style: `background:${s.color}` }), `${s.label} ${shortNumber(last)}`));
   });
+  drawing.append(...hoverBands(spec, columns, x));
   return el("figure", { class: "chart", "data-testid": spec.testid },
     el("figcaption", {}, spec.title, el("span", { class: "muted" }, ` (${spec.unit})`)), drawing, legend);
 }
