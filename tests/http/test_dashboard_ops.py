@@ -174,6 +174,10 @@ def test_failed_list_shows_the_error_and_bulk_retry_moves_the_selection(
     }
     assert states == {first: "waiting", second: "waiting", third: "failed"}
     expect(page.locator('[data-testid="jobs"] tbody tr')).to_have_count(1)
+    # The dead-letter page names the error's type too.
+    page.goto(server.http_url + "/#/dlq/bulky")
+    entry = page.locator(f'[data-testid="dlq"] tr[data-job="{third}"]')
+    expect(entry.locator('[data-col="error-type"]')).to_have_text("ValueError")
 
 
 def test_bulk_promote_then_remove(server: ShardqServer, page: Page) -> None:

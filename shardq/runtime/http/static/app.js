@@ -283,7 +283,9 @@ async function dlqView(name) {
   const { entries } = await api(`/queues/${q(name)}/dlq?limit=100`);
   const rows = entries.map((entry) => el("tr", { "data-job": entry.job.id },
     el("td", {}, el("a", { href: `#/job/${q(entry.job.id)}` }, entry.job.id)),
-    el("td", {}, entry.reason), el("td", {}, entry.error ?? ""), el("td", {}, when(entry.enteredAt)),
+    el("td", {}, entry.reason),
+    el("td", { "data-col": "error-type" }, el("code", {}, errorType({ ...entry.job, failedReason: entry.error }))),
+    el("td", {}, entry.error ?? ""), el("td", {}, when(entry.enteredAt)),
     el("td", {}, button("Retry", () => post(`/queues/${q(name)}/dlq/retry`, { jobId: entry.job.id }), { "data-action": "retry" }))));
   return [
     el("h1", {}, "Dead-letter queue of ", el("a", { href: `#/queue/${q(name)}/waiting/0` }, name)),
@@ -292,7 +294,7 @@ async function dlqView(name) {
       button("Purge", async () => {
         if (confirm(`Delete every DLQ entry of ${name}?`)) await post(`/queues/${q(name)}/dlq/purge`);
       }, { class: "danger", "data-action": "purge" })),
-    table(["Job", "Reason", "Error", "Entered", ""], rows, "dlq"),
+    table(["Job", "Reason", "Error type", "Error", "Entered", ""], rows, "dlq"),
   ];
 }
 
