@@ -66,7 +66,6 @@ def screenshots(http_url: str, folder: Path) -> None:
         page = browser.new_page(viewport={"width": 1280, "height": 800})
         shots = {
             "dashboard.png": "/",
-            "dashboard-queue.png": "/#/queue/emails/completed/0",
             "dashboard-failed.png": "/#/queue/emails/failed/0",
             "dashboard-workers.png": "/#/workers",
         }
