@@ -4,7 +4,8 @@ list is driven once: queues with counts and rates, a queue's jobs by state paged
 data, result, logs, timeline and error, the DLQ's Retry and Purge, pause and resume, the
 workers and the cron schedules.
 
-Set SHARDQ_DASHBOARD_SCREENSHOT=docs/img/dashboard.png to refresh the README's screenshot.
+SHARDQ_DASHBOARD_SCREENSHOT=PATH saves the overview's picture, to look at; the pictures in docs/
+come from dashboard_screenshots.py (a real workload).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ the server's history, search by id, custom id and name, bulk retry, promote and 
 failed list's error columns, the readable stack, worker names and pages, and the favicon.
 
 Every page load also checks (conftest's `page`) that nothing answered 404 and nothing was
-fetched from elsewhere. Set SHARDQ_DASHBOARD_SCREENSHOTS=docs/img to refresh the screenshots
-of docs/http.md.
+fetched from elsewhere. SHARDQ_DASHBOARD_SCREENSHOTS=DIR saves a picture of each page tested, to
+look at; the pictures in docs/ come from dashboard_screenshots.py (a real workload).
 """
 
 from __future__ import annotations
