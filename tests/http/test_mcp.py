@@ -83,3 +83,28 @@ def test_mcp_wants_the_token(guarded: ShardqServer) -> None:
     hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     answer = request(guarded.http_url, "POST", "/mcp", hello)
     assert answer.status == 401 and answer.json == {"ok": False, "error": "Unauthorized"}
+
+
+def test_each_tool_builds_what_its_route_builds() -> None:
+    """The tools come from the REST routes: same command from the same values, path
+    parameters required, and every route reachable as a tool (or sharing its command's)."""
+    specs = {spec.name: spec for spec in tool_specs()}
+    commands = {spec.command for spec in specs.values()}
+    for route in ROUTES:
+        captures = ["x"] * route.pattern.groups
+        assert route.build(captures, {}, {})["cmd"] in commands, route.pattern.pattern
+    push = specs["push_job"]
+    args = {"queue": "mail", "data": {"to": "a"}, "attempts": 4, "delay": 10}
+    (route, captures) = next(
+        (r, ["mail"]) for r in ROUTES if r.method == "POST" and r.pattern.match("/queues/mail/jobs")
+    )
+    assert push.command_for(args) == route.build(captures, {}, args)
+    assert push.command_for(args)["maxAttempts"] == 4
+    listed = specs["get_jobs"].command_for({"queue": "mail", "state": "failed", "limit": 5})
+    assert listed == {"cmd": "GetJobs", "queue": "mail", "state": "failed", "limit": 5}
+    removed = specs["remove_dlq_job"]
+    assert removed.params == ("queue", "jobId")
+    assert removed.input_schema()["required"] == ["queue", "jobId"]
+    assert removed.command_for({"queue": "mail", "jobId": "j1"}) == {
+        "cmd": "RemoveDlqJob", "queue": "mail", "jobId": "j1",
+    }  # fmt: skip

@@ -116,10 +116,12 @@ def _specs() -> Iterator[ToolSpec]:
         path = re.sub(r"\(\[\^/\]\+\)", "{}", route.pattern.pattern.strip("^$"))
         path = path.format(*(f":{p}" for p in params))
         fields = tuple(k for k in seen if k not in params)
+        takes = ", ".join((*params, *fields)) or "none"
         yield ToolSpec(
             name=_snake(command),
             command=command,
-            description=f"shardq's {command} command (REST: {route.method} {path}).",
+            description=f"shardq's {command} command (REST: {route.method} {path}). "
+            f"Arguments: {takes}. Answers the command's JSON reply.",
             params=params,
             fields=fields,
             route=route,
