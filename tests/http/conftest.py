@@ -65,7 +65,11 @@ def page(browser: Any) -> Iterator[Any]:
         lambda r: missing.append(f"{r.status} {r.url}") if r.status == 404 else None,
     )
     pg = context.new_page()
+    # And the page's script throws nothing.
+    thrown: list[str] = []
+    pg.on("pageerror", lambda error: thrown.append(str(error)))
     yield pg
     context.close()
     assert outside == []
     assert missing == []
+    assert thrown == []
