@@ -160,6 +160,7 @@ function counted(reply) {
 
 const selected = new Map();  // job id -> {id, queue, state}, for the list on screen
 let selectedFor = "";
+let bulkStatus = null;  // {at, text}: what the last action on a selection did
 
 async function runOn(action, jobs) {
   if (action === "remove" && !confirm(`Remove ${plural(jobs.length, "job")}?`)) return;
@@ -170,14 +171,14 @@ async function runOn(action, jobs) {
   selected.clear();
   if (failures.length && jobs.length === 1) throw new Error(failures[0]);
   const done = jobs.length - failures.length;
-  sessionStorage.setItem("shardq-bulk", `${ACTIONS[action].label}: ${done} of ${jobs.length} done` +
-    (failures.length ? ` (${failures.join("; ")})` : ""));
+  bulkStatus = { at: Date.now(), text: `${ACTIONS[action].label}: ${done} of ${jobs.length} done` +
+    (failures.length ? ` (${failures.join("; ")})` : "") };
 }
 
 function bulkBar(state) {
   const count = selected.size;
-  const status = sessionStorage.getItem("shardq-bulk");
-  sessionStorage.removeItem("shardq-bulk");
+  // Shown through the next refreshes for a while, so a refresh cannot swallow it.
+  const status = bulkStatus && Date.now() - bulkStatus.at < 15000 ? bulkStatus.text : "";
   return el("div", { class: "actions", "data-testid": "bulk" },
     el("span", { class: "muted", "data-testid": "selected-count" }, `${count} selected`),
     Object.entries(ACTIONS).map(([name, action]) => {
@@ -227,7 +228,7 @@ function jobRow(job, state) {
 async function queueView(name, state, page) {
   const offset = page * PAGE;
   const key = `${name}/${state}/${page}`;
-  if (key !== selectedFor) { selected.clear(); selectedFor = key; }
+  if (key !== selectedFor) { selected.clear(); selectedFor = key; bulkStatus = null; }
   const { jobs } = await api(`/queues/${q(name)}/jobs/list?state=${state}&limit=${PAGE + 1}&offset=${offset}`);
   const { counts } = await api(`/queues/${q(name)}/counts`);
   const history = await api(`/dashboard/history?minutes=60&queue=${q(name)}`);
