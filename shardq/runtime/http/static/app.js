@@ -400,7 +400,10 @@ document.getElementById("login").addEventListener("submit", (event) => {
 document.getElementById("search").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = document.getElementById("search-text").value.trim();
-  if (text) location.hash = `#/search/${encodeURIComponent(text)}`;
+  if (!text) return;
+  const target = `#/search/${encodeURIComponent(text)}`;
+  if (location.hash === target) route();  // the same search again: look again
+  else location.hash = target;
 });
 window.addEventListener("hashchange", route);
 setInterval(() => { if (!document.hidden) route(); }, 5000);
