@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardq.core import Engine, EngineConfig
+from shardq.core import Engine, EngineConfig, Mutation, fold_mutations
 
 MINUTE = 60_000
 START = 1_800_000_000_000  # a whole minute
@@ -87,3 +87,27 @@ def test_get_jobs_filters_by_name() -> None:
     names = [j["name"] for j in q.cmd(cmd="GetJobs", queue="q", name="send-")["jobs"]]
     assert sorted(names) == ["send-invoice", "send-receipt"]
     assert len(q.cmd(cmd="GetJobs", queue="q")["jobs"]) == 3
+
+
+def test_a_restart_rebuilds_completions_and_failures_not_pushes() -> None:
+    engine = Engine(seed=1)
+    muts: list[Mutation] = []
+
+    def cmd(now: int, **command: Any) -> dict[str, Any]:
+        reply, out = engine.apply(command, now)
+        muts.extend(out)
+        return reply
+
+    for _ in range(2):
+        cmd(START, cmd="PUSH", queue="q", data={}, maxAttempts=1)
+    first = cmd(START + 10, cmd="PULL", queue="q", owner="w")
+    assert cmd(START + 60, cmd="ACK", id=first["job"]["id"], token=first["token"])["ok"]
+    second = cmd(START + 70, cmd="PULL", queue="q", owner="w")
+    assert cmd(START + 80, cmd="FAIL", id=second["job"]["id"], token=second["token"])["ok"]
+    records, queues = fold_mutations(muts)
+    back = Engine(seed=2)
+    back.restore(records.values(), queues, START + 100)
+    reply, _ = back.apply({"cmd": "GetJobCounts", "queue": "q", "history": 60}, START + 100)
+    ((at, pushed, done, failed, wait, run),) = reply["history"]["minutes"]
+    assert (at, pushed, done, failed) == (START, 0, 1, 1)
+    assert wait is not None and run is not None and sum(wait) == sum(run) == 1
