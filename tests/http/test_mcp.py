@@ -83,6 +83,9 @@ def test_mcp_wants_the_token(guarded: ShardqServer) -> None:
     hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     answer = request(guarded.http_url, "POST", "/mcp", hello)
     assert answer.status == 401 and answer.json == {"ok": False, "error": "Unauthorized"}
+    # The dashboard's own files carry no data: served without the token, the favicon too.
+    assert get(guarded.http_url, "/favicon.ico").status == 200
+    assert get(guarded.http_url, "/dashboard/history").status == 401
 
 
 def test_each_tool_builds_what_its_route_builds() -> None:
