@@ -29,35 +29,71 @@ __all__ = ["McpEndpoint"]
 MISSING = "MCP needs the mcp package: pip install 'shardq[mcp]'"
 
 
+def _load() -> tuple[Any, Any] | None:
+    """The protocol's server and session manager classes, or None without the package."""
+    try:
+        from mcp.server.lowlevel import Server
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+    except ImportError:
+        return None
+    return Server, StreamableHTTPSessionManager
+
+
 class McpEndpoint:
+    """Started at the first `/mcp` request: the package takes a second or two to import and
+    tens of MB, which a server nobody asks for MCP should not pay at every start."""
+
     def __init__(self, backend: Backend, max_body_bytes: int) -> None:
         self._backend = backend
         self._max_body = max_body_bytes
         self._tools = {spec.name: spec for spec in tool_specs()}
         self._manager: Any = None
+        self._missing = False
+        self._starting = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
     async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
-        """aiohttp's cleanup context: the protocol's session manager runs with the app."""
-        try:
-            from mcp.server.lowlevel import Server
-            from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-        except ImportError:
-            yield
-            return
-        server: Server[Any] = Server(
+        """aiohttp's cleanup context: a started session manager stops with the app."""
+        yield
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def _started(self) -> Any:
+        async with self._starting:
+            if self._manager is None and not self._missing:
+                # In a thread: the import must not hold up the requests of the other routes.
+                classes = await asyncio.to_thread(_load)
+                if classes is None:
+                    self._missing = True
+                else:
+                    ready = asyncio.Event()
+                    self._task = asyncio.create_task(self._serve(*classes, ready))
+                    await ready.wait()
+        return self._manager
+
+    async def _serve(self, server_class: Any, manager_class: Any, ready: asyncio.Event) -> None:
+        """Runs the session manager, in one task from start to stop (its task group is
+        anyio's, which must be left by the task that entered it)."""
+        server = server_class(
             "shardq",
             version=shardq.__version__,
             instructions="Operate a shardq job queue server: one tool per command.",
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
-        manager = StreamableHTTPSessionManager(
+        manager = manager_class(
             app=server, json_response=True, stateless=True, max_request_body_size=self._max_body
         )
-        async with manager.run():
-            self._manager = manager
-            yield
+        try:
+            async with manager.run():
+                self._manager = manager
+                ready.set()
+                await self._stop.wait()
+        finally:
             self._manager = None
+            ready.set()  # a manager that failed to start leaves /mcp answering 501
 
     async def _list_tools(self, ctx: Any, params: Any) -> Any:
         import mcp_types as types
@@ -87,9 +123,10 @@ class McpEndpoint:
         return await self._backend.call(command, wait_ms=wait_ms)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        if self._manager is None:
+        manager = self._manager or await self._started()
+        if manager is None:
             return web.json_response({"ok": False, "error": MISSING}, status=501)
-        return await _AsgiExchange(request).run(self._manager.handle_request)
+        return await _AsgiExchange(request).run(manager.handle_request)
 
 
 def _tool(spec: ToolSpec) -> Any:
