@@ -45,6 +45,9 @@ class EngineConfig:
     # Minutes of finished-job counts kept per queue and outcome for queue-scoped Metrics:
     # bunqueue's maxMetricDataPoints (two weeks); at most ~1 MB per busy queue.
     max_metric_minutes: int = 20_160
+    # Minutes of per-queue pushed/completed/failed counts and wait/run time buckets kept for
+    # the dashboard's charts (GetJobCounts `history`); at most ~42 KB per busy queue an hour.
+    max_history_minutes: int = 60
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:

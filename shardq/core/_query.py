@@ -7,6 +7,7 @@ from typing import Any
 
 from shardq.errors import CommandError
 
+from ._history import MINUTE_MS, TIME_BOUNDS_MS
 from ._job import Job
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, STATES, WAITING
 from ._options import as_int
@@ -74,6 +75,13 @@ class QueryOps(EngineState):
         if cmd.get("totals") is True:  # shardq's own (the HTTP port's rates): bunqueue's stays
             pushed, completed = (q.pushed, q.completed) if q else (0, 0)
             reply["totals"] = {"pushed": pushed, "completed": completed}
+        minutes = cmd.get("history")
+        if isinstance(minutes, int) and not isinstance(minutes, bool) and minutes > 0:
+            # shardq's own too: the dashboard's charts (`_history`), at most the kept minutes.
+            kept = min(minutes, self.config.max_history_minutes)
+            rows = q.history.read(now, kept) if q is not None and q.history is not None else []
+            reply["history"] = {"minuteMs": MINUTE_MS, "bounds": list(TIME_BOUNDS_MS),
+                                "minutes": rows}  # fmt: skip
         return reply
 
     def cmd_count(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -98,6 +106,9 @@ class QueryOps(EngineState):
         jobs = [self.jobs[i] for i in (q.ids if q else ())]
         if wanted is not None:
             jobs = [j for j in jobs if j.public_state() in wanted]
+        name = cmd.get("name")
+        if isinstance(name, str) and name:  # shardq's own: the dashboard's search by name
+            jobs = [j for j in jobs if name in j.name]
         jobs.sort(key=lambda j: (j.created_at, j.seq), reverse=cmd.get("asc") is False)
         offset = max(as_int(cmd.get("offset"), 0), 0)
         limit = max(as_int(cmd.get("limit"), 100), 0)

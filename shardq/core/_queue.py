@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from ._finished import FinishedLog
 from ._groups import GroupTable
+from ._history import QueueHistory
 from ._job import Job
 from ._lifecycle import STATES, WAITING
 from ._queue_limits import QueueLimits
@@ -64,10 +65,16 @@ class QueueState:
     groups: GroupTable | None = None
     # Jobs finished per minute (queue-scoped Metrics), made at the first finished job.
     finished: FinishedLog | None = None
+    # The last hour per minute for the dashboard's charts (`_history`), made at first use.
+    history: QueueHistory | None = None
 
     def start_finished(self) -> FinishedLog:
         self.finished = FinishedLog()
         return self.finished
+
+    def start_history(self) -> QueueHistory:
+        self.history = QueueHistory()
+        return self.history
 
     def config(self) -> dict[str, Any]:
         """The persisted controls of this queue (mutation `("queue", name, cfg)`)."""

@@ -49,6 +49,7 @@ class EngineState(EngineTables):
         self.jobs[job.id] = job
         q.ids[job.id] = None
         q.pushed += 1
+        (q.history or q.start_history()).pushed(1, now, self.config.max_history_minutes)
         state = DELAYED if job.run_at > now else WAITING
         job.state = state
         job.timeline = ((state, now, None),)
@@ -68,6 +69,7 @@ class EngineState(EngineTables):
         ids = q.ids
         out = self.out
         q.pushed += len(jobs)
+        (q.history or q.start_history()).pushed(len(jobs), now, self.config.max_history_minutes)
         waiting: list[Job] = []
         entry: tuple[str, int, None] | None = None
         timeline: Timeline = ()
@@ -323,6 +325,8 @@ class EngineState(EngineTables):
             finished = q.finished or q.start_finished()
             at = jobs[0].completed_at or 0
             finished.note("completed", len(jobs), at, self.config.max_metric_minutes)
+            history = q.history or q.start_history()
+            history.completed(jobs, at, self.config.max_history_minutes)
         elif state == DELAYED:
             delayed = self.delayed
             for job in jobs:
@@ -339,6 +343,8 @@ class EngineState(EngineTables):
             finished = q.finished or q.start_finished()
             at = (jobs[0].dlq or {}).get("enteredAt") or 0
             finished.note("failed", len(jobs), at, self.config.max_metric_minutes)
+            history = q.history or q.start_history()
+            history.failed(len(jobs), at, self.config.max_history_minutes)
 
     def _maybe_compact_delayed(self) -> None:
         # Checked only when the heap doubles past its last compacted size, so a delayed push

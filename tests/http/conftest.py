@@ -3,9 +3,11 @@ modules of this directory (each uses queues of its own; counters are compared as
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,3 +26,50 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
     with ShardqServer(data, shards=2, http_port=free_port()).start(timeout=90) as srv:
         yield srv
         assert srv.stop() == 0, srv.log_tail()
+
+
+# -- the dashboard's browser (Debian's headless Chromium, driven by Playwright)
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    # Offline proof: any request that leaves this server fails the test.
+    outside: list[str] = []
+    context.on("request", lambda r: None if "127.0.0.1" in r.url else outside.append(r.url))
+    # And no request of the page may fail (a missing favicon, script or route).
+    missing: list[str] = []
+    context.on(
+        "response",
+        lambda r: missing.append(f"{r.status} {r.url}") if r.status == 404 else None,
+    )
+    pg = context.new_page()
+    # And the page's script throws nothing.
+    thrown: list[str] = []
+    pg.on("pageerror", lambda error: thrown.append(str(error)))
+    yield pg
+    context.close()
+    assert outside == []
+    assert missing == []
+    assert thrown == []

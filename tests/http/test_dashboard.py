@@ -4,52 +4,19 @@ list is driven once: queues with counts and rates, a queue's jobs by state paged
 data, result, logs, timeline and error, the DLQ's Retry and Purge, pause and resume, the
 workers and the cron schedules.
 
-Set SHARDQ_DASHBOARD_SCREENSHOT=docs/img/dashboard.png to refresh the README's screenshot.
+SHARDQ_DASHBOARD_SCREENSHOT=PATH saves the overview's picture, to look at; the pictures in docs/
+come from dashboard_screenshots.py (a real workload).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from http_helpers import get, request
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 from shardq_harness import ShardqServer
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 720})
-    # Offline proof: any request that leaves this server fails the test.
-    outside: list[str] = []
-    context.on("request", lambda r: None if "127.0.0.1" in r.url else outside.append(r.url))
-    pg = context.new_page()
-    yield pg
-    context.close()
-    assert outside == []
 
 
 def push(server: ShardqServer, queue: str, body: dict[str, Any]) -> str:

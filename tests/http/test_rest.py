@@ -144,6 +144,13 @@ def test_dlq_routes(api: Any) -> None:
     ok(api("GET", "/queues/dlq-q/jobs"))
     ok(api("POST", f"/jobs/{job}/fail", {"error": "boom again"}))
     assert ok(api("POST", "/queues/dlq-q/dlq/purge"))["count"] == 1
+    # One entry removed (the dashboard's Remove of a failed job), then nothing left to remove.
+    gone = ok(api("POST", "/queues/dlq-q/jobs", {"data": 2, "maxAttempts": 1}))["id"]
+    ok(api("GET", "/queues/dlq-q/jobs"))
+    ok(api("POST", f"/jobs/{gone}/fail", {"error": "boom"}))
+    assert ok(api("DELETE", f"/queues/dlq-q/dlq/{gone}"))["data"] == {"removed": True}
+    assert ok(api("DELETE", f"/queues/dlq-q/dlq/{gone}"))["data"] == {"removed": False}
+    assert api("GET", f"/jobs/{gone}").status == 404
 
 
 def test_worker_routes(api: Any) -> None:

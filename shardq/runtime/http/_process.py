@@ -26,7 +26,9 @@ from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._tls import server_context
 from shardq.runtime.http._backend import Backend
+from shardq.runtime.http._charts import Charts
 from shardq.runtime.http._edge import Edge
+from shardq.runtime.http._mcp import McpEndpoint
 from shardq.runtime.http._monitor import Monitor
 from shardq.runtime.http._overview import Overview
 from shardq.runtime.http._rest import match, status_for
@@ -39,6 +41,7 @@ __all__ = ["build_app", "main", "serve"]
 log = structlog.get_logger()
 
 _OPEN: Final = frozenset({"/health", "/healthz", "/live", "/ready"})
+_PAGE: Final = frozenset({"/", "/favicon.ico"})  # the dashboard's own files: no data in them
 _PROMETHEUS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # A request still running at SIGTERM gets this long: the front end stops with us, so what
 # waits on it fails at once; only a slow client's transfer could take longer.
@@ -64,7 +67,7 @@ class _Auth:
 
     def denied(self, request: web.Request) -> web.Response | None:
         path = request.path
-        if path in _OPEN or path == "/" or path.startswith("/static/"):
+        if path in _OPEN or path in _PAGE or path.startswith("/static/"):
             return None
         if path == "/prometheus" and not self._metrics_auth:
             return None
@@ -96,10 +99,12 @@ class _Server:
         self.backend = backend
         self.monitor = Monitor(spec, backend)
         self.overview = Overview(backend, self.monitor)
+        self.charts = Charts(backend, spec.metrics_max_queues)
         self.auth = _Auth(spec)
         self.streams = EventStreams(spec, backend)
         self.monitor.streams_open = self.streams.open
         self.webhooks = WebhookService(spec)  # on its own internal link (WebhookSync)
+        self.mcp = McpEndpoint(backend, spec.max_frame_bytes)
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -154,6 +159,19 @@ class _Server:
         include = request.query.get("includeJobs") == "true"
         return _json(await self.overview.queue(request.match_info["queue"], include))
 
+    async def dashboard_history(self, request: web.Request) -> web.Response:
+        query = request.query
+        body = await self.charts.history(query.get("queue"), query.get("minutes"))
+        return _json(body, 200 if body.get("ok") is True else 400)
+
+    async def dashboard_search(self, request: web.Request) -> web.Response:
+        body = await self.charts.search(request.query.get("q", ""))
+        return _json(body, 200 if body.get("ok") is True else 400)
+
+    async def favicon(self, request: web.Request) -> web.StreamResponse:
+        icon = resources.files("shardq.runtime.http").joinpath("static/favicon.svg")
+        return web.Response(body=icon.read_bytes(), content_type="image/svg+xml")
+
     async def index(self, request: web.Request) -> web.StreamResponse:
         page = resources.files("shardq.runtime.http").joinpath("static/index.html")
         return web.Response(text=page.read_text(), content_type="text/html")
@@ -197,6 +215,9 @@ def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
     app.router.add_get("/queues/summary", server.queues_summary)
     app.router.add_get("/dashboard", server.dashboard)
     app.router.add_get("/dashboard/queues", server.dashboard_queues)
+    app.router.add_get("/dashboard/history", server.dashboard_history)
+    app.router.add_get("/dashboard/search", server.dashboard_search)
+    app.router.add_get("/favicon.ico", server.favicon)
     app.router.add_get("/dashboard/queues/{queue}", server.dashboard_queue)
     for path in ("/events", "/events/queues/{queue}"):
         app.router.add_get(path, server.streams.sse)
@@ -204,6 +225,8 @@ def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
         app.router.add_get(path, server.streams.ws)
     app.router.add_get("/", server.index)
     app.router.add_static("/static/", str(static))
+    app.router.add_route("*", "/mcp", server.mcp.handle)
+    app.cleanup_ctx.append(server.mcp.lifespan)
     app.router.add_route("*", "/{tail:.*}", server.rest)
     # Webhook delivery lives and dies with the HTTP server (docs/protocol.md, "Webhooks").
     app.on_startup.append(lambda _app: server.webhooks.start())

@@ -158,6 +158,8 @@ ROUTES: Final[tuple[Route, ...]] = (
     _r("GET", f"{Q}/dlq", _dlq),
     _r("POST", f"{Q}/dlq/retry", _queue("RetryDlq", "jobId")),
     _r("POST", f"{Q}/dlq/purge", _queue("PurgeDlq")),
+    _r("DELETE", f"{Q}/dlq/:id", lambda a, q, b: {"cmd": "RemoveDlqJob", "queue": a[0],
+       "jobId": a[1]}, "write"),
     _r("PUT", f"{Q}/rate-limit", _queue("RateLimit", "limit")),
     _r("DELETE", f"{Q}/rate-limit", _queue("RateLimitClear")),
     _r("PUT", f"{Q}/concurrency", _queue("SetConcurrency", "limit")),

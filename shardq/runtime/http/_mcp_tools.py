@@ -1,0 +1,137 @@
+"""The MCP endpoint's tools: one per REST route, so one per command the REST API serves.
+
+`tool_specs()` is the only place that decides the list. It reads it off `_rest.ROUTES`: each
+route's builder is called once with probe arguments that record which body and query keys it
+reads, which gives the command's name and its fields without a second table to keep in step.
+When the protocol package has one command schema (names, fields, types, help), this function
+is what switches to it; the endpoint (`_mcp`) only sees `ToolSpec`s.
+
+A tool's arguments are the route's path parameters (required strings) plus the fields its
+builder reads (any JSON value). Calling a tool builds the command exactly as the REST route
+does from the same values, so a tool accepts what the route accepts and is refused alike.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shardq.runtime.http._rest import ROUTES, Route
+
+__all__ = ["ToolSpec", "tool_specs"]
+
+# The name of a path parameter, from the segment before it.
+_PARAM_NAMES: Final = {
+    "queues": "queue",
+    "jobs": "id",
+    "custom": "customId",
+    "workers": "workerId",
+    "crons": "name",
+    "webhooks": "webhookId",
+    "dlq": "jobId",
+}
+# bunqueue's wire names in upper case read better as verbs.
+_TOOL_NAMES: Final = {
+    "PUSH": "push_job",
+    "PUSHB": "push_jobs",
+    "PULL": "pull_job",
+    "PULLB": "pull_jobs",
+    "ACK": "ack_job",
+    "ACKB": "ack_jobs",
+    "FAIL": "fail_job",
+}
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    command: str
+    description: str
+    params: tuple[str, ...]  # path parameters, in the route's order
+    fields: tuple[str, ...]  # body and query keys the route's builder reads
+    route: Route
+    read_only: bool
+
+    def input_schema(self) -> dict[str, Any]:
+        properties: dict[str, Any] = {p: {"type": "string"} for p in self.params}
+        for key in self.fields:
+            properties.setdefault(key, {})
+        return {"type": "object", "properties": properties, "required": list(self.params)}
+
+    def command_for(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The command the REST route would send for these values (path, body and query)."""
+        captures = [str(arguments.get(p, "")) for p in self.params]
+        return self.route.build(captures, _Query(arguments), dict(arguments))
+
+
+class _Query(dict[str, Any]):
+    """Arguments seen as a query string: a route reads numbers and states from text."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = super().get(key, default)
+        return value if value is None or isinstance(value, list) else str(value)
+
+    def __getitem__(self, key: str) -> Any:
+        value = super().__getitem__(key)
+        return value if isinstance(value, list) else str(value)
+
+
+class _Probe(dict[str, Any]):
+    """An empty body or query that remembers every key a builder asks it for."""
+
+    def __init__(self, seen: list[str]) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key not in self.seen:
+            self.seen.append(key)
+        return default
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str) and key not in self.seen:
+            self.seen.append(key)
+        return False
+
+
+def _param_names(route: Route) -> tuple[str, ...]:
+    names = []
+    for segment in re.findall(r"/(\w[\w-]*)/\(\[\^/\]\+\)", route.pattern.pattern):
+        names.append(_PARAM_NAMES.get(segment, segment))
+    return tuple(names)
+
+
+def _snake(command: str) -> str:
+    return _TOOL_NAMES.get(command) or re.sub(r"(?<!^)(?=[A-Z])", "_", command).lower()
+
+
+def _specs() -> Iterator[ToolSpec]:
+    for route in ROUTES:
+        params = _param_names(route)
+        seen: list[str] = []
+        probe = route.build([f"<{p}>" for p in params], _Probe(seen), _Probe(seen))
+        command = str(probe["cmd"])
+        path = re.sub(r"\(\[\^/\]\+\)", "{}", route.pattern.pattern.strip("^$"))
+        path = path.format(*(f":{p}" for p in params))
+        fields = tuple(k for k in seen if k not in params)
+        takes = ", ".join((*params, *fields)) or "none"
+        yield ToolSpec(
+            name=_snake(command),
+            command=command,
+            description=f"shardq's {command} command (REST: {route.method} {path}). "
+            f"Arguments: {takes}. Answers the command's JSON reply.",
+            params=params,
+            fields=fields,
+            route=route,
+            read_only=route.method == "GET",
+        )
+
+
+def tool_specs() -> list[ToolSpec]:
+    """Every tool, each name once (a command with two routes keeps its first)."""
+    unique: dict[str, ToolSpec] = {}
+    for spec in _specs():
+        unique.setdefault(spec.name, spec)
+    return list(unique.values())
