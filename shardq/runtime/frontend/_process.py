@@ -39,6 +39,7 @@ from shardq.runtime._spin import SpinningSelector
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._events import EventLimits
 from shardq.runtime.frontend._links import ShardLinks
+from shardq.runtime.frontend._backups import BackupCommand
 from shardq.runtime.frontend._monitoring import MonitoringCommands
 from shardq.runtime.frontend._tcp import TcpGateway, TcpLimits
 from shardq.runtime.frontend._zmq import ZmqGateway
@@ -86,6 +87,7 @@ class Frontend:
             events=EventLimits.from_spec(spec),
         )
         self.dispatcher.add_handlers(MonitoringCommands(self.dispatcher, spec).handlers)
+        self.dispatcher.add_handlers(BackupCommand(self.dispatcher, spec).handlers)
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))
         self._inbox = self._ctx.socket(zmq.PULL)
