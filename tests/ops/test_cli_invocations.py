@@ -155,7 +155,9 @@ def test_version_reads_and_json(live: ShardqServer) -> None:
     assert [j["id"] for j in listed] == [first, second]
     delayed = run_cli(["job", "list", "mail", "--state", "delayed", "--url", url])
     assert second in delayed.stdout and first not in delayed.stdout
-    one = json.loads(run_cli(["job", "list", "mail", "--limit", "1", "--json", "--url", url]).stdout)
+    one = json.loads(
+        run_cli(["job", "list", "mail", "--limit", "1", "--json", "--url", url]).stdout
+    )
     assert len(one) == 1
 
     pulled = run_cli(["pull", "mail", "--ack", "--url", url])
