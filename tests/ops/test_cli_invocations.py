@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
+import signal
 import subprocess
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from ops_helpers import SHARDQ, run_cli
-from shardq_harness import ShardqServer, free_port
+from shardq_harness import ShardqServer, free_port, free_ports
 
 import shardq
 from shardq.client import Queue
@@ -87,7 +92,7 @@ BAD: list[list[str]] = [
 
 
 @pytest.fixture
-def live(tmp_path: Path) -> ShardqServer:
+def live(tmp_path: Path) -> Iterator[ShardqServer]:
     env = {"SHARDQ_BACKUP_DIR": str(tmp_path / "backups")}
     with ShardqServer(tmp_path / "data", shards=1, env=env).start() as srv:
         yield srv
@@ -221,3 +226,54 @@ def test_backups_through_the_server_from_another_directory(
     payload.write_bytes(payload.read_bytes()[:100])
     damaged = cli("backup", "verify", key)
     assert damaged.returncode == 1 and "truncated or corrupt" in damaged.stderr
+
+
+def _start_on_a_terminal(tmp_path: Path, *flags: str) -> str:
+    """`shardq start` on a pseudo-terminal until it logs `shardq ready`, then SIGTERM; what
+    it wrote."""
+    tcp, zmq_port = free_ports(2)
+    args = [
+        SHARDQ,
+        "start",
+        "--tcp-port",
+        str(tcp),
+        "--zmq-port",
+        str(zmq_port),
+        "--http-port",
+        "0",
+        "--shards",
+        "1",
+        "--data-path",
+        str(tmp_path / "db"),
+        *flags,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDQ_", "S3_"))}
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
+                            env=env, start_new_session=True)  # fmt: skip
+    os.close(follower)
+    seen = b""
+    deadline = time.monotonic() + 60
+    try:
+        while b"shardq ready" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if ready:
+                try:
+                    seen += os.read(leader, 65536)
+                except OSError:
+                    break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        os.close(leader)
+    return seen.decode(errors="replace")
+
+
+@pytest.mark.parametrize(("flags", "json_lines"), [((), False), (("--log-format", "json"), True)])
+def test_start_logs_readable_lines_on_a_terminal_unless_asked_for_json(
+    tmp_path: Path, flags: tuple[str, ...], json_lines: bool
+) -> None:
+    shown = _start_on_a_terminal(tmp_path, *flags)
+    ready = next((line for line in shown.splitlines() if "shardq ready" in line), None)
+    assert ready is not None, shown[-2000:]
+    assert ready.lstrip().startswith("{") is json_lines, ready
