@@ -36,10 +36,10 @@ from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
+from shardq.runtime.frontend._backups import BackupCommand
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._events import EventLimits
 from shardq.runtime.frontend._links import ShardLinks
-from shardq.runtime.frontend._backups import BackupCommand
 from shardq.runtime.frontend._monitoring import MonitoringCommands
 from shardq.runtime.frontend._tcp import TcpGateway, TcpLimits
 from shardq.runtime.frontend._zmq import ZmqGateway

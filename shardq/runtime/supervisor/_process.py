@@ -513,7 +513,7 @@ def _die_with_parent(parent: int) -> Callable[[], None] | None:
 
 
 def resolve_log_format(fmt: object) -> object:
-    """"auto" (or no choice) becomes console lines on a terminal and JSON otherwise."""
+    """`auto` (or no choice) becomes console lines on a terminal and JSON otherwise."""
     if fmt in (None, "auto"):
         return "console" if sys.stderr.isatty() else "json"
     return fmt
