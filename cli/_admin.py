@@ -1,9 +1,12 @@
-"""The admin commands: `status`, `queue ...`, `job ...`, `dlq ...`, `push` and `pull`.
+"""The admin commands `status`, `queue ...`, `push` and `pull`, and what every admin command
+shares (`session`, `fail`, the option types); `job ...` and `dlq ...` are in `_jobs`.
 
 Each one opens a `shardq.client.Connection`, sends the server's own commands
-(docs/protocol.md) and prints the reply, as a table or as JSON. No command keeps state of its
-own: everything shown is what the server answered. Any client error (server down, token
-refused, a refusal) becomes one line on stderr and exit status 1; a bad argument is status 2.
+(docs/protocol.md) and prints the reply as a summary or a table for a person, or as JSON with
+`--json`. No command keeps state of its own: everything shown is what the server answered. Any
+client error (server down, token refused, a refusal) becomes one line on stderr and exit status
+1; a bad argument (value, state, JSON) is status 2; a queue the server does not hold is refused
+before anything is sent that could create it.
 """
 
 from __future__ import annotations
