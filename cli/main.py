@@ -84,6 +84,9 @@ def run() -> None:
     except (KeyboardInterrupt, click.exceptions.Abort):
         typer.echo("shardq: interrupted", err=True)
         sys.exit(130)
+    except OSError as e:  # a file or directory that is missing, exists, or cannot be written
+        typer.echo(f"shardq: {e}", err=True)
+        sys.exit(1)
     except Exception as e:  # a bug or an unforeseen error: one line, and a way to report it
         text = str(e).strip().splitlines()
         typer.echo(
@@ -229,6 +232,9 @@ def worker(
         loaded = load_app(app_spec)
     except (AppNotFound, ValueError) as e:
         typer.echo(f"shardq worker: {e}", err=True)
+        raise typer.Exit(2) from None
+    except Exception as e:  # the app's module raised while it was imported: its own bug
+        typer.echo(f"shardq worker: importing {app_spec} failed: {type(e).__name__}: {e}", err=True)
         raise typer.Exit(2) from None
     status = sys.stderr if sys.stderr.isatty() else None
     try:

@@ -84,6 +84,10 @@ BAD: list[list[str]] = [
     ["start", "--shards", "-3", "--tcp-port", "0", "--data-path", "{tmp}/x.db"],
     ["worker", "no_such_module:app"],
     ["worker", "nocolon"],
+    ["worker", "broken_app:app", "--url", "{down}"],  # a module that raises when imported
+    ["soak", "--config", "{tmp}/missing.toml", "--seconds", "1"],
+    ["zmq-keygen", "{tmp}/keys"],  # a second time: the key files exist
+    ["zmq-keygen", "/proc/no/such/dir"],
     # backups
     ["backup", "verify", "no-such-backup", "--url", "{url}"],
     ["backup", "restore"],
@@ -111,13 +115,16 @@ def test_no_bad_invocation_prints_a_traceback_or_exits_zero(
     fill = {"{url}": _url(live), "{down}": down, "{tmp}": str(tmp_path)}
     commands = [[_fill(a, fill) for a in c] for c in BAD]
     assert len(commands) >= 50
+    assert run_cli(["zmq-keygen", str(tmp_path / "keys")]).returncode == 0
+    (tmp_path / "broken_app.py").write_text("raise RuntimeError('broken at import')\n")
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda c: run_cli(c, timeout=60), commands))
+        results = list(pool.map(lambda c: run_cli(c, timeout=60, cwd=tmp_path), commands))
     wrong = [
         (command, result.returncode, result.stdout[-300:], result.stderr[-300:])
         for command, result in zip(commands, results, strict=True)
         if result.returncode == 0
         or "Traceback" in result.stderr + result.stdout
+        or "unexpected error" in result.stderr  # the last-resort catch: each case is foreseen
         or not (result.stderr + result.stdout).strip()  # it says why (help, for a bare group)
     ]
     assert wrong == []
