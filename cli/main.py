@@ -33,23 +33,9 @@ app.add_typer(_backup.backup_app, name="backup")
 assert _jobs.JOB_STATES  # imported for its commands, which it adds to `job` and `dlq`
 
 
-class StartLogFormat(StrEnum):
-    auto = "auto"
-    console = "console"
-    json = "json"
-
-
 class LogFormat(StrEnum):
     json = "json"
     console = "console"
-
-
-class LogLevel(StrEnum):
-    debug = "debug"
-    info = "info"
-    warning = "warning"
-    error = "error"
-    critical = "critical"
 
 
 def _print_version(value: bool) -> None:
@@ -115,14 +101,16 @@ def start(
         str | None, typer.Option(help='Shard processes: a number or "auto" (CPU count).')
     ] = None,
     log_format: Annotated[
-        StartLogFormat | None,
+        str | None,
         typer.Option(
             help="console (readable lines), json (one object a line) or auto (default: "
             "console on a terminal, JSON otherwise).",
         ),
     ] = None,
+    # Plain strings, checked by the config loader: a bad value is refused like a bad config
+    # key, as one JSON log line naming it (exit 2).
     log_level: Annotated[
-        LogLevel | None, typer.Option(help="debug, info, warning, error, critical.")
+        str | None, typer.Option(help="debug, info, warning, error, critical.")
     ] = None,
     auth_token_file: Annotated[
         Path | None,
@@ -161,8 +149,8 @@ def start(
         "http_port": http_port,
         "data_path": data_path,
         "shards": shards,
-        "log_format": log_format.value if log_format else None,
-        "log_level": log_level.value if log_level else None,
+        "log_format": log_format,
+        "log_level": log_level,
         "auth_token_file": str(auth_token_file) if auth_token_file else None,
         "tls_cert_file": str(tls_cert_file) if tls_cert_file else None,
         "tls_key_file": str(tls_key_file) if tls_key_file else None,
