@@ -1,9 +1,12 @@
-"""The admin commands: `status`, `queue ...`, `job ...`, `dlq ...`, `push` and `pull`.
+"""The admin commands `status`, `queue ...`, `push` and `pull`, and what every admin command
+shares (`session`, `fail`, the option types); `job ...` and `dlq ...` are in `_jobs`.
 
 Each one opens a `shardq.client.Connection`, sends the server's own commands
-(docs/protocol.md) and prints the reply, as a table or as JSON. No command keeps state of its
-own: everything shown is what the server answered. Any client error (server down, token
-refused, a refusal) becomes one line on stderr and exit status 1; a bad argument is status 2.
+(docs/protocol.md) and prints the reply as a summary or a table for a person, or as JSON with
+`--json`. No command keeps state of its own: everything shown is what the server answered. Any
+client error (server down, token refused, a refusal) becomes one line on stderr and exit status
+1; a bad argument (value, state, JSON) is status 2; a queue the server does not hold is refused
+before anything is sent that could create it.
 """
 
 from __future__ import annotations
@@ -18,18 +21,29 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shardq.client import Connection
+from shardq.client import Connection, ConnectionLost
 from shardq.client._url import DEFAULT_URL
 from shardq.errors import ShardqError
 
+from ._format import print_job
+
 __all__ = [
     "COUNT_STATES",
+    "START_HINT",
     "Json",
+    "QueueArg",
     "Token",
     "Url",
+    "Yes",
+    "check_state",
     "dlq_app",
     "fail",
     "job_app",
+    "known_queue",
+    "paused_note",
+    "paused_queues",
+    "print_json",
+    "print_table",
     "queue_app",
     "register",
     "session",
@@ -74,19 +88,31 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+START_HINT: Final = "is the server running? start it with: shardq start"
+
+
 @contextmanager
 def session(url: str, token: str | None) -> Iterator[Connection]:
-    """A connection to the server for one command; client errors become `fail` lines."""
+    """A connection to the server for one command; client errors become `fail` lines.
+
+    A server that cannot be reached gets the hint to start one; every other error names the
+    URL once (the client's own messages already name it when they are about the connection).
+    """
     try:
         conn = Connection(
             url, token=token, timeout=COMMAND_TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S
         )
     except ValueError as e:
-        fail(str(e), 2)
+        fail(f"bad --url {url!r}: {_one_line(e)}", 2)
     try:
         with conn:
             conn.connect()
             yield conn
+    except ConnectionLost as e:
+        text = _one_line(e)
+        where = "" if url.split("://")[-1] in text else f"{url}: "
+        hint = f" ({START_HINT})" if "cannot connect" in text else ""
+        fail(f"{where}{text}{hint}")
     except ShardqError as e:
         fail(f"{url}: {_one_line(e)}")
 
@@ -94,6 +120,19 @@ def session(url: str, token: str | None) -> Iterator[Connection]:
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
+
+
+def known_queue(conn: Connection, queue: str) -> None:
+    """Refuse a queue the server does not hold, naming the ones it does.
+
+    The server itself accepts any queue name (bunqueue's clients rely on pausing or
+    configuring a queue before its first job), so the check is the CLI's: a typo in an admin
+    command would otherwise create a phantom queue or silently act on nothing.
+    """
+    queues = list_queues(conn)
+    if queue not in queues:
+        shown = ", ".join(sorted(queues)[:20]) or "none"
+        fail(f"unknown queue {queue!r} (the server holds: {shown})")
 
 
 def print_json(value: Any) -> None:
@@ -132,13 +171,16 @@ def status(url: Url = DEFAULT_URL, token: Token = None, as_json: Json = False) -
         ping, stats, workers = conn.call_many(
             [{"cmd": "Ping"}, {"cmd": "Stats"}, {"cmd": "ListWorkers"}]
         )
-        counts = queue_counts(conn, list_queues(conn))
+        queues = list_queues(conn)
+        counts = queue_counts(conn, queues)
+        flags = paused_queues(conn, queues)
     summary: dict[str, Any] = {
         "url": url,
         "healthy": bool((ping.get("data") or {}).get("pong")),
         "stats": stats.get("stats") or {},
         "workers": ((workers.get("data") or {}).get("stats")) or {},
         "queues": counts,
+        "paused": [q for q in queues if flags[q]],
     }
     if as_json:
         print_json(summary)
@@ -152,9 +194,23 @@ def status(url: Url = DEFAULT_URL, token: Token = None, as_json: Json = False) -
         f"{summary['workers'].get('total', 0)} workers"
     )
     print_table("queues", ["queue", *COUNT_STATES], _count_rows(counts))
+    if summary["paused"]:
+        typer.echo(paused_note(summary["paused"]))
 
 
 # -- queue
+
+
+def paused_queues(conn: Connection, queues: Sequence[str]) -> dict[str, bool]:
+    """IsPaused of every queue, pipelined in one round trip."""
+    replies = conn.call_many([{"cmd": "IsPaused", "queue": q} for q in queues])
+    return {q: bool(r.get("paused")) for q, r in zip(queues, replies, strict=True)}
+
+
+def paused_note(paused: Sequence[str]) -> str:
+    """The line under a table that names the paused queues, so none goes unnoticed."""
+    names = ", ".join(paused)
+    return f"PAUSED: {names}: their jobs are not handed out (shardq queue resume QUEUE)"
 
 
 @queue_app.command("list")
@@ -163,22 +219,34 @@ def queue_list(url: Url = DEFAULT_URL, token: Token = None, as_json: Json = Fals
     with session(url, token) as conn:
         queues = list_queues(conn)
         counts = queue_counts(conn, queues)
-        paused = conn.call_many([{"cmd": "IsPaused", "queue": q} for q in queues])
-    flags = {q: bool(r.get("paused")) for q, r in zip(queues, paused, strict=True)}
+        flags = paused_queues(conn, queues)
     if as_json:
         print_json({q: {"paused": flags[q], "counts": counts[q]} for q in queues})
         return
-    rows = [[*row[:1], "yes" if flags[row[0]] else "", *row[1:]] for row in _count_rows(counts)]
-    print_table(None, ["queue", "paused", *COUNT_STATES], rows)
+    rows = [
+        [*row[:1], "PAUSED" if flags[row[0]] else "running", *row[1:]]
+        for row in _count_rows(counts)
+    ]
+    print_table(None, ["queue", "status", *COUNT_STATES], rows)
+    paused = [q for q in queues if flags[q]]
+    if paused:
+        typer.echo(paused_note(paused))
 
 
 QueueArg = Annotated[str, typer.Argument(help="The queue's name.")]
+Create = Annotated[
+    bool, typer.Option("--create", help="Act even if the server holds no such queue yet.")
+]
 
 
 @queue_app.command("pause")
-def queue_pause(queue: QueueArg, url: Url = DEFAULT_URL, token: Token = None) -> None:
+def queue_pause(
+    queue: QueueArg, create: Create = False, url: Url = DEFAULT_URL, token: Token = None
+) -> None:
     """Stop handing out the queue's jobs (pushes still work; survives restarts)."""
     with session(url, token) as conn:
+        if not create:
+            known_queue(conn, queue)
         conn.call({"cmd": "Pause", "queue": queue})
     typer.echo(f"paused {queue}")
 
@@ -187,6 +255,7 @@ def queue_pause(queue: QueueArg, url: Url = DEFAULT_URL, token: Token = None) ->
 def queue_resume(queue: QueueArg, url: Url = DEFAULT_URL, token: Token = None) -> None:
     """Hand out the queue's jobs again."""
     with session(url, token) as conn:
+        known_queue(conn, queue)
         conn.call({"cmd": "Resume", "queue": queue})
     typer.echo(f"resumed {queue}")
 
@@ -195,24 +264,37 @@ def queue_resume(queue: QueueArg, url: Url = DEFAULT_URL, token: Token = None) -
 def queue_drain(queue: QueueArg, url: Url = DEFAULT_URL, token: Token = None) -> None:
     """Delete the queue's waiting and delayed jobs (active and finished ones stay)."""
     with session(url, token) as conn:
+        known_queue(conn, queue)
         count = conn.call({"cmd": "Drain", "queue": queue}, idempotent=False).get("count", 0)
     typer.echo(f"drained {count} jobs from {queue}")
+
+
+# The states `Clean` acts on (docs/protocol.md §7): any other cleans nothing, so it is refused.
+CLEAN_STATES: Final = (
+    "completed", "failed", "waiting", "wait", "prioritized", "delayed", "waiting-children",
+)  # fmt: skip
+
+
+def check_state(state: str, allowed: Sequence[str], option: str = "--state") -> str:
+    if state not in allowed:
+        fail(f"{option} {state!r} is not one of: {', '.join(allowed)}", 2)
+    return state
 
 
 @queue_app.command("clean")
 def queue_clean(
     queue: QueueArg,
-    state: Annotated[str, typer.Option(help="completed, failed, waiting, delayed...")] = (
-        "completed"
-    ),
+    state: Annotated[str, typer.Option(help=", ".join(CLEAN_STATES) + ".")] = "completed",
     grace: Annotated[int, typer.Option(help="Only jobs at least this old (ms).", min=0)] = 0,
     limit: Annotated[int, typer.Option(help="At most this many jobs.", min=1)] = 1000,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
     """Delete up to --limit jobs of one state, at least --grace ms old."""
+    check_state(state, CLEAN_STATES)
     command = {"cmd": "Clean", "queue": queue, "grace": grace, "state": state, "limit": limit}
     with session(url, token) as conn:
+        known_queue(conn, queue)
         count = conn.call(command, idempotent=False).get("count", 0)
     typer.echo(f"cleaned {count} {state} jobs from {queue}")
 
@@ -225,121 +307,9 @@ def queue_obliterate(
     if not yes and not typer.confirm(f"Delete every job of {queue}?"):
         fail("not confirmed; nothing deleted")
     with session(url, token) as conn:
+        known_queue(conn, queue)
         conn.call({"cmd": "Obliterate", "queue": queue}, idempotent=False)
     typer.echo(f"obliterated {queue}")
-
-
-# -- job
-
-JobArg = Annotated[str, typer.Argument(help="The job's id.")]
-
-
-@job_app.command("get")
-def job_get(job_id: JobArg, url: Url = DEFAULT_URL, token: Token = None) -> None:
-    """Print a job as JSON (its state, data, attempts, result...)."""
-    with session(url, token) as conn:
-        job = conn.call({"cmd": "GetJob", "id": job_id}).get("job")
-    print_json(job)
-
-
-@job_app.command("retry")
-def job_retry(job_id: JobArg, url: Url = DEFAULT_URL, token: Token = None) -> None:
-    """Run a failed (dead-lettered) or completed job again, from zero attempts."""
-    with session(url, token) as conn:
-        job = conn.call({"cmd": "GetJob", "id": job_id}).get("job") or {}
-        state, queue = job.get("state"), job.get("queue")
-        if state == "failed":
-            command = {"cmd": "RetryDlq", "queue": queue, "jobId": job_id}
-        elif state == "completed":
-            command = {"cmd": "RetryCompleted", "queue": queue, "id": job_id}
-        else:
-            fail(f"job {job_id} is {state}: only failed or completed jobs can be retried")
-        count = conn.call(command, idempotent=False).get("count", 0)
-    if not count:
-        fail(f"job {job_id} was not retried (it moved meanwhile)")
-    typer.echo(f"retried {job_id} ({state} -> waiting)")
-
-
-@job_app.command("cancel")
-def job_cancel(
-    job_id: JobArg,
-    reason: Annotated[str | None, typer.Option(help="Why (kept in its failedReason).")] = None,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
-    """Cancel a job: a queued one is removed; a running one fails at once (no retry) and
-    the server tells the worker running it to stop."""
-    from ._cancel import cancel_job
-
-    with session(url, token) as conn:
-        line = cancel_job(conn, job_id, reason)
-    if line is None:
-        fail(f"job {job_id} was not cancelled: it is unknown or already finished")
-    typer.echo(line)
-
-
-@job_app.command("promote")
-def job_promote(job_id: JobArg, url: Url = DEFAULT_URL, token: Token = None) -> None:
-    """Make a delayed job waiting now."""
-    with session(url, token) as conn:
-        conn.call({"cmd": "Promote", "id": job_id}, idempotent=False)
-    typer.echo(f"promoted {job_id}")
-
-
-# -- dlq
-
-
-@dlq_app.command("list")
-def dlq_list(
-    queue: QueueArg,
-    count: Annotated[int, typer.Option(help="At most this many entries.", min=1)] = 100,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-    as_json: Json = False,
-) -> None:
-    """The queue's dead-lettered jobs, oldest first."""
-    with session(url, token) as conn:
-        entries = conn.call({"cmd": "Dlq", "queue": queue, "count": count}).get("entries") or []
-    if as_json:
-        print_json(entries)
-        return
-    rows = [
-        [(e.get("job") or {}).get("id"), (e.get("job") or {}).get("name"), e.get("reason"),
-         e.get("error"), len(e.get("attempts") or []), e.get("enteredAt")]
-        for e in entries
-    ]  # fmt: skip
-    print_table(f"DLQ of {queue}", ["id", "name", "reason", "error", "attempts", "entered"], rows)
-
-
-@dlq_app.command("retry")
-def dlq_retry(
-    queue: QueueArg,
-    job_id: Annotated[str | None, typer.Option("--job-id", help="Only this job.")] = None,
-    count: Annotated[int | None, typer.Option(help="Only the oldest N entries.", min=1)] = None,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
-    """Move dead-lettered jobs back to waiting (all, the oldest --count, or one --job-id)."""
-    command: dict[str, Any] = {"cmd": "RetryDlq", "queue": queue}
-    if job_id is not None:
-        command["jobId"] = job_id
-    if count is not None:
-        command["count"] = count
-    with session(url, token) as conn:
-        moved = conn.call(command, idempotent=False).get("count", 0)
-    typer.echo(f"retried {moved} jobs of {queue}")
-
-
-@dlq_app.command("purge")
-def dlq_purge(
-    queue: QueueArg, yes: Yes = False, url: Url = DEFAULT_URL, token: Token = None
-) -> None:
-    """Delete every entry of the queue's DLQ."""
-    if not yes and not typer.confirm(f"Delete every DLQ entry of {queue}?"):
-        fail("not confirmed; nothing deleted")
-    with session(url, token) as conn:
-        count = conn.call({"cmd": "PurgeDlq", "queue": queue}, idempotent=False).get("count", 0)
-    typer.echo(f"purged {count} DLQ entries of {queue}")
 
 
 # -- push and pull
@@ -384,11 +354,13 @@ def pull(
     ] = False,
     url: Url = DEFAULT_URL,
     token: Token = None,
+    as_json: Json = False,
 ) -> None:
-    """Take the next job and print it as JSON; exit 3 if the queue has none.
+    """Take the next job and print a summary of it (--json: all of it); exit 3 if none.
 
     Without --ack the job goes back to waiting when the command exits (a closed TCP
-    connection releases what it pulled, without charging an attempt).
+    connection releases what it pulled, without charging an attempt). An empty answer from
+    a paused queue says the queue is paused.
     """
     if not 0 <= wait <= 60:
         fail("--wait must be between 0 and 60 seconds", 2)
@@ -403,10 +375,17 @@ def pull(
         job = reply.get("job")
         if job is not None and ack:
             conn.call({"cmd": "ACK", "id": job["id"], "result": None}, idempotent=False)
+        paused = job is None and bool(conn.call({"cmd": "IsPaused", "queue": queue}).get("paused"))
     if job is None:
-        typer.echo(f"shardq: no job in {queue}", err=True)
+        why = paused_note([queue]) if paused else f"no job in {queue}"
+        typer.echo(f"shardq: {why}", err=True)
         raise typer.Exit(3)
-    print_json(job)
+    if as_json:
+        print_json(job)
+        return
+    print_job({**job, "state": "completed" if ack else "active"})
+    if not ack:
+        typer.echo("(not acknowledged: it goes back to waiting now; --ack completes it)")
 
 
 def register(app: typer.Typer) -> None:

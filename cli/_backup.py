@@ -1,10 +1,13 @@
-"""`shardq backup now|list|restore|status`: backups of the database file.
+"""`shardq backup now|list|status|verify|restore`: backups of the database file.
 
-These work on the database file and the backup destination directly, not through the
-server: a backup must be takeable from the server's host whatever state the server is in,
-and a restore needs the server stopped. The database path is the server's own setting
-(`--config`, the environment, or `--data-path`); the destination comes from the environment
-with bunqueue's names (S3_BUCKET, S3_ENDPOINT, S3_ACCESS_KEY_ID, ...) or `--dir`.
+`now`, `list`, `status` and `verify` ask the running server (`--url`, the `Backup` command):
+it knows its own database file and its backup destination (its environment), so they work
+from any directory and any machine that reaches the port. With `--offline` (implied by
+`--data-path`, `--config` or `--dir`) they work on the database file and the destination
+directly instead, for a server that is down; the destination then comes from this shell's
+environment with bunqueue's names (S3_BUCKET, S3_ENDPOINT, ...) or `--dir`.
+
+`restore` is always offline: it needs the server stopped, and refuses while one runs.
 """
 
 from __future__ import annotations
@@ -12,13 +15,17 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from dataclasses import asdict
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._admin import Json, fail, print_json, print_table
+from shardq.client._url import DEFAULT_URL
+
+from ._admin import Json, Token, Url, fail, print_json, print_table, session
+from ._format import when
 
 if TYPE_CHECKING:
     from shardq.backup import BackupSettings, Target
@@ -37,6 +44,12 @@ Config = Annotated[
 ]
 DataPath = Annotated[
     str | None, typer.Option("--data-path", help="The database file (default: the server's).")
+]
+Offline = Annotated[
+    bool,
+    typer.Option(
+        "--offline", help="Work on the database file and destination, not through the server."
+    ),
 ]
 Directory = Annotated[
     Path | None,
@@ -76,38 +89,92 @@ def _backups(directory: Path | None) -> Iterator[tuple[BackupSettings, Target]]:
         fail(f"{settings.destination}: {type(e).__name__}: {e}")
 
 
+# A backup copies and uploads the whole database: far longer than an admin command may take.
+BACKUP_TIMEOUT_S = 600.0
+
+
+def _offline(offline: bool, *named: object) -> bool:
+    return offline or any(value is not None for value in named)
+
+
+def _ask(url: str, token: str | None, action: str, **fields: object) -> dict[str, Any]:
+    """The server's answer to one `Backup` action; a refusal becomes a `fail` line."""
+    with session(url, token) as conn:
+        command = {"cmd": "Backup", "action": action, **fields}
+        return conn.call(command, wait=BACKUP_TIMEOUT_S, idempotent=action != "now")
+
+
 @backup_app.command("now")
 def backup_now(
-    config: Config = None, data_path: DataPath = None, directory: Directory = None
+    config: Config = None,
+    data_path: DataPath = None,
+    directory: Directory = None,
+    offline: Offline = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: Json = False,
 ) -> None:
     """Take a snapshot now (safe while the server runs) and prune to S3_BACKUP_RETENTION."""
-    from shardq.backup import take_backup
+    if _offline(offline, config, data_path, directory):
+        from shardq.backup import take_backup
 
-    db = _db_path(config, data_path)
-    with _backups(directory) as (settings, target):
-        info = take_backup(db, target, settings.retention)
-    typer.echo(f"{info.key} ({info.size} bytes, sha256 {info.sha256[:16]}...)")
-
-
-def _age(modified: datetime) -> str:
-    seconds = int((datetime.now(UTC) - modified).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+        db = _db_path(config, data_path)
+        with _backups(directory) as (settings, target):
+            info = asdict(take_backup(db, target, settings.retention))
+    else:
+        info = _ask(url, token, "now").get("backup") or {}
+    if as_json:
+        print_json(info)
+        return
+    typer.echo(
+        f"{info.get('key')} ({info.get('size')} bytes, sha256 {str(info.get('sha256'))[:16]}...)"
+    )
 
 
 @backup_app.command("list")
-def backup_list(directory: Directory = None, as_json: Json = False) -> None:
+def backup_list(
+    directory: Directory = None,
+    offline: Offline = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: Json = False,
+) -> None:
     """The committed backups, oldest first, with size and age."""
-    from shardq.backup import list_backups
+    if _offline(offline, directory):
+        from shardq.backup import list_backups
 
-    with _backups(directory) as (_, target):
-        found = list_backups(target)
+        with _backups(directory) as (_, target):
+            found = [
+                {"key": o.key, "size": o.size, "modified": o.modified.isoformat()}
+                for o in list_backups(target)
+            ]
+    else:
+        found = list(_ask(url, token, "list").get("backups") or [])
     if as_json:
-        print_json([{"key": o.key, "size": o.size, "modified": o.modified} for o in found])
+        print_json(found)
         return
-    print_table(None, ["key", "size", "age"], [[o.key, o.size, _age(o.modified)] for o in found])
+    rows = [[b["key"], _size(b["size"]), _shown(b["modified"])] for b in found]
+    print_table(None, ["key", "size", "taken"], rows)
+    if not found:
+        typer.echo("no backups yet (shardq backup now takes one)")
+
+
+def _size(size: object) -> str:
+    value = float(size) if isinstance(size, int | float) else 0.0
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(size)
+
+
+def _shown(iso: object) -> str:
+    """An ISO time from the server as local time and age."""
+    try:
+        at = datetime.fromisoformat(str(iso))
+    except ValueError:
+        return str(iso)
+    return f"{when(at.timestamp() * 1000)}"
 
 
 @backup_app.command("restore")
@@ -135,27 +202,82 @@ def backup_restore(
 
 @backup_app.command("status")
 def backup_status(
-    config: Config = None, data_path: DataPath = None, directory: Directory = None,
+    config: Config = None,
+    data_path: DataPath = None,
+    directory: Directory = None,
+    offline: Offline = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
     as_json: Json = False,
-) -> None:  # fmt: skip
+) -> None:
     """The backup settings, the newest backup, and the last scheduled run."""
+    if _offline(offline, config, data_path, directory):
+        summary = _offline_status(config, data_path, directory)
+    else:
+        summary = dict(_ask(url, token, "status").get("status") or {})
+    if as_json:
+        print_json(summary)
+        return
+    newest = summary.get("newest") or {}
+    last = summary.get("lastRun") or {}
+    interval_h = int(summary.get("intervalMs") or 0) / 3_600_000
+    lines = [
+        f"destination  {summary.get('destination')}",
+        f"schedule     every {interval_h:g} h, keeping {summary.get('retention')}"
+        if summary.get("scheduled") else "schedule     off (S3_BACKUP_ENABLED is not set)",
+        f"backups      {summary.get('backups', 0)}",
+        f"newest       {newest.get('key')}, taken {_shown(newest.get('modified'))}"
+        if newest else "newest       none",
+    ]  # fmt: skip
+    if last:
+        lines.append(f"last run     {when((last.get('last_attempt_at') or 0) * 1000)}")
+        if last.get("last_error"):
+            lines.append(f"last error   {last['last_error']}")
+    typer.echo("\n".join(lines))
+
+
+def _offline_status(
+    config: Path | None, data_path: str | None, directory: Path | None
+) -> dict[str, Any]:
     from shardq.backup import list_backups, read_status
 
     db = _db_path(config, data_path)
     with _backups(directory) as (settings, target):
         found = list_backups(target)
-    s = settings
-    summary = {
-        "scheduled": s.enabled,
-        "destination": s.destination,
-        "interval_ms": s.interval_ms,
-        "retention": s.retention,
+    return {
+        "database": str(db),
+        "configured": settings.configured,
+        "scheduled": settings.enabled,
+        "destination": settings.destination,
+        "intervalMs": settings.interval_ms,
+        "retention": settings.retention,
         "backups": len(found),
-        "newest": found[-1].key if found else None,
-        "last_run": read_status(db),
-    }
+        "newest": {"key": found[-1].key, "size": found[-1].size,
+                   "modified": found[-1].modified.isoformat()} if found else None,
+        "lastRun": read_status(db),
+    }  # fmt: skip
+
+
+@backup_app.command("verify")
+def backup_verify(
+    key: Annotated[str, typer.Argument(help="The backup's key, as `backup list` shows it.")],
+    directory: Directory = None,
+    offline: Offline = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: Json = False,
+) -> None:
+    """Check a backup in full as a restore would (checksum, SQLite integrity), changing nothing."""
+    if _offline(offline, directory):
+        import tempfile
+
+        from shardq.backup import verify
+
+        with _backups(directory) as (_, target), tempfile.TemporaryDirectory() as scratch:
+            info = asdict(verify(target, key, Path(scratch)))
+    else:
+        info = _ask(url, token, "verify", key=key).get("backup") or {}
     if as_json:
-        print_json(summary)
+        print_json(info)
         return
-    for name, value in summary.items():
-        typer.echo(f"{name}: {value}")
+    typer.echo(f"{info.get('key')}: intact ({info.get('size')} bytes, sha256 matches)")

@@ -1,4 +1,4 @@
-"""`shardq job cancel`: what it sends, apart from the command line (cli/_admin.py)."""
+"""`shardq job cancel`: what it sends, apart from the command line (cli/_jobs.py)."""
 
 from __future__ import annotations
 

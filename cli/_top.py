@@ -21,7 +21,7 @@ from rich.text import Text
 
 from shardq.client import Connection
 
-from ._admin import Token, Url, list_queues, queue_counts, session
+from ._admin import Token, Url, list_queues, paused_queues, queue_counts, session
 
 __all__ = ["Sample", "render", "top"]
 
@@ -39,6 +39,7 @@ class Sample:
     stats: dict[str, Any]
     counts: dict[str, dict[str, int]]
     workers: list[dict[str, Any]]
+    paused: dict[str, bool] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)
 
 
@@ -46,12 +47,14 @@ def read_sample(conn: Connection, previous: Sample | None) -> Sample:
     metrics, stats, workers = conn.call_many(
         [{"cmd": "Metrics"}, {"cmd": "Stats"}, {"cmd": "ListWorkers"}]
     )
+    queues = list_queues(conn)
     sample = Sample(
         at=time.monotonic(),
         metrics=dict(metrics.get("metrics") or {}),
         stats=dict(stats.get("stats") or {}),
-        counts=queue_counts(conn, list_queues(conn)),
+        counts=queue_counts(conn, queues),
         workers=list((workers.get("data") or {}).get("workers") or []),
+        paused=paused_queues(conn, queues),
     )
     if previous is not None:
         elapsed = max(sample.at - previous.at, 1e-6)
@@ -79,11 +82,13 @@ def render(url: str, sample: Sample) -> Group:
     )  # fmt: skip
     queues = Table(title="queues", expand=False)
     queues.add_column("queue")
+    queues.add_column("status")
     for state in SHOWN_STATES:
         queues.add_column(state, justify="right")
     depth = sorted(sample.counts.items(), key=lambda kv: -kv[1].get("waiting", 0))
     for name, counts in depth:
-        queues.add_row(name, *(str(counts.get(st, 0)) for st in SHOWN_STATES))
+        status = Text("PAUSED", style="bold red") if sample.paused.get(name) else Text("running")
+        queues.add_row(name, status, *(str(counts.get(st, 0)) for st in SHOWN_STATES))
     workers = Table(title=f"workers ({len(sample.workers)})", expand=False)
     for column in ("name", "queues", "status", "active", "processed", "failed"):
         workers.add_column(column)

@@ -1,20 +1,28 @@
-"""`shardq`: the command line. Thin: it parses arguments and calls into `shardq`."""
+"""`shardq`: the command line. Thin: it parses arguments and calls into `shardq`.
+
+The console script is `run`, not the Typer app itself: it turns any exception a command did
+not expect into one line on stderr and exit status 1, so no invocation shows a traceback.
+"""
 
 from __future__ import annotations
 
+import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 
 import shardq
 
-from . import _admin, _backup, _top
+from . import _admin, _backup, _jobs, _top
 
 # No locals in tracebacks: they can hold auth tokens and job payloads.
 app = typer.Typer(
     help="shardq: a durable job-queue server.",
     no_args_is_help=True,
+    pretty_exceptions_enable=False,
     pretty_exceptions_show_locals=False,
 )
 
@@ -22,12 +30,57 @@ app = typer.Typer(
 _admin.register(app)
 app.command("top")(_top.top)
 app.add_typer(_backup.backup_app, name="backup")
+assert _jobs.JOB_STATES  # imported for its commands, which it adds to `job` and `dlq`
+
+
+class LogFormat(StrEnum):
+    json = "json"
+    console = "console"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"shardq {shardq.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
+) -> None:  # fmt: skip
+    """shardq: a durable job-queue server."""
 
 
 @app.command()
 def version() -> None:
     """Print the installed shardq version."""
     typer.echo(shardq.__version__)
+
+
+def run() -> None:
+    """The `shardq` console script: the app, with no traceback for anything it did not expect."""
+    try:
+        app()
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        typer.echo("shardq: interrupted", err=True)
+        sys.exit(130)
+    except OSError as e:  # a file or directory that is missing, exists, or cannot be written
+        typer.echo(f"shardq: {e}", err=True)
+        sys.exit(1)
+    except Exception as e:  # a bug or an unforeseen error: one line, and a way to report it
+        text = str(e).strip().splitlines()
+        typer.echo(
+            f"shardq: unexpected error: {type(e).__name__}: {text[0] if text else ''} "
+            "(please report it, with the command you ran)",
+            err=True,
+        )
+        sys.exit(1)
 
 
 @app.command()
@@ -47,8 +100,18 @@ def start(
     shards: Annotated[
         str | None, typer.Option(help='Shard processes: a number or "auto" (CPU count).')
     ] = None,
-    log_format: Annotated[str | None, typer.Option(help="json or console (default json).")] = None,
-    log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error.")] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            help="console (readable lines), json (one object a line) or auto (default: "
+            "console on a terminal, JSON otherwise).",
+        ),
+    ] = None,
+    # Plain strings, checked by the config loader: a bad value is refused like a bad config
+    # key, as one JSON log line naming it (exit 2).
+    log_level: Annotated[
+        str | None, typer.Option(help="debug, info, warning, error, critical.")
+    ] = None,
     auth_token_file: Annotated[
         Path | None,
         typer.Option(help="A file of client tokens, one a line (or set AUTH_TOKENS)."),
@@ -128,7 +191,7 @@ def worker(
         float, typer.Option(help="Seconds running tasks get to finish after SIGTERM/Ctrl+C.")
     ] = 30.0,
     url: Annotated[str | None, typer.Option(help="Server URL (default: the app's).")] = None,
-    log_format: Annotated[str, typer.Option(help="json or console.")] = "json",
+    log_format: Annotated[LogFormat, typer.Option(help="json or console.")] = LogFormat.json,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run the tasks of a shardq.App until SIGTERM or Ctrl+C.
@@ -144,19 +207,22 @@ def worker(
     from shardq.tasks._worker import AppNotFound, WorkerSettings, exit_now, load_app, run
 
     try:
-        configure("worker", log_format, log_level)
+        configure("worker", log_format.value, log_level)
         settings = WorkerSettings(
             queues=tuple(q.strip() for q in (queues or "").split(",") if q.strip()),
             concurrency=concurrency,
             processes=processes,
             grace=grace,
             url=url,
-            log_format=log_format,
+            log_format=log_format.value,
             log_level=log_level,
         )
         loaded = load_app(app_spec)
     except (AppNotFound, ValueError) as e:
         typer.echo(f"shardq worker: {e}", err=True)
+        raise typer.Exit(2) from None
+    except Exception as e:  # the app's module raised while it was imported: its own bug
+        typer.echo(f"shardq worker: importing {app_spec} failed: {type(e).__name__}: {e}", err=True)
         raise typer.Exit(2) from None
     status = sys.stderr if sys.stderr.isatty() else None
     try:
@@ -220,4 +286,4 @@ def soak(
 
 
 if __name__ == "__main__":
-    app()
+    run()

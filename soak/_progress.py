@@ -47,6 +47,7 @@ class Progress:
         self.live, self.server, self.out = live, server, out
         self.samples: list[Sample] = []
         self.started = time.monotonic()
+        self.started_wall = time.time()  # the ledger's clock: places faults on the plot
         self._last_completed = 0
         self._last_t = self.started
         self._rich: RichLive | None = None

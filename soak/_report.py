@@ -9,16 +9,17 @@ the writer had not committed yet (docs/runtime.md, "Durability in the shard").
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from soak._config import SoakConfig
 from soak._ledger import Ledger
 from soak._progress import Sample
 
-__all__ = ["check_ledger", "check_rss", "write_plot", "write_report"]
+__all__ = ["check_ledger", "check_rss", "plot_faults", "write_plot", "write_report"]
 
 
 def _in_window(t: float, faults: Sequence[tuple[str, float, float]], window: float) -> bool:
@@ -108,33 +109,84 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
 
 
-def write_plot(path: Path, samples: Sequence[Sample]) -> None:
-    """Throughput, push-to-completion latency and RSS per process over time, one PNG."""
-    import matplotlib
+# One colour per kind of fault, so the plot's legend names what each band was.
+FAULT_COLOURS: Final = {
+    "kill_shard": "tab:red", "kill_writer": "tab:purple", "kill_server": "black",
+    "rolling_restart": "tab:orange",
+}  # fmt: skip
+PLOT_MISSING: Final = "soak.png not written: matplotlib is missing (pip install 'shardq[plot]')"
 
+
+def write_plot(
+    path: Path,
+    samples: Sequence[Sample],
+    faults: Sequence[tuple[str, float, float]] = (),
+    title: str = "shardq soak",
+) -> bool:
+    """Throughput, push-to-completion latency and RSS per process over time, one PNG, under
+    `title`; each fault (kind, start and end in seconds since the first sample) is a shaded
+    band on every panel. False, with a line on stderr, when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(PLOT_MISSING, file=sys.stderr, flush=True)
+        return False
     matplotlib.use("Agg")  # no display: the soak runs in CI and over ssh
     import matplotlib.pyplot as plt
 
     t = [s.elapsed_s for s in samples]
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    fig.suptitle(title)
     ax1.plot(t, [s.jobs_per_s for s in samples])
     ax1.set_ylabel("completions/s")
     for label, key in (("p50", "latency_p50_ms"), ("p99", "latency_p99_ms")):
         ax2.plot(t, [getattr(s, key) if getattr(s, key) is not None else float("nan")
                      for s in samples], label=label)  # fmt: skip
     ax2.set_ylabel("push→ack ms")
-    ax2.legend()
     names = sorted({n for s in samples for n in s.rss})
     for name in names:
         ax3.plot(t, [s.rss.get(name, 0) / 2**20 for s in samples], label=name)
     ax3.set_ylabel("RSS MiB")
     ax3.set_xlabel("elapsed s")
+    _mark_faults((ax1, ax2, ax3), faults)
+    if faults:
+        ax1.legend(fontsize="small", loc="upper right")
+    ax2.legend()
     if names:
         ax3.legend(fontsize="small")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
+    # The title and the marked faults also go into the PNG's text chunks, for tools and tests.
+    marked = "; ".join(f"{k} {a:.1f}-{b:.1f} s" for k, a, b in faults)
+    fig.savefig(path, dpi=80, metadata={"Title": title, "Description": f"faults: {marked}"})
     plt.close(fig)
+    return True
+
+
+def _mark_faults(axes: Sequence[Any], faults: Sequence[tuple[str, float, float]]) -> None:
+    """A shaded band per process fault; worker churn, which comes every few hundred ms and
+    would shade everything, as ticks along the bottom of the first panel."""
+    churn = [start for kind, start, _ in faults if kind == "worker_churn"]
+    if churn:
+        axes[0].plot(churn, [0] * len(churn), "|", color="tab:green", markersize=8,
+                     label=f"worker_churn ({len(churn)})")  # fmt: skip
+    labelled: set[str] = set()
+    for kind, start, end in faults:
+        if kind == "worker_churn":
+            continue
+        colour = FAULT_COLOURS.get(kind, "tab:gray")
+        for ax in axes:
+            # A band at least a visible sliver wide: a kill recovers in well under a second.
+            label = kind if ax is axes[0] and kind not in labelled else None
+            ax.axvspan(start, max(end, start + 0.2), color=colour, alpha=0.25, label=label)
+        labelled.add(kind)
+
+
+def plot_faults(
+    faults: Sequence[tuple[str, float, float]], started_wall: float
+) -> list[tuple[str, float, float]]:
+    """The ledger's faults of this run (wall-clock times) as seconds since its start."""
+    return [(k, s - started_wall, e - started_wall) for k, s, e in faults if s >= started_wall]
 
 
 def samples_json(samples: Sequence[Sample]) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from soak._progress import Progress
 from soak._report import (
     check_ledger,
     check_rss,
+    plot_faults,
     samples_json,
     violations,
     write_plot,
@@ -194,7 +195,14 @@ def _finish(
     if cfg.url:
         report["process_faults"] = "off: the soak does not own the server at --url"
     write_report(cfg.out_dir / "report.json", report)
-    write_plot(cfg.out_dir / "soak.png", progress.samples)
+    verdict = "ok" if not broken else f"{len(broken)} VIOLATIONS"
+    faults = plot_faults(ledger.faults(), progress.started_wall)
+    title = (
+        f"shardq soak: {cfg.seconds:g} s, seed {cfg.seed}, {len(faults)} faults "
+        f"({', '.join(f'{k} {n}' for k, n in sorted(load.faults.counts.items())) or 'none'}), "
+        f"{verdict}"
+    )
+    write_plot(cfg.out_dir / "soak.png", progress.samples, faults, title)
     summary = {"event": "soak done", "ok": not broken, "violations": broken,
                "report": str(cfg.out_dir / "report.json")}  # fmt: skip
     print(json.dumps(summary), flush=True)

@@ -15,6 +15,7 @@ from shardq.backup._core import (
     prune,
     restore,
     take_backup,
+    verify,
 )
 from shardq.backup._schedule import BackupScheduler, read_status, scheduled_backups
 from shardq.backup._settings import BackupSettings
@@ -38,4 +39,5 @@ __all__ = [
     "restore",
     "scheduled_backups",
     "take_backup",
+    "verify",
 ]

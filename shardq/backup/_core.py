@@ -45,6 +45,7 @@ __all__ = [
     "prune",
     "restore",
     "take_backup",
+    "verify",
 ]
 
 PAYLOAD: Final = ".db.gz"
@@ -233,6 +234,44 @@ def _swap_in(candidate: Path, db_path: Path) -> None:
         os.close(dir_fd)
 
 
+def _fetch_checked(target: Target, stem: str, tmp: Path) -> tuple[Path, dict[str, Any]]:
+    """Download backup `stem` into `tmp`, unpack it and run every check restore runs; the
+    checked database file and the sidecar. Raises `BackupError` naming what failed."""
+    meta = _read_meta(target, stem, tmp)
+    packed, candidate = tmp / "payload.gz", tmp / "candidate.db"
+    try:
+        target.get(stem + PAYLOAD, packed)
+    except Exception as e:
+        raise BackupError(f"backup {stem}: cannot fetch it: {e}") from e
+    _unpack(packed, candidate, meta, stem)
+    packed.unlink()  # its room is the disk's headroom for the candidate
+    try:
+        check_database(candidate)
+    except StorageError as e:
+        raise BackupError(f"backup {stem} refused: {e}") from e
+    return candidate, meta
+
+
+def _info(stem: str, meta: dict[str, Any]) -> BackupInfo:
+    return BackupInfo(
+        stem + PAYLOAD,
+        str(meta.get("created_at", "")),
+        int(meta.get("size", 0)),
+        int(meta.get("compressed_size", 0)),
+        str(meta["sha256"]),
+    )
+
+
+def verify(target: Target, key: str, scratch: Path) -> BackupInfo:
+    """Check backup `key` in full, as a restore would (checksum, size, SQLite header,
+    `integrity_check`), without touching any database. `scratch` is a directory with room
+    for one uncompressed copy. Raises `BackupError` if the backup is missing or damaged."""
+    stem = _stem(key)
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=".shardq-verify-") as tmp:
+        _, meta = _fetch_checked(target, stem, Path(tmp))
+    return _info(stem, meta)
+
+
 def restore(db_path: Path, target: Target, key: str, *, force: bool = False) -> BackupInfo:
     """Replace the database at `db_path` with backup `key`, after checking it.
 
@@ -246,22 +285,6 @@ def restore(db_path: Path, target: Target, key: str, *, force: bool = False) -> 
         _server_lock(db_path, force),
         tempfile.TemporaryDirectory(dir=db_path.parent, prefix=".shardq-restore-") as tmp,
     ):
-        meta = _read_meta(target, stem, Path(tmp))
-        packed, candidate = Path(tmp, "payload.gz"), Path(tmp, "candidate.db")
-        try:
-            target.get(stem + PAYLOAD, packed)
-        except Exception as e:
-            raise BackupError(f"backup {stem}: cannot fetch it: {e}") from e
-        _unpack(packed, candidate, meta, stem)
-        try:
-            check_database(candidate)
-        except StorageError as e:
-            raise BackupError(f"backup {stem} refused: {e}") from e
+        candidate, meta = _fetch_checked(target, stem, Path(tmp))
         _swap_in(candidate, db_path)
-    return BackupInfo(
-        stem + PAYLOAD,
-        str(meta.get("created_at", "")),
-        int(meta.get("size", 0)),
-        int(meta.get("compressed_size", 0)),
-        str(meta["sha256"]),
-    )
+    return _info(stem, meta)

@@ -21,7 +21,7 @@ import structlog
 
 from shardq.backup._core import take_backup
 from shardq.backup._settings import BackupSettings
-from shardq.backup._targets import open_target
+from shardq.backup._targets import open_target, require_boto3
 
 __all__ = ["BackupScheduler", "read_status", "scheduled_backups", "status_path"]
 
@@ -106,4 +106,6 @@ def scheduled_backups(
     settings = BackupSettings.from_env(env)
     if not settings.enabled:
         return None
+    if settings.bucket and not settings.directory:
+        require_boto3()  # refused at startup, not at the first snapshot hours later
     return BackupScheduler(db_path, settings).start()

@@ -12,11 +12,19 @@ import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from shardq.backup._settings import BackupSettings
 
-__all__ = ["LocalTarget", "ObjectInfo", "S3Target", "Target", "open_target"]
+__all__ = [
+    "S3_MISSING",
+    "LocalTarget",
+    "ObjectInfo",
+    "S3Target",
+    "Target",
+    "open_target",
+    "require_boto3",
+]
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,7 @@ class S3Target:
     """Objects in an S3-compatible bucket under a key prefix, through boto3."""
 
     def __init__(self, settings: BackupSettings) -> None:
-        import boto3  # imported here: only S3 users pay for it
+        boto3 = require_boto3()
 
         self.bucket = str(settings.bucket)
         self.prefix = settings.prefix
@@ -116,6 +124,19 @@ class S3Target:
 
     def delete(self, key: str) -> None:
         self._s3.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+
+
+S3_MISSING: Final = "S3 backups need boto3: pip install 'shardq[s3]'"
+
+
+def require_boto3() -> Any:
+    """boto3, imported on first use (only S3 users pay for it, and only they install it).
+    Raises `ValueError` saying which extra to install when it is missing."""
+    try:
+        import boto3
+    except ImportError:
+        raise ValueError(S3_MISSING) from None
+    return boto3
 
 
 def open_target(settings: BackupSettings) -> Target:

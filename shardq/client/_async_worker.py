@@ -18,8 +18,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Unpack
 
-import structlog
-
 from shardq.client._connection import AsyncConnection, Submitted
 from shardq.client._errors import (
     ClientError,
@@ -28,6 +26,7 @@ from shardq.client._errors import (
     WaitTimeout,
     is_transient,
 )
+from shardq.client._log import client_logger
 from shardq.client._models import Job, JobCounts
 from shardq.client._runners import AsyncRunner, Outcome, Runner, ThreadRunner
 from shardq.client._url import DEFAULT_URL
@@ -44,7 +43,11 @@ RELEASE_TIMEOUT_S: Final = 2.0  # a release at close is best effort; do not hang
 PRESENCE_INTERVAL_S: Final = 10.0  # worker Heartbeat (bunqueue's cadence; stale after 30 s)
 WORKER_NOT_FOUND: Final = "Worker not found"
 
-_log = structlog.get_logger("shardq.client")
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a task nobody awaits any more (it was given up on)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _is_async(handler: Handler) -> bool:
@@ -90,7 +93,7 @@ class AsyncWorker:
         self._conn.on_push = self._on_push
         self._async_handler = _is_async(handler)
         self._runner: Runner | None = None
-        self._log = _log.bind(queue=queue, owner=cfg.owner)
+        self._log = client_logger().bind(queue=queue, owner=cfg.owner)
         self._grace = cfg.close_grace
         self._stopping = asyncio.Event()
         self._wakeup = asyncio.Event()
@@ -249,7 +252,14 @@ class AsyncWorker:
             if sent is not None
             else self._conn.call_many([command], wait=poll_ms / 1000)
         )
-        await asyncio.wait({pull, stop}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({pull, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # `run_until_idle`'s timeout: the poll must not outlive the worker, or its
+            # ConnectionLost (the close that follows) is "never retrieved" on stderr.
+            pull.cancel()
+            pull.add_done_callback(_consume)
+            raise
         if not pull.done() and self._conn.releases_on_close:
             # Closing the TCP connection releases whatever this poll still gets.
             pull.cancel()
@@ -309,7 +319,7 @@ class AsyncWorker:
             else:
                 self._ack(lease, value)
         elif outcome is Outcome.ERROR:
-            self._log.info("job failed", job_id=lease.job.id, error=repr(value))
+            self._log.warning("job failed", job_id=lease.job.id, error=repr(value))
             self._fail(lease, value)
         else:
             self._expire(lease)

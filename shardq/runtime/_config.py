@@ -35,7 +35,8 @@ from shardq.storage import SYNCHRONOUS_MODES
 
 __all__ = ["ConfigError", "ServerConfig", "load_config"]
 
-LOG_FORMATS = ("json", "console")
+# "auto": console lines on a terminal, JSON otherwise (resolved once, by `shardq start`).
+LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -89,7 +90,7 @@ class ServerConfig:
     # push->pull->ack costs the writer about a quarter less CPU (BENCHMARKS.md section 2).
     flush_max_mutations: int = 500
     synchronous: str = "normal"  # WAL + NORMAL survives any process crash; "full" power loss too
-    log_format: str = "json"
+    log_format: str = "auto"
     log_level: str = "info"
     # A child that dies more often than this in 60 s is not going to heal by restarting.
     max_restarts_per_minute: int = 5

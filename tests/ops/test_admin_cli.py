@@ -89,16 +89,16 @@ def test_status_and_queue_commands_against_a_live_server(server: ShardqServer) -
     assert run_cli(["queue", "pause", "emails", "--url", url]).returncode == 0
     listed = json.loads(run_cli(["queue", "list", "--json", "--url", url]).stdout)
     assert listed["emails"]["paused"] is True
-    assert "yes" in run_cli(["queue", "list", "--url", url]).stdout
+    assert "PAUSED" in run_cli(["queue", "list", "--url", url]).stdout
     assert run_cli(["pull", "emails", "--url", url]).returncode == 3  # paused: nothing handed out
     assert run_cli(["queue", "resume", "emails", "--url", url]).returncode == 0
 
-    job = json.loads(run_cli(["job", "get", job_id, "--url", url]).stdout)
+    job = json.loads(run_cli(["job", "get", job_id, "--json", "--url", url]).stdout)
     assert job["name"] == "welcome" and job["data"] == {"to": "a@b.c"}
     assert run_cli(["job", "promote", delayed_id, "--url", url]).returncode == 0
     assert run_cli(["job", "cancel", delayed_id, "--url", url]).returncode == 0
 
-    pulled = run_cli(["pull", "emails", "--ack", "--url", url])
+    pulled = run_cli(["pull", "emails", "--ack", "--json", "--url", url])
     assert json.loads(pulled.stdout)["id"] == job_id
     assert "cleaned 1 completed" in run_cli(["queue", "clean", "emails", "--url", url]).stdout
 

@@ -62,13 +62,14 @@ def _fingerprint(directory: Path) -> dict[str, str]:
 def test_backup_to_s3_then_restore_holds_exactly_the_acknowledged_jobs(
     tmp_path: Path, s3_env: dict[str, str]
 ) -> None:
-    server = ShardqServer(tmp_path / "data", shards=2)
+    server = ShardqServer(tmp_path / "data", shards=2, env=s3_env)
     db = ["--data-path", str(server.data_path)]
     with server.start():
         url = f"tcp://127.0.0.1:{server.tcp_port}"
         with Queue("orders", url) as q:
             kept = {q.add("order", {"n": i}, {"durable": True}) for i in range(30)}
-        taken = run_cli(["backup", "now", *db], env=s3_env)
+        # Asked of the server, which reads the S3 settings from its own environment.
+        taken = run_cli(["backup", "now", "--url", url])
         assert taken.returncode == 0, taken.stderr
         key = taken.stdout.split()[0]
         with Queue("orders", url) as q:
@@ -80,7 +81,7 @@ def test_backup_to_s3_then_restore_holds_exactly_the_acknowledged_jobs(
         assert "Traceback" not in refused.stderr
         assert server.stop() == 0
 
-    listed = run_cli(["backup", "list", "--json"], env=s3_env)
+    listed = run_cli(["backup", "list", "--offline", "--json"], env=s3_env)
     assert [b["key"] for b in json.loads(listed.stdout)] == [key]
     restored = run_cli(["backup", "restore", key, *db], env=s3_env)
     assert restored.returncode == 0, restored.stderr

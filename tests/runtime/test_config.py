@@ -33,7 +33,7 @@ def test_defaults() -> None:
     assert c.auth_tokens == ()
     assert (c.shutdown_timeout_ms, c.flush_interval_ms, c.flush_max_mutations) == (30000, 10, 500)
     assert c.spin_us == 0  # no spinning unless asked: an idle-ish server should not burn CPU
-    assert (c.synchronous, c.log_format, c.log_level) == ("normal", "json", "info")
+    assert (c.synchronous, c.log_format, c.log_level) == ("normal", "auto", "info")
     assert c.max_restarts_per_minute == 5
     assert c.max_frame_bytes == 64 * 1024 * 1024
     assert c.tcp_idle_timeout_ms == 60000

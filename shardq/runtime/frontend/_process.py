@@ -37,6 +37,7 @@ from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
 from shardq.runtime._ssrf import SsrfRules
+from shardq.runtime.frontend._backups import BackupCommand
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._events import EventLimits
 from shardq.runtime.frontend._links import ShardLinks
@@ -87,6 +88,7 @@ class Frontend:
             events=EventLimits.from_spec(spec),
         )
         self.dispatcher.add_handlers(MonitoringCommands(self.dispatcher, spec).handlers)
+        self.dispatcher.add_handlers(BackupCommand(self.dispatcher, spec).handlers)
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))
         self._inbox = self._ctx.socket(zmq.PULL)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import math
 import os
 import secrets
@@ -516,6 +517,13 @@ def _die_with_parent(parent: int) -> Callable[[], None] | None:
     return arm
 
 
+def resolve_log_format(fmt: object) -> object:
+    """`auto` (or no choice) becomes console lines on a terminal and JSON otherwise."""
+    if fmt in (None, "auto"):
+        return "console" if sys.stderr.isatty() else "json"
+    return fmt
+
+
 def main(
     config_file: str | os.PathLike[str] | None = None,
     flags: Mapping[str, object] | None = None,
@@ -529,10 +537,12 @@ def main(
     try:
         config = load_config(config_file, env=env, flags=flags)
     except ConfigError as e:
-        requested = (flags or {}).get("log_format")
+        requested = resolve_log_format((flags or {}).get("log_format"))
         configure("supervisor", requested if requested in ("json", "console") else "json")
         log.error("invalid configuration", error=str(e))
         return EXIT_CONFIG
+    # Resolved here, once: the children write to the supervisor's stderr, and must agree.
+    config = dataclasses.replace(config, log_format=str(resolve_log_format(config.log_format)))
     configure("supervisor", config.log_format, config.log_level)
     try:
         backups = scheduled_backups(Path(config.data_path), env)
