@@ -10,7 +10,6 @@ with no future and no loop wake-up per job (that hand-off was half of a no-op jo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import threading
@@ -111,9 +110,18 @@ class Dispatcher:
         if task.is_async:
             # The server fails the job at its timeout anyway; stopping the coroutine here too
             # frees the slot for the next job instead of running on for nothing.
-            timer = asyncio.timeout(timeout) if timeout else contextlib.nullcontext()
-            async with timer:
+            # Worded as the server words its own timeout: whichever of the two fires first
+            # under load, the failure reads the same.
+            if not timeout:
                 return await task.fn(*args, **kwargs)
+            timer = asyncio.timeout(timeout)
+            try:
+                async with timer:
+                    return await task.fn(*args, **kwargs)
+            except TimeoutError as e:
+                if not timer.expired():
+                    raise  # the task's own TimeoutError
+                raise TimeoutError(f"Job timed out after {round(timeout * 1000)}ms") from e
         loop = asyncio.get_running_loop()
         call = functools.partial(task.fn, *args, **kwargs)
         # In the pool's thread too, `shardq.current_job()` is this job.
