@@ -19,6 +19,8 @@ from http_helpers import get, request
 from playwright.sync_api import Locator, Page, expect
 from shardq_harness import ShardqServer
 
+from shardq.core._history import TIME_BOUNDS_MS
+
 STACK = [
     "Traceback (most recent call last):",
     'File "billing.py", line 12, in charge',
@@ -78,9 +80,11 @@ def test_charts_draw_the_queues_pushes_completions_failures_and_times(
         server, "charted", [{"name": "render", "data": n, "maxAttempts": 1} for n in range(6)]
     )
     ids, tokens = pull(server, "charted", 6)
+    pulled = time.monotonic()
     time.sleep(0.3)  # each job runs ~300 ms
     body = {"ids": ids[:5], "tokens": tokens[:5]}
     acked = request(server.http_url, "POST", "/jobs/ack-batch", body)
+    held_ms = (time.monotonic() - pulled) * 1000  # longer than 300 ms on a loaded machine
     assert acked.status == 200, acked.text
     failed = request(server.http_url, "POST", f"/jobs/{ids[5]}/fail", {"token": tokens[5]})
     assert failed.status == 200, failed.text
@@ -103,9 +107,11 @@ def test_charts_draw_the_queues_pushes_completions_failures_and_times(
     expect(bands).to_have_count(60)
     tip = bands.nth(raised[-1]).text_content() or ""
     assert re.search(r"pushed [\d.]+ · completed [\d.]+ · failed [\d.]+$", tip), tip
-    # The five jobs ran about 300 ms each: run p50 sits in the 200-500 ms bucket.
+    # The five jobs ran 300 ms or a little more each: run p50 sits in the bucket of that
+    # time, at least the 200-500 ms one, at most the one holding what the client measured.
     run = charts.get_by_test_id("chart-times").locator('path[data-series="run-p50"]')
-    assert 200 <= float(run.get_attribute("data-last") or 0) <= 500
+    ceiling = min(b for b in (*TIME_BOUNDS_MS, float("inf")) if b >= max(held_ms, 500))
+    assert 200 <= float(run.get_attribute("data-last") or 0) <= ceiling
     assert len(path_points(run)) == 1  # minutes with no completion draw nothing
     # The server's total includes this queue.
     page.goto(server.http_url + "/")
