@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from http_helpers import get, request
 from playwright.sync_api import Locator, Page, expect
 from shardq_harness import ShardqServer
 
+from shardq.client import Queue, Worker, current_job
 from shardq.core._history import TIME_BOUNDS_MS
 
 STACK = [
@@ -249,3 +251,35 @@ def test_favicon_is_served(server: ShardqServer, page: Page) -> None:
     expect(page.locator("#health")).to_contain_text("healthy")
     href = page.locator('link[rel="icon"]').get_attribute("href")
     assert href == "/favicon.ico"
+
+
+def test_job_page_cancels_a_running_job_and_its_worker_is_told(
+    server: ShardqServer, page: Page
+) -> None:
+    host, port = server.tcp_address
+    url = f"tcp://{host}:{port}"
+    started, told = threading.Event(), threading.Event()
+
+    def handler(job: Any) -> None:
+        started.set()
+        if current_job().wait_cancelled(30):
+            told.set()
+
+    with Queue("cancelled-here", url=url) as queue:
+        job_id = queue.add("long", {"n": 1}, {"attempts": 3})
+        worker = Worker("cancelled-here", handler, url=url).start()
+        try:
+            assert started.wait(30)
+            page.goto(server.http_url + f"/#/job/{job_id}")
+            expect(page.get_by_test_id("job-state")).to_have_text("active")
+            page.once("dialog", lambda dialog: dialog.accept())
+            page.get_by_test_id("job-actions").locator('[data-action="cancel"]').click()
+            assert told.wait(10), "the worker running the job was not told"
+            expect(page.get_by_test_id("job-state")).to_have_text("failed")
+            expect(page.get_by_test_id("job-error")).to_contain_text("cancelled from the dashboard")
+            # Failed for good: attempts were left, but a cancel is never retried.
+            time.sleep(0.5)
+            state = get(server.http_url, f"/jobs/{job_id}/state").json["state"]
+            assert state == "failed"
+        finally:
+            worker.close()

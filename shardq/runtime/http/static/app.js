@@ -143,6 +143,9 @@ const ACTIONS = {
       ? post(`/queues/${q(job.queue)}/dlq/retry`, { jobId: job.id }).then(counted)
       : post(`/queues/${q(job.queue)}/retry-completed`, { id: job.id }).then(counted) },
   promote: { label: "Promote", states: ["delayed"], run: (job) => post(`/jobs/${q(job.id)}/promote`) },
+  // A running job fails at once (never retried) and its worker is told to stop.
+  cancel: { label: "Cancel", states: ["active"],
+    run: (job) => post(`/jobs/${q(job.id)}/cancel`, { reason: "cancelled from the dashboard" }) },
   remove: { label: "Remove", states: ["waiting", "prioritized", "delayed", "failed"],
     run: (job) => job.state === "failed"
       ? del(`/queues/${q(job.queue)}/dlq/${q(job.id)}`).then(removed) : del(`/jobs/${q(job.id)}`) },
@@ -163,7 +166,8 @@ let selectedFor = "";
 let bulkStatus = null;  // {at, text}: what the last action on a selection did
 
 async function runOn(action, jobs) {
-  if (action === "remove" && !confirm(`Remove ${plural(jobs.length, "job")}?`)) return;
+  if ((action === "remove" || action === "cancel") &&
+      !confirm(`${ACTIONS[action].label} ${plural(jobs.length, "job")}?`)) return;
   const failures = [];
   for (const job of jobs) {
     try { await ACTIONS[action].run(job); } catch (e) { failures.push(`${job.id}: ${e.message}`); }
