@@ -99,20 +99,8 @@ def fold_mutations(
     crons = {} if crons is None else crons
     for m in mutations:
         kind = m[0]
-        if kind == "put":
-            records[m[1].get("rowKey") or m[1]["id"]] = dict(m[1])
-        elif kind == "upd":
-            rec = records.get(m[1])
-            if rec is not None:
-                rec.update(m[2])
-        elif kind == "del":
-            records.pop(m[1], None)
-        elif kind == "delta":
-            rec = records.get(m[1])
-            if rec is not None:
-                _own_growing_parts(rec)
-                apply_delta(rec, m[2])
-                finish_deltas(rec)
+        if kind in _JOB_KINDS:
+            _fold_job(records, m)
         elif kind == "queue":
             queues[m[1]] = dict(m[2])
         elif kind == "qdel":
@@ -130,6 +118,27 @@ def fold_mutations(
         else:
             raise ValueError(f"unknown mutation kind {kind!r}")
     return records, queues
+
+
+_JOB_KINDS = frozenset({"put", "upd", "del", "delta"})
+
+
+def _fold_job(records: dict[str, Record], m: Mutation) -> None:
+    kind = m[0]
+    if kind == "put":
+        records[m[1].get("rowKey") or m[1]["id"]] = dict(m[1])
+    elif kind == "del":
+        records.pop(m[1], None)
+    else:
+        rec = records.get(m[1])
+        if rec is None:
+            return
+        if kind == "upd":
+            rec.update(m[2])
+        else:
+            _own_growing_parts(rec)
+            apply_delta(rec, m[2])
+            finish_deltas(rec)
 
 
 _FLOW_MAPS = ("childrenValues", "failedChildren", "ignoredFailures")

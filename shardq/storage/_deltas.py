@@ -40,7 +40,7 @@ __all__ = [
 
 DELTA_KEY: Final = "\x00delta"
 """The key of a patch entry that holds a delta op rather than changed fields."""
-_WRAP_HEAD: Final = b"\x81" + msgpack.packb(DELTA_KEY, use_bin_type=True)  # a 1-entry map
+_WRAP_HEAD: Final[bytes] = b"\x81" + msgpack.packb(DELTA_KEY, use_bin_type=True)  # a 1-entry map
 # SQLite's historical bound on parameters per statement.
 _CHUNK: Final = 500
 

@@ -305,7 +305,7 @@ class Store:
             if row is None:
                 return None
             ops = read_deltas(self._conn, (job_id,)).get(job_id, ()) if self._delta_rows else ()
-            return self._decode_row(*row, ops)
+            return self._decode_row(row[0], row[1], ops)
 
     def count_by_state(self, queue: str) -> dict[str, int]:
         """Stored jobs of `queue` per state (absent states are omitted).
@@ -449,9 +449,7 @@ class Store:
 
 
 def _first_page(where: str) -> str:
-    return (
-        f"SELECT seq, rowid, rec, patch, id FROM jobs WHERE {where} ORDER BY seq, rowid LIMIT ?"
-    )
+    return f"SELECT seq, rowid, rec, patch, id FROM jobs WHERE {where} ORDER BY seq, rowid LIMIT ?"
 
 
 def _next_page(where: str) -> str:

@@ -97,6 +97,29 @@ def write_plan(
         queues = [(name,) for name in plan.obliterated]
         written += conn.executemany(_DELETE_QUEUE_JOBS, queues).rowcount
     known: dict[str, Stored | None] = {}
+    rows, changed = _write_jobs(conn, plan, pack, patch_floor, deltas_exist, known)
+    written += rows
+    delta_rows += changed
+    written += _write_queues(conn, plan, pack)
+    if plan.crons:
+        written += _write_crons(conn, plan, pack)
+    if plan.webhooks:
+        written += _write_webhooks(conn, plan, pack)
+    if plan.flows:
+        written += _write_flows(conn, plan, pack)
+    return written, known, delta_rows
+
+
+def _write_jobs(
+    conn: sqlite3.Connection,
+    plan: Plan,
+    pack: Pack,
+    patch_floor: int,
+    deltas_exist: bool,
+    known: dict[str, Stored | None],
+) -> tuple[int, int]:
+    """Write the plan's job rows and ops; (rows written, change in `job_deltas` rows)."""
+    written = delta_rows = 0
     deleted: list[tuple[str]] = []
     whole: list[tuple[Any, ...]] = []
     updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
@@ -126,14 +149,7 @@ def write_plan(
         delta_rows += len(ops)
     if to_fold:
         delta_rows -= _fold_stored(conn, to_fold, pack, known)
-    written += _write_queues(conn, plan, pack)
-    if plan.crons:
-        written += _write_crons(conn, plan, pack)
-    if plan.webhooks:
-        written += _write_webhooks(conn, plan, pack)
-    if plan.flows:
-        written += _write_flows(conn, plan, pack)
-    return written, known, delta_rows
+    return written, delta_rows
 
 
 def _whole_row(
@@ -313,9 +329,7 @@ def _write_flows(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
     )  # fmt: skip
 
 
-def fold(
-    rec: bytes, patch: bytes, pack: Pack, ops: Iterable[bytes] = ()
-) -> tuple[bytes, bytes]:
+def fold(rec: bytes, patch: bytes, pack: Pack, ops: Iterable[bytes] = ()) -> tuple[bytes, bytes]:
     """`rec` with `patch` merged into it and `ops` (encoded delta ops) applied, and an empty
     patch; unchanged if one is corrupt (folding is only an optimisation: recovery reports
     the corruption). The caller deletes the folded ops."""
