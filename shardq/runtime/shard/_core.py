@@ -33,6 +33,8 @@ from shardq.core import (
 )
 from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.protocol._prepacked import JS_NUMBERS, PLAIN_NUMBERS, WIRE_MODE_KEY
+from shardq.runtime.links._stream import MAX_FRAME_BYTES
+from shardq.runtime.shard._batches import cut_batches
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import release_memory
@@ -52,6 +54,11 @@ WAIT_MAX_MS: Final = 600_000  # bunqueue's WaitJob bound (docs/protocol.md §7.3
 STALLED_ERROR: Final = "Storage unavailable: the writer is not keeping up (storage degraded)"
 MAX_SLEEP_MS: Final = 3_600_000  # the longest poll: an idle shard wakes once an hour at most
 TICK_RETRY_MS: Final = 1_000  # after a timer pass raised, wait this long before the next one
+# ServerConfig's `writer_batch_max_bytes` and `writer_batch_max_mutations` (see there).
+BATCH_MAX_BYTES: Final = 4 << 20
+BATCH_MAX_MUTATIONS: Final = 10_000
+# Room a `muts` message needs beyond its mutations (its map, kind, shard, seq, flags).
+_MESSAGE_ROOM: Final = 1024
 _COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
 
 _log = structlog.get_logger()
@@ -124,9 +131,24 @@ def _wait_timeout_error(value: object) -> str | None:
 class ShardCore(StorageRefusals):
     """The request side of one shard: engine, durable holds, long-polls, WaitJob, drain."""
 
-    def __init__(self, index: int, engine: Engine, *, flow_resend_ms: int = 1_000) -> None:
+    def __init__(
+        self,
+        index: int,
+        engine: Engine,
+        *,
+        flow_resend_ms: int = 1_000,
+        batch_max_bytes: int = BATCH_MAX_BYTES,
+        batch_max_mutations: int = BATCH_MAX_MUTATIONS,
+        frame_max_bytes: int = MAX_FRAME_BYTES,
+    ) -> None:
+        """`batch_max_bytes` and `batch_max_mutations` bound each `muts` message to the
+        writer; `frame_max_bytes` is the largest frame the writer takes: a mutation that
+        cannot fit one is refused to its client (`StorageRefusals._refuse_too_large`)."""
         self.index = index
         self.engine = engine
+        self._batch_max_bytes = batch_max_bytes
+        self._batch_max_mutations = batch_max_mutations
+        self._hard_max_bytes = frame_max_bytes - _MESSAGE_ROOM
         self.flows = FlowRelay(index, engine, flow_resend_ms)
         self.seq = 0  # last `muts` seq sent to the writer
         self.committed = 0  # highest seq the writer confirmed
@@ -314,13 +336,21 @@ class ShardCore(StorageRefusals):
                 encoded = self._encoder.encode(muts)
             except (TypeError, ValueError, OverflowError):
                 encoded = self._encode_each(muts, replies)
-            self.seq += 1
-            msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": encoded}
-            if durable:
-                msg["durable"] = True  # a reply waits on this commit: the writer flushes now
-                self._urged = self.seq
-            out.append(("writer", msg))
-            self._unconfirmed.append((self.seq, msg))
+            # Bounded at the source: the writer never gets a frame it must drop, so nothing
+            # is resent for ever (docs/runtime.md, "Writer batches").
+            batches, too_large = cut_batches(
+                encoded, self._batch_max_bytes, self._batch_max_mutations, self._hard_max_bytes
+            )
+            if too_large:
+                self._refuse_too_large(too_large, self._hard_max_bytes, replies)
+            for batch in batches:
+                self.seq += 1
+                msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": batch}
+                if durable:
+                    msg["durable"] = True  # a reply waits on this commit: the writer flushes now
+                    self._urged = self.seq
+                out.append(("writer", msg))
+                self._unconfirmed.append((self.seq, msg))
         if replies:
             # Even a durable push that wrote nothing (a duplicate) waits for the latest seq:
             # the job it returned may sit in a batch the writer has not committed yet.
@@ -382,6 +412,20 @@ class ShardCore(StorageRefusals):
             return None
         self._absorb(muts, self.engine.last_events)
         return reply
+
+    def give_back(self, job_ids: Iterable[str], now: int) -> None:
+        """Jobs a pull took whose reply could not be sent (too large for the link): back to
+        waiting, as if never pulled (no attempt is charged)."""
+        given = 0
+        for job_id in job_ids:
+            job = self.engine.find(job_id)
+            if job is None or job.state != "active":
+                continue
+            cmd = {"cmd": "MoveToWait", "id": job_id, "token": job.token}
+            if self._apply(cmd, now).get("ok"):
+                given += 1
+        if given:
+            _log.warning("pulled jobs put back: their reply was too large", jobs=given)
 
     def _stats_command(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> dict[str, Any]:
         return self._stats(now)

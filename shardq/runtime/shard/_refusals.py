@@ -75,17 +75,30 @@ class StorageRefusals:
         self._reject_here(dropped, [])
         return msg
 
-    def _reject_here(self, items: list[list[Any]], held: list[Item]) -> None:
+    def _refuse_too_large(
+        self, items: list[tuple[Mutation, int]], limit: int, held: list[Item]
+    ) -> None:
+        """Mutations no writer frame can carry (one job's record or change past the link's
+        frame limit): handled as those that cannot be encoded, with an error that says why."""
+        dropped = [
+            [*describe(m), f"{size} bytes exceed the storage link's {limit}"] for m, size in items
+        ]
+        self._reject_here(dropped, held, too_large=True)
+
+    def _reject_here(
+        self, items: list[list[Any]], held: list[Item], *, too_large: bool = False
+    ) -> None:
         for kind, key, error in items:
             job_id = job_id_of(key) if isinstance(key, str) and kind != "queue" else None
             _log.error("mutation cannot be encoded", kind=kind, job_id=job_id, error=error)
-            if job_id is None or kind not in ("put", "upd"):
+            if job_id is None or kind not in ("put", "upd", "delta"):
                 continue
-            # Neither kind can reach the disk: the job's copy in memory holds a value no store
+            # No kind can reach the disk: the job's copy in memory holds a value no store
             # can take, so it goes, as a rejected put does (its stored row, if any, comes back
             # at the next start). A reply still to be sent for it becomes an error.
             self._absorb(self.engine.forget((job_id,), stored=False), ())
-            refused = {"ok": False, "error": INTERNAL_SERVER_ERROR}
+            message = f"Job too large to store: {error}" if too_large else INTERNAL_SERVER_ERROR
+            refused = {"ok": False, "error": message}
             for pending in (held, self._replies):
                 for item in pending:
                     if names_job(item[2], job_id):
