@@ -138,7 +138,7 @@ def test_a_large_fan_in_survives_a_kill_in_its_middle(tmp_path: Path) -> None:
             conn.call({"cmd": "PUSH", "queue": parent_q, "jobId": "P", "data": {},
                        "childrenIds": kids, "durable": True})  # fmt: skip
             for start in range(0, CHILDREN, 1_000):
-                batch = [{"jobId": k, "data": {}, "parentId": "P", "parentQueue": parent_q,
+                batch = [{"customId": k, "data": {}, "parentId": "P", "parentQueue": parent_q,
                           "durable": True} for k in kids[start : start + 1_000]]  # fmt: skip
                 conn.call({"cmd": "PUSHB", "queue": kids_q, "jobs": batch})
             bystander = Bystander(server, other_q)
@@ -159,7 +159,9 @@ def test_a_large_fan_in_survives_a_kill_in_its_middle(tmp_path: Path) -> None:
                     break
                 ids = [job["id"] for job in pulled["jobs"]]
                 results = [{"child": i, "pad": "r" * 100} for i in ids]
-                conn.call({"cmd": "ACKB", "ids": ids, "tokens": pulled["tokens"], "results": results})
+                conn.call(
+                    {"cmd": "ACKB", "ids": ids, "tokens": pulled["tokens"], "results": results}
+                )
                 drained.update(ids)
 
             def released() -> Any:
