@@ -55,7 +55,10 @@ def _push(conn: TcpConnection, kids: list[str], parent_q: str, kids_q: str, fan_
                    "childrenIds": kids, "durable": True})  # fmt: skip
     link = {"parentId": "P", "parentQueue": parent_q} if fan_in else {}
     for start in range(0, len(kids), CHUNK):
-        jobs = [{"customId": k, "data": {}, "durable": True, **link} for k in kids[start : start + CHUNK]]
+        jobs = [
+            {"customId": k, "data": {}, "durable": True, **link}
+            for k in kids[start : start + CHUNK]
+        ]
         conn.call({"cmd": "PUSHB", "queue": kids_q, "jobs": jobs})
 
 
