@@ -12,6 +12,7 @@ the next crash. Against the real server:
   in the middle of the fan-in: after the restart the parent is released and runs exactly once,
   with every child's value, and every push acknowledged on its shard's other queue survives.
 - A PULLB whose reply is too large for one link frame: the jobs that did not fit stay waiting.
+- A SIGTERM stops a shard whose writer never reads, within the shutdown timeout.
 
 `SHARDQ_ADVERSARIAL_FANIN=100000` runs the fan-in with that many children instead.
 """
@@ -19,6 +20,7 @@ the next crash. Against the real server:
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -202,3 +204,41 @@ def test_a_pullb_too_large_for_one_reply_leaves_the_rest_waiting(tmp_path: Path)
             again = conn.call({"cmd": "PULLB", "queue": "big", "count": 10, "owner": "w"})
             assert again["jobs"] and not {job["id"] for job in again["jobs"]} & set(sent)
         assert server.stop() == 0
+
+
+def test_sigterm_stops_a_shard_whose_writer_never_reads(tmp_path: Path) -> None:
+    # The writer is paused and the shard's link to it filled to its hard cap, where the shard
+    # waits for the writer however long: a SIGTERM must still end it within the timeout.
+    env = {
+        "SHARDQ_WRITER_BACKLOG_MAX_BYTES": str(16 << 20),
+        "SHARDQ_STORAGE_STALL_MS": "200",
+        "SHARDQ_SHUTDOWN_TIMEOUT_MS": "3000",
+    }
+    with ShardqServer(tmp_path, env=env) as server:
+        pids = server.child_pids()
+        os.kill(pids["writer"], signal.SIGSTOP)
+        try:
+            with TcpConnection(*server.tcp_address, timeout=2.0) as conn:
+                push = {"cmd": "PUSH", "queue": "fill", "data": "x" * 100_000}
+                for _ in range(400):  # 40 MB: past the 16 MiB cap
+                    try:
+                        conn.call_many([push] * 10)
+                    except ClientError:
+                        break  # the shard waits for the writer: it is at its cap
+                else:
+                    raise AssertionError("the shard never reached its backlog cap")
+            stopping = time.monotonic()
+            server.signal(signal.SIGTERM)
+            poll_until(
+                lambda: (
+                    not Path(f"/proc/{pids['shard-0']}").exists()
+                    or "Z" in Path(f"/proc/{pids['shard-0']}/stat").read_text().split()[2]
+                ),
+                10.0,
+                "the shard to exit",
+                detail=server.log_tail,
+            )
+            assert time.monotonic() - stopping < 3.0 + 5.0
+        finally:
+            os.kill(pids["writer"], signal.SIGCONT)
+        server.wait_exit(30)
