@@ -78,3 +78,26 @@ def test_a_pull_reply_that_fits_no_frame_is_refused_and_its_job_put_back() -> No
     assert len(refused) == 1 and len(unsent) == 1
     core.give_back(unsent, T0 + 1)
     assert core.engine.find(unsent[0]).state == "waiting"  # type: ignore[union-attr]
+
+
+def test_a_job_no_writer_frame_can_carry_is_refused_and_not_kept() -> None:
+    core = ShardCore(0, Engine(seed=1), batch_max_bytes=1 << 16, frame_max_bytes=100_000)
+    out = _turn(
+        core,
+        [
+            {"cmd": "PUSH", "queue": "q", "data": "d" * 200_000},
+            {"cmd": "PUSH", "queue": "q", "data": "small", "durable": True},
+        ],
+    )
+    replies = {
+        rid: reply for dest, msg in out if dest == "front" for _c, rid, reply in msg["items"]
+    }
+    assert replies[1]["ok"] is False
+    assert replies[1]["error"].startswith("Job too large to store: ")
+    sent = [m for dest, msg in out if dest == "writer" and msg["t"] == "muts" for m in msg["muts"]]
+    assert all(len(pack({"muts": [m]})) < 100_000 for m in sent)
+    assert core.engine.apply({"cmd": "Count", "queue": "q"}, T0)[0]["count"] == 1
+    # The durable push beside it waits for its commit as usual, and is answered ok then.
+    core.handle({"t": "done", "seq": core.seq}, T0)
+    (rep,) = [msg for dest, msg in core.finish_turn(T0) if dest == "front"]
+    assert rep["items"][0][2]["ok"] is True
