@@ -101,3 +101,23 @@ def test_a_job_no_writer_frame_can_carry_is_refused_and_not_kept() -> None:
     core.handle({"t": "done", "seq": core.seq}, T0)
     (rep,) = [msg for dest, msg in core.finish_turn(T0) if dest == "front"]
     assert rep["items"][0][2]["ok"] is True
+
+
+def test_a_batch_no_writer_confirms_through_restarts_degrades_the_shard() -> None:
+    core = ShardCore(0, Engine(seed=1))
+    _turn(core, [{"cmd": "PUSH", "queue": "q", "data": 1}])
+    durable = {"cmd": "PUSH", "queue": "q", "data": 2, "durable": True}
+    resent = []
+    for _ in range(4):  # the writer restarts, and again, and never confirms
+        core.handle({"t": "writer-up"}, T0)
+        resent.append([m for dest, m in core.finish_turn(T0) if dest == "writer"])
+    assert all(len(batches) == 1 and batches[0]["seq"] == 1 for batches in resent)
+    assert core.resend_failing
+    out = _turn(core, [durable])
+    reply = next(msg for dest, msg in out if dest == "front")["items"][0][2]
+    assert reply["ok"] is False and reply["error"].startswith("Storage unavailable")
+    assert core._stats(T0)["stats"]["storageStalled"] == 1  # /health says degraded
+    core.handle({"t": "done", "seq": core.seq}, T0)
+    assert not core.resend_failing
+    out = _turn(core, [durable])
+    assert [m for dest, m in out if dest == "writer"]  # taken, and on its way to the writer

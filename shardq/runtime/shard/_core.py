@@ -61,6 +61,7 @@ BATCH_MAX_MUTATIONS: Final = 10_000
 _MESSAGE_ROOM: Final = 1024
 _COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
 
+
 _log = structlog.get_logger()
 
 
@@ -177,6 +178,9 @@ class ShardCore(StorageRefusals):
         # back-pressure: a writer that stops reading stops this shard's sends.
         self._unconfirmed: deque[tuple[int, dict[str, Any]]] = deque()
         self._resend = False
+        # (oldest unconfirmed seq, how many times it was resent): a batch no writer confirms
+        # however often it is resent degrades the shard instead of being retried unnoticed.
+        self._resent: tuple[int, int] = (0, 0)
         self._tick_after = 0  # no timer pass before this time (ms): the last one raised
         self._woken: set[str] = set()
         self._finished: set[str] = set()
@@ -395,7 +399,7 @@ class ShardCore(StorageRefusals):
         self, conn: str, rid: int, name: object, cmd: dict[str, Any], now: int
     ) -> dict[str, Any] | None:
         """Answer one command; None when the answer is parked (long-poll, WaitJob, durable)."""
-        if self.storage_stalled and _is_durable(name, cmd):
+        if (self.storage_stalled or self.resend_failing) and _is_durable(name, cmd):
             return {"ok": False, "error": STALLED_ERROR}  # refused before it changes anything
         own = self._own_commands.get(name)
         if own is not None:
@@ -412,20 +416,6 @@ class ShardCore(StorageRefusals):
             return None
         self._absorb(muts, self.engine.last_events)
         return reply
-
-    def give_back(self, job_ids: Iterable[str], now: int) -> None:
-        """Jobs a pull took whose reply could not be sent (too large for the link): back to
-        waiting, as if never pulled (no attempt is charged)."""
-        given = 0
-        for job_id in job_ids:
-            job = self.engine.find(job_id)
-            if job is None or job.state != "active":
-                continue
-            cmd = {"cmd": "MoveToWait", "id": job_id, "token": job.token}
-            if self._apply(cmd, now).get("ok"):
-                given += 1
-        if given:
-            _log.warning("pulled jobs put back: their reply was too large", jobs=given)
 
     def _stats_command(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> dict[str, Any]:
         return self._stats(now)
@@ -468,7 +458,7 @@ class ShardCore(StorageRefusals):
         totals["dlq"] = totals["failed"]
         # Summed by the front end: how many shards see their writer stalled (the HTTP port's
         # /health turns degraded on it; the writer cannot say so while it does not run).
-        totals["storageStalled"] = int(self.storage_stalled)
+        totals["storageStalled"] = int(self.storage_stalled or self.resend_failing)
         return {"ok": True, "stats": totals}
 
     # -- long-polls ------------------------------------------------------------------------
@@ -614,16 +604,6 @@ class ShardCore(StorageRefusals):
             self._replies.extend(self._held.popleft()[1])
         while self._holding and self._holding[0][0] <= self.committed:
             self._woken.update(self.engine.confirm(self._holding.popleft()[1]))
-
-    def _on_writer_up(self, msg: dict[str, Any], now: int) -> None:
-        if self._unconfirmed:
-            first = self._unconfirmed[0][0]
-            _log.warning(
-                "writer restarted; resending unconfirmed batches",
-                batches=len(self._unconfirmed),
-                first_seq=first,
-            )
-            self._resend = True
 
     def _on_drain(self, msg: dict[str, Any], now: int) -> None:
         self.draining = True

@@ -10,8 +10,8 @@ than a false ok (docs/runtime.md). `ShardCore` takes these in through this mixin
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, TypeAlias
 
 import structlog
 
@@ -23,6 +23,10 @@ from shardq.storage import MutationEncoder, describe
 __all__ = ["Item", "StorageRefusals"]
 
 Item: TypeAlias = list[Any]  # [conn, rid, reply]
+
+# Writer restarts after which the same oldest batch is still unconfirmed: the shard reports
+# storage degraded (and refuses durable pushes) until a `done` moves past it.
+MAX_RESEND_ROUNDS: Final = 3
 
 _log = structlog.get_logger()
 
@@ -38,6 +42,9 @@ class StorageRefusals:
     _holding: deque[tuple[int, list[str]]]
     _unconfirmed: deque[tuple[int, dict[str, Any]]]
     _absorb: Callable[[list[Mutation], Iterable[tuple[str, str, str]]], None]
+    _apply: Callable[[Mapping[str, Any], int], dict[str, Any]]
+    _resend: bool
+    _resent: tuple[int, int]
 
     # -- what cannot be encoded ------------------------------------------------------------
 
@@ -163,3 +170,49 @@ class StorageRefusals:
                     ids = reply.get("ids") or ()
                     others = [i for i in ids if isinstance(i, str) and i != job_id]
                     self._absorb(self.engine.forget(others, stored=True), ())
+
+    # -- what the front-end link or the writer could not take ------------------------------
+
+    def give_back(self, job_ids: Iterable[str], now: int) -> None:
+        """Jobs a pull took whose reply could not be sent (too large for the link): back to
+        waiting, as if never pulled (no attempt is charged)."""
+        given = 0
+        for job_id in job_ids:
+            job = self.engine.find(job_id)
+            if job is None or job.state != "active":
+                continue
+            cmd = {"cmd": "MoveToWait", "id": job_id, "token": job.token}
+            if self._apply(cmd, now).get("ok"):
+                given += 1
+        if given:
+            _log.warning("pulled jobs put back: their reply was too large", jobs=given)
+
+    @property
+    def resend_failing(self) -> bool:
+        """Whether the oldest unconfirmed batch went unconfirmed through `MAX_RESEND_ROUNDS`
+        writer restarts (storage degraded until a `done` covers it)."""
+        first, rounds = self._resent
+        return (
+            rounds > MAX_RESEND_ROUNDS
+            and bool(self._unconfirmed)
+            and (self._unconfirmed[0][0] == first)
+        )
+
+    def _on_writer_up(self, msg: dict[str, Any], now: int) -> None:
+        if self._unconfirmed:
+            first = self._unconfirmed[0][0]
+            rounds = self._resent[1] + 1 if self._resent[0] == first else 1
+            self._resent = (first, rounds)
+            if rounds == MAX_RESEND_ROUNDS + 1:
+                _log.error(
+                    "storage degraded: the writer confirms no resent batch; durable pushes "
+                    "are refused until it does",
+                    first_seq=first,
+                    resends=rounds,
+                )
+            _log.warning(
+                "writer restarted; resending unconfirmed batches",
+                batches=len(self._unconfirmed),
+                first_seq=first,
+            )
+            self._resend = True
