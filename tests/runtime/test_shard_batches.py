@@ -121,3 +121,19 @@ def test_a_batch_no_writer_confirms_through_restarts_degrades_the_shard() -> Non
     assert not core.resend_failing
     out = _turn(core, [durable])
     assert [m for dest, m in out if dest == "writer"]  # taken, and on its way to the writer
+
+
+def test_a_durable_push_cut_into_batches_fails_whole_when_one_batch_is_dropped() -> None:
+    core = ShardCore(0, Engine(seed=1), batch_max_bytes=1 << 16)
+    jobs = [{"data": "j" * 1_000, "durable": True} for _ in range(200)]
+    out = _turn(core, [{"cmd": "PUSHB", "queue": "q", "jobs": jobs}])
+    batches = [msg for dest, msg in out if dest == "writer" and msg["t"] == "muts"]
+    assert len(batches) > 2 and all(b["upto"] == batches[-1]["seq"] for b in batches)
+    assert not [msg for dest, msg in out if dest == "front"]  # the reply waits for the commit
+    # The writer drops the first batch (storage full): the push fails, and none of it stays.
+    core.handle({"t": "fail", "seq": batches[0]["seq"], "error": "database or disk is full"}, T0)
+    core.handle({"t": "done", "seq": batches[-1]["seq"]}, T0)
+    replies = [i[2] for dest, msg in core.finish_turn(T0) if dest == "front" for i in msg["items"]]
+    assert len(replies) == 1 and replies[0]["ok"] is False
+    assert replies[0]["error"] == "Storage unavailable: database or disk is full"
+    assert core.engine.apply({"cmd": "Count", "queue": "q"}, T0)[0]["count"] == 0

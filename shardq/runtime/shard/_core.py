@@ -347,6 +347,7 @@ class ShardCore(StorageRefusals):
             )
             if too_large:
                 self._refuse_too_large(too_large, self._hard_max_bytes, replies)
+            last = self.seq + len(batches)
             for batch in batches:
                 self.seq += 1
                 msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": batch}
@@ -355,6 +356,8 @@ class ShardCore(StorageRefusals):
                     self._urged = self.seq
                 out.append(("writer", msg))
                 self._unconfirmed.append((self.seq, msg))
+                if durable and len(batches) > 1:
+                    msg["upto"] = last  # the replies wait on the last (`_on_fail`)
         if replies:
             # Even a durable push that wrote nothing (a duplicate) waits for the latest seq:
             # the job it returned may sit in a batch the writer has not committed yet.

@@ -118,13 +118,18 @@ class StorageRefusals:
         if not isinstance(seq, int):
             return
         error = {"ok": False, "error": f"Storage unavailable: {msg.get('error')}"}
+        # A durable run of requests cut into several batches fails as a whole: its replies
+        # wait on the last batch (`upto`), and none may say ok once a part of it is dropped.
+        batch = next((m for s, m in self._unconfirmed if s == seq), None)
+        upto = batch.get("upto", seq) if batch is not None and batch.get("durable") else seq
         failed = 0
-        while self._held and self._held[0][0] <= seq:
+        while self._held and self._held[0][0] <= upto:
             for conn, rid, _reply in self._held.popleft()[1]:
                 self._replies.append([conn, rid, error])
                 failed += 1
         _log.warning("durable replies failed", seq=seq, count=failed, error=msg.get("error"))
-        self._forget_batch(seq)
+        for part in range(seq, upto + 1):
+            self._forget_batch(part)
 
     def _forget_batch(self, seq: int) -> None:
         """The writer dropped durable batch `seq` (storage full): its pushes were answered
