@@ -171,6 +171,6 @@ class ControlOps(EngineState):
         job = self.find(cmd.get("id"))
         if job is not None and job.logs:
             keep = as_int(cmd.get("keepLogs"), 0)
-            job.logs = job.logs[len(job.logs) - keep :] if keep > 0 else None
+            job.logs = job.logs[max(0, len(job.logs) - keep) :] if keep > 0 else None
             self.out.append(("delta", job.key, {"logclear": [keep, job.logs_added]}))
         return {"ok": True}

@@ -130,3 +130,19 @@ def test_the_log_cap_applies_on_disk(tmp_path: Path) -> None:
     assert rec is not None and len(rec["logs"]) == 10
     # 1,000 lines of 200 bytes were written; what stays is bounded by the cap, not by them.
     assert rec_len + patch_len + op_bytes < 10 * 4 * 250
+
+
+def test_clear_logs_keeping_more_than_there_are_keeps_them_all(tmp_path: Path) -> None:
+    d = Driver(Engine(seed=1))
+    job_id = d.push()
+    batches = [d.mutations]
+    for i in range(3):
+        d.ok({"cmd": "AddLog", "id": job_id, "message": str(i)}, i)
+        batches.append(d.mutations)
+    d.ok({"cmd": "ClearLogs", "id": job_id, "keepLogs": 5}, 9)
+    batches.append(d.mutations)
+    assert d.ok({"cmd": "GetLogs", "id": job_id})["data"]["count"] == 3
+    with Store.open(tmp_path / "db.sqlite") as store:
+        _store_all(store, batches)
+        rec = store.get_job(job_id)
+    assert rec is not None and [e["message"] for e in rec["logs"]] == ["0", "1", "2"]
