@@ -172,17 +172,23 @@ class ControlOps(EngineState):
         job = self.job_or_error(cmd.get("id"), "Job not found")
         level = cmd.get("level") if cmd.get("level") in ("info", "warn", "error") else "info"
         entry = {"timestamp": now, "level": level, "message": str(cmd.get("message", ""))}
-        logs = job.logs = [*(job.logs or ()), entry]
         limit = as_int(job.opts.get("keepLogs"), self.config.max_logs_per_job)
+        # In place, and only the new line goes to storage: a log costs O(1) per line however
+        # long it is (`delta` in shardq.core._mutations).
+        if job.logs is None:
+            job.logs = []
+        logs = job.logs
+        logs.append(entry)
         if len(logs) > limit:
             del logs[: len(logs) - limit]
-        self.out.append(("upd", job.key, {"logs": list(logs)}))
+        job.logs_added += 1
+        self.out.append(("delta", job.key, {"log": [entry, limit, job.logs_added]}))
         return {"ok": True, "data": {"added": True}}
 
     def cmd_clear_logs(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job = self.find(cmd.get("id"))
         if job is not None and job.logs:
             keep = as_int(cmd.get("keepLogs"), 0)
-            job.logs = job.logs[len(job.logs) - keep :] if keep > 0 else None
-            self.out.append(("upd", job.key, {"logs": job.logs}))
+            job.logs = job.logs[max(0, len(job.logs) - keep) :] if keep > 0 else None
+            self.out.append(("delta", job.key, {"logclear": [keep, job.logs_added]}))
         return {"ok": True}

@@ -43,7 +43,6 @@ _POLICIES: Final = (
     ("removeDependencyOnFailure", "remove"),
     ("continueParentOnFailure", "continue"),
 )
-_FLOW_FIELDS: Final = ("flowPending", "childrenValues", "failedChildren", "ignoredFailures")
 
 
 def notice_key(notice: Mapping[str, Any]) -> str:
@@ -93,7 +92,8 @@ class FlowOps(TimerOps, ProduceOps):
         """
         opts: dict[str, Any] = job.opts  # type: ignore[assignment]
         if "flowPending" not in opts:
-            pending: list[str] = []
+            # An ordered set in memory (a removal is O(1)); stored as a list (`Job.to_record`).
+            pending: dict[str, None] = {}
             values: dict[str, Any] = {}
             for child_id in opts.get("childrenIds") or ():
                 child = self.jobs.get(child_id)
@@ -102,7 +102,7 @@ class FlowOps(TimerOps, ProduceOps):
                 elif child is None and child_id in self.dep_done:
                     values[child_id] = None
                 else:
-                    pending.append(child_id)
+                    pending[child_id] = None
             opts["flowPending"] = pending
             opts["childrenValues"] = values
             opts["failedChildren"] = {}
@@ -128,38 +128,45 @@ class FlowOps(TimerOps, ProduceOps):
         if parent is None or not parent.opts or "flowPending" not in parent.opts:
             return False
         opts: dict[str, Any] = parent.opts  # type: ignore[assignment]
-        pending: list[str] = opts["flowPending"]
+        pending: dict[str, None] = opts["flowPending"]
         kind = notice.get("kind")
         if child_id not in pending or (kind == "failed" and child_id in opts["failedChildren"]):
             return False
-        self._fan_in(parent, opts, str(child_id), notice)
-        changes: dict[str, Any] = {f: opts[f] for f in _FLOW_FIELDS}
-        changes["childrenCompleted"] = parent.children_completed
-        self.out.append(("upd", parent.key, changes))
+        field, value, resolved = self._fan_in(parent, opts, str(child_id), notice)
+        # Only this child's entry goes to storage, not the parent's maps: a fan-in of n
+        # children costs O(n), not O(n^2) (`delta` in shardq.core._mutations).
+        op = [child_id, field, value, resolved, parent.children_completed]
+        self.out.append(("delta", parent.key, {"child": op}))
         self._after_fan_in(parent, notice, now)
         return True
 
     def _fan_in(
         self, parent: Job, opts: dict[str, Any], child_id: str, notice: Mapping[str, Any]
-    ) -> None:
-        # New maps and lists, never changed in place: an emitted `upd` payload shares them.
+    ) -> tuple[str | None, Any, bool]:
+        """Record one child's outcome in its parent's maps, in place; return (the map it
+        went to or None, the value, whether the child stopped blocking its parent)."""
         kind = notice.get("kind")
         policy = notice.get("policy")
         resolved = True
+        field: str | None = None
+        value: Any = None
         if kind == "completed":
-            opts["childrenValues"] = {**opts["childrenValues"], child_id: notice.get("result")}
+            field, value = "childrenValues", notice.get("result")
             parent.children_completed += 1
         elif kind == "failed":
-            reason = notice.get("reason")
+            value = notice.get("reason")
             if policy == "ignore":
-                opts["ignoredFailures"] = {**opts["ignoredFailures"], child_id: reason}
+                field = "ignoredFailures"
             elif policy != "remove":
-                opts["failedChildren"] = {**opts["failedChildren"], child_id: reason}
+                field = "failedChildren"
                 # Without a policy the failed child still blocks its parent (BullMQ): a retry
                 # that completes it later releases the parent.
                 resolved = policy == "continue"
+        if field is not None:
+            opts[field][child_id] = value
         if resolved:
-            opts["flowPending"] = [c for c in opts["flowPending"] if c != child_id]
+            del opts["flowPending"][child_id]
+        return field, value, resolved
 
     def _after_fan_in(self, parent: Job, notice: Mapping[str, Any], now: int) -> None:
         if parent.state != WAITING_CHILDREN:

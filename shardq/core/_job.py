@@ -101,7 +101,9 @@ _HOT: Final = (
     "lifo",
     "timeline",
 )
-_ENGINE: Final = ("state", "seq", "failedReason", "dlq", "dlqRetries", "logs", "dedupUntil")
+_ENGINE: Final = (
+    "state", "seq", "failedReason", "dlq", "dlqRetries", "logs", "logsAdded", "dedupUntil"
+)  # fmt: skip
 # The options of a job that has none: one shared, read-only empty map instead of an empty dict
 # per job (the engine keeps up to 50,000 completed jobs, and the GC visits what they hold).
 NO_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({})
@@ -139,6 +141,7 @@ class Job:
         "leased",
         "lifo",
         "logs",
+        "logs_added",
         "max_attempts",
         "name",
         "opts",
@@ -192,6 +195,7 @@ class Job:
         self.dlq: dict[str, Any] | None = None
         self.dlq_retries = 0
         self.logs: list[dict[str, Any]] | None = None
+        self.logs_added = 0  # log entries ever added: numbers each one (`_mutations`, "log")
         self.dedup_until: int | None = None
         self.result: Any = None
         self.has_result = False
@@ -277,6 +281,8 @@ class Job:
                 "tags": [],
                 **self.opts,
             }
+            if "flowPending" in wire:
+                _copy_flow_fields(wire)
         else:
             wire = _WIRE_TEMPLATE.copy()
             wire["dependsOn"] = []
@@ -346,7 +352,12 @@ class Job:
         rec["failedReason"] = self.failed_reason
         rec["dlq"] = self.dlq
         rec["dlqRetries"] = self.dlq_retries
-        rec["logs"] = self.logs
+        # Copies: the log and the flow maps change in place later (`delta` mutations), and
+        # this record may wait unsent in the same turn.
+        rec["logs"] = None if self.logs is None else list(self.logs)
+        rec["logsAdded"] = self.logs_added
+        if self.opts and "flowPending" in self.opts:
+            _copy_flow_fields(rec)
         rec["dedupUntil"] = self.dedup_until
         rec["hasResult"] = self.has_result
         if self.has_result:
@@ -381,11 +392,16 @@ class Job:
         job.dlq_retries = rec.get("dlqRetries") or 0
         job.key = rec.get("rowKey") or job.id
         job.logs = rec.get("logs")
+        job.logs_added = rec.get("logsAdded") or len(job.logs or ())
         job.dedup_until = rec.get("dedupUntil")
         job.has_result = bool(rec.get("hasResult", "returnvalue" in rec))
         if job.has_result:
             job.result = rec.get("returnvalue")
         job.opts = {k: v for k, v in rec.items() if k not in _NOT_OPTIONS} or NO_OPTIONS
+        if "flowPending" in job.opts:
+            # In memory an ordered set: a child's result removes its id in O(1).
+            opts: dict[str, Any] = job.opts  # type: ignore[assignment]
+            opts["flowPending"] = dict.fromkeys(opts["flowPending"] or ())
         return job
 
     # -- small behaviours -----------------------------------------------------------------
@@ -398,6 +414,19 @@ class Job:
     def ready_state(self, now: int) -> str:
         """Where a queued job belongs at `now`: waiting once its run time has come."""
         return DELAYED if self.run_at > now else WAITING
+
+
+_FLOW_FIELDS: Final = ("childrenValues", "failedChildren", "ignoredFailures")
+
+
+def _copy_flow_fields(out: dict[str, Any]) -> None:
+    """A parent's flow fields in `out` (a record or wire map made from its options) as
+    copies of their own, `flowPending` as the list it is stored as."""
+    out["flowPending"] = list(out["flowPending"] or ())
+    for name in _FLOW_FIELDS:
+        value = out.get(name)
+        if isinstance(value, dict):
+            out[name] = dict(value)
 
 
 def wire_maps(jobs: list[Job]) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ replaying them into an empty engine (`Engine.restore`) rebuilds the same queues 
     ("put", rec)              a whole job record (see below), inserted or replaced
     ("upd", row_key, changes) a dict of record fields that changed; merge into the stored record
     ("del", row_key)          the job is gone (removed, cancelled, drained, evicted from the DLQ)
+    ("delta", row_key, op)    one small change to a growing part of the record (see below)
 
 A row key is the job's id, except for a job with a custom id: "<id>\x1f<queue>" (also in the
 record as `rowKey`), because a client may reuse a custom id on queues that different shards
@@ -34,6 +35,26 @@ A job record is the bunqueue wire `Job` map plus these engine fields:
     dedupUntil   ms when the uniqueKey claim lapses, or None for "while the job lives"
     rowKey       the row key, present only when it differs from the id (custom ids)
 
+A `delta` says what changed in a part of a record that grows with use, so that an update costs
+the same whatever that part holds (the alternative, an `upd` of the whole part, re-sent a
+job's whole log on every `AddLog` and a parent's every child value on every child result).
+`op` is a map with one of these keys (`apply_delta` is the meaning):
+
+    {"log": [entry, cap, n]}   append log entry number `n` (`logsAdded` counts the entries ever
+                               added), then keep the newest `cap`; an entry numbered at most
+                               the record's `logsAdded` is there already and is skipped
+    {"logclear": [keep, n]}    ClearLogs when `n` entries had been added: keep the entries
+                               numbered above `n - keep`
+    {"child": [child, field, value, resolved, completed]}
+                               a flow child's outcome reached its parent: set
+                               `field[child] = value` (field "childrenValues", "failedChildren",
+                               "ignoredFailures", or None), drop `child` from `flowPending`
+                               if `resolved`, set `childrenCompleted` to `completed`
+
+Deltas touch only `logs`, `logsAdded` and the flow fields, which no `upd` sets after the job's
+`put`: the storage may keep them apart from the `upd` changes (shardq.storage._store) and apply
+them after those. Applying a batch twice (a batch resent to a restarted writer) is harmless.
+
 Records contain only msgpack-friendly values (str, int, float, bool, None, list, dict).
 Payloads are read-only for consumers: they may share objects with each other (jobs moved
 together in one batch share one `upd` payload) and with the engine's state.
@@ -44,7 +65,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeAlias
 
-__all__ = ["ROW_KEY_SEP", "Mutation", "Record", "fold_mutations", "job_id_of"]
+__all__ = [
+    "ROW_KEY_SEP",
+    "Mutation",
+    "Record",
+    "apply_delta",
+    "finish_deltas",
+    "fold_mutations",
+    "job_id_of",
+]
 
 # Separates a custom id from its queue in a row key. Queue names cannot contain it (their
 # characters are [a-zA-Z0-9_.:-]), so the last separator splits a key unambiguously.
@@ -70,14 +99,8 @@ def fold_mutations(
     crons = {} if crons is None else crons
     for m in mutations:
         kind = m[0]
-        if kind == "put":
-            records[m[1].get("rowKey") or m[1]["id"]] = dict(m[1])
-        elif kind == "upd":
-            rec = records.get(m[1])
-            if rec is not None:
-                rec.update(m[2])
-        elif kind == "del":
-            records.pop(m[1], None)
+        if kind in _JOB_KINDS:
+            _fold_job(records, m)
         elif kind == "queue":
             queues[m[1]] = dict(m[2])
         elif kind == "qdel":
@@ -95,6 +118,112 @@ def fold_mutations(
         else:
             raise ValueError(f"unknown mutation kind {kind!r}")
     return records, queues
+
+
+_JOB_KINDS = frozenset({"put", "upd", "del", "delta"})
+
+
+def _fold_job(records: dict[str, Record], m: Mutation) -> None:
+    kind = m[0]
+    if kind == "put":
+        records[m[1].get("rowKey") or m[1]["id"]] = dict(m[1])
+    elif kind == "del":
+        records.pop(m[1], None)
+    else:
+        rec = records.get(m[1])
+        if rec is None:
+            return
+        if kind == "upd":
+            rec.update(m[2])
+        else:
+            _own_growing_parts(rec)
+            apply_delta(rec, m[2])
+            finish_deltas(rec)
+
+
+_FLOW_MAPS = ("childrenValues", "failedChildren", "ignoredFailures")
+
+
+def _own_growing_parts(rec: Record) -> None:
+    # `fold_mutations` may share these with the engine's payloads: copy before changing them.
+    if rec.get("logs") is not None:
+        rec["logs"] = list(rec["logs"])
+    for name in (*_FLOW_MAPS, "flowPending"):
+        value = rec.get(name)
+        if isinstance(value, dict | list):
+            rec[name] = value.copy()
+
+
+def apply_delta(rec: Record, op: Any) -> None:
+    """Apply one `delta` op to a record, changing its log list and flow maps in place.
+
+    The record must own those containers. `flowPending` is left as a map (an ordered set:
+    a removal costs O(1)); call `finish_deltas` once after the last op. Raises `ValueError`
+    for an op that is no map of a known kind.
+    """
+    if not isinstance(op, dict) or len(op) != 1:
+        raise ValueError(f"a delta op must be a map of one entry: {op!r:.100}")
+    ((kind, args),) = op.items()
+    if not isinstance(args, list | tuple):
+        raise ValueError(f"a delta op's arguments must be a list: {op!r:.100}")
+    if kind == "log" and len(args) == 3:
+        _log_append(rec, args[0], int(args[1]), int(args[2]))
+    elif kind == "logclear" and len(args) == 2:
+        _log_clear(rec, int(args[0]), int(args[1]))
+    elif kind == "child" and len(args) == 5:
+        _child_done(rec, *args)
+    else:
+        raise ValueError(f"unknown delta op: {op!r:.100}")
+
+
+def finish_deltas(rec: Record) -> None:
+    """Give `flowPending` back its stored form (a list) after `apply_delta` calls."""
+    pending = rec.get("flowPending")
+    if isinstance(pending, dict):
+        rec["flowPending"] = list(pending)
+
+
+def _log_append(rec: Record, entry: Any, cap: int, n: int) -> None:
+    added = rec.get("logsAdded") or 0
+    if n <= added:
+        return  # applied already (a resent batch)
+    logs = rec.get("logs")
+    if not isinstance(logs, list):
+        logs = rec["logs"] = []
+    logs.append(entry)
+    rec["logsAdded"] = n
+    if len(logs) > cap:
+        del logs[: len(logs) - max(cap, 0)]
+
+
+def _log_clear(rec: Record, keep: int, n: int) -> None:
+    logs = rec.get("logs")
+    if not isinstance(logs, list):
+        return
+    added = rec.get("logsAdded") or 0
+    first = added - len(logs) + 1  # the number of the oldest entry kept
+    drop = max(0, min(len(logs), n - max(keep, 0) - first + 1))
+    if drop:
+        del logs[:drop]
+    if not logs:
+        rec["logs"] = None
+
+
+def _child_done(
+    rec: Record, child: Any, field: Any, value: Any, resolved: Any, completed: Any
+) -> None:
+    if field in _FLOW_MAPS:
+        target = rec.get(field)
+        if not isinstance(target, dict):
+            target = rec[field] = {}
+        target[child] = value
+    if resolved:
+        pending = rec.get("flowPending")
+        if isinstance(pending, list):
+            pending = rec["flowPending"] = dict.fromkeys(pending)
+        if isinstance(pending, dict):
+            pending.pop(child, None)
+    rec["childrenCompleted"] = completed
 
 
 def job_id_of(row_key: str) -> str:

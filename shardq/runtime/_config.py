@@ -124,6 +124,11 @@ class ServerConfig:
     # at most `storage_stall_ms` (then refuses durable pushes and serves on); at it the
     # shard waits for the writer whatever the time: its memory stays bounded.
     writer_backlog_max_bytes: int = 256 << 20
+    # A shard's mutations go to the writer in batches of at most this many bytes and this many
+    # mutations (one larger mutation goes alone): a burst never builds a batch the writer's
+    # frame limit (256 MiB) must refuse, and one batch never holds the writer for long.
+    writer_batch_max_bytes: int = 4 << 20
+    writer_batch_max_mutations: int = 10_000
     # -- flows (docs/protocol.md §20)
     # A notice a child's shard owes a parent on another shard is sent again after this long
     # without an acknowledgement: long enough for a restarting shard to come back without a
@@ -414,6 +419,9 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "sqlite_mmap_mb": _ranged(0, 1 << 20),  # 0: plain reads, no map
     # Above the 8 MiB past which a shard starts waiting for its writer (`shard/_process.py`).
     "writer_backlog_max_bytes": _ranged(16 << 20, 1 << 40),
+    # Well under the writer's 256 MiB frame limit; at least a few ordinary jobs per batch.
+    "writer_batch_max_bytes": _ranged(64 * 1024, 64 << 20),
+    "writer_batch_max_mutations": _ranged(1, 1_000_000),
     "flow_resend_ms": _ranged(10, 600_000, ms=True),
     # -- recovery: at least a second, so that a child's progress reports can keep it alive.
     "ready_timeout_ms": _ranged(1000, ms=True),

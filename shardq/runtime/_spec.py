@@ -40,6 +40,8 @@ class ChildSpec:
     sqlite_cache_mb: int = 16
     sqlite_mmap_mb: int = 0
     writer_backlog_max_bytes: int = 256 << 20
+    writer_batch_max_bytes: int = 4 << 20  # ServerConfig's (see there)
+    writer_batch_max_mutations: int = 10_000
     flow_resend_ms: int = 1_000  # ServerConfig's (see there)
     # -- bounds (issue 10 section 4): ServerConfig's, see there
     link_max_frame_bytes: int = 64 * 1024 * 1024

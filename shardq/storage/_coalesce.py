@@ -29,13 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardq.core._mutations import Mutation, Record
+from shardq.storage._deltas import wrap
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._errors import StorageError
 
 __all__ = ["Fetch", "Part", "Plan", "Row", "Stored", "check_columns", "check_values", "coalesce"]
 
-Stored = tuple[str, int, int]
-"""What the writer knows of a stored row: (queue, length of rec, length of patch)."""
+Stored = tuple[str, int, int, int]
+"""What the writer knows of a stored row: (queue, length of rec, length of patch, bytes of
+its `delta` ops in the `job_deltas` table)."""
 
 Fetch = Callable[[Collection[str]], Mapping[str, Stored]]
 """Reads what is known of the stored rows of the given job ids (missing ids are absent)."""
@@ -61,9 +63,11 @@ class Row:
     `values` None: a stored job this batch updates; set the column fields in `changed` and
     append `patch` to its stored patch. `stored` is what was known of it before the batch.
     `kept`: patch entries already stored, written back before `patch` (see `_write`).
+    `deltas`: `delta` ops to append to a stored job's `job_deltas` rows (a job put in this
+    batch takes its ops into `patch` instead: its whole row is written anyway).
     """
 
-    __slots__ = ("changed", "kept", "patch", "rec", "stored", "values")
+    __slots__ = ("changed", "deltas", "kept", "patch", "rec", "stored", "values")
 
     def __init__(self, values: list[Any] | None, rec: Part | None, stored: Stored | None) -> None:
         self.values = values
@@ -72,6 +76,7 @@ class Row:
         self.patch: list[Part] = []
         self.changed: dict[str, Any] = {}
         self.kept = b""
+        self.deltas: list[Part] = []
 
     @property
     def queue(self) -> Any:
@@ -97,7 +102,7 @@ class Plan:
     obliterated: dict[str, None] = field(default_factory=dict)
     """Queues whose stored jobs are deleted before `jobs` is written (an ordered set)."""
     skipped: int = 0
-    """`upd` mutations that found no job to update."""
+    """`upd` and `delta` mutations that found no job to update."""
 
 
 def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
@@ -117,7 +122,7 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
         kind, key = op[0], op[1]
         if kind in _JOB_KINDS and key not in seen:
             seen.add(key)
-            if kind == "upd":
+            if kind == "upd" or kind == "delta":
                 wanted.append(key)
     folder = _Folder(fetch(wanted))
     dispatch = folder.dispatch
@@ -157,6 +162,7 @@ class _Folder:
         self.dispatch: dict[str, Callable[[str, Any, Any], None]] = {
             "put": self._put,
             "upd": self._upd,
+            "delta": self._delta,
             "del": self._del,
             "queue": self._queue,
             "qdel": self._qdel,
@@ -198,6 +204,32 @@ class _Folder:
             for name, value in columns.items():
                 values[_INDEX[name]] = value
 
+    def _delta(self, job_id: str, _a: None, op: Part) -> None:
+        row = self._row(job_id)
+        if row is None:
+            return
+        if row.values is None:
+            row.deltas.append(op)
+        else:
+            row.patch.append(wrap(op))  # a patch entry may hold a delta op (`_deltas`)
+
+    def _row(self, job_id: str) -> Row | None:
+        """The plan's row of `job_id`, made from its stored summary if need be; None (and
+        counted as skipped) if the job does not exist at this point of the batch."""
+        jobs = self.plan.jobs
+        row = jobs.get(job_id, _ABSENT)
+        if row is _ABSENT:
+            stored = self._stored.get(job_id)
+            if stored is None or stored[0] in self.plan.obliterated:
+                self.plan.skipped += 1
+                return None
+            row = jobs[job_id] = Row(None, None, stored)
+        elif row is None:
+            self.plan.skipped += 1
+            return None
+        assert isinstance(row, Row)
+        return row
+
     def _del(self, job_id: str, _a: None, _b: None) -> None:
         self.plan.jobs[job_id] = None
 
@@ -231,12 +263,13 @@ class _Folder:
 
 
 _ABSENT: Any = object()
-_JOB_KINDS = frozenset({"put", "upd", "del"})
+_JOB_KINDS = frozenset({"put", "upd", "delta", "del"})
 # kind -> the types of the fields after the kind
 _SHAPES: dict[str, tuple[type, ...]] = {
     "put": (dict,),
     "upd": (str, dict),
     "del": (str,),
+    "delta": (str, dict),
     "queue": (str, dict),
     "qdel": (str,),
     "cron": (str, dict),
@@ -247,6 +280,7 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "flowdel": (str,),
     "putb": (str, object, object, object, object, object, bytes),
     "updb": (str, bytes, dict),
+    "dltb": (str, bytes),
 }
 
 
@@ -265,6 +299,8 @@ def _parse(index: int, mutation: object) -> _Op:
                 return "put", key, list(mutation[2:7]), rec
         elif kind == "del" and n == 2 and type(mutation[1]) is str:
             return "del", mutation[1], None, None
+        elif kind == "dltb" and n == 3 and type(mutation[1]) is str and type(mutation[2]) is bytes:
+            return "delta", mutation[1], None, mutation[2]
     return _parse_general(index, mutation)
 
 
@@ -287,10 +323,10 @@ def _parse_general(index: int, mutation: object) -> _Op:
         if not isinstance(job_id, str):
             raise StorageError(f"mutation #{index} (put): record field 'id' must be str")
         return kind, job_id, [rec.get(name) for name in COLUMN_FIELDS], rec
-    if kind == "upd":
+    if kind == "upd" or kind == "delta":
         return kind, fields[0], None, fields[1]
     if kind in ("queue", "cron", "webhook", "flow"):
         return kind, fields[0], fields[1], None
-    if kind in ("putb", "updb"):  # well-formed ones took the fast path; this one is not
+    if kind in ("putb", "updb", "dltb"):  # well-formed ones took the fast path; this one is not
         raise StorageError(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")
     return kind, fields[0], None, None

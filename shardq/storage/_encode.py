@@ -6,6 +6,7 @@ columns beside the bytes, so the writer stores the bytes as they came and never 
 
     ("putb", row_key, queue, state, priority, run_at, seq, rec)  for ("put", rec)
     ("updb", row_key, changes, columns)                          for ("upd", row_key, changes)
+    ("dltb", row_key, op)                                        for ("delta", row_key, op)
 
 `rec` and `changes` are the msgpack encodings (`use_bin_type=True`) of the engine's record and
 change map. `columns` holds the column fields the changes set, under their record names
@@ -66,6 +67,10 @@ class MutationEncoder:
                     if last_enc is not None:
                         append(("updb", key, *last_enc))
                         continue
+            elif kind == "delta" and len(m) == 3:
+                if type(m[1]) is str and type(m[2]) is dict:
+                    append(("dltb", m[1], pack(m[2])))
+                    continue
             elif kind == "put" and len(m) == 2:
                 rec = m[1]
                 if type(rec) is dict:
@@ -104,8 +109,8 @@ def _columns_of(changes: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def describe(mutation: object) -> tuple[str, str | None]:
-    """(kind, key) of a mutation in either shape: kind "put", "upd", "del", "queue" or
-    "qdel"; key the job's row key (or the queue's name). Tolerates malformed mutations: a
+    """(kind, key) of a mutation in either shape: kind "put", "upd", "delta", "del", "queue"
+    or "qdel"; key the job's row key (or the queue's name). Tolerates malformed mutations: a
     rejected one may be anything (kind "?" and key None when unrecognisable)."""
     if not isinstance(mutation, list | tuple) or not mutation:
         return "?", None
@@ -113,7 +118,7 @@ def describe(mutation: object) -> tuple[str, str | None]:
     key: Any = mutation[1] if len(mutation) > 1 else None
     if kind == "put" and isinstance(key, dict):
         key = key.get("rowKey") or key.get("id")
-    kind = {"putb": "put", "updb": "upd"}.get(kind, kind)
+    kind = {"putb": "put", "updb": "upd", "dltb": "delta"}.get(kind, kind)
     return (
         kind if isinstance(kind, str) else "?",
         key if isinstance(key, str) else None,

@@ -191,7 +191,23 @@ def _v6_flows(db: Database) -> None:
     )
 
 
+def _v7_job_deltas(db: Database) -> None:
+    # A job's `delta` ops (shardq.core._mutations): a log line, a child's result for its
+    # parent. One row each, appended, so that an update costs its own bytes rather than a
+    # rewrite of the job's row (shardq.storage._deltas). The index finds a job's ops when it
+    # is read, folded or deleted. A database of version 6 has none: it needs no rewrite.
+    db.execute(
+        "CREATE TABLE job_deltas (rowid INTEGER PRIMARY KEY, id TEXT NOT NULL, d BLOB NOT NULL)"
+    )
+    db.execute("CREATE INDEX idx_job_deltas_id ON job_deltas (id)")
+    value = "patch entries may hold a delta op under the key \\x00delta"
+    db.table("meta").insert({"key": "delta_encoding", "value": value})
+
+
 Migration = Callable[[Database], None]
+
+DELTAS_VERSION = 7
+"""The schema version that added the `job_deltas` table."""
 
 # Append only. The database's schema version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -201,6 +217,7 @@ MIGRATIONS: list[Migration] = [
     _v4_cron_jobs,
     _v5_webhooks,
     _v6_flows,
+    _v7_job_deltas,
 ]
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -39,9 +39,10 @@ from sqlite_utils import Database
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _schema
 from shardq.storage._coalesce import Plan, Stored, coalesce
+from shardq.storage._deltas import delta_lengths, read_deltas
 from shardq.storage._errors import StorageError, wrap_error
 from shardq.storage._tx import transaction
-from shardq.storage._write import FETCH_CHUNK, chunks, decode, merge_patch, write_plan
+from shardq.storage._write import FETCH_CHUNK, chunks, decode, merge_row, write_plan
 
 __all__ = ["Store"]
 
@@ -90,6 +91,10 @@ class Store:
         self._cache: dict[str, Stored] = {}
         self._cache_limit = cache_records
         self._patch_floor = patch_floor
+        # Rows in `job_deltas` (shardq.storage._deltas): while there are none, deleting or
+        # replacing a job needs no look there, and recovery merges no ops.
+        # (A store opened at an older schema version, as tests do, has no such table.)
+        self._delta_rows = self._count_deltas() if version >= _schema.DELTAS_VERSION else 0
 
     @classmethod
     def open(
@@ -173,7 +178,10 @@ class Store:
             return 0
         with transaction(self._conn, f"applying a batch of {len(mutations)} mutations"):
             plan = coalesce(mutations, self._fetch_stored)
-            written, known = write_plan(self._conn, plan, self._packer.pack, self._patch_floor)
+            written, known, delta_rows = write_plan(
+                self._conn, plan, self._packer.pack, self._patch_floor, self._delta_rows > 0
+            )
+        self._delta_rows = max(0, self._delta_rows + delta_rows)
         self._remember(plan, known)
         self._skipped_updates += plan.skipped
         return written
@@ -204,13 +212,15 @@ class Store:
             where += " AND (state != 'completed' OR seq >= ?)"
             params = (*params, completed_from)
         first, more = _first_page(where), _next_page(where)
+        with_ops = self._ids_with_deltas()
         rows = self._read_page(first, (*params, page_size))
         while rows:
-            for _seq, _rowid, rec, patch in rows:
-                yield self._decode_row(rec, patch)
+            ops = self._page_deltas(rows, with_ops)
+            for _seq, _rowid, rec, patch, row_id in rows:
+                yield self._decode_row(rec, patch, ops.get(row_id, ()))
             if len(rows) < page_size:
                 return
-            last_seq, last_rowid, _, _ = rows[-1]
+            last_seq, last_rowid, _, _, _ = rows[-1]
             rows = self._read_page(more, (last_seq, last_rowid, *params, page_size))
 
     def queue_names(self) -> set[str]:
@@ -292,7 +302,10 @@ class Store:
         with self._reading(f"reading job {job_id!r}"):
             sql = "SELECT rec, patch FROM jobs WHERE id = ?"
             row = self._conn.execute(sql, (job_id,)).fetchone()
-            return None if row is None else self._decode_row(*row)
+            if row is None:
+                return None
+            ops = read_deltas(self._conn, (job_id,)).get(job_id, ()) if self._delta_rows else ()
+            return self._decode_row(row[0], row[1], ops)
 
     def count_by_state(self, queue: str) -> dict[str, int]:
         """Stored jobs of `queue` per state (absent states are omitted).
@@ -387,17 +400,39 @@ class Store:
         for chunk in chunks(ids, FETCH_CHUNK):
             marks = ", ".join("?" * len(chunk))
             sql = f"SELECT id, queue, length(rec), length(patch) FROM jobs WHERE id IN ({marks})"
+            sizes = delta_lengths(self._conn, chunk) if self._delta_rows else {}
             for job_id, queue, rec_len, patch_len in self._conn.execute(sql, chunk):
-                found[job_id] = (queue, rec_len, patch_len)
+                found[job_id] = (queue, rec_len, patch_len, sizes.get(job_id, 0))
         return found
+
+    def _count_deltas(self) -> int:
+        with self._reading("counting delta rows"):
+            (n,) = self._conn.execute("SELECT count(*) FROM job_deltas").fetchone()
+            return int(n)
+
+    def _ids_with_deltas(self) -> set[str]:
+        """The jobs that have ops in `job_deltas`: a few (folding keeps them few per job)."""
+        if not self._delta_rows:
+            return set()
+        with self._reading("listing delta rows"):
+            return {i for (i,) in self._conn.execute("SELECT DISTINCT id FROM job_deltas")}
+
+    def _page_deltas(self, rows: list[Any], with_ops: set[str]) -> dict[str, list[bytes]]:
+        if not with_ops:
+            return {}
+        wanted = [row[4] for row in rows if row[4] in with_ops]
+        if not wanted:
+            return {}
+        with self._reading("loading delta rows"):
+            return read_deltas(self._conn, wanted)
 
     def _read_page(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         with self._reading("loading jobs"):
             return self._conn.execute(sql, params).fetchall()
 
-    def _decode_row(self, rec: bytes, patch: bytes) -> Record:
+    def _decode_row(self, rec: bytes, patch: bytes, ops: Iterable[bytes] = ()) -> Record:
         try:
-            return merge_patch(decode(rec), patch)
+            return merge_row(rec, patch, ops)
         except (ValueError, msgpack.UnpackException) as e:
             raise StorageError(f"{self._path}: a stored job record is corrupt: {e}") from e
 
@@ -414,12 +449,12 @@ class Store:
 
 
 def _first_page(where: str) -> str:
-    return f"SELECT seq, rowid, rec, patch FROM jobs WHERE {where} ORDER BY seq, rowid LIMIT ?"
+    return f"SELECT seq, rowid, rec, patch, id FROM jobs WHERE {where} ORDER BY seq, rowid LIMIT ?"
 
 
 def _next_page(where: str) -> str:
     return (
-        f"SELECT seq, rowid, rec, patch FROM jobs WHERE (seq, rowid) > (?, ?) AND {where}"
+        f"SELECT seq, rowid, rec, patch, id FROM jobs WHERE (seq, rowid) > (?, ?) AND {where}"
         " ORDER BY seq, rowid LIMIT ?"
     )
 

@@ -20,16 +20,25 @@ from __future__ import annotations
 
 import sqlite3
 import struct
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
-from shardq.core._mutations import Record
+from shardq.core._mutations import Record, apply_delta, finish_deltas
 from shardq.storage._coalesce import Part, Plan, Row, Stored, check_columns, check_values
+from shardq.storage._deltas import (
+    DELTA_KEY,
+    apply_ops,
+    delete_deltas,
+    delete_queue_deltas,
+    insert_deltas,
+    read_deltas,
+    wrap,
+)
 from shardq.storage._encode import COLUMN_FIELDS
 
-__all__ = ["FETCH_CHUNK", "chunks", "decode", "merge_patch", "write_plan"]
+__all__ = ["FETCH_CHUNK", "chunks", "decode", "merge_patch", "merge_row", "write_plan"]
 
 Pack = Callable[[Any], bytes]
 
@@ -72,39 +81,25 @@ _UPDATE_SQL: dict[tuple[str, ...], str] = {}
 
 
 def write_plan(
-    conn: sqlite3.Connection, plan: Plan, pack: Pack, patch_floor: int
-) -> tuple[int, dict[str, Stored | None]]:
-    """Write `plan`; return the rows written and what is now known of every job it touched
-    (None: the row is gone). Raises what sqlite3 and msgpack raise, and `StorageError` for a
-    row whose column fields are missing or mistyped; the caller's transaction rolls back."""
-    written = 0
+    conn: sqlite3.Connection, plan: Plan, pack: Pack, patch_floor: int, deltas_exist: bool
+) -> tuple[int, dict[str, Stored | None], int]:
+    """Write `plan`; return the rows written, what is now known of every job it touched
+    (None: the row is gone) and the change in the number of `job_deltas` rows.
+    `deltas_exist`: whether that table may hold a row (if not, no job's ops need deleting).
+    Raises what sqlite3 and msgpack raise, and `StorageError` for a row whose column fields
+    are missing or mistyped; the caller's transaction rolls back."""
+    written = delta_rows = 0
     if plan.obliterated:
         _materialize_survivors(conn, plan)
+        if deltas_exist:
+            delta_rows -= delete_queue_deltas(conn, plan.obliterated)
         # Before the job rows: a put later in the batch for that queue must survive it.
         queues = [(name,) for name in plan.obliterated]
         written += conn.executemany(_DELETE_QUEUE_JOBS, queues).rowcount
     known: dict[str, Stored | None] = {}
-    deleted: list[tuple[str]] = []
-    whole: list[tuple[Any, ...]] = []
-    updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
-    to_fold: list[str] = []
-    for job_id, row in plan.jobs.items():
-        if row is None:
-            deleted.append((job_id,))
-            known[job_id] = None
-        elif row.values is not None:
-            whole.append(_whole_row(job_id, row, row.values, pack, patch_floor, known))
-        elif _add_update(job_id, row, pack, patch_floor, updates, known):
-            to_fold.append(job_id)
-    if deleted:
-        written += conn.executemany(_DELETE_JOB, deleted).rowcount
-    if whole:
-        written += conn.executemany(_UPSERT_JOB, whole).rowcount
-    for names, rows in updates.items():
-        sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
-        written += conn.executemany(sql, rows).rowcount
-    if to_fold:
-        _fold_stored(conn, to_fold, pack, known)
+    rows, changed = _write_jobs(conn, plan, pack, patch_floor, deltas_exist, known)
+    written += rows
+    delta_rows += changed
     written += _write_queues(conn, plan, pack)
     if plan.crons:
         written += _write_crons(conn, plan, pack)
@@ -112,7 +107,49 @@ def write_plan(
         written += _write_webhooks(conn, plan, pack)
     if plan.flows:
         written += _write_flows(conn, plan, pack)
-    return written, known
+    return written, known, delta_rows
+
+
+def _write_jobs(
+    conn: sqlite3.Connection,
+    plan: Plan,
+    pack: Pack,
+    patch_floor: int,
+    deltas_exist: bool,
+    known: dict[str, Stored | None],
+) -> tuple[int, int]:
+    """Write the plan's job rows and ops; (rows written, change in `job_deltas` rows)."""
+    written = delta_rows = 0
+    deleted: list[tuple[str]] = []
+    whole: list[tuple[Any, ...]] = []
+    updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    to_fold: list[str] = []
+    ops: list[tuple[str, bytes]] = []
+    for job_id, row in plan.jobs.items():
+        if row is None:
+            deleted.append((job_id,))
+            known[job_id] = None
+        elif row.values is not None:
+            whole.append(_whole_row(job_id, row, row.values, pack, patch_floor, known))
+        elif _add_update(job_id, row, pack, patch_floor, updates, known, ops):
+            to_fold.append(job_id)
+    if deltas_exist and (deleted or whole):
+        # A put replaces the whole record, ops included (a batch resent to a new writer).
+        delta_rows -= delete_deltas(conn, [k for (k,) in deleted] + [w[0] for w in whole])
+    if deleted:
+        written += conn.executemany(_DELETE_JOB, deleted).rowcount
+    if whole:
+        written += conn.executemany(_UPSERT_JOB, whole).rowcount
+    for names, rows in updates.items():
+        sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
+        written += conn.executemany(sql, rows).rowcount
+    if ops:
+        insert_deltas(conn, ops)
+        written += len(ops)
+        delta_rows += len(ops)
+    if to_fold:
+        delta_rows -= _fold_stored(conn, to_fold, pack, known)
+    return written, delta_rows
 
 
 def _whole_row(
@@ -128,7 +165,7 @@ def _whole_row(
     patch = row.kept + _join(row.patch, pack)
     if len(patch) > patch_floor and len(patch) > len(rec):
         rec, patch = fold(rec, patch, pack)
-    known[job_id] = (values[0], len(rec), len(patch))
+    known[job_id] = (values[0], len(rec), len(patch), 0)
     return (job_id, *values, rec, patch)
 
 
@@ -139,23 +176,31 @@ def _add_update(
     patch_floor: int,
     updates: dict[tuple[str, ...], list[tuple[Any, ...]]],
     known: dict[str, Stored | None],
+    ops: list[tuple[str, bytes]],
 ) -> bool:
-    """Queue the UPDATE of a stored row; True if its patch is now due to be folded."""
+    """Queue the UPDATE of a stored row (none if only ops came) and its ops; True if its
+    patch or its ops are now due to be folded."""
     assert row.stored is not None
-    queue, rec_len, patch_len = row.stored
-    patch = _join(row.patch, pack)
+    queue, rec_len, patch_len, delta_len = row.stored
     changed = row.changed
-    if changed:
-        check_columns(job_id, changed)
-        names = tuple(changed)
-        params = (*changed.values(), patch, job_id)
-        queue = changed.get("queue", queue)
-    else:
-        names, params = (), (patch, job_id)
-    updates.setdefault(names, []).append(params)
-    patch_len += len(patch)
-    known[job_id] = (queue, rec_len, patch_len)
-    return patch_len > patch_floor and patch_len > rec_len
+    if row.patch or changed:
+        patch = _join(row.patch, pack)
+        if changed:
+            check_columns(job_id, changed)
+            names = tuple(changed)
+            params = (*changed.values(), patch, job_id)
+            queue = changed.get("queue", queue)
+        else:
+            names, params = (), (patch, job_id)
+        updates.setdefault(names, []).append(params)
+        patch_len += len(patch)
+    for op in row.deltas:
+        blob = op if type(op) is bytes else pack(op)
+        ops.append((job_id, blob))
+        delta_len += len(blob)
+    known[job_id] = (queue, rec_len, patch_len, delta_len)
+    grown = max(patch_len, delta_len)
+    return grown > patch_floor and grown > rec_len
 
 
 def _join(parts: list[Part], pack: Pack) -> bytes:
@@ -187,7 +232,10 @@ def _materialize_survivors(conn: sqlite3.Connection, plan: Plan) -> None:
     sql = "SELECT id, queue, state, priority, run_at, seq, rec, patch FROM jobs WHERE id IN"
     for chunk in chunks(list(survivors), FETCH_CHUNK):
         marks = ", ".join("?" * len(chunk))
+        stored_ops = read_deltas(conn, chunk)
         for job_id, *values, rec, patch in conn.execute(f"{sql} ({marks})", chunk):
+            # Its ops are deleted with the queue's: they go along in its patch.
+            patch += _join([wrap(op) for op in stored_ops.get(job_id, ())], lambda v: b"")
             row = survivors[job_id]
             for name, value in row.changed.items():
                 values[COLUMN_FIELDS.index(name)] = value
@@ -197,20 +245,25 @@ def _materialize_survivors(conn: sqlite3.Connection, plan: Plan) -> None:
 
 def _fold_stored(
     conn: sqlite3.Connection, job_ids: list[str], pack: Pack, known: dict[str, Stored | None]
-) -> None:
+) -> int:
+    """Fold the patch and ops of these stored jobs into their records; return how many
+    `job_deltas` rows went."""
     folded: list[tuple[bytes, str]] = []
     for chunk in chunks(job_ids, FETCH_CHUNK):
         marks = ", ".join("?" * len(chunk))
         sql = f"SELECT id, rec, patch FROM jobs WHERE id IN ({marks})"
+        stored_ops = read_deltas(conn, chunk)
         for job_id, rec, patch in conn.execute(sql, chunk):
-            new_rec, new_patch = fold(rec, patch, pack)
+            new_rec, new_patch = fold(rec, patch, pack, stored_ops.get(job_id, ()))
             if not new_patch:
                 folded.append((new_rec, job_id))
                 info = known[job_id]
                 assert info is not None
-                known[job_id] = (info[0], len(new_rec), 0)
-    if folded:
-        conn.executemany(_FOLDED, folded)
+                known[job_id] = (info[0], len(new_rec), 0, 0)
+    if not folded:
+        return 0
+    conn.executemany(_FOLDED, folded)
+    return delete_deltas(conn, [job_id for _, job_id in folded])
 
 
 def _write_keyed(
@@ -276,13 +329,20 @@ def _write_flows(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
     )  # fmt: skip
 
 
-def fold(rec: bytes, patch: bytes, pack: Pack) -> tuple[bytes, bytes]:
-    """`rec` with `patch` merged into it, and an empty patch; unchanged if either is corrupt
-    (folding is only an optimisation: recovery reports the corruption)."""
+def fold(rec: bytes, patch: bytes, pack: Pack, ops: Iterable[bytes] = ()) -> tuple[bytes, bytes]:
+    """`rec` with `patch` merged into it and `ops` (encoded delta ops) applied, and an empty
+    patch; unchanged if one is corrupt (folding is only an optimisation: recovery reports
+    the corruption). The caller deletes the folded ops."""
     try:
-        return pack(merge_patch(decode(rec), patch)), b""
+        return pack(merge_row(rec, patch, ops)), b""
     except (ValueError, TypeError, msgpack.UnpackException):
         return rec, patch
+
+
+def merge_row(rec: bytes, patch: bytes, ops: Iterable[bytes] = ()) -> Record:
+    """A stored job's record: `rec` decoded, `patch` merged in, then its ops applied.
+    Raises what `merge_patch` raises, and `ValueError` for a bad op."""
+    return apply_ops(merge_patch(decode(rec), patch), ops, decode)
 
 
 def decode(blob: bytes) -> Any:
@@ -293,7 +353,8 @@ def decode(blob: bytes) -> Any:
 
 
 def merge_patch(rec: Any, patch: bytes) -> Record:
-    """`rec` (a decoded record) with every change map in `patch` merged in, in order.
+    """`rec` (a decoded record) with every change map in `patch` merged in, in order; an
+    entry under `DELTA_KEY` is a delta op, applied (`shardq.core._mutations.apply_delta`).
 
     Raises `ValueError` if `rec` or a change is not a map or `patch` is cut short, and what
     msgpack raises for bytes that are not one msgpack value.
@@ -301,6 +362,7 @@ def merge_patch(rec: Any, patch: bytes) -> Record:
     if not isinstance(rec, dict):
         raise ValueError(f"a stored job record is not a map: {rec!r:.100}")
     pos, end = 0, len(patch)
+    deltas = False
     while pos < end:
         if pos + _FRAME > end:
             raise ValueError("a stored job patch is cut short")
@@ -312,7 +374,13 @@ def merge_patch(rec: Any, patch: bytes) -> Record:
         changes = decode(patch[start:pos])
         if type(changes) is not dict:
             raise ValueError(f"a stored job change is not a map: {changes!r:.100}")
-        rec.update(changes)
+        if DELTA_KEY in changes:
+            apply_delta(rec, changes[DELTA_KEY])
+            deltas = True
+        else:
+            rec.update(changes)
+    if deltas:
+        finish_deltas(rec)
     return rec
 
 

@@ -476,7 +476,7 @@ def test_add_and_get_logs(d: Driver) -> None:
     job_id = d.push()
     reply, mutations = d.run({"cmd": "AddLog", "id": job_id, "message": "one"}, 10)
     assert reply == {"ok": True, "data": {"added": True}}
-    assert kinds(mutations) == ["upd"]
+    assert kinds(mutations) == ["delta"]
     d.ok({"cmd": "AddLog", "id": job_id, "message": "two", "level": "warn"}, 11)
     d.ok({"cmd": "AddLog", "id": job_id, "message": "three", "level": "bogus"}, 12)
     reply = d.ok({"cmd": "GetLogs", "id": job_id})

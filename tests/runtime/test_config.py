@@ -119,6 +119,8 @@ VALID_TEXT = {
     "sqlite_cache_mb": "64",
     "sqlite_mmap_mb": "256",
     "writer_backlog_max_bytes": "33554432",
+    "writer_batch_max_bytes": "1048576",
+    "writer_batch_max_mutations": "2000",
     "flow_resend_ms": "300",
     "ready_timeout_ms": "5000",
     # -- bounds (issue 10 section 4)
@@ -200,6 +202,8 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         sqlite_cache_mb = 64
         sqlite_mmap_mb = 256
         writer_backlog_max_bytes = 33554432
+        writer_batch_max_bytes = 1048576
+        writer_batch_max_mutations = 2000
         flow_resend_ms = 300
         ready_timeout_ms = 5000
         link_max_frame_bytes = 1048576
@@ -299,6 +303,9 @@ def test_shards_auto_and_number() -> None:
         ("max_db_bytes", "4096"),
         ("max_db_bytes", "-1"),
         ("writer_backlog_max_bytes", "1048576"),
+        ("writer_batch_max_bytes", "1024"),
+        ("writer_batch_max_bytes", "134217728"),
+        ("writer_batch_max_mutations", "0"),
         ("flow_resend_ms", "9"),
         ("ready_timeout_ms", "999"),
     ],

@@ -174,6 +174,21 @@ def test_input_stops_past_the_buffer_cap() -> None:
     assert not buffer.accepting
 
 
+def test_input_stops_past_the_buffer_cap_in_bytes() -> None:
+    full = StorageFull("database or disk is full")
+    buffer = FlushBuffer(0.01, 10, max_buffered_bytes=1_000)
+    buffer.add_muts(0, 1, [put(1)], 0.0, nbytes=600)
+    assert buffer.accepting
+    buffer.add_muts(0, 2, [put(2)], 0.0, nbytes=600, urgent=True)
+    assert not buffer.accepting
+    buffer.failed(full, 0.1)  # the durable batch is dropped: its bytes no longer count
+    assert buffer.accepting
+    buffer.add_muts(0, 3, [put(3)], 0.2, nbytes=600)
+    assert not buffer.accepting
+    buffer.committed()
+    assert buffer.accepting
+
+
 # -- the writer process over real sockets
 
 

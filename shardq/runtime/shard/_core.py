@@ -33,6 +33,8 @@ from shardq.core import (
 )
 from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.protocol._prepacked import JS_NUMBERS, PLAIN_NUMBERS, WIRE_MODE_KEY
+from shardq.runtime.links._stream import MAX_FRAME_BYTES
+from shardq.runtime.shard._batches import cut_batches
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import release_memory
@@ -52,7 +54,13 @@ WAIT_MAX_MS: Final = 600_000  # bunqueue's WaitJob bound (docs/protocol.md §7.3
 STALLED_ERROR: Final = "Storage unavailable: the writer is not keeping up (storage degraded)"
 MAX_SLEEP_MS: Final = 3_600_000  # the longest poll: an idle shard wakes once an hour at most
 TICK_RETRY_MS: Final = 1_000  # after a timer pass raised, wait this long before the next one
+# ServerConfig's `writer_batch_max_bytes` and `writer_batch_max_mutations` (see there).
+BATCH_MAX_BYTES: Final = 4 << 20
+BATCH_MAX_MUTATIONS: Final = 10_000
+# Room a `muts` message needs beyond its mutations (its map, kind, shard, seq, flags).
+_MESSAGE_ROOM: Final = 1024
 _COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
+
 
 _log = structlog.get_logger()
 
@@ -124,9 +132,24 @@ def _wait_timeout_error(value: object) -> str | None:
 class ShardCore(StorageRefusals):
     """The request side of one shard: engine, durable holds, long-polls, WaitJob, drain."""
 
-    def __init__(self, index: int, engine: Engine, *, flow_resend_ms: int = 1_000) -> None:
+    def __init__(
+        self,
+        index: int,
+        engine: Engine,
+        *,
+        flow_resend_ms: int = 1_000,
+        batch_max_bytes: int = BATCH_MAX_BYTES,
+        batch_max_mutations: int = BATCH_MAX_MUTATIONS,
+        frame_max_bytes: int = MAX_FRAME_BYTES,
+    ) -> None:
+        """`batch_max_bytes` and `batch_max_mutations` bound each `muts` message to the
+        writer; `frame_max_bytes` is the largest frame the writer takes: a mutation that
+        cannot fit one is refused to its client (`StorageRefusals._refuse_too_large`)."""
         self.index = index
         self.engine = engine
+        self._batch_max_bytes = batch_max_bytes
+        self._batch_max_mutations = batch_max_mutations
+        self._hard_max_bytes = frame_max_bytes - _MESSAGE_ROOM
         self.flows = FlowRelay(index, engine, flow_resend_ms)
         self.seq = 0  # last `muts` seq sent to the writer
         self.committed = 0  # highest seq the writer confirmed
@@ -155,6 +178,9 @@ class ShardCore(StorageRefusals):
         # back-pressure: a writer that stops reading stops this shard's sends.
         self._unconfirmed: deque[tuple[int, dict[str, Any]]] = deque()
         self._resend = False
+        # (oldest unconfirmed seq, how many times it was resent): a batch no writer confirms
+        # however often it is resent degrades the shard instead of being retried unnoticed.
+        self._resent: tuple[int, int] = (0, 0)
         self._tick_after = 0  # no timer pass before this time (ms): the last one raised
         self._woken: set[str] = set()
         self._finished: set[str] = set()
@@ -318,13 +344,24 @@ class ShardCore(StorageRefusals):
                 encoded = self._encoder.encode(muts)
             except (TypeError, ValueError, OverflowError):
                 encoded = self._encode_each(muts, replies)
-            self.seq += 1
-            msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": encoded}
-            if durable:
-                msg["durable"] = True  # a reply waits on this commit: the writer flushes now
-                self._urged = self.seq
-            out.append(("writer", msg))
-            self._unconfirmed.append((self.seq, msg))
+            # Bounded at the source: the writer never gets a frame it must drop, so nothing
+            # is resent for ever (docs/runtime.md, "Writer batches").
+            batches, too_large = cut_batches(
+                encoded, self._batch_max_bytes, self._batch_max_mutations, self._hard_max_bytes
+            )
+            if too_large:
+                self._refuse_too_large(too_large, self._hard_max_bytes, replies)
+            last = self.seq + len(batches)
+            for batch in batches:
+                self.seq += 1
+                msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": batch}
+                if durable:
+                    msg["durable"] = True  # a reply waits on this commit: the writer flushes now
+                    self._urged = self.seq
+                out.append(("writer", msg))
+                self._unconfirmed.append((self.seq, msg))
+                if durable and len(batches) > 1:
+                    msg["upto"] = last  # the replies wait on the last (`_on_fail`)
         if replies:
             # Even a durable push that wrote nothing (a duplicate) waits for the latest seq:
             # the job it returned may sit in a batch the writer has not committed yet.
@@ -369,7 +406,7 @@ class ShardCore(StorageRefusals):
         self, conn: str, rid: int, name: object, cmd: dict[str, Any], now: int
     ) -> dict[str, Any] | None:
         """Answer one command; None when the answer is parked (long-poll, WaitJob, durable)."""
-        if self.storage_stalled and _is_durable(name, cmd):
+        if (self.storage_stalled or self.resend_failing) and _is_durable(name, cmd):
             return {"ok": False, "error": STALLED_ERROR}  # refused before it changes anything
         own = self._own_commands.get(name)
         if own is not None:
@@ -428,7 +465,7 @@ class ShardCore(StorageRefusals):
         totals["dlq"] = totals["failed"]
         # Summed by the front end: how many shards see their writer stalled (the HTTP port's
         # /health turns degraded on it; the writer cannot say so while it does not run).
-        totals["storageStalled"] = int(self.storage_stalled)
+        totals["storageStalled"] = int(self.storage_stalled or self.resend_failing)
         return {"ok": True, "stats": totals}
 
     # -- long-polls ------------------------------------------------------------------------
@@ -574,16 +611,6 @@ class ShardCore(StorageRefusals):
             self._replies.extend(self._held.popleft()[1])
         while self._holding and self._holding[0][0] <= self.committed:
             self._woken.update(self.engine.confirm(self._holding.popleft()[1]))
-
-    def _on_writer_up(self, msg: dict[str, Any], now: int) -> None:
-        if self._unconfirmed:
-            first = self._unconfirmed[0][0]
-            _log.warning(
-                "writer restarted; resending unconfirmed batches",
-                batches=len(self._unconfirmed),
-                first_seq=first,
-            )
-            self._resend = True
 
     def _on_drain(self, msg: dict[str, Any], now: int) -> None:
         self.draining = True

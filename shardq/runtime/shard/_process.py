@@ -68,7 +68,13 @@ class ShardProcess:
         # compact snapshots (`shard._wire`); the bytes are those of `_control.pack`.
         self._front_packer = FrontPacker()
         engine = Engine(EngineConfig(**spec.engine), compact_pulls=True)
-        self.core = ShardCore(spec.index, engine, flow_resend_ms=spec.flow_resend_ms)
+        self.core = ShardCore(
+            spec.index,
+            engine,
+            flow_resend_ms=spec.flow_resend_ms,
+            batch_max_bytes=spec.writer_batch_max_bytes,
+            batch_max_mutations=spec.writer_batch_max_mutations,
+        )
         self._memory = MemoryReturner(engine)
         self._stop = False
         self._spin_s = spec.spin_us / 1e6
@@ -366,7 +372,9 @@ class ShardProcess:
                     return
                 left = bound_s  # over the hard cap: memory comes first, wait again
             writer.wait_writable(left)
-            if self._signals_pending():
+            # `_stop`: the SIGTERM was already taken (the last batch goes out while stopping),
+            # so the descriptor says nothing; `_finish` bounds that wait by the shutdown timeout.
+            if self._stop or self._signals_pending():
                 return
 
     def _signals_pending(self) -> bool:
@@ -402,11 +410,16 @@ class ShardProcess:
     def _send_split(self, msg: dict[str, Any], block: bool) -> None:
         """A reply batch over the link's frame limit goes out in several frames: the front end
         refuses (and drops the link on) a larger one."""
-        frames, refused = self._front_packer.split(msg, self.spec.link_max_frame_bytes)
+        frames, refused, unsent = self._front_packer.split(msg, self.spec.link_max_frame_bytes)
         for conn, rid, size in refused:
             _log.warning("reply too large for the front-end link", conn=conn, rid=rid, size=size)
         for data in frames:
             self._front.send(data, block=block)
+        if unsent:
+            # Pulled but never sent: back to waiting, not active with no worker holding them.
+            now = self.clock.now()
+            self.core.give_back(unsent, now)
+            self._send(self.core.finish_turn(now), block_on_front=block)
 
 
 class _Progress:

@@ -10,8 +10,8 @@ than a false ok (docs/runtime.md). `ShardCore` takes these in through this mixin
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, TypeAlias
 
 import structlog
 
@@ -23,6 +23,10 @@ from shardq.storage import MutationEncoder, describe
 __all__ = ["Item", "StorageRefusals"]
 
 Item: TypeAlias = list[Any]  # [conn, rid, reply]
+
+# Writer restarts after which the same oldest batch is still unconfirmed: the shard reports
+# storage degraded (and refuses durable pushes) until a `done` moves past it.
+MAX_RESEND_ROUNDS: Final = 3
 
 _log = structlog.get_logger()
 
@@ -38,6 +42,9 @@ class StorageRefusals:
     _holding: deque[tuple[int, list[str]]]
     _unconfirmed: deque[tuple[int, dict[str, Any]]]
     _absorb: Callable[[list[Mutation], Iterable[tuple[str, str, str]]], None]
+    _apply: Callable[[Mapping[str, Any], int], dict[str, Any]]
+    _resend: bool
+    _resent: tuple[int, int]
 
     # -- what cannot be encoded ------------------------------------------------------------
 
@@ -75,17 +82,30 @@ class StorageRefusals:
         self._reject_here(dropped, [])
         return msg
 
-    def _reject_here(self, items: list[list[Any]], held: list[Item]) -> None:
+    def _refuse_too_large(
+        self, items: list[tuple[Mutation, int]], limit: int, held: list[Item]
+    ) -> None:
+        """Mutations no writer frame can carry (one job's record or change past the link's
+        frame limit): handled as those that cannot be encoded, with an error that says why."""
+        dropped = [
+            [*describe(m), f"{size} bytes exceed the storage link's {limit}"] for m, size in items
+        ]
+        self._reject_here(dropped, held, too_large=True)
+
+    def _reject_here(
+        self, items: list[list[Any]], held: list[Item], *, too_large: bool = False
+    ) -> None:
         for kind, key, error in items:
             job_id = job_id_of(key) if isinstance(key, str) and kind != "queue" else None
             _log.error("mutation cannot be encoded", kind=kind, job_id=job_id, error=error)
-            if job_id is None or kind not in ("put", "upd"):
+            if job_id is None or kind not in ("put", "upd", "delta"):
                 continue
-            # Neither kind can reach the disk: the job's copy in memory holds a value no store
+            # No kind can reach the disk: the job's copy in memory holds a value no store
             # can take, so it goes, as a rejected put does (its stored row, if any, comes back
             # at the next start). A reply still to be sent for it becomes an error.
             self._absorb(self.engine.forget((job_id,), stored=False), ())
-            refused = {"ok": False, "error": INTERNAL_SERVER_ERROR}
+            message = f"Job too large to store: {error}" if too_large else INTERNAL_SERVER_ERROR
+            refused = {"ok": False, "error": message}
             for pending in (held, self._replies):
                 for item in pending:
                     if names_job(item[2], job_id):
@@ -98,13 +118,18 @@ class StorageRefusals:
         if not isinstance(seq, int):
             return
         error = {"ok": False, "error": f"Storage unavailable: {msg.get('error')}"}
+        # A durable run of requests cut into several batches fails as a whole: its replies
+        # wait on the last batch (`upto`), and none may say ok once a part of it is dropped.
+        batch = next((m for s, m in self._unconfirmed if s == seq), None)
+        upto = batch.get("upto", seq) if batch is not None and batch.get("durable") else seq
         failed = 0
-        while self._held and self._held[0][0] <= seq:
+        while self._held and self._held[0][0] <= upto:
             for conn, rid, _reply in self._held.popleft()[1]:
                 self._replies.append([conn, rid, error])
                 failed += 1
         _log.warning("durable replies failed", seq=seq, count=failed, error=msg.get("error"))
-        self._forget_batch(seq)
+        for part in range(seq, upto + 1):
+            self._forget_batch(part)
 
     def _forget_batch(self, seq: int) -> None:
         """The writer dropped durable batch `seq` (storage full): its pushes were answered
@@ -150,3 +175,49 @@ class StorageRefusals:
                     ids = reply.get("ids") or ()
                     others = [i for i in ids if isinstance(i, str) and i != job_id]
                     self._absorb(self.engine.forget(others, stored=True), ())
+
+    # -- what the front-end link or the writer could not take ------------------------------
+
+    def give_back(self, job_ids: Iterable[str], now: int) -> None:
+        """Jobs a pull took whose reply could not be sent (too large for the link): back to
+        waiting, as if never pulled (no attempt is charged)."""
+        given = 0
+        for job_id in job_ids:
+            job = self.engine.find(job_id)
+            if job is None or job.state != "active":
+                continue
+            cmd = {"cmd": "MoveToWait", "id": job_id, "token": job.token}
+            if self._apply(cmd, now).get("ok"):
+                given += 1
+        if given:
+            _log.warning("pulled jobs put back: their reply was too large", jobs=given)
+
+    @property
+    def resend_failing(self) -> bool:
+        """Whether the oldest unconfirmed batch went unconfirmed through `MAX_RESEND_ROUNDS`
+        writer restarts (storage degraded until a `done` covers it)."""
+        first, rounds = self._resent
+        return (
+            rounds > MAX_RESEND_ROUNDS
+            and bool(self._unconfirmed)
+            and (self._unconfirmed[0][0] == first)
+        )
+
+    def _on_writer_up(self, msg: dict[str, Any], now: int) -> None:
+        if self._unconfirmed:
+            first = self._unconfirmed[0][0]
+            rounds = self._resent[1] + 1 if self._resent[0] == first else 1
+            self._resent = (first, rounds)
+            if rounds == MAX_RESEND_ROUNDS + 1:
+                _log.error(
+                    "storage degraded: the writer confirms no resent batch; durable pushes "
+                    "are refused until it does",
+                    first_seq=first,
+                    resends=rounds,
+                )
+            _log.warning(
+                "writer restarted; resending unconfirmed batches",
+                batches=len(self._unconfirmed),
+                first_seq=first,
+            )
+            self._resend = True

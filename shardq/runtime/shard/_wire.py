@@ -28,7 +28,7 @@ from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY, WIRE_MODE_
 from shardq.runtime.links._control import exact_packer
 from shardq.runtime.links._stream import batch_overhead, split_batch
 
-__all__ = ["FrontPacker", "reply_too_large"]
+__all__ = ["FrontPacker", "pulled_ids", "reply_too_large"]
 
 _HOT_PAIRS: Final = 2 * len(WIRE_HOT_KEYS)
 _ID_AT: Final = 2 * WIRE_HOT_KEYS.index("id") + 1  # the id's place in a `wire_hot` list
@@ -96,25 +96,59 @@ class FrontPacker:
                 out.append(pack(value))
         return b"".join(out)
 
-    def split(self, msg: Mapping[str, Any], limit: int) -> tuple[list[bytes], list[list[Any]]]:
+    def split(
+        self, msg: Mapping[str, Any], limit: int
+    ) -> tuple[list[bytes], list[list[Any]], list[str]]:
         """A `rep` batch too large for one link frame, as frames of at most `limit` bytes.
 
-        A reply that fits in no frame is replaced by a `Reply too large` error for its request
-        alone; those items (`[conn, rid, size]`) are returned too, for the log.
+        A PULLB reply that fits in no frame answers the jobs that fit, in order; a reply that
+        cannot be cut so is replaced by a `Reply too large` error for its request alone. Those
+        items (`[conn, rid, size]`) are returned too, for the log, and so are the ids of the
+        jobs pulled but not sent: the caller puts them back to waiting.
         """
         pack = self._pack
         room = limit - batch_overhead()
         packed: list[bytes] = []
         refused: list[list[Any]] = []
+        unsent: list[str] = []
         for item in msg["items"]:
             data = self._item(item) if _has_packed(item) else pack(item)
             if len(data) > room:
-                conn, rid, _reply = item
+                conn, rid, reply = item
                 refused.append([conn, rid, len(data)])
-                error = {"ok": False, "error": reply_too_large(len(data), room)}
-                data = pack([conn, rid, error])
+                cut = self._cut(item, room) if _has_packed(item) else None
+                if cut is None:
+                    unsent.extend(pulled_ids(reply))
+                    error = {"ok": False, "error": reply_too_large(len(data), room)}
+                    data = pack([conn, rid, error])
+                else:
+                    data, left = cut
+                    unsent.extend(left)
             packed.append(data)
-        return split_batch("rep", packed, limit), refused
+        return split_batch("rep", packed, limit), refused, unsent
+
+    def _cut(self, item: list[Any], room: int) -> tuple[bytes, list[str]] | None:
+        """A PULLB reply with only the first jobs that fit in `room`, packed, and the ids of
+        the others; None if not even the first one fits."""
+        conn, rid, reply = item
+        entries: list[Any] = reply["jobs"].entries
+        tokens = reply.get("tokens")
+        # Each job's own bytes (as packed for a TCP client), and room for its id and token.
+        sizes = [len(self._wire(entry)) + 160 for entry in entries]
+        keep, used = 0, 1024
+        while keep < len(entries) and used + sizes[keep] <= room:
+            used += sizes[keep]
+            keep += 1
+        while keep > 0:
+            cut = dict(reply)
+            cut["jobs"] = CompactJobs(entries[:keep])
+            if isinstance(tokens, list):
+                cut["tokens"] = tokens[:keep]
+            data = self._item([conn, rid, cut])
+            if len(data) <= room:
+                return data, [_entry_id(entry) for entry in entries[keep:]]
+            keep -= 1
+        return None
 
     def _item(self, item: list[Any]) -> bytes:
         pack = self._pack
@@ -163,6 +197,23 @@ def _float_hot(entry: list[Any]) -> None:
         if type(value) is int and value > UINT32_MAX:
             entry[i] = float(value)
     js_timeline(entry[_TIMELINE_AT])
+
+
+def _entry_id(entry: list[Any] | dict[str, Any]) -> str:
+    return str(entry["id"] if isinstance(entry, dict) else entry[_ID_AT])
+
+
+def pulled_ids(reply: Mapping[str, Any]) -> list[str]:
+    """The ids of the jobs a PULL or PULLB reply hands out (none for any other reply)."""
+    jobs = reply.get("jobs")
+    if type(jobs) is CompactJobs:
+        return [_entry_id(entry) for entry in jobs.entries]
+    if isinstance(jobs, list):
+        return [str(j["id"]) for j in jobs if isinstance(j, dict) and "id" in j]
+    job = reply.get("job")
+    if isinstance(job, dict) and "id" in job:
+        return [str(job["id"])]
+    return []
 
 
 def reply_too_large(size: int, limit: int) -> str:

@@ -31,6 +31,8 @@ Outgoing = tuple[int, dict[str, Any]]
 # so the shards' sends block (back-pressure) instead of the writer's memory growing without
 # bound: at roughly 1 KB per mutation this is about 100 MB.
 MAX_BUFFERED_MUTATIONS = 100_000
+# ... and past this many bytes of them (the frames they came in): mutations may be large.
+MAX_BUFFERED_BYTES = 256 << 20
 RETRY_FIRST_S = 0.1  # the issue's backoff: 100 ms, doubling ...
 RETRY_MAX_S = 30.0  # ... up to 30 s
 
@@ -43,6 +45,7 @@ class _Batch:
     size: int
     durable: bool = False  # a durable reply waits on it: dropped, not kept, when storage is full
     told_fail: bool = False
+    nbytes: int = 0  # the frame it came in
 
 
 class FlushBuffer:
@@ -55,6 +58,7 @@ class FlushBuffer:
         *,
         max_buffered: int = MAX_BUFFERED_MUTATIONS,
         retry_max_s: float = RETRY_MAX_S,
+        max_buffered_bytes: int = MAX_BUFFERED_BYTES,
     ) -> None:
         self._interval = interval_s
         self._retry_max = retry_max_s
@@ -65,6 +69,8 @@ class FlushBuffer:
         self._probe_at = 0.0
         self._max = max_mutations
         self._max_buffered = max_buffered
+        self._max_bytes = max_buffered_bytes
+        self._bytes = 0  # of the batches waiting
         self._muts: list[Mutation] = []
         self._batches: list[_Batch] = []
         self._syncs: list[tuple[int, int, int]] = []  # (shard, epoch, seq)
@@ -80,7 +86,14 @@ class FlushBuffer:
     # -- input
 
     def add_muts(
-        self, shard: int, seq: int, mutations: list[Mutation], now: float, *, urgent: bool = False
+        self,
+        shard: int,
+        seq: int,
+        mutations: list[Mutation],
+        now: float,
+        *,
+        urgent: bool = False,
+        nbytes: int = 0,
     ) -> list[Outgoing]:
         """Buffer one batch of a shard (a `muts` message). `urgent`: a durable reply waits on
         it, so the next flush is due at once (whatever else has arrived shares that commit).
@@ -92,7 +105,10 @@ class FlushBuffer:
         epoch = self._epoch(shard, seq, restart=False)
         if urgent and self.storage_full and now < self._probe_at:
             return [(shard, {"t": "fail", "seq": seq, "error": FULL_REASON})]
-        self._batches.append(_Batch(shard, epoch, seq, len(mutations), durable=urgent))
+        self._batches.append(
+            _Batch(shard, epoch, seq, len(mutations), durable=urgent, nbytes=nbytes)
+        )
+        self._bytes += nbytes
         self._muts.extend(mutations)
         if self._first_at is None:
             self._first_at = now
@@ -127,8 +143,9 @@ class FlushBuffer:
 
     @property
     def accepting(self) -> bool:
-        """Whether to read more input (false while storage fails and the buffer is full)."""
-        return len(self._muts) < self._max_buffered
+        """Whether to read more input (false while storage fails and the buffer is full, in
+        mutations or in bytes)."""
+        return len(self._muts) < self._max_buffered and self._bytes < self._max_bytes
 
     def deadline(self) -> float | None:
         """When the next flush is due (monotonic seconds), or None if nothing waits."""
@@ -168,6 +185,7 @@ class FlushBuffer:
         ]
         out.extend((shard, _done(seq)) for shard, seq in latest.items())
         self._muts = []
+        self._bytes = 0
         self._batches.clear()
         self._syncs.clear()
         self._first_at = None
@@ -215,6 +233,7 @@ class FlushBuffer:
         if len(kept) == len(self._batches):
             return
         self._batches, self._muts = kept, muts
+        self._bytes = sum(batch.nbytes for batch in kept)
         if not kept:
             self._first_at = None
             self._urgent = False

@@ -75,6 +75,8 @@ class Writer:
             spec.flush_interval_ms / 1000,
             spec.flush_max_mutations,
             retry_max_s=spec.storage_retry_max_ms / 1000,
+            # What a shard may hold unsent for its writer, the writer may hold uncommitted.
+            max_buffered_bytes=spec.writer_backlog_max_bytes,
         )
         self._links = ShardConnections(spec.writer_link_path)
         self._reading = True
@@ -164,7 +166,10 @@ class Writer:
         self._links.claim(conn, shard)
         if kind == "muts" and isinstance(message.get("muts"), list):
             urgent = message.get("durable") is True
-            self._send(self._buffer.add_muts(shard, seq, message["muts"], now, urgent=urgent))
+            muts = message["muts"]
+            self._send(
+                self._buffer.add_muts(shard, seq, muts, now, urgent=urgent, nbytes=len(frame))
+            )
         elif kind == "sync":
             self._send(self._buffer.add_sync(shard, seq, now))
         elif kind == "flush":
