@@ -34,6 +34,7 @@ import zmq.asyncio
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._logging import configure
+from shardq.runtime._ports import AuthThrottle
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
 from shardq.runtime.frontend._dispatch import Dispatcher
@@ -80,6 +81,14 @@ class Frontend:
             max_parked_per_connection=spec.max_parked_per_connection,
             max_parked=spec.max_parked,
             auth_max_failures=spec.auth_max_failures,
+            auth_throttle=AuthThrottle(
+                spec.auth_max_failures,
+                spec.auth_failure_window_ms / 1000,
+                spec.auth_failure_delay_ms / 1000,
+                spec.auth_failure_max_delay_ms / 1000,
+            ),
+            internal_token=spec.internal_token,
+            unanswered_command=spec.test_unanswered_command,
             cache_size=spec.job_cache_size,
             webhook_allow_private=spec.webhook_allow_private,
             webhook_timeout_ms=spec.webhook_timeout_ms,

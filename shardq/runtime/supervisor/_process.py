@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import math
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -123,6 +124,8 @@ class Supervisor:
         self._stopping = False
         self._failure: str | None = None
         self._run_dir = Path()
+        # The HTTP process's link to the front end proves it is internal with this (issue 26).
+        self._internal_token = secrets.token_hex(32)
         self._poller = zmq.Poller()
         self._sup: zmq.Socket[bytes] | None = None
         self._front: zmq.Socket[bytes] | None = None
@@ -385,6 +388,7 @@ class Supervisor:
             engine=dict(c.engine),
             # Only the HTTP process serves HTTP; the other children see port 0.
             http_port=c.http_port if child.role == "http" else 0,
+            internal_token=self._internal_token,
         )
         return ChildSpec(**shared)
 
