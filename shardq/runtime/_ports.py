@@ -74,7 +74,9 @@ class AuthThrottle:
 
     def reserve(self, address: str, now: float) -> float:
         """Seconds the attempt from `address` at `now` must wait before it is checked (0: at
-        once). Each call takes the next free turn, so concurrent attempts queue up."""
+        once). Each call takes the next free turn, so concurrent attempts queue up; an attempt
+        whose turn is more than `max_delay_s` away gets -1: refuse it unchecked (the queue of
+        waiting attempts stays bounded)."""
         record = self._live(address, now)
         if record is None:
             return 0.0
@@ -82,6 +84,8 @@ class AuthThrottle:
         if step <= 0:
             return 0.0
         at = max(now, record.next_at)
+        if at - now > self._max_delay:
+            return -1.0
         record.next_at = at + step
         return at - now
 

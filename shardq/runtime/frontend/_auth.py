@@ -98,7 +98,9 @@ class AuthGate:
             return
         address = client_address(client)
         wait = self.throttle.reserve(address, time.monotonic())
-        if wait > 0:
+        if wait < 0:
+            self._answer(client, req, error_reply(INVALID_TOKEN))  # too many waiting: unchecked
+        elif wait > 0:
             self._loop.call_later(wait, self._check, client, req, token, address)
         else:
             self._check(client, req, token, address)
@@ -133,7 +135,9 @@ class AuthGate:
         address = str(frame.get("address", ""))[:MAX_ADDRESS_CHARS]
         token = frame.get("token")
         wait = self.throttle.reserve(address, time.monotonic())
-        if wait > 0:
+        if wait < 0:
+            self._answer(client, req, error_reply(INVALID_TOKEN))
+        elif wait > 0:
             self._loop.call_later(wait, self._bearer, client, req, token, address)
         else:
             self._bearer(client, req, token, address)

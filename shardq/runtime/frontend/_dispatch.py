@@ -95,7 +95,6 @@ INVALID_COMMAND_NESTING: Final = "Invalid command: nested too deeply"
 _log = structlog.get_logger()
 
 
-
 def _pass_through(client: Client, cmd: dict[str, Any]) -> None:
     """Let the shard pack a PULLB's reply in its final form for a TCP or ZeroMQ client (their
     `wire_mode` says how numbers go), to be passed on as bytes (`protocol._prepacked`)."""
