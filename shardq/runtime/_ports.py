@@ -39,6 +39,7 @@ class _Record:
     failures: int
     last_failure: float
     next_at: float  # when the next attempt from this address may be checked
+    queued: int = 0  # attempts given a turn and not checked yet
 
 
 class AuthThrottle:
@@ -80,14 +81,23 @@ class AuthThrottle:
         record = self._live(address, now)
         if record is None:
             return 0.0
-        step = self._step(record.failures)
+        # Each attempt still waiting counts as the failure it most likely is: concurrent
+        # attempts are spaced as if they had come one after the other.
+        step = self._step(record.failures + record.queued)
         if step <= 0:
             return 0.0
         at = max(now, record.next_at)
         if at - now > self._max_delay:
             return -1.0
         record.next_at = at + step
+        record.queued += 1
         return at - now
+
+    def settled(self, address: str) -> None:
+        """An attempt given a turn by `reserve` was checked and matched."""
+        record = self._records.get(address)
+        if record is not None and record.queued:
+            record.queued -= 1
 
     def failed(self, address: str, now: float) -> int:
         """Count one failure of `address`; return its failures in the current window."""
@@ -96,6 +106,7 @@ class AuthThrottle:
             record = self._records[address] = _Record(0, now, now)
         else:
             self._records.move_to_end(address)
+            record.queued = max(0, record.queued - 1)
         record.failures += 1
         record.last_failure = now
         record.next_at = max(record.next_at, now + self._step(record.failures))

@@ -27,11 +27,13 @@ from shardq.runtime._ports import AuthThrottle
 from shardq.runtime.frontend._limits import Failures, LogLimiter
 from shardq.runtime.frontend._replies import Client, Reply
 
-__all__ = ["AuthGate", "client_address"]
+__all__ = ["AUTH_THROTTLED", "AuthGate", "client_address"]
 
 # Connections whose failed Auth attempts are remembered (ZeroMQ peers never say goodbye).
 MAX_AUTH_FAILURE_RECORDS: Final = 100_000
 MAX_ADDRESS_CHARS: Final = 64  # an AuthCheck's address: any IPv6 text fits
+# The answer to an attempt not even checked: its address's turn is too far away.
+AUTH_THROTTLED: Final = "Too many failed Auth attempts from this address: retry later"
 
 Answer = Callable[[Client, object, Reply], None]
 
@@ -99,7 +101,7 @@ class AuthGate:
         address = client_address(client)
         wait = self.throttle.reserve(address, time.monotonic())
         if wait < 0:
-            self._answer(client, req, error_reply(INVALID_TOKEN))  # too many waiting: unchecked
+            self._answer(client, req, error_reply(AUTH_THROTTLED))
         elif wait > 0:
             self._loop.call_later(wait, self._check, client, req, token, address)
         else:
@@ -110,6 +112,7 @@ class AuthGate:
             self._failed(client, address)
             self._answer(client, req, error_reply(INVALID_TOKEN))
             return
+        self.throttle.settled(address)
         self._failures.forget(client.conn)
         client.authenticated = True
         self._answer(client, req, {"ok": True})
@@ -136,7 +139,7 @@ class AuthGate:
         token = frame.get("token")
         wait = self.throttle.reserve(address, time.monotonic())
         if wait < 0:
-            self._answer(client, req, error_reply(INVALID_TOKEN))
+            self._answer(client, req, error_reply(AUTH_THROTTLED))
         elif wait > 0:
             self._loop.call_later(wait, self._bearer, client, req, token, address)
         else:
@@ -144,6 +147,7 @@ class AuthGate:
 
     def _bearer(self, client: Client, req: object, token: object, address: str) -> None:
         if self.matches(token):
+            self.throttle.settled(address)
             self._answer(client, req, {"ok": True})
             return
         failures = self.throttle.failed(address, time.monotonic())

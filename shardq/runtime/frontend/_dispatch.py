@@ -156,7 +156,11 @@ class Dispatcher:
             self.answer,
             loop,
             max_failures=auth_max_failures,
-            throttle=auth_throttle or AuthThrottle(auth_max_failures, 60.0, 0.25, 30.0),
+            throttle=(
+                AuthThrottle(auth_max_failures, 60.0, 0.25, 30.0)
+                if auth_throttle is None
+                else auth_throttle
+            ),
             internal_token=internal_token,
         )
         self._unanswered = unanswered_command  # test-only (ServerConfig.test_unanswered_command)

@@ -98,8 +98,13 @@ class _Auth:
         )
         if reply.get("ok") is True:
             return None
-        if str(reply.get("error", "")).startswith("Server unavailable"):
+        error = str(reply.get("error", ""))
+        if error.startswith("Server unavailable"):
             return _error(503, "Server unavailable: cannot check the token")
+        if error.startswith("Too many failed"):  # not even checked: the address must wait
+            response = _error(429, error)
+            response.headers["Retry-After"] = str(max(1, self._wait_ms // 1000))
+            return response
         self._suspects[address] = time.monotonic() + self._window_s
         self._suspects.move_to_end(address)
         if len(self._suspects) > _MAX_SUSPECTS:
