@@ -469,7 +469,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "auth_failure_window_ms": _ranged(1000, 86_400_000, ms=True),
     "auth_failure_delay_ms": _ranged(0, 60_000, ms=True),  # 0: no delays, the count only
     "auth_failure_max_delay_ms": _ranged(0, 3_600_000, ms=True),
-    "test_unanswered_command": _text,
+    "test_unanswered_command": _path_or_none,  # a command name, or "" for off
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 
