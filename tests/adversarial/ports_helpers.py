@@ -30,7 +30,9 @@ def low_nofile(limit: int) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def closed_within(sock: socket.socket, seconds: float, drip: bytes = b"", every: float = 0) -> float:
+def closed_within(
+    sock: socket.socket, seconds: float, drip: bytes = b"", every: float = 0
+) -> float:
     """Seconds until the server closed `sock` (reading whatever it sent), dripping `drip`
     every `every` seconds meanwhile; raises AssertionError if still open after `seconds`."""
     start = time.monotonic()

@@ -27,8 +27,8 @@ from ports_helpers import closed_within, http_get, low_nofile, raw_request, vm_h
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "http"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
-from http_helpers import self_signed  # noqa: E402
-from wire_clients import Dealer, Tcp  # noqa: E402
+from http_helpers import self_signed
+from wire_clients import Dealer, Tcp
 
 TOKEN = "port-test-token"
 NOFILE = 256  # the servers' descriptor limit: caps come out low, so the tests stay fast
@@ -289,9 +289,7 @@ def test_unanswered_requests_do_not_leak_the_backend_link(server: ShardqServer) 
     # The front end swallows IsPaused here (test_unanswered_command). More of them than the
     # front end lets one connection have in flight (8): on a shared link that was for good.
     async def run() -> list[int]:
-        async with aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {TOKEN}"}
-        ) as session:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session:
 
             async def paused() -> int:
                 async with session.get(f"{server.http_url}/queues/q/paused") as r:

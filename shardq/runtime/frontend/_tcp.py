@@ -322,6 +322,12 @@ class TcpConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
+    def evict(self) -> None:
+        """Abort, quietly: at the cap, for a newer connection (the gateway logs it)."""
+        self.closed = True
+        if self._transport is not None:
+            self._transport.abort()
+
     def _cut(self, reason: str) -> None:
         """Abort the connection at once, dropping what is unsent; log why."""
         _log.warning("connection dropped", conn=self.conn, peer=self.peer, reason=reason)
@@ -405,6 +411,7 @@ class TcpGateway:
         self._pid = os.getpid()
         self._shards_blocked = False
         self._refused_log = LogLimiter("connection refused: max_connections reached")
+        self._evicted_log = LogLimiter("connection evicted: max_connections reached")
 
     def factory(self) -> TcpConnection:
         # The pid makes ids unique across front-end restarts too: a shard still holds the
@@ -417,7 +424,8 @@ class TcpGateway:
         if len(self.connections) >= self.max_connections:
             if self._fresh:
                 oldest = next(iter(self._fresh.values()))
-                oldest._cut("evicted at max_connections: no first frame yet")
+                self._evicted_log.log(peer=oldest.peer, max_connections=self.max_connections)
+                oldest.evict()
                 self.removed(oldest)
             else:
                 self._refused_log.log(peer=connection.peer, max_connections=self.max_connections)
