@@ -137,7 +137,9 @@ class ServerConfig:
     # A reply batch is cut into link frames of at most this; a reply bigger than it alone is
     # refused ("Reply too large"): a bunqueue client refuses a frame over 64 MiB anyway.
     link_max_frame_bytes: int = 64 * 1024 * 1024
-    # bunqueue has no connection cap; 10,000 leaves room under a typical 65,536 fd limit.
+    # bunqueue has no connection cap; 10,000 leaves room under a typical 65,536 fd limit. At the
+    # cap (or the lower one RLIMIT_NOFILE allows, see reserved_fds) a new connection evicts the
+    # oldest that has not sent a whole frame yet, else it is closed.
     max_connections: int = 10_000
     # Requests a TCP connection may have in flight before it is read no further: ten times
     # the deepest pipeline of the benchmarks (100), so no pipelining client ever meets it.
