@@ -2,9 +2,11 @@
 
 Starts `shardq start` (one shard) with RLIMIT_NOFILE 1024, opens `--idle` silent connections to
 the HTTP port and as many to the TCP port, then reports each process's resident memory and how
-long `/health` and a TCP `Ping` take at that moment.
+long `/health` and a TCP `Ping` take at that moment. With `--bodies`, it first sends six
+concurrent 60 MB REST bodies (chunked, so no Content-Length refuses them early) and reports
+the HTTP process's peak RSS (VmHWM) after them.
 
-    .venv/bin/python -m bench.ports_rss --idle 1100
+    .venv/bin/python -m bench.ports_rss --idle 1100 --bodies
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from shardq.protocol import FrameDecoder, encode_many
@@ -69,6 +72,40 @@ def _ping_ms(port: int) -> float:
     return (time.monotonic() - started) * 1000
 
 
+def _hwm_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _chunked_upload(port: int, megabytes: int) -> int:
+    """POST `megabytes` MB chunked to /queues/q/jobs; the status (0: cut without one)."""
+    chunk = b"x" * (1 << 20)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /queues/q/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Type: application/json\r\n\r\n"
+        )
+        try:
+            for _ in range(megabytes):
+                sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+            sock.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass
+        try:
+            head = sock.recv(65536)
+        except OSError:
+            return 0
+    return int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else 0
+
+
+def _bodies(port: int, http_pid: int) -> None:
+    with ThreadPoolExecutor(6) as pool:
+        statuses = list(pool.map(lambda _: _chunked_upload(port, 60), range(6)))
+    print(f"six 60 MB bodies: statuses {statuses}, HTTP peak RSS {_hwm_kb(http_pid) / 1024:.1f} MB")
+
+
 def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -85,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--idle", type=int, default=1100, help="idle connections per port")
     parser.add_argument("--nofile", type=int, default=1024, help="the server's RLIMIT_NOFILE")
+    parser.add_argument("--bodies", action="store_true", help="six 60 MB bodies first")
     args = parser.parse_args(argv)
     tcp, zmq_port, http = _free_port(), _free_port(), _free_port()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -102,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process holds them all
         try:
             _wait_ready(http, proc)
-            before = {role: _rss_kb(pid) for pid, role in _tree(proc.pid).items()}
+            tree = _tree(proc.pid)
+            if args.bodies:
+                _bodies(http, next(pid for pid, role in tree.items() if role == "http"))
+            before = {role: _rss_kb(pid) for pid, role in tree.items()}
             held = [socket.create_connection(("127.0.0.1", http)) for _ in range(args.idle)]
             held += [socket.create_connection(("127.0.0.1", tcp)) for _ in range(args.idle)]
             time.sleep(1.0)
