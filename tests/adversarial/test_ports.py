@@ -455,3 +455,29 @@ def test_http_brute_force_alone_is_slowed(auth_server: ShardqServer) -> None:
     checked, throttled = asyncio.run(run())
     assert 3 <= checked <= 12, checked
     assert throttled > 0
+
+
+def test_internal_auth_check_is_refused_to_clients(server: ShardqServer) -> None:
+    # AuthCheck belongs to the HTTP process's internal link; an ordinary client (TCP, or a
+    # WebSocket whose commands ride that link) gets `Unknown command`.
+    client = Tcp(server.tcp_address, timeout=5)
+    try:
+        assert client.call({"cmd": "Auth", "token": TOKEN})["ok"] is True
+        reply = client.call({"cmd": "AuthCheck", "token": TOKEN, "address": "10.0.0.1"})
+        assert reply == {"ok": False, "error": "Unknown command: AuthCheck"}
+    finally:
+        client.close()
+
+    async def run() -> None:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(
+                f"{server.http_url}/ws", headers={"Authorization": f"Bearer {TOKEN}"}
+            ) as ws,
+        ):
+            for name in ("AuthCheck", "WebhookSync"):
+                await ws.send_str(json.dumps({"cmd": name, "token": TOKEN, "reqId": "x"}))
+                reply = json.loads((await ws.receive(timeout=5)).data)
+                assert reply == {"ok": False, "error": f"Unknown command: {name}", "reqId": "x"}
+
+    asyncio.run(run())

@@ -27,11 +27,14 @@ from shardq.runtime._ports import AuthThrottle
 from shardq.runtime.frontend._limits import Failures, LogLimiter
 from shardq.runtime.frontend._replies import Client, Reply
 
-__all__ = ["AUTH_THROTTLED", "AuthGate", "client_address"]
+__all__ = ["AUTH_THROTTLED", "INTERNAL_COMMANDS", "AuthGate", "client_address"]
 
 # Connections whose failed Auth attempts are remembered (ZeroMQ peers never say goodbye).
 MAX_AUTH_FAILURE_RECORDS: Final = 100_000
 MAX_ADDRESS_CHARS: Final = 64  # an AuthCheck's address: any IPv6 text fits
+# Commands only the HTTP process's internal link may send: the HTTP process refuses them from
+# its WebSocket clients, whose other commands ride that link.
+INTERNAL_COMMANDS: Final = frozenset({"AuthCheck", "WebhookSync"})
 # The answer to an attempt not even checked: its address's turn is too far away.
 AUTH_THROTTLED: Final = "Too many failed Auth attempts from this address: retry later"
 

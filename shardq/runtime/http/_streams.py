@@ -27,8 +27,10 @@ from aiohttp import WSMsgType, web
 
 from shardq.client import AsyncEventStream, QueueEvent
 from shardq.client._url import parse_url
+from shardq.protocol import unknown_command
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._tls import loopback_client_context
+from shardq.runtime.frontend._auth import INTERNAL_COMMANDS
 from shardq.runtime.http._backend import Backend, frontend_url
 from shardq.runtime.http._body import BadInput, parse_json
 
@@ -275,7 +277,10 @@ class EventStreams:
             await socket.send_json({"ok": False, "error": "Invalid command"})
             return
         name, req = command["cmd"], command.pop("reqId", None)
-        if name in ("Subscribe", "Unsubscribe"):
+        if name in INTERNAL_COMMANDS:
+            # The HTTP process's own link is internal: a client's command must not ride it.
+            reply = {"ok": False, "error": unknown_command(name)}
+        elif name in ("Subscribe", "Unsubscribe"):
             reply = _subscription_reply(name, command.get("events"), patterns, self._max_patterns)
         else:
             wait = command.get("timeout") if name in _WAITS else None
