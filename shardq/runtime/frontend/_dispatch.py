@@ -244,10 +244,10 @@ class Dispatcher:
     def _dispatch(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> None:
         if name == "Auth":
             self.auth.auth(client, req, frame)
-        elif name == self._unanswered:
-            return  # test-only: the request a test needs left unanswered
         elif not client.authenticated:
             self.answer(client, req, error_reply(NOT_AUTHENTICATED))
+        elif name == self._unanswered:
+            return  # test-only: the request a test needs left unanswered
         elif name in self._local:
             self._local[name](client, req, frame)
         elif name in SHARD_COMMANDS:
