@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import ssl
 import sys
@@ -31,7 +32,10 @@ from http_helpers import self_signed
 from wire_clients import Dealer, Tcp
 
 TOKEN = "port-test-token"
-NOFILE = 256  # the servers' descriptor limit: caps come out low, so the tests stay fast
+# The servers' descriptor limit: low, so the caps are too and the tests stay fast. With
+# SHARDQ_ADVERSARIAL_PORTS_FULL=1 it is the common 1,024, as issue 26 measured (and the idle
+# connections 1,100).
+NOFILE = 1024 if os.environ.get("SHARDQ_ADVERSARIAL_PORTS_FULL") else 256
 # What every server here runs with: short timeouts, small caps.
 BASE_ENV = {
     "SHARDQ_HTTP_HEADER_TIMEOUT_MS": "1000",
@@ -101,7 +105,7 @@ def test_http_health_answers_with_more_idle_connections_than_descriptors(
 ) -> None:
     # More silent connections than the HTTP process has descriptors for: each new one evicts
     # the oldest idle one, so /health (and a REST route) still answer at once.
-    idle = [_connect(server.http_port) for _ in range(NOFILE + 20)]
+    idle = [_connect(server.http_port) for _ in range(NOFILE + NOFILE // 13)]
     try:
         time.sleep(0.2)
         started = time.monotonic()
