@@ -22,8 +22,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 import zmq
-from conftest import ShardqServer, free_port
 from ports_helpers import closed_within, http_get, low_nofile, raw_request, vm_hwm_kb
+from shardq_harness import ShardqServer, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "http"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
