@@ -144,7 +144,9 @@ class ServerConfig:
     # A reply batch is cut into link frames of at most this; a reply bigger than it alone is
     # refused ("Reply too large"): a bunqueue client refuses a frame over 64 MiB anyway.
     link_max_frame_bytes: int = 64 * 1024 * 1024
-    # bunqueue has no connection cap; 10,000 leaves room under a typical 65,536 fd limit.
+    # bunqueue has no connection cap; 10,000 leaves room under a typical 65,536 fd limit. At the
+    # cap (or the lower one RLIMIT_NOFILE allows, see reserved_fds) a new connection evicts the
+    # oldest that has not sent a whole frame yet, else it is closed.
     max_connections: int = 10_000
     # Requests a TCP connection may have in flight before it is read no further: ten times
     # the deepest pipeline of the benchmarks (100), so no pipelining client ever meets it.
@@ -209,6 +211,44 @@ class ServerConfig:
     # SSE and WebSocket streams the HTTP port keeps open at once, of each kind (bunqueue's
     # MAX_SSE_CLIENTS and MAX_WS_CLIENTS); each is one subscription to the front end.
     events_max_streams: int = 1_000
+    # -- ports that cannot be starved (issue 26 section 3; docs/operations.md, "Ports")
+    # Descriptors each serving process keeps free of client connections, so that it can still
+    # accept a probe, answer /health or open a link at its connection cap: a port's cap is
+    # the smaller of its own and RLIMIT_NOFILE minus this.
+    reserved_fds: int = 64
+    # A new TCP connection must send a whole first frame (with auth_tokens set: succeed at
+    # Auth) within this long, or it is closed: a silent peer holds a descriptor no longer.
+    tcp_handshake_timeout_ms: int = 10_000
+    # ZeroMQ's own handshake bound (ZMQ_HANDSHAKE_IVL): a peer that connects and never
+    # completes ZMTP (and CURVE) is dropped by libzmq after this long.
+    zmq_handshake_timeout_ms: int = 10_000
+    # HTTP: a connection's request headers (HTTPS: its first byte and TLS handshake, each)
+    # must arrive within this long; an idle keep-alive connection is closed after the other.
+    http_header_timeout_ms: int = 10_000
+    http_keepalive_timeout_ms: int = 15_000
+    # A request body must arrive within this long of its headers.
+    http_body_timeout_ms: int = 30_000
+    # HTTP connections open at once; at the cap a new one evicts the oldest that has no
+    # request in progress, or is closed when every one is busy.
+    http_max_connections: int = 1_000
+    # One REST body (413 past it, checked while it is read), and the bytes of every body
+    # being read at once (503 past it): six 60 MB bodies never become 360 MB buffered.
+    http_max_body_bytes: int = 16 * 1024 * 1024
+    http_max_body_bytes_in_flight: int = 64 * 1024 * 1024
+    # How long the HTTP process waits for the front end's reply (on top of a long-poll's own
+    # wait); a link that let a request go unanswered is replaced, so no slot leaks.
+    http_backend_timeout_ms: int = 10_000
+    # Subscription patterns one WebSocket may hold (each at most 64 bytes).
+    ws_max_subscriptions: int = 256
+    # Failed Auth attempts, per source address over TCP, ZeroMQ and HTTP together: past
+    # auth_max_failures within auth_failure_window_ms, every later attempt from the address
+    # waits auth_failure_delay_ms, doubling with each failure up to the max.
+    auth_failure_window_ms: int = 60_000
+    auth_failure_delay_ms: int = 250
+    auth_failure_max_delay_ms: int = 30_000
+    # Test-only: a command name the front end swallows without an answer ("" = off); how
+    # the tests make a request go unanswered.
+    test_unanswered_command: str = ""
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
     # Test-only: a file whose number (seconds) every server process adds to the wall clock,
     # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
@@ -456,6 +496,22 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "events_ring_data_bytes": _ranged(0, 1 << 20),
     "events_subscriber_buffer_bytes": _ranged(4096, 1 << 32),
     "events_max_streams": _ranged(0, 100_000),
+    # -- ports (issue 26 section 3)
+    "reserved_fds": _ranged(8, 1 << 20),
+    "tcp_handshake_timeout_ms": _ranged(0, ms=True),  # 0: no first-frame bound
+    "zmq_handshake_timeout_ms": _ranged(0, ms=True),  # 0: libzmq's none
+    "http_header_timeout_ms": _ranged(100, 3_600_000, ms=True),
+    "http_keepalive_timeout_ms": _ranged(100, 3_600_000, ms=True),
+    "http_body_timeout_ms": _ranged(100, 3_600_000, ms=True),
+    "http_max_connections": _ranged(1, 1 << 20),
+    "http_max_body_bytes": _ranged(1024, 2**32 - 1),
+    "http_max_body_bytes_in_flight": _ranged(1024, 1 << 40),
+    "http_backend_timeout_ms": _ranged(100, 3_600_000, ms=True),
+    "ws_max_subscriptions": _ranged(1, 100_000),
+    "auth_failure_window_ms": _ranged(1000, 86_400_000, ms=True),
+    "auth_failure_delay_ms": _ranged(0, 60_000, ms=True),  # 0: no delays, the count only
+    "auth_failure_max_delay_ms": _ranged(0, 3_600_000, ms=True),
+    "test_unanswered_command": _path_or_none,  # a command name, or "" for off
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

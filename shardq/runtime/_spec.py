@@ -77,9 +77,25 @@ class ChildSpec:
     webhook_allow_networks: tuple[str, ...] = ()
     webhook_max_pending_bytes: int = 64 << 20
     test_resolve_file: str = ""  # ServerConfig's (test-only, see there)
-    # The supervisor's per-run secret that marks the HTTP process's link to the front end as
-    # internal (WebhookSync is served only there). Given to the front end and HTTP process only.
-    internal_key: str = ""
+    # -- ports (issue 26 section 3): ServerConfig's, see there
+    reserved_fds: int = 64
+    tcp_handshake_timeout_ms: int = 10_000
+    zmq_handshake_timeout_ms: int = 10_000
+    http_header_timeout_ms: int = 10_000
+    http_keepalive_timeout_ms: int = 15_000
+    http_body_timeout_ms: int = 30_000
+    http_max_connections: int = 1_000
+    http_max_body_bytes: int = 16 * 1024 * 1024
+    http_max_body_bytes_in_flight: int = 64 * 1024 * 1024
+    http_backend_timeout_ms: int = 10_000
+    ws_max_subscriptions: int = 256
+    auth_failure_window_ms: int = 60_000
+    auth_failure_delay_ms: int = 250
+    auth_failure_max_delay_ms: int = 30_000
+    test_unanswered_command: str = ""
+    # A secret the supervisor draws at each start: the HTTP process's link to the front end
+    # authenticates with it, which marks the link internal (never on the command line).
+    internal_token: str = ""
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
     test_clock_file: str = ""  # ServerConfig's (test-only, see there)
 

@@ -156,6 +156,21 @@ VALID_TEXT = {
     "events_ring_data_bytes": "0",
     "events_subscriber_buffer_bytes": "65536",
     "events_max_streams": "10",
+    "reserved_fds": "128",
+    "tcp_handshake_timeout_ms": "5000",
+    "zmq_handshake_timeout_ms": "5000",
+    "http_header_timeout_ms": "5000",
+    "http_keepalive_timeout_ms": "5000",
+    "http_body_timeout_ms": "5000",
+    "http_max_connections": "50",
+    "http_max_body_bytes": "65536",
+    "http_max_body_bytes_in_flight": "1048576",
+    "http_backend_timeout_ms": "5000",
+    "ws_max_subscriptions": "8",
+    "auth_failure_window_ms": "5000",
+    "auth_failure_delay_ms": "100",
+    "auth_failure_max_delay_ms": "5000",
+    "test_unanswered_command": "IsPaused",
 }
 
 
@@ -238,6 +253,21 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         webhook_allow_networks = ["10.20.0.0/16", "fd00::/8"]
         webhook_max_pending_bytes = 1048576
         test_resolve_file = "/tmp/shardq-test-resolve.json"
+        reserved_fds = 128
+        tcp_handshake_timeout_ms = 5000
+        zmq_handshake_timeout_ms = 5000
+        http_header_timeout_ms = 5000
+        http_keepalive_timeout_ms = 5000
+        http_body_timeout_ms = 5000
+        http_max_connections = 50
+        http_max_body_bytes = 65536
+        http_max_body_bytes_in_flight = 1048576
+        http_backend_timeout_ms = 5000
+        ws_max_subscriptions = 8
+        auth_failure_window_ms = 5000
+        auth_failure_delay_ms = 100
+        auth_failure_max_delay_ms = 5000
+        test_unanswered_command = "IsPaused"
     """
     from_file = load_config(write(tmp_path, text), env={})
     from_env = load_config(env={f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()})

@@ -18,7 +18,7 @@ KEY = "k" * 43
 def h(request: pytest.FixtureRequest) -> Iterator[Harness]:
     harness = Harness(tokens=request.param)
     harness.dispatcher = Dispatcher(
-        N, harness._to_shard, harness.loop, request.param, internal_key=KEY
+        N, harness._to_shard, harness.loop, request.param, internal_token=KEY
     )
     yield harness
     harness.close()

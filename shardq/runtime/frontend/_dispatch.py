@@ -21,7 +21,6 @@ callback registered under it gets the reply.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +34,6 @@ import shardq
 from shardq.errors import ProtocolError
 from shardq.protocol import (
     INTERNAL_SERVER_ERROR,
-    INVALID_TOKEN,
     NOT_AUTHENTICATED,
     DecodedFrame,
     check_command,
@@ -45,8 +43,10 @@ from shardq.protocol import (
 )
 from shardq.protocol._prepacked import WIRE_MODE_KEY
 from shardq.runtime import _clock
+from shardq.runtime._ports import AuthThrottle
 from shardq.runtime._routing import shard_of
 from shardq.runtime._ssrf import SsrfRules
+from shardq.runtime.frontend._auth import MAX_AUTH_FAILURE_RECORDS, AuthGate
 from shardq.runtime.frontend._bunqueue import BunqueueCommands, LocalHandler
 from shardq.runtime.frontend._commands import (
     BUNQUEUE_COMMANDS,
@@ -59,8 +59,6 @@ from shardq.runtime.frontend._events import EventHub, EventLimits
 from shardq.runtime.frontend._flows import FlowRoutes
 from shardq.runtime.frontend._limits import (
     PARKING_COMMANDS,
-    Failures,
-    LogLimiter,
     ParkedSlots,
     parks,
 )
@@ -94,17 +92,12 @@ _ABSENT: Final = object()  # the frame had no reqId: the reply carries none eith
 # The field naming the job, for the id commands that do not call it `id`.
 _ID_FIELDS: Final = {"GetJobByCustomId": "customId", "UpdateParent": "childId"}
 INVALID_COMMAND_NESTING: Final = "Invalid command: nested too deeply"
-# Connections whose failed Auth attempts are remembered (ZeroMQ peers never say goodbye).
-MAX_AUTH_FAILURE_RECORDS: Final = 100_000
 _PULLS: Final = frozenset({"PULL", "PULLB"})
-# Connections remembered for the cancels pushed to them: the bound of the Auth records above,
+# Connections remembered for the cancels pushed to them: the bound of the Auth failure records,
 # for the same reason (a TCP one leaves when it closes; ZeroMQ peers never say goodbye).
 MAX_PULLERS: Final = MAX_AUTH_FAILURE_RECORDS
 
 _log = structlog.get_logger()
-
-# Failed `Auth`s one connection gets before it is closed (a ZeroMQ identity, which cannot be
-# closed, is refused every later `Auth` instead): guessing tokens costs a reconnect each time.
 
 
 def _pass_through(client: Client, cmd: dict[str, Any]) -> None:
@@ -151,23 +144,30 @@ class Dispatcher:
         max_parked_per_connection: int = 1_000,
         max_parked: int = 10_000,
         auth_max_failures: int = 3,
+        auth_throttle: AuthThrottle | None = None,
+        internal_token: str = "",
+        unanswered_command: str = "",
         webhook_rules: SsrfRules = SsrfRules(),  # noqa: B008 (frozen, so shared safely)
-        internal_key: str = "",
         events: EventLimits = EventLimits(),  # noqa: B008 (frozen, so shared safely)
     ) -> None:
         self.shards = shards
         self._link_max = link_max_frame_bytes
         self.parked = ParkedSlots(max_parked_per_connection, max_parked)
-        self._auth_max_failures = auth_max_failures
-        self._auth_failures = Failures(MAX_AUTH_FAILURE_RECORDS)
-        self._auth_failed_log = LogLimiter("Auth failed")
         self._send = send
         self._loop = loop
-        self._tokens = [t.encode() for t in auth_tokens]
-        # A connection whose Auth presented the supervisor's per-run key is the HTTP process's
-        # internal link: only there are internal commands (WebhookSync) served.
-        self._internal_key = internal_key.encode()
-        self._internal: set[str] = set()
+        self.auth = AuthGate(
+            auth_tokens,
+            self.answer,
+            loop,
+            max_failures=auth_max_failures,
+            throttle=(
+                AuthThrottle(auth_max_failures, 60.0, 0.25, 30.0)
+                if auth_throttle is None
+                else auth_throttle
+            ),
+            internal_token=internal_token,
+        )
+        self._unanswered = unanswered_command  # test-only (ServerConfig.test_unanswered_command)
         self.cache = JobCache() if cache_size is None else JobCache(cache_size)
         self._rids = itertools.count(1)
         self._pending: dict[int, tuple[int, OnReply]] = {}  # rid -> (shard, callback)
@@ -185,6 +185,7 @@ class Dispatcher:
             "Ping": self._ping,
             "Stats": self._stats,
             "ListQueues": self._list_queues,
+            "AuthCheck": self.auth.auth_check,
         }
         self._local.update(CronRoutes(self).handlers)
         hooks = WebhookRoutes(self, webhook_rules)
@@ -206,7 +207,7 @@ class Dispatcher:
 
     @property
     def auth_required(self) -> bool:
-        return bool(self._tokens)
+        return self.auth.required
 
     @property
     def pending(self) -> int:
@@ -245,9 +246,11 @@ class Dispatcher:
 
     def _dispatch(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> None:
         if name == "Auth":
-            self.answer(client, req, self._auth(client, frame))
+            self.auth.auth(client, req, frame)
         elif not client.authenticated:
             self.answer(client, req, error_reply(NOT_AUTHENTICATED))
+        elif name == self._unanswered:
+            return  # test-only: the request a test needs left unanswered
         elif name in self._local:
             self._local[name](client, req, frame)
         elif name in SHARD_COMMANDS:
@@ -280,43 +283,10 @@ class Dispatcher:
         cmd["timeout"] = 0
         return client
 
-    def _auth(self, client: Client, frame: dict[str, Any]) -> Reply:
-        if self._auth_failures.count(client.conn) >= self._auth_max_failures:
-            # Attempts pipelined behind the last one allowed are not even compared.
-            return error_reply(INVALID_TOKEN)
-        token = frame.get("token")
-        internal = self._internal_key and isinstance(token, str)
-        if internal and hmac.compare_digest(str(token).encode(), self._internal_key):
-            self._internal.add(client.conn)
-            client.authenticated = True
-            return {"ok": True}
-        matched = False
-        if isinstance(token, str):
-            given = token.encode()
-            # Every configured token is compared, so the time taken says nothing about which.
-            for known in self._tokens:
-                matched |= hmac.compare_digest(given, known)
-        if not matched:
-            if self._tokens:  # without tokens there is nothing to guess, and nothing to close
-                self._auth_failed(client)
-            return error_reply(INVALID_TOKEN)
-        self._auth_failures.forget(client.conn)
-        client.authenticated = True
-        return {"ok": True}
-
     def is_internal(self, client: Client) -> bool:
-        """Whether `client` is the HTTP process's internal link (see `_auth`)."""
-        return client.conn in self._internal
-
-    def _auth_failed(self, client: Client) -> None:
-        """Log it (at most once a second) and close the connection at the last failure
-        allowed: guessing tokens then costs a connection per few attempts."""
-        failures = self._auth_failures.add(client.conn)
-        self._auth_failed_log.log(conn=client.conn, failures=failures)
-        if failures >= self._auth_max_failures:
-            # After the refusal is sent (the caller answers it this turn). A ZeroMQ peer
-            # cannot be closed: it stays refused until the table forgets it.
-            self._loop.call_soon(client.drop, "too many failed Auth attempts")
+        """Whether `client` is the HTTP process's internal link: it authenticated with the
+        supervisor's per-run `internal_token` (`AuthGate`)."""
+        return bool(getattr(client, "internal", False))
 
     def _hello(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         # bunqueue answers its own version; answering 2 to a client that asks for 2 keeps
@@ -588,8 +558,7 @@ class Dispatcher:
         self._pullers.pop(conn, None)
         self.bunqueue.connection_closed(conn)
         self.events.forget(conn)
-        self._auth_failures.forget(conn)
-        self._internal.discard(conn)
+        self.auth.forget(conn)
         if not self.release_on_close:
             return
         for shard in range(self.shards):

@@ -25,6 +25,7 @@ import signal
 import ssl
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 import structlog
@@ -34,6 +35,7 @@ import zmq.asyncio
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._logging import configure
+from shardq.runtime._ports import AuthThrottle, descriptor_limit
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector
 from shardq.runtime._ssrf import SsrfRules
@@ -82,15 +84,29 @@ class Frontend:
             max_parked_per_connection=spec.max_parked_per_connection,
             max_parked=spec.max_parked,
             auth_max_failures=spec.auth_max_failures,
+            auth_throttle=AuthThrottle(
+                spec.auth_max_failures,
+                spec.auth_failure_window_ms / 1000,
+                spec.auth_failure_delay_ms / 1000,
+                spec.auth_failure_max_delay_ms / 1000,
+            ),
+            internal_token=spec.internal_token,
+            unanswered_command=spec.test_unanswered_command,
             cache_size=spec.job_cache_size,
             webhook_rules=SsrfRules.of(spec.webhook_allow_private, spec.webhook_allow_networks),
-            internal_key=spec.internal_key,
             events=EventLimits.from_spec(spec),
         )
         self.dispatcher.add_handlers(MonitoringCommands(self.dispatcher, spec).handlers)
         self.dispatcher.add_handlers(BackupCommand(self.dispatcher, spec).handlers)
-        self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
-        self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))
+        # asyncio accepts up to a whole backlog of connections before any reaches the gateway,
+        # so one burst's worth of descriptors is kept free too, and the burst kept to a quarter
+        # of what the limit leaves: at the cap an accept never fails for want of a descriptor.
+        room = descriptor_limit() - spec.reserved_fds
+        self._backlog = min(_TCP_BACKLOG, max(16, room // 4))
+        limits = TcpLimits.from_spec(spec)
+        limits = replace(limits, reserved_fds=limits.reserved_fds + self._backlog)
+        self.tcp = TcpGateway(self.dispatcher, loop, limits)
+        self.zmq = ZmqGateway(self.dispatcher, self._ctx, limits)
         self._inbox = self._ctx.socket(zmq.PULL)
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -106,7 +122,7 @@ class Frontend:
         self._inbox.bind(spec.endpoint("front"))
         await self._links.connect_all()
         self._server = await self.loop.create_server(
-            self.tcp.factory, spec.host, spec.tcp_port, reuse_address=True, backlog=_TCP_BACKLOG,
+            self.tcp.factory, spec.host, spec.tcp_port, reuse_address=True, backlog=self._backlog,
             ssl=_server_tls(spec),
         )  # fmt: skip
         tcp_port = self._server.sockets[0].getsockname()[1]
@@ -238,7 +254,12 @@ async def serve(spec: ChildSpec) -> int:
             frontend.sup.fatal(f"front end cannot bind: {e}")
             return 1
         frontend.sup.ready(addresses=addresses)
-        _log.info("front end ready", spin_us=spec.spin_us, **addresses)
+        _log.info(
+            "front end ready",
+            spin_us=spec.spin_us,
+            max_connections=frontend.tcp.max_connections,
+            **addresses,
+        )
         await frontend.wait()
         return 0
     finally:

@@ -12,6 +12,10 @@ Every resource a connection can hold is bounded (`TcpLimits`, the "bounds" setti
   read completed wait, decoded, until then;
 - frames: over `max_frame_bytes`, or `unauthenticated_max_frame_bytes` before a successful
   `Auth` when tokens are set, the error frame is written and the connection closed;
+- a new connection must send a whole first frame within `tcp_handshake_timeout_ms` (a peer
+  that connects and says nothing, or drips, holds a descriptor no longer); at the connection
+  cap a new connection evicts the oldest that has not sent one yet, so silent peers cannot
+  keep a real client out; the cap itself stays `reserved_fds` below the descriptor limit;
 - a partial frame must be complete within `tcp_idle_timeout_ms` of its first byte (slowloris);
   with `tcp_idle_close_ms`, a connection with no partial frame and nothing in flight that sends
   nothing for that long is closed;
@@ -35,6 +39,7 @@ import structlog
 
 from shardq.protocol import DecodedFrame, FrameDecoder, encode_js
 from shardq.protocol._prepacked import JS_NUMBERS, WIRE_KEY, prepacked_frame
+from shardq.runtime._ports import connection_cap
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._limits import LogLimiter, RateWindow, rate_refusal
@@ -62,6 +67,9 @@ class TcpLimits:
     unauthenticated_max_frame_bytes: int = 64 * 1024
     rate_window_ms: int = 0
     rate_max_requests: int = 10_000
+    handshake_timeout_ms: int = 10_000
+    reserved_fds: int = 64
+    zmq_handshake_timeout_ms: int = 10_000
 
     @classmethod
     def from_spec(cls, spec: ChildSpec) -> TcpLimits:
@@ -75,6 +83,9 @@ class TcpLimits:
             unauthenticated_max_frame_bytes=spec.unauthenticated_max_frame_bytes,
             rate_window_ms=spec.rate_limit_window_ms,
             rate_max_requests=spec.rate_limit_max_requests,
+            handshake_timeout_ms=spec.tcp_handshake_timeout_ms,
+            reserved_fds=spec.reserved_fds,
+            zmq_handshake_timeout_ms=spec.zmq_handshake_timeout_ms,
         )
 
 
@@ -82,6 +93,7 @@ class TcpConnection(asyncio.Protocol):
     """One TCP client: a frame decoder in, a per-turn write buffer out."""
 
     wire_mode = JS_NUMBERS  # how a shard packs a reply passed through to it
+    internal = False  # the HTTP process's link (set by Auth with the internal token)
 
     def __init__(self, gateway: TcpGateway, conn: str) -> None:
         self.gateway = gateway
@@ -119,6 +131,15 @@ class TcpConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self.peer: Any = None
+        self.greeted = False  # a whole frame has come
+        self._handshake_s = limits.handshake_timeout_ms / 1000
+        self._made_at = 0.0
+
+    @property
+    def address(self) -> str:
+        """The peer's IP address, which its failed Auths count against."""
+        peer = self.peer
+        return str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
     @property
     def authenticated(self) -> bool:
@@ -137,12 +158,20 @@ class TcpConnection(asyncio.Protocol):
         # create_server always hands a stream protocol an `asyncio.Transport`.
         self._transport = cast(asyncio.Transport, transport)
         self.peer = transport.get_extra_info("peername")
-        if self.gateway.added(self) and self._idle_s > 0:
-            self._last_seen = self._loop.time()
+        if not self.gateway.added(self):
+            return
+        now = self._made_at = self._loop.time()
+        if self._handshake_s > 0:
+            self._arm(now + self._handshake_s)
+        if self._idle_s > 0:
+            self._last_seen = now
             self._arm(self._last_seen + self._idle_s)
 
     def data_received(self, data: bytes) -> None:
         frames = self._decoder.feed(data)
+        if frames and not self.greeted:
+            self.greeted = True
+            self.gateway.greeted(self)
         if self._held or self._in_flight + len(frames) > self._max_in_flight:
             # Past the cap: what this read completed waits here (at most one read's frames)
             # and the socket is read no further until replies bring the count down.
@@ -293,6 +322,12 @@ class TcpConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
+    def evict(self) -> None:
+        """Abort, quietly: at the cap, for a newer connection (the gateway logs it)."""
+        self.closed = True
+        if self._transport is not None:
+            self._transport.abort()
+
     def _cut(self, reason: str) -> None:
         """Abort the connection at once, dropping what is unsent; log why."""
         _log.warning("connection dropped", conn=self.conn, peer=self.peer, reason=reason)
@@ -335,6 +370,12 @@ class TcpConnection(asyncio.Protocol):
             return
         now = self._loop.time()
         due: list[float] = []
+        if not self.greeted and self._handshake_s > 0:
+            handshake_at = self._made_at + self._handshake_s
+            if handshake_at <= now:
+                self._cut("no first frame within tcp_handshake_timeout_ms")
+                return
+            due.append(handshake_at)
         if self._partial_since is not None and self._stall_s > 0:
             stall_at = self._partial_since + self._stall_s
             if stall_at <= now:
@@ -363,10 +404,14 @@ class TcpGateway:
         self.loop = loop
         self.limits = limits
         self.connections: dict[str, TcpConnection] = {}
+        # Connections that have not sent a whole frame yet, oldest first: evicted at the cap.
+        self._fresh: dict[str, TcpConnection] = {}
+        self.max_connections = connection_cap(limits.max_connections, limits.reserved_fds)
         self._ids = itertools.count(1)
         self._pid = os.getpid()
         self._shards_blocked = False
         self._refused_log = LogLimiter("connection refused: max_connections reached")
+        self._evicted_log = LogLimiter("connection evicted: max_connections reached")
 
     def factory(self) -> TcpConnection:
         # The pid makes ids unique across front-end restarts too: a shard still holds the
@@ -374,17 +419,29 @@ class TcpGateway:
         return TcpConnection(self, f"t{self._pid}.{next(self._ids)}")
 
     def added(self, connection: TcpConnection) -> bool:
-        """Track a new connection; False (and it is closed) past `max_connections`."""
-        if len(self.connections) >= self.limits.max_connections:
-            self._refused_log.log(peer=connection.peer, max_connections=self.limits.max_connections)
-            connection.close()
-            return False
+        """Track a new connection; False (and it is closed) past `max_connections` when no
+        connection that has not spoken yet can make room for it."""
+        if len(self.connections) >= self.max_connections:
+            if self._fresh:
+                oldest = next(iter(self._fresh.values()))
+                self._evicted_log.log(peer=oldest.peer, max_connections=self.max_connections)
+                oldest.evict()
+                self.removed(oldest)
+            else:
+                self._refused_log.log(peer=connection.peer, max_connections=self.max_connections)
+                connection.close()
+                return False
         self.connections[connection.conn] = connection
+        self._fresh[connection.conn] = connection
         if self._shards_blocked:
             connection.pause_reading(_PAUSED_BY_SHARDS)
         return True
 
+    def greeted(self, connection: TcpConnection) -> None:
+        self._fresh.pop(connection.conn, None)
+
     def removed(self, connection: TcpConnection) -> None:
+        self._fresh.pop(connection.conn, None)
         if self.connections.pop(connection.conn, None) is not None:
             self.dispatcher.connection_closed(connection.conn)
 

@@ -15,6 +15,13 @@ identity: past it a message waits, decoded, for the identity's earlier replies; 
 cannot stop reading one peer, so once `max_in_flight_per_connection` messages wait across all
 identities the ROUTER is read no further. The write backlog does not apply (a peer's full
 queue drops replies, as ZeroMQ does).
+
+Ports that cannot be starved (docs/operations.md, "Ports"): libzmq drops a peer that does not
+finish its ZMTP (and CURVE) handshake within `zmq_handshake_timeout_ms` (ZMQ_HANDSHAKE_IVL).
+libzmq offers no cap on a ROUTER's connections and no idle close, so neither applies here. A
+peer's failed Auths count against its source address, which libzmq reports per message
+(`Peer-Address`) when auth tokens are set; where it cannot (older libzmq, ipc), the address is
+"" and all such peers share one count.
 """
 
 from __future__ import annotations
@@ -47,7 +54,17 @@ _log = structlog.get_logger()
 class ZmqPeer:
     """One ZeroMQ client identity, as the dispatcher's `Client`."""
 
-    __slots__ = ("authenticated", "conn", "envelope", "gateway", "held", "in_flight", "rate")
+    __slots__ = (
+        "address",
+        "authenticated",
+        "conn",
+        "envelope",
+        "gateway",
+        "held",
+        "in_flight",
+        "internal",
+        "rate",
+    )
     wire_mode = PLAIN_NUMBERS  # how a shard packs a reply passed through to it
 
     def __init__(
@@ -60,6 +77,8 @@ class ZmqPeer:
         self.rate = rate
         self.in_flight = 0  # messages handed to the dispatcher and not answered yet
         self.held: deque[DecodedFrame] = deque()  # messages past the in-flight cap
+        self.address = ""  # the source address of its latest message, when libzmq says
+        self.internal = False
 
     def send(self, reply: dict[str, Any]) -> None:
         self.in_flight -= 1
@@ -89,6 +108,8 @@ class ZmqGateway:
         # The same cap as a TCP frame; libzmq disconnects a peer that sends a bigger message
         # before it is ever buffered whole.
         self.router.setsockopt(zmq.MAXMSGSIZE, limits.max_frame_bytes)
+        if limits.zmq_handshake_timeout_ms:
+            self.router.setsockopt(zmq.HANDSHAKE_IVL, limits.zmq_handshake_timeout_ms)
         self._sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.router.underlying)
         self._limits = limits
         self._max = limits.max_frame_bytes
@@ -149,15 +170,20 @@ class ZmqGateway:
             if not self._resume.is_set():
                 return
             try:
-                parts = self._sync.recv_multipart(zmq.NOBLOCK)
+                if self.dispatcher.auth_required:
+                    # Frames, not bytes: only a frame knows its peer's address.
+                    frames = self._sync.recv_multipart(zmq.NOBLOCK, copy=False)
+                    self._on_message([f.bytes for f in frames], _peer_address(frames[-1]))
+                else:
+                    self._on_message(self._sync.recv_multipart(zmq.NOBLOCK), "")
             except zmq.Again:
                 return
-            self._on_message(parts)
 
-    def _on_message(self, parts: list[bytes]) -> None:
+    def _on_message(self, parts: list[bytes], address: str) -> None:
         if len(parts) < 2:
             return
         peer = self._peer(parts[0])
+        peer.address = address
         peer.envelope = parts[:-1]
         frame = self._decode(parts[-1], peer.authenticated)
         if peer.held or peer.in_flight >= self._max_in_flight:
@@ -245,3 +271,10 @@ class ZmqGateway:
 
     def close(self) -> None:
         self.router.close(linger=0)
+
+
+def _peer_address(frame: zmq.Frame) -> str:
+    try:
+        return str(frame.get("Peer-Address"))
+    except (zmq.ZMQError, UnicodeDecodeError):
+        return ""  # libzmq cannot tell (an ipc peer, an old libzmq): the shared "" bucket

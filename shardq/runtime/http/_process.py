@@ -13,6 +13,8 @@ import hmac
 import json
 import signal
 import sys
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any, Final
@@ -26,7 +28,9 @@ from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._tls import server_context
 from shardq.runtime.http._backend import Backend
+from shardq.runtime.http._body import BadInput, BodyReader, parse_json
 from shardq.runtime.http._charts import Charts
+from shardq.runtime.http._conns import ConnectionGuard, http_caps
 from shardq.runtime.http._edge import Edge
 from shardq.runtime.http._mcp import McpEndpoint
 from shardq.runtime.http._monitor import Monitor
@@ -46,6 +50,7 @@ _PROMETHEUS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # A request still running at SIGTERM gets this long: the front end stops with us, so what
 # waits on it fails at once; only a slow client's transfer could take longer.
 _STOP_GRACE_S: Final = 2.0
+_MAX_SUSPECTS: Final = 100_000  # addresses remembered for a recent failed bearer token
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -61,11 +66,20 @@ def _error(status: int, message: str) -> web.Response:
 
 
 class _Auth:
-    def __init__(self, spec: ChildSpec) -> None:
+    """Bearer tokens. A token that matches is let through here, unless its address failed
+    recently: then, like every token that does not match, it is checked by the front end
+    (`AuthCheck`), which counts failures per address over every port and answers only after
+    the address's delay (docs/protocol.md §3.2). A missing token is no guess: 401 at once."""
+
+    def __init__(self, spec: ChildSpec, backend: Backend) -> None:
         self._tokens = [t.encode() for t in spec.auth_tokens]
         self._metrics_auth = spec.metrics_auth
+        self._backend = backend
+        self._window_s = spec.auth_failure_window_ms / 1000
+        self._wait_ms = spec.auth_failure_max_delay_ms
+        self._suspects: OrderedDict[str, float] = OrderedDict()  # address -> until
 
-    def denied(self, request: web.Request) -> web.Response | None:
+    async def denied(self, request: web.Request) -> web.Response | None:
         path = request.path
         if path in _OPEN or path in _PAGE or path.startswith("/static/"):
             return None
@@ -73,15 +87,44 @@ class _Auth:
             return None
         if path == "/prometheus" and not self._tokens:
             return _error(503, "Metrics authentication is enabled but no tokens are configured")
-        if not self._tokens or self._bearer_ok(request.headers.get("Authorization", "")):
+        if not self._tokens:
             return None
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return _error(401, "Unauthorized")
+        address = request.remote or ""
+        if not self._suspect(address) and self._bearer_ok(token):
+            return None
+        reply = await self._backend.call(
+            {"cmd": "AuthCheck", "token": token, "address": address}, wait_ms=self._wait_ms
+        )
+        if reply.get("ok") is True:
+            return None
+        error = str(reply.get("error", ""))
+        if error.startswith("Server unavailable"):
+            return _error(503, "Server unavailable: cannot check the token")
+        if error.startswith("Too many failed"):  # not even checked: the address must wait
+            response = _error(429, error)
+            response.headers["Retry-After"] = str(max(1, self._wait_ms // 1000))
+            return response
+        self._suspects[address] = time.monotonic() + self._window_s
+        self._suspects.move_to_end(address)
+        if len(self._suspects) > _MAX_SUSPECTS:
+            self._suspects.popitem(last=False)
         return _error(401, "Unauthorized")
 
-    def _bearer_ok(self, header: str) -> bool:
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer":
+    def _suspect(self, address: str) -> bool:
+        until = self._suspects.get(address)
+        if until is None:
             return False
-        given = token.strip().encode()
+        if until < time.monotonic():
+            del self._suspects[address]
+            return False
+        return True
+
+    def _bearer_ok(self, token: str) -> bool:
+        given = token.encode()
         # Compare against every token, always: the time taken says nothing about which matched.
         return any([hmac.compare_digest(given, t) for t in self._tokens])
 
@@ -100,7 +143,14 @@ class _Server:
         self.monitor = Monitor(spec, backend)
         self.overview = Overview(backend, self.monitor)
         self.charts = Charts(backend, spec.metrics_max_queues)
-        self.auth = _Auth(spec)
+        # AuthCheck is served only on an internal link, never on the one clients' commands use.
+        self.internal = Backend(spec, internal=True)
+        self.auth = _Auth(spec, self.internal)
+        self.bodies = BodyReader(
+            spec.http_max_body_bytes,
+            spec.http_max_body_bytes_in_flight,
+            spec.http_body_timeout_ms / 1000,
+        )
         self.streams = EventStreams(spec, backend)
         self.monitor.streams_open = self.streams.open
         self.webhooks = WebhookService(spec)  # on its own internal link (WebhookSync)
@@ -108,11 +158,16 @@ class _Server:
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        denied = self.auth.denied(request)
+        denied = await self.auth.denied(request)
         if denied is not None:
             return denied
         try:
             return await handler(request)
+        except BadInput as e:
+            response = _error(e.status, str(e))
+            if e.status in (408, 413):
+                response.force_close()  # the rest of the body is not read: no keep-alive
+            return response
         except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
             return _error(404, "Not found")
         except web.HTTPException:
@@ -181,28 +236,34 @@ class _Server:
         if found is None:
             return _error(404, "Not found")
         route, captures = found
-        body: Any = {}
-        if request.can_read_body:
-            try:
-                body = await request.json()
-            except ValueError:
+        raw = await self.bodies.read(request) if request.can_read_body else b""
+        try:
+            body: Any = parse_json(raw) if raw else {}
+            if not isinstance(body, dict):
                 return _error(400, "Invalid JSON body")
-        if not isinstance(body, dict):
-            return _error(400, "Invalid JSON body")
-        command = route.build(captures, request.query, body)
-        wait = command.get(route.wait_key) if route.wait_key else None
-        wait_ms = wait if isinstance(wait, int | float) and wait > 0 else 0
-        reply = await self.backend.call(command, wait_ms=wait_ms)
-        return _json(reply, status_for(route, reply))
+            command = route.build(captures, request.query, body)
+            wait = command.get(route.wait_key) if route.wait_key else None
+            wait_ms = wait if isinstance(wait, int | float) and wait > 0 else 0
+            reply = await self.backend.call(command, wait_ms=wait_ms)
+            return _json(reply, status_for(route, reply))
+        finally:
+            self.bodies.release(len(raw))
 
 
-def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
+def build_app(
+    spec: ChildSpec, backend: Backend, guard: ConnectionGuard | None = None
+) -> web.Application:
     server = _Server(spec, backend)
     edge = Edge(spec)
-    # A body may be as large as a frame of the TCP port (a bulk push): it becomes one.
-    app = web.Application(
-        middlewares=[edge.guard, server.guard], client_max_size=spec.max_frame_bytes
+    middlewares = [edge.guard, server.guard]
+    if guard is not None:
+        middlewares.insert(0, guard.middleware)
+    _, server.streams.max_streams = http_caps(
+        spec.http_max_connections, spec.events_max_streams, spec.reserved_fds
     )
+    # Bodies are read by `BodyReader` within http_max_body_bytes; this is aiohttp's own cap
+    # for any other read, the same.
+    app = web.Application(middlewares=middlewares, client_max_size=spec.http_max_body_bytes)
     app.on_response_prepare.append(edge.add_cors)
     static = resources.files("shardq.runtime.http").joinpath("static")
     app.router.add_get("/health", server.health)
@@ -231,6 +292,7 @@ def build_app(spec: ChildSpec, backend: Backend) -> web.Application:
     # Webhook delivery lives and dies with the HTTP server (docs/protocol.md, "Webhooks").
     app.on_startup.append(lambda _app: server.webhooks.start())
     app.on_cleanup.append(lambda _app: server.webhooks.stop())
+    app.on_cleanup.append(lambda _app: server.internal.close())
     return app
 
 
@@ -242,14 +304,27 @@ async def serve(spec: ChildSpec) -> int:
     # Before anything can fail or take time: a SIGTERM at start-up is a clean stop too.
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    runner = web.AppRunner(build_app(spec, backend), access_log=None)
+    max_connections, _ = http_caps(
+        spec.http_max_connections, spec.events_max_streams, spec.reserved_fds
+    )
+    guard = ConnectionGuard(max_connections, spec.http_header_timeout_ms / 1000)
+    runner = web.AppRunner(
+        build_app(spec, backend, guard),
+        access_log=None,
+        keepalive_timeout=spec.http_keepalive_timeout_ms / 1000,
+    )
     await runner.setup()
+    assert runner.server is not None  # set by setup
+    guard.install(runner.server)
     tls_site: TlsSite | None = None
     try:
         site: web.BaseSite | TlsSite
         if spec.tls_cert_file:
             context = server_context(spec.tls_cert_file, spec.tls_key_file)
-            site = tls_site = TlsSite(runner, spec.host, spec.http_port, context)
+            site = tls_site = TlsSite(
+                runner, spec.host, spec.http_port, context,
+                timeout_s=spec.http_header_timeout_ms / 1000, max_pending=max_connections,
+            )  # fmt: skip
         else:
             site = web.TCPSite(
                 runner, spec.host, spec.http_port, reuse_address=True,
@@ -262,7 +337,10 @@ async def serve(spec: ChildSpec) -> int:
             sup.fatal(f"http cannot bind port {spec.http_port}: {e}")
             return 1
         sup.ready(addresses={"http": f"{spec.host}:{spec.http_port}"})
-        log.info("http ready", host=spec.host, port=spec.http_port, tls=tls_site is not None)
+        log.info(
+            "http ready", host=spec.host, port=spec.http_port, tls=tls_site is not None,
+            max_connections=max_connections,
+        )  # fmt: skip
         await stop.wait()
         log.info("http stopped")
         return 0

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 from urllib.parse import unquote
 
+from shardq.runtime.http._body import query_int
+
 __all__ = ["ROUTES", "Route", "match", "status_for"]
 
 Body = Mapping[str, Any]
@@ -41,10 +43,8 @@ class Route:
 
 
 def _int(text: str | None, default: int | None = None) -> int | None:
-    try:
-        return int(text) if text is not None else default
-    except ValueError:
-        return default
+    # Not a number: the default, as bunqueue; a number beyond 64 bits: 400 (`BadInput`).
+    return query_int(text, default)
 
 
 def _some(**fields: Any) -> dict[str, Any]:

@@ -27,9 +27,12 @@ from aiohttp import WSMsgType, web
 
 from shardq.client import AsyncEventStream, QueueEvent
 from shardq.client._url import parse_url
+from shardq.protocol import unknown_command
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._tls import loopback_client_context
+from shardq.runtime.frontend._auth import INTERNAL_COMMANDS
 from shardq.runtime.http._backend import Backend, frontend_url
+from shardq.runtime.http._body import BadInput, parse_json
 
 __all__ = ["EventStreams"]
 
@@ -78,6 +81,9 @@ _FAMILIES: Final = frozenset(
     ]
 )
 _PATTERN: Final = re.compile(r"^([a-z]+):([a-z*-]+)$")
+MAX_PATTERN_CHARS: Final = 64  # longer than any event name; with ws_max_subscriptions, the bound
+# Commands whose `timeout` is a long-poll's wait, which the reply may take on top of the link's.
+_WAITS: Final = frozenset({"PULL", "PULLB", "WaitJob"})
 
 
 def dashboard_name(event: QueueEvent) -> str:
@@ -101,7 +107,9 @@ def dashboard_data(event: QueueEvent) -> dict[str, Any]:
 def valid_pattern(pattern: object) -> bool:
     if pattern == "*":
         return True
-    found = _PATTERN.match(pattern) if isinstance(pattern, str) else None
+    if not isinstance(pattern, str) or len(pattern) > MAX_PATTERN_CHARS:
+        return False
+    found = _PATTERN.match(pattern)
     return found is not None and found.group(1) in _FAMILIES
 
 
@@ -123,7 +131,8 @@ class EventStreams:
         self._tls = loopback_client_context(spec.tls_cert_file) if spec.tls_cert_file else None
         self._token = spec.auth_tokens[0] if spec.auth_tokens else None
         self._backend = backend
-        self._max = spec.events_max_streams
+        self.max_streams = spec.events_max_streams  # lowered to fit the descriptor limit
+        self._max_patterns = spec.ws_max_subscriptions
         self.open = {"sse": 0, "ws": 0}
 
     def _subscription(self, queue: str | None, since: int | None) -> AsyncEventStream:
@@ -146,7 +155,7 @@ class EventStreams:
         return stream
 
     def _full(self, kind: str) -> bool:
-        return self.open[kind] >= self._max
+        return self.open[kind] >= self.max_streams
 
     # -- server-sent events ----------------------------------------------------------------
 
@@ -216,7 +225,7 @@ class EventStreams:
         try:
             async for message in socket:
                 if message.type == WSMsgType.TEXT:
-                    await self._on_ws_message(socket, message.data, patterns)
+                    await self._on_ws_message_safely(socket, message.data, patterns)
         finally:
             self.open["ws"] -= 1
             pump.cancel()
@@ -240,29 +249,54 @@ class EventStreams:
                 body["data"] = dashboard_data(event)
                 await socket.send_str(json.dumps(body, default=str))
 
+    async def _on_ws_message_safely(
+        self, socket: web.WebSocketResponse, text: str, patterns: list[Any]
+    ) -> None:
+        """A bug met by one message answers an error on the socket: the socket is past its
+        HTTP answer, so the middleware's 500 would be written into the stream."""
+        try:
+            await self._on_ws_message(socket, text, patterns)
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as e:
+            log.exception("websocket message failed")
+            if not socket.closed:
+                error = f"Internal error: {type(e).__name__}"
+                await socket.send_json({"ok": False, "error": error})
+
     async def _on_ws_message(
         self, socket: web.WebSocketResponse, text: str, patterns: list[Any]
     ) -> None:
         try:
-            command = json.loads(text)
-        except ValueError:
-            await socket.send_json({"ok": False, "error": "Invalid JSON"})
+            command = parse_json(text)
+        except BadInput as e:
+            error = "Invalid JSON" if str(e) == "Invalid JSON body" else str(e)
+            await socket.send_json({"ok": False, "error": error})
             return
         if not isinstance(command, dict) or not isinstance(command.get("cmd"), str):
             await socket.send_json({"ok": False, "error": "Invalid command"})
             return
         name, req = command["cmd"], command.pop("reqId", None)
-        if name in ("Subscribe", "Unsubscribe"):
-            reply = _subscription_reply(name, command.get("events"), patterns)
+        if name in INTERNAL_COMMANDS:
+            # The HTTP process's own link is internal: a client's command must not ride it.
+            reply = {"ok": False, "error": unknown_command(name)}
+        elif name in ("Subscribe", "Unsubscribe"):
+            reply = _subscription_reply(name, command.get("events"), patterns, self._max_patterns)
         else:
-            reply = await self._backend.call(command)  # any command, as on the TCP port
+            wait = command.get("timeout") if name in _WAITS else None
+            wait_ms = wait if isinstance(wait, int | float) and wait > 0 else 0
+            # Any command, as on the TCP port.
+            reply = await self._backend.call(command, wait_ms=wait_ms)
         if req is not None:
             reply["reqId"] = req
         await socket.send_str(json.dumps(reply, default=str))
 
 
-def _subscription_reply(name: str, events: object, patterns: list[Any]) -> dict[str, Any]:
-    """bunqueue's Subscribe/Unsubscribe on the WebSocket: patterns such as `job:*`."""
+def _subscription_reply(
+    name: str, events: object, patterns: list[Any], max_patterns: int
+) -> dict[str, Any]:
+    """bunqueue's Subscribe/Unsubscribe on the WebSocket: patterns such as `job:*`, at most
+    `max_patterns` of them, each at most MAX_PATTERN_CHARS long."""
     current: set[str] = patterns[0] if patterns[0] is not None else set()
     if name == "Subscribe":
         if not isinstance(events, list) or not events:
@@ -270,8 +304,10 @@ def _subscription_reply(name: str, events: object, patterns: list[Any]) -> dict[
         invalid = [str(e) for e in events if not valid_pattern(e)]
         if invalid:
             return {"ok": False, "error": f"Invalid: {', '.join(invalid)}"}
-        current |= set(events)
-        patterns[0] = current
+        added = current | set(events)
+        if len(added) > max_patterns:
+            return {"ok": False, "error": f"Too many subscriptions (limit {max_patterns})"}
+        current = patterns[0] = added
     elif isinstance(events, list) and events:
         current -= set(map(str, events))
     else:

@@ -25,10 +25,10 @@ log = structlog.get_logger()
 
 _HANDSHAKE: Final = 0x16  # TLS record type of a ClientHello
 _PLAIN_ERROR: Final = "This port speaks HTTPS: use https://"
-# A peer that connects and says nothing is closed after this long (the handshake's own bound
-# takes over once it has started); it holds a file descriptor until then.
+# The defaults of `http_header_timeout_ms`: a peer that connects and says nothing is closed
+# after this long, and so is one whose handshake has not finished this long after its first
+# byte. Once the handshake is done, aiohttp and `ConnectionGuard` bound the headers.
 _FIRST_BYTE_S: Final = 10.0
-_HANDSHAKE_S: Final = 10.0
 
 
 def _plain_answer() -> bytes:
@@ -44,8 +44,20 @@ class TlsSite:
     """Listens on `host:port` (the first address `host` resolves to) until `stop`."""
 
     def __init__(
-        self, runner: web.AppRunner, host: str, port: int, context: ssl.SSLContext
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        context: ssl.SSLContext,
+        *,
+        timeout_s: float = _FIRST_BYTE_S,
+        max_pending: int = 1_000,
     ) -> None:
+        self._timeout = timeout_s
+        # Connections before their handshake ends; at the cap the oldest is closed for a new
+        # one, so peers that never finish cannot keep a probe out.
+        self._max_pending = max_pending
+        self._waiting: dict[asyncio.Task[None], None] = {}  # oldest first
         self._runner = runner
         self._host = host
         self._port = port
@@ -88,15 +100,24 @@ class TlsSite:
                 log.warning("http accept failed", error=str(e))
                 await asyncio.sleep(0.1)
                 continue
+            if len(self._waiting) >= self._max_pending:
+                oldest = next(iter(self._waiting))
+                del self._waiting[oldest]
+                oldest.cancel()
             task = asyncio.create_task(self._sort(conn))
             self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            self._waiting[task] = None
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._pending.discard(task)
+        self._waiting.pop(task, None)
 
     async def _sort(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         try:
-            first = await asyncio.wait_for(_peek(loop, conn), _FIRST_BYTE_S)
-        except (OSError, TimeoutError):
+            first = await asyncio.wait_for(_peek(loop, conn), self._timeout)
+        except (OSError, TimeoutError, asyncio.CancelledError):
             conn.close()
             return
         if first and first[0] == _HANDSHAKE:
@@ -105,13 +126,16 @@ class TlsSite:
                     self._runner.server,  # type: ignore[arg-type]
                     conn,
                     ssl=self._context,
-                    ssl_handshake_timeout=_HANDSHAKE_S,
+                    ssl_handshake_timeout=self._timeout,
                 )
+            except asyncio.CancelledError:
+                conn.close()  # evicted at the cap before its handshake ended
+                return
             except (OSError, ssl.SSLError, TimeoutError) as e:
                 log.info("http tls handshake failed", error=str(e))
                 conn.close()
             return
-        await _refuse_plain(loop, conn)
+        await _refuse_plain(loop, conn, self._timeout)
 
 
 async def _peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
@@ -130,13 +154,15 @@ async def _peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
     return conn.recv(1, socket.MSG_PEEK)
 
 
-async def _refuse_plain(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+async def _refuse_plain(
+    loop: asyncio.AbstractEventLoop, conn: socket.socket, timeout_s: float
+) -> None:
     try:
         # Read the request first: closing with unread bytes would reset the connection and
         # the client could lose the answer.
         with contextlib.suppress(BlockingIOError):
             conn.recv(65536)
-        await asyncio.wait_for(loop.sock_sendall(conn, _plain_answer()), _FIRST_BYTE_S)
+        await asyncio.wait_for(loop.sock_sendall(conn, _plain_answer()), timeout_s)
         conn.shutdown(socket.SHUT_WR)
     except (OSError, TimeoutError):
         pass

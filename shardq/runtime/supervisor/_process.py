@@ -120,14 +120,15 @@ class Supervisor:
         # recover, and a load balancer sees the server leave before its clients are cut.
         self._http = [_Child("http")] if config.http_port else []
         self._children = [self._writer, *self._shards, self._frontend, *self._http]
-        # Proves to the front end that a connection is the HTTP process's internal link (its
-        # WebhookSync): made afresh for each run, handed over only in the specs (stdin).
-        self._internal_key = secrets.token_urlsafe(32)
         self._stops = 0
         self._serving = False  # "shardq ready" was logged: exits now mean restarts
         self._stopping = False
         self._failure: str | None = None
         self._run_dir = Path()
+        # Proves to the front end that a connection is the HTTP process's internal link (its
+        # WebhookSync and AuthCheck): made afresh for each run, handed over only in the specs
+        # (stdin), and only to the two processes that use it.
+        self._internal_token = secrets.token_hex(32)
         self._poller = zmq.Poller()
         self._sup: zmq.Socket[bytes] | None = None
         self._front: zmq.Socket[bytes] | None = None
@@ -390,7 +391,7 @@ class Supervisor:
             engine=dict(c.engine),
             # Only the HTTP process serves HTTP; the other children see port 0.
             http_port=c.http_port if child.role == "http" else 0,
-            internal_key=self._internal_key if child.role in ("frontend", "http") else "",
+            internal_token=self._internal_token if child.role in ("frontend", "http") else "",
         )
         return ChildSpec(**shared)
 
