@@ -39,6 +39,10 @@ class EngineConfig:
     # Longest custom id, uniqueKey, debounceId, tag or dependsOn entry a command may
     # carry: each is an index key in memory and on disk; 1024 fits UUIDs, URLs and composites.
     max_key_chars: int = 1_024
+    # Longest free text (a log line, an error, a progress message) and longest list (ids of a
+    # batch, tags, a stack) a command may carry (shardq/protocol/_commands.py declares which).
+    max_text_chars: int = 1 << 20
+    max_list_items: int = 100_000
     # Groups of one queue that may hold settings (pause, limits) at once: their settings are
     # saved with the queue's on every change, so this bounds that write; bunqueue has no cap.
     max_configured_groups: int = 10_000

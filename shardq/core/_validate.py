@@ -19,8 +19,12 @@ each command in `CHECKED_COMMANDS` (`Engine._checked`), so it runs once per comm
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Final, TypeAlias
+
+from shardq.protocol._fields import Limits
+from shardq.protocol._schema import REGISTRY
+from shardq.protocol._schema import check as schema_check
 
 from ._options import (
     CHECKED_FIELDS,
@@ -281,45 +285,39 @@ def validate_job(fields: Mapping[str, Any], max_chars: int) -> Error:
     return job_options_error(fields) or job_extra_error(fields, max_chars)
 
 
-# Per command: (field, check). Push fields are checked per job by `validate_job`; the
-# commands with bunqueue-worded checks (PULLB count, MoveToDelayed delay, ...) keep them.
-_COMMAND_CHECKS: Final[dict[str, tuple[tuple[str, Check], ...]]] = {
-    "ACK": (("result", _payload),),
-    "ACKB": (("results", _payloads),),
-    "GetState": (("id", _echoed),),
-    "GetResult": (("id", _echoed),),
-    "PULL": (("lockTtl", duration),),
-    "PULLB": (("lockTtl", duration),),
-    "JobHeartbeat": (("duration", duration),),
-    "ExtendLock": (("duration", duration),),
-    "ExtendLocks": (("ids", _array), ("durations", _durations)),
+# The checks in bunqueue's own words that the schema's generic ones leave to the engine.
+_WORDED_CHECKS: Final[dict[str, tuple[tuple[str, Check], ...]]] = {
     "ChangePriority": (("priority", _priority),),
     "Update": (("data", _data),),
-    "Progress": (("progress", _progress), ("message", _message)),
-    "AddLog": (("message", _message),),
-    "ClearLogs": (("keepLogs", count),),
-    "GetLogs": (("start", index), ("end", index)),
-    "GetJobs": (("offset", count), ("limit", count)),
-    "Clean": (("queue", _queue), ("grace", duration), ("limit", count)),
-    "PromoteJobs": (("count", count),),
-    "RetryDlq": (("count", count), ("jobId", ident)),
-    "RetryCompleted": (("queue", _queue), ("count", count)),
-    "Dlq": (("count", count), ("filter", _dlq_filter)),
-    "Pause": (("queue", _queue),),
-    "Resume": (("queue", _queue),),
-    "Drain": (("queue", _queue),),
-    "SetDlqConfig": (("queue", _queue),),
-    "SetStallConfig": (("queue", _queue),),
 }
-CHECKED_COMMANDS: Final = frozenset(_COMMAND_CHECKS)
+# Commands whose queue the engine would create (or name "None") if it were missing.
+_QUEUE_REQUIRED: Final = frozenset(
+    name
+    for name, command in REGISTRY.items()
+    if any(f.kind == "queue" and f.required and not f.worded for f in command.fields)
+)
+CHECKED_COMMANDS: Final = frozenset(
+    name for name, command in REGISTRY.items() if command.checked and not command.job
+)
+"""The commands `check_fields` covers: every declared one with fields the schema checks
+(pushes check their jobs themselves, in `validate_job`)."""
 
 
-def check_fields(name: str, cmd: Mapping[str, Any], max_chars: int) -> Error:
-    """The first field of command `name` that is out of bounds, or None. Only for names in
-    `CHECKED_COMMANDS`; absent optional fields pass."""
-    for field, check in _COMMAND_CHECKS[name]:
-        if field in cmd or check is _queue:
-            error = check(cmd.get(field), field, max_chars)
+def limits_of(max_key_chars: int, max_text_chars: int, max_list_items: int) -> Limits:
+    return Limits(key_chars=max_key_chars, text_chars=max_text_chars, list_items=max_list_items)
+
+
+def check_fields(name: str, cmd: Mapping[str, Any], limits: Limits | int) -> Error:
+    """The first field of command `name` that is out of bounds, or None: the schema's
+    declaration (shardq/protocol/_commands.py), then the few checks in bunqueue's words.
+    Only for names in `CHECKED_COMMANDS`; absent optional fields pass."""
+    if isinstance(limits, int):
+        limits = Limits(key_chars=limits)
+    if name in _QUEUE_REQUIRED and not isinstance(cmd.get("queue"), str):
+        return "Queue name is required"
+    for field, check in _WORDED_CHECKS.get(name, ()):
+        if field in cmd:
+            error = check(cmd.get(field), field, limits.key_chars)
             if error:
                 return error
-    return None
+    return schema_check(name, cmd, limits) if isinstance(cmd, MutableMapping) else None
