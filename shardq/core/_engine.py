@@ -7,8 +7,8 @@
 bunqueue reply map without `reqId`. A refused command answers `{"ok": False, "error": ...}` with
 bunqueue's exact message and changes nothing, except PUSHB, which keeps its accepted prefix
 (past validation, which refuses the whole batch). Every field is checked against its bounds
-(the schema, `shardq/protocol/_commands.py`, through `_validate.py`) before a handler runs, so no value the engine stores or schedules can
-overflow SQLite, msgpack or the shard's poll.
+(`_validate.py`, from the schema in `shardq/protocol/`) before a handler runs, so no value
+the engine stores or schedules can overflow SQLite, msgpack or the shard's poll.
 The front end adds `_conn` (the connection id) to commands, so a closed connection's jobs can
 be released with `release_connection`.
 """

@@ -146,8 +146,8 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("PUSHF", F("jobs", "list", "[{id, queue, input}] nodes of a flow", required=True),
       served="frontend", job=True, doc="an atomic flow"),
     # -- consuming and leases
-    C("PULL", QUEUE, W("timeout", "duration", "long-poll wait (ms)"), F("owner", "key"), F("lockTtl", "duration"), F("detach", "flag"),
-      F("group", "key"), served="shard"),
+    C("PULL", QUEUE, W("timeout", "duration", "long-poll wait (ms)"), F("owner", "key"),
+      F("lockTtl", "duration"), F("detach", "flag"), F("group", "key"), served="shard"),
     C("PULLB", QUEUE, W("count", "int", "1..1000", required=True),
       W("timeout", "duration", "long-poll wait (ms)"), F("owner", "key"),
       F("lockTtl", "duration"), F("group", "key"), served="shard"),

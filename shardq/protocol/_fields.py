@@ -25,8 +25,8 @@ __all__ = [
     "Kind",
     "Limits",
     "field_error",
-    "overflow_error",
     "is_number",
+    "overflow_error",
     "read_number",
     "too_deep",
 ]
@@ -233,7 +233,7 @@ def _scalar_error(field: Field, value: object, limits: Limits) -> str | None:
     return None
 
 
-def overflow_error(field: Field, value: object, limits: Limits = Limits()) -> str | None:  # noqa: B008
+def overflow_error(field: Field, value: object, limits: Limits = Limits()) -> str | None:
     """For a `worded` field: only what would overflow later arithmetic or a buffer is refused
     here (a finite number beyond its kind's range, a string, list or map over its length, a
     value nested too deeply); anything else is left to the handler's own words."""
