@@ -28,6 +28,7 @@ __all__ = [
     "is_number",
     "overflow_error",
     "read_number",
+    "schema_limits",
     "too_deep",
 ]
 
@@ -110,6 +111,16 @@ class Field:
             "any": f"any value, nesting ≤ {MAX_NESTING}",
         }
         return sizes.get(self.kind, self.kind)
+
+
+def schema_limits(engine: dict[str, int]) -> Limits:
+    """The limits configured in a server's `[engine]` table (defaults for the keys not set)."""
+    default = Limits()
+    return Limits(
+        key_chars=engine.get("max_key_chars", default.key_chars),
+        text_chars=engine.get("max_text_chars", default.text_chars),
+        list_items=engine.get("max_list_items", default.list_items),
+    )
 
 
 _KIND_RANGE: Final[dict[str, tuple[float, float]]] = {

@@ -45,7 +45,9 @@ __all__ = [
 
 REGISTRY: Final[dict[str, Command]] = {c.name: c for c in COMMANDS}
 
-ENVELOPE_KEYS: Final = frozenset({"cmd", "reqId", "_conn", "_wire", "_hold", "_index", "_ids"})
+ENVELOPE_KEYS: Final = frozenset(
+    {"cmd", "reqId", "_conn", "_wire", "_wire_mode", "_hold", "_index", "_ids"}
+)
 """Keys every command map may carry: its name, its request id, and the front end's own."""
 
 # Keys bunqueue's clients (bunqueue-client 0.1.5, bunqueue's TypeScript client) and BullMQ code

@@ -43,7 +43,9 @@ from shardq.protocol import (
     req_id,
     unknown_command,
 )
+from shardq.protocol._fields import Limits
 from shardq.protocol._prepacked import WIRE_MODE_KEY
+from shardq.protocol._schema import check as schema_check
 from shardq.runtime import _clock
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._bunqueue import BunqueueCommands, LocalHandler
@@ -154,6 +156,7 @@ class Dispatcher:
         self._link_max = link_max_frame_bytes
         self.parked = ParkedSlots(max_parked_per_connection, max_parked)
         self._auth_max_failures = auth_max_failures
+        self.limits = Limits()  # the process sets the configured ones
         self._auth_failures = Failures(MAX_AUTH_FAILURE_RECORDS)
         self._auth_failed_log = LogLimiter("Auth failed")
         self._send = send
@@ -241,7 +244,12 @@ class Dispatcher:
         elif not client.authenticated:
             self.answer(client, req, error_reply(NOT_AUTHENTICATED))
         elif name in self._local:
-            self._local[name](client, req, frame)
+            # The front end's own commands meet the schema here; the shards' in their engine.
+            error = schema_check(name, frame, self.limits)
+            if error:
+                self.answer(client, req, error_reply(error))
+            else:
+                self._local[name](client, req, frame)
         elif name in SHARD_COMMANDS:
             frame["_conn"] = client.conn
             if name == "PULLB":

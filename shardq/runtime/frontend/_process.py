@@ -31,6 +31,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from shardq.protocol._fields import schema_limits
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._logging import configure
@@ -86,6 +87,7 @@ class Frontend:
             events=EventLimits.from_spec(spec),
         )
         self.dispatcher.add_handlers(MonitoringCommands(self.dispatcher, spec).handlers)
+        self.dispatcher.limits = schema_limits(spec.engine)
         self.tcp = TcpGateway(self.dispatcher, loop, TcpLimits.from_spec(spec))
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, TcpLimits.from_spec(spec))
         self._inbox = self._ctx.socket(zmq.PULL)

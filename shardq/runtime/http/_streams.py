@@ -27,6 +27,8 @@ from aiohttp import WSMsgType, web
 
 from shardq.client import AsyncEventStream, QueueEvent
 from shardq.client._url import parse_url
+from shardq.protocol._json import loads as json_loads
+from shardq.protocol._schema import check as schema_check
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._tls import loopback_client_context
 from shardq.runtime.http._backend import Backend, frontend_url
@@ -244,9 +246,9 @@ class EventStreams:
         self, socket: web.WebSocketResponse, text: str, patterns: list[Any]
     ) -> None:
         try:
-            command = json.loads(text)
-        except ValueError:
-            await socket.send_json({"ok": False, "error": "Invalid JSON"})
+            command = json_loads(text)  # bounded: NaN, huge integers and deep nesting refused
+        except ValueError as e:
+            await socket.send_json({"ok": False, "error": str(e)})
             return
         if not isinstance(command, dict) or not isinstance(command.get("cmd"), str):
             await socket.send_json({"ok": False, "error": "Invalid command"})
@@ -255,7 +257,9 @@ class EventStreams:
         if name in ("Subscribe", "Unsubscribe"):
             reply = _subscription_reply(name, command.get("events"), patterns)
         else:
-            reply = await self._backend.call(command)  # any command, as on the TCP port
+            error = schema_check(name, command)
+            # Any command, as on the TCP port, within the same declaration.
+            reply = {"ok": False, "error": error} if error else await self._backend.call(command)
         if req is not None:
             reply["reqId"] = req
         await socket.send_str(json.dumps(reply, default=str))
