@@ -43,6 +43,8 @@ def loads(text: str | bytes) -> Any:
     """The value of a JSON document, or ValueError (`Invalid JSON: <why>`)."""
     try:
         value = json.loads(text, parse_constant=_constant, parse_int=_integer, parse_float=_float)
+    except json.JSONDecodeError:
+        raise ValueError("Invalid JSON") from None  # the parser's position says little more
     except RecursionError:
         raise ValueError("Invalid JSON: nested too deeply") from None
     except UnicodeDecodeError:

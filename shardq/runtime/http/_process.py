@@ -171,7 +171,7 @@ class _Server:
             try:
                 body = json_loads(await request.read())
             except ValueError as e:
-                return _error(400, f"Invalid JSON body: {str(e).removeprefix('Invalid JSON: ')}")
+                return _error(400, str(e).replace("Invalid JSON", "Invalid JSON body", 1))
         if not isinstance(body, dict):
             return _error(400, "Invalid JSON body")
         command = route.build(captures, request.query, body)
