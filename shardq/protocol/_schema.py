@@ -40,6 +40,7 @@ __all__ = [
     "Command",
     "RouteSpec",
     "check",
+    "job_options_error",
     "normalize_job",
 ]
 
@@ -161,6 +162,24 @@ def check(name: str, cmd: MutableMapping[str, Any], limits: Limits = _DEFAULT_LI
             if error:
                 return error
     return None
+
+
+def job_options_error(
+    job: MutableMapping[str, Any],
+    allowed: frozenset[str] = JOB_KEYS | ENVELOPE_KEYS,
+    limits: Limits = _DEFAULT_LIMITS,
+) -> str | None:
+    """One job's options normalised in place (`normalize_job`) and checked against their
+    declaration, for a client that checks before it sends (the CLI's `push --options`). The
+    `worded` ones are left to bunqueue's checks (`shardq.core._validate.validate_job`)."""
+    error = normalize_job(job, allowed)
+    for name, value in job.items():
+        if error:
+            break
+        field = _JOB_BY_NAME.get(name)
+        if field is not None and not field.worded:  # the worded ones: `validate_job`
+            error = field_error(field, value, limits)
+    return error
 
 
 def job_field(name: str) -> Field | None:
