@@ -65,9 +65,7 @@ def main(argv: list[str]) -> int:
     fresh = rewrite(text)
     if "--check" in argv:
         if fresh != text:
-            print(
-                "docs/protocol.md §23 differs from the schema: run python -m shardq.protocol._schema_doc"
-            )
+            print("docs/protocol.md §23 differs from the schema: run this without --check")
             return 1
         return 0
     DOC.write_text(fresh, encoding="utf-8")

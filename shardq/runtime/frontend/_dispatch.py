@@ -221,7 +221,7 @@ class Dispatcher:
     def handle(self, client: Client, frame: DecodedFrame) -> None:
         """Answer or forward one decoded frame. Never raises for any frame content."""
         if isinstance(frame, ProtocolError):
-            client.send(error_reply(str(frame)))
+            client.send(error_reply(str(frame), frame.req_id))
             if frame.fatal:
                 client.drop(str(frame))
             return
