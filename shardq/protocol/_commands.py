@@ -16,6 +16,7 @@ __all__ = ["COMMANDS", "COMMAND_SUBFIELDS", "JOB_FIELDS", "ROUTES", "Command", "
 
 Served = Literal["engine", "shard", "frontend", "http"]
 _DAY_MS: Final = 86_400_000
+_FRAME_BOUND: Final = 1 << 26  # more items than a 64 MiB frame can hold: the frame bounds it
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,11 @@ _CRON = (
 COMMANDS: Final[tuple[Command, ...]] = (
     # -- producing
     C("PUSH", *_PUSH_TOP, job=True, doc="one job"),
-    C("PUSHB", QUEUE, F("jobs", "list", "job objects (customId, not jobId)", required=True),
+    C("PUSHB", QUEUE, F("jobs", "list", "job objects (customId, not jobId)", required=True,
+                        max_len=_FRAME_BOUND),
       job=True, doc="many jobs"),
-    C("PUSHF", F("jobs", "list", "[{id, queue, input}] nodes of a flow", required=True),
+    C("PUSHF", F("jobs", "list", "[{id, queue, input}] nodes of a flow", required=True,
+                 max_len=_FRAME_BOUND),
       served="frontend", job=True, doc="an atomic flow"),
     # -- consuming and leases
     C("PULL", QUEUE, W("timeout", "duration", "long-poll wait (ms)"), F("owner", "key"),

@@ -69,7 +69,7 @@ class Limits:
 
     key_chars: int = 1_024
     text_chars: int = 1 << 20
-    list_items: int = 100_000
+    list_items: int = 10_000
     map_keys: int = 10_000
 
 

@@ -251,6 +251,13 @@ class Dispatcher:
             else:
                 self._local[name](client, req, frame)
         elif name in SHARD_COMMANDS:
+            if name in ID_BATCH_COMMANDS:
+                # Checked before the front end fans a batch out id by id (the shards check
+                # it too): 100,000 unknown ids would be 200,000 lookups before a refusal.
+                error = schema_check(name, frame, self.limits)
+                if error:
+                    self.answer(client, req, error_reply(error))
+                    return
             frame["_conn"] = client.conn
             if name == "PULLB":
                 _pass_through(client, frame)
