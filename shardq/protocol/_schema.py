@@ -57,6 +57,7 @@ ENVELOPE_KEYS: Final = frozenset(
 IGNORED_OPTIONS: Final = frozenset(
     {
         "parent",  # BullMQ's {id, queue}: shardq's flows use parentId/PUSHF
+        "id",  # a job read back (GetJob, GetJobs) and pushed again carries its old id
         "prevMillis",
         "repeatJobKey",
         "telemetry",
