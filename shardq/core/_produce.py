@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from shardq.errors import CommandError
 from shardq.protocol._schema import normalize_job, push_allowed
@@ -35,7 +35,7 @@ def custom_id_of(value: object) -> str | None:
     return text or None
 
 
-def _entries(entries: object) -> list[dict[str, Any]]:
+def _entries(entries: object) -> list[Mapping[str, Any]]:
     """A PUSHB's jobs, each in its canonical form (`normalize_job`)."""
     if not isinstance(entries, list):
         raise CommandError("jobs must be an array of job objects")
@@ -46,7 +46,7 @@ def _entries(entries: object) -> list[dict[str, Any]]:
             error = normalize_job(entry)
             if error:
                 raise CommandError(f"jobs[{index}]: {error}")
-    return entries
+    return cast("list[Mapping[str, Any]]", entries)
 
 
 class ProduceOps(EngineState):

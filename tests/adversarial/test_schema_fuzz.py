@@ -22,9 +22,9 @@ import os
 import socket
 import time
 import uuid
-from urllib.parse import quote
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import msgpack
 import pytest
