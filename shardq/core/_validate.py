@@ -12,8 +12,9 @@ refused with `Invalid <field>: <why>` and the command changes nothing.
 Fields bunqueue itself validates on a push (`priority`, `delay`, `ttl`, ...) keep bunqueue's
 wording (`_options.job_options_error`); `validate_job` adds the push fields bunqueue stores
 unchecked (`timestamp`, `dedup.ttl`, `stackTraceLimit`, ...); the push handlers run it once per
-job. `check_fields` covers the other commands: the engine puts it in front of the handler of
-each command in `CHECKED_COMMANDS` (`Engine._checked`), so it runs once per command.
+job. `check_fields` covers the other commands from the one declaration of their fields
+(`shardq/protocol/_commands.py`): the engine puts it in front of the handler of each command
+in `CHECKED_COMMANDS` (`Engine._checked`), so it runs once per command.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import math
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Final, TypeAlias
 
-from shardq.protocol._fields import Limits
+from shardq.protocol._fields import MAX_DURATION_MS, MAX_SAFE_INTEGER, MAX_TIMESTAMP_MS, Limits
 from shardq.protocol._schema import REGISTRY
 from shardq.protocol._schema import check as schema_check
 
@@ -31,7 +32,6 @@ from ._options import (
     check_number,
     is_number,
     job_options_error,
-    too_deep,
     validate_data,
 )
 
@@ -45,12 +45,8 @@ __all__ = [
     "validate_job",
 ]
 
-MAX_COUNT: Final = 2**53 - 1
-"""Counts, limits and offsets: JavaScript's largest exact integer, what bunqueue's clients send."""
-MAX_TIMESTAMP_MS: Final = 2**53 - 1
-"""A wall-clock time in ms (about the year 287,000): plus any duration it stays under 2^63."""
-MAX_DURATION_MS: Final = 4_320_000_000_000_000
-"""bunqueue clamps durations at 4.32e15 ms; shardq refuses what bunqueue would clamp."""
+MAX_COUNT: Final = MAX_SAFE_INTEGER
+"""Counts, limits and offsets: the schema's bound (shardq/protocol/_fields.py)."""
 _MAX_QUEUE_CHARS: Final = 256  # bunqueue's queue-name bound
 
 Error: TypeAlias = str | None
@@ -84,11 +80,6 @@ def timestamp(value: object, field: str, max_chars: int = 0) -> Error:
 def count(value: object, field: str, max_chars: int = 0) -> Error:
     """An optional non-negative integer: a count, a limit or an offset."""
     return None if value is None else _number(value, field, 0, MAX_COUNT, True)
-
-
-def index(value: object, field: str, max_chars: int = 0) -> Error:
-    """An optional list index, negative ones counting from the end."""
-    return None if value is None else _number(value, field, -MAX_COUNT, MAX_COUNT, True)
 
 
 def text(value: object, field: str, max_chars: int) -> Error:
@@ -146,25 +137,6 @@ def _dedup(value: object, field: str, max_chars: int) -> Error:
     return duration(value.get("ttl"), f"{field}.ttl")
 
 
-def _message(value: object, field: str, max_chars: int = 0) -> Error:
-    # Stored as its text: a scalar is fine, a container is a mistake (and may nest deeply).
-    if value is None or isinstance(value, str | bool) or is_number(value):
-        return None
-    return f"Invalid {field}: must be a string"
-
-
-def _array(value: object, field: str, max_chars: int = 0) -> Error:
-    if value is None or isinstance(value, list):
-        return None
-    return f"Invalid {field}: must be an array"
-
-
-def _progress(value: object, field: str, max_chars: int = 0) -> Error:
-    if value is None or (is_number(value) and math.isfinite(value)):
-        return None
-    return f"Invalid {field}: must be a finite number"
-
-
 def _priority(value: object, field: str, max_chars: int = 0) -> Error:
     # The bound a push gets, in bunqueue's words: the column it lands in is a 64-bit integer.
     # A priority that is no number at all keeps bunqueue's "Job not found or not in queue".
@@ -173,62 +145,6 @@ def _priority(value: object, field: str, max_chars: int = 0) -> Error:
 
 def _data(value: object, field: str, max_chars: int = 0) -> Error:
     return validate_data(value)
-
-
-def _flat(value: object) -> bool:
-    """True for a scalar, or a list or map of scalars: the usual result, which cannot be too
-    deep. Cheaper than `too_deep`, so the walk is left to the rare nested value."""
-    kind = type(value)
-    if kind is dict:
-        children: Any = value.values()  # type: ignore[attr-defined]
-    elif kind is list or kind is tuple:
-        children = value
-    else:
-        return True
-    for child in children:
-        kind = type(child)
-        if kind is dict or kind is list or kind is tuple:
-            return False
-    return True
-
-
-def _payload(value: object, field: str, max_chars: int = 0) -> Error:
-    # Stored as it came (an ACK's result): it must still pack inside every reply that shows it.
-    if _flat(value) or not too_deep(value):
-        return None
-    return f"Invalid {field}: nested too deeply"
-
-
-def _payloads(value: object, field: str, max_chars: int = 0) -> Error:
-    # ACKB's results, one per job: one `_flat` test each, a walk only for a nested one.
-    if not isinstance(value, list):
-        return None  # the engine reports a results array of the wrong shape
-    for item in value:
-        if not _flat(item) and too_deep(item):
-            return f"Invalid {field}: nested too deeply"
-    return None
-
-
-def _echoed(value: object, field: str, max_chars: int = 0) -> Error:
-    # GetState and GetResult answer the id they were asked about, whatever it was.
-    return "Invalid id: must be a string" if too_deep(value, 1) else None
-
-
-def _durations(value: object, field: str, max_chars: int = 0) -> Error:
-    if not isinstance(value, list):
-        return None if value is None else f"Invalid {field}: must be an array"
-    for item in value:
-        error = duration(item, f"{field} entry")
-        if error:
-            return error
-    return None
-
-
-def _dlq_filter(value: object, field: str, max_chars: int = 0) -> Error:
-    if not isinstance(value, Mapping):
-        return None  # no filter: the whole DLQ
-    offset = count(value.get("offset"), f"{field}.offset")
-    return offset or count(value.get("limit"), f"{field}.limit")
 
 
 _FLAGS: Final = (
