@@ -15,6 +15,7 @@ rules) and unknown ones refused with `Unknown option: X`.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Final
@@ -147,21 +148,57 @@ def _nested(field: Field, value: object, limits: Limits) -> str | None:
     return None
 
 
+# Per field, what passes without a closer look: (name, field, longest plain string or -1,
+# lowest and highest plain int, or None when ints need a closer look, whether a bool passes).
+_Fast = tuple[str, Field, int, int | None, int | None, bool]
+_STRINGS: Final = frozenset({"key", "id", "text", "queue"})
+
+
+def _fast(field: Field, limits: Limits) -> _Fast:
+    cap = -1
+    if field.kind in _STRINGS and not field.worded:
+        cap = field.max_len or (limits.text_chars if field.kind == "text" else limits.key_chars)
+        cap = min(cap, 256) if field.kind == "queue" else cap
+    lo = hi = None
+    if field.kind in NUMERIC_KINDS and not field.worded:
+        low, high = field.bounds()
+        lo, hi = math.ceil(low), math.floor(high)
+    elif field.kind == "id":
+        lo, hi = -(2**63), 2**64  # any finite number is an id
+    boolean = field.kind in ("bool", "flag", "text")
+    return (field.name, field, cap, lo, hi, boolean)
+
+
+@functools.cache
+def _compiled(limits: Limits) -> dict[str, tuple[_Fast, ...]]:
+    return {name: tuple(_fast(f, limits) for f in c.fields) for name, c in REGISTRY.items()}
+
+
 def check(name: str, cmd: MutableMapping[str, Any], limits: Limits = _DEFAULT_LIMITS) -> str | None:
     """The first declared field of command `name` that is out of bounds, or None. (Numeric
     strings are read as numbers in job options only: `normalize_job`.) An undeclared command
-    passes (its dispatcher answers `Unknown command`)."""
-    command = REGISTRY.get(name)
-    if command is None:
+    passes (its dispatcher answers `Unknown command`). The common values (a short string, an
+    int in range, a bool, an absent field) pass on a type test and a comparison: this runs in
+    front of every command."""
+    fields = _compiled(limits).get(name)
+    if fields is None:
         return None
-    for field in command.checked:
-        if field.name in cmd:
-            value = cmd[field.name]
-            error = field_error(field, value, limits)
-            if error is None and not field.worded:
-                error = _nested(field, value, limits)
-            if error:
-                return error
+    for key, field, cap, lo, hi, boolean in fields:
+        value = cmd.get(key)
+        if value is None:
+            continue
+        kind = type(value)
+        if kind is str and len(value) <= cap:  # type: ignore[arg-type]
+            continue
+        if kind is int and lo is not None and lo <= value <= hi:  # type: ignore[operator]
+            continue
+        if kind is bool and boolean:
+            continue
+        error = field_error(field, value, limits)
+        if error is None and not field.worded:
+            error = _nested(field, value, limits)
+        if error:
+            return error
     return None
 
 
