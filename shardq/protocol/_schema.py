@@ -188,9 +188,9 @@ def check(name: str, cmd: MutableMapping[str, Any], limits: Limits = _DEFAULT_LI
         if value is None:
             continue
         kind = type(value)
-        if kind is str and len(value) <= cap:  # type: ignore[arg-type]
+        if kind is str and len(value) <= cap:
             continue
-        if kind is int and lo is not None and lo <= value <= hi:  # type: ignore[operator]
+        if kind is int and lo is not None and lo <= value <= hi:
             continue
         if kind is bool and boolean:
             continue
