@@ -108,7 +108,7 @@ def normalize_job(
 ) -> str | None:
     """Rewrite one job's options in place to their canonical form (aliases, numeric strings,
     bunqueue 2.9.11's rules); the first key not in `allowed`, as `Unknown option: X`, or None.
-    A job with none of the rare keys costs two set tests."""
+    A job with none of the rare keys costs a few set tests."""
     unknown = job.keys() - allowed
     if unknown:
         return f"Unknown option: {min(unknown)}"
