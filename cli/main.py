@@ -167,11 +167,11 @@ def worker(
     exit_now(code)
 
 
+
 @app.command()
 def soak(
-    hours: Annotated[
-        float, typer.Option(help="Load phase in hours; fractions work (0.02 = 72 s).")
-    ] = 0.02,
+    hours: Annotated[float, typer.Option(help="Load phase in hours; fractions work (0.02 = 72 s).")]
+    = 0.02,
     seconds: Annotated[
         float | None, typer.Option(help="Load phase in seconds (overrides --hours; for tests).")
     ] = None,
