@@ -23,7 +23,9 @@ from rich.table import Table
 
 from shardq.client import Connection, ConnectionLost
 from shardq.client._url import DEFAULT_URL
+from shardq.core._validate import validate_job
 from shardq.errors import ShardqError
+from shardq.protocol._schema import job_options_error, push_allowed
 
 from ._format import print_job
 
@@ -341,6 +343,10 @@ def push(
     command.update({k: v for k, v in extra.items() if k not in ("cmd", "queue", "data")})
     if name is not None:
         command["name"] = name
+    # The server's own declaration, before anything is sent: aliases, unknown keys, bounds.
+    error = job_options_error(command, push_allowed("PUSH")) or validate_job(command, 1024)
+    if error:
+        fail(f"--options: {error}", 2)
     with session(url, token) as conn:
         job_id = conn.call(command, idempotent=False).get("id")
     typer.echo(str(job_id))

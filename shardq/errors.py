@@ -42,3 +42,6 @@ class ProtocolError(ShardqError):
     def __init__(self, message: str, *, fatal: bool = False) -> None:
         super().__init__(message)
         self.fatal = fatal
+        # The request's id when it could still be read (a body with a bad string in it), so
+        # the refusal reaches the request it answers.
+        self.req_id: str | int | None = None

@@ -7,8 +7,8 @@
 bunqueue reply map without `reqId`. A refused command answers `{"ok": False, "error": ...}` with
 bunqueue's exact message and changes nothing, except PUSHB, which keeps its accepted prefix
 (past validation, which refuses the whole batch). Every field is checked against its bounds
-(`_validate.py`) before a handler runs, so no value the engine stores or schedules can
-overflow SQLite, msgpack or the shard's poll.
+(`_validate.py`, from the schema in `shardq/protocol/`) before a handler runs, so no value
+the engine stores or schedules can overflow SQLite, msgpack or the shard's poll.
 The front end adds `_conn` (the connection id) to commands, so a closed connection's jobs can
 be released with `release_connection`.
 """
@@ -29,7 +29,7 @@ from ._mutations import Mutation
 from ._produce import ProduceOps
 from ._query import QueryOps
 from ._timers import TimerOps
-from ._validate import CHECKED_COMMANDS, check_fields
+from ._validate import CHECKED_COMMANDS, check_fields, limits_of
 from ._webhooks import WebhookOps
 
 __all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine"]
@@ -166,10 +166,11 @@ class Engine(
         done once here so that a command without extra checks pays nothing per call."""
         if name not in CHECKED_COMMANDS:
             return handler
-        max_chars = self.config.max_key_chars
+        config = self.config
+        limits = limits_of(config.max_key_chars, config.max_text_chars, config.max_list_items)
 
         def checked(command: Mapping[str, Any], now: int) -> dict[str, Any]:
-            error = check_fields(name, command, max_chars)
+            error = check_fields(name, command, limits)
             if error is not None:
                 raise CommandError(error)
             return handler(command, now)

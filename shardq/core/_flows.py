@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from shardq.errors import CommandError
 
+from ._graph import graph_error
 from ._job import Job
 from ._lifecycle import ACTIVE, COMPLETED, FAILED, QUEUED_STATES, WAITING_CHILDREN
 from ._mutations import Mutation
@@ -331,6 +332,9 @@ class FlowOps(TimerOps, ProduceOps):
         node is admitted, or none is. `_hold`: keep the new jobs from delivery until a
         `FlowRelease` (the front end's first phase, docs/protocol.md §20.3)."""
         nodes = flow_nodes(cmd.get("jobs"))
+        error = graph_error((job_id, fields) for job_id, _queue, fields in nodes)
+        if error:
+            raise CommandError(error)
         for job_id, _queue, _fields in sorted(nodes, key=lambda n: int(n[2]["_index"])):
             if job_id in self.jobs:
                 raise CommandError(f"Job already exists: {job_id}")

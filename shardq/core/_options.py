@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final, TypeGuard
 
+from shardq.protocol._fields import MAX_NESTING, too_deep
+
 __all__ = [
     "CHECKED_FIELDS",
     "MAX_DATA_CHARS",
@@ -95,30 +97,6 @@ def _json_default(value: object) -> object:
     if isinstance(value, bytes | bytearray | memoryview):
         return list(bytes(value))
     raise TypeError(type(value).__name__)
-
-
-# How deep containers may nest in a value the engine stores or echoes (data, result, id). msgpack
-# decodes about 1,024 levels, and a stored value travels in messages that add a few levels of
-# their own (a shard's reply: rep, items, item, reply, job): past that a reply cannot be packed.
-MAX_NESTING: Final = 512
-
-
-def too_deep(value: object, limit: int = MAX_NESTING) -> bool:
-    """Whether lists or maps nest more than `limit` levels deep in `value`. Walks only
-    containers; a scalar costs one type test."""
-    kind = type(value)
-    if kind is not dict and kind is not list and kind is not tuple:
-        return False
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        for child in node.values() if type(node) is dict else node:
-            kind = type(child)
-            if kind is dict or kind is list or kind is tuple:
-                stack.append((child, depth + 1))
-    return False
 
 
 _ATOMIC: Final = frozenset({int, float, bool, type(None)})

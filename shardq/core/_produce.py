@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from shardq.errors import CommandError
+from shardq.protocol._schema import normalize_job, push_allowed
 
+from ._graph import graph_error
 from ._groups import group_size_error
 from ._job import Job
 from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
@@ -18,6 +20,7 @@ from ._validate import validate_job
 
 __all__ = ["ProduceOps"]
 
+PUSH_KEYS: Final = push_allowed("PUSH")
 # The push fields whose checks read the engine's state or parse a schedule (`_check_push`).
 _CROSS_CHECKED: Final = frozenset(("repeat", "dependsOn", "childrenIds", "groupMaxSize"))
 
@@ -32,10 +35,28 @@ def custom_id_of(value: object) -> str | None:
     return text or None
 
 
+def _entries(entries: object) -> list[Mapping[str, Any]]:
+    """A PUSHB's jobs, each in its canonical form (`normalize_job`)."""
+    if not isinstance(entries, list):
+        raise CommandError("jobs must be an array of job objects")
+    for index, entry in enumerate(entries):
+        if type(entry) is not dict:
+            raise CommandError("jobs must be an array of job objects")
+        if len(entry) != 1 or "data" not in entry:  # a bare {data} needs no rewriting
+            error = normalize_job(entry)
+            if error:
+                raise CommandError(f"jobs[{index}]: {error}")
+    return cast("list[Mapping[str, Any]]", entries)
+
+
 class ProduceOps(EngineState):
     def cmd_push(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")
-        error = validate_queue_name(queue) or validate_job(cmd, self.config.max_key_chars)
+        error = (
+            validate_queue_name(queue)
+            or normalize_job(cmd, PUSH_KEYS)  # type: ignore[arg-type]
+            or validate_job(cmd, self.config.max_key_chars)
+        )
         if error:
             raise CommandError(error)
         queue = str(queue)
@@ -60,12 +81,7 @@ class ProduceOps(EngineState):
         error = validate_queue_name(queue)
         if error:
             raise CommandError(error)
-        entries = cmd.get("jobs")
-        if not isinstance(entries, list):
-            raise CommandError("jobs must be an array of job objects")
-        for entry in entries:
-            if type(entry) is not dict and not isinstance(entry, Mapping):
-                raise CommandError("jobs must be an array of job objects")
+        entries = _entries(cmd.get("jobs"))
         customs: list[str | None] = []
         plain = True  # no custom id, no uniqueKey: no entry can be a duplicate
         data_only = True  # every entry is {"data": ...}
@@ -118,6 +134,11 @@ class ProduceOps(EngineState):
                 self._check_deps(entry.get("dependsOn"), batch_ids | children)
             except CommandError as e:
                 raise CommandError(f"jobs[{index}]: {e}") from None
+        if batch_ids:  # only entries with a custom id can be waited for within the batch
+            named = ((c, e) for c, e in zip(customs, entries, strict=True) if c is not None)
+            error = graph_error(named)
+            if error:
+                raise CommandError(error)
         return sized
 
     def _check_group_sizes(self, queue: str, entries: Sequence[Mapping[str, Any]]) -> None:

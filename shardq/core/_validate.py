@@ -12,22 +12,26 @@ refused with `Invalid <field>: <why>` and the command changes nothing.
 Fields bunqueue itself validates on a push (`priority`, `delay`, `ttl`, ...) keep bunqueue's
 wording (`_options.job_options_error`); `validate_job` adds the push fields bunqueue stores
 unchecked (`timestamp`, `dedup.ttl`, `stackTraceLimit`, ...); the push handlers run it once per
-job. `check_fields` covers the other commands: the engine puts it in front of the handler of
-each command in `CHECKED_COMMANDS` (`Engine._checked`), so it runs once per command.
+job. `check_fields` covers the other commands from the one declaration of their fields
+(`shardq/protocol/_commands.py`): the engine puts it in front of the handler of each command
+in `CHECKED_COMMANDS` (`Engine._checked`), so it runs once per command.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Final, TypeAlias
+
+from shardq.protocol._fields import MAX_DURATION_MS, MAX_SAFE_INTEGER, MAX_TIMESTAMP_MS, Limits
+from shardq.protocol._schema import REGISTRY
+from shardq.protocol._schema import check as schema_check
 
 from ._options import (
     CHECKED_FIELDS,
     check_number,
     is_number,
     job_options_error,
-    too_deep,
     validate_data,
 )
 
@@ -41,12 +45,8 @@ __all__ = [
     "validate_job",
 ]
 
-MAX_COUNT: Final = 2**53 - 1
-"""Counts, limits and offsets: JavaScript's largest exact integer, what bunqueue's clients send."""
-MAX_TIMESTAMP_MS: Final = 2**53 - 1
-"""A wall-clock time in ms (about the year 287,000): plus any duration it stays under 2^63."""
-MAX_DURATION_MS: Final = 4_320_000_000_000_000
-"""bunqueue clamps durations at 4.32e15 ms; shardq refuses what bunqueue would clamp."""
+MAX_COUNT: Final = MAX_SAFE_INTEGER
+"""Counts, limits and offsets: the schema's bound (shardq/protocol/_fields.py)."""
 _MAX_QUEUE_CHARS: Final = 256  # bunqueue's queue-name bound
 
 Error: TypeAlias = str | None
@@ -80,11 +80,6 @@ def timestamp(value: object, field: str, max_chars: int = 0) -> Error:
 def count(value: object, field: str, max_chars: int = 0) -> Error:
     """An optional non-negative integer: a count, a limit or an offset."""
     return None if value is None else _number(value, field, 0, MAX_COUNT, True)
-
-
-def index(value: object, field: str, max_chars: int = 0) -> Error:
-    """An optional list index, negative ones counting from the end."""
-    return None if value is None else _number(value, field, -MAX_COUNT, MAX_COUNT, True)
 
 
 def text(value: object, field: str, max_chars: int) -> Error:
@@ -142,25 +137,6 @@ def _dedup(value: object, field: str, max_chars: int) -> Error:
     return duration(value.get("ttl"), f"{field}.ttl")
 
 
-def _message(value: object, field: str, max_chars: int = 0) -> Error:
-    # Stored as its text: a scalar is fine, a container is a mistake (and may nest deeply).
-    if value is None or isinstance(value, str | bool) or is_number(value):
-        return None
-    return f"Invalid {field}: must be a string"
-
-
-def _array(value: object, field: str, max_chars: int = 0) -> Error:
-    if value is None or isinstance(value, list):
-        return None
-    return f"Invalid {field}: must be an array"
-
-
-def _progress(value: object, field: str, max_chars: int = 0) -> Error:
-    if value is None or (is_number(value) and math.isfinite(value)):
-        return None
-    return f"Invalid {field}: must be a finite number"
-
-
 def _priority(value: object, field: str, max_chars: int = 0) -> Error:
     # The bound a push gets, in bunqueue's words: the column it lands in is a 64-bit integer.
     # A priority that is no number at all keeps bunqueue's "Job not found or not in queue".
@@ -169,62 +145,6 @@ def _priority(value: object, field: str, max_chars: int = 0) -> Error:
 
 def _data(value: object, field: str, max_chars: int = 0) -> Error:
     return validate_data(value)
-
-
-def _flat(value: object) -> bool:
-    """True for a scalar, or a list or map of scalars: the usual result, which cannot be too
-    deep. Cheaper than `too_deep`, so the walk is left to the rare nested value."""
-    kind = type(value)
-    if kind is dict:
-        children: Any = value.values()  # type: ignore[attr-defined]
-    elif kind is list or kind is tuple:
-        children = value
-    else:
-        return True
-    for child in children:
-        kind = type(child)
-        if kind is dict or kind is list or kind is tuple:
-            return False
-    return True
-
-
-def _payload(value: object, field: str, max_chars: int = 0) -> Error:
-    # Stored as it came (an ACK's result): it must still pack inside every reply that shows it.
-    if _flat(value) or not too_deep(value):
-        return None
-    return f"Invalid {field}: nested too deeply"
-
-
-def _payloads(value: object, field: str, max_chars: int = 0) -> Error:
-    # ACKB's results, one per job: one `_flat` test each, a walk only for a nested one.
-    if not isinstance(value, list):
-        return None  # the engine reports a results array of the wrong shape
-    for item in value:
-        if not _flat(item) and too_deep(item):
-            return f"Invalid {field}: nested too deeply"
-    return None
-
-
-def _echoed(value: object, field: str, max_chars: int = 0) -> Error:
-    # GetState and GetResult answer the id they were asked about, whatever it was.
-    return "Invalid id: must be a string" if too_deep(value, 1) else None
-
-
-def _durations(value: object, field: str, max_chars: int = 0) -> Error:
-    if not isinstance(value, list):
-        return None if value is None else f"Invalid {field}: must be an array"
-    for item in value:
-        error = duration(item, f"{field} entry")
-        if error:
-            return error
-    return None
-
-
-def _dlq_filter(value: object, field: str, max_chars: int = 0) -> Error:
-    if not isinstance(value, Mapping):
-        return None  # no filter: the whole DLQ
-    offset = count(value.get("offset"), f"{field}.offset")
-    return offset or count(value.get("limit"), f"{field}.limit")
 
 
 _FLAGS: Final = (
@@ -281,45 +201,39 @@ def validate_job(fields: Mapping[str, Any], max_chars: int) -> Error:
     return job_options_error(fields) or job_extra_error(fields, max_chars)
 
 
-# Per command: (field, check). Push fields are checked per job by `validate_job`; the
-# commands with bunqueue-worded checks (PULLB count, MoveToDelayed delay, ...) keep them.
-_COMMAND_CHECKS: Final[dict[str, tuple[tuple[str, Check], ...]]] = {
-    "ACK": (("result", _payload),),
-    "ACKB": (("results", _payloads),),
-    "GetState": (("id", _echoed),),
-    "GetResult": (("id", _echoed),),
-    "PULL": (("lockTtl", duration),),
-    "PULLB": (("lockTtl", duration),),
-    "JobHeartbeat": (("duration", duration),),
-    "ExtendLock": (("duration", duration),),
-    "ExtendLocks": (("ids", _array), ("durations", _durations)),
+# The checks in bunqueue's own words that the schema's generic ones leave to the engine.
+_WORDED_CHECKS: Final[dict[str, tuple[tuple[str, Check], ...]]] = {
     "ChangePriority": (("priority", _priority),),
     "Update": (("data", _data),),
-    "Progress": (("progress", _progress), ("message", _message)),
-    "AddLog": (("message", _message),),
-    "ClearLogs": (("keepLogs", count),),
-    "GetLogs": (("start", index), ("end", index)),
-    "GetJobs": (("offset", count), ("limit", count)),
-    "Clean": (("queue", _queue), ("grace", duration), ("limit", count)),
-    "PromoteJobs": (("count", count),),
-    "RetryDlq": (("count", count), ("jobId", ident)),
-    "RetryCompleted": (("queue", _queue), ("count", count)),
-    "Dlq": (("count", count), ("filter", _dlq_filter)),
-    "Pause": (("queue", _queue),),
-    "Resume": (("queue", _queue),),
-    "Drain": (("queue", _queue),),
-    "SetDlqConfig": (("queue", _queue),),
-    "SetStallConfig": (("queue", _queue),),
 }
-CHECKED_COMMANDS: Final = frozenset(_COMMAND_CHECKS)
+# Commands whose queue the engine would create (or name "None") if it were missing.
+_QUEUE_REQUIRED: Final = frozenset(
+    name
+    for name, command in REGISTRY.items()
+    if any(f.kind == "queue" and f.required and not f.worded for f in command.fields)
+)
+CHECKED_COMMANDS: Final = frozenset(
+    name for name, command in REGISTRY.items() if command.checked and not command.job
+)
+"""The commands `check_fields` covers: every declared one with fields the schema checks
+(pushes check their jobs themselves, in `validate_job`)."""
 
 
-def check_fields(name: str, cmd: Mapping[str, Any], max_chars: int) -> Error:
-    """The first field of command `name` that is out of bounds, or None. Only for names in
-    `CHECKED_COMMANDS`; absent optional fields pass."""
-    for field, check in _COMMAND_CHECKS[name]:
-        if field in cmd or check is _queue:
-            error = check(cmd.get(field), field, max_chars)
+def limits_of(max_key_chars: int, max_text_chars: int, max_list_items: int) -> Limits:
+    return Limits(key_chars=max_key_chars, text_chars=max_text_chars, list_items=max_list_items)
+
+
+def check_fields(name: str, cmd: Mapping[str, Any], limits: Limits | int) -> Error:
+    """The first field of command `name` that is out of bounds, or None: the schema's
+    declaration (shardq/protocol/_commands.py), then the few checks in bunqueue's words.
+    Only for names in `CHECKED_COMMANDS`; absent optional fields pass."""
+    if isinstance(limits, int):
+        limits = Limits(key_chars=limits)
+    if name in _QUEUE_REQUIRED and not isinstance(cmd.get("queue"), str):
+        return "Queue name is required"
+    for field, check in _WORDED_CHECKS.get(name, ()):
+        if field in cmd:
+            error = check(cmd.get(field), field, limits.key_chars)
             if error:
                 return error
-    return None
+    return schema_check(name, cmd, limits) if isinstance(cmd, MutableMapping) else None

@@ -22,6 +22,7 @@ import msgpack  # type: ignore[import-untyped]
 
 from shardq.errors import ProtocolError
 from shardq.protocol._errors import INVALID_COMMAND, INVALID_COMMAND_FORMAT, frame_too_large
+from shardq.protocol._salvage import salvage_req_id
 
 __all__ = [
     "FRAME_HEADER",
@@ -89,6 +90,7 @@ def decode_body(body: bytes | memoryview) -> DecodedFrame:
         # UTF-8, nesting too deep, refused keys or ext types) as a ValueError subclass.
         error = ProtocolError(INVALID_COMMAND_FORMAT)
         error.__cause__ = e
+        error.req_id = salvage_req_id(body)
         return error
     if not isinstance(obj, dict) or not all(isinstance(key, str) for key in obj):
         return ProtocolError(INVALID_COMMAND_FORMAT)
@@ -279,7 +281,7 @@ def req_id(msg: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def error_reply(message: str, req_id: str | None = None) -> dict[str, Any]:
+def error_reply(message: str, req_id: str | int | None = None) -> dict[str, Any]:
     """Return the error envelope ``{"ok": False, "error": message}``, with `reqId` if given."""
     reply: dict[str, Any] = {"ok": False, "error": message}
     if req_id is not None:

@@ -233,3 +233,17 @@ def test_clients_cannot_send_the_shards_own_commands() -> None:
     for name in ("FlowNotify", "FlowRelease"):
         assert name not in ENGINE_COMMANDS and name not in SHARD_COMMANDS
     assert {"PUSHF", "UpdateParent", "MoveToWaitingChildren"} <= ENGINE_COMMANDS
+
+
+def test_pushf_cycles_and_self_parents_are_refused_whole(d: Driver) -> None:
+    cycle = {"cmd": "PUSHF", "jobs": [
+        {"id": "a", "queue": "q", "input": {"data": 1, "parentId": "b"}},
+        {"id": "b", "queue": "q", "input": {"data": 2, "parentId": "a"}},
+    ]}  # fmt: skip
+    assert d.err(cycle) == "Invalid parentId: dependency cycle: a -> b -> a"
+    own = {"cmd": "PUSHF", "jobs": [{"id": "a", "queue": "q", "input": {"parentId": "a"}}]}
+    assert d.err(own) == "Invalid parentId: a job cannot be its own parent: a"
+    waits = {"cmd": "PUSHF", "jobs": [{"id": "a", "queue": "q", "input": {"dependsOn": ["a"]}}]}
+    assert d.err(waits) == "Invalid dependsOn: a job cannot wait for itself: a"
+    assert d.ok({"cmd": "Count", "queue": "q"})["count"] == 0
+    d.ok(_flow())  # a parent waiting for its children is no cycle

@@ -225,24 +225,22 @@ def test_valid_queue_names(d: Driver, queue: str) -> None:
 
 
 FIELD_ERRORS: list[tuple[dict[str, Any], str]] = [
-    ({"priority": "5"}, "priority must be a number"),
+    ({"priority": "five"}, "priority must be a number"),
     ({"priority": True}, "priority must be a number"),
     ({"priority": float("inf")}, "priority must be a finite number"),
     ({"priority": float("nan")}, "priority must be a finite number"),
     ({"priority": 1.5}, "priority must be an integer"),
     ({"priority": -1_000_001}, "priority must be at least -1000000"),
     ({"priority": 1_000_001}, "priority must be at most 1000000"),
-    ({"delay": "1"}, "delay must be a number"),
+    ({"delay": "soon"}, "delay must be a number"),
     ({"delay": float("-inf")}, "delay must be a finite number"),
-    ({"delay": -1}, "delay must be at least 0"),
     ({"delay": YEAR + 1}, f"delay must be at most {YEAR}"),
     ({"timeout": -1}, "timeout must be at least 0"),
     ({"timeout": DAY + 1}, "timeout must be at most 86400000"),
     ({"timeout": "x"}, "timeout must be a number"),
-    ({"maxAttempts": 0}, "maxAttempts must be at least 1"),
     ({"maxAttempts": 1001}, "maxAttempts must be at most 1000"),
     ({"maxAttempts": 2.5}, "maxAttempts must be an integer"),
-    ({"maxAttempts": "3"}, "maxAttempts must be a number"),
+    ({"maxAttempts": "three"}, "maxAttempts must be a number"),
     ({"backoff": -1}, "backoff must be at least 0"),
     ({"backoff": DAY + 1}, "backoff must be at most 86400000"),
     ({"backoff": "x"}, "backoff must be a number"),
@@ -272,7 +270,7 @@ FIELD_ERRORS: list[tuple[dict[str, Any], str]] = [
     ({"groupId": "g", "priority": -1}, "group.priority must be between 0 and 2097151"),
     ({"groupId": "g", "priority": 1.5}, "group.priority must be an integer"),
     ({"groupId": "g", "priority": float("inf")}, "group.priority must be a finite number"),
-    ({"groupId": "g", "priority": "1"}, "group.priority must be a finite number"),
+    ({"groupId": "g", "priority": "one"}, "group.priority must be a finite number"),
     ({"dependsOn": "x"}, "dependsOn must be an array"),
     ({"childrenIds": 1}, "childrenIds must be an array"),
     ({"tags": "a"}, "tags must be an array"),
@@ -284,7 +282,7 @@ FIELD_ERRORS: list[tuple[dict[str, Any], str]] = [
         {"name": "", "priority": 1.5},
         "Job name must be a non-empty string of at most 256 characters",
     ),
-    ({"delay": -1, "tags": "a"}, "delay must be at least 0"),
+    ({"delay": "x", "tags": "a"}, "delay must be a number"),
 ]
 
 
@@ -485,3 +483,40 @@ def test_pushb_duplicate_custom_id_of_a_live_job_returns_it(d: Driver) -> None:
     assert reply["ids"][0] == "x"
     assert kinds(mutations) == ["put"]
     assert d.ok({"cmd": "Count", "queue": "q"})["count"] == 2
+
+
+def test_bunqueue_2_9_11_readings_of_job_options(d: Driver) -> None:
+    """A negative delay is ready now, attempts <= 0 runs once, a timeout of 0 or NaN is no
+    timeout, numeric strings are numbers, and BullMQ's `attempts` is `maxAttempts`."""
+    fields: dict[str, Any] = {"delay": -5, "maxAttempts": 0, "timeout": 0, "priority": "7"}
+    job_id = d.ok({"cmd": "PUSH", "queue": "q", "data": {}, **fields})["id"]
+    job = d.ok({"cmd": "GetJob", "id": job_id})["job"]
+    assert (job["state"], job["maxAttempts"], job["priority"]) == ("prioritized", 1, 7)
+    assert job["timeout"] is None
+    nan = d.ok({"cmd": "PUSH", "queue": "q", "data": {}, "timeout": float("nan")})["id"]
+    assert d.ok({"cmd": "GetJob", "id": nan})["job"]["timeout"] is None
+    aliased = d.ok({"cmd": "PUSH", "queue": "q", "data": {}, "attempts": 4, "delay": "0"})["id"]
+    assert d.ok({"cmd": "GetJob", "id": aliased})["job"]["maxAttempts"] == 4
+
+
+def test_unknown_job_options_are_refused_and_known_ignored_ones_accepted(d: Driver) -> None:
+    assert d.err({"cmd": "PUSH", "queue": "q", "data": {}, "atempts": 3}) == (
+        "Unknown option: atempts"
+    )
+    jobs = [{"data": 1}, {"data": 2, "removeOnCompleted": True}]
+    assert d.err({"cmd": "PUSHB", "queue": "q", "jobs": jobs}) == (
+        "jobs[1]: Unknown option: removeOnCompleted"
+    )
+    assert d.ok({"cmd": "Count", "queue": "q"})["count"] == 0
+    d.ok({"cmd": "PUSH", "queue": "q", "data": {}, "telemetry": {"traceId": "t"}})
+    assert d.ok({"cmd": "Count", "queue": "q"})["count"] == 1
+
+
+def test_pushb_dependency_cycles_are_refused(d: Driver) -> None:
+    jobs = [
+        {"data": 1, "customId": "a", "dependsOn": ["b"]},
+        {"data": 2, "customId": "b", "dependsOn": ["a"]},
+    ]
+    error = d.err({"cmd": "PUSHB", "queue": "q", "jobs": jobs})
+    assert error == "Invalid dependsOn: dependency cycle: a -> b -> a"
+    assert d.ok({"cmd": "Count", "queue": "q"})["count"] == 0

@@ -54,14 +54,14 @@ def test_caps_stay_below_the_descriptor_limit() -> None:
     ("raw", "error"),
     [
         ("[" * 100_000 + "]" * 100_000, "Invalid JSON body: nested too deeply"),
-        ('{"n": 18446744073709551616}', "Invalid number: integers must fit in 64 bits"),
-        ('{"n": -9223372036854775809}', "Invalid number: integers must fit in 64 bits"),
-        ('{"n": ' + "9" * 5000 + "}", "Invalid number: integers must fit in 64 bits"),
-        ('{"n": NaN}', "Invalid number: NaN is not allowed"),
-        ('{"n": -Infinity}', "Invalid number: -Infinity is not allowed"),
-        ('{"n": 1e999}', "Invalid number: must be finite"),
+        ('{"n": 18446744073709551616}', "Invalid JSON body: integer out of range"),
+        ('{"n": -9223372036854775809}', "Invalid JSON body: integer out of range"),
+        ('{"n": ' + "9" * 5000 + "}", "Invalid JSON body: integer out of range"),
+        ('{"n": NaN}', "Invalid JSON body: NaN is not a number JSON allows"),
+        ('{"n": -Infinity}', "Invalid JSON body: -Infinity is not a number JSON allows"),
+        ('{"n": 1e999}', "Invalid JSON body: number out of range"),
         ('{"n": ', "Invalid JSON body"),
-        (b'{"s": "\xff"}', "Invalid JSON body"),
+        (b'{"s": "\xff"}', "Invalid JSON body: not UTF-8"),
     ],
 )
 def test_strict_json_refusals(raw: str | bytes, error: str) -> None:

@@ -41,7 +41,9 @@ from shardq.protocol import (
     req_id,
     unknown_command,
 )
+from shardq.protocol._fields import Limits
 from shardq.protocol._prepacked import WIRE_MODE_KEY
+from shardq.protocol._schema import check as schema_check
 from shardq.runtime import _clock
 from shardq.runtime._ports import AuthThrottle
 from shardq.runtime._routing import shard_of
@@ -153,6 +155,7 @@ class Dispatcher:
         self.shards = shards
         self._link_max = link_max_frame_bytes
         self.parked = ParkedSlots(max_parked_per_connection, max_parked)
+        self.limits = Limits()  # the process sets the configured ones
         self._send = send
         self._loop = loop
         self.auth = AuthGate(
@@ -227,7 +230,7 @@ class Dispatcher:
     def handle(self, client: Client, frame: DecodedFrame) -> None:
         """Answer or forward one decoded frame. Never raises for any frame content."""
         if isinstance(frame, ProtocolError):
-            client.send(error_reply(str(frame)))
+            client.send(error_reply(str(frame), frame.req_id))
             if frame.fatal:
                 client.drop(str(frame))
             return
@@ -252,22 +255,37 @@ class Dispatcher:
         elif name == self._unanswered:
             return  # test-only: the request a test needs left unanswered
         elif name in self._local:
-            self._local[name](client, req, frame)
+            # The front end's own commands meet the schema here; the shards' in their engine.
+            error = schema_check(name, frame, self.limits)
+            if error:
+                self.answer(client, req, error_reply(error))
+            else:
+                self._local[name](client, req, frame)
         elif name in SHARD_COMMANDS:
-            frame["_conn"] = client.conn
-            if name in _PULLS:
-                self._note_puller(client)
-                if name == "PULLB":
-                    _pass_through(client, frame)
-            routed = self.bunqueue.before_route(client, req, name, frame)
-            if routed is not None:
-                if name in PARKING_COMMANDS and parks(name, frame):
-                    routed = self._park(routed, frame)
-                self._route(routed, req, name, frame)
+            self._to_shard(client, req, name, frame)
         elif name in BUNQUEUE_COMMANDS:
             self.answer(client, req, error_reply(f"Unsupported command: {name}"))
         else:
             self.answer(client, req, error_reply(unknown_command(name)))
+
+    def _to_shard(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> None:
+        if name in ID_BATCH_COMMANDS:
+            # Checked before the front end fans a batch out id by id (the shards check it
+            # too): 100,000 unknown ids would be 200,000 lookups before a refusal.
+            error = schema_check(name, frame, self.limits)
+            if error:
+                self.answer(client, req, error_reply(error))
+                return
+        frame["_conn"] = client.conn
+        if name in _PULLS:
+            self._note_puller(client)
+            if name == "PULLB":
+                _pass_through(client, frame)
+        routed = self.bunqueue.before_route(client, req, name, frame)
+        if routed is not None:
+            if name in PARKING_COMMANDS and parks(name, frame):
+                routed = self._park(routed, frame)
+            self._route(routed, req, name, frame)
 
     def answer(self, client: Client, req: object, reply: Reply) -> None:
         """Send `reply` to `client` with the request's `reqId` echoed verbatim, if it had one."""

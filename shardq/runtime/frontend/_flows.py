@@ -18,6 +18,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from shardq.core import FLOW_NOTIFY, FLOW_RELEASE
+from shardq.core._graph import graph_error
 from shardq.runtime._routing import shard_of
 
 if TYPE_CHECKING:
@@ -92,6 +93,11 @@ class FlowRoutes:
     def pushf(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         d = self._d
         frame["_conn"] = client.conn
+        error = _whole_graph_error(frame.get("jobs"))
+        if error:
+            # Checked on the whole graph here: a shard sees only its part of a cycle.
+            d.answer(client, req, {"ok": False, "error": error})
+            return
         parts = _split(frame.get("jobs"), d.shards)
         if parts is None or len(parts) < 2:
             # One shard holds it all (or the graph is malformed: any shard says why).
@@ -220,6 +226,19 @@ class _TwoPhase:
         }
         ordered = [jobs[i] for i in self._order if i in jobs]
         d.answer(self._client, self._req, {"ok": True, "data": {"jobs": ordered}})
+
+
+def _whole_graph_error(entries: object) -> str | None:
+    if not isinstance(entries, list):
+        return None  # malformed: the shard says why
+    nodes = [
+        (e["id"], e["input"])
+        for e in entries
+        if isinstance(e, Mapping)
+        and isinstance(e.get("id"), str)
+        and isinstance(e.get("input"), Mapping)
+    ]
+    return graph_error(nodes)
 
 
 def _split(entries: object, shards: int) -> dict[int, list[Any]] | None:

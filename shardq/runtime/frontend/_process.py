@@ -32,6 +32,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from shardq.protocol._fields import schema_limits
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._logging import configure
@@ -98,6 +99,7 @@ class Frontend:
         )
         self.dispatcher.add_handlers(MonitoringCommands(self.dispatcher, spec).handlers)
         self.dispatcher.add_handlers(BackupCommand(self.dispatcher, spec).handlers)
+        self.dispatcher.limits = schema_limits(spec.engine)
         # asyncio accepts up to a whole backlog of connections before any reaches the gateway,
         # so one burst's worth of descriptors is kept free too, and the burst kept to a quarter
         # of what the limit leaves: at the cap an accept never fails for want of a descriptor.

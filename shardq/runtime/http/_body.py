@@ -7,19 +7,19 @@
   `http_max_body_bytes_in_flight`: past it a new one is answered 503 (retry later). A body must
   arrive within `http_body_timeout_ms`. A body's bytes count until its request is answered
   (its parsed value is alive until then).
-- JSON is read strictly: nesting too deep for the parser, integers outside the 64-bit range
-  (the wire cannot carry them), `NaN`, `Infinity` and floats that overflow to infinity are
-  refused with 400, as malformed JSON is.
+- JSON is read strictly (`shardq.protocol._json`): nesting too deep, integers outside the
+  64-bit range (the wire cannot carry them), `NaN`, `Infinity` and floats that overflow to
+  infinity are refused with 400 `Invalid JSON body: <why>`, as malformed JSON is.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 from typing import Any, Final
 
 from aiohttp import web
+
+from shardq.protocol._json import loads as json_loads
 
 __all__ = ["BadInput", "BodyReader", "parse_json"]
 
@@ -35,37 +35,13 @@ class BadInput(ValueError):
         self.status = status
 
 
-def _int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:  # more digits than Python converts
-        raise BadInput("Invalid number: integers must fit in 64 bits") from None
-    if not INT_MIN <= value <= INT_MAX:
-        raise BadInput("Invalid number: integers must fit in 64 bits")
-    return value
-
-
-def _float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise BadInput("Invalid number: must be finite")
-    return value
-
-
-def _constant(name: str) -> Any:
-    raise BadInput(f"Invalid number: {name} is not allowed")
-
-
 def parse_json(raw: bytes | str) -> Any:
-    """The JSON value of `raw`; `BadInput` for malformed JSON or values the server refuses."""
+    """The JSON value of `raw`; `BadInput` for malformed JSON or values the server refuses.
+    The reading itself is the protocol's one strict JSON reader (`shardq.protocol._json`)."""
     try:
-        return json.loads(raw, parse_int=_int, parse_float=_float, parse_constant=_constant)
-    except BadInput:
-        raise
-    except RecursionError:
-        raise BadInput("Invalid JSON body: nested too deeply") from None
-    except ValueError:  # JSONDecodeError, invalid UTF-8
-        raise BadInput("Invalid JSON body") from None
+        return json_loads(raw)
+    except ValueError as e:
+        raise BadInput(str(e).replace("Invalid JSON", "Invalid JSON body", 1)) from None
 
 
 def query_int(text: str | None, default: int | None = None) -> int | None:

@@ -23,6 +23,7 @@ import structlog
 import zmq
 from aiohttp import web
 
+from shardq.protocol._fields import schema_limits
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._logging import configure
 from shardq.runtime._spec import ChildSpec
@@ -35,7 +36,7 @@ from shardq.runtime.http._edge import Edge
 from shardq.runtime.http._mcp import McpEndpoint
 from shardq.runtime.http._monitor import Monitor
 from shardq.runtime.http._overview import Overview
-from shardq.runtime.http._rest import match, status_for
+from shardq.runtime.http._rest import match, rest_error, status_for
 from shardq.runtime.http._streams import EventStreams
 from shardq.runtime.http._tls_site import TlsSite
 from shardq.runtime.http._webhooks import WebhookService
@@ -155,6 +156,7 @@ class _Server:
         self.monitor.streams_open = self.streams.open
         self.webhooks = WebhookService(spec)  # on its own internal link (WebhookSync)
         self.mcp = McpEndpoint(backend, spec.max_frame_bytes)
+        self.limits = schema_limits(spec.engine)
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -242,6 +244,10 @@ class _Server:
             if not isinstance(body, dict):
                 return _error(400, "Invalid JSON body")
             command = route.build(captures, request.query, body)
+            # The same declaration as the TCP port's, checked before the command leaves.
+            error = rest_error(command, self.limits)
+            if error:
+                return _error(400, error)
             wait = command.get(route.wait_key) if route.wait_key else None
             wait_ms = wait if isinstance(wait, int | float) and wait > 0 else 0
             reply = await self.backend.call(command, wait_ms=wait_ms)

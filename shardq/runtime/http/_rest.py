@@ -11,26 +11,22 @@ shardq does not serve yet (crons, flows) answers its `Unsupported command: X` wi
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 from urllib.parse import unquote
 
+from shardq.protocol._commands import ROUTES as SCHEMA_ROUTES
+from shardq.protocol._fields import Limits
+from shardq.protocol._schema import check as schema_check
 from shardq.runtime.http._body import query_int
 
-__all__ = ["ROUTES", "Route", "match", "status_for"]
+__all__ = ["ROUTES", "Route", "match", "rest_error", "status_for"]
 
 Body = Mapping[str, Any]
 Query = Mapping[str, str]
 Builder = Callable[[list[str], Query, Body], dict[str, Any]]
 Kind = Literal["read", "write", "find"]
-
-# The fields bunqueue's POST /queues/:q/jobs forwards to PUSH; any other key is ignored.
-_PUSH_FIELDS: Final = (
-    "data", "priority", "delay", "backoff", "timeout", "jobId", "removeOnComplete",
-    "removeOnFail", "durable", "ttl", "uniqueKey", "groupId", "dependsOn", "tags", "lifo",
-    "repeat",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -40,6 +36,8 @@ class Route:
     build: Builder
     kind: Kind = "read"
     wait_key: str | None = None  # the command's own wait (ms), added to the call's timeout
+    command: str = ""  # what the schema declares it sends (shardq/protocol/_commands.py)
+    path: str = ""
 
 
 def _int(text: str | None, default: int | None = None) -> int | None:
@@ -53,10 +51,11 @@ def _some(**fields: Any) -> dict[str, Any]:
 
 
 def _push(a: list[str], q: Query, b: Body) -> dict[str, Any]:
+    # Every job option the schema declares passes (`attempts` becomes `maxAttempts` there); an
+    # unknown key is refused by it with "Unknown option: X", not dropped.
     name = b.get("name") if isinstance(b.get("name"), str) else "default"
-    fields = {k: b.get(k) for k in _PUSH_FIELDS}
-    fields["maxAttempts"] = b.get("maxAttempts", b.get("attempts"))
-    return _some(cmd="PUSH", queue=a[0], name=name, **fields)
+    fields = {k: v for k, v in b.items() if k not in ("cmd", "queue", "name", "reqId")}
+    return _some(**fields, cmd="PUSH", queue=a[0], name=name)
 
 
 def _bulk(a: list[str], q: Query, b: Body) -> dict[str, Any]:
@@ -129,9 +128,14 @@ def _body(cmd: str, *keys: str) -> Builder:
     return lambda a, q, b: _some(cmd=cmd, **{k: b.get(k) for k in keys})
 
 
+_DECLARED: Final = {(r.method, r.path): r.command for r in SCHEMA_ROUTES}
+
+
 def _r(method: str, path: str, build: Builder, kind: Kind = "read", wait: bool = False) -> Route:
+    """A route the schema declares (a KeyError at import for one it does not)."""
     regex = "^" + re.sub(r":\w+", "([^/]+)", path) + "$"
-    return Route(method, re.compile(regex), build, kind, "timeout" if wait else None)
+    command = _DECLARED[(method, path)]
+    return Route(method, re.compile(regex), build, kind, "timeout" if wait else None, command, path)
 
 
 Q, J = "/queues/:q", "/jobs/:id"
@@ -225,10 +229,21 @@ def match(method: str, path: str) -> tuple[Route, list[str]] | None:
     return None
 
 
+def rest_error(command: MutableMapping[str, Any], limits: Limits) -> str | None:
+    """What the schema refuses in a route's command, or None: the TCP port's words."""
+    name = command.get("cmd")
+    return schema_check(name, command, limits) if isinstance(name, str) else None
+
+
+_REFUSAL: Final = re.compile(r"^(Invalid [\w.\[\] ]+: |Unknown option: )")
+
+
 def status_for(route: Route, reply: Mapping[str, Any]) -> int:
     if reply.get("ok") is True:
         return 200
     error = str(reply.get("error", ""))
+    if _REFUSAL.match(error):
+        return 400  # a field out of its declared bounds, whatever the route
     if error.startswith("Unsupported command"):
         return 501
     if error.startswith("Server unavailable"):

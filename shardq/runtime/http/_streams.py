@@ -28,6 +28,7 @@ from aiohttp import WSMsgType, web
 from shardq.client import AsyncEventStream, QueueEvent
 from shardq.client._url import parse_url
 from shardq.protocol import unknown_command
+from shardq.protocol._schema import check as schema_check
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._tls import loopback_client_context
 from shardq.runtime.frontend._auth import INTERNAL_COMMANDS
@@ -268,9 +269,9 @@ class EventStreams:
         self, socket: web.WebSocketResponse, text: str, patterns: list[Any]
     ) -> None:
         try:
-            command = parse_json(text)
+            command = parse_json(text)  # bounded: NaN, huge integers and deep nesting refused
         except BadInput as e:
-            error = "Invalid JSON" if str(e) == "Invalid JSON body" else str(e)
+            error = str(e).replace("Invalid JSON body", "Invalid JSON", 1)
             await socket.send_json({"ok": False, "error": error})
             return
         if not isinstance(command, dict) or not isinstance(command.get("cmd"), str):
@@ -285,8 +286,13 @@ class EventStreams:
         else:
             wait = command.get("timeout") if name in _WAITS else None
             wait_ms = wait if isinstance(wait, int | float) and wait > 0 else 0
-            # Any command, as on the TCP port.
-            reply = await self._backend.call(command, wait_ms=wait_ms)
+            # Any command, as on the TCP port, within the same declaration.
+            refusal = schema_check(name, command)
+            reply = (
+                {"ok": False, "error": refusal}
+                if refusal
+                else await self._backend.call(command, wait_ms=wait_ms)
+            )
         if req is not None:
             reply["reqId"] = req
         await socket.send_str(json.dumps(reply, default=str))

@@ -15,6 +15,7 @@ Things the engine does not do and the shard adds (docs/runtime.md):
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
@@ -83,7 +84,8 @@ def _got_nothing(cmd: Mapping[str, Any], reply: Mapping[str, Any]) -> bool:
 
 
 def _positive_ms(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+    # Infinite or NaN: the engine refused the pull already; it must not park (nor overflow).
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return 0
     return max(int(value), 0)
 
