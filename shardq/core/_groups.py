@@ -125,11 +125,15 @@ class Group:
 class GroupTable:
     """Every group of one queue that holds jobs or settings."""
 
-    __slots__ = ("blocked", "groups", "jobs", "ring")
+    __slots__ = ("blocked", "configured_ids", "groups", "jobs", "ring")
 
     def __init__(self, jobs: Mapping[str, Job]) -> None:
         self.jobs = jobs
         self.groups: dict[str, Group] = {}
+        # The groups holding settings, kept up to date by `sync` after every settings change,
+        # so the cap check and `configured` cost O(1), not a walk of every group. A
+        # `RateLimitGroup` deadline that passes leaves its group here until `prune`.
+        self.configured_ids: set[str] = set()
         # Groups with waiting jobs, in serving order; the left end is served next.
         self.ring: deque[str] = deque()
         # Groups skipped by a pull for want of room while they had jobs waiting.
@@ -146,22 +150,46 @@ class GroupTable:
         if group is not None and group.idle() and not group.in_ring:
             del self.groups[gid]
             self.blocked.discard(gid)
+            self.configured_ids.discard(gid)  # a lapsed deadline was its last setting
 
     # -- persisted settings ----------------------------------------------------------------
 
+    def sync(self, gid: str) -> dict[str, Any] | None:
+        """Record whether group `gid` holds settings after a change; return its persisted
+        settings (None: it holds none, its stored row goes)."""
+        group = self.groups.get(gid)
+        if group is not None and group.configured():
+            self.configured_ids.add(gid)
+            return group.config()
+        self.configured_ids.discard(gid)
+        return None
+
     def config(self) -> dict[str, Any]:
-        return {gid: g.config() for gid, g in self.groups.items() if g.configured()}
+        """The settings of every configured group (for reads and tests; never persisted
+        whole: each group has its own row, see `_group_ops`)."""
+        return {gid: self.groups[gid].config() for gid in sorted(self.configured_ids)}
 
     def load(self, cfg: Mapping[str, Any]) -> None:
         for gid, entry in cfg.items():
             if isinstance(entry, Mapping):
                 self.get(str(gid)).load(entry)
+                self.sync(str(gid))
 
     def configured(self) -> bool:
-        return any(g.configured() for g in self.groups.values())
+        return bool(self.configured_ids)
 
     def configured_count(self) -> int:
-        return sum(1 for g in self.groups.values() if g.configured())
+        return len(self.configured_ids)
+
+    def prune(self, now: int) -> None:
+        """Forget groups whose only setting was a `RateLimitGroup` deadline that passed.
+        O(configured groups): run only when the cap would refuse a new group."""
+        for gid in list(self.configured_ids):
+            group = self.groups.get(gid)
+            if group is not None and group.until and group.until <= now:
+                group.until = 0
+            self.sync(gid)
+            self.drop_if_idle(gid)
 
     # -- what the engine's state changes tell the table -----------------------------------
 
@@ -219,6 +247,7 @@ class GroupTable:
             if step < 0 and group.idle() and not group.in_ring:
                 del self.groups[gid]
                 self.blocked.discard(gid)
+                self.configured_ids.discard(gid)
 
     # -- pulling ---------------------------------------------------------------------------
 

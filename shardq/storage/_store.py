@@ -53,6 +53,8 @@ DEFAULT_CACHE_RECORDS = 100_000
 # A patch is folded into its record once longer than both the record and this many bytes.
 DEFAULT_PATCH_FLOOR = 1024
 
+# The schema version that gave job groups their own table (`_schema._v7_queue_groups`).
+_GROUPS_VERSION = 7
 # A recovery filter names a shard's queues in one `IN (...)`; past this many it is left to the
 # caller (SQLite allows 32,766 parameters, and a long list costs more than it filters).
 MAX_FILTER_QUEUES = 1000
@@ -263,10 +265,18 @@ class Store:
             last = rows[-1][1]
 
     def load_queues(self) -> dict[str, Record]:
-        """Every stored queue config, by queue name. Raises `StorageError` if the read fails."""
+        """Every stored queue config, by queue name, with its groups' settings (their own
+        rows) as a "groups" map, gid -> settings (`fold_mutations` gives the same shape).
+        Raises `StorageError` if the read fails."""
         with self._reading("loading queue configs"):
             rows = self._conn.execute("SELECT name, cfg FROM queue_state").fetchall()
-            return {name: decode(cfg) for name, cfg in rows}
+            queues: dict[str, Record] = {name: decode(cfg) for name, cfg in rows}
+            if self.schema_version < _GROUPS_VERSION:
+                return queues  # an older schema (tests open one): groups live in the configs
+            sql = "SELECT queue, gid, cfg FROM queue_groups ORDER BY queue, gid"
+            for queue, gid, cfg in self._conn.execute(sql):
+                queues.setdefault(queue, {}).setdefault("groups", {})[gid] = decode(cfg)
+            return queues
 
     def load_crons(self) -> list[Record]:
         """Every stored cron schedule record. Raises `StorageError` if the read fails."""

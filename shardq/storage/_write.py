@@ -52,6 +52,7 @@ _UPSERT_JOB = (
 )
 _DELETE_JOB = "DELETE FROM jobs WHERE id = ?"
 _DELETE_QUEUE_JOBS = "DELETE FROM jobs WHERE queue = ?"
+_DELETE_QUEUE_GROUPS = "DELETE FROM queue_groups WHERE queue = ?"
 _FOLDED = "UPDATE jobs SET rec = ?, patch = x'' WHERE id = ?"
 _UPSERT_QUEUE = (
     "INSERT INTO queue_state (name, cfg) VALUES (?, ?)"
@@ -83,6 +84,7 @@ def write_plan(
         # Before the job rows: a put later in the batch for that queue must survive it.
         queues = [(name,) for name in plan.obliterated]
         written += conn.executemany(_DELETE_QUEUE_JOBS, queues).rowcount
+        written += conn.executemany(_DELETE_QUEUE_GROUPS, queues).rowcount
     known: dict[str, Stored | None] = {}
     deleted: list[tuple[str]] = []
     whole: list[tuple[Any, ...]] = []
@@ -112,6 +114,8 @@ def write_plan(
         written += _write_webhooks(conn, plan, pack)
     if plan.flows:
         written += _write_flows(conn, plan, pack)
+    if plan.groups:
+        written += _write_groups(conn, plan, pack)
     return written, known
 
 
@@ -274,6 +278,25 @@ def _write_flows(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
         conn, plan.flows, _UPSERT_FLOW, "DELETE FROM flow_outbox WHERE key = ?",
         lambda key, rec: (key, str(rec.get("cq")), pack(rec)),
     )  # fmt: skip
+
+
+_UPSERT_GROUP = (
+    "INSERT INTO queue_groups (queue, gid, cfg) VALUES (?, ?, ?)"
+    " ON CONFLICT (queue, gid) DO UPDATE SET cfg = excluded.cfg"
+)
+
+
+def _write_groups(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
+    """One row per group whose settings changed in the batch, whatever the queue holds."""
+    written = 0
+    rows = [(q, gid, pack(cfg)) for (q, gid), cfg in plan.groups.items() if cfg is not None]
+    if rows:
+        written += conn.executemany(_UPSERT_GROUP, rows).rowcount
+    dropped = [key for key, cfg in plan.groups.items() if cfg is None]
+    if dropped:
+        sql = "DELETE FROM queue_groups WHERE queue = ? AND gid = ?"
+        written += conn.executemany(sql, dropped).rowcount
+    return written
 
 
 def fold(rec: bytes, patch: bytes, pack: Pack) -> tuple[bytes, bytes]:
