@@ -16,6 +16,7 @@ from typing import Any
 
 from shardq.errors import CommandError
 
+from ._bounds import span_error
 from ._groups import Group, GroupTable
 from ._job import Job
 from ._limits import LimitOps
@@ -227,6 +228,9 @@ class GroupOps(LimitOps):
     def cmd_rate_limit_group(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         self._group_args(cmd)
         duration = _positive(cmd, "duration")
+        error = span_error(duration, now, "duration")
+        if error:
+            raise CommandError(error)
         q, gid, group = self._group(cmd, now)
         group.until = now + duration
         self._group_saved(q, gid)

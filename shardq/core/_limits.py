@@ -16,6 +16,7 @@ from typing import Any
 
 from shardq.errors import CommandError
 
+from ._bounds import count_error, span_error
 from ._lifecycle import ACTIVE
 from ._mutations import Mutation
 from ._options import is_number
@@ -31,7 +32,13 @@ def _limit(cmd: Mapping[str, Any], *, positive: bool) -> int:
         raise CommandError("limit must be a finite number")
     if positive and value < 1:
         raise CommandError("limit must be at least 1")
+    _refuse(count_error(value, "limit"))
     return max(int(value), 0)
+
+
+def _refuse(error: str | None) -> None:
+    if error is not None:
+        raise CommandError(error)
 
 
 class LimitOps(TimerOps):
@@ -58,6 +65,7 @@ class LimitOps(TimerOps):
         ttl = cmd.get("ttl")
         if ttl is not None and (not is_number(ttl) or not math.isfinite(ttl) or ttl <= 0):
             raise CommandError("ttl must be a positive number")
+        _refuse(span_error(duration, now, "duration") or span_error(ttl, now, "ttl"))
         limits = self._limits_of(cmd)
         limits.rate = limit
         limits.window = int(duration) if duration is not None else DEFAULT_WINDOW_MS
@@ -88,7 +96,8 @@ class LimitOps(TimerOps):
         return {"ok": True, "data": {"limits": view}}
 
     def cmd_set_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        self._limits_of(cmd).concurrency = _limit(cmd, positive=True)
+        cap = _limit(cmd, positive=True)  # checked before the queue gets a limits record
+        self._limits_of(cmd).concurrency = cap
         return self._saved(cmd)
 
     def cmd_clear_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
