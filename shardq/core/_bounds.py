@@ -30,9 +30,9 @@ _STEP = re.compile(r"/(\d+)")
 def count_error(value: object, field: str) -> str | None:
     """Why `value` is no count of at most `MAX_SAFE` (a limit, a cap, `maxLimit`), or None.
     Only the range: NaN, infinities and wrong types are left to the caller's own check."""
-    if is_number(value) and not isinstance(value, bool) and math.isfinite(value):
-        if value > MAX_SAFE:
-            return f"Invalid {field}: must be at most {MAX_SAFE}"
+    finite = is_number(value) and not isinstance(value, bool) and math.isfinite(value)
+    if finite and value > MAX_SAFE:  # type: ignore[operator]
+        return f"Invalid {field}: must be at most {MAX_SAFE}"
     return None
 
 

@@ -95,15 +95,14 @@ def fold_mutations(
             crons[m[1]] = dict(m[2])
         elif kind == "crondel":
             crons.pop(m[1], None)
-        elif kind in ("webhook", "webhookdel"):
-            pass  # the webhook registry (shardq.core._webhooks) is not job or queue state
-        elif kind in ("flow", "flowdel"):
-            pass  # the outbox is not part of the job records this fold rebuilds
-        elif kind in ("group", "groupdel"):
-            pass  # folded into `groups` above
-        else:
+        elif kind not in _OUTSIDE:
             raise ValueError(f"unknown mutation kind {kind!r}")
     return records, _with_groups(queues, groups)
+
+
+# Kinds that change no job record or queue config here: the webhook registry and the flow
+# outbox are not job or queue state; groups are folded into `groups` on their own.
+_OUTSIDE = frozenset({"webhook", "webhookdel", "flow", "flowdel", "group", "groupdel"})
 
 
 def _fold_group(m: Mutation, groups: dict[str, dict[str, Record]]) -> None:

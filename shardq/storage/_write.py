@@ -78,13 +78,7 @@ def write_plan(
     """Write `plan`; return the rows written and what is now known of every job it touched
     (None: the row is gone). Raises what sqlite3 and msgpack raise, and `StorageError` for a
     row whose column fields are missing or mistyped; the caller's transaction rolls back."""
-    written = 0
-    if plan.obliterated:
-        _materialize_survivors(conn, plan)
-        # Before the job rows: a put later in the batch for that queue must survive it.
-        queues = [(name,) for name in plan.obliterated]
-        written += conn.executemany(_DELETE_QUEUE_JOBS, queues).rowcount
-        written += conn.executemany(_DELETE_QUEUE_GROUPS, queues).rowcount
+    written = _obliterate(conn, plan) if plan.obliterated else 0
     known: dict[str, Stored | None] = {}
     deleted: list[tuple[str]] = []
     whole: list[tuple[Any, ...]] = []
@@ -117,6 +111,15 @@ def write_plan(
     if plan.groups:
         written += _write_groups(conn, plan, pack)
     return written, known
+
+
+def _obliterate(conn: sqlite3.Connection, plan: Plan) -> int:
+    _materialize_survivors(conn, plan)
+    # Before the job and group rows: a put later in the batch for that queue must survive it.
+    queues = [(name,) for name in plan.obliterated]
+    written: int = conn.executemany(_DELETE_QUEUE_JOBS, queues).rowcount
+    written += conn.executemany(_DELETE_QUEUE_GROUPS, queues).rowcount
+    return written
 
 
 def _whole_row(

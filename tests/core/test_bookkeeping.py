@@ -1,0 +1,234 @@
+"""What cron, group and limit bookkeeping costs per operation, counted as work rather than time.
+
+A group's settings change writes one row, the same size whether its queue has one configured
+group or thousands; a tick with 10,000 schedules of which none is due looks at one heap entry;
+a schedule redefined over and over keeps its heap bounded. The values that once stayed in
+memory and broke `CronList` and `GetQueueLimits` for every client are refused and leave nothing
+behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import pytest
+
+from shardq.core import Engine, EngineConfig, Mutation, fold_mutations
+
+NOW = 1_700_000_000_000
+
+
+def _apply(engine: Engine, cmd: dict[str, Any], now: int = NOW) -> tuple[Any, list[Mutation]]:
+    reply, muts = engine.apply(cmd, now)
+    return reply, list(muts)
+
+
+def _size(muts: list[Mutation]) -> int:
+    return sum(len(msgpack.packb(list(m), use_bin_type=True)) for m in muts)
+
+
+def _configure(engine: Engine, count: int, muts: list[Mutation]) -> None:
+    for i in range(count):
+        for cmd in (
+            {"cmd": "PauseGroup", "queue": "q", "groupId": f"g{i:05d}"},
+            {"cmd": "SetGroupConcurrency", "queue": "q", "groupId": f"g{i:05d}", "concurrency": 2},
+        ):
+            reply, out = _apply(engine, cmd)
+            assert reply["ok"], reply
+            muts.extend(out)
+
+
+def _pause_cost(groups: int) -> list[Mutation]:
+    engine, muts = Engine(seed=1), list[Mutation]()
+    _configure(engine, groups, muts)
+    reply, out = _apply(engine, {"cmd": "PauseGroup", "queue": "q", "groupId": "new"})
+    assert reply == {"ok": True, "data": {"changed": True}}
+    return out
+
+
+def test_a_group_update_writes_one_row_whatever_the_number_of_groups() -> None:
+    alone, among = _pause_cost(0), _pause_cost(3_000)
+    assert alone == [("group", "q", "new", {"paused": True, "until": 0})]
+    assert among == alone
+    assert _size(among) == _size(alone) < 100
+
+
+def test_group_rows_fold_back_into_the_same_settings() -> None:
+    engine, muts = Engine(seed=1), list[Mutation]()
+    _configure(engine, 3, muts)
+    for cmd in (
+        {"cmd": "ResumeGroup", "queue": "q", "groupId": "g00000"},  # concurrency stays
+        {"cmd": "ResumeGroup", "queue": "q", "groupId": "g00001"},
+        {"cmd": "RemoveGroupConcurrency", "queue": "q", "groupId": "g00001"},  # nothing left
+        {"cmd": "SetGroupRateLimit", "queue": "q", "groupId": "g00002", "max": 3, "duration": 50},
+    ):
+        reply, out = _apply(engine, cmd)
+        assert reply["ok"], reply
+        assert len(out) == 1 and out[0][:3] in {("group", "q", cmd["groupId"])} | {
+            ("groupdel", "q", cmd["groupId"])
+        }
+        muts.extend(out)
+    assert muts[-2] == ("groupdel", "q", "g00001")
+    _, queues = fold_mutations(muts)
+    assert set(queues["q"]["groups"]) == {"g00000", "g00002"}
+    again = Engine(seed=1)
+    again.restore([], queues, NOW)
+
+    def view(e: Engine, gid: str) -> tuple[Any, ...]:
+        ask = {"queue": "q", "groupId": gid}
+        return (
+            _apply(e, {"cmd": "IsGroupPaused", **ask})[0]["data"],
+            _apply(e, {"cmd": "GetGroupConcurrency", **ask})[0]["data"],
+            _apply(e, {"cmd": "GetGroupRateLimit", **ask})[0]["data"],
+        )
+
+    for gid in ("g00000", "g00001", "g00002"):
+        assert view(again, gid) == view(engine, gid)
+    assert view(again, "g00002")[1:] == ({"concurrency": 2}, {"limit": {"max": 3, "duration": 50}})
+    assert again.queues["q"].groups is not None
+    assert again.queues["q"].groups.configured_count() == 2
+
+
+def test_obliterate_drops_the_groups_of_the_queue_from_the_fold() -> None:
+    engine, muts = Engine(seed=1), list[Mutation]()
+    _configure(engine, 2, muts)
+    muts.extend(_apply(engine, {"cmd": "Obliterate", "queue": "q"})[1])
+    assert "q" not in fold_mutations(muts)[1]
+
+
+def test_the_configured_group_cap_counts_without_walking_and_frees_lapsed_deadlines() -> None:
+    engine = Engine(EngineConfig(max_configured_groups=2), seed=1)
+    assert _apply(engine, {"cmd": "PauseGroup", "queue": "q", "groupId": "a"})[0]["ok"]
+    lapse = {"cmd": "RateLimitGroup", "queue": "q", "groupId": "b", "duration": 10}
+    assert _apply(engine, lapse)[0]["ok"]
+    third = {"cmd": "PauseGroup", "queue": "q", "groupId": "c"}
+    refused, out = _apply(engine, third, NOW + 5)
+    assert refused == {"ok": False, "error": "Too many configured groups in queue q (max 2)"}
+    assert out == []
+    # b's deadline has passed: it holds no setting any more, so c takes its place.
+    assert _apply(engine, third, NOW + 11)[0]["ok"]
+    table = engine.queues["q"].groups
+    assert table is not None and table.configured_ids == {"a", "c"}
+
+
+class _CountingDict(dict[str, Any]):
+    """The schedule table, counting every look-up the engine makes in it."""
+
+    lookups = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        _CountingDict.lookups += 1
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        _CountingDict.lookups += 1
+        return super().__getitem__(key)
+
+
+def test_a_tick_with_ten_thousand_schedules_examines_only_the_due_ones() -> None:
+    engine = Engine(seed=1)
+    for i in range(10_000):
+        cmd = {"cmd": "Cron", "name": f"c{i:05d}", "queue": "cq", "repeatEvery": 60_000}
+        assert _apply(engine, cmd)[0]["ok"]
+    one = {"cmd": "Cron", "name": "every-second", "queue": "cq", "repeatEvery": 1_000}
+    assert _apply(engine, one)[0]["ok"]
+    engine.crons = _CountingDict(engine.crons)
+
+    _CountingDict.lookups = 0
+    _, out = engine.tick(NOW + 500)  # nothing is due
+    assert (out, _CountingDict.lookups) == ([], 1)
+    assert engine.next_deadline() == NOW + 1_000
+
+    _CountingDict.lookups = 0
+    _, out = engine.tick(NOW + 1_000)  # only the every-second schedule is due
+    crons = [m for m in out if m[0] == "cron"]
+    assert [m[1] for m in crons] == ["every-second"]
+    assert [m for m in out if m[0] == "put"] != []
+    assert _CountingDict.lookups <= 4
+    assert len(engine.cron_heap) <= 10_001 + 1
+
+
+def test_redefining_a_schedule_keeps_its_heap_bounded() -> None:
+    engine = Engine(seed=1)
+    for i in range(5_000):
+        every = 1_000 + i  # each redefinition moves the next slot: a new heap entry
+        cmd = {"cmd": "Cron", "name": "c", "queue": "cq", "repeatEvery": every}
+        assert _apply(engine, cmd, NOW + i)[0]["ok"]
+    assert len(engine.crons) == 1
+    assert len(engine.cron_heap) <= 2 * 1 + 64 + 1
+    assert engine.next_deadline() == engine.crons["c"]["nextRun"]
+
+
+BAD_SCHEDULES = [
+    ({"repeatEvery": 1e300}, "Invalid repeatEvery: must be at most"),
+    ({"repeatEvery": 2**64}, "Invalid repeatEvery: must be at most"),
+    ({"repeatEvery": 1_000, "maxLimit": 1e300}, "Invalid maxLimit: must be at most"),
+    ({"repeatEvery": 1_000, "maxLimit": 2**64}, "Invalid maxLimit: must be at most"),
+    (
+        {"schedule": "*/99999999999999999999 * * * *"},
+        "Invalid schedule: step 99999999999999999999 of the minute field",
+    ),
+    ({"schedule": "0 */25 * * *"}, "Invalid schedule: step 25 of the hour field"),
+    ({"schedule": "*/61 * * * * *"}, "Invalid schedule: step 61 of the second field"),
+]
+
+
+@pytest.mark.parametrize(("fields", "error"), BAD_SCHEDULES)
+def test_a_schedule_that_would_break_reads_is_refused_and_not_kept(
+    fields: dict[str, Any], error: str
+) -> None:
+    engine = Engine(seed=1)
+    reply, out = _apply(engine, {"cmd": "Cron", "name": "bad", "queue": "q", **fields})
+    assert reply["ok"] is False and reply["error"].startswith(error), reply
+    assert out == [] and engine.crons == {}
+    listed = _apply(engine, {"cmd": "CronList"})[0]
+    assert listed == {"ok": True, "crons": []}
+    msgpack.packb(listed)
+
+
+def test_a_schedule_at_the_bounds_is_kept_and_encodes() -> None:
+    engine = Engine(seed=1)
+    every = 2**53 - 1 - NOW
+    cmd = {"cmd": "Cron", "name": "far", "queue": "q", "repeatEvery": every, "maxLimit": 2**53 - 1}
+    assert _apply(engine, cmd)[0]["ok"]
+    step = {"cmd": "Cron", "name": "steps", "queue": "q", "schedule": "*/60 */24 * * *"}
+    assert _apply(engine, step)[0]["ok"]
+    listed = _apply(engine, {"cmd": "CronList"})[0]
+    assert [c["name"] for c in listed["crons"]] == ["far", "steps"]
+    msgpack.packb(listed)
+
+
+BAD_LIMITS = [
+    ({"cmd": "RateLimit", "limit": 1e300}, "Invalid limit: must be at most 9007199254740991"),
+    ({"cmd": "RateLimit", "limit": 2**64}, "Invalid limit: must be at most 9007199254740991"),
+    ({"cmd": "RateLimit", "limit": 5, "duration": 1e300}, "Invalid duration: must be at most"),
+    ({"cmd": "RateLimit", "limit": 5, "ttl": 2**64}, "Invalid ttl: must be at most"),
+    ({"cmd": "SetConcurrency", "limit": 1e300}, "Invalid limit: must be at most 9007199254740991"),
+    ({"cmd": "SetConcurrency", "limit": 2**64}, "Invalid limit: must be at most 9007199254740991"),
+    ({"cmd": "RateLimitGroup", "groupId": "g", "duration": 2**53 - 1}, "Invalid duration"),
+]
+
+
+@pytest.mark.parametrize(("cmd", "error"), BAD_LIMITS)
+def test_a_limit_that_would_break_reads_is_refused_and_not_kept(
+    cmd: dict[str, Any], error: str
+) -> None:
+    engine = Engine(seed=1)
+    assert _apply(engine, {"cmd": "SetConcurrency", "queue": "q", "limit": 3})[0]["ok"]
+    reply, out = _apply(engine, {**cmd, "queue": "q"})
+    assert reply["ok"] is False and reply["error"].startswith(error), reply
+    assert out == []
+    limits = _apply(engine, {"cmd": "GetQueueLimits", "queue": "q"})[0]
+    assert limits["data"]["limits"]["concurrencyLimit"] == 3
+    assert limits["data"]["limits"]["rateLimit"] is None
+    msgpack.packb(limits)
+    assert _apply(engine, {"cmd": "IsGroupPaused", "queue": "q", "groupId": "g"})[0]["ok"]
+
+
+def test_a_repeat_option_with_an_absurd_step_is_refused() -> None:
+    engine = Engine(seed=1)
+    push = {"cmd": "PUSH", "queue": "q", "data": {}, "repeat": {"pattern": "*/999999 * * * *"}}
+    reply, out = _apply(engine, push)
+    assert reply["ok"] is False and reply["error"].startswith("Invalid repeat.pattern: step")
+    assert out == []
