@@ -74,7 +74,6 @@ class GroupOps(LimitOps):
         super().__init__(*args, **kwargs)
         # Queues where a pull skipped a group for want of room: the only ones to watch.
         self.group_blocked: set[str] = set()
-        self.groups_now = 0  # the last time a grouped pull or wake check ran
 
     # -- addressing ------------------------------------------------------------------------
 
@@ -117,6 +116,7 @@ class GroupOps(LimitOps):
         table = q.groups
         cfg = table.sync(gid) if table is not None else None
         if table is not None:
+            table.unblock(gid)  # the "ready" below wakes its parked pulls
             table.drop_if_idle(gid)
         if cfg is None:
             self.out.append(("groupdel", q.name, gid))
@@ -239,7 +239,6 @@ class GroupOps(LimitOps):
     # -- pulling ---------------------------------------------------------------------------
 
     def take_grouped(self, q: QueueState, count: int, now: int) -> list[Job]:
-        self.groups_now = now
         taken = self.take_many(q, count, now, False, False)
         table = q.groups
         if table is None or len(taken) >= count:
@@ -259,7 +258,6 @@ class GroupOps(LimitOps):
 
     def wake_groups(self, now: int) -> None:
         """Emit "ready" for each queue with a held-back group that has room again."""
-        self.groups_now = now
         for name in list(self.group_blocked):
             q = self.queues.get(name)
             table = q.groups if q is not None else None
@@ -282,7 +280,7 @@ class GroupOps(LimitOps):
         for name in self.group_blocked:
             q = self.queues.get(name)
             table = q.groups if q is not None else None
-            at = table.next_wake(self.groups_now) if table is not None else None
+            at = table.next_wake() if table is not None else None
             if at is not None and (deadline is None or at < deadline):
                 deadline = at
         return deadline

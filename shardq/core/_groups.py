@@ -125,7 +125,7 @@ class Group:
 class GroupTable:
     """Every group of one queue that holds jobs or settings."""
 
-    __slots__ = ("blocked", "configured_ids", "groups", "jobs", "ring")
+    __slots__ = ("blocked", "configured_ids", "freed", "groups", "jobs", "reopen", "ring")
 
     def __init__(self, jobs: Mapping[str, Job]) -> None:
         self.jobs = jobs
@@ -136,8 +136,15 @@ class GroupTable:
         self.configured_ids: set[str] = set()
         # Groups with waiting jobs, in serving order; the left end is served next.
         self.ring: deque[str] = deque()
-        # Groups skipped by a pull for want of room while they had jobs waiting.
-        self.blocked: set[str] = set()
+        # Groups skipped by a pull for want of room while they had jobs waiting, each with the
+        # time its rate window or manual limit reopens (None: only an ACK, a resume or a
+        # settings change gives it room). Watching them costs O(log n) per change, never a
+        # walk of them all: `reopen` is a heap of those times (entries whose time no longer
+        # matches `blocked` are stale and skipped), and `freed` is set when an active job of
+        # a blocked group ends.
+        self.blocked: dict[str, int | None] = {}
+        self.reopen: list[tuple[int, str]] = []
+        self.freed = False
 
     def get(self, gid: str) -> Group:
         group = self.groups.get(gid)
@@ -149,7 +156,7 @@ class GroupTable:
         group = self.groups.get(gid)
         if group is not None and group.idle() and not group.in_ring:
             del self.groups[gid]
-            self.blocked.discard(gid)
+            self.blocked.pop(gid, None)
             self.configured_ids.discard(gid)  # a lapsed deadline was its last setting
 
     # -- persisted settings ----------------------------------------------------------------
@@ -244,9 +251,14 @@ class GroupTable:
                 group.delayed += step
             else:
                 group.active += step
+                if step < 0 and gid in self.blocked:
+                    # A concurrency slot came free: wake parked pulls (a rate limit that still
+                    # holds the group makes the woken pull skip it and block it again).
+                    del self.blocked[gid]
+                    self.freed = True
             if step < 0 and group.idle() and not group.in_ring:
                 del self.groups[gid]
-                self.blocked.discard(gid)
+                self.blocked.pop(gid, None)
                 self.configured_ids.discard(gid)
 
     # -- pulling ---------------------------------------------------------------------------
@@ -265,7 +277,7 @@ class GroupTable:
             got = taken.get(gid, 0)
             if group.room(now, got) <= 0:
                 if not group.paused:  # ResumeGroup wakes parked pulls by itself
-                    self.blocked.add(gid)
+                    self.block(gid, group.wakes_at(now))
                 ring.rotate(-1)
                 skipped += 1
                 continue
@@ -289,29 +301,49 @@ class GroupTable:
 
     # -- waking held-back pulls ------------------------------------------------------------
 
+    def block(self, gid: str, at: int | None) -> None:
+        """Watch group `gid`, skipped for want of room, until `at` (None: until an ACK)."""
+        known = self.blocked.get(gid, _UNSEEN)
+        self.blocked[gid] = at
+        if at is not None and at != known:
+            heap = self.reopen
+            heappush(heap, (at, gid))
+            if len(heap) > 2 * len(self.blocked) + 64:
+                self.reopen = [(t, g) for g, t in self.blocked.items() if t is not None]
+                heapify(self.reopen)
+
+    def unblock(self, gid: str) -> None:
+        """A settings change: the change itself wakes parked pulls (see `_group_ops`)."""
+        self.blocked.pop(gid, None)
+
     def wake(self, now: int) -> bool:
-        """True if a held-back group has room now (its entry is cleared)."""
-        woke = False
-        for gid in list(self.blocked):
+        """True if a held-back group may have room now (its entry is cleared). O(log n) per
+        group whose time came, O(1) when none did."""
+        woke, self.freed = self.freed, False
+        heap, blocked = self.reopen, self.blocked
+        while heap and heap[0][0] <= now:
+            at, gid = heappop(heap)
+            if blocked.get(gid, _UNSEEN) != at:
+                continue  # stale: unblocked, or watched for another time since
             group = self.groups.get(gid)
             if group is None or not group.ready:
-                self.blocked.discard(gid)
+                del blocked[gid]
                 continue
-            at = group.wakes_at(now)
-            if at is not None and at <= now:
-                self.blocked.discard(gid)
+            again = group.wakes_at(now)
+            if again is not None and again <= now:
+                del blocked[gid]
                 woke = True
+            else:
+                blocked[gid] = None
+                self.block(gid, again)
         return woke
 
-    def next_wake(self, now: int) -> int | None:
-        """The earliest time a held-back group's rate window or manual limit reopens."""
-        best: int | None = None
-        for gid in self.blocked:
-            group = self.groups.get(gid)
-            at = group.wakes_at(now) if group is not None else None
-            if at is not None and (best is None or at < best):
-                best = at
-        return best
+    def next_wake(self) -> int | None:
+        """The earliest time a held-back group's rate window or manual limit may reopen (an
+        entry may be stale: the tick at that time then finds nothing to do)."""
+        if self.freed:
+            return 0
+        return self.reopen[0][0] if self.reopen else None
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -325,6 +357,9 @@ class GroupTable:
             depth = group.waiting + group.delayed
             total += depth if per_group is None else min(depth, per_group)
         return total
+
+
+_UNSEEN: Any = object()
 
 
 def group_size_error(table: GroupTable | None, entries: Sequence[Mapping[str, Any]]) -> str | None:

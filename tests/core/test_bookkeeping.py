@@ -232,3 +232,40 @@ def test_a_repeat_option_with_an_absurd_step_is_refused() -> None:
     reply, out = _apply(engine, push)
     assert reply["ok"] is False and reply["error"].startswith("Invalid repeat.pattern: step")
     assert out == []
+
+
+def test_held_back_groups_cost_unrelated_commands_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine, groups = Engine(seed=1), 3_000
+    for i in range(groups):
+        cap = {"cmd": "SetGroupConcurrency", "queue": "q", "groupId": f"g{i}", "concurrency": 1}
+        assert _apply(engine, cap)[0]["ok"]
+    jobs = [{"data": {}, "groupId": f"g{i}"} for i in range(groups) for _ in range(2)]
+    assert _apply(engine, {"cmd": "PUSHB", "queue": "q", "jobs": jobs})[0]["ok"]
+    pull = {"cmd": "PULLB", "queue": "q", "count": 1000, "owner": "w"}
+    taken = []
+    for _ in range(3):
+        reply = _apply(engine, pull)[0]
+        taken += list(zip([j["id"] for j in reply["jobs"]], reply["tokens"], strict=True))
+    assert len(taken) == groups  # one per group: every group is at its cap
+    assert _apply(engine, pull)[0]["jobs"] == []  # skips them all: all are held back
+    table = engine.queues["q"].groups
+    assert table is not None and len(table.blocked) == groups
+
+    calls = 0
+    wakes_at = type(next(iter(table.groups.values()))).wakes_at
+
+    def counted(self: Any, now: int) -> int | None:
+        nonlocal calls
+        calls += 1
+        return wakes_at(self, now)
+
+    monkeypatch.setattr(type(next(iter(table.groups.values()))), "wakes_at", counted)
+    for _ in range(50):
+        assert _apply(engine, {"cmd": "Count", "queue": "other"})[0]["ok"]
+        engine.next_deadline()
+        engine.tick(NOW + 1)
+    assert calls == 0
+    job_id, token = taken[0]
+    _apply(engine, {"cmd": "ACK", "id": job_id, "token": token})
+    assert ("ready", "q", "") in engine.last_events  # the freed slot wakes parked pulls
+    assert calls <= 2 and len(table.blocked) == groups - 1
