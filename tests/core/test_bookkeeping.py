@@ -269,3 +269,51 @@ def test_held_back_groups_cost_unrelated_commands_nothing(monkeypatch: pytest.Mo
     _apply(engine, {"cmd": "ACK", "id": job_id, "token": token})
     assert ("ready", "q", "") in engine.last_events  # the freed slot wakes parked pulls
     assert calls <= 2 and len(table.blocked) == groups - 1
+
+
+def test_held_back_limited_queues_cost_unrelated_commands_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shardq.core._queue_limits import QueueLimits
+
+    engine, queues = Engine(seed=1), 2_000
+    tokens = {}
+    for i in range(queues):
+        name = f"q{i}"
+        limit = (
+            {"cmd": "SetConcurrency", "queue": name, "limit": 1}
+            if i % 2
+            else {"cmd": "RateLimit", "queue": name, "limit": 1, "duration": 60_000}
+        )
+        assert _apply(engine, limit)[0]["ok"]
+        push = {"cmd": "PUSHB", "queue": name, "jobs": [{"data": {}}] * 2}
+        assert _apply(engine, push)[0]["ok"]
+        pull = {"cmd": "PULLB", "queue": name, "count": 2, "owner": "w", "lockTtl": 600_000}
+        reply = _apply(engine, pull)[0]
+        assert len(reply["jobs"]) == 1  # held back by its limit
+        tokens[name] = (reply["jobs"][0]["id"], reply["tokens"][0])
+    assert len(engine.blocked) == queues
+    assert engine.next_deadline() == NOW + 60_000
+
+    calls = 0
+    reopens_at = QueueLimits.reopens_at
+
+    def counted(self: QueueLimits) -> int | None:
+        nonlocal calls
+        calls += 1
+        return reopens_at(self)
+
+    monkeypatch.setattr(QueueLimits, "reopens_at", counted)
+    for _ in range(50):
+        assert _apply(engine, {"cmd": "Count", "queue": "other"})[0]["ok"]
+        engine.next_deadline()
+        engine.tick(NOW + 1)
+    assert calls == 0
+    job_id, token = tokens["q1"]  # concurrency-capped: its ACK frees the slot
+    _apply(engine, {"cmd": "ACK", "id": job_id, "token": token})
+    assert engine.last_events.count(("ready", "q1", "")) == 1
+    assert "q1" not in engine.blocked
+    events, _ = engine.tick(NOW + 60_000)  # every rate window reopens at once
+    assert sorted(name for kind, name, _ in events if kind == "ready") == sorted(
+        f"q{i}" for i in range(0, queues, 2)
+    )
