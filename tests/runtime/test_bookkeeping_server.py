@@ -23,7 +23,7 @@ Factory = Callable[..., ShardqServer]
 WAIT_S = 30.0
 GROUPS = 300
 
-BAD = [
+BAD: list[tuple[dict[str, Any], str]] = [
     ({"cmd": "Cron", "name": "b1", "queue": "cq", "repeatEvery": 1e300}, "Invalid repeatEvery"),
     ({"cmd": "Cron", "name": "b2", "queue": "cq", "repeatEvery": 2.0**64}, "Invalid repeatEvery"),
     ({"cmd": "Cron", "name": "b3", "queue": "cq", "repeatEvery": 2**64 - 1}, "Invalid repeatEvery"),
