@@ -39,9 +39,12 @@ class EngineConfig:
     # Longest custom id, uniqueKey, debounceId, tag or dependsOn entry a command may
     # carry: each is an index key in memory and on disk; 1024 fits UUIDs, URLs and composites.
     max_key_chars: int = 1_024
-    # Groups of one queue that may hold settings (pause, limits) at once: their settings are
-    # saved with the queue's on every change, so this bounds that write; bunqueue has no cap.
+    # Groups of one queue that may hold settings (pause, limits) at once: each is a row in
+    # memory and on disk, so this bounds them; bunqueue has no cap.
     max_configured_groups: int = 10_000
+    # Cron slots one tick handles at most; the rest are handled by the ticks right after, so
+    # 10,000 schedules due in the same millisecond never hold a command up for the whole lot.
+    max_cron_fires_per_tick: int = 256
     # Minutes of finished-job counts kept per queue and outcome for queue-scoped Metrics:
     # bunqueue's maxMetricDataPoints (two weeks); at most ~1 MB per busy queue.
     max_metric_minutes: int = 20_160

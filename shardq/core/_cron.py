@@ -270,9 +270,11 @@ class CronOps(TimerOps, ProduceOps):
         return None
 
     def fire_crons(self, now: int) -> None:
-        """Handle every schedule whose slot is due at `now`, each at most once per tick: a
-        slot handled moves `nextRun` past `now`, so no schedule can fire a backlog."""
-        while True:
+        """Handle the schedules whose slot is due at `now`, each at most once per tick (a slot
+        handled moves `nextRun` past `now`, so no schedule can fire a backlog), and at most
+        `max_cron_fires_per_tick` of them: the others stay due, so `next_deadline` asks for
+        the next tick at once, and the commands waiting in between are served first."""
+        for _ in range(self.config.max_cron_fires_per_tick):
             at = self.cron_deadline()
             if at is None or at > now:
                 return

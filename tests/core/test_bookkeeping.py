@@ -317,3 +317,19 @@ def test_held_back_limited_queues_cost_unrelated_commands_nothing(
     assert sorted(name for kind, name, _ in events if kind == "ready") == sorted(
         f"q{i}" for i in range(0, queues, 2)
     )
+
+
+def test_slots_due_together_are_handled_a_bounded_lot_per_tick() -> None:
+    engine = Engine(EngineConfig(max_cron_fires_per_tick=100), seed=1)
+    for i in range(250):
+        cmd = {"cmd": "Cron", "name": f"c{i:03d}", "queue": "cq", "repeatEvery": 1_000}
+        assert _apply(engine, cmd)[0]["ok"]
+    fired = []
+    for _ in range(3):
+        assert engine.next_deadline() == NOW + 1_000  # still due: tick again at once
+        _, out = engine.tick(NOW + 1_000)
+        fired.append(len([m for m in out if m[0] == "cron"]))
+    assert fired == [100, 100, 50]
+    assert engine.next_deadline() == NOW + 2_000
+    counts = _apply(engine, {"cmd": "GetJobCounts", "queue": "cq"}, NOW + 1_000)[0]
+    assert counts["counts"]["waiting"] == 250  # every slot fired once
