@@ -44,7 +44,7 @@ class EngineConfig:
     max_configured_groups: int = 10_000
     # Cron slots one tick handles at most; the rest are handled by the ticks right after, so
     # 10,000 schedules due in the same millisecond never hold a command up for the whole lot.
-    max_cron_fires_per_tick: int = 256
+    max_cron_fires_per_tick: int = 64
     # Minutes of finished-job counts kept per queue and outcome for queue-scoped Metrics:
     # bunqueue's maxMetricDataPoints (two weeks); at most ~1 MB per busy queue.
     max_metric_minutes: int = 20_160
