@@ -1,7 +1,7 @@
 """What cron schedules and configured job groups cost a command that has nothing to do with them.
 
-    python -m bench.bookkeeping [--counts 0 1000 10000] [--samples 2000] [--shards 2]
-                                [--warmup 2] [--shardq PATH] [--json PATH]
+    python -m bench.bookkeeping [--counts 0 1000 10000] [--rate 200] [--seconds 10]
+                                [--shards 2] [--warmup 2] [--shardq PATH] [--json PATH]
 
 For each count N of `--counts`, on a fresh server and data directory each time:
 
@@ -11,9 +11,10 @@ For each count N of `--counts`, on a fresh server and data directory each time:
 - groups: N groups of one queue of shard 0, each paused and given a concurrency cap, sent in
   pipelined lots of 1,000 groups (2,000 commands); the time of each lot is reported.
 
-Then `Count` on another queue of shard 0 (so the very shard that keeps the schedules or the
-groups answers it) is sent `--samples` times, one at a time, after `--warmup` seconds; its
-p50 and p99 latency are reported. `--shardq` runs another build (a `shardq` executable) for
+Then, after `--warmup` seconds, `Count` on another queue of shard 0 (so the very shard that
+keeps the schedules or the groups answers it) is sent `--rate` times a second for `--seconds`,
+one at a time, each timed from the moment it was due; its p50, p99 and largest latency are
+reported. `--shardq` runs another build (a `shardq` executable) for
 comparison; by default the one installed beside this Python.
 
 Progress goes to stderr, the results as a table to stdout.
@@ -81,14 +82,24 @@ def make_groups(conn: TcpConnection, count: int, shards: int) -> list[float]:
     return lots
 
 
-def count_latency(conn: TcpConnection, queue: str, samples: int) -> list[float]:
-    """ms of each of `samples` Count calls, one in flight at a time."""
+def count_latency(conn: TcpConnection, queue: str, rate: float, seconds: float) -> list[float]:
+    """ms of each Count call, sent `rate` times a second for `seconds`, one in flight at a time.
+
+    Each latency runs from the moment its call was due, not from when it was sent: a call held
+    up behind a slow one counts the wait too. Timed from the send, a 100 ms stall once a second
+    would show as one slow sample among hundreds and vanish from the p99.
+    """
     cmd = {"cmd": "Count", "queue": queue}
+    interval = 1.0 / rate
+    start = time.perf_counter()
     times = []
-    for _ in range(samples):
-        began = time.perf_counter()
+    for i in range(max(1, int(rate * seconds))):
+        due = start + i * interval
+        wait = due - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
         conn.call(cmd)
-        times.append((time.perf_counter() - began) * 1000)
+        times.append((time.perf_counter() - due) * 1000)
     return times
 
 
@@ -107,7 +118,7 @@ def run_one(args: argparse.Namespace, kind: str, count: int) -> dict[str, Any]:
             time.sleep(args.warmup)
             other = queue_on(0, args.shards, "unrelated")
             conn.call({"cmd": "PUSH", "queue": other, "data": {}})
-            times = count_latency(conn, other, args.samples)
+            times = count_latency(conn, other, args.rate, args.seconds)
             conn.close()
         finally:
             server.terminate()
@@ -117,6 +128,7 @@ def run_one(args: argparse.Namespace, kind: str, count: int) -> dict[str, Any]:
         "count": count,
         "p50_ms": round(statistics.median(times), 3),
         "p99_ms": round(percentile(times, 0.99), 3),
+        "samples": len(times),
         "max_ms": round(max(times), 3),
         "lots_s": [round(s, 3) for s in lots],
     }
@@ -143,7 +155,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--counts", type=int, nargs="+", default=[0, 1000, 10_000])
     parser.add_argument("--kinds", nargs="+", choices=("crons", "groups"),
                         default=["crons", "groups"])  # fmt: skip
-    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--rate", type=float, default=200.0, help="Count calls a second")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long Count is timed")
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring")
     parser.add_argument(
@@ -155,8 +168,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if any(c < 0 for c in args.counts):
         parser.error("--counts must be 0 or more")
-    if args.samples < 1 or args.shards < 1 or args.warmup < 0:
-        parser.error("--samples and --shards must be positive, --warmup 0 or more")
+    if args.rate <= 0 or args.seconds <= 0 or args.shards < 1 or args.warmup < 0:
+        parser.error("--rate, --seconds and --shards must be positive, --warmup 0 or more")
     if not os.access(args.shardq, os.X_OK):
         parser.error(f"--shardq {args.shardq} is not an executable")
     return args

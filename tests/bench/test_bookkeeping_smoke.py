@@ -14,8 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_bookkeeping_measures_count_beside_crons_and_groups(tmp_path: Path) -> None:
     out = tmp_path / "bookkeeping.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.bookkeeping", "--counts", "0", "1200", "--samples", "20",
-         "--shards", "1", "--warmup", "0.2", "--json", str(out)],
+        [sys.executable, "-m", "bench.bookkeeping", "--counts", "0", "1200", "--rate", "100",
+         "--seconds", "0.2", "--shards", "1", "--warmup", "0.2", "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
@@ -25,6 +25,7 @@ def test_bookkeeping_measures_count_beside_crons_and_groups(tmp_path: Path) -> N
     ]  # fmt: skip
     for row in rows:
         assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
+        assert row["samples"] == 20
         assert len(row["lots_s"]) == (2 if row["count"] else 0)  # a lot per 1,000 begun
     table_rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert len(table_rows) == 1 + len(rows)
