@@ -38,6 +38,9 @@ from shardq.client import TcpConnection
 from shardq.runtime._routing import shard_of
 
 LOT = 1000  # groups per timed lot
+# A build whose every group change rewrote all of its queue's groups took minutes per lot at
+# 10,000 groups; the client's default 30 s per reply would cut that measurement short.
+LOT_TIMEOUT_S = 900.0
 
 
 def queue_on(shard: int, shards: int, prefix: str, skip: int = 0) -> str:
@@ -58,7 +61,7 @@ def make_crons(conn: TcpConnection, count: int, shards: int) -> list[float]:
             for i in range(start, min(start + LOT, count))
         ]  # fmt: skip
         began = time.perf_counter()
-        for reply in conn.call_many(cmds, window=200):
+        for reply in conn.call_many(cmds, window=200, timeout=LOT_TIMEOUT_S):
             assert reply["ok"], reply
         lots.append(time.perf_counter() - began)
     return lots
@@ -76,9 +79,10 @@ def make_groups(conn: TcpConnection, count: int, shards: int) -> list[float]:
                 {"cmd": "SetGroupConcurrency", "queue": queue, "groupId": gid, "concurrency": 2}
             )
         began = time.perf_counter()
-        for reply in conn.call_many(cmds, window=200):
+        for reply in conn.call_many(cmds, window=200, timeout=LOT_TIMEOUT_S):
             assert reply["ok"], reply
         lots.append(time.perf_counter() - began)
+        print(f"groups: lot {len(lots)} took {lots[-1]:.2f} s", file=sys.stderr)
     return lots
 
 
