@@ -61,7 +61,7 @@ def make_crons(conn: TcpConnection, count: int, shards: int) -> list[float]:
             for i in range(start, min(start + LOT, count))
         ]  # fmt: skip
         began = time.perf_counter()
-        for reply in conn.call_many(cmds, window=200, timeout=LOT_TIMEOUT_S):
+        for reply in conn.call_many(cmds, window=200):
             assert reply["ok"], reply
         lots.append(time.perf_counter() - began)
     return lots
@@ -79,7 +79,7 @@ def make_groups(conn: TcpConnection, count: int, shards: int) -> list[float]:
                 {"cmd": "SetGroupConcurrency", "queue": queue, "groupId": gid, "concurrency": 2}
             )
         began = time.perf_counter()
-        for reply in conn.call_many(cmds, window=200, timeout=LOT_TIMEOUT_S):
+        for reply in conn.call_many(cmds, window=200):
             assert reply["ok"], reply
         lots.append(time.perf_counter() - began)
         print(f"groups: lot {len(lots)} took {lots[-1]:.2f} s", file=sys.stderr)
@@ -116,7 +116,8 @@ def run_one(args: argparse.Namespace, kind: str, count: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="shardq-bookkeeping-") as data_dir:
         server, port = _start(args.shardq, args.shards, data_dir)
         try:
-            conn = _connect(port, server)
+            _connect(port, server).close()  # up and answering
+            conn = TcpConnection("127.0.0.1", port, timeout=LOT_TIMEOUT_S)
             make = make_crons if kind == "crons" else make_groups
             lots = make(conn, count, args.shards)
             time.sleep(args.warmup)
