@@ -216,13 +216,17 @@ class Store:
             rows = self._read_page(more, (last_seq, last_rowid, *params, page_size))
 
     def queue_names(self) -> set[str]:
-        """The name of every queue that has a stored job or config.
+        """The name of every queue that has a stored job, config or configured group.
 
         Reads the `queue` index only, never a row. Raises `StorageError` if the read fails.
         """
         with self._reading("listing queues"):
             names = {q for (q,) in self._conn.execute("SELECT DISTINCT queue FROM jobs")}
             names.update(n for (n,) in self._conn.execute("SELECT name FROM queue_state"))
+            if self.schema_version >= _GROUPS_VERSION:
+                # A queue whose only trace is a configured group (its key's first column).
+                sql = "SELECT DISTINCT queue FROM queue_groups"
+                names.update(q for (q,) in self._conn.execute(sql))
             return names
 
     def completed_floor(self, keep: int, queues: Collection[str] | None = None) -> int | None:

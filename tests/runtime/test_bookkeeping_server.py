@@ -87,6 +87,8 @@ def _configure(conn: TcpConnection) -> None:
     for i in range(0, GROUPS, 10):
         commands.append({"cmd": "ResumeGroup", "queue": "gq", "groupId": f"g{i:04d}"})
     commands.append({"cmd": "Cron", "name": "hourly", "queue": "gq", "schedule": "0 * * * *"})
+    # A queue whose only trace is one configured group: no job, no settings of its own.
+    commands.append({"cmd": "PauseGroup", "queue": "bare", "groupId": "only"})
     for reply in conn.call_many(commands):
         assert reply["ok"], reply
     # Durable, after the settings on the same shard: once it is acknowledged they are stored.
@@ -105,6 +107,8 @@ def _check(conn: TcpConnection) -> None:
         assert paused == {"paused": i % 10 != 0}, (i, paused)
         assert cap == {"concurrency": 1 + i % 3}, (i, cap)
     assert [c["name"] for c in conn.call({"cmd": "CronList"})["crons"]] == ["hourly"]
+    bare = conn.call({"cmd": "IsGroupPaused", "queue": "bare", "groupId": "only"})
+    assert bare["data"] == {"paused": True}
 
 
 def test_group_settings_and_schedules_survive_sigterm_and_kill_9(shardq_server: Factory) -> None:

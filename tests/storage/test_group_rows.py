@@ -46,6 +46,8 @@ def test_a_group_change_writes_its_row_and_obliterate_deletes_the_queues_rows(
             ]
         )
         assert _rows(store) == [("qa", "g4"), ("qb", "g1")]
+        # qb has neither a job nor a config row: its group alone makes the shard load it.
+        assert store.queue_names() == {"qa", "qb"}
         assert store.load_queues() == {
             "qa": {"groups": {"g4": {"paused": False, "until": 5}}},
             "qb": {"groups": {"g1": {"paused": True, "until": 0}}},
