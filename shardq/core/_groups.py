@@ -343,7 +343,10 @@ class GroupTable:
         entry may be stale: the tick at that time then finds nothing to do)."""
         if self.freed:
             return 0
-        return self.reopen[0][0] if self.reopen else None
+        heap, blocked = self.reopen, self.blocked
+        while heap and blocked.get(heap[0][1], _UNSEEN) != heap[0][0]:
+            heappop(heap)  # stale: never a deadline
+        return heap[0][0] if heap else None
 
     # -- reads -----------------------------------------------------------------------------
 

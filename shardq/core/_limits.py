@@ -218,8 +218,11 @@ class LimitOps(TimerOps):
         deadline = super().next_deadline()
         if self.rate_expiries and (deadline is None or self.rate_expiries[0][0] < deadline):
             deadline = self.rate_expiries[0][0]
-        # The heap's top may be stale: the tick at that time then finds nothing to do.
-        at = 0 if self.limit_freed else self.limit_reopen[0][0] if self.limit_reopen else None
+        heap = self.limit_reopen
+        while heap and heap[0][1] not in self.blocked:
+            heapq.heappop(heap)  # its queue was woken or dropped since: never a deadline
+        # A top whose queue is still blocked may yet be stale: that tick then does nothing.
+        at = 0 if self.limit_freed and self.blocked else heap[0][0] if heap else None
         if at is not None and (deadline is None or at < deadline):
             deadline = at
         return deadline

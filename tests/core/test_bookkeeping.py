@@ -333,3 +333,20 @@ def test_slots_due_together_are_handled_a_bounded_lot_per_tick() -> None:
     assert engine.next_deadline() == NOW + 2_000
     counts = _apply(engine, {"cmd": "GetJobCounts", "queue": "cq"}, NOW + 1_000)[0]
     assert counts["counts"]["waiting"] == 250  # every slot fired once
+
+
+def test_a_woken_queue_leaves_no_deadline_behind() -> None:
+    """A queue held back until 1,000, then given a shorter window and held back until 100, is
+    woken at 100: the entry for 1,000 is stale and must not stay a deadline (past its time
+    it would make the shard tick at once, for ever)."""
+    engine = Engine(seed=1)
+    limit = {"cmd": "RateLimit", "queue": "q", "limit": 1, "duration": 1_000}
+    assert _apply(engine, limit)[0]["ok"]
+    assert _apply(engine, {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": {}}] * 6})[0]["ok"]
+    pull = {"cmd": "PULLB", "queue": "q", "count": 3, "owner": "w", "lockTtl": 600_000}
+    assert len(_apply(engine, pull, NOW)[0]["jobs"]) == 1  # held back until NOW + 1,000
+    assert _apply(engine, {**limit, "duration": 100}, NOW + 10)[0]["ok"]
+    assert _apply(engine, pull, NOW + 20)[0]["jobs"] == []  # held back until NOW + 100
+    events, _ = engine.tick(NOW + 100)
+    assert ("ready", "q", "") in events and "q" not in engine.blocked
+    assert engine.next_deadline() == NOW + 600_000  # the leases; no stale reopen time
