@@ -222,6 +222,8 @@ class GroupOps(LimitOps):
         if group.paused == paused:
             return _data(changed=False)
         group.paused = paused
+        if not paused and q.groups is not None:
+            q.groups.resumed(gid)
         self._group_saved(q, gid)
         return _data(changed=True)
 

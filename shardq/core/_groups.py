@@ -6,9 +6,10 @@ queue without one pays a single `is None` test per pull and per batch of state c
 Delivery order (docs/protocol.md §17): ungrouped jobs first (the queue's own heap), then one
 job per group in turn, starting after the group served last. Inside a group, lower priority
 first, then earlier run time, then push order. A group that is paused, at its concurrency cap,
-out of rate-limit room or under a manual rate limit (`RateLimitGroup`) is skipped; it stays in
-the ring, and the pull that skipped it is "held back" so the engine wakes parked pulls when
-the group gets room again (`wakes_at`, `room`).
+out of rate-limit room or under a manual rate limit (`RateLimitGroup`) is skipped: a paused
+group leaves the ring until it is resumed; any other stays in the ring, and the pull that
+skipped it is "held back" so the engine wakes parked pulls when the group gets room again
+(`wakes_at`, `room`).
 """
 
 from __future__ import annotations
@@ -217,10 +218,17 @@ class GroupTable:
             group.push(job)
             if len(group.ready) > 64 and len(group.ready) > 2 * group.waiting:
                 self._compact(group)
-            if not group.in_ring:
+            if not group.in_ring and not group.paused:
                 group.in_ring = True
                 self.ring.append(gid)
         return plain
+
+    def resumed(self, gid: str) -> None:
+        """Group `gid` was resumed: back in the ring if it has jobs waiting."""
+        group = self.groups.get(gid)
+        if group is not None and group.waiting and not group.in_ring and not group.paused:
+            group.in_ring = True
+            self.ring.append(gid)
 
     def _compact(self, group: Group) -> None:
         """Drop the dead entries of a group's heap (reprioritised or cancelled jobs), so that
@@ -274,10 +282,15 @@ class GroupTable:
         while ring and len(live) < count and skipped < len(ring):
             gid = ring[0]
             group = groups[gid]
+            if group.paused:
+                # Out of the ring until ResumeGroup (`resumed`): a queue with thousands of
+                # paused groups holding jobs costs its pulls nothing for them.
+                ring.popleft()
+                group.in_ring = False
+                continue
             got = taken.get(gid, 0)
             if group.room(now, got) <= 0:
-                if not group.paused:  # ResumeGroup wakes parked pulls by itself
-                    self.block(gid, group.wakes_at(now))
+                self.block(gid, group.wakes_at(now))
                 ring.rotate(-1)
                 skipped += 1
                 continue

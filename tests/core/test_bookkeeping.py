@@ -350,3 +350,23 @@ def test_a_woken_queue_leaves_no_deadline_behind() -> None:
     events, _ = engine.tick(NOW + 100)
     assert ("ready", "q", "") in events and "q" not in engine.blocked
     assert engine.next_deadline() == NOW + 600_000  # the leases; no stale reopen time
+
+
+def test_paused_groups_leave_the_ring_until_resumed() -> None:
+    engine = Engine(seed=1)
+    for i in range(2_000):
+        assert _apply(engine, {"cmd": "PauseGroup", "queue": "q", "groupId": f"p{i}"})[0]["ok"]
+    jobs = [{"data": {"g": i}, "groupId": f"p{i}"} for i in range(2_000)]
+    jobs.append({"data": {"g": "open"}, "groupId": "open"})
+    assert _apply(engine, {"cmd": "PUSHB", "queue": "q", "jobs": jobs})[0]["ok"]
+    table = engine.queues["q"].groups
+    assert table is not None and list(table.ring) == ["open"]  # paused ones never joined
+    pull = {"cmd": "PULLB", "queue": "q", "count": 5, "owner": "w"}
+    assert [j["data"]["g"] for j in _apply(engine, pull)[0]["jobs"]] == ["open"]
+    assert _apply(engine, {"cmd": "ResumeGroup", "queue": "q", "groupId": "p7"})[0]["ok"]
+    assert list(table.ring) == ["p7"]
+    assert [j["data"]["g"] for j in _apply(engine, pull)[0]["jobs"]] == [7]
+    # Paused while in the ring: the first pull that meets it takes it out.
+    assert _apply(engine, {"cmd": "ResumeGroup", "queue": "q", "groupId": "p8"})[0]["ok"]
+    assert _apply(engine, {"cmd": "PauseGroup", "queue": "q", "groupId": "p8"})[0]["ok"]
+    assert _apply(engine, pull)[0]["jobs"] == [] and list(table.ring) == []
