@@ -45,9 +45,12 @@ class EngineConfig:
     # them take about 2 s on two shards. PUSHB and PUSHF jobs are bounded by the frame size.
     max_text_chars: int = 1 << 20
     max_list_items: int = 10_000
-    # Groups of one queue that may hold settings (pause, limits) at once: their settings are
-    # saved with the queue's on every change, so this bounds that write; bunqueue has no cap.
+    # Groups of one queue that may hold settings (pause, limits) at once: each is a row in
+    # memory and on disk, so this bounds them; bunqueue has no cap.
     max_configured_groups: int = 10_000
+    # Cron slots one tick handles at most; the rest are handled by the ticks right after, so
+    # 10,000 schedules due in the same millisecond never hold a command up for the whole lot.
+    max_cron_fires_per_tick: int = 64
     # Minutes of finished-job counts kept per queue and outcome for queue-scoped Metrics:
     # bunqueue's maxMetricDataPoints (two weeks); at most ~1 MB per busy queue.
     max_metric_minutes: int = 20_160

@@ -26,6 +26,7 @@ from croniter import croniter
 
 from shardq.errors import CommandError
 
+from ._bounds import count_error, cron_step_error, span_error
 from ._cronskip import WorkerPresence, too_soon
 from ._job import Job
 from ._mutations import Mutation, Record
@@ -80,7 +81,13 @@ def _limit(value: object) -> int | None:
         return None
     if not _finite(value):
         raise CommandError("maxLimit must be a number")
+    _refuse(count_error(value, "maxLimit"))
     return int(value) if value > 0 else None  # <= 0 means unlimited, as in bunqueue
+
+
+def _refuse(error: str | None) -> None:
+    if error is not None:
+        raise CommandError(error)
 
 
 def build_schedule(cmd: Mapping[str, Any], old: Record | None, now: int, max_chars: int) -> Record:
@@ -95,7 +102,8 @@ def build_schedule(cmd: Mapping[str, Any], old: Record | None, now: int, max_cha
     if (schedule is None) == (every is None):
         raise CommandError("Cron needs exactly one of schedule and repeatEvery")
     if schedule is not None:
-        _check_expression(schedule)
+        _refuse(cron_step_error(_check_expression(schedule)))
+    _refuse(span_error(every, now, "repeatEvery"))
     tz = cmd.get("timezone")
     if tz is not None and not check_zone(tz):
         raise CommandError(f"Invalid timezone: {tz}")
@@ -237,7 +245,13 @@ class CronOps(TimerOps, ProduceOps):
 
     def _save(self, rec: Record) -> None:
         self.crons[rec["name"]] = rec
-        heapq.heappush(self.cron_heap, (rec["nextRun"], rec["name"]))
+        heap = self.cron_heap
+        heapq.heappush(heap, (rec["nextRun"], rec["name"]))
+        if len(heap) > 2 * len(self.crons) + 64:
+            # Schedules redefined over and over leave stale entries far from the top, where
+            # `cron_deadline` never reaches them: rebuild, amortised O(1) per save.
+            self.cron_heap = [(r["nextRun"], n) for n, r in self.crons.items()]
+            heapq.heapify(self.cron_heap)
         self.out.append(("cron", rec["name"], dict(rec)))
 
     def _drop(self, name: str) -> None:
@@ -256,9 +270,11 @@ class CronOps(TimerOps, ProduceOps):
         return None
 
     def fire_crons(self, now: int) -> None:
-        """Handle every schedule whose slot is due at `now`, each at most once per tick: a
-        slot handled moves `nextRun` past `now`, so no schedule can fire a backlog."""
-        while True:
+        """Handle the schedules whose slot is due at `now`, each at most once per tick (a slot
+        handled moves `nextRun` past `now`, so no schedule can fire a backlog), and at most
+        `max_cron_fires_per_tick` of them: the others stay due, so `next_deadline` asks for
+        the next tick at once, and the commands waiting in between are served first."""
+        for _ in range(self.config.max_cron_fires_per_tick):
             at = self.cron_deadline()
             if at is None or at > now:
                 return

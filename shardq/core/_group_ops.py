@@ -1,9 +1,11 @@
 """Job groups in the engine: the group commands, grouped pulls and waking the pulls a group
 held back (docs/protocol.md §17). The data structures are in `_groups`.
 
-Group settings (pause, rate limit, concurrency cap, a `RateLimitGroup` deadline) are part of
-their queue's persisted settings, like the queue's own limits (`_limits`), so they survive a
-restart and need no table of their own.
+Group settings (pause, rate limit, concurrency cap, a `RateLimitGroup` deadline) survive a
+restart: each configured group is one stored row, written as `("group", queue, gid, cfg)` and
+removed as `("groupdel", queue, gid)` when its last setting goes. A settings change writes that
+one group's row, never its queue's other groups, so its cost does not grow with how many
+groups a queue has configured.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from shardq.errors import CommandError
 
+from ._bounds import span_error
 from ._groups import Group, GroupTable
 from ._job import Job
 from ._limits import LimitOps
@@ -71,7 +74,6 @@ class GroupOps(LimitOps):
         super().__init__(*args, **kwargs)
         # Queues where a pull skipped a group for want of room: the only ones to watch.
         self.group_blocked: set[str] = set()
-        self.groups_now = 0  # the last time a grouped pull or wake check ran
 
     # -- addressing ------------------------------------------------------------------------
 
@@ -90,7 +92,7 @@ class GroupOps(LimitOps):
         table = q.groups if q is not None else None
         return table, table.groups.get(gid) if table is not None else None
 
-    def _group(self, cmd: Mapping[str, Any]) -> tuple[QueueState, str, Group]:
+    def _group(self, cmd: Mapping[str, Any], now: int) -> tuple[QueueState, str, Group]:
         """The group a setting goes to (made if new).
 
         Raises:
@@ -100,17 +102,26 @@ class GroupOps(LimitOps):
         q = self.queue(queue)
         if q.groups is None:
             q.groups = GroupTable(self.jobs)
-        group = q.groups.groups.get(gid)
-        if group is None or not group.configured():
+        table = q.groups
+        if gid not in table.configured_ids:
             cap = self.config.max_configured_groups
-            if q.groups.configured_count() >= cap:
+            if table.configured_count() >= cap:
+                table.prune(now)  # lapsed deadlines first; rare, at the cap only
+            if table.configured_count() >= cap:
                 raise CommandError(f"Too many configured groups in queue {queue} (max {cap})")
-        return q, gid, q.groups.get(gid)
+        return q, gid, table.get(gid)
 
     def _group_saved(self, q: QueueState, gid: str) -> None:
-        if q.groups is not None:
-            q.groups.drop_if_idle(gid)
-        self.out.append(("queue", q.name, q.config()))
+        """Persist group `gid`'s settings as they now stand: its own row only."""
+        table = q.groups
+        cfg = table.sync(gid) if table is not None else None
+        if table is not None:
+            table.unblock(gid)  # the "ready" below wakes its parked pulls
+            table.drop_if_idle(gid)
+        if cfg is None:
+            self.out.append(("groupdel", q.name, gid))
+        else:
+            self.out.append(("group", q.name, gid, cfg))
         self.events.append(("ready", q.name, ""))  # a lifted limit may serve parked pulls
 
     # -- reads -----------------------------------------------------------------------------
@@ -159,7 +170,7 @@ class GroupOps(LimitOps):
     def cmd_set_group_rate_limit(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         self._group_args(cmd)
         rate, window = _positive(cmd, "max"), _positive(cmd, "duration")
-        q, gid, group = self._group(cmd)
+        q, gid, group = self._group(cmd, now)
         limits = group.limits = group.limits or QueueLimits()
         limits.rate, limits.window = rate, window
         self._group_saved(q, gid)
@@ -179,7 +190,7 @@ class GroupOps(LimitOps):
     def cmd_set_group_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         self._group_args(cmd)
         cap = _positive(cmd, "concurrency")
-        q, gid, group = self._group(cmd)
+        q, gid, group = self._group(cmd, now)
         limits = group.limits = group.limits or QueueLimits()
         limits.concurrency = cap
         self._group_saved(q, gid)
@@ -197,27 +208,32 @@ class GroupOps(LimitOps):
         return _data(removed=1)
 
     def cmd_pause_group(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        return self._set_paused(cmd, True)
+        return self._set_paused(cmd, True, now)
 
     def cmd_resume_group(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        return self._set_paused(cmd, False)
+        return self._set_paused(cmd, False, now)
 
-    def _set_paused(self, cmd: Mapping[str, Any], paused: bool) -> dict[str, Any]:
+    def _set_paused(self, cmd: Mapping[str, Any], paused: bool, now: int) -> dict[str, Any]:
         if not paused:
             _, found = self._peek_group(cmd)
             if found is None or not found.paused:
                 return _data(changed=False)
-        q, gid, group = self._group(cmd)
+        q, gid, group = self._group(cmd, now)
         if group.paused == paused:
             return _data(changed=False)
         group.paused = paused
+        if not paused and q.groups is not None:
+            q.groups.resumed(gid)
         self._group_saved(q, gid)
         return _data(changed=True)
 
     def cmd_rate_limit_group(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         self._group_args(cmd)
         duration = _positive(cmd, "duration")
-        q, gid, group = self._group(cmd)
+        error = span_error(duration, now, "duration")
+        if error:
+            raise CommandError(error)
+        q, gid, group = self._group(cmd, now)
         group.until = now + duration
         self._group_saved(q, gid)
         return {"ok": True}
@@ -225,7 +241,6 @@ class GroupOps(LimitOps):
     # -- pulling ---------------------------------------------------------------------------
 
     def take_grouped(self, q: QueueState, count: int, now: int) -> list[Job]:
-        self.groups_now = now
         taken = self.take_many(q, count, now, False, False)
         table = q.groups
         if table is None or len(taken) >= count:
@@ -245,7 +260,6 @@ class GroupOps(LimitOps):
 
     def wake_groups(self, now: int) -> None:
         """Emit "ready" for each queue with a held-back group that has room again."""
-        self.groups_now = now
         for name in list(self.group_blocked):
             q = self.queues.get(name)
             table = q.groups if q is not None else None
@@ -268,7 +282,7 @@ class GroupOps(LimitOps):
         for name in self.group_blocked:
             q = self.queues.get(name)
             table = q.groups if q is not None else None
-            at = table.next_wake(self.groups_now) if table is not None else None
+            at = table.next_wake() if table is not None else None
             if at is not None and (deadline is None or at < deadline):
                 deadline = at
         return deadline

@@ -6,9 +6,10 @@ queue without one pays a single `is None` test per pull and per batch of state c
 Delivery order (docs/protocol.md §17): ungrouped jobs first (the queue's own heap), then one
 job per group in turn, starting after the group served last. Inside a group, lower priority
 first, then earlier run time, then push order. A group that is paused, at its concurrency cap,
-out of rate-limit room or under a manual rate limit (`RateLimitGroup`) is skipped; it stays in
-the ring, and the pull that skipped it is "held back" so the engine wakes parked pulls when
-the group gets room again (`wakes_at`, `room`).
+out of rate-limit room or under a manual rate limit (`RateLimitGroup`) is skipped: a paused
+group leaves the ring until it is resumed; any other stays in the ring, and the pull that
+skipped it is "held back" so the engine wakes parked pulls when the group gets room again
+(`wakes_at`, `room`).
 """
 
 from __future__ import annotations
@@ -125,15 +126,26 @@ class Group:
 class GroupTable:
     """Every group of one queue that holds jobs or settings."""
 
-    __slots__ = ("blocked", "groups", "jobs", "ring")
+    __slots__ = ("blocked", "configured_ids", "freed", "groups", "jobs", "reopen", "ring")
 
     def __init__(self, jobs: Mapping[str, Job]) -> None:
         self.jobs = jobs
         self.groups: dict[str, Group] = {}
+        # The groups holding settings, kept up to date by `sync` after every settings change,
+        # so the cap check and `configured` cost O(1), not a walk of every group. A
+        # `RateLimitGroup` deadline that passes leaves its group here until `prune`.
+        self.configured_ids: set[str] = set()
         # Groups with waiting jobs, in serving order; the left end is served next.
         self.ring: deque[str] = deque()
-        # Groups skipped by a pull for want of room while they had jobs waiting.
-        self.blocked: set[str] = set()
+        # Groups skipped by a pull for want of room while they had jobs waiting, each with the
+        # time its rate window or manual limit reopens (None: only an ACK, a resume or a
+        # settings change gives it room). Watching them costs O(log n) per change, never a
+        # walk of them all: `reopen` is a heap of those times (entries whose time no longer
+        # matches `blocked` are stale and skipped), and `freed` is set when an active job of
+        # a blocked group ends.
+        self.blocked: dict[str, int | None] = {}
+        self.reopen: list[tuple[int, str]] = []
+        self.freed = False
 
     def get(self, gid: str) -> Group:
         group = self.groups.get(gid)
@@ -145,23 +157,47 @@ class GroupTable:
         group = self.groups.get(gid)
         if group is not None and group.idle() and not group.in_ring:
             del self.groups[gid]
-            self.blocked.discard(gid)
+            self.blocked.pop(gid, None)
+            self.configured_ids.discard(gid)  # a lapsed deadline was its last setting
 
     # -- persisted settings ----------------------------------------------------------------
 
+    def sync(self, gid: str) -> dict[str, Any] | None:
+        """Record whether group `gid` holds settings after a change; return its persisted
+        settings (None: it holds none, its stored row goes)."""
+        group = self.groups.get(gid)
+        if group is not None and group.configured():
+            self.configured_ids.add(gid)
+            return group.config()
+        self.configured_ids.discard(gid)
+        return None
+
     def config(self) -> dict[str, Any]:
-        return {gid: g.config() for gid, g in self.groups.items() if g.configured()}
+        """The settings of every configured group (for reads and tests; never persisted
+        whole: each group has its own row, see `_group_ops`)."""
+        return {gid: self.groups[gid].config() for gid in sorted(self.configured_ids)}
 
     def load(self, cfg: Mapping[str, Any]) -> None:
         for gid, entry in cfg.items():
             if isinstance(entry, Mapping):
                 self.get(str(gid)).load(entry)
+                self.sync(str(gid))
 
     def configured(self) -> bool:
-        return any(g.configured() for g in self.groups.values())
+        return bool(self.configured_ids)
 
     def configured_count(self) -> int:
-        return sum(1 for g in self.groups.values() if g.configured())
+        return len(self.configured_ids)
+
+    def prune(self, now: int) -> None:
+        """Forget groups whose only setting was a `RateLimitGroup` deadline that passed.
+        O(configured groups): run only when the cap would refuse a new group."""
+        for gid in list(self.configured_ids):
+            group = self.groups.get(gid)
+            if group is not None and group.until and group.until <= now:
+                group.until = 0
+            self.sync(gid)
+            self.drop_if_idle(gid)
 
     # -- what the engine's state changes tell the table -----------------------------------
 
@@ -182,10 +218,17 @@ class GroupTable:
             group.push(job)
             if len(group.ready) > 64 and len(group.ready) > 2 * group.waiting:
                 self._compact(group)
-            if not group.in_ring:
+            if not group.in_ring and not group.paused:
                 group.in_ring = True
                 self.ring.append(gid)
         return plain
+
+    def resumed(self, gid: str) -> None:
+        """Group `gid` was resumed: back in the ring if it has jobs waiting."""
+        group = self.groups.get(gid)
+        if group is not None and group.waiting and not group.in_ring and not group.paused:
+            group.in_ring = True
+            self.ring.append(gid)
 
     def _compact(self, group: Group) -> None:
         """Drop the dead entries of a group's heap (reprioritised or cancelled jobs), so that
@@ -216,9 +259,15 @@ class GroupTable:
                 group.delayed += step
             else:
                 group.active += step
+                if step < 0 and gid in self.blocked:
+                    # A concurrency slot came free: wake parked pulls (a rate limit that still
+                    # holds the group makes the woken pull skip it and block it again).
+                    del self.blocked[gid]
+                    self.freed = True
             if step < 0 and group.idle() and not group.in_ring:
                 del self.groups[gid]
-                self.blocked.discard(gid)
+                self.blocked.pop(gid, None)
+                self.configured_ids.discard(gid)
 
     # -- pulling ---------------------------------------------------------------------------
 
@@ -233,10 +282,15 @@ class GroupTable:
         while ring and len(live) < count and skipped < len(ring):
             gid = ring[0]
             group = groups[gid]
+            if group.paused:
+                # Out of the ring until ResumeGroup (`resumed`): a queue with thousands of
+                # paused groups holding jobs costs its pulls nothing for them.
+                ring.popleft()
+                group.in_ring = False
+                continue
             got = taken.get(gid, 0)
             if group.room(now, got) <= 0:
-                if not group.paused:  # ResumeGroup wakes parked pulls by itself
-                    self.blocked.add(gid)
+                self.block(gid, group.wakes_at(now))
                 ring.rotate(-1)
                 skipped += 1
                 continue
@@ -260,29 +314,52 @@ class GroupTable:
 
     # -- waking held-back pulls ------------------------------------------------------------
 
+    def block(self, gid: str, at: int | None) -> None:
+        """Watch group `gid`, skipped for want of room, until `at` (None: until an ACK)."""
+        known = self.blocked.get(gid, _UNSEEN)
+        self.blocked[gid] = at
+        if at is not None and at != known:
+            heap = self.reopen
+            heappush(heap, (at, gid))
+            if len(heap) > 2 * len(self.blocked) + 64:
+                self.reopen = [(t, g) for g, t in self.blocked.items() if t is not None]
+                heapify(self.reopen)
+
+    def unblock(self, gid: str) -> None:
+        """A settings change: the change itself wakes parked pulls (see `_group_ops`)."""
+        self.blocked.pop(gid, None)
+
     def wake(self, now: int) -> bool:
-        """True if a held-back group has room now (its entry is cleared)."""
-        woke = False
-        for gid in list(self.blocked):
+        """True if a held-back group may have room now (its entry is cleared). O(log n) per
+        group whose time came, O(1) when none did."""
+        woke, self.freed = self.freed, False
+        heap, blocked = self.reopen, self.blocked
+        while heap and heap[0][0] <= now:
+            at, gid = heappop(heap)
+            if blocked.get(gid, _UNSEEN) != at:
+                continue  # stale: unblocked, or watched for another time since
             group = self.groups.get(gid)
             if group is None or not group.ready:
-                self.blocked.discard(gid)
+                del blocked[gid]
                 continue
-            at = group.wakes_at(now)
-            if at is not None and at <= now:
-                self.blocked.discard(gid)
+            again = group.wakes_at(now)
+            if again is not None and again <= now:
+                del blocked[gid]
                 woke = True
+            else:
+                blocked[gid] = None
+                self.block(gid, again)
         return woke
 
-    def next_wake(self, now: int) -> int | None:
-        """The earliest time a held-back group's rate window or manual limit reopens."""
-        best: int | None = None
-        for gid in self.blocked:
-            group = self.groups.get(gid)
-            at = group.wakes_at(now) if group is not None else None
-            if at is not None and (best is None or at < best):
-                best = at
-        return best
+    def next_wake(self) -> int | None:
+        """The earliest time a held-back group's rate window or manual limit may reopen (an
+        entry may be stale: the tick at that time then finds nothing to do)."""
+        if self.freed:
+            return 0
+        heap, blocked = self.reopen, self.blocked
+        while heap and blocked.get(heap[0][1], _UNSEEN) != heap[0][0]:
+            heappop(heap)  # stale: never a deadline
+        return heap[0][0] if heap else None
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -296,6 +373,9 @@ class GroupTable:
             depth = group.waiting + group.delayed
             total += depth if per_group is None else min(depth, per_group)
         return total
+
+
+_UNSEEN: Any = object()
 
 
 def group_size_error(table: GroupTable | None, entries: Sequence[Mapping[str, Any]]) -> str | None:

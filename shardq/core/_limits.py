@@ -16,9 +16,11 @@ from typing import Any
 
 from shardq.errors import CommandError
 
+from ._bounds import count_error, span_error
 from ._lifecycle import ACTIVE
 from ._mutations import Mutation
 from ._options import is_number
+from ._queue import QueueState
 from ._queue_limits import DEFAULT_WINDOW_MS, QueueLimits
 from ._timers import Event, TimerOps
 
@@ -31,20 +33,53 @@ def _limit(cmd: Mapping[str, Any], *, positive: bool) -> int:
         raise CommandError("limit must be a finite number")
     if positive and value < 1:
         raise CommandError("limit must be at least 1")
+    _refuse(count_error(value, "limit"))
     return max(int(value), 0)
+
+
+def _refuse(error: str | None) -> None:
+    if error is not None:
+        raise CommandError(error)
 
 
 class LimitOps(TimerOps):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Limited queues whose pulls were held back: the only ones to watch for capacity.
+        # Limited queues whose pulls were held back: the only ones to watch for capacity. They
+        # are watched in O(log n) per change, never walked: `limit_reopen` is a heap of
+        # (time the rate window reopens, queue), stale entries skipped; `limit_freed` names
+        # the blocked queues an active job left since the last check (`_state`).
         self.blocked: set[str] = set()
+        self.limit_reopen: list[tuple[int, str]] = []
+        self.limit_freed: set[str] = set()
         # (time, queue) at which a RateLimit given a `ttl` clears itself; stale entries (the
         # limit was replaced or cleared since) are skipped.
         self.rate_expiries: list[tuple[int, str]] = []
 
     def held_back(self, queue: str) -> None:
         self.blocked.add(queue)
+        q = self.queues.get(queue)
+        at = q.limits.reopens_at() if q is not None and q.limits is not None else None
+        if at is not None:
+            heap = self.limit_reopen
+            heapq.heappush(heap, (at, queue))
+            if len(heap) > 2 * len(self.blocked) + 64:
+                self._rebuild_reopen()
+
+    def freed_active(self, q: QueueState) -> None:
+        """An active job of `q` (held back by its concurrency cap) ended: check it next."""
+        if q.name in self.blocked:
+            self.limit_freed.add(q.name)
+
+    def _rebuild_reopen(self) -> None:
+        entries = []
+        for name in self.blocked:
+            q = self.queues.get(name)
+            at = q.limits.reopens_at() if q is not None and q.limits is not None else None
+            if at is not None:
+                entries.append((at, name))
+        heapq.heapify(entries)
+        self.limit_reopen = entries
 
     # -- commands --------------------------------------------------------------------------
 
@@ -58,6 +93,7 @@ class LimitOps(TimerOps):
         ttl = cmd.get("ttl")
         if ttl is not None and (not is_number(ttl) or not math.isfinite(ttl) or ttl <= 0):
             raise CommandError("ttl must be a positive number")
+        _refuse(span_error(duration, now, "duration") or span_error(ttl, now, "ttl"))
         limits = self._limits_of(cmd)
         limits.rate = limit
         limits.window = int(duration) if duration is not None else DEFAULT_WINDOW_MS
@@ -88,7 +124,8 @@ class LimitOps(TimerOps):
         return {"ok": True, "data": {"limits": view}}
 
     def cmd_set_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        self._limits_of(cmd).concurrency = _limit(cmd, positive=True)
+        cap = _limit(cmd, positive=True)  # checked before the queue gets a limits record
+        self._limits_of(cmd).concurrency = cap
         return self._saved(cmd)
 
     def cmd_clear_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -112,23 +149,44 @@ class LimitOps(TimerOps):
     # -- waking parked pulls ---------------------------------------------------------------
 
     def wake_limited(self, now: int) -> None:
-        """Emit "ready" for each queue whose held-back pulls may now be served."""
-        for name in list(self.blocked):
-            q = self.queues.get(name)
-            limits = q.limits if q is not None else None
-            if q is None or limits is None:
-                self.blocked.discard(name)
+        """Emit "ready" for each queue whose held-back pulls may now be served: those an
+        active job left, and those whose rate window reopened (from the heap's top)."""
+        woken: set[str] = set()
+        if self.limit_freed:
+            freed, self.limit_freed = self.limit_freed, set()
+            for name in freed:
+                limits = self._blocked_limits(name)
+                if limits is not None and limits.conc_blocked and self._has_slot(name, limits):
+                    limits.conc_blocked = False
+                    woken.add(name)
+        heap = self.limit_reopen
+        while heap and heap[0][0] <= now:
+            at, name = heapq.heappop(heap)
+            limits = self._blocked_limits(name)
+            if limits is None or not limits.rate_blocked:
                 continue
-            woke = False
-            if limits.conc_blocked and q.counts[ACTIVE] < (limits.concurrency or 0):
-                limits.conc_blocked, woke = False, True
-            at = limits.reopens_at()
-            if at is not None and at <= now:
-                limits.rate_blocked, woke = False, True
-            if woke:
-                self.events.append(("ready", name, ""))
-            if not (limits.conc_blocked or limits.rate_blocked):
+            reopens = limits.reopens_at()
+            if reopens is not None and reopens <= now:
+                limits.rate_blocked = False
+                woken.add(name)
+            elif reopens is not None and reopens != at:
+                heapq.heappush(heap, (reopens, name))
+        for name in sorted(woken):
+            self.events.append(("ready", name, ""))
+            limits = self._blocked_limits(name)
+            if limits is None or not (limits.conc_blocked or limits.rate_blocked):
                 self.blocked.discard(name)
+
+    def _has_slot(self, name: str, limits: QueueLimits) -> bool:
+        return self.queues[name].counts[ACTIVE] < (limits.concurrency or 0)
+
+    def _blocked_limits(self, name: str) -> QueueLimits | None:
+        """The limits of blocked queue `name`; a queue gone or unlimited stops being watched."""
+        q = self.queues.get(name) if name in self.blocked else None
+        limits = q.limits if q is not None else None
+        if limits is None:
+            self.blocked.discard(name)
+        return limits
 
     def _expire_rate_limits(self, now: int) -> None:
         heap = self.rate_expiries
@@ -160,11 +218,11 @@ class LimitOps(TimerOps):
         deadline = super().next_deadline()
         if self.rate_expiries and (deadline is None or self.rate_expiries[0][0] < deadline):
             deadline = self.rate_expiries[0][0]
-        if not self.blocked:
-            return deadline
-        for name in self.blocked:
-            q = self.queues.get(name)
-            at = q.limits.reopens_at() if q is not None and q.limits is not None else None
-            if at is not None and (deadline is None or at < deadline):
-                deadline = at
+        heap = self.limit_reopen
+        while heap and heap[0][1] not in self.blocked:
+            heapq.heappop(heap)  # its queue was woken or dropped since: never a deadline
+        # A top whose queue is still blocked may yet be stale: that tick then does nothing.
+        at = 0 if self.limit_freed and self.blocked else heap[0][0] if heap else None
+        if at is not None and (deadline is None or at < deadline):
+            deadline = at
         return deadline

@@ -12,7 +12,9 @@ A row key is the job's id, except for a job with a custom id: "<id>\x1f<queue>" 
 record as `rowKey`), because a client may reuse a custom id on queues that different shards
 own, and their rows must not collide in the one SQLite file.
     ("queue", name, cfg)      the whole persisted config of one queue (paused, stall and DLQ config)
-    ("qdel", name)            the queue was obliterated: its jobs and its config are gone
+    ("qdel", name)            the queue was obliterated: its jobs, config and groups are gone
+    ("group", queue, gid, cfg) the settings of one job group of a queue (shardq.core._groups)
+    ("groupdel", queue, gid)  that group holds no settings any more
     ("cron", name, rec)       the whole record of one cron schedule (shardq.core._cron)
     ("crondel", name)         the schedule is gone (deleted, or its maxLimit was reached)
     ("webhook", id, rec)      the whole record of one webhook (shardq.core._webhooks)
@@ -92,12 +94,17 @@ def fold_mutations(
     """Apply mutations, one by one, to plain dicts: the meaning the writer must preserve.
 
     Returns the job records by id (in admission order) and the queue configs by name; cron
-    schedules go to `crons` when given (and are dropped otherwise).
+    schedules go to `crons` when given (and are dropped otherwise). The settings of a queue's
+    groups appear as its config's "groups" map (gid -> settings), as the store loads them: a
+    queue with groups and no config of its own is `{"groups": {...}}`.
     """
     records = {} if records is None else records
     queues = {} if queues is None else queues
     crons = {} if crons is None else crons
+    groups: dict[str, dict[str, Record]] = {}
     for m in mutations:
+        if m[0] in ("group", "groupdel", "qdel"):
+            _fold_group(m, groups)
         kind = m[0]
         if kind in _JOB_KINDS:
             _fold_job(records, m)
@@ -111,13 +118,38 @@ def fold_mutations(
             crons[m[1]] = dict(m[2])
         elif kind == "crondel":
             crons.pop(m[1], None)
-        elif kind in ("webhook", "webhookdel"):
-            pass  # the webhook registry (shardq.core._webhooks) is not job or queue state
-        elif kind in ("flow", "flowdel"):
-            pass  # the outbox is not part of the job records this fold rebuilds
-        else:
+        elif kind not in _OUTSIDE:
             raise ValueError(f"unknown mutation kind {kind!r}")
-    return records, queues
+    return records, _with_groups(queues, groups)
+
+
+# Kinds that change no job record or queue config here: the webhook registry and the flow
+# outbox are not job or queue state; groups are folded into `groups` on their own.
+_OUTSIDE = frozenset({"webhook", "webhookdel", "flow", "flowdel", "group", "groupdel"})
+
+
+def _fold_group(m: Mutation, groups: dict[str, dict[str, Record]]) -> None:
+    if m[0] == "qdel":
+        groups.pop(m[1], None)
+    elif m[0] == "group":
+        groups.setdefault(m[1], {})[m[2]] = dict(m[3])
+    else:
+        of_queue = groups.get(m[1])
+        if of_queue is not None:
+            of_queue.pop(m[2], None)
+            if not of_queue:
+                del groups[m[1]]
+
+
+def _with_groups(
+    queues: dict[str, dict[str, Any]], groups: dict[str, dict[str, Record]]
+) -> dict[str, dict[str, Any]]:
+    if not groups:
+        return queues
+    merged = {name: dict(cfg) for name, cfg in queues.items()}
+    for name, of_queue in groups.items():
+        merged.setdefault(name, {})["groups"] = of_queue
+    return merged
 
 
 _JOB_KINDS = frozenset({"put", "upd", "del", "delta"})

@@ -77,15 +77,16 @@ class QueueState:
         return self.history
 
     def config(self) -> dict[str, Any]:
-        """The persisted controls of this queue (mutation `("queue", name, cfg)`)."""
+        """The persisted controls of this queue (mutation `("queue", name, cfg)`). Its groups'
+        settings are not among them: each group has its own row (`_group_ops`)."""
         cfg = {"paused": self.paused, "stall": dict(self.stall), "dlq": dict(self.dlq_config)}
         if self.limits is not None:
             cfg["limits"] = self.limits.config()
-        if self.groups is not None and self.groups.configured():
-            cfg["groups"] = self.groups.config()
         return cfg
 
     def load_config(self, cfg: dict[str, Any]) -> None:
+        """Take persisted controls back; `cfg["groups"]` (gid -> settings) is how the store
+        hands over the queue's group rows."""
         self.paused = bool(cfg.get("paused", False))
         self.stall.update(cfg.get("stall") or {})
         self.dlq_config.update(cfg.get("dlq") or {})

@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from croniter import croniter
 
+from ._bounds import cron_step_error
 from ._job import Job
 from ._options import is_number
 from ._slots import check_zone, next_slot
@@ -38,6 +39,9 @@ def check_repeat(repeat: object) -> str | None:
         fields = len(pattern.split()) if isinstance(pattern, str) else 0
         if fields not in (5, 6) or not croniter.is_valid(pattern, second_at_beginning=fields == 6):
             return f"Invalid cron expression: {pattern}"
+        step = cron_step_error(pattern, "repeat.pattern")
+        if step is not None:
+            return step
     if repeat.get("tz") is not None and not check_zone(repeat.get("tz")):
         return f"Invalid timezone: {repeat.get('tz')}"
     for key in ("limit", "endDate"):

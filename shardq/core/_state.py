@@ -264,6 +264,9 @@ class EngineState(EngineTables):
         if emit:
             self.out.append(("del", job.key))
 
+    def freed_active(self, q: QueueState) -> None:
+        """An active job of `q`, whose concurrency cap held a pull back, ended (`LimitOps`)."""
+
     def _leave(self, job: Job, q: QueueState) -> None:
         self._leave_all((job,), q, job.state)
 
@@ -282,6 +285,8 @@ class EngineState(EngineTables):
                 job.hkey = None
         elif state == ACTIVE:
             self._release_all(jobs)
+            if q.limits is not None and q.limits.conc_blocked:
+                self.freed_active(q)  # a held-back pull may get this slot (`_limits`)
         elif state == DELAYED:
             for job in jobs:
                 job.dkey = None

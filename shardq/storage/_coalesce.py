@@ -99,6 +99,9 @@ class Plan:
     """Webhook records by id (None: delete the webhook)."""
     flows: dict[str, Record | None] = field(default_factory=dict)
     """Flow outbox notices by key (None: the parent acknowledged it)."""
+    groups: dict[tuple[str, str], Record | None] = field(default_factory=dict)
+    """Job group settings by (queue, group id) (None: the group holds no settings any more).
+    Written after the obliterated queues' groups are deleted, so a later one survives."""
     obliterated: dict[str, None] = field(default_factory=dict)
     """Queues whose stored jobs are deleted before `jobs` is written (an ordered set)."""
     skipped: int = 0
@@ -172,6 +175,8 @@ class _Folder:
             "webhookdel": self._webhookdel,
             "flow": self._flow,
             "flowdel": self._flowdel,
+            "group": self._group,
+            "groupdel": self._groupdel,
         }
 
     def _put(self, job_id: str, values: list[Any], rec: Part) -> None:
@@ -254,9 +259,18 @@ class _Folder:
     def _flowdel(self, key: str, _a: None, _b: None) -> None:
         self.plan.flows[key] = None
 
+    def _group(self, queue: str, gid: str, cfg: Record) -> None:
+        self.plan.groups[(queue, gid)] = cfg
+
+    def _groupdel(self, queue: str, gid: str, _b: None) -> None:
+        self.plan.groups[(queue, gid)] = None
+
     def _qdel(self, name: str, _a: None, _b: None) -> None:
         self.plan.queues[name] = None
         self.plan.obliterated[name] = None
+        groups = self.plan.groups
+        for key in [k for k in groups if k[0] == name]:
+            del groups[key]  # the queue's stored groups are deleted with it, these never land
         jobs = self.plan.jobs
         for job_id in [j for j, row in jobs.items() if row is not None and row.queue == name]:
             jobs[job_id] = None
@@ -278,6 +292,8 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "webhookdel": (str,),
     "flow": (str, dict),
     "flowdel": (str,),
+    "group": (str, str, dict),
+    "groupdel": (str, str),
     "putb": (str, object, object, object, object, object, bytes),
     "updb": (str, bytes, dict),
     "dltb": (str, bytes),
@@ -326,6 +342,10 @@ def _parse_general(index: int, mutation: object) -> _Op:
     if kind == "upd" or kind == "delta":
         return kind, fields[0], None, fields[1]
     if kind in ("queue", "cron", "webhook", "flow"):
+        return kind, fields[0], fields[1], None
+    if kind == "group":
+        return kind, fields[0], fields[1], fields[2]
+    if kind == "groupdel":
         return kind, fields[0], fields[1], None
     if kind in ("putb", "updb", "dltb"):  # well-formed ones took the fast path; this one is not
         raise StorageError(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")

@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 from sqlite_utils import Database
 
 from shardq.storage._errors import StorageError, wrap_error
@@ -204,6 +205,31 @@ def _v7_job_deltas(db: Database) -> None:
     db.table("meta").insert({"key": "delta_encoding", "value": value})
 
 
+def _v8_queue_groups(db: Database) -> None:
+    # One row per configured job group (shardq.core._groups), so that changing one group's
+    # settings writes that row and not, as before, its queue's config holding every group's
+    # settings (each PauseGroup grew with the number of groups already configured). The
+    # primary key's first column serves obliterate's `DELETE ... WHERE queue = ?`. The groups
+    # stored in a queue's config move to their rows here.
+    db.execute(
+        "CREATE TABLE queue_groups (queue TEXT NOT NULL, gid TEXT NOT NULL, cfg BLOB NOT NULL,"
+        " PRIMARY KEY (queue, gid))"
+    )
+    moved = []
+    for name, blob in db.execute("SELECT name, cfg FROM queue_state").fetchall():
+        cfg = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+        groups = cfg.pop("groups", None) if isinstance(cfg, dict) else None
+        if not isinstance(groups, dict):
+            continue
+        for gid, entry in groups.items():
+            if isinstance(entry, dict):
+                packed = msgpack.packb(entry, use_bin_type=True)
+                db.execute("INSERT INTO queue_groups VALUES (?, ?, ?)", [name, str(gid), packed])
+        moved.append((msgpack.packb(cfg, use_bin_type=True), name))
+    for packed_cfg, name in moved:
+        db.execute("UPDATE queue_state SET cfg = ? WHERE name = ?", [packed_cfg, name])
+
+
 Migration = Callable[[Database], None]
 
 DELTAS_VERSION = 7
@@ -218,6 +244,7 @@ MIGRATIONS: list[Migration] = [
     _v5_webhooks,
     _v6_flows,
     _v7_job_deltas,
+    _v8_queue_groups,
 ]
 
 

@@ -54,6 +54,8 @@ DEFAULT_CACHE_RECORDS = 100_000
 # A patch is folded into its record once longer than both the record and this many bytes.
 DEFAULT_PATCH_FLOOR = 1024
 
+# The schema version that gave job groups their own table (`_schema._v8_queue_groups`).
+_GROUPS_VERSION = 8
 # A recovery filter names a shard's queues in one `IN (...)`; past this many it is left to the
 # caller (SQLite allows 32,766 parameters, and a long list costs more than it filters).
 MAX_FILTER_QUEUES = 1000
@@ -224,13 +226,17 @@ class Store:
             rows = self._read_page(more, (last_seq, last_rowid, *params, page_size))
 
     def queue_names(self) -> set[str]:
-        """The name of every queue that has a stored job or config.
+        """The name of every queue that has a stored job, config or configured group.
 
         Reads the `queue` index only, never a row. Raises `StorageError` if the read fails.
         """
         with self._reading("listing queues"):
             names = {q for (q,) in self._conn.execute("SELECT DISTINCT queue FROM jobs")}
             names.update(n for (n,) in self._conn.execute("SELECT name FROM queue_state"))
+            if self.schema_version >= _GROUPS_VERSION:
+                # A queue whose only trace is a configured group (its key's first column).
+                sql = "SELECT DISTINCT queue FROM queue_groups"
+                names.update(q for (q,) in self._conn.execute(sql))
             return names
 
     def completed_floor(self, keep: int, queues: Collection[str] | None = None) -> int | None:
@@ -273,10 +279,18 @@ class Store:
             last = rows[-1][1]
 
     def load_queues(self) -> dict[str, Record]:
-        """Every stored queue config, by queue name. Raises `StorageError` if the read fails."""
+        """Every stored queue config, by queue name, with its groups' settings (their own
+        rows) as a "groups" map, gid -> settings (`fold_mutations` gives the same shape).
+        Raises `StorageError` if the read fails."""
         with self._reading("loading queue configs"):
             rows = self._conn.execute("SELECT name, cfg FROM queue_state").fetchall()
-            return {name: decode(cfg) for name, cfg in rows}
+            queues: dict[str, Record] = {name: decode(cfg) for name, cfg in rows}
+            if self.schema_version < _GROUPS_VERSION:
+                return queues  # an older schema (tests open one): groups live in the configs
+            sql = "SELECT queue, gid, cfg FROM queue_groups ORDER BY queue, gid"
+            for queue, gid, cfg in self._conn.execute(sql):
+                queues.setdefault(queue, {}).setdefault("groups", {})[gid] = decode(cfg)
+            return queues
 
     def load_crons(self) -> list[Record]:
         """Every stored cron schedule record. Raises `StorageError` if the read fails."""

@@ -61,6 +61,7 @@ _UPSERT_JOB = (
 )
 _DELETE_JOB = "DELETE FROM jobs WHERE id = ?"
 _DELETE_QUEUE_JOBS = "DELETE FROM jobs WHERE queue = ?"
+_DELETE_QUEUE_GROUPS = "DELETE FROM queue_groups WHERE queue = ?"
 _FOLDED = "UPDATE jobs SET rec = ?, patch = x'' WHERE id = ?"
 _UPSERT_QUEUE = (
     "INSERT INTO queue_state (name, cfg) VALUES (?, ?)"
@@ -90,12 +91,7 @@ def write_plan(
     are missing or mistyped; the caller's transaction rolls back."""
     written = delta_rows = 0
     if plan.obliterated:
-        _materialize_survivors(conn, plan)
-        if deltas_exist:
-            delta_rows -= delete_queue_deltas(conn, plan.obliterated)
-        # Before the job rows: a put later in the batch for that queue must survive it.
-        queues = [(name,) for name in plan.obliterated]
-        written += conn.executemany(_DELETE_QUEUE_JOBS, queues).rowcount
+        written, delta_rows = _obliterate(conn, plan, deltas_exist)
     known: dict[str, Stored | None] = {}
     rows, changed = _write_jobs(conn, plan, pack, patch_floor, deltas_exist, known)
     written += rows
@@ -107,6 +103,8 @@ def write_plan(
         written += _write_webhooks(conn, plan, pack)
     if plan.flows:
         written += _write_flows(conn, plan, pack)
+    if plan.groups:
+        written += _write_groups(conn, plan, pack)
     return written, known, delta_rows
 
 
@@ -149,6 +147,18 @@ def _write_jobs(
         delta_rows += len(ops)
     if to_fold:
         delta_rows -= _fold_stored(conn, to_fold, pack, known)
+    return written, delta_rows
+
+
+def _obliterate(conn: sqlite3.Connection, plan: Plan, deltas_exist: bool) -> tuple[int, int]:
+    """Delete the obliterated queues' jobs, their ops and their group rows; (rows written,
+    change in `job_deltas` rows)."""
+    _materialize_survivors(conn, plan)
+    delta_rows = -delete_queue_deltas(conn, plan.obliterated) if deltas_exist else 0
+    # Before the job and group rows: a put later in the batch for that queue must survive it.
+    queues = [(name,) for name in plan.obliterated]
+    written: int = conn.executemany(_DELETE_QUEUE_JOBS, queues).rowcount
+    written += conn.executemany(_DELETE_QUEUE_GROUPS, queues).rowcount
     return written, delta_rows
 
 
@@ -327,6 +337,25 @@ def _write_flows(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
         conn, plan.flows, _UPSERT_FLOW, "DELETE FROM flow_outbox WHERE key = ?",
         lambda key, rec: (key, str(rec.get("cq")), pack(rec)),
     )  # fmt: skip
+
+
+_UPSERT_GROUP = (
+    "INSERT INTO queue_groups (queue, gid, cfg) VALUES (?, ?, ?)"
+    " ON CONFLICT (queue, gid) DO UPDATE SET cfg = excluded.cfg"
+)
+
+
+def _write_groups(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
+    """One row per group whose settings changed in the batch, whatever the queue holds."""
+    written = 0
+    rows = [(q, gid, pack(cfg)) for (q, gid), cfg in plan.groups.items() if cfg is not None]
+    if rows:
+        written += conn.executemany(_UPSERT_GROUP, rows).rowcount
+    dropped = [key for key, cfg in plan.groups.items() if cfg is None]
+    if dropped:
+        sql = "DELETE FROM queue_groups WHERE queue = ? AND gid = ?"
+        written += conn.executemany(sql, dropped).rowcount
+    return written
 
 
 def fold(rec: bytes, patch: bytes, pack: Pack, ops: Iterable[bytes] = ()) -> tuple[bytes, bytes]:

@@ -99,7 +99,7 @@ def test_group_rate_limit_sets_a_deadline_and_reopens() -> None:
     assert t.labels() == []
     assert t.data("GetGroupRateLimitTtl", groupId="A") == {"ttl": 1000}
     table = t.engine.queues["q"].groups
-    assert table is not None and table.next_wake(t.now) == t.now + 1000
+    assert table is not None and table.next_wake() == t.now + 1000
     events, _ = t.engine.tick(t.now + 999)
     assert not any(kind == "ready" for kind, _, _ in events)
     t.now += 1000

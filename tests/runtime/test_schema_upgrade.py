@@ -30,6 +30,9 @@ def _back_to_version_2(path: Path) -> None:
         conn.execute("DROP TABLE cron_jobs")  # version 4
         conn.execute("DROP TABLE webhooks")  # version 5
         conn.execute("DROP TABLE flow_outbox")  # version 6
+        conn.execute("DROP TABLE job_deltas")  # version 7
+        conn.execute("DELETE FROM meta WHERE key = 'delta_encoding'")
+        conn.execute("DROP TABLE queue_groups")  # version 8
         conn.execute("DELETE FROM migrations WHERE version >= 3")
         conn.execute("COMMIT")
     conn.close()

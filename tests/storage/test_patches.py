@@ -376,6 +376,13 @@ _mutations = st.one_of(
     st.tuples(st.just("del"), _ids),
     st.tuples(st.just("queue"), _queues, st.fixed_dictionaries({"paused": st.booleans()})),
     st.tuples(st.just("qdel"), _queues),
+    st.tuples(
+        st.just("group"),
+        _queues,
+        st.sampled_from(("g1", "g2")),
+        st.fixed_dictionaries({"paused": st.booleans()}),
+    ),
+    st.tuples(st.just("groupdel"), _queues, st.sampled_from(("g1", "g2"))),
 )
 
 
