@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._scenarios import children, connect, fill, queues_of, start_server, work
+
 __all__ = ["have_valgrind", "measure_instructions", "read_totals", "valgrind_wrapper"]
 
 # Under valgrind a Python process starts in seconds, not milliseconds.
@@ -58,20 +60,18 @@ def read_totals(path: Path) -> int:
 
 def _counted_run(executable: str, scenario: str, jobs: int, shards: int) -> dict[str, int]:
     """One run under valgrind: instructions by process role over the server's whole life."""
-    from bench.cpu_ab import _children, _connect, _fill, _start, _work, queues_of
-
     with tempfile.TemporaryDirectory(prefix="cpu-ab-vg-") as data_dir:
         wrapper = valgrind_wrapper(Path(data_dir))
         # A child that starts this slowly would be killed as stuck (a build without the
         # setting has a fixed 30 s, which a loaded machine can meet under valgrind).
         slow = {"SHARDQ_READY_TIMEOUT_MS": str(_CONNECT_TIMEOUT_S * 1000)}
-        server, port = _start(executable, shards, data_dir, wrapper=wrapper, env=slow)
+        server, port = start_server(executable, shards, data_dir, wrapper=wrapper, env=slow)
         try:
-            conn = _connect(port, server, timeout_s=_CONNECT_TIMEOUT_S)
-            children = _children(server.pid)
+            conn = connect(port, server, timeout_s=_CONNECT_TIMEOUT_S)
+            procs = children(server.pid)
             queues = queues_of(scenario)
-            _fill(conn, scenario, queues, jobs)
-            _work(conn, scenario, queues, jobs)
+            fill(conn, scenario, queues, jobs)
+            work(conn, scenario, queues, jobs)
             time.sleep(2.0)  # the writer commits what the run left
             conn.close()
         finally:
@@ -81,7 +81,7 @@ def _counted_run(executable: str, scenario: str, jobs: int, shards: int) -> dict
             except subprocess.TimeoutExpired:
                 server.kill()
                 raise
-        return {role: read_totals(Path(data_dir) / f"ir.{pid}") for pid, role in children}
+        return {role: read_totals(Path(data_dir) / f"ir.{pid}") for pid, role in procs}
 
 
 def measure_instructions(executable: str, scenario: str, jobs: int, shards: int) -> dict[str, Any]:

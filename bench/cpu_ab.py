@@ -29,144 +29,37 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
 from bench._instructions import have_valgrind, measure_instructions
+from bench._scenarios import SCENARIOS, children, connect, fill, queues_of, start_server, work
 from bench.cpu import cpu_seconds
-from shardq.client import ConnectionLost, TcpConnection
-
-SCENARIOS = ("push1q", "push8q", "drain1q", "drain8q")
-BATCH = 100
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
-def _children(pid: int) -> list[tuple[int, str]]:
-    """(pid, role) of the supervisor's children, in start order."""
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        pids = sorted(int(c) for c in f.read().split())
-    roles = ["writer", *(f"shard{i}" for i in range(len(pids) - 2)), "frontend"]
-    return list(zip(pids, roles, strict=True))
-
-
-def _start(
-    executable: str,
-    shards: int,
-    data_dir: str,
-    *,
-    wrapper: tuple[str, ...] | list[str] = (),
-    env: dict[str, str] | None = None,
-) -> tuple[subprocess.Popen[bytes], int]:
-    """A server of `executable` on free ports, run under `wrapper` (a command prefix) if set,
-    with `env` added to the environment."""
-    tcp = _free_port()
-    args = [*wrapper, executable, "start", "--shards", str(shards), "--tcp-port", str(tcp),
-            "--zmq-port", str(_free_port()), "--data-path", f"{data_dir}/shardq.db",
-            "--log-level", "warning"]  # fmt: skip
-    # In the data dir, not here: `python -m` puts the working directory first on the import
-    # path, and in a checkout that would run this checkout's code under any build's name.
-    help_text = subprocess.run(
-        [executable, "start", "--help"], capture_output=True, text=True, cwd=data_dir
-    )
-    if "--http-port" in help_text.stdout:
-        args += ["--http-port", "0"]
-    server = subprocess.Popen(
-        args,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=data_dir,
-        env={**os.environ, **(env or {})},
-    )
-    return server, tcp
-
-
-def _connect(port: int, server: subprocess.Popen[bytes], timeout_s: float = 60) -> TcpConnection:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            conn = TcpConnection("127.0.0.1", port)
-            conn.call({"cmd": "Ping"})
-            return conn
-        except (OSError, ConnectionLost):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def queues_of(scenario: str) -> list[str]:
-    return [f"q{i}" for i in range(8 if scenario.endswith("8q") else 1)]
-
-
-def _drain(conn: TcpConnection, queues: list[str]) -> int:
-    live, done = list(queues), 0
-    while live:
-        pulls = [{"cmd": "PULLB", "queue": q, "count": BATCH, "owner": "ab"} for q in live]
-        replies = conn.call_many(pulls, window=len(pulls))
-        acks = [
-            {"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]}
-            for r in replies
-            if r["jobs"]
-        ]
-        live = [q for q, r in zip(live, replies, strict=True) if r["jobs"]]
-        if acks:
-            conn.call_many(acks, window=len(acks))
-        done += sum(len(a["ids"]) for a in acks)
-    return done
-
-
-def _work(conn: TcpConnection, scenario: str, queues: list[str], jobs: int) -> int:
-    if scenario.startswith("push"):
-        pushes = (
-            {"cmd": "PUSH", "queue": queues[i % len(queues)], "data": {"i": i}} for i in range(jobs)
-        )
-        conn.call_many(pushes, window=BATCH)
-        return jobs
-    return _drain(conn, queues)
-
-
-def _fill(conn: TcpConnection, scenario: str, queues: list[str], jobs: int) -> None:
-    warm = ({"cmd": "PUSH", "queue": "warm", "data": {"i": i}} for i in range(2000))
-    conn.call_many(warm, window=BATCH)
-    if scenario.startswith("drain"):
-        fills = (
-            {"cmd": "PUSHB", "queue": queues[i % len(queues)],
-             "jobs": [{"data": {"i": k}} for k in range(BATCH)]}
-            for i in range(jobs // BATCH)
-        )  # fmt: skip
-        conn.call_many(fills, window=8)
 
 
 def measure(executable: str, scenario: str, jobs: int, shards: int) -> dict[str, Any]:
     """One run of `scenario` on a fresh server: CPU µs per job by process, and jobs/s."""
     with tempfile.TemporaryDirectory(prefix="cpu-ab-") as data_dir:
-        server, port = _start(executable, shards, data_dir)
+        server, port = start_server(executable, shards, data_dir)
         try:
-            conn = _connect(port, server)
+            conn = connect(port, server)
             queues = queues_of(scenario)
-            _fill(conn, scenario, queues, jobs)
+            fill(conn, scenario, queues, jobs)
             time.sleep(1.0)  # the writer commits the fill
-            children = _children(server.pid)
-            before = {pid: cpu_seconds(pid) for pid, _ in children}
+            procs = children(server.pid)
+            before = {pid: cpu_seconds(pid) for pid, _ in procs}
             started = time.perf_counter()
-            done = _work(conn, scenario, queues, jobs)
+            done = work(conn, scenario, queues, jobs)
             elapsed = time.perf_counter() - started
             time.sleep(0.5)  # the writer commits what the run left
-            after = {pid: cpu_seconds(pid) for pid, _ in children}
+            after = {pid: cpu_seconds(pid) for pid, _ in procs}
             conn.close()
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
-    us = {role: (after[pid] - before[pid]) * 1e6 / done for pid, role in children}
+    us = {role: (after[pid] - before[pid]) * 1e6 / done for pid, role in procs}
     return {"jobs_per_s": done / elapsed, "us_per_job": us}
 
 

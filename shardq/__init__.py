@@ -6,7 +6,7 @@
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from shardq._version import __version__
 
 __all__ = [
     "App",

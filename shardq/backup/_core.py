@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-import shardq
+from shardq._version import __version__
 from shardq.backup._targets import ObjectInfo, Target
 from shardq.errors import ShardqError
 from shardq.storage._backup import check_database, snapshot
@@ -139,7 +139,7 @@ def take_backup(db_path: Path, target: Target, retention: int | None = None) -> 
             raise BackupError(str(e)) from e
         sha, size, packed_size = _compress(raw, packed)
         info = BackupInfo(stem + PAYLOAD, now.isoformat(), size, packed_size, sha)
-        meta.write_text(json.dumps({**asdict(info), "shardq_version": shardq.__version__}))
+        meta.write_text(json.dumps({**asdict(info), "shardq_version": __version__}))
         try:
             target.put(stem + SIDECAR, meta)
             target.put(stem + PAYLOAD, packed)  # last: the commit point

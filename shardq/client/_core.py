@@ -147,10 +147,6 @@ class ClientCore(Generic[W]):
             return None
         return self._match(reply)
 
-    def is_waiting(self, rid: str) -> bool:
-        """True while the request `rid` has no reply and was not given up on."""
-        return rid in self._waiting
-
     def forget(self, rids: Sequence[str]) -> None:
         """Stop waiting for these requests; a late reply is dropped."""
         for rid in rids:

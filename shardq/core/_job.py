@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
-from ._lifecycle import DELAYED, WAITING
+from ._lifecycle import WAITING
 from ._mutations import ROW_KEY_SEP
 from ._options import as_int, is_number
 
@@ -410,10 +410,6 @@ class Job:
         if self.state == WAITING and self.priority > 0:
             return "prioritized"
         return self.state
-
-    def ready_state(self, now: int) -> str:
-        """Where a queued job belongs at `now`: waiting once its run time has come."""
-        return DELAYED if self.run_at > now else WAITING
 
 
 _FLOW_FIELDS: Final = ("childrenValues", "failedChildren", "ignoredFailures")

@@ -103,9 +103,6 @@ class ChildSpec:
         """`ipc://` address of one of the run directory's sockets: sup, writer, front, shard-i."""
         return f"ipc://{self.run_dir}/{name}"
 
-    def shard_endpoint(self, index: int) -> str:
-        return self.endpoint(f"shard-{index}")
-
     @property
     def writer_link_path(self) -> str:
         """The Unix socket path on which the writer takes the shards' links."""

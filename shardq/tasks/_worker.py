@@ -269,7 +269,7 @@ def _supervise(
 def _child_main(
     app: App, queues: Sequence[str], settings: WorkerSettings, counters: _Slot, index: int
 ) -> None:
-    from shardq.runtime._logging import configure
+    from shardq._logging import configure
 
     configure("worker", settings.log_format, settings.log_level, index)
     exit_now(serve(app, queues, settings, counters, child=True))

@@ -30,7 +30,7 @@ from typing import Any, Final
 import structlog
 from msgpack import packb  # type: ignore[import-untyped]
 
-import shardq
+from shardq._version import __version__
 from shardq.errors import ProtocolError
 from shardq.protocol import (
     INTERNAL_SERVER_ERROR,
@@ -317,7 +317,7 @@ class Dispatcher:
             "protocolVersion": version,
             "capabilities": caps,
             "server": "bunqueue",  # compat clients and upstream readiness probes check this
-            "version": shardq.__version__,
+            "version": __version__,
         }
         self.answer(client, req, reply)
 

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-import shardq
+from shardq._version import __version__
 from shardq.runtime.http._backend import Backend
 from shardq.runtime.http._mcp_tools import ToolSpec, tool_specs
 
@@ -78,7 +78,7 @@ class McpEndpoint:
         anyio's, which must be left by the task that entered it)."""
         server = server_class(
             "shardq",
-            version=shardq.__version__,
+            version=__version__,
             instructions="Operate a shardq job queue server: one tool per command.",
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,

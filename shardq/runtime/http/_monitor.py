@@ -22,7 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-import shardq
+from shardq._version import __version__
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.http._backend import Backend
 from shardq.runtime.http._facts import (
@@ -146,7 +146,7 @@ class Monitor:
             "ok": snap.healthy,
             "status": "healthy" if snap.healthy else "degraded",
             "uptime": round(snap.uptime),
-            "version": shardq.__version__,
+            "version": __version__,
             "queues": {k: int(s.get(k, 0)) for k in ("waiting", "active", "delayed", "completed")}
             | {"dlq": int(s.get("dlq", 0))},
             "connections": {"tcp": snap.tcp_connections, "ws": 0, "sse": 0} | self.streams_open,
@@ -304,7 +304,7 @@ class _SnapshotCollector(Collector):
         yield GaugeMetricFamily("bunqueue_uptime_seconds", "Server uptime", snap.uptime)
         yield GaugeMetricFamily("bunqueue_connections", "TCP clients", snap.tcp_connections)
         build = GaugeMetricFamily("bunqueue_build_info", "Build", labels=["version"])
-        build.add_metric([shardq.__version__], 1)
+        build.add_metric([__version__], 1)
         yield build
         for key, name in (("total", "registered"), ("active", "active")):
             yield GaugeMetricFamily(

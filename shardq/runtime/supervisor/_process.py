@@ -36,7 +36,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 import structlog
 import zmq
 
-import shardq
+from shardq._version import __version__
 from shardq.backup import scheduled_backups
 from shardq.runtime._config import ConfigError, ServerConfig, load_config
 from shardq.runtime._logging import configure
@@ -141,7 +141,7 @@ class Supervisor:
         config = self._config
         log.info(
             "shardq starting",
-            version=shardq.__version__,
+            version=__version__,
             shards=config.shard_count,
             data_path=str(self._data_path),
         )

@@ -1,0 +1,124 @@
+"""The scenarios `bench.cpu_ab` runs and the server helpers they need, in a module of their own.
+
+`bench.cpu_ab` (CPU time per job) and `bench._instructions` (instructions per job under
+valgrind) both start a server and run a scenario against it; keeping these helpers here lets
+each import them without importing the other.
+
+`push*` sends N PUSH pipelined 100 at a time; `drain*` first fills the queues with PUSHB and
+then takes everything with PULLB 100 + ACKB on every queue at once; `*8q` spreads the jobs over
+8 queues.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+
+from shardq.client import ConnectionLost, TcpConnection
+
+SCENARIOS = ("push1q", "push8q", "drain1q", "drain8q")
+BATCH = 100
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """(pid, role) of the supervisor's children, in start order."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        pids = sorted(int(c) for c in f.read().split())
+    roles = ["writer", *(f"shard{i}" for i in range(len(pids) - 2)), "frontend"]
+    return list(zip(pids, roles, strict=True))
+
+
+def start_server(
+    executable: str,
+    shards: int,
+    data_dir: str,
+    *,
+    wrapper: tuple[str, ...] | list[str] = (),
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A server of `executable` on free ports, run under `wrapper` (a command prefix) if set,
+    with `env` added to the environment."""
+    tcp = free_port()
+    args = [*wrapper, executable, "start", "--shards", str(shards), "--tcp-port", str(tcp),
+            "--zmq-port", str(free_port()), "--data-path", f"{data_dir}/shardq.db",
+            "--log-level", "warning"]  # fmt: skip
+    # In the data dir, not here: `python -m` puts the working directory first on the import
+    # path, and in a checkout that would run this checkout's code under any build's name.
+    help_text = subprocess.run(
+        [executable, "start", "--help"], capture_output=True, text=True, cwd=data_dir
+    )
+    if "--http-port" in help_text.stdout:
+        args += ["--http-port", "0"]
+    server = subprocess.Popen(
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=data_dir,
+        env={**os.environ, **(env or {})},
+    )
+    return server, tcp
+
+
+def connect(port: int, server: subprocess.Popen[bytes], timeout_s: float = 60) -> TcpConnection:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn = TcpConnection("127.0.0.1", port)
+            conn.call({"cmd": "Ping"})
+            return conn
+        except (OSError, ConnectionLost):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def queues_of(scenario: str) -> list[str]:
+    return [f"q{i}" for i in range(8 if scenario.endswith("8q") else 1)]
+
+
+def drain(conn: TcpConnection, queues: list[str]) -> int:
+    live, done = list(queues), 0
+    while live:
+        pulls = [{"cmd": "PULLB", "queue": q, "count": BATCH, "owner": "ab"} for q in live]
+        replies = conn.call_many(pulls, window=len(pulls))
+        acks = [
+            {"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]}
+            for r in replies
+            if r["jobs"]
+        ]
+        live = [q for q, r in zip(live, replies, strict=True) if r["jobs"]]
+        if acks:
+            conn.call_many(acks, window=len(acks))
+        done += sum(len(a["ids"]) for a in acks)
+    return done
+
+
+def work(conn: TcpConnection, scenario: str, queues: list[str], jobs: int) -> int:
+    if scenario.startswith("push"):
+        pushes = (
+            {"cmd": "PUSH", "queue": queues[i % len(queues)], "data": {"i": i}} for i in range(jobs)
+        )
+        conn.call_many(pushes, window=BATCH)
+        return jobs
+    return drain(conn, queues)
+
+
+def fill(conn: TcpConnection, scenario: str, queues: list[str], jobs: int) -> None:
+    warm = ({"cmd": "PUSH", "queue": "warm", "data": {"i": i}} for i in range(2000))
+    conn.call_many(warm, window=BATCH)
+    if scenario.startswith("drain"):
+        fills = (
+            {"cmd": "PUSHB", "queue": queues[i % len(queues)],
+             "jobs": [{"data": {"i": k}} for k in range(BATCH)]}
+            for i in range(jobs // BATCH)
+        )  # fmt: skip
+        conn.call_many(fills, window=8)
