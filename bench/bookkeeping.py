@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.cpu_ab import _connect, _start
+from bench._scenarios import connect, start_server
 from shardq.client import TcpConnection
 from shardq.runtime._routing import shard_of
 
@@ -114,9 +114,9 @@ def percentile(values: list[float], share: float) -> float:
 
 def run_one(args: argparse.Namespace, kind: str, count: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="shardq-bookkeeping-") as data_dir:
-        server, port = _start(args.shardq, args.shards, data_dir)
+        server, port = start_server(args.shardq, args.shards, data_dir)
         try:
-            _connect(port, server).close()  # up and answering
+            connect(port, server).close()  # up and answering
             conn = TcpConnection("127.0.0.1", port, timeout=LOT_TIMEOUT_S)
             make = make_crons if kind == "crons" else make_groups
             lots = make(conn, count, args.shards)
