@@ -58,6 +58,8 @@ Directory = Annotated[
     ),
 ]
 
+Key = Annotated[str, typer.Argument(help="The backup's key, as `backup list` shows it.")]
+
 
 def _db_path(config: Path | None, data_path: str | None) -> Path:
     from shardq.runtime._config import ConfigError, load_config
@@ -176,7 +178,7 @@ def _shown(iso: object) -> str:
 
 @backup_app.command("restore")
 def backup_restore(
-    key: Annotated[str, typer.Argument(help="The backup's key, as `backup list` shows it.")],
+    key: Key,
     force: Annotated[
         bool, typer.Option("--force", help="Restore even though a server holds the database.")
     ] = False,
@@ -246,7 +248,7 @@ def _offline_status(
 
 @backup_app.command("verify")
 def backup_verify(
-    key: Annotated[str, typer.Argument(help="The backup's key, as `backup list` shows it.")],
+    key: Key,
     directory: Directory = None,
     offline: Offline = False,
     url: Url = DEFAULT_URL,
