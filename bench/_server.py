@@ -10,10 +10,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["ShardqProcess", "free_port"]
+__all__ = ["ShardqProcess", "free_port", "log_entries", "rss_kb"]
 
 
 def free_port() -> int:
@@ -23,10 +24,35 @@ def free_port() -> int:
         return port
 
 
+def rss_kb(pid: int, field: str = "VmRSS") -> int:
+    """A field of /proc/<pid>/status in kB: resident memory now, or its peak with "VmHWM"."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    return 0
+
+
+def log_entries(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON log lines of a server's log file (other lines skipped)."""
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            yield entry
+
+
 class ShardqProcess:
     """`shardq start` in a child process; `stop()` sends SIGTERM to the PID it started."""
 
-    def __init__(self, shards: str = "auto", *extra: str, ready_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        shards: str = "auto",
+        *extra: str,
+        ready_timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="shardq-bench-"))
         self.tcp_port = free_port()
         self.zmq_port = free_port()
@@ -42,7 +68,9 @@ class ShardqProcess:
             "--log-format", "json",
             *extra,
         ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stderr=self._log, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            args, stderr=self._log, stdout=subprocess.DEVNULL, env=None if env is None else {**env}
+        )
         self.ready = self._wait_ready(ready_timeout)
 
     def _wait_ready(self, timeout: float) -> dict[str, Any]:
@@ -50,13 +78,9 @@ class ShardqProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"shardq exited with {self.proc.returncode}: {self.log_tail()}")
-            for line in (self.dir / "server.log").read_text(errors="replace").splitlines():
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
+            for entry in log_entries(self.dir / "server.log"):
                 if entry.get("event") == "shardq ready":
-                    return dict(entry)
+                    return entry
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"shardq did not become ready in {timeout}s: {self.log_tail()}")

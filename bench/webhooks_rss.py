@@ -19,33 +19,21 @@ import re
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
-from bench._server import ShardqProcess, free_port
+from bench._server import ShardqProcess, free_port, log_entries, rss_kb
 from shardq.client import Connection
-
-
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 def _children(server: ShardqProcess) -> dict[str, int]:
     names: dict[str, int] = {"supervisor": server.proc.pid}
-    for line in (server.dir / "server.log").read_text(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
+    for entry in log_entries(server.dir / "server.log"):
         if entry.get("event") == "child started":
             names[str(entry["child"])] = int(entry["child_pid"])
     return names
 
 
 def _rss_all(server: ShardqProcess) -> dict[str, float]:
-    return {name: _rss_kb(pid) / 1024 for name, pid in _children(server).items()}
+    return {name: rss_kb(pid) / 1024 for name, pid in _children(server).items()}
 
 
 def _metrics(port: int) -> dict[str, float]:

@@ -38,6 +38,7 @@ __all__ = [
     "Url",
     "Yes",
     "check_state",
+    "confirmed",
     "dlq_app",
     "fail",
     "job_app",
@@ -47,6 +48,7 @@ __all__ = [
     "print_json",
     "print_table",
     "queue_app",
+    "queue_command",
     "register",
     "session",
 ]
@@ -135,6 +137,21 @@ def known_queue(conn: Connection, queue: str) -> None:
     if queue not in queues:
         shown = ", ".join(sorted(queues)[:20]) or "none"
         fail(f"unknown queue {queue!r} (the server holds: {shown})")
+
+
+def queue_command(
+    url: str, token: str | None, queue: str, command: Mapping[str, Any], *, idempotent: bool = True
+) -> dict[str, Any]:
+    """The reply to one command on a queue the server holds (`known_queue` first)."""
+    with session(url, token) as conn:
+        known_queue(conn, queue)
+        return conn.call(command, idempotent=idempotent)
+
+
+def confirmed(yes: bool, question: str) -> None:
+    """Go on only with --yes or a yes at the prompt: the command deletes what it names."""
+    if not yes and not typer.confirm(question):
+        fail("not confirmed; nothing deleted")
 
 
 def print_json(value: Any) -> None:
@@ -256,18 +273,15 @@ def queue_pause(
 @queue_app.command("resume")
 def queue_resume(queue: QueueArg, url: Url = DEFAULT_URL, token: Token = None) -> None:
     """Hand out the queue's jobs again."""
-    with session(url, token) as conn:
-        known_queue(conn, queue)
-        conn.call({"cmd": "Resume", "queue": queue})
+    queue_command(url, token, queue, {"cmd": "Resume", "queue": queue})
     typer.echo(f"resumed {queue}")
 
 
 @queue_app.command("drain")
 def queue_drain(queue: QueueArg, url: Url = DEFAULT_URL, token: Token = None) -> None:
     """Delete the queue's waiting and delayed jobs (active and finished ones stay)."""
-    with session(url, token) as conn:
-        known_queue(conn, queue)
-        count = conn.call({"cmd": "Drain", "queue": queue}, idempotent=False).get("count", 0)
+    drain = {"cmd": "Drain", "queue": queue}
+    count = queue_command(url, token, queue, drain, idempotent=False).get("count", 0)
     typer.echo(f"drained {count} jobs from {queue}")
 
 
@@ -295,9 +309,7 @@ def queue_clean(
     """Delete up to --limit jobs of one state, at least --grace ms old."""
     check_state(state, CLEAN_STATES)
     command = {"cmd": "Clean", "queue": queue, "grace": grace, "state": state, "limit": limit}
-    with session(url, token) as conn:
-        known_queue(conn, queue)
-        count = conn.call(command, idempotent=False).get("count", 0)
+    count = queue_command(url, token, queue, command, idempotent=False).get("count", 0)
     typer.echo(f"cleaned {count} {state} jobs from {queue}")
 
 
@@ -306,11 +318,8 @@ def queue_obliterate(
     queue: QueueArg, yes: Yes = False, url: Url = DEFAULT_URL, token: Token = None
 ) -> None:
     """Delete every job of the queue, active and DLQ included, and reset its settings."""
-    if not yes and not typer.confirm(f"Delete every job of {queue}?"):
-        fail("not confirmed; nothing deleted")
-    with session(url, token) as conn:
-        known_queue(conn, queue)
-        conn.call({"cmd": "Obliterate", "queue": queue}, idempotent=False)
+    confirmed(yes, f"Delete every job of {queue}?")
+    queue_command(url, token, queue, {"cmd": "Obliterate", "queue": queue}, idempotent=False)
     typer.echo(f"obliterated {queue}")
 
 

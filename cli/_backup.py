@@ -58,6 +58,8 @@ Directory = Annotated[
     ),
 ]
 
+Key = Annotated[str, typer.Argument(help="The backup's key, as `backup list` shows it.")]
+
 
 def _db_path(config: Path | None, data_path: str | None) -> Path:
     from shardq.runtime._config import ConfigError, load_config
@@ -141,13 +143,10 @@ def backup_list(
 ) -> None:
     """The committed backups, oldest first, with size and age."""
     if _offline(offline, directory):
-        from shardq.backup import list_backups
+        from shardq.backup import listed_backups
 
         with _backups(directory) as (_, target):
-            found = [
-                {"key": o.key, "size": o.size, "modified": o.modified.isoformat()}
-                for o in list_backups(target)
-            ]
+            found = listed_backups(target)
     else:
         found = list(_ask(url, token, "list").get("backups") or [])
     if as_json:
@@ -179,7 +178,7 @@ def _shown(iso: object) -> str:
 
 @backup_app.command("restore")
 def backup_restore(
-    key: Annotated[str, typer.Argument(help="The backup's key, as `backup list` shows it.")],
+    key: Key,
     force: Annotated[
         bool, typer.Option("--force", help="Restore even though a server holds the database.")
     ] = False,
@@ -239,28 +238,17 @@ def backup_status(
 def _offline_status(
     config: Path | None, data_path: str | None, directory: Path | None
 ) -> dict[str, Any]:
-    from shardq.backup import list_backups, read_status
+    from shardq.backup import backup_status, listed_backups
 
     db = _db_path(config, data_path)
     with _backups(directory) as (settings, target):
-        found = list_backups(target)
-    return {
-        "database": str(db),
-        "configured": settings.configured,
-        "scheduled": settings.enabled,
-        "destination": settings.destination,
-        "intervalMs": settings.interval_ms,
-        "retention": settings.retention,
-        "backups": len(found),
-        "newest": {"key": found[-1].key, "size": found[-1].size,
-                   "modified": found[-1].modified.isoformat()} if found else None,
-        "lastRun": read_status(db),
-    }  # fmt: skip
+        listed = listed_backups(target)
+    return backup_status(settings, listed, db)
 
 
 @backup_app.command("verify")
 def backup_verify(
-    key: Annotated[str, typer.Argument(help="The backup's key, as `backup list` shows it.")],
+    key: Key,
     directory: Directory = None,
     offline: Offline = False,
     url: Url = DEFAULT_URL,

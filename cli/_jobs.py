@@ -20,12 +20,14 @@ from ._admin import (
     Url,
     Yes,
     check_state,
+    confirmed,
     dlq_app,
     fail,
     job_app,
     known_queue,
     print_json,
     print_table,
+    queue_command,
     session,
 )
 from ._format import ago, print_job, short, when
@@ -175,9 +177,7 @@ def dlq_retry(
         command["jobId"] = job_id
     if count is not None:
         command["count"] = count
-    with session(url, token) as conn:
-        known_queue(conn, queue)
-        moved = conn.call(command, idempotent=False).get("count", 0)
+    moved = queue_command(url, token, queue, command, idempotent=False).get("count", 0)
     typer.echo(f"retried {moved} jobs of {queue}")
 
 
@@ -186,9 +186,7 @@ def dlq_purge(
     queue: QueueArg, yes: Yes = False, url: Url = DEFAULT_URL, token: Token = None
 ) -> None:
     """Delete every entry of the queue's DLQ."""
-    if not yes and not typer.confirm(f"Delete every DLQ entry of {queue}?"):
-        fail("not confirmed; nothing deleted")
-    with session(url, token) as conn:
-        known_queue(conn, queue)
-        count = conn.call({"cmd": "PurgeDlq", "queue": queue}, idempotent=False).get("count", 0)
+    confirmed(yes, f"Delete every DLQ entry of {queue}?")
+    purge = {"cmd": "PurgeDlq", "queue": queue}
+    count = queue_command(url, token, queue, purge, idempotent=False).get("count", 0)
     typer.echo(f"purged {count} DLQ entries of {queue}")

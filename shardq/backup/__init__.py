@@ -17,7 +17,13 @@ from shardq.backup._core import (
     take_backup,
     verify,
 )
-from shardq.backup._schedule import BackupScheduler, read_status, scheduled_backups
+from shardq.backup._schedule import (
+    BackupScheduler,
+    backup_status,
+    listed_backups,
+    read_status,
+    scheduled_backups,
+)
 from shardq.backup._settings import BackupSettings
 from shardq.backup._targets import LocalTarget, ObjectInfo, S3Target, Target, open_target
 
@@ -31,7 +37,9 @@ __all__ = [
     "S3Target",
     "ServerRunning",
     "Target",
+    "backup_status",
     "list_backups",
+    "listed_backups",
     "lock_path",
     "open_target",
     "prune",

@@ -19,11 +19,18 @@ from typing import Any
 
 import structlog
 
-from shardq.backup._core import take_backup
+from shardq.backup._core import list_backups, take_backup
 from shardq.backup._settings import BackupSettings
-from shardq.backup._targets import open_target, require_boto3
+from shardq.backup._targets import Target, open_target, require_boto3
 
-__all__ = ["BackupScheduler", "read_status", "scheduled_backups", "status_path"]
+__all__ = [
+    "BackupScheduler",
+    "backup_status",
+    "listed_backups",
+    "read_status",
+    "scheduled_backups",
+    "status_path",
+]
 
 log = structlog.get_logger("shardq.backup")
 
@@ -39,6 +46,31 @@ def read_status(db_path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def listed_backups(target: Target) -> list[dict[str, Any]]:
+    """The committed backups, oldest first, as `shardq backup list` and `Backup` show them."""
+    return [
+        {"key": o.key, "size": o.size, "modified": o.modified.isoformat()}
+        for o in list_backups(target)
+    ]
+
+
+def backup_status(
+    settings: BackupSettings, listed: list[dict[str, Any]], db_path: Path
+) -> dict[str, Any]:
+    """The summary `shardq backup status` prints, offline or from the server alike."""
+    return {
+        "database": str(db_path),
+        "configured": settings.configured,
+        "scheduled": settings.enabled,
+        "destination": settings.destination,
+        "intervalMs": settings.interval_ms,
+        "retention": settings.retention,
+        "backups": len(listed),
+        "newest": listed[-1] if listed else None,
+        "lastRun": read_status(db_path),
+    }
 
 
 def _write_status(db_path: Path, status: dict[str, Any]) -> None:

@@ -183,19 +183,9 @@ class _Folder:
         self.plan.jobs[job_id] = Row(values, rec, None)
 
     def _upd(self, job_id: str, columns: Mapping[str, Any] | None, changes: Part) -> None:
-        jobs = self.plan.jobs
-        row = jobs.get(job_id, _ABSENT)
-        if row is _ABSENT:
-            stored = self._stored.get(job_id)
-            if stored is None or stored[0] in self.plan.obliterated:
-                # Never stored, or untouched until now, so its stored queue was obliterated.
-                self.plan.skipped += 1
-                return
-            row = jobs[job_id] = Row(None, None, stored)
-        elif row is None:
-            self.plan.skipped += 1
+        row = self._row(job_id)
+        if row is None:
             return
-        assert isinstance(row, Row)
         row.patch.append(changes)
         if columns is None:  # the engine's shape: the column fields are in the changes
             assert isinstance(changes, dict)
@@ -226,6 +216,7 @@ class _Folder:
         if row is _ABSENT:
             stored = self._stored.get(job_id)
             if stored is None or stored[0] in self.plan.obliterated:
+                # Never stored, or untouched until now, so its stored queue was obliterated.
                 self.plan.skipped += 1
                 return None
             row = jobs[job_id] = Row(None, None, stored)

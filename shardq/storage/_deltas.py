@@ -21,7 +21,7 @@ written anyway), wrapped as a one-entry map under `DELTA_KEY`, a key no record f
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
@@ -74,28 +74,26 @@ def delete_queue_deltas(conn: sqlite3.Connection, queues: Iterable[str]) -> int:
 
 def delta_lengths(conn: sqlite3.Connection, job_ids: Collection[str]) -> dict[str, int]:
     """Bytes of ops stored per job, for those of `job_ids` that have any."""
-    out: dict[str, int] = {}
-    ids = list(job_ids)
-    for start in range(0, len(ids), _CHUNK):
-        chunk = ids[start : start + _CHUNK]
-        marks = ", ".join("?" * len(chunk))
-        sql = f"SELECT id, sum(length(d)) FROM job_deltas WHERE id IN ({marks}) GROUP BY id"
-        for job_id, size in conn.execute(sql, chunk):
-            out[job_id] = int(size)
-    return out
+    sql = "SELECT id, sum(length(d)) FROM job_deltas WHERE id IN ({marks}) GROUP BY id"
+    return {job_id: int(size) for job_id, size in _rows_of(conn, sql, job_ids)}
 
 
 def read_deltas(conn: sqlite3.Connection, job_ids: Collection[str]) -> dict[str, list[bytes]]:
     """The encoded ops of each of `job_ids` that has any, in the order they were appended."""
     out: dict[str, list[bytes]] = {}
+    sql = "SELECT id, d FROM job_deltas WHERE id IN ({marks}) ORDER BY rowid"
+    for job_id, op in _rows_of(conn, sql, job_ids):
+        out.setdefault(job_id, []).append(op)
+    return out
+
+
+def _rows_of(conn: sqlite3.Connection, sql: str, job_ids: Collection[str]) -> Iterator[Any]:
+    """The rows of `sql` (its `{marks}` the placeholders of an `IN` list) for `job_ids`, in
+    chunks of `_CHUNK` ids: SQLite caps the number of variables in one statement."""
     ids = list(job_ids)
     for start in range(0, len(ids), _CHUNK):
         chunk = ids[start : start + _CHUNK]
-        marks = ", ".join("?" * len(chunk))
-        sql = f"SELECT id, d FROM job_deltas WHERE id IN ({marks}) ORDER BY rowid"
-        for job_id, op in conn.execute(sql, chunk):
-            out.setdefault(job_id, []).append(op)
-    return out
+        yield from conn.execute(sql.format(marks=", ".join("?" * len(chunk))), chunk)
 
 
 def apply_ops(rec: Record, ops: Iterable[bytes], decode: Callable[[bytes], Any]) -> Record:

@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
-__all__ = ["HERE", "WorkerProcess"]
+__all__ = ["HERE", "WorkerProcess", "running_flow_worker", "running_worker"]
 
 
 class WorkerProcess:
@@ -64,3 +66,35 @@ class WorkerProcess:
 
     def tail(self) -> str:
         return "\n".join(self.log_path.read_text().splitlines()[-30:])
+
+
+@contextmanager
+def running_worker(
+    url: str, log_path: Path, *args: str, app: str = "sample_tasks:app"
+) -> Iterator[WorkerProcess]:
+    """A started worker for a module's tests; it must stop cleanly on SIGTERM afterwards, and
+    is killed if a test left it running."""
+    proc = WorkerProcess(url, log_path, *args, app=app)
+    try:
+        proc.wait_log("worker starting")
+        yield proc
+        assert proc.stop(signal.SIGTERM) == 0, proc.tail()
+    finally:
+        if proc.proc.poll() is None:
+            proc.proc.kill()
+            proc.proc.wait()
+
+
+@contextmanager
+def running_flow_worker(url: str, log_path: Path, *args: str) -> Iterator[WorkerProcess]:
+    """`running_worker` for `flow_tasks:app`, with the tests' own app pointed at `url` (its
+    connection closed before and after, so no module inherits another's)."""
+    import flow_tasks
+
+    flow_tasks.app.close()
+    flow_tasks.app.url = url
+    try:
+        with running_worker(url, log_path, *args, app="flow_tasks:app") as proc:
+            yield proc
+    finally:
+        flow_tasks.app.close()

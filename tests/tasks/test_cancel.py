@@ -5,17 +5,15 @@ async one is cancelled), and the job is not retried."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import flow_tasks
 import pytest
 from flow_tasks import spin, spin_async
-from task_helpers import HERE, WorkerProcess
+from task_helpers import HERE, WorkerProcess, running_flow_worker
 
 from shardq import TaskFailed
 from shardq.client import Connection, Queue, ServerError
@@ -25,20 +23,10 @@ SEEN_WITHIN_S = 1.0
 
 @pytest.fixture(scope="module")
 def cancel_worker(url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    flow_tasks.app.close()
-    flow_tasks.app.url = url
     log = tmp_path_factory.mktemp("cancel") / "worker.log"
-    proc = WorkerProcess(url, log, "--queues", "cancel,cancel-async", "--concurrency", "2",
-                         "--grace", "5", app="flow_tasks:app")  # fmt: skip
-    try:
-        proc.wait_log("worker starting")
+    args = ("--queues", "cancel,cancel-async", "--concurrency", "2", "--grace", "5")
+    with running_flow_worker(url, log, *args) as proc:
         yield proc
-        assert proc.stop(signal.SIGTERM) == 0, proc.tail()
-    finally:
-        if proc.proc.poll() is None:
-            proc.proc.kill()
-            proc.proc.wait()
-        flow_tasks.app.close()
 
 
 def _lines(path: Path, prefix: str, count: int = 1, timeout: float = 15.0) -> list[list[str]]:

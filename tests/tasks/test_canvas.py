@@ -3,14 +3,13 @@ and the same canvases run eagerly."""
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import flow_tasks
 import pytest
 from flow_tasks import add, explode, mul, total
-from task_helpers import WorkerProcess
+from task_helpers import WorkerProcess, running_flow_worker
 
 import shardq
 from shardq import TaskFailed
@@ -20,19 +19,9 @@ from shardq.tasks._canvas import _Flow
 
 @pytest.fixture(scope="module")
 def flow_worker(url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    flow_tasks.app.close()
-    flow_tasks.app.url = url
     log = tmp_path_factory.mktemp("canvas") / "worker.log"
-    proc = WorkerProcess(url, log, "--queues", "canvas,canvas-async", app="flow_tasks:app")
-    try:
-        proc.wait_log("worker starting")
+    with running_flow_worker(url, log, "--queues", "canvas,canvas-async") as proc:
         yield proc
-        assert proc.stop(signal.SIGTERM) == 0, proc.tail()
-    finally:
-        if proc.proc.poll() is None:
-            proc.proc.kill()
-            proc.proc.wait()
-        flow_tasks.app.close()
 
 
 def test_chain_passes_each_result_on(flow_worker: WorkerProcess) -> None:

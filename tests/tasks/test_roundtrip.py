@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 import sample_tasks
 from shardq_harness import ShardqServer
-from task_helpers import WorkerProcess
+from task_helpers import WorkerProcess, running_worker
 
 from shardq import TaskFailed
 from shardq.client import SerializationError, WaitTimeout
@@ -23,15 +22,8 @@ from shardq.client import SerializationError, WaitTimeout
 @pytest.fixture(scope="module")
 def worker(url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     log = tmp_path_factory.mktemp("worker") / "worker.log"
-    proc = WorkerProcess(url, log, "--processes", "2", "--concurrency", "4")
-    try:
-        proc.wait_log("worker starting")
+    with running_worker(url, log, "--processes", "2", "--concurrency", "4") as proc:
         yield proc
-        assert proc.stop(signal.SIGTERM) == 0, proc.tail()
-    finally:
-        if proc.proc.poll() is None:
-            proc.proc.kill()
-            proc.proc.wait()
 
 
 def test_sync_and_async_tasks_round_trip(worker: WorkerProcess, sample_app: Any) -> None:

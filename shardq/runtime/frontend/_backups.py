@@ -83,9 +83,9 @@ def run_action(db: Path, action: str, key: object) -> Reply:
     from shardq.backup import (
         BackupError,
         BackupSettings,
-        list_backups,
+        backup_status,
+        listed_backups,
         open_target,
-        read_status,
         take_backup,
         verify,
     )
@@ -103,26 +103,9 @@ def run_action(db: Path, action: str, key: object) -> Reply:
             return {"ok": True, "backup": asdict(info) | {"seconds": seconds}}
         if action == "verify" and target is not None:
             return {"ok": True, "backup": asdict(verify(target, str(key), db.parent))}
-        found = list_backups(target) if target is not None else []
-        listed = [{"key": o.key, "size": o.size, "modified": o.modified.isoformat()} for o in found]
+        listed = listed_backups(target) if target is not None else []
         if action == "list":
             return {"ok": True, "backups": listed}
-        return {"ok": True, "status": _status(settings, listed, read_status(db), db)}
+        return {"ok": True, "status": backup_status(settings, listed, db)}
     except (BackupError, OSError, ValueError) as e:
         return error_reply(f"Backup failed: {e}")
-
-
-def _status(
-    settings: Any, listed: list[dict[str, Any]], last: dict[str, Any], db: Path
-) -> dict[str, Any]:
-    return {
-        "database": str(db),
-        "configured": settings.configured,
-        "scheduled": settings.enabled,
-        "destination": settings.destination,
-        "intervalMs": settings.interval_ms,
-        "retention": settings.retention,
-        "backups": len(listed),
-        "newest": listed[-1] if listed else None,
-        "lastRun": last,
-    }

@@ -15,7 +15,6 @@ Things the engine does not do and the shard adds (docs/runtime.md):
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
@@ -26,16 +25,23 @@ import structlog
 from shardq.core import (
     FLOW_NOTIFY,
     FLOW_RELEASE,
-    CompactJobs,
     Engine,
     Mutation,
     Record,
     job_id_of,
 )
 from shardq.protocol import INTERNAL_SERVER_ERROR
-from shardq.protocol._prepacked import JS_NUMBERS, PLAIN_NUMBERS, WIRE_MODE_KEY
 from shardq.runtime.links._stream import MAX_FRAME_BYTES
 from shardq.runtime.shard._batches import cut_batches
+from shardq.runtime.shard._commands import (
+    WAIT_DEFAULT_MS,
+    empty_pull_reply,
+    got_nothing,
+    is_durable,
+    pass_through,
+    positive_ms,
+    wait_timeout_error,
+)
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import release_memory
@@ -50,8 +56,6 @@ Outgoing: TypeAlias = tuple[str, dict[str, Any]]
 
 OwnCommand: TypeAlias = Callable[[str, int, dict[str, Any], int], dict[str, Any] | None]
 
-WAIT_DEFAULT_MS: Final = 30_000
-WAIT_MAX_MS: Final = 600_000  # bunqueue's WaitJob bound (docs/protocol.md §7.3)
 STALLED_ERROR: Final = "Storage unavailable: the writer is not keeping up (storage degraded)"
 MAX_SLEEP_MS: Final = 3_600_000  # the longest poll: an idle shard wakes once an hour at most
 TICK_RETRY_MS: Final = 1_000  # after a timer pass raised, wait this long before the next one
@@ -64,71 +68,6 @@ _COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
 
 
 _log = structlog.get_logger()
-
-
-def empty_pull_reply(cmd: Mapping[str, Any]) -> dict[str, Any]:
-    """What a PULL or PULLB that got no job answers, in the shape its `owner` asks for."""
-    owner = cmd.get("owner")
-    has_owner = isinstance(owner, str) and bool(owner)
-    if cmd.get("cmd") == "PULLB":
-        return {"ok": True, "jobs": [], "tokens": []} if has_owner else {"ok": True, "jobs": []}
-    return {"ok": True, "job": None, "token": None} if has_owner else {"ok": True, "job": None}
-
-
-def _got_nothing(cmd: Mapping[str, Any], reply: Mapping[str, Any]) -> bool:
-    if not reply.get("ok"):
-        return False
-    if cmd.get("cmd") == "PULLB":
-        return not reply.get("jobs")
-    return reply.get("job") is None
-
-
-def _positive_ms(value: object) -> int:
-    # Infinite or NaN: the engine refused the pull already; it must not park (nor overflow).
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return 0
-    return max(int(value), 0)
-
-
-def _is_durable(name: object, cmd: Mapping[str, Any]) -> bool:
-    if name == "PUSH":
-        return bool(cmd.get("durable"))
-    if name == "PUSHB":
-        jobs = cmd.get("jobs")
-        if not isinstance(jobs, list):
-            return False
-        for e in jobs:
-            # Entries are plain dicts off the wire; the ABC check is only the fallback.
-            if (type(e) is dict or isinstance(e, Mapping)) and e.get("durable"):
-                return True
-    if name == "PUSHF":
-        nodes = cmd.get("jobs")
-        if not isinstance(nodes, list):
-            return False
-        for node in nodes:
-            fields = node.get("input") if isinstance(node, Mapping) else None
-            if isinstance(fields, Mapping) and fields.get("durable"):
-                return True
-    return False
-
-
-def _pass_through(cmd: Mapping[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
-    """Mark a PULLB reply with jobs to be packed in its final form (`shard._wire`), when the
-    front end said how (`_wire_mode`: the client is on TCP or ZeroMQ)."""
-    mode = cmd.get(WIRE_MODE_KEY)
-    if mode in (PLAIN_NUMBERS, JS_NUMBERS) and type(reply.get("jobs")) is CompactJobs:
-        reply[WIRE_MODE_KEY] = mode
-    return reply
-
-
-def _wait_timeout_error(value: object) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        return "timeout must be a number"
-    if value < 0:
-        return "timeout must be at least 0"
-    if value > WAIT_MAX_MS:
-        return f"timeout must be at most {WAIT_MAX_MS}"
-    return None
 
 
 class ShardCore(StorageRefusals):
@@ -408,13 +347,13 @@ class ShardCore(StorageRefusals):
         self, conn: str, rid: int, name: object, cmd: dict[str, Any], now: int
     ) -> dict[str, Any] | None:
         """Answer one command; None when the answer is parked (long-poll, WaitJob, durable)."""
-        if (self.storage_stalled or self.resend_failing) and _is_durable(name, cmd):
+        if (self.storage_stalled or self.resend_failing) and is_durable(name, cmd):
             return {"ok": False, "error": STALLED_ERROR}  # refused before it changes anything
         own = self._own_commands.get(name)
         if own is not None:
             return own(conn, rid, cmd, now)
         reply, muts = self.engine.apply(cmd, now)
-        if reply.get("ok") and _is_durable(name, cmd):
+        if reply.get("ok") and is_durable(name, cmd):
             self._absorb(muts, self.engine.last_events, durable=True)
             self._durable.append([conn, rid, reply])
             if not cmd.get("_hold"):  # a flow's part stays held until its FlowRelease
@@ -476,11 +415,11 @@ class ShardCore(StorageRefusals):
         if self.draining:
             return empty_pull_reply(cmd)
         reply = self._apply(cmd, now)
-        timeout = _positive_ms(cmd.get("timeout"))
-        if timeout and _got_nothing(cmd, reply):
+        timeout = positive_ms(cmd.get("timeout"))
+        if timeout and got_nothing(cmd, reply):
             self.polls.park(Parked(conn, rid, cmd, str(cmd.get("queue")), now + timeout))
             return None
-        return _pass_through(cmd, reply)
+        return pass_through(cmd, reply)
 
     def _serve_polls(self, now: int) -> None:
         woken, self._woken = self._woken, set()
@@ -498,9 +437,9 @@ class ShardCore(StorageRefusals):
         except Exception:
             _log.exception("command failed", command=parked.cmd.get("cmd"))
             reply = {"ok": False, "error": INTERNAL_SERVER_ERROR}
-        if _got_nothing(parked.cmd, reply):
+        if got_nothing(parked.cmd, reply):
             return False
-        self._replies.append([parked.conn, parked.rid, _pass_through(parked.cmd, reply)])
+        self._replies.append([parked.conn, parked.rid, pass_through(parked.cmd, reply)])
         return True
 
     # -- WaitJob ---------------------------------------------------------------------------
@@ -510,7 +449,7 @@ class ShardCore(StorageRefusals):
     ) -> dict[str, Any] | None:
         timeout = cmd.get("timeout")
         timeout = WAIT_DEFAULT_MS if timeout is None else timeout
-        error = _wait_timeout_error(timeout)
+        error = wait_timeout_error(timeout)
         if error:
             return {"ok": False, "error": error}
         job_id = cmd.get("id")

@@ -1,0 +1,94 @@
+"""What a shard reads off a command around the engine: whether a push is durable, how long a
+pull may park and what it answers empty, a WaitJob's timeout, and a PULLB reply's wire form.
+
+Plain functions of the command and the reply; `ShardCore` (`shard/_core.py`) decides what to do
+with the answers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+from shardq.core import CompactJobs
+from shardq.protocol._prepacked import JS_NUMBERS, PLAIN_NUMBERS, WIRE_MODE_KEY
+
+__all__ = [
+    "WAIT_DEFAULT_MS",
+    "WAIT_MAX_MS",
+    "empty_pull_reply",
+    "got_nothing",
+    "is_durable",
+    "pass_through",
+    "positive_ms",
+    "wait_timeout_error",
+]
+
+WAIT_DEFAULT_MS: Final = 30_000
+WAIT_MAX_MS: Final = 600_000  # bunqueue's WaitJob bound (docs/protocol.md §7.3)
+
+
+def empty_pull_reply(cmd: Mapping[str, Any]) -> dict[str, Any]:
+    """What a PULL or PULLB that got no job answers, in the shape its `owner` asks for."""
+    owner = cmd.get("owner")
+    has_owner = isinstance(owner, str) and bool(owner)
+    if cmd.get("cmd") == "PULLB":
+        return {"ok": True, "jobs": [], "tokens": []} if has_owner else {"ok": True, "jobs": []}
+    return {"ok": True, "job": None, "token": None} if has_owner else {"ok": True, "job": None}
+
+
+def got_nothing(cmd: Mapping[str, Any], reply: Mapping[str, Any]) -> bool:
+    if not reply.get("ok"):
+        return False
+    if cmd.get("cmd") == "PULLB":
+        return not reply.get("jobs")
+    return reply.get("job") is None
+
+
+def positive_ms(value: object) -> int:
+    # Infinite or NaN: the engine refused the pull already; it must not park (nor overflow).
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0
+    return max(int(value), 0)
+
+
+def is_durable(name: object, cmd: Mapping[str, Any]) -> bool:
+    if name == "PUSH":
+        return bool(cmd.get("durable"))
+    if name == "PUSHB":
+        jobs = cmd.get("jobs")
+        if not isinstance(jobs, list):
+            return False
+        for e in jobs:
+            # Entries are plain dicts off the wire; the ABC check is only the fallback.
+            if (type(e) is dict or isinstance(e, Mapping)) and e.get("durable"):
+                return True
+    if name == "PUSHF":
+        nodes = cmd.get("jobs")
+        if not isinstance(nodes, list):
+            return False
+        for node in nodes:
+            fields = node.get("input") if isinstance(node, Mapping) else None
+            if isinstance(fields, Mapping) and fields.get("durable"):
+                return True
+    return False
+
+
+def pass_through(cmd: Mapping[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    """Mark a PULLB reply with jobs to be packed in its final form (`shard._wire`), when the
+    front end said how (`_wire_mode`: the client is on TCP or ZeroMQ)."""
+    mode = cmd.get(WIRE_MODE_KEY)
+    if mode in (PLAIN_NUMBERS, JS_NUMBERS) and type(reply.get("jobs")) is CompactJobs:
+        reply[WIRE_MODE_KEY] = mode
+    return reply
+
+
+def wait_timeout_error(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return "timeout must be a number"
+    if value < 0:
+        return "timeout must be at least 0"
+    if value > WAIT_MAX_MS:
+        return f"timeout must be at most {WAIT_MAX_MS}"
+    return None
