@@ -263,7 +263,7 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("Auth", F("token", "key", max_len=4096), served="frontend"),
     C("Stats", served="frontend"),
     C("Metrics", QUEUE_OPT, served="frontend"),
-    C("TrimEvents", QUEUE_OPT, F("maxLength", "count"), served="frontend"),
+    C("TrimEvents", QUEUE_OPT, W("maxLength", "count"), served="frontend"),
     C("Prometheus", served="frontend"),
     C("StorageStatus", served="frontend"),
     C("CompactMemory", served="shard"),

@@ -102,7 +102,13 @@ def test_each_tool_builds_what_its_route_builds() -> None:
         (r, ["mail"]) for r in ROUTES if r.method == "POST" and r.pattern.match("/queues/mail/jobs")
     )
     assert push.command_for(args) == route.build(captures, {}, args)
-    assert push.command_for(args)["maxAttempts"] == 4
+    # BullMQ's `attempts` travels as sent; the schema reads it as maxAttempts where the
+    # command is checked (the test above sees it on the job).
+    assert push.command_for(args)["attempts"] == 4
+    # The arguments and their types come from the one command schema.
+    props = push.input_schema()["properties"]
+    assert props["maxAttempts"]["type"] == "integer" and props["attempts"]["type"] == "integer"
+    assert props["data"].get("type") is None and props["name"]["type"] == "string"
     listed = specs["get_jobs"].command_for({"queue": "mail", "state": "failed", "limit": 5})
     assert listed == {"cmd": "GetJobs", "queue": "mail", "state": "failed", "limit": 5}
     removed = specs["remove_dlq_job"]

@@ -1,14 +1,13 @@
 """The MCP endpoint's tools: one per REST route, so one per command the REST API serves.
 
-`tool_specs()` is the only place that decides the list. It reads it off `_rest.ROUTES`: each
-route's builder is called once with probe arguments that record which body and query keys it
-reads, which gives the command's name and its fields without a second table to keep in step.
-When the protocol package has one command schema (names, fields, types, help), this function
-is what switches to it; the endpoint (`_mcp`) only sees `ToolSpec`s.
+`tool_specs()` is the only place that decides the list. It reads it off `_rest.ROUTES` (which
+the one command schema, `shardq.protocol._commands`, declares): each route's builder is called
+once with probe arguments, which gives the command's name and its path parameters. A tool's
+other arguments are that command's declared fields, with their types and help, and for a job
+command the job options (BullMQ's names included, such as `attempts`), from the same schema.
 
-A tool's arguments are the route's path parameters (required strings) plus the fields its
-builder reads (any JSON value). Calling a tool builds the command exactly as the REST route
-does from the same values, so a tool accepts what the route accepts and is refused alike.
+Calling a tool builds the command exactly as the REST route does from the same values, so a
+tool accepts what the route accepts and is refused alike (the schema's own checks).
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from shardq.protocol._fields import NUMERIC_KINDS, Field
+from shardq.protocol._schema import JOB_FIELDS, REGISTRY
 from shardq.runtime.http._rest import ROUTES, Route
 
 __all__ = ["ToolSpec", "tool_specs"]
@@ -50,14 +51,15 @@ class ToolSpec:
     command: str
     description: str
     params: tuple[str, ...]  # path parameters, in the route's order
-    fields: tuple[str, ...]  # body and query keys the route's builder reads
+    fields: tuple[Field, ...]  # the command's declared fields (and job options), not params
     route: Route
     read_only: bool
 
     def input_schema(self) -> dict[str, Any]:
         properties: dict[str, Any] = {p: {"type": "string"} for p in self.params}
-        for key in self.fields:
-            properties.setdefault(key, {})
+        for field in self.fields:
+            for name in (field.name, *field.aliases):
+                properties.setdefault(name, _json_type(field))
         return {"type": "object", "properties": properties, "required": list(self.params)}
 
     def command_for(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,6 +105,28 @@ def _param_names(route: Route) -> tuple[str, ...]:
     return tuple(names)
 
 
+_JSON_TYPES: Final = {"key": "string", "queue": "string", "text": "string", "bool": "boolean",
+                      "list": "array", "map": "object"}  # fmt: skip
+
+
+def _json_type(field: Field) -> dict[str, Any]:
+    """A field as a JSON schema: its type where the schema fixes one, and its help."""
+    described: dict[str, Any] = {"description": f"{field.doc} ({field.describe()})".strip()}
+    if field.kind in NUMERIC_KINDS:
+        described["type"] = "integer" if field.kind in ("int", "count") else "number"
+    elif field.kind in _JSON_TYPES:
+        described["type"] = _JSON_TYPES[field.kind]
+    return described
+
+
+def _declared(command: str, params: tuple[str, ...]) -> tuple[Field, ...]:
+    declared = REGISTRY.get(command)
+    fields = list(declared.fields) if declared else []
+    if declared is not None and declared.job and command == "PUSH":
+        fields += JOB_FIELDS
+    return tuple(f for f in fields if f.name not in params)
+
+
 def _snake(command: str) -> str:
     return _TOOL_NAMES.get(command) or re.sub(r"(?<!^)(?=[A-Z])", "_", command).lower()
 
@@ -115,8 +139,8 @@ def _specs() -> Iterator[ToolSpec]:
         command = str(probe["cmd"])
         path = re.sub(r"\(\[\^/\]\+\)", "{}", route.pattern.pattern.strip("^$"))
         path = path.format(*(f":{p}" for p in params))
-        fields = tuple(k for k in seen if k not in params)
-        takes = ", ".join((*params, *fields)) or "none"
+        fields = _declared(command, params)
+        takes = ", ".join((*params, *(f.name for f in fields))) or "none"
         yield ToolSpec(
             name=_snake(command),
             command=command,

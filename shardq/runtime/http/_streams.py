@@ -271,7 +271,7 @@ class EventStreams:
         try:
             command = parse_json(text)  # bounded: NaN, huge integers and deep nesting refused
         except BadInput as e:
-            error = str(e).replace("Invalid JSON body", "Invalid JSON", 1)
+            error = "Invalid JSON" if str(e) == "Invalid JSON body" else str(e)
             await socket.send_json({"ok": False, "error": error})
             return
         if not isinstance(command, dict) or not isinstance(command.get("cmd"), str):
