@@ -10,6 +10,7 @@ from shardq.client import (
     JobFailed,
     JobOptions,
     NotFound,
+    ServerError,
     UnrecoverableError,
     WaitTimeout,
 )
@@ -43,6 +44,17 @@ def test_custom_job_id_is_idempotent(clients: Clients) -> None:
     again = queue.add("a", 2, {"jobId": custom})  # raw wire options work too
     assert first == again == custom
     assert queue.counts().waiting == 1
+
+
+def test_bullmq_option_names_are_honoured_and_unknown_ones_refused(clients: Clients) -> None:
+    # The same options the CLI and the REST routes take, from the one command schema.
+    queue = clients.queue()
+    job_id = queue.add("a", 1, {"attempts": 5, "delay": -10, "jobId": f"bull-{queue.name}"})
+    job = queue.get_job(job_id)
+    assert job is not None
+    assert (job.id, job.max_attempts, job.state) == (f"bull-{queue.name}", 5, "waiting")
+    with pytest.raises(ServerError, match=r"^Unknown option: atempts$"):
+        queue.add("a", 1, {"atempts": 3})
 
 
 def test_add_bulk_chunks_and_keeps_order(clients: Clients) -> None:

@@ -92,6 +92,9 @@ def test_tls_with_shardq_client_cli_and_bunqueue_client(
     producer = bunqueue.Queue(
         "secure", host="127.0.0.1", port=server.tcp_port, token="s3cret-token",
         tls={"ca_file": str(cert)},
+        # Its default 10 s ran out once for the TLS handshake plus Auth while the other test
+        # worker recovered a 200,000-job backlog on the same 2 cores; alone it takes ~10 ms.
+        command_timeout=30.0,
     )  # fmt: skip
     try:
         second = producer.add("hello", {"n": 2}).id

@@ -68,7 +68,7 @@ def test_docs_tables_match_the_schema() -> None:
         ("GetJobs", {"queue": "q", "limit": math.nan}, "Invalid limit: must be a finite"),
         ("AddLog", {"id": "j", "message": "m" * (2 << 20)}, "Invalid message: must be at most"),
         ("ACK", {"id": "j", "result": [[1], {"a": [2]}]}, None),
-        ("TrimEvents", {"maxLength": -1}, "Invalid maxLength: must be at least 0"),
+        ("TrimEvents", {"maxLength": 2**64}, "Invalid maxLength"),  # its handler words the rest
         ("Dlq", {"queue": "q", "filter": {"offset": -1}}, "Invalid filter.offset: must be"),
         ("JobHeartbeat", {"id": "j", "duration": math.inf}, "Invalid duration: must be a fin"),
     ],
