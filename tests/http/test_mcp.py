@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -117,3 +119,27 @@ def test_each_tool_builds_what_its_route_builds() -> None:
     assert removed.command_for({"queue": "mail", "jobId": "j1"}) == {
         "cmd": "RemoveDlqJob", "queue": "mail", "jobId": "j1",
     }  # fmt: skip
+
+
+def test_without_the_mcp_package_it_answers_501_saying_what_to_install(tmp_path: Path) -> None:
+    # A stand-in `mcp` that fails to import, first on the server's path: as if not installed.
+    stand_in = tmp_path / "nomcp" / "mcp"
+    stand_in.mkdir(parents=True)
+    (stand_in / "__init__.py").write_text('raise ImportError("No module named mcp")\n')
+    env = {
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(stand_in.parent), os.environ.get("PYTHONPATH")])
+        )
+    }
+    with ShardqServer(tmp_path / "data", shards=1, http_port=free_port(), env=env).start(
+        timeout=90
+    ) as srv:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        answer = request(srv.http_url, "POST", "/mcp", body)
+        assert answer.status == 501, answer.text
+        assert answer.json == {
+            "ok": False,
+            "error": "MCP needs the mcp package: pip install 'shardq[mcp]'",
+        }
+        assert get(srv.http_url, "/health").status == 200  # the rest of the port serves on
+        assert srv.stop() == 0, srv.log_tail()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from shardq.protocol import INVALID_TOKEN, error_reply, unknown_command
+from shardq.protocol._schema import REGISTRY
 from shardq.runtime._ports import AuthThrottle
 from shardq.runtime.frontend._limits import Failures, LogLimiter
 from shardq.runtime.frontend._replies import Client, Reply
@@ -32,9 +33,9 @@ __all__ = ["AUTH_THROTTLED", "INTERNAL_COMMANDS", "AuthGate", "client_address"]
 # Connections whose failed Auth attempts are remembered (ZeroMQ peers never say goodbye).
 MAX_AUTH_FAILURE_RECORDS: Final = 100_000
 MAX_ADDRESS_CHARS: Final = 64  # an AuthCheck's address: any IPv6 text fits
-# Commands only the HTTP process's internal link may send: the HTTP process refuses them from
-# its WebSocket clients, whose other commands ride that link.
-INTERNAL_COMMANDS: Final = frozenset({"AuthCheck", "WebhookSync"})
+# Commands only shardq's own processes send (the schema marks them `internal`): the HTTP
+# process refuses them from its WebSocket clients before anything is forwarded.
+INTERNAL_COMMANDS: Final = frozenset(name for name, c in REGISTRY.items() if c.internal)
 # The answer to an attempt not even checked: its address's turn is too far away.
 AUTH_THROTTLED: Final = "Too many failed Auth attempts from this address: retry later"
 

@@ -1,10 +1,10 @@
 """The MCP endpoint's tools: one per REST route, so one per command the REST API serves.
 
-`tool_specs()` is the only place that decides the list. It reads it off `_rest.ROUTES` (which
-the one command schema, `shardq.protocol._commands`, declares): each route's builder is called
-once with probe arguments, which gives the command's name and its path parameters. A tool's
-other arguments are that command's declared fields, with their types and help, and for a job
-command the job options (BullMQ's names included, such as `attempts`), from the same schema.
+`tool_specs()` is the only place that decides the list. It reads it off `_rest.ROUTES`, whose
+routes carry the command and path the one command schema (`shardq.protocol._commands`)
+declares for them: the path gives the tool's path parameters; its other arguments are that
+command's declared fields, with their types and help, and for a job command the job options
+(BullMQ's names included, such as `attempts`), from the same schema.
 
 Calling a tool builds the command exactly as the REST route does from the same values, so a
 tool accepts what the route accepts and is refused alike (the schema's own checks).
@@ -12,6 +12,7 @@ tool accepts what the route accepts and is refused alike (the schema's own check
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -80,29 +81,14 @@ class _Query(dict[str, Any]):
         return value if isinstance(value, list) else str(value)
 
 
-class _Probe(dict[str, Any]):
-    """An empty body or query that remembers every key a builder asks it for."""
-
-    def __init__(self, seen: list[str]) -> None:
-        super().__init__()
-        self.seen = seen
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key not in self.seen:
-            self.seen.append(key)
-        return default
-
-    def __contains__(self, key: object) -> bool:
-        if isinstance(key, str) and key not in self.seen:
-            self.seen.append(key)
-        return False
-
-
 def _param_names(route: Route) -> tuple[str, ...]:
-    names = []
-    for segment in re.findall(r"/(\w[\w-]*)/\(\[\^/\]\+\)", route.pattern.pattern):
-        names.append(_PARAM_NAMES.get(segment, segment))
-    return tuple(names)
+    """The path's `:captures`, each named after the segment before it (`/queues/:q` -> queue)."""
+    segments = route.path.strip("/").split("/")
+    return tuple(
+        _PARAM_NAMES.get(before, before)
+        for before, segment in itertools.pairwise(segments)
+        if segment.startswith(":")
+    )
 
 
 _JSON_TYPES: Final = {"key": "string", "queue": "string", "text": "string", "bool": "boolean",
@@ -134,17 +120,12 @@ def _snake(command: str) -> str:
 def _specs() -> Iterator[ToolSpec]:
     for route in ROUTES:
         params = _param_names(route)
-        seen: list[str] = []
-        probe = route.build([f"<{p}>" for p in params], _Probe(seen), _Probe(seen))
-        command = str(probe["cmd"])
-        path = re.sub(r"\(\[\^/\]\+\)", "{}", route.pattern.pattern.strip("^$"))
-        path = path.format(*(f":{p}" for p in params))
-        fields = _declared(command, params)
+        fields = _declared(route.command, params)
         takes = ", ".join((*params, *(f.name for f in fields))) or "none"
         yield ToolSpec(
-            name=_snake(command),
-            command=command,
-            description=f"shardq's {command} command (REST: {route.method} {path}). "
+            name=_snake(route.command),
+            command=route.command,
+            description=f"shardq's {route.command} command (REST: {route.method} {route.path}). "
             f"Arguments: {takes}. Answers the command's JSON reply.",
             params=params,
             fields=fields,

@@ -144,7 +144,8 @@ class _Server:
         self.monitor = Monitor(spec, backend)
         self.overview = Overview(backend, self.monitor)
         self.charts = Charts(backend, spec.metrics_max_queues)
-        # AuthCheck is served only on an internal link, never on the one clients' commands use.
+        # AuthCheck and WebhookSync are served only on an internal link, never on the one
+        # clients' commands use; this process opens one, shared by both.
         self.internal = Backend(spec, internal=True)
         self.auth = _Auth(spec, self.internal)
         self.bodies = BodyReader(
@@ -154,7 +155,7 @@ class _Server:
         )
         self.streams = EventStreams(spec, backend)
         self.monitor.streams_open = self.streams.open
-        self.webhooks = WebhookService(spec)  # on its own internal link (WebhookSync)
+        self.webhooks = WebhookService(spec, self.internal)
         self.mcp = McpEndpoint(backend, spec.max_frame_bytes)
         self.limits = schema_limits(spec.engine)
 
