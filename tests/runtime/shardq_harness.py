@@ -107,6 +107,10 @@ class ShardqServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.host = host
         ports = free_ports(2, host)
+        # Ports picked here may be taken by someone else before the server binds them (a
+        # free port is only free when asked): the first start then picks again (`start`).
+        self._auto_ports = tcp_port is None and zmq_port is None
+        self._started_once = False
         self.tcp_port = tcp_port if tcp_port is not None else ports[0]
         self.zmq_port = zmq_port if zmq_port is not None else ports[1]
         # Off unless asked for: a test that wants HTTP passes `http_port=free_port()`.
@@ -158,6 +162,24 @@ class ShardqServer:
         """
         if self.proc is not None and self.proc.poll() is None:
             raise ServerError("this server is already running")
+        for attempt in range(3):
+            self._spawn()
+            if not wait:
+                break
+            try:
+                self.wait_ready(timeout)
+                break
+            except ServerError as e:
+                # Another process took a port picked here between the pick and the bind
+                # (seen once in CI on a ZeroMQ port): pick again, on a first start only.
+                taken = "Address already in use" in str(e)
+                if attempt == 2 or not (taken and self._auto_ports and not self._started_once):
+                    raise
+                self.tcp_port, self.zmq_port = free_ports(2, self.host)
+        self._started_once = True
+        return self
+
+    def _spawn(self) -> None:
         env = self.environment()
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.ready_line = None
@@ -165,9 +187,6 @@ class ShardqServer:
             self.proc = subprocess.Popen(
                 self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
             )
-        if wait:
-            self.wait_ready(timeout)
-        return self
 
     def wait_ready(self, timeout: float = 30.0) -> LogLine:
         """The "shardq ready" line of this run. Raises `ServerError` if the supervisor exits
