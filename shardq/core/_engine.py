@@ -29,7 +29,7 @@ from ._mutations import Mutation
 from ._produce import ProduceOps
 from ._query import QueryOps
 from ._timers import TimerOps
-from ._validate import CHECKED_COMMANDS, check_fields, limits_of
+from ._validate import CHECKED_COMMANDS, fields_checker, limits_of
 from ._webhooks import WebhookOps
 
 __all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine"]
@@ -168,9 +168,10 @@ class Engine(
             return handler
         config = self.config
         limits = limits_of(config.max_key_chars, config.max_text_chars, config.max_list_items)
+        check = fields_checker(name, limits)
 
         def checked(command: Mapping[str, Any], now: int) -> dict[str, Any]:
-            error = check_fields(name, command, limits)
+            error = check(command)
             if error is not None:
                 raise CommandError(error)
             return handler(command, now)

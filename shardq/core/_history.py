@@ -15,7 +15,7 @@ pass through the same place), not the pushes.
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -45,13 +45,19 @@ class _Minute:
 class QueueHistory:
     """The last minutes of one queue; `keep` (max_history_minutes) bounds how many."""
 
-    __slots__ = ("_minutes",)
+    __slots__ = ("_last", "_last_entry", "_minutes")
 
     def __init__(self) -> None:
         self._minutes: dict[int, _Minute] = {}
+        # The minute used last: nearly every call is for it. Pruning happens only when a new
+        # minute begins, which becomes the last one, so the cached entry is never a pruned one.
+        self._last = -1
+        self._last_entry = _Minute()
 
     def _minute(self, at: int, keep: int) -> _Minute:
         minute = at // MINUTE_MS
+        if minute == self._last:
+            return self._last_entry
         entry = self._minutes.get(minute)
         if entry is None:
             entry = self._minutes[minute] = _Minute()
@@ -59,29 +65,32 @@ class QueueHistory:
                 cutoff = max(self._minutes) - keep
                 for old in [m for m in self._minutes if m <= cutoff]:
                     del self._minutes[old]
+        self._last, self._last_entry = minute, entry
         return entry
 
     def pushed(self, count: int, at: int, keep: int) -> None:
-        self._minute(at, keep).pushed += count
+        if at // MINUTE_MS == self._last:  # `_minute`'s first test, inline: once per push
+            self._last_entry.pushed += count
+        else:
+            self._minute(at, keep).pushed += count
 
     def failed(self, count: int, at: int, keep: int) -> None:
         self._minute(at, keep).failed += count
 
     def completed(self, jobs: Sequence[Job], at: int, keep: int) -> None:
-        entry = self._minute(at, keep)
+        entry = self._last_entry if at // MINUTE_MS == self._last else self._minute(at, keep)
         entry.completed += len(jobs)
         wait, run = entry.wait, entry.run
         if wait is None or run is None:
             wait = entry.wait = [0] * _BUCKETS
             run = entry.run = [0] * _BUCKETS
-        find, bounds = bisect.bisect_left, TIME_BOUNDS_MS  # locals: this runs per job
-        for job in jobs:
+        for job in jobs:  # runs per job: module-level names only, no calls but the bisects
             started, done = job.started_at, job.completed_at
             if started is None or done is None:
                 continue  # finished without being picked up (a flow parent, a forced move)
             # A negative time (a clock step back) lands in the first bucket, as 0 would.
-            wait[find(bounds, started - job.run_at)] += 1
-            run[find(bounds, done - started)] += 1
+            wait[bisect_left(TIME_BOUNDS_MS, started - job.run_at)] += 1
+            run[bisect_left(TIME_BOUNDS_MS, done - started)] += 1
 
     def read(self, now: int, minutes: int) -> list[list[Any]]:
         """`[minuteStartMs, pushed, completed, failed, waitCounts, runCounts]` for each minute

@@ -24,6 +24,7 @@ __all__ = [
     "job_options_error",
     "too_deep",
     "validate_data",
+    "validate_name",
     "validate_queue_name",
 ]
 
@@ -182,7 +183,7 @@ def _validate_backoff(value: object) -> str | None:
     return check_number(value, "backoff", 0, _DAY_MS)
 
 
-def _validate_name(fields: Mapping[str, Any]) -> str | None:
+def validate_name(fields: Mapping[str, Any]) -> str | None:
     if "name" not in fields or fields["name"] is None:
         return None
     name = fields["name"]
@@ -228,7 +229,7 @@ CHECKED_FIELDS: Final = frozenset(
 def job_options_error(fields: Mapping[str, Any]) -> str | None:
     """The first of one job's options bunqueue checks that is wrong, in its words, or None."""
     return (
-        _validate_name(fields)
+        validate_name(fields)
         or _validate_group_id(fields.get("groupId"))
         or _validate_options(fields)
         or _validate_lists(fields)

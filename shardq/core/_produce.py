@@ -7,22 +7,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 from shardq.errors import CommandError
-from shardq.protocol._schema import normalize_job, push_allowed
+from shardq.protocol._schema import REWRITTEN_JOB_KEYS, normalize_job, push_allowed
 
 from ._graph import graph_error
 from ._groups import group_size_error
 from ._job import Job
 from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
-from ._options import as_int, validate_queue_name
+from ._options import as_int, validate_data, validate_name, validate_queue_name
 from ._repeat import check_repeat
 from ._state import EngineState
-from ._validate import validate_job
+from ._validate import JOB_FIELDS, validate_job
 
 __all__ = ["ProduceOps"]
 
 PUSH_KEYS: Final = push_allowed("PUSH")
 # The push fields whose checks read the engine's state or parse a schedule (`_check_push`).
 _CROSS_CHECKED: Final = frozenset(("repeat", "dependsOn", "childrenIds", "groupMaxSize"))
+# The keys of a push that nothing rewrites, checks or cross-checks beyond its queue, data
+# and name: a push with no others (the common one) skips the option passes.
+_PLAIN_PUSH_KEYS: Final = (PUSH_KEYS - REWRITTEN_JOB_KEYS - JOB_FIELDS - _CROSS_CHECKED) | {"name"}
 
 
 def custom_id_of(value: object) -> str | None:
@@ -52,6 +55,13 @@ def _entries(entries: object) -> list[Mapping[str, Any]]:
 class ProduceOps(EngineState):
     def cmd_push(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")
+        if cmd.keys() <= _PLAIN_PUSH_KEYS:  # what the full passes below would check of it
+            error = validate_queue_name(queue) or validate_data(cmd.get("data"))
+            error = error or validate_name(cmd)
+            if error:
+                raise CommandError(error)
+            custom = None
+            return {"ok": True, "id": self.push_one(str(queue), cmd, custom, now)}
         error = (
             validate_queue_name(queue)
             or normalize_job(cmd, PUSH_KEYS)  # type: ignore[arg-type]

@@ -20,12 +20,11 @@ in `CHECKED_COMMANDS` (`Engine._checked`), so it runs once per command.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeAlias
 
 from shardq.protocol._fields import MAX_DURATION_MS, MAX_SAFE_INTEGER, MAX_TIMESTAMP_MS, Limits
-from shardq.protocol._schema import REGISTRY
-from shardq.protocol._schema import check as schema_check
+from shardq.protocol._schema import REGISTRY, checker
 
 from ._options import (
     CHECKED_FIELDS,
@@ -37,10 +36,12 @@ from ._options import (
 
 __all__ = [
     "CHECKED_COMMANDS",
+    "JOB_FIELDS",
     "MAX_COUNT",
     "MAX_DURATION_MS",
     "MAX_TIMESTAMP_MS",
     "check_fields",
+    "fields_checker",
     "job_extra_error",
     "validate_job",
 ]
@@ -188,7 +189,8 @@ def job_extra_error(fields: Mapping[str, Any], max_chars: int) -> Error:
     return None
 
 
-_JOB_FIELDS: Final = CHECKED_FIELDS | JOB_EXTRA_FIELDS
+JOB_FIELDS: Final = CHECKED_FIELDS | JOB_EXTRA_FIELDS
+"""The push fields `validate_job` checks beyond `data`."""
 
 
 def validate_job(fields: Mapping[str, Any], max_chars: int) -> Error:
@@ -196,7 +198,7 @@ def validate_job(fields: Mapping[str, Any], max_chars: int) -> Error:
     words, then the bounds of the fields bunqueue does not check. A job that is just its
     `data` (the common PUSHB entry) costs one set test beyond the data check."""
     error = validate_data(fields.get("data"))
-    if error or _JOB_FIELDS.isdisjoint(fields):
+    if error or JOB_FIELDS.isdisjoint(fields):
         return error
     return job_options_error(fields) or job_extra_error(fields, max_chars)
 
@@ -229,11 +231,27 @@ def check_fields(name: str, cmd: Mapping[str, Any], limits: Limits | int) -> Err
     Only for names in `CHECKED_COMMANDS`; absent optional fields pass."""
     if isinstance(limits, int):
         limits = Limits(key_chars=limits)
-    if name in _QUEUE_REQUIRED and not isinstance(cmd.get("queue"), str):
-        return "Queue name is required"
-    for field, check in _WORDED_CHECKS.get(name, ()):
-        if field in cmd:
-            error = check(cmd.get(field), field, limits.key_chars)
-            if error:
-                return error
-    return schema_check(name, cmd, limits) if isinstance(cmd, MutableMapping) else None
+    return fields_checker(name, limits)(cmd)
+
+
+def fields_checker(name: str, limits: Limits) -> Callable[[Mapping[str, Any]], Error]:
+    """`check_fields` for command `name` with its declaration looked up once: the engine
+    binds one to each handler, so a command pays only for its own fields."""
+    queue_required = name in _QUEUE_REQUIRED
+    worded = _WORDED_CHECKS.get(name, ())
+    schema = checker(name, limits)
+    if not queue_required and not worded:
+        return schema
+    key_chars = limits.key_chars
+
+    def check(cmd: Mapping[str, Any]) -> Error:
+        if queue_required and not isinstance(cmd.get("queue"), str):
+            return "Queue name is required"
+        for field, worded_check in worded:
+            if field in cmd:
+                error = worded_check(cmd.get(field), field, key_chars)
+                if error:
+                    return error
+        return schema(cmd)
+
+    return check

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Final
 
 from ._commands import COMMAND_SUBFIELDS, COMMANDS, JOB_FIELDS, ROUTES, Command, RouteSpec
@@ -37,10 +37,14 @@ __all__ = [
     "JOB_FIELDS",
     "JOB_KEYS",
     "REGISTRY",
+    "REWRITTEN_JOB_KEYS",
     "ROUTES",
+    "Checker",
     "Command",
     "RouteSpec",
     "check",
+    "checker",
+    "first_error",
     "job_options_error",
     "normalize_job",
 ]
@@ -80,6 +84,10 @@ _JOB_BY_NAME: Final = {f.name: f for f in JOB_FIELDS}
 _PUSH_KEYS: Final = JOB_KEYS | ENVELOPE_KEYS | {"queue"}
 _NUMERIC_JOB: Final = frozenset(f.name for f in JOB_FIELDS if f.kind in NUMERIC_KINDS)
 _DEFAULT_LIMITS: Final = Limits()
+REWRITTEN_JOB_KEYS: Final = (
+    frozenset(JOB_ALIASES) | _NUMERIC_JOB | {"timeout", "maxAttempts", "delay"}
+)
+"""The keys `normalize_job` may rewrite: a job with none of them is left as it is."""
 
 
 def _alias(job: MutableMapping[str, Any], alias: str, name: str) -> None:
@@ -108,7 +116,9 @@ def normalize_job(
 ) -> str | None:
     """Rewrite one job's options in place to their canonical form (aliases, numeric strings,
     bunqueue 2.9.11's rules); the first key not in `allowed`, as `Unknown option: X`, or None.
-    A job with none of the rare keys costs a few set tests."""
+    A job with none of the rare keys costs two set tests."""
+    if job.keys() <= allowed and REWRITTEN_JOB_KEYS.isdisjoint(job):
+        return None
     unknown = job.keys() - allowed
     if unknown:
         return f"Unknown option: {min(unknown)}"
@@ -174,17 +184,71 @@ def _compiled(limits: Limits) -> dict[str, tuple[_Fast, ...]]:
     return {name: tuple(_fast(f, limits) for f in c.fields) for name, c in REGISTRY.items()}
 
 
-def check(name: str, cmd: MutableMapping[str, Any], limits: Limits = _DEFAULT_LIMITS) -> str | None:
+Checker = Callable[[Mapping[str, Any]], "str | None"]
+"""A command's check: the first declared field out of bounds, or None."""
+
+
+def check(name: str, cmd: Mapping[str, Any], limits: Limits = _DEFAULT_LIMITS) -> str | None:
     """The first declared field of command `name` that is out of bounds, or None. (Numeric
     strings are read as numbers in job options only: `normalize_job`.) An undeclared command
-    passes (its dispatcher answers `Unknown command`). The common values (a short string, an
-    int in range, a bool, an absent field) pass on a type test and a comparison: this runs in
-    front of every command."""
-    fields = _compiled(limits).get(name)
-    if fields is None:
-        return None
+    passes (its dispatcher answers `Unknown command`)."""
+    checker = _checkers(limits).get(name)
+    return None if checker is None else checker(cmd)
+
+
+def checker(name: str, limits: Limits = _DEFAULT_LIMITS) -> Checker:
+    """`check` for command `name` alone, for a caller that checks the same command often (the
+    engine's handlers): its declaration is looked up once, and the common values pass
+    through code written for this command's fields."""
+    return _checkers(limits).get(name, _no_fields)
+
+
+def _no_fields(cmd: Mapping[str, Any]) -> str | None:
+    return None
+
+
+@functools.cache
+def _checkers(limits: Limits) -> dict[str, Checker]:
+    return {name: _generated(fields, limits) for name, fields in _compiled(limits).items()}
+
+
+def _generated(fields: tuple[_Fast, ...], limits: Limits) -> Checker:
+    """A function that passes `cmd` when each declared field is absent, None, or a common
+    value (`_fast`), and otherwise answers what `first_error` answers. Written out per
+    command, as `dataclasses` writes `__init__`: straight-line tests of constants cost a
+    third of a loop over the field tuples, and this runs in front of every command. The
+    source holds only the schema's own names (as literals) and numbers."""
+    if not fields:
+        return _no_fields
+    lines = ["def check(cmd):"]
+    for key, _, cap, lo, hi, boolean in fields:
+        passes = ["v is None"]
+        if cap >= 0:
+            passes.append(f"(type(v) is str and len(v) <= {cap})")
+        if lo is not None:
+            passes.append(f"(type(v) is int and {lo} <= v <= {hi})")
+        if boolean:
+            passes.append("type(v) is bool")
+        lines += [
+            f"    if {key!r} in cmd:",
+            f"        v = cmd[{key!r}]",
+            f"        if not ({' or '.join(passes)}):",
+            "            return slow(cmd)",
+        ]
+    lines.append("    return None")
+    namespace: dict[str, Any] = {"slow": functools.partial(first_error, fields, limits=limits)}
+    exec("\n".join(lines), namespace)  # the schema's own literals only, see above
+    generated: Checker = namespace["check"]
+    return generated
+
+
+def first_error(fields: tuple[_Fast, ...], cmd: Mapping[str, Any], limits: Limits) -> str | None:
+    """`check` over a command's fields (`_compiled`), each value looked at closely unless it
+    is a common one; what a `checker` falls back to."""
     for key, field, cap, lo, hi, boolean in fields:
-        value = cmd.get(key)
+        if key not in cmd:
+            continue
+        value = cmd[key]
         if value is None:
             continue
         kind = type(value)

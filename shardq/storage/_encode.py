@@ -42,6 +42,11 @@ class MutationEncoder:
 
     def __init__(self) -> None:
         self._pack = msgpack.Packer(use_bin_type=True).pack
+        # Of the last `encode`: the summed length of the encoded mutations' keys and blobs,
+        # and how many mutations were left as they were. A shard bounds its batches in bytes
+        # from these without walking the batch again (`shardq.runtime.shard._batches`).
+        self.encoded_bytes = 0
+        self.unencoded = 0
 
     def encode(self, mutations: Iterable[Mutation]) -> list[Mutation]:
         """The batch with every well-formed `put` and `upd` encoded; the rest unchanged.
@@ -57,6 +62,7 @@ class MutationEncoder:
         # the same object comes again: one pack per batch instead of one per job.
         last: object = None
         last_enc: tuple[bytes, dict[str, Any]] | None = None
+        size = unencoded = 0
         for m in mutations:
             kind = m[0] if m else None
             if kind == "upd" and len(m) == 3:
@@ -66,10 +72,13 @@ class MutationEncoder:
                         last, last_enc = changes, _encode_changes(changes, pack)
                     if last_enc is not None:
                         append(("updb", key, *last_enc))
+                        size += len(key) + len(last_enc[0])
                         continue
             elif kind == "delta" and len(m) == 3:
                 if type(m[1]) is str and type(m[2]) is dict:
-                    append(("dltb", m[1], pack(m[2])))
+                    blob = pack(m[2])
+                    append(("dltb", m[1], blob))
+                    size += len(m[1]) + len(blob)
                     continue
             elif kind == "put" and len(m) == 2:
                 rec = m[1]
@@ -83,9 +92,13 @@ class MutationEncoder:
                         and type(seq) is int
                     ):
                         priority, run_at = rec.get("priority"), rec.get("runAt")
-                        append(("putb", key, queue, state, priority, run_at, seq, pack(rec)))
+                        blob = pack(rec)
+                        append(("putb", key, queue, state, priority, run_at, seq, blob))
+                        size += len(key) + len(blob)
                         continue
             append(m)
+            unencoded += 1
+        self.encoded_bytes, self.unencoded = size, unencoded
         return out
 
 

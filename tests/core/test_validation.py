@@ -314,3 +314,23 @@ def test_stored_and_echoed_values_nest_at_most_512_levels(d: Driver) -> None:
     )
     d.ack(job_id, token, at=NOW, result=_nested(512))
     assert d.job(job_id)["returnvalue"] == _nested(512)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"queue": "bad queue!"}, "Queue name contains invalid characters"),
+        ({"name": ""}, "Job name must be a non-empty string of at most 256 characters"),
+        ({"name": 7}, "Job name must be a non-empty string of at most 256 characters"),
+        ({"data": {"d": "x" * (10 * 1024 * 1024)}}, "Job data too large"),
+    ],
+)
+def test_a_plain_push_is_checked_as_one_with_options(fields: dict[str, Any], error: str) -> None:
+    """A push of only queue, name and data skips the option passes (`cmd_push`): it must
+    refuse what the full passes refuse, in the same words."""
+    engine = Engine(seed=1)
+    plain = {"cmd": "PUSH", "queue": "q", "data": {}, **fields}
+    with_option = {**plain, "priority": 1}
+    reply, muts = engine.apply(plain, NOW)
+    assert reply["ok"] is False and error in reply["error"] and muts == []
+    assert engine.apply(with_option, NOW)[0]["error"] == reply["error"]

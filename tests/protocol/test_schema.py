@@ -14,7 +14,16 @@ from shardq.core import COMMANDS as ENGINE_COMMANDS
 from shardq.core._graph import graph_error
 from shardq.protocol._fields import MAX_DURATION_MS, Field, Limits, field_error
 from shardq.protocol._json import loads
-from shardq.protocol._schema import REGISTRY, ROUTES, check, normalize_job, push_allowed
+from shardq.protocol._schema import (
+    REGISTRY,
+    ROUTES,
+    _compiled,
+    check,
+    checker,
+    first_error,
+    normalize_job,
+    push_allowed,
+)
 from shardq.protocol._schema_doc import DOC, render, rewrite
 from shardq.runtime.frontend._commands import BUNQUEUE_COMMANDS, SHARD_COMMANDS
 from shardq.runtime.frontend._dispatch import Dispatcher
@@ -145,3 +154,24 @@ def test_json_bodies_are_read_within_bounds(text: str, error: str) -> None:
 
 def test_json_within_bounds_reads_as_usual() -> None:
     assert loads(f'{{"a": [{2**64 - 1}, -{2**63}, 1.5]}}') == {"a": [2**64 - 1, -(2**63), 1.5]}
+
+
+_PROBES: list[object] = [
+    None, -1, 0, 1, 2**53, 2**63, 2**64, -(2**64), 1e300, -1e300, math.nan, math.inf, 1.5,
+    "", "x" * 300, "x" * 2_000_000, True, False, [], [1], {}, {"a": 1}, b"x",
+]  # fmt: skip
+
+
+def test_each_generated_command_check_answers_as_the_field_walk() -> None:
+    """`checker` writes a function per command; it must refuse and pass exactly what the
+    walk over the declared fields (`first_error`) refuses and passes."""
+    limits = Limits()
+    for name, command in REGISTRY.items():
+        generated = checker(name, limits)
+        fields = _compiled(limits)[name]
+        for field in command.fields:
+            for value in _PROBES:
+                cmd = {"cmd": name, field.name: value}
+                assert generated(cmd) == first_error(fields, cmd, limits), (name, field.name)
+        several = {f.name: "x" * 5_000 for f in command.fields}
+        assert generated(several) == first_error(fields, several, limits), name

@@ -8,7 +8,12 @@ from typing import Any
 
 from shardq.core import Engine, EngineConfig
 from shardq.runtime.links._control import pack, unpack
-from shardq.runtime.shard._batches import cut_batches
+from shardq.runtime.shard._batches import (
+    ENCODED_ALLOWANCE,
+    cut_batches,
+    fits_one_batch,
+    mutation_sizes,
+)
 from shardq.runtime.shard._core import ShardCore
 from shardq.runtime.shard._wire import FrontPacker
 
@@ -137,3 +142,26 @@ def test_a_durable_push_cut_into_batches_fails_whole_when_one_batch_is_dropped()
     assert len(replies) == 1 and replies[0]["ok"] is False
     assert replies[0]["error"] == "Storage unavailable: database or disk is full"
     assert core.engine.apply({"cmd": "Count", "queue": "q"}, T0)[0]["count"] == 0
+
+
+def test_the_encoders_byte_count_bounds_a_turn_that_skips_the_cut() -> None:
+    """A turn whose encoded keys and blobs, with the allowance per mutation, fit one batch
+    goes out uncut; the allowance must never undercount what the cut would have sized."""
+    core = ShardCore(0, Engine(seed=1), batch_max_bytes=1 << 16)
+    pushes = [
+        {"cmd": "PUSH", "queue": f"q{i % 3}", "name": "n" * (i + 1), "data": {"i": i}} for i in range(60)
+    ]
+    out = _turn(core, pushes)
+    (batch,) = [msg["muts"] for dest, msg in out if dest == "writer"]
+    encoder = core._encoder  # the last encode is this turn's
+    assert encoder.unencoded == 0 and len(batch) == 60
+    assert fits_one_batch(len(batch), encoder.encoded_bytes, 1 << 16, 10_000)
+    assert sum(mutation_sizes(batch)) <= encoder.encoded_bytes + len(batch) * ENCODED_ALLOWANCE
+    pulls = [{"cmd": "PULL", "queue": f"q{i % 3}", "owner": "w"} for i in range(60)]
+    (batch,) = [msg["muts"] for dest, msg in _turn(core, pulls) if dest == "writer"]
+    assert {m[0] for m in batch} == {"updb"}
+    assert sum(mutation_sizes(batch)) <= encoder.encoded_bytes + len(batch) * ENCODED_ALLOWANCE
+    # Past the bound in bytes the turn is cut as before.
+    big = [{"cmd": "PUSH", "queue": "q", "data": {"b": "z" * 4_000}} for _ in range(40)]
+    batches = [msg for dest, msg in _turn(core, big) if dest == "writer"]
+    assert len(batches) >= 3 and sum(len(msg["muts"]) for msg in batches) == 40

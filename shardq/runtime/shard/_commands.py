@@ -15,6 +15,7 @@ from shardq.core import CompactJobs
 from shardq.protocol._prepacked import JS_NUMBERS, PLAIN_NUMBERS, WIRE_MODE_KEY
 
 __all__ = [
+    "MAY_BE_DURABLE",
     "WAIT_DEFAULT_MS",
     "WAIT_MAX_MS",
     "empty_pull_reply",
@@ -51,6 +52,10 @@ def positive_ms(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return 0
     return max(int(value), 0)
+
+
+MAY_BE_DURABLE: Final = frozenset({"PUSH", "PUSHB", "PUSHF"})
+"""The commands `is_durable` can answer True for."""
 
 
 def is_durable(name: object, cmd: Mapping[str, Any]) -> bool:

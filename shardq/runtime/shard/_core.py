@@ -32,8 +32,9 @@ from shardq.core import (
 )
 from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.runtime.links._stream import MAX_FRAME_BYTES
-from shardq.runtime.shard._batches import cut_batches
+from shardq.runtime.shard._batches import cut_batches, fits_one_batch
 from shardq.runtime.shard._commands import (
+    MAY_BE_DURABLE,
     WAIT_DEFAULT_MS,
     empty_pull_reply,
     got_nothing,
@@ -281,15 +282,24 @@ class ShardCore(StorageRefusals):
         self, out: list[Outgoing], durable: bool, muts: list[Mutation], replies: list[Item]
     ) -> None:
         if muts:
+            encoder = self._encoder
             try:
-                encoded = self._encoder.encode(muts)
+                encoded = encoder.encode(muts)
+                whole = encoder.unencoded == 0
             except (TypeError, ValueError, OverflowError):
-                encoded = self._encode_each(muts, replies)
+                encoded, whole = self._encode_each(muts, replies), False
             # Bounded at the source: the writer never gets a frame it must drop, so nothing
             # is resent for ever (docs/runtime.md, "Writer batches").
-            batches, too_large = cut_batches(
-                encoded, self._batch_max_bytes, self._batch_max_mutations, self._hard_max_bytes
-            )
+            limit = min(self._batch_max_bytes, self._hard_max_bytes)
+            too_large: list[tuple[Mutation, int]] = []
+            if whole and fits_one_batch(
+                len(encoded), encoder.encoded_bytes, limit, self._batch_max_mutations
+            ):
+                batches = [encoded]
+            else:
+                batches, too_large = cut_batches(
+                    encoded, self._batch_max_bytes, self._batch_max_mutations, self._hard_max_bytes
+                )
             if too_large:
                 self._refuse_too_large(too_large, self._hard_max_bytes, replies)
             last = self.seq + len(batches)
@@ -347,13 +357,16 @@ class ShardCore(StorageRefusals):
         self, conn: str, rid: int, name: object, cmd: dict[str, Any], now: int
     ) -> dict[str, Any] | None:
         """Answer one command; None when the answer is parked (long-poll, WaitJob, durable)."""
-        if (self.storage_stalled or self.resend_failing) and is_durable(name, cmd):
+        # `_resent[1]` first: `resend_failing` is a property, and this runs per command.
+        if (self.storage_stalled or (self._resent[1] and self.resend_failing)) and is_durable(
+            name, cmd
+        ):
             return {"ok": False, "error": STALLED_ERROR}  # refused before it changes anything
         own = self._own_commands.get(name)
         if own is not None:
             return own(conn, rid, cmd, now)
         reply, muts = self.engine.apply(cmd, now)
-        if reply.get("ok") and is_durable(name, cmd):
+        if reply.get("ok") and name in MAY_BE_DURABLE and is_durable(name, cmd):
             self._absorb(muts, self.engine.last_events, durable=True)
             self._durable.append([conn, rid, reply])
             if not cmd.get("_hold"):  # a flow's part stays held until its FlowRelease
