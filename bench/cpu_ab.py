@@ -20,6 +20,11 @@ both under the same conditions; it still moves by 10-20 % from one round to the 
 difference of a few per cent in one process shows better in `--instructions`, whose counts do
 not depend on other load; the front end's repeat within 4 %, the shards' and the writer's
 vary far more with how their batches form.
+After the rounds a summary gives, per scenario and per build after the first, the median
+total against the first build's median, the same ratio round by round (paired: the two runs of
+one round ran side by side), and the noise: how far the first build's own rounds spread
+((max - min) / median). "slower beyond the noise" is printed where the median ratio exceeds
+1 + noise and at least two thirds of the paired rounds are slower.
 Linux only (/proc). The children are told apart by start order (writer, shards, front end),
 so the HTTP port is turned off where the build has one.
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -125,12 +131,44 @@ def main(argv: list[str]) -> int:
         return 0
     print("| scenario | build | jobs/s | front end µs/job | shards µs/job | writer µs/job | "
           "total µs/job |\n|---|---|---:|---:|---:|---:|---:|", flush=True)  # fmt: skip
+    totals: dict[tuple[str, str], list[float]] = {}
     for scenario in scenarios:
         for _ in range(args.rounds):
             for name, executable in builds:
                 result = measure(executable, scenario, args.jobs, args.shards)
                 print(_line(scenario, name, result), flush=True)
+                totals.setdefault((scenario, name), []).append(sum(result["us_per_job"].values()))
+    print(_summary(scenarios, [name for name, _ in builds], totals))
     return 0
+
+
+def _summary(
+    scenarios: list[str], names: list[str], totals: dict[tuple[str, str], list[float]]
+) -> str:
+    """Each later build's total µs/job against the first's, with the first's own spread."""
+    lines = [
+        "",
+        f"| scenario | build | median total µs/job | against {names[0]} | paired rounds | "
+        f"noise of {names[0]} | verdict |",
+        "|---|---|---:|---:|---|---:|---|",
+    ]
+    for scenario in scenarios:
+        first = totals[(scenario, names[0])]
+        base = statistics.median(first)
+        noise = (max(first) - min(first)) / base if base else 0.0
+        for name in names[1:]:
+            runs = totals[(scenario, name)]
+            ratio = statistics.median(runs) / base if base else 0.0
+            paired = [r / f for r, f in zip(runs, first, strict=True) if f]
+            slower = sum(p > 1 for p in paired)
+            beyond = ratio > 1 + noise and slower * 3 >= len(paired) * 2
+            verdict = "slower beyond the noise" if beyond else "within the noise or faster"
+            rounds = " ".join(f"{p:.2f}" for p in paired)
+            lines.append(
+                f"| {scenario} | {name} | {statistics.median(runs):.1f} | {ratio:.2f} | "
+                f"{rounds} | ±{noise:.0%} | {verdict} |"
+            )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ def test_cpu_ab_reports_each_build_and_process() -> None:
         cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    rows = [line.strip("| ").split(" | ") for line in done.stdout.splitlines()[2:]]
+    table, summary = done.stdout.split("\n\n")
+    rows = [line.strip("| ").split(" | ") for line in table.splitlines()[2:]]
     assert [(r[0], r[1]) for r in rows] == [
         ("push8q", "a"), ("push8q", "b"), ("drain1q", "a"), ("drain1q", "b")
     ]  # fmt: skip
@@ -31,6 +32,12 @@ def test_cpu_ab_reports_each_build_and_process() -> None:
         # CPU time comes in clock ticks (10 ms): a tiny run may show 0 for one process.
         assert rate > 0 and min(front, shards, writer) >= 0 and total > 0
         assert abs(total - (front + shards + writer)) < 0.2
+    # The summary: b against a for each scenario, one paired ratio per round, and a verdict.
+    verdicts = [line.strip("| ").split(" | ") for line in summary.splitlines()[2:]]
+    assert [(v[0], v[1]) for v in verdicts] == [("push8q", "b"), ("drain1q", "b")]
+    for v in verdicts:
+        assert float(v[3]) > 0 and len(v[4].split()) == 1 and v[5].startswith("±")
+        assert v[6] in ("slower beyond the noise", "within the noise or faster")
 
 
 def test_cpu_ab_refuses_an_unknown_scenario() -> None:
