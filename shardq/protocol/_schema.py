@@ -203,6 +203,10 @@ def checker(name: str, limits: Limits = _DEFAULT_LIMITS) -> Checker:
     return _checkers(limits).get(name, _no_fields)
 
 
+# Item types that nest nothing: a list of only these is one level deep.
+_FLAT_ITEMS: Final = frozenset({str, int, float, bool, type(None)})
+
+
 def _no_fields(cmd: Mapping[str, Any]) -> str | None:
     return None
 
@@ -221,8 +225,11 @@ def _generated(fields: tuple[_Fast, ...], limits: Limits) -> Checker:
     if not fields:
         return _no_fields
     lines = ["def check(cmd):"]
-    for key, _, cap, lo, hi, boolean in fields:
+    for key, field, cap, lo, hi, boolean in fields:
         passes = ["v is None"]
+        if field.worded and field.kind == "list":  # ids, tokens: flat lists within the cap
+            most = field.max_len or limits.list_items
+            passes.append(f"(type(v) is list and len(v) <= {most} and set(map(type, v)) <= FLAT)")
         if cap >= 0:
             passes.append(f"(type(v) is str and len(v) <= {cap})")
         if lo is not None:
@@ -236,7 +243,10 @@ def _generated(fields: tuple[_Fast, ...], limits: Limits) -> Checker:
             "            return slow(cmd)",
         ]
     lines.append("    return None")
-    namespace: dict[str, Any] = {"slow": functools.partial(first_error, fields, limits=limits)}
+    namespace: dict[str, Any] = {
+        "slow": functools.partial(first_error, fields, limits=limits),
+        "FLAT": _FLAT_ITEMS,
+    }
     exec("\n".join(lines), namespace)  # the schema's own literals only, see above
     generated: Checker = namespace["check"]
     return generated

@@ -159,6 +159,7 @@ def test_json_within_bounds_reads_as_usual() -> None:
 _PROBES: list[object] = [
     None, -1, 0, 1, 2**53, 2**63, 2**64, -(2**64), 1e300, -1e300, math.nan, math.inf, 1.5,
     "", "x" * 300, "x" * 2_000_000, True, False, [], [1], {}, {"a": 1}, b"x",
+    ["id"] * 100, ["id"] * 20_000, [["nested"]], [[[[]]]], [1, "a", None, 2.5, True], ({},),
 ]  # fmt: skip
 
 
