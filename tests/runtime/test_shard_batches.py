@@ -149,7 +149,8 @@ def test_the_encoders_byte_count_bounds_a_turn_that_skips_the_cut() -> None:
     goes out uncut; the allowance must never undercount what the cut would have sized."""
     core = ShardCore(0, Engine(seed=1), batch_max_bytes=1 << 16)
     pushes = [
-        {"cmd": "PUSH", "queue": f"q{i % 3}", "name": "n" * (i + 1), "data": {"i": i}} for i in range(60)
+        {"cmd": "PUSH", "queue": f"q{i % 3}", "name": "n" * (i + 1), "data": {"i": i}}
+        for i in range(60)
     ]
     out = _turn(core, pushes)
     (batch,) = [msg["muts"] for dest, msg in out if dest == "writer"]
