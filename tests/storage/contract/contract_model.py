@@ -2,7 +2,8 @@
 
 Jobs and queue configs (with their groups) and cron schedules come from
 `shardq.core.fold_mutations`, the meaning every backend must preserve; webhooks and the flow
-outbox are plain keyed maps. `loaded` reads the same things back from a store.
+outbox are plain keyed maps. `loaded` reads the same things back from a store; `job` and
+`log_op` make the records and delta ops the tests store.
 """
 
 from __future__ import annotations
@@ -48,3 +49,14 @@ def loaded(store: Storage, *, page_size: int = 1000) -> State:
     hooks = {rec["id"]: rec for rec in store.load_webhooks()}
     flows = {rec["key"]: rec for rec in store.load_flow_outbox()}
     return jobs, store.load_queues(), crons, hooks, flows
+
+
+def job(job_id: str, queue: str = "qa", state: str = "waiting", seq: int = 1, **extra: Any) -> Rec:
+    rec: Rec = {"id": job_id, "queue": queue, "state": state, "seq": seq, "priority": 0}
+    rec.update(runAt=1_700_000_000_000, attempts=0, data={"n": seq}, logs=None, logsAdded=0)
+    rec.update(extra)
+    return rec
+
+
+def log_op(n: int, cap: int = 3) -> dict[str, Any]:
+    return {"log": [{"timestamp": n, "level": "info", "message": f"line {n}"}, cap, n]}

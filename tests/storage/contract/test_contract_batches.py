@@ -9,10 +9,9 @@ over the suite: in the engine's shapes and encoded by `MutationEncoder` as a sha
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
-from contract_model import Rec, expected, loaded
+from contract_model import expected, job, loaded, log_op
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_backends import Backend, CappedBackend
@@ -23,21 +22,10 @@ from shardq.storage import MutationEncoder, Storage, StorageError, StorageFull, 
 FORMS = ["engine", "encoded"]
 
 
-def job(job_id: str, queue: str = "qa", state: str = "waiting", seq: int = 1, **extra: Any) -> Rec:
-    rec: Rec = {"id": job_id, "queue": queue, "state": state, "seq": seq, "priority": 0}
-    rec.update(runAt=1_700_000_000_000, attempts=0, data={"n": seq}, logs=None, logsAdded=0)
-    rec.update(extra)
-    return rec
-
-
 def send(store: Storage, batch: list[Mutation], form: str) -> int:
     """Apply `batch` as the writer would get it: as it is, or encoded by a shard."""
     muts = MutationEncoder().encode(copy.deepcopy(batch)) if form == "encoded" else batch
     return store.apply(muts)
-
-
-def log_op(n: int, cap: int = 3) -> dict[str, Any]:
-    return {"log": [{"timestamp": n, "level": "info", "message": f"line {n}"}, cap, n]}
 
 
 # --- round trips --------------------------------------------------------------------------
@@ -154,8 +142,14 @@ def test_resending_batches_after_a_writer_restart_is_harmless(backend: Backend, 
     # committed already. Every mutation carries absolute values (deltas are numbered).
     batches: list[list[Mutation]] = [
         [("put", job("a", seq=1)), ("put", job("b", seq=2)), ("queue", "qa", {"n": 1})],
-        [("delta", "a", log_op(1)), ("upd", "b", {"state": "active"}), ("group", "qa", "g", {})],
-        [("delta", "a", log_op(2)), ("delta", "a", {"logclear": [1, 2]}), ("del", "b")],
+        [
+            ("put", job("c", seq=3)),
+            ("delta", "c", log_op(1)),
+            ("delta", "a", log_op(1)),
+            ("upd", "b", {"state": "active"}),
+            ("group", "qa", "g", {}),
+        ],
+        [("delta", "a", log_op(2)), ("delta", "c", {"logclear": [1, 1]}), ("del", "b")],
         [("put", job("b", seq=3)), ("cron", "c", {"name": "c", "queue": "qa", "every": 5})],
         [("webhook", "w", {"id": "w", "url": "http://x"}), ("flow", "f", {"key": "f", "cq": "qa"})],
     ]
