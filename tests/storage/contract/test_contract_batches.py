@@ -212,6 +212,7 @@ def test_any_run_of_batches_loads_as_its_mutations_one_by_one(
         want = expected(batches)
         assert loaded(store) == want
         assert loaded(store, page_size=1) == want
+        assert {i: store.get_job(i) for i in _IDS} == {i: want[0].get(i) for i in _IDS}
         for batch in batches[resend_from:]:
             send(store, batch, form)
         assert loaded(store) == want

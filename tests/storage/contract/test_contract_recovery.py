@@ -164,6 +164,21 @@ def test_webhooks_and_flow_notices_persist_and_delete(backend: Backend) -> None:
         assert loaded(store) == expected(batches)
 
 
+def test_a_reader_opened_beside_the_writer_sees_every_committed_batch(backend: Backend) -> None:
+    # A shard recovers through its own connection while the writer keeps its store open
+    # (after `sync`: everything the shard sent is committed by then).
+    batch: list[Mutation] = [("put", job("a", seq=1)), ("queue", "qa", {"paused": True})]
+    with backend.open() as writer:
+        writer.apply(batch)
+        with backend.open() as reader:
+            assert loaded(reader) == expected([batch])
+        more: list[Mutation] = [("upd", "a", {"state": "active"}), ("put", job("b", seq=2))]
+        writer.apply(more)
+        with backend.open() as reader:
+            assert reader.schema_version == backend.latest_version
+            assert loaded(reader) == expected([batch, more])
+
+
 # --- durability across reopen; migrations ---------------------------------------------------
 
 
