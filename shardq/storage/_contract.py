@@ -11,7 +11,7 @@ writer's commit loop calls the backend's `apply` exactly as before. mypy proves 
 satisfies it (the check at the end of `shardq.storage._store`).
 
 What every backend must guarantee (docs/runtime.md, "The storage contract"; the contract suite
-in tests/storage/test_contract.py runs the same tests against every backend):
+in tests/storage/contract/ runs the same tests against every backend):
 
 - `apply` is atomic: a batch is all committed or not at all, whatever it raises.
 - Applying a batch again is harmless: every mutation carries absolute values, and the shards
@@ -24,7 +24,10 @@ in tests/storage/test_contract.py runs the same tests against every backend):
   `StorageFull` when there is no room (the writer keeps the batch and retries), any other
   `StorageError` for a transient failure (kept and retried). The store is unchanged after a
   failed `apply` and stays usable.
-- Recovery reads jobs in `seq` order (ties in insertion order), with bounded memory.
+- Recovery reads jobs in `seq` order (ties in insertion order), with bounded memory, through
+  its own instance opened beside the writer's: it sees every batch committed before.
+- Opening creates or migrates the schema to the backend's latest version, keeps what an older
+  store held, and refuses a store newer than the code.
 """
 
 from __future__ import annotations
