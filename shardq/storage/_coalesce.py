@@ -31,7 +31,7 @@ from typing import Any
 from shardq.core._mutations import Mutation, Record
 from shardq.storage._deltas import wrap
 from shardq.storage._encode import COLUMN_FIELDS
-from shardq.storage._errors import StorageError
+from shardq.storage._errors import StorageRejected
 
 __all__ = ["Fetch", "Part", "Plan", "Row", "Stored", "check_columns", "check_values", "coalesce"]
 
@@ -111,7 +111,7 @@ class Plan:
 def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
     """Fold `mutations` (in order) into a `Plan`; `fetch` reads what is known of stored rows.
 
-    Input records are never modified. Raises `StorageError` naming the first malformed
+    Input records are never modified. Raises `StorageRejected` naming the first malformed
     mutation (unknown kind, wrong arity, wrong types, a `put` record without an id).
     """
     ops: list[_Op] = []
@@ -137,7 +137,7 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
 def check_columns(job_id: str, columns: Mapping[str, Any]) -> None:
     """Check the NOT NULL column fields present in `columns` (a record or changes).
 
-    Raises `StorageError` naming the job and the mistyped field.
+    Raises `StorageRejected` naming the job and the mistyped field.
     """
     for name, value in columns.items():
         kind = _REQUIRED_TYPES.get(name)
@@ -146,14 +146,14 @@ def check_columns(job_id: str, columns: Mapping[str, Any]) -> None:
 
 
 def check_values(job_id: str, values: Sequence[Any]) -> None:
-    """Check the column values of a whole row (`COLUMN_FIELDS` order). Raises `StorageError`."""
+    """Check the column values of a whole row (`COLUMN_FIELDS` order). Raises `StorageRejected`."""
     for index, kind in _REQUIRED_AT:
         if type(values[index]) is not kind:
             _bad_field(job_id, COLUMN_FIELDS[index], kind, values[index])
 
 
 def _bad_field(job_id: str, name: str, kind: type, value: Any) -> None:
-    raise StorageError(
+    raise StorageRejected(
         f"job {job_id!r}: record field {name!r} must be {kind.__name__}, got {value!r}"
     )
 
@@ -313,22 +313,22 @@ def _parse(index: int, mutation: object) -> _Op:
 
 def _parse_general(index: int, mutation: object) -> _Op:
     if not isinstance(mutation, tuple | list) or not mutation:
-        raise StorageError(f"mutation #{index} is not a non-empty tuple: {mutation!r:.200}")
+        raise StorageRejected(f"mutation #{index} is not a non-empty tuple: {mutation!r:.200}")
     kind = mutation[0]
     shape = _SHAPES.get(kind) if isinstance(kind, str) else None
     if shape is None:
-        raise StorageError(f"mutation #{index} has unknown kind {kind!r:.100}")
+        raise StorageRejected(f"mutation #{index} has unknown kind {kind!r:.100}")
     fields = mutation[1:]
     if len(fields) != len(shape) or not all(map(isinstance, fields, shape)):
         expected = ", ".join(t.__name__ for t in shape)
-        raise StorageError(
+        raise StorageRejected(
             f"mutation #{index} ({kind}) must be ({kind!r}, {expected}): {mutation!r:.200}"
         )
     if kind == "put":
         rec = fields[0]
         job_id = rec.get("rowKey") or rec.get("id")
         if not isinstance(job_id, str):
-            raise StorageError(f"mutation #{index} (put): record field 'id' must be str")
+            raise StorageRejected(f"mutation #{index} (put): record field 'id' must be str")
         return kind, job_id, [rec.get(name) for name in COLUMN_FIELDS], rec
     if kind == "upd" or kind == "delta":
         return kind, fields[0], None, fields[1]
@@ -339,5 +339,5 @@ def _parse_general(index: int, mutation: object) -> _Op:
     if kind == "groupdel":
         return kind, fields[0], fields[1], None
     if kind in ("putb", "updb", "dltb"):  # well-formed ones took the fast path; this one is not
-        raise StorageError(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")
+        raise StorageRejected(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")
     return kind, fields[0], None, None

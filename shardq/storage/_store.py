@@ -31,7 +31,7 @@ import sqlite3
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 from sqlite_utils import Database
@@ -39,6 +39,7 @@ from sqlite_utils import Database
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _schema
 from shardq.storage._coalesce import Plan, Stored, coalesce
+from shardq.storage._contract import Storage
 from shardq.storage._deltas import delta_lengths, read_deltas
 from shardq.storage._errors import StorageError, wrap_error
 from shardq.storage._tx import transaction
@@ -516,3 +517,8 @@ def _prepare_directory(directory: Path) -> None:
     # the directory, opening works and the first write fails with a far vaguer message.
     if not os.access(directory, os.W_OK | os.X_OK):
         raise StorageError(f"the database directory {directory} is not writable")
+
+
+if TYPE_CHECKING:
+    # mypy proves here that the SQLite store meets the contract the writer and recovery use.
+    _satisfies_the_contract: type[Storage] = Store

@@ -47,6 +47,28 @@ def test_a_rejected_put_is_isolated_and_the_rest_commits(
     assert [(line["job_id"], line["level"]) for line in logged] == [("j2", "error")]
 
 
+def test_a_malformed_mutation_is_isolated_not_retried_forever(
+    writer_process: Callable[..., WriterProcess],
+) -> None:
+    # A mutation of no known shape is the batch's fault, not the disk's: before it was
+    # `StorageRejected` the writer retried the same batch forever and committed nothing more.
+    w = writer_process(flush_interval_ms=60_000)
+    w.ready()
+    muts = [put(1), ["nonsense", "x"], ["put", {"queue": "q", "state": "waiting"}], put(3)]
+    w.send({"t": "muts", "shard": 0, "seq": 1, "muts": muts, "durable": True})
+    rejected = w.conf(0)
+    assert rejected["t"] == "rejected" and rejected["seq"] == 1
+    assert [(kind, key) for kind, key, _error in rejected["items"]] == [
+        ("nonsense", "x"),
+        ("put", None),
+    ]
+    assert "unknown kind" in rejected["items"][0][2]
+    assert w.conf(0) == {"t": "done", "seq": 1}
+    w.send({"t": "muts", "shard": 0, "seq": 2, "muts": [put(4)], "durable": True})
+    assert w.conf(0) == {"t": "done", "seq": 2}
+    assert stored_ids(Path(w.spec.data_path)) == ["j1", "j3", "j4"]
+
+
 def test_a_rejected_update_sends_the_stored_record_back(
     writer_process: Callable[..., WriterProcess],
 ) -> None:

@@ -39,7 +39,7 @@ from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
 from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._wire import FrontPacker
-from shardq.storage import Store
+from shardq.storage import Storage, Store
 
 __all__ = ["ShardProcess", "main"]
 
@@ -169,16 +169,10 @@ class ShardProcess:
     def _recover(self, now: int) -> tuple[int, int, int]:
         """Load this shard's stored queues and jobs; return (jobs, queues, recovery mutations).
 
-        Only what the engine will hold is read: the jobs of this shard's queues, and of their
-        completed jobs only the newest `max_completed` (the filters run in SQLite, so the
-        other rows are never decoded). Records stream from the store one page at a time, in
-        seq order, straight into the engine; opening the store runs no migration here (the
-        writer already did). Completed rows beyond the window (left by a version that kept
-        them on disk) are deleted. Progress goes to the log and the supervisor every second.
+        Opens the SQLite `Store`; opening runs no migration here (the writer already did).
         The collector is off meanwhile: every object made is kept, so it would only walk them.
         """
         spec = self.spec
-        progress = _Progress(self.sup)
         gc.disable()
         try:
             with Store.open(
@@ -187,30 +181,40 @@ class ShardProcess:
                 cache_mb=spec.sqlite_cache_mb,
                 mmap_mb=spec.sqlite_mmap_mb,
             ) as store:
-                self.sup.progress(loaded=0)
-                names = {n for n in store.queue_names() if shard_of(n, spec.shards) == spec.index}
-                queues = {n: cfg for n, cfg in store.load_queues().items() if n in names}
-                self.sup.progress(loaded=0)
-                floor = store.completed_floor(self.core.engine.config.max_completed, names)
-                self.sup.progress(loaded=0)
-                records = store.load_jobs(queues=names, completed_from=floor)
-                # By shard, not by `names`: a schedule's queue may hold no job or config yet.
-                crons = [
-                    c for c in store.load_crons() if shard_of(c["queue"], spec.shards) == spec.index
-                ]
-                # Shard 0 owns the webhook registry (shardq.core._webhooks).
-                hooks = store.load_webhooks() if spec.index == 0 else []
-                recovered = self.core.recover(
-                    progress.count(self._own(records)), queues, now, crons, hooks
-                )
-                outbox = store.load_flow_outbox()
-                self.core.engine.load_flow_outbox(
-                    n for n in outbox if shard_of(n["cq"], spec.shards) == spec.index
-                )
-                if floor is not None:
-                    recovered += self._delete_stale(store.stale_completed(floor, names), now)
+                return self._load(store, now)
         finally:
             gc.enable()
+
+    def _load(self, store: Storage, now: int) -> tuple[int, int, int]:
+        """Load from `store` what this shard owns (see `_recover` for the return value).
+
+        Only what the engine will hold is read: the jobs of this shard's queues, and of their
+        completed jobs only the newest `max_completed` (the store filters, so the other rows
+        are never decoded). Records stream from the store one page at a time, in seq order,
+        straight into the engine. Completed rows beyond the window (left by a version that
+        kept them on disk) are deleted. Progress goes to the log and the supervisor every
+        second.
+        """
+        spec = self.spec
+        progress = _Progress(self.sup)
+        self.sup.progress(loaded=0)
+        names = {n for n in store.queue_names() if shard_of(n, spec.shards) == spec.index}
+        queues = {n: cfg for n, cfg in store.load_queues().items() if n in names}
+        self.sup.progress(loaded=0)
+        floor = store.completed_floor(self.core.engine.config.max_completed, names)
+        self.sup.progress(loaded=0)
+        records = store.load_jobs(queues=names, completed_from=floor)
+        # By shard, not by `names`: a schedule's queue may hold no job or config yet.
+        crons = [c for c in store.load_crons() if shard_of(c["queue"], spec.shards) == spec.index]
+        # Shard 0 owns the webhook registry (shardq.core._webhooks).
+        hooks = store.load_webhooks() if spec.index == 0 else []
+        recovered = self.core.recover(progress.count(self._own(records)), queues, now, crons, hooks)
+        outbox = store.load_flow_outbox()
+        self.core.engine.load_flow_outbox(
+            n for n in outbox if shard_of(n["cq"], spec.shards) == spec.index
+        )
+        if floor is not None:
+            recovered += self._delete_stale(store.stale_completed(floor, names), now)
         return progress.loaded, len(queues), recovered
 
     def _own(self, records: Iterator[Record]) -> Iterator[Record]:

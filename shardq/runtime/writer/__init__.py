@@ -1,7 +1,7 @@
 """The writer process: the only process that writes the SQLite file.
 
-Owns: the `Store` (`shardq.storage`), the flush buffer and the per-shard epochs and sequence
-numbers it has committed.
+Owns: the storage (a `shardq.storage.Storage`: the SQLite `Store`), the flush buffer and the
+per-shard epochs and sequence numbers it has committed.
 
 Receives: `muts`, `flush` and `sync` messages from every shard on its Unix stream listener
 (`shardq.runtime.links`).

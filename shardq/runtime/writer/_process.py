@@ -2,7 +2,7 @@
 
 Run as `python -m shardq.runtime.writer --spec '<json>'` by the supervisor. It listens on
 `spec.writer_link_path` (Unix stream links, `links._writer`) and takes `muts`, `flush` and
-`sync` messages from the shards; it commits what it received as one `Store.apply` per flush
+`sync` messages from the shards; it commits what it received as one `Storage.apply` per flush
 (the policy is `_flush`) and confirms back on each shard's link with `done` (or `fail` while
 the disk is full). See docs/runtime.md for the messages. Shards send job records
 and changes msgpack-encoded inside the message (`shardq.storage._encode`), so decoding a
@@ -41,7 +41,14 @@ from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.runtime.writer._isolate import apply_isolating
 from shardq.runtime.writer._status import WriterStatus, file_sizes
-from shardq.storage import StorageError, StorageFull, StorageRejected, Store, describe
+from shardq.storage import (
+    Storage,
+    StorageError,
+    StorageFull,
+    StorageRejected,
+    Store,
+    describe,
+)
 
 __all__ = ["Writer", "main"]
 
@@ -55,7 +62,10 @@ Context = zmq.Context[zmq.Socket[bytes]]
 
 
 class Writer:
-    """Owns the `Store` and the shards' links; `run()` is the process's loop.
+    """Owns the storage and the shards' links; `run()` is the process's loop.
+
+    The storage is any backend that meets `shardq.storage.Storage`; `main` opens the SQLite
+    `Store`.
 
     Raises `OSError` from the constructor if the link socket cannot be bound. A shard learns
     that a (new) writer is up by connecting to it, and then resends what no writer confirmed.
@@ -64,7 +74,7 @@ class Writer:
     def __init__(
         self,
         spec: ChildSpec,
-        store: Store,
+        store: Storage,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

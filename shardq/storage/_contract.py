@@ -1,0 +1,130 @@
+"""`Storage`: what the writer and a recovering shard need from a storage backend.
+
+The writer process and shard recovery are typed against this protocol, not against the SQLite
+`Store`, so that another backend (a PostgreSQL one) can stand in for it. It names exactly what
+those two call; a backend's own extras (SQLite's `pragmas`, `describe`, file path ...) stay on
+the backend's class. Opening (and so choosing) a backend is the caller's business: the writer
+opens it and migrates, each shard opens it to recover and closes it before serving.
+
+It is a `typing.Protocol`: nothing inherits from it and nothing checks it at run time, so the
+writer's commit loop calls the backend's `apply` exactly as before. mypy proves that `Store`
+satisfies it (the check at the end of `shardq.storage._store`).
+
+What every backend must guarantee (docs/runtime.md, "The storage contract"; the contract suite
+in tests/storage/contract/ runs the same tests against every backend):
+
+- `apply` is atomic: a batch is all committed or not at all, whatever it raises.
+- Applying a batch again is harmless: every mutation carries absolute values, and the shards
+  resend whatever no writer confirmed after a writer restart. Only a delta's effect may
+  depend on the record, and `apply_delta` makes it idempotent too.
+- A batch means the same as its mutations applied one by one (`fold_mutations`), however the
+  backend coalesces them.
+- Errors are `StorageError`s: `StorageRejected` when the batch's values are at fault (the
+  writer then bisects the batch; retrying the same batch would fail the same way),
+  `StorageFull` when there is no room (the writer keeps the batch and retries), any other
+  `StorageError` for a transient failure (kept and retried). The store is unchanged after a
+  failed `apply` and stays usable.
+- Recovery reads jobs in `seq` order (ties in insertion order), with bounded memory, through
+  its own instance opened beside the writer's: it sees every batch committed before.
+- Opening creates or migrates the schema to the backend's latest version, keeps what an older
+  store held, and refuses a store newer than the code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Sequence
+from types import TracebackType
+from typing import Protocol
+
+from shardq.core._mutations import Mutation, Record
+
+__all__ = ["Storage"]
+
+
+class Storage(Protocol):
+    """A store of jobs, queue configs, groups, crons, webhooks and the flow outbox.
+
+    One instance belongs to one thread. Only the writer applies batches; a recovering shard
+    only reads. Every method raises `StorageError` (or a subclass) when the backend fails.
+    """
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version the store is at: its latest migration, once opened."""
+        ...
+
+    def apply(self, mutations: Sequence[Mutation]) -> int:
+        """Apply one batch (engine or encoded mutations, mixed) as one transaction.
+
+        Returns the rows written (0 for an empty batch). An `upd` of a job that is not
+        stored is skipped. Raises `StorageRejected`, `StorageFull` or `StorageError`, and
+        then leaves the store exactly as it was.
+        """
+        ...
+
+    def get_job(self, job_id: str) -> Record | None:
+        """The stored record under row key `job_id` (changes and deltas merged), or None."""
+        ...
+
+    def queue_names(self) -> set[str]:
+        """Every queue with a stored job, config or configured group."""
+        ...
+
+    def load_queues(self) -> dict[str, Record]:
+        """Every stored queue config by name, its groups' settings as a "groups" map."""
+        ...
+
+    def completed_floor(self, keep: int, queues: Collection[str] | None = None) -> int | None:
+        """The seq from which the newest `keep` completed jobs (of `queues`) are stored, or
+        None if there are at most `keep`. Raises `ValueError` if `keep` < 1."""
+        ...
+
+    def load_jobs(
+        self,
+        *,
+        page_size: int = ...,
+        queues: Collection[str] | None = None,
+        completed_from: int | None = None,
+    ) -> Iterator[Record]:
+        """Yield the stored records in seq order (ties in insertion order), `page_size` at a
+        time. `queues` filters by queue (None: all; a backend may ignore a very long filter
+        and yield more, never fewer: the caller filters again); `completed_from` keeps
+        completed jobs from that seq on only. Raises `ValueError` if `page_size` < 1."""
+        ...
+
+    def stale_completed(
+        self, below: int, queues: Collection[str] | None = None
+    ) -> Iterator[list[str]]:
+        """Row keys of completed jobs (of `queues`) with a seq below `below`, in bounded
+        lists: the rows recovery deletes because the engine did not load them."""
+        ...
+
+    def load_crons(self) -> list[Record]:
+        """Every stored cron schedule record, by name."""
+        ...
+
+    def load_webhooks(self) -> list[Record]:
+        """Every stored webhook record, by id."""
+        ...
+
+    def load_flow_outbox(self) -> list[Record]:
+        """Every flow notice not acknowledged yet, by key."""
+        ...
+
+    def checkpoint(self) -> bool:
+        """Fold the backend's log into its main store at shutdown; True if complete (a
+        backend with nothing to fold returns True)."""
+        ...
+
+    def close(self) -> None:
+        """Release the store (idempotent); later calls raise `StorageError`."""
+        ...
+
+    def __enter__(self) -> Storage: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

@@ -1,0 +1,101 @@
+"""The storage backends the contract suite runs against, one class each.
+
+A backend here knows how to open its store at a place of its own, empty at first. Adding a
+backend (PostgreSQL) is one class below and one entry in `BACKENDS`; every test of the suite
+then runs against it too. Backend-specific knowledge the suite needs (its latest schema
+version, how to build a store at an older version, whether it can cap its size) lives here
+and nowhere in the tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+from unittest import mock
+
+from shardq.storage import Storage, Store, _schema, _store
+
+
+class Backend(Protocol):
+    """One backend, at one place (a file, a database) that only this test uses."""
+
+    name: str
+
+    @property
+    def latest_version(self) -> int:
+        """The schema version a store opened by this code is at."""
+        ...
+
+    @property
+    def stale_page(self) -> int:
+        """The most row keys one list of `stale_completed` may hold."""
+        ...
+
+    def open(self) -> Storage:
+        """Open (creating and migrating it if needed) the store at this backend's place."""
+        ...
+
+    def open_at_version(self, version: int) -> Storage:
+        """Open the store at this place migrated only up to `version` (0: no schema yet)."""
+        ...
+
+    def fresh(self) -> Backend:
+        """The same backend at another, empty place (a property test needs one per example)."""
+        ...
+
+
+class CappedBackend(Backend, Protocol):
+    """A backend that can cap its own size (a server's disk is its operator's: PostgreSQL
+    has no such cap, and joins `BACKENDS` only)."""
+
+    def open_capped(self, max_bytes: int) -> Storage:
+        """Open the store at this place with a size cap of about `max_bytes`."""
+        ...
+
+
+class SqliteBackend:
+    """The embedded SQLite `Store`: one file per place, in a test's temporary directory."""
+
+    name = "sqlite"
+
+    def __init__(self, directory: Path, counter: itertools.count[int] | None = None) -> None:
+        self._directory = directory
+        self._counter = counter if counter is not None else itertools.count()
+        self.path = directory / f"shardq-{next(self._counter)}.db"
+
+    @property
+    def latest_version(self) -> int:
+        return len(_schema.MIGRATIONS)
+
+    @property
+    def stale_page(self) -> int:
+        return _store.STALE_PAGE
+
+    def open(self) -> Storage:
+        return Store.open(self.path)
+
+    def open_at_version(self, version: int) -> Storage:
+        # The migrations are a list the store walks on open: the first `version` of them is
+        # exactly what a shardq of that schema version created.
+        with mock.patch.object(_schema, "MIGRATIONS", _schema.MIGRATIONS[:version]):
+            return Store.open(self.path)
+
+    def open_capped(self, max_bytes: int) -> Storage:
+        return Store.open(self.path, max_bytes=max_bytes)
+
+    def fresh(self) -> Backend:
+        return SqliteBackend(self._directory, self._counter)
+
+
+# Name -> how to make the backend in a test's temporary directory. A backend that needs a
+# server (PostgreSQL) starts it once per session and gives each test its own database.
+BACKENDS: dict[str, Callable[[Path], Backend]] = {
+    "sqlite": SqliteBackend,
+}
+
+# The backends with a size cap of their own, for the disk-full tests.
+CAPPED_BACKENDS: dict[str, Callable[[Path], CappedBackend]] = {
+    "sqlite": SqliteBackend,
+}
