@@ -60,9 +60,9 @@ class EventLimits:
     @classmethod
     def from_spec(cls, spec: ChildSpec) -> EventLimits:
         return cls(
-            spec.events_ring_size,
-            spec.events_ring_data_bytes,
-            spec.events_subscriber_buffer_bytes,
+            spec.events.events_ring_size,
+            spec.events.events_ring_data_bytes,
+            spec.events.events_subscriber_buffer_bytes,
         )
 
 

@@ -74,18 +74,18 @@ class TcpLimits:
     @classmethod
     def from_spec(cls, spec: ChildSpec) -> TcpLimits:
         return cls(
-            max_frame_bytes=spec.max_frame_bytes,
-            stall_timeout_ms=spec.tcp_idle_timeout_ms,
-            idle_close_ms=spec.tcp_idle_close_ms,
-            max_connections=spec.max_connections,
-            max_in_flight=spec.max_in_flight_per_connection,
-            max_write_backlog=spec.tcp_max_write_backlog_bytes,
-            unauthenticated_max_frame_bytes=spec.unauthenticated_max_frame_bytes,
-            rate_window_ms=spec.rate_limit_window_ms,
-            rate_max_requests=spec.rate_limit_max_requests,
-            handshake_timeout_ms=spec.tcp_handshake_timeout_ms,
-            reserved_fds=spec.reserved_fds,
-            zmq_handshake_timeout_ms=spec.zmq_handshake_timeout_ms,
+            max_frame_bytes=spec.tcp.max_frame_bytes,
+            stall_timeout_ms=spec.tcp.tcp_idle_timeout_ms,
+            idle_close_ms=spec.tcp.tcp_idle_close_ms,
+            max_connections=spec.tcp.max_connections,
+            max_in_flight=spec.tcp.max_in_flight_per_connection,
+            max_write_backlog=spec.tcp.tcp_max_write_backlog_bytes,
+            unauthenticated_max_frame_bytes=spec.tcp.unauthenticated_max_frame_bytes,
+            rate_window_ms=spec.tcp.rate_limit_window_ms,
+            rate_max_requests=spec.tcp.rate_limit_max_requests,
+            handshake_timeout_ms=spec.tcp.tcp_handshake_timeout_ms,
+            reserved_fds=spec.tcp.reserved_fds,
+            zmq_handshake_timeout_ms=spec.tcp.zmq_handshake_timeout_ms,
         )
 
 
