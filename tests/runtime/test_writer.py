@@ -374,7 +374,7 @@ def test_the_default_count_starts_a_flush_early_and_a_durable_batch_at_once(
 ) -> None:
     # An interval that never ends: only the count (ServerConfig's default) or a durable batch
     # can start a flush.
-    count = ServerConfig().flush_max_mutations
+    count = ServerConfig().writer.flush_max_mutations
     w = writer_process(flush_interval_ms=60_000, flush_max_mutations=count)
     w.ready()
     puts = [put(n) for n in range(1, count + 1)]
