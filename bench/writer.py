@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover
 
 
 T0 = 1_700_000_000_000
-FLUSH_MAX = ServerConfig().flush_max_mutations
+FLUSH_MAX = ServerConfig().writer.flush_max_mutations
 
 
 def _pushes(engine: Engine, n: int, now: int) -> list[list[Mutation]]:

@@ -65,7 +65,7 @@ def _db_path(config: Path | None, data_path: str | None) -> Path:
     from shardq.runtime._config import ConfigError, load_config
 
     try:
-        return Path(load_config(config, flags={"data_path": data_path}).data_path)
+        return Path(load_config(config, flags={"data_path": data_path}).supervisor.data_path)
     except ConfigError as e:
         fail(str(e), 2)
 

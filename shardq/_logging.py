@@ -52,13 +52,17 @@ def configure(
     `role` is "supervisor", "frontend", "shard" or "writer"; with `index` it becomes e.g.
     "shard-3". `fmt` is "json" (one JSON object per line) or "console" (structlog's
     `ConsoleRenderer`). Every event carries `timestamp` (ISO 8601, UTC), `level`, `event`,
-    `role` and `pid`. Raises `ValueError` for an unknown `fmt` or `level`.
+    `role` and `pid`. "auto" is console on a terminal and JSON otherwise (a child's spec
+    holds the config's default, "auto", unless the supervisor resolved it). Raises
+    `ValueError` for an unknown `fmt` or `level`.
     """
+    out = sys.stderr if stream is None else stream
+    if fmt == "auto":
+        fmt = "console" if out.isatty() else "json"
     if fmt not in ("json", "console"):
         raise ValueError(f"unknown log format {fmt!r}: expected json or console")
     if level not in _LEVELS:
         raise ValueError(f"unknown log level {level!r}: expected one of {', '.join(_LEVELS)}")
-    out = sys.stderr if stream is None else stream
     identity = {"role": role if index is None else f"{role}-{index}", "pid": os.getpid()}
 
     def add_identity(_logger: Any, _method: str, event: EventDict) -> EventDict:

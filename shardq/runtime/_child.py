@@ -55,7 +55,7 @@ def parse_spec_args(argv: Sequence[str], stdin: TextIO | None = None) -> ChildSp
     try:
         spec = ChildSpec.from_json(text)
         # Every child reads its spec here first, so no clock is read before this is installed.
-        _clock.install_test_clock(spec.test_clock_file)
+        _clock.install_test_clock(spec.process.test_clock_file)
     except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
         raise SpecError(f"invalid --spec: {e}") from e
     return spec

@@ -81,17 +81,20 @@ def test_the_rate_limit_refuses_past_the_cap_but_not_probes(strict: ShardqServer
 
 def test_cors_and_limit_settings_are_checked() -> None:
     both = load_config(env={"RATE_LIMIT_WINDOW_MS": "1000", "RATE_LIMIT_MAX_REQUESTS": "50"})
-    assert (both.rate_limit_window_ms, both.rate_limit_max_requests) == (1000, 50)
-    assert (both.http_rate_limit_window_ms, both.http_rate_limit_max_requests) == (1000, 50)
+    assert (both.tcp.rate_limit_window_ms, both.tcp.rate_limit_max_requests) == (1000, 50)
+    assert (both.http.http_rate_limit_window_ms, both.http.http_rate_limit_max_requests) == (
+        1000,
+        50,
+    )
     default = load_config(env={})
-    assert default.cors_allow_origin == ("*",)
-    assert (default.http_rate_limit_window_ms, default.http_rate_limit_max_requests) == (
+    assert default.http.cors_allow_origin == ("*",)
+    assert (default.http.http_rate_limit_window_ms, default.http.http_rate_limit_max_requests) == (
         60_000,
         10_000,
     )
-    assert default.rate_limit_window_ms == 0  # the TCP port's stays off
+    assert default.tcp.rate_limit_window_ms == 0  # the TCP port's stays off
     listed = load_config(env={"CORS_ALLOW_ORIGIN": "http://a.example/, https://b.example:8443"})
-    assert listed.cors_allow_origin == ("http://a.example", "https://b.example:8443")
+    assert listed.http.cors_allow_origin == ("http://a.example", "https://b.example:8443")
     for bad in ("http://a.example/dashboard", " , ", "a.example"):
         with pytest.raises(ConfigError, match="cors_allow_origin"):
             load_config(env={"CORS_ALLOW_ORIGIN": bad})

@@ -156,7 +156,7 @@ def test_http_port_zero_runs_no_http_process(tmp_path: Path) -> None:
 
 def test_the_http_port_must_differ_from_the_others() -> None:
     port = free_port()
-    config = ServerConfig(tcp_port=port, zmq_port=free_port(), http_port=port)
+    config = ServerConfig.from_keys({"tcp_port": port, "zmq_port": free_port(), "http_port": port})
     with pytest.raises(StartupError, match="tcp_port and http_port are both"):
         check_ports(config)
 

@@ -154,7 +154,7 @@ def test_token_file_is_read_at_load_and_refused_when_empty_or_missing(tmp_path: 
     tokens = tmp_path / "tokens"
     tokens.write_text("alpha\n  # a comment\nbeta # trailing comment\n\n")
     config = load_config(env={"AUTH_TOKENS": "env-token", "SHARDQ_AUTH_TOKEN_FILE": str(tokens)})
-    assert config.auth_tokens == ("env-token", "alpha", "beta")
+    assert config.tcp.auth_tokens == ("env-token", "alpha", "beta")
     tokens.write_text("# nothing here\n")
     with pytest.raises(ConfigError, match="holds no token"):
         load_config(env={}, flags={"auth_token_file": str(tokens)})

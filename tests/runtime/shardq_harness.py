@@ -25,12 +25,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import fields
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from shardq.runtime._config import ServerConfig
+from shardq.runtime._sections import KEY_SECTION
 
 __all__ = ["LogLine", "ServerError", "ShardqServer", "free_port", "free_ports", "poll_until"]
 
@@ -398,7 +397,7 @@ class ShardqServer:
 
 
 # The variables `shardq start` reads: the test's own environment must not leak into a server.
-_CONFIG_VARS = {f"SHARDQ_{f.name.upper()}" for f in fields(ServerConfig)} | {
+_CONFIG_VARS = {f"SHARDQ_{key.upper()}" for key in KEY_SECTION} | {
     "TCP_PORT", "HTTP_PORT", "HOST", "BUNQUEUE_DATA_PATH", "DATA_PATH", "AUTH_TOKENS",
     "SHUTDOWN_TIMEOUT_MS",
 }  # fmt: skip

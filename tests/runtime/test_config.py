@@ -12,11 +12,12 @@ import pytest
 from shardq.core import EngineConfig
 from shardq.errors import ShardqError
 from shardq.runtime._config import ConfigError, ServerConfig, load_config
+from shardq.runtime._sections import KEY_SECTION
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # Keys naming files are checked together and read at load time: tests/ops/test_tls.py has them.
 FILE_KEYS = ("auth_token_file", "tls_cert_file", "tls_key_file", "zmq_curve_secret_file")
-KEYS = [f.name for f in dataclasses.fields(ServerConfig) if f.name not in ("engine", *FILE_KEYS)]
+KEYS = [key for key in KEY_SECTION if key not in FILE_KEYS]
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -27,32 +28,47 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_defaults() -> None:
     c = load_config(env={})
-    assert (c.host, c.tcp_port, c.zmq_port, c.http_port) == ("127.0.0.1", 6789, 6788, 6790)
-    assert c.data_path == "./data/shardq.db"
-    assert c.shards == "auto" and c.shard_count == (os.cpu_count() or 1)
-    assert c.auth_tokens == ()
-    assert (c.shutdown_timeout_ms, c.flush_interval_ms, c.flush_max_mutations) == (30000, 10, 500)
-    assert c.spin_us == 0  # no spinning unless asked: an idle-ish server should not burn CPU
-    assert (c.synchronous, c.log_format, c.log_level) == ("normal", "auto", "info")
-    assert c.max_restarts_per_minute == 5
-    assert c.max_frame_bytes == 64 * 1024 * 1024
-    assert c.tcp_idle_timeout_ms == 60000
+    assert (c.tcp.host, c.tcp.tcp_port, c.tcp.zmq_port, c.http.http_port) == (
+        "127.0.0.1",
+        6789,
+        6788,
+        6790,
+    )
+    assert c.supervisor.data_path == "./data/shardq.db"
+    assert c.supervisor.shards == "auto" and c.shard_count == (os.cpu_count() or 1)
+    assert c.tcp.auth_tokens == ()
+    assert (
+        c.process.shutdown_timeout_ms,
+        c.writer.flush_interval_ms,
+        c.writer.flush_max_mutations,
+    ) == (30000, 10, 500)
+    assert (
+        c.process.spin_us == 0
+    )  # no spinning unless asked: an idle-ish server should not burn CPU
+    assert (c.writer.synchronous, c.process.log_format, c.process.log_level) == (
+        "normal",
+        "auto",
+        "info",
+    )
+    assert c.supervisor.max_restarts_per_minute == 5
+    assert c.tcp.max_frame_bytes == 64 * 1024 * 1024
+    assert c.tcp.tcp_idle_timeout_ms == 60000
     assert c.engine == {} and c.engine_config == EngineConfig()
 
 
 def test_config_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
-        load_config(env={}).tcp_port = 1  # type: ignore[misc]
+        load_config(env={}).tcp.tcp_port = 1  # type: ignore[misc]
 
 
 def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path) -> None:
     path = write(tmp_path, "tcp_port = 7001\nzmq_port = 7101\nhttp_port = 7201\n")
     env = {"SHARDQ_TCP_PORT": "7002", "SHARDQ_ZMQ_PORT": "7102"}
     c = load_config(path, env=env, flags={"tcp_port": 7003, "zmq_port": None})
-    assert c.tcp_port == 7003  # flag
-    assert c.zmq_port == 7102  # env (a None flag means "not given")
-    assert c.http_port == 7201  # file
-    assert c.host == "127.0.0.1"  # default
+    assert c.tcp.tcp_port == 7003  # flag
+    assert c.tcp.zmq_port == 7102  # env (a None flag means "not given")
+    assert c.http.http_port == 7201  # file
+    assert c.tcp.host == "127.0.0.1"  # default
 
 
 def test_engine_table_and_env_merge_per_field(tmp_path: Path) -> None:
@@ -75,22 +91,22 @@ def test_engine_table_and_env_merge_per_field(tmp_path: Path) -> None:
     ],
 )
 def test_bunqueue_aliases(var: str, raw: str, key: str, expected: Any) -> None:
-    assert getattr(load_config(env={var: raw}), key) == expected
+    assert load_config(env={var: raw}).value(key) == expected
 
 
 def test_bunqueue_data_path_wins_over_data_path() -> None:
     env = {"DATA_PATH": "/b.db", "BUNQUEUE_DATA_PATH": "/a.db"}
-    assert load_config(env=env).data_path == "/a.db"
+    assert load_config(env=env).supervisor.data_path == "/a.db"
 
 
 def test_shardq_name_wins_over_alias() -> None:
     env = {"TCP_PORT": "7000", "SHARDQ_TCP_PORT": "7001"}
-    assert load_config(env=env).tcp_port == 7001
+    assert load_config(env=env).tcp.tcp_port == 7001
 
 
 def test_file_loses_to_alias(tmp_path: Path) -> None:
     path = write(tmp_path, 'auth_tokens = ["file"]\n')
-    assert load_config(path, env={"AUTH_TOKENS": "env"}).auth_tokens == ("env",)
+    assert load_config(path, env={"AUTH_TOKENS": "env"}).tcp.auth_tokens == ("env",)
 
 
 VALID_TEXT = {
@@ -181,7 +197,7 @@ def test_every_key_has_a_test_value() -> None:
 @pytest.mark.parametrize("key", KEYS)
 def test_every_key_from_shardq_env(key: str) -> None:
     c = load_config(env={f"SHARDQ_{key.upper()}": VALID_TEXT[key]})
-    assert getattr(c, key) != getattr(ServerConfig(), key)
+    assert c.value(key) != ServerConfig().value(key)
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -279,11 +295,11 @@ def test_every_key_from_file(tmp_path: Path) -> None:
     [("+6789", 6789), ("6789.0", 6789), (" 6789 ", 6789), ("6789 # the TCP port", 6789)],
 )
 def test_bunqueue_number_spellings_accepted(raw: str, expected: int) -> None:
-    assert load_config(env={"TCP_PORT": raw}).tcp_port == expected
+    assert load_config(env={"TCP_PORT": raw}).tcp.tcp_port == expected
 
 
 def test_ms_suffix_accepted_on_ms_keys_only() -> None:
-    assert load_config(env={"SHUTDOWN_TIMEOUT_MS": "5000ms"}).shutdown_timeout_ms == 5000
+    assert load_config(env={"SHUTDOWN_TIMEOUT_MS": "5000ms"}).process.shutdown_timeout_ms == 5000
     with pytest.raises(ConfigError, match="tcp_port"):
         load_config(env={"TCP_PORT": "6789ms"})
 
@@ -297,13 +313,13 @@ def test_bad_numbers_rejected_naming_key_and_variable(raw: str) -> None:
 
 
 def test_idle_timeout_minus_one_means_off() -> None:
-    assert load_config(env={"SHARDQ_TCP_IDLE_TIMEOUT_MS": "-1"}).tcp_idle_timeout_ms == 0
+    assert load_config(env={"SHARDQ_TCP_IDLE_TIMEOUT_MS": "-1"}).tcp.tcp_idle_timeout_ms == 0
 
 
 def test_shards_auto_and_number() -> None:
-    assert load_config(env={}, flags={"shards": "AUTO"}).shards == "auto"
+    assert load_config(env={}, flags={"shards": "AUTO"}).supervisor.shards == "auto"
     c = load_config(env={}, flags={"shards": "4"})
-    assert c.shards == 4 and c.shard_count == 4
+    assert c.supervisor.shards == 4 and c.shard_count == 4
 
 
 @pytest.mark.parametrize(
@@ -414,8 +430,8 @@ def test_config_error_is_a_shardq_error() -> None:
 
 def test_environment_read_at_call_time_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TCP_PORT", "7555")
-    assert load_config().tcp_port == 7555  # os.environ, read now
-    assert load_config(env={}).tcp_port == 6789  # an explicit env replaces os.environ
+    assert load_config().tcp.tcp_port == 7555  # os.environ, read now
+    assert load_config(env={}).tcp.tcp_port == 6789  # an explicit env replaces os.environ
 
 
 def test_example_config_documents_every_key_at_its_default() -> None:
@@ -430,12 +446,12 @@ def test_example_config_documents_every_key_at_its_default() -> None:
 
 def test_dev_config_loads() -> None:
     c = load_config(CONFIGS / "dev.toml", env={})
-    assert c.shard_count == 2 and c.log_format == "console"
+    assert c.shard_count == 2 and c.process.log_format == "console"
 
 
 def test_http_settings_from_bunqueue_names() -> None:
     c = load_config(env={"HTTP_PORT": "0", "METRICS_AUTH": "true", "METRICS_MAX_QUEUES": "5"})
-    assert (c.http_port, c.metrics_auth, c.metrics_max_queues) == (0, True, 5)
+    assert (c.http.http_port, c.http.metrics_auth, c.http.metrics_max_queues) == (0, True, 5)
 
 
 @pytest.mark.parametrize(("var", "raw"), [("METRICS_AUTH", "maybe"), ("HTTP_PORT", "70000")])
@@ -452,12 +468,16 @@ def test_webhook_settings_from_bunqueue_names() -> None:
         "SHARDQ_WEBHOOK_MAX_PENDING": "7",
     }
     c = load_config(env=env)
-    assert (c.webhook_allow_private, c.webhook_max_retries, c.webhook_retry_delay_ms) == (
+    assert (
+        c.webhooks.webhook_allow_private,
+        c.webhooks.webhook_max_retries,
+        c.webhooks.webhook_retry_delay_ms,
+    ) == (
         True,
         5,
         250,
     )
-    assert c.webhook_max_pending == 7
+    assert c.webhooks.webhook_max_pending == 7
     for var, raw in [("WEBHOOK_MAX_RETRIES", "0"), ("WEBHOOK_ALLOW_PRIVATE", "perhaps")]:
         with pytest.raises(ConfigError, match=var):
             load_config(env={var: raw})
@@ -465,7 +485,7 @@ def test_webhook_settings_from_bunqueue_names() -> None:
 
 def test_webhook_allow_networks_are_checked_and_normalized() -> None:
     c = load_config(env={"SHARDQ_WEBHOOK_ALLOW_NETWORKS": " 10.20.1.7/16 , 127.0.0.1 "})
-    assert c.webhook_allow_networks == ("10.20.0.0/16", "127.0.0.1/32")
+    assert c.webhooks.webhook_allow_networks == ("10.20.0.0/16", "127.0.0.1/32")
     with pytest.raises(ConfigError, match="is not a network"):
         load_config(env={"SHARDQ_WEBHOOK_ALLOW_NETWORKS": "10.0.0.0/33"})
     with pytest.raises(ConfigError, match="webhook_max_pending_bytes"):

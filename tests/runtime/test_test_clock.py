@@ -41,7 +41,7 @@ def test_the_offset_is_read_on_every_call_and_anchors_job_time(tmp_path: Path) -
 def test_a_bad_clock_file_stops_a_child_with_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "clock"
     path.write_text("two hours")
-    spec = ChildSpec(role="writer", run_dir=str(tmp_path), data_path="x.db", shards=1,
-                     test_clock_file=str(path))  # fmt: skip
+    spec = ChildSpec.of(role="writer", run_dir=str(tmp_path), data_path="x.db", shards=1,
+                        test_clock_file=str(path))  # fmt: skip
     with pytest.raises(SpecError, match="must hold a number of seconds, got 'two hours'"):
         parse_spec_args(["--spec", spec.to_json()])

@@ -240,7 +240,7 @@ class WriterProcess:
     """A writer child plus the sockets of its supervisor and shards, all in this test."""
 
     def __init__(self, run_dir: Path, data_path: Path, **spec: Any) -> None:
-        self.spec = ChildSpec(
+        self.spec = ChildSpec.of(
             role="writer", run_dir=str(run_dir), data_path=str(data_path), **{"shards": 2, **spec}
         )
         self.log_path = run_dir / "writer.log"
@@ -374,7 +374,7 @@ def test_the_default_count_starts_a_flush_early_and_a_durable_batch_at_once(
 ) -> None:
     # An interval that never ends: only the count (ServerConfig's default) or a durable batch
     # can start a flush.
-    count = ServerConfig().flush_max_mutations
+    count = ServerConfig().writer.flush_max_mutations
     w = writer_process(flush_interval_ms=60_000, flush_max_mutations=count)
     w.ready()
     puts = [put(n) for n in range(1, count + 1)]
@@ -567,8 +567,6 @@ def run_writer_with(spec: ChildSpec, store: Any, shard: Callable[[ShardEnd], Non
     return code
 
 
-
-
 def test_disk_full_fails_durable_batches_keeps_them_and_recovers(short_tmp: Path) -> None:
     store = Store.open(short_tmp / "db" / "q.db")
     flaky = FlakyStore(store, StorageFull("applying a batch: database or disk is full"))
@@ -597,7 +595,7 @@ def test_disk_full_fails_durable_batches_keeps_them_and_recovers(short_tmp: Path
 
 def test_real_sqlite_full_is_reported_and_unflushed_data_fails_the_exit(short_tmp: Path) -> None:
     store = Store.open(short_tmp / "db" / "q.db", max_bytes=256 * 1024)
-    spec = ChildSpec(
+    spec = ChildSpec.of(
         role="writer",
         run_dir=str(short_tmp),
         data_path=str(store.path),

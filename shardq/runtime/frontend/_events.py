@@ -24,6 +24,7 @@ import structlog
 from msgpack import packb  # type: ignore[import-untyped]
 
 from shardq.core._options import validate_queue_name as check_queue_name
+from shardq.runtime._sections import EventSettings
 from shardq.runtime._spec import ChildSpec
 
 __all__ = ["EventHub", "EventLimits", "EventSink"]
@@ -49,20 +50,24 @@ class EventSink(Protocol):
         """Queue one event frame; False when it was dropped (the peer is not reading)."""
 
 
+_EVENTS = EventSettings()  # the defaults, declared once in `_sections.py`
+
+
 @dataclass(frozen=True, slots=True)
 class EventLimits:
-    """The events settings of `ServerConfig` (see there); defaults are its own."""
+    """The front end's events settings under its own names; `EventSettings` documents each
+    and holds its default."""
 
-    ring_size: int = 10_000
-    ring_data_bytes: int = 1024
-    buffer_bytes: int = 1 << 20
+    ring_size: int = _EVENTS.events_ring_size
+    ring_data_bytes: int = _EVENTS.events_ring_data_bytes
+    buffer_bytes: int = _EVENTS.events_subscriber_buffer_bytes
 
     @classmethod
     def from_spec(cls, spec: ChildSpec) -> EventLimits:
         return cls(
-            spec.events_ring_size,
-            spec.events_ring_data_bytes,
-            spec.events_subscriber_buffer_bytes,
+            spec.events.events_ring_size,
+            spec.events.events_ring_data_bytes,
+            spec.events.events_subscriber_buffer_bytes,
         )
 
 

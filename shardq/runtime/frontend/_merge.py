@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from shardq.protocol._prepacked import IDS_KEY
+from shardq.runtime._sections import FrontendSettings
 
 __all__ = [
     "BATCH_ARRAYS",
@@ -28,7 +29,8 @@ __all__ = [
 
 Reply = dict[str, Any]
 
-DEFAULT_CACHE_SIZE: Final = 100_000  # ServerConfig.job_cache_size (see there): ~200 bytes an id
+# `job_cache_size`'s default (`FrontendSettings` documents it): about 200 bytes an id.
+DEFAULT_CACHE_SIZE: Final = FrontendSettings().job_cache_size
 
 
 class JobCache:

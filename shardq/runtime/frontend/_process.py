@@ -73,28 +73,30 @@ class Frontend:
             on_down=self._link_down,
             on_up=self._link_up,
             on_blocked=self._shards_blocked,
-            max_frame=spec.link_max_frame_bytes,
+            max_frame=spec.links.link_max_frame_bytes,
         )
         self.dispatcher = Dispatcher(
             spec.shards,
             self._links.send,
             loop,
-            spec.auth_tokens,
-            rate_window_s=spec.stats_rate_window_s,
-            link_max_frame_bytes=spec.link_max_frame_bytes,
-            max_parked_per_connection=spec.max_parked_per_connection,
-            max_parked=spec.max_parked,
-            auth_max_failures=spec.auth_max_failures,
+            spec.tcp.auth_tokens,
+            rate_window_s=spec.frontend.stats_rate_window_s,
+            link_max_frame_bytes=spec.links.link_max_frame_bytes,
+            max_parked_per_connection=spec.frontend.max_parked_per_connection,
+            max_parked=spec.frontend.max_parked,
+            auth_max_failures=spec.tcp.auth_max_failures,
             auth_throttle=AuthThrottle(
-                spec.auth_max_failures,
-                spec.auth_failure_window_ms / 1000,
-                spec.auth_failure_delay_ms / 1000,
-                spec.auth_failure_max_delay_ms / 1000,
+                spec.tcp.auth_max_failures,
+                spec.tcp.auth_failure_window_ms / 1000,
+                spec.tcp.auth_failure_delay_ms / 1000,
+                spec.tcp.auth_failure_max_delay_ms / 1000,
             ),
             internal_token=spec.internal_token,
-            unanswered_command=spec.test_unanswered_command,
-            cache_size=spec.job_cache_size,
-            webhook_rules=SsrfRules.of(spec.webhook_allow_private, spec.webhook_allow_networks),
+            unanswered_command=spec.frontend.test_unanswered_command,
+            cache_size=spec.frontend.job_cache_size,
+            webhook_rules=SsrfRules.of(
+                spec.webhooks.webhook_allow_private, spec.webhooks.webhook_allow_networks
+            ),
             events=EventLimits.from_spec(spec),
         )
         self.dispatcher.add_handlers(MonitoringCommands(self.dispatcher, spec).handlers)
@@ -103,7 +105,7 @@ class Frontend:
         # asyncio accepts up to a whole backlog of connections before any reaches the gateway,
         # so one burst's worth of descriptors is kept free too, and the burst kept to a quarter
         # of what the limit leaves: at the cap an accept never fails for want of a descriptor.
-        room = descriptor_limit() - spec.reserved_fds
+        room = descriptor_limit() - spec.tcp.reserved_fds
         self._backlog = min(_TCP_BACKLOG, max(16, room // 4))
         limits = TcpLimits.from_spec(spec)
         limits = replace(limits, reserved_fds=limits.reserved_fds + self._backlog)
@@ -124,18 +126,18 @@ class Frontend:
         self._inbox.bind(spec.endpoint("front"))
         await self._links.connect_all()
         self._server = await self.loop.create_server(
-            self.tcp.factory, spec.host, spec.tcp_port, reuse_address=True, backlog=self._backlog,
-            ssl=_server_tls(spec),
+            self.tcp.factory, spec.tcp.host, spec.tcp.tcp_port, reuse_address=True,
+            backlog=self._backlog, ssl=_server_tls(spec),
         )  # fmt: skip
         tcp_port = self._server.sockets[0].getsockname()[1]
         _server_curve(self.zmq.router, spec)
-        zmq_port = self.zmq.bind(spec.host, spec.zmq_port)
+        zmq_port = self.zmq.bind(spec.tcp.host, spec.tcp.zmq_port)
         self._tasks = [
             self.loop.create_task(self._read_supervisor()),
             self.loop.create_task(self.zmq.run()),
         ]
         self.loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
-        host = f"[{spec.host}]" if ":" in spec.host else spec.host
+        host = f"[{spec.tcp.host}]" if ":" in spec.tcp.host else spec.tcp.host
         return {"tcp": f"{host}:{tcp_port}", "zmq": f"tcp://{host}:{zmq_port}"}
 
     async def wait(self) -> None:
@@ -188,7 +190,7 @@ class Frontend:
             self._tasks.append(self.loop.create_task(self._drain()))
 
     async def _drain(self) -> None:
-        timeout = self.spec.shutdown_timeout_ms / 1000
+        timeout = self.spec.process.shutdown_timeout_ms / 1000
         _log.info("front end draining", connections=len(self.tcp.connections))
         if self._server is not None:
             self._server.close()
@@ -223,11 +225,11 @@ class Frontend:
 
 def _server_tls(spec: ChildSpec) -> ssl.SSLContext | None:
     """The TLS context of the TCP port, or None for plain TCP (the config checked the pair)."""
-    if not (spec.tls_cert_file and spec.tls_key_file):
+    if not (spec.tcp.tls_cert_file and spec.tcp.tls_key_file):
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(spec.tls_cert_file, spec.tls_key_file)
+    context.load_cert_chain(spec.tcp.tls_cert_file, spec.tcp.tls_key_file)
     return context
 
 
@@ -237,9 +239,9 @@ def _server_curve(router: zmq.Socket[Any], spec: ChildSpec) -> None:
     Any client key is accepted (no ZAP handler): CURVE here encrypts and authenticates the
     server; clients still prove themselves with `Auth` tokens.
     """
-    if not spec.zmq_curve_secret_file:
+    if not spec.tcp.zmq_curve_secret_file:
         return
-    secret = read_curve_secret(spec.zmq_curve_secret_file)
+    secret = read_curve_secret(spec.tcp.zmq_curve_secret_file)
     router.curve_secretkey = secret
     router.curve_server = True
     _log.info("zeromq curve on", public_key=zmq.curve_public(secret).decode())
@@ -258,7 +260,7 @@ async def serve(spec: ChildSpec) -> int:
         frontend.sup.ready(addresses=addresses)
         _log.info(
             "front end ready",
-            spin_us=spec.spin_us,
+            spin_us=spec.process.spin_us,
             max_connections=frontend.tcp.max_connections,
             **addresses,
         )
@@ -275,10 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         print(e, file=sys.stderr)
         return 2
-    configure("frontend", spec.log_format, spec.log_level)
+    configure("frontend", spec.process.log_format, spec.process.log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if spec.spin_us == 0:
+    if spec.process.spin_us == 0:
         return asyncio.run(serve(spec))
-    selector = SpinningSelector(spec.spin_us / 1e6)
+    selector = SpinningSelector(spec.process.spin_us / 1e6)
     with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selector)) as runner:
         return runner.run(serve(spec))

@@ -40,6 +40,7 @@ import structlog
 from shardq.protocol import DecodedFrame, FrameDecoder, encode_js
 from shardq.protocol._prepacked import JS_NUMBERS, WIRE_KEY, prepacked_frame
 from shardq.runtime._ports import connection_cap
+from shardq.runtime._sections import TcpSettings
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._limits import LogLimiter, RateWindow, rate_refusal
@@ -54,38 +55,42 @@ _PAUSED_BY_IN_FLIGHT: Final = 4
 _log = structlog.get_logger()
 
 
+_TCP = TcpSettings()  # the defaults, declared once in `_sections.py`
+
+
 @dataclass(frozen=True, slots=True)
 class TcpLimits:
-    """The bounds of the TCP side; `ServerConfig` documents each (defaults are its own)."""
+    """The bounds of the TCP side, under the names the gateway uses; `TcpSettings` documents
+    each and holds its default."""
 
-    max_frame_bytes: int = 64 * 1024 * 1024
-    stall_timeout_ms: int = 60_000  # tcp_idle_timeout_ms: a partial frame, from its first byte
-    idle_close_ms: int = 0
-    max_connections: int = 10_000
-    max_in_flight: int = 1_000
-    max_write_backlog: int = 64 * 1024 * 1024
-    unauthenticated_max_frame_bytes: int = 64 * 1024
-    rate_window_ms: int = 0
-    rate_max_requests: int = 10_000
-    handshake_timeout_ms: int = 10_000
-    reserved_fds: int = 64
-    zmq_handshake_timeout_ms: int = 10_000
+    max_frame_bytes: int = _TCP.max_frame_bytes
+    stall_timeout_ms: int = _TCP.tcp_idle_timeout_ms  # a partial frame, from its first byte
+    idle_close_ms: int = _TCP.tcp_idle_close_ms
+    max_connections: int = _TCP.max_connections
+    max_in_flight: int = _TCP.max_in_flight_per_connection
+    max_write_backlog: int = _TCP.tcp_max_write_backlog_bytes
+    unauthenticated_max_frame_bytes: int = _TCP.unauthenticated_max_frame_bytes
+    rate_window_ms: int = _TCP.rate_limit_window_ms
+    rate_max_requests: int = _TCP.rate_limit_max_requests
+    handshake_timeout_ms: int = _TCP.tcp_handshake_timeout_ms
+    reserved_fds: int = _TCP.reserved_fds
+    zmq_handshake_timeout_ms: int = _TCP.zmq_handshake_timeout_ms
 
     @classmethod
     def from_spec(cls, spec: ChildSpec) -> TcpLimits:
         return cls(
-            max_frame_bytes=spec.max_frame_bytes,
-            stall_timeout_ms=spec.tcp_idle_timeout_ms,
-            idle_close_ms=spec.tcp_idle_close_ms,
-            max_connections=spec.max_connections,
-            max_in_flight=spec.max_in_flight_per_connection,
-            max_write_backlog=spec.tcp_max_write_backlog_bytes,
-            unauthenticated_max_frame_bytes=spec.unauthenticated_max_frame_bytes,
-            rate_window_ms=spec.rate_limit_window_ms,
-            rate_max_requests=spec.rate_limit_max_requests,
-            handshake_timeout_ms=spec.tcp_handshake_timeout_ms,
-            reserved_fds=spec.reserved_fds,
-            zmq_handshake_timeout_ms=spec.zmq_handshake_timeout_ms,
+            max_frame_bytes=spec.tcp.max_frame_bytes,
+            stall_timeout_ms=spec.tcp.tcp_idle_timeout_ms,
+            idle_close_ms=spec.tcp.tcp_idle_close_ms,
+            max_connections=spec.tcp.max_connections,
+            max_in_flight=spec.tcp.max_in_flight_per_connection,
+            max_write_backlog=spec.tcp.tcp_max_write_backlog_bytes,
+            unauthenticated_max_frame_bytes=spec.tcp.unauthenticated_max_frame_bytes,
+            rate_window_ms=spec.tcp.rate_limit_window_ms,
+            rate_max_requests=spec.tcp.rate_limit_max_requests,
+            handshake_timeout_ms=spec.tcp.tcp_handshake_timeout_ms,
+            reserved_fds=spec.tcp.reserved_fds,
+            zmq_handshake_timeout_ms=spec.tcp.zmq_handshake_timeout_ms,
         )
 
 

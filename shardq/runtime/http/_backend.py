@@ -49,12 +49,12 @@ _WILDCARDS: Final = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 def frontend_url(spec: ChildSpec) -> str:
     """The front end's TCP address as a client on this machine reaches it."""
-    host = _WILDCARDS.get(spec.host, spec.host)
-    scheme = "tls" if spec.tls_cert_file else "tcp"
+    host = _WILDCARDS.get(spec.tcp.host, spec.tcp.host)
+    scheme = "tls" if spec.tcp.tls_cert_file else "tcp"
     return (
-        f"{scheme}://[{host}]:{spec.tcp_port}"
+        f"{scheme}://[{host}]:{spec.tcp.tcp_port}"
         if ":" in host
-        else f"{scheme}://{host}:{spec.tcp_port}"
+        else f"{scheme}://{host}:{spec.tcp.tcp_port}"
     )
 
 
@@ -78,7 +78,7 @@ class Backend:
         self._spec = spec
         self._internal = internal
         # A command's own wait (PULL's or WaitJob's `timeout`) comes on top of this.
-        self.timeout_s = spec.http_backend_timeout_ms / 1000
+        self.timeout_s = spec.http.http_backend_timeout_ms / 1000
         self._quick = self._open()
         self._slow = self._open()  # long-polls
         self._closing: set[asyncio.Task[None]] = set()
@@ -86,10 +86,10 @@ class Backend:
 
     def _open(self) -> _Link:
         spec = self._spec
-        token = spec.auth_tokens[0] if spec.auth_tokens else None
+        token = spec.tcp.auth_tokens[0] if spec.tcp.auth_tokens else None
         if self._internal and spec.internal_token:
             token = spec.internal_token
-        tls = loopback_client_context(spec.tls_cert_file) if spec.tls_cert_file else None
+        tls = loopback_client_context(spec.tcp.tls_cert_file) if spec.tcp.tls_cert_file else None
         conn = AsyncConnection(
             frontend_url(spec),
             token=token,

@@ -76,15 +76,15 @@ class DeliverySettings:
     @classmethod
     def from_spec(cls, spec: ChildSpec) -> DeliverySettings:
         return cls(
-            max_retries=spec.webhook_max_retries,
-            retry_delay_ms=spec.webhook_retry_delay_ms,
-            timeout_ms=spec.webhook_timeout_ms,
-            max_pending=spec.webhook_max_pending,
-            max_pending_bytes=spec.webhook_max_pending_bytes,
-            concurrency=spec.webhook_concurrency,
-            allow_private=spec.webhook_allow_private,
-            allow_networks=spec.webhook_allow_networks,
-            resolve_file=spec.test_resolve_file,
+            max_retries=spec.webhooks.webhook_max_retries,
+            retry_delay_ms=spec.webhooks.webhook_retry_delay_ms,
+            timeout_ms=spec.webhooks.webhook_timeout_ms,
+            max_pending=spec.webhooks.webhook_max_pending,
+            max_pending_bytes=spec.webhooks.webhook_max_pending_bytes,
+            concurrency=spec.webhooks.webhook_concurrency,
+            allow_private=spec.webhooks.webhook_allow_private,
+            allow_networks=spec.webhooks.webhook_allow_networks,
+            resolve_file=spec.webhooks.test_resolve_file,
         )
 
     @property

@@ -72,11 +72,11 @@ class IpLimiter:
 
 class Edge:
     def __init__(self, spec: ChildSpec) -> None:
-        origins = spec.cors_allow_origin
+        origins = spec.http.cors_allow_origin
         self._any_origin = "*" in origins
         self._origins = frozenset(origins)
-        window = spec.http_rate_limit_window_ms
-        self.limiter = IpLimiter(window, spec.http_rate_limit_max_requests) if window else None
+        window = spec.http.http_rate_limit_window_ms
+        self.limiter = IpLimiter(window, spec.http.http_rate_limit_max_requests) if window else None
 
     def allowed_origin(self, origin: str | None) -> str | None:
         if self._any_origin:

@@ -117,7 +117,7 @@ class Monitor:
             workers=_data(_data(workers, "data"), "stats"),
             storage=storage_facts(self._spec.data_path, self._spec.run_dir),
             processes=process_memory(supervisor),
-            tcp_connections=max(0, established(self._spec.tcp_port) - own),
+            tcp_connections=max(0, established(self._spec.tcp.tcp_port) - own),
         )
         if not snap.reachable:
             snap.error = str(stats.get("error") or "no answer")
@@ -129,7 +129,7 @@ class Monitor:
     async def _per_queue(self, snap: Snapshot) -> None:
         listed = await self._backend.call({"cmd": "ListQueues"})
         names = [q for q in listed.get("queues") or [] if isinstance(q, str)]
-        cap = self._spec.metrics_max_queues
+        cap = self._spec.http.metrics_max_queues
         shown, snap.queues_omitted = names[:cap], max(0, len(names) - cap)
         replies = await self._backend.call_many(
             [{"cmd": "GetJobCounts", "queue": q} for q in shown]

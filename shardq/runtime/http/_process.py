@@ -73,11 +73,11 @@ class _Auth:
     the address's delay (docs/protocol.md §3.2). A missing token is no guess: 401 at once."""
 
     def __init__(self, spec: ChildSpec, backend: Backend) -> None:
-        self._tokens = [t.encode() for t in spec.auth_tokens]
-        self._metrics_auth = spec.metrics_auth
+        self._tokens = [t.encode() for t in spec.tcp.auth_tokens]
+        self._metrics_auth = spec.http.metrics_auth
         self._backend = backend
-        self._window_s = spec.auth_failure_window_ms / 1000
-        self._wait_ms = spec.auth_failure_max_delay_ms
+        self._window_s = spec.tcp.auth_failure_window_ms / 1000
+        self._wait_ms = spec.tcp.auth_failure_max_delay_ms
         self._suspects: OrderedDict[str, float] = OrderedDict()  # address -> until
 
     async def denied(self, request: web.Request) -> web.Response | None:
@@ -143,20 +143,20 @@ class _Server:
         self.backend = backend
         self.monitor = Monitor(spec, backend)
         self.overview = Overview(backend, self.monitor)
-        self.charts = Charts(backend, spec.metrics_max_queues)
+        self.charts = Charts(backend, spec.http.metrics_max_queues)
         # AuthCheck and WebhookSync are served only on an internal link, never on the one
         # clients' commands use; this process opens one, shared by both.
         self.internal = Backend(spec, internal=True)
         self.auth = _Auth(spec, self.internal)
         self.bodies = BodyReader(
-            spec.http_max_body_bytes,
-            spec.http_max_body_bytes_in_flight,
-            spec.http_body_timeout_ms / 1000,
+            spec.http.http_max_body_bytes,
+            spec.http.http_max_body_bytes_in_flight,
+            spec.http.http_body_timeout_ms / 1000,
         )
         self.streams = EventStreams(spec, backend)
         self.monitor.streams_open = self.streams.open
         self.webhooks = WebhookService(spec, self.internal)
-        self.mcp = McpEndpoint(backend, spec.max_frame_bytes)
+        self.mcp = McpEndpoint(backend, spec.tcp.max_frame_bytes)
         self.limits = schema_limits(spec.engine)
 
     @web.middleware
@@ -266,11 +266,11 @@ def build_app(
     if guard is not None:
         middlewares.insert(0, guard.middleware)
     _, server.streams.max_streams = http_caps(
-        spec.http_max_connections, spec.events_max_streams, spec.reserved_fds
+        spec.http.http_max_connections, spec.events.events_max_streams, spec.tcp.reserved_fds
     )
     # Bodies are read by `BodyReader` within http_max_body_bytes; this is aiohttp's own cap
     # for any other read, the same.
-    app = web.Application(middlewares=middlewares, client_max_size=spec.http_max_body_bytes)
+    app = web.Application(middlewares=middlewares, client_max_size=spec.http.http_max_body_bytes)
     app.on_response_prepare.append(edge.add_cors)
     static = resources.files("shardq.runtime.http").joinpath("static")
     app.router.add_get("/health", server.health)
@@ -312,13 +312,13 @@ async def serve(spec: ChildSpec) -> int:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     max_connections, _ = http_caps(
-        spec.http_max_connections, spec.events_max_streams, spec.reserved_fds
+        spec.http.http_max_connections, spec.events.events_max_streams, spec.tcp.reserved_fds
     )
-    guard = ConnectionGuard(max_connections, spec.http_header_timeout_ms / 1000)
+    guard = ConnectionGuard(max_connections, spec.http.http_header_timeout_ms / 1000)
     runner = web.AppRunner(
         build_app(spec, backend, guard),
         access_log=None,
-        keepalive_timeout=spec.http_keepalive_timeout_ms / 1000,
+        keepalive_timeout=spec.http.http_keepalive_timeout_ms / 1000,
     )
     await runner.setup()
     assert runner.server is not None  # set by setup
@@ -326,26 +326,26 @@ async def serve(spec: ChildSpec) -> int:
     tls_site: TlsSite | None = None
     try:
         site: web.BaseSite | TlsSite
-        if spec.tls_cert_file:
-            context = server_context(spec.tls_cert_file, spec.tls_key_file)
+        if spec.tcp.tls_cert_file:
+            context = server_context(spec.tcp.tls_cert_file, spec.tcp.tls_key_file)
             site = tls_site = TlsSite(
-                runner, spec.host, spec.http_port, context,
-                timeout_s=spec.http_header_timeout_ms / 1000, max_pending=max_connections,
+                runner, spec.tcp.host, spec.http.http_port, context,
+                timeout_s=spec.http.http_header_timeout_ms / 1000, max_pending=max_connections,
             )  # fmt: skip
         else:
             site = web.TCPSite(
-                runner, spec.host, spec.http_port, reuse_address=True,
+                runner, spec.tcp.host, spec.http.http_port, reuse_address=True,
                 shutdown_timeout=_STOP_GRACE_S,
             )  # fmt: skip
         try:
             await site.start()
         except OSError as e:
             log.error("http cannot bind", error=str(e))
-            sup.fatal(f"http cannot bind port {spec.http_port}: {e}")
+            sup.fatal(f"http cannot bind port {spec.http.http_port}: {e}")
             return 1
-        sup.ready(addresses={"http": f"{spec.host}:{spec.http_port}"})
+        sup.ready(addresses={"http": f"{spec.tcp.host}:{spec.http.http_port}"})
         log.info(
-            "http ready", host=spec.host, port=spec.http_port, tls=tls_site is not None,
+            "http ready", host=spec.tcp.host, port=spec.http.http_port, tls=tls_site is not None,
             max_connections=max_connections,
         )  # fmt: skip
         await stop.wait()
@@ -367,6 +367,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         print(e, file=sys.stderr)
         return 2
-    configure("http", spec.log_format, spec.log_level)
+    configure("http", spec.process.log_format, spec.process.log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     return asyncio.run(serve(spec))

@@ -129,11 +129,13 @@ class EventStreams:
     def __init__(self, spec: ChildSpec, backend: Backend) -> None:
         self._endpoint = parse_url(frontend_url(spec))
         # A TLS front end's certificate is trusted as the HTTP process's backend trusts it.
-        self._tls = loopback_client_context(spec.tls_cert_file) if spec.tls_cert_file else None
-        self._token = spec.auth_tokens[0] if spec.auth_tokens else None
+        self._tls = (
+            loopback_client_context(spec.tcp.tls_cert_file) if spec.tcp.tls_cert_file else None
+        )
+        self._token = spec.tcp.auth_tokens[0] if spec.tcp.auth_tokens else None
         self._backend = backend
-        self.max_streams = spec.events_max_streams  # lowered to fit the descriptor limit
-        self._max_patterns = spec.ws_max_subscriptions
+        self.max_streams = spec.events.events_max_streams  # lowered to fit the descriptor limit
+        self._max_patterns = spec.http.ws_max_subscriptions
         self.open = {"sse": 0, "ws": 0}
 
     def _subscription(self, queue: str | None, since: int | None) -> AsyncEventStream:

@@ -80,13 +80,15 @@ class _EventStream:
         host_port = frontend_url(spec).removeprefix("tcp://")
         host, _, port = host_port.rpartition(":")
         tls = None
-        if spec.tls_cert_file:  # the front end's own certificate, on this machine
+        if spec.tcp.tls_cert_file:  # the front end's own certificate, on this machine
             tls = ssl.create_default_context()
             tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
         reader, writer = await asyncio.open_connection(host.strip("[]"), int(port), ssl=tls)
         try:
-            if spec.auth_tokens:
-                writer.write(encode({"cmd": "Auth", "token": spec.auth_tokens[0], "reqId": "a"}))
+            if spec.tcp.auth_tokens:
+                writer.write(
+                    encode({"cmd": "Auth", "token": spec.tcp.auth_tokens[0], "reqId": "a"})
+                )
             sub: dict[str, Any] = {"cmd": "SubscribeEvents", "reqId": "s"}
             sub.update({"all": True} if self.queue is None else {"queue": self.queue})
             if self._last_id is not None:
@@ -100,7 +102,7 @@ class _EventStream:
                 await writer.wait_closed()
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        decoder = FrameDecoder(self._spec.max_frame_bytes)
+        decoder = FrameDecoder(self._spec.tcp.max_frame_bytes)
         while True:
             data = await reader.read(_READ_BYTES)
             if not data:
@@ -134,7 +136,7 @@ class WebhookService:
         self._own_backend = backend is None
         self._backend = backend if backend is not None else Backend(spec, internal=True)
         self.deliveries = deliveries or Deliveries(DeliverySettings.from_spec(spec))
-        self._sync_s = spec.webhook_sync_ms / 1000
+        self._sync_s = spec.webhooks.webhook_sync_ms / 1000
         self._sync_task: asyncio.Task[None] | None = None
         self._streams: dict[str | None, asyncio.Task[None]] = {}
         self.hooks: list[dict[str, Any]] = []  # the registry as last synced

@@ -31,6 +31,7 @@ from shardq.core import (
     job_id_of,
 )
 from shardq.protocol import INTERNAL_SERVER_ERROR
+from shardq.runtime._sections import LinkSettings
 from shardq.runtime.links._stream import MAX_FRAME_BYTES
 from shardq.runtime.shard._batches import cut_batches, fits_one_batch
 from shardq.runtime.shard._commands import (
@@ -60,9 +61,9 @@ OwnCommand: TypeAlias = Callable[[str, int, dict[str, Any], int], dict[str, Any]
 STALLED_ERROR: Final = "Storage unavailable: the writer is not keeping up (storage degraded)"
 MAX_SLEEP_MS: Final = 3_600_000  # the longest poll: an idle shard wakes once an hour at most
 TICK_RETRY_MS: Final = 1_000  # after a timer pass raised, wait this long before the next one
-# ServerConfig's `writer_batch_max_bytes` and `writer_batch_max_mutations` (see there).
-BATCH_MAX_BYTES: Final = 4 << 20
-BATCH_MAX_MUTATIONS: Final = 10_000
+# The defaults of `writer_batch_max_bytes` and `writer_batch_max_mutations` (`LinkSettings`).
+BATCH_MAX_BYTES: Final = LinkSettings().writer_batch_max_bytes
+BATCH_MAX_MUTATIONS: Final = LinkSettings().writer_batch_max_mutations
 # Room a `muts` message needs beyond its mutations (its map, kind, shard, seq, flags).
 _MESSAGE_ROOM: Final = 1024
 _COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")

@@ -63,6 +63,8 @@ class ShardProcess:
 
     def __init__(self, spec: ChildSpec) -> None:
         self.spec = spec
+        # The link settings read every turn, bound once (not looked up through the spec).
+        self._links = spec.links
         self.clock = AnchoredClock()
         # Reply batches go out packed by `_front_packer`, PULLB's jobs from the engine's
         # compact snapshots (`shard._wire`); the bytes are those of `_control.pack`.
@@ -71,13 +73,13 @@ class ShardProcess:
         self.core = ShardCore(
             spec.index,
             engine,
-            flow_resend_ms=spec.flow_resend_ms,
-            batch_max_bytes=spec.writer_batch_max_bytes,
-            batch_max_mutations=spec.writer_batch_max_mutations,
+            flow_resend_ms=spec.links.flow_resend_ms,
+            batch_max_bytes=spec.links.writer_batch_max_bytes,
+            batch_max_mutations=spec.links.writer_batch_max_mutations,
         )
         self._memory = MemoryReturner(engine)
         self._stop = False
-        self._spin_s = spec.spin_us / 1e6
+        self._spin_s = spec.process.spin_us / 1e6
         self._ctx = zmq.Context()
         # Requests come from, and replies go to, the front end over this link (`links._stream`);
         # mutations go to, and confirmations come from, the writer over the other
@@ -86,7 +88,7 @@ class ShardProcess:
         # One request can be a whole client frame, so the link takes at least that much.
         self._front = FrontLink(
             spec.link_path(spec.index),
-            max(spec.link_max_frame_bytes, spec.max_frame_bytes + LINK_ENVELOPE_BYTES),
+            max(spec.links.link_max_frame_bytes, spec.tcp.max_frame_bytes + LINK_ENVELOPE_BYTES),
         )
         self._writer = WriterLink(spec.writer_link_path)
         self._writer.connect()
@@ -132,7 +134,7 @@ class ShardProcess:
             queues=queues,
             recovery_mutations=recovered,
             ms=round((time.monotonic() - started) * 1000),
-            spin_us=self.spec.spin_us,
+            spin_us=self.spec.process.spin_us,
         )
         tune_gc()
         # Recovery decoded every page of records it read: hand that heap back before serving.
@@ -177,9 +179,9 @@ class ShardProcess:
         try:
             with Store.open(
                 spec.data_path,
-                synchronous=spec.synchronous,
-                cache_mb=spec.sqlite_cache_mb,
-                mmap_mb=spec.sqlite_mmap_mb,
+                synchronous=spec.writer.synchronous,
+                cache_mb=spec.writer.sqlite_cache_mb,
+                mmap_mb=spec.writer.sqlite_mmap_mb,
             ) as store:
                 return self._load(store, now)
         finally:
@@ -254,7 +256,7 @@ class ShardProcess:
     def _finish(self) -> None:
         """Send the last batch and wait, within the shutdown timeout, for its commit."""
         self._send(self.core.finish_turn(self.clock.now()), block_on_front=False)
-        deadline = time.monotonic() + self.spec.shutdown_timeout_ms / 1000
+        deadline = time.monotonic() + self.spec.process.shutdown_timeout_ms / 1000
         while self.core.awaiting_commit and (left := deadline - time.monotonic()) > 0:
             for msg in self._wait(max(int(left * 1000), 1)):
                 # Only the writer's answers count now: no request is served after the stop.
@@ -342,7 +344,7 @@ class ShardProcess:
         self._link_fds = fds
 
     def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None:
-        limit = self.spec.link_max_frame_bytes
+        limit = self._links.link_max_frame_bytes
         for dest, msg in out:
             if dest == "front":
                 # Blocking is the back-pressure the runtime contract asks for: a front end
@@ -367,12 +369,12 @@ class ShardProcess:
         """Back-pressure with a bound: wait while the writer leaves too much unread, but only
         until it has left it unread for `storage_stall_ms`; past that, the shard serves on
         (refusing durable pushes, `_check_storage`) unless the backlog reaches its hard cap."""
-        bound_s = self.spec.storage_stall_ms / 1000
+        bound_s = self._links.storage_stall_ms / 1000
         writer = self._writer
         while writer.pending > WRITER_BACKLOG_BYTES:
             left = bound_s - writer.stalled_for(time.monotonic())
             if left <= 0:
-                if writer.pending < self.spec.writer_backlog_max_bytes:
+                if writer.pending < self._links.writer_backlog_max_bytes:
                     return
                 left = bound_s  # over the hard cap: memory comes first, wait again
             writer.wait_writable(left)
@@ -388,7 +390,7 @@ class ShardProcess:
 
     def _check_storage(self) -> None:
         stalled_ms = self._writer.stalled_for(time.monotonic()) * 1000
-        stalled = stalled_ms > self.spec.storage_stall_ms
+        stalled = stalled_ms > self._links.storage_stall_ms
         if stalled != self.core.storage_stalled:
             self.core.storage_stalled = stalled
             if stalled:
@@ -414,7 +416,7 @@ class ShardProcess:
     def _send_split(self, msg: dict[str, Any], block: bool) -> None:
         """A reply batch over the link's frame limit goes out in several frames: the front end
         refuses (and drops the link on) a larger one."""
-        frames, refused, unsent = self._front_packer.split(msg, self.spec.link_max_frame_bytes)
+        frames, refused, unsent = self._front_packer.split(msg, self._links.link_max_frame_bytes)
         for conn, rid, size in refused:
             _log.warning("reply too large for the front-end link", conn=conn, rid=rid, size=size)
         for data in frames:
@@ -464,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         print(e, file=sys.stderr)
         return 2
-    configure("shard", spec.log_format, spec.log_level, spec.index)
+    configure("shard", spec.process.log_format, spec.process.log_level, spec.index)
     try:
         shard = ShardProcess(spec)
     except (zmq.ZMQError, OSError, ValueError) as e:

@@ -42,16 +42,16 @@ class StartupError(ShardqError):
 def check_ports(config: ServerConfig) -> None:
     """Raise `StartupError` if the TCP, ZeroMQ or HTTP port (0: off) is taken, shared, or
     cannot be bound."""
-    ports = {"tcp_port": config.tcp_port, "zmq_port": config.zmq_port}
-    if config.http_port:
-        ports["http_port"] = config.http_port
+    ports = {"tcp_port": config.tcp.tcp_port, "zmq_port": config.tcp.zmq_port}
+    if config.http.http_port:
+        ports["http_port"] = config.http.http_port
     seen: dict[int, str] = {}
     for key, port in ports.items():
         if port in seen:
             raise StartupError(f"{seen[port]} and {key} are both {port}; they must differ")
         seen[port] = key
     for key, port in ports.items():
-        _check_port(config.host, port, key)
+        _check_port(config.tcp.host, port, key)
 
 
 def _check_port(host: str, port: int, key: str) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import math
 import os
 import secrets
@@ -28,7 +27,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from shardq._version import __version__
 from shardq.backup import scheduled_backups
 from shardq.runtime._config import ConfigError, ServerConfig, load_config
 from shardq.runtime._logging import configure
+from shardq.runtime._sections import CHILD_SECTIONS
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.supervisor._lock import DataLock
@@ -112,13 +112,13 @@ class Supervisor:
         self._config = config
         self._commands = dict(commands or {})
         self._clock = clock
-        self._data_path = Path(config.data_path).absolute()
+        self._data_path = Path(config.supervisor.data_path).absolute()
         self._writer = _Child("writer")
         self._shards = [_Child("shard", i) for i in range(config.shard_count)]
         self._frontend = _Child("frontend")
         # The HTTP process starts first and stops first: /ready answers 503 while the shards
         # recover, and a load balancer sees the server leave before its clients are cut.
-        self._http = [_Child("http")] if config.http_port else []
+        self._http = [_Child("http")] if config.http.http_port else []
         self._children = [self._writer, *self._shards, self._frontend, *self._http]
         self._stops = 0
         self._serving = False  # "shardq ready" was logged: exits now mean restarts
@@ -210,7 +210,7 @@ class Supervisor:
 
     @property
     def _ready_timeout_s(self) -> float:
-        return self._config.ready_timeout_ms / 1000
+        return self._config.supervisor.ready_timeout_ms / 1000
 
     def _await_ready(self, group: list[_Child]) -> bool:
         while not all(child.ready for child in group):
@@ -233,9 +233,11 @@ class Supervisor:
         addresses = self._frontend.addresses if isinstance(self._frontend.addresses, dict) else {}
         log.info(
             "shardq ready",
-            tcp=str(addresses.get("tcp", _host_port(config.host, config.tcp_port))),
-            zmq=str(addresses.get("zmq", "tcp://" + _host_port(config.host, config.zmq_port))),
-            http=_host_port(config.host, config.http_port) if self._http else "off",
+            tcp=str(addresses.get("tcp", _host_port(config.tcp.host, config.tcp.tcp_port))),
+            zmq=str(
+                addresses.get("zmq", "tcp://" + _host_port(config.tcp.host, config.tcp.zmq_port))
+            ),
+            http=_host_port(config.tcp.host, config.http.http_port) if self._http else "off",
             shards=len(self._shards),
             data_path=str(self._data_path),
             run_dir=str(self._run_dir),
@@ -255,7 +257,7 @@ class Supervisor:
                     log.error(
                         "child neither ready nor progressing in time; killing it",
                         child=child.name,
-                        ready_timeout_ms=self._config.ready_timeout_ms,
+                        ready_timeout_ms=self._config.supervisor.ready_timeout_ms,
                     )
                     child.ready_by = None
                     child.proc.kill()  # its exit schedules the next restart
@@ -284,11 +286,11 @@ class Supervisor:
         now = self._clock()
         while child.restarts and now - child.restarts[0] >= RESTART_WINDOW_S:
             child.restarts.popleft()
-        if len(child.restarts) >= self._config.max_restarts_per_minute:
+        if len(child.restarts) >= self._config.supervisor.max_restarts_per_minute:
             self._failure = (
                 f"{child.name} exited ({how}) after {len(child.restarts)} restarts within "
                 f"{RESTART_WINDOW_S:g} s (max_restarts_per_minute = "
-                f"{self._config.max_restarts_per_minute})"
+                f"{self._config.supervisor.max_restarts_per_minute})"
             )
             return
         delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2 ** len(child.restarts))
@@ -314,7 +316,7 @@ class Supervisor:
             self._spawn(self._writer)
         for child in self._children:
             child.restart_at = child.ready_by = None
-        timeout = self._config.shutdown_timeout_ms / 1000 + STOP_GRACE_S
+        timeout = self._config.process.shutdown_timeout_ms / 1000 + STOP_GRACE_S
         clean = True
         for group in ([self._frontend, *self._http], self._shards, [self._writer]):
             clean = self._stop_group(group, timeout) and clean
@@ -379,21 +381,17 @@ class Supervisor:
 
     def _spec(self, child: _Child) -> ChildSpec:
         c = self._config
-        # Every setting a child needs has the same name in ServerConfig and ChildSpec: copy them
-        # by name, so a new setting needs no line here.
-        shared = {f.name: getattr(c, f.name) for f in fields(ChildSpec) if hasattr(c, f.name)}
-        shared.update(
+        return ChildSpec(
             role=child.role,
             run_dir=str(self._run_dir),
             data_path=str(self._data_path),  # resolved, and `shards` counted, at start
             shards=len(self._shards),
             index=child.index,
-            engine=dict(c.engine),
-            # Only the HTTP process serves HTTP; the other children see port 0.
-            http_port=c.http_port if child.role == "http" else 0,
             internal_token=self._internal_token if child.role in ("frontend", "http") else "",
+            engine=dict(c.engine),
+            # The sections are frozen records: handed over as they are, each key by its section.
+            **{name: getattr(c, name) for name in CHILD_SECTIONS},
         )
-        return ChildSpec(**shared)
 
     def _signal(self, child: _Child, signum: int) -> None:
         if child.proc is not None and child.proc.returncode is None:
@@ -543,10 +541,10 @@ def main(
         log.error("invalid configuration", error=str(e))
         return EXIT_CONFIG
     # Resolved here, once: the children write to the supervisor's stderr, and must agree.
-    config = dataclasses.replace(config, log_format=str(resolve_log_format(config.log_format)))
-    configure("supervisor", config.log_format, config.log_level)
+    config = config.with_keys(log_format=str(resolve_log_format(config.process.log_format)))
+    configure("supervisor", config.process.log_format, config.process.log_level)
     try:
-        backups = scheduled_backups(Path(config.data_path), env)
+        backups = scheduled_backups(Path(config.supervisor.data_path), env)
     except ValueError as e:
         log.error("invalid configuration", error=str(e))
         return EXIT_CONFIG

@@ -82,11 +82,11 @@ class Writer:
         self._store = store
         self._clock = clock
         self._buffer = FlushBuffer(
-            spec.flush_interval_ms / 1000,
-            spec.flush_max_mutations,
-            retry_max_s=spec.storage_retry_max_ms / 1000,
+            spec.writer.flush_interval_ms / 1000,
+            spec.writer.flush_max_mutations,
+            retry_max_s=spec.writer.storage_retry_max_ms / 1000,
             # What a shard may hold unsent for its writer, the writer may hold uncommitted.
-            max_buffered_bytes=spec.writer_backlog_max_bytes,
+            max_buffered_bytes=spec.links.writer_backlog_max_bytes,
         )
         self._links = ShardConnections(spec.writer_link_path)
         self._reading = True
@@ -291,7 +291,7 @@ class Writer:
     # -- shutdown
 
     def _shutdown(self, waker: SignalWaker) -> int:
-        deadline = self._clock() + self._spec.shutdown_timeout_ms / 1000
+        deadline = self._clock() + self._spec.process.shutdown_timeout_ms / 1000
         log.info("writer stopping", waiting_mutations=self._buffer.pending)
         while True:
             self._drain_everything()
@@ -371,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure("writer")
         log.error("writer cannot start", error=str(e))
         return EXIT_USAGE
-    configure("writer", spec.log_format, spec.log_level)
+    configure("writer", spec.process.log_format, spec.process.log_level)
     # Before anything slow: a SIGTERM during the migration must not kill us mid-way.
     with SignalWaker(_STOP_SIGNALS) as waker:
         ctx: Context = zmq.Context()
@@ -387,10 +387,10 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
     try:
         store = Store.open(
             spec.data_path,
-            synchronous=spec.synchronous,
-            max_bytes=spec.max_db_bytes or None,
-            cache_mb=spec.sqlite_cache_mb,
-            mmap_mb=spec.sqlite_mmap_mb,
+            synchronous=spec.writer.synchronous,
+            max_bytes=spec.writer.max_db_bytes or None,
+            cache_mb=spec.writer.sqlite_cache_mb,
+            mmap_mb=spec.writer.sqlite_mmap_mb,
         )
     except StorageError as e:
         log.error("cannot open the database", path=spec.data_path, error=str(e))
@@ -409,7 +409,7 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
                 "writer ready",
                 data_path=str(store.path),
                 schema_version=store.schema_version,
-                synchronous=spec.synchronous,
+                synchronous=spec.writer.synchronous,
                 **file_sizes(store.path),
             )
             link.ready()

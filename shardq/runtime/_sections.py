@@ -1,0 +1,330 @@
+"""The sections of `ServerConfig`, one per role, each key's default declared here and only here.
+
+Users write flat keys (`tcp_port`, `SHARDQ_WEBHOOK_SYNC_MS`, `--http-port`); each key belongs
+to exactly one section, found by its name (`KEY_SECTION`), so the nesting is internal and every
+config file, variable and flag keeps its meaning. `ServerConfig` holds every section; a child's
+`ChildSpec` is its role, index and paths plus the sections (`CHILD_SECTIONS`), which travel to
+it as JSON and come back as the same frozen records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = [
+    "CHILD_SECTIONS",
+    "KEY_SECTION",
+    "SECTIONS",
+    "EventSettings",
+    "FrontendSettings",
+    "HttpSettings",
+    "LinkSettings",
+    "ProcessSettings",
+    "SupervisorSettings",
+    "TcpSettings",
+    "WebhookSettings",
+    "WriterSettings",
+    "section_from_json",
+    "sections_from_keys",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorSettings:
+    """What the supervisor alone reads: where the data lives, how many shards, how it
+    restarts children."""
+
+    data_path: str = "./data/shardq.db"
+    shards: int | str = "auto"  # "auto" = one shard per CPU (`shard_count`)
+    # A file of tokens, one a line: keeps tokens out of argv, the environment and the config.
+    auth_token_file: str = ""  # "" = none
+    # A child that dies more often than this in 60 s is not going to heal by restarting.
+    max_restarts_per_minute: int = 5
+    # A starting child is killed once it has gone this long without reporting ready or
+    # progress. A shard recovering a large database reports progress every second, so the
+    # bound is on a stall, not on the size of the backlog: 30 s is what a start took at most
+    # (the old fixed ready timeout) and far above a second between progress reports.
+    ready_timeout_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSettings:
+    """What every child process reads: logging, the stop drain, spinning, the test clock."""
+
+    shutdown_timeout_ms: int = 30_000  # bunqueue's SHUTDOWN_TIMEOUT_MS: the active-job drain
+    log_format: str = "auto"
+    log_level: str = "info"
+    # How long the front end and the shards busy-poll after their last message before they
+    # sleep (microseconds; 0 = never spin). Spinning trades CPU for latency: one request in
+    # flight skips the wake-ups of idle processes (`_spin.py`, BENCHMARKS.md section 4).
+    spin_us: int = 0
+    # Test-only: a file whose number (seconds) every server process adds to the wall clock,
+    # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
+    test_clock_file: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TcpSettings:
+    """The client ports of the front end (TCP and ZeroMQ): addresses, authentication, TLS,
+    CURVE and every per-connection bound. The HTTP process reads the address, tokens and
+    TLS to reach the front end, and the Auth failure bounds, which it shares."""
+
+    # Loopback unless configured otherwise: a queue server open to the network is a choice.
+    host: str = "127.0.0.1"
+    tcp_port: int = 6789  # bunqueue's TCP port, so its SDKs connect without configuration
+    zmq_port: int = 6788
+    auth_tokens: tuple[str, ...] = ()  # empty: every connection starts authenticated
+    # Both or neither (checked in load_config): TLS on the TCP port, bunqueue's names.
+    tls_cert_file: str = ""  # "" = plain TCP
+    tls_key_file: str = ""
+    # ZeroMQ CURVE: a file holding the server's Z85 secret key ("" = plain ZeroMQ). Clients
+    # then need the matching public key (`shardq zmq-keygen` prints both halves' files).
+    zmq_curve_secret_file: str = ""
+    max_frame_bytes: int = 64 * 1024 * 1024  # bunqueue's frame cap (docs/protocol.md §2.5)
+    tcp_idle_timeout_ms: int = 60_000  # bunqueue's slowloris bound; 0 turns it off
+    # bunqueue has no connection cap; 10,000 leaves room under a typical 65,536 fd limit. At the
+    # cap (or the lower one RLIMIT_NOFILE allows, see reserved_fds) a new connection evicts the
+    # oldest that has not sent a whole frame yet, else it is closed.
+    max_connections: int = 10_000
+    # Requests a TCP connection may have in flight before it is read no further: ten times
+    # the deepest pipeline of the benchmarks (100), so no pipelining client ever meets it.
+    max_in_flight_per_connection: int = 1_000
+    # bunqueue's TCP_MAX_WRITE_QUEUE_BYTES: replies a client does not read, before it is cut.
+    tcp_max_write_backlog_bytes: int = 64 * 1024 * 1024
+    # A connection with no partial frame and nothing in flight that sends nothing for this
+    # long is closed. Off (0) as in bunqueue, which never closes an idle connection.
+    tcp_idle_close_ms: int = 0
+    # Before Auth (with tokens set) a frame may be this large: Auth needs a few bytes, and an
+    # unauthenticated peer must not make the server buffer 64 MiB.
+    unauthenticated_max_frame_bytes: int = 64 * 1024
+    # Failed Auth attempts on one connection before it is closed (bunqueue never closes).
+    auth_max_failures: int = 3
+    # bunqueue's per-connection rate limiter (RATE_LIMIT_*). bunqueue's default (10,000 per
+    # 60 s, 166 commands/s) would cap every pipelining client, so shardq ships it off (0).
+    rate_limit_window_ms: int = 0
+    rate_limit_max_requests: int = 10_000
+    # Descriptors each serving process keeps free of client connections, so that it can still
+    # accept a probe, answer /health or open a link at its connection cap: a port's cap is
+    # the smaller of its own and RLIMIT_NOFILE minus this.
+    reserved_fds: int = 64
+    # A new TCP connection must send a whole first frame (with auth_tokens set: succeed at
+    # Auth) within this long, or it is closed: a silent peer holds a descriptor no longer.
+    tcp_handshake_timeout_ms: int = 10_000
+    # ZeroMQ's own handshake bound (ZMQ_HANDSHAKE_IVL): a peer that connects and never
+    # completes ZMTP (and CURVE) is dropped by libzmq after this long.
+    zmq_handshake_timeout_ms: int = 10_000
+    # Failed Auth attempts, per source address over TCP, ZeroMQ and HTTP together: past
+    # auth_max_failures within auth_failure_window_ms, every later attempt from the address
+    # waits auth_failure_delay_ms, doubling with each failure up to the max.
+    auth_failure_window_ms: int = 60_000
+    auth_failure_delay_ms: int = 250
+    auth_failure_max_delay_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendSettings:
+    """The front end's own tables: the job locator, parked long-polls, stats."""
+
+    # Stats' pushPerSec/pullPerSec average the last this many whole seconds: long enough to
+    # smooth a bursty producer, short enough that a stalled one shows within seconds.
+    stats_rate_window_s: int = 5
+    # Which shard holds a job, for commands that carry only its id (GetJob, ACK by id ...).
+    # A miss asks every shard, so the cap trades memory (about 200 bytes an id) for fan-out on
+    # ids older than the last this many pushed or pulled; 100,000 covers every lease a
+    # worker fleet holds at once many times over.
+    job_cache_size: int = 100_000
+    # Long-polls (PULL/PULLB with a timeout, WaitJob) parked per connection and per server;
+    # past either, the request is answered at once as if nothing were ready. A parked
+    # request costs about 1 KB across the front end and a shard.
+    max_parked_per_connection: int = 1_000
+    max_parked: int = 10_000
+    # Test-only: a command name the front end swallows without an answer ("" = off); how
+    # the tests make a request go unanswered.
+    test_unanswered_command: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EventSettings:
+    """Job events (docs/protocol.md §18): the front end keeps the most recent events, with
+    their ids, so a subscriber can resume (SSE Last-Event-ID, SubscribeEvents `since`); the
+    HTTP port streams them."""
+
+    # bunqueue keeps 10,000 per queue (maxQueueEvents); one event is a few hundred bytes.
+    events_ring_size: int = 10_000
+    # An event's `data` (a result, a failed job's payload) larger than this is left out of
+    # the ring's copy (`truncated: true`): live subscribers get it whole, a replay does not,
+    # and the ring stays within about events_ring_size * this.
+    events_ring_data_bytes: int = 1024
+    # Bytes a subscriber may leave unread before events to it are dropped and counted: a slow
+    # subscriber loses events, it never grows the server's memory nor slows a push.
+    events_subscriber_buffer_bytes: int = 1024 * 1024
+    # SSE and WebSocket streams the HTTP port keeps open at once, of each kind (bunqueue's
+    # MAX_SSE_CLIENTS and MAX_WS_CLIENTS); each is one subscription to the front end.
+    events_max_streams: int = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSettings:
+    """The internal links: front end <-> shards and shards -> writer."""
+
+    # A shard whose writer has not read its link for this long reports storage degraded and
+    # refuses durable pushes at once instead of blocking every client of the shard with it.
+    storage_stall_ms: int = 5_000
+    # Bytes a shard may hold unsent for a writer that does not read. Below it the shard waits
+    # at most `storage_stall_ms` (then refuses durable pushes and serves on); at it the
+    # shard waits for the writer whatever the time: its memory stays bounded.
+    writer_backlog_max_bytes: int = 256 << 20
+    # A shard's mutations go to the writer in batches of at most this many bytes and this many
+    # mutations (one larger mutation goes alone): a burst never builds a batch the writer's
+    # frame limit (256 MiB) must refuse, and one batch never holds the writer for long.
+    writer_batch_max_bytes: int = 4 << 20
+    writer_batch_max_mutations: int = 10_000
+    # A notice a child's shard owes a parent on another shard is sent again after this long
+    # without an acknowledgement: long enough for a restarting shard to come back without a
+    # storm of resends, short enough that a flow is not held up noticeably by one loss.
+    flow_resend_ms: int = 1_000
+    # A reply batch is cut into link frames of at most this; a reply bigger than it alone is
+    # refused ("Reply too large"): a bunqueue client refuses a frame over 64 MiB anyway.
+    link_max_frame_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSettings:
+    """The writer's commits and SQLite (the shards open the same file to recover)."""
+
+    # The window a buffered push can be lost in, and the latency a durable push pays for group
+    # commit: 10 ms keeps both small while still sharing one commit among many pushes.
+    flush_interval_ms: int = 10
+    # Starts a flush before the interval is up once this many mutations wait. It decides only
+    # how early a flush starts, never how late (that is the interval, and a durable push or a
+    # sync flushes at once whatever the count). At 100 a job's lease and its completion landed
+    # in separate flushes, each with its own UPDATE; at 500 they mostly share one, and
+    # push->pull->ack costs the writer about a quarter less CPU (BENCHMARKS.md section 2).
+    flush_max_mutations: int = 500
+    synchronous: str = "normal"  # WAL + NORMAL survives any process crash; "full" power loss too
+    # The longest wait between two attempts of a failing commit, and so how long service
+    # takes to resume once disk space is freed; one attempt on a full disk is one cheap
+    # failed transaction.
+    storage_retry_max_ms: int = 1_000
+    # Cap on the database file (bytes); past it writes fail as on a full disk. 0: no cap, the
+    # disk is the limit.
+    max_db_bytes: int = 0
+    # SQLite's page cache and memory-mapped read window per connection, in MB. Both count in
+    # the writer's resident memory; shardq's writes append in id order and it reads little,
+    # so small values cost nothing measurable (BENCHMARKS.md section 5). bunqueue: 64 and 256.
+    sqlite_cache_mb: int = 16
+    sqlite_mmap_mb: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    """The HTTP process: its port, metrics, CORS, rate limit and per-connection bounds."""
+
+    # bunqueue's HTTP port: /health, /ready, /prometheus, the REST API and the dashboard,
+    # served by their own process (docs/http.md). 0 turns the HTTP port off.
+    http_port: int = 6790
+    # bunqueue's METRICS_AUTH: /prometheus then wants a bearer token like the REST routes.
+    metrics_auth: bool = False
+    # bunqueue's METRICS_MAX_QUEUES: per-queue series beyond this many queues would make every
+    # scrape and the Prometheus server pay for queues nobody graphs; the rest are counted.
+    metrics_max_queues: int = 100
+    # bunqueue's CORS_ALLOW_ORIGIN: the origins whose pages may read the HTTP port's answers.
+    # "*" (any), bunqueue's default: the API wants a bearer token anyway, not a cookie.
+    cors_allow_origin: tuple[str, ...] = ("*",)
+    # bunqueue's per-IP limit on the HTTP port (its RATE_LIMIT_* variables set these too):
+    # on, with bunqueue's 10,000 requests per 60 s, since one IP is usually one dashboard or
+    # script, not a pipelining client. A window of 0 turns it off.
+    http_rate_limit_window_ms: int = 60_000
+    http_rate_limit_max_requests: int = 10_000
+    # HTTP: a connection's request headers (HTTPS: its first byte and TLS handshake, each)
+    # must arrive within this long; an idle keep-alive connection is closed after the other.
+    http_header_timeout_ms: int = 10_000
+    http_keepalive_timeout_ms: int = 15_000
+    # A request body must arrive within this long of its headers.
+    http_body_timeout_ms: int = 30_000
+    # HTTP connections open at once; at the cap a new one evicts the oldest that has no
+    # request in progress, or is closed when every one is busy.
+    http_max_connections: int = 1_000
+    # One REST body (413 past it, checked while it is read), and the bytes of every body
+    # being read at once (503 past it): six 60 MB bodies never become 360 MB buffered.
+    http_max_body_bytes: int = 16 * 1024 * 1024
+    http_max_body_bytes_in_flight: int = 64 * 1024 * 1024
+    # How long the HTTP process waits for the front end's reply (on top of a long-poll's own
+    # wait); a link that let a request go unanswered is replaced, so no slot leaks.
+    http_backend_timeout_ms: int = 10_000
+    # Subscription patterns one WebSocket may hold (each at most 64 bytes).
+    ws_max_subscriptions: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookSettings:
+    """Webhooks (docs/protocol.md, "Webhooks"): delivered by the HTTP process; the front end
+    checks a registration's address against the same networks."""
+
+    # Off by default: a client could otherwise point the server at its own network (SSRF).
+    webhook_allow_private: bool = False
+    # bunqueue's WEBHOOK_MAX_RETRIES and WEBHOOK_RETRY_DELAY_MS: attempts per delivery in all,
+    # and the first retry's delay (each later retry waits twice the one before).
+    webhook_max_retries: int = 3
+    webhook_retry_delay_ms: int = 1_000
+    webhook_timeout_ms: int = 10_000  # bunqueue's fixed per-request timeout
+    # Deliveries waiting (for a free sender or a retry) past which new ones are dropped and
+    # counted: a receiver that is down must cost bounded memory, never the queues' speed.
+    webhook_max_pending: int = 10_000
+    webhook_concurrency: int = 16  # requests in flight at once, over all receivers
+    # How often the HTTP process reads the registry and reports outcomes: a change takes
+    # effect for deliveries within this long.
+    webhook_sync_ms: int = 500
+    # Non-public networks (CIDRs) webhooks may reach even without webhook_allow_private: a
+    # receiver on the operator's own network, and nothing else of it.
+    webhook_allow_networks: tuple[str, ...] = ()
+    # Bytes of request bodies the pending deliveries may hold at most (with
+    # webhook_max_pending): large results to a receiver that is down cost bounded memory.
+    # Past it the oldest pending delivery is dropped, counted and logged.
+    webhook_max_pending_bytes: int = 64 << 20
+    # Test-only: a JSON file {"host": "address"} the HTTP process's webhook deliveries resolve
+    # names with, re-read at each lookup ("" = off, the system's resolver; docs/protocol.md,
+    # "Webhooks"). Lets a test change a name's answer between deliveries (DNS rebinding).
+    test_resolve_file: str = ""
+
+
+# Section name (the attribute of `ServerConfig` and `ChildSpec`) -> its record.
+SECTIONS: dict[str, type[Any]] = {
+    "supervisor": SupervisorSettings,
+    "process": ProcessSettings,
+    "tcp": TcpSettings,
+    "frontend": FrontendSettings,
+    "events": EventSettings,
+    "links": LinkSettings,
+    "writer": WriterSettings,
+    "http": HttpSettings,
+    "webhooks": WebhookSettings,
+}
+# The sections a child is handed: all but the supervisor's own.
+CHILD_SECTIONS = tuple(name for name in SECTIONS if name != "supervisor")
+# A user's flat key -> the section that holds it (a key is in exactly one; a test checks).
+KEY_SECTION: dict[str, str] = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}
+
+
+def sections_from_keys(
+    values: Mapping[str, Any], names: tuple[str, ...] = tuple(SECTIONS)
+) -> dict[str, Any]:
+    """The sections `names`, built from flat keys; a key absent keeps its section's default.
+
+    Raises KeyError for a key that no section in `names` holds.
+    """
+    grouped: dict[str, dict[str, Any]] = {name: {} for name in names}
+    for key, value in values.items():
+        section = KEY_SECTION.get(key)
+        if section not in grouped:
+            raise KeyError(key)
+        grouped[section][key] = value
+    return {name: SECTIONS[name](**kwargs) for name, kwargs in grouped.items()}
+
+
+def section_from_json(name: str, raw: Mapping[str, Any]) -> Any:
+    """A section back from its JSON object: JSON has no tuple, so lists become tuples again
+    (every sequence a section holds is a tuple). Raises TypeError for an unknown key."""
+    return SECTIONS[name](**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
