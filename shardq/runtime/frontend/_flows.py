@@ -5,6 +5,10 @@
   answers once what the notice changed is committed, and only then is the child's shard told
   `{"t": "flowack", "keys": [...]}`: it forgets the notice. Anything lost on the way (a shard
   restarting, this process restarting) is sent again by the child's shard.
+- **UpdateParent** (bunqueue-client 0.1.5's legacy flow) links a child to a parent that must
+  exist on some shard: the front end asks every shard for the parent's state first, and
+  refuses `Parent job not found: X` as bunqueue does, rather than leave a child reporting to
+  no one.
 - **PUSHF over several shards**, in two phases. Each shard gets its part as one PUSHF with
   `_hold`: it admits all of its nodes or none, and keeps them from delivery. If every part
   is admitted, each shard gets a `FlowRelease` and the flow starts; if one is refused, the
@@ -18,8 +22,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from shardq.core import FLOW_NOTIFY, FLOW_RELEASE
-from shardq.core._graph import graph_error
+from shardq.core._graph import flow_reference_error, graph_error
 from shardq.runtime._routing import shard_of
+from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE
 
 if TYPE_CHECKING:
     from shardq.runtime.frontend._dispatch import Client, Dispatcher, Reply
@@ -40,6 +45,7 @@ class FlowRoutes:
         self.handlers = {
             "PUSHF": self.pushf,
             "RemoveUnprocessedChildren": self.remove_unprocessed,
+            "UpdateParent": self.update_parent,
         }
 
     # -- notices ---------------------------------------------------------------------------
@@ -95,7 +101,8 @@ class FlowRoutes:
         frame["_conn"] = client.conn
         error = _whole_graph_error(frame.get("jobs"))
         if error:
-            # Checked on the whole graph here: a shard sees only its part of a cycle.
+            # Checked on the whole graph here: a shard sees only its part of a cycle, and
+            # of the links that leave the graph (`flow_reference_error`).
             d.answer(client, req, {"ok": False, "error": error})
             return
         parts = _split(frame.get("jobs"), d.shards)
@@ -109,6 +116,27 @@ class FlowRoutes:
     def _one_shard(self, client: Client, req: object, shard: int, reply: Reply) -> None:
         self._d.learn("PUSHF", shard, reply)
         self._d.answer(client, req, reply)
+
+    # -- UpdateParent ---------------------------------------------------------------------
+
+    def update_parent(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        """Forwarded to the child's shard once some shard shows the parent."""
+        d = self._d
+        parent = frame.get("parentId")
+        if not isinstance(parent, str) or not parent:
+            d._to_shard(client, req, "UpdateParent", frame)  # the engine words it
+            return
+
+        def found(shard: int | None, reply: Reply) -> None:
+            if shard is not None:
+                d._to_shard(client, req, "UpdateParent", frame)
+            elif str(reply.get("error", "")).startswith(SHARD_UNAVAILABLE):
+                d.answer(client, req, reply)  # a restarting shard may hold it: not a "no"
+            else:
+                d.answer(client, req, {"ok": False, "error": f"Parent job not found: {parent}"})
+
+        probe = {"cmd": "GetState", "id": parent, "_conn": _INTERNAL_CONN}
+        d._ask_all_first(_INTERNAL_CONN, "GetState", probe, found)
 
     # -- RemoveUnprocessedChildren --------------------------------------------------------
 
@@ -238,7 +266,9 @@ def _whole_graph_error(entries: object) -> str | None:
         and isinstance(e.get("id"), str)
         and isinstance(e.get("input"), Mapping)
     ]
-    return graph_error(nodes)
+    if len(nodes) < len(entries):
+        return graph_error(nodes)  # a malformed node: the shard names it
+    return graph_error(nodes) or flow_reference_error(nodes)
 
 
 def _split(entries: object, shards: int) -> dict[int, list[Any]] | None:
