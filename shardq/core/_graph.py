@@ -76,9 +76,9 @@ def flow_reference_error(nodes: Iterable[tuple[str, Mapping[str, Any]]]) -> str 
     parents = {job_id: fields.get("parentId") for job_id, fields in listed}
     for job_id, fields in listed:
         parent = parents[job_id]
-        if isinstance(parent, str | int) and not isinstance(parent, bool):
-            if str(parent) not in parents:
-                return f"flow parent not found: {parent}"
+        named = isinstance(parent, str | int) and not isinstance(parent, bool)
+        if named and str(parent) not in parents:
+            return f"flow parent not found: {parent}"
         children = fields.get("childrenIds")
         for child in children if isinstance(children, list | tuple) else ():
             if str(child) not in parents:
