@@ -111,3 +111,25 @@ def test_update_parent_refuses_a_parent_no_shard_holds(tcp: Tcp) -> None:
     poll_until(released, 20, "the parent released by its child on the other shard")
     values = tcp.call({"cmd": "GetChildrenValues", "id": parent["id"]})
     assert values["data"]["values"] == {child["id"]: 7}
+
+
+def test_remove_unprocessed_children_ends_the_wait_for_children_that_never_existed(
+    tcp: Tcp,
+) -> None:
+    # PUSH with childrenIds is not checked (docs/protocol.md §20.5): the parent waits for
+    # them, one on its own shard's side of the id space and one anywhere.
+    parent = tcp.call({
+        "cmd": "PUSH", "queue": _queue_on(0, "rp"), "data": {},
+        "childrenIds": ["never-1", "never-2"],
+    })  # fmt: skip
+    assert parent["ok"] is True, parent
+    assert tcp.call({"cmd": "GetState", "id": parent["id"]}).get("state") == "waiting-children"
+    reply = tcp.call({"cmd": "RemoveUnprocessedChildren", "id": parent["id"]})
+    assert reply == {"ok": True}
+
+    def released() -> bool:
+        return tcp.call({"cmd": "GetState", "id": parent["id"]}).get("state") == "waiting"
+
+    poll_until(released, 20, "the parent released from children that never existed")
+    job = tcp.call({"cmd": "GetJob", "id": parent["id"]})["job"]
+    assert not job.get("flowPending"), job

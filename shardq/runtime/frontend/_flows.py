@@ -190,8 +190,14 @@ class _Cascade:
             self._d._ask_all_first(_INTERNAL_CONN, "Cancel", cancel, answered)
 
     def _cancelled(self, child: str, found: int | None, reply: Reply) -> None:
-        if found is None or not reply.get("ok"):
-            self._one_done({"ok": True})  # running, finished or gone: it reports by itself
+        error = str(reply.get("error", ""))
+        # No shard holds it, and none was restarting: a child that never existed, so the
+        # parent stops waiting for it, or it would wait for ever. (A child removed once
+        # finished is not found either: its notice, still in flight, then counts only if it
+        # arrives first; docs/protocol.md §20.5.)
+        missing = found is None and not error.startswith(SHARD_UNAVAILABLE)
+        if not missing and (found is None or not reply.get("ok")):
+            self._one_done({"ok": True})  # running, finished, or its shard restarting
             return
         notice = {"parent": self._parent, "child": child, "kind": "failed", "policy": "remove"}
         cmd = {"cmd": FLOW_NOTIFY, "items": [notice], "_conn": _INTERNAL_CONN}
