@@ -133,3 +133,29 @@ def test_remove_unprocessed_children_ends_the_wait_for_children_that_never_exist
     poll_until(released, 20, "the parent released from children that never existed")
     job = tcp.call({"cmd": "GetJob", "id": parent["id"]})["job"]
     assert not job.get("flowPending"), job
+
+
+def test_a_child_naming_its_parents_queue_needs_the_parent_there(tcp: Tcp) -> None:
+    child_q, parent_q = _queue_on(1, "kc"), _queue_on(0, "kp")
+    missing = {"ok": False, "error": "Parent job not found: gone"}
+    by_option = {"cmd": "PUSH", "queue": child_q, "data": {}, "parentId": "gone",
+                 "parentQueue": parent_q}  # fmt: skip
+    assert tcp.call(by_option) == missing
+    by_data = {"cmd": "PUSH", "queue": child_q, "parentId": "gone",
+               "data": {"__parentId": "gone", "__parentQueue": parent_q}}  # fmt: skip
+    assert tcp.call(by_data) == missing
+    entries = [{"data": {}}, {"data": {}, "parentId": "gone", "parentQueue": parent_q}]
+    assert tcp.call({"cmd": "PUSHB", "queue": child_q, "jobs": entries}) == missing
+    assert tcp.call({"cmd": "Count", "queue": child_q})["count"] == 0  # nothing admitted
+    # Not checked: a bare forward reference, and bunqueue-client 0.1.5's placeholder.
+    bare = tcp.call({"cmd": "PUSH", "queue": child_q, "data": {}, "parentId": "later"})
+    assert bare["ok"] is True, bare
+    pending = {"cmd": "PUSH", "queue": child_q, "parentId": "pending",
+               "data": {"__parentId": "pending", "__parentQueue": parent_q}}  # fmt: skip
+    assert tcp.call(pending)["ok"] is True
+    # The parent in place, on the other shard: admitted, and the batch too.
+    parent = tcp.call({"cmd": "PUSH", "queue": parent_q, "data": {}, "jobId": "gone"})
+    assert parent["ok"] is True, parent
+    assert tcp.call(by_option)["ok"] is True
+    assert tcp.call({"cmd": "PUSHB", "queue": child_q, "jobs": entries})["ok"] is True
+    assert tcp.call({"cmd": "Count", "queue": child_q})["count"] == 5

@@ -5,10 +5,12 @@
   answers once what the notice changed is committed, and only then is the child's shard told
   `{"t": "flowack", "keys": [...]}`: it forgets the notice. Anything lost on the way (a shard
   restarting, this process restarting) is sent again by the child's shard.
-- **UpdateParent** (bunqueue-client 0.1.5's legacy flow) links a child to a parent that must
-  exist on some shard: the front end asks every shard for the parent's state first, and
-  refuses `Parent job not found: X` as bunqueue does, rather than leave a child reporting to
-  no one.
+- **Parents that must exist.** `UpdateParent` (bunqueue-client 0.1.5's legacy flow) links a
+  child to a parent some shard must hold: the front end asks every shard for the parent's
+  state first. A PUSH or PUSHB entry naming its parent's queue (`parentQueue`, or
+  `data.__parentQueue`) asks that queue's shard. Either is refused `Parent job not found: X`,
+  as bunqueue does, rather than leave a child reporting to no one. A bare `parentId`, or
+  bunqueue-client's placeholder "pending", is not checked (a forward reference).
 - **PUSHF over several shards**, in two phases. Each shard gets its part as one PUSHF with
   `_hold`: it admits all of its nodes or none, and keeps them from delivery. If every part
   is admitted, each shard gets a `FlowRelease` and the flow starts; if one is refused, the
@@ -22,9 +24,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from shardq.core import FLOW_NOTIFY, FLOW_RELEASE
+from shardq.core._flows import PENDING_PARENT
 from shardq.core._graph import flow_reference_error, graph_error
 from shardq.runtime._routing import shard_of
-from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE
+from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE, is_found
 
 if TYPE_CHECKING:
     from shardq.runtime.frontend._dispatch import Client, Dispatcher, Reply
@@ -138,6 +141,15 @@ class FlowRoutes:
         probe = {"cmd": "GetState", "id": parent, "_conn": _INTERNAL_CONN}
         d._ask_all_first(_INTERNAL_CONN, "GetState", probe, found)
 
+    def check_parents(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> bool:
+        """False when the PUSH or PUSHB names no parent to check (it goes on at once); else
+        True: it is refused, or sent on once every parent it names is found."""
+        links = _parent_links(name, frame)
+        if not links:
+            return False
+        _ParentCheck(self._d, client, req, name, frame, links).start()
+        return True
+
     # -- RemoveUnprocessedChildren --------------------------------------------------------
 
     def remove_unprocessed(self, client: Client, req: object, frame: dict[str, Any]) -> None:
@@ -161,6 +173,70 @@ class FlowRoutes:
             d._ask(owner, client.conn, frame, partial(done, owner))
         else:
             d._ask_all_first(client.conn, "RemoveUnprocessedChildren", frame, done)
+
+
+class _ParentCheck:
+    """Asks each named parent's shard for its state; refuses at the first one not found."""
+
+    def __init__(
+        self,
+        d: Dispatcher,
+        client: Client,
+        req: object,
+        name: str,
+        frame: dict[str, Any],
+        links: dict[str, str],
+    ) -> None:
+        self._d, self._client, self._req = d, client, req
+        self._name, self._frame, self._links = name, frame, links
+        self._left = len(links)
+        self._done = False
+
+    def start(self) -> None:
+        d = self._d
+        for parent, queue in self._links.items():
+            probe = {"cmd": "GetState", "id": parent, "_conn": _INTERNAL_CONN}
+            d._ask(shard_of(queue, d.shards), _INTERNAL_CONN, probe, partial(self._got, parent))
+
+    def _got(self, parent: str, reply: Reply) -> None:
+        if self._done:
+            return
+        if not is_found("GetState", reply):
+            self._done = True
+            unavailable = str(reply.get("error", "")).startswith(SHARD_UNAVAILABLE)
+            missing = {"ok": False, "error": f"Parent job not found: {parent}"}
+            self._d.answer(self._client, self._req, reply if unavailable else missing)
+            return
+        self._left -= 1
+        if self._left == 0:
+            self._done = True
+            self._d._to_shard(self._client, self._req, self._name, self._frame, checked=True)
+
+
+def _parent_links(name: str, frame: Mapping[str, Any]) -> dict[str, str]:
+    """The parents a PUSH or PUSHB names with their queue (as the engine routes the child's
+    notices, `shardq.core._flows.parent_queue_of`): {parent id: its queue}."""
+    if name == "PUSH":
+        entries: list[Any] | tuple[Any, ...] = (frame,)
+    else:
+        jobs = frame.get("jobs")
+        entries = jobs if isinstance(jobs, list) else ()
+    links: dict[str, str] = {}
+    for entry in entries:
+        # A dict, not any Mapping: decoded frames are dicts, and an ABC check per entry of
+        # every PUSHB would cost more than the rest of this loop.
+        if not isinstance(entry, dict) or "parentId" not in entry:
+            continue
+        parent = entry["parentId"]
+        if not isinstance(parent, str) or not parent or parent == PENDING_PARENT:
+            continue
+        queue = entry.get("parentQueue")
+        data = entry.get("data")
+        if not isinstance(queue, str) and isinstance(data, dict):
+            queue = data.get("__parentQueue")
+        if isinstance(queue, str) and queue:
+            links.setdefault(parent, queue)
+    return links
 
 
 class _Cascade:
