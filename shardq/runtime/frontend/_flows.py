@@ -133,7 +133,7 @@ class FlowRoutes:
         def found(shard: int | None, reply: Reply) -> None:
             if shard is not None:
                 d._to_shard(client, req, "UpdateParent", frame)
-            elif str(reply.get("error", "")).startswith(SHARD_UNAVAILABLE):
+            elif _unavailable(reply):
                 d.answer(client, req, reply)  # a restarting shard may hold it: not a "no"
             else:
                 d.answer(client, req, {"ok": False, "error": f"Parent job not found: {parent}"})
@@ -203,9 +203,8 @@ class _ParentCheck:
             return
         if not is_found("GetState", reply):
             self._done = True
-            unavailable = str(reply.get("error", "")).startswith(SHARD_UNAVAILABLE)
             missing = {"ok": False, "error": f"Parent job not found: {parent}"}
-            self._d.answer(self._client, self._req, reply if unavailable else missing)
+            self._d.answer(self._client, self._req, reply if _unavailable(reply) else missing)
             return
         self._left -= 1
         if self._left == 0:
@@ -266,15 +265,26 @@ class _Cascade:
             self._d._ask_all_first(_INTERNAL_CONN, "Cancel", cancel, answered)
 
     def _cancelled(self, child: str, found: int | None, reply: Reply) -> None:
-        error = str(reply.get("error", ""))
+        if found is not None and reply.get("ok"):
+            self._remove(child)
+        elif found is None and not _unavailable(reply):
+            # Cancel's "not found" also means "not cancellable" (running): ask for its state.
+            probe = {"cmd": "GetState", "id": child, "_conn": _INTERNAL_CONN}
+            self._d._ask_all_first(_INTERNAL_CONN, "GetState", probe, partial(self._probed, child))
+        else:
+            self._one_done({"ok": True})  # running, finished, or its shard restarting
+
+    def _probed(self, child: str, found: int | None, reply: Reply) -> None:
         # No shard holds it, and none was restarting: a child that never existed, so the
         # parent stops waiting for it, or it would wait for ever. (A child removed once
         # finished is not found either: its notice, still in flight, then counts only if it
         # arrives first; docs/protocol.md §20.5.)
-        missing = found is None and not error.startswith(SHARD_UNAVAILABLE)
-        if not missing and (found is None or not reply.get("ok")):
-            self._one_done({"ok": True})  # running, finished, or its shard restarting
-            return
+        if found is None and not _unavailable(reply):
+            self._remove(child)
+        else:
+            self._one_done({"ok": True})  # it reports by itself
+
+    def _remove(self, child: str) -> None:
         notice = {"parent": self._parent, "child": child, "kind": "failed", "policy": "remove"}
         cmd = {"cmd": FLOW_NOTIFY, "items": [notice], "_conn": _INTERNAL_CONN}
         self._d._ask(self._parent_shard, _INTERNAL_CONN, cmd, self._one_done)
@@ -336,6 +346,10 @@ class _TwoPhase:
         }
         ordered = [jobs[i] for i in self._order if i in jobs]
         d.answer(self._client, self._req, {"ok": True, "data": {"jobs": ordered}})
+
+
+def _unavailable(reply: Reply) -> bool:
+    return str(reply.get("error", "")).startswith(SHARD_UNAVAILABLE)
 
 
 def _whole_graph_error(entries: object) -> str | None:
