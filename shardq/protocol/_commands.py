@@ -300,6 +300,8 @@ COMMANDS: Final[tuple[Command, ...]] = (
     # -- shard to shard, through the front end
     C("FlowNotify", F("ids", "list", item="id"), served="engine", internal=True),
     C("FlowRelease", F("ids", "list", item="id"), served="engine", internal=True),
+    C("FlowHeld", F("ids", "list", item="id"), served="engine", internal=True,
+      doc="which of these ids the shard holds: the front end's look for a parent's children"),
 )  # fmt: skip
 
 

@@ -146,6 +146,13 @@ class ServerConfig:
     # without an acknowledgement: long enough for a restarting shard to come back without a
     # storm of resends, short enough that a flow is not held up noticeably by one loss.
     flow_resend_ms: int = 1_000
+    # A parent still waiting this long after its push is checked once: children it waits for
+    # that no shard holds fail it ("Child job not found"), so it never waits for ever for
+    # jobs that were never pushed. Long enough for children pushed after their parent; 0: off.
+    flow_children_grace_ms: int = 300_000
+    # Parents the front end remembers for that check at once (about 100 bytes each plus
+    # their ids); past it a new parent is not checked, and a warning is logged.
+    flow_children_watch_max: int = 100_000
     # -- recovery (issue 10, section 6)
     # A starting child is killed once it has gone this long without reporting ready or
     # progress. A shard recovering a large database reports progress every second, so the
@@ -327,6 +334,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "writer_batch_max_bytes": _ranged(64 * 1024, 64 << 20),
     "writer_batch_max_mutations": _ranged(1, 1_000_000),
     "flow_resend_ms": _ranged(10, 600_000, ms=True),
+    "flow_children_grace_ms": _ranged(0, 86_400_000, ms=True),
+    "flow_children_watch_max": _ranged(0, 10_000_000),
     # -- recovery: at least a second, so that a child's progress reports can keep it alive.
     "ready_timeout_ms": _ranged(1000, ms=True),
     # -- bounds (issue 10 section 4)

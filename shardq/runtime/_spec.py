@@ -43,6 +43,8 @@ class ChildSpec:
     writer_batch_max_bytes: int = 4 << 20  # ServerConfig's (see there)
     writer_batch_max_mutations: int = 10_000
     flow_resend_ms: int = 1_000  # ServerConfig's (see there)
+    flow_children_grace_ms: int = 300_000  # ServerConfig's (see there)
+    flow_children_watch_max: int = 100_000
     # -- bounds (issue 10 section 4): ServerConfig's, see there
     link_max_frame_bytes: int = 64 * 1024 * 1024
     max_connections: int = 10_000

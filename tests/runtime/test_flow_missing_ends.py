@@ -159,3 +159,42 @@ def test_a_child_naming_its_parents_queue_needs_the_parent_there(tcp: Tcp) -> No
     assert tcp.call(by_option)["ok"] is True
     assert tcp.call({"cmd": "PUSHB", "queue": child_q, "jobs": entries})["ok"] is True
     assert tcp.call({"cmd": "Count", "queue": child_q})["count"] == 5
+
+
+def test_a_parent_waiting_past_the_grace_for_children_never_pushed_fails(tmp_path: Path) -> None:
+    env = {"SHARDQ_FLOW_CHILDREN_GRACE_MS": "1000"}
+    parent_q, child_q = _queue_on(0, "gp"), _queue_on(1, "gc")
+    with ShardqServer(tmp_path / "data", shards=SHARDS, env=env).start() as server:
+        conn = Tcp(server.tcp_address)
+        try:
+            # Children pushed after their parent, within the grace: the parent keeps waiting.
+            late = conn.call({"cmd": "PUSH", "queue": parent_q, "data": {}, "jobId": "late",
+                              "childrenIds": ["late-1"]})  # fmt: skip
+            assert late["ok"] is True, late
+            child = conn.call({"cmd": "PUSH", "queue": child_q, "data": {}, "jobId": "late-1",
+                               "parentId": "late", "parentQueue": parent_q})  # fmt: skip
+            assert child["ok"] is True, child
+            # One child never pushed: the parent fails, naming it.
+            lost = conn.call({"cmd": "PUSHB", "queue": parent_q, "jobs": [
+                {"data": {}}, {"data": {}, "customId": "lost", "childrenIds": ["never-1"]},
+            ]})  # fmt: skip
+            assert lost["ok"] is True, lost
+
+            def failed() -> dict[str, Any] | None:
+                job = conn.call({"cmd": "GetJob", "id": "lost"})["job"]
+                return job if job["state"] == "failed" else None
+
+            job = poll_until(failed, 30, "the parent of a child never pushed to fail")
+            assert job["failedReason"] == "child never-1 failed: Child job not found: never-1"
+            state = conn.call({"cmd": "GetState", "id": "late"})
+            assert state["state"] == "waiting-children", state
+            pulled = conn.call({"cmd": "PULL", "queue": child_q, "timeout": 2000})
+            assert pulled["job"]["id"] == "late-1"
+            assert conn.call({"cmd": "ACK", "id": "late-1", "result": 1})["ok"] is True
+
+            def released() -> bool:
+                return conn.call({"cmd": "GetState", "id": "late"}).get("state") == "waiting"
+
+            poll_until(released, 20, "the parent whose child came late to be released")
+        finally:
+            conn.close()

@@ -194,7 +194,7 @@ class Dispatcher:
         self._local.update(CronRoutes(self).handlers)
         hooks = WebhookRoutes(self, webhook_rules)
         self._local.update(hooks.handlers)
-        self.flows = FlowRoutes(self)
+        self.flows = FlowRoutes(self, loop)
         self._local.update(self.flows.handlers)
         # The worker registry and the legacy Metrics.
         self.bunqueue = BunqueueCommands(
@@ -275,7 +275,7 @@ class Dispatcher:
         if (
             name in _PUSHES
             and not checked
-            and ("parentId" in frame or name == "PUSHB")  # a plain PUSH pays one lookup
+            and ("parentId" in frame or "childrenIds" in frame or name == "PUSHB")
             and self.flows.check_parents(client, req, name, frame)
         ):
             return  # sent on (`checked`) once each parent it names is found

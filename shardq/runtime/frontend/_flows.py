@@ -28,8 +28,11 @@ from shardq.core._flows import PENDING_PARENT
 from shardq.core._graph import flow_reference_error, graph_error
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE, is_found
+from shardq.runtime.frontend._orphans import OrphanWatch
 
 if TYPE_CHECKING:
+    import asyncio
+
     from shardq.runtime.frontend._dispatch import Client, Dispatcher, Reply
 
 __all__ = ["FlowRoutes"]
@@ -43,8 +46,9 @@ def _ignore(_reply: Reply) -> None:
 
 
 class FlowRoutes:
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop) -> None:
         self._d = dispatcher
+        self.orphans = OrphanWatch(dispatcher, loop)
         self.handlers = {
             "PUSHF": self.pushf,
             "RemoveUnprocessedChildren": self.remove_unprocessed,
@@ -142,12 +146,19 @@ class FlowRoutes:
         d._ask_all_first(_INTERNAL_CONN, "GetState", probe, found)
 
     def check_parents(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> bool:
-        """False when the PUSH or PUSHB names no parent to check (it goes on at once); else
-        True: it is refused, or sent on once every parent it names is found."""
+        """False when the PUSH or PUSHB names no parent to check and no children to watch
+        for (it goes on at once); else True: it is refused, or sent on once every parent it
+        names is found, its reply telling `orphans` of the parents it admitted."""
         links = _parent_links(name, frame)
-        if not links:
+        parents = _parent_entries(name, frame) if self.orphans.grace_ms > 0 else []
+        if not links and not parents:
             return False
-        _ParentCheck(self._d, client, req, name, frame, links).start()
+        if parents:
+            client = _Watching(client, self.orphans, name, frame, parents)
+        if links:
+            _ParentCheck(self._d, client, req, name, frame, links).start()
+        else:
+            self._d._to_shard(client, req, name, frame, checked=True)
         return True
 
     # -- RemoveUnprocessedChildren --------------------------------------------------------
@@ -210,6 +221,54 @@ class _ParentCheck:
         if self._left == 0:
             self._done = True
             self._d._to_shard(self._client, self._req, self._name, self._frame, checked=True)
+
+
+class _Watching:
+    """The client of a PUSH or PUSHB that makes parents: its ok reply names them to watch."""
+
+    __slots__ = ("_client", "_frame", "_name", "_orphans", "_parents", "conn")
+
+    def __init__(
+        self,
+        client: Client,
+        orphans: OrphanWatch,
+        name: str,
+        frame: Mapping[str, Any],
+        parents: list[int],
+    ) -> None:
+        self._client, self._orphans = client, orphans
+        self._name, self._frame, self._parents = name, frame, parents
+        self.conn: str = client.conn
+
+    @property
+    def authenticated(self) -> bool:
+        return self._client.authenticated
+
+    @authenticated.setter
+    def authenticated(self, value: bool) -> None:
+        self._client.authenticated = value
+
+    def send(self, reply: Reply) -> None:
+        queue = self._frame.get("queue")
+        if reply.get("ok") is True and isinstance(queue, str):
+            ids = [reply.get("id")] if self._name == "PUSH" else reply.get("ids")
+            for index in self._parents:
+                if isinstance(ids, list) and index < len(ids) and isinstance(ids[index], str):
+                    self._orphans.watch(ids[index], queue)
+        self._client.send(reply)
+
+    def drop(self, reason: str) -> None:
+        self._client.drop(reason)
+
+
+def _parent_entries(name: str, frame: Mapping[str, Any]) -> list[int]:
+    """The entries of a PUSH (index 0) or PUSHB that name children to wait for."""
+    if name == "PUSH":
+        return [0] if frame.get("childrenIds") else []
+    jobs = frame.get("jobs")
+    if not isinstance(jobs, list):
+        return []
+    return [i for i, e in enumerate(jobs) if isinstance(e, dict) and e.get("childrenIds")]
 
 
 def _parent_links(name: str, frame: Mapping[str, Any]) -> dict[str, str]:
