@@ -9,6 +9,7 @@ own test is tests/compat/test_compat_flows.py.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -196,5 +197,27 @@ def test_a_parent_waiting_past_the_grace_for_children_never_pushed_fails(tmp_pat
                 return conn.call({"cmd": "GetState", "id": "late"}).get("state") == "waiting"
 
             poll_until(released, 20, "the parent whose child came late to be released")
+        finally:
+            conn.close()
+
+
+def test_the_watch_is_capped_by_flow_children_watch_max(tmp_path: Path) -> None:
+    env = {"SHARDQ_FLOW_CHILDREN_GRACE_MS": "1000", "SHARDQ_FLOW_CHILDREN_WATCH_MAX": "1"}
+    queue = _queue_on(0, "cap")
+    with ShardqServer(tmp_path / "data", shards=SHARDS, env=env).start() as server:
+        conn = Tcp(server.tcp_address)
+        try:
+            for parent in ("first", "second"):  # the second comes while the first is watched
+                pushed = conn.call({"cmd": "PUSH", "queue": queue, "data": {}, "jobId": parent,
+                                    "childrenIds": [f"{parent}-never"]})  # fmt: skip
+                assert pushed["ok"] is True, pushed
+
+            def state(job_id: str) -> str:
+                return str(conn.call({"cmd": "GetState", "id": job_id}).get("state"))
+
+            poll_until(lambda: state("first") == "failed", 30, "the watched parent to fail")
+            assert server.wait_for_log("flow parents not watched: flow_children_watch_max reached")
+            time.sleep(1.5)  # past the second's grace, had it been watched
+            assert state("second") == "waiting-children"
         finally:
             conn.close()

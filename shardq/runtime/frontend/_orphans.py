@@ -10,8 +10,8 @@ refused at its push. Instead the front end remembers each admitted parent (`watc
 2. every shard answers `FlowHeld` for the children the parent still waits for (`flowPending`),
    one request per shard;
 3. each child that no shard holds (or saw complete) is sent to the parent as a failed child
-   with `failParentOnFailure`'s effect: the parent fails, to its DLQ, with `failedReason`
-   `child X failed: Child job not found: X`.
+   with `failParentOnFailure`'s effect (the first 5,000 of them): the parent fails, to its
+   DLQ, with `failedReason` `child X failed: Child job not found: X`.
 
 If a shard could not answer (restarting), the parent is looked at again one grace later. What
 is remembered is bounded by `flow_children_watch_max` parents (their ids and queue); past it
@@ -41,6 +41,9 @@ __all__ = ["OrphanWatch"]
 _log = structlog.get_logger()
 _CONN: Final = "flows"  # the front end's own requests (as `_flows`)
 _PER_TICK: Final = 100  # parents looked at per timer turn: a burst is spread over turns
+# Ids per FlowHeld request, and failure notices per parent: well inside the schema's list
+# limit (10,000 by default), whatever the number of children a parent waits for.
+_CHUNK: Final = 5_000
 
 
 def _unavailable(reply: Reply) -> bool:
@@ -119,10 +122,12 @@ class _Look:
         self._pending = [c for c in listed if isinstance(c, str)]
         if not self._pending:
             return
-        self._left = self._d.shards
+        chunks = [self._pending[i : i + _CHUNK] for i in range(0, len(self._pending), _CHUNK)]
+        self._left = self._d.shards * len(chunks)
         for shard in range(self._d.shards):
-            cmd = {"cmd": FLOW_HELD, "ids": self._pending, "_conn": _CONN}
-            self._d._ask(shard, _CONN, cmd, self._got_held)
+            for chunk in chunks:
+                cmd = {"cmd": FLOW_HELD, "ids": chunk, "_conn": _CONN}
+                self._d._ask(shard, _CONN, cmd, self._got_held)
 
     def _got_held(self, reply: Reply) -> None:
         held = reply.get("held")
@@ -142,7 +147,7 @@ class _Look:
         items = [
             {"parent": self._parent, "child": c, "kind": "failed", "policy": "fail",
              "reason": f"Child job not found: {c}"}
-            for c in missing
+            for c in missing[:_CHUNK]  # the first fails the parent; the rest are a record
         ]  # fmt: skip
         _log.info("flow parent failed: children never pushed", parent=self._parent,
                   missing=len(missing))  # fmt: skip
