@@ -149,8 +149,9 @@ class FlowRoutes:
         """False when the PUSH or PUSHB names no parent to check and no children to watch
         for (it goes on at once); else True: it is refused, or sent on once every parent it
         names is found, its reply telling `orphans` of the parents it admitted."""
-        links = _parent_links(name, frame)
-        parents = _parent_entries(name, frame) if self.orphans.grace_ms > 0 else []
+        links, parents = _flow_refs(name, frame)
+        if self.orphans.grace_ms <= 0:
+            parents = []
         if not links and not parents:
             return False
         if parents:
@@ -261,29 +262,25 @@ class _Watching:
         self._client.drop(reason)
 
 
-def _parent_entries(name: str, frame: Mapping[str, Any]) -> list[int]:
-    """The entries of a PUSH (index 0) or PUSHB that name children to wait for."""
-    if name == "PUSH":
-        return [0] if frame.get("childrenIds") else []
-    jobs = frame.get("jobs")
-    if not isinstance(jobs, list):
-        return []
-    return [i for i, e in enumerate(jobs) if isinstance(e, dict) and e.get("childrenIds")]
-
-
-def _parent_links(name: str, frame: Mapping[str, Any]) -> dict[str, str]:
-    """The parents a PUSH or PUSHB names with their queue (as the engine routes the child's
-    notices, `shardq.core._flows.parent_queue_of`): {parent id: its queue}."""
+def _flow_refs(name: str, frame: Mapping[str, Any]) -> tuple[dict[str, str], list[int]]:
+    """In one pass over a PUSH or PUSHB: the parents its entries name with their queue ({id:
+    queue}, as the engine routes the child's notices, `shardq.core._flows.parent_queue_of`),
+    and the indices of its entries that name children to wait for (a PUSH is entry 0)."""
     if name == "PUSH":
         entries: list[Any] | tuple[Any, ...] = (frame,)
     else:
         jobs = frame.get("jobs")
         entries = jobs if isinstance(jobs, list) else ()
     links: dict[str, str] = {}
-    for entry in entries:
+    parents: list[int] = []
+    for index, entry in enumerate(entries):
         # A dict, not any Mapping: decoded frames are dicts, and an ABC check per entry of
         # every PUSHB would cost more than the rest of this loop.
-        if not isinstance(entry, dict) or "parentId" not in entry:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("childrenIds"):
+            parents.append(index)
+        if "parentId" not in entry:
             continue
         parent = entry["parentId"]
         if not isinstance(parent, str) or not parent or parent == PENDING_PARENT:
@@ -294,7 +291,7 @@ def _parent_links(name: str, frame: Mapping[str, Any]) -> dict[str, str]:
             queue = data.get("__parentQueue")
         if isinstance(queue, str) and queue:
             links.setdefault(parent, queue)
-    return links
+    return links, parents
 
 
 class _Cascade:
