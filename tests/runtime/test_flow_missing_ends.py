@@ -86,6 +86,11 @@ def test_pushf_refuses_a_child_or_parent_outside_its_graph(tcp: Tcp, across: boo
     assert state.get("state") == "waiting-children", state
 
 
+def test_flow_held_is_internal(tcp: Tcp) -> None:
+    reply = tcp.call({"cmd": "FlowHeld", "ids": ["anything"]})
+    assert reply == {"ok": False, "error": "Unknown command: FlowHeld"}
+
+
 def test_update_parent_refuses_a_parent_no_shard_holds(tcp: Tcp) -> None:
     child_q, parent_q = _queue_on(0, "uc"), _queue_on(1, "up")
     child = tcp.call({"cmd": "PUSH", "queue": child_q, "data": {}, "parentId": "pending"})
