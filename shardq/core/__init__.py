@@ -2,7 +2,7 @@
 
 from ._config import EngineConfig
 from ._engine import COMMANDS, INTERNAL_COMMANDS, Engine
-from ._flows import FLOW_NOTIFY, FLOW_RELEASE
+from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE
 from ._ids import IdFactory
 from ._job import CompactJobs, Job
 from ._lifecycle import STATES, next_state
@@ -11,6 +11,7 @@ from ._query import job_view
 
 __all__ = [
     "COMMANDS",
+    "FLOW_HELD",
     "FLOW_NOTIFY",
     "FLOW_RELEASE",
     "INTERNAL_COMMANDS",

@@ -22,7 +22,7 @@ from shardq.errors import CommandError
 
 from ._control import ControlOps
 from ._cron import CronOps
-from ._flows import FLOW_NOTIFY, FLOW_RELEASE, FlowOps
+from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, FlowOps
 from ._group_ops import GROUP_COMMANDS, GroupOps
 from ._introspect import IntrospectOps
 from ._mutations import Mutation
@@ -116,9 +116,10 @@ COMMANDS: Final[dict[str, str]] = {
     "RemoveUnprocessedChildren": "cmd_remove_unprocessed_children",
     FLOW_NOTIFY: "cmd_flow_notify",
     FLOW_RELEASE: "cmd_flow_release",
+    FLOW_HELD: "cmd_flow_held",
 }
 
-INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE})
+INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE, FLOW_HELD})
 """Commands shards send each other through the front end; a client's are refused."""
 
 

@@ -29,12 +29,15 @@ from ._mutations import Mutation
 from ._produce import ProduceOps
 from ._timers import TimerOps
 
-__all__ = ["FLOW_NOTIFY", "FLOW_RELEASE", "FlowOps", "notice_key"]
+__all__ = ["FLOW_HELD", "FLOW_NOTIFY", "FLOW_RELEASE", "FlowOps", "notice_key"]
 
 FLOW_NOTIFY: Final = "FlowNotify"
 """Internal command: notices for parents this shard holds (never accepted from a client)."""
 FLOW_RELEASE: Final = "FlowRelease"
 """Internal command: the jobs of a PUSHF held until every shard admitted its part."""
+FLOW_HELD: Final = "FlowHeld"
+"""Internal command: which of these ids this shard holds (or saw complete): the front end's
+look for the children a parent still waits for (`shardq.runtime.frontend._orphans`)."""
 
 # A child's parentId before bunqueue-client 0.1.5's UpdateParent links it to the real one.
 PENDING_PARENT: Final = "pending"
@@ -238,6 +241,15 @@ class FlowOps(TimerOps, ProduceOps):
             if isinstance(notice, Mapping) and self.flow_receive(notice, now):
                 applied += 1
         return {"ok": True, "applied": applied}
+
+    def cmd_flow_held(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        ids = cmd.get("ids")
+        held = [
+            i
+            for i in (ids if isinstance(ids, list) else ())
+            if isinstance(i, str) and (i in self.jobs or i in self.dep_done)
+        ]
+        return {"ok": True, "held": held}
 
     def cmd_get_children_values(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         return {"ok": True, "data": {"values": self._flow_field(cmd, "childrenValues")}}

@@ -1,7 +1,9 @@
-"""Checks of a batch's or a flow's dependency graph: self-references and cycles.
+"""Checks of a batch's or a flow's dependency graph: self-references, cycles, missing ends.
 
 A job that waits for itself, or jobs that wait for each other (through `dependsOn` or a flow's
-`parentId`), would stay in `waiting-children` for ever, so the whole command is refused.
+`parentId`), would stay in `waiting-children` for ever, so the whole command is refused. So is
+an atomic flow (PUSHF) whose links leave its graph: a parent waiting for a child that is not
+in it, or a child naming a parent that is not (bunqueue 2.9's words).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["graph_error"]
+__all__ = ["flow_reference_error", "graph_error"]
 
 
 def graph_error(nodes: Iterable[tuple[str, Mapping[str, Any]]]) -> str | None:
@@ -61,4 +63,26 @@ def _cycle(graph: Mapping[str, list[tuple[str, str]]]) -> str | None:
             on_path.add(target)
             path.append(target)
             stack.append(iter(graph[target]))
+    return None
+
+
+def flow_reference_error(nodes: Iterable[tuple[str, Mapping[str, Any]]]) -> str | None:
+    """The first link of a whole PUSHF graph that leaves it, or None: a `childrenIds` entry
+    that is no node of the graph, or a child that does not name that parent back (either
+    would leave the parent waiting for ever), or a `parentId` that is no node (the child's
+    result would reach no one). Only the whole graph can say: a shard's part of it cannot.
+    O(nodes + edges)."""
+    listed = list(nodes)
+    parents = {job_id: fields.get("parentId") for job_id, fields in listed}
+    for job_id, fields in listed:
+        parent = parents[job_id]
+        named = isinstance(parent, str | int) and not isinstance(parent, bool)
+        if named and str(parent) not in parents:
+            return f"flow parent not found: {parent}"
+        children = fields.get("childrenIds")
+        for child in children if isinstance(children, list | tuple) else ():
+            if str(child) not in parents:
+                return f"flow child not found: {child}"
+            if str(parents[str(child)]) != job_id:
+                return f"flow child {child} does not point back to parent {job_id}"
     return None

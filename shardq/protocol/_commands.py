@@ -291,9 +291,17 @@ COMMANDS: Final[tuple[Command, ...]] = (
       doc="the HTTP process's bearer check, counted per address"),
     C("WebhookSync", F("tally", "list", max_len=100_000), served="http", internal=True,
       doc="the HTTP process reads the registry and reports deliveries"),
+    # -- the dashboard's data, answered by the HTTP process itself (REST only)
+    C("DashboardHistory", F("queue", "queue", "one queue; every queue when absent"),
+      F("minutes", "int", "the window, one point per minute (default 60)", lo=1, hi=1440),
+      served="http", doc="per-minute throughput and job times"),
+    C("DashboardSearch", F("q", "key", "a job id, a custom id or part of a job name",
+      required=True), served="http", doc="look a job up"),
     # -- shard to shard, through the front end
     C("FlowNotify", F("ids", "list", item="id"), served="engine", internal=True),
     C("FlowRelease", F("ids", "list", item="id"), served="engine", internal=True),
+    C("FlowHeld", F("ids", "list", item="id"), served="engine", internal=True,
+      doc="which of these ids the shard holds: the front end's look for a parent's children"),
 )  # fmt: skip
 
 
@@ -371,6 +379,8 @@ ROUTES: Final[tuple[RouteSpec, ...]] = tuple(
         ("POST", "/webhooks", "AddWebhook"),
         ("DELETE", "/webhooks/:id", "RemoveWebhook"),
         ("PUT", "/webhooks/:id/enabled", "SetWebhookEnabled"),
+        ("GET", "/dashboard/history", "DashboardHistory"),
+        ("GET", "/dashboard/search", "DashboardSearch"),
     )
 )
 """Every REST route of the HTTP port and the command it sends (docs/http.md)."""

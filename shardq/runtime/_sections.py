@@ -140,6 +140,14 @@ class FrontendSettings:
     # request costs about 1 KB across the front end and a shard.
     max_parked_per_connection: int = 1_000
     max_parked: int = 10_000
+    # A flow parent still waiting this long after its push is checked once: children it
+    # waits for that no shard holds fail it ("Child job not found"), so it never waits for
+    # ever for jobs that were never pushed. Long enough for children pushed after their
+    # parent; 0: off.
+    flow_children_grace_ms: int = 300_000
+    # Parents the front end remembers for that check at once (about 100 bytes each plus
+    # their ids); past it a new parent is not checked, and a warning is logged.
+    flow_children_watch_max: int = 100_000
     # Test-only: a command name the front end swallows without an answer ("" = off); how
     # the tests make a request go unanswered.
     test_unanswered_command: str = ""

@@ -280,6 +280,7 @@ def _rest_body(label: str, field: str, value: Any, wire: Wire) -> bytes:
 def test_every_rest_route(server: ShardqServer, deadline: float) -> None:
     problems: list[str] = []
     sent = 0
+    tried: set[tuple[str, str]] = set()
     for label, value, wire in VALUES:
         for route in ROUTES:
             path = route.path.replace(":q", QUEUE).replace(":id", MISSING)
@@ -295,6 +296,7 @@ def test_every_rest_route(server: ShardqServer, deadline: float) -> None:
                     body = _rest_body(label, field, value, wire)
                     status, reply = _http(server, route.method, path, body)
                 sent += 1
+                tried.add((route.method, route.path))
                 ok = status < 500 or (status == 501 and route.command in ("WaitJob",))
                 problem = None if ok else f"HTTP {status}"
                 if problem is None and isinstance(reply, dict):
@@ -302,7 +304,9 @@ def test_every_rest_route(server: ShardqServer, deadline: float) -> None:
                 if problem:
                     problems.append(f"{route.method} {route.path} {field} = {label}: {problem}")
     print(f"REST: {sent} requests")
-    assert sent >= len(ROUTES)  # at least one value for every route
+    # At least one value for every route, the dashboard's data routes included.
+    assert tried == {(r.method, r.path) for r in ROUTES}
+    assert {("GET", "/dashboard/history"), ("GET", "/dashboard/search")} <= tried
     assert problems == [], f"{len(problems)} bad answers of {sent}:\n" + "\n".join(problems[:40])
 
 
@@ -344,6 +348,7 @@ def test_reads_work_for_every_client_afterwards(server: ShardqServer) -> None:
     for path in (
         "/health", "/ready", "/crons", "/webhooks", f"/jobs/{JOB_ID}", "/stats", "/metrics",
         "/queues/summary", "/dashboard", "/dashboard/queues", f"/dashboard/queues/{QUEUE}",
+        "/dashboard/history?minutes=5", f"/dashboard/search?q={JOB_ID}",
         f"/queues/{QUEUE}/counts", f"/queues/{QUEUE}/dlq",
     ):  # fmt: skip
         status, reply = _http(server, "GET", path)

@@ -131,7 +131,15 @@ def test_history_route_answers_percentiles_and_refuses_bad_minutes(server: Shard
     assert len(points) == 5 and sum(p["pushed"] for p in points) == 4
     assert points[-1]["waitMs"] == {"p50": None, "p99": None}  # nothing completed yet
     bad = get(server.http_url, "/dashboard/history?minutes=lots")
-    assert bad.status == 400 and bad.json["error"] == "minutes must be a whole number"
+    assert bad.status == 400 and bad.json["error"].startswith("Invalid minutes: "), bad.json
+    # The schema's bounds (DashboardHistory): a day at most, and a refusal, not a clamp.
+    for value in ("0", "1441", "2.5", "1e300", "nan"):
+        bad = get(server.http_url, f"/dashboard/history?minutes={value}")
+        assert bad.status == 400 and bad.json["error"].startswith("Invalid minutes: "), value
+    blank = get(server.http_url, "/dashboard/search?q=%20")
+    assert blank.status == 400 and blank.json["error"] == "Invalid q: must not be blank"
+    long = get(server.http_url, "/dashboard/search?q=" + "x" * 5000)
+    assert long.status == 400 and long.json["error"].startswith("Invalid q: "), long.json
 
 
 def test_search_finds_a_job_by_id_custom_id_and_name(server: ShardqServer, page: Page) -> None:

@@ -138,6 +138,8 @@ VALID_TEXT = {
     "writer_batch_max_bytes": "1048576",
     "writer_batch_max_mutations": "2000",
     "flow_resend_ms": "300",
+    "flow_children_grace_ms": "2000",
+    "flow_children_watch_max": "10",
     "ready_timeout_ms": "5000",
     # -- bounds (issue 10 section 4)
     "link_max_frame_bytes": "1048576",
@@ -236,6 +238,8 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         writer_batch_max_bytes = 1048576
         writer_batch_max_mutations = 2000
         flow_resend_ms = 300
+        flow_children_grace_ms = 2000
+        flow_children_watch_max = 10
         ready_timeout_ms = 5000
         link_max_frame_bytes = 1048576
         max_connections = 50
@@ -353,6 +357,9 @@ def test_shards_auto_and_number() -> None:
         ("writer_batch_max_bytes", "134217728"),
         ("writer_batch_max_mutations", "0"),
         ("flow_resend_ms", "9"),
+        ("flow_children_grace_ms", "-1"),
+        ("flow_children_grace_ms", "86400001"),
+        ("flow_children_watch_max", "-1"),
         ("ready_timeout_ms", "999"),
     ],
 )

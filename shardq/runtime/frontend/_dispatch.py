@@ -95,6 +95,7 @@ _ABSENT: Final = object()  # the frame had no reqId: the reply carries none eith
 _ID_FIELDS: Final = {"GetJobByCustomId": "customId", "UpdateParent": "childId"}
 INVALID_COMMAND_NESTING: Final = "Invalid command: nested too deeply"
 _PULLS: Final = frozenset({"PULL", "PULLB"})
+_PUSHES: Final = frozenset({"PUSH", "PUSHB"})  # may name a parent that must exist (_flows)
 # Connections remembered for the cancels pushed to them: the bound of the Auth failure records,
 # for the same reason (a TCP one leaves when it closes; ZeroMQ peers never say goodbye).
 MAX_PULLERS: Final = MAX_AUTH_FAILURE_RECORDS
@@ -193,7 +194,7 @@ class Dispatcher:
         self._local.update(CronRoutes(self).handlers)
         hooks = WebhookRoutes(self, webhook_rules)
         self._local.update(hooks.handlers)
-        self.flows = FlowRoutes(self)
+        self.flows = FlowRoutes(self, loop)
         self._local.update(self.flows.handlers)
         # The worker registry and the legacy Metrics.
         self.bunqueue = BunqueueCommands(
@@ -268,7 +269,16 @@ class Dispatcher:
         else:
             self.answer(client, req, error_reply(unknown_command(name)))
 
-    def _to_shard(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> None:
+    def _to_shard(
+        self, client: Client, req: object, name: str, frame: dict[str, Any], checked: bool = False
+    ) -> None:
+        if (
+            name in _PUSHES
+            and not checked
+            and ("parentId" in frame or "childrenIds" in frame or name == "PUSHB")
+            and self.flows.check_parents(client, req, name, frame)
+        ):
+            return  # sent on (`checked`) once each parent it names is found
         if name in ID_BATCH_COMMANDS:
             # Checked before the front end fans a batch out id by id (the shards check it
             # too): 100,000 unknown ids would be 200,000 lookups before a refusal.

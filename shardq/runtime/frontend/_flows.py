@@ -5,6 +5,12 @@
   answers once what the notice changed is committed, and only then is the child's shard told
   `{"t": "flowack", "keys": [...]}`: it forgets the notice. Anything lost on the way (a shard
   restarting, this process restarting) is sent again by the child's shard.
+- **Parents that must exist.** `UpdateParent` (bunqueue-client 0.1.5's legacy flow) links a
+  child to a parent some shard must hold: the front end asks every shard for the parent's
+  state first. A PUSH or PUSHB entry naming its parent's queue (`parentQueue`, or
+  `data.__parentQueue`) asks that queue's shard. Either is refused `Parent job not found: X`,
+  as bunqueue does, rather than leave a child reporting to no one. A bare `parentId`, or
+  bunqueue-client's placeholder "pending", is not checked (a forward reference).
 - **PUSHF over several shards**, in two phases. Each shard gets its part as one PUSHF with
   `_hold`: it admits all of its nodes or none, and keeps them from delivery. If every part
   is admitted, each shard gets a `FlowRelease` and the flow starts; if one is refused, the
@@ -18,10 +24,15 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from shardq.core import FLOW_NOTIFY, FLOW_RELEASE
-from shardq.core._graph import graph_error
+from shardq.core._flows import PENDING_PARENT
+from shardq.core._graph import flow_reference_error, graph_error
 from shardq.runtime._routing import shard_of
+from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE, is_found
+from shardq.runtime.frontend._orphans import OrphanWatch
 
 if TYPE_CHECKING:
+    import asyncio
+
     from shardq.runtime.frontend._dispatch import Client, Dispatcher, Reply
 
 __all__ = ["FlowRoutes"]
@@ -35,11 +46,13 @@ def _ignore(_reply: Reply) -> None:
 
 
 class FlowRoutes:
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop) -> None:
         self._d = dispatcher
+        self.orphans = OrphanWatch(dispatcher, loop)
         self.handlers = {
             "PUSHF": self.pushf,
             "RemoveUnprocessedChildren": self.remove_unprocessed,
+            "UpdateParent": self.update_parent,
         }
 
     # -- notices ---------------------------------------------------------------------------
@@ -95,7 +108,8 @@ class FlowRoutes:
         frame["_conn"] = client.conn
         error = _whole_graph_error(frame.get("jobs"))
         if error:
-            # Checked on the whole graph here: a shard sees only its part of a cycle.
+            # Checked on the whole graph here: a shard sees only its part of a cycle, and
+            # of the links that leave the graph (`flow_reference_error`).
             d.answer(client, req, {"ok": False, "error": error})
             return
         parts = _split(frame.get("jobs"), d.shards)
@@ -109,6 +123,44 @@ class FlowRoutes:
     def _one_shard(self, client: Client, req: object, shard: int, reply: Reply) -> None:
         self._d.learn("PUSHF", shard, reply)
         self._d.answer(client, req, reply)
+
+    # -- UpdateParent ---------------------------------------------------------------------
+
+    def update_parent(self, client: Client, req: object, frame: dict[str, Any]) -> None:
+        """Forwarded to the child's shard once some shard shows the parent."""
+        d = self._d
+        parent = frame.get("parentId")
+        if not isinstance(parent, str) or not parent:
+            d._to_shard(client, req, "UpdateParent", frame)  # the engine words it
+            return
+
+        def found(shard: int | None, reply: Reply) -> None:
+            if shard is not None:
+                d._to_shard(client, req, "UpdateParent", frame)
+            elif _unavailable(reply):
+                d.answer(client, req, reply)  # a restarting shard may hold it: not a "no"
+            else:
+                d.answer(client, req, {"ok": False, "error": f"Parent job not found: {parent}"})
+
+        probe = {"cmd": "GetState", "id": parent, "_conn": _INTERNAL_CONN}
+        d._ask_all_first(_INTERNAL_CONN, "GetState", probe, found)
+
+    def check_parents(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> bool:
+        """False when the PUSH or PUSHB names no parent to check and no children to watch
+        for (it goes on at once); else True: it is refused, or sent on once every parent it
+        names is found, its reply telling `orphans` of the parents it admitted."""
+        links, parents = _flow_refs(name, frame)
+        if self.orphans.grace_ms <= 0:
+            parents = []
+        if not links and not parents:
+            return False
+        if parents:
+            client = _Watching(client, self.orphans, name, frame, parents)
+        if links:
+            _ParentCheck(self._d, client, req, name, frame, links).start()
+        else:
+            self._d._to_shard(client, req, name, frame, checked=True)
+        return True
 
     # -- RemoveUnprocessedChildren --------------------------------------------------------
 
@@ -133,6 +185,113 @@ class FlowRoutes:
             d._ask(owner, client.conn, frame, partial(done, owner))
         else:
             d._ask_all_first(client.conn, "RemoveUnprocessedChildren", frame, done)
+
+
+class _ParentCheck:
+    """Asks each named parent's shard for its state; refuses at the first one not found."""
+
+    def __init__(
+        self,
+        d: Dispatcher,
+        client: Client,
+        req: object,
+        name: str,
+        frame: dict[str, Any],
+        links: dict[str, str],
+    ) -> None:
+        self._d, self._client, self._req = d, client, req
+        self._name, self._frame, self._links = name, frame, links
+        self._left = len(links)
+        self._done = False
+
+    def start(self) -> None:
+        d = self._d
+        for parent, queue in self._links.items():
+            probe = {"cmd": "GetState", "id": parent, "_conn": _INTERNAL_CONN}
+            d._ask(shard_of(queue, d.shards), _INTERNAL_CONN, probe, partial(self._got, parent))
+
+    def _got(self, parent: str, reply: Reply) -> None:
+        if self._done:
+            return
+        if not is_found("GetState", reply):
+            self._done = True
+            missing = {"ok": False, "error": f"Parent job not found: {parent}"}
+            self._d.answer(self._client, self._req, reply if _unavailable(reply) else missing)
+            return
+        self._left -= 1
+        if self._left == 0:
+            self._done = True
+            self._d._to_shard(self._client, self._req, self._name, self._frame, checked=True)
+
+
+class _Watching:
+    """The client of a PUSH or PUSHB that makes parents: its ok reply names them to watch."""
+
+    __slots__ = ("_client", "_frame", "_name", "_orphans", "_parents", "conn")
+
+    def __init__(
+        self,
+        client: Client,
+        orphans: OrphanWatch,
+        name: str,
+        frame: Mapping[str, Any],
+        parents: list[int],
+    ) -> None:
+        self._client, self._orphans = client, orphans
+        self._name, self._frame, self._parents = name, frame, parents
+        self.conn: str = client.conn
+
+    @property
+    def authenticated(self) -> bool:
+        return self._client.authenticated
+
+    @authenticated.setter
+    def authenticated(self, value: bool) -> None:
+        self._client.authenticated = value
+
+    def send(self, reply: Reply) -> None:
+        queue = self._frame.get("queue")
+        if reply.get("ok") is True and isinstance(queue, str):
+            ids = [reply.get("id")] if self._name == "PUSH" else reply.get("ids")
+            for index in self._parents:
+                if isinstance(ids, list) and index < len(ids) and isinstance(ids[index], str):
+                    self._orphans.watch(ids[index], queue)
+        self._client.send(reply)
+
+    def drop(self, reason: str) -> None:
+        self._client.drop(reason)
+
+
+def _flow_refs(name: str, frame: Mapping[str, Any]) -> tuple[dict[str, str], list[int]]:
+    """In one pass over a PUSH or PUSHB: the parents its entries name with their queue ({id:
+    queue}, as the engine routes the child's notices, `shardq.core._flows.parent_queue_of`),
+    and the indices of its entries that name children to wait for (a PUSH is entry 0)."""
+    if name == "PUSH":
+        entries: list[Any] | tuple[Any, ...] = (frame,)
+    else:
+        jobs = frame.get("jobs")
+        entries = jobs if isinstance(jobs, list) else ()
+    links: dict[str, str] = {}
+    parents: list[int] = []
+    for index, entry in enumerate(entries):
+        # A dict, not any Mapping: decoded frames are dicts, and an ABC check per entry of
+        # every PUSHB would cost more than the rest of this loop.
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("childrenIds"):
+            parents.append(index)
+        if "parentId" not in entry:
+            continue
+        parent = entry["parentId"]
+        if not isinstance(parent, str) or not parent or parent == PENDING_PARENT:
+            continue
+        queue = entry.get("parentQueue")
+        data = entry.get("data")
+        if not isinstance(queue, str) and isinstance(data, dict):
+            queue = data.get("__parentQueue")
+        if isinstance(queue, str) and queue:
+            links.setdefault(parent, queue)
+    return links, parents
 
 
 class _Cascade:
@@ -162,9 +321,26 @@ class _Cascade:
             self._d._ask_all_first(_INTERNAL_CONN, "Cancel", cancel, answered)
 
     def _cancelled(self, child: str, found: int | None, reply: Reply) -> None:
-        if found is None or not reply.get("ok"):
-            self._one_done({"ok": True})  # running, finished or gone: it reports by itself
-            return
+        if found is not None and reply.get("ok"):
+            self._remove(child)
+        elif found is None and not _unavailable(reply):
+            # Cancel's "not found" also means "not cancellable" (running): ask for its state.
+            probe = {"cmd": "GetState", "id": child, "_conn": _INTERNAL_CONN}
+            self._d._ask_all_first(_INTERNAL_CONN, "GetState", probe, partial(self._probed, child))
+        else:
+            self._one_done({"ok": True})  # running, finished, or its shard restarting
+
+    def _probed(self, child: str, found: int | None, reply: Reply) -> None:
+        # No shard holds it, and none was restarting: a child that never existed, so the
+        # parent stops waiting for it, or it would wait for ever. (A child removed once
+        # finished is not found either: its notice, still in flight, then counts only if it
+        # arrives first; docs/protocol.md §20.5.)
+        if found is None and not _unavailable(reply):
+            self._remove(child)
+        else:
+            self._one_done({"ok": True})  # it reports by itself
+
+    def _remove(self, child: str) -> None:
         notice = {"parent": self._parent, "child": child, "kind": "failed", "policy": "remove"}
         cmd = {"cmd": FLOW_NOTIFY, "items": [notice], "_conn": _INTERNAL_CONN}
         self._d._ask(self._parent_shard, _INTERNAL_CONN, cmd, self._one_done)
@@ -228,6 +404,10 @@ class _TwoPhase:
         d.answer(self._client, self._req, {"ok": True, "data": {"jobs": ordered}})
 
 
+def _unavailable(reply: Reply) -> bool:
+    return str(reply.get("error", "")).startswith(SHARD_UNAVAILABLE)
+
+
 def _whole_graph_error(entries: object) -> str | None:
     if not isinstance(entries, list):
         return None  # malformed: the shard says why
@@ -238,7 +418,9 @@ def _whole_graph_error(entries: object) -> str | None:
         and isinstance(e.get("id"), str)
         and isinstance(e.get("input"), Mapping)
     ]
-    return graph_error(nodes)
+    if len(nodes) < len(entries):
+        return graph_error(nodes)  # a malformed node: the shard names it
+    return graph_error(nodes) or flow_reference_error(nodes)
 
 
 def _split(entries: object, shards: int) -> dict[int, list[Any]] | None:

@@ -100,6 +100,11 @@ class Frontend:
             events=EventLimits.from_spec(spec),
         )
         self.dispatcher.add_handlers(MonitoringCommands(self.dispatcher, spec).handlers)
+        orphans = self.dispatcher.flows.orphans
+        orphans.grace_ms, orphans.max_watched = (
+            spec.frontend.flow_children_grace_ms,
+            spec.frontend.flow_children_watch_max,
+        )
         self.dispatcher.add_handlers(BackupCommand(self.dispatcher, spec).handlers)
         self.dispatcher.limits = schema_limits(spec.engine)
         # asyncio accepts up to a whole backlog of connections before any reaches the gateway,

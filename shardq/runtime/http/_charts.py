@@ -10,6 +10,10 @@ chart has a point per minute.
 
 The search looks a text up as a job id and as a custom id, and as part of a job name in each
 of the first `metrics_max_queues` queues (at most `_NAME_HITS` jobs from each).
+
+Both are commands of the one schema (`DashboardHistory`, `DashboardSearch`, served by this
+process): `Charts.call` answers them after the schema's check, and hands every other command
+to the front end, so the REST routes and the MCP tools reach them the same way.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from shardq.protocol._fields import Limits
+from shardq.protocol._schema import check as schema_check
 from shardq.runtime import _clock
 from shardq.runtime.http._backend import Backend
 
 __all__ = ["Charts", "percentile"]
 
-_MAX_MINUTES: Final = 1_440  # a request can ask for a day; the shards keep what they keep
+_DEFAULT_MINUTES: Final = 60  # the schema bounds a request to 1..1,440 (a day)
 _NAME_HITS: Final = 20
 _MAX_RESULTS: Final = 100
 _JOB_FIELDS: Final = ("id", "name", "queue", "state", "createdAt", "customId", "failedReason")
@@ -117,9 +123,23 @@ def _quantiles(counts: list[int] | None, bounds: list[float]) -> dict[str, float
 
 
 class Charts:
-    def __init__(self, backend: Backend, max_queues: int) -> None:
+    def __init__(self, backend: Backend, max_queues: int, limits: Limits | None = None) -> None:
         self._backend = backend
         self._max_queues = max_queues
+        self._limits = limits or Limits()
+
+    async def call(self, command: Mapping[str, Any], *, wait_ms: float = 0) -> dict[str, Any]:
+        """A command's reply: the dashboard's own answered here, any other by the front end."""
+        name = command.get("cmd")
+        if name not in ("DashboardHistory", "DashboardSearch"):
+            return await self._backend.call(command, wait_ms=wait_ms)
+        error = schema_check(name, command, self._limits)
+        if error:
+            return {"ok": False, "error": error}
+        if name == "DashboardSearch":
+            return await self.search(str(command["q"]))
+        queue, minutes = command.get("queue"), command.get("minutes")
+        return await self.history(queue if isinstance(queue, str) else None, minutes)
 
     async def _queues(self) -> tuple[list[str], int] | Mapping[str, Any]:
         listed = await self._backend.call({"cmd": "ListQueues"})
@@ -128,11 +148,9 @@ class Charts:
         names = sorted(q for q in listed.get("queues") or [] if isinstance(q, str))
         return names[: self._max_queues], max(0, len(names) - self._max_queues)
 
-    async def history(self, queue: str | None, minutes_text: str | None) -> dict[str, Any]:
-        try:
-            minutes = max(1, min(_MAX_MINUTES, int(minutes_text or 60)))
-        except ValueError:
-            return {"ok": False, "error": "minutes must be a whole number"}
+    async def history(self, queue: str | None, minutes: int | None) -> dict[str, Any]:
+        """`minutes` as the schema let it through (an int in 1..1,440), or None: the default."""
+        minutes = minutes or _DEFAULT_MINUTES
         if queue:
             names, omitted = [queue], 0
         else:
@@ -162,7 +180,8 @@ class Charts:
     async def search(self, text: str) -> dict[str, Any]:
         text = text.strip()
         if not text:
-            return {"ok": False, "error": "Search text is required"}
+            # In the schema's words, so the route answers 400 as for any refused field.
+            return {"ok": False, "error": "Invalid q: must not be blank"}
         found = await self._queues()
         if isinstance(found, Mapping):
             return dict(found)

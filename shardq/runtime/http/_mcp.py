@@ -14,19 +14,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, MutableMapping
-from typing import Any
+from collections.abc import AsyncIterator, Mapping, MutableMapping
+from typing import Any, Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from shardq._version import __version__
-from shardq.runtime.http._backend import Backend
 from shardq.runtime.http._mcp_tools import ToolSpec, tool_specs
 
 __all__ = ["McpEndpoint"]
 
 MISSING = "MCP needs the mcp package: pip install 'shardq[mcp]'"
+
+
+class Caller(Protocol):
+    """What answers a tool's command: the HTTP process's `Charts` (the dashboard's own
+    commands) in front of its `Backend` (every other, by the front end)."""
+
+    async def call(self, command: Mapping[str, Any], *, wait_ms: float = 0) -> dict[str, Any]:
+        """The command's reply."""
 
 
 def _load() -> tuple[Any, Any] | None:
@@ -43,7 +50,7 @@ class McpEndpoint:
     """Started at the first `/mcp` request: the package takes a second or two to import and
     tens of MB, which a server nobody asks for MCP should not pay at every start."""
 
-    def __init__(self, backend: Backend, max_body_bytes: int) -> None:
+    def __init__(self, backend: Caller, max_body_bytes: int) -> None:
         self._backend = backend
         self._max_body = max_body_bytes
         self._tools = {spec.name: spec for spec in tool_specs()}

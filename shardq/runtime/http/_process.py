@@ -143,7 +143,9 @@ class _Server:
         self.backend = backend
         self.monitor = Monitor(spec, backend)
         self.overview = Overview(backend, self.monitor)
-        self.charts = Charts(backend, spec.http.metrics_max_queues)
+        self.limits = schema_limits(spec.engine)
+        # Routes and MCP tools send their commands through it: it answers the dashboard's own.
+        self.charts = Charts(backend, spec.http.metrics_max_queues, self.limits)
         # AuthCheck and WebhookSync are served only on an internal link, never on the one
         # clients' commands use; this process opens one, shared by both.
         self.internal = Backend(spec, internal=True)
@@ -156,8 +158,7 @@ class _Server:
         self.streams = EventStreams(spec, backend)
         self.monitor.streams_open = self.streams.open
         self.webhooks = WebhookService(spec, self.internal)
-        self.mcp = McpEndpoint(backend, spec.tcp.max_frame_bytes)
-        self.limits = schema_limits(spec.engine)
+        self.mcp = McpEndpoint(self.charts, spec.tcp.max_frame_bytes)
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -217,15 +218,6 @@ class _Server:
         include = request.query.get("includeJobs") == "true"
         return _json(await self.overview.queue(request.match_info["queue"], include))
 
-    async def dashboard_history(self, request: web.Request) -> web.Response:
-        query = request.query
-        body = await self.charts.history(query.get("queue"), query.get("minutes"))
-        return _json(body, 200 if body.get("ok") is True else 400)
-
-    async def dashboard_search(self, request: web.Request) -> web.Response:
-        body = await self.charts.search(request.query.get("q", ""))
-        return _json(body, 200 if body.get("ok") is True else 400)
-
     async def favicon(self, request: web.Request) -> web.StreamResponse:
         icon = resources.files("shardq.runtime.http").joinpath("static/favicon.svg")
         return web.Response(body=icon.read_bytes(), content_type="image/svg+xml")
@@ -251,7 +243,7 @@ class _Server:
                 return _error(400, error)
             wait = command.get(route.wait_key) if route.wait_key else None
             wait_ms = wait if isinstance(wait, int | float) and wait > 0 else 0
-            reply = await self.backend.call(command, wait_ms=wait_ms)
+            reply = await self.charts.call(command, wait_ms=wait_ms)
             return _json(reply, status_for(route, reply))
         finally:
             self.bodies.release(len(raw))
@@ -283,8 +275,6 @@ def build_app(
     app.router.add_get("/queues/summary", server.queues_summary)
     app.router.add_get("/dashboard", server.dashboard)
     app.router.add_get("/dashboard/queues", server.dashboard_queues)
-    app.router.add_get("/dashboard/history", server.dashboard_history)
-    app.router.add_get("/dashboard/search", server.dashboard_search)
     app.router.add_get("/favicon.ico", server.favicon)
     app.router.add_get("/dashboard/queues/{queue}", server.dashboard_queue)
     for path in ("/events", "/events/queues/{queue}"):

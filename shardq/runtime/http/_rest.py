@@ -128,6 +128,28 @@ def _body(cmd: str, *keys: str) -> Builder:
     return lambda a, q, b: _some(cmd=cmd, **{k: b.get(k) for k in keys})
 
 
+def _number(text: str | None) -> int | float | str | None:
+    """A query value the schema checks as a number: an int or float when the text is one, the
+    text itself otherwise (the schema refuses it in its words), None when absent."""
+    if text is None:
+        return None
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            continue
+    return text
+
+
+def _history(a: list[str], q: Query, b: Body) -> dict[str, Any]:
+    return _some(cmd="DashboardHistory", queue=q.get("queue") or None,
+                 minutes=_number(q.get("minutes")))  # fmt: skip
+
+
+def _search(a: list[str], q: Query, b: Body) -> dict[str, Any]:
+    return {"cmd": "DashboardSearch", "q": q.get("q", "")}
+
+
 _DECLARED: Final = {(r.method, r.path): r.command for r in SCHEMA_ROUTES}
 
 
@@ -216,6 +238,9 @@ ROUTES: Final[tuple[Route, ...]] = (
     _r("POST", "/webhooks", _body("AddWebhook", "url", "events", "queue", "secret"), "write"),
     _r("DELETE", "/webhooks/:id", _job("RemoveWebhook", id_key="webhookId"), "write"),
     _r("PUT", "/webhooks/:id/enabled", _job("SetWebhookEnabled", "enabled"), "write"),
+    # The dashboard's data: the HTTP process answers these itself (`_charts`).
+    _r("GET", "/dashboard/history", _history),
+    _r("GET", "/dashboard/search", _search),
 )  # fmt: skip
 
 
