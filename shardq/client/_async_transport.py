@@ -28,33 +28,28 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._sockets import ClientSecurity, connect_tcp_async, new_dealer
-from shardq.client._sync_transport import (
+from shardq.client._sockets import (
     HANDSHAKE_FAILED,
+    MONITOR_EVENTS,
     close_monitored,
+    connect_tcp_async,
     handshake_failed,
     monitor_socket,
+    new_dealer,
 )
-from shardq.client._url import Endpoint, closed_message
+from shardq.client._url import ClientSecurity, Endpoint, closed_message
 
 __all__ = [
     "DEADLINE_GRAIN",
     "AsyncTcpTransport",
     "AsyncTransport",
     "AsyncZmqTransport",
-    "open_async",
     "wait_replies_async",
 ]
 
 Reply = dict[str, Any]
 Futures = list["asyncio.Future[Reply]"]
 DEADLINE_GRAIN: Final = 0.05  # seconds: requests whose deadlines are this close share a timer
-_MONITOR_EVENTS: Final = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_CONNECT_RETRIED
-    | HANDSHAKE_FAILED
-)
 
 
 class AsyncTransport(Protocol):
@@ -89,19 +84,6 @@ class AsyncTransport(Protocol):
     def forget(self, rids: Sequence[str]) -> None: ...
 
     async def close(self) -> None: ...
-
-
-async def open_async(
-    endpoint: Endpoint,
-    connect_timeout: float,
-    zmq_context: zmq.asyncio.Context | None,
-    security: ClientSecurity,
-) -> AsyncTransport:
-    """Connect to `endpoint`, secured as `security` says. Raises `ConnectionLost(sent=False)`
-    if that fails in time."""
-    if endpoint.scheme == "tcp":
-        return await AsyncTcpTransport.open(endpoint, connect_timeout, security)
-    return await AsyncZmqTransport.open(endpoint, connect_timeout, zmq_context, security)
 
 
 async def wait_replies_async(
@@ -328,7 +310,7 @@ class AsyncZmqTransport:
         self._endpoint = endpoint
         self._sock: zmq.asyncio.Socket = new_dealer(ctx, security)
         self._shadow: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
-        self._monitor = monitor_socket(self._sock, _MONITOR_EVENTS)
+        self._monitor = monitor_socket(self._sock, MONITOR_EVENTS)
         self._core: ClientCore[asyncio.Future[Reply]] = ClientCore(Framing.MESSAGE)
         self._deadlines = _Deadlines(self._core)
         loop = self._loop = asyncio.get_running_loop()

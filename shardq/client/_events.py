@@ -19,23 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import msgpack  # type: ignore[import-untyped]
 import zmq
-import zmq.asyncio
 
 from shardq.client._errors import ConnectionLost, error_from_reply
-from shardq.client._sockets import ClientSecurity, connect_tcp, new_dealer, open_tcp_stream
-from shardq.client._url import Endpoint
-from shardq.protocol import FrameDecoder, encode_many
+from shardq.client._factory import AsyncEventLink, EventLink, Transports
+from shardq.client._url import ClientSecurity, Endpoint, client_security
 
 __all__ = [
     "AsyncEventCallbacks",
@@ -117,12 +113,21 @@ def parse_event(frame: Mapping[str, Any], gap: bool = False) -> QueueEvent | Non
 class _Feed:
     """The sans-IO part of a subscription: the commands it sends and what frames mean."""
 
-    def __init__(self, queue: str | None, token: str | None) -> None:
+    def __init__(self, queue: str | None, token: str | None, since: int | None) -> None:
         self.queue = queue
         self.token = token
-        self.last_id: int | None = None
+        self.last_id = since
         self.subscribed = False
         self._gap = False
+        self.ready: deque[QueueEvent] = deque()
+        """Events read and not handed out yet (they outlive a reconnect)."""
+
+    def take_all(self, frames: Iterable[object]) -> None:
+        """Queue the events among `frames` in `ready`. Raises as `take`."""
+        for frame in frames:
+            event = self.take(frame)
+            if event is not None:
+                self.ready.append(event)
 
     def hello(self) -> list[dict[str, Any]]:
         """What a (re)connect sends: Auth, then SubscribeEvents (from the last id seen)."""
@@ -160,8 +165,21 @@ class _Feed:
         return event
 
 
-def _pack_zmq(commands: list[dict[str, Any]]) -> list[bytes]:
-    return [msgpack.packb(c, use_bin_type=True) for c in commands]
+def _transports(
+    endpoint: Endpoint,
+    connect_timeout: float,
+    security: ClientSecurity | None,
+    tls_context: ssl.SSLContext | None,
+    zmq_server_key: str | None,
+    tls_ca_file: str | None,
+) -> Transports:
+    """Where a stream's links come from: its connection's `security` (a queue's streams), else
+    the settings given here, the environment's for those not given."""
+    if security is None:
+        security = client_security(
+            zmq_server_key=zmq_server_key, tls_ca_file=tls_ca_file, tls_context=tls_context
+        )
+    return Transports(endpoint, security, connect_timeout)
 
 
 # -- blocking -------------------------------------------------------------------------------
@@ -171,7 +189,10 @@ class EventStream:
     """A blocking iterator over a queue's events (`Queue.events()`); `queue=None` follows
     every queue. Iterating blocks until an event comes; `get(timeout)` returns None instead
     once `timeout` seconds pass. Raises `ConnectionLost` after `RECONNECT_ATTEMPTS` failed
-    reconnects, and the server's error if it refuses the subscription."""
+    reconnects, and the server's error if it refuses the subscription.
+
+    Its link is secured as `security` says (a queue's streams pass their connection's), else
+    by `zmq_server_key`, `tls_ca_file` and `tls_context` as for `Connection`."""
 
     def __init__(
         self,
@@ -182,20 +203,17 @@ class EventStream:
         connect_timeout: float = 5.0,
         since: int | None = None,
         tls_context: ssl.SSLContext | None = None,
+        zmq_server_key: str | None = None,
+        tls_ca_file: str | None = None,
         security: ClientSecurity | None = None,
     ) -> None:
         self.endpoint = endpoint
-        self._feed = _Feed(queue, token)
-        self._feed.last_id = since
+        self._feed = _Feed(queue, token, since)
         self._connect_timeout = connect_timeout
-        # How its socket is secured: a queue's streams use their connection's (CURVE, TLS);
-        # else read from the environment now, with `tls_context` replacing a `tls://`
-        # endpoint's default verification.
-        self._security = security or ClientSecurity.from_env(tls_context=tls_context)
-        self._sock: socket.socket | None = None
-        self._dealer: zmq.Socket[Any] | None = None
-        self._decoder = FrameDecoder()
-        self._ready: deque[QueueEvent] = deque()
+        self._transports = _transports(
+            endpoint, connect_timeout, security, tls_context, zmq_server_key, tls_ca_file
+        )
+        self._link: EventLink | None = None
         self.closed = False
 
     def __enter__(self) -> EventStream:
@@ -221,69 +239,35 @@ class EventStream:
 
     def subscribe(self) -> None:
         """Connect and subscribe now (iteration does it on first use). Raises as `get`."""
-        self._ensure()
+        link = self._ensure()
         deadline = time.monotonic() + self._connect_timeout
         while not self._feed.subscribed:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ConnectionLost(f"no SubscribeEvents reply from {self.endpoint}")
-            self._read(left)
+            self._feed.take_all(link.read(left))
 
     def get(self, timeout: float | None = None) -> QueueEvent | None:
         """The next event, or None after `timeout` seconds (None: wait for ever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._ready:
+        ready = self._feed.ready
+        while not ready:
             if self.closed:
                 return None
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
             try:
-                self._ensure()
-                self._read(1.0 if left is None else min(left, 1.0))
+                link = self._ensure()
+                self._feed.take_all(link.read(1.0 if left is None else min(left, 1.0)))
             except (OSError, zmq.ZMQError, ConnectionLost):
                 self._reconnect()
-        return self._ready.popleft()
+        return ready.popleft()
 
-    def _ensure(self) -> None:
-        if self._sock is None and self._dealer is None:
-            self._open()
-
-    def _open(self) -> None:
-        hello = self._feed.hello()
-        if self.endpoint.scheme == "zmq":
-            ctx: zmq.Context[Any] = zmq.Context.instance()
-            dealer: zmq.Socket[Any] = new_dealer(ctx, self._security, immediate=False)
-            dealer.connect(self.endpoint.zmq_address)
-            for body in _pack_zmq(hello):
-                dealer.send(body)
-            self._dealer = dealer
-            return
-        sock = connect_tcp(self.endpoint, self._connect_timeout, self._security)
-        sock.sendall(encode_many(hello))
-        self._decoder = FrameDecoder()
-        self._sock = sock
-
-    def _read(self, timeout: float) -> None:
-        if self._dealer is not None:
-            if self._dealer.poll(int(timeout * 1000)):
-                self._take(msgpack.unpackb(self._dealer.recv_multipart()[-1], raw=False))
-            return
-        assert self._sock is not None
-        self._sock.settimeout(timeout)
-        try:
-            data = self._sock.recv(1 << 16)
-        except TimeoutError:
-            return
-        if not data:
-            raise ConnectionLost(f"the server at {self.endpoint} closed the event connection")
-        for frame in self._decoder.feed(data):
-            self._take(frame)
-
-    def _take(self, frame: object) -> None:
-        event = self._feed.take(frame)
-        if event is not None:
-            self._ready.append(event)
+    def _ensure(self) -> EventLink:
+        if self._link is None:
+            self._link = self._transports.open_events(self._feed.hello())
+        return self._link
 
     def _reconnect(self) -> None:
         self._drop()
@@ -301,12 +285,9 @@ class EventStream:
         raise ConnectionLost(f"cannot resubscribe to events at {self.endpoint}")
 
     def _drop(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        if self._dealer is not None:
-            self._dealer.close(linger=0)
-            self._dealer = None
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
 
     def close(self) -> None:
         """Close the subscription connection. Idempotent."""
@@ -385,21 +366,17 @@ class AsyncEventStream:
         connect_timeout: float = 5.0,
         since: int | None = None,
         tls_context: ssl.SSLContext | None = None,
+        zmq_server_key: str | None = None,
+        tls_ca_file: str | None = None,
         security: ClientSecurity | None = None,
     ) -> None:
         self.endpoint = endpoint
-        self._feed = _Feed(queue, token)
-        self._feed.last_id = since
+        self._feed = _Feed(queue, token, since)
         self._connect_timeout = connect_timeout
-        # How its socket is secured: a queue's streams use their connection's (CURVE, TLS);
-        # else read from the environment now, with `tls_context` replacing a `tls://`
-        # endpoint's default verification.
-        self._security = security or ClientSecurity.from_env(tls_context=tls_context)
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._dealer: zmq.asyncio.Socket | None = None
-        self._decoder = FrameDecoder()
-        self._ready: deque[QueueEvent] = deque()
+        self._transports = _transports(
+            endpoint, connect_timeout, security, tls_context, zmq_server_key, tls_ca_file
+        )
+        self._link: AsyncEventLink | None = None
         self.closed = False
 
     async def __aenter__(self) -> AsyncEventStream:
@@ -423,19 +400,19 @@ class AsyncEventStream:
 
     async def subscribe(self) -> None:
         """Connect and subscribe now. Raises `ConnectionLost` or the server's refusal."""
-        if self._reader is None and self._dealer is None:
-            await self._open()
+        link = await self._ensure()
         deadline = time.monotonic() + self._connect_timeout
         while not self._feed.subscribed:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ConnectionLost(f"no SubscribeEvents reply from {self.endpoint}")
-            await self._read(left)
+            self._feed.take_all(await link.read(left))
 
     async def get(self, timeout: float | None = None) -> QueueEvent | None:
         """The next event; None after `timeout` seconds, or once closed."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._ready:
+        ready = self._feed.ready
+        while not ready:
             if self.closed:
                 return None
             left = None if deadline is None else deadline - time.monotonic()
@@ -443,48 +420,16 @@ class AsyncEventStream:
                 return None
             try:
                 await self.subscribe()
-                await self._read(1.0 if left is None else min(left, 1.0))
+                link = await self._ensure()
+                self._feed.take_all(await link.read(1.0 if left is None else min(left, 1.0)))
             except (OSError, zmq.ZMQError, ConnectionLost):
                 await self._reconnect()
-        return self._ready.popleft()
+        return ready.popleft()
 
-    async def _open(self) -> None:
-        hello = self._feed.hello()
-        if self.endpoint.scheme == "zmq":
-            ctx = zmq.asyncio.Context.instance()
-            dealer: zmq.asyncio.Socket = new_dealer(ctx, self._security, immediate=False)
-            dealer.connect(self.endpoint.zmq_address)
-            for body in _pack_zmq(hello):
-                await dealer.send_multipart([body])
-            self._dealer = dealer
-            return
-        reader, writer = await asyncio.wait_for(
-            open_tcp_stream(self.endpoint, self._security), self._connect_timeout
-        )
-        self._reader, self._writer = reader, writer
-        self._decoder = FrameDecoder()
-        writer.write(encode_many(hello))
-
-    async def _read(self, timeout: float) -> None:
-        if self._dealer is not None:
-            if await self._dealer.poll(int(timeout * 1000)):
-                body = (await self._dealer.recv_multipart())[-1]
-                self._take(msgpack.unpackb(body, raw=False))
-            return
-        assert self._reader is not None
-        try:
-            data = await asyncio.wait_for(self._reader.read(1 << 16), timeout)
-        except TimeoutError:
-            return
-        if not data:
-            raise ConnectionLost(f"the server at {self.endpoint} closed the event connection")
-        for frame in self._decoder.feed(data):
-            self._take(frame)
-
-    def _take(self, frame: object) -> None:
-        event = self._feed.take(frame)
-        if event is not None:
-            self._ready.append(event)
+    async def _ensure(self) -> AsyncEventLink:
+        if self._link is None:
+            self._link = await self._transports.open_events_async(self._feed.hello())
+        return self._link
 
     async def _reconnect(self) -> None:
         self._drop()
@@ -502,12 +447,9 @@ class AsyncEventStream:
         raise ConnectionLost(f"cannot resubscribe to events at {self.endpoint}")
 
     def _drop(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = self._reader = None
-        if self._dealer is not None:
-            self._dealer.close(linger=0)
-            self._dealer = None
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
 
     async def close(self) -> None:
         """Close the subscription connection. Idempotent."""

@@ -12,9 +12,7 @@ one.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
-import os
 import select
 import socket
 import ssl
@@ -30,19 +28,21 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._sockets import ClientSecurity, connect_tcp, new_dealer
-from shardq.client._url import Endpoint, closed_message
+from shardq.client._sockets import (
+    HANDSHAKE_FAILED,
+    MONITOR_EVENTS,
+    close_monitored,
+    connect_tcp,
+    handshake_failed,
+    monitor_socket,
+    new_dealer,
+)
+from shardq.client._url import ClientSecurity, Endpoint, closed_message
 
 __all__ = [
-    "HANDSHAKE_FAILED",
     "SyncTcpTransport",
     "SyncTransport",
     "SyncZmqTransport",
-    "close_monitored",
-    "detach_monitor",
-    "handshake_failed",
-    "monitor_socket",
-    "open_sync",
     "wait_replies",
 ]
 
@@ -50,17 +50,6 @@ Reply = dict[str, Any]
 Futures = list["Future[Reply]"]
 _RECV_BYTES: Final = 1 << 20
 _JOIN_S: Final = 5.0  # how long close() waits for the I/O thread
-HANDSHAKE_FAILED: Final = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-_MONITOR_EVENTS: Final = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_CONNECT_RETRIED
-    | HANDSHAKE_FAILED
-)
 
 
 class SyncTransport(Protocol):
@@ -88,19 +77,6 @@ class SyncTransport(Protocol):
     def forget(self, rids: Sequence[str]) -> None: ...
 
     def close(self) -> None: ...
-
-
-def open_sync(
-    endpoint: Endpoint,
-    connect_timeout: float,
-    zmq_context: zmq.Context[Any] | None,
-    security: ClientSecurity,
-) -> SyncTransport:
-    """Connect to `endpoint`, secured as `security` says. Raises `ConnectionLost(sent=False)`
-    if that fails in time."""
-    if endpoint.scheme == "tcp":
-        return SyncTcpTransport(endpoint, connect_timeout, security)
-    return SyncZmqTransport(endpoint, connect_timeout, zmq_context, security)
 
 
 def wait_replies(
@@ -308,7 +284,7 @@ class SyncZmqTransport:
         ctx = context if context is not None else zmq.Context.instance()
         self._endpoint = endpoint
         self._sock: zmq.Socket[bytes] = new_dealer(ctx, security)
-        self._monitor: zmq.Socket[bytes] = monitor_socket(self._sock, _MONITOR_EVENTS)
+        self._monitor: zmq.Socket[bytes] = monitor_socket(self._sock, MONITOR_EVENTS)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -441,43 +417,3 @@ class SyncZmqTransport:
         self._wake_r.close()
         self._wake_w.close()
         _fail(waiting, reason)
-
-
-_monitor_ids = itertools.count()
-
-
-def monitor_socket(sock: zmq.Socket[Any], events: int) -> Any:
-    """`sock.get_monitor_socket(events)` on an address no other socket can hold.
-
-    pyzmq names the inproc endpoint after the socket's file descriptor; a descriptor is reused
-    as soon as a socket closes, while the context may not have unbound the old monitor yet, so
-    a new connection could fail with "Address already in use".
-    """
-    addr = f"inproc://shardq-monitor-{os.getpid()}-{next(_monitor_ids)}"
-    return sock.get_monitor_socket(events, addr=addr)
-
-
-def close_monitored(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
-    """Close a socket and its monitor: the monitor is detached first (`detach_monitor`)."""
-    detach_monitor(sock, monitor)
-    sock.close(linger=0)
-
-
-def detach_monitor(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
-    """Stop `sock` reporting events, then close the `monitor` socket that read them.
-
-    libzmq's I/O thread writes monitor events with a blocking send. If the monitor's reading
-    end were closed while the socket still reports (a reconnect attempt to a dead server, a
-    disconnect), that thread would block for good, and with it every socket of the context:
-    later connections would never handshake.
-    """
-    with contextlib.suppress(zmq.ZMQError):
-        sock.disable_monitor()
-    monitor.close(linger=0)
-
-
-def handshake_failed(endpoint: Endpoint) -> str:
-    return (
-        f"ZeroMQ handshake with {endpoint} failed (a CURVE server needs SHARDQ_ZMQ_SERVER_KEY "
-        "set to its public key; a plain one must not have it)"
-    )

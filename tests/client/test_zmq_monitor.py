@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from shardq.client._sync_transport import close_monitored, detach_monitor, monitor_socket
+from shardq.client._sockets import close_monitored, detach_monitor, monitor_socket
 
 Context = zmq.Context[zmq.Socket[bytes]]
 _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
