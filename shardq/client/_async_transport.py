@@ -26,14 +26,13 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from shardq.client._core import ClientCore, Framing
-from shardq.client._errors import CommandTimeout, ConnectionLost
+from shardq.client._core import ClientCore, Framing, fail_waiters, no_reply
+from shardq.client._errors import ConnectionLost
 from shardq.client._sockets import (
-    HANDSHAKE_FAILED,
     MONITOR_EVENTS,
     close_monitored,
     connect_tcp_async,
-    handshake_failed,
+    dealer_event,
     monitor_socket,
     new_dealer,
 )
@@ -118,17 +117,7 @@ async def _drained(
         async with asyncio.timeout(timeout):
             await transport.drained()
     except TimeoutError:
-        raise CommandTimeout(_timeout_message(commands[0].get("cmd"), timeout)) from None
-
-
-def _timeout_message(name: object, timeout: float) -> str:
-    return f"no reply to {name!r} within {timeout:g} s"
-
-
-def _fail(futures: Sequence[asyncio.Future[Reply]], message: str, *, sent: bool = True) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_exception(ConnectionLost(message, sent=sent))
+        raise no_reply(commands[0].get("cmd"), timeout) from None
 
 
 def _resolve(future: asyncio.Future[Reply], reply: Reply) -> None:
@@ -164,7 +153,7 @@ class _Deadlines:
             return
         waiting = self._core.take(rids)
         if waiting:
-            error = CommandTimeout(_timeout_message(key[2], key[1]))
+            error = no_reply(key[2], key[1])
             for future in waiting:
                 if not future.done():
                     future.set_exception(error)
@@ -288,11 +277,11 @@ class AsyncTcpTransport(asyncio.Protocol):
         # Requests still in the cork never left: the caller may safely send them again.
         unsent = [future for rids in self._out_rids for future in self._core.take(rids)]
         self._out, self._out_rids = [], []
-        _fail(unsent, reason, sent=False)
+        fail_waiters(unsent, reason, sent=False)
         if self._transport is not None:
             self._transport.abort()
         self._deadlines.cancel()
-        _fail(self._core.fail_all(), reason)
+        fail_waiters(self._core.fail_all(), reason)
 
 
 class AsyncZmqTransport:
@@ -361,7 +350,9 @@ class AsyncZmqTransport:
         rids, bodies = self._core.prepare(commands, futures)
         for sent, body in enumerate(bodies):
             if not self._send_now(body):
-                _fail(self._core.take(rids), f"not connected to {self._endpoint}", sent=sent > 0)
+                fail_waiters(
+                    self._core.take(rids), f"not connected to {self._endpoint}", sent=sent > 0
+                )
                 return rids, futures
         self._deadlines.arm(loop, rids, timeout, commands[0].get("cmd"))
         return rids, futures
@@ -424,15 +415,11 @@ class AsyncZmqTransport:
             self._die(f"ZeroMQ monitor error on {self._endpoint}: {e}")
 
     def _on_event(self, event: int) -> None:
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            if not self._connected.done():
-                self._connected.set_result(None)
-        elif event == zmq.EVENT_DISCONNECTED:
-            self._die(f"connection to {self._endpoint} lost")
-        elif event == zmq.EVENT_CONNECT_RETRIED and not self._connected.done():
-            self._die(f"connection to {self._endpoint} refused")
-        elif event & HANDSHAKE_FAILED and not self._connected.done():
-            self._die(handshake_failed(self._endpoint))
+        handshaken, dead = dealer_event(event, self._connected.done(), self._endpoint)
+        if dead is not None:
+            self._die(dead)  # ends the connect attempt too
+        elif handshaken and not self._connected.done():
+            self._connected.set_result(None)
 
     def _die(self, reason: str) -> None:
         if self._dead is not None:
@@ -441,4 +428,4 @@ class AsyncZmqTransport:
         if not self._connected.done():
             self._connected.set_result(None)
         self._deadlines.cancel()
-        _fail(self._core.fail_all(), reason)
+        fail_waiters(self._core.fail_all(), reason)

@@ -29,6 +29,7 @@ __all__ = [
     "close_monitored",
     "connect_tcp",
     "connect_tcp_async",
+    "dealer_event",
     "detach_monitor",
     "handshake_failed",
     "monitor_socket",
@@ -153,6 +154,25 @@ def detach_monitor(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
     with contextlib.suppress(zmq.ZMQError):
         sock.disable_monitor()
     monitor.close(linger=0)
+
+
+def dealer_event(event: int, handshaken: bool, endpoint: Endpoint) -> tuple[bool, str | None]:
+    """What a command DEALER's monitor `event` means, for both transports: whether the
+    handshake is done now, and why the connection is dead (None: it is not).
+
+    Before the first handshake a refused connect or a failed handshake ends the attempt (else
+    ZeroMQ would retry quietly until the connect timeout); after it, a disconnect ends the
+    connection, so waiting requests fail at once and the next call reconnects with `Auth`.
+    """
+    if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        return True, None
+    if event == zmq.EVENT_DISCONNECTED:
+        return handshaken, f"connection to {endpoint} lost"
+    if not handshaken and event == zmq.EVENT_CONNECT_RETRIED:
+        return False, f"connection to {endpoint} refused"
+    if not handshaken and event & HANDSHAKE_FAILED:
+        return False, handshake_failed(endpoint)
+    return handshaken, None
 
 
 def handshake_failed(endpoint: Endpoint) -> str:

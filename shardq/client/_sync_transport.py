@@ -26,14 +26,13 @@ from typing import Any, Final, Protocol
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from shardq.client._core import ClientCore, Framing
-from shardq.client._errors import CommandTimeout, ConnectionLost
+from shardq.client._core import ClientCore, Framing, fail_waiters, no_reply
+from shardq.client._errors import ConnectionLost
 from shardq.client._sockets import (
-    HANDSHAKE_FAILED,
     MONITOR_EVENTS,
     close_monitored,
     connect_tcp,
-    handshake_failed,
+    dealer_event,
     monitor_socket,
     new_dealer,
 )
@@ -98,13 +97,7 @@ def wait_replies(
     except TimeoutError:
         transport.forget(rids)
         name = commands[0].get("cmd") if commands else None
-        raise CommandTimeout(f"no reply to {name!r} within {timeout:g} s") from None
-
-
-def _fail(futures: Sequence[Future[Reply]], message: str, *, sent: bool = True) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_exception(ConnectionLost(message, sent=sent))
+        raise no_reply(name, timeout) from None
 
 
 def _resolve(matched: Sequence[tuple[Future[Reply], Reply]]) -> None:
@@ -259,7 +252,7 @@ class SyncTcpTransport:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
-        _fail(waiting, reason)
+        fail_waiters(waiting, reason)
         self._wake_followers()
 
 
@@ -367,16 +360,11 @@ class SyncZmqTransport:
             except zmq.Again:
                 return
             event = parse_monitor_message(frames)["event"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._connected.set()
-            elif event == zmq.EVENT_DISCONNECTED:
-                self._mark_dead(f"connection to {self._endpoint} lost")
-            elif event == zmq.EVENT_CONNECT_RETRIED and not self._connected.is_set():
-                self._mark_dead(f"connection to {self._endpoint} refused")
-                self._connected.set()
-            elif event & HANDSHAKE_FAILED and not self._connected.is_set():
-                self._mark_dead(handshake_failed(self._endpoint))
-                self._connected.set()
+            handshaken, dead = dealer_event(event, self._connected.is_set(), self._endpoint)
+            if dead is not None:
+                self._mark_dead(dead)
+            if handshaken or dead is not None:
+                self._connected.set()  # the connect attempt is over, one way or the other
 
     def _send_outbox(self) -> None:
         while self._outbox and self._dead is None:
@@ -390,7 +378,7 @@ class SyncZmqTransport:
                 # IMMEDIATE: no completed connection to queue on. Fail just these.
                 with self._lock:
                     waiting = self._core.take(rids)
-                _fail(waiting, f"not connected to {self._endpoint}", sent=sent > 0)
+                fail_waiters(waiting, f"not connected to {self._endpoint}", sent=sent > 0)
 
     def _receive(self) -> None:
         while True:
@@ -416,4 +404,4 @@ class SyncZmqTransport:
         close_monitored(self._sock, self._monitor)
         self._wake_r.close()
         self._wake_w.close()
-        _fail(waiting, reason)
+        fail_waiters(waiting, reason)
