@@ -298,18 +298,35 @@ class EventStream:
 Listener = Callable[[QueueEvent], object]
 
 
-class EventCallbacks:
+class _Listeners:
+    """The listeners `on` and `off` keep, by event name, for both kinds of callbacks; a
+    listener's error is kept in `errors` (the last 100)."""
+
+    def __init__(self) -> None:
+        self._listeners: list[tuple[str, Listener]] = []
+        self._lock = threading.Lock()  # the blocking kind calls them from its own thread
+        self.errors: deque[BaseException] = deque(maxlen=100)
+
+    def off(self, name: str, listener: Listener) -> None:
+        with self._lock:
+            if (name, listener) in self._listeners:
+                self._listeners.remove((name, listener))
+
+    def _for(self, event: QueueEvent) -> list[Listener]:
+        with self._lock:
+            return [fn for name, fn in self._listeners if event.matches(name)]
+
+
+class EventCallbacks(_Listeners):
     """`Queue.on(name, fn)`: a thread reads an `EventStream` and calls the listeners of each
     event, in order. A listener that raises is skipped for that event (and the error kept in
     `errors`, the last 100), never stops the others."""
 
     def __init__(self, make_stream: Callable[[], EventStream]) -> None:
+        super().__init__()
         self._make_stream = make_stream
-        self._listeners: list[tuple[str, Listener]] = []
-        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stream: EventStream | None = None
-        self.errors: deque[BaseException] = deque(maxlen=100)
 
     def on(self, name: str, listener: Listener) -> None:
         with self._lock:
@@ -319,11 +336,6 @@ class EventCallbacks:
                 self._stream.subscribe()  # events from now on are seen: raises here if refused
                 self._thread = threading.Thread(target=self._run, daemon=True, name="events")
                 self._thread.start()
-
-    def off(self, name: str, listener: Listener) -> None:
-        with self._lock:
-            if (name, listener) in self._listeners:
-                self._listeners.remove((name, listener))
 
     def _run(self) -> None:
         stream = self._stream
@@ -336,9 +348,7 @@ class EventCallbacks:
                 return
             if event is None:
                 continue
-            with self._lock:
-                listeners = [fn for name, fn in self._listeners if event.matches(name)]
-            for fn in listeners:
+            for fn in self._for(event):
                 try:
                     fn(event)
                 except Exception as e:
@@ -457,28 +467,24 @@ class AsyncEventStream:
         self._drop()
 
 
-class AsyncEventCallbacks:
+class AsyncEventCallbacks(_Listeners):
     """`await AsyncQueue.on(name, fn)`: a task reads an `AsyncEventStream` and calls the
     listeners of each event in order (awaiting those that return awaitables). A listener that
     raises is skipped for that event (the error kept in `errors`, the last 100)."""
 
     def __init__(self, make_stream: Callable[[], AsyncEventStream]) -> None:
+        super().__init__()
         self._make_stream = make_stream
-        self._listeners: list[tuple[str, Listener]] = []
         self._task: asyncio.Task[None] | None = None
         self._stream: AsyncEventStream | None = None
-        self.errors: deque[BaseException] = deque(maxlen=100)
 
     async def on(self, name: str, listener: Listener) -> None:
-        self._listeners.append((name, listener))
+        with self._lock:
+            self._listeners.append((name, listener))
         if self._task is None:
             self._stream = self._make_stream()
             await self._stream.subscribe()
             self._task = asyncio.get_running_loop().create_task(self._run(self._stream))
-
-    def off(self, name: str, listener: Listener) -> None:
-        if (name, listener) in self._listeners:
-            self._listeners.remove((name, listener))
 
     async def _run(self, stream: AsyncEventStream) -> None:
         while not stream.closed:
@@ -489,9 +495,7 @@ class AsyncEventCallbacks:
                 return
             if event is None:
                 return
-            for name, fn in list(self._listeners):
-                if not event.matches(name):
-                    continue
+            for fn in self._for(event):
                 try:
                     result = fn(event)
                     if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
