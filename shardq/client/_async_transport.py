@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import math
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol, cast
 
 import zmq
@@ -78,6 +78,10 @@ class AsyncTransport(Protocol):
 
     async def drained(self) -> None:
         """Return once the transport is writable again."""
+        ...
+
+    def listen(self, on_push: Callable[[Reply], None]) -> None:
+        """Call `on_push` with each frame the server sends unasked (`ClientCore.on_push`)."""
         ...
 
     def forget(self, rids: Sequence[str]) -> None: ...
@@ -235,6 +239,9 @@ class AsyncTcpTransport(asyncio.Protocol):
     def forget(self, rids: Sequence[str]) -> None:
         self._core.forget(rids)
 
+    def listen(self, on_push: Callable[[Reply], None]) -> None:
+        self._core.on_push = on_push
+
     async def close(self) -> None:
         """Close the connection; requests still waiting fail with `ConnectionLost`."""
         self._die("the connection was closed by the client")
@@ -370,6 +377,9 @@ class AsyncZmqTransport:
 
     def forget(self, rids: Sequence[str]) -> None:
         self._core.forget(rids)
+
+    def listen(self, on_push: Callable[[Reply], None]) -> None:
+        self._core.on_push = on_push
 
     async def close(self) -> None:
         """Close the socket; requests still waiting fail with `ConnectionLost`."""

@@ -380,9 +380,8 @@ class AsyncConnection(_Settings):
             except BaseException:
                 await transport.close()
                 raise
-            core = getattr(transport, "_core", None)
-            if core is not None and self.on_push is not None:
-                core.on_push = self.on_push
+            if self.on_push is not None:
+                transport.listen(self.on_push)
             self._transport = transport
             self.generation += 1
             return transport
