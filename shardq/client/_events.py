@@ -7,12 +7,15 @@
     queue = Queue("emails")
     queue.on("completed", lambda event: print(event.job_id, event.data))
 
-A subscription runs on its own connection (bunqueue's TS `QueueEvents` does the same): the
-server pushes event frames there without a `reqId`, which would only be noise among a
-connection's replies. It sends `Auth` (with a token) and `SubscribeEvents`, then reads events.
-When the connection breaks it reconnects and resubscribes with `since` set to the last event
-id it saw, so the server replays what the ring still holds (docs/protocol.md §18); `gap` on the
-first event after that says some events were lost in between.
+A subscription is a connection in event mode (`Connection.events`, which `Queue.events` uses):
+a link of its own (bunqueue's TS `QueueEvents` does the same), opened by the connection's
+`Transports` with the same address and security, because the server pushes event frames there
+without a `reqId`, which would only be noise among a connection's replies. The blocking and
+asyncio streams share the sans-IO `_Feed` (hello, replies, events, last id, gap) and differ
+only in their link's I/O. A stream sends `Auth` (with a token) and `SubscribeEvents`, then
+reads events. When its link breaks it reconnects and resubscribes with `since` set to the last
+event id it saw, so the server replays what the ring still holds (docs/protocol.md §18);
+`gap` on the first event after that says some events were lost in between.
 """
 
 from __future__ import annotations
