@@ -115,3 +115,14 @@ def test_tls_ca_file_and_context_as_parameters(tmp_path: Path) -> None:
         untrusting = Queue("tls-param", url, connect_timeout=2, retry=None)
         with untrusting, pytest.raises(ConnectionLost, match="CERTIFICATE_VERIFY_FAILED"):
             untrusting.counts()
+
+
+def test_cli_names_a_bad_curve_key_in_the_environment() -> None:
+    """The admin CLI reads the client's environment where it reads its configuration: a
+    malformed key is named as such (exit 2), not blamed on the url or left to a socket."""
+    done = run_cli(
+        ["status", "--url", "zmq://127.0.0.1:1"], env={"SHARDQ_ZMQ_SERVER_KEY": "not-a-key"}
+    )
+    assert done.returncode == 2
+    assert "SHARDQ_ZMQ_SERVER_KEY must be the server's CURVE public key" in done.stderr
+    assert "bad --url" not in done.stderr
