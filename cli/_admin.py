@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardq.client import Connection, ConnectionLost
-from shardq.client._url import DEFAULT_URL
+from shardq.client._url import DEFAULT_URL, client_security
 from shardq.core._validate import validate_job
 from shardq.errors import ShardqError
 from shardq.protocol._schema import job_options_error, push_allowed
@@ -102,6 +102,10 @@ def session(url: str, token: str | None) -> Iterator[Connection]:
     A server that cannot be reached gets the hint to start one; every other error names the
     URL once (the client's own messages already name it when they are about the connection).
     """
+    try:
+        client_security()  # SHARDQ_ZMQ_SERVER_KEY is checked here, so its error is not the url's
+    except ValueError as e:
+        fail(_one_line(e), 2)
     try:
         conn = Connection(
             url, token=token, timeout=COMMAND_TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S

@@ -10,8 +10,11 @@
 
     Worker("emails", send, concurrency=10, url="zmq://127.0.0.1:6788").run_until_idle()
 
-The transport follows the URL: `tcp://` speaks bunqueue's framing, `zmq://` the same command
-maps over a ZeroMQ DEALER. A worker leases up to `prefetch` (64) jobs ahead of its free
+The transport follows the URL: `tcp://` speaks bunqueue's framing (`tls://` over TLS), `zmq://`
+the same command maps over a ZeroMQ DEALER. `zmq_server_key=` (CURVE), `tls_ca_file=` and
+`tls_context=` secure it, else `SHARDQ_ZMQ_SERVER_KEY` and `SHARDQ_TLS_CA_FILE`, read once when
+a connection is made; its one `Transports` factory opens the command transports and the event
+streams alike. A worker leases up to `prefetch` (64) jobs ahead of its free
 handlers, renewing their leases while they wait, and ACKs in batches (`ack_batch`); both are
 options of `WorkerConfig`. A sans-IO core (`ClientCore`) does request ids, reply matching and
 error mapping; the blocking and asyncio transports are thin adapters around it. Errors are a

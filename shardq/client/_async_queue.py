@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -36,13 +37,23 @@ class AsyncQueue:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         retry: RetryPolicy | None = RetryPolicy(),  # noqa: B008 (frozen, so shared safely)
         connection: AsyncConnection | None = None,
+        tls_context: ssl.SSLContext | None = None,
+        zmq_server_key: str | None = None,
+        tls_ca_file: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a queue name must be a non-empty str, got {name!r}")
         self.name = name
         self._owns = connection is None
         self.connection = connection or AsyncConnection(
-            url, token=token, timeout=timeout, connect_timeout=connect_timeout, retry=retry
+            url,
+            token=token,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            retry=retry,
+            tls_context=tls_context,
+            zmq_server_key=zmq_server_key,
+            tls_ca_file=tls_ca_file,
         )
         self._callbacks: AsyncEventCallbacks | None = None
 
@@ -64,15 +75,7 @@ class AsyncQueue:
 
     def events(self, *, since: int | None = None) -> AsyncEventStream:
         """This queue's job events: `async for event in queue.events()`. See `Queue.events`."""
-        c = self.connection
-        return AsyncEventStream(
-            c.endpoint,
-            self.name,
-            c.token,
-            connect_timeout=c.connect_timeout,
-            since=since,
-            security=c.security,
-        )
+        return self.connection.events(self.name, since=since)
 
     async def on(self, name: str, listener: Callable[[QueueEvent], object]) -> AsyncQueue:
         """Call `listener(event)` (awaited if it returns an awaitable) for each event named

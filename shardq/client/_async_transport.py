@@ -19,42 +19,36 @@ import asyncio
 import contextlib
 import math
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol, cast
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from shardq.client._core import ClientCore, Framing
-from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._sockets import ClientSecurity, connect_tcp_async, new_dealer
-from shardq.client._sync_transport import (
-    HANDSHAKE_FAILED,
+from shardq.client._core import ClientCore, Framing, fail_waiters, no_reply
+from shardq.client._errors import ConnectionLost
+from shardq.client._sockets import (
+    MONITOR_EVENTS,
     close_monitored,
-    handshake_failed,
+    connect_tcp_async,
+    dealer_event,
     monitor_socket,
+    new_dealer,
 )
-from shardq.client._url import Endpoint, closed_message
+from shardq.client._url import ClientSecurity, Endpoint, closed_message
 
 __all__ = [
     "DEADLINE_GRAIN",
     "AsyncTcpTransport",
     "AsyncTransport",
     "AsyncZmqTransport",
-    "open_async",
     "wait_replies_async",
 ]
 
 Reply = dict[str, Any]
 Futures = list["asyncio.Future[Reply]"]
 DEADLINE_GRAIN: Final = 0.05  # seconds: requests whose deadlines are this close share a timer
-_MONITOR_EVENTS: Final = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_CONNECT_RETRIED
-    | HANDSHAKE_FAILED
-)
 
 
 class AsyncTransport(Protocol):
@@ -86,22 +80,13 @@ class AsyncTransport(Protocol):
         """Return once the transport is writable again."""
         ...
 
+    def listen(self, on_push: Callable[[Reply], None]) -> None:
+        """Call `on_push` with each frame the server sends unasked (`ClientCore.on_push`)."""
+        ...
+
     def forget(self, rids: Sequence[str]) -> None: ...
 
     async def close(self) -> None: ...
-
-
-async def open_async(
-    endpoint: Endpoint,
-    connect_timeout: float,
-    zmq_context: zmq.asyncio.Context | None,
-    security: ClientSecurity,
-) -> AsyncTransport:
-    """Connect to `endpoint`, secured as `security` says. Raises `ConnectionLost(sent=False)`
-    if that fails in time."""
-    if endpoint.scheme == "tcp":
-        return await AsyncTcpTransport.open(endpoint, connect_timeout, security)
-    return await AsyncZmqTransport.open(endpoint, connect_timeout, zmq_context, security)
 
 
 async def wait_replies_async(
@@ -136,17 +121,7 @@ async def _drained(
         async with asyncio.timeout(timeout):
             await transport.drained()
     except TimeoutError:
-        raise CommandTimeout(_timeout_message(commands[0].get("cmd"), timeout)) from None
-
-
-def _timeout_message(name: object, timeout: float) -> str:
-    return f"no reply to {name!r} within {timeout:g} s"
-
-
-def _fail(futures: Sequence[asyncio.Future[Reply]], message: str, *, sent: bool = True) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_exception(ConnectionLost(message, sent=sent))
+        raise no_reply(commands[0].get("cmd"), timeout) from None
 
 
 def _resolve(future: asyncio.Future[Reply], reply: Reply) -> None:
@@ -182,7 +157,7 @@ class _Deadlines:
             return
         waiting = self._core.take(rids)
         if waiting:
-            error = CommandTimeout(_timeout_message(key[2], key[1]))
+            error = no_reply(key[2], key[1])
             for future in waiting:
                 if not future.done():
                     future.set_exception(error)
@@ -264,6 +239,9 @@ class AsyncTcpTransport(asyncio.Protocol):
     def forget(self, rids: Sequence[str]) -> None:
         self._core.forget(rids)
 
+    def listen(self, on_push: Callable[[Reply], None]) -> None:
+        self._core.on_push = on_push
+
     async def close(self) -> None:
         """Close the connection; requests still waiting fail with `ConnectionLost`."""
         self._die("the connection was closed by the client")
@@ -306,11 +284,11 @@ class AsyncTcpTransport(asyncio.Protocol):
         # Requests still in the cork never left: the caller may safely send them again.
         unsent = [future for rids in self._out_rids for future in self._core.take(rids)]
         self._out, self._out_rids = [], []
-        _fail(unsent, reason, sent=False)
+        fail_waiters(unsent, reason, sent=False)
         if self._transport is not None:
             self._transport.abort()
         self._deadlines.cancel()
-        _fail(self._core.fail_all(), reason)
+        fail_waiters(self._core.fail_all(), reason)
 
 
 class AsyncZmqTransport:
@@ -328,7 +306,7 @@ class AsyncZmqTransport:
         self._endpoint = endpoint
         self._sock: zmq.asyncio.Socket = new_dealer(ctx, security)
         self._shadow: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
-        self._monitor = monitor_socket(self._sock, _MONITOR_EVENTS)
+        self._monitor = monitor_socket(self._sock, MONITOR_EVENTS)
         self._core: ClientCore[asyncio.Future[Reply]] = ClientCore(Framing.MESSAGE)
         self._deadlines = _Deadlines(self._core)
         loop = self._loop = asyncio.get_running_loop()
@@ -379,7 +357,9 @@ class AsyncZmqTransport:
         rids, bodies = self._core.prepare(commands, futures)
         for sent, body in enumerate(bodies):
             if not self._send_now(body):
-                _fail(self._core.take(rids), f"not connected to {self._endpoint}", sent=sent > 0)
+                fail_waiters(
+                    self._core.take(rids), f"not connected to {self._endpoint}", sent=sent > 0
+                )
                 return rids, futures
         self._deadlines.arm(loop, rids, timeout, commands[0].get("cmd"))
         return rids, futures
@@ -397,6 +377,9 @@ class AsyncZmqTransport:
 
     def forget(self, rids: Sequence[str]) -> None:
         self._core.forget(rids)
+
+    def listen(self, on_push: Callable[[Reply], None]) -> None:
+        self._core.on_push = on_push
 
     async def close(self) -> None:
         """Close the socket; requests still waiting fail with `ConnectionLost`."""
@@ -442,15 +425,11 @@ class AsyncZmqTransport:
             self._die(f"ZeroMQ monitor error on {self._endpoint}: {e}")
 
     def _on_event(self, event: int) -> None:
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            if not self._connected.done():
-                self._connected.set_result(None)
-        elif event == zmq.EVENT_DISCONNECTED:
-            self._die(f"connection to {self._endpoint} lost")
-        elif event == zmq.EVENT_CONNECT_RETRIED and not self._connected.done():
-            self._die(f"connection to {self._endpoint} refused")
-        elif event & HANDSHAKE_FAILED and not self._connected.done():
-            self._die(handshake_failed(self._endpoint))
+        handshaken, dead = dealer_event(event, self._connected.done(), self._endpoint)
+        if dead is not None:
+            self._die(dead)  # ends the connect attempt too
+        elif handshaken and not self._connected.done():
+            self._connected.set_result(None)
 
     def _die(self, reason: str) -> None:
         if self._dead is not None:
@@ -459,4 +438,4 @@ class AsyncZmqTransport:
         if not self._connected.done():
             self._connected.set_result(None)
         self._deadlines.cancel()
-        _fail(self._core.fail_all(), reason)
+        fail_waiters(self._core.fail_all(), reason)

@@ -88,7 +88,13 @@ class AsyncWorker:
             cfg.prefetch,
         )
         self._conn = AsyncConnection(
-            cfg.url, token=cfg.token, timeout=cfg.timeout, connect_timeout=cfg.connect_timeout
+            cfg.url,
+            token=cfg.token,
+            timeout=cfg.timeout,
+            connect_timeout=cfg.connect_timeout,
+            tls_context=cfg.tls_context,
+            zmq_server_key=cfg.zmq_server_key,
+            tls_ca_file=cfg.tls_ca_file,
         )
         self._conn.on_push = self._on_push
         self._async_handler = _is_async(handler)

@@ -2,8 +2,12 @@
 
 A connection opens its transport (TCP or ZeroMQ, from the URL) on first use, sends `Auth`
 first on every (re)connect when it has a token, and after a loss opens a new transport on the
-next call. A failed command is retried only when its error is on the transient allowlist and
-sending it again cannot apply it twice (see `RetryPolicy` and `may_resend`).
+next call. Its settings, security included (`zmq_server_key`, `tls_ca_file`, `tls_context`, or
+the environment's `SHARDQ_ZMQ_SERVER_KEY` and `SHARDQ_TLS_CA_FILE` for those not given), are
+resolved once, in the constructor, into one `Transports` factory that opens its command
+transports and, in event mode (`events()`), its event streams. A failed command is retried
+only when its error is on the transient allowlist and sending it again cannot apply it twice
+(see `RetryPolicy` and `may_resend`).
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from shardq.client._async_transport import AsyncTransport, open_async, wait_replies_async
+from shardq.client._async_transport import AsyncTransport, wait_replies_async
 from shardq.client._core import checked
 from shardq.client._errors import ClientClosed, ClientError, ConnectionLost, ServerError
+from shardq.client._events import AsyncEventStream, EventStream
+from shardq.client._factory import Transports
 from shardq.client._retry import RetryPolicy
-from shardq.client._sockets import ClientSecurity
-from shardq.client._sync_transport import SyncTransport, open_sync, wait_replies
-from shardq.client._url import DEFAULT_URL, Endpoint, parse_url
+from shardq.client._sync_transport import SyncTransport, wait_replies
+from shardq.client._url import DEFAULT_URL, ClientSecurity, Endpoint, client_security, parse_url
 
 __all__ = ["AsyncConnection", "Connection", "Submitted"]
 
@@ -36,7 +41,7 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 
 
 class _Settings:
-    """What both connection kinds share: where, who, how long, how to retry."""
+    """What both connection kinds share: where, who, how long, how to retry, how secured."""
 
     def __init__(
         self,
@@ -45,7 +50,7 @@ class _Settings:
         timeout: float,
         connect_timeout: float,
         retry: RetryPolicy | None,
-        tls_context: ssl.SSLContext | None = None,
+        security: ClientSecurity,
     ) -> None:
         if timeout <= 0 or connect_timeout <= 0:
             raise ValueError("timeout and connect_timeout must be > 0")
@@ -54,11 +59,9 @@ class _Settings:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.retry = retry if retry is not None else RetryPolicy(attempts=1)
-        # Read once, here, where the user's configuration is read; every socket this
-        # connection and its queues' event streams open is secured from it (`_sockets`).
-        # `tls_context` replaces a `tls://` url's default verification (e.g. to pin one
-        # certificate).
-        self.security = ClientSecurity.from_env(tls_context=tls_context)
+        self.security = security
+        # Every socket this connection and its event streams open comes from here.
+        self.transports = Transports(self.endpoint, security, connect_timeout)
         self.generation = 0
         """How many times a transport was opened; a change means the connection is new."""
 
@@ -84,9 +87,15 @@ def _check_all(replies: list[Reply], check: bool) -> list[Reply]:
 class Connection(_Settings):
     """A blocking, pipelining connection to a shardq server; safe to share between threads.
 
-    `url` is `tcp://host:port` (bunqueue framing) or `zmq://host:port` (ZeroMQ DEALER).
-    `timeout` bounds every command (seconds); `retry` says how transient errors are retried
-    (None: never).
+    `url` is `tcp://host:port` (bunqueue framing), `tls://host:port` (the same over TLS) or
+    `zmq://host:port` (ZeroMQ DEALER). `timeout` bounds every command (seconds); `retry` says
+    how transient errors are retried (None: never).
+
+    Security, given here or else read from the environment now: `zmq_server_key` is the
+    server's CURVE public key (Z85) for `zmq://` (`SHARDQ_ZMQ_SERVER_KEY`; "" = plain);
+    `tls_ca_file` a CA bundle to verify a `tls://` server with (`SHARDQ_TLS_CA_FILE`; else the
+    system's CAs); `tls_context` replaces both for `tls://` (e.g. to pin one certificate).
+    Raises `ValueError` for a bad url, timeout or CURVE key.
     """
 
     def __init__(
@@ -99,8 +108,13 @@ class Connection(_Settings):
         retry: RetryPolicy | None = None,
         zmq_context: zmq.Context[Any] | None = None,
         tls_context: ssl.SSLContext | None = None,
+        zmq_server_key: str | None = None,
+        tls_ca_file: str | None = None,
     ) -> None:
-        super().__init__(url, token, timeout, connect_timeout, retry, tls_context)
+        security = client_security(
+            zmq_server_key=zmq_server_key, tls_ca_file=tls_ca_file, tls_context=tls_context
+        )
+        super().__init__(url, token, timeout, connect_timeout, retry, security)
         self._zmq_context = zmq_context
         self._transport: SyncTransport | None = None
         self._lock = threading.Lock()
@@ -169,6 +183,19 @@ class Connection(_Settings):
             time.sleep(self.retry.delay(attempt))
             attempt += 1
 
+    def events(self, queue: str | None, *, since: int | None = None) -> EventStream:
+        """This connection in event mode: a subscription to `queue`'s job events (None: every
+        queue's) on a link of its own, with this connection's address, token and security.
+        See `Queue.events`."""
+        return EventStream(
+            self.endpoint,
+            queue,
+            self.token,
+            connect_timeout=self.connect_timeout,
+            since=since,
+            security=self.security,
+        )
+
     def close(self) -> None:
         """Close the connection; later calls raise `ClientClosed`. Idempotent."""
         with self._lock:
@@ -195,9 +222,7 @@ class Connection(_Settings):
             if transport is not None:
                 transport.close()
             self._transport = None
-            transport = open_sync(
-                self.endpoint, self.connect_timeout, self._zmq_context, self.security
-            )
+            transport = self.transports.open_sync(self._zmq_context)
             try:
                 auth = self.auth_commands()
                 _check_all(wait_replies(transport, auth, self.connect_timeout), True)
@@ -222,8 +247,13 @@ class AsyncConnection(_Settings):
         retry: RetryPolicy | None = None,
         zmq_context: zmq.asyncio.Context | None = None,
         tls_context: ssl.SSLContext | None = None,
+        zmq_server_key: str | None = None,
+        tls_ca_file: str | None = None,
     ) -> None:
-        super().__init__(url, token, timeout, connect_timeout, retry, tls_context)
+        security = client_security(
+            zmq_server_key=zmq_server_key, tls_ca_file=tls_ca_file, tls_context=tls_context
+        )
+        super().__init__(url, token, timeout, connect_timeout, retry, security)
         self._zmq_context = zmq_context
         self._transport: AsyncTransport | None = None
         self._lock = asyncio.Lock()
@@ -305,6 +335,17 @@ class AsyncConnection(_Settings):
             return None
         return Submitted(transport, rids, futures)
 
+    def events(self, queue: str | None, *, since: int | None = None) -> AsyncEventStream:
+        """This connection in event mode (see `Connection.events`), for asyncio."""
+        return AsyncEventStream(
+            self.endpoint,
+            queue,
+            self.token,
+            connect_timeout=self.connect_timeout,
+            since=since,
+            security=self.security,
+        )
+
     async def close(self) -> None:
         """Close the connection; later calls raise `ClientClosed`. Idempotent."""
         self._closed = True
@@ -332,18 +373,15 @@ class AsyncConnection(_Settings):
             if transport is not None:
                 await transport.close()
             self._transport = None
-            transport = await open_async(
-                self.endpoint, self.connect_timeout, self._zmq_context, self.security
-            )
+            transport = await self.transports.open_async(self._zmq_context)
             try:
                 auth = self.auth_commands()
                 _check_all(await wait_replies_async(transport, auth, self.connect_timeout), True)
             except BaseException:
                 await transport.close()
                 raise
-            core = getattr(transport, "_core", None)
-            if core is not None and self.on_push is not None:
-                core.on_push = self.on_push
+            if self.on_push is not None:
+                transport.listen(self.on_push)
             self._transport = transport
             self.generation += 1
             return transport

@@ -17,20 +17,45 @@ decimal string counter, as bunqueue's own clients use.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Generic, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
 
-from shardq.client._errors import SerializationError, error_from_reply
+from shardq.client._errors import (
+    CommandTimeout,
+    ConnectionLost,
+    SerializationError,
+    error_from_reply,
+)
 from shardq.protocol import MAX_FRAME_SIZE, FrameCutter, encode, frame_too_large
 
-__all__ = ["ClientCore", "Framing", "checked"]
+__all__ = ["ClientCore", "Framing", "Waiter", "checked", "fail_waiters", "no_reply"]
 
 W = TypeVar("W")
 Reply = dict[str, Any]
 
 _ENCODE_ERRORS: Final = (TypeError, ValueError, OverflowError)
+
+
+class Waiter(Protocol):
+    """What the transports' waiters are: a `concurrent.futures` or an asyncio `Future`."""
+
+    def done(self) -> bool: ...
+
+    def set_exception(self, exception: BaseException) -> None: ...
+
+
+def fail_waiters(waiters: Iterable[Waiter], message: str, *, sent: bool = True) -> None:
+    """Fail the waiters not yet done with `ConnectionLost(message, sent=sent)`."""
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_exception(ConnectionLost(message, sent=sent))
+
+
+def no_reply(name: object, timeout: float) -> CommandTimeout:
+    """The error of a command `name` that had no reply within `timeout` seconds."""
+    return CommandTimeout(f"no reply to {name!r} within {timeout:g} s")
 
 
 class Framing(enum.Enum):

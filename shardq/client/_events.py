@@ -7,35 +7,34 @@
     queue = Queue("emails")
     queue.on("completed", lambda event: print(event.job_id, event.data))
 
-A subscription runs on its own connection (bunqueue's TS `QueueEvents` does the same): the
-server pushes event frames there without a `reqId`, which would only be noise among a
-connection's replies. It sends `Auth` (with a token) and `SubscribeEvents`, then reads events.
-When the connection breaks it reconnects and resubscribes with `since` set to the last event
-id it saw, so the server replays what the ring still holds (docs/protocol.md §18); `gap` on the
-first event after that says some events were lost in between.
+A subscription is a connection in event mode (`Connection.events`, which `Queue.events` uses):
+a link of its own (bunqueue's TS `QueueEvents` does the same), opened by the connection's
+`Transports` with the same address and security, because the server pushes event frames there
+without a `reqId`, which would only be noise among a connection's replies. The blocking and
+asyncio streams share the sans-IO `_Feed` (hello, replies, events, last id, gap) and differ
+only in their link's I/O. A stream sends `Auth` (with a token) and `SubscribeEvents`, then
+reads events. When its link breaks it reconnects and resubscribes with `since` set to the last
+event id it saw, so the server replays what the ring still holds (docs/protocol.md §18);
+`gap` on the first event after that says some events were lost in between.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import msgpack  # type: ignore[import-untyped]
 import zmq
-import zmq.asyncio
 
 from shardq.client._errors import ConnectionLost, error_from_reply
-from shardq.client._sockets import ClientSecurity, connect_tcp, new_dealer, open_tcp_stream
-from shardq.client._url import Endpoint
-from shardq.protocol import FrameDecoder, encode_many
+from shardq.client._factory import AsyncEventLink, EventLink, Transports
+from shardq.client._url import ClientSecurity, Endpoint, client_security
 
 __all__ = [
     "AsyncEventCallbacks",
@@ -117,12 +116,21 @@ def parse_event(frame: Mapping[str, Any], gap: bool = False) -> QueueEvent | Non
 class _Feed:
     """The sans-IO part of a subscription: the commands it sends and what frames mean."""
 
-    def __init__(self, queue: str | None, token: str | None) -> None:
+    def __init__(self, queue: str | None, token: str | None, since: int | None) -> None:
         self.queue = queue
         self.token = token
-        self.last_id: int | None = None
+        self.last_id = since
         self.subscribed = False
         self._gap = False
+        self.ready: deque[QueueEvent] = deque()
+        """Events read and not handed out yet (they outlive a reconnect)."""
+
+    def take_all(self, frames: Iterable[object]) -> None:
+        """Queue the events among `frames` in `ready`. Raises as `take`."""
+        for frame in frames:
+            event = self.take(frame)
+            if event is not None:
+                self.ready.append(event)
 
     def hello(self) -> list[dict[str, Any]]:
         """What a (re)connect sends: Auth, then SubscribeEvents (from the last id seen)."""
@@ -160,8 +168,21 @@ class _Feed:
         return event
 
 
-def _pack_zmq(commands: list[dict[str, Any]]) -> list[bytes]:
-    return [msgpack.packb(c, use_bin_type=True) for c in commands]
+def _transports(
+    endpoint: Endpoint,
+    connect_timeout: float,
+    security: ClientSecurity | None,
+    tls_context: ssl.SSLContext | None,
+    zmq_server_key: str | None,
+    tls_ca_file: str | None,
+) -> Transports:
+    """Where a stream's links come from: its connection's `security` (a queue's streams), else
+    the settings given here, the environment's for those not given."""
+    if security is None:
+        security = client_security(
+            zmq_server_key=zmq_server_key, tls_ca_file=tls_ca_file, tls_context=tls_context
+        )
+    return Transports(endpoint, security, connect_timeout)
 
 
 # -- blocking -------------------------------------------------------------------------------
@@ -171,7 +192,10 @@ class EventStream:
     """A blocking iterator over a queue's events (`Queue.events()`); `queue=None` follows
     every queue. Iterating blocks until an event comes; `get(timeout)` returns None instead
     once `timeout` seconds pass. Raises `ConnectionLost` after `RECONNECT_ATTEMPTS` failed
-    reconnects, and the server's error if it refuses the subscription."""
+    reconnects, and the server's error if it refuses the subscription.
+
+    Its link is secured as `security` says (a queue's streams pass their connection's), else
+    by `zmq_server_key`, `tls_ca_file` and `tls_context` as for `Connection`."""
 
     def __init__(
         self,
@@ -182,20 +206,17 @@ class EventStream:
         connect_timeout: float = 5.0,
         since: int | None = None,
         tls_context: ssl.SSLContext | None = None,
+        zmq_server_key: str | None = None,
+        tls_ca_file: str | None = None,
         security: ClientSecurity | None = None,
     ) -> None:
         self.endpoint = endpoint
-        self._feed = _Feed(queue, token)
-        self._feed.last_id = since
+        self._feed = _Feed(queue, token, since)
         self._connect_timeout = connect_timeout
-        # How its socket is secured: a queue's streams use their connection's (CURVE, TLS);
-        # else read from the environment now, with `tls_context` replacing a `tls://`
-        # endpoint's default verification.
-        self._security = security or ClientSecurity.from_env(tls_context=tls_context)
-        self._sock: socket.socket | None = None
-        self._dealer: zmq.Socket[Any] | None = None
-        self._decoder = FrameDecoder()
-        self._ready: deque[QueueEvent] = deque()
+        self._transports = _transports(
+            endpoint, connect_timeout, security, tls_context, zmq_server_key, tls_ca_file
+        )
+        self._link: EventLink | None = None
         self.closed = False
 
     def __enter__(self) -> EventStream:
@@ -221,69 +242,35 @@ class EventStream:
 
     def subscribe(self) -> None:
         """Connect and subscribe now (iteration does it on first use). Raises as `get`."""
-        self._ensure()
+        link = self._ensure()
         deadline = time.monotonic() + self._connect_timeout
         while not self._feed.subscribed:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ConnectionLost(f"no SubscribeEvents reply from {self.endpoint}")
-            self._read(left)
+            self._feed.take_all(link.read(left))
 
     def get(self, timeout: float | None = None) -> QueueEvent | None:
         """The next event, or None after `timeout` seconds (None: wait for ever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._ready:
+        ready = self._feed.ready
+        while not ready:
             if self.closed:
                 return None
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
             try:
-                self._ensure()
-                self._read(1.0 if left is None else min(left, 1.0))
+                link = self._ensure()
+                self._feed.take_all(link.read(1.0 if left is None else min(left, 1.0)))
             except (OSError, zmq.ZMQError, ConnectionLost):
                 self._reconnect()
-        return self._ready.popleft()
+        return ready.popleft()
 
-    def _ensure(self) -> None:
-        if self._sock is None and self._dealer is None:
-            self._open()
-
-    def _open(self) -> None:
-        hello = self._feed.hello()
-        if self.endpoint.scheme == "zmq":
-            ctx: zmq.Context[Any] = zmq.Context.instance()
-            dealer: zmq.Socket[Any] = new_dealer(ctx, self._security, immediate=False)
-            dealer.connect(self.endpoint.zmq_address)
-            for body in _pack_zmq(hello):
-                dealer.send(body)
-            self._dealer = dealer
-            return
-        sock = connect_tcp(self.endpoint, self._connect_timeout, self._security)
-        sock.sendall(encode_many(hello))
-        self._decoder = FrameDecoder()
-        self._sock = sock
-
-    def _read(self, timeout: float) -> None:
-        if self._dealer is not None:
-            if self._dealer.poll(int(timeout * 1000)):
-                self._take(msgpack.unpackb(self._dealer.recv_multipart()[-1], raw=False))
-            return
-        assert self._sock is not None
-        self._sock.settimeout(timeout)
-        try:
-            data = self._sock.recv(1 << 16)
-        except TimeoutError:
-            return
-        if not data:
-            raise ConnectionLost(f"the server at {self.endpoint} closed the event connection")
-        for frame in self._decoder.feed(data):
-            self._take(frame)
-
-    def _take(self, frame: object) -> None:
-        event = self._feed.take(frame)
-        if event is not None:
-            self._ready.append(event)
+    def _ensure(self) -> EventLink:
+        if self._link is None:
+            self._link = self._transports.open_events(self._feed.hello())
+        return self._link
 
     def _reconnect(self) -> None:
         self._drop()
@@ -301,12 +288,9 @@ class EventStream:
         raise ConnectionLost(f"cannot resubscribe to events at {self.endpoint}")
 
     def _drop(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        if self._dealer is not None:
-            self._dealer.close(linger=0)
-            self._dealer = None
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
 
     def close(self) -> None:
         """Close the subscription connection. Idempotent."""
@@ -317,18 +301,35 @@ class EventStream:
 Listener = Callable[[QueueEvent], object]
 
 
-class EventCallbacks:
+class _Listeners:
+    """The listeners `on` and `off` keep, by event name, for both kinds of callbacks; a
+    listener's error is kept in `errors` (the last 100)."""
+
+    def __init__(self) -> None:
+        self._listeners: list[tuple[str, Listener]] = []
+        self._lock = threading.Lock()  # the blocking kind calls them from its own thread
+        self.errors: deque[BaseException] = deque(maxlen=100)
+
+    def off(self, name: str, listener: Listener) -> None:
+        with self._lock:
+            if (name, listener) in self._listeners:
+                self._listeners.remove((name, listener))
+
+    def _for(self, event: QueueEvent) -> list[Listener]:
+        with self._lock:
+            return [fn for name, fn in self._listeners if event.matches(name)]
+
+
+class EventCallbacks(_Listeners):
     """`Queue.on(name, fn)`: a thread reads an `EventStream` and calls the listeners of each
     event, in order. A listener that raises is skipped for that event (and the error kept in
     `errors`, the last 100), never stops the others."""
 
     def __init__(self, make_stream: Callable[[], EventStream]) -> None:
+        super().__init__()
         self._make_stream = make_stream
-        self._listeners: list[tuple[str, Listener]] = []
-        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stream: EventStream | None = None
-        self.errors: deque[BaseException] = deque(maxlen=100)
 
     def on(self, name: str, listener: Listener) -> None:
         with self._lock:
@@ -338,11 +339,6 @@ class EventCallbacks:
                 self._stream.subscribe()  # events from now on are seen: raises here if refused
                 self._thread = threading.Thread(target=self._run, daemon=True, name="events")
                 self._thread.start()
-
-    def off(self, name: str, listener: Listener) -> None:
-        with self._lock:
-            if (name, listener) in self._listeners:
-                self._listeners.remove((name, listener))
 
     def _run(self) -> None:
         stream = self._stream
@@ -355,9 +351,7 @@ class EventCallbacks:
                 return
             if event is None:
                 continue
-            with self._lock:
-                listeners = [fn for name, fn in self._listeners if event.matches(name)]
-            for fn in listeners:
+            for fn in self._for(event):
                 try:
                     fn(event)
                 except Exception as e:
@@ -385,21 +379,17 @@ class AsyncEventStream:
         connect_timeout: float = 5.0,
         since: int | None = None,
         tls_context: ssl.SSLContext | None = None,
+        zmq_server_key: str | None = None,
+        tls_ca_file: str | None = None,
         security: ClientSecurity | None = None,
     ) -> None:
         self.endpoint = endpoint
-        self._feed = _Feed(queue, token)
-        self._feed.last_id = since
+        self._feed = _Feed(queue, token, since)
         self._connect_timeout = connect_timeout
-        # How its socket is secured: a queue's streams use their connection's (CURVE, TLS);
-        # else read from the environment now, with `tls_context` replacing a `tls://`
-        # endpoint's default verification.
-        self._security = security or ClientSecurity.from_env(tls_context=tls_context)
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._dealer: zmq.asyncio.Socket | None = None
-        self._decoder = FrameDecoder()
-        self._ready: deque[QueueEvent] = deque()
+        self._transports = _transports(
+            endpoint, connect_timeout, security, tls_context, zmq_server_key, tls_ca_file
+        )
+        self._link: AsyncEventLink | None = None
         self.closed = False
 
     async def __aenter__(self) -> AsyncEventStream:
@@ -423,19 +413,19 @@ class AsyncEventStream:
 
     async def subscribe(self) -> None:
         """Connect and subscribe now. Raises `ConnectionLost` or the server's refusal."""
-        if self._reader is None and self._dealer is None:
-            await self._open()
+        link = await self._ensure()
         deadline = time.monotonic() + self._connect_timeout
         while not self._feed.subscribed:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ConnectionLost(f"no SubscribeEvents reply from {self.endpoint}")
-            await self._read(left)
+            self._feed.take_all(await link.read(left))
 
     async def get(self, timeout: float | None = None) -> QueueEvent | None:
         """The next event; None after `timeout` seconds, or once closed."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._ready:
+        ready = self._feed.ready
+        while not ready:
             if self.closed:
                 return None
             left = None if deadline is None else deadline - time.monotonic()
@@ -443,48 +433,16 @@ class AsyncEventStream:
                 return None
             try:
                 await self.subscribe()
-                await self._read(1.0 if left is None else min(left, 1.0))
+                link = await self._ensure()
+                self._feed.take_all(await link.read(1.0 if left is None else min(left, 1.0)))
             except (OSError, zmq.ZMQError, ConnectionLost):
                 await self._reconnect()
-        return self._ready.popleft()
+        return ready.popleft()
 
-    async def _open(self) -> None:
-        hello = self._feed.hello()
-        if self.endpoint.scheme == "zmq":
-            ctx = zmq.asyncio.Context.instance()
-            dealer: zmq.asyncio.Socket = new_dealer(ctx, self._security, immediate=False)
-            dealer.connect(self.endpoint.zmq_address)
-            for body in _pack_zmq(hello):
-                await dealer.send_multipart([body])
-            self._dealer = dealer
-            return
-        reader, writer = await asyncio.wait_for(
-            open_tcp_stream(self.endpoint, self._security), self._connect_timeout
-        )
-        self._reader, self._writer = reader, writer
-        self._decoder = FrameDecoder()
-        writer.write(encode_many(hello))
-
-    async def _read(self, timeout: float) -> None:
-        if self._dealer is not None:
-            if await self._dealer.poll(int(timeout * 1000)):
-                body = (await self._dealer.recv_multipart())[-1]
-                self._take(msgpack.unpackb(body, raw=False))
-            return
-        assert self._reader is not None
-        try:
-            data = await asyncio.wait_for(self._reader.read(1 << 16), timeout)
-        except TimeoutError:
-            return
-        if not data:
-            raise ConnectionLost(f"the server at {self.endpoint} closed the event connection")
-        for frame in self._decoder.feed(data):
-            self._take(frame)
-
-    def _take(self, frame: object) -> None:
-        event = self._feed.take(frame)
-        if event is not None:
-            self._ready.append(event)
+    async def _ensure(self) -> AsyncEventLink:
+        if self._link is None:
+            self._link = await self._transports.open_events_async(self._feed.hello())
+        return self._link
 
     async def _reconnect(self) -> None:
         self._drop()
@@ -502,12 +460,9 @@ class AsyncEventStream:
         raise ConnectionLost(f"cannot resubscribe to events at {self.endpoint}")
 
     def _drop(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = self._reader = None
-        if self._dealer is not None:
-            self._dealer.close(linger=0)
-            self._dealer = None
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
 
     async def close(self) -> None:
         """Close the subscription connection. Idempotent."""
@@ -515,28 +470,24 @@ class AsyncEventStream:
         self._drop()
 
 
-class AsyncEventCallbacks:
+class AsyncEventCallbacks(_Listeners):
     """`await AsyncQueue.on(name, fn)`: a task reads an `AsyncEventStream` and calls the
     listeners of each event in order (awaiting those that return awaitables). A listener that
     raises is skipped for that event (the error kept in `errors`, the last 100)."""
 
     def __init__(self, make_stream: Callable[[], AsyncEventStream]) -> None:
+        super().__init__()
         self._make_stream = make_stream
-        self._listeners: list[tuple[str, Listener]] = []
         self._task: asyncio.Task[None] | None = None
         self._stream: AsyncEventStream | None = None
-        self.errors: deque[BaseException] = deque(maxlen=100)
 
     async def on(self, name: str, listener: Listener) -> None:
-        self._listeners.append((name, listener))
+        with self._lock:
+            self._listeners.append((name, listener))
         if self._task is None:
             self._stream = self._make_stream()
             await self._stream.subscribe()
             self._task = asyncio.get_running_loop().create_task(self._run(self._stream))
-
-    def off(self, name: str, listener: Listener) -> None:
-        if (name, listener) in self._listeners:
-            self._listeners.remove((name, listener))
 
     async def _run(self, stream: AsyncEventStream) -> None:
         while not stream.closed:
@@ -547,9 +498,7 @@ class AsyncEventCallbacks:
                 return
             if event is None:
                 return
-            for name, fn in list(self._listeners):
-                if not event.matches(name):
-                    continue
+            for fn in self._for(event):
                 try:
                     result = fn(event)
                     if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final, TypeVar
@@ -42,6 +43,8 @@ class Queue:
     sends `Auth` first when `token` is set, and reconnects after a loss; transient errors are
     retried by `retry` only where a resend cannot apply a command twice. Pass `connection`
     to share one connection between queues (the queue then does not close it).
+    `zmq_server_key`, `tls_ca_file` and `tls_context` secure it as for `Connection` (unset:
+    from `SHARDQ_ZMQ_SERVER_KEY` and `SHARDQ_TLS_CA_FILE`), its event streams too.
     Safe to use from several threads; requests from them share the connection (pipelined).
     """
 
@@ -55,11 +58,21 @@ class Queue:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         retry: RetryPolicy | None = RetryPolicy(),  # noqa: B008 (frozen, so shared safely)
         connection: Connection | None = None,
+        tls_context: ssl.SSLContext | None = None,
+        zmq_server_key: str | None = None,
+        tls_ca_file: str | None = None,
     ) -> None:
         self.name = _validate_name(name)
         self._owns = connection is None
         self.connection = connection or Connection(
-            url, token=token, timeout=timeout, connect_timeout=connect_timeout, retry=retry
+            url,
+            token=token,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            retry=retry,
+            tls_context=tls_context,
+            zmq_server_key=zmq_server_key,
+            tls_ca_file=tls_ca_file,
         )
         self._callbacks: EventCallbacks | None = None
 
@@ -84,15 +97,7 @@ class Queue:
         (docs/protocol.md §18); `since` replays the events after that id the server still
         holds. Iterating raises `ConnectionLost` once reconnecting fails, and the server's
         error if it refuses the subscription."""
-        c = self.connection
-        return EventStream(
-            c.endpoint,
-            self.name,
-            c.token,
-            connect_timeout=c.connect_timeout,
-            since=since,
-            security=c.security,
-        )
+        return self.connection.events(self.name, since=since)
 
     def on(self, name: str, listener: Callable[[QueueEvent], object]) -> Queue:
         """Call `listener(event)` for each event named `name` (bunqueue's `completed`,

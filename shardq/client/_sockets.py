@@ -2,61 +2,53 @@
 (with CURVE when the server's key is known), for commands and event streams, blocking and
 asyncio alike.
 
-How a socket is secured is read from the user's configuration once, when a connection or an
-event stream is made (`ClientSecurity.from_env`), and handed down: nothing below reads the
-environment. An event stream made from a queue uses its connection's `ClientSecurity`, so
-events reach a CURVE or TLS server exactly as commands do.
-
-- `SHARDQ_ZMQ_SERVER_KEY`: the server's CURVE public key (Z85), for `zmq://`.
-- `SHARDQ_TLS_CA_FILE`: a CA bundle to verify a `tls://` server with (else the system's CAs);
-  a `tls_context` given by the caller replaces both.
+How a socket is secured comes in as a `ClientSecurity`, resolved from the user's
+configuration where that is read (`shardq.client._url.client_security`): nothing here reads
+the environment. An event stream opens its sockets here too, with its connection's
+`ClientSecurity`, so events reach a CURVE or TLS server exactly as commands do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import os
 import socket
-import ssl
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 import zmq
 
-from shardq.client._url import Endpoint
+from shardq.client._url import ClientSecurity, Endpoint
 
-__all__ = ["ClientSecurity", "connect_tcp", "connect_tcp_async", "new_dealer", "open_tcp_stream"]
+__all__ = [
+    "HANDSHAKE_FAILED",
+    "MONITOR_EVENTS",
+    "ClientSecurity",
+    "close_monitored",
+    "connect_tcp",
+    "connect_tcp_async",
+    "dealer_event",
+    "detach_monitor",
+    "handshake_failed",
+    "monitor_socket",
+    "new_dealer",
+    "open_tcp_stream",
+]
 
 _P = TypeVar("_P", bound=asyncio.BaseProtocol)
-
-
-@dataclass(frozen=True, slots=True)
-class ClientSecurity:
-    """How this client secures its sockets (see the module's docstring)."""
-
-    zmq_server_key: str = ""  # "" = plain ZeroMQ
-    tls_ca_file: str = ""  # "" = the system's CAs
-    tls: ssl.SSLContext | None = None  # replaces the default verification of `tls://`
-
-    @classmethod
-    def from_env(
-        cls, env: Mapping[str, str] | None = None, *, tls_context: ssl.SSLContext | None = None
-    ) -> ClientSecurity:
-        source = os.environ if env is None else env
-        return cls(
-            zmq_server_key=source.get("SHARDQ_ZMQ_SERVER_KEY", "").strip(),
-            tls_ca_file=source.get("SHARDQ_TLS_CA_FILE", "").strip(),
-            tls=tls_context,
-        )
-
-    def tls_for(self, endpoint: Endpoint) -> ssl.SSLContext | None:
-        """The TLS context of a `tls://` endpoint; None for a plain one."""
-        if not endpoint.tls:
-            return None
-        if self.tls is not None:
-            return self.tls
-        return ssl.create_default_context(cafile=self.tls_ca_file or None)
+HANDSHAKE_FAILED: Final = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+MONITOR_EVENTS: Final = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | HANDSHAKE_FAILED
+)
 
 
 def connect_tcp(endpoint: Endpoint, timeout: float, security: ClientSecurity) -> socket.socket:
@@ -129,3 +121,62 @@ def new_dealer(ctx: zmq.Context[Any], security: ClientSecurity, *, immediate: bo
     sock.setsockopt(zmq.HEARTBEAT_IVL, 5000)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 15000)
     return sock
+
+
+_monitor_ids = itertools.count()
+
+
+def monitor_socket(sock: zmq.Socket[Any], events: int) -> Any:
+    """`sock.get_monitor_socket(events)` on an address no other socket can hold.
+
+    pyzmq names the inproc endpoint after the socket's file descriptor; a descriptor is reused
+    as soon as a socket closes, while the context may not have unbound the old monitor yet, so
+    a new connection could fail with "Address already in use".
+    """
+    addr = f"inproc://shardq-monitor-{os.getpid()}-{next(_monitor_ids)}"
+    return sock.get_monitor_socket(events, addr=addr)
+
+
+def close_monitored(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
+    """Close a socket and its monitor: the monitor is detached first (`detach_monitor`)."""
+    detach_monitor(sock, monitor)
+    sock.close(linger=0)
+
+
+def detach_monitor(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
+    """Stop `sock` reporting events, then close the `monitor` socket that read them.
+
+    libzmq's I/O thread writes monitor events with a blocking send. If the monitor's reading
+    end were closed while the socket still reports (a reconnect attempt to a dead server, a
+    disconnect), that thread would block for good, and with it every socket of the context:
+    later connections would never handshake.
+    """
+    with contextlib.suppress(zmq.ZMQError):
+        sock.disable_monitor()
+    monitor.close(linger=0)
+
+
+def dealer_event(event: int, handshaken: bool, endpoint: Endpoint) -> tuple[bool, str | None]:
+    """What a command DEALER's monitor `event` means, for both transports: whether the
+    handshake is done now, and why the connection is dead (None: it is not).
+
+    Before the first handshake a refused connect or a failed handshake ends the attempt (else
+    ZeroMQ would retry quietly until the connect timeout); after it, a disconnect ends the
+    connection, so waiting requests fail at once and the next call reconnects with `Auth`.
+    """
+    if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        return True, None
+    if event == zmq.EVENT_DISCONNECTED:
+        return handshaken, f"connection to {endpoint} lost"
+    if not handshaken and event == zmq.EVENT_CONNECT_RETRIED:
+        return False, f"connection to {endpoint} refused"
+    if not handshaken and event & HANDSHAKE_FAILED:
+        return False, handshake_failed(endpoint)
+    return handshaken, None
+
+
+def handshake_failed(endpoint: Endpoint) -> str:
+    return (
+        f"ZeroMQ handshake with {endpoint} failed (a CURVE server needs `zmq_server_key` "
+        "(or SHARDQ_ZMQ_SERVER_KEY) set to its public key; a plain one must not have it)"
+    )

@@ -12,9 +12,7 @@ one.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
-import os
 import select
 import socket
 import ssl
@@ -28,21 +26,22 @@ from typing import Any, Final, Protocol
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from shardq.client._core import ClientCore, Framing
-from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._sockets import ClientSecurity, connect_tcp, new_dealer
-from shardq.client._url import Endpoint, closed_message
+from shardq.client._core import ClientCore, Framing, fail_waiters, no_reply
+from shardq.client._errors import ConnectionLost
+from shardq.client._sockets import (
+    MONITOR_EVENTS,
+    close_monitored,
+    connect_tcp,
+    dealer_event,
+    monitor_socket,
+    new_dealer,
+)
+from shardq.client._url import ClientSecurity, Endpoint, closed_message
 
 __all__ = [
-    "HANDSHAKE_FAILED",
     "SyncTcpTransport",
     "SyncTransport",
     "SyncZmqTransport",
-    "close_monitored",
-    "detach_monitor",
-    "handshake_failed",
-    "monitor_socket",
-    "open_sync",
     "wait_replies",
 ]
 
@@ -50,17 +49,6 @@ Reply = dict[str, Any]
 Futures = list["Future[Reply]"]
 _RECV_BYTES: Final = 1 << 20
 _JOIN_S: Final = 5.0  # how long close() waits for the I/O thread
-HANDSHAKE_FAILED: Final = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-_MONITOR_EVENTS: Final = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_CONNECT_RETRIED
-    | HANDSHAKE_FAILED
-)
 
 
 class SyncTransport(Protocol):
@@ -90,19 +78,6 @@ class SyncTransport(Protocol):
     def close(self) -> None: ...
 
 
-def open_sync(
-    endpoint: Endpoint,
-    connect_timeout: float,
-    zmq_context: zmq.Context[Any] | None,
-    security: ClientSecurity,
-) -> SyncTransport:
-    """Connect to `endpoint`, secured as `security` says. Raises `ConnectionLost(sent=False)`
-    if that fails in time."""
-    if endpoint.scheme == "tcp":
-        return SyncTcpTransport(endpoint, connect_timeout, security)
-    return SyncZmqTransport(endpoint, connect_timeout, zmq_context, security)
-
-
 def wait_replies(
     transport: SyncTransport,
     commands: Sequence[Mapping[str, Any]],
@@ -122,13 +97,7 @@ def wait_replies(
     except TimeoutError:
         transport.forget(rids)
         name = commands[0].get("cmd") if commands else None
-        raise CommandTimeout(f"no reply to {name!r} within {timeout:g} s") from None
-
-
-def _fail(futures: Sequence[Future[Reply]], message: str, *, sent: bool = True) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_exception(ConnectionLost(message, sent=sent))
+        raise no_reply(name, timeout) from None
 
 
 def _resolve(matched: Sequence[tuple[Future[Reply], Reply]]) -> None:
@@ -283,7 +252,7 @@ class SyncTcpTransport:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
-        _fail(waiting, reason)
+        fail_waiters(waiting, reason)
         self._wake_followers()
 
 
@@ -308,7 +277,7 @@ class SyncZmqTransport:
         ctx = context if context is not None else zmq.Context.instance()
         self._endpoint = endpoint
         self._sock: zmq.Socket[bytes] = new_dealer(ctx, security)
-        self._monitor: zmq.Socket[bytes] = monitor_socket(self._sock, _MONITOR_EVENTS)
+        self._monitor: zmq.Socket[bytes] = monitor_socket(self._sock, MONITOR_EVENTS)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -391,16 +360,11 @@ class SyncZmqTransport:
             except zmq.Again:
                 return
             event = parse_monitor_message(frames)["event"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._connected.set()
-            elif event == zmq.EVENT_DISCONNECTED:
-                self._mark_dead(f"connection to {self._endpoint} lost")
-            elif event == zmq.EVENT_CONNECT_RETRIED and not self._connected.is_set():
-                self._mark_dead(f"connection to {self._endpoint} refused")
-                self._connected.set()
-            elif event & HANDSHAKE_FAILED and not self._connected.is_set():
-                self._mark_dead(handshake_failed(self._endpoint))
-                self._connected.set()
+            handshaken, dead = dealer_event(event, self._connected.is_set(), self._endpoint)
+            if dead is not None:
+                self._mark_dead(dead)
+            if handshaken or dead is not None:
+                self._connected.set()  # the connect attempt is over, one way or the other
 
     def _send_outbox(self) -> None:
         while self._outbox and self._dead is None:
@@ -414,7 +378,7 @@ class SyncZmqTransport:
                 # IMMEDIATE: no completed connection to queue on. Fail just these.
                 with self._lock:
                     waiting = self._core.take(rids)
-                _fail(waiting, f"not connected to {self._endpoint}", sent=sent > 0)
+                fail_waiters(waiting, f"not connected to {self._endpoint}", sent=sent > 0)
 
     def _receive(self) -> None:
         while True:
@@ -440,44 +404,4 @@ class SyncZmqTransport:
         close_monitored(self._sock, self._monitor)
         self._wake_r.close()
         self._wake_w.close()
-        _fail(waiting, reason)
-
-
-_monitor_ids = itertools.count()
-
-
-def monitor_socket(sock: zmq.Socket[Any], events: int) -> Any:
-    """`sock.get_monitor_socket(events)` on an address no other socket can hold.
-
-    pyzmq names the inproc endpoint after the socket's file descriptor; a descriptor is reused
-    as soon as a socket closes, while the context may not have unbound the old monitor yet, so
-    a new connection could fail with "Address already in use".
-    """
-    addr = f"inproc://shardq-monitor-{os.getpid()}-{next(_monitor_ids)}"
-    return sock.get_monitor_socket(events, addr=addr)
-
-
-def close_monitored(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
-    """Close a socket and its monitor: the monitor is detached first (`detach_monitor`)."""
-    detach_monitor(sock, monitor)
-    sock.close(linger=0)
-
-
-def detach_monitor(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
-    """Stop `sock` reporting events, then close the `monitor` socket that read them.
-
-    libzmq's I/O thread writes monitor events with a blocking send. If the monitor's reading
-    end were closed while the socket still reports (a reconnect attempt to a dead server, a
-    disconnect), that thread would block for good, and with it every socket of the context:
-    later connections would never handshake.
-    """
-    with contextlib.suppress(zmq.ZMQError):
-        sock.disable_monitor()
-    monitor.close(linger=0)
-
-
-def handshake_failed(endpoint: Endpoint) -> str:
-    return (
-        f"ZeroMQ handshake with {endpoint} failed (a CURVE server needs SHARDQ_ZMQ_SERVER_KEY "
-        "set to its public key; a plain one must not have it)"
-    )
+        fail_waiters(waiting, reason)

@@ -13,8 +13,8 @@ from typing import Any, Final
 
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import CommandTimeout, ConnectionLost, ServerError, error_from_reply
-from shardq.client._sockets import ClientSecurity, connect_tcp
-from shardq.client._url import Endpoint
+from shardq.client._sockets import connect_tcp
+from shardq.client._url import ClientSecurity, Endpoint
 
 __all__ = ["CommandFailed", "ConnectionClosed", "TcpConnection"]
 

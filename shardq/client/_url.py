@@ -1,13 +1,34 @@
-"""Server addresses: `tcp://host:6789` (bunqueue framing), `tls://host:6789` (the same over
-TLS) or `zmq://host:6788` (ZeroMQ)."""
+"""The user's configuration of where and how to connect: server addresses (`tcp://host:6789`,
+bunqueue framing; `tls://host:6789`, the same over TLS; `zmq://host:6788`, ZeroMQ) and how
+sockets are secured (`ClientSecurity`).
+
+This is the one place the client reads the environment for its security settings
+(`client_security`), when a `Connection`, `Queue`, `Worker` or event stream is made; what it
+resolves is handed down to the sockets, which read nothing themselves:
+
+- `SHARDQ_ZMQ_SERVER_KEY`: the server's CURVE public key (Z85), for `zmq://`;
+  `zmq_server_key=` replaces it ("" = plain ZeroMQ even if the variable is set).
+- `SHARDQ_TLS_CA_FILE`: a CA bundle to verify a `tls://` server with (else the system's CAs);
+  `tls_ca_file=` replaces it, and a `tls_context=` replaces both.
+"""
 
 from __future__ import annotations
 
+import os
+import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 from urllib.parse import urlsplit
 
-__all__ = ["DEFAULT_URL", "Endpoint", "closed_message", "parse_url"]
+__all__ = [
+    "DEFAULT_URL",
+    "ClientSecurity",
+    "Endpoint",
+    "client_security",
+    "closed_message",
+    "parse_url",
+]
 
 DEFAULT_URL: Final = "tcp://127.0.0.1:6789"
 
@@ -63,3 +84,56 @@ def closed_message(endpoint: Endpoint, answered: bool) -> str:
     if not answered and not endpoint.tls:
         message += " before answering (if that port speaks TLS, connect with tls://)"
     return message
+
+
+_Z85_KEY_CHARS: Final = 40  # a 32-byte CURVE key in Z85
+_Z85_ALPHABET: Final = frozenset(
+    "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSecurity:
+    """How a client secures its sockets: resolved once (`client_security`), then passed down."""
+
+    zmq_server_key: str = ""  # "" = plain ZeroMQ
+    tls_ca_file: str = ""  # "" = the system's CAs
+    tls: ssl.SSLContext | None = None  # replaces the default verification of `tls://`
+
+    def tls_for(self, endpoint: Endpoint) -> ssl.SSLContext | None:
+        """The TLS context of a `tls://` endpoint; None for a plain one."""
+        if not endpoint.tls:
+            return None
+        if self.tls is not None:
+            return self.tls
+        return ssl.create_default_context(cafile=self.tls_ca_file or None)
+
+
+def client_security(
+    *,
+    zmq_server_key: str | None = None,
+    tls_ca_file: str | None = None,
+    tls_context: ssl.SSLContext | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ClientSecurity:
+    """The security settings a caller gave, the environment's for those left None.
+
+    Raises:
+        ValueError: the CURVE key is not a Z85 public key (40 characters), saying where it
+            came from; or `tls_context` is not an `ssl.SSLContext`.
+    """
+    source = os.environ if env is None else env
+    origin = "zmq_server_key"
+    if zmq_server_key is None:
+        zmq_server_key, origin = source.get("SHARDQ_ZMQ_SERVER_KEY", ""), "SHARDQ_ZMQ_SERVER_KEY"
+    if tls_ca_file is None:
+        tls_ca_file = source.get("SHARDQ_TLS_CA_FILE", "")
+    key = zmq_server_key.strip()
+    if key and (len(key) != _Z85_KEY_CHARS or not _Z85_ALPHABET.issuperset(key)):
+        raise ValueError(
+            f"{origin} must be the server's CURVE public key in Z85 (40 characters, the "
+            f"contents of `shardq zmq-keygen`'s server.public), got {len(key)} characters"
+        )
+    if tls_context is not None and not isinstance(tls_context, ssl.SSLContext):
+        raise ValueError(f"tls_context must be an ssl.SSLContext, got {tls_context!r}")
+    return ClientSecurity(key, tls_ca_file.strip(), tls_context)

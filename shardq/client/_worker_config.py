@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import ssl
 import uuid
 from dataclasses import dataclass, field
 from typing import Final, TypedDict
@@ -35,6 +36,9 @@ class WorkerOptions(TypedDict, total=False):
     """Keyword options of `Worker` and `AsyncWorker` (see `WorkerConfig` for each)."""
 
     token: str | None
+    zmq_server_key: str | None
+    tls_ca_file: str | None
+    tls_context: ssl.SSLContext | None
     prefetch: int
     ack_batch: bool
     ack_batch_size: int
@@ -58,6 +62,8 @@ class WorkerConfig:
 
     - `concurrency`: handlers running at once.
     - `url`, `token`, `timeout`, `connect_timeout`: as for `Connection`.
+    - `zmq_server_key`, `tls_ca_file`, `tls_context`: how its connection is secured, as for
+      `Connection` (None: from `SHARDQ_ZMQ_SERVER_KEY` and `SHARDQ_TLS_CA_FILE`).
     - `prefetch`: jobs leased ahead of the free handlers, kept in a local buffer so a handler
       never waits for a round trip. The worker never holds more than `concurrency + prefetch`
       unfinished jobs, and pulls again when the buffer is down to half of `prefetch`. A job
@@ -89,6 +95,9 @@ class WorkerConfig:
     concurrency: int = 1
     url: str = DEFAULT_URL
     token: str | None = None
+    zmq_server_key: str | None = None
+    tls_ca_file: str | None = None
+    tls_context: ssl.SSLContext | None = None
     prefetch: int = DEFAULT_PREFETCH
     ack_batch: bool = True
     ack_batch_size: int = 100

@@ -14,7 +14,14 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from shardq.client._sync_transport import close_monitored, detach_monitor, monitor_socket
+from shardq.client._sockets import (
+    close_monitored,
+    dealer_event,
+    detach_monitor,
+    handshake_failed,
+    monitor_socket,
+)
+from shardq.client._url import parse_url
 
 Context = zmq.Context[zmq.Socket[bytes]]
 _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
@@ -77,3 +84,26 @@ def test_close_monitored_leaves_the_context_usable(context: Context) -> None:
         sock, monitor = retrying_dealer(context)
         close_monitored(sock, monitor)
     assert still_delivers(context)
+
+
+_AT = parse_url("zmq://127.0.0.1:6788")
+
+
+@pytest.mark.parametrize(
+    ("event", "handshaken", "expected"),
+    [
+        (zmq.EVENT_HANDSHAKE_SUCCEEDED, False, (True, None)),
+        (zmq.EVENT_DISCONNECTED, True, (True, f"connection to {_AT} lost")),
+        (zmq.EVENT_DISCONNECTED, False, (False, f"connection to {_AT} lost")),
+        (zmq.EVENT_CONNECT_RETRIED, False, (False, f"connection to {_AT} refused")),
+        (zmq.EVENT_CONNECT_RETRIED, True, (True, None)),  # ZeroMQ's own reconnect, later
+        (zmq.EVENT_HANDSHAKE_FAILED_AUTH, False, (False, handshake_failed(_AT))),
+        (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, True, (True, None)),
+    ],
+)
+def test_both_transports_read_monitor_events_alike(
+    event: int, handshaken: bool, expected: tuple[bool, str | None]
+) -> None:
+    """`dealer_event` is the one reading of a command DEALER's monitor, sync and asyncio."""
+    assert dealer_event(event, handshaken, _AT) == expected
+    assert "zmq_server_key" in handshake_failed(_AT)

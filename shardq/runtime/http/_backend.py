@@ -96,6 +96,9 @@ class Backend:
             timeout=self.timeout_s,
             connect_timeout=CONNECT_TIMEOUT_S,
             tls_context=tls,
+            # Its own front end, over TCP: the client's SHARDQ_* settings are not for it.
+            zmq_server_key="",
+            tls_ca_file="",
         )
         return _Link(conn)
 

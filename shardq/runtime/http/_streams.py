@@ -140,7 +140,13 @@ class EventStreams:
 
     def _subscription(self, queue: str | None, since: int | None) -> AsyncEventStream:
         return AsyncEventStream(
-            self._endpoint, queue, self._token, since=since, tls_context=self._tls
+            self._endpoint,
+            queue,
+            self._token,
+            since=since,
+            tls_context=self._tls,
+            zmq_server_key="",  # its own front end, over TCP: not the client's SHARDQ_* settings
+            tls_ca_file="",
         )
 
     async def _subscribe(
