@@ -97,8 +97,9 @@ class Frontend:
             webhook_rules=SsrfRules.of(spec.webhook_allow_private, spec.webhook_allow_networks),
             events=EventLimits.from_spec(spec),
         )
-        self.dispatcher.add_handlers(MonitoringCommands(self.dispatcher, spec).handlers)
-        self.dispatcher.add_handlers(BackupCommand(self.dispatcher, spec).handlers)
+        router, handle = self.dispatcher.router, self.dispatcher.handle
+        self.dispatcher.add_handlers(MonitoringCommands(router, handle, spec).handlers)
+        self.dispatcher.add_handlers(BackupCommand(spec).handlers)
         self.dispatcher.limits = schema_limits(spec.engine)
         # asyncio accepts up to a whole backlog of connections before any reaches the gateway,
         # so one burst's worth of descriptors is kept free too, and the burst kept to a quarter
