@@ -59,15 +59,6 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
 # Circles that exist only through `if TYPE_CHECKING:` imports, each with why it is still there.
 # Remove an entry when its circle goes (the test fails on a stale entry too).
 KNOWN_TYPING_CIRCLES: Mapping[frozenset[str], str] = {
-    frozenset(
-        {
-            "shardq.runtime.frontend._dispatch",
-            "shardq.runtime.frontend._cron",
-            "shardq.runtime.frontend._flows",
-            "shardq.runtime.frontend._webhooks",
-        }
-    ): "the route objects annotate the Dispatcher they call back into; the front end's "
-    "router seam (issue 21, point 3) replaces that hub",
     frozenset({"shardq.tasks._app", "shardq.tasks._canvas", "shardq.tasks._periodic"}): (
         "signatures and schedules annotate the App and Task they belong to; "
         "at run time they receive them as arguments"
@@ -207,8 +198,8 @@ def test_the_graph_sees_what_the_package_imports() -> None:
                for t in graph[m])  # fmt: skip
     assert "shardq._logging" in graph["shardq.tasks._worker"]  # inside a function
     typing_graph = import_graph("shardq", typing_only=True)
-    assert "shardq.runtime.frontend._dispatch" in typing_graph["shardq.runtime.frontend._cron"]
-    assert "shardq.runtime.frontend._dispatch" not in graph["shardq.runtime.frontend._cron"]
+    assert "shardq.tasks._app" in typing_graph["shardq.tasks._periodic"]
+    assert "shardq.tasks._app" not in graph["shardq.tasks._periodic"]
 
 
 def test_no_import_circle_in_shardq() -> None:

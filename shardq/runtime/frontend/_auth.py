@@ -28,7 +28,7 @@ from shardq.runtime._ports import AuthThrottle
 from shardq.runtime.frontend._limits import Failures, LogLimiter
 from shardq.runtime.frontend._replies import Client, Reply
 
-__all__ = ["AUTH_THROTTLED", "INTERNAL_COMMANDS", "AuthGate", "client_address"]
+__all__ = ["AUTH_THROTTLED", "INTERNAL_COMMANDS", "AuthGate", "client_address", "is_internal"]
 
 # Connections whose failed Auth attempts are remembered (ZeroMQ peers never say goodbye).
 MAX_AUTH_FAILURE_RECORDS: Final = 100_000
@@ -46,6 +46,12 @@ def client_address(client: Client) -> str:
     """The source address a client's failures count against ("" when unknown)."""
     address = getattr(client, "address", "")
     return address if isinstance(address, str) else ""
+
+
+def is_internal(client: Client) -> bool:
+    """Whether `client` is the HTTP process's internal link: it authenticated with the
+    supervisor's per-run `internal_token` (`AuthGate.auth` marks it)."""
+    return bool(getattr(client, "internal", False))
 
 
 class AuthGate:
@@ -136,7 +142,7 @@ class AuthGate:
     def auth_check(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         """`{cmd: "AuthCheck", token, address}` from the internal link: `{ok: true}` or
         `Invalid token`, answered after the address's delay like an `Auth`."""
-        if not getattr(client, "internal", False):
+        if not is_internal(client):
             self._answer(client, req, error_reply(unknown_command("AuthCheck")))
             return
         address = str(frame.get("address", ""))[:MAX_ADDRESS_CHARS]

@@ -24,7 +24,7 @@ import structlog
 
 from shardq.protocol import error_reply
 from shardq.runtime._spec import ChildSpec
-from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.frontend._replies import answer
 
 __all__ = ["BACKUP_ACTIONS", "BackupCommand"]
 
@@ -40,8 +40,7 @@ _log = structlog.get_logger()
 
 
 class BackupCommand:
-    def __init__(self, dispatcher: Dispatcher, spec: ChildSpec) -> None:
-        self._dispatcher = dispatcher
+    def __init__(self, spec: ChildSpec) -> None:
         self._db = Path(spec.data_path)
         self._busy = False
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
@@ -54,13 +53,13 @@ class BackupCommand:
         action, key = frame.get("action"), frame.get("key")
         if action not in BACKUP_ACTIONS:
             error = f"Invalid action: expected one of {', '.join(BACKUP_ACTIONS)}"
-            self._dispatcher.answer(client, req, error_reply(error))
+            answer(client, req, error_reply(error))
             return
         if action == "verify" and (not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS):
-            self._dispatcher.answer(client, req, error_reply("Invalid key: a backup's key"))
+            answer(client, req, error_reply("Invalid key: a backup's key"))
             return
         if self._busy:
-            self._dispatcher.answer(client, req, error_reply(BUSY))
+            answer(client, req, error_reply(BUSY))
             return
         self._busy = True
         task = asyncio.ensure_future(self._answer(client, req, str(action), key))
@@ -75,7 +74,7 @@ class BackupCommand:
             reply = error_reply(f"Backup failed: {type(e).__name__}: {e}")
         finally:
             self._busy = False
-        self._dispatcher.answer(client, req, reply)
+        answer(client, req, reply)
 
 
 def run_action(db: Path, action: str, key: object) -> Reply:

@@ -9,13 +9,12 @@ another shard leaves no copy behind (a failed upsert deletes nothing). `CronGet`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._merge import merge_cron_list
-
-if TYPE_CHECKING:
-    from shardq.runtime.frontend._dispatch import Client, Dispatcher, Reply
+from shardq.runtime.frontend._replies import Client, Reply, answer
+from shardq.runtime.frontend._router import Router
 
 __all__ = ["CronRoutes"]
 
@@ -25,8 +24,10 @@ def _ignore(_reply: Reply) -> None:
 
 
 class CronRoutes:
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self._d = dispatcher
+    """The Cron commands' handlers, by name (`handlers`), over the router."""
+
+    def __init__(self, router: Router) -> None:
+        self._r = router
         self.handlers = {
             "Cron": self.upsert,
             "CronList": self.list,
@@ -35,34 +36,33 @@ class CronRoutes:
         }
 
     def upsert(self, client: Client, req: object, frame: dict[str, Any]) -> None:
-        d = self._d
+        r = self._r
         queue, name = frame.get("queue"), frame.get("name")
         frame["_conn"] = client.conn
-        if d.shards == 1 or not isinstance(queue, str) or not isinstance(name, str):
-            d._route(client, req, "Cron", frame)  # one shard, or the owner's validation error
+        if r.shards == 1 or not isinstance(queue, str) or not isinstance(name, str):
+            r.route(client, req, "Cron", frame)  # one shard, or the owner's validation error
             return
-        owner = shard_of(queue, d.shards)
+        owner = shard_of(queue, r.shards)
 
         def done(reply: Reply) -> None:
             if reply.get("ok"):
                 cleanup = {"cmd": "CronDelete", "name": name, "_conn": client.conn}
-                for shard in range(d.shards):
+                for shard in range(r.shards):
                     if shard != owner:
-                        d._ask(shard, client.conn, dict(cleanup), _ignore)
-            d.answer(client, req, reply)
+                        r.ask(shard, client.conn, dict(cleanup), _ignore)
+            answer(client, req, reply)
 
-        d._ask(owner, client.conn, frame, done)
+        r.ask(owner, client.conn, frame, done)
 
     def list(self, client: Client, req: object, frame: dict[str, Any]) -> None:
-        d = self._d
-        d._gather_all(client, frame, lambda rs: d.answer(client, req, merge_cron_list(rs)))
+        self._r.gather(client, frame, lambda rs: answer(client, req, merge_cron_list(rs)))
 
     def by_name(self, client: Client, req: object, frame: dict[str, Any]) -> None:
-        d = self._d
+        r = self._r
         frame["_conn"] = client.conn
-        d._ask_all_first(
+        r.ask_first(
             client.conn,
             str(frame.get("cmd")),
             frame,
-            lambda _shard, reply: d.answer(client, req, reply),
+            lambda _shard, reply: answer(client, req, reply),
         )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shardq.core import FLOW_NOTIFY, FLOW_RELEASE
 from shardq.core._flows import PENDING_PARENT
@@ -29,13 +29,20 @@ from shardq.core._graph import flow_reference_error, graph_error
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE, is_found
 from shardq.runtime.frontend._orphans import OrphanWatch
+from shardq.runtime.frontend._replies import Client, Reply, answer
+from shardq.runtime.frontend._router import Router
 
 if TYPE_CHECKING:
     import asyncio
 
-    from shardq.runtime.frontend._dispatch import Client, Dispatcher, Reply
+__all__ = ["FlowRoutes", "Forward"]
 
-__all__ = ["FlowRoutes"]
+
+class Forward(Protocol):
+    """Sends a command on to its shard as the dispatcher does, past the parent check."""
+
+    def __call__(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> None: ...
+
 
 # The connection id of requests the front end makes for the shards themselves.
 _INTERNAL_CONN = "flows"
@@ -46,9 +53,15 @@ def _ignore(_reply: Reply) -> None:
 
 
 class FlowRoutes:
-    def __init__(self, dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop) -> None:
-        self._d = dispatcher
-        self.orphans = OrphanWatch(dispatcher, loop)
+    """PUSHF and RemoveUnprocessedChildren (`handlers`), and the flow notices between shards,
+    over the router."""
+
+    def __init__(self, router: Router, loop: asyncio.AbstractEventLoop, forward: Forward) -> None:
+        """`forward` sends a command on to its shard as the dispatcher does, past the
+        parent check (`check_parents`): for the pushes and UpdateParents checked here."""
+        self._r = router
+        self._forward = forward
+        self.orphans = OrphanWatch(router, loop)
         self.handlers = {
             "PUSHF": self.pushf,
             "RemoveUnprocessedChildren": self.remove_unprocessed,
@@ -59,7 +72,7 @@ class FlowRoutes:
 
     def on_notices(self, msg: Mapping[str, Any]) -> None:
         """Route a child's shard's notices to their parents' shards."""
-        d = self._d
+        r = self._r
         origin, items = msg.get("shard"), msg.get("items")
         if not isinstance(origin, int) or not isinstance(items, list):
             return
@@ -69,7 +82,7 @@ class FlowRoutes:
             if isinstance(item, list) and len(item) == 2 and isinstance(item[1], Mapping):
                 queue = item[1].get("pq")
                 if isinstance(queue, str):
-                    by_shard.setdefault(shard_of(queue, d.shards), []).append(item)
+                    by_shard.setdefault(shard_of(queue, r.shards), []).append(item)
                 else:
                     unrouted.append(item)
         for shard, part in by_shard.items():
@@ -77,7 +90,7 @@ class FlowRoutes:
         if unrouted:
             # A child that names its parent but not the parent's queue: only the shard that
             # holds the parent applies it, and the notice is done once every shard answered.
-            self._notify(list(range(d.shards)), origin, unrouted)
+            self._notify(list(range(r.shards)), origin, unrouted)
 
     def _notify(self, shards: list[int], origin: int, part: list[list[Any]]) -> None:
         keys = [k for k, _ in part]
@@ -90,60 +103,59 @@ class FlowRoutes:
 
         for shard in shards:
             cmd = {"cmd": FLOW_NOTIFY, "items": [n for _, n in part], "_conn": _INTERNAL_CONN}
-            self._d._ask(shard, _INTERNAL_CONN, cmd, answered)
+            self._r.ask(shard, _INTERNAL_CONN, cmd, answered)
 
     def _notified(self, origin: int, keys: list[Any]) -> None:
         """Every shard that had to apply the notices committed them: the child's shard may
         forget them. (A shard that did not answer ok gets them again, from a resend.)"""
-        d = self._d
-        if origin in d.down or not 0 <= origin < d.shards:
+        r = self._r
+        if origin in r.down or not 0 <= origin < r.shards:
             return
-        d._control[origin].append({"t": "flowack", "keys": keys})
-        d._schedule_flush()
+        r.control(origin, {"t": "flowack", "keys": keys})
 
     # -- PUSHF -----------------------------------------------------------------------------
 
     def pushf(self, client: Client, req: object, frame: dict[str, Any]) -> None:
-        d = self._d
+        r = self._r
         frame["_conn"] = client.conn
         error = _whole_graph_error(frame.get("jobs"))
         if error:
             # Checked on the whole graph here: a shard sees only its part of a cycle, and
             # of the links that leave the graph (`flow_reference_error`).
-            d.answer(client, req, {"ok": False, "error": error})
+            answer(client, req, {"ok": False, "error": error})
             return
-        parts = _split(frame.get("jobs"), d.shards)
+        parts = _split(frame.get("jobs"), r.shards)
         if parts is None or len(parts) < 2:
             # One shard holds it all (or the graph is malformed: any shard says why).
             shard = next(iter(parts)) if parts else 0
-            d._ask(shard, client.conn, frame, partial(self._one_shard, client, req, shard))
+            r.ask(shard, client.conn, frame, partial(self._one_shard, client, req, shard))
             return
         _TwoPhase(self, client, req, frame, parts).start()
 
     def _one_shard(self, client: Client, req: object, shard: int, reply: Reply) -> None:
-        self._d.learn("PUSHF", shard, reply)
-        self._d.answer(client, req, reply)
+        self._r.learn("PUSHF", shard, reply)
+        answer(client, req, reply)
 
     # -- UpdateParent ---------------------------------------------------------------------
 
     def update_parent(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         """Forwarded to the child's shard once some shard shows the parent."""
-        d = self._d
+        forward = self._forward
         parent = frame.get("parentId")
         if not isinstance(parent, str) or not parent:
-            d._to_shard(client, req, "UpdateParent", frame)  # the engine words it
+            forward(client, req, "UpdateParent", frame)  # the engine words it
             return
 
         def found(shard: int | None, reply: Reply) -> None:
             if shard is not None:
-                d._to_shard(client, req, "UpdateParent", frame)
+                forward(client, req, "UpdateParent", frame)
             elif _unavailable(reply):
-                d.answer(client, req, reply)  # a restarting shard may hold it: not a "no"
+                answer(client, req, reply)  # a restarting shard may hold it: not a "no"
             else:
-                d.answer(client, req, {"ok": False, "error": f"Parent job not found: {parent}"})
+                answer(client, req, {"ok": False, "error": f"Parent job not found: {parent}"})
 
         probe = {"cmd": "GetState", "id": parent, "_conn": _INTERNAL_CONN}
-        d._ask_all_first(_INTERNAL_CONN, "GetState", probe, found)
+        self._r.ask_first(_INTERNAL_CONN, "GetState", probe, found)
 
     def check_parents(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> bool:
         """False when the PUSH or PUSHB names no parent to check and no children to watch
@@ -157,9 +169,9 @@ class FlowRoutes:
         if parents:
             client = _Watching(client, self.orphans, name, frame, parents)
         if links:
-            _ParentCheck(self._d, client, req, name, frame, links).start()
+            _ParentCheck(self._r, self._forward, client, req, name, frame, links).start()
         else:
-            self._d._to_shard(client, req, name, frame, checked=True)
+            self._forward(client, req, name, frame)
         return True
 
     # -- RemoveUnprocessedChildren --------------------------------------------------------
@@ -167,24 +179,24 @@ class FlowRoutes:
     def remove_unprocessed(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         """The parent's shard removes the children it holds; those it does not are cancelled
         on their shards (if still queued) and the parent is told to stop waiting for them."""
-        d = self._d
+        r = self._r
         frame["_conn"] = client.conn
         parent = frame.get("id")
 
         def done(found: int | None, reply: Reply) -> None:
             elsewhere = reply.pop("elsewhere", None)
             if found is None or not isinstance(elsewhere, list):
-                d.answer(client, req, reply)
+                answer(client, req, reply)
                 return
-            d.cache.learn([parent], found)
+            r.cache.learn([parent], found)
             _Cascade(self, client, req, str(parent), found, elsewhere).start()
 
-        shard = d.cache.get(parent)
-        if shard is not None or d.shards == 1:
+        shard = r.cache.get(parent)
+        if shard is not None or r.shards == 1:
             owner = shard if shard is not None else 0
-            d._ask(owner, client.conn, frame, partial(done, owner))
+            r.ask(owner, client.conn, frame, partial(done, owner))
         else:
-            d._ask_all_first(client.conn, "RemoveUnprocessedChildren", frame, done)
+            r.ask_first(client.conn, "RemoveUnprocessedChildren", frame, done)
 
 
 class _ParentCheck:
@@ -192,23 +204,24 @@ class _ParentCheck:
 
     def __init__(
         self,
-        d: Dispatcher,
+        router: Router,
+        forward: Forward,
         client: Client,
         req: object,
         name: str,
         frame: dict[str, Any],
         links: dict[str, str],
     ) -> None:
-        self._d, self._client, self._req = d, client, req
+        self._r, self._forward, self._client, self._req = router, forward, client, req
         self._name, self._frame, self._links = name, frame, links
         self._left = len(links)
         self._done = False
 
     def start(self) -> None:
-        d = self._d
+        r = self._r
         for parent, queue in self._links.items():
             probe = {"cmd": "GetState", "id": parent, "_conn": _INTERNAL_CONN}
-            d._ask(shard_of(queue, d.shards), _INTERNAL_CONN, probe, partial(self._got, parent))
+            r.ask(shard_of(queue, r.shards), _INTERNAL_CONN, probe, partial(self._got, parent))
 
     def _got(self, parent: str, reply: Reply) -> None:
         if self._done:
@@ -216,12 +229,12 @@ class _ParentCheck:
         if not is_found("GetState", reply):
             self._done = True
             missing = {"ok": False, "error": f"Parent job not found: {parent}"}
-            self._d.answer(self._client, self._req, reply if _unavailable(reply) else missing)
+            answer(self._client, self._req, reply if _unavailable(reply) else missing)
             return
         self._left -= 1
         if self._left == 0:
             self._done = True
-            self._d._to_shard(self._client, self._req, self._name, self._frame, checked=True)
+            self._forward(self._client, self._req, self._name, self._frame)
 
 
 class _Watching:
@@ -306,7 +319,7 @@ class _Cascade:
         parent_shard: int,
         children: list[Any],
     ) -> None:
-        self._d = routes._d
+        self._r = routes._r
         self._client, self._req = client, req
         self._parent, self._parent_shard = parent, parent_shard
         self._children = [c for c in children if isinstance(c, str)]
@@ -314,11 +327,11 @@ class _Cascade:
 
     def start(self) -> None:
         if not self._children:
-            self._d.answer(self._client, self._req, {"ok": True})
+            answer(self._client, self._req, {"ok": True})
         for child in self._children:
             cancel = {"cmd": "Cancel", "id": child, "_conn": _INTERNAL_CONN}
             answered = partial(self._cancelled, child)
-            self._d._ask_all_first(_INTERNAL_CONN, "Cancel", cancel, answered)
+            self._r.ask_first(_INTERNAL_CONN, "Cancel", cancel, answered)
 
     def _cancelled(self, child: str, found: int | None, reply: Reply) -> None:
         if found is not None and reply.get("ok"):
@@ -326,7 +339,7 @@ class _Cascade:
         elif found is None and not _unavailable(reply):
             # Cancel's "not found" also means "not cancellable" (running): ask for its state.
             probe = {"cmd": "GetState", "id": child, "_conn": _INTERNAL_CONN}
-            self._d._ask_all_first(_INTERNAL_CONN, "GetState", probe, partial(self._probed, child))
+            self._r.ask_first(_INTERNAL_CONN, "GetState", probe, partial(self._probed, child))
         else:
             self._one_done({"ok": True})  # running, finished, or its shard restarting
 
@@ -343,12 +356,12 @@ class _Cascade:
     def _remove(self, child: str) -> None:
         notice = {"parent": self._parent, "child": child, "kind": "failed", "policy": "remove"}
         cmd = {"cmd": FLOW_NOTIFY, "items": [notice], "_conn": _INTERNAL_CONN}
-        self._d._ask(self._parent_shard, _INTERNAL_CONN, cmd, self._one_done)
+        self._r.ask(self._parent_shard, _INTERNAL_CONN, cmd, self._one_done)
 
     def _one_done(self, _reply: Reply) -> None:
         self._left -= 1
         if self._left == 0:
-            self._d.answer(self._client, self._req, {"ok": True})
+            answer(self._client, self._req, {"ok": True})
 
 
 class _TwoPhase:
@@ -363,7 +376,7 @@ class _TwoPhase:
         parts: dict[int, list[Any]],
     ) -> None:
         self._routes = routes
-        self._d = routes._d
+        self._r = routes._r
         self._client = client
         self._req = req
         self._order = [str(e["id"]) for e in frame["jobs"]]
@@ -373,26 +386,26 @@ class _TwoPhase:
     def start(self) -> None:
         for shard, entries in self._parts.items():
             cmd = {"cmd": "PUSHF", "jobs": entries, "_hold": True, "_conn": self._client.conn}
-            self._d._ask(shard, self._client.conn, cmd, partial(self._admitted, shard))
+            self._r.ask(shard, self._client.conn, cmd, partial(self._admitted, shard))
 
     def _admitted(self, shard: int, reply: Reply) -> None:
         self._replies[shard] = reply
         if len(self._replies) < len(self._parts):
             return
-        d = self._d
+        router = self._r
         refused = next((r for r in self._replies.values() if not r.get("ok")), None)
         for part_shard, part_reply in self._replies.items():
             ids = [str(e["id"]) for e in self._parts[part_shard]]
             if refused is None:
                 cmd = {"cmd": FLOW_RELEASE, "ids": ids, "_conn": _INTERNAL_CONN}
-                d._ask(part_shard, _INTERNAL_CONN, cmd, _ignore)
-                d.learn("PUSHF", part_shard, part_reply)
+                router.ask(part_shard, _INTERNAL_CONN, cmd, _ignore)
+                router.learn("PUSHF", part_shard, part_reply)
             elif part_reply.get("ok"):
                 for job_id in ids:
                     cancel = {"cmd": "Cancel", "id": job_id, "_conn": _INTERNAL_CONN}
-                    d._ask(part_shard, _INTERNAL_CONN, cancel, _ignore)
+                    router.ask(part_shard, _INTERNAL_CONN, cancel, _ignore)
         if refused is not None:
-            d.answer(self._client, self._req, refused)
+            answer(self._client, self._req, refused)
             return
         jobs = {
             j["id"]: j
@@ -401,7 +414,7 @@ class _TwoPhase:
             if isinstance(j, Mapping)
         }
         ordered = [jobs[i] for i in self._order if i in jobs]
-        d.answer(self._client, self._req, {"ok": True, "data": {"jobs": ordered}})
+        answer(self._client, self._req, {"ok": True, "data": {"jobs": ordered}})
 
 
 def _unavailable(reply: Reply) -> bool:

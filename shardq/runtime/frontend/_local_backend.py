@@ -1,4 +1,5 @@
-"""The HTTP process's `Backend`, served inside the front end: commands go to its dispatcher.
+"""The HTTP process's `Backend`, served inside the front end: commands go to its dispatcher's
+`handle`.
 
 The monitoring commands (`Prometheus`, `DashboardOverview`, ...) answer what the HTTP routes
 answer, built by the same code (`shardq.runtime.http._monitor`, `_overview`). That code asks
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.protocol import DecodedFrame
+from shardq.runtime.frontend._replies import Client
 from shardq.runtime.http._backend import TIMEOUT_S, Backend, Reply
 
 __all__ = ["LocalBackend"]
@@ -41,8 +43,8 @@ class _Inbox:
 
 
 class LocalBackend(Backend):
-    def __init__(self, dispatcher: Dispatcher) -> None:  # no connection: see the module doc
-        self._dispatcher = dispatcher
+    def __init__(self, handle: Callable[[Client, DecodedFrame], None]) -> None:
+        self._handle = handle  # no connection: see the module doc
         self._inbox = _Inbox()
         self._ids = itertools.count(1)
 
@@ -61,7 +63,7 @@ class LocalBackend(Backend):
             future: asyncio.Future[Reply] = loop.create_future()
             self._inbox.waiting[req] = future
             futures.append(future)
-            self._dispatcher.handle(self._inbox, {**command, "reqId": req})
+            self._handle(self._inbox, {**command, "reqId": req})
         try:
             return list(
                 await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT_S + wait_ms / 1000)

@@ -18,9 +18,10 @@ from typing import Any
 
 import structlog
 
-from shardq.protocol import INTERNAL_SERVER_ERROR, error_reply
+from shardq.protocol import INTERNAL_SERVER_ERROR, DecodedFrame, error_reply
 from shardq.runtime._spec import ChildSpec
-from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.frontend._replies import Client, answer
+from shardq.runtime.frontend._router import Router
 
 __all__ = ["MONITORING_COMMANDS", "MonitoringCommands"]
 
@@ -43,9 +44,17 @@ def _text(value: object) -> str | None:
     return None if value is None or isinstance(value, bool) else str(value)
 
 
+# The dispatcher's `handle`: the commands a view is built from take a client's whole path.
+Handle = Callable[[Client, DecodedFrame], None]
+
+
 class MonitoringCommands:
-    def __init__(self, dispatcher: Dispatcher, spec: ChildSpec) -> None:
-        self._dispatcher = dispatcher
+    """The monitoring commands' handlers (`handlers`): `CompactMemory` over the router, the
+    others built by the HTTP process's views from commands fed to `handle`."""
+
+    def __init__(self, router: Router, handle: Handle, spec: ChildSpec) -> None:
+        self._router = router
+        self._handle = handle
         self._spec = spec
         self._views: Any = None  # (Monitor, Overview), made on first use
         self._tasks: set[asyncio.Task[None]] = set()
@@ -63,9 +72,9 @@ class MonitoringCommands:
 
         def done(replies: list[Reply]) -> None:
             failed = next((r for r in replies if not r.get("ok")), None)
-            self._dispatcher.answer(client, req, failed or {"ok": True})
+            answer(client, req, failed or {"ok": True})
 
-        self._dispatcher.gather_all(client, {"cmd": "CompactMemory"}, done)
+        self._router.gather(client, {"cmd": "CompactMemory"}, done)
 
     def _run(self, client: Any, req: object, frame: dict[str, Any]) -> None:
         task = asyncio.ensure_future(self._answer(client, req, frame))
@@ -78,7 +87,7 @@ class MonitoringCommands:
         except Exception:
             _log.exception("monitoring command failed", command=frame.get("cmd"))
             reply = error_reply(INTERNAL_SERVER_ERROR)
-        self._dispatcher.answer(client, req, reply)
+        answer(client, req, reply)
 
     def _build(self, frame: dict[str, Any]) -> Coroutine[Any, Any, Reply]:
         if self._views is None:
@@ -87,7 +96,7 @@ class MonitoringCommands:
             from shardq.runtime.http._monitor import Monitor
             from shardq.runtime.http._overview import Overview
 
-            backend = LocalBackend(self._dispatcher)
+            backend = LocalBackend(self._handle)
             monitor = Monitor(self._spec, backend)
             self._views = (monitor, Overview(backend, monitor))
         name = frame["cmd"]

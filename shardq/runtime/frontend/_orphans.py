@@ -35,7 +35,8 @@ from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE
 if TYPE_CHECKING:
     import asyncio
 
-    from shardq.runtime.frontend._dispatch import Dispatcher, Reply
+    from shardq.runtime.frontend._replies import Reply
+    from shardq.runtime.frontend._router import Router
 
 __all__ = ["OrphanWatch"]
 
@@ -53,8 +54,8 @@ def _unavailable(reply: Reply) -> bool:
 
 
 class OrphanWatch:
-    def __init__(self, d: Dispatcher, loop: asyncio.AbstractEventLoop) -> None:
-        self._d = d
+    def __init__(self, router: Router, loop: asyncio.AbstractEventLoop) -> None:
+        self._r = router
         self._loop = loop
         # The configured ones are set by the process (`frontend` section).
         self.grace_ms = _DEFAULTS.flow_children_grace_ms
@@ -101,9 +102,9 @@ class _Look:
     """One parent's look: its pending children, who holds them, and the notice for the rest."""
 
     def __init__(self, watch: OrphanWatch, parent: str, queue: str) -> None:
-        self._watch, self._d = watch, watch._d
+        self._watch, self._r = watch, watch._r
         self._parent, self._queue = parent, queue
-        self._shard = shard_of(queue, self._d.shards)
+        self._shard = shard_of(queue, self._r.shards)
         self._pending: list[str] = []
         self._held: set[str] = set()
         self._left = 0
@@ -111,7 +112,7 @@ class _Look:
 
     def start(self) -> None:
         cmd = {"cmd": "GetJob", "id": self._parent, "_conn": _CONN}
-        self._d._ask(self._shard, _CONN, cmd, self._got_parent)
+        self._r.ask(self._shard, _CONN, cmd, self._got_parent)
 
     def _got_parent(self, reply: Reply) -> None:
         if _unavailable(reply):
@@ -126,11 +127,11 @@ class _Look:
         if not self._pending:
             return
         chunks = [self._pending[i : i + _CHUNK] for i in range(0, len(self._pending), _CHUNK)]
-        self._left = self._d.shards * len(chunks)
-        for shard in range(self._d.shards):
+        self._left = self._r.shards * len(chunks)
+        for shard in range(self._r.shards):
             for chunk in chunks:
                 cmd = {"cmd": FLOW_HELD, "ids": chunk, "_conn": _CONN}
-                self._d._ask(shard, _CONN, cmd, self._got_held)
+                self._r.ask(shard, _CONN, cmd, self._got_held)
 
     def _got_held(self, reply: Reply) -> None:
         held = reply.get("held")
@@ -155,7 +156,7 @@ class _Look:
         _log.info("flow parent failed: children never pushed", parent=self._parent,
                   missing=len(missing))  # fmt: skip
         cmd = {"cmd": FLOW_NOTIFY, "items": items, "_conn": _CONN}
-        self._d._ask(self._shard, _CONN, cmd, partial(_ignore, self._parent))
+        self._r.ask(self._shard, _CONN, cmd, partial(_ignore, self._parent))
 
 
 def _ignore(_parent: str, _reply: Any) -> None:

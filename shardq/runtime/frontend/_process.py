@@ -99,13 +99,14 @@ class Frontend:
             ),
             events=EventLimits.from_spec(spec),
         )
-        self.dispatcher.add_handlers(MonitoringCommands(self.dispatcher, spec).handlers)
+        router, handle = self.dispatcher.router, self.dispatcher.handle
+        self.dispatcher.add_handlers(MonitoringCommands(router, handle, spec).handlers)
         orphans = self.dispatcher.flows.orphans
         orphans.grace_ms, orphans.max_watched = (
             spec.frontend.flow_children_grace_ms,
             spec.frontend.flow_children_watch_max,
         )
-        self.dispatcher.add_handlers(BackupCommand(self.dispatcher, spec).handlers)
+        self.dispatcher.add_handlers(BackupCommand(spec).handlers)
         self.dispatcher.limits = schema_limits(spec.engine)
         # asyncio accepts up to a whole backlog of connections before any reaches the gateway,
         # so one burst's worth of descriptors is kept free too, and the burst kept to a quarter

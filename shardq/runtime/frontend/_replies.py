@@ -4,15 +4,26 @@ the replies of a command sent to several shards before its client is answered.""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from shardq.runtime.frontend._limits import ParkedSlots
 from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE, is_found
 
-__all__ = ["Client", "FirstFound", "Gather", "OnReply", "ParkedClient", "Reply"]
+__all__ = [
+    "NO_REQ_ID",
+    "Client",
+    "FirstFound",
+    "Gather",
+    "OnReply",
+    "ParkedClient",
+    "Reply",
+    "answer",
+]
 
 Reply = dict[str, Any]
 OnReply = Callable[[Reply], None]
+# The frame had no reqId: the reply carries none either.
+NO_REQ_ID: Final = object()
 
 
 class Client(Protocol):
@@ -26,6 +37,13 @@ class Client(Protocol):
 
     def drop(self, reason: str) -> None:
         """Close the connection after what is queued, for protocol abuse; `reason` is logged."""
+
+
+def answer(client: Client, req: object, reply: Reply) -> None:
+    """Send `reply` to `client` with the request's `reqId` echoed verbatim, if it had one."""
+    if req is not NO_REQ_ID:
+        reply["reqId"] = req
+    client.send(reply)
 
 
 class FirstFound:

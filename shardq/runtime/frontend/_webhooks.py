@@ -8,18 +8,18 @@ to then. The check is synchronous and cannot raise, so every AddWebhook is answe
 
 `WebhookSync` (the HTTP process reading the registry with its secrets, and reporting delivery
 counts) is internal: it is served only on a connection that proved it is the HTTP process
-(`Dispatcher.internal`); any other client gets `Unknown command: WebhookSync`.
+(`_auth.is_internal`); any other client gets `Unknown command: WebhookSync`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from shardq.protocol import error_reply, unknown_command
 from shardq.runtime._ssrf import SsrfRules, registration_error
-
-if TYPE_CHECKING:
-    from shardq.runtime.frontend._dispatch import Client, Dispatcher
+from shardq.runtime.frontend._auth import is_internal
+from shardq.runtime.frontend._replies import Client, answer
+from shardq.runtime.frontend._router import Router
 
 __all__ = ["INTERNAL_WEBHOOK_COMMANDS", "WEBHOOK_COMMANDS", "WebhookRoutes"]
 
@@ -32,27 +32,28 @@ OWNER: Final = 0
 
 
 class WebhookRoutes:
-    def __init__(self, dispatcher: Dispatcher, rules: SsrfRules) -> None:
-        self._d = dispatcher
+    """The webhook commands' handlers, by name (`handlers`), over the router."""
+
+    def __init__(self, router: Router, rules: SsrfRules) -> None:
+        self._r = router
         self._rules = rules
         self.handlers = {name: self.to_owner for name in WEBHOOK_COMMANDS}
         self.handlers["AddWebhook"] = self.add
         self.handlers["WebhookSync"] = self.sync
 
     def to_owner(self, client: Client, req: object, frame: dict[str, Any]) -> None:
-        d = self._d
         frame["_conn"] = client.conn
-        d._ask(OWNER, client.conn, frame, lambda reply: d.answer(client, req, reply))
+        self._r.ask(OWNER, client.conn, frame, lambda reply: answer(client, req, reply))
 
     def add(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         error = registration_error(frame.get("url"), self._rules)
         if error is not None:
-            self._d.answer(client, req, error_reply(error))
+            answer(client, req, error_reply(error))
             return
         self.to_owner(client, req, frame)
 
     def sync(self, client: Client, req: object, frame: dict[str, Any]) -> None:
-        if not self._d.is_internal(client):
-            self._d.answer(client, req, error_reply(unknown_command("WebhookSync")))
+        if not is_internal(client):
+            answer(client, req, error_reply(unknown_command("WebhookSync")))
             return
         self.to_owner(client, req, frame)

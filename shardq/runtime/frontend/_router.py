@@ -1,0 +1,317 @@
+"""The front end's one way to the shards: requests out, replies back to whoever asked.
+
+`Router` owns the per-shard outbox, the control messages queued behind it, and the table of
+requests in flight (`rid -> (shard, callback)`). Everything in the front end that asks a shard
+something goes through it: the dispatcher's forwarding of client commands, and the command
+tables that answer in the front end (cron, flows, webhooks, events, monitoring, bunqueue's
+extras), which are handed the router and never the dispatcher.
+
+- `ask(shard, conn, cmd, on_reply)`: one command to one shard; `on_reply` gets its reply.
+- `ask_first(conn, name, cmd, done)`: every shard; the first reply that shows the job wins.
+- `gather(client, frame, done)`: every shard; `done` gets the replies in shard order.
+- `route(client, req, name, cmd)`: a client command to the shard of its queue or job (the job
+  cache, a fan-out on a miss, ID batches split per shard), its reply to the client.
+- `control(shard, msg)`: a control message sent after this turn's batches (`close`, `drain`,
+  `flowack`); `control_now(shard, msg)` sends one ahead of them (`listen`, `served`).
+
+Commands bound for one shard in one loop turn leave as one `req` message, flushed once per
+turn with `loop.call_soon`. Each forwarded command gets an int `rid`; the shard echoes it and
+the callback registered under it gets the reply. A shard reported down answers at once (on
+the next turn) with `Shard unavailable`, and its requests in flight are answered so too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Final
+
+import structlog
+from msgpack import packb  # type: ignore[import-untyped]
+
+from shardq.protocol import error_reply
+from shardq.runtime._routing import shard_of
+from shardq.runtime.frontend._commands import ID_BATCH_COMMANDS, ID_COMMANDS
+from shardq.runtime.frontend._merge import (
+    JobCache,
+    aligned,
+    combine_batch,
+    learned_ids,
+    shard_unavailable,
+    sub_batch,
+)
+from shardq.runtime.frontend._replies import Client, FirstFound, Gather, OnReply, Reply, answer
+from shardq.runtime.links._control import pack
+from shardq.runtime.links._stream import MAX_FRAME_BYTES, split_batch
+
+__all__ = ["INVALID_COMMAND_NESTING", "Router"]
+
+INVALID_COMMAND_NESTING: Final = "Invalid command: nested too deeply"
+# The field naming the job, for the id commands that do not call it `id`.
+_ID_FIELDS: Final = {"GetJobByCustomId": "customId", "UpdateParent": "childId"}
+
+_log = structlog.get_logger()
+
+
+class _Direct:
+    """The reply of a command sent to one shard goes straight back to its client."""
+
+    __slots__ = ("client", "name", "req", "router", "shard")
+
+    def __init__(self, router: Router, client: Client, req: object, name: str, shard: int) -> None:
+        self.router = router
+        self.client = client
+        self.req = req
+        self.name = name
+        self.shard = shard
+
+    def __call__(self, reply: Reply) -> None:
+        self.router.learn(self.name, self.shard, reply)
+        answer(self.client, self.req, reply)
+
+
+class Router:
+    """Sends commands to shards in per-turn batches and hands each reply to its callback."""
+
+    answer = staticmethod(answer)
+
+    def __init__(
+        self,
+        shards: int,
+        send: Callable[[int, bytes], None],
+        loop: asyncio.AbstractEventLoop,
+        cache: JobCache,
+        link_max_frame_bytes: int = MAX_FRAME_BYTES,
+    ) -> None:
+        self.shards = shards
+        self.cache = cache
+        self.down: set[int] = set()  # shards the supervisor reported dead, not yet back
+        self._send = send
+        self._loop = loop
+        self._link_max = link_max_frame_bytes
+        self._rids = itertools.count(1)
+        self._pending: dict[int, tuple[int, OnReply]] = {}  # rid -> (shard, callback)
+        self._outbox: list[list[list[Any]]] = [[] for _ in range(shards)]
+        self._control: list[list[dict[str, Any]]] = [[] for _ in range(shards)]
+        self._flush_scheduled = False
+
+    @property
+    def pending(self) -> int:
+        """Forwarded commands still waiting for a shard's reply."""
+        return len(self._pending)
+
+    def pending_per_shard(self) -> list[int]:
+        """`pending` by shard: each shard's mailbox as the front end sees it (requests sent and
+        not answered yet, parked long-polls included). O(pending): for a scrape, not a loop."""
+        counts = [0] * self.shards
+        for shard, _ in self._pending.values():
+            counts[shard] += 1
+        return counts
+
+    # -- asking ----------------------------------------------------------------------------
+
+    def ask(self, shard: int, conn: str, cmd: dict[str, Any], on_reply: OnReply) -> None:
+        """Send `cmd` to `shard` in this turn's batch; `on_reply` gets its reply."""
+        if shard in self.down:
+            # Answered on the next turn, like a real reply: callers never see re-entrancy.
+            self._loop.call_soon(on_reply, shard_unavailable(shard))
+            return
+        rid = next(self._rids)
+        self._pending[rid] = (shard, on_reply)
+        self._outbox[shard].append([conn, rid, cmd])
+        self.schedule_flush()
+
+    def ask_first(
+        self, conn: str, name: str, cmd: dict[str, Any], done: Callable[[int | None, Reply], None]
+    ) -> None:
+        """Send `cmd` to every shard; `done(shard, reply)` gets the first reply that shows the
+        job, or `done(None, reply)` the "not found" once every shard answered."""
+        collector = FirstFound(self.shards, name, done)
+        for shard in range(self.shards):
+            self.ask(shard, conn, cmd, partial(collector.part, shard))
+
+    def gather(
+        self, client: Client, frame: dict[str, Any], done: Callable[[list[Reply]], None]
+    ) -> None:
+        """Send `frame` to every shard for `client`; `done` gets the replies in shard order."""
+        frame["_conn"] = client.conn
+        gather = Gather(self.shards, done)
+        for shard in range(self.shards):
+            self.ask(shard, client.conn, frame, partial(gather.part, shard))
+
+    def learn(self, name: str, shard: int, reply: Reply) -> None:
+        """Remember where the jobs a reply names live (only worth it with several shards)."""
+        if self.shards > 1:
+            ids = learned_ids(name, reply)
+            if ids:
+                self.cache.learn(ids, shard)
+
+    def control(self, shard: int, msg: dict[str, Any]) -> None:
+        """Send `msg` to `shard` after this turn's batches (a `close` after the requests that
+        came before it). Forgotten if the shard goes down before the flush."""
+        self._control[shard].append(msg)
+        self.schedule_flush()
+
+    def control_now(self, shard: int, msg: dict[str, Any]) -> None:
+        """Send `msg` to `shard` at once, ahead of requests still in this turn's batch (so a
+        `listen` precedes every request that follows a subscription); dropped while down."""
+        if shard not in self.down:
+            self._send(shard, pack(msg))
+
+    # -- a client command to its shard -----------------------------------------------------
+
+    def route(self, client: Client, req: object, name: str, cmd: dict[str, Any]) -> None:
+        """Send client command `name` to the shard of its queue or job; answer the client."""
+        queue = cmd.get("queue")
+        if isinstance(queue, str) or self.shards == 1:
+            shard = shard_of(queue, self.shards) if isinstance(queue, str) else 0
+            self.ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard))
+        elif name in ID_COMMANDS:
+            self._by_id(client, req, name, cmd)
+        elif name in ID_BATCH_COMMANDS:
+            self._by_ids(client, req, name, cmd)
+        else:
+            # A queue command without a usable queue: any shard gives the engine's error.
+            self.ask(0, client.conn, cmd, _Direct(self, client, req, name, 0))
+
+    def _by_id(self, client: Client, req: object, name: str, cmd: dict[str, Any]) -> None:
+        key = cmd.get(_ID_FIELDS.get(name, "id"))
+        shard = self.cache.get(key)
+        if shard is not None:
+            self.ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard))
+            return
+
+        def done(found: int | None, reply: Reply) -> None:
+            if found is not None:
+                self.cache.learn([key], found)
+                self.learn(name, found, reply)
+            answer(client, req, reply)
+
+        self.ask_first(client.conn, name, cmd, done)
+
+    def _by_ids(self, client: Client, req: object, name: str, cmd: dict[str, Any]) -> None:
+        """Split a batch by the shard of each id; ids not in the cache are looked up everywhere.
+
+        ACKB's misses go one id at a time to every shard (a shard refuses a whole ACKB that
+        names a job it does not hold); the heartbeat batches never refuse, so their misses go
+        to every shard as one part and the counts add up.
+        """
+        if not aligned(name, cmd):
+            self.ask(0, client.conn, cmd, _Direct(self, client, req, name, 0))
+            return
+        ids: list[Any] = cmd["ids"]
+        groups: dict[int, list[int]] = {}
+        misses: list[int] = []
+        for i, job_id in enumerate(ids):
+            shard = self.cache.get(job_id)
+            if shard is None:
+                misses.append(i)
+            else:
+                groups.setdefault(shard, []).append(i)
+        plan: list[tuple[int | None, list[int]]] = list(groups.items())
+        if misses and name == "ACKB":
+            plan.extend((None, [i]) for i in misses)
+        elif misses:
+            plan.extend((shard, misses) for shard in range(self.shards))
+        parts = [indices for _, indices in plan]
+        finish = partial(_batch_done, client, req, name, ids, parts)
+        if not plan:
+            finish([])
+            return
+        gather = Gather(len(plan), finish)
+        for k, (shard, indices) in enumerate(plan):
+            sub = sub_batch(name, cmd, indices)
+            if shard is not None:
+                self.ask(shard, client.conn, sub, partial(gather.part, k))
+            else:
+                self.ask_first(client.conn, name, sub, partial(_miss_done, gather, k))
+
+    # -- to and from the shards ------------------------------------------------------------
+
+    def schedule_flush(self) -> None:
+        """Flush the outbox and the queued control messages once, at the end of this turn."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Send each shard its batch of this turn, then its control messages, in that order."""
+        self._flush_scheduled = False
+        for shard in range(self.shards):
+            items = self._outbox[shard]
+            if items:
+                self._outbox[shard] = []
+                data, items = self._pack_batch(items)
+                if len(data) > self._link_max:
+                    # Rare (several large pushes in one turn): the shard refuses a frame
+                    # over the limit, so the batch goes in parts.
+                    packed = [packb(item) for item in items]
+                    for part in split_batch("req", packed, self._link_max):
+                        self._send(shard, part)
+                else:
+                    self._send(shard, data)
+            control = self._control[shard]
+            if control:
+                self._control[shard] = []
+                for msg in control:
+                    self._send(shard, pack(msg))
+
+    def _pack_batch(self, items: list[list[Any]]) -> tuple[bytes, list[list[Any]]]:
+        """One `req` message, and the items it holds. A command nested close to msgpack's depth
+        limit decodes from the client but cannot be packed again inside the batch: it alone is
+        refused (one pass per item, only then), and the rest of the batch goes on."""
+        try:
+            return pack({"t": "req", "items": items}), items
+        except ValueError:
+            kept: list[list[Any]] = []
+            for item in items:
+                try:
+                    pack({"t": "req", "items": [item]})
+                except ValueError:
+                    _owner, on_reply = self._pending.pop(item[1])
+                    self._loop.call_soon(on_reply, error_reply(INVALID_COMMAND_NESTING))
+                else:
+                    kept.append(item)
+            return pack({"t": "req", "items": kept}), kept
+
+    def deliver(self, items: Any) -> None:
+        """Hand each reply of a shard's `rep` message to the callback of its request."""
+        for item in items or ():
+            try:
+                _conn, rid, reply = item
+                pending = self._pending.pop(rid, None)
+                if pending is not None:
+                    pending[1](reply)
+            except Exception:
+                # A reply we cannot route must not stop the replies behind it.
+                _log.exception("shard reply dropped")
+
+    def shard_down(self, shard: object) -> None:
+        """Answer every request the dead shard holds, and those not sent to it yet."""
+        if not isinstance(shard, int) or not 0 <= shard < self.shards:
+            return
+        self.down.add(shard)
+        self._outbox[shard] = []
+        self._control[shard] = []
+        lost = [rid for rid, (owner, _) in self._pending.items() if owner == shard]
+        _log.warning("shard down; answering its requests", shard=shard, requests=len(lost))
+        for rid in lost:
+            _owner, on_reply = self._pending.pop(rid)
+            on_reply(shard_unavailable(shard))
+
+
+def _miss_done(gather: Gather, k: int, found: int | None, reply: Reply) -> None:
+    gather.part(k, reply)
+
+
+def _batch_done(
+    client: Client,
+    req: object,
+    name: str,
+    ids: list[Any],
+    parts: list[list[int]],
+    replies: list[Reply],
+) -> None:
+    answer(client, req, combine_batch(name, ids, parts, replies))
