@@ -130,7 +130,7 @@ class ShardCore(StorageRefusals):
         self.polls = LongPolls()
         engine.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
         self.waits = JobWaits()
-        self.events = EventTap()  # job events, built only while the front end listens
+        self.event_tap = EventTap()  # job events, built only while the front end listens
         # The commands the shard answers itself rather than the engine: one lookup per request.
         self._own_commands: dict[object, OwnCommand] = {
             "PULL": self._pull,
@@ -149,7 +149,7 @@ class ShardCore(StorageRefusals):
             "rejected": self._on_rejected,
             "drain": self._on_drain,
             "writer-up": self._on_writer_up,
-            "listen": lambda msg, now: self.events.listen(msg),
+            "listen": lambda msg, now: self.event_tap.listen(msg),
             "workers": lambda msg, now: self.engine.workers.set_worker_queues(msg.get("queues")),
             "flowack": self._on_flowack,
         }
@@ -162,7 +162,7 @@ class ShardCore(StorageRefusals):
         if handler is None:
             _log.warning("unknown internal message dropped", t=msg.get("t"))
             return
-        self.events.now = now
+        self.event_tap.now = now
         try:
             handler(msg, now)
         except Exception:
@@ -220,7 +220,7 @@ class ShardCore(StorageRefusals):
         The writer's `muts` comes first so that a durable reply can never be sent before the
         batch holding its job was handed to the writer.
         """
-        self.events.now = now
+        self.event_tap.now = now
         for step in (self._tick, self._serve_polls, self._serve_waits):
             try:
                 step(now)
@@ -228,7 +228,7 @@ class ShardCore(StorageRefusals):
                 # A timer or a parked request that raises is logged and skipped, never fatal:
                 # the rest of the turn (replies, mutations) still goes out.
                 _log.exception("shard step failed", step=step.__name__)
-        out: list[Outgoing] = [("front", m) for m in self.events.take()]
+        out: list[Outgoing] = [("front", m) for m in self.event_tap.take()]
         if self._resend:
             # Resent in order and before anything new: every mutation carries absolute values,
             # so a batch the old writer did commit is harmless to apply again.
@@ -340,7 +340,7 @@ class ShardCore(StorageRefusals):
 
     def _request(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> None:
         name = cmd.get("cmd")
-        tap = self.events
+        tap = self.event_tap
         if tap.active:
             tap.begin(name, cmd, self.engine)
         try:
@@ -516,8 +516,8 @@ class ShardCore(StorageRefusals):
                     self._cut()
                 self._seg_durable = durable
             self._muts.extend(muts)
-        if self.events.active:
-            self.events.observe(muts, events, self.engine)
+        if self.event_tap.active:
+            self.event_tap.observe(muts, events, self.engine)
         if self.polls:
             self._note_wakeups(muts, events)
         if self.waits:
