@@ -11,6 +11,9 @@ bunqueue's exact message and changes nothing, except PUSHB, which keeps its acce
 the engine stores or schedules can overflow SQLite, msgpack or the shard's poll.
 The front end adds `_conn` (the connection id) to commands, so a closed connection's jobs can
 be released with `release_connection`.
+
+Every entry point makes one `Outcome` (`_effects.py`) and hands it, as `fx`, to the handler
+and to each method that emits a mutation or a job event; nothing of a call stays on the engine.
 """
 
 from __future__ import annotations
