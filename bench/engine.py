@@ -28,7 +28,7 @@ Scenario = Callable[[Engine, int], int]
 def single_cycle(engine: Engine, now: int) -> int:
     """One PUSH, one PULL with an owner, one ACK with its token."""
     engine.apply({"cmd": "PUSH", "queue": "bench", "data": {"n": now}}, now)
-    reply, _ = engine.apply({"cmd": "PULL", "queue": "bench", "owner": "w1"}, now)
+    reply = engine.apply({"cmd": "PULL", "queue": "bench", "owner": "w1"}, now).reply
     job = reply["job"]
     engine.apply({"cmd": "ACK", "id": job["id"], "token": reply["token"]}, now)
     return 1
@@ -39,7 +39,7 @@ def bulk_cycle(engine: Engine, now: int, size: int = 100) -> int:
     jobs = [{"data": {"n": i}} for i in range(size)]
     engine.apply({"cmd": "PUSHB", "queue": "bench", "jobs": jobs}, now)
     cmd = {"cmd": "PULLB", "queue": "bench", "owner": "w1", "count": size}
-    reply, _ = engine.apply(cmd, now)
+    reply = engine.apply(cmd, now).reply
     ids = [job["id"] for job in reply["jobs"]]
     engine.apply({"cmd": "ACKB", "ids": ids, "tokens": reply["tokens"]}, now)
     return len(ids)

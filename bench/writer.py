@@ -53,7 +53,10 @@ def _pushes(engine: Engine, n: int, now: int) -> list[list[Mutation]]:
     turns = []
     for b in range(n // 100):
         jobs = [{"data": {"i": b * 100 + i}} for i in range(100)]
-        _reply, muts = engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, now)
+        _reply, muts = (
+            (outcome := engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, now)).reply,
+            outcome.mutations,
+        )
         turns.append(muts)
     return turns
 
@@ -68,12 +71,24 @@ def push_pull_ack(n: int) -> list[list[Mutation]]:
     now = T0
     while True:
         now += 1
-        reply, muts = engine.apply({"cmd": "PULLB", "queue": "q", "count": 100, "owner": "b"}, now)
+        reply, muts = (
+            (
+                outcome := engine.apply(
+                    {"cmd": "PULLB", "queue": "q", "count": 100, "owner": "b"}, now
+                )
+            ).reply,
+            outcome.mutations,
+        )
         if not reply["jobs"]:
             return turns
         turns.append(muts)
         ids = [job["id"] for job in reply["jobs"]]
-        _reply, muts = engine.apply({"cmd": "ACKB", "ids": ids, "tokens": reply["tokens"]}, now)
+        _reply, muts = (
+            (
+                outcome := engine.apply({"cmd": "ACKB", "ids": ids, "tokens": reply["tokens"]}, now)
+            ).reply,
+            outcome.mutations,
+        )
         turns.append(muts)
 
 

@@ -1,6 +1,7 @@
 """shardq's pure core: the queue engine. It does no I/O and never reads the clock."""
 
 from ._config import EngineConfig
+from ._effects import Event, Outcome
 from ._engine import COMMANDS, INTERNAL_COMMANDS, Engine
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE
 from ._ids import IdFactory
@@ -19,9 +20,11 @@ __all__ = [
     "CompactJobs",
     "Engine",
     "EngineConfig",
+    "Event",
     "IdFactory",
     "Job",
     "Mutation",
+    "Outcome",
     "Record",
     "fold_mutations",
     "job_id_of",

@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from shardq.errors import CommandError
 
+from ._effects import Effects
 from ._job import Job
 from ._lifecycle import COMPLETED, DELAYED, FAILED, WAITING, WAITING_CHILDREN
 from ._options import as_int, is_number
@@ -53,8 +54,8 @@ class AdminOps(EngineState):
         name = str(cmd.get("queue", ""))
         return self.queues.get(name) or QueueState(name, self.jobs)
 
-    def _save_config(self, q: QueueState) -> None:
-        self.out.append(("queue", q.name, q.config()))
+    def _save_config(self, fx: Effects, q: QueueState) -> None:
+        fx.mutations.append(("queue", q.name, q.config()))
 
     def _jobs_in(self, q: QueueState, states: Iterable[str]) -> list[Job]:
         wanted = set(states)
@@ -62,31 +63,31 @@ class AdminOps(EngineState):
 
     # -- pause, drain, clean, obliterate --------------------------------------------------
 
-    def cmd_pause(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_pause(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self._q(cmd)
         q.paused = True
-        self._save_config(q)
+        self._save_config(fx, q)
         return {"ok": True}
 
-    def cmd_resume(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_resume(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self._q(cmd)
         q.paused = False
-        self._save_config(q)
-        self.events.append(("ready", q.name, ""))
+        self._save_config(fx, q)
+        fx.events.append(("ready", q.name, ""))
         return {"ok": True}
 
-    def cmd_is_paused(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_is_paused(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self.queues.get(str(cmd.get("queue")))
         return {"ok": True, "paused": bool(q and q.paused)}
 
-    def cmd_drain(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_drain(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self._q(cmd)
         doomed = self._jobs_in(q, (WAITING, DELAYED))
         for job in doomed:
-            self.move(job, "remove", now, {})
+            self.move(fx, job, "remove", now, {})
         return {"ok": True, "count": len(doomed)}
 
-    def cmd_clean(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_clean(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self._q(cmd)
         state = cmd.get("state")
         states = _CLEAN_STATES.get(state, ()) if state is None or isinstance(state, str) else ()
@@ -98,48 +99,48 @@ class AdminOps(EngineState):
                 break
             if now - _finished_at(job) >= grace:
                 ids.append(job.id)
-                self.move(job, "remove", now, {})
+                self.move(fx, job, "remove", now, {})
         return {"ok": True, "count": len(ids), "ids": ids}
 
-    def cmd_obliterate(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_obliterate(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         name = str(cmd.get("queue", ""))
         q = self.queues.get(name)
         if q is not None:
             # The writer deletes the whole queue from one "qdel"; no per-job mutation is needed.
             for job_id in list(q.ids):
-                self.remove(self.jobs[job_id], emit=False)
+                self.remove(fx, self.jobs[job_id], emit=False)
             del self.queues[name]
-        self.out.append(("qdel", name))
+        fx.mutations.append(("qdel", name))
         return {"ok": True}
 
-    def cmd_list_queues(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_list_queues(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         names = sorted(name for name, q in self.queues.items() if not q.is_default())
         return {"ok": True, "queues": names}
 
     # -- stall and DLQ config --------------------------------------------------------------
 
-    def cmd_set_stall_config(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_set_stall_config(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self._q(cmd)
         q.stall.update(_typed_config(cmd.get("config"), _STALL_KEYS))
-        self._save_config(q)
+        self._save_config(fx, q)
         return {"ok": True}
 
-    def cmd_get_stall_config(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_stall_config(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         return {"ok": True, "config": dict(self._peek(cmd).stall)}
 
-    def cmd_set_dlq_config(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_set_dlq_config(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self._q(cmd)
         q.dlq_config.update(_typed_config(cmd.get("config"), _DLQ_KEYS))
-        self._save_config(q)
-        self._cap_dlq(q)
+        self._save_config(fx, q)
+        self._cap_dlq(fx, q)
         return {"ok": True}
 
-    def cmd_get_dlq_config(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_dlq_config(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         return {"ok": True, "config": dict(self._peek(cmd).dlq_config)}
 
     # -- the DLQ itself --------------------------------------------------------------------
 
-    def cmd_dlq(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_dlq(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self.queues.get(str(cmd.get("queue")))
         entries = self._dlq_jobs(q, cmd.get("filter"))
         count = as_int(cmd.get("count"), len(entries))
@@ -161,7 +162,7 @@ class AdminOps(EngineState):
         limit = as_int(flt.get("limit"), len(jobs))
         return jobs[offset : offset + limit]
 
-    def cmd_retry_dlq(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_retry_dlq(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self.queues.get(str(cmd.get("queue")))
         job_id = cmd.get("jobId")
         if job_id is not None:
@@ -169,19 +170,19 @@ class AdminOps(EngineState):
         else:
             chosen = list(q.dlq if q else ())[: as_int(cmd.get("count"), 1 << 62)]
         for i in chosen:
-            self.revive(self.jobs[i], now)
+            self.revive(fx, self.jobs[i], now)
         if chosen:
-            self.events.append(("ready", str(cmd.get("queue")), ""))
+            fx.events.append(("ready", str(cmd.get("queue")), ""))
         return {"ok": True, "count": len(chosen)}
 
-    def cmd_purge_dlq(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_purge_dlq(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self.queues.get(str(cmd.get("queue")))
         doomed = list(q.dlq if q else ())
         for i in doomed:
-            self.remove(self.jobs[i])
+            self.remove(fx, self.jobs[i])
         return {"ok": True, "count": len(doomed)}
 
-    def cmd_retry_completed(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_retry_completed(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self._q(cmd)
         job_id = cmd.get("id")
         if job_id is not None:
@@ -190,10 +191,10 @@ class AdminOps(EngineState):
         else:
             chosen = self._jobs_in(q, (COMPLETED,))[: as_int(cmd.get("count"), 1 << 62)]
         for job in chosen:
-            self.revive(job, now)
+            self.revive(fx, job, now)
         return {"ok": True, "count": len(chosen)}
 
-    def dlq_maintenance(self, now: int) -> None:
+    def dlq_maintenance(self, fx: Effects, now: int) -> None:
         """Drop DLQ entries past maxAge and auto-retry entries when the queue asks for it."""
         for q in list(self.queues.values()):
             cfg = q.dlq_config
@@ -202,9 +203,9 @@ class AdminOps(EngineState):
                 entry = job.dlq or {}
                 expires = entry.get("expiresAt")
                 if expires is not None and expires <= now:
-                    self.remove(job)
+                    self.remove(fx, job)
                 elif cfg.get("autoRetry") and _auto_retry_due(entry, cfg, now):
-                    self.revive(job, now, auto=True)
+                    self.revive(fx, job, now, auto=True)
 
 
 def _auto_retry_due(entry: Mapping[str, Any], cfg: Mapping[str, Any], now: int) -> bool:

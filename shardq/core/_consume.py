@@ -21,6 +21,7 @@ from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
 
+from ._effects import Effects
 from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
 from ._options import as_int, check_number, is_number, validate_queue_name
@@ -41,15 +42,15 @@ def _not_processing(job_id: object) -> CommandError:
 class ConsumeOps(EngineState):
     # -- pulling ---------------------------------------------------------------------------
 
-    def cmd_pull(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_pull(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = self._check_pull(cmd)
         owner = _owner(cmd)
-        q = self.ready_queue(queue, now)
-        taken = self.take_many(q, 1, now) if q is not None else None
+        q = self.ready_queue(fx, queue, now)
+        taken = self.take_many(fx, q, 1, now) if q is not None else None
         reply: dict[str, Any]
         if taken:
             job = taken[0]
-            token = self.activate(job, self._grant(cmd, owner), now)
+            token = self.activate(fx, job, self._grant(cmd, owner), now)
             reply = {"ok": True, "job": job.to_wire()}
             if owner is not None:
                 reply["token"] = token
@@ -59,15 +60,15 @@ class ConsumeOps(EngineState):
                 reply["token"] = None
         return reply
 
-    def cmd_pullb(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_pullb(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = self._check_pull(cmd)
         error = check_number(cmd.get("count"), "count", 1, 1000)
         if error:
             raise CommandError(error)
         owner = _owner(cmd)
-        q = self.ready_queue(queue, now)
-        taken = self.take_many(q, as_int(cmd.get("count"), 1), now) if q is not None else []
-        tokens = self.activate_all(taken, self._grant(cmd, owner), now) if taken else []
+        q = self.ready_queue(fx, queue, now)
+        taken = self.take_many(fx, q, as_int(cmd.get("count"), 1), now) if q is not None else []
+        tokens = self.activate_all(fx, taken, self._grant(cmd, owner), now) if taken else []
         reply: dict[str, Any] = {"ok": True, "jobs": self.pulled(taken)}
         if owner is not None:
             reply["tokens"] = [token or "" for token in tokens]
@@ -80,25 +81,31 @@ class ConsumeOps(EngineState):
             raise CommandError(error)
         return str(queue)
 
-    def ready_queue(self, queue: str, now: int) -> QueueState | None:
+    def ready_queue(self, fx: Effects, queue: str, now: int) -> QueueState | None:
         """The queue to pull from, with its due delayed jobs promoted; None if paused or empty."""
         q = self.queues.get(queue)
         if q is None or q.paused:
             return None
-        self.promote_due(now)
+        self.promote_due(fx, now)
         return q
 
     def take_many(
-        self, q: QueueState, count: int, now: int, limited: bool = True, grouped: bool = True
+        self,
+        fx: Effects,
+        q: QueueState,
+        count: int,
+        now: int,
+        limited: bool = True,
+        grouped: bool = True,
     ) -> list[Job]:
         """Up to `count` deliverable jobs of `q`, best first, off its ready heap (TTL-expired
         ones are dropped on the way), within the queue's and its groups' limits. They are
         still in the waiting state: deliver them with `activate` or `activate_all`.
         `grouped` False takes ungrouped jobs only."""
         if limited and q.limits is not None:
-            return self._take_limited(q, q.limits, count, now)
+            return self._take_limited(fx, q, q.limits, count, now)
         if grouped and q.groups is not None:
-            return self.take_grouped(q, count, now)
+            return self.take_grouped(fx, q, count, now)
         taken = q.pop_ready_many(count)
         for job in taken:
             if job.opts and job.opts.get("ttl"):
@@ -110,15 +117,17 @@ class ConsumeOps(EngineState):
             for job in taken:
                 ttl = job.opts.get("ttl") if job.opts else None
                 if ttl and now >= job.created_at + ttl:
-                    self.move(job, "expire", now, {})
+                    self.move(fx, job, "expire", now, {})
                 else:
                     live.append(job)
             taken = q.pop_ready_many(count - len(live)) if len(live) < count else []
         return live
 
-    def _take_limited(self, q: QueueState, limits: QueueLimits, count: int, now: int) -> list[Job]:
+    def _take_limited(
+        self, fx: Effects, q: QueueState, limits: QueueLimits, count: int, now: int
+    ) -> list[Job]:
         allowed = limits.cap(q.counts[ACTIVE], count, now)
-        taken = self.take_many(q, allowed, now, False) if allowed > 0 else []
+        taken = self.take_many(fx, q, allowed, now, False) if allowed > 0 else []
         limits.note(len(taken), now)
         if allowed < count:
             self.held_back(q.name)
@@ -127,9 +136,9 @@ class ConsumeOps(EngineState):
     def held_back(self, queue: str) -> None:
         """A pull on `queue` got less than it asked for because of its limits (`LimitOps`)."""
 
-    def take_grouped(self, q: QueueState, count: int, now: int) -> list[Job]:
+    def take_grouped(self, fx: Effects, q: QueueState, count: int, now: int) -> list[Job]:
         """`take_many` for a queue with job groups (`GroupOps`)."""
-        return self.take_many(q, count, now, False, False)
+        return self.take_many(fx, q, count, now, False, False)
 
     def _grant(self, cmd: Mapping[str, Any], owner: str | None) -> _Grant:
         """What every job of one pull gets: owner, lease TTL and the connection to track."""
@@ -137,19 +146,21 @@ class ConsumeOps(EngineState):
         conn = _conn(cmd)
         return _Grant(owner, ttl, conn, None if cmd.get("detach") else conn)
 
-    def activate(self, job: Job, grant: _Grant, now: int) -> str | None:
+    def activate(self, fx: Effects, job: Job, grant: _Grant, now: int) -> str | None:
         """Deliver one waiting job that `take_many` returned: move it to active, lease it and
         arm its timeout. Returns its lease token (None for a pull without an owner)."""
         job.started_at = now
         job.last_heartbeat = now
         job.delivery += 1
-        self.move(job, "pull", now, {"startedAt": now, "lastHeartbeat": now})
+        self.move(fx, job, "pull", now, {"startedAt": now, "lastHeartbeat": now})
         token = self._hold(job, grant, now)
         if token is not None:
             self.push_leases(now + grant.ttl, (job,))
         return token
 
-    def activate_all(self, jobs: list[Job], grant: _Grant, now: int) -> list[str | None]:
+    def activate_all(
+        self, fx: Effects, jobs: list[Job], grant: _Grant, now: int
+    ) -> list[str | None]:
         """`activate` for distinct waiting jobs of one queue (PULLB): one lifecycle pass for
         all of them and one lease-heap entry for all their leases."""
         for job in jobs:
@@ -158,7 +169,7 @@ class ConsumeOps(EngineState):
             job.delivery += 1
         first = jobs[0]
         changes = {"startedAt": now, "lastHeartbeat": now}
-        self._move_run(jobs, first.state, first.queue, "pull", now, changes)
+        self._move_run(fx, jobs, first.state, first.queue, "pull", now, changes)
         hold = self._hold
         tokens = [hold(job, grant, now) for job in jobs]
         if grant.owner is not None:
@@ -188,15 +199,15 @@ class ConsumeOps(EngineState):
         if timeout:
             heapq.heappush(self.timeouts, (now + int(timeout), job.id, job.delivery))
 
-    def promote_due(self, now: int) -> None:
+    def promote_due(self, fx: Effects, now: int) -> None:
         """Move every delayed job whose run time has come to its ready heap."""
         heap = self.delayed
         while heap and heap[0][0] <= now:
             key = heapq.heappop(heap)
             job = self.jobs.get(key[-1])
             if job is not None and job.dkey is key and job.state == DELAYED:
-                self.move(job, "promote", now, {})
-                self.events.append(("ready", job.queue, job.id))
+                self.move(fx, job, "promote", now, {})
+                fx.events.append(("ready", job.queue, job.id))
 
     # -- fencing ---------------------------------------------------------------------------
 
@@ -248,15 +259,15 @@ class ConsumeOps(EngineState):
 
     # -- completion ------------------------------------------------------------------------
 
-    def cmd_ack(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_ack(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         outcome, job = self.fence(cmd.get("id"), cmd.get("token"))
         if outcome == _RETIRED:
             return dict(FINALIZED)
         if outcome == _APPLY and job is not None:
-            self.complete(job, cmd, "result", cmd.get("removeOnComplete"), now)
+            self.complete(fx, job, cmd, "result", cmd.get("removeOnComplete"), now)
         return {"ok": True}
 
-    def cmd_ackb(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_ackb(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         ids = cmd.get("ids")
         if not isinstance(ids, list):
             raise CommandError("ids must be an array")
@@ -281,25 +292,26 @@ class ConsumeOps(EngineState):
             jobs = list(todo)
             picks = todo.values()
             values = None if extras["results"] is None else [results[i] for i in picks]
-            self.complete_all(jobs, values, [removes[i] for i in picks], now)
+            self.complete_all(fx, jobs, values, [removes[i] for i in picks], now)
         if ignored:
             data = {"ignoredIds": [ids[i] for i in ignored], "ignoredIndices": ignored}
             return {"ok": True, "data": data}
         return {"ok": True}
 
     def complete(
-        self, job: Job, source: Mapping[str, Any], key: str, remove: object, now: int
+        self, fx: Effects, job: Job, source: Mapping[str, Any], key: str, remove: object, now: int
     ) -> None:
         """Complete one job, with `source[key]` as its result when present."""
         if key in source:
             changes = self._finish(job, now, True, source[key])
         else:
             changes = self._finish(job, now)
-        self.move(job, "ack", now, changes)
-        self._settle(job, remove, now)
+        self.move(fx, job, "ack", now, changes)
+        self._settle(fx, job, remove, now)
 
     def complete_all(
         self,
+        fx: Effects,
         jobs: list[Job],
         results: Sequence[Any] | None,
         removes: Sequence[object],
@@ -313,11 +325,11 @@ class ConsumeOps(EngineState):
         if results is None:
             for job in jobs:
                 job.completed_at = now
-            self.move_all(jobs, "ack", now, {"completedAt": now})
+            self.move_all(fx, jobs, "ack", now, {"completedAt": now})
         else:
             finish = self._finish
             changes = [finish(job, now, True, r) for job, r in zip(jobs, results, strict=True)]
-            self.move_all(jobs, "ack", now, changes)
+            self.move_all(fx, jobs, "ack", now, changes)
         # Then, per job, what `complete` does after the move (`_settle`). With no dependents to
         # release, nothing to remove and no result to keep, only the cache cap is left, and
         # trimming it once evicts the same jobs in the same order.
@@ -326,14 +338,14 @@ class ConsumeOps(EngineState):
                 if job.has_result or remove or (remove is None and job.opts):
                     break
             else:
-                self.trim_completed()
+                self.trim_completed(fx)
                 return
         # The jobs after this one completed early: each eviction below leaves room for them,
         # so the same jobs are evicted at the same point as one completion at a time would.
         pending = len(jobs)
         for job, remove in zip(jobs, removes, strict=True):
             pending -= 1
-            self._settle(job, remove, now, pending)
+            self._settle(fx, job, remove, now, pending)
 
     @staticmethod
     def _finish(job: Job, now: int, has_result: bool = False, result: Any = None) -> dict[str, Any]:
@@ -344,27 +356,27 @@ class ConsumeOps(EngineState):
         job.result, job.has_result = result, True
         return {"completedAt": now, "returnvalue": result, "hasResult": True}
 
-    def _settle(self, job: Job, remove: object, now: int, pending: int = 0) -> None:
+    def _settle(self, fx: Effects, job: Job, remove: object, now: int, pending: int = 0) -> None:
         """After a job completed: release its dependents, then remove it (removeOnComplete,
         or the job's own option when `remove` is None) or keep it in the bounded cache."""
         if self.dependents:
-            self.release_dependents(job.id, now)
+            self.release_dependents(fx, job.id, now)
         if job.opts:
             if "repeat" in job.opts:
-                self.repeat_after(job, now)
+                self.repeat_after(fx, job, now)
             if "parentId" in job.opts:
-                self.child_finished(job, "completed", now)
+                self.child_finished(fx, job, "completed", now)
         if remove is None and job.opts:
             remove = job.opts.get("removeOnComplete")
         if remove:
-            self.remove(job)
+            self.remove(fx, job)
         else:
-            self.retain_completed(job, pending)
+            self.retain_completed(fx, job, pending)
 
-    def repeat_after(self, job: Job, now: int) -> None:
+    def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
         """Push the successor of a completed job with a `repeat` option (`CronOps`)."""
 
-    def cmd_fail(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_fail(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         outcome, job = self.fence(cmd.get("id"), cmd.get("token"))
         if outcome == _RETIRED:
             return dict(FINALIZED)
@@ -375,11 +387,12 @@ class ConsumeOps(EngineState):
         job.failed_reason = error if isinstance(error, str) else None
         job.stacktrace = self._stack(job, cmd.get("stack"))
         unrecoverable = bool(cmd.get("unrecoverable"))
-        self.charge(job, now, "max_attempts_exceeded", unrecoverable, cmd.get("removeOnFail"))
+        self.charge(fx, job, now, "max_attempts_exceeded", unrecoverable, cmd.get("removeOnFail"))
         return {"ok": True}
 
     def charge(
         self,
+        fx: Effects,
         job: Job,
         now: int,
         exhausted: str,
@@ -398,12 +411,12 @@ class ConsumeOps(EngineState):
             "stacktrace": job.stacktrace,
         }
         if unrecoverable:
-            self.dead(job, "explicit_fail", now, changes, remove_on_fail)
+            self.dead(fx, job, "explicit_fail", now, changes, remove_on_fail)
         elif job.attempts >= job.max_attempts:
-            self.dead(job, exhausted, now, changes, remove_on_fail)
+            self.dead(fx, job, exhausted, now, changes, remove_on_fail)
         else:
             job.run_at = now + backoff_delay(job, self.rng)
-            self.requeue_or_delay(job, "requeue", now, changes)
+            self.requeue_or_delay(fx, job, "requeue", now, changes)
 
     def _stack(self, job: Job, stack: object) -> list[str] | None:
         if not isinstance(stack, list):
@@ -431,12 +444,12 @@ class ConsumeOps(EngineState):
         job.last_heartbeat = now
         return True
 
-    def cmd_job_heartbeat(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_job_heartbeat(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         if not self._renew(cmd.get("id"), cmd.get("token"), cmd.get("duration"), now):
             raise CommandError("Job not found or not active (or invalid token)")
         return {"ok": True, "data": {"ok": True}}
 
-    def cmd_job_heartbeat_b(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_job_heartbeat_b(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         ids = cmd.get("ids") if isinstance(cmd.get("ids"), list) else []
         tokens = cmd.get("tokens") if isinstance(cmd.get("tokens"), list) else []
         count = 0
@@ -445,7 +458,7 @@ class ConsumeOps(EngineState):
             count += self._renew(job_id, token, None, now)
         return {"ok": True, "data": {"ok": True, "count": count}}
 
-    def cmd_extend_lock(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_extend_lock(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job_id, token = cmd.get("id"), cmd.get("token")
         lease = self.leases.get(job_id) if isinstance(job_id, str) else None
         if lease is None or (token is not None and token != lease.token):
@@ -453,7 +466,7 @@ class ConsumeOps(EngineState):
         self._renew(job_id, lease.token, cmd.get("duration"), now)
         return {"ok": True}
 
-    def cmd_extend_locks(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_extend_locks(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         ids, tokens, durations = (cmd.get(k) or [] for k in ("ids", "tokens", "durations"))
         count = 0
         for i, job_id in enumerate(ids):
@@ -462,7 +475,7 @@ class ConsumeOps(EngineState):
             count += self._renew(job_id, token, duration, now)
         return {"ok": True, "count": count}
 
-    def release_connection(self, conn: str, now: int) -> int:
+    def release_connection(self, fx: Effects, conn: str, now: int) -> int:
         """Give back a closed connection's jobs, charging no attempt (docs/protocol.md §2.6).
 
         A job whose lease was renewed at least once stays active: a pooled client may be
@@ -477,8 +490,8 @@ class ConsumeOps(EngineState):
             lease = self.leases.get(job_id)
             if lease is not None and lease.renewals > 0:
                 continue
-            self.move(job, "requeue", now, {})
-            self.events.append(("ready", job.queue, job.id))
+            self.move(fx, job, "requeue", now, {})
+            fx.events.append(("ready", job.queue, job.id))
             released += 1
         return released
 

@@ -28,13 +28,14 @@ from shardq.errors import CommandError
 
 from ._bounds import count_error, cron_step_error, span_error
 from ._cronskip import WorkerPresence, too_soon
+from ._effects import Effects
 from ._job import Job
-from ._mutations import Mutation, Record
+from ._mutations import Record
 from ._options import is_number, validate_data, validate_queue_name
 from ._produce import ProduceOps
 from ._repeat import successor
 from ._slots import check_zone, next_slot
-from ._timers import Event, TimerOps
+from ._timers import TimerOps
 from ._validate import validate_job
 
 __all__ = ["CronOps", "next_slot"]
@@ -176,11 +177,10 @@ class CronOps(TimerOps, ProduceOps):
         self.cron_heap: list[tuple[int, str]] = []
         self.workers = WorkerPresence()
 
-    def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
-        events, out = super().tick(now)
+    def _tick(self, fx: Effects, now: int) -> None:
+        super()._tick(fx, now)
         if self.crons:
-            self.fire_crons(int(now))
-        return events, out
+            self.fire_crons(fx, now)
 
     def next_deadline(self) -> int | None:
         deadline = super().next_deadline()
@@ -191,59 +191,59 @@ class CronOps(TimerOps, ProduceOps):
             return deadline if due is None else due
         return min(due, deadline)
 
-    def restore(
+    def _restore(
         self,
+        fx: Effects,
         records: Iterable[Record],
         queues: Mapping[str, Mapping[str, Any]],
         now: int,
         *,
         recover: bool = True,
         crons: Iterable[Record] = (),
-    ) -> list[Mutation]:
-        """`TimerOps.restore`, plus the persisted schedules (`crons`)."""
-        out = super().restore(records, queues, now, recover=recover)
-        self.load_crons(crons, int(now), recover=recover)
-        return out
+    ) -> None:
+        """`TimerOps._restore`, plus the persisted schedules (`crons`)."""
+        super()._restore(fx, records, queues, now, recover=recover)
+        self.load_crons(fx, crons, now, recover=recover)
 
     # -- the job-level repeat option -------------------------------------------------------
 
-    def repeat_after(self, job: Job, now: int) -> None:
+    def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
         try:
             fields = successor(job, now)
         except CommandError:
             return  # a pattern that matches no future date (30 February): the chain ends
         if fields is not None:
-            self.push_one(job.queue, fields, None, now)
+            self.push_one(fx, job.queue, fields, None, now)
 
     # -- commands --------------------------------------------------------------------------
 
-    def cmd_cron(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_cron(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         name = cmd.get("name")
         old = self.crons.get(name) if isinstance(name, str) else None
         rec = build_schedule(cmd, old, now, self.config.max_key_chars)
-        self._save(rec)
+        self._save(fx, rec)
         return {"ok": True, "cron": wire(rec)}
 
-    def cmd_cron_get(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_cron_get(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         name = cmd.get("name")
         rec = self.crons.get(name) if isinstance(name, str) else None
         if rec is None:
             raise CommandError(NOT_FOUND)
         return {"ok": True, "cron": wire(rec)}
 
-    def cmd_cron_list(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_cron_list(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         return {"ok": True, "crons": [wire(self.crons[n]) for n in sorted(self.crons)]}
 
-    def cmd_cron_delete(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_cron_delete(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         name = cmd.get("name")
         if not isinstance(name, str) or name not in self.crons:
             raise CommandError(NOT_FOUND)
-        self._drop(name)
+        self._drop(fx, name)
         return {"ok": True}
 
     # -- state -----------------------------------------------------------------------------
 
-    def _save(self, rec: Record) -> None:
+    def _save(self, fx: Effects, rec: Record) -> None:
         self.crons[rec["name"]] = rec
         heap = self.cron_heap
         heapq.heappush(heap, (rec["nextRun"], rec["name"]))
@@ -252,11 +252,11 @@ class CronOps(TimerOps, ProduceOps):
             # `cron_deadline` never reaches them: rebuild, amortised O(1) per save.
             self.cron_heap = [(r["nextRun"], n) for n, r in self.crons.items()]
             heapq.heapify(self.cron_heap)
-        self.out.append(("cron", rec["name"], dict(rec)))
+        fx.mutations.append(("cron", rec["name"], dict(rec)))
 
-    def _drop(self, name: str) -> None:
+    def _drop(self, fx: Effects, name: str) -> None:
         del self.crons[name]
-        self.out.append(("crondel", name))
+        fx.mutations.append(("crondel", name))
 
     def cron_deadline(self) -> int | None:
         """The next slot due, dropping heap entries of deleted or rescheduled schedules."""
@@ -269,7 +269,7 @@ class CronOps(TimerOps, ProduceOps):
             heapq.heappop(heap)
         return None
 
-    def fire_crons(self, now: int) -> None:
+    def fire_crons(self, fx: Effects, now: int) -> None:
         """Handle the schedules whose slot is due at `now`, each at most once per tick (a slot
         handled moves `nextRun` past `now`, so no schedule can fire a backlog), and at most
         `max_cron_fires_per_tick` of them: the others stay due, so `next_deadline` asks for
@@ -279,54 +279,56 @@ class CronOps(TimerOps, ProduceOps):
             if at is None or at > now:
                 return
             _, name = heapq.heappop(self.cron_heap)
-            self._fire(self.crons[name], now)
+            self._fire(fx, self.crons[name], now)
 
-    def _fire(self, rec: Record, now: int) -> None:
+    def _fire(self, fx: Effects, rec: Record, now: int) -> None:
         slot = int(rec["nextRun"])
         try:
             missed = next_slot(rec, slot) <= now
             floor = slot if rec["lastRun"] is None else max(slot, rec["lastRun"])
             after = next_slot({**rec, "lastRun": floor}, max(now, slot))
         except CommandError:
-            self._drop(rec["name"])  # no future slot (30 February, past year 9999): it is over
+            self._drop(fx, rec["name"])  # no future slot (30 February, past year 9999): it is over
             return
         fresh = rec["lastRun"] is None or slot > rec["lastRun"]
         skipped = missed and rec["skipMissedOnRestart"]
         if fresh and not skipped and not self._skips(rec, slot, now):
-            self._push_slot(rec, slot, now)
+            self._push_slot(fx, rec, slot, now)
         rec["lastRun"] = slot if fresh else rec["lastRun"]
         rec["nextRun"] = after
         limit = rec["maxLimit"]
         if limit is not None and rec["executions"] >= limit:
-            self._drop(rec["name"])
+            self._drop(fx, rec["name"])
         else:
-            self._save(rec)
+            self._save(fx, rec)
 
     def _skips(self, rec: Record, slot: int, now: int) -> bool:
         if rec.get("skipIfNoWorker") and not self.workers.served(str(rec["queue"])):
             return True
         return too_soon(rec, slot, now)
 
-    def _push_slot(self, rec: Record, slot: int, now: int) -> None:
+    def _push_slot(self, fx: Effects, rec: Record, slot: int, now: int) -> None:
         # The job's timestamp is the slot it stands for (even when fired late), so anyone can
         # tell which slot a job belongs to.
         fields = job_fields(rec)
         fields["timestamp"] = slot
         seq = self.seq
-        job_id = self.push_one(str(rec["queue"]), fields, None, now)
+        job_id = self.push_one(fx, str(rec["queue"]), fields, None, now)
         if self.seq != seq:  # a new job; otherwise the previous one still runs (overlap)
             rec["executions"] += 1
             rec["lastJobId"] = job_id
             rec["lastFiredAt"] = now
-            self.events.append(("cron", str(rec["queue"]), job_id))
+            fx.events.append(("cron", str(rec["queue"]), job_id))
 
-    def load_crons(self, records: Iterable[Record], now: int, *, recover: bool = True) -> None:
+    def load_crons(
+        self, fx: Effects, records: Iterable[Record], now: int, *, recover: bool = True
+    ) -> None:
         """Take persisted schedules back. A slot missed while the server was down fires once
         at the first tick, or is skipped when `skipMissedOnRestart` says so."""
         for stored in records:
             rec = dict(stored)
             if recover and rec["nextRun"] <= now and rec["skipMissedOnRestart"]:
                 rec["nextRun"] = next_slot(rec, now)
-                self.out.append(("cron", rec["name"], dict(rec)))
+                fx.mutations.append(("cron", rec["name"], dict(rec)))
             self.crons[rec["name"]] = rec
             heapq.heappush(self.cron_heap, (rec["nextRun"], rec["name"]))

@@ -1,6 +1,6 @@
 """The queue engine: one shard's queues in memory, driven by commands and by time.
 
-    reply, mutations = engine.apply(command, now)
+    outcome = engine.apply(command, now)   # .reply, .mutations, .events
     events, mutations = engine.tick(now)
 
 `command` is a bunqueue command map (`{"cmd": "PUSH", "queue": ..., ...}`); the reply is the
@@ -11,6 +11,9 @@ bunqueue's exact message and changes nothing, except PUSHB, which keeps its acce
 the engine stores or schedules can overflow SQLite, msgpack or the shard's poll.
 The front end adds `_conn` (the connection id) to commands, so a closed connection's jobs can
 be released with `release_connection`.
+
+Every entry point makes one `Outcome` (`_effects.py`) and hands it, as `fx`, to the handler
+and to each method that emits a mutation or a job event; nothing of a call stays on the engine.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from shardq.errors import CommandError
 
 from ._control import ControlOps
 from ._cron import CronOps
+from ._effects import Effects, Event, Outcome
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, FlowOps
 from ._group_ops import GROUP_COMMANDS, GroupOps
 from ._introspect import IntrospectOps
@@ -34,7 +38,7 @@ from ._webhooks import WebhookOps
 
 __all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine"]
 
-Handler = Callable[[Mapping[str, Any], int], dict[str, Any]]
+Handler = Callable[[Effects, Mapping[str, Any], int], dict[str, Any]]
 
 COMMANDS: Final[dict[str, str]] = {
     "PUSH": "cmd_push",
@@ -141,26 +145,25 @@ class Engine(
         self._handlers: dict[str, Handler] = {
             name: self._checked(name, getattr(self, method)) for name, method in COMMANDS.items()
         }
-        self.last_events: list[tuple[str, str, str]] = []
 
-    def apply(self, command: Mapping[str, Any], now: int) -> tuple[dict[str, Any], list[Mutation]]:
-        """Run one command at time `now` (ms). Returns the reply and the mutations it made."""
-        self.out, self.events = [], []
+    def apply(self, command: Mapping[str, Any], now: int) -> Outcome:
+        """Run one command at time `now` (ms). Returns its reply, mutations and job events."""
+        fx = Outcome()
         name = command.get("cmd")
         handler = self._handlers.get(name) if isinstance(name, str) else None
         if handler is None:
             reply: dict[str, Any] = {"ok": False, "error": f"Unknown command: {name}"}
         else:
             try:
-                reply = handler(command, int(now))
+                reply = handler(fx, command, int(now))
             except CommandError as e:
                 reply = {"ok": False, "error": str(e)}
         if self.blocked:
-            self.wake_limited(int(now))  # an ACK or FAIL may have freed a held-back queue
+            self.wake_limited(fx, int(now))  # an ACK or FAIL may have freed a held-back queue
         if self.group_blocked:
-            self.wake_groups(int(now))
-        self.last_events = self.events
-        return reply, self.out
+            self.wake_groups(fx, int(now))
+        fx.reply = reply
+        return fx
 
     def _checked(self, name: str, handler: Handler) -> Handler:
         """`handler`, behind the field bounds of its command (`_validate.py`) if it has any;
@@ -171,24 +174,24 @@ class Engine(
         limits = limits_of(config.max_key_chars, config.max_text_chars, config.max_list_items)
         check = fields_checker(name, limits)
 
-        def checked(command: Mapping[str, Any], now: int) -> dict[str, Any]:
+        def checked(fx: Effects, command: Mapping[str, Any], now: int) -> dict[str, Any]:
             error = check(command)
             if error is not None:
                 raise CommandError(error)
-            return handler(command, now)
+            return handler(fx, command, now)
 
         return checked
 
-    def release(self, conn: str, now: int) -> tuple[int, list[Mutation]]:
-        """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6."""
-        self.out, self.events = [], []
-        released = self.release_connection(conn, int(now))
+    def release(self, conn: str, now: int) -> tuple[int, list[Mutation], list[Event]]:
+        """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6.
+        Returns how many, and the mutations and job events that made."""
+        fx = Outcome()
+        released = self.release_connection(fx, conn, int(now))
         if self.blocked:
-            self.wake_limited(int(now))
+            self.wake_limited(fx, int(now))
         if self.group_blocked:
-            self.wake_groups(int(now))
-        self.last_events = self.events
-        return released, self.out
+            self.wake_groups(fx, int(now))
+        return released, fx.mutations, fx.events
 
     def supports(self, name: str) -> bool:
         return name in self._handlers

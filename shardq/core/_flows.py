@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from shardq.errors import CommandError
 
+from ._effects import Effects
 from ._graph import graph_error
 from ._job import Job
 from ._lifecycle import ACTIVE, COMPLETED, FAILED, QUEUED_STATES, WAITING_CHILDREN
@@ -124,7 +125,7 @@ class FlowOps(TimerOps, ProduceOps):
                 self.dependents.setdefault(dep, set()).add(job.id)
         return bool(pending)
 
-    def flow_receive(self, notice: Mapping[str, Any], now: int) -> bool:
+    def flow_receive(self, fx: Effects, notice: Mapping[str, Any], now: int) -> bool:
         """Apply one child's notice to its parent, held here; False if it changed nothing
         (unknown parent, or a notice already applied)."""
         parent = self.jobs.get(str(notice.get("parent")))
@@ -140,8 +141,8 @@ class FlowOps(TimerOps, ProduceOps):
         # Only this child's entry goes to storage, not the parent's maps: a fan-in of n
         # children costs O(n), not O(n^2) (`delta` in shardq.core._mutations).
         op = [child_id, field, value, resolved, parent.children_completed]
-        self.out.append(("delta", parent.key, {"child": op}))
-        self._after_fan_in(parent, notice, now)
+        fx.mutations.append(("delta", parent.key, {"child": op}))
+        self._after_fan_in(fx, parent, notice, now)
         return True
 
     def _fan_in(
@@ -172,20 +173,20 @@ class FlowOps(TimerOps, ProduceOps):
             del opts["flowPending"][child_id]
         return field, value, resolved
 
-    def _after_fan_in(self, parent: Job, notice: Mapping[str, Any], now: int) -> None:
+    def _after_fan_in(self, fx: Effects, parent: Job, notice: Mapping[str, Any], now: int) -> None:
         if parent.state != WAITING_CHILDREN:
             return
         if notice.get("kind") == "failed" and notice.get("policy") == "fail":
             parent.failed_reason = f"child {notice.get('child')} failed: {notice.get('reason')}"
-            self.dead(parent, "child_failed", now, {"failedReason": parent.failed_reason})
+            self.dead(fx, parent, "child_failed", now, {"failedReason": parent.failed_reason})
             return
         release = notice.get("kind") == "failed" and notice.get("policy") == "continue"
         if release or not (parent.opts["flowPending"] or self._plain_deps_pending(parent)):
-            self.requeue_or_delay(parent, "release", now, {})
+            self.requeue_or_delay(fx, parent, "release", now, {})
 
     # -- the child's side ------------------------------------------------------------------
 
-    def child_finished(self, job: Job, kind: str, now: int) -> None:
+    def child_finished(self, fx: Effects, job: Job, kind: str, now: int) -> None:
         """A child completed or failed for good: tell its parent."""
         parent = parent_of(job)
         if parent is None:
@@ -201,25 +202,25 @@ class FlowOps(TimerOps, ProduceOps):
             notice["result"] = job.result if job.has_result else None
         else:
             notice["reason"] = job.failed_reason
-        self.flow_send(notice, job.queue, now)
+        self.flow_send(fx, notice, job.queue, now)
 
-    def flow_send(self, notice: dict[str, Any], queue: str, now: int) -> None:
+    def flow_send(self, fx: Effects, notice: dict[str, Any], queue: str, now: int) -> None:
         if notice["parent"] in self.jobs:
-            self.flow_receive(notice, now)
+            self.flow_receive(fx, notice, now)
             return
         notice["cq"] = queue
         key = notice_key(notice)
         self.flow_outbox[key] = notice
         self.flow_new.append(key)
-        self.out.append(("flow", key, notice))
+        fx.mutations.append(("flow", key, notice))
 
     def flow_acked(self, keys: Iterable[object]) -> list[Mutation]:
         """The parents' shards applied (and committed) these notices: forget them."""
-        self.out, self.events = [], []
-        for key in keys:
-            if isinstance(key, str) and self.flow_outbox.pop(key, None) is not None:
-                self.out.append(("flowdel", key))
-        return self.out
+        return [
+            ("flowdel", key)
+            for key in keys
+            if isinstance(key, str) and self.flow_outbox.pop(key, None) is not None
+        ]
 
     def load_flow_outbox(self, notices: Iterable[Mapping[str, Any]]) -> None:
         """Recovery: the notices no parent acknowledged yet, to be sent again."""
@@ -234,15 +235,15 @@ class FlowOps(TimerOps, ProduceOps):
 
     # -- commands --------------------------------------------------------------------------
 
-    def cmd_flow_notify(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_flow_notify(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         items = cmd.get("items")
         applied = 0
         for notice in items if isinstance(items, list) else ():
-            if isinstance(notice, Mapping) and self.flow_receive(notice, now):
+            if isinstance(notice, Mapping) and self.flow_receive(fx, notice, now):
                 applied += 1
         return {"ok": True, "applied": applied}
 
-    def cmd_flow_held(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_flow_held(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         ids = cmd.get("ids")
         held = [
             i
@@ -251,13 +252,19 @@ class FlowOps(TimerOps, ProduceOps):
         ]
         return {"ok": True, "held": held}
 
-    def cmd_get_children_values(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_children_values(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         return {"ok": True, "data": {"values": self._flow_field(cmd, "childrenValues")}}
 
-    def cmd_get_failed_children_values(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_failed_children_values(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         return {"ok": True, "values": self._flow_field(cmd, "failedChildren")}
 
-    def cmd_get_ignored_children_failures(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_ignored_children_failures(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         return {"ok": True, "values": self._flow_field(cmd, "ignoredFailures")}
 
     def _flow_field(self, cmd: Mapping[str, Any], field: str) -> dict[str, Any]:
@@ -268,7 +275,7 @@ class FlowOps(TimerOps, ProduceOps):
             return {}
         return dict(job.opts.get(field) or {})
 
-    def cmd_update_parent(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_update_parent(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         child = self.job_or_error(cmd.get("childId"), "Job not found")
         parent_id = cmd.get("parentId")
         if not isinstance(parent_id, str) or not parent_id:
@@ -279,14 +286,16 @@ class FlowOps(TimerOps, ProduceOps):
         if isinstance(queue, str):
             opts["parentQueue"] = queue
         child.opts = opts
-        self.out.append(("upd", child.key, {"parentId": parent_id, **_queue_change(opts)}))
+        fx.mutations.append(("upd", child.key, {"parentId": parent_id, **_queue_change(opts)}))
         if child.state == COMPLETED:
-            self.child_finished(child, "completed", now)
+            self.child_finished(fx, child, "completed", now)
         elif child.state == FAILED:
-            self.child_finished(child, "failed", now)
+            self.child_finished(fx, child, "failed", now)
         return {"ok": True}
 
-    def cmd_move_to_waiting_children(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_move_to_waiting_children(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         job = self.job_or_error(cmd.get("id"), "Job not found")
         if job.state != ACTIVE:
             raise CommandError("Job is not active")
@@ -296,10 +305,12 @@ class FlowOps(TimerOps, ProduceOps):
         if not (job.opts.get("flowPending") or self._plain_deps_pending(job)):
             return {"ok": True, "data": {"moved": False}}
         self.finalize(job)
-        self.move(job, "park", now, {})
+        self.move(fx, job, "park", now, {})
         return {"ok": True, "data": {"moved": True}}
 
-    def cmd_remove_child_dependency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_remove_child_dependency(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         child = self.job_or_error(cmd.get("id"), "Job not found")
         parent = parent_of(child)
         if parent is None:
@@ -313,33 +324,35 @@ class FlowOps(TimerOps, ProduceOps):
             "reason": None,
         }
         child.opts = {**child.opts, "parentId": None}
-        self.out.append(("upd", child.key, {"parentId": None}))
-        self.flow_send(notice, child.queue, now)
+        fx.mutations.append(("upd", child.key, {"parentId": None}))
+        self.flow_send(fx, notice, child.queue, now)
         return {"ok": True, "removed": True}
 
-    def cmd_remove_unprocessed_children(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_remove_unprocessed_children(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         parent = self.job_or_error(cmd.get("id"), "Job not found")
         for child_id in list(parent.opts.get("childrenIds") or ()):
             child = self.jobs.get(child_id)
             if child is not None and child.state in QUEUED_STATES:
-                self.remove(child)
+                self.remove(fx, child)
                 # The parent stops waiting for it, or it would wait forever.
                 gone = {"parent": parent.id, "child": child_id, "kind": "failed"}
-                self.flow_receive({**gone, "policy": "remove", "reason": None}, now)
+                self.flow_receive(fx, {**gone, "policy": "remove", "reason": None}, now)
         pending = parent.opts.get("flowPending") or ()
         elsewhere = [c for c in pending if c not in self.jobs]
         # The front end cancels these on their shards (and strips this field).
         return {"ok": True, "elsewhere": elsewhere} if elsewhere else {"ok": True}
 
-    def cmd_flow_release(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_flow_release(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         ids = cmd.get("ids")
         held = [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
         ready = self.confirm(held)
         for queue in sorted(ready):
-            self.events.append(("ready", queue, ""))
+            fx.events.append(("ready", queue, ""))
         return {"ok": True}
 
-    def cmd_pushf(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_pushf(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         """An atomic flow graph (or, with several shards, this shard's part of one): every
         node is admitted, or none is. `_hold`: keep the new jobs from delivery until a
         `FlowRelease` (the front end's first phase, docs/protocol.md §20.3)."""
@@ -354,14 +367,14 @@ class FlowOps(TimerOps, ProduceOps):
         try:
             for job_id, _queue, fields in nodes:
                 try:
-                    self.cmd_push(fields, now)
+                    self.cmd_push(fx, fields, now)
                 except CommandError as e:
                     raise CommandError(f"jobs[{fields['_index']}]: {e}") from e
                 admitted.append(self.jobs[job_id])
         except CommandError:
             for job in reversed(admitted):
                 if job.state != "removed":
-                    self.remove(job)
+                    self.remove(fx, job)
             raise
         if cmd.get("_hold"):
             self.hold([job.id for job in admitted])

@@ -17,14 +17,13 @@ from typing import Any
 from shardq.errors import CommandError
 
 from ._bounds import span_error
+from ._effects import Effects
 from ._groups import Group, GroupTable
 from ._job import Job
 from ._limits import LimitOps
-from ._mutations import Mutation
 from ._options import _validate_group_id, is_number, validate_queue_name
 from ._queue import QueueState
 from ._queue_limits import QueueLimits
-from ._timers import Event
 
 __all__ = ["GROUP_COMMANDS", "GroupOps"]
 
@@ -111,7 +110,7 @@ class GroupOps(LimitOps):
                 raise CommandError(f"Too many configured groups in queue {queue} (max {cap})")
         return q, gid, table.get(gid)
 
-    def _group_saved(self, q: QueueState, gid: str) -> None:
+    def _group_saved(self, fx: Effects, q: QueueState, gid: str) -> None:
         """Persist group `gid`'s settings as they now stand: its own row only."""
         table = q.groups
         cfg = table.sync(gid) if table is not None else None
@@ -119,18 +118,22 @@ class GroupOps(LimitOps):
             table.unblock(gid)  # the "ready" below wakes its parked pulls
             table.drop_if_idle(gid)
         if cfg is None:
-            self.out.append(("groupdel", q.name, gid))
+            fx.mutations.append(("groupdel", q.name, gid))
         else:
-            self.out.append(("group", q.name, gid, cfg))
-        self.events.append(("ready", q.name, ""))  # a lifted limit may serve parked pulls
+            fx.mutations.append(("group", q.name, gid, cfg))
+        fx.events.append(("ready", q.name, ""))  # a lifted limit may serve parked pulls
 
     # -- reads -----------------------------------------------------------------------------
 
-    def cmd_get_group_jobs_count(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_group_jobs_count(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         _, group = self._peek_group(cmd)
         return _data(count=group.waiting + group.delayed if group is not None else 0)
 
-    def cmd_get_groups_jobs_count(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_groups_jobs_count(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         queue = cmd.get("queue")
         error = validate_queue_name(queue)
         if error:
@@ -140,43 +143,55 @@ class GroupOps(LimitOps):
         table = q.groups if q is not None else None
         return _data(count=table.total_depth(per_group) if table is not None else 0)
 
-    def cmd_get_group_active_count(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_group_active_count(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         _, group = self._peek_group(cmd)
         return _data(count=group.active if group is not None else 0)
 
-    def cmd_get_group_rate_limit(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_group_rate_limit(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         _, group = self._peek_group(cmd)
         limits = group.limits if group is not None else None
         if limits is None or limits.rate is None:
             return _data(limit=None)
         return _data(limit={"max": limits.rate, "duration": limits.window})
 
-    def cmd_get_group_rate_limit_ttl(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_group_rate_limit_ttl(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         _, group = self._peek_group(cmd)
         max_jobs = _optional_count(cmd, "maxJobs")
         return _data(ttl=group.ttl(now, max_jobs) if group is not None else -2)
 
-    def cmd_get_group_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_group_concurrency(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         _, group = self._peek_group(cmd)
         limits = group.limits if group is not None else None
         return _data(concurrency=limits.concurrency if limits is not None else None)
 
-    def cmd_is_group_paused(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_is_group_paused(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         _, group = self._peek_group(cmd)
         return _data(paused=group is not None and group.paused)
 
     # -- settings --------------------------------------------------------------------------
 
-    def cmd_set_group_rate_limit(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_set_group_rate_limit(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         self._group_args(cmd)
         rate, window = _positive(cmd, "max"), _positive(cmd, "duration")
         q, gid, group = self._group(cmd, now)
         limits = group.limits = group.limits or QueueLimits()
         limits.rate, limits.window = rate, window
-        self._group_saved(q, gid)
+        self._group_saved(fx, q, gid)
         return {"ok": True}
 
-    def cmd_remove_group_rate_limit(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_remove_group_rate_limit(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         _, group = self._peek_group(cmd)
         limits = group.limits if group is not None else None
         if group is None or limits is None or limits.rate is None:
@@ -184,19 +199,23 @@ class GroupOps(LimitOps):
         limits.rate = None
         if limits.empty():
             group.limits = None
-        self._group_saved(self.queue(str(cmd["queue"])), str(cmd["groupId"]))
+        self._group_saved(fx, self.queue(str(cmd["queue"])), str(cmd["groupId"]))
         return _data(removed=1)
 
-    def cmd_set_group_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_set_group_concurrency(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         self._group_args(cmd)
         cap = _positive(cmd, "concurrency")
         q, gid, group = self._group(cmd, now)
         limits = group.limits = group.limits or QueueLimits()
         limits.concurrency = cap
-        self._group_saved(q, gid)
+        self._group_saved(fx, q, gid)
         return {"ok": True}
 
-    def cmd_remove_group_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_remove_group_concurrency(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         _, group = self._peek_group(cmd)
         limits = group.limits if group is not None else None
         if group is None or limits is None or limits.concurrency is None:
@@ -204,16 +223,18 @@ class GroupOps(LimitOps):
         limits.concurrency = None
         if limits.empty():
             group.limits = None
-        self._group_saved(self.queue(str(cmd["queue"])), str(cmd["groupId"]))
+        self._group_saved(fx, self.queue(str(cmd["queue"])), str(cmd["groupId"]))
         return _data(removed=1)
 
-    def cmd_pause_group(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        return self._set_paused(cmd, True, now)
+    def cmd_pause_group(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        return self._set_paused(fx, cmd, True, now)
 
-    def cmd_resume_group(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        return self._set_paused(cmd, False, now)
+    def cmd_resume_group(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+        return self._set_paused(fx, cmd, False, now)
 
-    def _set_paused(self, cmd: Mapping[str, Any], paused: bool, now: int) -> dict[str, Any]:
+    def _set_paused(
+        self, fx: Effects, cmd: Mapping[str, Any], paused: bool, now: int
+    ) -> dict[str, Any]:
         if not paused:
             _, found = self._peek_group(cmd)
             if found is None or not found.paused:
@@ -224,10 +245,10 @@ class GroupOps(LimitOps):
         group.paused = paused
         if not paused and q.groups is not None:
             q.groups.resumed(gid)
-        self._group_saved(q, gid)
+        self._group_saved(fx, q, gid)
         return _data(changed=True)
 
-    def cmd_rate_limit_group(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_rate_limit_group(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         self._group_args(cmd)
         duration = _positive(cmd, "duration")
         error = span_error(duration, now, "duration")
@@ -235,20 +256,20 @@ class GroupOps(LimitOps):
             raise CommandError(error)
         q, gid, group = self._group(cmd, now)
         group.until = now + duration
-        self._group_saved(q, gid)
+        self._group_saved(fx, q, gid)
         return {"ok": True}
 
     # -- pulling ---------------------------------------------------------------------------
 
-    def take_grouped(self, q: QueueState, count: int, now: int) -> list[Job]:
-        taken = self.take_many(q, count, now, False, False)
+    def take_grouped(self, fx: Effects, q: QueueState, count: int, now: int) -> list[Job]:
+        taken = self.take_many(fx, q, count, now, False, False)
         table = q.groups
         if table is None or len(taken) >= count:
             return taken
         while len(taken) < count and table.ring:
             live, expired = table.take(count - len(taken), now)
             for job in expired:
-                self.move(job, "expire", now, {})
+                self.move(fx, job, "expire", now, {})
             taken.extend(live)
             if not expired:
                 break
@@ -258,7 +279,7 @@ class GroupOps(LimitOps):
 
     # -- waking parked pulls ---------------------------------------------------------------
 
-    def wake_groups(self, now: int) -> None:
+    def wake_groups(self, fx: Effects, now: int) -> None:
         """Emit "ready" for each queue with a held-back group that has room again."""
         for name in list(self.group_blocked):
             q = self.queues.get(name)
@@ -267,15 +288,14 @@ class GroupOps(LimitOps):
                 self.group_blocked.discard(name)
                 continue
             if table.wake(now):
-                self.events.append(("ready", name, ""))
+                fx.events.append(("ready", name, ""))
             if not table.blocked:
                 self.group_blocked.discard(name)
 
-    def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
-        events, out = super().tick(now)
+    def _tick(self, fx: Effects, now: int) -> None:
+        super()._tick(fx, now)
         if self.group_blocked:
-            self.wake_groups(int(now))  # appends to `events`, which is `self.events`
-        return events, out
+            self.wake_groups(fx, now)
 
     def next_deadline(self) -> int | None:
         deadline = super().next_deadline()

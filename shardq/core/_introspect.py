@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from shardq.errors import CommandError
 
+from ._effects import Effects
 from ._finished import metrics_reply
 from ._job import NO_OPTIONS, Job
 from ._state import EngineState
@@ -72,11 +73,15 @@ def _index(value: object, name: str, default: int) -> int:
 
 
 class IntrospectOps(EngineState):
-    def cmd_get_deduplication_job_id(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_deduplication_job_id(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         owner = self.unique.get((str(cmd.get("queue")), str(cmd.get("deduplicationId"))))
         return {"ok": True, "data": {"jobId": owner}}
 
-    def cmd_remove_deduplication_key(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_remove_deduplication_key(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         key = (str(cmd.get("queue")), str(cmd.get("deduplicationId")))
         owner = self.unique.get(key)
         if owner is None:
@@ -84,41 +89,43 @@ class IntrospectOps(EngineState):
         del self.unique[key]
         job = self.jobs.get(owner)
         if job is not None:
-            self._forget_key(job)
+            self._forget_key(fx, job)
         return {"ok": True, "data": {"count": 1}}
 
-    def cmd_remove_job_deduplication_key(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_remove_job_deduplication_key(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         job = self.find(cmd.get("id"))
         key = job.unique_key if job is not None else None
         if job is None or key is None or self.unique.get((job.queue, key)) != job.id:
             return {"ok": True, "data": {"removed": False}}
         del self.unique[(job.queue, key)]
-        self._forget_key(job)
+        self._forget_key(fx, job)
         return {"ok": True, "data": {"removed": True}}
 
-    def _forget_key(self, job: Job) -> None:
+    def _forget_key(self, fx: Effects, job: Job) -> None:
         """The job no longer claims its key, in memory and in its stored record."""
         opts = {k: v for k, v in job.opts.items() if k != "uniqueKey"}
         job.opts = opts or NO_OPTIONS
         job.dedup_until = None
-        self.out.append(("upd", job.key, {"uniqueKey": None, "dedupUntil": None}))
+        fx.mutations.append(("upd", job.key, {"uniqueKey": None, "dedupUntil": None}))
 
-    def cmd_remove_dlq_job(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_remove_dlq_job(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self.queues.get(str(cmd.get("queue")))
         job_id = cmd.get("jobId")
         if q is None or not isinstance(job_id, str) or job_id not in q.dlq:
             return {"ok": True, "data": {"removed": False}}
-        self.remove(self.jobs[job_id])
+        self.remove(fx, self.jobs[job_id])
         return {"ok": True, "data": {"removed": True}}
 
-    def cmd_get_dlq_stats(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_dlq_stats(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         name = str(cmd.get("queue"))
         q = self.queues.get(name)
         jobs = [self.jobs[i] for i in (q.dlq if q else ())]
         retries = q.dlq_config.get("maxAutoRetries", 3) if q else 3
         return {"ok": True, "data": {"stats": dlq_stats(name, jobs, int(retries), now)}}
 
-    def cmd_queue_metrics(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_queue_metrics(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         """Queue-scoped `Metrics` (the legacy form without `queue` is the front end's)."""
         queue = cmd.get("queue")
         if not isinstance(queue, str):

@@ -17,12 +17,12 @@ from typing import Any
 from shardq.errors import CommandError
 
 from ._bounds import count_error, span_error
+from ._effects import Effects
 from ._lifecycle import ACTIVE
-from ._mutations import Mutation
 from ._options import is_number
 from ._queue import QueueState
 from ._queue_limits import DEFAULT_WINDOW_MS, QueueLimits
-from ._timers import Event, TimerOps
+from ._timers import TimerOps
 
 __all__ = ["LimitOps", "QueueLimits"]
 
@@ -83,7 +83,7 @@ class LimitOps(TimerOps):
 
     # -- commands --------------------------------------------------------------------------
 
-    def cmd_rate_limit(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_rate_limit(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         limit = _limit(cmd, positive=False)
         duration = cmd.get("duration")
         if duration is not None and (
@@ -100,14 +100,14 @@ class LimitOps(TimerOps):
         limits.rate_until = None if ttl is None else now + int(ttl)
         if limits.rate_until is not None:
             heapq.heappush(self.rate_expiries, (limits.rate_until, str(cmd.get("queue", ""))))
-        return self._saved(cmd)
+        return self._saved(fx, cmd)
 
-    def cmd_rate_limit_clear(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_rate_limit_clear(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         limits = self._limits_of(cmd)
         limits.rate, limits.rate_until = None, None
-        return self._saved(cmd)
+        return self._saved(fx, cmd)
 
-    def cmd_get_queue_limits(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_queue_limits(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         max_jobs = cmd.get("maxJobs")
         if max_jobs is not None and (not is_number(max_jobs) or not math.isfinite(max_jobs)):
             raise CommandError("maxJobs must be a finite number")
@@ -123,14 +123,16 @@ class LimitOps(TimerOps):
         view = {"rateLimit": rate, "rateLimitTtl": ttl, "concurrencyLimit": cap, "maxed": maxed}
         return {"ok": True, "data": {"limits": view}}
 
-    def cmd_set_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_set_concurrency(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         cap = _limit(cmd, positive=True)  # checked before the queue gets a limits record
         self._limits_of(cmd).concurrency = cap
-        return self._saved(cmd)
+        return self._saved(fx, cmd)
 
-    def cmd_clear_concurrency(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_clear_concurrency(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         self._limits_of(cmd).concurrency = None
-        return self._saved(cmd)
+        return self._saved(fx, cmd)
 
     def _limits_of(self, cmd: Mapping[str, Any]) -> QueueLimits:
         q = self.queue(str(cmd.get("queue", "")))
@@ -138,17 +140,17 @@ class LimitOps(TimerOps):
             q.limits = QueueLimits()
         return q.limits
 
-    def _saved(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+    def _saved(self, fx: Effects, cmd: Mapping[str, Any]) -> dict[str, Any]:
         q = self.queue(str(cmd.get("queue", "")))
         if q.limits is not None and q.limits.empty():
             q.limits = None
-        self.out.append(("queue", q.name, q.config()))
-        self.events.append(("ready", q.name, ""))  # a raised or cleared limit may free pulls
+        fx.mutations.append(("queue", q.name, q.config()))
+        fx.events.append(("ready", q.name, ""))  # a raised or cleared limit may free pulls
         return {"ok": True}
 
     # -- waking parked pulls ---------------------------------------------------------------
 
-    def wake_limited(self, now: int) -> None:
+    def wake_limited(self, fx: Effects, now: int) -> None:
         """Emit "ready" for each queue whose held-back pulls may now be served: those an
         active job left, and those whose rate window reopened (from the heap's top)."""
         woken: set[str] = set()
@@ -172,7 +174,7 @@ class LimitOps(TimerOps):
             elif reopens is not None and reopens != at:
                 heapq.heappush(heap, (reopens, name))
         for name in sorted(woken):
-            self.events.append(("ready", name, ""))
+            fx.events.append(("ready", name, ""))
             limits = self._blocked_limits(name)
             if limits is None or not (limits.conc_blocked or limits.rate_blocked):
                 self.blocked.discard(name)
@@ -188,7 +190,7 @@ class LimitOps(TimerOps):
             self.blocked.discard(name)
         return limits
 
-    def _expire_rate_limits(self, now: int) -> None:
+    def _expire_rate_limits(self, fx: Effects, now: int) -> None:
         heap = self.rate_expiries
         while heap and heap[0][0] <= now:
             at, name = heapq.heappop(heap)
@@ -197,22 +199,20 @@ class LimitOps(TimerOps):
             if q is None or limits is None or limits.rate_until != at:
                 continue
             limits.rate, limits.rate_until = None, None
-            self._saved({"queue": name})
+            self._saved(fx, {"queue": name})
 
-    def restore(self, *args: Any, **kwargs: Any) -> list[Mutation]:
-        out = super().restore(*args, **kwargs)
+    def _restore(self, fx: Effects, *args: Any, **kwargs: Any) -> None:
+        super()._restore(fx, *args, **kwargs)
         for q in self.queues.values():
             if q.limits is not None and q.limits.rate_until is not None:
                 heapq.heappush(self.rate_expiries, (q.limits.rate_until, q.name))
-        return out
 
-    def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
-        events, out = super().tick(now)
+    def _tick(self, fx: Effects, now: int) -> None:
+        super()._tick(fx, now)
         if self.rate_expiries:
-            self._expire_rate_limits(int(now))
+            self._expire_rate_limits(fx, now)
         if self.blocked:
-            self.wake_limited(int(now))
-        return events, out
+            self.wake_limited(fx, now)
 
     def next_deadline(self) -> int | None:
         deadline = super().next_deadline()

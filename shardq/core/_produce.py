@@ -9,6 +9,7 @@ from typing import Any, Final, cast
 from shardq.errors import CommandError
 from shardq.protocol._schema import REWRITTEN_JOB_KEYS, normalize_job, push_allowed
 
+from ._effects import Effects
 from ._graph import graph_error
 from ._groups import group_size_error
 from ._job import Job
@@ -53,7 +54,7 @@ def _entries(entries: object) -> list[Mapping[str, Any]]:
 
 
 class ProduceOps(EngineState):
-    def cmd_push(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_push(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")
         if cmd.keys() <= _PLAIN_PUSH_KEYS:  # what the full passes below would check of it
             error = validate_queue_name(queue) or validate_data(cmd.get("data"))
@@ -61,7 +62,7 @@ class ProduceOps(EngineState):
             if error:
                 raise CommandError(error)
             custom = None
-            return {"ok": True, "id": self.push_one(str(queue), cmd, custom, now)}
+            return {"ok": True, "id": self.push_one(fx, str(queue), cmd, custom, now)}
         error = (
             validate_queue_name(queue)
             or normalize_job(cmd, PUSH_KEYS)  # type: ignore[arg-type]
@@ -73,7 +74,7 @@ class ProduceOps(EngineState):
         if not _CROSS_CHECKED.isdisjoint(cmd):  # one set test for a push with none of them
             self._check_push(queue, cmd)
         custom = custom_id_of(cmd["jobId"]) if "jobId" in cmd else None
-        return {"ok": True, "id": self.push_one(queue, cmd, custom, now)}
+        return {"ok": True, "id": self.push_one(fx, queue, cmd, custom, now)}
 
     def _check_push(self, queue: str, cmd: Mapping[str, Any]) -> None:
         """The checks of a single push that read more than its own fields."""
@@ -86,7 +87,7 @@ class ProduceOps(EngineState):
         if cmd.get("groupMaxSize") is not None:
             self._check_group_sizes(queue, (cmd,))
 
-    def cmd_pushb(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_pushb(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")
         error = validate_queue_name(queue)
         if error:
@@ -106,11 +107,11 @@ class ProduceOps(EngineState):
         if self._validate_batch(entries, customs):
             self._check_group_sizes(queue, entries)
         if plain and entries:
-            return {"ok": True, "ids": self._push_plain(queue, entries, now, data_only)}
+            return {"ok": True, "ids": self._push_plain(fx, queue, entries, now, data_only)}
         ids: list[str] = []
         for index, entry in enumerate(entries):
             try:
-                ids.append(self.push_one(queue, entry, customs[index], now))
+                ids.append(self.push_one(fx, queue, entry, customs[index], now))
             except CommandError as e:
                 # Accepted prefix: entries before this one stay admitted (bunqueue semantics).
                 raise CommandError(f"jobs[{index}]: {e}") from e
@@ -165,7 +166,9 @@ class ProduceOps(EngineState):
 
     # -- admission -------------------------------------------------------------------------
 
-    def push_one(self, queue: str, fields: Mapping[str, Any], custom: str | None, now: int) -> str:
+    def push_one(
+        self, fx: Effects, queue: str, fields: Mapping[str, Any], custom: str | None, now: int
+    ) -> str:
         """Admit one validated job, or return the id of the live job it duplicates."""
         if custom is not None:
             existing = self.jobs.get(custom)
@@ -173,10 +176,10 @@ class ProduceOps(EngineState):
                 if existing.state not in TERMINAL_STATES:
                     return existing.id
                 # A terminal generation is retired so the id can start a fresh one.
-                self.remove(existing)
+                self.remove(fx, existing)
         key = fields.get("uniqueKey") if "uniqueKey" in fields else None
         if isinstance(key, str):
-            owner_id = self._dedup(queue, key, fields, now)
+            owner_id = self._dedup(fx, queue, key, fields, now)
             if owner_id is not None:
                 return owner_id
         job_id = custom if custom is not None else self.ids.new(now)
@@ -186,11 +189,11 @@ class ProduceOps(EngineState):
             ttl = _dedup_options(fields).get("ttl")
             job.dedup_until = now + as_int(ttl, 0) if ttl else None
             self.claim_unique(job)
-        self.admit(job, now)
+        self.admit(fx, job, now)
         return job.id
 
     def _push_plain(
-        self, queue: str, entries: list[Mapping[str, Any]], now: int, data_only: bool
+        self, fx: Effects, queue: str, entries: list[Mapping[str, Any]], now: int, data_only: bool
     ) -> list[str]:
         """Admit validated entries that have neither a custom id nor a uniqueKey: none of them
         can be a duplicate, so they are built first and placed in one pass (as `push_one`
@@ -202,7 +205,7 @@ class ProduceOps(EngineState):
         for entry in entries:
             self.seq += 1
             jobs.append(create(new_id(now), queue, self.seq, entry, now))
-        self.admit_all(jobs, self.queue(queue), now, alike=data_only)
+        self.admit_all(fx, jobs, self.queue(queue), now, alike=data_only)
         return [job.id for job in jobs]
 
     def _live_owner(self, queue: str, key: str, now: int) -> Job | None:
@@ -216,29 +219,31 @@ class ProduceOps(EngineState):
             return None
         return owner
 
-    def _dedup(self, queue: str, key: str, fields: Mapping[str, Any], now: int) -> str | None:
+    def _dedup(
+        self, fx: Effects, queue: str, key: str, fields: Mapping[str, Any], now: int
+    ) -> str | None:
         """The owner's id when the push is a duplicate; None to admit a new job."""
         owner = self._live_owner(queue, key, now)
         if owner is None:
             return None
         policy = _dedup_options(fields)
         if policy.get("replace"):
-            return self._dedup_replace(owner)
+            return self._dedup_replace(fx, owner)
         if policy.get("extend") and policy.get("ttl"):
             owner.dedup_until = now + as_int(policy["ttl"], 0)
-            self.out.append(("upd", owner.key, {"dedupUntil": owner.dedup_until}))
+            fx.mutations.append(("upd", owner.key, {"dedupUntil": owner.dedup_until}))
             if owner.state in QUEUED_STATES:
                 return owner.id
             raise CommandError("Duplicate unique_key (extended TTL)")
         return owner.id
 
-    def _dedup_replace(self, owner: Job) -> str | None:
+    def _dedup_replace(self, fx: Effects, owner: Job) -> str | None:
         if owner.state in QUEUED_STATES:
             if any(self.find(child) is not None for child in self.dependents.get(owner.id, ())):
                 raise CommandError(
                     f"Cannot replace deduplicated job {owner.id} because live jobs depend on it"
                 )
-            self.remove(owner)
+            self.remove(fx, owner)
             return None
         # An active owner keeps running under its lease; the key moves to the successor.
         return None

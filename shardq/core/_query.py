@@ -7,6 +7,7 @@ from typing import Any
 
 from shardq.errors import CommandError
 
+from ._effects import Effects
 from ._history import MINUTE_MS, TIME_BOUNDS_MS
 from ._job import Job
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, STATES, WAITING
@@ -29,30 +30,32 @@ def job_view(job: Job) -> dict[str, Any]:
 
 
 class QueryOps(EngineState):
-    def cmd_get_job(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_job(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job = self.find(cmd.get("id"))
         if job is None:
             raise CommandError("Job not found")
         return {"ok": True, "job": job_view(job)}
 
-    def cmd_get_job_by_custom_id(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_job_by_custom_id(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         job = self.find(cmd.get("customId"))
         if job is None or job.custom_id is None:
             raise CommandError("Job not found")
         return {"ok": True, "job": job_view(job)}
 
-    def cmd_get_state(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_state(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job = self.find(cmd.get("id"))
         return {"ok": True, "id": cmd.get("id"), "state": job.public_state() if job else "unknown"}
 
-    def cmd_get_result(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_result(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job = self.find(cmd.get("id"))
         reply: dict[str, Any] = {"ok": True, "id": cmd.get("id")}
         if job is not None and job.has_result:
             reply["result"] = job.result
         return reply
 
-    def cmd_get_progress(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_progress(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job = self.find(cmd.get("id"))
         if job is None:
             raise CommandError("Job not found")
@@ -60,7 +63,7 @@ class QueryOps(EngineState):
             raise CommandError(f"Job is not active (current state: {job.public_state()})")
         return {"ok": True, "progress": job.progress, "message": job.progress_message}
 
-    def cmd_get_job_counts(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_job_counts(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self.queues.get(str(cmd.get("queue")))
         counts = dict.fromkeys((*STATES, "prioritized", "paused"), 0)
         if q is not None:
@@ -84,12 +87,14 @@ class QueryOps(EngineState):
                                 "minutes": rows}  # fmt: skip
         return reply
 
-    def cmd_count(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_count(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self.queues.get(str(cmd.get("queue")))
         count = q.counts[WAITING] + q.counts[DELAYED] if q else 0
         return {"ok": True, "count": count}
 
-    def cmd_get_counts_per_priority(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_counts_per_priority(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         name = str(cmd.get("queue"))
         q = self.queues.get(name)
         counts: dict[str, int] = {}
@@ -100,7 +105,7 @@ class QueryOps(EngineState):
                 counts[key] = counts.get(key, 0) + 1
         return {"ok": True, "queue": name, "counts": counts}
 
-    def cmd_get_jobs(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_jobs(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self.queues.get(str(cmd.get("queue")))
         wanted = _wanted_states(cmd.get("state"))
         jobs = [self.jobs[i] for i in (q.ids if q else ())]
@@ -114,7 +119,7 @@ class QueryOps(EngineState):
         limit = max(as_int(cmd.get("limit"), 100), 0)
         return {"ok": True, "jobs": [job_view(j) for j in jobs[offset : offset + limit]]}
 
-    def cmd_get_logs(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_get_logs(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job = self.find(cmd.get("id"))
         logs = list(job.logs or ()) if job else []
         start = as_int(cmd.get("start"), 0)

@@ -12,6 +12,7 @@ import heapq
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
+from ._effects import Effects
 from ._job import TIMELINE_MAX, Job, Timeline
 from ._lifecycle import (
     ACTIVE,
@@ -38,11 +39,11 @@ class EngineState(EngineTables):
 
     # -- the only ways a job changes state --------------------------------------------------
 
-    def admit(self, job: Job, now: int) -> None:
+    def admit(self, fx: Effects, job: Job, now: int) -> None:
         """Place a new job and emit its full record."""
         q = self.queue(job.queue)
         if job.opts:
-            self.admit_all((job,), q, now)
+            self.admit_all(fx, (job,), q, now)
             return
         # Without options (the common single push) no group, dependency or TTL applies:
         # `admit_all`'s one-job case, written out.
@@ -54,10 +55,10 @@ class EngineState(EngineTables):
         job.state = state
         job.timeline = ((state, now, None),)
         self._enter_all((job,), q, state)
-        self.out.append(("put", job.to_record()))
+        fx.mutations.append(("put", job.to_record()))
 
     def admit_all(
-        self, jobs: Sequence[Job], q: QueueState, now: int, *, alike: bool = False
+        self, fx: Effects, jobs: Sequence[Job], q: QueueState, now: int, *, alike: bool = False
     ) -> None:
         """Place new jobs of queue `q`, in order, and emit their full records.
 
@@ -67,7 +68,7 @@ class EngineState(EngineTables):
         """
         all_jobs = self.jobs
         ids = q.ids
-        out = self.out
+        out = fx.mutations
         q.pushed += len(jobs)
         (q.history or q.start_history()).pushed(len(jobs), now, self.config.max_history_minutes)
         waiting: list[Job] = []
@@ -115,7 +116,7 @@ class EngineState(EngineTables):
         for job in jobs:
             out.append(("put", job.to_record()))
 
-    def move(self, job: Job, event: str, now: int, changes: dict[str, Any]) -> None:
+    def move(self, fx: Effects, job: Job, event: str, now: int, changes: dict[str, Any]) -> None:
         """Apply a lifecycle event and emit the changed fields.
 
         Raises:
@@ -126,7 +127,7 @@ class EngineState(EngineTables):
         state = job.state
         new = next_state(job.id, state, event)
         if new == REMOVED:
-            self.remove(job)
+            self.remove(fx, job)
             return
         q = self.queues[job.queue]
         if event == "ack":
@@ -137,10 +138,12 @@ class EngineState(EngineTables):
         job.timeline = _extended(job.timeline, (new, now, job.attempts))
         changes["state"] = new
         changes["timeline"] = list(job.timeline)
-        self.out.append(("upd", job.key, changes))
+        fx.mutations.append(("upd", job.key, changes))
         self._enter_all(one, q, new)
 
-    def move_all(self, jobs: Sequence[Job], event: str, now: int, changes: Changes) -> None:
+    def move_all(
+        self, fx: Effects, jobs: Sequence[Job], event: str, now: int, changes: Changes
+    ) -> None:
         """`move` each job in turn, with `changes[i]` for `jobs[i]`, or with a copy of
         `changes` for every job when it is one dict; the jobs are distinct.
 
@@ -161,7 +164,7 @@ class EngineState(EngineTables):
             if job.state != state or job.queue != queue:
                 break
         else:  # the common case: one run
-            self._move_run(jobs, state, queue, event, now, changes)
+            self._move_run(fx, jobs, state, queue, event, now, changes)
             return
         count = len(jobs)
         start = 0
@@ -172,11 +175,12 @@ class EngineState(EngineTables):
             while end < count and jobs[end].state == state and jobs[end].queue == queue:
                 end += 1
             part = changes if isinstance(changes, dict) else changes[start:end]
-            self._move_run(jobs[start:end], state, queue, event, now, part)
+            self._move_run(fx, jobs[start:end], state, queue, event, now, part)
             start = end
 
     def _move_run(
         self,
+        fx: Effects,
         jobs: Sequence[Job],
         state: str,
         queue: str,
@@ -192,18 +196,18 @@ class EngineState(EngineTables):
         else:
             per_job = changes
         if len(jobs) == 1:
-            self.move(jobs[0], event, now, dict(common) if common is not None else per_job[0])
+            self.move(fx, jobs[0], event, now, dict(common) if common is not None else per_job[0])
             return
         new = next_state(jobs[0].id, state, event)
         if new == REMOVED:
             for job in jobs:
-                self.remove(job)
+                self.remove(fx, job)
             return
         q = self.queues[queue]
         if event == "ack":
             q.completed += len(jobs)
         self._leave_all(jobs, q, state)
-        out = self.out
+        out = fx.mutations
         entry = (new, now, jobs[0].attempts)
         before: Timeline | None = None
         after: Timeline = ()
@@ -228,7 +232,7 @@ class EngineState(EngineTables):
             out.append(("upd", job.key, payload))
         self._enter_all(jobs, q, new)
 
-    def reorder(self, job: Job, changes: dict[str, Any]) -> None:
+    def reorder(self, fx: Effects, job: Job, changes: dict[str, Any]) -> None:
         """Change the fields that place a queued job (priority, lifo, runAt) in its state.
 
         Leaving and re-entering the state keeps the counts and heap keys right, as `move` does.
@@ -239,17 +243,19 @@ class EngineState(EngineTables):
         job.lifo = bool(changes.get("lifo", job.lifo))
         job.run_at = changes.get("runAt", job.run_at)
         self._enter(job, q)
-        self.out.append(("upd", job.key, changes))
+        fx.mutations.append(("upd", job.key, changes))
 
-    def requeue_or_delay(self, job: Job, event_now: str, now: int, changes: dict[str, Any]) -> None:
+    def requeue_or_delay(
+        self, fx: Effects, job: Job, event_now: str, now: int, changes: dict[str, Any]
+    ) -> None:
         """Move an active or queued job to waiting or delayed, by its run time."""
         changes["runAt"] = job.run_at
         if job.run_at > now:
-            self.move(job, "retry" if job.state == ACTIVE else "delay", now, changes)
+            self.move(fx, job, "retry" if job.state == ACTIVE else "delay", now, changes)
         else:
-            self.move(job, event_now, now, changes)
+            self.move(fx, job, event_now, now, changes)
 
-    def remove(self, job: Job, *, emit: bool = True) -> None:
+    def remove(self, fx: Effects, job: Job, *, emit: bool = True) -> None:
         q = self.queue(job.queue)
         self._leave(job, q)
         self.jobs.pop(job.id, None)
@@ -262,7 +268,7 @@ class EngineState(EngineTables):
             self.remember_completion(job.id)
         job.state = REMOVED
         if emit:
-            self.out.append(("del", job.key))
+            fx.mutations.append(("del", job.key))
 
     def freed_active(self, q: QueueState) -> None:
         """An active job of `q`, whose concurrency cap held a pull back, ended (`LimitOps`)."""
@@ -377,7 +383,7 @@ class EngineState(EngineTables):
             self.dependents.setdefault(dep, set()).add(job.id)
         return bool(pending)
 
-    def release_dependents(self, job_id: str, now: int) -> None:
+    def release_dependents(self, fx: Effects, job_id: str, now: int) -> None:
         if not self.dependents:
             return
         for child_id in sorted(self.dependents.pop(job_id, ())):
@@ -386,31 +392,37 @@ class EngineState(EngineTables):
                 continue
             if child.opts.get("childrenIds"):
                 if not self.flow_blocked(child):
-                    self.requeue_or_delay(child, "release", now, {})
+                    self.requeue_or_delay(fx, child, "release", now, {})
                 continue
             if all(self.is_completed(d) for d in child.opts.get("dependsOn") or ()):
-                self.requeue_or_delay(child, "release", now, {})
+                self.requeue_or_delay(fx, child, "release", now, {})
 
     def flow_blocked(self, job: Job) -> bool:
         """Whether a flow parent must wait for its children (`FlowOps`)."""
         return False
 
-    def child_finished(self, job: Job, kind: str, now: int) -> None:
+    def child_finished(self, fx: Effects, job: Job, kind: str, now: int) -> None:
         """A flow child completed or failed for good: tell its parent (`FlowOps`)."""
 
     # -- dead letters ----------------------------------------------------------------------
 
     def dead(
-        self, job: Job, reason: str, now: int, changes: dict[str, Any], remove: object = None
+        self,
+        fx: Effects,
+        job: Job,
+        reason: str,
+        now: int,
+        changes: dict[str, Any],
+        remove: object = None,
     ) -> None:
         """Send a job to its queue's DLQ (or drop it when removeOnFail says so)."""
         if remove is None:
             remove = job.opts.get("removeOnFail")
         if job.opts and "parentId" in job.opts:
             job.failed_reason = job.failed_reason or reason
-            self.child_finished(job, "failed", now)
+            self.child_finished(fx, job, "failed", now)
         if remove:
-            self.remove(job)
+            self.remove(fx, job)
             return
         q = self.queue(job.queue)
         max_age = q.dlq_config.get("maxAge")
@@ -436,17 +448,17 @@ class EngineState(EngineTables):
             "entrySeq": self.next_seq(),
         }
         changes["dlq"] = job.dlq
-        self.move(job, "dead", now, changes)
-        self.events.append(("dead", job.queue, job.id))
-        self._cap_dlq(q)
+        self.move(fx, job, "dead", now, changes)
+        fx.events.append(("dead", job.queue, job.id))
+        self._cap_dlq(fx, q)
 
-    def _cap_dlq(self, q: QueueState) -> None:
+    def _cap_dlq(self, fx: Effects, q: QueueState) -> None:
         limit = as_int(q.dlq_config.get("maxEntries"), 10_000)
         while len(q.dlq) > max(limit, 0):
             oldest = next(iter(q.dlq))
-            self.remove(self.jobs[oldest])
+            self.remove(fx, self.jobs[oldest])
 
-    def revive(self, job: Job, now: int, *, auto: bool = False) -> None:
+    def revive(self, fx: Effects, job: Job, now: int, *, auto: bool = False) -> None:
         """Give a failed or completed job a fresh run (RetryDlq, RetryCompleted, MoveToWait).
 
         `auto` marks a DLQ auto-retry, which is counted against the queue's maxAutoRetries.
@@ -471,7 +483,7 @@ class EngineState(EngineTables):
         if auto:
             job.dlq_retries += 1
             changes["dlqRetries"] = job.dlq_retries
-        self.move(job, "revive", now, changes)
+        self.move(fx, job, "revive", now, changes)
         self.claim_unique(job)
 
 

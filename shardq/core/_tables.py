@@ -16,13 +16,13 @@ from typing import Any
 from shardq.errors import CommandError
 
 from ._config import EngineConfig
+from ._effects import Effects
 from ._ids import IdFactory
 from ._job import CompactJobs, Job, wire_maps
 from ._lifecycle import (
     COMPLETED,
     REMOVED,
 )
-from ._mutations import Mutation
 from ._queue import QueueState
 
 __all__ = ["MIN_COMPACT", "EngineTables", "Lease", "delivery_key"]
@@ -104,8 +104,6 @@ class EngineTables:
         # Cancels of active jobs this turn, for the connections that run them (`_control`):
         # the shard hands them to the front end, which pushes them to those connections.
         self.cancel_notices: list[dict[str, Any]] = []
-        self.out: list[Mutation] = []
-        self.events: list[tuple[str, str, str]] = []
 
     def pulled(self, jobs: list[Job]) -> list[dict[str, Any]] | CompactJobs:
         """How PULLB puts its jobs in the reply: wire maps, or `CompactJobs` snapshots."""
@@ -210,7 +208,7 @@ class EngineTables:
             return job.state == COMPLETED
         return job_id in self.dep_done
 
-    def retain_completed(self, job: Job, pending: int = 0) -> None:
+    def retain_completed(self, fx: Effects, job: Job, pending: int = 0) -> None:
         """Keep memory and disk bounded: evict the oldest completed jobs (from both) and
         the oldest results (from memory; the row keeps its result while the job is held).
 
@@ -227,15 +225,15 @@ class EngineTables:
                     old = jobs.get(old_id)
                     if old is not None:
                         old.result, old.has_result = None, False
-        self.trim_completed(pending)
+        self.trim_completed(fx, pending)
 
-    def trim_completed(self, pending: int = 0) -> None:
+    def trim_completed(self, fx: Effects, pending: int = 0) -> None:
         """Evict the oldest completed jobs past the cap (see `retain_completed`)."""
         completed = self.completed_order
         for _ in range(len(completed) - self.config.max_completed - pending):
-            self._evict_completed(completed.popitem(last=False)[0])
+            self._evict_completed(fx, completed.popitem(last=False)[0])
 
-    def _evict_completed(self, job_id: str) -> None:
+    def _evict_completed(self, fx: Effects, job_id: str) -> None:
         """Forget a completed job past the cap, in memory and on disk. Runs on every ACK once
         the cache is full, so it does only what a completed job needs undone.
 
@@ -246,7 +244,7 @@ class EngineTables:
         job = self.jobs.pop(job_id, None)
         if job is None:
             return
-        self.out.append(("del", job.key))
+        fx.mutations.append(("del", job.key))
         q = self.queues.get(job.queue)
         if q is not None:
             q.ids.pop(job_id, None)

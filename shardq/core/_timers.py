@@ -9,6 +9,7 @@ from typing import Any
 
 from ._admin import AdminOps
 from ._consume import ConsumeOps
+from ._effects import Effects, Event
 from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, DELAYED, TERMINAL_STATES, WAITING, WAITING_CHILDREN
 from ._mutations import Mutation, Record
@@ -16,27 +17,28 @@ from ._options import as_int
 
 __all__ = ["TimerOps"]
 
-Event = tuple[str, str, str]
-
 
 class TimerOps(ConsumeOps, AdminOps):
     def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
         """Fire every deadline that is due at `now`; return the events and mutations."""
-        now = int(now)
-        self.out, self.events = [], []
-        self.promote_due(now)
-        self._expire_leases(now)
-        self._expire_timeouts(now)
-        self._expire_ttls(now)
+        fx = Effects()
+        self._tick(fx, int(now))
+        return fx.events, fx.mutations
+
+    def _tick(self, fx: Effects, now: int) -> None:
+        """The deadlines of the jobs; mixins with deadlines of their own extend it."""
+        self.promote_due(fx, now)
+        self._expire_leases(fx, now)
+        self._expire_timeouts(fx, now)
+        self._expire_ttls(fx, now)
         if now >= self.next_stall_check:
-            self._check_stalls(now)
+            self._check_stalls(fx, now)
             self.next_stall_check = now + self.config.stall_check_ms
         if now >= self.next_dlq_check:
-            self.dlq_maintenance(now)
+            self.dlq_maintenance(fx, now)
             self.next_dlq_check = now + self.config.dlq_maintenance_ms
         if self.config.completed_retention_ms and self.completed_order:
-            self._expire_completed(now)
-        return self.events, self.out
+            self._expire_completed(fx, now)
 
     def next_deadline(self) -> int | None:
         """When `tick` next has work to do, or None when nothing is scheduled."""
@@ -56,11 +58,11 @@ class TimerOps(ConsumeOps, AdminOps):
         finished = oldest.completed_at if oldest is not None else None
         return (finished or 0) + self.config.completed_retention_ms
 
-    def _expire_completed(self, now: int) -> None:
+    def _expire_completed(self, fx: Effects, now: int) -> None:
         # completed_order is in completion order, so the expired ones are at its front.
         completed = self.completed_order
         while completed and self._completed_expiry() <= now:
-            self._evict_completed(completed.popitem(last=False)[0])
+            self._evict_completed(fx, completed.popitem(last=False)[0])
 
     def _some_dlq(self) -> bool:
         """Whether any queue's DLQ holds an entry, without walking every queue.
@@ -83,7 +85,7 @@ class TimerOps(ConsumeOps, AdminOps):
 
     # -- deadlines -------------------------------------------------------------------------
 
-    def _expire_leases(self, now: int) -> None:
+    def _expire_leases(self, fx: Effects, now: int) -> None:
         heap = self.lease_heap
         due: list[tuple[int, str, str]] = []
         while heap and heap[0][0] <= now:
@@ -101,9 +103,9 @@ class TimerOps(ConsumeOps, AdminOps):
             if lease.expires_at > now:
                 self.push_leases(lease.expires_at, [self.jobs[job_id]])
                 continue
-            self.stall(self.jobs[job_id], now, backoff=False)
+            self.stall(fx, self.jobs[job_id], now, backoff=False)
 
-    def _expire_timeouts(self, now: int) -> None:
+    def _expire_timeouts(self, fx: Effects, now: int) -> None:
         heap = self.timeouts
         while heap and heap[0][0] <= now:
             _, job_id, delivery = heapq.heappop(heap)
@@ -113,19 +115,19 @@ class TimerOps(ConsumeOps, AdminOps):
             timeout = job.opts.get("timeout")
             job.failed_reason = f"Job timed out after {timeout}ms"
             self.finalize(job)
-            self.events.append(("timeout", job.queue, job.id))
-            self.charge(job, now, "timeout")
+            fx.events.append(("timeout", job.queue, job.id))
+            self.charge(fx, job, now, "timeout")
 
-    def _expire_ttls(self, now: int) -> None:
+    def _expire_ttls(self, fx: Effects, now: int) -> None:
         heap = self.ttl_heap
         while heap and heap[0][0] <= now:
             _, job_id, seq = heapq.heappop(heap)
             job = self.jobs.get(job_id)
             if job is not None and job.seq == seq and job.state in (WAITING, DELAYED):
-                self.events.append(("expired", job.queue, job.id))
-                self.move(job, "expire", now, {})
+                fx.events.append(("expired", job.queue, job.id))
+                self.move(fx, job, "expire", now, {})
 
-    def _check_stalls(self, now: int) -> None:
+    def _check_stalls(self, fx: Effects, now: int) -> None:
         """Two-phase, as bunqueue's `checkStalledJobs`: a late job first becomes a candidate
         and is reclaimed at the next check only if nothing was heard from it in between."""
         candidates, self.stall_candidates = self.stall_candidates, {}
@@ -134,7 +136,7 @@ class TimerOps(ConsumeOps, AdminOps):
             if not self._is_late(job, now):
                 continue
             if candidates.get(job_id) == (job.delivery, job.last_heartbeat):
-                self.stall(job, now, backoff=True)
+                self.stall(fx, job, now, backoff=True)
             else:
                 self.stall_candidates[job_id] = (job.delivery, job.last_heartbeat)
 
@@ -146,7 +148,7 @@ class TimerOps(ConsumeOps, AdminOps):
         grace = as_int(cfg.get("gracePeriod"), 0)
         return now - job.started_at >= grace and now - job.last_heartbeat > limit
 
-    def stall(self, job: Job, now: int, *, backoff: bool) -> None:
+    def stall(self, fx: Effects, job: Job, now: int, *, backoff: bool) -> None:
         """Reclaim an active job nobody finished: attempts + 1, stallCount + 1, or the DLQ.
 
         A lapsed lease requeues at once (bunqueue `requeueExpiredJob`); a stall found by the
@@ -161,22 +163,22 @@ class TimerOps(ConsumeOps, AdminOps):
             "lastHeartbeat": now,
         }
         max_stalls = as_int(self.queue(job.queue).stall.get("maxStalls"), 3)
-        self.events.append(("stalled", job.queue, job.id))
+        fx.events.append(("stalled", job.queue, job.id))
         if job.attempts >= job.max_attempts or job.stall_count >= max_stalls:
             # The sweep retired this delivery: its late ACK is answered "already-finalized".
             self.finalize(job)
         if job.attempts >= job.max_attempts:
             job.failed_reason = f"Job reached max attempts ({job.max_attempts})"
             changes["failedReason"] = job.failed_reason
-            self.dead(job, "max_attempts_exceeded", now, changes)
+            self.dead(fx, job, "max_attempts_exceeded", now, changes)
         elif job.stall_count >= max_stalls:
             job.failed_reason = f"Job stalled {job.stall_count} times"
             changes["failedReason"] = job.failed_reason
-            self.dead(job, "stalled", now, changes)
+            self.dead(fx, job, "stalled", now, changes)
         else:
             if backoff:
                 job.run_at = now + backoff_delay(job, self.rng)
-            self.requeue_or_delay(job, "requeue", now, changes)
+            self.requeue_or_delay(fx, job, "requeue", now, changes)
 
     # -- recovery and replay ---------------------------------------------------------------
 
@@ -187,6 +189,7 @@ class TimerOps(ConsumeOps, AdminOps):
         now: int,
         *,
         recover: bool = True,
+        **more: Any,
     ) -> list[Mutation]:
         """Load persisted records into this (empty) engine.
 
@@ -194,10 +197,22 @@ class TimerOps(ConsumeOps, AdminOps):
         + 1 (or go to the DLQ at the limit), as bunqueue's startup recovery does
         (docs/protocol.md §4.12).
         Without it, the records are loaded exactly as they are: the replay of a mutation stream.
-        Returns the mutations recovery made.
+        `more`: what the mixins restore besides jobs (`crons`, `webhooks`).
+        Returns the mutations recovery made (its events are dropped: nobody listens yet).
         """
-        now = int(now)
-        self.out, self.events = [], []
+        fx = Effects()
+        self._restore(fx, records, queues, int(now), recover=recover, **more)
+        return fx.mutations
+
+    def _restore(
+        self,
+        fx: Effects,
+        records: Iterable[Record],
+        queues: Mapping[str, Mapping[str, Any]],
+        now: int,
+        *,
+        recover: bool = True,
+    ) -> None:
         for name, cfg in queues.items():
             self.queue(name).load_config(dict(cfg))
         active: list[Job] = []
@@ -210,14 +225,12 @@ class TimerOps(ConsumeOps, AdminOps):
                 self._blocked_by_deps(job)
         self._restore_orders()
         for job in [self.jobs[i] for i in self.completed_order]:
-            self.retain_completed(job)
+            self.retain_completed(fx, job)
         for job in active:
             if recover:
-                self.stall(job, now, backoff=True)
+                self.stall(fx, job, now, backoff=True)
             else:
                 self.unleased[job.id] = None
-        self.events = []
-        return self.out
 
     # -- what the writer could not store ---------------------------------------------------
 
@@ -251,26 +264,26 @@ class TimerOps(ConsumeOps, AdminOps):
         `stored`: their rows were committed after all (the other jobs of a PUSHB one of which
         was rejected), so a `del` for each is returned; otherwise nothing is.
         """
-        self.out, self.events = [], []
+        fx = Effects()
         for job_id in job_ids:
             self.held.discard(job_id)
             job = self.find(job_id)
             if job is not None:
-                self.remove(job, emit=stored)
-        return self.out
+                self.remove(fx, job, emit=stored)
+        return fx.mutations
 
     def reload(self, job_id: str, record: Record | None, now: int) -> None:
         """Make job `job_id` what is stored (`record`, None: nothing is): a change to it could
-        not be committed, so the copy in memory holds values the disk never will."""
-        self.out, self.events = [], []
+        not be committed, so the copy in memory holds values the disk never will.
+        Whatever this emits is dropped: it restores what the disk holds."""
+        fx = Effects()
         job = self.find(job_id)
         if job is not None:
-            self.remove(job, emit=False)
+            self.remove(fx, job, emit=False)
         if record is not None:
             job = self._load(Job.from_record(record), int(now))
             if job.state == ACTIVE:
                 self.unleased[job.id] = None  # its lease went with the old copy: stall-watched
-        self.out = []
 
     def _restore_orders(self) -> None:
         """Records arrive in admission order; the DLQ and completed lists are by entry time."""

@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 
 from shardq.errors import CommandError
 
-from ._mutations import Mutation, Record
+from ._effects import Effects
+from ._mutations import Record
 from ._timers import TimerOps
 
 __all__ = ["WEBHOOK_EVENTS", "WebhookOps", "parse_webhook_url", "webhook_url_error"]
@@ -149,8 +150,9 @@ class WebhookOps(TimerOps):
         self.webhooks: dict[str, Record] = {}
         self.webhook_tally: dict[str, list[int | None]] = {}
 
-    def restore(
+    def _restore(
         self,
+        fx: Effects,
         records: Iterable[Record],
         queues: Mapping[str, Mapping[str, Any]],
         now: int,
@@ -158,17 +160,16 @@ class WebhookOps(TimerOps):
         recover: bool = True,
         webhooks: Iterable[Record] = (),
         **more: Any,
-    ) -> list[Mutation]:
-        """The other mixins' `restore`, plus the persisted webhooks."""
-        out: list[Mutation] = super().restore(records, queues, now, recover=recover, **more)
+    ) -> None:
+        """The other mixins' `_restore`, plus the persisted webhooks."""
+        super()._restore(fx, records, queues, now, recover=recover, **more)
         for rec in webhooks:
             if isinstance(rec.get("id"), str):
                 self.webhooks[rec["id"]] = {k: rec.get(k) for k in _STORED}
-        return out
 
     # -- commands --------------------------------------------------------------------------
 
-    def cmd_add_webhook(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_add_webhook(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         url, events = _url(cmd), _events(cmd)
         queue = _optional_text(cmd, "queue", MAX_QUEUE_CHARS)
         secret = _optional_text(cmd, "secret", MAX_SECRET_CHARS)
@@ -185,19 +186,21 @@ class WebhookOps(TimerOps):
             "enabled": True,
         }
         self.webhooks[hook_id] = rec
-        self.out.append(("webhook", hook_id, dict(rec)))
+        fx.mutations.append(("webhook", hook_id, dict(rec)))
         data = {"webhookId": hook_id, "url": url, "events": events, "queue": queue}
         return {"ok": True, "data": {**data, "createdAt": now}}
 
-    def cmd_remove_webhook(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_remove_webhook(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         hook_id = _id(cmd, "webhookId")
         if self.webhooks.pop(hook_id, None) is None:
             raise CommandError(NOT_FOUND)
         self.webhook_tally.pop(hook_id, None)
-        self.out.append(("webhookdel", hook_id))
+        fx.mutations.append(("webhookdel", hook_id))
         return {"ok": True, "data": {"removed": True}}
 
-    def cmd_set_webhook_enabled(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_set_webhook_enabled(
+        self, fx: Effects, cmd: Mapping[str, Any], now: int
+    ) -> dict[str, Any]:
         hook_id = _id(cmd, "id")
         enabled = cmd.get("enabled")
         if not isinstance(enabled, bool):
@@ -207,14 +210,14 @@ class WebhookOps(TimerOps):
             raise CommandError(NOT_FOUND)
         if rec["enabled"] is not enabled:
             rec["enabled"] = enabled
-            self.out.append(("webhook", hook_id, dict(rec)))
+            fx.mutations.append(("webhook", hook_id, dict(rec)))
         return {"ok": True}
 
-    def cmd_list_webhooks(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_list_webhooks(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         hooks = [self._wire(rec, secret=False) for rec in self.webhooks.values()]
         return {"ok": True, "data": {"webhooks": hooks, "stats": self._webhook_stats()}}
 
-    def cmd_webhook_sync(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
+    def cmd_webhook_sync(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         """The delivery side reports its outcomes since the last sync and reads the registry,
         secrets included (it signs with them). `tally`: [[id, successes, failures, lastAt]]."""
         tally = cmd.get("tally")

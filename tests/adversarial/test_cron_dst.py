@@ -69,7 +69,7 @@ def schedules(zone: str, day: datetime) -> Iterator[tuple[str, str, list[int]]]:
 
 
 def ok(engine: Engine, now: int, **cmd: Any) -> dict[str, Any]:
-    reply, _ = engine.apply(cmd, now)
+    reply = engine.apply(cmd, now).reply
     assert reply.get("ok") is True, (cmd, reply)
     return reply
 

@@ -26,7 +26,7 @@ CAPS = EngineConfig(
 
 
 def ok(engine: Engine, now: int, **cmd: Any) -> dict[str, Any]:
-    reply, _ = engine.apply(cmd, now)
+    reply = engine.apply(cmd, now).reply
     assert reply.get("ok") is True, (cmd, reply)
     return reply
 
@@ -52,7 +52,7 @@ def hour(engine: Engine, r: int, now: int) -> None:
         ok(engine, now + 120_001, cmd="ACKB", ids=[j["id"] for j in again["jobs"]],
            tokens=again["tokens"])  # fmt: skip
     # The first holder's late ACK after the re-lease: refused, never a second completion.
-    late, _ = engine.apply({"cmd": "ACK", "id": ids[-1], "token": tokens[-1]}, now + 120_002)
+    late = engine.apply({"cmd": "ACK", "id": ids[-1], "token": tokens[-1]}, now + 120_002).reply
     assert late.get("ok") is False, late
 
 
@@ -90,7 +90,9 @@ def test_weeks_of_uptime_hold_every_cap_and_a_bounded_retryable_dlq() -> None:
         caps_held(engine)
         assert len(ok(engine, now, cmd="Dlq", queue="bad")["jobs"]) <= DLQ_MAX
         assert len(ok(engine, now, cmd="Dlq", queue="slow")["jobs"]) <= DLQ_MAX
-    assert engine.apply({"cmd": "GetJobCounts", "queue": "good"}, now)[0]["counts"]["waiting"] == 0
+    assert (
+        engine.apply({"cmd": "GetJobCounts", "queue": "good"}, now).reply["counts"]["waiting"] == 0
+    )
     dlq = ok(engine, now, cmd="Dlq", queue="bad")["jobs"]
     assert len(dlq) == DLQ_MAX  # full, and bounded: rounds far exceeds it
     assert ok(engine, now, cmd="RetryDlq", queue="bad")["count"] == DLQ_MAX

@@ -13,18 +13,19 @@ Reply = dict[str, Any]
 
 
 class Driver:
-    """Wraps one engine and remembers the mutations of the last call."""
+    """Wraps one engine and remembers the mutations and job events of the last call."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.mutations: list[Mutation] = []
+        self.events: list[tuple[str, str, str]] = []
 
     # -- raw access ------------------------------------------------------------------------
 
     def run(self, cmd: dict[str, Any], at: int = 0) -> tuple[Reply, list[Mutation]]:
-        reply, mutations = self.engine.apply(cmd, at)
-        self.mutations = list(mutations)
-        return reply, self.mutations
+        outcome = self.engine.apply(cmd, at)
+        self.mutations, self.events = list(outcome.mutations), outcome.events
+        return outcome.reply, self.mutations
 
     def ok(self, cmd: dict[str, Any], at: int = 0) -> Reply:
         """Run `cmd` and assert it succeeded; returns the reply."""

@@ -92,6 +92,7 @@ CONFIGS = st.sampled_from(
 
 def state_of(engine: Engine) -> dict[str, Any]:
     """Everything the two engines must agree on."""
+
     def live(key: tuple[Any, ...], slot: str) -> bool:
         job = engine.jobs.get(key[-1])
         return job is not None and getattr(job, slot) is key
@@ -136,13 +137,13 @@ class Pair:
         self.single_muts: list[Mutation] = []
         self.held: list[tuple[str, str | None]] = []
 
-    def both(self, batch_cmd: dict[str, Any], single_cmds: list[dict[str, Any]]) -> tuple[
-        dict[str, Any], list[dict[str, Any]], list[Mutation], list[Mutation]
-    ]:
-        reply, b_muts = self.batch.apply(batch_cmd, self.now)
+    def both(
+        self, batch_cmd: dict[str, Any], single_cmds: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any], list[dict[str, Any]], list[Mutation], list[Mutation]]:
+        reply, b_muts = (outcome := self.batch.apply(batch_cmd, self.now)).reply, outcome.mutations
         s_replies, s_muts = [], []
         for cmd in single_cmds:
-            r, m = self.single.apply(cmd, self.now)
+            r, m = (outcome := self.single.apply(cmd, self.now)).reply, outcome.mutations
             s_replies.append(r)
             s_muts.extend(m)
         self.batch_muts.extend(b_muts)
@@ -254,7 +255,7 @@ def test_batch_commands_match_single_commands(config: EngineConfig, steps: list[
 
 
 def _run(engine: Engine, cmd: dict[str, Any], now: int = 1_000) -> dict[str, Any]:
-    reply, _ = engine.apply(cmd, now)
+    reply = engine.apply(cmd, now).reply
     return reply
 
 
@@ -290,15 +291,20 @@ def test_ackb_with_a_repeated_id_completes_the_job_once() -> None:
         pushed = _run(engine, {"cmd": "PUSH", "queue": "q", "data": 1})
         pulled = _run(engine, {"cmd": "PULL", "queue": "q", "owner": "w"})
         token = pulled["token"]
-        reply, muts = engine.apply(
-            {
-                "cmd": "ACKB",
-                "ids": [pushed["id"], pushed["id"]],
-                "tokens": [token, token],
-                "results": [1, 2],
-                "removeOnCompletes": [remove, remove],
-            },
-            2_000,
+        reply, muts = (
+            (
+                outcome := engine.apply(
+                    {
+                        "cmd": "ACKB",
+                        "ids": [pushed["id"], pushed["id"]],
+                        "tokens": [token, token],
+                        "results": [1, 2],
+                        "removeOnCompletes": [remove, remove],
+                    },
+                    2_000,
+                )
+            ).reply,
+            outcome.mutations,
         )
         assert reply == {"ok": True}
         kinds = [m[0] for m in muts]
@@ -328,8 +334,13 @@ def test_data_only_batch_records_are_the_jobs_records() -> None:
     must still be exactly that job's own record."""
     engine = Engine(seed=9)
     datas: list[Any] = [{"n": 1}, {"name": "legacy", "n": 2}, "text", None, [1, 2], {"n": 3}]
-    reply, muts = engine.apply(
-        {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": d} for d in datas]}, 1_000
+    reply, muts = (
+        (
+            outcome := engine.apply(
+                {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": d} for d in datas]}, 1_000
+            )
+        ).reply,
+        outcome.mutations,
     )
     assert [m[0] for m in muts] == ["put"] * len(datas)
     for job_id, (_, rec) in zip(reply["ids"], muts, strict=True):

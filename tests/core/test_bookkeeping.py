@@ -21,7 +21,7 @@ NOW = 1_700_000_000_000
 
 
 def _apply(engine: Engine, cmd: dict[str, Any], now: int = NOW) -> tuple[Any, list[Mutation]]:
-    reply, muts = engine.apply(cmd, now)
+    reply, muts = (outcome := engine.apply(cmd, now)).reply, outcome.mutations
     return reply, list(muts)
 
 
@@ -270,8 +270,8 @@ def test_held_back_groups_cost_unrelated_commands_nothing(monkeypatch: pytest.Mo
         engine.tick(NOW + 1)
     assert calls == 0
     job_id, token = taken[0]
-    _apply(engine, {"cmd": "ACK", "id": job_id, "token": token})
-    assert ("ready", "q", "") in engine.last_events  # the freed slot wakes parked pulls
+    events = engine.apply({"cmd": "ACK", "id": job_id, "token": token}, NOW).events
+    assert ("ready", "q", "") in events  # the freed slot wakes parked pulls
     assert calls <= 2 and len(table.blocked) == groups - 1
 
 
@@ -314,8 +314,8 @@ def test_held_back_limited_queues_cost_unrelated_commands_nothing(
         engine.tick(NOW + 1)
     assert calls == 0
     job_id, token = tokens["q1"]  # concurrency-capped: its ACK frees the slot
-    _apply(engine, {"cmd": "ACK", "id": job_id, "token": token})
-    assert engine.last_events.count(("ready", "q1", "")) == 1
+    events = engine.apply({"cmd": "ACK", "id": job_id, "token": token}, NOW).events
+    assert events.count(("ready", "q1", "")) == 1
     assert "q1" not in engine.blocked
     events, _ = engine.tick(NOW + 60_000)  # every rate window reopens at once
     assert sorted(name for kind, name, _ in events if kind == "ready") == sorted(

@@ -29,7 +29,7 @@ class Clock:
         self.muts: list[Mutation] = []
 
     def cmd(self, **cmd: Any) -> dict[str, Any]:
-        reply, muts = self.engine.apply(cmd, self.now)
+        reply, muts = (outcome := self.engine.apply(cmd, self.now)).reply, outcome.mutations
         self.muts.extend(muts)
         return reply
 

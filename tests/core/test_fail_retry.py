@@ -170,7 +170,7 @@ def test_failed_job_events(d: Driver) -> None:
     d.push(maxAttempts=1)
     job_id, token = d.pull_id()
     d.fail(job_id, token)
-    assert ("dead", "q", job_id) in d.engine.last_events
+    assert ("dead", "q", job_id) in d.events
 
 
 @pytest.mark.parametrize("where", ["job", "command"])

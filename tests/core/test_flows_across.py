@@ -31,7 +31,7 @@ class Side:
         self.pending: list[Mutation] = []
 
     def apply(self, cmd: dict[str, Any], now: int) -> dict[str, Any]:
-        reply, muts = self.engine.apply(cmd, now)
+        reply, muts = (outcome := self.engine.apply(cmd, now)).reply, outcome.mutations
         self.pending.extend(muts)
         return reply
 

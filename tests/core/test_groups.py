@@ -15,12 +15,14 @@ class G:
     def __init__(self) -> None:
         self.engine = Engine(seed=1)
         self.muts: list[Mutation] = []
+        self.events: list[tuple[str, str, str]] = []  # of the last command
         self.now = 1_000_000
 
     def cmd(self, **cmd: Any) -> dict[str, Any]:
-        reply, muts = self.engine.apply(cmd, self.now)
-        self.muts.extend(muts)
-        return reply
+        outcome = self.engine.apply(cmd, self.now)
+        self.muts.extend(outcome.mutations)
+        self.events = outcome.events
+        return outcome.reply
 
     def push(self, group: str | None, label: str, **extra: Any) -> dict[str, Any]:
         fields: dict[str, Any] = {"data": {"label": label}, **extra}
@@ -35,7 +37,7 @@ class G:
         return [job["data"]["label"] for job in self.pull(count)]
 
     def woken(self) -> bool:
-        return any(kind == "ready" for kind, _, _ in self.engine.last_events)
+        return any(kind == "ready" for kind, _, _ in self.events)
 
     def data(self, name: str, **fields: Any) -> Any:
         reply = self.cmd(cmd=name, queue="q", **fields)
@@ -190,11 +192,11 @@ def test_group_settings_are_persisted_and_restored() -> None:
     records, queues = fold_mutations(t.muts)
     back = Engine(seed=2)
     back.restore(records.values(), queues, t.now)
-    reply, _ = back.apply({"cmd": "PULLB", "queue": "q", "count": 10, "owner": "w"}, t.now)
+    reply = back.apply({"cmd": "PULLB", "queue": "q", "count": 10, "owner": "w"}, t.now).reply
     assert [j["data"]["label"] for j in reply["jobs"]] == ["A0"]
-    reply, _ = back.apply({"cmd": "IsGroupPaused", "queue": "q", "groupId": "B"}, t.now)
+    reply = back.apply({"cmd": "IsGroupPaused", "queue": "q", "groupId": "B"}, t.now).reply
     assert reply["data"] == {"paused": True}
-    reply, _ = back.apply({"cmd": "ListQueues"}, t.now)
+    reply = back.apply({"cmd": "ListQueues"}, t.now).reply
     assert reply["queues"] == ["q"]
 
 

@@ -17,7 +17,7 @@ class Q:
         self.now = START
 
     def cmd(self, **cmd: Any) -> dict[str, Any]:
-        reply, _ = self.engine.apply(cmd, self.now)
+        reply = self.engine.apply(cmd, self.now).reply
         return reply
 
     def history(self, minutes: int = 60) -> dict[str, Any]:
@@ -94,7 +94,7 @@ def test_a_restart_rebuilds_completions_and_failures_not_pushes() -> None:
     muts: list[Mutation] = []
 
     def cmd(now: int, **command: Any) -> dict[str, Any]:
-        reply, out = engine.apply(command, now)
+        reply, out = (outcome := engine.apply(command, now)).reply, outcome.mutations
         muts.extend(out)
         return reply
 
@@ -107,7 +107,7 @@ def test_a_restart_rebuilds_completions_and_failures_not_pushes() -> None:
     records, queues = fold_mutations(muts)
     back = Engine(seed=2)
     back.restore(records.values(), queues, START + 100)
-    reply, _ = back.apply({"cmd": "GetJobCounts", "queue": "q", "history": 60}, START + 100)
+    reply = back.apply({"cmd": "GetJobCounts", "queue": "q", "history": 60}, START + 100).reply
     ((at, pushed, done, failed, wait, run),) = reply["history"]["minutes"]
     assert (at, pushed, done, failed) == (START, 0, 1, 1)
     assert wait is not None and run is not None and sum(wait) == sum(run) == 1

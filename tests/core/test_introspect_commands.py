@@ -17,7 +17,7 @@ class Q:
         self.now = 1_800_000_000_000
 
     def cmd(self, **cmd: Any) -> dict[str, Any]:
-        reply, muts = self.engine.apply(cmd, self.now)
+        reply, muts = (outcome := self.engine.apply(cmd, self.now)).reply, outcome.mutations
         self.muts.extend(muts)
         return reply
 
@@ -53,9 +53,9 @@ def test_dedup_key_lookup_and_removal_survive_a_restart() -> None:
     }
     # The key is free now, for a push and after a restart alike; the first job stays.
     back = q.restored()
-    reply, _ = back.apply(
+    reply = back.apply(
         {"cmd": "GetDeduplicationJobId", "queue": "q", "deduplicationId": "k"}, q.now
-    )
+    ).reply
     assert reply["data"] == {"jobId": None}
     second = q.cmd(cmd="PUSH", queue="q", data={}, uniqueKey="k")["id"]
     assert second != first and q.cmd(cmd="GetState", id=first)["state"] == "waiting"
@@ -134,7 +134,7 @@ def test_queue_metrics_are_rebuilt_from_held_jobs_on_restore() -> None:
     q.finish("q", ok=False)
     back = q.restored()
     for kind in ("completed", "failed"):
-        reply, _ = back.apply({"cmd": "Metrics", "queue": "q", "type": kind}, q.now)
+        reply = back.apply({"cmd": "Metrics", "queue": "q", "type": kind}, q.now).reply
         assert reply["data"]["meta"]["count"] == 1
 
 

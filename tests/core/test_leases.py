@@ -22,10 +22,10 @@ def test_release_puts_the_connection_jobs_back_without_charging(
     a, b = d.push(data="a"), d.push(data="b")
     d.pull_id(at=0, owner=owner, _conn="c1")
     d.pull_id(at=0, owner=owner, _conn="c1")
-    released, mutations = d.engine.release("c1", 100)
+    released, mutations, events = d.engine.release("c1", 100)
     assert released == 2
     assert upd_states(mutations, a) == ["waiting"] and upd_states(mutations, b) == ["waiting"]
-    assert ("ready", "q", a) in d.engine.last_events
+    assert ("ready", "q", a) in events
     for job_id in (a, b):
         job = d.job(job_id)
         assert job["state"] == "waiting"
@@ -42,21 +42,21 @@ def test_release_leaves_other_connections_alone(d: Driver) -> None:
 
 
 def test_release_of_an_unknown_connection(d: Driver) -> None:
-    assert d.engine.release("nobody", 0) == (0, [])
+    assert d.engine.release("nobody", 0) == (0, [], [])
 
 
 def test_release_twice(d: Driver) -> None:
     d.push()
     d.pull_id(_conn="c1")
     assert d.engine.release("c1", 1)[0] == 1
-    assert d.engine.release("c1", 2) == (0, [])
+    assert d.engine.release("c1", 2) == (0, [], [])
 
 
 def test_finished_jobs_are_not_released(d: Driver) -> None:
     job_id = d.push()
     _, token = d.pull_id(_conn="c1")
     d.ack(job_id, token)
-    assert d.engine.release("c1", 1) == (0, [])
+    assert d.engine.release("c1", 1) == (0, [], [])
     assert d.state(job_id) == "completed"
 
 
@@ -83,7 +83,7 @@ def test_heartbeat_without_token_is_not_a_renewal(d: Driver) -> None:
 def test_detached_pull_is_not_released(d: Driver) -> None:
     job_id = d.push()
     d.pull_id(_conn="c1", detach=True)
-    assert d.engine.release("c1", 1) == (0, [])
+    assert d.engine.release("c1", 1) == (0, [], [])
     assert d.state(job_id) == "active"
 
 

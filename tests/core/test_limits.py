@@ -15,12 +15,14 @@ class Q:
     def __init__(self) -> None:
         self.engine = Engine(seed=1)
         self.muts: list[Mutation] = []
+        self.events: list[tuple[str, str, str]] = []  # of the last command
         self.now = 1_000_000
 
     def cmd(self, **cmd: Any) -> dict[str, Any]:
-        reply, muts = self.engine.apply(cmd, self.now)
-        self.muts.extend(muts)
-        return reply
+        outcome = self.engine.apply(cmd, self.now)
+        self.muts.extend(outcome.mutations)
+        self.events = outcome.events
+        return outcome.reply
 
     def push(self, n: int, queue: str = "q") -> None:
         self.cmd(cmd="PUSHB", queue=queue, jobs=[{"data": i} for i in range(n)])
@@ -29,7 +31,7 @@ class Q:
         return list(self.cmd(cmd="PULLB", queue=queue, count=count, **extra)["jobs"])
 
     def woken(self) -> set[str]:
-        return {q for kind, q, _ in self.engine.last_events if kind == "ready"}
+        return {q for kind, q, _ in self.events if kind == "ready"}
 
 
 def test_concurrency_caps_active_jobs_and_an_ack_wakes_the_queue() -> None:
@@ -129,10 +131,10 @@ def test_limits_are_persisted_and_restored() -> None:
     assert queues["q"]["limits"] == {"rate": 100, "window": 60_000, "concurrency": 2}
     back = Engine(seed=2)
     back.restore(records.values(), queues, t.now)
-    reply, _ = back.apply({"cmd": "PULLB", "queue": "q", "count": 6, "owner": "w"}, t.now)
+    reply = back.apply({"cmd": "PULLB", "queue": "q", "count": 6, "owner": "w"}, t.now).reply
     assert len(reply["jobs"]) == 2
     assert back.queues["q"].limits is not None
-    reply, _ = back.apply({"cmd": "PULLB", "queue": "q", "count": 6, "owner": "w"}, t.now)
+    reply = back.apply({"cmd": "PULLB", "queue": "q", "count": 6, "owner": "w"}, t.now).reply
     assert reply["jobs"] == []
     assert back.blocked == {"q"}  # watched for capacity from now on
 

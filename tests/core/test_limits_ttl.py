@@ -17,7 +17,7 @@ class L:
         self.now = NOW
 
     def cmd(self, **cmd: Any) -> dict[str, Any]:
-        reply, muts = self.engine.apply(cmd, self.now)
+        reply, muts = (outcome := self.engine.apply(cmd, self.now)).reply, outcome.mutations
         self.muts.extend(muts)
         return reply
 
@@ -96,5 +96,5 @@ def test_a_ttl_that_passed_while_down_clears_after_a_restore() -> None:
     deadline = back.next_deadline()
     assert deadline is not None and deadline <= NOW + 1000
     back.tick(NOW + 10_000)
-    reply, _ = back.apply({"cmd": "PULLB", "queue": "q", "count": 3}, NOW + 10_000)
+    reply = back.apply({"cmd": "PULLB", "queue": "q", "count": 3}, NOW + 10_000).reply
     assert len(reply["jobs"]) == 3

@@ -49,7 +49,7 @@ def test_pause_resume_is_paused(d: Driver) -> None:
     assert d.ok({"cmd": "IsPaused", "queue": "q"})["paused"] is True
     _, mutations = d.run({"cmd": "Resume", "queue": "q"}, 1)
     assert mutations[0][2]["paused"] is False
-    assert ("ready", "q", "") in d.engine.last_events
+    assert ("ready", "q", "") in d.events
     assert d.ok({"cmd": "IsPaused", "queue": "q"})["paused"] is False
 
 

@@ -30,9 +30,7 @@ def snapshot(engine: Engine) -> dict[str, Any]:
             continue  # an empty queue with default controls leaves no trace, by design
         ready = [k[-1] for k in sorted(q.ready) if _owned(engine, k, "hkey")]
         delayed = [
-            k[-1]
-            for k in sorted(engine.delayed)
-            if k[-1] in q.ids and _owned(engine, k, "dkey")
+            k[-1] for k in sorted(engine.delayed) if k[-1] in q.ids and _owned(engine, k, "dkey")
         ]
         records = {}
         for job_id in sorted(q.ids):
@@ -60,7 +58,7 @@ class Driver:
         self.held: list[tuple[str, str]] = []
 
     def do(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        reply, muts = self.engine.apply(cmd, self.now)
+        reply, muts = (outcome := self.engine.apply(cmd, self.now)).reply, outcome.mutations
         self.mutations.extend(muts)
         return reply
 
@@ -129,7 +127,7 @@ class Driver:
         self.mutations.extend(muts)
 
     def release(self, r: random.Random) -> None:
-        _, muts = self.engine.release("conn", self.now)
+        _, muts, _events = self.engine.release("conn", self.now)
         self.mutations.extend(muts)
 
     ACTIONS = (push, push, push_bulk, pull, pull, finish, finish, control, tick, release)
@@ -160,6 +158,6 @@ def test_replayed_engine_keeps_serving_in_the_same_order() -> None:
     for queue in QUEUES:
         driver.do({"cmd": "Resume", "queue": queue})
         twin.apply({"cmd": "Resume", "queue": queue}, driver.now)
-        a, _ = driver.engine.apply({"cmd": "PULLB", "queue": queue, "count": 1000}, driver.now)
-        b, _ = twin.apply({"cmd": "PULLB", "queue": queue, "count": 1000}, driver.now)
+        a = driver.engine.apply({"cmd": "PULLB", "queue": queue, "count": 1000}, driver.now).reply
+        b = twin.apply({"cmd": "PULLB", "queue": queue, "count": 1000}, driver.now).reply
         assert [j["id"] for j in a["jobs"]] == [j["id"] for j in b["jobs"]]

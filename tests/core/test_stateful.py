@@ -67,7 +67,7 @@ class EngineMachine(RuleBasedStateMachine):
     # -- helpers ---------------------------------------------------------------------------
 
     def apply(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        reply, _ = self.engine.apply(cmd, self.now)
+        reply = self.engine.apply(cmd, self.now).reply
         return reply
 
     def current_token(self, job_id: str) -> str | None:

@@ -276,9 +276,11 @@ def test_no_field_value_escapes_the_bounds(tmp_path: Path, commands: list[dict[s
             {"cmd": "PUSH", "queue": "q", "data": {}, "jobId": "b", "uniqueKey": "k"},
             {"cmd": "PULL", "queue": "q", "owner": "w"},
         ):
-            _check_outputs(engine, store, *engine.apply(cmd, NOW))
+            out = engine.apply(cmd, NOW)
+            _check_outputs(engine, store, out.reply, out.mutations)
         for cmd in commands:
-            _check_outputs(engine, store, *engine.apply(cmd, NOW))
+            out = engine.apply(cmd, NOW)
+            _check_outputs(engine, store, out.reply, out.mutations)
         later = engine.next_deadline()
         if later is not None:
             _check_outputs(engine, store, {}, engine.tick(later)[1])
@@ -331,6 +333,6 @@ def test_a_plain_push_is_checked_as_one_with_options(fields: dict[str, Any], err
     engine = Engine(seed=1)
     plain = {"cmd": "PUSH", "queue": "q", "data": {}, **fields}
     with_option = {**plain, "priority": 1}
-    reply, muts = engine.apply(plain, NOW)
+    reply, muts = (outcome := engine.apply(plain, NOW)).reply, outcome.mutations
     assert reply["ok"] is False and error in reply["error"] and muts == []
-    assert engine.apply(with_option, NOW)[0]["error"] == reply["error"]
+    assert engine.apply(with_option, NOW).reply["error"] == reply["error"]

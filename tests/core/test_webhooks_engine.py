@@ -12,7 +12,7 @@ NOW = 1_700_000_000_000
 
 
 def run(engine: Engine, muts: list[Mutation], **cmd: Any) -> dict[str, Any]:
-    reply, out = engine.apply(cmd, NOW)
+    reply, out = (outcome := engine.apply(cmd, NOW)).reply, outcome.mutations
     muts.extend(out)
     return reply
 
@@ -132,7 +132,7 @@ def test_restore_brings_the_registry_back_with_fresh_counters() -> None:
             stored.pop(m[1])
     again = Engine(seed=2)
     again.restore([], {}, NOW, webhooks=list(stored.values()))
-    listed = again.apply({"cmd": "ListWebhooks"}, NOW)[0]["data"]["webhooks"]
+    listed = again.apply({"cmd": "ListWebhooks"}, NOW).reply["data"]["webhooks"]
     assert [(h["id"], h["queue"], h["enabled"], h["successCount"]) for h in listed] == [
         (hook_id, "q", False, 0)
     ]

@@ -88,11 +88,11 @@ def _write_legacy_database(path: Path, completed: int, waiting: int) -> None:
     engine = Engine(seed=7)
     now = 1_700_000_000_000
     pushed = [{"data": i} for i in range(completed)]
-    _, muts = engine.apply({"cmd": "PUSHB", "queue": "old", "jobs": pushed}, now)
+    muts = engine.apply({"cmd": "PUSHB", "queue": "old", "jobs": pushed}, now).mutations
     for _ in range(0, completed, 500):
-        muts += engine.apply({"cmd": "PULLB", "queue": "old", "count": 500}, now + 1)[1]
+        muts += engine.apply({"cmd": "PULLB", "queue": "old", "count": 500}, now + 1).mutations
     more = [{"data": -i} for i in range(waiting)]
-    muts += engine.apply({"cmd": "PUSHB", "queue": "old", "jobs": more}, now + 2)[1]
+    muts += engine.apply({"cmd": "PUSHB", "queue": "old", "jobs": more}, now + 2).mutations
     # The completions go to disk directly: an older engine never deleted the evicted rows.
     muts += [
         ("upd", job.key, {"state": "completed", "completedAt": now + 3})
@@ -130,7 +130,7 @@ def _write_backlog(path: Path, jobs: int) -> None:
         for start in range(0, jobs, 10_000):
             entries = [{"data": {"i": i}} for i in range(start, min(start + 10_000, jobs))]
             cmd = {"cmd": "PUSHB", "queue": "backlog", "jobs": entries}
-            store.apply(engine.apply(cmd, 1_700_000_000_000)[1])
+            store.apply(engine.apply(cmd, 1_700_000_000_000).mutations)
             engine.jobs.clear()  # only the rows are wanted; keep the test's memory flat
 
 

@@ -101,7 +101,7 @@ def test_a_job_no_writer_frame_can_carry_is_refused_and_not_kept() -> None:
     assert replies[1]["error"].startswith("Job too large to store: ")
     sent = [m for dest, msg in out if dest == "writer" and msg["t"] == "muts" for m in msg["muts"]]
     assert all(len(pack({"muts": [m]})) < 100_000 for m in sent)
-    assert core.engine.apply({"cmd": "Count", "queue": "q"}, T0)[0]["count"] == 1
+    assert core.engine.apply({"cmd": "Count", "queue": "q"}, T0).reply["count"] == 1
     # The durable push beside it waits for its commit as usual, and is answered ok then.
     core.handle({"t": "done", "seq": core.seq}, T0)
     (rep,) = [msg for dest, msg in core.finish_turn(T0) if dest == "front"]
@@ -141,7 +141,7 @@ def test_a_durable_push_cut_into_batches_fails_whole_when_one_batch_is_dropped()
     replies = [i[2] for dest, msg in core.finish_turn(T0) if dest == "front" for i in msg["items"]]
     assert len(replies) == 1 and replies[0]["ok"] is False
     assert replies[0]["error"] == "Storage unavailable: database or disk is full"
-    assert core.engine.apply({"cmd": "Count", "queue": "q"}, T0)[0]["count"] == 0
+    assert core.engine.apply({"cmd": "Count", "queue": "q"}, T0).reply["count"] == 0
 
 
 def test_the_encoders_byte_count_bounds_a_turn_that_skips_the_cut() -> None:

@@ -19,7 +19,7 @@ NOW = 1_700_000_000_000
 
 def drain_some(engine: Engine, queue: str, batches: int) -> None:
     for _ in range(batches):
-        reply, _ = engine.apply({"cmd": "PULLB", "queue": queue, "count": 100}, NOW)
+        reply = engine.apply({"cmd": "PULLB", "queue": queue, "count": 100}, NOW).reply
         engine.apply({"cmd": "ACKB", "ids": [j["id"] for j in reply["jobs"]]}, NOW)
 
 
@@ -42,13 +42,13 @@ def test_a_drain_releases_memory_without_changing_state(monkeypatch: pytest.Monk
     assert returner.releases == 1
     assert engine.jobs is jobs_table  # rebuilt in place: the queues share this dict
     assert sys.getsizeof(engine.jobs) < size_full  # a table sized for 1,900, not 3,800
-    counts = engine.apply({"cmd": "GetJobCounts", "queue": "b"}, NOW)[0]["counts"]
+    counts = engine.apply({"cmd": "GetJobCounts", "queue": "b"}, NOW).reply["counts"]
     assert counts["waiting"] == 1800
     # Everything still works on the rebuilt tables, in order.
-    first = engine.apply({"cmd": "PULL", "queue": "b"}, NOW)[0]["job"]
+    first = engine.apply({"cmd": "PULL", "queue": "b"}, NOW).reply["job"]
     assert first["data"] == 0
     drain_some(engine, "b", 20)
-    assert engine.apply({"cmd": "GetJobCounts", "queue": "b"}, NOW)[0]["counts"]["waiting"] == 0
+    assert engine.apply({"cmd": "GetJobCounts", "queue": "b"}, NOW).reply["counts"]["waiting"] == 0
     returner.after_turn()  # the high-water mark is 1,900 now: below RELEASE_FROM
     assert returner.releases == 1
 

@@ -69,8 +69,8 @@ def _filled(batches: list[list[dict[str, Any]]]) -> tuple[Engine, Engine, FrontP
 def _pull_both(
     plain: Engine, fast: Engine, packer: FrontPacker, cmd: dict[str, Any], now: int
 ) -> Any:
-    expected, _ = plain.apply(cmd, now)
-    got, _ = fast.apply(cmd, now)
+    expected = plain.apply(cmd, now).reply
+    got = fast.apply(cmd, now).reply
     want = {"t": "rep", "items": [["t1", 5, {"ok": True}], ["t1", 6, expected]]}
     have = {"t": "rep", "items": [["t1", 5, {"ok": True}], ["t1", 6, got]]}
     assert packer.pack(have) == pack(want)
@@ -99,7 +99,7 @@ def test_packed_pullb_replies_are_the_bytes_of_the_wire_maps(
 
 def test_an_empty_pull_and_other_messages_pack_as_usual() -> None:
     _plain, fast, packer = _pair()
-    empty, _ = fast.apply({"cmd": "PULLB", "queue": "q", "count": 5, "owner": "w"}, T0)
+    empty = fast.apply({"cmd": "PULLB", "queue": "q", "count": 5, "owner": "w"}, T0).reply
     assert isinstance(empty["jobs"], CompactJobs) and not empty["jobs"]
     rep = {"t": "rep", "items": [["t1", 1, empty]]}
     assert packer.pack(rep) == pack({"t": "rep", "items": [["t1", 1, {**empty, "jobs": []}]]})
@@ -110,7 +110,7 @@ def test_an_empty_pull_and_other_messages_pack_as_usual() -> None:
 def test_packed_jobs_never_go_out_another_way() -> None:
     _plain, fast, packer = _pair()
     fast.apply({"cmd": "PUSH", "queue": "q", "data": 1}, T0)
-    reply, _ = fast.apply({"cmd": "PULLB", "queue": "q", "count": 5}, T0)
+    reply = fast.apply({"cmd": "PULLB", "queue": "q", "count": 5}, T0).reply
     with pytest.raises(TypeError):
         packer.pack({"t": "rep", "items": [["t1", 1, reply]], "extra": 1})  # not a plain rep
     with pytest.raises(TypeError):
@@ -119,7 +119,7 @@ def test_packed_jobs_never_go_out_another_way() -> None:
 
 def test_the_hot_pairs_are_the_hot_keys_in_order() -> None:
     engine = Engine(seed=1)
-    (job_id,) = engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": 1}]}, T0)[0]["ids"]
+    (job_id,) = engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": 1}]}, T0).reply["ids"]
     job = engine.find(job_id)
     assert job is not None
     assert tuple(job.wire_hot()[::2]) == WIRE_HOT_KEYS
@@ -131,10 +131,10 @@ def test_a_compact_pull_is_a_snapshot_of_the_jobs_when_they_were_pulled() -> Non
     plain, fast, packer = _pair()
     for engine in (plain, fast):
         engine.apply({"cmd": "PUSH", "queue": "q", "data": {"n": 1}}, T0)
-    expected, _ = plain.apply({"cmd": "PULLB", "queue": "q", "count": 1, "owner": "w"}, T0 + 1)
-    got, _ = fast.apply({"cmd": "PULLB", "queue": "q", "count": 1, "owner": "w"}, T0 + 1)
+    expected = plain.apply({"cmd": "PULLB", "queue": "q", "count": 1, "owner": "w"}, T0 + 1).reply
+    got = fast.apply({"cmd": "PULLB", "queue": "q", "count": 1, "owner": "w"}, T0 + 1).reply
     job_id, token = got["jobs"].maps()[0]["id"], got["tokens"][0]
-    done, _ = fast.apply({"cmd": "ACK", "id": job_id, "token": token, "result": 5}, T0 + 2)
+    done = fast.apply({"cmd": "ACK", "id": job_id, "token": token, "result": 5}, T0 + 2).reply
     assert done["ok"] is True
     rep = {"t": "rep", "items": [["t1", 1, got]]}
     assert packer.pack(rep) == pack({"t": "rep", "items": [["t1", 1, expected]]})
@@ -162,8 +162,8 @@ def test_a_passed_through_pullb_is_the_bytes_the_front_end_would_have_sent(
     pull = {"cmd": "PULLB", "queue": "q", "count": 4, "owner": "w"}
     for mode in (PLAIN_NUMBERS, JS_NUMBERS):
         now += 100
-        expected, _ = plain.apply(pull, now)
-        got, _ = fast.apply(pull, now)
+        expected = plain.apply(pull, now).reply
+        got = fast.apply(pull, now).reply
         outer = _passed_through(packer, got, mode)
         assert outer["ok"] is True
         assert outer[IDS_KEY] == [job["id"] for job in expected["jobs"]]
@@ -189,10 +189,10 @@ def test_passing_through_leaves_the_jobs_own_data_alone() -> None:
     engine, packer = Engine(seed=1, compact_pulls=True), FrontPacker()
     data = {"big": 2**40, "nested": [2**41]}
     engine.apply({"cmd": "PUSH", "queue": "q", "data": data}, T0)
-    reply, _ = engine.apply({"cmd": "PULLB", "queue": "q", "count": 1, "owner": "w"}, T0 + 1)
+    reply = engine.apply({"cmd": "PULLB", "queue": "q", "count": 1, "owner": "w"}, T0 + 1).reply
     body = msgpack.unpackb(_passed_through(packer, reply, JS_NUMBERS)[WIRE_KEY])
     assert body["jobs"][0]["data"] == {"big": float(2**40), "nested": [float(2**41)]}
-    job = engine.apply({"cmd": "GetJob", "id": body["jobs"][0]["id"]}, T0 + 2)[0]["job"]
+    job = engine.apply({"cmd": "GetJob", "id": body["jobs"][0]["id"]}, T0 + 2).reply["job"]
     assert job["data"] == data and type(job["data"]["big"]) is int  # the engine's copy
 
 

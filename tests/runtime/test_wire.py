@@ -71,8 +71,20 @@ def test_the_exact_packer_refuses_what_msgpack_refuses(value: Any) -> None:
 def test_the_exact_packer_encodes_engine_output_as_msgpack_does() -> None:
     engine = Engine(seed=3)
     now = 1_700_000_000_000
-    _reply, puts = engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": {"i": 1}}]}, now)
-    reply, upds = engine.apply({"cmd": "PULLB", "queue": "q", "count": 5, "owner": "w"}, now)
+    _reply, puts = (
+        (
+            outcome := engine.apply(
+                {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": {"i": 1}}]}, now
+            )
+        ).reply,
+        outcome.mutations,
+    )
+    reply, upds = (
+        (
+            outcome := engine.apply({"cmd": "PULLB", "queue": "q", "count": 5, "owner": "w"}, now)
+        ).reply,
+        outcome.mutations,
+    )
     pack = exact_packer()
     for value in (reply, puts, upds, {"t": "rep", "items": [["t1", 1, reply]]}):
         assert pack(value) == pack(value)

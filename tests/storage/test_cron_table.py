@@ -11,18 +11,18 @@ from shardq.storage import Store
 def test_schedules_and_their_jobs_commit_together_and_load_back(tmp_path: Path) -> None:
     engine = Engine(seed=1)
     with Store.open(tmp_path / "c.db") as store:
-        _, muts = engine.apply(
+        muts = engine.apply(
             {"cmd": "Cron", "name": "a", "queue": "q", "data": {}, "repeatEvery": 1000}, 0
-        )
+        ).mutations
         store.apply(muts)
-        _, muts = engine.apply(
+        muts = engine.apply(
             {"cmd": "Cron", "name": "b", "queue": "r", "data": {}, "schedule": "* * * * *"}, 0
-        )
+        ).mutations
         store.apply(muts)
         _, fired = engine.tick(1000)
         assert [m[0] for m in fired] == ["put", "cron"]
         store.apply(fired)
-        _, muts = engine.apply({"cmd": "CronDelete", "name": "b"}, 1001)
+        muts = engine.apply({"cmd": "CronDelete", "name": "b"}, 1001).mutations
         store.apply(muts)
         (stored,) = store.load_crons()
         assert stored == engine.crons["a"]

@@ -83,13 +83,15 @@ def test_a_version_6_database_moves_its_groups_to_rows(
     engine = Engine(seed=1)
     engine.restore([], queues, NOW)
     ask = {"queue": "qa", "groupId": "b"}
-    assert engine.apply({"cmd": "GetGroupConcurrency", **ask}, NOW)[0]["data"] == {"concurrency": 3}
-    assert engine.apply({"cmd": "IsGroupPaused", "queue": "qa", "groupId": "a"}, NOW)[0][
+    assert engine.apply({"cmd": "GetGroupConcurrency", **ask}, NOW).reply["data"] == {
+        "concurrency": 3
+    }
+    assert engine.apply({"cmd": "IsGroupPaused", "queue": "qa", "groupId": "a"}, NOW).reply[
         "data"
     ] == {"paused": True}
     # A later settings change of the queue itself no longer carries its groups, and they stay.
     store_path = path
-    _, muts = engine.apply({"cmd": "Resume", "queue": "qa"}, NOW)
+    muts = engine.apply({"cmd": "Resume", "queue": "qa"}, NOW).mutations
     assert muts and all("groups" not in m[2] for m in muts if m[0] == "queue")
     with Store.open(store_path) as store:
         store.apply(muts)

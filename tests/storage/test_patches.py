@@ -459,7 +459,7 @@ def test_an_engine_workload_through_the_encoder_loads_back_as_fold_mutations(
                     cmd = {"cmd": "Obliterate", "queue": queue}
                 else:
                     cmd = {"cmd": "Pause" if rng.random() < 0.5 else "Resume", "queue": queue}
-                reply, out = engine.apply(cmd, now)
+                reply, out = (outcome := engine.apply(cmd, now)).reply, outcome.mutations
                 muts.extend(out)
                 if cmd["cmd"] == "PULLB" and reply.get("ok"):
                     held.extend(zip((j["id"] for j in reply["jobs"]), reply["tokens"], strict=True))

@@ -36,16 +36,16 @@ def _engine_batches() -> list[list[Any]]:
     batches = []
     for queue in ("qa", "qb"):
         jobs = [{"data": {"i": i}} for i in range(30)]
-        batches.append(engine.apply({"cmd": "PUSHB", "queue": queue, "jobs": jobs}, now)[1])
+        batches.append(engine.apply({"cmd": "PUSHB", "queue": queue, "jobs": jobs}, now).mutations)
         pull = {"cmd": "PULLB", "queue": queue, "count": 20, "owner": "w"}
-        reply, muts = engine.apply(pull, now + 1)
+        reply, muts = (outcome := engine.apply(pull, now + 1)).reply, outcome.mutations
         batches.append(muts)
         ids, tokens = [j["id"] for j in reply["jobs"]], reply["tokens"]
         ack = {"cmd": "ACKB", "ids": ids[:15], "tokens": tokens[:15]}
-        batches.append(engine.apply(ack, now + 2)[1])
+        batches.append(engine.apply(ack, now + 2).mutations)
         fail = {"cmd": "FAIL", "id": ids[15], "token": tokens[15], "error": "boom"}
-        batches.append(engine.apply(fail, now + 3)[1])
-    batches.append(engine.apply({"cmd": "Pause", "queue": "qb"}, now + 4)[1])
+        batches.append(engine.apply(fail, now + 3).mutations)
+    batches.append(engine.apply({"cmd": "Pause", "queue": "qb"}, now + 4).mutations)
     return [b for b in batches if b]
 
 

@@ -130,7 +130,7 @@ class ShardCore(StorageRefusals):
         self.polls = LongPolls()
         engine.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
         self.waits = JobWaits()
-        self.events = EventTap()  # job events, built only while the front end listens
+        self.event_tap = EventTap()  # job events, built only while the front end listens
         # The commands the shard answers itself rather than the engine: one lookup per request.
         self._own_commands: dict[object, OwnCommand] = {
             "PULL": self._pull,
@@ -149,7 +149,7 @@ class ShardCore(StorageRefusals):
             "rejected": self._on_rejected,
             "drain": self._on_drain,
             "writer-up": self._on_writer_up,
-            "listen": lambda msg, now: self.events.listen(msg),
+            "listen": lambda msg, now: self.event_tap.listen(msg),
             "workers": lambda msg, now: self.engine.workers.set_worker_queues(msg.get("queues")),
             "flowack": self._on_flowack,
         }
@@ -162,7 +162,7 @@ class ShardCore(StorageRefusals):
         if handler is None:
             _log.warning("unknown internal message dropped", t=msg.get("t"))
             return
-        self.events.now = now
+        self.event_tap.now = now
         try:
             handler(msg, now)
         except Exception:
@@ -220,7 +220,7 @@ class ShardCore(StorageRefusals):
         The writer's `muts` comes first so that a durable reply can never be sent before the
         batch holding its job was handed to the writer.
         """
-        self.events.now = now
+        self.event_tap.now = now
         for step in (self._tick, self._serve_polls, self._serve_waits):
             try:
                 step(now)
@@ -228,7 +228,7 @@ class ShardCore(StorageRefusals):
                 # A timer or a parked request that raises is logged and skipped, never fatal:
                 # the rest of the turn (replies, mutations) still goes out.
                 _log.exception("shard step failed", step=step.__name__)
-        out: list[Outgoing] = [("front", m) for m in self.events.take()]
+        out: list[Outgoing] = [("front", m) for m in self.event_tap.take()]
         if self._resend:
             # Resent in order and before anything new: every mutation carries absolute values,
             # so a batch the old writer did commit is harmless to apply again.
@@ -340,7 +340,7 @@ class ShardCore(StorageRefusals):
 
     def _request(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> None:
         name = cmd.get("cmd")
-        tap = self.events
+        tap = self.event_tap
         if tap.active:
             tap.begin(name, cmd, self.engine)
         try:
@@ -366,9 +366,10 @@ class ShardCore(StorageRefusals):
         own = self._own_commands.get(name)
         if own is not None:
             return own(conn, rid, cmd, now)
-        reply, muts = self.engine.apply(cmd, now)
+        outcome = self.engine.apply(cmd, now)
+        reply, muts = outcome.reply, outcome.mutations
         if reply.get("ok") and name in MAY_BE_DURABLE and is_durable(name, cmd):
-            self._absorb(muts, self.engine.last_events, durable=True)
+            self._absorb(muts, outcome.events, durable=True)
             self._durable.append([conn, rid, reply])
             if not cmd.get("_hold"):  # a flow's part stays held until its FlowRelease
                 # Its new jobs are not deliverable before their commit is confirmed.
@@ -376,7 +377,7 @@ class ShardCore(StorageRefusals):
                 self.engine.hold(new)
                 self._durable_ids.extend(new)
             return None
-        self._absorb(muts, self.engine.last_events)
+        self._absorb(muts, outcome.events)
         return reply
 
     def _stats_command(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> dict[str, Any]:
@@ -392,8 +393,9 @@ class ShardCore(StorageRefusals):
         """A notice from another shard is answered (and so acknowledged) only once what it
         changed is committed, like a durable push, but it is never dropped on a full disk: the
         child's shard sends it again until then. A release wakes the long-polls it fed."""
-        reply, muts = self.engine.apply(cmd, now)
-        self._absorb(muts, self.engine.last_events)
+        outcome = self.engine.apply(cmd, now)
+        reply = outcome.reply
+        self._absorb(outcome.mutations, outcome.events)
         if cmd.get("cmd") == FLOW_RELEASE:
             return reply
         self._durable.append([conn, rid, reply])
@@ -406,14 +408,14 @@ class ShardCore(StorageRefusals):
             self._absorb(self.engine.flow_acked(keys), ())
 
     def _apply(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        reply, muts = self.engine.apply(cmd, now)
-        self._absorb(muts, self.engine.last_events)
-        return reply
+        outcome = self.engine.apply(cmd, now)
+        self._absorb(outcome.mutations, outcome.events)
+        return outcome.reply
 
     def _stats(self, now: int) -> dict[str, Any]:
         totals = dict.fromkeys(("waiting", *_COUNT_KEYS, "dlq"), 0)
-        for name in self.engine.apply({"cmd": "ListQueues"}, now)[0].get("queues", ()):
-            counts = self.engine.apply({"cmd": "GetJobCounts", "queue": name}, now)[0]["counts"]
+        for name in self.engine.apply({"cmd": "ListQueues"}, now).reply.get("queues", ()):
+            counts = self.engine.apply({"cmd": "GetJobCounts", "queue": name}, now).reply["counts"]
             totals["waiting"] += counts["waiting"] + counts["prioritized"] + counts["paused"]
             for key in _COUNT_KEYS:
                 totals[key] += counts[key]
@@ -514,8 +516,8 @@ class ShardCore(StorageRefusals):
                     self._cut()
                 self._seg_durable = durable
             self._muts.extend(muts)
-        if self.events.active:
-            self.events.observe(muts, events, self.engine)
+        if self.event_tap.active:
+            self.event_tap.observe(muts, events, self.engine)
         if self.polls:
             self._note_wakeups(muts, events)
         if self.waits:
@@ -552,8 +554,8 @@ class ShardCore(StorageRefusals):
             self._replies.append([conn, parked.rid, empty_pull_reply(parked.cmd)])
         for parked in self.waits.drop_conn(conn):
             self._replies.append([conn, parked.rid, {"ok": True, "completed": False}])
-        _released, muts = self.engine.release(conn, now)
-        self._absorb(muts, self.engine.last_events)
+        _released, muts, events = self.engine.release(conn, now)
+        self._absorb(muts, events)
 
     def _on_done(self, msg: dict[str, Any], now: int) -> None:
         seq = msg.get("seq")
