@@ -36,7 +36,9 @@ def test_tls_context_replaces_the_default_verification() -> None:
         client_security(tls_context="cert.pem", env={})  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("key", ["short", "x" * 39 + "~", _KEY + "A"])
+@pytest.mark.parametrize(
+    "key", ["short", "x" * 39 + "~", _KEY + "A"], ids=["short", "not-z85", "too-long"]
+)  # ids: the generated key differs per process, and xdist needs equal ids
 def test_a_bad_curve_key_is_refused_naming_its_source(key: str) -> None:
     with pytest.raises(ValueError, match=r"^zmq_server_key must be .* Z85"):
         client_security(zmq_server_key=key, env={})
