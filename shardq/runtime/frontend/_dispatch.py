@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final
 
@@ -45,6 +45,7 @@ from shardq.protocol._fields import Limits
 from shardq.protocol._prepacked import WIRE_MODE_KEY
 from shardq.protocol._schema import check as schema_check
 from shardq.runtime import _clock
+from shardq.runtime import _messages as msgs
 from shardq.runtime._ports import AuthThrottle
 from shardq.runtime._routing import shard_of
 from shardq.runtime._ssrf import SsrfRules
@@ -177,7 +178,7 @@ class Dispatcher:
         self._pending: dict[int, tuple[int, OnReply]] = {}  # rid -> (shard, callback)
         self.down: set[int] = set()  # shards the supervisor reported dead, not yet back
         self._outbox: list[list[list[Any]]] = [[] for _ in range(shards)]
-        self._control: list[list[dict[str, Any]]] = [[] for _ in range(shards)]
+        self._control: list[list[Mapping[str, Any]]] = [[] for _ in range(shards)]
         self._flush_scheduled = False
         self._started = time.monotonic()
         self.drained: set[int] = set()
@@ -479,7 +480,7 @@ class Dispatcher:
                     # Rare (several large pushes in one turn): the shard refuses a frame
                     # over the limit, so the batch goes in parts.
                     packed = [packb(item) for item in items]
-                    for part in split_batch("req", packed, self._link_max):
+                    for part in split_batch(msgs.REQ, packed, self._link_max):
                         self._send(shard, part)
                 else:
                     self._send(shard, data)
@@ -494,38 +495,38 @@ class Dispatcher:
         limit decodes from the client but cannot be packed again inside the batch: it alone is
         refused (one pass per item, only then), and the rest of the batch goes on."""
         try:
-            return pack({"t": "req", "items": items}), items
+            return pack(msgs.req(items)), items
         except ValueError:
             kept: list[list[Any]] = []
             for item in items:
                 try:
-                    pack({"t": "req", "items": [item]})
+                    pack(msgs.req([item]))
                 except ValueError:
                     _owner, on_reply = self._pending.pop(item[1])
                     self._loop.call_soon(on_reply, error_reply(INVALID_COMMAND_NESTING))
                 else:
                     kept.append(item)
-            return pack({"t": "req", "items": kept}), kept
+            return pack(msgs.req(kept)), kept
 
-    def on_shard_message(self, msg: dict[str, Any]) -> None:
+    def on_shard_message(self, msg: Mapping[str, Any]) -> None:
         """Take one message from a shard (`rep` or `drained`). Never raises."""
         kind = msg.get("t")
-        if kind == "rep":
+        if kind == msgs.REP:
             for item in msg.get("items") or ():
                 self._deliver(item)
-        elif kind == "shard-down":
+        elif kind == msgs.SHARD_DOWN:
             self._shard_down(msg.get("shard"))
-        elif kind == "events":
+        elif kind == msgs.EVENTS:
             self.events.on_events(msg.get("items"))
-        elif kind == "shard-up":
+        elif kind == msgs.SHARD_UP:
             self.down.discard(msg.get("shard"))
             self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
             self.bunqueue.presence.shard_up(msg.get("shard"))  # type: ignore[union-attr,arg-type]
-        elif kind == "flow":
+        elif kind == msgs.FLOW:
             self.flows.on_notices(msg)
-        elif kind == "cancel":
+        elif kind == msgs.CANCEL:
             self._push_cancels(msg.get("items"))
-        elif kind == "drained":
+        elif kind == msgs.DRAINED:
             self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
             if len(self.drained) >= self.shards:
                 self.all_drained.set()
@@ -590,10 +591,10 @@ class Dispatcher:
         if not self.release_on_close:
             return
         for shard in range(self.shards):
-            self._control[shard].append({"t": "close", "conn": conn})
+            self._control[shard].append(msgs.close(conn))
         self._schedule_flush()
 
-    def control(self, shard: int, msg: dict[str, Any]) -> None:
+    def control(self, shard: int, msg: Mapping[str, Any]) -> None:
         """Send `msg` to `shard` at once, ahead of requests still in this turn's batch (so a
         `listen` precedes every request that follows a subscription); dropped while down."""
         if shard not in self.down:
@@ -602,5 +603,5 @@ class Dispatcher:
     def start_drain(self) -> None:
         """Ask every shard to stop handing out jobs; `all_drained` is set once all report."""
         for shard in range(self.shards):
-            self._control[shard].append({"t": "drain"})
+            self._control[shard].append(msgs.drain())
         self._schedule_flush()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from shardq.core import FLOW_NOTIFY, FLOW_RELEASE
 from shardq.core._flows import PENDING_PARENT
 from shardq.core._graph import flow_reference_error, graph_error
+from shardq.runtime import _messages as msgs
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE, is_found
 from shardq.runtime.frontend._orphans import OrphanWatch
@@ -98,7 +99,7 @@ class FlowRoutes:
         d = self._d
         if origin in d.down or not 0 <= origin < d.shards:
             return
-        d._control[origin].append({"t": "flowack", "keys": keys})
+        d._control[origin].append(msgs.flowack(keys))
         d._schedule_flush()
 
     # -- PUSHF -----------------------------------------------------------------------------
