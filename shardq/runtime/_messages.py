@@ -230,12 +230,14 @@ class Message:
     doc: str
 
 
+_SUP_OR_LINK: Final = "supervisor (or the front end's own link watcher)"
+
 MESSAGES: Final[tuple[Message, ...]] = (
     Message(READY, ReadyMsg, "every child", "supervisor", "started; serving"),
     Message(PROGRESS, ProgressMsg, "every child", "supervisor", "still working towards ready"),
     Message(FATAL, FatalMsg, "every child", "supervisor", "cannot start; about to exit"),
-    Message(SHARD_DOWN, ShardDownMsg, "supervisor, front end", "front end", "shard i is gone"),
-    Message(SHARD_UP, ShardUpMsg, "supervisor, front end", "front end", "shard i is back"),
+    Message(SHARD_DOWN, ShardDownMsg, _SUP_OR_LINK, "front end", "shard `shard` is gone"),
+    Message(SHARD_UP, ShardUpMsg, _SUP_OR_LINK, "front end", "shard `shard` is back"),
     Message(REQ, ReqMsg, "front end", "shard", "client commands `[conn, rid, command]`"),
     Message(CLOSE, CloseMsg, "front end", "shard", "a client connection closed"),
     Message(DRAIN, DrainMsg, "front end", "shard", "stop handing out jobs"),
@@ -247,7 +249,13 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(CANCEL, CancelMsg, "shard", "front end", "active jobs cancelled this turn"),
     Message(DRAINED, DrainedMsg, "shard", "front end", "no active job left after `drain`"),
     Message(FLOW, FlowMsg, "shard", "front end", "flow notices `[key, notice]` for parents"),
-    Message(MUTS, MutsMsg, "shard", "writer", "a batch of mutations to commit"),
+    Message(
+        MUTS,
+        MutsMsg,
+        "shard",
+        "writer",
+        "mutations to commit (`durable`: a reply waits; `upto`: its run's last seq)",
+    ),
     Message(FLUSH, FlushMsg, "shard", "writer", "commit what is buffered up to `seq` now"),
     Message(SYNC, SyncMsg, "shard", "writer", "confirm once all up to `seq` is committed"),
     Message(DONE, DoneMsg, "writer", "shard", "committed up to `seq`"),
