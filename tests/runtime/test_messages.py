@@ -211,3 +211,16 @@ def test_docs_table_is_the_modules() -> None:
     assert _messages_doc.rewrite(text) == text, "run python -m shardq.runtime._messages_doc"
     for message in msgs.MESSAGES:
         assert f"| `{message.t}` |" in _messages_doc.render()
+
+
+def test_check_mode_fails_on_a_stale_table_and_a_rewrite_fixes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = tmp_path / "runtime.md"
+    text = _messages_doc.DOC.read_text(encoding="utf-8")
+    doc.write_text(text.replace("| `req` |", "| `request` |"), encoding="utf-8")
+    monkeypatch.setattr(_messages_doc, "DOC", doc)
+    assert _messages_doc.main(["--check"]) == 1
+    assert _messages_doc.main([]) == 0
+    assert doc.read_text(encoding="utf-8") == text
+    assert _messages_doc.main(["--check"]) == 0
