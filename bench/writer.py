@@ -31,6 +31,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core import Engine, Mutation
+from shardq.runtime import _messages as msgs
 from shardq.runtime._config import ServerConfig
 from shardq.runtime.writer._flush import FlushBuffer
 from shardq.storage import Store
@@ -102,9 +103,7 @@ def encode(turns: list[list[Mutation]]) -> tuple[list[bytes], float]:
     """The shard's part: one `muts` frame per turn; returns the frames and the CPU seconds."""
     start = time.process_time()
     frames = [
-        msgpack.packb(
-            {"t": "muts", "shard": 0, "seq": seq, "muts": _encode(muts)}, use_bin_type=True
-        )
+        msgpack.packb(msgs.muts(0, seq, _encode(muts)), use_bin_type=True)
         for seq, muts in enumerate(turns, 1)
     ]
     return frames, time.process_time() - start

@@ -3,11 +3,10 @@
 A child is started as `python -m shardq.runtime.<role> --spec '<json>'` and reports to the
 supervisor's PULL socket (`spec.endpoint("sup")`) with one msgpack map per message:
 
-    {"t": "ready", "role", "index", "pid", "addresses"?}   started; serving
-    {"t": "fatal", "role", "index", "pid", "error"}        cannot start; about to exit non-zero
-
-`fatal` is an addition to docs/runtime.md: it lets the supervisor say *why* start-up failed
-(e.g. "the file is not a SQLite database") in its own error line.
+`ready` (started; serving), `progress` (still working towards ready) and `fatal` (cannot
+start; about to exit non-zero), declared in `shardq.runtime._messages`. `fatal` lets the
+supervisor say *why* start-up failed (e.g. "the file is not a SQLite database") in its own
+error line.
 """
 
 from __future__ import annotations
@@ -15,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 import zmq
 
 from shardq.runtime import _clock
+from shardq.runtime import _messages as msgs
 from shardq.runtime._spec import ChildSpec
 
 __all__ = ["SpecError", "SupervisorLink", "parse_spec_args"]
@@ -69,25 +69,26 @@ class SupervisorLink:
         self._sock = ctx.socket(zmq.PUSH)
         self._sock.connect(spec.endpoint("sup"))
 
-    def ready(self, **extra: Any) -> None:
+    def ready(self, addresses: dict[str, str] | None = None) -> None:
         """Tell the supervisor this child serves (e.g. `addresses={...}` for the front end)."""
-        self._send({"t": "ready", **extra})
+        spec = self._spec
+        self._send(msgs.ready(spec.role, spec.index, os.getpid(), addresses))
 
-    def progress(self, **fields: Any) -> None:
+    def progress(self, *, loaded: int | None = None, deleted: int | None = None) -> None:
         """Tell the supervisor this child is still working towards ready (e.g. `loaded=n`
         jobs recovered so far): it then waits another `ready_timeout_ms` for it."""
-        self._send({"t": "progress", **fields})
+        spec = self._spec
+        self._send(msgs.progress(spec.role, spec.index, os.getpid(), loaded, deleted))
 
     def fatal(self, error: str) -> None:
         """Tell the supervisor this child cannot start, and why (it exits right after)."""
-        self._send({"t": "fatal", "error": error})
+        self._send(msgs.fatal(self._spec.role, self._spec.index, os.getpid(), error))
 
     def close(self) -> None:
         """Close the socket, giving a last message a moment to leave."""
         self._sock.close(linger=_LAST_WORD_LINGER_MS)
 
-    def _send(self, message: dict[str, Any]) -> None:
-        body = {"role": self._spec.role, "index": self._spec.index, "pid": os.getpid(), **message}
+    def _send(self, body: Mapping[str, Any]) -> None:
         # NOBLOCK: the message waits in the socket's queue until connected; only a full
         # queue (a supervisor that stopped reading) would block, and then it is dropped.
         with contextlib.suppress(zmq.Again):

@@ -16,7 +16,7 @@ registry, `Metrics`, `Stats` and `ListQueues` (`_bunqueue.py`), and the process'
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final
 
@@ -37,6 +37,7 @@ from shardq.protocol._fields import Limits
 from shardq.protocol._prepacked import WIRE_MODE_KEY
 from shardq.protocol._schema import check as schema_check
 from shardq.runtime import _clock
+from shardq.runtime import _messages as msgs
 from shardq.runtime._ports import AuthThrottle
 from shardq.runtime._ssrf import SsrfRules
 from shardq.runtime.frontend._auth import MAX_AUTH_FAILURE_RECORDS, AuthGate, is_internal
@@ -254,24 +255,24 @@ class Dispatcher:
         now_ms = int(_clock.wall() * 1000)
         self.answer(client, req, {"ok": True, "data": {"pong": True, "time": now_ms}})
 
-    def on_shard_message(self, msg: dict[str, Any]) -> None:
+    def on_shard_message(self, msg: Mapping[str, Any]) -> None:
         """Take one message from a shard (`rep` or `drained`). Never raises."""
         kind = msg.get("t")
-        if kind == "rep":
+        if kind == msgs.REP:
             self.router.deliver(msg.get("items"))
-        elif kind == "shard-down":
+        elif kind == msgs.SHARD_DOWN:
             self.router.shard_down(msg.get("shard"))
-        elif kind == "events":
+        elif kind == msgs.EVENTS:
             self.events.on_events(msg.get("items"))
-        elif kind == "shard-up":
+        elif kind == msgs.SHARD_UP:
             self.down.discard(msg.get("shard"))
             self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
             self.bunqueue.presence.shard_up(msg.get("shard"))  # type: ignore[arg-type]
-        elif kind == "flow":
+        elif kind == msgs.FLOW:
             self.flows.on_notices(msg)
-        elif kind == "cancel":
+        elif kind == msgs.CANCEL:
             self._push_cancels(msg.get("items"))
-        elif kind == "drained":
+        elif kind == msgs.DRAINED:
             self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
             if len(self.drained) >= self.shards:
                 self.all_drained.set()
@@ -313,9 +314,9 @@ class Dispatcher:
         if not self.release_on_close:
             return
         for shard in range(self.shards):
-            self.router.control(shard, {"t": "close", "conn": conn})
+            self.router.control(shard, msgs.close(conn))
 
     def start_drain(self) -> None:
         """Ask every shard to stop handing out jobs; `all_drained` is set once all report."""
         for shard in range(self.shards):
-            self.router.control(shard, {"t": "drain"})
+            self.router.control(shard, msgs.drain())

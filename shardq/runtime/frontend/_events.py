@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -24,6 +24,7 @@ import structlog
 from msgpack import packb  # type: ignore[import-untyped]
 
 from shardq.core._options import validate_queue_name as check_queue_name
+from shardq.runtime import _messages as msgs
 from shardq.runtime._sections import EventSettings
 from shardq.runtime._spec import ChildSpec
 
@@ -84,7 +85,7 @@ class EventHub:
     def __init__(
         self,
         shards: int,
-        control: Callable[[int, dict[str, Any]], None],
+        control: Callable[[int, Mapping[str, Any]], None],
         answer: Callable[[Any, object, Reply], None],
         limits: EventLimits = EventLimits(),
     ) -> None:
@@ -206,7 +207,7 @@ class EventHub:
         """A shard (re)connected: a new shard knows nothing of who listens, and after a
         restart of this front end a shard still follows the last one's subscribers."""
         every, queues = self._listening
-        self._control(shard, {"t": "listen", "all": every, "queues": list(queues)})
+        self._control(shard, msgs.listen(every, list(queues)))
 
     def _update_listen(self) -> None:
         every = bool(self._listeners) or any(s.queue is None for s in self.subscribers.values())
@@ -214,7 +215,7 @@ class EventHub:
         if (every, queues) == self._listening:
             return
         self._listening = (every, queues)
-        msg = {"t": "listen", "all": every, "queues": list(queues)}
+        msg = msgs.listen(every, list(queues))
         for shard in range(self._shards):
             self._control(shard, msg)
 

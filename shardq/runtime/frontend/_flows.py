@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from shardq.core import FLOW_NOTIFY, FLOW_RELEASE
 from shardq.core._flows import PENDING_PARENT
 from shardq.core._graph import flow_reference_error, graph_error
+from shardq.runtime import _messages as msgs
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE, is_found
 from shardq.runtime.frontend._orphans import OrphanWatch
@@ -111,7 +112,7 @@ class FlowRoutes:
         r = self._r
         if origin in r.down or not 0 <= origin < r.shards:
             return
-        r.control(origin, {"t": "flowack", "keys": keys})
+        r.control(origin, msgs.flowack(keys))
 
     # -- PUSHF -----------------------------------------------------------------------------
 

@@ -9,8 +9,10 @@ served state costs nothing here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from shardq.runtime import _messages as msgs
 
 __all__ = ["WorkerPresence"]
 
@@ -18,7 +20,7 @@ __all__ = ["WorkerPresence"]
 class WorkerPresence:
     """The last set of served queues sent to the shards."""
 
-    def __init__(self, shards: int, control: Callable[[int, dict[str, Any]], None]) -> None:
+    def __init__(self, shards: int, control: Callable[[int, Mapping[str, Any]], None]) -> None:
         self._shards = shards
         self._control = control
         self._queues: frozenset[str] = frozenset()
@@ -32,4 +34,4 @@ class WorkerPresence:
 
     def shard_up(self, shard: int) -> None:
         """A shard (re)connected, or the set changed: tell it the whole set."""
-        self._control(shard, {"t": "workers", "queues": sorted(self._queues)})
+        self._control(shard, msgs.workers(sorted(self._queues)))

@@ -33,6 +33,7 @@ import zmq
 import zmq.asyncio
 
 from shardq.protocol._fields import schema_limits
+from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._logging import configure
@@ -159,10 +160,10 @@ class Frontend:
 
     def _link_down(self, shard: int) -> None:
         if shard not in self.dispatcher.down:
-            self.dispatcher.on_shard_message({"t": "shard-down", "shard": shard})
+            self.dispatcher.on_shard_message(msgs.shard_down(shard))
 
     def _link_up(self, shard: int) -> None:
-        self.dispatcher.on_shard_message({"t": "shard-up", "shard": shard})
+        self.dispatcher.on_shard_message(msgs.shard_up(shard))
 
     async def _read_supervisor(self) -> None:
         """The supervisor's messages: a restarted shard is up (reconnect), or one died."""
@@ -179,7 +180,7 @@ class Frontend:
                 except ValueError:
                     _log.warning("undecodable internal message dropped", size=len(data))
                     continue
-                if msg.get("t") == "shard-up" and isinstance(msg.get("shard"), int):
+                if msg.get("t") == msgs.SHARD_UP and isinstance(msg.get("shard"), int):
                     # Up for clients only once the link is connected again (`_link_up`).
                     self._links.reconnect(msg["shard"])
                 else:

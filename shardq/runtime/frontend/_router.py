@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Final
 
@@ -32,6 +32,7 @@ import structlog
 from msgpack import packb  # type: ignore[import-untyped]
 
 from shardq.protocol import error_reply
+from shardq.runtime import _messages as msgs
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._commands import ID_BATCH_COMMANDS, ID_COMMANDS
 from shardq.runtime.frontend._merge import (
@@ -94,7 +95,7 @@ class Router:
         self._rids = itertools.count(1)
         self._pending: dict[int, tuple[int, OnReply]] = {}  # rid -> (shard, callback)
         self._outbox: list[list[list[Any]]] = [[] for _ in range(shards)]
-        self._control: list[list[dict[str, Any]]] = [[] for _ in range(shards)]
+        self._control: list[list[Mapping[str, Any]]] = [[] for _ in range(shards)]
         self._flush_scheduled = False
 
     @property
@@ -148,13 +149,13 @@ class Router:
             if ids:
                 self.cache.learn(ids, shard)
 
-    def control(self, shard: int, msg: dict[str, Any]) -> None:
+    def control(self, shard: int, msg: Mapping[str, Any]) -> None:
         """Send `msg` to `shard` after this turn's batches (a `close` after the requests that
         came before it). Forgotten if the shard goes down before the flush."""
         self._control[shard].append(msg)
         self.schedule_flush()
 
-    def control_now(self, shard: int, msg: dict[str, Any]) -> None:
+    def control_now(self, shard: int, msg: Mapping[str, Any]) -> None:
         """Send `msg` to `shard` at once, ahead of requests still in this turn's batch (so a
         `listen` precedes every request that follows a subscription); dropped while down."""
         if shard not in self.down:
@@ -248,7 +249,7 @@ class Router:
                     # Rare (several large pushes in one turn): the shard refuses a frame
                     # over the limit, so the batch goes in parts.
                     packed = [packb(item) for item in items]
-                    for part in split_batch("req", packed, self._link_max):
+                    for part in split_batch(msgs.REQ, packed, self._link_max):
                         self._send(shard, part)
                 else:
                     self._send(shard, data)
@@ -263,18 +264,18 @@ class Router:
         limit decodes from the client but cannot be packed again inside the batch: it alone is
         refused (one pass per item, only then), and the rest of the batch goes on."""
         try:
-            return pack({"t": "req", "items": items}), items
+            return pack(msgs.req(items)), items
         except ValueError:
             kept: list[list[Any]] = []
             for item in items:
                 try:
-                    pack({"t": "req", "items": [item]})
+                    pack(msgs.req([item]))
                 except ValueError:
                     _owner, on_reply = self._pending.pop(item[1])
                     self._loop.call_soon(on_reply, error_reply(INVALID_COMMAND_NESTING))
                 else:
                     kept.append(item)
-            return pack({"t": "req", "items": kept}), kept
+            return pack(msgs.req(kept)), kept
 
     def deliver(self, items: Any) -> None:
         """Hand each reply of a shard's `rep` message to the callback of its request."""

@@ -31,6 +31,7 @@ from shardq.core import (
     job_id_of,
 )
 from shardq.protocol import INTERNAL_SERVER_ERROR
+from shardq.runtime import _messages as msgs
 from shardq.runtime._sections import LinkSettings
 from shardq.runtime.links._stream import MAX_FRAME_BYTES
 from shardq.runtime.shard._batches import cut_batches, fits_one_batch
@@ -53,7 +54,7 @@ from shardq.storage import MutationEncoder
 
 __all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
 
-Outgoing: TypeAlias = tuple[str, dict[str, Any]]
+Outgoing: TypeAlias = tuple[str, Mapping[str, Any]]
 """A message to send: ("writer" | "front", message map)."""
 
 OwnCommand: TypeAlias = Callable[[str, int, dict[str, Any], int], dict[str, Any] | None]
@@ -119,7 +120,7 @@ class ShardCore(StorageRefusals):
         # Batches sent but not confirmed: a writer that dies loses what it had not committed,
         # so a restarted writer gets them again ("writer-up"). Bounded by the writer's
         # back-pressure: a writer that stops reading stops this shard's sends.
-        self._unconfirmed: deque[tuple[int, dict[str, Any]]] = deque()
+        self._unconfirmed: deque[tuple[int, msgs.MutsMsg]] = deque()
         self._resend = False
         # (oldest unconfirmed seq, how many times it was resent): a batch no writer confirms
         # however often it is resent degrades the shard instead of being retried unnoticed.
@@ -142,16 +143,16 @@ class ShardCore(StorageRefusals):
             FLOW_RELEASE: self._flow_command,
         }
         self._handlers: dict[str, Callable[[dict[str, Any], int], None]] = {
-            "req": self._on_req,
-            "close": self._on_close,
-            "done": self._on_done,
-            "fail": self._on_fail,
-            "rejected": self._on_rejected,
-            "drain": self._on_drain,
-            "writer-up": self._on_writer_up,
-            "listen": lambda msg, now: self.event_tap.listen(msg),
-            "workers": lambda msg, now: self.engine.workers.set_worker_queues(msg.get("queues")),
-            "flowack": self._on_flowack,
+            msgs.REQ: self._on_req,
+            msgs.CLOSE: self._on_close,
+            msgs.DONE: self._on_done,
+            msgs.FAIL: self._on_fail,
+            msgs.REJECTED: self._on_rejected,
+            msgs.DRAIN: self._on_drain,
+            msgs.WRITER_UP: self._on_writer_up,
+            msgs.LISTEN: lambda msg, now: self.event_tap.listen(msg),
+            msgs.WORKERS: lambda msg, now: self.engine.workers.set_worker_queues(msg.get("queues")),
+            msgs.FLOWACK: self._on_flowack,
         }
 
     # -- inputs ----------------------------------------------------------------------------
@@ -241,10 +242,10 @@ class ShardCore(StorageRefusals):
         if self.engine.cancel_notices:
             # After the batch that dead-letters them: the worker is told of a settled fact.
             notices, self.engine.cancel_notices = self.engine.cancel_notices, []
-            out.append(("front", {"t": "cancel", "items": notices}))
+            out.append(("front", msgs.cancel(notices)))
         out.extend(self.take_replies())
         if self.draining and not self._drained_sent and self.engine.active_count() == 0:
-            out.append(("front", {"t": "drained", "shard": self.index}))
+            out.append(("front", msgs.drained(self.index)))
             self._drained_sent = True
         return out
 
@@ -253,7 +254,7 @@ class ShardCore(StorageRefusals):
         if not self._replies:
             return []
         replies, self._replies = self._replies, []
-        return [("front", {"t": "rep", "items": replies})]
+        return [("front", msgs.rep(replies))]
 
     def _tick(self, now: int) -> None:
         deadline = self.engine.next_deadline()
@@ -306,7 +307,7 @@ class ShardCore(StorageRefusals):
             last = self.seq + len(batches)
             for batch in batches:
                 self.seq += 1
-                msg = {"t": "muts", "shard": self.index, "seq": self.seq, "muts": batch}
+                msg = msgs.muts(self.index, self.seq, batch)
                 if durable:
                     msg["durable"] = True  # a reply waits on this commit: the writer flushes now
                     self._urged = self.seq
@@ -322,7 +323,7 @@ class ShardCore(StorageRefusals):
                 if self._urged < self.seq:
                     # It waits on buffered batches only (a durable duplicate wrote nothing):
                     # without this, their commit would wait out the flush interval.
-                    out.append(("writer", {"t": "flush", "shard": self.index, "seq": self.seq}))
+                    out.append(("writer", msgs.flush(self.index, self.seq)))
                     self._urged = self.seq
             else:
                 self._replies.extend(replies)

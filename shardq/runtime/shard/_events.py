@@ -16,6 +16,7 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]
 
 from shardq.core import Engine, Mutation, job_id_of
+from shardq.runtime import _messages as msgs
 
 __all__ = ["EventTap"]
 
@@ -190,12 +191,12 @@ class EventTap:
 
     # -- out -------------------------------------------------------------------------------
 
-    def take(self) -> list[dict[str, Any]]:
+    def take(self) -> list[msgs.EventsMsg]:
         """This turn's events as `events` messages for the front end (usually one or none)."""
         if not self._items:
             return []
         items, self._items = self._items, []
-        out: list[dict[str, Any]] = []
+        out: list[msgs.EventsMsg] = []
         batch: list[dict[str, Any]] = []
         size = 0
         for event in items:
@@ -205,11 +206,11 @@ class EventTap:
                 event["truncated"] = True
                 length = _packed_size(event) or 0
             if batch and size + length > MESSAGE_BYTES:
-                out.append({"t": "events", "items": batch})
+                out.append(msgs.events(batch))
                 batch, size = [], 0
             batch.append(event)
             size += length
-        out.append({"t": "events", "items": batch})
+        out.append(msgs.events(batch))
         return out
 
 

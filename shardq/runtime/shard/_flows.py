@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardq.core import Engine
+from shardq.runtime import _messages as msgs
 
 __all__ = ["FlowRelay"]
 
@@ -32,7 +33,7 @@ class FlowRelay:
     def next_deadline(self) -> int | None:
         return min(self._due.values()) if self._due else None
 
-    def take(self, now: int) -> list[dict[str, Any]]:
+    def take(self, now: int) -> list[msgs.FlowMsg]:
         """The `flow` messages to send now: new notices, and those unacknowledged too long."""
         due = self._due
         if not due and not self.engine.flow_new:
@@ -51,10 +52,7 @@ class FlowRelay:
             if notice is not None:
                 due[key] = now + self.resend_ms
                 items.append([key, notice])
-        return [
-            {"t": "flow", "shard": self.index, "items": items[i : i + _BATCH]}
-            for i in range(0, len(items), _BATCH)
-        ]
+        return [msgs.flow(self.index, items[i : i + _BATCH]) for i in range(0, len(items), _BATCH)]
 
     def acked(self, keys: list[Any]) -> None:
         for key in keys:

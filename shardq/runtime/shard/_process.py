@@ -17,13 +17,14 @@ import gc
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import structlog
 import zmq
 
 from shardq.core import Engine, EngineConfig, Record
+from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
 from shardq.runtime._logging import configure
@@ -148,7 +149,7 @@ class ShardProcess:
         A restarted shard may get front-end requests before it is ready; they are kept and
         served, in order, once recovery is done.
         """
-        sync = pack({"t": "sync", "shard": self.spec.index, "seq": 0})
+        sync = pack(msgs.sync(self.spec.index, 0))
         self._writer.send(sync)  # if the link is down, the writer-up below resends it
         early: list[dict[str, Any]] = []
         synced = False
@@ -156,13 +157,13 @@ class ShardProcess:
             # No timeout: a SIGTERM wakes the poll through the signal descriptor.
             for msg in self._wait(None):
                 kind = msg.get("t")
-                if kind == "done":
+                if kind == msgs.DONE:
                     # The writer marks the answer to a sync; another `done` is not for this run.
                     synced = synced or bool(msg.get("sync"))
-                elif kind == "writer-up":
+                elif kind == msgs.WRITER_UP:
                     # A writer (re)started: one that died may have taken our sync with it.
                     self._writer.send(sync)
-                elif kind == "fail":
+                elif kind == msgs.FAIL:
                     _log.warning("writer cannot commit yet; waiting", error=msg.get("error"))
                 else:
                     early.append(msg)
@@ -260,7 +261,7 @@ class ShardProcess:
         while self.core.awaiting_commit and (left := deadline - time.monotonic()) > 0:
             for msg in self._wait(max(int(left * 1000), 1)):
                 # Only the writer's answers count now: no request is served after the stop.
-                if msg.get("t") in ("done", "fail"):
+                if msg.get("t") in (msgs.DONE, msgs.FAIL):
                     self.core.handle(msg, self.clock.now())
             self._send(self.core.take_replies(), block_on_front=False)
         if self.core.awaiting_commit:
@@ -301,7 +302,7 @@ class ShardProcess:
             for data in self._writer.readable():
                 self._decode(data, messages)
         if not self._writer.connected and self._reconnect_writer():
-            messages.append({"t": "writer-up"})
+            messages.append(dict(msgs.writer_up()))  # a plain map, as decoded ones are
         for fd in self._front.fds():
             if fd in ready:
                 for data in self._front.readable(fd):
@@ -360,7 +361,8 @@ class ShardProcess:
                 try:
                     data = pack(msg)
                 except (TypeError, ValueError, OverflowError):
-                    data = pack(self.core.salvage_batch(msg))
+                    # Only the shard's own `muts` go to the writer.
+                    data = pack(self.core.salvage_batch(cast(msgs.MutsMsg, msg)))
                 self._writer.send(data)
         if self._writer.pending > WRITER_BACKLOG_BYTES:
             self._wait_for_writer()
@@ -402,7 +404,7 @@ class ShardProcess:
             else:
                 _log.warning("storage recovered: the writer reads again")
 
-    def _pack_reply(self, msg: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    def _pack_reply(self, msg: Mapping[str, Any]) -> tuple[bytes, Mapping[str, Any]]:
         """Pack a message for the front end, and the message the bytes stand for: if a reply
         cannot be packed (an integer past 64 bits ...), each reply is packed on its own and
         only the one at fault becomes an error."""
@@ -413,7 +415,7 @@ class ShardProcess:
             msg = salvage_replies(msg, pack_reply)
             return pack_reply(msg), msg
 
-    def _send_split(self, msg: dict[str, Any], block: bool) -> None:
+    def _send_split(self, msg: Mapping[str, Any], block: bool) -> None:
         """A reply batch over the link's frame limit goes out in several frames: the front end
         refuses (and drops the link on) a larger one."""
         frames, refused, unsent = self._front_packer.split(msg, self._links.link_max_frame_bytes)

@@ -17,6 +17,7 @@ import structlog
 
 from shardq.core import Engine, Mutation, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
+from shardq.runtime._messages import MutsMsg
 from shardq.runtime.shard._salvage import names_job, pack_mutations
 from shardq.storage import MutationEncoder, describe
 
@@ -40,7 +41,7 @@ class StorageRefusals:
     _replies: list[Item]
     _held: deque[tuple[int, list[Item]]]
     _holding: deque[tuple[int, list[str]]]
-    _unconfirmed: deque[tuple[int, dict[str, Any]]]
+    _unconfirmed: deque[tuple[int, MutsMsg]]
     _absorb: Callable[[list[Mutation], Iterable[tuple[str, str, str]]], None]
     _apply: Callable[[Mapping[str, Any], int], dict[str, Any]]
     _resend: bool
@@ -66,7 +67,7 @@ class StorageRefusals:
         self._reject_here(dropped, held)
         return out
 
-    def salvage_batch(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def salvage_batch(self, msg: MutsMsg) -> MutsMsg:
         """`msg` (a `muts` batch that could not be packed) without its mutations that cannot
         be packed, changed in place, so a resend of it packs too; see `_encode_each`."""
         kept: list[Mutation] = []

@@ -14,6 +14,7 @@ import structlog
 
 from shardq.core import Mutation
 from shardq.protocol import INTERNAL_SERVER_ERROR
+from shardq.runtime import _messages as msgs
 from shardq.runtime.links._control import pack as pack_message
 
 __all__ = ["names_job", "pack_mutations", "salvage_replies"]
@@ -26,21 +27,21 @@ def pack_mutations(muts: Iterable[Mutation]) -> None:
     pack_message({"muts": list(muts)})
 
 
-def salvage_replies(msg: dict[str, Any], pack: Callable[[Any], bytes]) -> dict[str, Any]:
+def salvage_replies(msg: Mapping[str, Any], pack: Callable[[Any], bytes]) -> msgs.RepMsg:
     """A `rep` message whose items `pack` cannot all encode, with each one it cannot encode
     replaced by an `Internal error` for that request alone (logged with the traceback)."""
     items = msg.get("items")
-    if msg.get("t") != "rep" or not isinstance(items, list):
+    if msg.get("t") != msgs.REP or not isinstance(items, list):
         raise ValueError(f"cannot salvage a {msg.get('t')!r} message")  # a bug: let it show
     kept: list[Any] = []
     for item in items:
         try:
-            pack({"t": "rep", "items": [item]})
+            pack(msgs.rep([item]))
         except (TypeError, ValueError, OverflowError):
             _log.exception("reply cannot be encoded")
             item = [item[0], item[1], {"ok": False, "error": INTERNAL_SERVER_ERROR}]
         kept.append(item)
-    return {"t": "rep", "items": kept}
+    return msgs.rep(kept)
 
 
 def names_job(reply: Mapping[str, Any], job_id: str) -> bool:

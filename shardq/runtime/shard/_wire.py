@@ -25,6 +25,7 @@ from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE
 from shardq.protocol import js_numbers
 from shardq.protocol._jsnum import JOB_TIME_KEYS, UINT32_MAX, js_job, js_timeline
 from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY, js_safe
+from shardq.runtime import _messages as msgs
 from shardq.runtime.links._control import exact_packer
 from shardq.runtime.links._stream import batch_overhead, split_batch
 
@@ -81,7 +82,7 @@ class FrontPacker:
             # costs less over a turn than looking for them in every reply first.
             return self._pack(msg)
         except TypeError:
-            items = msg.get("items") if msg.get("t") == "rep" and len(msg) == 2 else None
+            items = msg.get("items") if msg.get("t") == msgs.REP and len(msg) == 2 else None
             if type(items) is not list or not any(_has_packed(item) for item in items):
                 raise
         pack = self._pack
@@ -125,7 +126,7 @@ class FrontPacker:
                     data, left = cut
                     unsent.extend(left)
             packed.append(data)
-        return split_batch("rep", packed, limit), refused, unsent
+        return split_batch(msgs.REP, packed, limit), refused, unsent
 
     def _cut(self, item: list[Any], room: int) -> tuple[bytes, list[str]] | None:
         """A PULLB reply with only the first jobs that fit in `room`, packed, and the ids of

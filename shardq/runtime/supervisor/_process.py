@@ -37,6 +37,7 @@ import zmq
 
 from shardq._version import __version__
 from shardq.backup import scheduled_backups
+from shardq.runtime import _messages as msgs
 from shardq.runtime._config import ConfigError, ServerConfig, load_config
 from shardq.runtime._logging import configure
 from shardq.runtime._sections import CHILD_SECTIONS
@@ -298,7 +299,7 @@ class Supervisor:
         if child.role == "shard":
             # The front end answers the dead shard's requests "Shard unavailable" until it is
             # back, instead of letting its clients wait out their timeouts.
-            self._tell_front({"t": "shard-down", "shard": child.index})
+            self._tell_front(msgs.shard_down(child.index))
         log.warning(
             "child exited unexpectedly",
             child=child.name,
@@ -425,7 +426,7 @@ class Supervisor:
         for child in self._children:
             self._reap(child)
 
-    def _tell_front(self, message: dict[str, Any]) -> None:
+    def _tell_front(self, message: Mapping[str, Any]) -> None:
         if self._front is None:
             return
         try:
@@ -464,18 +465,19 @@ class Supervisor:
         # A report from an earlier process of this child (already replaced) is stale.
         if child is None or child.proc is None or child.proc.pid != report.get("pid"):
             return
-        if report.get("t") == "ready":
+        kind = report.get("t")
+        if kind == msgs.READY:
             child.ready, child.ready_by = True, None
             child.addresses = report.get("addresses")
             log.info("child ready", child=child.name, child_pid=child.proc.pid)
             if child.role == "shard" and self._serving:
-                self._tell_front({"t": "shard-up", "shard": child.index})
-        elif report.get("t") == "progress":
+                self._tell_front(msgs.shard_up(child.index))
+        elif kind == msgs.PROGRESS:
             # A child that is still working towards ready (a shard loading a large backlog)
             # gets another full bound: only one that stops making progress is killed.
             if not child.ready and child.ready_by is not None:
                 child.ready_by = self._clock() + self._ready_timeout_s
-        elif report.get("t") == "fatal":
+        elif kind == msgs.FATAL:
             child.fatal = str(report.get("error"))
 
     def _find(self, role: object, index: object) -> _Child | None:

@@ -16,15 +16,17 @@ gone, not their data.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardq.core import Mutation
+from shardq.runtime import _messages as msgs
 from shardq.storage import StorageError, StorageFull
 
 __all__ = ["MAX_BUFFERED_MUTATIONS", "FlushBuffer", "Outgoing"]
 
-Outgoing = tuple[int, dict[str, Any]]
+Outgoing = tuple[int, Mapping[str, Any]]
 """A message for a shard: (shard index, message map)."""
 
 # While storage fails, the writer stops reading its socket past this many waiting mutations,
@@ -104,7 +106,7 @@ class FlushBuffer:
         """
         epoch = self._epoch(shard, seq, restart=False)
         if urgent and self.storage_full and now < self._probe_at:
-            return [(shard, {"t": "fail", "seq": seq, "error": FULL_REASON})]
+            return [(shard, msgs.fail(seq, FULL_REASON))]
         self._batches.append(
             _Batch(shard, epoch, seq, len(mutations), durable=urgent, nbytes=nbytes)
         )
@@ -125,7 +127,7 @@ class FlushBuffer:
         """Take a `sync`; answer it now if nothing is waiting, else after the next commit."""
         epoch = self._epoch(shard, seq, restart=True)
         if not self._batches:
-            return [(shard, _done(seq, sync=True))]
+            return [(shard, msgs.done(seq, synced=True))]
         self._syncs.append((shard, epoch, seq))
         return []
 
@@ -179,11 +181,11 @@ class FlushBuffer:
             if batch.epoch == self._epochs.get(batch.shard, 0):
                 latest[batch.shard] = max(batch.seq, latest.get(batch.shard, batch.seq))
         out: list[Outgoing] = [
-            (shard, _done(seq, sync=True))
+            (shard, msgs.done(seq, synced=True))
             for shard, epoch, seq in self._syncs
             if epoch == self._epochs.get(shard, 0)
         ]
-        out.extend((shard, _done(seq)) for shard, seq in latest.items())
+        out.extend((shard, msgs.done(seq)) for shard, seq in latest.items())
         self._muts = []
         self._bytes = 0
         self._batches.clear()
@@ -216,7 +218,7 @@ class FlushBuffer:
         for batch in self._batches:
             if not batch.told_fail and batch.epoch == self._epochs.get(batch.shard, 0):
                 batch.told_fail = True
-                out.append((batch.shard, {"t": "fail", "seq": batch.seq, "error": FULL_REASON}))
+                out.append((batch.shard, msgs.fail(batch.seq, FULL_REASON)))
         self._drop_told_durable()
         return out
 
@@ -266,10 +268,3 @@ class FlushBuffer:
 
 # The reason a shard puts after "Storage unavailable: " in a failed durable reply.
 FULL_REASON = "database or disk is full"
-
-
-def _done(seq: int, *, sync: bool = False) -> dict[str, Any]:
-    # "sync": true marks the answer to a sync, so a starting shard can tell it from a `done`
-    # still queued for its previous process (an addition to docs/runtime.md; extra keys are
-    # ignored by readers that do not know them).
-    return {"t": "done", "seq": seq, "sync": True} if sync else {"t": "done", "seq": seq}

@@ -33,6 +33,7 @@ import structlog
 import zmq
 
 from shardq.core import Mutation, job_id_of
+from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
@@ -174,15 +175,15 @@ class Writer:
             log.error("dropped a message without shard and seq", kind=kind)
             return
         self._links.claim(conn, shard)
-        if kind == "muts" and isinstance(message.get("muts"), list):
+        if kind == msgs.MUTS and isinstance(message.get("muts"), list):
             urgent = message.get("durable") is True
             muts = message["muts"]
             self._send(
                 self._buffer.add_muts(shard, seq, muts, now, urgent=urgent, nbytes=len(frame))
             )
-        elif kind == "sync":
+        elif kind == msgs.SYNC:
             self._send(self._buffer.add_sync(shard, seq, now))
-        elif kind == "flush":
+        elif kind == msgs.FLUSH:
             self._buffer.urge()
         else:
             log.error("dropped a malformed message", kind=kind, shard=shard, seq=seq)
@@ -253,10 +254,7 @@ class Writer:
                     # takes the stored record back (None if the job is not stored).
                     item.append(self._stored(key))
                 by_batch.setdefault((shard, seq), []).append(item)
-        return [
-            (shard, {"t": "rejected", "seq": seq, "items": items})
-            for (shard, seq), items in by_batch.items()
-        ]
+        return [(shard, msgs.rejected(seq, items)) for (shard, seq), items in by_batch.items()]
 
     def _stored(self, row_key: str) -> Any:
         try:

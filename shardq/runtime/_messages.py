@@ -1,0 +1,419 @@
+"""Every internal message of `shardq start`, declared once: its `t`, its fields and their
+types, who sends it and who receives it.
+
+The frames stay what they were: one msgpack map per message, so no process decodes anything
+differently and the hot path costs the same. The `TypedDict`s give mypy the shape at each
+construction site; the constructors below are the only place that writes a `{"t": ...}`
+literal (`tests/runtime/test_messages.py` scans the package for any other), and each process
+dispatches on the kind constants. `python -m shardq.runtime._messages_doc` renders `MESSAGES`
+into docs/runtime.md (its `--check` mode fails when the two differ).
+
+A received message is untrusted until its handler has looked at it: handlers still take a
+plain `dict[str, Any]` and check what they read, and these types describe what a sender
+builds. The constructors on the per-request path (`req`, `rep`, `muts`) run once per batch,
+never per command.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal, NotRequired, TypedDict
+
+__all__ = [
+    "CANCEL",
+    "CLOSE",
+    "DONE",
+    "DRAIN",
+    "DRAINED",
+    "EVENTS",
+    "FAIL",
+    "FATAL",
+    "FLOW",
+    "FLOWACK",
+    "FLUSH",
+    "LISTEN",
+    "MESSAGES",
+    "MUTS",
+    "PROGRESS",
+    "READY",
+    "REJECTED",
+    "REP",
+    "REQ",
+    "SHARD_DOWN",
+    "SHARD_UP",
+    "SYNC",
+    "WORKERS",
+    "WRITER_UP",
+    "CancelMsg",
+    "CloseMsg",
+    "DoneMsg",
+    "DrainMsg",
+    "DrainedMsg",
+    "EventsMsg",
+    "FailMsg",
+    "FatalMsg",
+    "FlowMsg",
+    "FlowackMsg",
+    "FlushMsg",
+    "ListenMsg",
+    "Message",
+    "MutsMsg",
+    "ProgressMsg",
+    "ReadyMsg",
+    "RejectedMsg",
+    "RepMsg",
+    "ReqMsg",
+    "ShardDownMsg",
+    "ShardUpMsg",
+    "SyncMsg",
+    "WorkersMsg",
+    "WriterUpMsg",
+    "cancel",
+    "close",
+    "done",
+    "drain",
+    "drained",
+    "events",
+    "fail",
+    "fatal",
+    "flow",
+    "flowack",
+    "flush",
+    "listen",
+    "muts",
+    "progress",
+    "ready",
+    "rejected",
+    "rep",
+    "req",
+    "shard_down",
+    "shard_up",
+    "sync",
+    "workers",
+    "writer_up",
+]
+
+# -- kinds -----------------------------------------------------------------------------------
+# Child -> supervisor.
+READY: Final = "ready"
+PROGRESS: Final = "progress"
+FATAL: Final = "fatal"
+# Supervisor -> front end (and the front end's own link watcher).
+SHARD_DOWN: Final = "shard-down"
+SHARD_UP: Final = "shard-up"
+# Front end -> shard.
+REQ: Final = "req"
+CLOSE: Final = "close"
+DRAIN: Final = "drain"
+LISTEN: Final = "listen"
+WORKERS: Final = "workers"
+FLOWACK: Final = "flowack"
+# Shard -> front end.
+REP: Final = "rep"
+EVENTS: Final = "events"
+CANCEL: Final = "cancel"
+DRAINED: Final = "drained"
+FLOW: Final = "flow"
+# Shard -> writer.
+MUTS: Final = "muts"
+FLUSH: Final = "flush"
+SYNC: Final = "sync"
+# Writer -> shard (and the shard's own loop, for a writer link that came back).
+DONE: Final = "done"
+FAIL: Final = "fail"
+REJECTED: Final = "rejected"
+WRITER_UP: Final = "writer-up"
+
+
+# -- shapes ----------------------------------------------------------------------------------
+# No `from __future__ import annotations` here: `NotRequired` must be a real object for the
+# TypedDicts' required keys, which the doc table is rendered from.
+
+
+class ReadyMsg(TypedDict):
+    t: Literal["ready"]
+    role: str
+    index: int
+    pid: int
+    addresses: NotRequired[dict[str, str]]
+
+
+class ProgressMsg(TypedDict):
+    t: Literal["progress"]
+    role: str
+    index: int
+    pid: int
+    loaded: NotRequired[int]
+    deleted: NotRequired[int]
+
+
+class FatalMsg(TypedDict):
+    t: Literal["fatal"]
+    role: str
+    index: int
+    pid: int
+    error: str
+
+
+class ShardDownMsg(TypedDict):
+    t: Literal["shard-down"]
+    shard: int
+
+
+class ShardUpMsg(TypedDict):
+    t: Literal["shard-up"]
+    shard: int
+
+
+class ReqMsg(TypedDict):
+    t: Literal["req"]
+    items: list[list[Any]]
+
+
+class CloseMsg(TypedDict):
+    t: Literal["close"]
+    conn: str
+
+
+class DrainMsg(TypedDict):
+    t: Literal["drain"]
+
+
+class ListenMsg(TypedDict):
+    t: Literal["listen"]
+    all: bool
+    queues: list[str]
+
+
+class WorkersMsg(TypedDict):
+    t: Literal["workers"]
+    queues: list[str]
+
+
+class FlowackMsg(TypedDict):
+    t: Literal["flowack"]
+    keys: list[Any]
+
+
+class RepMsg(TypedDict):
+    t: Literal["rep"]
+    items: list[Any]
+
+
+class EventsMsg(TypedDict):
+    t: Literal["events"]
+    items: list[dict[str, Any]]
+
+
+class CancelMsg(TypedDict):
+    t: Literal["cancel"]
+    items: list[dict[str, Any]]
+
+
+class DrainedMsg(TypedDict):
+    t: Literal["drained"]
+    shard: int
+
+
+class FlowMsg(TypedDict):
+    t: Literal["flow"]
+    shard: int
+    items: list[list[Any]]
+
+
+class MutsMsg(TypedDict):
+    t: Literal["muts"]
+    shard: int
+    seq: int
+    muts: list[Any]
+    durable: NotRequired[bool]
+    upto: NotRequired[int]
+
+
+class FlushMsg(TypedDict):
+    t: Literal["flush"]
+    shard: int
+    seq: int
+
+
+class SyncMsg(TypedDict):
+    t: Literal["sync"]
+    shard: int
+    seq: int
+
+
+class DoneMsg(TypedDict):
+    t: Literal["done"]
+    seq: int
+    sync: NotRequired[bool]
+
+
+class FailMsg(TypedDict):
+    t: Literal["fail"]
+    seq: int
+    error: str
+
+
+class RejectedMsg(TypedDict):
+    t: Literal["rejected"]
+    seq: int
+    items: list[list[Any]]
+
+
+class WriterUpMsg(TypedDict):
+    t: Literal["writer-up"]
+
+
+# -- the table -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    """One kind: its `t`, its shape, its sender and receiver, and what it means."""
+
+    t: str
+    shape: type
+    sender: str
+    receiver: str
+    doc: str
+
+
+_SUP_OR_LINK: Final = "supervisor (or the front end's own link watcher)"
+
+MESSAGES: Final[tuple[Message, ...]] = (
+    Message(READY, ReadyMsg, "every child", "supervisor", "started; serving"),
+    Message(PROGRESS, ProgressMsg, "every child", "supervisor", "still working towards ready"),
+    Message(FATAL, FatalMsg, "every child", "supervisor", "cannot start; about to exit"),
+    Message(SHARD_DOWN, ShardDownMsg, _SUP_OR_LINK, "front end", "shard `shard` is gone"),
+    Message(SHARD_UP, ShardUpMsg, _SUP_OR_LINK, "front end", "shard `shard` is back"),
+    Message(REQ, ReqMsg, "front end", "shard", "client commands `[conn, rid, command]`"),
+    Message(CLOSE, CloseMsg, "front end", "shard", "a client connection closed"),
+    Message(DRAIN, DrainMsg, "front end", "shard", "stop handing out jobs"),
+    Message(LISTEN, ListenMsg, "front end", "shard", "the queues with event subscribers"),
+    Message(WORKERS, WorkersMsg, "front end", "shard", "the queues with a registered worker"),
+    Message(FLOWACK, FlowackMsg, "front end", "shard", "flow notices delivered"),
+    Message(REP, RepMsg, "shard", "front end", "replies `[conn, rid, reply]`"),
+    Message(EVENTS, EventsMsg, "shard", "front end", "one turn's job events"),
+    Message(CANCEL, CancelMsg, "shard", "front end", "active jobs cancelled this turn"),
+    Message(DRAINED, DrainedMsg, "shard", "front end", "no active job left after `drain`"),
+    Message(FLOW, FlowMsg, "shard", "front end", "flow notices `[key, notice]` for parents"),
+    Message(
+        MUTS,
+        MutsMsg,
+        "shard",
+        "writer",
+        "mutations to commit (`durable`: a reply waits; `upto`: its run's last seq)",
+    ),
+    Message(FLUSH, FlushMsg, "shard", "writer", "commit what is buffered up to `seq` now"),
+    Message(SYNC, SyncMsg, "shard", "writer", "confirm once all up to `seq` is committed"),
+    Message(DONE, DoneMsg, "writer", "shard", "committed up to `seq`"),
+    Message(FAIL, FailMsg, "writer", "shard", "batch `seq` cannot be committed"),
+    Message(REJECTED, RejectedMsg, "writer", "shard", "mutations of batch `seq` refused"),
+    Message(WRITER_UP, WriterUpMsg, "shard (its own loop)", "shard", "a writer link came back"),
+)
+
+
+# -- constructors ----------------------------------------------------------------------------
+# Plain functions returning a dict literal: one call per message, the same dict as before.
+
+
+def ready(role: str, index: int, pid: int, addresses: dict[str, str] | None) -> ReadyMsg:
+    msg: ReadyMsg = {"t": READY, "role": role, "index": index, "pid": pid}
+    if addresses is not None:
+        msg["addresses"] = addresses
+    return msg
+
+
+def progress(
+    role: str, index: int, pid: int, loaded: int | None, deleted: int | None
+) -> ProgressMsg:
+    msg: ProgressMsg = {"t": PROGRESS, "role": role, "index": index, "pid": pid}
+    if loaded is not None:
+        msg["loaded"] = loaded
+    if deleted is not None:
+        msg["deleted"] = deleted
+    return msg
+
+
+def fatal(role: str, index: int, pid: int, error: str) -> FatalMsg:
+    return {"t": FATAL, "role": role, "index": index, "pid": pid, "error": error}
+
+
+def shard_down(shard: int) -> ShardDownMsg:
+    return {"t": SHARD_DOWN, "shard": shard}
+
+
+def shard_up(shard: int) -> ShardUpMsg:
+    return {"t": SHARD_UP, "shard": shard}
+
+
+def req(items: list[list[Any]]) -> ReqMsg:
+    return {"t": REQ, "items": items}
+
+
+def close(conn: str) -> CloseMsg:
+    return {"t": CLOSE, "conn": conn}
+
+
+def drain() -> DrainMsg:
+    return {"t": DRAIN}
+
+
+def listen(every: bool, queues: list[str]) -> ListenMsg:
+    return {"t": LISTEN, "all": every, "queues": queues}
+
+
+def workers(queues: list[str]) -> WorkersMsg:
+    return {"t": WORKERS, "queues": queues}
+
+
+def flowack(keys: list[Any]) -> FlowackMsg:
+    return {"t": FLOWACK, "keys": keys}
+
+
+def rep(items: list[Any]) -> RepMsg:
+    return {"t": REP, "items": items}
+
+
+def events(items: list[dict[str, Any]]) -> EventsMsg:
+    return {"t": EVENTS, "items": items}
+
+
+def cancel(items: list[dict[str, Any]]) -> CancelMsg:
+    return {"t": CANCEL, "items": items}
+
+
+def drained(shard: int) -> DrainedMsg:
+    return {"t": DRAINED, "shard": shard}
+
+
+def flow(shard: int, items: list[list[Any]]) -> FlowMsg:
+    return {"t": FLOW, "shard": shard, "items": items}
+
+
+def muts(shard: int, seq: int, batch: list[Any]) -> MutsMsg:
+    return {"t": MUTS, "shard": shard, "seq": seq, "muts": batch}
+
+
+def flush(shard: int, seq: int) -> FlushMsg:
+    return {"t": FLUSH, "shard": shard, "seq": seq}
+
+
+def sync(shard: int, seq: int) -> SyncMsg:
+    return {"t": SYNC, "shard": shard, "seq": seq}
+
+
+def done(seq: int, *, synced: bool = False) -> DoneMsg:
+    # "sync": true marks the answer to a sync, so a starting shard can tell it from a `done`
+    # still queued for its previous process.
+    return {"t": DONE, "seq": seq, "sync": True} if synced else {"t": DONE, "seq": seq}
+
+
+def fail(seq: int, error: str) -> FailMsg:
+    return {"t": FAIL, "seq": seq, "error": error}
+
+
+def rejected(seq: int, items: list[list[Any]]) -> RejectedMsg:
+    return {"t": REJECTED, "seq": seq, "items": items}
+
+
+def writer_up() -> WriterUpMsg:
+    return {"t": WRITER_UP}
