@@ -229,6 +229,11 @@ def test_dashboard_json_routes(api: Any, server: ShardqServer) -> None:
     assert len(detail["jobs"]["delayed"]) == 1 and set(detail["jobs"]["delayed"][0]) == {
         "id", "priority", "createdAt", "runAt", "attempts", "progress"
     }  # fmt: skip
+    history = api("GET", "/dashboard/history?queue=board-q&minutes=3")
+    assert history.status == 200 and len(history.json["points"]) == 3, history.text
+    assert sum(p["pushed"] for p in history.json["points"]) == 2
+    found = api("GET", f"/dashboard/search?q={detail['jobs']['delayed'][0]['id']}")
+    assert found.status == 200 and found.json["jobs"], found.text
 
 
 def test_every_route_was_called() -> None:
