@@ -14,7 +14,13 @@ from shardq.client._errors import JobFailed, WaitTimeout
 from shardq.client._events import AsyncEventCallbacks, AsyncEventStream, QueueEvent
 from shardq.client._models import DlqEntry, Job, JobCounts
 from shardq.client._ops import BulkJob, Op, Options
-from shardq.client._queue import BULK_WINDOW, DLQ_SHOWN, WAIT_SLICE_MS, dead_lettered
+from shardq.client._queue import (
+    BULK_WINDOW,
+    DLQ_SHOWN,
+    WAIT_SLICE_MS,
+    dead_lettered,
+    validate_queue_name,
+)
 from shardq.client._retry import RetryPolicy
 from shardq.client._url import DEFAULT_URL
 
@@ -41,9 +47,7 @@ class AsyncQueue:
         zmq_server_key: str | None = None,
         tls_ca_file: str | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a queue name must be a non-empty str, got {name!r}")
-        self.name = name
+        self.name = validate_queue_name(name)
         self._owns = connection is None
         self.connection = connection or AsyncConnection(
             url,

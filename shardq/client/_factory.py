@@ -19,7 +19,7 @@ import asyncio
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgpack  # type: ignore[import-untyped]
 import zmq
@@ -104,19 +104,17 @@ def _closed(endpoint: Endpoint) -> ConnectionLost:
     return ConnectionLost(f"the server at {endpoint} closed the event connection")
 
 
-class EventLink:
+class EventLink(Protocol):
     """A blocking event link: `send` frames, `read` the frames that come within a timeout."""
 
-    def send(self, frames: Sequence[Frame]) -> None:
-        raise NotImplementedError
+    def send(self, frames: Sequence[Frame]) -> None: ...
 
     def read(self, timeout: float) -> list[object]:
         """The frames that arrived within `timeout` s (maybe none). Raises `ConnectionLost`
         when the server closed the link, OSError or ZMQError when it broke."""
-        raise NotImplementedError
+        ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    def close(self) -> None: ...
 
 
 class _TcpEventLink(EventLink):
@@ -159,18 +157,16 @@ class _ZmqEventLink(EventLink):
         self._dealer.close(linger=0)
 
 
-class AsyncEventLink:
+class AsyncEventLink(Protocol):
     """The asyncio twin of `EventLink`."""
 
-    async def send(self, frames: Sequence[Frame]) -> None:
-        raise NotImplementedError
+    async def send(self, frames: Sequence[Frame]) -> None: ...
 
     async def read(self, timeout: float) -> list[object]:
         """As `EventLink.read`."""
-        raise NotImplementedError
+        ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    def close(self) -> None: ...
 
 
 class _AsyncTcpEventLink(AsyncEventLink):

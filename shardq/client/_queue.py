@@ -16,7 +16,7 @@ from shardq.client._ops import BulkJob, Op, Options
 from shardq.client._retry import RetryPolicy
 from shardq.client._url import DEFAULT_URL
 
-__all__ = ["Queue", "dead_lettered", "join"]
+__all__ = ["Queue", "dead_lettered", "join", "validate_queue_name"]
 
 T = TypeVar("T")
 
@@ -30,7 +30,8 @@ def dead_lettered(queue: str, entries: list[DlqEntry]) -> DeadLettered:
     return DeadLettered(queue, [(e.job.id, e.error or e.reason) for e in entries])
 
 
-def _validate_name(name: str) -> str:
+def validate_queue_name(name: str) -> str:
+    """`name`, or ValueError: a queue name is a non-empty str (both queue classes)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a queue name must be a non-empty str, got {name!r}")
     return name
@@ -62,7 +63,7 @@ class Queue:
         zmq_server_key: str | None = None,
         tls_ca_file: str | None = None,
     ) -> None:
-        self.name = _validate_name(name)
+        self.name = validate_queue_name(name)
         self._owns = connection is None
         self.connection = connection or Connection(
             url,
