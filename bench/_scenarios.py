@@ -30,11 +30,24 @@ def free_port() -> int:
 
 
 def children(pid: int) -> list[tuple[int, str]]:
-    """(pid, role) of the supervisor's children, in start order."""
+    """(pid, role) of the supervisor's server children: the writer, the shards in start order,
+    the front end. Told apart by their command line, not by start order: a child restarted
+    during a run (under valgrind on a loaded machine, one can miss its ready deadline) starts
+    after the others, and start order would then give its instructions to another role."""
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         pids = sorted(int(c) for c in f.read().split())
-    roles = ["writer", *(f"shard{i}" for i in range(len(pids) - 2)), "frontend"]
-    return list(zip(pids, roles, strict=True))
+    found: dict[str, list[int]] = {"writer": [], "shard": [], "frontend": []}
+    for child in pids:
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        for role, pids_of_role in found.items():
+            if f"shardq.runtime.{role}".encode() in argv:
+                pids_of_role.append(child)
+    return [
+        *((p, "writer") for p in found["writer"]),
+        *((p, f"shard{i}") for i, p in enumerate(found["shard"])),
+        *((p, "frontend") for p in found["frontend"]),
+    ]
 
 
 def start_server(

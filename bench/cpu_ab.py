@@ -25,8 +25,9 @@ total against the first build's median, the same ratio round by round (paired: t
 one round ran side by side), and the noise: how far the first build's own rounds spread
 ((max - min) / median). "slower beyond the noise" is printed where the median ratio exceeds
 1 + noise and at least two thirds of the paired rounds are slower.
-Linux only (/proc). The children are told apart by start order (writer, shards, front end),
-so the HTTP port is turned off where the build has one.
+Linux only (/proc). The children are told apart by their command line (a child restarted
+mid-run still counts for its own role); the HTTP port is turned off where the build has one,
+so both builds run the same processes.
 """
 
 from __future__ import annotations

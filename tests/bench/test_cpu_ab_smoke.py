@@ -73,3 +73,38 @@ def test_read_totals_reads_a_cachegrind_file(tmp_path: Path) -> None:
     out.write_bytes(b"version: 1\nevents: Ir\n")
     with pytest.raises(ValueError, match="no instruction count"):
         read_totals(out)
+
+
+def test_children_are_told_apart_by_command_line_after_a_restart(tmp_path: Path) -> None:
+    """A shard killed and restarted starts after the front end; it must still count as a
+    shard, and the front end as the front end (start order would swap them)."""
+    import os
+    import signal
+    import time
+
+    sys.path.insert(0, str(REPO))
+    from bench._scenarios import children, connect, start_server
+
+    server, port = start_server(SHARDQ, 2, str(tmp_path))
+    try:
+        connect(port, server).close()
+        before = dict(children(server.pid))
+        shard = next(pid for pid, role in before.items() if role == "shard0")
+        os.kill(shard, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            after = children(server.pid)
+            if len(after) == 4 and shard not in dict(after):
+                break
+            assert time.monotonic() < deadline, f"no restarted shard: {after}"
+            time.sleep(0.1)
+        roles = dict(after)
+        restarted = max(roles)
+        assert roles[restarted] in ("shard0", "shard1")  # the newest process is the new shard
+        assert sorted(roles.values()) == ["frontend", "shard0", "shard1", "writer"]
+        for pid, role in after:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                assert f"shardq.runtime.{role.rstrip('01')}".encode() in f.read()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
