@@ -1,30 +1,18 @@
 """Fixtures of the storage contract suite: every test runs once per backend in `BACKENDS`.
 
-tests/storage goes on `sys.path` for `pg_server`, the PostgreSQL test server (started on
-first use, stopped when the session ends).
+The PostgreSQL backend's server (tests/storage/pg_server.py) is started by the first test
+that needs it and stopped by tests/storage/conftest.py when the session ends.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from pg_server import stop_shared_server
 from storage_backends import BACKENDS, CAPPED_BACKENDS, Backend, CappedBackend
 
 from shardq.storage import Storage
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _stop_postgres() -> Iterator[None]:
-    """Stop the PostgreSQL server, if a test started one, when the session ends."""
-    yield
-    stop_shared_server()
 
 
 @pytest.fixture(params=sorted(BACKENDS))
