@@ -100,6 +100,10 @@ def start(
     shards: Annotated[
         str | None, typer.Option(help='Shard processes: a number or "auto" (CPU count).')
     ] = None,
+    storage_url: Annotated[
+        str | None,
+        typer.Option(help="Store in PostgreSQL (postgresql://...) instead of the SQLite file."),
+    ] = None,
     log_format: Annotated[
         str | None,
         typer.Option(
@@ -149,6 +153,7 @@ def start(
         "http_port": http_port,
         "data_path": data_path,
         "shards": shards,
+        "storage_url": storage_url,
         "log_format": log_format,
         "log_level": log_level,
         "auth_token_file": str(auth_token_file) if auth_token_file else None,

@@ -39,6 +39,7 @@ from shardq.runtime._config_values import (
     _path_or_none,
     _ranged,
     _shards,
+    _storage_url,
     _text,
     _tokens,
 )
@@ -149,6 +150,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     # Above MAX_BUFFERED_MUTATIONS (the back-pressure bound) it could never start a flush.
     "flush_max_mutations": _ranged(1, MAX_BUFFERED_MUTATIONS),
     "synchronous": _choice(tuple(SYNCHRONOUS_MODES)),
+    "storage_url": _storage_url,
     "log_format": _choice(LOG_FORMATS),
     "log_level": _choice(LOG_LEVELS),
     "max_restarts_per_minute": _ranged(0),

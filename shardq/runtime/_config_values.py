@@ -25,6 +25,7 @@ __all__ = [
     "_path_or_none",
     "_ranged",
     "_shards",
+    "_storage_url",
     "_text",
     "_tokens",
 ]
@@ -76,6 +77,17 @@ def _text(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"must be a non-empty string, got {value!r}")
     return value.strip()
+
+
+def _storage_url(value: object) -> str:
+    """ "" (the SQLite file at data_path) or a PostgreSQL URL (docs/postgres.md)."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    url = value.strip()
+    if url and not url.startswith(("postgresql://", "postgres://")):
+        # The value may hold a password: name only what is wrong with it.
+        raise ValueError('must be "" (SQLite) or a URL starting with postgresql://')
+    return url
 
 
 MIN_DB_BYTES = 1 << 20  # below this a cap would refuse the schema's own pages

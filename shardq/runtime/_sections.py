@@ -212,6 +212,9 @@ class WriterSettings:
     # push->pull->ack costs the writer about a quarter less CPU (BENCHMARKS.md section 2).
     flush_max_mutations: int = 500
     synchronous: str = "normal"  # WAL + NORMAL survives any process crash; "full" power loss too
+    # A PostgreSQL database to store in instead of the SQLite file at data_path (a libpq URL,
+    # docs/postgres.md); "" keeps SQLite. The SQLite-only keys then have no effect.
+    storage_url: str = ""
     # The longest wait between two attempts of a failing commit, and so how long service
     # takes to resume once disk space is freed; one attempt on a full disk is one cheap
     # failed transaction.

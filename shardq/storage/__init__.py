@@ -1,4 +1,4 @@
-"""shardq's storage: the only package that touches SQLite.
+"""shardq's storage: the only package that touches SQLite (and PostgreSQL, with its extra).
 
 `Store` owns one SQLite file (WAL mode). The writer process applies batches of the engine's
 mutations to it, one transaction per batch; a recovering shard reads jobs and queue configs
@@ -6,13 +6,23 @@ back from it. Both are typed against `Storage` (`_contract`), the protocol every
 meets, not against `Store`. Schema, migrations and every PRAGMA live in `_schema`. A shard
 encodes its mutations for the writer with `MutationEncoder` (`_encode`), so the writer stores
 records as the bytes that came.
+
+`open_postgres` opens the PostgreSQL backend (`_postgres.PostgresStore`, the same contract),
+which needs the optional extra `postgres` (psycopg); only it imports psycopg.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from shardq.storage._contract import Storage
 from shardq.storage._encode import MutationEncoder, describe
 from shardq.storage._errors import StorageError, StorageFull, StorageRejected
 from shardq.storage._schema import SYNCHRONOUS_MODES, SchemaInfo
 from shardq.storage._store import Store
+
+if TYPE_CHECKING:
+    from shardq.storage._postgres import PostgresStore
 
 __all__ = [
     "SYNCHRONOUS_MODES",
@@ -24,4 +34,22 @@ __all__ = [
     "StorageRejected",
     "Store",
     "describe",
+    "open_postgres",
 ]
+
+
+def open_postgres(url: str, **options: Any) -> PostgresStore:
+    """Open the PostgreSQL store at `url` (`PostgresStore.open`, its `options`).
+
+    Raises `StorageError` naming the extra to install when psycopg is missing, and whatever
+    `PostgresStore.open` raises.
+    """
+    try:
+        from shardq.storage._postgres import PostgresStore
+    except ImportError as e:
+        if not (e.name or "").startswith("psycopg"):
+            raise
+        raise StorageError(
+            "PostgreSQL storage needs psycopg: pip install 'shardq[postgres]'"
+        ) from e
+    return PostgresStore.open(url, **options)

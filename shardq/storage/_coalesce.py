@@ -33,7 +33,17 @@ from shardq.storage._deltas import wrap
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._errors import StorageRejected
 
-__all__ = ["Fetch", "Part", "Plan", "Row", "Stored", "check_columns", "check_values", "coalesce"]
+__all__ = [
+    "Fetch",
+    "Part",
+    "Plan",
+    "Row",
+    "Stored",
+    "check_columns",
+    "check_values",
+    "coalesce",
+    "remember",
+]
 
 Stored = tuple[str, int, int, int]
 """What the writer knows of a stored row: (queue, length of rec, length of patch, bytes of
@@ -132,6 +142,33 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
     for kind, key, a, b in ops:
         dispatch[kind](key, a, b)
     return folder.plan
+
+
+def remember(
+    cache: dict[str, Stored], limit: int, plan: Plan, known: Mapping[str, Stored | None]
+) -> dict[str, Stored]:
+    """The writer's cache of row summaries after `plan` committed: `known` (what the write
+    learned; None: the row is gone) merged in, the obliterated queues' rows dropped, and
+    trimmed to `limit`. Returns the cache to use from now on (`cache` or a new one).
+
+    A plain dict in use order (a touched job moves to the end), trimmed in halves: one O(n)
+    pass per limit/2 insertions, not one per eviction. Valid because the store's connection
+    is the only writer, and called only after a commit succeeded.
+    """
+    if plan.obliterated:
+        gone = [i for i, info in cache.items() if info[0] in plan.obliterated]
+        for job_id in gone:
+            del cache[job_id]
+    pop = cache.pop
+    for job_id, info in known.items():
+        pop(job_id, None)
+        if info is not None and limit:
+            cache[job_id] = info
+    if len(cache) > limit:
+        # Keep the newest half.
+        keep = list(cache.items())[len(cache) - limit // 2 :] if limit > 1 else []
+        return dict(keep)
+    return cache
 
 
 def check_columns(job_id: str, columns: Mapping[str, Any]) -> None:

@@ -38,7 +38,7 @@ from sqlite_utils import Database
 
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _schema
-from shardq.storage._coalesce import Plan, Stored, coalesce
+from shardq.storage._coalesce import Stored, coalesce, remember
 from shardq.storage._contract import Storage
 from shardq.storage._deltas import delta_lengths, read_deltas
 from shardq.storage._errors import StorageError, wrap_error
@@ -185,7 +185,7 @@ class Store:
                 self._conn, plan, self._packer.pack, self._patch_floor, self._delta_rows > 0
             )
         self._delta_rows = max(0, self._delta_rows + delta_rows)
-        self._remember(plan, known)
+        self._cache = remember(self._cache, self._cache_limit, plan, known)
         self._skipped_updates += plan.skipped
         return written
 
@@ -384,23 +384,6 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({str(self._path)!r})"
-
-    def _remember(self, plan: Plan, known: dict[str, Stored | None]) -> None:
-        cache = self._cache
-        if plan.obliterated:
-            gone = [i for i, info in cache.items() if info[0] in plan.obliterated]
-            for job_id in gone:
-                del cache[job_id]
-        limit = self._cache_limit
-        pop = cache.pop
-        for job_id, info in known.items():
-            pop(job_id, None)
-            if info is not None and limit:
-                cache[job_id] = info
-        if len(cache) > limit:
-            # Keep the newest half: one O(n) pass per limit/2 insertions, not one per eviction.
-            keep = list(cache.items())[len(cache) - limit // 2 :] if limit > 1 else []
-            self._cache = dict(keep)
 
     def _fetch_stored(self, job_ids: Collection[str]) -> dict[str, Stored]:
         found: dict[str, Stored] = {}

@@ -38,13 +38,25 @@ from shardq.storage._deltas import (
 )
 from shardq.storage._encode import COLUMN_FIELDS
 
-__all__ = ["FETCH_CHUNK", "chunks", "decode", "merge_patch", "merge_row", "write_plan"]
+__all__ = [
+    "FETCH_CHUNK",
+    "Pack",
+    "add_update",
+    "chunks",
+    "decode",
+    "fold",
+    "join_patch",
+    "merge_patch",
+    "merge_row",
+    "whole_row",
+    "write_plan",
+]
 
 Pack = Callable[[Any], bytes]
 
 # Stays under SQLite's historical 999 bound parameters per statement.
 FETCH_CHUNK = 500
-# Bytes of the length in front of each patch entry (see `_join`).
+# Bytes of the length in front of each patch entry (see `join_patch`).
 _FRAME = 4
 _frame = struct.Struct(">I").pack
 _read_frame = struct.Struct(">I").unpack_from
@@ -128,8 +140,8 @@ def _write_jobs(
             deleted.append((job_id,))
             known[job_id] = None
         elif row.values is not None:
-            whole.append(_whole_row(job_id, row, row.values, pack, patch_floor, known))
-        elif _add_update(job_id, row, pack, patch_floor, updates, known, ops):
+            whole.append(whole_row(job_id, row, row.values, pack, patch_floor, known))
+        elif add_update(job_id, row, pack, patch_floor, updates, known, ops):
             to_fold.append(job_id)
     if deltas_exist and (deleted or whole):
         # A put replaces the whole record, ops included (a batch resent to a new writer).
@@ -162,7 +174,7 @@ def _obliterate(conn: sqlite3.Connection, plan: Plan, deltas_exist: bool) -> tup
     return written, delta_rows
 
 
-def _whole_row(
+def whole_row(
     job_id: str,
     row: Row,
     values: list[Any],
@@ -172,14 +184,14 @@ def _whole_row(
 ) -> tuple[Any, ...]:
     check_values(job_id, values)
     rec = row.rec if type(row.rec) is bytes else pack(row.rec)
-    patch = row.kept + _join(row.patch, pack)
+    patch = row.kept + join_patch(row.patch, pack)
     if len(patch) > patch_floor and len(patch) > len(rec):
         rec, patch = fold(rec, patch, pack)
     known[job_id] = (values[0], len(rec), len(patch), 0)
     return (job_id, *values, rec, patch)
 
 
-def _add_update(
+def add_update(
     job_id: str,
     row: Row,
     pack: Pack,
@@ -194,7 +206,7 @@ def _add_update(
     queue, rec_len, patch_len, delta_len = row.stored
     changed = row.changed
     if row.patch or changed:
-        patch = _join(row.patch, pack)
+        patch = join_patch(row.patch, pack)
         if changed:
             check_columns(job_id, changed)
             names = tuple(changed)
@@ -213,7 +225,7 @@ def _add_update(
     return grown > patch_floor and grown > rec_len
 
 
-def _join(parts: list[Part], pack: Pack) -> bytes:
+def join_patch(parts: list[Part], pack: Pack) -> bytes:
     """The patch entries of `parts`: each a 4-byte big-endian length, then the change map.
 
     The length makes every entry one exact `unpackb`: a streaming unpacker would take a patch
@@ -245,7 +257,7 @@ def _materialize_survivors(conn: sqlite3.Connection, plan: Plan) -> None:
         stored_ops = read_deltas(conn, chunk)
         for job_id, *values, rec, patch in conn.execute(f"{sql} ({marks})", chunk):
             # Its ops are deleted with the queue's: they go along in its patch.
-            patch += _join([wrap(op) for op in stored_ops.get(job_id, ())], lambda v: b"")
+            patch += join_patch([wrap(op) for op in stored_ops.get(job_id, ())], lambda v: b"")
             row = survivors[job_id]
             for name, value in row.changed.items():
                 values[COLUMN_FIELDS.index(name)] = value

@@ -121,6 +121,7 @@ VALID_TEXT = {
     "flush_interval_ms": "5",
     "flush_max_mutations": "50",
     "synchronous": "full",
+    "storage_url": "postgresql://shardq@127.0.0.1:5432/shardq",
     "log_format": "console",
     "log_level": "debug",
     "max_restarts_per_minute": "2",
@@ -222,6 +223,7 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         flush_interval_ms = 5
         flush_max_mutations = 50
         synchronous = "full"
+        storage_url = "postgresql://shardq@127.0.0.1:5432/shardq"
         log_format = "console"
         log_level = "debug"
         max_restarts_per_minute = 2

@@ -32,6 +32,7 @@ from shardq.runtime._routing import shard_of
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import spin_until
+from shardq.runtime._storage import open_storage
 from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
@@ -40,7 +41,7 @@ from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
 from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._wire import FrontPacker
-from shardq.storage import Storage, Store
+from shardq.storage import Storage
 
 __all__ = ["ShardProcess", "main"]
 
@@ -172,18 +173,14 @@ class ShardProcess:
     def _recover(self, now: int) -> tuple[int, int, int]:
         """Load this shard's stored queues and jobs; return (jobs, queues, recovery mutations).
 
-        Opens the SQLite `Store`; opening runs no migration here (the writer already did).
+        Opens the configured store (`open_storage`); opening runs no migration here (the
+        writer already did).
         The collector is off meanwhile: every object made is kept, so it would only walk them.
         """
         spec = self.spec
         gc.disable()
         try:
-            with Store.open(
-                spec.data_path,
-                synchronous=spec.writer.synchronous,
-                cache_mb=spec.writer.sqlite_cache_mb,
-                mmap_mb=spec.writer.sqlite_mmap_mb,
-            ) as store:
+            with open_storage(spec, capped=False) as store:
                 return self._load(store, now)
         finally:
             gc.enable()

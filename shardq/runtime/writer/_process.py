@@ -38,6 +38,7 @@ from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._storage import open_storage, storage_place
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.runtime.writer._isolate import apply_isolating
@@ -47,7 +48,6 @@ from shardq.storage import (
     StorageError,
     StorageFull,
     StorageRejected,
-    Store,
     describe,
 )
 
@@ -383,15 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
     try:
-        store = Store.open(
-            spec.data_path,
-            synchronous=spec.writer.synchronous,
-            max_bytes=spec.writer.max_db_bytes or None,
-            cache_mb=spec.writer.sqlite_cache_mb,
-            mmap_mb=spec.writer.sqlite_mmap_mb,
-        )
+        store = open_storage(spec, capped=True)
     except StorageError as e:
-        log.error("cannot open the database", path=spec.data_path, error=str(e))
+        log.error("cannot open the database", path=storage_place(spec), error=str(e))
         link.fatal(str(e))
         return EXIT_NO_DATABASE
     with store:
@@ -405,10 +399,10 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
         try:
             log.info(
                 "writer ready",
-                data_path=str(store.path),
+                data_path=storage_place(spec),
                 schema_version=store.schema_version,
                 synchronous=spec.writer.synchronous,
-                **file_sizes(store.path),
+                **file_sizes(spec.data_path),
             )
             link.ready()
             return writer.run(waker)

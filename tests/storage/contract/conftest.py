@@ -1,4 +1,8 @@
-"""Fixtures of the storage contract suite: every test runs once per backend in `BACKENDS`."""
+"""Fixtures of the storage contract suite: every test runs once per backend in `BACKENDS`.
+
+The PostgreSQL backend's server (tests/storage/pg_server.py) is started by the first test
+that needs it and stopped by tests/storage/conftest.py when the session ends.
+"""
 
 from __future__ import annotations
 

@@ -10,10 +10,13 @@ and nowhere in the tests.
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 from unittest import mock
+
+from pg_server import postgres_wanted, shared_server
 
 from shardq.storage import Storage, Store, _schema, _store
 
@@ -89,11 +92,53 @@ class SqliteBackend:
         return SqliteBackend(self._directory, self._counter)
 
 
+class PostgresBackend:
+    """`PostgresStore` on this test process's PostgreSQL server (tests/storage/pg_server.py,
+    started on first use): one schema per place, so a place costs a CREATE SCHEMA rather
+    than a CREATE DATABASE. The directory is not used."""
+
+    name = "postgres"
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.url = shared_server().url()
+        self.schema = f"place_{uuid.uuid4().hex[:16]}"
+
+    @property
+    def latest_version(self) -> int:
+        from shardq.storage import _pg_schema
+
+        return len(_pg_schema.MIGRATIONS)
+
+    @property
+    def stale_page(self) -> int:
+        from shardq.storage import _postgres
+
+        return _postgres.STALE_PAGE
+
+    def open(self) -> Storage:
+        from shardq.storage._postgres import PostgresStore
+
+        return PostgresStore.open(self.url, schema=self.schema)
+
+    def open_at_version(self, version: int) -> Storage:
+        from shardq.storage import _pg_schema
+
+        with mock.patch.object(_pg_schema, "MIGRATIONS", _pg_schema.MIGRATIONS[:version]):
+            return self.open()
+
+    def fresh(self) -> Backend:
+        return PostgresBackend()
+
+
 # Name -> how to make the backend in a test's temporary directory. A backend that needs a
-# server (PostgreSQL) starts it once per session and gives each test its own database.
+# server (PostgreSQL) starts it once per test process and gives each test a place of its own.
+# SHARDQ_TEST_POSTGRES=0 leaves PostgreSQL out (a developer without it installed); otherwise
+# a machine without it fails those tests, saying what to install.
 BACKENDS: dict[str, Callable[[Path], Backend]] = {
     "sqlite": SqliteBackend,
 }
+if postgres_wanted():
+    BACKENDS["postgres"] = PostgresBackend
 
 # The backends with a size cap of their own, for the disk-full tests.
 CAPPED_BACKENDS: dict[str, Callable[[Path], CappedBackend]] = {

@@ -1,0 +1,139 @@
+"""Storage apply throughput, SQLite against PostgreSQL, in one process.
+
+    python -m bench.storage_pg [--rounds 300] [--repeats 3] [--url postgresql://...]
+
+A round is the writer's two commits for 100 jobs: one `apply` of the 100 `put`s of a PUSHB
+of 100, then one `apply` of the 100 moves of a PULLB of 100 and the 100 completions of its
+ACKB. The mutations come from a real `Engine` and are encoded by `MutationEncoder`, as the
+shards send them, before the clock starts; only `apply` is timed (wall clock, and this
+process's CPU). Each backend starts empty:
+
+- SQLite (WAL) with synchronous NORMAL (the server's default: no fsync per commit) and FULL;
+- PostgreSQL with synchronous_commit on (its default: each commit waits for its WAL flush)
+  and off (the WAL writer flushes within about 200 ms; a crash of the server, not only of
+  the machine, can lose the last commits).
+
+Without `--url`, PostgreSQL is a throwaway cluster on this machine (`bench._pg_server`), with
+PostgreSQL's default settings (fsync on), over TCP on 127.0.0.1. Its server processes' CPU is
+not counted in the CPU column: it is the client's cost only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from bench._pg_server import PostgresServer
+from shardq.core import Engine, Mutation
+from shardq.storage import MutationEncoder, Storage, Store, open_postgres
+
+T0 = 1_700_000_000_000
+JOBS_PER_ROUND = 100
+
+
+def rounds(count: int) -> list[tuple[list[Mutation], list[Mutation]]]:
+    """(push batch, pull+ack batch) per round, encoded as a shard sends them."""
+    engine = Engine(seed=1)
+    encode = MutationEncoder().encode
+    out = []
+    now = T0
+    for r in range(count):
+        now += 1
+        jobs = [{"data": {"i": r * JOBS_PER_ROUND + i}} for i in range(JOBS_PER_ROUND)]
+        push = engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, now).mutations
+        pulled = engine.apply(
+            {"cmd": "PULLB", "queue": "q", "count": JOBS_PER_ROUND, "owner": "b"}, now
+        )
+        ids = [job["id"] for job in pulled.reply["jobs"]]
+        acked = engine.apply({"cmd": "ACKB", "ids": ids, "tokens": pulled.reply["tokens"]}, now)
+        out.append((encode(push), encode(list(pulled.mutations) + list(acked.mutations))))
+    return out
+
+
+def run(
+    store: Storage, batches: list[tuple[list[Mutation], list[Mutation]]]
+) -> tuple[float, float]:
+    """Apply every round's two batches; (wall seconds, CPU seconds of this process)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    for push, finish in batches:
+        store.apply(push)
+        store.apply(finish)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+Opener = Callable[[int], contextlib.AbstractContextManager[Storage]]
+
+
+def sqlite_opener(synchronous: str) -> Opener:
+    @contextlib.contextmanager
+    def opened(attempt: int) -> Iterator[Storage]:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            Store.open(Path(tmp) / "bench.db", synchronous=synchronous) as store,
+        ):
+            yield store
+
+    return opened
+
+
+def postgres_opener(url: str, synchronous_commit: str) -> Opener:
+    @contextlib.contextmanager
+    def opened(attempt: int) -> Iterator[Storage]:
+        sep = "&" if "?" in url else "?"
+        setting = f"{url}{sep}options=-c%20synchronous_commit%3D{synchronous_commit}"
+        schema = f"bench_{synchronous_commit}_{attempt}_{time.time_ns()}"
+        with open_postgres(setting, schema=schema) as store:
+            yield store
+
+    return opened
+
+
+def measure(
+    name: str, opener: Opener, batches: list[tuple[list[Mutation], list[Mutation]]], repeats: int
+) -> None:
+    walls, cpus = [], []
+    for attempt in range(repeats):
+        with opener(attempt) as store:
+            wall, cpu = run(store, batches)
+        walls.append(wall)
+        cpus.append(cpu)
+    jobs, commits = len(batches) * JOBS_PER_ROUND, len(batches) * 2
+    wall = statistics.median(walls)
+    cpu = statistics.median(cpus)
+    print(
+        f"| {name} | {jobs / wall:,.0f} | {commits / wall:,.0f} | {wall / commits * 1e3:.2f} |"
+        f" {cpu / jobs * 1e6:.1f} | {min(walls):.2f}-{max(walls):.2f} |",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=300, help="rounds of 100 jobs")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--url", help="an existing PostgreSQL database (default: a throwaway one)")
+    args = parser.parse_args()
+    batches = rounds(args.rounds)
+    print(f"# {args.rounds} rounds of 100 jobs (2 commits each), median of {args.repeats}")
+    print("| backend | jobs/s | commits/s | ms per commit | client CPU µs/job | wall s (min-max) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    measure("SQLite, synchronous NORMAL", sqlite_opener("normal"), batches, args.repeats)
+    measure("SQLite, synchronous FULL", sqlite_opener("full"), batches, args.repeats)
+    with contextlib.ExitStack() as stack:
+        url = args.url
+        if url is None:
+            server = PostgresServer().start()
+            stack.callback(server.stop)
+            url = server.url()
+        for mode in ("on", "off"):
+            opener = postgres_opener(url, mode)
+            measure(f"PostgreSQL, synchronous_commit {mode}", opener, batches, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

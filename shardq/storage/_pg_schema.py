@@ -1,0 +1,145 @@
+"""The PostgreSQL backend's schema, its forward migrations and its error mapping.
+
+The same tables as the SQLite schema (`_schema`), in PostgreSQL's types, versioned the same
+way: `MIGRATIONS[i]` takes a schema at version `i` to version `i + 1`, and the `migrations`
+table records every version applied. Each migration runs in its own transaction with its
+record, under an advisory lock, so two processes opening the same schema at once migrate it
+once and a crash mid-migration leaves the previous version intact. Append only.
+
+PostgreSQL's versions count on their own: version 4 here is not SQLite's version 4. Both
+hold the same data: a job row is `rec` plus `patch` (shardq.storage._store), its `delta`
+ops are rows of `job_deltas` (shardq.storage._deltas), and recovery reads rows in
+(seq, ord) order, where `ord` is the insertion order SQLite gets from its rowid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from shardq.storage._errors import StorageError, StorageFull, StorageRejected
+
+__all__ = ["DELTAS_VERSION", "GROUPS_VERSION", "MIGRATIONS", "Conn", "migrate", "pg_error"]
+
+Conn = psycopg.Connection[TupleRow]
+Migration = Callable[[Conn], None]
+
+
+def _v1_jobs(conn: Conn) -> None:
+    # The columns are for queries and recovery order; the record is in `rec` and `patch`.
+    # `ord` numbers rows as inserted; an upsert keeps it, as SQLite keeps a rowid. fillfactor
+    # leaves room in each page so that a job's updates, which touch no indexed column but
+    # `seq`, can be HOT updates that rewrite no index entry.
+    conn.execute(
+        "CREATE TABLE jobs (id text PRIMARY KEY, queue text NOT NULL, state text NOT NULL,"
+        " priority double precision, run_at bigint, seq bigint NOT NULL,"
+        " ord bigint GENERATED ALWAYS AS IDENTITY, rec bytea NOT NULL,"
+        " patch bytea NOT NULL DEFAULT ''::bytea) WITH (fillfactor = 85)"
+    )
+    # Recovery pages through (seq, ord); obliterate deletes by queue (SQLite's reasons, v3).
+    conn.execute("CREATE INDEX jobs_seq_ord ON jobs (seq, ord)")
+    conn.execute("CREATE INDEX jobs_queue ON jobs (queue)")
+    conn.execute("CREATE TABLE queue_state (name text PRIMARY KEY, cfg bytea NOT NULL)")
+    conn.execute("CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL)")
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES ('record_encoding', 'msgpack'),"
+        " ('patch_encoding', 'repeated: u32 big-endian length, then a msgpack map')"
+    )
+
+
+def _v2_keyed_records(conn: Conn) -> None:
+    # Cron schedules, webhooks and the flow outbox: one row per key, the record in `rec`.
+    conn.execute(
+        "CREATE TABLE cron_jobs (name text PRIMARY KEY, queue text NOT NULL, rec bytea NOT NULL)"
+    )
+    conn.execute("CREATE TABLE webhooks (id text PRIMARY KEY, rec bytea NOT NULL)")
+    conn.execute(
+        "CREATE TABLE flow_outbox (key text PRIMARY KEY, queue text NOT NULL, rec bytea NOT NULL)"
+    )
+
+
+def _v3_job_deltas(conn: Conn) -> None:
+    # A job's `delta` ops, one row each, applied in `ord` order (shardq.storage._deltas).
+    conn.execute(
+        "CREATE TABLE job_deltas (ord bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+        " id text NOT NULL, d bytea NOT NULL)"
+    )
+    conn.execute("CREATE INDEX job_deltas_id ON job_deltas (id)")
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES"
+        " ('delta_encoding', 'patch entries may hold a delta op under the key \\x00delta')"
+    )
+
+
+def _v4_queue_groups(conn: Conn) -> None:
+    # One row per configured job group, so that one group's change writes one row.
+    conn.execute(
+        "CREATE TABLE queue_groups (queue text NOT NULL, gid text NOT NULL, cfg bytea NOT NULL,"
+        " PRIMARY KEY (queue, gid))"
+    )
+
+
+DELTAS_VERSION = 3
+"""The schema version that added `job_deltas`."""
+GROUPS_VERSION = 4
+"""The schema version that added `queue_groups`."""
+
+# Append only. A schema's version is the number of migrations applied to it.
+MIGRATIONS: list[Migration] = [_v1_jobs, _v2_keyed_records, _v3_job_deltas, _v4_queue_groups]
+
+
+def migrate(conn: Conn, schema: str | None) -> int:
+    """Create `schema` if given (else use the connection's search path), bring it up to the
+    newest version and return the version. `conn` is in autocommit mode.
+
+    Raises `StorageError` if the schema is newer than this code knows, or a migration fails
+    (that migration is rolled back, earlier ones stay).
+    """
+    while True:
+        with conn.transaction():
+            # One lock per schema: a concurrent opener waits here, then sees the new version.
+            where = schema if schema is not None else "(search path)"
+            key = f"shardq migrations {where}"
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (key,))
+            if schema is not None:
+                create = sql.SQL("CREATE SCHEMA IF NOT EXISTS {}")
+                conn.execute(create.format(sql.Identifier(schema)))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS migrations (version integer PRIMARY KEY,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            row = conn.execute("SELECT coalesce(max(version), 0) FROM migrations").fetchone()
+            version = int(row[0]) if row is not None else 0
+            known = len(MIGRATIONS)
+            if version > known:
+                raise StorageError(
+                    f"the database has schema version {version}, newer than version {known} "
+                    "that this shardq knows; upgrade shardq to open it"
+                )
+            if version == known:
+                return version
+            MIGRATIONS[version](conn)
+            conn.execute("INSERT INTO migrations (version) VALUES (%s)", (version + 1,))
+
+
+# SQLSTATE classes that blame the statement's values: 22 data exception (a number out of
+# range, a string PostgreSQL cannot store), 23 integrity constraint violation.
+_REJECTING = (psycopg.DataError, psycopg.IntegrityError)
+
+
+def pg_error(exc: BaseException, action: str) -> StorageError:
+    """Turn a failure during `action` into a `StorageError`, `StorageFull` or
+    `StorageRejected`, as `_errors.wrap_error` does for SQLite. The caller raises it
+    `from exc`."""
+    if isinstance(exc, pg_errors.DiskFull):
+        return StorageFull(f"{action}: database or disk is full ({exc})")
+    if not isinstance(exc, psycopg.Error) or isinstance(exc, _REJECTING):
+        # Our own code's errors on the batch's values (OverflowError, TypeError from msgpack,
+        # a malformed mutation), or PostgreSQL refusing a value: retrying fails the same way.
+        return StorageRejected(f"{action}: {type(exc).__name__}: {exc}")
+    # Anything else (the connection lost, the server shutting down, a lock timeout) may pass.
+    return StorageError(f"{action}: {type(exc).__name__}: {exc}")

@@ -1,0 +1,252 @@
+"""Writing a coalesced `Plan` to PostgreSQL (inside the caller's transaction and pipeline).
+
+The rows are the SQLite store's (`_write` says what a plan's rows become and why); only the
+statements differ. Rows of one kind go in one `executemany`, and the caller runs the whole
+write in one pipeline: psycopg sends every statement of the batch without waiting for its
+answer, so a batch costs about one round trip to the server plus its commit, whatever its
+size. Deletions by key are one statement over an array. Row counts are read once the
+pipeline has synced (`Writes.totals`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from shardq.core._mutations import Record
+from shardq.storage._coalesce import Plan, Stored
+from shardq.storage._deltas import wrap
+from shardq.storage._encode import COLUMN_FIELDS
+from shardq.storage._write import Pack, add_update, fold, join_patch, whole_row
+
+__all__ = ["Writes", "read_deltas", "write_plan"]
+
+Conn = psycopg.Connection[TupleRow]
+
+_COLUMN = {name: "run_at" if name == "runAt" else name for name in COLUMN_FIELDS}
+_UPSERT_JOB = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+    # An in-place update keeps `ord`, so the order among equal seqs stays (SQLite's rowid).
+    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
+    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
+    " rec = excluded.rec, patch = excluded.patch"
+)
+_DELETE_JOBS = "DELETE FROM jobs WHERE id = ANY(%s::text[])"
+_DELETE_DELTAS = "DELETE FROM job_deltas WHERE id = ANY(%s::text[])"
+_INSERT_DELTA = "INSERT INTO job_deltas (id, d) VALUES (%s, %s)"
+_FOLDED = "UPDATE jobs SET rec = %s, patch = ''::bytea WHERE id = %s"
+
+
+def _update_sql(names: tuple[str, ...]) -> str:
+    sets = "".join(f"{_COLUMN[name]} = %s, " for name in names)
+    return f"UPDATE jobs SET {sets}patch = patch || %s WHERE id = %s"
+
+
+# One statement per list of updated columns: a handful in practice.
+_UPDATE_SQL: dict[tuple[str, ...], str] = {}
+
+
+class Writes:
+    """The statements of one batch: their cursors, so the rows each wrote can be summed once
+    the pipeline has synced (a cursor's count is unknown before)."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+        self._counted: list[tuple[psycopg.Cursor[TupleRow], int]] = []
+
+    def many(self, sql: str, rows: list[tuple[Any, ...]], deltas: int = 0) -> None:
+        """`sql` once per row. `deltas`: +1 if it adds `job_deltas` rows, -1 if it deletes."""
+        cur = self.conn.cursor()
+        cur.executemany(sql, rows)
+        self._counted.append((cur, deltas))
+
+    def one(self, sql: str, params: tuple[Any, ...], deltas: int = 0) -> None:
+        cur = self.conn.cursor()
+        cur.execute(sql, params)
+        self._counted.append((cur, deltas))
+
+    def totals(self) -> tuple[int, int]:
+        """(rows written, change in `job_deltas` rows), once the pipeline has synced."""
+        written = delta_rows = 0
+        for cur, deltas in self._counted:
+            rows = max(cur.rowcount, 0)
+            written += rows
+            delta_rows += deltas * rows
+        return written, delta_rows
+
+
+def write_plan(
+    writes: Writes, plan: Plan, pack: Pack, patch_floor: int, deltas_exist: bool
+) -> dict[str, Stored | None]:
+    """Queue the statements that write `plan`; return what is now known of every job it
+    touched (None: the row is gone). `deltas_exist`: whether `job_deltas` may hold a row.
+    Raises what psycopg and msgpack raise, and `StorageRejected` for a row whose column
+    fields are missing or mistyped; the caller's transaction rolls back."""
+    if plan.obliterated:
+        _obliterate(writes, plan, deltas_exist)
+    known: dict[str, Stored | None] = {}
+    _write_jobs(writes, plan, pack, patch_floor, deltas_exist, known)
+    _write_keyed(writes, plan.queues, "queue_state", ("name", "cfg"), lambda k, r: (k, pack(r)))
+    if plan.crons:
+        cron_row = _with_queue("queue", pack)
+        _write_keyed(writes, plan.crons, "cron_jobs", ("name", "queue", "rec"), cron_row)
+    if plan.webhooks:
+        _write_keyed(writes, plan.webhooks, "webhooks", ("id", "rec"), lambda k, r: (k, pack(r)))
+    if plan.flows:
+        _write_keyed(
+            writes, plan.flows, "flow_outbox", ("key", "queue", "rec"), _with_queue("cq", pack)
+        )
+    if plan.groups:
+        _write_groups(writes, plan, pack)
+    return known
+
+
+def _write_jobs(
+    writes: Writes,
+    plan: Plan,
+    pack: Pack,
+    patch_floor: int,
+    deltas_exist: bool,
+    known: dict[str, Stored | None],
+) -> None:
+    deleted: list[str] = []
+    whole: list[tuple[Any, ...]] = []
+    updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    to_fold: list[str] = []
+    ops: list[tuple[str, bytes]] = []
+    for job_id, row in plan.jobs.items():
+        if row is None:
+            deleted.append(job_id)
+            known[job_id] = None
+        elif row.values is not None:
+            whole.append(whole_row(job_id, row, row.values, pack, patch_floor, known))
+        elif add_update(job_id, row, pack, patch_floor, updates, known, ops):
+            to_fold.append(job_id)
+    if deltas_exist and (deleted or whole):
+        # A put replaces the whole record, ops included (a batch resent to a new writer).
+        writes.one(_DELETE_DELTAS, (deleted + [w[0] for w in whole],), deltas=-1)
+    if deleted:
+        writes.one(_DELETE_JOBS, (deleted,))
+    if whole:
+        writes.many(_UPSERT_JOB, whole)
+    for names, rows in updates.items():
+        sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
+        writes.many(sql, rows)
+    if ops:
+        writes.many(_INSERT_DELTA, list(ops), deltas=1)
+    if to_fold:
+        _fold_stored(writes, to_fold, pack, known)
+
+
+def _obliterate(writes: Writes, plan: Plan, deltas_exist: bool) -> None:
+    """Delete the obliterated queues' jobs, their ops and their group rows, before any row of
+    the batch is written: a put later in the batch for that queue must survive it."""
+    _materialize_survivors(writes.conn, plan)
+    queues = (list(plan.obliterated),)
+    if deltas_exist:
+        sql = "DELETE FROM job_deltas WHERE id IN (SELECT id FROM jobs WHERE queue = ANY(%s))"
+        writes.one(sql, queues, deltas=-1)
+    writes.one("DELETE FROM jobs WHERE queue = ANY(%s::text[])", queues)
+    writes.one("DELETE FROM queue_groups WHERE queue = ANY(%s::text[])", queues)
+
+
+def _materialize_survivors(conn: Conn, plan: Plan) -> None:
+    """Turn updates of stored rows whose stored queue is obliterated into whole rows (see
+    `_write._materialize_survivors`: a change before the `qdel` moved them elsewhere)."""
+    survivors = {
+        job_id: row
+        for job_id, row in plan.jobs.items()
+        if row is not None and row.stored is not None and row.stored[0] in plan.obliterated
+    }
+    if not survivors:
+        return
+    sql = (
+        "SELECT id, queue, state, priority, run_at, seq, rec, patch FROM jobs"
+        " WHERE id = ANY(%s::text[])"
+    )
+    ids = list(survivors)
+    stored_ops = read_deltas(conn, ids)
+    for job_id, *values, rec, patch in conn.execute(sql, (ids,), binary=True).fetchall():
+        patch += join_patch([wrap(op) for op in stored_ops.get(job_id, ())], lambda v: b"")
+        row = survivors[job_id]
+        for name, value in row.changed.items():
+            values[COLUMN_FIELDS.index(name)] = value
+        row.values, row.rec, row.kept = values, rec, patch
+        row.changed, row.stored = {}, None
+
+
+def _fold_stored(
+    writes: Writes, job_ids: list[str], pack: Pack, known: dict[str, Stored | None]
+) -> None:
+    """Fold the patch and ops of these stored jobs into their records (read after the
+    batch's own updates, which the pipeline has sent before this read)."""
+    conn = writes.conn
+    stored_ops = read_deltas(conn, job_ids)
+    sql = "SELECT id, rec, patch FROM jobs WHERE id = ANY(%s::text[])"
+    folded: list[tuple[bytes, str]] = []
+    for job_id, rec, patch in conn.execute(sql, (job_ids,), binary=True).fetchall():
+        new_rec, new_patch = fold(rec, patch, pack, stored_ops.get(job_id, ()))
+        if not new_patch:
+            folded.append((new_rec, job_id))
+            info = known[job_id]
+            assert info is not None
+            known[job_id] = (info[0], len(new_rec), 0, 0)
+    if folded:
+        writes.many(_FOLDED, list(folded))
+        writes.one(_DELETE_DELTAS, ([job_id for _, job_id in folded],), deltas=-1)
+
+
+def read_deltas(conn: Conn, job_ids: list[str]) -> dict[str, list[bytes]]:
+    """The encoded ops of each of `job_ids` that has any, in the order they were appended."""
+    out: dict[str, list[bytes]] = {}
+    sql = "SELECT id, d FROM job_deltas WHERE id = ANY(%s::text[]) ORDER BY ord"
+    for job_id, op in conn.execute(sql, (job_ids,), binary=True).fetchall():
+        out.setdefault(job_id, []).append(op)
+    return out
+
+
+def _with_queue(field: str, pack: Pack) -> Callable[[str, Record], tuple[Any, ...]]:
+    return lambda key, rec: (key, str(rec.get(field)), pack(rec))
+
+
+def _write_keyed(
+    writes: Writes,
+    items: dict[str, Record | None],
+    table: str,
+    columns: tuple[str, ...],
+    row: Callable[[str, Record], tuple[Any, ...]],
+) -> None:
+    """Upsert the records of `items` (a row each, from `row`) and delete the keys mapped to
+    None: the small keyed tables (queues, cron schedules, webhooks, the flow outbox)."""
+    key, rest = columns[0], columns[1:]
+    rows = [row(k, rec) for k, rec in items.items() if rec is not None]
+    if rows:
+        marks = ", ".join(["%s"] * len(columns))
+        sets = ", ".join(f"{c} = excluded.{c}" for c in rest)
+        upsert = (
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+            f" ON CONFLICT ({key}) DO UPDATE SET {sets}"
+        )
+        writes.many(upsert, rows)
+    dropped = [k for k, rec in items.items() if rec is None]
+    if dropped:
+        writes.one(f"DELETE FROM {table} WHERE {key} = ANY(%s::text[])", (dropped,))
+
+
+_UPSERT_GROUP = (
+    "INSERT INTO queue_groups (queue, gid, cfg) VALUES (%s, %s, %s)"
+    " ON CONFLICT (queue, gid) DO UPDATE SET cfg = excluded.cfg"
+)
+
+
+def _write_groups(writes: Writes, plan: Plan, pack: Pack) -> None:
+    rows = [(q, gid, pack(cfg)) for (q, gid), cfg in plan.groups.items() if cfg is not None]
+    if rows:
+        writes.many(_UPSERT_GROUP, rows)
+    dropped = [key for key, cfg in plan.groups.items() if cfg is None]
+    if dropped:
+        writes.many("DELETE FROM queue_groups WHERE queue = %s AND gid = %s", dropped)

@@ -1,0 +1,392 @@
+"""`PostgresStore`: the storage contract (`Storage`) on a PostgreSQL server, via psycopg 3.
+
+The same rows as the SQLite `Store` (its module says how a job is stored and why): a job row is
+its encoded record plus the encoded changes since, its `delta` ops are rows of their own, and
+the writer stores the bytes the shards encoded without decoding them. What differs:
+
+- One `apply` is one transaction, its writes sent in one pipeline (`_pg_write`): a batch of
+  any size costs about two round trips (the read of the rows it updates, then the writes and
+  the commit) and one WAL flush: the group commit the writer makes anyway.
+- Durability is the server's: a commit returns once PostgreSQL has it (`synchronous_commit`,
+  replication and backups are its operator's settings). There is no size cap of shardq's
+  own, and no log to checkpoint: `checkpoint` has nothing to do.
+- A place is a database, and optionally a schema in it (`schema=`), created on first open:
+  several shardq stores (or tests) can share one database.
+- A lost connection (a server restart, a failover) is a transient `StorageError`; the next
+  call connects again, so the writer's retry of the same batch goes through once the server
+  is back.
+
+psycopg is the optional extra `postgres` (`pip install 'shardq[postgres]'`); nothing imports
+this module unless a PostgreSQL store is opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+import psycopg
+from psycopg import conninfo
+
+from shardq.core._mutations import Mutation, Record
+from shardq.storage import _pg_schema
+from shardq.storage._coalesce import Stored, coalesce, remember
+from shardq.storage._contract import Storage
+from shardq.storage._errors import StorageError
+from shardq.storage._pg_schema import Conn, pg_error
+from shardq.storage._pg_write import Writes, read_deltas, write_plan
+from shardq.storage._write import decode, merge_row
+
+__all__ = ["PostgresStore"]
+
+# The same bounds as the SQLite store's (shardq.storage._store), for the same reasons.
+DEFAULT_PAGE_SIZE = 1000
+DEFAULT_CACHE_RECORDS = 100_000
+DEFAULT_PATCH_FLOOR = 1024
+STALE_PAGE = 10_000
+# Seconds to wait for the server when connecting, unless the URL says otherwise.
+DEFAULT_CONNECT_TIMEOUT_S = 10
+
+
+class PostgresStore:
+    """The shardq tables in one PostgreSQL database (and schema), written in batches.
+
+    Create one with `PostgresStore.open`. A store holds one connection and belongs to one
+    thread; for writing, to one process: the writer. Use it as a context manager to close it.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        schema: str | None,
+        conn: Conn,
+        version: int,
+        cache_records: int = DEFAULT_CACHE_RECORDS,
+        patch_floor: int = DEFAULT_PATCH_FLOOR,
+    ) -> None:
+        """Use `PostgresStore.open`; this takes ownership of a migrated connection."""
+        self._url = url
+        self._schema = schema
+        self._conn = conn
+        self._version = version
+        self._closed = False
+        self._packer = msgpack.Packer(use_bin_type=True)
+        self._skipped_updates = 0
+        # What this store knows of the rows it wrote (as in the SQLite store), so the `upd`
+        # of a job pushed a moment ago needs no read. Valid while this is the only writer.
+        self._cache: dict[str, Stored] = {}
+        self._cache_limit = cache_records
+        self._patch_floor = patch_floor
+        # Whether `job_deltas` may hold a row: while not, a put or delete needs no look there.
+        self._deltas_exist = version >= _pg_schema.DELTAS_VERSION and self._any_deltas()
+
+    @classmethod
+    def open(
+        cls,
+        url: str,
+        *,
+        schema: str | None = None,
+        cache_records: int = DEFAULT_CACHE_RECORDS,
+        patch_floor: int = DEFAULT_PATCH_FLOOR,
+    ) -> PostgresStore:
+        """Connect to the database at `url` (a libpq URL or conninfo string), create or
+        migrate the shardq tables and return the store.
+
+        `schema`: keep the tables in this schema (created if missing) rather than in the
+        connection's search path. `cache_records` and `patch_floor` mean what they mean for
+        the SQLite store (`Store.open`).
+
+        Raises `StorageError` if the server cannot be reached or refuses the login, or the
+        schema is newer than this code knows.
+        """
+        where = _describe(url, schema)
+        conn = _connect(url, schema, where)
+        try:
+            version = _pg_schema.migrate(conn, schema)
+        except Exception as e:
+            conn.close()
+            if isinstance(e, StorageError):
+                raise type(e)(f"opening {where}: {e}") from e
+            raise pg_error(e, f"opening {where}") from e
+        return cls(url, schema, conn, version, cache_records, patch_floor)
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version the tables are at (the number of migrations applied)."""
+        return self._version
+
+    @property
+    def skipped_updates(self) -> int:
+        """How many committed `upd` mutations found no job to update (since open)."""
+        return self._skipped_updates
+
+    def apply(self, mutations: Sequence[Mutation]) -> int:
+        """Apply one batch of mutations (engine or encoded shapes) as one transaction; return
+        the rows written. Means exactly what `Store.apply` means; raises `StorageRejected`
+        when the batch's values are at fault, `StorageFull` when the server's disk is full
+        and `StorageError` otherwise, and then nothing of the batch is stored."""
+        if not mutations:
+            return 0
+        conn = self._connection()
+        try:
+            with conn.transaction():
+                plan = coalesce(mutations, self._fetch_stored)
+                writes = Writes(conn)
+                with conn.pipeline():
+                    known = write_plan(
+                        writes, plan, self._packer.pack, self._patch_floor, self._deltas_exist
+                    )
+        except Exception as e:
+            # The commit's outcome may be unknown (a connection lost in COMMIT): forget what
+            # the cache says, and read the rows again. The writer resends the same batch.
+            self._cache = {}
+            self._packer.reset()
+            raise _as_storage_error(e, f"applying a batch of {len(mutations)} mutations") from e
+        written, delta_rows = writes.totals()
+        self._deltas_exist = self._deltas_exist or delta_rows > 0
+        self._cache = remember(self._cache, self._cache_limit, plan, known)
+        self._skipped_updates += plan.skipped
+        return written
+
+    def load_jobs(
+        self,
+        *,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        queues: Collection[str] | None = None,
+        completed_from: int | None = None,
+    ) -> Iterator[Record]:
+        """Yield the stored job records in seq order (ties in insertion order), `page_size`
+        rows per query; the filters mean what `Store.load_jobs`'s mean, and run in the server.
+        Raises `StorageError` (while iterating) if a read fails; `ValueError` if
+        `page_size` < 1."""
+        if page_size < 1:
+            raise ValueError(f"page_size must be at least 1, got {page_size}")
+        where, params = _filter(queues)
+        if completed_from is not None:
+            where += " AND (state <> 'completed' OR seq >= %s)"
+            params = (*params, completed_from)
+        columns = "SELECT seq, ord, rec, patch, id FROM jobs WHERE"
+        first = f"{columns} {where} ORDER BY seq, ord LIMIT %s"
+        more = f"{columns} (seq, ord) > (%s, %s) AND {where} ORDER BY seq, ord LIMIT %s"
+        rows = self._rows("loading jobs", first, (*params, page_size))
+        while rows:
+            ops = self._page_deltas([row[4] for row in rows])
+            for _seq, _ord, rec, patch, row_id in rows:
+                yield self._decode_row(rec, patch, ops.get(row_id, ()))
+            if len(rows) < page_size:
+                return
+            last_seq, last_ord = rows[-1][0], rows[-1][1]
+            rows = self._rows("loading jobs", more, (last_seq, last_ord, *params, page_size))
+
+    def queue_names(self) -> set[str]:
+        """The name of every queue that has a stored job, config or configured group."""
+        sql = "SELECT DISTINCT queue FROM jobs UNION SELECT name FROM queue_state"
+        if self._version >= _pg_schema.GROUPS_VERSION:
+            sql += " UNION SELECT DISTINCT queue FROM queue_groups"
+        return {name for (name,) in self._rows("listing queues", sql, ())}
+
+    def completed_floor(self, keep: int, queues: Collection[str] | None = None) -> int | None:
+        """The seq from which the newest `keep` completed jobs (of `queues`) are stored, or
+        None if there are at most `keep`. Raises `ValueError` if `keep` < 1."""
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        where, params = _filter(queues)
+        sql = (
+            f"SELECT seq FROM jobs WHERE state = 'completed' AND {where}"
+            " ORDER BY seq DESC LIMIT 1 OFFSET %s"
+        )
+        rows = self._rows("finding the retained completed jobs", sql, (*params, keep))
+        # Row `keep` (0-based) is the newest one past the window: the window starts above it.
+        return int(rows[0][0]) + 1 if rows else None
+
+    def stale_completed(
+        self, below: int, queues: Collection[str] | None = None
+    ) -> Iterator[list[str]]:
+        """Row keys of completed jobs (of `queues`) with a seq below `below`, in lists of at
+        most `STALE_PAGE`, paged along the primary key. Raises `StorageError` if a read
+        fails."""
+        where, params = _filter(queues)
+        sql = f"SELECT id FROM jobs WHERE state = 'completed' AND seq < %s AND {where}"
+        first, more = f"{sql} ORDER BY id LIMIT %s", f"{sql} AND id > %s ORDER BY id LIMIT %s"
+        action = "listing stale completed jobs"
+        rows = self._rows(action, first, (below, *params, STALE_PAGE))
+        while rows:
+            yield [key for (key,) in rows]
+            if len(rows) < STALE_PAGE:
+                return
+            rows = self._rows(action, more, (below, *params, rows[-1][0], STALE_PAGE))
+
+    def load_queues(self) -> dict[str, Record]:
+        """Every stored queue config by name, its groups' settings as a "groups" map."""
+        rows = self._rows("loading queue configs", "SELECT name, cfg FROM queue_state", ())
+        queues: dict[str, Record] = {name: self._decode(cfg) for name, cfg in rows}
+        if self._version < _pg_schema.GROUPS_VERSION:
+            return queues
+        sql = "SELECT queue, gid, cfg FROM queue_groups ORDER BY queue, gid"
+        for queue, gid, cfg in self._rows("loading job groups", sql, ()):
+            queues.setdefault(queue, {}).setdefault("groups", {})[gid] = self._decode(cfg)
+        return queues
+
+    def load_crons(self) -> list[Record]:
+        """Every stored cron schedule record, by name."""
+        sql = "SELECT rec FROM cron_jobs ORDER BY name"
+        return [self._decode(rec) for (rec,) in self._rows("loading cron schedules", sql, ())]
+
+    def load_webhooks(self) -> list[Record]:
+        """Every stored webhook record, by id."""
+        sql = "SELECT rec FROM webhooks ORDER BY id"
+        return [self._decode(rec) for (rec,) in self._rows("loading webhooks", sql, ())]
+
+    def load_flow_outbox(self) -> list[Record]:
+        """Every flow notice not acknowledged yet, by key."""
+        sql = "SELECT rec FROM flow_outbox ORDER BY key"
+        return [self._decode(rec) for (rec,) in self._rows("loading the flow outbox", sql, ())]
+
+    def get_job(self, job_id: str) -> Record | None:
+        """The stored record under row key `job_id`, or None."""
+        sql = "SELECT rec, patch FROM jobs WHERE id = %s"
+        rows = self._rows(f"reading job {job_id!r}", sql, (job_id,))
+        if not rows:
+            return None
+        ops = self._page_deltas([job_id]).get(job_id, ())
+        return self._decode_row(rows[0][0], rows[0][1], ops)
+
+    def checkpoint(self) -> bool:
+        """Nothing to fold: PostgreSQL manages its own log. True."""
+        self._connection()  # a closed store still raises, as the contract says
+        return True
+
+    def close(self) -> None:
+        """Close the connection (idempotent). Later calls raise `StorageError`."""
+        self._closed = True
+        self._conn.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({_describe(self._url, self._schema)!r})"
+
+    def _connection(self) -> Conn:
+        """The open connection; a new one if the last was lost (the server restarted)."""
+        if self._closed:
+            raise StorageError(f"{self!r} is closed")
+        if self._conn.broken or self._conn.closed:
+            self._conn = _connect(self._url, self._schema, _describe(self._url, self._schema))
+        return self._conn
+
+    def _fetch_stored(self, job_ids: Collection[str]) -> dict[str, Stored]:
+        found: dict[str, Stored] = {}
+        cache = self._cache
+        ids: list[str] = []
+        for job_id in job_ids:
+            info = cache.get(job_id)
+            if info is None:
+                ids.append(job_id)
+            else:
+                found[job_id] = info
+        if not ids:
+            return found
+        sizes: dict[str, int] = {}
+        if self._deltas_exist:
+            sql = (
+                "SELECT id, sum(octet_length(d)) FROM job_deltas WHERE id = ANY(%s::text[])"
+                " GROUP BY id"
+            )
+            sizes = {i: int(n) for i, n in self._conn.execute(sql, (ids,)).fetchall()}
+        sql = (
+            "SELECT id, queue, octet_length(rec), octet_length(patch) FROM jobs"
+            " WHERE id = ANY(%s::text[])"
+        )
+        for job_id, queue, rec_len, patch_len in self._conn.execute(sql, (ids,)).fetchall():
+            found[job_id] = (queue, rec_len, patch_len, sizes.get(job_id, 0))
+        return found
+
+    def _any_deltas(self) -> bool:
+        return bool(self._rows("counting delta rows", "SELECT 1 FROM job_deltas LIMIT 1", ()))
+
+    def _page_deltas(self, job_ids: list[str]) -> dict[str, list[bytes]]:
+        if not self._deltas_exist or not job_ids:
+            return {}
+        try:
+            return read_deltas(self._connection(), job_ids)
+        except Exception as e:
+            raise _as_storage_error(e, "loading delta rows") from e
+
+    def _rows(self, action: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        """All rows of one read (autocommit: its own snapshot), as binary values."""
+        try:
+            return self._connection().execute(sql, params, binary=True).fetchall()
+        except Exception as e:
+            raise _as_storage_error(e, f"{self!r}: {action}") from e
+
+    def _decode(self, blob: bytes) -> Any:
+        try:
+            return decode(blob)
+        except (ValueError, msgpack.UnpackException) as e:
+            raise StorageError(f"{self!r}: a stored record is corrupt: {e}") from e
+
+    def _decode_row(self, rec: bytes, patch: bytes, ops: Iterable[bytes] = ()) -> Record:
+        try:
+            return merge_row(rec, patch, ops)
+        except (ValueError, msgpack.UnpackException) as e:
+            raise StorageError(f"{self!r}: a stored job record is corrupt: {e}") from e
+
+
+def _as_storage_error(exc: Exception, action: str) -> StorageError:
+    return exc if isinstance(exc, StorageError) else pg_error(exc, action)
+
+
+def _connect(url: str, schema: str | None, where: str) -> Conn:
+    """An autocommit connection whose search path starts at `schema` (if given)."""
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if "connect_timeout" not in url:
+        kwargs["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT_S
+    if schema is not None:
+        # The schema is created by the migration; a search path may name one that is not yet.
+        kwargs["options"] = f"-c search_path={_quote_ident(schema)}"
+    try:
+        return psycopg.connect(url, **kwargs)
+    except psycopg.Error as e:
+        raise StorageError(f"opening {where}: cannot connect: {e}") from e
+
+
+def _quote_ident(name: str) -> str:
+    # libpq's `options` value goes to the server as one setting: quote the schema name as an
+    # SQL identifier, and escape the spaces and backslashes the options string would split on.
+    quoted = '"' + name.replace('"', '""') + '"'
+    return quoted.replace("\\", "\\\\").replace(" ", "\\ ")
+
+
+def _describe(url: str, schema: str | None) -> str:
+    """The place without its password, for messages."""
+    try:
+        info = conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "a PostgreSQL database (unparsable URL)"
+    host, port, db = info.get("host", ""), info.get("port", ""), info.get("dbname", "")
+    place = f"postgresql://{host}{':' if port else ''}{port}/{db}"
+    return f"{place} schema {schema}" if schema is not None else place
+
+
+def _filter(queues: Collection[str] | None) -> tuple[str, tuple[Any, ...]]:
+    """A WHERE condition (and its parameter) keeping the jobs of `queues`: one array, however
+    long (the server hashes a long one)."""
+    if queues is None:
+        return "TRUE", ()
+    return "queue = ANY(%s::text[])", (sorted(queues),)
+
+
+if TYPE_CHECKING:
+    # mypy proves here that the PostgreSQL store meets the contract, as the SQLite one does.
+    _satisfies_the_contract: type[Storage] = PostgresStore

@@ -1,0 +1,51 @@
+"""`shardq start` storing in PostgreSQL (`storage_url`): a durable push survives `kill -9` of
+the whole process tree, read back from the database by the restarted server.
+
+The real server (tests/runtime/shardq_harness.py) on the tests' PostgreSQL server
+(`pg_server`), in a database of its own; deselected with SHARDQ_TEST_POSTGRES=0.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+from pg_server import shared_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+
+from shardq_harness import ShardqServer
+
+from shardq.client import TcpConnection
+
+NEEDS_POSTGRES = True
+
+
+def _new_database() -> str:
+    pg = shared_server()
+    name = f"node_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg.url(), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return pg.url(name)
+
+
+def test_a_durable_push_survives_kill_9_in_postgresql(tmp_path: Path) -> None:
+    url = _new_database()
+    server = ShardqServer(tmp_path, shards=1, env={"SHARDQ_STORAGE_URL": url})
+    with server:  # started
+        with TcpConnection(*server.tcp_address, timeout=15) as conn:
+            pushed = conn.call({"cmd": "PUSH", "queue": "pg", "data": {"n": 1}, "durable": True})
+        server.kill9_tree()
+        # The job is in PostgreSQL, and the SQLite file at data_path was never made.
+        with psycopg.connect(url) as db:
+            rows = db.execute("SELECT id, queue, state FROM jobs").fetchall()
+        assert rows == [(pushed["id"], "pg", "waiting")]
+        assert not server.data_path.exists()
+        server.start()
+        with TcpConnection(*server.tcp_address, timeout=15) as conn:
+            job = conn.call({"cmd": "GetJob", "id": pushed["id"]})["job"]
+            pulled = conn.call({"cmd": "PULL", "queue": "pg", "timeout": 0})["job"]
+    assert job["data"] == {"n": 1} and job["state"] == "waiting"
+    assert pulled["id"] == pushed["id"]

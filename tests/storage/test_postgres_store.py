@@ -1,0 +1,136 @@
+"""What the PostgreSQL store adds to the storage contract (tests/storage/contract/ runs the
+contract itself on it): its error mapping, reconnecting after a lost connection, concurrent
+openers, exact row counts through the pipeline, and the message when psycopg is missing.
+
+Runs against the real test server (`pg_server`); deselected with SHARDQ_TEST_POSTGRES=0.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import uuid
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import psycopg
+import pytest
+from pg_server import shared_server
+
+from shardq.core._mutations import Mutation
+from shardq.storage import StorageError, StorageRejected, Store, open_postgres
+from shardq.storage._pg_schema import MIGRATIONS
+from shardq.storage._postgres import PostgresStore
+
+NEEDS_POSTGRES = True
+
+
+def _job(job_id: str, seq: int = 1, **extra: Any) -> dict[str, Any]:
+    rec: dict[str, Any] = {"id": job_id, "queue": "qa", "state": "waiting", "seq": seq}
+    rec.update(priority=0, runAt=1_700_000_000_000, data={"n": seq})
+    rec.update(extra)
+    return rec
+
+
+def _putb(rec: dict[str, Any], run_at: int) -> Mutation:
+    """A put as a shard encodes it, its run_at column set apart from the record."""
+    packed = msgpack.packb(rec, use_bin_type=True)
+    return ("putb", rec["id"], rec["queue"], rec["state"], 0, run_at, rec["seq"], packed)
+
+
+@pytest.fixture
+def store() -> Any:
+    with open_postgres(shared_server().url(), schema=f"t_{uuid.uuid4().hex[:12]}") as s:
+        yield s
+
+
+def test_a_value_postgresql_refuses_is_rejected_and_the_store_stays_usable(
+    store: PostgresStore,
+) -> None:
+    store.apply([("put", _job("a"))])
+    # PostgreSQL's text holds no NUL and its bigint no 2**70: the batch is at fault (the
+    # writer bisects it), not the server.
+    for bad in (_putb(_job("nul\x00id", seq=2), 1), _putb(_job("b", seq=3), 1 << 70)):
+        with pytest.raises(StorageRejected):
+            store.apply([("put", _job("c", seq=4)), ("upd", "a", {"state": "active"}), bad])
+    assert [r["id"] for r in store.load_jobs()] == ["a"]
+    assert store.get_job("a") == _job("a")
+    store.apply([("put", _job("c", seq=4)), ("upd", "a", {"state": "active"})])
+    assert [r["state"] for r in store.load_jobs()] == ["active", "waiting"]
+
+
+def test_a_lost_connection_is_transient_and_the_next_apply_reconnects(
+    store: PostgresStore,
+) -> None:
+    store.apply([("put", _job("a"))])
+    pid = store._conn.info.backend_pid
+    with psycopg.connect(shared_server().url(), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    batch: list[Mutation] = [("put", _job("b", seq=2)), ("upd", "a", {"state": "active"})]
+    with pytest.raises(StorageError) as lost:
+        store.apply(batch)
+    assert not isinstance(lost.value, StorageRejected)  # the writer keeps it and retries
+    assert store.apply(batch) >= 2  # the retry, on a new connection
+    assert [(r["id"], r["state"]) for r in store.load_jobs()] == [("a", "active"), ("b", "waiting")]
+
+
+def test_rows_written_are_counted_as_the_sqlite_store_counts_them(
+    store: PostgresStore, tmp_path: Any
+) -> None:
+    batches: list[list[Mutation]] = [
+        [("put", _job(f"j{n}", seq=n)) for n in range(5)] + [("queue", "qa", {"paused": True})],
+        [("upd", f"j{n}", {"state": "active"}) for n in range(3)] + [("del", "j4"), ("del", "x")],
+        [("qdel", "qa"), ("cron", "c", {"name": "c", "queue": "qb"}), ("webhook", "w", {})],
+    ]
+    with Store.open(tmp_path / "same.db") as sqlite:
+        for batch in batches:
+            assert store.apply(batch) == sqlite.apply(batch)
+
+
+def test_concurrent_openers_of_a_new_schema_migrate_it_once() -> None:
+    url, schema = shared_server().url(), f"t_{uuid.uuid4().hex[:12]}"
+    versions: list[int] = []
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            with PostgresStore.open(url, schema=schema) as s:
+                versions.append(s.schema_version)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == [] and versions == [len(MIGRATIONS)] * 4
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(f'SELECT version FROM "{schema}".migrations ORDER BY 1').fetchall()
+    assert [v for (v,) in rows] == list(range(1, len(MIGRATIONS) + 1))
+
+
+def test_an_unreachable_server_is_a_storage_error_without_the_password() -> None:
+    # Port 1 of the loopback: nothing listens there, the connection is refused at once.
+    url = "postgresql://someone:s3cret-pw@127.0.0.1:1/db?connect_timeout=5"
+    with pytest.raises(StorageError, match="cannot connect") as failed:
+        PostgresStore.open(url)
+    assert "s3cret-pw" not in str(failed.value)
+
+
+def test_a_missing_psycopg_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "from shardq.storage import StorageError, open_postgres\n"
+        "try:\n"
+        "    open_postgres('postgresql://127.0.0.1/x')\n"
+        "except StorageError as e:\n"
+        "    print(e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip() == (
+        "PostgreSQL storage needs psycopg: pip install 'shardq[postgres]'"
+    ), done.stderr
