@@ -9,7 +9,8 @@ and changes msgpack-encoded inside the message (`shardq.storage._encode`), so de
 message decodes no job.
 
 Idle-silent: with nothing waiting it blocks in `poll` with no timeout, and wakes for a message
-or a signal only.
+or a signal only; but once after its last commit (`vacuum_idle_ms` later), to give the file's
+free pages back a step at a time (`_vacuum`) while no message waits.
 
 Exit codes: 0 after a clean shutdown; 1 if waiting mutations could not be committed before
 the shutdown timeout (or a second SIGTERM); 2 for a bad command line; 3 if the database
@@ -42,6 +43,7 @@ from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.runtime.writer._isolate import apply_isolating
 from shardq.runtime.writer._status import WriterStatus, file_sizes
+from shardq.runtime.writer._vacuum import IdleVacuum
 from shardq.storage import (
     Storage,
     StorageError,
@@ -78,6 +80,7 @@ class Writer:
         store: Storage,
         *,
         clock: Callable[[], float] = time.monotonic,
+        vacuum: bool = True,
     ) -> None:
         self._spec = spec
         self._store = store
@@ -93,6 +96,17 @@ class Writer:
         self._reading = True
         self._degraded = False
         self._status = WriterStatus(spec.run_dir, clock)
+        settings = spec.writer
+        self._vacuum = IdleVacuum(
+            store,
+            spec.data_path,
+            self._status,
+            # A file still without auto_vacuum (`_convert_old_file`) has nothing a step frees.
+            pages_per_step=settings.vacuum_pages_per_step if vacuum else 0,
+            min_free_pages=settings.vacuum_min_free_pages,
+            idle_s=settings.vacuum_idle_ms / 1000,
+            clock=clock,
+        )
 
     @property
     def buffer(self) -> FlushBuffer:
@@ -109,6 +123,9 @@ class Writer:
                 self._serve_links(events)
                 if self._buffer.due(self._clock()):
                     self._flush()
+            # Idle: no batch waits, nor a retry (a message that came this turn made a batch).
+            if self._buffer.deadline() is None and self._vacuum.due(self._clock()):
+                self._vacuum.step()
         return self._shutdown(waker)
 
     def close(self) -> None:
@@ -156,6 +173,8 @@ class Writer:
 
     def _timeout_ms(self) -> int | None:
         deadline = self._buffer.deadline()
+        if deadline is None:
+            deadline = self._vacuum.deadline()
         if deadline is None:
             return None  # nothing waits: sleep until a message or a signal
         return max(0, math.ceil((deadline - self._clock()) * 1000))
@@ -208,6 +227,7 @@ class Writer:
             )
             self._degraded = False
         self._status.flushed(buffer.pending, self._clock() - started)
+        self._vacuum.committed(self._clock())
         log.debug(
             "flushed",
             mutations=buffer.pending,
@@ -395,8 +415,9 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
         link.fatal(str(e))
         return EXIT_NO_DATABASE
     with store:
+        vacuum = _convert_old_file(store, spec, link)
         try:
-            writer = Writer(spec, store)
+            writer = Writer(spec, store, vacuum=vacuum)
         except OSError as e:
             endpoint = spec.writer_link_path
             log.error("cannot bind the writer socket", endpoint=endpoint, error=str(e))
@@ -408,9 +429,59 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
                 data_path=str(store.path),
                 schema_version=store.schema_version,
                 synchronous=spec.writer.synchronous,
+                auto_vacuum=store.auto_vacuum,
                 **file_sizes(store.path),
             )
             link.ready()
             return writer.run(waker)
         finally:
             writer.close()
+
+
+def _convert_old_file(store: Store, spec: ChildSpec, link: SupervisorLink) -> bool:
+    """Give a database made before shardq vacuumed (auto_vacuum NONE) the incremental mode,
+    with one full VACUUM, if it is at most `vacuum_convert_max_bytes`; True if the file can
+    then give pages back (the idle vacuum runs).
+
+    A larger file stays as it is, and a log line says how to convert it: the VACUUM rewrites
+    the whole file before the writer is ready (the supervisor hears progress every second
+    meanwhile). A failed VACUUM (disk full ...) leaves the file as it was; the writer serves
+    it unconverted.
+    """
+    try:
+        if store.auto_vacuum != "none":
+            return True
+    except StorageError as e:
+        log.warning("cannot read auto_vacuum; the file is not vacuumed", error=str(e))
+        return False
+    limit = spec.writer.vacuum_convert_max_bytes
+    sizes = file_sizes(store.path)
+    size = sizes["database_bytes"] + sizes["wal_bytes"]
+    if spec.writer.vacuum_pages_per_step == 0:
+        return False
+    if size > limit:
+        log.warning(
+            "database made without auto_vacuum: it will not shrink until converted;"
+            " raise vacuum_convert_max_bytes (SHARDQ_VACUUM_CONVERT_MAX_BYTES) above its size"
+            " and restart to convert it once, with a full VACUUM at start-up (about twice its"
+            " size in free disk)",
+            vacuum_convert_max_bytes=limit,
+            **sizes,
+        )
+        return False
+    log.info("converting the database to incremental vacuum (one full VACUUM)", **sizes)
+    started = time.monotonic()
+
+    def progress(elapsed_s: float) -> None:
+        link.progress()
+        log.info("converting the database", elapsed_s=round(elapsed_s, 1), **sizes)
+
+    try:
+        store.convert_to_incremental(progress)
+        store.checkpoint()  # the VACUUM went through the WAL: a WAL as large as the file
+    except StorageError as e:
+        log.warning("database not converted; it stays as it was", error=str(e))
+        return False
+    took_ms = round((time.monotonic() - started) * 1000)
+    log.info("database converted", ms=took_ms, **file_sizes(store.path))
+    return True
