@@ -461,10 +461,12 @@ def _convert_old_file(store: Store, spec: ChildSpec, link: SupervisorLink) -> bo
         return False
     if size > limit:
         log.warning(
-            "database made without auto_vacuum: it will not shrink until converted;"
-            " raise vacuum_convert_max_bytes (SHARDQ_VACUUM_CONVERT_MAX_BYTES) above its size"
-            " and restart to convert it once, with a full VACUUM at start-up (about twice its"
-            " size in free disk)",
+            "database not converted to incremental vacuum: it will not shrink",
+            how=(
+                "raise vacuum_convert_max_bytes (SHARDQ_VACUUM_CONVERT_MAX_BYTES) above its"
+                " size and restart: one full VACUUM at start-up, needing about twice its size"
+                " in free disk"
+            ),
             vacuum_convert_max_bytes=limit,
             **sizes,
         )

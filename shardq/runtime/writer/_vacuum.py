@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -32,6 +33,17 @@ from shardq.storage import Storage, StorageError
 __all__ = ["IdleVacuum"]
 
 log = structlog.get_logger()
+
+
+@dataclass(slots=True)
+class _Pass:
+    """A pass under way: it may span several idle times, when commits pause it."""
+
+    started: float
+    before: dict[str, int]  # the file sizes when it started
+    pages: int = 0  # freed so far
+    steps: int = 0
+    paused: int = 0  # commits that came during it
 
 
 class IdleVacuum:
@@ -62,13 +74,14 @@ class IdleVacuum:
         self._clock = clock
         self._wanted = False  # a commit since the last pass ended
         self._since = 0.0  # the last commit
-        # The pass under way: (started at, file sizes then, pages freed, steps) or None.
-        self._pass: tuple[float, dict[str, int], int, int] | None = None
+        self._pass: _Pass | None = None
 
     def committed(self, now: float) -> None:
         """A batch committed at `now`: a pass is wanted once the writer is idle again."""
         self._since = now
         self._wanted = self._pages > 0
+        if self._pass is not None:
+            self._pass.paused += 1
 
     def deadline(self) -> float | None:
         """When the next step is due (monotonic seconds), or None if no pass is wanted."""
@@ -97,32 +110,31 @@ class IdleVacuum:
             return
         sizes = file_sizes(self._path)
         log.info("vacuum started", free_pages=free, pages_per_step=self._pages, **sizes)
-        self._pass = (self._clock(), sizes, 0, 0)
+        self._pass = _Pass(self._clock(), sizes)
         self._release()
 
     def _release(self) -> None:
         assert self._pass is not None
-        started, sizes, freed, steps = self._pass
         released = self._store.release_pages(self._pages)
-        self._pass = (started, sizes, freed + released, steps + 1)
+        self._pass.pages += released
+        self._pass.steps += 1
         self._status.vacuumed(released, self._store.free_pages())
         if released < self._pages:  # the free list is empty (or cannot shrink further)
-            self._finish()
+            self._finish(self._pass)
 
-    def _finish(self) -> None:
-        assert self._pass is not None
-        started, before, freed, steps = self._pass
+    def _finish(self, done: _Pass) -> None:
         self._wanted, self._pass = False, None
         complete = self._store.checkpoint(wait=False)
         self._status.save(force=True)  # the last step's figures, which a throttle may hold
         after = file_sizes(self._path)
         log.info(
             "vacuum done",
-            pages=freed,
-            steps=steps,
-            ms=round((self._clock() - started) * 1000),
+            pages=done.pages,
+            steps=done.steps,
+            paused=done.paused,
+            ms=round((self._clock() - done.started) * 1000),
             wal_checkpoint="complete" if complete else "partial",
-            database_bytes_before=before["database_bytes"],
-            wal_bytes_before=before["wal_bytes"],
+            database_bytes_before=done.before["database_bytes"],
+            wal_bytes_before=done.before["wal_bytes"],
             **after,
         )

@@ -1,0 +1,155 @@
+"""The database file shrinks when jobs leave (issue 22), against the real server.
+
+- After a drain the idle writer gives the free pages back and truncates the WAL: the files
+  end far below their peak.
+- A durable push that arrives while it vacuums is answered within one small step, and the
+  pass resumes (and finishes) once the writer is idle again.
+- A database made before shardq vacuumed (auto_vacuum NONE) is converted at start-up when it
+  is small enough, and left as it was (with a log line saying how to convert it) when it is
+  not; either way every job is still there.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from shardq_harness import ShardqServer
+
+from shardq.client import TcpConnection
+from shardq.core import Engine
+from shardq.storage import Store
+
+Factory = Callable[..., ShardqServer]
+JOBS = 20_000
+BATCH = 500
+PAD = "x" * 1000  # about 1 KB of payload per job
+# A durable push waits for one step and its own commit; on a loaded 2-core CI machine a
+# commit alone can take tens of ms, so the bound is generous but far below a whole pass.
+PUSH_BOUND_S = 1.0
+NOT_CONVERTED = "database not converted to incremental vacuum: it will not shrink"
+
+
+def file_bytes(path: Path) -> int:
+    wal = path.with_name(path.name + "-wal")
+    return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+
+
+def auto_vacuum(path: Path) -> int:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        return int(conn.execute("PRAGMA auto_vacuum").fetchone()[0])
+
+
+def row_count(path: Path) -> int:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        return int(conn.execute("SELECT count(*) FROM jobs").fetchone()[0])
+
+
+def test_the_file_shrinks_after_a_drain_and_a_durable_push_is_not_held_up(
+    shardq_server: Factory,
+) -> None:
+    env = {
+        "SHARDQ_VACUUM_IDLE_MS": "300",
+        # Small steps make the pass long enough (thousands of steps) for a push to land in it.
+        "SHARDQ_VACUUM_PAGES_PER_STEP": "4",
+    }
+    server = shardq_server(shards=1, env=env)
+    path = server.data_path
+    with TcpConnection(*server.tcp_address, timeout=30) as conn:
+        for start in range(0, JOBS, BATCH):
+            jobs = [
+                {"data": {"i": start + i, "pad": PAD}, "durable": True, "removeOnComplete": True}
+                for i in range(BATCH)
+            ]
+            assert len(conn.call({"cmd": "PUSHB", "queue": "big", "jobs": jobs})["ids"]) == BATCH
+        peak = file_bytes(path)
+        assert peak > JOBS * 1000  # the payloads are on disk
+        for _ in range(0, JOBS, BATCH):
+            ids = [
+                job["id"]
+                for job in conn.call({"cmd": "PULLB", "queue": "big", "count": BATCH})["jobs"]
+            ]
+            assert len(ids) == BATCH
+            assert conn.call({"cmd": "ACKB", "ids": ids})["ok"]
+        peak = max(peak, file_bytes(path))
+
+        server.wait_for_log("vacuum started", timeout=15)
+        sent = time.monotonic()
+        reply = conn.call({"cmd": "PUSH", "queue": "other", "data": {"pad": PAD}, "durable": True})
+        took = time.monotonic() - sent
+        assert reply["ok"], reply
+        assert took < PUSH_BOUND_S, f"a durable push during the vacuum took {took:.3f} s"
+
+        done = server.wait_for_log("vacuum done", timeout=30)
+        after = file_bytes(path)
+        # The push came in the middle of the pass: it paused it, and the pass finished later.
+        assert done["paused"] >= 1, done
+        assert done["wal_checkpoint"] == "complete", done
+        assert done["pages"] > JOBS // 4, done  # about one 4 KiB page per 1 KB job, and more
+        # 28 MB of jobs came and went: what is left is the schema and one job.
+        assert after < peak // 10, (peak, after, done)
+        assert row_count(path) == 1
+        assert conn.call({"cmd": "GetJob", "id": reply["id"]})["job"]["data"] == {"pad": PAD}
+    assert server.stop() == 0, server.log_tail()
+
+
+def make_old_database(path: Path, jobs: int) -> None:
+    """A database as a shardq before vacuuming made it: auto_vacuum NONE, `jobs` waiting."""
+    engine = Engine(seed=7)
+    pushed = [{"data": {"n": n, "pad": PAD}} for n in range(jobs)]
+    muts = engine.apply({"cmd": "PUSHB", "queue": "old", "jobs": pushed}, 1_700_000_000_000)
+    with Store.open(path) as store:
+        store.apply(muts.mutations)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript("PRAGMA auto_vacuum = NONE; VACUUM; PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    assert auto_vacuum(path) == 0
+
+
+def drain_numbers(server: ShardqServer, jobs: int) -> list[int]:
+    """Pull every job of queue "old"; return their numbers, each checked whole."""
+    numbers = []
+    with TcpConnection(*server.tcp_address, timeout=30) as conn:
+        assert conn.call({"cmd": "Count", "queue": "old"})["count"] == jobs
+        for _ in range(0, jobs, BATCH):
+            for job in conn.call({"cmd": "PULLB", "queue": "old", "count": BATCH})["jobs"]:
+                assert job["data"]["pad"] == PAD
+                numbers.append(job["data"]["n"])
+    return sorted(numbers)
+
+
+def test_an_old_database_is_converted_at_start_up_and_keeps_every_job(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    make_old_database(data / "shardq.db", 2000)
+    server = shardq_server(shards=1, data_dir=data)
+    converted = server.wait_for_log("database converted")
+    assert converted["database_bytes"] > 2000 * 1000
+    assert server.wait_for_log("writer ready")["auto_vacuum"] == "incremental"
+    assert drain_numbers(server, 2000) == list(range(2000))
+    assert server.stop() == 0, server.log_tail()
+    assert auto_vacuum(server.data_path) == 2
+
+
+def test_an_old_database_above_the_size_limit_stays_as_it_was(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    make_old_database(data / "shardq.db", 2000)
+    env = {"SHARDQ_VACUUM_CONVERT_MAX_BYTES": "1048576"}
+    server = shardq_server(shards=1, data_dir=data, env=env)
+    warning = server.wait_for_log(
+        "database not converted to incremental vacuum: it will not shrink"
+    )
+    assert "SHARDQ_VACUUM_CONVERT_MAX_BYTES" in warning["how"]
+    assert warning["database_bytes"] > 1048576
+    assert server.find_log("database converted") is None
+    assert server.wait_for_log("writer ready")["auto_vacuum"] == "none"
+    assert drain_numbers(server, 2000) == list(range(2000))
+    assert server.stop() == 0, server.log_tail()
+    assert auto_vacuum(server.data_path) == 0
