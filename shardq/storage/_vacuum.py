@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,9 +28,6 @@ from shardq.storage._errors import StorageError, wrap_error
 __all__ = ["AUTO_VACUUM_MODES", "auto_vacuum", "convert", "free_pages", "release_pages"]
 
 AUTO_VACUUM_MODES = ("none", "full", "incremental")  # PRAGMA auto_vacuum's 0, 1, 2
-# SQLite calls the progress handler every this many virtual machine instructions: a few
-# milliseconds of work, so the callback's clock read costs nothing measurable.
-_PROGRESS_OPS = 100_000
 
 
 def auto_vacuum(conn: sqlite3.Connection) -> str:
@@ -76,10 +74,11 @@ def convert(
 ) -> None:
     """Turn a database with `auto_vacuum = NONE` into an incremental one with one `VACUUM`.
 
-    `progress(elapsed_s)` is called about every `every_s` seconds while it runs (a VACUUM
-    has no measure of how far it is). Raises `StorageError` if there is not twice the file's
-    size free on the disks of the database and of the temporary copy, or if the VACUUM fails;
-    the database is unchanged then.
+    `progress(elapsed_s)` is called every `every_s` seconds while it runs (a VACUUM has no
+    measure of how far it is), from another thread: the calling one waits in SQLite. If it
+    raises, the VACUUM is interrupted. Raises `StorageError` if there is not twice the file's
+    size free on the disks of the database and of the temporary copy, or if the VACUUM fails
+    or was interrupted; the database is unchanged then.
     """
     size = path.stat().st_size
     for where in {path.parent, Path(tempfile.gettempdir())}:
@@ -88,26 +87,40 @@ def convert(
             raise StorageError(
                 f"converting {path} needs about {2 * size} bytes free on {where}, which has {free}"
             )
-    started = time.monotonic()
-    last = [started]
-
-    def tick() -> int:
-        now = time.monotonic()
-        if progress is not None and now - last[0] >= every_s:
-            last[0] = now
-            progress(now - started)
-        return 0  # go on
-
     (temp_store,) = conn.execute("PRAGMA temp_store").fetchone()
+    done = threading.Event()
+    ticker = threading.Thread(
+        target=_tick, args=(conn, progress, every_s, done), name="vacuum-progress", daemon=True
+    )
     try:
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         # The copy goes to a temporary file, not to memory (shardq's temp_store): the file may
         # be far larger than the writer should ever hold.
         conn.execute("PRAGMA temp_store = FILE")
-        conn.set_progress_handler(tick, _PROGRESS_OPS)
+        if progress is not None:
+            ticker.start()
         conn.execute("VACUUM")
     except sqlite3.Error as e:
         raise wrap_error(e, f"converting {path} to incremental vacuum") from e
     finally:
-        conn.set_progress_handler(None, 0)
+        done.set()
+        if ticker.is_alive():
+            ticker.join()
         conn.execute(f"PRAGMA temp_store = {int(temp_store)}")
+
+
+def _tick(
+    conn: sqlite3.Connection,
+    progress: Callable[[float], None] | None,
+    every_s: float,
+    done: threading.Event,
+) -> None:
+    # A thread, not SQLite's progress handler: a VACUUM runs few virtual machine instructions
+    # per row, and copies the file back with none, so the handler can go silent for seconds.
+    started = time.monotonic()
+    while progress is not None and not done.wait(every_s):
+        try:
+            progress(time.monotonic() - started)
+        except Exception:
+            conn.interrupt()  # safe from any thread; the VACUUM then rolls back
+            return

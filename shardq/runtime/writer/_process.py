@@ -475,6 +475,8 @@ def _convert_old_file(store: Store, spec: ChildSpec, link: SupervisorLink) -> bo
     started = time.monotonic()
 
     def progress(elapsed_s: float) -> None:
+        # Called from another thread while this one waits in SQLite: the link is not used by
+        # two threads at once.
         link.progress()
         log.info("converting the database", elapsed_s=round(elapsed_s, 1), **sizes)
 
