@@ -5,8 +5,8 @@
 - A durable push that arrives while it vacuums is answered within one small step, and the
   pass resumes (and finishes) once the writer is idle again.
 - A database made before shardq vacuumed (auto_vacuum NONE) is converted at start-up when it
-  is small enough, and left as it was (with a log line saying how to convert it) when it is
-  not; either way every job is still there.
+  is small enough, and every job is still there (the file left as it was above the size
+  limit: tests/runtime/test_writer_vacuum.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ PAD = "x" * 1000  # about 1 KB of payload per job
 # A durable push waits for one step and its own commit; on a loaded 2-core CI machine a
 # commit alone can take tens of ms, so the bound is generous but far below a whole pass.
 PUSH_BOUND_S = 1.0
-NOT_CONVERTED = "database not converted to incremental vacuum: it will not shrink"
 
 
 def file_bytes(path: Path) -> int:
@@ -133,23 +132,3 @@ def test_an_old_database_is_converted_at_start_up_and_keeps_every_job(
     assert drain_numbers(server, 2000) == list(range(2000))
     assert server.stop() == 0, server.log_tail()
     assert auto_vacuum(server.data_path) == 2
-
-
-def test_an_old_database_above_the_size_limit_stays_as_it_was(
-    shardq_server: Factory, tmp_path: Path
-) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    make_old_database(data / "shardq.db", 2000)
-    env = {"SHARDQ_VACUUM_CONVERT_MAX_BYTES": "1048576"}
-    server = shardq_server(shards=1, data_dir=data, env=env)
-    warning = server.wait_for_log(
-        "database not converted to incremental vacuum: it will not shrink"
-    )
-    assert "SHARDQ_VACUUM_CONVERT_MAX_BYTES" in warning["how"]
-    assert warning["database_bytes"] > 1048576
-    assert server.find_log("database converted") is None
-    assert server.wait_for_log("writer ready")["auto_vacuum"] == "none"
-    assert drain_numbers(server, 2000) == list(range(2000))
-    assert server.stop() == 0, server.log_tail()
-    assert auto_vacuum(server.data_path) == 0

@@ -5,19 +5,24 @@
   with a WAL checkpoint and a log line, and reports its figures in the status file.
 - A commit during a pass pauses it; it resumes, without counting again, after the next idle.
 - A storage error ends the pass without raising; the next commit makes one due again.
+- At start-up a file made before shardq vacuumed is converted if it is small enough, and left
+  byte for byte as it was (with a log line saying how to convert it) if not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
+from shardq.runtime._sections import WriterSettings
 from shardq.runtime.writer._status import STATUS_FILE, WriterStatus, file_sizes
-from shardq.runtime.writer._vacuum import IdleVacuum
+from shardq.runtime.writer._vacuum import IdleVacuum, convert_old_file
 from shardq.storage import StorageError, Store
 
 PAD = "x" * 1000
@@ -157,3 +162,56 @@ def test_zero_pages_per_step_turns_it_off(tmp_path: Path) -> None:
         assert vacuum.deadline() is None
         clock.now += IDLE_S
         assert not vacuum.due(clock.now)
+
+
+# -- converting a file made before shardq vacuumed (auto_vacuum NONE)
+
+
+def old_store(path: Path, jobs: int = 1000) -> Store:
+    with Store.open(path) as store:
+        store.apply([("put", job(f"j{n}", n + 1)) for n in range(jobs)])
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript("PRAGMA auto_vacuum = NONE; VACUUM; PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return Store.open(path)
+
+
+def settings(**keys: int) -> WriterSettings:
+    return dataclasses.replace(WriterSettings(), **keys)
+
+
+def test_a_small_old_file_is_converted_and_keeps_every_job(tmp_path: Path) -> None:
+    with old_store(tmp_path / "q.db") as store:
+        assert store.auto_vacuum == "none"
+        with capture_logs() as logs:
+            assert convert_old_file(store, settings(), lambda: None) == "incremental"
+        assert store.auto_vacuum == "incremental"
+        assert [line["event"] for line in logs][-1] == "database converted"
+        assert logs[-1]["wal_bytes"] == 0  # checkpointed after the VACUUM
+        assert sorted(r["id"] for r in store.load_jobs()) == sorted(f"j{n}" for n in range(1000))
+
+
+def test_an_old_file_above_the_limit_stays_and_the_log_says_how_to_convert(
+    tmp_path: Path,
+) -> None:
+    with old_store(tmp_path / "q.db") as store:
+        before = store.path.read_bytes()
+        limit = len(before) - 1
+        with capture_logs() as logs:
+            mode = convert_old_file(store, settings(vacuum_convert_max_bytes=limit), lambda: None)
+        assert mode == "none" and store.auto_vacuum == "none"
+        (line,) = logs
+        assert line["log_level"] == "warning"
+        assert "SHARDQ_VACUUM_CONVERT_MAX_BYTES" in line["how"]
+        assert (line["database_bytes"], line["vacuum_convert_max_bytes"]) == (len(before), limit)
+        assert store.path.read_bytes() == before
+        assert len(list(store.load_jobs())) == 1000
+
+
+def test_no_conversion_when_vacuum_is_off_and_none_for_a_new_file(tmp_path: Path) -> None:
+    with old_store(tmp_path / "old.db") as store, capture_logs() as logs:
+        assert convert_old_file(store, settings(vacuum_pages_per_step=0), lambda: None) == "none"
+        assert store.auto_vacuum == "none"
+    with Store.open(tmp_path / "new.db") as store, capture_logs() as more:
+        assert convert_old_file(store, settings(), lambda: None) == "incremental"
+    assert logs == more == []

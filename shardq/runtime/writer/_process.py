@@ -43,7 +43,7 @@ from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.runtime.writer._isolate import apply_isolating
 from shardq.runtime.writer._status import WriterStatus, file_sizes
-from shardq.runtime.writer._vacuum import IdleVacuum
+from shardq.runtime.writer._vacuum import IdleVacuum, convert_old_file
 from shardq.storage import (
     Storage,
     StorageError,
@@ -101,7 +101,7 @@ class Writer:
             store,
             spec.data_path,
             self._status,
-            # A file still without auto_vacuum (`_convert_old_file`) has nothing a step frees.
+            # A file still without auto_vacuum (`convert_old_file`) has nothing a step frees.
             pages_per_step=settings.vacuum_pages_per_step if vacuum else 0,
             min_free_pages=settings.vacuum_min_free_pages,
             idle_s=settings.vacuum_idle_ms / 1000,
@@ -415,9 +415,9 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
         link.fatal(str(e))
         return EXIT_NO_DATABASE
     with store:
-        vacuum = _convert_old_file(store, spec, link)
+        auto_vacuum = convert_old_file(store, spec.writer, link.progress)
         try:
-            writer = Writer(spec, store, vacuum=vacuum)
+            writer = Writer(spec, store, vacuum=auto_vacuum == "incremental")
         except OSError as e:
             endpoint = spec.writer_link_path
             log.error("cannot bind the writer socket", endpoint=endpoint, error=str(e))
@@ -429,63 +429,10 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
                 data_path=str(store.path),
                 schema_version=store.schema_version,
                 synchronous=spec.writer.synchronous,
-                auto_vacuum=store.auto_vacuum,
+                auto_vacuum=auto_vacuum,
                 **file_sizes(store.path),
             )
             link.ready()
             return writer.run(waker)
         finally:
             writer.close()
-
-
-def _convert_old_file(store: Store, spec: ChildSpec, link: SupervisorLink) -> bool:
-    """Give a database made before shardq vacuumed (auto_vacuum NONE) the incremental mode,
-    with one full VACUUM, if it is at most `vacuum_convert_max_bytes`; True if the file can
-    then give pages back (the idle vacuum runs).
-
-    A larger file stays as it is, and a log line says how to convert it: the VACUUM rewrites
-    the whole file before the writer is ready (the supervisor hears progress every second
-    meanwhile). A failed VACUUM (disk full ...) leaves the file as it was; the writer serves
-    it unconverted.
-    """
-    try:
-        if store.auto_vacuum != "none":
-            return True
-    except StorageError as e:
-        log.warning("cannot read auto_vacuum; the file is not vacuumed", error=str(e))
-        return False
-    limit = spec.writer.vacuum_convert_max_bytes
-    sizes = file_sizes(store.path)
-    size = sizes["database_bytes"] + sizes["wal_bytes"]
-    if spec.writer.vacuum_pages_per_step == 0:
-        return False
-    if size > limit:
-        log.warning(
-            "database not converted to incremental vacuum: it will not shrink",
-            how=(
-                "raise vacuum_convert_max_bytes (SHARDQ_VACUUM_CONVERT_MAX_BYTES) above its"
-                " size and restart: one full VACUUM at start-up, needing about twice its size"
-                " in free disk"
-            ),
-            vacuum_convert_max_bytes=limit,
-            **sizes,
-        )
-        return False
-    log.info("converting the database to incremental vacuum (one full VACUUM)", **sizes)
-    started = time.monotonic()
-
-    def progress(elapsed_s: float) -> None:
-        # Called from another thread while this one waits in SQLite: the link is not used by
-        # two threads at once.
-        link.progress()
-        log.info("converting the database", elapsed_s=round(elapsed_s, 1), **sizes)
-
-    try:
-        store.convert_to_incremental(progress)
-        store.checkpoint()  # the VACUUM went through the WAL: a WAL as large as the file
-    except StorageError as e:
-        log.warning("database not converted; it stays as it was", error=str(e))
-        return False
-    took_ms = round((time.monotonic() - started) * 1000)
-    log.info("database converted", ms=took_ms, **file_sizes(store.path))
-    return True

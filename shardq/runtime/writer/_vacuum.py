@@ -16,6 +16,10 @@ SQLite keeps between its own checkpoints (1000 pages): 20 to 60 ms measured ther
 
 The writer's loop (`_process`) owns the timing: `deadline` is when a step is due (None: no
 pass is wanted), `step` runs one.
+
+A file made before shardq vacuumed (auto_vacuum NONE) has nothing a step frees: at start-up,
+before the writer reports ready, `convert_old_file` rewrites it once with a full VACUUM if it
+is at most `vacuum_convert_max_bytes` (about 60 MB/s on the test machine), else logs how to.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from pathlib import Path
 
 import structlog
 
+from shardq.runtime._sections import WriterSettings
 from shardq.runtime.writer._status import WriterStatus, file_sizes
-from shardq.storage import Storage, StorageError
+from shardq.storage import Storage, StorageError, Store
 
-__all__ = ["IdleVacuum"]
+__all__ = ["IdleVacuum", "convert_old_file"]
 
 log = structlog.get_logger()
 
@@ -138,3 +143,54 @@ class IdleVacuum:
             wal_bytes_before=done.before["wal_bytes"],
             **after,
         )
+
+
+def convert_old_file(store: Store, settings: WriterSettings, progress: Callable[[], None]) -> str:
+    """Give a database made before shardq vacuumed (auto_vacuum NONE) the incremental mode,
+    with one full VACUUM, if it is at most `vacuum_convert_max_bytes`; return the file's mode
+    then ("incremental": the idle vacuum can run; "none"; "full": SQLite shrinks it itself).
+
+    A larger file stays as it is, and a log line says how to convert it. `progress()` is
+    called every second while the VACUUM runs (the supervisor's `progress`, which keeps a
+    long start alive), from another thread: the caller's waits in SQLite meanwhile. A failed
+    VACUUM (too little disk, an I/O error) leaves the file as it was, served unconverted.
+    """
+    try:
+        mode = store.auto_vacuum
+    except StorageError as e:
+        log.warning("cannot read auto_vacuum; the file is not vacuumed", error=str(e))
+        return "none"
+    if mode != "none" or settings.vacuum_pages_per_step == 0:
+        return mode
+    sizes = file_sizes(store.path)
+    if sizes["database_bytes"] + sizes["wal_bytes"] > settings.vacuum_convert_max_bytes:
+        log.warning(
+            "database not converted to incremental vacuum: it will not shrink",
+            how=(
+                "raise vacuum_convert_max_bytes (SHARDQ_VACUUM_CONVERT_MAX_BYTES) above its"
+                " size and restart: one full VACUUM at start-up, needing about twice its size"
+                " in free disk"
+            ),
+            vacuum_convert_max_bytes=settings.vacuum_convert_max_bytes,
+            **sizes,
+        )
+        return mode
+    log.info("converting the database to incremental vacuum (one full VACUUM)", **sizes)
+    started = time.monotonic()
+
+    def report(elapsed_s: float) -> None:
+        progress()
+        log.info("converting the database", elapsed_s=round(elapsed_s, 1), **sizes)
+
+    try:
+        store.convert_to_incremental(report)
+    except StorageError as e:
+        log.warning("database not converted; it stays as it was", error=str(e))
+        return mode
+    try:
+        store.checkpoint()  # the VACUUM went through the WAL: a WAL as large as the file
+    except StorageError as e:  # the next checkpoint (SQLite's, or the idle one) catches up
+        log.warning("WAL checkpoint failed", error=str(e))
+    took_ms = round((time.monotonic() - started) * 1000)
+    log.info("database converted", ms=took_ms, **file_sizes(store.path))
+    return "incremental"
