@@ -3,7 +3,7 @@
 - After a drain the idle writer gives the free pages back and truncates the WAL: the files
   end far below their peak.
 - A durable push that arrives while it vacuums is answered within one small step, and the
-  pass resumes (and finishes) once the writer is idle again.
+  pass resumes (and finishes) once the writer is idle again. /prometheus shows the pages.
 - A database made before shardq vacuumed (auto_vacuum NONE) is converted at start-up when it
   is small enough, and every job is still there (the file left as it was above the size
   limit: tests/runtime/test_writer_vacuum.py).
@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from shardq_harness import ShardqServer
+from prometheus_client.parser import text_string_to_metric_families
+from shardq_harness import ShardqServer, free_port, poll_until
 
 from shardq.client import TcpConnection
 from shardq.core import Engine
@@ -29,6 +31,14 @@ PAD = "x" * 1000  # about 1 KB of payload per job
 # A durable push waits for one step and its own commit; on a loaded 2-core CI machine a
 # commit alone can take tens of ms, so the bound is generous but far below a whole pass.
 PUSH_BOUND_S = 1.0
+
+
+def scrape(server: ShardqServer, names: Iterable[str]) -> dict[str, float]:
+    """The samples called `names` in one /prometheus scrape."""
+    with urllib.request.urlopen(server.http_url + "/prometheus", timeout=10) as answer:
+        text = answer.read().decode()
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {name: samples[name] for name in names if name in samples}
 
 
 def file_bytes(path: Path) -> int:
@@ -54,7 +64,7 @@ def test_the_file_shrinks_after_a_drain_and_a_durable_push_is_not_held_up(
         # Small steps make the pass long enough (thousands of steps) for a push to land in it.
         "SHARDQ_VACUUM_PAGES_PER_STEP": "2",
     }
-    server = shardq_server(shards=1, env=env)
+    server = shardq_server(shards=1, env=env, http_port=free_port())
     path = server.data_path
     with TcpConnection(*server.tcp_address, timeout=30) as conn:
         for start in range(0, JOBS, BATCH):
@@ -90,6 +100,9 @@ def test_the_file_shrinks_after_a_drain_and_a_durable_push_is_not_held_up(
         # 10,000 jobs of 1 KB came and went: what is left is the schema and one job.
         assert after < peak // 10, (peak, after, done)
         assert row_count(path) == 1
+        # The figures reach /prometheus (through the writer's status file).
+        want = {"shardq_writer_vacuumed_pages_total": done["pages"], "shardq_sqlite_free_pages": 0}
+        poll_until(lambda: scrape(server, want) == want, 10, f"{want} in /prometheus")
         assert conn.call({"cmd": "GetJob", "id": reply["id"]})["job"]["data"] == {"pad": PAD}
     assert server.stop() == 0, server.log_tail()
 
