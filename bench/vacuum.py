@@ -9,12 +9,19 @@ then frees the pages with `Store.release_pages(N)` for each N of `--pages`, timi
 step (a fresh file per N). With `--checkpoint-each`, a `checkpoint(wait=False)` follows every
 step (timed apart). Then it builds the same file with `auto_vacuum = NONE` (as shardq before
 it) and times `Store.convert_to_incremental`.
+
+    python -m bench.vacuum --server [--jobs 20000] [--payload 1000] [--step 256]
+
+Starts a real server (one shard, `vacuum_pages_per_step` = `--step`), pushes `--jobs` durable
+jobs with `removeOnComplete` in PUSHB of 500, drains them (PULLB + ACKB), and prints the
+database and WAL sizes at the peak and after the writer's idle vacuum (its `vacuum done` line).
 Prints one line per measure; the figures chose `vacuum_pages_per_step`'s default.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import statistics
 import tempfile
@@ -22,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._server import ShardqProcess, log_entries
+from shardq.client import TcpConnection
 from shardq.runtime.writer._status import file_sizes
 from shardq.storage import Store
 
@@ -69,6 +78,38 @@ def steps(path: Path, pages: int, *, checkpoint_each: bool) -> dict[str, float]:
     }
 
 
+def server_run(jobs: int, payload: int, step: int) -> None:
+    env = {**os.environ, "SHARDQ_VACUUM_PAGES_PER_STEP": str(step)}
+    server = ShardqProcess("1", env=env)
+    db = server.dir / "shardq.db"
+    try:
+        with TcpConnection("127.0.0.1", server.tcp_port, timeout=60) as conn:
+            for start in range(0, jobs, 500):
+                entries = [
+                    {"data": {"i": start + i, "p": "x" * payload}, "durable": True,
+                     "removeOnComplete": True}
+                    for i in range(min(500, jobs - start))
+                ]  # fmt: skip
+                conn.call({"cmd": "PUSHB", "queue": "q", "jobs": entries})
+            peak = file_sizes(db)
+            while pulled := conn.call({"cmd": "PULLB", "queue": "q", "count": 500})["jobs"]:
+                conn.call({"cmd": "ACKB", "ids": [job["id"] for job in pulled]})
+            drained = file_sizes(db)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = [
+                e for e in log_entries(server.dir / "server.log") if e["event"] == "vacuum done"
+            ]
+            if done:
+                print("peak", peak, "drained", drained, "after", file_sizes(db))
+                print({k: v for k, v in done[0].items() if k not in ("timestamp", "pid")})
+                return
+            time.sleep(0.1)
+        print("no vacuum done within 120 s:", server.log_tail())
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000)
@@ -76,7 +117,12 @@ def main() -> None:
     parser.add_argument("--pages", default="64,256,1024,4096")
     parser.add_argument("--checkpoint-each", action="store_true", help="TRUNCATE after each")
     parser.add_argument("--keep-every", type=int, default=10, help="0: delete every job")
+    parser.add_argument("--server", action="store_true", help="measure a real server")
+    parser.add_argument("--step", type=int, default=256, help="--server: pages per step")
     args = parser.parse_args()
+    if args.server:
+        server_run(args.jobs, args.payload, args.step)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         for pages in (int(p) for p in args.pages.split(",")):
             path = Path(tmp) / f"steps-{pages}.db"

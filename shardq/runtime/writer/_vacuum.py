@@ -12,7 +12,8 @@ the steps filled, shrinks too.
 One step of 256 pages (1 MiB) took about 1 ms (median) on the 2-core test machine, 10 ms at
 the 99th percentile, when SQLite's own WAL checkpoint fell inside it as it does inside any
 commit (bench/vacuum.py). The final checkpoint is one fsync-bound operation on at most the WAL
-SQLite keeps between its own checkpoints (1000 pages): 20 to 60 ms measured there.
+SQLite keeps between its own checkpoints (1000 pages): 10 to 60 ms measured there, up to
+160 ms with the machine heavily loaded, as SQLite's own checkpoint inside a commit costs.
 
 The writer's loop (`_process`) owns the timing: `deadline` is when a step is due (None: no
 pass is wanted), `step` runs one.
@@ -49,6 +50,7 @@ class _Pass:
     pages: int = 0  # freed so far
     steps: int = 0
     paused: int = 0  # commits that came during it
+    longest: float = 0.0  # seconds, the longest step: what a message may have waited
 
 
 class IdleVacuum:
@@ -120,7 +122,9 @@ class IdleVacuum:
 
     def _release(self) -> None:
         assert self._pass is not None
+        started = self._clock()
         released = self._store.release_pages(self._pages)
+        self._pass.longest = max(self._pass.longest, self._clock() - started)
         self._pass.pages += released
         self._pass.steps += 1
         self._status.vacuumed(released, self._store.free_pages())
@@ -129,7 +133,9 @@ class IdleVacuum:
 
     def _finish(self, done: _Pass) -> None:
         self._wanted, self._pass = False, None
+        started = self._clock()
         complete = self._store.checkpoint(wait=False)
+        checkpoint_s = self._clock() - started
         self._status.save(force=True)  # the last step's figures, which a throttle may hold
         after = file_sizes(self._path)
         log.info(
@@ -138,7 +144,9 @@ class IdleVacuum:
             steps=done.steps,
             paused=done.paused,
             ms=round((self._clock() - done.started) * 1000),
+            longest_step_ms=round(done.longest * 1000, 2),
             wal_checkpoint="complete" if complete else "partial",
+            checkpoint_ms=round(checkpoint_s * 1000, 2),
             database_bytes_before=done.before["database_bytes"],
             wal_bytes_before=done.before["wal_bytes"],
             **after,
