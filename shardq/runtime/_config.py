@@ -166,6 +166,11 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_db_bytes": _db_cap,
     "sqlite_cache_mb": _ranged(1, 65_536),
     "sqlite_mmap_mb": _ranged(0, 1 << 20),  # 0: plain reads, no map
+    # A step is one transaction: past 65,536 pages (256 MiB) it would hold up a commit for long.
+    "vacuum_pages_per_step": _ranged(0, 65_536),  # 0: no vacuum
+    "vacuum_min_free_pages": _ranged(0, 1 << 40),
+    "vacuum_idle_ms": _ranged(10, 3_600_000, ms=True),
+    "vacuum_convert_max_bytes": _ranged(0, 1 << 50),  # 0: never convert
     # Above the 8 MiB past which a shard starts waiting for its writer (`shard/_process.py`).
     "writer_backlog_max_bytes": _ranged(16 << 20, 1 << 40),
     # Well under the writer's 256 MiB frame limit; at least a few ordinary jobs per batch.

@@ -111,9 +111,20 @@ class Storage(Protocol):
         """Every flow notice not acknowledged yet, by key."""
         ...
 
-    def checkpoint(self) -> bool:
-        """Fold the backend's log into its main store at shutdown; True if complete (a
+    def checkpoint(self, *, wait: bool = True) -> bool:
+        """Fold the backend's log into its main store (at shutdown, and when the writer is
+        idle with `wait=False`: give up rather than wait for a reader); True if complete (a
         backend with nothing to fold returns True)."""
+        ...
+
+    def free_pages(self) -> int:
+        """Space the store holds but uses for nothing, in pages (0 for a backend that gives
+        space back by itself). Cheap: the idle writer asks before it vacuums."""
+        ...
+
+    def release_pages(self, pages: int) -> int:
+        """Give up to `pages` of that space back to the file system in one short step;
+        return how many went. Leaves the store unchanged if it raises."""
         ...
 
     def close(self) -> None:

@@ -253,10 +253,20 @@ class PostgresStore:
         ops = self._page_deltas([job_id]).get(job_id, ())
         return self._decode_row(rows[0][0], rows[0][1], ops)
 
-    def checkpoint(self) -> bool:
+    def checkpoint(self, *, wait: bool = True) -> bool:
         """Nothing to fold: PostgreSQL manages its own log. True."""
         self._connection()  # a closed store still raises, as the contract says
         return True
+
+    def free_pages(self) -> int:
+        """0: PostgreSQL's autovacuum gives dead rows' space back by itself."""
+        self._connection()
+        return 0
+
+    def release_pages(self, pages: int) -> int:
+        """Nothing to release (see `free_pages`): 0."""
+        self._connection()
+        return 0
 
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise `StorageError`."""

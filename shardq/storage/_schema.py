@@ -42,6 +42,9 @@ PAGE_SIZE = 4096  # bunqueue's value; also the page size of the usual filesystem
 _PRAGMAS_BEFORE_WAL: tuple[tuple[str, object], ...] = (
     ("busy_timeout", 5000),  # ms; bunqueue's value: outwait a checkpoint or a backup reader
     ("page_size", PAGE_SIZE),  # only takes effect on a new, empty database
+    # So does this: a database created with it can give its free pages back to the file
+    # system a few at a time (`_vacuum`); an older one needs one full VACUUM (`_vacuum.convert`).
+    ("auto_vacuum", "INCREMENTAL"),
 )
 _PRAGMAS_AFTER_WAL: tuple[tuple[str, object], ...] = (
     ("temp_store", "MEMORY"),
@@ -60,6 +63,7 @@ _REPORTED_PRAGMAS = (
     "synchronous",
     "busy_timeout",
     "page_size",
+    "auto_vacuum",
     "cache_size",
     "temp_store",
     "mmap_size",
@@ -76,7 +80,8 @@ def configure(
     cache_mb: int = DEFAULT_CACHE_MB,
     mmap_mb: int = DEFAULT_MMAP_MB,
 ) -> None:
-    """Apply every PRAGMA shardq relies on. This is the only place a PRAGMA is set.
+    """Apply every PRAGMA shardq relies on. This is the only place a PRAGMA is set, but for
+    the few that `_vacuum` and `Store.checkpoint` set around one operation and restore.
 
     `cache_mb` is SQLite's page cache and `mmap_mb` its memory-mapped read window (0 = plain
     reads), both per connection.

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -37,7 +37,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from sqlite_utils import Database
 
 from shardq.core._mutations import Mutation, Record
-from shardq.storage import _schema
+from shardq.storage import _schema, _vacuum
 from shardq.storage._coalesce import Stored, coalesce, remember
 from shardq.storage._contract import Storage
 from shardq.storage._deltas import delta_lengths, read_deltas
@@ -342,15 +342,49 @@ class Store:
             (seq,) = self._conn.execute("SELECT max(seq) FROM jobs").fetchone()
             return 0 if seq is None else int(seq)
 
-    def checkpoint(self) -> bool:
+    def checkpoint(self, *, wait: bool = True) -> bool:
         """Copy the WAL into the database file and truncate it; True if it completed.
 
         False means a reader still needed old pages; the WAL is then only partly copied and a
-        later checkpoint finishes the job. Raises `StorageError` if SQLite fails.
+        later checkpoint finishes the job. `wait=False` gives up at once on a reader instead
+        of waiting `busy_timeout` for it (the idle writer, which must not hold up a commit).
+        Raises `StorageError` if SQLite fails.
         """
         with self._reading("checkpointing the WAL"):
-            busy, _log, _done = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            return int(busy) == 0
+            if wait:
+                return self._truncate_wal()
+            (timeout,) = self._conn.execute("PRAGMA busy_timeout").fetchone()
+            self._conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                return self._truncate_wal()
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout = {int(timeout)}")
+
+    def _truncate_wal(self) -> bool:
+        busy, _log, _done = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return int(busy) == 0
+
+    @property
+    def auto_vacuum(self) -> str:
+        """The file's auto_vacuum mode: "incremental" (created by this shardq), or "none"
+        (created before; `convert_to_incremental` changes it). Raises `StorageError`."""
+        return _vacuum.auto_vacuum(self._conn)
+
+    def free_pages(self) -> int:
+        """Pages the file holds but no row uses (SQLite's free list). Raises `StorageError`."""
+        return _vacuum.free_pages(self._conn)
+
+    def release_pages(self, pages: int) -> int:
+        """Give up to `pages` free pages back to the file system, in one short transaction;
+        return how many went (0 unless the file is in incremental mode). Raises
+        `StorageError` (`StorageFull` included) and leaves the file as it was."""
+        return _vacuum.release_pages(self._conn, pages)
+
+    def convert_to_incremental(self, progress: Callable[[float], None] | None = None) -> None:
+        """Rewrite the file once with a full VACUUM so that it can give pages back; see
+        `_vacuum.convert` (`progress(elapsed_s)` about every second). Raises `StorageError`
+        (not enough free disk, SQLite failed) and then leaves the file as it was."""
+        _vacuum.convert(self._conn, self._path, progress)
 
     def pragmas(self) -> dict[str, object]:
         """The connection's settings as SQLite reports them (journal_mode, synchronous ...).

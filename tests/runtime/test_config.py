@@ -135,6 +135,10 @@ VALID_TEXT = {
     "max_db_bytes": "2097152",
     "sqlite_cache_mb": "64",
     "sqlite_mmap_mb": "256",
+    "vacuum_pages_per_step": "64",
+    "vacuum_min_free_pages": "0",
+    "vacuum_idle_ms": "250",
+    "vacuum_convert_max_bytes": "0",
     "writer_backlog_max_bytes": "33554432",
     "writer_batch_max_bytes": "1048576",
     "writer_batch_max_mutations": "2000",
@@ -236,6 +240,10 @@ def test_every_key_from_file(tmp_path: Path) -> None:
         max_db_bytes = 2097152
         sqlite_cache_mb = 64
         sqlite_mmap_mb = 256
+        vacuum_pages_per_step = 64
+        vacuum_min_free_pages = 0
+        vacuum_idle_ms = 250
+        vacuum_convert_max_bytes = 0
         writer_backlog_max_bytes = 33554432
         writer_batch_max_bytes = 1048576
         writer_batch_max_mutations = 2000

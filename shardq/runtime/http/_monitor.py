@@ -339,6 +339,17 @@ class _SnapshotCollector(Collector):
             "bunqueue_sqlite_database_size_bytes", "Database file", st.database_bytes
         )
         yield GaugeMetricFamily("shardq_sqlite_wal_size_bytes", "WAL file", st.wal_bytes)
+        # The idle writer's vacuum (writer/_vacuum.py): absent until it first looked.
+        free = st.writer.get("freePages")
+        if isinstance(free, int):
+            yield GaugeMetricFamily(
+                "shardq_sqlite_free_pages", "Free pages, at the idle writer's last look", free
+            )
+        vacuumed = st.writer.get("pagesVacuumed")
+        if isinstance(vacuumed, int):
+            yield CounterMetricFamily(
+                "shardq_writer_vacuumed_pages", "Pages given back to the file system", vacuumed
+            )
         for key, name, unit in (
             ("flushSeconds", "shardq_writer_flush_duration_seconds", "seconds"),
             ("flushMutations", "shardq_writer_flush_mutations", "mutations"),

@@ -9,7 +9,8 @@ and changes msgpack-encoded inside the message (`shardq.storage._encode`), so de
 message decodes no job.
 
 Idle-silent: with nothing waiting it blocks in `poll` with no timeout, and wakes for a message
-or a signal only.
+or a signal only; but once after its last commit (`vacuum_idle_ms` later), to give the file's
+free pages back a step at a time (`_vacuum`) while no message waits.
 
 Exit codes: 0 after a clean shutdown; 1 if waiting mutations could not be committed before
 the shutdown timeout (or a second SIGTERM); 2 for a bad command line; 3 if the database
@@ -43,11 +44,13 @@ from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.runtime.writer._isolate import apply_isolating
 from shardq.runtime.writer._status import WriterStatus, file_sizes
+from shardq.runtime.writer._vacuum import IdleVacuum, convert_old_file
 from shardq.storage import (
     Storage,
     StorageError,
     StorageFull,
     StorageRejected,
+    Store,
     describe,
 )
 
@@ -78,6 +81,7 @@ class Writer:
         store: Storage,
         *,
         clock: Callable[[], float] = time.monotonic,
+        vacuum: bool = True,
     ) -> None:
         self._spec = spec
         self._store = store
@@ -93,6 +97,17 @@ class Writer:
         self._reading = True
         self._degraded = False
         self._status = WriterStatus(spec.run_dir, clock)
+        settings = spec.writer
+        self._vacuum = IdleVacuum(
+            store,
+            spec.data_path,
+            self._status,
+            # A file still without auto_vacuum (`convert_old_file`) has nothing a step frees.
+            pages_per_step=settings.vacuum_pages_per_step if vacuum else 0,
+            min_free_pages=settings.vacuum_min_free_pages,
+            idle_s=settings.vacuum_idle_ms / 1000,
+            clock=clock,
+        )
 
     @property
     def buffer(self) -> FlushBuffer:
@@ -109,6 +124,9 @@ class Writer:
                 self._serve_links(events)
                 if self._buffer.due(self._clock()):
                     self._flush()
+            # Idle: no batch waits, nor a retry (a message that came this turn made a batch).
+            if self._buffer.deadline() is None and self._vacuum.due(self._clock()):
+                self._vacuum.step()
         return self._shutdown(waker)
 
     def close(self) -> None:
@@ -156,6 +174,8 @@ class Writer:
 
     def _timeout_ms(self) -> int | None:
         deadline = self._buffer.deadline()
+        if deadline is None:
+            deadline = self._vacuum.deadline()
         if deadline is None:
             return None  # nothing waits: sleep until a message or a signal
         return max(0, math.ceil((deadline - self._clock()) * 1000))
@@ -208,6 +228,7 @@ class Writer:
             )
             self._degraded = False
         self._status.flushed(buffer.pending, self._clock() - started)
+        self._vacuum.committed(self._clock())
         log.debug(
             "flushed",
             mutations=buffer.pending,
@@ -389,8 +410,14 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
         link.fatal(str(e))
         return EXIT_NO_DATABASE
     with store:
+        # PostgreSQL vacuums itself (autovacuum); only a SQLite file is converted and stepped.
+        auto_vacuum = (
+            convert_old_file(store, spec.writer, link.progress)
+            if isinstance(store, Store)
+            else "server"
+        )
         try:
-            writer = Writer(spec, store)
+            writer = Writer(spec, store, vacuum=auto_vacuum == "incremental")
         except OSError as e:
             endpoint = spec.writer_link_path
             log.error("cannot bind the writer socket", endpoint=endpoint, error=str(e))
@@ -402,6 +429,7 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
                 data_path=storage_place(spec),
                 schema_version=store.schema_version,
                 synchronous=spec.writer.synchronous,
+                auto_vacuum=auto_vacuum,
                 **file_sizes(spec.data_path),
             )
             link.ready()

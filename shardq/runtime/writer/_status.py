@@ -77,6 +77,10 @@ class WriterStatus:
         self.failures = 0
         self.duration = _Histogram(DURATION_BUCKETS)
         self.size = _Histogram(tuple(float(b) for b in SIZE_BUCKETS))
+        # The free list as of the idle writer's last look (`_vacuum`), and the pages it gave
+        # back to the file system since it started.
+        self.free_pages: int | None = None
+        self.pages_vacuumed = 0
 
     def flushed(self, mutations: int, seconds: float) -> None:
         """A flush committed; storage works (again)."""
@@ -86,6 +90,17 @@ class WriterStatus:
         self.duration.observe(seconds)
         self.size.observe(mutations)
         self.save(force=changed)
+
+    def vacuum_checked(self, free_pages: int) -> None:
+        """The idle writer counted the free pages (and may vacuum them)."""
+        self.free_pages = free_pages
+        self.save()
+
+    def vacuumed(self, pages: int, free_pages: int) -> None:
+        """One vacuum step gave `pages` back; `free_pages` are left."""
+        self.pages_vacuumed += pages
+        self.free_pages = free_pages
+        self.save()
 
     def failed(self, error: str, *, disk_full: bool) -> None:
         """A flush failed: storage is degraded until one commits."""
@@ -110,6 +125,8 @@ class WriterStatus:
             "failures": self.failures,
             "flushSeconds": self.duration.as_dict(),
             "flushMutations": self.size.as_dict(),
+            "freePages": self.free_pages,
+            "pagesVacuumed": self.pages_vacuumed,
         }
         text = json.dumps(body).encode()
         # Padded (JSON allows trailing blanks) so that when a full disk refuses the new file,
