@@ -113,9 +113,10 @@ class Task(Generic[P, R]):
             raise TypeError("map() takes no job_id: one id cannot name several jobs")
         argument_lists = [call if isinstance(call, tuple) else (call,) for call in calls]
         payloads = encode_payloads(self.name, argument_lists)
-        shared = None if callable(opts.unique_key) else opts.job_options((), {}, None)
+        # Wire fields, not `JobOptions`: the bulk encoder would translate those once per job.
+        shared = None if callable(opts.unique_key) else opts.wire((), {}, None)
         jobs = [
-            (self.name, payload, shared or opts.job_options(args, {}, None))
+            (self.name, payload, shared if shared is not None else opts.wire(args, {}, None))
             for args, payload in zip(argument_lists, payloads, strict=True)
         ]
         if self.app.eager:

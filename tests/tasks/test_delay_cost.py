@@ -132,3 +132,31 @@ def test_a_refused_argument_is_still_named_and_nothing_is_sent(app: App) -> None
         # The arguments encode; the refusal is about the option, and says so.
         takes.apply((1,), unique_key=object())  # type: ignore[arg-type]
     assert recorder.batches == []
+
+
+def test_map_puts_the_task_options_on_every_job(app: App) -> None:
+    @app.task(queue="delay-cost", attempts=3, priority=2, unique_key=lambda x: f"map-{x}")
+    def keyed(x: int) -> int:
+        return x
+
+    @app.task(queue="delay-cost", attempts=5, backoff=0.25)
+    def plain(x: int) -> int:
+        return x
+
+    recorder = _Recorder(app.queue("delay-cost").connection)
+    keyed_results = keyed.map(range(3))
+    plain_results = plain.map([7, 8], priority=9)
+    entries = [batch[0]["jobs"] for batch in recorder.batches]
+    assert [[c["cmd"] for c in batch] for batch in recorder.batches] == [["PUSHB"], ["PUSHB"]]
+    # A unique_key function is called per job; fixed options are the same on each.
+    assert [e["uniqueKey"] for e in entries[0]] == ["map-0", "map-1", "map-2"]
+    assert all(e["maxAttempts"] == 3 and e["priority"] == 2 for e in entries[0])
+    assert [(e["maxAttempts"], e["backoff"], e["priority"]) for e in entries[1]] == [
+        (5, 250, 9)
+    ] * 2
+    queue = app.queue("delay-cost")
+    for result, attempts, priority in [(r, 3, 2) for r in keyed_results] + [
+        (r, 5, 9) for r in plain_results
+    ]:
+        job = queue.get_job(result.id)
+        assert job is not None and (job.max_attempts, job.priority) == (attempts, priority)
