@@ -2,13 +2,16 @@
 
     python -m bench.delay --calls 2000 --rounds 3
 
-One server (`shardq start`, default settings, HTTP off, logs to a file); for TCP and ZeroMQ, buffered and
-durable, each round runs `--calls` sequential `.delay()` calls, then as many `Queue.add`
-calls carrying the same job (name, payload shape, and the task's wire options, so both
-pushes are the same bytes of work for the server), on a connection of its own. Rounds
+First, the client layers alone: `.delay()` and `Queue.add` with `call_many` answered in this
+process (no server, no socket), best of 7, which load disturbs least.
+
+Then one server (`shardq start`, default settings, HTTP off, logs to a file); for TCP and
+ZeroMQ, buffered and durable, each round runs `--calls` sequential `.delay()` calls, then as
+many `Queue.add` calls carrying the same job (name, payload shape, and the task's wire
+options, so both pushes are the same work for the server), on a connection of its own. Rounds
 alternate the two, so a change of load on the machine hits both. Reported per row: the
 median over rounds of jobs/s, of the per-call p50 and p99 (µs), and of the client's CPU per
-call (user + system, µs). Then, with `--profile`, the Python function calls per call under
+call (user + system, µs). With `--profile`, the Python function calls per call under
 cProfile, a count that does not depend on the machine's load.
 
 It uses only APIs older than itself, so the same file can measure another checkout: run it
@@ -111,6 +114,37 @@ def _clients(url: str, durable: bool) -> tuple[Call, Call, list[Any]]:
     return delay, add, [app, connection]
 
 
+def layers_alone(number: int = 20_000, repeat: int = 7) -> tuple[float, float]:
+    """µs per `.delay()` and per `Queue.add` above the connection: `call_many` answered in
+    this process (no server, no socket), best of `repeat` (the least disturbed by load)."""
+    import timeit
+
+    import shardq
+    from shardq.client import Connection, Queue
+
+    app = shardq.App(url="tcp://127.0.0.1:9")  # never connected: call_many is replaced
+
+    @app.task(name="bench.noop", queue="bench-delay")
+    def noop(pushed_at: float) -> None:
+        return None
+
+    def answer(commands: Any, **_: Any) -> list[dict[str, Any]]:
+        return [{"ok": True, "id": "1"} for _ in commands]
+
+    connection = Connection("tcp://127.0.0.1:9")
+    connection.call_many = answer  # type: ignore[method-assign]
+    app._connection, app._pid = connection, os.getpid()
+    raw = Queue("bench-delay", connection=connection)
+    wire: Mapping[str, Any] = noop.options.job_options((), {}, None).to_wire()
+
+    def add() -> object:
+        return raw.add(noop.name, {"args": [1.5], "kwargs": {}}, wire)
+
+    best = [min(timeit.repeat(call, number=number, repeat=repeat)) / number * 1e6
+            for call in (lambda: noop.delay(1.5), add)]  # fmt: skip
+    return best[0], best[1]
+
+
 def measure(
     server: ShardqProcess, calls: int, rounds: int, profile: bool
 ) -> tuple[list[Row], list[tuple[str, float, float]]]:
@@ -155,7 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2000, help="calls per client per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="also count Python calls")
+    parser.add_argument("--layers-only", action="store_true", help="only the no-server table")
     args = parser.parse_args(argv)
+    delay_us, add_us = layers_alone()
+    print("Above the connection (call_many answered in-process), best of 7 x 20,000:")
+    print(f"`.delay()` {delay_us:.2f} µs, `Queue.add` {add_us:.2f} µs, "
+          f"extra {delay_us - add_us:.2f} µs per call\n")  # fmt: skip
+    if args.layers_only:
+        return 0
     server = ShardqProcess("auto")  # its ready line is logged at info
     try:
         rows, counts = measure(server, args.calls, args.rounds, args.profile)
