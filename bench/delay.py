@@ -3,7 +3,7 @@
     python -m bench.delay --calls 2000 --rounds 3
 
 First, the client layers alone: `.delay()` and `Queue.add` with `call_many` answered in this
-process (no server, no socket), best of 7, which load disturbs least.
+process (no server, no socket), best of 15 alternated samples, which load disturbs least.
 
 Then one server (`shardq start`, default settings, HTTP off, logs to a file); for TCP and
 ZeroMQ, buffered and durable, each round runs `--calls` sequential `.delay()` calls, then as
@@ -114,7 +114,7 @@ def _clients(url: str, durable: bool) -> tuple[Call, Call, list[Any]]:
     return delay, add, [app, connection]
 
 
-def layers_alone(number: int = 20_000, repeat: int = 7) -> tuple[float, float]:
+def layers_alone(number: int = 5_000, repeat: int = 15) -> tuple[float, float]:
     """µs per `.delay()` and per `Queue.add` above the connection: `call_many` answered in
     this process (no server, no socket), best of `repeat` (the least disturbed by load)."""
     import timeit
@@ -140,9 +140,15 @@ def layers_alone(number: int = 20_000, repeat: int = 7) -> tuple[float, float]:
     def add() -> object:
         return raw.add(noop.name, {"args": [1.5], "kwargs": {}}, wire)
 
-    best = [min(timeit.repeat(call, number=number, repeat=repeat)) / number * 1e6
-            for call in (lambda: noop.delay(1.5), add)]  # fmt: skip
-    return best[0], best[1]
+    def delay() -> object:
+        return noop.delay(1.5)
+
+    # Alternated sample by sample, so a burst of other load hits both.
+    samples: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        for call, into in ((delay, samples[0]), (add, samples[1])):
+            into.append(timeit.timeit(call, number=number) / number * 1e6)
+    return min(samples[0]), min(samples[1])
 
 
 def measure(
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers-only", action="store_true", help="only the no-server table")
     args = parser.parse_args(argv)
     delay_us, add_us = layers_alone()
-    print("Above the connection (call_many answered in-process), best of 7 x 20,000:")
+    print("Above the connection (call_many answered in-process), best of 15 x 5,000:")
     print(f"`.delay()` {delay_us:.2f} µs, `Queue.add` {add_us:.2f} µs, "
           f"extra {delay_us - add_us:.2f} µs per call\n")  # fmt: skip
     if args.layers_only:
