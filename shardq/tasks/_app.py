@@ -28,7 +28,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, Unpack, overload
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
-from shardq.client import DEFAULT_URL, Connection, Queue
+from shardq.client import DEFAULT_URL, Connection, Queue, SerializationError
 from shardq.tasks._canvas import Signature
 from shardq.tasks._options import (
     CallOptions,
@@ -85,11 +85,18 @@ class Task(Generic[P, R]):
         `TypeError` for an unknown option."""
         kwargs = dict(kwargs or {})
         opts, job_id = self.options.merged(options)
-        payload = encode_payload(self.name, args, kwargs)
         if self.app.eager:
-            return self.app._run_eagerly(self, payload, job_id)
+            return self.app._run_eagerly(self, encode_payload(self.name, args, kwargs), job_id)
         queue = self.app.queue(opts.queue)
-        new_id = queue.add(self.name, payload, opts.job_options(args, kwargs, job_id))
+        wire = opts.wire(args, kwargs, job_id)
+        try:
+            new_id = queue.add(self.name, {"args": list(args), "kwargs": kwargs}, wire)
+        except SerializationError:
+            # The client encodes the PUSH before it sends anything; encoding the payload a
+            # second time up front, only to name a bad argument, cost every call a msgpack
+            # pass. Now only a refused call pays it, to say which argument it was.
+            encode_payload(self.name, args, kwargs)
+            raise  # the arguments encode: the PUSH was refused for its size or its options
         return TaskResult(queue, new_id, self.name)
 
     def map(self, calls: Iterable[Any], **options: Unpack[CallOptions]) -> list[TaskResult]:
@@ -106,9 +113,10 @@ class Task(Generic[P, R]):
             raise TypeError("map() takes no job_id: one id cannot name several jobs")
         argument_lists = [call if isinstance(call, tuple) else (call,) for call in calls]
         payloads = encode_payloads(self.name, argument_lists)
-        shared = None if callable(opts.unique_key) else opts.job_options((), {}, None)
+        # Wire fields, not `JobOptions`: the bulk encoder would translate those once per job.
+        shared = None if callable(opts.unique_key) else opts.wire((), {}, None)
         jobs = [
-            (self.name, payload, shared or opts.job_options(args, {}, None))
+            (self.name, payload, shared if shared is not None else opts.wire(args, {}, None))
             for args, payload in zip(argument_lists, payloads, strict=True)
         ]
         if self.app.eager:
@@ -265,6 +273,11 @@ class App:
 
     def queue(self, name: str) -> Queue:
         """The `Queue` named `name` on this app's connection (for counts, the DLQ, ...)."""
+        # Every `.delay()` comes here: a queue already opened in this process is taken
+        # without the lock (a dict read is atomic; `close` swaps in a new dict).
+        found = self._queues.get(name)
+        if found is not None and self._pid == os.getpid():
+            return found
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked child
                 self._connection = None
@@ -285,10 +298,12 @@ class App:
     def close(self) -> None:
         """Close this process's connection (a later call opens a new one). Idempotent."""
         with self._lock:
-            if self._connection is not None and self._pid == os.getpid():
-                self._connection.close()
-            self._connection = None
+            # The queues go first: `queue` reads them without the lock, and must not hand
+            # out one whose connection is already closed.
             self._queues = {}
+            connection, self._connection = self._connection, None
+            if connection is not None and self._pid == os.getpid():
+                connection.close()
 
     def _run_eagerly(
         self, task: Task[..., Any], payload: dict[str, Any], job_id: str | None

@@ -196,7 +196,7 @@ class Signature(Canvas):
         data = encode_payload(self.task.name, self.args, self.kwargs)
         if feed is not None:
             data["flow"] = {"take": feed.take, "children": [c for c, _ in children]}
-        wire = opts.job_options(self.args, self.kwargs, None).to_wire()
+        wire = opts.wire(self.args, self.kwargs, None)
         flow.add(me[0], me[1], {"name": self.task.name, "data": data, **wire}, parent, children)
         return me
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import Any, Final, TypedDict
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
@@ -86,7 +87,9 @@ class TaskOptions:
 
     def merged(self, overrides: CallOptions) -> tuple[TaskOptions, str | None]:
         """These options with a call's overrides, and the call's custom job id."""
-        unknown = set(overrides) - {f.name for f in fields(self)} - {"job_id"}
+        if not overrides:  # `.delay()`: no copy, so the wire options cached below are reused
+            return self, None
+        unknown = set(overrides) - _OPTION_NAMES
         if unknown:
             raise TypeError(f"unknown task option(s): {', '.join(sorted(unknown))}")
         changes: dict[str, Any] = {k: v for k, v in overrides.items() if k != "job_id"}
@@ -110,6 +113,29 @@ class TaskOptions:
             durable=self.durable,
             stack_trace_limit=TRACEBACK_LINES,
         )
+
+    def wire(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], job_id: str | None
+    ) -> Mapping[str, Any]:
+        """The PUSH fields of one call (`job_options` on the wire). Shared between calls
+        when they do not depend on the call: never change the mapping returned."""
+        fixed = self._fixed_wire
+        if fixed is not None and job_id is None:
+            return fixed
+        return self.job_options(args, kwargs, job_id).to_wire()
+
+    @cached_property
+    def _fixed_wire(self) -> dict[str, Any] | None:
+        # Built once per set of options instead of once per `.delay()`: building and
+        # translating the options cost as much client CPU as the rest of the call
+        # (bench/results/2026-12-04-delay.md). None when a unique_key function makes
+        # them depend on the arguments.
+        if callable(self.unique_key):
+            return None
+        return self.job_options((), {}, None).to_wire()
+
+
+_OPTION_NAMES: Final = frozenset(f.name for f in fields(TaskOptions)) | {"job_id"}
 
 
 def encode_payload(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:

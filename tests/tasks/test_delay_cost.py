@@ -1,0 +1,162 @@
+"""What one `.delay()` costs the client, counted rather than timed: one PUSH on the wire, the
+task's options on it, and no per-call work beyond a raw `Queue.add` but a few bookkeeping
+calls (a Python-call count under cProfile, which does not depend on the machine's load).
+
+`.delay()` once rebuilt and translated its options and msgpack-packed its arguments twice on
+every call, 60 Python calls more than the raw push it wraps (bench/results/2026-12-04-delay.md).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+from shardq_harness import ShardqServer
+
+from shardq import App
+from shardq.client import Connection, Queue, SerializationError
+
+CALLS = 200
+# Python calls a `.delay()` may make beyond the raw `Queue.add` it wraps (14 now: delay,
+# apply, merged, wire, App.queue, TaskResult, the options' copy in the PUSH and a few
+# builtins). Rebuilding the options per call alone adds about 25; the old code added 60.
+MAX_EXTRA_CALLS = 20
+# Functions a `.delay()` without per-call options must not call once its task has sent once.
+PER_CALL_WORK = ("job_options", "to_wire", "replace", "encode_payload", "__post_init__")
+
+
+@pytest.fixture(params=["tcp", "zmq"])
+def task_url(request: pytest.FixtureRequest, server: ShardqServer) -> str:
+    if request.param == "zmq":
+        return "zmq" + server.zmq_endpoint.removeprefix("tcp")
+    host, port = server.tcp_address
+    return f"tcp://{host}:{port}"
+
+
+@pytest.fixture
+def app(task_url: str) -> Iterator[App]:
+    with App(url=task_url) as app:
+        yield app
+
+
+class _Recorder:
+    """Wraps a transport's `request`: records the commands it accepted to send (a command
+    that cannot be encoded raises there, before anything is written)."""
+
+    def __init__(self, connection: Connection) -> None:
+        connection.connect()
+        transport = connection._transport
+        assert transport is not None
+        self._request = transport.request
+        transport.request = self  # type: ignore[method-assign]
+        self.batches: list[list[Mapping[str, Any]]] = []
+
+    def __call__(self, commands: Sequence[Mapping[str, Any]]) -> Any:
+        sent = self._request(commands)
+        self.batches.append(list(commands))
+        return sent
+
+
+def _calls_per_call(fn: Any) -> tuple[float, dict[str, float]]:
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(CALLS):
+        fn()
+    profile.disable()
+    stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    by_name: dict[str, float] = {}
+    for (_file, _line, name), row in stats.items():
+        by_name[name] = by_name.get(name, 0) + row[1] / CALLS
+    return sum(by_name.values()), by_name
+
+
+def test_delay_writes_one_push_with_the_task_options(app: App) -> None:
+    @app.task(queue="delay-cost", attempts=4, backoff=0.5, timeout=30, priority=3, delay=60)
+    def later(x: int) -> int:
+        return x
+
+    recorder = _Recorder(app.queue("delay-cost").connection)
+    first, second = later.delay(1), later.delay(2)
+    override = later.apply((3,), priority=7, job_id="delay-cost-override")
+    third = later.delay(4)  # the override did not leak into the task's cached options
+
+    assert [[c["cmd"] for c in batch] for batch in recorder.batches] == [["PUSH"]] * 4
+    pushes = [batch[0] for batch in recorder.batches]
+    assert [p["data"] for p in pushes] == [{"args": [n], "kwargs": {}} for n in (1, 2, 3, 4)]
+    expected = {"maxAttempts": 4, "backoff": 500, "timeout": 30_000, "delay": 60_000,
+                "stackTraceLimit": 50}  # fmt: skip
+    for push, priority in zip(pushes, (3, 3, 7, 3), strict=True):
+        assert {k: push.get(k) for k in expected} == expected
+        assert push["priority"] == priority and push["name"] == later.name
+    assert "jobId" not in pushes[0] and pushes[2]["jobId"] == "delay-cost-override"
+
+    queue = app.queue("delay-cost")
+    for result, priority in ((first, 3), (second, 3), (override, 7), (third, 3)):
+        job = queue.get_job(result.id)
+        assert job is not None and job.state == "delayed"
+        assert job.max_attempts == 4 and job.priority == priority
+    assert override.id == "delay-cost-override"
+
+
+def test_delay_costs_a_raw_push_and_no_per_call_option_work(app: App, task_url: str) -> None:
+    @app.task(queue="delay-cost", attempts=2, backoff=1.0)
+    def noop(x: float) -> None:
+        return None
+
+    with Connection(task_url) as connection:
+        raw = Queue("delay-cost", connection=connection)
+        noop.delay(0.5)  # the connection is open, the options' wire fields are cached
+        raw.add(noop.name, {"args": [0.5], "kwargs": {}}, {"maxAttempts": 2})
+        delay_calls, delay_by_name = _calls_per_call(lambda: noop.delay(0.5))
+        raw_calls, _ = _calls_per_call(lambda: raw.add(noop.name, {"args": [0.5], "kwargs": {}}))
+    assert {name: delay_by_name.get(name, 0) for name in PER_CALL_WORK} == dict.fromkeys(
+        PER_CALL_WORK, 0
+    )
+    assert delay_calls - raw_calls <= MAX_EXTRA_CALLS, (delay_calls, raw_calls)
+
+
+def test_a_refused_argument_is_still_named_and_nothing_is_sent(app: App) -> None:
+    @app.task(queue="delay-cost")
+    def takes(a: object, b: object = None) -> None:
+        return None
+
+    recorder = _Recorder(app.queue("delay-cost").connection)
+    with pytest.raises(SerializationError, match=r"argument 1 cannot be sent \(object"):
+        takes.delay(1, object())
+    with pytest.raises(SerializationError, match="keyword argument 'b'"):
+        takes.delay(1, b={1, 2})
+    with pytest.raises(SerializationError, match=r"cannot encode .PUSH.: can ?not serialize"):
+        # The arguments encode; the refusal is about the option, and says so.
+        takes.apply((1,), unique_key=object())  # type: ignore[arg-type]
+    assert recorder.batches == []
+
+
+def test_map_puts_the_task_options_on_every_job(app: App) -> None:
+    @app.task(queue="delay-cost", attempts=3, priority=2, unique_key=lambda x: f"map-{x}")
+    def keyed(x: int) -> int:
+        return x
+
+    @app.task(queue="delay-cost", attempts=5, backoff=0.25)
+    def plain(x: int) -> int:
+        return x
+
+    recorder = _Recorder(app.queue("delay-cost").connection)
+    keyed_results = keyed.map(range(3))
+    plain_results = plain.map([7, 8], priority=9)
+    entries = [batch[0]["jobs"] for batch in recorder.batches]
+    assert [[c["cmd"] for c in batch] for batch in recorder.batches] == [["PUSHB"], ["PUSHB"]]
+    # A unique_key function is called per job; fixed options are the same on each.
+    assert [e["uniqueKey"] for e in entries[0]] == ["map-0", "map-1", "map-2"]
+    assert all(e["maxAttempts"] == 3 and e["priority"] == 2 for e in entries[0])
+    assert [(e["maxAttempts"], e["backoff"], e["priority"]) for e in entries[1]] == [
+        (5, 250, 9)
+    ] * 2
+    queue = app.queue("delay-cost")
+    for result, attempts, priority in [(r, 3, 2) for r in keyed_results] + [
+        (r, 5, 9) for r in plain_results
+    ]:
+        job = queue.get_job(result.id)
+        assert job is not None and (job.max_attempts, job.priority) == (attempts, priority)
