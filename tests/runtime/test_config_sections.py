@@ -278,3 +278,12 @@ def test_a_bad_nested_file_is_refused(tmp_path: Path, text: str, error: str) -> 
     path.write_text(text)
     with pytest.raises(ConfigError, match=error):
         load_config(path, env={})
+
+
+def test_the_example_config_writes_every_key_under_its_section() -> None:
+    """The example shows the nested form (test_config checks it loads to the defaults)."""
+    example = SHARDQ.parent / "configs" / "shardq.example.toml"
+    raw = tomllib.loads(example.read_text())
+    assert set(raw) == {*SECTIONS, "engine"}
+    for name, cls in SECTIONS.items():
+        assert set(raw[name]) == {f.name for f in dataclasses.fields(cls)}, name
