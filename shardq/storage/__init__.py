@@ -6,6 +6,14 @@ back from it. Both are typed against `Storage` (`_contract`), the protocol every
 meets, not against `Store`. Schema, migrations and every PRAGMA live in `_schema`. A shard
 encodes its mutations for the writer with `MutationEncoder` (`_encode`), so the writer stores
 records as the bytes that came.
+
+Owns: the database file's schema, migrations and PRAGMAs, and every read and write of it.
+
+Receives: batches of encoded mutations (`Storage.apply`, from the writer), recovery reads
+(from a starting shard), `VACUUM INTO` snapshots (from `shardq.backup`).
+
+Sends: nothing over a socket: it returns the jobs and configs it read back, which rows of a
+batch it rejected, and `StorageError`/`StorageFull` when the disk refuses.
 """
 
 from shardq.storage._contract import Storage
