@@ -113,11 +113,37 @@ def test_child_spec_is_identity_plus_its_roles_sections() -> None:
 _SECTION_READ = re.compile(r"\b_?spec\.(" + "|".join([*SECTIONS, "engine"]) + r")\b")
 
 
+def _runtime_file(module: str) -> Path | None:
+    """The file of a `shardq.runtime...` module, or None for any other module."""
+    if not module.startswith("shardq.runtime"):
+        return None
+    path = SHARDQ.parent.joinpath(*module.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _code_of(package: str) -> set[Path]:
+    """The files a role's process runs: its package, and every runtime module they import,
+    followed through (the front end builds the HTTP process's monitoring views, with its spec)."""
+    todo = list((SHARDQ / "runtime" / package).rglob("*.py"))
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                todo += [f for f in map(_runtime_file, names) if f is not None]
+    return seen
+
+
 def _sections_read(package: str) -> set[str]:
     return {
-        m.group(1)
-        for path in (SHARDQ / "runtime" / package).rglob("*.py")
-        for m in _SECTION_READ.finditer(path.read_text())
+        m.group(1) for path in _code_of(package) for m in _SECTION_READ.finditer(path.read_text())
     }
 
 
