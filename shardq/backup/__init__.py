@@ -4,6 +4,15 @@
 a metadata sidecar; `restore` checks a backup in full before it renames it over the database.
 `BackupScheduler` takes snapshots on a timer inside `shardq start` when `S3_BACKUP_ENABLED`
 is set. Settings use bunqueue's environment names (`BackupSettings`).
+
+Owns: the backup targets (S3, a local directory), the snapshots and their metadata sidecars,
+and the schedule's status file.
+
+Receives: the database path and the settings (from the supervisor or the `shardq backup`
+commands); snapshots and listings back from a target.
+
+Sends: gzipped snapshots and sidecars to the target; a restored file over the database (only
+while no server holds it).
 """
 
 from shardq.backup._core import (

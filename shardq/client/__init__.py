@@ -19,6 +19,15 @@ handlers, renewing their leases while they wait, and ACKs in batches (`ack_batch
 options of `WorkerConfig`. A sans-IO core (`ClientCore`) does request ids, reply matching and
 error mapping; the blocking and asyncio transports are thin adapters around it. Errors are a
 tree under `shardq.errors.ShardqError` (see `shardq.client._errors`).
+
+Owns: the client's connections (one command transport each, its event streams), request ids
+and reply matching, a worker's leases, prefetched jobs and batched ACKs.
+
+Receives: the user's calls (`add`, a handler's return or exception); replies, pushed job
+events and error replies from the server, mapped to `shardq.errors`.
+
+Sends: bunqueue command maps to the server's TCP or ZeroMQ port (PUSH, PULL, ACK, FAIL, ...);
+results and job handles back to the caller.
 """
 
 from shardq.client._async_queue import AsyncQueue, async_join

@@ -1,4 +1,16 @@
-"""The bunqueue wire protocol, sans-IO: frames, command envelopes and the exact error strings."""
+"""The bunqueue wire protocol, sans-IO: frames, command envelopes and the exact error strings.
+
+Owns: the framing (u32 big-endian length + msgpack: the one `FrameCutter` every stream of
+frames in shardq is cut by, and `encode`/`encode_many`, which frame a map), the command
+schema (`_commands`, one declaration per command: fields, ranges, routes), bunqueue's error
+strings, and the JSON and JavaScript-number forms of a reply.
+
+Receives: bytes and command maps from whoever holds a socket (the front end, the links, the
+clients); it never opens one itself.
+
+Sends: nothing on its own (no I/O): it hands back whole frames, decoded and checked commands,
+packed replies, or the exact error a bad command is answered with.
+"""
 
 from shardq.protocol._errors import (
     INTERNAL_SERVER_ERROR,

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Final
 
+from shardq._docgen import regenerate, replace_block
+
 from ._commands import COMMANDS, JOB_FIELDS, ROUTES
 from ._fields import Field
 from ._schema import IGNORED_OPTIONS
@@ -56,20 +58,13 @@ def render() -> str:
 
 def rewrite(text: str) -> str:
     """`text` with its generated block replaced by the current one."""
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    return text[:start] + render() + text[end:]
+    return replace_block(text, BEGIN, END, render())
 
 
 def main(argv: list[str]) -> int:
-    text = DOC.read_text(encoding="utf-8")
-    fresh = rewrite(text)
-    if "--check" in argv:
-        if fresh != text:
-            print("docs/protocol.md §23 differs from the schema: run this without --check")
-            return 1
-        return 0
-    DOC.write_text(fresh, encoding="utf-8")
-    return 0
+    return regenerate(
+        DOC, rewrite, argv, "docs/protocol.md §23 differs from the schema: run this without --check"
+    )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Layers, lowest to highest precedence: the defaults (declared once, in `_sections
 file (`--config`), the environment, then command-line flags. Each layer is parsed and checked
 on its own, so an error names both the key and where the bad value came from. An unknown key in
 the file is an error; unknown environment variables are ignored (the environment is shared with
-everything else). The keys are flat; each belongs to one section of `ServerConfig`.
+everything else). Each key belongs to one section of `ServerConfig` (`_sections.py`); a file
+may write it at the top level (the flat form) or in its section's table (`[tcp]`, `[writer]`,
+...), which load to the same config.
 
 Environment names are `SHARDQ_<KEY>` (e.g. `SHARDQ_TCP_PORT`, `SHARDQ_ENGINE_MAX_COMPLETED`),
 plus bunqueue's names so shardq can replace bunqueue in an existing deployment: `TCP_PORT`,
@@ -46,6 +48,7 @@ from shardq.runtime._config_values import (
 from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._sections import (
     KEY_SECTION,
+    SECTIONS,
     EventSettings,
     FrontendSettings,
     HttpSettings,
@@ -346,6 +349,7 @@ def _from_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     engine_raw = raw.pop("engine", {})
     if not isinstance(engine_raw, dict):
         raise ConfigError(f"engine ({source}): must be a table of engine limits")
+    raw = _unnest(raw, source)
     for key in raw:
         if key not in _PARSERS:
             raise ConfigError(f"unknown config key {key!r} {source}")
@@ -355,6 +359,29 @@ def _from_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     top = {key: _parse(key, value, source) for key, value in raw.items()}
     eng = {name: _parse_engine(name, value, source) for name, value in engine_raw.items()}
     return top, eng
+
+
+def _unnest(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The file's keys made flat: a key may sit at the top (the old form, still valid) or in
+    its section's table (`[tcp]` `tcp_port = 7000`), but only in its own section, and once."""
+    flat: dict[str, Any] = {}
+    for name, value in raw.items():
+        if not (name in SECTIONS and isinstance(value, dict)):
+            items, where = {name: value}, ""
+        else:
+            items, where = value, f"{name}."
+            for key in value:
+                if key in KEY_SECTION and KEY_SECTION[key] != name:
+                    raise ConfigError(
+                        f"config key '{name}.{key}' {source}: {key} belongs in [{KEY_SECTION[key]}]"
+                    )
+                if key not in KEY_SECTION:
+                    raise ConfigError(f"unknown config key '{name}.{key}' {source}")
+        for key, item in items.items():
+            if key in flat:
+                raise ConfigError(f"config key {where}{key} {source} is set twice")
+            flat[key] = item
+    return flat
 
 
 def _from_env(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, int]]:

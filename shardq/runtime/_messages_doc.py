@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 from typing import Final
 
+from shardq._docgen import regenerate, replace_block
 from shardq.runtime._messages import MESSAGES, Message
 
 __all__ = ["BEGIN", "END", "render", "rewrite"]
@@ -52,20 +53,16 @@ def render() -> str:
 
 def rewrite(text: str) -> str:
     """`text` with its generated block replaced by the current one."""
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    return text[:start] + render() + text[end:]
+    return replace_block(text, BEGIN, END, render())
 
 
 def main(argv: list[str]) -> int:
-    text = DOC.read_text(encoding="utf-8")
-    fresh = rewrite(text)
-    if "--check" in argv:
-        if fresh != text:
-            print("docs/runtime.md's message table differs from the module: run without --check")
-            return 1
-        return 0
-    DOC.write_text(fresh, encoding="utf-8")
-    return 0
+    return regenerate(
+        DOC,
+        rewrite,
+        argv,
+        "docs/runtime.md's message table differs from the module: run without --check",
+    )
 
 
 if __name__ == "__main__":

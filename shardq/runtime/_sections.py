@@ -1,10 +1,11 @@
 """The sections of `ServerConfig`, one per role, each key's default declared here and only here.
 
-Users write flat keys (`tcp_port`, `SHARDQ_WEBHOOK_SYNC_MS`, `--http-port`); each key belongs
-to exactly one section, found by its name (`KEY_SECTION`), so the nesting is internal and every
-config file, variable and flag keeps its meaning. `ServerConfig` holds every section; a child's
-`ChildSpec` is its role, index and paths plus the sections (`CHILD_SECTIONS`), which travel to
-it as JSON and come back as the same frozen records.
+Users write flat keys (`tcp_port`, `SHARDQ_WEBHOOK_SYNC_MS`, `--http-port`), or the same keys
+under their section's table in the config file (`[tcp]` `tcp_port = 7000`); each key belongs to
+exactly one section, found by its name (`KEY_SECTION`), so every config file, variable and flag
+keeps its meaning. `ServerConfig` holds every section; a child's `ChildSpec` is its role, index
+and paths plus the sections its role reads (`_spec.ROLE_SECTIONS`), which travel to it as JSON
+and come back as the same frozen records.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 __all__ = [
-    "CHILD_SECTIONS",
     "KEY_SECTION",
     "SECTIONS",
     "EventSettings",
@@ -311,7 +311,8 @@ class WebhookSettings:
     test_resolve_file: str = ""
 
 
-# Section name (the attribute of `ServerConfig` and `ChildSpec`) -> its record.
+# Section name (the attribute of `ServerConfig` and `ChildSpec`, the config file's table) -> its
+# record.
 SECTIONS: dict[str, type[Any]] = {
     "supervisor": SupervisorSettings,
     "process": ProcessSettings,
@@ -323,8 +324,6 @@ SECTIONS: dict[str, type[Any]] = {
     "http": HttpSettings,
     "webhooks": WebhookSettings,
 }
-# The sections a child is handed: all but the supervisor's own.
-CHILD_SECTIONS = tuple(name for name in SECTIONS if name != "supervisor")
 # A user's flat key -> the section that holds it (a key is in exactly one; a test checks).
 KEY_SECTION: dict[str, str] = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}
 

@@ -1,14 +1,17 @@
-"""What the supervisor hands each child process: its role, index and paths, plus the config's
-sections (`_sections.py`, where each setting's default is declared once)."""
+"""What the supervisor hands each child process: its role, index and paths, plus the config
+sections its role reads (`ROLE_SECTIONS`; each setting's default is declared once, in
+`_sections.py`). A section the role is not handed is absent, and reading it is an error, so a
+child never runs on a silent default (and the writer never holds the client tokens)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardq.runtime._sections import (
-    CHILD_SECTIONS,
+    SECTIONS,
     EventSettings,
     FrontendSettings,
     HttpSettings,
@@ -21,7 +24,18 @@ from shardq.runtime._sections import (
     sections_from_keys,
 )
 
-__all__ = ["ChildSpec"]
+__all__ = ["ROLE_SECTIONS", "ChildSpec"]
+
+# Role -> the sections of `ServerConfig` it reads ("engine": the engine overrides). The shard
+# reads `tcp` for `max_frame_bytes` only (a link frame holds a client's largest frame); the
+# front end reads `http` for the monitoring commands, built by the HTTP process's views
+# (`metrics_max_queues` caps Prometheus' series there too).
+ROLE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "writer": ("process", "links", "writer"),
+    "shard": ("process", "links", "writer", "tcp", "engine"),
+    "frontend": ("process", "tcp", "frontend", "events", "links", "webhooks", "http", "engine"),
+    "http": ("process", "tcp", "http", "events", "webhooks", "engine"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,16 +48,19 @@ class ChildSpec:
     # A secret the supervisor draws at each start: the HTTP process's link to the front end
     # authenticates with it, which marks the link internal (never on the command line).
     internal_token: str = ""
-    # ServerConfig's sections (CHILD_SECTIONS), each with its defaults.
-    process: ProcessSettings = field(default_factory=ProcessSettings)
-    tcp: TcpSettings = field(default_factory=TcpSettings)
-    frontend: FrontendSettings = field(default_factory=FrontendSettings)
-    events: EventSettings = field(default_factory=EventSettings)
-    links: LinkSettings = field(default_factory=LinkSettings)
-    writer: WriterSettings = field(default_factory=WriterSettings)
-    http: HttpSettings = field(default_factory=HttpSettings)
-    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
-    engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
+    # The role's sections by name (a missing one takes its defaults), and the engine's
+    # overrides under "engine"; read through the properties below.
+    sections: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        wanted = ROLE_SECTIONS.get(self.role)
+        if wanted is None:
+            raise ValueError(f"unknown child role {self.role!r}")
+        extra = set(self.sections) - set(wanted)
+        if extra:
+            raise ValueError(f"the {self.role} is not handed section(s) {sorted(extra)}")
+        full = {name: self.sections.get(name, _default(name)) for name in wanted}
+        object.__setattr__(self, "sections", full)
 
     @classmethod
     def of(
@@ -58,9 +75,57 @@ class ChildSpec:
         **settings: Any,
     ) -> ChildSpec:
         """A spec with some settings given by their flat config keys (`shutdown_timeout_ms=300`),
-        the rest at their defaults. Raises KeyError for a key no child section holds."""
-        sections = sections_from_keys(settings, CHILD_SECTIONS)
-        return cls(role, run_dir, data_path, shards, index, engine=dict(engine or {}), **sections)
+        the rest at their defaults. Raises KeyError for a key none of the role's sections
+        holds."""
+        names = tuple(n for n in ROLE_SECTIONS.get(role, ()) if n != "engine")
+        sections: dict[str, Any] = sections_from_keys(settings, names)
+        if engine:
+            sections["engine"] = dict(engine)
+        return cls(role, run_dir, data_path, shards, index, sections=sections)
+
+    def _section(self, name: str) -> Any:
+        try:
+            return self.sections[name]
+        except KeyError:
+            role = self.role
+            raise LookupError(f"the {role} process is not handed the {name!r} section") from None
+
+    @property
+    def process(self) -> ProcessSettings:
+        return self._section("process")  # type: ignore[no-any-return]
+
+    @property
+    def tcp(self) -> TcpSettings:
+        return self._section("tcp")  # type: ignore[no-any-return]
+
+    @property
+    def frontend(self) -> FrontendSettings:
+        return self._section("frontend")  # type: ignore[no-any-return]
+
+    @property
+    def events(self) -> EventSettings:
+        return self._section("events")  # type: ignore[no-any-return]
+
+    @property
+    def links(self) -> LinkSettings:
+        return self._section("links")  # type: ignore[no-any-return]
+
+    @property
+    def writer(self) -> WriterSettings:
+        return self._section("writer")  # type: ignore[no-any-return]
+
+    @property
+    def http(self) -> HttpSettings:
+        return self._section("http")  # type: ignore[no-any-return]
+
+    @property
+    def webhooks(self) -> WebhookSettings:
+        return self._section("webhooks")  # type: ignore[no-any-return]
+
+    @property
+    def engine(self) -> dict[str, int]:
+        """The `EngineConfig` overrides (`[engine]` in the config file)."""
+        return self._section("engine")  # type: ignore[no-any-return]
 
     def endpoint(self, name: str) -> str:
         """`ipc://` address of one of the run directory's sockets: sup, writer, front, shard-i."""
@@ -76,18 +141,31 @@ class ChildSpec:
         return f"{self.run_dir}/link-{index}"
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(asdict(self))  # the sections too, as objects
 
     @classmethod
     def from_json(cls, text: str) -> ChildSpec:
-        """The spec back from `to_json`. Raises ValueError for bad JSON and TypeError for a
-        missing or unknown field or key."""
+        """The spec back from `to_json`. Raises ValueError for bad JSON or a section its role
+        is not handed, and TypeError for a missing or unknown field or key."""
         raw: dict[str, Any] = json.loads(text)
         if not isinstance(raw, dict):
             raise TypeError(f"a spec is a JSON object, got {type(raw).__name__}")
-        for name in CHILD_SECTIONS:
-            section = raw.get(name, {})
+        sections = raw.get("sections", {})
+        if not isinstance(sections, dict):
+            raise TypeError("'sections' must be an object")
+        decoded: dict[str, Any] = {}
+        for name, section in sections.items():
             if not isinstance(section, dict):
                 raise TypeError(f"section {name!r} must be an object")
-            raw[name] = section_from_json(name, section)
+            if name == "engine":
+                decoded[name] = dict(section)
+            elif name in SECTIONS:
+                decoded[name] = section_from_json(name, section)
+            else:
+                raise TypeError(f"unknown section {name!r}")
+        raw["sections"] = decoded
         return cls(**raw)
+
+
+def _default(name: str) -> Any:
+    return {} if name == "engine" else SECTIONS[name]()

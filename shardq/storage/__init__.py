@@ -7,8 +7,16 @@ meets, not against `Store`. Schema, migrations and every PRAGMA live in `_schema
 encodes its mutations for the writer with `MutationEncoder` (`_encode`), so the writer stores
 records as the bytes that came.
 
-`open_postgres` opens the PostgreSQL backend (`_postgres.PostgresStore`, the same contract),
-which needs the optional extra `postgres` (psycopg); only it imports psycopg.
+Owns: the database's schema, migrations and settings (the SQLite file's PRAGMAs, or a PostgreSQL
+database through `open_postgres`, the optional extra `postgres`: only it imports psycopg), and
+every read and write of it.
+
+Receives: batches of encoded mutations (`Storage.apply`, from the writer), recovery reads
+(from a starting shard), `VACUUM INTO` snapshots (from `shardq.backup`), and the idle
+writer's vacuum steps.
+
+Sends: nothing over a socket: it returns the jobs and configs it read back, which rows of a
+batch it rejected, and `StorageError`/`StorageFull` when the disk refuses.
 """
 
 from __future__ import annotations

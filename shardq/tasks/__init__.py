@@ -18,6 +18,16 @@
 Run the tasks with `shardq worker myproject.tasks:app --processes 2`. Calling
 `send_email("a@b.c")` runs the function here, as a plain call. The guide, with FastAPI and
 Django examples and a table for Celery, Dramatiq, RQ and huey users, is `docs/tasks.md`.
+
+Owns: the registry of an `App`'s tasks and schedules, the task options (queue, attempts,
+backoff, timeout), the worker processes of `shardq worker`, and the encoding of a call's
+arguments and result.
+
+Receives: calls (`delay`, `apply_async`, a chain or group), and through `shardq.client` the
+jobs a worker pulls and the results a `TaskResult` waits for.
+
+Sends: jobs to the server through `shardq.client` (one per call; a cron schedule on the
+server per periodic task), and results or tracebacks back as each job's completion or failure.
 """
 
 from shardq.client import JobCancelled, RunningJob, current_job

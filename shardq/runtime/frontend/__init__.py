@@ -1,14 +1,16 @@
 """The front end process: the only one that touches client sockets.
 
-Owns: the TCP listener (bunqueue framing) and the ZeroMQ ROUTER socket, every client
-connection, the table of requests in flight, the job-to-shard cache, the worker registry and
-the lifetime counters behind `Metrics`.
+Owns: the TCP listener (bunqueue framing, the TCP gateway) and the ZeroMQ ROUTER socket, every
+client connection and its session (Auth, limits), the table of requests in flight, the
+job-to-shard cache, the parked long-polls, the worker registry, the event ring and the
+lifetime counters behind `Metrics`.
 
-Receives: client frames; shard replies on one Unix stream link per shard
-(`shardq.runtime.links`); `shard-down` and `shard-up` from the supervisor.
+Receives: client frames; on one Unix stream link per shard (`shardq.runtime.links`) `rep`,
+`events`, `cancel`, `drained` and `flow`; `shard-down` and `shard-up` from the supervisor
+(and from its own link watcher).
 
-Sends: per-shard request batches and `close` notices on the links; replies to the clients;
-`ready` to the supervisor.
+Sends: `req`, `close`, `drain`, `listen`, `workers` and `flowack` to the shards on the links;
+replies and job events to the clients; `ready` and `fatal` to the supervisor.
 """
 
 from shardq.runtime.frontend._process import main

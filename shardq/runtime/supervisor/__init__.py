@@ -1,14 +1,16 @@
 """The supervisor process: `shardq start`.
 
 Owns: the configuration, the run directory and its sockets' paths, the child processes (the
-writer, the N shards, the front end) and the process signals. It spawns each group, waits for
-every child to report ready, restarts a child that dies, and shuts the tree down in order on
-SIGTERM or SIGINT.
+writer, the N shards, the front end, the HTTP process), the scheduled backups and the process
+signals. It spawns each group, waits for every child to report ready, restarts a child that
+dies, and shuts the tree down in order on SIGTERM or SIGINT.
 
-Receives: on its PULL socket (`ipc://RUN/sup`), each child's `ready` and `fatal` messages
-(`shardq.runtime.links`).
+Receives: on its PULL socket (`ipc://RUN/sup`), each child's `ready`, `progress` and `fatal`
+(`shardq.runtime.links`); SIGTERM, SIGINT and SIGCHLD.
 
-Sends: `shard-down` and `shard-up` to the front end's PULL socket; signals to its children.
+Sends: each child its spec (role, index, paths and the config sections its role reads) on
+standard input; `shard-down` and `shard-up` to the front end's PULL socket; signals to its
+children.
 """
 
 from shardq.runtime.supervisor._process import main

@@ -40,9 +40,8 @@ from shardq.backup import scheduled_backups
 from shardq.runtime import _messages as msgs
 from shardq.runtime._config import ConfigError, ServerConfig, load_config
 from shardq.runtime._logging import configure
-from shardq.runtime._sections import CHILD_SECTIONS
 from shardq.runtime._signals import SignalWaker
-from shardq.runtime._spec import ChildSpec
+from shardq.runtime._spec import ROLE_SECTIONS, ChildSpec
 from shardq.runtime.supervisor._lock import DataLock
 from shardq.runtime.supervisor._preflight import (
     StartupError,
@@ -389,9 +388,8 @@ class Supervisor:
             shards=len(self._shards),
             index=child.index,
             internal_token=self._internal_token if child.role in ("frontend", "http") else "",
-            engine=dict(c.engine),
-            # The sections are frozen records: handed over as they are, each key by its section.
-            **{name: getattr(c, name) for name in CHILD_SECTIONS},
+            # The frozen sections its role reads, handed over as they are; no others.
+            sections={name: getattr(c, name) for name in ROLE_SECTIONS[child.role]},
         )
 
     def _signal(self, child: _Child, signum: int) -> None:

@@ -1,12 +1,13 @@
 """The writer process: the only process that writes the SQLite file.
 
-Owns: the storage (a `shardq.storage.Storage`: the SQLite `Store`), the flush buffer and the
-per-shard epochs and sequence numbers it has committed.
+Owns: the storage (a `shardq.storage.Storage`: the SQLite `Store`), the flush buffer, the
+per-shard epochs and sequence numbers it has committed, and the status file the HTTP process
+reads (`<run dir>/writer-status.json`).
 
-Receives: `muts`, `flush` and `sync` messages from every shard on its Unix stream listener
+Receives: `muts`, `flush` and `sync` from every shard on its Unix stream listener
 (`shardq.runtime.links`).
 
-Sends: `done` (and `fail`) confirmations to each shard; `ready` and `fatal` to the supervisor.
+Sends: `done`, `fail` and `rejected` to each shard; `ready` and `fatal` to the supervisor.
 """
 
 from shardq.runtime.writer._process import Writer, main
