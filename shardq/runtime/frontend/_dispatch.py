@@ -34,7 +34,6 @@ from shardq.protocol import (
     unknown_command,
 )
 from shardq.protocol._fields import Limits
-from shardq.protocol._prepacked import WIRE_MODE_KEY
 from shardq.protocol._schema import check as schema_check
 from shardq.runtime import _clock
 from shardq.runtime import _messages as msgs
@@ -65,13 +64,12 @@ MAX_PULLERS: Final = MAX_AUTH_FAILURE_RECORDS
 _log = structlog.get_logger()
 
 
-def _pass_through(client: Client, cmd: dict[str, Any]) -> None:
+def _pass_through(client: Client) -> msgs.ReqEnvelope | None:
     """Let the shard pack a PULLB's reply in its final form for a TCP or ZeroMQ client (their
-    `wire_mode` says how numbers go), to be passed on as bytes (`protocol._prepacked`)."""
-    cmd.pop(WIRE_MODE_KEY, None)  # never a client's to choose
+    `wire_mode` says how numbers go), to be passed on as bytes (`protocol._prepacked`). It
+    travels in the request's envelope: never a client's to choose."""
     mode = getattr(client, "wire_mode", None)
-    if mode is not None:
-        cmd[WIRE_MODE_KEY] = mode
+    return None if mode is None else {msgs.ENVELOPE_WIRE: mode}
 
 
 class Dispatcher:
@@ -215,16 +213,16 @@ class Dispatcher:
             if error:
                 self.answer(client, req, error_reply(error))
                 return
-        frame["_conn"] = client.conn
+        envelope = None
         if name in _PULLS:
             self._note_puller(client)
             if name == "PULLB":
-                _pass_through(client, frame)
+                envelope = _pass_through(client)
         routed = self.bunqueue.before_route(client, req, name, frame)
         if routed is not None:
             if name in PARKING_COMMANDS and parks(name, frame):
                 routed = self._park(routed, frame)
-            self._route(routed, req, name, frame)
+            self._route(routed, req, name, frame, envelope)
 
     def _park(self, client: Client, cmd: dict[str, Any]) -> Client:
         """A long-poll within the caps holds a slot until it is answered; past them it is
