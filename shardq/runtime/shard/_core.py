@@ -337,7 +337,7 @@ class ShardCore(StorageRefusals):
             # [conn, rid, command], or [conn, rid, command, envelope] for the few with one.
             size = len(item) if isinstance(item, list) else 0
             if 3 <= size <= 4 and isinstance(item[0], str) and isinstance(item[2], dict):
-                envelope = item[3] if size == 4 else None
+                envelope: Envelope = item[3] if size == 4 else None
                 if envelope is None or isinstance(envelope, dict):
                     self._request(item[0], item[1], item[2], now, envelope)
                     continue
