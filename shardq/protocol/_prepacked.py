@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]
 
-from shardq.protocol._frames import FRAME_HEADER, pack_body
+from shardq.protocol._frames import frame, pack_body
 from shardq.protocol._jsnum import js_numbers
 
 __all__ = [
@@ -45,6 +45,7 @@ JS_NUMBERS: Final = 2  # integers beyond 32 bits as float64 (TCP: bunqueue's cli
 
 _UINT64: Final = b"\xcf"
 _INT64: Final = b"\xd3"
+# The lengths in msgpack's map16 and map32 headers (`_map_size`), not frame headers.
 _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
 _REQ_ID: Final = msgpack.packb("reqId", use_bin_type=True)
@@ -74,8 +75,7 @@ def prepacked_body(reply: Mapping[str, Any]) -> bytes:
 
 def prepacked_frame(reply: Mapping[str, Any]) -> bytes:
     """A pass-through `reply` as one TCP frame."""
-    body = prepacked_body(reply)
-    return FRAME_HEADER.pack(len(body)) + body
+    return frame(prepacked_body(reply))
 
 
 def _map_size(body: bytes) -> tuple[int, int]:
