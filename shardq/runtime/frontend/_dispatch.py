@@ -131,6 +131,16 @@ class Dispatcher:
             "Ping": self._ping,
             "AuthCheck": self.auth.auth_check,
         }
+        # What the shards (and the supervisor, about them) send: one handler per kind.
+        self._from_shards: dict[object, Callable[[Mapping[str, Any]], None]] = {
+            msgs.REP: self._on_rep,
+            msgs.EVENTS: self._on_events,
+            msgs.FLOW: self.flows.on_notices,
+            msgs.CANCEL: self._on_cancel,
+            msgs.DRAINED: self._on_drained,
+            msgs.SHARD_DOWN: self._on_shard_down,
+            msgs.SHARD_UP: self._on_shard_up,
+        }
         for table in (
             CronRoutes(router).handlers,
             WebhookRoutes(router, webhook_rules).handlers,
@@ -254,28 +264,35 @@ class Dispatcher:
         self.answer(client, req, {"ok": True, "data": {"pong": True, "time": now_ms}})
 
     def on_shard_message(self, msg: Mapping[str, Any]) -> None:
-        """Take one message from a shard (`rep` or `drained`). Never raises."""
-        kind = msg.get("t")
-        if kind == msgs.REP:
-            self.router.deliver(msg.get("items"))
-        elif kind == msgs.SHARD_DOWN:
-            self.router.shard_down(msg.get("shard"))
-        elif kind == msgs.EVENTS:
-            self.events.on_events(msg.get("items"))
-        elif kind == msgs.SHARD_UP:
-            self.down.discard(msg.get("shard"))
-            self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
-            self.bunqueue.presence.shard_up(msg.get("shard"))  # type: ignore[arg-type]
-        elif kind == msgs.FLOW:
-            self.flows.on_notices(msg)
-        elif kind == msgs.CANCEL:
-            self._push_cancels(msg.get("items"))
-        elif kind == msgs.DRAINED:
-            self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
-            if len(self.drained) >= self.shards:
-                self.all_drained.set()
+        """Take one message from a shard, or about one from the supervisor (`shard-down`,
+        `shard-up`). Never raises for an unknown kind: it is logged and dropped."""
+        handler = self._from_shards.get(msg.get("t"))
+        if handler is None:
+            _log.warning("unknown internal message dropped", t=msg.get("t"))
         else:
-            _log.warning("unknown internal message dropped", t=kind)
+            handler(msg)
+
+    def _on_rep(self, msg: Mapping[str, Any]) -> None:
+        self.router.deliver(msg.get("items"))
+
+    def _on_shard_down(self, msg: Mapping[str, Any]) -> None:
+        self.router.shard_down(msg.get("shard"))
+
+    def _on_events(self, msg: Mapping[str, Any]) -> None:
+        self.events.on_events(msg.get("items"))
+
+    def _on_shard_up(self, msg: Mapping[str, Any]) -> None:
+        self.down.discard(msg.get("shard"))
+        self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
+        self.bunqueue.presence.shard_up(msg.get("shard"))  # type: ignore[arg-type]
+
+    def _on_cancel(self, msg: Mapping[str, Any]) -> None:
+        self._push_cancels(msg.get("items"))
+
+    def _on_drained(self, msg: Mapping[str, Any]) -> None:
+        self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
+        if len(self.drained) >= self.shards:
+            self.all_drained.set()
 
     def _note_puller(self, client: Client) -> None:
         """Remember a connection that may hold leases, for the cancels pushed to it. A TCP
