@@ -39,7 +39,8 @@ WIRE_KEY: Final = "_wire"
 IDS_KEY: Final = "_ids"
 """The ids of the jobs in a pass-through reply."""
 WIRE_MODE_KEY: Final = "_wire_mode"
-"""Set by the front end on a command whose reply may be passed through: how to pack numbers."""
+"""The shard's mark on a reply it will pack for passing through (how to pack its numbers, from
+the request's envelope); `shard._wire` drops it when it packs the reply."""
 PLAIN_NUMBERS: Final = 1  # msgpack's own integers (ZeroMQ clients)
 JS_NUMBERS: Final = 2  # integers beyond 32 bits as float64 (TCP: bunqueue's clients)
 

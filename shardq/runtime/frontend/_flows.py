@@ -11,8 +11,9 @@
   `data.__parentQueue`) asks that queue's shard. Either is refused `Parent job not found: X`,
   as bunqueue does, rather than leave a child reporting to no one. A bare `parentId`, or
   bunqueue-client's placeholder "pending", is not checked (a forward reference).
-- **PUSHF over several shards**, in two phases. Each shard gets its part as one PUSHF with
-  `_hold`: it admits all of its nodes or none, and keeps them from delivery. If every part
+- **PUSHF over several shards**, in two phases. Each shard gets its part as one PUSHF with a
+  hold in its request's envelope: it admits all of its nodes or none, and keeps them from
+  delivery. If every part
   is admitted, each shard gets a `FlowRelease` and the flow starts; if one is refused, the
   parts already admitted are cancelled (their jobs never ran) and the client gets the error.
 """
