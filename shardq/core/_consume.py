@@ -50,7 +50,7 @@ class ConsumeOps(EngineState):
         reply: dict[str, Any]
         if taken:
             job = taken[0]
-            token = self.activate(fx, job, self._grant(cmd, owner), now)
+            token = self.activate(fx, job, self._grant(fx, cmd, owner), now)
             reply = {"ok": True, "job": job.to_wire()}
             if owner is not None:
                 reply["token"] = token
@@ -68,7 +68,7 @@ class ConsumeOps(EngineState):
         owner = _owner(cmd)
         q = self.ready_queue(fx, queue, now)
         taken = self.take_many(fx, q, as_int(cmd.get("count"), 1), now) if q is not None else []
-        tokens = self.activate_all(fx, taken, self._grant(cmd, owner), now) if taken else []
+        tokens = self.activate_all(fx, taken, self._grant(fx, cmd, owner), now) if taken else []
         reply: dict[str, Any] = {"ok": True, "jobs": self.pulled(taken)}
         if owner is not None:
             reply["tokens"] = [token or "" for token in tokens]
@@ -140,10 +140,10 @@ class ConsumeOps(EngineState):
         """`take_many` for a queue with job groups (`GroupOps`)."""
         return self.take_many(fx, q, count, now, False, False)
 
-    def _grant(self, cmd: Mapping[str, Any], owner: str | None) -> _Grant:
+    def _grant(self, fx: Effects, cmd: Mapping[str, Any], owner: str | None) -> _Grant:
         """What every job of one pull gets: owner, lease TTL and the connection to track."""
         ttl = _positive(cmd.get("lockTtl"), self.config.default_lock_ttl_ms)
-        conn = _conn(cmd)
+        conn = fx.conn
         return _Grant(owner, ttl, conn, None if cmd.get("detach") else conn)
 
     def activate(self, fx: Effects, job: Job, grant: _Grant, now: int) -> str | None:
@@ -506,11 +506,6 @@ class _Grant(NamedTuple):
 def _owner(cmd: Mapping[str, Any]) -> str | None:
     owner = cmd.get("owner")
     return owner if isinstance(owner, str) and owner else None
-
-
-def _conn(cmd: Mapping[str, Any]) -> str | None:
-    conn = cmd.get("_conn")
-    return conn if isinstance(conn, str) else None
 
 
 def _positive(value: object, default: int) -> int:

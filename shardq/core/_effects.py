@@ -23,13 +23,15 @@ Event = tuple[str, str, str]
 
 class Outcome:
     """The effects of one call: `mutations` and `events` in the order made, and (from
-    `apply`) the `reply` map."""
+    `apply`) the `reply` map. `conn` is the connection the command came from (None for the
+    engine's own calls): a pull's leases are released when it closes."""
 
-    __slots__ = ("events", "mutations", "reply")
+    __slots__ = ("conn", "events", "mutations", "reply")
 
     reply: dict[str, Any]
 
-    def __init__(self) -> None:
+    def __init__(self, conn: str | None = None) -> None:
+        self.conn = conn
         self.mutations: list[Mutation] = []
         self.events: list[Event] = []
 

@@ -1,6 +1,6 @@
 """The queue engine: one shard's queues in memory, driven by commands and by time.
 
-    outcome = engine.apply(command, now)   # .reply, .mutations, .events
+    outcome = engine.apply(command, now, conn)   # .reply, .mutations, .events
     events, mutations = engine.tick(now)
 
 `command` is a bunqueue command map (`{"cmd": "PUSH", "queue": ..., ...}`); the reply is the
@@ -9,8 +9,9 @@ bunqueue's exact message and changes nothing, except PUSHB, which keeps its acce
 (past validation, which refuses the whole batch). Every field is checked against its bounds
 (`_validate.py`, from the schema in `shardq/protocol/`) before a handler runs, so no value
 the engine stores or schedules can overflow SQLite, msgpack or the shard's poll.
-The front end adds `_conn` (the connection id) to commands, so a closed connection's jobs can
-be released with `release_connection`.
+`conn` is the id of the client connection the command came from (the shard has it from the
+request's envelope, never from the command map), so a closed connection's jobs can be released
+with `release`.
 
 Every entry point makes one `Outcome` (`_effects.py`) and hands it, as `fx`, to the handler
 and to each method that emits a mutation or a job event; nothing of a call stays on the engine.
@@ -146,9 +147,10 @@ class Engine(
             name: self._checked(name, getattr(self, method)) for name, method in COMMANDS.items()
         }
 
-    def apply(self, command: Mapping[str, Any], now: int) -> Outcome:
-        """Run one command at time `now` (ms). Returns its reply, mutations and job events."""
-        fx = Outcome()
+    def apply(self, command: Mapping[str, Any], now: int, conn: str | None = None) -> Outcome:
+        """Run one command at time `now` (ms) for connection `conn` (None: no connection owns
+        what it pulls). Returns its reply, mutations and job events."""
+        fx = Outcome(conn)
         name = command.get("cmd")
         handler = self._handlers.get(name) if isinstance(name, str) else None
         if handler is None:

@@ -354,8 +354,9 @@ class FlowOps(TimerOps, ProduceOps):
 
     def cmd_pushf(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         """An atomic flow graph (or, with several shards, this shard's part of one): every
-        node is admitted, or none is. `_hold`: keep the new jobs from delivery until a
-        `FlowRelease` (the front end's first phase, docs/protocol.md §20.3)."""
+        node is admitted, or none is. A part of a flow spanning shards is held from delivery
+        until its `FlowRelease` by the shard (`engine.hold`), which its request's envelope
+        tells to (the front end's first phase, docs/protocol.md §20.3)."""
         nodes = flow_nodes(cmd.get("jobs"))
         error = graph_error((job_id, fields) for job_id, _queue, fields in nodes)
         if error:
@@ -376,8 +377,6 @@ class FlowOps(TimerOps, ProduceOps):
                 if job.state != "removed":
                     self.remove(fx, job)
             raise
-        if cmd.get("_hold"):
-            self.hold([job.id for job in admitted])
         by_id = {job.id: job for job in admitted}
         return {"ok": True, "data": {"jobs": [by_id[n[0]].to_wire() for n in _in_order(cmd)]}}
 

@@ -33,7 +33,9 @@ from shardq.protocol._frames import (
     encode,
     encode_many,
     error_reply,
+    frame,
     req_id,
+    send_frame,
 )
 from shardq.protocol._jsnum import encode_js, js_numbers
 
@@ -55,8 +57,10 @@ __all__ = [
     "encode_js",
     "encode_many",
     "error_reply",
+    "frame",
     "frame_too_large",
     "js_numbers",
     "req_id",
+    "send_frame",
     "unknown_command",
 ]

@@ -3,7 +3,9 @@
 The same layout runs in both directions, and on the internal front end <-> shard and shard <->
 writer links. `FrameCutter` is the one place where such a stream is cut into frames: the TCP
 front end (`FrameDecoder`), the clients (`shardq.client._core`) and the links
-(`shardq.runtime.links._stream`) all cut with it. This module turns bytes into command maps and
+(`shardq.runtime.links._stream`) all cut with it. Beside it, `frame` is the one place a frame is
+made, and `send_frame` the one way one is handed to a socket (the links' writers and the
+encoders here all go through them). This module turns bytes into command maps and
 maps into bytes, and nothing else: it owns no socket, reads no clock and knows no event loop.
 
 What a decoded command may contain: `dict` (top level: `str` keys only; nested: `str` or
@@ -35,8 +37,10 @@ __all__ = [
     "encode",
     "encode_many",
     "error_reply",
+    "frame",
     "pack_body",
     "req_id",
+    "send_frame",
 ]
 
 MAX_FRAME_SIZE: Final = 64 * 1024 * 1024
@@ -236,6 +240,25 @@ def pack_body(body: Any) -> bytes:
     return _PACKER.pack(body)
 
 
+def frame(body: bytes) -> bytes:
+    """`body` with its length header in front: one frame, ready to write."""
+    return _HEADER.pack(len(body)) + body
+
+
+def send_frame(sendmsg: Callable[[tuple[bytes, bytes]], int], body: bytes) -> bytes:
+    """Hand one frame to a stream socket's `sendmsg`; return the part it did not take (empty
+    when it took it all), which the caller must write next for the stream to stay whole.
+
+    Header and body go in one call without being joined first (a link's batch is tens of
+    kilobytes); only a partial write makes a copy. Raises what `sendmsg` raises: a
+    `BlockingIOError` means nothing was taken.
+    """
+    sent = sendmsg((_HEADER.pack(len(body)), body))
+    if sent == len(body) + _HEADER.size:
+        return b""
+    return frame(body)[sent:]
+
+
 def encode(msg: Mapping[str, Any]) -> bytes:
     """Return `msg` as one frame: a u32 big-endian body length, then the msgpack body.
 
@@ -249,7 +272,7 @@ def encode(msg: Mapping[str, Any]) -> bytes:
     body = _PACKER.pack(msg if isinstance(msg, dict) else dict(msg))
     if len(body) > 0xFFFF_FFFF:
         raise ValueError(f"a {len(body)}-byte body does not fit a u32 length prefix")
-    return _HEADER.pack(len(body)) + body
+    return frame(body)
 
 
 def encode_many(msgs: Iterable[Mapping[str, Any]]) -> bytes:

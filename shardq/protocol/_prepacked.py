@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]
 
-from shardq.protocol._frames import FRAME_HEADER, pack_body
+from shardq.protocol._frames import frame, pack_body
 from shardq.protocol._jsnum import js_numbers
 
 __all__ = [
@@ -39,12 +39,14 @@ WIRE_KEY: Final = "_wire"
 IDS_KEY: Final = "_ids"
 """The ids of the jobs in a pass-through reply."""
 WIRE_MODE_KEY: Final = "_wire_mode"
-"""Set by the front end on a command whose reply may be passed through: how to pack numbers."""
+"""The shard's mark on a reply it will pack for passing through (how to pack its numbers, from
+the request's envelope); `shard._wire` drops it when it packs the reply."""
 PLAIN_NUMBERS: Final = 1  # msgpack's own integers (ZeroMQ clients)
 JS_NUMBERS: Final = 2  # integers beyond 32 bits as float64 (TCP: bunqueue's clients)
 
 _UINT64: Final = b"\xcf"
 _INT64: Final = b"\xd3"
+# The lengths in msgpack's map16 and map32 headers (`_map_size`), not frame headers.
 _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
 _REQ_ID: Final = msgpack.packb("reqId", use_bin_type=True)
@@ -74,8 +76,7 @@ def prepacked_body(reply: Mapping[str, Any]) -> bytes:
 
 def prepacked_frame(reply: Mapping[str, Any]) -> bytes:
     """A pass-through `reply` as one TCP frame."""
-    body = prepacked_body(reply)
-    return FRAME_HEADER.pack(len(body)) + body
+    return frame(prepacked_body(reply))
 
 
 def _map_size(body: bytes) -> tuple[int, int]:

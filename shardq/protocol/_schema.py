@@ -51,10 +51,10 @@ __all__ = [
 
 REGISTRY: Final[dict[str, Command]] = {c.name: c for c in COMMANDS}
 
-ENVELOPE_KEYS: Final = frozenset(
-    {"cmd", "reqId", "_conn", "_wire", "_wire_mode", "_hold", "_index", "_ids"}
-)
-"""Keys every command map may carry: its name, its request id, and the front end's own."""
+ENVELOPE_KEYS: Final = frozenset({"cmd", "reqId", "_wire", "_index", "_ids"})
+"""Keys every command map may carry: its name, its request id, and the front end's own (what
+it says about a request beside the command, the connection, a wire mode or a hold, travels in
+the `req` item's envelope, `shardq/runtime/_messages.py`)."""
 
 # Keys bunqueue's clients (bunqueue-client 0.1.5, bunqueue's TypeScript client) and BullMQ code
 # send with a job that shardq accepts and does not act on: refusing them would break those

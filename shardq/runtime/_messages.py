@@ -8,6 +8,11 @@ literal (`tests/runtime/test_messages.py` scans the package for any other), and 
 dispatches on the kind constants. `python -m shardq.runtime._messages_doc` renders `MESSAGES`
 into docs/runtime.md (its `--check` mode fails when the two differ).
 
+A `req` item is `[conn, rid, command]` or `[conn, rid, command, envelope]`: the command map is
+the client's (without its `reqId`), and what the front end adds travels beside it: the
+connection and the request id in the item, and the rare flags (`ReqEnvelope`: a PULLB's wire
+mode, a flow part's hold) in a fourth element that only the commands needing one carry.
+
 A received message is untrusted until its handler has looked at it: handlers still take a
 plain `dict[str, Any]` and check what they read, and these types describe what a sender
 builds. The constructors on the per-request path (`req`, `rep`, `muts`) run once per batch,
@@ -23,6 +28,8 @@ __all__ = [
     "DONE",
     "DRAIN",
     "DRAINED",
+    "ENVELOPE_HOLD",
+    "ENVELOPE_WIRE",
     "EVENTS",
     "FAIL",
     "FATAL",
@@ -60,6 +67,7 @@ __all__ = [
     "ReadyMsg",
     "RejectedMsg",
     "RepMsg",
+    "ReqEnvelope",
     "ReqMsg",
     "ShardDownMsg",
     "ShardUpMsg",
@@ -166,6 +174,20 @@ class ShardUpMsg(TypedDict):
 class ReqMsg(TypedDict):
     t: Literal["req"]
     items: list[list[Any]]
+
+
+ENVELOPE_WIRE: Final = "wire"
+ENVELOPE_HOLD: Final = "hold"
+
+
+class ReqEnvelope(TypedDict, total=False):
+    """The fourth element of a `req` item, for the few commands that need one."""
+
+    # A PULLB from a TCP (2) or ZeroMQ (1) client: the shard packs its reply in that client's
+    # final form (`shardq.protocol._prepacked`).
+    wire: int
+    # A PUSHF part of a flow spanning shards: its jobs stay held until its FlowRelease.
+    hold: bool
 
 
 class CloseMsg(TypedDict):
@@ -284,7 +306,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(FATAL, FatalMsg, "every child", "supervisor", "cannot start; about to exit"),
     Message(SHARD_DOWN, ShardDownMsg, _SUP_OR_LINK, "front end", "shard `shard` is gone"),
     Message(SHARD_UP, ShardUpMsg, _SUP_OR_LINK, "front end", "shard `shard` is back"),
-    Message(REQ, ReqMsg, "front end", "shard", "client commands `[conn, rid, command]`"),
+    Message(REQ, ReqMsg, "front end", "shard", "client commands `[conn, rid, command, envelope?]`"),
     Message(CLOSE, CloseMsg, "front end", "shard", "a client connection closed"),
     Message(DRAIN, DrainMsg, "front end", "shard", "stop handing out jobs"),
     Message(LISTEN, ListenMsg, "front end", "shard", "the queues with event subscribers"),

@@ -22,14 +22,17 @@ class Driver:
 
     # -- raw access ------------------------------------------------------------------------
 
-    def run(self, cmd: dict[str, Any], at: int = 0) -> tuple[Reply, list[Mutation]]:
-        outcome = self.engine.apply(cmd, at)
+    def run(
+        self, cmd: dict[str, Any], at: int = 0, conn: str | None = None
+    ) -> tuple[Reply, list[Mutation]]:
+        """Run `cmd` at `at` for connection `conn` (as the shard passes a request's)."""
+        outcome = self.engine.apply(cmd, at, conn)
         self.mutations, self.events = list(outcome.mutations), outcome.events
         return outcome.reply, self.mutations
 
-    def ok(self, cmd: dict[str, Any], at: int = 0) -> Reply:
+    def ok(self, cmd: dict[str, Any], at: int = 0, conn: str | None = None) -> Reply:
         """Run `cmd` and assert it succeeded; returns the reply."""
-        reply, _ = self.run(cmd, at)
+        reply, _ = self.run(cmd, at, conn)
         assert reply.get("ok") is True, (cmd, reply)
         return reply
 
@@ -66,20 +69,31 @@ class Driver:
         return list(reply["ids"])
 
     def pull(
-        self, queue: str = "q", at: int = 0, owner: str | None = "w1", **fields: Any
+        self,
+        queue: str = "q",
+        at: int = 0,
+        owner: str | None = "w1",
+        conn: str | None = None,
+        **fields: Any,
     ) -> tuple[Reply | None, str | None]:
-        """PULL one job; returns (job, token). The token is None without an owner."""
+        """PULL one job for connection `conn`; returns (job, token). The token is None
+        without an owner."""
         cmd: dict[str, Any] = {"cmd": "PULL", "queue": queue, **fields}
         if owner is not None:
             cmd["owner"] = owner
-        reply = self.ok(cmd, at)
+        reply = self.ok(cmd, at, conn)
         return reply["job"], reply.get("token")
 
     def pull_id(
-        self, queue: str = "q", at: int = 0, owner: str | None = "w1", **fields: Any
+        self,
+        queue: str = "q",
+        at: int = 0,
+        owner: str | None = "w1",
+        conn: str | None = None,
+        **fields: Any,
     ) -> tuple[str, str | None]:
         """PULL one job that must exist; returns (id, token)."""
-        job, token = self.pull(queue, at, owner, **fields)
+        job, token = self.pull(queue, at, owner, conn, **fields)
         assert job is not None, "expected a job"
         return job["id"], token
 

@@ -9,7 +9,7 @@ from engine_driver import Driver
 
 def test_an_active_job_is_dead_lettered_and_its_connection_told(d: Driver) -> None:
     job_id = d.push(maxAttempts=5)
-    _, token = d.pull_id(_conn="c7")
+    _, token = d.pull_id(conn="c7")
     assert d.err({"cmd": "Cancel", "id": job_id}) == "Job not found or cannot be cancelled"
     assert d.state(job_id) == "active"
     reply, _ = d.run({"cmd": "Cancel", "id": job_id, "active": True, "reason": "stop"}, 5)

@@ -57,7 +57,7 @@ def test_stale_token_cannot_move_an_unleased_delivery(d: Driver) -> None:
 
 def test_tokenless_late_ack_after_an_unleased_requeue_still_completes(d: Driver) -> None:
     job_id = d.push()
-    d.pull_id(at=0, owner=None, _conn="c1")
+    d.pull_id(at=0, owner=None, conn="c1")
     assert d.engine.release("c1", 10)[0] == 1  # back to waiting, not charged
     d.ack(job_id, at=20)  # bunqueue completes a late ACK of the unleased delivery
     assert d.state(job_id) == "completed"

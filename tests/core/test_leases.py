@@ -20,8 +20,8 @@ def test_release_puts_the_connection_jobs_back_without_charging(
     d: Driver, owner: str | None
 ) -> None:
     a, b = d.push(data="a"), d.push(data="b")
-    d.pull_id(at=0, owner=owner, _conn="c1")
-    d.pull_id(at=0, owner=owner, _conn="c1")
+    d.pull_id(at=0, owner=owner, conn="c1")
+    d.pull_id(at=0, owner=owner, conn="c1")
     released, mutations, events = d.engine.release("c1", 100)
     assert released == 2
     assert upd_states(mutations, a) == ["waiting"] and upd_states(mutations, b) == ["waiting"]
@@ -35,8 +35,8 @@ def test_release_puts_the_connection_jobs_back_without_charging(
 
 def test_release_leaves_other_connections_alone(d: Driver) -> None:
     a, b = d.push(), d.push()
-    d.pull_id(_conn="c1")
-    d.pull_id(_conn="c2")
+    d.pull_id(conn="c1")
+    d.pull_id(conn="c2")
     assert d.engine.release("c1", 1)[0] == 1
     assert d.state(a) == "waiting" and d.state(b) == "active"
 
@@ -47,14 +47,14 @@ def test_release_of_an_unknown_connection(d: Driver) -> None:
 
 def test_release_twice(d: Driver) -> None:
     d.push()
-    d.pull_id(_conn="c1")
+    d.pull_id(conn="c1")
     assert d.engine.release("c1", 1)[0] == 1
     assert d.engine.release("c1", 2) == (0, [], [])
 
 
 def test_finished_jobs_are_not_released(d: Driver) -> None:
     job_id = d.push()
-    _, token = d.pull_id(_conn="c1")
+    _, token = d.pull_id(conn="c1")
     d.ack(job_id, token)
     assert d.engine.release("c1", 1) == (0, [], [])
     assert d.state(job_id) == "completed"
@@ -62,8 +62,8 @@ def test_finished_jobs_are_not_released(d: Driver) -> None:
 
 def test_job_with_a_renewed_lease_stays_active(d: Driver) -> None:
     renewed, plain = d.push(), d.push()
-    _, token = d.pull_id(at=0, _conn="c1")
-    d.pull_id(at=0, _conn="c1")
+    _, token = d.pull_id(at=0, conn="c1")
+    d.pull_id(at=0, conn="c1")
     d.ok({"cmd": "JobHeartbeat", "id": renewed, "token": token}, 10)
     assert d.engine.release("c1", 20)[0] == 1
     assert d.state(renewed) == "active"
@@ -74,7 +74,7 @@ def test_job_with_a_renewed_lease_stays_active(d: Driver) -> None:
 
 def test_heartbeat_without_token_is_not_a_renewal(d: Driver) -> None:
     job_id = d.push()
-    d.pull_id(at=0, _conn="c1")
+    d.pull_id(at=0, conn="c1")
     d.ok({"cmd": "JobHeartbeat", "id": job_id}, 10)
     assert d.engine.release("c1", 20)[0] == 1
     assert d.state(job_id) == "waiting"
@@ -82,16 +82,16 @@ def test_heartbeat_without_token_is_not_a_renewal(d: Driver) -> None:
 
 def test_detached_pull_is_not_released(d: Driver) -> None:
     job_id = d.push()
-    d.pull_id(_conn="c1", detach=True)
+    d.pull_id(conn="c1", detach=True)
     assert d.engine.release("c1", 1) == (0, [], [])
     assert d.state(job_id) == "active"
 
 
 def test_release_does_not_touch_a_later_delivery(d: Driver) -> None:
     job_id = d.push()
-    d.pull_id(at=0, owner="w1", _conn="c1", lockTtl=100)
+    d.pull_id(at=0, owner="w1", conn="c1", lockTtl=100)
     d.tick(100)
-    _, token = d.pull_id(at=200, owner="w2", _conn="c2")
+    _, token = d.pull_id(at=200, owner="w2", conn="c2")
     assert d.engine.release("c1", 300)[0] == 0
     assert d.state(job_id) == "active"
     d.ack(job_id, token, at=301)
@@ -100,7 +100,7 @@ def test_release_does_not_touch_a_later_delivery(d: Driver) -> None:
 def test_released_job_keeps_its_priority_order(d: Driver) -> None:
     low = d.push(data="low")
     high = d.push(data="high", priority=5)
-    d.pull_id(_conn="c1")  # takes high
+    d.pull_id(conn="c1")  # takes high
     d.engine.release("c1", 1)
     assert d.pull_id(at=2)[0] == high
     assert d.pull_id(at=2)[0] == low

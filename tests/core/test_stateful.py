@@ -66,8 +66,8 @@ class EngineMachine(RuleBasedStateMachine):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def apply(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        reply = self.engine.apply(cmd, self.now).reply
+    def apply(self, cmd: dict[str, Any], conn: str | None = None) -> dict[str, Any]:
+        reply = self.engine.apply(cmd, self.now, conn).reply
         return reply
 
     def current_token(self, job_id: str) -> str | None:
@@ -187,12 +187,11 @@ class EngineMachine(RuleBasedStateMachine):
             "owner": worker,
             "count": count,
             "lockTtl": lock_ttl,
-            "_conn": self.conn[worker],
         }
         active_before = (
             self.engine.queues[queue].counts[ACTIVE] if queue in self.engine.queues else 0
         )
-        reply = self.apply(cmd)
+        reply = self.apply(cmd, self.conn[worker])
         assert reply["ok"], reply
         assert len(reply["jobs"]) == len(reply["tokens"])
         self.check_limits(queue, len(reply["jobs"]), active_before)

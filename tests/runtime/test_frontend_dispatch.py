@@ -86,7 +86,7 @@ class Harness:
     def direct(self, shard: int, cmd: dict[str, Any]) -> dict[str, Any]:
         """Run a command on one shard behind the front end's back (its cache learns nothing)."""
         core = self.cores[shard]
-        core.handle({"t": "req", "items": [["x", 1, {**cmd, "_conn": "x"}]]}, T0)
+        core.handle({"t": "req", "items": [["x", 1, cmd]]}, T0)
         out = core.finish_turn(T0)
         reps = [m for d, m in out if d == "front" and m["t"] == "rep"]
         return dict(reps[0]["items"][0][2])

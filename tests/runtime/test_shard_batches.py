@@ -21,7 +21,7 @@ T0 = 1_700_000_000_000
 
 
 def _turn(core: ShardCore, cmds: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    items = [["c1", i, {**cmd, "_conn": "c1"}] for i, cmd in enumerate(cmds, 1)]
+    items = [["c1", i, cmd] for i, cmd in enumerate(cmds, 1)]
     core.handle({"t": "req", "items": items}, T0)
     return core.finish_turn(T0)
 

@@ -37,7 +37,7 @@ class Shard:
         for cmd in cmds:
             self.rid += 1
             rids.append(self.rid)
-            items.append([conn, self.rid, {**cmd, "_conn": conn}])
+            items.append([conn, self.rid, cmd])
         if items:
             self.core.handle({"t": "req", "items": items}, self.now)
         self.end()
@@ -249,10 +249,10 @@ def test_a_failing_command_answers_internal_error(
 ) -> None:
     real = s.core.engine.apply
 
-    def apply(cmd: Any, now: int) -> Any:
+    def apply(cmd: Any, now: int, conn: str | None = None) -> Any:
         if cmd.get("cmd") == "Count":
             raise RuntimeError("boom")
-        return real(cmd, now)
+        return real(cmd, now, conn)
 
     monkeypatch.setattr(s.core.engine, "apply", apply)
     bad, good = s.turn({"cmd": "Count", "queue": "q"}, {"cmd": "IsPaused", "queue": "q"})

@@ -152,14 +152,14 @@ class _TickFails(Engine):
 def test_a_timer_pass_that_raises_is_logged_and_retried_later() -> None:
     core = ShardCore(0, _TickFails())
     now = T0
-    delayed = {"cmd": "PUSH", "queue": "q", "data": 1, "delay": 10, "_conn": "t1"}
+    delayed = {"cmd": "PUSH", "queue": "q", "data": 1, "delay": 10}
     core.handle({"t": "req", "items": [["t1", 1, delayed]]}, now)
     core.finish_turn(now)
     with capture_logs() as logs:
         out = core.finish_turn(now + 20)  # the promotion is due: the tick raises
     assert any(line["event"] == "shard step failed" for line in logs)
     assert core.poll_timeout(now + 20) == TICK_RETRY_MS  # no busy loop on the failing timer
-    ping = {"cmd": "GetJobCounts", "queue": "q", "_conn": "t1"}
+    ping = {"cmd": "GetJobCounts", "queue": "q"}
     core.handle({"t": "req", "items": [["t1", 2, ping]]}, now + 20)
     out = core.finish_turn(now + 20)
     assert out[-1][1]["items"][0][2]["counts"]["delayed"] == 1  # still answering

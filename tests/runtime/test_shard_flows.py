@@ -29,7 +29,7 @@ class Shard:
         for cmd in cmds:
             self.rid += 1
             rids.append(self.rid)
-            items.append(["t1", self.rid, {**cmd, "_conn": "t1"}])
+            items.append(["t1", self.rid, cmd])
         if items:
             self.core.handle({"t": "req", "items": items}, self.now)
         return self.core.finish_turn(self.now), rids

@@ -86,7 +86,6 @@ class BunqueueCommands:
     def _metrics(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         if "queue" in frame or "type" in frame:
             # The queue-scoped form: the counts live with the queue, on its shard.
-            frame["_conn"] = client.conn
             self._router.route(client, req, "Metrics", frame)
             return
         stats = {"cmd": "Stats"}

@@ -38,7 +38,6 @@ class CronRoutes:
     def upsert(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         r = self._r
         queue, name = frame.get("queue"), frame.get("name")
-        frame["_conn"] = client.conn
         if r.shards == 1 or not isinstance(queue, str) or not isinstance(name, str):
             r.route(client, req, "Cron", frame)  # one shard, or the owner's validation error
             return
@@ -46,7 +45,7 @@ class CronRoutes:
 
         def done(reply: Reply) -> None:
             if reply.get("ok"):
-                cleanup = {"cmd": "CronDelete", "name": name, "_conn": client.conn}
+                cleanup = {"cmd": "CronDelete", "name": name}
                 for shard in range(r.shards):
                     if shard != owner:
                         r.ask(shard, client.conn, dict(cleanup), _ignore)
@@ -59,7 +58,6 @@ class CronRoutes:
 
     def by_name(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         r = self._r
-        frame["_conn"] = client.conn
         r.ask_first(
             client.conn,
             str(frame.get("cmd")),

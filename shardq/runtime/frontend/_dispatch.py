@@ -34,7 +34,6 @@ from shardq.protocol import (
     unknown_command,
 )
 from shardq.protocol._fields import Limits
-from shardq.protocol._prepacked import WIRE_MODE_KEY
 from shardq.protocol._schema import check as schema_check
 from shardq.runtime import _clock
 from shardq.runtime import _messages as msgs
@@ -65,13 +64,12 @@ MAX_PULLERS: Final = MAX_AUTH_FAILURE_RECORDS
 _log = structlog.get_logger()
 
 
-def _pass_through(client: Client, cmd: dict[str, Any]) -> None:
+def _pass_through(client: Client) -> msgs.ReqEnvelope | None:
     """Let the shard pack a PULLB's reply in its final form for a TCP or ZeroMQ client (their
-    `wire_mode` says how numbers go), to be passed on as bytes (`protocol._prepacked`)."""
-    cmd.pop(WIRE_MODE_KEY, None)  # never a client's to choose
+    `wire_mode` says how numbers go), to be passed on as bytes (`protocol._prepacked`). It
+    travels in the request's envelope: never a client's to choose."""
     mode = getattr(client, "wire_mode", None)
-    if mode is not None:
-        cmd[WIRE_MODE_KEY] = mode
+    return None if mode is None else {msgs.ENVELOPE_WIRE: mode}
 
 
 class Dispatcher:
@@ -132,6 +130,16 @@ class Dispatcher:
             "Hello": self._hello,
             "Ping": self._ping,
             "AuthCheck": self.auth.auth_check,
+        }
+        # What the shards (and the supervisor, about them) send: one handler per kind.
+        self._from_shards: dict[object, Callable[[Mapping[str, Any]], None]] = {
+            msgs.REP: self._on_rep,
+            msgs.EVENTS: self._on_events,
+            msgs.FLOW: self.flows.on_notices,
+            msgs.CANCEL: self._on_cancel,
+            msgs.DRAINED: self._on_drained,
+            msgs.SHARD_DOWN: self._on_shard_down,
+            msgs.SHARD_UP: self._on_shard_up,
         }
         for table in (
             CronRoutes(router).handlers,
@@ -215,16 +223,16 @@ class Dispatcher:
             if error:
                 self.answer(client, req, error_reply(error))
                 return
-        frame["_conn"] = client.conn
+        envelope = None
         if name in _PULLS:
             self._note_puller(client)
             if name == "PULLB":
-                _pass_through(client, frame)
+                envelope = _pass_through(client)
         routed = self.bunqueue.before_route(client, req, name, frame)
         if routed is not None:
             if name in PARKING_COMMANDS and parks(name, frame):
                 routed = self._park(routed, frame)
-            self._route(routed, req, name, frame)
+            self._route(routed, req, name, frame, envelope)
 
     def _park(self, client: Client, cmd: dict[str, Any]) -> Client:
         """A long-poll within the caps holds a slot until it is answered; past them it is
@@ -256,28 +264,35 @@ class Dispatcher:
         self.answer(client, req, {"ok": True, "data": {"pong": True, "time": now_ms}})
 
     def on_shard_message(self, msg: Mapping[str, Any]) -> None:
-        """Take one message from a shard (`rep` or `drained`). Never raises."""
-        kind = msg.get("t")
-        if kind == msgs.REP:
-            self.router.deliver(msg.get("items"))
-        elif kind == msgs.SHARD_DOWN:
-            self.router.shard_down(msg.get("shard"))
-        elif kind == msgs.EVENTS:
-            self.events.on_events(msg.get("items"))
-        elif kind == msgs.SHARD_UP:
-            self.down.discard(msg.get("shard"))
-            self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
-            self.bunqueue.presence.shard_up(msg.get("shard"))  # type: ignore[arg-type]
-        elif kind == msgs.FLOW:
-            self.flows.on_notices(msg)
-        elif kind == msgs.CANCEL:
-            self._push_cancels(msg.get("items"))
-        elif kind == msgs.DRAINED:
-            self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
-            if len(self.drained) >= self.shards:
-                self.all_drained.set()
+        """Take one message from a shard, or about one from the supervisor (`shard-down`,
+        `shard-up`). Never raises for an unknown kind: it is logged and dropped."""
+        handler = self._from_shards.get(msg.get("t"))
+        if handler is None:
+            _log.warning("unknown internal message dropped", t=msg.get("t"))
         else:
-            _log.warning("unknown internal message dropped", t=kind)
+            handler(msg)
+
+    def _on_rep(self, msg: Mapping[str, Any]) -> None:
+        self.router.deliver(msg.get("items"))
+
+    def _on_shard_down(self, msg: Mapping[str, Any]) -> None:
+        self.router.shard_down(msg.get("shard"))
+
+    def _on_events(self, msg: Mapping[str, Any]) -> None:
+        self.events.on_events(msg.get("items"))
+
+    def _on_shard_up(self, msg: Mapping[str, Any]) -> None:
+        self.down.discard(msg.get("shard"))
+        self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
+        self.bunqueue.presence.shard_up(msg.get("shard"))  # type: ignore[arg-type]
+
+    def _on_cancel(self, msg: Mapping[str, Any]) -> None:
+        self._push_cancels(msg.get("items"))
+
+    def _on_drained(self, msg: Mapping[str, Any]) -> None:
+        self.drained.add(msg.get("shard"))  # type: ignore[arg-type]
+        if len(self.drained) >= self.shards:
+            self.all_drained.set()
 
     def _note_puller(self, client: Client) -> None:
         """Remember a connection that may hold leases, for the cancels pushed to it. A TCP

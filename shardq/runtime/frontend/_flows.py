@@ -11,8 +11,9 @@
   `data.__parentQueue`) asks that queue's shard. Either is refused `Parent job not found: X`,
   as bunqueue does, rather than leave a child reporting to no one. A bare `parentId`, or
   bunqueue-client's placeholder "pending", is not checked (a forward reference).
-- **PUSHF over several shards**, in two phases. Each shard gets its part as one PUSHF with
-  `_hold`: it admits all of its nodes or none, and keeps them from delivery. If every part
+- **PUSHF over several shards**, in two phases. Each shard gets its part as one PUSHF with a
+  hold in its request's envelope: it admits all of its nodes or none, and keeps them from
+  delivery. If every part
   is admitted, each shard gets a `FlowRelease` and the flow starts; if one is refused, the
   parts already admitted are cancelled (their jobs never ran) and the client gets the error.
 """
@@ -47,6 +48,8 @@ class Forward(Protocol):
 
 # The connection id of requests the front end makes for the shards themselves.
 _INTERNAL_CONN = "flows"
+# The envelope of a flow's part on one shard: its jobs stay undeliverable until released.
+_HOLD: msgs.ReqEnvelope = {msgs.ENVELOPE_HOLD: True}
 
 
 def _ignore(_reply: Reply) -> None:
@@ -103,7 +106,7 @@ class FlowRoutes:
                 self._notified(origin, keys)
 
         for shard in shards:
-            cmd = {"cmd": FLOW_NOTIFY, "items": [n for _, n in part], "_conn": _INTERNAL_CONN}
+            cmd = {"cmd": FLOW_NOTIFY, "items": [n for _, n in part]}
             self._r.ask(shard, _INTERNAL_CONN, cmd, answered)
 
     def _notified(self, origin: int, keys: list[Any]) -> None:
@@ -118,7 +121,6 @@ class FlowRoutes:
 
     def pushf(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         r = self._r
-        frame["_conn"] = client.conn
         error = _whole_graph_error(frame.get("jobs"))
         if error:
             # Checked on the whole graph here: a shard sees only its part of a cycle, and
@@ -155,7 +157,7 @@ class FlowRoutes:
             else:
                 answer(client, req, {"ok": False, "error": f"Parent job not found: {parent}"})
 
-        probe = {"cmd": "GetState", "id": parent, "_conn": _INTERNAL_CONN}
+        probe = {"cmd": "GetState", "id": parent}
         self._r.ask_first(_INTERNAL_CONN, "GetState", probe, found)
 
     def check_parents(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> bool:
@@ -181,7 +183,6 @@ class FlowRoutes:
         """The parent's shard removes the children it holds; those it does not are cancelled
         on their shards (if still queued) and the parent is told to stop waiting for them."""
         r = self._r
-        frame["_conn"] = client.conn
         parent = frame.get("id")
 
         def done(found: int | None, reply: Reply) -> None:
@@ -221,7 +222,7 @@ class _ParentCheck:
     def start(self) -> None:
         r = self._r
         for parent, queue in self._links.items():
-            probe = {"cmd": "GetState", "id": parent, "_conn": _INTERNAL_CONN}
+            probe = {"cmd": "GetState", "id": parent}
             r.ask(shard_of(queue, r.shards), _INTERNAL_CONN, probe, partial(self._got, parent))
 
     def _got(self, parent: str, reply: Reply) -> None:
@@ -330,7 +331,7 @@ class _Cascade:
         if not self._children:
             answer(self._client, self._req, {"ok": True})
         for child in self._children:
-            cancel = {"cmd": "Cancel", "id": child, "_conn": _INTERNAL_CONN}
+            cancel = {"cmd": "Cancel", "id": child}
             answered = partial(self._cancelled, child)
             self._r.ask_first(_INTERNAL_CONN, "Cancel", cancel, answered)
 
@@ -339,7 +340,7 @@ class _Cascade:
             self._remove(child)
         elif found is None and not _unavailable(reply):
             # Cancel's "not found" also means "not cancellable" (running): ask for its state.
-            probe = {"cmd": "GetState", "id": child, "_conn": _INTERNAL_CONN}
+            probe = {"cmd": "GetState", "id": child}
             self._r.ask_first(_INTERNAL_CONN, "GetState", probe, partial(self._probed, child))
         else:
             self._one_done({"ok": True})  # running, finished, or its shard restarting
@@ -356,7 +357,7 @@ class _Cascade:
 
     def _remove(self, child: str) -> None:
         notice = {"parent": self._parent, "child": child, "kind": "failed", "policy": "remove"}
-        cmd = {"cmd": FLOW_NOTIFY, "items": [notice], "_conn": _INTERNAL_CONN}
+        cmd = {"cmd": FLOW_NOTIFY, "items": [notice]}
         self._r.ask(self._parent_shard, _INTERNAL_CONN, cmd, self._one_done)
 
     def _one_done(self, _reply: Reply) -> None:
@@ -386,8 +387,9 @@ class _TwoPhase:
 
     def start(self) -> None:
         for shard, entries in self._parts.items():
-            cmd = {"cmd": "PUSHF", "jobs": entries, "_hold": True, "_conn": self._client.conn}
-            self._r.ask(shard, self._client.conn, cmd, partial(self._admitted, shard))
+            # Held (in the envelope) until every part is admitted: then released, or cancelled.
+            cmd = {"cmd": "PUSHF", "jobs": entries}
+            self._r.ask(shard, self._client.conn, cmd, partial(self._admitted, shard), _HOLD)
 
     def _admitted(self, shard: int, reply: Reply) -> None:
         self._replies[shard] = reply
@@ -398,12 +400,12 @@ class _TwoPhase:
         for part_shard, part_reply in self._replies.items():
             ids = [str(e["id"]) for e in self._parts[part_shard]]
             if refused is None:
-                cmd = {"cmd": FLOW_RELEASE, "ids": ids, "_conn": _INTERNAL_CONN}
+                cmd = {"cmd": FLOW_RELEASE, "ids": ids}
                 router.ask(part_shard, _INTERNAL_CONN, cmd, _ignore)
                 router.learn("PUSHF", part_shard, part_reply)
             elif part_reply.get("ok"):
                 for job_id in ids:
-                    cancel = {"cmd": "Cancel", "id": job_id, "_conn": _INTERNAL_CONN}
+                    cancel = {"cmd": "Cancel", "id": job_id}
                     router.ask(part_shard, _INTERNAL_CONN, cancel, _ignore)
         if refused is not None:
             answer(self._client, self._req, refused)

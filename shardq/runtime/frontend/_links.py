@@ -20,8 +20,9 @@ from typing import Any, Final
 
 import structlog
 
+from shardq.protocol import frame
 from shardq.runtime.links._control import unpack
-from shardq.runtime.links._stream import MAX_FRAME_BYTES, FrameSplitter, frame
+from shardq.runtime.links._stream import MAX_FRAME_BYTES, FrameSplitter
 
 __all__ = ["ShardLinks"]
 

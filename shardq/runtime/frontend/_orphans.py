@@ -111,7 +111,7 @@ class _Look:
         self._retry = False
 
     def start(self) -> None:
-        cmd = {"cmd": "GetJob", "id": self._parent, "_conn": _CONN}
+        cmd = {"cmd": "GetJob", "id": self._parent}
         self._r.ask(self._shard, _CONN, cmd, self._got_parent)
 
     def _got_parent(self, reply: Reply) -> None:
@@ -130,7 +130,7 @@ class _Look:
         self._left = self._r.shards * len(chunks)
         for shard in range(self._r.shards):
             for chunk in chunks:
-                cmd = {"cmd": FLOW_HELD, "ids": chunk, "_conn": _CONN}
+                cmd = {"cmd": FLOW_HELD, "ids": chunk}
                 self._r.ask(shard, _CONN, cmd, self._got_held)
 
     def _got_held(self, reply: Reply) -> None:
@@ -155,7 +155,7 @@ class _Look:
         ]  # fmt: skip
         _log.info("flow parent failed: children never pushed", parent=self._parent,
                   missing=len(missing))  # fmt: skip
-        cmd = {"cmd": FLOW_NOTIFY, "items": items, "_conn": _CONN}
+        cmd = {"cmd": FLOW_NOTIFY, "items": items}
         self._r.ask(self._shard, _CONN, cmd, partial(_ignore, self._parent))
 
 

@@ -113,15 +113,26 @@ class Router:
 
     # -- asking ----------------------------------------------------------------------------
 
-    def ask(self, shard: int, conn: str, cmd: dict[str, Any], on_reply: OnReply) -> None:
-        """Send `cmd` to `shard` in this turn's batch; `on_reply` gets its reply."""
+    def ask(
+        self,
+        shard: int,
+        conn: str,
+        cmd: dict[str, Any],
+        on_reply: OnReply,
+        envelope: msgs.ReqEnvelope | None = None,
+    ) -> None:
+        """Send `cmd` to `shard` in this turn's batch for connection `conn`; `on_reply` gets its
+        reply. `envelope`: what the front end says about the command beside it (a PULLB's wire
+        mode, a flow part's hold), never inside the client's map."""
         if shard in self.down:
             # Answered on the next turn, like a real reply: callers never see re-entrancy.
             self._loop.call_soon(on_reply, shard_unavailable(shard))
             return
         rid = next(self._rids)
         self._pending[rid] = (shard, on_reply)
-        self._outbox[shard].append([conn, rid, cmd])
+        self._outbox[shard].append(
+            [conn, rid, cmd] if envelope is None else [conn, rid, cmd, envelope]
+        )
         self.schedule_flush()
 
     def ask_first(
@@ -137,7 +148,6 @@ class Router:
         self, client: Client, frame: dict[str, Any], done: Callable[[list[Reply]], None]
     ) -> None:
         """Send `frame` to every shard for `client`; `done` gets the replies in shard order."""
-        frame["_conn"] = client.conn
         gather = Gather(self.shards, done)
         for shard in range(self.shards):
             self.ask(shard, client.conn, frame, partial(gather.part, shard))
@@ -163,19 +173,28 @@ class Router:
 
     # -- a client command to its shard -----------------------------------------------------
 
-    def route(self, client: Client, req: object, name: str, cmd: dict[str, Any]) -> None:
-        """Send client command `name` to the shard of its queue or job; answer the client."""
+    def route(
+        self,
+        client: Client,
+        req: object,
+        name: str,
+        cmd: dict[str, Any],
+        envelope: msgs.ReqEnvelope | None = None,
+    ) -> None:
+        """Send client command `name` to the shard of its queue or job; answer the client.
+        `envelope` goes with a command bound for the shard of its queue (a PULLB's wire mode);
+        the commands routed by job id have none."""
         queue = cmd.get("queue")
         if isinstance(queue, str) or self.shards == 1:
             shard = shard_of(queue, self.shards) if isinstance(queue, str) else 0
-            self.ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard))
+            self.ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard), envelope)
         elif name in ID_COMMANDS:
             self._by_id(client, req, name, cmd)
         elif name in ID_BATCH_COMMANDS:
             self._by_ids(client, req, name, cmd)
         else:
             # A queue command without a usable queue: any shard gives the engine's error.
-            self.ask(0, client.conn, cmd, _Direct(self, client, req, name, 0))
+            self.ask(0, client.conn, cmd, _Direct(self, client, req, name, 0), envelope)
 
     def _by_id(self, client: Client, req: object, name: str, cmd: dict[str, Any]) -> None:
         key = cmd.get(_ID_FIELDS.get(name, "id"))

@@ -42,7 +42,6 @@ class WebhookRoutes:
         self.handlers["WebhookSync"] = self.sync
 
     def to_owner(self, client: Client, req: object, frame: dict[str, Any]) -> None:
-        frame["_conn"] = client.conn
         self._r.ask(OWNER, client.conn, frame, lambda reply: answer(client, req, reply))
 
     def add(self, client: Client, req: object, frame: dict[str, Any]) -> None:

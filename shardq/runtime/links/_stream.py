@@ -26,26 +26,25 @@ from typing import Final
 import structlog
 from msgpack import packb  # type: ignore[import-untyped]
 
-from shardq.protocol import FRAME_HEADER, FrameCutter
+from shardq.protocol import FrameCutter, frame, send_frame
 
 __all__ = [
     "LINK_ENVELOPE_BYTES",
     "FrameSplitter",
     "FrontLink",
-    "frame",
     "prepare_listener",
     "read_frames",
     "split_batch",
     "write_frame",
 ]
 
-_HEADER: Final = FRAME_HEADER
 _READ_SIZE: Final = 1 << 20
 # Internal frames are whole request or reply batches; a bound keeps a corrupt length from
 # making the reader wait for gigabytes. Each side's bound comes from `link_max_frame_bytes`
 # (the senders split their batches under it, `split_batch`); this is the default.
 MAX_FRAME_BYTES: Final = 256 * 1024 * 1024
-# Room a request batch needs beyond the client frame it carries (`_conn`, ids, headers).
+# Room a request batch needs beyond the client frame it carries (connection, ids, envelope,
+# headers).
 LINK_ENVELOPE_BYTES: Final = 64 * 1024
 # What a batch frame adds around its items: a 2-entry map header, "t", the kind, "items" and
 # an array header of at most 5 bytes.
@@ -70,11 +69,6 @@ def prepare_listener(path: str) -> socket.socket:
         raise
     listener.setblocking(False)
     return listener
-
-
-def frame(data: bytes) -> bytes:
-    """`data` with its length header, ready to write."""
-    return _HEADER.pack(len(data)) + data
 
 
 def split_batch(kind: str, items: list[bytes], limit: int) -> list[bytes]:
@@ -111,6 +105,7 @@ def _batch(head: bytes, items: list[bytes]) -> bytes:
 
 
 def _array_header(n: int) -> bytes:
+    # msgpack's own array header (fixarray, array16, array32), not a frame's length.
     if n < 16:
         return bytes([0x90 | n])
     if n < 0x10000:
@@ -269,17 +264,13 @@ def write_frame(sock: socket.socket, data: bytes, *, block: bool) -> bool:
     With `block`, waits while the socket is full. Without it, returns False if nothing could
     be written at once; a frame once started is always finished, so the stream stays whole.
     """
-    # Header and payload go out in one call without being joined first (a reply or a
-    # mutation batch is tens of kilobytes); only a partial write falls back to a copy.
     try:
-        sent = sock.sendmsg((_HEADER.pack(len(data)), data))
+        rest = send_frame(sock.sendmsg, data)
     except BlockingIOError:
         if not block:
             return False
-        sent = 0
-    if sent == len(data) + 4:
-        return True
-    view = memoryview(frame(data))[sent:]
+        rest = frame(data)
+    view = memoryview(rest)
     while view:
         try:
             view = view[sock.send(view) :]

@@ -29,10 +29,9 @@ from typing import Final
 
 import structlog
 
+from shardq.protocol import frame, send_frame
 from shardq.runtime.links._stream import (
-    _HEADER,
     FrameSplitter,
-    frame,
     prepare_listener,
     read_buffer,
     read_frames,
@@ -222,14 +221,14 @@ class WriterLink:
             return self.flush()
         try:
             # The common case: the writer keeps up, and the frame goes out whole, uncopied.
-            sent = sock.sendmsg((_HEADER.pack(len(data)), data))
+            rest = send_frame(sock.sendmsg, data)
         except BlockingIOError:
-            sent = 0
+            rest = frame(data)
         except OSError as e:
             self._drop(f"write failed: {e}")
             return False
-        if sent < len(data) + _HEADER.size:
-            self._out += frame(data)[sent:]  # the rest of a frame begun: the stream stays whole
+        if rest:
+            self._out += rest  # the rest of a frame begun: the stream stays whole
             self._waiting_since = time.monotonic()
         return True
 

@@ -80,10 +80,10 @@ def is_durable(name: object, cmd: Mapping[str, Any]) -> bool:
     return False
 
 
-def pass_through(cmd: Mapping[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+def pass_through(mode: object, reply: dict[str, Any]) -> dict[str, Any]:
     """Mark a PULLB reply with jobs to be packed in its final form (`shard._wire`), when the
-    front end said how (`_wire_mode`: the client is on TCP or ZeroMQ)."""
-    mode = cmd.get(WIRE_MODE_KEY)
+    front end said how (`mode`, the `wire` of the request's envelope: the client is on TCP or
+    ZeroMQ). The mark is the shard's own, read and dropped by `FrontPacker`."""
     if mode in (PLAIN_NUMBERS, JS_NUMBERS) and type(reply.get("jobs")) is CompactJobs:
         reply[WIRE_MODE_KEY] = mode
     return reply

@@ -57,7 +57,8 @@ __all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
 Outgoing: TypeAlias = tuple[str, Mapping[str, Any]]
 """A message to send: ("writer" | "front", message map)."""
 
-OwnCommand: TypeAlias = Callable[[str, int, dict[str, Any], int], dict[str, Any] | None]
+Envelope: TypeAlias = msgs.ReqEnvelope | None
+OwnCommand: TypeAlias = Callable[[str, int, dict[str, Any], int, Envelope], dict[str, Any] | None]
 
 STALLED_ERROR: Final = "Storage unavailable: the writer is not keeping up (storage degraded)"
 MAX_SLEEP_MS: Final = 3_600_000  # the longest poll: an idle shard wakes once an hour at most
@@ -333,19 +334,24 @@ class ShardCore(StorageRefusals):
     def _on_req(self, msg: dict[str, Any], now: int) -> None:
         items = msg.get("items")
         for item in items if isinstance(items, list) else ():
-            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], dict)):
-                _log.warning("malformed request item dropped")
-                continue
-            conn, rid, cmd = item
-            self._request(conn, rid, cmd, now)
+            # [conn, rid, command], or [conn, rid, command, envelope] for the few with one.
+            size = len(item) if isinstance(item, list) else 0
+            if 3 <= size <= 4 and isinstance(item[0], str) and isinstance(item[2], dict):
+                envelope: Envelope = item[3] if size == 4 else None
+                if envelope is None or isinstance(envelope, dict):
+                    self._request(item[0], item[1], item[2], now, envelope)
+                    continue
+            _log.warning("malformed request item dropped")
 
-    def _request(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> None:
+    def _request(
+        self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
+    ) -> None:
         name = cmd.get("cmd")
         tap = self.event_tap
         if tap.active:
             tap.begin(name, cmd, self.engine)
         try:
-            reply = self._run(conn, rid, name, cmd, now)
+            reply = self._run(conn, rid, name, cmd, now, envelope)
         except Exception:
             # One bad command must not take the shard's queues down with it.
             _log.exception("command failed", command=name)
@@ -356,7 +362,7 @@ class ShardCore(StorageRefusals):
             self._replies.append([conn, rid, reply])
 
     def _run(
-        self, conn: str, rid: int, name: object, cmd: dict[str, Any], now: int
+        self, conn: str, rid: int, name: object, cmd: dict[str, Any], now: int, envelope: Envelope
     ) -> dict[str, Any] | None:
         """Answer one command; None when the answer is parked (long-poll, WaitJob, durable)."""
         # `_resent[1]` first: `resend_failing` is a property, and this runs per command.
@@ -366,35 +372,44 @@ class ShardCore(StorageRefusals):
             return {"ok": False, "error": STALLED_ERROR}  # refused before it changes anything
         own = self._own_commands.get(name)
         if own is not None:
-            return own(conn, rid, cmd, now)
-        outcome = self.engine.apply(cmd, now)
+            return own(conn, rid, cmd, now, envelope)
+        outcome = self.engine.apply(cmd, now, conn)
         reply, muts = outcome.reply, outcome.mutations
-        if reply.get("ok") and name in MAY_BE_DURABLE and is_durable(name, cmd):
-            self._absorb(muts, outcome.events, durable=True)
-            self._durable.append([conn, rid, reply])
-            if not cmd.get("_hold"):  # a flow's part stays held until its FlowRelease
-                # Its new jobs are not deliverable before their commit is confirmed.
-                new = [m[1]["id"] for m in muts if m[0] == "put"]
-                self.engine.hold(new)
-                self._durable_ids.extend(new)
-            return None
+        if reply.get("ok") and name in MAY_BE_DURABLE:
+            # A flow's part on this shard stays held until its FlowRelease.
+            flow_part = envelope is not None and envelope.get(msgs.ENVELOPE_HOLD) is True
+            if flow_part:
+                self.engine.hold(_new_jobs(muts))
+            if is_durable(name, cmd):
+                self._absorb(muts, outcome.events, durable=True)
+                self._durable.append([conn, rid, reply])
+                if not flow_part:
+                    # Its new jobs are not deliverable before their commit is confirmed.
+                    new = _new_jobs(muts)
+                    self.engine.hold(new)
+                    self._durable_ids.extend(new)
+                return None
         self._absorb(muts, outcome.events)
         return reply
 
-    def _stats_command(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> dict[str, Any]:
+    def _stats_command(
+        self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
+    ) -> dict[str, Any]:
         return self._stats(now)
 
-    def _compact_memory(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> dict[str, Any]:
+    def _compact_memory(
+        self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
+    ) -> dict[str, Any]:
         release_memory(self.engine)
         return {"ok": True}
 
     def _flow_command(
-        self, conn: str, rid: int, cmd: dict[str, Any], now: int
+        self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
     ) -> dict[str, Any] | None:
         """A notice from another shard is answered (and so acknowledged) only once what it
         changed is committed, like a durable push, but it is never dropped on a full disk: the
         child's shard sends it again until then. A release wakes the long-polls it fed."""
-        outcome = self.engine.apply(cmd, now)
+        outcome = self.engine.apply(cmd, now, conn)
         reply = outcome.reply
         self._absorb(outcome.mutations, outcome.events)
         if cmd.get("cmd") == FLOW_RELEASE:
@@ -408,8 +423,8 @@ class ShardCore(StorageRefusals):
             self.flows.acked(keys)
             self._absorb(self.engine.flow_acked(keys), ())
 
-    def _apply(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        outcome = self.engine.apply(cmd, now)
+    def _apply(self, cmd: Mapping[str, Any], now: int, conn: str | None = None) -> dict[str, Any]:
+        outcome = self.engine.apply(cmd, now, conn)
         self._absorb(outcome.mutations, outcome.events)
         return outcome.reply
 
@@ -428,15 +443,19 @@ class ShardCore(StorageRefusals):
 
     # -- long-polls ------------------------------------------------------------------------
 
-    def _pull(self, conn: str, rid: int, cmd: dict[str, Any], now: int) -> dict[str, Any] | None:
+    def _pull(
+        self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
+    ) -> dict[str, Any] | None:
         if self.draining:
             return empty_pull_reply(cmd)
-        reply = self._apply(cmd, now)
+        reply = self._apply(cmd, now, conn)
+        wire = None if envelope is None else envelope.get(msgs.ENVELOPE_WIRE)
         timeout = positive_ms(cmd.get("timeout"))
         if timeout and got_nothing(cmd, reply):
-            self.polls.park(Parked(conn, rid, cmd, str(cmd.get("queue")), now + timeout))
+            queue = str(cmd.get("queue"))
+            self.polls.park(Parked(conn, rid, cmd, queue, now + timeout, wire))
             return None
-        return pass_through(cmd, reply)
+        return pass_through(wire, reply)
 
     def _serve_polls(self, now: int) -> None:
         woken, self._woken = self._woken, set()
@@ -450,19 +469,19 @@ class ShardCore(StorageRefusals):
 
     def _retry_pull(self, now: int, parked: Parked) -> bool:
         try:
-            reply = self._apply(parked.cmd, now)
+            reply = self._apply(parked.cmd, now, parked.conn)
         except Exception:
             _log.exception("command failed", command=parked.cmd.get("cmd"))
             reply = {"ok": False, "error": INTERNAL_SERVER_ERROR}
         if got_nothing(parked.cmd, reply):
             return False
-        self._replies.append([parked.conn, parked.rid, pass_through(parked.cmd, reply)])
+        self._replies.append([parked.conn, parked.rid, pass_through(parked.wire, reply)])
         return True
 
     # -- WaitJob ---------------------------------------------------------------------------
 
     def _wait_job(
-        self, conn: str, rid: int, cmd: dict[str, Any], now: int
+        self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
     ) -> dict[str, Any] | None:
         timeout = cmd.get("timeout")
         timeout = WAIT_DEFAULT_MS if timeout is None else timeout
@@ -575,3 +594,8 @@ class ShardCore(StorageRefusals):
         self._drained_sent = False
         for parked in self.polls.take_all():
             self._replies.append([parked.conn, parked.rid, empty_pull_reply(parked.cmd)])
+
+
+def _new_jobs(muts: list[Mutation]) -> list[str]:
+    """The ids of the jobs a command put."""
+    return [m[1]["id"] for m in muts if m[0] == "put"]

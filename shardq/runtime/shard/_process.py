@@ -17,7 +17,7 @@ import gc
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import structlog
@@ -153,21 +153,33 @@ class ShardProcess:
         sync = pack(msgs.sync(self.spec.index, 0))
         self._writer.send(sync)  # if the link is down, the writer-up below resends it
         early: list[dict[str, Any]] = []
+
+        def resend(msg: dict[str, Any]) -> bool:
+            # A writer (re)started: one that died may have taken our sync with it.
+            self._writer.send(sync)
+            return False
+
+        def wait_on(msg: dict[str, Any]) -> bool:
+            _log.warning("writer cannot commit yet; waiting", error=msg.get("error"))
+            return False
+
+        # The writer's answers while syncing, each saying whether the sync is over; anything
+        # else waits for the end of recovery. The writer marks the answer to a sync: another
+        # `done` is not for this run.
+        while_syncing: dict[object, Callable[[dict[str, Any]], bool]] = {
+            msgs.DONE: lambda msg: bool(msg.get("sync")),
+            msgs.WRITER_UP: resend,
+            msgs.FAIL: wait_on,
+        }
         synced = False
         while not synced and not self._stop:
             # No timeout: a SIGTERM wakes the poll through the signal descriptor.
             for msg in self._wait(None):
-                kind = msg.get("t")
-                if kind == msgs.DONE:
-                    # The writer marks the answer to a sync; another `done` is not for this run.
-                    synced = synced or bool(msg.get("sync"))
-                elif kind == msgs.WRITER_UP:
-                    # A writer (re)started: one that died may have taken our sync with it.
-                    self._writer.send(sync)
-                elif kind == msgs.FAIL:
-                    _log.warning("writer cannot commit yet; waiting", error=msg.get("error"))
-                else:
+                handler = while_syncing.get(msg.get("t"))
+                if handler is None:
                     early.append(msg)
+                elif handler(msg):
+                    synced = True
         return early
 
     def _recover(self, now: int) -> tuple[int, int, int]:

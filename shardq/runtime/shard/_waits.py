@@ -18,14 +18,23 @@ __all__ = ["JobWaits", "LongPolls", "Parked"]
 class Parked:
     """One parked request: who asked, the command, and when it gives up."""
 
-    __slots__ = ("cmd", "conn", "deadline", "key", "live", "rid")
+    __slots__ = ("cmd", "conn", "deadline", "key", "live", "rid", "wire")
 
-    def __init__(self, conn: str, rid: int, cmd: dict[str, Any], key: str, deadline: int) -> None:
+    def __init__(
+        self,
+        conn: str,
+        rid: int,
+        cmd: dict[str, Any],
+        key: str,
+        deadline: int,
+        wire: object = None,
+    ) -> None:
         self.conn = conn
         self.rid = rid
         self.cmd = cmd
         self.key = key  # the queue (long-poll) or the job id (WaitJob)
         self.deadline = deadline
+        self.wire = wire  # a PULLB's wire mode, from its envelope (`pass_through`)
         self.live = True
 
 

@@ -8,9 +8,10 @@ without options (`WIRE_TEMPLATE`), so the shard's engine answers PULLB with `Com
 of packing the wire maps (tested), so the front end and the clients see no difference; a job
 with options is in the snapshot as its full wire map.
 
-A PULLB from a TCP or ZeroMQ client carries `_wire_mode` (set by the front end): its reply is
-then packed here in its final form, numbers as that client's transport wants them, and passed
-through the front end as bytes (`shardq.protocol._prepacked`).
+A PULLB from a TCP or ZeroMQ client carries a wire mode in its request's envelope (set by the
+front end), which the shard marks its reply with (`WIRE_MODE_KEY`, the shard's own key, never
+sent on): the reply is then packed here in its final form, numbers as that client's transport
+wants them, and passed through the front end as bytes (`shardq.protocol._prepacked`).
 """
 
 from __future__ import annotations

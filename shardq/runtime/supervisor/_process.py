@@ -133,6 +133,12 @@ class Supervisor:
         self._sup: zmq.Socket[bytes] | None = None
         self._front: zmq.Socket[bytes] | None = None
         self._waker: SignalWaker | None = None
+        # What the children report: one handler per kind.
+        self._reports: dict[object, Callable[[_Child, dict[str, Any]], None]] = {
+            msgs.READY: self._on_ready,
+            msgs.PROGRESS: self._on_progress,
+            msgs.FATAL: self._on_fatal,
+        }
 
     def run(self) -> int:
         """Start, serve until a stop signal or a failure, shut down. Returns the exit code:
@@ -463,20 +469,25 @@ class Supervisor:
         # A report from an earlier process of this child (already replaced) is stale.
         if child is None or child.proc is None or child.proc.pid != report.get("pid"):
             return
-        kind = report.get("t")
-        if kind == msgs.READY:
-            child.ready, child.ready_by = True, None
-            child.addresses = report.get("addresses")
-            log.info("child ready", child=child.name, child_pid=child.proc.pid)
-            if child.role == "shard" and self._serving:
-                self._tell_front(msgs.shard_up(child.index))
-        elif kind == msgs.PROGRESS:
-            # A child that is still working towards ready (a shard loading a large backlog)
-            # gets another full bound: only one that stops making progress is killed.
-            if not child.ready and child.ready_by is not None:
-                child.ready_by = self._clock() + self._ready_timeout_s
-        elif kind == msgs.FATAL:
-            child.fatal = str(report.get("error"))
+        handler = self._reports.get(report.get("t"))
+        if handler is not None:
+            handler(child, report)
+
+    def _on_ready(self, child: _Child, report: dict[str, Any]) -> None:
+        child.ready, child.ready_by = True, None
+        child.addresses = report.get("addresses")
+        log.info("child ready", child=child.name, child_pid=report.get("pid"))
+        if child.role == "shard" and self._serving:
+            self._tell_front(msgs.shard_up(child.index))
+
+    def _on_progress(self, child: _Child, report: dict[str, Any]) -> None:
+        # A child that is still working towards ready (a shard loading a large backlog)
+        # gets another full bound: only one that stops making progress is killed.
+        if not child.ready and child.ready_by is not None:
+            child.ready_by = self._clock() + self._ready_timeout_s
+
+    def _on_fatal(self, child: _Child, report: dict[str, Any]) -> None:
+        child.fatal = str(report.get("error"))
 
     def _find(self, role: object, index: object) -> _Child | None:
         for child in self._children:

@@ -62,6 +62,9 @@ _JOB_KINDS = frozenset({"put", "upd", "del"})
 
 log = structlog.get_logger()
 
+# (message, shard, seq, now, frame size) -> whether the message was well formed.
+_Handler = Callable[[dict[str, Any], int, int, float, int], bool]
+
 Context = zmq.Context[zmq.Socket[bytes]]
 
 
@@ -108,6 +111,12 @@ class Writer:
             idle_s=settings.vacuum_idle_ms / 1000,
             clock=clock,
         )
+        # What the shards send: one handler per kind; False drops the message as malformed.
+        self._handlers: dict[object, _Handler] = {
+            msgs.MUTS: self._on_muts,
+            msgs.SYNC: self._on_sync,
+            msgs.FLUSH: self._on_flush,
+        }
 
     @property
     def buffer(self) -> FlushBuffer:
@@ -195,18 +204,31 @@ class Writer:
             log.error("dropped a message without shard and seq", kind=kind)
             return
         self._links.claim(conn, shard)
-        if kind == msgs.MUTS and isinstance(message.get("muts"), list):
-            urgent = message.get("durable") is True
-            muts = message["muts"]
-            self._send(
-                self._buffer.add_muts(shard, seq, muts, now, urgent=urgent, nbytes=len(frame))
-            )
-        elif kind == msgs.SYNC:
-            self._send(self._buffer.add_sync(shard, seq, now))
-        elif kind == msgs.FLUSH:
-            self._buffer.urge()
-        else:
+        handler = self._handlers.get(kind)
+        if handler is None or not handler(message, shard, seq, now, len(frame)):
             log.error("dropped a malformed message", kind=kind, shard=shard, seq=seq)
+
+    def _on_muts(
+        self, message: dict[str, Any], shard: int, seq: int, now: float, size: int
+    ) -> bool:
+        muts = message.get("muts")
+        if not isinstance(muts, list):
+            return False
+        urgent = message.get("durable") is True
+        self._send(self._buffer.add_muts(shard, seq, muts, now, urgent=urgent, nbytes=size))
+        return True
+
+    def _on_sync(
+        self, message: dict[str, Any], shard: int, seq: int, now: float, size: int
+    ) -> bool:
+        self._send(self._buffer.add_sync(shard, seq, now))
+        return True
+
+    def _on_flush(
+        self, message: dict[str, Any], shard: int, seq: int, now: float, size: int
+    ) -> bool:
+        self._buffer.urge()
+        return True
 
     def _flush(self) -> bool:
         """Commit everything waiting as one transaction; True if it committed."""
