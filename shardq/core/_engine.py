@@ -19,9 +19,10 @@ and to each method that emits a mutation or a job event; nothing of a call stays
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
+from shardq.protocol._schema import REGISTRY, Checker, Command
 
 from ._control import ControlOps
 from ._cron import CronOps
@@ -33,14 +34,17 @@ from ._mutations import Mutation
 from ._produce import ProduceOps
 from ._query import QueryOps
 from ._timers import TimerOps
-from ._validate import CHECKED_COMMANDS, fields_checker, limits_of
+from ._validate import command_check, limits_of
 from ._webhooks import WebhookOps
 
-__all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine"]
+__all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine", "Route"]
 
 Handler = Callable[[Effects, Mapping[str, Any], int], dict[str, Any]]
 
-COMMANDS: Final[dict[str, str]] = {
+# The registry's static half: which part of the engine answers each command, and with which
+# of its methods ("" is the engine itself, its job store). `Engine.__init__` joins each to the
+# command's schema entry and field check, and binds the method once.
+_JOBS: Final[dict[str, str]] = {
     "PUSH": "cmd_push",
     "PUSHB": "cmd_pushb",
     "PULL": "cmd_pull",
@@ -98,7 +102,6 @@ COMMANDS: Final[dict[str, str]] = {
     "SetConcurrency": "cmd_set_concurrency",
     "ClearConcurrency": "cmd_clear_concurrency",
     "GetQueueLimits": "cmd_get_queue_limits",
-    **GROUP_COMMANDS,
     "AddWebhook": "cmd_add_webhook",
     "RemoveWebhook": "cmd_remove_webhook",
     "ListWebhooks": "cmd_list_webhooks",
@@ -123,6 +126,23 @@ COMMANDS: Final[dict[str, str]] = {
     FLOW_HELD: "cmd_flow_held",
 }
 
+_PARTS: Final[dict[str, dict[str, str]]] = {"": {**_JOBS, **GROUP_COMMANDS}}
+
+COMMANDS: Final[dict[str, tuple[str, str]]] = {
+    name: (part, method) for part, table in _PARTS.items() for name, method in table.items()
+}
+"""Every command the engine answers -> (the part that answers it, its method's name)."""
+
+
+class Route(NamedTuple):
+    """One registry entry: the command's schema entry, its generated field check (None when
+    it has none to run) and its handler, a bound method of the part that owns the command."""
+
+    schema: Command
+    check: Checker | None
+    handler: Handler
+
+
 INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE, FLOW_HELD})
 """Commands shards send each other through the front end; a client's are refused."""
 
@@ -142,45 +162,44 @@ class Engine(
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._handlers: dict[str, Handler] = {
-            name: self._checked(name, getattr(self, method)) for name, method in COMMANDS.items()
-        }
+        self.registry = self._registry()
+
+    def _registry(self) -> dict[str, Route]:
+        """Each command's `Route`, built once: `apply` then does one lookup per command, and
+        runs a check only where the schema declares one."""
+        config = self.config
+        limits = limits_of(config.max_key_chars, config.max_text_chars, config.max_list_items)
+        routes: dict[str, Route] = {}
+        for name, (part, method) in COMMANDS.items():
+            schema = REGISTRY[name]
+            owner = getattr(self, part) if part else self
+            routes[name] = Route(schema, command_check(schema, limits), getattr(owner, method))
+        return routes
 
     def apply(self, command: Mapping[str, Any], now: int) -> Outcome:
         """Run one command at time `now` (ms). Returns its reply, mutations and job events."""
         fx = Outcome()
         name = command.get("cmd")
-        handler = self._handlers.get(name) if isinstance(name, str) else None
-        if handler is None:
-            reply: dict[str, Any] = {"ok": False, "error": f"Unknown command: {name}"}
+        route = self.registry.get(name) if isinstance(name, str) else None
+        reply: dict[str, Any]
+        if route is None:
+            reply = {"ok": False, "error": f"Unknown command: {name}"}
         else:
-            try:
-                reply = handler(fx, command, int(now))
-            except CommandError as e:
-                reply = {"ok": False, "error": str(e)}
+            _, check, handler = route
+            error = check(command) if check is not None else None
+            if error is not None:
+                reply = {"ok": False, "error": error}
+            else:
+                try:
+                    reply = handler(fx, command, int(now))
+                except CommandError as e:
+                    reply = {"ok": False, "error": str(e)}
         if self.blocked:
             self.wake_limited(fx, int(now))  # an ACK or FAIL may have freed a held-back queue
         if self.group_blocked:
             self.wake_groups(fx, int(now))
         fx.reply = reply
         return fx
-
-    def _checked(self, name: str, handler: Handler) -> Handler:
-        """`handler`, behind the field bounds of its command (`_validate.py`) if it has any;
-        done once here so that a command without extra checks pays nothing per call."""
-        if name not in CHECKED_COMMANDS:
-            return handler
-        config = self.config
-        limits = limits_of(config.max_key_chars, config.max_text_chars, config.max_list_items)
-        check = fields_checker(name, limits)
-
-        def checked(fx: Effects, command: Mapping[str, Any], now: int) -> dict[str, Any]:
-            error = check(command)
-            if error is not None:
-                raise CommandError(error)
-            return handler(fx, command, now)
-
-        return checked
 
     def release(self, conn: str, now: int) -> tuple[int, list[Mutation], list[Event]]:
         """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6.
@@ -194,4 +213,4 @@ class Engine(
         return released, fx.mutations, fx.events
 
     def supports(self, name: str) -> bool:
-        return name in self._handlers
+        return name in self.registry
