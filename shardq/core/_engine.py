@@ -18,7 +18,7 @@ and to each method that emits a mutation or a job event; nothing of a call stays
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
@@ -30,12 +30,12 @@ from ._effects import Effects, Event, Outcome
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, FlowOps
 from ._group_ops import GROUP_COMMANDS, GroupOps
 from ._introspect import IntrospectOps
-from ._mutations import Mutation
+from ._mutations import Mutation, Record
 from ._produce import ProduceOps
 from ._query import QueryOps
 from ._timers import TimerOps
 from ._validate import command_check, limits_of
-from ._webhooks import WebhookOps
+from ._webhooks import WebhookRegistry
 
 __all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine", "Route"]
 
@@ -102,11 +102,6 @@ _JOBS: Final[dict[str, str]] = {
     "SetConcurrency": "cmd_set_concurrency",
     "ClearConcurrency": "cmd_clear_concurrency",
     "GetQueueLimits": "cmd_get_queue_limits",
-    "AddWebhook": "cmd_add_webhook",
-    "RemoveWebhook": "cmd_remove_webhook",
-    "ListWebhooks": "cmd_list_webhooks",
-    "SetWebhookEnabled": "cmd_set_webhook_enabled",
-    "WebhookSync": "cmd_webhook_sync",
     "GetDeduplicationJobId": "cmd_get_deduplication_job_id",
     "RemoveDeduplicationKey": "cmd_remove_deduplication_key",
     "RemoveJobDeduplicationKey": "cmd_remove_job_deduplication_key",
@@ -126,7 +121,18 @@ _JOBS: Final[dict[str, str]] = {
     FLOW_HELD: "cmd_flow_held",
 }
 
-_PARTS: Final[dict[str, dict[str, str]]] = {"": {**_JOBS, **GROUP_COMMANDS}}
+_WEBHOOKS: Final[dict[str, str]] = {
+    "AddWebhook": "cmd_add_webhook",
+    "RemoveWebhook": "cmd_remove_webhook",
+    "ListWebhooks": "cmd_list_webhooks",
+    "SetWebhookEnabled": "cmd_set_webhook_enabled",
+    "WebhookSync": "cmd_webhook_sync",
+}
+
+_PARTS: Final[dict[str, dict[str, str]]] = {
+    "": {**_JOBS, **GROUP_COMMANDS},
+    "webhooks": _WEBHOOKS,
+}
 
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
     name: (part, method) for part, table in _PARTS.items() for name, method in table.items()
@@ -149,7 +155,6 @@ INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE, FLOW_HELD})
 
 class Engine(
     FlowOps,
-    WebhookOps,
     CronOps,
     GroupOps,
     TimerOps,
@@ -162,6 +167,7 @@ class Engine(
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.webhooks = WebhookRegistry(self.ids)
         self.registry = self._registry()
 
     def _registry(self) -> dict[str, Route]:
@@ -211,6 +217,21 @@ class Engine(
         if self.group_blocked:
             self.wake_groups(fx, int(now))
         return released, fx.mutations, fx.events
+
+    def _restore(
+        self,
+        fx: Effects,
+        records: Iterable[Record],
+        queues: Mapping[str, Mapping[str, Any]],
+        now: int,
+        *,
+        recover: bool = True,
+        webhooks: Iterable[Record] = (),
+        **more: Any,
+    ) -> None:
+        """The job store's `_restore`, then each component's persisted tables."""
+        super()._restore(fx, records, queues, now, recover=recover, **more)
+        self.webhooks.load(webhooks)
 
     def supports(self, name: str) -> bool:
         return name in self.registry
