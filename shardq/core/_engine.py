@@ -25,14 +25,16 @@ from shardq.errors import CommandError
 from shardq.protocol._schema import REGISTRY, Checker, Command
 
 from ._control import ControlOps
-from ._cron import CronOps
+from ._cron import CronScheduler
 from ._effects import Effects, Event, Outcome
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, FlowOps
 from ._group_ops import GROUP_COMMANDS, GroupOps
 from ._introspect import IntrospectOps
+from ._job import Job
 from ._mutations import Mutation, Record
 from ._produce import ProduceOps
 from ._query import QueryOps
+from ._repeat import successor
 from ._timers import TimerOps
 from ._validate import command_check, limits_of
 from ._webhooks import WebhookRegistry
@@ -93,10 +95,6 @@ _JOBS: Final[dict[str, str]] = {
     "GetDlqConfig": "cmd_get_dlq_config",
     "SetStallConfig": "cmd_set_stall_config",
     "GetStallConfig": "cmd_get_stall_config",
-    "Cron": "cmd_cron",
-    "CronGet": "cmd_cron_get",
-    "CronList": "cmd_cron_list",
-    "CronDelete": "cmd_cron_delete",
     "RateLimit": "cmd_rate_limit",
     "RateLimitClear": "cmd_rate_limit_clear",
     "SetConcurrency": "cmd_set_concurrency",
@@ -121,6 +119,13 @@ _JOBS: Final[dict[str, str]] = {
     FLOW_HELD: "cmd_flow_held",
 }
 
+_CRON: Final[dict[str, str]] = {
+    "Cron": "cmd_cron",
+    "CronGet": "cmd_cron_get",
+    "CronList": "cmd_cron_list",
+    "CronDelete": "cmd_cron_delete",
+}
+
 _WEBHOOKS: Final[dict[str, str]] = {
     "AddWebhook": "cmd_add_webhook",
     "RemoveWebhook": "cmd_remove_webhook",
@@ -131,6 +136,7 @@ _WEBHOOKS: Final[dict[str, str]] = {
 
 _PARTS: Final[dict[str, dict[str, str]]] = {
     "": {**_JOBS, **GROUP_COMMANDS},
+    "cron": _CRON,
     "webhooks": _WEBHOOKS,
 }
 
@@ -155,7 +161,6 @@ INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE, FLOW_HELD})
 
 class Engine(
     FlowOps,
-    CronOps,
     GroupOps,
     TimerOps,
     ProduceOps,
@@ -167,6 +172,7 @@ class Engine(
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.cron = CronScheduler(self)
         self.webhooks = WebhookRegistry(self.ids)
         self.registry = self._registry()
 
@@ -226,12 +232,35 @@ class Engine(
         now: int,
         *,
         recover: bool = True,
+        crons: Iterable[Record] = (),
         webhooks: Iterable[Record] = (),
-        **more: Any,
     ) -> None:
         """The job store's `_restore`, then each component's persisted tables."""
-        super()._restore(fx, records, queues, now, recover=recover, **more)
+        super()._restore(fx, records, queues, now, recover=recover)
+        self.cron.load(fx, crons, now, recover=recover)
         self.webhooks.load(webhooks)
+
+    # -- time: the job store's deadlines, then each component's ----------------------------
+
+    def _tick(self, fx: Effects, now: int) -> None:
+        super()._tick(fx, now)
+        self.cron.tick(fx, now)
+
+    def next_deadline(self) -> int | None:
+        deadline = super().next_deadline()
+        due = self.cron.deadline()
+        if due is not None and (deadline is None or due < deadline):
+            deadline = due
+        return deadline
+
+    def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
+        """Push the successor of a completed job with a `repeat` option (`_repeat.py`)."""
+        try:
+            fields = successor(job, now)
+        except CommandError:
+            return  # a pattern that matches no future date (30 February): the chain ends
+        if fields is not None:
+            self.push_one(fx, job.queue, fields, None, now)
 
     def supports(self, name: str) -> bool:
         return name in self.registry
