@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from shardq.errors import CommandError
 
@@ -28,6 +28,9 @@ from ._options import as_int, check_number, is_number, validate_queue_name
 from ._queue import QueueState
 from ._queue_limits import QueueLimits
 from ._state import EngineState, Lease, delivery_key
+
+if TYPE_CHECKING:
+    from ._group_ops import JobGroups
 
 __all__ = ["ConsumeOps"]
 
@@ -40,6 +43,9 @@ def _not_processing(job_id: object) -> CommandError:
 
 
 class ConsumeOps(EngineState):
+    # The job-group component a grouped queue's pulls go to, set by `Engine` (`_engine.py`).
+    groups: JobGroups
+
     # -- pulling ---------------------------------------------------------------------------
 
     def cmd_pull(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -105,7 +111,7 @@ class ConsumeOps(EngineState):
         if limited and q.limits is not None:
             return self._take_limited(fx, q, q.limits, count, now)
         if grouped and q.groups is not None:
-            return self.take_grouped(fx, q, count, now)
+            return self.groups.take(fx, q, count, now)
         taken = q.pop_ready_many(count)
         for job in taken:
             if job.opts and job.opts.get("ttl"):
@@ -135,10 +141,6 @@ class ConsumeOps(EngineState):
 
     def held_back(self, queue: str) -> None:
         """A pull on `queue` got less than it asked for because of its limits (`LimitOps`)."""
-
-    def take_grouped(self, fx: Effects, q: QueueState, count: int, now: int) -> list[Job]:
-        """`take_many` for a queue with job groups (`GroupOps`)."""
-        return self.take_many(fx, q, count, now, False, False)
 
     def _grant(self, cmd: Mapping[str, Any], owner: str | None) -> _Grant:
         """What every job of one pull gets: owner, lease TTL and the connection to track."""

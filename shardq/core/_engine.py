@@ -28,9 +28,10 @@ from ._control import ControlOps
 from ._cron import CronScheduler
 from ._effects import Effects, Event, Outcome
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, FlowOps
-from ._group_ops import GROUP_COMMANDS, GroupOps
+from ._group_ops import GROUP_COMMANDS, JobGroups
 from ._introspect import IntrospectOps
 from ._job import Job
+from ._limits import LimitOps
 from ._mutations import Mutation, Record
 from ._produce import ProduceOps
 from ._query import QueryOps
@@ -135,7 +136,8 @@ _WEBHOOKS: Final[dict[str, str]] = {
 }
 
 _PARTS: Final[dict[str, dict[str, str]]] = {
-    "": {**_JOBS, **GROUP_COMMANDS},
+    "": _JOBS,
+    "groups": GROUP_COMMANDS,
     "cron": _CRON,
     "webhooks": _WEBHOOKS,
 }
@@ -161,7 +163,7 @@ INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE, FLOW_HELD})
 
 class Engine(
     FlowOps,
-    GroupOps,
+    LimitOps,
     TimerOps,
     ProduceOps,
     ControlOps,
@@ -172,6 +174,8 @@ class Engine(
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.groups = JobGroups(self)
+        self._group_blocked = self.groups.blocked  # its own set, never replaced: no hop in apply
         self.cron = CronScheduler(self)
         self.webhooks = WebhookRegistry(self.ids)
         self.registry = self._registry()
@@ -208,8 +212,8 @@ class Engine(
                     reply = {"ok": False, "error": str(e)}
         if self.blocked:
             self.wake_limited(fx, int(now))  # an ACK or FAIL may have freed a held-back queue
-        if self.group_blocked:
-            self.wake_groups(fx, int(now))
+        if self._group_blocked:
+            self.groups.wake(fx, int(now))
         fx.reply = reply
         return fx
 
@@ -220,8 +224,8 @@ class Engine(
         released = self.release_connection(fx, conn, int(now))
         if self.blocked:
             self.wake_limited(fx, int(now))
-        if self.group_blocked:
-            self.wake_groups(fx, int(now))
+        if self._group_blocked:
+            self.groups.wake(fx, int(now))
         return released, fx.mutations, fx.events
 
     def _restore(
@@ -244,13 +248,14 @@ class Engine(
 
     def _tick(self, fx: Effects, now: int) -> None:
         super()._tick(fx, now)
+        self.groups.tick(fx, now)
         self.cron.tick(fx, now)
 
     def next_deadline(self) -> int | None:
         deadline = super().next_deadline()
-        due = self.cron.deadline()
-        if due is not None and (deadline is None or due < deadline):
-            deadline = due
+        for due in (self.groups.deadline(), self.cron.deadline()):
+            if due is not None and (deadline is None or due < deadline):
+                deadline = due
         return deadline
 
     def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
