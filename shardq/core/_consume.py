@@ -136,11 +136,8 @@ class ConsumeOps(EngineState):
         taken = self.take_many(fx, q, allowed, now, False) if allowed > 0 else []
         limits.note(len(taken), now)
         if allowed < count:
-            self.held_back(q.name)
+            self.limiter.held_back(q.name)
         return taken
-
-    def held_back(self, queue: str) -> None:
-        """A pull on `queue` got less than it asked for because of its limits (`LimitOps`)."""
 
     def _grant(self, cmd: Mapping[str, Any], owner: str | None) -> _Grant:
         """What every job of one pull gets: owner, lease TTL and the connection to track."""

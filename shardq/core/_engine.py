@@ -24,6 +24,7 @@ from typing import Any, Final, NamedTuple
 from shardq.errors import CommandError
 from shardq.protocol._schema import REGISTRY, Checker, Command
 
+from ._config import EngineConfig
 from ._control import ControlOps
 from ._cron import CronScheduler
 from ._effects import Effects, Event, Outcome
@@ -31,7 +32,7 @@ from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, FlowOps
 from ._group_ops import GROUP_COMMANDS, JobGroups
 from ._introspect import IntrospectOps
 from ._job import Job
-from ._limits import LimitOps
+from ._limits import QueueLimiter
 from ._mutations import Mutation, Record
 from ._produce import ProduceOps
 from ._query import QueryOps
@@ -96,11 +97,6 @@ _JOBS: Final[dict[str, str]] = {
     "GetDlqConfig": "cmd_get_dlq_config",
     "SetStallConfig": "cmd_set_stall_config",
     "GetStallConfig": "cmd_get_stall_config",
-    "RateLimit": "cmd_rate_limit",
-    "RateLimitClear": "cmd_rate_limit_clear",
-    "SetConcurrency": "cmd_set_concurrency",
-    "ClearConcurrency": "cmd_clear_concurrency",
-    "GetQueueLimits": "cmd_get_queue_limits",
     "GetDeduplicationJobId": "cmd_get_deduplication_job_id",
     "RemoveDeduplicationKey": "cmd_remove_deduplication_key",
     "RemoveJobDeduplicationKey": "cmd_remove_job_deduplication_key",
@@ -120,6 +116,14 @@ _JOBS: Final[dict[str, str]] = {
     FLOW_HELD: "cmd_flow_held",
 }
 
+_LIMITS: Final[dict[str, str]] = {
+    "RateLimit": "cmd_rate_limit",
+    "RateLimitClear": "cmd_rate_limit_clear",
+    "SetConcurrency": "cmd_set_concurrency",
+    "ClearConcurrency": "cmd_clear_concurrency",
+    "GetQueueLimits": "cmd_get_queue_limits",
+}
+
 _CRON: Final[dict[str, str]] = {
     "Cron": "cmd_cron",
     "CronGet": "cmd_cron_get",
@@ -137,6 +141,7 @@ _WEBHOOKS: Final[dict[str, str]] = {
 
 _PARTS: Final[dict[str, dict[str, str]]] = {
     "": _JOBS,
+    "limiter": _LIMITS,
     "groups": GROUP_COMMANDS,
     "cron": _CRON,
     "webhooks": _WEBHOOKS,
@@ -163,7 +168,6 @@ INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE, FLOW_HELD})
 
 class Engine(
     FlowOps,
-    LimitOps,
     TimerOps,
     ProduceOps,
     ControlOps,
@@ -172,8 +176,16 @@ class Engine(
 ):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        seed: int | None = None,
+        compact_pulls: bool = False,
+    ) -> None:
+        super().__init__(config, seed=seed, compact_pulls=compact_pulls)
+        self.limiter = QueueLimiter(self)
+        self._limit_blocked = self.limiter.blocked  # its own set, never replaced: no hop
         self.groups = JobGroups(self)
         self._group_blocked = self.groups.blocked  # its own set, never replaced: no hop in apply
         self.cron = CronScheduler(self)
@@ -210,8 +222,8 @@ class Engine(
                     reply = handler(fx, command, int(now))
                 except CommandError as e:
                     reply = {"ok": False, "error": str(e)}
-        if self.blocked:
-            self.wake_limited(fx, int(now))  # an ACK or FAIL may have freed a held-back queue
+        if self._limit_blocked:
+            self.limiter.wake(fx, int(now))  # an ACK or FAIL may have freed a held-back queue
         if self._group_blocked:
             self.groups.wake(fx, int(now))
         fx.reply = reply
@@ -222,8 +234,8 @@ class Engine(
         Returns how many, and the mutations and job events that made."""
         fx = Outcome()
         released = self.release_connection(fx, conn, int(now))
-        if self.blocked:
-            self.wake_limited(fx, int(now))
+        if self._limit_blocked:
+            self.limiter.wake(fx, int(now))
         if self._group_blocked:
             self.groups.wake(fx, int(now))
         return released, fx.mutations, fx.events
@@ -241,6 +253,7 @@ class Engine(
     ) -> None:
         """The job store's `_restore`, then each component's persisted tables."""
         super()._restore(fx, records, queues, now, recover=recover)
+        self.limiter.restored()
         self.cron.load(fx, crons, now, recover=recover)
         self.webhooks.load(webhooks)
 
@@ -248,12 +261,13 @@ class Engine(
 
     def _tick(self, fx: Effects, now: int) -> None:
         super()._tick(fx, now)
+        self.limiter.tick(fx, now)
         self.groups.tick(fx, now)
         self.cron.tick(fx, now)
 
     def next_deadline(self) -> int | None:
         deadline = super().next_deadline()
-        for due in (self.groups.deadline(), self.cron.deadline()):
+        for due in (self.limiter.deadline(), self.groups.deadline(), self.cron.deadline()):
             if due is not None and (deadline is None or due < deadline):
                 deadline = due
         return deadline

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ._effects import Effects
 from ._job import TIMELINE_MAX, Job, Timeline
@@ -28,6 +28,9 @@ from ._options import as_int
 from ._queue import QueueState
 from ._tables import MIN_COMPACT, EngineTables, Lease, delivery_key
 
+if TYPE_CHECKING:
+    from ._limits import QueueLimiter
+
 __all__ = ["Changes", "EngineState", "Lease", "delivery_key"]
 
 # The changes of a batch move: one dict per job, or one dict for all of them.
@@ -36,6 +39,10 @@ Changes: TypeAlias = Sequence[dict[str, Any]] | dict[str, Any]
 
 class EngineState(EngineTables):
     """The engine's state with the primitives that change a job's state."""
+
+    # The queue-limits component, told when an active job of a blocked queue ends; set by
+    # `Engine` (`_engine.py`), which composes it over this store.
+    limiter: QueueLimiter
 
     # -- the only ways a job changes state --------------------------------------------------
 
@@ -270,9 +277,6 @@ class EngineState(EngineTables):
         if emit:
             fx.mutations.append(("del", job.key))
 
-    def freed_active(self, q: QueueState) -> None:
-        """An active job of `q`, whose concurrency cap held a pull back, ended (`LimitOps`)."""
-
     def _leave(self, job: Job, q: QueueState) -> None:
         self._leave_all((job,), q, job.state)
 
@@ -292,7 +296,7 @@ class EngineState(EngineTables):
         elif state == ACTIVE:
             self._release_all(jobs)
             if q.limits is not None and q.limits.conc_blocked:
-                self.freed_active(q)  # a held-back pull may get this slot (`_limits`)
+                self.limiter.freed_active(q)  # a held-back pull may get this slot
         elif state == DELAYED:
             for job in jobs:
                 job.dkey = None

@@ -296,7 +296,7 @@ def test_held_back_limited_queues_cost_unrelated_commands_nothing(
         reply = _apply(engine, pull)[0]
         assert len(reply["jobs"]) == 1  # held back by its limit
         tokens[name] = (reply["jobs"][0]["id"], reply["tokens"][0])
-    assert len(engine.blocked) == queues
+    assert len(engine.limiter.blocked) == queues
     assert engine.next_deadline() == NOW + 60_000
 
     calls = 0
@@ -316,7 +316,7 @@ def test_held_back_limited_queues_cost_unrelated_commands_nothing(
     job_id, token = tokens["q1"]  # concurrency-capped: its ACK frees the slot
     events = engine.apply({"cmd": "ACK", "id": job_id, "token": token}, NOW).events
     assert events.count(("ready", "q1", "")) == 1
-    assert "q1" not in engine.blocked
+    assert "q1" not in engine.limiter.blocked
     events, _ = engine.tick(NOW + 60_000)  # every rate window reopens at once
     assert sorted(name for kind, name, _ in events if kind == "ready") == sorted(
         f"q{i}" for i in range(0, queues, 2)
@@ -352,7 +352,7 @@ def test_a_woken_queue_leaves_no_deadline_behind() -> None:
     assert _apply(engine, {**limit, "duration": 100}, NOW + 10)[0]["ok"]
     assert _apply(engine, pull, NOW + 20)[0]["jobs"] == []  # held back until NOW + 100
     events, _ = engine.tick(NOW + 100)
-    assert ("ready", "q", "") in events and "q" not in engine.blocked
+    assert ("ready", "q", "") in events and "q" not in engine.limiter.blocked
     assert engine.next_deadline() == NOW + 600_000  # the leases; no stale reopen time
 
 
