@@ -364,7 +364,7 @@ class ConsumeOps(EngineState):
             if "repeat" in job.opts:
                 self.repeat_after(fx, job, now)
             if "parentId" in job.opts:
-                self.child_finished(fx, job, "completed", now)
+                self.flows.child_finished(fx, job, "completed", now)
         if remove is None and job.opts:
             remove = job.opts.get("removeOnComplete")
         if remove:
@@ -373,7 +373,8 @@ class ConsumeOps(EngineState):
             self.retain_completed(fx, job, pending)
 
     def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
-        """Push the successor of a completed job with a `repeat` option (`CronOps`)."""
+        """Push the successor of a completed job with a `repeat` option (`Engine`, which
+        has the pushes)."""
 
     def cmd_fail(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         outcome, job = self.fence(cmd.get("id"), cmd.get("token"))

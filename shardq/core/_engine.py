@@ -14,6 +14,20 @@ be released with `release_connection`.
 
 Every entry point makes one `Outcome` (`_effects.py`) and hands it, as `fx`, to the handler
 and to each method that emits a mutation or a job event; nothing of a call stays on the engine.
+
+How it is composed. The engine is the job store, the one owner of jobs: `EngineTables`
+(`_tables.py`) and `EngineState` (`_state.py`: `admit`, `move`, `remove`, `dead`, `revive`) with
+the job operations over them as mixins (produce, consume, control, admin, query, introspect,
+timers). Each feature is a component the engine builds and holds by attribute: `limiter`
+(`QueueLimiter`, `_limits.py`), `groups` (`JobGroups`, `_group_ops.py`), `flows` (`Flows`,
+`_flows.py`), `cron` (`CronScheduler`, `_cron.py`) and `webhooks` (`WebhookRegistry`,
+`_webhooks.py`). A component owns its own tables, holds a reference to the store and changes
+jobs only through it, and is handed `fx` explicitly. The store calls a component where one of
+its jobs concerns it (`limiter.held_back`/`freed_active`, `groups.take`, `flows.blocked`/
+`child_finished`); the engine runs each component's `tick`, `deadline` and restore after the
+store's. The registry (`COMMANDS`, built into `Route`s once per engine) maps each command to
+its schema entry, its generated field check and the bound method of the part that answers
+it, so a command costs one lookup and no call more than its handler and check.
 """
 
 from __future__ import annotations
@@ -28,7 +42,7 @@ from ._config import EngineConfig
 from ._control import ControlOps
 from ._cron import CronScheduler
 from ._effects import Effects, Event, Outcome
-from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, FlowOps
+from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, Flows
 from ._group_ops import GROUP_COMMANDS, JobGroups
 from ._introspect import IntrospectOps
 from ._job import Job
@@ -103,6 +117,17 @@ _JOBS: Final[dict[str, str]] = {
     "RemoveDlqJob": "cmd_remove_dlq_job",
     "GetDlqStats": "cmd_get_dlq_stats",
     "Metrics": "cmd_queue_metrics",
+}
+
+_LIMITS: Final[dict[str, str]] = {
+    "RateLimit": "cmd_rate_limit",
+    "RateLimitClear": "cmd_rate_limit_clear",
+    "SetConcurrency": "cmd_set_concurrency",
+    "ClearConcurrency": "cmd_clear_concurrency",
+    "GetQueueLimits": "cmd_get_queue_limits",
+}
+
+_FLOWS: Final[dict[str, str]] = {
     "PUSHF": "cmd_pushf",
     "GetChildrenValues": "cmd_get_children_values",
     "GetFailedChildrenValues": "cmd_get_failed_children_values",
@@ -114,14 +139,6 @@ _JOBS: Final[dict[str, str]] = {
     FLOW_NOTIFY: "cmd_flow_notify",
     FLOW_RELEASE: "cmd_flow_release",
     FLOW_HELD: "cmd_flow_held",
-}
-
-_LIMITS: Final[dict[str, str]] = {
-    "RateLimit": "cmd_rate_limit",
-    "RateLimitClear": "cmd_rate_limit_clear",
-    "SetConcurrency": "cmd_set_concurrency",
-    "ClearConcurrency": "cmd_clear_concurrency",
-    "GetQueueLimits": "cmd_get_queue_limits",
 }
 
 _CRON: Final[dict[str, str]] = {
@@ -143,6 +160,7 @@ _PARTS: Final[dict[str, dict[str, str]]] = {
     "": _JOBS,
     "limiter": _LIMITS,
     "groups": GROUP_COMMANDS,
+    "flows": _FLOWS,
     "cron": _CRON,
     "webhooks": _WEBHOOKS,
 }
@@ -167,7 +185,6 @@ INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE, FLOW_HELD})
 
 
 class Engine(
-    FlowOps,
     TimerOps,
     ProduceOps,
     ControlOps,
@@ -188,6 +205,7 @@ class Engine(
         self._limit_blocked = self.limiter.blocked  # its own set, never replaced: no hop
         self.groups = JobGroups(self)
         self._group_blocked = self.groups.blocked  # its own set, never replaced: no hop in apply
+        self.flows = Flows(self)
         self.cron = CronScheduler(self)
         self.webhooks = WebhookRegistry(self.ids)
         self.registry = self._registry()

@@ -408,7 +408,7 @@ class ShardCore(StorageRefusals):
         keys = msg.get("keys")
         if isinstance(keys, list):
             self.flows.acked(keys)
-            self._absorb(self.engine.flow_acked(keys), ())
+            self._absorb(self.engine.flows.acked(keys), ())
 
     def _apply(self, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         outcome = self.engine.apply(cmd, now)
