@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from shardq.errors import CommandError
 
@@ -28,6 +28,9 @@ from ._options import as_int, check_number, is_number, validate_queue_name
 from ._queue import QueueState
 from ._queue_limits import QueueLimits
 from ._state import EngineState, Lease, delivery_key
+
+if TYPE_CHECKING:
+    from ._group_ops import JobGroups
 
 __all__ = ["ConsumeOps"]
 
@@ -40,6 +43,9 @@ def _not_processing(job_id: object) -> CommandError:
 
 
 class ConsumeOps(EngineState):
+    # The job-group component a grouped queue's pulls go to, set by `Engine` (`_engine.py`).
+    groups: JobGroups
+
     # -- pulling ---------------------------------------------------------------------------
 
     def cmd_pull(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -105,7 +111,7 @@ class ConsumeOps(EngineState):
         if limited and q.limits is not None:
             return self._take_limited(fx, q, q.limits, count, now)
         if grouped and q.groups is not None:
-            return self.take_grouped(fx, q, count, now)
+            return self.groups.take(fx, q, count, now)
         taken = q.pop_ready_many(count)
         for job in taken:
             if job.opts and job.opts.get("ttl"):
@@ -130,15 +136,8 @@ class ConsumeOps(EngineState):
         taken = self.take_many(fx, q, allowed, now, False) if allowed > 0 else []
         limits.note(len(taken), now)
         if allowed < count:
-            self.held_back(q.name)
+            self.limiter.held_back(q.name)
         return taken
-
-    def held_back(self, queue: str) -> None:
-        """A pull on `queue` got less than it asked for because of its limits (`LimitOps`)."""
-
-    def take_grouped(self, fx: Effects, q: QueueState, count: int, now: int) -> list[Job]:
-        """`take_many` for a queue with job groups (`GroupOps`)."""
-        return self.take_many(fx, q, count, now, False, False)
 
     def _grant(self, fx: Effects, cmd: Mapping[str, Any], owner: str | None) -> _Grant:
         """What every job of one pull gets: owner, lease TTL and the connection to track."""
@@ -365,7 +364,7 @@ class ConsumeOps(EngineState):
             if "repeat" in job.opts:
                 self.repeat_after(fx, job, now)
             if "parentId" in job.opts:
-                self.child_finished(fx, job, "completed", now)
+                self.flows.child_finished(fx, job, "completed", now)
         if remove is None and job.opts:
             remove = job.opts.get("removeOnComplete")
         if remove:
@@ -374,7 +373,8 @@ class ConsumeOps(EngineState):
             self.retain_completed(fx, job, pending)
 
     def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
-        """Push the successor of a completed job with a `repeat` option (`CronOps`)."""
+        """Push the successor of a completed job with a `repeat` option (`Engine`, which
+        has the pushes)."""
 
     def cmd_fail(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         outcome, job = self.fence(cmd.get("id"), cmd.get("token"))

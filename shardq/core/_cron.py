@@ -29,16 +29,13 @@ from shardq.errors import CommandError
 from ._bounds import count_error, cron_step_error, span_error
 from ._cronskip import WorkerPresence, too_soon
 from ._effects import Effects
-from ._job import Job
 from ._mutations import Record
 from ._options import is_number, validate_data, validate_queue_name
 from ._produce import ProduceOps
-from ._repeat import successor
 from ._slots import check_zone, next_slot
-from ._timers import TimerOps
 from ._validate import validate_job
 
-__all__ = ["CronOps", "next_slot"]
+__all__ = ["CronScheduler", "next_slot"]
 
 # jobOptions keys a schedule passes on to the jobs it fires; others are ignored, as bunqueue does.
 JOB_OPTION_KEYS: Final = (
@@ -167,76 +164,49 @@ def wire(rec: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in rec.items() if k not in _WIRE_HIDDEN}
 
 
-class CronOps(TimerOps, ProduceOps):
-    """Schedules live in `crons` (name -> record); `cron_heap` holds (nextRun, name) entries,
-    stale ones skipped lazily. A shard without schedules pays one empty-dict test per tick."""
+class CronScheduler:
+    """The engine's cron component. Owns `schedules` (name -> record), `heap` ((nextRun, name)
+    entries, stale ones skipped lazily) and `workers` (who serves which queue, for
+    `skipIfNoWorker`); pushes the jobs it fires through the job store. A shard without
+    schedules pays one empty-dict test per tick."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.crons: dict[str, Record] = {}
-        self.cron_heap: list[tuple[int, str]] = []
+    def __init__(self, store: ProduceOps) -> None:
+        self.store = store
+        self.config = store.config
+        self.schedules: dict[str, Record] = {}
+        self.heap: list[tuple[int, str]] = []
         self.workers = WorkerPresence()
 
-    def _tick(self, fx: Effects, now: int) -> None:
-        super()._tick(fx, now)
-        if self.crons:
-            self.fire_crons(fx, now)
+    def tick(self, fx: Effects, now: int) -> None:
+        if self.schedules:
+            self.fire(fx, now)
 
-    def next_deadline(self) -> int | None:
-        deadline = super().next_deadline()
-        if not self.crons:
-            return deadline
-        due = self.cron_deadline()
-        if due is None or deadline is None:
-            return deadline if due is None else due
-        return min(due, deadline)
-
-    def _restore(
-        self,
-        fx: Effects,
-        records: Iterable[Record],
-        queues: Mapping[str, Mapping[str, Any]],
-        now: int,
-        *,
-        recover: bool = True,
-        crons: Iterable[Record] = (),
-    ) -> None:
-        """`TimerOps._restore`, plus the persisted schedules (`crons`)."""
-        super()._restore(fx, records, queues, now, recover=recover)
-        self.load_crons(fx, crons, now, recover=recover)
-
-    # -- the job-level repeat option -------------------------------------------------------
-
-    def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
-        try:
-            fields = successor(job, now)
-        except CommandError:
-            return  # a pattern that matches no future date (30 February): the chain ends
-        if fields is not None:
-            self.push_one(fx, job.queue, fields, None, now)
+    def deadline(self) -> int | None:
+        """When `tick` next has a schedule to fire, or None."""
+        return self.due() if self.schedules else None
 
     # -- commands --------------------------------------------------------------------------
 
     def cmd_cron(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         name = cmd.get("name")
-        old = self.crons.get(name) if isinstance(name, str) else None
+        old = self.schedules.get(name) if isinstance(name, str) else None
         rec = build_schedule(cmd, old, now, self.config.max_key_chars)
         self._save(fx, rec)
         return {"ok": True, "cron": wire(rec)}
 
     def cmd_cron_get(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         name = cmd.get("name")
-        rec = self.crons.get(name) if isinstance(name, str) else None
+        rec = self.schedules.get(name) if isinstance(name, str) else None
         if rec is None:
             raise CommandError(NOT_FOUND)
         return {"ok": True, "cron": wire(rec)}
 
     def cmd_cron_list(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        return {"ok": True, "crons": [wire(self.crons[n]) for n in sorted(self.crons)]}
+        return {"ok": True, "crons": [wire(self.schedules[n]) for n in sorted(self.schedules)]}
 
     def cmd_cron_delete(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         name = cmd.get("name")
-        if not isinstance(name, str) or name not in self.crons:
+        if not isinstance(name, str) or name not in self.schedules:
             raise CommandError(NOT_FOUND)
         self._drop(fx, name)
         return {"ok": True}
@@ -244,23 +214,23 @@ class CronOps(TimerOps, ProduceOps):
     # -- state -----------------------------------------------------------------------------
 
     def _save(self, fx: Effects, rec: Record) -> None:
-        self.crons[rec["name"]] = rec
-        heap = self.cron_heap
+        self.schedules[rec["name"]] = rec
+        heap = self.heap
         heapq.heappush(heap, (rec["nextRun"], rec["name"]))
-        if len(heap) > 2 * len(self.crons) + 64:
+        if len(heap) > 2 * len(self.schedules) + 64:
             # Schedules redefined over and over leave stale entries far from the top, where
-            # `cron_deadline` never reaches them: rebuild, amortised O(1) per save.
-            self.cron_heap = [(r["nextRun"], n) for n, r in self.crons.items()]
-            heapq.heapify(self.cron_heap)
+            # `due` never reaches them: rebuild, amortised O(1) per save.
+            self.heap = [(r["nextRun"], n) for n, r in self.schedules.items()]
+            heapq.heapify(self.heap)
         fx.mutations.append(("cron", rec["name"], dict(rec)))
 
     def _drop(self, fx: Effects, name: str) -> None:
-        del self.crons[name]
+        del self.schedules[name]
         fx.mutations.append(("crondel", name))
 
-    def cron_deadline(self) -> int | None:
+    def due(self) -> int | None:
         """The next slot due, dropping heap entries of deleted or rescheduled schedules."""
-        heap, crons = self.cron_heap, self.crons
+        heap, crons = self.heap, self.schedules
         while heap:
             at, name = heap[0]
             rec = crons.get(name)
@@ -269,17 +239,17 @@ class CronOps(TimerOps, ProduceOps):
             heapq.heappop(heap)
         return None
 
-    def fire_crons(self, fx: Effects, now: int) -> None:
+    def fire(self, fx: Effects, now: int) -> None:
         """Handle the schedules whose slot is due at `now`, each at most once per tick (a slot
         handled moves `nextRun` past `now`, so no schedule can fire a backlog), and at most
         `max_cron_fires_per_tick` of them: the others stay due, so `next_deadline` asks for
         the next tick at once, and the commands waiting in between are served first."""
         for _ in range(self.config.max_cron_fires_per_tick):
-            at = self.cron_deadline()
+            at = self.due()
             if at is None or at > now:
                 return
-            _, name = heapq.heappop(self.cron_heap)
-            self._fire(fx, self.crons[name], now)
+            _, name = heapq.heappop(self.heap)
+            self._fire(fx, self.schedules[name], now)
 
     def _fire(self, fx: Effects, rec: Record, now: int) -> None:
         slot = int(rec["nextRun"])
@@ -312,15 +282,15 @@ class CronOps(TimerOps, ProduceOps):
         # tell which slot a job belongs to.
         fields = job_fields(rec)
         fields["timestamp"] = slot
-        seq = self.seq
-        job_id = self.push_one(fx, str(rec["queue"]), fields, None, now)
-        if self.seq != seq:  # a new job; otherwise the previous one still runs (overlap)
+        seq = self.store.seq
+        job_id = self.store.push_one(fx, str(rec["queue"]), fields, None, now)
+        if self.store.seq != seq:  # a new job; otherwise the previous one still runs (overlap)
             rec["executions"] += 1
             rec["lastJobId"] = job_id
             rec["lastFiredAt"] = now
             fx.events.append(("cron", str(rec["queue"]), job_id))
 
-    def load_crons(
+    def load(
         self, fx: Effects, records: Iterable[Record], now: int, *, recover: bool = True
     ) -> None:
         """Take persisted schedules back. A slot missed while the server was down fires once
@@ -330,5 +300,5 @@ class CronOps(TimerOps, ProduceOps):
             if recover and rec["nextRun"] <= now and rec["skipMissedOnRestart"]:
                 rec["nextRun"] = next_slot(rec, now)
                 fx.mutations.append(("cron", rec["name"], dict(rec)))
-            self.crons[rec["name"]] = rec
-            heapq.heappush(self.cron_heap, (rec["nextRun"], rec["name"]))
+            self.schedules[rec["name"]] = rec
+            heapq.heappush(self.heap, (rec["nextRun"], rec["name"]))

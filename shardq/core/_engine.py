@@ -15,33 +15,55 @@ with `release`.
 
 Every entry point makes one `Outcome` (`_effects.py`) and hands it, as `fx`, to the handler
 and to each method that emits a mutation or a job event; nothing of a call stays on the engine.
+
+How it is composed. The engine is the job store, the one owner of jobs: `EngineTables`
+(`_tables.py`) and `EngineState` (`_state.py`: `admit`, `move`, `remove`, `dead`, `revive`) with
+the job operations over them as mixins (produce, consume, control, admin, query, introspect,
+timers). Each feature is a component the engine builds and holds by attribute: `limiter`
+(`QueueLimiter`, `_limits.py`), `groups` (`JobGroups`, `_group_ops.py`), `flows` (`Flows`,
+`_flows.py`), `cron` (`CronScheduler`, `_cron.py`) and `webhooks` (`WebhookRegistry`,
+`_webhooks.py`). A component owns its own tables, holds a reference to the store and changes
+jobs only through it, and is handed `fx` explicitly. The store calls a component where one of
+its jobs concerns it (`limiter.held_back`/`freed_active`, `groups.take`, `flows.blocked`/
+`child_finished`); the engine runs each component's `tick`, `deadline` and restore after the
+store's. The registry (`COMMANDS`, built into `Route`s once per engine) maps each command to
+its schema entry, its generated field check and the bound method of the part that answers
+it, so a command costs one lookup and no call more than its handler and check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
+from shardq.protocol._schema import REGISTRY, Checker, Command
 
+from ._config import EngineConfig
 from ._control import ControlOps
-from ._cron import CronOps
+from ._cron import CronScheduler
 from ._effects import Effects, Event, Outcome
-from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, FlowOps
-from ._group_ops import GROUP_COMMANDS, GroupOps
+from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, Flows
+from ._group_ops import GROUP_COMMANDS, JobGroups
 from ._introspect import IntrospectOps
-from ._mutations import Mutation
+from ._job import Job
+from ._limits import QueueLimiter
+from ._mutations import Mutation, Record
 from ._produce import ProduceOps
 from ._query import QueryOps
+from ._repeat import successor
 from ._timers import TimerOps
-from ._validate import CHECKED_COMMANDS, fields_checker, limits_of
-from ._webhooks import WebhookOps
+from ._validate import command_check, limits_of
+from ._webhooks import WebhookRegistry
 
-__all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine"]
+__all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine", "Route"]
 
 Handler = Callable[[Effects, Mapping[str, Any], int], dict[str, Any]]
 
-COMMANDS: Final[dict[str, str]] = {
+# The registry's static half: which part of the engine answers each command, and with which
+# of its methods ("" is the engine itself, its job store). `Engine.__init__` joins each to the
+# command's schema entry and field check, and binds the method once.
+_JOBS: Final[dict[str, str]] = {
     "PUSH": "cmd_push",
     "PUSHB": "cmd_pushb",
     "PULL": "cmd_pull",
@@ -90,27 +112,23 @@ COMMANDS: Final[dict[str, str]] = {
     "GetDlqConfig": "cmd_get_dlq_config",
     "SetStallConfig": "cmd_set_stall_config",
     "GetStallConfig": "cmd_get_stall_config",
-    "Cron": "cmd_cron",
-    "CronGet": "cmd_cron_get",
-    "CronList": "cmd_cron_list",
-    "CronDelete": "cmd_cron_delete",
-    "RateLimit": "cmd_rate_limit",
-    "RateLimitClear": "cmd_rate_limit_clear",
-    "SetConcurrency": "cmd_set_concurrency",
-    "ClearConcurrency": "cmd_clear_concurrency",
-    "GetQueueLimits": "cmd_get_queue_limits",
-    **GROUP_COMMANDS,
-    "AddWebhook": "cmd_add_webhook",
-    "RemoveWebhook": "cmd_remove_webhook",
-    "ListWebhooks": "cmd_list_webhooks",
-    "SetWebhookEnabled": "cmd_set_webhook_enabled",
-    "WebhookSync": "cmd_webhook_sync",
     "GetDeduplicationJobId": "cmd_get_deduplication_job_id",
     "RemoveDeduplicationKey": "cmd_remove_deduplication_key",
     "RemoveJobDeduplicationKey": "cmd_remove_job_deduplication_key",
     "RemoveDlqJob": "cmd_remove_dlq_job",
     "GetDlqStats": "cmd_get_dlq_stats",
     "Metrics": "cmd_queue_metrics",
+}
+
+_LIMITS: Final[dict[str, str]] = {
+    "RateLimit": "cmd_rate_limit",
+    "RateLimitClear": "cmd_rate_limit_clear",
+    "SetConcurrency": "cmd_set_concurrency",
+    "ClearConcurrency": "cmd_clear_concurrency",
+    "GetQueueLimits": "cmd_get_queue_limits",
+}
+
+_FLOWS: Final[dict[str, str]] = {
     "PUSHF": "cmd_pushf",
     "GetChildrenValues": "cmd_get_children_values",
     "GetFailedChildrenValues": "cmd_get_failed_children_values",
@@ -124,15 +142,50 @@ COMMANDS: Final[dict[str, str]] = {
     FLOW_HELD: "cmd_flow_held",
 }
 
+_CRON: Final[dict[str, str]] = {
+    "Cron": "cmd_cron",
+    "CronGet": "cmd_cron_get",
+    "CronList": "cmd_cron_list",
+    "CronDelete": "cmd_cron_delete",
+}
+
+_WEBHOOKS: Final[dict[str, str]] = {
+    "AddWebhook": "cmd_add_webhook",
+    "RemoveWebhook": "cmd_remove_webhook",
+    "ListWebhooks": "cmd_list_webhooks",
+    "SetWebhookEnabled": "cmd_set_webhook_enabled",
+    "WebhookSync": "cmd_webhook_sync",
+}
+
+_PARTS: Final[dict[str, dict[str, str]]] = {
+    "": _JOBS,
+    "limiter": _LIMITS,
+    "groups": GROUP_COMMANDS,
+    "flows": _FLOWS,
+    "cron": _CRON,
+    "webhooks": _WEBHOOKS,
+}
+
+COMMANDS: Final[dict[str, tuple[str, str]]] = {
+    name: (part, method) for part, table in _PARTS.items() for name, method in table.items()
+}
+"""Every command the engine answers -> (the part that answers it, its method's name)."""
+
+
+class Route(NamedTuple):
+    """One registry entry: the command's schema entry, its generated field check (None when
+    it has none to run) and its handler, a bound method of the part that owns the command."""
+
+    schema: Command
+    check: Checker | None
+    handler: Handler
+
+
 INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE, FLOW_HELD})
 """Commands shards send each other through the front end; a client's are refused."""
 
 
 class Engine(
-    FlowOps,
-    WebhookOps,
-    CronOps,
-    GroupOps,
     TimerOps,
     ProduceOps,
     ControlOps,
@@ -141,59 +194,112 @@ class Engine(
 ):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._handlers: dict[str, Handler] = {
-            name: self._checked(name, getattr(self, method)) for name, method in COMMANDS.items()
-        }
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        seed: int | None = None,
+        compact_pulls: bool = False,
+    ) -> None:
+        super().__init__(config, seed=seed, compact_pulls=compact_pulls)
+        self.limiter = QueueLimiter(self)
+        self._limit_blocked = self.limiter.blocked  # its own set, never replaced: no hop
+        self.groups = JobGroups(self)
+        self._group_blocked = self.groups.blocked  # its own set, never replaced: no hop in apply
+        self.flows = Flows(self)
+        self.cron = CronScheduler(self)
+        self.webhooks = WebhookRegistry(self.ids)
+        self.registry = self._registry()
+
+    def _registry(self) -> dict[str, Route]:
+        """Each command's `Route`, built once: `apply` then does one lookup per command, and
+        runs a check only where the schema declares one."""
+        config = self.config
+        limits = limits_of(config.max_key_chars, config.max_text_chars, config.max_list_items)
+        routes: dict[str, Route] = {}
+        for name, (part, method) in COMMANDS.items():
+            schema = REGISTRY[name]
+            owner = getattr(self, part) if part else self
+            routes[name] = Route(schema, command_check(schema, limits), getattr(owner, method))
+        return routes
 
     def apply(self, command: Mapping[str, Any], now: int, conn: str | None = None) -> Outcome:
         """Run one command at time `now` (ms) for connection `conn` (None: no connection owns
         what it pulls). Returns its reply, mutations and job events."""
         fx = Outcome(conn)
         name = command.get("cmd")
-        handler = self._handlers.get(name) if isinstance(name, str) else None
-        if handler is None:
-            reply: dict[str, Any] = {"ok": False, "error": f"Unknown command: {name}"}
+        route = self.registry.get(name) if isinstance(name, str) else None
+        reply: dict[str, Any]
+        if route is None:
+            reply = {"ok": False, "error": f"Unknown command: {name}"}
         else:
-            try:
-                reply = handler(fx, command, int(now))
-            except CommandError as e:
-                reply = {"ok": False, "error": str(e)}
-        if self.blocked:
-            self.wake_limited(fx, int(now))  # an ACK or FAIL may have freed a held-back queue
-        if self.group_blocked:
-            self.wake_groups(fx, int(now))
+            _, check, handler = route
+            error = check(command) if check is not None else None
+            if error is not None:
+                reply = {"ok": False, "error": error}
+            else:
+                try:
+                    reply = handler(fx, command, int(now))
+                except CommandError as e:
+                    reply = {"ok": False, "error": str(e)}
+        if self._limit_blocked:
+            self.limiter.wake(fx, int(now))  # an ACK or FAIL may have freed a held-back queue
+        if self._group_blocked:
+            self.groups.wake(fx, int(now))
         fx.reply = reply
         return fx
-
-    def _checked(self, name: str, handler: Handler) -> Handler:
-        """`handler`, behind the field bounds of its command (`_validate.py`) if it has any;
-        done once here so that a command without extra checks pays nothing per call."""
-        if name not in CHECKED_COMMANDS:
-            return handler
-        config = self.config
-        limits = limits_of(config.max_key_chars, config.max_text_chars, config.max_list_items)
-        check = fields_checker(name, limits)
-
-        def checked(fx: Effects, command: Mapping[str, Any], now: int) -> dict[str, Any]:
-            error = check(command)
-            if error is not None:
-                raise CommandError(error)
-            return handler(fx, command, now)
-
-        return checked
 
     def release(self, conn: str, now: int) -> tuple[int, list[Mutation], list[Event]]:
         """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6.
         Returns how many, and the mutations and job events that made."""
         fx = Outcome()
         released = self.release_connection(fx, conn, int(now))
-        if self.blocked:
-            self.wake_limited(fx, int(now))
-        if self.group_blocked:
-            self.wake_groups(fx, int(now))
+        if self._limit_blocked:
+            self.limiter.wake(fx, int(now))
+        if self._group_blocked:
+            self.groups.wake(fx, int(now))
         return released, fx.mutations, fx.events
 
+    def _restore(
+        self,
+        fx: Effects,
+        records: Iterable[Record],
+        queues: Mapping[str, Mapping[str, Any]],
+        now: int,
+        *,
+        recover: bool = True,
+        crons: Iterable[Record] = (),
+        webhooks: Iterable[Record] = (),
+    ) -> None:
+        """The job store's `_restore`, then each component's persisted tables."""
+        super()._restore(fx, records, queues, now, recover=recover)
+        self.limiter.restored()
+        self.cron.load(fx, crons, now, recover=recover)
+        self.webhooks.load(webhooks)
+
+    # -- time: the job store's deadlines, then each component's ----------------------------
+
+    def _tick(self, fx: Effects, now: int) -> None:
+        super()._tick(fx, now)
+        self.limiter.tick(fx, now)
+        self.groups.tick(fx, now)
+        self.cron.tick(fx, now)
+
+    def next_deadline(self) -> int | None:
+        deadline = super().next_deadline()
+        for due in (self.limiter.deadline(), self.groups.deadline(), self.cron.deadline()):
+            if due is not None and (deadline is None or due < deadline):
+                deadline = due
+        return deadline
+
+    def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
+        """Push the successor of a completed job with a `repeat` option (`_repeat.py`)."""
+        try:
+            fields = successor(job, now)
+        except CommandError:
+            return  # a pattern that matches no future date (30 February): the chain ends
+        if fields is not None:
+            self.push_one(fx, job.queue, fields, None, now)
+
     def supports(self, name: str) -> bool:
-        return name in self._handlers
+        return name in self.registry

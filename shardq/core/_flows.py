@@ -11,14 +11,14 @@ A child that finishes (completed, or failed for good) sends its parent a *notice
 parent is held by this engine the notice is applied at once; otherwise it goes to the
 *outbox*: it is stored (mutation `("flow", key, notice)`) in the same batch as the child's
 own change, and the shard re-sends it until the parent's shard acknowledges it
-(`flow_acked`, mutation `("flowdel", key)`). A parent applies a child's notice only while
+(`Flows.acked`, mutation `("flowdel", key)`). A parent applies a child's notice only while
 that child is pending, so a notice sent twice counts once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from shardq.errors import CommandError
 
@@ -27,10 +27,13 @@ from ._graph import graph_error
 from ._job import Job
 from ._lifecycle import ACTIVE, COMPLETED, FAILED, QUEUED_STATES, WAITING_CHILDREN
 from ._mutations import Mutation
-from ._produce import ProduceOps
-from ._timers import TimerOps
 
-__all__ = ["FLOW_HELD", "FLOW_NOTIFY", "FLOW_RELEASE", "FlowOps", "notice_key"]
+if TYPE_CHECKING:
+    # Flows use the whole job store: its transitions, its pushes (PUSHF) and its commit holds.
+    from ._engine import Engine as FlowStore
+
+
+__all__ = ["FLOW_HELD", "FLOW_NOTIFY", "FLOW_RELEASE", "Flows", "notice_key"]
 
 FLOW_NOTIFY: Final = "FlowNotify"
 """Internal command: notices for parents this shard holds (never accepted from a client)."""
@@ -84,12 +87,21 @@ def _policy(job: Job) -> str | None:
     return None
 
 
-class FlowOps(TimerOps, ProduceOps):
-    """Parents, children, their notices and the flow commands."""
+class Flows:
+    """The engine's flow component: parents, children, their notices and the flow commands.
+    Owns the `outbox` (notices to parents on other shards not acknowledged yet, by key) and
+    `new` (the keys added since the shard last took them); the fan-in itself lives in each
+    parent's options. Changes jobs through the job store only."""
+
+    def __init__(self, store: FlowStore) -> None:
+        self.store = store
+        self.jobs = store.jobs  # the store's own dict, never replaced
+        self.outbox: dict[str, dict[str, Any]] = {}
+        self.new: list[str] = []
 
     # -- the parent's side -----------------------------------------------------------------
 
-    def flow_blocked(self, job: Job) -> bool:
+    def blocked(self, job: Job) -> bool:
         """At admission (or recovery) of a parent: set up its fan-in; True if it must wait.
 
         A child already completed here counts at once (bunqueue-client 0.1.5 pushes the
@@ -104,7 +116,7 @@ class FlowOps(TimerOps, ProduceOps):
                 child = self.jobs.get(child_id)
                 if child is not None and child.state == COMPLETED:
                     values[child_id] = child.result if child.has_result else None
-                elif child is None and child_id in self.dep_done:
+                elif child is None and child_id in self.store.dep_done:
                     values[child_id] = None
                 else:
                     pending[child_id] = None
@@ -119,10 +131,10 @@ class FlowOps(TimerOps, ProduceOps):
         """Whether a dependency that is not one of the job's children is still incomplete."""
         children = job.opts.get("childrenIds") or ()
         deps = job.opts.get("dependsOn") or ()
-        pending = [d for d in deps if d not in children and not self.is_completed(d)]
+        pending = [d for d in deps if d not in children and not self.store.is_completed(d)]
         if register:
             for dep in pending:
-                self.dependents.setdefault(dep, set()).add(job.id)
+                self.store.dependents.setdefault(dep, set()).add(job.id)
         return bool(pending)
 
     def flow_receive(self, fx: Effects, notice: Mapping[str, Any], now: int) -> bool:
@@ -178,11 +190,11 @@ class FlowOps(TimerOps, ProduceOps):
             return
         if notice.get("kind") == "failed" and notice.get("policy") == "fail":
             parent.failed_reason = f"child {notice.get('child')} failed: {notice.get('reason')}"
-            self.dead(fx, parent, "child_failed", now, {"failedReason": parent.failed_reason})
+            self.store.dead(fx, parent, "child_failed", now, {"failedReason": parent.failed_reason})
             return
         release = notice.get("kind") == "failed" and notice.get("policy") == "continue"
         if release or not (parent.opts["flowPending"] or self._plain_deps_pending(parent)):
-            self.requeue_or_delay(fx, parent, "release", now, {})
+            self.store.requeue_or_delay(fx, parent, "release", now, {})
 
     # -- the child's side ------------------------------------------------------------------
 
@@ -210,27 +222,27 @@ class FlowOps(TimerOps, ProduceOps):
             return
         notice["cq"] = queue
         key = notice_key(notice)
-        self.flow_outbox[key] = notice
-        self.flow_new.append(key)
+        self.outbox[key] = notice
+        self.new.append(key)
         fx.mutations.append(("flow", key, notice))
 
-    def flow_acked(self, keys: Iterable[object]) -> list[Mutation]:
+    def acked(self, keys: Iterable[object]) -> list[Mutation]:
         """The parents' shards applied (and committed) these notices: forget them."""
         return [
             ("flowdel", key)
             for key in keys
-            if isinstance(key, str) and self.flow_outbox.pop(key, None) is not None
+            if isinstance(key, str) and self.outbox.pop(key, None) is not None
         ]
 
-    def load_flow_outbox(self, notices: Iterable[Mapping[str, Any]]) -> None:
+    def load_outbox(self, notices: Iterable[Mapping[str, Any]]) -> None:
         """Recovery: the notices no parent acknowledged yet, to be sent again."""
         for notice in notices:
             key = notice_key(notice)
-            self.flow_outbox[key] = dict(notice)
-            self.flow_new.append(key)
+            self.outbox[key] = dict(notice)
+            self.new.append(key)
 
-    def take_flow_new(self) -> list[str]:
-        new, self.flow_new = self.flow_new, []
+    def take_new(self) -> list[str]:
+        new, self.new = self.new, []
         return new
 
     # -- commands --------------------------------------------------------------------------
@@ -248,7 +260,7 @@ class FlowOps(TimerOps, ProduceOps):
         held = [
             i
             for i in (ids if isinstance(ids, list) else ())
-            if isinstance(i, str) and (i in self.jobs or i in self.dep_done)
+            if isinstance(i, str) and (i in self.jobs or i in self.store.dep_done)
         ]
         return {"ok": True, "held": held}
 
@@ -270,13 +282,13 @@ class FlowOps(TimerOps, ProduceOps):
     def _flow_field(self, cmd: Mapping[str, Any], field: str) -> dict[str, Any]:
         # An unknown id answers empty values, as bunqueue does; the front end asks every
         # shard and keeps the one answer that is not empty.
-        job = self.find(cmd.get("id"))
+        job = self.store.find(cmd.get("id"))
         if job is None or not job.opts:
             return {}
         return dict(job.opts.get(field) or {})
 
     def cmd_update_parent(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        child = self.job_or_error(cmd.get("childId"), "Job not found")
+        child = self.store.job_or_error(cmd.get("childId"), "Job not found")
         parent_id = cmd.get("parentId")
         if not isinstance(parent_id, str) or not parent_id:
             raise CommandError("parentId must be a non-empty string")
@@ -296,7 +308,7 @@ class FlowOps(TimerOps, ProduceOps):
     def cmd_move_to_waiting_children(
         self, fx: Effects, cmd: Mapping[str, Any], now: int
     ) -> dict[str, Any]:
-        job = self.job_or_error(cmd.get("id"), "Job not found")
+        job = self.store.job_or_error(cmd.get("id"), "Job not found")
         if job.state != ACTIVE:
             raise CommandError("Job is not active")
         token = cmd.get("token")
@@ -304,14 +316,14 @@ class FlowOps(TimerOps, ProduceOps):
             raise CommandError(f"Invalid token for job {job.id}")
         if not (job.opts.get("flowPending") or self._plain_deps_pending(job)):
             return {"ok": True, "data": {"moved": False}}
-        self.finalize(job)
-        self.move(fx, job, "park", now, {})
+        self.store.finalize(job)
+        self.store.move(fx, job, "park", now, {})
         return {"ok": True, "data": {"moved": True}}
 
     def cmd_remove_child_dependency(
         self, fx: Effects, cmd: Mapping[str, Any], now: int
     ) -> dict[str, Any]:
-        child = self.job_or_error(cmd.get("id"), "Job not found")
+        child = self.store.job_or_error(cmd.get("id"), "Job not found")
         parent = parent_of(child)
         if parent is None:
             return {"ok": True, "removed": False}
@@ -331,11 +343,11 @@ class FlowOps(TimerOps, ProduceOps):
     def cmd_remove_unprocessed_children(
         self, fx: Effects, cmd: Mapping[str, Any], now: int
     ) -> dict[str, Any]:
-        parent = self.job_or_error(cmd.get("id"), "Job not found")
+        parent = self.store.job_or_error(cmd.get("id"), "Job not found")
         for child_id in list(parent.opts.get("childrenIds") or ()):
             child = self.jobs.get(child_id)
             if child is not None and child.state in QUEUED_STATES:
-                self.remove(fx, child)
+                self.store.remove(fx, child)
                 # The parent stops waiting for it, or it would wait forever.
                 gone = {"parent": parent.id, "child": child_id, "kind": "failed"}
                 self.flow_receive(fx, {**gone, "policy": "remove", "reason": None}, now)
@@ -347,7 +359,7 @@ class FlowOps(TimerOps, ProduceOps):
     def cmd_flow_release(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         ids = cmd.get("ids")
         held = [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
-        ready = self.confirm(held)
+        ready = self.store.confirm(held)
         for queue in sorted(ready):
             fx.events.append(("ready", queue, ""))
         return {"ok": True}
@@ -368,14 +380,14 @@ class FlowOps(TimerOps, ProduceOps):
         try:
             for job_id, _queue, fields in nodes:
                 try:
-                    self.cmd_push(fx, fields, now)
+                    self.store.cmd_push(fx, fields, now)
                 except CommandError as e:
                     raise CommandError(f"jobs[{fields['_index']}]: {e}") from e
                 admitted.append(self.jobs[job_id])
         except CommandError:
             for job in reversed(admitted):
                 if job.state != "removed":
-                    self.remove(fx, job)
+                    self.store.remove(fx, job)
             raise
         by_id = {job.id: job for job in admitted}
         return {"ok": True, "data": {"jobs": [by_id[n[0]].to_wire() for n in _in_order(cmd)]}}

@@ -1,5 +1,6 @@
-"""Job groups in the engine: the group commands, grouped pulls and waking the pulls a group
-held back (docs/protocol.md §17). The data structures are in `_groups`.
+"""Job groups in the engine (`JobGroups`, the engine's `groups` component): the group commands,
+grouped pulls and waking the pulls a group held back (docs/protocol.md §17). The data
+structures are in `_groups`.
 
 Group settings (pause, rate limit, concurrency cap, a `RateLimitGroup` deadline) survive a
 restart: each configured group is one stored row, written as `("group", queue, gid, cfg)` and
@@ -17,15 +18,15 @@ from typing import Any
 from shardq.errors import CommandError
 
 from ._bounds import span_error
+from ._consume import ConsumeOps
 from ._effects import Effects
 from ._groups import Group, GroupTable
 from ._job import Job
-from ._limits import LimitOps
 from ._options import _validate_group_id, is_number, validate_queue_name
 from ._queue import QueueState
 from ._queue_limits import QueueLimits
 
-__all__ = ["GROUP_COMMANDS", "GroupOps"]
+__all__ = ["GROUP_COMMANDS", "JobGroups"]
 
 GROUP_COMMANDS: dict[str, str] = {
     "GetGroupJobsCount": "cmd_get_group_jobs_count",
@@ -68,11 +69,16 @@ def _data(**fields: Any) -> dict[str, Any]:
     return {"ok": True, "data": fields}
 
 
-class GroupOps(LimitOps):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Queues where a pull skipped a group for want of room: the only ones to watch.
-        self.group_blocked: set[str] = set()
+class JobGroups:
+    """The engine's job-group component. Owns `blocked`, the queues where a pull skipped a
+    group for want of room (the only ones to watch); each queue's `GroupTable` lives on its
+    `QueueState`. Takes grouped jobs and moves expired ones through the job store."""
+
+    def __init__(self, store: ConsumeOps) -> None:
+        self.store = store
+        self.config = store.config
+        self.queues = store.queues  # the store's own dict, never replaced
+        self.blocked: set[str] = set()
 
     # -- addressing ------------------------------------------------------------------------
 
@@ -98,9 +104,9 @@ class GroupOps(LimitOps):
             CommandError: a new group would pass `max_configured_groups` in its queue.
         """
         queue, gid = self._group_args(cmd)
-        q = self.queue(queue)
+        q = self.store.queue(queue)
         if q.groups is None:
-            q.groups = GroupTable(self.jobs)
+            q.groups = GroupTable(self.store.jobs)
         table = q.groups
         if gid not in table.configured_ids:
             cap = self.config.max_configured_groups
@@ -199,7 +205,7 @@ class GroupOps(LimitOps):
         limits.rate = None
         if limits.empty():
             group.limits = None
-        self._group_saved(fx, self.queue(str(cmd["queue"])), str(cmd["groupId"]))
+        self._group_saved(fx, self.store.queue(str(cmd["queue"])), str(cmd["groupId"]))
         return _data(removed=1)
 
     def cmd_set_group_concurrency(
@@ -223,7 +229,7 @@ class GroupOps(LimitOps):
         limits.concurrency = None
         if limits.empty():
             group.limits = None
-        self._group_saved(fx, self.queue(str(cmd["queue"])), str(cmd["groupId"]))
+        self._group_saved(fx, self.store.queue(str(cmd["queue"])), str(cmd["groupId"]))
         return _data(removed=1)
 
     def cmd_pause_group(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -261,45 +267,48 @@ class GroupOps(LimitOps):
 
     # -- pulling ---------------------------------------------------------------------------
 
-    def take_grouped(self, fx: Effects, q: QueueState, count: int, now: int) -> list[Job]:
-        taken = self.take_many(fx, q, count, now, False, False)
+    def take(self, fx: Effects, q: QueueState, count: int, now: int) -> list[Job]:
+        """`take_many` for a queue with job groups: its ungrouped jobs first, then its groups
+        round-robin within their limits."""
+        store = self.store
+        taken = store.take_many(fx, q, count, now, False, False)
         table = q.groups
         if table is None or len(taken) >= count:
             return taken
         while len(taken) < count and table.ring:
             live, expired = table.take(count - len(taken), now)
             for job in expired:
-                self.move(fx, job, "expire", now, {})
+                store.move(fx, job, "expire", now, {})
             taken.extend(live)
             if not expired:
                 break
         if len(taken) < count and table.blocked:
-            self.group_blocked.add(q.name)
+            self.blocked.add(q.name)
         return taken
 
     # -- waking parked pulls ---------------------------------------------------------------
 
-    def wake_groups(self, fx: Effects, now: int) -> None:
+    def wake(self, fx: Effects, now: int) -> None:
         """Emit "ready" for each queue with a held-back group that has room again."""
-        for name in list(self.group_blocked):
+        for name in list(self.blocked):
             q = self.queues.get(name)
             table = q.groups if q is not None else None
             if q is None or table is None:
-                self.group_blocked.discard(name)
+                self.blocked.discard(name)
                 continue
             if table.wake(now):
                 fx.events.append(("ready", name, ""))
             if not table.blocked:
-                self.group_blocked.discard(name)
+                self.blocked.discard(name)
 
-    def _tick(self, fx: Effects, now: int) -> None:
-        super()._tick(fx, now)
-        if self.group_blocked:
-            self.wake_groups(fx, now)
+    def tick(self, fx: Effects, now: int) -> None:
+        if self.blocked:
+            self.wake(fx, now)
 
-    def next_deadline(self) -> int | None:
-        deadline = super().next_deadline()
-        for name in self.group_blocked:
+    def deadline(self) -> int | None:
+        """When a held-back group next has room, or None."""
+        deadline: int | None = None
+        for name in self.blocked:
             q = self.queues.get(name)
             table = q.groups if q is not None else None
             at = table.next_wake() if table is not None else None

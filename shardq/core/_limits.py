@@ -1,5 +1,6 @@
-"""Per-queue rate limit and concurrency cap: RateLimit (with its `ttl`), RateLimitClear,
-SetConcurrency, ClearConcurrency and GetQueueLimits (docs/protocol.md §16).
+"""Per-queue rate limit and concurrency cap (`QueueLimiter`, the engine's `limiter` component):
+RateLimit (with its `ttl`), RateLimitClear, SetConcurrency, ClearConcurrency and
+GetQueueLimits (docs/protocol.md §16).
 
 A queue without limits has `limits` None and pays one attribute test per pull. A limited queue
 hands out no more than its limits allow (`QueueLimits.cap`), and parked pulls are woken, without
@@ -22,9 +23,9 @@ from ._lifecycle import ACTIVE
 from ._options import is_number
 from ._queue import QueueState
 from ._queue_limits import DEFAULT_WINDOW_MS, QueueLimits
-from ._timers import TimerOps
+from ._state import EngineState
 
-__all__ = ["LimitOps", "QueueLimits"]
+__all__ = ["QueueLimiter", "QueueLimits"]
 
 
 def _limit(cmd: Mapping[str, Any], *, positive: bool) -> int:
@@ -42,26 +43,31 @@ def _refuse(error: str | None) -> None:
         raise CommandError(error)
 
 
-class LimitOps(TimerOps):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+class QueueLimiter:
+    """The engine's queue-limits component. Owns the watch over limited queues (below); each
+    queue's `QueueLimits` lives on its `QueueState`. The job store tells it when a pull was
+    held back (`held_back`) and when an active job of a blocked queue ended (`freed_active`)."""
+
+    def __init__(self, store: EngineState) -> None:
+        self.store = store
+        self.queues = store.queues  # the store's own dict, never replaced
         # Limited queues whose pulls were held back: the only ones to watch for capacity. They
-        # are watched in O(log n) per change, never walked: `limit_reopen` is a heap of
-        # (time the rate window reopens, queue), stale entries skipped; `limit_freed` names
-        # the blocked queues an active job left since the last check (`_state`).
+        # are watched in O(log n) per change, never walked: `reopen` is a heap of (time the
+        # rate window reopens, queue), stale entries skipped; `freed` names the blocked
+        # queues an active job left since the last check (`_state`).
         self.blocked: set[str] = set()
-        self.limit_reopen: list[tuple[int, str]] = []
-        self.limit_freed: set[str] = set()
+        self.reopen: list[tuple[int, str]] = []
+        self.freed: set[str] = set()
         # (time, queue) at which a RateLimit given a `ttl` clears itself; stale entries (the
         # limit was replaced or cleared since) are skipped.
-        self.rate_expiries: list[tuple[int, str]] = []
+        self.expiries: list[tuple[int, str]] = []
 
     def held_back(self, queue: str) -> None:
         self.blocked.add(queue)
         q = self.queues.get(queue)
         at = q.limits.reopens_at() if q is not None and q.limits is not None else None
         if at is not None:
-            heap = self.limit_reopen
+            heap = self.reopen
             heapq.heappush(heap, (at, queue))
             if len(heap) > 2 * len(self.blocked) + 64:
                 self._rebuild_reopen()
@@ -69,7 +75,7 @@ class LimitOps(TimerOps):
     def freed_active(self, q: QueueState) -> None:
         """An active job of `q` (held back by its concurrency cap) ended: check it next."""
         if q.name in self.blocked:
-            self.limit_freed.add(q.name)
+            self.freed.add(q.name)
 
     def _rebuild_reopen(self) -> None:
         entries = []
@@ -79,7 +85,7 @@ class LimitOps(TimerOps):
             if at is not None:
                 entries.append((at, name))
         heapq.heapify(entries)
-        self.limit_reopen = entries
+        self.reopen = entries
 
     # -- commands --------------------------------------------------------------------------
 
@@ -99,7 +105,7 @@ class LimitOps(TimerOps):
         limits.window = int(duration) if duration is not None else DEFAULT_WINDOW_MS
         limits.rate_until = None if ttl is None else now + int(ttl)
         if limits.rate_until is not None:
-            heapq.heappush(self.rate_expiries, (limits.rate_until, str(cmd.get("queue", ""))))
+            heapq.heappush(self.expiries, (limits.rate_until, str(cmd.get("queue", ""))))
         return self._saved(fx, cmd)
 
     def cmd_rate_limit_clear(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -135,13 +141,13 @@ class LimitOps(TimerOps):
         return self._saved(fx, cmd)
 
     def _limits_of(self, cmd: Mapping[str, Any]) -> QueueLimits:
-        q = self.queue(str(cmd.get("queue", "")))
+        q = self.store.queue(str(cmd.get("queue", "")))
         if q.limits is None:
             q.limits = QueueLimits()
         return q.limits
 
     def _saved(self, fx: Effects, cmd: Mapping[str, Any]) -> dict[str, Any]:
-        q = self.queue(str(cmd.get("queue", "")))
+        q = self.store.queue(str(cmd.get("queue", "")))
         if q.limits is not None and q.limits.empty():
             q.limits = None
         fx.mutations.append(("queue", q.name, q.config()))
@@ -150,18 +156,18 @@ class LimitOps(TimerOps):
 
     # -- waking parked pulls ---------------------------------------------------------------
 
-    def wake_limited(self, fx: Effects, now: int) -> None:
+    def wake(self, fx: Effects, now: int) -> None:
         """Emit "ready" for each queue whose held-back pulls may now be served: those an
         active job left, and those whose rate window reopened (from the heap's top)."""
         woken: set[str] = set()
-        if self.limit_freed:
-            freed, self.limit_freed = self.limit_freed, set()
+        if self.freed:
+            freed, self.freed = self.freed, set()
             for name in freed:
                 limits = self._blocked_limits(name)
                 if limits is not None and limits.conc_blocked and self._has_slot(name, limits):
                     limits.conc_blocked = False
                     woken.add(name)
-        heap = self.limit_reopen
+        heap = self.reopen
         while heap and heap[0][0] <= now:
             at, name = heapq.heappop(heap)
             limits = self._blocked_limits(name)
@@ -191,7 +197,7 @@ class LimitOps(TimerOps):
         return limits
 
     def _expire_rate_limits(self, fx: Effects, now: int) -> None:
-        heap = self.rate_expiries
+        heap = self.expiries
         while heap and heap[0][0] <= now:
             at, name = heapq.heappop(heap)
             q = self.queues.get(name)
@@ -201,28 +207,28 @@ class LimitOps(TimerOps):
             limits.rate, limits.rate_until = None, None
             self._saved(fx, {"queue": name})
 
-    def _restore(self, fx: Effects, *args: Any, **kwargs: Any) -> None:
-        super()._restore(fx, *args, **kwargs)
+    def restored(self) -> None:
+        """Watch the rate limits with a `ttl` that the store's queues came back with."""
         for q in self.queues.values():
             if q.limits is not None and q.limits.rate_until is not None:
-                heapq.heappush(self.rate_expiries, (q.limits.rate_until, q.name))
+                heapq.heappush(self.expiries, (q.limits.rate_until, q.name))
 
-    def _tick(self, fx: Effects, now: int) -> None:
-        super()._tick(fx, now)
-        if self.rate_expiries:
+    def tick(self, fx: Effects, now: int) -> None:
+        if self.expiries:
             self._expire_rate_limits(fx, now)
         if self.blocked:
-            self.wake_limited(fx, now)
+            self.wake(fx, now)
 
-    def next_deadline(self) -> int | None:
-        deadline = super().next_deadline()
-        if self.rate_expiries and (deadline is None or self.rate_expiries[0][0] < deadline):
-            deadline = self.rate_expiries[0][0]
-        heap = self.limit_reopen
+    def deadline(self) -> int | None:
+        """When a rate limit's `ttl` runs out or a held-back queue may have room, or None."""
+        deadline: int | None = None
+        if self.expiries and (deadline is None or self.expiries[0][0] < deadline):
+            deadline = self.expiries[0][0]
+        heap = self.reopen
         while heap and heap[0][1] not in self.blocked:
             heapq.heappop(heap)  # its queue was woken or dropped since: never a deadline
         # A top whose queue is still blocked may yet be stale: that tick then does nothing.
-        at = 0 if self.limit_freed and self.blocked else heap[0][0] if heap else None
+        at = 0 if self.freed and self.blocked else heap[0][0] if heap else None
         if at is not None and (deadline is None or at < deadline):
             deadline = at
         return deadline

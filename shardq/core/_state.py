@@ -1,6 +1,8 @@
 """The engine's state and the primitives every operation uses to change it.
 
-Each operation module (produce, consume, control, query, timers) is a mixin over `EngineState`.
+Each job operation module (produce, consume, control, query, timers) is a mixin over
+`EngineState`; together they are the job store. Feature components (limits, groups, flows, cron,
+webhooks) are not: the engine composes them over the store (`_engine.py`).
 Every change to a job goes through `move`, `admit` or `remove`, which keep the counts, heaps,
 indexes and the mutation stream consistent in one place. The tables they change, and the
 bookkeeping that changes no job's state, are `EngineTables` (`_tables.py`).
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ._effects import Effects
 from ._job import TIMELINE_MAX, Job, Timeline
@@ -28,6 +30,10 @@ from ._options import as_int
 from ._queue import QueueState
 from ._tables import MIN_COMPACT, EngineTables, Lease, delivery_key
 
+if TYPE_CHECKING:
+    from ._flows import Flows
+    from ._limits import QueueLimiter
+
 __all__ = ["Changes", "EngineState", "Lease", "delivery_key"]
 
 # The changes of a batch move: one dict per job, or one dict for all of them.
@@ -36,6 +42,12 @@ Changes: TypeAlias = Sequence[dict[str, Any]] | dict[str, Any]
 
 class EngineState(EngineTables):
     """The engine's state with the primitives that change a job's state."""
+
+    # The components this store tells about its jobs, set by `Engine` (`_engine.py`), which
+    # composes them over it: the queue limits (an active job of a blocked queue ended) and
+    # the flows (a parent is admitted, a child finished).
+    limiter: QueueLimiter
+    flows: Flows
 
     # -- the only ways a job changes state --------------------------------------------------
 
@@ -270,9 +282,6 @@ class EngineState(EngineTables):
         if emit:
             fx.mutations.append(("del", job.key))
 
-    def freed_active(self, q: QueueState) -> None:
-        """An active job of `q`, whose concurrency cap held a pull back, ended (`LimitOps`)."""
-
     def _leave(self, job: Job, q: QueueState) -> None:
         self._leave_all((job,), q, job.state)
 
@@ -292,7 +301,7 @@ class EngineState(EngineTables):
         elif state == ACTIVE:
             self._release_all(jobs)
             if q.limits is not None and q.limits.conc_blocked:
-                self.freed_active(q)  # a held-back pull may get this slot (`_limits`)
+                self.limiter.freed_active(q)  # a held-back pull may get this slot
         elif state == DELAYED:
             for job in jobs:
                 job.dkey = None
@@ -374,7 +383,7 @@ class EngineState(EngineTables):
 
     def _blocked_by_deps(self, job: Job) -> bool:
         if job.opts.get("childrenIds"):
-            return self.flow_blocked(job)
+            return self.flows.blocked(job)
         deps = job.opts.get("dependsOn")
         if not deps:
             return False
@@ -391,18 +400,11 @@ class EngineState(EngineTables):
             if child is None or child.state != WAITING_CHILDREN:
                 continue
             if child.opts.get("childrenIds"):
-                if not self.flow_blocked(child):
+                if not self.flows.blocked(child):
                     self.requeue_or_delay(fx, child, "release", now, {})
                 continue
             if all(self.is_completed(d) for d in child.opts.get("dependsOn") or ()):
                 self.requeue_or_delay(fx, child, "release", now, {})
-
-    def flow_blocked(self, job: Job) -> bool:
-        """Whether a flow parent must wait for its children (`FlowOps`)."""
-        return False
-
-    def child_finished(self, fx: Effects, job: Job, kind: str, now: int) -> None:
-        """A flow child completed or failed for good: tell its parent (`FlowOps`)."""
 
     # -- dead letters ----------------------------------------------------------------------
 
@@ -420,7 +422,7 @@ class EngineState(EngineTables):
             remove = job.opts.get("removeOnFail")
         if job.opts and "parentId" in job.opts:
             job.failed_reason = job.failed_reason or reason
-            self.child_finished(fx, job, "failed", now)
+            self.flows.child_finished(fx, job, "failed", now)
         if remove:
             self.remove(fx, job)
             return

@@ -97,10 +97,6 @@ class EngineTables:
         self.dlq_queues: set[str] = set()  # a superset of the queues whose DLQ holds entries
         # Jobs of durable pushes whose commit is not confirmed yet: never delivered (`hold`).
         self.held: set[str] = set()
-        # Notices to parents on other shards, not acknowledged yet, by key (`_flows`), and
-        # the keys added since the shard last took them.
-        self.flow_outbox: dict[str, dict[str, Any]] = {}
-        self.flow_new: list[str] = []
         # Cancels of active jobs this turn, for the connections that run them (`_control`):
         # the shard hands them to the front end, which pushes them to those connections.
         self.cancel_notices: list[dict[str, Any]] = []

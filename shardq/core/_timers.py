@@ -26,7 +26,7 @@ class TimerOps(ConsumeOps, AdminOps):
         return fx.events, fx.mutations
 
     def _tick(self, fx: Effects, now: int) -> None:
-        """The deadlines of the jobs; mixins with deadlines of their own extend it."""
+        """The deadlines of the jobs; the engine runs its components' after these."""
         self.promote_due(fx, now)
         self._expire_leases(fx, now)
         self._expire_timeouts(fx, now)
@@ -197,7 +197,7 @@ class TimerOps(ConsumeOps, AdminOps):
         + 1 (or go to the DLQ at the limit), as bunqueue's startup recovery does
         (docs/protocol.md §4.12).
         Without it, the records are loaded exactly as they are: the replay of a mutation stream.
-        `more`: what the mixins restore besides jobs (`crons`, `webhooks`).
+        `more`: what the components restore besides jobs (`crons`, `webhooks`).
         Returns the mutations recovery made (its events are dropped: nobody listens yet).
         """
         fx = Effects()

@@ -14,7 +14,8 @@ wording (`_options.job_options_error`); `validate_job` adds the push fields bunq
 unchecked (`timestamp`, `dedup.ttl`, `stackTraceLimit`, ...); the push handlers run it once per
 job. `check_fields` covers the other commands from the one declaration of their fields
 (`shardq/protocol/_commands.py`): the engine puts it in front of the handler of each command
-in `CHECKED_COMMANDS` (`Engine._checked`), so it runs once per command.
+the schema declares fields for (`command_check`, bound into the engine's registry), so it runs
+once per command.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeAlias
 
 from shardq.protocol._fields import MAX_DURATION_MS, MAX_SAFE_INTEGER, MAX_TIMESTAMP_MS, Limits
-from shardq.protocol._schema import REGISTRY, checker
+from shardq.protocol._schema import REGISTRY, Command, checker
 
 from ._options import (
     CHECKED_FIELDS,
@@ -35,12 +36,12 @@ from ._options import (
 )
 
 __all__ = [
-    "CHECKED_COMMANDS",
     "JOB_FIELDS",
     "MAX_COUNT",
     "MAX_DURATION_MS",
     "MAX_TIMESTAMP_MS",
     "check_fields",
+    "command_check",
     "fields_checker",
     "job_extra_error",
     "validate_job",
@@ -214,11 +215,6 @@ _QUEUE_REQUIRED: Final = frozenset(
     for name, command in REGISTRY.items()
     if any(f.kind == "queue" and f.required and not f.worded for f in command.fields)
 )
-CHECKED_COMMANDS: Final = frozenset(
-    name for name, command in REGISTRY.items() if command.checked and not command.job
-)
-"""The commands `check_fields` covers: every declared one with fields the schema checks
-(pushes check their jobs themselves, in `validate_job`)."""
 
 
 def limits_of(max_key_chars: int, max_text_chars: int, max_list_items: int) -> Limits:
@@ -228,10 +224,18 @@ def limits_of(max_key_chars: int, max_text_chars: int, max_list_items: int) -> L
 def check_fields(name: str, cmd: Mapping[str, Any], limits: Limits | int) -> Error:
     """The first field of command `name` that is out of bounds, or None: the schema's
     declaration (shardq/protocol/_commands.py), then the few checks in bunqueue's words.
-    Only for names in `CHECKED_COMMANDS`; absent optional fields pass."""
+    Only for commands `command_check` gives a check; absent optional fields pass."""
     if isinstance(limits, int):
         limits = Limits(key_chars=limits)
     return fields_checker(name, limits)(cmd)
+
+
+def command_check(command: Command, limits: Limits) -> Callable[[Mapping[str, Any]], Error] | None:
+    """The field check of `command` (its schema entry), or None when it has none to run: no
+    declared fields, or a push, whose jobs the handler checks itself (`validate_job`)."""
+    if not command.checked or command.job:
+        return None
+    return fields_checker(command.name, limits)
 
 
 def fields_checker(name: str, limits: Limits) -> Callable[[Mapping[str, Any]], Error]:

@@ -2,10 +2,11 @@
 SetWebhookEnabled, and the delivery side's WebhookSync.
 
 Webhooks are not queue state: the front end sends all five commands to shard 0, whose engine
-holds the registry, so there is one owner and one order of changes. A webhook is persisted as
-one record (mutations `("webhook", id, rec)` and `("webhookdel", id)`); its delivery counters
-(`successCount`, `failureCount`, `lastTriggered`) live in memory only and start at zero when
-the shard starts, as they do in bunqueue, which keeps no webhook across a restart at all.
+holds the registry (`WebhookRegistry`, the engine's `webhooks` component), so there is one
+owner and one order of changes. A webhook is persisted as one record (mutations
+`("webhook", id, rec)` and `("webhookdel", id)`); its delivery counters (`successCount`,
+`failureCount`, `lastTriggered`) live in memory only and start at zero when the shard starts,
+as they do in bunqueue, which keeps no webhook across a restart at all.
 
 Whether a URL's target is public is checked outside the engine: the front end refuses literal
 private addresses, and the HTTP process checks what a name resolves to at each delivery. The
@@ -21,10 +22,10 @@ from urllib.parse import urlsplit
 from shardq.errors import CommandError
 
 from ._effects import Effects
+from ._ids import IdFactory
 from ._mutations import Record
-from ._timers import TimerOps
 
-__all__ = ["WEBHOOK_EVENTS", "WebhookOps", "parse_webhook_url", "webhook_url_error"]
+__all__ = ["WEBHOOK_EVENTS", "WebhookRegistry", "parse_webhook_url", "webhook_url_error"]
 
 WEBHOOK_EVENTS: Final = (
     "job.pushed",
@@ -142,30 +143,21 @@ def _id(cmd: Mapping[str, Any], key: str) -> str:
     return value
 
 
-class WebhookOps(TimerOps):
-    """`webhooks` maps id -> stored record; `webhook_tally` id -> [success, failure, last]."""
+class WebhookRegistry:
+    """The engine's webhook component. Owns `hooks` (id -> stored record) and `tally`
+    (id -> [successes, failures, last delivery]); touches no job, so it holds no job store,
+    only the engine's id factory for new webhook ids."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.webhooks: dict[str, Record] = {}
-        self.webhook_tally: dict[str, list[int | None]] = {}
+    def __init__(self, ids: IdFactory) -> None:
+        self.ids = ids
+        self.hooks: dict[str, Record] = {}
+        self.tally: dict[str, list[int | None]] = {}
 
-    def _restore(
-        self,
-        fx: Effects,
-        records: Iterable[Record],
-        queues: Mapping[str, Mapping[str, Any]],
-        now: int,
-        *,
-        recover: bool = True,
-        webhooks: Iterable[Record] = (),
-        **more: Any,
-    ) -> None:
-        """The other mixins' `_restore`, plus the persisted webhooks."""
-        super()._restore(fx, records, queues, now, recover=recover, **more)
+    def load(self, webhooks: Iterable[Record]) -> None:
+        """Take the persisted webhooks back (recovery)."""
         for rec in webhooks:
             if isinstance(rec.get("id"), str):
-                self.webhooks[rec["id"]] = {k: rec.get(k) for k in _STORED}
+                self.hooks[rec["id"]] = {k: rec.get(k) for k in _STORED}
 
     # -- commands --------------------------------------------------------------------------
 
@@ -173,7 +165,7 @@ class WebhookOps(TimerOps):
         url, events = _url(cmd), _events(cmd)
         queue = _optional_text(cmd, "queue", MAX_QUEUE_CHARS)
         secret = _optional_text(cmd, "secret", MAX_SECRET_CHARS)
-        if len(self.webhooks) >= MAX_WEBHOOKS:
+        if len(self.hooks) >= MAX_WEBHOOKS:
             raise CommandError(f"Too many webhooks: at most {MAX_WEBHOOKS}")
         hook_id = self.ids.new(now)
         rec: Record = {
@@ -185,16 +177,16 @@ class WebhookOps(TimerOps):
             "createdAt": now,
             "enabled": True,
         }
-        self.webhooks[hook_id] = rec
+        self.hooks[hook_id] = rec
         fx.mutations.append(("webhook", hook_id, dict(rec)))
         data = {"webhookId": hook_id, "url": url, "events": events, "queue": queue}
         return {"ok": True, "data": {**data, "createdAt": now}}
 
     def cmd_remove_webhook(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         hook_id = _id(cmd, "webhookId")
-        if self.webhooks.pop(hook_id, None) is None:
+        if self.hooks.pop(hook_id, None) is None:
             raise CommandError(NOT_FOUND)
-        self.webhook_tally.pop(hook_id, None)
+        self.tally.pop(hook_id, None)
         fx.mutations.append(("webhookdel", hook_id))
         return {"ok": True, "data": {"removed": True}}
 
@@ -205,7 +197,7 @@ class WebhookOps(TimerOps):
         enabled = cmd.get("enabled")
         if not isinstance(enabled, bool):
             raise CommandError("enabled must be a boolean")
-        rec = self.webhooks.get(hook_id)
+        rec = self.hooks.get(hook_id)
         if rec is None:
             raise CommandError(NOT_FOUND)
         if rec["enabled"] is not enabled:
@@ -214,7 +206,7 @@ class WebhookOps(TimerOps):
         return {"ok": True}
 
     def cmd_list_webhooks(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        hooks = [self._wire(rec, secret=False) for rec in self.webhooks.values()]
+        hooks = [self._wire(rec, secret=False) for rec in self.hooks.values()]
         return {"ok": True, "data": {"webhooks": hooks, "stats": self._webhook_stats()}}
 
     def cmd_webhook_sync(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -223,25 +215,25 @@ class WebhookOps(TimerOps):
         tally = cmd.get("tally")
         for entry in tally if isinstance(tally, list) else ():
             self._count(entry)
-        hooks = [self._wire(rec, secret=True) for rec in self.webhooks.values()]
+        hooks = [self._wire(rec, secret=True) for rec in self.hooks.values()]
         return {"ok": True, "webhooks": hooks}
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _count(self, entry: object) -> None:
-        if not (isinstance(entry, list) and len(entry) == 4 and entry[0] in self.webhooks):
+        if not (isinstance(entry, list) and len(entry) == 4 and entry[0] in self.hooks):
             return
         hook_id, ok, failed, last = entry
         if not all(isinstance(n, int) and n >= 0 for n in (ok, failed)):
             return
-        row = self.webhook_tally.setdefault(hook_id, [0, 0, None])
+        row = self.tally.setdefault(hook_id, [0, 0, None])
         row[0] = int(row[0] or 0) + ok
         row[1] = int(row[1] or 0) + failed
         if isinstance(last, int) and last > int(row[2] or 0):
             row[2] = last
 
     def _wire(self, rec: Record, *, secret: bool) -> dict[str, Any]:
-        ok, failed, last = self.webhook_tally.get(rec["id"], (0, 0, None))
+        ok, failed, last = self.tally.get(rec["id"], (0, 0, None))
         out = {k: rec[k] for k in _STORED if k != "secret"}
         if secret:
             out["secret"] = rec["secret"]
@@ -249,5 +241,5 @@ class WebhookOps(TimerOps):
         return out
 
     def _webhook_stats(self) -> dict[str, int]:
-        enabled = sum(1 for rec in self.webhooks.values() if rec["enabled"])
-        return {"total": len(self.webhooks), "enabled": enabled}
+        enabled = sum(1 for rec in self.hooks.values() if rec["enabled"])
+        return {"total": len(self.hooks), "enabled": enabled}

@@ -134,7 +134,7 @@ def test_a_tick_with_ten_thousand_schedules_examines_only_the_due_ones() -> None
         assert _apply(engine, cmd)[0]["ok"]
     one = {"cmd": "Cron", "name": "every-second", "queue": "cq", "repeatEvery": 1_000}
     assert _apply(engine, one)[0]["ok"]
-    engine.crons = _CountingDict(engine.crons)
+    engine.cron.schedules = _CountingDict(engine.cron.schedules)
 
     _CountingDict.lookups = 0
     _, out = engine.tick(NOW + 500)  # nothing is due
@@ -147,7 +147,7 @@ def test_a_tick_with_ten_thousand_schedules_examines_only_the_due_ones() -> None
     assert [m[1] for m in crons] == ["every-second"]
     assert [m for m in out if m[0] == "put"] != []
     assert _CountingDict.lookups <= 4
-    assert len(engine.cron_heap) <= 10_001 + 1
+    assert len(engine.cron.heap) <= 10_001 + 1
 
 
 def test_redefining_a_schedule_keeps_its_heap_bounded() -> None:
@@ -156,9 +156,9 @@ def test_redefining_a_schedule_keeps_its_heap_bounded() -> None:
         every = 1_000 + i  # each redefinition moves the next slot: a new heap entry
         cmd = {"cmd": "Cron", "name": "c", "queue": "cq", "repeatEvery": every}
         assert _apply(engine, cmd, NOW + i)[0]["ok"]
-    assert len(engine.crons) == 1
-    assert len(engine.cron_heap) <= 2 * 1 + 64 + 1
-    assert engine.next_deadline() == engine.crons["c"]["nextRun"]
+    assert len(engine.cron.schedules) == 1
+    assert len(engine.cron.heap) <= 2 * 1 + 64 + 1
+    assert engine.next_deadline() == engine.cron.schedules["c"]["nextRun"]
 
 
 BAD_SCHEDULES = [
@@ -182,7 +182,7 @@ def test_a_schedule_that_would_break_reads_is_refused_and_not_kept(
     engine = Engine(seed=1)
     reply, out = _apply(engine, {"cmd": "Cron", "name": "bad", "queue": "q", **fields})
     assert reply["ok"] is False and reply["error"].startswith(error), reply
-    assert out == [] and engine.crons == {}
+    assert out == [] and engine.cron.schedules == {}
     listed = _apply(engine, {"cmd": "CronList"})[0]
     assert listed == {"ok": True, "crons": []}
     msgpack.packb(listed)
@@ -296,7 +296,7 @@ def test_held_back_limited_queues_cost_unrelated_commands_nothing(
         reply = _apply(engine, pull)[0]
         assert len(reply["jobs"]) == 1  # held back by its limit
         tokens[name] = (reply["jobs"][0]["id"], reply["tokens"][0])
-    assert len(engine.blocked) == queues
+    assert len(engine.limiter.blocked) == queues
     assert engine.next_deadline() == NOW + 60_000
 
     calls = 0
@@ -316,7 +316,7 @@ def test_held_back_limited_queues_cost_unrelated_commands_nothing(
     job_id, token = tokens["q1"]  # concurrency-capped: its ACK frees the slot
     events = engine.apply({"cmd": "ACK", "id": job_id, "token": token}, NOW).events
     assert events.count(("ready", "q1", "")) == 1
-    assert "q1" not in engine.blocked
+    assert "q1" not in engine.limiter.blocked
     events, _ = engine.tick(NOW + 60_000)  # every rate window reopens at once
     assert sorted(name for kind, name, _ in events if kind == "ready") == sorted(
         f"q{i}" for i in range(0, queues, 2)
@@ -352,7 +352,7 @@ def test_a_woken_queue_leaves_no_deadline_behind() -> None:
     assert _apply(engine, {**limit, "duration": 100}, NOW + 10)[0]["ok"]
     assert _apply(engine, pull, NOW + 20)[0]["jobs"] == []  # held back until NOW + 100
     events, _ = engine.tick(NOW + 100)
-    assert ("ready", "q", "") in events and "q" not in engine.blocked
+    assert ("ready", "q", "") in events and "q" not in engine.limiter.blocked
     assert engine.next_deadline() == NOW + 600_000  # the leases; no stale reopen time
 
 

@@ -84,7 +84,7 @@ def test_cron_get_list_delete() -> None:
     assert c.cmd(cmd="CronGet", name="b") == {"ok": False, "error": "Cron job not found"}
     assert c.cmd(cmd="CronDelete", name="b") == {"ok": False, "error": "Cron job not found"}
     assert ("crondel", "b") in c.muts
-    assert c.at(ms(2026, 1, 1) + 5000) == [c.engine.crons["a"]["lastJobId"]]
+    assert c.at(ms(2026, 1, 1) + 5000) == [c.engine.cron.schedules["a"]["lastJobId"]]
 
 
 @pytest.mark.parametrize(
@@ -140,7 +140,7 @@ def test_every_second_fires_each_slot_once_and_wakes_on_time() -> None:
     fired = c.run_until(20 * SECOND, 250)
     assert fired == [s * SECOND for s in range(11, 21)]
     assert c.waiting() == 10
-    assert c.engine.crons["tick"]["executions"] == 10
+    assert c.engine.cron.schedules["tick"]["executions"] == 10
 
 
 def test_immediately_fires_at_the_first_tick() -> None:
@@ -197,7 +197,7 @@ def test_prevent_overlap_skips_slots_while_the_last_job_lives() -> None:
     job = c.cmd(cmd="PULL", queue="q")["job"]
     assert c.cmd(cmd="ACK", id=job["id"])["ok"]
     assert len(c.at(3 * SECOND)) == 1
-    assert c.engine.crons["solo"]["executions"] == 2
+    assert c.engine.cron.schedules["solo"]["executions"] == 2
 
 
 def test_overlap_allowed_fires_every_slot() -> None:
@@ -226,7 +226,7 @@ def test_a_forward_jump_fires_the_missed_slot_once_or_skips_it(skip: bool, expec
     c.cron(name="m", schedule="* * * * *", preventOverlap=False, skipMissedOnRestart=skip)
     jumped = ms(2026, 1, 1, 5) + 30 * SECOND  # five hours of slots missed at once
     assert len(c.at(jumped)) == expected
-    assert c.engine.crons["m"]["nextRun"] == ms(2026, 1, 1, 5, 1)
+    assert c.engine.cron.schedules["m"]["nextRun"] == ms(2026, 1, 1, 5, 1)
     assert c.at(jumped + SECOND) == []  # no backlog follows
 
 
@@ -234,7 +234,7 @@ def test_a_late_tick_within_one_interval_still_fires() -> None:
     c = Clock(0)
     c.cron(name="m", repeatEvery=MINUTE, preventOverlap=False)
     assert len(c.at(MINUTE + 20 * SECOND)) == 1
-    assert c.engine.crons["m"]["nextRun"] == 2 * MINUTE
+    assert c.engine.cron.schedules["m"]["nextRun"] == 2 * MINUTE
 
 
 # -- daylight saving time --------------------------------------------------------------------
@@ -293,7 +293,7 @@ def test_a_slot_fired_before_a_restart_never_fires_again() -> None:
     c.cron(name="m", repeatEvery=MINUTE, preventOverlap=False)
     (job_id,) = c.at(MINUTE)
     back = c.restarted(MINUTE)
-    assert back.engine.crons["m"]["lastJobId"] == job_id
+    assert back.engine.cron.schedules["m"]["lastJobId"] == job_id
     assert back.at(MINUTE) == []
     assert back.at(MINUTE + 30 * SECOND) == []
     assert len(back.at(2 * MINUTE)) == 1
@@ -304,7 +304,7 @@ def test_restore_skips_slots_missed_while_down_by_default() -> None:
     c = Clock(0)
     c.cron(name="m", repeatEvery=MINUTE, preventOverlap=False)
     back = c.restarted(10 * MINUTE + 5 * SECOND)
-    assert back.engine.crons["m"]["nextRun"] == 11 * MINUTE
+    assert back.engine.cron.schedules["m"]["nextRun"] == 11 * MINUTE
     assert back.engine.next_deadline() == 11 * MINUTE
     assert back.at(10 * MINUTE + 6 * SECOND) == []
     assert len(back.at(11 * MINUTE)) == 1
@@ -316,7 +316,7 @@ def test_restore_without_skip_fires_the_missed_slot_once() -> None:
     back = c.restarted(10 * MINUTE + 5 * SECOND)
     assert len(back.at(10 * MINUTE + 5 * SECOND)) == 1
     assert back.at(10 * MINUTE + 6 * SECOND) == []
-    assert back.engine.crons["m"]["nextRun"] == 11 * MINUTE
+    assert back.engine.cron.schedules["m"]["nextRun"] == 11 * MINUTE
 
 
 def test_the_stored_schedule_matches_the_engine() -> None:
@@ -325,7 +325,7 @@ def test_the_stored_schedule_matches_the_engine() -> None:
     c.run_until(3 * SECOND, SECOND)
     crons: dict[str, Any] = {}
     fold_mutations(c.muts, crons=crons)
-    assert crons == c.engine.crons
+    assert crons == c.engine.cron.schedules
 
 
 # -- the job-level repeat option ---------------------------------------------------------------

@@ -15,24 +15,24 @@ def test_no_worker_skips_each_slot_and_never_fires_it_later() -> None:
     c = Clock(0)
     c.cron(name="w", repeatEvery=SECOND, skipIfNoWorker=True, preventOverlap=False)
     assert c.run_until(5 * SECOND, SECOND) == []
-    rec = c.engine.crons["w"]
+    rec = c.engine.cron.schedules["w"]
     assert (rec["lastRun"], rec["nextRun"], rec["executions"]) == (5 * SECOND, 6 * SECOND, 0)
-    c.engine.workers.set_worker_queues(["other"])  # a worker of another queue does not count
+    c.engine.cron.workers.set_worker_queues(["other"])  # a worker of another queue does not count
     assert c.at(6 * SECOND) == []
-    c.engine.workers.set_worker_queues(["other", "q"])
+    c.engine.cron.workers.set_worker_queues(["other", "q"])
     assert len(c.at(7 * SECOND)) == 1  # the next slot only: no backlog of the skipped ones
     assert c.run_until(10 * SECOND, SECOND) == [8 * SECOND, 9 * SECOND, 10 * SECOND]
-    c.engine.workers.set_worker_queues([])  # the worker left
+    c.engine.cron.workers.set_worker_queues([])  # the worker left
     assert c.run_until(13 * SECOND, SECOND) == []
     assert c.waiting() == 4
-    assert c.engine.crons["w"]["executions"] == 4
+    assert c.engine.cron.schedules["w"]["executions"] == 4
 
 
 def test_a_pull_waiting_on_the_queue_counts_as_a_worker() -> None:
     c = Clock(0)
     c.cron(name="w", repeatEvery=SECOND, skipIfNoWorker=True, preventOverlap=False)
     waiting: set[str] = set()
-    c.engine.workers.pull_waiting = waiting.__contains__
+    c.engine.cron.workers.pull_waiting = waiting.__contains__
     assert c.at(SECOND) == []
     waiting.add("q")
     assert len(c.at(2 * SECOND)) == 1
@@ -50,10 +50,10 @@ def test_skipped_slots_do_not_count_toward_max_limit() -> None:
     c = Clock(0)
     c.cron(name="w", repeatEvery=SECOND, maxLimit=2, skipIfNoWorker=True, preventOverlap=False)
     assert c.run_until(3 * SECOND, SECOND) == []
-    assert "w" in c.engine.crons
-    c.engine.workers.set_worker_queues(["q"])
+    assert "w" in c.engine.cron.schedules
+    c.engine.cron.workers.set_worker_queues(["q"])
     assert c.run_until(6 * SECOND, SECOND) == [4 * SECOND, 5 * SECOND]
-    assert "w" not in c.engine.crons  # removed after its two jobs, not after two slots
+    assert "w" not in c.engine.cron.schedules  # removed after its two jobs, not after two slots
 
 
 def test_skipped_slots_stay_skipped_after_a_restart() -> None:
@@ -61,10 +61,10 @@ def test_skipped_slots_stay_skipped_after_a_restart() -> None:
     c.cron(name="w", repeatEvery=SECOND, skipIfNoWorker=True, preventOverlap=False)
     c.run_until(3 * SECOND, SECOND)
     back = c.restarted(3 * SECOND)
-    assert back.engine.crons["w"]["lastRun"] == 3 * SECOND
+    assert back.engine.cron.schedules["w"]["lastRun"] == 3 * SECOND
     assert back.at(3 * SECOND + 500) == []
     assert back.at(4 * SECOND) == []  # a restarted engine knows of no worker until told
-    back.engine.workers.set_worker_queues(["q"])
+    back.engine.cron.workers.set_worker_queues(["q"])
     assert back.run_until(6 * SECOND, SECOND) == [5 * SECOND, 6 * SECOND]
     assert back.waiting() == 2
 
@@ -77,7 +77,7 @@ def test_a_slot_right_after_a_late_fire_is_skipped() -> None:
     c.cron(name="m", repeatEvery=MINUTE, preventOverlap=False)
     assert len(c.at(MINUTE + 20 * SECOND)) == 1  # late by 20 s: fires, as before
     assert c.at(2 * MINUTE) == []  # 40 s after that fire, less than 0.8 of a minute
-    assert c.engine.crons["m"]["lastRun"] == 2 * MINUTE  # handled: it never fires later
+    assert c.engine.cron.schedules["m"]["lastRun"] == 2 * MINUTE  # handled: it never fires later
     assert len(c.at(3 * MINUTE)) == 1
     assert c.waiting() == 2
 
@@ -112,7 +112,7 @@ def test_a_restart_that_fires_a_missed_slot_late_skips_the_next_one() -> None:
     back = c.restarted(10 * MINUTE + 55 * SECOND)  # down for ten slots
     assert len(back.at(10 * MINUTE + 55 * SECOND)) == 1  # the missed slot fires once, late
     again = back.restarted(10 * MINUTE + 58 * SECOND)  # and the server restarts once more
-    assert again.engine.crons["m"]["lastFiredAt"] == 10 * MINUTE + 55 * SECOND
+    assert again.engine.cron.schedules["m"]["lastFiredAt"] == 10 * MINUTE + 55 * SECOND
     assert again.at(11 * MINUTE) == []  # 5 s after that fire: the guard holds across restarts
     assert len(again.at(12 * MINUTE)) == 1
     assert again.waiting() == 3

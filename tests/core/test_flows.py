@@ -182,9 +182,9 @@ def test_a_notice_for_a_parent_elsewhere_goes_to_the_outbox_in_the_childs_batch(
     assert kind == "flow" and key == f"{kid}>far>completed"
     assert notice == {"parent": "far", "pq": "pq", "child": kid, "kind": "completed",
                       "policy": None, "result": 9, "cq": "c"}  # fmt: skip
-    assert d.engine.take_flow_new() == [key]
-    assert d.engine.flow_acked([key, "unknown"]) == [("flowdel", key)]
-    assert d.engine.flow_outbox == {}
+    assert d.engine.flows.take_new() == [key]
+    assert d.engine.flows.acked([key, "unknown"]) == [("flowdel", key)]
+    assert d.engine.flows.outbox == {}
 
 
 def test_a_notice_applies_once_however_often_it_arrives(d: Driver) -> None:
@@ -225,8 +225,8 @@ def test_the_outbox_is_stored_and_deleted(tmp_path: Path) -> None:
         store.apply([("flowdel", "c>P>completed")])
         assert store.load_flow_outbox() == [notice]
     engine = Engine(seed=1)
-    engine.load_flow_outbox([notice])
-    assert engine.take_flow_new() == ["c>P>completed"]
+    engine.flows.load_outbox([notice])
+    assert engine.flows.take_new() == ["c>P>completed"]
 
 
 def test_clients_cannot_send_the_shards_own_commands() -> None:

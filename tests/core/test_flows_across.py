@@ -49,7 +49,7 @@ class Side:
                 outbox.pop(m[1], None)
         self.engine = Engine(seed=self.seed + now)
         self.pending = list(self.engine.restore(records.values(), queues, now))
-        self.engine.load_flow_outbox(outbox.values())
+        self.engine.flows.load_outbox(outbox.values())
 
 
 def _start(now: int) -> tuple[Side, Side]:
@@ -93,8 +93,8 @@ class World:
             self.child.apply({**ack, "result": pulled["job"]["data"]}, self.now)
 
     def send(self) -> None:  # the shard's first send, or a resend
-        self.channel.extend(self.child.engine.flow_outbox.items())
-        self.child.engine.take_flow_new()
+        self.channel.extend(self.child.engine.flows.outbox.items())
+        self.child.engine.flows.take_new()
 
     def dup(self) -> None:
         if self.channel:
@@ -111,7 +111,7 @@ class World:
 
     def ack(self) -> None:
         if self.acks:
-            self.child.pending.extend(self.child.engine.flow_acked(self.acks))
+            self.child.pending.extend(self.child.engine.flows.acked(self.acks))
             self.acks = []
 
     def commit_child(self) -> None:
@@ -126,7 +126,7 @@ class World:
 
     def settled(self) -> bool:
         jobs = self.child.engine.jobs
-        return not self.child.engine.flow_outbox and all(
+        return not self.child.engine.flows.outbox and all(
             j.state == "completed" for j in jobs.values()
         )
 

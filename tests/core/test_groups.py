@@ -75,7 +75,7 @@ def test_group_concurrency_caps_active_jobs_and_an_ack_wakes_the_queue() -> None
     assert [j["data"]["label"] for j in first] == ["A0", "B0", "B1", "B2", "B3"]
     assert t.data("GetGroupActiveCount", groupId="A") == {"count": 1}
     assert t.pull() == []
-    assert t.engine.group_blocked == {"q"}
+    assert t.engine.groups.blocked == {"q"}
     reply = t.cmd(cmd="ACK", id=first[0]["id"], token=_token(t, first[0]["id"]))
     assert reply["ok"]
     assert t.woken()
@@ -205,7 +205,7 @@ def test_a_queue_without_groups_gets_no_group_table() -> None:
     t.cmd(cmd="PUSHB", queue="q", jobs=[{"data": i} for i in range(5)])
     assert len(t.pull(5)) == 5
     assert t.engine.queues["q"].groups is None
-    assert t.engine.group_blocked == set()
+    assert t.engine.groups.blocked == set()
 
 
 @pytest.mark.parametrize("ttl", [100, None])

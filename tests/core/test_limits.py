@@ -136,7 +136,7 @@ def test_limits_are_persisted_and_restored() -> None:
     assert back.queues["q"].limits is not None
     reply = back.apply({"cmd": "PULLB", "queue": "q", "count": 6, "owner": "w"}, t.now).reply
     assert reply["jobs"] == []
-    assert back.blocked == {"q"}  # watched for capacity from now on
+    assert back.limiter.blocked == {"q"}  # watched for capacity from now on
 
 
 @pytest.mark.parametrize("limited", [False, True])

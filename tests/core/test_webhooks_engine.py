@@ -93,7 +93,7 @@ def test_bad_add_is_refused_whole(fields: dict[str, Any], error: str) -> None:
         del cmd["url"]
     reply = run(engine, muts, **cmd)
     assert reply["ok"] is False and reply["error"].startswith(error), reply
-    assert muts == [] and engine.webhooks == {}
+    assert muts == [] and engine.webhooks.hooks == {}
 
 
 def test_set_enabled_needs_a_boolean() -> None:

@@ -57,7 +57,7 @@ def test_a_childs_notice_is_stored_with_its_outcome_and_resent_until_acknowledge
     assert _kinds(out) == ["muts", "flow", "rep"]
     muts = out[0][1]["muts"]
     assert [m[0] for m in muts] == ["updb", "flow"]  # the outcome and the notice, one batch
-    (key, notice), = out[1][1]["items"]
+    ((key, notice),) = out[1][1]["items"]
     assert notice["kind"] == "completed" and notice["pq"] == "p"
     assert shard.core.poll_timeout(shard.now) == RESEND_MS
 
@@ -69,7 +69,7 @@ def test_a_childs_notice_is_stored_with_its_outcome_and_resent_until_acknowledge
 
     acked = shard.message({"t": "flowack", "keys": [key]})
     assert [list(m) for m in acked[0][1]["muts"]] == [["flowdel", key]]
-    assert shard.core.engine.flow_outbox == {}
+    assert shard.core.engine.flows.outbox == {}
     shard.now += 10 * RESEND_MS
     assert "flow" not in _kinds(shard.turn()[0])
     assert shard.core.flows.next_deadline() is None

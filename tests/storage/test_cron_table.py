@@ -25,7 +25,7 @@ def test_schedules_and_their_jobs_commit_together_and_load_back(tmp_path: Path) 
         muts = engine.apply({"cmd": "CronDelete", "name": "b"}, 1001).mutations
         store.apply(muts)
         (stored,) = store.load_crons()
-        assert stored == engine.crons["a"]
+        assert stored == engine.cron.schedules["a"]
         assert stored["lastJobId"] == store.get_job(stored["lastJobId"])["id"]  # type: ignore[index]
         assert store.describe().columns["cron_jobs"] == (
             ("name", "TEXT", False),

@@ -130,7 +130,7 @@ class ShardCore(StorageRefusals):
         self._woken: set[str] = set()
         self._finished: set[str] = set()
         self.polls = LongPolls()
-        engine.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
+        engine.cron.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
         self.waits = JobWaits()
         self.event_tap = EventTap()  # job events, built only while the front end listens
         # The commands the shard answers itself rather than the engine: one lookup per request.
@@ -152,7 +152,9 @@ class ShardCore(StorageRefusals):
             msgs.DRAIN: self._on_drain,
             msgs.WRITER_UP: self._on_writer_up,
             msgs.LISTEN: lambda msg, now: self.event_tap.listen(msg),
-            msgs.WORKERS: lambda msg, now: self.engine.workers.set_worker_queues(msg.get("queues")),
+            msgs.WORKERS: lambda msg, now: self.engine.cron.workers.set_worker_queues(
+                msg.get("queues")
+            ),
             msgs.FLOWACK: self._on_flowack,
         }
 
@@ -421,7 +423,7 @@ class ShardCore(StorageRefusals):
         keys = msg.get("keys")
         if isinstance(keys, list):
             self.flows.acked(keys)
-            self._absorb(self.engine.flow_acked(keys), ())
+            self._absorb(self.engine.flows.acked(keys), ())
 
     def _apply(self, cmd: Mapping[str, Any], now: int, conn: str | None = None) -> dict[str, Any]:
         outcome = self.engine.apply(cmd, now, conn)

@@ -26,7 +26,7 @@ class FlowRelay:
 
     def __init__(self, index: int, engine: Engine, resend_ms: int) -> None:
         self.index = index
-        self.engine = engine
+        self.flows = engine.flows
         self.resend_ms = resend_ms
         self._due: dict[str, int] = {}
 
@@ -36,10 +36,10 @@ class FlowRelay:
     def take(self, now: int) -> list[msgs.FlowMsg]:
         """The `flow` messages to send now: new notices, and those unacknowledged too long."""
         due = self._due
-        if not due and not self.engine.flow_new:
+        if not due and not self.flows.new:
             return []  # every turn of a shard without flows ends here
-        outbox = self.engine.flow_outbox
-        keys = [k for k in self.engine.take_flow_new() if k in outbox]
+        outbox = self.flows.outbox
+        keys = [k for k in self.flows.take_new() if k in outbox]
         if due and min(due.values()) <= now:
             keys.extend(k for k, at in due.items() if at <= now)
         if not keys:

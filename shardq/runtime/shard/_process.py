@@ -222,7 +222,7 @@ class ShardProcess:
         hooks = store.load_webhooks() if spec.index == 0 else []
         recovered = self.core.recover(progress.count(self._own(records)), queues, now, crons, hooks)
         outbox = store.load_flow_outbox()
-        self.core.engine.load_flow_outbox(
+        self.core.engine.flows.load_outbox(
             n for n in outbox if shard_of(n["cq"], spec.shards) == spec.index
         )
         if floor is not None:
