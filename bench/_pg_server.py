@@ -97,11 +97,22 @@ class PostgresServer:
             try:
                 self._run("pg_ctl", *args, "-w", "-t", str(_START_TIMEOUT_S), "start")
                 self._running = True
+                # The port the running postmaster listens on, from its pid file (line 4): a
+                # start that timed out on a loaded machine may still have come up, on the
+                # earlier attempt's port, and a later `pg_ctl start` then reports that one.
+                self.port = self._listening_port()
                 return self
             except RuntimeError:
+                # Stop whatever did come up, so the next attempt is the only server.
+                with contextlib.suppress(RuntimeError):
+                    self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    def _listening_port(self) -> int:
+        lines = (self.data / "postmaster.pid").read_text().splitlines()
+        return int(lines[3])
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and delete its directory; idempotent."""
