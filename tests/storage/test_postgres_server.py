@@ -7,6 +7,7 @@ The real server (tests/runtime/shardq_harness.py) on the tests' PostgreSQL serve
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -49,3 +50,15 @@ def test_a_durable_push_survives_kill_9_in_postgresql(tmp_path: Path) -> None:
             pulled = conn.call({"cmd": "PULL", "queue": "pg", "timeout": 0})["job"]
     assert job["data"] == {"n": 1} and job["state"] == "waiting"
     assert pulled["id"] == pushed["id"]
+
+
+def test_a_password_on_the_command_line_is_refused(tmp_path: Path) -> None:
+    # A command line is readable by every local user (as for --auth-token).
+    url = "postgresql://shardq:s3cret@127.0.0.1:1/shardq"
+    done = subprocess.run(
+        [sys.executable, "-m", "shardq_cli.main", "start", "--storage-url", url],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--storage-url must not hold a password" in done.stderr
+    assert not (tmp_path / "data").exists()
