@@ -1,11 +1,13 @@
 """Writing a coalesced `Plan` to PostgreSQL (inside the caller's transaction and pipeline).
 
 The rows are the SQLite store's (`_write` says what a plan's rows become and why); only the
-statements differ. Rows of one kind go in one `executemany`, and the caller runs the whole
-write in one pipeline: psycopg sends every statement of the batch without waiting for its
-answer, so a batch costs about one round trip to the server plus its commit, whatever its
-size. Deletions by key are one statement over an array. Row counts are read once the
-pipeline has synced (`Writes.totals`).
+statements differ. The batch's puts are one INSERT over arrays (`unnest`, a column each), its
+updates one UPDATE over arrays per list of columns they set, its deletions by key one statement
+over an array; the rarer rows (delta ops, queue configs, crons ...) go in an `executemany`.
+The caller runs the whole write in one pipeline: psycopg sends every statement of the batch
+without waiting for its answer, so a batch costs about one round trip to the server plus its
+commit, whatever its size. Row counts are read once the pipeline has synced
+(`Writes.totals`).
 """
 
 from __future__ import annotations
