@@ -34,8 +34,15 @@ def _new_database() -> str:
 
 def test_a_durable_push_survives_kill_9_in_postgresql(tmp_path: Path) -> None:
     url = _new_database()
-    server = ShardqServer(tmp_path, shards=1, env={"SHARDQ_STORAGE_URL": url})
+    # The test server trusts every local login and ignores the password: it is there to show
+    # that no log line carries it.
+    user = shared_server().superuser
+    with_password = url.replace(f"postgresql://{user}@", f"postgresql://{user}:pw-x9@")
+    assert with_password != url
+    server = ShardqServer(tmp_path, shards=1, env={"SHARDQ_STORAGE_URL": with_password})
     with server:  # started
+        assert server.find_log("writer ready", data_path=url) is not None
+        assert "pw-x9" not in server.raw_log()
         with TcpConnection(*server.tcp_address, timeout=15) as conn:
             pushed = conn.call({"cmd": "PUSH", "queue": "pg", "data": {"n": 1}, "durable": True})
         server.kill9_tree()
