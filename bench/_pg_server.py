@@ -114,6 +114,27 @@ class PostgresServer:
         lines = (self.data / "postmaster.pid").read_text().splitlines()
         return int(lines[3])
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) used so far by the server's processes: the postmaster
+        and its children (connection backends, WAL writer, checkpointer ...). Linux only; a
+        process that ended meanwhile is no longer counted, so read it around a run that keeps
+        its connections open."""
+        pid_file = self.data / "postmaster.pid"
+        postmaster = int(pid_file.read_text().split()[0])
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                text = Path(stat).read_text()
+            except OSError:
+                continue
+            pid = int(Path(stat).parent.name)
+            # Fields after the command name (which may hold spaces) start after its ")".
+            fields = text[text.rindex(")") + 2 :].split()
+            if pid == postmaster or int(fields[1]) == postmaster:
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / tick
+
     def stop(self) -> None:
         """Stop the server (fast shutdown) and delete its directory; idempotent."""
         if self._running:

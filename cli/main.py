@@ -10,6 +10,7 @@ import sys
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import click
 import typer
@@ -140,6 +141,14 @@ def start(
         typer.echo(
             "shardq start: --auth-token is not supported: a token on the command line is "
             "visible to every user; use AUTH_TOKENS, SHARDQ_AUTH_TOKENS or --auth-token-file",
+            err=True,
+        )
+        raise typer.Exit(2)
+    if storage_url and urlsplit(storage_url).password:
+        # Likewise for a database password: libpq reads PGPASSWORD and ~/.pgpass.
+        typer.echo(
+            "shardq start: --storage-url must not hold a password: a command line is visible "
+            "to every user; use SHARDQ_STORAGE_URL, PGPASSWORD or ~/.pgpass",
             err=True,
         )
         raise typer.Exit(2)

@@ -1,11 +1,13 @@
 """Writing a coalesced `Plan` to PostgreSQL (inside the caller's transaction and pipeline).
 
 The rows are the SQLite store's (`_write` says what a plan's rows become and why); only the
-statements differ. Rows of one kind go in one `executemany`, and the caller runs the whole
-write in one pipeline: psycopg sends every statement of the batch without waiting for its
-answer, so a batch costs about one round trip to the server plus its commit, whatever its
-size. Deletions by key are one statement over an array. Row counts are read once the
-pipeline has synced (`Writes.totals`).
+statements differ. The batch's puts are one INSERT over arrays (`unnest`, a column each), its
+updates one UPDATE over arrays per list of columns they set, its deletions by key one statement
+over an array; the rarer rows (delta ops, queue configs, crons ...) go in an `executemany`.
+The caller runs the whole write in one pipeline: psycopg sends every statement of the batch
+without waiting for its answer, so a batch costs about one round trip to the server plus its
+commit, whatever its size. Row counts are read once the pipeline has synced
+(`Writes.totals`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,16 @@ __all__ = ["Writes", "read_deltas", "write_plan"]
 Conn = psycopg.Connection[TupleRow]
 
 _COLUMN = {name: "run_at" if name == "runAt" else name for name in COLUMN_FIELDS}
+# The array type of each column, for `unnest`.
+_ARRAY = {"queue": "text[]", "state": "text[]", "priority": "float8[]"}
+_ARRAY |= {"run_at": "bigint[]", "seq": "bigint[]", "rec": "bytea[]", "patch": "bytea[]"}
+# A batch's puts as one statement over arrays, a column each: the server plans it once and
+# psycopg dumps each array in one go, where an `executemany` binds and runs a statement per
+# row (on a push->pull->ack batch that was most of the client's CPU).
 _UPSERT_JOB = (
     "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+    " SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[], %b::bigint[],"
+    " %b::bigint[], %b::bytea[], %b::bytea[])"
     # An in-place update keeps `ord`, so the order among equal seqs stays (SQLite's rowid).
     " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
     " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
@@ -42,8 +51,16 @@ _FOLDED = "UPDATE jobs SET rec = %s, patch = ''::bytea WHERE id = %s"
 
 
 def _update_sql(names: tuple[str, ...]) -> str:
-    sets = "".join(f"{_COLUMN[name]} = %s, " for name in names)
-    return f"UPDATE jobs SET {sets}patch = patch || %s WHERE id = %s"
+    """One UPDATE of every row that sets these columns: its values as arrays (the columns,
+    then the patches to append, then the ids), joined to the rows by id."""
+    columns = [_COLUMN[name] for name in names]
+    sets = "".join(f"{c} = u.{c}, " for c in columns)
+    arrays = ", ".join(f"%b::{_ARRAY[c]}" for c in columns) + (", " if columns else "")
+    names_of_u = ", ".join([*columns, "patch", "id"])
+    return (
+        f"UPDATE jobs AS j SET {sets}patch = j.patch || u.patch"
+        f" FROM unnest({arrays}%b::bytea[], %b::text[]) AS u({names_of_u}) WHERE j.id = u.id"
+    )
 
 
 # One statement per list of updated columns: a handful in practice.
@@ -132,14 +149,35 @@ def _write_jobs(
     if deleted:
         writes.one(_DELETE_JOBS, (deleted,))
     if whole:
-        writes.many(_UPSERT_JOB, whole)
+        writes.one(_UPSERT_JOB, _columns(whole, *_WHOLE_NUMBERS))
     for names, rows in updates.items():
         sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
-        writes.many(sql, rows)
+        priority_at = names.index("priority") if "priority" in names else -1
+        run_at = names.index("runAt") if "runAt" in names else -1
+        writes.one(sql, _columns(rows, priority_at, run_at))
     if ops:
         writes.many(_INSERT_DELTA, list(ops), deltas=1)
     if to_fold:
         _fold_stored(writes, to_fold, pack, known)
+
+
+# The columns of a whole row (the id first, then `COLUMN_FIELDS`) an array must be made
+# uniform for: a priority may come as an int or a float, a run_at as a float.
+_WHOLE_NUMBERS = (1 + COLUMN_FIELDS.index("priority"), 1 + COLUMN_FIELDS.index("runAt"))
+
+
+def _columns(rows: list[tuple[Any, ...]], priority_at: int, run_at: int) -> tuple[list[Any], ...]:
+    """`rows` as one list per column, for `unnest` (an array holds values of one type): a
+    priority goes as a float and a run_at as an int, as their columns store them. Raises
+    ValueError or TypeError for a value neither can be (the batch is rejected)."""
+    columns = tuple(list(column) for column in zip(*rows, strict=True))
+    if priority_at >= 0:
+        column = columns[priority_at]
+        column[:] = [None if p is None else float(p) for p in column]
+    if run_at >= 0:
+        column = columns[run_at]
+        column[:] = [v if v is None or type(v) is int else int(v) for v in column]
+    return columns
 
 
 def _obliterate(writes: Writes, plan: Plan, deltas_exist: bool) -> None:

@@ -7,6 +7,7 @@ The real server (tests/runtime/shardq_harness.py) on the tests' PostgreSQL serve
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -33,8 +34,15 @@ def _new_database() -> str:
 
 def test_a_durable_push_survives_kill_9_in_postgresql(tmp_path: Path) -> None:
     url = _new_database()
-    server = ShardqServer(tmp_path, shards=1, env={"SHARDQ_STORAGE_URL": url})
+    # The test server trusts every local login and ignores the password: it is there to show
+    # that no log line carries it.
+    user = shared_server().superuser
+    with_password = url.replace(f"postgresql://{user}@", f"postgresql://{user}:pw-x9@")
+    assert with_password != url
+    server = ShardqServer(tmp_path, shards=1, env={"SHARDQ_STORAGE_URL": with_password})
     with server:  # started
+        assert server.find_log("writer ready", data_path=url) is not None
+        assert "pw-x9" not in server.raw_log()
         with TcpConnection(*server.tcp_address, timeout=15) as conn:
             pushed = conn.call({"cmd": "PUSH", "queue": "pg", "data": {"n": 1}, "durable": True})
         server.kill9_tree()
@@ -49,3 +57,15 @@ def test_a_durable_push_survives_kill_9_in_postgresql(tmp_path: Path) -> None:
             pulled = conn.call({"cmd": "PULL", "queue": "pg", "timeout": 0})["job"]
     assert job["data"] == {"n": 1} and job["state"] == "waiting"
     assert pulled["id"] == pushed["id"]
+
+
+def test_a_password_on_the_command_line_is_refused(tmp_path: Path) -> None:
+    # A command line is readable by every local user (as for --auth-token).
+    url = "postgresql://shardq:s3cret@127.0.0.1:1/shardq"
+    done = subprocess.run(
+        [sys.executable, "-m", "shardq_cli.main", "start", "--storage-url", url],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--storage-url must not hold a password" in done.stderr
+    assert not (tmp_path / "data").exists()

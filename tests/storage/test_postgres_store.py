@@ -134,3 +134,27 @@ def test_a_missing_psycopg_names_the_extra() -> None:
     assert done.stdout.strip() == (
         "PostgreSQL storage needs psycopg: pip install 'shardq[postgres]'"
     ), done.stderr
+
+
+def test_numbers_of_mixed_types_in_one_column_are_stored(store: PostgresStore) -> None:
+    # One batch's rows go to the server as one array per column, which holds one type: an
+    # int and a float priority (or run_at) side by side must still go in.
+    store.apply([("put", _job("a", priority=1)), ("put", _job("b", seq=2, priority=2.5))])
+    store.apply([("put", _job("c", seq=3, runAt=1.7e12)), ("put", _job("d", seq=4))])
+    store.apply([("upd", "a", {"priority": 0.5, "runAt": 5.0}), ("upd", "b", {"priority": 3})])
+    assert [r["priority"] for r in store.load_jobs()] == [0.5, 3, 0, 0]
+    assert store.get_job("c") == _job("c", seq=3, runAt=1.7e12)
+
+
+def test_without_postgresql_binaries_the_tests_fail_saying_what_to_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No pg_config on the PATH and nothing under /usr/lib/postgresql: the fixture raises (so
+    # the tests fail, never skip), naming the package and the opt-out.
+    from bench import _pg_server
+
+    monkeypatch.setattr(_pg_server.shutil, "which", lambda name: None)
+    monkeypatch.setattr(_pg_server.glob, "glob", lambda pattern: [])
+    with pytest.raises(RuntimeError, match="`postgresql` package") as missing:
+        _pg_server.PostgresServer()
+    assert "SHARDQ_TEST_POSTGRES=0" in str(missing.value)
