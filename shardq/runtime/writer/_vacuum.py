@@ -57,8 +57,8 @@ class IdleVacuum:
     """Gives a store's free pages back a step at a time while the writer is idle.
 
     `pages_per_step` 0 turns it off. A pass is wanted after the start and after every commit
-    (`committed`): the commit may have deleted rows. A storage error ends the pass (it is logged; the file is
-    as it was) until the next commit.
+    (`committed`): the commit may have deleted rows. A storage error ends the pass (it is
+    logged; the file is as it was) until the next commit.
     """
 
     def __init__(
