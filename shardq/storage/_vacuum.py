@@ -76,7 +76,8 @@ def convert(
 
     `progress(elapsed_s)` is called every `every_s` seconds while it runs (a VACUUM has no
     measure of how far it is), from another thread: the calling one waits in SQLite. If it
-    raises, the VACUUM is interrupted. Raises `StorageError` if there is not twice the file's
+    raises, the VACUUM is interrupted (unless past the phases SQLite checks for that: then it
+    completes). Raises `StorageError` if there is not twice the file's
     size free on the disks of the database and of the temporary copy, or if the VACUUM fails
     or was interrupted; the database is unchanged then.
     """

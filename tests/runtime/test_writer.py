@@ -533,8 +533,11 @@ class FlakyStore:
             raise self.error
         return self.store.apply(mutations)
 
-    def checkpoint(self) -> bool:
-        return self.store.checkpoint()
+    def checkpoint(self, *, wait: bool = True) -> bool:
+        return self.store.checkpoint(wait=wait)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)  # the rest as the real store (the idle vacuum's)
 
 
 def run_writer_with(spec: ChildSpec, store: Any, shard: Callable[[ShardEnd], None]) -> int:
@@ -652,8 +655,11 @@ class GcWatchingStore:
         self.collector_enabled.append(gc.isenabled())
         return self.store.apply(mutations)
 
-    def checkpoint(self) -> bool:
-        return self.store.checkpoint()
+    def checkpoint(self, *, wait: bool = True) -> bool:
+        return self.store.checkpoint(wait=wait)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)  # the rest as the real store (the idle vacuum's)
 
 
 def test_no_garbage_collection_runs_inside_a_flush_and_it_is_back_on_after(

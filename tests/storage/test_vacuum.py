@@ -4,8 +4,8 @@
   pages asked, shrinks the file, and keeps every row that is left.
 - An old database (auto_vacuum NONE, as shardq made them before) frees nothing until
   `convert_to_incremental` has rewritten it, which keeps every row.
-- A conversion that cannot run (too little free disk) or fails half way (interrupted) leaves
-  the file exactly as it was.
+- A conversion that cannot run (too little free disk) or that SQLite refuses leaves the file
+  exactly as it was; one interrupted at any moment leaves it whole, converted or not.
 """
 
 from __future__ import annotations
@@ -114,20 +114,20 @@ def test_a_conversion_without_the_disk_it_needs_changes_nothing(
     assert path.read_bytes() == before
 
 
-def test_a_conversion_that_fails_half_way_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+def test_a_conversion_sqlite_refuses_leaves_the_file_as_it_was(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     with Store.open(path) as store:
         fill(store)
     make_old(path)
-
-    def interrupt(elapsed_s: float) -> None:
-        # A progress report that fails makes SQLite interrupt the VACUUM half way.
-        raise RuntimeError("the supervisor is gone")
-
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        with pytest.raises(StorageError, match=r"converting .* interrupted"):
-            _vacuum.convert(conn, path, interrupt, every_s=0.001)
+        reading = conn.execute("SELECT id FROM jobs")
+        reading.fetchone()  # a statement in progress: SQLite refuses to VACUUM
+        with pytest.raises(StorageError, match=r"converting .* statements in progress"):
+            _vacuum.convert(conn, path)
+        reading.close()
+        assert _vacuum.auto_vacuum(conn) == "none"
+        assert conn.execute("PRAGMA temp_store").fetchone()[0] == 0  # put back as it was
     finally:
         conn.close()
     with Store.open(path) as store:
@@ -135,3 +135,29 @@ def test_a_conversion_that_fails_half_way_leaves_the_file_as_it_was(tmp_path: Pa
         assert stored_ids(store) == sorted(f"j{n}" for n in range(JOBS))
         store.apply([("del", "j0")])  # and the store still works
         assert len(stored_ids(store)) == JOBS - 1
+
+
+def test_an_interrupted_conversion_loses_nothing_whenever_it_stops(tmp_path: Path) -> None:
+    """A progress report that fails interrupts the VACUUM, unless it is past the phases SQLite
+    checks for an interruption: either way the file is whole, converted or as it was."""
+    path = tmp_path / "old.db"
+    with Store.open(path) as store:
+        fill(store)
+    make_old(path)
+
+    def interrupt(elapsed_s: float) -> None:
+        raise RuntimeError("the supervisor is gone")
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        _vacuum.convert(conn, path, interrupt, every_s=0.001)
+    except StorageError as e:
+        assert "interrupted" in str(e)
+        assert _vacuum.auto_vacuum(conn) == "none"
+    else:
+        assert _vacuum.auto_vacuum(conn) == "incremental"
+    finally:
+        conn.close()
+    with Store.open(path) as store:
+        assert stored_ids(store) == sorted(f"j{n}" for n in range(JOBS))
+        assert all(rec["data"] == {"pad": PAD} for rec in store.load_jobs())

@@ -9,8 +9,9 @@ and changes msgpack-encoded inside the message (`shardq.storage._encode`), so de
 message decodes no job.
 
 Idle-silent: with nothing waiting it blocks in `poll` with no timeout, and wakes for a message
-or a signal only; but once after its last commit (`vacuum_idle_ms` later), to give the file's
-free pages back a step at a time (`_vacuum`) while no message waits.
+or a signal only; but once after its start and after its last commit (`vacuum_idle_ms`
+later), to give the file's free pages back a step at a time (`_vacuum`) while no message
+waits.
 
 Exit codes: 0 after a clean shutdown; 1 if waiting mutations could not be committed before
 the shutdown timeout (or a second SIGTERM); 2 for a bad command line; 3 if the database

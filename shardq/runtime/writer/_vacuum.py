@@ -56,9 +56,9 @@ class _Pass:
 class IdleVacuum:
     """Gives a store's free pages back a step at a time while the writer is idle.
 
-    `pages_per_step` 0 turns it off. A pass is wanted after every commit (`committed`): the
-    commit may have deleted rows. A storage error ends the pass (it is logged; the file is
-    as it was) until the next commit.
+    `pages_per_step` 0 turns it off. A pass is wanted after the start and after every commit
+    (`committed`): the commit may have deleted rows. A storage error ends the pass (it is
+    logged; the file is as it was) until the next commit.
     """
 
     def __init__(
@@ -79,8 +79,10 @@ class IdleVacuum:
         self._min_free = min_free_pages
         self._idle_s = idle_s
         self._clock = clock
-        self._wanted = False  # a commit since the last pass ended
-        self._since = 0.0  # the last commit
+        # A pass is wanted once idle after the start too: a previous run (killed before it was
+        # idle, or on a file converted just now) may have left free pages.
+        self._wanted = pages_per_step > 0  # a commit (or the start) since the last pass ended
+        self._since = clock()  # the last commit, or the start
         self._pass: _Pass | None = None
 
     def committed(self, now: float) -> None:
