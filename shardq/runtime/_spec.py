@@ -60,6 +60,10 @@ class ChildSpec:
         if extra:
             raise ValueError(f"the {self.role} is not handed section(s) {sorted(extra)}")
         full = {name: self.sections.get(name, _default(name)) for name in wanted}
+        for name, value in full.items():
+            kind = dict if name == "engine" else SECTIONS[name]
+            if not isinstance(value, kind):
+                raise TypeError(f"section {name!r} must be a {kind.__name__}, got {value!r}")
         object.__setattr__(self, "sections", full)
 
     @classmethod

@@ -107,6 +107,8 @@ def test_child_spec_is_identity_plus_its_roles_sections() -> None:
         ChildSpec("writer", "/tmp/r", "/tmp/d.db", 1, sections={"tcp": SECTIONS["tcp"]()})
     with pytest.raises(ValueError, match="unknown child role"):
         ChildSpec("cron", "/tmp/r", "/tmp/d.db", 1)
+    with pytest.raises(TypeError, match="section 'writer' must be a WriterSettings"):
+        ChildSpec("writer", "/tmp/r", "/tmp/d.db", 1, sections={"writer": SECTIONS["links"]()})
 
 
 # A child package's reads of its spec's sections (`spec.tcp`, `self._spec.http` ...).
