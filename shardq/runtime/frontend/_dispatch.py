@@ -34,6 +34,7 @@ from shardq.protocol import (
     unknown_command,
 )
 from shardq.protocol._fields import Limits
+from shardq.protocol._prepacked import JS_NUMBERS, PLAIN_NUMBERS
 from shardq.protocol._schema import check as schema_check
 from shardq.runtime import _clock
 from shardq.runtime import _messages as msgs
@@ -64,12 +65,17 @@ MAX_PULLERS: Final = MAX_AUTH_FAILURE_RECORDS
 _log = structlog.get_logger()
 
 
+# A PULLB's envelope for each wire mode; shared, as nothing changes an envelope once made.
+_WIRE_ENVELOPES: Final[dict[object, msgs.ReqEnvelope]] = {
+    mode: {msgs.ENVELOPE_WIRE: mode} for mode in (PLAIN_NUMBERS, JS_NUMBERS)
+}
+
+
 def _pass_through(client: Client) -> msgs.ReqEnvelope | None:
     """Let the shard pack a PULLB's reply in its final form for a TCP or ZeroMQ client (their
     `wire_mode` says how numbers go), to be passed on as bytes (`protocol._prepacked`). It
     travels in the request's envelope: never a client's to choose."""
-    mode = getattr(client, "wire_mode", None)
-    return None if mode is None else {msgs.ENVELOPE_WIRE: mode}
+    return _WIRE_ENVELOPES.get(getattr(client, "wire_mode", None))
 
 
 class Dispatcher:
