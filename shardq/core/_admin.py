@@ -1,4 +1,5 @@
-"""Queue control, the stall config and DLQ administration (docs/protocol.md §9 and §10)."""
+"""Queue control and the stall and DLQ settings (docs/protocol.md §9 and §10); the DLQ's own
+commands and upkeep are the `dead_letters` component (`_dlq.py`)."""
 
 from __future__ import annotations
 
@@ -138,50 +139,6 @@ class AdminOps(EngineState):
     def cmd_get_dlq_config(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         return {"ok": True, "config": dict(self._peek(cmd).dlq_config)}
 
-    # -- the DLQ itself --------------------------------------------------------------------
-
-    def cmd_dlq(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        q = self.queues.get(str(cmd.get("queue")))
-        entries = self._dlq_jobs(q, cmd.get("filter"))
-        count = as_int(cmd.get("count"), len(entries))
-        chosen = entries[: max(count, 0)]
-        return {
-            "ok": True,
-            "jobs": [j.to_wire() for j in chosen],
-            "entries": [{"job": j.to_wire(), **(j.dlq or {})} for j in chosen],
-        }
-
-    def _dlq_jobs(self, q: QueueState | None, flt: object) -> list[Job]:
-        jobs = [self.jobs[i] for i in (q.dlq if q else ())]
-        if not isinstance(flt, Mapping):
-            return jobs
-        reason = flt.get("reason")
-        if isinstance(reason, str):
-            jobs = [j for j in jobs if (j.dlq or {}).get("reason") == reason]
-        offset = as_int(flt.get("offset"), 0)
-        limit = as_int(flt.get("limit"), len(jobs))
-        return jobs[offset : offset + limit]
-
-    def cmd_retry_dlq(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        q = self.queues.get(str(cmd.get("queue")))
-        job_id = cmd.get("jobId")
-        if job_id is not None:
-            chosen = [job_id] if q is not None and job_id in q.dlq else []
-        else:
-            chosen = list(q.dlq if q else ())[: as_int(cmd.get("count"), 1 << 62)]
-        for i in chosen:
-            self.revive(fx, self.jobs[i], now)
-        if chosen:
-            fx.events.append(("ready", str(cmd.get("queue")), ""))
-        return {"ok": True, "count": len(chosen)}
-
-    def cmd_purge_dlq(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        q = self.queues.get(str(cmd.get("queue")))
-        doomed = list(q.dlq if q else ())
-        for i in doomed:
-            self.remove(fx, self.jobs[i])
-        return {"ok": True, "count": len(doomed)}
-
     def cmd_retry_completed(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         q = self._q(cmd)
         job_id = cmd.get("id")
@@ -193,25 +150,6 @@ class AdminOps(EngineState):
         for job in chosen:
             self.revive(fx, job, now)
         return {"ok": True, "count": len(chosen)}
-
-    def dlq_maintenance(self, fx: Effects, now: int) -> None:
-        """Drop DLQ entries past maxAge and auto-retry entries when the queue asks for it."""
-        for q in list(self.queues.values()):
-            cfg = q.dlq_config
-            for job_id in list(q.dlq):
-                job = self.jobs[job_id]
-                entry = job.dlq or {}
-                expires = entry.get("expiresAt")
-                if expires is not None and expires <= now:
-                    self.remove(fx, job)
-                elif cfg.get("autoRetry") and _auto_retry_due(entry, cfg, now):
-                    self.revive(fx, job, now, auto=True)
-
-
-def _auto_retry_due(entry: Mapping[str, Any], cfg: Mapping[str, Any], now: int) -> bool:
-    if as_int(entry.get("retryCount"), 0) >= as_int(cfg.get("maxAutoRetries"), 3):
-        return False
-    return now - as_int(entry.get("enteredAt"), now) >= as_int(cfg.get("autoRetryInterval"), 0)
 
 
 def _finished_at(job: Job) -> int:

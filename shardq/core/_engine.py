@@ -21,14 +21,16 @@ How it is composed. The engine is the job store, the one owner of jobs: `EngineT
 the job operations over them as mixins (produce, consume, control, admin, query, introspect,
 timers). Each feature is a component the engine builds and holds by attribute: `limiter`
 (`QueueLimiter`, `_limits.py`), `groups` (`JobGroups`, `_group_ops.py`), `flows` (`Flows`,
-`_flows.py`), `cron` (`CronScheduler`, `_cron.py`) and `webhooks` (`WebhookRegistry`,
-`_webhooks.py`). A component owns its own tables, holds a reference to the store and changes
-jobs only through it, and is handed `fx` explicitly. The store calls a component where one of
-its jobs concerns it (`limiter.held_back`/`freed_active`, `groups.take`, `flows.blocked`/
-`child_finished`); the engine runs each component's `tick`, `deadline` and restore after the
-store's. The registry (`COMMANDS`, built into `Route`s once per engine) maps each command to
-its schema entry, its generated field check and the bound method of the part that answers
-it, so a command costs one lookup and no call more than its handler and check.
+`_flows.py`), `dead_letters` (`DeadLetters`, `_dlq.py`), `cron` (`CronScheduler`, `_cron.py`)
+and `webhooks` (`WebhookRegistry`, `_webhooks.py`). A component owns its own tables, holds a
+reference to the store and changes jobs only through it, and is handed `fx` explicitly. The
+store calls a component where one of its jobs concerns it (`limiter.held_back`/
+`freed_active`, `groups.take`, `flows.blocked`/`child_finished`, `dead_letters.queues`); the
+engine runs each component's `tick`, `deadline` and restore after the store's (the DLQ upkeep
+keeps its place inside the store's timer pass). The registry (`COMMANDS`, built into `Route`s
+once per engine) maps each command to its schema entry, its generated field check and the
+bound method of the part that answers it, so a command costs one lookup and no call more than
+its handler and check.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from shardq.protocol._schema import REGISTRY, Checker, Command
 from ._config import EngineConfig
 from ._control import ControlOps
 from ._cron import CronScheduler
+from ._dlq import DeadLetters
 from ._effects import Effects, Event, Outcome
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, Flows
 from ._group_ops import GROUP_COMMANDS, JobGroups
@@ -104,9 +107,6 @@ _JOBS: Final[dict[str, str]] = {
     "Clean": "cmd_clean",
     "Obliterate": "cmd_obliterate",
     "ListQueues": "cmd_list_queues",
-    "Dlq": "cmd_dlq",
-    "RetryDlq": "cmd_retry_dlq",
-    "PurgeDlq": "cmd_purge_dlq",
     "RetryCompleted": "cmd_retry_completed",
     "SetDlqConfig": "cmd_set_dlq_config",
     "GetDlqConfig": "cmd_get_dlq_config",
@@ -115,8 +115,6 @@ _JOBS: Final[dict[str, str]] = {
     "GetDeduplicationJobId": "cmd_get_deduplication_job_id",
     "RemoveDeduplicationKey": "cmd_remove_deduplication_key",
     "RemoveJobDeduplicationKey": "cmd_remove_job_deduplication_key",
-    "RemoveDlqJob": "cmd_remove_dlq_job",
-    "GetDlqStats": "cmd_get_dlq_stats",
     "Metrics": "cmd_queue_metrics",
 }
 
@@ -142,6 +140,14 @@ _FLOWS: Final[dict[str, str]] = {
     FLOW_HELD: "cmd_flow_held",
 }
 
+_DEAD_LETTERS: Final[dict[str, str]] = {
+    "Dlq": "cmd_dlq",
+    "RetryDlq": "cmd_retry_dlq",
+    "PurgeDlq": "cmd_purge_dlq",
+    "RemoveDlqJob": "cmd_remove_dlq_job",
+    "GetDlqStats": "cmd_get_dlq_stats",
+}
+
 _CRON: Final[dict[str, str]] = {
     "Cron": "cmd_cron",
     "CronGet": "cmd_cron_get",
@@ -162,6 +168,7 @@ _PARTS: Final[dict[str, dict[str, str]]] = {
     "limiter": _LIMITS,
     "groups": GROUP_COMMANDS,
     "flows": _FLOWS,
+    "dead_letters": _DEAD_LETTERS,
     "cron": _CRON,
     "webhooks": _WEBHOOKS,
 }
@@ -207,6 +214,7 @@ class Engine(
         self.groups = JobGroups(self)
         self._group_blocked = self.groups.blocked  # its own set, never replaced: no hop in apply
         self.flows = Flows(self)
+        self.dead_letters = DeadLetters(self)
         self.cron = CronScheduler(self)
         self.webhooks = WebhookRegistry(self.ids)
         self.registry = self._registry()

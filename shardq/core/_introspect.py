@@ -1,4 +1,5 @@
-"""Deduplication-key administration, DLQ extras and queue-scoped Metrics (docs/protocol.md §21).
+"""Deduplication-key administration, queue-scoped Metrics and the DLQ statistics
+(docs/protocol.md §21).
 
 Each answers in bunqueue's shape, wrapped in `data`. The dedup commands act on the engine's
 `uniqueKey` claims (`unique`): removing a claim also clears the key from its job's record, so
@@ -109,21 +110,6 @@ class IntrospectOps(EngineState):
         job.opts = opts or NO_OPTIONS
         job.dedup_until = None
         fx.mutations.append(("upd", job.key, {"uniqueKey": None, "dedupUntil": None}))
-
-    def cmd_remove_dlq_job(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        q = self.queues.get(str(cmd.get("queue")))
-        job_id = cmd.get("jobId")
-        if q is None or not isinstance(job_id, str) or job_id not in q.dlq:
-            return {"ok": True, "data": {"removed": False}}
-        self.remove(fx, self.jobs[job_id])
-        return {"ok": True, "data": {"removed": True}}
-
-    def cmd_get_dlq_stats(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        name = str(cmd.get("queue"))
-        q = self.queues.get(name)
-        jobs = [self.jobs[i] for i in (q.dlq if q else ())]
-        retries = q.dlq_config.get("maxAutoRetries", 3) if q else 3
-        return {"ok": True, "data": {"stats": dlq_stats(name, jobs, int(retries), now)}}
 
     def cmd_queue_metrics(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         """Queue-scoped `Metrics` (the legacy form without `queue` is the front end's)."""

@@ -31,6 +31,7 @@ from ._queue import QueueState
 from ._tables import MIN_COMPACT, EngineTables, Lease, delivery_key
 
 if TYPE_CHECKING:
+    from ._dlq import DeadLetters
     from ._flows import Flows
     from ._limits import QueueLimiter
 
@@ -45,9 +46,11 @@ class EngineState(EngineTables):
 
     # The components this store tells about its jobs, set by `Engine` (`_engine.py`), which
     # composes them over it: the queue limits (an active job of a blocked queue ended) and
-    # the flows (a parent is admitted, a child finished).
+    # the flows (a parent is admitted, a child finished), the dead letters (a job entered a
+    # queue's DLQ; its timer pass runs theirs).
     limiter: QueueLimiter
     flows: Flows
+    dead_letters: DeadLetters
 
     # -- the only ways a job changes state --------------------------------------------------
 
@@ -355,7 +358,7 @@ class EngineState(EngineTables):
                 heapq.heappush(delayed, key)
             self._maybe_compact_delayed()
         elif state == FAILED:
-            self.dlq_queues.add(q.name)
+            self.dead_letters.queues.add(q.name)
             for job in jobs:
                 q.dlq[job.id] = None
                 if job.opts:

@@ -93,8 +93,6 @@ class EngineTables:
         self.dep_done_order: deque[str] = deque()
         self.finalized: OrderedDict[str, str] = OrderedDict()
         self.next_stall_check = 0
-        self.next_dlq_check = 0
-        self.dlq_queues: set[str] = set()  # a superset of the queues whose DLQ holds entries
         # Jobs of durable pushes whose commit is not confirmed yet: never delivered (`hold`).
         self.held: set[str] = set()
         # Cancels of active jobs this turn, for the connections that run them (`_control`):

@@ -34,9 +34,7 @@ class TimerOps(ConsumeOps, AdminOps):
         if now >= self.next_stall_check:
             self._check_stalls(fx, now)
             self.next_stall_check = now + self.config.stall_check_ms
-        if now >= self.next_dlq_check:
-            self.dlq_maintenance(fx, now)
-            self.next_dlq_check = now + self.config.dlq_maintenance_ms
+        self.dead_letters.tick(fx, now)
         if self.config.completed_retention_ms and self.completed_order:
             self._expire_completed(fx, now)
 
@@ -46,8 +44,9 @@ class TimerOps(ConsumeOps, AdminOps):
         times: list[int] = [h[0][0] for h in heaps if h]
         if self.unleased:
             times.append(self.next_stall_check)
-        if self._some_dlq():
-            times.append(self.next_dlq_check)
+        dlq = self.dead_letters.deadline()
+        if dlq is not None:
+            times.append(dlq)
         if self.config.completed_retention_ms and self.completed_order:
             times.append(self._completed_expiry())
         return min(times) if times else None
@@ -63,25 +62,6 @@ class TimerOps(ConsumeOps, AdminOps):
         completed = self.completed_order
         while completed and self._completed_expiry() <= now:
             self._evict_completed(fx, completed.popitem(last=False)[0])
-
-    def _some_dlq(self) -> bool:
-        """Whether any queue's DLQ holds an entry, without walking every queue.
-
-        Runs twice per shard turn. `dlq_queues` names every queue a job was dead-lettered in;
-        the names of queues whose DLQ has emptied (or that are gone) are dropped on the way
-        to the first that still holds one.
-        """
-        live, queues = self.dlq_queues, self.queues
-        stale: list[str] = []
-        found = False
-        for name in live:
-            q = queues.get(name)
-            if q is not None and q.dlq:
-                found = True
-                break
-            stale.append(name)
-        live.difference_update(stale)
-        return found
 
     # -- deadlines -------------------------------------------------------------------------
 

@@ -87,7 +87,7 @@ def test_next_deadline_forgets_a_dlq_once_it_is_empty(d: Driver) -> None:
     assert d.engine.next_deadline() == 31_000 + 60_000  # "c" still holds an entry
     d.ok({"cmd": "Obliterate", "queue": "c"}, 31_000)
     assert d.engine.next_deadline() is None
-    assert d.engine.dlq_queues == set()  # the names were dropped, not kept forever
+    assert d.engine.dead_letters.queues == set()  # the names were dropped, not kept forever
     d.push(queue="a", at=32_000)
     d.run_to_dlq(queue="a", at=32_000)
     d.tick(63_000)
