@@ -1,4 +1,19 @@
-"""shardq's pure core: the queue engine. It does no I/O and never reads the clock."""
+"""shardq's pure core: the queue engine. It does no I/O and never reads the clock.
+
+`Engine` is a job store (the jobs, queues, leases and their transitions) composed with the
+parts that own a feature's tables: the queue limiter, the job groups, cron, flows, the webhook
+registry and the dead letters. A registry maps each command to its schema entry, its field
+check and the part's handler; `Engine.apply(command, now, conn)` returns an `Outcome`.
+
+Owns: one shard's queues, jobs, leases, groups, limits, cron schedules, flows, webhook
+registry and dead-letter queues, in memory.
+
+Receives: one command map at a time with the current time and the client connection (from the
+shard process), timer ticks, commit confirmations, and the stored records at recovery.
+
+Sends: nothing itself; each call returns the reply, the mutations the writer must store and the
+job events for listeners.
+"""
 
 from ._config import EngineConfig
 from ._effects import Event, Outcome

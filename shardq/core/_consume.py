@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
 
@@ -25,12 +25,10 @@ from ._effects import Effects
 from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
 from ._options import as_int, check_number, is_number, validate_queue_name
+from ._parts import GroupPart
 from ._queue import QueueState
 from ._queue_limits import QueueLimits
 from ._state import EngineState, Lease, delivery_key
-
-if TYPE_CHECKING:
-    from ._group_ops import JobGroups
 
 __all__ = ["ConsumeOps"]
 
@@ -44,7 +42,7 @@ def _not_processing(job_id: object) -> CommandError:
 
 class ConsumeOps(EngineState):
     # The job-group component a grouped queue's pulls go to, set by `Engine` (`_engine.py`).
-    groups: JobGroups
+    groups: GroupPart
 
     # -- pulling ---------------------------------------------------------------------------
 

@@ -201,6 +201,13 @@ class Engine(
 ):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
+    # The parts themselves: the job store below knows each only by the calls it makes
+    # (`_parts`), the engine that builds them by their class.
+    limiter: QueueLimiter
+    groups: JobGroups
+    flows: Flows
+    dead_letters: DeadLetters
+
     def __init__(
         self,
         config: EngineConfig | None = None,

@@ -18,7 +18,7 @@ that child is pending, so a notice sent twice counts once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from shardq.errors import CommandError
 
@@ -28,10 +28,8 @@ from ._job import Job
 from ._lifecycle import ACTIVE, COMPLETED, FAILED, QUEUED_STATES, WAITING_CHILDREN
 from ._mutations import Mutation
 
-if TYPE_CHECKING:
-    # Flows use the whole job store: its transitions, its pushes (PUSHF) and its commit holds.
-    from ._engine import Engine as FlowStore
-
+# Flows use the whole job store: its transitions, its pushes (PUSHF) and its commit holds.
+from ._parts import FlowStore
 
 __all__ = ["FLOW_HELD", "FLOW_NOTIFY", "FLOW_RELEASE", "Flows", "notice_key"]
 

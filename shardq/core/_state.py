@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from ._effects import Effects
 from ._job import TIMELINE_MAX, Job, Timeline
@@ -27,13 +27,9 @@ from ._lifecycle import (
     next_state,
 )
 from ._options import as_int
+from ._parts import DeadLetterPart, FlowPart, LimiterPart
 from ._queue import QueueState
 from ._tables import MIN_COMPACT, EngineTables, Lease, delivery_key
-
-if TYPE_CHECKING:
-    from ._dlq import DeadLetters
-    from ._flows import Flows
-    from ._limits import QueueLimiter
 
 __all__ = ["Changes", "EngineState", "Lease", "delivery_key"]
 
@@ -48,9 +44,9 @@ class EngineState(EngineTables):
     # composes them over it: the queue limits (an active job of a blocked queue ended) and
     # the flows (a parent is admitted, a child finished), the dead letters (a job entered a
     # queue's DLQ; its timer pass runs theirs).
-    limiter: QueueLimiter
-    flows: Flows
-    dead_letters: DeadLetters
+    limiter: LimiterPart
+    flows: FlowPart
+    dead_letters: DeadLetterPart
 
     # -- the only ways a job changes state --------------------------------------------------
 
