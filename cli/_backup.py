@@ -62,12 +62,16 @@ Key = Annotated[str, typer.Argument(help="The backup's key, as `backup list` sho
 
 
 def _db_path(config: Path | None, data_path: str | None) -> Path:
+    from shardq.backup import EXTERNAL_STORE
     from shardq.runtime._config import ConfigError, load_config
 
     try:
-        return Path(load_config(config, flags={"data_path": data_path}).supervisor.data_path)
+        loaded = load_config(config, flags={"data_path": data_path})
     except ConfigError as e:
         fail(str(e), 2)
+    if loaded.writer.storage_url:
+        fail(EXTERNAL_STORE, 2)
+    return Path(loaded.supervisor.data_path)
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from shardq.backup._core import (
     verify,
 )
 from shardq.backup._schedule import (
+    EXTERNAL_STORE,
     BackupScheduler,
     backup_status,
     listed_backups,
@@ -37,6 +38,7 @@ from shardq.backup._settings import BackupSettings
 from shardq.backup._targets import LocalTarget, ObjectInfo, S3Target, Target, open_target
 
 __all__ = [
+    "EXTERNAL_STORE",
     "BackupError",
     "BackupInfo",
     "BackupScheduler",

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -24,6 +24,7 @@ from shardq.backup._settings import BackupSettings
 from shardq.backup._targets import Target, open_target, require_boto3
 
 __all__ = [
+    "EXTERNAL_STORE",
     "BackupScheduler",
     "backup_status",
     "listed_backups",
@@ -31,6 +32,11 @@ __all__ = [
     "scheduled_backups",
     "status_path",
 ]
+
+EXTERNAL_STORE: Final = (
+    "shardq's backups copy its SQLite file; a server that stores in PostgreSQL (storage_url) "
+    "is backed up with PostgreSQL's own tools (pg_dump, base backups)"
+)
 
 log = structlog.get_logger("shardq.backup")
 
@@ -128,16 +134,20 @@ class BackupScheduler:
 
 
 def scheduled_backups(
-    db_path: Path, env: Mapping[str, str] | None = None
+    db_path: Path, env: Mapping[str, str] | None = None, *, external_store: bool = False
 ) -> BackupScheduler | None:
-    """Start the schedule if `S3_BACKUP_ENABLED` is set; None otherwise.
+    """Start the schedule if `S3_BACKUP_ENABLED` is set; None otherwise. `external_store`:
+    the server stores in PostgreSQL (`storage_url`), not in the file at `db_path`.
 
-    Raises `ValueError` for a bad backup setting, so `shardq start` refuses it at once
-    rather than failing six hours later.
+    Raises `ValueError` for a bad backup setting, or for backups asked of a server on
+    PostgreSQL, so `shardq start` refuses it at once rather than failing six hours later (or
+    copying a file the server no longer writes).
     """
     settings = BackupSettings.from_env(env)
     if not settings.enabled:
         return None
+    if external_store:
+        raise ValueError(EXTERNAL_STORE)
     if settings.bucket and not settings.directory:
         require_boto3()  # refused at startup, not at the first snapshot hours later
     return BackupScheduler(db_path, settings).start()

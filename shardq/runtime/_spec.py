@@ -48,6 +48,9 @@ class ChildSpec:
     # A secret the supervisor draws at each start: the HTTP process's link to the front end
     # authenticates with it, which marks the link internal (never on the command line).
     internal_token: str = ""
+    # The server stores in PostgreSQL (`storage_url`), not in the file at `data_path`: what
+    # a child that does not open the store needs to know of it (the front end's backups).
+    external_store: bool = False
     # The role's sections by name (a missing one takes its defaults), and the engine's
     # overrides under "engine"; read through the properties below.
     sections: Mapping[str, Any] = field(default_factory=dict)

@@ -183,3 +183,39 @@ def test_backups_enabled_without_a_destination_is_a_startup_error(tmp_path: Path
     finally:
         server.close()
         shutil.rmtree(tmp_path / "data", ignore_errors=True)
+
+
+# A server on PostgreSQL never writes the SQLite file, so copying it would be a backup of
+# nothing (or of data it left behind): shardq refuses, at start and from the CLI.
+_EXTERNAL = "backed up with PostgreSQL's own tools"
+
+
+def test_scheduled_backups_of_a_server_on_postgresql_are_a_startup_error(tmp_path: Path) -> None:
+    env = {
+        "S3_BACKUP_ENABLED": "1",
+        "SHARDQ_BACKUP_DIR": str(tmp_path / "backups"),
+        # Never reached: the refusal comes before any child opens the store.
+        "SHARDQ_STORAGE_URL": "postgresql://shardq@127.0.0.1:1/shardq",
+    }
+    server = ShardqServer(tmp_path / "data", shards=1, env=env)
+    server.start(wait=False)
+    try:
+        assert server.wait_exit(30) == 2
+        assert _EXTERNAL in server.log_tail()
+    finally:
+        server.close()
+    assert not (tmp_path / "backups").exists()
+
+
+def test_an_offline_backup_of_a_server_on_postgresql_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "shardq.toml"
+    db = tmp_path / "left-behind.db"
+    config.write_text(
+        f'data_path = "{db}"\nstorage_url = "postgresql://shardq@127.0.0.1:1/shardq"\n'
+    )
+    for action in (["now"], ["status"]):
+        done = run_cli(["backup", *action, "--config", str(config), "--dir", str(tmp_path / "b")])
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert _EXTERNAL in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "b").exists()

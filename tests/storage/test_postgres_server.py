@@ -69,3 +69,16 @@ def test_a_password_on_the_command_line_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "--storage-url must not hold a password" in done.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_a_backup_asked_of_a_server_on_postgresql_is_refused(tmp_path: Path) -> None:
+    # shardq's backups copy the SQLite file, which a server on PostgreSQL never writes.
+    env = {"SHARDQ_STORAGE_URL": _new_database(), "SHARDQ_BACKUP_DIR": str(tmp_path / "b")}
+    server = ShardqServer(tmp_path / "data", shards=1, env=env)
+    with server, TcpConnection(*server.tcp_address, timeout=15) as conn:
+        reply = conn.call({"cmd": "Backup", "action": "now"}, check=False)
+        listed = conn.call({"cmd": "Backup", "action": "list"})
+    assert reply["ok"] is False
+    assert "backed up with PostgreSQL's own tools" in reply["error"]
+    assert listed["ok"] is True and listed["backups"] == []
+    assert not any((tmp_path / "b").glob("*.gz"))

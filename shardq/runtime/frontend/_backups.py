@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import structlog
 
+from shardq.backup import EXTERNAL_STORE
 from shardq.protocol import error_reply
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.frontend._replies import answer
@@ -42,6 +43,7 @@ _log = structlog.get_logger()
 class BackupCommand:
     def __init__(self, spec: ChildSpec) -> None:
         self._db = Path(spec.data_path)
+        self._external = spec.external_store
         self._busy = False
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
 
@@ -57,6 +59,9 @@ class BackupCommand:
             return
         if action == "verify" and (not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS):
             answer(client, req, error_reply("Invalid key: a backup's key"))
+            return
+        if action == "now" and self._external:
+            answer(client, req, error_reply(f"Backup failed: {EXTERNAL_STORE}"))
             return
         if self._busy:
             answer(client, req, error_reply(BUSY))

@@ -394,6 +394,7 @@ class Supervisor:
             shards=len(self._shards),
             index=child.index,
             internal_token=self._internal_token if child.role in ("frontend", "http") else "",
+            external_store=bool(c.writer.storage_url),
             # The frozen sections its role reads, handed over as they are; no others.
             sections={name: getattr(c, name) for name in ROLE_SECTIONS[child.role]},
         )
@@ -555,7 +556,9 @@ def main(
     config = config.with_keys(log_format=str(resolve_log_format(config.process.log_format)))
     configure("supervisor", config.process.log_format, config.process.log_level)
     try:
-        backups = scheduled_backups(Path(config.supervisor.data_path), env)
+        backups = scheduled_backups(
+            Path(config.supervisor.data_path), env, external_store=bool(config.writer.storage_url)
+        )
     except ValueError as e:
         log.error("invalid configuration", error=str(e))
         return EXIT_CONFIG
