@@ -117,13 +117,13 @@ def test_a_batch_no_writer_confirms_through_restarts_degrades_the_shard() -> Non
         core.handle({"t": "writer-up"}, T0)
         resent.append([m for dest, m in core.finish_turn(T0) if dest == "writer"])
     assert all(len(batches) == 1 and batches[0]["seq"] == 1 for batches in resent)
-    assert core.resend_failing
+    assert core.batches.resend_failing
     out = _turn(core, [durable])
     reply = next(msg for dest, msg in out if dest == "front")["items"][0][2]
     assert reply["ok"] is False and reply["error"].startswith("Storage unavailable")
     assert core._stats(T0)["stats"]["storageStalled"] == 1  # /health says degraded
     core.handle({"t": "done", "seq": core.seq}, T0)
-    assert not core.resend_failing
+    assert not core.batches.resend_failing
     out = _turn(core, [durable])
     assert [m for dest, m in out if dest == "writer"]  # taken, and on its way to the writer
 
@@ -154,7 +154,7 @@ def test_the_encoders_byte_count_bounds_a_turn_that_skips_the_cut() -> None:
     ]
     out = _turn(core, pushes)
     (batch,) = [msg["muts"] for dest, msg in out if dest == "writer"]
-    encoder = core._encoder  # the last encode is this turn's
+    encoder = core.batches.encoder  # the last encode is this turn's
     assert encoder.unencoded == 0 and len(batch) == 60
     assert fits_one_batch(len(batch), encoder.encoded_bytes, 1 << 16, 10_000)
     assert sum(mutation_sizes(batch)) <= encoder.encoded_bytes + len(batch) * ENCODED_ALLOWANCE

@@ -15,26 +15,17 @@ Things the engine does not do and the shard adds (docs/runtime.md):
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, Final, TypeAlias
 
 import structlog
 
-from shardq.core import (
-    FLOW_NOTIFY,
-    FLOW_RELEASE,
-    Engine,
-    Mutation,
-    Record,
-    job_id_of,
-)
+from shardq.core import FLOW_NOTIFY, FLOW_RELEASE, Engine, Mutation, Record, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.runtime import _messages as msgs
 from shardq.runtime._sections import LinkSettings
 from shardq.runtime.links._stream import MAX_FRAME_BYTES
-from shardq.runtime.shard._batches import cut_batches, fits_one_batch
 from shardq.runtime.shard._commands import (
     MAY_BE_DURABLE,
     WAIT_DEFAULT_MS,
@@ -48,9 +39,8 @@ from shardq.runtime.shard._commands import (
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import release_memory
-from shardq.runtime.shard._refusals import Item, StorageRefusals
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
-from shardq.storage import MutationEncoder
+from shardq.runtime.shard._writer_batches import Item, WriterBatches
 
 __all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
 
@@ -74,7 +64,7 @@ _COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
 _log = structlog.get_logger()
 
 
-class ShardCore(StorageRefusals):
+class ShardCore:
     """The request side of one shard: engine, durable holds, long-polls, WaitJob, drain."""
 
     def __init__(
@@ -89,45 +79,38 @@ class ShardCore(StorageRefusals):
     ) -> None:
         """`batch_max_bytes` and `batch_max_mutations` bound each `muts` message to the
         writer; `frame_max_bytes` is the largest frame the writer takes: a mutation that
-        cannot fit one is refused to its client (`StorageRefusals._refuse_too_large`)."""
+        cannot fit one is refused to its client (`WriterBatches._refuse_too_large`)."""
         self.index = index
         self.engine = engine
-        self._batch_max_bytes = batch_max_bytes
-        self._batch_max_mutations = batch_max_mutations
-        self._hard_max_bytes = frame_max_bytes - _MESSAGE_ROOM
         self.flows = FlowRelay(index, engine, flow_resend_ms)
-        self.seq = 0  # last `muts` seq sent to the writer
-        self.committed = 0  # highest seq the writer confirmed
         self.draining = False
         # Set by the process while the writer has left this shard's batches unread for longer
         # than `storage_stall_ms`: durable pushes are refused at once (docs/runtime.md).
         self.storage_stalled = False
         self._drained_sent = False
         self._muts: list[Mutation] = []
-        # Puts and updates go to the writer already encoded (shardq.storage._encode): this
-        # shard packs them once, and the writer stores the bytes without decoding a record.
-        self._encoder = MutationEncoder()
+        # Replies ready to go, and queues whose parked long-polls may be served now: one list
+        # and one set for the shard's life, which `self.batches` fills too.
         self._replies: list[Item] = []
+        self._woken: set[str] = set()
         self._durable: list[Item] = []
         # Finished segments of this turn: (durable, mutations, durable replies, held job
         # ids), see `_cut`.
         self._segments: list[tuple[bool, list[Mutation], list[Item], list[str]]] = []
         self._durable_ids: list[str] = []  # the current segment's held jobs
-        # Jobs the engine holds until their batch's `done`: (seq, job ids), in seq order.
-        self._holding: deque[tuple[int, list[str]]] = deque()
         self._seg_durable = False  # whether the current segment's mutations are durable
-        self._held: deque[tuple[int, list[Item]]] = deque()
-        self._urged = 0  # the last seq the writer was asked to commit at once
-        # Batches sent but not confirmed: a writer that dies loses what it had not committed,
-        # so a restarted writer gets them again ("writer-up"). Bounded by the writer's
-        # back-pressure: a writer that stops reading stops this shard's sends.
-        self._unconfirmed: deque[tuple[int, msgs.MutsMsg]] = deque()
-        self._resend = False
-        # (oldest unconfirmed seq, how many times it was resent): a batch no writer confirms
-        # however often it is resent degrades the shard instead of being retried unnoticed.
-        self._resent: tuple[int, int] = (0, 0)
+        # The batches sent to the writer, what waits on their commit, the writer's answers.
+        self.batches = WriterBatches(
+            index,
+            engine,
+            replies=self._replies,
+            woken=self._woken,
+            absorb=self._absorb,
+            batch_max_bytes=batch_max_bytes,
+            batch_max_mutations=batch_max_mutations,
+            hard_max_bytes=frame_max_bytes - _MESSAGE_ROOM,
+        )
         self._tick_after = 0  # no timer pass before this time (ms): the last one raised
-        self._woken: set[str] = set()
         self._finished: set[str] = set()
         self.polls = LongPolls()
         engine.cron.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
@@ -146,11 +129,11 @@ class ShardCore(StorageRefusals):
         self._handlers: dict[str, Callable[[dict[str, Any], int], None]] = {
             msgs.REQ: self._on_req,
             msgs.CLOSE: self._on_close,
-            msgs.DONE: self._on_done,
-            msgs.FAIL: self._on_fail,
-            msgs.REJECTED: self._on_rejected,
+            msgs.DONE: self.batches.on_done,
+            msgs.FAIL: self.batches.on_fail,
+            msgs.REJECTED: self.batches.on_rejected,
             msgs.DRAIN: self._on_drain,
-            msgs.WRITER_UP: self._on_writer_up,
+            msgs.WRITER_UP: self.batches.on_writer_up,
             msgs.LISTEN: lambda msg, now: self.event_tap.listen(msg),
             msgs.WORKERS: lambda msg, now: self.engine.cron.workers.set_worker_queues(
                 msg.get("queues")
@@ -212,9 +195,14 @@ class ShardCore(StorageRefusals):
         return int(min(max(min(due) - now, 0), MAX_SLEEP_MS))
 
     @property
+    def seq(self) -> int:
+        """The last `muts` seq sent to the writer."""
+        return self.batches.seq
+
+    @property
     def awaiting_commit(self) -> bool:
         """True while some sent batch is not confirmed by the writer yet."""
-        return self.committed < self.seq
+        return self.batches.awaiting_commit
 
     # -- the end of a turn -----------------------------------------------------------------
 
@@ -233,11 +221,10 @@ class ShardCore(StorageRefusals):
                 # the rest of the turn (replies, mutations) still goes out.
                 _log.exception("shard step failed", step=step.__name__)
         out: list[Outgoing] = [("front", m) for m in self.event_tap.take()]
-        if self._resend:
+        if self.batches.resend_due:
             # Resent in order and before anything new: every mutation carries absolute values,
             # so a batch the old writer did commit is harmless to apply again.
-            out.extend(("writer", msg) for _, msg in self._unconfirmed)
-            self._resend = False
+            out.extend(("writer", msg) for msg in self.batches.resends())
         self._flush_mutations(out)
         # After the batch that stores them: a notice never reaches a parent before the
         # child's outcome it reports is on its way to disk.
@@ -254,10 +241,13 @@ class ShardCore(StorageRefusals):
 
     def take_replies(self) -> list[Outgoing]:
         """The replies ready to go, as at most one `rep` batch; nothing else runs."""
-        if not self._replies:
+        replies = self._replies
+        if not replies:
             return []
-        replies, self._replies = self._replies, []
-        return [("front", msgs.rep(replies))]
+        # Copied, not replaced: `self.batches` holds this very list.
+        batch = replies.copy()
+        replies.clear()
+        return [("front", msgs.rep(batch))]
 
     def _tick(self, now: int) -> None:
         deadline = self.engine.next_deadline()
@@ -270,10 +260,9 @@ class ShardCore(StorageRefusals):
     def _flush_mutations(self, out: list[Outgoing]) -> None:
         if self._muts or self._durable:
             self._cut()
+        send = self.batches.send
         for durable, muts, replies, held in self._segments:
-            self._send_segment(out, durable, muts, replies)
-            if held:
-                self._holding.append((self.seq, held))
+            send(out, durable, muts, replies, held)
         self._segments.clear()
 
     def _cut(self) -> None:
@@ -282,54 +271,6 @@ class ShardCore(StorageRefusals):
         pushes failed) without dropping buffered work that was already answered ok."""
         self._segments.append((self._seg_durable, self._muts, self._durable, self._durable_ids))
         self._muts, self._durable, self._durable_ids = [], [], []
-
-    def _send_segment(
-        self, out: list[Outgoing], durable: bool, muts: list[Mutation], replies: list[Item]
-    ) -> None:
-        if muts:
-            encoder = self._encoder
-            try:
-                encoded = encoder.encode(muts)
-                whole = encoder.unencoded == 0
-            except (TypeError, ValueError, OverflowError):
-                encoded, whole = self._encode_each(muts, replies), False
-            # Bounded at the source: the writer never gets a frame it must drop, so nothing
-            # is resent for ever (docs/runtime.md, "Writer batches").
-            limit = min(self._batch_max_bytes, self._hard_max_bytes)
-            too_large: list[tuple[Mutation, int]] = []
-            if whole and fits_one_batch(
-                len(encoded), encoder.encoded_bytes, limit, self._batch_max_mutations
-            ):
-                batches = [encoded]
-            else:
-                batches, too_large = cut_batches(
-                    encoded, self._batch_max_bytes, self._batch_max_mutations, self._hard_max_bytes
-                )
-            if too_large:
-                self._refuse_too_large(too_large, self._hard_max_bytes, replies)
-            last = self.seq + len(batches)
-            for batch in batches:
-                self.seq += 1
-                msg = msgs.muts(self.index, self.seq, batch)
-                if durable:
-                    msg["durable"] = True  # a reply waits on this commit: the writer flushes now
-                    self._urged = self.seq
-                out.append(("writer", msg))
-                self._unconfirmed.append((self.seq, msg))
-                if durable and len(batches) > 1:
-                    msg["upto"] = last  # the replies wait on the last (`_on_fail`)
-        if replies:
-            # Even a durable push that wrote nothing (a duplicate) waits for the latest seq:
-            # the job it returned may sit in a batch the writer has not committed yet.
-            if self.awaiting_commit:
-                self._held.append((self.seq, replies))
-                if self._urged < self.seq:
-                    # It waits on buffered batches only (a durable duplicate wrote nothing):
-                    # without this, their commit would wait out the flush interval.
-                    out.append(("writer", msgs.flush(self.index, self.seq)))
-                    self._urged = self.seq
-            else:
-                self._replies.extend(replies)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -367,10 +308,11 @@ class ShardCore(StorageRefusals):
         self, conn: str, rid: int, name: object, cmd: dict[str, Any], now: int, envelope: Envelope
     ) -> dict[str, Any] | None:
         """Answer one command; None when the answer is parked (long-poll, WaitJob, durable)."""
-        # `_resent[1]` first: `resend_failing` is a property, and this runs per command.
-        if (self.storage_stalled or (self._resent[1] and self.resend_failing)) and is_durable(
-            name, cmd
-        ):
+        # `resent_rounds` first: `resend_failing` is a property, and this runs per command.
+        batches = self.batches
+        if (
+            self.storage_stalled or (batches.resent_rounds and batches.resend_failing)
+        ) and is_durable(name, cmd):
             return {"ok": False, "error": STALLED_ERROR}  # refused before it changes anything
         own = self._own_commands.get(name)
         if own is not None:
@@ -440,7 +382,7 @@ class ShardCore(StorageRefusals):
         totals["dlq"] = totals["failed"]
         # Summed by the front end: how many shards see their writer stalled (the HTTP port's
         # /health turns degraded on it; the writer cannot say so while it does not run).
-        totals["storageStalled"] = int(self.storage_stalled or self.resend_failing)
+        totals["storageStalled"] = int(self.storage_stalled or self.batches.resend_failing)
         return {"ok": True, "stats": totals}
 
     # -- long-polls ------------------------------------------------------------------------
@@ -460,9 +402,13 @@ class ShardCore(StorageRefusals):
         return pass_through(wire, reply)
 
     def _serve_polls(self, now: int) -> None:
-        woken, self._woken = self._woken, set()
+        # Emptied in place (`self.batches` holds this set), after a snapshot: serving a pull
+        # may wake queues for the next turn.
         if not self.polls:
+            self._woken.clear()
             return
+        woken = tuple(self._woken)
+        self._woken.clear()
         for queue in woken:
             if self.polls.waiting_on(queue):
                 self.polls.retry(queue, partial(self._retry_pull, now))
@@ -579,23 +525,25 @@ class ShardCore(StorageRefusals):
         _released, muts, events = self.engine.release(conn, now)
         self._absorb(muts, events)
 
-    def _on_done(self, msg: dict[str, Any], now: int) -> None:
-        seq = msg.get("seq")
-        if not isinstance(seq, int):
-            return
-        self.committed = max(self.committed, seq)
-        while self._unconfirmed and self._unconfirmed[0][0] <= self.committed:
-            self._unconfirmed.popleft()
-        while self._held and self._held[0][0] <= self.committed:
-            self._replies.extend(self._held.popleft()[1])
-        while self._holding and self._holding[0][0] <= self.committed:
-            self._woken.update(self.engine.confirm(self._holding.popleft()[1]))
-
     def _on_drain(self, msg: dict[str, Any], now: int) -> None:
         self.draining = True
         self._drained_sent = False
         for parked in self.polls.take_all():
             self._replies.append([parked.conn, parked.rid, empty_pull_reply(parked.cmd)])
+
+    def give_back(self, job_ids: Iterable[str], now: int) -> None:
+        """Jobs a pull took whose reply could not be sent (too large for the front-end link):
+        back to waiting, as if never pulled (no attempt is charged)."""
+        given = 0
+        for job_id in job_ids:
+            job = self.engine.find(job_id)
+            if job is None or job.state != "active":
+                continue
+            cmd = {"cmd": "MoveToWait", "id": job_id, "token": job.token}
+            if self._apply(cmd, now).get("ok"):
+                given += 1
+        if given:
+            _log.warning("pulled jobs put back: their reply was too large", jobs=given)
 
 
 def _new_jobs(muts: list[Mutation]) -> list[str]:

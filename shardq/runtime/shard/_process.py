@@ -275,7 +275,7 @@ class ShardProcess:
             self._send(self.core.take_replies(), block_on_front=False)
         if self.core.awaiting_commit:
             _log.warning("shutdown timeout before the writer confirmed", seq=self.core.seq)
-        _log.info("shard stopped", seq=self.core.seq, committed=self.core.committed)
+        _log.info("shard stopped", seq=self.core.seq, committed=self.core.batches.committed)
 
     def close(self) -> None:
         """Close every socket with linger 0 and terminate the context."""
@@ -366,12 +366,12 @@ class ShardProcess:
                     self._front.send(data, block=block_on_front)
             else:
                 # Likewise a writer that does not read stops this shard. With the link down
-                # the batch is dropped here and resent from `_unconfirmed` when it is back.
+                # the batch is dropped here and resent by `core.batches` when it is back.
                 try:
                     data = pack(msg)
                 except (TypeError, ValueError, OverflowError):
                     # Only the shard's own `muts` go to the writer.
-                    data = pack(self.core.salvage_batch(cast(msgs.MutsMsg, msg)))
+                    data = pack(self.core.batches.salvage_batch(cast(msgs.MutsMsg, msg)))
                 self._writer.send(data)
         if self._writer.pending > WRITER_BACKLOG_BYTES:
             self._wait_for_writer()
