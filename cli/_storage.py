@@ -180,7 +180,8 @@ _NAMES = {
 
 
 def _report(result: CopyResult, as_json: bool) -> None:
-    keys = [*_NAMES, *sorted(k for k in result.source.keys() | result.target.keys() if ":" in k)]
+    states = sorted(k for k in result.source.keys() | result.target.keys() if ":" in k)
+    keys = ["jobs", *states, *(k for k in _NAMES if k != "jobs")]
     if as_json:
         print_json(
             {
@@ -201,3 +202,5 @@ def _report(result: CopyResult, as_json: bool) -> None:
     print_table(None, ["kind", "source", "target", ""], rows)
     rate = result.rows / max(result.seconds, 1e-9)
     typer.echo(f"copied {result.rows} rows in {result.seconds:.1f} s ({rate:.0f} rows/s)")
+    if not result.mismatches():
+        typer.echo("verified: every count matches")

@@ -80,7 +80,7 @@ def _fill(conn: TcpConnection) -> dict[str, str]:
     conn.call({"cmd": "PauseGroup", "queue": "cp-g", "groupId": "g1"})
     cron = {"cmd": "Cron", "name": "yearly", "queue": "cp-a", "data": {"c": 1}}
     conn.call({**cron, "schedule": "0 3 1 1 *"})
-    conn.call({"cmd": "AddWebhook", "url": "https://example.com/hook", "events": ["completed"]})
+    conn.call({"cmd": "AddWebhook", "url": "https://example.com/hook", "events": ["job.failed"]})
     return ids
 
 
