@@ -44,6 +44,9 @@ failure loses little time and the progress line moves."""
 DEFAULT_BATCH_BYTES = 8 << 20
 """Encoded bytes per transaction: what one batch holds in memory at most (past one record)."""
 
+# Jobs read from the source per query (as recovery reads them): a few MB of records.
+READ_PAGE = 1000
+
 Progress = Callable[[int, int], None]
 
 
@@ -140,7 +143,8 @@ def _batches(
     tally: dict[str, int] = {}
     mutations: list[Mutation] = []
     size = 0
-    for table, mutation, nbytes in _encoded(source, page=batch):
+    # Jobs are read a page at a time, whatever the batch: a page is decoded records in memory.
+    for table, mutation, nbytes in _encoded(source, page=min(batch, READ_PAGE)):
         mutations.append(mutation)
         tally[table] = tally.get(table, 0) + 1
         size += nbytes
