@@ -17,7 +17,7 @@ import typer
 
 import shardq
 
-from . import _admin, _backup, _jobs, _top
+from . import _admin, _backup, _jobs, _storage, _top
 
 # No locals in tracebacks: they can hold auth tokens and job payloads.
 app = typer.Typer(
@@ -31,6 +31,7 @@ app = typer.Typer(
 _admin.register(app)
 app.command("top")(_top.top)
 app.add_typer(_backup.backup_app, name="backup")
+app.add_typer(_storage.storage_app, name="storage")
 assert _jobs.JOB_STATES  # imported for its commands, which it adds to `job` and `dlq`
 
 

@@ -12,8 +12,9 @@ database through `open_postgres`, the optional extra `postgres`: only it imports
 every read and write of it.
 
 Receives: batches of encoded mutations (`Storage.apply`, from the writer), recovery reads
-(from a starting shard), `VACUUM INTO` snapshots (from `shardq.backup`), and the idle
-writer's vacuum steps.
+(from a starting shard), `VACUUM INTO` snapshots (from `shardq.backup`), the idle
+writer's vacuum steps, and `shardq storage copy`'s copy of a whole store into an empty one
+(`_copy`, offline).
 
 Sends: nothing over a socket: it returns the jobs and configs it read back, which rows of a
 batch it rejected, and `StorageError`/`StorageFull` when the disk refuses.

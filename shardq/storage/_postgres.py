@@ -34,6 +34,7 @@ from shardq.core._mutations import Mutation, Record
 from shardq.storage import _pg_schema
 from shardq.storage._coalesce import Stored, coalesce, remember
 from shardq.storage._contract import Storage
+from shardq.storage._counts import count_rows
 from shardq.storage._errors import StorageError
 from shardq.storage._pg_schema import Conn, pg_error
 from shardq.storage._pg_write import Writes, read_deltas, write_plan
@@ -252,6 +253,11 @@ class PostgresStore:
             return None
         ops = self._page_deltas([job_id]).get(job_id, ())
         return self._decode_row(rows[0][0], rows[0][1], ops)
+
+    def row_counts(self) -> dict[str, int]:
+        """Rows of each table recovery reads, and jobs per state (`_counts.count_rows`):
+        what `shardq storage copy` compares. Raises `StorageError` if a read fails."""
+        return count_rows(lambda sql: self._rows("counting rows", sql, ()))
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Nothing to fold: PostgreSQL manages its own log. True."""

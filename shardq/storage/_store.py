@@ -40,6 +40,7 @@ from shardq.core._mutations import Mutation, Record
 from shardq.storage import _schema, _vacuum
 from shardq.storage._coalesce import Stored, coalesce, remember
 from shardq.storage._contract import Storage
+from shardq.storage._counts import count_rows
 from shardq.storage._deltas import delta_lengths, read_deltas
 from shardq.storage._errors import StorageError, wrap_error
 from shardq.storage._tx import transaction
@@ -332,6 +333,14 @@ class Store:
                 "SELECT state, count(*) FROM jobs WHERE queue = ? GROUP BY state", (queue,)
             ).fetchall()
             return {state: int(n) for state, n in rows}
+
+    def row_counts(self) -> dict[str, int]:
+        """Rows of each table recovery reads, and jobs per state (`_counts.count_rows`):
+        what `shardq storage copy` compares. Raises `StorageError` if a read fails."""
+        with self._reading("counting rows"):
+            sql = "SELECT name FROM sqlite_master WHERE type = 'table'"
+            present = {name for (name,) in self._conn.execute(sql)}
+            return count_rows(lambda q: self._conn.execute(q).fetchall(), present)
 
     def max_seq(self) -> int:
         """The highest seq of any stored job, 0 if there is none.
