@@ -29,7 +29,12 @@ NOT_SERVER_CONFIG = {("tasks/_worker.py", "WorkerSettings")}
 # A ChildSpec's own fields: who and where the child is, and the sections its role reads. None
 # of them is a config key with a default of its own (data_path and shards are the supervisor's
 # resolved values, required).
-SPEC_FIELDS = {"role", "run_dir", "data_path", "shards", "index", "internal_token", "sections"}
+# Identity and paths, the internal token, whether the store is PostgreSQL (not a key of its own:
+# derived from `storage_url`, for the front end's backups), and the sections.
+SPEC_FIELDS = {
+    "role", "run_dir", "data_path", "shards", "index", "internal_token", "external_store",
+    "sections",
+}  # fmt: skip
 
 # Every key changed from its default, from the environment (VALID_TEXT is test_config's).
 CHANGED = {f"SHARDQ_{k.upper()}": v for k, v in VALID_TEXT.items()}
