@@ -20,9 +20,15 @@ from psycopg.rows import TupleRow
 
 from shardq.core._mutations import Record
 from shardq.storage._coalesce import Plan, Stored
-from shardq.storage._deltas import wrap
 from shardq.storage._encode import COLUMN_FIELDS
-from shardq.storage._write import Pack, add_update, fold, join_patch, whole_row
+from shardq.storage._write import (
+    Pack,
+    absorb_survivor,
+    add_update,
+    fold,
+    survivors_of,
+    whole_row,
+)
 
 __all__ = ["Writes", "read_deltas", "write_plan"]
 
@@ -195,11 +201,7 @@ def _obliterate(writes: Writes, plan: Plan, deltas_exist: bool) -> None:
 def _materialize_survivors(conn: Conn, plan: Plan) -> None:
     """Turn updates of stored rows whose stored queue is obliterated into whole rows (see
     `_write._materialize_survivors`: a change before the `qdel` moved them elsewhere)."""
-    survivors = {
-        job_id: row
-        for job_id, row in plan.jobs.items()
-        if row is not None and row.stored is not None and row.stored[0] in plan.obliterated
-    }
+    survivors = survivors_of(plan)
     if not survivors:
         return
     sql = (
@@ -209,12 +211,7 @@ def _materialize_survivors(conn: Conn, plan: Plan) -> None:
     ids = list(survivors)
     stored_ops = read_deltas(conn, ids)
     for job_id, *values, rec, patch in conn.execute(sql, (ids,), binary=True).fetchall():
-        patch += join_patch([wrap(op) for op in stored_ops.get(job_id, ())], lambda v: b"")
-        row = survivors[job_id]
-        for name, value in row.changed.items():
-            values[COLUMN_FIELDS.index(name)] = value
-        row.values, row.rec, row.kept = values, rec, patch
-        row.changed, row.stored = {}, None
+        absorb_survivor(survivors[job_id], values, rec, patch, stored_ops.get(job_id, ()))
 
 
 def _fold_stored(

@@ -246,23 +246,34 @@ def _materialize_survivors(conn: sqlite3.Connection, plan: Plan) -> None:
     queue; its stored row is about to be deleted with the queue, so it is read first and
     written back whole. Rare: the engine never moves a job between queues today.
     """
-    survivors = {
-        job_id: row
-        for job_id, row in plan.jobs.items()
-        if row is not None and row.stored is not None and row.stored[0] in plan.obliterated
-    }
+    survivors = survivors_of(plan)
     sql = "SELECT id, queue, state, priority, run_at, seq, rec, patch FROM jobs WHERE id IN"
     for chunk in chunks(list(survivors), FETCH_CHUNK):
         marks = ", ".join("?" * len(chunk))
         stored_ops = read_deltas(conn, chunk)
         for job_id, *values, rec, patch in conn.execute(f"{sql} ({marks})", chunk):
-            # Its ops are deleted with the queue's: they go along in its patch.
-            patch += join_patch([wrap(op) for op in stored_ops.get(job_id, ())], lambda v: b"")
-            row = survivors[job_id]
-            for name, value in row.changed.items():
-                values[COLUMN_FIELDS.index(name)] = value
-            row.values, row.rec, row.kept = values, rec, patch
-            row.changed, row.stored = {}, None
+            absorb_survivor(survivors[job_id], values, rec, patch, stored_ops.get(job_id, ()))
+
+
+def survivors_of(plan: Plan) -> dict[str, Row]:
+    """The rows of `plan` updating a stored job whose stored queue it obliterates."""
+    return {
+        job_id: row
+        for job_id, row in plan.jobs.items()
+        if row is not None and row.stored is not None and row.stored[0] in plan.obliterated
+    }
+
+
+def absorb_survivor(
+    row: Row, values: list[Any], rec: bytes, patch: bytes, ops: Iterable[Any]
+) -> None:
+    """Make `row` whole from its stored columns, record, patch and ops (which are deleted
+    with the queue's rows: they go along in its patch), its own changes on top."""
+    patch += join_patch([wrap(op) for op in ops], lambda v: b"")
+    for name, value in row.changed.items():
+        values[COLUMN_FIELDS.index(name)] = value
+    row.values, row.rec, row.kept = values, rec, patch
+    row.changed, row.stored = {}, None
 
 
 def _fold_stored(
