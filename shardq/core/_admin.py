@@ -13,7 +13,7 @@ from ._job import Job
 from ._lifecycle import COMPLETED, DELAYED, FAILED, WAITING, WAITING_CHILDREN
 from ._options import as_int, is_number
 from ._queue import QueueState
-from ._state import EngineState
+from ._state import JobStore
 from ._validate import MAX_COUNT, MAX_DURATION_MS
 
 __all__ = ["AdminOps"]
@@ -46,7 +46,7 @@ _CLEAN_STATES: Final = {
 }
 
 
-class AdminOps(EngineState):
+class AdminOps(JobStore):
     def _q(self, cmd: Mapping[str, Any]) -> QueueState:
         return self.queue(str(cmd.get("queue", "")))
 

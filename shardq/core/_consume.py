@@ -28,7 +28,8 @@ from ._options import as_int, check_number, is_number, validate_queue_name
 from ._parts import GroupPart
 from ._queue import QueueState
 from ._queue_limits import QueueLimits
-from ._state import EngineState, Lease, delivery_key
+from ._state import JobStore
+from ._tables import Lease, delivery_key, push_leases, retain_completed, track_conn, trim_completed
 
 __all__ = ["ConsumeOps"]
 
@@ -40,7 +41,7 @@ def _not_processing(job_id: object) -> CommandError:
     return CommandError(f"Job not found or not in processing state: {job_id}")
 
 
-class ConsumeOps(EngineState):
+class ConsumeOps(JobStore):
     # The job-group component a grouped queue's pulls go to, set by `Engine` (`_engine.py`).
     groups: GroupPart
 
@@ -152,7 +153,7 @@ class ConsumeOps(EngineState):
         self.move(fx, job, "pull", now, {"startedAt": now, "lastHeartbeat": now})
         token = self._hold(job, grant, now)
         if token is not None:
-            self.push_leases(now + grant.ttl, (job,))
+            push_leases(self, now + grant.ttl, (job,))
         return token
 
     def activate_all(
@@ -170,7 +171,7 @@ class ConsumeOps(EngineState):
         hold = self._hold
         tokens = [hold(job, grant, now) for job in jobs]
         if grant.owner is not None:
-            self.push_leases(now + grant.ttl, jobs)
+            push_leases(self, now + grant.ttl, jobs)
         return tokens
 
     def _hold(self, job: Job, grant: _Grant, now: int) -> str | None:
@@ -186,7 +187,7 @@ class ConsumeOps(EngineState):
             job.leased = False
             self.unleased[job.id] = None
         if grant.track is not None:
-            self.track_conn(grant.track, job)
+            track_conn(self, grant.track, job)
         if job.opts:
             self._arm_timeout(job, now)
         return token if job.leased else None
@@ -335,7 +336,7 @@ class ConsumeOps(EngineState):
                 if job.has_result or remove or (remove is None and job.opts):
                     break
             else:
-                self.trim_completed(fx)
+                trim_completed(self, fx)
                 return
         # The jobs after this one completed early: each eviction below leaves room for them,
         # so the same jobs are evicted at the same point as one completion at a time would.
@@ -368,7 +369,7 @@ class ConsumeOps(EngineState):
         if remove:
             self.remove(fx, job)
         else:
-            self.retain_completed(fx, job, pending)
+            retain_completed(self, fx, job, pending)
 
     def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
         """Push the successor of a completed job with a `repeat` option (`Engine`, which

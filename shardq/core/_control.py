@@ -11,14 +11,14 @@ from ._effects import Effects
 from ._job import Job
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, FAILED, QUEUED_STATES, WAITING
 from ._options import as_int, check_number, is_number
-from ._state import EngineState
+from ._state import JobStore
 
 __all__ = ["ControlOps"]
 
 _WAITING_LIKE = (WAITING, DELAYED)
 
 
-class ControlOps(EngineState):
+class ControlOps(JobStore):
     # -- job mutation ----------------------------------------------------------------------
 
     def cmd_cancel(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from ._introspect import dlq_stats
 from ._job import Job
 from ._options import as_int
 from ._queue import QueueState
-from ._state import EngineState
+from ._state import JobStore
 
 __all__ = ["DeadLetters"]
 
@@ -28,7 +28,7 @@ __all__ = ["DeadLetters"]
 class DeadLetters:
     """The DLQ commands and upkeep over the job store's dead-lettered jobs."""
 
-    def __init__(self, store: EngineState) -> None:
+    def __init__(self, store: JobStore) -> None:
         self.store = store
         self.config: EngineConfig = store.config
         self.jobs = store.jobs  # the store's own dicts, never replaced

@@ -17,7 +17,7 @@ Every entry point makes one `Outcome` (`_effects.py`) and hands it, as `fx`, to 
 and to each method that emits a mutation or a job event; nothing of a call stays on the engine.
 
 How it is composed. The engine is the job store, the one owner of jobs: `EngineTables`
-(`_tables.py`) and `EngineState` (`_state.py`: `admit`, `move`, `remove`, `dead`, `revive`) with
+(`_tables.py`) and `JobStore` (`_state.py`: `admit`, `move`, `remove`, `dead`, `revive`) with
 the job operations over them as mixins (produce, consume, control, admin, query, introspect,
 timers). Each feature is a component the engine builds and holds by attribute: `limiter`
 (`QueueLimiter`, `_limits.py`), `groups` (`JobGroups`, `_group_ops.py`), `flows` (`Flows`,

@@ -16,7 +16,7 @@ from shardq.errors import CommandError
 from ._effects import Effects
 from ._finished import metrics_reply
 from ._job import NO_OPTIONS, Job
-from ._state import EngineState
+from ._state import JobStore
 from ._validate import _queue
 
 __all__ = ["IntrospectOps", "dlq_stats"]
@@ -73,7 +73,7 @@ def _index(value: object, name: str, default: int) -> int:
     return int(value)
 
 
-class IntrospectOps(EngineState):
+class IntrospectOps(JobStore):
     def cmd_get_deduplication_job_id(
         self, fx: Effects, cmd: Mapping[str, Any], now: int
     ) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from ._lifecycle import ACTIVE
 from ._options import is_number
 from ._queue import QueueState
 from ._queue_limits import DEFAULT_WINDOW_MS, QueueLimits
-from ._state import EngineState
+from ._state import JobStore
 
 __all__ = ["QueueLimiter", "QueueLimits"]
 
@@ -48,7 +48,7 @@ class QueueLimiter:
     queue's `QueueLimits` lives on its `QueueState`. The job store tells it when a pull was
     held back (`held_back`) and when an active job of a blocked queue ended (`freed_active`)."""
 
-    def __init__(self, store: EngineState) -> None:
+    def __init__(self, store: JobStore) -> None:
         self.store = store
         self.queues = store.queues  # the store's own dict, never replaced
         # Limited queues whose pulls were held back: the only ones to watch for capacity. They

@@ -1,6 +1,6 @@
 """What the job store and the engine's parts know of each other: the calls each makes.
 
-The job store (`EngineState` and the mixins over it) calls into the parts that hold jobs back
+The job store (`JobStore` and the mixins over it) calls into the parts that hold jobs back
 (the limiter, the groups, the flows, the dead letters) at its transitions; the flows call the
 store's transitions and pushes back. Each side is typed against a protocol here rather than
 against the other's class, so no module of the core imports another that imports it back,

@@ -16,7 +16,8 @@ from ._job import Job
 from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
 from ._options import as_int, validate_data, validate_name, validate_queue_name
 from ._repeat import check_repeat
-from ._state import EngineState
+from ._state import JobStore
+from ._tables import claim_unique
 from ._validate import JOB_FIELDS, validate_job
 
 __all__ = ["ProduceOps"]
@@ -53,7 +54,7 @@ def _entries(entries: object) -> list[Mapping[str, Any]]:
     return cast("list[Mapping[str, Any]]", entries)
 
 
-class ProduceOps(EngineState):
+class ProduceOps(JobStore):
     def cmd_push(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")
         if cmd.keys() <= _PLAIN_PUSH_KEYS:  # what the full passes below would check of it
@@ -188,7 +189,7 @@ class ProduceOps(EngineState):
         if isinstance(key, str):
             ttl = _dedup_options(fields).get("ttl")
             job.dedup_until = now + as_int(ttl, 0) if ttl else None
-            self.claim_unique(job)
+            claim_unique(self, job)
         self.admit(fx, job, now)
         return job.id
 

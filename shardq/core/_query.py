@@ -12,7 +12,7 @@ from ._history import MINUTE_MS, TIME_BOUNDS_MS
 from ._job import Job
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, STATES, WAITING
 from ._options import as_int
-from ._state import EngineState
+from ._state import JobStore
 
 __all__ = ["QueryOps", "job_view"]
 
@@ -29,7 +29,7 @@ def job_view(job: Job) -> dict[str, Any]:
     return view
 
 
-class QueryOps(EngineState):
+class QueryOps(JobStore):
     def cmd_get_job(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job = self.find(cmd.get("id"))
         if job is None:

@@ -1,21 +1,33 @@
-"""The engine's state and the primitives every operation uses to change it.
+"""The job store: the one owner of one shard's jobs, and the only code that changes their state.
 
-Each job operation module (produce, consume, control, query, timers) is a mixin over
-`EngineState`; together they are the job store. Feature components (limits, groups, flows, cron,
-webhooks) are not: the engine composes them over the store (`_engine.py`).
-Every change to a job goes through `move`, `admit` or `remove`, which keep the counts, heaps,
-indexes and the mutation stream consistent in one place. The tables they change, and the
-bookkeeping that changes no job's state, are `EngineTables` (`_tables.py`).
+`JobStore` holds every table of the jobs (the jobs, the queues, the heaps, the leases, the
+uniqueKey claims, the memory of completed jobs) and the primitives every operation uses to
+change them: `admit`, `admit_all`, `move`, `move_all`, `remove`, `dead`, `revive`. They keep
+the counts, heaps, indexes and the mutation stream consistent in one place. The bookkeeping
+over the tables that changes no job's state is functions in `_tables.py`.
+
+The job operations (produce, consume, control, admin, query, introspect, timers) and the
+feature components (limits, groups, flows, dead letters, cron) are components that hold the
+store (`_engine.py` builds them). The store calls back into three of them where one of its
+jobs concerns them, typed by the protocols in `_parts.py`: the limiter (an active job of a
+blocked queue ended), the flows (a parent is admitted, a child finished) and the dead letters
+(a job entered a queue's DLQ).
 """
 
 from __future__ import annotations
 
 import heapq
+import random
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
+from shardq.errors import CommandError
+
+from ._config import EngineConfig
 from ._effects import Effects
-from ._job import TIMELINE_MAX, Job, Timeline
+from ._ids import IdFactory
+from ._job import TIMELINE_MAX, CompactJobs, Job, Timeline, wire_maps
 from ._lifecycle import (
     ACTIVE,
     COMPLETED,
@@ -29,24 +41,110 @@ from ._lifecycle import (
 from ._options import as_int
 from ._parts import DeadLetterPart, FlowPart, LimiterPart
 from ._queue import QueueState
-from ._tables import MIN_COMPACT, EngineTables, Lease, delivery_key
+from ._tables import (
+    MIN_COMPACT,
+    Lease,
+    claim_unique,
+    delivery_key,
+    release_unique,
+    remember_completion,
+    untrack_conn,
+)
 
-__all__ = ["Changes", "EngineState", "Lease", "delivery_key"]
+__all__ = ["Changes", "JobStore", "Lease", "delivery_key"]
 
 # The changes of a batch move: one dict per job, or one dict for all of them.
 Changes: TypeAlias = Sequence[dict[str, Any]] | dict[str, Any]
 
 
-class EngineState(EngineTables):
-    """The engine's state with the primitives that change a job's state."""
+class JobStore:
+    """One shard's jobs: their tables and the primitives that change a job's state."""
 
-    # The components this store tells about its jobs, set by `Engine` (`_engine.py`), which
-    # composes them over it: the queue limits (an active job of a blocked queue ended) and
-    # the flows (a parent is admitted, a child finished), the dead letters (a job entered a
-    # queue's DLQ; its timer pass runs theirs).
+    # The components this store tells about its jobs, set by `Engine` (`_engine.py`) once it
+    # has built them: the queue limits (an active job of a blocked queue ended) and the flows
+    # (a parent is admitted, a child finished), the dead letters (a job entered a queue's DLQ).
     limiter: LimiterPart
     flows: FlowPart
     dead_letters: DeadLetterPart
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        seed: int | None = None,
+        compact_pulls: bool = False,
+    ) -> None:
+        self.config = config or EngineConfig()
+        # PULLB answers `CompactJobs` instead of wire maps: for a host that packs replies
+        # itself and would rather not build 44-key maps per job (the shard process).
+        self.compact_pulls = compact_pulls
+        self.rng = random.Random(seed)
+        self.ids = IdFactory(self.rng)
+        self.seq = 0
+        self.jobs: dict[str, Job] = {}
+        self.queues: dict[str, QueueState] = {}
+        self.delayed: list[tuple[Any, ...]] = []
+        self.delayed_watermark = MIN_COMPACT
+        self.leases: dict[str, Lease] = {}
+        self.lease_heap: list[tuple[Any, ...]] = []
+        self.lease_entries = 0
+        self.timeouts: list[tuple[int, str, int]] = []
+        self.ttl_heap: list[tuple[int, str, int]] = []
+        self.unleased: dict[str, None] = {}
+        # Unleased jobs found late at the last stall check: id -> (delivery, lastHeartbeat).
+        self.stall_candidates: dict[str, tuple[int, int]] = {}
+        self.conn_jobs: dict[str, dict[str, int]] = {}
+        self.job_conn: dict[str, str] = {}
+        self.unique: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self.dependents: dict[str, set[str]] = {}
+        # Completed jobs held, oldest first (evicted past config.max_completed, rows included).
+        self.completed_order: OrderedDict[str, None] = OrderedDict()
+        self.results_order: OrderedDict[str, None] = OrderedDict()
+        # Ids of completed jobs no longer in memory, for dependsOn, oldest first (bounded).
+        self.dep_done: dict[str, None] = {}
+        self.dep_done_order: deque[str] = deque()
+        self.finalized: OrderedDict[str, str] = OrderedDict()
+        self.next_stall_check = 0
+        # Jobs of durable pushes whose commit is not confirmed yet: never delivered (`hold`).
+        self.held: set[str] = set()
+        # Cancels of active jobs this turn, for the connections that run them (`_control`):
+        # the shard hands them to the front end, which pushes them to those connections.
+        self.cancel_notices: list[dict[str, Any]] = []
+
+    def pulled(self, jobs: list[Job]) -> list[dict[str, Any]] | CompactJobs:
+        """How PULLB puts its jobs in the reply: wire maps, or `CompactJobs` snapshots."""
+        return CompactJobs.of(jobs) if self.compact_pulls else wire_maps(jobs)
+
+    def queue(self, name: str) -> QueueState:
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = QueueState(name, self.jobs, held=self.held)
+        return q
+
+    def find(self, job_id: object) -> Job | None:
+        return self.jobs.get(job_id) if isinstance(job_id, str) else None
+
+    def job_or_error(self, job_id: object, message: str) -> Job:
+        job = self.find(job_id)
+        if job is None:
+            raise CommandError(message)
+        return job
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def finalize(self, job: Job) -> None:
+        """Remember a retired delivery so its late ACK gets "already-finalized"."""
+        self.finalized[delivery_key(job)] = job.id
+        if len(self.finalized) > self.config.max_finalized:
+            self.finalized.popitem(last=False)
+
+    def is_completed(self, job_id: str) -> bool:
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return job.state == COMPLETED
+        return job_id in self.dep_done
 
     # -- the only ways a job changes state --------------------------------------------------
 
@@ -274,9 +372,9 @@ class EngineState(EngineTables):
         q.dlq.pop(job.id, None)
         self.completed_order.pop(job.id, None)
         self.results_order.pop(job.id, None)
-        self.release_unique(job, force=True)
+        release_unique(self, job, force=True)
         if job.state == COMPLETED:
-            self.remember_completion(job.id)
+            remember_completion(self, job.id)
         job.state = REMOVED
         if emit:
             fx.mutations.append(("del", job.key))
@@ -317,7 +415,7 @@ class EngineState(EngineTables):
         leases, unleased = self.leases, self.unleased
         for job in jobs:
             if self.job_conn:
-                self.untrack_conn(job)
+                untrack_conn(self, job)
             leases.pop(job.id, None)
             if unleased:
                 unleased.pop(job.id, None)
@@ -340,7 +438,7 @@ class EngineState(EngineTables):
             for job in jobs:
                 completed[job.id] = None
                 if job.opts:
-                    self.release_unique(job)
+                    release_unique(self, job)
             finished = q.finished or q.start_finished()
             at = jobs[0].completed_at or 0
             finished.note("completed", len(jobs), at, self.config.max_metric_minutes)
@@ -358,7 +456,7 @@ class EngineState(EngineTables):
             for job in jobs:
                 q.dlq[job.id] = None
                 if job.opts:
-                    self.release_unique(job)
+                    release_unique(self, job)
             finished = q.finished or q.start_finished()
             at = (jobs[0].dlq or {}).get("enteredAt") or 0
             finished.note("failed", len(jobs), at, self.config.max_metric_minutes)
@@ -485,7 +583,7 @@ class EngineState(EngineTables):
             job.dlq_retries += 1
             changes["dlqRetries"] = job.dlq_retries
         self.move(fx, job, "revive", now, changes)
-        self.claim_unique(job)
+        claim_unique(self, job)
 
 
 def _extended(timeline: Timeline, entry: tuple[str, int, int | None]) -> Timeline:

@@ -14,6 +14,7 @@ from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, DELAYED, TERMINAL_STATES, WAITING, WAITING_CHILDREN
 from ._mutations import Mutation, Record
 from ._options import as_int
+from ._tables import claim_unique, evict_completed, push_leases, retain_completed
 
 __all__ = ["TimerOps"]
 
@@ -61,7 +62,7 @@ class TimerOps(ConsumeOps, AdminOps):
         # completed_order is in completion order, so the expired ones are at its front.
         completed = self.completed_order
         while completed and self._completed_expiry() <= now:
-            self._evict_completed(fx, completed.popitem(last=False)[0])
+            evict_completed(self, fx, completed.popitem(last=False)[0])
 
     # -- deadlines -------------------------------------------------------------------------
 
@@ -81,7 +82,7 @@ class TimerOps(ConsumeOps, AdminOps):
             if lease is None or lease.token != token:
                 continue
             if lease.expires_at > now:
-                self.push_leases(lease.expires_at, [self.jobs[job_id]])
+                push_leases(self, lease.expires_at, [self.jobs[job_id]])
                 continue
             self.stall(fx, self.jobs[job_id], now, backoff=False)
 
@@ -205,7 +206,7 @@ class TimerOps(ConsumeOps, AdminOps):
                 self._blocked_by_deps(job)
         self._restore_orders()
         for job in [self.jobs[i] for i in self.completed_order]:
-            self.retain_completed(fx, job)
+            retain_completed(self, fx, job)
         for job in active:
             if recover:
                 self.stall(fx, job, now, backoff=True)
@@ -283,7 +284,7 @@ class TimerOps(ConsumeOps, AdminOps):
             q.watch_group(job)
         self._enter(job, q)
         if job.state not in TERMINAL_STATES or (job.dedup_until or 0) > now:
-            self.claim_unique(job)
+            claim_unique(self, job)
         ttl = job.opts.get("ttl")
         if ttl:
             heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
