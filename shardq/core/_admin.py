@@ -16,7 +16,7 @@ from ._queue import QueueState
 from ._state import JobStore
 from ._validate import MAX_COUNT, MAX_DURATION_MS
 
-__all__ = ["AdminOps"]
+__all__ = ["QueueAdmin"]
 
 _STALL_KEYS: Final = {"enabled": bool, "stallInterval": int, "maxStalls": int, "gracePeriod": int}
 _DLQ_KEYS: Final = {
@@ -46,9 +46,16 @@ _CLEAN_STATES: Final = {
 }
 
 
-class AdminOps(JobStore):
+class QueueAdmin:
+    """Queue control and the stall and DLQ settings (the engine's `admin` component)."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self.jobs = store.jobs
+        self.queues = store.queues
+
     def _q(self, cmd: Mapping[str, Any]) -> QueueState:
-        return self.queue(str(cmd.get("queue", "")))
+        return self.store.queue(str(cmd.get("queue", "")))
 
     def _peek(self, cmd: Mapping[str, Any]) -> QueueState:
         """The queue for a read: a missing queue reads as defaults and is not created."""
@@ -85,7 +92,7 @@ class AdminOps(JobStore):
         q = self._q(cmd)
         doomed = self._jobs_in(q, (WAITING, DELAYED))
         for job in doomed:
-            self.move(fx, job, "remove", now, {})
+            self.store.move(fx, job, "remove", now, {})
         return {"ok": True, "count": len(doomed)}
 
     def cmd_clean(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -100,7 +107,7 @@ class AdminOps(JobStore):
                 break
             if now - _finished_at(job) >= grace:
                 ids.append(job.id)
-                self.move(fx, job, "remove", now, {})
+                self.store.move(fx, job, "remove", now, {})
         return {"ok": True, "count": len(ids), "ids": ids}
 
     def cmd_obliterate(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -109,7 +116,7 @@ class AdminOps(JobStore):
         if q is not None:
             # The writer deletes the whole queue from one "qdel"; no per-job mutation is needed.
             for job_id in list(q.ids):
-                self.remove(fx, self.jobs[job_id], emit=False)
+                self.store.remove(fx, self.jobs[job_id], emit=False)
             del self.queues[name]
         fx.mutations.append(("qdel", name))
         return {"ok": True}
@@ -133,7 +140,7 @@ class AdminOps(JobStore):
         q = self._q(cmd)
         q.dlq_config.update(_typed_config(cmd.get("config"), _DLQ_KEYS))
         self._save_config(fx, q)
-        self._cap_dlq(fx, q)
+        self.store.cap_dlq(fx, q)
         return {"ok": True}
 
     def cmd_get_dlq_config(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -143,12 +150,12 @@ class AdminOps(JobStore):
         q = self._q(cmd)
         job_id = cmd.get("id")
         if job_id is not None:
-            job = self.find(job_id)
+            job = self.store.find(job_id)
             chosen = [job] if job is not None and job.state == COMPLETED else []
         else:
             chosen = self._jobs_in(q, (COMPLETED,))[: as_int(cmd.get("count"), 1 << 62)]
         for job in chosen:
-            self.revive(fx, job, now)
+            self.store.revive(fx, job, now)
         return {"ok": True, "count": len(chosen)}
 
 

@@ -13,22 +13,30 @@ from ._lifecycle import ACTIVE, COMPLETED, DELAYED, FAILED, QUEUED_STATES, WAITI
 from ._options import as_int, check_number, is_number
 from ._state import JobStore
 
-__all__ = ["ControlOps"]
+__all__ = ["JobControl"]
 
 _WAITING_LIKE = (WAITING, DELAYED)
 
 
-class ControlOps(JobStore):
+class JobControl:
+    """Job mutation, progress and logs (the engine's `control` component)."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self.config = store.config
+        self.jobs = store.jobs
+        self.queues = store.queues
+
     # -- job mutation ----------------------------------------------------------------------
 
     def cmd_cancel(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.job_or_error(cmd.get("id"), "Job not found or cannot be cancelled")
+        job = self.store.job_or_error(cmd.get("id"), "Job not found or cannot be cancelled")
         if job.state == ACTIVE and cmd.get("active") is True:
             self._cancel_active(fx, job, cmd.get("reason"), now)
             return {"ok": True}
         if job.state not in QUEUED_STATES:
             raise CommandError("Job not found or cannot be cancelled")
-        self.move(fx, job, "remove", now, {})
+        self.store.move(fx, job, "remove", now, {})
         return {"ok": True}
 
     def _cancel_active(self, fx: Effects, job: Job, reason: object, now: int) -> None:
@@ -38,25 +46,25 @@ class ControlOps(JobStore):
         # Unbounded here as FAIL's error is: the frame size limit bounds both.
         text = reason if isinstance(reason, str) and reason else None
         job.failed_reason = f"cancelled: {text}" if text else "cancelled"
-        lease = self.leases.get(job.id)
-        conn = lease.conn if lease is not None else self.job_conn.get(job.id)
-        self.dead(fx, job, "cancelled", now, {"failedReason": job.failed_reason}, False)
+        lease = self.store.leases.get(job.id)
+        conn = lease.conn if lease is not None else self.store.job_conn.get(job.id)
+        self.store.dead(fx, job, "cancelled", now, {"failedReason": job.failed_reason}, False)
         if conn is not None:
-            self.cancel_notices.append(
+            self.store.cancel_notices.append(
                 {"conn": conn, "jobId": job.id, "queue": job.queue, "reason": job.failed_reason}
             )
 
     def cmd_discard(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.job_or_error(cmd.get("id"), "Job not found")
+        job = self.store.job_or_error(cmd.get("id"), "Job not found")
         if job.state in (COMPLETED, FAILED):
             raise CommandError("Job not found")
         self._check_token(job, cmd.get("token"))
         job.failed_reason = job.failed_reason or "discarded"
-        self.dead(fx, job, "explicit_fail", now, {"failedReason": job.failed_reason}, False)
+        self.store.dead(fx, job, "explicit_fail", now, {"failedReason": job.failed_reason}, False)
         return {"ok": True}
 
     def cmd_promote(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.job_or_error(cmd.get("id"), "Job not found or not delayed")
+        job = self.store.job_or_error(cmd.get("id"), "Job not found or not delayed")
         if job.state != DELAYED:
             raise CommandError("Job not found or not delayed")
         self._promote(fx, job, now)
@@ -64,7 +72,7 @@ class ControlOps(JobStore):
 
     def _promote(self, fx: Effects, job: Job, now: int) -> None:
         job.run_at = now
-        self.move(fx, job, "promote", now, {"runAt": now})
+        self.store.move(fx, job, "promote", now, {"runAt": now})
         fx.events.append(("ready", job.queue, job.id))
 
     def cmd_promote_jobs(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -77,20 +85,20 @@ class ControlOps(JobStore):
         return {"ok": True, "count": min(len(due), limit)}
 
     def cmd_move_to_wait(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.job_or_error(cmd.get("id"), "Job not found")
+        job = self.store.job_or_error(cmd.get("id"), "Job not found")
         if job.state == ACTIVE:
             self._check_token(job, cmd.get("token"))
-            self.move(fx, job, "requeue", now, {})
+            self.store.move(fx, job, "requeue", now, {})
         elif job.state == DELAYED:
             self._promote(fx, job, now)
         elif job.state == FAILED:
-            self.revive(fx, job, now)
+            self.store.revive(fx, job, now)
         elif job.state != WAITING:
             raise CommandError(f"Cannot move job from state '{job.public_state()}' to waiting")
         return {"ok": True}
 
     def cmd_move_to_delayed(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.job_or_error(cmd.get("id"), "Job not found")
+        job = self.store.job_or_error(cmd.get("id"), "Job not found")
         error = check_number(cmd.get("delay"), "delay", 0, 365 * 86_400_000)
         if error:
             raise CommandError(error)
@@ -102,38 +110,38 @@ class ControlOps(JobStore):
             raise CommandError(f"Job is not active (current state: {job.public_state()})")
         self._check_token(job, cmd.get("token"))
         job.run_at = now + as_int(cmd.get("delay"), 0)
-        self.requeue_or_delay(fx, job, "requeue", now, {})
+        self.store.requeue_or_delay(fx, job, "requeue", now, {})
         return {"ok": True}
 
     def cmd_change_priority(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.job_or_error(cmd.get("id"), "Job not found or not in queue")
+        job = self.store.job_or_error(cmd.get("id"), "Job not found or not in queue")
         priority = cmd.get("priority")
         if job.state not in QUEUED_STATES or not is_number(priority):
             raise CommandError("Job not found or not in queue")
         changes: dict[str, Any] = {"priority": priority}
         if isinstance(cmd.get("lifo"), bool):
             changes["lifo"] = cmd["lifo"]
-        self.reorder(fx, job, changes)
+        self.store.reorder(fx, job, changes)
         return {"ok": True}
 
     def cmd_change_delay(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.job_or_error(cmd.get("id"), "Job not found or cannot change delay")
+        job = self.store.job_or_error(cmd.get("id"), "Job not found or cannot change delay")
         delay = cmd.get("delay")
         if job.state not in _WAITING_LIKE or check_number(delay, "delay", 0, 365 * 86_400_000):
             raise CommandError("Job not found or cannot change delay")
         run_at = now + as_int(delay, 0)
         if run_at > now:
             job.run_at = run_at
-            self.move(fx, job, "delay", now, {"runAt": run_at})
+            self.store.move(fx, job, "delay", now, {"runAt": run_at})
         elif job.state == DELAYED:
             job.run_at = run_at
-            self.move(fx, job, "promote", now, {"runAt": run_at})
+            self.store.move(fx, job, "promote", now, {"runAt": run_at})
         else:
-            self.reorder(fx, job, {"runAt": run_at})
+            self.store.reorder(fx, job, {"runAt": run_at})
         return {"ok": True}
 
     def cmd_update(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.job_or_error(cmd.get("id"), "Job not found or cannot be updated")
+        job = self.store.job_or_error(cmd.get("id"), "Job not found or cannot be updated")
         if job.state in (COMPLETED, FAILED) or "data" not in cmd:
             raise CommandError("Job not found or cannot be updated")
         job.data = cmd["data"]
@@ -143,7 +151,7 @@ class ControlOps(JobStore):
     def _check_token(self, job: Job, token: object) -> None:
         if job.state != ACTIVE:
             return
-        lease = self.leases.get(job.id)
+        lease = self.store.leases.get(job.id)
         if lease is None:
             # Unleased: no token needed, but another delivery's token is refused (`fence`).
             if token and job.token is not None and token != job.token:
@@ -157,7 +165,7 @@ class ControlOps(JobStore):
     # -- progress and logs -----------------------------------------------------------------
 
     def cmd_progress(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.job_or_error(cmd.get("id"), "Job not found")
+        job = self.store.job_or_error(cmd.get("id"), "Job not found")
         if job.state != ACTIVE:
             raise CommandError(f"Job is not active (current state: {job.public_state()})")
         progress = cmd.get("progress")
@@ -170,7 +178,7 @@ class ControlOps(JobStore):
         return {"ok": True}
 
     def cmd_add_log(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.job_or_error(cmd.get("id"), "Job not found")
+        job = self.store.job_or_error(cmd.get("id"), "Job not found")
         level = cmd.get("level") if cmd.get("level") in ("info", "warn", "error") else "info"
         entry = {"timestamp": now, "level": level, "message": str(cmd.get("message", ""))}
         limit = as_int(job.opts.get("keepLogs"), self.config.max_logs_per_job)
@@ -187,7 +195,7 @@ class ControlOps(JobStore):
         return {"ok": True, "data": {"added": True}}
 
     def cmd_clear_logs(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.find(cmd.get("id"))
+        job = self.store.find(cmd.get("id"))
         if job is not None and job.logs:
             keep = as_int(cmd.get("keepLogs"), 0)
             job.logs = job.logs[max(0, len(job.logs) - keep) :] if keep > 0 else None

@@ -41,19 +41,20 @@ from typing import Any, Final, NamedTuple
 from shardq.errors import CommandError
 from shardq.protocol._schema import REGISTRY, Checker, Command
 
+from ._admin import QueueAdmin
 from ._config import EngineConfig
-from ._control import ControlOps
+from ._control import JobControl
 from ._cron import CronScheduler
 from ._dlq import DeadLetters
 from ._effects import Effects, Event, Outcome
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, Flows
 from ._group_ops import GROUP_COMMANDS, JobGroups
-from ._introspect import IntrospectOps
+from ._introspect import Introspection
 from ._job import Job
 from ._limits import QueueLimiter
 from ._mutations import Mutation, Record
 from ._produce import ProduceOps
-from ._query import QueryOps
+from ._query import Queries
 from ._repeat import successor
 from ._timers import TimerOps
 from ._validate import command_check, limits_of
@@ -66,9 +67,9 @@ Handler = Callable[[Effects, Mapping[str, Any], int], dict[str, Any]]
 # The registry's static half: which part of the engine answers each command, and with which
 # of its methods ("" is the engine itself, its job store). `Engine.__init__` joins each to the
 # command's schema entry and field check, and binds the method once.
-_JOBS: Final[dict[str, str]] = {
-    "PUSH": "cmd_push",
-    "PUSHB": "cmd_pushb",
+_PRODUCE: Final[dict[str, str]] = {"PUSH": "cmd_push", "PUSHB": "cmd_pushb"}
+
+_CONSUME: Final[dict[str, str]] = {
     "PULL": "cmd_pull",
     "PULLB": "cmd_pullb",
     "ACK": "cmd_ack",
@@ -78,6 +79,9 @@ _JOBS: Final[dict[str, str]] = {
     "JobHeartbeatB": "cmd_job_heartbeat_b",
     "ExtendLock": "cmd_extend_lock",
     "ExtendLocks": "cmd_extend_locks",
+}
+
+_QUERY: Final[dict[str, str]] = {
     "GetJob": "cmd_get_job",
     "GetJobByCustomId": "cmd_get_job_by_custom_id",
     "GetState": "cmd_get_state",
@@ -88,6 +92,9 @@ _JOBS: Final[dict[str, str]] = {
     "Count": "cmd_count",
     "GetJobs": "cmd_get_jobs",
     "GetLogs": "cmd_get_logs",
+}
+
+_CONTROL: Final[dict[str, str]] = {
     "AddLog": "cmd_add_log",
     "ClearLogs": "cmd_clear_logs",
     "Progress": "cmd_progress",
@@ -100,6 +107,9 @@ _JOBS: Final[dict[str, str]] = {
     "ChangePriority": "cmd_change_priority",
     "ChangeDelay": "cmd_change_delay",
     "Update": "cmd_update",
+}
+
+_ADMIN: Final[dict[str, str]] = {
     "Pause": "cmd_pause",
     "Resume": "cmd_resume",
     "IsPaused": "cmd_is_paused",
@@ -112,6 +122,9 @@ _JOBS: Final[dict[str, str]] = {
     "GetDlqConfig": "cmd_get_dlq_config",
     "SetStallConfig": "cmd_set_stall_config",
     "GetStallConfig": "cmd_get_stall_config",
+}
+
+_INTROSPECT: Final[dict[str, str]] = {
     "GetDeduplicationJobId": "cmd_get_deduplication_job_id",
     "RemoveDeduplicationKey": "cmd_remove_deduplication_key",
     "RemoveJobDeduplicationKey": "cmd_remove_job_deduplication_key",
@@ -164,7 +177,11 @@ _WEBHOOKS: Final[dict[str, str]] = {
 }
 
 _PARTS: Final[dict[str, dict[str, str]]] = {
-    "": _JOBS,
+    "": {**_PRODUCE, **_CONSUME},
+    "query": _QUERY,
+    "control": _CONTROL,
+    "admin": _ADMIN,
+    "introspect": _INTROSPECT,
     "limiter": _LIMITS,
     "groups": GROUP_COMMANDS,
     "flows": _FLOWS,
@@ -192,13 +209,7 @@ INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE, FLOW_HELD})
 """Commands shards send each other through the front end; a client's are refused."""
 
 
-class Engine(
-    TimerOps,
-    ProduceOps,
-    ControlOps,
-    QueryOps,
-    IntrospectOps,
-):
+class Engine(TimerOps, ProduceOps):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     # The parts themselves: the job store below knows each only by the calls it makes
@@ -216,6 +227,10 @@ class Engine(
         compact_pulls: bool = False,
     ) -> None:
         super().__init__(config, seed=seed, compact_pulls=compact_pulls)
+        self.query = Queries(self)
+        self.introspect = Introspection(self)
+        self.admin = QueueAdmin(self)
+        self.control = JobControl(self)
         self.limiter = QueueLimiter(self)
         self._limit_blocked = self.limiter.blocked  # its own set, never replaced: no hop
         self.groups = JobGroups(self)

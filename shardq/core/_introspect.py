@@ -19,7 +19,7 @@ from ._job import NO_OPTIONS, Job
 from ._state import JobStore
 from ._validate import _queue
 
-__all__ = ["IntrospectOps", "dlq_stats"]
+__all__ = ["Introspection", "dlq_stats"]
 
 # bunqueue's FailureReason values, each counted (0 when absent) in GetDlqStats' `byReason`.
 DLQ_REASONS: Final = (
@@ -73,7 +73,16 @@ def _index(value: object, name: str, default: int) -> int:
     return int(value)
 
 
-class IntrospectOps(JobStore):
+class Introspection:
+    """The dedup-key commands and queue-scoped Metrics (the engine's `introspect` component)."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self.config = store.config
+        self.jobs = store.jobs
+        self.queues = store.queues
+        self.unique = store.unique
+
     def cmd_get_deduplication_job_id(
         self, fx: Effects, cmd: Mapping[str, Any], now: int
     ) -> dict[str, Any]:
@@ -96,7 +105,7 @@ class IntrospectOps(JobStore):
     def cmd_remove_job_deduplication_key(
         self, fx: Effects, cmd: Mapping[str, Any], now: int
     ) -> dict[str, Any]:
-        job = self.find(cmd.get("id"))
+        job = self.store.find(cmd.get("id"))
         key = job.unique_key if job is not None else None
         if job is None or key is None or self.unique.get((job.queue, key)) != job.id:
             return {"ok": True, "data": {"removed": False}}

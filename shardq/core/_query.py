@@ -14,7 +14,7 @@ from ._lifecycle import ACTIVE, COMPLETED, DELAYED, STATES, WAITING
 from ._options import as_int
 from ._state import JobStore
 
-__all__ = ["QueryOps", "job_view"]
+__all__ = ["Queries", "job_view"]
 
 
 def job_view(job: Job) -> dict[str, Any]:
@@ -29,9 +29,17 @@ def job_view(job: Job) -> dict[str, Any]:
     return view
 
 
-class QueryOps(JobStore):
+class Queries:
+    """The read-only commands over the job store (the engine's `query` component)."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self.config = store.config
+        self.jobs = store.jobs
+        self.queues = store.queues
+
     def cmd_get_job(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.find(cmd.get("id"))
+        job = self.store.find(cmd.get("id"))
         if job is None:
             raise CommandError("Job not found")
         return {"ok": True, "job": job_view(job)}
@@ -39,24 +47,24 @@ class QueryOps(JobStore):
     def cmd_get_job_by_custom_id(
         self, fx: Effects, cmd: Mapping[str, Any], now: int
     ) -> dict[str, Any]:
-        job = self.find(cmd.get("customId"))
+        job = self.store.find(cmd.get("customId"))
         if job is None or job.custom_id is None:
             raise CommandError("Job not found")
         return {"ok": True, "job": job_view(job)}
 
     def cmd_get_state(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.find(cmd.get("id"))
+        job = self.store.find(cmd.get("id"))
         return {"ok": True, "id": cmd.get("id"), "state": job.public_state() if job else "unknown"}
 
     def cmd_get_result(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.find(cmd.get("id"))
+        job = self.store.find(cmd.get("id"))
         reply: dict[str, Any] = {"ok": True, "id": cmd.get("id")}
         if job is not None and job.has_result:
             reply["result"] = job.result
         return reply
 
     def cmd_get_progress(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.find(cmd.get("id"))
+        job = self.store.find(cmd.get("id"))
         if job is None:
             raise CommandError("Job not found")
         if job.state != ACTIVE:
@@ -120,7 +128,7 @@ class QueryOps(JobStore):
         return {"ok": True, "jobs": [job_view(j) for j in jobs[offset : offset + limit]]}
 
     def cmd_get_logs(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
-        job = self.find(cmd.get("id"))
+        job = self.store.find(cmd.get("id"))
         logs = list(job.logs or ()) if job else []
         start = as_int(cmd.get("start"), 0)
         end = as_int(cmd.get("end"), len(logs) - 1)

@@ -549,9 +549,9 @@ class JobStore:
         changes["dlq"] = job.dlq
         self.move(fx, job, "dead", now, changes)
         fx.events.append(("dead", job.queue, job.id))
-        self._cap_dlq(fx, q)
+        self.cap_dlq(fx, q)
 
-    def _cap_dlq(self, fx: Effects, q: QueueState) -> None:
+    def cap_dlq(self, fx: Effects, q: QueueState) -> None:
         limit = as_int(q.dlq_config.get("maxEntries"), 10_000)
         while len(q.dlq) > max(limit, 0):
             oldest = next(iter(q.dlq))

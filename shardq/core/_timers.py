@@ -7,7 +7,6 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._admin import AdminOps
 from ._consume import ConsumeOps
 from ._effects import Effects, Event
 from ._job import Job, backoff_delay
@@ -19,7 +18,7 @@ from ._tables import claim_unique, evict_completed, push_leases, retain_complete
 __all__ = ["TimerOps"]
 
 
-class TimerOps(ConsumeOps, AdminOps):
+class TimerOps(ConsumeOps):
     def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
         """Fire every deadline that is due at `now`; return the events and mutations."""
         fx = Effects()

@@ -234,7 +234,7 @@ class ShardCore:
             notices, self.engine.cancel_notices = self.engine.cancel_notices, []
             out.append(("front", msgs.cancel(notices)))
         out.extend(self.take_replies())
-        if self.draining and not self._drained_sent and self.engine.active_count() == 0:
+        if self.draining and not self._drained_sent and self.engine.query.active_count() == 0:
             out.append(("front", msgs.drained(self.index)))
             self._drained_sent = True
         return out
