@@ -31,8 +31,9 @@ from ._cronskip import WorkerPresence, too_soon
 from ._effects import Effects
 from ._mutations import Record
 from ._options import is_number, validate_data, validate_queue_name
-from ._produce import ProduceOps
+from ._produce import Producer
 from ._slots import check_zone, next_slot
+from ._state import JobStore
 from ._validate import validate_job
 
 __all__ = ["CronScheduler", "next_slot"]
@@ -170,8 +171,9 @@ class CronScheduler:
     `skipIfNoWorker`); pushes the jobs it fires through the job store. A shard without
     schedules pays one empty-dict test per tick."""
 
-    def __init__(self, store: ProduceOps) -> None:
+    def __init__(self, store: JobStore, produce: Producer) -> None:
         self.store = store
+        self.produce = produce
         self.config = store.config
         self.schedules: dict[str, Record] = {}
         self.heap: list[tuple[int, str]] = []
@@ -283,7 +285,7 @@ class CronScheduler:
         fields = job_fields(rec)
         fields["timestamp"] = slot
         seq = self.store.seq
-        job_id = self.store.push_one(fx, str(rec["queue"]), fields, None, now)
+        job_id = self.produce.push_one(fx, str(rec["queue"]), fields, None, now)
         if self.store.seq != seq:  # a new job; otherwise the previous one still runs (overlap)
             rec["executions"] += 1
             rec["lastJobId"] = job_id

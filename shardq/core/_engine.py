@@ -53,9 +53,8 @@ from ._introspect import Introspection
 from ._job import Job
 from ._limits import QueueLimiter
 from ._mutations import Mutation, Record
-from ._produce import ProduceOps
+from ._produce import Producer
 from ._query import Queries
-from ._repeat import successor
 from ._timers import TimerOps
 from ._validate import command_check, limits_of
 from ._webhooks import WebhookRegistry
@@ -177,7 +176,8 @@ _WEBHOOKS: Final[dict[str, str]] = {
 }
 
 _PARTS: Final[dict[str, dict[str, str]]] = {
-    "": {**_PRODUCE, **_CONSUME},
+    "produce": _PRODUCE,
+    "": _CONSUME,
     "query": _QUERY,
     "control": _CONTROL,
     "admin": _ADMIN,
@@ -209,7 +209,7 @@ INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE, FLOW_HELD})
 """Commands shards send each other through the front end; a client's are refused."""
 
 
-class Engine(TimerOps, ProduceOps):
+class Engine(TimerOps):
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
 
     # The parts themselves: the job store below knows each only by the calls it makes
@@ -227,6 +227,7 @@ class Engine(TimerOps, ProduceOps):
         compact_pulls: bool = False,
     ) -> None:
         super().__init__(config, seed=seed, compact_pulls=compact_pulls)
+        self.produce = Producer(self)
         self.query = Queries(self)
         self.introspect = Introspection(self)
         self.admin = QueueAdmin(self)
@@ -235,9 +236,9 @@ class Engine(TimerOps, ProduceOps):
         self._limit_blocked = self.limiter.blocked  # its own set, never replaced: no hop
         self.groups = JobGroups(self)
         self._group_blocked = self.groups.blocked  # its own set, never replaced: no hop in apply
-        self.flows = Flows(self)
+        self.flows = Flows(self, self.produce)
         self.dead_letters = DeadLetters(self)
-        self.cron = CronScheduler(self)
+        self.cron = CronScheduler(self, self.produce)
         self.webhooks = WebhookRegistry(self.ids)
         self.registry = self._registry()
 
@@ -323,13 +324,7 @@ class Engine(TimerOps, ProduceOps):
         return deadline
 
     def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
-        """Push the successor of a completed job with a `repeat` option (`_repeat.py`)."""
-        try:
-            fields = successor(job, now)
-        except CommandError:
-            return  # a pattern that matches no future date (30 February): the chain ends
-        if fields is not None:
-            self.push_one(fx, job.queue, fields, None, now)
+        self.produce.push_successor(fx, job, now)
 
     def supports(self, name: str) -> bool:
         return name in self.registry

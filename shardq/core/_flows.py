@@ -27,9 +27,8 @@ from ._graph import graph_error
 from ._job import Job
 from ._lifecycle import ACTIVE, COMPLETED, FAILED, QUEUED_STATES, WAITING_CHILDREN
 from ._mutations import Mutation
-
-# Flows use the whole job store: its transitions, its pushes (PUSHF) and its commit holds.
-from ._parts import FlowStore
+from ._produce import Producer
+from ._state import JobStore
 
 __all__ = ["FLOW_HELD", "FLOW_NOTIFY", "FLOW_RELEASE", "Flows", "notice_key"]
 
@@ -91,8 +90,9 @@ class Flows:
     `new` (the keys added since the shard last took them); the fan-in itself lives in each
     parent's options. Changes jobs through the job store only."""
 
-    def __init__(self, store: FlowStore) -> None:
+    def __init__(self, store: JobStore, produce: Producer) -> None:
         self.store = store
+        self.produce = produce
         self.jobs = store.jobs  # the store's own dict, never replaced
         self.outbox: dict[str, dict[str, Any]] = {}
         self.new: list[str] = []
@@ -378,7 +378,7 @@ class Flows:
         try:
             for job_id, _queue, fields in nodes:
                 try:
-                    self.store.cmd_push(fx, fields, now)
+                    self.produce.cmd_push(fx, fields, now)
                 except CommandError as e:
                     raise CommandError(f"jobs[{fields['_index']}]: {e}") from e
                 admitted.append(self.jobs[job_id])

@@ -9,14 +9,13 @@ even for annotations.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from ._effects import Effects
 from ._job import Job
 from ._queue import QueueState
 
-__all__ = ["DeadLetterPart", "FlowPart", "FlowStore", "GroupPart", "LimiterPart"]
+__all__ = ["DeadLetterPart", "FlowPart", "GroupPart", "LimiterPart"]
 
 
 class LimiterPart(Protocol):
@@ -49,43 +48,3 @@ class FlowPart(Protocol):
     def blocked(self, job: Job) -> bool: ...
 
     def child_finished(self, fx: Effects, job: Job, kind: str, now: int) -> None: ...
-
-
-class FlowStore(Protocol):
-    """The job store as the flows call it: its tables, transitions and pushes."""
-
-    jobs: dict[str, Job]
-    dep_done: dict[str, None]
-    dependents: dict[str, set[str]]
-
-    def find(self, job_id: object) -> Job | None: ...
-
-    def job_or_error(self, job_id: object, message: str) -> Job: ...
-
-    def is_completed(self, job_id: str) -> bool: ...
-
-    def finalize(self, job: Job) -> None: ...
-
-    def move(
-        self, fx: Effects, job: Job, event: str, now: int, changes: dict[str, Any]
-    ) -> None: ...
-
-    def remove(self, fx: Effects, job: Job, *, emit: bool = True) -> None: ...
-
-    def dead(
-        self,
-        fx: Effects,
-        job: Job,
-        reason: str,
-        now: int,
-        changes: dict[str, Any],
-        remove: object = None,
-    ) -> None: ...
-
-    def requeue_or_delay(
-        self, fx: Effects, job: Job, event_now: str, now: int, changes: dict[str, Any]
-    ) -> None: ...
-
-    def confirm(self, job_ids: Iterable[str]) -> set[str]: ...
-
-    def cmd_push(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]: ...

@@ -15,12 +15,12 @@ from ._groups import group_size_error
 from ._job import Job
 from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
 from ._options import as_int, validate_data, validate_name, validate_queue_name
-from ._repeat import check_repeat
+from ._repeat import check_repeat, successor
 from ._state import JobStore
 from ._tables import claim_unique
 from ._validate import JOB_FIELDS, validate_job
 
-__all__ = ["ProduceOps"]
+__all__ = ["Producer"]
 
 PUSH_KEYS: Final = push_allowed("PUSH")
 # The push fields whose checks read the engine's state or parse a schedule (`_check_push`).
@@ -54,7 +54,17 @@ def _entries(entries: object) -> list[Mapping[str, Any]]:
     return cast("list[Mapping[str, Any]]", entries)
 
 
-class ProduceOps(JobStore):
+class Producer:
+    """PUSH and PUSHB over the job store (the engine's `produce` component), and the pushes
+    the other parts make: a cron slot's job, a repeat's successor, a flow's nodes."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self.config = store.config
+        self.ids = store.ids
+        self.jobs = store.jobs
+        self.queues = store.queues
+
     def cmd_push(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")
         if cmd.keys() <= _PLAIN_PUSH_KEYS:  # what the full passes below would check of it
@@ -162,10 +172,20 @@ class ProduceOps(JobStore):
     def _check_deps(self, deps: object, batch_ids: set[str]) -> None:
         for dep in deps or ():  # type: ignore[attr-defined]
             key = str(dep)
-            if key not in batch_ids and key not in self.jobs and key not in self.dep_done:
+            if key not in batch_ids and key not in self.jobs and key not in self.store.dep_done:
                 raise CommandError(f"Dependency job not found: {key}")
 
     # -- admission -------------------------------------------------------------------------
+
+    def push_successor(self, fx: Effects, job: Job, now: int) -> None:
+        """Push the successor of a completed job with a `repeat` option (`_repeat.py`); the
+        consume component calls it when such a job completes."""
+        try:
+            fields = successor(job, now)
+        except CommandError:
+            return  # a pattern that matches no future date (30 February): the chain ends
+        if fields is not None:
+            self.push_one(fx, job.queue, fields, None, now)
 
     def push_one(
         self, fx: Effects, queue: str, fields: Mapping[str, Any], custom: str | None, now: int
@@ -177,20 +197,21 @@ class ProduceOps(JobStore):
                 if existing.state not in TERMINAL_STATES:
                     return existing.id
                 # A terminal generation is retired so the id can start a fresh one.
-                self.remove(fx, existing)
+                self.store.remove(fx, existing)
         key = fields.get("uniqueKey") if "uniqueKey" in fields else None
         if isinstance(key, str):
             owner_id = self._dedup(fx, queue, key, fields, now)
             if owner_id is not None:
                 return owner_id
         job_id = custom if custom is not None else self.ids.new(now)
-        self.seq += 1
-        job = Job.create(job_id, queue, self.seq, fields, now, custom=custom is not None)
+        store = self.store
+        store.seq = seq = store.seq + 1
+        job = Job.create(job_id, queue, seq, fields, now, custom=custom is not None)
         if isinstance(key, str):
             ttl = _dedup_options(fields).get("ttl")
             job.dedup_until = now + as_int(ttl, 0) if ttl else None
-            claim_unique(self, job)
-        self.admit(fx, job, now)
+            claim_unique(store, job)
+        store.admit(fx, job, now)
         return job.id
 
     def _push_plain(
@@ -202,21 +223,25 @@ class ProduceOps(JobStore):
         entry is just {"data": ...}, so the jobs differ only in id, name, data and seq."""
         new_id = self.ids.new
         create = Job.create
+        store = self.store
+        seq = store.seq
         jobs: list[Job] = []
         for entry in entries:
-            self.seq += 1
-            jobs.append(create(new_id(now), queue, self.seq, entry, now))
-        self.admit_all(fx, jobs, self.queue(queue), now, alike=data_only)
+            seq += 1
+            jobs.append(create(new_id(now), queue, seq, entry, now))
+        store.seq = seq
+        store.admit_all(fx, jobs, store.queue(queue), now, alike=data_only)
         return [job.id for job in jobs]
 
     def _live_owner(self, queue: str, key: str, now: int) -> Job | None:
-        owner_id = self.unique.get((queue, key))
+        unique = self.store.unique
+        owner_id = unique.get((queue, key))
         owner = self.jobs.get(owner_id) if owner_id is not None else None
         if owner is None:
-            self.unique.pop((queue, key), None)
+            unique.pop((queue, key), None)
             return None
         if owner.dedup_until is not None and owner.dedup_until <= now:
-            del self.unique[(queue, key)]
+            del unique[(queue, key)]
             return None
         return owner
 
@@ -240,11 +265,12 @@ class ProduceOps(JobStore):
 
     def _dedup_replace(self, fx: Effects, owner: Job) -> str | None:
         if owner.state in QUEUED_STATES:
-            if any(self.find(child) is not None for child in self.dependents.get(owner.id, ())):
+            dependents = self.store.dependents.get(owner.id, ())
+            if any(self.jobs.get(child) is not None for child in dependents):
                 raise CommandError(
                     f"Cannot replace deduplicated job {owner.id} because live jobs depend on it"
                 )
-            self.remove(fx, owner)
+            self.store.remove(fx, owner)
             return None
         # An active owner keeps running under its lease; the key moves to the successor.
         return None

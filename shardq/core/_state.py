@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeAlias
 
 from shardq.errors import CommandError
@@ -27,7 +27,7 @@ from shardq.errors import CommandError
 from ._config import EngineConfig
 from ._effects import Effects
 from ._ids import IdFactory
-from ._job import TIMELINE_MAX, CompactJobs, Job, Timeline, wire_maps
+from ._job import CompactJobs, Job, Timeline, wire_maps
 from ._lifecycle import (
     ACTIVE,
     COMPLETED,
@@ -38,6 +38,7 @@ from ._lifecycle import (
     WAITING_CHILDREN,
     next_state,
 )
+from ._mutations import Mutation
 from ._options import as_int
 from ._parts import DeadLetterPart, FlowPart, LimiterPart
 from ._queue import QueueState
@@ -46,6 +47,8 @@ from ._tables import (
     Lease,
     claim_unique,
     delivery_key,
+    dlq_entry,
+    extended,
     release_unique,
     remember_completion,
     untrack_conn,
@@ -146,6 +149,46 @@ class JobStore:
             return job.state == COMPLETED
         return job_id in self.dep_done
 
+    # -- what the writer could not store yet ----------------------------------------------
+
+    def hold(self, job_ids: Iterable[str]) -> None:
+        """Keep these jobs (just pushed) from delivery until `confirm`: their push is durable
+        and not committed yet, and a job that ran must not vanish in a crash. They stay
+        waiting (counted, readable) but off the ready heap."""
+        held, jobs = self.held, self.jobs
+        for job_id in job_ids:
+            held.add(job_id)
+            job = jobs.get(job_id)
+            if job is not None:
+                job.hkey = None  # its heap entry is dead from now on (lazy deletion)
+
+    def confirm(self, job_ids: Iterable[str]) -> set[str]:
+        """The commit of these held jobs is confirmed: make them deliverable. Returns the
+        queues that got ready jobs (a parked long-poll there may now be served)."""
+        held, jobs = self.held, self.jobs
+        ready: set[str] = set()
+        for job_id in job_ids:
+            held.discard(job_id)
+            job = jobs.get(job_id)
+            if job is not None and job.state == WAITING and job.hkey is None:
+                self.queues[job.queue].push_ready_all((job,))
+                ready.add(job.queue)
+        return ready
+
+    def forget(self, job_ids: Iterable[str], *, stored: bool) -> list[Mutation]:
+        """Drop jobs as if they had never been pushed: their push could not be committed.
+
+        `stored`: their rows were committed after all (the other jobs of a PUSHB one of which
+        was rejected), so a `del` for each is returned; otherwise nothing is.
+        """
+        fx = Effects()
+        for job_id in job_ids:
+            self.held.discard(job_id)
+            job = self.find(job_id)
+            if job is not None:
+                self.remove(fx, job, emit=stored)
+        return fx.mutations
+
     # -- the only ways a job changes state --------------------------------------------------
 
     def admit(self, fx: Effects, job: Job, now: int) -> None:
@@ -244,7 +287,7 @@ class JobStore:
         one = (job,)
         self._leave_all(one, q, state)
         job.state = new
-        job.timeline = _extended(job.timeline, (new, now, job.attempts))
+        job.timeline = extended(job.timeline, (new, now, job.attempts))
         changes["state"] = new
         changes["timeline"] = list(job.timeline)
         fx.mutations.append(("upd", job.key, changes))
@@ -330,7 +373,7 @@ class JobStore:
             # common changes, emit one payload for all of them (payloads are read-only).
             if job.timeline is not before:
                 before = job.timeline
-                after = _extended(before, entry)
+                after = extended(before, entry)
                 if common is not None:
                     payload = {**common, "state": new, "timeline": list(after)}
             job.timeline = after
@@ -524,28 +567,7 @@ class JobStore:
             self.remove(fx, job)
             return
         q = self.queue(job.queue)
-        max_age = q.dlq_config.get("maxAge")
-        started = job.started_at if job.started_at is not None else now
-        attempt = {
-            "attempt": job.attempts,
-            "startedAt": job.started_at,
-            "failedAt": now,
-            "reason": reason,
-            "error": job.failed_reason,
-            "duration": now - started,
-        }
-        job.dlq = {
-            "enteredAt": now,
-            "reason": reason,
-            "error": job.failed_reason,
-            "attempts": [attempt],
-            "retryCount": job.dlq_retries,
-            "lastRetryAt": None,
-            "nextRetryAt": None,
-            "expiresAt": now + int(max_age) if max_age else None,
-            # Entry order, so recovery rebuilds the DLQ in the order jobs entered it.
-            "entrySeq": self.next_seq(),
-        }
+        job.dlq = dlq_entry(job, reason, now, q.dlq_config.get("maxAge"), self.next_seq())
         changes["dlq"] = job.dlq
         self.move(fx, job, "dead", now, changes)
         fx.events.append(("dead", job.queue, job.id))
@@ -584,10 +606,3 @@ class JobStore:
             changes["dlqRetries"] = job.dlq_retries
         self.move(fx, job, "revive", now, changes)
         claim_unique(self, job)
-
-
-def _extended(timeline: Timeline, entry: tuple[str, int, int | None]) -> Timeline:
-    """`timeline` with `entry` appended; a timeline keeps its last TIMELINE_MAX entries."""
-    if len(timeline) < TIMELINE_MAX:
-        return (*timeline, entry)
-    return (*timeline[1:], entry)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from ._config import EngineConfig
 from ._effects import Effects
-from ._job import Job
+from ._job import TIMELINE_MAX, Job, Timeline
 from ._lifecycle import COMPLETED, REMOVED
 from ._queue import QueueState
 
@@ -26,7 +26,9 @@ __all__ = [
     "Tables",
     "claim_unique",
     "delivery_key",
+    "dlq_entry",
     "evict_completed",
+    "extended",
     "push_leases",
     "release_unique",
     "remember_completion",
@@ -201,3 +203,38 @@ def evict_completed(store: Tables, fx: Effects, job_id: str) -> None:
         release_unique(store, job, force=True)
     remember_completion(store, job_id)
     job.state = REMOVED
+
+
+# -- the records a transition writes ---------------------------------------------------
+
+
+def extended(timeline: Timeline, entry: tuple[str, int, int | None]) -> Timeline:
+    """`timeline` with `entry` appended; a timeline keeps its last TIMELINE_MAX entries."""
+    if len(timeline) < TIMELINE_MAX:
+        return (*timeline, entry)
+    return (*timeline[1:], entry)
+
+
+def dlq_entry(job: Job, reason: str, now: int, max_age: Any, seq: int) -> dict[str, Any]:
+    """The DLQ record of a job dead-lettered at `now` (`JobStore.dead`); `seq` is its entry
+    order, so recovery rebuilds the DLQ in the order jobs entered it."""
+    started = job.started_at if job.started_at is not None else now
+    attempt = {
+        "attempt": job.attempts,
+        "startedAt": job.started_at,
+        "failedAt": now,
+        "reason": reason,
+        "error": job.failed_reason,
+        "duration": now - started,
+    }
+    return {
+        "enteredAt": now,
+        "reason": reason,
+        "error": job.failed_reason,
+        "attempts": [attempt],
+        "retryCount": job.dlq_retries,
+        "lastRetryAt": None,
+        "nextRetryAt": None,
+        "expiresAt": now + int(max_age) if max_age else None,
+        "entrySeq": seq,
+    }

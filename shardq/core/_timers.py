@@ -214,44 +214,6 @@ class TimerOps(ConsumeOps):
 
     # -- what the writer could not store ---------------------------------------------------
 
-    def hold(self, job_ids: Iterable[str]) -> None:
-        """Keep these jobs (just pushed) from delivery until `confirm`: their push is durable
-        and not committed yet, and a job that ran must not vanish in a crash. They stay
-        waiting (counted, readable) but off the ready heap."""
-        held, jobs = self.held, self.jobs
-        for job_id in job_ids:
-            held.add(job_id)
-            job = jobs.get(job_id)
-            if job is not None:
-                job.hkey = None  # its heap entry is dead from now on (lazy deletion)
-
-    def confirm(self, job_ids: Iterable[str]) -> set[str]:
-        """The commit of these held jobs is confirmed: make them deliverable. Returns the
-        queues that got ready jobs (a parked long-poll there may now be served)."""
-        held, jobs = self.held, self.jobs
-        ready: set[str] = set()
-        for job_id in job_ids:
-            held.discard(job_id)
-            job = jobs.get(job_id)
-            if job is not None and job.state == WAITING and job.hkey is None:
-                self.queues[job.queue].push_ready_all((job,))
-                ready.add(job.queue)
-        return ready
-
-    def forget(self, job_ids: Iterable[str], *, stored: bool) -> list[Mutation]:
-        """Drop jobs as if they had never been pushed: their push could not be committed.
-
-        `stored`: their rows were committed after all (the other jobs of a PUSHB one of which
-        was rejected), so a `del` for each is returned; otherwise nothing is.
-        """
-        fx = Effects()
-        for job_id in job_ids:
-            self.held.discard(job_id)
-            job = self.find(job_id)
-            if job is not None:
-                self.remove(fx, job, emit=stored)
-        return fx.mutations
-
     def reload(self, job_id: str, record: Record | None, now: int) -> None:
         """Make job `job_id` what is stored (`record`, None: nothing is): a change to it could
         not be committed, so the copy in memory holds values the disk never will.
