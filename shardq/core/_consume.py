@@ -25,13 +25,14 @@ from ._effects import Effects
 from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
 from ._options import as_int, check_number, is_number, validate_queue_name
-from ._parts import GroupPart
+from ._parts import FlowPart, GroupPart, LimiterPart
+from ._produce import Producer
 from ._queue import QueueState
 from ._queue_limits import QueueLimits
 from ._state import JobStore
 from ._tables import Lease, delivery_key, push_leases, retain_completed, track_conn, trim_completed
 
-__all__ = ["ConsumeOps"]
+__all__ = ["Consumer", "take_ready"]
 
 FINALIZED: Final = {"ok": True, "data": {"applied": False, "reason": "already-finalized"}}
 _APPLY, _NOOP, _RETIRED = "apply", "noop", "retired"
@@ -41,9 +42,34 @@ def _not_processing(job_id: object) -> CommandError:
     return CommandError(f"Job not found or not in processing state: {job_id}")
 
 
-class ConsumeOps(JobStore):
-    # The job-group component a grouped queue's pulls go to, set by `Engine` (`_engine.py`).
-    groups: GroupPart
+class Consumer:
+    """Pulls, leases and completions over the job store (the engine's `consume` component)."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        limiter: LimiterPart,
+        groups: GroupPart,
+        flows: FlowPart,
+        produce: Producer,
+    ) -> None:
+        self.store = store
+        self.limiter = limiter
+        self.groups = groups
+        self.flows = flows
+        self.produce = produce
+        self.config = store.config
+        self.conn_jobs = store.conn_jobs
+        self.dependents = store.dependents
+        self.finalized = store.finalized
+        self.ids = store.ids
+        self.job_conn = store.job_conn
+        self.jobs = store.jobs
+        self.leases = store.leases
+        self.queues = store.queues
+        self.rng = store.rng
+        self.timeouts = store.timeouts
+        self.unleased = store.unleased
 
     # -- pulling ---------------------------------------------------------------------------
 
@@ -74,7 +100,7 @@ class ConsumeOps(JobStore):
         q = self.ready_queue(fx, queue, now)
         taken = self.take_many(fx, q, as_int(cmd.get("count"), 1), now) if q is not None else []
         tokens = self.activate_all(fx, taken, self._grant(fx, cmd, owner), now) if taken else []
-        reply: dict[str, Any] = {"ok": True, "jobs": self.pulled(taken)}
+        reply: dict[str, Any] = {"ok": True, "jobs": self.store.pulled(taken)}
         if owner is not None:
             reply["tokens"] = [token or "" for token in tokens]
         return reply
@@ -111,22 +137,12 @@ class ConsumeOps(JobStore):
             return self._take_limited(fx, q, q.limits, count, now)
         if grouped and q.groups is not None:
             return self.groups.take(fx, q, count, now)
+        # `take_ready`, written out: a pull's common case costs no call more.
         taken = q.pop_ready_many(count)
         for job in taken:
             if job.opts and job.opts.get("ttl"):
-                break
-        else:
-            return taken  # nothing to check: no job carries a TTL
-        live: list[Job] = []
-        while taken:
-            for job in taken:
-                ttl = job.opts.get("ttl") if job.opts else None
-                if ttl and now >= job.created_at + ttl:
-                    self.move(fx, job, "expire", now, {})
-                else:
-                    live.append(job)
-            taken = q.pop_ready_many(count - len(live)) if len(live) < count else []
-        return live
+                return _unexpired(self.store, fx, q, taken, count, now)
+        return taken
 
     def _take_limited(
         self, fx: Effects, q: QueueState, limits: QueueLimits, count: int, now: int
@@ -150,10 +166,10 @@ class ConsumeOps(JobStore):
         job.started_at = now
         job.last_heartbeat = now
         job.delivery += 1
-        self.move(fx, job, "pull", now, {"startedAt": now, "lastHeartbeat": now})
+        self.store.move(fx, job, "pull", now, {"startedAt": now, "lastHeartbeat": now})
         token = self._hold(job, grant, now)
         if token is not None:
-            push_leases(self, now + grant.ttl, (job,))
+            push_leases(self.store, now + grant.ttl, (job,))
         return token
 
     def activate_all(
@@ -167,11 +183,11 @@ class ConsumeOps(JobStore):
             job.delivery += 1
         first = jobs[0]
         changes = {"startedAt": now, "lastHeartbeat": now}
-        self._move_run(fx, jobs, first.state, first.queue, "pull", now, changes)
+        self.store.move_run(fx, jobs, first.state, first.queue, "pull", now, changes)
         hold = self._hold
         tokens = [hold(job, grant, now) for job in jobs]
         if grant.owner is not None:
-            push_leases(self, now + grant.ttl, jobs)
+            push_leases(self.store, now + grant.ttl, jobs)
         return tokens
 
     def _hold(self, job: Job, grant: _Grant, now: int) -> str | None:
@@ -187,7 +203,7 @@ class ConsumeOps(JobStore):
             job.leased = False
             self.unleased[job.id] = None
         if grant.track is not None:
-            track_conn(self, grant.track, job)
+            track_conn(self.store, grant.track, job)
         if job.opts:
             self._arm_timeout(job, now)
         return token if job.leased else None
@@ -199,12 +215,12 @@ class ConsumeOps(JobStore):
 
     def promote_due(self, fx: Effects, now: int) -> None:
         """Move every delayed job whose run time has come to its ready heap."""
-        heap = self.delayed
+        heap = self.store.delayed
         while heap and heap[0][0] <= now:
             key = heapq.heappop(heap)
             job = self.jobs.get(key[-1])
             if job is not None and job.dkey is key and job.state == DELAYED:
-                self.move(fx, job, "promote", now, {})
+                self.store.move(fx, job, "promote", now, {})
                 fx.events.append(("ready", job.queue, job.id))
 
     # -- fencing ---------------------------------------------------------------------------
@@ -218,7 +234,7 @@ class ConsumeOps(JobStore):
         finalized = self.finalized
         if finalized and isinstance(token, str) and finalized.get(token) == job_id:
             return _RETIRED, None
-        job = self.find(job_id)
+        job = self.store.find(job_id)
         if job is None:
             raise _not_processing(job_id)
         if (
@@ -304,7 +320,7 @@ class ConsumeOps(JobStore):
             changes = self._finish(job, now, True, source[key])
         else:
             changes = self._finish(job, now)
-        self.move(fx, job, "ack", now, changes)
+        self.store.move(fx, job, "ack", now, changes)
         self._settle(fx, job, remove, now)
 
     def complete_all(
@@ -323,11 +339,11 @@ class ConsumeOps(JobStore):
         if results is None:
             for job in jobs:
                 job.completed_at = now
-            self.move_all(fx, jobs, "ack", now, {"completedAt": now})
+            self.store.move_all(fx, jobs, "ack", now, {"completedAt": now})
         else:
             finish = self._finish
             changes = [finish(job, now, True, r) for job, r in zip(jobs, results, strict=True)]
-            self.move_all(fx, jobs, "ack", now, changes)
+            self.store.move_all(fx, jobs, "ack", now, changes)
         # Then, per job, what `complete` does after the move (`_settle`). With no dependents to
         # release, nothing to remove and no result to keep, only the cache cap is left, and
         # trimming it once evicts the same jobs in the same order.
@@ -336,7 +352,7 @@ class ConsumeOps(JobStore):
                 if job.has_result or remove or (remove is None and job.opts):
                     break
             else:
-                trim_completed(self, fx)
+                trim_completed(self.store, fx)
                 return
         # The jobs after this one completed early: each eviction below leaves room for them,
         # so the same jobs are evicted at the same point as one completion at a time would.
@@ -358,22 +374,18 @@ class ConsumeOps(JobStore):
         """After a job completed: release its dependents, then remove it (removeOnComplete,
         or the job's own option when `remove` is None) or keep it in the bounded cache."""
         if self.dependents:
-            self.release_dependents(fx, job.id, now)
+            self.store.release_dependents(fx, job.id, now)
         if job.opts:
             if "repeat" in job.opts:
-                self.repeat_after(fx, job, now)
+                self.produce.push_successor(fx, job, now)
             if "parentId" in job.opts:
                 self.flows.child_finished(fx, job, "completed", now)
         if remove is None and job.opts:
             remove = job.opts.get("removeOnComplete")
         if remove:
-            self.remove(fx, job)
+            self.store.remove(fx, job)
         else:
-            retain_completed(self, fx, job, pending)
-
-    def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
-        """Push the successor of a completed job with a `repeat` option (`Engine`, which
-        has the pushes)."""
+            retain_completed(self.store, fx, job, pending)
 
     def cmd_fail(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         outcome, job = self.fence(cmd.get("id"), cmd.get("token"))
@@ -410,12 +422,12 @@ class ConsumeOps(JobStore):
             "stacktrace": job.stacktrace,
         }
         if unrecoverable:
-            self.dead(fx, job, "explicit_fail", now, changes, remove_on_fail)
+            self.store.dead(fx, job, "explicit_fail", now, changes, remove_on_fail)
         elif job.attempts >= job.max_attempts:
-            self.dead(fx, job, exhausted, now, changes, remove_on_fail)
+            self.store.dead(fx, job, exhausted, now, changes, remove_on_fail)
         else:
             job.run_at = now + backoff_delay(job, self.rng)
-            self.requeue_or_delay(fx, job, "requeue", now, changes)
+            self.store.requeue_or_delay(fx, job, "requeue", now, changes)
 
     def _stack(self, job: Job, stack: object) -> list[str] | None:
         if not isinstance(stack, list):
@@ -426,7 +438,7 @@ class ConsumeOps(JobStore):
     # -- leases: heartbeats, extension and release ----------------------------------------
 
     def _renew(self, job_id: object, token: object, duration: object, now: int) -> bool:
-        job = self.find(job_id)
+        job = self.store.find(job_id)
         if job is None or job.state != ACTIVE:
             return False
         if token is None:
@@ -489,7 +501,7 @@ class ConsumeOps(JobStore):
             lease = self.leases.get(job_id)
             if lease is not None and lease.renewals > 0:
                 continue
-            self.move(fx, job, "requeue", now, {})
+            self.store.move(fx, job, "requeue", now, {})
             fx.events.append(("ready", job.queue, job.id))
             released += 1
         return released
@@ -500,6 +512,32 @@ class _Grant(NamedTuple):
     ttl: int
     conn: str | None
     track: str | None  # the connection that releases the job on close (None when detached)
+
+
+def take_ready(store: JobStore, fx: Effects, q: QueueState, count: int, now: int) -> list[Job]:
+    """Up to `count` jobs off `q`'s ready heap, best first, whatever its limits and groups
+    (`Consumer.take_many` applies those); TTL-expired ones are dropped on the way."""
+    taken = q.pop_ready_many(count)
+    for job in taken:
+        if job.opts and job.opts.get("ttl"):
+            return _unexpired(store, fx, q, taken, count, now)
+    return taken  # nothing to check: no job carries a TTL
+
+
+def _unexpired(
+    store: JobStore, fx: Effects, q: QueueState, taken: list[Job], count: int, now: int
+) -> list[Job]:
+    """`taken` without its TTL-expired jobs (moved to expired), topped up from the heap."""
+    live: list[Job] = []
+    while taken:
+        for job in taken:
+            ttl = job.opts.get("ttl") if job.opts else None
+            if ttl and now >= job.created_at + ttl:
+                store.move(fx, job, "expire", now, {})
+            else:
+                live.append(job)
+        taken = q.pop_ready_many(count - len(live)) if len(live) < count else []
+    return live
 
 
 def _owner(cmd: Mapping[str, Any]) -> str | None:

@@ -43,6 +43,7 @@ from shardq.protocol._schema import REGISTRY, Checker, Command
 
 from ._admin import QueueAdmin
 from ._config import EngineConfig
+from ._consume import Consumer
 from ._control import JobControl
 from ._cron import CronScheduler
 from ._dlq import DeadLetters
@@ -50,12 +51,12 @@ from ._effects import Effects, Event, Outcome
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, Flows
 from ._group_ops import GROUP_COMMANDS, JobGroups
 from ._introspect import Introspection
-from ._job import Job
 from ._limits import QueueLimiter
 from ._mutations import Mutation, Record
 from ._produce import Producer
 from ._query import Queries
-from ._timers import TimerOps
+from ._state import JobStore
+from ._timers import Timers
 from ._validate import command_check, limits_of
 from ._webhooks import WebhookRegistry
 
@@ -177,7 +178,7 @@ _WEBHOOKS: Final[dict[str, str]] = {
 
 _PARTS: Final[dict[str, dict[str, str]]] = {
     "produce": _PRODUCE,
-    "": _CONSUME,
+    "consume": _CONSUME,
     "query": _QUERY,
     "control": _CONTROL,
     "admin": _ADMIN,
@@ -209,15 +210,8 @@ INTERNAL_COMMANDS: Final = frozenset({FLOW_NOTIFY, FLOW_RELEASE, FLOW_HELD})
 """Commands shards send each other through the front end; a client's are refused."""
 
 
-class Engine(TimerOps):
+class Engine:
     """One shard's queues. Pure: no I/O, no clock; `now` is milliseconds, passed in."""
-
-    # The parts themselves: the job store below knows each only by the calls it makes
-    # (`_parts`), the engine that builds them by their class.
-    limiter: QueueLimiter
-    groups: JobGroups
-    flows: Flows
-    dead_letters: DeadLetters
 
     def __init__(
         self,
@@ -226,20 +220,28 @@ class Engine(TimerOps):
         seed: int | None = None,
         compact_pulls: bool = False,
     ) -> None:
-        super().__init__(config, seed=seed, compact_pulls=compact_pulls)
-        self.produce = Producer(self)
-        self.query = Queries(self)
-        self.introspect = Introspection(self)
-        self.admin = QueueAdmin(self)
-        self.control = JobControl(self)
-        self.limiter = QueueLimiter(self)
+        store = self.store = JobStore(config, seed=seed, compact_pulls=compact_pulls)
+        self.config = store.config
+        # What the shard and the tests look up most, the store's own (never replaced).
+        self.jobs = store.jobs
+        self.queues = store.queues
+        self.find = store.find
+        # The feature components the store calls back (`_parts`), then the job operations.
+        self.limiter = store.limiter = QueueLimiter(store)
         self._limit_blocked = self.limiter.blocked  # its own set, never replaced: no hop
-        self.groups = JobGroups(self)
+        self.groups = JobGroups(store)
         self._group_blocked = self.groups.blocked  # its own set, never replaced: no hop in apply
-        self.flows = Flows(self, self.produce)
-        self.dead_letters = DeadLetters(self)
-        self.cron = CronScheduler(self, self.produce)
-        self.webhooks = WebhookRegistry(self.ids)
+        self.produce = Producer(store)
+        self.flows = store.flows = Flows(store, self.produce)
+        self.dead_letters = store.dead_letters = DeadLetters(store)
+        self.consume = Consumer(store, self.limiter, self.groups, self.flows, self.produce)
+        self.timers = Timers(store, self.consume, self.dead_letters)
+        self.query = Queries(store)
+        self.introspect = Introspection(store)
+        self.admin = QueueAdmin(store)
+        self.control = JobControl(store)
+        self.cron = CronScheduler(store, self.produce)
+        self.webhooks = WebhookRegistry(store.ids)
         self.registry = self._registry()
 
     def _registry(self) -> dict[str, Route]:
@@ -250,7 +252,7 @@ class Engine(TimerOps):
         routes: dict[str, Route] = {}
         for name, (part, method) in COMMANDS.items():
             schema = REGISTRY[name]
-            owner = getattr(self, part) if part else self
+            owner = getattr(self, part)
             routes[name] = Route(schema, command_check(schema, limits), getattr(owner, method))
         return routes
 
@@ -284,16 +286,15 @@ class Engine(TimerOps):
         """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6.
         Returns how many, and the mutations and job events that made."""
         fx = Outcome()
-        released = self.release_connection(fx, conn, int(now))
+        released = self.consume.release_connection(fx, conn, int(now))
         if self._limit_blocked:
             self.limiter.wake(fx, int(now))
         if self._group_blocked:
             self.groups.wake(fx, int(now))
         return released, fx.mutations, fx.events
 
-    def _restore(
+    def restore(
         self,
-        fx: Effects,
         records: Iterable[Record],
         queues: Mapping[str, Mapping[str, Any]],
         now: int,
@@ -301,30 +302,43 @@ class Engine(TimerOps):
         recover: bool = True,
         crons: Iterable[Record] = (),
         webhooks: Iterable[Record] = (),
-    ) -> None:
-        """The job store's `_restore`, then each component's persisted tables."""
-        super()._restore(fx, records, queues, now, recover=recover)
+    ) -> list[Mutation]:
+        """Load persisted records into this (empty) engine: the jobs (`Timers.restore`, which
+        says what `recover` does), then each component's persisted tables (`crons`,
+        `webhooks`). Returns the mutations recovery made (its events are dropped: nobody
+        listens yet)."""
+        fx = Outcome()
+        now = int(now)
+        self.timers.restore(fx, records, queues, now, recover=recover)
         self.limiter.restored()
         self.cron.load(fx, crons, now, recover=recover)
         self.webhooks.load(webhooks)
+        return fx.mutations
+
+    def reload(self, job_id: str, record: Record | None, now: int) -> None:
+        """Make job `job_id` what is stored (`Timers.reload`): a change to it could not be
+        committed."""
+        self.timers.reload(job_id, record, now)
 
     # -- time: the job store's deadlines, then each component's ----------------------------
 
-    def _tick(self, fx: Effects, now: int) -> None:
-        super()._tick(fx, now)
+    def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
+        """Fire every deadline that is due at `now`; return the events and mutations."""
+        fx = Outcome()
+        now = int(now)
+        self.timers.tick(fx, now)
         self.limiter.tick(fx, now)
         self.groups.tick(fx, now)
         self.cron.tick(fx, now)
+        return fx.events, fx.mutations
 
     def next_deadline(self) -> int | None:
-        deadline = super().next_deadline()
+        """When `tick` next has work to do, or None when nothing is scheduled."""
+        deadline = self.timers.next_deadline()
         for due in (self.limiter.deadline(), self.groups.deadline(), self.cron.deadline()):
             if due is not None and (deadline is None or due < deadline):
                 deadline = due
         return deadline
-
-    def repeat_after(self, fx: Effects, job: Job, now: int) -> None:
-        self.produce.push_successor(fx, job, now)
 
     def supports(self, name: str) -> bool:
         return name in self.registry

@@ -18,13 +18,14 @@ from typing import Any
 from shardq.errors import CommandError
 
 from ._bounds import span_error
-from ._consume import ConsumeOps
+from ._consume import take_ready
 from ._effects import Effects
 from ._groups import Group, GroupTable
 from ._job import Job
 from ._options import _validate_group_id, is_number, validate_queue_name
 from ._queue import QueueState
 from ._queue_limits import QueueLimits
+from ._state import JobStore
 
 __all__ = ["GROUP_COMMANDS", "JobGroups"]
 
@@ -74,7 +75,7 @@ class JobGroups:
     group for want of room (the only ones to watch); each queue's `GroupTable` lives on its
     `QueueState`. Takes grouped jobs and moves expired ones through the job store."""
 
-    def __init__(self, store: ConsumeOps) -> None:
+    def __init__(self, store: JobStore) -> None:
         self.store = store
         self.config = store.config
         self.queues = store.queues  # the store's own dict, never replaced
@@ -271,7 +272,7 @@ class JobGroups:
         """`take_many` for a queue with job groups: its ungrouped jobs first, then its groups
         round-robin within their limits."""
         store = self.store
-        taken = store.take_many(fx, q, count, now, False, False)
+        taken = take_ready(store, fx, q, count, now)
         table = q.groups
         if table is None or len(taken) >= count:
             return taken

@@ -186,7 +186,7 @@ class Job:
         # A tuple of (state, timestamp, attempt) triples. Tuples of plain values are objects
         # the cyclic GC stops tracking at its first pass (a list stays tracked), and the engine
         # keeps up to 50,000 completed jobs that collections walk. Jobs admitted and moved
-        # together share their timeline (`JobStore._move_run` extends it). `timeline_view`
+        # together share their timeline (`JobStore.move_run` extends it). `timeline_view`
         # gives the wire form.
         self.timeline: Timeline = ()
         self.opts: Mapping[str, Any] = NO_OPTIONS

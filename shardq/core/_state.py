@@ -94,8 +94,6 @@ class JobStore:
         self.timeouts: list[tuple[int, str, int]] = []
         self.ttl_heap: list[tuple[int, str, int]] = []
         self.unleased: dict[str, None] = {}
-        # Unleased jobs found late at the last stall check: id -> (delivery, lastHeartbeat).
-        self.stall_candidates: dict[str, tuple[int, int]] = {}
         self.conn_jobs: dict[str, dict[str, int]] = {}
         self.job_conn: dict[str, str] = {}
         self.unique: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -107,7 +105,6 @@ class JobStore:
         self.dep_done: dict[str, None] = {}
         self.dep_done_order: deque[str] = deque()
         self.finalized: OrderedDict[str, str] = OrderedDict()
-        self.next_stall_check = 0
         # Jobs of durable pushes whose commit is not confirmed yet: never delivered (`hold`).
         self.held: set[str] = set()
         # Cancels of active jobs this turn, for the connections that run them (`_control`):
@@ -232,7 +229,7 @@ class JobStore:
             opts = job.opts
             if opts and q.groups is None and opts.get("groupId") is not None:
                 q.watch_group(job)
-            if opts and self._blocked_by_deps(job):
+            if opts and self.blocked_by_deps(job):
                 state = WAITING_CHILDREN
             else:
                 state = DELAYED if job.run_at > now else WAITING
@@ -274,7 +271,7 @@ class JobStore:
         Raises:
             IllegalTransition: the lifecycle table forbids `event` in the job's state.
         """
-        # `_move_run` does the same for many jobs at once; this is its one-job case, kept
+        # `move_run` does the same for many jobs at once; this is its one-job case, kept
         # apart because single commands and every timer and control path come through here.
         state = job.state
         new = next_state(job.id, state, event)
@@ -316,7 +313,7 @@ class JobStore:
             if job.state != state or job.queue != queue:
                 break
         else:  # the common case: one run
-            self._move_run(fx, jobs, state, queue, event, now, changes)
+            self.move_run(fx, jobs, state, queue, event, now, changes)
             return
         count = len(jobs)
         start = 0
@@ -327,10 +324,10 @@ class JobStore:
             while end < count and jobs[end].state == state and jobs[end].queue == queue:
                 end += 1
             part = changes if isinstance(changes, dict) else changes[start:end]
-            self._move_run(fx, jobs[start:end], state, queue, event, now, part)
+            self.move_run(fx, jobs[start:end], state, queue, event, now, part)
             start = end
 
-    def _move_run(
+    def move_run(
         self,
         fx: Effects,
         jobs: Sequence[Job],
@@ -394,7 +391,7 @@ class JobStore:
         job.priority = changes.get("priority", job.priority)
         job.lifo = bool(changes.get("lifo", job.lifo))
         job.run_at = changes.get("runAt", job.run_at)
-        self._enter(job, q)
+        self.enter(job, q)
         fx.mutations.append(("upd", job.key, changes))
 
     def requeue_or_delay(
@@ -425,7 +422,7 @@ class JobStore:
     def _leave(self, job: Job, q: QueueState) -> None:
         self._leave_all((job,), q, job.state)
 
-    def _enter(self, job: Job, q: QueueState) -> None:
+    def enter(self, job: Job, q: QueueState) -> None:
         self._enter_all((job,), q, job.state)
 
     def _leave_all(self, jobs: Sequence[Job], q: QueueState, state: str) -> None:
@@ -521,7 +518,7 @@ class JobStore:
 
     # -- dependencies ----------------------------------------------------------------------
 
-    def _blocked_by_deps(self, job: Job) -> bool:
+    def blocked_by_deps(self, job: Job) -> bool:
         if job.opts.get("childrenIds"):
             return self.flows.blocked(job)
         deps = job.opts.get("dependsOn")

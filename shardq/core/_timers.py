@@ -1,4 +1,5 @@
-"""What time does: promotions, lease expiry, timeouts, TTLs, stalls, DLQ upkeep, and recovery."""
+"""What time does (the `timers` component): promotions, lease expiry, timeouts, TTLs, stalls,
+DLQ upkeep, and recovery."""
 
 from __future__ import annotations
 
@@ -7,27 +8,45 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._consume import ConsumeOps
-from ._effects import Effects, Event
+from ._consume import Consumer
+from ._effects import Effects
 from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, DELAYED, TERMINAL_STATES, WAITING, WAITING_CHILDREN
-from ._mutations import Mutation, Record
+from ._mutations import Record
 from ._options import as_int
+from ._parts import DeadLetterPart
+from ._state import JobStore
 from ._tables import claim_unique, evict_completed, push_leases, retain_completed
 
-__all__ = ["TimerOps"]
+__all__ = ["Timers"]
 
 
-class TimerOps(ConsumeOps):
-    def tick(self, now: int) -> tuple[list[Event], list[Mutation]]:
-        """Fire every deadline that is due at `now`; return the events and mutations."""
-        fx = Effects()
-        self._tick(fx, int(now))
-        return fx.events, fx.mutations
+class Timers:
+    """What time does to the jobs (the engine's `timers` component): promotions, lease
+    expiry, timeouts, TTLs, stalls, the DLQ upkeep in its place and completed retention; and
+    recovery, which loads stored jobs into the store. Owns the stall watch's own state."""
 
-    def _tick(self, fx: Effects, now: int) -> None:
-        """The deadlines of the jobs; the engine runs its components' after these."""
-        self.promote_due(fx, now)
+    def __init__(self, store: JobStore, consume: Consumer, dead_letters: DeadLetterPart) -> None:
+        self.store = store
+        self.consume = consume
+        self.dead_letters = dead_letters
+        self.jobs = store.jobs
+        self.queues = store.queues
+        self.config = store.config
+        self.rng = store.rng
+        self.leases = store.leases
+        self.unleased = store.unleased
+        self.timeouts = store.timeouts
+        self.ttl_heap = store.ttl_heap
+        self.lease_heap = store.lease_heap
+        # Unleased jobs found late at the last stall check: id -> (delivery, lastHeartbeat).
+        self.stall_candidates: dict[str, tuple[int, int]] = {}
+        self.next_stall_check = 0
+
+    def tick(self, fx: Effects, now: int) -> None:
+        """Fire every deadline of the jobs that is due at `now`; the engine runs its other
+        components' after these."""
+        self.consume.promote_due(fx, now)
         self._expire_leases(fx, now)
         self._expire_timeouts(fx, now)
         self._expire_ttls(fx, now)
@@ -35,33 +54,33 @@ class TimerOps(ConsumeOps):
             self._check_stalls(fx, now)
             self.next_stall_check = now + self.config.stall_check_ms
         self.dead_letters.tick(fx, now)
-        if self.config.completed_retention_ms and self.completed_order:
+        if self.config.completed_retention_ms and self.store.completed_order:
             self._expire_completed(fx, now)
 
     def next_deadline(self) -> int | None:
         """When `tick` next has work to do, or None when nothing is scheduled."""
-        heaps = (self.delayed, self.lease_heap, self.timeouts, self.ttl_heap)
+        heaps = (self.store.delayed, self.lease_heap, self.timeouts, self.ttl_heap)
         times: list[int] = [h[0][0] for h in heaps if h]
         if self.unleased:
             times.append(self.next_stall_check)
         dlq = self.dead_letters.deadline()
         if dlq is not None:
             times.append(dlq)
-        if self.config.completed_retention_ms and self.completed_order:
+        if self.config.completed_retention_ms and self.store.completed_order:
             times.append(self._completed_expiry())
         return min(times) if times else None
 
     def _completed_expiry(self) -> int:
         """When the oldest completed job outlives completed_retention_ms."""
-        oldest = self.jobs.get(next(iter(self.completed_order)))
+        oldest = self.jobs.get(next(iter(self.store.completed_order)))
         finished = oldest.completed_at if oldest is not None else None
         return (finished or 0) + self.config.completed_retention_ms
 
     def _expire_completed(self, fx: Effects, now: int) -> None:
         # completed_order is in completion order, so the expired ones are at its front.
-        completed = self.completed_order
+        completed = self.store.completed_order
         while completed and self._completed_expiry() <= now:
-            evict_completed(self, fx, completed.popitem(last=False)[0])
+            evict_completed(self.store, fx, completed.popitem(last=False)[0])
 
     # -- deadlines -------------------------------------------------------------------------
 
@@ -81,7 +100,7 @@ class TimerOps(ConsumeOps):
             if lease is None or lease.token != token:
                 continue
             if lease.expires_at > now:
-                push_leases(self, lease.expires_at, [self.jobs[job_id]])
+                push_leases(self.store, lease.expires_at, [self.jobs[job_id]])
                 continue
             self.stall(fx, self.jobs[job_id], now, backoff=False)
 
@@ -94,9 +113,9 @@ class TimerOps(ConsumeOps):
                 continue
             timeout = job.opts.get("timeout")
             job.failed_reason = f"Job timed out after {timeout}ms"
-            self.finalize(job)
+            self.store.finalize(job)
             fx.events.append(("timeout", job.queue, job.id))
-            self.charge(fx, job, now, "timeout")
+            self.consume.charge(fx, job, now, "timeout")
 
     def _expire_ttls(self, fx: Effects, now: int) -> None:
         heap = self.ttl_heap
@@ -105,7 +124,7 @@ class TimerOps(ConsumeOps):
             job = self.jobs.get(job_id)
             if job is not None and job.seq == seq and job.state in (WAITING, DELAYED):
                 fx.events.append(("expired", job.queue, job.id))
-                self.move(fx, job, "expire", now, {})
+                self.store.move(fx, job, "expire", now, {})
 
     def _check_stalls(self, fx: Effects, now: int) -> None:
         """Two-phase, as bunqueue's `checkStalledJobs`: a late job first becomes a candidate
@@ -121,7 +140,7 @@ class TimerOps(ConsumeOps):
                 self.stall_candidates[job_id] = (job.delivery, job.last_heartbeat)
 
     def _is_late(self, job: Job, now: int) -> bool:
-        cfg = self.queue(job.queue).stall
+        cfg = self.store.queue(job.queue).stall
         if not cfg.get("enabled", True) or job.started_at is None:
             return False
         limit = as_int(job.opts.get("stallTimeout"), as_int(cfg.get("stallInterval"), 30_000))
@@ -142,49 +161,27 @@ class TimerOps(ConsumeOps):
             "stallCount": job.stall_count,
             "lastHeartbeat": now,
         }
-        max_stalls = as_int(self.queue(job.queue).stall.get("maxStalls"), 3)
+        max_stalls = as_int(self.store.queue(job.queue).stall.get("maxStalls"), 3)
         fx.events.append(("stalled", job.queue, job.id))
         if job.attempts >= job.max_attempts or job.stall_count >= max_stalls:
             # The sweep retired this delivery: its late ACK is answered "already-finalized".
-            self.finalize(job)
+            self.store.finalize(job)
         if job.attempts >= job.max_attempts:
             job.failed_reason = f"Job reached max attempts ({job.max_attempts})"
             changes["failedReason"] = job.failed_reason
-            self.dead(fx, job, "max_attempts_exceeded", now, changes)
+            self.store.dead(fx, job, "max_attempts_exceeded", now, changes)
         elif job.stall_count >= max_stalls:
             job.failed_reason = f"Job stalled {job.stall_count} times"
             changes["failedReason"] = job.failed_reason
-            self.dead(fx, job, "stalled", now, changes)
+            self.store.dead(fx, job, "stalled", now, changes)
         else:
             if backoff:
                 job.run_at = now + backoff_delay(job, self.rng)
-            self.requeue_or_delay(fx, job, "requeue", now, changes)
+            self.store.requeue_or_delay(fx, job, "requeue", now, changes)
 
     # -- recovery and replay ---------------------------------------------------------------
 
     def restore(
-        self,
-        records: Iterable[Record],
-        queues: Mapping[str, Mapping[str, Any]],
-        now: int,
-        *,
-        recover: bool = True,
-        **more: Any,
-    ) -> list[Mutation]:
-        """Load persisted records into this (empty) engine.
-
-        With `recover`, jobs that were active when the process died come back with attempts
-        + 1 (or go to the DLQ at the limit), as bunqueue's startup recovery does
-        (docs/protocol.md §4.12).
-        Without it, the records are loaded exactly as they are: the replay of a mutation stream.
-        `more`: what the components restore besides jobs (`crons`, `webhooks`).
-        Returns the mutations recovery made (its events are dropped: nobody listens yet).
-        """
-        fx = Effects()
-        self._restore(fx, records, queues, int(now), recover=recover, **more)
-        return fx.mutations
-
-    def _restore(
         self,
         fx: Effects,
         records: Iterable[Record],
@@ -193,8 +190,15 @@ class TimerOps(ConsumeOps):
         *,
         recover: bool = True,
     ) -> None:
+        """Load persisted records into the (empty) store (`Engine.restore`).
+
+        With `recover`, jobs that were active when the process died come back with attempts
+        + 1 (or go to the DLQ at the limit), as bunqueue's startup recovery does
+        (docs/protocol.md §4.12). Without it, the records are loaded exactly as they are: the
+        replay of a mutation stream.
+        """
         for name, cfg in queues.items():
-            self.queue(name).load_config(dict(cfg))
+            self.store.queue(name).load_config(dict(cfg))
         active: list[Job] = []
         for rec in records:
             job = self._load(Job.from_record(rec), now)
@@ -202,10 +206,10 @@ class TimerOps(ConsumeOps):
                 active.append(job)
         for job in self.jobs.values():
             if job.state == WAITING_CHILDREN:
-                self._blocked_by_deps(job)
+                self.store.blocked_by_deps(job)
         self._restore_orders()
-        for job in [self.jobs[i] for i in self.completed_order]:
-            retain_completed(self, fx, job)
+        for job in [self.jobs[i] for i in self.store.completed_order]:
+            retain_completed(self.store, fx, job)
         for job in active:
             if recover:
                 self.stall(fx, job, now, backoff=True)
@@ -219,9 +223,9 @@ class TimerOps(ConsumeOps):
         not be committed, so the copy in memory holds values the disk never will.
         Whatever this emits is dropped: it restores what the disk holds."""
         fx = Effects()
-        job = self.find(job_id)
+        job = self.store.find(job_id)
         if job is not None:
-            self.remove(fx, job, emit=False)
+            self.store.remove(fx, job, emit=False)
         if record is not None:
             job = self._load(Job.from_record(record), int(now))
             if job.state == ACTIVE:
@@ -233,19 +237,19 @@ class TimerOps(ConsumeOps):
             dlq = sorted(q.dlq, key=lambda i: _entry_seq(self.jobs[i]))
             q.dlq = OrderedDict.fromkeys(dlq)
         jobs = self.jobs
-        done = sorted(self.completed_order, key=lambda i: (_finished(jobs[i]), jobs[i].seq))
-        self.completed_order = OrderedDict.fromkeys(done)
+        done = sorted(self.store.completed_order, key=lambda i: (_finished(jobs[i]), jobs[i].seq))
+        self.store.completed_order = OrderedDict.fromkeys(done)
 
     def _load(self, job: Job, now: int) -> Job:
-        self.seq = max(self.seq, job.seq, _entry_seq(job))
+        self.store.seq = max(self.store.seq, job.seq, _entry_seq(job))
         self.jobs[job.id] = job
-        q = self.queue(job.queue)
+        q = self.store.queue(job.queue)
         q.ids[job.id] = None
         if job.opts:
             q.watch_group(job)
-        self._enter(job, q)
+        self.store.enter(job, q)
         if job.state not in TERMINAL_STATES or (job.dedup_until or 0) > now:
-            claim_unique(self, job)
+            claim_unique(self.store, job)
         ttl = job.opts.get("ttl")
         if ttl:
             heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))

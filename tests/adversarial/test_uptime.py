@@ -58,12 +58,12 @@ def hour(engine: Engine, r: int, now: int) -> None:
 
 def caps_held(engine: Engine) -> dict[str, int]:
     sizes = {
-        "completed_order": len(engine.completed_order),
-        "results_order": len(engine.results_order),
-        "unique": len(engine.unique),
-        "finalized": len(engine.finalized),
-        "dep_done": len(engine.dep_done),
-        "leases": len(engine.leases),
+        "completed_order": len(engine.store.completed_order),
+        "results_order": len(engine.store.results_order),
+        "unique": len(engine.store.unique),
+        "finalized": len(engine.store.finalized),
+        "dep_done": len(engine.store.dep_done),
+        "leases": len(engine.store.leases),
         "jobs": len(engine.jobs),
     }
     assert sizes["completed_order"] <= CAPS.max_completed

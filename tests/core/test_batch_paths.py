@@ -107,7 +107,7 @@ def state_of(engine: Engine) -> dict[str, Any]:
             "prioritized": q.prioritized,
             "dlq": list(q.dlq),
         }
-    delayed = sorted(k for k in engine.delayed if live(k, "dkey"))
+    delayed = sorted(k for k in engine.store.delayed if live(k, "dkey"))
     return {
         "records": {job_id: job.to_record() for job_id, job in engine.jobs.items()},
         "tokens": {job_id: (job.token, job.delivery) for job_id, job in engine.jobs.items()},
@@ -115,14 +115,14 @@ def state_of(engine: Engine) -> dict[str, Any]:
         "delayed": [k[-1] for k in delayed],
         "leases": {
             i: (lease.token, lease.owner, lease.conn, lease.expires_at, lease.ttl)
-            for i, lease in engine.leases.items()
+            for i, lease in engine.store.leases.items()
         },
-        "unleased": list(engine.unleased),
-        "completed": list(engine.completed_order),
-        "results": list(engine.results_order),
-        "dep_done": list(engine.dep_done),
-        "unique": list(engine.unique.items()),
-        "seq": engine.seq,
+        "unleased": list(engine.store.unleased),
+        "completed": list(engine.store.completed_order),
+        "results": list(engine.store.results_order),
+        "dep_done": list(engine.store.dep_done),
+        "unique": list(engine.store.unique.items()),
+        "seq": engine.store.seq,
     }
 
 
@@ -161,7 +161,7 @@ class Pair:
         # push again. (A refused PUSHB admits nothing where single pushes would admit the
         # entries before the bad one; and PUSHB accepts a dependency on a custom id of the
         # same batch even when that entry turns out to be a duplicate.)
-        known = set(self.batch.jobs) | set(self.batch.dep_done)
+        known = set(self.batch.jobs) | set(self.batch.store.dep_done)
         known -= {e["customId"] for e in entries if "customId" in e}
         for entry in entries:
             deps = [d for d in entry.pop("dependsOn", ()) if d in known]
@@ -275,7 +275,7 @@ def test_one_lease_heap_entry_per_pull_batch_expires_every_lease() -> None:
     engine = Engine(seed=1)
     _run(engine, {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": i} for i in range(50)]})
     reply = _run(engine, {"cmd": "PULLB", "queue": "q", "owner": "w", "count": 50})
-    assert len(engine.lease_heap) == 1
+    assert len(engine.store.lease_heap) == 1
     events, _ = engine.tick(1_000 + 30_000)
     assert sorted(e[2] for e in events if e[0] == "stalled") == sorted(
         j["id"] for j in reply["jobs"]

@@ -19,7 +19,7 @@ def test_an_active_job_is_dead_lettered_and_its_connection_told(d: Driver) -> No
     assert job["failedReason"] == "cancelled: stop" and job["attempts"] <= 1
     entries = d.ok({"cmd": "Dlq", "queue": "q"})["entries"]
     assert [(e["job"]["id"], e["reason"]) for e in entries] == [(job_id, "cancelled")]
-    assert d.engine.cancel_notices == [
+    assert d.engine.store.cancel_notices == [
         {"conn": "c7", "jobId": job_id, "queue": "q", "reason": "cancelled: stop"}
     ]
     # Nothing is delivered again: the job is not retried, and the lease is gone.
@@ -38,7 +38,7 @@ def test_queued_and_finished_jobs_with_active(d: Driver) -> None:
     d.run_to_completion(queue="solo")
     message = d.err({"cmd": "Cancel", "id": done, "active": True})
     assert message == "Job not found or cannot be cancelled"
-    assert d.engine.cancel_notices == []  # a queued job has no worker to tell
+    assert d.engine.store.cancel_notices == []  # a queued job has no worker to tell
 
 
 def test_a_cancelled_child_fails_its_flow_parent(d: Driver) -> None:

@@ -71,7 +71,7 @@ class EngineMachine(RuleBasedStateMachine):
         return reply
 
     def current_token(self, job_id: str) -> str | None:
-        lease = self.engine.leases.get(job_id)
+        lease = self.engine.store.leases.get(job_id)
         return lease.token if lease else None
 
     def forget_superseded(self) -> None:
@@ -336,7 +336,7 @@ class EngineMachine(RuleBasedStateMachine):
                 if self.current_token(job_id) == token:
                     assert job_id not in current, f"two live leases on {job_id}"
                     current[job_id] = token
-        for job_id in self.engine.leases:
+        for job_id in self.engine.store.leases:
             assert self.engine.jobs[job_id].state == ACTIVE
 
     @invariant()
@@ -362,7 +362,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert q.prioritized == sum(1 for j in waiting if j.priority > 0)
             live = {id(k) for k in q.ready}
             assert all(id(j.hkey) in live for j in waiting), "a waiting job fell out of its heap"
-        delayed = {id(k) for k in self.engine.delayed}
+        delayed = {id(k) for k in self.engine.store.delayed}
         for job in self.engine.jobs.values():
             if job.state == DELAYED:
                 assert id(job.dkey) in delayed

@@ -99,7 +99,7 @@ def test_lease_durations_are_bounded(d: Driver, cmd: dict[str, Any], error: str)
     _, token = d.pull_id(at=NOW, owner="w")
     cmd = {"id": job_id, "token": token, "ids": [job_id], "tokens": [token], **cmd}
     assert d.err(cmd, NOW).startswith(error)
-    assert d.engine.leases[job_id].expires_at < INT64_MAX
+    assert d.engine.store.leases[job_id].expires_at < INT64_MAX
 
 
 @pytest.mark.parametrize(

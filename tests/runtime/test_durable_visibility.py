@@ -2,7 +2,7 @@
 
 Against the real server: the writer is paused with SIGSTOP, so a durable push cannot commit;
 a worker's pull in between gets nothing, and after SIGCONT it gets the job. The engine-level
-tests check the same rule without processes (`Engine.hold` / `Engine.confirm`).
+tests check the same rule without processes (`JobStore.hold` / `JobStore.confirm`).
 """
 
 from __future__ import annotations
@@ -125,24 +125,24 @@ def _waiting(tcp: Tcp, queue: str) -> int:
 def test_held_jobs_wait_for_confirm_in_their_order() -> None:
     engine = Engine(seed=1)
     ids = [engine.apply({"cmd": "PUSH", "queue": "q", "data": n}, T0).reply["id"] for n in range(3)]
-    engine.hold(ids[:2])
+    engine.store.hold(ids[:2])
     assert engine.apply({"cmd": "PULL", "queue": "q"}, T0).reply["job"]["id"] == ids[2]
     assert engine.apply({"cmd": "PULL", "queue": "q"}, T0).reply["job"] is None
     # A reprioritised held job stays held.
     assert engine.apply({"cmd": "ChangePriority", "id": ids[1], "priority": 5}, T0).reply["ok"]
     assert engine.apply({"cmd": "PULL", "queue": "q"}, T0).reply["job"] is None
-    assert engine.confirm(ids[:2]) == {"q"}
+    assert engine.store.confirm(ids[:2]) == {"q"}
     pulled = [engine.apply({"cmd": "PULL", "queue": "q"}, T0).reply["job"]["id"] for _ in range(2)]
     assert pulled == [ids[1], ids[0]]  # priority first, as without the hold
-    assert not engine.held
+    assert not engine.store.held
 
 
 def test_a_forgotten_held_job_leaves_nothing_behind() -> None:
     engine = Engine(seed=1)
     (job_id,) = [engine.apply({"cmd": "PUSH", "queue": "q", "data": 1}, T0).reply["id"]]
-    engine.hold([job_id])
-    assert engine.forget([job_id], stored=False) == []
-    assert engine.find(job_id) is None and not engine.held
-    assert engine.confirm([job_id]) == set()
+    engine.store.hold([job_id])
+    assert engine.store.forget([job_id], stored=False) == []
+    assert engine.find(job_id) is None and not engine.store.held
+    assert engine.store.confirm([job_id]) == set()
     counts = engine.apply({"cmd": "GetJobCounts", "queue": "q"}, T0).reply["counts"]
     assert counts["waiting"] == 0

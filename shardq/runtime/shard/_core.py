@@ -229,9 +229,10 @@ class ShardCore:
         # After the batch that stores them: a notice never reaches a parent before the
         # child's outcome it reports is on its way to disk.
         out.extend(("front", msg) for msg in self.flows.take(now))
-        if self.engine.cancel_notices:
+        store = self.engine.store
+        if store.cancel_notices:
             # After the batch that dead-letters them: the worker is told of a settled fact.
-            notices, self.engine.cancel_notices = self.engine.cancel_notices, []
+            notices, store.cancel_notices = store.cancel_notices, []
             out.append(("front", msgs.cancel(notices)))
         out.extend(self.take_replies())
         if self.draining and not self._drained_sent and self.engine.query.active_count() == 0:
@@ -323,14 +324,14 @@ class ShardCore:
             # A flow's part on this shard stays held until its FlowRelease.
             flow_part = envelope is not None and envelope.get(msgs.ENVELOPE_HOLD) is True
             if flow_part:
-                self.engine.hold(_new_jobs(muts))
+                self.engine.store.hold(_new_jobs(muts))
             if is_durable(name, cmd):
                 self._absorb(muts, outcome.events, durable=True)
                 self._durable.append([conn, rid, reply])
                 if not flow_part:
                     # Its new jobs are not deliverable before their commit is confirmed.
                     new = _new_jobs(muts)
-                    self.engine.hold(new)
+                    self.engine.store.hold(new)
                     self._durable_ids.extend(new)
                 return None
         self._absorb(muts, outcome.events)
@@ -449,7 +450,7 @@ class ShardCore:
         """WaitJob's answer if it is final now, None while the job may still complete."""
         job = self.engine.find(job_id)
         if job is None:
-            if isinstance(job_id, str) and self.engine.is_completed(job_id):
+            if isinstance(job_id, str) and self.engine.store.is_completed(job_id):
                 return {"ok": True, "completed": True, "result": None}
             return {"ok": False, "error": "Job not found"}
         if job.state == "completed":

@@ -71,11 +71,11 @@ def release_memory(engine: Engine) -> bool:
     gc.collect()
     tables: list[MutableMapping[Any, Any]] = [
         engine.jobs,
-        engine.completed_order,
-        engine.results_order,
-        engine.unleased,
-        engine.leases,
-        engine.job_conn,
+        engine.store.completed_order,
+        engine.store.results_order,
+        engine.store.unleased,
+        engine.store.leases,
+        engine.store.job_conn,
     ]
     for q in engine.queues.values():
         tables += (q.ids, q.dlq)

@@ -224,7 +224,7 @@ class WriterBatches:
             # No kind can reach the disk: the job's copy in memory holds a value no store
             # can take, so it goes, as a rejected put does (its stored row, if any, comes back
             # at the next start). A reply still to be sent for it becomes an error.
-            self._absorb(self._engine.forget((job_id,), stored=False), ())
+            self._absorb(self._engine.store.forget((job_id,), stored=False), ())
             message = f"Job too large to store: {error}" if too_large else INTERNAL_SERVER_ERROR
             refused = {"ok": False, "error": message}
             for pending in (held, self._replies):
@@ -246,7 +246,7 @@ class WriterBatches:
         while held and held[0][0] <= committed:
             self._replies.extend(held.popleft()[1])
         while holding and holding[0][0] <= committed:
-            self._woken.update(self._engine.confirm(holding.popleft()[1]))
+            self._woken.update(self._engine.store.confirm(holding.popleft()[1]))
 
     def on_fail(self, msg: dict[str, Any], now: int) -> None:
         seq = msg.get("seq")
@@ -275,7 +275,7 @@ class WriterBatches:
         self._unconfirmed = deque((s, m) for s, m in self._unconfirmed if s != seq)
         self._holding = deque((s, ids) for s, ids in self._holding if s != seq)
         puts = [key for kind, key in map(describe, batch["muts"]) if kind == "put" and key]
-        self._absorb(self._engine.forget([job_id_of(key) for key in puts], stored=False), ())
+        self._absorb(self._engine.store.forget([job_id_of(key) for key in puts], stored=False), ())
 
     def on_rejected(self, msg: dict[str, Any], now: int) -> None:
         """The writer could not store some mutations of batch `seq` (docs/runtime.md): make
@@ -298,7 +298,7 @@ class WriterBatches:
         """A job's put was rejected: it is not stored, so it must not stay in memory. A durable
         push still waiting for it is answered with an error, and the other jobs of that
         push are deleted too, so that a client that retries it creates no duplicate."""
-        self._absorb(self._engine.forget((job_id,), stored=False), ())
+        self._absorb(self._engine.store.forget((job_id,), stored=False), ())
         refused = {"ok": False, "error": f"Storage rejected job {job_id}: {error}"}
         for held_seq, items in self._held:
             if held_seq != seq:
@@ -309,7 +309,7 @@ class WriterBatches:
                     item[2] = refused
                     ids = reply.get("ids") or ()
                     others = [i for i in ids if isinstance(i, str) and i != job_id]
-                    self._absorb(self._engine.forget(others, stored=True), ())
+                    self._absorb(self._engine.store.forget(others, stored=True), ())
 
     # -- a writer that restarts ------------------------------------------------------------
 
