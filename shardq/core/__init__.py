@@ -1,9 +1,11 @@
 """shardq's pure core: the queue engine. It does no I/O and never reads the clock.
 
-`Engine` is a job store (the jobs, queues, leases and their transitions) composed with the
-parts that own a feature's tables: the queue limiter, the job groups, cron, flows, the webhook
-registry and the dead letters. A registry maps each command to its schema entry, its field
-check and the part's handler; `Engine.apply(command, now, conn)` returns an `Outcome`.
+`Engine` builds one job store (`JobStore`: the jobs, queues, leases and the transitions that
+alone change them) and the components over it: the job operations (produce, consume, control,
+admin, query, introspect, timers) and the parts that own a feature's tables (the queue
+limiter, the job groups, cron, flows, the webhook registry and the dead letters). A registry
+maps each command to its schema entry, its field check and the component's handler;
+`Engine.apply(command, now, conn)` returns an `Outcome`.
 
 Owns: one shard's queues, jobs, leases, groups, limits, cron schedules, flows, webhook
 registry and dead-letter queues, in memory.

@@ -16,21 +16,27 @@ with `release`.
 Every entry point makes one `Outcome` (`_effects.py`) and hands it, as `fx`, to the handler
 and to each method that emits a mutation or a job event; nothing of a call stays on the engine.
 
-How it is composed. The engine is the job store, the one owner of jobs: `EngineTables`
-(`_tables.py`) and `JobStore` (`_state.py`: `admit`, `move`, `remove`, `dead`, `revive`) with
-the job operations over them as mixins (produce, consume, control, admin, query, introspect,
-timers). Each feature is a component the engine builds and holds by attribute: `limiter`
-(`QueueLimiter`, `_limits.py`), `groups` (`JobGroups`, `_group_ops.py`), `flows` (`Flows`,
-`_flows.py`), `dead_letters` (`DeadLetters`, `_dlq.py`), `cron` (`CronScheduler`, `_cron.py`)
-and `webhooks` (`WebhookRegistry`, `_webhooks.py`). A component owns its own tables, holds a
-reference to the store and changes jobs only through it, and is handed `fx` explicitly. The
-store calls a component where one of its jobs concerns it (`limiter.held_back`/
-`freed_active`, `groups.take`, `flows.blocked`/`child_finished`, `dead_letters.queues`); the
-engine runs each component's `tick`, `deadline` and restore after the store's (the DLQ upkeep
-keeps its place inside the store's timer pass). The registry (`COMMANDS`, built into `Route`s
-once per engine) maps each command to its schema entry, its generated field check and the
-bound method of the part that answers it, so a command costs one lookup and no call more than
-its handler and check.
+How it is composed. The engine builds one job store, `JobStore` (`_state.py`): the one owner
+of the jobs' tables, and the only code that changes a job's state (`admit`, `move`, `remove`,
+`dead`, `revive`; its bookkeeping that changes no state is functions in `_tables.py`). Every
+other part is a component the engine builds and holds by attribute, holding the store and the
+other components it calls. The job operations: `produce` (`Producer`, `_produce.py`),
+`consume` (`Consumer`, `_consume.py`), `control` (`JobControl`, `_control.py`), `admin`
+(`QueueAdmin`, `_admin.py`), `query` (`Queries`, `_query.py`), `introspect`
+(`Introspection`, `_introspect.py`) and `timers` (`Timers`, `_timers.py`). The features:
+`limiter` (`QueueLimiter`, `_limits.py`), `groups` (`JobGroups`, `_group_ops.py`), `flows`
+(`Flows`, `_flows.py`), `dead_letters` (`DeadLetters`, `_dlq.py`), `cron` (`CronScheduler`,
+`_cron.py`) and `webhooks` (`WebhookRegistry`, `_webhooks.py`). A component owns its own
+tables, changes jobs only through the store, and is handed `fx` explicitly. The store calls
+a component where one of its jobs concerns it (`limiter.freed_active`, `flows.blocked`/
+`child_finished`, `dead_letters.queues`), typed by the protocols in `_parts.py`; so does
+consume (`groups.take`, `limiter.held_back`, `flows.child_finished`, and
+`produce.push_successor` when a repeating job completes). Nothing inherits from anything:
+`tick`, `next_deadline` and `restore` below call the timers (the store's deadlines and
+recovery) and then each feature's, in that order (the DLQ upkeep keeps its place inside the
+timers' pass). The registry (`COMMANDS`, built into `Route`s once per engine) maps each
+command to its schema entry, its generated field check and the bound method of the component
+that answers it, so a command costs one lookup and no call more than its handler and check.
 """
 
 from __future__ import annotations
@@ -64,8 +70,8 @@ __all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine", "Route"]
 
 Handler = Callable[[Effects, Mapping[str, Any], int], dict[str, Any]]
 
-# The registry's static half: which part of the engine answers each command, and with which
-# of its methods ("" is the engine itself, its job store). `Engine.__init__` joins each to the
+# The registry's static half: which component of the engine answers each command, and with
+# which of its methods. `Engine.__init__` joins each to the
 # command's schema entry and field check, and binds the method once.
 _PRODUCE: Final[dict[str, str]] = {"PUSH": "cmd_push", "PUSHB": "cmd_pushb"}
 

@@ -365,7 +365,7 @@ class Flows:
     def cmd_pushf(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         """An atomic flow graph (or, with several shards, this shard's part of one): every
         node is admitted, or none is. A part of a flow spanning shards is held from delivery
-        until its `FlowRelease` by the shard (`engine.hold`), which its request's envelope
+        until its `FlowRelease` by the shard (`JobStore.hold`), which its request's envelope
         tells to (the front end's first phase, docs/protocol.md §20.3)."""
         nodes = flow_nodes(cmd.get("jobs"))
         error = graph_error((job_id, fields) for job_id, _queue, fields in nodes)

@@ -1,10 +1,10 @@
-"""What the job store and the engine's parts know of each other: the calls each makes.
+"""What the job store and the job operations know of the feature components they call.
 
-The job store (`JobStore` and the mixins over it) calls into the parts that hold jobs back
-(the limiter, the groups, the flows, the dead letters) at its transitions; the flows call the
-store's transitions and pushes back. Each side is typed against a protocol here rather than
-against the other's class, so no module of the core imports another that imports it back,
-even for annotations.
+The job store (`JobStore`, `_state.py`) calls into the parts that hold jobs back (the limiter,
+the flows, the dead letters) at its transitions, and the consume component calls the groups
+(a grouped queue's pull), the limiter and the flows. Those components hold the store (and
+produce) by class; the store and consume know them only by the protocols here, so no module
+of the core imports another that imports it back, even for annotations.
 """
 
 from __future__ import annotations

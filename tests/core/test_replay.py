@@ -30,7 +30,9 @@ def snapshot(engine: Engine) -> dict[str, Any]:
             continue  # an empty queue with default controls leaves no trace, by design
         ready = [k[-1] for k in sorted(q.ready) if _owned(engine, k, "hkey")]
         delayed = [
-            k[-1] for k in sorted(engine.store.delayed) if k[-1] in q.ids and _owned(engine, k, "dkey")
+            k[-1]
+            for k in sorted(engine.store.delayed)
+            if k[-1] in q.ids and _owned(engine, k, "dkey")
         ]
         records = {}
         for job_id in sorted(q.ids):
