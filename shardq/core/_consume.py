@@ -22,7 +22,7 @@ from typing import Any, Final, NamedTuple
 from shardq.errors import CommandError
 
 from ._effects import Effects
-from ._job import Job, backoff_delay
+from ._job import CompactJobs, Job, backoff_delay, wire_maps
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
 from ._options import as_int, check_number, is_number, validate_queue_name
 from ._parts import FlowPart, GroupPart, LimiterPart
@@ -52,8 +52,13 @@ class Consumer:
         groups: GroupPart,
         flows: FlowPart,
         produce: Producer,
+        *,
+        compact_pulls: bool = False,
     ) -> None:
         self.store = store
+        # PULLB answers `CompactJobs` instead of wire maps: for a host that packs replies
+        # itself and would rather not build 44-key maps per job (the shard process).
+        self.compact_pulls = compact_pulls
         self.limiter = limiter
         self.groups = groups
         self.flows = flows
@@ -100,10 +105,14 @@ class Consumer:
         q = self.ready_queue(fx, queue, now)
         taken = self.take_many(fx, q, as_int(cmd.get("count"), 1), now) if q is not None else []
         tokens = self.activate_all(fx, taken, self._grant(fx, cmd, owner), now) if taken else []
-        reply: dict[str, Any] = {"ok": True, "jobs": self.store.pulled(taken)}
+        reply: dict[str, Any] = {"ok": True, "jobs": self.pulled(taken)}
         if owner is not None:
             reply["tokens"] = [token or "" for token in tokens]
         return reply
+
+    def pulled(self, jobs: list[Job]) -> list[dict[str, Any]] | CompactJobs:
+        """How PULLB puts its jobs in the reply: wire maps, or `CompactJobs` snapshots."""
+        return CompactJobs.of(jobs) if self.compact_pulls else wire_maps(jobs)
 
     def _check_pull(self, cmd: Mapping[str, Any]) -> str:
         queue = cmd.get("queue")

@@ -226,7 +226,7 @@ class Engine:
         seed: int | None = None,
         compact_pulls: bool = False,
     ) -> None:
-        store = self.store = JobStore(config, seed=seed, compact_pulls=compact_pulls)
+        store = self.store = JobStore(config, seed=seed)
         self.config = store.config
         # What the shard and the tests look up most, the store's own (never replaced).
         self.jobs = store.jobs
@@ -240,7 +240,9 @@ class Engine:
         self.produce = Producer(store)
         self.flows = store.flows = Flows(store, self.produce)
         self.dead_letters = store.dead_letters = DeadLetters(store)
-        self.consume = Consumer(store, self.limiter, self.groups, self.flows, self.produce)
+        self.consume = Consumer(
+            store, self.limiter, self.groups, self.flows, self.produce, compact_pulls=compact_pulls
+        )
         self.timers = Timers(store, self.consume, self.dead_letters)
         self.query = Queries(store)
         self.introspect = Introspection(store)

@@ -27,7 +27,7 @@ from shardq.errors import CommandError
 from ._config import EngineConfig
 from ._effects import Effects
 from ._ids import IdFactory
-from ._job import CompactJobs, Job, Timeline, wire_maps
+from ._job import Job, Timeline
 from ._lifecycle import (
     ACTIVE,
     COMPLETED,
@@ -75,12 +75,8 @@ class JobStore:
         config: EngineConfig | None = None,
         *,
         seed: int | None = None,
-        compact_pulls: bool = False,
     ) -> None:
         self.config = config or EngineConfig()
-        # PULLB answers `CompactJobs` instead of wire maps: for a host that packs replies
-        # itself and would rather not build 44-key maps per job (the shard process).
-        self.compact_pulls = compact_pulls
         self.rng = random.Random(seed)
         self.ids = IdFactory(self.rng)
         self.seq = 0
@@ -110,10 +106,6 @@ class JobStore:
         # Cancels of active jobs this turn, for the connections that run them (`_control`):
         # the shard hands them to the front end, which pushes them to those connections.
         self.cancel_notices: list[dict[str, Any]] = []
-
-    def pulled(self, jobs: list[Job]) -> list[dict[str, Any]] | CompactJobs:
-        """How PULLB puts its jobs in the reply: wire maps, or `CompactJobs` snapshots."""
-        return CompactJobs.of(jobs) if self.compact_pulls else wire_maps(jobs)
 
     def queue(self, name: str) -> QueueState:
         q = self.queues.get(name)
