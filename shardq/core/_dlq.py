@@ -36,7 +36,7 @@ class DeadLetters:
         self.queues: set[str] = set()
         self.next_check = 0
 
-    # -- upkeep, run from the job store's timer pass, in its place there ------------------
+    # -- upkeep, run from the timers component's pass, in its place there ---------------
 
     def tick(self, fx: Effects, now: int) -> None:
         if now >= self.next_check:

@@ -71,8 +71,8 @@ __all__ = ["COMMANDS", "INTERNAL_COMMANDS", "Engine", "Route"]
 Handler = Callable[[Effects, Mapping[str, Any], int], dict[str, Any]]
 
 # The registry's static half: which component of the engine answers each command, and with
-# which of its methods. `Engine.__init__` joins each to the
-# command's schema entry and field check, and binds the method once.
+# which of its methods. `Engine.__init__` joins each to the command's schema entry and field
+# check, and binds the method once.
 _PRODUCE: Final[dict[str, str]] = {"PUSH": "cmd_push", "PUSHB": "cmd_pushb"}
 
 _CONSUME: Final[dict[str, str]] = {
