@@ -66,7 +66,9 @@ _REQUIRED: tuple[tuple[str, type], ...] = (("queue", str), ("state", str), ("seq
 _REQUIRED_TYPES = dict(_REQUIRED)
 _INDEX = {name: i for i, name in enumerate(COLUMN_FIELDS)}
 _REQUIRED_AT = tuple((_INDEX[name], kind) for name, kind in _REQUIRED)
-assert _REQUIRED_AT == ((0, str), (1, str), (4, int)), "check_values assumes these positions"
+_CHECKED_AT = ((0, str), (1, str), (4, int))  # the positions `check_values` tests inline
+if _REQUIRED_AT != _CHECKED_AT:
+    raise AssertionError(f"the required column fields moved: {_REQUIRED_AT}")
 
 
 class Row:
