@@ -56,7 +56,8 @@ Part = bytes | Record
 """A record or change map: encoded already, or still the engine's dict."""
 
 # A parsed mutation: (kind, job id or queue name, columns / cfg / None, record / changes / None)
-# (an `upd` always carries its column fields as a map, empty if it sets none)
+# (an `upd` always carries its column fields as a map, empty if it sets none; an `updm` is
+# ("updm", [job id, ...], columns, changes): that `upd` of each job in turn)
 _Op = tuple[str, str, Any, Any]
 
 # A dict lookup's "no such key", where None means "deleted".
@@ -139,6 +140,9 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
     for kind, key, _a, _b in ops:
         if kind in _JOB_KINDS:
             setdefault(key, kind)
+        elif kind == "updm":
+            for one in key:
+                setdefault(one, "upd")
     wanted = [key for key, kind in first.items() if kind == "upd" or kind == "delta"]
     folder = _Folder(fetch(wanted))
     folder.fold(ops)
@@ -225,21 +229,22 @@ class _Folder:
         dispatch = self.dispatch
         for op in ops:
             kind = op[0]
-            if kind == "upd":
-                row = jobs.get(op[1], _ABSENT)
-                if row is None or row is _ABSENT:  # deleted in the plan, or not in it yet
-                    row = self._row(op[1], row)
-                    if row is None:
-                        continue
-                row.patch.append(op[3])
-                columns = op[2]
-                if columns:
-                    values = row.values
-                    if values is None:
-                        row.changed.update(columns)
-                    else:
-                        for name, value in columns.items():
-                            values[_INDEX[name]] = value
+            if kind == "upd" or kind == "updm":
+                changes, columns = op[3], op[2]
+                for key in (op[1],) if kind == "upd" else op[1]:
+                    row = jobs.get(key, _ABSENT)
+                    if row is None or row is _ABSENT:  # deleted in the plan, or not in it yet
+                        row = self._row(key, row)
+                        if row is None:
+                            continue
+                    row.patch.append(changes)
+                    if columns:
+                        values = row.values
+                        if values is None:
+                            row.changed.update(columns)
+                        else:
+                            for name, value in columns.items():
+                                values[_INDEX[name]] = value
             elif kind == "put":
                 jobs[op[1]] = Row(op[2], op[3], None)
             else:
@@ -334,6 +339,7 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "groupdel": (str, str),
     "putb": (str, object, object, object, object, object, bytes),
     "updb": (str, bytes, dict),
+    "updm": (bytes, dict, list),
     "dltb": (str, bytes),
 }
 
@@ -348,6 +354,10 @@ def _parse(index: int, mutation: object) -> _Op:
                 _, key, changes, columns = mutation
                 if type(key) is str and type(changes) is bytes and type(columns) is dict:
                     return "upd", key, columns, changes
+            elif kind == "updm":
+                _, changes, columns, keys = mutation
+                if type(changes) is bytes and type(columns) is dict and _all_str(keys):
+                    return "updm", keys, columns, changes
             elif kind == "putb":
                 _, key, queue, state, priority, run_at, seq, rec = mutation
                 if type(key) is str and type(rec) is bytes:
@@ -363,6 +373,10 @@ def _parse(index: int, mutation: object) -> _Op:
         except ValueError:
             pass  # the wrong arity: the general case names the mistake
     return _parse_general(index, mutation)
+
+
+def _all_str(keys: object) -> bool:
+    return type(keys) is list and all(type(key) is str for key in keys)
 
 
 def _parse_general(index: int, mutation: object) -> _Op:
@@ -395,6 +409,6 @@ def _parse_general(index: int, mutation: object) -> _Op:
         return kind, fields[0], fields[1], fields[2]
     if kind == "groupdel":
         return kind, fields[0], fields[1], None
-    if kind in ("putb", "updb", "dltb"):  # well-formed ones took the fast path; this one is not
+    if kind in ("putb", "updb", "updm", "dltb"):  # well-formed ones took the fast path
         raise StorageRejected(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")
     return kind, fields[0], None, None
