@@ -136,13 +136,14 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
     # or deletes it first. The first kind seen per job says which (queue kinds are never first
     # kinds of a job id: they are kept apart by `_JOB_KINDS`).
     first: dict[str, str] = {}
-    setdefault = first.setdefault
     for kind, key, _a, _b in ops:
         if kind in _JOB_KINDS:
-            setdefault(key, kind)
+            if key not in first:  # operators, not `setdefault`: no call per job
+                first[key] = kind
         elif kind == "updm":
             for one in key:
-                setdefault(one, "upd")
+                if one not in first:
+                    first[one] = "upd"
     wanted = [key for key, kind in first.items() if kind == "upd" or kind == "delta"]
     folder = _Folder(fetch(wanted))
     folder.fold(ops)
@@ -164,9 +165,10 @@ def remember(
         gone = [i for i, info in cache.items() if info[0] in plan.obliterated]
         for job_id in gone:
             del cache[job_id]
-    pop = cache.pop
     for job_id, info in known.items():
-        pop(job_id, None)
+        # Moved to the end (the cache is in use order); an operator costs less than `pop`.
+        if job_id in cache:
+            del cache[job_id]  # noqa: RUF051
         if info is not None and limit:
             cache[job_id] = info
     if len(cache) > limit:
@@ -376,7 +378,12 @@ def _parse(index: int, mutation: object) -> _Op:
 
 
 def _all_str(keys: object) -> bool:
-    return type(keys) is list and all(type(key) is str for key in keys)
+    if type(keys) is not list:
+        return False
+    for key in keys:  # noqa: SIM110  # all() over a generator costs a call per key
+        if type(key) is not str:
+            return False
+    return True
 
 
 def _parse_general(index: int, mutation: object) -> _Op:
