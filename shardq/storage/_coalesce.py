@@ -56,13 +56,20 @@ Part = bytes | Record
 """A record or change map: encoded already, or still the engine's dict."""
 
 # A parsed mutation: (kind, job id or queue name, columns / cfg / None, record / changes / None)
+# (an `upd` always carries its column fields as a map, empty if it sets none; an `updm` is
+# ("updm", [job id, ...], columns, changes): that `upd` of each job in turn)
 _Op = tuple[str, str, Any, Any]
 
+# A dict lookup's "no such key", where None means "deleted".
+_ABSENT: Any = object()
 # Fields every stored record must carry: they fill NOT NULL columns.
 _REQUIRED: tuple[tuple[str, type], ...] = (("queue", str), ("state", str), ("seq", int))
 _REQUIRED_TYPES = dict(_REQUIRED)
 _INDEX = {name: i for i, name in enumerate(COLUMN_FIELDS)}
 _REQUIRED_AT = tuple((_INDEX[name], kind) for name, kind in _REQUIRED)
+_CHECKED_AT = ((0, str), (1, str), (4, int))  # the positions `check_values` tests inline
+if _REQUIRED_AT != _CHECKED_AT:
+    raise AssertionError(f"the required column fields moved: {_REQUIRED_AT}")
 
 
 class Row:
@@ -124,23 +131,22 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
     Input records are never modified. Raises `StorageRejected` naming the first malformed
     mutation (unknown kind, wrong arity, wrong types, a `put` record without an id).
     """
-    ops: list[_Op] = []
+    ops = [_parse(index, mutation) for index, mutation in enumerate(mutations)]
     # Only jobs first touched by an `upd` need their stored row: any other op on a job replaces
-    # or deletes it first.
-    seen: set[str] = set()
-    wanted: list[str] = []
-    for index, mutation in enumerate(mutations):
-        op = _parse(index, mutation)
-        ops.append(op)
-        kind, key = op[0], op[1]
-        if kind in _JOB_KINDS and key not in seen:
-            seen.add(key)
-            if kind == "upd" or kind == "delta":
-                wanted.append(key)
+    # or deletes it first. The first kind seen per job says which (queue kinds are never first
+    # kinds of a job id: they are kept apart by `_JOB_KINDS`).
+    first: dict[str, str] = {}
+    for kind, key, _a, _b in ops:
+        if kind in _JOB_KINDS:
+            if key not in first:  # operators, not `setdefault`: no call per job
+                first[key] = kind
+        elif kind == "updm":
+            for one in key:
+                if one not in first:
+                    first[one] = "upd"
+    wanted = [key for key, kind in first.items() if kind == "upd" or kind == "delta"]
     folder = _Folder(fetch(wanted))
-    dispatch = folder.dispatch
-    for kind, key, a, b in ops:
-        dispatch[kind](key, a, b)
+    folder.fold(ops)
     return folder.plan
 
 
@@ -159,9 +165,10 @@ def remember(
         gone = [i for i, info in cache.items() if info[0] in plan.obliterated]
         for job_id in gone:
             del cache[job_id]
-    pop = cache.pop
     for job_id, info in known.items():
-        pop(job_id, None)
+        # Moved to the end (the cache is in use order); an operator costs less than `pop`.
+        if job_id in cache:
+            del cache[job_id]  # noqa: RUF051
         if info is not None and limit:
             cache[job_id] = info
     if len(cache) > limit:
@@ -184,9 +191,11 @@ def check_columns(job_id: str, columns: Mapping[str, Any]) -> None:
 
 def check_values(job_id: str, values: Sequence[Any]) -> None:
     """Check the column values of a whole row (`COLUMN_FIELDS` order). Raises `StorageRejected`."""
-    for index, kind in _REQUIRED_AT:
-        if type(values[index]) is not kind:
-            _bad_field(job_id, COLUMN_FIELDS[index], kind, values[index])
+    # One expression over the fixed positions (asserted below): this runs for every put.
+    if type(values[0]) is not str or type(values[1]) is not str or type(values[4]) is not int:
+        for index, kind in _REQUIRED_AT:
+            if type(values[index]) is not kind:
+                _bad_field(job_id, COLUMN_FIELDS[index], kind, values[index])
 
 
 def _bad_field(job_id: str, name: str, kind: type, value: Any) -> None:
@@ -199,9 +208,8 @@ class _Folder:
     def __init__(self, stored: Mapping[str, Stored]) -> None:
         self.plan = Plan()
         self._stored = stored
+        # The kinds `fold` does not fold inline.
         self.dispatch: dict[str, Callable[[str, Any, Any], None]] = {
-            "put": self._put,
-            "upd": self._upd,
             "delta": self._delta,
             "del": self._del,
             "queue": self._queue,
@@ -216,25 +224,33 @@ class _Folder:
             "groupdel": self._groupdel,
         }
 
-    def _put(self, job_id: str, values: list[Any], rec: Part) -> None:
-        self.plan.jobs[job_id] = Row(values, rec, None)
-
-    def _upd(self, job_id: str, columns: Mapping[str, Any] | None, changes: Part) -> None:
-        row = self._row(job_id)
-        if row is None:
-            return
-        row.patch.append(changes)
-        if columns is None:  # the engine's shape: the column fields are in the changes
-            assert isinstance(changes, dict)
-            columns = {name: changes[name] for name in COLUMN_FIELDS if name in changes}
-        if not columns:
-            return
-        values = row.values
-        if values is None:
-            row.changed.update(columns)
-        else:
-            for name, value in columns.items():
-                values[_INDEX[name]] = value
+    def fold(self, ops: list[_Op]) -> None:
+        """Fold the parsed ops in order. The two kinds nearly every batch is made of, a put
+        and an update, are folded here inline: the writer's cost per job is mostly calls."""
+        jobs = self.plan.jobs
+        dispatch = self.dispatch
+        for op in ops:
+            kind = op[0]
+            if kind == "upd" or kind == "updm":
+                changes, columns = op[3], op[2]
+                for key in (op[1],) if kind == "upd" else op[1]:
+                    row = jobs.get(key, _ABSENT)
+                    if row is None or row is _ABSENT:  # deleted in the plan, or not in it yet
+                        row = self._row(key, row)
+                        if row is None:
+                            continue
+                    row.patch.append(changes)
+                    if columns:
+                        values = row.values
+                        if values is None:
+                            row.changed.update(columns)
+                        else:
+                            for name, value in columns.items():
+                                values[_INDEX[name]] = value
+            elif kind == "put":
+                jobs[op[1]] = Row(op[2], op[3], None)
+            else:
+                dispatch[kind](op[1], op[2], op[3])
 
     def _delta(self, job_id: str, _a: None, op: Part) -> None:
         row = self._row(job_id)
@@ -245,11 +261,13 @@ class _Folder:
         else:
             row.patch.append(wrap(op))  # a patch entry may hold a delta op (`_deltas`)
 
-    def _row(self, job_id: str) -> Row | None:
+    def _row(self, job_id: str, row: Any = _ABSENT) -> Row | None:
         """The plan's row of `job_id`, made from its stored summary if need be; None (and
-        counted as skipped) if the job does not exist at this point of the batch."""
+        counted as skipped) if the job does not exist at this point of the batch. `row`:
+        what the plan holds for it, if the caller looked already."""
         jobs = self.plan.jobs
-        row = jobs.get(job_id, _ABSENT)
+        if row is _ABSENT:
+            row = jobs.get(job_id, _ABSENT)
         if row is _ABSENT:
             stored = self._stored.get(job_id)
             if stored is None or stored[0] in self.plan.obliterated:
@@ -304,7 +322,6 @@ class _Folder:
             jobs[job_id] = None
 
 
-_ABSENT: Any = object()
 _JOB_KINDS = frozenset({"put", "upd", "delta", "del"})
 # kind -> the types of the fields after the kind
 _SHAPES: dict[str, tuple[type, ...]] = {
@@ -324,28 +341,49 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "groupdel": (str, str),
     "putb": (str, object, object, object, object, object, bytes),
     "updb": (str, bytes, dict),
+    "updm": (bytes, dict, list),
     "dltb": (str, bytes),
 }
 
 
 def _parse(index: int, mutation: object) -> _Op:
-    # The encoded shapes are the writer's hot path: checked inline, before the general case.
+    # The encoded shapes are the writer's hot path: checked inline, before the general case
+    # (unpacking checks the arity; a try costs nothing until it raises).
     if type(mutation) is list or type(mutation) is tuple:
-        n = len(mutation)
-        kind = mutation[0] if n else None
-        if kind == "updb" and n == 4:
-            _, key, changes, columns = mutation
-            if type(key) is str and type(changes) is bytes and type(columns) is dict:
-                return "upd", key, columns, changes
-        elif kind == "putb" and n == 8:
-            key, rec = mutation[1], mutation[7]
-            if type(key) is str and type(rec) is bytes:
-                return "put", key, list(mutation[2:7]), rec
-        elif kind == "del" and n == 2 and type(mutation[1]) is str:
-            return "del", mutation[1], None, None
-        elif kind == "dltb" and n == 3 and type(mutation[1]) is str and type(mutation[2]) is bytes:
-            return "delta", mutation[1], None, mutation[2]
+        kind = mutation[0] if mutation else None
+        try:
+            if kind == "updb":
+                _, key, changes, columns = mutation
+                if type(key) is str and type(changes) is bytes and type(columns) is dict:
+                    return "upd", key, columns, changes
+            elif kind == "updm":
+                _, changes, columns, keys = mutation
+                if type(changes) is bytes and type(columns) is dict and _all_str(keys):
+                    return "updm", keys, columns, changes
+            elif kind == "putb":
+                _, key, queue, state, priority, run_at, seq, rec = mutation
+                if type(key) is str and type(rec) is bytes:
+                    return "put", key, [queue, state, priority, run_at, seq], rec
+            elif kind == "del":
+                _, key = mutation
+                if type(key) is str:
+                    return "del", key, None, None
+            elif kind == "dltb":
+                _, key, op = mutation
+                if type(key) is str and type(op) is bytes:
+                    return "delta", key, None, op
+        except ValueError:
+            pass  # the wrong arity: the general case names the mistake
     return _parse_general(index, mutation)
+
+
+def _all_str(keys: object) -> bool:
+    if type(keys) is not list:
+        return False
+    for key in keys:  # noqa: SIM110  # all() over a generator costs a call per key
+        if type(key) is not str:
+            return False
+    return True
 
 
 def _parse_general(index: int, mutation: object) -> _Op:
@@ -367,7 +405,10 @@ def _parse_general(index: int, mutation: object) -> _Op:
         if not isinstance(job_id, str):
             raise StorageRejected(f"mutation #{index} (put): record field 'id' must be str")
         return kind, job_id, [rec.get(name) for name in COLUMN_FIELDS], rec
-    if kind == "upd" or kind == "delta":
+    if kind == "upd":  # the engine's shape: the column fields are in the changes
+        changes = fields[1]
+        return kind, fields[0], {n: changes[n] for n in COLUMN_FIELDS if n in changes}, changes
+    if kind == "delta":
         return kind, fields[0], None, fields[1]
     if kind in ("queue", "cron", "webhook", "flow"):
         return kind, fields[0], fields[1], None
@@ -375,6 +416,6 @@ def _parse_general(index: int, mutation: object) -> _Op:
         return kind, fields[0], fields[1], fields[2]
     if kind == "groupdel":
         return kind, fields[0], fields[1], None
-    if kind in ("putb", "updb", "dltb"):  # well-formed ones took the fast path; this one is not
+    if kind in ("putb", "updb", "updm", "dltb"):  # well-formed ones took the fast path
         raise StorageRejected(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")
     return kind, fields[0], None, None

@@ -6,7 +6,15 @@ columns beside the bytes, so the writer stores the bytes as they came and never 
 
     ("putb", row_key, queue, state, priority, run_at, seq, rec)  for ("put", rec)
     ("updb", row_key, changes, columns)                          for ("upd", row_key, changes)
+    ("updm", changes, columns, [row_key, ...])                   for a run of such `upd`s
     ("dltb", row_key, op)                                        for ("delta", row_key, op)
+
+`updm` stands for consecutive `upd`s of one change map object: jobs moved together (a PULLB or
+an ACKB of jobs pushed together) share one payload (`shardq.core._mutations`), and the map, its
+columns and the list around each key made up most of what a drained job cost on the wire (169
+bytes an update, 39 as a key of an `updm`) and most of what the writer decoded for it. It is
+exactly those `upd`s in that order. A run is cut at `max_group_keys` keys and at about
+`max_group_bytes` bytes of keys and map, so one stays far inside a shard's batch bounds.
 
 `rec` and `changes` are the msgpack encodings (`use_bin_type=True`) of the engine's record and
 change map. `columns` holds the column fields the changes set, under their record names
@@ -28,7 +36,23 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from shardq.core._mutations import Mutation
 
-__all__ = ["COLUMN_FIELDS", "MutationEncoder", "describe"]
+__all__ = [
+    "COLUMN_FIELDS",
+    "DEFAULT_GROUP_BYTES",
+    "DEFAULT_GROUP_KEYS",
+    "UPDM_KEY_BYTES",
+    "MutationEncoder",
+    "describe",
+]
+
+UPDM_KEY_BYTES: Final = 5
+"""Bytes an `updm` spends around each of its keys (a string header), counted in
+`encoded_bytes` with the key: a shard's batch bounds need no allowance per key."""
+DEFAULT_GROUP_KEYS: Final = 1000
+"""At most this many keys in one `updm` (a shard passes its `writer_batch_max_mutations`)."""
+DEFAULT_GROUP_BYTES: Final = 64 * 1024
+"""About at most this many bytes of keys and change map in one `updm` (a shard passes a
+part of its `writer_batch_max_bytes`)."""
 
 COLUMN_FIELDS: Final[tuple[str, ...]] = ("queue", "state", "priority", "runAt", "seq")
 """The record fields that the `jobs` table also keeps in columns, for queries and recovery order."""
@@ -40,8 +64,14 @@ _TYPED: Final[tuple[tuple[str, type], ...]] = (("queue", str), ("state", str), (
 class MutationEncoder:
     """Turns the engine's mutations into the writer's encoded form. One per thread."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        max_group_keys: int = DEFAULT_GROUP_KEYS,
+        max_group_bytes: int = DEFAULT_GROUP_BYTES,
+    ) -> None:
         self._pack = msgpack.Packer(use_bin_type=True).pack
+        self._max_keys = max(1, max_group_keys)
+        self._max_bytes = max_group_bytes
         # Of the last `encode`: the summed length of the encoded mutations' keys and blobs,
         # and how many mutations were left as they were. A shard bounds its batches in bytes
         # from these without walking the batch again (`shardq.runtime.shard._batches`).
@@ -63,6 +93,9 @@ class MutationEncoder:
         last: object = None
         last_enc: tuple[bytes, dict[str, Any]] | None = None
         size = unencoded = 0
+        # The `updb` or `updm` of `last` that a next `upd` of it may join: its index in `out`,
+        # its keys (None while it is still an `updb`) and its bytes so far.
+        group_at, group, group_bytes = -1, None, 0
         for m in mutations:
             kind = m[0] if m else None
             if kind == "upd" and len(m) == 3:
@@ -70,9 +103,21 @@ class MutationEncoder:
                 if type(key) is str:
                     if changes is not last:
                         last, last_enc = changes, _encode_changes(changes, pack)
+                    elif last_enc is not None and group_at == len(out) - 1:
+                        if group is None:  # the second of a run: the `updb` becomes an `updm`
+                            group = [out[group_at][1]]
+                            out[group_at] = ("updm", *last_enc, group)
+                        group.append(key)
+                        size += len(key) + UPDM_KEY_BYTES
+                        group_bytes += len(key) + UPDM_KEY_BYTES
+                        if len(group) >= self._max_keys or group_bytes >= self._max_bytes:
+                            group_at = -1  # full: the next one starts a run of its own
+                        continue
                     if last_enc is not None:
                         append(("updb", key, *last_enc))
                         size += len(key) + len(last_enc[0])
+                        group_at, group = len(out) - 1, None
+                        group_bytes = len(key) + len(last_enc[0])
                         continue
             elif kind == "delta" and len(m) == 3:
                 if type(m[1]) is str and type(m[2]) is dict:
@@ -81,25 +126,26 @@ class MutationEncoder:
                     size += len(m[1]) + len(blob)
                     continue
             elif kind == "put" and len(m) == 2:
-                rec = m[1]
-                if type(rec) is dict:
-                    key = rec.get("rowKey") or rec.get("id")
-                    queue, state, seq = rec.get("queue"), rec.get("state"), rec.get("seq")
-                    if (
-                        type(key) is str
-                        and type(queue) is str
-                        and type(state) is str
-                        and type(seq) is int
-                    ):
-                        priority, run_at = rec.get("priority"), rec.get("runAt")
-                        blob = pack(rec)
-                        append(("putb", key, queue, state, priority, run_at, seq, blob))
-                        size += len(key) + len(blob)
-                        continue
+                put = _encode_put(m[1], pack)
+                if put is not None:
+                    append(put)
+                    size += len(put[1]) + len(put[7])
+                    continue
             append(m)
             unencoded += 1
         self.encoded_bytes, self.unencoded = size, unencoded
         return out
+
+
+def _encode_put(rec: object, pack: Any) -> Mutation | None:
+    """The `putb` of a record, or None if it has no row key or a mistyped column field."""
+    if type(rec) is not dict:
+        return None
+    key = rec.get("rowKey") or rec.get("id")
+    queue, state, seq = rec.get("queue"), rec.get("state"), rec.get("seq")
+    if type(key) is str and type(queue) is str and type(state) is str and type(seq) is int:
+        return ("putb", key, queue, state, rec.get("priority"), rec.get("runAt"), seq, pack(rec))
+    return None
 
 
 def _encode_changes(changes: object, pack: Any) -> tuple[bytes, dict[str, Any]] | None:
@@ -131,7 +177,10 @@ def describe(mutation: object) -> tuple[str, str | None]:
     key: Any = mutation[1] if len(mutation) > 1 else None
     if kind == "put" and isinstance(key, dict):
         key = key.get("rowKey") or key.get("id")
-    kind = {"putb": "put", "updb": "upd", "dltb": "delta"}.get(kind, kind)
+    if kind == "updm":
+        keys = mutation[3] if len(mutation) > 3 else None
+        key = keys[0] if isinstance(keys, list) and keys else None  # the first of its jobs
+    kind = {"putb": "put", "updb": "upd", "updm": "upd", "dltb": "delta"}.get(kind, kind)
     return (
         kind if isinstance(kind, str) else "?",
         key if isinstance(key, str) else None,

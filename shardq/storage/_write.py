@@ -184,8 +184,9 @@ def whole_row(
 ) -> tuple[Any, ...]:
     check_values(job_id, values)
     rec = row.rec if type(row.rec) is bytes else pack(row.rec)
-    patch = row.kept + join_patch(row.patch, pack)
-    if len(patch) > patch_floor and len(patch) > len(rec):
+    # Most puts come with no change after them in the batch, or were stored whole before.
+    patch = row.kept + join_patch(row.patch, pack) if row.patch else row.kept
+    if patch and len(patch) > patch_floor and len(patch) > len(rec):
         rec, patch = fold(rec, patch, pack)
     known[job_id] = (values[0], len(rec), len(patch), 0)
     return (job_id, *values, rec, patch)
@@ -211,17 +212,25 @@ def add_update(
             check_columns(job_id, changed)
             names = tuple(changed)
             params = (*changed.values(), patch, job_id)
-            queue = changed.get("queue", queue)
+            if "queue" in changed:
+                queue = changed["queue"]
         else:
             names, params = (), (patch, job_id)
-        updates.setdefault(names, []).append(params)
+        rows = updates.get(names)
+        if rows is None:
+            updates[names] = [params]
+        else:
+            rows.append(params)
         patch_len += len(patch)
-    for op in row.deltas:
-        blob = op if type(op) is bytes else pack(op)
-        ops.append((job_id, blob))
-        delta_len += len(blob)
+    if row.deltas:
+        for op in row.deltas:
+            blob = op if type(op) is bytes else pack(op)
+            ops.append((job_id, blob))
+            delta_len += len(blob)
+        grown = max(patch_len, delta_len)
+    else:
+        grown = patch_len
     known[job_id] = (queue, rec_len, patch_len, delta_len)
-    grown = max(patch_len, delta_len)
     return grown > patch_floor and grown > rec_len
 
 
@@ -231,6 +240,12 @@ def join_patch(parts: list[Part], pack: Pack) -> bytes:
     The length makes every entry one exact `unpackb`: a streaming unpacker would take a patch
     cut short for the start of a longer one and say nothing.
     """
+    if len(parts) <= 2:  # the common cases (a lease, a completion, or both), without a list
+        joined = b""
+        for part in parts:
+            blob = part if type(part) is bytes else pack(part)
+            joined += _frame(len(blob)) + blob
+        return joined
     out = []
     for part in parts:
         blob = part if type(part) is bytes else pack(part)

@@ -83,6 +83,19 @@ def test_flush_is_due_at_once_with_max_mutations() -> None:
     assert [m[1]["id"] for m in buffer.mutations()] == ["j1", "j2", "j3"]
 
 
+def test_each_job_of_a_grouped_update_counts_towards_max_mutations() -> None:
+    # An `updm` (`shardq.storage._encode`) stands for one `upd` per key: the flush policy
+    # counts them so, whether or not the shard grouped its updates.
+    buffer = FlushBuffer(60.0, 4)
+    buffer.add_muts(0, 1, [put(1), ["updm", b"\x80", {}, ["j1", "j2"]]], now=1.0)
+    assert buffer.pending == 3 and not buffer.full()
+    buffer.add_muts(0, 2, [["updm", b"\x80", {}, ["j3"]], ["updm"], [], 7], now=1.0)
+    assert buffer.pending == 7 and buffer.full()  # the malformed ones count one each
+    assert len(buffer.mutations()) == 6
+    buffer.committed()
+    assert buffer.pending == 0
+
+
 def test_done_per_shard_with_its_highest_seq() -> None:
     buffer = FlushBuffer(0.01, 100)
     buffer.add_muts(0, 1, [put(1)], 0.0)

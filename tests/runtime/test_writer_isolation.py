@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from shardq_harness import ShardqServer, poll_until
 from test_writer import WriterProcess, put, stored_ids, writer_process
@@ -85,6 +86,28 @@ def test_a_rejected_update_sends_the_stored_record_back(
     assert record["id"] == "j5" and record["priority"] == 1 and record["progress"] == 50
     assert w.conf(1) == {"t": "done", "seq": 2}
     assert stored_ids(Path(w.spec.data_path)) == ["j5", "j6"]
+
+
+def test_a_rejected_run_of_updates_sends_every_stored_record_back(
+    writer_process: Callable[..., WriterProcess],
+) -> None:
+    # One `updm` is one mutation to isolate, but several jobs: each one's shard copy holds the
+    # change the disk refused, so each comes back, not only the first.
+    w = writer_process(flush_interval_ms=60_000)
+    w.ready()
+    w.send({"t": "muts", "shard": 1, "seq": 1, "muts": [put(5, priority=1), put(6, priority=2)],
+            "durable": True})  # fmt: skip
+    assert w.conf(1) == {"t": "done", "seq": 1}
+    changes = {"priority": TOO_BIG}
+    run = ["updm", msgpack.packb(changes), changes, ["j5", "j6"]]
+    w.send({"t": "muts", "shard": 1, "seq": 2, "muts": [put(7), run], "durable": True})
+    rejected = w.conf(1)
+    items = rejected["items"]
+    assert [(kind, key) for kind, key, _error, _record in items] == [("upd", "j5"), ("upd", "j6")]
+    assert [record["id"] for *_, record in items] == ["j5", "j6"]
+    assert [record["priority"] for *_, record in items] == [1, 2]  # as stored
+    assert w.conf(1) == {"t": "done", "seq": 2}
+    assert stored_ids(Path(w.spec.data_path)) == ["j5", "j6", "j7"]
 
 
 def test_many_bad_mutations_among_many_good_ones(

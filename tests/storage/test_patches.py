@@ -117,13 +117,61 @@ def test_encoder_encodes_a_shared_change_map_once_with_the_same_result() -> None
         ("upd", "j5", dict(shared)),
     ]
     out = MutationEncoder().encode(batch)
+    packed = msgpack.packb(shared, use_bin_type=True)
     assert out == [
-        ("updb", m[1], msgpack.packb(m[2], use_bin_type=True), {"state": m[2]["state"]})
-        if m[0] == "upd"
-        else m
-        for m in batch
+        # Consecutive updates of one map object go as one `updm`; anything between cuts it.
+        ("updm", packed, {"state": "active"}, ["j1", "j2"]),
+        ("del", "j0"),
+        ("updb", "j3", packed, {"state": "active"}),
+        ("updb", "j4", msgpack.packb(other, use_bin_type=True), {"state": "completed"}),
+        ("updb", "j5", packed, {"state": "active"}),  # an equal map, but another object
     ]
-    assert out[0][2] is out[1][2] is out[3][2]  # packed once
+    assert out[0][1] is out[2][2]  # packed once
+
+
+@pytest.mark.parametrize(("max_keys", "max_bytes", "sizes"), [(3, 1 << 20, [3, 3, 1]),
+                                                              (100, 20, [2, 2, 2, 1])])  # fmt: skip
+def test_encoder_cuts_a_run_of_updates_at_its_key_and_byte_bounds(
+    max_keys: int, max_bytes: int, sizes: list[int]
+) -> None:
+    shared = {"state": "active"}  # 14 bytes packed; a run starts at 2 + 14, each key adds 2 + 5
+    batch: list[Mutation] = [("upd", f"k{i}", shared) for i in range(7)]
+    encoder = MutationEncoder(max_group_keys=max_keys, max_group_bytes=max_bytes)
+    out = encoder.encode(batch)
+    assert [1 if m[0] == "updb" else len(m[3]) for m in out] == sizes
+    keys = [k for m in out for k in ([m[1]] if m[0] == "updb" else m[3])]
+    assert keys == [f"k{i}" for i in range(7)]  # every job once, in order
+    # What a shard's batch bounds count: each key and its header, the map once per mutation.
+    assert encoder.encoded_bytes == sum(
+        len(m[1]) + len(m[2]) if m[0] == "updb" else len(m[1]) + 2 + 7 * (len(m[3]) - 1)
+        for m in out
+    )
+
+
+def test_a_run_of_updates_stores_as_the_updates_one_by_one(tmp_path: Path) -> None:
+    lease = {"state": "active", "startedAt": 5}
+    done = {"state": "completed", "returnvalue": [1]}
+    first = [("put", job("s1")), ("put", job("s2", seq=2)), ("put", job("gone", seq=3))]
+    second: list[Mutation] = [
+        ("put", job("n1", seq=4)),
+        ("del", "gone"),
+        *(("upd", key, lease) for key in ("s1", "n1", "gone", "never", "s2")),
+        ("del", "s2"),
+        *(("upd", key, done) for key in ("s1", "n1", "s2")),
+    ]
+    results = []
+    for encode in (False, True):
+        with Store.open(tmp_path / f"{encode}.db") as s:
+            s.apply(first)
+            muts = wire(MutationEncoder().encode(second)) if encode else second
+            if encode:  # the runs went as `updm`s
+                assert [m[0] for m in muts] == ["putb", "del", "updm", "del", "updm"]
+            s.apply(muts)
+            results.append((list(s.load_jobs()), s.skipped_updates, s.get_job("s2")))
+    assert results[0] == results[1]
+    jobs, skipped, s2 = results[1]
+    assert jobs == [{**job("s1"), **lease, **done}, {**job("n1", seq=4), **lease, **done}]
+    assert (skipped, s2) == (3, None)  # "gone", "never", and "s2" after its delete
 
 
 def test_encoder_passes_a_shared_mistyped_change_map_through_every_time() -> None:

@@ -21,6 +21,7 @@ from typing import Final
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core import Mutation
+from shardq.storage._encode import UPDM_KEY_BYTES
 
 __all__ = [
     "ENCODED_ALLOWANCE",
@@ -75,6 +76,12 @@ def mutation_sizes(mutations: Sequence[Mutation]) -> list[int]:
             if columns is not last_columns:  # jobs moved together share one column map
                 last_columns, last_columns_size = columns, _columns_bytes(columns)
             append(MUTATION_OVERHEAD + len(m[1]) + len(m[2]) + last_columns_size)
+        elif kind == "updm":  # one change map for many jobs: their keys, each framed
+            columns = m[2]
+            if columns is not last_columns:
+                last_columns, last_columns_size = columns, _columns_bytes(columns)
+            keys = sum(len(key) + UPDM_KEY_BYTES for key in m[3])
+            append(MUTATION_OVERHEAD + len(m[1]) + last_columns_size + keys)
         elif kind == "dltb":
             append(MUTATION_OVERHEAD + len(m[1]) + len(m[2]))
         else:

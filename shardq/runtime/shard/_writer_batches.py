@@ -73,7 +73,12 @@ class WriterBatches:
         self._hard_max_bytes = hard_max_bytes
         # Puts and updates go to the writer already encoded (shardq.storage._encode): this
         # shard packs them once, and the writer stores the bytes without decoding a record.
-        self.encoder = MutationEncoder()
+        # A run of updates sharing one change map goes as one `updm`, kept well inside the
+        # batch bounds: at most a batch's count of keys, a quarter of its bytes.
+        self.encoder = MutationEncoder(
+            max_group_keys=batch_max_mutations,
+            max_group_bytes=min(batch_max_bytes, hard_max_bytes) // 4,
+        )
         self.seq = 0  # last `muts` seq sent to the writer
         self.committed = 0  # highest seq the writer confirmed
         self._urged = 0  # the last seq the writer was asked to commit at once

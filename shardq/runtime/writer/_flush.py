@@ -48,6 +48,7 @@ class _Batch:
     durable: bool = False  # a durable reply waits on it: dropped, not kept, when storage is full
     told_fail: bool = False
     nbytes: int = 0  # the frame it came in
+    ops: int = 0  # job mutations it stands for (an `updm` counts each of its jobs)
 
 
 class FlushBuffer:
@@ -74,6 +75,10 @@ class FlushBuffer:
         self._max_bytes = max_buffered_bytes
         self._bytes = 0  # of the batches waiting
         self._muts: list[Mutation] = []
+        # What the count bounds apply to: the mutations waiting, each job of an `updm` counted
+        # (`shardq.storage._encode`), so that a shard grouping its updates leaves the flush
+        # policy as it was.
+        self._ops = 0
         self._batches: list[_Batch] = []
         self._syncs: list[tuple[int, int, int]] = []  # (shard, epoch, seq)
         self._first_at: float | None = None
@@ -107,10 +112,12 @@ class FlushBuffer:
         epoch = self._epoch(shard, seq, restart=False)
         if urgent and self.storage_full and now < self._probe_at:
             return [(shard, msgs.fail(seq, FULL_REASON))]
+        ops = len(mutations) + _grouped(mutations)
         self._batches.append(
-            _Batch(shard, epoch, seq, len(mutations), durable=urgent, nbytes=nbytes)
+            _Batch(shard, epoch, seq, len(mutations), durable=urgent, nbytes=nbytes, ops=ops)
         )
         self._bytes += nbytes
+        self._ops += ops
         self._muts.extend(mutations)
         if self._first_at is None:
             self._first_at = now
@@ -135,8 +142,8 @@ class FlushBuffer:
 
     @property
     def pending(self) -> int:
-        """Mutations waiting for a commit."""
-        return len(self._muts)
+        """Mutations waiting for a commit (each job of an `updm` counted)."""
+        return self._ops
 
     @property
     def pending_batches(self) -> int:
@@ -147,7 +154,7 @@ class FlushBuffer:
     def accepting(self) -> bool:
         """Whether to read more input (false while storage fails and the buffer is full, in
         mutations or in bytes)."""
-        return len(self._muts) < self._max_buffered and self._bytes < self._max_bytes
+        return self._ops < self._max_buffered and self._bytes < self._max_bytes
 
     def deadline(self) -> float | None:
         """When the next flush is due (monotonic seconds), or None if nothing waits."""
@@ -155,7 +162,7 @@ class FlushBuffer:
             return self._retry_at
         if self._first_at is None:
             return None
-        if self._urgent or self._syncs or len(self._muts) >= self._max:
+        if self._urgent or self._syncs or self._ops >= self._max:
             return self._first_at  # already due: a shard waits on a durable reply or a sync
         return self._first_at + self._interval
 
@@ -166,7 +173,7 @@ class FlushBuffer:
 
     def full(self) -> bool:
         """Whether enough mutations wait for a flush regardless of the interval."""
-        return self._retry_at is None and len(self._muts) >= self._max
+        return self._retry_at is None and self._ops >= self._max
 
     def mutations(self) -> list[Mutation]:
         """Everything waiting, in arrival order: the next transaction. Do not modify it."""
@@ -188,6 +195,7 @@ class FlushBuffer:
         out.extend((shard, msgs.done(seq)) for shard, seq in latest.items())
         self._muts = []
         self._bytes = 0
+        self._ops = 0
         self._batches.clear()
         self._syncs.clear()
         self._first_at = None
@@ -236,6 +244,7 @@ class FlushBuffer:
             return
         self._batches, self._muts = kept, muts
         self._bytes = sum(batch.nbytes for batch in kept)
+        self._ops = sum(batch.ops for batch in kept)
         if not kept:
             self._first_at = None
             self._urgent = False
@@ -264,6 +273,15 @@ class FlushBuffer:
             self._epochs[shard] = epoch
         self._last_seq[shard] = seq
         return epoch
+
+
+def _grouped(mutations: list[Mutation]) -> int:
+    """How many more job mutations the `updm`s among `mutations` stand for than their count."""
+    extra = 0
+    for m in mutations:  # anything may come: a malformed one is the store's to reject
+        if type(m) is list and len(m) == 4 and m[0] == "updm" and type(m[3]) is list:
+            extra += max(len(m[3]) - 1, 0)
+    return extra
 
 
 # The reason a shard puts after "Storage unavailable: " in a failed durable reply.

@@ -292,13 +292,27 @@ class Writer:
                 error=str(error),
             )
             if current:
-                item: list[Any] = [kind, key, str(error)]
-                if kind == "upd" and key is not None:
-                    # The shard's copy of the job holds changes the disk never will: it
-                    # takes the stored record back (None if the job is not stored).
-                    item.append(self._stored(key))
-                by_batch.setdefault((shard, seq), []).append(item)
+                by_batch.setdefault((shard, seq), []).extend(
+                    self._rejected_items(mutations[index], kind, key, str(error))
+                )
         return [(shard, msgs.rejected(seq, items)) for (shard, seq), items in by_batch.items()]
+
+    def _rejected_items(
+        self, mutation: Mutation, kind: str, key: str | None, error: str
+    ) -> list[list[Any]]:
+        """The `rejected` items of one mutation: one per job of an `updm` (`_encode`)."""
+        keys: list[Any] = [key]
+        if mutation[0] == "updm" and len(mutation) == 4 and isinstance(mutation[3], list):
+            keys = [k for k in mutation[3] if isinstance(k, str)]
+        items: list[list[Any]] = []
+        for one in keys:
+            item: list[Any] = [kind, one, error]
+            if kind == "upd" and one is not None:
+                # The shard's copy of the job holds changes the disk never will: it
+                # takes the stored record back (None if the job is not stored).
+                item.append(self._stored(one))
+            items.append(item)
+        return items
 
     def _stored(self, row_key: str) -> Any:
         try:

@@ -165,6 +165,42 @@ def test_resending_batches_after_a_writer_restart_is_harmless(backend: Backend, 
         assert loaded(store) == expected(batches)
 
 
+@pytest.mark.parametrize("form", FORMS)
+def test_jobs_pushed_leased_and_finished_in_one_window_store_only_their_end(
+    backend: Backend, form: str
+) -> None:
+    # The writer folds a flush window into one write per job: a job pushed, leased and
+    # completed in it is one row, and one also removed on completion is no row at all. Jobs
+    # moved together share one payload (sent as one `updm` when encoded). A removed job that
+    # was stored in an earlier window goes, and so does one whose earlier copy was committed
+    # before a writer crash (the window resent by its shard).
+    lease = {"state": "active", "attempts": 1}
+    done = {"state": "completed", "returnvalue": 7}
+    earlier: list[Mutation] = [("put", job("s", seq=9))]
+    window: list[Mutation] = [
+        *(("put", job(i, seq=n)) for n, i in enumerate("abc", 1)),
+        *(("upd", i, lease) for i in "abcs"),
+        *(("upd", i, done) for i in "ab"),
+        ("del", "c"),  # removeOnComplete
+        ("del", "s"),
+    ]
+    want = expected([earlier, window])
+    assert sorted(want[0]) == ["a", "b"]
+    with backend.open() as store:
+        send(store, earlier, form)
+        send(store, window, form)
+        assert loaded(store) == want
+        assert (store.get_job("c"), store.get_job("s")) == (None, None)
+        assert store.get_job("a") == {**job("a", seq=1), **lease, **done}
+        # The completed retention counts only the jobs kept: a and b.
+        assert store.completed_floor(1) == 2
+        assert [key for page in store.stale_completed(2) for key in page] == ["a"]
+    with backend.open() as store:  # a restarted writer gets the window again
+        send(store, window, form)
+        assert loaded(store) == want
+        assert store.get_job("c") is None
+
+
 # --- any run of batches means the mutations one by one --------------------------------------
 
 _IDS = ["a", "b", "c", "d"]
