@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import select
 import socket
 import threading
 import time
@@ -68,10 +69,17 @@ class SyncZmqTransport:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._poller = zmq.Poller()
-        self._poller.register(self._sock, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
-        self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        # The sockets' own descriptors, polled directly (see `_poll`); a `zmq.Poller` would
+        # check every socket's pending commands before and after each wait, a dozen syscalls
+        # per request.
+        self._sock_fd: int = self._sock.getsockopt(zmq.FD)
+        self._monitor_fd: int = self._monitor.getsockopt(zmq.FD)
+        self._poller = select.poll()
+        for fd in (self._sock_fd, self._monitor_fd, self._wake_r.fileno()):
+            self._poller.register(fd, select.POLLIN)
+        self._monitor_poll = select.poll()
+        self._monitor_poll.register(self._monitor_fd, select.POLLIN)
+        self._drained = True  # DEALER: `recv` said "nothing" since the last send (see `_poll`)
         self._core: ClientCore[Future[Reply]] = ClientCore(Framing.MESSAGE)
         self._lock = threading.Lock()  # the core, the outbox and `_dead`; never held in I/O
         self._io = threading.Lock()  # whoever holds it may use the DEALER and its monitor
@@ -93,7 +101,7 @@ class SyncZmqTransport:
         so a disconnect that happened meanwhile is read here (unless another thread reads)."""
         if self._dead is None and self._io.acquire(blocking=False):
             try:
-                if self._dead is None:
+                if self._dead is None and self._monitor_poll.poll(0):
                     self._on_monitor()
             finally:
                 self._io.release()
@@ -168,14 +176,26 @@ class SyncZmqTransport:
                 self._close_sockets()
 
     def _poll(self, timeout: float) -> None:
-        ready = dict(self._poller.poll(math.ceil(timeout * 1000)))
-        if self._monitor in ready:
+        """Wait up to `timeout` s for a reply, a monitor event or a wake-up; take them.
+
+        A ZeroMQ socket's descriptor signals new commands to the socket, not readable
+        messages: once an operation on the socket (a send too) has taken the commands, a
+        message may wait with the descriptor quiet. So the DEALER is read until it says
+        "nothing" before its descriptor is waited on. The monitor is only ever read, until
+        it says "nothing", so its descriptor is exact.
+        """
+        if not self._drained and self._receive():
+            return  # replies came: the caller checks whether its own is in
+        ready = self._poller.poll(math.ceil(timeout * 1000))
+        fds = {fd for fd, _ in ready}
+        if self._monitor_fd in fds:
             self._on_monitor()
-        if self._wake_r.fileno() in ready:
+        if self._wake_r.fileno() in fds:
             with contextlib.suppress(OSError):
                 self._wake_r.recv(4096)
-        if self._sock in ready:
-            self._receive()
+        if self._sock_fd in fds:
+            self._drained = False
+            self._receive(until_one=True)
 
     def _on_monitor(self) -> None:
         while True:
@@ -198,6 +218,7 @@ class SyncZmqTransport:
                 rids, bodies = self._outbox.popleft()
             sent = 0
             try:
+                self._drained = False  # a send may take the commands that announce a reply
                 for body in bodies:
                     self._sock.send(body, zmq.NOBLOCK)
                     sent += 1
@@ -208,20 +229,26 @@ class SyncZmqTransport:
                 fail_waiters(waiting, f"not connected to {self._endpoint}", sent=sent > 0)
                 self._turns.wake_followers()
 
-    def _receive(self) -> None:
+    def _receive(self, *, until_one: bool = False) -> int:
+        """Read the replies that are in; with `until_one`, stop at the first one read (the
+        next reader drains the rest before it waits). Returns how many it resolved."""
         matched = []
         while True:
             try:
                 body = self._sock.recv(zmq.NOBLOCK)
             except zmq.Again:
+                self._drained = True
                 break
             with self._lock:
                 pair = self._core.receive(body)
             if pair is not None:
                 matched.append(pair)
+                if until_one:
+                    break
         if matched:
             resolve(matched)
             self._turns.wake_followers()
+        return len(matched)
 
     def _close_sockets(self) -> None:
         if self._closed:
