@@ -14,12 +14,13 @@ import threading
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from shardq_harness import ShardqServer
 
-from shardq.client import Connection, Queue
+from shardq.client import Connection, ConnectionLost, Queue
 
 REQUESTS = 200
 
@@ -118,3 +119,30 @@ def test_a_tcp_reply_is_read_without_a_large_allocation(server: ShardqServer) ->
         finally:
             tracemalloc.stop()
     assert peak < 64 * 1024, f"{peak} bytes at the peak of 50 pings"
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "zmq"])
+def test_a_restart_between_requests_is_noticed_before_the_next_is_sent(
+    shardq_server: Callable[..., ShardqServer], scheme: str
+) -> None:
+    """Nobody reads the socket between requests; the liveness look before a request (one
+    poll, no wait) still sees the old connection gone, so a PUSH that must not be sent twice
+    goes out on a new connection instead of failing, with no retry policy at all."""
+    server = shardq_server(shards=1)
+    with Connection(url_of(server, scheme), retry=None) as conn:
+        conn.call({"cmd": "PUSH", "queue": "hops-restart", "data": {"n": 1}}, idempotent=False)
+        server.kill9_tree()
+        server.start()  # same ports
+        deadline = time.monotonic() + 10
+        while True:  # the restarted server may take a moment to accept
+            try:
+                reply = conn.call(
+                    {"cmd": "PUSH", "queue": "hops-restart", "data": {"n": 2}}, idempotent=False
+                )
+                break
+            except ConnectionLost as e:
+                assert e.sent is False, "the PUSH was written to the dead connection"
+                assert time.monotonic() < deadline, e
+                time.sleep(0.1)
+        assert reply["ok"] is True
+        assert conn.generation >= 2
