@@ -39,7 +39,9 @@ __all__ = [
 
 Reply = dict[str, Any]
 Futures = list["Future[Reply]"]
-_RECV_BYTES: Final = 1 << 20
+# The read buffer each TCP connection keeps. A reply larger than this (a PULLB of big jobs)
+# is read in several pieces; the frame cutter joins them.
+_RECV_BYTES: Final = 256 * 1024
 
 
 class SyncTransport(Protocol):
