@@ -4,11 +4,12 @@
 
 Starts one server (`shardq start`, default settings), then for each path (`Queue.add` over
 TCP and ZeroMQ, `.delay()` over both, buffered and durable) runs a client process under
-`strace -f -c`: once with no request (the connect and the warm-up) and once with
-`--requests` sequential requests, so the difference divided by the request count is what one
-request costs the client, whatever the machine's load. Reported: syscalls per request (all
-threads of the client process), the ones that make up most of them, and the threads the
-client runs while it works (a thread beyond the caller's is a hand-off per request).
+`strace -ff` (one trace per thread): once with no request (the connect and the warm-up) and
+once with `--requests` sequential requests, so the difference divided by the request count
+is what one request costs the client, whatever the machine's load. Reported: syscalls per
+request (all threads of the client process, and the calling thread's alone), the most
+frequent ones, and the threads the client runs while it works (a thread beyond the caller's
+is a hand-off per request).
 
 It uses only public APIs older than itself, so the same file counts another checkout: run it
 there with that checkout's interpreter (`cd ../base && .venv/bin/python <this file>`).
@@ -76,31 +77,39 @@ def run_client(kind: str, url: str, durable: bool, requests: int, out: str) -> N
     for _ in range(requests):
         call()
     closing.close()
-    Path(out).write_text(json.dumps({"python_threads": threads, "os_threads": tasks}))
+    Path(out).write_text(
+        json.dumps(
+            {"python_threads": threads, "os_threads": tasks, "tid": threading.get_native_id()}
+        )
+    )
 
 
-def _strace_counts(path: Path) -> dict[str, int]:
-    """syscall -> calls, from a `strace -c` summary."""
+def _strace_counts(prefix: Path, main_tid: int) -> tuple[dict[str, int], int]:
+    """(syscall -> calls in every thread, calls in the thread that made the requests), from
+    the per-thread traces of `strace -ff -o prefix`."""
     counts: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 5 and parts[0].replace(".", "").isdigit() and parts[-1] != "total":
-            name = parts[-1]
-            calls = parts[3]
-            if calls.isdigit():
-                counts[name] = counts.get(name, 0) + int(calls)
-    return counts
+    caller = 0
+    for path in prefix.parent.glob(prefix.name + ".*"):
+        lines = [ln for ln in path.read_text().splitlines() if ln[:1].isalpha()]
+        for line in lines:
+            name = line.split("(", 1)[0]
+            counts[name] = counts.get(name, 0) + 1
+        if path.suffix == f".{main_tid}":
+            caller = len(lines)
+    return counts, caller
 
 
 def _traced(kind: str, url: str, durable: bool, requests: int, here: Path) -> dict[str, Any]:
-    summary, info = here / f"strace-{requests}.txt", here / f"info-{requests}.json"
+    prefix, info = here / f"trace-{requests}", here / f"info-{requests}.json"
     argv = [
-        "strace", "-f", "-c", "-o", str(summary),
+        "strace", "-ff", "-o", str(prefix),
         sys.executable, str(Path(__file__).resolve()), "--client", kind, url,
         "1" if durable else "0", str(requests), str(info),
     ]  # fmt: skip
     subprocess.run(argv, check=True, cwd=os.getcwd(), timeout=600)
-    return {"syscalls": _strace_counts(summary), **json.loads(info.read_text())}
+    found = json.loads(info.read_text())
+    counts, caller = _strace_counts(prefix, found["tid"])
+    return {"syscalls": counts, "caller": caller, **found}
 
 
 def count_path(kind: str, url: str, durable: bool, requests: int) -> dict[str, Any]:
@@ -117,21 +126,24 @@ def count_path(kind: str, url: str, durable: bool, requests: int) -> dict[str, A
     }
     per = {k: v for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v >= 0.05}
     return {"per_request": per, "total": sum(per.values()),
+            "caller": (full["caller"] - base["caller"]) / requests,
             "python_threads": full["python_threads"], "os_threads": full["os_threads"]}  # fmt: skip
 
 
 def render(results: dict[str, dict[str, Any]], requests: int) -> str:
     lines = [
         f"{requests} sequential requests, syscalls of every thread of the client process "
-        "(strace -f -c), minus a run with none",
+        '(strace -ff), minus a run with none; "caller": those of the thread that makes the '
+        "requests, the rest are other threads' (a hand-off, or libzmq's I/O thread)",
         "",
-        "| path | syscalls / request | of which | Python threads | OS threads |",
-        "|---|---:|---|---:|---:|",
+        "| path | syscalls / request | caller thread | of which (all threads) | Python threads "
+        "| OS threads |",
+        "|---|---:|---:|---|---:|---:|",
     ]
     for label, r in results.items():
         top = ", ".join(f"{name} {n:.2f}" for name, n in list(r["per_request"].items())[:6])
-        lines.append(f"| {label} | {r['total']:.2f} | {top} | {r['python_threads']} "
-                     f"| {r['os_threads']} |")  # fmt: skip
+        lines.append(f"| {label} | {r['total']:.2f} | {r['caller']:.2f} | {top} "
+                     f"| {r['python_threads']} | {r['os_threads']} |")  # fmt: skip
     return "\n".join(lines)
 
 
