@@ -140,7 +140,7 @@ class ClientCore(Generic[W]):
             )
         return data
 
-    def feed(self, data: bytes) -> list[tuple[W, Reply]]:
+    def feed(self, data: bytes | memoryview) -> list[tuple[W, Reply]]:
         """Take bytes from the stream; return the (waiter, reply) pairs they completed.
 
         Sets `broken` when the peer sent an oversize frame; the adapter should then close.

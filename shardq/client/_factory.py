@@ -28,7 +28,8 @@ import zmq.asyncio
 from shardq.client._async_transport import AsyncTcpTransport, AsyncTransport, AsyncZmqTransport
 from shardq.client._errors import ConnectionLost
 from shardq.client._sockets import connect_tcp, new_dealer, open_tcp_stream
-from shardq.client._sync_transport import SyncTcpTransport, SyncTransport, SyncZmqTransport
+from shardq.client._sync_transport import SyncTcpTransport, SyncTransport
+from shardq.client._sync_zmq import SyncZmqTransport
 from shardq.client._url import ClientSecurity, Endpoint
 from shardq.protocol import FrameDecoder, encode_many
 

@@ -1,12 +1,12 @@
 """Blocking transports: one TCP or ZeroMQ connection, safe to share between threads.
 
-Each is a thin adapter around a `ClientCore`. Over TCP the threads waiting for replies take
-turns reading the socket, so a lone caller reads its own reply with no second thread woken;
-over ZeroMQ, whose sockets are not thread-safe, a background thread owns the socket. Callers
+Each is a thin adapter around a `ClientCore`, with no thread of its own: the threads waiting
+for replies take turns reading the socket (`shardq.client._turns`), so a lone caller writes
+its request and reads its reply itself, and no second thread is woken per request. Callers
 get one `concurrent.futures.Future` per command and wait with a deadline, so many requests
 from many threads are in flight on one connection. A transport lives for one connection:
 once it breaks, every waiting request fails with `ConnectionLost` and the owner opens a new
-one.
+one. The ZeroMQ transport is in `shardq.client._sync_zmq`.
 """
 
 from __future__ import annotations
@@ -16,26 +16,18 @@ import math
 import select
 import socket
 import ssl
+import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Final, Protocol
 
-import zmq
-from zmq.utils.monitor import parse_monitor_message
-
 from shardq.client._core import ClientCore, Framing, fail_waiters, no_reply
 from shardq.client._errors import ConnectionLost
-from shardq.client._sockets import (
-    MONITOR_EVENTS,
-    close_monitored,
-    connect_tcp,
-    dealer_event,
-    monitor_socket,
-    new_dealer,
-)
+from shardq.client._sockets import connect_tcp
+from shardq.client._sync_zmq import SyncZmqTransport
+from shardq.client._turns import Turns, resolve
 from shardq.client._url import ClientSecurity, Endpoint, closed_message
 
 __all__ = [
@@ -47,8 +39,9 @@ __all__ = [
 
 Reply = dict[str, Any]
 Futures = list["Future[Reply]"]
-_RECV_BYTES: Final = 1 << 20
-_JOIN_S: Final = 5.0  # how long close() waits for the I/O thread
+# The read buffer each TCP connection keeps. A reply larger than this (a PULLB of big jobs)
+# is read in several pieces; the frame cutter joins them.
+_RECV_BYTES: Final = 256 * 1024
 
 
 class SyncTransport(Protocol):
@@ -100,19 +93,13 @@ def wait_replies(
         raise no_reply(name, timeout) from None
 
 
-def _resolve(matched: Sequence[tuple[Future[Reply], Reply]]) -> None:
-    for future, reply in matched:
-        if not future.done():
-            future.set_result(reply)
-
-
 class SyncTcpTransport:
-    """One TCP connection, read by the threads that wait on it: no reader thread.
+    """One TCP connection, read by the threads that wait on it (`Turns`): no reader thread.
 
-    A thread waiting for replies becomes the reader if nobody reads (the leader); it resolves
-    every reply that arrives, its own and other threads', until its own are in, then hands
-    the reading over to a waiting thread. One caller at a time thus reads its reply itself,
-    with no wake-up of a second thread per request. Writes happen in the calling thread.
+    Writes happen in the calling thread. The socket is blocking, with the kernel's send and
+    receive timeouts instead of Python's (which would `poll` before every `send` and `recv`):
+    readiness is polled once per read, by the leader, and replies are read into one buffer
+    the connection keeps (a fresh megabyte per `recv` cost an mmap and a munmap).
     """
 
     releases_on_close = True
@@ -122,32 +109,38 @@ class SyncTcpTransport:
     ) -> None:
         try:  # a TLS handshake runs here too, bounded by the connect timeout
             sock = connect_tcp(endpoint, connect_timeout, security)
+            # A send that cannot progress for this long (a peer that stopped reading) breaks
+            # the connection instead of blocking a caller forever; so does a TLS record that
+            # stops halfway. Reads wait in `poll`, with the caller's deadline.
+            sock.settimeout(None)
+            stall = _timeval(max(connect_timeout, 1.0))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, stall)
         except OSError as e:
             raise ConnectionLost(f"cannot connect to {endpoint}: {e}", sent=False) from e
-        # A send that cannot progress for this long (a peer that stopped reading) breaks the
-        # connection instead of blocking a caller forever. Reads wait in `poll` instead.
-        sock.settimeout(max(connect_timeout, 1.0))
         self._sock = sock
-        self._poller = select.poll()
-        self._poller.register(sock, select.POLLIN)
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
+        self._buffer = bytearray(_RECV_BYTES)
+        self._view = memoryview(self._buffer)
         self._endpoint = endpoint
         self._core: ClientCore[Future[Reply]] = ClientCore(Framing.STREAM)
         self._core_lock = threading.Lock()  # short sections only; never held during I/O
         self._send_lock = threading.Lock()  # keeps the frames of concurrent writers whole
-        self._turn = threading.Condition()  # guards `_reading` and `_followers`
-        self._reading = False
-        self._followers = 0  # threads waiting on `_turn` for their replies
+        self._turns = Turns()
         self._dead: str | None = None
         self._answered = False  # any bytes from the server yet (for the TLS hint)
 
     @property
     def alive(self) -> bool:
-        """False once the connection broke; a server that closed it is noticed here, too."""
-        if self._dead is None and self._lead():
+        """False once the connection broke; a server that closed it is noticed here, too
+        (one `poll` with no wait), so a request is not written to a closed connection."""
+        if self._dead is None and self._turns.lead():
             try:
                 self._read(0.0)  # takes a close (or late replies) waiting in the socket
             finally:
-                self._step_down()
+                self._turns.step_down()
         return self._dead is None
 
     def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
@@ -164,18 +157,7 @@ class SyncTcpTransport:
         return rids, futures
 
     def wait(self, futures: Futures, deadline: float) -> None:
-        for future in futures:
-            while not future.done():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                if self._lead():
-                    try:
-                        self._read_until(future, deadline)
-                    finally:
-                        self._step_down()
-                else:
-                    self._follow(future, left)
+        self._turns.wait(futures, deadline, self._read_until)
 
     def forget(self, rids: Sequence[str]) -> None:
         with self._core_lock:
@@ -185,33 +167,6 @@ class SyncTcpTransport:
         """Close the connection; requests still waiting fail with `ConnectionLost`."""
         self._die("the connection was closed by the client")
 
-    def _lead(self) -> bool:
-        with self._turn:
-            if self._reading:
-                return False
-            self._reading = True
-            return True
-
-    def _follow(self, future: Future[Reply], timeout: float) -> None:
-        """Wait while another thread reads, until it resolves `future` or steps down."""
-        with self._turn:
-            if self._reading and not future.done():
-                self._followers += 1
-                try:
-                    self._turn.wait(timeout)
-                finally:
-                    self._followers -= 1
-
-    def _step_down(self) -> None:
-        with self._turn:
-            self._reading = False
-        self._wake_followers()  # one takes over the reading; all check their replies
-
-    def _wake_followers(self) -> None:
-        with self._turn:
-            if self._followers:
-                self._turn.notify_all()
-
     def _read_until(self, future: Future[Reply], deadline: float) -> None:
         while not future.done() and self._dead is None:
             left = deadline - time.monotonic()
@@ -220,26 +175,26 @@ class SyncTcpTransport:
             self._read(left)
 
     def _read(self, timeout: float) -> None:
-        """Wait up to `timeout` s for data; resolve the replies it completes."""
+        """Wait up to `timeout` s for data; resolve the replies it completes. Leader only."""
         try:
             # TLS may hold decrypted bytes the socket no longer shows as readable.
-            pending = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
-            if not pending and not self._poller.poll(math.ceil(timeout * 1000)):
+            pending = self._tls and self._sock.pending() > 0  # type: ignore[attr-defined]
+            if not pending and not self._poll.poll(math.ceil(timeout * 1000)):
                 return
-            data = self._sock.recv(_RECV_BYTES)
+            size = self._sock.recv_into(self._buffer)
         except OSError as e:
             self._die(f"connection to {self._endpoint} lost: {e}")
             return
-        if not data:
+        if not size:
             self._die(closed_message(self._endpoint, self._answered))
             return
         self._answered = True
         with self._core_lock:
-            matched = self._core.feed(data)
+            matched = self._core.feed(self._view[:size])
             broken = self._core.broken
         if matched:
-            _resolve(matched)
-            self._wake_followers()
+            resolve(matched)
+            self._turns.wake_followers()
         if broken is not None:
             self._die(f"the server at {self._endpoint} sent a bad frame: {broken}")
 
@@ -253,155 +208,10 @@ class SyncTcpTransport:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         fail_waiters(waiting, reason)
-        self._wake_followers()
+        self._turns.wake_followers()
 
 
-class SyncZmqTransport:
-    """One ZeroMQ DEALER owned by an I/O thread; callers hand it messages through a deque.
-
-    `IMMEDIATE` keeps messages off a pipe that has no completed connection, and a socket
-    monitor reports the handshake and the disconnect, so a server restart fails the waiting
-    requests with `ConnectionLost` instead of leaving them to time out, and nothing is sent
-    on a new connection before `Auth`.
-    """
-
-    releases_on_close = False  # the server's ROUTER sees no close; leases lapse by TTL
-
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        connect_timeout: float,
-        context: zmq.Context[Any] | None,
-        security: ClientSecurity,
-    ) -> None:
-        ctx = context if context is not None else zmq.Context.instance()
-        self._endpoint = endpoint
-        self._sock: zmq.Socket[bytes] = new_dealer(ctx, security)
-        self._monitor: zmq.Socket[bytes] = monitor_socket(self._sock, MONITOR_EVENTS)
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._core: ClientCore[Future[Reply]] = ClientCore(Framing.MESSAGE)
-        self._lock = threading.Lock()
-        self._outbox: deque[tuple[list[str], list[bytes]]] = deque()
-        self._connected = threading.Event()
-        self._dead: str | None = None
-        self._sock.connect(endpoint.zmq_address)
-        self._thread = threading.Thread(
-            target=self._run, name=f"shardq-zmq-{endpoint.port}", daemon=True
-        )
-        self._thread.start()
-        if not self._connected.wait(connect_timeout) or self._dead is not None:
-            reason = self._dead or f"no handshake with {endpoint} within {connect_timeout:g} s"
-            self.close()
-            raise ConnectionLost(f"cannot connect to {endpoint}: {reason}", sent=False)
-
-    @property
-    def alive(self) -> bool:
-        return self._dead is None
-
-    def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
-        futures: list[Future[Reply]] = [Future() for _ in commands]
-        with self._lock:
-            if self._dead is not None:
-                raise ConnectionLost(self._dead, sent=False)
-            rids, bodies = self._core.prepare(commands, futures)
-            self._outbox.append((rids, bodies))
-        self._wake()
-        return rids, futures
-
-    def wait(self, futures: Futures, deadline: float) -> None:
-        # The I/O thread resolves the futures; this thread only waits.
-        for future in futures:
-            future.result(max(0.0, deadline - time.monotonic()))
-
-    def forget(self, rids: Sequence[str]) -> None:
-        with self._lock:
-            self._core.forget(rids)
-
-    def close(self) -> None:
-        """Close the socket; requests still waiting fail with `ConnectionLost`."""
-        self._mark_dead("the connection was closed by the client")
-        self._wake()
-        if self._thread is not threading.current_thread():
-            self._thread.join(_JOIN_S)
-
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):  # a full pipe already holds a wake-up
-            self._wake_w.send(b"\0")
-
-    # -- the I/O thread --------------------------------------------------------------------
-
-    def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        poller.register(self._wake_r.fileno(), zmq.POLLIN)
-        try:
-            while self._dead is None:
-                ready = dict(poller.poll())
-                if self._monitor in ready:
-                    self._on_monitor()
-                if self._wake_r.fileno() in ready:
-                    with contextlib.suppress(OSError):
-                        self._wake_r.recv(4096)
-                self._send_outbox()
-                if self._sock in ready:
-                    self._receive()
-        except zmq.ZMQError as e:
-            self._mark_dead(f"ZeroMQ error on {self._endpoint}: {e}")
-        finally:
-            self._shutdown()
-
-    def _on_monitor(self) -> None:
-        while True:
-            try:
-                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event = parse_monitor_message(frames)["event"]
-            handshaken, dead = dealer_event(event, self._connected.is_set(), self._endpoint)
-            if dead is not None:
-                self._mark_dead(dead)
-            if handshaken or dead is not None:
-                self._connected.set()  # the connect attempt is over, one way or the other
-
-    def _send_outbox(self) -> None:
-        while self._outbox and self._dead is None:
-            rids, bodies = self._outbox.popleft()
-            sent = 0
-            try:
-                for body in bodies:
-                    self._sock.send(body, zmq.NOBLOCK)
-                    sent += 1
-            except zmq.Again:
-                # IMMEDIATE: no completed connection to queue on. Fail just these.
-                with self._lock:
-                    waiting = self._core.take(rids)
-                fail_waiters(waiting, f"not connected to {self._endpoint}", sent=sent > 0)
-
-    def _receive(self) -> None:
-        while True:
-            try:
-                body = self._sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            with self._lock:
-                matched = self._core.receive(body)
-            if matched is not None:
-                _resolve([matched])
-
-    def _mark_dead(self, reason: str) -> None:
-        with self._lock:
-            if self._dead is None:
-                self._dead = reason
-
-    def _shutdown(self) -> None:
-        with self._lock:
-            reason = self._dead or "the connection closed"
-            waiting = self._core.fail_all()
-            self._outbox.clear()
-        close_monitored(self._sock, self._monitor)
-        self._wake_r.close()
-        self._wake_w.close()
-        fail_waiters(waiting, reason)
+def _timeval(seconds: float) -> bytes:
+    """A `struct timeval` for SO_SNDTIMEO / SO_RCVTIMEO."""
+    whole = int(seconds)
+    return struct.pack("ll", whole, int((seconds - whole) * 1e6))

@@ -45,6 +45,19 @@ __all__ = ["App", "Task"]
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_forks = 0
+"""How many times this process is a forked child of a process that imported this module."""
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+# os.fork and multiprocessing run this in the child (a fork made behind Python's back, from C
+# without `PyOS_AfterFork_Child`, is not seen; then the child must call `App.close()` first).
+os.register_at_fork(after_in_child=_count_fork)
+
 
 class Task(Generic[P, R]):
     """A function registered with `App.task`. Calling it runs the function here and now;
@@ -157,6 +170,7 @@ class App:
         self.schedules: dict[str, Schedule] = {}
         self._lock = threading.Lock()
         self._pid = -1
+        self._forks = -1  # `_forks` when `_queues` was last checked against the pid
         self._connection: Connection | None = None
         self._queues: dict[str, Queue] = {}
 
@@ -274,15 +288,18 @@ class App:
     def queue(self, name: str) -> Queue:
         """The `Queue` named `name` on this app's connection (for counts, the DLQ, ...)."""
         # Every `.delay()` comes here: a queue already opened in this process is taken
-        # without the lock (a dict read is atomic; `close` swaps in a new dict).
+        # without the lock (a dict read is atomic; `close` swaps in a new dict). Whether this
+        # is still the process that opened it is told by the fork count, not `os.getpid()`:
+        # a system call on every `.delay()`.
         found = self._queues.get(name)
-        if found is not None and self._pid == os.getpid():
+        if found is not None and self._forks == _forks:
             return found
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked child
                 self._connection = None
                 self._queues = {}
                 self._pid = os.getpid()
+            self._forks = _forks
             if self._connection is None:
                 self._connection = Connection(self.url, token=self.token, timeout=self.timeout)
             found = self._queues.get(name)

@@ -9,6 +9,7 @@ every call, 60 Python calls more than the raw push it wraps (bench/results/2026-
 from __future__ import annotations
 
 import cProfile
+import os
 import pstats
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -160,3 +161,53 @@ def test_map_puts_the_task_options_on_every_job(app: App) -> None:
     ]:
         job = queue.get_job(result.id)
         assert job is not None and (job.max_attempts, job.priority) == (attempts, priority)
+
+
+def test_delay_asks_the_os_for_nothing_but_the_round_trip(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork check once cost a `getpid` system call per `.delay()`."""
+
+    @app.task(queue="delay-cost")
+    def noop(x: int) -> None:
+        return None
+
+    noop.delay(0)
+    calls = []
+    real = os.getpid
+    monkeypatch.setattr(os, "getpid", lambda: calls.append(1) or real())
+    for i in range(50):
+        noop.delay(i)
+    assert calls == []
+
+
+def test_a_forked_child_sends_on_a_connection_of_its_own(url: str) -> None:
+    with App(url=url) as app:
+
+        @app.task(queue="delay-cost-fork")
+        def noop(x: int) -> None:
+            return None
+
+        noop.delay(0)
+        parent_connection = app.queue("delay-cost-fork").connection
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, never return into pytest
+            code = 1
+            try:
+                noop.delay(1)
+                mine = app.queue("delay-cost-fork").connection
+                code = 0 if mine is not parent_connection else 2
+            finally:
+                os.write(write, bytes([code]))
+                os._exit(code)
+        os.close(write)
+        try:
+            reported = os.read(read, 1)
+        finally:
+            os.close(read)
+            os.waitpid(pid, 0)
+        assert reported == b"\0", "the child shared its parent's socket or could not send"
+        noop.delay(2)  # the parent's connection is untouched
+        assert app.queue("delay-cost-fork").connection is parent_connection
+        assert app.queue("delay-cost-fork").counts().waiting == 3

@@ -1,0 +1,86 @@
+"""Taking turns at a socket: the threads that wait for replies read for each other.
+
+Both blocking transports work this way, with no I/O thread of their own. A thread waiting for
+replies becomes the reader if nobody reads (the leader); it resolves every reply that
+arrives, its own and other threads', until its own are in, then steps down and wakes the
+threads that wait (the followers), one of which takes over. A lone caller thus reads its own
+reply: a request costs the wake-up of no thread but the caller.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+__all__ = ["Turns", "resolve"]
+
+Reply = dict[str, Any]
+
+
+def resolve(matched: Sequence[tuple[Future[Reply], Reply]]) -> None:
+    for future, reply in matched:
+        if not future.done():
+            future.set_result(reply)
+
+
+class Turns:
+    """Who reads now: at most one leader; the other waiting threads sleep as followers."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()  # guards `_reading` and `_followers`
+        self._reading = False
+        self._followers = 0  # threads waiting on `_cond` for their replies
+
+    def wait(
+        self,
+        futures: Sequence[Future[Reply]],
+        deadline: float,
+        read_until: Callable[[Future[Reply], float], None],
+    ) -> None:
+        """Return once every future is done, reading with `read_until(future, deadline)`
+        while this thread leads. Raises `TimeoutError` at `deadline` (monotonic)."""
+        for future in futures:
+            while not future.done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                if self.lead():
+                    try:
+                        read_until(future, deadline)
+                    finally:
+                        self.step_down()
+                else:
+                    self._follow(future, left)
+
+    def lead(self) -> bool:
+        """Become the reader if nobody reads; the caller must `step_down` after."""
+        with self._cond:
+            if self._reading:
+                return False
+            self._reading = True
+            return True
+
+    def step_down(self) -> None:
+        with self._cond:
+            self._reading = False
+            if self._followers:  # one takes over the reading; all check their replies
+                self._cond.notify_all()
+
+    def wake_followers(self) -> None:
+        """Tell the followers that replies were resolved (or the connection died)."""
+        with self._cond:
+            if self._followers:
+                self._cond.notify_all()
+
+    def _follow(self, future: Future[Reply], timeout: float) -> None:
+        """Wait while another thread reads, until it resolves `future` or steps down."""
+        with self._cond:
+            if self._reading and not future.done():
+                self._followers += 1
+                try:
+                    self._cond.wait(timeout)
+                finally:
+                    self._followers -= 1
