@@ -35,11 +35,12 @@ __all__ = [
 
 MAX_SPIN_US = 10_000  # 10 ms: beyond that, spinning is just a busy server
 AUTO = "auto"
-# How many of the last gaps `AdaptiveSpin` remembers, and how many of them must be short for
-# it to spin: one slow round trip (a p99 outlier) does not stop it, a trickle with every
-# other gap long (request, then reply of the next process) never starts it.
+# How many of the last gaps between messages `AdaptiveSpin` averages: a few round trips of
+# one request in flight, so that it follows a change of pace within a few requests.
 HISTORY = 8
-SHORT_NEEDED = 6
+# A gap counts as at most this many `spin_auto_max_us`: one stall among quick round trips
+# leaves the mean under the limit, while a trickle whose every other gap is long stays above.
+OUTLIER_GAPS = 4
 T = TypeVar("T")
 
 
@@ -71,48 +72,53 @@ class FixedSpin:
 
 
 class AdaptiveSpin:
-    """`spin_us = "auto"`: spin only while the gaps between arrivals stay short.
+    """`spin_us = "auto"`: spin only while the messages keep coming close together.
 
-    It keeps, in a ring of `history` flags, whether each of the last gaps between two noted
-    arrivals was at most `max_gap_s`. While at least `short_needed` of them were, it spins
-    until `max_gap_s` after the last arrival, so a message that keeps the rhythm finds the
-    process awake; otherwise, and once that time has passed, the window is 0 and the process
-    sleeps at once. Memory is the ring, whatever the traffic. Pure: time comes in as `now`.
+    It remembers the last `history` gaps between two noted arrivals (whole microseconds, each
+    counted as at most `OUTLIER_GAPS` times `max_gap_s`, so that one stall does not stop the
+    spinning for long). While their mean is at most `max_gap_s`, it spins after an arrival for
+    twice that mean, at most `max_gap_s`: the next message, if it keeps the rhythm, finds the
+    process awake. Otherwise, and once that time has passed, the window is 0 and the process
+    sleeps at once. The mean, not each gap, decides, because a process sees alternating gaps
+    (a request, then the reply of the next process, then the next request). Memory is the ring,
+    whatever the traffic. Pure: time comes in as `now` (seconds, as `time.perf_counter()`).
     """
 
-    __slots__ = ("_at", "_last", "_max_gap", "_need", "_ring", "_short")
+    __slots__ = ("_at", "_cap_us", "_last", "_max_gap_s", "_max_gap_us", "_ring", "_sum_us")
 
-    def __init__(
-        self, max_gap_s: float, history: int = HISTORY, short_needed: int = SHORT_NEEDED
-    ) -> None:
-        if max_gap_s <= 0 or not 1 <= short_needed <= history:
-            raise ValueError("need max_gap_s > 0 and 1 <= short_needed <= history")
-        self._max_gap = max_gap_s
-        self._need = short_needed
-        self._ring = [False] * history  # a fresh process has seen no short gap: it sleeps
+    def __init__(self, max_gap_s: float, history: int = HISTORY) -> None:
+        if max_gap_s <= 0 or history < 1:
+            raise ValueError("need max_gap_s > 0 and history >= 1")
+        self._max_gap_s = max_gap_s
+        self._max_gap_us = max_gap_s * 1e6
+        self._cap_us = round(OUTLIER_GAPS * self._max_gap_us)
+        # A fresh process has seen only long gaps: it sleeps until a rhythm shows.
+        self._ring = [self._cap_us] * history
+        self._sum_us = self._cap_us * history
         self._at = 0
-        self._short = 0  # how many flags in the ring are True
         self._last: float | None = None
 
     def note(self, now: float) -> None:
         last, self._last = self._last, now
         if last is None:
             return
-        short = now - last <= self._max_gap
+        gap = min(int((now - last) * 1e6), self._cap_us)
         at = self._at
-        self._short += short - self._ring[at]
-        self._ring[at] = short
+        self._sum_us += gap - self._ring[at]
+        self._ring[at] = gap
         self._at = (at + 1) % len(self._ring)
 
     def window(self, now: float) -> float:
-        if self._last is None or self._short < self._need:
+        last = self._last
+        mean_us = self._sum_us / len(self._ring)
+        if last is None or mean_us > self._max_gap_us:
             return 0.0
-        return max(0.0, self._last + self._max_gap - now)
+        return max(0.0, last + min(self._max_gap_s, 2e-6 * mean_us) - now)
 
     @property
-    def short_gaps(self) -> int:
-        """How many of the remembered gaps were short (for tests and logs)."""
-        return self._short
+    def mean_gap_us(self) -> float:
+        """The mean of the remembered gaps, outliers capped (for tests and logs)."""
+        return self._sum_us / len(self._ring)
 
 
 def spin_policy(spin_us: int | str, auto_max_us: int) -> SpinPolicy | None:
