@@ -102,7 +102,7 @@ class AdaptiveSpin:
         last, self._last = self._last, now
         if last is None:
             return
-        gap = min(int((now - last) * 1e6), self._cap_us)
+        gap = min(round((now - last) * 1e6), self._cap_us)
         at = self._at
         self._sum_us += gap - self._ring[at]
         self._ring[at] = gap
