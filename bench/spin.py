@@ -7,7 +7,9 @@ Each round starts, for each `spin_us` value in turn (the configs alternate, so t
 the machine's conditions), a fresh `shardq start --shards auto` with `SHARDQ_SPIN_US` set, and:
 
 1. latency: the sequential round trips of `bench.latency` (Ping, Count, PUSH, PUSH durable),
-   p50 and p99;
+   p50 and p99, and per request the server's CPU time and its sleeps (voluntary context
+   switches of every thread of every server process: the wake-ups spinning avoids; unlike
+   the latency, this count hardly depends on what else runs on the machine);
 2. idle: after a second of quiet, the CPU seconds (user + system, /proc/PID/stat) that the
    supervisor and all its children spend over `--idle-s` seconds with no client at all;
 3. trickle: the same CPU seconds while one client sends one PUSH every `--trickle-ms`.
@@ -30,39 +32,75 @@ from typing import Any
 
 from bench._server import ShardqProcess
 from bench.cpu import cpu_seconds
-from bench.latency import server_rows
+from bench.latency import COMMANDS, _summary
 from shardq.client import TcpConnection
 
 SETTLE_S = 1.0
 
 
-def _server_cpu(server: ShardqProcess) -> float:
-    """CPU seconds so far of the supervisor and every child it has now."""
+def _server_pids(server: ShardqProcess) -> list[int]:
     pid = server.proc.pid
     with open(f"/proc/{pid}/task/{pid}/children") as f:
-        pids = [pid, *(int(c) for c in f.read().split())]
-    return sum(cpu_seconds(p) for p in pids)
+        return [pid, *(int(c) for c in f.read().split())]
+
+
+def _sleeps(pid: int) -> int:
+    """Voluntary context switches of every thread of `pid`: how often it went to sleep."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
+def _usage(server: ShardqProcess) -> tuple[float, int]:
+    """CPU seconds and sleeps so far of the supervisor and every child it has now."""
+    pids = _server_pids(server)
+    return sum(cpu_seconds(p) for p in pids), sum(_sleeps(p) for p in pids)
+
+
+def _latency(server: ShardqProcess, requests: int) -> list[dict[str, Any]]:
+    """`bench.latency`'s sequential round trips, with the server's CPU and sleeps per request."""
+    conn = TcpConnection("127.0.0.1", server.tcp_port)
+    rows = []
+    try:
+        for label, command in COMMANDS.items():
+            conn.call(command)  # warm: the queue exists, the code paths are loaded
+            samples = []
+            cpu, sleeps = _usage(server)
+            for _ in range(requests):
+                started = time.perf_counter()
+                conn.call(command)
+                samples.append(time.perf_counter() - started)
+            cpu_after, sleeps_after = _usage(server)
+            rows.append({"path": label, **_summary(samples),
+                         "cpu_us": (cpu_after - cpu) * 1e6 / requests,
+                         "sleeps": (sleeps_after - sleeps) / requests})  # fmt: skip
+    finally:
+        conn.close()
+    return rows
 
 
 def _idle(server: ShardqProcess, seconds: float) -> float:
     time.sleep(SETTLE_S)
-    before = _server_cpu(server)
+    before, _ = _usage(server)
     time.sleep(seconds)
-    return _server_cpu(server) - before
+    return _usage(server)[0] - before
 
 
 def _trickle(server: ShardqProcess, seconds: float, every_s: float) -> tuple[float, int]:
     conn = TcpConnection("127.0.0.1", server.tcp_port)
     try:
         time.sleep(SETTLE_S)
-        before = _server_cpu(server)
+        before, _ = _usage(server)
         started = time.monotonic()
         sent = 0
         while time.monotonic() < started + seconds:
             conn.call({"cmd": "PUSH", "queue": "trickle", "data": {"n": sent}})
             sent += 1
             time.sleep(max(0.0, started + sent * every_s - time.monotonic()))
-        return _server_cpu(server) - before, sent
+        return _usage(server)[0] - before, sent
     finally:
         conn.close()
 
@@ -71,7 +109,7 @@ def one(spin: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "SHARDQ_SPIN_US": spin, "SHARDQ_SYNCHRONOUS": "normal"}
     server = ShardqProcess("auto", env=env)
     try:
-        rows = server_rows("shardq", server.tcp_port, args.requests)
+        rows = _latency(server, args.requests)
         idle = _idle(server, args.idle_s)
         trickle, sent = _trickle(server, args.idle_s, args.trickle_ms / 1000)
     finally:
@@ -90,6 +128,7 @@ def render(results: list[dict[str, Any]], configs: list[str], args: argparse.Nam
         f"| spin_us | {head} | idle CPU s | trickle CPU s |",
         "|---|" + "---:|" * (len(paths) + 2),
     ]
+    sleeps_cells: dict[str, list[str]] = {}
     for spin in configs:
         mine = [r for r in results if r["spin_us"] == spin]
         cells = []
@@ -97,6 +136,12 @@ def render(results: list[dict[str, Any]], configs: list[str], args: argparse.Nam
             p50 = statistics.median(r["rows"][i]["p50_us"] for r in mine)
             p99 = statistics.median(r["rows"][i]["p99_us"] for r in mine)
             cells.append(f"{p50:,.0f} / {p99:,.0f}")
+        for i in range(len(paths)):
+            per = [(r["rows"][i]["sleeps"], r["rows"][i]["cpu_us"]) for r in mine]
+            sleeps_cells.setdefault(spin, []).append(
+                f"{statistics.median(x for x, _ in per):.2f} / "
+                f"{statistics.median(y for _, y in per):,.0f}"
+            )
         idle = [r["idle_cpu_s"] for r in mine]
         trickle = [r["trickle_cpu_s"] for r in mine]
         lines.append(
@@ -104,6 +149,14 @@ def render(results: list[dict[str, Any]], configs: list[str], args: argparse.Nam
             f"({', '.join(f'{x:.2f}' for x in idle)}) | {statistics.median(trickle):.3f} "
             f"({', '.join(f'{x:.2f}' for x in trickle)}) |"
         )
+    lines += [
+        "",
+        "Server sleeps (voluntary context switches, all processes) / server CPU µs, per request:",
+        "",
+        f"| spin_us | {' | '.join(paths)} |",
+        "|---|" + "---:|" * len(paths),
+        *(f"| {spin} | {' | '.join(cells)} |" for spin, cells in sleeps_cells.items()),
+    ]
     return "\n".join(lines)
 
 
