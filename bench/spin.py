@@ -12,7 +12,8 @@ the machine's conditions), a fresh `shardq start --shards auto` with `SHARDQ_SPI
    the latency, this count hardly depends on what else runs on the machine);
 2. idle: after a second of quiet, the CPU seconds (user + system, /proc/PID/stat) that the
    supervisor and all its children spend over `--idle-s` seconds with no client at all;
-3. trickle: the same CPU seconds while one client sends one PUSH every `--trickle-ms`.
+3. trickle: the same CPU seconds (and sleeps) while one client sends one PUSH every
+   `--trickle-ms`.
 
 The table gives, per config, the median over the rounds, and each round's values for the CPU.
 Extra `SHARDQ_*` variables in the environment (e.g. `SHARDQ_SPIN_AUTO_MAX_US`) reach every
@@ -89,18 +90,20 @@ def _idle(server: ShardqProcess, seconds: float) -> float:
     return _usage(server)[0] - before
 
 
-def _trickle(server: ShardqProcess, seconds: float, every_s: float) -> tuple[float, int]:
+def _trickle(server: ShardqProcess, seconds: float, every_s: float) -> tuple[float, int, int]:
+    """CPU seconds, sleeps and requests sent while one PUSH goes out every `every_s`."""
     conn = TcpConnection("127.0.0.1", server.tcp_port)
     try:
         time.sleep(SETTLE_S)
-        before, _ = _usage(server)
+        before, slept = _usage(server)
         started = time.monotonic()
         sent = 0
         while time.monotonic() < started + seconds:
             conn.call({"cmd": "PUSH", "queue": "trickle", "data": {"n": sent}})
             sent += 1
             time.sleep(max(0.0, started + sent * every_s - time.monotonic()))
-        return _usage(server)[0] - before, sent
+        cpu, sleeps = _usage(server)
+        return cpu - before, sleeps - slept, sent
     finally:
         conn.close()
 
@@ -111,11 +114,11 @@ def one(spin: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
         rows = _latency(server, args.requests)
         idle = _idle(server, args.idle_s)
-        trickle, sent = _trickle(server, args.idle_s, args.trickle_ms / 1000)
+        trickle, trickle_sleeps, sent = _trickle(server, args.idle_s, args.trickle_ms / 1000)
     finally:
         server.stop()
     return {"spin_us": spin, "rows": rows, "idle_cpu_s": idle, "trickle_cpu_s": trickle,
-            "trickle_sent": sent}  # fmt: skip
+            "trickle_sent": sent, "trickle_sleeps": trickle_sleeps}  # fmt: skip
 
 
 def render(results: list[dict[str, Any]], configs: list[str], args: argparse.Namespace) -> str:
@@ -129,6 +132,7 @@ def render(results: list[dict[str, Any]], configs: list[str], args: argparse.Nam
         "|---|" + "---:|" * (len(paths) + 2),
     ]
     sleeps_cells: dict[str, list[str]] = {}
+    trickle_cells: dict[str, str] = {}
     for spin in configs:
         mine = [r for r in results if r["spin_us"] == spin]
         cells = []
@@ -142,6 +146,10 @@ def render(results: list[dict[str, Any]], configs: list[str], args: argparse.Nam
                 f"{statistics.median(x for x, _ in per):.2f} / "
                 f"{statistics.median(y for _, y in per):,.0f}"
             )
+        trickle_cells[spin] = (
+            f"{statistics.median(r['trickle_sleeps'] / r['trickle_sent'] for r in mine):.2f} / "
+            f"{statistics.median(r['trickle_cpu_s'] * 1e6 / r['trickle_sent'] for r in mine):,.0f}"
+        )
         idle = [r["idle_cpu_s"] for r in mine]
         trickle = [r["trickle_cpu_s"] for r in mine]
         lines.append(
@@ -153,9 +161,12 @@ def render(results: list[dict[str, Any]], configs: list[str], args: argparse.Nam
         "",
         "Server sleeps (voluntary context switches, all processes) / server CPU µs, per request:",
         "",
-        f"| spin_us | {' | '.join(paths)} |",
-        "|---|" + "---:|" * len(paths),
-        *(f"| {spin} | {' | '.join(cells)} |" for spin, cells in sleeps_cells.items()),
+        f"| spin_us | {' | '.join(paths)} | trickle PUSH |",
+        "|---|" + "---:|" * (len(paths) + 1),
+        *(
+            f"| {spin} | {' | '.join(cells)} | {trickle_cells[spin]} |"
+            for spin, cells in sleeps_cells.items()
+        ),
     ]
     return "\n".join(lines)
 
