@@ -1,15 +1,19 @@
 """The spinning policies of `_spin.py`, fed gaps by hand: when `spin_us = "auto"` spins, when
-it sleeps, and that its memory stays the same size whatever the traffic."""
+it sleeps, and that its memory stays the same size whatever the traffic; and which arrivals
+each process tells its policy."""
 
 from __future__ import annotations
 
 import selectors
 import socket
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from shardq.runtime._config import ConfigError, load_config
+from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import (
     HISTORY,
     AdaptiveSpin,
@@ -17,6 +21,8 @@ from shardq.runtime._spin import (
     SpinningSelector,
     spin_policy,
 )
+from shardq.runtime.writer import Writer
+from shardq.storage import Store
 
 US = 1e-6
 MAX_GAP = 500 * US
@@ -163,3 +169,34 @@ def test_the_selector_spins_and_notes_arrivals() -> None:
         selector.close()
         a.close()
         b.close()
+
+
+def test_the_writer_follows_durable_batches_only(short_tmp: Path) -> None:
+    """Under "auto" the writer's policy hears of durable batches, not of buffered ones (they
+    wait for a flush anyway); under `spin_us = N` the writer does not spin at all."""
+    store = Store.open(short_tmp / "db" / "q.db")
+    spec = ChildSpec.of("writer", str(short_tmp), str(store.path), 1, spin_us="auto")
+    writer = Writer(spec, store)
+    try:
+        spin = writer._spin
+        assert isinstance(spin, AdaptiveSpin)
+        now = time.monotonic()
+        for seq in range(1, 30):  # buffered batches, back to back
+            muts = [["put", {"id": f"j{seq}", "queue": "q", "state": "waiting", "seq": seq}]]
+            assert writer._on_muts({"muts": muts}, 0, seq, now, 100)
+        assert spin._last is None and spin.window(time.perf_counter()) == 0.0
+        for seq in range(30, 30 + 2 * HISTORY):  # durable ones, back to back
+            muts = [["put", {"id": f"j{seq}", "queue": "q", "state": "waiting", "seq": seq}]]
+            assert writer._on_muts({"muts": muts, "durable": True}, 0, seq, now, 100)
+        assert spin._last is not None and spin.mean_gap_us < 500
+    finally:
+        writer.close()
+        store.close()
+    fixed = ChildSpec.of("writer", str(short_tmp), str(short_tmp / "b.db"), 1, spin_us=200)
+    store = Store.open(short_tmp / "b.db")
+    writer = Writer(fixed, store)
+    try:
+        assert writer._spin is None
+    finally:
+        writer.close()
+        store.close()
