@@ -60,7 +60,7 @@ from shardq.runtime._sections import (
     WriterSettings,
     sections_from_keys,
 )
-from shardq.runtime._spin import MAX_SPIN_US
+from shardq.runtime._spin import AUTO, MAX_SPIN_US
 from shardq.runtime.writer._flush import MAX_BUFFERED_MUTATIONS
 from shardq.storage import SYNCHRONOUS_MODES
 
@@ -130,6 +130,18 @@ class ServerConfig:
         return EngineConfig(**self.engine)
 
 
+def _spin(value: object) -> int | str:
+    """`spin_us`: microseconds, or "auto" for adaptive spinning (`_spin.AdaptiveSpin`)."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return _ranged(0, MAX_SPIN_US)(value)
+    except ValueError:
+        raise ValueError(
+            f'must be "auto" or an integer from 0 to {MAX_SPIN_US}, got {value!r}'
+        ) from None
+
+
 _PARSERS: dict[str, Callable[[object], Any]] = {
     "host": _text,
     "tcp_port": _PORT,
@@ -160,7 +172,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     # The frame header is a u32, so nothing larger can even be announced.
     "max_frame_bytes": _ranged(1, 2**32 - 1),
     "tcp_idle_timeout_ms": _idle_timeout,
-    "spin_us": _ranged(0, MAX_SPIN_US),
+    "spin_us": _spin,
+    "spin_auto_max_us": _ranged(1, MAX_SPIN_US),
     # -- crash and stats (issue 10): an hour of one-second buckets is plenty for a rate.
     "stats_rate_window_s": _ranged(1, 3600),
     # -- isolation (writer and shard storage)

@@ -3,11 +3,15 @@
 A process that sleeps in `epoll`/`poll` and is woken by its peer pays a wake-up; on a small VM
 an idle vCPU takes tens of microseconds to wake, and a queue command crosses three processes.
 With `spin_us` > 0 the front end and the shards keep polling without sleeping for up to that
-long after their last message, yielding the CPU (`sched_yield`) between polls so that any
-other runnable process goes first. A request that comes within the window finds its process
-awake. An idle server still goes silent: each process sleeps once `spin_us` passes with
-nothing to do. The price is CPU: under a steady trickle of requests the spinning processes
-stay busy.
+long before they sleep, yielding the CPU (`sched_yield`) between polls so that any other
+runnable process goes first. A request that comes within the window finds its process awake.
+An idle server still goes silent, but under a steady trickle of requests the spinning
+processes stay busy.
+
+`spin_us = "auto"` spins adaptively (`AdaptiveSpin`): only while the messages keep coming
+closer together than `spin_auto_max_us`, the gap under which a sleeping process would be woken
+again so soon that the wake-up is the larger cost. Anything sparser, a trickle or an idle
+server, sleeps at once.
 """
 
 from __future__ import annotations
@@ -16,12 +20,116 @@ import os
 import selectors
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-__all__ = ["MAX_SPIN_US", "SpinningSelector", "spin_until"]
+__all__ = [
+    "AUTO",
+    "MAX_SPIN_US",
+    "AdaptiveSpin",
+    "FixedSpin",
+    "SpinPolicy",
+    "SpinningSelector",
+    "spin_policy",
+    "spin_until",
+]
 
 MAX_SPIN_US = 10_000  # 10 ms: beyond that, spinning is just a busy server
+AUTO = "auto"
+# How many of the last gaps between messages `AdaptiveSpin` averages: a few round trips of
+# one request in flight, so that it follows a change of pace within a few requests.
+HISTORY = 8
+# A gap counts as at most this many `spin_auto_max_us`: one stall among quick round trips
+# leaves the mean under the limit, while a trickle whose every other gap is long stays above.
+OUTLIER_GAPS = 4
 T = TypeVar("T")
+
+
+class SpinPolicy(Protocol):
+    """How long a process spins before it sleeps; told when a wait ends with something."""
+
+    def window(self, now: float) -> float:
+        """Seconds to keep polling, from `now` (a `time.perf_counter()`), before sleeping."""
+        ...
+
+    def note(self, now: float) -> None:
+        """A wait ended at `now` with something to do (a message, a writable socket)."""
+        ...
+
+
+class FixedSpin:
+    """`spin_us = N`: always spin N microseconds before sleeping."""
+
+    __slots__ = ("_spin_s",)
+
+    def __init__(self, spin_s: float) -> None:
+        self._spin_s = spin_s
+
+    def window(self, now: float) -> float:
+        return self._spin_s
+
+    def note(self, now: float) -> None:
+        pass
+
+
+class AdaptiveSpin:
+    """`spin_us = "auto"`: spin only while the messages keep coming close together.
+
+    It remembers the last `history` gaps between two noted arrivals (whole microseconds, each
+    counted as at most `OUTLIER_GAPS` times `max_gap_s`, so that one stall does not stop the
+    spinning for long). While their mean is at most `max_gap_s`, it spins after an arrival for
+    twice that mean, at most `max_gap_s`: the next message, if it keeps the rhythm, finds the
+    process awake. Otherwise, and once that time has passed, the window is 0 and the process
+    sleeps at once. The mean, not each gap, decides, because a process sees alternating gaps
+    (a request, then the reply of the next process, then the next request). Memory is the ring,
+    whatever the traffic. Pure: time comes in as `now` (seconds, as `time.perf_counter()`).
+    """
+
+    __slots__ = ("_at", "_cap_us", "_last", "_max_gap_s", "_max_gap_us", "_ring", "_sum_us")
+
+    def __init__(self, max_gap_s: float, history: int = HISTORY) -> None:
+        if max_gap_s <= 0 or history < 1:
+            raise ValueError("need max_gap_s > 0 and history >= 1")
+        self._max_gap_s = max_gap_s
+        self._max_gap_us = max_gap_s * 1e6
+        self._cap_us = round(OUTLIER_GAPS * self._max_gap_us)
+        # A fresh process has seen only long gaps: it sleeps until a rhythm shows.
+        self._ring = [self._cap_us] * history
+        self._sum_us = self._cap_us * history
+        self._at = 0
+        self._last: float | None = None
+
+    def note(self, now: float) -> None:
+        last, self._last = self._last, now
+        if last is None:
+            return
+        gap = min(round((now - last) * 1e6), self._cap_us)
+        at = self._at
+        self._sum_us += gap - self._ring[at]
+        self._ring[at] = gap
+        self._at = (at + 1) % len(self._ring)
+
+    def window(self, now: float) -> float:
+        last = self._last
+        mean_us = self._sum_us / len(self._ring)
+        if last is None or mean_us > self._max_gap_us:
+            return 0.0
+        return max(0.0, last + min(self._max_gap_s, 2e-6 * mean_us) - now)
+
+    @property
+    def mean_gap_us(self) -> float:
+        """The mean of the remembered gaps, outliers capped (for tests and logs)."""
+        return self._sum_us / len(self._ring)
+
+
+def spin_policy(spin_us: int | str, auto_max_us: int) -> SpinPolicy | None:
+    """The policy for the `spin_us` setting: None for 0 (never spin)."""
+    if spin_us == AUTO:
+        return AdaptiveSpin(auto_max_us / 1e6)
+    if isinstance(spin_us, int) and spin_us > 0:
+        return FixedSpin(spin_us / 1e6)
+    if spin_us == 0:
+        return None
+    raise ValueError(f'spin_us must be "auto" or 0 to {MAX_SPIN_US}, got {spin_us!r}')
 
 
 def spin_until(poll_now: Callable[[], list[T]], spin_s: float) -> list[T]:
@@ -38,14 +146,24 @@ def spin_until(poll_now: Callable[[], list[T]], spin_s: float) -> list[T]:
 
 
 class SpinningSelector(selectors.EpollSelector):
-    """An epoll selector for asyncio that spins `spin_s` before a blocking select."""
+    """An epoll selector for asyncio that spins as `policy` says before a blocking select.
 
-    def __init__(self, spin_s: float) -> None:
+    Only selects that would block count as arrivals: asyncio's zero-timeout selects, made
+    while it has callbacks to run, are left as cheap as they were.
+    """
+
+    def __init__(self, policy: SpinPolicy) -> None:
         super().__init__()
-        self._spin_s = spin_s
+        self._policy = policy
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is not None and timeout <= 0:
             return super().select(timeout)
-        got = spin_until(lambda: super(SpinningSelector, self).select(0), self._spin_s)
-        return got or super().select(timeout)
+        policy = self._policy
+        spin_s = policy.window(time.perf_counter())
+        got = spin_until(lambda: super(SpinningSelector, self).select(0), spin_s) if spin_s else []
+        if not got:
+            got = super().select(timeout)
+        if got:
+            policy.note(time.perf_counter())
+        return got

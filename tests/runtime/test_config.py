@@ -128,6 +128,7 @@ VALID_TEXT = {
     "max_frame_bytes": "1024",
     "tcp_idle_timeout_ms": "0",
     "spin_us": "200",
+    "spin_auto_max_us": "300",
     "stats_rate_window_s": "2",
     # -- isolation (writer and shard storage)
     "storage_retry_max_ms": "250",
@@ -234,6 +235,7 @@ max_restarts_per_minute = 2
 max_frame_bytes = 1024
 tcp_idle_timeout_ms = 0
 spin_us = 200
+spin_auto_max_us = 300
 stats_rate_window_s = 2
 storage_retry_max_ms = 250
 storage_stall_ms = 2000
@@ -358,6 +360,9 @@ def test_shards_auto_and_number() -> None:
         ("max_frame_bytes", str(2**32)),
         ("spin_us", "-1"),
         ("spin_us", "10001"),
+        ("spin_us", "automatic"),
+        ("spin_auto_max_us", "0"),
+        ("spin_auto_max_us", "10001"),
         ("stats_rate_window_s", "0"),
         ("stats_rate_window_s", "3601"),
         # -- isolation (writer and shard storage)

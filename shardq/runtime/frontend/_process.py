@@ -39,7 +39,7 @@ from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._logging import configure
 from shardq.runtime._ports import AuthThrottle, descriptor_limit
 from shardq.runtime._spec import ChildSpec
-from shardq.runtime._spin import SpinningSelector
+from shardq.runtime._spin import SpinningSelector, spin_policy
 from shardq.runtime._ssrf import SsrfRules
 from shardq.runtime.frontend._backups import BackupCommand
 from shardq.runtime.frontend._dispatch import Dispatcher
@@ -286,8 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure("frontend", spec.process.log_format, spec.process.log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if spec.process.spin_us == 0:
+    policy = spin_policy(spec.process.spin_us, spec.process.spin_auto_max_us)
+    if policy is None:
         return asyncio.run(serve(spec))
-    selector = SpinningSelector(spec.process.spin_us / 1e6)
+    selector = SpinningSelector(policy)
     with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selector)) as runner:
         return runner.run(serve(spec))

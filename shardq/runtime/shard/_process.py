@@ -31,7 +31,7 @@ from shardq.runtime._logging import configure
 from shardq.runtime._routing import shard_of
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
-from shardq.runtime._spin import spin_until
+from shardq.runtime._spin import spin_policy, spin_until
 from shardq.runtime._storage import open_storage
 from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
@@ -81,7 +81,7 @@ class ShardProcess:
         )
         self._memory = MemoryReturner(engine)
         self._stop = False
-        self._spin_s = spec.process.spin_us / 1e6
+        self._spin = spin_policy(spec.process.spin_us, spec.process.spin_auto_max_us)
         self._ctx = zmq.Context()
         # Requests come from, and replies go to, the front end over this link (`links._stream`);
         # mutations go to, and confirmations come from, the writer over the other
@@ -319,12 +319,18 @@ class ShardProcess:
         return messages
 
     def _poll(self, timeout_ms: int | None) -> list[tuple[Any, int]]:
-        """`poll`, after spinning `spin_us` (if set) when it would otherwise sleep."""
-        if self._spin_s and timeout_ms != 0:
-            got: list[tuple[Any, int]] = spin_until(lambda: self._poller.poll(0), self._spin_s)
-            if got:
-                return got
-        return self._poller.poll(timeout_ms)
+        """`poll`, after spinning as `spin_us` says when it would otherwise sleep."""
+        spin = self._spin
+        if spin is None or timeout_ms == 0:
+            return self._poller.poll(timeout_ms)
+        got: list[tuple[Any, int]] = []
+        if spin_s := spin.window(time.perf_counter()):
+            got = spin_until(lambda: self._poller.poll(0), spin_s)
+        if not got:
+            got = self._poller.poll(timeout_ms)
+        if got:
+            spin.note(time.perf_counter())
+        return got
 
     @staticmethod
     def _decode(data: bytes, into: list[dict[str, Any]]) -> None:

@@ -40,6 +40,7 @@ from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._spin import AUTO, AdaptiveSpin, spin_until
 from shardq.runtime._storage import open_storage, storage_place
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
@@ -98,6 +99,13 @@ class Writer:
             max_buffered_bytes=spec.links.writer_backlog_max_bytes,
         )
         self._links = ShardConnections(spec.writer_link_path)
+        # With adaptive spinning the writer spins too, but it follows durable batches only:
+        # they are the messages someone waits on; buffered ones wait for a flush anyway.
+        self._spin = (
+            AdaptiveSpin(spec.process.spin_auto_max_us / 1e6)
+            if spec.process.spin_us == AUTO
+            else None
+        )
         self._reading = True
         self._degraded = False
         self._status = WriterStatus(spec.run_dir, clock)
@@ -168,7 +176,11 @@ class Writer:
                     "writer buffer full; shards are blocked until storage recovers",
                     waiting_mutations=self._buffer.pending,
                 )
-        return dict(poller.poll(self._timeout_ms()))
+        timeout = self._timeout_ms()
+        spin = self._spin
+        if spin is not None and timeout != 0 and (spin_s := spin.window(time.perf_counter())):
+            return dict(spin_until(lambda: poller.poll(0), spin_s) or poller.poll(timeout))
+        return dict(poller.poll(timeout))
 
     def _serve_links(self, events: dict[int, int]) -> None:
         links = self._links
@@ -216,6 +228,8 @@ class Writer:
         if not isinstance(muts, list):
             return False
         urgent = message.get("durable") is True
+        if urgent and self._spin is not None:
+            self._spin.note(time.perf_counter())
         self._send(self._buffer.add_muts(shard, seq, muts, now, urgent=urgent, nbytes=size))
         return True
 
@@ -467,6 +481,7 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
                 schema_version=store.schema_version,
                 synchronous=spec.writer.synchronous,
                 auto_vacuum=auto_vacuum,
+                spin_us=spec.process.spin_us,
                 **file_sizes(spec.data_path),
             )
             link.ready()

@@ -1,0 +1,202 @@
+"""The spinning policies of `_spin.py`, fed gaps by hand: when `spin_us = "auto"` spins, when
+it sleeps, and that its memory stays the same size whatever the traffic; and which arrivals
+each process tells its policy."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from shardq.runtime._config import ConfigError, load_config
+from shardq.runtime._spec import ChildSpec
+from shardq.runtime._spin import (
+    HISTORY,
+    AdaptiveSpin,
+    FixedSpin,
+    SpinningSelector,
+    spin_policy,
+)
+from shardq.runtime.writer import Writer
+from shardq.storage import Store
+
+US = 1e-6
+MAX_GAP = 500 * US
+
+
+def fed(gaps_us: Sequence[float], start: float = 1000.0) -> tuple[AdaptiveSpin, float]:
+    """A policy noted at `start` and then after each gap; returns it and the last arrival."""
+    policy = AdaptiveSpin(MAX_GAP)
+    now = start
+    policy.note(now)
+    for gap in gaps_us:
+        now += gap * US
+        policy.note(now)
+    return policy, now
+
+
+def test_a_fresh_process_sleeps_at_once() -> None:
+    policy = AdaptiveSpin(MAX_GAP)
+    assert policy.window(5.0) == 0.0
+    policy.note(5.0)  # one message: no gap seen yet
+    assert policy.window(5.0) == 0.0
+    policy.note(5.0001)  # one short gap is not a rhythm yet
+    assert policy.window(5.0001) == 0.0
+
+
+def test_steady_requests_spin_twice_the_gap_then_sleep() -> None:
+    policy, last = fed([100] * HISTORY)
+    assert policy.mean_gap_us == pytest.approx(100, abs=1)
+    assert policy.window(last) == pytest.approx(200 * US, abs=2 * US)
+    assert policy.window(last + 150 * US) == pytest.approx(50 * US, abs=2 * US)
+    # past the window, and forever after while nothing comes: an idle server sleeps
+    for later in (300 * US, 1.0, 3600.0):
+        assert policy.window(last + later) == 0.0
+
+
+def test_the_window_never_exceeds_the_max_gap() -> None:
+    policy, last = fed([450] * HISTORY)  # mean under the max, twice the mean above it
+    assert policy.window(last) == pytest.approx(MAX_GAP)
+
+
+def test_a_rhythm_starts_spinning_only_once_the_mean_is_short() -> None:
+    policy, last = fed([100] * (HISTORY - 2))
+    # the two gaps not yet seen still count as long: (6 * 100 + 2 * 2000) / 8 > 500
+    assert policy.window(last) == 0.0
+    policy.note(last + 100 * US)
+    policy.note(last + 200 * US)
+    assert policy.window(last + 200 * US) > 0.0
+
+
+@pytest.mark.parametrize("gap_us", [600, 5_000, 60_000_000])
+def test_a_slow_trickle_never_spins(gap_us: float) -> None:
+    policy, last = fed([gap_us] * 100)
+    assert policy.window(last) == 0.0
+
+
+def test_a_trickle_seen_by_the_front_end_never_spins() -> None:
+    """One request every 5 ms: the front end sees the request, then the shard's reply 40 µs
+    later, then nothing for 4.96 ms. Half its gaps are short, the mean is not."""
+    policy, last = fed([40, 4_960] * 50)
+    assert policy.window(last) == 0.0
+    assert policy.window(last - 4_960 * US) == 0.0  # nor right after the request
+
+
+def test_alternating_gaps_of_a_durable_round_trip_spin() -> None:
+    """One durable push in flight: the front end waits 600 µs for the shard's reply, then
+    100 µs for the next request. Each mean covers both: it spins across both waits."""
+    policy, last = fed([600, 100] * 20)
+    assert policy.window(last) == pytest.approx(MAX_GAP)  # 2 x 350 µs, capped
+
+
+def test_one_stall_among_quick_round_trips_keeps_the_spin() -> None:
+    policy, last = fed([100] * (HISTORY - 1) + [60_000_000])  # a minute-long pause, once
+    policy.note(last + 100 * US)
+    assert policy.window(last + 100 * US) > 0.0
+
+
+def test_a_change_of_pace_stops_the_spin_within_the_history() -> None:
+    policy, last = fed([100] * 50)
+    assert policy.window(last) > 0.0
+    now = last
+    spins = []
+    for _ in range(HISTORY):
+        now += 5_000 * US
+        policy.note(now)
+        spins.append(policy.window(now) > 0.0)
+    assert spins[-1] is False
+    assert spins.index(False) <= 2  # a few long gaps are enough to lift the mean
+
+
+def test_the_memory_is_bounded() -> None:
+    policy, _ = fed([100, 3_000, 7] * 10_000)
+    assert not hasattr(policy, "__dict__")  # slots only: nothing grows on the side
+    assert len(policy._ring) == HISTORY
+    assert all(isinstance(gap, int) for gap in policy._ring)
+    # the ring holds the last HISTORY gaps exactly (integers: the sum does not drift)
+    assert policy._sum_us == sum(policy._ring)
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(ValueError):
+        AdaptiveSpin(0.0)
+    with pytest.raises(ValueError):
+        AdaptiveSpin(MAX_GAP, history=0)
+
+
+def test_spin_policy_for_each_setting() -> None:
+    assert spin_policy(0, 500) is None
+    fixed = spin_policy(200, 500)
+    assert isinstance(fixed, FixedSpin)
+    assert fixed.window(123.0) == pytest.approx(200 * US)  # spin_us = N means what it meant
+    fixed.note(123.0)
+    assert fixed.window(1e9) == pytest.approx(200 * US)
+    auto = spin_policy("auto", 300)
+    assert isinstance(auto, AdaptiveSpin)
+    assert auto._max_gap_s == pytest.approx(300 * US)
+    with pytest.raises(ValueError):
+        spin_policy("sometimes", 500)
+
+
+def test_spin_us_auto_in_the_config() -> None:
+    assert load_config(env={}).process.spin_us == 0
+    assert load_config(env={}).process.spin_auto_max_us == 500
+    env = {"SHARDQ_SPIN_US": "Auto", "SHARDQ_SPIN_AUTO_MAX_US": "800"}
+    process = load_config(env=env).process
+    assert (process.spin_us, process.spin_auto_max_us) == ("auto", 800)
+    assert load_config(env={"SHARDQ_SPIN_US": "250"}).process.spin_us == 250
+    with pytest.raises(ConfigError, match="spin_us"):
+        load_config(env={"SHARDQ_SPIN_US": "often"})
+
+
+def test_the_selector_spins_and_notes_arrivals() -> None:
+    policy, last = fed([100] * HISTORY, start=0.0)
+    a, b = socket.socketpair()
+    selector = SpinningSelector(policy)
+    try:
+        selector.register(a, selectors.EVENT_READ)
+        assert selector.select(0.01) == []  # nothing came: no arrival noted
+        assert policy._last == last
+        b.send(b"x")
+        got = selector.select(1.0)
+        assert [key.fileobj for key, _ in got] == [a]
+        assert policy._last is not None and policy._last > last  # the arrival was noted
+    finally:
+        selector.close()
+        a.close()
+        b.close()
+
+
+def test_the_writer_follows_durable_batches_only(short_tmp: Path) -> None:
+    """Under "auto" the writer's policy hears of durable batches, not of buffered ones (they
+    wait for a flush anyway); under `spin_us = N` the writer does not spin at all."""
+    store = Store.open(short_tmp / "db" / "q.db")
+    spec = ChildSpec.of("writer", str(short_tmp), str(store.path), 1, spin_us="auto")
+    writer = Writer(spec, store)
+    try:
+        spin = writer._spin
+        assert isinstance(spin, AdaptiveSpin)
+        now = time.monotonic()
+        for seq in range(1, 30):  # buffered batches, back to back
+            muts = [["put", {"id": f"j{seq}", "queue": "q", "state": "waiting", "seq": seq}]]
+            assert writer._on_muts({"muts": muts}, 0, seq, now, 100)
+        assert spin._last is None and spin.window(time.perf_counter()) == 0.0
+        for seq in range(30, 30 + 2 * HISTORY):  # durable ones, back to back
+            muts = [["put", {"id": f"j{seq}", "queue": "q", "state": "waiting", "seq": seq}]]
+            assert writer._on_muts({"muts": muts, "durable": True}, 0, seq, now, 100)
+        assert spin._last is not None and spin.mean_gap_us < 500
+    finally:
+        writer.close()
+        store.close()
+    fixed = ChildSpec.of("writer", str(short_tmp), str(short_tmp / "b.db"), 1, spin_us=200)
+    store = Store.open(short_tmp / "b.db")
+    writer = Writer(fixed, store)
+    try:
+        assert writer._spin is None
+    finally:
+        writer.close()
+        store.close()
