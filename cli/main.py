@@ -106,6 +106,14 @@ def start(
         str | None,
         typer.Option(help="Store in PostgreSQL (postgresql://...) instead of the SQLite file."),
     ] = None,
+    node_id: Annotated[
+        str | None,
+        typer.Option(help="This node's unique name among nodes on one database (hostname:port)."),
+    ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(help="host:port where clients and other nodes reach this node's TCP port."),
+    ] = None,
     log_format: Annotated[
         str | None,
         typer.Option(
@@ -164,6 +172,8 @@ def start(
         "data_path": data_path,
         "shards": shards,
         "storage_url": storage_url,
+        "node_id": node_id,
+        "advertise": advertise,
         "log_format": log_format,
         "log_level": log_level,
         "auth_token_file": str(auth_token_file) if auth_token_file else None,

@@ -194,6 +194,10 @@ VALID_TEXT = {
     "auth_failure_delay_ms": "100",
     "auth_failure_max_delay_ms": "5000",
     "test_unanswered_command": "IsPaused",
+    "node_id": "node-a",
+    "advertise": "10.0.0.5:6789",
+    "partitions": "64",
+    "lease_ms": "1500",
 }
 
 
