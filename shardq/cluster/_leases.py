@@ -14,11 +14,11 @@ who holds what.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from shardq.cluster._map import NodeInfo
 from shardq.storage._errors import StorageError
 from shardq.storage._pg_schema import Conn
 
@@ -40,16 +40,6 @@ _EXPIRY = "now() + %(lease)s * interval '1 millisecond'"
 
 class ClusterMismatch(StorageError):
     """This node's settings disagree with the database's (the partition count)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeInfo:
-    """One node as `/cluster` shows it."""
-
-    id: str
-    address: str
-    alive: bool
-    partitions: int
 
 
 def ensure_partitions(conn: Conn, partitions: int) -> None:

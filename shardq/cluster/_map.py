@@ -22,14 +22,15 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from shardq.cluster._leases import NodeInfo
 from shardq.cluster._partitions import partition_of
 
 __all__ = [
     "MAP_FILE",
+    "NodeInfo",
     "PartitionGuard",
     "cluster_view",
     "moved_error",
@@ -39,6 +40,18 @@ __all__ = [
 ]
 
 MAP_FILE: Final = "cluster.json"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One node as `/cluster` shows it."""
+
+    id: str
+    address: str
+    alive: bool
+    partitions: int
+
+
 _MAX_NAMES: Final = 100_000  # queue -> partition memo; ~100 bytes a name
 
 

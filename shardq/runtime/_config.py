@@ -52,12 +52,12 @@ from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._sections import (
     KEY_SECTION,
     SECTIONS,
+    ClusterSettings,
     EventSettings,
     FrontendSettings,
     HttpSettings,
     LinkSettings,
     ProcessSettings,
-    ClusterSettings,
     SupervisorSettings,
     TcpSettings,
     WebhookSettings,

@@ -21,12 +21,12 @@ __all__ = [
     "_idle_timeout",
     "_int_from",
     "_networks",
+    "_node_name",
     "_origins",
     "_path_or_none",
     "_ranged",
     "_shards",
     "_storage_url",
-    "_node_name",
     "_text",
     "_tokens",
 ]

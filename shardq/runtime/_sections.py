@@ -17,6 +17,7 @@ from typing import Any
 __all__ = [
     "KEY_SECTION",
     "SECTIONS",
+    "ClusterSettings",
     "EventSettings",
     "FrontendSettings",
     "HttpSettings",
@@ -26,7 +27,6 @@ __all__ = [
     "TcpSettings",
     "WebhookSettings",
     "WriterSettings",
-    "ClusterSettings",
     "section_from_json",
     "sections_from_keys",
 ]

@@ -35,9 +35,17 @@ ROLE_SECTIONS: dict[str, tuple[str, ...]] = {
     "writer": ("process", "links", "writer", "cluster"),
     "shard": ("process", "links", "writer", "tcp", "engine"),
     "frontend": (
-        "process", "tcp", "frontend", "events", "links", "webhooks", "http", "engine", "cluster",
+        "process",
+        "tcp",
+        "frontend",
+        "events",
+        "links",
+        "webhooks",
+        "http",
+        "engine",
+        "cluster",
     ),
-    "http": ("process", "tcp", "http", "events", "webhooks", "engine", "cluster"),
+    "http": ("process", "tcp", "http", "events", "webhooks", "engine"),
 }
 
 
