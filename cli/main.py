@@ -17,7 +17,7 @@ import typer
 
 import shardq
 
-from . import _admin, _backup, _jobs, _storage, _top
+from . import _admin, _backup, _cluster, _jobs, _storage, _top
 
 # No locals in tracebacks: they can hold auth tokens and job payloads.
 app = typer.Typer(
@@ -32,6 +32,7 @@ _admin.register(app)
 app.command("top")(_top.top)
 app.add_typer(_backup.backup_app, name="backup")
 app.add_typer(_storage.storage_app, name="storage")
+app.add_typer(_cluster.cluster_app, name="cluster")
 assert _jobs.JOB_STATES  # imported for its commands, which it adds to `job` and `dlq`
 
 
