@@ -1,0 +1,182 @@
+"""Two real `shardq start` nodes on one PostgreSQL database (docs/cluster.md): they split the
+partitions, `/cluster` and `shardq cluster status` show it, a node frozen past its lease
+cannot write once it wakes, and a node killed with `kill -9` leaves all its partitions to the
+survivor within about a lease.
+
+Short leases (1500 ms) keep each test to seconds. Deselected with SHARDQ_TEST_POSTGRES=0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from pg_server import shared_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+
+from shardq_harness import ShardqServer, free_port, poll_until
+
+from shardq.cluster import partition_of
+from shardq.client import TcpConnection
+
+NEEDS_POSTGRES = True
+LEASE_MS = 1500
+PARTS = 16
+
+
+def _new_database() -> str:
+    pg = shared_server()
+    name = f"cl_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg.url(), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return pg.url(name)
+
+
+def _node(tmp: Path, name: str, url: str, **env: str) -> ShardqServer:
+    settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
+                "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name, **env}  # fmt: skip
+    return ShardqServer(tmp / name, shards=1, env=settings, http_port=free_port())
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> Iterator[tuple[ShardqServer, ShardqServer, str]]:
+    url = _new_database()
+    a, b = _node(tmp_path, "node-a", url), _node(tmp_path, "node-b", url)
+    try:
+        a.start()
+        b.start()
+        yield a, b, url
+    finally:
+        for node in (a, b):
+            with_pid = node.proc
+            if with_pid is not None and with_pid.poll() is None:
+                _signal_tree(node, signal.SIGCONT)
+            node.close()
+
+
+def _cluster(node: ShardqServer) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{node.http_url}/cluster", timeout=10) as reply:
+        return json.loads(reply.read())  # type: ignore[no-any-return]
+
+
+def _held(node: ShardqServer) -> dict[str, int]:
+    return {n["id"]: n["partitions"] for n in _cluster(node)["nodes"] if n["alive"]}
+
+
+def _signal_tree(node: ShardqServer, sig: int) -> None:
+    for pid in [node.pid, *node.child_pids().values()]:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _owners(url: str) -> dict[int, str]:
+    with psycopg.connect(url) as db:
+        rows = db.execute(
+            "SELECT partition, owner FROM partition_leases WHERE expires_at > now()"
+        ).fetchall()
+    return {int(p): str(o) for p, o in rows}
+
+
+def _queue_owned_by(url: str, node: str) -> str:
+    owners = _owners(url)
+    return next(
+        f"q{i}" for i in range(100_000) if owners.get(partition_of(f"q{i}", PARTS)) == node
+    )
+
+
+def test_two_nodes_split_the_partitions_and_show_it(
+    two_nodes: tuple[ShardqServer, ShardqServer, str],
+) -> None:
+    a, b, url = two_nodes
+    split = {"node-a": PARTS // 2, "node-b": PARTS // 2}
+    poll_until(lambda: _held(a) == split and _held(b) == split, 3 * LEASE_MS / 1000,
+               "the two nodes to split the partitions", detail=lambda: str(_cluster(a)))  # fmt: skip
+    view = _cluster(b)
+    assert view["partitions"] == PARTS
+    addresses = {n["id"]: n["address"] for n in view["nodes"]}
+    assert addresses == {"node-a": f"127.0.0.1:{a.tcp_port}", "node-b": f"127.0.0.1:{b.tcp_port}"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "shardq_cli.main", "cluster", "status",
+         "--url", f"tcp://127.0.0.1:{a.tcp_port}", "--json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert json.loads(shown.stdout)["nodes"] == view["nodes"]
+    table = subprocess.run(
+        [sys.executable, "-m", "shardq_cli.main", "cluster", "status",
+         "--url", f"tcp://127.0.0.1:{b.tcp_port}"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert "node-a" in table and f"127.0.0.1:{b.tcp_port}" in table and "16 held" in table
+    # Each node serves its own queues and sends the others to their owner.
+    mine, theirs = _queue_owned_by(url, "node-a"), _queue_owned_by(url, "node-b")
+    with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        pushed = conn.call({"cmd": "PUSH", "queue": mine, "data": {}, "durable": True})
+        moved = conn.call({"cmd": "PUSH", "queue": theirs, "data": {}}, check=False)
+    assert pushed["ok"] is True
+    part = partition_of(theirs, PARTS)
+    assert (moved["ok"], moved["error"]) == (False, f"MOVED {part} 127.0.0.1:{b.tcp_port}")
+
+
+def test_a_frozen_node_cannot_write_after_its_lease_passed(
+    two_nodes: tuple[ShardqServer, ShardqServer, str],
+) -> None:
+    a, b, url = two_nodes
+    poll_until(lambda: set(_owners(url).values()) == {"node-a", "node-b"}, 3 * LEASE_MS / 1000,
+               "both nodes to hold partitions")  # fmt: skip
+    queue = _queue_owned_by(url, "node-a")
+    conn = TcpConnection(*a.tcp_address, timeout=15)
+    try:
+        assert conn.call({"cmd": "PUSH", "queue": queue, "data": {}, "durable": True})["ok"]
+        _signal_tree(a, signal.SIGSTOP)
+        # b takes every partition once a's lease has lapsed (its heartbeat too).
+        poll_until(lambda: set(_owners(url).values()) == {"node-b"}, 4 * LEASE_MS / 1000,
+                   "node-b to take node-a's partitions", detail=lambda: str(_owners(url)))  # fmt: skip
+        _signal_tree(a, signal.SIGCONT)
+        late = conn.call(
+            {"cmd": "PUSH", "queue": queue, "data": {}, "durable": True, "jobId": "late"},
+            check=False,
+        )
+    finally:
+        conn.close()
+    assert late["ok"] is False, late
+    assert late["error"].startswith(("MOVED", "Partition unavailable", "Storage unavailable"))
+    with psycopg.connect(url) as db:
+        assert db.execute("SELECT count(*) FROM jobs WHERE queue = %s", (queue,)).fetchone() == (
+            1,
+        )
+    # Woken, a rejoins and the two share the partitions again.
+    poll_until(lambda: set(_owners(url).values()) == {"node-a", "node-b"},
+               4 * LEASE_MS / 1000, "node-a to rejoin")  # fmt: skip
+
+
+def test_kill_9_leaves_every_partition_to_the_survivor_within_the_lease(
+    two_nodes: tuple[ShardqServer, ShardqServer, str],
+) -> None:
+    a, b, url = two_nodes
+    poll_until(lambda: set(_owners(url).values()) == {"node-a", "node-b"}, 3 * LEASE_MS / 1000,
+               "both nodes to hold partitions")  # fmt: skip
+    a.kill9_tree()
+    killed = time.monotonic()
+    # A lease, plus one renewal round of the survivor, plus the test's own polling slack.
+    poll_until(lambda: _owners(url) == dict.fromkeys(range(PARTS), "node-b"),
+               (LEASE_MS + LEASE_MS / 3) / 1000 + 1.5, "node-b to own every partition",
+               detail=lambda: str(_owners(url)))  # fmt: skip
+    assert time.monotonic() - killed < (LEASE_MS + LEASE_MS / 3) / 1000 + 1.5
+    queue = _queue_owned_by(url, "node-b")
+    with TcpConnection(*b.tcp_address, timeout=15) as conn:
+        assert conn.call({"cmd": "PUSH", "queue": queue, "data": {}, "durable": True})["ok"]
+    poll_until(lambda: _held(b).get("node-b") == PARTS, 2 * LEASE_MS / 1000, "/cluster to show it")
