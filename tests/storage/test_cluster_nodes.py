@@ -51,8 +51,13 @@ def _node(tmp: Path, name: str, url: str, **env: str) -> ShardqServer:
     return ShardqServer(tmp / name, shards=1, env=settings, http_port=free_port())
 
 
-@pytest.fixture
-def two_nodes(tmp_path: Path) -> Iterator[tuple[ShardqServer, ShardqServer, str]]:
+@pytest.fixture(scope="module")
+def two_nodes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ShardqServer, ShardqServer, str]]:
+    """Two nodes for the whole module (starting them is most of each test's time): the tests
+    run in file order, each leaving both nodes up but the last, which kills one."""
+    tmp_path = tmp_path_factory.mktemp("nodes")
     url = _new_database()
     a, b = _node(tmp_path, "node-a", url), _node(tmp_path, "node-b", url)
     try:
