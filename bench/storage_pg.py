@@ -38,22 +38,28 @@ T0 = 1_700_000_000_000
 JOBS_PER_ROUND = 100
 
 
-def rounds(count: int) -> list[tuple[list[Mutation], list[Mutation]]]:
-    """(push batch, pull+ack batch) per round, encoded as a shard sends them."""
+def rounds(count: int, queues: int = 1) -> list[tuple[list[Mutation], list[Mutation]]]:
+    """(push batch, pull+ack batch) per round, encoded as a shard sends them. With `queues`
+    > 1 a round's 100 jobs are spread over that many queues (one PUSHB, PULLB and ACKB
+    each), so a batch writes that many queues: what a fence checks (`--fenced`)."""
     engine = Engine(seed=1)
     encode = MutationEncoder().encode
     out = []
     now = T0
+    per = JOBS_PER_ROUND // queues
     for r in range(count):
         now += 1
-        jobs = [{"data": {"i": r * JOBS_PER_ROUND + i}} for i in range(JOBS_PER_ROUND)]
-        push = engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, now).mutations
-        pulled = engine.apply(
-            {"cmd": "PULLB", "queue": "q", "count": JOBS_PER_ROUND, "owner": "b"}, now
-        )
-        ids = [job["id"] for job in pulled.reply["jobs"]]
-        acked = engine.apply({"cmd": "ACKB", "ids": ids, "tokens": pulled.reply["tokens"]}, now)
-        out.append((encode(push), encode(list(pulled.mutations) + list(acked.mutations))))
+        push: list[Mutation] = []
+        finish: list[Mutation] = []
+        for k in range(queues):
+            queue = "q" if queues == 1 else f"q{k}"
+            jobs = [{"data": {"i": r * JOBS_PER_ROUND + k * per + i}} for i in range(per)]
+            push += engine.apply({"cmd": "PUSHB", "queue": queue, "jobs": jobs}, now).mutations
+            pulled = engine.apply({"cmd": "PULLB", "queue": queue, "count": per, "owner": "b"}, now)
+            ids = [job["id"] for job in pulled.reply["jobs"]]
+            ack = {"cmd": "ACKB", "ids": ids, "tokens": pulled.reply["tokens"]}
+            finish += list(pulled.mutations) + list(engine.apply(ack, now).mutations)
+        out.append((encode(push), encode(finish)))
     return out
 
 
@@ -89,16 +95,32 @@ def sqlite_opener(synchronous: str) -> Opener:
     return opened
 
 
-def postgres_opener(url: str, synchronous_commit: str) -> Opener:
+def postgres_opener(url: str, synchronous_commit: str, fenced: bool = False) -> Opener:
     @contextlib.contextmanager
     def opened(attempt: int) -> Iterator[Storage]:
         sep = "&" if "?" in url else "?"
         setting = f"{url}{sep}options=-c%20synchronous_commit%3D{synchronous_commit}"
         schema = f"bench_{synchronous_commit}_{attempt}_{time.time_ns()}"
         with open_postgres(setting, schema=schema) as store:
+            if fenced:
+                _hold_every_partition(store)
             yield store
 
     return opened
+
+
+def _hold_every_partition(store: Storage) -> None:
+    """Make `store` a node holding all 256 partitions, so every batch runs the fencing check
+    (docs/cluster.md) as a server on PostgreSQL does."""
+    from shardq.cluster._fence import Fence
+    from shardq.cluster._leases import acquire, ensure_partitions
+    from shardq.storage._postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    with store.new_connection() as conn:
+        ensure_partitions(conn, 256)
+        held = acquire(conn, "bench", {}, 256, 3_600_000)
+    store.fence = Fence("bench", 256, lambda: held)
 
 
 def measure(
@@ -132,16 +154,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--url", help="an existing PostgreSQL database (default: a throwaway one)")
     parser.add_argument("--pg-modes", default="on,off", help="synchronous_commit values, in order")
+    parser.add_argument("--queues", type=int, default=1, help="queues a round's jobs spread over")
+    parser.add_argument(
+        "--fenced", action="store_true", help="also PostgreSQL with the cluster's fencing check"
+    )
+    parser.add_argument("--no-sqlite", action="store_true", help="skip the SQLite rows")
     args = parser.parse_args()
-    batches = rounds(args.rounds)
+    batches = rounds(args.rounds, args.queues)
     print(f"# {args.rounds} rounds of 100 jobs (2 commits each), median of {args.repeats}")
     print(
         "| backend | jobs/s | commits/s | ms per commit | client CPU µs/job"
         " | server CPU µs/job | wall s (min-max) |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    measure("SQLite, synchronous NORMAL", sqlite_opener("normal"), batches, args.repeats)
-    measure("SQLite, synchronous FULL", sqlite_opener("full"), batches, args.repeats)
+    if not args.no_sqlite:
+        measure("SQLite, synchronous NORMAL", sqlite_opener("normal"), batches, args.repeats)
+        measure("SQLite, synchronous FULL", sqlite_opener("full"), batches, args.repeats)
     with contextlib.ExitStack() as stack:
         url, server_cpu = args.url, None
         if url is None:
@@ -152,6 +180,10 @@ def main() -> None:
             opener = postgres_opener(url, mode)
             name = f"PostgreSQL, synchronous_commit {mode}"
             measure(name, opener, batches, args.repeats, server_cpu)
+            if args.fenced:
+                opener = postgres_opener(url, mode, fenced=True)
+                name = f"PostgreSQL, synchronous_commit {mode}, fenced"
+                measure(name, opener, batches, args.repeats, server_cpu)
 
 
 if __name__ == "__main__":
