@@ -18,6 +18,11 @@ PostgreSQL's default settings (fsync on), over TCP on 127.0.0.1, and the server'
 processes) is measured too. The client CPU column is this process's: for SQLite that is all
 of the work, for PostgreSQL the client's share only. CPU time barely moves when other work
 shares the machine; the wall-clock figures do.
+
+`--fenced` times PostgreSQL without and with the cluster's fencing check (docs/cluster.md:
+the store holds every partition, and each batch checks their epochs in its own transaction),
+the runs alternating; `--queues N` spreads each round's jobs over N queues, so that a batch
+checks N partitions; `--no-sqlite` leaves the SQLite rows out.
 """
 
 from __future__ import annotations
@@ -123,6 +128,9 @@ def _hold_every_partition(store: Storage) -> None:
     store.fence = Fence("bench", 256, lambda: held)
 
 
+Runs = tuple[list[float], list[float], list[float]]
+
+
 def measure(
     name: str,
     opener: Opener,
@@ -130,13 +138,50 @@ def measure(
     repeats: int,
     server_cpu: ServerCpu = None,
 ) -> None:
-    walls, cpus, servers = [], [], []
+    runs: Runs = ([], [], [])
     for attempt in range(repeats):
-        with opener(attempt) as store:
-            wall, cpu, server = run(store, batches, server_cpu)
-        walls.append(wall)
-        cpus.append(cpu)
-        servers.append(server)
+        _attempt(opener, attempt, batches, server_cpu, runs)
+    report(name, batches, runs, server_cpu)
+
+
+def _attempt(
+    opener: Opener,
+    attempt: int,
+    batches: list[tuple[list[Mutation], list[Mutation]]],
+    server_cpu: ServerCpu,
+    runs: Runs,
+) -> None:
+    with opener(attempt) as store:
+        for total, value in zip(runs, run(store, batches, server_cpu), strict=True):
+            total.append(value)
+
+
+def measure_fence(
+    url: str,
+    mode: str,
+    batches: list[tuple[list[Mutation], list[Mutation]]],
+    repeats: int,
+    server_cpu: ServerCpu,
+) -> None:
+    """PostgreSQL without and with the fencing check, the runs alternating (plain, fenced,
+    plain ...) so that the server's state (its caches, autovacuum, checkpoints) and the
+    machine's load weigh on both alike."""
+    plain, fenced = postgres_opener(url, mode), postgres_opener(url, mode, fenced=True)
+    runs: tuple[Runs, Runs] = (([], [], []), ([], [], []))
+    for attempt in range(repeats):
+        _attempt(plain, attempt, batches, server_cpu, runs[0])
+        _attempt(fenced, attempt, batches, server_cpu, runs[1])
+    report(f"PostgreSQL, synchronous_commit {mode}", batches, runs[0], server_cpu)
+    report(f"PostgreSQL, synchronous_commit {mode}, fenced", batches, runs[1], server_cpu)
+
+
+def report(
+    name: str,
+    batches: list[tuple[list[Mutation], list[Mutation]]],
+    runs: Runs,
+    server_cpu: ServerCpu,
+) -> None:
+    walls, cpus, servers = runs
     jobs, commits = len(batches) * JOBS_PER_ROUND, len(batches) * 2
     wall = statistics.median(walls)
     cpu = statistics.median(cpus)
@@ -156,7 +201,9 @@ def main() -> None:
     parser.add_argument("--pg-modes", default="on,off", help="synchronous_commit values, in order")
     parser.add_argument("--queues", type=int, default=1, help="queues a round's jobs spread over")
     parser.add_argument(
-        "--fenced", action="store_true", help="also PostgreSQL with the cluster's fencing check"
+        "--fenced",
+        action="store_true",
+        help="PostgreSQL without and with the cluster's fencing check, runs alternating",
     )
     parser.add_argument("--no-sqlite", action="store_true", help="skip the SQLite rows")
     args = parser.parse_args()
@@ -177,13 +224,12 @@ def main() -> None:
             stack.callback(server.stop)
             url, server_cpu = server.url(), server.cpu_seconds
         for mode in args.pg_modes.split(","):
+            if args.fenced:
+                measure_fence(url, mode, batches, args.repeats, server_cpu)
+                continue
             opener = postgres_opener(url, mode)
             name = f"PostgreSQL, synchronous_commit {mode}"
             measure(name, opener, batches, args.repeats, server_cpu)
-            if args.fenced:
-                opener = postgres_opener(url, mode, fenced=True)
-                name = f"PostgreSQL, synchronous_commit {mode}, fenced"
-                measure(name, opener, batches, args.repeats, server_cpu)
 
 
 if __name__ == "__main__":
