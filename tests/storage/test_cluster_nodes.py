@@ -187,6 +187,22 @@ def test_a_frozen_node_cannot_write_after_its_lease_passed(
     )
 
 
+def test_a_node_with_another_partition_count_is_refused(
+    two_nodes: tuple[ShardqServer, ShardqServer, str], tmp_path: Path
+) -> None:
+    _a, _b, url = two_nodes
+    odd = _node(tmp_path, "node-c", url, SHARDQ_PARTITIONS=str(PARTS * 2))
+    try:
+        odd.start(wait=False)
+        assert odd.wait_exit() != 0
+        line = odd.wait_for_log("cannot take the partition leases")
+        error = line["error"]
+        assert f"partitions = {PARTS * 2}" in error and f"set up with {PARTS}" in error
+    finally:
+        odd.close()
+    assert "node-c" not in {n["id"] for n in _cluster(_a)["nodes"]}
+
+
 def test_kill_9_leaves_every_partition_to_the_survivor_within_the_lease(
     two_nodes: tuple[ShardqServer, ShardqServer, str],
 ) -> None:
