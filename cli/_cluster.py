@@ -24,14 +24,14 @@ def cluster_status(url: Url = DEFAULT_URL, token: Token = None, as_json: Json = 
     """Every node this server knows on its database: id, address, alive, partitions held."""
     with session(url, token) as conn:
         reply: dict[str, Any] = dict(conn.call({"cmd": "ClusterStatus"}))
-    view = {"nodes": reply.get("nodes") or [], "partitions": reply.get("partitions")}
+    nodes: list[dict[str, Any]] = list(reply.get("nodes") or [])
     if as_json:
-        print_json(view)
+        print_json({"nodes": nodes, "partitions": reply.get("partitions")})
         return
     rows = [
         (n.get("id"), n.get("address"), "yes" if n.get("alive") else "no", n.get("partitions"))
-        for n in view["nodes"]
+        for n in nodes
     ]
-    held = sum(int(n.get("partitions") or 0) for n in view["nodes"])
-    title = f"{view['partitions']} partitions, {held} held"
+    held = sum(int(n.get("partitions") or 0) for n in nodes)
+    title = f"{reply.get('partitions')} partitions, {held} held"
     print_table(title, ("node", "address", "alive", "partitions"), rows)

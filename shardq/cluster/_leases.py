@@ -154,7 +154,7 @@ def cluster_map(
         " AND expires_at >= now())",
         (forget_after_ms,),
     )
-    owners = dict(
+    owners: dict[Any, Any] = dict(
         conn.execute(
             "SELECT partition, owner FROM partition_leases"
             " WHERE owner IS NOT NULL AND expires_at >= now()"
