@@ -36,6 +36,15 @@ __all__ = [
 
 # "now() + lease" written once: `%(lease)s` is in milliseconds.
 _EXPIRY = "now() + %(lease)s * interval '1 millisecond'"
+# The rows a node holds at the given epochs, locked in partition order: the same order as the
+# fencing check's FOR SHARE (`shardq_fence`), so a renewal and a write batch of one node wait
+# for each other but never deadlock.
+_MINE = (
+    "SELECT x.partition FROM partition_leases AS x"
+    " JOIN unnest(%(parts)s::integer[], %(epochs)s::bigint[]) AS h(p, e)"
+    " ON x.partition = h.p AND x.epoch = h.e WHERE x.owner = %(node)s"
+    " ORDER BY x.partition FOR UPDATE OF x"
+)
 
 
 class ClusterMismatch(StorageError):
@@ -100,10 +109,8 @@ def renew(conn: Conn, node: str, held: dict[int, int], lease_ms: int) -> dict[in
         return {}
     parts = sorted(held)
     rows = conn.execute(
-        f"UPDATE partition_leases AS l SET expires_at = {_EXPIRY}"
-        " FROM unnest(%(parts)s::integer[], %(epochs)s::bigint[]) AS h(p, e)"
-        " WHERE l.partition = h.p AND l.epoch = h.e AND l.owner = %(node)s"
-        " RETURNING l.partition, l.epoch",
+        f"UPDATE partition_leases AS l SET expires_at = {_EXPIRY} FROM ({_MINE}) AS m"
+        " WHERE l.partition = m.partition RETURNING l.partition, l.epoch",
         {"parts": parts, "epochs": [held[p] for p in parts], "node": node, "lease": lease_ms},
     ).fetchall()
     return {int(p): int(e) for p, e in rows}
@@ -136,9 +143,8 @@ def release(conn: Conn, node: str, parts: dict[int, int]) -> None:
     ordered = sorted(parts)
     conn.execute(
         "UPDATE partition_leases AS l SET owner = NULL, expires_at = '-infinity'"
-        " FROM unnest(%s::integer[], %s::bigint[]) AS h(p, e)"
-        " WHERE l.partition = h.p AND l.epoch = h.e AND l.owner = %s",
-        (ordered, [parts[p] for p in ordered], node),
+        f" FROM ({_MINE}) AS m WHERE l.partition = m.partition",
+        {"parts": ordered, "epochs": [parts[p] for p in ordered], "node": node},
     )
 
 
