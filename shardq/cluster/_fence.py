@@ -11,6 +11,7 @@ same transaction as its writes.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 from shardq.cluster._partitions import partition_of
 from shardq.core._mutations import ROW_KEY_SEP
@@ -60,14 +61,19 @@ class Fence:
 def plan_queues(plan: Plan, cache: Mapping[str, Stored], read: ReadQueues) -> set[str]:
     """Every queue whose rows `plan` writes or deletes. A deleted job's queue comes from the
     store's summaries, its custom row key, or else one read of the rows (`read`)."""
-    queues: set[str] = set(plan.queues)
+    queues: set[Any] = set(plan.queues)
     queues.update(plan.obliterated)
     unknown: list[str] = []
+    add = queues.add
     for job_id, row in plan.jobs.items():
+        # Inline `Row.queue`: this loop runs for every row of every batch.
         if row is not None:
-            queue = row.queue
-            if isinstance(queue, str):
-                queues.add(queue)
+            values = row.values
+            if values is not None:
+                add(values[0])
+            else:
+                changed = row.changed
+                add(changed["queue"] if "queue" in changed else row.stored[0])  # type: ignore[index]
             continue
         stored = cache.get(job_id)
         if stored is not None:
@@ -81,6 +87,7 @@ def plan_queues(plan: Plan, cache: Mapping[str, Stored], read: ReadQueues) -> se
     queues.update(queue for queue, _gid in plan.groups)
     for records, field in ((plan.crons, "queue"), (plan.flows, "cq")):
         for rec in records.values():
-            if rec is not None and isinstance(rec.get(field), str):
-                queues.add(rec[field])
-    return queues
+            if rec is not None:
+                add(rec.get(field))
+    # A malformed value (a put without a string queue) is the batch's own error to report.
+    return {queue for queue in queues if type(queue) is str}
