@@ -9,6 +9,8 @@ queue) or more partitions. Plain and fenced runs alternate, so that the server's
 the machine's load weigh on both alike; the table gives medians per batch: wall time, this
 process's CPU and the PostgreSQL server's CPU (all its processes, from /proc).
 
+`--plans` times only the writer's own share (no server): finding a batch's partitions.
+
 PostgreSQL is a throwaway cluster on this machine (`bench._pg_server`) with PostgreSQL's
 default settings (fsync on, synchronous_commit on), over TCP on 127.0.0.1.
 """
@@ -54,12 +56,39 @@ def _timed(run: Callable[[], None], server_cpu: Callable[[], float]) -> tuple[fl
     return time.perf_counter() - wall, time.process_time() - cpu, server_cpu() - server
 
 
+def time_plans(repeat: int = 2000) -> None:
+    """The writer's share: finding a batch's queues and partitions (`plan_queues` and
+    `Fence.epochs_for`) for the plans of one round of `bench.storage_pg` (no server)."""
+    from bench.storage_pg import rounds
+    from shardq.cluster._fence import Fence, plan_queues
+    from shardq.storage._coalesce import coalesce
+
+    push, finish = rounds(2)[1]
+    plans = {
+        "PUSHB of 100 (100 puts)": coalesce(push, lambda ids: {}),
+        "PULLB+ACKB of 100 (100 updated rows)": coalesce(
+            finish, lambda ids: {i: ("q", 10, 0, 0) for i in ids}
+        ),
+    }
+    held = dict.fromkeys(range(256), 1)
+    fence = Fence("bench", 256, lambda: held)
+    for name, plan in plans.items():
+        started = time.perf_counter()
+        for _ in range(repeat):
+            fence.epochs_for(plan_queues(plan, {}, lambda ids: {}))
+        print(f"{name}: {(time.perf_counter() - started) / repeat * 1e6:.1f} µs per batch")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--partitions", default="1,16", help="partitions a batch writes")
+    parser.add_argument("--plans", action="store_true", help="time the writer's share only")
     args = parser.parse_args()
+    if args.plans:
+        time_plans()
+        return
     server = PostgresServer().start()
     try:
         with open_postgres(server.url(), schema="fence") as store, store.new_connection() as conn:
