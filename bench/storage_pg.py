@@ -18,6 +18,11 @@ PostgreSQL's default settings (fsync on), over TCP on 127.0.0.1, and the server'
 processes) is measured too. The client CPU column is this process's: for SQLite that is all
 of the work, for PostgreSQL the client's share only. CPU time barely moves when other work
 shares the machine; the wall-clock figures do.
+
+`--fenced` times PostgreSQL without and with the cluster's fencing check (docs/cluster.md:
+the store holds every partition, and each batch checks their epochs in its own transaction),
+the runs alternating; `--queues N` spreads each round's jobs over N queues, so that a batch
+checks N partitions; `--no-sqlite` leaves the SQLite rows out.
 """
 
 from __future__ import annotations
@@ -38,22 +43,28 @@ T0 = 1_700_000_000_000
 JOBS_PER_ROUND = 100
 
 
-def rounds(count: int) -> list[tuple[list[Mutation], list[Mutation]]]:
-    """(push batch, pull+ack batch) per round, encoded as a shard sends them."""
+def rounds(count: int, queues: int = 1) -> list[tuple[list[Mutation], list[Mutation]]]:
+    """(push batch, pull+ack batch) per round, encoded as a shard sends them. With `queues`
+    > 1 a round's 100 jobs are spread over that many queues (one PUSHB, PULLB and ACKB
+    each), so a batch writes that many queues: what a fence checks (`--fenced`)."""
     engine = Engine(seed=1)
     encode = MutationEncoder().encode
     out = []
     now = T0
+    per = JOBS_PER_ROUND // queues
     for r in range(count):
         now += 1
-        jobs = [{"data": {"i": r * JOBS_PER_ROUND + i}} for i in range(JOBS_PER_ROUND)]
-        push = engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, now).mutations
-        pulled = engine.apply(
-            {"cmd": "PULLB", "queue": "q", "count": JOBS_PER_ROUND, "owner": "b"}, now
-        )
-        ids = [job["id"] for job in pulled.reply["jobs"]]
-        acked = engine.apply({"cmd": "ACKB", "ids": ids, "tokens": pulled.reply["tokens"]}, now)
-        out.append((encode(push), encode(list(pulled.mutations) + list(acked.mutations))))
+        push: list[Mutation] = []
+        finish: list[Mutation] = []
+        for k in range(queues):
+            queue = "q" if queues == 1 else f"q{k}"
+            jobs = [{"data": {"i": r * JOBS_PER_ROUND + k * per + i}} for i in range(per)]
+            push += engine.apply({"cmd": "PUSHB", "queue": queue, "jobs": jobs}, now).mutations
+            pulled = engine.apply({"cmd": "PULLB", "queue": queue, "count": per, "owner": "b"}, now)
+            ids = [job["id"] for job in pulled.reply["jobs"]]
+            ack = {"cmd": "ACKB", "ids": ids, "tokens": pulled.reply["tokens"]}
+            finish += list(pulled.mutations) + list(engine.apply(ack, now).mutations)
+        out.append((encode(push), encode(finish)))
     return out
 
 
@@ -89,16 +100,35 @@ def sqlite_opener(synchronous: str) -> Opener:
     return opened
 
 
-def postgres_opener(url: str, synchronous_commit: str) -> Opener:
+def postgres_opener(url: str, synchronous_commit: str, fenced: bool = False) -> Opener:
     @contextlib.contextmanager
     def opened(attempt: int) -> Iterator[Storage]:
         sep = "&" if "?" in url else "?"
         setting = f"{url}{sep}options=-c%20synchronous_commit%3D{synchronous_commit}"
         schema = f"bench_{synchronous_commit}_{attempt}_{time.time_ns()}"
         with open_postgres(setting, schema=schema) as store:
+            if fenced:
+                _hold_every_partition(store)
             yield store
 
     return opened
+
+
+def _hold_every_partition(store: Storage) -> None:
+    """Make `store` a node holding all 256 partitions, so every batch runs the fencing check
+    (docs/cluster.md) as a server on PostgreSQL does."""
+    from shardq.cluster._fence import Fence
+    from shardq.cluster._leases import acquire, ensure_partitions
+    from shardq.storage._postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    with store.new_connection() as conn:
+        ensure_partitions(conn, 256)
+        held = acquire(conn, "bench", {}, 256, 3_600_000)
+    store.fence = Fence("bench", 256, lambda: held)
+
+
+Runs = tuple[list[float], list[float], list[float]]
 
 
 def measure(
@@ -108,13 +138,50 @@ def measure(
     repeats: int,
     server_cpu: ServerCpu = None,
 ) -> None:
-    walls, cpus, servers = [], [], []
+    runs: Runs = ([], [], [])
     for attempt in range(repeats):
-        with opener(attempt) as store:
-            wall, cpu, server = run(store, batches, server_cpu)
-        walls.append(wall)
-        cpus.append(cpu)
-        servers.append(server)
+        _attempt(opener, attempt, batches, server_cpu, runs)
+    report(name, batches, runs, server_cpu)
+
+
+def _attempt(
+    opener: Opener,
+    attempt: int,
+    batches: list[tuple[list[Mutation], list[Mutation]]],
+    server_cpu: ServerCpu,
+    runs: Runs,
+) -> None:
+    with opener(attempt) as store:
+        for total, value in zip(runs, run(store, batches, server_cpu), strict=True):
+            total.append(value)
+
+
+def measure_fence(
+    url: str,
+    mode: str,
+    batches: list[tuple[list[Mutation], list[Mutation]]],
+    repeats: int,
+    server_cpu: ServerCpu,
+) -> None:
+    """PostgreSQL without and with the fencing check, the runs alternating (plain, fenced,
+    plain ...) so that the server's state (its caches, autovacuum, checkpoints) and the
+    machine's load weigh on both alike."""
+    plain, fenced = postgres_opener(url, mode), postgres_opener(url, mode, fenced=True)
+    runs: tuple[Runs, Runs] = (([], [], []), ([], [], []))
+    for attempt in range(repeats):
+        _attempt(plain, attempt, batches, server_cpu, runs[0])
+        _attempt(fenced, attempt, batches, server_cpu, runs[1])
+    report(f"PostgreSQL, synchronous_commit {mode}", batches, runs[0], server_cpu)
+    report(f"PostgreSQL, synchronous_commit {mode}, fenced", batches, runs[1], server_cpu)
+
+
+def report(
+    name: str,
+    batches: list[tuple[list[Mutation], list[Mutation]]],
+    runs: Runs,
+    server_cpu: ServerCpu,
+) -> None:
+    walls, cpus, servers = runs
     jobs, commits = len(batches) * JOBS_PER_ROUND, len(batches) * 2
     wall = statistics.median(walls)
     cpu = statistics.median(cpus)
@@ -132,16 +199,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--url", help="an existing PostgreSQL database (default: a throwaway one)")
     parser.add_argument("--pg-modes", default="on,off", help="synchronous_commit values, in order")
+    parser.add_argument("--queues", type=int, default=1, help="queues a round's jobs spread over")
+    parser.add_argument(
+        "--fenced",
+        action="store_true",
+        help="PostgreSQL without and with the cluster's fencing check, runs alternating",
+    )
+    parser.add_argument("--no-sqlite", action="store_true", help="skip the SQLite rows")
     args = parser.parse_args()
-    batches = rounds(args.rounds)
+    batches = rounds(args.rounds, args.queues)
     print(f"# {args.rounds} rounds of 100 jobs (2 commits each), median of {args.repeats}")
     print(
         "| backend | jobs/s | commits/s | ms per commit | client CPU µs/job"
         " | server CPU µs/job | wall s (min-max) |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    measure("SQLite, synchronous NORMAL", sqlite_opener("normal"), batches, args.repeats)
-    measure("SQLite, synchronous FULL", sqlite_opener("full"), batches, args.repeats)
+    if not args.no_sqlite:
+        measure("SQLite, synchronous NORMAL", sqlite_opener("normal"), batches, args.repeats)
+        measure("SQLite, synchronous FULL", sqlite_opener("full"), batches, args.repeats)
     with contextlib.ExitStack() as stack:
         url, server_cpu = args.url, None
         if url is None:
@@ -149,6 +224,9 @@ def main() -> None:
             stack.callback(server.stop)
             url, server_cpu = server.url(), server.cpu_seconds
         for mode in args.pg_modes.split(","):
+            if args.fenced:
+                measure_fence(url, mode, batches, args.repeats, server_cpu)
+                continue
             opener = postgres_opener(url, mode)
             name = f"PostgreSQL, synchronous_commit {mode}"
             measure(name, opener, batches, args.repeats, server_cpu)

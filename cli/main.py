@@ -17,7 +17,7 @@ import typer
 
 import shardq
 
-from . import _admin, _backup, _jobs, _storage, _top
+from . import _admin, _backup, _cluster, _jobs, _storage, _top
 
 # No locals in tracebacks: they can hold auth tokens and job payloads.
 app = typer.Typer(
@@ -32,6 +32,7 @@ _admin.register(app)
 app.command("top")(_top.top)
 app.add_typer(_backup.backup_app, name="backup")
 app.add_typer(_storage.storage_app, name="storage")
+app.add_typer(_cluster.cluster_app, name="cluster")
 assert _jobs.JOB_STATES  # imported for its commands, which it adds to `job` and `dlq`
 
 
@@ -106,6 +107,14 @@ def start(
         str | None,
         typer.Option(help="Store in PostgreSQL (postgresql://...) instead of the SQLite file."),
     ] = None,
+    node_id: Annotated[
+        str | None,
+        typer.Option(help="This node's unique name among nodes on one database (hostname:port)."),
+    ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(help="host:port where clients and other nodes reach this node's TCP port."),
+    ] = None,
     log_format: Annotated[
         str | None,
         typer.Option(
@@ -164,6 +173,8 @@ def start(
         "data_path": data_path,
         "shards": shards,
         "storage_url": storage_url,
+        "node_id": node_id,
+        "advertise": advertise,
         "log_format": log_format,
         "log_level": log_level,
         "auth_token_file": str(auth_token_file) if auth_token_file else None,

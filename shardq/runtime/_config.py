@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from shardq.cluster._partitions import MAX_PARTITIONS
 from shardq.core import EngineConfig
 from shardq.errors import ShardqError
 from shardq.runtime._config_values import (
@@ -37,6 +39,7 @@ from shardq.runtime._config_values import (
     _db_cap,
     _idle_timeout,
     _networks,
+    _node_name,
     _origins,
     _path_or_none,
     _ranged,
@@ -49,6 +52,7 @@ from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._sections import (
     KEY_SECTION,
     SECTIONS,
+    ClusterSettings,
     EventSettings,
     FrontendSettings,
     HttpSettings,
@@ -64,7 +68,7 @@ from shardq.runtime._spin import AUTO, MAX_SPIN_US
 from shardq.runtime.writer._flush import MAX_BUFFERED_MUTATIONS
 from shardq.storage import SYNCHRONOUS_MODES
 
-__all__ = ["ConfigError", "ServerConfig", "load_config"]
+__all__ = ["ConfigError", "ServerConfig", "load_config", "resolve_node"]
 
 # "auto": console lines on a terminal, JSON otherwise (resolved once, by `shardq start`).
 LOG_FORMATS = ("auto", "json", "console")
@@ -90,6 +94,7 @@ class ServerConfig:
     writer: WriterSettings = field(default_factory=WriterSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
     engine: dict[str, int] = field(default_factory=dict)  # EngineConfig overrides
 
     @classmethod
@@ -244,6 +249,12 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "auth_failure_delay_ms": _ranged(0, 60_000, ms=True),  # 0: no delays, the count only
     "auth_failure_max_delay_ms": _ranged(0, 3_600_000, ms=True),
     "test_unanswered_command": _path_or_none,  # a command name, or "" for off
+    # -- cluster (issue 23): "" = the defaults `load_config` resolves (docs/cluster.md)
+    "node_id": _node_name,
+    "advertise": _node_name,
+    "partitions": _ranged(1, MAX_PARTITIONS),
+    # Renewed every third: below 300 ms a renewal would have 100 ms to reach the database.
+    "lease_ms": _ranged(300, 600_000, ms=True),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 
@@ -305,6 +316,20 @@ def load_config(
         tokens = _read_token_file(str(values["auth_token_file"]))
         values["auth_tokens"] = (*values.get("auth_tokens", ()), *tokens)
     return ServerConfig.from_keys(values, engine)
+
+
+def resolve_node(config: ServerConfig) -> ServerConfig:
+    """`config` with the default node id and advertised address filled in (docs/cluster.md):
+    by the supervisor, once, so every process of the node uses the same names."""
+    host, port = config.tcp.host, config.tcp.tcp_port
+    name = socket.gethostname() or "localhost"
+    node_id, advertise = config.cluster.node_id, config.cluster.advertise
+    if not node_id:
+        node_id = f"{name}:{port}"
+    if not advertise:
+        shown = name if host in ("0.0.0.0", "::", "") else host
+        advertise = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
+    return config.with_keys(node_id=node_id, advertise=advertise)
 
 
 def _check_tls(values: Mapping[str, Any]) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "_idle_timeout",
     "_int_from",
     "_networks",
+    "_node_name",
     "_origins",
     "_path_or_none",
     "_ranged",
@@ -88,6 +89,17 @@ def _storage_url(value: object) -> str:
         # The value may hold a password: name only what is wrong with it.
         raise ValueError('must be "" (SQLite) or a URL starting with postgresql://')
     return url
+
+
+def _node_name(value: object) -> str:
+    """A node id or address: "" (the default) or printable text without spaces, at most 255
+    characters (it is a key in the database and a token in a `MOVED` error)."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    name = value.strip()
+    if len(name) > 255 or not all(c.isprintable() and not c.isspace() for c in name):
+        raise ValueError(f"must be at most 255 printable characters without spaces: {name!r:.300}")
+    return name
 
 
 MIN_DB_BYTES = 1 << 20  # below this a cap would refuse the schema's own pages

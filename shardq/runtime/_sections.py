@@ -17,6 +17,7 @@ from typing import Any
 __all__ = [
     "KEY_SECTION",
     "SECTIONS",
+    "ClusterSettings",
     "EventSettings",
     "FrontendSettings",
     "HttpSettings",
@@ -316,6 +317,27 @@ class WebhookSettings:
     test_resolve_file: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    """Several nodes on one PostgreSQL database (docs/cluster.md): who this node is, where
+    other nodes reach it, the partitions and their leases. Without `storage_url` a node is
+    alone and owns every partition; only the names show (`GET /cluster`)."""
+
+    # Unique per node. "" = "<hostname>:<tcp_port>" (resolved by `load_config`): unique
+    # without configuration even for several nodes on one machine (two cannot listen on
+    # one port), and the same across restarts, so a restarted node is the same node.
+    node_id: str = ""
+    # Where clients and other nodes reach this node's TCP port ("host:port"). "" = the TCP
+    # listen address; a wildcard host (0.0.0.0, ::) is replaced by the machine's hostname.
+    advertise: str = ""
+    # Queue names hash to this many partitions. Fixed for a database: stored at the first
+    # start, and a node configured otherwise is refused.
+    partitions: int = 256
+    # A lease lasts this long (renewed every third of it), so a dead node's partitions pass
+    # to the survivors within about lease_ms plus one renewal.
+    lease_ms: int = 10_000
+
+
 # Section name (the attribute of `ServerConfig` and `ChildSpec`, the config file's table) -> its
 # record.
 SECTIONS: dict[str, type[Any]] = {
@@ -328,6 +350,7 @@ SECTIONS: dict[str, type[Any]] = {
     "writer": WriterSettings,
     "http": HttpSettings,
     "webhooks": WebhookSettings,
+    "cluster": ClusterSettings,
 }
 # A user's flat key -> the section that holds it (a key is in exactly one; a test checks).
 KEY_SECTION: dict[str, str] = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}

@@ -12,6 +12,7 @@ from typing import Any
 
 from shardq.runtime._sections import (
     SECTIONS,
+    ClusterSettings,
     EventSettings,
     FrontendSettings,
     HttpSettings,
@@ -31,9 +32,19 @@ __all__ = ["ROLE_SECTIONS", "ChildSpec"]
 # front end reads `http` for the monitoring commands, built by the HTTP process's views
 # (`metrics_max_queues` caps Prometheus' series there too).
 ROLE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "writer": ("process", "links", "writer"),
+    "writer": ("process", "links", "writer", "cluster"),
     "shard": ("process", "links", "writer", "tcp", "engine"),
-    "frontend": ("process", "tcp", "frontend", "events", "links", "webhooks", "http", "engine"),
+    "frontend": (
+        "process",
+        "tcp",
+        "frontend",
+        "events",
+        "links",
+        "webhooks",
+        "http",
+        "engine",
+        "cluster",
+    ),
     "http": ("process", "tcp", "http", "events", "webhooks", "engine"),
 }
 
@@ -128,6 +139,10 @@ class ChildSpec:
     @property
     def webhooks(self) -> WebhookSettings:
         return self._section("webhooks")  # type: ignore[no-any-return]
+
+    @property
+    def cluster(self) -> ClusterSettings:
+        return self._section("cluster")  # type: ignore[no-any-return]
 
     @property
     def engine(self) -> dict[str, int]:

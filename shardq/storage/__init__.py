@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardq.storage._contract import Storage
 from shardq.storage._encode import MutationEncoder, describe
-from shardq.storage._errors import StorageError, StorageFull, StorageRejected
+from shardq.storage._errors import StorageError, StorageFenced, StorageFull, StorageRejected
 from shardq.storage._schema import SYNCHRONOUS_MODES, SchemaInfo
 from shardq.storage._store import Store
 
@@ -39,6 +39,7 @@ __all__ = [
     "SchemaInfo",
     "Storage",
     "StorageError",
+    "StorageFenced",
     "StorageFull",
     "StorageRejected",
     "Store",

@@ -6,7 +6,14 @@ import sqlite3
 
 from shardq.errors import ShardqError
 
-__all__ = ["StorageError", "StorageFull", "StorageRejected", "is_disk_full", "wrap_error"]
+__all__ = [
+    "StorageError",
+    "StorageFenced",
+    "StorageFull",
+    "StorageRejected",
+    "is_disk_full",
+    "wrap_error",
+]
 
 
 class StorageError(ShardqError):
@@ -26,6 +33,17 @@ class StorageRejected(StorageError):
     fails the same way, so the writer isolates the mutations at fault instead (every other
     failure, disk full and a busy database included, is worth retrying).
     """
+
+
+class StorageFenced(StorageError):
+    """The database refused a batch: it writes a partition whose lease this node no longer
+    holds (another node took it, its fencing epoch moved on; docs/cluster.md). Retrying
+    fails the same way: the writer drops the batch and the node stops serving the partition.
+    `lost` names the partitions the check found lost."""
+
+    def __init__(self, message: str, lost: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.lost = lost
 
 
 # Result codes that blame the statement's values, not the database or the disk.

@@ -30,9 +30,10 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 import psycopg
 from psycopg import conninfo
 
+from shardq.cluster._fence import FENCE_SQL, Fence, plan_queues
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _pg_schema
-from shardq.storage._coalesce import Stored, coalesce, remember
+from shardq.storage._coalesce import Plan, Stored, coalesce, remember
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
 from shardq.storage._errors import StorageError
@@ -82,6 +83,9 @@ class PostgresStore:
         self._patch_floor = patch_floor
         # Whether `job_deltas` may hold a row: while not, a put or delete needs no look there.
         self._deltas_exist = version >= _pg_schema.DELTAS_VERSION and self._any_deltas()
+        self.fence: Fence | None = None
+        """Set by a node among several (shardq.cluster): every batch then checks, in its own
+        transaction, that this node still holds the partitions it writes."""
 
     @classmethod
     def open(
@@ -135,7 +139,11 @@ class PostgresStore:
             with conn.transaction():
                 plan = coalesce(mutations, self._fetch_stored)
                 writes = Writes(conn)
+                fenced = self._fenced(plan) if self.fence is not None else None
                 with conn.pipeline():
+                    if fenced is not None:
+                        # First in the pipeline: the writes behind it run only if it passes.
+                        conn.cursor().execute(FENCE_SQL, fenced)  # no row counted
                     known = write_plan(
                         writes, plan, self._packer.pack, self._patch_floor, self._deltas_exist
                     )
@@ -150,6 +158,18 @@ class PostgresStore:
         self._cache = remember(self._cache, self._cache_limit, plan, known)
         self._skipped_updates += plan.skipped
         return written
+
+    def _fenced(self, plan: Plan) -> tuple[Any, ...]:
+        """The fencing statement's parameters for `plan` (`shardq.cluster._fence`)."""
+        fence = self.fence
+        assert fence is not None
+        queues = plan_queues(plan, self._cache, self._stored_queues)
+        parts, epochs = fence.epochs_for(queues)
+        return (fence.node_id, parts, epochs)
+
+    def _stored_queues(self, job_ids: list[str]) -> dict[str, str]:
+        sql = "SELECT id, queue FROM jobs WHERE id = ANY(%s::text[])"
+        return dict(self._conn.execute(sql, (job_ids,)).fetchall())
 
     def load_jobs(
         self,
@@ -273,6 +293,11 @@ class PostgresStore:
         """Nothing to release (see `free_pages`): 0."""
         self._connection()
         return 0
+
+    def new_connection(self) -> Conn:
+        """Another autocommit connection to the same database and schema, for a thread of its
+        own (the lease keeper). Raises `StorageError` if it cannot connect."""
+        return _connect(self._url, self._schema, _describe(self._url, self._schema))
 
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise `StorageError`."""

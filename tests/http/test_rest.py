@@ -4,6 +4,7 @@ port answers for its command (docs/http.md)."""
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from typing import Any
@@ -194,6 +195,14 @@ def test_storage_status_route(api: Any) -> None:
         "ok": True,
         "data": {"diskFull": False, "error": None, "since": None},
     }
+
+
+def test_cluster_route_on_sqlite_is_this_node_alone(api: Any, server: ShardqServer) -> None:
+    # Without PostgreSQL a node is alone: it holds every partition (docs/cluster.md).
+    answer = ok(api("GET", "/cluster"))
+    node = f"{socket.gethostname()}:{server.tcp_port}"
+    me = {"id": node, "address": f"127.0.0.1:{server.tcp_port}", "alive": True, "partitions": 256}
+    assert answer == {"ok": True, "nodes": [me], "partitions": 256}
 
 
 def test_unknown_paths_and_bad_bodies(api: Any, server: ShardqServer) -> None:

@@ -195,6 +195,10 @@ VALID_TEXT = {
     "auth_failure_delay_ms": "100",
     "auth_failure_max_delay_ms": "5000",
     "test_unanswered_command": "IsPaused",
+    "node_id": "node-a",
+    "advertise": "10.0.0.5:6789",
+    "partitions": "64",
+    "lease_ms": "1500",
 }
 
 
@@ -300,6 +304,10 @@ auth_failure_window_ms = 5000
 auth_failure_delay_ms = 100
 auth_failure_max_delay_ms = 5000
 test_unanswered_command = "IsPaused"
+node_id = "node-a"
+advertise = "10.0.0.5:6789"
+partitions = 64
+lease_ms = 1500
 """
 
 
@@ -516,3 +524,24 @@ def test_webhook_allow_networks_are_checked_and_normalized() -> None:
         load_config(env={"SHARDQ_WEBHOOK_ALLOW_NETWORKS": "10.0.0.0/33"})
     with pytest.raises(ConfigError, match="webhook_max_pending_bytes"):
         load_config(env={"SHARDQ_WEBHOOK_MAX_PENDING_BYTES": "100"})
+
+
+def test_node_names_resolve_to_hostname_and_port() -> None:
+    import socket
+
+    from shardq.runtime._config import resolve_node
+
+    c = resolve_node(load_config(env={"TCP_PORT": "7100"}))
+    assert c.cluster.node_id == f"{socket.gethostname()}:7100"
+    assert c.cluster.advertise == "127.0.0.1:7100"
+    wild = resolve_node(load_config(env={"HOST": "0.0.0.0", "SHARDQ_NODE_ID": "n1"}))
+    assert (wild.cluster.node_id, wild.cluster.advertise) == ("n1", f"{socket.gethostname()}:6789")
+
+
+@pytest.mark.parametrize(
+    ("var", "raw"),
+    [("SHARDQ_NODE_ID", "a b"), ("SHARDQ_PARTITIONS", "0"), ("SHARDQ_LEASE_MS", "100")],
+)
+def test_bad_cluster_settings_rejected(var: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=var):
+        load_config(env={var: raw})

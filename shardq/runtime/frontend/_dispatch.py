@@ -240,6 +240,25 @@ class Dispatcher:
                 routed = self._park(routed, frame)
             self._route(routed, req, name, frame, envelope)
 
+    def guard_partitions(self, refusal: Callable[[str], str | None]) -> None:
+        """Refuse a command for a queue this node does not serve now (several nodes on one
+        database, docs/cluster.md): `refusal(queue)` gives the error (`MOVED ...`) or None.
+        Installed over `_to_shard` only then, so a node alone pays nothing for it."""
+        unguarded = self._to_shard
+
+        def to_shard(
+            client: Client, req: object, name: str, frame: dict[str, Any], checked: bool = False
+        ) -> None:
+            queue = frame.get("queue")
+            if type(queue) is str:
+                error = refusal(queue)
+                if error is not None:
+                    self.answer(client, req, error_reply(error))
+                    return
+            unguarded(client, req, name, frame, checked)
+
+        self._to_shard = to_shard  # type: ignore[method-assign]
+
     def _park(self, client: Client, cmd: dict[str, Any]) -> Client:
         """A long-poll within the caps holds a slot until it is answered; past them it is
         sent with no timeout, so its shard answers at once as if nothing were ready."""

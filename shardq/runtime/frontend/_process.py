@@ -32,6 +32,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from shardq.cluster._map import PartitionGuard
 from shardq.protocol._fields import schema_limits
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
@@ -42,6 +43,7 @@ from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector, spin_policy
 from shardq.runtime._ssrf import SsrfRules
 from shardq.runtime.frontend._backups import BackupCommand
+from shardq.runtime.frontend._cluster import ClusterCommand
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._events import EventLimits
 from shardq.runtime.frontend._links import ShardLinks
@@ -108,6 +110,7 @@ class Frontend:
             spec.frontend.flow_children_watch_max,
         )
         self.dispatcher.add_handlers(BackupCommand(spec).handlers)
+        self.dispatcher.add_handlers(ClusterCommand(spec).handlers)
         self.dispatcher.limits = schema_limits(spec.engine)
         # asyncio accepts up to a whole backlog of connections before any reaches the gateway,
         # so one burst's worth of descriptors is kept free too, and the burst kept to a quarter
@@ -116,6 +119,13 @@ class Frontend:
         self._backlog = min(_TCP_BACKLOG, max(16, room // 4))
         limits = TcpLimits.from_spec(spec)
         limits = replace(limits, reserved_fds=limits.reserved_fds + self._backlog)
+        self._guard: PartitionGuard | None = None
+        if spec.external_store:
+            # Several nodes may share the database: serve only the partitions held.
+            cluster = spec.cluster
+            self._guard = PartitionGuard(spec.run_dir, cluster.node_id, cluster.partitions)
+            self._guard.refresh()
+            self.dispatcher.guard_partitions(self._guard.refusal)
         self.tcp = TcpGateway(self.dispatcher, loop, limits)
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, limits)
         self._inbox = self._ctx.socket(zmq.PULL)
@@ -143,6 +153,8 @@ class Frontend:
             self.loop.create_task(self._read_supervisor()),
             self.loop.create_task(self.zmq.run()),
         ]
+        if self._guard is not None:
+            self._tasks.append(self.loop.create_task(self._watch_cluster(self._guard)))
         self.loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
         host = f"[{spec.tcp.host}]" if ":" in spec.tcp.host else spec.tcp.host
         return {"tcp": f"{host}:{tcp_port}", "zmq": f"tcp://{host}:{zmq_port}"}
@@ -187,6 +199,13 @@ class Frontend:
                     self.dispatcher.on_shard_message(msg)
             else:
                 await asyncio.sleep(0)
+
+    async def _watch_cluster(self, guard: PartitionGuard) -> None:
+        """Re-read the writer's cluster map a few times per lease renewal (docs/cluster.md)."""
+        period = max(0.05, self.spec.cluster.lease_ms / 10_000)
+        while True:
+            await asyncio.sleep(period)
+            guard.refresh()
 
     # -- shutdown --------------------------------------------------------------------------
 

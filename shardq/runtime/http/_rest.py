@@ -228,6 +228,7 @@ ROUTES: Final[tuple[Route, ...]] = (
        "write"),
     _r("GET", "/ping", _body("Ping")),
     _r("GET", "/storage", _body("StorageStatus")),
+    _r("GET", "/cluster", _body("ClusterStatus")),
     # Features shardq does not have yet: the front end answers "Unsupported command: X".
     _r("GET", "/crons", _body("CronList")),
     _r("POST", "/crons", _body("Cron", "name", "queue", "data", "schedule", "repeatEvery"),

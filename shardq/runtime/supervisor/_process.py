@@ -38,7 +38,7 @@ import zmq
 from shardq._version import __version__
 from shardq.backup import scheduled_backups
 from shardq.runtime import _messages as msgs
-from shardq.runtime._config import ConfigError, ServerConfig, load_config
+from shardq.runtime._config import ConfigError, ServerConfig, load_config, resolve_node
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ROLE_SECTIONS, ChildSpec
@@ -554,6 +554,7 @@ def main(
         return EXIT_CONFIG
     # Resolved here, once: the children write to the supervisor's stderr, and must agree.
     config = config.with_keys(log_format=str(resolve_log_format(config.process.log_format)))
+    config = resolve_node(config)  # the node's names, one for all its processes
     configure("supervisor", config.process.log_format, config.process.log_level)
     try:
         backups = scheduled_backups(

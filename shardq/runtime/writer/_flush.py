@@ -230,6 +230,32 @@ class FlushBuffer:
         self._drop_told_durable()
         return out
 
+    def dropped(self, reason: str) -> list[Outgoing]:
+        """Storage refused the waiting batches for good (fenced: the node lost the partitions
+        they write, docs/cluster.md): forget them all. Returns a `fail` for each current
+        batch, so a durable push waiting on it is answered with an error, and the `done` of
+        each waiting sync (nothing is left for it to wait on)."""
+        out: list[Outgoing] = [
+            (batch.shard, msgs.fail(batch.seq, reason))
+            for batch in self._batches
+            if batch.epoch == self._epochs.get(batch.shard, 0)
+        ]
+        out.extend(
+            (shard, msgs.done(seq, synced=True))
+            for shard, epoch, seq in self._syncs
+            if epoch == self._epochs.get(shard, 0)
+        )
+        self._muts = []
+        self._bytes = 0
+        self._batches.clear()
+        self._syncs.clear()
+        self._first_at = None
+        self._urgent = False
+        self._retry_at = None
+        self.failures = 0
+        self.failing_since = None
+        return out
+
     def _drop_told_durable(self) -> None:
         muts: list[Mutation] = []
         kept: list[_Batch] = []

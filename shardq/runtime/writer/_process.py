@@ -50,6 +50,7 @@ from shardq.runtime.writer._vacuum import IdleVacuum, convert_old_file
 from shardq.storage import (
     Storage,
     StorageError,
+    StorageFenced,
     StorageFull,
     StorageRejected,
     Store,
@@ -251,6 +252,13 @@ class Writer:
         started = self._clock()
         try:
             rows = self._commit(buffer.mutations())
+        except StorageFenced as e:
+            # Retrying fails the same way: the partitions are another node's now.
+            log.error("batch refused: this node no longer holds its partitions (fenced)",
+                      error=str(e), dropped_mutations=buffer.pending,
+                      partitions=list(e.lost[:20]))  # fmt: skip
+            self._send(buffer.dropped(f"partition moved: {e}"))
+            return False
         except StorageError as e:
             self._status.failed(str(e), disk_full=isinstance(e, StorageFull))
             self._send(buffer.failed(e, self._clock()))
@@ -460,6 +468,10 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
         log.error("cannot open the database", path=storage_place(spec), error=str(e))
         link.fatal(str(e))
         return EXIT_NO_DATABASE
+    keeper = _start_leases(spec, store, link)
+    if keeper is False:
+        store.close()
+        return EXIT_NO_DATABASE
     with store:
         # PostgreSQL vacuums itself (autovacuum); only a SQLite file is converted and stepped.
         auto_vacuum = (
@@ -488,3 +500,28 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
             return writer.run(waker)
         finally:
             writer.close()
+            if keeper is not None:
+                keeper.stop()  # after the last commit: hand the partitions over now
+
+
+def _start_leases(spec: ChildSpec, store: Storage, link: SupervisorLink) -> Any:
+    """On PostgreSQL, hold this node's partitions (docs/cluster.md) and fence every batch:
+    the `LeaseKeeper`. None on SQLite (one node, no leases, nothing imported: psycopg is an
+    optional extra); False (reported) if the leases cannot start."""
+    if not spec.writer.storage_url:
+        return None
+    from shardq.runtime.writer._cluster import LeaseKeeper
+    from shardq.storage._postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    keeper = LeaseKeeper(spec, store.new_connection)
+    try:
+        keeper.start()
+    except StorageError as e:
+        log.error("cannot take the partition leases", error=str(e))
+        link.fatal(str(e))
+        return False
+    store.fence = keeper.fence()
+    log.info("partition leases held", node_id=spec.cluster.node_id,
+             partitions=len(keeper.held()), of=spec.cluster.partitions)  # fmt: skip
+    return keeper

@@ -1,0 +1,18 @@
+"""Several shardq nodes on one PostgreSQL database: partitions, leases, fencing, the map.
+
+- `partition_of(queue, partitions)`: the partition a queue belongs to (a stable hash).
+- `_leases`: the lease statements (acquire, renew, release, heartbeats), run by the writer's
+  lease thread (`shardq.runtime.writer._cluster`), and the fencing check every write batch
+  makes in its own transaction.
+- `_map`: the cluster map a node publishes in its run directory (`cluster.json`), read by
+  the front end (which refuses commands for partitions the node does not hold) and the HTTP
+  process (`GET /cluster`).
+
+docs/cluster.md says what exists now and what does not yet.
+"""
+
+from __future__ import annotations
+
+from shardq.cluster._partitions import partition_of
+
+__all__ = ["partition_of"]

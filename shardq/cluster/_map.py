@@ -1,0 +1,173 @@
+"""The cluster map a node publishes in its run directory, and what its processes make of it.
+
+The writer's lease thread (the only one that talks leases with PostgreSQL) writes
+`<run dir>/cluster.json` after each round, as the writer's status file is written (a temporary
+file renamed over the old one, so a reader never sees half of it):
+
+    {"node": id, "address": "host:port", "partitions": N,
+     "valid_until": <CLOCK_MONOTONIC seconds>, "held": [partition, ...],
+     "nodes": [{"id", "address", "alive", "partitions"}], "owners": {"<partition>": id}}
+
+`valid_until` is the monotonic time (one clock for every process of a machine) until which
+this node may serve `held`: the start of the round that renewed them plus most of a lease, so
+a node frozen past its lease (SIGSTOP, a long pause) refuses at once when it wakes, before its
+lease thread has even run. The front end reads the file (`PartitionGuard`) and refuses a
+command for a queue of a partition it does not hold with `MOVED <partition> <address>`; the
+HTTP process answers `GET /cluster` from it (`cluster_view`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from shardq.cluster._partitions import partition_of
+
+__all__ = [
+    "MAP_FILE",
+    "NodeInfo",
+    "PartitionGuard",
+    "cluster_view",
+    "moved_error",
+    "read_map",
+    "single_node_view",
+    "write_map",
+]
+
+MAP_FILE: Final = "cluster.json"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One node as `/cluster` shows it."""
+
+    id: str
+    address: str
+    alive: bool
+    partitions: int
+
+
+_MAX_NAMES: Final = 100_000  # queue -> partition memo; ~100 bytes a name
+
+
+def write_map(
+    run_dir: str,
+    *,
+    node: str,
+    address: str,
+    partitions: int,
+    valid_until: float,
+    held: Sequence[int],
+    nodes: Sequence[NodeInfo],
+    owners: Mapping[int, str],
+) -> None:
+    """Replace the map file (atomically). Raises OSError."""
+    doc = {
+        "node": node,
+        "address": address,
+        "partitions": partitions,
+        "valid_until": valid_until,
+        "held": sorted(held),
+        "nodes": [
+            {"id": n.id, "address": n.address, "alive": n.alive, "partitions": n.partitions}
+            for n in nodes
+        ],
+        "owners": {str(p): o for p, o in sorted(owners.items())},
+        "updated_ms": int(time.time() * 1000),
+    }
+    path = Path(run_dir) / MAP_FILE
+    tmp = path.with_name(f".{MAP_FILE}.{os.getpid()}")
+    tmp.write_text(json.dumps(doc, separators=(",", ":")))
+    os.replace(tmp, path)
+
+
+def read_map(run_dir: str) -> dict[str, Any] | None:
+    """The map file's contents, or None if there is none (yet) or it cannot be read."""
+    try:
+        doc = json.loads((Path(run_dir) / MAP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def cluster_view(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`GET /cluster`'s answer from a map file: `{nodes: [...], partitions: N}`."""
+    return {"nodes": list(doc.get("nodes", [])), "partitions": doc.get("partitions", 0)}
+
+
+def single_node_view(node: str, address: str, partitions: int) -> dict[str, Any]:
+    """`GET /cluster` of a node alone (SQLite, or PostgreSQL before its first lease round):
+    itself, alive, holding every partition."""
+    me = {"id": node, "address": address, "alive": True, "partitions": partitions}
+    return {"nodes": [me], "partitions": partitions}
+
+
+def moved_error(partition: int, address: str) -> str:
+    """The error a node answers for a queue of a partition another node holds: one line a
+    client can split on spaces (`MOVED`, the partition, the holder's `host:port`)."""
+    return f"MOVED {partition} {address}"
+
+
+class PartitionGuard:
+    """The front end's view of the map: which queues this node serves now.
+
+    `refresh()` re-reads the file when it changed (the front end calls it on a timer, a
+    fraction of the lease); `refusal(queue)` is the per-command check: None to serve, else
+    the error to answer. One dict lookup and one clock read per command.
+    """
+
+    def __init__(self, run_dir: str, node: str, partitions: int) -> None:
+        self._path = Path(run_dir) / MAP_FILE
+        self._node = node
+        self._partitions = partitions
+        self._stamp: tuple[int, int] | None = None
+        self._held: frozenset[int] = frozenset()
+        self._valid_until = 0.0
+        self._addresses: dict[int, str] = {}
+        self._memo: dict[str, int] = {}
+
+    def refresh(self) -> bool:
+        """Read the file again if it changed; True if it did."""
+        try:
+            st = self._path.stat()
+        except OSError:
+            return False
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return False
+        doc = read_map(str(self._path.parent))
+        if doc is None:
+            return False
+        self._stamp = stamp
+        self.load(doc)
+        return True
+
+    def load(self, doc: Mapping[str, Any]) -> None:
+        """Take a map (as read from the file)."""
+        address = {n.get("id"): n.get("address", "") for n in doc.get("nodes", [])}
+        owners = doc.get("owners", {})
+        self._addresses = {int(p): str(address.get(o) or o) for p, o in owners.items()}
+        self._held = frozenset(int(p) for p in doc.get("held", []))
+        self._valid_until = float(doc.get("valid_until", 0.0))
+
+    def refusal(self, queue: str) -> str | None:
+        """None if this node serves `queue` now; else the error to answer."""
+        part = self._memo.get(queue)
+        if part is None:
+            if len(self._memo) >= _MAX_NAMES:
+                self._memo.clear()
+            part = self._memo[queue] = partition_of(queue, self._partitions)
+        if part in self._held and time.monotonic() < self._valid_until:
+            return None
+        address = self._addresses.get(part)
+        if part not in self._held and address:
+            return moved_error(part, address)
+        return (
+            f"Partition unavailable: node {self._node} does not hold partition {part} now"
+            " (its lease is being taken or renewed); retry"
+        )

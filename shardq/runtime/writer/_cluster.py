@@ -1,0 +1,195 @@
+"""The writer's lease thread: this node's partitions, held through leases in PostgreSQL.
+
+It runs where the PostgreSQL connection lives (the writer process), on a connection of its
+own, one round every third of `lease_ms`:
+
+1. heartbeat (this node's row, the database's clock); refused while another live process
+   runs under the same node id, and then the node holds nothing;
+2. renew the leases held; those whose epoch moved on are lost;
+3. count the live nodes and aim at a fair share, ceil(partitions / live nodes): release the
+   excess (a node joined), or acquire free and expired partitions up to it;
+4. publish the map (`shardq.cluster._map`) for the front end and the HTTP process.
+
+What it holds is `held()` for the store's fence (`shardq.cluster._fence`): valid until the
+start of the round that renewed it plus 9/10 of a lease on the monotonic clock, so a round
+that fails, or a process frozen past its lease, serves nothing rather than something another
+node may hold. A clean stop releases everything at once (`stop`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from shardq.cluster._fence import Fence
+from shardq.cluster._leases import (
+    acquire,
+    as_storage_error,
+    cluster_map,
+    ensure_partitions,
+    heartbeat,
+    live_nodes,
+    release,
+    renew,
+)
+from shardq.cluster._map import write_map
+from shardq.runtime._spec import ChildSpec
+from shardq.storage import StorageError
+from shardq.storage._pg_schema import Conn
+
+__all__ = ["LeaseKeeper"]
+
+log = structlog.get_logger()
+
+# The share of a lease a renewal is trusted for, locally: the rest covers the map file's trip
+# to the front end and a slow statement.
+_TRUSTED = 0.9
+# A dead node holding nothing leaves the nodes table after this many leases.
+_FORGET_LEASES = 10
+
+
+class LeaseKeeper:
+    """Holds this node's partitions; `start` runs the first round before returning, so a
+    node that reports ready holds its share (or knows why not)."""
+
+    def __init__(self, spec: ChildSpec, connect: Callable[[], Conn]) -> None:
+        cluster = spec.cluster
+        self._run_dir = spec.run_dir
+        self._node = cluster.node_id
+        self._address = cluster.advertise
+        self._partitions = cluster.partitions
+        self._lease_ms = cluster.lease_ms
+        # The running node's session: the same for every writer process of one `shardq
+        # start` (a restarted writer is the same node), never the secret itself.
+        self._session = hashlib.sha256(spec.internal_token.encode()).hexdigest()[:16]
+        self._connect = connect
+        self._conn: Conn | None = None
+        self._held: dict[int, int] = {}
+        self._valid_until = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+        self._lost_id = False
+        self.renew_seconds = 0.0
+        """How long the last round took (its statements, not the sleep)."""
+
+    def fence(self) -> Fence:
+        """The fence for the store: the partitions held now."""
+        return Fence(self._node, self._partitions, self.held)
+
+    def held(self) -> Mapping[int, int]:
+        """{partition: epoch} this node may write now; empty once its leases may have lapsed."""
+        if time.monotonic() >= self._valid_until:
+            return {}
+        return self._held
+
+    def start(self) -> None:
+        """Check the partition count, run the first round, start the thread. Raises
+        `StorageError` (`ClusterMismatch` for a node configured unlike its database)."""
+        conn = self._connection()
+        try:
+            ensure_partitions(conn, self._partitions)
+        except Exception as e:
+            raise as_storage_error(e, "setting up the partitions") from e
+        self._round()
+        self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and release every partition held (a clean stop hands over now)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._lease_ms / 1000)
+        held, self._held, self._valid_until = self._held, {}, 0.0
+        try:
+            release(self._connection(), self._node, held)
+        except Exception as e:  # the leases lapse by themselves within a lease
+            log.warning("releasing the partitions failed", error=str(e))
+        else:
+            log.info("partitions released", count=len(held))
+        if self._conn is not None:
+            self._conn.close()
+
+    def _run(self) -> None:
+        period = self._lease_ms / 3000
+        while not self._stop.wait(period):
+            self._round()
+
+    def _round(self) -> None:
+        started = time.monotonic()
+        try:
+            held = self._hold(started)
+        except Exception as e:
+            error = as_storage_error(e, "renewing the partition leases")
+            if not self._failing:
+                log.error("lease round failed; partitions lapse if it goes on", error=str(error))
+            self._failing = True
+            if self._conn is not None and (self._conn.broken or self._conn.closed):
+                self._conn = None
+            return
+        if self._failing:
+            log.info("lease rounds work again", held=len(held))
+            self._failing = False
+        self.renew_seconds = time.monotonic() - started
+        self._publish()
+
+    def _hold(self, started: float) -> dict[int, int]:
+        conn = self._connection()
+        lease = self._lease_ms
+        if not heartbeat(conn, self._node, self._address, self._session, lease):
+            if not self._lost_id:
+                log.error("another live node runs under this node_id; holding nothing",
+                          node_id=self._node)  # fmt: skip
+            self._lost_id = True
+            self._held, self._valid_until = {}, 0.0
+            return {}
+        self._lost_id = False
+        held = renew(conn, self._node, dict(self._held), lease)
+        lost = sorted(set(self._held) - set(held))
+        if lost:
+            log.warning("partition leases lost", partitions=lost[:20], count=len(lost))
+        share = math.ceil(self._partitions / live_nodes(conn, lease))
+        if len(held) > share:
+            excess = {p: held[p] for p in sorted(held)[share:]}
+            release(conn, self._node, excess)
+            held = {p: e for p, e in held.items() if p not in excess}
+            log.info("partitions released for a rebalance", count=len(excess), share=share)
+        elif len(held) < share:
+            gained = acquire(conn, self._node, held, share - len(held), lease)
+            if gained:
+                log.info("partitions acquired", count=len(gained), share=share)
+            held = {**held, **gained}
+        # A new dict, never changed afterwards: the writer's thread reads it without a lock.
+        self._held = held
+        self._valid_until = started + lease * _TRUSTED / 1000
+        return held
+
+    def _publish(self) -> None:
+        try:
+            nodes, owners = cluster_map(
+                self._connection(), self._lease_ms, self._lease_ms * _FORGET_LEASES
+            )
+            write_map(
+                self._run_dir,
+                node=self._node,
+                address=self._address,
+                partitions=self._partitions,
+                valid_until=self._valid_until,
+                held=list(self._held),
+                nodes=nodes,
+                owners=owners,
+            )
+        except (OSError, StorageError) as e:
+            log.warning("cannot publish the cluster map", error=str(e))
+        except Exception as e:
+            log.warning("cannot publish the cluster map", error=str(as_storage_error(e, "map")))
+
+    def _connection(self) -> Conn:
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
