@@ -77,10 +77,20 @@ class Dialect:
     row_id: str
     """The row key as the indexes order it (PostgreSQL: in the "C" collation, code point
     order as Python compares strings; SQLite compares UTF-8 bytes, the same order)."""
+    index_prefix: str | None
+    """SQLite's: each read names its index (`INDEXED BY`), so that no statistics can ever
+    turn a page-in into a sort of the queue (and a dropped index fails loudly). PostgreSQL
+    has no such clause; a page's ORDER BY and LIMIT make its planner take the index."""
+
+    def jobs(self, index: str) -> str:
+        """The `jobs` table, as a read over the cold index `index` names it."""
+        if self.index_prefix is None:
+            return "jobs"
+        return f"jobs INDEXED BY {self.index_prefix}{index}"
 
 
-SQLITE: Final = Dialect(mark="?", row_id="id")
-POSTGRES: Final = Dialect(mark="%s", row_id='id COLLATE "C"')
+SQLITE: Final = Dialect(mark="?", row_id="id", index_prefix="idx_jobs_")
+POSTGRES: Final = Dialect(mark="%s", row_id='id COLLATE "C"', index_prefix=None)
 
 
 @dataclass(frozen=True)
@@ -142,7 +152,7 @@ class ColdReads(ABC):
         `after` (None: from the head). Raises `ValueError` for a bound out of range or a
         cursor of the wrong length, `StorageError` if the read fails."""
         where = "queue = {m} AND state = 'waiting' AND gid IS NULL"
-        return self._cold_page(_WAITING_KEY, where, (queue,), after, limit, max_bytes)
+        return self._cold_page(_WAITING_KEY, "waiting", where, (queue,), after, limit, max_bytes)
 
     def page_group(
         self,
@@ -156,7 +166,8 @@ class ColdReads(ABC):
         """The next waiting jobs of one group of `queue`, in the group's order (as
         `page_waiting`)."""
         where = "queue = {m} AND gid = {m} AND state = 'waiting' AND gid IS NOT NULL"
-        return self._cold_page(_GROUP_KEY, where, (queue, group), after, limit, max_bytes)
+        params = (queue, group)
+        return self._cold_page(_GROUP_KEY, "group_waiting", where, params, after, limit, max_bytes)
 
     def page_delayed(
         self,
@@ -169,12 +180,12 @@ class ColdReads(ABC):
         """The next delayed jobs of `queue` (grouped or not) by run time (as
         `page_waiting`)."""
         where = "queue = {m} AND state = 'delayed'"
-        return self._cold_page(_DELAYED_KEY, where, (queue,), after, limit, max_bytes)
+        return self._cold_page(_DELAYED_KEY, "delayed", where, (queue,), after, limit, max_bytes)
 
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
         """The stored job of `queue` pushed with this custom id, or None: its row key is the
         id joined to its queue, so this is one primary-key read."""
-        rows = self._read_records("id = {m}", (f"{custom_id}{ROW_KEY_SEP}{queue}",), 1)
+        rows = self._read_records("jobs", "id = {m}", (f"{custom_id}{ROW_KEY_SEP}{queue}",), 1)
         return rows[0] if rows else None
 
     def find_unique(self, queue: str, unique_key: str, *, limit: int = 16) -> list[Record]:
@@ -182,20 +193,22 @@ class ColdReads(ABC):
         first, at most `limit`: the caller decides which of them still holds the key."""
         _check_limit(limit)
         where = "queue = {m} AND ukey = {m} ORDER BY seq LIMIT {m}"
-        return self._read_records(where, (queue, unique_key, limit), limit)
+        table = self._COLD_DIALECT.jobs("unique")
+        return self._read_records(table, where, (queue, unique_key, limit), limit)
 
     def cold_counts(self, queue: str) -> ColdCounts:
         """The stored waiting and delayed jobs of `queue`, and per group. Counted over the
         paging indexes (no record is read): linear in those jobs, for a shard's start."""
-        m = self._COLD_DIALECT.mark
+        d = self._COLD_DIALECT
+        m = d.mark
         action = f"counting the cold jobs of queue {queue!r}"
         # One read per index: ungrouped waiting, grouped waiting per group, delayed per group.
         sql = (
-            f"SELECT 'waiting', NULL, count(*) FROM jobs"
+            f"SELECT 'waiting', NULL, count(*) FROM {d.jobs('waiting')}"
             f" WHERE queue = {m} AND state = 'waiting' AND gid IS NULL"
-            f" UNION ALL SELECT 'waiting', gid, count(*) FROM jobs"
+            f" UNION ALL SELECT 'waiting', gid, count(*) FROM {d.jobs('group_waiting')}"
             f" WHERE queue = {m} AND state = 'waiting' AND gid IS NOT NULL GROUP BY gid"
-            f" UNION ALL SELECT 'delayed', gid, count(*) FROM jobs"
+            f" UNION ALL SELECT 'delayed', gid, count(*) FROM {d.jobs('delayed')}"
             f" WHERE queue = {m} AND state = 'delayed' GROUP BY gid"
         )
         totals = {"waiting": 0, "delayed": 0}
@@ -213,6 +226,7 @@ class ColdReads(ABC):
     def _cold_page(
         self,
         key: Sequence[str],
+        index: str,
         where: str,
         params: tuple[Any, ...],
         after: Cursor | None,
@@ -230,7 +244,7 @@ class ColdReads(ABC):
         order = ", ".join(columns)
         base = where.format(m=d.mark)
         after_sql = f" AND ({order}) > ({', '.join([d.mark] * width)})"
-        select = f"SELECT {order}, rec, patch, id FROM jobs WHERE {base}"
+        select = f"SELECT {order}, rec, patch, id FROM {d.jobs(index)} WHERE {base}"
         action = "paging cold jobs in"
         rows: list[Any] = []
         size, cursor, done = 0, after, False
@@ -261,8 +275,10 @@ class ColdReads(ABC):
             for row in rows
         ]
 
-    def _read_records(self, where: str, params: tuple[Any, ...], limit: int) -> list[Record]:
-        sql = f"SELECT rec, patch, id FROM jobs WHERE {where.format(m=self._COLD_DIALECT.mark)}"
+    def _read_records(
+        self, table: str, where: str, params: tuple[Any, ...], limit: int
+    ) -> list[Record]:
+        sql = f"SELECT rec, patch, id FROM {table} WHERE {where.format(m=self._COLD_DIALECT.mark)}"
         rows = self._cold_rows("looking up cold jobs", sql, params)[:limit]
         return self._assemble(rows, 0)
 

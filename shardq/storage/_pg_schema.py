@@ -114,7 +114,7 @@ def _v5_cold_backlog(conn: Conn) -> None:
         'CREATE INDEX jobs_delayed ON jobs (queue, (coalesce(run_at, 0)), seq, id COLLATE "C",'
         " gid) WHERE state = 'delayed'"
     )
-    conn.execute("CREATE INDEX jobs_unique ON jobs (queue, ukey) WHERE ukey IS NOT NULL")
+    conn.execute("CREATE INDEX jobs_unique ON jobs (queue, ukey, seq) WHERE ukey IS NOT NULL")
 
 
 def _fill_cold_columns(conn: Conn) -> None:

@@ -260,7 +260,7 @@ def _v9_cold_backlog(db: Database) -> None:
         "CREATE INDEX idx_jobs_delayed ON jobs (queue, (coalesce(run_at, 0)), seq, id, gid)"
         " WHERE state = 'delayed'"
     )
-    db.execute("CREATE INDEX idx_jobs_unique ON jobs (queue, ukey) WHERE ukey IS NOT NULL")
+    db.execute("CREATE INDEX idx_jobs_unique ON jobs (queue, ukey, seq) WHERE ukey IS NOT NULL")
 
 
 def _fill_cold_columns(db: Database) -> None:

@@ -26,7 +26,7 @@ COLD_INDEXES = (
     ("queue", E, E, E, "seq", "id"),
     ("queue", "gid", E, E, "seq", "id"),
     ("queue", E, "seq", "id", "gid"),
-    ("queue", "ukey"),
+    ("queue", "ukey", "seq"),
 )
 NEWEST_INDEXES = tuple(sorted(V3_INDEXES + COLD_INDEXES))
 V2_INDEXES = (("queue", "state", "seq"), ("seq",), ("state",))
