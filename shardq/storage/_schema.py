@@ -242,22 +242,24 @@ def _v9_cold_backlog(db: Database) -> None:
     # is LIFO and its group, which lived in the record only: these columns keep them
     # (shardq.storage._cold says how the writer sets them without decoding a record). Each
     # index is partial, over the rows one read needs: a job outside them (active, completed)
-    # costs no entry, and a plain push adds one entry, which its pull removes.
+    # costs no entry, and a plain push adds one entry, which its pull removes. An index ends
+    # with the columns of its own condition (constant in it) only so that SQLite can count a
+    # queue's jobs over the index alone (`cold_counts`), without reading a row.
     db.execute("ALTER TABLE jobs ADD COLUMN lifo INTEGER NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE jobs ADD COLUMN gid TEXT")
     db.execute("ALTER TABLE jobs ADD COLUMN ukey TEXT")
     _fill_cold_columns(db)
     db.execute(
         "CREATE INDEX idx_jobs_waiting ON jobs (queue, (-coalesce(priority, 0)), (-lifo),"
-        " (CASE WHEN lifo = 1 THEN -seq ELSE coalesce(run_at, 0) END), seq, id)"
+        " (CASE WHEN lifo = 1 THEN -seq ELSE coalesce(run_at, 0) END), seq, id, state, gid)"
         " WHERE state = 'waiting' AND gid IS NULL"
     )
     db.execute(
         "CREATE INDEX idx_jobs_group_waiting ON jobs (queue, gid, (coalesce(priority, 0)),"
-        " (coalesce(run_at, 0)), seq, id) WHERE state = 'waiting' AND gid IS NOT NULL"
+        " (coalesce(run_at, 0)), seq, id, state) WHERE state = 'waiting' AND gid IS NOT NULL"
     )
     db.execute(
-        "CREATE INDEX idx_jobs_delayed ON jobs (queue, (coalesce(run_at, 0)), seq, id, gid)"
+        "CREATE INDEX idx_jobs_delayed ON jobs (queue, (coalesce(run_at, 0)), seq, id, gid, state)"
         " WHERE state = 'delayed'"
     )
     db.execute("CREATE INDEX idx_jobs_unique ON jobs (queue, ukey, seq) WHERE ukey IS NOT NULL")
