@@ -241,17 +241,13 @@ class ColdReads(ABC):
             raise ValueError(f"a cursor of this order has {width} values, got {len(after)}")
         d = self._COLD_DIALECT
         columns = (*key, d.row_id)
-        order = ", ".join(columns)
-        base = where.format(m=d.mark)
-        after_sql = f" AND ({order}) > ({', '.join([d.mark] * width)})"
-        select = f"SELECT {order}, rec, patch, id FROM {d.jobs(index)} WHERE {base}"
-        action = "paging cold jobs in"
+        base = f"SELECT {', '.join(columns)}, rec, patch, id FROM {d.jobs(index)} WHERE"
+        select = f"{base} {where.format(m=d.mark)}"
         rows: list[Any] = []
         size, cursor, done = 0, after, False
         while True:
             chunk = min(CHUNK, limit - len(rows))
-            sql = f"{select}{after_sql if cursor else ''} ORDER BY {order} LIMIT {d.mark}"
-            got = self._cold_rows(action, sql, (*params, *(cursor or ()), chunk))
+            got = self._rows_after(select, columns, params, cursor, chunk)
             for row in got:
                 rows.append(row)
                 size += len(row[width]) + len(row[width + 1])
@@ -267,6 +263,41 @@ class ColdReads(ABC):
             cursor = tuple(rows[-1][:width])
         records = self._assemble(rows, width)
         return ColdPage(records, tuple(rows[-1][:width]) if rows else None, done)
+
+    def _rows_after(
+        self,
+        select: str,
+        columns: Sequence[str],
+        params: tuple[Any, ...],
+        cursor: Cursor | None,
+        count: int,
+    ) -> list[Any]:
+        """Up to `count` rows in order strictly after `cursor`.
+
+        "After (k1, ..., kn)" is read as n ranges, each the rows equal to the cursor on a
+        prefix of the key and greater on the next column, from the longest prefix to the
+        shortest: their rows follow each other in the order, and each range is one seek in
+        the index. (SQLite does not seek an index of expressions on a row-value comparison:
+        `(k1, ..., kn) > (...)` scanned the queue from its head, so a page in the middle of a
+        million jobs read half of them.) Each range is ordered by the columns after its
+        prefix only: the prefix is constant in it, and SQLite sorts a range ordered by an
+        expression it holds equal instead of reading the index in order."""
+        action = "paging cold jobs in"
+        mark = self._COLD_DIALECT.mark
+        if cursor is None:
+            sql = f"{select} ORDER BY {', '.join(columns)} LIMIT {mark}"
+            return self._cold_rows(action, sql, (*params, count))
+        rows: list[Any] = []
+        for depth in range(len(columns) - 1, -1, -1):
+            terms = [f"{column} = {mark}" for column in columns[:depth]]
+            terms.append(f"{columns[depth]} > {mark}")
+            order = ", ".join(columns[depth:])
+            sql = f"{select} AND {' AND '.join(terms)} ORDER BY {order} LIMIT {mark}"
+            bound = (*params, *cursor[: depth + 1], count - len(rows))
+            rows.extend(self._cold_rows(action, sql, bound))
+            if len(rows) >= count:
+                break
+        return rows
 
     def _assemble(self, rows: list[Any], width: int) -> list[Record]:
         ops = self._cold_ops([row[width + 2] for row in rows]) if rows else {}
