@@ -119,18 +119,19 @@ def _v5_cold_backlog(conn: Conn) -> None:
 
 def _fill_cold_columns(conn: Conn) -> None:
     """Set the new columns of the rows stored before them: only rows whose bytes mention one
-    of the fields are read, a few thousand at a time."""
+    of the fields are read, a few thousand at a time, along the primary key (each page goes
+    on where the last ended, and each update finds its row by key)."""
     test = " OR ".join(["position(%s::bytea in rec) > 0 OR position(%s::bytea in patch) > 0"] * 3)
     params = [b for b in RECORD_MARKS for _ in range(2)]
-    sql = f"SELECT ord, rec, patch FROM jobs WHERE ord > %s AND ({test}) ORDER BY ord LIMIT 2000"
-    update = "UPDATE jobs SET lifo = %s, gid = %s, ukey = %s WHERE ord = %s"
-    last = 0
+    sql = f"SELECT id, rec, patch FROM jobs WHERE id > %s AND ({test}) ORDER BY id LIMIT 2000"
+    update = "UPDATE jobs SET lifo = %s, gid = %s, ukey = %s WHERE id = %s"
+    last = ""
     while True:
         rows = conn.execute(sql, (last, *params), binary=True).fetchall()
         if not rows:
             return
         with conn.cursor() as cur:
-            cur.executemany(update, [(*cold_values(rec, patch), o) for o, rec, patch in rows])
+            cur.executemany(update, [(*cold_values(rec, patch), key) for key, rec, patch in rows])
         last = rows[-1][0]
 
 
