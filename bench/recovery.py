@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench._server import free_port
-from shardq.client import TcpConnection
+from shardq.client import ClientError, TcpConnection
 from shardq.runtime._routing import shard_of
 
 QUEUES = 4
@@ -88,6 +88,29 @@ class ReadyProbe(threading.Thread):
             time.sleep(0.05)
 
 
+class PingProbe(threading.Thread):
+    """Sends `Ping` on the TCP port every 50 ms from `started` until one is answered: the
+    time a client waits for its first answer after a restart."""
+
+    def __init__(self, port: int, started: float, timeout: float) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.started = started
+        self.deadline = started + timeout
+        self.answered_s: float | None = None
+
+    def run(self) -> None:
+        while time.monotonic() < self.deadline:
+            try:
+                with TcpConnection("127.0.0.1", self.port, timeout=5) as conn:
+                    conn.call({"cmd": "Ping"})
+            except (OSError, ClientError):
+                time.sleep(0.05)
+                continue
+            self.answered_s = time.monotonic() - self.started
+            return
+
+
 class Server:
     """`shardq start` on a given data directory; `stop()` SIGTERMs only the PID it started.
     With `probe_ready`, its HTTP port is on and a `ReadyProbe` watches `/ready`."""
@@ -110,13 +133,17 @@ class Server:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(args, stderr=self._log, stdout=subprocess.DEVNULL)
         self.probe = ReadyProbe(http_port, self.started, ready_timeout) if probe_ready else None
-        if self.probe is not None:
-            self.probe.start()
+        self.ping = PingProbe(self.tcp_port, self.started, ready_timeout) if probe_ready else None
+        for probe in (self.probe, self.ping):
+            if probe is not None:
+                probe.start()
         self.ready_s, self.error = self._wait_ready(ready_timeout)
         if self.probe is not None and self.error is None:
             self.probe.join()
             if self.probe.ready_s is None:
                 self.error = "/ready never answered 200"
+        if self.ping is not None and self.error is None:
+            self.ping.join()
 
     def _wait_ready(self, timeout: float) -> tuple[float | None, str | None]:
         deadline = self.started + timeout
@@ -268,6 +295,7 @@ def run_layout(args: argparse.Namespace, layout: str, shards: int) -> dict[str, 
         row["push_jobs_per_s"] = round(push(first.tcp_port, queues, args.jobs, args.batch))
         row["rss_after_push"] = first.rss_mb()
         row["db_mb_after_push"] = db_mb(data_dir)
+        row["load_after_push"] = os.getloadavg()
         row["stop_exit"] = first.stop()
         _note(f"{layout}: restarting")
         second = Server(data_dir, args.shards, args.ready_timeout, 2, probe_ready=True)
@@ -276,6 +304,8 @@ def run_layout(args: argparse.Namespace, layout: str, shards: int) -> dict[str, 
             probe = second.probe
             row["http_ready_s"] = None if probe.ready_s is None else round(probe.ready_s, 2)
             row["ready_503s"], row["ready_unreachable"] = probe.not_ready, probe.unreachable
+        if second.ping is not None and second.ping.answered_s is not None:
+            row["first_ping_s"] = round(second.ping.answered_s, 2)
         if second.error:
             row["error"] = f"restart: {second.error}"
             second.stop()
@@ -291,6 +321,8 @@ def run_layout(args: argparse.Namespace, layout: str, shards: int) -> dict[str, 
         row["db_mb_after_drain"] = db_mb(data_dir)
         time.sleep(args.settle)
         row["rss_settled"] = second.rss_mb()
+        row["db_mb_settled"] = db_mb(data_dir)
+        row["load_settled"] = os.getloadavg()
         row["final_exit"] = second.stop()
         row["db_mb_after_stop"] = db_mb(data_dir)
         row["db_live_mb_after_stop"] = db_live_mb(data_dir)
@@ -305,10 +337,11 @@ def _note(text: str) -> None:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("| layout | jobs | ready s | /ready 200 s (503s) | RSS MB push / restart / drain"
-          " / settled | DB MB push / drain / stopped / live | push jobs/s | drain jobs/s |"
+    print("| layout | jobs | ready s | first Ping s | /ready 200 s (503s)"
+          " | RSS MB push / restart / drain / settled"
+          " | DB MB push / drain / stopped / live | push jobs/s | drain jobs/s |"
     )  # fmt: skip
-    print("|---|---:|---:|---:|---|---|---:|---:|")
+    print("|---|---:|---:|---:|---:|---|---|---:|---:|")
     for r in rows:
         rss = " / ".join(
             str(r.get(k, {}).get("total", "-"))
@@ -323,7 +356,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         db = " / ".join(str(r.get(k, "-")) for k in db_keys)
         ready = r.get("ready_s") if r.get("ready_s") is not None else "failed"
         http = f"{r.get('http_ready_s', 'failed')} ({r.get('ready_503s', '-')})"
-        print(f"| {r['layout']} | {r['jobs']:,} | {ready} | {http} | {rss} | {db} | "
+        ping = r.get("first_ping_s", "-")
+        print(f"| {r['layout']} | {r['jobs']:,} | {ready} | {ping} | {http} | {rss} | {db} | "
               f"{r.get('push_jobs_per_s', '-')} | {r.get('drain_jobs_per_s', '-')} |")  # fmt: skip
         if "error" in r:
             print(f"\n{r['layout']}: {r['error']}\n")

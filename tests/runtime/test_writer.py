@@ -462,6 +462,31 @@ def test_sigterm_flushes_everything_and_checkpoints(
     assert events[-2:] == ["writer stopping", "writer stopped"]
 
 
+def test_a_reader_holding_a_snapshot_does_not_hold_up_the_exit(
+    writer_process: Callable[..., WriterProcess],
+) -> None:
+    # The final checkpoint gives up on a reader rather than wait out the busy timeout (5 s).
+    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=1000)
+    w.ready()
+    w.send({"t": "muts", "shard": 0, "seq": 1, "muts": [put(1)]})
+    w.send({"t": "sync", "shard": 0, "seq": 1})
+    assert w.conf(0)["seq"] == 1
+    reader = sqlite3.connect(w.spec.data_path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM jobs").fetchone() == (1,)  # a snapshot
+        w.send({"t": "muts", "shard": 0, "seq": 2, "muts": [put(2)]})
+        started = time.monotonic()
+        w.proc.send_signal(signal.SIGTERM)
+        assert w.wait() == 0
+        assert time.monotonic() - started < 4.0  # the busy timeout is 5 s
+    finally:
+        reader.close()
+    assert stored_ids(Path(w.spec.data_path)) == ["j1", "j2"]
+    stopped = [line for line in w.logs() if line["event"] == "writer stopped"]
+    assert stopped and stopped[-1]["wal_checkpoint"] == "partial"
+
+
 def test_undecodable_frames_do_not_stop_the_writer(
     writer_process: Callable[..., WriterProcess],
 ) -> None:

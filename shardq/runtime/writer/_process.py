@@ -385,7 +385,11 @@ class Writer:
                 )
                 return EXIT_UNFLUSHED
         try:
-            complete = self._store.checkpoint()
+            # Without waiting for readers: a reader that still holds a snapshot (a backup, an
+            # operator's query) would hold the exit up for the whole busy timeout (5 s). The
+            # copy itself is bounded by the WAL SQLite keeps between its own checkpoints; a
+            # partial one is finished by the next open's first checkpoint.
+            complete = self._store.checkpoint(wait=False)
         except StorageError as e:
             log.warning("WAL checkpoint failed", error=str(e))
         else:
