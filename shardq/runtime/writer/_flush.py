@@ -304,6 +304,7 @@ class FlushBuffer:
 def _grouped(mutations: list[Mutation]) -> int:
     """How many more job mutations the `updm`s among `mutations` stand for than their count."""
     extra = 0
+    m: Any
     for m in mutations:  # anything may come: a malformed one is the store's to reject
         if type(m) is list and len(m) == 4 and m[0] == "updm" and type(m[3]) is list:
             extra += max(len(m[3]) - 1, 0)
