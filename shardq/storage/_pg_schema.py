@@ -15,6 +15,7 @@ ops are rows of `job_deltas` (shardq.storage._deltas), and recovery reads rows i
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -23,6 +24,7 @@ from psycopg.rows import TupleRow
 
 from shardq.storage._cold import RECORD_MARKS, cold_values
 from shardq.storage._errors import StorageError, StorageFenced, StorageFull, StorageRejected
+from shardq.storage._progress import filled, migration_step
 
 __all__ = [
     "CLUSTER_VERSION",
@@ -167,10 +169,13 @@ def _fill_cold_columns(conn: Conn) -> None:
     sql = f"SELECT id, rec, patch FROM jobs WHERE id > %s AND ({test}) ORDER BY id LIMIT 2000"
     update = "UPDATE jobs SET lifo = %s, gid = %s, ukey = %s WHERE id = %s"
     last = ""
+    read = 0
     while True:
         rows = conn.execute(sql, (last, *params), binary=True).fetchall()
         if not rows:
             return
+        filled("cold backlog columns", read + len(rows), read)
+        read += len(rows)
         with conn.cursor() as cur:
             cur.executemany(update, [(*cold_values(rec, patch), key) for key, rec, patch in rows])
         last = rows[-1][0]
@@ -228,7 +233,7 @@ def migrate(conn: Conn, schema: str | None) -> int:
                 )
             if version == known:
                 return version
-            MIGRATIONS[version](conn)
+            migration_step("postgresql", version, partial(MIGRATIONS[version], conn))
             conn.execute("INSERT INTO migrations (version) VALUES (%s)", (version + 1,))
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 from sqlite_utils import Database
 
 from shardq.storage._cold import RECORD_MARKS, cold_values
 from shardq.storage._errors import StorageError, wrap_error
+from shardq.storage._progress import filled, migration_step
 from shardq.storage._tx import transaction
 
 __all__ = [
@@ -275,10 +277,13 @@ def _fill_cold_columns(db: Database) -> None:
         f"SELECT rowid, rec, patch FROM jobs WHERE rowid > ? AND ({test}) ORDER BY rowid LIMIT 2000"
     )
     last = 0
+    read = 0
     while True:
         rows = db.execute(sql, [last, *params]).fetchall()
         if not rows:
             return
+        filled("cold backlog columns", read + len(rows), read)
+        read += len(rows)
         update = "UPDATE jobs SET lifo = ?, gid = ?, ukey = ? WHERE rowid = ?"
         db.conn.executemany(
             update, [(*cold_values(rec, patch), rowid) for rowid, rec, patch in rows]
@@ -333,7 +338,7 @@ def migrate(conn: sqlite3.Connection, db: Database) -> int:
                 )
             if version == known:
                 return version
-            MIGRATIONS[version](db)
+            migration_step("sqlite", version, partial(MIGRATIONS[version], db))
             db.execute(
                 "INSERT INTO migrations (version, applied_at) VALUES (?, datetime('now'))",
                 [version + 1],
