@@ -85,6 +85,11 @@ def storage_copy(
     if not source.is_file():
         what = "is not a file" if source.exists() else "does not exist"
         fail(f"--from {source} {what}: name the stopped server's SQLite file (data_path)", 2)
+    from shardq._logging import configure
+
+    # Opening the stores may migrate them, which logs its steps: to stderr, beside the
+    # progress, so that `--json` leaves stdout to the report alone.
+    configure("cli", "auto", "info")
     with _locked(source), _stores(source, target) as (sqlite, postgres):
         result = _run(sqlite, postgres, batch, batch_bytes)
     _report(result, as_json)

@@ -133,7 +133,7 @@ def _engine_group(engine: Engine, queue: str, gid: str) -> list[str]:
 
 
 def _engine_delayed(engine: Engine, queue: str) -> list[str]:
-    live = [k for k in engine.delayed if (j := engine.jobs.get(k[-1])) and j.dkey is k]
+    live = [k for k in engine.store.delayed if (j := engine.jobs.get(k[-1])) and j.dkey is k]
     return [engine.jobs[k[-1]].key for k in sorted(live) if engine.jobs[k[-1]].queue == queue]
 
 
