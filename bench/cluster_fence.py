@@ -4,7 +4,8 @@
 
 Each batch is one transaction, sent as a pipeline as `PostgresStore.apply` sends it: an
 UPDATE of 100 job rows over arrays (the shape of a PULLB's moves), then the commit. The fenced
-batch sends `shardq_fence(node, partitions, epochs)` first in the same pipeline, for 1 (one
+batch sends the fencing statement (`shardq.cluster._fence.FENCE_SQL`) first in the same
+pipeline, and checks its rows before the commit as `PostgresStore.apply` does, for 1 (one
 queue) or more partitions. Plain and fenced runs alternate, so that the server's state and
 the machine's load weigh on both alike; the table gives medians per batch: wall time, this
 process's CPU and the PostgreSQL server's CPU (all its processes, from /proc).
@@ -27,7 +28,7 @@ from typing import Any
 import psycopg
 
 from bench._pg_server import PostgresServer
-from shardq.cluster._fence import FENCE_SQL
+from shardq.cluster._fence import FENCE_SQL, check
 from shardq.cluster._leases import acquire, ensure_partitions
 from shardq.storage import open_postgres
 
@@ -44,10 +45,14 @@ def _batches(
     ids = [f"j{i}" for i in range(ROWS)]
     patch = [b"\x00\x00\x00\x01\x80"] * ROWS
     for n in range(count):
-        with conn.transaction(), conn.pipeline():
+        with conn.transaction():
+            with conn.pipeline():
+                if fence is not None:
+                    rows = conn.cursor()
+                    rows.execute(FENCE_SQL, fence)
+                conn.cursor().execute(_UPDATE, ([states[n % 2]] * ROWS, patch, ids))
             if fence is not None:
-                conn.cursor().execute(FENCE_SQL, fence)
-            conn.cursor().execute(_UPDATE, ([states[n % 2]] * ROWS, patch, ids))
+                check("bench", fence[0], rows.fetchall())  # type: ignore[arg-type]
 
 
 def _timed(run: Callable[[], None], server_cpu: Callable[[], float]) -> tuple[float, ...]:
@@ -103,7 +108,7 @@ def main() -> None:
             print("|---|---:|---:|---:|")
             for count in (int(p) for p in args.partitions.split(",")):
                 parts = list(range(count))
-                fence = ("bench", parts, [held[p] for p in parts])
+                fence = (parts, [held[p] for p in parts], "bench")
                 plain: list[tuple[float, ...]] = []
                 fenced: list[tuple[float, ...]] = []
                 without = partial(_batches, conn, args.batches, None, ["a", "b"])

@@ -2,10 +2,15 @@
 
 `Fence` is what the writer's PostgreSQL store consults for every batch (`PostgresStore.apply`
 with a fence): the queues the coalesced plan writes give its partitions; each must be one the
-node holds now (else the batch is refused before it reaches the database), and the epochs
-held go to the database's `shardq_fence` as the first statement of the batch's pipeline, so
-a batch from a node whose lease passed to another is refused by PostgreSQL itself, in the
-same transaction as its writes.
+node holds now (else the batch is refused before it reaches the database). `FENCE_SQL` goes
+first in the batch's pipeline: it locks the lease rows the node holds at those epochs
+(`FOR SHARE`, in partition order, as the lease statements lock them) and returns them. Once
+the pipeline has synced, and before the commit, `check` compares: a row missing means the
+partition passed to another node, and the transaction rolls back with `StorageFenced`. The
+lock is taken before any write of the batch and held until its end, so an owner change waits
+for the batch or the batch sees it: the database refuses a stale owner's writes, with no
+round trip of its own. (A plain SELECT rather than a PL/pgSQL function that raises: it cost
+the server about a third less per batch, bench/results/2026-12-04-cluster.md.)
 """
 
 from __future__ import annotations
@@ -18,9 +23,13 @@ from shardq.core._mutations import ROW_KEY_SEP
 from shardq.storage._coalesce import Plan, Stored
 from shardq.storage._errors import StorageFenced
 
-__all__ = ["FENCE_SQL", "Fence", "plan_queues"]
+__all__ = ["FENCE_SQL", "Fence", "check", "plan_queues"]
 
-FENCE_SQL = "SELECT shardq_fence(%s, %s::integer[], %s::bigint[])"
+FENCE_SQL = (
+    "SELECT x.partition FROM partition_leases AS x"
+    " JOIN unnest(%s::integer[], %s::bigint[]) AS h(p, e) ON x.partition = h.p AND x.epoch = h.e"
+    " WHERE x.owner = %s ORDER BY x.partition FOR SHARE OF x"
+)
 
 # Row key -> its stored queue, for the deleted jobs no summary names (one read).
 ReadQueues = Callable[[list[str]], Mapping[str, str]]
@@ -56,6 +65,15 @@ class Fence:
             )
         ordered = sorted(parts)
         return ordered, [held[p] for p in ordered]
+
+
+def check(node: str, parts: list[int], found: list[tuple[int]]) -> None:
+    """Raise `StorageFenced` unless `FENCE_SQL` found every one of `parts` (its rows)."""
+    if len(found) == len(parts):
+        return
+    held = {row[0] for row in found}
+    lost = tuple(p for p in parts if p not in held)
+    raise StorageFenced(f"fenced: node {node} no longer holds partition(s) {list(lost)}", lost)
 
 
 def plan_queues(plan: Plan, cache: Mapping[str, Stored], read: ReadQueues) -> set[str]:

@@ -37,7 +37,7 @@ __all__ = [
 # "now() + lease" written once: `%(lease)s` is in milliseconds.
 _EXPIRY = "now() + %(lease)s * interval '1 millisecond'"
 # The rows a node holds at the given epochs, locked in partition order: the same order as the
-# fencing check's FOR SHARE (`shardq_fence`), so a renewal and a write batch of one node wait
+# fencing check's FOR SHARE (`_fence.FENCE_SQL`), so a renewal and a write batch of one node wait
 # for each other but never deadlock.
 _MINE = (
     "SELECT x.partition FROM partition_leases AS x"

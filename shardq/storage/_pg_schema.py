@@ -23,14 +23,13 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from shardq.storage._cold import RECORD_MARKS, cold_values
-from shardq.storage._errors import StorageError, StorageFenced, StorageFull, StorageRejected
+from shardq.storage._errors import StorageError, StorageFull, StorageRejected
 from shardq.storage._progress import filled, migration_step
 
 __all__ = [
     "CLUSTER_VERSION",
     "COLD_VERSION",
     "DELTAS_VERSION",
-    "FENCED_SQLSTATE",
     "GROUPS_VERSION",
     "MIGRATIONS",
     "Conn",
@@ -107,31 +106,12 @@ def _v5_cluster(conn: Conn) -> None:
     )
     # One row per partition, made at the first start with the configured count. `epoch` is
     # the fencing token: it grows at every change of owner, and a write batch checks, in its
-    # own transaction, that the epochs it was given are still the ones in these rows.
+    # own transaction, that the epochs it was given are still the ones in these rows
+    # (shardq.cluster._fence).
     conn.execute(
         "CREATE TABLE partition_leases (partition integer PRIMARY KEY, owner text,"
         " epoch bigint NOT NULL DEFAULT 0,"
         " expires_at timestamptz NOT NULL DEFAULT '-infinity')"
-    )
-    # The fencing check as one statement a write pipeline can carry (no round trip of its
-    # own): it locks the rows it checks (FOR SHARE), so an owner change waits for the batch's
-    # commit or the batch sees the change, and raises SQLSTATE SQF01 (`FENCED_SQLSTATE`)
-    # naming the partitions no longer held.
-    conn.execute(
-        "CREATE FUNCTION shardq_fence(node text, parts integer[], epochs bigint[])"
-        " RETURNS void LANGUAGE plpgsql AS $$"
-        " DECLARE lost integer[];"
-        " BEGIN"
-        "   PERFORM 1 FROM partition_leases l WHERE l.partition = ANY(parts)"
-        "     ORDER BY l.partition FOR SHARE;"
-        "   SELECT array_agg(u.p ORDER BY u.p) INTO lost FROM unnest(parts, epochs) AS u(p, e)"
-        "     WHERE NOT EXISTS (SELECT 1 FROM partition_leases l"
-        "       WHERE l.partition = u.p AND l.owner = node AND l.epoch = u.e);"
-        "   IF lost IS NOT NULL THEN"
-        "     RAISE EXCEPTION 'fenced: node % no longer holds partition(s) %', node, lost"
-        "       USING ERRCODE = 'SQF01', DETAIL = array_to_string(lost, ',');"
-        "   END IF;"
-        " END $$"
     )
 
 
@@ -187,8 +167,6 @@ GROUPS_VERSION = 4
 """The schema version that added `queue_groups`."""
 CLUSTER_VERSION = 5
 """The schema version that added the cluster's tables (`cluster_nodes`, `partition_leases`)."""
-FENCED_SQLSTATE = "SQF01"
-"""What `shardq_fence` raises when a batch writes a partition its node no longer holds."""
 COLD_VERSION = 6
 """The schema version that added the cold columns and their indexes (`_v6_cold_backlog`)."""
 
@@ -248,10 +226,6 @@ def pg_error(exc: BaseException, action: str) -> StorageError:
     `from exc`."""
     if isinstance(exc, pg_errors.DiskFull):
         return StorageFull(f"{action}: database or disk is full ({exc})")
-    if isinstance(exc, psycopg.Error) and exc.sqlstate == FENCED_SQLSTATE:
-        detail = exc.diag.message_detail or ""
-        lost = tuple(int(p) for p in detail.split(",") if p.strip().isdigit())
-        return StorageFenced(f"{action}: {exc.diag.message_primary or exc}", lost)
     if not isinstance(exc, psycopg.Error) or isinstance(exc, _REJECTING):
         # Our own code's errors on the batch's values (OverflowError, TypeError from msgpack,
         # a malformed mutation), or PostgreSQL refusing a value: retrying fails the same way.

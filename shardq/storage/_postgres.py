@@ -30,7 +30,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 import psycopg
 from psycopg import conninfo
 
-from shardq.cluster._fence import FENCE_SQL, Fence, plan_queues
+from shardq.cluster._fence import FENCE_SQL, Fence, check, plan_queues
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _pg_schema
 from shardq.storage._coalesce import Plan, Stored, coalesce, remember
@@ -143,12 +143,16 @@ class PostgresStore(ColdReads):
                 fenced = self._fenced(plan) if self.fence is not None else None
                 with conn.pipeline():
                     if fenced is not None:
-                        # First in the pipeline: the writes behind it run only if it passes.
-                        conn.cursor().execute(FENCE_SQL, fenced)  # no row counted
+                        # First in the pipeline: its locks precede every write of the batch.
+                        fence_rows = conn.cursor()
+                        fence_rows.execute(FENCE_SQL, fenced)  # no row counted
                     known = write_plan(
                         writes, plan, self._packer.pack, self._patch_floor, self._deltas_exist,
                         cold=self._version >= _pg_schema.COLD_VERSION,
                     )  # fmt: skip
+                if fenced is not None:
+                    # Synced, not committed: a partition lost rolls the whole batch back.
+                    check(fenced[2], fenced[0], fence_rows.fetchall())
         except Exception as e:
             # The commit's outcome may be unknown (a connection lost in COMMIT): forget what
             # the cache says, and read the rows again. The writer resends the same batch.
@@ -167,7 +171,7 @@ class PostgresStore(ColdReads):
         assert fence is not None
         queues = plan_queues(plan, self._cache, self._stored_queues)
         parts, epochs = fence.epochs_for(queues)
-        return (fence.node_id, parts, epochs)
+        return (parts, epochs, fence.node_id)
 
     def _stored_queues(self, job_ids: list[str]) -> dict[str, str]:
         sql = "SELECT id, queue FROM jobs WHERE id = ANY(%s::text[])"
