@@ -16,6 +16,8 @@ process between SIGUSR1 and SIGUSR2), profiles the writer over the measured part
 Python calls per job (every call cProfile counts, C functions included: a number other load on
 the machine does not change) and the functions that take the most time. cProfile makes every
 call dearer, so the CPU times of a profiled round are not comparable with unprofiled ones.
+An `--executable` wrapper must keep the PYTHONPATH it is given (append to it, not replace it):
+without the sitecustomize, SIGUSR1 would end the writer.
 """
 
 from __future__ import annotations

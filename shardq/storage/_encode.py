@@ -72,8 +72,9 @@ class MutationEncoder:
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self._max_keys = max(1, max_group_keys)
         self._max_bytes = max_group_bytes
-        # Of the last `encode`: the summed length of the encoded mutations' keys and blobs,
-        # and how many mutations were left as they were. A shard bounds its batches in bytes
+        # Of the last `encode`: the summed length of the encoded mutations' keys and blobs
+        # (with `UPDM_KEY_BYTES` for each key an `updm` adds), and how many mutations were
+        # left as they were. A shard bounds its batches in bytes
         # from these without walking the batch again (`shardq.runtime.shard._batches`).
         self.encoded_bytes = 0
         self.unencoded = 0

@@ -301,7 +301,7 @@ class FlushBuffer:
         return epoch
 
 
-def _grouped(mutations: list[Mutation]) -> int:
+def _grouped(mutations: list[Any]) -> int:  # what came off the wire: anything
     """How many more job mutations the `updm`s among `mutations` stand for than their count."""
     extra = 0
     m: Any
