@@ -247,6 +247,7 @@ class FlushBuffer:
         )
         self._muts = []
         self._bytes = 0
+        self._ops = 0
         self._batches.clear()
         self._syncs.clear()
         self._first_at = None
