@@ -8,6 +8,14 @@
   the front end (which refuses commands for partitions the node does not hold) and the HTTP
   process (`GET /cluster`).
 
+Owns: the partition function and the lease statements; no process of its own (the writer
+runs the lease thread, the front end and the HTTP process read the map).
+
+Receives: nothing over a socket: the writer calls the lease statements on its own database
+connection, and the front end and HTTP process read `cluster.json`.
+
+Sends: nothing over a socket: the lease thread writes `cluster.json` in the run directory.
+
 docs/cluster.md says what exists now and what does not yet.
 """
 

@@ -255,6 +255,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "partitions": _ranged(1, MAX_PARTITIONS),
     # Renewed every third: below 300 ms a renewal would have 100 ms to reach the database.
     "lease_ms": _ranged(300, 600_000, ms=True),
+    "multi_node_preview": _bool,
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

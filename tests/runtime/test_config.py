@@ -199,6 +199,7 @@ VALID_TEXT = {
     "advertise": "10.0.0.5:6789",
     "partitions": "64",
     "lease_ms": "1500",
+    "multi_node_preview": "true",
 }
 
 
@@ -308,6 +309,7 @@ node_id = "node-a"
 advertise = "10.0.0.5:6789"
 partitions = 64
 lease_ms = 1500
+multi_node_preview = true
 """
 
 

@@ -28,12 +28,14 @@ import structlog
 
 from shardq.cluster._fence import Fence
 from shardq.cluster._leases import (
+    ClusterMismatch,
     acquire,
     as_storage_error,
     cluster_map,
     ensure_partitions,
     heartbeat,
     live_nodes,
+    other_live_nodes,
     release,
     renew,
 )
@@ -64,6 +66,7 @@ class LeaseKeeper:
         self._address = cluster.advertise
         self._partitions = cluster.partitions
         self._lease_ms = cluster.lease_ms
+        self._preview = cluster.multi_node_preview
         # The running node's session: the same for every writer process of one `shardq
         # start` (a restarted writer is the same node), never the secret itself.
         self._session = hashlib.sha256(spec.internal_token.encode()).hexdigest()[:16]
@@ -94,8 +97,18 @@ class LeaseKeeper:
         conn = self._connection()
         try:
             ensure_partitions(conn, self._partitions)
+            others = [] if self._preview else other_live_nodes(conn, self._node, self._lease_ms)
         except Exception as e:
             raise as_storage_error(e, "setting up the partitions") from e
+        if others:
+            # Before this node's first heartbeat, so the live node never counts it and gives
+            # nothing away for a rebalance.
+            raise ClusterMismatch(
+                f"another node is alive on this database ({', '.join(others[:5])}); several "
+                "nodes are a preview (a node does not yet load the partitions it gains while "
+                "running): stop it, or wait lease_ms after it died, or set [cluster] "
+                "multi_node_preview = true to try them (docs/cluster.md)"
+            )
         self._round()
         self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
         self._thread.start()
@@ -153,7 +166,8 @@ class LeaseKeeper:
         lost = sorted(set(self._held) - set(held))
         if lost:
             log.warning("partition leases lost", partitions=lost[:20], count=len(lost))
-        share = math.ceil(self._partitions / live_nodes(conn, lease))
+        live = live_nodes(conn, lease) if self._preview else 1
+        share = math.ceil(self._partitions / live)
         if len(held) > share:
             excess = {p: held[p] for p in sorted(held)[share:]}
             release(conn, self._node, excess)
