@@ -4,7 +4,7 @@
 
 Each batch is one transaction, sent as a pipeline as `PostgresStore.apply` sends it: an
 UPDATE of 100 job rows over arrays (the shape of a PULLB's moves), then the commit. The fenced
-batch sends the fencing statement (`shardq.cluster._fence.FENCE_SQL`) first in the same
+batch sends the fencing statement (`shardq.storage._pg_fence.FENCE_SQL`) first in the same
 pipeline, and checks its rows before the commit as `PostgresStore.apply` does, for 1 (one
 queue) or more partitions. Plain and fenced runs alternate, so that the server's state and
 the machine's load weigh on both alike; the table gives medians per batch: wall time, this
@@ -28,9 +28,9 @@ from typing import Any
 import psycopg
 
 from bench._pg_server import PostgresServer
-from shardq.cluster._fence import FENCE_SQL, check
 from shardq.cluster._leases import acquire, ensure_partitions
 from shardq.storage import open_postgres
+from shardq.storage._pg_fence import FENCE_SQL, check
 
 ROWS = 100
 _UPDATE = (
@@ -65,8 +65,8 @@ def time_plans(repeat: int = 2000) -> None:
     """The writer's share: finding a batch's queues and partitions (`plan_queues` and
     `Fence.epochs_for`) for the plans of one round of `bench.storage_pg` (no server)."""
     from bench.storage_pg import rounds
-    from shardq.cluster._fence import Fence, plan_queues
     from shardq.storage._coalesce import coalesce
+    from shardq.storage._pg_fence import Fence, plan_queues
 
     push, finish = rounds(2)[1]
     plans = {

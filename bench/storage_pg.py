@@ -117,8 +117,8 @@ def postgres_opener(url: str, synchronous_commit: str, fenced: bool = False) -> 
 def _hold_every_partition(store: Storage) -> None:
     """Make `store` a node holding all 256 partitions, so every batch runs the fencing check
     (docs/cluster.md) as a server on PostgreSQL does."""
-    from shardq.cluster._fence import Fence
     from shardq.cluster._leases import acquire, ensure_partitions
+    from shardq.storage._pg_fence import Fence
     from shardq.storage._postgres import PostgresStore
 
     assert isinstance(store, PostgresStore)

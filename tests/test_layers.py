@@ -11,11 +11,12 @@ separate graph whose circles must be the known ones listed below, so a new one s
 
 The layers, bottom to top (a module may import its own layer and the layers below):
 the root's private modules (`shardq.errors`, `shardq._version`, `shardq._logging`) <
-`shardq.protocol` < `shardq.core` < `shardq.storage` < `shardq.client` <
+`shardq.protocol` < `shardq.core` < `shardq.storage` < `shardq.client` and `shardq.cluster` <
 `shardq.runtime` and `shardq.backup` < `shardq.tasks` < the root `shardq/__init__.py`
 (its lazy re-exports of the task API). On top of the order, each subpackage may reach only the
 subpackages its design gives it: the core is pure and knows only the protocol; storage stores
-the core's types; the client speaks the protocol and knows nothing of the server; the task API
+the core's types; the cluster's lease statements run on the store's PostgreSQL connection
+type; the client speaks the protocol and knows nothing of the server; the task API
 is built on the client.
 """
 
@@ -37,6 +38,7 @@ LAYERS: Mapping[str, int] = {
     "shardq.core": 2,
     "shardq.storage": 3,
     "shardq.client": 4,
+    "shardq.cluster": 4,
     "shardq.runtime": 5,
     "shardq.backup": 5,
     "shardq.tasks": 6,
@@ -48,9 +50,17 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "shardq.core": frozenset({"shardq.protocol"}),
     "shardq.storage": frozenset({"shardq.protocol", "shardq.core"}),
     "shardq.client": frozenset({"shardq.protocol"}),
+    "shardq.cluster": frozenset({"shardq.protocol", "shardq.storage"}),
     "shardq.backup": frozenset({"shardq.protocol", "shardq.core", "shardq.storage"}),
     "shardq.runtime": frozenset(
-        {"shardq.protocol", "shardq.core", "shardq.storage", "shardq.client", "shardq.backup"}
+        {
+            "shardq.protocol",
+            "shardq.core",
+            "shardq.storage",
+            "shardq.client",
+            "shardq.cluster",
+            "shardq.backup",
+        }
     ),
     "shardq.tasks": frozenset({"shardq.protocol", "shardq.client"}),
     "shardq": frozenset({"shardq.tasks"}),

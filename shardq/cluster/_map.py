@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from shardq.cluster._partitions import partition_of
+from shardq.protocol._partitions import partition_of
 
 __all__ = [
     "MAP_FILE",

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from shardq.cluster._partitions import MAX_PARTITIONS
 from shardq.core import EngineConfig
 from shardq.errors import ShardqError
+from shardq.protocol._partitions import MAX_PARTITIONS
 from shardq.runtime._config_values import (
     _PORT,
     _bool,

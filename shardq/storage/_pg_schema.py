@@ -107,7 +107,7 @@ def _v5_cluster(conn: Conn) -> None:
     # One row per partition, made at the first start with the configured count. `epoch` is
     # the fencing token: it grows at every change of owner, and a write batch checks, in its
     # own transaction, that the epochs it was given are still the ones in these rows
-    # (shardq.cluster._fence).
+    # (shardq.storage._pg_fence).
     conn.execute(
         "CREATE TABLE partition_leases (partition integer PRIMARY KEY, owner text,"
         " epoch bigint NOT NULL DEFAULT 0,"

@@ -30,7 +30,6 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 import psycopg
 from psycopg import conninfo
 
-from shardq.cluster._fence import FENCE_SQL, Fence, check, plan_queues
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _pg_schema
 from shardq.storage._coalesce import Plan, Stored, coalesce, remember
@@ -38,6 +37,7 @@ from shardq.storage._cold_reads import POSTGRES, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
 from shardq.storage._errors import StorageError
+from shardq.storage._pg_fence import FENCE_SQL, Fence, check, plan_queues
 from shardq.storage._pg_schema import Conn, pg_error
 from shardq.storage._pg_write import Writes, read_deltas, write_plan
 from shardq.storage._write import decode, merge_row
@@ -166,7 +166,7 @@ class PostgresStore(ColdReads):
         return written
 
     def _fenced(self, plan: Plan) -> tuple[Any, ...]:
-        """The fencing statement's parameters for `plan` (`shardq.cluster._fence`)."""
+        """The fencing statement's parameters for `plan` (`shardq.storage._pg_fence`)."""
         fence = self.fence
         assert fence is not None
         queues = plan_queues(plan, self._cache, self._stored_queues)

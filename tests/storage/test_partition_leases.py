@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from pg_server import shared_server
 
-from shardq.cluster._fence import Fence
 from shardq.cluster._leases import (
     ClusterMismatch,
     acquire,
@@ -26,8 +25,9 @@ from shardq.cluster._leases import (
     release,
     renew,
 )
-from shardq.cluster._partitions import partition_of
+from shardq.protocol._partitions import partition_of
 from shardq.storage import StorageFenced, open_postgres
+from shardq.storage._pg_fence import Fence
 from shardq.storage._pg_schema import Conn
 from shardq.storage._postgres import PostgresStore
 

@@ -10,7 +10,7 @@ own, one round every third of `lease_ms`:
    excess (a node joined), or acquire free and expired partitions up to it;
 4. publish the map (`shardq.cluster._map`) for the front end and the HTTP process.
 
-What it holds is `held()` for the store's fence (`shardq.cluster._fence`): valid until the
+What it holds is `held()` for the store's fence (`shardq.storage._pg_fence`): valid until the
 start of the round that renewed it plus 9/10 of a lease on the monotonic clock, so a round
 that fails, or a process frozen past its lease, serves nothing rather than something another
 node may hold. A clean stop releases everything at once (`stop`).
@@ -26,7 +26,6 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from shardq.cluster._fence import Fence
 from shardq.cluster._leases import (
     ClusterMismatch,
     acquire,
@@ -42,6 +41,7 @@ from shardq.cluster._leases import (
 from shardq.cluster._map import write_map
 from shardq.runtime._spec import ChildSpec
 from shardq.storage import StorageError
+from shardq.storage._pg_fence import Fence
 from shardq.storage._pg_schema import Conn
 
 __all__ = ["LeaseKeeper"]

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from shardq.cluster._partitions import partition_of
 from shardq.core._mutations import ROW_KEY_SEP
+from shardq.protocol._partitions import partition_of
 from shardq.storage._coalesce import Plan, Stored
 from shardq.storage._errors import StorageFenced
 
