@@ -172,12 +172,14 @@ def _client(python: str, cwd: str, kind: str, url: str, durable: bool, n: int) -
 
 
 def _measure_server(
-    peer: str, urls: dict[str, str], port: int, args: argparse.Namespace, here: Path
+    peer: str, urls: dict[str, str], port: int, args: argparse.Namespace, here: Path, k: int
 ) -> list[Row]:
     clients = [("", sys.executable, os.getcwd())]
     if args.compare and peer == "shardq":
         base = Path(args.compare).resolve()
         clients.append((" (base client)", str(base / ".venv" / "bin" / "python"), str(base)))
+        if k % 2:  # every other repeat the base client goes first: no order favours either
+            clients.reverse()
     rows: dict[str, Row] = {}
     for load in ("idle", "busy"):
         with busy(port, args, here) if load == "busy" else _idle() as rate:
@@ -216,19 +218,26 @@ def run(args: argparse.Namespace) -> list[Row]:
                 server = start_shardq(procs)
                 urls = {"tcp": f"tcp://127.0.0.1:{server.tcp_port}",
                         "zmq": f"zmq://127.0.0.1:{server.zmq_port}"}  # fmt: skip
-                rows += _measure_server("shardq", urls, server.tcp_port, args, here)
+                rows += _measure_server("shardq", urls, server.tcp_port, args, here, k)
                 procs.stop_shardq(server)
             if "bunqueue" in args.peers:
                 with procs.running(start_bunqueue(procs)) as child:
                     urls = {"tcp": f"tcp://127.0.0.1:{child.port}"}
-                    rows += _measure_server("bunqueue", urls, child.port, args, here)
+                    rows += _measure_server("bunqueue", urls, child.port, args, here, k)
             runs.append(rows)
     finally:
         procs.stop_all()
     keys = ("idle_p50", "idle_p99", "busy_p50", "busy_p99", "idle_cpu", "busy_cpu", "load_rate")
+    by_path: dict[tuple[str, str], list[Row]] = {}
+    for rows in runs:  # (the order of the rows differs between repeats)
+        for row in rows:
+            by_path.setdefault((row["peer"], row["path"]), []).append(row)
+    order = [(peer, path + suffix) for peer in args.peers for path in PATHS
+             for suffix in ("", " (base client)")]  # fmt: skip
     return [
-        {**rows[0], **{k: statistics.median(r[k] for r in rows) for k in keys}}
-        for rows in zip(*runs, strict=True)
+        {**same[0], **{k: statistics.median(r[k] for r in same) for k in keys}}
+        for key in order
+        if (same := by_path.get(key))
     ]
 
 
