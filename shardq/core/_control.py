@@ -50,9 +50,16 @@ class JobControl:
         conn = lease.conn if lease is not None else self.store.job_conn.get(job.id)
         self.store.dead(fx, job, "cancelled", now, {"failedReason": job.failed_reason}, False)
         if conn is not None:
-            self.store.cancel_notices.append(
-                {"conn": conn, "jobId": job.id, "queue": job.queue, "reason": job.failed_reason}
-            )
+            notice = {
+                "conn": conn,
+                "jobId": job.id,
+                "queue": job.queue,
+                "reason": job.failed_reason,
+            }
+            if fx.cancels is None:
+                fx.cancels = [notice]
+            else:
+                fx.cancels.append(notice)
 
     def cmd_discard(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job = self.store.job_or_error(cmd.get("id"), "Job not found")

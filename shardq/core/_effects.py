@@ -24,9 +24,11 @@ Event = tuple[str, str, str]
 class Outcome:
     """The effects of one call: `mutations` and `events` in the order made, and (from
     `apply`) the `reply` map. `conn` is the connection the command came from (None for the
-    engine's own calls): a pull's leases are released when it closes."""
+    engine's own calls): a pull's leases are released when it closes. `cancels` (None
+    until one is made) are the notices of `Cancel {active: true}`, one per running job it
+    dead-lettered: the connection to tell, the job, its queue and the reason."""
 
-    __slots__ = ("conn", "events", "mutations", "reply")
+    __slots__ = ("cancels", "conn", "events", "mutations", "reply")
 
     reply: dict[str, Any]
 
@@ -34,6 +36,7 @@ class Outcome:
         self.conn = conn
         self.mutations: list[Mutation] = []
         self.events: list[Event] = []
+        self.cancels: list[dict[str, Any]] | None = None
 
     def __repr__(self) -> str:
         return f"Outcome({getattr(self, 'reply', None)!r}, {self.mutations!r}, {self.events!r})"

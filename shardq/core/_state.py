@@ -103,9 +103,6 @@ class JobStore:
         self.finalized: OrderedDict[str, str] = OrderedDict()
         # Jobs of durable pushes whose commit is not confirmed yet: never delivered (`hold`).
         self.held: set[str] = set()
-        # Cancels of active jobs this turn, for the connections that run them (`_control`):
-        # the shard hands them to the front end, which pushes them to those connections.
-        self.cancel_notices: list[dict[str, Any]] = []
 
     def queue(self, name: str) -> QueueState:
         q = self.queues.get(name)

@@ -19,6 +19,7 @@ class Driver:
         self.engine = engine
         self.mutations: list[Mutation] = []
         self.events: list[tuple[str, str, str]] = []
+        self.cancels: list[dict[str, Any]] = []
 
     # -- raw access ------------------------------------------------------------------------
 
@@ -28,6 +29,7 @@ class Driver:
         """Run `cmd` at `at` for connection `conn` (as the shard passes a request's)."""
         outcome = self.engine.apply(cmd, at, conn)
         self.mutations, self.events = list(outcome.mutations), outcome.events
+        self.cancels = outcome.cancels or []
         return outcome.reply, self.mutations
 
     def ok(self, cmd: dict[str, Any], at: int = 0, conn: str | None = None) -> Reply:

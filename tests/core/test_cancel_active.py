@@ -14,14 +14,13 @@ def test_an_active_job_is_dead_lettered_and_its_connection_told(d: Driver) -> No
     assert d.state(job_id) == "active"
     reply, _ = d.run({"cmd": "Cancel", "id": job_id, "active": True, "reason": "stop"}, 5)
     assert reply == {"ok": True}
+    notices = d.cancels  # the call's own Outcome carries them: nothing stays on the engine
     assert d.state(job_id) == "failed"
     job = d.ok({"cmd": "GetJob", "id": job_id})["job"]
     assert job["failedReason"] == "cancelled: stop" and job["attempts"] <= 1
     entries = d.ok({"cmd": "Dlq", "queue": "q"})["entries"]
     assert [(e["job"]["id"], e["reason"]) for e in entries] == [(job_id, "cancelled")]
-    assert d.engine.store.cancel_notices == [
-        {"conn": "c7", "jobId": job_id, "queue": "q", "reason": "cancelled: stop"}
-    ]
+    assert notices == [{"conn": "c7", "jobId": job_id, "queue": "q", "reason": "cancelled: stop"}]
     # Nothing is delivered again: the job is not retried, and the lease is gone.
     d.tick(10_000_000)
     assert d.state(job_id) == "failed"
@@ -33,12 +32,12 @@ def test_an_active_job_is_dead_lettered_and_its_connection_told(d: Driver) -> No
 def test_queued_and_finished_jobs_with_active(d: Driver) -> None:
     queued = d.push()
     assert d.ok({"cmd": "Cancel", "id": queued, "active": True}) == {"ok": True}
+    assert d.cancels == []  # a queued job has no worker to tell
     assert d.state(queued) == "unknown"
     done = d.push(queue="solo")
     d.run_to_completion(queue="solo")
     message = d.err({"cmd": "Cancel", "id": done, "active": True})
     assert message == "Job not found or cannot be cancelled"
-    assert d.engine.store.cancel_notices == []  # a queued job has no worker to tell
 
 
 def test_a_cancelled_child_fails_its_flow_parent(d: Driver) -> None:

@@ -92,6 +92,8 @@ class ShardCore:
         # Replies ready to go, and queues whose parked long-polls may be served now: one list
         # and one set for the shard's life, which `self.batches` fills too.
         self._replies: list[Item] = []
+        # This turn's `Outcome.cancels`, sent after the batch that dead-letters their jobs.
+        self._cancels: list[dict[str, Any]] = []
         self._woken: set[str] = set()
         self._durable: list[Item] = []
         # Finished segments of this turn: (durable, mutations, durable replies, held job
@@ -229,10 +231,9 @@ class ShardCore:
         # After the batch that stores them: a notice never reaches a parent before the
         # child's outcome it reports is on its way to disk.
         out.extend(("front", msg) for msg in self.flows.take(now))
-        store = self.engine.store
-        if store.cancel_notices:
+        if self._cancels:
             # After the batch that dead-letters them: the worker is told of a settled fact.
-            notices, store.cancel_notices = store.cancel_notices, []
+            notices, self._cancels = self._cancels, []
             out.append(("front", msgs.cancel(notices)))
         out.extend(self.take_replies())
         if self.draining and not self._drained_sent and self.engine.query.active_count() == 0:
@@ -320,6 +321,8 @@ class ShardCore:
             return own(conn, rid, cmd, now, envelope)
         outcome = self.engine.apply(cmd, now, conn)
         reply, muts = outcome.reply, outcome.mutations
+        if outcome.cancels:
+            self._cancels.extend(outcome.cancels)
         if reply.get("ok") and name in MAY_BE_DURABLE:
             # A flow's part on this shard stays held until its FlowRelease.
             flow_part = envelope is not None and envelope.get(msgs.ENVELOPE_HOLD) is True
@@ -371,6 +374,8 @@ class ShardCore:
     def _apply(self, cmd: Mapping[str, Any], now: int, conn: str | None = None) -> dict[str, Any]:
         outcome = self.engine.apply(cmd, now, conn)
         self._absorb(outcome.mutations, outcome.events)
+        if outcome.cancels:
+            self._cancels.extend(outcome.cancels)
         return outcome.reply
 
     def _stats(self, now: int) -> dict[str, Any]:
