@@ -187,22 +187,9 @@ class FlushBuffer:
         for batch in self._batches:
             if batch.epoch == self._epochs.get(batch.shard, 0):
                 latest[batch.shard] = max(batch.seq, latest.get(batch.shard, batch.seq))
-        out: list[Outgoing] = [
-            (shard, msgs.done(seq, synced=True))
-            for shard, epoch, seq in self._syncs
-            if epoch == self._epochs.get(shard, 0)
-        ]
+        out = self._synced_dones()
         out.extend((shard, msgs.done(seq)) for shard, seq in latest.items())
-        self._muts = []
-        self._bytes = 0
-        self._ops = 0
-        self._batches.clear()
-        self._syncs.clear()
-        self._first_at = None
-        self._urgent = False
-        self.failures = 0
-        self.failing_since = None
-        self._retry_at = None
+        self._forget_all()
         self.storage_full = False
         return out
 
@@ -240,11 +227,20 @@ class FlushBuffer:
             for batch in self._batches
             if batch.epoch == self._epochs.get(batch.shard, 0)
         ]
-        out.extend(
+        out.extend(self._synced_dones())
+        self._forget_all()
+        return out
+
+    def _synced_dones(self) -> list[Outgoing]:
+        """The `done` of each waiting sync of a shard's current epoch."""
+        return [
             (shard, msgs.done(seq, synced=True))
             for shard, epoch, seq in self._syncs
             if epoch == self._epochs.get(shard, 0)
-        )
+        ]
+
+    def _forget_all(self) -> None:
+        """Empty the buffer, and forget the failures and the retry it was waiting on."""
         self._muts = []
         self._bytes = 0
         self._ops = 0
@@ -255,7 +251,6 @@ class FlushBuffer:
         self._retry_at = None
         self.failures = 0
         self.failing_since = None
-        return out
 
     def _drop_told_durable(self) -> None:
         muts: list[Mutation] = []
