@@ -143,9 +143,8 @@ def test_spin_policy_for_each_setting() -> None:
 
 
 def test_spin_us_auto_in_the_config() -> None:
-    assert load_config(env={}).process.spin_us == "auto"
+    assert load_config(env={}).process.spin_us == 0
     assert load_config(env={}).process.spin_auto_max_us == 500
-    assert load_config(env={"SHARDQ_SPIN_US": "0"}).process.spin_us == 0  # spinning off
     env = {"SHARDQ_SPIN_US": "Auto", "SHARDQ_SPIN_AUTO_MAX_US": "800"}
     process = load_config(env=env).process
     assert (process.spin_us, process.spin_auto_max_us) == ("auto", 800)
