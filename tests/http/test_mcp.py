@@ -143,3 +143,10 @@ def test_without_the_mcp_package_it_answers_501_saying_what_to_install(tmp_path:
         }
         assert get(srv.http_url, "/health").status == 200  # the rest of the port serves on
         assert srv.stop() == 0, srv.log_tail()
+
+
+def test_the_docs_count_the_tools_there_are() -> None:
+    # docs/http.md says how many tools `/mcp` serves; a new REST route adds one.
+    text = (Path(__file__).resolve().parents[2] / "docs" / "http.md").read_text()
+    count = len({spec.name for spec in tool_specs()})
+    assert f"one tool per REST route above ({count}: " in text
