@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import uuid
+
+import psycopg
 
 from bench._pg_server import PostgresServer, find_bindir
 
@@ -21,6 +24,7 @@ __all__ = [
     "POSTGRES_ENV",
     "PostgresServer",
     "find_bindir",
+    "new_database",
     "postgres_wanted",
     "shared_server",
     "stop_shared_server",
@@ -56,6 +60,15 @@ def shared_server() -> PostgresServer:
         _shared = server
         atexit.register(stop_shared_server)
     return _shared
+
+
+def new_database(prefix: str) -> str:
+    """A fresh, empty database on the shared server, named `<prefix>_<random>`: its URL."""
+    pg = shared_server()
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg.url(), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return pg.url(name)
 
 
 def stop_shared_server() -> None:

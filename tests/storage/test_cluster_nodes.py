@@ -16,14 +16,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from pg_server import shared_server
+from pg_server import new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
@@ -35,14 +34,6 @@ from shardq.cluster import partition_of
 NEEDS_POSTGRES = True
 LEASE_MS = 1500
 PARTS = 16
-
-
-def _new_database() -> str:
-    pg = shared_server()
-    name = f"cl_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg.url(), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return pg.url(name)
 
 
 def _node(tmp: Path, name: str, url: str, **env: str) -> ShardqServer:
@@ -59,7 +50,7 @@ def two_nodes(
     """Two nodes for the whole module (starting them is most of each test's time): the tests
     run in file order, each leaving both nodes up but the last, which kills one."""
     tmp_path = tmp_path_factory.mktemp("nodes")
-    url = _new_database()
+    url = new_database("cl")
     a, b = _node(tmp_path, "node-a", url), _node(tmp_path, "node-b", url)
     try:
         a.start()

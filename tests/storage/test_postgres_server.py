@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import psycopg
-from pg_server import shared_server
+from pg_server import new_database, shared_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
@@ -24,16 +23,8 @@ from shardq.client import TcpConnection
 NEEDS_POSTGRES = True
 
 
-def _new_database() -> str:
-    pg = shared_server()
-    name = f"node_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg.url(), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return pg.url(name)
-
-
 def test_a_durable_push_survives_kill_9_in_postgresql(tmp_path: Path) -> None:
-    url = _new_database()
+    url = new_database("node")
     # The test server trusts every local login and ignores the password: it is there to show
     # that no log line carries it.
     user = shared_server().superuser
@@ -73,7 +64,7 @@ def test_a_password_on_the_command_line_is_refused(tmp_path: Path) -> None:
 
 def test_a_backup_asked_of_a_server_on_postgresql_is_refused(tmp_path: Path) -> None:
     # shardq's backups copy the SQLite file, which a server on PostgreSQL never writes.
-    env = {"SHARDQ_STORAGE_URL": _new_database(), "SHARDQ_BACKUP_DIR": str(tmp_path / "b")}
+    env = {"SHARDQ_STORAGE_URL": new_database("node"), "SHARDQ_BACKUP_DIR": str(tmp_path / "b")}
     server = ShardqServer(tmp_path / "data", shards=1, env=env)
     with server, TcpConnection(*server.tcp_address, timeout=15) as conn:
         reply = conn.call({"cmd": "Backup", "action": "now"}, check=False)

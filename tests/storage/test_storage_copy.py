@@ -13,12 +13,10 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from pg_server import shared_server
+from pg_server import new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
@@ -30,14 +28,6 @@ from shardq.storage import Store, open_postgres
 NEEDS_POSTGRES = True
 
 HOUR_MS = 3_600_000
-
-
-def _new_database() -> str:
-    pg = shared_server()
-    name = f"copy_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg.url(), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return pg.url(name)
 
 
 def _copy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -125,7 +115,7 @@ def _observe(conn: TcpConnection, ids: dict[str, str]) -> dict[str, Any]:
 
 
 def test_a_servers_sqlite_file_is_copied_and_served_from_postgresql(tmp_path: Path) -> None:
-    url = _new_database()
+    url = new_database("copy")
     source = ShardqServer(tmp_path / "sqlite", shards=2)
     with source:
         with TcpConnection(*source.tcp_address, timeout=15) as conn:
