@@ -117,6 +117,12 @@ class Storage(Protocol):
         backend with nothing to fold returns True)."""
         ...
 
+    def database_bytes(self) -> int:
+        """What the store occupies on disk, in bytes: the SQLite file and its WAL, or the
+        PostgreSQL database's `pg_database_size` (every table, index and TOAST of the
+        database, other schemas' included). Raises `StorageError` if it cannot be read."""
+        ...
+
     def free_pages(self) -> int:
         """Space the store holds but uses for nothing, in pages (0 for a backend that gives
         space back by itself). Cheap: the idle writer asks before it vacuums."""

@@ -288,6 +288,11 @@ class PostgresStore:
         self._connection()  # a closed store still raises, as the contract says
         return True
 
+    def database_bytes(self) -> int:
+        """`pg_database_size` of the connected database. Raises `StorageError`."""
+        sql = "SELECT pg_database_size(current_database())"
+        return int(self._rows("reading the database size", sql, ())[0][0])
+
     def free_pages(self) -> int:
         """0: PostgreSQL's autovacuum gives dead rows' space back by itself."""
         self._connection()

@@ -379,6 +379,14 @@ class Store:
         (created before; `convert_to_incremental` changes it). Raises `StorageError`."""
         return _vacuum.auto_vacuum(self._conn)
 
+    def database_bytes(self) -> int:
+        """The file's and its WAL's sizes, in bytes (0 for a missing one)."""
+        total = 0
+        for name in (self._path, f"{self._path}-wal"):
+            with contextlib.suppress(OSError):
+                total += os.stat(name).st_size
+        return total
+
     def free_pages(self) -> int:
         """Pages the file holds but no row uses (SQLite's free list). Raises `StorageError`."""
         return _vacuum.free_pages(self._conn)

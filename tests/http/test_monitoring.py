@@ -42,6 +42,7 @@ def test_health_shape(server: ShardqServer) -> None:
     storage = body["storage"]
     assert (storage["degraded"], storage["diskFull"], storage["error"]) == (False, False, None)
     assert storage["databaseBytes"] == Path(server.data_path).stat().st_size
+    assert storage["backend"] == "sqlite"
 
 
 def test_liveness_and_readiness(server: ShardqServer) -> None:

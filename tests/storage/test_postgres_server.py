@@ -7,16 +7,20 @@ The real server (tests/runtime/shardq_harness.py) on the tests' PostgreSQL serve
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from pg_server import new_database, shared_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
-from shardq_harness import ShardqServer
+from shardq_harness import ShardqServer, free_port
 
 from shardq.client import TcpConnection
 
@@ -73,3 +77,32 @@ def test_a_backup_asked_of_a_server_on_postgresql_is_refused(tmp_path: Path) -> 
     assert "backed up with PostgreSQL's own tools" in reply["error"]
     assert listed["ok"] is True and listed["backups"] == []
     assert not any((tmp_path / "b").glob("*.gz"))
+
+
+def _health(server: ShardqServer) -> dict[str, Any]:
+    # 503 while degraded carries the same body; a healthy server answers 200.
+    with urllib.request.urlopen(f"{server.http_url}/health", timeout=10) as answer:
+        body: dict[str, Any] = json.loads(answer.read())
+    return body
+
+
+def test_health_reports_the_postgresql_database_size(tmp_path: Path) -> None:
+    # There is no SQLite file to stat: the writer reads pg_database_size for /health.
+    url = new_database("node")
+    env = {"SHARDQ_STORAGE_URL": url}
+    server = ShardqServer(tmp_path, shards=1, env=env, http_port=free_port())
+    with server, TcpConnection(*server.tcp_address, timeout=15) as conn:
+        conn.call({"cmd": "PUSH", "queue": "pg", "data": {"n": 1}, "durable": True})
+        deadline = time.monotonic() + 20
+        storage = _health(server)["storage"]
+        while storage["databaseBytes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            storage = _health(server)["storage"]
+        with psycopg.connect(url) as db:
+            row = db.execute("SELECT pg_database_size(current_database())").fetchone()
+    assert row is not None
+    assert storage["backend"] == "postgresql"
+    assert storage["walBytes"] == 0
+    # Read at most 10 s apart; a database with one job barely grows meanwhile.
+    assert 0.8 * row[0] <= storage["databaseBytes"] <= 1.2 * row[0]
+    assert not server.data_path.exists()

@@ -102,6 +102,7 @@ def established(port: int) -> int:
 class StorageFacts:
     database_bytes: int
     wal_bytes: int
+    backend: str = "sqlite"
     degraded: bool = False
     disk_full: bool = False
     error: str | None = None
@@ -116,6 +117,7 @@ class StorageFacts:
             "since": self.since,
             "databaseBytes": self.database_bytes,
             "walBytes": self.wal_bytes,
+            "backend": self.backend,
         }
 
 
@@ -126,10 +128,15 @@ def _size(path: Path) -> int:
         return 0
 
 
-def storage_facts(data_path: str, run_dir: str) -> StorageFacts:
-    """The database's sizes and what the writer last wrote about storage."""
-    db = Path(data_path)
-    facts = StorageFacts(_size(db), _size(db.with_name(db.name + "-wal")))
+def storage_facts(data_path: str, run_dir: str, *, external: bool = False) -> StorageFacts:
+    """The database's sizes and what the writer last wrote about storage. `external`: the
+    server stores in PostgreSQL; its size is the one the writer last read (no WAL of its
+    own: PostgreSQL's WAL serves the whole cluster)."""
+    if external:
+        facts = StorageFacts(0, 0, backend="postgresql")
+    else:
+        db = Path(data_path)
+        facts = StorageFacts(_size(db), _size(db.with_name(db.name + "-wal")))
     status: object = {}
     # Renamed into place, except on a full disk, where the writer overwrites it in place and
     # a read can catch it half written: then read again.
@@ -146,4 +153,6 @@ def storage_facts(data_path: str, run_dir: str) -> StorageFacts:
         facts.error = status.get("error") if isinstance(status.get("error"), str) else None
         facts.since = status.get("since") if isinstance(status.get("since"), int) else None
         facts.writer = status
+        if external and isinstance(status.get("databaseBytes"), int):
+            facts.database_bytes = status["databaseBytes"]
     return facts

@@ -115,7 +115,9 @@ class Monitor:
             latency=_data(metrics, "latency"),
             in_flight=_ints(_data(metrics, "shards").get("inFlight")),
             workers=_data(_data(workers, "data"), "stats"),
-            storage=storage_facts(self._spec.data_path, self._spec.run_dir),
+            storage=storage_facts(
+                self._spec.data_path, self._spec.run_dir, external=self._spec.external_store
+            ),
             processes=process_memory(supervisor),
             tcp_connections=max(0, established(self._spec.tcp.tcp_port) - own),
         )
@@ -165,7 +167,9 @@ class Monitor:
         # The front end reports ready only after every shard recovered, and starts listening
         # then: a Ping answered is recovery finished.
         ping, stats = await self._backend.call_many([{"cmd": "Ping"}, {"cmd": "Stats"}])
-        storage = storage_facts(self._spec.data_path, self._spec.run_dir)
+        storage = storage_facts(
+            self._spec.data_path, self._spec.run_dir, external=self._spec.external_store
+        )
         _add_stall(storage, _data(stats, "stats"))
         ready = ping.get("ok") is True and not storage.degraded
         body: dict[str, Any] = {"ok": ready, "ready": ready}

@@ -109,7 +109,9 @@ class Writer:
         )
         self._reading = True
         self._degraded = False
-        self._status = WriterStatus(spec.run_dir, clock)
+        # The HTTP process stats a SQLite file itself; PostgreSQL's size only the writer reads.
+        sizer = store.database_bytes if spec.writer.storage_url else None
+        self._status = WriterStatus(spec.run_dir, clock, sizer)
         settings = spec.writer
         self._vacuum = IdleVacuum(
             store,

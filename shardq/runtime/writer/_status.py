@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from shardq.runtime import _clock
+from shardq.storage import StorageError
 
 __all__ = ["DURATION_BUCKETS", "SIZE_BUCKETS", "STATUS_FILE", "WriterStatus", "file_sizes"]
 
@@ -31,6 +32,9 @@ DURATION_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 # Mutations per flush: 1 (a lone durable push) up to flush_max_mutations and beyond.
 SIZE_BUCKETS: Final = (1, 10, 50, 100, 250, 500, 1000, 5000)
 _WRITE_EVERY_S: Final = 1.0
+# How often a store that is not a local file (PostgreSQL) is asked its size: a query that
+# lists the database's files, so not at every save.
+_SIZE_EVERY_S: Final = 10.0
 # The status file's size at least: room for the longest error text, written in place.
 _RESERVE_BYTES: Final = 8192
 
@@ -66,10 +70,20 @@ class _Histogram:
 class WriterStatus:
     """Counts flushes and tracks degradation; `save` writes the file when it is due."""
 
-    def __init__(self, run_dir: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        run_dir: str,
+        clock: Callable[[], float] = time.monotonic,
+        sizer: Callable[[], int] | None = None,
+    ) -> None:
+        """`sizer`: the store's size in bytes, for a store the HTTP process cannot stat
+        itself (PostgreSQL); asked at most every `_SIZE_EVERY_S` when the file is saved."""
         self._path = Path(run_dir) / STATUS_FILE
         self._clock = clock
         self._written_at = -_WRITE_EVERY_S
+        self._sizer = sizer
+        self._sized_at = -_SIZE_EVERY_S
+        self.database_bytes: int | None = None
         self.degraded = False
         self.disk_full = False
         self.error: str | None = None
@@ -116,6 +130,11 @@ class WriterStatus:
         if not force and now - self._written_at < _WRITE_EVERY_S:
             return
         self._written_at = now
+        if self._sizer is not None and now - self._sized_at >= _SIZE_EVERY_S:
+            self._sized_at = now
+            # A failed read keeps the last size: storage errors surface through the flushes.
+            with contextlib.suppress(StorageError):
+                self.database_bytes = self._sizer()
         body = {
             "pid": os.getpid(),
             "degraded": self.degraded,
@@ -127,6 +146,7 @@ class WriterStatus:
             "flushMutations": self.size.as_dict(),
             "freePages": self.free_pages,
             "pagesVacuumed": self.pages_vacuumed,
+            "databaseBytes": self.database_bytes,
         }
         text = json.dumps(body).encode()
         # Padded (JSON allows trailing blanks) so that when a full disk refuses the new file,

@@ -9,6 +9,7 @@ over the suite: in the engine's shapes and encoded by `MutationEncoder` as a sha
 from __future__ import annotations
 
 import copy
+import secrets
 
 import pytest
 from contract_model import expected, job, loaded, log_op
@@ -320,3 +321,12 @@ def test_a_closed_store_raises_storage_error(backend: Backend) -> None:
         store.get_job("a")
     with pytest.raises(StorageError):
         list(store.load_jobs())
+
+
+def test_the_database_size_grows_with_what_is_written(storage: Storage) -> None:
+    # What /health reports as databaseBytes: the file and its WAL, or pg_database_size.
+    empty = storage.database_bytes()
+    assert empty > 0
+    # Random text: neither backend can compress it away.
+    storage.apply([("put", job(f"j{i}", data=secrets.token_hex(1000))) for i in range(2000)])
+    assert storage.database_bytes() >= empty + 2000 * 2000 // 2
