@@ -121,11 +121,18 @@ class PartitionGuard:
     the error to answer. One dict lookup and one clock read per command.
     """
 
-    def __init__(self, run_dir: str, node: str, partitions: int) -> None:
+    def __init__(self, run_dir: str, node: str, partitions: int, shards: int = 0) -> None:
         self._path = Path(run_dir) / MAP_FILE
         self._node = node
         self._partitions = partitions
         self._stamp: tuple[int, int] | None = None
+        # The partitions whose lease the node holds (the map's `held`), what each shard says
+        # it has loaded (`loaded`), and what it serves: leased AND loaded by every shard, so
+        # a client never sees a queue half loaded (docs/cluster.md). `shards` 0: serve what
+        # is leased (no shard reports).
+        self.leased: frozenset[int] = frozenset()
+        self._shards = shards
+        self._loaded: dict[int, frozenset[int]] = {}
         self._held: frozenset[int] = frozenset()
         self._valid_until = 0.0
         self._addresses: dict[int, str] = {}
@@ -152,8 +159,30 @@ class PartitionGuard:
         address = {n.get("id"): n.get("address", "") for n in doc.get("nodes", [])}
         owners = doc.get("owners", {})
         self._addresses = {int(p): str(address.get(o) or o) for p, o in owners.items()}
-        self._held = frozenset(int(p) for p in doc.get("held", []))
+        self.leased = frozenset(int(p) for p in doc.get("held", []))
         self._valid_until = float(doc.get("valid_until", 0.0))
+        self._serve()
+
+    def loaded(self, shard: int, held: Sequence[int]) -> None:
+        """Shard `shard` holds these partitions in memory now."""
+        self._loaded[shard] = frozenset(held)
+        self._serve()
+
+    def forget(self, shard: int) -> None:
+        """Shard `shard` went away: what it holds is unknown until it reports again."""
+        self._loaded.pop(shard, None)
+        self._serve()
+
+    def behind(self) -> list[int]:
+        """The shards whose holdings differ from the leases (or are unknown)."""
+        leased, loaded = self.leased, self._loaded
+        return [i for i in range(self._shards) if loaded.get(i) != leased]
+
+    def _serve(self) -> None:
+        held = self.leased
+        for shard in range(self._shards):
+            held = held & self._loaded.get(shard, frozenset())
+        self._held = held
 
     def refusal(self, queue: str) -> str | None:
         """None if this node serves `queue` now; else the error to answer."""
@@ -165,8 +194,10 @@ class PartitionGuard:
         if part in self._held and time.monotonic() < self._valid_until:
             return None
         address = self._addresses.get(part)
-        if part not in self._held and address:
+        if part not in self.leased and address:
             return moved_error(part, address)
+        if part in self.leased and time.monotonic() < self._valid_until:
+            return f"Partition unavailable: node {self._node} is loading partition {part}; retry"
         return (
             f"Partition unavailable: node {self._node} does not hold partition {part} now"
             " (its lease is being taken or renewed); retry"

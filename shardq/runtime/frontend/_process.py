@@ -24,7 +24,8 @@ import asyncio
 import signal
 import ssl
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
@@ -56,6 +57,9 @@ __all__ = ["Frontend", "main"]
 
 _BURST: Final = 1000  # shard messages taken per wake-up before the loop gets a turn
 _TCP_BACKLOG: Final = 1024
+# A shard still behind the leases is told them again this often (a `parts` lost with a link
+# that went down, or a load that failed); one that is loading just answers when done.
+_PARTS_RESEND_S: Final = 1.0
 
 _log = structlog.get_logger()
 
@@ -123,8 +127,11 @@ class Frontend:
         if spec.external_store:
             # Several nodes may share the database: serve only the partitions held.
             cluster = spec.cluster
-            self._guard = PartitionGuard(spec.run_dir, cluster.node_id, cluster.partitions)
+            self._guard = PartitionGuard(
+                spec.run_dir, cluster.node_id, cluster.partitions, spec.shards
+            )
             self._guard.refresh()
+            self.dispatcher.on_shard_kind(msgs.LOADED, self._on_loaded)
             self.dispatcher.guard_partitions(self._guard.refusal)
         self.tcp = TcpGateway(self.dispatcher, loop, limits)
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, limits)
@@ -170,7 +177,14 @@ class Frontend:
     def _on_shard_message(self, msg: dict[str, Any]) -> None:
         self.dispatcher.on_shard_message(msg)
 
+    def _on_loaded(self, msg: Mapping[str, Any]) -> None:
+        shard, held = msg.get("shard"), msg.get("held")
+        if self._guard is not None and type(shard) is int and isinstance(held, list):
+            self._guard.loaded(shard, [p for p in held if type(p) is int])
+
     def _link_down(self, shard: int) -> None:
+        if self._guard is not None:
+            self._guard.forget(shard)
         if shard not in self.dispatcher.down:
             self.dispatcher.on_shard_message(msgs.shard_down(shard))
 
@@ -201,11 +215,24 @@ class Frontend:
                 await asyncio.sleep(0)
 
     async def _watch_cluster(self, guard: PartitionGuard) -> None:
-        """Re-read the writer's cluster map a few times per lease renewal (docs/cluster.md)."""
+        """Re-read the writer's cluster map a few times per lease renewal, and tell the shards
+        behind it which partitions the node holds (`parts`: they load and drop, then answer
+        `loaded`), when the leases change and again every `_PARTS_RESEND_S` while a shard is
+        behind (docs/cluster.md). A `parts` goes after the requests already routed, so none
+        for a dropped queue reaches a shard after it."""
         period = max(0.05, self.spec.cluster.lease_ms / 10_000)
+        told: frozenset[int] | None = None
+        next_resend = 0.0
         while True:
             await asyncio.sleep(period)
             guard.refresh()
+            behind = guard.behind()
+            now = time.monotonic()
+            if behind and (guard.leased != told or now >= next_resend):
+                told, next_resend = guard.leased, now + _PARTS_RESEND_S
+                parts = msgs.parts(sorted(told))
+                for shard in behind:
+                    self.dispatcher.router.control(shard, parts)
 
     # -- shutdown --------------------------------------------------------------------------
 
