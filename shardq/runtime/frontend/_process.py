@@ -162,6 +162,7 @@ class Frontend:
         ]
         if self._guard is not None:
             self._tasks.append(self.loop.create_task(self._watch_cluster(self._guard)))
+            await self._shards_caught_up(self._guard)
         self.loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
         host = f"[{spec.tcp.host}]" if ":" in spec.tcp.host else spec.tcp.host
         return {"tcp": f"{host}:{tcp_port}", "zmq": f"tcp://{host}:{zmq_port}"}
@@ -224,7 +225,6 @@ class Frontend:
         told: frozenset[int] | None = None
         next_resend = 0.0
         while True:
-            await asyncio.sleep(period)
             guard.refresh()
             behind = guard.behind()
             now = time.monotonic()
@@ -233,6 +233,14 @@ class Frontend:
                 parts = msgs.parts(sorted(told))
                 for shard in behind:
                     self.dispatcher.router.control(shard, parts)
+            await asyncio.sleep(period)
+
+    async def _shards_caught_up(self, guard: PartitionGuard) -> None:
+        """Wait (at most a lease) until every shard holds what the leases say, so a node
+        that reports ready serves its partitions at once."""
+        deadline = time.monotonic() + self.spec.cluster.lease_ms / 1000
+        while guard.behind() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     # -- shutdown --------------------------------------------------------------------------
 
