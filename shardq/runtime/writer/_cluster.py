@@ -116,8 +116,8 @@ class LeaseKeeper:
             # nothing away for a rebalance.
             raise ClusterMismatch(
                 f"another node is alive on this database ({', '.join(others[:5])}); several "
-                "nodes are a preview (a node does not yet load the partitions it gains while "
-                "running): stop it, or wait lease_ms after it died, or set [cluster] "
+                "nodes are a preview (docs/cluster.md says what they do and do not do yet): "
+                "stop it, or wait lease_ms after it died, or set [cluster] "
                 "multi_node_preview = true to try them (docs/cluster.md)"
             )
         self._round()
