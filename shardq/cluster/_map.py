@@ -6,6 +6,7 @@ file renamed over the old one, so a reader never sees half of it):
 
     {"node": id, "address": "host:port", "partitions": N,
      "valid_until": <CLOCK_MONOTONIC seconds>, "held": [partition, ...],
+     "epochs": [epoch of each held partition, in the same order],
      "nodes": [{"id", "address", "alive", "partitions"}], "owners": {"<partition>": id}}
 
 `valid_until` is the monotonic time (one clock for every process of a machine) until which
@@ -33,6 +34,7 @@ __all__ = [
     "NodeInfo",
     "PartitionGuard",
     "cluster_view",
+    "held_pairs",
     "moved_error",
     "read_map",
     "single_node_view",
@@ -62,7 +64,7 @@ def write_map(
     address: str,
     partitions: int,
     valid_until: float,
-    held: Sequence[int],
+    held: Mapping[int, int],
     nodes: Sequence[NodeInfo],
     owners: Mapping[int, str],
 ) -> None:
@@ -73,6 +75,7 @@ def write_map(
         "partitions": partitions,
         "valid_until": valid_until,
         "held": sorted(held),
+        "epochs": [held[p] for p in sorted(held)],
         "nodes": [
             {"id": n.id, "address": n.address, "alive": n.alive, "partitions": n.partitions}
             for n in nodes
@@ -93,6 +96,15 @@ def read_map(run_dir: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def held_pairs(doc: Mapping[str, Any]) -> frozenset[tuple[int, int]]:
+    """The (partition, epoch) pairs a map says its node holds (malformed entries left out)."""
+    held, epochs = doc.get("held", []), doc.get("epochs", [])
+    if not isinstance(held, list) or not isinstance(epochs, list) or len(held) != len(epochs):
+        return frozenset()
+    return frozenset((p, e) for p, e in zip(held, epochs, strict=True)
+                     if type(p) is int and type(e) is int)  # fmt: skip
 
 
 def cluster_view(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -126,13 +138,15 @@ class PartitionGuard:
         self._node = node
         self._partitions = partitions
         self._stamp: tuple[int, int] | None = None
-        # The partitions whose lease the node holds (the map's `held`), what each shard says
-        # it has loaded (`loaded`), and what it serves: leased AND loaded by every shard, so
-        # a client never sees a queue half loaded (docs/cluster.md). `shards` 0: serve what
-        # is leased (no shard reports).
+        # The partitions whose lease the node holds (the map's `held`) with their epochs
+        # (`holdings`), what each shard says it has loaded (`loaded`), and what it serves:
+        # leased AND loaded by every shard at the same epoch, so a client never sees a queue
+        # half loaded, nor one loaded under an earlier lease that another node has written
+        # since (docs/cluster.md). `shards` 0: serve what is leased (no shard reports).
         self.leased: frozenset[int] = frozenset()
+        self.holdings: frozenset[tuple[int, int]] = frozenset()
         self._shards = shards
-        self._loaded: dict[int, frozenset[int]] = {}
+        self._loaded: dict[int, frozenset[tuple[int, int]]] = {}
         self._held: frozenset[int] = frozenset()
         self._valid_until = 0.0
         self._addresses: dict[int, str] = {}
@@ -159,12 +173,13 @@ class PartitionGuard:
         address = {n.get("id"): n.get("address", "") for n in doc.get("nodes", [])}
         owners = doc.get("owners", {})
         self._addresses = {int(p): str(address.get(o) or o) for p, o in owners.items()}
-        self.leased = frozenset(int(p) for p in doc.get("held", []))
+        self.holdings = held_pairs(doc)
+        self.leased = frozenset(p for p, _ in self.holdings)
         self._valid_until = float(doc.get("valid_until", 0.0))
         self._serve()
 
-    def loaded(self, shard: int, held: Sequence[int]) -> None:
-        """Shard `shard` holds these partitions in memory now."""
+    def loaded(self, shard: int, held: Sequence[tuple[int, int]]) -> None:
+        """Shard `shard` holds these (partition, epoch) in memory now."""
         self._loaded[shard] = frozenset(held)
         self._serve()
 
@@ -175,14 +190,14 @@ class PartitionGuard:
 
     def behind(self) -> list[int]:
         """The shards whose holdings differ from the leases (or are unknown)."""
-        leased, loaded = self.leased, self._loaded
+        leased, loaded = self.holdings, self._loaded
         return [i for i in range(self._shards) if loaded.get(i) != leased]
 
     def _serve(self) -> None:
-        held = self.leased
+        held = self.holdings
         for shard in range(self._shards):
             held = held & self._loaded.get(shard, frozenset())
-        self._held = held
+        self._held = frozenset(p for p, _ in held)
 
     def refusal(self, queue: str) -> str | None:
         """None if this node serves `queue` now; else the error to answer."""

@@ -226,6 +226,7 @@ class FlowackMsg(TypedDict):
 class PartsMsg(TypedDict):
     t: Literal["parts"]
     held: list[int]
+    epochs: list[int]
 
 
 class RepMsg(TypedDict):
@@ -258,6 +259,7 @@ class LoadedMsg(TypedDict):
     t: Literal["loaded"]
     shard: int
     held: list[int]
+    epochs: list[int]
 
 
 class MutsMsg(TypedDict):
@@ -332,7 +334,11 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(WORKERS, WorkersMsg, "front end", "shard", "the queues with a registered worker"),
     Message(FLOWACK, FlowackMsg, "front end", "shard", "flow notices delivered"),
     Message(
-        PARTS, PartsMsg, "front end", "shard", "the partitions this node holds now: load, drop"
+        PARTS,
+        PartsMsg,
+        "front end",
+        "shard",
+        "the partitions (and epochs) this node holds now: load, drop",
     ),
     Message(REP, RepMsg, "shard", "front end", "replies `[conn, rid, reply]`"),
     Message(EVENTS, EventsMsg, "shard", "front end", "one turn's job events"),
@@ -414,8 +420,8 @@ def flowack(keys: list[Any]) -> FlowackMsg:
     return {"t": FLOWACK, "keys": keys}
 
 
-def parts(held: list[int]) -> PartsMsg:
-    return {"t": PARTS, "held": held}
+def parts(held: list[int], epochs: list[int]) -> PartsMsg:
+    return {"t": PARTS, "held": held, "epochs": epochs}
 
 
 def rep(items: list[Any]) -> RepMsg:
@@ -438,8 +444,8 @@ def flow(shard: int, items: list[list[Any]]) -> FlowMsg:
     return {"t": FLOW, "shard": shard, "items": items}
 
 
-def loaded(shard: int, held: list[int]) -> LoadedMsg:
-    return {"t": LOADED, "shard": shard, "held": held}
+def loaded(shard: int, held: list[int], epochs: list[int]) -> LoadedMsg:
+    return {"t": LOADED, "shard": shard, "held": held, "epochs": epochs}
 
 
 def muts(shard: int, seq: int, batch: list[Any]) -> MutsMsg:

@@ -33,7 +33,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from shardq.cluster._map import PartitionGuard
+from shardq.cluster._map import PartitionGuard, held_pairs
 from shardq.protocol._fields import schema_limits
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
@@ -179,9 +179,9 @@ class Frontend:
         self.dispatcher.on_shard_message(msg)
 
     def _on_loaded(self, msg: Mapping[str, Any]) -> None:
-        shard, held = msg.get("shard"), msg.get("held")
-        if self._guard is not None and type(shard) is int and isinstance(held, list):
-            self._guard.loaded(shard, [p for p in held if type(p) is int])
+        shard = msg.get("shard")
+        if self._guard is not None and type(shard) is int:
+            self._guard.loaded(shard, list(held_pairs(msg)))
 
     def _link_down(self, shard: int) -> None:
         if self._guard is not None:
@@ -222,15 +222,16 @@ class Frontend:
         behind (docs/cluster.md). A `parts` goes after the requests already routed, so none
         for a dropped queue reaches a shard after it."""
         period = max(0.05, self.spec.cluster.lease_ms / 10_000)
-        told: frozenset[int] | None = None
+        told: frozenset[tuple[int, int]] | None = None
         next_resend = 0.0
         while True:
             guard.refresh()
             behind = guard.behind()
             now = time.monotonic()
-            if behind and (guard.leased != told or now >= next_resend):
-                told, next_resend = guard.leased, now + _PARTS_RESEND_S
-                parts = msgs.parts(sorted(told))
+            if behind and (guard.holdings != told or now >= next_resend):
+                told, next_resend = guard.holdings, now + _PARTS_RESEND_S
+                pairs = sorted(told)
+                parts = msgs.parts([p for p, _ in pairs], [e for _, e in pairs])
                 for shard in behind:
                     self.dispatcher.router.control(shard, parts)
             await asyncio.sleep(period)

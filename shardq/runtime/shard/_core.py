@@ -144,8 +144,8 @@ class ShardCore:
             msgs.PARTS: self._on_parts,
         }
         # The process's hook for `parts` (it loads from the store, which the core never
-        # touches): called with the partitions this node holds now.
-        self.parts_hook: Callable[[list[int], int], None] | None = None
+        # touches): called with the message, which it checks.
+        self.parts_hook: Callable[[dict[str, Any], int], None] | None = None
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -536,11 +536,8 @@ class ShardCore:
         self._absorb(muts, events)
 
     def _on_parts(self, msg: dict[str, Any], now: int) -> None:
-        held = msg.get("held")
-        if not isinstance(held, list) or not all(type(p) is int for p in held):
-            _log.warning("malformed parts message dropped")
-        elif self.parts_hook is not None:
-            self.parts_hook(held, now)
+        if self.parts_hook is not None:
+            self.parts_hook(msg, now)
 
     def _on_drain(self, msg: dict[str, Any], now: int) -> None:
         self.draining = True

@@ -23,6 +23,7 @@ from typing import Any, cast
 import structlog
 import zmq
 
+from shardq.cluster._map import held_pairs
 from shardq.core import Engine, EngineConfig, Record
 from shardq.core._handover import forget_queues
 from shardq.runtime import _messages as msgs
@@ -86,7 +87,7 @@ class ShardProcess:
         # (`shard._takeover`); None on SQLite, where a node holds every queue.
         self._holdings: Holdings | None = None
         if spec.external_store:
-            self._holdings = Holdings(spec.index, spec.shards, spec.cluster.partitions, frozenset())
+            self._holdings = Holdings(spec.index, spec.shards, spec.cluster.partitions, {})
             self.core.parts_hook = self._on_parts
         self._stop = False
         self._spin = spin_policy(spec.process.spin_us, spec.process.spin_auto_max_us)
@@ -251,14 +252,19 @@ class ShardProcess:
             shards, index = self.spec.shards, self.spec.index
             return lambda name: shard_of(name, shards) == index
         if parts is None:
-            holdings.held = parts = initial_partitions(self.spec.run_dir)
+            holdings.held = initial_partitions(self.spec.run_dir)
+            parts = frozenset(holdings.held)
         return holdings.owns(parts)
 
-    def _on_parts(self, held: list[int], now: int) -> None:
+    def _on_parts(self, msg: dict[str, Any], now: int) -> None:
         """The front end says which partitions this node holds now: drop the queues of those
         it lost, load those of the ones it gained, and say what this shard holds now."""
         holdings = self._holdings
         assert holdings is not None  # the hook is set only with holdings
+        held = held_pairs(msg)
+        if not held and msg.get("held"):
+            _log.warning("malformed parts message dropped")
+            return
         gained, lost = holdings.change(held)
         if lost:
             started = time.monotonic()
@@ -269,7 +275,7 @@ class ShardProcess:
         if gained:
             self._load_gained(gained, now)
         self._send(self.core.finish_turn(now))
-        self._front.send(pack(msgs.loaded(self.spec.index, sorted(holdings.held))))
+        self._front.send(pack(msgs.loaded(self.spec.index, *holdings.pairs())))
 
     def _load_gained(self, gained: frozenset[int], now: int) -> None:
         """Load the gained partitions' queues; a failure leaves them out of `held` (the front
@@ -281,7 +287,8 @@ class ShardProcess:
                 jobs, queues, recovered = self._load(store, now, gained)
         except Exception as e:
             assert self._holdings is not None
-            self._holdings.held -= gained
+            for part in gained:
+                self._holdings.held.pop(part, None)
             _log.error("loading gained partitions failed", partitions=len(gained), error=str(e))
             return
         finally:

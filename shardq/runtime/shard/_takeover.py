@@ -17,25 +17,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from shardq.cluster._map import read_map
+from shardq.cluster._map import held_pairs, read_map
 from shardq.protocol._partitions import partition_of
 from shardq.runtime._routing import shard_of
 
 __all__ = ["Holdings", "initial_partitions"]
 
 
-def initial_partitions(run_dir: str) -> frozenset[int]:
-    """The partitions the map file says this node holds (none if there is no map yet: the
-    front end's first `parts` then brings them)."""
+def initial_partitions(run_dir: str) -> dict[int, int]:
+    """{partition: epoch} the map file says this node holds (none if there is no map yet:
+    the front end's first `parts` then brings them)."""
     doc = read_map(run_dir)
-    held = doc.get("held", []) if doc is not None else []
-    return frozenset(p for p in held if type(p) is int)
+    return dict(held_pairs(doc)) if doc is not None else {}
 
 
 class Holdings:
-    """The partitions one shard holds in memory, and which queue names belong to it."""
+    """The partitions one shard holds in memory, each with the epoch of the lease it was
+    loaded under, and which queue names belong to it."""
 
-    def __init__(self, index: int, shards: int, partitions: int, held: frozenset[int]) -> None:
+    def __init__(self, index: int, shards: int, partitions: int, held: dict[int, int]) -> None:
         self.index = index
         self.shards = shards
         self.partitions = partitions
@@ -50,12 +50,20 @@ class Holdings:
 
         return mine
 
-    def change(self, held: Collection[int]) -> tuple[frozenset[int], frozenset[int]]:
-        """Take the node's partitions now; return (gained, lost) against what was held."""
-        new = frozenset(held)
-        gained, lost = new - self.held, self.held - new
+    def change(self, held: Collection[tuple[int, int]]) -> tuple[frozenset[int], frozenset[int]]:
+        """Take the node's (partition, epoch) now; return the partitions (gained, lost)
+        against what was held. A partition held again under a new epoch is in both: another
+        node may have written it meanwhile, so it is dropped and loaded again."""
+        new, old = dict(held), self.held
+        gained = frozenset(p for p, e in new.items() if old.get(p) != e)
+        lost = frozenset(p for p, e in old.items() if new.get(p) != e)
         self.held = new
         return gained, lost
+
+    def pairs(self) -> tuple[list[int], list[int]]:
+        """What is held, as the `loaded` message says it: partitions and their epochs."""
+        parts = sorted(self.held)
+        return parts, [self.held[p] for p in parts]
 
     def queues_of(self, names: Collection[str], parts: Collection[int]) -> set[str]:
         """The names among `names` (queues in memory) that belong to `parts`."""

@@ -257,7 +257,7 @@ class LeaseKeeper:
                 address=self._address,
                 partitions=self._partitions,
                 valid_until=self._valid_until,
-                held=[p for p in self._held if p not in self._releasing],
+                held={p: e for p, e in self._held.items() if p not in self._releasing},
                 nodes=nodes,
                 owners=owners,
             )
