@@ -239,7 +239,8 @@ class LeaseKeeper:
         elif len(held) < share:
             gained = acquire(conn, self._node, held, share - len(held), lease)
             if gained:
-                log.info("partitions acquired", count=len(gained), share=share)
+                log.info("partitions acquired", count=len(gained), share=share,
+                         ms=round((time.monotonic() - started) * 1000))  # fmt: skip
             held = {**held, **gained}
         # A new dict, never changed afterwards: the writer's thread reads it without a lock.
         self._held = held
