@@ -76,17 +76,23 @@ class Clients:
     on the node it pulled from."""
 
     def __init__(self, nodes: Iterable[ShardqServer]) -> None:
-        self.conns = {f"127.0.0.1:{n.tcp_port}": TcpConnection(*n.tcp_address, timeout=15)
-                      for n in nodes}  # fmt: skip
-        self.last = next(iter(self.conns))
+        # Connected on first use: a node may not be up yet when its client is made.
+        self.nodes = {f"127.0.0.1:{n.tcp_port}": n for n in nodes}
+        self.conns: dict[str, TcpConnection] = {}
+        self.last = next(iter(self.nodes))
+
+    def _conn(self, address: str) -> TcpConnection:
+        if address not in self.conns:
+            self.conns[address] = TcpConnection(*self.nodes[address].tcp_address, timeout=15)
+        return self.conns[address]
 
     def call(self, cmd: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
         address, deadline = self.last, time.monotonic() + timeout
         while True:
             self.last = address
-            reply = self.conns[address].call(cmd, check=False)
+            reply = self._conn(address).call(cmd, check=False)
             error = str(reply.get("error", ""))
-            if error.startswith("MOVED ") and error.split()[2] in self.conns:
+            if error.startswith("MOVED ") and error.split()[2] in self.nodes:
                 address = error.split()[2]
             elif error.startswith("MOVED "):
                 pass  # to a node gone (killed): its lease has not lapsed yet
@@ -264,3 +270,58 @@ def test_kill_9_mid_load_leaves_the_partitions_to_the_survivor_and_fences_its_wo
     assert len(delivered) == len(set(delivered))
     assert acked <= set(delivered), len(acked - set(delivered))
     assert held["job"]["id"] in delivered  # back to waiting, delivered again: never ACKed
+
+
+def test_a_rebalance_under_durable_pushes_loses_nothing(
+    cluster: tuple[dict[str, ShardqServer], str],
+) -> None:
+    nodes, url = cluster
+    a, b = nodes["node-a"], nodes["node-b"]
+    a.start()
+    poll_until(lambda: len(_held_by(url, "node-a")) == PARTS, 3 * ROUND_S, "node-a to hold all")
+    acked: set[str] = set()
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def push() -> None:
+        # Durable pushes to every queue, each to its owner, while b joins: a partition being
+        # set aside, released or loaded answers MOVED or unavailable, and is retried.
+        clients = Clients([a, b])
+        try:
+            i = 0
+            while not stop.is_set():
+                queue = QUEUES[i % len(QUEUES)]
+                reply = clients.call({"cmd": "PUSH", "queue": queue, "data": {"i": i},
+                                      "durable": True})  # fmt: skip
+                if reply.get("ok"):
+                    acked.add(reply["id"])
+                else:
+                    failures.append(str(reply))
+                i += 1
+        finally:
+            clients.close()
+
+    pusher = threading.Thread(target=push, daemon=True)
+    pusher.start()
+    try:
+        poll_until(lambda: len(acked) >= 30, 20, "pushes before the join")
+        b.start()
+        half = PARTS // 2
+        poll_until(
+            lambda: len(_held_by(url, "node-a")) == len(_held_by(url, "node-b")) == half,
+            6 * ROUND_S + 2,
+            "the two nodes to split the partitions",
+        )
+        count = len(acked)
+        poll_until(lambda: len(acked) >= count + 30, 20, "pushes after the split")
+    finally:
+        stop.set()
+        pusher.join(20)
+    assert a.find_log("partitions dropped") is not None
+    clients = Clients([a, b])
+    try:
+        delivered = _drain(clients, QUEUES)
+    finally:
+        clients.close()
+    assert len(delivered) == len(set(delivered))
+    assert acked <= set(delivered), (len(acked - set(delivered)), failures[:5])
