@@ -90,7 +90,15 @@ class Clients:
         address, deadline = self.last, time.monotonic() + timeout
         while True:
             self.last = address
-            reply = self._conn(address).call(cmd, check=False)
+            try:
+                conn = self._conn(address)
+            except ClientError as e:
+                # A joining node takes its leases before its front end listens: the node that
+                # released them already answers MOVED to it. (Only connecting is retried: a
+                # command sent and lost is not sent again.)
+                reply = {"ok": False, "error": f"Partition unavailable: {e}"}
+            else:
+                reply = conn.call(cmd, check=False)
             error = str(reply.get("error", ""))
             if error.startswith("MOVED ") and error.split()[2] in self.nodes:
                 address = error.split()[2]
