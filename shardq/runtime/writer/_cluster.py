@@ -168,6 +168,8 @@ class LeaseKeeper:
                 continue
             self._round()
             next_round = time.monotonic() + period
+            if self._listener is None and not self._failing:
+                self._listen()  # lost with a connection: listen again once rounds work
 
     def _wait_release(self, timeout: float) -> bool:
         """Sleep up to `timeout` s; True if another node's release woke this one."""
