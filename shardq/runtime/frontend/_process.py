@@ -240,8 +240,14 @@ class Frontend:
         """Wait (at most a lease) until every shard holds what the leases say, so a node
         that reports ready serves its partitions at once."""
         deadline = time.monotonic() + self.spec.cluster.lease_ms / 1000
+        next_progress = time.monotonic() + 0.25
         while guard.behind() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+            if time.monotonic() >= next_progress:
+                # The supervisor waits `ready_timeout_ms` for ready or progress (a lease may
+                # be longer): this is progress.
+                self.sup.progress()
+                next_progress = time.monotonic() + 0.25
 
     # -- shutdown --------------------------------------------------------------------------
 
