@@ -30,18 +30,25 @@ from typing import Any, Final
 from shardq.protocol._partitions import partition_of
 
 __all__ = [
+    "HOLDING_FILE",
     "MAP_FILE",
     "NodeInfo",
     "PartitionGuard",
     "cluster_view",
     "held_pairs",
     "moved_error",
+    "read_holding",
     "read_map",
     "single_node_view",
+    "write_holding",
     "write_map",
 ]
 
 MAP_FILE: Final = "cluster.json"
+# The partitions some shard still holds in memory (or has mutations of not yet committed):
+# written by the front end from the shards' `loaded` answers, read by the lease thread before
+# it releases a partition it set aside for a rebalance.
+HOLDING_FILE: Final = "holding.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,26 @@ def write_map(
     tmp = path.with_name(f".{MAP_FILE}.{os.getpid()}")
     tmp.write_text(json.dumps(doc, separators=(",", ":")))
     os.replace(tmp, path)
+
+
+def write_holding(run_dir: str, parts: frozenset[int]) -> None:
+    """Replace the holding file (atomically). Raises OSError."""
+    path = Path(run_dir) / HOLDING_FILE
+    tmp = path.with_name(f".{HOLDING_FILE}.{os.getpid()}")
+    tmp.write_text(json.dumps({"parts": sorted(parts)}, separators=(",", ":")))
+    os.replace(tmp, path)
+
+
+def read_holding(run_dir: str) -> frozenset[int] | None:
+    """The partitions the shards still hold, or None if the file is missing or unreadable."""
+    try:
+        doc = json.loads((Path(run_dir) / HOLDING_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    parts = doc.get("parts") if isinstance(doc, dict) else None
+    if not isinstance(parts, list):
+        return None
+    return frozenset(p for p in parts if type(p) is int)
 
 
 def read_map(run_dir: str) -> dict[str, Any] | None:
@@ -187,6 +214,14 @@ class PartitionGuard:
         """Shard `shard` went away: what it holds is unknown until it reports again."""
         self._loaded.pop(shard, None)
         self._serve()
+
+    def holding(self) -> frozenset[int]:
+        """The partitions some shard says it holds (its mutations of them not all committed
+        included): the union of their last `loaded` answers."""
+        held: set[int] = set()
+        for pairs in self._loaded.values():
+            held.update(p for p, _ in pairs)
+        return frozenset(held)
 
     def behind(self) -> list[int]:
         """The shards whose holdings differ from the leases (or are unknown)."""

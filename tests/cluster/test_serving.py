@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from shardq.cluster import partition_of
-from shardq.cluster._map import PartitionGuard, held_pairs
+from shardq.cluster._map import PartitionGuard, held_pairs, read_holding, write_holding
 from shardq.runtime._routing import shard_of
 from shardq.runtime.shard._takeover import Holdings, initial_partitions
 
@@ -59,6 +59,20 @@ def test_a_leased_partition_is_served_once_every_shard_has_loaded_it(tmp_path: P
     )
     assert guard.refusal(_queue(5)) == "MOVED 5 h:2"
     assert guard.behind() == [0, 1]
+
+
+def test_the_holding_file_is_the_union_of_what_the_shards_hold(tmp_path: Path) -> None:
+    guard = PartitionGuard(str(tmp_path), "a", PARTS, shards=2)
+    assert read_holding(str(tmp_path)) is None
+    guard.loaded(0, [(1, 4), (3, 1)])
+    guard.loaded(1, [(1, 4)])
+    write_holding(str(tmp_path), guard.holding())
+    assert read_holding(str(tmp_path)) == {1, 3}
+    guard.loaded(0, [(1, 4)])  # shard 0 dropped 3, its mutations committed
+    write_holding(str(tmp_path), guard.holding())
+    assert read_holding(str(tmp_path)) == {1}
+    (tmp_path / "holding.json").write_text("[1]")
+    assert read_holding(str(tmp_path)) is None
 
 
 def test_held_pairs_leave_malformed_maps_out() -> None:

@@ -169,6 +169,12 @@ def test_a_joining_node_loads_its_share_and_sigterm_hands_the_rest_over(
         detail=lambda: str(_owners(url)),
     )
     assert a.wait_for_log("partitions dropped")["partitions"] >= 1
+    # Released only once both shards said they dropped them (their last batches committed).
+    released = _log_time(a, "partitions released for a rebalance")
+    dropped = [line for line in a.logs() if line.get("event") == "partitions dropped"]
+    assert len(dropped) == 2 and released >= max(_log_time(a, "partitions dropped", last=True),
+                                                  _log_time(a, "partitions dropped"))  # fmt: skip
+    assert a.find_log("releasing partitions the shards did not confirm dropped") is None
     b_parts = _held_by(url, "node-b")
     assert _queue_in(b_parts), "the queues must fall in both nodes' partitions"
     clients = Clients([a, b])

@@ -33,7 +33,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from shardq.cluster._map import PartitionGuard, held_pairs
+from shardq.cluster._map import PartitionGuard, held_pairs, write_holding
 from shardq.protocol._fields import schema_limits
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
@@ -124,6 +124,7 @@ class Frontend:
         limits = TcpLimits.from_spec(spec)
         limits = replace(limits, reserved_fds=limits.reserved_fds + self._backlog)
         self._guard: PartitionGuard | None = None
+        self._holding: frozenset[int] | None = None  # as last written (`_publish_holding`)
         if spec.external_store:
             # Several nodes may share the database: serve only the partitions held.
             cluster = spec.cluster
@@ -182,10 +183,23 @@ class Frontend:
         shard = msg.get("shard")
         if self._guard is not None and type(shard) is int:
             self._guard.loaded(shard, list(held_pairs(msg)))
+            self._publish_holding(self._guard)
+
+    def _publish_holding(self, guard: PartitionGuard) -> None:
+        """Tell the lease thread which partitions the shards still hold (`HOLDING_FILE`)."""
+        holding = guard.holding()
+        if holding != self._holding:
+            try:
+                write_holding(self.spec.run_dir, holding)
+            except OSError as e:
+                _log.warning("cannot write the holding file", error=str(e))
+            else:
+                self._holding = holding
 
     def _link_down(self, shard: int) -> None:
         if self._guard is not None:
             self._guard.forget(shard)
+            self._publish_holding(self._guard)
         if shard not in self.dispatcher.down:
             self.dispatcher.on_shard_message(msgs.shard_down(shard))
 

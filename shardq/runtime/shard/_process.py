@@ -89,6 +89,9 @@ class ShardProcess:
         if spec.external_store:
             self._holdings = Holdings(spec.index, spec.shards, spec.cluster.partitions, {})
             self.core.parts_hook = self._on_parts
+        # The `loaded` answer waits for the writer to confirm this seq: a partition this
+        # shard dropped is said gone only once its last mutations are committed.
+        self._report_at: int | None = None
         self._stop = False
         self._spin = spin_policy(spec.process.spin_us, spec.process.spin_auto_max_us)
         self._ctx = zmq.Context()
@@ -275,7 +278,16 @@ class ShardProcess:
         if gained:
             self._load_gained(gained, now)
         self._send(self.core.finish_turn(now))
-        self._front.send(pack(msgs.loaded(self.spec.index, *holdings.pairs())))
+        self._report_at = self.core.seq
+        self._report_loaded()
+
+    def _report_loaded(self) -> None:
+        """Say what this shard holds once the writer confirmed all it was sent before."""
+        if self._report_at is None or self.core.batches.committed < self._report_at:
+            return
+        self._report_at = None
+        assert self._holdings is not None
+        self._front.send(pack(msgs.loaded(self.spec.index, *self._holdings.pairs())))
 
     def _load_gained(self, gained: frozenset[int], now: int) -> None:
         """Load the gained partitions' queues; a failure leaves them out of `held` (the front
@@ -322,6 +334,8 @@ class ShardProcess:
             for msg in messages:
                 self.core.handle(msg, now)
             self._send(self.core.finish_turn(now))
+            if self._report_at is not None:
+                self._report_loaded()
             self._memory.after_turn()
 
     def _finish(self) -> None:

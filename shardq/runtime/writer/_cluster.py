@@ -10,11 +10,14 @@ own, one round every third of `lease_ms`:
    excess aside (a node joined), or acquire free and expired partitions up to it;
 4. publish the map (`shardq.cluster._map`) for the front end and the HTTP process.
 
-A partition set aside is released at the next round, not at once: the map stops listing it,
-so the front end stops serving it and the shards drop its queues, while the lease (and so
-the fence) still lets the writer commit their last batches; a round later it is free, and a
-`NOTIFY` wakes the other nodes' threads (they `LISTEN`), which take it without waiting for
-their own next round. A clean stop leaves the live nodes first, then releases everything.
+A partition set aside is not released at once: the map stops listing it, so the front end
+stops serving it and the shards drop its queues, while the lease (and so the fence) still
+lets the writer commit their last batches. Each shard says what it holds only once the
+writer confirmed all it sent before, and the front end writes the union to the holding file
+(`shardq.cluster._map.HOLDING_FILE`); at the first round that file no longer shows it (at
+most `_RELEASE_WAIT_ROUNDS` rounds) it is released, and a `NOTIFY` wakes the other nodes'
+threads (they `LISTEN`), which take it without waiting for their own next round. A clean
+stop leaves the live nodes first, then releases everything.
 
 What it holds is `held()` for the store's fence (`shardq.storage._pg_fence`): valid until the
 start of the round that renewed it plus 9/10 of a lease on the monotonic clock, so a round
@@ -46,7 +49,7 @@ from shardq.cluster._leases import (
     release,
     renew,
 )
-from shardq.cluster._map import write_map
+from shardq.cluster._map import read_holding, write_map
 from shardq.runtime._spec import ChildSpec
 from shardq.storage import StorageError
 from shardq.storage._pg_fence import Fence
@@ -61,6 +64,10 @@ log = structlog.get_logger()
 _TRUSTED = 0.9
 # A dead node holding nothing leaves the nodes table after this many leases.
 _FORGET_LEASES = 10
+# Rounds a partition set aside for a rebalance waits, at most, for the shards to say they
+# dropped it (its last mutations committed) before it is released anyway: the fence then
+# refuses what is left, as it would a stale owner's.
+_RELEASE_WAIT_ROUNDS = 3
 
 
 class LeaseKeeper:
@@ -81,8 +88,10 @@ class LeaseKeeper:
         self._connect = connect
         self._conn: Conn | None = None
         self._held: dict[int, int] = {}
-        # Held (renewed, fenced) but no longer served: released at the next round.
+        # Held (renewed, fenced) but no longer served: released at a later round, once no
+        # shard holds them (`_release_set_aside`).
         self._releasing: dict[int, int] = {}
+        self._release_rounds = 0
         self._listener: Conn | None = None
         self._valid_until = 0.0
         self._stop = threading.Event()
@@ -226,17 +235,14 @@ class LeaseKeeper:
         if lost:
             log.warning("partition leases lost", partitions=lost[:20], count=len(lost))
         if self._releasing:
-            # Set aside a round ago: unserved and dropped since, their last batches committed.
-            done = {p: held[p] for p in self._releasing if p in held}
-            release(conn, self._node, done)
-            held = {p: e for p, e in held.items() if p not in done}
-            self._releasing = {}
-            log.info("partitions released for a rebalance", count=len(done))
+            held = self._release_set_aside(conn, held)
+            if self._releasing:  # still held by a shard: the share waits for them
+                return self._keep(held, started)
         live = live_nodes(conn, lease) if self._preview else 1
         share = math.ceil(self._partitions / live)
         if len(held) > share:
             self._releasing = {p: held[p] for p in sorted(held)[share:]}
-            log.info("partitions set aside for a rebalance (released next round)",
+            log.info("partitions set aside for a rebalance (released once the shards dropped them)",
                      count=len(self._releasing), share=share)  # fmt: skip
         elif len(held) < share:
             gained = acquire(conn, self._node, held, share - len(held), lease)
@@ -244,10 +250,31 @@ class LeaseKeeper:
                 log.info("partitions acquired", count=len(gained), share=share,
                          ms=round((time.monotonic() - started) * 1000))  # fmt: skip
             held = {**held, **gained}
+        return self._keep(held, started)
+
+    def _keep(self, held: dict[int, int], started: float) -> dict[int, int]:
         # A new dict, never changed afterwards: the writer's thread reads it without a lock.
         self._held = held
-        self._valid_until = started + lease * _TRUSTED / 1000
+        self._valid_until = started + self._lease_ms * _TRUSTED / 1000
         return held
+
+    def _release_set_aside(self, conn: Conn, held: dict[int, int]) -> dict[int, int]:
+        """Release the partitions set aside for a rebalance once the front end's holding
+        file shows no shard holds them (each says so after the writer committed its last
+        mutations of them), or after `_RELEASE_WAIT_ROUNDS`; return what is held then."""
+        self._release_rounds += 1
+        holding = read_holding(self._run_dir)
+        busy = set(self._releasing) & holding if holding is not None else set()
+        if busy and self._release_rounds < _RELEASE_WAIT_ROUNDS:
+            return held
+        if busy:
+            log.warning("releasing partitions the shards did not confirm dropped",
+                        count=len(busy), rounds=self._release_rounds)  # fmt: skip
+        done = {p: held[p] for p in self._releasing if p in held}
+        release(conn, self._node, done)
+        self._releasing, self._release_rounds = {}, 0
+        log.info("partitions released for a rebalance", count=len(done))
+        return {p: e for p, e in held.items() if p not in done}
 
     def _publish(self) -> None:
         try:
