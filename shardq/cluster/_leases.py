@@ -23,12 +23,14 @@ from shardq.storage._errors import StorageError
 from shardq.storage._pg_schema import Conn
 
 __all__ = [
+    "LEASES_CHANNEL",
     "ClusterMismatch",
     "NodeInfo",
     "acquire",
     "cluster_map",
     "ensure_partitions",
     "heartbeat",
+    "leave",
     "live_nodes",
     "other_live_nodes",
     "release",
@@ -46,6 +48,11 @@ _MINE = (
     " ON x.partition = h.p AND x.epoch = h.e WHERE x.owner = %(node)s"
     " ORDER BY x.partition FOR UPDATE OF x"
 )
+
+
+# The channel a node notifies when it gives partitions up (`release`): the others, listening,
+# run their lease round at once instead of at their next third of a lease.
+LEASES_CHANNEL = "shardq_leases"
 
 
 class ClusterMismatch(StorageError):
@@ -152,10 +159,22 @@ def release(conn: Conn, node: str, parts: dict[int, int]) -> None:
     if not parts:
         return
     ordered = sorted(parts)
+    with conn.transaction():
+        conn.execute(
+            "UPDATE partition_leases AS l SET owner = NULL, expires_at = '-infinity'"
+            f" FROM ({_MINE}) AS m WHERE l.partition = m.partition",
+            {"parts": ordered, "epochs": [parts[p] for p in ordered], "node": node},
+        )
+        # Delivered at the commit, so a listener that wakes sees the partitions free.
+        conn.execute(f"NOTIFY {LEASES_CHANNEL}")
+
+
+def leave(conn: Conn, node: str, session: str) -> None:
+    """This node stops (after `release`): it no longer counts as alive, so the others' fair
+    share takes its partitions at once rather than a lease later."""
     conn.execute(
-        "UPDATE partition_leases AS l SET owner = NULL, expires_at = '-infinity'"
-        f" FROM ({_MINE}) AS m WHERE l.partition = m.partition",
-        {"parts": ordered, "epochs": [parts[p] for p in ordered], "node": node},
+        "UPDATE cluster_nodes SET heartbeat_at = '-infinity' WHERE id = %s AND session = %s",
+        (node, session),
     )
 
 

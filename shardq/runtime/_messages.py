@@ -37,8 +37,10 @@ __all__ = [
     "FLOWACK",
     "FLUSH",
     "LISTEN",
+    "LOADED",
     "MESSAGES",
     "MUTS",
+    "PARTS",
     "PROGRESS",
     "READY",
     "REJECTED",
@@ -61,8 +63,10 @@ __all__ = [
     "FlowackMsg",
     "FlushMsg",
     "ListenMsg",
+    "LoadedMsg",
     "Message",
     "MutsMsg",
+    "PartsMsg",
     "ProgressMsg",
     "ReadyMsg",
     "RejectedMsg",
@@ -86,7 +90,9 @@ __all__ = [
     "flowack",
     "flush",
     "listen",
+    "loaded",
     "muts",
+    "parts",
     "progress",
     "ready",
     "rejected",
@@ -114,12 +120,14 @@ DRAIN: Final = "drain"
 LISTEN: Final = "listen"
 WORKERS: Final = "workers"
 FLOWACK: Final = "flowack"
+PARTS: Final = "parts"
 # Shard -> front end.
 REP: Final = "rep"
 EVENTS: Final = "events"
 CANCEL: Final = "cancel"
 DRAINED: Final = "drained"
 FLOW: Final = "flow"
+LOADED: Final = "loaded"
 # Shard -> writer.
 MUTS: Final = "muts"
 FLUSH: Final = "flush"
@@ -215,6 +223,12 @@ class FlowackMsg(TypedDict):
     keys: list[Any]
 
 
+class PartsMsg(TypedDict):
+    t: Literal["parts"]
+    held: list[int]
+    epochs: list[int]
+
+
 class RepMsg(TypedDict):
     t: Literal["rep"]
     items: list[Any]
@@ -239,6 +253,13 @@ class FlowMsg(TypedDict):
     t: Literal["flow"]
     shard: int
     items: list[list[Any]]
+
+
+class LoadedMsg(TypedDict):
+    t: Literal["loaded"]
+    shard: int
+    held: list[int]
+    epochs: list[int]
 
 
 class MutsMsg(TypedDict):
@@ -312,11 +333,19 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(LISTEN, ListenMsg, "front end", "shard", "the queues with event subscribers"),
     Message(WORKERS, WorkersMsg, "front end", "shard", "the queues with a registered worker"),
     Message(FLOWACK, FlowackMsg, "front end", "shard", "flow notices delivered"),
+    Message(
+        PARTS,
+        PartsMsg,
+        "front end",
+        "shard",
+        "the partitions (and epochs) this node holds now: load, drop",
+    ),
     Message(REP, RepMsg, "shard", "front end", "replies `[conn, rid, reply]`"),
     Message(EVENTS, EventsMsg, "shard", "front end", "one turn's job events"),
     Message(CANCEL, CancelMsg, "shard", "front end", "active jobs cancelled this turn"),
     Message(DRAINED, DrainedMsg, "shard", "front end", "no active job left after `drain`"),
     Message(FLOW, FlowMsg, "shard", "front end", "flow notices `[key, notice]` for parents"),
+    Message(LOADED, LoadedMsg, "shard", "front end", "the partitions it has loaded now"),
     Message(
         MUTS,
         MutsMsg,
@@ -391,6 +420,10 @@ def flowack(keys: list[Any]) -> FlowackMsg:
     return {"t": FLOWACK, "keys": keys}
 
 
+def parts(held: list[int], epochs: list[int]) -> PartsMsg:
+    return {"t": PARTS, "held": held, "epochs": epochs}
+
+
 def rep(items: list[Any]) -> RepMsg:
     return {"t": REP, "items": items}
 
@@ -409,6 +442,10 @@ def drained(shard: int) -> DrainedMsg:
 
 def flow(shard: int, items: list[list[Any]]) -> FlowMsg:
     return {"t": FLOW, "shard": shard, "items": items}
+
+
+def loaded(shard: int, held: list[int], epochs: list[int]) -> LoadedMsg:
+    return {"t": LOADED, "shard": shard, "held": held, "epochs": epochs}
 
 
 def muts(shard: int, seq: int, batch: list[Any]) -> MutsMsg:

@@ -28,12 +28,13 @@ from shardq.runtime._sections import (
 __all__ = ["ROLE_SECTIONS", "ChildSpec"]
 
 # Role -> the sections of `ServerConfig` it reads ("engine": the engine overrides). The shard
-# reads `tcp` for `max_frame_bytes` only (a link frame holds a client's largest frame); the
+# reads `tcp` for `max_frame_bytes` only (a link frame holds a client's largest frame) and
+# `cluster` for the partition count (it holds only its node's partitions on PostgreSQL); the
 # front end reads `http` for the monitoring commands, built by the HTTP process's views
 # (`metrics_max_queues` caps Prometheus' series there too).
 ROLE_SECTIONS: dict[str, tuple[str, ...]] = {
     "writer": ("process", "links", "writer", "cluster"),
-    "shard": ("process", "links", "writer", "tcp", "engine"),
+    "shard": ("process", "links", "writer", "tcp", "engine", "cluster"),
     "frontend": (
         "process",
         "tcp",

@@ -54,7 +54,7 @@ def test_the_guard_serves_held_partitions_and_names_the_owner_of_others(tmp_path
     theirs = next(f"q{i}" for i in range(100) if partition_of(f"q{i}", 8) == 5)
     nobody = next(f"q{i}" for i in range(100) if partition_of(f"q{i}", 8) == 6)
     nodes = [{"id": "a", "address": "h:1"}, {"id": "b", "address": "h:2"}]
-    doc = {"held": [3], "valid_until": time.monotonic() + 60, "nodes": nodes,
+    doc = {"held": [3], "epochs": [1], "valid_until": time.monotonic() + 60, "nodes": nodes,
            "owners": {"3": "a", "5": "b"}}  # fmt: skip
     guard.load(doc)
     assert guard.refusal(mine) is None

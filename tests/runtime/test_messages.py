@@ -53,6 +53,8 @@ SAMPLES: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
     (msgs.listen, (False, ["q"]), {"t": "listen", "all": False, "queues": ["q"]}),
     (msgs.workers, (["q"],), {"t": "workers", "queues": ["q"]}),
     (msgs.flowack, (["k"],), {"t": "flowack", "keys": ["k"]}),
+    (msgs.parts, ([1, 7], [3, 1]), {"t": "parts", "held": [1, 7], "epochs": [3, 1]}),
+    (msgs.loaded, (2, [1], [3]), {"t": "loaded", "shard": 2, "held": [1], "epochs": [3]}),
     (msgs.rep, ([["t1", 1, {"ok": True}]],), {"t": "rep", "items": [["t1", 1, {"ok": True}]]}),
     (msgs.events, ([{"event": "x"}],), {"t": "events", "items": [{"event": "x"}]}),
     (msgs.cancel, ([{"conn": "t1"}],), {"t": "cancel", "items": [{"conn": "t1"}]}),

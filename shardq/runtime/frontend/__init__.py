@@ -6,10 +6,11 @@ job-to-shard cache, the parked long-polls, the worker registry, the event ring a
 lifetime counters behind `Metrics`.
 
 Receives: client frames; on one Unix stream link per shard (`shardq.runtime.links`) `rep`,
-`events`, `cancel`, `drained` and `flow`; `shard-down` and `shard-up` from the supervisor
+`events`, `cancel`, `drained`, `flow` and `loaded`; `shard-down` and `shard-up` from the supervisor
 (and from its own link watcher).
 
-Sends: `req`, `close`, `drain`, `listen`, `workers` and `flowack` to the shards on the links;
+Sends: `req`, `close`, `drain`, `listen`, `workers`, `flowack` and `parts` to the shards on
+the links;
 replies and job events to the clients; `ready` and `fatal` to the supervisor.
 """
 

@@ -160,6 +160,10 @@ class Dispatcher:
         """Answer these commands in the front end (the process's own, e.g. monitoring)."""
         self._local.update(handlers)
 
+    def on_shard_kind(self, kind: str, handler: Callable[[Mapping[str, Any]], None]) -> None:
+        """Take the shards' messages of this kind with `handler` (the process's own)."""
+        self._from_shards[kind] = handler
+
     @property
     def auth_required(self) -> bool:
         return self.auth.required

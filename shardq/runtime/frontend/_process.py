@@ -24,7 +24,8 @@ import asyncio
 import signal
 import ssl
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
@@ -32,7 +33,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from shardq.cluster._map import PartitionGuard
+from shardq.cluster._map import PartitionGuard, held_pairs, write_holding
 from shardq.protocol._fields import schema_limits
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
@@ -56,6 +57,9 @@ __all__ = ["Frontend", "main"]
 
 _BURST: Final = 1000  # shard messages taken per wake-up before the loop gets a turn
 _TCP_BACKLOG: Final = 1024
+# A shard still behind the leases is told them again this often (a `parts` lost with a link
+# that went down, or a load that failed); one that is loading just answers when done.
+_PARTS_RESEND_S: Final = 1.0
 
 _log = structlog.get_logger()
 
@@ -120,11 +124,15 @@ class Frontend:
         limits = TcpLimits.from_spec(spec)
         limits = replace(limits, reserved_fds=limits.reserved_fds + self._backlog)
         self._guard: PartitionGuard | None = None
+        self._holding: frozenset[int] | None = None  # as last written (`_publish_holding`)
         if spec.external_store:
             # Several nodes may share the database: serve only the partitions held.
             cluster = spec.cluster
-            self._guard = PartitionGuard(spec.run_dir, cluster.node_id, cluster.partitions)
+            self._guard = PartitionGuard(
+                spec.run_dir, cluster.node_id, cluster.partitions, spec.shards
+            )
             self._guard.refresh()
+            self.dispatcher.on_shard_kind(msgs.LOADED, self._on_loaded)
             self.dispatcher.guard_partitions(self._guard.refusal)
         self.tcp = TcpGateway(self.dispatcher, loop, limits)
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, limits)
@@ -155,6 +163,7 @@ class Frontend:
         ]
         if self._guard is not None:
             self._tasks.append(self.loop.create_task(self._watch_cluster(self._guard)))
+            await self._shards_caught_up(self._guard)
         self.loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
         host = f"[{spec.tcp.host}]" if ":" in spec.tcp.host else spec.tcp.host
         return {"tcp": f"{host}:{tcp_port}", "zmq": f"tcp://{host}:{zmq_port}"}
@@ -170,7 +179,27 @@ class Frontend:
     def _on_shard_message(self, msg: dict[str, Any]) -> None:
         self.dispatcher.on_shard_message(msg)
 
+    def _on_loaded(self, msg: Mapping[str, Any]) -> None:
+        shard = msg.get("shard")
+        if self._guard is not None and type(shard) is int:
+            self._guard.loaded(shard, list(held_pairs(msg)))
+            self._publish_holding(self._guard)
+
+    def _publish_holding(self, guard: PartitionGuard) -> None:
+        """Tell the lease thread which partitions the shards still hold (`HOLDING_FILE`)."""
+        holding = guard.holding()
+        if holding != self._holding:
+            try:
+                write_holding(self.spec.run_dir, holding)
+            except OSError as e:
+                _log.warning("cannot write the holding file", error=str(e))
+            else:
+                self._holding = holding
+
     def _link_down(self, shard: int) -> None:
+        if self._guard is not None:
+            self._guard.forget(shard)
+            self._publish_holding(self._guard)
         if shard not in self.dispatcher.down:
             self.dispatcher.on_shard_message(msgs.shard_down(shard))
 
@@ -201,11 +230,38 @@ class Frontend:
                 await asyncio.sleep(0)
 
     async def _watch_cluster(self, guard: PartitionGuard) -> None:
-        """Re-read the writer's cluster map a few times per lease renewal (docs/cluster.md)."""
+        """Re-read the writer's cluster map a few times per lease renewal, and tell the shards
+        behind it which partitions the node holds (`parts`: they load and drop, then answer
+        `loaded`), when the leases change and again every `_PARTS_RESEND_S` while a shard is
+        behind (docs/cluster.md). A `parts` goes after the requests already routed, so none
+        for a dropped queue reaches a shard after it."""
         period = max(0.05, self.spec.cluster.lease_ms / 10_000)
+        told: frozenset[tuple[int, int]] | None = None
+        next_resend = 0.0
         while True:
-            await asyncio.sleep(period)
             guard.refresh()
+            behind = guard.behind()
+            now = time.monotonic()
+            if behind and (guard.holdings != told or now >= next_resend):
+                told, next_resend = guard.holdings, now + _PARTS_RESEND_S
+                pairs = sorted(told)
+                parts = msgs.parts([p for p, _ in pairs], [e for _, e in pairs])
+                for shard in behind:
+                    self.dispatcher.router.control(shard, parts)
+            await asyncio.sleep(period)
+
+    async def _shards_caught_up(self, guard: PartitionGuard) -> None:
+        """Wait (at most a lease) until every shard holds what the leases say, so a node
+        that reports ready serves its partitions at once."""
+        deadline = time.monotonic() + self.spec.cluster.lease_ms / 1000
+        next_progress = time.monotonic() + 0.25
+        while guard.behind() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            if time.monotonic() >= next_progress:
+                # The supervisor waits `ready_timeout_ms` for ready or progress (a lease may
+                # be longer): this is progress.
+                self.sup.progress()
+                next_progress = time.monotonic() + 0.25
 
     # -- shutdown --------------------------------------------------------------------------
 

@@ -3,12 +3,12 @@
 Owns: its queues in memory (the engine), its parked long-polls and WaitJob requests, the
 mutation batches the writer has not confirmed yet, and the clock it hands the engine.
 
-Receives: `req`, `close`, `drain`, `listen`, `workers` and `flowack` from the front end on its
-link; `done`, `fail` and `rejected` from the writer on its writer link; `writer-up` from its
-own loop when that link comes back.
+Receives: `req`, `close`, `drain`, `listen`, `workers`, `flowack` and (several nodes on one
+database) `parts` from the front end on its link; `done`, `fail` and `rejected` from the
+writer on its writer link; `writer-up` from its own loop when that link comes back.
 
-Sends: `rep`, `events`, `cancel`, `drained` and `flow` to the front end; `muts`, `flush` and
-`sync` to the writer; `ready`, `progress` and `fatal` to the supervisor.
+Sends: `rep`, `events`, `cancel`, `drained`, `flow` and `loaded` to the front end; `muts`,
+`flush` and `sync` to the writer; `ready`, `progress` and `fatal` to the supervisor.
 """
 
 from shardq.runtime.shard._process import main

@@ -141,7 +141,11 @@ class ShardCore:
                 msg.get("queues")
             ),
             msgs.FLOWACK: self._on_flowack,
+            msgs.PARTS: self._on_parts,
         }
+        # The process's hook for `parts` (it loads from the store, which the core never
+        # touches): called with the message, which it checks.
+        self.parts_hook: Callable[[dict[str, Any], int], None] | None = None
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -530,6 +534,10 @@ class ShardCore:
             self._replies.append([conn, parked.rid, {"ok": True, "completed": False}])
         _released, muts, events = self.engine.release(conn, now)
         self._absorb(muts, events)
+
+    def _on_parts(self, msg: dict[str, Any], now: int) -> None:
+        if self.parts_hook is not None:
+            self.parts_hook(msg, now)
 
     def _on_drain(self, msg: dict[str, Any], now: int) -> None:
         self.draining = True

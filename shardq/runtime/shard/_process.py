@@ -23,7 +23,9 @@ from typing import Any, cast
 import structlog
 import zmq
 
+from shardq.cluster._map import held_pairs
 from shardq.core import Engine, EngineConfig, Record
+from shardq.core._handover import forget_queues
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
@@ -40,6 +42,7 @@ from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
 from shardq.runtime.shard._salvage import salvage_replies
+from shardq.runtime.shard._takeover import Holdings, initial_partitions
 from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Storage
 
@@ -80,6 +83,15 @@ class ShardProcess:
             batch_max_mutations=spec.links.writer_batch_max_mutations,
         )
         self._memory = MemoryReturner(engine)
+        # Several nodes on one database: this shard holds only its node's partitions
+        # (`shard._takeover`); None on SQLite, where a node holds every queue.
+        self._holdings: Holdings | None = None
+        if spec.external_store:
+            self._holdings = Holdings(spec.index, spec.shards, spec.cluster.partitions, {})
+            self.core.parts_hook = self._on_parts
+        # The `loaded` answer waits for the writer to confirm this seq: a partition this
+        # shard dropped is said gone only once its last mutations are committed.
+        self._report_at: int | None = None
         self._stop = False
         self._spin = spin_policy(spec.process.spin_us, spec.process.spin_auto_max_us)
         self._ctx = zmq.Context()
@@ -197,8 +209,12 @@ class ShardProcess:
         finally:
             gc.enable()
 
-    def _load(self, store: Storage, now: int) -> tuple[int, int, int]:
-        """Load from `store` what this shard owns (see `_recover` for the return value).
+    def _load(
+        self, store: Storage, now: int, parts: frozenset[int] | None = None
+    ) -> tuple[int, int, int]:
+        """Load from `store` what this shard owns (see `_recover` for the return value): at
+        start, the queues of this node's partitions; with `parts`, those of these partitions
+        only (partitions this node gained, `_on_parts`), into the running engine.
 
         Only what the engine will hold is read: the jobs of this shard's queues, and of their
         completed jobs only the newest `max_completed` (the store filters, so the other rows
@@ -208,33 +224,90 @@ class ShardProcess:
         second.
         """
         spec = self.spec
-        progress = _Progress(self.sup)
-        self.sup.progress(loaded=0)
-        names = {n for n in store.queue_names() if shard_of(n, spec.shards) == spec.index}
+        starting = parts is None
+        progress = _Progress(self.sup if starting else None)
+        progress.beat()
+        mine = self._owner(parts)
+        names = {n for n in store.queue_names() if mine(n)}
         queues = {n: cfg for n, cfg in store.load_queues().items() if n in names}
-        self.sup.progress(loaded=0)
+        progress.beat()
         floor = store.completed_floor(self.core.engine.config.max_completed, names)
-        self.sup.progress(loaded=0)
+        progress.beat()
         records = store.load_jobs(queues=names, completed_from=floor)
         # By shard, not by `names`: a schedule's queue may hold no job or config yet.
-        crons = [c for c in store.load_crons() if shard_of(c["queue"], spec.shards) == spec.index]
-        # Shard 0 owns the webhook registry (shardq.core._webhooks).
-        hooks = store.load_webhooks() if spec.index == 0 else []
-        recovered = self.core.recover(progress.count(self._own(records)), queues, now, crons, hooks)
+        crons = [c for c in store.load_crons() if mine(c["queue"])]
+        # Shard 0 owns the webhook registry (shardq.core._webhooks); they belong to no queue.
+        hooks = store.load_webhooks() if spec.index == 0 and starting else []
+        own = (rec for rec in records if mine(rec["queue"]))
+        recovered = self.core.recover(progress.count(own), queues, now, crons, hooks)
         outbox = store.load_flow_outbox()
-        self.core.engine.flows.load_outbox(
-            n for n in outbox if shard_of(n["cq"], spec.shards) == spec.index
-        )
-        if floor is not None:
+        self.core.engine.flows.load_outbox(n for n in outbox if mine(n["cq"]))
+        if floor is not None and starting:  # a gained partition's were its owner's
             recovered += self._delete_stale(store.stale_completed(floor, names), now)
         return progress.loaded, len(queues), recovered
 
-    def _own(self, records: Iterator[Record]) -> Iterator[Record]:
-        # The store filters by queue already, except past `MAX_FILTER_QUEUES` queues.
-        shards, index = self.spec.shards, self.spec.index
-        for rec in records:
-            if shard_of(rec["queue"], shards) == index:
-                yield rec
+    def _owner(self, parts: frozenset[int] | None) -> Callable[[str], bool]:
+        """The test of a queue name this load keeps: this shard's (the store filters by
+        queue already, except past `MAX_FILTER_QUEUES` queues), and on a node of several,
+        in `parts` (at start: the partitions the lease thread's map says the node holds)."""
+        holdings = self._holdings
+        if holdings is None:
+            shards, index = self.spec.shards, self.spec.index
+            return lambda name: shard_of(name, shards) == index
+        if parts is None:
+            holdings.held = initial_partitions(self.spec.run_dir)
+            parts = frozenset(holdings.held)
+        return holdings.owns(parts)
+
+    def _on_parts(self, msg: dict[str, Any], now: int) -> None:
+        """The front end says which partitions this node holds now: drop the queues of those
+        it lost, load those of the ones it gained, and say what this shard holds now."""
+        holdings = self._holdings
+        assert holdings is not None  # the hook is set only with holdings
+        held = held_pairs(msg)
+        if not held and msg.get("held"):
+            _log.warning("malformed parts message dropped")
+            return
+        gained, lost = holdings.change(held)
+        if lost:
+            started = time.monotonic()
+            names = holdings.queues_of(list(self.core.engine.queues), lost)
+            jobs = forget_queues(self.core.engine, names)
+            _log.info("partitions dropped", partitions=len(lost), queues=len(names), jobs=jobs,
+                      ms=round((time.monotonic() - started) * 1000))  # fmt: skip
+        if gained:
+            self._load_gained(gained, now)
+        self._send(self.core.finish_turn(now))
+        self._report_at = self.core.seq
+        self._report_loaded()
+
+    def _report_loaded(self) -> None:
+        """Say what this shard holds once the writer confirmed all it was sent before."""
+        if self._report_at is None or self.core.batches.committed < self._report_at:
+            return
+        self._report_at = None
+        assert self._holdings is not None
+        self._front.send(pack(msgs.loaded(self.spec.index, *self._holdings.pairs())))
+
+    def _load_gained(self, gained: frozenset[int], now: int) -> None:
+        """Load the gained partitions' queues; a failure leaves them out of `held` (the front
+        end keeps refusing them) until the next `parts` message tries again."""
+        started = time.monotonic()
+        gc.disable()
+        try:
+            with open_storage(self.spec, capped=False) as store:
+                jobs, queues, recovered = self._load(store, now, gained)
+        except Exception as e:
+            assert self._holdings is not None
+            for part in gained:
+                self._holdings.held.pop(part, None)
+            _log.error("loading gained partitions failed", partitions=len(gained), error=str(e))
+            return
+        finally:
+            gc.enable()
+        _log.info("partitions loaded", partitions=len(gained), queues=queues, jobs=jobs,
+                  recovery_mutations=recovered,
+                  ms=round((time.monotonic() - started) * 1000))  # fmt: skip
 
     def _delete_stale(self, pages: Iterator[list[str]], now: int) -> int:
         """Delete stored completed rows the engine did not load, one page per batch."""
@@ -261,6 +334,8 @@ class ShardProcess:
             for msg in messages:
                 self.core.handle(msg, now)
             self._send(self.core.finish_turn(now))
+            if self._report_at is not None:
+                self._report_loaded()
             self._memory.after_turn()
 
     def _finish(self) -> None:
@@ -450,12 +525,20 @@ class _Progress:
     waits on a child that makes progress) every `PROGRESS_EVERY_S`, to the log every
     `LOG_PROGRESS_EVERY_S`."""
 
-    def __init__(self, sup: SupervisorLink) -> None:
+    def __init__(self, sup: SupervisorLink | None) -> None:
+        # None: a load while serving (a gained partition), shown in the log only, every
+        # second, as the supervisor has nothing to wait for then.
         self._sup = sup
+        self._log_every = LOG_PROGRESS_EVERY_S if sup is not None else 1.0
         self.loaded = 0
         self._started = time.monotonic()
         self._next = self._started + PROGRESS_EVERY_S
-        self._next_log = self._started + LOG_PROGRESS_EVERY_S
+        self._next_log = self._started + self._log_every
+
+    def beat(self) -> None:
+        """Tell the supervisor the load goes on (between its first statements)."""
+        if self._sup is not None:
+            self._sup.progress(loaded=self.loaded)
 
     def count(self, records: Iterator[Record]) -> Iterator[Record]:
         loaded = self.loaded
@@ -469,9 +552,10 @@ class _Progress:
     def _report(self, loaded: int) -> None:
         now = time.monotonic()
         self._next = now + PROGRESS_EVERY_S
-        self._sup.progress(loaded=loaded)
+        if self._sup is not None:
+            self._sup.progress(loaded=loaded)
         if now >= self._next_log:
-            self._next_log = now + LOG_PROGRESS_EVERY_S
+            self._next_log = now + self._log_every
             rate = loaded / max(now - self._started, 1e-9)
             _log.info("shard recovering", loaded=loaded, jobs_per_s=round(rate))
 

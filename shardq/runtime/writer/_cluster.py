@@ -6,9 +6,18 @@ own, one round every third of `lease_ms`:
 1. heartbeat (this node's row, the database's clock); refused while another live process
    runs under the same node id, and then the node holds nothing;
 2. renew the leases held; those whose epoch moved on are lost;
-3. count the live nodes and aim at a fair share, ceil(partitions / live nodes): release the
-   excess (a node joined), or acquire free and expired partitions up to it;
+3. count the live nodes and aim at a fair share, ceil(partitions / live nodes): set the
+   excess aside (a node joined), or acquire free and expired partitions up to it;
 4. publish the map (`shardq.cluster._map`) for the front end and the HTTP process.
+
+A partition set aside is not released at once: the map stops listing it, so the front end
+stops serving it and the shards drop its queues, while the lease (and so the fence) still
+lets the writer commit their last batches. Each shard says what it holds only once the
+writer confirmed all it sent before, and the front end writes the union to the holding file
+(`shardq.cluster._map.HOLDING_FILE`); at the first round that file no longer shows it (at
+most `_RELEASE_WAIT_ROUNDS` rounds) it is released, and a `NOTIFY` wakes the other nodes'
+threads (they `LISTEN`), which take it without waiting for their own next round. A clean
+stop leaves the live nodes first, then releases everything.
 
 What it holds is `held()` for the store's fence (`shardq.storage._pg_fence`): valid until the
 start of the round that renewed it plus 9/10 of a lease on the monotonic clock, so a round
@@ -27,18 +36,20 @@ from collections.abc import Callable, Mapping
 import structlog
 
 from shardq.cluster._leases import (
+    LEASES_CHANNEL,
     ClusterMismatch,
     acquire,
     as_storage_error,
     cluster_map,
     ensure_partitions,
     heartbeat,
+    leave,
     live_nodes,
     other_live_nodes,
     release,
     renew,
 )
-from shardq.cluster._map import write_map
+from shardq.cluster._map import read_holding, write_map
 from shardq.runtime._spec import ChildSpec
 from shardq.storage import StorageError
 from shardq.storage._pg_fence import Fence
@@ -53,6 +64,10 @@ log = structlog.get_logger()
 _TRUSTED = 0.9
 # A dead node holding nothing leaves the nodes table after this many leases.
 _FORGET_LEASES = 10
+# Rounds a partition set aside for a rebalance waits, at most, for the shards to say they
+# dropped it (its last mutations committed) before it is released anyway: the fence then
+# refuses what is left, as it would a stale owner's.
+_RELEASE_WAIT_ROUNDS = 3
 
 
 class LeaseKeeper:
@@ -73,6 +88,11 @@ class LeaseKeeper:
         self._connect = connect
         self._conn: Conn | None = None
         self._held: dict[int, int] = {}
+        # Held (renewed, fenced) but no longer served: released at a later round, once no
+        # shard holds them (`_release_set_aside`).
+        self._releasing: dict[int, int] = {}
+        self._release_rounds = 0
+        self._listener: Conn | None = None
         self._valid_until = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,11 +125,12 @@ class LeaseKeeper:
             # nothing away for a rebalance.
             raise ClusterMismatch(
                 f"another node is alive on this database ({', '.join(others[:5])}); several "
-                "nodes are a preview (a node does not yet load the partitions it gains while "
-                "running): stop it, or wait lease_ms after it died, or set [cluster] "
+                "nodes are a preview (docs/cluster.md says what they do and do not do yet): "
+                "stop it, or wait lease_ms after it died, or set [cluster] "
                 "multi_node_preview = true to try them (docs/cluster.md)"
             )
         self._round()
+        self._listen()
         self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
         self._thread.start()
 
@@ -120,18 +141,65 @@ class LeaseKeeper:
             self._thread.join(timeout=self._lease_ms / 1000)
         held, self._held, self._valid_until = self._held, {}, 0.0
         try:
-            release(self._connection(), self._node, held)
+            conn = self._connection()
+            # Not alive first: a node woken by the release must not count this one.
+            leave(conn, self._node, self._session)
+            release(conn, self._node, held)
         except Exception as e:  # the leases lapse by themselves within a lease
             log.warning("releasing the partitions failed", error=str(e))
         else:
             log.info("partitions released", count=len(held))
-        if self._conn is not None:
-            self._conn.close()
+        for open_conn in (self._conn, self._listener):
+            if open_conn is not None:
+                open_conn.close()
+
+    def _listen(self) -> None:
+        """LISTEN for other nodes' releases on a connection of its own (best effort: without
+        it, released partitions are taken at the next round)."""
+        if not self._preview:
+            return
+        try:
+            self._listener = self._connect()
+            self._listener.execute(f"LISTEN {LEASES_CHANNEL}")
+        except Exception as e:
+            log.warning(
+                "cannot listen for lease releases", error=str(as_storage_error(e, "listen"))
+            )
+            self._listener = None
 
     def _run(self) -> None:
         period = self._lease_ms / 3000
-        while not self._stop.wait(period):
+        next_round = time.monotonic() + period
+        while not self._stop.is_set():
+            if self._wait_release(next_round - time.monotonic()):
+                log.info("a node released partitions; lease round now")
+            elif self._stop.is_set() or time.monotonic() < next_round:
+                continue
             self._round()
+            next_round = time.monotonic() + period
+            if self._listener is None and not self._failing:
+                self._listen()  # lost with a connection: listen again once rounds work
+
+    def _wait_release(self, timeout: float) -> bool:
+        """Sleep up to `timeout` s; True if another node's release woke this one."""
+        if timeout <= 0:
+            return False
+        listener = self._listener
+        if listener is None:
+            self._stop.wait(timeout)
+            return False
+        try:
+            # Woken only by a release, or the timeout: a stop waits at most one of those.
+            gen = listener.notifies(timeout=min(timeout, 0.5), stop_after=1)
+            own = self._conn.info.backend_pid if self._conn is not None else None
+            return any(n.pid != own for n in gen)  # not this node's own release
+        except Exception as e:
+            log.warning(
+                "listening for lease releases failed", error=str(as_storage_error(e, "listen"))
+            )
+            listener.close()
+            self._listener = None
+            return False
 
     def _round(self) -> None:
         started = time.monotonic()
@@ -166,22 +234,47 @@ class LeaseKeeper:
         lost = sorted(set(self._held) - set(held))
         if lost:
             log.warning("partition leases lost", partitions=lost[:20], count=len(lost))
+        if self._releasing:
+            held = self._release_set_aside(conn, held)
+            if self._releasing:  # still held by a shard: the share waits for them
+                return self._keep(held, started)
         live = live_nodes(conn, lease) if self._preview else 1
         share = math.ceil(self._partitions / live)
         if len(held) > share:
-            excess = {p: held[p] for p in sorted(held)[share:]}
-            release(conn, self._node, excess)
-            held = {p: e for p, e in held.items() if p not in excess}
-            log.info("partitions released for a rebalance", count=len(excess), share=share)
+            self._releasing = {p: held[p] for p in sorted(held)[share:]}
+            log.info("partitions set aside for a rebalance (released once the shards dropped them)",
+                     count=len(self._releasing), share=share)  # fmt: skip
         elif len(held) < share:
             gained = acquire(conn, self._node, held, share - len(held), lease)
             if gained:
-                log.info("partitions acquired", count=len(gained), share=share)
+                log.info("partitions acquired", count=len(gained), share=share,
+                         ms=round((time.monotonic() - started) * 1000))  # fmt: skip
             held = {**held, **gained}
+        return self._keep(held, started)
+
+    def _keep(self, held: dict[int, int], started: float) -> dict[int, int]:
         # A new dict, never changed afterwards: the writer's thread reads it without a lock.
         self._held = held
-        self._valid_until = started + lease * _TRUSTED / 1000
+        self._valid_until = started + self._lease_ms * _TRUSTED / 1000
         return held
+
+    def _release_set_aside(self, conn: Conn, held: dict[int, int]) -> dict[int, int]:
+        """Release the partitions set aside for a rebalance once the front end's holding
+        file shows no shard holds them (each says so after the writer committed its last
+        mutations of them), or after `_RELEASE_WAIT_ROUNDS`; return what is held then."""
+        self._release_rounds += 1
+        holding = read_holding(self._run_dir)
+        busy = set(self._releasing) & holding if holding is not None else set()
+        if busy and self._release_rounds < _RELEASE_WAIT_ROUNDS:
+            return held
+        if busy:
+            log.warning("releasing partitions the shards did not confirm dropped",
+                        count=len(busy), rounds=self._release_rounds)  # fmt: skip
+        done = {p: held[p] for p in self._releasing if p in held}
+        release(conn, self._node, done)
+        self._releasing, self._release_rounds = {}, 0
+        log.info("partitions released for a rebalance", count=len(done))
+        return {p: e for p, e in held.items() if p not in done}
 
     def _publish(self) -> None:
         try:
@@ -194,7 +287,7 @@ class LeaseKeeper:
                 address=self._address,
                 partitions=self._partitions,
                 valid_until=self._valid_until,
-                held=list(self._held),
+                held={p: e for p, e in self._held.items() if p not in self._releasing},
                 nodes=nodes,
                 owners=owners,
             )
