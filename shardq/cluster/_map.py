@@ -6,7 +6,8 @@ file renamed over the old one, so a reader never sees half of it):
 
     {"node": id, "address": "host:port", "partitions": N,
      "valid_until": <CLOCK_MONOTONIC seconds>, "held": [partition, ...],
-     "nodes": [{"id", "address", "alive", "partitions"}], "owners": {"<partition>": id}}
+     "nodes": [{"id", "address", "alive", "partitions"}], "owners": {"<partition>": id},
+     "renew_ms": <the lease round's duration>}
 
 `valid_until` is the monotonic time (one clock for every process of a machine) until which
 this node may serve `held`: the start of the round that renewed them plus most of a lease, so
@@ -65,8 +66,10 @@ def write_map(
     held: Sequence[int],
     nodes: Sequence[NodeInfo],
     owners: Mapping[int, str],
+    renew_ms: float = 0.0,
 ) -> None:
-    """Replace the map file (atomically). Raises OSError."""
+    """Replace the map file (atomically). Raises OSError. `renew_ms`: how long the round
+    that wrote it took (`/prometheus`)."""
     doc = {
         "node": node,
         "address": address,
@@ -79,6 +82,7 @@ def write_map(
         ],
         "owners": {str(p): o for p, o in sorted(owners.items())},
         "updated_ms": int(time.time() * 1000),
+        "renew_ms": round(renew_ms, 3),
     }
     path = Path(run_dir) / MAP_FILE
     tmp = path.with_name(f".{MAP_FILE}.{os.getpid()}")
@@ -130,6 +134,9 @@ class PartitionGuard:
         self._valid_until = 0.0
         self._addresses: dict[int, str] = {}
         self._memo: dict[str, int] = {}
+        self.peers: tuple[str, ...] = ()  # the other live nodes' addresses (forwarding)
+        self.held_count = 0  # partitions held, for /prometheus
+        self.renew_ms = 0.0  # the last lease round's time, for /prometheus
 
     def refresh(self) -> bool:
         """Read the file again if it changed; True if it did."""
@@ -154,6 +161,12 @@ class PartitionGuard:
         self._addresses = {int(p): str(address.get(o) or o) for p, o in owners.items()}
         self._held = frozenset(int(p) for p in doc.get("held", []))
         self._valid_until = float(doc.get("valid_until", 0.0))
+        self.peers = tuple(
+            str(n.get("address")) for n in doc.get("nodes", [])
+            if n.get("alive") and n.get("id") != self._node and n.get("address")
+        )  # fmt: skip
+        self.held_count = len(self._held)
+        self.renew_ms = float(doc.get("renew_ms", 0.0))
 
     def refusal(self, queue: str) -> str | None:
         """None if this node serves `queue` now; else the error to answer."""

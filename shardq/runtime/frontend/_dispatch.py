@@ -65,6 +65,11 @@ MAX_PULLERS: Final = MAX_AUTH_FAILURE_RECORDS
 _log = structlog.get_logger()
 
 
+# Sends a command the partition guard refused to the node holding its queue (`_forward.py`):
+# (client, req, name, frame, the refusal) -> whether it did.
+Forward = Callable[[Client, object, str, dict[str, Any], str], bool]
+
+
 # A PULLB's envelope for each wire mode; shared, as nothing changes an envelope once made.
 _WIRE_ENVELOPES: Final[dict[object, msgs.ReqEnvelope]] = {
     mode: {msgs.ENVELOPE_WIRE: mode} for mode in (PLAIN_NUMBERS, JS_NUMBERS)
@@ -240,10 +245,13 @@ class Dispatcher:
                 routed = self._park(routed, frame)
             self._route(routed, req, name, frame, envelope)
 
-    def guard_partitions(self, refusal: Callable[[str], str | None]) -> None:
+    def guard_partitions(
+        self, refusal: Callable[[str], str | None], forward: Forward | None = None
+    ) -> None:
         """Refuse a command for a queue this node does not serve now (several nodes on one
         database, docs/cluster.md): `refusal(queue)` gives the error (`MOVED ...`) or None.
-        Installed over `_to_shard` only then, so a node alone pays nothing for it."""
+        Installed over `_to_shard` only then, so a node alone pays nothing for it. `forward`
+        may send a refused command to its holder instead (True: it did, `_forward.py`)."""
         unguarded = self._to_shard
 
         def to_shard(
@@ -253,7 +261,8 @@ class Dispatcher:
             if type(queue) is str:
                 error = refusal(queue)
                 if error is not None:
-                    self.answer(client, req, error_reply(error))
+                    if forward is None or not forward(client, req, name, frame, error):
+                        self.answer(client, req, error_reply(error))
                     return
             unguarded(client, req, name, frame, checked)
 

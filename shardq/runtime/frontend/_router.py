@@ -53,6 +53,9 @@ INVALID_COMMAND_NESTING: Final = "Invalid command: nested too deeply"
 # The field naming the job, for the id commands that do not call it `id`.
 _ID_FIELDS: Final = {"GetJobByCustomId": "customId", "UpdateParent": "childId"}
 
+# (client, name, cmd, this node's "not found" reply, done) -> whether the peers were asked.
+PeerLookup = Callable[[Client, str, dict[str, Any], Reply, OnReply], bool]
+
 _log = structlog.get_logger()
 
 
@@ -97,6 +100,9 @@ class Router:
         self._outbox: list[list[list[Any]]] = [[] for _ in range(shards)]
         self._control: list[list[Mapping[str, Any]]] = [[] for _ in range(shards)]
         self._flush_scheduled = False
+        # Several nodes (docs/cluster.md): asks the other nodes for a job no shard here holds
+        # (`Forwarder.fan_out`); None for a node alone. Used on a miss only.
+        self.peers: PeerLookup | None = None
 
     @property
     def pending(self) -> int:
@@ -207,6 +213,10 @@ class Router:
             if found is not None:
                 self.cache.learn([key], found)
                 self.learn(name, found, reply)
+            elif self.peers is not None and self.peers(
+                client, name, cmd, reply, partial(answer, client, req)
+            ):
+                return  # another node may hold it: the first that does answers
             answer(client, req, reply)
 
         self.ask_first(client.conn, name, cmd, done)
@@ -246,7 +256,28 @@ class Router:
             if shard is not None:
                 self.ask(shard, client.conn, sub, partial(gather.part, k))
             else:
-                self.ask_first(client.conn, name, sub, partial(_miss_done, gather, k))
+                miss = partial(self._miss_done, client, name, sub, gather, k)
+                self.ask_first(client.conn, name, sub, miss)
+
+    def _miss_done(
+        self,
+        client: Client,
+        name: str,
+        sub: dict[str, Any],
+        gather: Gather,
+        k: int,
+        found: int | None,
+        reply: Reply,
+    ) -> None:
+        """One id of an ACKB that no shard's cache knew: a shard's answer, else the peers'."""
+        peers = self.peers
+        if (
+            found is None
+            and peers is not None
+            and peers(client, name, sub, reply, partial(gather.part, k))
+        ):
+            return
+        gather.part(k, reply)
 
     # -- to and from the shards ------------------------------------------------------------
 
@@ -320,10 +351,6 @@ class Router:
         for rid in lost:
             _owner, on_reply = self._pending.pop(rid)
             on_reply(shard_unavailable(shard))
-
-
-def _miss_done(gather: Gather, k: int, found: int | None, reply: Reply) -> None:
-    gather.part(k, reply)
 
 
 def _batch_done(

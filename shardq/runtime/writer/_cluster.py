@@ -197,6 +197,7 @@ class LeaseKeeper:
                 held=list(self._held),
                 nodes=nodes,
                 owners=owners,
+                renew_ms=self.renew_seconds * 1000,
             )
         except (OSError, StorageError) as e:
             log.warning("cannot publish the cluster map", error=str(e))

@@ -1,0 +1,253 @@
+"""Any node answers any command (docs/cluster.md "Forwarding"): two real `shardq start` nodes
+on one PostgreSQL database, each its own ports and data directory.
+
+A command sent to node A for a queue of a partition node B holds is forwarded to B and B's
+reply relayed; a job named by id alone is looked up on the peers when A's shards miss it; an
+ACKB naming jobs on both nodes is answered whole; bunqueue-client (from PyPI) works through the
+node that does not own its queue; a connection that sent `NoForward` gets `MOVED`; and an
+owner that is frozen or dead gives a clear `Node unavailable` error in bounded time.
+
+Short leases (1500 ms) and a 2 s forward timeout keep each test to seconds. Deselected with
+SHARDQ_TEST_POSTGRES=0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import bunqueue
+import psycopg
+import pytest
+from pg_server import new_database
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+
+from shardq_harness import ShardqServer, free_port, poll_until
+
+from shardq.client import TcpConnection
+from shardq.cluster import partition_of
+
+NEEDS_POSTGRES = True
+LEASE_MS = 1500
+PARTS = 16
+FORWARD_TIMEOUT_MS = 2000
+
+
+def _node(tmp: Path, name: str, url: str) -> ShardqServer:
+    settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
+                "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
+                "SHARDQ_MULTI_NODE_PREVIEW": "true",
+                "SHARDQ_FORWARD_TIMEOUT_MS": str(FORWARD_TIMEOUT_MS)}  # fmt: skip
+    return ShardqServer(tmp / name, shards=2, env=settings, http_port=free_port())
+
+
+def _cluster(node: ShardqServer) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{node.http_url}/cluster", timeout=10) as reply:
+        return json.loads(reply.read())  # type: ignore[no-any-return]
+
+
+def _owners(url: str) -> dict[int, str]:
+    with psycopg.connect(url) as db:
+        rows = db.execute(
+            "SELECT partition, owner FROM partition_leases WHERE expires_at > now()"
+        ).fetchall()
+    return {int(p): str(o) for p, o in rows}
+
+
+def _queue_of(url: str, node: str, skip: int = 0) -> str:
+    owners = _owners(url)
+    names = (f"fq{i}" for i in range(100_000) if owners.get(partition_of(f"fq{i}", PARTS)) == node)
+    for _ in range(skip):
+        next(names)
+    return next(names)
+
+
+def _split(a: ShardqServer, b: ShardqServer, url: str) -> None:
+    """Wait until the nodes hold half each and both front ends serve by that map: a
+    `NoForward` connection to each gets `MOVED` for the other's queue."""
+    half = {"node-a": PARTS // 2, "node-b": PARTS // 2}
+    poll_until(
+        lambda: all(
+            {n["id"]: n["partitions"] for n in _cluster(x)["nodes"] if n["alive"]} == half
+            for x in (a, b)
+        ),
+        6 * LEASE_MS / 1000,
+        "the two nodes to split the partitions",
+        detail=lambda: str(_cluster(a)),
+    )
+
+    def moved_both_ways() -> bool:
+        for here, there in ((a, "node-b"), (b, "node-a")):
+            with TcpConnection(*here.tcp_address, timeout=15) as conn:
+                conn.call({"cmd": "NoForward"})
+                queue = _queue_of(url, there)
+                reply = conn.call({"cmd": "Count", "queue": queue}, check=False)
+            if not str(reply.get("error", "")).startswith("MOVED "):
+                return False
+        return True
+
+    poll_until(moved_both_ways, 4 * LEASE_MS / 1000, "both front ends to read the split map")
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ShardqServer, ShardqServer, str]]:  # fmt: skip
+    """Two nodes for the module (starting them is most of the time): the tests run in file
+    order, the last ones freezing and then killing node B."""
+    tmp = tmp_path_factory.mktemp("fwd")
+    url = new_database("fwd")
+    a, b = _node(tmp, "node-a", url), _node(tmp, "node-b", url)
+    try:
+        a.start()
+        b.start()
+        _split(a, b, url)
+        yield a, b, url
+    finally:
+        for node in (a, b):
+            if node.proc is not None and node.proc.poll() is None:
+                _signal_tree(node, signal.SIGCONT)
+            node.close()
+
+
+def _signal_tree(node: ShardqServer, sig: int) -> None:
+    for pid in [node.pid, *node.child_pids().values()]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _forwards(node: ShardqServer) -> int:
+    with TcpConnection(*node.tcp_address, timeout=15) as conn:
+        return int(conn.call({"cmd": "ClusterStatus"})["forwards"])
+
+
+def test_a_push_through_the_other_node_lands_on_the_owner(
+    nodes: tuple[ShardqServer, ShardqServer, str],
+) -> None:
+    a, b, url = nodes
+    queue = _queue_of(url, "node-b")
+    before = _forwards(a)
+    with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        pushed = conn.call({"cmd": "PUSH", "queue": queue, "data": {"n": 1}, "durable": True})
+        counted = conn.call({"cmd": "Count", "queue": queue})
+    assert pushed["ok"] is True
+    assert counted["count"] == 1
+    # B holds it (in memory and in the database, written by B's writer), A does not.
+    with TcpConnection(*b.tcp_address, timeout=15) as conn:
+        job = conn.call({"cmd": "GetJob", "id": pushed["id"]})["job"]
+    assert (job["queue"], job["data"]) == (queue, {"n": 1})
+    with psycopg.connect(url) as db:
+        rows = db.execute("SELECT id FROM jobs WHERE queue = %s", (queue,)).fetchall()
+    assert [str(r[0]) for r in rows] == [str(pushed["id"])]
+    assert _forwards(a) == before + 2
+    assert _forwards(b) == 0  # B answered both itself
+
+
+def test_get_job_and_ack_by_id_through_the_node_that_does_not_hold_the_job(
+    nodes: tuple[ShardqServer, ShardqServer, str],
+) -> None:
+    a, b, url = nodes
+    queue = _queue_of(url, "node-b", skip=1)
+    with TcpConnection(*b.tcp_address, timeout=15) as conn:
+        pushed = conn.call({"cmd": "PUSH", "queue": queue, "data": {"k": "v"}, "durable": True})
+    with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        # No queue named: A's shards miss it and A asks B.
+        got = conn.call({"cmd": "GetJob", "id": pushed["id"]})
+        pulled = conn.call({"cmd": "PULL", "queue": queue, "timeout": 0})
+        acked = conn.call({"cmd": "ACK", "id": pulled["job"]["id"], "result": {"done": 1}})
+        state = conn.call({"cmd": "GetState", "id": pushed["id"]})
+        missing = conn.call({"cmd": "GetJob", "id": "no-such-job"}, check=False)
+    assert got["job"]["data"] == {"k": "v"}
+    assert pulled["job"]["id"] == pushed["id"]
+    assert acked["ok"] is True
+    assert state["state"] == "completed"
+    assert missing["ok"] is True and missing.get("job") is None  # both nodes said not found
+
+
+def test_an_ackb_across_the_nodes_is_split_and_answered_whole(
+    nodes: tuple[ShardqServer, ShardqServer, str],
+) -> None:
+    a, b, url = nodes
+    mine, theirs = _queue_of(url, "node-a", skip=2), _queue_of(url, "node-b", skip=2)
+    with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        for queue in (mine, theirs):
+            conn.call({"cmd": "PUSHB", "queue": queue, "durable": True,
+                       "jobs": [{"data": {"i": i}} for i in range(3)]})  # fmt: skip
+        ids = [
+            job["id"]
+            for queue in (mine, theirs)
+            for job in conn.call({"cmd": "PULLB", "queue": queue, "count": 3, "timeout": 0})["jobs"]
+        ]
+        acked = conn.call({"cmd": "ACKB", "ids": ids})
+        states = [conn.call({"cmd": "GetState", "id": i})["state"] for i in ids]
+    assert len(ids) == 6
+    assert acked["ok"] is True
+    assert states == ["completed"] * 6
+    with TcpConnection(*b.tcp_address, timeout=15) as conn:
+        counts = conn.call({"cmd": "GetJobCounts", "queue": theirs})["counts"]
+    assert counts["completed"] == 3 and counts["waiting"] == counts["active"] == 0
+
+
+def test_bunqueue_client_through_the_node_that_does_not_own_its_queue(
+    nodes: tuple[ShardqServer, ShardqServer, str],
+) -> None:
+    a, b, url = nodes
+    queue = _queue_of(url, "node-b", skip=3)
+    producer = bunqueue.Queue(queue, host="127.0.0.1", port=a.tcp_port, command_timeout=30.0)
+    try:
+        job = producer.add("hello", {"n": 7})
+        again = producer.get_job(job.id)
+    finally:
+        producer.close()
+    assert again is not None and again.data == {"n": 7}
+    with TcpConnection(*b.tcp_address, timeout=15) as conn:
+        assert conn.call({"cmd": "GetJob", "id": job.id})["job"]["queue"] == queue
+
+
+def test_a_no_forward_connection_gets_moved(
+    nodes: tuple[ShardqServer, ShardqServer, str],
+) -> None:
+    a, b, url = nodes
+    queue = _queue_of(url, "node-b")
+    with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        assert conn.call({"cmd": "NoForward"})["ok"] is True
+        moved = conn.call({"cmd": "Count", "queue": queue}, check=False)
+    part = partition_of(queue, PARTS)
+    assert (moved["ok"], moved["error"]) == (False, f"MOVED {part} 127.0.0.1:{b.tcp_port}")
+
+
+def test_a_frozen_then_dead_owner_gives_a_clear_error_not_a_hang(
+    nodes: tuple[ShardqServer, ShardqServer, str],
+) -> None:
+    a, b, url = nodes
+    queue = _queue_of(url, "node-b", skip=4)
+    with TcpConnection(*a.tcp_address, timeout=30) as conn:
+        conn.call({"cmd": "Count", "queue": queue})  # the link to B is open
+        _signal_tree(b, signal.SIGSTOP)
+        started = time.monotonic()
+        frozen = conn.call({"cmd": "Count", "queue": queue}, check=False)
+        waited = time.monotonic() - started
+        b.kill9_tree()
+        # Before A's map says B is gone (a lease), A still forwards: B refuses connections.
+        dead = conn.call({"cmd": "Count", "queue": queue}, check=False)
+        quick = time.monotonic() - started - waited
+    assert frozen["ok"] is False, frozen
+    assert frozen["error"].startswith("Node unavailable: node 127.0.0.1:"), frozen
+    assert "did not answer within 2 s" in frozen["error"]
+    assert FORWARD_TIMEOUT_MS / 1000 - 0.1 <= waited < FORWARD_TIMEOUT_MS / 1000 + 3
+    assert dead["ok"] is False and dead["error"].startswith("Node unavailable: "), dead
+    assert quick < 3
+    # Then A takes B's partitions and serves the queue itself.
+    with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        poll_until(
+            lambda: conn.call({"cmd": "Count", "queue": queue}, check=False)["ok"],
+            4 * LEASE_MS / 1000 + 2,
+            "node-a to serve node-b's queue",
+        )
