@@ -125,9 +125,11 @@ def test_two_nodes_split_the_partitions_and_show_it(
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     assert "node-a" in table and f"127.0.0.1:{b.tcp_port}" in table and "16 held" in table
-    # Each node serves its own queues and sends the others to their owner.
+    # Each node serves its own queues and sends a client that asked for it (`NoForward`) to
+    # the owner of the others (the others it forwards: test_cluster_forward.py).
     mine, theirs = _queue_owned_by(url, "node-a"), _queue_owned_by(url, "node-b")
     with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        conn.call({"cmd": "NoForward"})
         pushed = conn.call({"cmd": "PUSH", "queue": mine, "data": {}, "durable": True})
         moved = conn.call({"cmd": "PUSH", "queue": theirs, "data": {}}, check=False)
     assert pushed["ok"] is True

@@ -19,7 +19,8 @@ Bounds, per peer (`[cluster]`): `forward_max_in_flight` requests and `forward_ma
 bytes sent (or waiting for the connection) and not answered; past either a forward answers
 `Node busy: ...` at once. A forward unanswered after `forward_timeout_ms` (plus a long-poll's
 own `timeout`) answers `Node unavailable: ...`, as does one whose peer cannot be reached
-(then for a second no new connection is tried: each forward meanwhile fails at once).
+(then for a second no new connection is tried: each forward meanwhile fails at once). A link
+that breaks fails the requests it carried and is opened again by the next forward.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class _Conn(asyncio.Protocol):
         self.link.received(self, data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.link.lost(self, f"closed ({exc})" if exc else "closed the link")
+        self.link.lost(self, f"closed the link ({exc})" if exc else "closed the link")
 
 
 class PeerLink:
@@ -247,7 +248,7 @@ class PeerLink:
     def lost(self, conn: _Conn, why: str) -> None:
         if conn is self._conn:
             self._conn = None
-            self._down(why)
+            self._down(why, backoff=False)  # the next forward reconnects at once
 
     def _drop(self, why: str) -> None:
         conn, self._conn = self._conn, None
@@ -255,10 +256,11 @@ class PeerLink:
             conn.transport.abort()
         self._down(why)
 
-    def _down(self, why: str) -> None:
-        """Fail every request sent or queued; new forwards fail at once for a while."""
+    def _down(self, why: str, *, backoff: bool = True) -> None:
+        """Fail every request sent or queued; with `backoff` new forwards fail at once for
+        a while (the peer could not be reached, or refused the link)."""
         self._why = why
-        self._retry_at = self._loop.time() + _RETRY_S
+        self._retry_at = self._loop.time() + _RETRY_S if backoff else 0.0
         self._out = []
         waiting = self._core.fail_all()
         self._core = ClientCore(Framing.STREAM)
