@@ -39,6 +39,7 @@ from shardq.cluster import partition_of
 NEEDS_POSTGRES = True
 LEASE_MS = 1500
 PARTS = 16
+Nodes = tuple[ShardqServer, ShardqServer, str]
 FORWARD_TIMEOUT_MS = 1000  # below a lease: a frozen owner times out before it loses it
 
 
@@ -99,7 +100,7 @@ def _split(a: ShardqServer, b: ShardqServer, url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ShardqServer, ShardqServer, str]]:  # fmt: skip
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     """Two nodes for the module (starting them is most of the time): the tests run in file
     order, the last ones freezing and then killing node B."""
     tmp = tmp_path_factory.mktemp("fwd")
@@ -129,7 +130,7 @@ def _forwards(node: ShardqServer) -> int:
 
 
 def test_a_push_through_the_other_node_lands_on_the_owner(
-    nodes: tuple[ShardqServer, ShardqServer, str],
+    nodes: Nodes,
 ) -> None:
     a, b, url = nodes
     queue = _queue_of(url, "node-b")
@@ -151,7 +152,7 @@ def test_a_push_through_the_other_node_lands_on_the_owner(
 
 
 def test_get_job_and_ack_by_id_through_the_node_that_does_not_hold_the_job(
-    nodes: tuple[ShardqServer, ShardqServer, str],
+    nodes: Nodes,
 ) -> None:
     a, b, url = nodes
     queue = _queue_of(url, "node-b", skip=1)
@@ -172,7 +173,7 @@ def test_get_job_and_ack_by_id_through_the_node_that_does_not_hold_the_job(
 
 
 def test_an_ackb_across_the_nodes_is_split_and_answered_whole(
-    nodes: tuple[ShardqServer, ShardqServer, str],
+    nodes: Nodes,
 ) -> None:
     a, b, url = nodes
     mine, theirs = _queue_of(url, "node-a", skip=2), _queue_of(url, "node-b", skip=2)
@@ -196,7 +197,7 @@ def test_an_ackb_across_the_nodes_is_split_and_answered_whole(
 
 
 def test_bunqueue_client_through_the_node_that_does_not_own_its_queue(
-    nodes: tuple[ShardqServer, ShardqServer, str],
+    nodes: Nodes,
 ) -> None:
     a, b, url = nodes
     queue = _queue_of(url, "node-b", skip=3)
@@ -212,7 +213,7 @@ def test_bunqueue_client_through_the_node_that_does_not_own_its_queue(
 
 
 def test_a_no_forward_connection_gets_moved(
-    nodes: tuple[ShardqServer, ShardqServer, str],
+    nodes: Nodes,
 ) -> None:
     a, b, url = nodes
     queue = _queue_of(url, "node-b")
@@ -224,7 +225,7 @@ def test_a_no_forward_connection_gets_moved(
 
 
 def test_a_frozen_then_dead_owner_gives_a_clear_error_not_a_hang(
-    nodes: tuple[ShardqServer, ShardqServer, str],
+    nodes: Nodes,
 ) -> None:
     a, b, url = nodes
     queue = _queue_of(url, "node-b", skip=4)
