@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,6 +211,34 @@ def test_bunqueue_client_through_the_node_that_does_not_own_its_queue(
     assert again is not None and again.data["n"] == 7
     with TcpConnection(*b.tcp_address, timeout=15) as conn:
         assert conn.call({"cmd": "GetJob", "id": job.id})["job"]["queue"] == queue
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=15) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_ready_says_each_node_holds_its_share_and_prometheus_counts_forwards(
+    nodes: Nodes,
+) -> None:
+    a, b, _url = nodes
+    for node in (a, b):
+        status, body = _get(f"{node.http_url}/ready")
+        assert status == 200, body
+        facts = json.loads(body)["cluster"]
+        assert facts == {"held": PARTS // 2, "share": PARTS // 2, "liveNodes": 2}
+    _status, text = _get(f"{a.http_url}/prometheus")
+    metrics = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.decode().splitlines()
+        if line.startswith(("shardq_partitions_owned", "shardq_forwards_total", "shardq_lease"))
+    }
+    assert metrics["shardq_partitions_owned"] == PARTS // 2
+    assert metrics["shardq_forwards_total"] == _forwards(a) > 0  # the tests above forwarded
+    assert 0 < metrics["shardq_lease_renew_seconds"] < LEASE_MS / 1000
 
 
 def test_a_no_forward_connection_gets_moved(

@@ -1,0 +1,128 @@
+"""The forwarding link (`shardq.runtime.frontend._forward.PeerLink`) against a real
+`shardq start` (one node on SQLite, standing in for a peer): it pipelines over one connection,
+marks itself with `NoForward`, refuses past its bounds with `Node busy` without sending, fails
+a frozen peer's requests with `Node unavailable` after its timeout, reconnects after the peer
+is back, and `/ready`'s share check reads the map a lease round writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardq_harness import ShardqServer
+
+from shardq.cluster._map import NodeInfo, write_map
+from shardq.runtime.frontend._forward import ForwardLimits, PeerLink
+from shardq.runtime.http._cluster_facts import share_check
+
+
+async def _send(link: PeerLink, cmds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    loop = asyncio.get_running_loop()
+    futures = [loop.create_future() for _ in cmds]
+    for cmd, future in zip(cmds, futures, strict=True):
+        link.send(cmd, future.set_result)
+    async with asyncio.timeout(20):
+        return list(await asyncio.gather(*futures))
+
+
+def _signal_tree(server: ShardqServer, sig: int) -> None:
+    for pid in [server.pid, *server.child_pids().values()]:
+        os.kill(pid, sig)
+
+
+def test_a_link_pipelines_bounds_times_out_and_reconnects(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    server = shardq_server()
+    address = f"127.0.0.1:{server.tcp_port}"
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        limits = ForwardLimits(node="peer-a", max_in_flight=4 + 2, timeout_s=0.5)
+        link = PeerLink(address, loop, limits)
+        pushes = [{"cmd": "PUSH", "queue": "fw", "data": {"i": i}} for i in range(4)]
+        replies = await _send(link, pushes)
+        assert [r["ok"] for r in replies] == [True] * 4
+        assert all("reqId" not in r for r in replies)  # the link's ids stay on the link
+        assert (await _send(link, [{"cmd": "Count", "queue": "fw"}]))[0]["count"] == 4
+        assert link.in_flight == 0 and link.bytes == 0
+
+        # Frozen: 6 fit (the Auth-less link's NoForward is long answered), the 7th is busy.
+        _signal_tree(server, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            many = await _send(link, [{"cmd": "Count", "queue": "fw"}] * 7)
+            waited = time.monotonic() - started
+        finally:
+            _signal_tree(server, signal.SIGCONT)
+        errors = [r["error"] for r in many]
+        busy = re.fullmatch(
+            rf"Node busy: 6 requests \((\d+) bytes\) in flight to {address}", errors[6]
+        )
+        assert busy is not None and 6 * 20 < int(busy[1]) < 6 * 60, errors[6]  # ~33 bytes each
+        assert all(
+            e == f"Node unavailable: node {address} did not answer within 0.5 s" for e in errors[:6]
+        ), errors
+        assert 0.45 <= waited < 5
+        assert link.in_flight == 0 and link.bytes == 0
+        # Awake, the same link answers again.
+        again = await _send(link, [{"cmd": "Count", "queue": "fw"}])
+        assert again[0]["count"] == 4
+        link.close()
+
+        # A bound in bytes: a push larger than what is left waits for nothing.
+        small = PeerLink(address, loop, ForwardLimits(node="peer-a", max_bytes=100))
+        big = {"cmd": "PUSH", "queue": "fw", "data": {"blob": "x" * 200}}
+        first, second = await _send(small, [big, big])
+        assert first["ok"] is True
+        assert second["error"].startswith("Node busy: 1 requests (2"), second
+        small.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_unreachable_peer_answers_at_once_and_is_retried_after_a_second() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        link = PeerLink("127.0.0.1:9", loop, ForwardLimits(node="peer-a"))  # discard: closed
+        first = await _send(link, [{"cmd": "Ping"}])
+        started = time.monotonic()
+        second = await _send(link, [{"cmd": "Ping"}])
+        assert time.monotonic() - started < 0.5  # no new connection tried yet
+        for reply in (first, second):
+            assert reply[0]["error"].startswith(
+                "Node unavailable: node 127.0.0.1:9 cannot be reached (ConnectionRefusedError"
+            ), reply
+        link.close()
+
+    asyncio.run(scenario())
+
+
+def test_ready_share_check_reads_the_lease_rounds_map(tmp_path: Path) -> None:
+    assert share_check(str(tmp_path)) == (
+        False,
+        {"reason": "no lease round yet: this node holds no partitions"},
+    )
+    nodes = [NodeInfo("a", "h:1", True, 6), NodeInfo("b", "h:2", True, 10),
+             NodeInfo("c", "h:3", False, 0)]  # fmt: skip
+
+    def publish(held: int, valid_for: float) -> tuple[bool, dict[str, Any]]:
+        write_map(str(tmp_path), node="a", address="h:1", partitions=16,
+                  valid_until=time.monotonic() + valid_for, held=list(range(held)),
+                  nodes=nodes, owners={})  # fmt: skip
+        return share_check(str(tmp_path))
+
+    ready, facts = publish(8, 5.0)
+    assert ready and facts == {"cluster": {"held": 8, "share": 8, "liveNodes": 2}}
+    ready, facts = publish(6, 5.0)
+    assert not ready and facts["reason"] == "this node's partition leases are fewer than its share"
+    ready, facts = publish(8, -1.0)
+    assert not ready and facts["cluster"]["held"] == 0
+    assert facts["reason"] == "this node's partition leases are not renewed"
