@@ -32,6 +32,7 @@ results and job handles back to the caller.
 
 from shardq.client._async_queue import AsyncQueue, async_join
 from shardq.client._async_worker import AsyncWorker, Handler
+from shardq.client._cluster import AsyncClusterConnection, ClusterConnection
 from shardq.client._connection import AsyncConnection, Connection
 from shardq.client._core import ClientCore, Framing, checked
 from shardq.client._current import JobCancelled, RunningJob, current_job
@@ -71,6 +72,7 @@ from shardq.client._worker_state import WorkerStats
 __all__ = [
     "DEFAULT_URL",
     "TRANSIENT_ERRORS",
+    "AsyncClusterConnection",
     "AsyncConnection",
     "AsyncEventStream",
     "AsyncQueue",
@@ -80,6 +82,7 @@ __all__ = [
     "ClientClosed",
     "ClientCore",
     "ClientError",
+    "ClusterConnection",
     "CommandFailed",
     "CommandTimeout",
     "Connection",

@@ -13,6 +13,7 @@ SHARDQ_TEST_POSTGRES=0.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
 from shardq_harness import ShardqServer, free_port, poll_until
 
-from shardq.client import TcpConnection
+from shardq.client import AsyncClusterConnection, ClusterConnection, TcpConnection
 from shardq.cluster import partition_of
 
 NEEDS_POSTGRES = True
@@ -251,6 +252,37 @@ def test_a_no_forward_connection_gets_moved(
         moved = conn.call({"cmd": "Count", "queue": queue}, check=False)
     part = partition_of(queue, PARTS)
     assert (moved["ok"], moved["error"]) == (False, f"MOVED {part} 127.0.0.1:{b.tcp_port}")
+
+
+def test_shardq_client_follows_moved_once_then_goes_to_the_owner_directly(
+    nodes: Nodes,
+) -> None:
+    a, b, url = nodes
+    theirs, mine = _queue_of(url, "node-b", skip=5), _queue_of(url, "node-a", skip=5)
+    before = _forwards(a)
+    with ClusterConnection(f"tcp://127.0.0.1:{a.tcp_port}", timeout=15) as conn:
+        conn.call({"cmd": "PUSH", "queue": theirs, "data": {"n": 1}})
+        # A answered MOVED (the connection sent NoForward), the client pushed to B.
+        assert (conn.map.partitions, conn.map.redirects, conn.map.direct) == (PARTS, 1, 1)
+        assert conn.map.owners == {partition_of(theirs, PARTS): f"127.0.0.1:{b.tcp_port}"}
+        conn.call({"cmd": "PUSH", "queue": theirs, "data": {"n": 2}})
+        assert (conn.map.redirects, conn.map.direct) == (1, 2)  # straight to B
+        conn.call({"cmd": "PUSH", "queue": mine, "data": {}})
+        both = conn.call_many([{"cmd": "Count", "queue": q} for q in (theirs, mine)])
+        assert (conn.map.redirects, conn.map.direct) == (1, 3)  # A's queue went to A
+    assert [r["count"] for r in both] == [2, 1]
+    assert _forwards(a) == before  # A forwarded none of it
+
+    async def over_zmq() -> tuple[int, int, int]:
+        seed = f"zmq://127.0.0.1:{a.zmq_port}"
+        async with AsyncClusterConnection(seed, timeout=15) as conn:
+            await conn.call({"cmd": "PUSH", "queue": theirs, "data": {"n": 3}})
+            await conn.call({"cmd": "PUSH", "queue": theirs, "data": {"n": 4}})
+            count = (await conn.call({"cmd": "Count", "queue": theirs}))["count"]
+            return conn.map.redirects, conn.map.direct, count
+
+    assert asyncio.run(over_zmq()) == (1, 3, 4)
+    assert _forwards(a) == before
 
 
 def test_a_frozen_then_dead_owner_gives_a_clear_error_not_a_hang(
