@@ -242,6 +242,24 @@ def test_ready_says_each_node_holds_its_share_and_prometheus_counts_forwards(
     assert 0 < metrics["shardq_lease_renew_seconds"] < LEASE_MS / 1000
 
 
+def test_the_http_api_of_the_other_node_pushes_and_reads_the_owners_queue(nodes: Nodes) -> None:
+    a, b, url = nodes
+    queue = _queue_of(url, "node-b", skip=6)
+    request = urllib.request.Request(
+        f"{a.http_url}/queues/{queue}/jobs",
+        data=json.dumps({"name": "web", "data": {"via": "http"}}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=15) as reply:
+        pushed = json.loads(reply.read())
+    status, body = _get(f"{a.http_url}/jobs/{pushed['id']}")
+    assert status == 200, body
+    assert json.loads(body)["job"]["queue"] == queue
+    with TcpConnection(*b.tcp_address, timeout=15) as conn:
+        assert conn.call({"cmd": "GetJob", "id": pushed["id"]})["job"]["data"]["via"] == "http"
+
+
 def test_a_no_forward_connection_gets_moved(
     nodes: Nodes,
 ) -> None:
