@@ -17,7 +17,9 @@ a connection is made; its one `Transports` factory opens the command transports 
 streams alike. A worker leases up to `prefetch` (64) jobs ahead of its free
 handlers, renewing their leases while they wait, and ACKs in batches (`ack_batch`); both are
 options of `WorkerConfig`. A sans-IO core (`ClientCore`) does request ids, reply matching and
-error mapping; the blocking and asyncio transports are thin adapters around it. Errors are a
+error mapping; the blocking and asyncio transports are thin adapters around it. Several nodes
+on one database: `ClusterConnection` / `AsyncClusterConnection` (pass one as a queue's
+`connection=`) follow `MOVED` to the node holding a queue (docs/cluster.md). Errors are a
 tree under `shardq.errors.ShardqError` (see `shardq.client._errors`).
 
 Owns: the client's connections (one command transport each, its event streams), request ids
