@@ -314,11 +314,14 @@ def test_a_frozen_then_dead_owner_gives_a_clear_error_not_a_hang(
         started = time.monotonic()
         frozen = conn.call({"cmd": "Count", "queue": queue}, check=False)
         waited = time.monotonic() - started
+        # A job id A's shards lack may be B's: B not answering is not "not found".
+        unknown = conn.call({"cmd": "GetJob", "id": "maybe-on-b"}, check=False)
         _signal_tree(b, signal.SIGCONT)
     assert frozen["ok"] is False, frozen
     assert frozen["error"].startswith("Node unavailable: node 127.0.0.1:"), frozen
     assert "did not answer within 1 s" in frozen["error"]
     assert FORWARD_TIMEOUT_MS / 1000 - 0.1 <= waited < FORWARD_TIMEOUT_MS / 1000 + 3
+    assert unknown["ok"] is False and unknown["error"].startswith("Node unavailable: "), unknown
     # B wakes (it may have lost its partitions meanwhile) and the two split again; then B dies.
     _split(a, b, url)
     queue = _queue_of(url, "node-b", skip=4)

@@ -161,6 +161,8 @@ class PeerLink:
         self._retry_at = 0.0
         self._why = ""
         self._out: list[bytes] = []  # written at the end of the turn, or once connected
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
         self.in_flight = 0
         self.bytes = 0
 
@@ -172,7 +174,7 @@ class PeerLink:
             self._loop.call_soon(on_reply, {"ok": False, "error": f"{busy} to {self.address}"})
             return
         if self._conn is None and not self._connecting:
-            if self._loop.time() < self._retry_at:
+            if self._closed or self._loop.time() < self._retry_at:
                 self._loop.call_soon(on_reply, unavailable(self.address, self._why))
                 return
             self._open()
@@ -207,7 +209,7 @@ class PeerLink:
 
     def _open(self) -> None:
         self._connecting = True
-        self._loop.create_task(self._connect())
+        self._task = self._loop.create_task(self._connect())  # referenced until it ends
 
     async def _connect(self) -> None:
         host, _, port = self.address.rpartition(":")
@@ -220,6 +222,10 @@ class PeerLink:
             self._down(f"cannot be reached ({e!r})")
             return
         self._connecting = False
+        if self._closed:
+            if conn.transport is not None:
+                conn.transport.abort()
+            return
         self._conn = conn
         # The peer must read these before the forwards queued behind them.
         hello: list[dict[str, Any]] = []
@@ -274,7 +280,8 @@ class PeerLink:
             waiter.settle(unavailable(self.address, f"did not answer within {wait:g} s"))
 
     def close(self) -> None:
-        self._drop("link closed: this node is stopping")
+        self._closed = True
+        self._drop("is not linked any more: this node is stopping")
 
 
 def _own_timeout(cmd: Mapping[str, Any]) -> float:
@@ -344,23 +351,27 @@ class Forwarder:
 
 
 class _FirstOf:
-    """The peers' replies to one id command: the first that shows the job wins."""
+    """The peers' replies to one id command: the first that shows the job wins. When none
+    does, a peer that could not answer makes "not found" a guess, so its error answers (as a
+    restarting shard's does among shards); else this node's own "not found"."""
 
-    __slots__ = ("_done", "_left", "_local", "_name", "_over")
+    __slots__ = ("_done", "_left", "_local", "_name", "_over", "_unanswered")
 
     def __init__(self, n: int, name: str, local: Reply, done: OnReply) -> None:
         self._left, self._name, self._local, self._done = n, name, local, done
         self._over = False
+        self._unanswered: Reply | None = None
 
     def part(self, reply: Reply) -> None:
         self._left -= 1
         if self._over:
             return
-        if is_found(self._name, reply) and not str(reply.get("error", "")).startswith(
-            (NODE_UNAVAILABLE, NODE_BUSY)
-        ):
+        if str(reply.get("error", "")).startswith((NODE_UNAVAILABLE, NODE_BUSY)):
+            self._unanswered = self._unanswered or reply
+        elif is_found(self._name, reply):
             self._over = True
             self._done(reply)
-        elif self._left == 0:
+            return
+        if self._left == 0:
             self._over = True
-            self._done(self._local)
+            self._done(self._unanswered or self._local)
