@@ -42,7 +42,7 @@ def _node(name: str, url: str) -> tuple[ShardqProcess, int]:
 def _split(http: int) -> bool:
     with urllib.request.urlopen(f"http://127.0.0.1:{http}/ready", timeout=10) as reply:
         body: dict[str, Any] = json.loads(reply.read())
-    return body.get("cluster", {}).get("held") == PARTS // 2
+    return bool(body.get("cluster", {}).get("held") == PARTS // 2)
 
 
 def _queue_of(url: str, node: str) -> str:
