@@ -20,6 +20,7 @@ as a plain connection.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -94,6 +95,7 @@ class ClusterConnection(Connection):
         self.map = _Map()
         self._asked = False
         self._nodes: dict[str, Connection] = {}
+        self._nodes_lock = threading.Lock()
 
     def call_many(
         self,
@@ -139,14 +141,15 @@ class ClusterConnection(Connection):
         return replies
 
     def _node(self, address: str) -> Connection:
-        node = self._nodes.get(address)
-        if node is None:
-            if len(self._nodes) >= MAX_NODES:
-                self._nodes.pop(next(iter(self._nodes))).close()
-            url = _node_url(self.endpoint.tls, address)
-            node = self._nodes[address] = Connection(url, **self._kwargs)
-            node.hello = [_NO_FORWARD]
-        return node
+        with self._nodes_lock:  # threads share the connection: one per node all the same
+            node = self._nodes.get(address)
+            if node is None:
+                if len(self._nodes) >= MAX_NODES:
+                    self._nodes.pop(next(iter(self._nodes))).close()
+                url = _node_url(self.endpoint.tls, address)
+                node = self._nodes[address] = Connection(url, **self._kwargs)
+                node.hello = [_NO_FORWARD]
+            return node
 
     def close(self) -> None:
         super().close()

@@ -13,8 +13,10 @@ file renamed over the old one, so a reader never sees half of it):
 this node may serve `held`: the start of the round that renewed them plus most of a lease, so
 a node frozen past its lease (SIGSTOP, a long pause) refuses at once when it wakes, before its
 lease thread has even run. The front end reads the file (`PartitionGuard`) and refuses a
-command for a queue of a partition it does not hold with `MOVED <partition> <address>`; the
-HTTP process answers `GET /cluster` from it (`cluster_view`).
+command for a queue of a partition it does not hold with `MOVED <partition> <address>`, which
+it forwards to that address unless the connection asked for `MOVED`
+(`shardq.runtime.frontend._forward`, to the other live nodes, `PartitionGuard.peers`); the
+HTTP process answers `GET /cluster` from it (`cluster_view`) and `/ready`'s share check.
 """
 
 from __future__ import annotations
@@ -135,8 +137,6 @@ class PartitionGuard:
         self._addresses: dict[int, str] = {}
         self._memo: dict[str, int] = {}
         self.peers: tuple[str, ...] = ()  # the other live nodes' addresses (forwarding)
-        self.held_count = 0  # partitions held, for /prometheus
-        self.renew_ms = 0.0  # the last lease round's time, for /prometheus
 
     def refresh(self) -> bool:
         """Read the file again if it changed; True if it did."""
@@ -165,8 +165,6 @@ class PartitionGuard:
             str(n.get("address")) for n in doc.get("nodes", [])
             if n.get("alive") and n.get("id") != self._node and n.get("address")
         )  # fmt: skip
-        self.held_count = len(self._held)
-        self.renew_ms = float(doc.get("renew_ms", 0.0))
 
     def refusal(self, queue: str) -> str | None:
         """None if this node serves `queue` now; else the error to answer."""
