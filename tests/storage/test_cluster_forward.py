@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
 from shardq_harness import ShardqServer, free_port, poll_until
 
-from shardq.client import AsyncClusterConnection, ClusterConnection, TcpConnection
+from shardq.client import AsyncClusterConnection, ClusterConnection, Queue, TcpConnection
 from shardq.cluster import partition_of
 
 NEEDS_POSTGRES = True
@@ -290,6 +290,17 @@ def test_shardq_client_follows_moved_once_then_goes_to_the_owner_directly(
         assert (conn.map.redirects, conn.map.direct) == (1, 3)  # A's queue went to A
     assert [r["count"] for r in both] == [2, 1]
     assert _forwards(a) == before  # A forwarded none of it
+    # A Queue on such a connection: its push goes to B after one MOVED; GetJob names no
+    # queue, so it goes to A, which looks the id up on B (one lookup forwarded).
+    seed = ClusterConnection(f"tcp://127.0.0.1:{a.tcp_port}", timeout=15)
+    with Queue(theirs, connection=seed) as queue:
+        job_id = queue.add("q", {"n": 9})
+        job = queue.get_job(job_id)
+    assert job is not None and job.data["n"] == 9
+    assert (seed.map.redirects, seed.map.direct) == (1, 1)
+    seed.close()
+    assert _forwards(a) == before + 1
+    before += 1
 
     async def over_zmq() -> tuple[int, int, int]:
         seed = f"zmq://127.0.0.1:{a.zmq_port}"
@@ -299,7 +310,7 @@ def test_shardq_client_follows_moved_once_then_goes_to_the_owner_directly(
             count = (await conn.call({"cmd": "Count", "queue": theirs}))["count"]
             return conn.map.redirects, conn.map.direct, count
 
-    assert asyncio.run(over_zmq()) == (1, 3, 4)
+    assert asyncio.run(over_zmq()) == (1, 3, 5)  # 2 + the Queue's 1 + these 2
     assert _forwards(a) == before
 
 
