@@ -260,6 +260,20 @@ def test_the_http_api_of_the_other_node_pushes_and_reads_the_owners_queue(nodes:
         assert conn.call({"cmd": "GetJob", "id": pushed["id"]})["job"]["data"]["via"] == "http"
 
 
+def test_a_schedule_made_through_the_other_node_lives_with_its_queue(nodes: Nodes) -> None:
+    a, b, url = nodes
+    queue = _queue_of(url, "node-b", skip=7)
+    cron = {"cmd": "Cron", "name": "fwd-tick", "queue": queue, "schedule": "0 * * * *"}
+    with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        made = conn.call(cron)["cron"]
+        here = [c["name"] for c in conn.call({"cmd": "CronList"})["crons"]]
+    with TcpConnection(*b.tcp_address, timeout=15) as conn:
+        there = conn.call({"cmd": "CronGet", "name": "fwd-tick"})["cron"]
+        conn.call({"cmd": "CronDelete", "name": "fwd-tick"})
+    assert made["queue"] == there["queue"] == queue
+    assert "fwd-tick" not in here  # A's shards never held it: its pushes would be fenced
+
+
 def test_a_no_forward_connection_gets_moved(
     nodes: Nodes,
 ) -> None:

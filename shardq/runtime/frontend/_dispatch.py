@@ -83,6 +83,22 @@ def _pass_through(client: Client) -> msgs.ReqEnvelope | None:
     return _WIRE_ENVELOPES.get(getattr(client, "wire_mode", None))
 
 
+# Front-end commands on one queue that the partition guard covers too (`guard_partitions`).
+_QUEUE_LOCAL: Final = ("Cron", "DashboardQueue")
+
+
+def _guarded_local(
+    refused: Callable[[Client, object, str, dict[str, Any]], bool],
+    name: str,
+    handler: LocalHandler,
+    client: Client,
+    req: object,
+    frame: dict[str, Any],
+) -> None:
+    if not refused(client, req, name, frame):
+        handler(client, req, frame)
+
+
 class Dispatcher:
     """Applies the session rules to client frames, answers the front end's own commands and
     forwards the rest through the `Router`."""
@@ -254,9 +270,20 @@ class Dispatcher:
         may send a refused command to its holder instead (True: it did, `_forward.py`)."""
         unguarded = self._to_shard
 
+        def refused(client: Client, req: object, name: str, frame: dict[str, Any]) -> bool:
+            queue = frame.get("queue")
+            if type(queue) is str:
+                error = refusal(queue)
+                if error is not None:
+                    if forward is None or not forward(client, req, name, frame, error):
+                        self.answer(client, req, error_reply(error))
+                    return True
+            return False
+
         def to_shard(
             client: Client, req: object, name: str, frame: dict[str, Any], checked: bool = False
         ) -> None:
+            # `refused` inlined: this runs for every command of a node on PostgreSQL.
             queue = frame.get("queue")
             if type(queue) is str:
                 error = refusal(queue)
@@ -267,6 +294,12 @@ class Dispatcher:
             unguarded(client, req, name, frame, checked)
 
         self._to_shard = to_shard  # type: ignore[method-assign]
+        # The front end's own commands that act on one queue's shard: a schedule must live
+        # with its queue (the writer's fence would refuse its pushes anywhere else).
+        for name in _QUEUE_LOCAL:
+            handler = self._local.get(name)
+            if handler is not None:
+                self._local[name] = partial(_guarded_local, refused, name, handler)
 
     def _park(self, client: Client, cmd: dict[str, Any]) -> Client:
         """A long-poll within the caps holds a slot until it is answered; past them it is
