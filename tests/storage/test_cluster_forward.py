@@ -269,9 +269,16 @@ def test_a_schedule_made_through_the_other_node_lives_with_its_queue(nodes: Node
         here = [c["name"] for c in conn.call({"cmd": "CronList"})["crons"]]
     with TcpConnection(*b.tcp_address, timeout=15) as conn:
         there = conn.call({"cmd": "CronGet", "name": "fwd-tick"})["cron"]
-        conn.call({"cmd": "CronDelete", "name": "fwd-tick"})
     assert made["queue"] == there["queue"] == queue
     assert "fwd-tick" not in here  # A's shards never held it: its pushes would be fenced
+    # By name (no queue): A's shards miss it and A asks B.
+    with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        got = conn.call({"cmd": "CronGet", "name": "fwd-tick"})["cron"]
+        deleted = conn.call({"cmd": "CronDelete", "name": "fwd-tick"})
+    with TcpConnection(*b.tcp_address, timeout=15) as conn:
+        gone = conn.call({"cmd": "CronGet", "name": "fwd-tick"}, check=False)
+    assert got["queue"] == queue and deleted["ok"] is True
+    assert gone["ok"] is False and "not found" in gone["error"].lower(), gone
 
 
 def test_a_no_forward_connection_gets_moved(
