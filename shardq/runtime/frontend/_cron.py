@@ -65,8 +65,10 @@ class CronRoutes:
         def done(shard: int | None, reply: Reply) -> None:
             # No shard here has it: with several nodes, it may live with another node's queue.
             peers = r.peers
-            if shard is None and peers is not None and peers(
-                client, name, frame, reply, partial(answer, client, req)
+            if (
+                shard is None
+                and peers is not None
+                and peers(client, name, frame, reply, partial(answer, client, req))
             ):
                 return
             answer(client, req, reply)
