@@ -45,12 +45,12 @@ Nodes = tuple[ShardqServer, ShardqServer, str]
 FORWARD_TIMEOUT_MS = 1000  # below a lease: a frozen owner times out before it loses it
 
 
-def _node(tmp: Path, name: str, url: str) -> ShardqServer:
+def _node(tmp: Path, name: str, url: str, shards: int) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
                 "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
                 "SHARDQ_MULTI_NODE_PREVIEW": "true",
                 "SHARDQ_FORWARD_TIMEOUT_MS": str(FORWARD_TIMEOUT_MS)}  # fmt: skip
-    return ShardqServer(tmp / name, shards=2, env=settings, http_port=free_port())
+    return ShardqServer(tmp / name, shards=shards, env=settings, http_port=free_port())
 
 
 def _cluster(node: ShardqServer) -> dict[str, Any]:
@@ -107,7 +107,8 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     order, the last ones freezing and then killing node B."""
     tmp = tmp_path_factory.mktemp("fwd")
     url = new_database("fwd")
-    a, b = _node(tmp, "node-a", url), _node(tmp, "node-b", url)
+    # One shard and two: a job id is looked up on the peers from either routing path.
+    a, b = _node(tmp, "node-a", url, 1), _node(tmp, "node-b", url, 2)
     try:
         a.start()
         b.start()

@@ -191,13 +191,16 @@ class Router:
         `envelope` goes with a command bound for the shard of its queue (a PULLB's wire mode);
         the commands routed by job id have none."""
         queue = cmd.get("queue")
-        if isinstance(queue, str) or self.shards == 1:
+        if isinstance(queue, str) or (self.shards == 1 and self.peers is None):
             shard = shard_of(queue, self.shards) if isinstance(queue, str) else 0
             self.ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard), envelope)
         elif name in ID_COMMANDS:
             self._by_id(client, req, name, cmd)
         elif name in ID_BATCH_COMMANDS:
-            self._by_ids(client, req, name, cmd)
+            if self.shards == 1:
+                self._whole_then_split(client, req, name, cmd)
+            else:
+                self._by_ids(client, req, name, cmd)
         else:
             # A queue command without a usable queue: any shard gives the engine's error.
             self.ask(0, client.conn, cmd, _Direct(self, client, req, name, 0), envelope)
@@ -258,6 +261,22 @@ class Router:
             else:
                 miss = partial(self._miss_done, client, name, sub, gather, k)
                 self.ask_first(client.conn, name, sub, miss)
+
+    def _whole_then_split(
+        self, client: Client, req: object, name: str, cmd: dict[str, Any]
+    ) -> None:
+        """An id batch on a node of one shard among several nodes: whole to the shard, as a
+        node alone sends it (no cache to split by); an ACKB it refuses for a job it does not
+        hold (it then applied none of it) is split id by id, the misses asked of the peers."""
+
+        def done(reply: Reply) -> None:
+            error = str(reply.get("error", "")) if reply.get("ok") is False else ""
+            if name == "ACKB" and "not found" in error.lower():
+                self._by_ids(client, req, name, cmd)
+            else:
+                answer(client, req, reply)
+
+        self.ask(0, client.conn, cmd, done)
 
     def _miss_done(
         self,
