@@ -10,7 +10,9 @@ extras), which are handed the router and never the dispatcher.
 - `ask_first(conn, name, cmd, done)`: every shard; the first reply that shows the job wins.
 - `gather(client, frame, done)`: every shard; `done` gets the replies in shard order.
 - `route(client, req, name, cmd)`: a client command to the shard of its queue or job (the job
-  cache, a fan-out on a miss, ID batches split per shard), its reply to the client.
+  cache, a fan-out on a miss, ID batches split per shard), its reply to the client. With
+  several nodes (`peers` set, docs/cluster.md), a job no shard here holds is asked of the
+  other nodes.
 - `control(shard, msg)`: a control message sent after this turn's batches (`close`, `drain`,
   `flowack`); `control_now(shard, msg)` sends one ahead of them (`listen`, `served`).
 
