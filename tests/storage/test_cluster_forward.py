@@ -199,6 +199,29 @@ def test_an_ackb_across_the_nodes_is_split_and_answered_whole(
     assert counts["completed"] == 3 and counts["waiting"] == counts["active"] == 0
 
 
+@pytest.mark.parametrize(("via", "owner"), [("a", "node-b"), ("b", "node-a")])
+def test_heartbeat_batches_through_the_other_node_count_the_owners_jobs(
+    nodes: Nodes, via: str, owner: str
+) -> None:
+    """A worker pulls through one node the jobs another holds and heartbeats them there: the
+    batches reach the owner (through A, one shard: whole, then the peers for the rest; through
+    B, two shards: its cache misses, split to its shards and the peers)."""
+    a, b, url = nodes
+    here = a if via == "a" else b
+    queue = _queue_of(url, owner, skip=8)
+    with TcpConnection(*here.tcp_address, timeout=15) as conn:
+        conn.call({"cmd": "PUSHB", "queue": queue, "jobs": [{"data": {"i": i}} for i in range(3)]})
+        jobs = conn.call({"cmd": "PULLB", "queue": queue, "count": 3, "timeout": 0})["jobs"]
+        ids = [job["id"] for job in jobs]
+        beat = conn.call({"cmd": "JobHeartbeatB", "ids": ids})
+        extended = conn.call({"cmd": "ExtendLocks", "ids": ids, "durations": [60_000] * 3})
+        acked = conn.call({"cmd": "ACKB", "ids": ids})
+    assert len(ids) == 3
+    assert beat["data"]["count"] == 3, beat
+    assert extended["count"] == 3, extended
+    assert acked["ok"] is True
+
+
 def test_bunqueue_client_through_the_node_that_does_not_own_its_queue(
     nodes: Nodes,
 ) -> None:

@@ -30,6 +30,7 @@ import contextlib
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
 import structlog
@@ -37,8 +38,9 @@ import structlog
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import SerializationError
 from shardq.runtime._spec import ChildSpec
-from shardq.runtime.frontend._merge import is_found
-from shardq.runtime.frontend._replies import Client, OnReply, Reply, answer
+from shardq.runtime.frontend._merge import combine_batch, is_found
+from shardq.runtime.frontend._replies import Client, Gather, OnReply, Reply, answer
+from shardq.runtime.frontend._router import no_count
 
 __all__ = [
     "FORWARD",
@@ -344,10 +346,31 @@ class Forwarder:
             self.link(address).send(cmd, found.part)
         return True
 
+    def fan_out_counts(self, client: Client, name: str, cmd: dict[str, Any], done: OnReply) -> bool:
+        """Send a heartbeat batch (JobHeartbeatB, ExtendLocks) to every peer: `done` gets one
+        reply counting the jobs they all found (a peer that cannot answer counts none: its
+        jobs' leases are not renewed, as a restarting shard's are not). False (nothing
+        asked) for a peer's request or when there are no peers."""
+        peers = self._peers()
+        if not peers or getattr(client, "no_forward", FORWARD) == PEER:
+            return False
+        self.forwards += 1
+        gather = Gather(len(peers), lambda replies: done(_summed(name, replies)))
+        cmd = {**cmd, "cmd": name}
+        for k, address in enumerate(peers):
+            self.link(address).send(cmd, partial(gather.part, k))
+        return True
+
     def close(self) -> None:
         for link in self._links.values():
             link.close()
         self._links.clear()
+
+
+def _summed(name: str, replies: list[Reply]) -> Reply:
+    """The peers' replies to a heartbeat batch as one: their counts added, errors as none."""
+    ok = [r for r in replies if r.get("ok") is True]
+    return combine_batch(name, [], [[] for _ in ok], ok) if ok else no_count(name)
 
 
 class _FirstOf:

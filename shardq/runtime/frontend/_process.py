@@ -132,6 +132,7 @@ class Frontend:
             self.forwarder = Forwarder(loop, ForwardLimits.from_spec(spec), lambda: guard.peers)
             self.dispatcher.guard_partitions(guard.refusal, self.forwarder.forward)
             self.dispatcher.router.peers = self.forwarder.fan_out
+            self.dispatcher.router.peer_counts = self.forwarder.fan_out_counts
         self.tcp = TcpGateway(self.dispatcher, loop, limits)
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, limits)
         self._inbox = self._ctx.socket(zmq.PULL)

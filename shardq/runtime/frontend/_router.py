@@ -58,6 +58,24 @@ _ID_FIELDS: Final = {"GetJobByCustomId": "customId", "UpdateParent": "childId"}
 
 # (client, name, cmd, this node's "not found" reply, done) -> whether the peers were asked.
 PeerLookup = Callable[[Client, str, dict[str, Any], Reply, OnReply], bool]
+# (client, name, a heartbeat batch, done with the peers' summed reply) -> whether they were.
+PeerCounts = Callable[[Client, str, dict[str, Any], OnReply], bool]
+_PEERS: Final = -1  # a split batch's part bound for the other nodes
+
+
+def _count(name: str, reply: Reply) -> int:
+    """The jobs a heartbeat batch's reply counts."""
+    source = reply.get("data") if name == "JobHeartbeatB" else reply
+    count = source.get("count") if isinstance(source, dict) else None
+    return count if isinstance(count, int) else 0
+
+
+def no_count(name: str) -> Reply:
+    """A heartbeat batch's reply that counts nothing (the shape `combine_batch` reads)."""
+    if name == "JobHeartbeatB":
+        return {"ok": True, "data": {"ok": True, "count": 0}}
+    return {"ok": True, "count": 0}
+
 
 _log = structlog.get_logger()
 
@@ -134,6 +152,8 @@ class Router:
         # Several nodes (docs/cluster.md): asks the other nodes for a job no shard here holds
         # (`Forwarder.fan_out`); None for a node alone. Used on a miss only.
         self.peers: PeerLookup | None = None
+        # ... and has them count a heartbeat batch's jobs (`Forwarder.fan_out_counts`).
+        self.peer_counts: PeerCounts | None = None
 
     @property
     def pending(self) -> int:
@@ -282,6 +302,8 @@ class Router:
             plan.extend((None, [i]) for i in misses)
         elif misses:
             plan.extend((shard, misses) for shard in range(self.shards))
+            if self.peer_counts is not None:
+                plan.append((_PEERS, misses))  # several nodes: theirs add up too
         parts = [indices for _, indices in plan]
         finish = partial(_batch_done, client, req, name, ids, parts)
         if not plan:
@@ -289,12 +311,23 @@ class Router:
             return
         gather = Gather(len(plan), finish)
         for k, (shard, indices) in enumerate(plan):
-            sub = sub_batch(name, cmd, indices)
-            if shard is not None:
-                self.ask(shard, client.conn, sub, partial(gather.part, k))
-            else:
-                miss = partial(self._miss_done, client, name, sub, gather, k)
-                self.ask_first(client.conn, name, sub, miss)
+            self._send_part(
+                client, name, sub_batch(name, cmd, indices), shard, partial(gather.part, k)
+            )
+
+    def _send_part(
+        self, client: Client, name: str, sub: dict[str, Any], shard: int | None, done: OnReply
+    ) -> None:
+        """One part of a split id batch: to its shard, to the first shard that holds its one
+        id (None), or to the other nodes (`_PEERS`, counts summed)."""
+        if shard is None:
+            self.ask_first(
+                client.conn, name, sub, partial(self._miss_done, client, name, sub, done)
+            )
+        elif shard != _PEERS:
+            self.ask(shard, client.conn, sub, done)
+        elif self.peer_counts is None or not self.peer_counts(client, name, sub, done):
+            self._loop.call_soon(done, no_count(name))
 
     def _whole_then_split(
         self, client: Client, req: object, name: str, cmd: dict[str, Any]
@@ -307,6 +340,18 @@ class Router:
             error = str(reply.get("error", "")) if reply.get("ok") is False else ""
             if name == "ACKB" and "not found" in error.lower():
                 self._by_ids(client, req, name, cmd)
+            elif (
+                name != "ACKB"
+                and not error
+                and self.peer_counts is not None
+                and _count(name, reply) < len(cmd["ids"])
+            ):
+                # A heartbeat batch counts what it found: the rest may be the peers' jobs.
+                finish = partial(_batch_done, client, req, name, cmd["ids"], [[], []])
+                gather = Gather(2, finish)
+                gather.part(0, reply)
+                if not self.peer_counts(client, name, cmd, partial(gather.part, 1)):
+                    gather.part(1, no_count(name))
             else:
                 answer(client, req, reply)
 
@@ -317,20 +362,15 @@ class Router:
         client: Client,
         name: str,
         sub: dict[str, Any],
-        gather: Gather,
-        k: int,
+        done: OnReply,
         found: int | None,
         reply: Reply,
     ) -> None:
         """One id of an ACKB that no shard's cache knew: a shard's answer, else the peers'."""
         peers = self.peers
-        if (
-            found is None
-            and peers is not None
-            and peers(client, name, sub, reply, partial(gather.part, k))
-        ):
+        if found is None and peers is not None and peers(client, name, sub, reply, done):
             return
-        gather.part(k, reply)
+        done(reply)
 
     # -- to and from the shards ------------------------------------------------------------
 
