@@ -1,8 +1,9 @@
-"""The forwarding link (`shardq.runtime.frontend._forward.PeerLink`) against a real
-`shardq start` (one node on SQLite, standing in for a peer): it pipelines over one connection,
-marks itself with `NoForward`, refuses past its bounds with `Node busy` without sending, fails
-a frozen peer's requests with `Node unavailable` after its timeout, reconnects after the peer
-is back, and `/ready`'s share check reads the map a lease round writes.
+"""The forwarding link and forwarder (`shardq.runtime.frontend._forward`) against real
+`shardq start` servers (nodes on SQLite, standing in for peers): a link pipelines over one
+connection, refuses past its bounds with `Node busy` without sending, fails a frozen peer's
+requests with `Node unavailable` after its timeout, reconnects after the peer is back; the
+forwarder asks two peers for a job and sums their heartbeat counts; and `/ready`'s share
+check reads the map a lease round writes.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 
 from shardq_harness import ShardqServer
 
+from shardq.client import TcpConnection
 from shardq.cluster._map import NodeInfo, write_map
-from shardq.runtime.frontend._forward import ForwardLimits, PeerLink
+from shardq.runtime.frontend._forward import PEER, Forwarder, ForwardLimits, PeerLink
 from shardq.runtime.http._cluster_facts import share_check
 
 
@@ -126,3 +128,60 @@ def test_ready_share_check_reads_the_lease_rounds_map(tmp_path: Path) -> None:
     ready, facts = publish(8, -1.0)
     assert not ready and facts["cluster"]["held"] == 0
     assert facts["reason"] == "this node's partition leases are not renewed"
+
+
+class _Client:
+    """The dispatcher's view of a client connection (what `Forwarder` reads of it)."""
+
+    conn = "c1"
+    authenticated = True
+
+    def __init__(self, no_forward: int = 0) -> None:
+        self.no_forward = no_forward
+
+    def send(self, reply: dict[str, Any]) -> None:
+        raise AssertionError("the forwarder answers through `done` here")
+
+    def drop(self, reason: str) -> None:
+        raise AssertionError(reason)
+
+
+def test_a_forwarder_asks_every_peer_for_a_job_and_sums_their_heartbeats(
+    shardq_server: Callable[..., ShardqServer], tmp_path: Path
+) -> None:
+    """Three nodes' worth of fan-out: this one (no server needed) and two real peers, the job
+    on the second; a peer's own request is never fanned out again."""
+    first, second = (shardq_server(data_dir=tmp_path / name) for name in ("p1", "p2"))
+    peers = [f"127.0.0.1:{first.tcp_port}", f"127.0.0.1:{second.tcp_port}"]
+    # Open while the peers are asked: a TCP connection's close releases the jobs it pulled.
+    worker = TcpConnection(*second.tcp_address, timeout=15)
+    worker.call({"cmd": "PUSHB", "queue": "fo", "jobs": [{"data": {}}, {"data": {}}]})
+    ids = [j["id"] for j in worker.call({"cmd": "PULLB", "queue": "fo", "count": 2})["jobs"]]
+
+    async def scenario() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        forwarder = Forwarder(loop, ForwardLimits(node="me"), lambda: peers)
+        local = {"ok": False, "error": "Job not found"}
+        results: list[Any] = []
+        for cmd, name in (({"id": ids[0]}, "GetJob"), ({"id": "nowhere"}, "GetJob")):
+            done = loop.create_future()
+            assert forwarder.fan_out(_Client(), name, cmd, dict(local), done.set_result)
+            results.append(await done)
+        done = loop.create_future()
+        counts = {"ids": [*ids, "nowhere"]}
+        assert forwarder.fan_out_counts(_Client(), "JobHeartbeatB", counts, done.set_result)
+        results.append(await done)
+        assert not forwarder.fan_out(_Client(PEER), "GetJob", {"id": ids[0]}, local, print)
+        assert not forwarder.fan_out_counts(_Client(PEER), "ExtendLocks", counts, print)
+        results.append(forwarder.forwards)
+        forwarder.close()
+        return results
+
+    try:
+        found, missing, beat, forwards = asyncio.run(scenario())
+    finally:
+        worker.close()
+    assert found["ok"] is True and found["job"]["id"] == ids[0]
+    assert missing == {"ok": False, "error": "Job not found"}  # every peer said so: ours
+    assert beat == {"ok": True, "data": {"ok": True, "count": 2}}
+    assert forwards == 3
