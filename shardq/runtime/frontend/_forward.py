@@ -17,10 +17,12 @@ loops.
 
 Bounds, per peer (`[cluster]`): `forward_max_in_flight` requests and `forward_max_bytes`
 bytes sent (or waiting for the connection) and not answered; past either a forward answers
-`Node busy: ...` at once. A forward unanswered after `forward_timeout_ms` (plus a long-poll's
-own `timeout`) answers `Node unavailable: ...`, as does one whose peer cannot be reached
-(then for a second no new connection is tried: each forward meanwhile fails at once). A link
-that breaks fails the requests it carried and is opened again by the next forward.
+`Node busy: ...` at once; bytes written and still unsent past `forward_max_bytes` (a peer that
+stopped reading while its requests timed out) drop the link. A forward unanswered after
+`forward_timeout_ms` (plus a long-poll's own `timeout`) answers `Node unavailable: ...`, as
+does one whose peer cannot be reached (then for a second no new connection is tried: each
+forward meanwhile fails at once). A link that breaks fails the requests it carried and is
+opened again by the next forward.
 """
 
 from __future__ import annotations
@@ -208,6 +210,11 @@ class PeerLink:
             return
         out, self._out = self._out, []
         conn.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        # Requests that timed out free their share of the bound, but their bytes may still be
+        # unsent: a peer that stopped reading must not make this buffer grow without bound.
+        unsent = conn.transport.get_write_buffer_size()
+        if unsent > self._limits.max_bytes:
+            self._drop(f"is not reading ({unsent} bytes unsent)")
 
     def _open(self) -> None:
         self._connecting = True
