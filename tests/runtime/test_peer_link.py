@@ -90,6 +90,41 @@ def test_a_link_pipelines_bounds_times_out_and_reconnects(
     asyncio.run(scenario())
 
 
+def test_a_peer_that_stops_reading_cannot_grow_the_unsent_buffer_past_the_bound(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    server = shardq_server()
+    address = f"127.0.0.1:{server.tcp_port}"
+    big = {"cmd": "PUSH", "queue": "fw", "data": {"blob": "x" * 150_000}}
+
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        link = PeerLink(address, loop, ForwardLimits(node="a", max_bytes=200_000, timeout_s=0.2))
+        assert (await _send(link, [{"cmd": "Ping"}]))[0]["ok"] is True  # connected
+        errors: list[str] = []
+        _signal_tree(server, signal.SIGSTOP)
+        try:
+            # Each round's pushes time out (the peer is frozen) and free the in-flight
+            # bound; their bytes pile up unsent until the link gives up on the peer.
+            for _ in range(40):
+                errors += [r.get("error", "") for r in await _send(link, [big, big])]
+                if any("is not reading" in e for e in errors):
+                    break
+        finally:
+            _signal_tree(server, signal.SIGCONT)
+        assert link.bytes == 0 and link.in_flight == 0
+        await asyncio.sleep(1.1)  # a dropped link is not opened again for a second
+        again = await _send(link, [{"cmd": "Ping"}])  # a new connection, the peer awake
+        assert again[0]["ok"] is True, again
+        link.close()
+        return errors
+
+    errors = asyncio.run(scenario())
+    dropped = [e for e in errors if "is not reading" in e]
+    assert dropped and dropped[0].startswith(f"Node unavailable: node {address} is not reading (")
+    assert all(e.startswith(("Node unavailable", "Node busy")) for e in errors), set(errors)
+
+
 def test_an_unreachable_peer_answers_at_once_and_is_retried_after_a_second() -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
