@@ -1,7 +1,8 @@
 """The forwarding link and forwarder (`shardq.runtime.frontend._forward`) against real
 `shardq start` servers (nodes on SQLite, standing in for peers): a link pipelines over one
 connection, refuses past its bounds with `Node busy` without sending, fails a frozen peer's
-requests with `Node unavailable` after its timeout, reconnects after the peer is back; the
+requests with `Node unavailable` after its timeout, reconnects after the peer is back, and
+drops itself when a frozen peer's unsent bytes pass its bound; the
 forwarder asks two peers for a job and sums their heartbeat counts; and `/ready`'s share
 check reads the map a lease round writes.
 """
