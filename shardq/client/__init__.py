@@ -17,7 +17,9 @@ a connection is made; its one `Transports` factory opens the command transports 
 streams alike. A worker leases up to `prefetch` (64) jobs ahead of its free
 handlers, renewing their leases while they wait, and ACKs in batches (`ack_batch`); both are
 options of `WorkerConfig`. A sans-IO core (`ClientCore`) does request ids, reply matching and
-error mapping; the blocking and asyncio transports are thin adapters around it. Errors are a
+error mapping; the blocking and asyncio transports are thin adapters around it. Several nodes
+on one database: `ClusterConnection` / `AsyncClusterConnection` (pass one as a queue's
+`connection=`) follow `MOVED` to the node holding a queue (docs/cluster.md). Errors are a
 tree under `shardq.errors.ShardqError` (see `shardq.client._errors`).
 
 Owns: the client's connections (one command transport each, its event streams), request ids
@@ -32,6 +34,7 @@ results and job handles back to the caller.
 
 from shardq.client._async_queue import AsyncQueue, async_join
 from shardq.client._async_worker import AsyncWorker, Handler
+from shardq.client._cluster import AsyncClusterConnection, ClusterConnection
 from shardq.client._connection import AsyncConnection, Connection
 from shardq.client._core import ClientCore, Framing, checked
 from shardq.client._current import JobCancelled, RunningJob, current_job
@@ -71,6 +74,7 @@ from shardq.client._worker_state import WorkerStats
 __all__ = [
     "DEFAULT_URL",
     "TRANSIENT_ERRORS",
+    "AsyncClusterConnection",
     "AsyncConnection",
     "AsyncEventStream",
     "AsyncQueue",
@@ -80,6 +84,7 @@ __all__ = [
     "ClientClosed",
     "ClientCore",
     "ClientError",
+    "ClusterConnection",
     "CommandFailed",
     "CommandTimeout",
     "Connection",

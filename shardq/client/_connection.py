@@ -64,6 +64,8 @@ class _Settings:
         self.transports = Transports(self.endpoint, security, connect_timeout)
         self.generation = 0
         """How many times a transport was opened; a change means the connection is new."""
+        self.hello: list[Command] = []
+        """Commands sent after `Auth` on every (re)connect (`ClusterConnection`: NoForward)."""
 
     @property
     def releases_on_close(self) -> bool:
@@ -71,7 +73,8 @@ class _Settings:
         return self.endpoint.scheme == "tcp"
 
     def auth_commands(self) -> list[Command]:
-        return [{"cmd": "Auth", "token": self.token}] if self.token else []
+        auth: list[Command] = [{"cmd": "Auth", "token": self.token}] if self.token else []
+        return auth + self.hello if self.hello else auth
 
     def may_retry(self, error: ClientError, attempt: int, idempotent: bool, n: int) -> bool:
         # Of a refused batch the other commands may have been applied: resend only if safe.

@@ -6,8 +6,9 @@
   lease thread (`shardq.runtime.writer._cluster`). The fencing check every write batch makes
   in its own transaction is the PostgreSQL store's (`shardq.storage._pg_fence`).
 - `_map`: the cluster map a node publishes in its run directory (`cluster.json`), read by
-  the front end (which refuses commands for partitions the node does not hold) and the HTTP
-  process (`GET /cluster`).
+  the front end (which forwards commands for partitions the node does not hold to their
+  holder, `shardq.runtime.frontend._forward`, or answers `MOVED`) and the HTTP process
+  (`GET /cluster`, `/ready`'s share check, the cluster metrics).
 
 Owns: the lease statements and the cluster map; no process of its own (the writer
 runs the lease thread, the front end and the HTTP process read the map).

@@ -7,14 +7,17 @@ file renamed over the old one, so a reader never sees half of it):
     {"node": id, "address": "host:port", "partitions": N,
      "valid_until": <CLOCK_MONOTONIC seconds>, "held": [partition, ...],
      "epochs": [epoch of each held partition, in the same order],
-     "nodes": [{"id", "address", "alive", "partitions"}], "owners": {"<partition>": id}}
+     "nodes": [{"id", "address", "alive", "partitions"}], "owners": {"<partition>": id},
+     "renew_ms": <the lease round's duration>}
 
 `valid_until` is the monotonic time (one clock for every process of a machine) until which
 this node may serve `held`: the start of the round that renewed them plus most of a lease, so
 a node frozen past its lease (SIGSTOP, a long pause) refuses at once when it wakes, before its
 lease thread has even run. The front end reads the file (`PartitionGuard`) and refuses a
-command for a queue of a partition it does not hold with `MOVED <partition> <address>`; the
-HTTP process answers `GET /cluster` from it (`cluster_view`).
+command for a queue of a partition it does not hold with `MOVED <partition> <address>`, which
+it forwards to that address unless the connection asked for `MOVED`
+(`shardq.runtime.frontend._forward`, to the other live nodes, `PartitionGuard.peers`); the
+HTTP process answers `GET /cluster` from it (`cluster_view`) and `/ready`'s share check.
 """
 
 from __future__ import annotations
@@ -74,8 +77,10 @@ def write_map(
     held: Mapping[int, int],
     nodes: Sequence[NodeInfo],
     owners: Mapping[int, str],
+    renew_ms: float = 0.0,
 ) -> None:
-    """Replace the map file (atomically). Raises OSError."""
+    """Replace the map file (atomically). Raises OSError. `renew_ms`: how long the round
+    that wrote it took (`/prometheus`)."""
     doc = {
         "node": node,
         "address": address,
@@ -89,6 +94,7 @@ def write_map(
         ],
         "owners": {str(p): o for p, o in sorted(owners.items())},
         "updated_ms": int(time.time() * 1000),
+        "renew_ms": round(renew_ms, 3),
     }
     path = Path(run_dir) / MAP_FILE
     tmp = path.with_name(f".{MAP_FILE}.{os.getpid()}")
@@ -178,6 +184,7 @@ class PartitionGuard:
         self._valid_until = 0.0
         self._addresses: dict[int, str] = {}
         self._memo: dict[str, int] = {}
+        self.peers: tuple[str, ...] = ()  # the other live nodes' addresses (forwarding)
 
     def refresh(self) -> bool:
         """Read the file again if it changed; True if it did."""
@@ -203,6 +210,10 @@ class PartitionGuard:
         self.holdings = held_pairs(doc)
         self.leased = frozenset(p for p, _ in self.holdings)
         self._valid_until = float(doc.get("valid_until", 0.0))
+        self.peers = tuple(
+            str(n.get("address")) for n in doc.get("nodes", [])
+            if n.get("alive") and n.get("id") != self._node and n.get("address")
+        )  # fmt: skip
         self._serve()
 
     def loaded(self, shard: int, held: Sequence[tuple[int, int]]) -> None:

@@ -256,6 +256,9 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     # Renewed every third: below 300 ms a renewal would have 100 ms to reach the database.
     "lease_ms": _ranged(300, 600_000, ms=True),
     "multi_node_preview": _bool,
+    "forward_max_in_flight": _ranged(1, 1 << 20),
+    "forward_max_bytes": _ranged(64 * 1024, 1 << 40),
+    "forward_timeout_ms": _ranged(100, 3_600_000, ms=True),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

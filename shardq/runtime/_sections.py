@@ -340,6 +340,14 @@ class ClusterSettings:
     # gains while running (docs/cluster.md): without this, a node refuses to start while
     # another is alive, and never gives partitions away for a rebalance.
     multi_node_preview: bool = False
+    # Forwarding to the owner of a queue's partition (docs/cluster.md "Forwarding"): one
+    # link per peer node; past either bound a forward is refused with `Node busy`, never
+    # buffered without bound.
+    forward_max_in_flight: int = 10_000
+    forward_max_bytes: int = 64 * 1024 * 1024
+    # A forward unanswered this long (plus a long-poll's own `timeout`) answers
+    # `Node unavailable`: a frozen owner costs its callers a bounded wait, not a hang.
+    forward_timeout_ms: int = 30_000
 
 
 # Section name (the attribute of `ServerConfig` and `ChildSpec`, the config file's table) -> its

@@ -200,6 +200,9 @@ VALID_TEXT = {
     "partitions": "64",
     "lease_ms": "1500",
     "multi_node_preview": "true",
+    "forward_max_in_flight": "100",
+    "forward_max_bytes": "1048576",
+    "forward_timeout_ms": "2000",
 }
 
 
@@ -310,6 +313,9 @@ advertise = "10.0.0.5:6789"
 partitions = 64
 lease_ms = 1500
 multi_node_preview = true
+forward_max_in_flight = 100
+forward_max_bytes = 1048576
+forward_timeout_ms = 2000
 """
 
 

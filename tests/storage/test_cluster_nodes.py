@@ -125,9 +125,11 @@ def test_two_nodes_split_the_partitions_and_show_it(
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     assert "node-a" in table and f"127.0.0.1:{b.tcp_port}" in table and "16 held" in table
-    # Each node serves its own queues and sends the others to their owner.
+    # Each node serves its own queues and sends a client that asked for it (`NoForward`) to
+    # the owner of the others (the others it forwards: test_cluster_forward.py).
     mine, theirs = _queue_owned_by(url, "node-a"), _queue_owned_by(url, "node-b")
     with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        conn.call({"cmd": "NoForward"})
         pushed = conn.call({"cmd": "PUSH", "queue": mine, "data": {}, "durable": True})
         moved = conn.call({"cmd": "PUSH", "queue": theirs, "data": {}}, check=False)
     assert pushed["ok"] is True
@@ -147,6 +149,8 @@ def test_a_frozen_node_cannot_write_after_its_lease_passed(
     queue = _queue_owned_by(url, "node-a")
     conn = TcpConnection(*a.tcp_address, timeout=15)
     try:
+        # What a's own shards do, not a forward to b once a's map shows b holds the queue.
+        conn.call({"cmd": "NoForward"})
         first = conn.call({"cmd": "PUSH", "queue": queue, "data": {"v": 1}, "durable": True})
         stored = _rows(url, queue)
         _signal_tree(a, signal.SIGSTOP)

@@ -3,12 +3,14 @@
 A schedule lives on the shard of its queue. `Cron` goes there; once that shard accepted it,
 a `CronDelete` of the same name goes to every other shard, so a schedule moved to a queue of
 another shard leaves no copy behind (a failed upsert deletes nothing). `CronGet` and
-`CronDelete` name only the schedule: every shard is asked and the one that has it answers.
+`CronDelete` name only the schedule: every shard is asked and the one that has it answers
+(with several nodes, when none has it, the other nodes are asked: `Router.peers`).
 `CronList` gathers every shard's schedules, ordered by name.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from shardq.runtime._routing import shard_of
@@ -58,9 +60,17 @@ class CronRoutes:
 
     def by_name(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         r = self._r
-        r.ask_first(
-            client.conn,
-            str(frame.get("cmd")),
-            frame,
-            lambda _shard, reply: answer(client, req, reply),
-        )
+        name = str(frame.get("cmd"))
+
+        def done(shard: int | None, reply: Reply) -> None:
+            # No shard here has it: with several nodes, it may live with another node's queue.
+            peers = r.peers
+            if (
+                shard is None
+                and peers is not None
+                and peers(client, name, frame, reply, partial(answer, client, req))
+            ):
+                return
+            answer(client, req, reply)
+
+        r.ask_first(client.conn, name, frame, done)

@@ -65,6 +65,11 @@ MAX_PULLERS: Final = MAX_AUTH_FAILURE_RECORDS
 _log = structlog.get_logger()
 
 
+# Sends a command the partition guard refused to the node holding its queue (`_forward.py`):
+# (client, req, name, frame, the refusal) -> whether it did.
+Forward = Callable[[Client, object, str, dict[str, Any], str], bool]
+
+
 # A PULLB's envelope for each wire mode; shared, as nothing changes an envelope once made.
 _WIRE_ENVELOPES: Final[dict[object, msgs.ReqEnvelope]] = {
     mode: {msgs.ENVELOPE_WIRE: mode} for mode in (PLAIN_NUMBERS, JS_NUMBERS)
@@ -76,6 +81,22 @@ def _pass_through(client: Client) -> msgs.ReqEnvelope | None:
     `wire_mode` says how numbers go), to be passed on as bytes (`protocol._prepacked`). It
     travels in the request's envelope: never a client's to choose."""
     return _WIRE_ENVELOPES.get(getattr(client, "wire_mode", None))
+
+
+# Front-end commands on one queue that the partition guard covers too (`guard_partitions`).
+_QUEUE_LOCAL: Final = ("Cron", "DashboardQueue")
+
+
+def _guarded_local(
+    refused: Callable[[Client, object, str, dict[str, Any]], bool],
+    name: str,
+    handler: LocalHandler,
+    client: Client,
+    req: object,
+    frame: dict[str, Any],
+) -> None:
+    if not refused(client, req, name, frame):
+        handler(client, req, frame)
 
 
 class Dispatcher:
@@ -244,24 +265,45 @@ class Dispatcher:
                 routed = self._park(routed, frame)
             self._route(routed, req, name, frame, envelope)
 
-    def guard_partitions(self, refusal: Callable[[str], str | None]) -> None:
+    def guard_partitions(
+        self, refusal: Callable[[str], str | None], forward: Forward | None = None
+    ) -> None:
         """Refuse a command for a queue this node does not serve now (several nodes on one
         database, docs/cluster.md): `refusal(queue)` gives the error (`MOVED ...`) or None.
-        Installed over `_to_shard` only then, so a node alone pays nothing for it."""
+        Installed over `_to_shard` only then, so a node alone pays nothing for it. `forward`
+        may send a refused command to its holder instead (True: it did, `_forward.py`)."""
         unguarded = self._to_shard
 
-        def to_shard(
-            client: Client, req: object, name: str, frame: dict[str, Any], checked: bool = False
-        ) -> None:
+        def refused(client: Client, req: object, name: str, frame: dict[str, Any]) -> bool:
             queue = frame.get("queue")
             if type(queue) is str:
                 error = refusal(queue)
                 if error is not None:
-                    self.answer(client, req, error_reply(error))
+                    if forward is None or not forward(client, req, name, frame, error):
+                        self.answer(client, req, error_reply(error))
+                    return True
+            return False
+
+        def to_shard(
+            client: Client, req: object, name: str, frame: dict[str, Any], checked: bool = False
+        ) -> None:
+            # `refused` inlined: this runs for every command of a node on PostgreSQL.
+            queue = frame.get("queue")
+            if type(queue) is str:
+                error = refusal(queue)
+                if error is not None:
+                    if forward is None or not forward(client, req, name, frame, error):
+                        self.answer(client, req, error_reply(error))
                     return
             unguarded(client, req, name, frame, checked)
 
         self._to_shard = to_shard  # type: ignore[method-assign]
+        # The front end's own commands that act on one queue's shard: a schedule must live
+        # with its queue (the writer's fence would refuse its pushes anywhere else).
+        for name in _QUEUE_LOCAL:
+            handler = self._local.get(name)
+            if handler is not None:
+                self._local[name] = partial(_guarded_local, refused, name, handler)
 
     def _park(self, client: Client, cmd: dict[str, Any]) -> Client:
         """A long-poll within the caps holds a slot until it is answered; past them it is

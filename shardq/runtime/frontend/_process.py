@@ -47,6 +47,7 @@ from shardq.runtime.frontend._backups import BackupCommand
 from shardq.runtime.frontend._cluster import ClusterCommand
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._events import EventLimits
+from shardq.runtime.frontend._forward import Forwarder, ForwardLimits, no_forward
 from shardq.runtime.frontend._links import ShardLinks
 from shardq.runtime.frontend._monitoring import MonitoringCommands
 from shardq.runtime.frontend._tcp import TcpGateway, TcpLimits
@@ -114,7 +115,7 @@ class Frontend:
             spec.frontend.flow_children_watch_max,
         )
         self.dispatcher.add_handlers(BackupCommand(spec).handlers)
-        self.dispatcher.add_handlers(ClusterCommand(spec).handlers)
+        self.dispatcher.add_handlers(ClusterCommand(spec, self._forwards).handlers)
         self.dispatcher.limits = schema_limits(spec.engine)
         # asyncio accepts up to a whole backlog of connections before any reaches the gateway,
         # so one burst's worth of descriptors is kept free too, and the burst kept to a quarter
@@ -125,15 +126,21 @@ class Frontend:
         limits = replace(limits, reserved_fds=limits.reserved_fds + self._backlog)
         self._guard: PartitionGuard | None = None
         self._holding: frozenset[int] | None = None  # as last written (`_publish_holding`)
+        self.forwarder: Forwarder | None = None
+        self.dispatcher.add_handlers({"NoForward": no_forward})
         if spec.external_store:
-            # Several nodes may share the database: serve only the partitions held.
+            # Several nodes may share the database: serve only the partitions held, and
+            # forward the other nodes' queues to them (docs/cluster.md).
             cluster = spec.cluster
-            self._guard = PartitionGuard(
+            guard = self._guard = PartitionGuard(
                 spec.run_dir, cluster.node_id, cluster.partitions, spec.shards
             )
-            self._guard.refresh()
+            guard.refresh()
             self.dispatcher.on_shard_kind(msgs.LOADED, self._on_loaded)
-            self.dispatcher.guard_partitions(self._guard.refusal)
+            self.forwarder = Forwarder(loop, ForwardLimits.from_spec(spec), lambda: guard.peers)
+            self.dispatcher.guard_partitions(guard.refusal, self.forwarder.forward)
+            self.dispatcher.router.peers = self.forwarder.fan_out
+            self.dispatcher.router.peer_counts = self.forwarder.fan_out_counts
         self.tcp = TcpGateway(self.dispatcher, loop, limits)
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, limits)
         self._inbox = self._ctx.socket(zmq.PULL)
@@ -141,6 +148,9 @@ class Frontend:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self._draining = False
+
+    def _forwards(self) -> int:
+        return 0 if self.forwarder is None else self.forwarder.forwards
 
     async def start(self) -> dict[str, str]:
         """Bind every socket and start serving; return the client addresses.
@@ -300,6 +310,8 @@ class Frontend:
         self.tcp.close_all()
         self.zmq.close()
         self._links.close()
+        if self.forwarder is not None:
+            self.forwarder.close()
         self._inbox.close(linger=0)
         self.sup.close()
         self._ctx.term()

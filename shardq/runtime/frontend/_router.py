@@ -10,7 +10,9 @@ extras), which are handed the router and never the dispatcher.
 - `ask_first(conn, name, cmd, done)`: every shard; the first reply that shows the job wins.
 - `gather(client, frame, done)`: every shard; `done` gets the replies in shard order.
 - `route(client, req, name, cmd)`: a client command to the shard of its queue or job (the job
-  cache, a fan-out on a miss, ID batches split per shard), its reply to the client.
+  cache, a fan-out on a miss, ID batches split per shard), its reply to the client. With
+  several nodes (`peers` set, docs/cluster.md), a job no shard here holds is asked of the
+  other nodes.
 - `control(shard, msg)`: a control message sent after this turn's batches (`close`, `drain`,
   `flowack`); `control_now(shard, msg)` sends one ahead of them (`listen`, `served`).
 
@@ -39,6 +41,7 @@ from shardq.runtime.frontend._merge import (
     JobCache,
     aligned,
     combine_batch,
+    is_found,
     learned_ids,
     shard_unavailable,
     sub_batch,
@@ -52,6 +55,27 @@ __all__ = ["INVALID_COMMAND_NESTING", "Router"]
 INVALID_COMMAND_NESTING: Final = "Invalid command: nested too deeply"
 # The field naming the job, for the id commands that do not call it `id`.
 _ID_FIELDS: Final = {"GetJobByCustomId": "customId", "UpdateParent": "childId"}
+
+# (client, name, cmd, this node's "not found" reply, done) -> whether the peers were asked.
+PeerLookup = Callable[[Client, str, dict[str, Any], Reply, OnReply], bool]
+# (client, name, a heartbeat batch, done with the peers' summed reply) -> whether they were.
+PeerCounts = Callable[[Client, str, dict[str, Any], OnReply], bool]
+_PEERS: Final = -1  # a split batch's part bound for the other nodes
+
+
+def _count(name: str, reply: Reply) -> int:
+    """The jobs a heartbeat batch's reply counts."""
+    source = reply.get("data") if name == "JobHeartbeatB" else reply
+    count = source.get("count") if isinstance(source, dict) else None
+    return count if isinstance(count, int) else 0
+
+
+def no_count(name: str) -> Reply:
+    """A heartbeat batch's reply that counts nothing (the shape `combine_batch` reads)."""
+    if name == "JobHeartbeatB":
+        return {"ok": True, "data": {"ok": True, "count": 0}}
+    return {"ok": True, "count": 0}
+
 
 _log = structlog.get_logger()
 
@@ -70,6 +94,34 @@ class _Direct:
 
     def __call__(self, reply: Reply) -> None:
         self.router.learn(self.name, self.shard, reply)
+        answer(self.client, self.req, reply)
+
+
+class _PeersOnMiss:
+    """The reply of an id command on a node of one shard among several: the job is here, or
+    the peers are asked (`Router.peers`). About as cheap as `_Direct` when it is here."""
+
+    __slots__ = ("client", "cmd", "name", "req", "router")
+
+    def __init__(
+        self, router: Router, client: Client, req: object, name: str, cmd: dict[str, Any]
+    ) -> None:
+        self.router = router
+        self.client = client
+        self.req = req
+        self.name = name
+        self.cmd = cmd
+
+    def __call__(self, reply: Reply) -> None:
+        peers = self.router.peers
+        if (
+            peers is not None
+            and not is_found(self.name, reply)
+            and peers(
+                self.client, self.name, self.cmd, reply, partial(answer, self.client, self.req)
+            )
+        ):
+            return
         answer(self.client, self.req, reply)
 
 
@@ -97,6 +149,11 @@ class Router:
         self._outbox: list[list[list[Any]]] = [[] for _ in range(shards)]
         self._control: list[list[Mapping[str, Any]]] = [[] for _ in range(shards)]
         self._flush_scheduled = False
+        # Several nodes (docs/cluster.md): asks the other nodes for a job no shard here holds
+        # (`Forwarder.fan_out`); None for a node alone. Used on a miss only.
+        self.peers: PeerLookup | None = None
+        # ... and has them count a heartbeat batch's jobs (`Forwarder.fan_out_counts`).
+        self.peer_counts: PeerCounts | None = None
 
     @property
     def pending(self) -> int:
@@ -185,13 +242,19 @@ class Router:
         `envelope` goes with a command bound for the shard of its queue (a PULLB's wire mode);
         the commands routed by job id have none."""
         queue = cmd.get("queue")
-        if isinstance(queue, str) or self.shards == 1:
+        if isinstance(queue, str) or (self.shards == 1 and self.peers is None):
             shard = shard_of(queue, self.shards) if isinstance(queue, str) else 0
             self.ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard), envelope)
         elif name in ID_COMMANDS:
-            self._by_id(client, req, name, cmd)
+            if self.shards == 1:  # several nodes, one shard: no cache, no fan-out here
+                self.ask(0, client.conn, cmd, _PeersOnMiss(self, client, req, name, cmd))
+            else:
+                self._by_id(client, req, name, cmd)
         elif name in ID_BATCH_COMMANDS:
-            self._by_ids(client, req, name, cmd)
+            if self.shards == 1:
+                self._whole_then_split(client, req, name, cmd)
+            else:
+                self._by_ids(client, req, name, cmd)
         else:
             # A queue command without a usable queue: any shard gives the engine's error.
             self.ask(0, client.conn, cmd, _Direct(self, client, req, name, 0), envelope)
@@ -207,6 +270,10 @@ class Router:
             if found is not None:
                 self.cache.learn([key], found)
                 self.learn(name, found, reply)
+            elif self.peers is not None and self.peers(
+                client, name, cmd, reply, partial(answer, client, req)
+            ):
+                return  # another node may hold it: the first that does answers
             answer(client, req, reply)
 
         self.ask_first(client.conn, name, cmd, done)
@@ -235,6 +302,8 @@ class Router:
             plan.extend((None, [i]) for i in misses)
         elif misses:
             plan.extend((shard, misses) for shard in range(self.shards))
+            if self.peer_counts is not None:
+                plan.append((_PEERS, misses))  # several nodes: theirs add up too
         parts = [indices for _, indices in plan]
         finish = partial(_batch_done, client, req, name, ids, parts)
         if not plan:
@@ -242,11 +311,66 @@ class Router:
             return
         gather = Gather(len(plan), finish)
         for k, (shard, indices) in enumerate(plan):
-            sub = sub_batch(name, cmd, indices)
-            if shard is not None:
-                self.ask(shard, client.conn, sub, partial(gather.part, k))
+            self._send_part(
+                client, name, sub_batch(name, cmd, indices), shard, partial(gather.part, k)
+            )
+
+    def _send_part(
+        self, client: Client, name: str, sub: dict[str, Any], shard: int | None, done: OnReply
+    ) -> None:
+        """One part of a split id batch: to its shard, to the first shard that holds its one
+        id (None), or to the other nodes (`_PEERS`, counts summed)."""
+        if shard is None:
+            self.ask_first(
+                client.conn, name, sub, partial(self._miss_done, client, name, sub, done)
+            )
+        elif shard != _PEERS:
+            self.ask(shard, client.conn, sub, done)
+        elif self.peer_counts is None or not self.peer_counts(client, name, sub, done):
+            self._loop.call_soon(done, no_count(name))
+
+    def _whole_then_split(
+        self, client: Client, req: object, name: str, cmd: dict[str, Any]
+    ) -> None:
+        """An id batch on a node of one shard among several nodes: whole to the shard, as a
+        node alone sends it (no cache to split by); an ACKB it refuses for a job it does not
+        hold (it then applied none of it) is split id by id, the misses asked of the peers."""
+
+        def done(reply: Reply) -> None:
+            error = str(reply.get("error", "")) if reply.get("ok") is False else ""
+            if name == "ACKB" and "not found" in error.lower():
+                self._by_ids(client, req, name, cmd)
+            elif (
+                name != "ACKB"
+                and not error
+                and self.peer_counts is not None
+                and _count(name, reply) < len(cmd["ids"])
+            ):
+                # A heartbeat batch counts what it found: the rest may be the peers' jobs.
+                finish = partial(_batch_done, client, req, name, cmd["ids"], [[], []])
+                gather = Gather(2, finish)
+                gather.part(0, reply)
+                if not self.peer_counts(client, name, cmd, partial(gather.part, 1)):
+                    gather.part(1, no_count(name))
             else:
-                self.ask_first(client.conn, name, sub, partial(_miss_done, gather, k))
+                answer(client, req, reply)
+
+        self.ask(0, client.conn, cmd, done)
+
+    def _miss_done(
+        self,
+        client: Client,
+        name: str,
+        sub: dict[str, Any],
+        done: OnReply,
+        found: int | None,
+        reply: Reply,
+    ) -> None:
+        """One id of an ACKB that no shard's cache knew: a shard's answer, else the peers'."""
+        peers = self.peers
+        if found is None and peers is not None and peers(client, name, sub, reply, done):
+            return
+        done(reply)
 
     # -- to and from the shards ------------------------------------------------------------
 
@@ -320,10 +444,6 @@ class Router:
         for rid in lost:
             _owner, on_reply = self._pending.pop(rid)
             on_reply(shard_unavailable(shard))
-
-
-def _miss_done(gather: Gather, k: int, found: int | None, reply: Reply) -> None:
-    gather.part(k, reply)
 
 
 def _batch_done(

@@ -99,6 +99,7 @@ class TcpConnection(asyncio.Protocol):
 
     wire_mode = JS_NUMBERS  # how a shard packs a reply passed through to it
     internal = False  # the HTTP process's link (set by Auth with the internal token)
+    no_forward = 0  # what it asked with `NoForward` (frontend._forward): 0 forwards
 
     def __init__(self, gateway: TcpGateway, conn: str) -> None:
         self.gateway = gateway

@@ -63,6 +63,7 @@ class ZmqPeer:
         "held",
         "in_flight",
         "internal",
+        "no_forward",
         "rate",
     )
     wire_mode = PLAIN_NUMBERS  # how a shard packs a reply passed through to it
@@ -79,6 +80,7 @@ class ZmqPeer:
         self.held: deque[DecodedFrame] = deque()  # messages past the in-flight cap
         self.address = ""  # the source address of its latest message, when libzmq says
         self.internal = False
+        self.no_forward = 0  # `NoForward` (frontend._forward): 0 forwards
 
     def send(self, reply: dict[str, Any]) -> None:
         self.in_flight -= 1

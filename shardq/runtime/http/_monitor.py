@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from shardq._version import __version__
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.http._backend import Backend
+from shardq.runtime.http._cluster_facts import ClusterCollector, share_check
 from shardq.runtime.http._facts import (
     ProcessMemory,
     StorageFacts,
@@ -177,6 +178,10 @@ class Monitor:
             body["storage"] = storage.as_json()
         elif not ready:
             body["reason"] = "recovering or restarting: the front end does not answer yet"
+        elif self._spec.external_store:
+            # Several nodes on one database: ready once this node holds its share.
+            ready, facts = share_check(self._spec.run_dir)
+            body.update(facts, ok=ready, ready=ready)
         return (200 if ready else 503), body
 
     async def stats(self) -> dict[str, Any]:
@@ -237,6 +242,9 @@ class Monitor:
         """The exposition text; `extra` collectors (webhook delivery) add their metrics."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_SnapshotCollector(await self.snapshot(per_queue=True)))
+        if self._spec.external_store:
+            status = await self._backend.call({"cmd": "ClusterStatus"})
+            registry.register(ClusterCollector(self._spec.run_dir, status))
         for collector in extra:
             registry.register(collector)
         return generate_latest(registry)

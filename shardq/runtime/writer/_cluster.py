@@ -290,6 +290,7 @@ class LeaseKeeper:
                 held={p: e for p, e in self._held.items() if p not in self._releasing},
                 nodes=nodes,
                 owners=owners,
+                renew_ms=self.renew_seconds * 1000,
             )
         except (OSError, StorageError) as e:
             log.warning("cannot publish the cluster map", error=str(e))
