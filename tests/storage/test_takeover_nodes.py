@@ -69,11 +69,16 @@ def _held_by(url: str, node: str) -> set[int]:
     return {p for p, o in _owners(url).items() if o == node}
 
 
+# Answers that pass: a partition being loaded, or forwarded to an owner that just died.
+_RETRIED = ("Partition unavailable", "Node unavailable")
+
+
 class Clients:
     """One connection per node, and commands sent to a queue's owner by following `MOVED`
-    (and retrying `Partition unavailable` while a partition is being loaded). A command by
-    job id names no queue: it goes where the last command went (`last`), as a worker ACKs
-    on the node it pulled from."""
+    (and retrying `Partition unavailable` while a partition is being loaded, and `Node
+    unavailable` while the node a command was forwarded to has died and its lease holds). A
+    command by job id names no queue: it goes where the last command went (`last`), as a
+    worker ACKs on the node it pulled from."""
 
     def __init__(self, nodes: Iterable[ShardqServer]) -> None:
         # Connected on first use: a node may not be up yet when its client is made.
@@ -104,7 +109,7 @@ class Clients:
                 address = error.split()[2]
             elif error.startswith("MOVED "):
                 pass  # to a node gone (killed): its lease has not lapsed yet
-            elif not error.startswith("Partition unavailable"):
+            elif not error.startswith(_RETRIED):
                 return reply
             if time.monotonic() >= deadline:
                 raise AssertionError(f"{cmd} still refused after {timeout} s: {error}")

@@ -50,6 +50,10 @@ class JobCache:
     def get(self, job_id: object) -> int | None:
         return self._shards.get(job_id) if isinstance(job_id, str) else None
 
+    def clear(self) -> None:
+        """Forget every job: the shards dropped queues (a partition passed to another node)."""
+        self._shards.clear()
+
     def learn(self, job_ids: Sequence[object], shard: int) -> None:
         shards = self._shards
         for job_id in job_ids:

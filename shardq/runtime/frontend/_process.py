@@ -198,6 +198,10 @@ class Frontend:
     def _publish_holding(self, guard: PartitionGuard) -> None:
         """Tell the lease thread which partitions the shards still hold (`HOLDING_FILE`)."""
         holding = guard.holding()
+        if self._holding is not None and not holding >= self._holding:
+            # The shards dropped partitions: ids cached for them would go to a shard that
+            # answers "not found" instead of to the node that holds them now.
+            self.dispatcher.router.cache.clear()
         if holding != self._holding:
             try:
                 write_holding(self.spec.run_dir, holding)

@@ -263,7 +263,10 @@ class Router:
         key = cmd.get(_ID_FIELDS.get(name, "id"))
         shard = self.cache.get(key)
         if shard is not None:
-            self.ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard))
+            if self.peers is None:
+                self.ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard))
+            else:  # the job may have moved to another node since it was cached
+                self.ask(shard, client.conn, cmd, _PeersOnMiss(self, client, req, name, cmd))
             return
 
         def done(found: int | None, reply: Reply) -> None:
