@@ -175,6 +175,25 @@ def test_get_job_and_ack_by_id_through_the_node_that_does_not_hold_the_job(
     assert (missing["ok"], missing["error"]) == (False, "Job not found")  # neither node has it
 
 
+def test_an_ack_no_node_holds_is_refused_once_not_bounced_between_the_nodes(
+    nodes: Nodes,
+) -> None:
+    # ACK is counted on its way back (a stand-in client in the front end): the stand-in must
+    # keep the peer link's NoForward, or each node fans the other's lookup out again, and
+    # the two links fill with the same ACK until they stop reading.
+    a, b, url = nodes
+    queue = _queue_of(url, "node-b", skip=1)
+    before = _forwards(a) + _forwards(b)
+    with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        for _ in range(3):
+            reply = conn.call({"cmd": "ACK", "id": "no-such-job", "token": "t"}, check=False)
+            assert reply["ok"] is False and "not found" in reply["error"].lower(), reply
+        # The links still carry forwards.
+        assert conn.call({"cmd": "PUSH", "queue": queue, "data": {}})["ok"] is True
+    # A asked B once per ACK and forwarded the push; B asked nobody back.
+    assert _forwards(a) + _forwards(b) - before == 4
+
+
 def test_an_ackb_across_the_nodes_is_split_and_answered_whole(
     nodes: Nodes,
 ) -> None:

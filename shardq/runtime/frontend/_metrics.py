@@ -195,6 +195,12 @@ class _Watched:
     def authenticated(self, value: bool) -> None:
         self._client.authenticated = value
 
+    @property
+    def no_forward(self) -> int:
+        # What the connection asked with `NoForward` (frontend._forward): a stand-in must say
+        # it too, or a peer node's request would be forwarded or fanned out again (a loop).
+        return int(getattr(self._client, "no_forward", 0))
+
     def send(self, reply: dict[str, Any]) -> None:
         self._counters.observe(self._name, reply, self._started, time.perf_counter(), self._batch)
         self._client.send(reply)

@@ -115,6 +115,12 @@ class ParkedClient:
     def authenticated(self, value: bool) -> None:
         self._client.authenticated = value
 
+    @property
+    def no_forward(self) -> int:
+        # What the connection asked with `NoForward` (frontend._forward): a stand-in must say
+        # it too, or a peer node's request would be forwarded or fanned out again (a loop).
+        return int(getattr(self._client, "no_forward", 0))
+
     def send(self, reply: Reply) -> None:
         self._slots.give_back(self.conn)
         self._client.send(reply)
