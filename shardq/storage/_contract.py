@@ -28,6 +28,10 @@ in tests/storage/contract/ runs the same tests against every backend):
   its own instance opened beside the writer's: it sees every batch committed before.
 - Opening creates or migrates the schema to the backend's latest version, keeps what an older
   store held, and refuses a store newer than the code.
+- The cold backlog's reads (`page_waiting`, `page_group`, `page_delayed`, `get_by_custom_id`,
+  `find_unique`, `cold_counts`; `shardq.storage._cold_reads` says the orders) read the
+  records as `get_job` does (patch and deltas merged), in exactly the engine's delivery
+  order, through an index each, and each is bounded in rows and bytes.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from types import TracebackType
 from typing import Protocol
 
 from shardq.core._mutations import Mutation, Record
+from shardq.storage._cold_reads import ColdCounts, ColdPage, Cursor
 
 __all__ = ["Storage"]
 
@@ -68,6 +73,47 @@ class Storage(Protocol):
 
     def queue_names(self) -> set[str]:
         """Every queue with a stored job, config or configured group."""
+        ...
+
+    def page_waiting(
+        self, queue: str, after: Cursor | None = None, *, limit: int, max_bytes: int = ...
+    ) -> ColdPage:
+        """The next ungrouped waiting jobs of `queue` in delivery order, strictly after the
+        cursor `after` (None: from the head): at most `limit` (1 to `MAX_LIMIT`) records,
+        and no more once their stored bytes reach `max_bytes`. Raises `ValueError` for a
+        bound out of range or a cursor of the wrong length."""
+        ...
+
+    def page_group(
+        self,
+        queue: str,
+        group: str,
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        max_bytes: int = ...,
+    ) -> ColdPage:
+        """The next waiting jobs of one job group of `queue`, in the group's order (as
+        `page_waiting`)."""
+        ...
+
+    def page_delayed(
+        self, queue: str, after: Cursor | None = None, *, limit: int, max_bytes: int = ...
+    ) -> ColdPage:
+        """The next delayed jobs of `queue` by run time, then seq (as `page_waiting`)."""
+        ...
+
+    def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
+        """The stored job of `queue` pushed with this custom id, or None."""
+        ...
+
+    def find_unique(self, queue: str, unique_key: str, *, limit: int = ...) -> list[Record]:
+        """The stored jobs of `queue` with this uniqueKey, in any state, lowest seq first,
+        at most `limit`."""
+        ...
+
+    def cold_counts(self, queue: str) -> ColdCounts:
+        """The stored waiting and delayed jobs of `queue`, in total and per group."""
         ...
 
     def load_queues(self) -> dict[str, Record]:

@@ -20,6 +20,7 @@ from psycopg.rows import TupleRow
 
 from shardq.core._mutations import Record
 from shardq.storage._coalesce import Plan, Stored
+from shardq.storage._cold import COLD_FIELDS
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._write import (
     Pack,
@@ -35,17 +36,29 @@ __all__ = ["Writes", "read_deltas", "write_plan"]
 Conn = psycopg.Connection[TupleRow]
 
 _COLUMN = {name: "run_at" if name == "runAt" else name for name in COLUMN_FIELDS}
+_COLUMN |= {column: column for column in COLD_FIELDS.values()}  # set by name (`_write`)
 # The array type of each column, for `unnest`.
 _ARRAY = {"queue": "text[]", "state": "text[]", "priority": "float8[]"}
 _ARRAY |= {"run_at": "bigint[]", "seq": "bigint[]", "rec": "bytea[]", "patch": "bytea[]"}
+_ARRAY |= {"lifo": "smallint[]", "gid": "text[]", "ukey": "text[]"}
 # A batch's puts as one statement over arrays, a column each: the server plans it once and
 # psycopg dumps each array in one go, where an `executemany` binds and runs a statement per
 # row (on a push->pull->ack batch that was most of the client's CPU).
 _UPSERT_JOB = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch, lifo, gid, ukey)"
+    " SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[], %b::bigint[],"
+    " %b::bigint[], %b::bytea[], %b::bytea[], %b::smallint[], %b::text[], %b::text[])"
+    # An in-place update keeps `ord`, so the order among equal seqs stays (SQLite's rowid).
+    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
+    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
+    " rec = excluded.rec, patch = excluded.patch, lifo = excluded.lifo, gid = excluded.gid,"
+    " ukey = excluded.ukey"
+)
+# A schema older than the cold columns (tests build one) gets rows without them.
+_UPSERT_PLAIN_JOB = (
     "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
     " SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[], %b::bigint[],"
     " %b::bigint[], %b::bytea[], %b::bytea[])"
-    # An in-place update keeps `ord`, so the order among equal seqs stays (SQLite's rowid).
     " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
     " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
     " rec = excluded.rec, patch = excluded.patch"
@@ -103,7 +116,13 @@ class Writes:
 
 
 def write_plan(
-    writes: Writes, plan: Plan, pack: Pack, patch_floor: int, deltas_exist: bool
+    writes: Writes,
+    plan: Plan,
+    pack: Pack,
+    patch_floor: int,
+    deltas_exist: bool,
+    *,
+    cold: bool = True,
 ) -> dict[str, Stored | None]:
     """Queue the statements that write `plan`; return what is now known of every job it
     touched (None: the row is gone). `deltas_exist`: whether `job_deltas` may hold a row.
@@ -112,7 +131,7 @@ def write_plan(
     if plan.obliterated:
         _obliterate(writes, plan, deltas_exist)
     known: dict[str, Stored | None] = {}
-    _write_jobs(writes, plan, pack, patch_floor, deltas_exist, known)
+    _write_jobs(writes, plan, pack, patch_floor, deltas_exist, known, cold)
     _write_keyed(writes, plan.queues, "queue_state", ("name", "cfg"), lambda k, r: (k, pack(r)))
     if plan.crons:
         cron_row = _with_queue("queue", pack)
@@ -135,6 +154,7 @@ def _write_jobs(
     patch_floor: int,
     deltas_exist: bool,
     known: dict[str, Stored | None],
+    cold: bool,
 ) -> None:
     deleted: list[str] = []
     whole: list[tuple[Any, ...]] = []
@@ -146,8 +166,8 @@ def _write_jobs(
             deleted.append(job_id)
             known[job_id] = None
         elif row.values is not None:
-            whole.append(whole_row(job_id, row, row.values, pack, patch_floor, known))
-        elif add_update(job_id, row, pack, patch_floor, updates, known, ops):
+            whole.append(whole_row(job_id, row, row.values, pack, patch_floor, known, cold))
+        elif add_update(job_id, row, pack, patch_floor, updates, known, ops, cold):
             to_fold.append(job_id)
     if deltas_exist and (deleted or whole):
         # A put replaces the whole record, ops included (a batch resent to a new writer).
@@ -155,7 +175,7 @@ def _write_jobs(
     if deleted:
         writes.one(_DELETE_JOBS, (deleted,))
     if whole:
-        writes.one(_UPSERT_JOB, _columns(whole, *_WHOLE_NUMBERS))
+        writes.one(_UPSERT_JOB if cold else _UPSERT_PLAIN_JOB, _columns(whole, *_WHOLE_NUMBERS))
     for names, rows in updates.items():
         sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
         priority_at = names.index("priority") if "priority" in names else -1

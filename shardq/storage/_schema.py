@@ -16,8 +16,9 @@ from functools import partial
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 from sqlite_utils import Database
 
+from shardq.storage._cold import RECORD_MARKS, cold_values
 from shardq.storage._errors import StorageError, wrap_error
-from shardq.storage._progress import migration_step
+from shardq.storage._progress import filled, migration_step
 from shardq.storage._tx import transaction
 
 __all__ = [
@@ -237,10 +238,65 @@ def _v8_queue_groups(db: Database) -> None:
         db.execute("UPDATE queue_state SET cfg = ? WHERE name = ?", [packed_cfg, name])
 
 
+def _v9_cold_backlog(db: Database) -> None:
+    # A shard under a memory budget pages a queue's cold jobs in, in delivery order, and looks
+    # them up by uniqueKey (shardq.storage._cold_reads). That order also reads whether a job
+    # is LIFO and its group, which lived in the record only: these columns keep them
+    # (shardq.storage._cold says how the writer sets them without decoding a record). Each
+    # index is partial, over the rows one read needs: a job outside them (active, completed)
+    # costs no entry, and a plain push adds one entry, which its pull removes. An index ends
+    # with the columns of its own condition (constant in it) only so that SQLite can count a
+    # queue's jobs over the index alone (`cold_counts`), without reading a row.
+    db.execute("ALTER TABLE jobs ADD COLUMN lifo INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE jobs ADD COLUMN gid TEXT")
+    db.execute("ALTER TABLE jobs ADD COLUMN ukey TEXT")
+    _fill_cold_columns(db)
+    db.execute(
+        "CREATE INDEX idx_jobs_waiting ON jobs (queue, (-coalesce(priority, 0)), (-lifo),"
+        " (CASE WHEN lifo = 1 THEN -seq ELSE coalesce(run_at, 0) END), seq, id, state, gid)"
+        " WHERE state = 'waiting' AND gid IS NULL"
+    )
+    db.execute(
+        "CREATE INDEX idx_jobs_group_waiting ON jobs (queue, gid, (coalesce(priority, 0)),"
+        " (coalesce(run_at, 0)), seq, id, state) WHERE state = 'waiting' AND gid IS NOT NULL"
+    )
+    db.execute(
+        "CREATE INDEX idx_jobs_delayed ON jobs (queue, (coalesce(run_at, 0)), seq, id, gid, state)"
+        " WHERE state = 'delayed'"
+    )
+    db.execute("CREATE INDEX idx_jobs_unique ON jobs (queue, ukey, seq) WHERE ukey IS NOT NULL")
+
+
+def _fill_cold_columns(db: Database) -> None:
+    """Set the new columns of the rows stored before them: only rows whose bytes mention one
+    of the fields are read (`instr` on the blobs), a few thousand at a time."""
+    blobs = RECORD_MARKS
+    test = " OR ".join(["instr(rec, ?) > 0 OR instr(patch, ?) > 0"] * len(blobs))
+    params = [b for b in blobs for _ in range(2)]
+    sql = (
+        f"SELECT rowid, rec, patch FROM jobs WHERE rowid > ? AND ({test}) ORDER BY rowid LIMIT 2000"
+    )
+    last = 0
+    read = 0
+    while True:
+        rows = db.execute(sql, [last, *params]).fetchall()
+        if not rows:
+            return
+        filled("cold backlog columns", read + len(rows), read)
+        read += len(rows)
+        update = "UPDATE jobs SET lifo = ?, gid = ?, ukey = ? WHERE rowid = ?"
+        db.conn.executemany(
+            update, [(*cold_values(rec, patch), rowid) for rowid, rec, patch in rows]
+        )
+        last = rows[-1][0]
+
+
 Migration = Callable[[Database], None]
 
 DELTAS_VERSION = 7
 """The schema version that added the `job_deltas` table."""
+COLD_VERSION = 9
+"""The schema version that added the cold columns and their indexes (`_v9_cold_backlog`)."""
 
 # Append only. The database's schema version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -252,6 +308,7 @@ MIGRATIONS: list[Migration] = [
     _v6_flows,
     _v7_job_deltas,
     _v8_queue_groups,
+    _v9_cold_backlog,
 ]
 
 
@@ -318,9 +375,14 @@ def describe(db: Database) -> SchemaInfo:
             columns[table.name] = tuple(
                 (str(c.name), str(c.type), bool(c.notnull)) for c in table.columns
             )
-            # origin "c" = made by CREATE INDEX; skip the implicit primary-key indexes.
+            # origin "c" = made by CREATE INDEX; skip the implicit primary-key indexes. SQLite
+            # names no column for an expression.
             indexes[table.name] = tuple(
-                sorted(tuple(ix.columns) for ix in table.indexes if ix.origin == "c")
+                sorted(
+                    tuple(c if c is not None else "<expr>" for c in ix.columns)
+                    for ix in table.indexes
+                    if ix.origin == "c"
+                )
             )
     except sqlite3.Error as e:
         raise wrap_error(e, "reading the schema") from e

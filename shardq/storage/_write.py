@@ -27,6 +27,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from shardq.core._mutations import Record, apply_delta, finish_deltas
 from shardq.storage._coalesce import Part, Plan, Row, Stored, check_columns, check_values
+from shardq.storage._cold import COLD_FIELDS, cold_changes, cold_values
 from shardq.storage._deltas import (
     DELTA_KEY,
     apply_ops,
@@ -62,11 +63,22 @@ _frame = struct.Struct(">I").pack
 _read_frame = struct.Struct(">I").unpack_from
 
 _COLUMN = {name: "run_at" if name == "runAt" else name for name in COLUMN_FIELDS}
+# The cold columns (`_cold`) an update sets go under their column names.
+_COLUMN |= {column: column for column in COLD_FIELDS.values()}
 _UPSERT_JOB = (
-    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch, lifo, gid, ukey)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     # An in-place update, unlike INSERT OR REPLACE, rewrites only the indexes whose columns
     # changed, and keeps the rowid (and so the tie order among equal seqs) stable.
+    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
+    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
+    " rec = excluded.rec, patch = excluded.patch, lifo = excluded.lifo, gid = excluded.gid,"
+    " ukey = excluded.ukey"
+)
+# A store at a schema older than the cold columns (tests build one) writes rows without them.
+_UPSERT_PLAIN_JOB = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
     " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
     " rec = excluded.rec, patch = excluded.patch"
@@ -94,18 +106,25 @@ _UPDATE_SQL: dict[tuple[str, ...], str] = {}
 
 
 def write_plan(
-    conn: sqlite3.Connection, plan: Plan, pack: Pack, patch_floor: int, deltas_exist: bool
+    conn: sqlite3.Connection,
+    plan: Plan,
+    pack: Pack,
+    patch_floor: int,
+    deltas_exist: bool,
+    *,
+    cold: bool = True,
 ) -> tuple[int, dict[str, Stored | None], int]:
     """Write `plan`; return the rows written, what is now known of every job it touched
     (None: the row is gone) and the change in the number of `job_deltas` rows.
     `deltas_exist`: whether that table may hold a row (if not, no job's ops need deleting).
+    `cold`: whether the table has the cold columns (`_cold`; every schema since they came).
     Raises what sqlite3 and msgpack raise, and `StorageError` for a row whose column fields
     are missing or mistyped; the caller's transaction rolls back."""
     written = delta_rows = 0
     if plan.obliterated:
         written, delta_rows = _obliterate(conn, plan, deltas_exist)
     known: dict[str, Stored | None] = {}
-    rows, changed = _write_jobs(conn, plan, pack, patch_floor, deltas_exist, known)
+    rows, changed = _write_jobs(conn, plan, pack, patch_floor, deltas_exist, known, cold)
     written += rows
     delta_rows += changed
     written += _write_queues(conn, plan, pack)
@@ -127,6 +146,7 @@ def _write_jobs(
     patch_floor: int,
     deltas_exist: bool,
     known: dict[str, Stored | None],
+    cold: bool,
 ) -> tuple[int, int]:
     """Write the plan's job rows and ops; (rows written, change in `job_deltas` rows)."""
     written = delta_rows = 0
@@ -140,8 +160,8 @@ def _write_jobs(
             deleted.append((job_id,))
             known[job_id] = None
         elif row.values is not None:
-            whole.append(whole_row(job_id, row, row.values, pack, patch_floor, known))
-        elif add_update(job_id, row, pack, patch_floor, updates, known, ops):
+            whole.append(whole_row(job_id, row, row.values, pack, patch_floor, known, cold))
+        elif add_update(job_id, row, pack, patch_floor, updates, known, ops, cold):
             to_fold.append(job_id)
     if deltas_exist and (deleted or whole):
         # A put replaces the whole record, ops included (a batch resent to a new writer).
@@ -149,7 +169,7 @@ def _write_jobs(
     if deleted:
         written += conn.executemany(_DELETE_JOB, deleted).rowcount
     if whole:
-        written += conn.executemany(_UPSERT_JOB, whole).rowcount
+        written += conn.executemany(_UPSERT_JOB if cold else _UPSERT_PLAIN_JOB, whole).rowcount
     for names, rows in updates.items():
         sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
         written += conn.executemany(sql, rows).rowcount
@@ -181,6 +201,7 @@ def whole_row(
     pack: Pack,
     patch_floor: int,
     known: dict[str, Stored | None],
+    cold: bool = True,
 ) -> tuple[Any, ...]:
     check_values(job_id, values)
     rec = row.rec if type(row.rec) is bytes else pack(row.rec)
@@ -189,7 +210,9 @@ def whole_row(
     if patch and len(patch) > patch_floor and len(patch) > len(rec):
         rec, patch = fold(rec, patch, pack)
     known[job_id] = (values[0], len(rec), len(patch), 0)
-    return (job_id, *values, rec, patch)
+    if not cold:
+        return (job_id, *values, rec, patch)
+    return (job_id, *values, rec, patch, *cold_values(rec, patch))
 
 
 def add_update(
@@ -200,6 +223,7 @@ def add_update(
     updates: dict[tuple[str, ...], list[tuple[Any, ...]]],
     known: dict[str, Stored | None],
     ops: list[tuple[str, bytes]],
+    cold: bool = True,
 ) -> bool:
     """Queue the UPDATE of a stored row (none if only ops came) and its ops; True if its
     patch or its ops are now due to be folded."""
@@ -208,10 +232,11 @@ def add_update(
     changed = row.changed
     if row.patch or changed:
         patch = join_patch(row.patch, pack)
-        if changed:
+        columns = cold_changes(patch) if cold else {}
+        if changed or columns:
             check_columns(job_id, changed)
-            names = tuple(changed)
-            params = (*changed.values(), patch, job_id)
+            names = (*changed, *columns)
+            params = (*changed.values(), *columns.values(), patch, job_id)
             if "queue" in changed:
                 queue = changed["queue"]
         else:
