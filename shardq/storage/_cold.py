@@ -1,93 +1,111 @@
-"""The columns that place a stored job in its queue's delivery order: `lifo`, `gid`, `ukey`.
+"""The columns of a cold job: `cold`, `lifo`, `gid`, `ukey`, set for cold rows only.
 
 A shard that keeps only the head of each queue in memory pages the rest in from storage
-(`_cold_reads`), in the engine's delivery order, and looks cold jobs up by uniqueKey. The
-`jobs` table kept the queue, state, priority, run_at and seq as columns already; what else
-that order and those lookups read lives in the record only: whether the job is LIFO, its
-`groupId` and its `uniqueKey`. These three columns hold them.
+(`_cold_reads`), in the engine's delivery order, and looks cold jobs up by uniqueKey. That
+order also reads whether a job is LIFO and its `groupId`, and the lookup its `uniqueKey`,
+which live in the record only. The engine marks a job it does not keep in memory with
+`"cold": 1` in its record (on its `put`, or in an `upd` when it evicts a held job), and only
+such a row carries these columns and enters the cold indexes; every other row leaves all four
+NULL. A hot push so binds nothing more than before and enters no cold index, and the writer
+never decodes a record on its hot path.
 
-The writer stores records as the bytes a shard encoded and never decodes one on its hot
-path, so it finds these fields without decoding: a record or a change that sets one of them
-holds its key as a msgpack string (`\\xa4lifo`, `\\xa7groupId`, `\\xa9uniqueKey`), and a
-LIFO record holds `\\xa4lifo\\xc3` (the key then true). A plain job's record has none of
-those byte strings, and its row costs a few substring tests. A record or change that has
-one (or a payload that happens to hold the same bytes) is decoded and its top-level fields
-read: a false hit costs a decode, never a wrong column.
+The four columns follow the record as stored (`rec` with `patch` merged): `cold` is 1 when the
+record's `cold` field is true, and then `lifo`, `gid` and `ukey` hold its `lifo` (0 or 1),
+`groupId` and `uniqueKey`; otherwise all are NULL. The engine never clears `cold`, so a cold
+job stays cold on disk after it is paged in (a put of its record keeps the field).
 
-The columns follow the record as stored (`rec` with `patch` merged): a put sets them from its
-record and the changes after it in the batch, an update of a stored job sets those its
-changes name. Delta ops (`_deltas`) never touch these fields.
+How each write keeps that true without decoding the usual row:
+
+- A shard's encoder (`_encode`) sends a cold record's three fields beside its bytes, read from
+  the record it holds as a dict: the writer binds them.
+- A change map that names `cold`, `lifo`, `groupId` or `uniqueKey` carries `COLD_COLUMN` among
+  its column fields (`cold_mark`): 1 if it sets `cold` true, else 0. The writer then reads the
+  row back after the batch's updates and sets the four columns from the merged record
+  (`cold_state`): every row for a 1, only the rows already cold for a 0. Evictions and the
+  rare change of those fields on a cold row pay that read; no other update does.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.storage._deltas import DELTA_KEY
 
-__all__ = ["COLD_FIELDS", "RECORD_MARKS", "ColdValues", "cold_changes", "cold_values"]
+__all__ = [
+    "COLD_COLUMN",
+    "COLD_FIELDS",
+    "HOT",
+    "REFILL",
+    "ColdState",
+    "cold_mark",
+    "cold_of",
+    "cold_state",
+]
 
+COLD_COLUMN: Final = "cold"
+"""The record field that marks a cold job, and the column that holds it."""
 COLD_FIELDS: Final[dict[str, str]] = {"lifo": "lifo", "groupId": "gid", "uniqueKey": "ukey"}
-"""Record field -> column, for the fields these columns keep."""
+"""Record field -> column, for the fields a cold row also keeps in columns."""
+_MARKED: Final = frozenset((COLD_COLUMN, *COLD_FIELDS))
 
-ColdValues = tuple[int, str | None, str | None]
-"""(lifo as 0 or 1, group id or None, uniqueKey or None): a row's `lifo`, `gid`, `ukey`."""
+ColdState = tuple[int | None, int | None, str | None, str | None]
+"""A row's (`cold`, `lifo`, `gid`, `ukey`)."""
+HOT: Final[ColdState] = (None, None, None, None)
 
-PLAIN: Final[ColdValues] = (0, None, None)
+REFILL: Final = "refill"
+"""In a put row's column values, in place of the cold fields: set them from the merged record
+when the row is written (a change after the put in the batch named one of them)."""
 
-RECORD_MARKS: Final = (b"\xa4lifo\xc3", b"\xa7groupId", b"\xa9uniqueKey")
-"""What a record (or a patch) holds if one of the columns may differ from a plain job's:
-"lifo" only matters when true, the other two whenever present."""
-# In a change: any mention (a change may set lifo back to false).
-_CHANGE_MARKS: Final = (b"\xa4lifo", b"\xa7groupId", b"\xa9uniqueKey")
 _FRAME: Final = 4
 _read_frame = struct.Struct(">I").unpack_from
 
 
-def cold_values(rec: bytes, patch: bytes) -> ColdValues:
-    """The cold columns of a row whose record is `rec` with `patch` merged in. A record or
-    patch that cannot be decoded yields what could be read (recovery reports corruption)."""
-    if not _mentions(rec, RECORD_MARKS) and not (patch and _mentions(patch, _CHANGE_MARKS)):
-        return PLAIN
+def cold_of(rec: Mapping[str, Any]) -> list[Any]:
+    """[lifo, gid, ukey] of a cold record held as a dict (a shard's encoder, on cold puts)."""
+    gid, ukey = rec.get("groupId"), rec.get("uniqueKey")
+    return [
+        1 if rec.get("lifo") else 0,
+        gid if type(gid) is str else None,
+        ukey if type(ukey) is str else None,
+    ]
+
+
+def cold_mark(changes: Mapping[str, Any]) -> int | None:
+    """What a change map's column fields hold under `COLD_COLUMN`: None (the usual change,
+    which names no cold field: nothing to do), 1 if it sets `cold` true, else 0."""
+    if _MARKED.isdisjoint(changes):
+        return None
+    return 1 if changes.get(COLD_COLUMN) else 0
+
+
+def cold_state(rec: bytes | Mapping[str, Any], patch: bytes) -> ColdState:
+    """The four columns of a row whose record is `rec` (encoded or not) with `patch` merged
+    in. A record or patch that cannot be decoded yields what could be read (recovery reports
+    the corruption; the row is then treated as its readable fields say)."""
     fields: dict[str, Any] = {}
-    try:
-        decoded = _decode(rec)
-    except (ValueError, msgpack.UnpackException):
-        decoded = None
-    if isinstance(decoded, dict):
-        fields.update((k, decoded.get(k)) for k in COLD_FIELDS if k in decoded)
+    decoded: Any = rec
+    if type(rec) is bytes:
+        try:
+            decoded = _decode(rec)
+        except (ValueError, msgpack.UnpackException):
+            decoded = None
+    if isinstance(decoded, Mapping):
+        fields.update((k, decoded[k]) for k in _MARKED if k in decoded)
     if patch:
         fields.update(_changed(patch))
-    return _as_values(fields)
-
-
-def cold_changes(patch: bytes) -> dict[str, Any]:
-    """The cold columns (column name -> value) that the changes in `patch` set; empty for
-    the usual change, which names none of their fields."""
-    if not _mentions(patch, _CHANGE_MARKS):
-        return {}
-    fields = _changed(patch)
-    lifo, gid, ukey = _as_values(fields)
-    out: dict[str, Any] = {}
-    if "lifo" in fields:
-        out["lifo"] = lifo
-    if "groupId" in fields:
-        out["gid"] = gid
-    if "uniqueKey" in fields:
-        out["ukey"] = ukey
-    return out
-
-
-def _mentions(blob: bytes, marks: tuple[bytes, ...]) -> bool:
-    return any(mark in blob for mark in marks)
+    if not fields.get(COLD_COLUMN):
+        return HOT
+    lifo, gid, ukey = cold_of(fields)
+    return (1, lifo, gid, ukey)
 
 
 def _changed(patch: bytes) -> dict[str, Any]:
     """The cold fields the change maps of `patch` set, the last one winning. Stops at a
-    corrupt entry."""
+    corrupt entry; skips delta ops (they never touch these fields)."""
     fields: dict[str, Any] = {}
     pos, end = 0, len(patch)
     while pos + _FRAME <= end:
@@ -100,17 +118,8 @@ def _changed(patch: bytes) -> dict[str, Any]:
         except (ValueError, msgpack.UnpackException):
             break
         if isinstance(changes, dict) and DELTA_KEY not in changes:
-            fields.update((k, changes[k]) for k in COLD_FIELDS if k in changes)
+            fields.update((k, changes[k]) for k in _MARKED if k in changes)
     return fields
-
-
-def _as_values(fields: dict[str, Any]) -> ColdValues:
-    gid, ukey = fields.get("groupId"), fields.get("uniqueKey")
-    return (
-        1 if fields.get("lifo") else 0,
-        gid if isinstance(gid, str) else None,
-        ukey if isinstance(ukey, str) else None,
-    )
 
 
 def _decode(blob: bytes) -> Any:

@@ -1,10 +1,12 @@
 """The cold backlog's reads: pages of a queue in delivery order, lookups, counts.
 
 A shard under a memory budget keeps each queue's head in memory and leaves the rest in
-storage. These reads are what it pages in with and what its lookups of cold jobs go to. Every
-one runs on an index made for it (`_schema._v9_cold_backlog`, `_pg_schema._v6_cold_backlog`)
-and is bounded: a page by `limit` rows and about `max_bytes` of stored record bytes, read from
-the database in chunks of at most `CHUNK` rows.
+storage. These reads are what it pages in with and what its lookups of cold jobs go to. They
+see the cold rows only, the jobs the engine marked cold (`_cold`): a hot row is the engine's
+to know, and is in none of their indexes. Every one runs on an index made for it
+(`_schema._v9_cold_backlog`, `_pg_schema._v6_cold_backlog`) and is bounded: a page by `limit`
+rows and about `max_bytes` of stored record bytes, read from the database in chunks of at
+most `CHUNK` rows.
 
 The order is exactly the engine's (`shardq.core._queue`, `_groups`, `_state`):
 
@@ -21,8 +23,8 @@ heaps end with the job id; within one shard no two jobs share a seq, so it never
 
 A page's records are what `get_job` returns: `rec` with the row's `patch` merged in and its
 `delta` rows applied. The columns a page is ordered by are kept current by every update (the
-writer sets them with the change), so a job whose row holds a patch sorts by its merged
-state, the same as a job whose record was just put.
+writer sets them with the change, `_cold` says how for the cold ones), so a job whose row
+holds a patch sorts by its merged state, the same as a job whose record was just put.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from shardq.core._mutations import ROW_KEY_SEP, Record
 __all__ = [
     "CHUNK",
     "DEFAULT_MAX_BYTES",
+    "HOT_SET",
     "MAX_LIMIT",
     "ColdCounts",
     "ColdPage",
@@ -49,6 +52,9 @@ __all__ = [
 
 Cursor = tuple[Any, ...]
 
+HOT_SET: Final = "(cold IS NULL OR state NOT IN ('waiting', 'delayed'))"
+"""The rows a shard under a memory budget loads when it starts (`load_jobs(hot_only=True)`):
+every row but the cold waiting and delayed ones, which it pages in."""
 DEFAULT_MAX_BYTES: Final = 4 << 20
 """Stored bytes (record and patch) of one page unless the caller says otherwise."""
 MAX_LIMIT: Final = 100_000
@@ -148,10 +154,10 @@ class ColdReads(ABC):
         limit: int,
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> ColdPage:
-        """The next ungrouped waiting jobs of `queue` in delivery order, strictly after
+        """The next ungrouped cold waiting jobs of `queue` in delivery order, strictly after
         `after` (None: from the head). Raises `ValueError` for a bound out of range or a
         cursor of the wrong length, `StorageError` if the read fails."""
-        where = "queue = {m} AND state = 'waiting' AND gid IS NULL"
+        where = "queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
         return self._cold_page(_WAITING_KEY, "waiting", where, (queue,), after, limit, max_bytes)
 
     def page_group(
@@ -163,9 +169,9 @@ class ColdReads(ABC):
         limit: int,
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> ColdPage:
-        """The next waiting jobs of one group of `queue`, in the group's order (as
+        """The next cold waiting jobs of one group of `queue`, in the group's order (as
         `page_waiting`)."""
-        where = "queue = {m} AND gid = {m} AND state = 'waiting' AND gid IS NOT NULL"
+        where = "queue = {m} AND gid = {m} AND cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
         params = (queue, group)
         return self._cold_page(_GROUP_KEY, "group_waiting", where, params, after, limit, max_bytes)
 
@@ -177,27 +183,28 @@ class ColdReads(ABC):
         limit: int,
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> ColdPage:
-        """The next delayed jobs of `queue` (grouped or not) by run time (as
+        """The next cold delayed jobs of `queue` (grouped or not) by run time (as
         `page_waiting`)."""
-        where = "queue = {m} AND state = 'delayed'"
+        where = "queue = {m} AND cold = 1 AND state = 'delayed'"
         return self._cold_page(_DELAYED_KEY, "delayed", where, (queue,), after, limit, max_bytes)
 
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
-        """The stored job of `queue` pushed with this custom id, or None: its row key is the
-        id joined to its queue, so this is one primary-key read."""
-        rows = self._read_records("jobs", "id = {m}", (f"{custom_id}{ROW_KEY_SEP}{queue}",), 1)
+        """The cold job of `queue` pushed with this custom id, or None (also for a hot one):
+        its row key is the id joined to its queue, so this is one primary-key read."""
+        key = (f"{custom_id}{ROW_KEY_SEP}{queue}",)
+        rows = self._read_records("jobs", "id = {m} AND cold = 1", key, 1)
         return rows[0] if rows else None
 
     def find_unique(self, queue: str, unique_key: str, *, limit: int = 16) -> list[Record]:
-        """The stored jobs of `queue` with this uniqueKey, in any state, oldest (lowest seq)
+        """The cold jobs of `queue` with this uniqueKey, in any state, oldest (lowest seq)
         first, at most `limit`: the caller decides which of them still holds the key."""
         _check_limit(limit)
-        where = "queue = {m} AND ukey = {m} ORDER BY seq LIMIT {m}"
+        where = "queue = {m} AND ukey = {m} AND cold = 1 ORDER BY seq LIMIT {m}"
         table = self._COLD_DIALECT.jobs("unique")
         return self._read_records(table, where, (queue, unique_key, limit), limit)
 
     def cold_counts(self, queue: str) -> ColdCounts:
-        """The stored waiting and delayed jobs of `queue`, and per group. Counted over the
+        """The cold waiting and delayed jobs of `queue`, and per group. Counted over the
         paging indexes (no record is read): linear in those jobs, for a shard's start."""
         d = self._COLD_DIALECT
         m = d.mark
@@ -205,11 +212,12 @@ class ColdReads(ABC):
         # One read per index: ungrouped waiting, grouped waiting per group, delayed per group.
         sql = (
             f"SELECT 'waiting', NULL, count(*) FROM {d.jobs('waiting')}"
-            f" WHERE queue = {m} AND state = 'waiting' AND gid IS NULL"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
             f" UNION ALL SELECT 'waiting', gid, count(*) FROM {d.jobs('group_waiting')}"
-            f" WHERE queue = {m} AND state = 'waiting' AND gid IS NOT NULL GROUP BY gid"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
+            " GROUP BY gid"
             f" UNION ALL SELECT 'delayed', gid, count(*) FROM {d.jobs('delayed')}"
-            f" WHERE queue = {m} AND state = 'delayed' GROUP BY gid"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'delayed' GROUP BY gid"
         )
         totals = {"waiting": 0, "delayed": 0}
         groups: dict[str, dict[str, int]] = {"waiting": {}, "delayed": {}}

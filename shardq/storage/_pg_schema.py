@@ -22,9 +22,8 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from shardq.storage._cold import RECORD_MARKS, cold_values
 from shardq.storage._errors import StorageError, StorageFull, StorageRejected
-from shardq.storage._progress import filled, migration_step
+from shardq.storage._progress import migration_step
 
 __all__ = [
     "CLUSTER_VERSION",
@@ -116,49 +115,31 @@ def _v5_cluster(conn: Conn) -> None:
 
 
 def _v6_cold_backlog(conn: Conn) -> None:
-    # The SQLite schema's version 9 (`_schema._v9_cold_backlog` says why). The row key is
-    # indexed in the "C" collation: the engine orders ids by code point, not by the
-    # database's locale (`_cold_reads`).
+    # The SQLite schema's version 9 (`_schema._v9_cold_backlog` says why): only a cold row
+    # carries these columns and enters these indexes, and nothing stored before is filled.
+    # The row key is indexed in the "C" collation: the engine orders ids by code point, not
+    # by the database's locale (`_cold_reads`).
     conn.execute(
-        "ALTER TABLE jobs ADD COLUMN lifo smallint NOT NULL DEFAULT 0,"
+        "ALTER TABLE jobs ADD COLUMN cold smallint, ADD COLUMN lifo smallint,"
         " ADD COLUMN gid text, ADD COLUMN ukey text"
     )
-    _fill_cold_columns(conn)
     conn.execute(
         "CREATE INDEX jobs_waiting ON jobs (queue, (-coalesce(priority, 0)), (-lifo),"
         ' (CASE WHEN lifo = 1 THEN -seq ELSE coalesce(run_at, 0) END), seq, id COLLATE "C")'
-        " WHERE state = 'waiting' AND gid IS NULL"
+        " WHERE cold = 1 AND state = 'waiting' AND gid IS NULL"
     )
     conn.execute(
         "CREATE INDEX jobs_group_waiting ON jobs (queue, gid, (coalesce(priority, 0)),"
-        " (coalesce(run_at, 0)), seq, id COLLATE \"C\") WHERE state = 'waiting' AND gid IS NOT NULL"
+        ' (coalesce(run_at, 0)), seq, id COLLATE "C")'
+        " WHERE cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
     )
     conn.execute(
         'CREATE INDEX jobs_delayed ON jobs (queue, (coalesce(run_at, 0)), seq, id COLLATE "C",'
-        " gid) WHERE state = 'delayed'"
+        " gid) WHERE cold = 1 AND state = 'delayed'"
     )
-    conn.execute("CREATE INDEX jobs_unique ON jobs (queue, ukey, seq) WHERE ukey IS NOT NULL")
-
-
-def _fill_cold_columns(conn: Conn) -> None:
-    """Set the new columns of the rows stored before them: only rows whose bytes mention one
-    of the fields are read, a few thousand at a time, along the primary key (each page goes
-    on where the last ended, and each update finds its row by key)."""
-    test = " OR ".join(["position(%s::bytea in rec) > 0 OR position(%s::bytea in patch) > 0"] * 3)
-    params = [b for b in RECORD_MARKS for _ in range(2)]
-    sql = f"SELECT id, rec, patch FROM jobs WHERE id > %s AND ({test}) ORDER BY id LIMIT 2000"
-    update = "UPDATE jobs SET lifo = %s, gid = %s, ukey = %s WHERE id = %s"
-    last = ""
-    read = 0
-    while True:
-        rows = conn.execute(sql, (last, *params), binary=True).fetchall()
-        if not rows:
-            return
-        filled("cold backlog columns", read + len(rows), read)
-        read += len(rows)
-        with conn.cursor() as cur:
-            cur.executemany(update, [(*cold_values(rec, patch), key) for key, rec, patch in rows])
-        last = rows[-1][0]
+    conn.execute(
+        "CREATE INDEX jobs_unique ON jobs (queue, ukey, seq) WHERE cold = 1 AND ukey IS NOT NULL"
+    )
 
 
 DELTAS_VERSION = 3

@@ -33,7 +33,7 @@ from psycopg import conninfo
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _pg_schema
 from shardq.storage._coalesce import Plan, Stored, coalesce, remember
-from shardq.storage._cold_reads import POSTGRES, ColdReads
+from shardq.storage._cold_reads import HOT_SET, POSTGRES, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
 from shardq.storage._errors import StorageError
@@ -183,9 +183,11 @@ class PostgresStore(ColdReads):
         page_size: int = DEFAULT_PAGE_SIZE,
         queues: Collection[str] | None = None,
         completed_from: int | None = None,
+        hot_only: bool = False,
     ) -> Iterator[Record]:
         """Yield the stored job records in seq order (ties in insertion order), `page_size`
-        rows per query; the filters mean what `Store.load_jobs`'s mean, and run in the server.
+        rows per query; the filters (`hot_only` too) mean what `Store.load_jobs`'s mean, and
+        run in the server.
         Raises `StorageError` (while iterating) if a read fails; `ValueError` if
         `page_size` < 1."""
         if page_size < 1:
@@ -194,6 +196,8 @@ class PostgresStore(ColdReads):
         if completed_from is not None:
             where += " AND (state <> 'completed' OR seq >= %s)"
             params = (*params, completed_from)
+        if hot_only and self._version >= _pg_schema.COLD_VERSION:
+            where += " AND " + HOT_SET
         columns = "SELECT seq, ord, rec, patch, id FROM jobs WHERE"
         first = f"{columns} {where} ORDER BY seq, ord LIMIT %s"
         more = f"{columns} (seq, ord) > (%s, %s) AND {where} ORDER BY seq, ord LIMIT %s"

@@ -16,9 +16,8 @@ from functools import partial
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 from sqlite_utils import Database
 
-from shardq.storage._cold import RECORD_MARKS, cold_values
 from shardq.storage._errors import StorageError, wrap_error
-from shardq.storage._progress import filled, migration_step
+from shardq.storage._progress import migration_step
 from shardq.storage._tx import transaction
 
 __all__ = [
@@ -239,56 +238,34 @@ def _v8_queue_groups(db: Database) -> None:
 
 
 def _v9_cold_backlog(db: Database) -> None:
-    # A shard under a memory budget pages a queue's cold jobs in, in delivery order, and looks
-    # them up by uniqueKey (shardq.storage._cold_reads). That order also reads whether a job
-    # is LIFO and its group, which lived in the record only: these columns keep them
-    # (shardq.storage._cold says how the writer sets them without decoding a record). Each
-    # index is partial, over the rows one read needs: a job outside them (active, completed)
-    # costs no entry, and a plain push adds one entry, which its pull removes. An index ends
-    # with the columns of its own condition (constant in it) only so that SQLite can count a
-    # queue's jobs over the index alone (`cold_counts`), without reading a row.
-    db.execute("ALTER TABLE jobs ADD COLUMN lifo INTEGER NOT NULL DEFAULT 0")
-    db.execute("ALTER TABLE jobs ADD COLUMN gid TEXT")
-    db.execute("ALTER TABLE jobs ADD COLUMN ukey TEXT")
-    _fill_cold_columns(db)
+    # A shard under a memory budget leaves the cold rest of a queue in storage and pages it in,
+    # in delivery order, and looks cold jobs up by uniqueKey (shardq.storage._cold_reads).
+    # Only a cold row carries these columns (`_cold`): a hot one leaves them NULL, so a hot
+    # push binds nothing more. Every index is partial on `cold = 1`, so a hot row enters none
+    # of them, and the rows stored before them are hot by definition: nothing is filled, and
+    # building the indexes reads the table once and writes no entry. An index ends with the
+    # columns of its own condition (constant in it) only so that SQLite can count a queue's
+    # cold jobs over the index alone (`cold_counts`), without reading a row.
+    for column in ("cold INTEGER", "lifo INTEGER", "gid TEXT", "ukey TEXT"):
+        db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
     db.execute(
         "CREATE INDEX idx_jobs_waiting ON jobs (queue, (-coalesce(priority, 0)), (-lifo),"
-        " (CASE WHEN lifo = 1 THEN -seq ELSE coalesce(run_at, 0) END), seq, id, state, gid)"
-        " WHERE state = 'waiting' AND gid IS NULL"
+        " (CASE WHEN lifo = 1 THEN -seq ELSE coalesce(run_at, 0) END), seq, id, cold, state,"
+        " gid) WHERE cold = 1 AND state = 'waiting' AND gid IS NULL"
     )
     db.execute(
         "CREATE INDEX idx_jobs_group_waiting ON jobs (queue, gid, (coalesce(priority, 0)),"
-        " (coalesce(run_at, 0)), seq, id, state) WHERE state = 'waiting' AND gid IS NOT NULL"
+        " (coalesce(run_at, 0)), seq, id, cold, state)"
+        " WHERE cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
     )
     db.execute(
-        "CREATE INDEX idx_jobs_delayed ON jobs (queue, (coalesce(run_at, 0)), seq, id, gid, state)"
-        " WHERE state = 'delayed'"
+        "CREATE INDEX idx_jobs_delayed ON jobs (queue, (coalesce(run_at, 0)), seq, id, gid,"
+        " cold, state) WHERE cold = 1 AND state = 'delayed'"
     )
-    db.execute("CREATE INDEX idx_jobs_unique ON jobs (queue, ukey, seq) WHERE ukey IS NOT NULL")
-
-
-def _fill_cold_columns(db: Database) -> None:
-    """Set the new columns of the rows stored before them: only rows whose bytes mention one
-    of the fields are read (`instr` on the blobs), a few thousand at a time."""
-    blobs = RECORD_MARKS
-    test = " OR ".join(["instr(rec, ?) > 0 OR instr(patch, ?) > 0"] * len(blobs))
-    params = [b for b in blobs for _ in range(2)]
-    sql = (
-        f"SELECT rowid, rec, patch FROM jobs WHERE rowid > ? AND ({test}) ORDER BY rowid LIMIT 2000"
+    db.execute(
+        "CREATE INDEX idx_jobs_unique ON jobs (queue, ukey, seq)"
+        " WHERE cold = 1 AND ukey IS NOT NULL"
     )
-    last = 0
-    read = 0
-    while True:
-        rows = db.execute(sql, [last, *params]).fetchall()
-        if not rows:
-            return
-        filled("cold backlog columns", read + len(rows), read)
-        read += len(rows)
-        update = "UPDATE jobs SET lifo = ?, gid = ?, ukey = ? WHERE rowid = ?"
-        db.conn.executemany(
-            update, [(*cold_values(rec, patch), rowid) for rowid, rec, patch in rows]
-        )
-        last = rows[-1][0]
 
 
 Migration = Callable[[Database], None]

@@ -39,7 +39,7 @@ from sqlite_utils import Database
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _schema, _vacuum
 from shardq.storage._coalesce import Stored, coalesce, remember
-from shardq.storage._cold_reads import SQLITE, ColdReads
+from shardq.storage._cold_reads import HOT_SET, SQLITE, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
 from shardq.storage._deltas import delta_lengths, read_deltas
@@ -198,12 +198,15 @@ class Store(ColdReads):
         page_size: int = DEFAULT_PAGE_SIZE,
         queues: Collection[str] | None = None,
         completed_from: int | None = None,
+        hot_only: bool = False,
     ) -> Iterator[Record]:
         """Yield the stored job records, in seq order (ties in insertion order).
 
         `queues`: only the jobs of these queues (None: every queue; past `MAX_FILTER_QUEUES`
         names the filter is not applied and the caller filters). `completed_from`: completed
         jobs only from this seq on (see `completed_floor`); other states are always loaded.
+        `hot_only`: leave out the cold waiting and delayed jobs (`_cold`), which a shard under
+        a memory budget pages in instead (a cold job in any other state is loaded).
         The filters run in SQLite, so a row they skip is never decoded.
 
         Rows are read `page_size` at a time, so memory stays bounded on a big database. Each
@@ -217,6 +220,8 @@ class Store(ColdReads):
         if completed_from is not None:
             where += " AND (state != 'completed' OR seq >= ?)"
             params = (*params, completed_from)
+        if hot_only and self._version >= _schema.COLD_VERSION:
+            where += " AND " + HOT_SET
         first, more = _first_page(where), _next_page(where)
         with_ops = self._ids_with_deltas()
         rows = self._read_page(first, (*params, page_size))

@@ -7,7 +7,6 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from shardq.storage import _schema
-from shardq.storage._progress import FILL_LOG_EVERY, filled
 from shardq.storage._store import Store
 
 
@@ -23,15 +22,3 @@ def test_each_migration_step_is_logged_with_its_time(tmp_path: Path) -> None:
     with capture_logs() as again, Store.open(tmp_path / "q.db"):
         pass  # up to date: nothing to say
     assert not [e for e in again if e["event"].startswith("schema_")]
-
-
-def test_a_fill_logs_each_time_it_passes_another_step() -> None:
-    with capture_logs() as logs:
-        filled("rows", FILL_LOG_EVERY - 10, 0)
-        filled("rows", FILL_LOG_EVERY + 5, FILL_LOG_EVERY - 10)
-        filled("rows", FILL_LOG_EVERY + 2005, FILL_LOG_EVERY + 5)
-        filled("rows", 3 * FILL_LOG_EVERY, 2 * FILL_LOG_EVERY + 1)
-    assert [(e["event"], e["rows"]) for e in logs] == [
-        ("schema_fill_progress", FILL_LOG_EVERY + 5),
-        ("schema_fill_progress", 3 * FILL_LOG_EVERY),
-    ]
