@@ -35,7 +35,7 @@ def _back_to_version_2(path: Path) -> None:
         conn.execute("DROP TABLE queue_groups")  # version 8
         for index in ("waiting", "group_waiting", "delayed", "unique"):  # version 9
             conn.execute(f"DROP INDEX idx_jobs_{index}")
-        for column in ("lifo", "gid", "ukey"):
+        for column in ("cold", "lifo", "gid", "ukey"):
             conn.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
         conn.execute("DELETE FROM migrations WHERE version >= 3")
         conn.execute("COMMIT")

@@ -23,9 +23,9 @@ V3_INDEXES = (("queue",), ("seq",))
 # Version 9 adds the partial indexes the cold backlog's reads use (test_cold_store.py).
 E = "<expr>"
 COLD_INDEXES = (
-    ("queue", E, E, E, "seq", "id", "state", "gid"),
-    ("queue", "gid", E, E, "seq", "id", "state"),
-    ("queue", E, "seq", "id", "gid", "state"),
+    ("queue", E, E, E, "seq", "id", "cold", "state", "gid"),
+    ("queue", "gid", E, E, "seq", "id", "cold", "state"),
+    ("queue", E, "seq", "id", "gid", "cold", "state"),
     ("queue", "ukey", "seq"),
 )
 NEWEST_INDEXES = tuple(sorted(V3_INDEXES + COLD_INDEXES))

@@ -102,8 +102,9 @@ def test_new_database_gets_the_schema_and_records_its_migrations(store: Store) -
         ("seq", "INTEGER", True),
         ("rec", "BLOB", True),
         ("patch", "BLOB", True),
-        # The cold backlog's columns (v9): shardq.storage._cold.
-        ("lifo", "INTEGER", True),
+        # The cold backlog's columns (v9), NULL but in a cold row: shardq.storage._cold.
+        ("cold", "INTEGER", False),
+        ("lifo", "INTEGER", False),
         ("gid", "TEXT", False),
         ("ukey", "TEXT", False),
     )
