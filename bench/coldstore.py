@@ -6,18 +6,22 @@
 Fills a store (SQLite in a temporary directory; with `--postgres`, a throwaway PostgreSQL
 server as bench.storage_pg starts one) with `--jobs` waiting jobs of one queue, as the writer
 stores them (encoded puts in batches of 1,000): 10% LIFO, 10% in 100 groups, 10% delayed, 5%
-with a custom id, 5% with a uniqueKey, priorities 0-3. It is filled at the schema version
-before the cold columns, its size taken, then opened by this code, which migrates it (fills
-the columns, builds the indexes: timed) and its size taken again. Then, each `--repeat` times
-(the median is printed):
+with a custom id, 5% with a uniqueKey, priorities 0-3. A first store is filled with them hot
+(as every job is stored before the cold columns) at the schema version before those columns,
+its size taken, then opened by this code, which migrates it (nothing to fill: it builds the
+indexes, timed) and its size taken again. A second store is filled at the latest version with
+the same jobs marked cold, as a budgeted engine stores a backlog it does not keep
+(`shardq.storage._cold`). On it, each `--repeat` times (the median is printed):
 
 - a page-in of `--page` at the head of the waiting order, in its middle and at its end, at
   the head of one group, and of the delayed jobs;
 - `get_job`, `get_by_custom_id`, `find_unique` of a job in the middle;
-- `cold_counts` of the queue.
+- `cold_counts` of the queue;
+- `load_jobs(hot_only=True)`, what a budgeted shard's start reads: it walks the cold rows
+  and decodes none of them.
 
-A second fill at the latest schema times the puts with the indexes maintained against the
-puts of the first fill, and the state change of `--page` jobs (a pull's `upd`) on both.
+The two fills time the hot puts at the old version against the cold puts at the latest, and
+the state change of `--page` jobs (a pull's `upd`) on both.
 Progress goes to stderr, the results as a table to stdout.
 """
 
@@ -46,8 +50,8 @@ T0 = 1_700_000_000_000
 BATCH = 1000
 
 
-def record(n: int) -> dict[str, Any]:
-    """Job `n` of the fill, as the engine records a small job."""
+def record(n: int, cold: bool = False) -> dict[str, Any]:
+    """Job `n` of the fill, as the engine records a small job (`cold`: marked cold)."""
     rec: dict[str, Any] = {
         "id": f"job-{n:08d}", "queue": QUEUE, "name": "default", "data": {"i": n},
         "priority": n % 4, "createdAt": T0, "runAt": T0 + n // 1000, "startedAt": None,
@@ -66,15 +70,17 @@ def record(n: int) -> dict[str, Any]:
         rec["rowKey"] = f"c{n}\x1f{QUEUE}"
     if n % 20 == 2:
         rec["uniqueKey"] = f"u{n}"
+    if cold:
+        rec["cold"] = 1
     return rec
 
 
-def fill(store: Storage, jobs: int) -> float:
+def fill(store: Storage, jobs: int, cold: bool) -> float:
     """Put `jobs` jobs; return seconds."""
     encode = MutationEncoder().encode
     start = time.perf_counter()
     for first in range(0, jobs, BATCH):
-        batch = [("put", record(n)) for n in range(first, min(jobs, first + BATCH))]
+        batch = [("put", record(n, cold)) for n in range(first, min(jobs, first + BATCH))]
         store.apply(encode(batch))
         if first % 200_000 == 0:
             _note(f"filled {first:,}")
@@ -124,7 +130,12 @@ def measure_reads(store: Storage, jobs: int, page: int, repeat: int) -> dict[str
         ),
         "find_unique_ms": median_ms(lambda: store.find_unique(QUEUE, unique["uniqueKey"]), repeat),
         "cold_counts_ms": median_ms(lambda: store.cold_counts(QUEUE), max(1, repeat // 2)),
+        "load_hot_only_ms": median_ms(
+            lambda: sum(1 for _ in store.load_jobs(hot_only=True)), max(1, repeat // 2)
+        ),
     }
+    # The pull_updates jobs are active, the rest cold waiting or delayed.
+    assert 0 < sum(1 for _ in store.load_jobs(hot_only=True)) <= page
     for cursor in (middle, end):
         assert len(store.page_waiting(QUEUE, waiting_cursor(cursor), limit=page).records) == page
     assert store.get_by_custom_id(QUEUE, probe["customId"]) is not None
@@ -206,7 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with places(base) as (open_at, size_mb):
             _note(f"filling {args.jobs:,} jobs at schema version {before}")
             with open_at("old", before) as store:
-                row["fill_old_s"] = round(fill(store, args.jobs), 1)
+                row["fill_old_s"] = round(fill(store, args.jobs, cold=False), 1)
                 row["pull_upd_old_ms"] = round(pull_updates(store, args.jobs, args.page) * 1e3, 1)
                 store.checkpoint()
             row["size_before_mb"] = size_mb("old")
@@ -215,14 +226,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row["migrate_s"] = round(time.perf_counter() - start, 1)
                 store.checkpoint()
             row["size_after_mb"] = size_mb("old")
-            _note("filling again at the latest schema")
+            _note("filling again at the latest schema, every job cold")
             with open_at("new", None) as store:
-                row["fill_new_s"] = round(fill(store, args.jobs), 1)
+                row["fill_new_cold_s"] = round(fill(store, args.jobs, cold=True), 1)
                 row["pull_upd_new_ms"] = round(pull_updates(store, args.jobs, args.page) * 1e3, 1)
                 store.checkpoint()
             row["size_new_mb"] = size_mb("new")
             _note("reading")
-            with open_at("old", None) as store:
+            with open_at("new", None) as store:
                 row.update(measure_reads(store, args.jobs, args.page, args.repeat))
     finally:
         shutil.rmtree(base, ignore_errors=True)
