@@ -38,6 +38,7 @@ from shardq.storage._deltas import (
     wrap,
 )
 from shardq.storage._encode import COLUMN_FIELDS
+from shardq.storage._rows import run_rows
 
 __all__ = [
     "FETCH_CHUNK",
@@ -68,39 +69,35 @@ _frame = struct.Struct(">I").pack
 _read_frame = struct.Struct(">I").unpack_from
 
 _COLUMN = {name: "run_at" if name == "runAt" else name for name in COLUMN_FIELDS}
+# The statements over the rows put in a batch (`_rows.run_rows` fills in `{rows}`).
+_UPSERT_SET = (
+    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
+    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
+    " rec = excluded.rec, patch = excluded.patch"
+)
 _UPSERT_JOB = (
-    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch) VALUES {rows}"
     # An in-place update, unlike INSERT OR REPLACE, rewrites only the indexes whose columns
     # changed, and keeps the rowid (and so the tie order among equal seqs) stable. A put
     # replaces the whole row: one of a hot record leaves the cold columns NULL (`_cold`).
-    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
-    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
-    " rec = excluded.rec, patch = excluded.patch, cold = NULL, lifo = NULL, gid = NULL,"
-    " ukey = NULL"
+    f"{_UPSERT_SET}, cold = NULL, lifo = NULL, gid = NULL, ukey = NULL"
 )
 # A cold record's put: the same with its cold columns.
 _UPSERT_COLD_JOB = (
     "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch, cold, lifo, gid,"
-    " ukey) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
-    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
-    " rec = excluded.rec, patch = excluded.patch, cold = excluded.cold, lifo = excluded.lifo,"
+    f" ukey) VALUES {{rows}}{_UPSERT_SET}, cold = excluded.cold, lifo = excluded.lifo,"
     " gid = excluded.gid, ukey = excluded.ukey"
 )
 # A store at a schema older than the cold columns (tests build one) writes rows without them.
 _UPSERT_PLAIN_JOB = (
-    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
-    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
-    " rec = excluded.rec, patch = excluded.patch"
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch) VALUES {rows}"
+    + _UPSERT_SET
 )
 _SET_COLD = "UPDATE jobs SET cold = ?, lifo = ?, gid = ?, ukey = ? WHERE id = ?"
 _COLUMNS = len(COLUMN_FIELDS)
 # The length of a hot row's tuple from `whole_row` (id, column fields, rec, patch).
 HOT_ROW = 3 + len(COLUMN_FIELDS)
-_DELETE_JOB = "DELETE FROM jobs WHERE id = ?"
+_DELETE_JOBS = "DELETE FROM jobs WHERE id IN ({rows})"
 _DELETE_QUEUE_JOBS = "DELETE FROM jobs WHERE queue = ?"
 _DELETE_QUEUE_GROUPS = "DELETE FROM queue_groups WHERE queue = ?"
 _FOLDED = "UPDATE jobs SET rec = ?, patch = x'' WHERE id = ?"
@@ -112,9 +109,15 @@ _DELETE_QUEUE = "DELETE FROM queue_state WHERE name = ?"
 
 
 def _update_sql(names: tuple[str, ...]) -> str:
-    sets = "".join(f"{_COLUMN[name]} = ?, " for name in names)
+    """The UPDATE of the rows whose changes set these columns: their values, the patches to
+    append and the ids come as the VALUES rows (`_rows`), joined to the rows by id."""
+    sets = "".join(f"{_COLUMN[name]} = v.column{i}, " for i, name in enumerate(names, 1))
+    patch, key = len(names) + 1, len(names) + 2
     # `||` joins blobs byte for byte (as text, in this UTF-8 database); CAST keeps it a blob.
-    return f"UPDATE jobs SET {sets}patch = CAST(patch || ? AS BLOB) WHERE id = ?"
+    return (
+        f"UPDATE jobs SET {sets}patch = CAST(patch || v.column{patch} AS BLOB)"
+        f" FROM (VALUES {{rows}}) AS v WHERE jobs.id = v.column{key}"
+    )
 
 
 # One statement per list of updated columns (in the order the changes named them): a few
@@ -188,12 +191,12 @@ def _write_jobs(
         gone = [k for (k,) in deleted] + [w[0] for w in whole] + [w[0] for w in cold_rows]
         delta_rows -= delete_deltas(conn, gone)
     if deleted:
-        written += conn.executemany(_DELETE_JOB, deleted).rowcount
+        written += run_rows(conn, _DELETE_JOBS, 1, deleted)
     if whole or cold_rows:
         written += _write_whole(conn, whole, cold_rows, cold)
     for names, rows in updates.items():
         sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
-        written += conn.executemany(sql, rows).rowcount
+        written += run_rows(conn, sql, len(names) + 2, rows)
     if refill and cold:
         _refill(conn, refill)
     if ops:
@@ -216,11 +219,11 @@ def _write_whole(
     written = 0
     if not cold:
         rows = whole + [one[:HOT_ROW] for one in cold_rows]
-        return int(conn.executemany(_UPSERT_PLAIN_JOB, rows).rowcount)
+        return run_rows(conn, _UPSERT_PLAIN_JOB, HOT_ROW, rows)
     if whole:
-        written += conn.executemany(_UPSERT_JOB, whole).rowcount
+        written += run_rows(conn, _UPSERT_JOB, HOT_ROW, whole)
     if cold_rows:
-        written += conn.executemany(_UPSERT_COLD_JOB, cold_rows).rowcount
+        written += run_rows(conn, _UPSERT_COLD_JOB, HOT_ROW + 4, cold_rows)
     return written
 
 

@@ -153,9 +153,18 @@ _STATEMENTS: dict[str, tuple[str, tuple[Any, ...], str]] = {
         ("q",),
         "idx_jobs_queue",
     ),
-    "delete a job": (_write._DELETE_JOB, ("j",), "sqlite_autoindex_jobs_1"),
+    # The writer's statements over many rows (`_rows`), here over two.
+    "delete jobs": (
+        _write._DELETE_JOBS.format(rows="(?), (?)"),
+        ("j", "k"),
+        "sqlite_autoindex_jobs_1",
+    ),
     "fold": (_write._FOLDED, (b"", "j"), "sqlite_autoindex_jobs_1"),
-    "update": (_write._update_sql(("state",)), ("s", b"", "j"), "sqlite_autoindex_jobs_1"),
+    "update": (
+        _write._update_sql(("state",)).format(rows="(?, ?, ?), (?, ?, ?)"),
+        ("s", b"", "j", "t", b"", "k"),
+        "sqlite_autoindex_jobs_1",
+    ),
     "row summary": (
         "SELECT id, queue, length(rec), length(patch) FROM jobs WHERE id IN (?, ?)",
         ("a", "b"),
