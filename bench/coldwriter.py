@@ -18,8 +18,10 @@ only, and valgrind can count it:
         python -m bench.coldwriter write DIR --scenario push1q --size 1
 
 The count per job is the difference between the runs at 2N and N jobs, divided by N: the
-start of Python, the imports and the file's creation cancel out. Without valgrind, `write`
-prints the CPU seconds of its part too (`--timing`), for alternating timing runs.
+start of Python, the imports and the file's creation cancel out. `--schema-version 8` opens
+the store at the version before the cold columns: this tree's writer without the cold
+indexes. With `--timing`, `write` prints the CPU seconds of its part, for alternating timing
+runs.
 """
 
 from __future__ import annotations
@@ -71,12 +73,19 @@ def encode(out: Path) -> None:
         path.with_suffix(".frames").write_bytes(pickle.dumps(frames))
 
 
-def write(out: Path, scenario: str, size: int, timing: bool) -> None:
+def write(out: Path, scenario: str, size: int, timing: bool, version: int | None) -> None:
+    from unittest import mock
+
     from shardq.runtime.writer._flush import FlushBuffer
-    from shardq.storage import Store
+    from shardq.storage import Store, _schema
 
     frames = pickle.loads((out / f"{scenario}-{size}.frames").read_bytes())
-    with tempfile.TemporaryDirectory() as tmp, Store.open(Path(tmp) / "w.db") as store:
+    migrations = _schema.MIGRATIONS[:version] if version else _schema.MIGRATIONS
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        mock.patch.object(_schema, "MIGRATIONS", migrations),
+        Store.open(Path(tmp) / "w.db") as store,
+    ):
         buffer = FlushBuffer(0.010, FLUSH_MAX)
         start = time.process_time()
         for frame in frames:
@@ -101,13 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", choices=SCENARIOS, default="push1q")
     parser.add_argument("--size", type=int, choices=(1, 2), default=1)
     parser.add_argument("--timing", action="store_true")
+    parser.add_argument(
+        "--schema-version",
+        type=int,
+        help="open the store at this version (e.g. the one before"
+        " the cold columns: this tree's writer without the cold indexes)",
+    )
     args = parser.parse_args(argv)
     if args.stage == "build":
         build(args.dir, args.jobs)
     elif args.stage == "encode":
         encode(args.dir)
     else:
-        write(args.dir, args.scenario, args.size, args.timing)
+        write(args.dir, args.scenario, args.size, args.timing, args.schema_version)
     return 0
 
 
