@@ -38,6 +38,7 @@ from shardq.storage._deltas import DELTA_KEY
 __all__ = [
     "COLD_COLUMN",
     "COLD_FIELDS",
+    "COLD_KEYS",
     "HOT",
     "REFILL",
     "ColdState",
@@ -50,7 +51,9 @@ COLD_COLUMN: Final = "cold"
 """The record field that marks a cold job, and the column that holds it."""
 COLD_FIELDS: Final[dict[str, str]] = {"lifo": "lifo", "groupId": "gid", "uniqueKey": "ukey"}
 """Record field -> column, for the fields a cold row also keeps in columns."""
-_MARKED: Final = frozenset((COLD_COLUMN, *COLD_FIELDS))
+COLD_KEYS: Final = frozenset((COLD_COLUMN, *COLD_FIELDS))
+"""The fields a change map must name for the writer to look at the cold columns."""
+_MARKED: Final = COLD_KEYS
 
 ColdState = tuple[int | None, int | None, str | None, str | None]
 """A row's (`cold`, `lifo`, `gid`, `ukey`)."""

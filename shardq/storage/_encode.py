@@ -39,7 +39,7 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core._mutations import Mutation
-from shardq.storage._cold import COLD_COLUMN, cold_mark, cold_of
+from shardq.storage._cold import COLD_COLUMN, COLD_KEYS, cold_mark, cold_of
 
 __all__ = [
     "COLUMN_FIELDS",
@@ -170,9 +170,8 @@ def _encode_changes(changes: object, pack: Any) -> tuple[bytes, dict[str, Any]] 
 def _columns_of(changes: dict[str, Any]) -> dict[str, Any] | None:
     """The column fields `changes` sets, or None if one of them is mistyped."""
     columns = {name: changes[name] for name in COLUMN_FIELDS if name in changes}
-    mark = cold_mark(changes)
-    if mark is not None:
-        columns[COLD_COLUMN] = mark
+    if not COLD_KEYS.isdisjoint(changes):  # inline: runs for every change map a shard sends
+        columns[COLD_COLUMN] = cold_mark(changes)
     for name, kind in _TYPED:
         if name in columns and type(columns[name]) is not kind:
             return None
