@@ -9,6 +9,9 @@ A job row is `rec` (an encoded record) plus `patch` (encoded change maps, each a
   and appends the changes to `patch`; `rec` is neither read nor written. The statement names
   only those columns, so SQLite rewrites only the indexes over them.
 
+Each of these statements runs over many rows at once (`_rows`), not once per row. A job the
+engine marked cold also gets its cold columns (`_cold`), which no hot row carries.
+
 A patch that grows longer than its record (and than `patch_floor`) is folded into the record:
 decoded, merged and written back as `rec` with an empty patch. Folding costs one decode and
 encode of the record and only happens after at least a record's length of changes was
