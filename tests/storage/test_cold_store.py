@@ -15,7 +15,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 import pytest
 
-from shardq.storage import MutationEncoder, Store, _write
+from shardq.storage import MutationEncoder, StorageRejected, Store, _write
 from shardq.storage._cold import HOT, cold_mark, cold_state
 from shardq.storage._write import join_patch
 
@@ -189,3 +189,15 @@ def test_a_corrupt_record_or_patch_keeps_what_could_be_read() -> None:
         "h",
         None,
     )
+
+
+def test_a_malformed_cold_put_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
+    (good,) = MutationEncoder().encode([("put", _rec("a", 1, groupId="g"))])
+    with Store.open(tmp_path / "bad.db") as store:
+        for cold in ([2, None, None], [0, 5, None], [0, None], "x"):
+            bad = (*good[:8], cold)
+            with pytest.raises(StorageRejected, match=r"mutation #1 \(putb\) is malformed"):
+                store.apply([good, bad])
+        assert list(store.load_jobs()) == []
+        store.apply([good])
+        assert [r["id"] for r in store.page_group("q", "g", limit=5).records] == ["a"]
