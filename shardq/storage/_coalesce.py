@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardq.core._mutations import Mutation, Record
+from shardq.storage._cold import COLD_COLUMN, REFILL, cold_mark, cold_of
 from shardq.storage._deltas import wrap
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._errors import StorageRejected
@@ -76,7 +77,8 @@ class Row:
     """The net write of one job.
 
     `values` set: the job was put in this batch; write `rec` and `patch` as its whole row, with
-    `values` (the column fields, in `COLUMN_FIELDS` order) as its columns.
+    `values` (the column fields, in `COLUMN_FIELDS` order) as its columns; a cold row's go on
+    with its `lifo`, `gid` and `ukey` (or `REFILL` alone: set them from the merged record).
     `values` None: a stored job this batch updates; set the column fields in `changed` and
     append `patch` to its stored patch. `stored` is what was known of it before the batch.
     `kept`: patch entries already stored, written back before `patch` (see `_write`).
@@ -243,7 +245,12 @@ class _Folder:
                     if columns:
                         values = row.values
                         if values is None:
-                            row.changed.update(columns)
+                            if COLD_COLUMN in columns:
+                                _cold_stored_change(row.changed, columns)
+                            else:
+                                row.changed.update(columns)
+                        elif COLD_COLUMN in columns:
+                            _cold_change(values, columns)
                         else:
                             for name, value in columns.items():
                                 values[_INDEX[name]] = value
@@ -322,6 +329,25 @@ class _Folder:
             jobs[job_id] = None
 
 
+def _cold_change(values: list[Any], columns: Mapping[str, Any]) -> None:
+    """Apply a change that names a cold field (`_cold`) to the column values of a job put in
+    this batch: its cold fields are then read from its merged record when it is written."""
+    for name, value in columns.items():
+        if name != COLD_COLUMN:
+            values[_INDEX[name]] = value
+    if columns[COLD_COLUMN] or len(values) > _COLUMNS:
+        values[_COLUMNS:] = [REFILL]
+
+
+def _cold_stored_change(changed: dict[str, Any], columns: Mapping[str, Any]) -> None:
+    """Merge a change that names a cold field into a stored row's changed columns: a 1 (the
+    change made it cold) stays for the batch, whatever later changes name."""
+    mark = max(columns[COLD_COLUMN], changed.get(COLD_COLUMN, 0))
+    changed.update(columns)
+    changed[COLD_COLUMN] = mark
+
+
+_COLUMNS = len(COLUMN_FIELDS)
 _JOB_KINDS = frozenset({"put", "upd", "delta", "del"})
 # kind -> the types of the fields after the kind
 _SHAPES: dict[str, tuple[type, ...]] = {
@@ -377,6 +403,31 @@ def _parse(index: int, mutation: object) -> _Op:
     return _parse_general(index, mutation)
 
 
+def _engine_put(index: int, rec: Record) -> _Op:
+    """The engine's shape of a put: the column fields (and a cold record's) are in it."""
+    job_id = rec.get("rowKey") or rec.get("id")
+    if not isinstance(job_id, str):
+        raise StorageRejected(f"mutation #{index} (put): record field 'id' must be str")
+    values = [rec.get(name) for name in COLUMN_FIELDS]
+    if rec.get(COLD_COLUMN):
+        values += cold_of(rec)
+    return "put", job_id, values, rec
+
+
+def _cold_putb(index: int, mutation: tuple[Any, ...] | list[Any]) -> _Op:
+    """A cold record's `putb` (`_encode`): its cold fields after its record."""
+    _, key, queue, state, priority, run_at, seq, rec, cold = mutation
+    if type(key) is str and type(rec) is bytes and type(cold) in (list, tuple) and len(cold) == 3:
+        lifo, gid, ukey = cold
+        if lifo in (0, 1) and _str_or_none(gid) and _str_or_none(ukey):
+            return "put", key, [queue, state, priority, run_at, seq, lifo, gid, ukey], rec
+    raise StorageRejected(f"mutation #{index} (putb) is malformed: {mutation!r:.200}")
+
+
+def _str_or_none(value: object) -> bool:
+    return value is None or type(value) is str
+
+
 def _all_str(keys: object) -> bool:
     if type(keys) is not list:
         return False
@@ -394,20 +445,22 @@ def _parse_general(index: int, mutation: object) -> _Op:
     if shape is None:
         raise StorageRejected(f"mutation #{index} has unknown kind {kind!r:.100}")
     fields = mutation[1:]
+    if kind == "putb" and len(fields) == len(shape) + 1:
+        return _cold_putb(index, mutation)
     if len(fields) != len(shape) or not all(map(isinstance, fields, shape)):
         expected = ", ".join(t.__name__ for t in shape)
         raise StorageRejected(
             f"mutation #{index} ({kind}) must be ({kind!r}, {expected}): {mutation!r:.200}"
         )
     if kind == "put":
-        rec = fields[0]
-        job_id = rec.get("rowKey") or rec.get("id")
-        if not isinstance(job_id, str):
-            raise StorageRejected(f"mutation #{index} (put): record field 'id' must be str")
-        return kind, job_id, [rec.get(name) for name in COLUMN_FIELDS], rec
+        return _engine_put(index, fields[0])
     if kind == "upd":  # the engine's shape: the column fields are in the changes
         changes = fields[1]
-        return kind, fields[0], {n: changes[n] for n in COLUMN_FIELDS if n in changes}, changes
+        columns = {n: changes[n] for n in COLUMN_FIELDS if n in changes}
+        mark = cold_mark(changes)
+        if mark is not None:
+            columns[COLD_COLUMN] = mark
+        return kind, fields[0], columns, changes
     if kind == "delta":
         return kind, fields[0], None, fields[1]
     if kind in ("queue", "cron", "webhook", "flow"):

@@ -28,6 +28,12 @@ in tests/storage/contract/ runs the same tests against every backend):
   its own instance opened beside the writer's: it sees every batch committed before.
 - Opening creates or migrates the schema to the backend's latest version, keeps what an older
   store held, and refuses a store newer than the code.
+- The cold backlog's reads (`page_waiting`, `page_group`, `page_delayed`, `get_by_custom_id`,
+  `find_unique`, `cold_counts`; `shardq.storage._cold_reads` says the orders) see only the
+  cold jobs, those whose record as stored has `"cold"` true (a put of a record with it, or an
+  `upd` setting it; `shardq.storage._cold`). They read the records as `get_job` does (patch
+  and deltas merged), in exactly the engine's delivery order, through an index each, and
+  each is bounded in rows and bytes. A hot job costs these reads nothing when it is written.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from types import TracebackType
 from typing import Protocol
 
 from shardq.core._mutations import Mutation, Record
+from shardq.storage._cold_reads import ColdCounts, ColdPage, Cursor
 
 __all__ = ["Storage"]
 
@@ -70,6 +77,47 @@ class Storage(Protocol):
         """Every queue with a stored job, config or configured group."""
         ...
 
+    def page_waiting(
+        self, queue: str, after: Cursor | None = None, *, limit: int, max_bytes: int = ...
+    ) -> ColdPage:
+        """The next ungrouped cold waiting jobs of `queue` in delivery order, strictly after
+        the cursor `after` (None: from the head): at most `limit` (1 to `MAX_LIMIT`) records,
+        and no more once their stored bytes reach `max_bytes`. Raises `ValueError` for a
+        bound out of range or a cursor of the wrong length."""
+        ...
+
+    def page_group(
+        self,
+        queue: str,
+        group: str,
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        max_bytes: int = ...,
+    ) -> ColdPage:
+        """The next cold waiting jobs of one job group of `queue`, in the group's order (as
+        `page_waiting`)."""
+        ...
+
+    def page_delayed(
+        self, queue: str, after: Cursor | None = None, *, limit: int, max_bytes: int = ...
+    ) -> ColdPage:
+        """The next cold delayed jobs of `queue` by run time, then seq (as `page_waiting`)."""
+        ...
+
+    def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
+        """The cold job of `queue` pushed with this custom id, or None (a hot one too)."""
+        ...
+
+    def find_unique(self, queue: str, unique_key: str, *, limit: int = ...) -> list[Record]:
+        """The cold jobs of `queue` with this uniqueKey, in any state, lowest seq first,
+        at most `limit`."""
+        ...
+
+    def cold_counts(self, queue: str) -> ColdCounts:
+        """The cold waiting and delayed jobs of `queue`, in total and per group."""
+        ...
+
     def load_queues(self) -> dict[str, Record]:
         """Every stored queue config by name, its groups' settings as a "groups" map."""
         ...
@@ -85,11 +133,13 @@ class Storage(Protocol):
         page_size: int = ...,
         queues: Collection[str] | None = None,
         completed_from: int | None = None,
+        hot_only: bool = False,
     ) -> Iterator[Record]:
         """Yield the stored records in seq order (ties in insertion order), `page_size` at a
         time. `queues` filters by queue (None: all; a backend may ignore a very long filter
         and yield more, never fewer: the caller filters again); `completed_from` keeps
-        completed jobs from that seq on only. Raises `ValueError` if `page_size` < 1."""
+        completed jobs from that seq on only; `hot_only` leaves out the cold waiting and
+        delayed jobs (the cold reads page them in). Raises `ValueError` if `page_size` < 1."""
         ...
 
     def stale_completed(

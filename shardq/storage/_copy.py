@@ -163,7 +163,8 @@ def _encoded(source: Storage, page: int) -> Iterator[tuple[str, Mutation, int]]:
     for table, mutation in _rows(source, page):
         if table == "jobs":
             (encoded,) = encode([mutation])
-            yield table, encoded, len(encoded[-1]) if encoded[0] == "putb" else 0
+            # The record's bytes (a cold record's cold fields follow them: `_encode`).
+            yield table, encoded, len(encoded[7]) if encoded[0] == "putb" else 0
         else:
             yield table, mutation, len(pack(mutation[-1]))
 

@@ -5,6 +5,8 @@ record and each change map on its own, and puts the few fields the writer needs 
 columns beside the bytes, so the writer stores the bytes as they came and never decodes a job:
 
     ("putb", row_key, queue, state, priority, run_at, seq, rec)  for ("put", rec)
+    ("putb", row_key, queue, state, priority, run_at, seq, rec, [lifo, gid, ukey])
+                                                                 for a cold record's put
     ("updb", row_key, changes, columns)                          for ("upd", row_key, changes)
     ("updm", changes, columns, [row_key, ...])                   for a run of such `upd`s
     ("dltb", row_key, op)                                        for ("delta", row_key, op)
@@ -18,7 +20,9 @@ exactly those `upd`s in that order. A run is cut at `max_group_keys` keys and at
 
 `rec` and `changes` are the msgpack encodings (`use_bin_type=True`) of the engine's record and
 change map. `columns` holds the column fields the changes set, under their record names
-(`queue`, `state`, `priority`, `runAt`, `seq`), and is usually `{"state": ...}`. "del",
+(`queue`, `state`, `priority`, `runAt`, `seq`), and is usually `{"state": ...}`; a change
+that names a cold field adds `cold` there (`shardq.storage._cold` says what it holds). A cold
+record's put (`"cold"` true) carries the three fields of its cold columns the same way. "del",
 "queue" and "qdel" are small and pass through unchanged, as does any mutation the encoder
 cannot vouch for (a missing row key, a mistyped column field): the writer then rejects it with
 the same error as before. A batch may mix both forms; `Store.apply` takes either.
@@ -35,6 +39,7 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core._mutations import Mutation
+from shardq.storage._cold import COLD_COLUMN, COLD_KEYS, cold_mark, cold_of
 
 __all__ = [
     "COLUMN_FIELDS",
@@ -145,6 +150,9 @@ def _encode_put(rec: object, pack: Any) -> Mutation | None:
     key = rec.get("rowKey") or rec.get("id")
     queue, state, seq = rec.get("queue"), rec.get("state"), rec.get("seq")
     if type(key) is str and type(queue) is str and type(state) is str and type(seq) is int:
+        if rec.get(COLD_COLUMN):  # a job the engine keeps on disk only (`_cold`)
+            columns = (key, queue, state, rec.get("priority"), rec.get("runAt"), seq)
+            return ("putb", *columns, pack(rec), cold_of(rec))
         return ("putb", key, queue, state, rec.get("priority"), rec.get("runAt"), seq, pack(rec))
     return None
 
@@ -162,6 +170,8 @@ def _encode_changes(changes: object, pack: Any) -> tuple[bytes, dict[str, Any]] 
 def _columns_of(changes: dict[str, Any]) -> dict[str, Any] | None:
     """The column fields `changes` sets, or None if one of them is mistyped."""
     columns = {name: changes[name] for name in COLUMN_FIELDS if name in changes}
+    if not COLD_KEYS.isdisjoint(changes):  # inline: runs for every change map a shard sends
+        columns[COLD_COLUMN] = cold_mark(changes)
     for name, kind in _TYPED:
         if name in columns and type(columns[name]) is not kind:
             return None

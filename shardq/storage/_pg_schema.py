@@ -27,6 +27,7 @@ from shardq.storage._progress import migration_step
 
 __all__ = [
     "CLUSTER_VERSION",
+    "COLD_VERSION",
     "DELTAS_VERSION",
     "GROUPS_VERSION",
     "MIGRATIONS",
@@ -113,12 +114,42 @@ def _v5_cluster(conn: Conn) -> None:
     )
 
 
+def _v6_cold_backlog(conn: Conn) -> None:
+    # The SQLite schema's version 9 (`_schema._v9_cold_backlog` says why): only a cold row
+    # carries these columns and enters these indexes, and nothing stored before is filled.
+    # The row key is indexed in the "C" collation: the engine orders ids by code point, not
+    # by the database's locale (`_cold_reads`).
+    conn.execute(
+        "ALTER TABLE jobs ADD COLUMN cold smallint, ADD COLUMN lifo smallint,"
+        " ADD COLUMN gid text, ADD COLUMN ukey text"
+    )
+    conn.execute(
+        "CREATE INDEX jobs_waiting ON jobs (queue, (-coalesce(priority, 0)), (-lifo),"
+        ' (CASE WHEN lifo = 1 THEN -seq ELSE coalesce(run_at, 0) END), seq, id COLLATE "C")'
+        " WHERE cold = 1 AND state = 'waiting' AND gid IS NULL"
+    )
+    conn.execute(
+        "CREATE INDEX jobs_group_waiting ON jobs (queue, gid, (coalesce(priority, 0)),"
+        ' (coalesce(run_at, 0)), seq, id COLLATE "C")'
+        " WHERE cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
+    )
+    conn.execute(
+        'CREATE INDEX jobs_delayed ON jobs (queue, (coalesce(run_at, 0)), seq, id COLLATE "C",'
+        " gid) WHERE cold = 1 AND state = 'delayed'"
+    )
+    conn.execute(
+        "CREATE INDEX jobs_unique ON jobs (queue, ukey, seq) WHERE cold = 1 AND ukey IS NOT NULL"
+    )
+
+
 DELTAS_VERSION = 3
 """The schema version that added `job_deltas`."""
 GROUPS_VERSION = 4
 """The schema version that added `queue_groups`."""
 CLUSTER_VERSION = 5
 """The schema version that added the cluster's tables (`cluster_nodes`, `partition_leases`)."""
+COLD_VERSION = 6
+"""The schema version that added the cold columns and their indexes (`_v6_cold_backlog`)."""
 
 # Append only. A schema's version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -127,6 +158,7 @@ MIGRATIONS: list[Migration] = [
     _v3_job_deltas,
     _v4_queue_groups,
     _v5_cluster,
+    _v6_cold_backlog,
 ]
 
 

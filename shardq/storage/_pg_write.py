@@ -20,9 +20,12 @@ from psycopg.rows import TupleRow
 
 from shardq.core._mutations import Record
 from shardq.storage._coalesce import Plan, Stored
+from shardq.storage._cold import cold_state
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._write import (
+    HOT_ROW,
     Pack,
+    Refill,
     absorb_survivor,
     add_update,
     fold,
@@ -46,10 +49,33 @@ _UPSERT_JOB = (
     " SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[], %b::bigint[],"
     " %b::bigint[], %b::bytea[], %b::bytea[])"
     # An in-place update keeps `ord`, so the order among equal seqs stays (SQLite's rowid).
+    # A put replaces the whole row: one of a hot record leaves the cold columns NULL (`_cold`).
+    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
+    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
+    " rec = excluded.rec, patch = excluded.patch, cold = NULL, lifo = NULL, gid = NULL,"
+    " ukey = NULL"
+)
+# A cold record's put: the same with its cold columns.
+_UPSERT_COLD_JOB = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch, cold, lifo, gid,"
+    " ukey) SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[],"
+    " %b::bigint[], %b::bigint[], %b::bytea[], %b::bytea[], %b::smallint[], %b::smallint[],"
+    " %b::text[], %b::text[])"
+    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
+    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
+    " rec = excluded.rec, patch = excluded.patch, cold = excluded.cold, lifo = excluded.lifo,"
+    " gid = excluded.gid, ukey = excluded.ukey"
+)
+# A schema older than the cold columns (tests build one) gets rows without them.
+_UPSERT_PLAIN_JOB = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
+    " SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[], %b::bigint[],"
+    " %b::bigint[], %b::bytea[], %b::bytea[])"
     " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
     " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
     " rec = excluded.rec, patch = excluded.patch"
 )
+_SET_COLD = "UPDATE jobs SET cold = %s, lifo = %s, gid = %s, ukey = %s WHERE id = %s"
 _DELETE_JOBS = "DELETE FROM jobs WHERE id = ANY(%s::text[])"
 _DELETE_DELTAS = "DELETE FROM job_deltas WHERE id = ANY(%s::text[])"
 _INSERT_DELTA = "INSERT INTO job_deltas (id, d) VALUES (%s, %s)"
@@ -103,7 +129,13 @@ class Writes:
 
 
 def write_plan(
-    writes: Writes, plan: Plan, pack: Pack, patch_floor: int, deltas_exist: bool
+    writes: Writes,
+    plan: Plan,
+    pack: Pack,
+    patch_floor: int,
+    deltas_exist: bool,
+    *,
+    cold: bool = True,
 ) -> dict[str, Stored | None]:
     """Queue the statements that write `plan`; return what is now known of every job it
     touched (None: the row is gone). `deltas_exist`: whether `job_deltas` may hold a row.
@@ -112,7 +144,7 @@ def write_plan(
     if plan.obliterated:
         _obliterate(writes, plan, deltas_exist)
     known: dict[str, Stored | None] = {}
-    _write_jobs(writes, plan, pack, patch_floor, deltas_exist, known)
+    _write_jobs(writes, plan, pack, patch_floor, deltas_exist, known, cold)
     _write_keyed(writes, plan.queues, "queue_state", ("name", "cfg"), lambda k, r: (k, pack(r)))
     if plan.crons:
         cron_row = _with_queue("queue", pack)
@@ -135,36 +167,72 @@ def _write_jobs(
     patch_floor: int,
     deltas_exist: bool,
     known: dict[str, Stored | None],
+    cold: bool,
 ) -> None:
     deleted: list[str] = []
     whole: list[tuple[Any, ...]] = []
+    cold_rows: list[tuple[Any, ...]] = []
     updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
     to_fold: list[str] = []
     ops: list[tuple[str, bytes]] = []
+    refill: Refill = []
     for job_id, row in plan.jobs.items():
         if row is None:
             deleted.append(job_id)
             known[job_id] = None
         elif row.values is not None:
-            whole.append(whole_row(job_id, row, row.values, pack, patch_floor, known))
-        elif add_update(job_id, row, pack, patch_floor, updates, known, ops):
+            one = whole_row(job_id, row, row.values, pack, patch_floor, known)
+            (whole if len(one) == HOT_ROW else cold_rows).append(one)
+        elif add_update(job_id, row, pack, patch_floor, updates, known, ops, refill):
             to_fold.append(job_id)
-    if deltas_exist and (deleted or whole):
+    if deltas_exist and (deleted or whole or cold_rows):
         # A put replaces the whole record, ops included (a batch resent to a new writer).
-        writes.one(_DELETE_DELTAS, (deleted + [w[0] for w in whole],), deltas=-1)
+        gone = deleted + [w[0] for w in whole] + [w[0] for w in cold_rows]
+        writes.one(_DELETE_DELTAS, (gone,), deltas=-1)
     if deleted:
         writes.one(_DELETE_JOBS, (deleted,))
-    if whole:
-        writes.one(_UPSERT_JOB, _columns(whole, *_WHOLE_NUMBERS))
+    if whole or cold_rows:
+        _write_whole(writes, whole, cold_rows, cold)
     for names, rows in updates.items():
         sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
         priority_at = names.index("priority") if "priority" in names else -1
         run_at = names.index("runAt") if "runAt" in names else -1
         writes.one(sql, _columns(rows, priority_at, run_at))
+    if refill and cold:
+        _refill(writes, refill)
     if ops:
         writes.many(_INSERT_DELTA, list(ops), deltas=1)
     if to_fold:
         _fold_stored(writes, to_fold, pack, known)
+
+
+def _write_whole(
+    writes: Writes, whole: list[tuple[Any, ...]], cold_rows: list[tuple[Any, ...]], cold: bool
+) -> None:
+    """Upsert the rows put in the batch (`_write._write_whole`)."""
+    if not cold:
+        rows = whole + [one[:HOT_ROW] for one in cold_rows]
+        writes.one(_UPSERT_PLAIN_JOB, _columns(rows, *_WHOLE_NUMBERS))
+        return
+    if whole:
+        writes.one(_UPSERT_JOB, _columns(whole, *_WHOLE_NUMBERS))
+    if cold_rows:
+        writes.one(_UPSERT_COLD_JOB, _columns(cold_rows, *_WHOLE_NUMBERS))
+
+
+def _refill(writes: Writes, refill: Refill) -> None:
+    """Set the cold columns of the stored jobs a change in the batch marked from their merged
+    records (`_write._refill`), read after the batch's updates (sent before this read)."""
+    sql = "SELECT id, rec, patch FROM jobs WHERE id = ANY(%s::text[])"
+    for mark in (1, 0):
+        ids = [job_id for job_id, m in refill if m == mark]
+        if not ids:
+            continue
+        only_cold = "" if mark else " AND cold = 1"
+        rows = writes.conn.execute(sql + only_cold, (ids,), binary=True).fetchall()
+        sets = [(*cold_state(rec, patch), job_id) for job_id, rec, patch in rows]
+        if sets:
+            writes.many(_SET_COLD, sets)
 
 
 # The columns of a whole row (the id first, then `COLUMN_FIELDS`) an array must be made

@@ -33,6 +33,7 @@ from psycopg import conninfo
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _pg_schema
 from shardq.storage._coalesce import Plan, Stored, coalesce, remember
+from shardq.storage._cold_reads import HOT_SET, POSTGRES, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
 from shardq.storage._errors import StorageError
@@ -52,7 +53,7 @@ STALE_PAGE = 10_000
 DEFAULT_CONNECT_TIMEOUT_S = 10
 
 
-class PostgresStore:
+class PostgresStore(ColdReads):
     """The shardq tables in one PostgreSQL database (and schema), written in batches.
 
     Create one with `PostgresStore.open`. A store holds one connection and belongs to one
@@ -146,8 +147,9 @@ class PostgresStore:
                         fence_rows = conn.cursor()
                         fence_rows.execute(FENCE_SQL, fenced)  # no row counted
                     known = write_plan(
-                        writes, plan, self._packer.pack, self._patch_floor, self._deltas_exist
-                    )
+                        writes, plan, self._packer.pack, self._patch_floor, self._deltas_exist,
+                        cold=self._version >= _pg_schema.COLD_VERSION,
+                    )  # fmt: skip
                 if fenced is not None:
                     # Synced, not committed: a partition lost rolls the whole batch back.
                     check(fenced[2], fenced[0], fence_rows.fetchall())
@@ -181,9 +183,11 @@ class PostgresStore:
         page_size: int = DEFAULT_PAGE_SIZE,
         queues: Collection[str] | None = None,
         completed_from: int | None = None,
+        hot_only: bool = False,
     ) -> Iterator[Record]:
         """Yield the stored job records in seq order (ties in insertion order), `page_size`
-        rows per query; the filters mean what `Store.load_jobs`'s mean, and run in the server.
+        rows per query; the filters (`hot_only` too) mean what `Store.load_jobs`'s mean, and
+        run in the server.
         Raises `StorageError` (while iterating) if a read fails; `ValueError` if
         `page_size` < 1."""
         if page_size < 1:
@@ -192,6 +196,8 @@ class PostgresStore:
         if completed_from is not None:
             where += " AND (state <> 'completed' OR seq >= %s)"
             params = (*params, completed_from)
+        if hot_only and self._version >= _pg_schema.COLD_VERSION:
+            where += " AND " + HOT_SET
         columns = "SELECT seq, ord, rec, patch, id FROM jobs WHERE"
         first = f"{columns} {where} ORDER BY seq, ord LIMIT %s"
         more = f"{columns} (seq, ord) > (%s, %s) AND {where} ORDER BY seq, ord LIMIT %s"
@@ -368,6 +374,17 @@ class PostgresStore:
     def _page_deltas(self, job_ids: list[str]) -> dict[str, list[bytes]]:
         if not self._deltas_exist or not job_ids:
             return {}
+        try:
+            return read_deltas(self._connection(), job_ids)
+        except Exception as e:
+            raise _as_storage_error(e, "loading delta rows") from e
+
+    _COLD_DIALECT = POSTGRES
+
+    def _cold_rows(self, action: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        return self._rows(action, sql, params)
+
+    def _cold_ops(self, job_ids: list[str]) -> dict[str, list[bytes]]:
         try:
             return read_deltas(self._connection(), job_ids)
         except Exception as e:

@@ -237,10 +237,43 @@ def _v8_queue_groups(db: Database) -> None:
         db.execute("UPDATE queue_state SET cfg = ? WHERE name = ?", [packed_cfg, name])
 
 
+def _v9_cold_backlog(db: Database) -> None:
+    # A shard under a memory budget leaves the cold rest of a queue in storage and pages it in,
+    # in delivery order, and looks cold jobs up by uniqueKey (shardq.storage._cold_reads).
+    # Only a cold row carries these columns (`_cold`): a hot one leaves them NULL, so a hot
+    # push binds nothing more. Every index is partial on `cold = 1`, so a hot row enters none
+    # of them, and the rows stored before them are hot by definition: nothing is filled, and
+    # building the indexes reads the table once and writes no entry. An index ends with the
+    # columns of its own condition (constant in it) only so that SQLite can count a queue's
+    # cold jobs over the index alone (`cold_counts`), without reading a row.
+    for column in ("cold INTEGER", "lifo INTEGER", "gid TEXT", "ukey TEXT"):
+        db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
+    db.execute(
+        "CREATE INDEX idx_jobs_waiting ON jobs (queue, (-coalesce(priority, 0)), (-lifo),"
+        " (CASE WHEN lifo = 1 THEN -seq ELSE coalesce(run_at, 0) END), seq, id, cold, state,"
+        " gid) WHERE cold = 1 AND state = 'waiting' AND gid IS NULL"
+    )
+    db.execute(
+        "CREATE INDEX idx_jobs_group_waiting ON jobs (queue, gid, (coalesce(priority, 0)),"
+        " (coalesce(run_at, 0)), seq, id, cold, state)"
+        " WHERE cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
+    )
+    db.execute(
+        "CREATE INDEX idx_jobs_delayed ON jobs (queue, (coalesce(run_at, 0)), seq, id, gid,"
+        " cold, state) WHERE cold = 1 AND state = 'delayed'"
+    )
+    db.execute(
+        "CREATE INDEX idx_jobs_unique ON jobs (queue, ukey, seq)"
+        " WHERE cold = 1 AND ukey IS NOT NULL"
+    )
+
+
 Migration = Callable[[Database], None]
 
 DELTAS_VERSION = 7
 """The schema version that added the `job_deltas` table."""
+COLD_VERSION = 9
+"""The schema version that added the cold columns and their indexes (`_v9_cold_backlog`)."""
 
 # Append only. The database's schema version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -252,6 +285,7 @@ MIGRATIONS: list[Migration] = [
     _v6_flows,
     _v7_job_deltas,
     _v8_queue_groups,
+    _v9_cold_backlog,
 ]
 
 
@@ -318,9 +352,14 @@ def describe(db: Database) -> SchemaInfo:
             columns[table.name] = tuple(
                 (str(c.name), str(c.type), bool(c.notnull)) for c in table.columns
             )
-            # origin "c" = made by CREATE INDEX; skip the implicit primary-key indexes.
+            # origin "c" = made by CREATE INDEX; skip the implicit primary-key indexes. SQLite
+            # names no column for an expression.
             indexes[table.name] = tuple(
-                sorted(tuple(ix.columns) for ix in table.indexes if ix.origin == "c")
+                sorted(
+                    tuple(c if c is not None else "<expr>" for c in ix.columns)
+                    for ix in table.indexes
+                    if ix.origin == "c"
+                )
             )
     except sqlite3.Error as e:
         raise wrap_error(e, "reading the schema") from e

@@ -39,6 +39,7 @@ from sqlite_utils import Database
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _schema, _vacuum
 from shardq.storage._coalesce import Stored, coalesce, remember
+from shardq.storage._cold_reads import HOT_SET, SQLITE, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
 from shardq.storage._deltas import delta_lengths, read_deltas
@@ -65,7 +66,7 @@ MAX_FILTER_QUEUES = 1000
 STALE_PAGE = 10_000
 
 
-class Store:
+class Store(ColdReads):
     """The shardq database: jobs and queue configs, written in batches of mutations.
 
     Create one with `Store.open`. A `Store` belongs to one thread (sqlite3's default check)
@@ -183,8 +184,9 @@ class Store:
         with transaction(self._conn, f"applying a batch of {len(mutations)} mutations"):
             plan = coalesce(mutations, self._fetch_stored)
             written, known, delta_rows = write_plan(
-                self._conn, plan, self._packer.pack, self._patch_floor, self._delta_rows > 0
-            )
+                self._conn, plan, self._packer.pack, self._patch_floor, self._delta_rows > 0,
+                cold=self._version >= _schema.COLD_VERSION,
+            )  # fmt: skip
         self._delta_rows = max(0, self._delta_rows + delta_rows)
         self._cache = remember(self._cache, self._cache_limit, plan, known)
         self._skipped_updates += plan.skipped
@@ -196,12 +198,15 @@ class Store:
         page_size: int = DEFAULT_PAGE_SIZE,
         queues: Collection[str] | None = None,
         completed_from: int | None = None,
+        hot_only: bool = False,
     ) -> Iterator[Record]:
         """Yield the stored job records, in seq order (ties in insertion order).
 
         `queues`: only the jobs of these queues (None: every queue; past `MAX_FILTER_QUEUES`
         names the filter is not applied and the caller filters). `completed_from`: completed
         jobs only from this seq on (see `completed_floor`); other states are always loaded.
+        `hot_only`: leave out the cold waiting and delayed jobs (`_cold`), which a shard under
+        a memory budget pages in instead (a cold job in any other state is loaded).
         The filters run in SQLite, so a row they skip is never decoded.
 
         Rows are read `page_size` at a time, so memory stays bounded on a big database. Each
@@ -215,6 +220,8 @@ class Store:
         if completed_from is not None:
             where += " AND (state != 'completed' OR seq >= ?)"
             params = (*params, completed_from)
+        if hot_only and self._version >= _schema.COLD_VERSION:
+            where += " AND " + HOT_SET
         first, more = _first_page(where), _next_page(where)
         with_ops = self._ids_with_deltas()
         rows = self._read_page(first, (*params, page_size))
@@ -474,6 +481,16 @@ class Store:
             return {}
         with self._reading("loading delta rows"):
             return read_deltas(self._conn, wanted)
+
+    _COLD_DIALECT = SQLITE
+
+    def _cold_rows(self, action: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        with self._reading(action):
+            return self._conn.execute(sql, params).fetchall()
+
+    def _cold_ops(self, job_ids: list[str]) -> dict[str, list[bytes]]:
+        with self._reading("loading delta rows"):
+            return read_deltas(self._conn, job_ids)
 
     def _read_page(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         with self._reading("loading jobs"):

@@ -9,6 +9,9 @@ A job row is `rec` (an encoded record) plus `patch` (encoded change maps, each a
   and appends the changes to `patch`; `rec` is neither read nor written. The statement names
   only those columns, so SQLite rewrites only the indexes over them.
 
+Each of these statements runs over many rows at once (`_rows`), not once per row. A job the
+engine marked cold also gets its cold columns (`_cold`), which no hot row carries.
+
 A patch that grows longer than its record (and than `patch_floor`) is folded into the record:
 decoded, merged and written back as `rec` with an empty patch. Folding costs one decode and
 encode of the record and only happens after at least a record's length of changes was
@@ -27,6 +30,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from shardq.core._mutations import Record, apply_delta, finish_deltas
 from shardq.storage._coalesce import Part, Plan, Row, Stored, check_columns, check_values
+from shardq.storage._cold import COLD_COLUMN, REFILL, cold_state
 from shardq.storage._deltas import (
     DELTA_KEY,
     apply_ops,
@@ -37,10 +41,13 @@ from shardq.storage._deltas import (
     wrap,
 )
 from shardq.storage._encode import COLUMN_FIELDS
+from shardq.storage._rows import run_rows
 
 __all__ = [
     "FETCH_CHUNK",
+    "HOT_ROW",
     "Pack",
+    "Refill",
     "add_update",
     "chunks",
     "decode",
@@ -53,6 +60,9 @@ __all__ = [
 ]
 
 Pack = Callable[[Any], bytes]
+Refill = list[tuple[str, int]]
+"""Stored jobs whose cold columns are set from their merged record once the batch's updates
+are written: (job id, the mark of `_cold.cold_mark`)."""
 
 # Stays under SQLite's historical 999 bound parameters per statement.
 FETCH_CHUNK = 500
@@ -62,16 +72,35 @@ _frame = struct.Struct(">I").pack
 _read_frame = struct.Struct(">I").unpack_from
 
 _COLUMN = {name: "run_at" if name == "runAt" else name for name in COLUMN_FIELDS}
-_UPSERT_JOB = (
-    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-    # An in-place update, unlike INSERT OR REPLACE, rewrites only the indexes whose columns
-    # changed, and keeps the rowid (and so the tie order among equal seqs) stable.
+# The statements over the rows put in a batch (`_rows.run_rows` fills in `{rows}`).
+_UPSERT_SET = (
     " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
     " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
     " rec = excluded.rec, patch = excluded.patch"
 )
-_DELETE_JOB = "DELETE FROM jobs WHERE id = ?"
+_UPSERT_JOB = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch) VALUES {rows}"
+    # An in-place update, unlike INSERT OR REPLACE, rewrites only the indexes whose columns
+    # changed, and keeps the rowid (and so the tie order among equal seqs) stable. A put
+    # replaces the whole row: one of a hot record leaves the cold columns NULL (`_cold`).
+    f"{_UPSERT_SET}, cold = NULL, lifo = NULL, gid = NULL, ukey = NULL"
+)
+# A cold record's put: the same with its cold columns.
+_UPSERT_COLD_JOB = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch, cold, lifo, gid,"
+    f" ukey) VALUES {{rows}}{_UPSERT_SET}, cold = excluded.cold, lifo = excluded.lifo,"
+    " gid = excluded.gid, ukey = excluded.ukey"
+)
+# A store at a schema older than the cold columns (tests build one) writes rows without them.
+_UPSERT_PLAIN_JOB = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch) VALUES {rows}"
+    + _UPSERT_SET
+)
+_SET_COLD = "UPDATE jobs SET cold = ?, lifo = ?, gid = ?, ukey = ? WHERE id = ?"
+_COLUMNS = len(COLUMN_FIELDS)
+# The length of a hot row's tuple from `whole_row` (id, column fields, rec, patch).
+HOT_ROW = 3 + len(COLUMN_FIELDS)
+_DELETE_JOBS = "DELETE FROM jobs WHERE id IN ({rows})"
 _DELETE_QUEUE_JOBS = "DELETE FROM jobs WHERE queue = ?"
 _DELETE_QUEUE_GROUPS = "DELETE FROM queue_groups WHERE queue = ?"
 _FOLDED = "UPDATE jobs SET rec = ?, patch = x'' WHERE id = ?"
@@ -83,9 +112,15 @@ _DELETE_QUEUE = "DELETE FROM queue_state WHERE name = ?"
 
 
 def _update_sql(names: tuple[str, ...]) -> str:
-    sets = "".join(f"{_COLUMN[name]} = ?, " for name in names)
+    """The UPDATE of the rows whose changes set these columns: their values, the patches to
+    append and the ids come as the VALUES rows (`_rows`), joined to the rows by id."""
+    sets = "".join(f"{_COLUMN[name]} = v.column{i}, " for i, name in enumerate(names, 1))
+    patch, key = len(names) + 1, len(names) + 2
     # `||` joins blobs byte for byte (as text, in this UTF-8 database); CAST keeps it a blob.
-    return f"UPDATE jobs SET {sets}patch = CAST(patch || ? AS BLOB) WHERE id = ?"
+    return (
+        f"UPDATE jobs SET {sets}patch = CAST(patch || v.column{patch} AS BLOB)"
+        f" FROM (VALUES {{rows}}) AS v WHERE jobs.id = v.column{key}"
+    )
 
 
 # One statement per list of updated columns (in the order the changes named them): a few
@@ -94,18 +129,25 @@ _UPDATE_SQL: dict[tuple[str, ...], str] = {}
 
 
 def write_plan(
-    conn: sqlite3.Connection, plan: Plan, pack: Pack, patch_floor: int, deltas_exist: bool
+    conn: sqlite3.Connection,
+    plan: Plan,
+    pack: Pack,
+    patch_floor: int,
+    deltas_exist: bool,
+    *,
+    cold: bool = True,
 ) -> tuple[int, dict[str, Stored | None], int]:
     """Write `plan`; return the rows written, what is now known of every job it touched
     (None: the row is gone) and the change in the number of `job_deltas` rows.
     `deltas_exist`: whether that table may hold a row (if not, no job's ops need deleting).
+    `cold`: whether the table has the cold columns (`_cold`; every schema since they came).
     Raises what sqlite3 and msgpack raise, and `StorageError` for a row whose column fields
     are missing or mistyped; the caller's transaction rolls back."""
     written = delta_rows = 0
     if plan.obliterated:
         written, delta_rows = _obliterate(conn, plan, deltas_exist)
     known: dict[str, Stored | None] = {}
-    rows, changed = _write_jobs(conn, plan, pack, patch_floor, deltas_exist, known)
+    rows, changed = _write_jobs(conn, plan, pack, patch_floor, deltas_exist, known, cold)
     written += rows
     delta_rows += changed
     written += _write_queues(conn, plan, pack)
@@ -127,32 +169,39 @@ def _write_jobs(
     patch_floor: int,
     deltas_exist: bool,
     known: dict[str, Stored | None],
+    cold: bool,
 ) -> tuple[int, int]:
     """Write the plan's job rows and ops; (rows written, change in `job_deltas` rows)."""
     written = delta_rows = 0
     deleted: list[tuple[str]] = []
     whole: list[tuple[Any, ...]] = []
+    cold_rows: list[tuple[Any, ...]] = []
     updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
     to_fold: list[str] = []
     ops: list[tuple[str, bytes]] = []
+    refill: Refill = []
     for job_id, row in plan.jobs.items():
         if row is None:
             deleted.append((job_id,))
             known[job_id] = None
         elif row.values is not None:
-            whole.append(whole_row(job_id, row, row.values, pack, patch_floor, known))
-        elif add_update(job_id, row, pack, patch_floor, updates, known, ops):
+            one = whole_row(job_id, row, row.values, pack, patch_floor, known)
+            (whole if len(one) == HOT_ROW else cold_rows).append(one)
+        elif add_update(job_id, row, pack, patch_floor, updates, known, ops, refill):
             to_fold.append(job_id)
-    if deltas_exist and (deleted or whole):
+    if deltas_exist and (deleted or whole or cold_rows):
         # A put replaces the whole record, ops included (a batch resent to a new writer).
-        delta_rows -= delete_deltas(conn, [k for (k,) in deleted] + [w[0] for w in whole])
+        gone = [k for (k,) in deleted] + [w[0] for w in whole] + [w[0] for w in cold_rows]
+        delta_rows -= delete_deltas(conn, gone)
     if deleted:
-        written += conn.executemany(_DELETE_JOB, deleted).rowcount
-    if whole:
-        written += conn.executemany(_UPSERT_JOB, whole).rowcount
+        written += run_rows(conn, _DELETE_JOBS, 1, deleted)
+    if whole or cold_rows:
+        written += _write_whole(conn, whole, cold_rows, cold)
     for names, rows in updates.items():
         sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
-        written += conn.executemany(sql, rows).rowcount
+        written += run_rows(conn, sql, len(names) + 2, rows)
+    if refill and cold:
+        _refill(conn, refill)
     if ops:
         insert_deltas(conn, ops)
         written += len(ops)
@@ -160,6 +209,39 @@ def _write_jobs(
     if to_fold:
         delta_rows -= _fold_stored(conn, to_fold, pack, known)
     return written, delta_rows
+
+
+def _write_whole(
+    conn: sqlite3.Connection,
+    whole: list[tuple[Any, ...]],
+    cold_rows: list[tuple[Any, ...]],
+    cold: bool,
+) -> int:
+    """Upsert the rows put in the batch: hot ones and cold ones (`whole_row`). `cold`: the
+    table has the cold columns (else the cold rows are written without them)."""
+    written = 0
+    if not cold:
+        rows = whole + [one[:HOT_ROW] for one in cold_rows]
+        return run_rows(conn, _UPSERT_PLAIN_JOB, HOT_ROW, rows)
+    if whole:
+        written += run_rows(conn, _UPSERT_JOB, HOT_ROW, whole)
+    if cold_rows:
+        written += run_rows(conn, _UPSERT_COLD_JOB, HOT_ROW + 4, cold_rows)
+    return written
+
+
+def _refill(conn: sqlite3.Connection, refill: Refill) -> None:
+    """Set the cold columns of the stored jobs a change in the batch marked (`_cold`) from
+    their merged records, read after the batch's updates: a change that made a job cold
+    (mark 1) sets them on any row, another one (mark 0) only on a row that is cold."""
+    for mark in (1, 0):
+        ids = [job_id for job_id, m in refill if m == mark]
+        only_cold = "" if mark else " AND cold = 1"
+        for chunk in chunks(ids, FETCH_CHUNK):
+            sql = f"SELECT id, rec, patch FROM jobs WHERE id IN ({', '.join('?' * len(chunk))})"
+            rows = conn.execute(sql + only_cold, chunk).fetchall()
+            sets = [(*cold_state(rec, patch), job_id) for job_id, rec, patch in rows]
+            conn.executemany(_SET_COLD, sets)
 
 
 def _obliterate(conn: sqlite3.Connection, plan: Plan, deltas_exist: bool) -> tuple[int, int]:
@@ -182,6 +264,8 @@ def whole_row(
     patch_floor: int,
     known: dict[str, Stored | None],
 ) -> tuple[Any, ...]:
+    """The tuple a put's row is written with: `HOT_ROW` long for a hot record, with the four
+    cold columns after it for a cold one (`_cold`)."""
     check_values(job_id, values)
     rec = row.rec if type(row.rec) is bytes else pack(row.rec)
     # Most puts come with no change after them in the batch, or were stored whole before.
@@ -189,7 +273,15 @@ def whole_row(
     if patch and len(patch) > patch_floor and len(patch) > len(rec):
         rec, patch = fold(rec, patch, pack)
     known[job_id] = (values[0], len(rec), len(patch), 0)
-    return (job_id, *values, rec, patch)
+    if len(values) == _COLUMNS:
+        return (job_id, *values, rec, patch)
+    columns = values[:_COLUMNS]
+    if values[_COLUMNS] is REFILL:
+        state = cold_state(rec, patch)
+        if state[0] is None:
+            return (job_id, *columns, rec, patch)
+        return (job_id, *columns, rec, patch, *state)
+    return (job_id, *columns, rec, patch, 1, *values[_COLUMNS:])
 
 
 def add_update(
@@ -200,14 +292,18 @@ def add_update(
     updates: dict[tuple[str, ...], list[tuple[Any, ...]]],
     known: dict[str, Stored | None],
     ops: list[tuple[str, bytes]],
+    refill: Refill,
 ) -> bool:
-    """Queue the UPDATE of a stored row (none if only ops came) and its ops; True if its
-    patch or its ops are now due to be folded."""
+    """Queue the UPDATE of a stored row (none if only ops came) and its ops, and in `refill`
+    the row if a change named a cold field (`_cold`); True if its patch or its ops are now
+    due to be folded."""
     assert row.stored is not None
     queue, rec_len, patch_len, delta_len = row.stored
     changed = row.changed
     if row.patch or changed:
         patch = join_patch(row.patch, pack)
+        if COLD_COLUMN in changed:
+            refill.append((job_id, changed.pop(COLD_COLUMN)))
         if changed:
             check_columns(job_id, changed)
             names = tuple(changed)
@@ -283,10 +379,13 @@ def absorb_survivor(
     row: Row, values: list[Any], rec: bytes, patch: bytes, ops: Iterable[Any]
 ) -> None:
     """Make `row` whole from its stored columns, record, patch and ops (which are deleted
-    with the queue's rows: they go along in its patch), its own changes on top."""
+    with the queue's rows: they go along in its patch), its own changes on top. Its cold
+    columns are set from its merged record when it is written (`_cold`)."""
     patch += join_patch([wrap(op) for op in ops], lambda v: b"")
     for name, value in row.changed.items():
-        values[COLUMN_FIELDS.index(name)] = value
+        if name != COLD_COLUMN:
+            values[COLUMN_FIELDS.index(name)] = value
+    values.append(REFILL)
     row.values, row.rec, row.kept = values, rec, patch
     row.changed, row.stored = {}, None
 

@@ -33,6 +33,10 @@ def _back_to_version_2(path: Path) -> None:
         conn.execute("DROP TABLE job_deltas")  # version 7
         conn.execute("DELETE FROM meta WHERE key = 'delta_encoding'")
         conn.execute("DROP TABLE queue_groups")  # version 8
+        for index in ("waiting", "group_waiting", "delayed", "unique"):  # version 9
+            conn.execute(f"DROP INDEX idx_jobs_{index}")
+        for column in ("cold", "lifo", "gid", "ukey"):
+            conn.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
         conn.execute("DELETE FROM migrations WHERE version >= 3")
         conn.execute("COMMIT")
     conn.close()
@@ -74,5 +78,7 @@ def test_a_version_2_database_is_upgraded_and_recovered(shardq_server: Factory) 
     with Store.open(server.data_path) as store:
         info = store.describe()
     newest = len(_schema.MIGRATIONS)
-    assert (info.version, info.indexes["jobs"]) == (newest, (("queue",), ("seq",)))
+    assert info.version == newest
+    # v3's indexes, and v9's partial ones (tests/storage/test_cold_store.py).
+    assert {("queue",), ("seq",)} <= set(info.indexes["jobs"]) and len(info.indexes["jobs"]) == 6
     assert "cron_jobs" in info.columns

@@ -20,6 +20,15 @@ from shardq.storage import MutationEncoder, Store, _schema, _store, _write
 
 Rec = dict[str, Any]
 V3_INDEXES = (("queue",), ("seq",))
+# Version 9 adds the partial indexes the cold backlog's reads use (test_cold_store.py).
+E = "<expr>"
+COLD_INDEXES = (
+    ("queue", E, E, E, "seq", "id", "cold", "state", "gid"),
+    ("queue", "gid", E, E, "seq", "id", "cold", "state"),
+    ("queue", E, "seq", "id", "gid", "cold", "state"),
+    ("queue", "ukey", "seq"),
+)
+NEWEST_INDEXES = tuple(sorted(V3_INDEXES + COLD_INDEXES))
 V2_INDEXES = (("queue", "state", "seq"), ("seq",), ("state",))
 
 
@@ -64,10 +73,10 @@ def _written_by_v2(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Re
 def test_a_fresh_database_has_only_the_queue_and_seq_indexes(tmp_path: Path) -> None:
     with Store.open(tmp_path / "new.db") as store:
         info = store.describe()
-        newest = len(_schema.MIGRATIONS)  # later migrations add tables, not job indexes
+        newest = len(_schema.MIGRATIONS)  # later migrations add tables and v9's indexes
         assert info.version == store.schema_version == newest
         assert info.migrations == tuple(range(1, newest + 1))
-        assert info.indexes["jobs"] == V3_INDEXES
+        assert info.indexes["jobs"] == NEWEST_INDEXES
 
 
 def test_a_version_2_database_with_jobs_migrates_and_recovers_the_same(
@@ -79,7 +88,7 @@ def test_a_version_2_database_with_jobs_migrates_and_recovers_the_same(
         info = store.describe()
         newest = len(_schema.MIGRATIONS)
         assert (info.version, info.migrations) == (newest, tuple(range(1, newest + 1)))
-        assert info.indexes["jobs"] == V3_INDEXES
+        assert info.indexes["jobs"] == NEWEST_INDEXES
         assert list(store.load_jobs(page_size=7)) == jobs  # same records, same seq order
         assert store.load_queues() == queues
         counts: dict[str, int] = {}
@@ -144,9 +153,18 @@ _STATEMENTS: dict[str, tuple[str, tuple[Any, ...], str]] = {
         ("q",),
         "idx_jobs_queue",
     ),
-    "delete a job": (_write._DELETE_JOB, ("j",), "sqlite_autoindex_jobs_1"),
+    # The writer's statements over many rows (`_rows`), here over two.
+    "delete jobs": (
+        _write._DELETE_JOBS.format(rows="(?), (?)"),
+        ("j", "k"),
+        "sqlite_autoindex_jobs_1",
+    ),
     "fold": (_write._FOLDED, (b"", "j"), "sqlite_autoindex_jobs_1"),
-    "update": (_write._update_sql(("state",)), ("s", b"", "j"), "sqlite_autoindex_jobs_1"),
+    "update": (
+        _write._update_sql(("state",)).format(rows="(?, ?, ?), (?, ?, ?)"),
+        ("s", b"", "j", "t", b"", "k"),
+        "sqlite_autoindex_jobs_1",
+    ),
     "row summary": (
         "SELECT id, queue, length(rec), length(patch) FROM jobs WHERE id IN (?, ?)",
         ("a", "b"),

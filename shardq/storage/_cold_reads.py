@@ -1,0 +1,342 @@
+"""The cold backlog's reads: pages of a queue in delivery order, lookups, counts.
+
+A shard under a memory budget keeps each queue's head in memory and leaves the rest in
+storage. These reads are what it pages in with and what its lookups of cold jobs go to. They
+see the cold rows only, the jobs the engine marked cold (`_cold`): a hot row is the engine's
+to know, and is in none of their indexes. Every one runs on an index made for it
+(`_schema._v9_cold_backlog`, `_pg_schema._v6_cold_backlog`) and is bounded: a page by `limit`
+rows and about `max_bytes` of stored record bytes, read from the database in chunks of at
+most `CHUNK` rows.
+
+The order is exactly the engine's (`shardq.core._queue`, `_groups`, `_state`):
+
+- waiting ungrouped jobs: higher priority first; within a priority LIFO jobs first, newest
+  (highest seq) first; then FIFO jobs by run_at, then seq. The cursor is
+  `(-priority, -lifo, -seq if lifo else run_at, seq, row key)`.
+- waiting jobs of one group: lower priority first, then run_at, then seq. The cursor is
+  `(priority, run_at, seq, row key)`.
+- delayed jobs: by run_at, then seq. The cursor is `(run_at, seq, row key)`.
+
+A missing priority or run_at counts as 0, as the engine reads it. The last tie-break is the
+row key (the job id, or for a job with a custom id that id with its queue) where the engine's
+heaps end with the job id; within one shard no two jobs share a seq, so it never decides.
+
+A page's records are what `get_job` returns: `rec` with the row's `patch` merged in and its
+`delta` rows applied. The columns a page is ordered by are kept current by every update (the
+writer sets them with the change, `_cold` says how for the cold ones), so a job whose row
+holds a patch sorts by its merged state, the same as a job whose record was just put.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from shardq.core._mutations import ROW_KEY_SEP, Record
+
+__all__ = [
+    "CHUNK",
+    "DEFAULT_MAX_BYTES",
+    "HOT_SET",
+    "MAX_LIMIT",
+    "ColdCounts",
+    "ColdPage",
+    "ColdReads",
+    "Cursor",
+    "delayed_cursor",
+    "group_cursor",
+    "waiting_cursor",
+]
+
+Cursor = tuple[Any, ...]
+
+HOT_SET: Final = "(cold IS NULL OR state NOT IN ('waiting', 'delayed'))"
+"""The rows a shard under a memory budget loads when it starts (`load_jobs(hot_only=True)`):
+every row but the cold waiting and delayed ones, which it pages in."""
+DEFAULT_MAX_BYTES: Final = 4 << 20
+"""Stored bytes (record and patch) of one page unless the caller says otherwise."""
+MAX_LIMIT: Final = 100_000
+"""The most rows one page may ask for."""
+CHUNK: Final = 500
+"""Rows per database read inside one page: a page stops within one chunk of its bounds."""
+
+# The key expressions, as the indexes of both backends name them: a query must repeat an
+# index's expressions exactly for the database to read that index in order.
+_WAITING_KEY = (
+    "(-coalesce(priority, 0))",
+    "(-lifo)",
+    "(CASE WHEN lifo = 1 THEN -seq ELSE coalesce(run_at, 0) END)",
+    "seq",
+)
+_GROUP_KEY = ("(coalesce(priority, 0))", "(coalesce(run_at, 0))", "seq")
+_DELAYED_KEY = ("(coalesce(run_at, 0))", "seq")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What the SQL of these reads differs in between the backends."""
+
+    mark: str
+    """The parameter placeholder."""
+    row_id: str
+    """The row key as the indexes order it (PostgreSQL: in the "C" collation, code point
+    order as Python compares strings; SQLite compares UTF-8 bytes, the same order)."""
+    index_prefix: str | None
+    """SQLite's: each read names its index (`INDEXED BY`), so that no statistics can ever
+    turn a page-in into a sort of the queue (and a dropped index fails loudly). PostgreSQL
+    has no such clause; a page's ORDER BY and LIMIT make its planner take the index."""
+
+    def jobs(self, index: str) -> str:
+        """The `jobs` table, as a read over the cold index `index` names it."""
+        if self.index_prefix is None:
+            return "jobs"
+        return f"jobs INDEXED BY {self.index_prefix}{index}"
+
+
+SQLITE: Final = Dialect(mark="?", row_id="id", index_prefix="idx_jobs_")
+POSTGRES: Final = Dialect(mark="%s", row_id='id COLLATE "C"', index_prefix=None)
+
+
+@dataclass(frozen=True)
+class ColdPage:
+    """One page of cold jobs: their records in order, and the cursor to read on after."""
+
+    records: list[Record]
+    after: Cursor | None
+    """The cursor of the last record (pass it for the next page); None if the page is empty."""
+    done: bool
+    """True if no job comes after this page (when it was read)."""
+
+
+@dataclass(frozen=True)
+class ColdCounts:
+    """The stored waiting and delayed jobs of one queue, in total and per group."""
+
+    waiting: int = 0
+    delayed: int = 0
+    group_waiting: dict[str, int] = field(default_factory=dict)
+    group_delayed: dict[str, int] = field(default_factory=dict)
+
+
+def waiting_cursor(rec: Record) -> Cursor:
+    """The waiting-order cursor of a job record (the last one a shard paged in or holds)."""
+    seq, run_at, lifo = int(rec["seq"]), rec.get("runAt") or 0, 1 if rec.get("lifo") else 0
+    return (-(rec.get("priority") or 0), -lifo, -seq if lifo else run_at, seq, _key(rec))
+
+
+def group_cursor(rec: Record) -> Cursor:
+    """The in-group cursor of a grouped job record."""
+    return (rec.get("priority") or 0, rec.get("runAt") or 0, int(rec["seq"]), _key(rec))
+
+
+def delayed_cursor(rec: Record) -> Cursor:
+    """The delayed-order cursor of a job record."""
+    return (rec.get("runAt") or 0, int(rec["seq"]), _key(rec))
+
+
+def _key(rec: Record) -> str:
+    return str(rec.get("rowKey") or rec["id"])
+
+
+class ColdReads(ABC):
+    """The reads of the cold backlog, for a store class that implements the three abstract
+    methods below and sets its `_COLD_DIALECT`."""
+
+    _COLD_DIALECT: Dialect = SQLITE
+
+    def page_waiting(
+        self,
+        queue: str,
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> ColdPage:
+        """The next ungrouped cold waiting jobs of `queue` in delivery order, strictly after
+        `after` (None: from the head). Raises `ValueError` for a bound out of range or a
+        cursor of the wrong length, `StorageError` if the read fails."""
+        where = "queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
+        return self._cold_page(_WAITING_KEY, "waiting", where, (queue,), after, limit, max_bytes)
+
+    def page_group(
+        self,
+        queue: str,
+        group: str,
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> ColdPage:
+        """The next cold waiting jobs of one group of `queue`, in the group's order (as
+        `page_waiting`)."""
+        where = "queue = {m} AND gid = {m} AND cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
+        params = (queue, group)
+        return self._cold_page(_GROUP_KEY, "group_waiting", where, params, after, limit, max_bytes)
+
+    def page_delayed(
+        self,
+        queue: str,
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> ColdPage:
+        """The next cold delayed jobs of `queue` (grouped or not) by run time (as
+        `page_waiting`)."""
+        where = "queue = {m} AND cold = 1 AND state = 'delayed'"
+        return self._cold_page(_DELAYED_KEY, "delayed", where, (queue,), after, limit, max_bytes)
+
+    def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
+        """The cold job of `queue` pushed with this custom id, or None (also for a hot one):
+        its row key is the id joined to its queue, so this is one primary-key read."""
+        key = (f"{custom_id}{ROW_KEY_SEP}{queue}",)
+        rows = self._read_records("jobs", "id = {m} AND cold = 1", key, 1)
+        return rows[0] if rows else None
+
+    def find_unique(self, queue: str, unique_key: str, *, limit: int = 16) -> list[Record]:
+        """The cold jobs of `queue` with this uniqueKey, in any state, oldest (lowest seq)
+        first, at most `limit`: the caller decides which of them still holds the key."""
+        _check_limit(limit)
+        where = "queue = {m} AND ukey = {m} AND cold = 1 ORDER BY seq LIMIT {m}"
+        table = self._COLD_DIALECT.jobs("unique")
+        return self._read_records(table, where, (queue, unique_key, limit), limit)
+
+    def cold_counts(self, queue: str) -> ColdCounts:
+        """The cold waiting and delayed jobs of `queue`, and per group. Counted over the
+        paging indexes (no record is read): linear in those jobs, for a shard's start."""
+        d = self._COLD_DIALECT
+        m = d.mark
+        action = f"counting the cold jobs of queue {queue!r}"
+        # One read per index: ungrouped waiting, grouped waiting per group, delayed per group.
+        sql = (
+            f"SELECT 'waiting', NULL, count(*) FROM {d.jobs('waiting')}"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
+            f" UNION ALL SELECT 'waiting', gid, count(*) FROM {d.jobs('group_waiting')}"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
+            " GROUP BY gid"
+            f" UNION ALL SELECT 'delayed', gid, count(*) FROM {d.jobs('delayed')}"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'delayed' GROUP BY gid"
+        )
+        totals = {"waiting": 0, "delayed": 0}
+        groups: dict[str, dict[str, int]] = {"waiting": {}, "delayed": {}}
+        for state, gid, n in self._cold_rows(action, sql, (queue, queue, queue)):
+            totals[state] += int(n)
+            if gid is not None:
+                groups[state][gid] = int(n)
+        return ColdCounts(
+            totals["waiting"], totals["delayed"], groups["waiting"], groups["delayed"]
+        )
+
+    # -- shared ----------------------------------------------------------------------------
+
+    def _cold_page(
+        self,
+        key: Sequence[str],
+        index: str,
+        where: str,
+        params: tuple[Any, ...],
+        after: Cursor | None,
+        limit: int,
+        max_bytes: int,
+    ) -> ColdPage:
+        _check_limit(limit)
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be at least 1, got {max_bytes}")
+        width = len(key) + 1
+        if after is not None and len(after) != width:
+            raise ValueError(f"a cursor of this order has {width} values, got {len(after)}")
+        d = self._COLD_DIALECT
+        columns = (*key, d.row_id)
+        base = f"SELECT {', '.join(columns)}, rec, patch, id FROM {d.jobs(index)} WHERE"
+        select = f"{base} {where.format(m=d.mark)}"
+        rows: list[Any] = []
+        size, cursor, done = 0, after, False
+        while True:
+            chunk = min(CHUNK, limit - len(rows))
+            got = self._rows_after(select, columns, params, cursor, chunk)
+            for row in got:
+                rows.append(row)
+                size += len(row[width]) + len(row[width + 1])
+                if size >= max_bytes:
+                    break
+            if got and rows[-1] is not got[-1]:
+                break  # stopped by its bytes inside a chunk: more follow
+            if len(got) < chunk:
+                done = True
+                break
+            if len(rows) >= limit or size >= max_bytes:
+                break
+            cursor = tuple(rows[-1][:width])
+        records = self._assemble(rows, width)
+        return ColdPage(records, tuple(rows[-1][:width]) if rows else None, done)
+
+    def _rows_after(
+        self,
+        select: str,
+        columns: Sequence[str],
+        params: tuple[Any, ...],
+        cursor: Cursor | None,
+        count: int,
+    ) -> list[Any]:
+        """Up to `count` rows in order strictly after `cursor`.
+
+        "After (k1, ..., kn)" is read as n ranges, each the rows equal to the cursor on a
+        prefix of the key and greater on the next column, from the longest prefix to the
+        shortest: their rows follow each other in the order, and each range is one seek in
+        the index. (SQLite does not seek an index of expressions on a row-value comparison:
+        `(k1, ..., kn) > (...)` scanned the queue from its head, so a page in the middle of a
+        million jobs read half of them.) Each range is ordered by the columns after its
+        prefix only: the prefix is constant in it, and SQLite sorts a range ordered by an
+        expression it holds equal instead of reading the index in order."""
+        action = "paging cold jobs in"
+        mark = self._COLD_DIALECT.mark
+        if cursor is None:
+            sql = f"{select} ORDER BY {', '.join(columns)} LIMIT {mark}"
+            return self._cold_rows(action, sql, (*params, count))
+        rows: list[Any] = []
+        for depth in range(len(columns) - 1, -1, -1):
+            terms = [f"{column} = {mark}" for column in columns[:depth]]
+            terms.append(f"{columns[depth]} > {mark}")
+            order = ", ".join(columns[depth:])
+            sql = f"{select} AND {' AND '.join(terms)} ORDER BY {order} LIMIT {mark}"
+            bound = (*params, *cursor[: depth + 1], count - len(rows))
+            rows.extend(self._cold_rows(action, sql, bound))
+            if len(rows) >= count:
+                break
+        return rows
+
+    def _assemble(self, rows: list[Any], width: int) -> list[Record]:
+        ops = self._cold_ops([row[width + 2] for row in rows]) if rows else {}
+        return [
+            self._decode_row(row[width], row[width + 1], ops.get(row[width + 2], ()))
+            for row in rows
+        ]
+
+    def _read_records(
+        self, table: str, where: str, params: tuple[Any, ...], limit: int
+    ) -> list[Record]:
+        sql = f"SELECT rec, patch, id FROM {table} WHERE {where.format(m=self._COLD_DIALECT.mark)}"
+        rows = self._cold_rows("looking up cold jobs", sql, params)[:limit]
+        return self._assemble(rows, 0)
+
+    # -- the store's part -----------------------------------------------------------------
+
+    @abstractmethod
+    def _cold_rows(self, action: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        """Every row of one read. Raises `StorageError` (naming `action`) if it fails."""
+
+    @abstractmethod
+    def _cold_ops(self, job_ids: list[str]) -> dict[str, list[bytes]]:
+        """The encoded delta ops of each of `job_ids` that has any, in order. Always read:
+        a shard's reading store cannot know what the writer appended since it opened."""
+
+    @abstractmethod
+    def _decode_row(self, rec: bytes, patch: bytes, ops: Iterable[bytes] = ()) -> Record:
+        """A stored job's record (`_write.merge_row`). Raises `StorageError` if corrupt."""
+
+
+def _check_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit must be from 1 to {MAX_LIMIT}, got {limit}")

@@ -1,0 +1,203 @@
+"""The cold backlog on SQLite: every read runs on its index, and what a hot push costs.
+
+The contract suite (tests/storage/contract/test_contract_cold.py) checks what the reads
+return on every backend; this pins, with EXPLAIN QUERY PLAN, that on SQLite each of them
+reads its partial index in order (no scan of the table, no sort), so a page-in costs its own
+rows whatever the backlog, and that a hot push binds and decodes nothing for the cold
+columns (`shardq.storage._cold`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import pytest
+
+from shardq.storage import MutationEncoder, StorageRejected, Store, _write
+from shardq.storage._cold import HOT, cold_mark, cold_state
+from shardq.storage._write import join_patch
+
+T0 = 1_700_000_000_000
+
+
+def _rec(job_id: str, seq: int, **extra: Any) -> dict[str, Any]:
+    rec = {"id": job_id, "queue": "q", "state": "waiting", "seq": seq, "priority": 0}
+    rec.update(runAt=T0, lifo=False, data={"n": seq}, cold=1)
+    rec.update(extra)
+    return rec
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    with Store.open(tmp_path / "cold.db") as s:
+        jobs = [_rec(f"j{i}", i, priority=i % 3, lifo=i % 4 == 0) for i in range(50)]
+        jobs += [_rec(f"g{i}", 100 + i, groupId="grp", uniqueKey=f"u{i}") for i in range(10)]
+        jobs += [_rec(f"d{i}", 200 + i, state="delayed", runAt=T0 + i) for i in range(10)]
+        # As many hot jobs of the same shapes: in none of the indexes the reads use.
+        hot = [{**r, "id": f"h{r['id']}", "seq": 1000 + r["seq"]} for r in jobs]
+        for r in hot:
+            del r["cold"]
+        s.apply(MutationEncoder().encode([("put", r) for r in jobs + hot]))
+        yield s
+
+
+def _plans(store: Store, read: Any) -> list[str]:
+    """The query plan of every statement `read` runs on `store`."""
+    seen: list[tuple[str, tuple[Any, ...]]] = []
+    real = store._cold_rows
+
+    def spy(action: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        seen.append((sql, params))
+        return real(action, sql, params)
+
+    store._cold_rows = spy  # type: ignore[method-assign]
+    try:
+        read()
+    finally:
+        del store._cold_rows
+    assert seen
+    conn = store._conn
+    return [
+        " | ".join(str(row[-1]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+        for sql, params in seen
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "index"),
+    [
+        ("waiting", "idx_jobs_waiting"),
+        ("waiting_after", "idx_jobs_waiting"),
+        ("group", "idx_jobs_group_waiting"),
+        ("group_after", "idx_jobs_group_waiting"),
+        ("delayed", "idx_jobs_delayed"),
+        ("delayed_after", "idx_jobs_delayed"),
+        ("unique", "idx_jobs_unique"),
+    ],
+)
+def test_each_page_and_lookup_reads_its_index_in_order(store: Store, name: str, index: str) -> None:
+    head = store.page_waiting("q", limit=1).after
+    group_head = store.page_group("q", "grp", limit=1).after
+    delayed_head = store.page_delayed("q", limit=1).after
+    reads = {
+        "waiting": lambda: store.page_waiting("q", limit=2),
+        "waiting_after": lambda: store.page_waiting("q", head, limit=2),
+        "group": lambda: store.page_group("q", "grp", limit=2),
+        "group_after": lambda: store.page_group("q", "grp", group_head, limit=2),
+        "delayed": lambda: store.page_delayed("q", limit=2),
+        "delayed_after": lambda: store.page_delayed("q", delayed_head, limit=2),
+        "unique": lambda: store.find_unique("q", "u3"),
+    }
+    for plan in _plans(store, reads[name]):
+        assert f"USING INDEX {index}" in plan or f"USING COVERING INDEX {index}" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan  # read in the index's order, never sorted
+        if name.endswith("_after"):  # a seek to the cursor, not a walk from the queue's head
+            assert ">?)" in plan, plan
+
+
+def test_counts_read_only_the_indexes(store: Store) -> None:
+    (plan,) = _plans(store, lambda: store.cold_counts("q"))
+    for index in ("idx_jobs_waiting", "idx_jobs_group_waiting", "idx_jobs_delayed"):
+        assert f"USING COVERING INDEX {index}" in plan, plan
+    counts = store.cold_counts("q")
+    assert (counts.waiting, counts.delayed, counts.group_waiting) == (60, 10, {"grp": 10})
+
+
+def test_custom_id_lookup_is_a_primary_key_read(store: Store) -> None:
+    (plan,) = _plans(store, lambda: store.get_by_custom_id("q", "x"))
+    assert "USING INDEX sqlite_autoindex_jobs_1" in plan, plan
+
+
+def test_hot_only_loading_walks_the_seq_index_and_decodes_no_cold_job(store: Store) -> None:
+    # A shard's start under a budget: the rows come in seq order off the seq index, never
+    # sorted, and a cold waiting or delayed row is skipped on its columns, never decoded.
+    # (It is still visited: see docs/runtime.md for what that costs on a million.)
+    sql = "SELECT seq, rowid, rec, patch, id FROM jobs WHERE 1 AND "
+    sql += "(cold IS NULL OR state NOT IN ('waiting', 'delayed')) ORDER BY seq, rowid LIMIT 5"
+    plan = " | ".join(str(r[-1]) for r in store._conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+    assert "USING INDEX idx_jobs_seq" in plan and "TEMP B-TREE" not in plan, plan
+    decoded: list[bytes] = []
+    real = store._decode_row
+
+    def spy(rec: bytes, patch: bytes, ops: Any = ()) -> Any:
+        decoded.append(rec)
+        return real(rec, patch, ops)
+
+    store._decode_row = spy  # type: ignore[method-assign]
+    try:
+        loaded = list(store.load_jobs(hot_only=True, page_size=8))
+    finally:
+        del store._decode_row
+    assert len(decoded) == len(loaded) == 70
+    assert all(r["id"].startswith("h") for r in loaded)
+    assert [r["seq"] for r in loaded] == sorted(r["seq"] for r in loaded)
+
+
+# --- what a hot push costs -------------------------------------------------------------------
+
+pack = msgpack.Packer(use_bin_type=True).pack
+
+
+def test_a_hot_push_binds_and_decodes_nothing_for_the_cold_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hot = {k: v for k, v in _rec("a", 1, groupId="g", uniqueKey="u").items() if k != "cold"}
+    encoded = MutationEncoder().encode([("put", hot), ("upd", "a", {"state": "active"})])
+    assert len(encoded[0]) == 8 and encoded[1][3] == {"state": "active"}  # as before them
+    cold = MutationEncoder().encode([("put", {**hot, "cold": 1})])
+    assert cold[0][8] == [0, "g", "u"]  # a cold put carries its fields beside its bytes
+
+    def no_decode(*args: Any) -> Any:
+        raise AssertionError("a hot row was decoded for its cold columns")
+
+    monkeypatch.setattr(_write, "cold_state", no_decode)
+    with Store.open(tmp_path / "hot.db") as store:
+        store.apply(encoded)
+        store.apply(MutationEncoder().encode([("upd", "a", {"state": "completed"})]))
+        row = store._conn.execute("SELECT cold, lifo, gid, ukey FROM jobs").fetchone()
+        assert row == (None, None, None, None)
+        assert store.find_unique("q", "u") == []
+
+
+def test_the_columns_of_a_record_and_its_patch() -> None:
+    rec = pack(_rec("a", 1, lifo=True, groupId="g", uniqueKey="u"))
+    assert cold_state(rec, b"") == (1, 1, "g", "u")
+    patch = join_patch([{"lifo": False}, {"state": "active"}], pack)
+    assert cold_state(rec, patch) == (1, 0, "g", "u")
+    plain = pack({k: v for k, v in _rec("a", 1, groupId="g").items() if k != "cold"})
+    assert cold_state(plain, b"") == HOT
+    assert cold_state(plain, join_patch([{"cold": 1}], pack)) == (1, 0, "g", None)
+    assert cold_state({"cold": 1, "uniqueKey": 5}, b"") == (1, 0, None, None)  # not a string
+
+
+def test_a_change_is_marked_only_if_it_names_a_cold_field() -> None:
+    assert cold_mark({"state": "active", "data": {"cold": 1, "lifo": True}}) is None
+    assert cold_mark({"cold": 1}) == 1
+    assert cold_mark({"uniqueKey": None, "dedupUntil": None}) == 0
+    assert cold_mark({"lifo": True, "cold": 0}) == 0
+
+
+def test_a_corrupt_record_or_patch_keeps_what_could_be_read() -> None:
+    rec = pack(_rec("a", 1, groupId="g"))
+    cut = join_patch([{"lifo": True}], pack)[:-1]
+    assert cold_state(rec, cut) == (1, 0, "g", None)
+    assert cold_state(b"\xc1", join_patch([{"cold": 1, "groupId": "h"}], pack)) == (
+        1,
+        0,
+        "h",
+        None,
+    )
+
+
+def test_a_malformed_cold_put_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
+    (good,) = MutationEncoder().encode([("put", _rec("a", 1, groupId="g"))])
+    with Store.open(tmp_path / "bad.db") as store:
+        for cold in ([2, None, None], [0, 5, None], [0, None], "x"):
+            bad = (*good[:8], cold)
+            with pytest.raises(StorageRejected, match=r"mutation #1 \(putb\) is malformed"):
+                store.apply([good, bad])
+        assert list(store.load_jobs()) == []
+        store.apply([good])
+        assert [r["id"] for r in store.page_group("q", "g", limit=5).records] == ["a"]
