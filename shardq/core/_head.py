@@ -1,0 +1,639 @@
+"""The head budget: each queue keeps its head in memory, the cold rest in the backlog.
+
+With `EngineConfig.head_jobs` above 0 and a `ColdBacklog` (`_cold.py`), `ColdHead` keeps at
+most about `head_jobs` waiting and `head_jobs` delayed jobs of each queue in memory; the
+others are cold, stored only. With `head_jobs` 0 (the default) nothing here exists, and no
+command pays for it: the engine installs the head by replacing a few bound methods of its
+parts on the instance (`install`), never by a test on the hot path.
+
+What is kept in memory, per queue (`QueueHead`):
+- `wcur`: every cold ungrouped waiting job sorts after it (`waiting_cursor`); every job on
+  the ready heap sorts at or before it. `dcur` is the same for delayed jobs. The queue's
+  counts (`QueueState.counts`, `prioritized`) count cold jobs too, so every count stays
+  O(1); `waiting`/`delayed`/`prioritized` here say how many of them are cold.
+- A job entering waiting or delayed after the cursor while the queue has cold jobs goes
+  straight off its heap and, at the end of the command (`settle`), to the backlog: its
+  `put` gets `cold` 1, or an `("upd", key, {"cold": 1})` follows. A head above the budget
+  drops its tail (the last quarter) the same way, and the cursor moves back to the last job
+  it keeps. A head below half the budget pages the next jobs in (`page_waiting`,
+  `page_delayed`), and a pull that empties the heap pages in before it answers.
+- Lookups of a job the engine does not hold (`find`: GetJob, custom ids, the uniqueKey
+  owner, Promote, ChangePriority, MoveToDelayed, ACK of an unknown id ...) read the backlog
+  and bring the job in; unchanged at the end of the command, it leaves memory again without
+  a write, changed, it is placed like any job.
+- Queue-wide commands (`WIDE`: GetJobs, Drain, Clean, ...) page the whole cold backlog of
+  the queue in first, then run as without a budget (their memory is not bounded yet).
+
+Only plain jobs go cold: a job with a group, a TTL, dependencies or a flow stays in memory
+(`eligible`). Grouped heads (`page_group`) are not paged yet.
+
+Reads lag writes. A cold put reaches storage at the writer's next commit, so a page may miss
+the newest cold jobs or show a job as it was. The engine keeps what it sent cold, and what
+left memory after being paged in (a tombstone), in `pending` until told the commit holds
+it, and merges that with every read: pending records win over stored ones, tombstones hide
+them. The runtime must call, in this order:
+
+    mark = engine.head.mark()          # when it hands the mutations so far to the writer
+    ...                                # the writer commits that batch
+    engine.head.committed(mark)        # the backlog reads now show all of it
+
+`pending` holds at most the records of the mutations the writer has not committed, which
+the writer's own batch bound limits. At start, after `Engine.restore` of the records that
+are not cold, call `engine.head.restore_cold(counts, now)` with each queue's `cold_counts`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from ._cold import ColdBacklog, ColdCounts, Cursor, delayed_cursor, waiting_cursor
+from ._effects import Effects
+from ._job import Job
+from ._lifecycle import DELAYED, WAITING
+from ._mutations import Mutation, Record
+from ._queue import QueueState
+from ._state import JobStore
+
+__all__ = ["HOT_ONLY", "WIDE", "ColdHead", "QueueHead", "eligible"]
+
+HOT_ONLY: Final = ("groupId", "ttl", "dependsOn", "childrenIds", "parentId", "flowPending")
+"""Options that keep a job in memory: its group, TTL or flow needs it there."""
+
+WIDE: Final = frozenset(
+    {
+        "GetJobs",
+        "GetCountsPerPriority",
+        "Drain",
+        "Clean",
+        "Obliterate",
+        "PromoteJobs",
+        "ListQueues",
+    }
+)
+"""Commands that read or change every job of a queue: they see its cold jobs paged in."""
+
+_COLD: Final = "cold"
+_MAX_LIMIT: Final = 100_000  # the most records one page may ask for (the storage's bound)
+
+
+def eligible(job: Job) -> bool:
+    """True if `job` may live in the backlog only (see `HOT_ONLY`)."""
+    opts = job.opts
+    return not opts or not any(opts.get(name) for name in HOT_ONLY)
+
+
+class QueueHead:
+    """The cold part of one queue: how many of its jobs are cold, and the cursors."""
+
+    __slots__ = ("dcur", "delayed", "paged", "prioritized", "waiting", "wcur")
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.delayed = 0
+        self.prioritized = 0  # cold waiting jobs with a priority (GetJobCounts splits them)
+        self.wcur: Cursor | None = None
+        self.dcur: Cursor | None = None
+        # Jobs held in memory whose row still says cold (paged or looked up): if one leaves
+        # memory, a stale read must not bring it back (`_sweep`).
+        self.paged: dict[str, None] = {}
+
+
+class ColdHead:
+    """The head budget of one engine (see the module docstring)."""
+
+    def __init__(self, store: JobStore, backlog: ColdBacklog) -> None:
+        config = store.config
+        self.store = store
+        self.backlog = backlog
+        self.budget = config.head_jobs
+        self.low = max(1, config.head_jobs // 2)
+        self.page_bytes = config.head_page_bytes
+        self.heads: dict[str, QueueHead] = {}
+        # Job id -> (mark, record, or None for a tombstone): what reads may not show yet.
+        self.pending: dict[str, tuple[int, Record | None]] = {}
+        self.epoch = 0
+        # Jobs of this command taken off their heap to go cold; queues whose heads changed.
+        self.leaving: list[Job] = []
+        self.touched: set[str] = set()
+        # Jobs brought in by a lookup, with their record: unchanged, they leave silently.
+        self.looked_up: dict[str, Record] = {}
+        self._enter_all: Callable[[Sequence[Job], QueueState, str], None] = store._enter_all
+        self._pops: dict[str, Callable[[int], list[Job]]] = {}
+
+    # -- what the runtime calls ------------------------------------------------------------
+
+    def mark(self) -> int:
+        """Name the mutations emitted so far; pass it to `committed` once they are stored."""
+        self.epoch += 1
+        return self.epoch - 1
+
+    def committed(self, mark: int) -> None:
+        """The mutations up to `mark` are committed: reads show them from now on."""
+        if self.pending:
+            stale = [i for i, (m, _) in self.pending.items() if m <= mark]
+            for job_id in stale:
+                del self.pending[job_id]
+
+    def restore_cold(self, counts: Mapping[str, ColdCounts], now: int) -> list[Mutation]:
+        """Take each queue's cold counts at start (after `Engine.restore` of the jobs that
+        are not cold), page the heads in, and send hot jobs that sort after them cold."""
+        out: list[Mutation] = []
+        store = self.store
+        for name, cold in counts.items():
+            if not cold.waiting and not cold.delayed:
+                continue
+            q = store.queue(name)
+            h = self.head(name)
+            h.waiting += cold.waiting
+            h.delayed += cold.delayed
+            q.counts[WAITING] += cold.waiting
+            q.counts[DELAYED] += cold.delayed
+            self._page_waiting(q, h, self.budget)
+            self._page_delayed(q, h, self.budget)
+            self._recheck(q, h)
+        self.settle(out, now)
+        return out
+
+    def pending_count(self) -> int:
+        """Records and tombstones kept until their commit is confirmed (for metrics)."""
+        return len(self.pending)
+
+    def cold_counts(self, queue: str) -> tuple[int, int]:
+        """The queue's cold (waiting, delayed) jobs."""
+        h = self.heads.get(queue)
+        return (h.waiting, h.delayed) if h is not None else (0, 0)
+
+    # -- installing ------------------------------------------------------------------------
+
+    def install(self, consume: Any) -> None:
+        """Put the head's hooks in place of the parts' methods (only under a budget)."""
+        store = self.store
+        store._enter_all = self._entered  # type: ignore[method-assign]
+        store.find = self.find  # type: ignore[method-assign]
+        store.queue = self._queue  # type: ignore[method-assign]
+        self._queue_of = JobStore.queue.__get__(store)
+        self._promote = consume.promote_due
+        consume.promote_due = self.promote_due
+        for q in store.queues.values():
+            self._watch(q)
+
+    def head(self, name: str) -> QueueHead:
+        h = self.heads.get(name)
+        if h is None:
+            h = self.heads[name] = QueueHead()
+        return h
+
+    def _queue(self, name: str) -> QueueState:
+        q = self.store.queues.get(name)
+        if q is None:
+            q = self._queue_of(name)
+            self._watch(q)
+        return q
+
+    def _watch(self, q: QueueState) -> None:
+        pop = q.pop_ready_many
+        self._pops[q.name] = pop
+
+        def pop_ready_many(count: int) -> list[Job]:
+            taken = pop(count)
+            h = self.heads.get(q.name)
+            self.touched.add(q.name)
+            while len(taken) < count and h is not None and h.waiting:
+                if not self._page_waiting(q, h, count - len(taken) + self.low):
+                    break
+                taken += pop(count - len(taken))
+            return taken
+
+        q.pop_ready_many = pop_ready_many  # type: ignore[method-assign]
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def _entered(self, jobs: Sequence[Job], q: QueueState, state: str) -> None:
+        """`JobStore._enter_all`, then: a job that sorts after the cursor leaves its heap."""
+        self._enter_all(jobs, q, state)
+        if state != WAITING and state != DELAYED:
+            return
+        self.touched.add(q.name)
+        h = self.heads.get(q.name)
+        if h is None:
+            return
+        if state == WAITING:
+            if h.waiting:
+                for job in jobs:
+                    if eligible(job) and (h.wcur is None or waiting_cursor(job) > h.wcur):
+                        job.hkey = None
+                        self.leaving.append(job)
+        elif h.delayed:
+            for job in jobs:
+                if eligible(job) and (h.dcur is None or delayed_cursor(job) > h.dcur):
+                    job.dkey = None
+                    self.leaving.append(job)
+
+    def find(self, job_id: object) -> Job | None:
+        """`JobStore.find`, and a job the engine does not hold is looked up in the backlog."""
+        if not isinstance(job_id, str):
+            return None
+        job = self.store.jobs.get(job_id)
+        if job is not None or not self.heads:
+            return job
+        return self.look_up(job_id, None)
+
+    def look_up(self, job_id: str, queue: str | None) -> Job | None:
+        """Bring cold job `job_id` in (it leaves again at `settle` if nothing changed it)."""
+        rec = self._cold_record(job_id, queue)
+        if rec is None:
+            return None
+        job = self._bring_in(rec)
+        if job is not None:
+            self.looked_up[job.id] = rec
+        return job
+
+    def _cold_record(self, job_id: str, queue: str | None) -> Record | None:
+        if job_id in self.pending:
+            rec = self.pending[job_id][1]
+            return rec if rec is not None and self._is_cold(rec) else None
+        self._sweep()
+        rec = self.backlog.get_job(job_id)
+        if rec is None or not self._is_cold(rec):
+            names = [queue] if queue is not None else list(self.heads)
+            for name in names:
+                h = self.heads.get(name)
+                if h is not None and (h.waiting or h.delayed):
+                    rec = self.backlog.get_by_custom_id(name, job_id)
+                    if rec is not None and rec["id"] == job_id and self._is_cold(rec):
+                        return rec
+            return None
+        return rec
+
+    def owner_of(self, queue: str, key: str) -> Job | None:
+        """The cold job that holds uniqueKey `key` of `queue` (after a start, when the claim
+        is not in memory), brought in; None if no cold job holds it."""
+        h = self.heads.get(queue)
+        if h is None or not (h.waiting or h.delayed):
+            return None
+        self._sweep()
+        found = [r for r in self.backlog.find_unique(queue, key) if r["id"] not in self.pending]
+        found += [
+            r
+            for r in (rec for _, rec in self.pending.values())
+            if r is not None and r.get("queue") == queue and r.get("uniqueKey") == key
+        ]
+        live = [r for r in found if self._is_cold(r)]
+        if not live:
+            return None
+        return self.look_up(max(live, key=lambda r: int(r["seq"]))["id"], queue)
+
+    def promote_due(self, fx: Effects, now: int) -> None:
+        """`Consumer.promote_due`, and the cold delayed jobs due by now too."""
+        self._promote(fx, now)
+        while True:
+            due = [
+                name
+                for name, h in self.heads.items()
+                if h.delayed and (h.dcur is None or h.dcur[0] <= now)
+            ]
+            paged = 0
+            for name in due:
+                q = self.store.queues.get(name)
+                if q is not None:
+                    paged += self._page_delayed(q, self.heads[name], self.budget)
+            if not paged:
+                return
+            self._promote(fx, now)
+
+    def widen(self, name: str | None) -> None:
+        """Before a queue-wide command on queue `name` (every queue when None)."""
+        names = list(self.heads) if name is None else [name] if name in self.heads else []
+        for qname in names:
+            q = self.store.queues.get(qname)
+            h = self.heads[qname]
+            while q is not None and h.waiting and self._page_waiting(q, h, _MAX_LIMIT):
+                pass
+            while q is not None and h.delayed and self._page_delayed(q, h, _MAX_LIMIT):
+                pass
+
+    # -- the end of each command -----------------------------------------------------------
+
+    def settle(self, out: list[Mutation], now: int) -> None:
+        """After a command or a tick: send the jobs that must go cold, trim heads above the
+        budget and page in heads below half of it."""
+        leaving, self.leaving = self.leaving, []
+        looked, self.looked_up = self.looked_up, {}
+        touched, self.touched = self.touched, set()
+        puts: dict[str, Record] | None = None
+        jobs = self.store.jobs
+        for job_id, rec in looked.items():
+            job = jobs.get(job_id)
+            if job is not None and self._unchanged(job, rec):
+                self._drop(job, write=False)  # its row is what it was: no write
+        going: list[Job] = []
+        for job in leaving:
+            if self._must_leave(job):
+                going.append(job)
+            elif jobs.get(job.id) is job:
+                self._back_on_heap(job)
+        for job in going:
+            if jobs.get(job.id) is job:
+                puts = self._evict(out, job, puts)
+        for name in touched:
+            q = self.store.queues.get(name)
+            if q is None:
+                self.heads.pop(name, None)
+                continue
+            puts = self._trim(out, q, puts)
+            h = self.heads.get(name)
+            if h is not None:
+                self._refill(q, h)
+
+    def _must_leave(self, job: Job) -> bool:
+        if self.store.jobs.get(job.id) is not job or not eligible(job):
+            return False
+        h = self.heads.get(job.queue)
+        if h is None:
+            return False
+        if job.state == WAITING:
+            if job.hkey is not None:
+                return False
+            return bool(h.waiting) and (h.wcur is None or waiting_cursor(job) > h.wcur)
+        if job.state == DELAYED:
+            if job.dkey is not None:
+                return False
+            return bool(h.delayed) and (h.dcur is None or delayed_cursor(job) > h.dcur)
+        return False
+
+    def _back_on_heap(self, job: Job) -> None:
+        if job.state == WAITING and job.hkey is None and job.id not in self.store.held:
+            self.store.queues[job.queue].push_ready_all((job,))
+        elif job.state == DELAYED and job.dkey is None:
+            key = (job.run_at, job.seq, job.id)
+            job.dkey = key
+            heapq.heappush(self.store.delayed, key)
+
+    def _unchanged(self, job: Job, rec: Record) -> bool:
+        if job.state not in (WAITING, DELAYED) or not eligible(job):
+            return False
+        if job.hkey is not None or job.dkey is not None or job.id in self.store.held:
+            return False  # placed in the head (its cursor moved past it), or held
+        if not self._must_leave(job):
+            return False
+        old = {k: v for k, v in rec.items() if k != _COLD}
+        return bool(_plain(job.to_record()) == _plain(old))
+
+    def _evict(
+        self, out: list[Mutation], job: Job, puts: dict[str, Record] | None
+    ) -> dict[str, Record]:
+        """Send a held job to the backlog: its put in this command is marked, or an update
+        marks its row."""
+        if puts is None:
+            puts = {m[1]["id"]: m[1] for m in out if m[0] == "put"}
+        put = puts.get(job.id)
+        rec = self._drop(job, write=True)
+        if put is not None:
+            put[_COLD] = 1
+        else:
+            out.append(("upd", job.key, {_COLD: 1}))
+        self.pending[job.id] = (self.epoch, rec)
+        return puts
+
+    def _drop(self, job: Job, *, write: bool) -> Record:
+        """Take a waiting or delayed job out of memory; it stays counted, as cold."""
+        store = self.store
+        q = store.queues[job.queue]
+        h = self.head(job.queue)
+        rec = job.to_record()
+        if write:
+            rec[_COLD] = 1
+        if job.state == WAITING:
+            h.waiting += 1
+            if job.priority > 0:
+                h.prioritized += 1
+            job.hkey = None
+        else:
+            h.delayed += 1
+            job.dkey = None
+        del store.jobs[job.id]
+        q.ids.pop(job.id, None)
+        h.paged.pop(job.id, None)
+        return rec
+
+    def _trim(self, out: list[Mutation], q: QueueState, puts: dict[str, Record] | None) -> Any:
+        """Drop the tail of a head above the budget: the last quarter leaves."""
+        h = self.heads.get(q.name)
+        hot = q.counts[WAITING] - (h.waiting if h else 0)
+        if hot > self.budget:
+            live = [k for k in q.ready if q._owns(k)]
+            keep = self.budget - self.budget // 4
+            if len(live) > keep:
+                live.sort()
+                h = h or self.head(q.name)
+                tail = [self.store.jobs[k[-1]] for k in live[keep:]]
+                tail = [job for job in tail if eligible(job)]
+                if tail:
+                    h.wcur = waiting_cursor(self.store.jobs[live[keep - 1][-1]])
+                    for job in tail:
+                        puts = self._evict(out, job, puts)
+        hot = q.counts[DELAYED] - (h.delayed if h else 0)
+        if hot > self.budget:
+            puts = self._trim_delayed(out, q, puts)
+        return puts
+
+    def _trim_delayed(self, out: list[Mutation], q: QueueState, puts: Any) -> Any:
+        jobs = self.store.jobs
+        live = []
+        for k in self.store.delayed:
+            job = jobs.get(k[-1])
+            if job is not None and job.dkey is k and job.queue == q.name:
+                live.append(k)
+        keep = self.budget - self.budget // 4
+        if len(live) <= keep:
+            return puts
+        live.sort()
+        tail = [jobs[k[-1]] for k in live[keep:] if eligible(jobs[k[-1]])]
+        if tail:
+            h = self.head(q.name)
+            h.dcur = delayed_cursor(jobs[live[keep - 1][-1]])
+            for job in tail:
+                puts = self._evict(out, job, puts)
+        return puts
+
+    def _refill(self, q: QueueState, h: QueueHead) -> None:
+        if h.waiting and q.counts[WAITING] - h.waiting < self.low:
+            self._page_waiting(q, h, self.budget)
+        if h.delayed and q.counts[DELAYED] - h.delayed < self.low:
+            self._page_delayed(q, h, self.budget)
+
+    def _recheck(self, q: QueueState, h: QueueHead) -> None:
+        """At start: hot jobs that sort after the cursors leave their heaps (`settle`)."""
+        jobs = self.store.jobs
+        for k in list(q.ready):
+            job = jobs.get(k[-1])
+            if job is not None and job.hkey is k:
+                job.hkey = None
+                self.leaving.append(job)  # `settle` puts back what sorts within the head
+        for k in list(self.store.delayed):
+            job = jobs.get(k[-1])
+            if job is not None and job.dkey is k and job.queue == q.name:
+                job.dkey = None
+                self.leaving.append(job)
+
+    # -- paging in -------------------------------------------------------------------------
+
+    def _page_waiting(self, q: QueueState, h: QueueHead, want: int) -> int:
+        """Page in the next cold waiting jobs of `q` (at least `want` if there are);
+        returns how many came in."""
+        self._sweep()
+        limit = min(_MAX_LIMIT, max(want, self.budget - (q.counts[WAITING] - h.waiting), 1))
+        page = self.backlog.page_waiting(q.name, h.wcur, limit=limit, max_bytes=self.page_bytes)
+        jobs = self._merge(page.records, page.after, page.done, h.wcur, q.name, WAITING)
+        end = page.after if not page.done else None
+        if jobs:
+            last = waiting_cursor(jobs[-1])
+            end = last if end is None or last > end else end
+        for job in jobs:
+            h.waiting -= 1
+            q.counts[WAITING] -= 1
+            self._uncount_priority(q, h, job)
+            self._hold(q, h, job)
+        self._enter_all(jobs, q, WAITING)
+        if end is not None:
+            h.wcur = end
+        self._settled_cursor(q, h, page.done and not jobs, WAITING)
+        return len(jobs)
+
+    def _page_delayed(self, q: QueueState, h: QueueHead, want: int) -> int:
+        self._sweep()
+        limit = min(_MAX_LIMIT, max(want, 1))
+        page = self.backlog.page_delayed(q.name, h.dcur, limit=limit, max_bytes=self.page_bytes)
+        jobs = self._merge(page.records, page.after, page.done, h.dcur, q.name, DELAYED)
+        end = page.after if not page.done else None
+        if jobs:
+            last = delayed_cursor(jobs[-1])
+            end = last if end is None or last > end else end
+        for job in jobs:
+            h.delayed -= 1
+            q.counts[DELAYED] -= 1
+            self._hold(q, h, job)
+        self._enter_all(jobs, q, DELAYED)
+        if end is not None:
+            h.dcur = end
+        self._settled_cursor(q, h, page.done and not jobs, DELAYED)
+        return len(jobs)
+
+    def _settled_cursor(self, q: QueueState, h: QueueHead, empty: bool, state: str) -> None:
+        """After a page: an exhausted backlog whose count says otherwise drifted (a job
+        counted cold that no read shows): the count follows the reads. Then the jobs of
+        this command waiting to leave that now sort within the head go back on a heap."""
+        if state == WAITING:
+            if empty and h.waiting:
+                q.counts[WAITING] -= h.waiting
+                q.prioritized -= h.prioritized
+                h.waiting = h.prioritized = 0
+            if not h.waiting:
+                h.wcur = None
+        else:
+            if empty and h.delayed:
+                q.counts[DELAYED] -= h.delayed
+                h.delayed = 0
+            if not h.delayed:
+                h.dcur = None
+        jobs = self.store.jobs
+        for job in self.leaving:
+            if job.queue != q.name or job.state != state or jobs.get(job.id) is not job:
+                continue
+            if not self._must_leave(job):
+                self._back_on_heap(job)
+
+    def _uncount_priority(self, q: QueueState, h: QueueHead, job: Job) -> None:
+        # A cold job with a priority is counted in `prioritized` (entering counts it again),
+        # except one counted at start, where the cold counts have no priority split.
+        if job.priority > 0 and h.prioritized > 0:
+            h.prioritized -= 1
+            q.prioritized -= 1
+
+    def _bring_in(self, rec: Record) -> Job | None:
+        """Hold one cold job (a lookup): counted as held, placed as any job entering."""
+        job = _job_of(rec)
+        if not eligible(job) or job.id in self.store.jobs:
+            return None
+        q = self.store.queue(job.queue)
+        h = self.head(job.queue)
+        if job.state == WAITING:
+            h.waiting -= 1
+            q.counts[WAITING] -= 1
+            self._uncount_priority(q, h, job)
+        else:
+            h.delayed -= 1
+            q.counts[DELAYED] -= 1
+        self._hold(q, h, job)
+        self._entered((job,), q, job.state)
+        return job
+
+    def _hold(self, q: QueueState, h: QueueHead, job: Job) -> None:
+        self.store.jobs[job.id] = job
+        q.ids[job.id] = None
+        h.paged[job.id] = None
+
+    def _merge(
+        self,
+        records: Sequence[Record],
+        after: Cursor | None,
+        done: bool,
+        cur: Cursor | None,
+        queue: str,
+        state: str,
+    ) -> list[Job]:
+        """A page's jobs, with what the reads do not show yet merged in, in order."""
+        jobs = self.store.jobs
+        pending = self.pending
+        out: list[Job] = []
+        for rec in records:
+            job_id = rec["id"]
+            if job_id in pending or job_id in jobs or not self._is_cold(rec):
+                continue
+            if rec["state"] == state:
+                out.append(_job_of(rec))
+        key = waiting_cursor if state == WAITING else delayed_cursor
+        for job_id, (_, kept) in pending.items():
+            if kept is None or job_id in jobs or kept.get("queue") != queue:
+                continue
+            if kept.get("state") != state or not self._is_cold(kept):
+                continue
+            job = _job_of(kept)
+            if not eligible(job):
+                continue
+            k = key(job)
+            if (cur is None or k > cur) and (after is None or done or k <= after):
+                out.append(job)
+        out.sort(key=key)
+        return out
+
+    def _is_cold(self, rec: Record) -> bool:
+        return bool(rec.get(_COLD)) and rec.get("state") in (WAITING, DELAYED)
+
+    def _sweep(self) -> None:
+        """Jobs paged in that have left memory since: tombstones until their commit, so a
+        read that lags cannot bring one back."""
+        jobs = self.store.jobs
+        for h in self.heads.values():
+            gone = [job_id for job_id in h.paged if job_id not in jobs]
+            for job_id in gone:
+                del h.paged[job_id]
+                if job_id not in self.pending:
+                    self.pending[job_id] = (self.epoch, None)
+
+
+def _plain(value: Any) -> Any:
+    """`value` as a stored record reads back: tuples are lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _job_of(rec: Record) -> Job:
+    if _COLD in rec:
+        rec = {k: v for k, v in rec.items() if k != _COLD}
+    return Job.from_record(rec)

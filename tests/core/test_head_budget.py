@@ -1,0 +1,220 @@
+"""The head budget (`shardq.core._head`): an engine that keeps a few jobs per queue head in
+memory and the rest in a cold backlog answers exactly as an engine that keeps every job.
+
+The property: both engines, seeded alike, get the same random commands (pushes with
+priorities, delays, LIFO, custom ids and uniqueKeys; pulls, acks, fails, promotes, priority
+changes, moves to delayed, lookups, counts, clock jumps); every reply must be equal, and at
+the end every job reads the same and both queues drain in the same order. The budgeted
+engine's backlog is `ModelBacklog` over its own mutation stream, committed at random moments
+so that its reads lag the engine's writes. `SHARDQ_ADVERSARIAL_HEAD_EXAMPLES` runs more
+examples (default 60).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from cold_model import ModelBacklog
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shardq.core import Engine, EngineConfig
+
+EXAMPLES = int(os.environ.get("SHARDQ_ADVERSARIAL_HEAD_EXAMPLES", "60"))
+QUEUES = ("qa", "qb")
+CUSTOM = ("c1", "c2", "c3")
+UNIQUE = ("u1", "u2")
+
+
+def _push(draw: st.DrawFn) -> dict[str, Any]:
+    cmd: dict[str, Any] = {"cmd": "PUSH", "queue": draw(st.sampled_from(QUEUES))}
+    cmd["data"] = {"n": draw(st.integers(0, 9))}
+    priority = draw(st.sampled_from((0, 0, 0, 1, 5)))
+    if priority:
+        cmd["priority"] = priority
+    delay = draw(st.sampled_from((0, 0, 0, 30, 200)))
+    if delay:
+        cmd["delay"] = delay
+    if draw(st.integers(0, 4)) == 0:
+        cmd["lifo"] = True
+    if draw(st.integers(0, 5)) == 0:
+        cmd["jobId"] = draw(st.sampled_from(CUSTOM))
+    if draw(st.integers(0, 5)) == 0:
+        cmd["uniqueKey"] = draw(st.sampled_from(UNIQUE))
+    return cmd
+
+
+@st.composite
+def steps(draw: st.DrawFn) -> tuple[str, Any]:
+    kind = draw(
+        st.sampled_from(
+            (
+                "push",
+                "push",
+                "push",
+                "pushb",
+                "pull",
+                "pull",
+                "ack",
+                "fail",
+                "job",
+                "job",
+                "time",
+                "commit",
+                "count",
+            )
+        )
+    )
+    if kind == "push":
+        return kind, _push(draw)
+    if kind == "pushb":
+        n = draw(st.integers(1, 6))
+        return kind, (draw(st.sampled_from(QUEUES)), [{"data": i} for i in range(n)])
+    if kind == "pull":
+        return kind, (draw(st.sampled_from(QUEUES)), draw(st.integers(1, 4)))
+    if kind == "job":
+        op = draw(st.sampled_from(("GetJob", "Promote", "ChangePriority", "MoveToDelayed")))
+        return kind, (op, draw(st.integers(0, 1_000)), draw(st.sampled_from((0, 2, 7))))
+    if kind in ("ack", "fail"):
+        return kind, draw(st.integers(0, 1_000))
+    if kind == "time":
+        return kind, draw(st.sampled_from((1, 25, 100, 250)))
+    if kind == "count":
+        return kind, draw(st.sampled_from(QUEUES))
+    return kind, None
+
+
+class Pair:
+    """The engine under a budget and the one without, fed alike."""
+
+    def __init__(self, seed: int, budget: int) -> None:
+        self.backlog = ModelBacklog()
+        self.cold = Engine(EngineConfig(head_jobs=budget), seed=seed, backlog=self.backlog)
+        self.plain = Engine(EngineConfig(), seed=seed)
+        self.now = 1_000
+        self.ids: list[str] = []
+        self.active: list[str] = []
+        self.marks: list[int] = []
+
+    def run(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        expected = self.plain.apply(dict(cmd), self.now).reply
+        fx = self.cold.apply(dict(cmd), self.now)
+        assert fx.reply == expected, (cmd, fx.reply, expected)
+        self.backlog.feed(fx.mutations)
+        self._learn(expected)
+        return expected
+
+    def _learn(self, reply: dict[str, Any]) -> None:
+        for job_id in [reply.get("id"), *(reply.get("ids") or ())]:
+            if isinstance(job_id, str) and job_id not in self.ids:
+                self.ids.append(job_id)
+        jobs = reply.get("jobs") if isinstance(reply.get("jobs"), list) else [reply.get("job")]
+        for job in jobs:
+            if isinstance(job, dict) and job.get("id") and "state" not in job:
+                self.active.append(job["id"])
+
+    def tick(self, step: int) -> None:
+        self.now += step
+        self.plain.tick(self.now)
+        _, mutations = self.cold.tick(self.now)
+        self.backlog.feed(mutations)
+        assert self.cold.next_deadline() == self.plain.next_deadline()
+
+    def commit(self) -> None:
+        """The writer commits what it was handed: the reads show it from now on."""
+        assert self.cold.head is not None
+        mark = self.cold.head.mark()
+        self.backlog.commit()
+        self.cold.head.committed(mark)
+
+    def step(self, kind: str, arg: Any) -> None:
+        if kind == "push":
+            self.run(arg)
+        elif kind == "pushb":
+            self.run({"cmd": "PUSHB", "queue": arg[0], "jobs": arg[1]})
+        elif kind == "pull":
+            self.run({"cmd": "PULLB", "queue": arg[0], "count": arg[1], "timeout": 0})
+        elif kind in ("ack", "fail") and self.active:
+            job_id = self.active.pop(arg % len(self.active))
+            self.run({"cmd": "ACK" if kind == "ack" else "FAIL", "id": job_id})
+        elif kind == "job" and self.ids:
+            op, index, value = arg
+            cmd: dict[str, Any] = {"cmd": op, "id": self.ids[index % len(self.ids)]}
+            if op == "ChangePriority":
+                cmd["priority"] = value
+            elif op == "MoveToDelayed":
+                cmd["delay"] = value * 40
+            self.run(cmd)
+        elif kind == "time":
+            self.tick(arg)
+        elif kind == "commit":
+            self.commit()
+        elif kind == "count":
+            self.run({"cmd": "GetJobCounts", "queue": arg})
+            self.run({"cmd": "Count", "queue": arg})
+
+    def finish(self) -> None:
+        """Every job reads the same; then both drain in the same order, to the last job."""
+        for job_id in self.ids:
+            self.run({"cmd": "GetJob", "id": job_id})
+            self.run({"cmd": "GetState", "id": job_id})
+        for custom in CUSTOM:
+            self.run({"cmd": "GetJobByCustomId", "customId": custom})
+        self.tick(10_000)
+        for queue in QUEUES:
+            self.run({"cmd": "GetJobCounts", "queue": queue})
+            while self.run({"cmd": "PULLB", "queue": queue, "count": 3, "timeout": 0})["jobs"]:
+                pass
+            self.run({"cmd": "GetJobCounts", "queue": queue})
+
+
+@pytest.mark.parametrize("lag", [False, True])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    seed=st.integers(0, 2**16),
+    budget=st.integers(1, 4),
+    script=st.lists(steps(), min_size=1, max_size=80),
+)
+def test_budget_changes_no_reply(
+    lag: bool, seed: int, budget: int, script: list[tuple[str, Any]]
+) -> None:
+    pair = Pair(seed, budget)
+    for kind, arg in script:
+        pair.step(kind, arg)
+        if not lag:
+            pair.commit()
+    pair.finish()
+
+
+def test_heads_stay_within_the_budget() -> None:
+    """A backlog of 500 jobs leaves 4 in memory per head; every one comes back, in order."""
+    pair = Pair(7, 4)
+    for i in range(100):
+        pair.run({"cmd": "PUSHB", "queue": "qa", "jobs": [{"data": i * 5 + j} for j in range(5)]})
+        pair.run({"cmd": "PUSH", "queue": "qa", "data": i, "delay": 1_000 + i})
+        pair.commit()
+    q = pair.cold.queues["qa"]
+    assert len(q.ids) <= 2 * 4, len(q.ids)
+    assert pair.cold.head is not None
+    assert pair.cold.head.cold_counts("qa") == (500 - 3, 100 - 3)  # the trim keeps 3 of 4
+    counts = pair.run({"cmd": "GetJobCounts", "queue": "qa"})["counts"]
+    assert (counts["waiting"], counts["delayed"]) == (500, 100)
+    pulled = []
+    while jobs := pair.run({"cmd": "PULLB", "queue": "qa", "count": 7, "timeout": 0})["jobs"]:
+        pulled += [job["data"] for job in jobs]
+        pair.run({"cmd": "ACKB", "ids": [job["id"] for job in jobs]})
+        waiting = [j for j in pair.cold.jobs.values() if j.state == "waiting"]
+        assert len(waiting) <= 4 + 7, len(waiting)
+        pair.commit()
+    assert pulled == list(range(500))
+
+
+def test_a_budget_needs_a_backlog() -> None:
+    with pytest.raises(ValueError, match="cold backlog"):
+        Engine(EngineConfig(head_jobs=4))
