@@ -45,6 +45,7 @@ are not cold, call `engine.head.restore_cold(counts, now)` with each queue's `co
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -119,6 +120,10 @@ class ColdHead:
         self.touched: set[str] = set()
         # Jobs brought in by a lookup, with their record: unchanged, they leave silently.
         self.looked_up: dict[str, Record] = {}
+        # The delivery fencing of cold jobs that were delivered before (a retry, a move back):
+        # not in their records, as after a restart; kept here up to `max_finalized` jobs.
+        self.fences: OrderedDict[str, tuple[int, str | None, bool]] = OrderedDict()
+        self.max_fences = config.max_finalized
         self._enter_all: Callable[[Sequence[Job], QueueState, str], None] = store._enter_all
         self._pops: dict[str, Callable[[int], list[Job]]] = {}
 
@@ -413,6 +418,10 @@ class ColdHead:
         else:
             h.delayed += 1
             job.dkey = None
+        if job.delivery:
+            self.fences[job.id] = (job.delivery, job.token, job.leased)
+            if len(self.fences) > self.max_fences:
+                self.fences.popitem(last=False)
         del store.jobs[job.id]
         q.ids.pop(job.id, None)
         h.paged.pop(job.id, None)
@@ -571,6 +580,10 @@ class ColdHead:
         return job
 
     def _hold(self, q: QueueState, h: QueueHead, job: Job) -> None:
+        if self.fences:
+            fence = self.fences.pop(job.id, None)
+            if fence is not None:
+                job.delivery, job.token, job.leased = fence
         self.store.jobs[job.id] = job
         q.ids[job.id] = None
         h.paged[job.id] = None

@@ -196,7 +196,7 @@ class Producer:
         if custom is not None:
             existing = self.jobs.get(custom)
             if existing is None and self.store.cold_lookup is not None:
-                existing = self.store.cold_lookup(custom, queue)
+                existing = self.store.cold_lookup(custom, None)  # ids are shard-wide
             if existing is not None:
                 if existing.state not in TERMINAL_STATES:
                     return existing.id

@@ -15,7 +15,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 
 from shardq.core import Mutation
-from shardq.core._mutations import Record, fold_mutations
+from shardq.core._mutations import ROW_KEY_SEP, Record, fold_mutations
 
 Cursor = tuple[Any, ...]
 
@@ -58,7 +58,7 @@ class ModelBacklog:
     """The cold reads over committed mutations; `reads` counts them (a test may bound it)."""
 
     def __init__(self) -> None:
-        self.records: dict[str, Record] = {}
+        self.records: dict[str, Record] = {}  # by row key
         self.queued: list[Mutation] = []
         self.reads = 0
 
@@ -68,6 +68,12 @@ class ModelBacklog:
     def commit(self) -> None:
         fold_mutations([_copy_mutation(m) for m in self.queued], self.records)
         self.queued = []
+
+    def settled(self) -> list[Record]:
+        """The records as they will be once everything fed so far is committed."""
+        records = {k: dict(v) for k, v in self.records.items()}
+        fold_mutations([_copy_mutation(m) for m in self.queued], records)
+        return list(records.values())
 
     # -- the reads -------------------------------------------------------------------------
 
@@ -124,13 +130,13 @@ class ModelBacklog:
 
     def get_job(self, job_id: str) -> Record | None:
         self.reads += 1
-        rec = self.records.get(job_id)
-        return _copy(rec) if rec is not None and _row_key(rec) == job_id else None
+        rec = self.records.get(job_id)  # by row key, as the storage's primary key
+        return _copy(rec) if rec is not None else None
 
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
         self.reads += 1
-        rec = self.records.get(custom_id)
-        return _copy(rec) if rec is not None and rec["queue"] == queue else None
+        rec = self.records.get(f"{custom_id}{ROW_KEY_SEP}{queue}")
+        return _copy(rec) if rec is not None else None
 
     def find_unique(self, queue: str, unique_key: str, *, limit: int = 16) -> list[Record]:
         self.reads += 1

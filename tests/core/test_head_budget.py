@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 import pytest
-from cold_model import ModelBacklog
+from cold_model import ModelBacklog, delayed_key, waiting_key
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -86,6 +86,10 @@ def steps(draw: st.DrawFn) -> tuple[str, Any]:
     return kind, None
 
 
+def _cold(rec: dict[str, Any], queue: str, state: str) -> bool:
+    return bool(rec.get("cold")) and rec["queue"] == queue and rec["state"] == state
+
+
 class Pair:
     """The engine under a budget and the one without, fed alike."""
 
@@ -121,6 +125,22 @@ class Pair:
         _, mutations = self.cold.tick(self.now)
         self.backlog.feed(mutations)
         assert self.cold.next_deadline() == self.plain.next_deadline()
+
+    def check(self) -> None:
+        """The head's invariants, against what storage will hold once it has committed all:
+        the cold counts are the cold rows, each sorts after its queue's cursor."""
+        head = self.cold.head
+        assert head is not None
+        # A job paged in keeps its cold row: it is cold only while the engine does not hold it.
+        rows = [r for r in self.backlog.settled() if r["id"] not in self.cold.jobs]
+        for queue, h in head.heads.items():
+            waiting = [r for r in rows if _cold(r, queue, "waiting")]
+            delayed = [r for r in rows if _cold(r, queue, "delayed")]
+            assert h.waiting == len(waiting), (queue, h.waiting, len(waiting))
+            assert h.delayed == len(delayed), (queue, h.delayed, len(delayed))
+            assert h.wcur is not None or not waiting or not self.cold.queues[queue].ids
+            assert all(h.wcur is None or waiting_key(r) > h.wcur for r in waiting)
+            assert all(h.dcur is None or delayed_key(r) > h.dcur for r in delayed)
 
     def commit(self) -> None:
         """The writer commits what it was handed: the reads show it from now on."""
@@ -187,6 +207,7 @@ def test_budget_changes_no_reply(
     pair = Pair(seed, budget)
     for kind, arg in script:
         pair.step(kind, arg)
+        pair.check()
         if not lag:
             pair.commit()
     pair.finish()
