@@ -53,7 +53,7 @@ from ._cold import ColdBacklog, ColdCounts, Cursor, delayed_cursor, waiting_curs
 from ._effects import Effects
 from ._job import Job
 from ._lifecycle import DELAYED, WAITING
-from ._mutations import Mutation, Record
+from ._mutations import ROW_KEY_SEP, Mutation, Record
 from ._queue import QueueState
 from ._state import JobStore
 
@@ -98,7 +98,7 @@ class QueueHead:
         self.dcur: Cursor | None = None
         # Jobs held in memory whose row still says cold (paged or looked up): if one leaves
         # memory, a stale read must not bring it back (`_sweep`).
-        self.paged: dict[str, None] = {}
+        self.paged: dict[str, str] = {}  # row key -> job id
 
 
 class ColdHead:
@@ -112,7 +112,8 @@ class ColdHead:
         self.low = max(1, config.head_jobs // 2)
         self.page_bytes = config.head_page_bytes
         self.heads: dict[str, QueueHead] = {}
-        # Job id -> (mark, record, or None for a tombstone): what reads may not show yet.
+        # Row key -> (mark, record, or None for a tombstone): what reads may not show yet
+        # (by row key: a custom id may name jobs of several queues).
         self.pending: dict[str, tuple[int, Record | None]] = {}
         self.epoch = 0
         # Jobs of this command taken off their heap to go cold; queues whose heads changed.
@@ -256,9 +257,14 @@ class ColdHead:
         return job
 
     def _cold_record(self, job_id: str, queue: str | None) -> Record | None:
-        if job_id in self.pending:
-            rec = self.pending[job_id][1]
-            return rec if rec is not None and self._is_cold(rec) else None
+        keys = [job_id, *(f"{job_id}{ROW_KEY_SEP}{name}" for name in self.heads)]
+        for key in keys:
+            if key in self.pending:
+                rec = self.pending[key][1]
+                if rec is not None and self._is_cold(rec) and rec["id"] == job_id:
+                    return rec
+                if key == job_id:
+                    return None
         self._sweep()
         rec = self.backlog.get_job(job_id)
         if rec is None or not self._is_cold(rec):
@@ -279,7 +285,7 @@ class ColdHead:
         if h is None or not (h.waiting or h.delayed):
             return None
         self._sweep()
-        found = [r for r in self.backlog.find_unique(queue, key) if r["id"] not in self.pending]
+        found = [r for r in self.backlog.find_unique(queue, key) if _row(r) not in self.pending]
         found += [
             r
             for r in (rec for _, rec in self.pending.values())
@@ -399,7 +405,7 @@ class ColdHead:
             put[_COLD] = 1
         else:
             out.append(("upd", job.key, {_COLD: 1}))
-        self.pending[job.id] = (self.epoch, rec)
+        self.pending[job.key] = (self.epoch, rec)
         return puts
 
     def _drop(self, job: Job, *, write: bool) -> Record:
@@ -424,7 +430,7 @@ class ColdHead:
                 self.fences.popitem(last=False)
         del store.jobs[job.id]
         q.ids.pop(job.id, None)
-        h.paged.pop(job.id, None)
+        h.paged.pop(job.key, None)
         return rec
 
     def _trim(self, out: list[Mutation], q: QueueState, puts: dict[str, Record] | None) -> Any:
@@ -494,8 +500,13 @@ class ColdHead:
         returns how many came in."""
         self._sweep()
         limit = min(_MAX_LIMIT, max(want, self.budget - (q.counts[WAITING] - h.waiting), 1))
-        page = self.backlog.page_waiting(q.name, h.wcur, limit=limit, max_bytes=self.page_bytes)
-        jobs = self._merge(page.records, page.after, page.done, h.wcur, q.name, WAITING)
+        cur = h.wcur
+        while True:  # a page of jobs held already (a read lagging) is passed over
+            page = self.backlog.page_waiting(q.name, cur, limit=limit, max_bytes=self.page_bytes)
+            jobs = self._merge(page.records, page.after, page.done, h.wcur, q.name, WAITING)
+            if jobs or page.done or page.after is None:
+                break
+            cur = page.after
         end = page.after if not page.done else None
         if jobs:
             last = waiting_cursor(jobs[-1])
@@ -514,8 +525,13 @@ class ColdHead:
     def _page_delayed(self, q: QueueState, h: QueueHead, want: int) -> int:
         self._sweep()
         limit = min(_MAX_LIMIT, max(want, 1))
-        page = self.backlog.page_delayed(q.name, h.dcur, limit=limit, max_bytes=self.page_bytes)
-        jobs = self._merge(page.records, page.after, page.done, h.dcur, q.name, DELAYED)
+        cur = h.dcur
+        while True:
+            page = self.backlog.page_delayed(q.name, cur, limit=limit, max_bytes=self.page_bytes)
+            jobs = self._merge(page.records, page.after, page.done, h.dcur, q.name, DELAYED)
+            if jobs or page.done or page.after is None:
+                break
+            cur = page.after
         end = page.after if not page.done else None
         if jobs:
             last = delayed_cursor(jobs[-1])
@@ -586,7 +602,7 @@ class ColdHead:
                 job.delivery, job.token, job.leased = fence
         self.store.jobs[job.id] = job
         q.ids[job.id] = None
-        h.paged[job.id] = None
+        h.paged[job.key] = job.id
 
     def _merge(
         self,
@@ -603,13 +619,13 @@ class ColdHead:
         out: list[Job] = []
         for rec in records:
             job_id = rec["id"]
-            if job_id in pending or job_id in jobs or not self._is_cold(rec):
+            if _row(rec) in pending or job_id in jobs or not self._is_cold(rec):
                 continue
             if rec["state"] == state:
                 out.append(_job_of(rec))
         key = waiting_cursor if state == WAITING else delayed_cursor
-        for job_id, (_, kept) in pending.items():
-            if kept is None or job_id in jobs or kept.get("queue") != queue:
+        for _, kept in pending.values():
+            if kept is None or kept["id"] in jobs or kept.get("queue") != queue:
                 continue
             if kept.get("state") != state or not self._is_cold(kept):
                 continue
@@ -630,11 +646,15 @@ class ColdHead:
         read that lags cannot bring one back."""
         jobs = self.store.jobs
         for h in self.heads.values():
-            gone = [job_id for job_id in h.paged if job_id not in jobs]
-            for job_id in gone:
-                del h.paged[job_id]
-                if job_id not in self.pending:
-                    self.pending[job_id] = (self.epoch, None)
+            gone = [row for row, i in h.paged.items() if getattr(jobs.get(i), "key", None) != row]
+            for row in gone:
+                del h.paged[row]
+                if row not in self.pending:
+                    self.pending[row] = (self.epoch, None)
+
+
+def _row(rec: Record) -> str:
+    return str(rec.get("rowKey") or rec["id"])
 
 
 def _plain(value: Any) -> Any:
