@@ -199,7 +199,7 @@ class Pair:
 @given(
     seed=st.integers(0, 2**16),
     budget=st.integers(1, 4),
-    script=st.lists(steps(), min_size=1, max_size=80),
+    script=st.lists(steps(), min_size=30, max_size=120),
 )
 def test_budget_changes_no_reply(
     lag: bool, seed: int, budget: int, script: list[tuple[str, Any]]
