@@ -38,8 +38,10 @@ them. The runtime must call, in this order:
     engine.head.committed(mark)        # the backlog reads now show all of it
 
 `pending` holds at most the records of the mutations the writer has not committed, which
-the writer's own batch bound limits. At start, after `Engine.restore` of the records that
-are not cold, call `engine.head.restore_cold(counts, now)` with each queue's `cold_counts`.
+the writer's own batch bound limits. At start, `Engine.restore` gets the records that are not
+cold (`cold` unset, or a state other than waiting and delayed: a job paged in and then
+pulled keeps its cold row), then `engine.head.restore_cold(counts, now, max_seq=...)` gets
+each queue's `cold_counts` and the highest stored seq.
 """
 
 from __future__ import annotations
@@ -142,11 +144,15 @@ class ColdHead:
             for job_id in stale:
                 del self.pending[job_id]
 
-    def restore_cold(self, counts: Mapping[str, ColdCounts], now: int) -> list[Mutation]:
+    def restore_cold(
+        self, counts: Mapping[str, ColdCounts], now: int, *, max_seq: int
+    ) -> list[Mutation]:
         """Take each queue's cold counts at start (after `Engine.restore` of the jobs that
-        are not cold), page the heads in, and send hot jobs that sort after them cold."""
+        are not cold), page the heads in, and send hot jobs that sort after them cold.
+        `max_seq` is the highest seq stored (cold jobs included): new jobs sort after it."""
         out: list[Mutation] = []
         store = self.store
+        store.seq = max(store.seq, max_seq)
         for name, cold in counts.items():
             if not cold.waiting and not cold.delayed:
                 continue

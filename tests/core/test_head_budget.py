@@ -6,13 +6,16 @@ priorities, delays, LIFO, custom ids and uniqueKeys; pulls, acks, fails, promote
 changes, moves to delayed, lookups, counts, clock jumps); every reply must be equal, and at
 the end every job reads the same and both queues drain in the same order. The budgeted
 engine's backlog is `ModelBacklog` over its own mutation stream, committed at random moments
-so that its reads lag the engine's writes. `SHARDQ_ADVERSARIAL_HEAD_EXAMPLES` runs more
-examples (default 60).
+so that its reads lag the engine's writes; after each step the head's own invariants are
+checked against what storage will hold. The same comparison runs on seeded random scripts
+and across a restart. `SHARDQ_ADVERSARIAL_HEAD_EXAMPLES` (default 60) and
+`SHARDQ_ADVERSARIAL_HEAD_SEEDS` (default 12) run longer forms.
 """
 
 from __future__ import annotations
 
 import os
+import random
 from typing import Any
 
 import pytest
@@ -23,6 +26,7 @@ from hypothesis import strategies as st
 from shardq.core import Engine, EngineConfig
 
 EXAMPLES = int(os.environ.get("SHARDQ_ADVERSARIAL_HEAD_EXAMPLES", "60"))
+SEEDS = int(os.environ.get("SHARDQ_ADVERSARIAL_HEAD_SEEDS", "12"))
 QUEUES = ("qa", "qb")
 CUSTOM = ("c1", "c2", "c3")
 UNIQUE = ("u1", "u2")
@@ -211,6 +215,84 @@ def test_budget_changes_no_reply(
         if not lag:
             pair.commit()
     pair.finish()
+
+
+def _random_script(pair: Pair, rnd: random.Random, steps: int) -> None:
+    """Commands drawn with the weights that found this module's bugs: many pushes with
+    every option, pulls, acks and fails, job commands on any job ever seen, clock jumps, and
+    commits one step in ten (so reads lag)."""
+    for i in range(steps):
+        k = rnd.random()
+        if k < 0.4:
+            cmd: dict[str, Any] = {"cmd": "PUSH", "queue": rnd.choice(QUEUES), "data": i}
+            cmd["priority"] = rnd.choice((0, 0, 3))
+            cmd["delay"] = rnd.choice((0, 0, 50))
+            if rnd.random() < 0.2:
+                cmd["lifo"] = True
+            if rnd.random() < 0.1:
+                cmd["jobId"] = rnd.choice(CUSTOM[:2])
+            if rnd.random() < 0.1:
+                cmd["uniqueKey"] = rnd.choice(UNIQUE)
+            pair.step("push", cmd)
+        elif k < 0.6:
+            pair.step("pull", (rnd.choice(QUEUES), rnd.randint(1, 3)))
+        elif k < 0.7:
+            pair.step(rnd.choice(("ack", "fail")), rnd.randint(0, 100))
+        elif k < 0.8:
+            op = rnd.choice(("GetJob", "Promote", "ChangePriority", "MoveToDelayed"))
+            pair.step("job", (op, rnd.randint(0, 100), rnd.choice((0, 2, 7))))
+        elif k < 0.9:
+            pair.step("time", rnd.choice((1, 25, 100)))
+        else:
+            pair.step("commit", None)
+        pair.check()
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3])
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_random_scripts_change_no_reply(seed: int, budget: int) -> None:
+    pair = Pair(seed, budget)
+    _random_script(pair, random.Random(seed), 80)
+    pair.finish()
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_a_restart_reads_its_heads_back(seed: int) -> None:
+    """After a random script, both engines restart from what storage holds: the plain one
+    from every record, the budgeted one from the records that are not cold plus each
+    queue's cold counts (uniqueKey claims of cold jobs come back through `find_unique`).
+    They still answer alike, to the last job."""
+    pair = Pair(seed, 2)
+    _random_script(pair, random.Random(seed), 60)
+    pair.commit()
+    rows = list(pair.backlog.records.values())
+    hot = [r for r in rows if not (r.get("cold") and r["state"] in ("waiting", "delayed"))]
+    pair.plain = Engine(EngineConfig(), seed=seed + 1)
+    pair.plain.restore([_strip(r) for r in rows], {}, pair.now)
+    pair.backlog = ModelBacklog()
+    pair.backlog.records = {str(r.get("rowKey") or r["id"]): r for r in rows}
+    config = EngineConfig(head_jobs=2)
+    pair.cold = Engine(config, seed=seed + 1, backlog=pair.backlog)
+    pair.backlog.feed(pair.cold.restore([_strip(r) for r in hot], {}, pair.now))
+    assert pair.cold.head is not None
+    counts = {q: pair.backlog.cold_counts(q) for q in QUEUES}
+    max_seq = max((int(r["seq"]) for r in rows), default=0)
+    pair.backlog.feed(pair.cold.head.restore_cold(counts, pair.now, max_seq=max_seq))
+    pair.active = [job_id for job_id in pair.ids if _active(pair.plain, job_id)]
+    for kind, arg in [("push", {"cmd": "PUSH", "queue": q, "data": 0, "uniqueKey": u})
+                      for q in QUEUES for u in UNIQUE]:  # fmt: skip
+        pair.step(kind, arg)
+    _random_script(pair, random.Random(seed + 1), 30)
+    pair.finish()
+
+
+def _strip(rec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in rec.items() if k != "cold"}
+
+
+def _active(engine: Engine, job_id: str) -> bool:
+    job = engine.jobs.get(job_id)
+    return job is not None and job.state == "active"
 
 
 def test_heads_stay_within_the_budget() -> None:
