@@ -54,7 +54,7 @@ from typing import Any, Final
 from ._cold import ColdBacklog, ColdCounts, Cursor, delayed_cursor, waiting_cursor
 from ._effects import Effects
 from ._job import Job
-from ._lifecycle import DELAYED, WAITING
+from ._lifecycle import DELAYED, TERMINAL_STATES, WAITING
 from ._mutations import ROW_KEY_SEP, Mutation, Record
 from ._queue import QueueState
 from ._state import JobStore
@@ -297,10 +297,20 @@ class ColdHead:
             for r in (rec for _, rec in self.pending.values())
             if r is not None and r.get("queue") == queue and r.get("uniqueKey") == key
         ]
-        live = [r for r in found if self._is_cold(r)]
+        # A job paged in since the start holds its cold row and no claim either.
+        jobs = self.store.jobs
+        live = [
+            r
+            for r in found
+            if self._is_cold(r) or getattr(jobs.get(r["id"]), "key", None) == _row(r)
+        ]
         if not live:
             return None
-        return self.look_up(max(live, key=lambda r: int(r["seq"]))["id"], queue)
+        owner = max(live, key=lambda r: int(r["seq"]))
+        held = jobs.get(owner["id"])
+        if held is not None and held.key == _row(owner):
+            return held if held.state not in TERMINAL_STATES else None
+        return self.look_up(owner["id"], queue)
 
     def promote_due(self, fx: Effects, now: int) -> None:
         """`Consumer.promote_due`, and the cold delayed jobs due by now too."""
