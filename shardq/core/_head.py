@@ -288,7 +288,7 @@ class ColdHead:
         """The cold job that holds uniqueKey `key` of `queue` (after a start, when the claim
         is not in memory), brought in; None if no cold job holds it."""
         h = self.heads.get(queue)
-        if h is None or not (h.waiting or h.delayed):
+        if h is None or not (h.waiting or h.delayed or h.paged):
             return None
         self._sweep()
         found = [r for r in self.backlog.find_unique(queue, key) if _row(r) not in self.pending]
