@@ -66,6 +66,9 @@ class ColdCounts(Protocol):
     @property
     def group_waiting(self) -> Mapping[str, int]: ...
 
+    # Optional, read if present: the ungrouped waiting jobs with a priority above 0 (the
+    # engine's `prioritized` count, which GetJobCounts reports apart from waiting).
+
     @property
     def group_delayed(self) -> Mapping[str, int]: ...
 

@@ -160,6 +160,11 @@ class ColdHead:
             h = self.head(name)
             h.waiting += cold.waiting
             h.delayed += cold.delayed
+            # Cold waiting jobs with a priority: GetJobCounts reports them apart. A storage
+            # whose counts lack it leaves them counted as plain waiting until paged in.
+            prioritized = int(getattr(cold, "prioritized", 0) or 0)
+            h.prioritized += prioritized
+            q.prioritized += prioritized
             q.counts[WAITING] += cold.waiting
             q.counts[DELAYED] += cold.delayed
             self._page_waiting(q, h, self.budget)

@@ -33,6 +33,7 @@ class Counts:
     delayed: int = 0
     group_waiting: dict[str, int] = field(default_factory=dict)
     group_delayed: dict[str, int] = field(default_factory=dict)
+    prioritized: int = 0
 
 
 def _row_key(rec: Record) -> str:
@@ -149,7 +150,8 @@ class ModelBacklog:
 
     def cold_counts(self, queue: str) -> Counts:
         waiting = [r for r in self._cold(queue, "waiting") if r.get("groupId") is None]
-        return Counts(len(waiting), len(self._cold(queue, "delayed")))
+        prioritized = sum(1 for r in waiting if (r.get("priority") or 0) > 0)
+        return Counts(len(waiting), len(self._cold(queue, "delayed")), prioritized=prioritized)
 
 
 def _copy_mutation(m: Mutation) -> Mutation:
