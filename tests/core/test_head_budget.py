@@ -118,8 +118,8 @@ class Pair:
         for job_id in [reply.get("id"), *(reply.get("ids") or ())]:
             if isinstance(job_id, str) and job_id not in self.ids:
                 self.ids.append(job_id)
-        jobs = reply.get("jobs") if isinstance(reply.get("jobs"), list) else [reply.get("job")]
-        for job in jobs:
+        jobs = reply.get("jobs")
+        for job in jobs if isinstance(jobs, list) else [reply.get("job")]:
             if isinstance(job, dict) and job.get("id") and "state" not in job:
                 self.active.append(job["id"])
 
