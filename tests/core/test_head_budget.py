@@ -27,6 +27,7 @@ from shardq.core import Engine, EngineConfig
 
 EXAMPLES = int(os.environ.get("SHARDQ_ADVERSARIAL_HEAD_EXAMPLES", "60"))
 SEEDS = int(os.environ.get("SHARDQ_ADVERSARIAL_HEAD_SEEDS", "12"))
+GROUPED = 0.15  # the share of random pushes with a groupId
 QUEUES = ("qa", "qb")
 CUSTOM = ("c1", "c2", "c3")
 UNIQUE = ("u1", "u2")
@@ -233,6 +234,8 @@ def _random_script(pair: Pair, rnd: random.Random, steps: int) -> None:
                 cmd["jobId"] = rnd.choice(CUSTOM[:2])
             if rnd.random() < 0.1:
                 cmd["uniqueKey"] = rnd.choice(UNIQUE)
+            if rnd.random() < GROUPED:
+                cmd["groupId"] = rnd.choice(("g1", "g2"))
             pair.step("push", cmd)
         elif k < 0.6:
             pair.step("pull", (rnd.choice(QUEUES), rnd.randint(1, 3)))
