@@ -369,8 +369,9 @@ def _parse(key: str, raw: object, source: str) -> Any:
 
 def _parse_engine(name: str, raw: object, source: str) -> int:
     try:
-        # completed_retention_ms (recovery, issue 10): 0 turns the age limit off.
-        low = 0 if name == "completed_retention_ms" else 1
+        # completed_retention_ms (recovery, issue 10): 0 turns the age limit off;
+        # head_jobs (issue 22): 0 keeps every job in memory.
+        low = 0 if name in ("completed_retention_ms", "head_jobs") else 1
         return _ranged(low, ms=name.endswith("_ms"))(raw)
     except ValueError as e:
         raise ConfigError(f"engine.{name} ({source}): {e}") from None
