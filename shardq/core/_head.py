@@ -28,16 +28,16 @@ Only plain jobs go cold: a job with a group, a TTL, dependencies or a flow stays
 (`eligible`). Grouped heads (`page_group`) are not paged yet.
 
 Reads lag writes. A cold put reaches storage at the writer's next commit, so a page may miss
-the newest cold jobs or show a job as it was. The engine keeps what it sent cold, and what
-left memory after being paged in (a tombstone), in `pending` until told the commit holds
-it, and merges that with every read: pending records win over stored ones, tombstones hide
-them. The runtime must call, in this order:
+the newest cold jobs or show a job as it was. The reads go through `Pager` (`_pager.py`),
+which keeps what the engine sent cold, and what left memory after being paged in (a
+tombstone), until told the commit holds it, and merges that with every read: kept records
+win over stored ones, tombstones hide them. The runtime must call, in this order:
 
     mark = engine.head.mark()          # when it hands the mutations so far to the writer
     ...                                # the writer commits that batch
     engine.head.committed(mark)        # the backlog reads now show all of it
 
-`pending` holds at most the records of the mutations the writer has not committed, which
+The pager keeps at most the records of the mutations the writer has not committed, which
 the writer's own batch bound limits. At start, `Engine.restore` gets the records that are not
 cold (`cold` unset, or a state other than waiting and delayed: a job paged in and then
 pulled keeps its cold row), then `engine.head.restore_cold(counts, now, max_seq=...)` gets
@@ -51,18 +51,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from ._cold import ColdBacklog, ColdCounts, Cursor, delayed_cursor, waiting_cursor
+from ._cold import ColdBacklog, ColdCounts, delayed_cursor, waiting_cursor
 from ._effects import Effects
 from ._job import Job
 from ._lifecycle import DELAYED, TERMINAL_STATES, WAITING
-from ._mutations import ROW_KEY_SEP, Mutation, Record
+from ._mutations import Mutation, Record
+from ._pager import COLD, MAX_LIMIT, Pager, QueueHead, eligible, is_cold, job_of, row_of
 from ._queue import QueueState
 from ._state import JobStore
 
-__all__ = ["HOT_ONLY", "WIDE", "ColdHead", "QueueHead", "eligible"]
-
-HOT_ONLY: Final = ("groupId", "ttl", "dependsOn", "childrenIds", "parentId", "flowPending")
-"""Options that keep a job in memory: its group, TTL or flow needs it there."""
+__all__ = ["WIDE", "ColdHead"]
 
 WIDE: Final = frozenset(
     {
@@ -77,31 +75,6 @@ WIDE: Final = frozenset(
 )
 """Commands that read or change every job of a queue: they see its cold jobs paged in."""
 
-_COLD: Final = "cold"
-_MAX_LIMIT: Final = 100_000  # the most records one page may ask for (the storage's bound)
-
-
-def eligible(job: Job) -> bool:
-    """True if `job` may live in the backlog only (see `HOT_ONLY`)."""
-    opts = job.opts
-    return not opts or not any(opts.get(name) for name in HOT_ONLY)
-
-
-class QueueHead:
-    """The cold part of one queue: how many of its jobs are cold, and the cursors."""
-
-    __slots__ = ("dcur", "delayed", "paged", "prioritized", "waiting", "wcur")
-
-    def __init__(self) -> None:
-        self.waiting = 0
-        self.delayed = 0
-        self.prioritized = 0  # cold waiting jobs with a priority (GetJobCounts splits them)
-        self.wcur: Cursor | None = None
-        self.dcur: Cursor | None = None
-        # Jobs held in memory whose row still says cold (paged or looked up): if one leaves
-        # memory, a stale read must not bring it back (`_sweep`).
-        self.paged: dict[str, str] = {}  # row key -> job id
-
 
 class ColdHead:
     """The head budget of one engine (see the module docstring)."""
@@ -109,15 +82,10 @@ class ColdHead:
     def __init__(self, store: JobStore, backlog: ColdBacklog) -> None:
         config = store.config
         self.store = store
-        self.backlog = backlog
+        self.pager = Pager(backlog, store.jobs, config.head_page_bytes)
         self.budget = config.head_jobs
         self.low = max(1, config.head_jobs // 2)
-        self.page_bytes = config.head_page_bytes
         self.heads: dict[str, QueueHead] = {}
-        # Row key -> (mark, record, or None for a tombstone): what reads may not show yet
-        # (by row key: a custom id may name jobs of several queues).
-        self.pending: dict[str, tuple[int, Record | None]] = {}
-        self.epoch = 0
         # Jobs of this command taken off their heap to go cold; queues whose heads changed.
         self.leaving: list[Job] = []
         self.touched: set[str] = set()
@@ -128,21 +96,16 @@ class ColdHead:
         self.fences: OrderedDict[str, tuple[int, str | None, bool]] = OrderedDict()
         self.max_fences = config.max_finalized
         self._enter_all: Callable[[Sequence[Job], QueueState, str], None] = store._enter_all
-        self._pops: dict[str, Callable[[int], list[Job]]] = {}
 
     # -- what the runtime calls ------------------------------------------------------------
 
     def mark(self) -> int:
         """Name the mutations emitted so far; pass it to `committed` once they are stored."""
-        self.epoch += 1
-        return self.epoch - 1
+        return self.pager.mark()
 
     def committed(self, mark: int) -> None:
         """The mutations up to `mark` are committed: reads show them from now on."""
-        if self.pending:
-            stale = [i for i, (m, _) in self.pending.items() if m <= mark]
-            for job_id in stale:
-                del self.pending[job_id]
+        self.pager.committed(mark)
 
     def restore_cold(
         self, counts: Mapping[str, ColdCounts], now: int, *, max_seq: int
@@ -175,7 +138,7 @@ class ColdHead:
 
     def pending_count(self) -> int:
         """Records and tombstones kept until their commit is confirmed (for metrics)."""
-        return len(self.pending)
+        return len(self.pager.pending)
 
     def cold_counts(self, queue: str) -> tuple[int, int]:
         """The queue's cold (waiting, delayed) jobs."""
@@ -211,7 +174,6 @@ class ColdHead:
 
     def _watch(self, q: QueueState) -> None:
         pop = q.pop_ready_many
-        self._pops[q.name] = pop
 
         def pop_ready_many(count: int) -> list[Job]:
             taken = pop(count)
@@ -268,26 +230,10 @@ class ColdHead:
         return job
 
     def _cold_record(self, job_id: str, queue: str | None) -> Record | None:
-        keys = [job_id, *(f"{job_id}{ROW_KEY_SEP}{name}" for name in self.heads)]
-        for key in keys:
-            if key in self.pending:
-                rec = self.pending[key][1]
-                if rec is not None and self._is_cold(rec) and rec["id"] == job_id:
-                    return rec
-                if key == job_id:
-                    return None
-        self._sweep()
-        rec = self.backlog.get_job(job_id)
-        if rec is None or not self._is_cold(rec):
-            names = [queue] if queue is not None else list(self.heads)
-            for name in names:
-                h = self.heads.get(name)
-                if h is not None and (h.waiting or h.delayed):
-                    rec = self.backlog.get_by_custom_id(name, job_id)
-                    if rec is not None and rec["id"] == job_id and self._is_cold(rec):
-                        return rec
-            return None
-        return rec
+        heads = self.heads
+        names = [n for n in ([queue] if queue else heads) if n in heads]
+        self.pager.sweep(heads.values())
+        return self.pager.record(job_id, [n for n in names if heads[n].waiting or heads[n].delayed])
 
     def owner_of(self, queue: str, key: str) -> Job | None:
         """The cold job that holds uniqueKey `key` of `queue` (after a start, when the claim
@@ -295,25 +241,18 @@ class ColdHead:
         h = self.heads.get(queue)
         if h is None or not (h.waiting or h.delayed or h.paged):
             return None
-        self._sweep()
-        found = [r for r in self.backlog.find_unique(queue, key) if _row(r) not in self.pending]
-        found += [
-            r
-            for r in (rec for _, rec in self.pending.values())
-            if r is not None and r.get("queue") == queue and r.get("uniqueKey") == key
-        ]
+        self.pager.sweep(self.heads.values())
+        found = self.pager.unique(queue, key)
         # A job paged in since the start holds its cold row and no claim either.
         jobs = self.store.jobs
         live = [
-            r
-            for r in found
-            if self._is_cold(r) or getattr(jobs.get(r["id"]), "key", None) == _row(r)
+            r for r in found if is_cold(r) or getattr(jobs.get(r["id"]), "key", None) == row_of(r)
         ]
         if not live:
             return None
         owner = max(live, key=lambda r: int(r["seq"]))
         held = jobs.get(owner["id"])
-        if held is not None and held.key == _row(owner):
+        if held is not None and held.key == row_of(owner):
             return held if held.state not in TERMINAL_STATES else None
         return self.look_up(owner["id"], queue)
 
@@ -341,9 +280,9 @@ class ColdHead:
         for qname in names:
             q = self.store.queues.get(qname)
             h = self.heads[qname]
-            while q is not None and h.waiting and self._page_waiting(q, h, _MAX_LIMIT):
+            while q is not None and h.waiting and self._page_waiting(q, h, MAX_LIMIT):
                 pass
-            while q is not None and h.delayed and self._page_delayed(q, h, _MAX_LIMIT):
+            while q is not None and h.delayed and self._page_delayed(q, h, MAX_LIMIT):
                 pass
 
     # -- the end of each command -----------------------------------------------------------
@@ -410,7 +349,7 @@ class ColdHead:
             return False  # placed in the head (its cursor moved past it), or held
         if not self._must_leave(job):
             return False
-        old = {k: v for k, v in rec.items() if k != _COLD}
+        old = {k: v for k, v in rec.items() if k != COLD}
         return bool(_plain(job.to_record()) == _plain(old))
 
     def _evict(
@@ -423,10 +362,10 @@ class ColdHead:
         put = puts.get(job.id)
         rec = self._drop(job, write=True)
         if put is not None:
-            put[_COLD] = 1
+            put[COLD] = 1
         else:
-            out.append(("upd", job.key, {_COLD: 1}))
-        self.pending[job.key] = (self.epoch, rec)
+            out.append(("upd", job.key, {COLD: 1}))
+        self.pager.keep(rec)
         return puts
 
     def _drop(self, job: Job, *, write: bool) -> Record:
@@ -436,7 +375,7 @@ class ColdHead:
         h = self.head(job.queue)
         rec = job.to_record()
         if write:
-            rec[_COLD] = 1
+            rec[COLD] = 1
         if job.state == WAITING:
             h.waiting += 1
             if job.priority > 0:
@@ -519,19 +458,9 @@ class ColdHead:
     def _page_waiting(self, q: QueueState, h: QueueHead, want: int) -> int:
         """Page in the next cold waiting jobs of `q` (at least `want` if there are);
         returns how many came in."""
-        self._sweep()
-        limit = min(_MAX_LIMIT, max(want, self.budget - (q.counts[WAITING] - h.waiting), 1))
-        cur = h.wcur
-        while True:  # a page of jobs held already (a read lagging) is passed over
-            page = self.backlog.page_waiting(q.name, cur, limit=limit, max_bytes=self.page_bytes)
-            jobs = self._merge(page.records, page.after, page.done, h.wcur, q.name, WAITING)
-            if jobs or page.done or page.after is None:
-                break
-            cur = page.after
-        end = page.after if not page.done else None
-        if jobs:
-            last = waiting_cursor(jobs[-1])
-            end = last if end is None or last > end else end
+        self.pager.sweep(self.heads.values())
+        limit = min(MAX_LIMIT, max(want, self.budget - (q.counts[WAITING] - h.waiting), 1))
+        jobs, end, empty = self.pager.page(q.name, WAITING, h.wcur, limit)
         for job in jobs:
             h.waiting -= 1
             q.counts[WAITING] -= 1
@@ -540,23 +469,12 @@ class ColdHead:
         self._enter_all(jobs, q, WAITING)
         if end is not None:
             h.wcur = end
-        self._settled_cursor(q, h, page.done and not jobs, WAITING)
+        self._settled_cursor(q, h, empty, WAITING)
         return len(jobs)
 
     def _page_delayed(self, q: QueueState, h: QueueHead, want: int) -> int:
-        self._sweep()
-        limit = min(_MAX_LIMIT, max(want, 1))
-        cur = h.dcur
-        while True:
-            page = self.backlog.page_delayed(q.name, cur, limit=limit, max_bytes=self.page_bytes)
-            jobs = self._merge(page.records, page.after, page.done, h.dcur, q.name, DELAYED)
-            if jobs or page.done or page.after is None:
-                break
-            cur = page.after
-        end = page.after if not page.done else None
-        if jobs:
-            last = delayed_cursor(jobs[-1])
-            end = last if end is None or last > end else end
+        self.pager.sweep(self.heads.values())
+        jobs, end, empty = self.pager.page(q.name, DELAYED, h.dcur, min(MAX_LIMIT, max(want, 1)))
         for job in jobs:
             h.delayed -= 1
             q.counts[DELAYED] -= 1
@@ -564,7 +482,7 @@ class ColdHead:
         self._enter_all(jobs, q, DELAYED)
         if end is not None:
             h.dcur = end
-        self._settled_cursor(q, h, page.done and not jobs, DELAYED)
+        self._settled_cursor(q, h, empty, DELAYED)
         return len(jobs)
 
     def _settled_cursor(self, q: QueueState, h: QueueHead, empty: bool, state: str) -> None:
@@ -600,7 +518,7 @@ class ColdHead:
 
     def _bring_in(self, rec: Record) -> Job | None:
         """Hold one cold job (a lookup): counted as held, placed as any job entering."""
-        job = _job_of(rec)
+        job = job_of(rec)
         if not eligible(job) or job.id in self.store.jobs:
             return None
         q = self.store.queue(job.queue)
@@ -625,58 +543,6 @@ class ColdHead:
         q.ids[job.id] = None
         h.paged[job.key] = job.id
 
-    def _merge(
-        self,
-        records: Sequence[Record],
-        after: Cursor | None,
-        done: bool,
-        cur: Cursor | None,
-        queue: str,
-        state: str,
-    ) -> list[Job]:
-        """A page's jobs, with what the reads do not show yet merged in, in order."""
-        jobs = self.store.jobs
-        pending = self.pending
-        out: list[Job] = []
-        for rec in records:
-            job_id = rec["id"]
-            if _row(rec) in pending or job_id in jobs or not self._is_cold(rec):
-                continue
-            if rec["state"] == state:
-                out.append(_job_of(rec))
-        key = waiting_cursor if state == WAITING else delayed_cursor
-        for _, kept in pending.values():
-            if kept is None or kept["id"] in jobs or kept.get("queue") != queue:
-                continue
-            if kept.get("state") != state or not self._is_cold(kept):
-                continue
-            job = _job_of(kept)
-            if not eligible(job):
-                continue
-            k = key(job)
-            if (cur is None or k > cur) and (after is None or done or k <= after):
-                out.append(job)
-        out.sort(key=key)
-        return out
-
-    def _is_cold(self, rec: Record) -> bool:
-        return bool(rec.get(_COLD)) and rec.get("state") in (WAITING, DELAYED)
-
-    def _sweep(self) -> None:
-        """Jobs paged in that have left memory since: tombstones until their commit, so a
-        read that lags cannot bring one back."""
-        jobs = self.store.jobs
-        for h in self.heads.values():
-            gone = [row for row, i in h.paged.items() if getattr(jobs.get(i), "key", None) != row]
-            for row in gone:
-                del h.paged[row]
-                if row not in self.pending:
-                    self.pending[row] = (self.epoch, None)
-
-
-def _row(rec: Record) -> str:
-    return str(rec.get("rowKey") or rec["id"])
-
 
 def _plain(value: Any) -> Any:
     """`value` as a stored record reads back: tuples are lists."""
@@ -685,9 +551,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value
-
-
-def _job_of(rec: Record) -> Job:
-    if _COLD in rec:
-        rec = {k: v for k, v in rec.items() if k != _COLD}
-    return Job.from_record(rec)
