@@ -324,3 +324,43 @@ def test_heads_stay_within_the_budget() -> None:
 def test_a_budget_needs_a_backlog() -> None:
     with pytest.raises(ValueError, match="cold backlog"):
         Engine(EngineConfig(head_jobs=4))
+
+
+def test_what_goes_cold_is_marked_for_the_storage() -> None:
+    """A push past a full head stores its put with `cold` 1; a head over the budget marks
+    its tail with an update; a lookup of a cold job that changes nothing writes nothing."""
+    pair = Pair(3, 2)
+    pair.run({"cmd": "PUSHB", "queue": "qa", "jobs": [{"data": i} for i in range(2)]})
+    fx = pair.cold.apply({"cmd": "PUSH", "queue": "qa", "data": 2}, pair.now)
+    assert fx.mutations == [("put", fx.mutations[0][1])] and fx.mutations[0][1]["cold"] == 1
+    pair.backlog.feed(fx.mutations)
+    pair.plain.apply({"cmd": "PUSH", "queue": "qa", "data": 2}, pair.now)
+    cold_id = fx.reply["id"]
+    # A push that sorts first enters the head; the head's last job leaves with an update.
+    fx = pair.cold.apply({"cmd": "PUSH", "queue": "qa", "data": 3, "priority": 9}, pair.now)
+    kinds = [(m[0], m[2] if m[0] == "upd" else m[1].get("cold")) for m in fx.mutations]
+    assert kinds == [("put", None), ("upd", {"cold": 1})], kinds
+    pair.backlog.feed(fx.mutations)
+    pair.plain.apply({"cmd": "PUSH", "queue": "qa", "data": 3, "priority": 9}, pair.now)
+    pair.commit()
+    assert cold_id not in pair.cold.jobs
+    fx = pair.cold.apply({"cmd": "GetJob", "id": cold_id}, pair.now)
+    assert fx.reply["job"]["data"] == 2 and fx.mutations == []
+    assert cold_id not in pair.cold.jobs  # read, unchanged: out of memory again
+    pair.run({"cmd": "ChangePriority", "id": cold_id, "priority": 20})
+    assert cold_id in pair.cold.jobs  # now first in line: in the head
+    assert pair.run({"cmd": "PULL", "queue": "qa", "timeout": 0})["job"]["id"] == cold_id
+
+
+def test_a_lagging_read_is_merged_with_what_was_sent_cold() -> None:
+    """Nothing is committed: every read of the backlog is empty, yet every job comes back,
+    in order, from what the engine keeps until told the commit holds it."""
+    pair = Pair(5, 2)
+    for i in range(30):
+        pair.run({"cmd": "PUSH", "queue": "qa", "data": i, "priority": i % 3})
+    assert pair.cold.head is not None and pair.cold.head.pending_count() == 28
+    while pair.run({"cmd": "PULLB", "queue": "qa", "count": 4, "timeout": 0})["jobs"]:
+        pass
+    assert pair.backlog.records == {}  # the reads never showed a job
+    pair.commit()
+    assert pair.cold.head.pending_count() == 0
