@@ -112,9 +112,10 @@ class Pager:
         for h in heads:
             gone = [row for row, i in h.paged.items() if getattr(jobs.get(i), "key", None) != row]
             for row in gone:
+                # Over a kept record too: a job brought in from one and then removed (a
+                # durable push forgotten when its commit failed) must not come back from it.
                 del h.paged[row]
-                if row not in self.pending:
-                    self.pending[row] = (self.epoch, None)
+                self.pending[row] = (self.epoch, None)
 
     # -- lookups by key ---------------------------------------------------------------------
 

@@ -364,3 +364,21 @@ def test_a_lagging_read_is_merged_with_what_was_sent_cold() -> None:
     assert pair.backlog.records == {}  # the reads never showed a job
     pair.commit()
     assert pair.cold.head.pending_count() == 0
+
+
+def test_a_forgotten_durable_push_stays_gone_when_it_was_cold() -> None:
+    """A durable push whose commit failed is forgotten even after it went cold: no page
+    brings it back from what the engine kept of it."""
+    backlog = ModelBacklog()
+    engine = Engine(EngineConfig(head_jobs=2), seed=9, backlog=backlog)
+    for i in range(3):
+        engine.apply({"cmd": "PUSH", "queue": "qa", "data": i}, 1_000)
+    fx = engine.apply({"cmd": "PUSH", "queue": "qa", "data": 3, "durable": True}, 1_000)
+    job_id = fx.reply["id"]
+    engine.store.hold([job_id])
+    assert job_id not in engine.jobs  # went cold, uncommitted
+    engine.store.forget([job_id], stored=False)
+    engine.apply({"cmd": "GetJob", "id": "nothing"}, 1_000)  # the end of a command
+    pulled = engine.apply({"cmd": "PULLB", "queue": "qa", "count": 10, "timeout": 0}, 1_000).reply
+    assert [job["data"] for job in pulled["jobs"]] == [0, 1, 2]
+    assert engine.apply({"cmd": "Count", "queue": "qa"}, 1_000).reply["count"] == 0
