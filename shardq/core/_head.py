@@ -89,6 +89,9 @@ class ColdHead:
         # Jobs of this command taken off their heap to go cold; queues whose heads changed.
         self.leaving: list[Job] = []
         self.touched: set[str] = set()
+        # Jobs that must stay in memory (`eligible`) and entered the queue's heap past its
+        # cursor: `settle` pages the cold jobs before them in, to keep the order.
+        self.ahead: list[Job] = []
         # Jobs brought in by a lookup, with their record: unchanged, they leave silently.
         self.looked_up: dict[str, Record] = {}
         # The delivery fencing of cold jobs that were delivered before (a retry, a move back):
@@ -201,9 +204,12 @@ class ColdHead:
         if state == WAITING:
             if h.waiting:
                 for job in jobs:
-                    if eligible(job) and (h.wcur is None or waiting_cursor(job) > h.wcur):
-                        job.hkey = None
-                        self.leaving.append(job)
+                    if h.wcur is None or waiting_cursor(job) > h.wcur:
+                        if eligible(job):
+                            job.hkey = None
+                            self.leaving.append(job)
+                        elif job.hkey is not None:  # on the queue's heap: no group
+                            self.ahead.append(job)
         elif h.delayed:
             for job in jobs:
                 if eligible(job) and (h.dcur is None or delayed_cursor(job) > h.dcur):
@@ -308,6 +314,8 @@ class ColdHead:
         for job in going:
             if jobs.get(job.id) is job:
                 puts = self._evict(out, job, puts)
+        if self.ahead:
+            self._page_up_to()
         for name in touched:
             q = self.store.queues.get(name)
             if q is None:
@@ -317,6 +325,19 @@ class ColdHead:
             h = self.heads.get(name)
             if h is not None:
                 self._refill(q, h)
+
+    def _page_up_to(self) -> None:
+        """Page in the cold jobs that sort before each job of `ahead` (see there)."""
+        ahead, self.ahead = self.ahead, []
+        for job in ahead:
+            q = self.store.queues.get(job.queue)
+            h = self.heads.get(job.queue)
+            if q is None or h is None or self.store.jobs.get(job.id) is not job:
+                continue
+            key = waiting_cursor(job)
+            while h.waiting and (h.wcur is None or key > h.wcur):
+                if not self._page_waiting(q, h, self.budget):
+                    break
 
     def _must_leave(self, job: Job) -> bool:
         if self.store.jobs.get(job.id) is not job or not eligible(job):
@@ -397,24 +418,33 @@ class ColdHead:
         """Drop the tail of a head above the budget: the last quarter leaves."""
         h = self.heads.get(q.name)
         hot = q.counts[WAITING] - (h.waiting if h else 0)
-        if hot > self.budget:
-            live = [k for k in q.ready if q._owns(k)]
-            keep = self.budget - self.budget // 4
-            if len(live) > keep:
-                live.sort()
+        # The ready heap holds ungrouped jobs only (and dead entries): under the budget, no
+        # scan. After one it holds its live entries only, so the next is as cheap.
+        if hot > self.budget and len(q.ready) > self.budget:
+            jobs = self.store.jobs
+            live = sorted(k for k in q.ready if q._owns(k))
+            # The cut falls after the last job that must stay in memory (a TTL, a flow):
+            # every job past the cursor is cold.
+            cut = self.budget - self.budget // 4
+            for i in range(len(live) - 1, cut - 1, -1):
+                if not eligible(jobs[live[i][-1]]):
+                    cut = i + 1
+                    break
+            tail = [jobs[k[-1]] for k in live[cut:]]
+            if tail:
                 h = h or self.head(q.name)
-                tail = [self.store.jobs[k[-1]] for k in live[keep:]]
-                tail = [job for job in tail if eligible(job)]
-                if tail:
-                    h.wcur = waiting_cursor(self.store.jobs[live[keep - 1][-1]])
-                    for job in tail:
-                        puts = self._evict(out, job, puts)
+                h.wcur = waiting_cursor(jobs[live[cut - 1][-1]])
+                for job in tail:
+                    puts = self._evict(out, job, puts)
+            q.ready = [k for k in live if q._owns(k)]  # sorted: a heap
         hot = q.counts[DELAYED] - (h.delayed if h else 0)
-        if hot > self.budget:
-            puts = self._trim_delayed(out, q, puts)
+        if hot > self.budget and hot > (h.dfloor if h else 0) + self.budget // 4:
+            puts = self._trim_delayed(out, q, puts, hot)
         return puts
 
-    def _trim_delayed(self, out: list[Mutation], q: QueueState, puts: Any) -> Any:
+    def _trim_delayed(self, out: list[Mutation], q: QueueState, puts: Any, hot: int) -> Any:
+        """As `_trim`, over the shard's delayed heap. A scan that finds nothing to send
+        (the queue's delayed jobs have groups or TTLs) raises the floor the next must pass."""
         jobs = self.store.jobs
         live = []
         for k in self.store.delayed:
@@ -426,8 +456,9 @@ class ColdHead:
             return puts
         live.sort()
         tail = [jobs[k[-1]] for k in live[keep:] if eligible(jobs[k[-1]])]
+        h = self.head(q.name)
+        h.dfloor = 0 if tail else hot
         if tail:
-            h = self.head(q.name)
             h.dcur = delayed_cursor(jobs[live[keep - 1][-1]])
             for job in tail:
                 puts = self._evict(out, job, puts)

@@ -64,7 +64,7 @@ def is_cold(rec: Record) -> bool:
 class QueueHead:
     """The cold part of one queue: how many of its jobs are cold, and the cursors."""
 
-    __slots__ = ("dcur", "delayed", "paged", "prioritized", "waiting", "wcur")
+    __slots__ = ("dcur", "delayed", "dfloor", "paged", "prioritized", "waiting", "wcur")
 
     def __init__(self) -> None:
         self.waiting = 0
@@ -73,6 +73,8 @@ class QueueHead:
         # Every cold job of the queue sorts after these; every job on a heap, at or before.
         self.wcur: Cursor | None = None
         self.dcur: Cursor | None = None
+        # Hot delayed jobs the last trim found none to send cold among (`ColdHead._trim`).
+        self.dfloor = 0
         # Jobs held in memory whose row still says cold (paged or looked up): if one leaves
         # memory, a stale read must not bring it back (`Pager.sweep`).
         self.paged: dict[str, str] = {}  # row key -> job id
