@@ -476,6 +476,9 @@ class ColdHead:
         for k in list(q.ready):
             job = jobs.get(k[-1])
             if job is not None and job.hkey is k:
+                if not eligible(job):
+                    self.ahead.append(job)  # stays; the cold jobs before it come in
+                    continue
                 job.hkey = None
                 self.leaving.append(job)  # `settle` puts back what sorts within the head
         for k in list(self.store.delayed):
