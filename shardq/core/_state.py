@@ -137,7 +137,10 @@ class JobStore:
         job = self.jobs.get(job_id)
         if job is not None:
             return job.state == COMPLETED
-        return job_id in self.dep_done
+        if job_id not in self.dep_done:
+            return False
+        # Under a head budget a later generation of a custom id may be cold.
+        return self.cold_lookup is None or self.find(job_id) is None
 
     # -- what the writer could not store yet ----------------------------------------------
 

@@ -238,6 +238,8 @@ def _random_script(pair: Pair, rnd: random.Random, steps: int) -> None:
                 cmd["groupId"] = rnd.choice(("g1", "g2"))
             if rnd.random() < 0.05:
                 cmd["ttl"] = rnd.choice((30, 10_000))  # stays in memory: cold ones page in
+            if rnd.random() < 0.05 and pair.ids:  # its dependency may be cold
+                cmd["dependsOn"] = [pair.ids[rnd.randrange(len(pair.ids))]]
             pair.step("push", cmd)
         elif k < 0.6:
             pair.step("pull", (rnd.choice(QUEUES), rnd.randint(1, 3)))
