@@ -59,6 +59,7 @@ from ._mutations import Mutation, Record
 from ._pager import COLD, MAX_LIMIT, Pager, QueueHead, eligible, is_cold, job_of, row_of
 from ._queue import QueueState
 from ._state import JobStore
+from ._tables import MIN_COMPACT
 
 __all__ = ["WIDE", "ColdHead"]
 
@@ -437,6 +438,11 @@ class ColdHead:
                 for job in tail:
                     puts = self._evict(out, job, puts)
             q.ready = [k for k in live if q._owns(k)]  # sorted: a heap
+        elif len(q.ready) > 2 * max(hot, self.budget) + MIN_COMPACT:
+            # Jobs sent cold leave dead entries (their push put them on the heap first); the
+            # queue compacts against its counts, which count them, so it is done here.
+            q.ready = [k for k in q.ready if q._owns(k)]
+            heapq.heapify(q.ready)
         hot = q.counts[DELAYED] - (h.delayed if h else 0)
         if hot > self.budget and hot > (h.dfloor if h else 0) + self.budget // 4:
             puts = self._trim_delayed(out, q, puts, hot)
