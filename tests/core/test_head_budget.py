@@ -311,6 +311,7 @@ def test_heads_stay_within_the_budget() -> None:
         pair.commit()
     q = pair.cold.queues["qa"]
     assert len(q.ids) <= 2 * 4, len(q.ids)
+    assert len(q.ready) <= 2 * 4 + 64, len(q.ready)  # no dead entries of cold pushes pile up
     assert pair.cold.head is not None
     assert pair.cold.head.cold_counts("qa") == (500 - 3, 100 - 3)  # the trim keeps 3 of 4
     counts = pair.run({"cmd": "GetJobCounts", "queue": "qa"})["counts"]
