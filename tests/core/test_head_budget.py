@@ -275,12 +275,12 @@ def test_a_restart_reads_its_heads_back(seed: int) -> None:
     rows = list(pair.backlog.records.values())
     hot = [r for r in rows if not (r.get("cold") and r["state"] in ("waiting", "delayed"))]
     pair.plain = Engine(EngineConfig(), seed=seed + 1)
-    pair.plain.restore([_strip(r) for r in rows], {}, pair.now)
+    pair.plain.restore(rows, {}, pair.now)  # a row's `cold` mark is no option of its job
     pair.backlog = ModelBacklog()
     pair.backlog.records = {str(r.get("rowKey") or r["id"]): r for r in rows}
     config = EngineConfig(head_jobs=2)
     pair.cold = Engine(config, seed=seed + 1, backlog=pair.backlog)
-    pair.backlog.feed(pair.cold.restore([_strip(r) for r in hot], {}, pair.now))
+    pair.backlog.feed(pair.cold.restore(hot, {}, pair.now))
     assert pair.cold.head is not None
     counts = {q: pair.backlog.cold_counts(q) for q in QUEUES}
     max_seq = max((int(r["seq"]) for r in rows), default=0)
@@ -291,10 +291,6 @@ def test_a_restart_reads_its_heads_back(seed: int) -> None:
         pair.step(kind, arg)
     _random_script(pair, random.Random(seed + 1), 30)
     pair.finish()
-
-
-def _strip(rec: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in rec.items() if k != "cold"}
 
 
 def _active(engine: Engine, job_id: str) -> bool:
@@ -387,3 +383,13 @@ def test_a_forgotten_durable_push_stays_gone_when_it_was_cold() -> None:
     pulled = engine.apply({"cmd": "PULLB", "queue": "qa", "count": 10, "timeout": 0}, 1_000).reply
     assert [job["data"] for job in pulled["jobs"]] == [0, 1, 2]
     assert engine.apply({"cmd": "Count", "queue": "qa"}, 1_000).reply["count"] == 0
+
+
+def test_the_cold_mark_is_no_option_of_a_restored_job() -> None:
+    """A row paged in and then pulled keeps `cold` 1; restored, its job shows no such field."""
+    engine = Engine(seed=2)
+    rec = Engine(seed=2).apply({"cmd": "PUSH", "queue": "qa", "data": 1}, 1_000).mutations[0][1]
+    engine.restore([{**rec, "cold": 1}], {}, 1_000)
+    job = engine.apply({"cmd": "PULL", "queue": "qa", "timeout": 0}, 1_000).reply["job"]
+    assert job["id"] == rec["id"] and "cold" not in job
+    assert "cold" not in engine.jobs[rec["id"]].to_record()
