@@ -172,6 +172,15 @@ class Pair:
             elif op == "MoveToDelayed":
                 cmd["delay"] = value * 40
             self.run(cmd)
+        elif kind == "flow":  # a parent and two children: they stay in memory
+            n, parent_q, child_q = arg
+            kids = [f"f{n}c{i}" for i in range(2)]
+            nodes = [{"id": f"f{n}", "queue": parent_q, "input": {"data": n, "childrenIds": kids}}]
+            nodes += [
+                {"id": kid, "queue": child_q, "input": {"data": kid, "parentId": f"f{n}"}}
+                for kid in kids
+            ]
+            self.run({"cmd": "PUSHF", "jobs": nodes})
         elif kind == "time":
             self.tick(arg)
         elif kind == "commit":
@@ -241,6 +250,8 @@ def _random_script(pair: Pair, rnd: random.Random, steps: int) -> None:
             if rnd.random() < 0.05 and pair.ids:  # its dependency may be cold
                 cmd["dependsOn"] = [pair.ids[rnd.randrange(len(pair.ids))]]
             pair.step("push", cmd)
+        elif k < 0.43:
+            pair.step("flow", (i, rnd.choice(QUEUES), rnd.choice(QUEUES)))
         elif k < 0.6:
             pair.step("pull", (rnd.choice(QUEUES), rnd.randint(1, 3)))
         elif k < 0.7:
