@@ -53,6 +53,7 @@ from typing import Any, Final
 
 from ._cold import ColdBacklog, ColdCounts, delayed_cursor, waiting_cursor
 from ._effects import Effects
+from ._groups import group_of
 from ._job import Job
 from ._lifecycle import DELAYED, TERMINAL_STATES, WAITING
 from ._mutations import Mutation, Record
@@ -125,14 +126,16 @@ class ColdHead:
                 continue
             q = store.queue(name)
             h = self.head(name)
-            h.waiting += cold.waiting
+            # The storage's waiting total counts grouped jobs too; none goes cold yet.
+            grouped = sum(cold.group_waiting.values())
+            h.waiting += cold.waiting - grouped
             h.delayed += cold.delayed
             # Cold waiting jobs with a priority: GetJobCounts reports them apart. A storage
             # whose counts lack it leaves them counted as plain waiting until paged in.
             prioritized = int(getattr(cold, "prioritized", 0) or 0)
             h.prioritized += prioritized
             q.prioritized += prioritized
-            q.counts[WAITING] += cold.waiting
+            q.counts[WAITING] += cold.waiting - grouped
             q.counts[DELAYED] += cold.delayed
             self._page_waiting(q, h, self.budget)
             self._page_delayed(q, h, self.budget)
@@ -209,8 +212,8 @@ class ColdHead:
                         if eligible(job):
                             job.hkey = None
                             self.leaving.append(job)
-                        elif job.hkey is not None:  # on the queue's heap: no group
-                            self.ahead.append(job)
+                        elif job.hkey is not None and group_of(job) is None:
+                            self.ahead.append(job)  # grouped ones go after the queue's own
         elif h.delayed:
             for job in jobs:
                 if eligible(job) and (h.dcur is None or delayed_cursor(job) > h.dcur):
