@@ -287,13 +287,21 @@ class ColdHead:
     def widen(self, name: str | None) -> None:
         """Before a queue-wide command on queue `name` (every queue when None)."""
         names = list(self.heads) if name is None else [name] if name in self.heads else []
+        jobs = self.store.jobs
         for qname in names:
             q = self.store.queues.get(qname)
             h = self.heads[qname]
-            while q is not None and h.waiting and self._page_waiting(q, h, MAX_LIMIT):
+            if q is None or not (h.waiting or h.delayed or h.paged):
+                continue
+            while h.waiting and self._page_waiting(q, h, MAX_LIMIT):
                 pass
-            while q is not None and h.delayed and self._page_delayed(q, h, MAX_LIMIT):
+            while h.delayed and self._page_delayed(q, h, MAX_LIMIT):
                 pass
+            # Such a command walks the queue's jobs in admission order, as an engine
+            # without a budget holds them; paged jobs joined the index out of it.
+            ordered = sorted(q.ids, key=lambda i: jobs[i].seq)
+            q.ids.clear()
+            q.ids.update(dict.fromkeys(ordered))
 
     # -- the end of each command -----------------------------------------------------------
 

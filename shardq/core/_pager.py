@@ -123,19 +123,17 @@ class Pager:
 
     def record(self, job_id: str, queues: Sequence[str]) -> Record | None:
         """The cold record of job `job_id`: by row key, or as a custom id of one of
-        `queues`; None if no cold job has that id."""
-        for row in (job_id, *(f"{job_id}{ROW_KEY_SEP}{name}" for name in queues)):
-            if row in self.pending:
-                rec = self.pending[row][1]
-                if rec is not None and is_cold(rec) and rec["id"] == job_id:
-                    return rec
-                if row == job_id:
-                    return None
-        rec = self.backlog.get_job(job_id)
-        if rec is not None and is_cold(rec):
-            return rec
-        for name in queues:
-            rec = self.backlog.get_by_custom_id(name, job_id)
+        `queues`; None if no cold job has that id. A kept record or tombstone of a row
+        answers for it: the stored one may be stale."""
+        pending = self.pending
+        rows = [(job_id, None), *((f"{job_id}{ROW_KEY_SEP}{name}", name) for name in queues)]
+        for row, queue in rows:
+            if row in pending:
+                rec = pending[row][1]
+            elif queue is None:
+                rec = self.backlog.get_job(job_id)
+            else:
+                rec = self.backlog.get_by_custom_id(queue, job_id)
             if rec is not None and rec["id"] == job_id and is_cold(rec):
                 return rec
         return None

@@ -28,6 +28,13 @@ from shardq.core import Engine, EngineConfig
 EXAMPLES = int(os.environ.get("SHARDQ_ADVERSARIAL_HEAD_EXAMPLES", "60"))
 SEEDS = int(os.environ.get("SHARDQ_ADVERSARIAL_HEAD_SEEDS", "12"))
 GROUPED = 0.15  # the share of random pushes with a groupId
+WIDE: dict[str, dict[str, Any]] = {
+    "GetJobs": {"state": ["waiting", "delayed", "prioritized"], "limit": 5, "offset": 1},
+    "GetCountsPerPriority": {},
+    "PromoteJobs": {"count": 2},
+    "Clean": {"state": "waiting", "grace": 0, "limit": 2},
+    "Drain": {},
+}
 QUEUES = ("qa", "qb")
 CUSTOM = ("c1", "c2", "c3")
 UNIQUE = ("u1", "u2")
@@ -181,6 +188,10 @@ class Pair:
                 for kid in kids
             ]
             self.run({"cmd": "PUSHF", "jobs": nodes})
+        elif kind == "wide":  # they page the queue's whole cold backlog in first
+            name, queue = arg
+            wide = {"cmd": name, "queue": queue, **WIDE[name]}
+            self.run(wide)
         elif kind == "time":
             self.tick(arg)
         elif kind == "commit":
@@ -259,8 +270,10 @@ def _random_script(pair: Pair, rnd: random.Random, steps: int) -> None:
         elif k < 0.8:
             op = rnd.choice(("GetJob", "Promote", "ChangePriority", "MoveToDelayed"))
             pair.step("job", (op, rnd.randint(0, 100), rnd.choice((0, 2, 7))))
-        elif k < 0.9:
+        elif k < 0.88:
             pair.step("time", rnd.choice((1, 25, 100)))
+        elif k < 0.9:
+            pair.step("wide", (rnd.choice(sorted(WIDE)), rnd.choice(QUEUES)))
         else:
             pair.step("commit", None)
         pair.check()
