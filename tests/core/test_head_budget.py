@@ -8,7 +8,8 @@ the end every job reads the same and both queues drain in the same order. The bu
 engine's backlog is `ModelBacklog` over its own mutation stream, committed at random moments
 so that its reads lag the engine's writes; after each step the head's own invariants are
 checked against what storage will hold. The same comparison runs on seeded random scripts
-and across a restart. `SHARDQ_ADVERSARIAL_HEAD_EXAMPLES` (default 60) and
+(which add groups, TTLs, dependencies, flows and queue-wide commands, whose jobs stay in
+memory or page the backlog in) and across a restart. `SHARDQ_ADVERSARIAL_HEAD_EXAMPLES` (default 60) and
 `SHARDQ_ADVERSARIAL_HEAD_SEEDS` (default 12) run longer forms.
 """
 
