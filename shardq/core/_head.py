@@ -1,10 +1,9 @@
 """The head budget: each queue keeps its head in memory, the cold rest in the backlog.
 
-With `EngineConfig.head_jobs` above 0 and a `ColdBacklog` (`_cold.py`), `ColdHead` keeps at
-most about `head_jobs` waiting and `head_jobs` delayed jobs of each queue in memory; the
-others are cold, stored only. With `head_jobs` 0 (the default) nothing here exists, and no
-command pays for it: the engine installs the head by replacing a few bound methods of its
-parts on the instance (`install`), never by a test on the hot path.
+With `EngineConfig.head_jobs` above 0 and a `ColdBacklog` (`_cold.py`), `ColdHead` keeps about
+`head_jobs` waiting and `head_jobs` delayed jobs of each queue in memory; the others are cold,
+stored only. With 0 (the default) nothing here exists: the engine installs the head by
+replacing bound methods on the instances (`install`), never by a test on the hot path.
 
 What is kept in memory, per queue (`QueueHead`):
 - `wcur`: every cold ungrouped waiting job sorts after it (`waiting_cursor`); every job on
@@ -17,15 +16,14 @@ What is kept in memory, per queue (`QueueHead`):
   drops its tail (the last quarter) the same way, and the cursor moves back to the last job
   it keeps. A head below half the budget pages the next jobs in (`page_waiting`,
   `page_delayed`), and a pull that empties the heap pages in before it answers.
-- Lookups of a job the engine does not hold (`find`: GetJob, custom ids, the uniqueKey
-  owner, Promote, ChangePriority, MoveToDelayed, ACK of an unknown id ...) read the backlog
-  and bring the job in; unchanged at the end of the command, it leaves memory again without
-  a write, changed, it is placed like any job.
-- Queue-wide commands (`WIDE`: GetJobs, Drain, Clean, ...) page the whole cold backlog of
-  the queue in first, then run as without a budget (their memory is not bounded yet).
+- Lookups of a job the engine does not hold (`find`: GetJob, custom ids, uniqueKey owners,
+  Promote, ChangePriority, ACK ...) bring it in from the backlog; unchanged at the end of the
+  command, it leaves again without a write. Queue-wide commands (`WIDE`) page the queue's
+  whole cold backlog in first (their memory is not bounded yet).
 
 Only plain jobs go cold: a job with a group, a TTL, dependencies or a flow stays in memory
-(`eligible`). Grouped heads (`page_group`) are not paged yet.
+(`eligible`; one past the cursor pages the cold jobs before it in, `ahead`). Grouped heads
+(`page_group`) are not paged yet.
 
 Reads lag writes. A cold put reaches storage at the writer's next commit, so a page may miss
 the newest cold jobs or show a job as it was. The reads go through `Pager` (`_pager.py`),
@@ -57,7 +55,17 @@ from ._groups import group_of
 from ._job import Job
 from ._lifecycle import DELAYED, TERMINAL_STATES, WAITING
 from ._mutations import Mutation, Record
-from ._pager import COLD, MAX_LIMIT, Pager, QueueHead, eligible, is_cold, job_of, row_of
+from ._pager import (
+    COLD,
+    MAX_LIMIT,
+    Pager,
+    QueueHead,
+    as_stored,
+    eligible,
+    is_cold,
+    job_of,
+    row_of,
+)
 from ._queue import QueueState
 from ._state import JobStore
 from ._tables import MIN_COMPACT
@@ -383,7 +391,7 @@ class ColdHead:
         if not self._must_leave(job):
             return False
         old = {k: v for k, v in rec.items() if k != COLD}
-        return bool(_plain(job.to_record()) == _plain(old))
+        return bool(as_stored(job.to_record()) == as_stored(old))
 
     def _evict(
         self, out: list[Mutation], job: Job, puts: dict[str, Record] | None
@@ -593,12 +601,3 @@ class ColdHead:
         self.store.jobs[job.id] = job
         q.ids[job.id] = None
         h.paged[job.key] = job.id
-
-
-def _plain(value: Any) -> Any:
-    """`value` as a stored record reads back: tuples are lists."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value

@@ -12,7 +12,7 @@ writer holds uncommitted (the writer's own batch bound), which is what it mirror
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Any, Final
 
 from ._cold import ColdBacklog, Cursor, delayed_cursor, waiting_cursor
 from ._job import Job
@@ -25,6 +25,7 @@ __all__ = [
     "MAX_LIMIT",
     "Pager",
     "QueueHead",
+    "as_stored",
     "eligible",
     "is_cold",
     "job_of",
@@ -55,6 +56,15 @@ def job_of(rec: Record) -> Job:
     if COLD in rec:
         rec = {k: v for k, v in rec.items() if k != COLD}
     return Job.from_record(rec)
+
+
+def as_stored(value: Any) -> Any:
+    """`value` as a stored record reads back: tuples are lists."""
+    if isinstance(value, dict):
+        return {k: as_stored(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_stored(v) for v in value]
+    return value
 
 
 def is_cold(rec: Record) -> bool:
