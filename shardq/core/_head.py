@@ -25,11 +25,9 @@ Only plain jobs go cold: a job with a group, a TTL, dependencies or a flow stays
 (`eligible`; one past the cursor pages the cold jobs before it in, `ahead`). Grouped heads
 (`page_group`) are not paged yet.
 
-Reads lag writes. A cold put reaches storage at the writer's next commit, so a page may miss
-the newest cold jobs or show a job as it was. The reads go through `Pager` (`_pager.py`),
-which keeps what the engine sent cold, and what left memory after being paged in (a
-tombstone), until told the commit holds it, and merges that with every read: kept records
-win over stored ones, tombstones hide them. The runtime must call, in this order:
+Reads lag writes (a cold put is stored at the writer's next commit): the reads go through
+`Pager` (`_pager.py`), which merges what the engine sent cold since, and tombstones of jobs
+that left memory after a page-in, until told the commit holds them. The runtime calls:
 
     mark = engine.head.mark()          # when it hands the mutations so far to the writer
     ...                                # the writer commits that batch
