@@ -9,8 +9,8 @@ engine's backlog is `ModelBacklog` over its own mutation stream, committed at ra
 so that its reads lag the engine's writes; after each step the head's own invariants are
 checked against what storage will hold. The same comparison runs on seeded random scripts
 (which add groups, TTLs, dependencies, flows and queue-wide commands, whose jobs stay in
-memory or page the backlog in) and across a restart. `SHARDQ_ADVERSARIAL_HEAD_EXAMPLES` (default 60) and
-`SHARDQ_ADVERSARIAL_HEAD_SEEDS` (default 12) run longer forms.
+memory or page the backlog in) and across a restart. `SHARDQ_ADVERSARIAL_HEAD_EXAMPLES`
+(default 60) and `SHARDQ_ADVERSARIAL_HEAD_SEEDS` (default 12) run longer forms.
 """
 
 from __future__ import annotations
@@ -239,6 +239,25 @@ def test_budget_changes_no_reply(
     pair.finish()
 
 
+def _random_push(pair: Pair, rnd: random.Random, i: int) -> dict[str, Any]:
+    cmd: dict[str, Any] = {"cmd": "PUSH", "queue": rnd.choice(QUEUES), "data": i}
+    cmd["priority"] = rnd.choice((0, 0, 3))
+    cmd["delay"] = rnd.choice((0, 0, 50))
+    if rnd.random() < 0.2:
+        cmd["lifo"] = True
+    if rnd.random() < 0.1:
+        cmd["jobId"] = rnd.choice(CUSTOM[:2])
+    if rnd.random() < 0.1:
+        cmd["uniqueKey"] = rnd.choice(UNIQUE)
+    if rnd.random() < GROUPED:
+        cmd["groupId"] = rnd.choice(("g1", "g2"))
+    if rnd.random() < 0.05:
+        cmd["ttl"] = rnd.choice((30, 10_000))  # stays in memory: cold ones page in
+    if rnd.random() < 0.05 and pair.ids:  # its dependency may be cold
+        cmd["dependsOn"] = [pair.ids[rnd.randrange(len(pair.ids))]]
+    return cmd
+
+
 def _random_script(pair: Pair, rnd: random.Random, steps: int) -> None:
     """Commands drawn with the weights that found this module's bugs: many pushes with
     every option, pulls, acks and fails, job commands on any job ever seen, clock jumps, and
@@ -246,22 +265,7 @@ def _random_script(pair: Pair, rnd: random.Random, steps: int) -> None:
     for i in range(steps):
         k = rnd.random()
         if k < 0.4:
-            cmd: dict[str, Any] = {"cmd": "PUSH", "queue": rnd.choice(QUEUES), "data": i}
-            cmd["priority"] = rnd.choice((0, 0, 3))
-            cmd["delay"] = rnd.choice((0, 0, 50))
-            if rnd.random() < 0.2:
-                cmd["lifo"] = True
-            if rnd.random() < 0.1:
-                cmd["jobId"] = rnd.choice(CUSTOM[:2])
-            if rnd.random() < 0.1:
-                cmd["uniqueKey"] = rnd.choice(UNIQUE)
-            if rnd.random() < GROUPED:
-                cmd["groupId"] = rnd.choice(("g1", "g2"))
-            if rnd.random() < 0.05:
-                cmd["ttl"] = rnd.choice((30, 10_000))  # stays in memory: cold ones page in
-            if rnd.random() < 0.05 and pair.ids:  # its dependency may be cold
-                cmd["dependsOn"] = [pair.ids[rnd.randrange(len(pair.ids))]]
-            pair.step("push", cmd)
+            pair.step("push", _random_push(pair, rnd, i))
         elif k < 0.43:
             pair.step("flow", (i, rnd.choice(QUEUES), rnd.choice(QUEUES)))
         elif k < 0.6:
