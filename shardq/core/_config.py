@@ -57,6 +57,14 @@ class EngineConfig:
     # Minutes of per-queue pushed/completed/failed counts and wait/run time buckets kept for
     # the dashboard's charts (GetJobCounts `history`); at most ~42 KB per busy queue an hour.
     max_history_minutes: int = 60
+    # -- the head budget (issue 22, `_head.py`)
+    # Waiting jobs, and delayed jobs, each queue keeps in memory; the rest stay in the cold
+    # backlog (storage) and are paged in as the head runs low. A count of jobs, not bytes:
+    # the engine holds jobs as objects and knows no job's size, while the runtime does
+    # (it derives this from shard_memory_mb). 0: every job in memory (no backlog needed).
+    head_jobs: int = 0
+    # About how many stored bytes one page-in reads at most (the storage's page bound).
+    head_page_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
@@ -67,4 +75,4 @@ class EngineConfig:
                 raise ValueError(f"engine config {name} must be {kind} integer, got {value!r}")
 
 
-_ZERO_MEANS_OFF = frozenset({"completed_retention_ms"})
+_ZERO_MEANS_OFF = frozenset({"completed_retention_ms", "head_jobs"})

@@ -48,6 +48,7 @@ from shardq.errors import CommandError
 from shardq.protocol._schema import REGISTRY, Checker, Command
 
 from ._admin import QueueAdmin
+from ._cold import ColdBacklog
 from ._config import EngineConfig
 from ._consume import Consumer
 from ._control import JobControl
@@ -56,6 +57,7 @@ from ._dlq import DeadLetters
 from ._effects import Effects, Event, Outcome
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, Flows
 from ._group_ops import GROUP_COMMANDS, JobGroups
+from ._head import WIDE, ColdHead
 from ._introspect import Introspection
 from ._limits import QueueLimiter
 from ._mutations import Mutation, Record
@@ -225,6 +227,7 @@ class Engine:
         *,
         seed: int | None = None,
         compact_pulls: bool = False,
+        backlog: ColdBacklog | None = None,
     ) -> None:
         store = self.store = JobStore(config, seed=seed)
         self.config = store.config
@@ -251,6 +254,47 @@ class Engine:
         self.cron = CronScheduler(store, self.produce)
         self.webhooks = WebhookRegistry(store.ids)
         self.registry = self._registry()
+        self.head: ColdHead | None = None
+        if self.config.head_jobs:
+            if backlog is None:
+                raise ValueError("engine config head_jobs needs a cold backlog to page from")
+            self._install_head(ColdHead(store, backlog))
+
+    def _install_head(self, head: ColdHead) -> None:
+        """Under a head budget (`_head.py`): the head's hooks replace a few bound methods
+        on the instances, so an engine without a budget runs exactly the code it had."""
+        self.head = head
+        head.install(self.consume)
+        store = self.store
+        self.find = store.find
+        store.cold_lookup = head.look_up
+        store.cold_owner = head.owner_of
+        self.apply = self._apply_head  # type: ignore[method-assign]
+        self.tick = self._tick_head  # type: ignore[method-assign]
+        self.release = self._release_head  # type: ignore[method-assign]
+
+    def _apply_head(self, command: Mapping[str, Any], now: int, conn: str | None = None) -> Outcome:
+        head = self.head
+        assert head is not None
+        name = command.get("cmd")
+        if name in WIDE:
+            queue = command.get("queue")
+            head.widen(queue if isinstance(queue, str) else None)
+        fx = Engine.apply(self, command, now, conn)
+        head.settle(fx.mutations, int(now))
+        return fx
+
+    def _tick_head(self, now: int) -> tuple[list[Event], list[Mutation]]:
+        assert self.head is not None
+        events, mutations = Engine.tick(self, now)
+        self.head.settle(mutations, int(now))
+        return events, mutations
+
+    def _release_head(self, conn: str, now: int) -> tuple[int, list[Mutation], list[Event]]:
+        assert self.head is not None
+        released, mutations, events = Engine.release(self, conn, now)
+        self.head.settle(mutations, int(now))
+        return released, mutations, events
 
     def _registry(self) -> dict[str, Route]:
         """Each command's `Route`, built once: `apply` then does one lookup per command, and

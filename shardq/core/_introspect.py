@@ -97,7 +97,7 @@ class Introspection:
         if owner is None:
             return {"ok": True, "data": {"count": 0}}
         del self.unique[key]
-        job = self.jobs.get(owner)
+        job = self.store.find(owner)
         if job is not None:
             self._forget_key(fx, job)
         return {"ok": True, "data": {"count": 1}}

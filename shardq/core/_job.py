@@ -107,7 +107,9 @@ _ENGINE: Final = (
 # The options of a job that has none: one shared, read-only empty map instead of an empty dict
 # per job (the engine keeps up to 50,000 completed jobs, and the GC visits what they hold).
 NO_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({})
-_NOT_OPTIONS: Final = frozenset((*_HOT, *_ENGINE, "returnvalue", "hasResult", "rowKey"))
+# "cold": the storage's mark of a job stored outside the engine's memory (`_head.py`); a job
+# paged in and then pulled keeps it in its row, and a restart reads that row back.
+_NOT_OPTIONS: Final = frozenset((*_HOT, *_ENGINE, "returnvalue", "hasResult", "rowKey", "cold"))
 # Every key of a wire map, resp. of a record, of a job without options, in order: copying one
 # and filling it in is cheaper than building the map key by key.
 _WIRE_TEMPLATE: Final[dict[str, Any]] = {**_WIRE_DEFAULTS, **dict.fromkeys(_HOT)}

@@ -172,7 +172,9 @@ class Producer:
     def _check_deps(self, deps: object, batch_ids: set[str]) -> None:
         for dep in deps or ():  # type: ignore[attr-defined]
             key = str(dep)
-            if key not in batch_ids and key not in self.jobs and key not in self.store.dep_done:
+            if key in batch_ids or key in self.jobs or key in self.store.dep_done:
+                continue
+            if self.store.cold_lookup is None or self.store.find(key) is None:
                 raise CommandError(f"Dependency job not found: {key}")
 
     # -- admission -------------------------------------------------------------------------
@@ -193,6 +195,8 @@ class Producer:
         """Admit one validated job, or return the id of the live job it duplicates."""
         if custom is not None:
             existing = self.jobs.get(custom)
+            if existing is None and self.store.cold_lookup is not None:
+                existing = self.store.cold_lookup(custom, None)  # ids are shard-wide
             if existing is not None:
                 if existing.state not in TERMINAL_STATES:
                     return existing.id
@@ -237,12 +241,25 @@ class Producer:
         unique = self.store.unique
         owner_id = unique.get((queue, key))
         owner = self.jobs.get(owner_id) if owner_id is not None else None
+        if owner is None and self.store.cold_lookup is not None:
+            owner = self._cold_owner(queue, key, owner_id)
         if owner is None:
             unique.pop((queue, key), None)
             return None
         if owner.dedup_until is not None and owner.dedup_until <= now:
             del unique[(queue, key)]
             return None
+        return owner
+
+    def _cold_owner(self, queue: str, key: str, owner_id: str | None) -> Job | None:
+        """Under a head budget: the claim's owner may be cold, or (after a start) the claim
+        itself is not in memory while its cold owner is."""
+        store = self.store
+        if owner_id is not None:
+            return store.cold_lookup(owner_id, queue) if store.cold_lookup else None
+        owner = store.cold_owner(queue, key) if store.cold_owner else None
+        if owner is not None:
+            store.unique[(queue, key)] = owner.id
         return owner
 
     def _dedup(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeAlias
 
 from shardq.errors import CommandError
@@ -103,6 +103,10 @@ class JobStore:
         self.finalized: OrderedDict[str, str] = OrderedDict()
         # Jobs of durable pushes whose commit is not confirmed yet: never delivered (`hold`).
         self.held: set[str] = set()
+        # Under a head budget (`_head.py`): bring a cold job in by id (and queue, for a
+        # custom id), or the cold owner of a uniqueKey; None without a budget.
+        self.cold_lookup: Callable[[str, str | None], Job | None] | None = None
+        self.cold_owner: Callable[[str, str], Job | None] | None = None
 
     def queue(self, name: str) -> QueueState:
         q = self.queues.get(name)
@@ -133,7 +137,10 @@ class JobStore:
         job = self.jobs.get(job_id)
         if job is not None:
             return job.state == COMPLETED
-        return job_id in self.dep_done
+        if job_id not in self.dep_done:
+            return False
+        # Under a head budget a later generation of a custom id may be cold.
+        return self.cold_lookup is None or self.find(job_id) is None
 
     # -- what the writer could not store yet ----------------------------------------------
 

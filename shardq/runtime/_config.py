@@ -372,9 +372,14 @@ def _parse(key: str, raw: object, source: str) -> Any:
 
 def _parse_engine(name: str, raw: object, source: str) -> int:
     try:
-        # completed_retention_ms (recovery, issue 10): 0 turns the age limit off.
-        low = 0 if name == "completed_retention_ms" else 1
-        return _ranged(low, ms=name.endswith("_ms"))(raw)
+        # completed_retention_ms (recovery, issue 10): 0 turns the age limit off;
+        # head_jobs (issue 22): 0 keeps every job in memory.
+        low = 0 if name in ("completed_retention_ms", "head_jobs") else 1
+        value = _ranged(low, ms=name.endswith("_ms"))(raw)
+        if name == "head_jobs" and value:
+            # The engine pages from a cold backlog the shard does not hand it yet.
+            raise ValueError("a head budget is not served yet: only 0 (every job in memory)")
+        return value
     except ValueError as e:
         raise ConfigError(f"engine.{name} ({source}): {e}") from None
 

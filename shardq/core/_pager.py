@@ -1,0 +1,213 @@
+"""The head budget's reads of the cold backlog, merged with what the reads do not show yet.
+
+`ColdHead` (`_head.py`) decides what stays in memory; `Pager` reads the rest back. A storage's
+reads lag the engine's writes (a cold put is stored at the writer's next commit), so the pager
+keeps, by row key, every record the engine sent cold and a tombstone for every job paged in
+that has left memory since (`sweep`), each stamped with the mark current when it was made.
+Every read merges them in: a kept record wins over the stored one, a tombstone hides it.
+`committed(mark)` drops what a commit now shows. What it keeps is bounded by the mutations the
+writer holds uncommitted (the writer's own batch bound), which is what it mirrors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from ._cold import ColdBacklog, Cursor, delayed_cursor, waiting_cursor
+from ._job import Job
+from ._lifecycle import DELAYED, WAITING
+from ._mutations import ROW_KEY_SEP, Record
+
+__all__ = [
+    "COLD",
+    "HOT_ONLY",
+    "MAX_LIMIT",
+    "Pager",
+    "QueueHead",
+    "as_stored",
+    "eligible",
+    "is_cold",
+    "job_of",
+    "row_of",
+]
+
+COLD: Final = "cold"
+"""The record field that marks a job stored cold (1) for the storage."""
+MAX_LIMIT: Final = 100_000
+"""The most records one page may ask for (the storage's bound)."""
+HOT_ONLY: Final = ("groupId", "ttl", "dependsOn", "childrenIds", "parentId", "flowPending")
+"""Options that keep a job in memory: its group, TTL or flow needs it there."""
+
+
+def eligible(job: Job) -> bool:
+    """True if `job` may live in the backlog only (see `HOT_ONLY`)."""
+    opts = job.opts
+    return not opts or not any(opts.get(name) for name in HOT_ONLY)
+
+
+def row_of(rec: Record) -> str:
+    """A record's row key: its id, or for a custom id the id joined to its queue."""
+    return str(rec.get("rowKey") or rec["id"])
+
+
+def job_of(rec: Record) -> Job:
+    """The job a cold record stores (the storage's `cold` field is no option of it)."""
+    if COLD in rec:
+        rec = {k: v for k, v in rec.items() if k != COLD}
+    return Job.from_record(rec)
+
+
+def as_stored(value: Any) -> Any:
+    """`value` as a stored record reads back: tuples are lists."""
+    if isinstance(value, dict):
+        return {k: as_stored(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_stored(v) for v in value]
+    return value
+
+
+def is_cold(rec: Record) -> bool:
+    return bool(rec.get(COLD)) and rec.get("state") in (WAITING, DELAYED)
+
+
+class QueueHead:
+    """The cold part of one queue: how many of its jobs are cold, and the cursors."""
+
+    __slots__ = ("dcur", "delayed", "dfloor", "paged", "prioritized", "waiting", "wcur")
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.delayed = 0
+        self.prioritized = 0  # cold waiting jobs with a priority (GetJobCounts splits them)
+        # Every cold job of the queue sorts after these; every job on a heap, at or before.
+        self.wcur: Cursor | None = None
+        self.dcur: Cursor | None = None
+        # Hot delayed jobs the last trim found none to send cold among (`ColdHead._trim`).
+        self.dfloor = 0
+        # Jobs held in memory whose row still says cold (paged or looked up): if one leaves
+        # memory, a stale read must not bring it back (`Pager.sweep`).
+        self.paged: dict[str, str] = {}  # row key -> job id
+
+
+class Pager:
+    """The reads of one engine's cold backlog (see the module docstring)."""
+
+    def __init__(self, backlog: ColdBacklog, jobs: dict[str, Job], page_bytes: int) -> None:
+        self.backlog = backlog
+        self.jobs = jobs
+        self.page_bytes = page_bytes
+        # Row key -> (mark, record, or None for a tombstone).
+        self.pending: dict[str, tuple[int, Record | None]] = {}
+        self.epoch = 0
+
+    def mark(self) -> int:
+        """Name the mutations emitted so far; pass it to `committed` once they are stored."""
+        self.epoch += 1
+        return self.epoch - 1
+
+    def committed(self, mark: int) -> None:
+        """The mutations up to `mark` are committed: reads show them from now on."""
+        if self.pending:
+            for row in [r for r, (m, _) in self.pending.items() if m <= mark]:
+                del self.pending[row]
+
+    def keep(self, rec: Record) -> None:
+        """A record the engine just sent cold."""
+        self.pending[row_of(rec)] = (self.epoch, rec)
+
+    def sweep(self, heads: Iterable[QueueHead]) -> None:
+        """Jobs paged in that have left memory since: tombstones until their commit, so a
+        read that lags cannot bring one back. Runs before every read: it costs one test per
+        job paged in that the engine still holds."""
+        jobs = self.jobs
+        for h in heads:
+            gone = [row for row, i in h.paged.items() if getattr(jobs.get(i), "key", None) != row]
+            for row in gone:
+                # Over a kept record too: a job brought in from one and then removed (a
+                # durable push forgotten when its commit failed) must not come back from it.
+                del h.paged[row]
+                self.pending[row] = (self.epoch, None)
+
+    # -- lookups by key ---------------------------------------------------------------------
+
+    def record(self, job_id: str, queues: Sequence[str]) -> Record | None:
+        """The cold record of job `job_id`: by row key, or as a custom id of one of
+        `queues`; None if no cold job has that id. A kept record or tombstone of a row
+        answers for it: the stored one may be stale."""
+        pending = self.pending
+        rows = [(job_id, None), *((f"{job_id}{ROW_KEY_SEP}{name}", name) for name in queues)]
+        for row, queue in rows:
+            if row in pending:
+                rec = pending[row][1]
+            elif queue is None:
+                rec = self.backlog.get_job(job_id)
+            else:
+                rec = self.backlog.get_by_custom_id(queue, job_id)
+            if rec is not None and rec["id"] == job_id and is_cold(rec):
+                return rec
+        return None
+
+    def unique(self, queue: str, key: str) -> list[Record]:
+        """The stored and kept records of `queue` with uniqueKey `key`."""
+        pending = self.pending
+        found = [r for r in self.backlog.find_unique(queue, key) if row_of(r) not in pending]
+        for _, rec in pending.values():
+            if rec is not None and rec.get("queue") == queue and rec.get("uniqueKey") == key:
+                found.append(rec)
+        return found
+
+    # -- pages ------------------------------------------------------------------------------
+
+    def page(
+        self, queue: str, state: str, cur: Cursor | None, limit: int
+    ) -> tuple[list[Job], Cursor | None, bool]:
+        """The next cold jobs of `queue` in `state` (waiting ungrouped, or delayed) after
+        `cur`, in order: (jobs, the cursor after them or None if none moved, exhausted).
+        A page of jobs held already (a read lagging) is read past."""
+        read = self.backlog.page_waiting if state == WAITING else self.backlog.page_delayed
+        after = cur
+        while True:
+            page = read(queue, after, limit=limit, max_bytes=self.page_bytes)
+            jobs = self._merge(page.records, page.after, page.done, cur, queue, state)
+            if jobs or page.done or page.after is None:
+                break
+            after = page.after
+        end = page.after if not page.done else None
+        if jobs:
+            last = (waiting_cursor if state == WAITING else delayed_cursor)(jobs[-1])
+            end = last if end is None or last > end else end
+        return jobs, end, page.done and not jobs
+
+    def _merge(
+        self,
+        records: Sequence[Record],
+        after: Cursor | None,
+        done: bool,
+        cur: Cursor | None,
+        queue: str,
+        state: str,
+    ) -> list[Job]:
+        """A page's jobs, with the kept records that sort within it merged in, in order."""
+        jobs = self.jobs
+        pending = self.pending
+        out: list[Job] = []
+        for rec in records:
+            if row_of(rec) in pending or rec["id"] in jobs or not is_cold(rec):
+                continue
+            if rec["state"] == state:
+                out.append(job_of(rec))
+        key = waiting_cursor if state == WAITING else delayed_cursor
+        for _, kept in pending.values():
+            if kept is None or kept["id"] in jobs or kept.get("queue") != queue:
+                continue
+            if kept.get("state") != state or not is_cold(kept):
+                continue
+            job = job_of(kept)
+            if not eligible(job):
+                continue
+            k = key(job)
+            if (cur is None or k > cur) and (after is None or done or k <= after):
+                out.append(job)
+        out.sort(key=key)
+        return out
