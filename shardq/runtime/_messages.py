@@ -25,6 +25,7 @@ from typing import Any, Final, Literal, NotRequired, TypedDict
 __all__ = [
     "CANCEL",
     "CLOSE",
+    "DIRECT",
     "DONE",
     "DRAIN",
     "DRAINED",
@@ -51,6 +52,7 @@ __all__ = [
     "WRITER_UP",
     "CancelMsg",
     "CloseMsg",
+    "DirectMsg",
     "DoneMsg",
     "DrainMsg",
     "DrainedMsg",
@@ -120,6 +122,7 @@ EVENTS: Final = "events"
 CANCEL: Final = "cancel"
 DRAINED: Final = "drained"
 FLOW: Final = "flow"
+DIRECT: Final = "direct"
 # Shard -> writer.
 MUTS: Final = "muts"
 FLUSH: Final = "flush"
@@ -241,6 +244,12 @@ class FlowMsg(TypedDict):
     items: list[list[Any]]
 
 
+class DirectMsg(TypedDict):
+    t: Literal["direct"]
+    shard: int
+    port: int
+
+
 class MutsMsg(TypedDict):
     t: Literal["muts"]
     shard: int
@@ -317,6 +326,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(CANCEL, CancelMsg, "shard", "front end", "active jobs cancelled this turn"),
     Message(DRAINED, DrainedMsg, "shard", "front end", "no active job left after `drain`"),
     Message(FLOW, FlowMsg, "shard", "front end", "flow notices `[key, notice]` for parents"),
+    Message(DIRECT, DirectMsg, "shard", "front end", "this shard's direct port (`direct_shards`)"),
     Message(
         MUTS,
         MutsMsg,

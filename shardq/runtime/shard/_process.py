@@ -37,6 +37,7 @@ from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._core import Outgoing, ShardCore
+from shardq.runtime.shard._direct import DirectPort
 from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
 from shardq.runtime.shard._salvage import salvage_replies
@@ -103,7 +104,31 @@ class ShardProcess:
         self._signals = SignalWaker([signal.SIGTERM])
         self._poller = zmq.Poller()
         self._poller.register(self._signals.fileno(), zmq.POLLIN)
+        self._direct: DirectPort | None = None
         self._watch_links()
+        self._direct = self._open_direct(spec)
+
+    def _open_direct(self, spec: ChildSpec) -> DirectPort | None:
+        """This shard's direct port (`shard._direct`), if `direct_shards` is on and no client
+        check lives in the front end alone (tokens, TLS). Raises `OSError` if it cannot bind."""
+        tcp = spec.tcp
+        if not tcp.direct_shards:
+            return None
+        if tcp.auth_tokens or tcp.tls_cert_file:
+            _log.info("direct port not opened: auth_tokens or TLS are set")
+            return None
+        direct = DirectPort(
+            tcp.host,
+            spec.index,
+            spec.shards,
+            self._poller,
+            max_connections=tcp.direct_max_connections,
+            max_frame_bytes=tcp.max_frame_bytes,
+            max_write_bytes=tcp.tcp_max_write_backlog_bytes,
+        )
+        self.core.direct_requests = 0
+        _log.info("direct port open", host=tcp.host, port=direct.port)
+        return direct
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -282,6 +307,8 @@ class ShardProcess:
         self._signals.close()
         self.sup.close()
         self._front.close()
+        if self._direct is not None:
+            self._direct.close()
         self._writer.close()
         self._ctx.term()
 
@@ -316,6 +343,12 @@ class ShardProcess:
             if fd in ready:
                 for data in self._front.readable(fd):
                     self._decode(data, messages)
+        direct = self._direct
+        if direct is not None:
+            items = direct.serve(ready)
+            if items:
+                messages.append(dict(msgs.req(items)))
+                self.core.direct_requests = direct.served
         return messages
 
     def _poll(self, timeout_ms: int | None) -> list[tuple[Any, int]]:
@@ -355,14 +388,25 @@ class ShardProcess:
             fds.add(writer_fd)
         for fd in self._link_fds - fds:
             self._poller.unregister(fd)
-        for fd in fds - self._link_fds:
+        new = fds - self._link_fds
+        for fd in new:
             self._poller.register(fd, zmq.POLLIN)
         self._link_fds = fds
+        if new and self._direct is not None:
+            # A front end (re)connected: it learns this shard's direct port first.
+            self._front.send(pack(self._direct.announcement()))
 
     def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None:
         limit = self._links.link_max_frame_bytes
+        direct = self._direct
         for dest, msg in out:
             if dest == "front":
+                if direct is not None and direct.inflight and msg.get("t") == msgs.REP:
+                    # The direct port's replies go straight to their clients.
+                    rest = direct.take(msg)
+                    if rest is None:
+                        continue
+                    msg = rest
                 # Blocking is the back-pressure the runtime contract asks for: a front end
                 # that does not read stops this shard. While stopping, nobody may read.
                 data, msg = self._pack_reply(msg)
