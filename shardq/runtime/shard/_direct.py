@@ -140,7 +140,9 @@ class DirectPort:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, f"{DIRECT_CONN_PREFIX}{self._index}:{next(self._names)}", self._max_frame)
+            conn = _Conn(
+                sock, f"{DIRECT_CONN_PREFIX}{self._index}:{next(self._names)}", self._max_frame
+            )
             self._conns[sock.fileno()] = conn
             self._by_name[conn.name] = conn
             self._poller.register(sock.fileno(), zmq.POLLIN)
