@@ -24,6 +24,13 @@ import zmq.asyncio
 
 from shardq.client._async_transport import AsyncTransport, wait_replies_async
 from shardq.client._core import checked
+from shardq.client._direct import (
+    HELLO,
+    AsyncDirectRoutes,
+    DirectLost,
+    DirectRoutes,
+    direct_queue,
+)
 from shardq.client._errors import ClientClosed, ClientError, ConnectionLost, ServerError
 from shardq.client._events import AsyncEventStream, EventStream
 from shardq.client._factory import Transports
@@ -64,6 +71,12 @@ class _Settings:
         self.transports = Transports(self.endpoint, security, connect_timeout)
         self.generation = 0
         """How many times a transport was opened; a change means the connection is new."""
+
+    def direct_wanted(self, direct: bool) -> bool:
+        """Whether single pushes may take the direct path (`_direct`): plain TCP only, since
+        a shard's direct port has no TLS, and no token, since it has no Auth."""
+        endpoint = self.endpoint
+        return direct and endpoint.scheme == "tcp" and not endpoint.tls and not self.token
 
     @property
     def releases_on_close(self) -> bool:
@@ -110,6 +123,7 @@ class Connection(_Settings):
         tls_context: ssl.SSLContext | None = None,
         zmq_server_key: str | None = None,
         tls_ca_file: str | None = None,
+        direct: bool = True,
     ) -> None:
         security = client_security(
             zmq_server_key=zmq_server_key, tls_ca_file=tls_ca_file, tls_context=tls_context
@@ -117,6 +131,10 @@ class Connection(_Settings):
         super().__init__(url, token, timeout, connect_timeout, retry, security)
         self._zmq_context = zmq_context
         self._transport: SyncTransport | None = None
+        # Single pushes straight to their shard, when the server offers it (`_direct`).
+        self.direct = (
+            DirectRoutes(self.endpoint, connect_timeout) if self.direct_wanted(direct) else None
+        )
         self._lock = threading.Lock()
         self._closed = False
 
@@ -203,13 +221,24 @@ class Connection(_Settings):
             transport, self._transport = self._transport, None
         if transport is not None:
             transport.close()
+        if self.direct is not None:
+            self.direct.close()
 
     def _attempt(self, commands: Sequence[Command], timeout: float) -> list[Reply]:
         transport = self._ensure()
+        direct = self.direct
         try:
+            if direct is not None and (queue := direct_queue(commands)) is not None:
+                if direct.due():
+                    direct.learn(wait_replies(transport, [HELLO], timeout)[0])
+                # A direct connection lost raises from here: the front end's stays open.
+                reply = direct.call(queue, commands[0], timeout)
+                if reply is not None:
+                    return [reply]
             return wait_replies(transport, commands, timeout)
-        except ConnectionLost:
-            transport.close()
+        except ConnectionLost as e:
+            if not isinstance(e, DirectLost):
+                transport.close()
             raise
 
     def _ensure(self) -> SyncTransport:
@@ -249,6 +278,7 @@ class AsyncConnection(_Settings):
         tls_context: ssl.SSLContext | None = None,
         zmq_server_key: str | None = None,
         tls_ca_file: str | None = None,
+        direct: bool = True,
     ) -> None:
         security = client_security(
             zmq_server_key=zmq_server_key, tls_ca_file=tls_ca_file, tls_context=tls_context
@@ -256,6 +286,12 @@ class AsyncConnection(_Settings):
         super().__init__(url, token, timeout, connect_timeout, retry, security)
         self._zmq_context = zmq_context
         self._transport: AsyncTransport | None = None
+        # Single pushes straight to their shard, when the server offers it (`_direct`).
+        self.direct = (
+            AsyncDirectRoutes(self.endpoint, connect_timeout)
+            if self.direct_wanted(direct)
+            else None
+        )
         self._lock = asyncio.Lock()
         self._closed = False
         # Frames the server sends unasked on this connection (a worker's cancels).
@@ -352,14 +388,26 @@ class AsyncConnection(_Settings):
         transport, self._transport = self._transport, None
         if transport is not None:
             await transport.close()
+        if self.direct is not None:
+            await self.direct.close()
 
     async def _attempt(self, commands: Sequence[Command], timeout: float) -> list[Reply]:
         transport = self._transport
         if transport is None or not transport.alive or self._closed:
             transport = await self._ensure()
+        direct = self.direct
         try:
+            if direct is not None and (queue := direct_queue(commands)) is not None:
+                if direct.due():
+                    direct.learn((await wait_replies_async(transport, [HELLO], timeout))[0])
+                # A direct connection lost raises from here: the front end's stays open.
+                reply = await direct.call(queue, commands[0], timeout)
+                if reply is not None:
+                    return [reply]
             return await wait_replies_async(transport, commands, timeout)
-        except ConnectionLost:
+        except ConnectionLost as e:
+            if isinstance(e, DirectLost):
+                raise
             await transport.close()
             raise
 
