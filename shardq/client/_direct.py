@@ -10,7 +10,8 @@ off, goes through the front end as before.
 Falling back: a shard that cannot be reached (a restarted shard listens on a new port), a
 connection that broke before the request was written, and a refusal (`DIRECT_REFUSED`: the
 shard does not serve it, nothing was applied) all send the push through the front end, and the
-direct path rests for `REFRESH_S` before the connection asks Hello again. A connection lost
+direct path rests for `REFRESH_S` before the connection asks Hello again (`RECHECK_S` after a
+Hello that offered no ports). A connection lost
 after the push was written is raised, as through the front end (`ConnectionLost(sent=True)`):
 the push may have been applied, so it is not silently sent twice.
 """
@@ -37,6 +38,9 @@ HELLO: Final[Mapping[str, Any]] = {"cmd": "Hello", "protocolVersion": 3}
 REFRESH_S: Final = 1.0
 """After a failure of the direct path, pushes go through the front end this long before the
 connection asks the server for the shards' ports again."""
+# A server whose Hello offers no ports (direct_shards off, a shard down, bunqueue) is asked
+# again this much later: the question costs a round trip through the front end.
+RECHECK_S: Final = 30.0
 _FLOW_FIELDS: Final = ("parentId", "childrenIds")
 
 
@@ -90,7 +94,7 @@ class _Routes:
     def learn(self, hello: Reply) -> None:
         """Take the ports from a Hello reply; a server without them is asked again later."""
         got = _ports(hello)
-        self._ask_at = time.monotonic() + REFRESH_S
+        self._ask_at = time.monotonic() + (REFRESH_S if got is not None else RECHECK_S)
         if got is None:
             self.shards, self._addresses = 0, []
             return
