@@ -89,7 +89,13 @@ class _Routes:
 
     def due(self) -> bool:
         """Whether the ports should be asked for (with `HELLO`) before this push."""
-        return not self._addresses and time.monotonic() >= self._ask_at
+        if self._addresses:
+            return False
+        now = time.monotonic()
+        if now < self._ask_at:
+            return False
+        self._ask_at = now + REFRESH_S  # a Hello that fails is not sent again at every push
+        return True
 
     def learn(self, hello: Reply) -> None:
         """Take the ports from a Hello reply; a server without them is asked again later."""
