@@ -78,6 +78,7 @@ __all__ = [
     "WriterUpMsg",
     "cancel",
     "close",
+    "direct",
     "done",
     "drain",
     "drained",
@@ -383,6 +384,10 @@ def req(items: list[list[Any]]) -> ReqMsg:
 
 def close(conn: str) -> CloseMsg:
     return {"t": CLOSE, "conn": conn}
+
+
+def direct(shard: int, port: int) -> DirectMsg:
+    return {"t": DIRECT, "shard": shard, "port": port}
 
 
 def drain() -> DrainMsg:

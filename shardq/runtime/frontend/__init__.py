@@ -6,8 +6,8 @@ job-to-shard cache, the parked long-polls, the worker registry, the event ring a
 lifetime counters behind `Metrics`.
 
 Receives: client frames; on one Unix stream link per shard (`shardq.runtime.links`) `rep`,
-`events`, `cancel`, `drained` and `flow`; `shard-down` and `shard-up` from the supervisor
-(and from its own link watcher).
+`events`, `cancel`, `drained`, `flow` and `direct` (a shard's direct port); `shard-down` and
+`shard-up` from the supervisor (and from its own link watcher).
 
 Sends: `req`, `close`, `drain`, `listen`, `workers` and `flowack` to the shards on the links;
 replies and job events to the clients; `ready` and `fatal` to the supervisor.

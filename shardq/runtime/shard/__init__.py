@@ -7,7 +7,8 @@ Receives: `req`, `close`, `drain`, `listen`, `workers` and `flowack` from the fr
 link; `done`, `fail` and `rejected` from the writer on its writer link; `writer-up` from its
 own loop when that link comes back.
 
-Sends: `rep`, `events`, `cancel`, `drained` and `flow` to the front end; `muts`, `flush` and
+Sends: `rep`, `events`, `cancel`, `drained`, `flow` and `direct` (its direct port, with
+`direct_shards` on) to the front end; `muts`, `flush` and
 `sync` to the writer; `ready`, `progress` and `fatal` to the supervisor.
 """
 

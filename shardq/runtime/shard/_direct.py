@@ -103,9 +103,9 @@ class DirectPort:
         self.served = 0  # requests taken to the engine (Stats' directRequests)
         poller.register(self._listener.fileno(), zmq.POLLIN)
 
-    def announcement(self) -> dict[str, Any]:
+    def announcement(self) -> msgs.DirectMsg:
         """The message telling the front end this port."""
-        return {"t": msgs.DIRECT, "shard": self._index, "port": self.port}
+        return msgs.direct(self._index, self.port)
 
     # -- input -------------------------------------------------------------------------------
 
@@ -233,7 +233,7 @@ class DirectPort:
                 self._write(conn, b"".join(encode_js(r) for r in replies))
         if not rest:
             return None
-        return {"t": msgs.REP, "items": rest}
+        return msgs.rep(rest)
 
     def _write(self, conn: _Conn, data: bytes) -> None:
         if conn.out:
