@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from shardq.client._async_transport import AsyncTcpTransport, AsyncTransport, wait_replies_async
-from shardq.client._errors import ConnectionLost
+from shardq.client._errors import CommandTimeout, ConnectionLost
 from shardq.client._sync_transport import SyncTcpTransport, SyncTransport, wait_replies
 from shardq.client._url import ClientSecurity, Endpoint
 from shardq.protocol._direct import DIRECT_REFUSED, HELLO_DIRECT, HELLO_SHARDS, shard_of
@@ -42,6 +42,10 @@ connection asks the server for the shards' ports again."""
 # again this much later: the question costs a round trip through the front end.
 RECHECK_S: Final = 30.0
 _FLOW_FIELDS: Final = ("parentId", "childrenIds")
+# Sent once on each new direct connection, before any push: a shard at its connection cap
+# accepts and closes at once, and a push written then could not be told apart from one the
+# shard took. Any reply (the port refuses Ping) proves the connection is served.
+_PROBE: Final[Mapping[str, Any]] = {"cmd": "Ping"}
 
 
 class DirectLost(ConnectionLost):
@@ -167,6 +171,12 @@ class DirectRoutes(_Routes):
             except ConnectionLost:
                 self._rest()
                 return None
+            try:
+                wait_replies(transport, [_PROBE], self._connect_timeout)
+            except (ConnectionLost, CommandTimeout):
+                transport.close()
+                self._rest()
+                return None
             self._open[shard] = transport
             return transport
 
@@ -204,11 +214,8 @@ class AsyncDirectRoutes(_Routes):
             if transport is not None:  # closed by the shard: restarted, or it went away
                 await self._drop(shard, transport)
                 return None
-            try:
-                opened = await AsyncTcpTransport.open(
-                    address, self._connect_timeout, ClientSecurity()
-                )
-            except ConnectionLost:
+            opened = await self._connect(address)
+            if opened is None:
                 self._rest()
                 return None
             transport = self._open.get(shard)
@@ -228,6 +235,19 @@ class AsyncDirectRoutes(_Routes):
             return None
         self.used += 1
         return reply
+
+    async def _connect(self, address: Endpoint) -> AsyncTransport | None:
+        """A new connection to a direct port that answered the probe, or None."""
+        try:
+            opened = await AsyncTcpTransport.open(address, self._connect_timeout, ClientSecurity())
+        except ConnectionLost:
+            return None
+        try:
+            await wait_replies_async(opened, [_PROBE], self._connect_timeout)
+        except (ConnectionLost, CommandTimeout):
+            await opened.close()
+            return None
+        return opened
 
     async def _drop(self, shard: int, transport: AsyncTransport) -> None:
         if self._open.get(shard) is transport:

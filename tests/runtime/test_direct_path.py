@@ -148,6 +148,8 @@ def test_asyncio_connection_pushes_direct(shardq_server: Factory) -> None:
 
     async def push() -> tuple[list[dict[str, Any]], int]:
         async with AsyncConnection(_url(server)) as conn:
+            # The first push asks for the ports (the pushes beside it go through the front end).
+            assert (await conn.call({"cmd": "PUSH", "queue": queue, "data": -1}))["ok"]
             replies = await asyncio.gather(
                 *(conn.call({"cmd": "PUSH", "queue": queue, "data": i}) for i in range(10))
             )
@@ -155,8 +157,8 @@ def test_asyncio_connection_pushes_direct(shardq_server: Factory) -> None:
             return list(replies), conn.direct.used
 
     replies, used = asyncio.run(push())
-    assert all(r["ok"] for r in replies) and used == 10
-    assert _direct_requests(server) == 10
+    assert all(r["ok"] for r in replies) and used == 11
+    assert _direct_requests(server) == 11
 
 
 # -- the direct port itself, raw -------------------------------------------------------------
@@ -185,8 +187,9 @@ BAD_PUSHES: list[dict[str, Any]] = [
     {"cmd": "PUSH", "queue": 7, "data": 1},
     {"cmd": "PUSH", "queue": "", "data": 1},
     {"cmd": "PUSH", "queue": "{q}", "data": 1, "priority": "high"},
-    {"cmd": "PUSH", "queue": "{q}", "data": 1, "delay": -5},
     {"cmd": "PUSH", "queue": "{q}", "data": 1, "attempts": "x"},
+    {"cmd": "PUSH", "queue": "{q}", "data": 1, "durable": "yes"},
+    {"cmd": "PUSH", "queue": "{long}", "data": 1},
     {"cmd": "", "queue": "{q}"},
     {"queue": "{q}"},
 ]
@@ -195,10 +198,13 @@ BAD_PUSHES: list[dict[str, Any]] = [
 def test_bad_input_gets_the_front_ends_error_strings(shardq_server: Factory) -> None:
     server = shardq_server(shards=2, env=DIRECT_ENV)
     ports = _hello(server)[HELLO_DIRECT]
-    queue = _queue_on(0, "bad")
+    queue, long = _queue_on(0, "bad"), _queue_on(0, "x" * 300)
     front = server.tcp_address[1]
     for template in BAD_PUSHES:
-        cmd = {k: (v.format(q=queue) if isinstance(v, str) else v) for k, v in template.items()}
+        cmd = {
+            k: (v.format(q=queue, long=long) if isinstance(v, str) else v)
+            for k, v in template.items()
+        }
         cmd["reqId"] = "r1"
         body = msgpack.packb(cmd, use_bin_type=True)
         via_front, via_shard = _raw(front, body), _raw(ports[0], body)
@@ -216,7 +222,8 @@ def test_bad_input_gets_the_front_ends_error_strings(shardq_server: Factory) -> 
         reply = _raw(ports[0], msgpack.packb(cmd))
         assert reply["ok"] is False and reply["error"].startswith(DIRECT_REFUSED), reply
         assert reply["reqId"] == cmd["reqId"]
-    assert _direct_requests(server) == 3  # the bad PUSHes the engine refused
+    # The bad PUSHes went to the engine, which refused them; nothing else did.
+    assert _direct_requests(server) == sum(t.get("cmd") == "PUSH" for t in BAD_PUSHES)
     with TcpConnection(*server.tcp_address) as conn:
         assert conn.call({"cmd": "GetJobCounts", "queue": queue})["counts"]["waiting"] == 0
 
