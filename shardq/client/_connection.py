@@ -73,10 +73,12 @@ class _Settings:
         """How many times a transport was opened; a change means the connection is new."""
 
     def direct_wanted(self, direct: bool) -> bool:
-        """Whether single pushes may take the direct path (`_direct`): plain TCP only, since
-        a shard's direct port has no TLS, and no token, since it has no Auth."""
+        """Whether single pushes may take the direct path (`_direct`): from a plain TCP or a
+        plain ZeroMQ connection only, since a shard's direct port is plain TCP (no TLS, no
+        CURVE), and with no token, since it has no Auth."""
         endpoint = self.endpoint
-        return direct and endpoint.scheme == "tcp" and not endpoint.tls and not self.token
+        secured = endpoint.tls or bool(self.security.zmq_server_key)
+        return direct and not secured and not self.token
 
     @property
     def releases_on_close(self) -> bool:

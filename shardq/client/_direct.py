@@ -109,7 +109,10 @@ class _Routes:
             self.shards, self._addresses = 0, []
             return
         self.shards = got[0]
-        self._addresses = [dataclasses.replace(self._endpoint, port=p) for p in got[1]]
+        # Plain TCP on the server's host, whichever transport the connection itself uses.
+        self._addresses = [
+            dataclasses.replace(self._endpoint, scheme="tcp", port=p) for p in got[1]
+        ]
 
     def _rest(self) -> None:
         """The direct path failed: through the front end for a while, then ask again."""

@@ -141,6 +141,22 @@ def test_a_restarted_shard_falls_back_then_goes_direct_again(shardq_server: Fact
         queue.close()
 
 
+def test_a_zeromq_connection_pushes_direct_too(shardq_server: Factory) -> None:
+    server = shardq_server(shards=2, env=DIRECT_ENV)
+    _hello(server)
+    queue = _queue_on(0, "zmq")
+    with Connection(f"zmq://127.0.0.1:{server.zmq_port}") as conn:
+        for i in range(5):
+            assert conn.call({"cmd": "PUSH", "queue": queue, "data": i, "durable": True})["ok"]
+        assert conn.direct is not None and conn.direct.used == 5
+        assert conn.call({"cmd": "GetJobCounts", "queue": queue})["counts"]["waiting"] == 5
+    assert _direct_requests(server) == 5
+    # With a CURVE key the connection is encrypted, and the direct port is not: never direct.
+    secured = Connection(f"zmq://127.0.0.1:{server.zmq_port}", zmq_server_key="x" * 40)
+    assert secured.direct is None
+    secured.close()
+
+
 def test_asyncio_connection_pushes_direct(shardq_server: Factory) -> None:
     server = shardq_server(shards=2, env=DIRECT_ENV)
     _hello(server)
