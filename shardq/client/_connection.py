@@ -31,7 +31,13 @@ from shardq.client._direct import (
     DirectRoutes,
     direct_queue,
 )
-from shardq.client._errors import ClientClosed, ClientError, ConnectionLost, ServerError
+from shardq.client._errors import (
+    ClientClosed,
+    ClientError,
+    CommandTimeout,
+    ConnectionLost,
+    ServerError,
+)
 from shardq.client._events import AsyncEventStream, EventStream
 from shardq.client._factory import Transports
 from shardq.client._retry import RetryPolicy
@@ -71,6 +77,11 @@ class _Settings:
         self.transports = Transports(self.endpoint, security, connect_timeout)
         self.generation = 0
         """How many times a transport was opened; a change means the connection is new."""
+
+    @property
+    def _ask_s(self) -> float:
+        """How long a connect waits for the Hello that names the direct ports."""
+        return min(self.connect_timeout, self.timeout)
 
     def direct_wanted(self, direct: bool) -> bool:
         """Whether single pushes may take the direct path (`_direct`): from a plain TCP or a
@@ -243,6 +254,16 @@ class Connection(_Settings):
                 transport.close()
             raise
 
+    def _learn_direct(self, direct: DirectRoutes, transport: SyncTransport) -> None:
+        """Ask the server for the shards' direct ports (Hello), as part of connecting. A
+        server that does not answer in time offers none (its commands meet their own
+        timeouts)."""
+        try:
+            hello = wait_replies(transport, [HELLO], self._ask_s)[0]
+        except CommandTimeout:
+            hello = {}
+        direct.learn(hello)
+
     def _ensure(self) -> SyncTransport:
         with self._lock:
             if self._closed:
@@ -257,6 +278,8 @@ class Connection(_Settings):
             try:
                 auth = self.auth_commands()
                 _check_all(wait_replies(transport, auth, self.connect_timeout), True)
+                if self.direct is not None:
+                    self._learn_direct(self.direct, transport)
             except BaseException:
                 transport.close()
                 raise
@@ -413,6 +436,14 @@ class AsyncConnection(_Settings):
             await transport.close()
             raise
 
+    async def _learn_direct(self, direct: AsyncDirectRoutes, transport: AsyncTransport) -> None:
+        """`Connection._learn_direct`, for asyncio."""
+        try:
+            hello = (await wait_replies_async(transport, [HELLO], self._ask_s))[0]
+        except CommandTimeout:
+            hello = {}
+        direct.learn(hello)
+
     async def _ensure(self) -> AsyncTransport:
         async with self._lock:
             if self._closed:
@@ -427,6 +458,8 @@ class AsyncConnection(_Settings):
             try:
                 auth = self.auth_commands()
                 _check_all(await wait_replies_async(transport, auth, self.connect_timeout), True)
+                if self.direct is not None:
+                    await self._learn_direct(self.direct, transport)
             except BaseException:
                 await transport.close()
                 raise

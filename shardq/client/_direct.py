@@ -2,7 +2,7 @@
 
 A server started with `direct_shards` announces, in its Hello reply, its shard count and one
 TCP port per shard (`shardq.protocol._direct`). A connection (`Connection`, `AsyncConnection`)
-asks once, at its first single PUSH, and from then on sends each single PUSH (no flow fields)
+asks as it connects (a Hello after Auth), and from then on sends each single PUSH (no flow fields)
 to `shard_of(queue, shards)`'s port on the server's host: one process hop instead of two
 (docs/client.md, "The direct path"). Everything else, and every PUSH while the direct path is
 off, goes through the front end as before.

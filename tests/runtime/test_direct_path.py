@@ -164,7 +164,7 @@ def test_asyncio_connection_pushes_direct(shardq_server: Factory) -> None:
 
     async def push() -> tuple[list[dict[str, Any]], int]:
         async with AsyncConnection(_url(server)) as conn:
-            # The first push asks for the ports (the pushes beside it go through the front end).
+            # The first push connects, which asks for the ports; the others wait for it.
             assert (await conn.call({"cmd": "PUSH", "queue": queue, "data": -1}))["ok"]
             replies = await asyncio.gather(
                 *(conn.call({"cmd": "PUSH", "queue": queue, "data": i}) for i in range(10))
