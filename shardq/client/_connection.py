@@ -238,19 +238,29 @@ class Connection(_Settings):
             self.direct.close()
 
     def _attempt(self, commands: Sequence[Command], timeout: float) -> list[Reply]:
-        transport = self._ensure()
         direct = self.direct
+        queue = direct_queue(commands) if direct is not None else None
+        tried = False
+        if direct is not None and queue is not None and direct.ready:
+            # While the direct path works, the front end's connection is not even looked at
+            # (its liveness check is a syscall per push).
+            tried = True
+            reply = direct.call(queue, commands[0], timeout)
+            if reply is not None:
+                return [reply]
+        transport = self._ensure()
         try:
-            if direct is not None and (queue := direct_queue(commands)) is not None:
+            if direct is not None and queue is not None and not tried:
+                # The first connect asked for the ports; after a failure they are asked again
+                # once the direct path has rested (`_direct.REFRESH_S`).
                 if direct.due():
                     direct.learn(wait_replies(transport, [HELLO], timeout)[0])
-                # A direct connection lost raises from here: the front end's stays open.
                 reply = direct.call(queue, commands[0], timeout)
                 if reply is not None:
                     return [reply]
             return wait_replies(transport, commands, timeout)
         except ConnectionLost as e:
-            if not isinstance(e, DirectLost):
+            if not isinstance(e, DirectLost):  # a shard's connection, not the front end's
                 transport.close()
             raise
 

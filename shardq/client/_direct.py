@@ -91,6 +91,11 @@ class _Routes:
         self._ask_at = 0.0  # monotonic: when to (re)learn the ports; 0 = at the next push
         self.used = 0  # pushes answered on the direct path (for tests and benchmarks)
 
+    @property
+    def ready(self) -> bool:
+        """Whether the ports are known (pushes may go direct now)."""
+        return bool(self._addresses)
+
     def due(self) -> bool:
         """Whether the ports should be asked for (with `HELLO`) before this push."""
         if self._addresses:
