@@ -32,7 +32,7 @@ def port() -> Iterator[tuple[DirectPort, zmq.Poller]]:
 
 
 def _frame(cmd: dict[str, Any]) -> bytes:
-    body = msgpack.packb(cmd)
+    body: bytes = msgpack.packb(cmd)
     return struct.pack(">I", len(body)) + body
 
 
