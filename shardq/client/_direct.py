@@ -12,8 +12,9 @@ connection that broke before the request was written, and a refusal (`DIRECT_REF
 shard does not serve it, nothing was applied) all send the push through the front end, and the
 direct path rests for `REFRESH_S` before the connection asks Hello again (`RECHECK_S` after a
 Hello that offered no ports). A connection lost
-after the push was written is raised, as through the front end (`ConnectionLost(sent=True)`):
-the push may have been applied, so it is not silently sent twice.
+after the push was written is raised, as through the front end (`ConnectionLost(sent=True)`),
+and so is a reply that does not come in time (`CommandTimeout`): the push may have been
+applied, so it is not silently sent twice.
 """
 
 from __future__ import annotations
