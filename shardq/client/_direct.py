@@ -2,19 +2,18 @@
 
 A server started with `direct_shards` announces, in its Hello reply, its shard count and one
 TCP port per shard (`shardq.protocol._direct`). A connection (`Connection`, `AsyncConnection`)
-asks as it connects (a Hello after Auth), and from then on sends each single PUSH (no flow fields)
-to `shard_of(queue, shards)`'s port on the server's host: one process hop instead of two
-(docs/client.md, "The direct path"). Everything else, and every PUSH while the direct path is
+asks as it connects, and from then on sends each single PUSH (no flow fields) to
+`shard_of(queue, shards)`'s port on the server's host: one process hop instead of two
+(docs/runtime.md, "The direct path"). Everything else, and every PUSH while the direct path is
 off, goes through the front end as before.
 
 Falling back: a shard that cannot be reached (a restarted shard listens on a new port), a
 connection that broke before the request was written, and a refusal (`DIRECT_REFUSED`: the
 shard does not serve it, nothing was applied) all send the push through the front end, and the
 direct path rests for `REFRESH_S` before the connection asks Hello again (`RECHECK_S` after a
-Hello that offered no ports). A connection lost
-after the push was written is raised, as through the front end (`ConnectionLost(sent=True)`),
-and so is a reply that does not come in time (`CommandTimeout`): the push may have been
-applied, so it is not silently sent twice.
+Hello that offered no ports). A connection lost after the push was written is raised, as
+through the front end (`ConnectionLost(sent=True)`), and so is a reply that does not come in
+time (`CommandTimeout`): the push may have been applied, so it is not silently sent twice.
 """
 
 from __future__ import annotations
