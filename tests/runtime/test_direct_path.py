@@ -177,6 +177,35 @@ def test_asyncio_connection_pushes_direct(shardq_server: Factory) -> None:
     assert _direct_requests(server) == 11
 
 
+def test_asyncio_falls_back_when_its_shard_restarts(shardq_server: Factory) -> None:
+    server = shardq_server(shards=2, env=DIRECT_ENV)
+    _hello(server)
+    queue = _queue_on(1, "aio-restart")
+
+    async def push(conn: AsyncConnection, data: object) -> None:
+        reply = await conn.call({"cmd": "PUSH", "queue": queue, "data": data, "durable": True})
+        assert reply["ok"], reply
+
+    async def run() -> None:
+        async with AsyncConnection(_url(server)) as conn:
+            await push(conn, 1)
+            assert conn.direct is not None and conn.direct.used == 1
+            old = server.child_pids()["shard-1"]
+            os.kill(old, signal.SIGKILL)
+            await asyncio.to_thread(server.wait_child_replaced, "shard-1", old, WAIT_S)
+            await push(conn, 2)  # through the front end: the shard's connection is gone
+            assert conn.direct.used == 1
+            await asyncio.sleep(REFRESH_S)
+            deadline = time.monotonic() + WAIT_S
+            while conn.direct.used == 1 and time.monotonic() < deadline:
+                await push(conn, 3)
+            assert conn.direct.used == 2, "pushes never went direct again"
+            counts = (await conn.call({"cmd": "GetJobCounts", "queue": queue}))["counts"]
+            assert counts["waiting"] >= 3
+
+    asyncio.run(run())
+
+
 # -- the direct port itself, raw -------------------------------------------------------------
 
 
