@@ -102,3 +102,30 @@ def test_connections_past_the_cap_are_closed(port: tuple[DirectPort, zmq.Poller]
     finally:
         for s in socks:
             s.close()
+
+
+def test_a_silent_or_slow_connection_is_closed() -> None:
+    poller = zmq.Poller()
+    direct = DirectPort(
+        "127.0.0.1", 0, 1, poller, max_connections=4, max_frame_bytes=1 << 20,
+        max_write_bytes=0, handshake_s=0.2, frame_s=0.2,
+    )  # fmt: skip
+    try:
+        silent = socket.create_connection(("127.0.0.1", direct.port), timeout=5)
+        slow = socket.create_connection(("127.0.0.1", direct.port), timeout=5)
+        done = socket.create_connection(("127.0.0.1", direct.port), timeout=5)
+        slow.sendall(_frame({"cmd": "PUSH", "queue": "q", "data": 1})[:5])  # half a frame
+        done.sendall(_frame({"cmd": "PUSH", "queue": "q", "data": 1}))
+        items = []
+        deadline = time.monotonic() + 10
+        while len(direct._conns) != 1 and time.monotonic() < deadline:
+            items += direct.serve(dict(poller.poll(direct.poll_timeout(500))))
+        assert len(items) == 1  # the whole frame was taken
+        assert [c.name for c in direct._conns.values()] == [items[0][0]]  # the others closed
+        for sock in (silent, slow):
+            assert sock.recv(10) == b""
+        assert direct.poll_timeout(None) is None  # nothing left to watch
+        for sock in (silent, slow, done):
+            sock.close()
+    finally:
+        direct.close()

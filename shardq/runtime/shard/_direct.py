@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import socket
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -52,6 +53,10 @@ __all__ = ["DIRECT_CONN_PREFIX", "DirectPort"]
 
 DIRECT_CONN_PREFIX: Final = "direct:"
 _READ_BYTES: Final = 256 * 1024
+# How often connections with a deadline (no whole frame yet, or a partial one) are checked.
+SWEEP_EVERY_S: Final = 1.0
+# At most one warning per this many seconds about connections refused at the cap.
+_WARN_EVERY_S: Final = 1.0
 # A flow's parts are checked against other shards by the front end.
 _FLOW_FIELDS: Final = ("parentId", "childrenIds")
 
@@ -59,7 +64,7 @@ _log = structlog.get_logger()
 
 
 class _Conn:
-    __slots__ = ("closing", "decoder", "name", "out", "sock")
+    __slots__ = ("closing", "deadline", "decoder", "name", "out", "sock")
 
     def __init__(self, sock: socket.socket, name: str, max_frame: int) -> None:
         self.sock = sock
@@ -67,6 +72,7 @@ class _Conn:
         self.decoder = FrameDecoder(max_frame)
         self.out = bytearray()  # replies the socket did not take yet
         self.closing = False  # close once `out` is written (a fatal frame error)
+        self.deadline: float | None = None  # monotonic s: closed unless a frame ends by then
 
 
 class DirectPort:
@@ -82,8 +88,14 @@ class DirectPort:
         max_connections: int,
         max_frame_bytes: int,
         max_write_bytes: int,
+        handshake_s: float = 0.0,
+        frame_s: float = 0.0,
     ) -> None:
-        """Listen on an ephemeral port of `host`. Raises `OSError` if it cannot be bound."""
+        """Listen on an ephemeral port of `host`. Raises `OSError` if it cannot be bound.
+
+        As on the TCP port, a connection must send a whole first frame within `handshake_s`
+        and finish each later frame within `frame_s` of reading its first bytes (0: no bound).
+        """
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, 0), family=family, backlog=128)
         self._listener.setblocking(False)
@@ -94,6 +106,11 @@ class DirectPort:
         self._max_connections = max_connections
         self._max_frame = max_frame_bytes
         self._max_write = max_write_bytes or (1 << 62)  # 0: unbounded, as on the TCP port
+        self._handshake_s = handshake_s
+        self._frame_s = frame_s
+        self._timed: set[_Conn] = set()  # connections with a deadline
+        self._next_sweep = 0.0
+        self._warned_at = 0.0
         self._conns: dict[int, _Conn] = {}
         self._by_name: dict[str, _Conn] = {}
         self._names = itertools.count(1)
@@ -123,7 +140,31 @@ class DirectPort:
                     self._read(conn, items)
             elif fd == self._listener.fileno():
                 self._accept()
+        if self._timed:
+            self._sweep(time.monotonic())
         return items
+
+    def poll_timeout(self, timeout_ms: int | None) -> int | None:
+        """`timeout_ms`, or less so that the loop wakes for the next sweep of deadlines."""
+        if not self._timed:
+            return timeout_ms
+        left = max(int((self._next_sweep - time.monotonic()) * 1000) + 1, 0)
+        return left if timeout_ms is None else min(timeout_ms, left)
+
+    def _sweep(self, now: float) -> None:
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + SWEEP_EVERY_S
+        for conn in [c for c in self._timed if c.deadline is not None and c.deadline <= now]:
+            _log.info("direct connection closed: no whole frame in time", conn=conn.name)
+            self._drop(conn)
+
+    def _deadline(self, conn: _Conn, seconds: float) -> None:
+        if seconds > 0:
+            conn.deadline = time.monotonic() + seconds
+            if not self._timed:
+                self._next_sweep = time.monotonic() + SWEEP_EVERY_S
+            self._timed.add(conn)
 
     def _accept(self) -> None:
         while True:
@@ -135,7 +176,10 @@ class DirectPort:
                 _log.warning("direct port cannot accept", error=str(e))
                 return
             if len(self._conns) >= self._max_connections:
-                _log.warning("direct port at its connection cap", cap=self._max_connections)
+                now = time.monotonic()
+                if now - self._warned_at >= _WARN_EVERY_S:
+                    self._warned_at = now
+                    _log.warning("direct port at its connection cap", cap=self._max_connections)
                 sock.close()
                 continue
             sock.setblocking(False)
@@ -146,6 +190,7 @@ class DirectPort:
             self._conns[sock.fileno()] = conn
             self._by_name[conn.name] = conn
             self._poller.register(sock.fileno(), zmq.POLLIN)
+            self._deadline(conn, self._handshake_s)
 
     def _read(self, conn: _Conn, items: list[list[Any]]) -> None:
         try:
@@ -159,8 +204,15 @@ class DirectPort:
             self._drop(conn)
             return
         replies: list[dict[str, Any]] = []
-        for frame in conn.decoder.feed(data):
+        frames = conn.decoder.feed(data)
+        for frame in frames:
             self._take(conn, frame, items, replies)
+        if frames or conn.deadline is None:
+            # A frame ended (or one began): what is left of the next one has `frame_s`.
+            conn.deadline = None
+            self._timed.discard(conn)
+            if conn.decoder.buffered:
+                self._deadline(conn, self._frame_s)
         if replies:
             self._write(conn, b"".join(encode_js(r) for r in replies))
 
@@ -276,6 +328,7 @@ class DirectPort:
         if self._conns.pop(fd, None) is None:
             return
         self._by_name.pop(conn.name, None)
+        self._timed.discard(conn)
         with contextlib.suppress(KeyError, zmq.ZMQError):
             self._poller.unregister(fd)
         conn.sock.close()

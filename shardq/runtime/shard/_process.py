@@ -28,6 +28,7 @@ from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
 from shardq.runtime._logging import configure
+from shardq.runtime._ports import connection_cap
 from shardq.runtime._routing import shard_of
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
@@ -122,9 +123,12 @@ class ShardProcess:
             spec.index,
             spec.shards,
             self._poller,
-            max_connections=tcp.direct_max_connections,
+            # Like the TCP port's cap: descriptors stay free for the shard's own needs.
+            max_connections=connection_cap(tcp.direct_max_connections, tcp.reserved_fds),
             max_frame_bytes=tcp.max_frame_bytes,
             max_write_bytes=tcp.tcp_max_write_backlog_bytes,
+            handshake_s=tcp.tcp_handshake_timeout_ms / 1000,
+            frame_s=max(tcp.tcp_idle_timeout_ms, 0) / 1000,
         )
         self.core.direct_requests = 0
         _log.info("direct port open", host=tcp.host, port=direct.port)
@@ -280,6 +284,8 @@ class ShardProcess:
         self._send(self.core.finish_turn(now))
         while not self._stop:
             timeout = self.core.poll_timeout(self.clock.now())
+            if self._direct is not None:
+                timeout = self._direct.poll_timeout(timeout)
             messages = self._wait(timeout)
             self._check_storage()
             now = self.clock.now()
