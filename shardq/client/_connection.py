@@ -24,7 +24,20 @@ import zmq.asyncio
 
 from shardq.client._async_transport import AsyncTransport, wait_replies_async
 from shardq.client._core import checked
-from shardq.client._errors import ClientClosed, ClientError, ConnectionLost, ServerError
+from shardq.client._direct import (
+    HELLO,
+    AsyncDirectRoutes,
+    DirectLost,
+    DirectRoutes,
+    direct_queue,
+)
+from shardq.client._errors import (
+    ClientClosed,
+    ClientError,
+    CommandTimeout,
+    ConnectionLost,
+    ServerError,
+)
 from shardq.client._events import AsyncEventStream, EventStream
 from shardq.client._factory import Transports
 from shardq.client._retry import RetryPolicy
@@ -66,6 +79,19 @@ class _Settings:
         """How many times a transport was opened; a change means the connection is new."""
         self.hello: list[Command] = []
         """Commands sent after `Auth` on every (re)connect (`ClusterConnection`: NoForward)."""
+
+    @property
+    def _ask_s(self) -> float:
+        """How long a connect waits for the Hello that names the direct ports."""
+        return min(self.connect_timeout, self.timeout)
+
+    def direct_wanted(self, direct: bool) -> bool:
+        """Whether single pushes may take the direct path (`_direct`): from a plain TCP or a
+        plain ZeroMQ connection only, since a shard's direct port is plain TCP (no TLS, no
+        CURVE), and with no token, since it has no Auth."""
+        endpoint = self.endpoint
+        secured = endpoint.tls or bool(self.security.zmq_server_key)
+        return direct and not secured and not self.token
 
     @property
     def releases_on_close(self) -> bool:
@@ -113,6 +139,7 @@ class Connection(_Settings):
         tls_context: ssl.SSLContext | None = None,
         zmq_server_key: str | None = None,
         tls_ca_file: str | None = None,
+        direct: bool = True,
     ) -> None:
         security = client_security(
             zmq_server_key=zmq_server_key, tls_ca_file=tls_ca_file, tls_context=tls_context
@@ -120,6 +147,10 @@ class Connection(_Settings):
         super().__init__(url, token, timeout, connect_timeout, retry, security)
         self._zmq_context = zmq_context
         self._transport: SyncTransport | None = None
+        # Single pushes straight to their shard, when the server offers it (`_direct`).
+        self.direct = (
+            DirectRoutes(self.endpoint, connect_timeout) if self.direct_wanted(direct) else None
+        )
         self._lock = threading.Lock()
         self._closed = False
 
@@ -206,14 +237,45 @@ class Connection(_Settings):
             transport, self._transport = self._transport, None
         if transport is not None:
             transport.close()
+        if self.direct is not None:
+            self.direct.close()
 
     def _attempt(self, commands: Sequence[Command], timeout: float) -> list[Reply]:
+        direct = self.direct
+        queue = direct_queue(commands) if direct is not None else None
+        tried = False
+        if direct is not None and queue is not None and direct.ready:
+            # While the direct path works, the front end's connection is not even looked at
+            # (its liveness check is a syscall per push).
+            tried = True
+            reply = direct.call(queue, commands[0], timeout)
+            if reply is not None:
+                return [reply]
         transport = self._ensure()
         try:
+            if direct is not None and queue is not None and not tried:
+                # The first connect asked for the ports; after a failure they are asked again
+                # once the direct path has rested (`_direct.REFRESH_S`).
+                if direct.due():
+                    direct.learn(wait_replies(transport, [HELLO], timeout)[0])
+                reply = direct.call(queue, commands[0], timeout)
+                if reply is not None:
+                    return [reply]
             return wait_replies(transport, commands, timeout)
-        except ConnectionLost:
-            transport.close()
+        except ConnectionLost as e:
+            if not isinstance(e, DirectLost):  # a shard's connection, not the front end's
+                transport.close()
             raise
+
+    def _learn_direct(self, direct: DirectRoutes, transport: SyncTransport) -> None:
+        """Ask the server for the shards' direct ports (Hello), as part of connecting. A
+        server that does not answer in time offers none (its commands meet their own
+        timeouts)."""
+        try:
+            hello = wait_replies(transport, [HELLO], self._ask_s)[0]
+        except CommandTimeout:
+            hello = {}
+        direct.learn(hello)
 
     def _ensure(self) -> SyncTransport:
         with self._lock:
@@ -229,6 +291,8 @@ class Connection(_Settings):
             try:
                 auth = self.auth_commands()
                 _check_all(wait_replies(transport, auth, self.connect_timeout), True)
+                if self.direct is not None:
+                    self._learn_direct(self.direct, transport)
             except BaseException:
                 transport.close()
                 raise
@@ -252,6 +316,7 @@ class AsyncConnection(_Settings):
         tls_context: ssl.SSLContext | None = None,
         zmq_server_key: str | None = None,
         tls_ca_file: str | None = None,
+        direct: bool = True,
     ) -> None:
         security = client_security(
             zmq_server_key=zmq_server_key, tls_ca_file=tls_ca_file, tls_context=tls_context
@@ -259,6 +324,12 @@ class AsyncConnection(_Settings):
         super().__init__(url, token, timeout, connect_timeout, retry, security)
         self._zmq_context = zmq_context
         self._transport: AsyncTransport | None = None
+        # Single pushes straight to their shard, when the server offers it (`_direct`).
+        self.direct = (
+            AsyncDirectRoutes(self.endpoint, connect_timeout)
+            if self.direct_wanted(direct)
+            else None
+        )
         self._lock = asyncio.Lock()
         self._closed = False
         # Frames the server sends unasked on this connection (a worker's cancels).
@@ -355,16 +426,36 @@ class AsyncConnection(_Settings):
         transport, self._transport = self._transport, None
         if transport is not None:
             await transport.close()
+        if self.direct is not None:
+            await self.direct.close()
 
     async def _attempt(self, commands: Sequence[Command], timeout: float) -> list[Reply]:
         transport = self._transport
         if transport is None or not transport.alive or self._closed:
             transport = await self._ensure()
+        direct = self.direct
         try:
+            if direct is not None and (queue := direct_queue(commands)) is not None:
+                if direct.due():
+                    direct.learn((await wait_replies_async(transport, [HELLO], timeout))[0])
+                # A direct connection lost raises from here: the front end's stays open.
+                reply = await direct.call(queue, commands[0], timeout)
+                if reply is not None:
+                    return [reply]
             return await wait_replies_async(transport, commands, timeout)
-        except ConnectionLost:
+        except ConnectionLost as e:
+            if isinstance(e, DirectLost):
+                raise
             await transport.close()
             raise
+
+    async def _learn_direct(self, direct: AsyncDirectRoutes, transport: AsyncTransport) -> None:
+        """`Connection._learn_direct`, for asyncio."""
+        try:
+            hello = (await wait_replies_async(transport, [HELLO], self._ask_s))[0]
+        except CommandTimeout:
+            hello = {}
+        direct.learn(hello)
 
     async def _ensure(self) -> AsyncTransport:
         async with self._lock:
@@ -380,6 +471,8 @@ class AsyncConnection(_Settings):
             try:
                 auth = self.auth_commands()
                 _check_all(await wait_replies_async(transport, auth, self.connect_timeout), True)
+                if self.direct is not None:
+                    await self._learn_direct(self.direct, transport)
             except BaseException:
                 await transport.close()
                 raise

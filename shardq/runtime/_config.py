@@ -248,6 +248,9 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "auth_failure_window_ms": _ranged(1000, 86_400_000, ms=True),
     "auth_failure_delay_ms": _ranged(0, 60_000, ms=True),  # 0: no delays, the count only
     "auth_failure_max_delay_ms": _ranged(0, 3_600_000, ms=True),
+    # -- the direct path (issue 24)
+    "direct_shards": _bool,
+    "direct_max_connections": _ranged(1, 1 << 20),
     "test_unanswered_command": _path_or_none,  # a command name, or "" for off
     # -- cluster (issue 23): "" = the defaults `load_config` resolves (docs/cluster.md)
     "node_id": _node_name,

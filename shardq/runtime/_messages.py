@@ -25,6 +25,7 @@ from typing import Any, Final, Literal, NotRequired, TypedDict
 __all__ = [
     "CANCEL",
     "CLOSE",
+    "DIRECT",
     "DONE",
     "DRAIN",
     "DRAINED",
@@ -53,6 +54,7 @@ __all__ = [
     "WRITER_UP",
     "CancelMsg",
     "CloseMsg",
+    "DirectMsg",
     "DoneMsg",
     "DrainMsg",
     "DrainedMsg",
@@ -80,6 +82,7 @@ __all__ = [
     "WriterUpMsg",
     "cancel",
     "close",
+    "direct",
     "done",
     "drain",
     "drained",
@@ -128,6 +131,7 @@ CANCEL: Final = "cancel"
 DRAINED: Final = "drained"
 FLOW: Final = "flow"
 LOADED: Final = "loaded"
+DIRECT: Final = "direct"
 # Shard -> writer.
 MUTS: Final = "muts"
 FLUSH: Final = "flush"
@@ -262,6 +266,12 @@ class LoadedMsg(TypedDict):
     epochs: list[int]
 
 
+class DirectMsg(TypedDict):
+    t: Literal["direct"]
+    shard: int
+    port: int
+
+
 class MutsMsg(TypedDict):
     t: Literal["muts"]
     shard: int
@@ -346,6 +356,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(DRAINED, DrainedMsg, "shard", "front end", "no active job left after `drain`"),
     Message(FLOW, FlowMsg, "shard", "front end", "flow notices `[key, notice]` for parents"),
     Message(LOADED, LoadedMsg, "shard", "front end", "the partitions it has loaded now"),
+    Message(DIRECT, DirectMsg, "shard", "front end", "this shard's direct port (`direct_shards`)"),
     Message(
         MUTS,
         MutsMsg,
@@ -402,6 +413,10 @@ def req(items: list[list[Any]]) -> ReqMsg:
 
 def close(conn: str) -> CloseMsg:
     return {"t": CLOSE, "conn": conn}
+
+
+def direct(shard: int, port: int) -> DirectMsg:
+    return {"t": DIRECT, "shard": shard, "port": port}
 
 
 def drain() -> DrainMsg:

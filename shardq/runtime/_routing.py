@@ -1,16 +1,11 @@
-"""Which shard owns a queue: a stable hash, the same in every process and every run."""
+"""Which shard owns a queue: a stable hash, the same in every process and every run.
+
+It lives in `shardq.protocol._direct`, since shardq's client computes it too (the direct path,
+docs/runtime.md); re-exported here for the server's modules.
+"""
 
 from __future__ import annotations
 
-import zlib
+from shardq.protocol._direct import shard_of
 
 __all__ = ["shard_of"]
-
-
-def shard_of(queue: str, shards: int) -> int:
-    """The index of the shard that owns `queue` among `shards` shards.
-
-    crc32, never Python's `hash()`: that one is salted per process, so two processes would
-    disagree on where a queue lives.
-    """
-    return zlib.crc32(queue.encode("utf-8", "surrogatepass")) % shards

@@ -129,6 +129,8 @@ VALID_TEXT = {
     "tcp_idle_timeout_ms": "0",
     "spin_us": "200",
     "spin_auto_max_us": "300",
+    "direct_shards": "true",
+    "direct_max_connections": "10",
     "stats_rate_window_s": "2",
     # -- isolation (writer and shard storage)
     "storage_retry_max_ms": "250",
@@ -244,6 +246,8 @@ max_frame_bytes = 1024
 tcp_idle_timeout_ms = 0
 spin_us = 200
 spin_auto_max_us = 300
+direct_shards = true
+direct_max_connections = 10
 stats_rate_window_s = 2
 storage_retry_max_ms = 250
 storage_stall_ms = 2000
@@ -379,6 +383,8 @@ def test_shards_auto_and_number() -> None:
         ("spin_us", "automatic"),
         ("spin_auto_max_us", "0"),
         ("spin_auto_max_us", "10001"),
+        ("direct_shards", "maybe"),
+        ("direct_max_connections", "0"),
         ("stats_rate_window_s", "0"),
         ("stats_rate_window_s", "3601"),
         # -- isolation (writer and shard storage)

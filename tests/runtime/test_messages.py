@@ -60,6 +60,7 @@ SAMPLES: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
     (msgs.cancel, ([{"conn": "t1"}],), {"t": "cancel", "items": [{"conn": "t1"}]}),
     (msgs.drained, (1,), {"t": "drained", "shard": 1}),
     (msgs.flow, (1, [["k", {}]]), {"t": "flow", "shard": 1, "items": [["k", {}]]}),
+    (msgs.direct, (1, 40000), {"t": "direct", "shard": 1, "port": 40000}),
     (
         msgs.muts,
         (0, 3, [["del", "j1"]]),

@@ -6,8 +6,8 @@ job-to-shard cache, the parked long-polls, the worker registry, the event ring a
 lifetime counters behind `Metrics`.
 
 Receives: client frames; on one Unix stream link per shard (`shardq.runtime.links`) `rep`,
-`events`, `cancel`, `drained`, `flow` and `loaded`; `shard-down` and `shard-up` from the supervisor
-(and from its own link watcher).
+`events`, `cancel`, `drained`, `flow`, `loaded` and `direct` (a shard's direct port);
+`shard-down` and `shard-up` from the supervisor (and from its own link watcher).
 
 Sends: `req`, `close`, `drain`, `listen`, `workers`, `flowack` and `parts` to the shards on
 the links;

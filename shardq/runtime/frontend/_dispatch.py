@@ -33,6 +33,7 @@ from shardq.protocol import (
     req_id,
     unknown_command,
 )
+from shardq.protocol._direct import HELLO_DIRECT, HELLO_SHARDS
 from shardq.protocol._fields import Limits
 from shardq.protocol._prepacked import JS_NUMBERS, PLAIN_NUMBERS
 from shardq.protocol._schema import check as schema_check
@@ -149,6 +150,10 @@ class Dispatcher:
         self.all_drained = asyncio.Event()
         self.release_on_close = True
         self._pullers: dict[str, Client] = {}  # conn -> a client that pulled (`_push_cancels`)
+        # The shards' direct ports (`shard._direct`), announced by each shard; Hello hands
+        # them to clients while every shard has one and is up. None in a cluster: the
+        # partition guard lives here, and a direct push would pass it by.
+        self.direct_ports: dict[int, int] | None = {}
         # The worker registry, Metrics, Stats and ListQueues.
         self.bunqueue = BunqueueCommands(router, rate_window_s)
         self.flows = FlowRoutes(router, loop, partial(self._to_shard, checked=True))
@@ -167,6 +172,7 @@ class Dispatcher:
             msgs.DRAINED: self._on_drained,
             msgs.SHARD_DOWN: self._on_shard_down,
             msgs.SHARD_UP: self._on_shard_up,
+            msgs.DIRECT: self._on_direct,
         }
         for table in (
             CronRoutes(router).handlers,
@@ -273,6 +279,7 @@ class Dispatcher:
         Installed over `_to_shard` only then, so a node alone pays nothing for it. `forward`
         may send a refused command to its holder instead (True: it did, `_forward.py`)."""
         unguarded = self._to_shard
+        self.direct_ports = None
 
         def refused(client: Client, req: object, name: str, frame: dict[str, Any]) -> bool:
             queue = frame.get("queue")
@@ -328,6 +335,10 @@ class Dispatcher:
             "server": "bunqueue",  # compat clients and upstream readiness probes check this
             "version": __version__,
         }
+        ports = self.direct_ports
+        if ports and len(ports) == self.shards and not self.down:
+            reply[HELLO_SHARDS] = self.shards
+            reply[HELLO_DIRECT] = [ports[i] for i in range(self.shards)]
         self.answer(client, req, reply)
 
     def _ping(self, client: Client, req: object, frame: dict[str, Any]) -> None:
@@ -347,7 +358,14 @@ class Dispatcher:
         self.router.deliver(msg.get("items"))
 
     def _on_shard_down(self, msg: Mapping[str, Any]) -> None:
+        if self.direct_ports is not None:
+            self.direct_ports.pop(msg.get("shard"), None)  # type: ignore[arg-type]
         self.router.shard_down(msg.get("shard"))
+
+    def _on_direct(self, msg: Mapping[str, Any]) -> None:
+        shard, port = msg.get("shard"), msg.get("port")
+        if self.direct_ports is not None and type(shard) is int and type(port) is int:
+            self.direct_ports[shard] = port
 
     def _on_events(self, msg: Mapping[str, Any]) -> None:
         self.events.on_events(msg.get("items"))

@@ -99,6 +99,9 @@ class Backend:
             # Its own front end, over TCP: the client's SHARDQ_* settings are not for it.
             zmq_server_key="",
             tls_ca_file="",
+            # Everything the HTTP port does goes through the front end, pushes included (its
+            # counters and job cache see them; docs/runtime.md, "The direct path").
+            direct=False,
         )
         return _Link(conn)
 

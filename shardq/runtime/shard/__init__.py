@@ -7,8 +7,9 @@ Receives: `req`, `close`, `drain`, `listen`, `workers`, `flowack` and (several n
 database) `parts` from the front end on its link; `done`, `fail` and `rejected` from the
 writer on its writer link; `writer-up` from its own loop when that link comes back.
 
-Sends: `rep`, `events`, `cancel`, `drained`, `flow` and `loaded` to the front end; `muts`,
-`flush` and `sync` to the writer; `ready`, `progress` and `fatal` to the supervisor.
+Sends: `rep`, `events`, `cancel`, `drained`, `flow`, `loaded` and `direct` (its direct port,
+with `direct_shards` on) to the front end; `muts`, `flush` and `sync` to the writer; `ready`,
+`progress` and `fatal` to the supervisor.
 """
 
 from shardq.runtime.shard._process import main

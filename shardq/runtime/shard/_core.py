@@ -118,6 +118,9 @@ class ShardCore:
         engine.cron.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
         self.waits = JobWaits()
         self.event_tap = EventTap()  # job events, built only while the front end listens
+        # Requests taken on this shard's direct port (`shard._direct`), None while it has none:
+        # Stats reports them as `directRequests` then.
+        self.direct_requests: int | None = None
         # The commands the shard answers itself rather than the engine: one lookup per request.
         self._own_commands: dict[object, OwnCommand] = {
             "PULL": self._pull,
@@ -393,6 +396,8 @@ class ShardCore:
         # Summed by the front end: how many shards see their writer stalled (the HTTP port's
         # /health turns degraded on it; the writer cannot say so while it does not run).
         totals["storageStalled"] = int(self.storage_stalled or self.batches.resend_failing)
+        if self.direct_requests is not None:
+            totals["directRequests"] = self.direct_requests
         return {"ok": True, "stats": totals}
 
     # -- long-polls ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
 from shardq.runtime._logging import configure
+from shardq.runtime._ports import connection_cap
 from shardq.runtime._routing import shard_of
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
@@ -39,6 +40,7 @@ from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._core import Outgoing, ShardCore
+from shardq.runtime.shard._direct import DirectPort
 from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
 from shardq.runtime.shard._salvage import salvage_replies
@@ -115,7 +117,34 @@ class ShardProcess:
         self._signals = SignalWaker([signal.SIGTERM])
         self._poller = zmq.Poller()
         self._poller.register(self._signals.fileno(), zmq.POLLIN)
+        self._direct: DirectPort | None = None
         self._watch_links()
+        self._direct = self._open_direct(spec)
+
+    def _open_direct(self, spec: ChildSpec) -> DirectPort | None:
+        """This shard's direct port (`shard._direct`), if `direct_shards` is on and no client
+        check lives in the front end alone (tokens, TLS). Raises `OSError` if it cannot bind."""
+        tcp = spec.tcp
+        if not tcp.direct_shards:
+            return None
+        if tcp.auth_tokens or tcp.tls_cert_file:
+            _log.info("direct port not opened: auth_tokens or TLS are set")
+            return None
+        direct = DirectPort(
+            tcp.host,
+            spec.index,
+            spec.shards,
+            self._poller,
+            # Like the TCP port's cap: descriptors stay free for the shard's own needs.
+            max_connections=connection_cap(tcp.direct_max_connections, tcp.reserved_fds),
+            max_frame_bytes=tcp.max_frame_bytes,
+            max_write_bytes=tcp.tcp_max_write_backlog_bytes,
+            handshake_s=tcp.tcp_handshake_timeout_ms / 1000,
+            frame_s=max(tcp.tcp_idle_timeout_ms, 0) / 1000,
+        )
+        self.core.direct_requests = 0
+        _log.info("direct port open", host=tcp.host, port=direct.port)
+        return direct
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -328,6 +357,8 @@ class ShardProcess:
         self._send(self.core.finish_turn(now))
         while not self._stop:
             timeout = self.core.poll_timeout(self.clock.now())
+            if self._direct is not None:
+                timeout = self._direct.poll_timeout(timeout)
             messages = self._wait(timeout)
             self._check_storage()
             now = self.clock.now()
@@ -357,6 +388,8 @@ class ShardProcess:
         self._signals.close()
         self.sup.close()
         self._front.close()
+        if self._direct is not None:
+            self._direct.close()
         self._writer.close()
         self._ctx.term()
 
@@ -391,6 +424,12 @@ class ShardProcess:
             if fd in ready:
                 for data in self._front.readable(fd):
                     self._decode(data, messages)
+        direct = self._direct
+        if direct is not None:
+            items = direct.serve(ready)
+            if items:
+                messages.append(dict(msgs.req(items)))
+                self.core.direct_requests = direct.served
         return messages
 
     def _poll(self, timeout_ms: int | None) -> list[tuple[Any, int]]:
@@ -430,14 +469,25 @@ class ShardProcess:
             fds.add(writer_fd)
         for fd in self._link_fds - fds:
             self._poller.unregister(fd)
-        for fd in fds - self._link_fds:
+        new = fds - self._link_fds
+        for fd in new:
             self._poller.register(fd, zmq.POLLIN)
         self._link_fds = fds
+        if new and self._direct is not None:
+            # A front end (re)connected: it learns this shard's direct port first.
+            self._front.send(pack(self._direct.announcement()))
 
     def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None:
         limit = self._links.link_max_frame_bytes
+        direct = self._direct
         for dest, msg in out:
             if dest == "front":
+                if direct is not None and direct.inflight and msg.get("t") == msgs.REP:
+                    # The direct port's replies go straight to their clients.
+                    rest = direct.take(msg)
+                    if rest is None:
+                        continue
+                    msg = rest
                 # Blocking is the back-pressure the runtime contract asks for: a front end
                 # that does not read stops this shard. While stopping, nobody may read.
                 data, msg = self._pack_reply(msg)

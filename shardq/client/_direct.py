@@ -1,0 +1,270 @@
+"""The direct path: single pushes straight to the shard that owns their queue.
+
+A server started with `direct_shards` announces, in its Hello reply, its shard count and one
+TCP port per shard (`shardq.protocol._direct`). A connection (`Connection`, `AsyncConnection`)
+asks as it connects, and from then on sends each single PUSH (no flow fields) to
+`shard_of(queue, shards)`'s port on the server's host: one process hop instead of two
+(docs/runtime.md, "The direct path"). Everything else, and every PUSH while the direct path is
+off, goes through the front end as before.
+
+Falling back: a shard that cannot be reached (a restarted shard listens on a new port), a
+connection that broke before the request was written, and a refusal (`DIRECT_REFUSED`: the
+shard does not serve it, nothing was applied) all send the push through the front end, and the
+direct path rests for `REFRESH_S` before the connection asks Hello again (`RECHECK_S` after a
+Hello that offered no ports). A connection lost after the push was written is raised, as
+through the front end (`ConnectionLost(sent=True)`), and so is a reply that does not come in
+time (`CommandTimeout`): the push may have been applied, so it is not silently sent twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from shardq.client._async_transport import AsyncTcpTransport, AsyncTransport, wait_replies_async
+from shardq.client._errors import CommandTimeout, ConnectionLost
+from shardq.client._sync_transport import SyncTcpTransport, SyncTransport, wait_replies
+from shardq.client._url import ClientSecurity, Endpoint
+from shardq.protocol._direct import DIRECT_REFUSED, HELLO_DIRECT, HELLO_SHARDS, shard_of
+
+__all__ = ["HELLO", "REFRESH_S", "AsyncDirectRoutes", "DirectLost", "DirectRoutes", "direct_queue"]
+
+Reply = dict[str, Any]
+
+HELLO: Final[Mapping[str, Any]] = {"cmd": "Hello", "protocolVersion": 3}
+REFRESH_S: Final = 1.0
+"""After a failure of the direct path, pushes go through the front end this long before the
+connection asks the server for the shards' ports again."""
+# A server whose Hello offers no ports (direct_shards off, a shard down, bunqueue) is asked
+# again this much later: the question costs a round trip through the front end.
+RECHECK_S: Final = 30.0
+_FLOW_FIELDS: Final = ("parentId", "childrenIds")
+# Sent once on each new direct connection, before any push: a shard at its connection cap
+# accepts and closes at once, and a push written then could not be told apart from one the
+# shard took. Any reply (the port refuses Ping) proves the connection is served.
+_PROBE: Final[Mapping[str, Any]] = {"cmd": "Ping"}
+
+
+class DirectLost(ConnectionLost):
+    """A shard's direct connection broke after the push was written (it may have been
+    applied); the connection to the front end is unaffected."""
+
+
+def direct_queue(commands: Sequence[Mapping[str, Any]]) -> str | None:
+    """The queue of a lone PUSH the direct path may carry, else None."""
+    if len(commands) != 1:
+        return None
+    cmd = commands[0]
+    queue = cmd.get("queue")
+    if cmd.get("cmd") != "PUSH" or type(queue) is not str:
+        return None
+    if any(key in cmd for key in _FLOW_FIELDS):  # the front end checks a flow's parents
+        return None
+    return queue
+
+
+def _ports(hello: Reply) -> tuple[int, list[int]] | None:
+    shards, ports = hello.get(HELLO_SHARDS), hello.get(HELLO_DIRECT)
+    if type(shards) is not int or shards < 1 or not isinstance(ports, list):
+        return None
+    if len(ports) != shards or not all(type(p) is int and 0 < p < 65536 for p in ports):
+        return None
+    return shards, ports
+
+
+def _refused(reply: Reply) -> bool:
+    error = reply.get("error")
+    return reply.get("ok") is False and isinstance(error, str) and error.startswith(DIRECT_REFUSED)
+
+
+class _Routes:
+    """What both kinds share: the ports, which shard, and when to ask again."""
+
+    def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
+        self._endpoint = endpoint
+        self._connect_timeout = connect_timeout
+        self.shards = 0
+        self._addresses: list[Endpoint] = []
+        self._ask_at = 0.0  # monotonic: when to (re)learn the ports; 0 = at the next push
+        self.used = 0  # pushes answered on the direct path (for tests and benchmarks)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the ports are known (pushes may go direct now)."""
+        return bool(self._addresses)
+
+    def due(self) -> bool:
+        """Whether the ports should be asked for (with `HELLO`) before this push."""
+        if self._addresses:
+            return False
+        now = time.monotonic()
+        if now < self._ask_at:
+            return False
+        self._ask_at = now + REFRESH_S  # a Hello that fails is not sent again at every push
+        return True
+
+    def learn(self, hello: Reply) -> None:
+        """Take the ports from a Hello reply; a server without them is asked again later."""
+        got = _ports(hello)
+        self._ask_at = time.monotonic() + (REFRESH_S if got is not None else RECHECK_S)
+        if got is None:
+            self.shards, self._addresses = 0, []
+            return
+        self.shards = got[0]
+        # Plain TCP on the server's host, whichever transport the connection itself uses.
+        self._addresses = [
+            dataclasses.replace(self._endpoint, scheme="tcp", port=p) for p in got[1]
+        ]
+
+    def _rest(self) -> None:
+        """The direct path failed: through the front end for a while, then ask again."""
+        self._addresses = []
+        self._ask_at = time.monotonic() + REFRESH_S
+
+    def _address(self, queue: str) -> tuple[int, Endpoint] | None:
+        if not self._addresses:
+            return None
+        shard = shard_of(queue, self.shards)
+        return shard, self._addresses[shard]
+
+
+class DirectRoutes(_Routes):
+    """The blocking connections to the shards' direct ports, opened on first use."""
+
+    def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
+        super().__init__(endpoint, connect_timeout)
+        self._open: dict[int, SyncTransport] = {}
+        self._lock = threading.Lock()
+
+    def call(self, queue: str, command: Mapping[str, Any], timeout: float) -> Reply | None:
+        """Push on the direct path; None when it goes through the front end instead.
+
+        Raises `ConnectionLost(sent=True)` and `CommandTimeout` as `wait_replies` does, once
+        the push was written.
+        """
+        found = self._address(queue)
+        if found is None:
+            return None
+        transport = self._transport(*found)
+        if transport is None:
+            return None
+        try:
+            reply = wait_replies(transport, [command], timeout)[0]
+        except ConnectionLost as e:
+            self._drop(found[0], transport)
+            if e.sent:
+                raise DirectLost(str(e), sent=True) from e
+            return None
+        if _refused(reply):
+            self._rest()
+            return None
+        self.used += 1
+        return reply
+
+    def _transport(self, shard: int, address: Endpoint) -> SyncTransport | None:
+        with self._lock:
+            transport = self._open.get(shard)
+            if transport is not None and transport.alive:
+                return transport
+            if transport is not None:  # closed by the shard: restarted, or it went away
+                transport.close()
+                del self._open[shard]
+                self._rest()
+                return None
+            try:
+                transport = SyncTcpTransport(address, self._connect_timeout, ClientSecurity())
+            except ConnectionLost:
+                self._rest()
+                return None
+            try:
+                wait_replies(transport, [_PROBE], self._connect_timeout)
+            except (ConnectionLost, CommandTimeout):
+                transport.close()
+                self._rest()
+                return None
+            self._open[shard] = transport
+            return transport
+
+    def _drop(self, shard: int, transport: SyncTransport) -> None:
+        with self._lock:
+            if self._open.get(shard) is transport:
+                del self._open[shard]
+            self._rest()
+        transport.close()
+
+    def close(self) -> None:
+        with self._lock:
+            open_, self._open = self._open, {}
+            self._addresses = []
+        for transport in open_.values():
+            transport.close()
+
+
+class AsyncDirectRoutes(_Routes):
+    """The asyncio connections to the shards' direct ports, opened on first use."""
+
+    def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
+        super().__init__(endpoint, connect_timeout)
+        self._open: dict[int, AsyncTransport] = {}
+
+    async def call(self, queue: str, command: Mapping[str, Any], timeout: float) -> Reply | None:
+        """Push on the direct path; None when it goes through the front end instead.
+        Raises what `DirectRoutes.call` raises."""
+        found = self._address(queue)
+        if found is None:
+            return None
+        shard, address = found
+        transport = self._open.get(shard)
+        if transport is None or not transport.alive:
+            if transport is not None:  # closed by the shard: restarted, or it went away
+                await self._drop(shard, transport)
+                return None
+            opened = await self._connect(address)
+            if opened is None:
+                self._rest()
+                return None
+            transport = self._open.get(shard)
+            if transport is not None and transport.alive:  # another task opened it meanwhile
+                await opened.close()
+            else:
+                transport = self._open[shard] = opened
+        try:
+            reply = (await wait_replies_async(transport, [command], timeout))[0]
+        except ConnectionLost as e:
+            await self._drop(shard, transport)
+            if e.sent:
+                raise DirectLost(str(e), sent=True) from e
+            return None
+        if _refused(reply):
+            self._rest()
+            return None
+        self.used += 1
+        return reply
+
+    async def _connect(self, address: Endpoint) -> AsyncTransport | None:
+        """A new connection to a direct port that answered the probe, or None."""
+        try:
+            opened = await AsyncTcpTransport.open(address, self._connect_timeout, ClientSecurity())
+        except ConnectionLost:
+            return None
+        try:
+            await wait_replies_async(opened, [_PROBE], self._connect_timeout)
+        except (ConnectionLost, CommandTimeout):
+            await opened.close()
+            return None
+        return opened
+
+    async def _drop(self, shard: int, transport: AsyncTransport) -> None:
+        if self._open.get(shard) is transport:
+            del self._open[shard]
+        self._rest()
+        await transport.close()
+
+    async def close(self) -> None:
+        open_, self._open = self._open, {}
+        self._addresses = []
+        for transport in open_.values():
+            await transport.close()

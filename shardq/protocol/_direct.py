@@ -1,0 +1,40 @@
+"""What shardq's own client and a shard's direct port agree on (docs/runtime.md, "The direct
+path"): which shard owns a queue, and the error by which a shard says "not here, go through
+the front end".
+
+A shard's direct port serves single pushes (PUSH) without the front end's hop. Every other
+command, a PUSH naming a parent or children, and a PUSH for a queue another shard owns, is
+answered with `DIRECT_REFUSED` (plus the reason) and nothing is applied: the client sends it
+again through the front end. The front end announces the direct ports in its Hello reply
+(`HELLO_SHARDS`, `HELLO_DIRECT`) only when every shard has one.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Final
+
+__all__ = ["DIRECT_REFUSED", "HELLO_DIRECT", "HELLO_SHARDS", "direct_refused", "shard_of"]
+
+DIRECT_REFUSED: Final = "Not served on a shard's direct port"
+"""The start of every refusal of the direct port: the client falls back to the front end."""
+
+HELLO_SHARDS: Final = "shards"
+"""The Hello reply's shard count, present with `HELLO_DIRECT`."""
+
+HELLO_DIRECT: Final = "directPorts"
+"""The Hello reply's list of direct ports, by shard index (same host as the TCP port)."""
+
+
+def direct_refused(reason: str) -> str:
+    """The error a direct port answers a command it does not serve with."""
+    return f"{DIRECT_REFUSED}: {reason}"
+
+
+def shard_of(queue: str, shards: int) -> int:
+    """The index of the shard that owns `queue` among `shards` shards.
+
+    crc32, never Python's `hash()`: that one is salted per process, so two processes (and the
+    client) would disagree on where a queue lives.
+    """
+    return zlib.crc32(queue.encode("utf-8", "surrogatepass")) % shards

@@ -1,0 +1,341 @@
+"""A shard's direct port: single pushes from shardq's client, without the front end's hop.
+
+One request through the front end is four process wake-ups (client -> front end -> shard ->
+front end -> client); straight to the shard it is two. With `direct_shards` on, each shard
+listens on an ephemeral TCP port on the front end's `host`, speaking the same frames as the
+TCP port (u32 length + msgpack, `reqId` echoed), and tells the front end its port over the
+link (`{"t": "direct"}`), which announces all of them in its Hello reply. The listener and its
+connections are plain non-blocking sockets in the shard's own `zmq.Poller`: a ZeroMQ ROUTER
+would add libzmq's I/O thread, two more wake-ups per request, the very cost this removes.
+
+What the front end does for a PUSH, and what happens to it here:
+
+- frame limits and decoding: the same `FrameDecoder`, bounded by `max_frame_bytes`, the same
+  error strings (`Invalid command format`, `Frame too large: ...` and the connection closed);
+- `cmd` checked (`Invalid command`), `reqId` echoed verbatim;
+- the schema and the engine's checks: in the engine, on the shard already, so a bad PUSH gets
+  the same error as through the front end;
+- auth tokens, TLS, the partition guard of a cluster: all front-end state. The port is not
+  opened with tokens or TLS set, and the front end announces no port in a cluster;
+- flows (`parentId`, `childrenIds`: the front end checks the parents on other shards) and
+  every command but PUSH: refused with `direct_refused(...)`, applied nowhere: the client sends
+  them through the front end;
+- a PUSH for a queue another shard owns: refused likewise (a client with a stale shard count);
+- the Metrics counters and the job cache (id -> shard) of the front end: not fed. Stats counts
+  the direct requests (`directRequests`); an id-only command for a job pushed here is found by
+  asking every shard, as for an id the cache forgot;
+- job events: the shard's own event tap sees the push, as any other;
+- durable pushes: answered after the writer's commit, through the same held replies.
+
+Requests enter the shard as one `req` message per turn with negative rids (the front end's
+are positive), so `ShardCore` handles them as any other; `take` pulls their replies out of the
+turn's `rep` batch before it goes to the front end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+import structlog
+import zmq
+
+from shardq.errors import ProtocolError
+from shardq.protocol import FrameDecoder, check_command, encode_js, error_reply
+from shardq.protocol._direct import direct_refused, shard_of
+from shardq.runtime import _messages as msgs
+
+__all__ = ["DIRECT_CONN_PREFIX", "DirectPort"]
+
+DIRECT_CONN_PREFIX: Final = "direct:"
+_READ_BYTES: Final = 256 * 1024
+# How often connections with a deadline (no whole frame yet, or a partial one) are checked.
+SWEEP_EVERY_S: Final = 1.0
+# At most one warning per this many seconds about connections refused at the cap.
+_WARN_EVERY_S: Final = 1.0
+# A flow's parts are checked against other shards by the front end.
+_FLOW_FIELDS: Final = ("parentId", "childrenIds")
+
+_log = structlog.get_logger()
+
+
+class _Conn:
+    __slots__ = ("closing", "deadline", "decoder", "name", "out", "sock")
+
+    def __init__(self, sock: socket.socket, name: str, max_frame: int) -> None:
+        self.sock = sock
+        self.name = name
+        self.decoder = FrameDecoder(max_frame)
+        self.out = bytearray()  # replies the socket did not take yet
+        self.closing = False  # close once `out` is written (a fatal frame error)
+        self.deadline: float | None = None  # monotonic s: closed unless a frame ends by then
+
+
+class DirectPort:
+    """The listener and connections of one shard's direct port, polled by the shard's loop."""
+
+    def __init__(
+        self,
+        host: str,
+        index: int,
+        shards: int,
+        poller: zmq.Poller,
+        *,
+        max_connections: int,
+        max_frame_bytes: int,
+        max_write_bytes: int,
+        handshake_s: float = 0.0,
+        frame_s: float = 0.0,
+    ) -> None:
+        """Listen on an ephemeral port of `host`. Raises `OSError` if it cannot be bound.
+
+        As on the TCP port, a connection must send a whole first frame within `handshake_s`
+        and finish each later frame within `frame_s` of reading its first bytes (0: no bound).
+        """
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, 0), family=family, backlog=128)
+        self._listener.setblocking(False)
+        self.port: int = self._listener.getsockname()[1]
+        self._index = index
+        self._shards = shards
+        self._poller = poller
+        self._max_connections = max_connections
+        self._max_frame = max_frame_bytes
+        self._max_write = max_write_bytes or (1 << 62)  # 0: unbounded, as on the TCP port
+        self._handshake_s = handshake_s
+        self._frame_s = frame_s
+        self._timed: set[_Conn] = set()  # connections with a deadline
+        self._next_sweep = 0.0
+        self._warned_at = 0.0
+        self._conns: dict[int, _Conn] = {}
+        self._by_name: dict[str, _Conn] = {}
+        self._names = itertools.count(1)
+        self._rids = itertools.count(-1, -1)
+        self.inflight: dict[int, str] = {}  # rid -> conn name, until the reply is taken
+        self._req_ids: dict[int, object] = {}  # rid -> the client's reqId
+        self.served = 0  # requests taken to the engine (Stats' directRequests)
+        poller.register(self._listener.fileno(), zmq.POLLIN)
+
+    def announcement(self) -> msgs.DirectMsg:
+        """The message telling the front end this port."""
+        return msgs.direct(self._index, self.port)
+
+    # -- input -------------------------------------------------------------------------------
+
+    def serve(self, ready: Mapping[Any, int]) -> list[list[Any]]:
+        """Accept and read what `ready` (the poll's result) says; return the request items
+        `[conn, rid, command]` for the engine. Writes pending replies on POLLOUT."""
+        items: list[list[Any]] = []
+        conns = self._conns
+        for fd, events in ready.items():
+            conn = conns.get(fd)
+            if conn is not None:
+                if events & zmq.POLLOUT:
+                    self._flush(conn)
+                if events & zmq.POLLIN and fd in conns:
+                    self._read(conn, items)
+            elif fd == self._listener.fileno():
+                self._accept()
+        if self._timed:
+            self._sweep(time.monotonic())
+        return items
+
+    def poll_timeout(self, timeout_ms: int | None) -> int | None:
+        """`timeout_ms`, or less so that the loop wakes for the next sweep of deadlines."""
+        if not self._timed:
+            return timeout_ms
+        left = max(int((self._next_sweep - time.monotonic()) * 1000) + 1, 0)
+        return left if timeout_ms is None else min(timeout_ms, left)
+
+    def _sweep(self, now: float) -> None:
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + SWEEP_EVERY_S
+        for conn in [c for c in self._timed if c.deadline is not None and c.deadline <= now]:
+            _log.info("direct connection closed: no whole frame in time", conn=conn.name)
+            self._drop(conn)
+
+    def _deadline(self, conn: _Conn, seconds: float) -> None:
+        if seconds > 0:
+            conn.deadline = time.monotonic() + seconds
+            if not self._timed:
+                self._next_sweep = time.monotonic() + SWEEP_EVERY_S
+            self._timed.add(conn)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of descriptors: the client falls back
+                _log.warning("direct port cannot accept", error=str(e))
+                return
+            if len(self._conns) >= self._max_connections:
+                now = time.monotonic()
+                if now - self._warned_at >= _WARN_EVERY_S:
+                    self._warned_at = now
+                    _log.warning("direct port at its connection cap", cap=self._max_connections)
+                sock.close()
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(
+                sock, f"{DIRECT_CONN_PREFIX}{self._index}:{next(self._names)}", self._max_frame
+            )
+            self._conns[sock.fileno()] = conn
+            self._by_name[conn.name] = conn
+            self._poller.register(sock.fileno(), zmq.POLLIN)
+            self._deadline(conn, self._handshake_s)
+
+    def _read(self, conn: _Conn, items: list[list[Any]]) -> None:
+        try:
+            data = conn.sock.recv(_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        if not data:
+            self._drop(conn)
+            return
+        replies: list[dict[str, Any]] = []
+        frames = conn.decoder.feed(data)
+        for frame in frames:
+            self._take(conn, frame, items, replies)
+        if frames or conn.deadline is None:
+            # A frame ended (or one began): what is left of the next one has `frame_s`.
+            conn.deadline = None
+            self._timed.discard(conn)
+            if conn.decoder.buffered:
+                self._deadline(conn, self._frame_s)
+        if replies:
+            self._write(conn, b"".join(encode_js(r) for r in replies))
+
+    def _take(
+        self,
+        conn: _Conn,
+        frame: dict[str, Any] | ProtocolError,
+        items: list[list[Any]],
+        replies: list[dict[str, Any]],
+    ) -> None:
+        """One decoded frame: a request for the engine, or an answer at once."""
+        if isinstance(frame, ProtocolError):
+            replies.append(error_reply(str(frame), frame.req_id))
+            if frame.fatal:
+                conn.closing = True
+            return
+        try:
+            name = check_command(frame)
+        except ProtocolError as e:
+            req = frame.get("reqId")
+            replies.append(error_reply(str(e), req if isinstance(req, str) else None))
+            return
+        refusal = self._refusal(name, frame)
+        if refusal is not None:
+            reply = error_reply(direct_refused(refusal))
+            if "reqId" in frame:
+                reply["reqId"] = frame["reqId"]
+            replies.append(reply)
+            return
+        rid = next(self._rids)
+        if "reqId" in frame:
+            self._req_ids[rid] = frame.pop("reqId")
+        self.inflight[rid] = conn.name
+        self.served += 1
+        items.append([conn.name, rid, frame])
+
+    def _refusal(self, name: str, frame: Mapping[str, Any]) -> str | None:
+        if name != "PUSH":
+            return f"{name} goes through the front end"
+        if any(key in frame for key in _FLOW_FIELDS):
+            return "a flow's PUSH goes through the front end"
+        queue = frame.get("queue")
+        # A queue that is not a string gets the engine's own error, as through the front end.
+        if isinstance(queue, str) and shard_of(queue, self._shards) != self._index:
+            return f"queue {queue!r} is on shard {shard_of(queue, self._shards)}"
+        return None
+
+    # -- output ------------------------------------------------------------------------------
+
+    def take(self, msg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Send this port's replies out of a `rep` batch; return the rest of the batch for the
+        front end, or None if nothing is left of it."""
+        inflight = self.inflight
+        rest: list[Any] = []
+        out: dict[str, list[dict[str, Any]]] = {}
+        for item in msg["items"]:
+            rid = item[1]
+            name = inflight.pop(rid, None) if type(rid) is int and rid < 0 else None
+            if name is None:
+                rest.append(item)
+                continue
+            reply = item[2]
+            req = self._req_ids.pop(rid, None)
+            if req is not None:
+                reply["reqId"] = req
+            out.setdefault(name, []).append(reply)
+        for name, replies in out.items():
+            conn = self._by_name.get(name)
+            if conn is not None:  # else gone: the reply goes nowhere, as for a closed TCP peer
+                self._write(conn, b"".join(encode_js(r) for r in replies))
+        if not rest:
+            return None
+        return msgs.rep(rest)
+
+    def _write(self, conn: _Conn, data: bytes) -> None:
+        if conn.out:
+            conn.out += data
+        else:
+            try:
+                sent = conn.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self._drop(conn)
+                return
+            if sent < len(data):
+                conn.out += memoryview(data)[sent:]
+                self._poller.modify(conn.sock.fileno(), zmq.POLLIN | zmq.POLLOUT)
+        if len(conn.out) > self._max_write:
+            _log.warning("direct connection dropped: it does not read its replies",
+                         conn=conn.name, unread=len(conn.out))  # fmt: skip
+            self._drop(conn)
+        elif conn.closing and not conn.out:
+            self._drop(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        del conn.out[:sent]
+        if not conn.out:
+            if conn.closing:
+                self._drop(conn)
+            else:
+                self._poller.modify(conn.sock.fileno(), zmq.POLLIN)
+
+    def _drop(self, conn: _Conn) -> None:
+        fd = conn.sock.fileno()
+        if self._conns.pop(fd, None) is None:
+            return
+        self._by_name.pop(conn.name, None)
+        self._timed.discard(conn)
+        with contextlib.suppress(KeyError, zmq.ZMQError):
+            self._poller.unregister(fd)
+        conn.sock.close()
+
+    def close(self) -> None:
+        for conn in list(self._conns.values()):
+            self._drop(conn)
+        with contextlib.suppress(KeyError, zmq.ZMQError):
+            self._poller.unregister(self._listener.fileno())
+        self._listener.close()

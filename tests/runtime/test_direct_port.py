@@ -1,0 +1,131 @@
+"""`DirectPort` on its own (no server): requests in, replies split out of a shard's `rep` batch.
+
+The front end's items in a batch must pass through untouched and in order; the port's own
+(negative rids) go to their connections with their `reqId`.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import pytest
+import zmq
+
+from shardq.protocol._direct import DIRECT_REFUSED, shard_of
+from shardq.runtime import _messages as msgs
+from shardq.runtime.shard._direct import DIRECT_CONN_PREFIX, DirectPort
+
+
+@pytest.fixture
+def port() -> Iterator[tuple[DirectPort, zmq.Poller]]:
+    poller = zmq.Poller()
+    direct = DirectPort(
+        "127.0.0.1", 0, 2, poller, max_connections=4, max_frame_bytes=1 << 20, max_write_bytes=0
+    )
+    yield direct, poller
+    direct.close()
+
+
+def _frame(cmd: dict[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(cmd)
+    return struct.pack(">I", len(body)) + body
+
+
+def _serve_until(direct: DirectPort, poller: zmq.Poller, want: int) -> list[list[Any]]:
+    items: list[list[Any]] = []
+    deadline = time.monotonic() + 10
+    while len(items) < want and time.monotonic() < deadline:
+        items += direct.serve(dict(poller.poll(100)))
+    return items
+
+
+def _read(sock: socket.socket) -> dict[str, Any]:
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
+        chunk = sock.recv(65536)
+        assert chunk, "closed"
+        data += chunk
+    reply: dict[str, Any] = msgpack.unpackb(data[4:])
+    return reply
+
+
+def test_pushes_become_requests_and_replies_leave_the_batch(
+    port: tuple[DirectPort, zmq.Poller],
+) -> None:
+    direct, poller = port
+    queue = next(f"q{i}" for i in range(100) if shard_of(f"q{i}", 2) == 0)
+    with socket.create_connection(("127.0.0.1", direct.port), timeout=5) as sock:
+        sock.sendall(_frame({"cmd": "PUSH", "queue": queue, "data": 1, "reqId": "a"}))
+        sock.sendall(_frame({"cmd": "PULL", "queue": queue, "reqId": "b"}))
+        items = _serve_until(direct, poller, 1)
+        assert len(items) == 1
+        conn, rid, cmd = items[0]
+        assert conn.startswith(DIRECT_CONN_PREFIX) and rid < 0
+        assert cmd == {"cmd": "PUSH", "queue": queue, "data": 1}  # reqId kept by the port
+        refused = _read(sock)  # the PULL is answered at once, applied nowhere
+        assert refused["reqId"] == "b" and refused["error"].startswith(DIRECT_REFUSED)
+        front = [["t1.1", 7, {"ok": True}], ["t1.2", 8, {"ok": False, "error": "x"}]]
+        batch = msgs.rep([front[0], [conn, rid, {"ok": True, "id": "j1"}], front[1]])
+        rest = direct.take(batch)
+        assert rest is not None and rest["items"] == front
+        assert _read(sock) == {"ok": True, "id": "j1", "reqId": "a"}
+        assert direct.inflight == {} and direct.served == 1
+        # A batch of the front end's alone goes on as it is; one of the port's alone, not at all.
+        assert direct.take(msgs.rep(list(front))) == msgs.rep(front)
+        sock.sendall(_frame({"cmd": "PUSH", "queue": queue, "data": 2}))
+        (item,) = _serve_until(direct, poller, 1)
+        assert direct.take(msgs.rep([[item[0], item[1], {"ok": True, "id": "j2"}]])) is None
+        assert _read(sock) == {"ok": True, "id": "j2"}
+
+
+def test_connections_past_the_cap_are_closed(port: tuple[DirectPort, zmq.Poller]) -> None:
+    direct, poller = port
+    socks = [socket.create_connection(("127.0.0.1", direct.port), timeout=5) for _ in range(5)]
+    try:
+        deadline = time.monotonic() + 10
+        closed: list[socket.socket] = []
+        while not closed and time.monotonic() < deadline:
+            direct.serve(dict(poller.poll(50)))
+            for s in socks:
+                s.setblocking(False)
+                try:
+                    if s.recv(1) == b"":
+                        closed.append(s)
+                except BlockingIOError:
+                    pass
+        assert len(closed) == 1  # the fifth: the cap is 4
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_a_silent_or_slow_connection_is_closed() -> None:
+    poller = zmq.Poller()
+    direct = DirectPort(
+        "127.0.0.1", 0, 1, poller, max_connections=4, max_frame_bytes=1 << 20,
+        max_write_bytes=0, handshake_s=0.2, frame_s=0.2,
+    )  # fmt: skip
+    try:
+        silent = socket.create_connection(("127.0.0.1", direct.port), timeout=5)
+        slow = socket.create_connection(("127.0.0.1", direct.port), timeout=5)
+        done = socket.create_connection(("127.0.0.1", direct.port), timeout=5)
+        slow.sendall(_frame({"cmd": "PUSH", "queue": "q", "data": 1})[:5])  # half a frame
+        done.sendall(_frame({"cmd": "PUSH", "queue": "q", "data": 1}))
+        items = []
+        deadline = time.monotonic() + 10
+        while len(direct._conns) != 1 and time.monotonic() < deadline:
+            items += direct.serve(dict(poller.poll(direct.poll_timeout(500))))
+        assert len(items) == 1  # the whole frame was taken
+        assert [c.name for c in direct._conns.values()] == [items[0][0]]  # the others closed
+        for sock in (silent, slow):
+            assert sock.recv(10) == b""
+        assert direct.poll_timeout(None) is None  # nothing left to watch
+        for sock in (silent, slow, done):
+            sock.close()
+    finally:
+        direct.close()
