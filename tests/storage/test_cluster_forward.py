@@ -409,8 +409,10 @@ def test_a_frozen_then_dead_owner_gives_a_clear_error_not_a_hang(
         refused = conn.call({"cmd": "Count", "queue": queue}, check=False)
         quick = time.monotonic() - started
     assert dead["ok"] is False and dead["error"].startswith("Node unavailable: node 127.0.0.1:")
-    # Sent on the open link before A saw it reset, or on a new connection B's port refused.
-    assert " closed the link" in dead["error"] or "cannot be reached" in dead["error"], dead
+    # Sent on the open link before A saw it reset, or on a new connection B's port refused;
+    # on a loaded machine B's tree may take longer than the forward timeout to die.
+    reasons = (" closed the link", "cannot be reached", "did not answer within 1 s")
+    assert any(r in dead["error"] for r in reasons), dead
     assert refused["ok"] is False and "cannot be reached" in refused["error"], refused
     assert quick < LEASE_MS / 1000
     # Then A takes B's partitions and serves the queue itself.
