@@ -42,8 +42,9 @@ def _scripts_dir(install: BunqueueInstall) -> Path:
     return target
 
 
-def run_script(name: str, port: int) -> dict[str, Any]:
-    """Run `ts/<name>.ts` against the server on `port`; the object it reported.
+def run_script(name: str, port: int, queue: str | None = None) -> dict[str, Any]:
+    """Run `ts/<name>.ts` against the server on `port`; the object it reported. `queue`: the
+    prefix of its queue names (`<queue>-<suffix>`, `_common.ts`), a fresh one by default.
 
     Raises AssertionError with the script's output when it exits badly or reports nothing.
     """
@@ -52,7 +53,7 @@ def run_script(name: str, port: int) -> dict[str, Any]:
     env = {
         **os.environ,
         "SHARDQ_PORT": str(port),
-        "SHARDQ_QUEUE": f"ts-{uuid.uuid4().hex[:8]}",
+        "SHARDQ_QUEUE": queue or f"ts-{uuid.uuid4().hex[:8]}",
         "NO_COLOR": "1",
     }
     done = subprocess.run(

@@ -32,7 +32,9 @@ import pytest
 from pg_server import new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compat"))
 
+from bun_scripts import run_script
 from shardq_harness import ShardqServer, free_port, poll_until
 
 from shardq.client import AsyncClusterConnection, ClusterConnection, Queue, TcpConnection
@@ -255,6 +257,28 @@ def test_bunqueue_client_through_the_node_that_does_not_own_its_queue(
     assert again is not None and again.data["n"] == 7
     with TcpConnection(*b.tcp_address, timeout=15) as conn:
         assert conn.call({"cmd": "GetJob", "id": job.id})["job"]["queue"] == queue
+
+
+def test_bunqueue_typescript_client_through_the_node_that_does_not_own_its_queue(
+    nodes: Nodes,
+) -> None:
+    # bunqueue's own TypeScript Worker (on Bun) against A, on a queue B holds: every PUSH,
+    # PULL, progress, FAIL and ACK of its retries goes through A's forwards.
+    a, b, url = nodes
+    owners = _owners(url)
+    base = next(f"tsf{i}" for i in range(100_000)
+                if owners.get(partition_of(f"tsf{i}-retries", PARTS)) == "node-b")  # fmt: skip
+    before = _forwards(a)
+    got = run_script("worker_retries", a.tcp_address[1], queue=base)
+    assert got["done"] is True and got["errors"] == []
+    assert got["attemptsSeen"] == [0, 1, 2] and got["failed"] == ["boom 1", "boom 2"]
+    assert got["state"] == "completed" and got["returnvalue"]["ok"] is True
+    assert _forwards(a) - before >= 6  # at least a push, three pulls, two fails and the ack
+    with TcpConnection(*b.tcp_address, timeout=15) as conn:
+        assert (
+            conn.call({"cmd": "GetJobCounts", "queue": f"{base}-retries"})["counts"]["completed"]
+            == 1
+        )
 
 
 def _get(url: str) -> tuple[int, bytes]:
