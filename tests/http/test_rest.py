@@ -202,7 +202,7 @@ def test_cluster_route_on_sqlite_is_this_node_alone(api: Any, server: ShardqServ
     answer = ok(api("GET", "/cluster"))
     node = f"{socket.gethostname()}:{server.tcp_port}"
     me = {"id": node, "address": f"127.0.0.1:{server.tcp_port}", "alive": True, "partitions": 256}
-    assert answer == {"ok": True, "nodes": [me], "partitions": 256}
+    assert answer == {"ok": True, "nodes": [me], "partitions": 256, "forwards": 0}
 
 
 def test_unknown_paths_and_bad_bodies(api: Any, server: ShardqServer) -> None:

@@ -77,6 +77,10 @@ _WIRE_ENVELOPES: Final[dict[object, msgs.ReqEnvelope]] = {
 }
 
 
+def _ignored(_msg: Mapping[str, Any]) -> None:
+    """A message with nothing to do here (see where it is registered)."""
+
+
 def _pass_through(client: Client) -> msgs.ReqEnvelope | None:
     """Let the shard pack a PULLB's reply in its final form for a TCP or ZeroMQ client (their
     `wire_mode` says how numbers go), to be passed on as bytes (`protocol._prepacked`). It
@@ -173,6 +177,9 @@ class Dispatcher:
             msgs.SHARD_DOWN: self._on_shard_down,
             msgs.SHARD_UP: self._on_shard_up,
             msgs.DIRECT: self._on_direct,
+            # A shard answers `parts` with `loaded`; only a node on a shared database sends
+            # `parts`, and its front end takes these over (`on_shard_kind`).
+            msgs.LOADED: _ignored,
         }
         for table in (
             CronRoutes(router).handlers,
