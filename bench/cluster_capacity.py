@@ -101,16 +101,21 @@ def _wait_converged(nodes: list[ShardqProcess], ids: list[str]) -> None:
     while time.monotonic() < deadline:
         views = [_held(n.tcp_port, i) for n, i in zip(nodes, ids, strict=True)]
         total = views[0][2]
-        share = total // len(nodes)
-        if all(live == len(nodes) and mine >= share for mine, live, _ in views):
+        # Each node aims at ceil(total / n): all but one may hold that, the last the rest.
+        floor = total - (len(nodes) - 1) * -(-total // len(nodes))
+        held = [mine for mine, _, _ in views]
+        live = all(n == len(nodes) for _, n, _ in views)
+        if live and sum(held) == total and min(held) >= floor:
             return
         time.sleep(0.5)
     raise RuntimeError(f"nodes did not share the partitions in {_CONVERGE_TIMEOUT_S}s")
 
 
 def _owned_partitions(port: int) -> set[int]:
-    """The partitions the node on `port` serves: those it does not answer MOVED for."""
+    """The partitions the node on `port` serves: those it does not answer MOVED for (on a
+    `NoForward` connection: otherwise it forwards the others)."""
     with TcpConnection("127.0.0.1", port) as conn:
+        conn.call({"cmd": "NoForward"})
         reply = conn.call({"cmd": "ClusterStatus"})
         total = int(reply["partitions"])
         owned = set()
@@ -145,6 +150,7 @@ def _queues_for(port: int, spread: int) -> Iterator[str]:
 
 def _rounds(port: int, queues: Iterator[str], stop: threading.Event, done: list[int]) -> None:
     with TcpConnection("127.0.0.1", port) as conn:
+        conn.call({"cmd": "NoForward"})  # a moved partition fails the run, never forwards
         while not stop.is_set():
             queue = next(queues)
             pushes = [
