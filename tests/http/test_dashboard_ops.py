@@ -251,6 +251,20 @@ def test_workers_are_named_by_what_they_serve(server: ShardqServer, page: Page) 
         request(server.http_url, "DELETE", f"/workers/{owner}")
 
 
+def test_cluster_page_shows_this_node_alone_on_sqlite(server: ShardqServer, page: Page) -> None:
+    # Without PostgreSQL the node is alone and holds every partition (docs/cluster.md).
+    page.goto(server.http_url + "/")
+    page.get_by_role("link", name="Cluster").click()
+    rows = page.locator('[data-testid="cluster"] tbody tr')
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text(f"127.0.0.1:{server.tcp_port}")
+    expect(rows.first.locator('[data-col="alive"]')).to_have_text("alive")
+    expect(rows.first.locator("td").last).to_have_text("256")
+    expect(page.get_by_test_id("cluster-summary")).to_have_text(
+        "256 partitions · 0 commands forwarded by this node"
+    )
+
+
 def test_favicon_is_served(server: ShardqServer, page: Page) -> None:
     icon = get(server.http_url, "/favicon.ico")
     assert icon.status == 200 and icon.headers["Content-Type"].startswith("image/svg+xml")

@@ -115,6 +115,19 @@ async function cronsView() {
     crons.truncated ? el("p", { class: "muted" }, `first ${crons.list.length} of ${crons.total}`) : ""];
 }
 
+// -- the cluster: the nodes on this node's database and the partitions each holds
+
+async function clusterView() {
+  const cluster = await api("/cluster");
+  const rows = cluster.nodes.map((n) => el("tr", { "data-node": n.id },
+    el("td", {}, n.id), el("td", {}, n.address), el("td", { "data-col": "alive" }, n.alive ? "alive" : "dead"),
+    num(n.partitions)));
+  return [el("h1", {}, "Cluster"),
+    el("p", { class: "muted", "data-testid": "cluster-summary" },
+      `${cluster.partitions} partitions · ${cluster.forwards ?? 0} commands forwarded by this node`),
+    table(["Node", "Address", "State", { label: "Partitions", num: true }], rows, "cluster")];
+}
+
 // -- errors: the failed list's columns and the job page's stack
 
 // The error's type: a traceback's last line ("ValueError: ...", Python) or first line
@@ -386,6 +399,7 @@ async function route() {
     else if (parts[0] === "worker") content = await workerView(parts[1]);
     else if (parts[0] === "search") content = await searchView(parts.slice(1).join("/"));
     else if (parts[0] === "crons") content = await cronsView();
+    else if (parts[0] === "cluster") content = await clusterView();
     else content = await queuesView();
     showError(null);
     view.replaceChildren(...[content].flat(2).filter((n) => n !== ""));
