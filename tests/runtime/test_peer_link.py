@@ -22,7 +22,7 @@ from shardq_harness import ShardqServer
 
 from shardq.client import TcpConnection
 from shardq.cluster._map import NodeInfo, write_map
-from shardq.runtime.frontend._forward import PEER, Forwarder, ForwardLimits, PeerLink
+from shardq.runtime.frontend._forward import PEER, Forwarder, ForwardLimits, PeerLink, _relay
 from shardq.runtime.http._cluster_facts import share_check
 
 
@@ -221,3 +221,28 @@ def test_a_forwarder_asks_every_peer_for_a_job_and_sums_their_heartbeats(
     assert missing == {"ok": False, "error": "Job not found"}  # every peer said so: ours
     assert beat == {"ok": True, "data": {"ok": True, "count": 2}}
     assert forwards == 3
+
+
+class _Recorder(_Client):
+    """A client connection that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replies: list[dict[str, Any]] = []
+
+    def send(self, reply: dict[str, Any]) -> None:
+        self.replies.append(reply)
+
+
+def test_a_moved_answer_from_the_holder_reaches_the_client_as_partition_unavailable() -> None:
+    # The two nodes' maps disagree for a moment while a partition changes hands: the holder
+    # by this node's map answers MOVED, which a client that did not ask for MOVED must not
+    # see; it gets the guard's retryable refusal instead. Other answers pass unchanged.
+    client = _Recorder()
+    _relay(client, "7", "10.0.0.2:6789", {"ok": False, "error": "MOVED 9 10.0.0.3:6789"})
+    _relay(client, "8", "10.0.0.2:6789", {"ok": True, "id": "j1"})
+    moved, ok = client.replies
+    assert moved["reqId"] == "7" and moved["ok"] is False
+    assert moved["error"].startswith("Partition unavailable: node 10.0.0.2:6789 ")
+    assert "partition 9" in moved["error"] and moved["error"].endswith("retry")
+    assert ok == {"ok": True, "id": "j1", "reqId": "8"}

@@ -264,7 +264,9 @@ def test_any_node_pushes_to_and_reads_from_every_queue(
     for node in (a, b, c):
         with TcpConnection(*node.tcp_address, timeout=10) as conn:
             for queue in QUEUES:
-                ids.append(call(conn, {"cmd": "PUSH", "queue": queue, "data": {}})["id"])
+                reply = call(conn, {"cmd": "PUSH", "queue": queue, "data": {}})
+                assert reply.get("ok") is True, (node.data_dir.name, queue, reply)
+                ids.append(reply["id"])
     for node in (a, b, c):
         with TcpConnection(*node.tcp_address, timeout=10) as conn:
             for job_id in ids:

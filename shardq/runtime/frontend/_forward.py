@@ -57,6 +57,7 @@ __all__ = [
 
 NODE_UNAVAILABLE: Final = "Node unavailable"
 NODE_BUSY: Final = "Node busy"
+PARTITION_UNAVAILABLE: Final = "Partition unavailable"  # the guard's refusal while one moves
 # A connection's `no_forward`: what it asked with `NoForward`.
 FORWARD: Final = 0  # a client (the default): forward, fan job ids out to the peers
 MOVED: Final = 1  # a client that follows MOVED itself (shardq's own client)
@@ -293,6 +294,18 @@ class PeerLink:
         self._drop("is not linked any more: this node is stopping")
 
 
+def _relay(client: Client, req: object, address: str, reply: Reply) -> None:
+    """A forward's reply to its client. A `MOVED` from the holder means the two nodes' maps
+    disagree for a moment (a partition changing hands): the client, which did not ask for
+    `MOVED`, gets the retryable refusal the guard gives while a partition moves."""
+    error = reply.get("error")
+    if isinstance(error, str) and error.startswith("MOVED "):
+        part = error.split(" ", 2)[1]
+        reply = {"ok": False, "error": f"{PARTITION_UNAVAILABLE}: node {address} does not hold "
+                 f"partition {part} by its own map (it is changing hands); retry"}  # fmt: skip
+    answer(client, req, reply)
+
+
 def _own_timeout(cmd: Mapping[str, Any]) -> float:
     """A long-poll's own wait (PULL's `timeout`, WaitJob's), in seconds, capped at an hour."""
     value = cmd.get("timeout")
@@ -335,7 +348,8 @@ class Forwarder:
             return False
         self.forwards += 1
         frame["cmd"] = name
-        self.link(error.rsplit(" ", 1)[1]).send(frame, lambda reply: answer(client, req, reply))
+        address = error.rsplit(" ", 1)[1]
+        self.link(address).send(frame, partial(_relay, client, req, address))
         return True
 
     def fan_out(self, client: Client, name: str, cmd: dict[str, Any], local: Reply,
