@@ -7,12 +7,16 @@ import asyncio
 import datetime as dt
 import ipaddress
 import os
+import socket
+import ssl
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import bunqueue
+import msgpack
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -113,6 +117,51 @@ def test_tls_with_shardq_client_cli_and_bunqueue_client(
     # The token came from a file: it is in no process's command line.
     for pid in [server.pid, *server.child_pids().values()]:
         assert b"s3cret-token" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def test_no_session_ticket_races_a_client_that_reads_and_writes_from_two_threads(
+    tls_server: tuple[ShardqServer, Path],
+) -> None:
+    """bunqueue-client reads its TLS socket in one thread while another writes the Auth. A
+    TLS 1.3 session ticket arriving in that moment corrupted the client's TLS state: about 1
+    connection in 12 hung on Auth, or failed with an SSL internal error. The server sends no
+    ticket."""
+    server, cert = tls_server
+    context = ssl.create_default_context(cafile=str(cert))
+    with (
+        socket.create_connection(("127.0.0.1", server.tcp_port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        auth = msgpack.packb({"cmd": "Auth", "token": "s3cret-token", "reqId": "1"})
+        tls.sendall(struct.pack(">I", len(auth)) + auth)
+        (length,) = struct.unpack(">I", _read_exactly(tls, 4))
+        assert msgpack.unpackb(_read_exactly(tls, length))["ok"] is True
+        assert tls.version() == "TLSv1.3"  # tickets are what TLS 1.3 sends after the handshake
+        session = tls.session
+        assert session is None or not session.has_ticket
+
+    producers = [
+        bunqueue.Queue(
+            "secure", host="127.0.0.1", port=server.tcp_port, token="s3cret-token",
+            tls={"ca_file": str(cert)}, command_timeout=30.0,
+        )  # fmt: skip
+        for _ in range(40)
+    ]
+    try:  # all kept open until the end, so no socket number is reused under a reader thread
+        ids = [producer.add("hello", {"n": n}).id for n, producer in enumerate(producers)]
+    finally:
+        for producer in producers:
+            producer.close()
+    assert len(set(ids)) == 40
+
+
+def _read_exactly(sock: ssl.SSLSocket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return data
 
 
 def test_plain_and_unverified_clients_are_refused_clearly(

@@ -43,6 +43,7 @@ from shardq.runtime._ports import AuthThrottle, descriptor_limit
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import SpinningSelector, spin_policy
 from shardq.runtime._ssrf import SsrfRules
+from shardq.runtime._tls import server_context
 from shardq.runtime.frontend._backups import BackupCommand
 from shardq.runtime.frontend._cluster import ClusterCommand
 from shardq.runtime.frontend._dispatch import Dispatcher
@@ -325,10 +326,7 @@ def _server_tls(spec: ChildSpec) -> ssl.SSLContext | None:
     """The TLS context of the TCP port, or None for plain TCP (the config checked the pair)."""
     if not (spec.tcp.tls_cert_file and spec.tcp.tls_key_file):
         return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(spec.tcp.tls_cert_file, spec.tcp.tls_key_file)
-    return context
+    return server_context(spec.tcp.tls_cert_file, spec.tcp.tls_key_file)
 
 
 def _server_curve(router: zmq.Socket[Any], spec: ChildSpec) -> None:
