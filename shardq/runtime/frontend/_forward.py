@@ -382,6 +382,21 @@ class Forwarder:
             self.link(address).send(cmd, partial(gather.part, k))
         return True
 
+    def gather_peers(
+        self, client: Client, cmd: dict[str, Any], done: Callable[[list[Reply]], None]
+    ) -> bool:
+        """Send `cmd` to every peer: `done` gets their replies in peer order (an error reply
+        for a peer that could not answer). False (nothing asked) for a peer's own request or
+        when there are no peers (`Router.gather_nodes`)."""
+        peers = self._peers()
+        if not peers or getattr(client, "no_forward", FORWARD) == PEER:
+            return False
+        self.forwards += 1
+        gather = Gather(len(peers), done)
+        for k, address in enumerate(peers):
+            self.link(address).send(dict(cmd), partial(gather.part, k))
+        return True
+
     def close(self) -> None:
         for link in self._links.values():
             link.close()

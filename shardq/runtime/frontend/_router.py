@@ -60,6 +60,8 @@ _ID_FIELDS: Final = {"GetJobByCustomId": "customId", "UpdateParent": "childId"}
 PeerLookup = Callable[[Client, str, dict[str, Any], Reply, OnReply], bool]
 # (client, name, a heartbeat batch, done with the peers' summed reply) -> whether they were.
 PeerCounts = Callable[[Client, str, dict[str, Any], OnReply], bool]
+# (client, a command, done with each peer's reply in peer order) -> whether they were asked.
+PeerGather = Callable[[Client, dict[str, Any], Callable[[list[Reply]], None]], bool]
 _PEERS: Final = -1  # a split batch's part bound for the other nodes
 
 
@@ -154,6 +156,9 @@ class Router:
         self.peers: PeerLookup | None = None
         # ... and has them count a heartbeat batch's jobs (`Forwarder.fan_out_counts`).
         self.peer_counts: PeerCounts | None = None
+        # ... and has every other node answer a command for its own shards
+        # (`Forwarder.gather_peers`), for `gather_nodes`.
+        self.peer_gather: PeerGather | None = None
 
     @property
     def pending(self) -> int:
@@ -208,6 +213,38 @@ class Router:
         gather = Gather(self.shards, done)
         for shard in range(self.shards):
             self.ask(shard, client.conn, frame, partial(gather.part, shard))
+
+    def gather_nodes(
+        self,
+        client: Client,
+        frame: dict[str, Any],
+        merge_shards: Callable[[list[Reply]], Reply],
+        done: Callable[[list[Reply]], None],
+    ) -> None:
+        """`frame` to every shard here and, with several nodes, to every other node at once:
+        `done` gets this node's reply (`merge_shards` of its shards' replies) first, then each
+        peer's reply in peer order, errors included (`Node unavailable: ...` for a peer that
+        could not answer). A peer's own request is answered for this node alone, so a
+        command gathered this way is asked of each node once."""
+        peer_gather = self.peer_gather
+        local: list[Reply] = []
+        peers: list[list[Reply]] = []
+
+        def settle() -> None:
+            if local and peers:
+                done([local[0], *peers[0]])
+
+        def shards_done(replies: list[Reply]) -> None:
+            local.append(merge_shards(replies))
+            settle()
+
+        def peers_done(replies: list[Reply]) -> None:
+            peers.append(replies)
+            settle()
+
+        if peer_gather is None or not peer_gather(client, frame, peers_done):
+            peers.append([])
+        self.gather(client, frame, shards_done)
 
     def learn(self, name: str, shard: int, reply: Reply) -> None:
         """Remember where the jobs a reply names live (only worth it with several shards)."""
