@@ -205,6 +205,10 @@ def status(url: Url = DEFAULT_URL, token: Token = None, as_json: Json = False) -
         "queues": counts,
         "paused": [q for q in queues if flags[q]],
     }
+    # Several nodes: the answer is every node's but those that could not answer.
+    missing = sorted({str(n) for r in (stats, workers) for n in r.get("unreachableNodes") or ()})
+    if missing:
+        summary["unreachableNodes"] = missing
     if as_json:
         print_json(summary)
         return
@@ -219,6 +223,8 @@ def status(url: Url = DEFAULT_URL, token: Token = None, as_json: Json = False) -
     print_table("queues", ["queue", *COUNT_STATES], _count_rows(counts))
     if summary["paused"]:
         typer.echo(paused_note(summary["paused"]))
+    if missing:
+        typer.echo(f"NOT ANSWERING: {', '.join(missing)}: their queues are not counted above")
 
 
 # -- queue

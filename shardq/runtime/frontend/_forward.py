@@ -48,6 +48,7 @@ __all__ = [
     "FORWARD",
     "MOVED",
     "NODE_BUSY",
+    "NODE_FIELD",
     "NODE_UNAVAILABLE",
     "PEER",
     "ForwardLimits",
@@ -57,6 +58,7 @@ __all__ = [
 
 NODE_UNAVAILABLE: Final = "Node unavailable"
 NODE_BUSY: Final = "Node busy"
+NODE_FIELD: Final = "node"  # the peer a reply to `Forwarder.gather_peers` came from
 PARTITION_UNAVAILABLE: Final = "Partition unavailable"  # the guard's refusal while one moves
 # A connection's `no_forward`: what it asked with `NoForward`.
 FORWARD: Final = 0  # a client (the default): forward, fan job ids out to the peers
@@ -386,21 +388,29 @@ class Forwarder:
         self, client: Client, cmd: dict[str, Any], done: Callable[[list[Reply]], None]
     ) -> bool:
         """Send `cmd` to every peer: `done` gets their replies in peer order (an error reply
-        for a peer that could not answer). False (nothing asked) for a peer's own request or
-        when there are no peers (`Router.gather_nodes`)."""
+        for a peer that could not answer), each with the peer's address in `node`. False
+        (nothing asked) for a peer's own request or when there are no peers
+        (`Router.gather_nodes`)."""
         peers = self._peers()
         if not peers or getattr(client, "no_forward", FORWARD) == PEER:
             return False
         self.forwards += 1
         gather = Gather(len(peers), done)
         for k, address in enumerate(peers):
-            self.link(address).send(dict(cmd), partial(gather.part, k))
+            self.link(address).send(dict(cmd), partial(_named, address, partial(gather.part, k)))
         return True
 
     def close(self) -> None:
         for link in self._links.values():
             link.close()
         self._links.clear()
+
+
+def _named(address: str, on_reply: OnReply, reply: Reply) -> None:
+    """A peer's reply names the peer (`node`): a cluster-wide answer lists the nodes that did
+    not answer (`_aggregate`), and an error made here for a link does not say whose it was."""
+    reply.setdefault(NODE_FIELD, address)
+    on_reply(reply)
 
 
 def _summed(name: str, replies: list[Reply]) -> Reply:
