@@ -131,13 +131,16 @@ def _http(node: ShardqServer, path: str) -> Any:
         return json.loads(reply.read())
 
 
-def _cli(node: ShardqServer, *args: str) -> Any:
-    shown = subprocess.run(
+def _run_cli(node: ShardqServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "shardq_cli.main", *args,
          "--url", f"tcp://127.0.0.1:{node.tcp_port}", "--json"],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
-    return json.loads(shown.stdout)
+
+
+def _cli(node: ShardqServer, *args: str) -> Any:
+    return json.loads(_run_cli(node, *args).stdout)
 
 
 def _counts(stats: dict[str, Any]) -> dict[str, int]:
@@ -317,6 +320,9 @@ def test_the_survivors_answer_without_a_killed_node(nodes: tuple[Nodes, str]) ->
         assert _http(a, "/queues")["unreachableNodes"] == [_address(b)]
         assert _http(a, "/dashboard/queues")["unreachableNodes"] == [_address(b)]
         assert _cli(a, "status")["unreachableNodes"] == [_address(b)]
+        listing = _run_cli(c, "queue", "list")
+        assert sorted(json.loads(listing.stdout)) == sorted({*queues["a"], *queues["c"]})
+        assert f"NOT ANSWERING: {_address(b)}" in listing.stderr
         asked = time.monotonic() - killed
         print(f"kill -9 of b: the survivors' answers named it within {asked * 1000:.0f} ms")
         assert asked < LEASE_MS / 1000, "b's lease lapsed before the test asked"

@@ -163,8 +163,8 @@ class NodeAnswers:
         done: Done,
     ) -> None:
         """`frame` to this node's shards and every peer; `done` gets the merged reply. With
-        `local: true` (or on a peer's link, or alone) this node's shards only."""
-        if frame.get(LOCAL) is True:
+        `local: true` (or on a peer's link, or on one machine) this node's shards only."""
+        if frame.get(LOCAL) is True or self._router.peer_gather is None:
             self._router.gather(client, frame, lambda replies: done(merge_shards(replies)))
             return
 
