@@ -9,6 +9,8 @@ name no queue asked of any node.
 - The HTTP API (GET /queues, /stats, /workers, /dashboard, /dashboard/queues) and the CLI
   (`shardq queue list`, `shardq status`) through one node show every node's queues; /health
   and /prometheus stay this node's.
+- A frozen node (SIGSTOP) is left out after `gather_timeout_ms` and named, and is part of the
+  answer again once it runs.
 - `kill -9` of one node: the survivors answer with the others and name the dead one in
   `unreachableNodes` instead of failing; once its lease lapsed and they took its queues, the
   answer is whole again.
@@ -19,7 +21,10 @@ Leases of 4.5 s: the kill test asks the survivors while the dead node still coun
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +48,7 @@ NEEDS_POSTGRES = True
 LEASE_MS = 4500
 ROUND_S = LEASE_MS / 3000
 PARTS = 12
+GATHER_TIMEOUT_MS = 1000  # a frozen node is left out after this
 NAMES = ("a", "b", "c")
 STATES = ("waiting", "active", "delayed", "completed", "dlq")
 RETRIED = ("Partition unavailable", "Node busy")  # answers that applied nothing
@@ -52,7 +58,8 @@ Nodes = dict[str, ShardqServer]
 def _node(tmp: Path, name: str, url: str, shards: int, http: bool) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
                 "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
-                "SHARDQ_MULTI_NODE_PREVIEW": "true"}  # fmt: skip
+                "SHARDQ_MULTI_NODE_PREVIEW": "true",
+                "SHARDQ_GATHER_TIMEOUT_MS": str(GATHER_TIMEOUT_MS)}  # fmt: skip
     return ShardqServer(
         tmp / name, shards=shards, env=settings, http_port=free_port() if http else 0
     )
@@ -279,6 +286,40 @@ def test_every_node_answers_for_the_whole_cluster(nodes: tuple[Nodes, str]) -> N
     finally:
         for conn in conns.values():
             conn.close()
+
+
+def _signal_tree(node: ShardqServer, sig: int) -> None:
+    for pid in [node.pid, *node.child_pids().values()]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def test_a_frozen_node_is_left_out_after_the_gather_timeout(nodes: tuple[Nodes, str]) -> None:
+    cluster, _ = nodes
+    a, b, c = (cluster[n] for n in NAMES)
+    local = {n: ask(cluster[n], {"cmd": "Stats", "local": True}) for n in NAMES}
+    whole = _summed(list(local.values()))
+    _signal_tree(c, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        stats = ask(a, {"cmd": "Stats"})
+        waited = time.monotonic() - started
+        print(f"a frozen node: Stats answered without it after {waited * 1000:.0f} ms")
+        assert stats["unreachableNodes"] == [_address(c)], stats
+        assert "did not answer within" in str(a.find_log("node left out of a cluster-wide answer",
+                                                         node=_address(c)))  # fmt: skip
+        assert _counts(stats["stats"]) == _summed([local["a"], local["b"]])
+        assert GATHER_TIMEOUT_MS / 1000 <= waited < GATHER_TIMEOUT_MS / 1000 + 2.0
+    finally:
+        _signal_tree(c, signal.SIGCONT)
+
+    def whole_again() -> bool:
+        stats = ask(b, {"cmd": "Stats"})
+        return "unreachableNodes" not in stats and _counts(stats["stats"]) == whole
+
+    poll_until(whole_again, 10, "c back in the answers")
+    ask(a, {"cmd": "Stats"})  # a's first answer with c in it again
+    assert a.wait_for_log("node answers cluster-wide commands again", node=_address(c))
 
 
 def test_the_survivors_answer_without_a_killed_node(nodes: tuple[Nodes, str]) -> None:

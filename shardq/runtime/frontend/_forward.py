@@ -79,6 +79,7 @@ class ForwardLimits:
     max_in_flight: int = 10_000
     max_bytes: int = 64 * 1024 * 1024
     timeout_s: float = 30.0
+    gather_timeout_s: float = 5.0  # a peer's answer to a cluster-wide command (gather_peers)
 
     @classmethod
     def from_spec(cls, spec: ChildSpec) -> ForwardLimits:
@@ -89,6 +90,7 @@ class ForwardLimits:
             max_in_flight=cluster.forward_max_in_flight,
             max_bytes=cluster.forward_max_bytes,
             timeout_s=cluster.forward_timeout_ms / 1000,
+            gather_timeout_s=cluster.gather_timeout_ms / 1000,
         )
 
 
@@ -173,8 +175,11 @@ class PeerLink:
         self.in_flight = 0
         self.bytes = 0
 
-    def send(self, cmd: Mapping[str, Any], on_reply: OnReply) -> None:
-        """Forward `cmd`; `on_reply` gets the peer's reply or an error (never re-entrantly)."""
+    def send(
+        self, cmd: Mapping[str, Any], on_reply: OnReply, timeout_s: float | None = None
+    ) -> None:
+        """Forward `cmd`; `on_reply` gets the peer's reply or an error (never re-entrantly),
+        at the latest after `timeout_s` (default `forward_timeout_ms`) plus a long-poll's own."""
         limits = self._limits
         if self.in_flight >= limits.max_in_flight or self.bytes >= limits.max_bytes:
             busy = f"{NODE_BUSY}: {self.in_flight} requests ({self.bytes} bytes) in flight"
@@ -194,7 +199,7 @@ class PeerLink:
         waiter.size = len(payloads[0])
         self.in_flight += 1
         self.bytes += waiter.size
-        wait = self._limits.timeout_s + _own_timeout(cmd)
+        wait = (self._limits.timeout_s if timeout_s is None else timeout_s) + _own_timeout(cmd)
         waiter.timer = self._loop.call_later(wait, self._expire, rids[0], wait)
         self._write(payloads[0])
 
@@ -388,7 +393,8 @@ class Forwarder:
         self, client: Client, cmd: dict[str, Any], done: Callable[[list[Reply]], None]
     ) -> bool:
         """Send `cmd` to every peer: `done` gets their replies in peer order (an error reply
-        for a peer that could not answer), each with the peer's address in `node`. False
+        for a peer that could not answer, or did not within `gather_timeout_ms`), each with
+        the peer's address in `node`. False
         (nothing asked) for a peer's own request or when there are no peers
         (`Router.gather_nodes`)."""
         peers = self._peers()
@@ -397,7 +403,8 @@ class Forwarder:
         self.forwards += 1
         gather = Gather(len(peers), done)
         for k, address in enumerate(peers):
-            self.link(address).send(dict(cmd), partial(_named, address, partial(gather.part, k)))
+            on_reply = partial(_named, address, partial(gather.part, k))
+            self.link(address).send(dict(cmd), on_reply, self._limits.gather_timeout_s)
         return True
 
     def close(self) -> None:
