@@ -65,6 +65,8 @@ GROUP = W("groupId", "key", "group id", max_len=256, required=True)
 LIMIT = F("limit", "count", "a count limit")
 COUNT = F("count", "count", "how many")
 TIMEOUT = F("timeout", "duration", "long-poll wait (ms)")
+# Several nodes on one database answer these commands for every node (docs/cluster.md).
+LOCAL = F("local", "bool", "shardq's: this node's answer alone, in a cluster")
 CRON_NAME = W("name", "key", "schedule name", max_len=256, required=True)
 
 JOB_FIELDS: Final[tuple[Field, ...]] = (
@@ -170,7 +172,7 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("UnregisterWorker", F("workerId", "key"), served="frontend"),
     C("Heartbeat", F("id", "key", "worker id"), F("activeJobs", "count"),
       F("processed", "count"), F("failed", "count"), served="frontend"),
-    C("ListWorkers", served="frontend"),
+    C("ListWorkers", LOCAL, served="frontend"),
     # -- reading jobs
     C("GetJob", ID),
     C("GetJobByCustomId", F("customId", "id", required=True)),
@@ -218,7 +220,7 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("Drain", QUEUE),
     C("Obliterate", QUEUE),
     C("Clean", QUEUE, F("grace", "duration"), W("state", "key", max_len=64), LIMIT),
-    C("ListQueues", served="frontend"),
+    C("ListQueues", LOCAL, served="frontend"),
     C("Dlq", QUEUE, COUNT, F("filter", "map")),
     C("GetDlqStats", QUEUE),
     C("RetryDlq", QUEUE, COUNT, F("jobId", "id")),
@@ -261,8 +263,8 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("Ping", served="frontend"),
     C("Hello", F("protocolVersion", "int", lo=0, hi=1000), served="frontend"),
     C("Auth", F("token", "key", max_len=4096), served="frontend"),
-    C("Stats", served="frontend"),
-    C("Metrics", QUEUE_OPT, served="frontend"),
+    C("Stats", LOCAL, served="frontend"),
+    C("Metrics", QUEUE_OPT, LOCAL, served="frontend"),
     C("TrimEvents", QUEUE_OPT, W("maxLength", "count"), served="frontend"),
     C("Prometheus", served="frontend"),
     C("StorageStatus", served="frontend"),
