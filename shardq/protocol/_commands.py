@@ -285,6 +285,8 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("AddWebhook", W("url", "key", "http(s) URL", max_len=2048, required=True),
       W("events", "list", "event names", max_len=64), W("queue", "key", max_len=256),
       W("secret", "key", max_len=1024),
+      F("webhookId", "key", "several nodes: the id the first node gave it", max_len=256),
+      F("createdAt", "time", "several nodes: when the first node added it"),
       served="frontend"),
     C("RemoveWebhook", F("webhookId", "key", required=True), served="frontend"),
     C("ListWebhooks", served="frontend"),

@@ -407,6 +407,20 @@ class Forwarder:
             self.link(address).send(dict(cmd), on_reply, self._limits.gather_timeout_s)
         return True
 
+    def tell_peers(self, cmd: dict[str, Any], done: Callable[[list[Reply]], None]) -> bool:
+        """Send `cmd` to every peer whoever asked this node (a peer's forward too): the
+        clean-up a change made here owes the other nodes (a moved schedule's old copies).
+        A peer takes it on its link as a peer's request: for its own shards only, so it goes
+        no further. False (nothing sent) when there are no peers."""
+        peers = self._peers()
+        if not peers:
+            return False
+        self.forwards += 1
+        gather = Gather(len(peers), done)
+        for k, address in enumerate(peers):
+            self.link(address).send(dict(cmd), partial(gather.part, k))
+        return True
+
     def close(self) -> None:
         for link in self._links.values():
             link.close()
