@@ -52,6 +52,8 @@ def _node(tmp: Path, name: str, url: str, shards: int) -> ShardqServer:
                 "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
                 "SHARDQ_MULTI_NODE_PREVIEW": "true",
                 "SHARDQ_FORWARD_TIMEOUT_MS": str(FORWARD_TIMEOUT_MS),
+                # the lists gather every node: a frozen one is left out after this long
+                "SHARDQ_GATHER_TIMEOUT_MS": str(FORWARD_TIMEOUT_MS),
                 "WEBHOOK_ALLOW_PRIVATE": "true", "WEBHOOK_RETRY_DELAY_MS": "100",
                 "SHARDQ_WEBHOOK_SYNC_MS": "50"}  # fmt: skip
     return ShardqServer(tmp / name, shards=shards, env=settings, http_port=free_port())
