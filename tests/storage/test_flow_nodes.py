@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ def _served_by_map(nodes: dict[str, ShardqServer], url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
-    """Nodes a, b (two shards) and c for the module; the last test kills node B."""
+    """Nodes a, b (two shards) and c for the module; the last two tests kill C, then B."""
     tmp = tmp_path_factory.mktemp("flows")
     url = new_database("flows")
     nodes = {name: _node(tmp, name, url, 2 if name == "node-b" else 1) for name in NAMES}
@@ -203,12 +203,12 @@ def test_a_flow_over_three_nodes_completes_through_any_node(three: Nodes) -> Non
         done = {_work(worker, grand_q) for _ in range(3)}
         assert done == {"xg", "yg", "zg"}
         for tag in "xyz":
-            poll_until(lambda t=tag: _state(reader, f"{t}c0") == "waiting", 15,  # type: ignore[misc]
+            poll_until(lambda t=tag: _state(reader, f"{t}c0") == "waiting", 15,
                        f"{tag}c0 released by its grandchild")  # fmt: skip
         ran = {_work(worker, q) for q in child_q for _ in range(3)}
         assert ran == {f"{t}c{i}" for t in "xyz" for i in range(3)}
         for tag in "xyz":
-            poll_until(lambda t=tag: _state(reader, f"{t}P") == "waiting", 15,  # type: ignore[misc]
+            poll_until(lambda t=tag: _state(reader, f"{t}P") == "waiting", 15,
                        f"{tag}P released by its children")  # fmt: skip
             values = _call(reader, {"cmd": "GetChildrenValues", "id": f"{tag}P"})
             assert values["data"]["values"] == {
@@ -342,6 +342,54 @@ def test_bunqueue_flow_producer_through_a_node_holding_none_of_its_queues(three:
         assert values == {k: {"from": k} for k in kids}
 
 
+def _drain(conn: TcpConnection, queues: list[str], until: Callable[[], bool],
+           wait_s: float) -> None:  # fmt: skip
+    """Pull and ACK (result `{"from": id}`) on `queues` until `until()` or `wait_s` passed."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not until():
+        for queue in queues:
+            pulled = _call(conn, {"cmd": "PULL", "queue": queue, "owner": "w", "timeout": 200})
+            job = pulled.get("job")
+            if job is not None:
+                ack = {"cmd": "ACK", "id": job["id"], "token": pulled["token"],
+                       "result": {"from": job["id"]}}  # fmt: skip
+                assert _call(conn, ack)["ok"]
+
+
+def test_kill_9_of_the_parents_node_mid_flow(three: Nodes) -> None:
+    """The parent on C, children on A and B. Half the children complete (their notices
+    applied and committed on C), then C is killed with `kill -9`; the other half complete
+    while no node serves the parent (their notices wait in the outboxes). A survivor takes
+    C's partitions and loads the parent with what it had counted; the waiting notices reach
+    it, and the parent has every child's result, each counted once."""
+    nodes, url = three
+    a, c = nodes["node-a"], nodes["node-c"]
+    parent_q = _queue_of(url, "node-c", "qp")
+    child_q = [_queue_of(url, "node-a", "qc"), _queue_of(url, "node-b", "qc")]
+    kids = [f"q{i}" for i in range(8)]
+    jobs = [{"id": "qP", "queue": parent_q, "input": _node_input(children=kids, durable=True)}]
+    jobs += [{"id": k, "queue": child_q[i % 2], "input": _node_input("qP", durable=True)}
+             for i, k in enumerate(kids)]  # fmt: skip
+    with _conn(a) as conn:
+        assert _call(conn, {"cmd": "PUSHF", "jobs": jobs})["ok"]
+        early = [_work(conn, queue) for queue in child_q for _ in range(2)]
+
+        def counted() -> int:
+            job = _call(conn, {"cmd": "GetJob", "id": "qP"}).get("job") or {}
+            return int(job.get("childrenCompleted", 0))
+
+        poll_until(lambda: counted() == 4, 15, "the first children counted on C")
+        c.kill9_tree()
+        late = [_work(conn, queue) for queue in child_q for _ in range(2)]
+        assert set(early) | set(late) == set(kids)
+        wait_s = 2 * LEASE_MS / 1000 + 30
+        poll_until(lambda: _state(conn, "qP") == "waiting", wait_s, "the parent released")
+        values = _call(conn, {"cmd": "GetChildrenValues", "id": "qP"})["data"]["values"]
+        assert values == {k: {"from": k} for k in kids}
+        assert counted() == 8
+        poll_until(lambda: _outbox(url, kids) == 0, 10, "every notice acknowledged")
+
+
 def _outbox(url: str, keys: list[str]) -> int:
     """How many of these children's notices wait in the flow outbox (not acknowledged)."""
     with psycopg.connect(url) as db:
@@ -350,21 +398,21 @@ def _outbox(url: str, keys: list[str]) -> int:
 
 
 def test_kill_9_of_the_childrens_node_mid_flow(three: Nodes) -> None:
-    """Children on B, their parent on A. Four children complete through C while A's front end
+    """Children on B, their parent on A. Four children complete through B while A's front end
     is frozen (SIGSTOP, well within a lease: A keeps its partitions), so their notices wait in
     B's outbox, committed; then B is killed with `kill -9` and A resumes. The survivors take
     B's partitions and load its children with those notices, and send them again; workers
     through A finish the other children (one whose ACK B had not committed runs again), and
     the parent gets every child's result, each counted once."""
     nodes, url = three
-    a, b, c = (nodes[n] for n in NAMES)
+    a, b = nodes["node-a"], nodes["node-b"]
     parent_q = _queue_of(url, "node-a", "kp")
     child_q = [_queue_of(url, "node-b", "kc", k) for k in range(2)]
     kids = [f"k{i}" for i in range(8)]
     jobs = [{"id": "kP", "queue": parent_q, "input": _node_input(children=kids, durable=True)}]
     jobs += [{"id": k, "queue": child_q[i % 2], "input": _node_input("kP", durable=True)}
              for i, k in enumerate(kids)]  # fmt: skip
-    with _conn(c) as conn:
+    with _conn(b) as conn:
         assert _call(conn, {"cmd": "PUSHF", "jobs": jobs})["ok"]
         frontend = a.child_pids()["frontend"]
         os.kill(frontend, signal.SIGSTOP)
@@ -374,17 +422,12 @@ def test_kill_9_of_the_childrens_node_mid_flow(three: Nodes) -> None:
             b.kill9_tree()
         finally:
             os.kill(frontend, signal.SIGCONT)
-    deadline = time.monotonic() + 2 * LEASE_MS / 1000 + 30
     with _conn(a) as conn:
-        while time.monotonic() < deadline and _state(conn, "kP") == "waiting-children":
-            for queue in child_q:
-                pulled = _call(conn, {"cmd": "PULL", "queue": queue, "owner": "w",
-                                      "timeout": 200})  # fmt: skip
-                job = pulled.get("job")
-                if job is not None:
-                    ack = {"cmd": "ACK", "id": job["id"], "token": pulled["token"],
-                           "result": {"from": job["id"]}}  # fmt: skip
-                    assert _call(conn, ack)["ok"]
+
+        def released() -> bool:
+            return _state(conn, "kP") != "waiting-children"
+
+        _drain(conn, child_q, released, 2 * LEASE_MS / 1000 + 30)
         assert _state(conn, "kP") == "waiting", _call(conn, {"cmd": "GetJob", "id": "kP"})
         values = _call(conn, {"cmd": "GetChildrenValues", "id": "kP"})["data"]["values"]
         assert values == {k: {"from": k} for k in kids}
