@@ -312,6 +312,62 @@ def test_remove_unprocessed_children_on_another_node(three: Nodes) -> None:
         assert values == {running: 0}
 
 
+def test_peer_requests_are_a_peers_only_and_a_notice_delivered_again_counts_once(
+    three: Nodes,
+) -> None:
+    """A client gets `Peer command: ...` for the peer requests (and a held PUSHF). On a
+    peer's link (`NoForward {node}`), a notice sent again, as a stale node's outbox would,
+    changes nothing in the parent: its count and values stay as the first delivery left
+    them; so does a late failure of a child already counted. A notice for a queue this node
+    does not serve is refused, to be sent again to its owner."""
+    nodes, url = three
+    a = nodes["node-a"]
+    parent_q = _queue_of(url, "node-a", "dp")
+    child_q = _queue_of(url, "node-b", "dc")
+    with _conn(a) as conn:
+        for cmd in ({"cmd": "PeerFlowNotify", "queue": parent_q, "items": []},
+                    {"cmd": "PeerFlowHeld", "ids": ["x"]},
+                    {"cmd": "PeerFlowRelease", "ids": ["x"], "queues": [parent_q]},
+                    {"cmd": "PUSHF", "hold": True,
+                     "jobs": [{"id": "h", "queue": parent_q, "input": {}}]}):  # fmt: skip
+            reply = conn.call(cmd, check=False)
+            assert str(reply.get("error", "")).startswith("Peer command: "), reply
+        flow = {"cmd": "PUSHF", "jobs": [
+            {"id": "dP", "queue": parent_q, "input": _node_input(children=["d0", "d1"])},
+            {"id": "d0", "queue": child_q, "input": _node_input("dP")},
+            {"id": "d1", "queue": child_q, "input": _node_input("dP")},
+        ]}  # fmt: skip
+        assert _call(conn, flow)["ok"]
+        assert _work(conn, child_q, 5) == "d0"
+
+        def job() -> dict[str, Any]:
+            return dict(_call(conn, {"cmd": "GetJob", "id": "dP"})["job"])
+
+        poll_until(lambda: job()["childrenCompleted"] == 1, 15, "d0 counted")
+    done = {"parent": "dP", "pq": parent_q, "child": "d0", "cq": child_q, "policy": None}
+    again = [{**done, "kind": "completed", "result": 99},
+             {**done, "kind": "failed", "reason": "stale", "policy": "fail"}]  # fmt: skip
+    with _conn(a) as peer:
+        assert peer.call({"cmd": "NoForward", "node": "node-b"})["ok"]
+        for _ in range(2):
+            reply = peer.call({"cmd": "PeerFlowNotify", "queue": parent_q, "items": again})
+            assert reply["ok"] and reply["applied"] == 0, reply
+        elsewhere = _queue_of(url, "node-b", "dn")
+        refused = peer.call({"cmd": "PeerFlowNotify", "queue": elsewhere, "items": again},
+                            check=False)  # fmt: skip
+        assert str(refused.get("error", "")).startswith("Partition unavailable"), refused
+    with _conn(a) as conn:
+        parent = job()
+        assert parent["state"] == "waiting-children"
+        assert parent["childrenCompleted"] == 1
+        values = _call(conn, {"cmd": "GetChildrenValues", "id": "dP"})["data"]["values"]
+        assert values == {"d0": 5}
+        assert _work(conn, child_q, 6) == "d1"
+        poll_until(lambda: _state(conn, "dP") == "waiting", 15, "the parent released")
+        values = _call(conn, {"cmd": "GetChildrenValues", "id": "dP"})["data"]["values"]
+        assert values == {"d0": 5, "d1": 6}
+
+
 def test_bunqueue_flow_producer_through_a_node_holding_none_of_its_queues(three: Nodes) -> None:
     """bunqueue-client's FlowProducer: children pushed first (parent "pending"), the parent
     with childrenIds, then UpdateParent per child, all through node C; the parent's queue is
