@@ -149,6 +149,7 @@ COMMANDS: Final[tuple[Command, ...]] = (
       job=True, doc="many jobs"),
     C("PUSHF", F("jobs", "list", "[{id, queue, input}] nodes of a flow", required=True,
                  max_len=_FRAME_BOUND),
+      F("hold", "flag", "another node's part of a flow: held until PeerFlowRelease"),
       served="frontend", job=True, doc="an atomic flow"),
     # -- consuming and leases
     C("PULL", QUEUE, W("timeout", "duration", "long-poll wait (ms)"), F("owner", "key"),
@@ -273,6 +274,15 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("NoForward", F("node", "key", "the node whose link this is", max_len=256),
       served="frontend",
       doc="answer MOVED on this connection instead of forwarding (docs/cluster.md)"),
+    # -- node to node, on a peer's link only (`NoForward {node}`): flows across nodes
+    C("PeerFlowNotify", QUEUE_OPT, F("items", "list", "child-finished notices", required=True,
+                                     max_len=_FRAME_BOUND),
+      served="frontend", doc="notices for flow parents on this node's queues"),
+    C("PeerFlowRelease", F("ids", "list", item="id", required=True, max_len=_FRAME_BOUND),
+      F("queues", "list", "each id's queue", item="queue", required=True, max_len=_FRAME_BOUND),
+      served="frontend", doc="release a flow's part this node holds"),
+    C("PeerFlowHeld", F("ids", "list", item="id", required=True, max_len=_FRAME_BOUND),
+      served="frontend", doc="which of these ids this node's shards hold"),
     C("CompactMemory", served="shard"),
     C("DashboardOverview", served="frontend"),
     C("DashboardQueues", F("limit", "count"), F("offset", "count"), served="frontend"),

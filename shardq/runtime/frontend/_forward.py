@@ -336,6 +336,10 @@ class Forwarder:
         self._links: dict[str, PeerLink] = {}
         self.forwards = 0  # commands forwarded (`/prometheus`: shardq_forwards_total)
 
+    def peers(self) -> Sequence[str]:
+        """The other live nodes' addresses now."""
+        return self._peers()
+
     def link(self, address: str) -> PeerLink:
         link = self._links.get(address)
         if link is None:
