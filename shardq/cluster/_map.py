@@ -78,9 +78,11 @@ def write_map(
     nodes: Sequence[NodeInfo],
     owners: Mapping[int, str],
     renew_ms: float = 0.0,
+    listening: bool = True,
 ) -> None:
     """Replace the map file (atomically). Raises OSError. `renew_ms`: how long the round
-    that wrote it took (`/prometheus`)."""
+    that wrote it took (`/prometheus`); `listening`: whether the round knew this node's TCP
+    port to accept connections (before, the node takes no partition)."""
     doc = {
         "node": node,
         "address": address,
@@ -95,6 +97,7 @@ def write_map(
         "owners": {str(p): o for p, o in sorted(owners.items())},
         "updated_ms": int(time.time() * 1000),
         "renew_ms": round(renew_ms, 3),
+        "listening": listening,
     }
     path = Path(run_dir) / MAP_FILE
     tmp = path.with_name(f".{MAP_FILE}.{os.getpid()}")
@@ -185,6 +188,9 @@ class PartitionGuard:
         self._addresses: dict[int, str] = {}
         self._memo: dict[str, int] = {}
         self.peers: tuple[str, ...] = ()  # the other live nodes' addresses (forwarding)
+        # Whether the lease thread has seen this node's TCP port accept (it takes partitions
+        # only from then on; the front end waits for it before it reports ready).
+        self.listening = False
 
     def refresh(self) -> bool:
         """Read the file again if it changed; True if it did."""
@@ -210,6 +216,7 @@ class PartitionGuard:
         self.holdings = held_pairs(doc)
         self.leased = frozenset(p for p, _ in self.holdings)
         self._valid_until = float(doc.get("valid_until", 0.0))
+        self.listening = doc.get("listening", True) is True
         self.peers = tuple(
             str(n.get("address")) for n in doc.get("nodes", [])
             if n.get("alive") and n.get("id") != self._node and n.get("address")

@@ -289,7 +289,11 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("DashboardQueue", QUEUE, F("includeJobs", "flag"), F("limit", "count"),
       F("offset", "count"), served="frontend"),
     C("SubscribeEvents", QUEUE_OPT, F("all", "flag"), F("since", "any"),
-      F("events", "list", item="key", max_len=64), served="frontend"),
+      F("events", "list", item="key", max_len=64),
+      F("queues", "list", "queue names (a node's link to a peer, docs/cluster.md)", item="key",
+        max_len=10_000),
+      F("local", "flag", "this node's own queues only (docs/cluster.md)"),
+      served="frontend"),
     C("UnsubscribeEvents", QUEUE_OPT, F("all", "flag"), served="frontend"),
     # -- webhooks
     C("AddWebhook", W("url", "key", "http(s) URL", max_len=2048, required=True),

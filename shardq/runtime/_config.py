@@ -263,6 +263,9 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "forward_max_bytes": _ranged(64 * 1024, 1 << 40),
     "forward_timeout_ms": _ranged(100, 3_600_000, ms=True),
     "gather_timeout_ms": _ranged(100, 3_600_000, ms=True),
+    "events_peer_buffer_bytes": _ranged(64 * 1024, 1 << 40),
+    "release_wait_rounds": _ranged(1, 1_000),
+    "parts_resend_ms": _ranged(50, 600_000, ms=True),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

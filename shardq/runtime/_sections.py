@@ -362,6 +362,17 @@ class ClusterSettings:
     # "Cluster-wide answers"): below the HTTP API's backend timeout, so a frozen node does
     # not make the dashboard fail.
     gather_timeout_ms: int = 5_000
+    # Events on several nodes (docs/cluster.md): the bytes a peer node's event link may
+    # leave unread on this node before events for it are dropped (counted), as a slow
+    # subscriber's past `events_subscriber_buffer_bytes`.
+    events_peer_buffer_bytes: int = 8 * 1024 * 1024
+    # A rebalance (docs/cluster.md "Taking over"): the renewal rounds a partition set aside
+    # waits, at most, for the shards to say they dropped it (its last writes committed)
+    # before it is released anyway (the fence then refuses what is left).
+    release_wait_rounds: int = 3
+    # A shard still behind the leases (a `parts` lost with a link that went down, a load
+    # that failed) is sent them again this often.
+    parts_resend_ms: int = 1_000
 
 
 # Section name (the attribute of `ServerConfig` and `ChildSpec`, the config file's table) -> its

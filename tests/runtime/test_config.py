@@ -206,6 +206,9 @@ VALID_TEXT = {
     "forward_max_bytes": "1048576",
     "forward_timeout_ms": "2000",
     "gather_timeout_ms": "1500",
+    "events_peer_buffer_bytes": "1048576",
+    "release_wait_rounds": "5",
+    "parts_resend_ms": "500",
 }
 
 
@@ -322,6 +325,9 @@ forward_max_in_flight = 100
 forward_max_bytes = 1048576
 forward_timeout_ms = 2000
 gather_timeout_ms = 1500
+events_peer_buffer_bytes = 1048576
+release_wait_rounds = 5
+parts_resend_ms = 500
 """
 
 

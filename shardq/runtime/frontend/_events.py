@@ -8,7 +8,15 @@ queue as bunqueue does: `{type: "event", event, id}` with no `reqId` (docs/proto
 
 A subscriber that does not read loses events, counted, once `events_subscriber_buffer_bytes`
 wait unread for it: the hub never buffers for it and never waits for it. In-process listeners
-(`add_listener`: webhooks, tests) get every event, with its id.
+(`add_listener`: tests) get every event of this node's shards, with its id.
+
+Several nodes (docs/cluster.md "Events on several nodes"): the events of other nodes' queues
+come relayed (`on_events(..., relayed=True)`, from `_event_relay.EventRelay`, which subscribes
+on every peer for what this node's clients want: `on_want`). A `local` subscription (a peer
+node's link, which says so with `local: true` and is marked by `NoForward {node}`, or the HTTP
+process's webhooks, which deliver per node) gets this node's own events only, and never makes
+this node subscribe on its peers: no event goes round in a loop. A peer's link may leave
+`events_peer_buffer_bytes` unread (`[cluster]`) instead of a client's bound.
 """
 
 from __future__ import annotations
@@ -25,14 +33,20 @@ from msgpack import packb  # type: ignore[import-untyped]
 
 from shardq.core._options import validate_queue_name as check_queue_name
 from shardq.runtime import _messages as msgs
-from shardq.runtime._sections import EventSettings
+from shardq.runtime._sections import ClusterSettings, EventSettings
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime.frontend._forward import PEER
 
 __all__ = ["EventHub", "EventLimits", "EventSink"]
 
 Reply = dict[str, Any]
 Event = dict[str, Any]
 Listener = Callable[[int, Event], None]
+# What this node's non-local subscribers want of the other nodes: (every queue, the queues).
+Want = tuple[bool, tuple[str, ...]]
+NOTHING: Final[Want] = (False, ())
+# A `queues` list longer than this is asked of the peers as `all` (the schema's list bound).
+MAX_WANTED_QUEUES: Final = 10_000
 
 _log = structlog.get_logger()
 
@@ -52,6 +66,7 @@ class EventSink(Protocol):
 
 
 _EVENTS = EventSettings()  # the defaults, declared once in `_sections.py`
+_CLUSTER = ClusterSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +77,7 @@ class EventLimits:
     ring_size: int = _EVENTS.events_ring_size
     ring_data_bytes: int = _EVENTS.events_ring_data_bytes
     buffer_bytes: int = _EVENTS.events_subscriber_buffer_bytes
+    peer_buffer_bytes: int = _CLUSTER.events_peer_buffer_bytes
 
     @classmethod
     def from_spec(cls, spec: ChildSpec) -> EventLimits:
@@ -69,14 +85,22 @@ class EventLimits:
             spec.events.events_ring_size,
             spec.events.events_ring_data_bytes,
             spec.events.events_subscriber_buffer_bytes,
+            spec.cluster.events_peer_buffer_bytes,
         )
 
 
 @dataclass(slots=True)
 class _Subscriber:
     sink: EventSink
-    queue: str | None  # None: every queue (shardq's `all: true`)
+    queues: frozenset[str] | None  # None: every queue (shardq's `all: true`)
+    local: bool = False  # this node's own events only (a peer's link, webhooks)
+    limit: int = 0  # unread bytes it may leave
     dropped: int = 0
+
+    def wants(self, event: Event, relayed: bool) -> bool:
+        return (self.queues is None or event["queue"] in self.queues) and not (
+            relayed and self.local
+        )
 
 
 class EventHub:
@@ -93,10 +117,12 @@ class EventHub:
         self._shards = shards
         self._control = control
         self._answer = answer
-        self.ring: deque[tuple[int, Event]] = (
+        # (id, event, relayed from another node)
+        self.ring: deque[tuple[int, Event, bool]] = (
             deque(maxlen=ring_size) if ring_size else deque(maxlen=0)
         )
         self.buffer_bytes = limits.buffer_bytes  # also bounds the cancels pushed to workers
+        self._peer_buffer_bytes = limits.peer_buffer_bytes
         self._ring_data_bytes = limits.ring_data_bytes
         self._ids = itertools.count(int(time.time() * _MICROS))
         self.last_id = 0
@@ -104,6 +130,9 @@ class EventHub:
         self._listeners: list[Listener] = []
         self._listening: tuple[bool, tuple[str, ...]] = (False, ())
         self.dropped = 0  # events not written to a subscriber that was not reading
+        # Told what this node's clients want of the other nodes' events (`EventRelay`).
+        self.on_want: Callable[[Want], None] | None = None
+        self.want: Want = NOTHING
         self.handlers: dict[str, Callable[[Any, object, dict[str, Any]], None]] = {
             "SubscribeEvents": self._subscribe,
             "UnsubscribeEvents": self._unsubscribe,
@@ -113,18 +142,21 @@ class EventHub:
     # -- commands --------------------------------------------------------------------------
 
     def _subscribe(self, client: Any, req: object, frame: dict[str, Any]) -> None:
-        every = frame.get("all") is True
-        queue = frame.get("queue")
-        if not every:
-            error = check_queue_name(queue)
-            if error is not None:
-                self._answer(client, req, {"ok": False, "error": error})
-                return
+        queues, error = _queues_of(frame)
+        if error is not None:
+            self._answer(client, req, {"ok": False, "error": error})
+            return
         if not hasattr(client, "push_event"):
             self._answer(client, req, {"ok": False, "error": "Events need a TCP or ZeroMQ client"})
             return
+        peer = getattr(client, "no_forward", None) == PEER
         # One subscription per connection, as bunqueue: a new one replaces the old one.
-        sub = _Subscriber(client, None if every else str(queue))
+        sub = _Subscriber(
+            client,
+            queues,
+            local=peer or frame.get("local") is True,
+            limit=self._peer_buffer_bytes if peer else self.buffer_bytes,
+        )
         self.subscribers[client.conn] = sub
         reply: Reply = {"ok": True}
         since = frame.get("since")
@@ -134,7 +166,7 @@ class EventHub:
             since = int(since)
         replay: list[tuple[int, Event]] = []
         if isinstance(since, int) and not isinstance(since, bool):
-            replay, gap = self._since(since, sub.queue)
+            replay, gap = self._since(since, sub)
             reply["lastEventId"] = self.last_id
             reply["gap"] = gap
         self._answer(client, req, reply)
@@ -142,14 +174,12 @@ class EventHub:
             self._deliver(sub, event_id, event, {})
         self._update_listen()
 
-    def _since(self, since: int, queue: str | None) -> tuple[list[tuple[int, Event]], bool]:
-        """The ring's events after `since` for `queue`, and whether some may be missing (the
+    def _since(self, since: int, sub: _Subscriber) -> tuple[list[tuple[int, Event]], bool]:
+        """The ring's events after `since` for `sub`, and whether some may be missing (the
         id is older than the oldest the ring still holds)."""
         oldest = self.ring[0][0] if self.ring else self.last_id + 1
         gap = since + 1 < oldest and since < self.last_id
-        return [
-            (i, e) for i, e in self.ring if i > since and (queue is None or e["queue"] == queue)
-        ], gap
+        return [(i, e) for i, e, relayed in self.ring if i > since and sub.wants(e, relayed)], gap
 
     def _unsubscribe(self, client: Any, req: object, frame: dict[str, Any]) -> None:
         self.subscribers.pop(client.conn, None)
@@ -170,11 +200,11 @@ class EventHub:
 
     def trim(self, queue: str, keep: int) -> int:
         """Drop the ring's events of `queue` but its newest `keep`; return how many went."""
-        held = sum(1 for _, e in self.ring if e["queue"] == queue)
+        held = sum(1 for _, e, _r in self.ring if e["queue"] == queue)
         remove = max(held - keep, 0)
         if remove:
             left = remove
-            kept: list[tuple[int, Event]] = []
+            kept: list[tuple[int, Event, bool]] = []
             for item in self.ring:
                 if left and item[1]["queue"] == queue:
                     left -= 1
@@ -210,8 +240,15 @@ class EventHub:
         self._control(shard, msgs.listen(every, list(queues)))
 
     def _update_listen(self) -> None:
-        every = bool(self._listeners) or any(s.queue is None for s in self.subscribers.values())
-        queues = () if every else tuple(sorted({str(s.queue) for s in self.subscribers.values()}))
+        subs = list(self.subscribers.values())
+        want = _wanted([s for s in subs if not s.local])
+        if want != self.want:
+            self.want = want
+            if self.on_want is not None:
+                self.on_want(want)
+        every, queues = _wanted(subs)
+        every = every or bool(self._listeners)
+        queues = () if every else queues
         if (every, queues) == self._listening:
             return
         self._listening = (every, queues)
@@ -221,18 +258,21 @@ class EventHub:
 
     # -- events in, frames out -------------------------------------------------------------
 
-    def on_events(self, items: object) -> None:
-        """A shard's `events` message. Never raises for a malformed item."""
+    def on_events(self, items: object, relayed: bool = False) -> None:
+        """A shard's `events` message, or (`relayed`) events of another node's queues. Never
+        raises for a malformed item."""
         for event in items if isinstance(items, list) else ():
             if not (isinstance(event, dict) and isinstance(event.get("queue"), str)):
                 continue
             event_id = next(self._ids)
             self.last_id = event_id
-            self.ring.append((event_id, self._ring_copy(event)))
+            self.ring.append((event_id, self._ring_copy(event), relayed))
             frames: dict[str, bytes] = {}
             for sub in self.subscribers.values():
-                if sub.queue is None or sub.queue == event["queue"]:
+                if sub.wants(event, relayed):
                     self._deliver(sub, event_id, event, frames)
+            if relayed:
+                continue  # the listeners (webhooks, tests) are this node's
             for listener in self._listeners:
                 try:
                     listener(event_id, event)
@@ -257,9 +297,38 @@ class EventHub:
         self, sub: _Subscriber, event_id: int, event: Event, frames: dict[str, bytes]
     ) -> None:
         msg = {"type": "event", "event": event, "id": event_id}
-        if not sub.sink.push_event(msg, frames, self.buffer_bytes):
+        if not sub.sink.push_event(msg, frames, sub.limit):
             sub.dropped += 1
             self.dropped += 1
             if sub.dropped == 1 or sub.dropped % 10_000 == 0:
                 _log.warning("events dropped for a slow subscriber", conn=sub.sink.conn,
                              dropped=sub.dropped)  # fmt: skip
+
+
+def _queues_of(frame: dict[str, Any]) -> tuple[frozenset[str] | None, str | None]:
+    """A subscription's queues (None: all) or the error: `all: true`, `queues` (shardq: a
+    list, what a node asks of its peers) or `queue`."""
+    if frame.get("all") is True:
+        return None, None
+    names = frame.get("queues")
+    if names is None:
+        names = [frame.get("queue")]
+    elif not isinstance(names, list) or not names:
+        return None, "queues must be a non-empty list of queue names"
+    for name in names:
+        error = check_queue_name(name)
+        if error is not None:
+            return None, error
+    return frozenset(str(n) for n in names), None
+
+
+def _wanted(subs: list[_Subscriber]) -> Want:
+    """What `subs` listen to together: every queue, or these."""
+    if not subs:
+        return NOTHING
+    if any(s.queues is None for s in subs):
+        return (True, ())
+    queues: set[str] = set()
+    for sub in subs:
+        queues.update(sub.queues or ())
+    return (False, tuple(sorted(queues)))

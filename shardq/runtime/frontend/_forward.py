@@ -160,11 +160,19 @@ class _Conn(asyncio.Protocol):
 class PeerLink:
     """One pipelined connection to a peer node's TCP port, reopened after a loss."""
 
-    def __init__(self, address: str, loop: asyncio.AbstractEventLoop, limits: ForwardLimits):
+    def __init__(
+        self,
+        address: str,
+        loop: asyncio.AbstractEventLoop,
+        limits: ForwardLimits,
+        on_push: Callable[[Reply], None] | None = None,
+    ) -> None:
         self.address = address
         self._loop = loop
         self._limits = limits
-        self._core: ClientCore[_Waiter] = ClientCore(Framing.STREAM)
+        # Frames the peer sends unasked (event frames, `_event_relay.py`): read as they come.
+        self._on_push = on_push
+        self._core: ClientCore[_Waiter] = self._new_core()
         self._conn: _Conn | None = None
         self._connecting = False
         self._retry_at = 0.0
@@ -174,6 +182,16 @@ class PeerLink:
         self._closed = False
         self.in_flight = 0
         self.bytes = 0
+        self.connections = 0  # connections made so far: a new one knows nothing of the last
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    def _new_core(self) -> ClientCore[_Waiter]:
+        core: ClientCore[_Waiter] = ClientCore(Framing.STREAM)
+        core.on_push = self._on_push
+        return core
 
     def send(
         self, cmd: Mapping[str, Any], on_reply: OnReply, timeout_s: float | None = None
@@ -244,6 +262,7 @@ class PeerLink:
                 conn.transport.abort()
             return
         self._conn = conn
+        self.connections += 1
         # The peer must read these before the forwards queued behind them.
         hello: list[dict[str, Any]] = []
         if self._limits.token:
@@ -286,7 +305,7 @@ class PeerLink:
         self._retry_at = self._loop.time() + _RETRY_S if backoff else 0.0
         self._out = []
         waiting = self._core.fail_all()
-        self._core = ClientCore(Framing.STREAM)
+        self._core = self._new_core()
         if waiting:
             _log.warning("peer link down", peer=self.address, requests=len(waiting), why=why)
         for waiter in waiting:

@@ -47,6 +47,7 @@ from shardq.runtime._tls import server_context
 from shardq.runtime.frontend._backups import BackupCommand
 from shardq.runtime.frontend._cluster import ClusterCommand
 from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.frontend._event_relay import EventRelay
 from shardq.runtime.frontend._events import EventLimits
 from shardq.runtime.frontend._forward import Forwarder, ForwardLimits, no_forward
 from shardq.runtime.frontend._links import ShardLinks
@@ -59,9 +60,6 @@ __all__ = ["Frontend", "main"]
 
 _BURST: Final = 1000  # shard messages taken per wake-up before the loop gets a turn
 _TCP_BACKLOG: Final = 1024
-# A shard still behind the leases is told them again this often (a `parts` lost with a link
-# that went down, or a load that failed); one that is loading just answers when done.
-_PARTS_RESEND_S: Final = 1.0
 
 _log = structlog.get_logger()
 
@@ -128,6 +126,7 @@ class Frontend:
         self._guard: PartitionGuard | None = None
         self._holding: frozenset[int] | None = None  # as last written (`_publish_holding`)
         self.forwarder: Forwarder | None = None
+        self.relay: EventRelay | None = None
         self.dispatcher.add_handlers({"NoForward": no_forward})
         if spec.external_store:
             # Several nodes may share the database: serve only the partitions held, and
@@ -145,6 +144,15 @@ class Frontend:
             self.dispatcher.router.peer_gather = self.forwarder.gather_peers
             self.dispatcher.router.peer_tell = self.forwarder.tell_peers
             self.dispatcher.flows.span_nodes(guard.refusal, self.forwarder)
+            # Subscribers here get the events of the other nodes' queues too.
+            hub = self.dispatcher.events
+            self.relay = EventRelay(
+                loop,
+                ForwardLimits.from_spec(spec),
+                lambda: guard.peers,
+                lambda events: hub.on_events(events, relayed=True),
+            )
+            hub.on_want = self.relay.set_want
         self.tcp = TcpGateway(self.dispatcher, loop, limits)
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, limits)
         self._inbox = self._ctx.socket(zmq.PULL)
@@ -177,6 +185,7 @@ class Frontend:
         ]
         if self._guard is not None:
             self._tasks.append(self.loop.create_task(self._watch_cluster(self._guard)))
+            await self._leases_taken(self._guard)
             await self._shards_caught_up(self._guard)
         self.loop.add_signal_handler(signal.SIGTERM, self.begin_drain)
         host = f"[{spec.tcp.host}]" if ":" in spec.tcp.host else spec.tcp.host
@@ -250,10 +259,11 @@ class Frontend:
     async def _watch_cluster(self, guard: PartitionGuard) -> None:
         """Re-read the writer's cluster map a few times per lease renewal, and tell the shards
         behind it which partitions the node holds (`parts`: they load and drop, then answer
-        `loaded`), when the leases change and again every `_PARTS_RESEND_S` while a shard is
+        `loaded`), when the leases change and again every `parts_resend_ms` while a shard is
         behind (docs/cluster.md). A `parts` goes after the requests already routed, so none
         for a dropped queue reaches a shard after it."""
         period = max(0.05, self.spec.cluster.lease_ms / 10_000)
+        resend_s = self.spec.cluster.parts_resend_ms / 1000
         told: frozenset[tuple[int, int]] | None = None
         next_resend = 0.0
         while True:
@@ -261,12 +271,29 @@ class Frontend:
             behind = guard.behind()
             now = time.monotonic()
             if behind and (guard.holdings != told or now >= next_resend):
-                told, next_resend = guard.holdings, now + _PARTS_RESEND_S
+                told, next_resend = guard.holdings, now + resend_s
                 pairs = sorted(told)
                 parts = msgs.parts([p for p, _ in pairs], [e for _, e in pairs])
                 for shard in behind:
                     self.dispatcher.router.control(shard, parts)
+            if self.relay is not None:
+                self.relay.sync()  # peers that came or went, links that broke
             await asyncio.sleep(period)
+
+    async def _leases_taken(self, guard: PartitionGuard) -> None:
+        """Wait (at most a lease) for the lease thread's first round after this front end
+        began to listen: only then does the node take its partitions (`writer._cluster`)."""
+        deadline = time.monotonic() + self.spec.cluster.lease_ms / 1000
+        next_progress = time.monotonic() + 0.25
+        while time.monotonic() < deadline:
+            guard.refresh()
+            if guard.listening:
+                return
+            await asyncio.sleep(0.01)
+            if time.monotonic() >= next_progress:
+                self.sup.progress()  # as in `_shards_caught_up`
+                next_progress = time.monotonic() + 0.25
+        _log.warning("the lease thread has not seen this node listen; serving what it holds")
 
     async def _shards_caught_up(self, guard: PartitionGuard) -> None:
         """Wait (at most a lease) until every shard holds what the leases say, so a node
@@ -320,6 +347,8 @@ class Frontend:
         self._links.close()
         if self.forwarder is not None:
             self.forwarder.close()
+        if self.relay is not None:
+            self.relay.close()
         self._inbox.close(linger=0)
         self.sup.close()
         self._ctx.term()

@@ -98,7 +98,8 @@ class _EventStream:
                 # alone (`frontend._forward`; the `node` value only has to be present).
                 hello = {"cmd": "NoForward", "node": "webhooks", "reqId": "n"}
                 writer.write(encode(hello))
-            sub: dict[str, Any] = {"cmd": "SubscribeEvents", "reqId": "s"}
+            # `local`: this node's queues only (a peer's link is so anyway; docs/cluster.md).
+            sub: dict[str, Any] = {"cmd": "SubscribeEvents", "reqId": "s", "local": True}
             sub.update({"all": True} if self.queue is None else {"queue": self.queue})
             if self._last_id is not None:
                 sub["since"] = self._last_id
