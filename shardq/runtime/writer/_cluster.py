@@ -10,12 +10,22 @@ own, one round every third of `lease_ms`:
    excess aside (a node joined), or acquire free and expired partitions up to it;
 4. publish the map (`shardq.cluster._map`) for the front end and the HTTP process.
 
+A node joins only once its front end listens: until a connection to its advertised address
+(`advertise`, what other nodes and `MOVED` name) is accepted, the rounds neither heartbeat
+nor take a partition (the first round, before any shard starts, holds nothing then), so no
+other node counts it, sets partitions aside for it or answers `MOVED` (or forwards) to an
+address that would refuse the connection. The thread tries the address every `_PROBE_S`;
+the round after it accepts runs at once and says so in the map (`listening`), which the
+front end waits for (at most a lease) before it reports ready. An address this machine
+cannot reach itself (a NAT's) is given up on after `_PROBE_LEASES` leases (at least
+`_PROBE_MIN_S`), with a warning: the node then joins as it would have.
+
 A partition set aside is not released at once: the map stops listing it, so the front end
 stops serving it and the shards drop its queues, while the lease (and so the fence) still
 lets the writer commit their last batches. Each shard says what it holds only once the
 writer confirmed all it sent before, and the front end writes the union to the holding file
 (`shardq.cluster._map.HOLDING_FILE`); at the first round that file no longer shows it (at
-most `_RELEASE_WAIT_ROUNDS` rounds) it is released, and a `NOTIFY` wakes the other nodes'
+most `release_wait_rounds` rounds) it is released, and a `NOTIFY` wakes the other nodes'
 threads (they `LISTEN`), which take it without waiting for their own next round. A clean
 stop leaves the live nodes first, then releases everything.
 
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -64,10 +75,11 @@ log = structlog.get_logger()
 _TRUSTED = 0.9
 # A dead node holding nothing leaves the nodes table after this many leases.
 _FORGET_LEASES = 10
-# Rounds a partition set aside for a rebalance waits, at most, for the shards to say they
-# dropped it (its last mutations committed) before it is released anyway: the fence then
-# refuses what is left, as it would a stale owner's.
-_RELEASE_WAIT_ROUNDS = 3
+# How often the thread tries its own advertised address before the front end listens, and
+# for how long at most.
+_PROBE_S = 0.05
+_PROBE_LEASES = 3
+_PROBE_MIN_S = 10.0
 
 
 class LeaseKeeper:
@@ -79,9 +91,16 @@ class LeaseKeeper:
         self._run_dir = spec.run_dir
         self._node = cluster.node_id
         self._address = cluster.advertise
+        self._listen_at = _probe_address(cluster.advertise)
+        # Whether this node's TCP port accepted a connection: before, it holds nothing.
+        self._listening = self._listen_at is None
         self._partitions = cluster.partitions
         self._lease_ms = cluster.lease_ms
         self._preview = cluster.multi_node_preview
+        # Rounds a partition set aside for a rebalance waits, at most, for the shards to say
+        # they dropped it (its last mutations committed) before it is released anyway: the
+        # fence then refuses what is left, as it would a stale owner's.
+        self._release_wait_rounds = cluster.release_wait_rounds
         # The running node's session: the same for every writer process of one `shardq
         # start` (a restarted writer is the same node), never the secret itself.
         self._session = hashlib.sha256(spec.internal_token.encode()).hexdigest()[:16]
@@ -169,7 +188,8 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         period = self._lease_ms / 3000
-        next_round = time.monotonic() + period
+        self._wait_listening()
+        next_round = time.monotonic() if self._listening else time.monotonic() + period
         while not self._stop.is_set():
             if self._wait_release(next_round - time.monotonic()):
                 log.info("a node released partitions; lease round now")
@@ -179,6 +199,21 @@ class LeaseKeeper:
             next_round = time.monotonic() + period
             if self._listener is None and not self._failing:
                 self._listen()  # lost with a connection: listen again once rounds work
+
+    def _wait_listening(self) -> None:
+        """Until the front end's TCP port accepts (or a stop), try it every `_PROBE_S`."""
+        give_up = time.monotonic() + max(_PROBE_MIN_S, _PROBE_LEASES * self._lease_ms / 1000)
+        while not self._listening and not self._stop.wait(_PROBE_S):
+            if _accepts(self._listen_at):
+                self._listening = True
+                log.info("the front end listens; this node takes partitions from now on")
+            elif time.monotonic() >= give_up:
+                self._listening = True
+                log.warning(
+                    "the advertised address does not accept connections from this machine; "
+                    "taking partitions anyway",
+                    advertise=self._address,
+                )
 
     def _wait_release(self, timeout: float) -> bool:
         """Sleep up to `timeout` s; True if another node's release woke this one."""
@@ -222,6 +257,8 @@ class LeaseKeeper:
     def _hold(self, started: float) -> dict[int, int]:
         conn = self._connection()
         lease = self._lease_ms
+        if not self._listening:  # not a node of the cluster yet: nothing is held
+            return self._keep({}, started)
         if not heartbeat(conn, self._node, self._address, self._session, lease):
             if not self._lost_id:
                 log.error("another live node runs under this node_id; holding nothing",
@@ -261,11 +298,11 @@ class LeaseKeeper:
     def _release_set_aside(self, conn: Conn, held: dict[int, int]) -> dict[int, int]:
         """Release the partitions set aside for a rebalance once the front end's holding
         file shows no shard holds them (each says so after the writer committed its last
-        mutations of them), or after `_RELEASE_WAIT_ROUNDS`; return what is held then."""
+        mutations of them), or after `release_wait_rounds`; return what is held then."""
         self._release_rounds += 1
         holding = read_holding(self._run_dir)
         busy = set(self._releasing) & holding if holding is not None else set()
-        if busy and self._release_rounds < _RELEASE_WAIT_ROUNDS:
+        if busy and self._release_rounds < self._release_wait_rounds:
             return held
         if busy:
             log.warning("releasing partitions the shards did not confirm dropped",
@@ -291,6 +328,7 @@ class LeaseKeeper:
                 nodes=nodes,
                 owners=owners,
                 renew_ms=self.renew_seconds * 1000,
+                listening=self._listening,
             )
         except (OSError, StorageError) as e:
             log.warning("cannot publish the cluster map", error=str(e))
@@ -301,3 +339,23 @@ class LeaseKeeper:
         if self._conn is None:
             self._conn = self._connect()
         return self._conn
+
+
+def _probe_address(advertise: str) -> tuple[str, int] | None:
+    """The advertised `host:port` to try; None when there is nothing to try by number (no
+    port, or port 0: picked at bind)."""
+    host, _, port = advertise.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _accepts(address: tuple[str, int] | None) -> bool:
+    """Whether a TCP connection to `address` is accepted (closed at once)."""
+    if address is None:
+        return True
+    try:
+        with socket.create_connection(address, timeout=1.0):
+            return True
+    except OSError:
+        return False
