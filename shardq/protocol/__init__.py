@@ -19,6 +19,7 @@ from shardq.protocol._errors import (
     INVALID_TOKEN,
     NOT_AUTHENTICATED,
     RATE_LIMIT_EXCEEDED,
+    WAIT_MOVED,
     frame_too_large,
     unknown_command,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "MAX_FRAME_SIZE",
     "NOT_AUTHENTICATED",
     "RATE_LIMIT_EXCEEDED",
+    "WAIT_MOVED",
     "DecodedFrame",
     "FrameCutter",
     "FrameDecoder",

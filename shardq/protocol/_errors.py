@@ -13,6 +13,7 @@ __all__ = [
     "INVALID_TOKEN",
     "NOT_AUTHENTICATED",
     "RATE_LIMIT_EXCEEDED",
+    "WAIT_MOVED",
     "frame_too_large",
     "unknown_command",
 ]
@@ -26,6 +27,11 @@ INVALID_COMMAND = "Invalid command"
 RATE_LIMIT_EXCEEDED = "Rate limit exceeded"
 NOT_AUTHENTICATED = "Not authenticated"
 INVALID_TOKEN = "Invalid token"
+
+WAIT_MOVED = "Partition unavailable: the job's partition moved to another node while waiting; retry"
+"""A WaitJob parked on a node that lost the job's partition (docs/cluster.md). The front end
+that took the client's WaitJob asks again where the job is now; a client sees it only when
+that fails too."""
 
 INTERNAL_SERVER_ERROR = "Internal server error"
 """What a handler failure that looks like a storage or network diagnostic is replaced with."""

@@ -165,6 +165,12 @@ def _relayed(seen: Seen, conn: TcpConnection, queue: str) -> None:
 def _run_job(conn: TcpConnection, queue: str, *, fail: bool = False) -> str:
     """Push a job to `queue`, pull it and ACK it (or FAIL it, with no retry); its id."""
     job_id = call(conn, {"cmd": "PUSH", "queue": queue, "data": {"n": 1}, "maxAttempts": 1})["id"]
+    _finish(conn, queue, job_id, fail=fail, result={"done": queue})
+    return job_id
+
+
+def _finish(conn: TcpConnection, queue: str, job_id: str, *, fail: bool, result: Any) -> None:
+    """Pull `queue` until `job_id` comes (ACKing the jobs before it), then ACK or FAIL it."""
     deadline = time.monotonic() + 15
     while True:  # a probe pushed before may come first
         got = call(conn, {"cmd": "PULL", "queue": queue, "owner": "w", "timeout": 0})
@@ -178,9 +184,16 @@ def _run_job(conn: TcpConnection, queue: str, *, fail: bool = False) -> str:
                                 "error": "boom"})  # fmt: skip
         else:
             reply = call(conn, {"cmd": "ACK", "id": job_id, "token": got["token"],
-                                "result": {"done": queue}})  # fmt: skip
+                                "result": result})  # fmt: skip
         assert reply.get("ok") is True, reply
-        return job_id
+        return
+
+
+def _wait_job(node: ShardqServer, job_id: str, out: list[Reply]) -> None:
+    with TcpConnection(*node.tcp_address, timeout=40) as conn:
+        reply = conn.call({"cmd": "WaitJob", "id": job_id, "timeout": 25_000}, check=False)
+    reply.pop("reqId", None)
+    out.append(reply)
 
 
 def test_a_subscriber_on_a_gets_b_queues_events_and_keeps_them_after_b_stops(
@@ -214,9 +227,21 @@ def test_a_subscriber_on_a_gets_b_queues_events_and_keeps_them_after_b_stops(
         # Another queue's events are not the single subscriber's.
         assert {e["queue"] for e in single.events} == {b_queues[0]}
 
+        # WaitJob (bunqueue's waitUntilFinished) through a on a job of b, parked on b when
+        # b stops: it is asked again of the job's new owner and answers when it completes.
+        waited: list[Reply] = []
+        with TcpConnection(*a.tcp_address, timeout=30) as on_a:
+            pending = call(on_a, {"cmd": "PUSH", "queue": b_queues[1], "data": {}})["id"]
+        waiter = threading.Thread(target=_wait_job, args=(a, pending, waited), daemon=True)
+        waiter.start()
+        time.sleep(0.5)  # parked on b
         assert b.stop() == 0  # SIGTERM: b hands its partitions over to a and c
         poll_until(lambda: sorted(_held(url).values()) == [PARTS // 2] * 2, 10,
                    "a and c to hold b's partitions")  # fmt: skip
+        with TcpConnection(*c.tcp_address, timeout=10) as on_c:
+            _finish(on_c, b_queues[1], pending, fail=False, result=42)
+        waiter.join(20)
+        assert waited == [{"ok": True, "completed": True, "result": 42}], waited
         owners = _owners(url)
         new_owner = {q: owners[partition_of(q, PARTS)] for q in b_queues}
         assert set(new_owner.values()) == {"a", "c"}, new_owner  # both kinds of takeover
@@ -291,11 +316,12 @@ def test_slow_readers_of_relayed_events_cost_bounded_memory(tmp_path: Path) -> N
             before = _rss_bytes(front_b)
             os.kill(front_a, signal.SIGSTOP)
             try:
-                _flood(on_b, name, 16)  # more than the kernel's socket buffers take
+                _flood(on_b, name, 24)  # 48 MB: far more than the kernel's buffers take
                 grown_b = _rss_bytes(front_b) - before
             finally:
                 os.kill(front_a, signal.SIGCONT)
-            assert grown_b < 12 * 1024 * 1024, grown_b
+            # Unbounded, b's would hold most of the 48 MB a did not read.
+            assert grown_b < 16 * 1024 * 1024, grown_b
             assert b.wait_for_log("events dropped for a slow subscriber", timeout=10)
             # The link is still a subscription: events flow again once a reads (the first
             # ones may be dropped while the reader catches up with the backlog).

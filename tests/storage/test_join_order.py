@@ -5,7 +5,8 @@ Nodes a and b serve a steady stream of reads of every partition's queues (each f
 its owner when it is not the node asked) while node c starts. c takes its share from a and b
 only once its TCP port accepts connections, so no read is ever forwarded to an address that
 refuses the connection (`Node unavailable: ... cannot be reached`), and a client that follows
-`MOVED` itself is never sent to one either.
+`MOVED` itself is never sent to one either. And a WaitJob parked on a job whose partition
+passes to c meanwhile answers the job's completion on c.
 
 Short leases (1500 ms). Deselected with SHARDQ_TEST_POSTGRES=0.
 """
@@ -98,6 +99,36 @@ class Reads:
         self.thread.join(15)
 
 
+def _wait_job(node: ShardqServer, queue: str, job_id: str, out: dict[str, Any]) -> None:
+    with TcpConnection(*node.tcp_address, timeout=40) as conn:
+        reply = conn.call({"cmd": "WaitJob", "id": job_id, "timeout": 25_000}, check=False)
+    reply.pop("reqId", None)
+    out[queue] = reply
+
+
+def _push(conn: TcpConnection, queue: str) -> str:
+    deadline = time.monotonic() + 15
+    while True:  # a partition of a or b may be between leases for a moment
+        reply = conn.call({"cmd": "PUSH", "queue": queue, "data": {}}, check=False)
+        if reply.get("ok"):
+            return str(reply["id"])
+        assert time.monotonic() < deadline, reply
+        time.sleep(0.05)
+
+
+def _complete(conn: TcpConnection, queue: str, job_id: str) -> None:
+    deadline = time.monotonic() + 15
+    while True:
+        got = conn.call({"cmd": "PULL", "queue": queue, "owner": "w", "timeout": 0}, check=False)
+        if got.get("ok") and got.get("job"):
+            assert got["job"]["id"] == job_id, got
+            ack = {"cmd": "ACK", "id": job_id, "token": got["token"], "result": queue}
+            assert conn.call(ack, check=False).get("ok") is True
+            return
+        assert time.monotonic() < deadline, got
+        time.sleep(0.05)
+
+
 def test_a_node_joining_under_load_never_sends_clients_to_a_closed_port(tmp_path: Path) -> None:
     url = new_database("join")
     # c runs two shards: more to start before its front end listens.
@@ -111,16 +142,32 @@ def test_a_node_joining_under_load_never_sends_clients_to_a_closed_port(tmp_path
                    "a and b to split the partitions", detail=lambda: str(_held(url)))  # fmt: skip
         readers = [Reads(a, queues, False), Reads(b, queues, False), Reads(a, queues, True),
                    Reads(b, queues, True)]  # fmt: skip
+        # A WaitJob through a on a job of every partition, parked on its owner, a or b; the
+        # partitions that pass to c take their jobs away from under them.
+        with TcpConnection(*a.tcp_address, timeout=10) as conn:
+            jobs = {q: _push(conn, q) for q in queues}
+        waits: dict[str, dict[str, Any]] = {}
+        waiters = [threading.Thread(target=_wait_job, args=(a, q, jobs[q], waits), daemon=True)
+                   for q in queues]  # fmt: skip
+        for waiter in waiters:
+            waiter.start()
         time.sleep(2 * ROUND_S)
         c.start()
         poll_until(lambda: sorted(_held(url).values()) == [PARTS // 3] * 3, 8 * ROUND_S + 10,
                    "c to take its share", detail=lambda: str(_held(url)))  # fmt: skip
         time.sleep(2 * ROUND_S)  # the forwards and MOVED answers naming c, once it holds
+        with TcpConnection(*c.tcp_address, timeout=10) as conn:
+            for queue in queues:
+                _complete(conn, queue, jobs[queue])
+        for waiter in waiters:
+            waiter.join(20)
     finally:
         for reader in readers:
             reader.close()
         for node in (a, b, c):
             node.close()
+    # Each WaitJob answers its job's completion, wherever the job went meanwhile.
+    assert waits == {q: {"ok": True, "completed": True, "result": q} for q in queues}, waits
     refused = [r for reader in readers for r in reader.refused]
     answers = sum(reader.answers for reader in readers)
     print(f"join under load: {answers} answers, {len(refused)} naming a closed port, "

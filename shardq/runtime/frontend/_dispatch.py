@@ -50,6 +50,7 @@ from shardq.runtime.frontend._flows import FlowRoutes
 from shardq.runtime.frontend._limits import PARKING_COMMANDS, ParkedSlots, parks
 from shardq.runtime.frontend._merge import JobCache
 from shardq.runtime.frontend._replies import NO_REQ_ID, Client, ParkedClient, Reply, answer
+from shardq.runtime.frontend._rewait import rewaiting
 from shardq.runtime.frontend._router import Router
 from shardq.runtime.frontend._webhooks import WebhookRoutes
 from shardq.runtime.links._stream import MAX_FRAME_BYTES
@@ -321,6 +322,11 @@ class Dispatcher:
             handler = self._local.get(name)
             if handler is not None:
                 self._local[name] = partial(_guarded_local, refused, name, handler)
+
+    def rewait_moved(self, loop: asyncio.AbstractEventLoop, lease_s: float) -> None:
+        """Several nodes: a WaitJob whose job passes to another node while it waits is routed
+        again, to wherever the job is then (`_rewait.py`)."""
+        self._route = rewaiting(self.router.route, loop, lease_s)
 
     def _park(self, client: Client, cmd: dict[str, Any]) -> Client:
         """A long-poll within the caps holds a slot until it is answered; past them it is

@@ -144,6 +144,7 @@ class Frontend:
             self.dispatcher.router.peer_gather = self.forwarder.gather_peers
             self.dispatcher.router.peer_tell = self.forwarder.tell_peers
             self.dispatcher.flows.span_nodes(guard.refusal, self.forwarder)
+            self.dispatcher.rewait_moved(loop, cluster.lease_ms / 1000)
             # Subscribers here get the events of the other nodes' queues too.
             hub = self.dispatcher.events
             self.relay = EventRelay(

@@ -22,7 +22,7 @@ from typing import Any, Final, TypeAlias
 import structlog
 
 from shardq.core import FLOW_NOTIFY, FLOW_RELEASE, Engine, Mutation, Record, job_id_of
-from shardq.protocol import INTERNAL_SERVER_ERROR
+from shardq.protocol import INTERNAL_SERVER_ERROR, WAIT_MOVED
 from shardq.runtime import _messages as msgs
 from shardq.runtime._sections import LinkSettings
 from shardq.runtime.links._stream import MAX_FRAME_BYTES
@@ -539,6 +539,14 @@ class ShardCore:
             self._replies.append([conn, parked.rid, {"ok": True, "completed": False}])
         _released, muts, events = self.engine.release(conn, now)
         self._absorb(muts, events)
+
+    def release_moved_waits(self) -> int:
+        """Answer the WaitJobs whose job left with a dropped partition: `WAIT_MOVED`, which
+        the front end that took the client's WaitJob asks again (docs/cluster.md)."""
+        gone = self.waits.take_gone(lambda job_id: self.engine.find(job_id) is not None)
+        for parked in gone:
+            self._replies.append([parked.conn, parked.rid, {"ok": False, "error": WAIT_MOVED}])
+        return len(gone)
 
     def _on_parts(self, msg: dict[str, Any], now: int) -> None:
         if self.parts_hook is not None:

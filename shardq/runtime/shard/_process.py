@@ -306,6 +306,7 @@ class ShardProcess:
             crons = [str(rec.get("queue")) for rec in engine.cron.schedules.values()]
             names = holdings.queues_of([*engine.queues, *crons], lost)
             jobs = forget_queues(self.core.engine, names)
+            self.core.release_moved_waits()
             _log.info("partitions dropped", partitions=len(lost), queues=len(names), jobs=jobs,
                       ms=round((time.monotonic() - started) * 1000))  # fmt: skip
         if gained:

@@ -182,6 +182,14 @@ class JobWaits:
                 self._by_job.pop(parked.key, None)
         return due
 
+    def take_gone(self, present: Callable[[str], bool]) -> list[Parked]:
+        """Remove and return the waiters of the jobs not `present` any more (their queue
+        left this shard with its partition)."""
+        gone: list[Parked] = []
+        for job_id in [j for j in self._by_job if not present(j)]:
+            gone.extend(self.take(job_id))
+        return gone
+
     def drop_conn(self, conn: str) -> list[Parked]:
         """Remove and return every waiter of a closed connection."""
         dropped = []
