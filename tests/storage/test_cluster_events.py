@@ -13,12 +13,15 @@ Short leases (1500 ms) keep each test to seconds. Deselected with SHARDQ_TEST_PO
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ from pg_server import new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
-from shardq_harness import ShardqServer, poll_until
+from shardq_harness import ShardqServer, free_port, poll_until
 from wire_clients import Tcp
 
 from shardq.client import Queue, QueueEvent, TcpConnection
@@ -44,11 +47,11 @@ RETRIED = ("Partition unavailable", "Node unavailable", "Node busy")
 Reply = dict[str, Any]
 
 
-def _node(tmp: Path, name: str, url: str, **env: str) -> ShardqServer:
+def _node(tmp: Path, name: str, url: str, *, http: bool = False, **env: str) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
                 "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
                 "SHARDQ_MULTI_NODE_PREVIEW": "true", **env}  # fmt: skip
-    return ShardqServer(tmp / name, shards=1, env=settings)
+    return ShardqServer(tmp / name, shards=1, env=settings, http_port=free_port() if http else 0)
 
 
 def _held(url: str) -> dict[str, int]:
@@ -90,7 +93,7 @@ def _start(nodes: list[ShardqServer], url: str) -> None:
 @pytest.fixture
 def three(tmp_path: Path) -> Iterator[tuple[list[ShardqServer], str]]:
     url = new_database("ev3")
-    nodes = [_node(tmp_path, name, url) for name in ("a", "b", "c")]
+    nodes = [_node(tmp_path, name, url, http=name == "a") for name in ("a", "b", "c")]
     try:
         _start(nodes, url)
         yield nodes, url
@@ -109,6 +112,31 @@ def call(conn: TcpConnection, cmd: Reply, timeout: float = 15.0) -> Reply:
         if time.monotonic() >= deadline:
             raise AssertionError(f"{cmd['cmd']} still refused after {timeout} s: {reply}")
         time.sleep(0.02)
+
+
+class Sse:
+    """The events of an SSE stream (`/events`), read by a thread of its own."""
+
+    def __init__(self, url: str) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.connected = threading.Event()
+        self.thread = threading.Thread(target=self._read, args=(url,), daemon=True)
+        self.thread.start()
+        assert self.connected.wait(10), "the SSE stream did not start"
+
+    def _read(self, url: str) -> None:
+        name = ""
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=60) as stream:
+            self.connected.set()
+            for raw in stream:
+                line = raw.decode().rstrip("\n")
+                if line.startswith("event: "):
+                    name = line.removeprefix("event: ")
+                elif line.startswith("data: ") and name:
+                    self.events.append((name, json.loads(line.removeprefix("data: "))))
+
+    def has(self, name: str, job_id: str) -> bool:
+        return any(n == name and d.get("jobId") == job_id for n, d in list(self.events))
 
 
 class Seen:
@@ -209,6 +237,8 @@ def test_a_subscriber_on_a_gets_b_queues_events_and_keeps_them_after_b_stops(
     got: list[QueueEvent] = []
     queue = Queue(b_queues[0], f"tcp://127.0.0.1:{a.tcp_port}")
     queue.on("*", got.append)
+    # The HTTP port's SSE stream on node a, for every queue.
+    sse = Sse(f"{a.http_url}/events")
     try:
         # The jobs run through node b itself: node a has no part in them but the events.
         with TcpConnection(*b.tcp_address, timeout=10) as on_b:
@@ -222,6 +252,8 @@ def test_a_subscriber_on_a_gets_b_queues_events_and_keeps_them_after_b_stops(
         poll_until(lambda: {(e.job_id, e.type) for e in got} >= {(done, "completed"),
                                                                  (failed, "failed")},
                    10, "shardq's client to get b's events")  # fmt: skip
+        poll_until(lambda: sse.has("job:completed", done) and sse.has("job:failed", failed), 10,
+                   "the SSE stream on a to get b's events")  # fmt: skip
         completed = next(e for e in got if e.job_id == done and e.type == "completed")
         assert completed.data == {"done": b_queues[0]} and completed.queue == b_queues[0]
         # Another queue's events are not the single subscriber's.
@@ -257,6 +289,8 @@ def test_a_subscriber_on_a_gets_b_queues_events_and_keeps_them_after_b_stops(
         _wait_kinds(single, ok_id, ["pushed", "completed"], "the single queue's events")
         poll_until(lambda: (ok_id, "completed") in {(e.job_id, e.type) for e in got}, 10,
                    "shardq's client to get the events after the takeover")  # fmt: skip
+        for ok_id, _ in after.values():
+            poll_until(lambda i=ok_id: sse.has("job:completed", i), 10, "SSE after the takeover")
         print(f"after SIGTERM of b: {new_owner}")
     finally:
         queue.close()

@@ -148,6 +148,9 @@ class LeaseKeeper:
                 "stop it, or wait lease_ms after it died, or set [cluster] "
                 "multi_node_preview = true to try them (docs/cluster.md)"
             )
+        # A writer restarted under a running front end finds the port open already: its first
+        # round must not drop (and its shards unload) what the node holds.
+        self._listening = self._listening or _accepts(self._listen_at)
         self._round()
         self._listen()
         self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
