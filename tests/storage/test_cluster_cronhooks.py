@@ -109,9 +109,16 @@ def _split(a: ShardqServer, b: ShardqServer, url: str) -> None:
                10 * LEASE_MS / 1000, "node-b to take half the partitions")  # fmt: skip
 
     def served() -> bool:
-        for here, there in ((a, "node-b"), (b, "node-a")):
-            reply = _call(here, {"cmd": "Count", "queue": _queue_of(url, there)}, peer=True)
-            if not str(reply.get("error", "")).startswith("MOVED "):
+        # A node joins once its front end listens, so the hand-over runs after b reported
+        # ready: each front end must name the other node (a partition set aside answers
+        # MOVED naming its own node for a moment) and serve its own queues (loaded by then).
+        for here, there, mine, theirs in ((a, b, "node-a", "node-b"), (b, a, "node-b", "node-a")):
+            reply = _call(here, {"cmd": "Count", "queue": _queue_of(url, theirs)}, peer=True)
+            error = str(reply.get("error", ""))
+            address = "{}:{}".format(*there.tcp_address)
+            if not (error.startswith("MOVED ") and error.endswith(f" {address}")):
+                return False
+            if not _call(here, {"cmd": "Count", "queue": _queue_of(url, mine)}).get("ok"):
                 return False
         return True
 
