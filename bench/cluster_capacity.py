@@ -5,7 +5,7 @@
 
 For each node count N: a fresh database on a throwaway PostgreSQL (`bench._pg_server`, its
 default settings: fsync on, synchronous_commit on), N real `shardq start --shards 1` nodes on
-it (`multi_node_preview`, their own ports and data dirs), and, once every node holds its share
+it (their own ports and data dirs), and, once every node holds its share
 of the partitions, one client per node that runs rounds of 20 PUSHB of 100 (8 in flight), then
 PULLB 100 + ACKB until the queue is empty, on queues of partitions that node holds, so that no
 request is forwarded. After `--seconds` the clients finish their round, the processes settle
@@ -187,7 +187,7 @@ def run_once(pg: PostgresServer, count: int, seconds: float, queues: int) -> dic
     with psycopg.connect(pg.url(), autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = pg.url(name)
-    env = {**os.environ, "SHARDQ_STORAGE_URL": url, "SHARDQ_MULTI_NODE_PREVIEW": "true",
+    env = {**os.environ, "SHARDQ_STORAGE_URL": url,
            "SHARDQ_LEASE_MS": "3000"}  # fmt: skip
     ids = [f"n{i}" for i in range(count)]
     nodes: list[ShardqProcess] = []

@@ -3,7 +3,7 @@ that does not own the queue against the owner directly.
 
     python -m bench.forward [--pushes 2000] [--rounds 5] [--durable]
 
-Two `shardq start` nodes (1 shard each, multi_node_preview) on one throwaway PostgreSQL
+Two `shardq start` nodes (1 shard each) on one throwaway PostgreSQL
 (`bench._pg_server`, default settings) on this machine. One client connection to each node;
 each round sends `--pushes` single PUSHes, one at a time (send, wait for the reply), for a
 queue node B owns: through B (direct) and through A (forwarded to B over A's link), the two
@@ -34,7 +34,7 @@ PARTS = 16
 def _node(name: str, url: str) -> tuple[ShardqProcess, int]:
     http = free_port()
     env = {**os.environ, "SHARDQ_STORAGE_URL": url, "SHARDQ_NODE_ID": name,
-           "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_MULTI_NODE_PREVIEW": "true",
+           "SHARDQ_PARTITIONS": str(PARTS),
            "SHARDQ_LEASE_MS": "3000"}  # fmt: skip
     return ShardqProcess("1", "--http-port", str(http), env=env), http
 

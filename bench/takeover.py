@@ -34,8 +34,7 @@ BATCH = 500
 
 def _node(name: str, url: str, shards: int, lease_ms: int) -> ShardqProcess:
     env = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(lease_ms),
-           "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
-           "SHARDQ_MULTI_NODE_PREVIEW": "true"}  # fmt: skip
+           "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name}  # fmt: skip
     return ShardqProcess(str(shards), env={**os.environ, **env})
 
 

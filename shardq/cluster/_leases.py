@@ -32,7 +32,6 @@ __all__ = [
     "heartbeat",
     "leave",
     "live_nodes",
-    "other_live_nodes",
     "release",
     "renew",
 ]
@@ -107,16 +106,6 @@ def live_nodes(conn: Conn, lease_ms: int) -> int:
         (lease_ms,),
     ).fetchone()
     return max(1, int(row[0]) if row is not None else 1)
-
-
-def other_live_nodes(conn: Conn, node: str, lease_ms: int) -> list[str]:
-    """The ids of the other nodes that sent a heartbeat within the last lease."""
-    rows = conn.execute(
-        "SELECT id FROM cluster_nodes WHERE id <> %s"
-        " AND heartbeat_at >= now() - %s * interval '1 millisecond' ORDER BY id",
-        (node, lease_ms),
-    ).fetchall()
-    return [str(row[0]) for row in rows]
 
 
 def renew(conn: Conn, node: str, held: dict[int, int], lease_ms: int) -> dict[int, int]:

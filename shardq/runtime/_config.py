@@ -27,7 +27,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from shardq.core import EngineConfig
 from shardq.errors import ShardqError
@@ -147,6 +147,13 @@ def _spin(value: object) -> int | str:
         ) from None
 
 
+# Keys a file may still hold from an earlier release, and what to do instead: an error that
+# says so, rather than "unknown key" or a setting silently ignored.
+RETIRED_KEYS: Final = {
+    "multi_node_preview": "several live nodes on one database need no flag any more "
+    "(docs/cluster.md); remove the key",
+}
+
 _PARSERS: dict[str, Callable[[object], Any]] = {
     "host": _text,
     "tcp_port": _PORT,
@@ -258,7 +265,6 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "partitions": _ranged(1, MAX_PARTITIONS),
     # Renewed every third: below 300 ms a renewal would have 100 ms to reach the database.
     "lease_ms": _ranged(300, 600_000, ms=True),
-    "multi_node_preview": _bool,
     "forward_max_in_flight": _ranged(1, 1 << 20),
     "forward_max_bytes": _ranged(64 * 1024, 1 << 40),
     "forward_timeout_ms": _ranged(100, 3_600_000, ms=True),
@@ -405,6 +411,8 @@ def _from_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         raise ConfigError(f"engine ({source}): must be a table of engine limits")
     raw = _unnest(raw, source)
     for key in raw:
+        if key in RETIRED_KEYS:
+            raise ConfigError(f"config key {key!r} {source} is retired: {RETIRED_KEYS[key]}")
         if key not in _PARSERS:
             raise ConfigError(f"unknown config key {key!r} {source}")
     for name in engine_raw:
@@ -429,7 +437,7 @@ def _unnest(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
                     raise ConfigError(
                         f"config key '{name}.{key}' {source}: {key} belongs in [{KEY_SECTION[key]}]"
                     )
-                if key not in KEY_SECTION:
+                if key not in KEY_SECTION and key not in RETIRED_KEYS:
                     raise ConfigError(f"unknown config key '{name}.{key}' {source}")
         for key, item in items.items():
             if key in flat:

@@ -345,10 +345,6 @@ class ClusterSettings:
     # A lease lasts this long (renewed every third of it), so a dead node's partitions pass
     # to the survivors within about lease_ms plus one renewal.
     lease_ms: int = 10_000
-    # Several live nodes on one database are a preview until a node loads the partitions it
-    # gains while running (docs/cluster.md): without this, a node refuses to start while
-    # another is alive, and never gives partitions away for a rebalance.
-    multi_node_preview: bool = False
     # Forwarding to the owner of a queue's partition (docs/cluster.md "Forwarding"): one
     # link per peer node; past either bound a forward is refused with `Node busy`, never
     # buffered without bound.

@@ -201,7 +201,6 @@ VALID_TEXT = {
     "advertise": "10.0.0.5:6789",
     "partitions": "64",
     "lease_ms": "1500",
-    "multi_node_preview": "true",
     "forward_max_in_flight": "100",
     "forward_max_bytes": "1048576",
     "forward_timeout_ms": "2000",
@@ -320,7 +319,6 @@ node_id = "node-a"
 advertise = "10.0.0.5:6789"
 partitions = 64
 lease_ms = 1500
-multi_node_preview = true
 forward_max_in_flight = 100
 forward_max_bytes = 1048576
 forward_timeout_ms = 2000
@@ -451,6 +449,15 @@ def test_file_values_checked(tmp_path: Path, text: str, key: str | None) -> None
 def test_unknown_key_in_file_is_an_error(tmp_path: Path) -> None:
     path = write(tmp_path, "tcp_port = 7000\ntcp_prot = 7001\n")
     with pytest.raises(ConfigError, match="unknown config key 'tcp_prot'"):
+        load_config(path, env={})
+
+
+@pytest.mark.parametrize(
+    "text", ["multi_node_preview = true\n", "[cluster]\nmulti_node_preview = false\n"]
+)
+def test_a_retired_key_in_file_says_what_to_do(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"'multi_node_preview' .* is retired: several live"):
         load_config(path, env={})
 
 

@@ -59,7 +59,6 @@ Nodes = dict[str, ShardqServer]
 def _node(tmp: Path, name: str, url: str, shards: int, http: bool) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
                 "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
-                "SHARDQ_MULTI_NODE_PREVIEW": "true",
                 "SHARDQ_GATHER_TIMEOUT_MS": str(GATHER_TIMEOUT_MS)}  # fmt: skip
     return ShardqServer(
         tmp / name, shards=shards, env=settings, http_port=free_port() if http else 0

@@ -50,7 +50,6 @@ Nodes = tuple[ShardqServer, ShardqServer, str]
 def _node(tmp: Path, name: str, url: str, shards: int) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
                 "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
-                "SHARDQ_MULTI_NODE_PREVIEW": "true",
                 "SHARDQ_FORWARD_TIMEOUT_MS": str(FORWARD_TIMEOUT_MS),
                 # the lists gather every node: a frozen one is left out after this long
                 "SHARDQ_GATHER_TIMEOUT_MS": str(FORWARD_TIMEOUT_MS),

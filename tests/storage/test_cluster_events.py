@@ -50,7 +50,7 @@ Reply = dict[str, Any]
 def _node(tmp: Path, name: str, url: str, *, http: bool = False, **env: str) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
                 "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
-                "SHARDQ_MULTI_NODE_PREVIEW": "true", **env}  # fmt: skip
+                **env}  # fmt: skip
     return ShardqServer(tmp / name, shards=1, env=settings, http_port=free_port() if http else 0)
 
 

@@ -50,7 +50,6 @@ FORWARD_TIMEOUT_MS = 1000  # below a lease: a frozen owner times out before it l
 def _node(tmp: Path, name: str, url: str, shards: int) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
                 "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
-                "SHARDQ_MULTI_NODE_PREVIEW": "true",
                 "SHARDQ_FORWARD_TIMEOUT_MS": str(FORWARD_TIMEOUT_MS)}  # fmt: skip
     return ShardqServer(tmp / name, shards=shards, env=settings, http_port=free_port())
 

@@ -39,7 +39,7 @@ PARTS = 16
 def _node(tmp: Path, name: str, url: str, **env: str) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
                 "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
-                "SHARDQ_MULTI_NODE_PREVIEW": "true", **env}  # fmt: skip
+                **env}  # fmt: skip
     return ShardqServer(tmp / name, shards=1, env=settings, http_port=free_port())
 
 
@@ -202,26 +202,6 @@ def test_a_node_with_another_partition_count_is_refused(
     finally:
         odd.close()
     assert "node-c" not in {n["id"] for n in _cluster(_a)["nodes"]}
-
-
-def test_without_the_preview_a_second_live_node_is_refused_and_takes_nothing(
-    two_nodes: tuple[ShardqServer, ShardqServer, str], tmp_path: Path
-) -> None:
-    a, _b, url = two_nodes
-    before = _owners(url)
-    second = _node(tmp_path, "node-d", url, SHARDQ_MULTI_NODE_PREVIEW="false")
-    try:
-        second.start(wait=False)
-        assert second.wait_exit() != 0
-        line = second.wait_for_log("cannot take the partition leases")
-        assert "another node is alive on this database (node-a, node-b)" in line["error"]
-        assert "multi_node_preview" in line["error"]
-    finally:
-        second.close()
-    # Refused before its first heartbeat: the live nodes never counted it.
-    assert "node-d" not in {n["id"] for n in _cluster(a)["nodes"]}
-    assert "node-d" not in set(_owners(url).values())
-    assert set(before.values()) == set(_owners(url).values()) == {"node-a", "node-b"}
 
 
 def test_kill_9_leaves_every_partition_to_the_survivor_within_the_lease(

@@ -54,7 +54,7 @@ Nodes = tuple[dict[str, ShardqServer], str]
 def _node(tmp: Path, name: str, url: str, shards: int) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
                 "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
-                "SHARDQ_MULTI_NODE_PREVIEW": "true", "SHARDQ_FORWARD_TIMEOUT_MS": "2000",
+                "SHARDQ_FORWARD_TIMEOUT_MS": "2000",
                 "SHARDQ_FLOW_RESEND_MS": "300",
                 "SHARDQ_FLOW_CHILDREN_GRACE_MS": str(GRACE_MS)}  # fmt: skip
     return ShardqServer(tmp / name, shards=shards, env=settings, http_port=free_port())

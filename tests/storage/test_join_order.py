@@ -38,8 +38,7 @@ PARTS = 12
 
 def _node(tmp: Path, name: str, url: str, shards: int = 1) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
-                "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
-                "SHARDQ_MULTI_NODE_PREVIEW": "true"}  # fmt: skip
+                "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name}  # fmt: skip
     return ShardqServer(tmp / name, shards=shards, env=settings)
 
 

@@ -40,8 +40,7 @@ JOBS = 10  # per queue
 
 def _node(tmp: Path, name: str, url: str) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
-                "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
-                "SHARDQ_MULTI_NODE_PREVIEW": "true"}  # fmt: skip
+                "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name}  # fmt: skip
     return ShardqServer(tmp / name, shards=2, env=settings, http_port=free_port())
 
 

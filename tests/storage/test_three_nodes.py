@@ -45,8 +45,7 @@ RETRIED = ("Partition unavailable", "Node unavailable", "Node busy")
 
 def _node(tmp: Path, name: str, url: str) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
-                "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
-                "SHARDQ_MULTI_NODE_PREVIEW": "true"}  # fmt: skip
+                "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name}  # fmt: skip
     return ShardqServer(tmp / name, shards=1, env=settings)
 
 

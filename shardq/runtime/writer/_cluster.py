@@ -48,7 +48,6 @@ import structlog
 
 from shardq.cluster._leases import (
     LEASES_CHANNEL,
-    ClusterMismatch,
     acquire,
     as_storage_error,
     cluster_map,
@@ -56,7 +55,6 @@ from shardq.cluster._leases import (
     heartbeat,
     leave,
     live_nodes,
-    other_live_nodes,
     release,
     renew,
 )
@@ -96,7 +94,6 @@ class LeaseKeeper:
         self._listening = self._listen_at is None
         self._partitions = cluster.partitions
         self._lease_ms = cluster.lease_ms
-        self._preview = cluster.multi_node_preview
         # Rounds a partition set aside for a rebalance waits, at most, for the shards to say
         # they dropped it (its last mutations committed) before it is released anyway: the
         # fence then refuses what is left, as it would a stale owner's.
@@ -136,18 +133,8 @@ class LeaseKeeper:
         conn = self._connection()
         try:
             ensure_partitions(conn, self._partitions)
-            others = [] if self._preview else other_live_nodes(conn, self._node, self._lease_ms)
         except Exception as e:
             raise as_storage_error(e, "setting up the partitions") from e
-        if others:
-            # Before this node's first heartbeat, so the live node never counts it and gives
-            # nothing away for a rebalance.
-            raise ClusterMismatch(
-                f"another node is alive on this database ({', '.join(others[:5])}); several "
-                "nodes are a preview (docs/cluster.md says what they do and do not do yet): "
-                "stop it, or wait lease_ms after it died, or set [cluster] "
-                "multi_node_preview = true to try them (docs/cluster.md)"
-            )
         # A writer restarted under a running front end finds the port open already: its first
         # round must not drop (and its shards unload) what the node holds.
         self._listening = self._listening or _accepts(self._listen_at)
@@ -178,8 +165,6 @@ class LeaseKeeper:
     def _listen(self) -> None:
         """LISTEN for other nodes' releases on a connection of its own (best effort: without
         it, released partitions are taken at the next round)."""
-        if not self._preview:
-            return
         try:
             self._listener = self._connect()
             self._listener.execute(f"LISTEN {LEASES_CHANNEL}")
@@ -278,7 +263,7 @@ class LeaseKeeper:
             held = self._release_set_aside(conn, held)
             if self._releasing:  # still held by a shard: the share waits for them
                 return self._keep(held, started)
-        live = live_nodes(conn, lease) if self._preview else 1
+        live = live_nodes(conn, lease)
         share = math.ceil(self._partitions / live)
         if len(held) > share:
             self._releasing = {p: held[p] for p in sorted(held)[share:]}
