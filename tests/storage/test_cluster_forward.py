@@ -90,12 +90,19 @@ def _split(a: ShardqServer, b: ShardqServer, url: str) -> None:
     )
 
     def moved_both_ways() -> bool:
-        for here, there in ((a, "node-b"), (b, "node-a")):
+        # A node joins once its front end listens, so the hand-over runs after it reported
+        # ready: each front end must name the other node (a partition set aside answers MOVED
+        # naming its own node for a moment) and serve its own queues (loaded by then).
+        for here, there, mine, theirs in ((a, b, "node-a", "node-b"), (b, a, "node-b", "node-a")):
             with TcpConnection(*here.tcp_address, timeout=15) as conn:
                 conn.call({"cmd": "NoForward"})
-                queue = _queue_of(url, there)
-                reply = conn.call({"cmd": "Count", "queue": queue}, check=False)
-            if not str(reply.get("error", "")).startswith("MOVED "):
+                reply = conn.call({"cmd": "Count", "queue": _queue_of(url, theirs)}, check=False)
+                own = conn.call({"cmd": "Count", "queue": _queue_of(url, mine)}, check=False)
+            address = "{}:{}".format(*there.tcp_address)
+            error = str(reply.get("error", ""))
+            if not (error.startswith("MOVED ") and error.endswith(f" {address}")):
+                return False
+            if own.get("ok") is not True:
                 return False
         return True
 
