@@ -24,6 +24,7 @@ __all__ = [
     "POSTGRES_ENV",
     "PostgresServer",
     "find_bindir",
+    "lease_owners",
     "new_database",
     "postgres_wanted",
     "shared_server",
@@ -77,3 +78,13 @@ def stop_shared_server() -> None:
     if _shared is not None:
         _shared.stop()
         _shared = None
+
+
+def lease_owners(url: str) -> dict[int, str]:
+    """{partition: node id} of the partition leases that have not expired, on the database
+    at `url` (the cluster tests' view of who holds what)."""
+    with psycopg.connect(url) as db:
+        rows = db.execute(
+            "SELECT partition, owner FROM partition_leases WHERE expires_at > now()"
+        ).fetchall()
+    return {int(p): str(o) for p, o in rows}

@@ -34,9 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from pg_server import new_database
+from pg_server import lease_owners, new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
@@ -65,17 +64,9 @@ def _node(tmp: Path, name: str, url: str, shards: int, http: bool) -> ShardqServ
     )
 
 
-def _owners(url: str) -> dict[int, str]:
-    with psycopg.connect(url) as db:
-        rows = db.execute(
-            "SELECT partition, owner FROM partition_leases WHERE expires_at > now()"
-        ).fetchall()
-    return {int(p): str(o) for p, o in rows}
-
-
 def _queues_of(url: str, prefix: str, per_node: int) -> dict[str, list[str]]:
     """`per_node` queue names owned by each node."""
-    owners = _owners(url)
+    owners = lease_owners(url)
     found: dict[str, list[str]] = {n: [] for n in NAMES}
     for i in range(100_000):
         name = f"{prefix}{i}"

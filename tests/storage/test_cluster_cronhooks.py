@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_server import new_database
+from pg_server import lease_owners, new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
@@ -58,20 +58,12 @@ def _node(tmp: Path, name: str, url: str, shards: int) -> ShardqServer:
     return ShardqServer(tmp / name, shards=shards, env=settings, http_port=free_port())
 
 
-def _owners(url: str) -> dict[int, str]:
-    with psycopg.connect(url) as db:
-        rows = db.execute(
-            "SELECT partition, owner FROM partition_leases WHERE expires_at > now()"
-        ).fetchall()
-    return {int(p): str(o) for p, o in rows}
-
-
 def _queue_in(part: int) -> str:
     return next(f"cq{i}" for i in range(100_000) if partition_of(f"cq{i}", PARTS) == part)
 
 
 def _queue_of(url: str, node: str) -> str:
-    owners = _owners(url)
+    owners = lease_owners(url)
     return next(_queue_in(p) for p in range(PARTS) if owners.get(p) == node)
 
 
@@ -104,7 +96,7 @@ def _stored_queue(url: str, name: str) -> str | None:
 
 def _split(a: ShardqServer, b: ShardqServer, url: str) -> None:
     """Until each node holds half the partitions and both front ends serve by that map."""
-    poll_until(lambda: sorted(_owners(url).values()).count("node-b") == PARTS // 2,
+    poll_until(lambda: sorted(lease_owners(url).values()).count("node-b") == PARTS // 2,
                10 * LEASE_MS / 1000, "node-b to take half the partitions")  # fmt: skip
 
     def served() -> bool:
@@ -133,7 +125,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     a, b = _node(tmp, "node-a", url, 1), _node(tmp, "node-b", url, 2)
     try:
         a.start(timeout=90)
-        poll_until(lambda: list(_owners(url).values()) == ["node-a"] * PARTS, 10, "A alone")
+        poll_until(lambda: list(lease_owners(url).values()) == ["node-a"] * PARTS, 10, "A alone")
         for part in range(PARTS):
             made = _call(a, {"cmd": "Cron", "name": f"yearly-{part}", "queue": _queue_in(part),
                              "schedule": "0 0 1 1 *", "data": {}})  # fmt: skip
@@ -156,7 +148,7 @@ def _signal_tree(node: ShardqServer, sig: int) -> None:
 
 def test_after_the_takeover_each_schedule_lives_on_its_queues_node_only(nodes: Nodes) -> None:
     a, b, url = nodes
-    owners = _owners(url)
+    owners = lease_owners(url)
     on = {"node-a": set(_names(a, peer=True)), "node-b": set(_names(b, peer=True))}
     for part in range(PARTS):
         name = f"yearly-{part}"

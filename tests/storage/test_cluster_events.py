@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_server import new_database
+from pg_server import lease_owners, new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
@@ -62,17 +62,9 @@ def _held(url: str) -> dict[str, int]:
     return {str(owner): int(n) for owner, n in rows}
 
 
-def _owners(url: str) -> dict[int, str]:
-    with psycopg.connect(url) as db:
-        rows = db.execute(
-            "SELECT partition, owner FROM partition_leases WHERE expires_at > now()"
-        ).fetchall()
-    return {int(p): str(o) for p, o in rows}
-
-
 def _queues_of(url: str, node: str) -> list[str]:
     """One queue name for each partition `node` holds."""
-    owners, seen, names = _owners(url), set(), []
+    owners, seen, names = lease_owners(url), set(), []
     for i in range(100_000):
         name = f"ev{i}"
         part = partition_of(name, PARTS)
@@ -274,7 +266,7 @@ def test_a_subscriber_on_a_gets_b_queues_events_and_keeps_them_after_b_stops(
             _finish(on_c, b_queues[1], pending, fail=False, result=42)
         waiter.join(20)
         assert waited == [{"ok": True, "completed": True, "result": 42}], waited
-        owners = _owners(url)
+        owners = lease_owners(url)
         new_owner = {q: owners[partition_of(q, PARTS)] for q in b_queues}
         assert set(new_owner.values()) == {"a", "c"}, new_owner  # both kinds of takeover
         after: dict[str, tuple[str, str]] = {}

@@ -29,7 +29,7 @@ from typing import Any
 import bunqueue
 import psycopg
 import pytest
-from pg_server import new_database
+from pg_server import lease_owners, new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compat"))
@@ -59,16 +59,8 @@ def _cluster(node: ShardqServer) -> dict[str, Any]:
         return json.loads(reply.read())  # type: ignore[no-any-return]
 
 
-def _owners(url: str) -> dict[int, str]:
-    with psycopg.connect(url) as db:
-        rows = db.execute(
-            "SELECT partition, owner FROM partition_leases WHERE expires_at > now()"
-        ).fetchall()
-    return {int(p): str(o) for p, o in rows}
-
-
 def _queue_of(url: str, node: str, skip: int = 0) -> str:
-    owners = _owners(url)
+    owners = lease_owners(url)
     names = (f"fq{i}" for i in range(100_000) if owners.get(partition_of(f"fq{i}", PARTS)) == node)
     for _ in range(skip):
         next(names)
@@ -271,7 +263,7 @@ def test_bunqueue_typescript_client_through_the_node_that_does_not_own_its_queue
     # bunqueue's own TypeScript Worker (on Bun) against A, on a queue B holds: every PUSH,
     # PULL, progress, FAIL and ACK of its retries goes through A's forwards.
     a, b, url = nodes
-    owners = _owners(url)
+    owners = lease_owners(url)
     base = next(f"tsf{i}" for i in range(100_000)
                 if owners.get(partition_of(f"tsf{i}-retries", PARTS)) == "node-b")  # fmt: skip
     before = _forwards(a)

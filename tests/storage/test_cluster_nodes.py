@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_server import new_database
+from pg_server import lease_owners, new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
@@ -79,14 +79,6 @@ def _signal_tree(node: ShardqServer, sig: int) -> None:
             os.kill(pid, sig)
 
 
-def _owners(url: str) -> dict[int, str]:
-    with psycopg.connect(url) as db:
-        rows = db.execute(
-            "SELECT partition, owner FROM partition_leases WHERE expires_at > now()"
-        ).fetchall()
-    return {int(p): str(o) for p, o in rows}
-
-
 def _rows(url: str, queue: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as db:
         sql = "SELECT id, rec, patch FROM jobs WHERE queue = %s ORDER BY id"
@@ -94,7 +86,7 @@ def _rows(url: str, queue: str) -> list[tuple[Any, ...]]:
 
 
 def _queue_owned_by(url: str, node: str) -> str:
-    owners = _owners(url)
+    owners = lease_owners(url)
     return next(f"q{i}" for i in range(100_000) if owners.get(partition_of(f"q{i}", PARTS)) == node)
 
 
@@ -142,7 +134,7 @@ def test_a_frozen_node_cannot_write_after_its_lease_passed(
 ) -> None:
     a, _b, url = two_nodes
     poll_until(
-        lambda: set(_owners(url).values()) == {"node-a", "node-b"},
+        lambda: set(lease_owners(url).values()) == {"node-a", "node-b"},
         3 * LEASE_MS / 1000,
         "both nodes to hold partitions",
     )
@@ -156,10 +148,10 @@ def test_a_frozen_node_cannot_write_after_its_lease_passed(
         _signal_tree(a, signal.SIGSTOP)
         # b takes every partition once a's lease has lapsed (its heartbeat too).
         poll_until(
-            lambda: _owners(url) == dict.fromkeys(range(PARTS), "node-b"),
+            lambda: lease_owners(url) == dict.fromkeys(range(PARTS), "node-b"),
             4 * LEASE_MS / 1000,
             "node-b to take node-a's partitions",
-            detail=lambda: str(_owners(url)),
+            detail=lambda: str(lease_owners(url)),
         )
         _signal_tree(a, signal.SIGCONT)
         late = conn.call(
@@ -182,7 +174,7 @@ def test_a_frozen_node_cannot_write_after_its_lease_passed(
     assert _rows(url, queue) == stored  # nothing of a's after it lost the lease
     # Woken, a rejoins and the two share the partitions again.
     poll_until(
-        lambda: set(_owners(url).values()) == {"node-a", "node-b"},
+        lambda: set(lease_owners(url).values()) == {"node-a", "node-b"},
         4 * LEASE_MS / 1000,
         "node-a to rejoin",
     )
@@ -209,19 +201,19 @@ def test_kill_9_leaves_every_partition_to_the_survivor_within_the_lease(
 ) -> None:
     a, b, url = two_nodes
     poll_until(
-        lambda: set(_owners(url).values()) == {"node-a", "node-b"},
+        lambda: set(lease_owners(url).values()) == {"node-a", "node-b"},
         3 * LEASE_MS / 1000,
         "both nodes to hold partitions",
     )
-    dead_parts = {p for p, owner in _owners(url).items() if owner == "node-a"}
+    dead_parts = {p for p, owner in lease_owners(url).items() if owner == "node-a"}
     a.kill9_tree()
     killed = time.monotonic()
     # A lease, plus one renewal round of the survivor, plus the test's own polling slack.
     poll_until(
-        lambda: _owners(url) == dict.fromkeys(range(PARTS), "node-b"),
+        lambda: lease_owners(url) == dict.fromkeys(range(PARTS), "node-b"),
         (LEASE_MS + LEASE_MS / 3) / 1000 + 1.5,
         "node-b to own every partition",
-        detail=lambda: str(_owners(url)),
+        detail=lambda: str(lease_owners(url)),
     )
     assert time.monotonic() - killed < (LEASE_MS + LEASE_MS / 3) / 1000 + 1.5
     poll_until(lambda: _held(b).get("node-b") == PARTS, 2 * LEASE_MS / 1000, "/cluster to show it")

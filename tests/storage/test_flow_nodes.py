@@ -28,7 +28,7 @@ from typing import Any
 import bunqueue
 import psycopg
 import pytest
-from pg_server import new_database
+from pg_server import lease_owners, new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
@@ -60,17 +60,9 @@ def _node(tmp: Path, name: str, url: str, shards: int) -> ShardqServer:
     return ShardqServer(tmp / name, shards=shards, env=settings, http_port=free_port())
 
 
-def _owners(url: str) -> dict[int, str]:
-    with psycopg.connect(url) as db:
-        rows = db.execute(
-            "SELECT partition, owner FROM partition_leases WHERE expires_at > now()"
-        ).fetchall()
-    return {int(p): str(o) for p, o in rows}
-
-
 def _queue_of(url: str, node: str, prefix: str, skip: int = 0) -> str:
     """The `skip`-th queue name `prefix<i>` whose partition `node` holds now."""
-    owners = _owners(url)
+    owners = lease_owners(url)
     names = (f"{prefix}{i}" for i in range(100_000)
              if owners.get(partition_of(f"{prefix}{i}", PARTS)) == node)  # fmt: skip
     for _ in range(skip):
@@ -116,7 +108,7 @@ def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
             ),
             8 * ROUND_S + 10,
             "the three nodes to share the partitions",
-            detail=lambda: str(_owners(url)),
+            detail=lambda: str(lease_owners(url)),
         )
         poll_until(lambda: _served_by_map(nodes, url), 4 * LEASE_MS / 1000,
                    "every front end to serve by the split map")  # fmt: skip

@@ -19,9 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from pg_server import new_database
+from pg_server import lease_owners, new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
@@ -56,16 +55,8 @@ def cluster(tmp_path: Path) -> Iterator[tuple[dict[str, ShardqServer], str]]:
             node.close()
 
 
-def _owners(url: str) -> dict[int, str]:
-    with psycopg.connect(url) as db:
-        rows = db.execute(
-            "SELECT partition, owner FROM partition_leases WHERE expires_at > now()"
-        ).fetchall()
-    return {int(p): str(o) for p, o in rows}
-
-
 def _held_by(url: str, node: str) -> set[int]:
-    return {p for p, o in _owners(url).items() if o == node}
+    return {p for p, o in lease_owners(url).items() if o == node}
 
 
 # Answers that pass: a partition being loaded, or forwarded to an owner that just died.
@@ -170,7 +161,7 @@ def test_a_joining_node_loads_its_share_and_sigterm_hands_the_rest_over(
         lambda: len(_held_by(url, "node-a")) == len(_held_by(url, "node-b")) == half,
         6 * ROUND_S + 2,
         "the two nodes to split the partitions",
-        detail=lambda: str(_owners(url)),
+        detail=lambda: str(lease_owners(url)),
     )
     assert a.wait_for_log("partitions dropped")["partitions"] >= 1
     # Released only once both shards said they dropped them (their last batches committed).
