@@ -272,6 +272,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "events_peer_buffer_bytes": _ranged(64 * 1024, 1 << 40),
     "release_wait_rounds": _ranged(1, 1_000),
     "parts_resend_ms": _ranged(50, 600_000, ms=True),
+    "peer_tls_ca_file": _path_or_none,
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 
@@ -363,6 +364,21 @@ def _check_tls(values: Mapping[str, Any]) -> None:
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
         except (OSError, ssl.SSLError) as e:
             raise ConfigError(f"tls_cert_file/tls_key_file: cannot load {cert}, {key}: {e}") from e
+    _check_peer_ca(values.get("peer_tls_ca_file", ""), cert)
+
+
+def _check_peer_ca(ca_file: str, cert: str) -> None:
+    """`peer_tls_ca_file` only with TLS on the TCP port, and only a bundle that loads."""
+    if not ca_file:
+        return
+    if not cert:
+        raise ConfigError("peer_tls_ca_file needs TLS on the TCP port: tls_cert_file is not set")
+    import ssl
+
+    try:
+        ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"peer_tls_ca_file: cannot load {ca_file}: {e}") from e
 
 
 def _read_token_file(path: str) -> tuple[str, ...]:

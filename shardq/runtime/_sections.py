@@ -369,6 +369,11 @@ class ClusterSettings:
     # A shard still behind the leases (a `parts` lost with a link that went down, a load
     # that failed) is sent them again this often.
     parts_resend_ms: int = 1_000
+    # TLS between nodes (docs/cluster.md "TLS between nodes"): with `tls_cert_file` set, the
+    # links to peer nodes speak TLS and verify the peer's certificate. "" = trust exactly this
+    # node's own certificate (pinned, no name check: every node shares one certificate); a
+    # file = a CA bundle, and the certificate must name the peer's `advertise` host.
+    peer_tls_ca_file: str = ""
 
 
 # Section name (the attribute of `ServerConfig` and `ChildSpec`, the config file's table) -> its

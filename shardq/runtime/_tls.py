@@ -1,11 +1,12 @@
-"""TLS contexts shared by the processes that speak TLS: the front end's TCP port, the HTTP port
-and the HTTP process's own connection to the front end (`TLS_CERT_FILE`/`TLS_KEY_FILE`)."""
+"""TLS contexts shared by the processes that speak TLS: the front end's TCP port, the HTTP port,
+the HTTP process's own connection to the front end and the front end's links to peer nodes
+(`TLS_CERT_FILE`/`TLS_KEY_FILE`, `peer_tls_ca_file`)."""
 
 from __future__ import annotations
 
 import ssl
 
-__all__ = ["loopback_client_context", "server_context"]
+__all__ = ["loopback_client_context", "peer_client_context", "server_context"]
 
 
 def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
@@ -35,4 +36,23 @@ def loopback_client_context(cert_file: str) -> ssl.SSLContext:
     context.check_hostname = False  # before verify_flags: the pin replaces the name check
     # The file's certificates become trust anchors themselves, the leaf included.
     context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return context
+
+
+def peer_client_context(cert_file: str, ca_file: str) -> ssl.SSLContext | None:
+    """The client side of a link to a peer node (docs/cluster.md "TLS between nodes"); None
+    when this node's TCP port is plain, and so are its peers'.
+
+    Without `ca_file` the peer must hold this node's own certificate (pinned as
+    `loopback_client_context` does: every node shares one certificate, the common case).
+    With it, the peer's certificate must chain to that bundle and name the peer's
+    `advertise` host, as any TLS client would check.
+    """
+    if not cert_file:
+        return None
+    if not ca_file:
+        context = loopback_client_context(cert_file)
+    else:
+        context = ssl.create_default_context(cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context

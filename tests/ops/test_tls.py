@@ -217,6 +217,17 @@ def test_token_file_is_read_at_load_and_refused_when_empty_or_missing(tmp_path: 
         load_config(env={"TLS_CERT_FILE": str(tokens), "TLS_KEY_FILE": str(tokens)})
 
 
+def test_the_peer_ca_bundle_is_loaded_at_startup(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    tls = {"TLS_CERT_FILE": str(cert), "TLS_KEY_FILE": str(key)}
+    config = load_config(env={**tls, "SHARDQ_PEER_TLS_CA_FILE": str(cert)})
+    assert config.cluster.peer_tls_ca_file == str(cert)
+    with pytest.raises(ConfigError, match="peer_tls_ca_file: cannot load"):
+        load_config(env={**tls, "SHARDQ_PEER_TLS_CA_FILE": str(key)})  # a key, no certificate
+    with pytest.raises(ConfigError, match="peer_tls_ca_file: cannot load"):
+        load_config(env={**tls, "SHARDQ_PEER_TLS_CA_FILE": str(tmp_path / "missing.pem")})
+
+
 def test_zeromq_curve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     keys = run_cli(["zmq-keygen", str(tmp_path / "keys")])
     assert keys.returncode == 0, keys.stderr

@@ -16,7 +16,10 @@ from shardq.runtime._sections import KEY_SECTION
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # Keys naming files are checked together and read at load time: tests/ops/test_tls.py has them.
-FILE_KEYS = ("auth_token_file", "tls_cert_file", "tls_key_file", "zmq_curve_secret_file")
+FILE_KEYS = (
+    "auth_token_file", "tls_cert_file", "tls_key_file", "zmq_curve_secret_file",
+    "peer_tls_ca_file",
+)  # fmt: skip
 KEYS = [key for key in KEY_SECTION if key not in FILE_KEYS]
 
 
@@ -507,6 +510,15 @@ def test_example_config_documents_every_key_at_its_default() -> None:
     text = example.read_text()
     for key in [*KEYS, *FILE_KEYS, *(f.name for f in dataclasses.fields(EngineConfig))]:
         assert f"\n{key} = " in text or f"\n{key}=" in text, key
+
+
+def test_a_peer_ca_without_tls_on_the_tcp_port_is_refused(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not used: the check comes first")
+    with pytest.raises(ConfigError, match="peer_tls_ca_file needs TLS on the TCP port"):
+        load_config(env={"SHARDQ_PEER_TLS_CA_FILE": str(ca)})
+    with pytest.raises(ConfigError, match="peer_tls_ca_file needs TLS"):
+        load_config(write(tmp_path, f'[cluster]\npeer_tls_ca_file = "{ca}"\n'), env={})
 
 
 def test_dev_config_loads() -> None:

@@ -13,7 +13,8 @@ the first forward and again after a loss, pipelined (replies match by `reqId`, i
 It starts with `Auth` (the first configured token, when the node wants one) and
 `NoForward {node}`, which marks the connection as a peer's: a node never forwards what a peer
 forwarded to it (it answers `MOVED`) and never fans a peer's job id out again, so no request
-loops.
+loops. With TLS on this node's TCP port (and so on its peers') the link speaks TLS, checking
+the peer's certificate (`_tls.peer_client_context`, docs/cluster.md "TLS between nodes").
 
 Bounds, per peer (`[cluster]`): `forward_max_in_flight` requests and `forward_max_bytes`
 bytes sent (or waiting for the connection) and not answered; past either a forward answers
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -40,6 +42,7 @@ import structlog
 from shardq.client._core import ClientCore, Framing
 from shardq.client._errors import SerializationError
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._tls import peer_client_context
 from shardq.runtime.frontend._merge import combine_batch, is_found
 from shardq.runtime.frontend._replies import Client, Gather, OnReply, Reply, answer
 from shardq.runtime.frontend._router import no_count
@@ -80,6 +83,7 @@ class ForwardLimits:
     max_bytes: int = 64 * 1024 * 1024
     timeout_s: float = 30.0
     gather_timeout_s: float = 5.0  # a peer's answer to a cluster-wide command (gather_peers)
+    tls: ssl.SSLContext | None = None  # TLS on this node's TCP port: on its peers' too
 
     @classmethod
     def from_spec(cls, spec: ChildSpec) -> ForwardLimits:
@@ -91,6 +95,7 @@ class ForwardLimits:
             max_bytes=cluster.forward_max_bytes,
             timeout_s=cluster.forward_timeout_ms / 1000,
             gather_timeout_s=cluster.gather_timeout_ms / 1000,
+            tls=peer_client_context(spec.tcp.tls_cert_file, cluster.peer_tls_ca_file),
         )
 
 
@@ -248,12 +253,17 @@ class PeerLink:
 
     async def _connect(self) -> None:
         host, _, port = self.address.rpartition(":")
+        host, tls = host.strip("[]"), self._limits.tls
         conn = _Conn(self)
-        try:
+        try:  # the bound covers the TLS handshake too
             async with asyncio.timeout(min(5.0, self._limits.timeout_s)):
-                await self._loop.create_connection(lambda: conn, host.strip("[]"), int(port))
-        except (OSError, ValueError, TimeoutError) as e:
+                await self._loop.create_connection(
+                    lambda: conn, host, int(port), ssl=tls, server_hostname=host if tls else None
+                )
+        except (OSError, ValueError, TimeoutError) as e:  # ssl.SSLError is an OSError
             self._connecting = False
+            if isinstance(e, ssl.SSLError):
+                _log.error("peer link TLS handshake failed", peer=self.address, error=str(e))
             self._down(f"cannot be reached ({e!r})")
             return
         self._connecting = False
