@@ -20,9 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from pg_server import new_database
+from pg_server import lease_owners, new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))
@@ -51,16 +50,8 @@ def _node(tmp: Path, name: str, url: str, cert: Path, key: Path, ca: str) -> Sha
     return ShardqServer(tmp / name, shards=1, env=settings)
 
 
-def _owners(url: str) -> dict[int, str]:
-    with psycopg.connect(url) as db:
-        rows = db.execute(
-            "SELECT partition, owner FROM partition_leases WHERE expires_at > now()"
-        ).fetchall()
-    return {int(p): str(o) for p, o in rows}
-
-
 def _queue_of(url: str, node: str) -> str:
-    owners = _owners(url)
+    owners = lease_owners(url)
     return next(
         f"tq{i}" for i in range(100_000) if owners.get(partition_of(f"tq{i}", PARTS)) == node
     )
@@ -77,12 +68,12 @@ def _pair(tmp: Path, certs: tuple[tuple[Path, Path], tuple[Path, Path]], b_ca: s
 
     def split() -> bool:
         held: dict[str, int] = {}
-        for owner in _owners(url).values():
+        for owner in lease_owners(url).values():
             held[owner] = held.get(owner, 0) + 1
         return held == half
 
     poll_until(split, 6 * LEASE_MS / 1000 + 5, "the two nodes to split the partitions",
-               detail=lambda: str(_owners(url)))  # fmt: skip
+               detail=lambda: str(lease_owners(url)))  # fmt: skip
     return a, b, url, certs[0][0]
 
 
