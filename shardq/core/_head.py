@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ._cold import ColdBacklog, ColdCounts, delayed_cursor, waiting_cursor
@@ -78,7 +78,6 @@ WIDE: Final = frozenset(
         "Clean",
         "Obliterate",
         "PromoteJobs",
-        "ListQueues",
     }
 )
 """Commands that read or change every job of a queue: they see its cold jobs paged in."""
@@ -152,6 +151,15 @@ class ColdHead:
     def pending_count(self) -> int:
         """Records and tombstones kept until their commit is confirmed (for metrics)."""
         return len(self.pager.pending)
+
+    def cold_total(self) -> int:
+        """Cold jobs of every queue (for metrics)."""
+        return sum(h.waiting + h.delayed for h in self.heads.values())
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Queues that left this engine (`_handover.forget_queues`): their heads go too."""
+        for name in names:
+            self.heads.pop(name, None)
 
     def cold_counts(self, queue: str) -> tuple[int, int]:
         """The queue's cold (waiting, delayed) jobs."""
@@ -524,6 +532,7 @@ class ColdHead:
             self._uncount_priority(q, h, job)
             self._hold(q, h, job)
         self._enter_all(jobs, q, WAITING)
+        self._keep_held(jobs)
         if end is not None:
             h.wcur = end
         self._settled_cursor(q, h, empty, WAITING)
@@ -589,7 +598,17 @@ class ColdHead:
             q.counts[DELAYED] -= 1
         self._hold(q, h, job)
         self._entered((job,), q, job.state)
+        self._keep_held((job,))
         return job
+
+    def _keep_held(self, jobs: Sequence[Job]) -> None:
+        """A durable push's job can go cold before its commit is confirmed (`JobStore.hold`):
+        paged back in meanwhile, it stays off the ready heap until `confirm` puts it there."""
+        held = self.store.held
+        if held:
+            for job in jobs:
+                if job.id in held and job.state == WAITING:
+                    job.hkey = None
 
     def _hold(self, q: QueueState, h: QueueHead, job: Job) -> None:
         if self.fences:

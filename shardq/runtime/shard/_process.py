@@ -18,6 +18,8 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any, cast
 
 import structlog
@@ -39,6 +41,7 @@ from shardq.runtime._storage import open_storage
 from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
+from shardq.runtime.shard._backlog import StoreBacklog
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._direct import DirectPort
 from shardq.runtime.shard._gc import tune_gc
@@ -76,7 +79,13 @@ class ShardProcess:
         # Reply batches go out packed by `_front_packer`, PULLB's jobs from the engine's
         # compact snapshots (`shard._wire`); the bytes are those of `_control.pack`.
         self._front_packer = FrontPacker()
-        engine = Engine(EngineConfig(**spec.engine), compact_pulls=True)
+        config = EngineConfig(**spec.engine)
+        # Under a head budget the engine pages its cold jobs in through the shard's own store
+        # (`shard._backlog`), opened on first use and kept; None keeps every job in memory.
+        self._backlog: StoreBacklog | None = None
+        if config.head_jobs:
+            self._backlog = StoreBacklog(partial(open_storage, spec, capped=False), spec.index)
+        engine = Engine(config, compact_pulls=True, backlog=self._backlog)
         self.core = ShardCore(
             spec.index,
             engine,
@@ -230,13 +239,19 @@ class ShardProcess:
         writer already did).
         The collector is off meanwhile: every object made is kept, so it would only walk them.
         """
-        spec = self.spec
         gc.disable()
         try:
-            with open_storage(spec, capped=False) as store:
+            with self._storage() as store:
                 return self._load(store, now)
         finally:
             gc.enable()
+
+    def _storage(self) -> AbstractContextManager[Storage]:
+        """The store to load from: under a head budget the backlog's (kept open after),
+        otherwise one opened for the load and closed after it."""
+        if self._backlog is not None:
+            return nullcontext(self._backlog.store)
+        return open_storage(self.spec, capped=False)
 
     def _load(
         self, store: Storage, now: int, parts: frozenset[int] | None = None
@@ -262,18 +277,37 @@ class ShardProcess:
         progress.beat()
         floor = store.completed_floor(self.core.engine.config.max_completed, names)
         progress.beat()
-        records = store.load_jobs(queues=names, completed_from=floor)
+        head = self.core.engine.head
+        # Under a head budget the cold waiting and delayed jobs stay in storage (paged in).
+        records = store.load_jobs(queues=names, completed_from=floor, hot_only=head is not None)
         # By shard, not by `names`: a schedule's queue may hold no job or config yet.
         crons = [c for c in store.load_crons() if mine(c["queue"])]
         # Shard 0 owns the webhook registry (shardq.core._webhooks); they belong to no queue.
         hooks = store.load_webhooks() if spec.index == 0 and starting else []
         own = (rec for rec in records if mine(rec["queue"]))
         recovered = self.core.recover(progress.count(own), queues, now, crons, hooks)
+        if head is not None:
+            recovered += self._restore_cold(store, names, now, progress)
         outbox = store.load_flow_outbox()
         self.core.engine.flows.load_outbox(n for n in outbox if mine(n["cq"]))
         if floor is not None and starting:  # a gained partition's were its owner's
             recovered += self._delete_stale(store.stale_completed(floor, names), now)
         return progress.loaded, len(queues), recovered
+
+    def _restore_cold(self, store: Storage, names: set[str], now: int, progress: _Progress) -> int:
+        """Under a head budget: each queue's cold counts to the engine, which pages its heads
+        in. Returns the mutations that made (hot jobs sorting after a head go cold)."""
+        started = time.monotonic()
+        counts = {}
+        for name in sorted(names):
+            counts[name] = store.cold_counts(name)
+            progress.beat()
+        made = self.core.restore_cold(counts, now, store.max_seq())
+        cold = sum(c.waiting + c.delayed for c in counts.values())
+        _log.info("cold backlog restored", queues=len(counts), cold_jobs=cold,
+                  head_jobs=self.core.engine.config.head_jobs, mutations=made,
+                  ms=round((time.monotonic() - started) * 1000))  # fmt: skip
+        return made
 
     def _owner(self, parts: frozenset[int] | None) -> Callable[[str], bool]:
         """The test of a queue name this load keeps: this shard's (the store filters by
@@ -324,7 +358,7 @@ class ShardProcess:
         started = time.monotonic()
         gc.disable()
         try:
-            with open_storage(self.spec, capped=False) as store:
+            with self._storage() as store:
                 jobs, queues, recovered = self._load(store, now, gained)
         except Exception as e:
             assert self._holdings is not None
@@ -391,6 +425,8 @@ class ShardProcess:
         if self._direct is not None:
             self._direct.close()
         self._writer.close()
+        if self._backlog is not None:
+            self._backlog.close()
         self._ctx.term()
 
     # -- sockets ---------------------------------------------------------------------------

@@ -1,0 +1,169 @@
+"""The head budget in a running server (`[engine] head_jobs`, docs/runtime.md "The head and
+the cold backlog"): a shard that keeps 200 jobs of each queue's head in memory and the rest in
+storage answers as a server without the budget does.
+
+- The same script of 20,000 pushes (priorities, LIFO, delays, custom ids, uniqueKeys) into a
+  server with the budget and one without: the lookups of cold jobs (GetJob, a custom id's
+  idempotent push, uniqueKey dedup, GetJobCounts, GetJobs pages) answer alike, and a drain by
+  PULLB/ACKB workers returns every job exactly once, in the same order, queue by queue.
+- `kill -9` of the shard, then of the writer, while a producer and a consumer page jobs in
+  and out: every acknowledged push is delivered after the restart, and no job whose ACK was
+  answered is delivered again.
+
+Jobs are told apart across the two servers by their data (`{"i": n}`): ids are the server's.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardq_harness import ShardqServer
+
+from shardq.client import TcpConnection
+
+Factory = Callable[..., ShardqServer]
+HEAD = 200
+BUDGET = {"SHARDQ_ENGINE_HEAD_JOBS": str(HEAD)}
+# The script's queues: priorities; LIFO and FIFO mixed; delays; custom ids and uniqueKeys.
+PRIO, LIFO, DELAY, KEYS = "hb-prio", "hb-lifo", "hb-delay", "hb-keys"
+QUEUES = (PRIO, LIFO, DELAY, KEYS)
+# The delays are far apart against the time the delayed queue's pushes take (well under a
+# second), so their order is the same on both servers: each delay's jobs by seq.
+DELAYS = (0, 3000, 6000)
+BATCH = 1000
+WAIT_S = 30.0
+
+
+def _script(seed: int = 22) -> dict[str, list[dict[str, Any]]]:
+    """Each queue's PUSHB entries: 20,000 jobs, `{"i": n}` unique over the script."""
+    rng = random.Random(seed)
+    out: dict[str, list[dict[str, Any]]] = {q: [] for q in QUEUES}
+    n = 0
+
+    def job(queue: str, **opts: Any) -> None:
+        nonlocal n
+        out[queue].append({"data": {"i": n}, **{k: v for k, v in opts.items() if v}})
+        n += 1
+
+    for _ in range(8000):
+        job(PRIO, priority=rng.choice((0, 0, 1, 2, 5)))
+    for _ in range(4000):
+        job(LIFO, lifo=rng.random() < 0.5, priority=rng.choice((0, 0, 3)))
+    for _ in range(5000):
+        job(DELAY, delay=rng.choice(DELAYS), priority=rng.choice((0, 0, 1)))
+    for k in range(3000):
+        custom = f"c-{k}" if k % 10 == 0 else None
+        unique = f"u-{k}" if k % 15 == 0 else None
+        job(KEYS, customId=custom, uniqueKey=unique, priority=rng.choice((0, 4)))
+    return out
+
+
+def _push_all(conn: TcpConnection, script: dict[str, list[dict[str, Any]]]) -> dict[int, str]:
+    """Push the script in PUSHBs of `BATCH`, queue by queue: data index -> job id."""
+    ids: dict[int, str] = {}
+    for queue, jobs in script.items():
+        for start in range(0, len(jobs), BATCH):
+            part = jobs[start : start + BATCH]
+            reply = conn.call({"cmd": "PUSHB", "queue": queue, "jobs": part})
+            for entry, job_id in zip(part, reply["ids"], strict=True):
+                ids[entry["data"]["i"]] = job_id
+    return ids
+
+
+def _shape(job: dict[str, Any] | None) -> Any:
+    """A job as both servers must show it: no id, no times."""
+    if not job:
+        return job
+    keep = ("queue", "data", "priority", "state", "attempts", "lifo", "customId", "uniqueKey")
+    return {k: job.get(k) for k in keep}
+
+
+def _lookups(conn: TcpConnection, ids: dict[int, str]) -> dict[str, Any]:
+    """The answers that read cold jobs, with ids replaced by data indexes."""
+    index = {job_id: i for i, job_id in ids.items()}
+    sample = sorted(ids)[::97]
+    got: dict[str, Any] = {}
+    got["GetJob"] = [_shape(conn.call({"cmd": "GetJob", "id": ids[i]})["job"]) for i in sample]
+    got["GetState"] = [conn.call({"cmd": "GetState", "id": ids[i]}).get("state") for i in sample]
+    # A custom id pushed again answers the job it names (idempotent); a uniqueKey again is
+    # deduplicated to its owner.
+    again = []
+    for k in range(0, 3000, 290):
+        reply = conn.call({"cmd": "PUSH", "queue": KEYS, "data": {"again": k},
+                           "jobId": f"c-{k - k % 10}"})  # fmt: skip
+        again.append(index.get(reply.get("id"), reply.get("id")))
+        by_custom = conn.call({"cmd": "GetJobByCustomId", "customId": f"c-{k - k % 10}"})
+        again.append(_shape(by_custom.get("job")))
+    for k in range(0, 3000, 450):
+        reply = conn.call({"cmd": "PUSH", "queue": KEYS, "data": {"dup": k},
+                           "uniqueKey": f"u-{k - k % 15}"})  # fmt: skip
+        again.append((reply.get("ok"), index.get(reply.get("id"), "new")))
+    got["again"] = again
+    got["counts"] = [conn.call({"cmd": "GetJobCounts", "queue": q})["counts"] for q in QUEUES]
+    pages = []
+    for q in QUEUES:
+        for state, offset in (("waiting", 0), ("waiting", 3500), ("prioritized", 150),
+                              ("delayed", 10)):  # fmt: skip
+            cmd = {"cmd": "GetJobs", "queue": q, "state": state, "offset": offset, "limit": 7}
+            pages.append([_shape(j) for j in conn.call(cmd)["jobs"]])
+    got["GetJobs"] = pages
+    return got
+
+
+def _drain(conn: TcpConnection) -> dict[str, list[int]]:
+    """A worker per queue, in turn: PULLB 100 and ACKB until the queue is empty and nothing
+    is delayed; the data indexes in delivery order."""
+    order: dict[str, list[int]] = {}
+    for queue in QUEUES:
+        seen: list[int] = order.setdefault(queue, [])
+        while True:
+            got = conn.call({"cmd": "PULLB", "queue": queue, "count": 100, "owner": "hb"})
+            jobs = got["jobs"]
+            if not jobs:
+                break
+            seen += [int(j["data"]["i"]) for j in jobs if "i" in j["data"]]
+            ids = [j["id"] for j in jobs]
+            conn.call({"cmd": "ACKB", "ids": ids, "tokens": got["tokens"]})
+    return order
+
+
+def _run_script(server: ShardqServer) -> tuple[dict[str, Any], dict[str, list[int]], int]:
+    """Push the script, look up, drain: (lookups, delivery order, cold jobs after the push)."""
+    script = _script()
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        started = time.monotonic()
+        ids = _push_all(conn, script)
+        cold = int(conn.call({"cmd": "Stats"})["stats"]["coldJobs"])
+        lookups = _lookups(conn, ids)
+        # Every delayed job is due before the drain: the drain's order is then the queues'.
+        remaining = max(DELAYS) / 1000 - (time.monotonic() - started) + 0.5
+        time.sleep(max(remaining, 0))
+        order = _drain(conn)
+        counts = [conn.call({"cmd": "GetJobCounts", "queue": q})["counts"] for q in QUEUES]
+        assert all(c["waiting"] == c["delayed"] == c["active"] == 0 for c in counts), counts
+    return lookups, order, cold
+
+
+def test_a_budget_of_200_answers_and_drains_as_no_budget(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    plain = shardq_server(shards=1, data_dir=tmp_path / "plain")
+    plain_lookups, plain_order, plain_cold = _run_script(plain)
+    assert plain.stop() == 0
+    budget = shardq_server(shards=1, data_dir=tmp_path / "budget", env=BUDGET)
+    lookups, order, cold = _run_script(budget)
+    # Without a budget nothing is cold; with it, all but about a head per queue is.
+    assert plain_cold == 0
+    assert cold >= 20_000 - 2 * HEAD * len(QUEUES) - 100, cold
+    for key, value in plain_lookups.items():
+        assert lookups[key] == value, key
+    total = sum(len(jobs) for jobs in _script().values())
+    delivered = [i for q in QUEUES for i in order[q]]
+    assert sorted(delivered) == list(range(total)), "every job exactly once"
+    for queue in QUEUES:
+        assert order[queue] == plain_order[queue], f"{queue}: another delivery order"
+    assert budget.stop() == 0, budget.log_tail()
