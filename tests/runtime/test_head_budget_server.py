@@ -15,15 +15,19 @@ Jobs are told apart across the two servers by their data (`{"i": n}`): ids are t
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardq_harness import ShardqServer
+from prometheus_client.parser import text_string_to_metric_families
+from shardq_harness import ShardqServer, poll_until
 
-from shardq.client import TcpConnection
+from shardq.client import ConnectionClosed, ConnectionLost, TcpConnection
 
 Factory = Callable[..., ShardqServer]
 HEAD = 200
@@ -166,4 +170,190 @@ def test_a_budget_of_200_answers_and_drains_as_no_budget(
     assert sorted(delivered) == list(range(total)), "every job exactly once"
     for queue in QUEUES:
         assert order[queue] == plain_order[queue], f"{queue}: another delivery order"
+    failed = [line for line in budget.logs() if line.get("level") in ("error", "critical")]
+    assert not failed, failed[:3]
     assert budget.stop() == 0, budget.log_tail()
+
+
+# -- kill -9 while paging ------------------------------------------------------------------
+
+KILL_HEAD = 50
+KILL_QUEUES = ("hk-a", "hk-b")
+LOCK_MS = 1000  # a job active in a killed shard comes back soon after its restart
+PUSHES = 6000  # acknowledged durable pushes before the producer stops
+RETRIED = ("Shard unavailable", "Storage unavailable")
+
+
+class Ledger:
+    """What the clients were told: pushes acknowledged, deliveries, ACKs answered."""
+
+    def __init__(self) -> None:
+        self.pushed: set[str] = set()
+        self.delivered: list[str] = []
+        self.acked: dict[str, int] = {}  # job id -> index in `delivered` of its answered ACK
+        self.lock = threading.Lock()
+
+    def check(self) -> None:
+        lost = self.pushed - set(self.delivered)
+        assert not lost, f"{len(lost)} acknowledged pushes never delivered: {sorted(lost)[:5]}"
+        for job_id, at in self.acked.items():
+            again = [i for i, d in enumerate(self.delivered) if d == job_id and i > at]
+            assert not again, f"{job_id} delivered again after its ACK was answered"
+
+
+def _produce(server: ShardqServer, ledger: Ledger, stop: threading.Event) -> None:
+    """Durable PUSHBs of 20, priorities mixed so that new jobs sort into heads and out."""
+    rng = random.Random(7)
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        n = 0
+        while not stop.is_set() and len(ledger.pushed) < PUSHES:
+            jobs = [{"data": {"n": n + k}, "priority": rng.choice((0, 0, 2)),
+                     "durable": True} for k in range(20)]  # fmt: skip
+            queue = KILL_QUEUES[n % 2]
+            n += 20
+            try:
+                reply = conn.call({"cmd": "PUSHB", "queue": queue, "jobs": jobs}, check=False)
+            except (ConnectionLost, ConnectionClosed):
+                return
+            if reply.get("ok"):
+                with ledger.lock:
+                    ledger.pushed.update(reply["ids"])
+            else:
+                assert str(reply.get("error")).startswith(RETRIED), reply
+                time.sleep(0.05)
+
+
+def _consume_batch(conn: TcpConnection, queue: str, ledger: Ledger) -> int:
+    cmd = {"cmd": "PULLB", "queue": queue, "count": 10, "owner": "hk", "lockTtl": LOCK_MS}
+    got = conn.call(cmd, check=False)
+    jobs = got.get("jobs") if got.get("ok") else None
+    if not jobs:
+        return 0
+    ids = [j["id"] for j in jobs]
+    with ledger.lock:
+        first = len(ledger.delivered)
+        ledger.delivered += ids
+    ack = conn.call({"cmd": "ACKB", "ids": ids, "tokens": got["tokens"]}, check=False)
+    if ack.get("ok"):
+        with ledger.lock:
+            for k, job_id in enumerate(ids):
+                ledger.acked[job_id] = first + k
+    return len(ids)
+
+
+def _consume(server: ShardqServer, ledger: Ledger, stop: threading.Event) -> None:
+    """Slower than the producer (a pause per round): the backlog grows cold meanwhile."""
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        while not stop.is_set():
+            for queue in KILL_QUEUES:
+                _consume_batch(conn, queue, ledger)
+            time.sleep(0.01)
+
+
+def _cold_jobs(conn: TcpConnection) -> int:
+    reply = conn.call({"cmd": "Stats"}, check=False)
+    return int(reply["stats"]["coldJobs"]) if reply.get("ok") else 0
+
+
+def _kill(server: ShardqServer, child: str) -> None:
+    old = server.child_pids()[child]
+    os.kill(old, signal.SIGKILL)
+    server.wait_child_replaced(child, old, WAIT_S)
+
+
+def test_kill_9_of_the_shard_and_of_the_writer_while_paging_loses_nothing_acknowledged(
+    shardq_server: Factory,
+) -> None:
+    env = {"SHARDQ_ENGINE_HEAD_JOBS": str(KILL_HEAD), "SHARDQ_ENGINE_STALL_CHECK_MS": "500"}
+    server = shardq_server(shards=1, env=env)
+    ledger, stop = Ledger(), threading.Event()
+    threads = [
+        threading.Thread(target=_produce, args=(server, ledger, stop), daemon=True),
+        threading.Thread(target=_consume, args=(server, ledger, stop), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    watch = TcpConnection(*server.tcp_address, timeout=WAIT_S)
+    try:
+        for child, share in (("shard-0", 3), ("writer", 4)):
+            want = PUSHES * share // 6
+            poll_until(lambda w=want: len(ledger.pushed) >= w and _cold_jobs(watch),
+                       60, f"pushes and a cold backlog before the kill of {child}")  # fmt: skip
+            assert ledger.acked, "the consumer got nothing before the kill"
+            cold = _cold_jobs(watch)
+            _kill(server, child)
+            print(f"kill -9 of {child}: {len(ledger.pushed)} pushed, {len(ledger.acked)} acked,"
+                  f" {cold} cold")  # fmt: skip
+        poll_until(lambda: len(ledger.pushed) >= PUSHES, 60, "the rest of the pushes")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(WAIT_S)
+    assert server.find_log("cold backlog restored") is not None, "the shard restarted cold"
+
+    # The full drain: jobs active in the killed shard come back once their lock expires.
+    def drained() -> bool:
+        while any([_consume_batch(watch, q, ledger) for q in KILL_QUEUES]):
+            pass
+        counts = [watch.call({"cmd": "GetJobCounts", "queue": q})["counts"] for q in KILL_QUEUES]
+        return all(c["waiting"] == c["active"] == c["delayed"] == 0 for c in counts)
+
+    poll_until(drained, 60, "every queue drained", detail=server.log_tail)
+    watch.close()
+    restored = [
+        line["cold_jobs"] for line in server.logs() if line.get("event") == "cold backlog restored"
+    ]
+    print(f"drained: {len(ledger.delivered)} deliveries of {len(ledger.pushed)} pushes;"
+          f" cold at the shard's restarts {restored}")  # fmt: skip
+    ledger.check()
+    assert server.stop() == 0, server.log_tail()
+
+
+# -- a restart, and what the metrics show ----------------------------------------------------
+
+
+def _scrape(conn: TcpConnection) -> dict[str, float]:
+    """The Prometheus exposition (the TCP port's `Prometheus`), by name and labels."""
+    text = conn.call({"cmd": "Prometheus"})["data"]["metrics"]
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+def test_a_restart_under_a_budget_keeps_counts_and_order(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    queue, total = "hr-q", 3000
+    rng = random.Random(3)
+    prios = [rng.choice((0, 0, 1, 7)) for _ in range(total)]
+    data = tmp_path / "restart"
+    server = shardq_server(shards=1, data_dir=data, env=BUDGET)
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        for start in range(0, total, BATCH):
+            jobs = [{"data": {"i": i}, "priority": prios[i]} for i in range(start, start + BATCH)]
+            conn.call({"cmd": "PUSHB", "queue": queue, "jobs": jobs})
+        counts = conn.call({"cmd": "GetJobCounts", "queue": queue})["counts"]
+        metrics = _scrape(conn)
+    assert metrics["shardq_head_jobs"] == HEAD
+    cold = metrics['shardq_shard_cold_jobs{shard="0"}']
+    assert total - 2 * HEAD <= cold < total, cold
+    assert metrics['shardq_shard_resident_jobs{shard="0"}'] <= 2 * HEAD
+    assert server.stop() == 0, server.log_tail()
+
+    server = shardq_server(shards=1, data_dir=data, env=BUDGET)
+    restored = server.find_log("cold backlog restored")
+    assert restored is not None and restored["cold_jobs"] >= cold, restored
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        # Counts, the prioritized split of cold jobs too, are those before the restart.
+        assert conn.call({"cmd": "GetJobCounts", "queue": queue})["counts"] == counts
+        assert _scrape(conn)['shardq_shard_cold_jobs{shard="0"}'] >= total - 2 * HEAD
+        order: list[int] = []
+        while jobs := conn.call({"cmd": "PULLB", "queue": queue, "count": 250})["jobs"]:
+            order += [j["data"]["i"] for j in jobs]
+            conn.call({"cmd": "ACKB", "ids": [j["id"] for j in jobs]})
+    # Higher priority first, then push order.
+    assert order == sorted(range(total), key=lambda i: (-prios[i], i))
+    assert server.stop() == 0, server.log_tail()
