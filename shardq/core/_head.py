@@ -62,6 +62,8 @@ from ._pager import (
     eligible,
     is_cold,
     job_of,
+    keep_held,
+    last_puts,
     row_of,
 )
 from ._queue import QueueState
@@ -405,24 +407,27 @@ class ColdHead:
         """Send a held job to the backlog: its put in this command is marked, or an update
         marks its row."""
         if puts is None:
-            puts = {m[1]["id"]: m[1] for m in out if m[0] == "put"}
+            puts = last_puts(out)
         put = puts.get(job.id)
-        rec = self._drop(job, write=True)
         if put is not None:
-            put[COLD] = 1
+            put[COLD] = 1  # the record the job was just put with: kept as it is
+            rec = self._drop(job, write=True, rec=put)
         else:
+            rec = self._drop(job, write=True)
             out.append(("upd", job.key, {COLD: 1}))
         self.pager.keep(rec)
         return puts
 
-    def _drop(self, job: Job, *, write: bool) -> Record:
-        """Take a waiting or delayed job out of memory; it stays counted, as cold."""
+    def _drop(self, job: Job, *, write: bool, rec: Record | None = None) -> Record:
+        """Take a waiting or delayed job out of memory; it stays counted, as cold. `rec`:
+        its record as this command put it, if it did (no other mutation of it follows)."""
         store = self.store
         q = store.queues[job.queue]
         h = self.head(job.queue)
-        rec = job.to_record()
-        if write:
-            rec[COLD] = 1
+        if rec is None:
+            rec = job.to_record()
+            if write:
+                rec[COLD] = 1
         if job.state == WAITING:
             h.waiting += 1
             if job.priority > 0:
@@ -532,7 +537,7 @@ class ColdHead:
             self._uncount_priority(q, h, job)
             self._hold(q, h, job)
         self._enter_all(jobs, q, WAITING)
-        self._keep_held(jobs)
+        keep_held(self.store.held, jobs)
         if end is not None:
             h.wcur = end
         self._settled_cursor(q, h, empty, WAITING)
@@ -598,17 +603,8 @@ class ColdHead:
             q.counts[DELAYED] -= 1
         self._hold(q, h, job)
         self._entered((job,), q, job.state)
-        self._keep_held((job,))
+        keep_held(self.store.held, (job,))
         return job
-
-    def _keep_held(self, jobs: Sequence[Job]) -> None:
-        """A durable push's job can go cold before its commit is confirmed (`JobStore.hold`):
-        paged back in meanwhile, it stays off the ready heap until `confirm` puts it there."""
-        held = self.store.held
-        if held:
-            for job in jobs:
-                if job.id in held and job.state == WAITING:
-                    job.hkey = None
 
     def _hold(self, q: QueueState, h: QueueHead, job: Job) -> None:
         if self.fences:

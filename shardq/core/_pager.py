@@ -17,7 +17,7 @@ from typing import Any, Final
 from ._cold import ColdBacklog, Cursor, delayed_cursor, waiting_cursor
 from ._job import Job
 from ._lifecycle import DELAYED, WAITING
-from ._mutations import ROW_KEY_SEP, Record
+from ._mutations import ROW_KEY_SEP, Mutation, Record, job_id_of
 
 __all__ = [
     "COLD",
@@ -29,6 +29,8 @@ __all__ = [
     "eligible",
     "is_cold",
     "job_of",
+    "keep_held",
+    "last_puts",
     "row_of",
 ]
 
@@ -69,6 +71,28 @@ def as_stored(value: Any) -> Any:
 
 def is_cold(rec: Record) -> bool:
     return bool(rec.get(COLD)) and rec.get("state") in (WAITING, DELAYED)
+
+
+def last_puts(out: Sequence[Mutation]) -> dict[str, Record]:
+    """The records `out` puts, by job id, of the jobs no later mutation in `out` changes:
+    each is what its job holds now."""
+    puts: dict[str, Record] = {}
+    for m in out:
+        kind = m[0]
+        if kind == "put":
+            puts[m[1]["id"]] = m[1]
+        elif kind in ("upd", "del", "delta") and puts:
+            puts.pop(job_id_of(m[1]), None)
+    return puts
+
+
+def keep_held(held: set[str], jobs: Sequence[Job]) -> None:
+    """A durable push's job can go cold before its commit is confirmed (`JobStore.hold`):
+    paged back in meanwhile, it stays off the ready heap until `confirm` puts it there."""
+    if held:
+        for job in jobs:
+            if job.id in held and job.state == WAITING:
+                job.hkey = None
 
 
 class QueueHead:

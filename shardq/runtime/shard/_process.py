@@ -26,7 +26,7 @@ import structlog
 import zmq
 
 from shardq.cluster._map import held_pairs
-from shardq.core import Engine, EngineConfig, Record
+from shardq.core import Engine, EngineConfig
 from shardq.core._handover import forget_queues
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
@@ -46,6 +46,7 @@ from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._direct import DirectPort
 from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
+from shardq.runtime.shard._progress import Progress
 from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._takeover import Holdings, initial_partitions
 from shardq.runtime.shard._wire import FrontPacker
@@ -59,13 +60,6 @@ _log = structlog.get_logger()
 # Unsent bytes to the writer past which a shard waits for it, for at most `storage_stall_ms`
 # (past `writer_backlog_max_bytes` it waits whatever the time: its memory is bounded).
 WRITER_BACKLOG_BYTES = 8 << 20
-# A recovering shard tells the supervisor how far it got this often: well inside the shortest
-# `ready_timeout_ms` (1 s), so a shard at work is never taken for a stalled one.
-PROGRESS_EVERY_S = 0.25
-# ... and logs it this often (a 30 s recovery logs 15 lines).
-LOG_PROGRESS_EVERY_S = 2.0
-# Records loaded between two looks at the clock: a clock read per record would cost more.
-_CLOCK_EVERY = 1000
 
 
 class ShardProcess:
@@ -269,7 +263,7 @@ class ShardProcess:
         """
         spec = self.spec
         starting = parts is None
-        progress = _Progress(self.sup if starting else None)
+        progress = Progress(self.sup if starting else None)
         progress.beat()
         mine = self._owner(parts)
         names = {n for n in store.queue_names() if mine(n)}
@@ -294,7 +288,7 @@ class ShardProcess:
             recovered += self._delete_stale(store.stale_completed(floor, names), now)
         return progress.loaded, len(queues), recovered
 
-    def _restore_cold(self, store: Storage, names: set[str], now: int, progress: _Progress) -> int:
+    def _restore_cold(self, store: Storage, names: set[str], now: int, progress: Progress) -> int:
         """Under a head budget: each queue's cold counts to the engine, which pages its heads
         in. Returns the mutations that made (hot jobs sorting after a head go cold)."""
         started = time.monotonic()
@@ -604,46 +598,6 @@ class ShardProcess:
             now = self.clock.now()
             self.core.give_back(unsent, now)
             self._send(self.core.finish_turn(now), block_on_front=block)
-
-
-class _Progress:
-    """Counts the records a recovery loads and reports the count: to the supervisor (which
-    waits on a child that makes progress) every `PROGRESS_EVERY_S`, to the log every
-    `LOG_PROGRESS_EVERY_S`."""
-
-    def __init__(self, sup: SupervisorLink | None) -> None:
-        # None: a load while serving (a gained partition), shown in the log only, every
-        # second, as the supervisor has nothing to wait for then.
-        self._sup = sup
-        self._log_every = LOG_PROGRESS_EVERY_S if sup is not None else 1.0
-        self.loaded = 0
-        self._started = time.monotonic()
-        self._next = self._started + PROGRESS_EVERY_S
-        self._next_log = self._started + self._log_every
-
-    def beat(self) -> None:
-        """Tell the supervisor the load goes on (between its first statements)."""
-        if self._sup is not None:
-            self._sup.progress(loaded=self.loaded)
-
-    def count(self, records: Iterator[Record]) -> Iterator[Record]:
-        loaded = self.loaded
-        for rec in records:
-            loaded += 1
-            if not loaded % _CLOCK_EVERY and time.monotonic() >= self._next:
-                self._report(loaded)
-            yield rec
-        self.loaded = loaded
-
-    def _report(self, loaded: int) -> None:
-        now = time.monotonic()
-        self._next = now + PROGRESS_EVERY_S
-        if self._sup is not None:
-            self._sup.progress(loaded=loaded)
-        if now >= self._next_log:
-            self._next_log = now + self._log_every
-            rate = loaded / max(now - self._started, 1e-9)
-            _log.info("shard recovering", loaded=loaded, jobs_per_s=round(rate))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
