@@ -10,8 +10,9 @@ its own). The shard's recovery and a takeover's loads read through the same stor
 A read that fails closes the store, so the next one opens it again, and raises: the command
 that read fails with an internal error (`ShardCore._request`), as any failing command does.
 
-Page-ins are logged: a page of `LOG_PAGE_RECORDS` records or more, or one that took
-`LOG_PAGE_MS` or more, as one line; a run of reads close together (a queue-wide command
+Page-ins are logged: a page of `LOG_PAGE_HEADS` heads (`head_jobs` records) or more, which
+only a queue-wide command reads (a head refills with less), or one that took `LOG_PAGE_MS` or
+more, as one line; a run of reads close together (a queue-wide command
 paging a whole backlog in, a drain) every `LOG_PROGRESS_S` while it lasts, and its total
 when the next run starts, if it logged any progress.
 """
@@ -29,10 +30,10 @@ from shardq.core._mutations import Record
 from shardq.storage import Storage, StorageError
 from shardq.storage._cold_reads import ColdCounts, ColdPage, Cursor
 
-__all__ = ["LOG_PAGE_RECORDS", "StoreBacklog"]
+__all__ = ["LOG_PAGE_HEADS", "StoreBacklog"]
 
-LOG_PAGE_RECORDS: Final = 10_000
-"""A page of at least this many records is logged."""
+LOG_PAGE_HEADS: Final = 10
+"""A page of at least this many times `head_jobs` records is logged."""
 LOG_PAGE_MS: Final = 500
 """A page that took at least this long is logged."""
 LOG_PROGRESS_S: Final = 2.0
@@ -47,9 +48,10 @@ T = TypeVar("T")
 class StoreBacklog:
     """The `ColdBacklog` of one shard: the cold reads of its own store (module docstring)."""
 
-    def __init__(self, opener: Callable[[], Storage], index: int) -> None:
+    def __init__(self, opener: Callable[[], Storage], index: int, head_jobs: int) -> None:
         self._open = opener
         self._index = index
+        self._log_records = LOG_PAGE_HEADS * head_jobs
         self._store: Storage | None = None
         self.pages = 0  # page reads so far (Stats)
         self.paged = 0  # records they returned
@@ -137,8 +139,15 @@ class StoreBacklog:
         self.pages += 1
         self.paged += records
         ms = (ended - started) * 1000
-        if records >= LOG_PAGE_RECORDS or ms >= LOG_PAGE_MS:
-            _log.info("cold page-in", kind=kind, queue=queue, records=records, ms=round(ms))
+        if records >= self._log_records or ms >= LOG_PAGE_MS:
+            _log.info(
+                "cold page-in",
+                shard=self._index,
+                kind=kind,
+                queue=queue,
+                records=records,
+                ms=round(ms),
+            )
         self._progress(started, ended, records, queue)
         return page
 

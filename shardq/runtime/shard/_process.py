@@ -78,7 +78,8 @@ class ShardProcess:
         # (`shard._backlog`), opened on first use and kept; None keeps every job in memory.
         self._backlog: StoreBacklog | None = None
         if config.head_jobs:
-            self._backlog = StoreBacklog(partial(open_storage, spec, capped=False), spec.index)
+            opener = partial(open_storage, spec, capped=False)
+            self._backlog = StoreBacklog(opener, spec.index, config.head_jobs)
         engine = Engine(config, compact_pulls=True, backlog=self._backlog)
         self.core = ShardCore(
             spec.index,
