@@ -160,8 +160,9 @@ class ColdHead:
 
     def forget(self, names: Iterable[str]) -> None:
         """Queues that left this engine (`_handover.forget_queues`): their heads go too."""
-        for name in names:
-            self.heads.pop(name, None)
+        gone = [h for h in (self.heads.pop(name, None) for name in names) if h is not None]
+        if gone and self.pager.guards:
+            self.pager.guards = [g for g in self.pager.guards if g[1] not in gone]
 
     def cold_counts(self, queue: str) -> tuple[int, int]:
         """The queue's cold (waiting, delayed) jobs."""
@@ -221,6 +222,8 @@ class ColdHead:
         h = self.heads.get(q.name)
         if h is None:
             return
+        if h.parked:
+            _unpark(h, jobs)
         if state == WAITING:
             if h.waiting:
                 for job in jobs:
@@ -501,10 +504,14 @@ class ColdHead:
         return puts
 
     def _refill(self, q: QueueState, h: QueueHead) -> None:
-        if h.waiting and q.counts[WAITING] - h.waiting < self.low:
-            self._page_waiting(q, h, self.budget)
-        if h.delayed and q.counts[DELAYED] - h.delayed < self.low:
-            self._page_delayed(q, h, self.budget)
+        # Up to the budget, not a budget more: a head paged past it would send its tail
+        # straight back cold (`_trim`), a write per job, and page it in again.
+        hot = q.counts[WAITING] - h.waiting
+        if h.waiting and hot < self.low:
+            self._page_waiting(q, h, self.budget - hot)
+        hot = q.counts[DELAYED] - h.delayed
+        if h.delayed and hot < self.low:
+            self._page_delayed(q, h, self.budget - hot)
 
     def _recheck(self, q: QueueState, h: QueueHead) -> None:
         """At start: hot jobs that sort after the cursors leave their heaps (`settle`)."""
@@ -614,3 +621,13 @@ class ColdHead:
         self.store.jobs[job.id] = job
         q.ids[job.id] = None
         h.paged[job.key] = job.id
+
+
+def _unpark(h: QueueHead, jobs: Sequence[Job]) -> None:
+    """Jobs from cold rows back in waiting or delayed: their rows read cold again once that
+    is committed, so the sweeps watch them again (`QueueHead.parked`)."""
+    parked, paged = h.parked, h.paged
+    for job in jobs:
+        row = parked.pop(job.id, None)
+        if row is not None and row == job.key:
+            paged[row] = job.id
