@@ -205,6 +205,10 @@ def status(url: Url = DEFAULT_URL, token: Token = None, as_json: Json = False) -
         "queues": counts,
         "paused": [q for q in queues if flags[q]],
     }
+    # Several nodes: the answer is every node's but those that could not answer.
+    missing = sorted({str(n) for r in (stats, workers) for n in r.get("unreachableNodes") or ()})
+    if missing:
+        summary["unreachableNodes"] = missing
     if as_json:
         print_json(summary)
         return
@@ -219,6 +223,8 @@ def status(url: Url = DEFAULT_URL, token: Token = None, as_json: Json = False) -
     print_table("queues", ["queue", *COUNT_STATES], _count_rows(counts))
     if summary["paused"]:
         typer.echo(paused_note(summary["paused"]))
+    if missing:
+        typer.echo(f"NOT ANSWERING: {', '.join(missing)}: their queues are not counted above")
 
 
 # -- queue
@@ -240,9 +246,13 @@ def paused_note(paused: Sequence[str]) -> str:
 def queue_list(url: Url = DEFAULT_URL, token: Token = None, as_json: Json = False) -> None:
     """Every queue with its job counts and whether it is paused."""
     with session(url, token) as conn:
-        queues = list_queues(conn)
+        listed = conn.call({"cmd": "ListQueues"})
+        queues = [str(q) for q in listed.get("queues") or []]
         counts = queue_counts(conn, queues)
         flags = paused_queues(conn, queues)
+    missing = ", ".join(str(n) for n in listed.get("unreachableNodes") or ())
+    if missing:  # several nodes: those that could not answer, their queues not listed
+        typer.echo(f"NOT ANSWERING: {missing}: their queues are not listed", err=True)
     if as_json:
         print_json({q: {"paused": flags[q], "counts": counts[q]} for q in queues})
         return

@@ -1,8 +1,8 @@
 """Cron and repeat-every schedules: the `Cron*` commands and the jobs they fire.
 
 A schedule is a plain record (persisted whole as `("cron", name, rec)`, removed as
-`("crondel", name)`). Time stays an input: the next slot is computed from the `now` passed in,
-so the engine remains pure. Rules (docs/protocol.md §15):
+`("crondel", name, queue)`). Time stays an input: the next slot is computed from the `now`
+passed in, so the engine remains pure. Rules (docs/protocol.md §15):
 
 - a slot fires at most once: `lastRun` (the slot last handled) is persisted in the same batch
   as the job it pushed, and a slot at or before `lastRun` never fires;
@@ -227,8 +227,10 @@ class CronScheduler:
         fx.mutations.append(("cron", rec["name"], dict(rec)))
 
     def _drop(self, fx: Effects, name: str) -> None:
-        del self.schedules[name]
-        fx.mutations.append(("crondel", name))
+        rec = self.schedules.pop(name)
+        # With its queue: the stored row goes only if it is still this copy's (a schedule
+        # moved to another shard's or node's queue is saved there before this copy goes).
+        fx.mutations.append(("crondel", name, str(rec["queue"])))
 
     def due(self) -> int | None:
         """The next slot due, dropping heap entries of deleted or rescheduled schedules."""

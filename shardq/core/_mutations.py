@@ -16,7 +16,9 @@ own, and their rows must not collide in the one SQLite file.
     ("group", queue, gid, cfg) the settings of one job group of a queue (shardq.core._groups)
     ("groupdel", queue, gid)  that group holds no settings any more
     ("cron", name, rec)       the whole record of one cron schedule (shardq.core._cron)
-    ("crondel", name)         the schedule is gone (deleted, or its maxLimit was reached)
+    ("crondel", name, queue)  the schedule is gone (deleted, or its maxLimit was reached);
+                              its row goes only if still on `queue` (it may have moved);
+                              ("crondel", name) deletes it whatever its queue
     ("webhook", id, rec)      the whole record of one webhook (shardq.core._webhooks)
     ("webhookdel", id)        the webhook is removed
     ("flow", key, notice)     a flow notice owed to a parent on another shard (shardq.core._flows)
@@ -117,7 +119,8 @@ def fold_mutations(
         elif kind == "cron":
             crons[m[1]] = dict(m[2])
         elif kind == "crondel":
-            crons.pop(m[1], None)
+            if len(m) < 3 or crons.get(m[1], {}).get("queue") == m[2]:
+                crons.pop(m[1], None)
         elif kind not in _OUTSIDE:
             raise ValueError(f"unknown mutation kind {kind!r}")
     return records, _with_groups(queues, groups)

@@ -39,6 +39,7 @@ _EVENT_SET: Final = frozenset(WEBHOOK_EVENTS)
 MAX_URL_CHARS: Final = 2048
 MAX_SECRET_CHARS: Final = 1024
 MAX_QUEUE_CHARS: Final = 256
+MAX_ID_CHARS: Final = 256  # a webhook id passed on by another node (`webhookId`)
 # A registry is read whole by ListWebhooks and by every delivery sync: keep it small.
 MAX_WEBHOOKS: Final = 1000
 NOT_FOUND: Final = "Webhook not found"
@@ -165,22 +166,26 @@ class WebhookRegistry:
         url, events = _url(cmd), _events(cmd)
         queue = _optional_text(cmd, "queue", MAX_QUEUE_CHARS)
         secret = _optional_text(cmd, "secret", MAX_SECRET_CHARS)
-        if len(self.hooks) >= MAX_WEBHOOKS:
+        # With several nodes, the node that took the AddWebhook passes it on to the others
+        # with the id (and time) it gave it: every node's copy of the registry is the same.
+        given = _optional_text(cmd, "webhookId", MAX_ID_CHARS)
+        created = cmd.get("createdAt")
+        if given not in self.hooks and len(self.hooks) >= MAX_WEBHOOKS:
             raise CommandError(f"Too many webhooks: at most {MAX_WEBHOOKS}")
-        hook_id = self.ids.new(now)
+        hook_id = given or self.ids.new(now)
         rec: Record = {
             "id": hook_id,
             "url": url,
             "events": events,
             "queue": queue,
             "secret": secret,
-            "createdAt": now,
+            "createdAt": created if type(created) is int and created >= 0 else now,
             "enabled": True,
         }
         self.hooks[hook_id] = rec
         fx.mutations.append(("webhook", hook_id, dict(rec)))
         data = {"webhookId": hook_id, "url": url, "events": events, "queue": queue}
-        return {"ok": True, "data": {**data, "createdAt": now}}
+        return {"ok": True, "data": {**data, "createdAt": rec["createdAt"]}}
 
     def cmd_remove_webhook(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         hook_id = _id(cmd, "webhookId")

@@ -65,6 +65,8 @@ GROUP = W("groupId", "key", "group id", max_len=256, required=True)
 LIMIT = F("limit", "count", "a count limit")
 COUNT = F("count", "count", "how many")
 TIMEOUT = F("timeout", "duration", "long-poll wait (ms)")
+# Several nodes on one database answer these commands for every node (docs/cluster.md).
+LOCAL = F("local", "bool", "shardq's: this node's answer alone, in a cluster")
 CRON_NAME = W("name", "key", "schedule name", max_len=256, required=True)
 
 JOB_FIELDS: Final[tuple[Field, ...]] = (
@@ -147,6 +149,7 @@ COMMANDS: Final[tuple[Command, ...]] = (
       job=True, doc="many jobs"),
     C("PUSHF", F("jobs", "list", "[{id, queue, input}] nodes of a flow", required=True,
                  max_len=_FRAME_BOUND),
+      F("hold", "flag", "another node's part of a flow: held until PeerFlowRelease"),
       served="frontend", job=True, doc="an atomic flow"),
     # -- consuming and leases
     C("PULL", QUEUE, W("timeout", "duration", "long-poll wait (ms)"), F("owner", "key"),
@@ -170,7 +173,7 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("UnregisterWorker", F("workerId", "key"), served="frontend"),
     C("Heartbeat", F("id", "key", "worker id"), F("activeJobs", "count"),
       F("processed", "count"), F("failed", "count"), served="frontend"),
-    C("ListWorkers", served="frontend"),
+    C("ListWorkers", LOCAL, served="frontend"),
     # -- reading jobs
     C("GetJob", ID),
     C("GetJobByCustomId", F("customId", "id", required=True)),
@@ -218,7 +221,7 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("Drain", QUEUE),
     C("Obliterate", QUEUE),
     C("Clean", QUEUE, F("grace", "duration"), W("state", "key", max_len=64), LIMIT),
-    C("ListQueues", served="frontend"),
+    C("ListQueues", LOCAL, served="frontend"),
     C("Dlq", QUEUE, COUNT, F("filter", "map")),
     C("GetDlqStats", QUEUE),
     C("RetryDlq", QUEUE, COUNT, F("jobId", "id")),
@@ -261,8 +264,8 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("Ping", served="frontend"),
     C("Hello", F("protocolVersion", "int", lo=0, hi=1000), served="frontend"),
     C("Auth", F("token", "key", max_len=4096), served="frontend"),
-    C("Stats", served="frontend"),
-    C("Metrics", QUEUE_OPT, served="frontend"),
+    C("Stats", LOCAL, served="frontend"),
+    C("Metrics", QUEUE_OPT, LOCAL, served="frontend"),
     C("TrimEvents", QUEUE_OPT, W("maxLength", "count"), served="frontend"),
     C("Prometheus", served="frontend"),
     C("StorageStatus", served="frontend"),
@@ -271,6 +274,15 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("NoForward", F("node", "key", "the node whose link this is", max_len=256),
       served="frontend",
       doc="answer MOVED on this connection instead of forwarding (docs/cluster.md)"),
+    # -- node to node, on a peer's link only (`NoForward {node}`): flows across nodes
+    C("PeerFlowNotify", QUEUE_OPT, F("items", "list", "child-finished notices", required=True,
+                                     max_len=_FRAME_BOUND),
+      served="frontend", doc="notices for flow parents on this node's queues"),
+    C("PeerFlowRelease", F("ids", "list", item="id", required=True, max_len=_FRAME_BOUND),
+      F("queues", "list", "each id's queue", item="queue", required=True, max_len=_FRAME_BOUND),
+      served="frontend", doc="release a flow's part this node holds"),
+    C("PeerFlowHeld", F("ids", "list", item="id", required=True, max_len=_FRAME_BOUND),
+      served="frontend", doc="which of these ids this node's shards hold"),
     C("CompactMemory", served="shard"),
     C("DashboardOverview", served="frontend"),
     C("DashboardQueues", F("limit", "count"), F("offset", "count"), served="frontend"),
@@ -283,6 +295,8 @@ COMMANDS: Final[tuple[Command, ...]] = (
     C("AddWebhook", W("url", "key", "http(s) URL", max_len=2048, required=True),
       W("events", "list", "event names", max_len=64), W("queue", "key", max_len=256),
       W("secret", "key", max_len=1024),
+      F("webhookId", "key", "several nodes: the id the first node gave it", max_len=256),
+      F("createdAt", "time", "several nodes: when the first node added it"),
       served="frontend"),
     C("RemoveWebhook", F("webhookId", "key", required=True), served="frontend"),
     C("ListWebhooks", served="frontend"),

@@ -262,6 +262,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "forward_max_in_flight": _ranged(1, 1 << 20),
     "forward_max_bytes": _ranged(64 * 1024, 1 << 40),
     "forward_timeout_ms": _ranged(100, 3_600_000, ms=True),
+    "gather_timeout_ms": _ranged(100, 3_600_000, ms=True),
 }
 _ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 

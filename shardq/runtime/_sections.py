@@ -357,6 +357,11 @@ class ClusterSettings:
     # A forward unanswered this long (plus a long-poll's own `timeout`) answers
     # `Node unavailable`: a frozen owner costs its callers a bounded wait, not a hang.
     forward_timeout_ms: int = 30_000
+    # A peer that has not answered a cluster-wide command (Stats, ListQueues, ...) this long
+    # is left out of the answer and named in `unreachableNodes` (docs/cluster.md
+    # "Cluster-wide answers"): below the HTTP API's backend timeout, so a frozen node does
+    # not make the dashboard fail.
+    gather_timeout_ms: int = 5_000
 
 
 # Section name (the attribute of `ServerConfig` and `ChildSpec`, the config file's table) -> its

@@ -113,7 +113,11 @@ class Plan:
     jobs: dict[str, Row | None] = field(default_factory=dict)
     queues: dict[str, Record | None] = field(default_factory=dict)
     crons: dict[str, Record | None] = field(default_factory=dict)
-    """Cron schedule records by name (None: delete the schedule)."""
+    """Cron schedule records by name (None: delete the schedule, whatever its queue)."""
+    cron_drops: dict[tuple[str, str], None] = field(default_factory=dict)
+    """(name, queue) of schedules deleted only if the stored one is still on that queue,
+    deleted before `crons` is written: a copy left on another shard or node, cleaned up
+    after the schedule moved, never deletes the moved schedule's row (an ordered set)."""
     webhooks: dict[str, Record | None] = field(default_factory=dict)
     """Webhook records by id (None: delete the webhook)."""
     flows: dict[str, Record | None] = field(default_factory=dict)
@@ -297,8 +301,15 @@ class _Folder:
     def _cron(self, name: str, rec: Record, _b: None) -> None:
         self.plan.crons[name] = rec
 
-    def _crondel(self, name: str, _a: None, _b: None) -> None:
-        self.plan.crons[name] = None
+    def _crondel(self, name: str, queue: str | None, _b: None) -> None:
+        plan = self.plan
+        if queue is None:
+            plan.crons[name] = None
+            return
+        pending = plan.crons.get(name)
+        if pending is not None and pending.get("queue") == queue:
+            del plan.crons[name]  # saved earlier in this batch on the same queue: undone
+        plan.cron_drops[(name, queue)] = None
 
     def _webhook(self, hook_id: str, rec: Record, _b: None) -> None:
         self.plan.webhooks[hook_id] = rec
@@ -358,7 +369,7 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "queue": (str, dict),
     "qdel": (str,),
     "cron": (str, dict),
-    "crondel": (str,),
+    "crondel": (str,),  # or (str, str): the name and the queue it must still be on
     "webhook": (str, dict),
     "webhookdel": (str,),
     "flow": (str, dict),
@@ -370,6 +381,7 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "updm": (bytes, dict, list),
     "dltb": (str, bytes),
 }
+_CRONDEL_ON_QUEUE: tuple[type, ...] = (str, str)
 
 
 def _parse(index: int, mutation: object) -> _Op:
@@ -441,10 +453,10 @@ def _parse_general(index: int, mutation: object) -> _Op:
     if not isinstance(mutation, tuple | list) or not mutation:
         raise StorageRejected(f"mutation #{index} is not a non-empty tuple: {mutation!r:.200}")
     kind = mutation[0]
-    shape = _SHAPES.get(kind) if isinstance(kind, str) else None
+    fields = mutation[1:]
+    shape = _shape(kind, len(fields))
     if shape is None:
         raise StorageRejected(f"mutation #{index} has unknown kind {kind!r:.100}")
-    fields = mutation[1:]
     if kind == "putb" and len(fields) == len(shape) + 1:
         return _cold_putb(index, mutation)
     if len(fields) != len(shape) or not all(map(isinstance, fields, shape)):
@@ -471,4 +483,12 @@ def _parse_general(index: int, mutation: object) -> _Op:
         return kind, fields[0], fields[1], None
     if kind in ("putb", "updb", "updm", "dltb"):  # well-formed ones took the fast path
         raise StorageRejected(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")
-    return kind, fields[0], None, None
+    # del, qdel, webhookdel, flowdel: a key; crondel: a name, and maybe its queue.
+    return kind, fields[0], fields[1] if len(fields) == 2 else None, None
+
+
+def _shape(kind: object, count: int) -> tuple[type, ...] | None:
+    """The types of a mutation's fields after its kind (None: an unknown kind)."""
+    if kind == "crondel" and count == 2:
+        return _CRONDEL_ON_QUEUE
+    return _SHAPES.get(kind) if isinstance(kind, str) else None

@@ -146,6 +146,9 @@ def write_plan(
     known: dict[str, Stored | None] = {}
     _write_jobs(writes, plan, pack, patch_floor, deltas_exist, known, cold)
     _write_keyed(writes, plan.queues, "queue_state", ("name", "cfg"), lambda k, r: (k, pack(r)))
+    if plan.cron_drops:  # before the upserts: a schedule saved in this batch stays
+        sql = "DELETE FROM cron_jobs WHERE name = %s AND queue = %s"
+        writes.many(sql, list(plan.cron_drops))
     if plan.crons:
         cron_row = _with_queue("queue", pack)
         _write_keyed(writes, plan.crons, "cron_jobs", ("name", "queue", "rec"), cron_row)

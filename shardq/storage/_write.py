@@ -151,7 +151,7 @@ def write_plan(
     written += rows
     delta_rows += changed
     written += _write_queues(conn, plan, pack)
-    if plan.crons:
+    if plan.crons or plan.cron_drops:
         written += _write_crons(conn, plan, pack)
     if plan.webhooks:
         written += _write_webhooks(conn, plan, pack)
@@ -445,7 +445,11 @@ _UPSERT_CRON = (
 
 
 def _write_crons(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
-    return _write_keyed(
+    written = 0
+    if plan.cron_drops:  # before the upserts: a schedule saved in this batch stays
+        sql = "DELETE FROM cron_jobs WHERE name = ? AND queue = ?"
+        written += conn.executemany(sql, list(plan.cron_drops)).rowcount
+    return written + _write_keyed(
         conn, plan.crons, _UPSERT_CRON, "DELETE FROM cron_jobs WHERE name = ?",
         lambda name, rec: (name, str(rec.get("queue")), pack(rec)),
     )  # fmt: skip

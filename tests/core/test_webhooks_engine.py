@@ -136,3 +136,18 @@ def test_restore_brings_the_registry_back_with_fresh_counters() -> None:
     assert [(h["id"], h["queue"], h["enabled"], h["successCount"]) for h in listed] == [
         (hook_id, "q", False, 0)
     ]
+
+
+def test_a_webhook_passed_on_by_another_node_keeps_its_id_and_time() -> None:
+    # Several nodes: the node that took AddWebhook passes it on with the id it gave.
+    engine, muts = Engine(seed=1), []
+    data = add(engine, muts, webhookId="wh-from-a", createdAt=NOW - 5)
+    assert (data["webhookId"], data["createdAt"]) == ("wh-from-a", NOW - 5)
+    assert muts[-1][:2] == ("webhook", "wh-from-a")
+    again = add(engine, muts, webhookId="wh-from-a", url="https://hooks.example.com/x")
+    assert again["webhookId"] == "wh-from-a"
+    (hook,) = run(engine, muts, cmd="ListWebhooks")["data"]["webhooks"]
+    assert (hook["id"], hook["url"]) == ("wh-from-a", "https://hooks.example.com/x")
+    bad = run(engine, muts, cmd="AddWebhook", url="https://h.example.com/", events=["job.failed"],
+              webhookId="")  # fmt: skip
+    assert bad["ok"] is False and "webhookId" in bad["error"]

@@ -142,9 +142,13 @@ def test_no_session_ticket_races_a_client_that_reads_and_writes_from_two_threads
 
     producers = [
         bunqueue.Queue(
-            "secure", host="127.0.0.1", port=server.tcp_port, token="s3cret-token",
-            tls={"ca_file": str(cert)}, command_timeout=30.0,
-        )  # fmt: skip
+            "secure",
+            host="127.0.0.1",
+            port=server.tcp_port,
+            token="s3cret-token",
+            tls={"ca_file": str(cert)},
+            command_timeout=30.0,
+        )
         for _ in range(40)
     ]
     try:  # all kept open until the end, so no socket number is reused under a reader thread

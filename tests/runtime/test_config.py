@@ -205,6 +205,7 @@ VALID_TEXT = {
     "forward_max_in_flight": "100",
     "forward_max_bytes": "1048576",
     "forward_timeout_ms": "2000",
+    "gather_timeout_ms": "1500",
 }
 
 
@@ -320,6 +321,7 @@ multi_node_preview = true
 forward_max_in_flight = 100
 forward_max_bytes = 1048576
 forward_timeout_ms = 2000
+gather_timeout_ms = 1500
 """
 
 

@@ -102,3 +102,9 @@ def test_a_schedule_every_second_survives_restarts_without_firing_a_slot_twice(
         # that slot's job may be gone. A restart never fires a past slot again
         # (skipMissedOnRestart), so the count can be one short, never a slot twice.
         assert before >= 4 and len(jobs) >= before + 2
+    assert server.stop() == 0
+    server = shardq_server(shards=N)
+    with connect(server) as conn:
+        # The moved schedule's row outlived the clean-up of its copy on the other shard
+        # (which deletes a stored row only if it is still on that copy's queue).
+        assert conn.call({"cmd": "CronGet", "name": "hourly"})["cron"]["queue"] == tick

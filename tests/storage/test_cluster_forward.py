@@ -333,10 +333,14 @@ def test_a_schedule_made_through_the_other_node_lives_with_its_queue(nodes: Node
     cron = {"cmd": "Cron", "name": "fwd-tick", "queue": queue, "schedule": "0 * * * *"}
     with TcpConnection(*a.tcp_address, timeout=15) as conn:
         made = conn.call(cron)["cron"]
+        listed = [c["name"] for c in conn.call({"cmd": "CronList"})["crons"]]
+    with TcpConnection(*a.tcp_address, timeout=15) as conn:
+        conn.call({"cmd": "NoForward", "node": "test"})  # answered as a peer is: A's own only
         here = [c["name"] for c in conn.call({"cmd": "CronList"})["crons"]]
     with TcpConnection(*b.tcp_address, timeout=15) as conn:
         there = conn.call({"cmd": "CronGet", "name": "fwd-tick"})["cron"]
     assert made["queue"] == there["queue"] == queue
+    assert "fwd-tick" in listed  # every node's schedules
     assert "fwd-tick" not in here  # A's shards never held it: its pushes would be fenced
     # By name (no queue): A's shards miss it and A asks B.
     with TcpConnection(*a.tcp_address, timeout=15) as conn:

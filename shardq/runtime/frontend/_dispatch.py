@@ -88,8 +88,9 @@ def _pass_through(client: Client) -> msgs.ReqEnvelope | None:
     return _WIRE_ENVELOPES.get(getattr(client, "wire_mode", None))
 
 
-# Front-end commands on one queue that the partition guard covers too (`guard_partitions`).
-_QUEUE_LOCAL: Final = ("Cron", "DashboardQueue")
+# Front-end commands on one queue that the partition guard covers too (`guard_partitions`);
+# `Metrics` with a `queue` (without one it answers for every node, `_aggregate`).
+_QUEUE_LOCAL: Final = ("Cron", "DashboardQueue", "Metrics")
 
 
 def _guarded_local(
@@ -306,7 +307,9 @@ class Dispatcher:
             if type(queue) is str:
                 error = refusal(queue)
                 if error is not None:
-                    if forward is None or not forward(client, req, name, frame, error):
+                    # Counted here, where the client sent it (`BunqueueCommands.before_route`).
+                    counted = self.bunqueue.before_route(client, req, name, frame) or client
+                    if forward is None or not forward(counted, req, name, frame, error):
                         self.answer(client, req, error_reply(error))
                     return
             unguarded(client, req, name, frame, checked)

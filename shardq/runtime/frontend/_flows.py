@@ -11,31 +11,53 @@
   `data.__parentQueue`) asks that queue's shard. Either is refused `Parent job not found: X`,
   as bunqueue does, rather than leave a child reporting to no one. A bare `parentId`, or
   bunqueue-client's placeholder "pending", is not checked (a forward reference).
-- **PUSHF over several shards**, in two phases. Each shard gets its part as one PUSHF with a
-  hold in its request's envelope: it admits all of its nodes or none, and keeps them from
-  delivery. If every part
-  is admitted, each shard gets a `FlowRelease` and the flow starts; if one is refused, the
-  parts already admitted are cancelled (their jobs never ran) and the client gets the error.
+- **PUSHF over several shards**, in two phases (`_flow_parts.py`). Each shard gets its part
+  as one PUSHF with a hold in its request's envelope: it admits all of its nodes or none, and
+  keeps them from delivery. If every part is admitted, each shard gets a `FlowRelease` and
+  the flow starts; if one is refused, the parts already admitted are cancelled (their jobs
+  never ran) and the client gets the error.
+- **Several nodes** (`span_nodes`, docs/cluster.md): the same over the other nodes too. A
+  PUSHF's nodes on another node's queues go to that node as one held part; notices for a
+  parent on another node's queue go to that node (`_flow_nodes.py`); a parent, or a child
+  to cancel, not found here is looked for on the other nodes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shardq.core import FLOW_NOTIFY, FLOW_RELEASE
+from shardq.core import FLOW_NOTIFY
 from shardq.core._flows import PENDING_PARENT
 from shardq.core._graph import flow_reference_error, graph_error
 from shardq.runtime import _messages as msgs
 from shardq.runtime._routing import shard_of
-from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE, is_found
+from shardq.runtime.frontend._flow_nodes import (
+    INTERNAL,
+    LOCAL,
+    NodeMap,
+    PeerFlowCommands,
+    ask_anywhere,
+)
+from shardq.runtime.frontend._flow_parts import (
+    INTERNAL_CONN,
+    LocalPart,
+    Part,
+    PeerPart,
+    Spread,
+    split_entries,
+    unavailable,
+)
+from shardq.runtime.frontend._merge import is_found
 from shardq.runtime.frontend._orphans import OrphanWatch
 from shardq.runtime.frontend._replies import Client, Reply, answer
 from shardq.runtime.frontend._router import Router
 
 if TYPE_CHECKING:
     import asyncio
+
+    from shardq.runtime.frontend._forward import Forwarder
 
 __all__ = ["FlowRoutes", "Forward"]
 
@@ -46,14 +68,8 @@ class Forward(Protocol):
     def __call__(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> None: ...
 
 
-# The connection id of requests the front end makes for the shards themselves.
-_INTERNAL_CONN = "flows"
-# The envelope of a flow's part on one shard: its jobs stay undeliverable until released.
-_HOLD: msgs.ReqEnvelope = {msgs.ENVELOPE_HOLD: True}
-
-
-def _ignore(_reply: Reply) -> None:
-    """A clean-up's reply: a job already gone is fine."""
+_INTERNAL_CONN = INTERNAL_CONN
+_unavailable = unavailable
 
 
 class FlowRoutes:
@@ -64,13 +80,24 @@ class FlowRoutes:
         """`forward` sends a command on to its shard as the dispatcher does, past the
         parent check (`check_parents`): for the pushes and UpdateParents checked here."""
         self._r = router
+        self._loop = loop
         self._forward = forward
         self.orphans = OrphanWatch(router, loop)
+        # Several nodes on one database: where each queue lives, and the links to the others.
+        self.nodes: NodeMap | None = None
+        self.peer = PeerFlowCommands(router, lambda: self.nodes)
         self.handlers = {
             "PUSHF": self.pushf,
             "RemoveUnprocessedChildren": self.remove_unprocessed,
             "UpdateParent": self.update_parent,
+            **self.peer.handlers,
         }
+
+    def span_nodes(self, refusal: Callable[[str], str | None], forwarder: Forwarder) -> None:
+        """Carry flows between this node and the others (docs/cluster.md): `refusal` is the
+        partition guard's answer for a queue (None: served here)."""
+        self.nodes = NodeMap(refusal, forwarder)
+        self.orphans.nodes = self.nodes
 
     # -- notices ---------------------------------------------------------------------------
 
@@ -80,34 +107,59 @@ class FlowRoutes:
         origin, items = msg.get("shard"), msg.get("items")
         if not isinstance(origin, int) or not isinstance(items, list):
             return
+        nodes = self.nodes
         by_shard: dict[int, list[list[Any]]] = {}
+        by_peer: dict[tuple[str, str], list[list[Any]]] = {}
         unrouted: list[list[Any]] = []
         for item in items:
             if isinstance(item, list) and len(item) == 2 and isinstance(item[1], Mapping):
                 queue = item[1].get("pq")
-                if isinstance(queue, str):
-                    by_shard.setdefault(shard_of(queue, r.shards), []).append(item)
-                else:
+                if not isinstance(queue, str):
                     unrouted.append(item)
+                    continue
+                where = nodes.where(queue)[0] if nodes is not None else LOCAL
+                if where == LOCAL:
+                    by_shard.setdefault(shard_of(queue, r.shards), []).append(item)
+                elif where is not None:
+                    by_peer.setdefault((where, queue), []).append(item)
+                # else: the parent's partition is moving: the child's shard sends it again.
         for shard, part in by_shard.items():
             self._notify([shard], origin, part)
+        for (address, queue), part in by_peer.items():
+            self._notify([], origin, part, [(address, queue)])
         if unrouted:
-            # A child that names its parent but not the parent's queue: only the shard that
-            # holds the parent applies it, and the notice is done once every shard answered.
-            self._notify(list(range(r.shards)), origin, unrouted)
+            # A child that names its parent but not the parent's queue: only the shard (or
+            # node) that holds the parent applies it; done once every one of them answered.
+            peers = [] if nodes is None else [(a, None) for a in nodes.peer_addresses()]
+            self._notify(list(range(r.shards)), origin, unrouted, peers)
 
-    def _notify(self, shards: list[int], origin: int, part: list[list[Any]]) -> None:
+    def _notify(
+        self,
+        shards: list[int],
+        origin: int,
+        part: list[list[Any]],
+        peers: Sequence[tuple[str, str | None]] = (),
+    ) -> None:
         keys = [k for k, _ in part]
+        notices = [n for _, n in part]
         answers: list[Reply] = []
+        expected = len(shards) + len(peers)
 
         def answered(reply: Reply) -> None:
             answers.append(reply)
-            if len(answers) == len(shards) and all(r.get("ok") for r in answers):
+            if len(answers) == expected and all(r.get("ok") for r in answers):
                 self._notified(origin, keys)
 
         for shard in shards:
-            cmd = {"cmd": FLOW_NOTIFY, "items": [n for _, n in part]}
+            cmd = {"cmd": FLOW_NOTIFY, "items": notices}
             self._r.ask(shard, _INTERNAL_CONN, cmd, answered)
+        nodes = self.nodes
+        for address, queue in peers:
+            if nodes is not None:
+                peer_cmd: dict[str, Any] = {"cmd": "PeerFlowNotify", "items": notices}
+                if queue is not None:
+                    peer_cmd["queue"] = queue
+                nodes.send(address, peer_cmd, answered)
 
     def _notified(self, origin: int, keys: list[Any]) -> None:
         """Every shard that had to apply the notices committed them: the child's shard may
@@ -121,19 +173,59 @@ class FlowRoutes:
 
     def pushf(self, client: Client, req: object, frame: dict[str, Any]) -> None:
         r = self._r
+        if frame.pop("hold", None):
+            # Another node's flow, whose whole graph it checked: a part held here.
+            self.peer.held_part(client, req, frame)
+            return
         error = _whole_graph_error(frame.get("jobs"))
         if error:
             # Checked on the whole graph here: a shard sees only its part of a cycle, and
             # of the links that leave the graph (`flow_reference_error`).
             answer(client, req, {"ok": False, "error": error})
             return
-        parts = _split(frame.get("jobs"), r.shards)
-        if parts is None or len(parts) < 2:
-            # One shard holds it all (or the graph is malformed: any shard says why).
-            shard = next(iter(parts)) if parts else 0
+        entries = frame.get("jobs")
+        if not _well_formed(entries):
+            r.ask(0, client.conn, frame, partial(self._one_shard, client, req, 0))  # it says why
+            return
+        assert isinstance(entries, list)
+        parts = self._parts(client, req, split_entries(entries))
+        if parts is None:
+            return  # answered: a queue's partition is moving
+        local = parts.get(LOCAL)
+        shards = {shard_of(e["queue"], r.shards) for e in local} if local else set()
+        if len(parts) == 1 and local is not None and len(shards) == 1:
+            shard = next(iter(shards))  # one shard holds it all: one step
             r.ask(shard, client.conn, frame, partial(self._one_shard, client, req, shard))
             return
-        _TwoPhase(self, client, req, frame, parts).start()
+        order = [str(e["id"]) for e in entries]
+        Spread(client, req, order, self._part_list(client, parts)).start()
+
+    def _parts(
+        self, client: Client, req: object, entries: list[dict[str, Any]]
+    ) -> dict[str, list[dict[str, Any]]] | None:
+        """The nodes by where their queue lives (`LOCAL` or a peer's address); None (and
+        the client answered) when a queue's partition is moving."""
+        nodes = self.nodes
+        if nodes is None:
+            return {LOCAL: entries}
+        parts: dict[str, list[dict[str, Any]]] = {}
+        for entry in entries:
+            where, error = nodes.where(entry["queue"])
+            if where is None:
+                answer(client, req, {"ok": False, "error": error})
+                return None
+            parts.setdefault(where, []).append(entry)
+        return parts
+
+    def _part_list(self, client: Client, parts: dict[str, list[dict[str, Any]]]) -> list[Part]:
+        nodes = self.nodes
+        out: list[Part] = []
+        for where, entries in parts.items():
+            if where == LOCAL:
+                out.append(LocalPart(self._r, client.conn, entries))
+            elif nodes is not None:
+                out.append(PeerPart(nodes.send, self._loop, where, entries))
+        return out
 
     def _one_shard(self, client: Client, req: object, shard: int, reply: Reply) -> None:
         self._r.learn("PUSHF", shard, reply)
@@ -149,8 +241,8 @@ class FlowRoutes:
             forward(client, req, "UpdateParent", frame)  # the engine words it
             return
 
-        def found(shard: int | None, reply: Reply) -> None:
-            if shard is not None:
+        def found(here: bool, reply: Reply) -> None:
+            if here:
                 forward(client, req, "UpdateParent", frame)
             elif _unavailable(reply):
                 answer(client, req, reply)  # a restarting shard may hold it: not a "no"
@@ -158,7 +250,7 @@ class FlowRoutes:
                 answer(client, req, {"ok": False, "error": f"Parent job not found: {parent}"})
 
         probe = {"cmd": "GetState", "id": parent}
-        self._r.ask_first(_INTERNAL_CONN, "GetState", probe, found)
+        ask_anywhere(self._r, "GetState", probe, found)
 
     def check_parents(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> bool:
         """False when the PUSH or PUSHB names no parent to check and no children to watch
@@ -186,6 +278,16 @@ class FlowRoutes:
         parent = frame.get("id")
 
         def done(found: int | None, reply: Reply) -> None:
+            name = "RemoveUnprocessedChildren"
+            if found is not None and not is_found(name, reply):
+                found = None
+            peers = r.peers  # several nodes: the parent may be another node's
+            if (
+                found is None
+                and peers
+                and peers(client, name, frame, reply, partial(answer, client, req))
+            ):
+                return
             elsewhere = reply.pop("elsewhere", None)
             if found is None or not isinstance(elsewhere, list):
                 answer(client, req, reply)
@@ -225,10 +327,17 @@ class _ParentCheck:
             probe = {"cmd": "GetState", "id": parent}
             r.ask(shard_of(queue, r.shards), _INTERNAL_CONN, probe, partial(self._got, parent))
 
-    def _got(self, parent: str, reply: Reply) -> None:
+    def _got(self, parent: str, reply: Reply, *, asked_peers: bool = False) -> None:
         if self._done:
             return
-        if not is_found("GetState", reply):
+        peers = self._r.peers
+        if not asked_peers and not is_found("GetState", reply) and peers is not None:
+            # Several nodes: the parent's queue may be another node's.
+            probe = {"cmd": "GetState", "id": parent}
+            again = partial(self._got, parent, asked_peers=True)
+            if peers(INTERNAL, "GetState", probe, reply, again):
+                return
+        if not is_found("GetState", reply) or _unavailable(reply):
             self._done = True
             missing = {"ok": False, "error": f"Parent job not found: {parent}"}
             answer(self._client, self._req, reply if _unavailable(reply) else missing)
@@ -332,25 +441,24 @@ class _Cascade:
             answer(self._client, self._req, {"ok": True})
         for child in self._children:
             cancel = {"cmd": "Cancel", "id": child}
-            answered = partial(self._cancelled, child)
-            self._r.ask_first(_INTERNAL_CONN, "Cancel", cancel, answered)
+            ask_anywhere(self._r, "Cancel", cancel, partial(self._cancelled, child))
 
-    def _cancelled(self, child: str, found: int | None, reply: Reply) -> None:
-        if found is not None and reply.get("ok"):
+    def _cancelled(self, child: str, found: bool, reply: Reply) -> None:
+        if found and reply.get("ok"):
             self._remove(child)
-        elif found is None and not _unavailable(reply):
+        elif not found and not _unavailable(reply):
             # Cancel's "not found" also means "not cancellable" (running): ask for its state.
             probe = {"cmd": "GetState", "id": child}
-            self._r.ask_first(_INTERNAL_CONN, "GetState", probe, partial(self._probed, child))
+            ask_anywhere(self._r, "GetState", probe, partial(self._probed, child))
         else:
             self._one_done({"ok": True})  # running, finished, or its shard restarting
 
-    def _probed(self, child: str, found: int | None, reply: Reply) -> None:
-        # No shard holds it, and none was restarting: a child that never existed, so the
-        # parent stops waiting for it, or it would wait for ever. (A child removed once
+    def _probed(self, child: str, found: bool, reply: Reply) -> None:
+        # No shard or node holds it, and none was restarting: a child that never existed, so
+        # the parent stops waiting for it, or it would wait for ever. (A child removed once
         # finished is not found either: its notice, still in flight, then counts only if it
         # arrives first; docs/protocol.md §20.5.)
-        if found is None and not _unavailable(reply):
+        if not found and not _unavailable(reply):
             self._remove(child)
         else:
             self._one_done({"ok": True})  # it reports by itself
@@ -364,64 +472,6 @@ class _Cascade:
         self._left -= 1
         if self._left == 0:
             answer(self._client, self._req, {"ok": True})
-
-
-class _TwoPhase:
-    """One PUSHF spread over several shards (see the module docstring)."""
-
-    def __init__(
-        self,
-        routes: FlowRoutes,
-        client: Client,
-        req: object,
-        frame: dict[str, Any],
-        parts: dict[int, list[Any]],
-    ) -> None:
-        self._routes = routes
-        self._r = routes._r
-        self._client = client
-        self._req = req
-        self._order = [str(e["id"]) for e in frame["jobs"]]
-        self._parts = parts
-        self._replies: dict[int, Reply] = {}
-
-    def start(self) -> None:
-        for shard, entries in self._parts.items():
-            # Held (in the envelope) until every part is admitted: then released, or cancelled.
-            cmd = {"cmd": "PUSHF", "jobs": entries}
-            self._r.ask(shard, self._client.conn, cmd, partial(self._admitted, shard), _HOLD)
-
-    def _admitted(self, shard: int, reply: Reply) -> None:
-        self._replies[shard] = reply
-        if len(self._replies) < len(self._parts):
-            return
-        router = self._r
-        refused = next((r for r in self._replies.values() if not r.get("ok")), None)
-        for part_shard, part_reply in self._replies.items():
-            ids = [str(e["id"]) for e in self._parts[part_shard]]
-            if refused is None:
-                cmd = {"cmd": FLOW_RELEASE, "ids": ids}
-                router.ask(part_shard, _INTERNAL_CONN, cmd, _ignore)
-                router.learn("PUSHF", part_shard, part_reply)
-            elif part_reply.get("ok"):
-                for job_id in ids:
-                    cancel = {"cmd": "Cancel", "id": job_id}
-                    router.ask(part_shard, _INTERNAL_CONN, cancel, _ignore)
-        if refused is not None:
-            answer(self._client, self._req, refused)
-            return
-        jobs = {
-            j["id"]: j
-            for r in self._replies.values()
-            for j in r.get("data", {}).get("jobs", ())
-            if isinstance(j, Mapping)
-        }
-        ordered = [jobs[i] for i in self._order if i in jobs]
-        answer(self._client, self._req, {"ok": True, "data": {"jobs": ordered}})
-
-
-def _unavailable(reply: Reply) -> bool:
-    return str(reply.get("error", "")).startswith(SHARD_UNAVAILABLE)
 
 
 def _whole_graph_error(entries: object) -> str | None:
@@ -439,14 +489,15 @@ def _whole_graph_error(entries: object) -> str | None:
     return graph_error(nodes) or flow_reference_error(nodes)
 
 
-def _split(entries: object, shards: int) -> dict[int, list[Any]] | None:
-    """The nodes of a PUSHF by the shard of their queue, or None if one is malformed."""
-    if not isinstance(entries, list) or not entries:
-        return None
-    parts: dict[int, list[Any]] = {}
-    for index, entry in enumerate(entries):
-        queue = entry.get("queue") if isinstance(entry, Mapping) else None
-        if not isinstance(queue, str) or not isinstance(entry.get("id"), str):
-            return None
-        parts.setdefault(shard_of(queue, shards), []).append({**entry, "_index": index})
-    return parts
+def _well_formed(entries: object) -> bool:
+    """Whether every node of a PUSHF names its id and queue (else any shard says why)."""
+    return (
+        isinstance(entries, list)
+        and bool(entries)
+        and all(
+            isinstance(e, Mapping)
+            and isinstance(e.get("queue"), str)
+            and isinstance(e.get("id"), str)
+            for e in entries
+        )
+    )

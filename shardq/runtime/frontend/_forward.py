@@ -48,6 +48,7 @@ __all__ = [
     "FORWARD",
     "MOVED",
     "NODE_BUSY",
+    "NODE_FIELD",
     "NODE_UNAVAILABLE",
     "PEER",
     "ForwardLimits",
@@ -57,6 +58,7 @@ __all__ = [
 
 NODE_UNAVAILABLE: Final = "Node unavailable"
 NODE_BUSY: Final = "Node busy"
+NODE_FIELD: Final = "node"  # the peer a reply to `Forwarder.gather_peers` came from
 PARTITION_UNAVAILABLE: Final = "Partition unavailable"  # the guard's refusal while one moves
 # A connection's `no_forward`: what it asked with `NoForward`.
 FORWARD: Final = 0  # a client (the default): forward, fan job ids out to the peers
@@ -77,6 +79,7 @@ class ForwardLimits:
     max_in_flight: int = 10_000
     max_bytes: int = 64 * 1024 * 1024
     timeout_s: float = 30.0
+    gather_timeout_s: float = 5.0  # a peer's answer to a cluster-wide command (gather_peers)
 
     @classmethod
     def from_spec(cls, spec: ChildSpec) -> ForwardLimits:
@@ -87,6 +90,7 @@ class ForwardLimits:
             max_in_flight=cluster.forward_max_in_flight,
             max_bytes=cluster.forward_max_bytes,
             timeout_s=cluster.forward_timeout_ms / 1000,
+            gather_timeout_s=cluster.gather_timeout_ms / 1000,
         )
 
 
@@ -171,8 +175,11 @@ class PeerLink:
         self.in_flight = 0
         self.bytes = 0
 
-    def send(self, cmd: Mapping[str, Any], on_reply: OnReply) -> None:
-        """Forward `cmd`; `on_reply` gets the peer's reply or an error (never re-entrantly)."""
+    def send(
+        self, cmd: Mapping[str, Any], on_reply: OnReply, timeout_s: float | None = None
+    ) -> None:
+        """Forward `cmd`; `on_reply` gets the peer's reply or an error (never re-entrantly),
+        at the latest after `timeout_s` (default `forward_timeout_ms`) plus a long-poll's own."""
         limits = self._limits
         if self.in_flight >= limits.max_in_flight or self.bytes >= limits.max_bytes:
             busy = f"{NODE_BUSY}: {self.in_flight} requests ({self.bytes} bytes) in flight"
@@ -192,7 +199,7 @@ class PeerLink:
         waiter.size = len(payloads[0])
         self.in_flight += 1
         self.bytes += waiter.size
-        wait = self._limits.timeout_s + _own_timeout(cmd)
+        wait = (self._limits.timeout_s if timeout_s is None else timeout_s) + _own_timeout(cmd)
         waiter.timer = self._loop.call_later(wait, self._expire, rids[0], wait)
         self._write(payloads[0])
 
@@ -329,6 +336,10 @@ class Forwarder:
         self._links: dict[str, PeerLink] = {}
         self.forwards = 0  # commands forwarded (`/prometheus`: shardq_forwards_total)
 
+    def peers(self) -> Sequence[str]:
+        """The other live nodes' addresses now."""
+        return self._peers()
+
     def link(self, address: str) -> PeerLink:
         link = self._links.get(address)
         if link is None:
@@ -386,10 +397,27 @@ class Forwarder:
         self, client: Client, cmd: dict[str, Any], done: Callable[[list[Reply]], None]
     ) -> bool:
         """Send `cmd` to every peer: `done` gets their replies in peer order (an error reply
-        for a peer that could not answer). False (nothing asked) for a peer's own request or
-        when there are no peers (`Router.gather_nodes`)."""
+        for a peer that could not answer, or did not within `gather_timeout_ms`), each with
+        the peer's address in `node`. False
+        (nothing asked) for a peer's own request or when there are no peers
+        (`Router.gather_nodes`)."""
         peers = self._peers()
         if not peers or getattr(client, "no_forward", FORWARD) == PEER:
+            return False
+        self.forwards += 1
+        gather = Gather(len(peers), done)
+        for k, address in enumerate(peers):
+            on_reply = partial(_named, address, partial(gather.part, k))
+            self.link(address).send(dict(cmd), on_reply, self._limits.gather_timeout_s)
+        return True
+
+    def tell_peers(self, cmd: dict[str, Any], done: Callable[[list[Reply]], None]) -> bool:
+        """Send `cmd` to every peer whoever asked this node (a peer's forward too): the
+        clean-up a change made here owes the other nodes (a moved schedule's old copies).
+        A peer takes it on its link as a peer's request: for its own shards only, so it goes
+        no further. False (nothing sent) when there are no peers."""
+        peers = self._peers()
+        if not peers:
             return False
         self.forwards += 1
         gather = Gather(len(peers), done)
@@ -401,6 +429,13 @@ class Forwarder:
         for link in self._links.values():
             link.close()
         self._links.clear()
+
+
+def _named(address: str, on_reply: OnReply, reply: Reply) -> None:
+    """A peer's reply names the peer (`node`): a cluster-wide answer lists the nodes that did
+    not answer (`_aggregate`), and an error made here for a link does not say whose it was."""
+    reply.setdefault(NODE_FIELD, address)
+    on_reply(reply)
 
 
 def _summed(name: str, replies: list[Reply]) -> Reply:

@@ -114,7 +114,7 @@ class MonitoringCommands:
         return {"ok": True, "data": {"metrics": text.decode()}}
 
     async def _storage(self, frame: dict[str, Any]) -> Reply:
-        snap = await self._views[0].snapshot()
+        snap = await self._views[0].snapshot(local=True)  # this node's writer
         facts = snap.storage
         return {
             "ok": True,

@@ -35,6 +35,7 @@ from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE
 if TYPE_CHECKING:
     import asyncio
 
+    from shardq.runtime.frontend._flow_nodes import NodeMap
     from shardq.runtime.frontend._replies import Reply
     from shardq.runtime.frontend._router import Router
 
@@ -60,6 +61,8 @@ class OrphanWatch:
         # The configured ones are set by the process (`frontend` section).
         self.grace_ms = _DEFAULTS.flow_children_grace_ms
         self.max_watched = _DEFAULTS.flow_children_watch_max
+        # Several nodes (`FlowRoutes.span_nodes`): the children may be on the others.
+        self.nodes: NodeMap | None = None
         self._due: deque[tuple[float, str, str]] = deque()  # (loop time s, parent, queue)
         self._timer: asyncio.TimerHandle | None = None
         self._warned = False
@@ -127,11 +130,25 @@ class _Look:
         if not self._pending:
             return
         chunks = [self._pending[i : i + _CHUNK] for i in range(0, len(self._pending), _CHUNK)]
-        self._left = self._r.shards * len(chunks)
-        for shard in range(self._r.shards):
-            for chunk in chunks:
+        self._left = (self._r.shards + 1) * len(chunks)
+        for chunk in chunks:
+            for shard in range(self._r.shards):
                 cmd = {"cmd": FLOW_HELD, "ids": chunk}
                 self._r.ask(shard, _CONN, cmd, self._got_held)
+            nodes = self._watch.nodes
+            peer_cmd = {"cmd": "PeerFlowHeld", "ids": chunk}
+            if nodes is None or not nodes.gather_peers(peer_cmd, self._got_peers):
+                self._left -= 1  # a node alone: its shards are all there is
+
+    def _got_peers(self, replies: list[Reply]) -> None:
+        """The other nodes' answers for one chunk, as one."""
+        held: list[str] = []
+        for reply in replies:
+            if reply.get("ok") is not True:
+                self._got_held(reply)  # a node that cannot say may hold them: look again
+                return
+            held.extend(h for h in reply.get("held") or () if isinstance(h, str))
+        self._got_held({"ok": True, "held": held})
 
     def _got_held(self, reply: Reply) -> None:
         held = reply.get("held")

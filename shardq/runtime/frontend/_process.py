@@ -143,6 +143,8 @@ class Frontend:
             self.dispatcher.router.peers = self.forwarder.fan_out
             self.dispatcher.router.peer_counts = self.forwarder.fan_out_counts
             self.dispatcher.router.peer_gather = self.forwarder.gather_peers
+            self.dispatcher.router.peer_tell = self.forwarder.tell_peers
+            self.dispatcher.flows.span_nodes(guard.refusal, self.forwarder)
         self.tcp = TcpGateway(self.dispatcher, loop, limits)
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, limits)
         self._inbox = self._ctx.socket(zmq.PULL)

@@ -62,6 +62,8 @@ PeerLookup = Callable[[Client, str, dict[str, Any], Reply, OnReply], bool]
 PeerCounts = Callable[[Client, str, dict[str, Any], OnReply], bool]
 # (client, a command, done with each peer's reply in peer order) -> whether they were asked.
 PeerGather = Callable[[Client, dict[str, Any], Callable[[list[Reply]], None]], bool]
+# (a command, done with each peer's reply) -> whether any peer was told, whoever asked here.
+PeerTell = Callable[[dict[str, Any], Callable[[list[Reply]], None]], bool]
 _PEERS: Final = -1  # a split batch's part bound for the other nodes
 
 
@@ -159,6 +161,9 @@ class Router:
         # ... and has every other node answer a command for its own shards
         # (`Forwarder.gather_peers`), for `gather_nodes`.
         self.peer_gather: PeerGather | None = None
+        # ... and tells every other node of a clean-up, even for a peer's request
+        # (`Forwarder.tell_peers`: a schedule that moved here leaves no copy there).
+        self.peer_tell: PeerTell | None = None
 
     @property
     def pending(self) -> int:

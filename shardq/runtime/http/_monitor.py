@@ -3,6 +3,11 @@
 Each answer is built per request from what the front end replies (`Stats`, `Metrics`,
 `ListWorkers`, and `ListQueues` + `GetJobCounts` for the per-queue gauges) and what `_facts`
 reads locally. Nothing is cached: a scrape every 15 s costs a handful of commands.
+
+Several nodes on one database (docs/cluster.md, "Cluster-wide answers"): /stats and the JSON
+/metrics answer for every node, as the commands do; /health, /ready and the Prometheus
+exposition answer for this node alone (`local: true`), each node being watched and scraped
+on its own.
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ from shardq.runtime.http._facts import (
 )
 from shardq.runtime.http._rates import QueueRates
 
-__all__ = ["Monitor", "Snapshot"]
+__all__ = ["UNREACHABLE", "Monitor", "Snapshot", "unreachable"]
 
 _MB: Final = 1024 * 1024
+UNREACHABLE: Final = "unreachableNodes"  # the nodes a cluster-wide reply left out
 # bunqueue's per-queue state names -> the GetJobCounts key (a queue's DLQ is its `failed`).
 _QUEUE_STATES: Final = {
     "waiting": "waiting",
@@ -73,6 +79,7 @@ class Snapshot:
     cold: list[int] = field(default_factory=list)
     head_jobs: int = 0
     error: str | None = None  # why the server did not answer (a restarting shard, ...)
+    unreachable: list[str] = field(default_factory=list)  # nodes left out of the answer
 
     @property
     def healthy(self) -> bool:
@@ -82,6 +89,12 @@ class Snapshot:
 def _data(reply: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     value = reply.get(key)
     return value if isinstance(value, Mapping) else {}
+
+
+def unreachable(*replies: Mapping[str, Any]) -> list[str]:
+    """The nodes that cluster-wide replies left out (`unreachableNodes`), sorted, once each."""
+    nodes = {n for r in replies for n in r.get(UNREACHABLE) or () if isinstance(n, str)}
+    return sorted(nodes)
 
 
 def _ints(value: object) -> list[int]:
@@ -107,10 +120,13 @@ class Monitor:
         # Open SSE and WebSocket streams by kind, filled in by the HTTP process (`_streams`).
         self.streams_open: dict[str, int] = {}
 
-    async def snapshot(self, *, per_queue: bool = False) -> Snapshot:
+    async def snapshot(self, *, per_queue: bool = False, local: bool = False) -> Snapshot:
+        """One reading: every node's counts, or with `local` this node's alone."""
+        scope = {"local": True} if local else {}
         stats, metrics, workers = await self._backend.call_many(
-            [{"cmd": "Stats"}, {"cmd": "Metrics"}, {"cmd": "ListWorkers"}]
-        )
+            [{"cmd": "Stats", **scope}, {"cmd": "Metrics", **scope},
+             {"cmd": "ListWorkers", **scope}]
+        )  # fmt: skip
         supervisor = os.getppid()
         own = 1 if self._backend.live else 0  # this process's own connection is not a client
         snap = Snapshot(
@@ -129,6 +145,7 @@ class Monitor:
             resident=_ints(_data(metrics, "shards").get("residentJobs")),
             cold=_ints(_data(metrics, "shards").get("coldJobs")),
             head_jobs=int(self._spec.engine.get("head_jobs", 0)),
+            unreachable=unreachable(stats, metrics, workers),
         )
         if not snap.reachable:
             snap.error = str(stats.get("error") or "no answer")
@@ -138,7 +155,7 @@ class Monitor:
         return snap
 
     async def _per_queue(self, snap: Snapshot) -> None:
-        listed = await self._backend.call({"cmd": "ListQueues"})
+        listed = await self._backend.call({"cmd": "ListQueues", "local": True})
         names = [q for q in listed.get("queues") or [] if isinstance(q, str)]
         cap = self._spec.http.metrics_max_queues
         shown, snap.queues_omitted = names[:cap], max(0, len(names) - cap)
@@ -150,7 +167,7 @@ class Monitor:
     # -- JSON answers
 
     async def health(self) -> tuple[int, dict[str, Any]]:
-        snap = await self.snapshot()
+        snap = await self.snapshot(local=True)
         s = snap.stats
         rss = sum(p.rss_bytes for p in snap.processes)
         body: dict[str, Any] = {
@@ -175,7 +192,9 @@ class Monitor:
     async def ready(self) -> tuple[int, dict[str, Any]]:
         # The front end reports ready only after every shard recovered, and starts listening
         # then: a Ping answered is recovery finished.
-        ping, stats = await self._backend.call_many([{"cmd": "Ping"}, {"cmd": "Stats"}])
+        ping, stats = await self._backend.call_many(
+            [{"cmd": "Ping"}, {"cmd": "Stats", "local": True}]
+        )
         storage = storage_facts(
             self._spec.data_path, self._spec.run_dir, external=self._spec.external_store
         )
@@ -203,18 +222,27 @@ class Monitor:
         }
         # Stats carries the push and pull rates; completions and failures have none yet.
         rates = {"pushPerSec": 0, "pullPerSec": 0, "completePerSec": 0, "failPerSec": 0}
-        return {
+        body: dict[str, Any] = {
             "ok": True,
             "stats": {**rates, **snap.stats, **totals},
             "memory": {"rss": round(sum(p.rss_bytes for p in snap.processes) / _MB, 1)},
             "storage": snap.storage.as_json(),
         }
+        if snap.unreachable:
+            body[UNREACHABLE] = snap.unreachable
+        return body
 
     async def metrics_json(self) -> dict[str, Any]:
         reply = await self._backend.call({"cmd": "Metrics"})
         m = _data(reply, "metrics")
         keys = ("totalPushed", "totalPulled", "totalCompleted", "totalFailed")
-        return {"ok": reply.get("ok") is True, "metrics": {k: m.get(k, 0) for k in keys}}
+        body: dict[str, Any] = {
+            "ok": reply.get("ok") is True,
+            "metrics": {k: m.get(k, 0) for k in keys},
+        }
+        if reply.get(UNREACHABLE):
+            body[UNREACHABLE] = unreachable(reply)
+        return body
 
     async def queues_summary(self) -> tuple[int, Any]:
         """bunqueue's `/queues/summary`: a bare list of `{name, paused, counts}`, every queue."""
@@ -249,7 +277,7 @@ class Monitor:
     async def prometheus(self, *extra: Collector) -> bytes:
         """The exposition text; `extra` collectors (webhook delivery) add their metrics."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_SnapshotCollector(await self.snapshot(per_queue=True)))
+        registry.register(_SnapshotCollector(await self.snapshot(per_queue=True, local=True)))
         if self._spec.external_store:
             status = await self._backend.call({"cmd": "ClusterStatus"})
             registry.register(ClusterCollector(self._spec.run_dir, status))

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from shardq.runtime import _clock
 from shardq.runtime.http._backend import Backend
-from shardq.runtime.http._monitor import Monitor
+from shardq.runtime.http._monitor import UNREACHABLE, Monitor, unreachable
 from shardq.runtime.http._rates import QueueRates
 
 __all__ = ["Overview"]
@@ -67,7 +67,7 @@ class Overview:
         rates = self._server_rates.observe("", totals, time.monotonic())
         keys = ("totalPushed", "totalPulled", "totalCompleted", "totalFailed")
         fields = ("id", "name", "queues", "lastSeen", "activeJobs", "processedJobs", "failedJobs")
-        return {
+        body = {
             "ok": snap.reachable,
             "stats": {k: s.get(k, 0) for k in ("waiting", "active", "delayed", "completed", "dlq")}
             | {k: m.get(k, 0) for k in keys}
@@ -93,6 +93,11 @@ class Overview:
             "storage": snap.storage.as_json(),
             "timestamp": int(_clock.wall() * 1000),
         }
+        # Several nodes: the counts are every node's; memory and storage this node's.
+        missing = sorted({*snap.unreachable, *unreachable(listed, crons)})
+        if missing:
+            body[UNREACHABLE] = missing
+        return body
 
     async def queues(self, limit_text: str | None, offset_text: str | None) -> dict[str, Any]:
         limit, offset = _int(limit_text, 100, 1000), _int(offset_text, 0, 10**9)
@@ -126,7 +131,7 @@ class Overview:
                     **throughput,
                 }
             )
-        return {
+        body = {
             "ok": True,
             "queues": queues,
             "total": len(names),
@@ -134,6 +139,9 @@ class Overview:
             "offset": offset,
             "timestamp": int(_clock.wall() * 1000),
         }
+        if listed.get(UNREACHABLE):
+            body[UNREACHABLE] = unreachable(listed)
+        return body
 
     async def queue(self, name: str, include_jobs: bool) -> dict[str, Any]:
         states = ("waiting", "active", "delayed", "paused") if include_jobs else ()

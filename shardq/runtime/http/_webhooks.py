@@ -9,6 +9,9 @@
   end, as any client subscribes (`SubscribeEvents`). With no webhook enabled it subscribes to
   nothing, so shards build no events for it and queues pay nothing.
 - Each job event becomes deliveries (`_delivery.Deliveries`).
+- With several nodes on one database (docs/cluster.md) every node's HTTP process does all of
+  this against its own front end: each node holds a copy of the registry and delivers the
+  events of the queues it holds, so an event is delivered once, by its queue's node.
 """
 
 from __future__ import annotations
@@ -89,6 +92,12 @@ class _EventStream:
                 writer.write(
                     encode({"cmd": "Auth", "token": spec.tcp.auth_tokens[0], "reqId": "a"})
                 )
+            if spec.external_store:
+                # Several nodes: each node delivers the events of the queues it holds, so
+                # this connection asks to be answered as a peer's link is, for its own node
+                # alone (`frontend._forward`; the `node` value only has to be present).
+                hello = {"cmd": "NoForward", "node": "webhooks", "reqId": "n"}
+                writer.write(encode(hello))
             sub: dict[str, Any] = {"cmd": "SubscribeEvents", "reqId": "s"}
             sub.update({"all": True} if self.queue is None else {"queue": self.queue})
             if self._last_id is not None:
@@ -120,7 +129,7 @@ class _EventStream:
                     return  # replayed from the ring, and delivered already
                 self._last_id = event_id
             self._on_event(frame["event"])
-        elif frame.get("reqId") in ("a", "s") and not frame.get("ok"):
+        elif frame.get("reqId") in ("a", "n", "s") and not frame.get("ok"):
             raise RuntimeError(f"event subscription refused: {frame.get('error')}")
         elif frame.get("reqId") == "s":
             self._warned = False  # subscribed (again): the next loss is worth a line

@@ -329,7 +329,11 @@ class ShardProcess:
         gained, lost = holdings.change(held)
         if lost:
             started = time.monotonic()
-            names = holdings.queues_of(list(self.core.engine.queues), lost)
+            engine = self.core.engine
+            # A schedule's queue may hold no job or config yet: its name counts too, or the
+            # schedule would stay here and fire on this node as well as on the new owner.
+            crons = [str(rec.get("queue")) for rec in engine.cron.schedules.values()]
+            names = holdings.queues_of([*engine.queues, *crons], lost)
             jobs = forget_queues(self.core.engine, names)
             _log.info("partitions dropped", partitions=len(lost), queues=len(names), jobs=jobs,
                       ms=round((time.monotonic() - started) * 1000))  # fmt: skip

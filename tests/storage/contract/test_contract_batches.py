@@ -229,6 +229,7 @@ def _mutation() -> st.SearchStrategy[Mutation]:
         st.builds(lambda q, g: ("groupdel", q, g), queues, st.sampled_from("gh")),
         st.builds(lambda c, q: ("cron", c, {"name": c, "queue": q}), st.sampled_from("xy"), queues),
         st.builds(lambda c: ("crondel", c), st.sampled_from("xy")),
+        st.builds(lambda c, q: ("crondel", c, q), st.sampled_from("xy"), queues),
     )
 
 

@@ -142,6 +142,27 @@ def test_cron_schedules_persist_replace_and_delete(backend: Backend) -> None:
         assert loaded(store)[2] == expected(batches)[2]
 
 
+def test_a_cron_delete_naming_another_queue_leaves_the_moved_schedule(backend: Backend) -> None:
+    """A copy cleaned up after its schedule moved to another queue (another shard's or node's)
+    deletes no row of the moved schedule, in a later batch or the same one."""
+
+    def cron(name: str, queue: str) -> dict[str, Any]:
+        return {"name": name, "queue": queue, "repeatEvery": 1000}
+
+    batches: list[list[Mutation]] = [
+        [("cron", "m", cron("m", "qa")), ("cron", "s", cron("s", "qa"))],
+        [("cron", "m", cron("m", "qz"))],
+        [("crondel", "m", "qa"), ("cron", "s", cron("s", "qb")), ("crondel", "s", "qa")],
+        [("cron", "g", cron("g", "qa")), ("crondel", "g", "qa")],
+    ]
+    with backend.open() as store:
+        for batch in batches:
+            store.apply(batch)
+    with backend.open() as store:
+        assert store.load_crons() == [cron("m", "qz"), cron("s", "qb")]
+        assert loaded(store)[2] == expected(batches)[2]
+
+
 def test_webhooks_and_flow_notices_persist_and_delete(backend: Backend) -> None:
     batches: list[list[Mutation]] = [
         [("webhook", "w2", {"id": "w2", "url": "http://b"}), ("webhook", "w1", {"id": "w1"})],
