@@ -116,7 +116,13 @@ class Server:
     With `probe_ready`, its HTTP port is on and a `ReadyProbe` watches `/ready`."""
 
     def __init__(
-        self, data_dir: Path, shards: str, ready_timeout: float, run: int, probe_ready: bool = False
+        self,
+        data_dir: Path,
+        shards: str,
+        ready_timeout: float,
+        run: int,
+        probe_ready: bool = False,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.tcp_port = free_port()
@@ -131,7 +137,8 @@ class Server:
             "--shards", shards, "--log-format", "json",
         ]  # fmt: skip
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(args, stderr=self._log, stdout=subprocess.DEVNULL)
+        environ = {**os.environ, **(env or {})}
+        self.proc = subprocess.Popen(args, stderr=self._log, stdout=subprocess.DEVNULL, env=environ)
         self.probe = ReadyProbe(http_port, self.started, ready_timeout) if probe_ready else None
         self.ping = PingProbe(self.tcp_port, self.started, ready_timeout) if probe_ready else None
         for probe in (self.probe, self.ping):
@@ -163,16 +170,17 @@ class Server:
                 return str(json.loads(line).get("reason"))
         return "\n".join(text[-lines:])
 
-    def rss_mb(self) -> dict[str, float]:
-        """RSS of the supervisor and each child, in MB, keyed by role (shards numbered)."""
-        out = {"supervisor": _rss_mb(self.proc.pid)}
+    def rss_mb(self, field: str = "VmRSS") -> dict[str, float]:
+        """RSS of the supervisor and each child, in MB, keyed by role (shards numbered);
+        with `field="VmHWM"`, each process's peak RSS so far."""
+        out = {"supervisor": _rss_mb(self.proc.pid, field)}
         shards = 0
         for pid in sorted(_children(self.proc.pid)):
             cmd = _cmdline(pid)
             role = next((r for m, r in ROLES.items() if m in cmd), f"pid{pid}")
             if role == "shard":
                 role, shards = f"shard{shards}", shards + 1
-            out[role] = _rss_mb(pid)
+            out[role] = _rss_mb(pid, field)
         out["total"] = round(sum(out.values()), 1)
         return out
 
@@ -203,10 +211,10 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _rss_mb(pid: int) -> float:
+def _rss_mb(pid: int, field: str = "VmRSS") -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return round(int(line.split()[1]) / 1024, 1)
     except OSError:
         pass

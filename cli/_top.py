@@ -41,6 +41,8 @@ class Sample:
     workers: list[dict[str, Any]]
     paused: dict[str, bool] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)
+    # Metrics' per-shard lists: residentJobs, coldJobs (head budget), inFlight.
+    shards: dict[str, list[int]] = field(default_factory=dict)
 
 
 def read_sample(conn: Connection, previous: Sample | None) -> Sample:
@@ -55,6 +57,9 @@ def read_sample(conn: Connection, previous: Sample | None) -> Sample:
         counts=queue_counts(conn, queues),
         workers=list((workers.get("data") or {}).get("workers") or []),
         paused=paused_queues(conn, queues),
+        shards={
+            k: list(v) for k, v in (metrics.get("shards") or {}).items() if isinstance(v, list)
+        },
     )
     if previous is not None:
         elapsed = max(sample.at - previous.at, 1e-6)
@@ -98,7 +103,21 @@ def render(url: str, sample: Sample) -> Group:
             str(w.get("status", "")), str(w.get("activeJobs", 0)),
             str(w.get("processedJobs", 0)), str(w.get("failedJobs", 0)),
         )  # fmt: skip
-    return Group(header, queues, workers)
+    return Group(header, _shards(sample), queues, workers)
+
+
+def _shards(sample: Sample) -> Table:
+    """One row per shard: jobs in memory, jobs cold in storage (head budget), requests in
+    flight."""
+    table = Table(title="shards", expand=False)
+    columns = (("resident", "residentJobs"), ("cold", "coldJobs"), ("in flight", "inFlight"))
+    table.add_column("shard")
+    for title, _ in columns:
+        table.add_column(title, justify="right")
+    lists = [sample.shards.get(key, []) for _, key in columns]
+    for shard in range(max((len(v) for v in lists), default=0)):
+        table.add_row(str(shard), *(f"{v[shard]:,}" if shard < len(v) else "-" for v in lists))
+    return table
 
 
 def top(

@@ -40,6 +40,8 @@ def forget_queues(engine: Engine, names: Collection[str]) -> int:
                 store.remove(discard, job, emit=False)
                 dropped += 1
         del store.queues[name]
+    if engine.head is not None:
+        engine.head.forget(names)  # their cold jobs are the new owner's now
     schedules = engine.cron.schedules
     for cron in [n for n, rec in schedules.items() if rec.get("queue") in names]:
         del schedules[cron]

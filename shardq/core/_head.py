@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ._cold import ColdBacklog, ColdCounts, delayed_cursor, waiting_cursor
@@ -62,6 +62,8 @@ from ._pager import (
     eligible,
     is_cold,
     job_of,
+    keep_held,
+    last_puts,
     row_of,
 )
 from ._queue import QueueState
@@ -78,7 +80,6 @@ WIDE: Final = frozenset(
         "Clean",
         "Obliterate",
         "PromoteJobs",
-        "ListQueues",
     }
 )
 """Commands that read or change every job of a queue: they see its cold jobs paged in."""
@@ -153,6 +154,16 @@ class ColdHead:
         """Records and tombstones kept until their commit is confirmed (for metrics)."""
         return len(self.pager.pending)
 
+    def cold_total(self) -> int:
+        """Cold jobs of every queue (for metrics)."""
+        return sum(h.waiting + h.delayed for h in self.heads.values())
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Queues that left this engine (`_handover.forget_queues`): their heads go too."""
+        gone = [h for h in (self.heads.pop(name, None) for name in names) if h is not None]
+        if gone and self.pager.guards:
+            self.pager.guards = [g for g in self.pager.guards if g[1] not in gone]
+
     def cold_counts(self, queue: str) -> tuple[int, int]:
         """The queue's cold (waiting, delayed) jobs."""
         h = self.heads.get(queue)
@@ -211,6 +222,8 @@ class ColdHead:
         h = self.heads.get(q.name)
         if h is None:
             return
+        if h.parked:
+            _unpark(h, jobs)
         if state == WAITING:
             if h.waiting:
                 for job in jobs:
@@ -397,24 +410,27 @@ class ColdHead:
         """Send a held job to the backlog: its put in this command is marked, or an update
         marks its row."""
         if puts is None:
-            puts = {m[1]["id"]: m[1] for m in out if m[0] == "put"}
+            puts = last_puts(out)
         put = puts.get(job.id)
-        rec = self._drop(job, write=True)
         if put is not None:
-            put[COLD] = 1
+            put[COLD] = 1  # the record the job was just put with: kept as it is
+            rec = self._drop(job, write=True, rec=put)
         else:
+            rec = self._drop(job, write=True)
             out.append(("upd", job.key, {COLD: 1}))
         self.pager.keep(rec)
         return puts
 
-    def _drop(self, job: Job, *, write: bool) -> Record:
-        """Take a waiting or delayed job out of memory; it stays counted, as cold."""
+    def _drop(self, job: Job, *, write: bool, rec: Record | None = None) -> Record:
+        """Take a waiting or delayed job out of memory; it stays counted, as cold. `rec`:
+        its record as this command put it, if it did (no other mutation of it follows)."""
         store = self.store
         q = store.queues[job.queue]
         h = self.head(job.queue)
-        rec = job.to_record()
-        if write:
-            rec[COLD] = 1
+        if rec is None:
+            rec = job.to_record()
+            if write:
+                rec[COLD] = 1
         if job.state == WAITING:
             h.waiting += 1
             if job.priority > 0:
@@ -488,10 +504,14 @@ class ColdHead:
         return puts
 
     def _refill(self, q: QueueState, h: QueueHead) -> None:
-        if h.waiting and q.counts[WAITING] - h.waiting < self.low:
-            self._page_waiting(q, h, self.budget)
-        if h.delayed and q.counts[DELAYED] - h.delayed < self.low:
-            self._page_delayed(q, h, self.budget)
+        # Up to the budget, not a budget more: a head paged past it would send its tail
+        # straight back cold (`_trim`), a write per job, and page it in again.
+        hot = q.counts[WAITING] - h.waiting
+        if h.waiting and hot < self.low:
+            self._page_waiting(q, h, self.budget - hot)
+        hot = q.counts[DELAYED] - h.delayed
+        if h.delayed and hot < self.low:
+            self._page_delayed(q, h, self.budget - hot)
 
     def _recheck(self, q: QueueState, h: QueueHead) -> None:
         """At start: hot jobs that sort after the cursors leave their heaps (`settle`)."""
@@ -524,6 +544,7 @@ class ColdHead:
             self._uncount_priority(q, h, job)
             self._hold(q, h, job)
         self._enter_all(jobs, q, WAITING)
+        keep_held(self.store.held, jobs)
         if end is not None:
             h.wcur = end
         self._settled_cursor(q, h, empty, WAITING)
@@ -589,6 +610,7 @@ class ColdHead:
             q.counts[DELAYED] -= 1
         self._hold(q, h, job)
         self._entered((job,), q, job.state)
+        keep_held(self.store.held, (job,))
         return job
 
     def _hold(self, q: QueueState, h: QueueHead, job: Job) -> None:
@@ -599,3 +621,13 @@ class ColdHead:
         self.store.jobs[job.id] = job
         q.ids[job.id] = None
         h.paged[job.key] = job.id
+
+
+def _unpark(h: QueueHead, jobs: Sequence[Job]) -> None:
+    """Jobs from cold rows back in waiting or delayed: their rows read cold again once that
+    is committed, so the sweeps watch them again (`QueueHead.parked`)."""
+    parked, paged = h.parked, h.paged
+    for job in jobs:
+        row = parked.pop(job.id, None)
+        if row is not None and row == job.key:
+            paged[row] = job.id

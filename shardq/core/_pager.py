@@ -17,7 +17,7 @@ from typing import Any, Final
 from ._cold import ColdBacklog, Cursor, delayed_cursor, waiting_cursor
 from ._job import Job
 from ._lifecycle import DELAYED, WAITING
-from ._mutations import ROW_KEY_SEP, Record
+from ._mutations import ROW_KEY_SEP, Mutation, Record, job_id_of
 
 __all__ = [
     "COLD",
@@ -29,6 +29,8 @@ __all__ = [
     "eligible",
     "is_cold",
     "job_of",
+    "keep_held",
+    "last_puts",
     "row_of",
 ]
 
@@ -71,10 +73,47 @@ def is_cold(rec: Record) -> bool:
     return bool(rec.get(COLD)) and rec.get("state") in (WAITING, DELAYED)
 
 
+def last_puts(out: Sequence[Mutation]) -> dict[str, Record]:
+    """The records `out` puts, by job id, of the jobs no later mutation in `out` changes:
+    each is what its job holds now."""
+    puts: dict[str, Record] = {}
+    for m in out:
+        kind = m[0]
+        if kind == "put":
+            puts[m[1]["id"]] = m[1]
+        elif kind in ("upd", "del", "delta") and puts:
+            puts.pop(job_id_of(m[1]), None)
+    return puts
+
+
+def _holds(jobs: dict[str, Job], job_id: str, row: str) -> bool:
+    job = jobs.get(job_id)
+    return job is not None and job.key == row
+
+
+def keep_held(held: set[str], jobs: Sequence[Job]) -> None:
+    """A durable push's job can go cold before its commit is confirmed (`JobStore.hold`):
+    paged back in meanwhile, it stays off the ready heap until `confirm` puts it there."""
+    if held:
+        for job in jobs:
+            if job.id in held and job.state == WAITING:
+                job.hkey = None
+
+
 class QueueHead:
     """The cold part of one queue: how many of its jobs are cold, and the cursors."""
 
-    __slots__ = ("dcur", "delayed", "dfloor", "paged", "prioritized", "waiting", "wcur")
+    __slots__ = (
+        "dcur",
+        "delayed",
+        "dfloor",
+        "paged",
+        "parked",
+        "parked_floor",
+        "prioritized",
+        "waiting",
+        "wcur",
+    )
 
     def __init__(self) -> None:
         self.waiting = 0
@@ -88,6 +127,12 @@ class QueueHead:
         # Jobs held in memory whose row still says cold (paged or looked up): if one leaves
         # memory, a stale read must not bring it back (`Pager.sweep`).
         self.paged: dict[str, str] = {}  # row key -> job id
+        # Such jobs that left waiting and delayed (pulled, completed ...): once that change is
+        # committed no read can bring them back, so no sweep looks at them, until one enters
+        # waiting or delayed again (`ColdHead._entered`). Job id -> row key; pruned of the
+        # jobs that left memory when it doubles (`parked_floor`).
+        self.parked: dict[str, str] = {}
+        self.parked_floor = 0
 
 
 class Pager:
@@ -99,6 +144,9 @@ class Pager:
         self.page_bytes = page_bytes
         # Row key -> (mark, record, or None for a tombstone).
         self.pending: dict[str, tuple[int, Record | None]] = {}
+        # Jobs parked (`QueueHead.parked`) whose move out of waiting or delayed may not be
+        # committed yet: (mark, head, row key, job id), watched by `sweep` until then.
+        self.guards: list[tuple[int, QueueHead, str, str]] = []
         self.epoch = 0
 
     def mark(self) -> int:
@@ -111,6 +159,8 @@ class Pager:
         if self.pending:
             for row in [r for r, (m, _) in self.pending.items() if m <= mark]:
                 del self.pending[row]
+        if self.guards:
+            self.guards = [g for g in self.guards if g[0] > mark]
 
     def keep(self, rec: Record) -> None:
         """A record the engine just sent cold."""
@@ -119,15 +169,42 @@ class Pager:
     def sweep(self, heads: Iterable[QueueHead]) -> None:
         """Jobs paged in that have left memory since: tombstones until their commit, so a
         read that lags cannot bring one back. Runs before every read: it costs one test per
-        job paged in that the engine still holds."""
+        job paged in that the engine holds waiting or delayed, or moved out of those states
+        in writes not committed yet (`guards`); the others are parked, looked at no more."""
         jobs = self.jobs
+        epoch = self.epoch
         for h in heads:
-            gone = [row for row, i in h.paged.items() if getattr(jobs.get(i), "key", None) != row]
+            if not h.paged:
+                continue
+            gone, settled = [], []
+            for row, i in h.paged.items():
+                job = jobs.get(i)
+                if job is None or job.key != row:
+                    gone.append(row)
+                elif job.state != WAITING and job.state != DELAYED:
+                    settled.append((row, i))
             for row in gone:
                 # Over a kept record too: a job brought in from one and then removed (a
                 # durable push forgotten when its commit failed) must not come back from it.
                 del h.paged[row]
-                self.pending[row] = (self.epoch, None)
+                self.pending[row] = (epoch, None)
+            for row, i in settled:
+                del h.paged[row]
+                h.parked[i] = row
+                self.guards.append((epoch, h, row, i))
+            if len(h.parked) > 2 * h.parked_floor + 1024:
+                h.parked = {i: r for i, r in h.parked.items() if _holds(jobs, i, r)}
+                h.parked_floor = len(h.parked)
+        if self.guards:
+            kept = []
+            for guard in self.guards:
+                _, h, row, i = guard
+                if _holds(jobs, i, row):
+                    kept.append(guard)
+                elif h.parked.get(i) == row:  # not back in `paged` (which sweeps it)
+                    del h.parked[i]
+                    self.pending[row] = (epoch, None)
+            self.guards = kept
 
     # -- lookups by key ---------------------------------------------------------------------
 
@@ -196,7 +273,8 @@ class Pager:
             if row_of(rec) in pending or rec["id"] in jobs or not is_cold(rec):
                 continue
             if rec["state"] == state:
-                out.append(job_of(rec))
+                rec.pop(COLD, None)  # a record read for this page only: no copy needed
+                out.append(Job.from_record(rec))
         key = waiting_cursor if state == WAITING else delayed_cursor
         for _, kept in pending.values():
             if kept is None or kept["id"] in jobs or kept.get("queue") != queue:

@@ -12,7 +12,7 @@ from ._finished import FinishedLog
 from ._groups import GroupTable
 from ._history import QueueHistory
 from ._job import Job
-from ._lifecycle import STATES, WAITING
+from ._lifecycle import DELAYED, STATES, WAITING
 from ._queue_limits import QueueLimits
 
 __all__ = ["DEFAULT_DLQ_CONFIG", "DEFAULT_STALL_CONFIG", "QueueState"]
@@ -98,8 +98,12 @@ class QueueState:
 
     def is_default(self) -> bool:
         """True when the queue holds no jobs and no control differs from the defaults."""
+        counts = self.counts
         return (
             not self.ids
+            # Under a head budget a queue's cold jobs are counted but not held (`_head`).
+            and not counts[WAITING]
+            and not counts[DELAYED]
             and not self.paused
             and self.limits is None
             and (self.groups is None or not self.groups.configured())

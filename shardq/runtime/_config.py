@@ -404,11 +404,7 @@ def _parse_engine(name: str, raw: object, source: str) -> int:
         # completed_retention_ms (recovery, issue 10): 0 turns the age limit off;
         # head_jobs (issue 22): 0 keeps every job in memory.
         low = 0 if name in ("completed_retention_ms", "head_jobs") else 1
-        value = _ranged(low, ms=name.endswith("_ms"))(raw)
-        if name == "head_jobs" and value:
-            # The engine pages from a cold backlog the shard does not hand it yet.
-            raise ValueError("a head budget is not served yet: only 0 (every job in memory)")
-        return value
+        return _ranged(low, ms=name.endswith("_ms"))(raw)
     except ValueError as e:
         raise ConfigError(f"engine.{name} ({source}): {e}") from None
 

@@ -118,6 +118,8 @@ class ColdCounts:
     delayed: int = 0
     group_waiting: dict[str, int] = field(default_factory=dict)
     group_delayed: dict[str, int] = field(default_factory=dict)
+    prioritized: int = 0
+    """Of `waiting`, the ungrouped jobs with a priority above 0 (GetJobCounts' `prioritized`)."""
 
 
 def waiting_cursor(rec: Record) -> Cursor:
@@ -204,8 +206,9 @@ class ColdReads(ABC):
         return self._read_records(table, where, (queue, unique_key, limit), limit)
 
     def cold_counts(self, queue: str) -> ColdCounts:
-        """The cold waiting and delayed jobs of `queue`, and per group. Counted over the
-        paging indexes (no record is read): linear in those jobs, for a shard's start."""
+        """The cold waiting and delayed jobs of `queue`, per group too, and the ungrouped
+        waiting ones with a priority. Counted over the paging indexes (no record is read):
+        linear in those jobs, for a shard's start."""
         d = self._COLD_DIALECT
         m = d.mark
         action = f"counting the cold jobs of queue {queue!r}"
@@ -213,20 +216,27 @@ class ColdReads(ABC):
         sql = (
             f"SELECT 'waiting', NULL, count(*) FROM {d.jobs('waiting')}"
             f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
+            f" UNION ALL SELECT 'prioritized', NULL, count(*) FROM {d.jobs('waiting')}"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
+            f" AND {_WAITING_KEY[0]} < 0"
             f" UNION ALL SELECT 'waiting', gid, count(*) FROM {d.jobs('group_waiting')}"
             f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
             " GROUP BY gid"
             f" UNION ALL SELECT 'delayed', gid, count(*) FROM {d.jobs('delayed')}"
             f" WHERE queue = {m} AND cold = 1 AND state = 'delayed' GROUP BY gid"
         )
-        totals = {"waiting": 0, "delayed": 0}
+        totals = {"waiting": 0, "delayed": 0, "prioritized": 0}
         groups: dict[str, dict[str, int]] = {"waiting": {}, "delayed": {}}
-        for state, gid, n in self._cold_rows(action, sql, (queue, queue, queue)):
+        for state, gid, n in self._cold_rows(action, sql, (queue,) * 4):
             totals[state] += int(n)
             if gid is not None:
                 groups[state][gid] = int(n)
         return ColdCounts(
-            totals["waiting"], totals["delayed"], groups["waiting"], groups["delayed"]
+            totals["waiting"],
+            totals["delayed"],
+            groups["waiting"],
+            groups["delayed"],
+            totals["prioritized"],
         )
 
     # -- shared ----------------------------------------------------------------------------

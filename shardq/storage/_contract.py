@@ -118,6 +118,11 @@ class Storage(Protocol):
         """The cold waiting and delayed jobs of `queue`, in total and per group."""
         ...
 
+    def max_seq(self) -> int:
+        """The highest seq of any stored job (cold ones too), 0 if there is none: a shard
+        under a head budget, which does not load its cold jobs, numbers new ones above it."""
+        ...
+
     def load_queues(self) -> dict[str, Record]:
         """Every stored queue config by name, its groups' settings as a "groups" map."""
         ...

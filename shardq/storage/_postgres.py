@@ -218,6 +218,11 @@ class PostgresStore(ColdReads):
             sql += " UNION SELECT DISTINCT queue FROM queue_groups"
         return {name for (name,) in self._rows("listing queues", sql, ())}
 
+    def max_seq(self) -> int:
+        """The highest seq of any stored job, 0 if there is none."""
+        (seq,) = self._rows("reading the highest seq", "SELECT max(seq) FROM jobs", ())[0]
+        return 0 if seq is None else int(seq)
+
     def completed_floor(self, keep: int, queues: Collection[str] | None = None) -> int | None:
         """The seq from which the newest `keep` completed jobs (of `queues`) are stored, or
         None if there are at most `keep`. Raises `ValueError` if `keep` < 1."""

@@ -327,7 +327,10 @@ class Store(ColdReads):
             row = self._conn.execute(sql, (job_id,)).fetchone()
             if row is None:
                 return None
-            ops = read_deltas(self._conn, (job_id,)).get(job_id, ()) if self._delta_rows else ()
+            # Always looked up: a shard's reading store (the cold backlog's lookups) cannot
+            # know what the writer appended since it opened (`_delta_rows` counts only its own).
+            look = self._version >= _schema.DELTAS_VERSION
+            ops = read_deltas(self._conn, (job_id,)).get(job_id, ()) if look else ()
             return self._decode_row(row[0], row[1], ops)
 
     def count_by_state(self, queue: str) -> dict[str, int]:

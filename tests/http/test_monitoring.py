@@ -83,6 +83,10 @@ def test_prometheus_scrape_parses_and_counters_move(server: ShardqServer) -> Non
         'shardq_shard_requests_in_flight{shard="0"}': 0,
         'shardq_shard_requests_in_flight{shard="1"}': 0,
     }
+    # No head budget: every job in memory, none cold.
+    assert after["shardq_head_jobs"] == 0
+    resident = [after[f'shardq_shard_resident_jobs{{shard="{n}"}}'] for n in (0, 1)]
+    assert sum(resident) >= 3 and after['shardq_shard_cold_jobs{shard="0"}'] == 0
     # Latency histograms counted by the front end: 3 pushes, 1 pull that delivered, 1 ACK.
     for command, moved in (("push", 3), ("pull", 1), ("ack", 1)):
         name = f"shardq_{command}_latency_seconds_count"

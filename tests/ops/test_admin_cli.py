@@ -161,6 +161,7 @@ def test_top_draws_rates_queues_and_workers_on_a_terminal(server: ShardqServer) 
     assert "shardq top" in screen and "push" in screen and "/s" in screen
     assert "images" in screen and "50" in screen  # the queue and its depth
     assert "resizer" in screen  # the registered worker
+    assert "resident" in screen and "cold" in screen  # the shards' jobs in memory and not
 
 
 def _run_on_pty(args: list[str]) -> str:

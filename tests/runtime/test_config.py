@@ -436,7 +436,8 @@ def test_bad_flag_names_the_flag() -> None:
         ("[engine]\nmax_completed = 0\n", "engine.max_completed"),
         ('[engine]\nstall_check_ms = "fast"\n', "engine.stall_check_ms"),
         ("[engine]\nhead_jobs = 0\n", None),  # off: every job in memory
-        ("[engine]\nhead_jobs = 100\n", "engine.head_jobs"),  # not served by a shard yet
+        ("[engine]\nhead_jobs = 100\n", None),  # a head budget of 100 jobs per queue
+        ("[engine]\nhead_jobs = -1\n", "engine.head_jobs"),
     ],
 )
 def test_file_values_checked(tmp_path: Path, text: str, key: str | None) -> None:

@@ -274,6 +274,8 @@ def test_stats_counts_this_shard(s: Shard) -> None:
         "failed": 0,
         "dlq": 0,
         "storageStalled": 0,  # its writer keeps up
+        "residentJobs": 4,  # every job in memory: no head budget
+        "coldJobs": 0,
     }
 
 

@@ -43,9 +43,10 @@ SLACK_S = 1.5
 RETRIED = ("Partition unavailable", "Node unavailable", "Node busy")
 
 
-def _node(tmp: Path, name: str, url: str) -> ShardqServer:
+def _node(tmp: Path, name: str, url: str, head_jobs: int = 0) -> ShardqServer:
     settings = {"SHARDQ_STORAGE_URL": url, "SHARDQ_LEASE_MS": str(LEASE_MS),
-                "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name}  # fmt: skip
+                "SHARDQ_PARTITIONS": str(PARTS), "SHARDQ_NODE_ID": name,
+                "SHARDQ_ENGINE_HEAD_JOBS": str(head_jobs)}  # fmt: skip
     return ShardqServer(tmp / name, shards=1, env=settings)
 
 
@@ -58,10 +59,14 @@ def _held(url: str) -> dict[str, int]:
 
 
 @pytest.fixture
-def three(tmp_path: Path) -> Iterator[tuple[list[ShardqServer], str]]:
-    """Nodes a, b, c started on a database of their own, sharing the partitions."""
+def three(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[list[ShardqServer], str]]:
+    """Nodes a, b, c started on a database of their own, sharing the partitions; with a
+    head budget of `request.param` jobs per queue if the test asks for one."""
     url = new_database("n3")
-    nodes = [_node(tmp_path, name, url) for name in ("a", "b", "c")]
+    head_jobs = int(getattr(request, "param", 0))
+    nodes = [_node(tmp_path, name, url, head_jobs) for name in ("a", "b", "c")]
     try:
         for node in nodes:
             node.start()
@@ -163,17 +168,22 @@ def _served_all(conn: TcpConnection) -> bool:
     return True
 
 
+# With a head of 2 jobs per queue the consumer starts only after the kill, so b's queues hold
+# cold jobs, in PostgreSQL only, when it dies: the survivors' takeover loads restore their
+# cold counts and page them in.
+@pytest.mark.parametrize("three", [0, 2], indirect=True, ids=["in-memory", "head-2"])
 def test_three_nodes_kill_9_of_one_mid_load_loses_nothing_acknowledged(
-    three: tuple[list[ShardqServer], str],
+    three: tuple[list[ShardqServer], str], request: pytest.FixtureRequest
 ) -> None:
     (a, b, c), url = three
+    head_jobs = int(request.node.callspec.params["three"])
     ledger, stop, found = Ledger(), threading.Event(), [0]
     threads = [
         threading.Thread(target=_produce, args=(a, ledger, stop), daemon=True),
         threading.Thread(target=_read, args=(b, ledger, stop, found), daemon=True),
         threading.Thread(target=_consume, args=(c, ledger, stop), daemon=True),
     ]
-    for t in threads:
+    for t in threads[:2] if head_jobs else threads:
         t.start()
     try:
         poll_until(lambda: len(ledger.pushed) >= PUSHES // 3, 30, "pushes through node a")
@@ -181,6 +191,8 @@ def test_three_nodes_kill_9_of_one_mid_load_loses_nothing_acknowledged(
         threads[1].join(0)  # the reader dies with b; the others go on
         b.kill9_tree()
         killed = time.monotonic()
+        if head_jobs:
+            threads[2].start()
         with TcpConnection(*c.tcp_address, timeout=10) as conn:
             poll_until(lambda: _served_all(conn), LEASE_MS / 1000 + ROUND_S + SLACK_S + 5,
                        "every queue served by the survivors")  # fmt: skip
@@ -191,7 +203,8 @@ def test_three_nodes_kill_9_of_one_mid_load_loses_nothing_acknowledged(
     finally:
         stop.set()
         for t in threads:
-            t.join(15)
+            if t.ident is not None:  # started
+                t.join(15)
     assert sorted(_held(url).values()) == [PARTS // 2] * 2
     # The full drain, through c, until every queue is empty. A job that was active on b
     # comes back as a retry, delayed by its backoff: the drain waits for it.
@@ -205,6 +218,11 @@ def test_three_nodes_kill_9_of_one_mid_load_loses_nothing_acknowledged(
 
         poll_until(drained, 30, "every queue drained through node c")
     ledger.check()
+    if head_jobs:
+        # The survivors' takeover loads found b's queues with cold jobs, and restored them.
+        restored = [line["cold_jobs"] for n in (a, c) for line in n.logs(strict=False)
+                    if line.get("event") == "cold backlog restored"]  # fmt: skip
+        assert max(restored) > 0, restored
 
 
 def test_sigterm_of_one_of_three_hands_over_within_a_round(

@@ -12,7 +12,8 @@ replies are merged here, node by node:
 - `ListQueues`: the sorted union (a queue is on one node; while a partition changes hands it
   may show on two, once here).
 - `Metrics`: the counters summed, the latency histograms summed bucket by bucket and the
-  averages taken from them, `memoryUsageMb` summed; `shards.inFlight` this node's.
+  averages taken from them, `memoryUsageMb` summed; `shards` (per shard: requests in flight,
+  jobs in memory, cold jobs) this node's.
 - `ListWorkers`: each node's workers, this node's first; the stats summed.
 
 A peer that cannot answer (unreachable, a shard of its own restarting, ...) does not turn the
@@ -120,7 +121,8 @@ def _mean(histogram: Mapping[str, Any] | None) -> float:
 def merge_node_metrics(local: Reply, peers: list[Reply]) -> Reply:
     """The legacy Metrics of every node: counters and memory summed, latency histograms summed
     and the averages read from them (as one front end computes its own), bunqueue's two
-    constant zeros kept; `shards` (requests in flight per shard) this node's."""
+    constant zeros kept; `shards` (per-shard lists: requests in flight, jobs in memory, cold
+    jobs) this node's."""
     replies = (local, *peers)
     metrics = _summed([_map(r.get("metrics")) for r in replies])
     latency: dict[str, Any] = {}

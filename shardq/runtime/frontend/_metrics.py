@@ -256,5 +256,15 @@ def metrics_reply(
         "pull": counters.pull_ms.histogram(),
         "ack": counters.ack_ms.histogram(),
     }
-    shards = {"inFlight": list(in_flight)}
+    # Each shard's jobs in memory and, under a head budget, in storage only (cold).
+    shards = {
+        "inFlight": list(in_flight),
+        "residentJobs": [_stat(reply, "residentJobs") for reply in stats_replies],
+        "coldJobs": [_stat(reply, "coldJobs") for reply in stats_replies],
+    }
     return {"ok": True, "metrics": metrics, "latency": latency, "shards": shards}
+
+
+def _stat(reply: Reply, key: str) -> int:
+    value = (reply.get("stats") or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -73,6 +73,11 @@ class Snapshot:
     tcp_connections: int
     queues: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     queues_omitted: int = 0
+    # Per shard: jobs held in memory, and cold ones left in storage under a head budget; the
+    # budget itself (`[engine] head_jobs`, 0: off).
+    resident: list[int] = field(default_factory=list)
+    cold: list[int] = field(default_factory=list)
+    head_jobs: int = 0
     error: str | None = None  # why the server did not answer (a restarting shard, ...)
     unreachable: list[str] = field(default_factory=list)  # nodes left out of the answer
 
@@ -137,6 +142,9 @@ class Monitor:
             ),
             processes=process_memory(supervisor),
             tcp_connections=max(0, established(self._spec.tcp.tcp_port) - own),
+            resident=_ints(_data(metrics, "shards").get("residentJobs")),
+            cold=_ints(_data(metrics, "shards").get("coldJobs")),
+            head_jobs=int(self._spec.engine.get("head_jobs", 0)),
             unreachable=unreachable(stats, metrics, workers),
         )
         if not snap.reachable:
@@ -370,6 +378,24 @@ class _SnapshotCollector(Collector):
         for shard, count in enumerate(snap.in_flight):
             mailbox.add_metric([str(shard)], count)
         yield mailbox
+        yield from self._head()
+
+    def _head(self) -> Iterator[Metric]:
+        """The head budget: its setting, and each shard's jobs in memory and cold."""
+        snap = self._snap
+        yield GaugeMetricFamily(
+            "shardq_head_jobs",
+            "Waiting (and delayed) jobs each queue keeps in memory under the head budget (0: off)",
+            snap.head_jobs,
+        )
+        for name, doc, values in (
+            ("shardq_shard_resident_jobs", "Jobs a shard holds in memory", snap.resident),
+            ("shardq_shard_cold_jobs", "Jobs a shard left in storage (head budget)", snap.cold),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["shard"])
+            for shard, count in enumerate(values):
+                family.add_metric([str(shard)], count)
+            yield family
 
     def _storage(self) -> Iterator[Metric]:
         st = self._snap.storage

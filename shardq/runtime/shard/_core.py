@@ -183,6 +183,17 @@ class ShardCore:
         self._muts.extend(muts)
         return len(muts)
 
+    def restore_cold(self, counts: Mapping[str, Any], now: int, max_seq: int) -> int:
+        """Under a head budget, after `recover`: the queues' cold counts (`cold_counts` of the
+        store) and its highest seq to the engine's head; return how many mutations that made
+        (they go out with the next `finish_turn`)."""
+        head = self.engine.head
+        if head is None:
+            return 0
+        muts = head.restore_cold(counts, now, max_seq=max_seq)
+        self._muts.extend(muts)
+        return len(muts)
+
     def forget_rows(self, row_keys: Iterable[str]) -> None:
         """Delete stored job rows the engine never loaded (recovery's stale completed rows);
         the deletions go out with the next `finish_turn`."""
@@ -273,6 +284,8 @@ class ShardCore:
         for durable, muts, replies, held in self._segments:
             send(out, durable, muts, replies, held)
         self._segments.clear()
+        # Every mutation made so far is in a batch now: the head's mark for them.
+        self.batches.mark_head()
 
     def _cut(self) -> None:
         """End the current segment. A turn's mutations go out as one batch per run of durable
@@ -398,6 +411,10 @@ class ShardCore:
         totals["storageStalled"] = int(self.storage_stalled or self.batches.resend_failing)
         if self.direct_requests is not None:
             totals["directRequests"] = self.direct_requests
+        # Jobs held in memory, and under a head budget the cold ones left in storage.
+        totals["residentJobs"] = len(self.engine.jobs)
+        head = self.engine.head
+        totals["coldJobs"] = head.cold_total() if head is not None else 0
         return {"ok": True, "stats": totals}
 
     # -- long-polls ------------------------------------------------------------------------

@@ -18,13 +18,15 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any, cast
 
 import structlog
 import zmq
 
 from shardq.cluster._map import held_pairs
-from shardq.core import Engine, EngineConfig, Record
+from shardq.core import Engine, EngineConfig
 from shardq.core._handover import forget_queues
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
@@ -39,10 +41,12 @@ from shardq.runtime._storage import open_storage
 from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
+from shardq.runtime.shard._backlog import StoreBacklog
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._direct import DirectPort
 from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
+from shardq.runtime.shard._progress import Progress
 from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._takeover import Holdings, initial_partitions
 from shardq.runtime.shard._wire import FrontPacker
@@ -56,13 +60,6 @@ _log = structlog.get_logger()
 # Unsent bytes to the writer past which a shard waits for it, for at most `storage_stall_ms`
 # (past `writer_backlog_max_bytes` it waits whatever the time: its memory is bounded).
 WRITER_BACKLOG_BYTES = 8 << 20
-# A recovering shard tells the supervisor how far it got this often: well inside the shortest
-# `ready_timeout_ms` (1 s), so a shard at work is never taken for a stalled one.
-PROGRESS_EVERY_S = 0.25
-# ... and logs it this often (a 30 s recovery logs 15 lines).
-LOG_PROGRESS_EVERY_S = 2.0
-# Records loaded between two looks at the clock: a clock read per record would cost more.
-_CLOCK_EVERY = 1000
 
 
 class ShardProcess:
@@ -76,7 +73,14 @@ class ShardProcess:
         # Reply batches go out packed by `_front_packer`, PULLB's jobs from the engine's
         # compact snapshots (`shard._wire`); the bytes are those of `_control.pack`.
         self._front_packer = FrontPacker()
-        engine = Engine(EngineConfig(**spec.engine), compact_pulls=True)
+        config = EngineConfig(**spec.engine)
+        # Under a head budget the engine pages its cold jobs in through the shard's own store
+        # (`shard._backlog`), opened on first use and kept; None keeps every job in memory.
+        self._backlog: StoreBacklog | None = None
+        if config.head_jobs:
+            opener = partial(open_storage, spec, capped=False)
+            self._backlog = StoreBacklog(opener, spec.index, config.head_jobs)
+        engine = Engine(config, compact_pulls=True, backlog=self._backlog)
         self.core = ShardCore(
             spec.index,
             engine,
@@ -230,13 +234,19 @@ class ShardProcess:
         writer already did).
         The collector is off meanwhile: every object made is kept, so it would only walk them.
         """
-        spec = self.spec
         gc.disable()
         try:
-            with open_storage(spec, capped=False) as store:
+            with self._storage() as store:
                 return self._load(store, now)
         finally:
             gc.enable()
+
+    def _storage(self) -> AbstractContextManager[Storage]:
+        """The store to load from: under a head budget the backlog's (kept open after),
+        otherwise one opened for the load and closed after it."""
+        if self._backlog is not None:
+            return nullcontext(self._backlog.store)
+        return open_storage(self.spec, capped=False)
 
     def _load(
         self, store: Storage, now: int, parts: frozenset[int] | None = None
@@ -254,7 +264,7 @@ class ShardProcess:
         """
         spec = self.spec
         starting = parts is None
-        progress = _Progress(self.sup if starting else None)
+        progress = Progress(self.sup if starting else None)
         progress.beat()
         mine = self._owner(parts)
         names = {n for n in store.queue_names() if mine(n)}
@@ -262,18 +272,37 @@ class ShardProcess:
         progress.beat()
         floor = store.completed_floor(self.core.engine.config.max_completed, names)
         progress.beat()
-        records = store.load_jobs(queues=names, completed_from=floor)
+        head = self.core.engine.head
+        # Under a head budget the cold waiting and delayed jobs stay in storage (paged in).
+        records = store.load_jobs(queues=names, completed_from=floor, hot_only=head is not None)
         # By shard, not by `names`: a schedule's queue may hold no job or config yet.
         crons = [c for c in store.load_crons() if mine(c["queue"])]
         # Shard 0 owns the webhook registry (shardq.core._webhooks); they belong to no queue.
         hooks = store.load_webhooks() if spec.index == 0 and starting else []
         own = (rec for rec in records if mine(rec["queue"]))
         recovered = self.core.recover(progress.count(own), queues, now, crons, hooks)
+        if head is not None:
+            recovered += self._restore_cold(store, names, now, progress)
         outbox = store.load_flow_outbox()
         self.core.engine.flows.load_outbox(n for n in outbox if mine(n["cq"]))
         if floor is not None and starting:  # a gained partition's were its owner's
             recovered += self._delete_stale(store.stale_completed(floor, names), now)
         return progress.loaded, len(queues), recovered
+
+    def _restore_cold(self, store: Storage, names: set[str], now: int, progress: Progress) -> int:
+        """Under a head budget: each queue's cold counts to the engine, which pages its heads
+        in. Returns the mutations that made (hot jobs sorting after a head go cold)."""
+        started = time.monotonic()
+        counts = {}
+        for name in sorted(names):
+            counts[name] = store.cold_counts(name)
+            progress.beat()
+        made = self.core.restore_cold(counts, now, store.max_seq())
+        cold = sum(c.waiting + c.delayed for c in counts.values())
+        _log.info("cold backlog restored", queues=len(counts), cold_jobs=cold,
+                  head_jobs=self.core.engine.config.head_jobs, mutations=made,
+                  ms=round((time.monotonic() - started) * 1000))  # fmt: skip
+        return made
 
     def _owner(self, parts: frozenset[int] | None) -> Callable[[str], bool]:
         """The test of a queue name this load keeps: this shard's (the store filters by
@@ -329,7 +358,7 @@ class ShardProcess:
         started = time.monotonic()
         gc.disable()
         try:
-            with open_storage(self.spec, capped=False) as store:
+            with self._storage() as store:
                 jobs, queues, recovered = self._load(store, now, gained)
         except Exception as e:
             assert self._holdings is not None
@@ -396,6 +425,8 @@ class ShardProcess:
         if self._direct is not None:
             self._direct.close()
         self._writer.close()
+        if self._backlog is not None:
+            self._backlog.close()
         self._ctx.term()
 
     # -- sockets ---------------------------------------------------------------------------
@@ -573,46 +604,6 @@ class ShardProcess:
             now = self.clock.now()
             self.core.give_back(unsent, now)
             self._send(self.core.finish_turn(now), block_on_front=block)
-
-
-class _Progress:
-    """Counts the records a recovery loads and reports the count: to the supervisor (which
-    waits on a child that makes progress) every `PROGRESS_EVERY_S`, to the log every
-    `LOG_PROGRESS_EVERY_S`."""
-
-    def __init__(self, sup: SupervisorLink | None) -> None:
-        # None: a load while serving (a gained partition), shown in the log only, every
-        # second, as the supervisor has nothing to wait for then.
-        self._sup = sup
-        self._log_every = LOG_PROGRESS_EVERY_S if sup is not None else 1.0
-        self.loaded = 0
-        self._started = time.monotonic()
-        self._next = self._started + PROGRESS_EVERY_S
-        self._next_log = self._started + self._log_every
-
-    def beat(self) -> None:
-        """Tell the supervisor the load goes on (between its first statements)."""
-        if self._sup is not None:
-            self._sup.progress(loaded=self.loaded)
-
-    def count(self, records: Iterator[Record]) -> Iterator[Record]:
-        loaded = self.loaded
-        for rec in records:
-            loaded += 1
-            if not loaded % _CLOCK_EVERY and time.monotonic() >= self._next:
-                self._report(loaded)
-            yield rec
-        self.loaded = loaded
-
-    def _report(self, loaded: int) -> None:
-        now = time.monotonic()
-        self._next = now + PROGRESS_EVERY_S
-        if self._sup is not None:
-            self._sup.progress(loaded=loaded)
-        if now >= self._next_log:
-            self._next_log = now + self._log_every
-            rate = loaded / max(now - self._started, 1e-9)
-            _log.info("shard recovering", loaded=loaded, jobs_per_s=round(rate))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -96,6 +96,11 @@ class WriterBatches:
         # unnoticed. `resent_rounds` is 0 unless a batch was resent, a cheap test per command.
         self._resent_first = 0
         self.resent_rounds = 0
+        # Under a head budget: (seq, the head's mark) for each turn that sent a batch; the
+        # `done` covering seq tells the head that its cold writes up to the mark are stored
+        # (`shardq.core._head`: its reads of the backlog show them from then on).
+        self._head = engine.head
+        self._marks: deque[tuple[int, int]] = deque()
 
     @property
     def awaiting_commit(self) -> bool:
@@ -166,6 +171,16 @@ class WriterBatches:
             self._unconfirmed.append((self.seq, msg))
             if durable and len(batches) > 1:
                 msg["upto"] = last  # the replies wait on the last (`on_fail`)
+
+    def mark_head(self) -> None:
+        """After a turn's batches went out: the head's mark for every mutation made so far,
+        confirmed with the `done` of the last batch sent."""
+        head = self._head
+        if head is None or self.seq <= self.committed:
+            return
+        if self._marks and self._marks[-1][0] == self.seq:
+            return  # nothing sent since the last mark
+        self._marks.append((self.seq, head.mark()))
 
     def resends(self) -> list[msgs.MutsMsg]:
         """Every unconfirmed batch, in order, for a writer that came back (`resend_due`)."""
@@ -252,6 +267,13 @@ class WriterBatches:
             self._replies.extend(held.popleft()[1])
         while holding and holding[0][0] <= committed:
             self._woken.update(self._engine.store.confirm(holding.popleft()[1]))
+        marks = self._marks
+        if marks and marks[0][0] <= committed:
+            mark = marks.popleft()[1]
+            while marks and marks[0][0] <= committed:
+                mark = marks.popleft()[1]
+            assert self._head is not None
+            self._head.committed(mark)
 
     def on_fail(self, msg: dict[str, Any], now: int) -> None:
         seq = msg.get("seq")

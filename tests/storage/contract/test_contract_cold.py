@@ -293,6 +293,9 @@ def test_cold_counts_match_the_engines_counts_of_its_cold_jobs(storage: Storage)
         mine = [j for j in cold_jobs if j.queue == queue]
         assert counts.waiting == sum(j.state == "waiting" for j in mine)
         assert counts.delayed == sum(j.state == "delayed" for j in mine)
+        plain = [j for j in mine if j.state == "waiting" and j.opts.get("groupId") is None]
+        assert counts.prioritized == sum(j.priority > 0 for j in plain)
+    assert storage.max_seq() == max(j.seq for j in run.engine.jobs.values())
     counts = storage.cold_counts(QUEUE)
     assert counts.waiting < run.engine.queues[QUEUE].counts["waiting"]  # hot ones left out
     per_group: dict[str, dict[str, int]] = {"waiting": {}, "delayed": {}}
