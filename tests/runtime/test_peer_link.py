@@ -16,13 +16,19 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from shardq_harness import ShardqServer
 
 from shardq.client import TcpConnection
 from shardq.cluster._map import NodeInfo, write_map
+from shardq.runtime.frontend._flows import _Watching
 from shardq.runtime.frontend._forward import PEER, Forwarder, ForwardLimits, PeerLink, _relay
+from shardq.runtime.frontend._limits import ParkedSlots
+from shardq.runtime.frontend._metrics import Counters, _Watched
+from shardq.runtime.frontend._orphans import OrphanWatch
+from shardq.runtime.frontend._replies import ParkedClient
+from shardq.runtime.frontend._rewait import RewaitClient
 from shardq.runtime.http._cluster_facts import share_check
 
 
@@ -246,3 +252,26 @@ def test_a_moved_answer_from_the_holder_reaches_the_client_as_partition_unavaila
     assert moved["error"].startswith("Partition unavailable: node 10.0.0.2:6789 ")
     assert "partition 9" in moved["error"] and moved["error"].endswith("retry")
     assert ok == {"ok": True, "id": "j1", "reqId": "8"}
+
+
+def test_every_stand_in_client_says_what_its_connection_asked_with_no_forward() -> None:
+    """A command on its way is answered through a stand-in for its connection (counting its
+    reply, freeing a parked slot, watching a flow's parents, routing a wait again). Each must
+    carry the connection's `NoForward`: one that did not made a peer's request look like a
+    client's, so it was forwarded or fanned out again, back and forth between two nodes."""
+    peer = _Client(no_forward=PEER)
+    loop = asyncio.new_event_loop()
+    try:
+        stand_ins = [
+            ParkedClient(ParkedSlots(1, 1), peer),
+            _Watched(Counters(), peer, "ACK", 1),
+            _Watching(peer, cast(OrphanWatch, None), "PUSH", {"queue": "q"}, [0]),
+            RewaitClient(peer, lambda *_: None, loop, None, {"id": "j"}, 1.0),
+        ]
+    finally:
+        loop.close()
+    for stand_in in stand_ins:
+        assert (stand_in.no_forward, stand_in.conn, stand_in.authenticated) == (PEER, "c1", True)
+        stand_in.authenticated = False
+        assert peer.authenticated is False
+        peer.authenticated = True

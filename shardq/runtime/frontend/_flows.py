@@ -51,7 +51,7 @@ from shardq.runtime.frontend._flow_parts import (
 )
 from shardq.runtime.frontend._merge import is_found
 from shardq.runtime.frontend._orphans import OrphanWatch
-from shardq.runtime.frontend._replies import Client, Reply, answer
+from shardq.runtime.frontend._replies import Client, Reply, StandIn, answer
 from shardq.runtime.frontend._router import Router
 
 if TYPE_CHECKING:
@@ -348,10 +348,10 @@ class _ParentCheck:
             self._forward(self._client, self._req, self._name, self._frame)
 
 
-class _Watching:
+class _Watching(StandIn):
     """The client of a PUSH or PUSHB that makes parents: its ok reply names them to watch."""
 
-    __slots__ = ("_client", "_frame", "_name", "_orphans", "_parents", "conn")
+    __slots__ = ("_frame", "_name", "_orphans", "_parents")
 
     def __init__(
         self,
@@ -361,17 +361,9 @@ class _Watching:
         frame: Mapping[str, Any],
         parents: list[int],
     ) -> None:
-        self._client, self._orphans = client, orphans
+        super().__init__(client)
+        self._orphans = orphans
         self._name, self._frame, self._parents = name, frame, parents
-        self.conn: str = client.conn
-
-    @property
-    def authenticated(self) -> bool:
-        return self._client.authenticated
-
-    @authenticated.setter
-    def authenticated(self, value: bool) -> None:
-        self._client.authenticated = value
 
     def send(self, reply: Reply) -> None:
         queue = self._frame.get("queue")
@@ -381,9 +373,6 @@ class _Watching:
                 if isinstance(ids, list) and index < len(ids) and isinstance(ids[index], str):
                     self._orphans.watch(ids[index], queue)
         self._client.send(reply)
-
-    def drop(self, reason: str) -> None:
-        self._client.drop(reason)
 
 
 def _flow_refs(name: str, frame: Mapping[str, Any]) -> tuple[dict[str, str], list[int]]:

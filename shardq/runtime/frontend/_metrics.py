@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from shardq.protocol._prepacked import IDS_KEY
+from shardq.runtime.frontend._replies import StandIn
 
 __all__ = ["COUNTED_COMMANDS", "Counters", "RateWindow", "memory_usage_mb", "metrics_reply"]
 
@@ -174,39 +175,21 @@ class Counters:
         return push, pull
 
 
-class _Watched:
+class _Watched(StandIn):
     """The dispatcher's `Client` for one counted command: counts its reply, then forwards it."""
 
-    __slots__ = ("_batch", "_client", "_counters", "_name", "_started", "conn")
+    __slots__ = ("_batch", "_counters", "_name", "_started")
 
     def __init__(self, counters: Counters, client: Any, name: str, batch: int) -> None:
+        super().__init__(client)
         self._counters = counters
-        self._client = client
         self._name = name
         self._batch = batch
         self._started = time.perf_counter()
-        self.conn: str = client.conn
-
-    @property
-    def authenticated(self) -> bool:
-        return bool(self._client.authenticated)
-
-    @authenticated.setter
-    def authenticated(self, value: bool) -> None:
-        self._client.authenticated = value
-
-    @property
-    def no_forward(self) -> int:
-        # What the connection asked with `NoForward` (frontend._forward): a stand-in must say
-        # it too, or a peer node's request would be forwarded or fanned out again (a loop).
-        return int(getattr(self._client, "no_forward", 0))
 
     def send(self, reply: dict[str, Any]) -> None:
         self._counters.observe(self._name, reply, self._started, time.perf_counter(), self._batch)
         self._client.send(reply)
-
-    def drop(self, reason: str) -> None:
-        self._client.drop(reason)
 
 
 def memory_usage_mb() -> float:

@@ -17,6 +17,7 @@ __all__ = [
     "OnReply",
     "ParkedClient",
     "Reply",
+    "StandIn",
     "answer",
 ]
 
@@ -97,19 +98,21 @@ class Gather:
             self._on_done(self._replies)
 
 
-class ParkedClient:
-    """The dispatcher's `Client` for one parked long-poll: frees its slot, then forwards."""
+class StandIn:
+    """A `Client` that stands in for a connection's own while one command is on its way (to
+    count its reply, free a slot, watch for parents, route a wait again): it is that
+    connection in every way but `send`, which a subclass overrides and which ends by passing
+    the reply on."""
 
-    __slots__ = ("_client", "_slots", "conn")
+    __slots__ = ("_client", "conn")
 
-    def __init__(self, slots: ParkedSlots, client: Client) -> None:
-        self._slots = slots
+    def __init__(self, client: Client) -> None:
         self._client = client
         self.conn: str = client.conn
 
     @property
     def authenticated(self) -> bool:
-        return self._client.authenticated
+        return bool(self._client.authenticated)
 
     @authenticated.setter
     def authenticated(self, value: bool) -> None:
@@ -122,8 +125,21 @@ class ParkedClient:
         return int(getattr(self._client, "no_forward", 0))
 
     def send(self, reply: Reply) -> None:
-        self._slots.give_back(self.conn)
         self._client.send(reply)
 
     def drop(self, reason: str) -> None:
         self._client.drop(reason)
+
+
+class ParkedClient(StandIn):
+    """The dispatcher's `Client` for one parked long-poll: frees its slot, then forwards."""
+
+    __slots__ = ("_slots",)
+
+    def __init__(self, slots: ParkedSlots, client: Client) -> None:
+        super().__init__(client)
+        self._slots = slots
+
+    def send(self, reply: Reply) -> None:
+        self._slots.give_back(self.conn)
+        self._client.send(reply)

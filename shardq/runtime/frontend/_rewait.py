@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from shardq.protocol import WAIT_MOVED
 from shardq.runtime.frontend._forward import NODE_UNAVAILABLE, PEER
-from shardq.runtime.frontend._replies import Client, Reply
+from shardq.runtime.frontend._replies import Client, Reply, StandIn
 
 __all__ = ["RewaitClient", "rewaiting"]
 
@@ -31,35 +31,23 @@ Route = Callable[..., None]
 _WAIT_DEFAULT_S: Final = 30.0  # WaitJob's timeout when it names none (bunqueue's)
 
 
-class RewaitClient:
+class RewaitClient(StandIn):
     """The `Client` a WaitJob is routed for: `WAIT_MOVED` (and, just after it, "not found")
     routes it again; any other reply goes to the real client."""
 
-    __slots__ = ("_client", "_cmd", "_deadline", "_grace_s", "_loop", "_moved_until", "_period_s",
-                 "_req", "_route", "conn")  # fmt: skip
+    __slots__ = ("_cmd", "_deadline", "_grace_s", "_loop", "_moved_until", "_period_s", "_req",
+                 "_route")  # fmt: skip
 
     def __init__(self, client: Client, route: Route, loop: asyncio.AbstractEventLoop,
                  req: object, cmd: dict[str, Any], lease_s: float) -> None:  # fmt: skip
-        self._client, self._route, self._loop = client, route, loop
+        super().__init__(client)
+        self._route, self._loop = route, loop
         self._req, self._cmd = req, cmd
-        self.conn: str = client.conn
         timeout = cmd.get("timeout")
         wait_s = _WAIT_DEFAULT_S if timeout is None else _seconds(timeout)
         self._deadline = time.monotonic() + wait_s
         self._grace_s, self._period_s = 2 * lease_s, lease_s / 10
         self._moved_until = 0.0
-
-    @property
-    def authenticated(self) -> bool:
-        return self._client.authenticated
-
-    @authenticated.setter
-    def authenticated(self, value: bool) -> None:
-        self._client.authenticated = value
-
-    @property
-    def no_forward(self) -> int:
-        return int(getattr(self._client, "no_forward", 0))
 
     def send(self, reply: Reply) -> None:
         now = time.monotonic()
@@ -80,9 +68,6 @@ class RewaitClient:
     def _again(self) -> None:
         left_ms = max(1, int((self._deadline - time.monotonic()) * 1000))
         self._route(self, self._req, "WaitJob", {**self._cmd, "timeout": left_ms})
-
-    def drop(self, reason: str) -> None:
-        self._client.drop(reason)
 
 
 def _seconds(timeout: object) -> float:
