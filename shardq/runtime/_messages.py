@@ -303,6 +303,9 @@ class FailMsg(TypedDict):
     t: Literal["fail"]
     seq: int
     error: str
+    # Set when the batch is gone for good (the node lost a partition it writes: fenced): the
+    # shard forgets it, never resends it, and waits on it no more.
+    dropped: NotRequired[bool]
 
 
 class RejectedMsg(TypedDict):
@@ -481,8 +484,11 @@ def done(seq: int, *, synced: bool = False) -> DoneMsg:
     return {"t": DONE, "seq": seq, "sync": True} if synced else {"t": DONE, "seq": seq}
 
 
-def fail(seq: int, error: str) -> FailMsg:
-    return {"t": FAIL, "seq": seq, "error": error}
+def fail(seq: int, error: str, *, dropped: bool = False) -> FailMsg:
+    msg: FailMsg = {"t": FAIL, "seq": seq, "error": error}
+    if dropped:
+        msg["dropped"] = True
+    return msg
 
 
 def rejected(seq: int, items: list[list[Any]]) -> RejectedMsg:

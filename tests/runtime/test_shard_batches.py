@@ -144,6 +144,22 @@ def test_a_durable_push_cut_into_batches_fails_whole_when_one_batch_is_dropped()
     assert core.engine.apply({"cmd": "Count", "queue": "q"}, T0).reply["count"] == 0
 
 
+def test_a_batch_the_database_refused_for_good_is_never_resent_nor_waited_on() -> None:
+    """A node frozen past its lease: the writer's batch is fenced and dropped (`fail` with
+    `dropped`). The shard forgets it, so a writer restart does not send it again (into
+    partitions another node wrote meanwhile), and it counts as settled, so what waits for the
+    writer (a partition change's `loaded` report) does not wait forever."""
+    core = ShardCore(0, Engine(seed=1))
+    out = _turn(core, [{"cmd": "PUSH", "queue": "q", "data": 1}])
+    (batch,) = [msg for dest, msg in out if dest == "writer"]
+    assert core.batches.committed < core.seq
+    core.handle({"t": "fail", "seq": batch["seq"], "error": "partition moved", "dropped": True}, T0)
+    assert core.batches.committed == core.seq
+    assert core.batches.resends() == []
+    core.handle({"t": "writer-up"}, T0)
+    assert [m for dest, m in core.finish_turn(T0) if dest == "writer"] == []
+
+
 def test_the_encoders_byte_count_bounds_a_turn_that_skips_the_cut() -> None:
     """A turn whose encoded keys and blobs, with the allowance per mutation, fit one batch
     goes out uncut; the allowance must never undercount what the cut would have sized."""

@@ -113,7 +113,7 @@ def _split(a: ShardqServer, b: ShardqServer, url: str) -> None:
                 return False
         return True
 
-    poll_until(served, 4 * LEASE_MS / 1000, "both front ends to read the split map")
+    poll_until(served, 10 * LEASE_MS / 1000, "both front ends to read the split map")
 
 
 @pytest.fixture(scope="module")

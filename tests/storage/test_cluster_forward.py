@@ -81,6 +81,8 @@ def _split(a: ShardqServer, b: ShardqServer, url: str) -> None:
         detail=lambda: str(_cluster(a)),
     )
 
+    seen: list[object] = []
+
     def moved_both_ways() -> bool:
         # A node joins once its front end listens, so the hand-over runs after it reported
         # ready: each front end must name the other node (a partition set aside answers MOVED
@@ -91,6 +93,7 @@ def _split(a: ShardqServer, b: ShardqServer, url: str) -> None:
                 reply = conn.call({"cmd": "Count", "queue": _queue_of(url, theirs)}, check=False)
                 own = conn.call({"cmd": "Count", "queue": _queue_of(url, mine)}, check=False)
             address = "{}:{}".format(*there.tcp_address)
+            seen[:] = [here.tcp_port, reply, own]
             error = str(reply.get("error", ""))
             if not (error.startswith("MOVED ") and error.endswith(f" {address}")):
                 return False
@@ -98,7 +101,16 @@ def _split(a: ShardqServer, b: ShardqServer, url: str) -> None:
                 return False
         return True
 
-    poll_until(moved_both_ways, 4 * LEASE_MS / 1000, "both front ends to read the split map")
+    # After a node was frozen past its lease the partitions come back to it through a rebalance
+    # (set aside, released, loaded): ten leases, not four, on a loaded CI machine. The frozen
+    # node's own queues must be served again: they were not, while its shards waited for the
+    # writer to confirm a batch the database had refused (fenced) and the writer had dropped.
+    poll_until(
+        moved_both_ways,
+        10 * LEASE_MS / 1000,
+        "both front ends to read the split map",
+        detail=lambda: f"last seen (port, other's queue, own queue): {seen}\n{b.log_tail()}",
+    )
 
 
 @pytest.fixture(scope="module")

@@ -267,10 +267,15 @@ class WriterBatches:
             self._replies.extend(held.popleft()[1])
         while holding and holding[0][0] <= committed:
             self._woken.update(self._engine.store.confirm(holding.popleft()[1]))
+        self._marks_through(committed)
+
+    def _marks_through(self, seq: int) -> None:
+        """Tell the head the mutations marked up to `seq` are settled (its backlog reads no
+        longer need to merge them)."""
         marks = self._marks
-        if marks and marks[0][0] <= committed:
+        if marks and marks[0][0] <= seq:
             mark = marks.popleft()[1]
-            while marks and marks[0][0] <= committed:
+            while marks and marks[0][0] <= seq:
                 mark = marks.popleft()[1]
             assert self._head is not None
             self._head.committed(mark)
@@ -290,8 +295,23 @@ class WriterBatches:
                 self._replies.append([conn, rid, error])
                 failed += 1
         _log.warning("durable replies failed", seq=seq, count=failed, error=msg.get("error"))
+        if msg.get("dropped") is True:
+            self._dropped_through(upto)
+            return
         for part in range(seq, upto + 1):
             self._forget_batch(part)
+
+    def _dropped_through(self, seq: int) -> None:
+        """The writer dropped every batch up to `seq` for good (fenced: the node lost a
+        partition they write). Never resent, and nothing waits on them any more: a partition
+        change's `loaded` report, a job's confirmation and the head's marks would otherwise
+        wait for a `done` that never comes (a node frozen past its lease served none of the
+        partitions it took back). Their jobs are not stored: the partitions they belong to are
+        dropped from memory by the `parts` message that follows the loss."""
+        self._unconfirmed = deque((s, m) for s, m in self._unconfirmed if s > seq)
+        self._holding = deque((s, ids) for s, ids in self._holding if s > seq)
+        self.committed = max(self.committed, seq)
+        self._marks_through(seq)
 
     def _forget_batch(self, seq: int) -> None:
         """The writer dropped durable batch `seq` (storage full): its pushes were answered

@@ -223,7 +223,7 @@ class FlushBuffer:
         batch, so a durable push waiting on it is answered with an error, and the `done` of
         each waiting sync (nothing is left for it to wait on)."""
         out: list[Outgoing] = [
-            (batch.shard, msgs.fail(batch.seq, reason))
+            (batch.shard, msgs.fail(batch.seq, reason, dropped=True))
             for batch in self._batches
             if batch.epoch == self._epochs.get(batch.shard, 0)
         ]
