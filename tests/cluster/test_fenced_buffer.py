@@ -1,5 +1,6 @@
 """The writer's flush buffer when the database fences its batches (docs/cluster.md): every
-waiting batch is dropped for good, each current one told `fail`, each waiting sync answered."""
+waiting batch is dropped for good, each current one told `fail` (with `dropped`: its shard
+forgets it), each waiting sync answered."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ def test_fenced_batches_are_dropped_and_failed_not_retried() -> None:
     assert buffer.add_sync(2, 1, 0.0) == []  # waits for the commit of what came before
     out = buffer.dropped("partition moved: fenced")
     assert out == [
-        (0, {"t": "fail", "seq": 1, "error": "partition moved: fenced"}),
-        (1, {"t": "fail", "seq": 7, "error": "partition moved: fenced"}),
+        (0, {"t": "fail", "seq": 1, "error": "partition moved: fenced", "dropped": True}),
+        (1, {"t": "fail", "seq": 7, "error": "partition moved: fenced", "dropped": True}),
         (2, {"t": "done", "seq": 1, "sync": True}),
     ]
     # Nothing is left to retry: no deadline, no mutation, and the next batch flushes normally.
