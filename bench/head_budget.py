@@ -1,7 +1,8 @@
 """The head budget's cost and gain: a large backlog on one shard, with the budget off and on.
 
     python -m bench.head_budget [--jobs 1000000] [--batch 1000] [--shards 2]
-                                [--head-jobs 0 1000] [--settle 5] [--dir DIR] [--json PATH]
+                                [--head-jobs 0 1000] [--settle 5] [--vacuum-wait 0]
+                                [--dir DIR] [--json PATH]
 
 For each `--head-jobs` value (0: no budget, every job in memory; above 0: `[engine] head_jobs`,
 given as `SHARDQ_ENGINE_HEAD_JOBS`), on a fresh data directory:
@@ -17,6 +18,12 @@ the RSS of every process is read from /proc, and the database size (file, WAL, s
 memory); at the end each process's peak RSS (`VmHWM`) of the second run, and the first run's
 peaks at its end. The runs reuse `bench.recovery`'s server, push and drain.
 
+With `--vacuum-wait S` (0: off), after the drain it waits up to S seconds for the writer's
+idle vacuum to give the disk back: for a `vacuum done` log line that came after the drain,
+printing the `vacuum progress` lines meanwhile. It records the seconds from the drain's end to
+that line (`vacuum_s`, "-" if none came in time) and the database size then; `--settle` counts
+from there.
+
 Progress goes to stderr, the results as a table to stdout (and JSON with `--json`).
 """
 
@@ -30,6 +37,7 @@ import shutil
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +76,13 @@ def run_budget(args: argparse.Namespace, head_jobs: int) -> dict[str, Any]:
         row["rss_after_restart"] = second.rss_mb()
         _note(f"head_jobs={head_jobs}: first Ping after {row.get('first_ping_s')} s; draining")
         drained, rate = drain(second.tcp_port, queues, args.batch)
+        drained_at = time.time()
         row["drained"], row["drain_jobs_per_s"] = drained, round(rate)
         row["rss_after_drain"] = second.rss_mb()
         row["db_mb_after_drain"] = db_mb(data_dir)
+        if args.vacuum_wait > 0:
+            row["vacuum_s"] = wait_for_vacuum(second.log_path, drained_at, args.vacuum_wait)
+            row["db_mb_vacuumed"] = db_mb(data_dir)
         time.sleep(args.settle)
         row["rss_settled"] = second.rss_mb()
         row["db_mb_settled"] = db_mb(data_dir)
@@ -84,6 +96,36 @@ def run_budget(args: argparse.Namespace, head_jobs: int) -> dict[str, Any]:
     return row
 
 
+def wait_for_vacuum(log_path: Path, since: float, timeout: float) -> float | None:
+    """Seconds from `since` (wall clock) to the first `vacuum done` the writer logged after
+    it, waiting up to `timeout`; None if none came. Notes each `vacuum progress` line."""
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        lines = log_path.read_text(errors="replace").splitlines()
+        for line in lines[seen:]:
+            if '"vacuum ' not in line:
+                continue
+            entry = json.loads(line)
+            at = _timestamp(entry.get("timestamp", ""))
+            if at < since:
+                continue
+            if entry["event"] == "vacuum done":
+                _note(f"vacuum done {at - since:.1f} s after the drain: {line}")
+                return round(at - since, 2)
+            if entry["event"] in ("vacuum progress", "vacuum started"):
+                _note(line)
+        seen = len(lines)
+        time.sleep(0.2)
+    _note(f"no vacuum done within {timeout:g} s of the drain")
+    return None
+
+
+def _timestamp(text: str) -> float:
+    """A log line's ISO timestamp ("2026-12-05T03:52:47.763261Z") as epoch seconds."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else 0.0
+
+
 def _note(text: str) -> None:
     print(f"# {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
@@ -95,8 +137,9 @@ def _mb(value: object) -> str:
 def print_table(rows: list[dict[str, Any]]) -> None:
     print("| head_jobs | jobs | push jobs/s | first Ping s | drain jobs/s"
           " | RSS total MB push / restart / drain / settled | largest process MB, same"
-          " | peak process MB (run 1 / run 2) | DB MB push / drain / stopped |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---|---|---|---|")
+          " | peak process MB (run 1 / run 2) | DB MB push / drain / vacuumed / settled / stopped"
+          " | vacuum done s after drain |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---|---|---|---|---:|")
     for r in rows:
         total = " / ".join(_mb(r.get(k, {}).get("total")) for k in PHASES)
         largest = " / ".join(
@@ -108,11 +151,18 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             for k in ("peak_first_run", "peak_second_run")
         )
         db = " / ".join(
-            _mb(r.get(k)) for k in ("db_mb_after_push", "db_mb_after_drain", "db_mb_after_stop")
+            _mb(r.get(k))
+            for k in (
+                "db_mb_after_push",
+                "db_mb_after_drain",
+                "db_mb_vacuumed",
+                "db_mb_settled",
+                "db_mb_after_stop",
+            )
         )
         print(f"| {r['head_jobs']} | {r['jobs']:,} | {r.get('push_jobs_per_s', '-')} | "
               f"{r.get('first_ping_s', '-')} | {r.get('drain_jobs_per_s', '-')} | {total} | "
-              f"{largest} | {peaks} | {db} |")  # fmt: skip
+              f"{largest} | {peaks} | {db} | {r.get('vacuum_s') or '-'} |")  # fmt: skip
         if "error" in r:
             print(f"\nhead_jobs={r['head_jobs']}: {r['error']}\n")
     for r in rows:
@@ -131,6 +181,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--head-jobs", type=int, nargs="+", default=[0, 1000])
     parser.add_argument("--settle", type=float, default=5.0, help="seconds before the last RSS")
+    parser.add_argument(
+        "--vacuum-wait", type=float, default=0.0, help="seconds to wait for the idle vacuum"
+    )
     parser.add_argument("--ready-timeout", type=float, default=900.0)
     parser.add_argument("--dir", help="where the data directories go (default: the temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the data directories")
@@ -138,8 +191,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.batch < 1 or args.shards < 1:
         parser.error("--jobs, --batch and --shards must be at least 1")
-    if any(h < 0 for h in args.head_jobs) or args.settle < 0:
-        parser.error("--head-jobs and --settle must not be negative")
+    if any(h < 0 for h in args.head_jobs) or args.settle < 0 or args.vacuum_wait < 0:
+        parser.error("--head-jobs, --settle and --vacuum-wait must not be negative")
     return args
 
 
