@@ -15,8 +15,8 @@ at most twice the last and at most `vacuum_max_pages_per_step`. What a page cost
 hundredfold: a free page at the end of the file is only cut off, one in the middle has a live
 page moved into it (the page, its parent and a pointer-map page written to the WAL), and a
 loaded machine or SQLite's own checkpoint inside the step multiplies it again. A fixed 256 took
-0.2 ms on a quiet machine and 240 ms on one with a load average of 8 (a 1,000,000-job drain):
-so a fixed size is either slow to give a large file back or long for the commit that waits.
+0.7 ms (median) on the test machine, but up to 242 ms in a 1,000,000-job drain with a load
+average of 6: the commit waiting behind it waited that long.
 `vacuum_step_ms = 0` keeps the size fixed. A long pass logs `vacuum progress` every
 `_PROGRESS_EVERY_S` seconds.
 
