@@ -21,8 +21,9 @@ peaks at its end. The runs reuse `bench.recovery`'s server, push and drain.
 With `--vacuum-wait S` (0: off), after the drain it waits up to S seconds for the writer's
 idle vacuum to give the disk back: for a `vacuum done` log line that came after the drain,
 printing the `vacuum progress` lines meanwhile. It records the seconds from the drain's end to
-that line (`vacuum_s`, "-" if none came in time) and the database size then; `--settle` counts
-from there.
+that line (`vacuum_s`, "-" if none came in time; 0 if no pass started within
+`NOTHING_LEFT_S`: the vacuum kept up with the drain) and the database size then; `--settle`
+counts from there. The CPU seconds of each process are read after the drain and then.
 
 Progress goes to stderr, the results as a table to stdout (and JSON with `--json`).
 """
@@ -41,8 +42,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.recovery import Server, db_mb, drain, pick_queues, push
+from bench.recovery import ROLES, Server, _children, _cmdline, db_mb, drain, pick_queues, push
 
+# A drain whose vacuum kept up leaves too few free pages for a pass: none starts after it.
+# This long without a `vacuum started` after the drain (the old 1 s idle time, and margin)
+# means that.
+NOTHING_LEFT_S = 3.0
 PHASES = ("rss_after_push", "rss_after_restart", "rss_after_drain", "rss_settled")
 
 
@@ -80,9 +85,11 @@ def run_budget(args: argparse.Namespace, head_jobs: int) -> dict[str, Any]:
         row["drained"], row["drain_jobs_per_s"] = drained, round(rate)
         row["rss_after_drain"] = second.rss_mb()
         row["db_mb_after_drain"] = db_mb(data_dir)
+        row["cpu_s_after_drain"] = cpu_s(second.proc.pid)
         if args.vacuum_wait > 0:
             row["vacuum_s"] = wait_for_vacuum(second.log_path, drained_at, args.vacuum_wait)
             row["db_mb_vacuumed"] = db_mb(data_dir)
+            row["cpu_s_vacuumed"] = cpu_s(second.proc.pid)
         time.sleep(args.settle)
         row["rss_settled"] = second.rss_mb()
         row["db_mb_settled"] = db_mb(data_dir)
@@ -96,11 +103,27 @@ def run_budget(args: argparse.Namespace, head_jobs: int) -> dict[str, Any]:
     return row
 
 
+def cpu_s(supervisor: int) -> dict[str, float]:
+    """CPU seconds (user + system) each child of `supervisor` used so far, by role."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in sorted(_children(supervisor)):
+        role = next((r for m, r in ROLES.items() if m in _cmdline(pid)), f"pid{pid}")
+        if role == "shard":
+            role = f"shard{sum(1 for name in out if name.startswith('shard'))}"
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[role] = round((int(fields[11]) + int(fields[12])) / tick, 2)  # utime, stime
+    return out
+
+
 def wait_for_vacuum(log_path: Path, since: float, timeout: float) -> float | None:
     """Seconds from `since` (wall clock) to the first `vacuum done` the writer logged after
     it, waiting up to `timeout`; None if none came. Notes each `vacuum progress` line."""
     deadline = time.monotonic() + timeout
-    seen = 0
+    seen, started = 0, False
     while time.monotonic() < deadline:
         lines = log_path.read_text(errors="replace").splitlines()
         for line in lines[seen:]:
@@ -114,8 +137,12 @@ def wait_for_vacuum(log_path: Path, since: float, timeout: float) -> float | Non
                 _note(f"vacuum done {at - since:.1f} s after the drain: {line}")
                 return round(at - since, 2)
             if entry["event"] in ("vacuum progress", "vacuum started"):
+                started = True
                 _note(line)
         seen = len(lines)
+        if not started and time.time() - since > NOTHING_LEFT_S:
+            _note(f"no vacuum started within {NOTHING_LEFT_S:g} s of the drain: nothing left")
+            return 0.0
         time.sleep(0.2)
     _note(f"no vacuum done within {timeout:g} s of the drain")
     return None
@@ -167,6 +194,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             print(f"\nhead_jobs={r['head_jobs']}: {r['error']}\n")
     for r in rows:
         for key in (*PHASES, "peak_first_run", "peak_second_run"):
+            if key in r:
+                print(f"# head_jobs={r['head_jobs']} {key}: {r[key]}")
+        for key in ("cpu_s_after_drain", "cpu_s_vacuumed"):
             if key in r:
                 print(f"# head_jobs={r['head_jobs']} {key}: {r[key]}")
         for key in ("load_after_push", "load_settled"):
