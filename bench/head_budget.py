@@ -157,6 +157,10 @@ def _note(text: str) -> None:
     print(f"# {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
 
+def _s(value: object) -> str:
+    return f"{value:g}" if isinstance(value, int | float) else "-"
+
+
 def _mb(value: object) -> str:
     return f"{value:,.0f}" if isinstance(value, int | float) else "-"
 
@@ -189,7 +193,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
         print(f"| {r['head_jobs']} | {r['jobs']:,} | {r.get('push_jobs_per_s', '-')} | "
               f"{r.get('first_ping_s', '-')} | {r.get('drain_jobs_per_s', '-')} | {total} | "
-              f"{largest} | {peaks} | {db} | {r.get('vacuum_s') or '-'} |")  # fmt: skip
+              f"{largest} | {peaks} | {db} | {_s(r.get('vacuum_s'))} |")  # fmt: skip
         if "error" in r:
             print(f"\nhead_jobs={r['head_jobs']}: {r['error']}\n")
     for r in rows:
