@@ -49,6 +49,7 @@ from shardq.protocol._schema import REGISTRY, Checker, Command
 
 from ._admin import QueueAdmin
 from ._cold import ColdBacklog
+from ._cold_wide import WIDE, ColdWide
 from ._config import EngineConfig
 from ._consume import Consumer
 from ._control import JobControl
@@ -57,7 +58,7 @@ from ._dlq import DeadLetters
 from ._effects import Effects, Event, Outcome
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, Flows
 from ._group_ops import GROUP_COMMANDS, JobGroups
-from ._head import WIDE, ColdHead
+from ._head import ColdHead
 from ._introspect import Introspection
 from ._limits import QueueLimiter
 from ._mutations import Mutation, Record
@@ -269,6 +270,10 @@ class Engine:
         self.find = store.find
         store.cold_lookup = head.look_up
         store.cold_owner = head.owner_of
+        wide = ColdWide(head)  # the queue-wide commands read the backlog, never page it in
+        for name in WIDE:
+            route = self.registry[name]
+            self.registry[name] = route._replace(handler=wide.wrap(name, route.handler))
         self.apply = self._apply_head  # type: ignore[method-assign]
         self.tick = self._tick_head  # type: ignore[method-assign]
         self.release = self._release_head  # type: ignore[method-assign]
@@ -276,10 +281,6 @@ class Engine:
     def _apply_head(self, command: Mapping[str, Any], now: int, conn: str | None = None) -> Outcome:
         head = self.head
         assert head is not None
-        name = command.get("cmd")
-        if name in WIDE:
-            queue = command.get("queue")
-            head.widen(queue if isinstance(queue, str) else None)
         fx = Engine.apply(self, command, now, conn)
         head.settle(fx.mutations, int(now))
         return fx
