@@ -72,6 +72,7 @@ from ._tables import MIN_COMPACT
 
 __all__ = ["ColdHead"]
 
+
 class ColdHead:
     """The head budget of one engine (see the module docstring)."""
 
