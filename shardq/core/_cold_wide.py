@@ -40,7 +40,7 @@ from ._effects import Effects
 from ._job import Job
 from ._lifecycle import DELAYED, WAITING
 from ._options import as_int
-from ._pager import MAX_LIMIT, QueueHead
+from ._pager import MAX_LIMIT, QueueHead, job_of
 from ._query import _wanted_states, job_view
 from ._queue import QueueState
 from ._tables import release_unique
@@ -61,6 +61,10 @@ WIDE: Final = frozenset(
     }
 )
 """Commands that read or change every job of a queue: answered here under a budget."""
+
+SCAN_PAGE: Final = 1000
+"""Records per read of a scan (or `head_jobs` if more), at most `head_page_bytes` stored
+bytes: the cold jobs a queue-wide command holds at once. They are never resident."""
 
 Handler = Callable[[Effects, Mapping[str, Any], int], dict[str, Any]]
 _BOTH: Final = frozenset((WAITING, DELAYED))
@@ -127,7 +131,7 @@ class ColdWide:
         pager = head.pager
         pager.sweep(head.heads.values())
         cur = h.wcur if state == WAITING else h.dcur
-        size = max(1, min(MAX_LIMIT, head.budget))
+        size = min(MAX_LIMIT, max(SCAN_PAGE, head.budget))
         fences = head.fences
         while True:
             jobs, end, _ = pager.page(q.name, state, cur, size)
@@ -177,17 +181,30 @@ class ColdWide:
             return text is None or text in job.name
 
         jobs = self.store.jobs
-        held = [j for i in q.ids if fits(j := jobs[i])]
+        held = [(j.created_at, j.seq, j) for i in q.ids if fits(j := jobs[i])]
         desc = cmd.get("asc") is False
         offset = max(as_int(cmd.get("offset"), 0), 0)
         limit = max(as_int(cmd.get("limit"), 100), 0)
         first = offset + limit
-        found = (j for s in states for j in self.scan(q, h, s) if fits(j))
-        top = (
-            (heapq.nlargest if desc else heapq.nsmallest)(first, found, key=_made) if first else []
-        )
-        page = sorted(held + top, key=_made, reverse=desc)[offset:first]
-        return {"ok": True, "jobs": [job_view(j) for j in page]}
+        # The cold jobs that may make the page, as (created at, seq, id): a deep page keeps
+        # `offset + limit` of these, not the jobs; the page's own jobs are read again by key.
+        found = ((j.created_at, j.seq, j.id) for s in states for j in self.scan(q, h, s) if fits(j))
+        pick = heapq.nlargest if desc else heapq.nsmallest
+        top = pick(first, found) if first else []
+        page = sorted(held + top, reverse=desc)[offset:first]  # type: ignore[operator]
+        return {"ok": True, "jobs": [job_view(self._job(q, entry[2])) for entry in page]}
+
+    def _job(self, q: QueueState, job: Job | str) -> Job:
+        """`job`, or the cold job of `q` with id `job` read back by key."""
+        if isinstance(job, Job):
+            return job
+        rec = self.head.pager.record(job, [q.name])
+        assert rec is not None, f"cold job {job} of {q.name} vanished within a command"
+        found = job_of(rec)
+        fence = self.head.fences.get(found.id)
+        if fence is not None:
+            found.delivery, found.token, found.leased = fence
+        return found
 
     def counts_per_priority(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         reply = self.originals["GetCountsPerPriority"](fx, cmd, now)
