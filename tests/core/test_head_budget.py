@@ -8,8 +8,10 @@ the end every job reads the same and both queues drain in the same order. The bu
 engine's backlog is `ModelBacklog` over its own mutation stream, committed at random moments
 so that its reads lag the engine's writes; after each step the head's own invariants are
 checked against what storage will hold. The same comparison runs on seeded random scripts
-(which add groups, TTLs, dependencies, flows and queue-wide commands, whose jobs stay in
-memory or page the backlog in) and across a restart. `SHARDQ_ADVERSARIAL_HEAD_EXAMPLES`
+(which add groups, TTLs, dependencies and flows, whose jobs stay in memory or page the backlog
+in) and across a restart. Queue-wide commands (`WIDE`: GetJobs pages, GetCountsPerPriority,
+PromoteJobs, Clean, Drain, Obliterate) are drawn by both and read the backlog without holding
+it; one test per command bounds what it holds. `SHARDQ_ADVERSARIAL_HEAD_EXAMPLES`
 (default 60) and `SHARDQ_ADVERSARIAL_HEAD_SEEDS` (default 12) run longer forms.
 """
 
