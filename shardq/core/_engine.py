@@ -62,6 +62,7 @@ from ._head import ColdHead
 from ._introspect import Introspection
 from ._limits import QueueLimiter
 from ._mutations import Mutation, Record
+from ._pager import park_marked
 from ._produce import Producer
 from ._query import Queries
 from ._state import JobStore
@@ -274,6 +275,7 @@ class Engine:
         for name in WIDE:
             route = self.registry[name]
             self.registry[name] = route._replace(handler=wide.wrap(name, route.handler))
+        self.restore = self._restore_head  # type: ignore[method-assign]
         self.apply = self._apply_head  # type: ignore[method-assign]
         self.tick = self._tick_head  # type: ignore[method-assign]
         self.release = self._release_head  # type: ignore[method-assign]
@@ -284,6 +286,22 @@ class Engine:
         fx = Engine.apply(self, command, now, conn)
         head.settle(fx.mutations, int(now))
         return fx
+
+    def _restore_head(
+        self,
+        records: Iterable[Record],
+        queues: Mapping[str, Mapping[str, Any]],
+        now: int,
+        **kwargs: Any,
+    ) -> list[Mutation]:
+        """`restore`, and a job restored from a row still marked cold (paged in, then moved
+        on: `HOT_SET`) is watched as one paged in: should it leave memory, no read that
+        lags may bring it back from that row (`Pager.sweep`)."""
+        assert self.head is not None
+        marked: list[Record] = []
+        mutations = Engine.restore(self, park_marked(records, marked), queues, now, **kwargs)
+        self.head.watch_restored(marked)
+        return mutations
 
     def _tick_head(self, now: int) -> tuple[list[Event], list[Mutation]]:
         assert self.head is not None

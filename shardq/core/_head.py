@@ -138,6 +138,19 @@ class ColdHead:
         self.settle(out, now)
         return out
 
+    def watch_restored(self, marked: Sequence[Record]) -> None:
+        """Jobs restored from rows marked cold (`park_marked`): parked, or paged if they
+        are waiting or delayed, as if paged in before the restart."""
+        jobs = self.store.jobs
+        for rec in marked:
+            job, row = jobs.get(rec["id"]), rec["rowKey"]
+            if job is not None and job.key == row:
+                h = self.head(job.queue)
+                if job.state == WAITING or job.state == DELAYED:
+                    h.paged[row] = job.id
+                else:
+                    h.parked[job.id] = row
+
     def pending_count(self) -> int:
         """Records and tombstones kept until their commit is confirmed (for metrics)."""
         return len(self.pager.pending)

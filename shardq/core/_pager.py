@@ -15,7 +15,7 @@ names is read (a kept record still is: it is newer than the removal).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from ._cold import ColdBacklog, Cursor, delayed_cursor, waiting_cursor
@@ -35,6 +35,7 @@ __all__ = [
     "job_of",
     "keep_held",
     "last_puts",
+    "park_marked",
     "row_of",
 ]
 
@@ -88,6 +89,15 @@ def last_puts(out: Sequence[Mutation]) -> dict[str, Record]:
         elif kind in ("upd", "del", "delta") and puts:
             puts.pop(job_id_of(m[1]), None)
     return puts
+
+
+def park_marked(records: Iterable[Record], marked: list[Record]) -> Iterator[Record]:
+    """`records` as they are, noting in `marked` those whose row is marked cold (a restart
+    loads such a row when its job left waiting and delayed: `ColdHead.watch_restored`)."""
+    for rec in records:
+        if rec.get(COLD):
+            marked.append({"id": rec["id"], "queue": rec.get("queue"), "rowKey": row_of(rec)})
+        yield rec
 
 
 def _holds(jobs: dict[str, Job], job_id: str, row: str) -> bool:
