@@ -37,7 +37,10 @@ PRIO, LIFO, DELAY, KEYS = "hb-prio", "hb-lifo", "hb-delay", "hb-keys"
 QUEUES = (PRIO, LIFO, DELAY, KEYS)
 # The delays are far apart against the time the delayed queue's pushes take (well under a
 # second), so their order is the same on both servers: each delay's jobs by seq.
-DELAYS = (0, 3000, 6000)
+# The first delay also outlasts the pushes and the lookups (3.5 s on a loaded machine under
+# the budget, whose GetJobs pages each read the queue's cold jobs): a delayed job promoted
+# during the lookups on one server and not the other would change their answers.
+DELAYS = (0, 12_000, 15_000)
 BATCH = 1000
 WAIT_S = 30.0
 
