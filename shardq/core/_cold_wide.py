@@ -9,7 +9,9 @@ memory: whatever the backlog's size, a command holds at most one page of cold jo
 - **GetJobs**: the held jobs that match, merged with the `offset + limit` first cold ones in
   the command's order (created at, then seq), read page by page and kept in a bounded heap:
   memory O(offset + limit); the reads walk the queue's cold jobs in the states it asks for.
-- **GetCountsPerPriority**: the held jobs' counts plus the cold jobs' counted page by page.
+- **GetCountsPerPriority**: the held jobs' counts plus the storage's count of the cold ones
+  by priority (a GROUP BY over the cold indexes), corrected by key for the rows a read would
+  not take as they are stored (kept records, tombstones, jobs held): no record is paged.
 - **PromoteJobs**: pages in only the delayed jobs it promotes (cold delayed jobs all sort
   after the held ones, `QueueHead.dcur`), until `count` of them are held.
 - **Clean** (waiting or delayed): the first `limit` matching jobs by seq, the cold ones kept in
@@ -39,8 +41,9 @@ from ._cold import delayed_cursor
 from ._effects import Effects
 from ._job import Job
 from ._lifecycle import DELAYED, WAITING
+from ._mutations import Record
 from ._options import as_int
-from ._pager import MAX_LIMIT, QueueHead, job_of
+from ._pager import MAX_LIMIT, QueueHead, eligible, is_cold, job_of
 from ._query import _wanted_states, job_view
 from ._queue import QueueState
 from ._tables import release_unique
@@ -75,6 +78,13 @@ _COLD_PUBLIC: Final = (
     (WAITING, frozenset(("waiting", "prioritized"))),
     (DELAYED, frozenset(("delayed",))),
 )
+
+
+def _counted(rec: Record) -> bool:
+    """A record a page of cold waiting (ungrouped) or delayed jobs takes."""
+    if not is_cold(rec):
+        return False
+    return rec.get("state") == DELAYED or rec.get("groupId") is None
 
 
 def _seq(job: Job) -> int:
@@ -213,11 +223,41 @@ class ColdWide:
         cold = self._cold(cmd.get("queue"))
         if cold is not None:
             counts: dict[str, int] = reply["counts"]
-            for state in (WAITING, DELAYED):
-                for job in self.scan(*cold, state):
-                    key = str(job.priority)
-                    counts[key] = counts.get(key, 0) + 1
+            for priority, n in self._cold_priorities(*cold).items():
+                if n:
+                    key = str(priority)
+                    counts[key] = counts.get(key, 0) + n
         return reply
+
+    def _cold_priorities(self, q: QueueState, h: QueueHead) -> dict[Any, int]:
+        """The queue's cold jobs by priority: the storage's count over its cold index, less
+        the stored rows a read would not take as cold now (a kept record or tombstone
+        replaces them, or their job is held: paged in, or moved on in writes not committed),
+        plus the kept records of cold jobs (as `Pager.page` merges them)."""
+        head = self.head
+        pager = head.pager
+        pager.sweep(head.heads.values())
+        backlog = pager.backlog
+        if q.name in pager.dropped:
+            # A queue's tombstone (Drain, Obliterate) hides its stored waiting and delayed rows.
+            counts: dict[Any, int] = {}
+        else:
+            counts = dict(backlog.cold_priorities(q.name))
+            rows = {*pager.pending, *h.paged}
+            rows.update(g[2] for g in pager.guards if g[1] is h)
+            for row in rows:
+                rec = backlog.get_job(row)
+                if rec is not None and rec.get("queue") == q.name and _counted(rec):
+                    key = rec.get("priority") or 0
+                    counts[key] = counts.get(key, 0) - 1
+        jobs = self.store.jobs
+        for _, rec in pager.pending.values():
+            if rec is None or rec.get("queue") != q.name or rec["id"] in jobs:
+                continue
+            if _counted(rec) and eligible(job_of(rec)):
+                key = rec.get("priority") or 0
+                counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def promote_jobs(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         cold = self._cold(cmd.get("queue"))

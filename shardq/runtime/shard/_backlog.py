@@ -117,6 +117,9 @@ class StoreBacklog:
     def cold_counts(self, queue: str) -> ColdCounts:
         return self._read(lambda s: s.cold_counts(queue))
 
+    def cold_priorities(self, queue: str) -> dict[int | float, int]:
+        return self._read(lambda s: s.cold_priorities(queue))
+
     def get_job(self, job_id: str) -> Record | None:
         return self._read(lambda s: s.get_job(job_id))
 
