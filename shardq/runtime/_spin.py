@@ -11,7 +11,9 @@ processes stay busy.
 `spin_us = "auto"` spins adaptively (`AdaptiveSpin`): only while the messages keep coming
 closer together than `spin_auto_max_us`, the gap under which a sleeping process would be woken
 again so soon that the wake-up is the larger cost. Anything sparser, a trickle or an idle
-server, sleeps at once.
+server, sleeps at once. It also sleeps at once while the machine has no idle CPU
+(`RunnableProbe`): a spin then takes a core from a process that has work, perhaps the very
+peer it waits for, and the wake-up it saves is no longer the larger cost.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ __all__ = [
     "MAX_SPIN_US",
     "AdaptiveSpin",
     "FixedSpin",
+    "RunnableProbe",
     "SpinPolicy",
     "SpinningSelector",
+    "auto_spin",
     "spin_policy",
     "spin_until",
 ]
@@ -71,6 +75,45 @@ class FixedSpin:
         pass
 
 
+class RunnableProbe:
+    """How many tasks the whole machine has runnable now: /proc/loadavg's fourth field.
+
+    `crowded()` is true when more than `max_runnable` are (the caller counts: it is running).
+    One `pread` of an fd kept open, about a microsecond. Where the file cannot be read (not
+    Linux), the machine always counts as having room, as before the probe existed.
+    """
+
+    __slots__ = ("_fd", "_max")
+
+    def __init__(self, max_runnable: int, path: str = "/proc/loadavg") -> None:
+        if max_runnable < 1:
+            raise ValueError("need max_runnable >= 1")
+        self._max = max_runnable
+        try:
+            self._fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = None
+
+    def runnable(self) -> int | None:
+        """Tasks runnable on the machine now, the caller included; None if unknown."""
+        if self._fd is None:
+            return None
+        try:
+            # "0.52 0.58 0.59 3/195 4242": runnable/total tasks is the fourth field.
+            return int(os.pread(self._fd, 128, 0).split()[3].split(b"/")[0])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def crowded(self) -> bool:
+        runnable = self.runnable()
+        return runnable is not None and runnable > self._max
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class AdaptiveSpin:
     """`spin_us = "auto"`: spin only while the messages keep coming close together.
 
@@ -81,12 +124,21 @@ class AdaptiveSpin:
     process awake. Otherwise, and once that time has passed, the window is 0 and the process
     sleeps at once. The mean, not each gap, decides, because a process sees alternating gaps
     (a request, then the reply of the next process, then the next request). Memory is the ring,
-    whatever the traffic. Pure: time comes in as `now` (seconds, as `time.perf_counter()`).
+    whatever the traffic. Time comes in as `now` (seconds, as `time.perf_counter()`); the only
+    other input is `crowded`, asked just before a spin would start: while it says the machine
+    has no idle CPU, the window is 0.
     """
 
-    __slots__ = ("_at", "_cap_us", "_last", "_max_gap_s", "_max_gap_us", "_ring", "_sum_us")
+    __slots__ = (
+        "_at", "_cap_us", "_crowded", "_last", "_max_gap_s", "_max_gap_us", "_ring", "_sum_us",
+    )  # fmt: skip
 
-    def __init__(self, max_gap_s: float, history: int = HISTORY) -> None:
+    def __init__(
+        self,
+        max_gap_s: float,
+        history: int = HISTORY,
+        crowded: Callable[[], bool] | None = None,
+    ) -> None:
         if max_gap_s <= 0 or history < 1:
             raise ValueError("need max_gap_s > 0 and history >= 1")
         self._max_gap_s = max_gap_s
@@ -97,6 +149,7 @@ class AdaptiveSpin:
         self._sum_us = self._cap_us * history
         self._at = 0
         self._last: float | None = None
+        self._crowded = crowded
 
     def note(self, now: float) -> None:
         last, self._last = self._last, now
@@ -113,7 +166,10 @@ class AdaptiveSpin:
         mean_us = self._sum_us / len(self._ring)
         if last is None or mean_us > self._max_gap_us:
             return 0.0
-        return max(0.0, last + min(self._max_gap_s, 2e-6 * mean_us) - now)
+        window = last + min(self._max_gap_s, 2e-6 * mean_us) - now
+        if window <= 0.0 or (self._crowded is not None and self._crowded()):
+            return 0.0
+        return window
 
     @property
     def mean_gap_us(self) -> float:
@@ -121,10 +177,19 @@ class AdaptiveSpin:
         return self._sum_us / len(self._ring)
 
 
-def spin_policy(spin_us: int | str, auto_max_us: int) -> SpinPolicy | None:
+def auto_spin(auto_max_us: int, max_runnable: int) -> AdaptiveSpin:
+    """`spin_us = "auto"`'s policy: `spin_auto_max_us`, and `spin_auto_max_runnable` (0: as
+    many tasks as the machine has CPUs)."""
+    probe = RunnableProbe(max_runnable or os.cpu_count() or 1)
+    return AdaptiveSpin(auto_max_us / 1e6, crowded=probe.crowded)
+
+
+def spin_policy(
+    spin_us: int | str, auto_max_us: int, max_runnable: int = 0
+) -> SpinPolicy | None:
     """The policy for the `spin_us` setting: None for 0 (never spin)."""
     if spin_us == AUTO:
-        return AdaptiveSpin(auto_max_us / 1e6)
+        return auto_spin(auto_max_us, max_runnable)
     if isinstance(spin_us, int) and spin_us > 0:
         return FixedSpin(spin_us / 1e6)
     if spin_us == 0:

@@ -408,7 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure("frontend", spec.process.log_format, spec.process.log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    policy = spin_policy(spec.process.spin_us, spec.process.spin_auto_max_us)
+    policy = spin_policy(
+        spec.process.spin_us, spec.process.spin_auto_max_us, spec.process.spin_auto_max_runnable
+    )
     if policy is None:
         return asyncio.run(serve(spec))
     selector = SpinningSelector(policy)

@@ -99,7 +99,11 @@ class ShardProcess:
         # shard dropped is said gone only once its last mutations are committed.
         self._report_at: int | None = None
         self._stop = False
-        self._spin = spin_policy(spec.process.spin_us, spec.process.spin_auto_max_us)
+        self._spin = spin_policy(
+            spec.process.spin_us,
+            spec.process.spin_auto_max_us,
+            spec.process.spin_auto_max_runnable,
+        )
         self._ctx = zmq.Context()
         # Requests come from, and replies go to, the front end over this link (`links._stream`);
         # mutations go to, and confirmations come from, the writer over the other

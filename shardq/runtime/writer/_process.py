@@ -40,7 +40,7 @@ from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
-from shardq.runtime._spin import AUTO, AdaptiveSpin, spin_until
+from shardq.runtime._spin import AUTO, AdaptiveSpin, auto_spin, spin_until
 from shardq.runtime._storage import open_storage, storage_place
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
@@ -102,9 +102,10 @@ class Writer:
         self._links = ShardConnections(spec.writer_link_path)
         # With adaptive spinning the writer spins too, but it follows durable batches only:
         # they are the messages someone waits on; buffered ones wait for a flush anyway.
-        self._spin = (
-            AdaptiveSpin(spec.process.spin_auto_max_us / 1e6)
-            if spec.process.spin_us == AUTO
+        process = spec.process
+        self._spin: AdaptiveSpin | None = (
+            auto_spin(process.spin_auto_max_us, process.spin_auto_max_runnable)
+            if process.spin_us == AUTO
             else None
         )
         self._reading = True
