@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._server import ShardqProcess
+from bench._server import ShardqProcess, log_entries
 from bench.cpu import cpu_seconds
 from bench.spin import _sleeps
 from shardq.client import TcpConnection
@@ -97,6 +97,19 @@ def _bunqueue_client(port: int, scenario: str, jobs: int, durable: bool) -> int:
     return n
 
 
+STOPPED = ("front end stopped", "shard stopped", "writer stopping")
+
+
+def _spins(server: ShardqProcess) -> dict[str, int]:
+    """Spins of the whole run (warm-up included) by role, from the processes' stop lines."""
+    got: dict[str, int] = {}
+    for entry in log_entries(server.dir / "server.log"):
+        if entry.get("event") in STOPPED and "spins" in entry:
+            role = str(entry["event"]).split(" st")[0]
+            got[role] = got.get(role, 0) + int(entry["spins"])
+    return got
+
+
 def one(spin: str, scenario: str, jobs: int) -> dict[str, Any]:
     value, _, runnable = spin.partition("/")
     env = {**os.environ, "SHARDQ_SPIN_US": value, "SHARDQ_SYNCHRONOUS": "normal"}
@@ -119,10 +132,11 @@ def one(spin: str, scenario: str, jobs: int) -> dict[str, Any]:
             conn.close()
     finally:
         server.stop()
+    spins = _spins(server)
     us = {k: (after[k][0] - before[k][0]) * 1e6 / done for k in before}
     sleeps = {k: (after[k][1] - before[k][1]) / done for k in before}
     return {"spin_us": spin, "scenario": scenario, "jobs": done, "rate": done / elapsed,
-            "us": us, "sleeps": sleeps}  # fmt: skip
+            "us": us, "sleeps": sleeps, "spins": spins}  # fmt: skip
 
 
 def render(results: list[dict[str, Any]]) -> str:
@@ -130,14 +144,14 @@ def render(results: list[dict[str, Any]]) -> str:
     out = [
         "CPU µs per job by process (sleeps per job in brackets), server = all but the client",
         "",
-        "| scenario | spin | jobs/s | server µs | " + " | ".join(names) + " |",
-        "|---|---|---:|---:|" + "---:|" * len(names),
+        "| scenario | spin | jobs/s | server µs | " + " | ".join(names) + " | spins, whole run |",
+        "|---|---|---:|---:|" + "---:|" * len(names) + "---|",
     ]
     for r in results:
         server = sum(v for k, v in r["us"].items() if k != "client")
         cells = " | ".join(f"{r['us'][k]:.1f} ({r['sleeps'][k]:.2f})" for k in names)
         head = f"| {r['scenario']} | {r['spin_us']} | {r['rate']:,.0f} | {server:.1f}"
-        out.append(f"{head} | {cells} |")
+        out.append(f"{head} | {cells} | {r['spins']} |")
     out += ["", "medians: jobs/s, server µs/job"]
     for scenario in dict.fromkeys(r["scenario"] for r in results):
         for spin in dict.fromkeys(r["spin_us"] for r in results):

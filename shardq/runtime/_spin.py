@@ -27,10 +27,12 @@ from typing import Protocol, TypeVar
 __all__ = [
     "AUTO",
     "MAX_SPIN_US",
+    "STATS",
     "AdaptiveSpin",
     "FixedSpin",
     "RunnableProbe",
     "SpinPolicy",
+    "SpinStats",
     "SpinningSelector",
     "auto_spin",
     "spin_policy",
@@ -46,6 +48,26 @@ HISTORY = 8
 # leaves the mean under the limit, while a trickle whose every other gap is long stays above.
 OUTLIER_GAPS = 4
 T = TypeVar("T")
+
+
+class SpinStats:
+    """What this process's spinning did, for its stop log line: spins started, spins that ended
+    with something to do, seconds spent spinning, and spins `auto` skipped for a busy machine."""
+
+    __slots__ = ("crowded", "hits", "seconds", "spins")
+
+    def __init__(self) -> None:
+        self.spins = 0
+        self.hits = 0
+        self.seconds = 0.0
+        self.crowded = 0
+
+    def fields(self) -> dict[str, int | float]:
+        return {"spins": self.spins, "spin_hits": self.hits,
+                "spin_s": round(self.seconds, 3), "spins_crowded": self.crowded}  # fmt: skip
+
+
+STATS = SpinStats()  # one per process: each role runs one spinning loop
 
 
 class SpinPolicy(Protocol):
@@ -167,7 +189,10 @@ class AdaptiveSpin:
         if last is None or mean_us > self._max_gap_us:
             return 0.0
         window = last + min(self._max_gap_s, 2e-6 * mean_us) - now
-        if window <= 0.0 or (self._crowded is not None and self._crowded()):
+        if window <= 0.0:
+            return 0.0
+        if self._crowded is not None and self._crowded():
+            STATS.crowded += 1
             return 0.0
         return window
 
@@ -184,9 +209,7 @@ def auto_spin(auto_max_us: int, max_runnable: int) -> AdaptiveSpin:
     return AdaptiveSpin(auto_max_us / 1e6, crowded=probe.crowded)
 
 
-def spin_policy(
-    spin_us: int | str, auto_max_us: int, max_runnable: int = 0
-) -> SpinPolicy | None:
+def spin_policy(spin_us: int | str, auto_max_us: int, max_runnable: int = 0) -> SpinPolicy | None:
     """The policy for the `spin_us` setting: None for 0 (never spin)."""
     if spin_us == AUTO:
         return auto_spin(auto_max_us, max_runnable)
@@ -202,10 +225,15 @@ def spin_until(poll_now: Callable[[], list[T]], spin_s: float) -> list[T]:
 
     Returns its last result, empty if the window passed with nothing.
     """
-    end = time.perf_counter() + spin_s
+    start = time.perf_counter()
+    end = start + spin_s
     while True:
         got = poll_now()
-        if got or time.perf_counter() >= end:
+        now = time.perf_counter()
+        if got or now >= end:
+            STATS.spins += 1
+            STATS.hits += bool(got)
+            STATS.seconds += now - start
             return got
         os.sched_yield()
 

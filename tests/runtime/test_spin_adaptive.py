@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from shardq_harness import ShardqServer
 
@@ -90,6 +91,15 @@ def test_auto_spin_answers_requests_then_an_idle_server_sleeps(
     report = ", ".join(f"{name}: {seconds:.3f} s" for name, seconds in used.items())
     assert total < BUDGET * elapsed, f"idle {elapsed:.1f} s, used {total:.3f} s: {report}"
     assert server.stop() == 0, server.log_tail()
+    # the stop line tells what spinning did: the front end spun, and mostly found a message
+    stopped = stop_line(server, "front end stopped")
+    assert stopped["spins"] > REQUESTS / 2 and stopped["spin_hits"] > stopped["spins"] / 2
+    assert stopped["spin_s"] > 0
+
+
+def stop_line(server: ShardqServer, event: str) -> dict[str, Any]:
+    [line] = [line for line in server.logs() if line.get("event") == event]
+    return line
 
 
 def pings_per_sleep(server: ShardqServer) -> float:
@@ -128,3 +138,4 @@ def test_auto_spin_sleeps_while_the_machine_has_no_idle_cpu(
     # Without spinning the front end sleeps about once a Ping (0.9); spinning, almost never.
     assert per_ping > MAX_SLEEPS_PER_PING, f"the front end slept {per_ping:.2f} times a Ping"
     assert server.stop() == 0, server.log_tail()
+    assert stop_line(server, "front end stopped")["spins_crowded"] > REQUESTS / 2

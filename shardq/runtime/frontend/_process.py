@@ -41,6 +41,7 @@ from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._logging import configure
 from shardq.runtime._ports import AuthThrottle, descriptor_limit
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._spin import STATS as SPIN_STATS
 from shardq.runtime._spin import SpinningSelector, spin_policy
 from shardq.runtime._ssrf import SsrfRules
 from shardq.runtime._tls import server_context
@@ -331,7 +332,7 @@ class Frontend:
         # Leases are not released: jobs still active are charged by the next start's recovery.
         self.dispatcher.release_on_close = False
         self.tcp.close_all()
-        _log.info("front end stopped")
+        _log.info("front end stopped", **SPIN_STATS.fields())
         self._stopped.set()
 
     async def close(self) -> None:

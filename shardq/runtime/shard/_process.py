@@ -36,6 +36,7 @@ from shardq.runtime._ports import connection_cap
 from shardq.runtime._routing import shard_of
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._spin import STATS as SPIN_STATS
 from shardq.runtime._spin import spin_policy, spin_until
 from shardq.runtime._storage import open_storage
 from shardq.runtime.links._control import pack, unpack
@@ -419,7 +420,12 @@ class ShardProcess:
             self._send(self.core.take_replies(), block_on_front=False)
         if self.core.awaiting_commit:
             _log.warning("shutdown timeout before the writer confirmed", seq=self.core.seq)
-        _log.info("shard stopped", seq=self.core.seq, committed=self.core.batches.committed)
+        _log.info(
+            "shard stopped",
+            seq=self.core.seq,
+            committed=self.core.batches.committed,
+            **SPIN_STATS.fields(),
+        )
 
     def close(self) -> None:
         """Close every socket with linger 0 and terminate the context."""

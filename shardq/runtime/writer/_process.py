@@ -41,6 +41,7 @@ from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import AUTO, AdaptiveSpin, auto_spin, spin_until
+from shardq.runtime._spin import STATS as SPIN_STATS
 from shardq.runtime._storage import open_storage, storage_place
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
@@ -373,7 +374,7 @@ class Writer:
 
     def _shutdown(self, waker: SignalWaker) -> int:
         deadline = self._clock() + self._spec.process.shutdown_timeout_ms / 1000
-        log.info("writer stopping", waiting_mutations=self._buffer.pending)
+        log.info("writer stopping", waiting_mutations=self._buffer.pending, **SPIN_STATS.fields())
         while True:
             self._drain_everything()
             if self._buffer.pending_batches == 0 or self._flush():
