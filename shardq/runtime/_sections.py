@@ -67,8 +67,8 @@ class ProcessSettings:
     # 320 us on a 2-core VM), below the gaps of a trickle.
     spin_auto_max_us: int = 500
     # "auto" spins only while at most this many tasks are runnable on the whole machine, the
-    # spinning process included (/proc/loadavg); 0 = as many as the machine has CPUs. With no
-    # idle CPU a spin takes a core from a process that has work.
+    # spinning process included (/proc/loadavg); 0 = the machine's CPUs plus one (the round
+    # trip's next hop). With no idle CPU a spin takes a core from a process that has work.
     spin_auto_max_runnable: int = 0
     # Test-only: a file whose number (seconds) every server process adds to the wall clock,
     # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").

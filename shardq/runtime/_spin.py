@@ -203,9 +203,9 @@ class AdaptiveSpin:
 
 
 def auto_spin(auto_max_us: int, max_runnable: int) -> AdaptiveSpin:
-    """`spin_us = "auto"`'s policy: `spin_auto_max_us`, and `spin_auto_max_runnable` (0: as
-    many tasks as the machine has CPUs)."""
-    probe = RunnableProbe(max_runnable or os.cpu_count() or 1)
+    """`spin_us = "auto"`'s policy: `spin_auto_max_us`, and `spin_auto_max_runnable` (0: the
+    machine's CPUs plus one, the round trip's own next hop; docs/runtime.md)."""
+    probe = RunnableProbe(max_runnable or (os.cpu_count() or 1) + 1)
     return AdaptiveSpin(auto_max_us / 1e6, crowded=probe.crowded)
 
 

@@ -121,12 +121,12 @@ def pings_per_sleep(server: ShardqServer) -> float:
 def test_auto_spin_sleeps_while_the_machine_has_no_idle_cpu(
     shardq_server: Callable[..., ShardqServer],
 ) -> None:
-    """Busy loops, one more than the CPUs, keep more tasks runnable than the machine has CPUs:
+    """Busy loops, two more than the CPUs, keep more tasks runnable than "auto" allows (CPUs + 1):
     the same quick Pings that keep the front end awake above now find it asleep each time."""
     server = shardq_server(shards=2, env={"SHARDQ_SPIN_US": "auto"})
     hog = f"import time\nend = time.monotonic() + {HOG_S}\nwhile time.monotonic() < end: pass"
     hogs = [
-        subprocess.Popen([sys.executable, "-c", hog]) for _ in range((os.cpu_count() or 1) + 1)
+        subprocess.Popen([sys.executable, "-c", hog]) for _ in range((os.cpu_count() or 1) + 2)
     ]
     try:
         time.sleep(0.2)  # the hogs are running
