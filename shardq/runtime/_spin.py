@@ -47,24 +47,31 @@ HISTORY = 8
 # A gap counts as at most this many `spin_auto_max_us`: one stall among quick round trips
 # leaves the mean under the limit, while a trickle whose every other gap is long stays above.
 OUTLIER_GAPS = 4
+# A turn of `auto`'s spin (a zero-timeout poll and a `sched_yield`) takes a few microseconds;
+# one that took longer than this had its CPU taken by another task, and the spin stops: a
+# process that sleeps is woken with priority when its message comes, one that yielded waits
+# its turn behind whatever took the CPU. The default of `spin_auto_cut_us`.
+CUT_S = 50e-6
 T = TypeVar("T")
 
 
 class SpinStats:
     """What this process's spinning did, for its stop log line: spins started, spins that ended
-    with something to do, seconds spent spinning, and spins `auto` skipped for a busy machine."""
+    with something to do, seconds spent spinning, spins `auto` skipped for a busy machine, and
+    spins it cut short because another task took the CPU (`spin_until`)."""
 
-    __slots__ = ("crowded", "hits", "seconds", "spins")
+    __slots__ = ("crowded", "cut", "hits", "seconds", "spins")
 
     def __init__(self) -> None:
         self.spins = 0
         self.hits = 0
         self.seconds = 0.0
         self.crowded = 0
+        self.cut = 0
 
     def fields(self) -> dict[str, int | float]:
-        return {"spins": self.spins, "spin_hits": self.hits,
-                "spin_s": round(self.seconds, 3), "spins_crowded": self.crowded}  # fmt: skip
+        return {"spins": self.spins, "spin_hits": self.hits, "spin_s": round(self.seconds, 3),
+                "spins_crowded": self.crowded, "spins_cut": self.cut}  # fmt: skip
 
 
 STATS = SpinStats()  # one per process: each role runs one spinning loop
@@ -81,6 +88,11 @@ class SpinPolicy(Protocol):
         """A wait ended at `now` with something to do (a message, a writable socket)."""
         ...
 
+    @property
+    def cut_s(self) -> float:
+        """A spin turn longer than this ends the spin (0: never; see `spin_until`)."""
+        ...
+
 
 class FixedSpin:
     """`spin_us = N`: always spin N microseconds before sleeping."""
@@ -95,6 +107,10 @@ class FixedSpin:
 
     def note(self, now: float) -> None:
         pass
+
+    @property
+    def cut_s(self) -> float:
+        return 0.0  # `spin_us = N` spins N µs, as it always did
 
 
 class RunnableProbe:
@@ -152,7 +168,8 @@ class AdaptiveSpin:
     """
 
     __slots__ = (
-        "_at", "_cap_us", "_crowded", "_last", "_max_gap_s", "_max_gap_us", "_ring", "_sum_us",
+        "_at", "_cap_us", "_crowded", "_cut_s", "_last", "_max_gap_s", "_max_gap_us", "_ring",
+        "_sum_us",
     )  # fmt: skip
 
     def __init__(
@@ -160,6 +177,7 @@ class AdaptiveSpin:
         max_gap_s: float,
         history: int = HISTORY,
         crowded: Callable[[], bool] | None = None,
+        cut_s: float = CUT_S,
     ) -> None:
         if max_gap_s <= 0 or history < 1:
             raise ValueError("need max_gap_s > 0 and history >= 1")
@@ -172,6 +190,7 @@ class AdaptiveSpin:
         self._at = 0
         self._last: float | None = None
         self._crowded = crowded
+        self._cut_s = cut_s
 
     def note(self, now: float) -> None:
         last, self._last = self._last, now
@@ -197,22 +216,29 @@ class AdaptiveSpin:
         return window
 
     @property
+    def cut_s(self) -> float:
+        return self._cut_s
+
+    @property
     def mean_gap_us(self) -> float:
         """The mean of the remembered gaps, outliers capped (for tests and logs)."""
         return self._sum_us / len(self._ring)
 
 
-def auto_spin(auto_max_us: int, max_runnable: int) -> AdaptiveSpin:
-    """`spin_us = "auto"`'s policy: `spin_auto_max_us`, and `spin_auto_max_runnable` (0: the
-    machine's CPUs plus one, the round trip's own next hop; docs/runtime.md)."""
+def auto_spin(auto_max_us: int, max_runnable: int = 0, cut_us: int = 50) -> AdaptiveSpin:
+    """`spin_us = "auto"`'s policy: `spin_auto_max_us`, `spin_auto_max_runnable` (0: the
+    machine's CPUs plus one, the round trip's own next hop) and `spin_auto_cut_us` (0: never
+    cut a spin short); docs/runtime.md."""
     probe = RunnableProbe(max_runnable or (os.cpu_count() or 1) + 1)
-    return AdaptiveSpin(auto_max_us / 1e6, crowded=probe.crowded)
+    return AdaptiveSpin(auto_max_us / 1e6, crowded=probe.crowded, cut_s=cut_us / 1e6)
 
 
-def spin_policy(spin_us: int | str, auto_max_us: int, max_runnable: int = 0) -> SpinPolicy | None:
+def spin_policy(
+    spin_us: int | str, auto_max_us: int, max_runnable: int = 0, cut_us: int = 50
+) -> SpinPolicy | None:
     """The policy for the `spin_us` setting: None for 0 (never spin)."""
     if spin_us == AUTO:
-        return auto_spin(auto_max_us, max_runnable)
+        return auto_spin(auto_max_us, max_runnable, cut_us)
     if isinstance(spin_us, int) and spin_us > 0:
         return FixedSpin(spin_us / 1e6)
     if spin_us == 0:
@@ -220,22 +246,27 @@ def spin_policy(spin_us: int | str, auto_max_us: int, max_runnable: int = 0) -> 
     raise ValueError(f'spin_us must be "auto" or 0 to {MAX_SPIN_US}, got {spin_us!r}')
 
 
-def spin_until(poll_now: Callable[[], list[T]], spin_s: float) -> list[T]:
-    """Call `poll_now` (a zero-timeout poll) until it returns something or `spin_s` passes.
+def spin_until(poll_now: Callable[[], list[T]], spin_s: float, cut_s: float = 0.0) -> list[T]:
+    """Call `poll_now` (a zero-timeout poll) until it returns something or `spin_s` passes,
+    or, with `cut_s` > 0, until one turn (poll and yield) took longer than `cut_s`: another
+    task had the CPU meanwhile, and the caller had better sleep.
 
-    Returns its last result, empty if the window passed with nothing.
+    Returns its last result, empty if the spin ended with nothing.
     """
-    start = time.perf_counter()
+    start = prev = time.perf_counter()
     end = start + spin_s
     while True:
         got = poll_now()
         now = time.perf_counter()
-        if got or now >= end:
+        cut = cut_s > 0.0 and now - prev > cut_s
+        if got or now >= end or cut:
             STATS.spins += 1
             STATS.hits += bool(got)
+            STATS.cut += cut and not got
             STATS.seconds += now - start
             return got
         os.sched_yield()
+        prev = now
 
 
 class SpinningSelector(selectors.EpollSelector):
@@ -254,7 +285,11 @@ class SpinningSelector(selectors.EpollSelector):
             return super().select(timeout)
         policy = self._policy
         spin_s = policy.window(time.perf_counter())
-        got = spin_until(lambda: super(SpinningSelector, self).select(0), spin_s) if spin_s else []
+        got = (
+            spin_until(lambda: super(SpinningSelector, self).select(0), spin_s, policy.cut_s)
+            if spin_s
+            else []
+        )
         if not got:
             got = super().select(timeout)
         if got:

@@ -15,12 +15,15 @@ import pytest
 from shardq.runtime._config import ConfigError, load_config
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import (
+    CUT_S,
     HISTORY,
+    STATS,
     AdaptiveSpin,
     FixedSpin,
     RunnableProbe,
     SpinningSelector,
     spin_policy,
+    spin_until,
 )
 from shardq.runtime.writer import Writer
 from shardq.storage import Store
@@ -188,6 +191,37 @@ def test_an_unreadable_load_never_counts_as_crowded(tmp_path: Path, text: str) -
     assert (probe.runnable(), probe.crowded()) == (None, False)
     missing = RunnableProbe(1, str(tmp_path / "absent"))
     assert (missing.runnable(), missing.crowded()) == (None, False)
+
+
+def test_a_spin_whose_cpu_was_taken_stops_at_once() -> None:
+    """A turn that took far longer than a poll and a yield: another task ran meanwhile."""
+    calls = []
+
+    def poll_now() -> list[int]:
+        calls.append(time.perf_counter())
+        if len(calls) == 3:
+            time.sleep(0.002)  # as if the yield had handed the CPU away for 2 ms
+        return []
+
+    cut_before = STATS.cut
+    started = time.perf_counter()
+    assert spin_until(poll_now, 1.0, cut_s=CUT_S) == []
+    assert len(calls) == 3 and time.perf_counter() - started < 0.5
+    assert STATS.cut == cut_before + 1
+    # without a cut the same stall does not end it: it spins its whole window
+    calls.clear()
+    started = time.perf_counter()
+    assert spin_until(poll_now, 0.02) == []
+    assert len(calls) > 3 and time.perf_counter() - started >= 0.02
+    assert STATS.cut == cut_before + 1
+
+
+def test_only_auto_cuts_its_spins() -> None:
+    assert FixedSpin(200 * US).cut_s == 0.0
+    assert AdaptiveSpin(MAX_GAP).cut_s == CUT_S
+    auto = spin_policy("auto", 500, 0, 80)
+    assert auto is not None and auto.cut_s == pytest.approx(80 * US)
+    assert load_config(env={}).process.spin_auto_cut_us == 50
 
 
 def test_bad_parameters_are_refused() -> None:

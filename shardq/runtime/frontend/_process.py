@@ -410,7 +410,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure("frontend", spec.process.log_format, spec.process.log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     policy = spin_policy(
-        spec.process.spin_us, spec.process.spin_auto_max_us, spec.process.spin_auto_max_runnable
+        spec.process.spin_us,
+        spec.process.spin_auto_max_us,
+        spec.process.spin_auto_max_runnable,
+        spec.process.spin_auto_cut_us,
     )
     if policy is None:
         return asyncio.run(serve(spec))

@@ -104,6 +104,7 @@ class ShardProcess:
             spec.process.spin_us,
             spec.process.spin_auto_max_us,
             spec.process.spin_auto_max_runnable,
+            spec.process.spin_auto_cut_us,
         )
         self._ctx = zmq.Context()
         # Requests come from, and replies go to, the front end over this link (`links._stream`);
@@ -485,7 +486,7 @@ class ShardProcess:
             return self._poller.poll(timeout_ms)
         got: list[tuple[Any, int]] = []
         if spin_s := spin.window(time.perf_counter()):
-            got = spin_until(lambda: self._poller.poll(0), spin_s)
+            got = spin_until(lambda: self._poller.poll(0), spin_s, spin.cut_s)
         if not got:
             got = self._poller.poll(timeout_ms)
         if got:

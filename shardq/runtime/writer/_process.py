@@ -105,7 +105,11 @@ class Writer:
         # they are the messages someone waits on; buffered ones wait for a flush anyway.
         process = spec.process
         self._spin: AdaptiveSpin | None = (
-            auto_spin(process.spin_auto_max_us, process.spin_auto_max_runnable)
+            auto_spin(
+                process.spin_auto_max_us,
+                process.spin_auto_max_runnable,
+                process.spin_auto_cut_us,
+            )
             if process.spin_us == AUTO
             else None
         )
@@ -184,7 +188,8 @@ class Writer:
         timeout = self._timeout_ms()
         spin = self._spin
         if spin is not None and timeout != 0 and (spin_s := spin.window(time.perf_counter())):
-            return dict(spin_until(lambda: poller.poll(0), spin_s) or poller.poll(timeout))
+            got = spin_until(lambda: poller.poll(0), spin_s, spin.cut_s)
+            return dict(got or poller.poll(timeout))
         return dict(poller.poll(timeout))
 
     def _serve_links(self, events: dict[int, int]) -> None:
