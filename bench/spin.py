@@ -17,7 +17,8 @@ the machine's conditions), a fresh `shardq start --shards auto` with `SHARDQ_SPI
 
 The table gives, per config, the median over the rounds, and each round's values for the CPU.
 Extra `SHARDQ_*` variables in the environment (e.g. `SHARDQ_SPIN_AUTO_MAX_US`) reach every
-server.
+server. A config `auto/R` is `auto` with `SHARDQ_SPIN_AUTO_MAX_RUNNABLE=R`; `default` leaves
+`SHARDQ_SPIN_US` unset (the build's default). Each round's 1-minute load average is printed.
 """
 
 from __future__ import annotations
@@ -108,17 +109,31 @@ def _trickle(server: ShardqProcess, seconds: float, every_s: float) -> tuple[flo
         conn.close()
 
 
+def spin_env(spin: str) -> dict[str, str]:
+    """The environment of a server for a config: `N`, `auto`, `auto/R` (`auto` with
+    `SHARDQ_SPIN_AUTO_MAX_RUNNABLE=R`), or `default` (no `SHARDQ_SPIN_US` at all)."""
+    env = {**os.environ, "SHARDQ_SYNCHRONOUS": "normal"}
+    env.pop("SHARDQ_SPIN_US", None)
+    value, _, runnable = spin.partition("/")
+    if value != "default":
+        env["SHARDQ_SPIN_US"] = value
+    if runnable:
+        env["SHARDQ_SPIN_AUTO_MAX_RUNNABLE"] = runnable
+    return env
+
+
 def one(spin: str, args: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "SHARDQ_SPIN_US": spin, "SHARDQ_SYNCHRONOUS": "normal"}
-    server = ShardqProcess("auto", env=env)
+    load = os.getloadavg()[0]
+    server = ShardqProcess("auto", env=spin_env(spin))
     try:
         rows = _latency(server, args.requests)
         idle = _idle(server, args.idle_s)
         trickle, trickle_sleeps, sent = _trickle(server, args.idle_s, args.trickle_ms / 1000)
     finally:
         server.stop()
-    return {"spin_us": spin, "rows": rows, "idle_cpu_s": idle, "trickle_cpu_s": trickle,
-            "trickle_sent": sent, "trickle_sleeps": trickle_sleeps}  # fmt: skip
+    return {"spin_us": spin, "load": load, "rows": rows, "idle_cpu_s": idle,
+            "trickle_cpu_s": trickle, "trickle_sent": sent,
+            "trickle_sleeps": trickle_sleeps}  # fmt: skip
 
 
 def render(results: list[dict[str, Any]], configs: list[str], args: argparse.Namespace) -> str:
@@ -158,6 +173,9 @@ def render(results: list[dict[str, Any]], configs: list[str], args: argparse.Nam
             f"({', '.join(f'{x:.2f}' for x in trickle)}) |"
         )
     lines += [
+        "",
+        "1-minute load average at each server's start: "
+        + "; ".join(f"{r['spin_us']} {r['load']:.1f}" for r in results),
         "",
         "Server sleeps (voluntary context switches, all processes) / server CPU µs, per request:",
         "",

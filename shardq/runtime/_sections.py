@@ -66,6 +66,14 @@ class ProcessSettings:
     # the last one (microseconds). Above a few round trips of one request in flight (130 to
     # 320 us on a 2-core VM), below the gaps of a trickle.
     spin_auto_max_us: int = 500
+    # "auto" spins only while at most this many tasks are runnable on the whole machine, the
+    # spinning process included (/proc/loadavg); 0 = the machine's CPUs plus one (the round
+    # trip's next hop). With no idle CPU a spin takes a core from a process that has work.
+    spin_auto_max_runnable: int = 0
+    # "auto" ends a spin whose turn (a poll and a yield) took longer than this (microseconds):
+    # another task had the CPU, and a sleeping process is woken sooner than a yielding one
+    # gets it back. 0 = never cut.
+    spin_auto_cut_us: int = 50
     # Test-only: a file whose number (seconds) every server process adds to the wall clock,
     # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
     test_clock_file: str = ""

@@ -11,7 +11,9 @@ processes stay busy.
 `spin_us = "auto"` spins adaptively (`AdaptiveSpin`): only while the messages keep coming
 closer together than `spin_auto_max_us`, the gap under which a sleeping process would be woken
 again so soon that the wake-up is the larger cost. Anything sparser, a trickle or an idle
-server, sleeps at once.
+server, sleeps at once. It also sleeps at once while the machine has no idle CPU
+(`RunnableProbe`): a spin then takes a core from a process that has work, perhaps the very
+peer it waits for, and the wake-up it saves is no longer the larger cost.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ from typing import Protocol, TypeVar
 __all__ = [
     "AUTO",
     "MAX_SPIN_US",
+    "STATS",
     "AdaptiveSpin",
     "FixedSpin",
+    "RunnableProbe",
     "SpinPolicy",
+    "SpinStats",
     "SpinningSelector",
+    "auto_spin",
     "spin_policy",
     "spin_until",
 ]
@@ -41,7 +47,34 @@ HISTORY = 8
 # A gap counts as at most this many `spin_auto_max_us`: one stall among quick round trips
 # leaves the mean under the limit, while a trickle whose every other gap is long stays above.
 OUTLIER_GAPS = 4
+# A turn of `auto`'s spin (a zero-timeout poll and a `sched_yield`) takes a few microseconds;
+# one that took longer than this had its CPU taken by another task, and the spin stops: a
+# process that sleeps is woken with priority when its message comes, one that yielded waits
+# its turn behind whatever took the CPU. The default of `spin_auto_cut_us`.
+CUT_S = 50e-6
 T = TypeVar("T")
+
+
+class SpinStats:
+    """What this process's spinning did, for its stop log line: spins started, spins that ended
+    with something to do, seconds spent spinning, spins `auto` skipped for a busy machine, and
+    spins it cut short because another task took the CPU (`spin_until`)."""
+
+    __slots__ = ("crowded", "cut", "hits", "seconds", "spins")
+
+    def __init__(self) -> None:
+        self.spins = 0
+        self.hits = 0
+        self.seconds = 0.0
+        self.crowded = 0
+        self.cut = 0
+
+    def fields(self) -> dict[str, int | float]:
+        return {"spins": self.spins, "spin_hits": self.hits, "spin_s": round(self.seconds, 3),
+                "spins_crowded": self.crowded, "spins_cut": self.cut}  # fmt: skip
+
+
+STATS = SpinStats()  # one per process: each role runs one spinning loop
 
 
 class SpinPolicy(Protocol):
@@ -53,6 +86,11 @@ class SpinPolicy(Protocol):
 
     def note(self, now: float) -> None:
         """A wait ended at `now` with something to do (a message, a writable socket)."""
+        ...
+
+    @property
+    def cut_s(self) -> float:
+        """A spin turn longer than this ends the spin (0: never; see `spin_until`)."""
         ...
 
 
@@ -70,6 +108,49 @@ class FixedSpin:
     def note(self, now: float) -> None:
         pass
 
+    @property
+    def cut_s(self) -> float:
+        return 0.0  # `spin_us = N` spins N µs, as it always did
+
+
+class RunnableProbe:
+    """How many tasks the whole machine has runnable now: /proc/loadavg's fourth field.
+
+    `crowded()` is true when more than `max_runnable` are (the caller counts: it is running).
+    One `pread` of an fd kept open, about a microsecond. Where the file cannot be read (not
+    Linux), the machine always counts as having room, as before the probe existed.
+    """
+
+    __slots__ = ("_fd", "_max")
+
+    def __init__(self, max_runnable: int, path: str = "/proc/loadavg") -> None:
+        if max_runnable < 1:
+            raise ValueError("need max_runnable >= 1")
+        self._max = max_runnable
+        try:
+            self._fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = None
+
+    def runnable(self) -> int | None:
+        """Tasks runnable on the machine now, the caller included; None if unknown."""
+        if self._fd is None:
+            return None
+        try:
+            # "0.52 0.58 0.59 3/195 4242": runnable/total tasks is the fourth field.
+            return int(os.pread(self._fd, 128, 0).split()[3].split(b"/")[0])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def crowded(self) -> bool:
+        runnable = self.runnable()
+        return runnable is not None and runnable > self._max
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
 
 class AdaptiveSpin:
     """`spin_us = "auto"`: spin only while the messages keep coming close together.
@@ -81,12 +162,23 @@ class AdaptiveSpin:
     process awake. Otherwise, and once that time has passed, the window is 0 and the process
     sleeps at once. The mean, not each gap, decides, because a process sees alternating gaps
     (a request, then the reply of the next process, then the next request). Memory is the ring,
-    whatever the traffic. Pure: time comes in as `now` (seconds, as `time.perf_counter()`).
+    whatever the traffic. Time comes in as `now` (seconds, as `time.perf_counter()`); the only
+    other input is `crowded`, asked just before a spin would start: while it says the machine
+    has no idle CPU, the window is 0.
     """
 
-    __slots__ = ("_at", "_cap_us", "_last", "_max_gap_s", "_max_gap_us", "_ring", "_sum_us")
+    __slots__ = (
+        "_at", "_cap_us", "_crowded", "_cut_s", "_last", "_max_gap_s", "_max_gap_us", "_ring",
+        "_sum_us",
+    )  # fmt: skip
 
-    def __init__(self, max_gap_s: float, history: int = HISTORY) -> None:
+    def __init__(
+        self,
+        max_gap_s: float,
+        history: int = HISTORY,
+        crowded: Callable[[], bool] | None = None,
+        cut_s: float = CUT_S,
+    ) -> None:
         if max_gap_s <= 0 or history < 1:
             raise ValueError("need max_gap_s > 0 and history >= 1")
         self._max_gap_s = max_gap_s
@@ -97,6 +189,8 @@ class AdaptiveSpin:
         self._sum_us = self._cap_us * history
         self._at = 0
         self._last: float | None = None
+        self._crowded = crowded
+        self._cut_s = cut_s
 
     def note(self, now: float) -> None:
         last, self._last = self._last, now
@@ -113,7 +207,17 @@ class AdaptiveSpin:
         mean_us = self._sum_us / len(self._ring)
         if last is None or mean_us > self._max_gap_us:
             return 0.0
-        return max(0.0, last + min(self._max_gap_s, 2e-6 * mean_us) - now)
+        window = last + min(self._max_gap_s, 2e-6 * mean_us) - now
+        if window <= 0.0:
+            return 0.0
+        if self._crowded is not None and self._crowded():
+            STATS.crowded += 1
+            return 0.0
+        return window
+
+    @property
+    def cut_s(self) -> float:
+        return self._cut_s
 
     @property
     def mean_gap_us(self) -> float:
@@ -121,10 +225,20 @@ class AdaptiveSpin:
         return self._sum_us / len(self._ring)
 
 
-def spin_policy(spin_us: int | str, auto_max_us: int) -> SpinPolicy | None:
+def auto_spin(auto_max_us: int, max_runnable: int = 0, cut_us: int = 50) -> AdaptiveSpin:
+    """`spin_us = "auto"`'s policy: `spin_auto_max_us`, `spin_auto_max_runnable` (0: the
+    machine's CPUs plus one, the round trip's own next hop) and `spin_auto_cut_us` (0: never
+    cut a spin short); docs/runtime.md."""
+    probe = RunnableProbe(max_runnable or (os.cpu_count() or 1) + 1)
+    return AdaptiveSpin(auto_max_us / 1e6, crowded=probe.crowded, cut_s=cut_us / 1e6)
+
+
+def spin_policy(
+    spin_us: int | str, auto_max_us: int, max_runnable: int = 0, cut_us: int = 50
+) -> SpinPolicy | None:
     """The policy for the `spin_us` setting: None for 0 (never spin)."""
     if spin_us == AUTO:
-        return AdaptiveSpin(auto_max_us / 1e6)
+        return auto_spin(auto_max_us, max_runnable, cut_us)
     if isinstance(spin_us, int) and spin_us > 0:
         return FixedSpin(spin_us / 1e6)
     if spin_us == 0:
@@ -132,17 +246,27 @@ def spin_policy(spin_us: int | str, auto_max_us: int) -> SpinPolicy | None:
     raise ValueError(f'spin_us must be "auto" or 0 to {MAX_SPIN_US}, got {spin_us!r}')
 
 
-def spin_until(poll_now: Callable[[], list[T]], spin_s: float) -> list[T]:
-    """Call `poll_now` (a zero-timeout poll) until it returns something or `spin_s` passes.
+def spin_until(poll_now: Callable[[], list[T]], spin_s: float, cut_s: float = 0.0) -> list[T]:
+    """Call `poll_now` (a zero-timeout poll) until it returns something or `spin_s` passes,
+    or, with `cut_s` > 0, until one turn (poll and yield) took longer than `cut_s`: another
+    task had the CPU meanwhile, and the caller had better sleep.
 
-    Returns its last result, empty if the window passed with nothing.
+    Returns its last result, empty if the spin ended with nothing.
     """
-    end = time.perf_counter() + spin_s
+    start = prev = time.perf_counter()
+    end = start + spin_s
     while True:
         got = poll_now()
-        if got or time.perf_counter() >= end:
+        now = time.perf_counter()
+        cut = cut_s > 0.0 and now - prev > cut_s
+        if got or now >= end or cut:
+            STATS.spins += 1
+            STATS.hits += bool(got)
+            STATS.cut += cut and not got
+            STATS.seconds += now - start
             return got
         os.sched_yield()
+        prev = now
 
 
 class SpinningSelector(selectors.EpollSelector):
@@ -161,7 +285,11 @@ class SpinningSelector(selectors.EpollSelector):
             return super().select(timeout)
         policy = self._policy
         spin_s = policy.window(time.perf_counter())
-        got = spin_until(lambda: super(SpinningSelector, self).select(0), spin_s) if spin_s else []
+        got = (
+            spin_until(lambda: super(SpinningSelector, self).select(0), spin_s, policy.cut_s)
+            if spin_s
+            else []
+        )
         if not got:
             got = super().select(timeout)
         if got:

@@ -132,6 +132,8 @@ VALID_TEXT = {
     "tcp_idle_timeout_ms": "0",
     "spin_us": "200",
     "spin_auto_max_us": "300",
+    "spin_auto_max_runnable": "3",
+    "spin_auto_cut_us": "0",
     "direct_shards": "true",
     "direct_max_connections": "10",
     "stats_rate_window_s": "2",
@@ -254,6 +256,8 @@ max_frame_bytes = 1024
 tcp_idle_timeout_ms = 0
 spin_us = 200
 spin_auto_max_us = 300
+spin_auto_max_runnable = 3
+spin_auto_cut_us = 0
 direct_shards = true
 direct_max_connections = 10
 stats_rate_window_s = 2
@@ -396,6 +400,10 @@ def test_shards_auto_and_number() -> None:
         ("spin_us", "automatic"),
         ("spin_auto_max_us", "0"),
         ("spin_auto_max_us", "10001"),
+        ("spin_auto_max_runnable", "-1"),
+        ("spin_auto_max_runnable", "4097"),
+        ("spin_auto_cut_us", "-1"),
+        ("spin_auto_cut_us", "10001"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
         ("stats_rate_window_s", "0"),

@@ -1,14 +1,18 @@
 """`spin_us = "auto"` on a real server: requests in a quick rhythm are all answered, durable
 ones too, and the front end stays awake between them (it spins instead of sleeping); once they
 stop the server goes quiet: its processes together use almost no CPU time over the next
-seconds (docs/runtime.md, "Spinning")."""
+seconds (docs/runtime.md, "Spinning"). And with no idle CPU on the machine it does not spin at
+all: it sleeps after each request as with spinning off."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from shardq_harness import ShardqServer
 
@@ -24,6 +28,9 @@ REQUESTS = 300
 # request (about 0.9 measured); spinning, almost never (0.02 on a quiet machine, 0.15 with
 # the two cores loaded 3x over).
 MAX_SLEEPS_PER_PING = 0.5
+# Any number of runnable tasks, no spin cut short: the rhythm test holds on a loaded machine.
+NO_LOAD_LIMIT = {"SHARDQ_SPIN_AUTO_MAX_RUNNABLE": "4096", "SHARDQ_SPIN_AUTO_CUT_US": "0"}
+HOG_S = 20.0  # the most a CPU hog of the crowded test lives, whatever happens to the test
 
 
 def cpu_seconds(pid: int) -> float:
@@ -45,7 +52,7 @@ def sleeps(pid: int) -> int:
 def test_auto_spin_answers_requests_then_an_idle_server_sleeps(
     shardq_server: Callable[..., ShardqServer],
 ) -> None:
-    server = shardq_server(shards=2, env={"SHARDQ_SPIN_US": "auto"})
+    server = shardq_server(shards=2, env={"SHARDQ_SPIN_US": "auto", **NO_LOAD_LIMIT})
     host, port = server.tcp_address
     conn = TcpConnection(host, port)
     try:
@@ -84,3 +91,51 @@ def test_auto_spin_answers_requests_then_an_idle_server_sleeps(
     report = ", ".join(f"{name}: {seconds:.3f} s" for name, seconds in used.items())
     assert total < BUDGET * elapsed, f"idle {elapsed:.1f} s, used {total:.3f} s: {report}"
     assert server.stop() == 0, server.log_tail()
+    # the stop line tells what spinning did: the front end spun, and mostly found a message
+    stopped = stop_line(server, "front end stopped")
+    assert stopped["spins"] > REQUESTS / 2 and stopped["spin_hits"] > stopped["spins"] / 2
+    assert stopped["spin_s"] > 0
+
+
+def stop_line(server: ShardqServer, event: str) -> dict[str, Any]:
+    [line] = [line for line in server.logs() if line.get("event") == event]
+    return line
+
+
+def pings_per_sleep(server: ShardqServer) -> float:
+    """Sleeps of the front end per Ping, one Ping in flight at a time, after a rhythm."""
+    host, port = server.tcp_address
+    conn = TcpConnection(host, port)
+    try:
+        for _ in range(20):
+            assert conn.call({"cmd": "Ping"})["ok"]
+        frontend = server.child_pids()["frontend"]
+        slept = sleeps(frontend)
+        for _ in range(REQUESTS):
+            assert conn.call({"cmd": "Ping"})["ok"]
+        return (sleeps(frontend) - slept) / REQUESTS
+    finally:
+        conn.close()
+
+
+def test_auto_spin_sleeps_while_the_machine_has_no_idle_cpu(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    """Busy loops, two more than the CPUs, keep more tasks runnable than "auto" allows (CPUs + 1):
+    the same quick Pings that keep the front end awake above now find it asleep each time."""
+    server = shardq_server(shards=2, env={"SHARDQ_SPIN_US": "auto"})
+    hog = f"import time\nend = time.monotonic() + {HOG_S}\nwhile time.monotonic() < end: pass"
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", hog]) for _ in range((os.cpu_count() or 1) + 2)
+    ]
+    try:
+        time.sleep(0.2)  # the hogs are running
+        per_ping = pings_per_sleep(server)
+    finally:
+        for proc in hogs:
+            proc.kill()
+            proc.wait()
+    # Without spinning the front end sleeps about once a Ping (0.9); spinning, almost never.
+    assert per_ping > MAX_SLEEPS_PER_PING, f"the front end slept {per_ping:.2f} times a Ping"
+    assert server.stop() == 0, server.log_tail()
+    assert stop_line(server, "front end stopped")["spins_crowded"] > REQUESTS / 2

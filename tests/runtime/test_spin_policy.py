@@ -15,11 +15,15 @@ import pytest
 from shardq.runtime._config import ConfigError, load_config
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import (
+    CUT_S,
     HISTORY,
+    STATS,
     AdaptiveSpin,
     FixedSpin,
+    RunnableProbe,
     SpinningSelector,
     spin_policy,
+    spin_until,
 )
 from shardq.runtime.writer import Writer
 from shardq.storage import Store
@@ -121,11 +125,112 @@ def test_the_memory_is_bounded() -> None:
     assert policy._sum_us == sum(policy._ring)
 
 
+def test_a_crowded_machine_stops_the_spin_and_an_idle_core_restarts_it() -> None:
+    """Asked only when a spin would start: with no idle CPU the process sleeps at once."""
+    crowded = [False]
+    asked = []
+
+    def probe() -> bool:
+        asked.append(True)
+        return crowded[0]
+
+    policy = AdaptiveSpin(MAX_GAP, crowded=probe)
+    now = 1000.0
+    policy.note(now)
+    for _ in range(HISTORY):
+        now += 100 * US
+        policy.note(now)
+    asked.clear()
+    assert policy.window(now) == pytest.approx(200 * US, abs=2 * US)
+    crowded[0] = True
+    assert policy.window(now) == 0.0
+    crowded[0] = False
+    assert policy.window(now + 50 * US) == pytest.approx(150 * US, abs=2 * US)
+    assert len(asked) == 3
+    # no rhythm, or the window over: the machine is not even asked (a sleep costs nothing)
+    asked.clear()
+    assert policy.window(now + 1.0) == 0.0
+    slow = AdaptiveSpin(MAX_GAP, crowded=probe)
+    slow.note(1.0)
+    slow.note(2.0)
+    assert slow.window(2.0) == 0.0
+    assert asked == []
+
+
+def loadavg(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "loadavg"
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_probe_reads_the_runnable_tasks(tmp_path: Path) -> None:
+    path = loadavg(tmp_path, "0.52 0.58 0.59 3/195 4242\n")
+    assert RunnableProbe(2, path).runnable() == 3
+    assert RunnableProbe(2, path).crowded() is True  # 3 runnable, 2 allowed
+    assert RunnableProbe(3, path).crowded() is False
+    # re-read each time: the file is not cached
+    Path(path).write_text("1.00 1.00 1.00 1/195 4243\n")
+    probe = RunnableProbe(2, path)
+    assert (probe.runnable(), probe.crowded()) == (1, False)
+    probe.close()
+    assert probe.runnable() is None
+
+
+def test_the_real_probe_counts_at_least_itself() -> None:
+    probe = RunnableProbe(1)
+    try:
+        runnable = probe.runnable()
+        assert runnable is not None and runnable >= 1  # this process is running
+    finally:
+        probe.close()
+
+
+@pytest.mark.parametrize("text", ["", "garbage", "1 2 3 x/5 6", "1 2 3"])
+def test_an_unreadable_load_never_counts_as_crowded(tmp_path: Path, text: str) -> None:
+    probe = RunnableProbe(1, loadavg(tmp_path, text))
+    assert (probe.runnable(), probe.crowded()) == (None, False)
+    missing = RunnableProbe(1, str(tmp_path / "absent"))
+    assert (missing.runnable(), missing.crowded()) == (None, False)
+
+
+def test_a_spin_whose_cpu_was_taken_stops_at_once() -> None:
+    """A turn that took far longer than a poll and a yield: another task ran meanwhile."""
+    calls = []
+
+    def poll_now() -> list[int]:
+        calls.append(time.perf_counter())
+        if len(calls) == 3:
+            time.sleep(0.002)  # as if the yield had handed the CPU away for 2 ms
+        return []
+
+    cut_before = STATS.cut
+    started = time.perf_counter()
+    assert spin_until(poll_now, 1.0, cut_s=CUT_S) == []
+    assert len(calls) == 3 and time.perf_counter() - started < 0.5
+    assert STATS.cut == cut_before + 1
+    # without a cut the same stall does not end it: it spins its whole window
+    calls.clear()
+    started = time.perf_counter()
+    assert spin_until(poll_now, 0.02) == []
+    assert len(calls) > 3 and time.perf_counter() - started >= 0.02
+    assert STATS.cut == cut_before + 1
+
+
+def test_only_auto_cuts_its_spins() -> None:
+    assert FixedSpin(200 * US).cut_s == 0.0
+    assert AdaptiveSpin(MAX_GAP).cut_s == CUT_S
+    auto = spin_policy("auto", 500, 0, 80)
+    assert auto is not None and auto.cut_s == pytest.approx(80 * US)
+    assert load_config(env={}).process.spin_auto_cut_us == 50
+
+
 def test_bad_parameters_are_refused() -> None:
     with pytest.raises(ValueError):
         AdaptiveSpin(0.0)
     with pytest.raises(ValueError):
         AdaptiveSpin(MAX_GAP, history=0)
+    with pytest.raises(ValueError):
+        RunnableProbe(0)
 
 
 def test_spin_policy_for_each_setting() -> None:
@@ -145,6 +250,12 @@ def test_spin_policy_for_each_setting() -> None:
 def test_spin_us_auto_in_the_config() -> None:
     assert load_config(env={}).process.spin_us == 0
     assert load_config(env={}).process.spin_auto_max_us == 500
+    assert load_config(env={}).process.spin_auto_max_runnable == 0
+    runnable = load_config(env={"SHARDQ_SPIN_AUTO_MAX_RUNNABLE": "3"}).process
+    assert runnable.spin_auto_max_runnable == 3
+    for bad in ("-1", "4097", "many"):
+        with pytest.raises(ConfigError, match="spin_auto_max_runnable"):
+            load_config(env={"SHARDQ_SPIN_AUTO_MAX_RUNNABLE": bad})
     env = {"SHARDQ_SPIN_US": "Auto", "SHARDQ_SPIN_AUTO_MAX_US": "800"}
     process = load_config(env=env).process
     assert (process.spin_us, process.spin_auto_max_us) == ("auto", 800)

@@ -41,6 +41,7 @@ from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._logging import configure
 from shardq.runtime._ports import AuthThrottle, descriptor_limit
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._spin import STATS as SPIN_STATS
 from shardq.runtime._spin import SpinningSelector, spin_policy
 from shardq.runtime._ssrf import SsrfRules
 from shardq.runtime._tls import server_context
@@ -331,7 +332,7 @@ class Frontend:
         # Leases are not released: jobs still active are charged by the next start's recovery.
         self.dispatcher.release_on_close = False
         self.tcp.close_all()
-        _log.info("front end stopped")
+        _log.info("front end stopped", **SPIN_STATS.fields())
         self._stopped.set()
 
     async def close(self) -> None:
@@ -408,7 +409,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure("frontend", spec.process.log_format, spec.process.log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    policy = spin_policy(spec.process.spin_us, spec.process.spin_auto_max_us)
+    policy = spin_policy(
+        spec.process.spin_us,
+        spec.process.spin_auto_max_us,
+        spec.process.spin_auto_max_runnable,
+        spec.process.spin_auto_cut_us,
+    )
     if policy is None:
         return asyncio.run(serve(spec))
     selector = SpinningSelector(policy)

@@ -36,6 +36,7 @@ from shardq.runtime._ports import connection_cap
 from shardq.runtime._routing import shard_of
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
+from shardq.runtime._spin import STATS as SPIN_STATS
 from shardq.runtime._spin import spin_policy, spin_until
 from shardq.runtime._storage import open_storage
 from shardq.runtime.links._control import pack, unpack
@@ -99,7 +100,12 @@ class ShardProcess:
         # shard dropped is said gone only once its last mutations are committed.
         self._report_at: int | None = None
         self._stop = False
-        self._spin = spin_policy(spec.process.spin_us, spec.process.spin_auto_max_us)
+        self._spin = spin_policy(
+            spec.process.spin_us,
+            spec.process.spin_auto_max_us,
+            spec.process.spin_auto_max_runnable,
+            spec.process.spin_auto_cut_us,
+        )
         self._ctx = zmq.Context()
         # Requests come from, and replies go to, the front end over this link (`links._stream`);
         # mutations go to, and confirmations come from, the writer over the other
@@ -415,7 +421,12 @@ class ShardProcess:
             self._send(self.core.take_replies(), block_on_front=False)
         if self.core.awaiting_commit:
             _log.warning("shutdown timeout before the writer confirmed", seq=self.core.seq)
-        _log.info("shard stopped", seq=self.core.seq, committed=self.core.batches.committed)
+        _log.info(
+            "shard stopped",
+            seq=self.core.seq,
+            committed=self.core.batches.committed,
+            **SPIN_STATS.fields(),
+        )
 
     def close(self) -> None:
         """Close every socket with linger 0 and terminate the context."""
@@ -475,7 +486,7 @@ class ShardProcess:
             return self._poller.poll(timeout_ms)
         got: list[tuple[Any, int]] = []
         if spin_s := spin.window(time.perf_counter()):
-            got = spin_until(lambda: self._poller.poll(0), spin_s)
+            got = spin_until(lambda: self._poller.poll(0), spin_s, spin.cut_s)
         if not got:
             got = self._poller.poll(timeout_ms)
         if got:

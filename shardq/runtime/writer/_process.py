@@ -40,7 +40,8 @@ from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
-from shardq.runtime._spin import AUTO, AdaptiveSpin, spin_until
+from shardq.runtime._spin import AUTO, AdaptiveSpin, auto_spin, spin_until
+from shardq.runtime._spin import STATS as SPIN_STATS
 from shardq.runtime._storage import open_storage, storage_place
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
@@ -102,9 +103,14 @@ class Writer:
         self._links = ShardConnections(spec.writer_link_path)
         # With adaptive spinning the writer spins too, but it follows durable batches only:
         # they are the messages someone waits on; buffered ones wait for a flush anyway.
-        self._spin = (
-            AdaptiveSpin(spec.process.spin_auto_max_us / 1e6)
-            if spec.process.spin_us == AUTO
+        process = spec.process
+        self._spin: AdaptiveSpin | None = (
+            auto_spin(
+                process.spin_auto_max_us,
+                process.spin_auto_max_runnable,
+                process.spin_auto_cut_us,
+            )
+            if process.spin_us == AUTO
             else None
         )
         self._reading = True
@@ -184,7 +190,8 @@ class Writer:
         timeout = self._timeout_ms()
         spin = self._spin
         if spin is not None and timeout != 0 and (spin_s := spin.window(time.perf_counter())):
-            return dict(spin_until(lambda: poller.poll(0), spin_s) or poller.poll(timeout))
+            got = spin_until(lambda: poller.poll(0), spin_s, spin.cut_s)
+            return dict(got or poller.poll(timeout))
         return dict(poller.poll(timeout))
 
     def _serve_links(self, events: dict[int, int]) -> None:
@@ -374,7 +381,7 @@ class Writer:
 
     def _shutdown(self, waker: SignalWaker) -> int:
         deadline = self._clock() + self._spec.process.shutdown_timeout_ms / 1000
-        log.info("writer stopping", waiting_mutations=self._buffer.pending)
+        log.info("writer stopping", waiting_mutations=self._buffer.pending, **SPIN_STATS.fields())
         while True:
             self._drain_everything()
             if self._buffer.pending_batches == 0 or self._flush():
