@@ -42,7 +42,16 @@ import time
 from typing import Any
 
 from bench._instructions import have_valgrind, measure_instructions
-from bench._scenarios import SCENARIOS, children, connect, fill, queues_of, start_server, work
+from bench._scenarios import (
+    ALL_SCENARIOS,
+    SCENARIOS,
+    children,
+    connect,
+    fill,
+    queues_of,
+    start_server,
+    work,
+)
 from bench.cpu import cpu_seconds
 
 
@@ -123,7 +132,7 @@ def main(argv: list[str]) -> int:
     if any(len(b) != 2 for b in builds) or os.name != "posix":
         parser.error("--build takes NAME=PATH; Linux only")
     scenarios = args.scenario.split(",")
-    if unknown := set(scenarios) - set(SCENARIOS):
+    if unknown := set(scenarios) - set(ALL_SCENARIOS):
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     if args.instructions:
         if not have_valgrind():
