@@ -41,7 +41,7 @@ from shardq.storage._deltas import (
     wrap,
 )
 from shardq.storage._encode import COLUMN_FIELDS
-from shardq.storage._rows import run_rows
+from shardq.storage._rows import SHARED_MIN, run_keys, run_rows
 
 __all__ = [
     "FETCH_CHUNK",
@@ -123,9 +123,17 @@ def _update_sql(names: tuple[str, ...]) -> str:
     )
 
 
+def _shared_sql(names: tuple[str, ...]) -> str:
+    """The UPDATE of rows that all take the same values and patch, named by id (`_rows`
+    fills in `{rows}` with the ids' parameters)."""
+    sets = "".join(f"{_COLUMN[name]} = ?, " for name in names)
+    return f"UPDATE jobs SET {sets}patch = CAST(patch || ? AS BLOB) WHERE id IN ({{rows}})"
+
+
 # One statement per list of updated columns (in the order the changes named them): a few
 # hundred at most, a handful in practice.
 _UPDATE_SQL: dict[tuple[str, ...], str] = {}
+_SHARED_SQL: dict[tuple[str, ...], str] = {}
 
 
 def write_plan(
@@ -198,8 +206,7 @@ def _write_jobs(
     if whole or cold_rows:
         written += _write_whole(conn, whole, cold_rows, cold)
     for names, rows in updates.items():
-        sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
-        written += run_rows(conn, sql, len(names) + 2, rows)
+        written += _write_updates(conn, names, rows)
     if refill and cold:
         _refill(conn, refill)
     if ops:
@@ -209,6 +216,44 @@ def _write_jobs(
     if to_fold:
         delta_rows -= _fold_stored(conn, to_fold, pack, known)
     return written, delta_rows
+
+
+def _write_updates(
+    conn: sqlite3.Connection, names: tuple[str, ...], rows: list[tuple[Any, ...]]
+) -> int:
+    """The UPDATEs of the stored rows whose changes set the columns `names`: each row is
+    `(*values, patch, id)`. Rows with the same values and patch (`SHARED_MIN` or more: jobs
+    leased or acknowledged together, whose changes came as one `updm`) go as one statement
+    naming their ids; the rest as one statement over a VALUES table of their own rows."""
+    width = len(names) + 1
+    if len(rows) < SHARED_MIN:
+        return run_rows(conn, _update_sql_of(names), width + 1, rows)
+    shared: dict[tuple[Any, ...], list[str]] = {}
+    for row in rows:
+        change = row[:width]
+        ids = shared.get(change)
+        if ids is None:
+            shared[change] = [row[width]]
+        else:
+            ids.append(row[width])
+    written = 0
+    single: list[tuple[Any, ...]] = []
+    for change, ids in shared.items():
+        if len(ids) >= SHARED_MIN:
+            written += run_keys(conn, _shared_sql_of(names), width, change, ids)
+        else:
+            single.extend((*change, job_id) for job_id in ids)
+    if single:
+        written += run_rows(conn, _update_sql_of(names), width + 1, single)
+    return written
+
+
+def _update_sql_of(names: tuple[str, ...]) -> str:
+    return _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
+
+
+def _shared_sql_of(names: tuple[str, ...]) -> str:
+    return _SHARED_SQL.get(names) or _SHARED_SQL.setdefault(names, _shared_sql(names))
 
 
 def _write_whole(
