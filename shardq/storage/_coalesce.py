@@ -235,16 +235,24 @@ class _Folder:
         and an update, are folded here inline: the writer's cost per job is mostly calls."""
         jobs = self.plan.jobs
         dispatch = self.dispatch
+        stored = self._stored
+        obliterated = self.plan.obliterated
         for op in ops:
             kind = op[0]
             if kind == "upd" or kind == "updm":
                 changes, columns = op[3], op[2]
                 for key in (op[1],) if kind == "upd" else op[1]:
                     row = jobs.get(key, _ABSENT)
-                    if row is None or row is _ABSENT:  # deleted in the plan, or not in it yet
-                        row = self._row(key, row)
-                        if row is None:
+                    if row is _ABSENT:  # first touched here: a stored job, inline (`_row`)
+                        info = stored.get(key)
+                        if info is not None and (not obliterated or info[0] not in obliterated):
+                            row = jobs[key] = Row(None, None, info)
+                        else:
+                            self.plan.skipped += 1
                             continue
+                    elif row is None:  # deleted earlier in the batch
+                        self.plan.skipped += 1
+                        continue
                     row.patch.append(changes)
                     if columns:
                         values = row.values

@@ -188,6 +188,7 @@ def _write_jobs(
     to_fold: list[str] = []
     ops: list[tuple[str, bytes]] = []
     refill: Refill = []
+    joined: dict[tuple[int, ...], bytes] = {}
     for job_id, row in plan.jobs.items():
         if row is None:
             deleted.append((job_id,))
@@ -195,7 +196,7 @@ def _write_jobs(
         elif row.values is not None:
             one = whole_row(job_id, row, row.values, pack, patch_floor, known)
             (whole if len(one) == HOT_ROW else cold_rows).append(one)
-        elif add_update(job_id, row, pack, patch_floor, updates, known, ops, refill):
+        elif add_update(job_id, row, pack, patch_floor, updates, known, ops, refill, joined):
             to_fold.append(job_id)
     if deltas_exist and (deleted or whole or cold_rows):
         # A put replaces the whole record, ops included (a batch resent to a new writer).
@@ -338,15 +339,25 @@ def add_update(
     known: dict[str, Stored | None],
     ops: list[tuple[str, bytes]],
     refill: Refill,
+    joined: dict[tuple[int, ...], bytes] | None = None,
 ) -> bool:
     """Queue the UPDATE of a stored row (none if only ops came) and its ops, and in `refill`
     the row if a change named a cold field (`_cold`); True if its patch or its ops are now
-    due to be folded."""
+    due to be folded. `joined`: the patches joined so far for this plan, by the identities of
+    their parts (jobs updated together share their change objects, so their patches are
+    joined once); its parts live as long as the plan, so an identity names one part."""
     assert row.stored is not None
     queue, rec_len, patch_len, delta_len = row.stored
     changed = row.changed
     if row.patch or changed:
-        patch = join_patch(row.patch, pack)
+        if joined is None:
+            patch = join_patch(row.patch, pack)
+        else:
+            key = tuple(map(id, row.patch))
+            found = joined.get(key)
+            if found is None:
+                found = joined[key] = join_patch(row.patch, pack)
+            patch = found
         if COLD_COLUMN in changed:
             refill.append((job_id, changed.pop(COLD_COLUMN)))
         if changed:
