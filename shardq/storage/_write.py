@@ -229,21 +229,24 @@ def _write_updates(
     width = len(names) + 1
     if len(rows) < SHARED_MIN:
         return run_rows(conn, _update_sql_of(names), width + 1, rows)
-    shared: dict[tuple[Any, ...], list[str]] = {}
+    shared: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     for row in rows:
         change = row[:width]
-        ids = shared.get(change)
-        if ids is None:
-            shared[change] = [row[width]]
+        same = shared.get(change)
+        if same is None:
+            shared[change] = [row]
         else:
-            ids.append(row[width])
+            same.append(row)
+    if len(shared) == len(rows):  # no two alike: nothing to share
+        return run_rows(conn, _update_sql_of(names), width + 1, rows)
     written = 0
     single: list[tuple[Any, ...]] = []
-    for change, ids in shared.items():
-        if len(ids) >= SHARED_MIN:
+    for change, same in shared.items():
+        if len(same) >= SHARED_MIN:
+            ids = [row[width] for row in same]
             written += run_keys(conn, _shared_sql_of(names), width, change, ids)
         else:
-            single.extend((*change, job_id) for job_id in ids)
+            single += same
     if single:
         written += run_rows(conn, _update_sql_of(names), width + 1, single)
     return written
