@@ -316,7 +316,10 @@ class _Folder:
             return
         pending = plan.crons.get(name)
         if pending is not None and pending.get("queue") == queue:
-            del plan.crons[name]  # saved earlier in this batch on the same queue: undone
+            # Saved earlier in this batch on that queue: that save replaced whatever was
+            # stored (on any queue), so the schedule is gone whatever the stored row says.
+            plan.crons[name] = None
+            return
         plan.cron_drops[(name, queue)] = None
 
     def _webhook(self, hook_id: str, rec: Record, _b: None) -> None:
