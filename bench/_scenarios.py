@@ -6,7 +6,10 @@ each import them without importing the other.
 
 `push*` sends N PUSH pipelined 100 at a time; `drain*` first fills the queues with PUSHB and
 then takes everything with PULLB 100 + ACKB on every queue at once; `*8q` spreads the jobs over
-8 queues.
+8 queues. The extra scenarios (`EXTRA`, run only when named): `ppa1q` measures the whole life
+of a job, rounds of 20 PUSHB of 100 (8 in flight) each drained before the next, so a job's put,
+lease and completion may share one flush window of the writer; a `_roc` suffix pushes every
+job with `removeOnComplete`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ import time
 from shardq.client import ConnectionLost, TcpConnection
 
 SCENARIOS = ("push1q", "push8q", "drain1q", "drain8q")
+EXTRA = ("drain1q_roc", "drain8q_roc", "ppa1q", "ppa1q_roc")
+"""Scenarios run only when named (not in the default list of `bench.cpu_ab`)."""
+ALL_SCENARIOS = SCENARIOS + EXTRA
+# Jobs pushed per round of a `ppa*` scenario (20 PUSHB of `BATCH`).
+PPA_ROUND = 20
 BATCH = 100
 
 
@@ -95,7 +103,28 @@ def connect(port: int, server: subprocess.Popen[bytes], timeout_s: float = 60) -
 
 
 def queues_of(scenario: str) -> list[str]:
-    return [f"q{i}" for i in range(8 if scenario.endswith("8q") else 1)]
+    return [f"q{i}" for i in range(8 if "8q" in scenario else 1)]
+
+
+def _entries(scenario: str, start: int) -> list[dict[str, object]]:
+    """One PUSHB's jobs: `removeOnComplete` in a `_roc` scenario."""
+    if scenario.endswith("_roc"):
+        return [{"data": {"i": start + k}, "removeOnComplete": True} for k in range(BATCH)]
+    return [{"data": {"i": start + k}} for k in range(BATCH)]
+
+
+def _ppa(conn: TcpConnection, scenario: str, queue: str, jobs: int) -> int:
+    """Rounds of `PPA_ROUND` PUSHB (8 in flight), each round drained before the next."""
+    done = 0
+    while done < jobs:
+        rounds = min(PPA_ROUND, max(1, (jobs - done) // BATCH))
+        pushes = (
+            {"cmd": "PUSHB", "queue": queue, "jobs": _entries(scenario, done + r * BATCH)}
+            for r in range(rounds)
+        )
+        conn.call_many(pushes, window=8)
+        done += drain(conn, [queue])
+    return done
 
 
 def drain(conn: TcpConnection, queues: list[str]) -> int:
@@ -116,6 +145,8 @@ def drain(conn: TcpConnection, queues: list[str]) -> int:
 
 
 def work(conn: TcpConnection, scenario: str, queues: list[str], jobs: int) -> int:
+    if scenario.startswith("ppa"):
+        return _ppa(conn, scenario, queues[0], jobs)
     if scenario.startswith("push"):
         pushes = (
             {"cmd": "PUSH", "queue": queues[i % len(queues)], "data": {"i": i}} for i in range(jobs)
@@ -130,8 +161,7 @@ def fill(conn: TcpConnection, scenario: str, queues: list[str], jobs: int) -> No
     conn.call_many(warm, window=BATCH)
     if scenario.startswith("drain"):
         fills = (
-            {"cmd": "PUSHB", "queue": queues[i % len(queues)],
-             "jobs": [{"data": {"i": k}} for k in range(BATCH)]}
+            {"cmd": "PUSHB", "queue": queues[i % len(queues)], "jobs": _entries(scenario, 0)}
             for i in range(jobs // BATCH)
         )  # fmt: skip
         conn.call_many(fills, window=8)

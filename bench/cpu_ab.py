@@ -10,8 +10,11 @@ table gives the instructions each process executes per job instead (`bench/_inst
 For each round, each build in turn starts a real `shardq start` on free ports with a fresh data
 directory, and one raw TCP client runs the scenario: `push*` sends N PUSH pipelined 100 at a
 time, `drain*` first fills the queues with PUSHB (not measured) and then takes everything with
-PULLB 100 + ACKB on every queue at once. `*8q` spreads the jobs over 8 queues. The CPU time of
-each child process (user + system, from /proc) is read before and after and divided by N.
+PULLB 100 + ACKB on every queue at once. `*8q` spreads the jobs over 8 queues. Run only
+when named: `ppa1q` (push, pull and ack all measured, in rounds of 2,000 jobs) and the `_roc`
+variants `drain1q_roc`, `drain8q_roc`, `ppa1q_roc` (every job pushed with
+`removeOnComplete`). The CPU time of each child process (user + system, from /proc) is read
+before and after and divided by N.
 
 Why this and not `bench compare`: on a shared VM the wall-clock rate of the same build moves
 by 2x within an hour, so two `compare` runs one after the other cannot resolve a 10 %
@@ -42,7 +45,16 @@ import time
 from typing import Any
 
 from bench._instructions import have_valgrind, measure_instructions
-from bench._scenarios import SCENARIOS, children, connect, fill, queues_of, start_server, work
+from bench._scenarios import (
+    ALL_SCENARIOS,
+    SCENARIOS,
+    children,
+    connect,
+    fill,
+    queues_of,
+    start_server,
+    work,
+)
 from bench.cpu import cpu_seconds
 
 
@@ -123,7 +135,7 @@ def main(argv: list[str]) -> int:
     if any(len(b) != 2 for b in builds) or os.name != "posix":
         parser.error("--build takes NAME=PATH; Linux only")
     scenarios = args.scenario.split(",")
-    if unknown := set(scenarios) - set(SCENARIOS):
+    if unknown := set(scenarios) - set(ALL_SCENARIOS):
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     if args.instructions:
         if not have_valgrind():

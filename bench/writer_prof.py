@@ -32,7 +32,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench._scenarios import SCENARIOS, children, connect, fill, queues_of, start_server, work
+from bench._scenarios import (
+    ALL_SCENARIOS,
+    children,
+    connect,
+    fill,
+    queues_of,
+    start_server,
+    work,
+)
 from bench.cpu import cpu_seconds
 from shardq.client import TcpConnection
 
@@ -123,7 +131,7 @@ def _report(stats: pstats.Stats, jobs: int, top: int) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.writer_prof", description=__doc__)
-    parser.add_argument("--scenario", default="ppa", choices=("ppa", *SCENARIOS))
+    parser.add_argument("--scenario", default="ppa", choices=("ppa", *ALL_SCENARIOS))
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shards", type=int, default=1)

@@ -235,16 +235,24 @@ class _Folder:
         and an update, are folded here inline: the writer's cost per job is mostly calls."""
         jobs = self.plan.jobs
         dispatch = self.dispatch
+        stored = self._stored
+        obliterated = self.plan.obliterated
         for op in ops:
             kind = op[0]
             if kind == "upd" or kind == "updm":
                 changes, columns = op[3], op[2]
                 for key in (op[1],) if kind == "upd" else op[1]:
                     row = jobs.get(key, _ABSENT)
-                    if row is None or row is _ABSENT:  # deleted in the plan, or not in it yet
-                        row = self._row(key, row)
-                        if row is None:
+                    if row is _ABSENT:  # first touched here: a stored job, inline (`_row`)
+                        info = stored.get(key)
+                        if info is not None and (not obliterated or info[0] not in obliterated):
+                            row = jobs[key] = Row(None, None, info)
+                        else:
+                            self.plan.skipped += 1
                             continue
+                    elif row is None:  # deleted earlier in the batch
+                        self.plan.skipped += 1
+                        continue
                     row.patch.append(changes)
                     if columns:
                         values = row.values
@@ -308,7 +316,10 @@ class _Folder:
             return
         pending = plan.crons.get(name)
         if pending is not None and pending.get("queue") == queue:
-            del plan.crons[name]  # saved earlier in this batch on the same queue: undone
+            # Saved earlier in this batch on that queue: that save replaced whatever was
+            # stored (on any queue), so the schedule is gone whatever the stored row says.
+            plan.crons[name] = None
+            return
         plan.cron_drops[(name, queue)] = None
 
     def _webhook(self, hook_id: str, rec: Record, _b: None) -> None:

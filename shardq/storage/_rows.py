@@ -20,10 +20,13 @@ from collections.abc import Sequence
 from itertools import chain
 from typing import Any, Final
 
-__all__ = ["SIZES", "run_rows"]
+__all__ = ["SHARED_MIN", "SIZES", "run_keys", "run_rows"]
 
 SIZES: Final = (256, 64, 16, 4, 1)
 """Rows per statement: a batch of n rows takes at most n // 256 + 9 statements."""
+
+SHARED_MIN: Final = 4
+"""Rows that must share one change for `run_keys` to write them (fewer go by `run_rows`)."""
 
 _SQL: dict[tuple[str, int, int], str] = {}
 
@@ -46,5 +49,32 @@ def run_rows(
         while count - pos >= size:
             params = list(chain.from_iterable(rows[pos : pos + size]))
             written += conn.execute(sql, params).rowcount
+            pos += size
+    return written
+
+
+def run_keys(
+    conn: sqlite3.Connection, template: str, width: int, head: Sequence[Any], keys: Sequence[str]
+) -> int:
+    """Run `template` once per slice of `keys` and return the rows it changed: `head` (its
+    `width` values) bound first, then the keys. `template` holds `{rows}` where the keys go,
+    as `?, ?, ...`, in slices of `SIZES` like `run_rows` (so its texts are few and cached).
+
+    For rows that all take the same values (jobs leased or acknowledged together share one
+    change, `updm`): SQLite finds each row by key and evaluates the values once per statement,
+    where `run_rows` joins a VALUES table of the same values repeated per row.
+    """
+    written = 0
+    pos, count = 0, len(keys)
+    head = list(head)
+    for size in SIZES:
+        if count - pos < size:
+            continue
+        key = (template, -width, size)
+        sql = _SQL.get(key)
+        if sql is None:
+            sql = _SQL[key] = template.format(rows=", ".join("?" * size))
+        while count - pos >= size:
+            written += conn.execute(sql, head + list(keys[pos : pos + size])).rowcount
             pos += size
     return written

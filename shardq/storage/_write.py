@@ -41,7 +41,7 @@ from shardq.storage._deltas import (
     wrap,
 )
 from shardq.storage._encode import COLUMN_FIELDS
-from shardq.storage._rows import run_rows
+from shardq.storage._rows import SHARED_MIN, run_keys, run_rows
 
 __all__ = [
     "FETCH_CHUNK",
@@ -123,9 +123,17 @@ def _update_sql(names: tuple[str, ...]) -> str:
     )
 
 
+def _shared_sql(names: tuple[str, ...]) -> str:
+    """The UPDATE of rows that all take the same values and patch, named by id (`_rows`
+    fills in `{rows}` with the ids' parameters)."""
+    sets = "".join(f"{_COLUMN[name]} = ?, " for name in names)
+    return f"UPDATE jobs SET {sets}patch = CAST(patch || ? AS BLOB) WHERE id IN ({{rows}})"
+
+
 # One statement per list of updated columns (in the order the changes named them): a few
 # hundred at most, a handful in practice.
 _UPDATE_SQL: dict[tuple[str, ...], str] = {}
+_SHARED_SQL: dict[tuple[str, ...], str] = {}
 
 
 def write_plan(
@@ -180,6 +188,7 @@ def _write_jobs(
     to_fold: list[str] = []
     ops: list[tuple[str, bytes]] = []
     refill: Refill = []
+    joined: dict[tuple[int, ...], bytes] = {}
     for job_id, row in plan.jobs.items():
         if row is None:
             deleted.append((job_id,))
@@ -187,7 +196,7 @@ def _write_jobs(
         elif row.values is not None:
             one = whole_row(job_id, row, row.values, pack, patch_floor, known)
             (whole if len(one) == HOT_ROW else cold_rows).append(one)
-        elif add_update(job_id, row, pack, patch_floor, updates, known, ops, refill):
+        elif add_update(job_id, row, pack, patch_floor, updates, known, ops, refill, joined):
             to_fold.append(job_id)
     if deltas_exist and (deleted or whole or cold_rows):
         # A put replaces the whole record, ops included (a batch resent to a new writer).
@@ -198,8 +207,7 @@ def _write_jobs(
     if whole or cold_rows:
         written += _write_whole(conn, whole, cold_rows, cold)
     for names, rows in updates.items():
-        sql = _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
-        written += run_rows(conn, sql, len(names) + 2, rows)
+        written += _write_updates(conn, names, rows)
     if refill and cold:
         _refill(conn, refill)
     if ops:
@@ -209,6 +217,47 @@ def _write_jobs(
     if to_fold:
         delta_rows -= _fold_stored(conn, to_fold, pack, known)
     return written, delta_rows
+
+
+def _write_updates(
+    conn: sqlite3.Connection, names: tuple[str, ...], rows: list[tuple[Any, ...]]
+) -> int:
+    """The UPDATEs of the stored rows whose changes set the columns `names`: each row is
+    `(*values, patch, id)`. Rows with the same values and patch (`SHARED_MIN` or more: jobs
+    leased or acknowledged together, whose changes came as one `updm`) go as one statement
+    naming their ids; the rest as one statement over a VALUES table of their own rows."""
+    width = len(names) + 1
+    if len(rows) < SHARED_MIN:
+        return run_rows(conn, _update_sql_of(names), width + 1, rows)
+    shared: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for row in rows:
+        change = row[:width]
+        same = shared.get(change)
+        if same is None:
+            shared[change] = [row]
+        else:
+            same.append(row)
+    if len(shared) == len(rows):  # no two alike: nothing to share
+        return run_rows(conn, _update_sql_of(names), width + 1, rows)
+    written = 0
+    single: list[tuple[Any, ...]] = []
+    for change, same in shared.items():
+        if len(same) >= SHARED_MIN:
+            ids = [row[width] for row in same]
+            written += run_keys(conn, _shared_sql_of(names), width, change, ids)
+        else:
+            single += same
+    if single:
+        written += run_rows(conn, _update_sql_of(names), width + 1, single)
+    return written
+
+
+def _update_sql_of(names: tuple[str, ...]) -> str:
+    return _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
+
+
+def _shared_sql_of(names: tuple[str, ...]) -> str:
+    return _SHARED_SQL.get(names) or _SHARED_SQL.setdefault(names, _shared_sql(names))
 
 
 def _write_whole(
@@ -293,15 +342,25 @@ def add_update(
     known: dict[str, Stored | None],
     ops: list[tuple[str, bytes]],
     refill: Refill,
+    joined: dict[tuple[int, ...], bytes] | None = None,
 ) -> bool:
     """Queue the UPDATE of a stored row (none if only ops came) and its ops, and in `refill`
     the row if a change named a cold field (`_cold`); True if its patch or its ops are now
-    due to be folded."""
+    due to be folded. `joined`: the patches joined so far for this plan, by the identities of
+    their parts (jobs updated together share their change objects, so their patches are
+    joined once); its parts live as long as the plan, so an identity names one part."""
     assert row.stored is not None
     queue, rec_len, patch_len, delta_len = row.stored
     changed = row.changed
     if row.patch or changed:
-        patch = join_patch(row.patch, pack)
+        if joined is None:
+            patch = join_patch(row.patch, pack)
+        else:
+            key = tuple(map(id, row.patch))
+            found = joined.get(key)
+            if found is None:
+                found = joined[key] = join_patch(row.patch, pack)
+            patch = found
         if COLD_COLUMN in changed:
             refill.append((job_id, changed.pop(COLD_COLUMN)))
         if changed:
