@@ -21,7 +21,7 @@ from shardq.runtime._spin import (
     SpinningSelector,
     spin_policy,
 )
-from shardq.runtime.writer import Writer
+from shardq.runtime.writer._process import Writer
 from shardq.storage import Store
 
 US = 1e-6
