@@ -186,6 +186,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "tcp_idle_timeout_ms": _idle_timeout,
     "spin_us": _spin,
     "spin_auto_max_us": _ranged(1, MAX_SPIN_US),
+    "memory_release_idle_ms": _ranged(0, 3_600_000, ms=True),  # 0: never
+    "memory_release_grow_mb": _ranged(1, 1 << 20),
     # -- crash and stats (issue 10): an hour of one-second buckets is plenty for a rate.
     "stats_rate_window_s": _ranged(1, 3600),
     # -- isolation (writer and shard storage)

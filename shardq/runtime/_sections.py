@@ -66,6 +66,11 @@ class ProcessSettings:
     # the last one (microseconds). Above a few round trips of one request in flight (130 to
     # 320 us on a 2-core VM), below the gaps of a trickle.
     spin_auto_max_us: int = 500
+    # Memory given back after a busy period (`_giveback.py`): once a process has been quiet
+    # this long after work (ms; 0 = never), it collects, rebuilds its big dicts and trims the
+    # C heap, if it grew at least `memory_release_grow_mb` since its last release.
+    memory_release_idle_ms: int = 2_000
+    memory_release_grow_mb: int = 8
     # Test-only: a file whose number (seconds) every server process adds to the wall clock,
     # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
     test_clock_file: str = ""

@@ -424,6 +424,11 @@ class Store(ColdReads):
         """
         return _schema.describe(self._conn)
 
+    def release_memory(self) -> None:
+        """Free this connection's page cache (`PRAGMA shrink_memory`); up to `cache_mb`."""
+        with self._reading("releasing memory"):
+            self._conn.execute("PRAGMA shrink_memory")
+
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise `StorageError`."""
         self._conn.close()

@@ -132,6 +132,8 @@ VALID_TEXT = {
     "tcp_idle_timeout_ms": "0",
     "spin_us": "200",
     "spin_auto_max_us": "300",
+    "memory_release_idle_ms": "500",
+    "memory_release_grow_mb": "4",
     "direct_shards": "true",
     "direct_max_connections": "10",
     "stats_rate_window_s": "2",
@@ -252,6 +254,8 @@ max_frame_bytes = 1024
 tcp_idle_timeout_ms = 0
 spin_us = 200
 spin_auto_max_us = 300
+memory_release_idle_ms = 500
+memory_release_grow_mb = 4
 direct_shards = true
 direct_max_connections = 10
 stats_rate_window_s = 2
@@ -392,6 +396,8 @@ def test_shards_auto_and_number() -> None:
         ("spin_us", "automatic"),
         ("spin_auto_max_us", "0"),
         ("spin_auto_max_us", "10001"),
+        ("memory_release_idle_ms", "-1"),
+        ("memory_release_grow_mb", "0"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
         ("stats_rate_window_s", "0"),
