@@ -9,10 +9,13 @@ idle.
 
 `release` does what frees it: a full collection, a rebuild of the big dicts the caller names
 (at their present size, in place), and `malloc_trim(0)`, which hands glibc's free heap back.
-`IdleGiveBack` decides when: once the process has been quiet for `idle_s` after some work,
-it reads its resident size (one read of /proc/self/statm) and releases only if that grew by
-at least `grow_bytes` since the last release (or the start), so an idle server that grew
-nothing pays nothing, and a release that could free nothing is not repeated. Each release is
+`IdleGiveBack` decides when: some work arms it; `idle_s` later it looks at the CPU time the
+process used meanwhile, and a window under `QUIET_CPU_SHARE` of a CPU counts as quiet (a
+process is never quite without messages: the HTTP process asks the shards for their counts
+every second, which costs them well under that); a busy window arms it again. Once quiet, it
+reads its resident size (one read of /proc/self/statm) and releases only if that grew by at
+least `grow_bytes` since the last release (or the start), so an idle server that grew nothing
+pays nothing, and a release that could free nothing is not repeated. Each release is
 logged ("memory given back") with the sizes before and after and its pause.
 
 The pause is a full collection over what the process holds: a few ms for the front end and
@@ -47,8 +50,8 @@ __all__ = [
 ]
 
 _log = structlog.get_logger()
-# `give_back_when_quiet`: a period in which the process used less CPU than this share of it
-# counts as quiet (an idle front end uses well under 0.1 %).
+# A window in which the process used less CPU than this share of it counts as quiet (an idle
+# front end or shard, the HTTP process's polls included, uses well under 0.1 %).
 QUIET_CPU_SHARE = 0.01
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -144,21 +147,30 @@ class IdleGiveBack:
         self._tables = tables
         self._clock = clock
         self._quiet_at: float | None = None
+        self._window = (0.0, 0.0)  # (monotonic time, CPU time) when the check was armed
         self._baseline = rss_bytes()
         self.releases = 0
 
     def busy(self, now: float) -> None:
-        """Work was done at `now`: check again once the process has been quiet for idle_s."""
-        if self._settings.enabled:
+        """Work was done at `now`: arm the check `idle_s` from now (if not armed yet)."""
+        if self._settings.enabled and self._quiet_at is None:
             self._quiet_at = now + self._settings.idle_s
+            self._window = (now, time.process_time())
 
     def deadline(self) -> float | None:
         """When `check` has something to do (None: nothing armed)."""
         return self._quiet_at
 
     def check(self, now: float) -> bool:
-        """Release if armed, quiet long enough and grown; whether it released."""
+        """When due: arm again if the window was busy, else release if the process grew;
+        whether it released. Call it on every wake: a due check always moves the deadline."""
         if self._quiet_at is None or now < self._quiet_at:
+            return False
+        started, cpu = self._window
+        used = time.process_time()
+        if used - cpu >= QUIET_CPU_SHARE * max(now - started, self._settings.idle_s):
+            self._quiet_at = now + self._settings.idle_s
+            self._window = (now, used)
             return False
         self._quiet_at = None
         before = rss_bytes()
@@ -190,16 +202,11 @@ class IdleGiveBack:
 
 
 async def give_back_when_quiet(give_back: IdleGiveBack, period_s: float) -> None:
-    """For an asyncio process, which has no one place that sees every message: wake every
-    `period_s` (the idle time), count a period in which the process used at least
-    `QUIET_CPU_SHARE` of a CPU as busy, and check after a quiet one. Runs until cancelled."""
-    cpu = time.process_time()
+    """For an asyncio process, which has no one place that sees every message: every
+    `period_s` (the idle time), arm the check and run it (the CPU time decides whether the
+    window was quiet). Runs until cancelled."""
     while True:
-        await asyncio.sleep(period_s)
-        used = time.process_time() - cpu
-        cpu += used
         now = time.monotonic()
-        if used >= period_s * QUIET_CPU_SHARE:
-            give_back.busy(now)
-        else:
-            give_back.check(now)
+        give_back.busy(now)
+        give_back.check(now)
+        await asyncio.sleep(period_s)

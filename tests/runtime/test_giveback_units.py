@@ -3,7 +3,9 @@ release itself runs for real on the server: test_memory_giveback.py)."""
 
 from __future__ import annotations
 
-from shardq.runtime._giveback import GiveBackSettings, IdleGiveBack, rss_bytes
+import time
+
+from shardq.runtime._giveback import GiveBackSettings, IdleGiveBack, malloc_trim, rss_bytes
 
 MB = 1 << 20
 
@@ -49,6 +51,26 @@ def test_a_process_that_grew_releases_once_per_busy_period() -> None:
     give_back.busy(clock.now + 5)
     assert not give_back.check(clock.now + 6)  # no new growth since that release
     assert give_back.releases == 1
+
+
+def test_a_busy_window_arms_it_again() -> None:
+    # Messages alone do not make a process busy (the HTTP process polls the shards every
+    # second): the CPU time used over the window decides.
+    clock = Clock()
+    malloc_trim()  # what earlier tests freed would take the allocation below, unseen
+    give_back = IdleGiveBack(GiveBackSettings(idle_s=1.0, grow_bytes=MB), clock=clock)
+    give_back.busy(clock.now)
+    give_back.busy(clock.now + 0.5)  # already armed: the deadline stays
+    assert give_back.deadline() == clock.now + 1.0
+    grown = b"x" * (8 * MB)  # written, so resident
+    spent = time.process_time() + 0.05
+    while time.process_time() < spent:  # 50 ms of CPU: 5 % of the 1 s window
+        pass
+    assert not give_back.check(clock.now + 1.0)
+    assert give_back.deadline() == clock.now + 2.0 and give_back.releases == 0
+    assert give_back.check(clock.now + 2.0)  # a quiet window, and it grew: released
+    assert give_back.deadline() is None and give_back.releases == 1
+    del grown
 
 
 def test_zero_idle_time_turns_it_off() -> None:

@@ -99,8 +99,7 @@ class MemoryReturner:
         now = time.monotonic()
         if worked:
             self.idle.busy(now)
-        else:
-            self.idle.check(now)
+        self.idle.check(now)
         held = len(self._engine.jobs)
         if held > self._high:
             self._high = held

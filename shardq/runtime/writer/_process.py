@@ -153,10 +153,9 @@ class Writer:
             if events.keys() - {waker.fileno()}:
                 self._give_back.busy(self._clock())
             # Idle: no batch waits, nor a retry (a message that came this turn made a batch).
-            if self._buffer.deadline() is None:
-                if self._vacuum.due(self._clock()):
-                    self._vacuum.step()
-                self._give_back.check(self._clock())
+            if self._buffer.deadline() is None and self._vacuum.due(self._clock()):
+                self._vacuum.step()
+            self._give_back.check(self._clock())
         return self._shutdown(waker)
 
     def close(self) -> None:
