@@ -6,10 +6,12 @@ not expect into one line on stderr and exit status 1, so no invocation shows a t
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 from urllib.parse import urlsplit
 
 import click
@@ -162,9 +164,6 @@ def start(
             err=True,
         )
         raise typer.Exit(2)
-    # Imported here: `shardq version` should not pay for zmq and the engine.
-    from shardq.runtime.supervisor import main
-
     flags: dict[str, object] = {
         "host": host,
         "tcp_port": tcp_port,
@@ -181,7 +180,21 @@ def start(
         "tls_cert_file": str(tls_cert_file) if tls_cert_file else None,
         "tls_key_file": str(tls_key_file) if tls_key_file else None,
     }
-    raise typer.Exit(main(config, flags))
+    _exec_supervisor(config, {k: v for k, v in flags.items() if v is not None})
+
+
+def _exec_supervisor(config: Path | None, flags: dict[str, object]) -> NoReturn:
+    """Become the supervisor (`python -m shardq.runtime.supervisor`), keeping this PID.
+
+    The server lives long, and this process holds typer, click and rich, which the
+    supervisor never uses: replaced, it starts without them (about 25 MB less).
+    """
+    argv = [sys.executable, "-m", "shardq.runtime.supervisor", "--flags", json.dumps(flags)]
+    if config is not None:
+        argv += ["--config", str(config)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
 
 
 @app.command("zmq-keygen")

@@ -74,6 +74,11 @@ class ProcessSettings:
     # another task had the CPU, and a sleeping process is woken sooner than a yielding one
     # gets it back. 0 = never cut.
     spin_auto_cut_us: int = 50
+    # Memory given back after a busy period (`_giveback.py`): once a process has been quiet
+    # this long after work (ms; 0 = never), it collects, rebuilds its big dicts and trims the
+    # C heap, if it grew at least `memory_release_grow_mb` since its last release.
+    memory_release_idle_ms: int = 2_000
+    memory_release_grow_mb: int = 8
     # Test-only: a file whose number (seconds) every server process adds to the wall clock,
     # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
     test_clock_file: str = ""

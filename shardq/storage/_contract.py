@@ -192,6 +192,11 @@ class Storage(Protocol):
         return how many went. Leaves the store unchanged if it raises."""
         ...
 
+    def release_memory(self) -> None:
+        """Hand back what the connection caches in this process (SQLite's page cache), when
+        the owner is idle; the store stays usable and refills it on use."""
+        ...
+
     def close(self) -> None:
         """Release the store (idempotent); later calls raise `StorageError`."""
         ...

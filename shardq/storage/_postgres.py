@@ -319,6 +319,9 @@ class PostgresStore(ColdReads):
         own (the lease keeper). Raises `StorageError` if it cannot connect."""
         return _connect(self._url, self._schema, _describe(self._url, self._schema))
 
+    def release_memory(self) -> None:
+        """Nothing to release: PostgreSQL's caches live in the database server."""
+
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise `StorageError`."""
         self._closed = True

@@ -12,19 +12,25 @@ import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
-from sqlite_utils import Database
 
 from shardq.storage._errors import StorageError, wrap_error
 from shardq.storage._progress import migration_step
 from shardq.storage._tx import transaction
+
+if TYPE_CHECKING:
+    # Imported where used (`database`): only a migration or `describe` needs sqlite-utils,
+    # and it costs a server process ~10 MB and its start ~60 ms (click, pluggy, plugins).
+    from sqlite_utils import Database
 
 __all__ = [
     "MIGRATIONS",
     "SYNCHRONOUS_MODES",
     "SchemaInfo",
     "configure",
+    "database",
     "describe",
     "migrate",
     "read_pragmas",
@@ -268,7 +274,7 @@ def _v9_cold_backlog(db: Database) -> None:
     )
 
 
-Migration = Callable[[Database], None]
+Migration = Callable[["Database"], None]
 
 DELTAS_VERSION = 7
 """The schema version that added the `job_deltas` table."""
@@ -289,16 +295,24 @@ MIGRATIONS: list[Migration] = [
 ]
 
 
-def migrate(conn: sqlite3.Connection, db: Database) -> int:
+def database(conn: sqlite3.Connection) -> Database:
+    """sqlite-utils' view of `conn`, for the migrations and `describe`."""
+    from sqlite_utils import Database
+
+    return Database(conn, recursive_triggers=False, execute_plugins=False)
+
+
+def migrate(conn: sqlite3.Connection, db: Database | None = None) -> int:
     """Bring the database up to the newest schema; return its version.
 
-    Safe to call on every open: an up-to-date database is left untouched. Raises
-    `StorageError` if the database was written by a newer shardq (its version is higher
-    than the number of migrations known here), or if a migration fails (that migration is
-    rolled back, earlier ones stay).
+    Safe to call on every open: an up-to-date database is left untouched (and `db`, made
+    from `conn` when not given, is made only if a migration runs). Raises `StorageError` if
+    the database was written by a newer shardq (its version is higher than the number of
+    migrations known here), or if a migration fails (that migration is rolled back, earlier
+    ones stay).
     """
     with transaction(conn, "creating the migrations table"):
-        db.execute(
+        conn.execute(
             "CREATE TABLE IF NOT EXISTS migrations ("
             "version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
@@ -306,7 +320,7 @@ def migrate(conn: sqlite3.Connection, db: Database) -> int:
         # Re-read the version inside each transaction: another process may have migrated
         # between our steps, and the write lock makes the check and the step atomic.
         with transaction(conn, "migrating the schema"):
-            version = _current_version(db)
+            version = _current_version(conn)
             known = len(MIGRATIONS)
             if version > known:
                 raise StorageError(
@@ -315,15 +329,16 @@ def migrate(conn: sqlite3.Connection, db: Database) -> int:
                 )
             if version == known:
                 return version
+            db = db if db is not None else database(conn)
             migration_step("sqlite", version, partial(MIGRATIONS[version], db))
-            db.execute(
+            conn.execute(
                 "INSERT INTO migrations (version, applied_at) VALUES (?, datetime('now'))",
                 [version + 1],
             )
 
 
-def _current_version(db: Database) -> int:
-    (version,) = db.execute("SELECT coalesce(max(version), 0) FROM migrations").fetchone()
+def _current_version(conn: sqlite3.Connection) -> int:
+    (version,) = conn.execute("SELECT coalesce(max(version), 0) FROM migrations").fetchone()
     return int(version)
 
 
@@ -340,8 +355,9 @@ class SchemaInfo:
     """Table name to the column lists of its explicit indexes, sorted."""
 
 
-def describe(db: Database) -> SchemaInfo:
+def describe(conn: sqlite3.Connection) -> SchemaInfo:
     """Read the schema back. Raises `StorageError` if SQLite fails."""
+    db = database(conn)
     try:
         applied = tuple(
             int(v) for (v,) in db.execute("SELECT version FROM migrations ORDER BY version")

@@ -34,7 +34,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
-from sqlite_utils import Database
 
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _schema, _vacuum
@@ -76,7 +75,6 @@ class Store(ColdReads):
     def __init__(
         self,
         conn: sqlite3.Connection,
-        db: Database,
         path: Path,
         version: int,
         cache_records: int = DEFAULT_CACHE_RECORDS,
@@ -84,7 +82,6 @@ class Store(ColdReads):
     ) -> None:
         """Use `Store.open`; this only takes ownership of an already configured connection."""
         self._conn = conn
-        self._db = db
         self._path = path
         self._version = version
         self._packer = msgpack.Packer(use_bin_type=True)
@@ -141,14 +138,13 @@ class Store(ColdReads):
                 cache_mb=cache_mb,
                 mmap_mb=mmap_mb,
             )
-            db = Database(conn, recursive_triggers=False, execute_plugins=False)
-            version = _schema.migrate(conn, db)
+            version = _schema.migrate(conn)
         except Exception as e:
             conn.close()
             if isinstance(e, StorageError):
                 raise type(e)(f"opening {path}: {e}") from e
             raise wrap_error(e, f"opening {path}") from e
-        return cls(conn, db, path, version, cache_records, patch_floor)
+        return cls(conn, path, version, cache_records, patch_floor)
 
     @property
     def path(self) -> Path:
@@ -426,7 +422,12 @@ class Store(ColdReads):
 
         Raises `StorageError` if the read fails.
         """
-        return _schema.describe(self._db)
+        return _schema.describe(self._conn)
+
+    def release_memory(self) -> None:
+        """Free this connection's page cache (`PRAGMA shrink_memory`); up to `cache_mb`."""
+        with self._reading("releasing memory"):
+            self._conn.execute("PRAGMA shrink_memory")
 
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise `StorageError`."""

@@ -134,6 +134,8 @@ VALID_TEXT = {
     "spin_auto_max_us": "300",
     "spin_auto_max_runnable": "3",
     "spin_auto_cut_us": "0",
+    "memory_release_idle_ms": "500",
+    "memory_release_grow_mb": "4",
     "direct_shards": "true",
     "direct_max_connections": "10",
     "stats_rate_window_s": "2",
@@ -258,6 +260,8 @@ spin_us = 200
 spin_auto_max_us = 300
 spin_auto_max_runnable = 3
 spin_auto_cut_us = 0
+memory_release_idle_ms = 500
+memory_release_grow_mb = 4
 direct_shards = true
 direct_max_connections = 10
 stats_rate_window_s = 2
@@ -404,6 +408,8 @@ def test_shards_auto_and_number() -> None:
         ("spin_auto_max_runnable", "4097"),
         ("spin_auto_cut_us", "-1"),
         ("spin_auto_cut_us", "10001"),
+        ("memory_release_idle_ms", "-1"),
+        ("memory_release_grow_mb", "0"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
         ("stats_rate_window_s", "0"),

@@ -25,7 +25,7 @@ from shardq.runtime._spin import (
     spin_policy,
     spin_until,
 )
-from shardq.runtime.writer import Writer
+from shardq.runtime.writer._process import Writer
 from shardq.storage import Store
 
 US = 1e-6

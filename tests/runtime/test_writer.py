@@ -27,8 +27,8 @@ from shardq.runtime._config import ServerConfig
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.links._writer import WriterLink
-from shardq.runtime.writer import Writer
 from shardq.runtime.writer._flush import FULL_REASON, FlushBuffer
+from shardq.runtime.writer._process import Writer
 from shardq.storage import StorageError, StorageFull, Store
 
 WAIT_S = 10.0

@@ -338,7 +338,7 @@ def _v1_database(path: Path, records: list[Rec]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, isolation_level=None)
     _schema.configure(conn, synchronous="normal", max_bytes=None)
-    db = _schema.Database(conn)
+    db = _schema.database(conn)
     real = _schema.MIGRATIONS
     _schema.MIGRATIONS = real[:1]
     try:

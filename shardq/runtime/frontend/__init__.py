@@ -14,6 +14,5 @@ the links;
 replies and job events to the clients; `ready` and `fatal` to the supervisor.
 """
 
-from shardq.runtime.frontend._process import main
-
-__all__ = ["main"]
+# Nothing imported here: `python -m` imports this package before its `__main__`, which
+# must first leave out the optional extras (`shardq.runtime._lean`).

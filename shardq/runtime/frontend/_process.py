@@ -38,6 +38,7 @@ from shardq.protocol._fields import schema_limits
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._curve import read_curve_secret
+from shardq.runtime._giveback import GiveBackSettings, IdleGiveBack, give_back_when_quiet
 from shardq.runtime._logging import configure
 from shardq.runtime._ports import AuthThrottle, descriptor_limit
 from shardq.runtime._spec import ChildSpec
@@ -185,6 +186,10 @@ class Frontend:
             self.loop.create_task(self._read_supervisor()),
             self.loop.create_task(self.zmq.run()),
         ]
+        give_back = GiveBackSettings.of(spec.process)
+        if give_back.enabled:
+            idle = IdleGiveBack(give_back)
+            self._tasks.append(self.loop.create_task(give_back_when_quiet(idle, give_back.idle_s)))
         if self._guard is not None:
             self._tasks.append(self.loop.create_task(self._watch_cluster(self._guard)))
             await self._leases_taken(self._guard)

@@ -18,6 +18,5 @@ once it listens (`fatal` if it cannot). It never talks to a shard or the writer:
 monitoring request cannot slow the queues down.
 """
 
-from shardq.runtime.http._process import main
-
-__all__ = ["main"]
+# Nothing imported here: `python -m` imports this package before its `__main__`, which
+# must first leave out the optional extras (`shardq.runtime._lean`).

@@ -12,6 +12,5 @@ with `direct_shards` on) to the front end; `muts`, `flush` and `sync` to the wri
 `progress` and `fatal` to the supervisor.
 """
 
-from shardq.runtime.shard._process import main
-
-__all__ = ["main"]
+# Nothing imported here: `python -m` imports this package before its `__main__`, which
+# must first leave out the optional extras (`shardq.runtime._lean`).

@@ -10,20 +10,30 @@ So after the job count has halved from a high-water mark of at least `RELEASE_FR
 the shard does all three, once per halving. The check costs one `len` per loop turn; the
 release costs time in proportion to the jobs still held (tens of ms for 50,000) and happens
 a handful of times per drained backlog.
+
+With a head budget (`[engine] head_jobs`) the count never gets near `RELEASE_FROM`, yet the
+shard grows with what it pages in and completes (86 to 209 MB over a drain of 1,000,000, most
+of it pymalloc arenas the completed jobs left half full). So the shard also gives memory back
+once it is quiet after a busy period and grew (`shardq.runtime._giveback.IdleGiveBack`, which
+the front end and the writer use too); both triggers release the same way.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
+import math
 import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-import structlog
-
 from shardq.core import Engine
+from shardq.core._packed import pack_completed
+from shardq.runtime._giveback import (
+    GiveBackSettings,
+    IdleGiveBack,
+    malloc_trim,
+    release,
+    rss_bytes,
+)
 
 __all__ = ["MemoryReturner", "malloc_trim", "release_memory"]
 
@@ -31,44 +41,12 @@ __all__ = ["MemoryReturner", "malloc_trim", "release_memory"]
 # smaller backlog leaves behind is a few tens of MB.
 RELEASE_FROM = 100_000
 
-_log = structlog.get_logger()
 
-
-def _load_trim() -> Callable[[int], int] | None:
-    # glibc only; elsewhere (musl, macOS) the collection and the dict rebuild still help.
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    return trim
-
-
-_TRIM = _load_trim()
-
-
-def malloc_trim() -> bool:
-    """Return the C heap's free memory to the kernel; False where libc has no malloc_trim."""
-    if _TRIM is None:
-        return False
-    _TRIM(0)
-    return True
-
-
-def _rebuild(table: MutableMapping[Any, Any]) -> None:
-    # In place, so every holder of the mapping (a queue shares the engine's job dict) sees
-    # the new table; insertion order is kept, which the ordered ones rely on.
-    items = list(table.items())
-    table.clear()
-    table.update(items)
-
-
-def release_memory(engine: Engine) -> bool:
-    """Collect, rebuild the engine's big tables at their size, and trim the C heap; whether
-    the heap could be trimmed. Also bunqueue's `CompactMemory` command."""
-    gc.collect()
+def compact_engine(engine: Engine) -> list[MutableMapping[Any, Any]]:
+    """Pack the completed jobs not packed yet (`shardq.core._packed`: one record each
+    instead of a graph of objects, decoded on use), and name the engine's dicts that grow
+    with its job count, to rebuild at their size."""
+    pack_completed(engine.jobs, engine.store.completed_order)
     tables: list[MutableMapping[Any, Any]] = [
         engine.jobs,
         engine.store.completed_order,
@@ -79,37 +57,64 @@ def release_memory(engine: Engine) -> bool:
     ]
     for q in engine.queues.values():
         tables += (q.ids, q.dlq)
-    for table in tables:
-        _rebuild(table)
-    return malloc_trim()
+    return tables
+
+
+def release_memory(engine: Engine) -> bool:
+    """Collect, rebuild the engine's big tables at their size, and trim the C heap; whether
+    the heap could be trimmed. Also bunqueue's `CompactMemory` command."""
+    return release(lambda: compact_engine(engine))
 
 
 class MemoryReturner:
-    """Watches the engine's job count and releases memory once it has halved (see above)."""
+    """Releases memory once the job count has halved, or once the shard is quiet after a
+    busy period and grew (see above)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: GiveBackSettings | None = None,
+        on_release: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_release` runs first at each release: the shard closes its backlog's store
+        there (its SQLite page cache goes with it; it reopens on the next page read)."""
         self._engine = engine
         self._high = len(engine.jobs)
-        self.releases = 0
+        self._on_release = on_release
+        self.idle = IdleGiveBack(settings or GiveBackSettings(), self._compact)
 
-    def after_turn(self) -> None:
-        """Call once per loop turn: cheap unless a release is due."""
+    def _compact(self) -> list[MutableMapping[Any, Any]]:
+        if self._on_release is not None:
+            self._on_release()
+        return compact_engine(self._engine)
+
+    @property
+    def releases(self) -> int:
+        """How many releases ran, from either trigger."""
+        return self.idle.releases
+
+    def after_turn(self, worked: bool = True) -> None:
+        """Call once per loop turn (`worked`: it handled a message): cheap unless a release
+        is due."""
+        now = time.monotonic()
+        if worked:
+            self.idle.busy(now)
+        self.idle.check(now)
         held = len(self._engine.jobs)
         if held > self._high:
             self._high = held
         elif self._high >= RELEASE_FROM and held <= self._high // 2:
             self.release(held)
 
+    def poll_timeout(self, timeout_ms: int | None) -> int | None:
+        """`timeout_ms`, shortened to wake when an idle release is due."""
+        due = self.idle.deadline()
+        if due is None:
+            return timeout_ms
+        left = max(0, math.ceil((due - time.monotonic()) * 1000))
+        return left if timeout_ms is None else min(timeout_ms, left)
+
     def release(self, held: int) -> None:
         """Collect, rebuild the engine's big tables at their size, and trim the C heap."""
-        started = time.monotonic()
-        trimmed = release_memory(self._engine)
-        _log.info(
-            "memory released",
-            jobs=held,
-            high_water=self._high,
-            malloc_trim=trimmed,
-            ms=round((time.monotonic() - started) * 1000),
-        )
+        self.idle.release(rss_bytes(), "halved", jobs=held, high_water=self._high)
         self._high = held
-        self.releases += 1

@@ -31,6 +31,7 @@ from shardq.core._handover import forget_queues
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
+from shardq.runtime._giveback import GiveBackSettings
 from shardq.runtime._logging import configure
 from shardq.runtime._ports import connection_cap
 from shardq.runtime._routing import shard_of
@@ -89,7 +90,11 @@ class ShardProcess:
             batch_max_bytes=spec.links.writer_batch_max_bytes,
             batch_max_mutations=spec.links.writer_batch_max_mutations,
         )
-        self._memory = MemoryReturner(engine)
+        self._memory = MemoryReturner(
+            engine,
+            GiveBackSettings.of(spec.process),
+            None if self._backlog is None else self._backlog.close,
+        )
         # Several nodes on one database: this shard holds only its node's partitions
         # (`shard._takeover`); None on SQLite, where a node holds every queue.
         self._holdings: Holdings | None = None
@@ -190,8 +195,10 @@ class ShardProcess:
             spin_us=self.spec.process.spin_us,
         )
         tune_gc()
-        # Recovery decoded every page of records it read: hand that heap back before serving.
+        # Recovery decoded every page of records it read: hand that heap back before serving,
+        # and measure later growth from here.
         malloc_trim()
+        self._memory.idle.rebase()
         self.sup.ready()
         return early
 
@@ -399,7 +406,7 @@ class ShardProcess:
             timeout = self.core.poll_timeout(self.clock.now())
             if self._direct is not None:
                 timeout = self._direct.poll_timeout(timeout)
-            messages = self._wait(timeout)
+            messages = self._wait(self._memory.poll_timeout(timeout))
             self._check_storage()
             now = self.clock.now()
             for msg in messages:
@@ -407,7 +414,7 @@ class ShardProcess:
             self._send(self.core.finish_turn(now))
             if self._report_at is not None:
                 self._report_loaded()
-            self._memory.after_turn()
+            self._memory.after_turn(bool(messages))
 
     def _finish(self) -> None:
         """Send the last batch and wait, within the shutdown timeout, for its commit."""

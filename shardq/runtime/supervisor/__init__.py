@@ -13,6 +13,5 @@ standard input; `shard-down` and `shard-up` to the front end's PULL socket; sign
 children.
 """
 
-from shardq.runtime.supervisor._process import main
-
-__all__ = ["main"]
+# Nothing imported here: `python -m` imports this package before its `__main__`, which
+# must first leave out the optional extras (`shardq.runtime._lean`).

@@ -10,6 +10,5 @@ Receives: `muts`, `flush` and `sync` from every shard on its Unix stream listene
 Sends: `done`, `fail` and `rejected` to each shard; `ready` and `fatal` to the supervisor.
 """
 
-from shardq.runtime.writer._process import Writer, main
-
-__all__ = ["Writer", "main"]
+# Nothing imported here: `python -m` imports this package before its `__main__`, which
+# must first leave out the optional extras (`shardq.runtime._lean`).

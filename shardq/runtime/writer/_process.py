@@ -37,6 +37,7 @@ import zmq
 from shardq.core import Mutation, job_id_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
+from shardq.runtime._giveback import GiveBackSettings, IdleGiveBack
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
@@ -131,6 +132,10 @@ class Writer:
             max_pages_per_step=settings.vacuum_max_pages_per_step,
             clock=clock,
         )
+        # Memory grown by a busy period (decoded batches, SQLite's page cache) goes back once
+        # the writer is idle (`_giveback.py`).
+        give_back = GiveBackSettings.of(spec.process)
+        self._give_back = IdleGiveBack(give_back, self._compact, clock=clock)
         # What the shards send: one handler per kind; False drops the message as malformed.
         self._handlers: dict[object, _Handler] = {
             msgs.MUTS: self._on_muts,
@@ -153,9 +158,12 @@ class Writer:
                 self._serve_links(events)
                 if self._buffer.due(self._clock()):
                     self._flush()
+            if events.keys() - {waker.fileno()}:
+                self._give_back.busy(self._clock())
             # Idle: no batch waits, nor a retry (a message that came this turn made a batch).
             if self._buffer.deadline() is None and self._vacuum.due(self._clock()):
                 self._vacuum.step()
+            self._give_back.check(self._clock())
         return self._shutdown(waker)
 
     def close(self) -> None:
@@ -206,10 +214,21 @@ class Writer:
                 for conn, frame in links.readable(fd):
                     self._handle(frame, conn)
 
+    def _compact(self) -> tuple[()]:
+        """What the writer gives back besides the collection: SQLite's page cache."""
+        try:
+            self._store.release_memory()
+        except StorageError as e:  # only memory was at stake: the next batch will tell
+            log.warning("could not release the store's memory", error=str(e))
+        return ()
+
     def _timeout_ms(self) -> int | None:
         deadline = self._buffer.deadline()
         if deadline is None:
-            deadline = self._vacuum.deadline()
+            deadline = min(
+                (d for d in (self._vacuum.deadline(), self._give_back.deadline()) if d is not None),
+                default=None,
+            )
         if deadline is None:
             return None  # nothing waits: sleep until a message or a signal
         return max(0, math.ceil((deadline - self._clock()) * 1000))

@@ -60,6 +60,17 @@ def test_a_put_replaces_the_whole_record(storage: Storage, form: str) -> None:
     assert list(storage.load_jobs()) == [job("a", seq=9, state="delayed")]
 
 
+def test_releasing_memory_leaves_the_store_as_it_was(storage: Storage) -> None:
+    # What an idle writer does (`runtime/_giveback.py`): SQLite drops its page cache.
+    storage.apply([("put", job("a", seq=1)), ("put", job("b", seq=2))])
+    before = loaded(storage)
+    storage.release_memory()
+    assert loaded(storage) == before
+    storage.apply([("upd", "a", {"state": "active"})])
+    storage.release_memory()
+    assert storage.get_job("a") == job("a", seq=1, state="active")
+
+
 def test_an_update_of_a_job_not_stored_is_skipped(storage: Storage) -> None:
     assert (
         storage.apply([("upd", "ghost", {"state": "active"}), ("delta", "ghost", log_op(1))]) >= 0
