@@ -186,6 +186,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "tcp_idle_timeout_ms": _idle_timeout,
     "spin_us": _spin,
     "spin_auto_max_us": _ranged(1, MAX_SPIN_US),
+    # Up to 1 TiB; 0: no memory budget (every job in memory).
+    "shard_memory_mb": _ranged(0, 1 << 20),
     # -- crash and stats (issue 10): an hour of one-second buckets is plenty for a rate.
     "stats_rate_window_s": _ranged(1, 3600),
     # -- isolation (writer and shard storage)

@@ -52,7 +52,8 @@ class SupervisorSettings:
 
 @dataclass(frozen=True, slots=True)
 class ProcessSettings:
-    """What every child process reads: logging, the stop drain, spinning, the test clock."""
+    """What every child process reads: logging, the stop drain, spinning, the test clock,
+    and the shards' memory budget (which the monitoring reports too)."""
 
     shutdown_timeout_ms: int = 30_000  # bunqueue's SHUTDOWN_TIMEOUT_MS: the active-job drain
     log_format: str = "auto"
@@ -66,6 +67,10 @@ class ProcessSettings:
     # the last one (microseconds). Above a few round trips of one request in flight (130 to
     # 320 us on a 2-core VM), below the gaps of a trickle.
     spin_auto_max_us: int = 500
+    # The memory budget of each shard's resident jobs, in MiB (issue 22; docs/runtime.md,
+    # "The memory budget"): past it the queues with the longest backlogs keep only their
+    # heads in memory and the rest cold, in storage. 0: every job in memory.
+    shard_memory_mb: int = 256
     # Test-only: a file whose number (seconds) every server process adds to the wall clock,
     # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
     test_clock_file: str = ""

@@ -76,11 +76,15 @@ class ShardProcess:
         config = EngineConfig(**spec.engine)
         # Under a head budget the engine pages its cold jobs in through the shard's own store
         # (`shard._backlog`), opened on first use and kept; None keeps every job in memory.
+        # A memory budget (`shard_memory_mb`) installs the head only once the shard's jobs
+        # pass it (`shardq.core._budget`); the store is opened on the first read all the same.
         self._backlog: StoreBacklog | None = None
-        if config.head_jobs:
+        memory = spec.process.shard_memory_mb << 20
+        if config.head_jobs or memory:
             opener = partial(open_storage, spec, capped=False)
-            self._backlog = StoreBacklog(opener, spec.index, config.head_jobs)
-        engine = Engine(config, compact_pulls=True, backlog=self._backlog)
+            logged = config.head_jobs or config.head_min_jobs
+            self._backlog = StoreBacklog(opener, spec.index, logged)
+        engine = Engine(config, compact_pulls=True, backlog=self._backlog, memory_bytes=memory)
         self.core = ShardCore(
             spec.index,
             engine,
@@ -272,16 +276,18 @@ class ShardProcess:
         progress.beat()
         floor = store.completed_floor(self.core.engine.config.max_completed, names)
         progress.beat()
-        head = self.core.engine.head
-        # Under a head budget the cold waiting and delayed jobs stay in storage (paged in).
-        records = store.load_jobs(queues=names, completed_from=floor, hot_only=head is not None)
+        engine = self.core.engine
+        paging = engine.head is not None or engine.memory is not None
+        # Under a head or memory budget the cold waiting and delayed jobs stay in storage
+        # (paged in); a memory budget installs the head if there are any (`restore_cold`).
+        records = store.load_jobs(queues=names, completed_from=floor, hot_only=paging)
         # By shard, not by `names`: a schedule's queue may hold no job or config yet.
         crons = [c for c in store.load_crons() if mine(c["queue"])]
         # Shard 0 owns the webhook registry (shardq.core._webhooks); they belong to no queue.
         hooks = store.load_webhooks() if spec.index == 0 and starting else []
         own = (rec for rec in records if mine(rec["queue"]))
         recovered = self.core.recover(progress.count(own), queues, now, crons, hooks)
-        if head is not None:
+        if paging:
             recovered += self._restore_cold(store, names, now, progress)
         outbox = store.load_flow_outbox()
         self.core.engine.flows.load_outbox(n for n in outbox if mine(n["cq"]))
@@ -300,7 +306,7 @@ class ShardProcess:
         made = self.core.restore_cold(counts, now, store.max_seq())
         cold = sum(c.waiting + c.delayed for c in counts.values())
         _log.info("cold backlog restored", queues=len(counts), cold_jobs=cold,
-                  head_jobs=self.core.engine.config.head_jobs, mutations=made,
+                  head_jobs=self.core.head_jobs(), mutations=made,
                   ms=round((time.monotonic() - started) * 1000))  # fmt: skip
         return made
 
