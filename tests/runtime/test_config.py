@@ -132,6 +132,7 @@ VALID_TEXT = {
     "tcp_idle_timeout_ms": "0",
     "spin_us": "200",
     "spin_auto_max_us": "300",
+    "shard_memory_mb": "64",
     "direct_shards": "true",
     "direct_max_connections": "10",
     "stats_rate_window_s": "2",
@@ -252,6 +253,7 @@ max_frame_bytes = 1024
 tcp_idle_timeout_ms = 0
 spin_us = 200
 spin_auto_max_us = 300
+shard_memory_mb = 64
 direct_shards = true
 direct_max_connections = 10
 stats_rate_window_s = 2
@@ -392,6 +394,7 @@ def test_shards_auto_and_number() -> None:
         ("spin_us", "automatic"),
         ("spin_auto_max_us", "0"),
         ("spin_auto_max_us", "10001"),
+        ("shard_memory_mb", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
         ("stats_rate_window_s", "0"),

@@ -296,8 +296,8 @@ class ShardProcess:
         return progress.loaded, len(queues), recovered
 
     def _restore_cold(self, store: Storage, names: set[str], now: int, progress: Progress) -> int:
-        """Under a head budget: each queue's cold counts to the engine, which pages its heads
-        in. Returns the mutations that made (hot jobs sorting after a head go cold)."""
+        """Under a head or memory budget: each queue's cold counts to the engine, which pages
+        its heads in. Returns the mutations that made (hot jobs sorting after a head go cold)."""
         started = time.monotonic()
         counts = {}
         for name in sorted(names):
@@ -305,6 +305,8 @@ class ShardProcess:
             progress.beat()
         made = self.core.restore_cold(counts, now, store.max_seq())
         cold = sum(c.waiting + c.delayed for c in counts.values())
+        if not cold and self.core.engine.head is None:
+            return made  # a memory budget never passed: nothing cold, no head
         _log.info("cold backlog restored", queues=len(counts), cold_jobs=cold,
                   head_jobs=self.core.head_jobs(), mutations=made,
                   ms=round((time.monotonic() - started) * 1000))  # fmt: skip
