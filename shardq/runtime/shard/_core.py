@@ -38,7 +38,7 @@ from shardq.runtime.shard._commands import (
 )
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
-from shardq.runtime.shard._memory import release_memory
+from shardq.runtime.shard._memory import BudgetCheck, release_memory
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
 from shardq.runtime.shard._writer_batches import Item, WriterBatches
 
@@ -113,7 +113,8 @@ class ShardCore:
             hard_max_bytes=frame_max_bytes - _MESSAGE_ROOM,
         )
         self._tick_after = 0  # no timer pass before this time (ms): the last one raised
-        self._memory_over = False  # the memory budget's `over`, as last logged
+        # Under a memory budget, its check after each turn (`_memory.BudgetCheck`).
+        self._budget = BudgetCheck(index, engine, self._absorb)
         self._finished: set[str] = set()
         self.polls = LongPolls()
         engine.cron.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
@@ -242,7 +243,7 @@ class ShardCore:
         batch holding its job was handed to the writer.
         """
         self.event_tap.now = now
-        for step in (self._tick, self._serve_polls, self._serve_waits, self._fit):
+        for step in (self._tick, self._serve_polls, self._serve_waits, self._budget.fit):
             try:
                 step(now)
             except Exception:
@@ -285,26 +286,6 @@ class ShardCore:
             events, muts = self.engine.tick(now)
             self._tick_after = 0
             self._absorb(muts, events)
-
-    def _fit(self, now: int) -> None:
-        """Under a memory budget: the engine's check after each turn (`core._budget`), which
-        sends the longest backlogs' tails cold once the shard's jobs pass the budget."""
-        memory = self.engine.memory
-        if memory is None:
-            return
-        muts = memory.check(now)
-        if muts:
-            self._absorb(muts, ())
-        if memory.over is self._memory_over:
-            return
-        self._memory_over = memory.over
-        if memory.over:
-            event, log = "memory budget passed by jobs that stay in memory", _log.warning
-        else:
-            event, log = "memory budget kept again", _log.info
-        log(event, shard=self.index, budget_mb=memory.budget >> 20,
-            estimate_mb=memory.resident_bytes() >> 20, jobs=len(self.engine.jobs),
-            head_jobs=self.head_jobs())  # fmt: skip
 
     def _flush_mutations(self, out: list[Outgoing]) -> None:
         if self._muts or self._durable:
