@@ -123,11 +123,6 @@ class MemoryBudget:
         """The estimate of what the resident jobs take."""
         return len(self.engine.store.jobs) * self.job_estimate
 
-    def head_jobs(self) -> int:
-        """The head size in force (0: no head installed, every job in memory)."""
-        head = self.engine.head
-        return head.budget if head is not None else 0
-
     # -- what the runtime calls ------------------------------------------------------------
 
     def check(self, now: int) -> list[Mutation]:
