@@ -1,23 +1,43 @@
 """The head budget's cost and gain: a large backlog on one shard, with the budget off and on.
 
     python -m bench.head_budget [--jobs 1000000] [--batch 1000] [--shards 2]
-                                [--head-jobs 0 1000] [--settle 5] [--dir DIR] [--json PATH]
+                                [--head-jobs 0 1000] [--shardq [LABEL=]PATH ...] [--repeat 1]
+                                [--drain-max N] [--drain-timeout S] [--sample-every 0.5]
+                                [--trace-every 10] [--settle 5] [--vacuum-wait 0]
+                                [--dir DIR] [--json PATH]
 
-For each `--head-jobs` value (0: no budget, every job in memory; above 0: `[engine] head_jobs`,
-given as `SHARDQ_ENGINE_HEAD_JOBS`), on a fresh data directory:
+Each run is one server on a fresh data directory: this checkout's server for each `--head-jobs`
+value (0: no budget, every job in memory; above 0: `[engine] head_jobs`, given as
+`SHARDQ_ENGINE_HEAD_JOBS`), and another build's `shardq` for each `--shardq` (run as is, with
+no `SHARDQ_ENGINE_HEAD_JOBS` in its environment: a build from before the budget has no such
+key). Other builds run first, then the budgets; `--repeat 2` runs the list again in reverse
+order (A B B A), so a drift of the machine's load falls on both sides. Each run:
 
 1. start `shardq start --shards N` and push `--jobs` small jobs (`{"i": n}`) with PUSHB of
    `--batch` (4 in flight) over 4 queues that all hash to shard 0;
 2. stop it with SIGTERM and start it again on the same data: the time from the new
    supervisor's start to the first answered `Ping` on the TCP port is the restart time;
-3. drain every queue with PULLB of `--batch` and ACKB.
+3. drain the queues with PULLB of `--batch` and ACKB, queue after queue: all of them, or with
+   `--drain-max` that many jobs (a quarter from each queue), and never past `--drain-timeout`.
 
-At each moment (after the push, after the restart, after the drain, `--settle` seconds later)
-the RSS of every process is read from /proc, and the database size (file, WAL, shared
-memory); at the end each process's peak RSS (`VmHWM`) of the second run, and the first run's
-peaks at its end. The runs reuse `bench.recovery`'s server, push and drain.
+At each moment (after the push, after the restart, after the drain, `--settle` seconds later,
+and stopped) the RSS of every process is read from /proc, and the database size (file, WAL,
+shared memory). Each process's `VmHWM` (its peak) is read before each SIGTERM. A sampler thread
+reads every process's RSS every `--sample-every` seconds through the whole run (its start, the
+push, the stop, the restart, the drain, the final stop): the largest value seen per phase and
+process is kept, so a short peak of a process that has exited since is seen too. Every
+`--trace-every` seconds it also notes the RSS and the database size (stderr and the JSON), to
+show what grows with the backlog.
 
-Progress goes to stderr, the results as a table to stdout (and JSON with `--json`).
+With `--vacuum-wait S` (0: off), after the drain it waits up to S seconds for the writer's
+idle vacuum to give the disk back (`bench._vacuum_wait`): for a `vacuum done` log line that
+came after the drain. It records the seconds from the drain's end to that line (`vacuum_s`,
+"-" if none came in time; 0 if no pass started: the vacuum kept up with the drain), the
+database size then, and each process's CPU seconds after the drain and then; `--settle` counts
+from there.
+
+Progress goes to stderr, the results as tables to stdout (and JSON with `--json`, rewritten
+after every run).
 """
 
 from __future__ import annotations
@@ -29,59 +49,198 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.recovery import Server, db_mb, drain, pick_queues, push
+from bench._vacuum_wait import cpu_s, wait_for_vacuum
+from bench.recovery import Server, _children, _cmdline, db_mb, pick_queues, push, rss_by_role
+from shardq.client import TcpConnection
 
 PHASES = ("rss_after_push", "rss_after_restart", "rss_after_drain", "rss_settled")
+DB_MOMENTS = ("db_mb_after_push", "db_mb_after_restart", "db_mb_after_drain", "db_mb_vacuumed",
+              "db_mb_settled", "db_mb_after_stop")  # fmt: skip
+SAMPLED = ("push", "stop", "restart", "drain", "settle")
 
 
-def run_budget(args: argparse.Namespace, head_jobs: int) -> dict[str, Any]:
-    """One full run (push, restart, drain) with `head_jobs` (0: no budget)."""
+@dataclass(frozen=True)
+class Build:
+    """What one run starts: this checkout with a head budget, or another build's `shardq`."""
+
+    label: str
+    head_jobs: int | None  # None: another build, run with no budget key
+    command: list[str] | None = None
+
+    def env(self) -> dict[str, str]:
+        if self.head_jobs is None:
+            return {"SHARDQ_ENGINE_HEAD_JOBS": ""}  # "" removes it from the environment
+        return {"SHARDQ_ENGINE_HEAD_JOBS": str(self.head_jobs)}
+
+
+class Sampler(threading.Thread):
+    """Reads the RSS of the running server's processes (the harness's child that runs
+    `start`, and its children) every `every` seconds; keeps the largest per phase and role."""
+
+    def __init__(self, data_dir: Path, every: float, trace_every: float, label: str) -> None:
+        super().__init__(daemon=True)
+        self.data_dir, self.every, self.trace_every, self.label = (
+            data_dir, every, trace_every, label)  # fmt: skip
+        self.phase = "push"
+        self.peaks: dict[str, dict[str, float]] = {}
+        self.trace: list[dict[str, Any]] = []
+        self.samples = 0
+        self._done = threading.Event()
+        self._t0 = time.monotonic()
+
+    def run(self) -> None:
+        next_trace = self._t0
+        while not self._done.wait(self.every):
+            rss = _server_rss()
+            if rss is None:
+                continue
+            self.samples += 1
+            peak = self.peaks.setdefault(self.phase, {})
+            for role, mb in rss.items():
+                peak[role] = max(peak.get(role, 0.0), mb)
+            now = time.monotonic()
+            if self.trace_every > 0 and now >= next_trace:
+                next_trace = now + self.trace_every
+                point = {"t": round(now - self._t0, 1), "phase": self.phase, "rss": rss,
+                         "db_mb": db_mb(self.data_dir)}  # fmt: skip
+                self.trace.append(point)
+                _note(
+                    f"{self.label} {self.phase} t={point['t']} s db={point['db_mb']} MB rss={rss}"
+                )
+
+    def close(self) -> dict[str, dict[str, float]]:
+        self._done.set()
+        self.join(timeout=30)
+        return self.peaks
+
+
+def _server_rss() -> dict[str, float] | None:
+    for pid in _children(os.getpid()):
+        if " start " in _cmdline(pid):
+            return rss_by_role(pid)
+    return None
+
+
+def drain_some(
+    port: int, queues: list[str], batch: int, limit: int, timeout: float
+) -> tuple[int, float, bool]:
+    """PULLB + ACKB queue after queue, at most `limit` jobs in all (0: every job; a quarter of
+    it from each queue) and never past `timeout` seconds: (drained, jobs per second, timed out)."""
+    start = time.perf_counter()
+    deadline, done, timed_out = start + timeout, 0, False
+    per_queue = -(-limit // len(queues)) if limit else 0
+    with TcpConnection("127.0.0.1", port, timeout=300) as conn:
+        for queue in queues:
+            taken = 0
+            while not per_queue or taken < per_queue:
+                if time.perf_counter() > deadline:
+                    timed_out = True
+                    break
+                count = batch if not per_queue else min(batch, per_queue - taken)
+                reply = conn.call({"cmd": "PULLB", "queue": queue, "count": count})
+                if not reply["jobs"]:
+                    break
+                ids = [job["id"] for job in reply["jobs"]]
+                ack: dict[str, Any] = {"cmd": "ACKB", "ids": ids}
+                if reply.get("tokens"):
+                    ack["tokens"] = reply["tokens"]
+                conn.call(ack)
+                taken += len(ids)
+            done += taken
+    return done, done / max(time.perf_counter() - start, 1e-9), timed_out
+
+
+def run_one(args: argparse.Namespace, build: Build) -> dict[str, Any]:
+    """One full run (push, restart, drain) of `build`."""
     data_dir = Path(tempfile.mkdtemp(prefix="shardq-head-", dir=args.dir))
-    queues = pick_queues("one", args.shards)
-    env = {"SHARDQ_ENGINE_HEAD_JOBS": str(head_jobs)}
-    row: dict[str, Any] = {"head_jobs": head_jobs, "jobs": args.jobs, "queues": queues}
-    shards = str(args.shards)
+    row: dict[str, Any] = {"label": build.label, "head_jobs": build.head_jobs, "jobs": args.jobs,
+                           "command": build.command, "queues": pick_queues("one", args.shards),
+                           "load_before": os.getloadavg()}  # fmt: skip
+    sampler = Sampler(data_dir, args.sample_every, args.trace_every, build.label)
+    sampler.start()
+    servers: list[Server] = []
     try:
-        first = Server(data_dir, shards, args.ready_timeout, 1, env=env)
-        if first.error:
-            raise RuntimeError(f"first start: {first.error}")
-        _note(f"head_jobs={head_jobs}: pushing {args.jobs:,} jobs")
-        row["push_jobs_per_s"] = round(push(first.tcp_port, queues, args.jobs, args.batch))
-        row["rss_after_push"] = first.rss_mb()
-        row["db_mb_after_push"] = db_mb(data_dir)
-        row["peak_first_run"] = first.rss_mb("VmHWM")
-        row["load_after_push"] = os.getloadavg()
-        row["stop_exit"] = first.stop()
-        _note(f"head_jobs={head_jobs}: restarting")
-        second = Server(data_dir, shards, args.ready_timeout, 2, probe_ready=True, env=env)
-        row["ready_s"] = None if second.ready_s is None else round(second.ready_s, 2)
-        if second.ping is not None and second.ping.answered_s is not None:
-            row["first_ping_s"] = round(second.ping.answered_s, 2)
-        if second.error:
-            row["error"] = f"restart: {second.error}"
-            second.stop()
-            return row
-        row["rss_after_restart"] = second.rss_mb()
-        _note(f"head_jobs={head_jobs}: first Ping after {row.get('first_ping_s')} s; draining")
-        drained, rate = drain(second.tcp_port, queues, args.batch)
-        row["drained"], row["drain_jobs_per_s"] = drained, round(rate)
-        row["rss_after_drain"] = second.rss_mb()
-        row["db_mb_after_drain"] = db_mb(data_dir)
-        time.sleep(args.settle)
-        row["rss_settled"] = second.rss_mb()
-        row["db_mb_settled"] = db_mb(data_dir)
-        row["peak_second_run"] = second.rss_mb("VmHWM")
-        row["load_settled"] = os.getloadavg()
-        row["final_exit"] = second.stop()
-        row["db_mb_after_stop"] = db_mb(data_dir)
+        _push_and_restart(args, build, data_dir, row, sampler, servers)
+    except Exception as e:  # a failed run is reported in its row; the next run goes on
+        row["error"] = f"{type(e).__name__}: {e}"
     finally:
+        for server in servers:
+            server.stop()
+        row["sampled_peaks"] = sampler.close()
+        row["samples"], row["trace"] = sampler.samples, sampler.trace
         if not args.keep:
             shutil.rmtree(data_dir, ignore_errors=True)
     return row
+
+
+def _push_and_restart(
+    args: argparse.Namespace,
+    build: Build,
+    data_dir: Path,
+    row: dict[str, Any],
+    sampler: Sampler,
+    servers: list[Server],
+) -> None:
+    shards, queues, env = str(args.shards), row["queues"], build.env()
+    first = Server(data_dir, shards, args.ready_timeout, 1, env=env, command=build.command)
+    servers.append(first)
+    if first.error:
+        raise RuntimeError(f"{build.label} first start: {first.error}")
+    _note(f"{build.label}: pushing {args.jobs:,} jobs")
+    row["push_jobs_per_s"] = round(push(first.tcp_port, queues, args.jobs, args.batch))
+    row["rss_after_push"] = first.rss_mb()
+    row["db_mb_after_push"] = db_mb(data_dir)
+    row["peak_first_run"] = first.rss_mb("VmHWM")
+    row["load_after_push"] = os.getloadavg()
+    sampler.phase = "stop"
+    t0 = time.monotonic()
+    row["stop_exit"] = first.stop()
+    row["stop_s"] = round(time.monotonic() - t0, 2)
+    _note(f"{build.label}: stopped in {row['stop_s']} s; restarting")
+    sampler.phase = "restart"
+    second = Server(data_dir, shards, args.ready_timeout, 2, probe_ready=True, env=env,
+                    command=build.command)  # fmt: skip
+    servers.append(second)
+    row["ready_s"] = None if second.ready_s is None else round(second.ready_s, 2)
+    if second.ping is not None and second.ping.answered_s is not None:
+        row["first_ping_s"] = round(second.ping.answered_s, 2)
+    if second.error:
+        row["error"] = f"restart: {second.error}"
+        return
+    row["rss_after_restart"] = second.rss_mb()
+    row["db_mb_after_restart"] = db_mb(data_dir)
+    row["load_after_restart"] = os.getloadavg()
+    _note(f"{build.label}: first Ping after {row.get('first_ping_s')} s; draining")
+    sampler.phase = "drain"
+    drained, rate, timed_out = drain_some(
+        second.tcp_port, queues, args.batch, args.drain_max, args.drain_timeout
+    )
+    drained_at = time.time()
+    row["drained"], row["drain_jobs_per_s"] = drained, round(rate)
+    if timed_out:
+        row["drain_timed_out"] = True
+    row["rss_after_drain"] = second.rss_mb()
+    row["db_mb_after_drain"] = db_mb(data_dir)
+    row["load_after_drain"] = os.getloadavg()
+    row["cpu_s_after_drain"] = cpu_s(second.proc.pid)
+    if args.vacuum_wait > 0:
+        row["vacuum_s"] = wait_for_vacuum(second.log_path, drained_at, args.vacuum_wait)
+        row["db_mb_vacuumed"] = db_mb(data_dir)
+        row["cpu_s_vacuumed"] = cpu_s(second.proc.pid)
+    sampler.phase = "settle"
+    time.sleep(args.settle)
+    row["rss_settled"] = second.rss_mb()
+    row["db_mb_settled"] = db_mb(data_dir)
+    row["peak_second_run"] = second.rss_mb("VmHWM")
+    row["load_settled"] = os.getloadavg()
+    row["final_exit"] = second.stop()
+    row["db_mb_after_stop"] = db_mb(data_dir)
 
 
 def _note(text: str) -> None:
@@ -92,54 +251,107 @@ def _mb(value: object) -> str:
     return f"{value:,.0f}" if isinstance(value, int | float) else "-"
 
 
+def _s(value: object) -> str:
+    return f"{value:g}" if isinstance(value, int | float) else "-"
+
+
+def _largest(rss: dict[str, float] | None) -> float | None:
+    return max((v for n, v in (rss or {}).items() if n != "total"), default=None)
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("| head_jobs | jobs | push jobs/s | first Ping s | drain jobs/s"
+    print("| run | jobs | push jobs/s | first Ping s | drained | drain jobs/s"
           " | RSS total MB push / restart / drain / settled | largest process MB, same"
-          " | peak process MB (run 1 / run 2) | DB MB push / drain / stopped |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---|---|---|---|")
+          " | peak process MB (VmHWM run 1 / run 2; sampled) | DB MB push / restart / drain"
+          " / vacuumed / settled / stopped | vacuum done s after drain |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---|---|---|---|---:|")
     for r in rows:
         total = " / ".join(_mb(r.get(k, {}).get("total")) for k in PHASES)
-        largest = " / ".join(
-            _mb(max((v for n, v in r.get(k, {}).items() if n != "total"), default=None))
-            for k in PHASES
-        )
-        peaks = " / ".join(
-            _mb(max((v for n, v in r.get(k, {}).items() if n != "total"), default=None))
-            for k in ("peak_first_run", "peak_second_run")
-        )
-        db = " / ".join(
-            _mb(r.get(k)) for k in ("db_mb_after_push", "db_mb_after_drain", "db_mb_after_stop")
-        )
-        print(f"| {r['head_jobs']} | {r['jobs']:,} | {r.get('push_jobs_per_s', '-')} | "
-              f"{r.get('first_ping_s', '-')} | {r.get('drain_jobs_per_s', '-')} | {total} | "
-              f"{largest} | {peaks} | {db} |")  # fmt: skip
+        largest = " / ".join(_mb(_largest(r.get(k))) for k in PHASES)
+        sampled = max((_largest(p) or 0 for p in r.get("sampled_peaks", {}).values()), default=0)
+        peaks = " / ".join(_mb(_largest(r.get(k))) for k in ("peak_first_run", "peak_second_run"))
+        db = " / ".join(_mb(r.get(k)) for k in DB_MOMENTS)
+        print(f"| {r['label']} | {r['jobs']:,} | {r.get('push_jobs_per_s', '-')} | "
+              f"{r.get('first_ping_s', '-')} | {r.get('drained', '-')} | "
+              f"{r.get('drain_jobs_per_s', '-')} | {total} | {largest} | {peaks}; "
+              f"{_mb(sampled)} | {db} | {_s(r.get('vacuum_s'))} |")  # fmt: skip
         if "error" in r:
-            print(f"\nhead_jobs={r['head_jobs']}: {r['error']}\n")
+            print(f"\n{r['label']}: {r['error']}\n")
+    print("\n| run | phase | " + " | ".join(("supervisor", "writer", "shard0", "shard1",
+                                            "frontend", "http", "total")) + " |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        for phase in SAMPLED:
+            peak = r.get("sampled_peaks", {}).get(phase)
+            if peak:
+                cells = " | ".join(_mb(peak.get(k)) for k in ("supervisor", "writer", "shard0",
+                                   "shard1", "frontend", "http", "total"))  # fmt: skip
+                print(f"| {r['label']} | {phase} | {cells} |")
     for r in rows:
         for key in (*PHASES, "peak_first_run", "peak_second_run"):
             if key in r:
-                print(f"# head_jobs={r['head_jobs']} {key}: {r[key]}")
-        for key in ("load_after_push", "load_settled"):
+                print(f"# {r['label']} {key}: {r[key]}")
+        for key in ("cpu_s_after_drain", "cpu_s_vacuumed"):
             if key in r:
-                print(f"# head_jobs={r['head_jobs']} {key}: {[round(x, 2) for x in r[key]]}")
+                print(f"# {r['label']} {key}: {r[key]}")
+        for key in ("load_before", "load_after_push", "load_after_restart", "load_after_drain",
+                    "load_settled"):  # fmt: skip
+            if key in r:
+                print(f"# {r['label']} {key}: {[round(x, 2) for x in r[key]]}")
+        print(
+            f"# {r['label']} stop_s={r.get('stop_s')} ready_s={r.get('ready_s')} "
+            f"samples={r.get('samples')} drain_timed_out={r.get('drain_timed_out', False)}"
+        )
+
+
+def builds(args: argparse.Namespace) -> list[Build]:
+    """The runs in order: other builds, then the budgets; repeated in reverse order."""
+    once: list[Build] = []
+    for spec in args.shardq:
+        label, _, path = spec.rpartition("=")
+        once.append(Build(label or f"{Path(path).parent.parent.parent.name or path} (none)",
+                          None, [path]))  # fmt: skip
+    once += [Build(f"head_jobs={h}", h) for h in args.head_jobs]
+    out: list[Build] = []
+    for k in range(args.repeat):
+        out += once if k % 2 == 0 else once[::-1]
+    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=1_000_000)
-    parser.add_argument("--batch", type=int, default=1000)
-    parser.add_argument("--shards", type=int, default=2)
-    parser.add_argument("--head-jobs", type=int, nargs="+", default=[0, 1000])
-    parser.add_argument("--settle", type=float, default=5.0, help="seconds before the last RSS")
-    parser.add_argument("--ready-timeout", type=float, default=900.0)
-    parser.add_argument("--dir", help="where the data directories go (default: the temp dir)")
-    parser.add_argument("--keep", action="store_true", help="keep the data directories")
-    parser.add_argument("--json", dest="json_path")
+    add = parser.add_argument
+    add("--jobs", type=int, default=1_000_000)
+    add("--batch", type=int, default=1000)
+    add("--shards", type=int, default=2)
+    add("--head-jobs", type=int, nargs="*", default=[0, 1000])
+    add(
+        "--shardq",
+        action="append",
+        default=[],
+        metavar="[LABEL=]PATH",
+        help="another build's shardq executable, run with no budget (repeatable)",
+    )
+    add("--repeat", type=int, default=1, help="run the list this many times (A B, B A, ...)")
+    add("--drain-max", type=int, default=0, help="drain at most this many jobs (0: all)")
+    add("--drain-timeout", type=float, default=3600.0, help="stop draining after this long")
+    add("--sample-every", type=float, default=0.5, help="seconds between RSS samples")
+    add("--trace-every", type=float, default=0.0, help="seconds between trace points (0: none)")
+    add("--settle", type=float, default=5.0, help="seconds before the last RSS")
+    add("--vacuum-wait", type=float, default=0.0, help="seconds to wait for the idle vacuum")
+    add("--ready-timeout", type=float, default=900.0)
+    add("--dir", help="where the data directories go (default: the temp dir)")
+    add("--keep", action="store_true", help="keep the data directories")
+    add("--json", dest="json_path")
     args = parser.parse_args(argv)
-    if args.jobs < 1 or args.batch < 1 or args.shards < 1:
-        parser.error("--jobs, --batch and --shards must be at least 1")
-    if any(h < 0 for h in args.head_jobs) or args.settle < 0:
-        parser.error("--head-jobs and --settle must not be negative")
+    if min(args.jobs, args.batch, args.shards, args.repeat) < 1:
+        parser.error("--jobs, --batch, --shards and --repeat must be at least 1")
+    if any(h < 0 for h in args.head_jobs) or min(args.settle, args.drain_max, args.vacuum_wait) < 0:
+        parser.error("--head-jobs, --drain-max, --settle and --vacuum-wait must not be negative")
+    if args.sample_every <= 0 or args.drain_timeout <= 0:
+        parser.error("--sample-every and --drain-timeout must be above 0")
+    if not args.head_jobs and not args.shardq:
+        parser.error("nothing to run: give --head-jobs or --shardq")
     return args
 
 
@@ -147,11 +359,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(f"# python {platform.python_version()}, {os.cpu_count()} CPUs, {args.shards} shards, "
           f"jobs={args.jobs}, batch={args.batch}, all on shard 0's queues")  # fmt: skip
-    rows = [run_budget(args, head) for head in args.head_jobs]
+    rows: list[dict[str, Any]] = []
+    for build in builds(args):
+        rows.append(run_one(args, build))
+        if args.json_path:
+            with open(args.json_path, "w") as fh:
+                json.dump({"cpus": os.cpu_count(), "shards": args.shards, "rows": rows}, fh,
+                          indent=2)  # fmt: skip
     print_table(rows)
-    if args.json_path:
-        with open(args.json_path, "w") as fh:
-            json.dump({"cpus": os.cpu_count(), "shards": args.shards, "rows": rows}, fh, indent=2)
     return 1 if any("error" in r for r in rows) else 0
 
 

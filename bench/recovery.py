@@ -123,22 +123,33 @@ class Server:
         run: int,
         probe_ready: bool = False,
         env: dict[str, str] | None = None,
+        command: list[str] | None = None,
     ) -> None:
+        """`command` runs another build's server (e.g. `["/path/.venv/bin/shardq"]`) in place
+        of this checkout's `python -m shardq_cli.main`; `env` is added to (or, a key with the
+        value "", removed from) this process's environment."""
         self.data_dir = data_dir
         self.tcp_port = free_port()
         http_port = free_port() if probe_ready else 0
         self.log_path = data_dir / f"server-{run}.log"
         self._log: IO[bytes] = open(self.log_path, "wb")  # noqa: SIM115
+        prefix = command or [sys.executable, "-m", "shardq_cli.main"]
         args = [
-            sys.executable, "-m", "shardq_cli.main", "start",
+            *prefix, "start",
             "--host", "127.0.0.1", "--tcp-port", str(self.tcp_port),
             "--zmq-port", str(free_port()), "--http-port", str(http_port),
             "--data-path", str(data_dir / "shardq.db"),
             "--shards", shards, "--log-format", "json",
         ]  # fmt: skip
         self.started = time.monotonic()
-        environ = {**os.environ, **(env or {})}
-        self.proc = subprocess.Popen(args, stderr=self._log, stdout=subprocess.DEVNULL, env=environ)
+        environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if v != ""}
+        # Another build runs from its data directory: its children are started with
+        # `python -m`, which puts the working directory first on sys.path, and from this
+        # checkout they would import this checkout's package, not their own.
+        cwd = data_dir if command else None
+        self.proc = subprocess.Popen(
+            args, stderr=self._log, stdout=subprocess.DEVNULL, env=environ, cwd=cwd
+        )
         self.probe = ReadyProbe(http_port, self.started, ready_timeout) if probe_ready else None
         self.ping = PingProbe(self.tcp_port, self.started, ready_timeout) if probe_ready else None
         for probe in (self.probe, self.ping):
@@ -173,16 +184,7 @@ class Server:
     def rss_mb(self, field: str = "VmRSS") -> dict[str, float]:
         """RSS of the supervisor and each child, in MB, keyed by role (shards numbered);
         with `field="VmHWM"`, each process's peak RSS so far."""
-        out = {"supervisor": _rss_mb(self.proc.pid, field)}
-        shards = 0
-        for pid in sorted(_children(self.proc.pid)):
-            cmd = _cmdline(pid)
-            role = next((r for m, r in ROLES.items() if m in cmd), f"pid{pid}")
-            if role == "shard":
-                role, shards = f"shard{shards}", shards + 1
-            out[role] = _rss_mb(pid, field)
-        out["total"] = round(sum(out.values()), 1)
-        return out
+        return rss_by_role(self.proc.pid, field)
 
     def stop(self, timeout: float = 300.0) -> int:
         if self.proc.poll() is None:
@@ -194,6 +196,21 @@ class Server:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+def rss_by_role(supervisor: int, field: str = "VmRSS") -> dict[str, float]:
+    """RSS in MB of a supervisor and its children, keyed by role (shards numbered in PID
+    order), with their total."""
+    out = {"supervisor": _rss_mb(supervisor, field)}
+    shards = 0
+    for pid in sorted(_children(supervisor)):
+        cmd = _cmdline(pid)
+        role = next((r for m, r in ROLES.items() if m in cmd), f"pid{pid}")
+        if role == "shard":
+            role, shards = f"shard{shards}", shards + 1
+        out[role] = _rss_mb(pid, field)
+    out["total"] = round(sum(out.values()), 1)
+    return out
 
 
 def _children(pid: int) -> list[int]:

@@ -108,6 +108,9 @@ class ColdBacklog(Protocol):
     def cold_counts(self, queue: str) -> ColdCounts:
         """The queue's stored cold waiting and delayed jobs (a shard's start)."""
 
+    def cold_priorities(self, queue: str) -> Mapping[int | float, int]:
+        """The stored cold ungrouped waiting and cold delayed jobs of `queue` by priority."""
+
     def get_job(self, job_id: str) -> Record | None:
         """The stored record whose row key is `job_id`, or None."""
 

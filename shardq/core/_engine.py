@@ -50,6 +50,7 @@ from shardq.protocol._schema import REGISTRY, Checker, Command
 from ._admin import QueueAdmin
 from ._budget import MemoryBudget
 from ._cold import ColdBacklog
+from ._cold_wide import WIDE, ColdWide
 from ._config import EngineConfig
 from ._consume import Consumer
 from ._control import JobControl
@@ -58,10 +59,11 @@ from ._dlq import DeadLetters
 from ._effects import Effects, Event, Outcome
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, Flows
 from ._group_ops import GROUP_COMMANDS, JobGroups
-from ._head import WIDE, ColdHead
+from ._head import ColdHead
 from ._introspect import Introspection
 from ._limits import QueueLimiter
 from ._mutations import Mutation, Record
+from ._pager import park_marked
 from ._produce import Producer
 from ._query import Queries
 from ._state import JobStore
@@ -277,6 +279,11 @@ class Engine:
         self.find = store.find
         store.cold_lookup = head.look_up
         store.cold_owner = head.owner_of
+        wide = ColdWide(head)  # the queue-wide commands read the backlog, never page it in
+        for name in WIDE:
+            route = self.registry[name]
+            self.registry[name] = route._replace(handler=wide.wrap(name, route.handler))
+        self.restore = self._restore_head  # type: ignore[method-assign]
         self.apply = self._apply_head  # type: ignore[method-assign]
         self.tick = self._tick_head  # type: ignore[method-assign]
         self.release = self._release_head  # type: ignore[method-assign]
@@ -284,13 +291,25 @@ class Engine:
     def _apply_head(self, command: Mapping[str, Any], now: int, conn: str | None = None) -> Outcome:
         head = self.head
         assert head is not None
-        name = command.get("cmd")
-        if name in WIDE:
-            queue = command.get("queue")
-            head.widen(queue if isinstance(queue, str) else None)
         fx = Engine.apply(self, command, now, conn)
         head.settle(fx.mutations, int(now))
         return fx
+
+    def _restore_head(
+        self,
+        records: Iterable[Record],
+        queues: Mapping[str, Mapping[str, Any]],
+        now: int,
+        **kwargs: Any,
+    ) -> list[Mutation]:
+        """`restore`, and a job restored from a row still marked cold (paged in, then moved
+        on: `HOT_SET`) is watched as one paged in: should it leave memory, no read that
+        lags may bring it back from that row (`Pager.sweep`)."""
+        assert self.head is not None
+        marked: list[Record] = []
+        mutations = Engine.restore(self, park_marked(records, marked), queues, now, **kwargs)
+        self.head.watch_restored(marked)
+        return mutations
 
     def _tick_head(self, now: int) -> tuple[list[Event], list[Mutation]]:
         assert self.head is not None

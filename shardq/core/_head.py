@@ -18,8 +18,8 @@ What is kept in memory, per queue (`QueueHead`):
   `page_delayed`), and a pull that empties the heap pages in before it answers.
 - Lookups of a job the engine does not hold (`find`: GetJob, custom ids, uniqueKey owners,
   Promote, ChangePriority, ACK ...) bring it in from the backlog; unchanged at the end of the
-  command, it leaves again without a write. Queue-wide commands (`WIDE`) page the queue's
-  whole cold backlog in first (their memory is not bounded yet).
+  command, it leaves again without a write. Queue-wide commands read the backlog page by
+  page without holding it (`_cold_wide.py`).
 
 Only plain jobs go cold: a job with a group, a TTL, dependencies or a flow stays in memory
 (`eligible`; one past the cursor pages the cold jobs before it in, `ahead`). Grouped heads
@@ -45,7 +45,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from ._cold import ColdBacklog, ColdCounts, delayed_cursor, waiting_cursor
 from ._effects import Effects
@@ -70,19 +70,7 @@ from ._queue import QueueState
 from ._state import JobStore
 from ._tables import MIN_COMPACT
 
-__all__ = ["WIDE", "ColdHead"]
-
-WIDE: Final = frozenset(
-    {
-        "GetJobs",
-        "GetCountsPerPriority",
-        "Drain",
-        "Clean",
-        "Obliterate",
-        "PromoteJobs",
-    }
-)
-"""Commands that read or change every job of a queue: they see its cold jobs paged in."""
+__all__ = ["ColdHead"]
 
 
 class ColdHead:
@@ -149,6 +137,19 @@ class ColdHead:
             self._recheck(q, h)
         self.settle(out, now)
         return out
+
+    def watch_restored(self, marked: Sequence[Record]) -> None:
+        """Jobs restored from rows marked cold (`park_marked`): parked, or paged if they
+        are waiting or delayed, as if paged in before the restart."""
+        jobs = self.store.jobs
+        for rec in marked:
+            job, row = jobs.get(rec["id"]), rec["rowKey"]
+            if job is not None and job.key == row:
+                h = self.head(job.queue)
+                if job.state == WAITING or job.state == DELAYED:
+                    h.paged[row] = job.id
+                else:
+                    h.parked[job.id] = row
 
     def pending_count(self) -> int:
         """Records and tombstones kept until their commit is confirmed (for metrics)."""
@@ -302,25 +303,6 @@ class ColdHead:
             if not paged:
                 return
             self._promote(fx, now)
-
-    def widen(self, name: str | None) -> None:
-        """Before a queue-wide command on queue `name` (every queue when None)."""
-        names = list(self.heads) if name is None else [name] if name in self.heads else []
-        jobs = self.store.jobs
-        for qname in names:
-            q = self.store.queues.get(qname)
-            h = self.heads[qname]
-            if q is None or not (h.waiting or h.delayed or h.paged):
-                continue
-            while h.waiting and self._page_waiting(q, h, MAX_LIMIT):
-                pass
-            while h.delayed and self._page_delayed(q, h, MAX_LIMIT):
-                pass
-            # Such a command walks the queue's jobs in admission order, as an engine
-            # without a budget holds them; paged jobs joined the index out of it.
-            ordered = sorted(q.ids, key=lambda i: jobs[i].seq)
-            q.ids.clear()
-            q.ids.update(dict.fromkeys(ordered))
 
     # -- the end of each command -----------------------------------------------------------
 

@@ -7,11 +7,15 @@ that has left memory since (`sweep`), each stamped with the mark current when it
 Every read merges them in: a kept record wins over the stored one, a tombstone hides it.
 `committed(mark)` drops what a commit now shows. What it keeps is bounded by the mutations the
 writer holds uncommitted (the writer's own batch bound), which is what it mirrors.
+
+A queue-wide removal (Drain, Obliterate: `_cold_wide.py`) leaves one tombstone for the queue,
+not one per job (`drop`): until its commit, no stored row of that queue in the states it
+names is read (a kept record still is: it is newer than the removal).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from ._cold import ColdBacklog, Cursor, delayed_cursor, waiting_cursor
@@ -31,6 +35,7 @@ __all__ = [
     "job_of",
     "keep_held",
     "last_puts",
+    "park_marked",
     "row_of",
 ]
 
@@ -84,6 +89,15 @@ def last_puts(out: Sequence[Mutation]) -> dict[str, Record]:
         elif kind in ("upd", "del", "delta") and puts:
             puts.pop(job_id_of(m[1]), None)
     return puts
+
+
+def park_marked(records: Iterable[Record], marked: list[Record]) -> Iterator[Record]:
+    """`records` as they are, noting in `marked` those whose row is marked cold (a restart
+    loads such a row when its job left waiting and delayed: `ColdHead.watch_restored`)."""
+    for rec in records:
+        if rec.get(COLD):
+            marked.append({"id": rec["id"], "queue": rec.get("queue"), "rowKey": row_of(rec)})
+        yield rec
 
 
 def _holds(jobs: dict[str, Job], job_id: str, row: str) -> bool:
@@ -147,6 +161,8 @@ class Pager:
         # Jobs parked (`QueueHead.parked`) whose move out of waiting or delayed may not be
         # committed yet: (mark, head, row key, job id), watched by `sweep` until then.
         self.guards: list[tuple[int, QueueHead, str, str]] = []
+        # Queue -> (mark, the states whose stored rows read as gone; None: every state).
+        self.dropped: dict[str, tuple[int, frozenset[str] | None]] = {}
         self.epoch = 0
 
     def mark(self) -> int:
@@ -161,6 +177,32 @@ class Pager:
                 del self.pending[row]
         if self.guards:
             self.guards = [g for g in self.guards if g[0] > mark]
+        if self.dropped:
+            self.dropped = {q: d for q, d in self.dropped.items() if d[0] > mark}
+
+    def drop(self, queue: str, states: frozenset[str] | None) -> None:
+        """Every stored row of `queue` in `states` (None: in any state) was removed by the
+        mutations emitted so far: reads hide them until that is committed. The kept records
+        of the queue in those states are removed with them."""
+        old = self.dropped.get(queue)
+        if old is not None and states is not None:
+            states = None if old[1] is None else old[1] | states
+        epoch = self.epoch
+        self.dropped[queue] = (epoch, states)
+        pending = self.pending
+        for row in [
+            r
+            for r, (_, rec) in pending.items()
+            if rec is not None
+            and rec.get("queue") == queue
+            and (states is None or rec.get("state") in states)
+        ]:
+            pending[row] = (epoch, None)
+
+    def gone(self, rec: Record) -> bool:
+        """True if stored record `rec` is hidden by a queue's tombstone (`drop`)."""
+        dropped = self.dropped.get(rec.get("queue"))  # type: ignore[arg-type]
+        return dropped is not None and (dropped[1] is None or rec.get("state") in dropped[1])
 
     def keep(self, rec: Record) -> None:
         """A record the engine just sent cold."""
@@ -217,10 +259,13 @@ class Pager:
         for row, queue in rows:
             if row in pending:
                 rec = pending[row][1]
-            elif queue is None:
-                rec = self.backlog.get_job(job_id)
             else:
-                rec = self.backlog.get_by_custom_id(queue, job_id)
+                if queue is None:
+                    rec = self.backlog.get_job(job_id)
+                else:
+                    rec = self.backlog.get_by_custom_id(queue, job_id)
+                if rec is not None and self.dropped and self.gone(rec):
+                    continue
             if rec is not None and rec["id"] == job_id and is_cold(rec):
                 return rec
         return None
@@ -229,6 +274,8 @@ class Pager:
         """The stored and kept records of `queue` with uniqueKey `key`."""
         pending = self.pending
         found = [r for r in self.backlog.find_unique(queue, key) if row_of(r) not in pending]
+        if self.dropped:
+            found = [r for r in found if not self.gone(r)]
         for _, rec in pending.values():
             if rec is not None and rec.get("queue") == queue and rec.get("uniqueKey") == key:
                 found.append(rec)
@@ -269,8 +316,11 @@ class Pager:
         jobs = self.jobs
         pending = self.pending
         out: list[Job] = []
+        gone = self.gone if self.dropped else None
         for rec in records:
             if row_of(rec) in pending or rec["id"] in jobs or not is_cold(rec):
+                continue
+            if gone is not None and gone(rec):
                 continue
             if rec["state"] == state:
                 rec.pop(COLD, None)  # a record read for this page only: no copy needed

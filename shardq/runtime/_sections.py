@@ -248,12 +248,15 @@ class WriterSettings:
     sqlite_cache_mb: int = 16
     sqlite_mmap_mb: int = 0
     # The idle writer gives the file's free pages back (`writer/_vacuum.py`): once nothing
-    # committed for `vacuum_idle_ms`, `vacuum_pages_per_step` pages per step (0: never), when
-    # at least `vacuum_min_free_pages` are free. 256 pages (1 MiB) took about 1 ms a step on
-    # the 2-core test machine, so a message arriving during a pass waits about that long.
+    # committed for `vacuum_idle_ms`, a step at a time, when at least `vacuum_min_free_pages`
+    # are free. The first step frees `vacuum_pages_per_step` pages (0: never vacuum); each
+    # next one is sized to take `vacuum_step_ms` (0: always the first size), up to
+    # `vacuum_max_pages_per_step`: a message arriving during a pass waits about one step.
     vacuum_pages_per_step: int = 256
     vacuum_min_free_pages: int = 1024
-    vacuum_idle_ms: int = 1_000
+    vacuum_idle_ms: int = 100
+    vacuum_step_ms: int = 10
+    vacuum_max_pages_per_step: int = 4096
     # A database made before shardq vacuumed (auto_vacuum NONE) is rewritten once at start-up
     # to allow it if it is at most this large (0: never); about 60 MB/s on the test machine.
     vacuum_convert_max_bytes: int = 256 << 20

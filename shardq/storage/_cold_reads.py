@@ -239,6 +239,28 @@ class ColdReads(ABC):
             totals["prioritized"],
         )
 
+    def cold_priorities(self, queue: str) -> dict[int | float, int]:
+        """The cold ungrouped waiting and the cold delayed jobs of `queue`, counted by
+        priority (GetCountsPerPriority): a GROUP BY over the paging indexes, which holds the
+        waiting jobs' priority; the delayed jobs' is read from their rows (no record is
+        decoded). A priority that is a whole number comes back as an int."""
+        d = self._COLD_DIALECT
+        m = d.mark
+        sql = (
+            f"SELECT {_WAITING_KEY[0]}, count(*) FROM {d.jobs('waiting')}"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
+            f" GROUP BY {_WAITING_KEY[0]}"
+            f" UNION ALL SELECT -coalesce(priority, 0), count(*) FROM {d.jobs('delayed')}"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'delayed' GROUP BY -coalesce(priority, 0)"
+        )
+        out: dict[int | float, int] = {}
+        action = f"counting the cold jobs of queue {queue!r} by priority"
+        for negated, n in self._cold_rows(action, sql, (queue, queue)):
+            value = -float(negated)
+            key: int | float = int(value) if value.is_integer() else value
+            out[key] = out.get(key, 0) + int(n)
+        return out
+
     # -- shared ----------------------------------------------------------------------------
 
     def _cold_page(

@@ -118,6 +118,10 @@ class Storage(Protocol):
         """The cold waiting and delayed jobs of `queue`, in total and per group."""
         ...
 
+    def cold_priorities(self, queue: str) -> dict[int | float, int]:
+        """The cold ungrouped waiting and cold delayed jobs of `queue` by priority."""
+        ...
+
     def max_seq(self) -> int:
         """The highest seq of any stored job (cold ones too), 0 if there is none: a shard
         under a head budget, which does not load its cold jobs, numbers new ones above it."""

@@ -153,6 +153,15 @@ class ModelBacklog:
         prioritized = sum(1 for r in waiting if (r.get("priority") or 0) > 0)
         return Counts(len(waiting), len(self._cold(queue, "delayed")), prioritized=prioritized)
 
+    def cold_priorities(self, queue: str) -> dict[Any, int]:
+        self.reads += 1
+        recs = [r for r in self._cold(queue, "waiting") if r.get("groupId") is None]
+        out: dict[Any, int] = {}
+        for rec in recs + self._cold(queue, "delayed"):
+            key = rec.get("priority") or 0
+            out[key] = out.get(key, 0) + 1
+        return out
+
 
 def _copy_mutation(m: Mutation) -> Mutation:
     # The writer stores encoded bytes: nothing it holds is shared with the engine.

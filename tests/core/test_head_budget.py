@@ -8,8 +8,10 @@ the end every job reads the same and both queues drain in the same order. The bu
 engine's backlog is `ModelBacklog` over its own mutation stream, committed at random moments
 so that its reads lag the engine's writes; after each step the head's own invariants are
 checked against what storage will hold. The same comparison runs on seeded random scripts
-(which add groups, TTLs, dependencies, flows and queue-wide commands, whose jobs stay in
-memory or page the backlog in) and across a restart. `SHARDQ_ADVERSARIAL_HEAD_EXAMPLES`
+(which add groups, TTLs, dependencies and flows, whose jobs stay in memory or page the backlog
+in) and across a restart. Queue-wide commands (`WIDE`: GetJobs pages, GetCountsPerPriority,
+PromoteJobs, Clean, Drain, Obliterate) are drawn by both and read the backlog without holding
+it; one test per command bounds what it holds. `SHARDQ_ADVERSARIAL_HEAD_EXAMPLES`
 (default 60) and `SHARDQ_ADVERSARIAL_HEAD_SEEDS` (default 12) run longer forms.
 """
 
@@ -29,13 +31,24 @@ from shardq.core import Engine, EngineConfig
 EXAMPLES = int(os.environ.get("SHARDQ_ADVERSARIAL_HEAD_EXAMPLES", "60"))
 SEEDS = int(os.environ.get("SHARDQ_ADVERSARIAL_HEAD_SEEDS", "12"))
 GROUPED = 0.15  # the share of random pushes with a groupId
-WIDE: dict[str, dict[str, Any]] = {
-    "GetJobs": {"state": ["waiting", "delayed", "prioritized"], "limit": 5, "offset": 1},
-    "GetCountsPerPriority": {},
-    "PromoteJobs": {"count": 2},
-    "Clean": {"state": "waiting", "grace": 0, "limit": 2},
-    "Drain": {},
-}
+WIDE: list[tuple[str, dict[str, Any]]] = [
+    ("GetJobs", {"state": ["waiting", "delayed", "prioritized"], "limit": 5, "offset": 1}),
+    ("GetJobs", {"state": "waiting", "limit": 3, "asc": False}),
+    ("GetJobs", {"state": "delayed", "limit": 2, "offset": 2}),
+    ("GetJobs", {"state": ["prioritized", "active"], "limit": 10}),
+    ("GetJobs", {"limit": 4, "offset": 3, "asc": False}),
+    ("GetJobs", {"state": "waiting", "limit": 3, "name": "x"}),
+    ("GetCountsPerPriority", {}),
+    ("PromoteJobs", {"count": 2}),
+    ("PromoteJobs", {"count": 50}),
+    ("Clean", {"state": "waiting", "grace": 0, "limit": 2}),
+    ("Clean", {"state": "delayed", "grace": 0, "limit": 3}),
+    ("Clean", {"grace": 100, "limit": 4}),
+    ("Clean", {"state": "prioritized", "grace": 0, "limit": 1000}),
+    ("Drain", {}),
+    ("Obliterate", {}),
+]
+"""Queue-wide commands: under a budget they read the cold backlog, never page it in."""
 QUEUES = ("qa", "qb")
 CUSTOM = ("c1", "c2", "c3")
 UNIQUE = ("u1", "u2")
@@ -56,6 +69,10 @@ def _push(draw: st.DrawFn) -> dict[str, Any]:
         cmd["jobId"] = draw(st.sampled_from(CUSTOM))
     if draw(st.integers(0, 5)) == 0:
         cmd["uniqueKey"] = draw(st.sampled_from(UNIQUE))
+    if draw(st.integers(0, 3)) == 0:  # GetJobs filters by name and sorts by creation time
+        cmd["name"] = draw(st.sampled_from(("x1", "y")))
+    if draw(st.integers(0, 5)) == 0:
+        cmd["timestamp"] = draw(st.sampled_from((500, 5_000)))
     return cmd
 
 
@@ -77,6 +94,7 @@ def steps(draw: st.DrawFn) -> tuple[str, Any]:
                 "time",
                 "commit",
                 "count",
+                "wide",
             )
         )
     )
@@ -96,6 +114,8 @@ def steps(draw: st.DrawFn) -> tuple[str, Any]:
         return kind, draw(st.sampled_from((1, 25, 100, 250)))
     if kind == "count":
         return kind, draw(st.sampled_from(QUEUES))
+    if kind == "wide":
+        return kind, (draw(st.integers(0, len(WIDE) - 1)), draw(st.sampled_from(QUEUES)))
     return kind, None
 
 
@@ -189,10 +209,10 @@ class Pair:
                 for kid in kids
             ]
             self.run({"cmd": "PUSHF", "jobs": nodes})
-        elif kind == "wide":  # they page the queue's whole cold backlog in first
-            name, queue = arg
-            wide = {"cmd": name, "queue": queue, **WIDE[name]}
-            self.run(wide)
+        elif kind == "wide":  # they read the queue's cold backlog without holding it
+            index, queue = arg
+            name, fields = WIDE[index]
+            self.run({"cmd": name, "queue": queue, **fields})
         elif kind == "time":
             self.tick(arg)
         elif kind == "commit":
@@ -249,6 +269,10 @@ def _random_push(pair: Pair, rnd: random.Random, i: int) -> dict[str, Any]:
         cmd["jobId"] = rnd.choice(CUSTOM[:2])
     if rnd.random() < 0.1:
         cmd["uniqueKey"] = rnd.choice(UNIQUE)
+    if rnd.random() < 0.2:
+        cmd["name"] = rnd.choice(("x1", "y"))
+    if rnd.random() < 0.1:
+        cmd["timestamp"] = rnd.choice((500, 5_000))
     if rnd.random() < GROUPED:
         cmd["groupId"] = rnd.choice(("g1", "g2"))
     if rnd.random() < 0.05:
@@ -278,7 +302,7 @@ def _random_script(pair: Pair, rnd: random.Random, steps: int) -> None:
         elif k < 0.88:
             pair.step("time", rnd.choice((1, 25, 100)))
         elif k < 0.9:
-            pair.step("wide", (rnd.choice(sorted(WIDE)), rnd.choice(QUEUES)))
+            pair.step("wide", (rnd.randrange(len(WIDE)), rnd.choice(QUEUES)))
         else:
             pair.step("commit", None)
         pair.check()
@@ -422,3 +446,43 @@ def test_the_cold_mark_is_no_option_of_a_restored_job() -> None:
     job = engine.apply({"cmd": "PULL", "queue": "qa", "timeout": 0}, 1_000).reply["job"]
     assert job["id"] == rec["id"] and "cold" not in job
     assert "cold" not in engine.jobs[rec["id"]].to_record()
+
+
+@pytest.mark.parametrize("index", range(len(WIDE)))
+def test_a_queue_wide_command_holds_its_head_and_its_limit(index: int) -> None:
+    """On a queue of 400 cold jobs, a queue-wide command answers as the engine without a
+    budget while holding at most the head and what it returns or changes (`limit`, `count`):
+    it reads the backlog page by page and sends nothing back cold."""
+    budget = 4
+    pair = Pair(11, budget)
+    for i in range(60):
+        jobs = [{"data": i * 5 + j, "priority": j % 3, "name": f"x{j}"} for j in range(5)]
+        pair.run({"cmd": "PUSHB", "queue": "qa", "jobs": jobs})
+        pair.run({"cmd": "PUSH", "queue": "qa", "data": i, "delay": 1_000 + i, "timestamp": 999})
+        pair.run({"cmd": "PUSH", "queue": "qa", "data": i, "lifo": True, "priority": 1})
+        pair.commit()
+    head = pair.cold.head
+    assert head is not None and sum(head.cold_counts("qa")) > 400 - 3 * budget
+    held = len(pair.cold.jobs)
+    peak = [held]
+    hold = head._hold
+
+    def counting(q: Any, h: Any, job: Any) -> None:
+        hold(q, h, job)
+        peak[0] = max(peak[0], len(pair.cold.jobs))
+
+    head._hold = counting  # type: ignore[method-assign]
+    name, fields = WIDE[index]
+    cmd = {"cmd": name, "queue": "qa", **fields}
+    expected = pair.plain.apply(dict(cmd), pair.now).reply
+    fx = pair.cold.apply(dict(cmd), pair.now)
+    assert fx.reply == expected, (cmd, fx.reply, expected)
+    limit = int(fields.get("limit", fields.get("count", 0)))
+    assert peak[0] <= held + budget + limit, (name, peak[0], held)
+    evicted = [m for m in fx.mutations if m[0] == "upd" and m[2] == {"cold": 1}]
+    assert len(evicted) <= budget + limit, (name, len(evicted))
+    pair.backlog.feed(fx.mutations)
+    pair.check()
+    pair.commit()
+    pair.check()
+    pair.finish()

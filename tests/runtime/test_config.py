@@ -145,6 +145,8 @@ VALID_TEXT = {
     "vacuum_pages_per_step": "64",
     "vacuum_min_free_pages": "0",
     "vacuum_idle_ms": "250",
+    "vacuum_step_ms": "0",
+    "vacuum_max_pages_per_step": "512",
     "vacuum_convert_max_bytes": "0",
     "writer_backlog_max_bytes": "33554432",
     "writer_batch_max_bytes": "1048576",
@@ -265,6 +267,8 @@ sqlite_mmap_mb = 256
 vacuum_pages_per_step = 64
 vacuum_min_free_pages = 0
 vacuum_idle_ms = 250
+vacuum_step_ms = 0
+vacuum_max_pages_per_step = 512
 vacuum_convert_max_bytes = 0
 writer_backlog_max_bytes = 33554432
 writer_batch_max_bytes = 1048576

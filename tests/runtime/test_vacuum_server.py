@@ -4,6 +4,10 @@
   end far below their peak.
 - A durable push that arrives while it vacuums is answered within one small step, and the
   pass resumes (and finishes) once the writer is idle again. /prometheus shows the pages.
+- The file shrinks after a drain even when a light load goes on (a durable push every few
+  hundred ms, so the writer is never idle a whole second), with the default settings.
+- A writer killed with SIGKILL in the middle of a pass loses no acknowledged job: the
+  restarted one finishes the pass.
 - A database made before shardq vacuumed (auto_vacuum NONE) is converted at start-up when it
   is small enough, and every job is still there (the file left as it was above the size
   limit: tests/runtime/test_writer_vacuum.py).
@@ -11,6 +15,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import time
 import urllib.request
@@ -59,10 +65,14 @@ def row_count(path: Path) -> int:
 def test_the_file_shrinks_after_a_drain_and_a_durable_push_is_not_held_up(
     shardq_server: Factory,
 ) -> None:
-    # Small steps make the pass long enough (thousands of steps) for a push to land in it. The
-    # idle time is the default 1 s: no pause between two batches of the drain comes near it,
-    # even on a loaded machine, so the one pass starts after the drain.
-    env = {"SHARDQ_VACUUM_PAGES_PER_STEP": "2"}
+    # Small fixed steps make the pass long enough (thousands of steps) for a push to land in it.
+    # The idle time is 1 s: no pause between two batches of the drain comes near it, even on a
+    # loaded machine, so the one pass starts after the drain.
+    env = {
+        "SHARDQ_VACUUM_PAGES_PER_STEP": "2",
+        "SHARDQ_VACUUM_STEP_MS": "0",
+        "SHARDQ_VACUUM_IDLE_MS": "1000",
+    }
     server = shardq_server(shards=1, env=env, http_port=free_port())
     path = server.data_path
     with TcpConnection(*server.tcp_address, timeout=30) as conn:
@@ -104,6 +114,90 @@ def test_the_file_shrinks_after_a_drain_and_a_durable_push_is_not_held_up(
         poll_until(lambda: scrape(server, want) == want, 10, f"{want} in /prometheus")
         assert conn.call({"cmd": "GetJob", "id": reply["id"]})["job"]["data"] == {"pad": PAD}
     assert server.stop() == 0, server.log_tail()
+
+
+def push_and_drain(conn: TcpConnection, queue: str, jobs: int, path: Path) -> int:
+    """Push `jobs` durable 1 KB jobs that leave on completion, drain them; return the peak
+    size of the files meanwhile."""
+    peak = 0
+    for start in range(0, jobs, BATCH):
+        batch = [
+            {"data": {"i": start + i, "pad": PAD}, "durable": True, "removeOnComplete": True}
+            for i in range(BATCH)
+        ]
+        assert len(conn.call({"cmd": "PUSHB", "queue": queue, "jobs": batch})["ids"]) == BATCH
+    peak = file_bytes(path)
+    assert peak > jobs * 1000  # the payloads are on disk
+    for _ in range(0, jobs, BATCH):
+        pulled = conn.call({"cmd": "PULLB", "queue": queue, "count": BATCH})["jobs"]
+        assert len(pulled) == BATCH
+        assert conn.call({"cmd": "ACKB", "ids": [job["id"] for job in pulled]})["ok"]
+    return max(peak, file_bytes(path))
+
+
+def test_the_file_shrinks_after_a_drain_while_a_light_load_goes_on(
+    shardq_server: Factory,
+) -> None:
+    # The default settings. Before the idle time was 100 ms, a pass needed a whole second
+    # without a commit: a durable push every 300 ms kept the file at its peak for good.
+    server = shardq_server(shards=1)
+    path = server.data_path
+    pushed: list[str] = []
+    with TcpConnection(*server.tcp_address, timeout=30) as conn:
+        peak = push_and_drain(conn, "big", JOBS, path)
+        deadline = time.monotonic() + 20
+        while file_bytes(path) > peak // 5 and time.monotonic() < deadline:
+            reply = conn.call({"cmd": "PUSH", "queue": "light", "data": {"n": len(pushed)},
+                               "durable": True})  # fmt: skip
+            pushed.append(reply["id"])
+            time.sleep(0.3)
+        after = file_bytes(path)
+        assert after < peak // 5, (peak, after, len(pushed), server.find_log("vacuum started"))
+        # Every push of the light load is there, whole, and the pass was logged.
+        assert conn.call({"cmd": "Count", "queue": "light"})["count"] == len(pushed)
+        for n, job_id in enumerate(pushed):
+            assert conn.call({"cmd": "GetJob", "id": job_id})["job"]["data"] == {"n": n}
+    assert server.find_log("vacuum started") is not None
+    assert server.stop() == 0, server.log_tail()
+
+
+def test_a_writer_killed_during_a_pass_loses_no_acknowledged_job(shardq_server: Factory) -> None:
+    # One page per fixed step, a second of idle: the pass is long, and starts after the drain.
+    env = {
+        "SHARDQ_VACUUM_PAGES_PER_STEP": "1",
+        "SHARDQ_VACUUM_STEP_MS": "0",
+        "SHARDQ_VACUUM_IDLE_MS": "1000",
+    }
+    server = shardq_server(shards=1, env=env)
+    path = server.data_path
+    with TcpConnection(*server.tcp_address, timeout=30) as conn:
+        kept = conn.call({"cmd": "PUSHB", "queue": "kept", "jobs": [
+            {"data": {"n": n, "pad": PAD}, "durable": True} for n in range(200)
+        ]})["ids"]  # fmt: skip
+        peak = push_and_drain(conn, "big", JOBS, path)
+        server.wait_for_log("vacuum started", timeout=15)
+        writer = server.child_pids()["writer"]
+        # Durable pushes during the pass: each is answered after its commit, between steps.
+        during = [
+            conn.call({"cmd": "PUSH", "queue": "kept", "data": {"n": 200 + n}, "durable": True})
+            for n in range(20)
+        ]
+        assert all(reply["ok"] for reply in during)
+        assert server.find_log("vacuum done") is None  # still in the pass
+        os.kill(writer, signal.SIGKILL)
+        server.wait_child_replaced("writer", writer, 30)
+        # The new writer finishes the pass (a previous run may have left free pages).
+        done = server.wait_for_log("vacuum done", timeout=60)
+        assert done["wal_checkpoint"] == "complete", done
+        assert file_bytes(path) < peak // 5
+        ids = kept + [reply["id"] for reply in during]
+        assert conn.call({"cmd": "Count", "queue": "kept"})["count"] == len(ids)
+        for job_id in ids:
+            assert conn.call({"cmd": "GetJob", "id": job_id})["job"] is not None
+    assert server.stop() == 0, server.log_tail()
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert db.execute("SELECT count(*) FROM jobs WHERE queue = 'kept'").fetchone()[0] == 220
 
 
 def make_old_database(path: Path, jobs: int) -> None:

@@ -5,6 +5,9 @@
 - A pass needs `vacuum_min_free_pages`; it frees `vacuum_pages_per_step` pages per step, ends
   with a WAL checkpoint and a log line, and reports its figures in the status file.
 - A commit during a pass pauses it; it resumes, without counting again, after the next idle.
+- With `vacuum_step_ms`, each step is sized from the last one's measured time: twice as many
+  pages at most after a fast step, fewer after a slow one, within 1 and the maximum; a long
+  pass logs its progress.
 - A storage error ends the pass without raising; the next commit makes one due again.
 - At start-up a file made before shardq vacuumed is converted if it is small enough, and left
   byte for byte as it was (with a log line saying how to convert it) if not.
@@ -31,11 +34,17 @@ IDLE_S = 1.0
 
 
 class Clock:
+    """A test clock; with `tick`, every reading moves it on by that much (so a step, timed by
+    two readings, takes `tick` seconds)."""
+
     def __init__(self) -> None:
         self.now = 100.0
+        self.tick = 0.0
 
     def __call__(self) -> float:
-        return self.now
+        now = self.now
+        self.now += self.tick
+        return now
 
 
 def job(job_id: str, seq: int) -> dict[str, Any]:
@@ -50,7 +59,14 @@ def freed_store(path: Path, jobs: int = 1000) -> Store:
 
 
 def idle_vacuum(
-    store: Store, tmp_path: Path, clock: Clock, *, pages: int = 64, min_free: int = 0
+    store: Store,
+    tmp_path: Path,
+    clock: Clock,
+    *,
+    pages: int = 64,
+    min_free: int = 0,
+    step_s: float = 0.0,
+    max_pages: int = 0,
 ) -> IdleVacuum:
     status = WriterStatus(str(tmp_path), clock)
     return IdleVacuum(
@@ -60,8 +76,20 @@ def idle_vacuum(
         pages_per_step=pages,
         min_free_pages=min_free,
         idle_s=IDLE_S,
+        step_s=step_s,
+        max_pages_per_step=max_pages,
         clock=clock,
     )
+
+
+def step_sizes(vacuum: IdleVacuum, store: Store, steps: int) -> list[int]:
+    """The pages each of `steps` steps freed (the first one also starts the pass)."""
+    freed = []
+    for _ in range(steps):
+        before = store.free_pages()
+        vacuum.step()
+        freed.append(before - store.free_pages())
+    return freed
 
 
 def run_pass(vacuum: IdleVacuum, clock: Clock) -> int:
@@ -139,6 +167,51 @@ def test_a_commit_pauses_a_pass_which_resumes_after_the_next_idle(tmp_path: Path
         assert [line["event"] for line in logs] == ["vacuum done"]  # not started again
         assert logs[0]["paused"] == 1
         assert store.free_pages() == 0
+
+
+def test_fast_steps_grow_twice_at_a_time_up_to_the_maximum(tmp_path: Path) -> None:
+    clock = Clock()
+    with freed_store(tmp_path / "q.db", jobs=4000) as store:
+        vacuum = idle_vacuum(store, tmp_path, clock, pages=16, step_s=0.010, max_pages=200)
+        vacuum.committed(clock.now)
+        clock.now += IDLE_S
+        clock.tick = 0.001  # a tenth of the target: growth is held to twice the last step
+        assert store.free_pages() > 16 + 32 + 64 + 128 + 200 + 200
+        assert step_sizes(vacuum, store, 6) == [16, 32, 64, 128, 200, 200]
+        with capture_logs() as logs:
+            run_pass(vacuum, clock)
+        done = next(line for line in logs if line["event"] == "vacuum done")
+        assert done["largest_step_pages"] == 200
+        assert store.free_pages() == 0
+
+
+def test_slow_steps_shrink_to_the_target_time_and_never_below_one_page(tmp_path: Path) -> None:
+    clock = Clock()
+    with freed_store(tmp_path / "q.db") as store:
+        vacuum = idle_vacuum(store, tmp_path, clock, pages=64, step_s=0.010, max_pages=4096)
+        vacuum.committed(clock.now)
+        clock.now += IDLE_S
+        clock.tick = 0.040  # four times the target
+        assert step_sizes(vacuum, store, 5) == [64, 16, 4, 1, 1]
+        clock.tick = 0.005  # half of it: twice as many again
+        assert step_sizes(vacuum, store, 3) == [1, 2, 4]  # the first sized by the slow one
+
+
+def test_a_long_pass_logs_its_progress(tmp_path: Path) -> None:
+    clock = Clock()
+    with freed_store(tmp_path / "q.db") as store:
+        vacuum = idle_vacuum(store, tmp_path, clock, pages=8)
+        vacuum.committed(clock.now)
+        clock.now += IDLE_S
+        clock.tick = 0.5  # each step about 1.5 s of readings: progress every few steps
+        with capture_logs() as logs:
+            run_pass(vacuum, clock)
+        events = [line["event"] for line in logs]
+        assert events[0] == "vacuum started" and events[-1] == "vacuum done"
+        progress = [line for line in logs if line["event"] == "vacuum progress"]
+        assert len(progress) >= 2
+        assert progress[0]["pages"] < progress[-1]["pages"] < logs[-1]["pages"]
+        assert progress[-1]["free_pages"] > 0
 
 
 def test_a_storage_error_ends_the_pass_until_the_next_commit(tmp_path: Path) -> None:

@@ -10,11 +10,10 @@ its own). The shard's recovery and a takeover's loads read through the same stor
 A read that fails closes the store, so the next one opens it again, and raises: the command
 that read fails with an internal error (`ShardCore._request`), as any failing command does.
 
-Page-ins are logged: a page of `LOG_PAGE_HEADS` heads (`head_jobs` records) or more, which
-only a queue-wide command reads (a head refills with less), or one that took `LOG_PAGE_MS` or
-more, as one line; a run of reads close together (a queue-wide command
-paging a whole backlog in, a drain) every `LOG_PROGRESS_S` while it lasts, and its total
-when the next run starts, if it logged any progress.
+Page-ins are logged: a page of `LOG_PAGE_HEADS` heads (`head_jobs` records) or more (a head
+refills with less), or one that took `LOG_PAGE_MS` or more, as one line; a run of reads close
+together (a queue-wide command reading a whole backlog, a drain) every `LOG_PROGRESS_S` while
+it lasts, and its total when the next run starts, if it logged any progress.
 """
 
 from __future__ import annotations
@@ -117,6 +116,9 @@ class StoreBacklog:
 
     def cold_counts(self, queue: str) -> ColdCounts:
         return self._read(lambda s: s.cold_counts(queue))
+
+    def cold_priorities(self, queue: str) -> dict[int | float, int]:
+        return self._read(lambda s: s.cold_priorities(queue))
 
     def get_job(self, job_id: str) -> Record | None:
         return self._read(lambda s: s.get_job(job_id))

@@ -121,6 +121,8 @@ class Writer:
             pages_per_step=settings.vacuum_pages_per_step if vacuum else 0,
             min_free_pages=settings.vacuum_min_free_pages,
             idle_s=settings.vacuum_idle_ms / 1000,
+            step_s=settings.vacuum_step_ms / 1000,
+            max_pages_per_step=settings.vacuum_max_pages_per_step,
             clock=clock,
         )
         # What the shards send: one handler per kind; False drops the message as malformed.

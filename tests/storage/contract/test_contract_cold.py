@@ -309,6 +309,24 @@ def test_cold_counts_match_the_engines_counts_of_its_cold_jobs(storage: Storage)
     )
 
 
+def test_cold_priorities_count_the_cold_jobs_a_page_reads_by_priority(storage: Storage) -> None:
+    """GetCountsPerPriority's storage side: the cold ungrouped waiting and the cold delayed
+    jobs of a queue by priority, as ints (the column is a float)."""
+    run = _Run(storage, 8)
+    _drive(run)
+    cold_jobs = [j for j in run.engine.jobs.values() if j.key in run.cold]
+    for queue in (QUEUE, PLAIN, "never-used"):
+        want: dict[int, int] = {}
+        for job in cold_jobs:
+            plain = job.state == "waiting" and job.opts.get("groupId") is None
+            if job.queue == queue and (plain or job.state == "delayed"):
+                want[int(job.priority)] = want.get(int(job.priority), 0) + 1
+        got = storage.cold_priorities(queue)
+        assert got == want, (queue, got, want)
+        assert all(type(p) is int for p in got)
+    assert storage.cold_priorities(QUEUE)
+
+
 def _cold(job_id: str, seq: int, **extra: Any) -> Rec:
     rec = {"id": job_id, "queue": "q", "state": "waiting", "priority": 0, "runAt": T0}
     rec.update(seq=seq, lifo=False, cold=1)

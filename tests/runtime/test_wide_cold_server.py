@@ -1,0 +1,188 @@
+"""Queue-wide commands on a cold backlog in a running server (`[engine] head_jobs`,
+docs/runtime.md "The head and the cold backlog"): a queue of 20,000 jobs of which all but the
+head are cold answers GetJobs pages, GetCountsPerPriority, PromoteJobs, Clean and Drain as the
+script that pushed them says it must, while the shard holds about a head of jobs: after each
+command (Stats' `residentJobs`) and at its peak (the shard's high-water mark of resident
+memory, from a restart that loaded only the heads, grows by far less than the queue would
+take in memory: about 30 MB).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardq_harness import ShardqServer
+
+from shardq.client import TcpConnection
+
+Factory = Callable[..., ShardqServer]
+HEAD = 200
+QUEUE = "wc-q"
+TOTAL = 20_000
+BATCH = 1000
+PAD = "x" * 400  # each job's data: about 30 MB for the queue in memory
+DELAY = 600_000  # delayed jobs stay delayed for the test
+WAIT_S = 60.0
+# The shard's peak memory may grow by this much over the whole test: paging the queue in
+# (as queue-wide commands did before) takes several times more.
+PEAK_GROWTH_KB = 12 * 1024
+
+
+def _vm_hwm_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc status")
+
+
+class Script:
+    """What was pushed: each job's priority and whether it is delayed, by data index."""
+
+    def __init__(self, seed: int = 5) -> None:
+        rng = random.Random(seed)
+        self.prio = [rng.choice((0, 0, 3)) for _ in range(TOTAL)]
+        self.delayed = [rng.random() < 0.2 for _ in range(TOTAL)]
+        self.ids: dict[str, int] = {}
+
+    def push(self, conn: TcpConnection) -> None:
+        for start in range(0, TOTAL, BATCH):
+            jobs = []
+            for i in range(start, start + BATCH):
+                job: dict[str, Any] = {"data": {"i": i, "pad": PAD}}
+                if self.prio[i]:
+                    job["priority"] = self.prio[i]
+                if self.delayed[i]:
+                    job["delay"] = DELAY
+                jobs.append(job)
+            reply = conn.call({"cmd": "PUSHB", "queue": QUEUE, "jobs": jobs})
+            self.ids.update(zip(reply["ids"], range(start, start + BATCH), strict=True))
+
+    def public(self, i: int) -> str:
+        if self.delayed[i]:
+            return "delayed"
+        return "prioritized" if self.prio[i] else "waiting"
+
+
+def _page(conn: TcpConnection, **fields: Any) -> list[int]:
+    reply = conn.call({"cmd": "GetJobs", "queue": QUEUE, **fields})
+    return [int(job["data"]["i"]) for job in reply["jobs"]]
+
+
+def _resident(conn: TcpConnection) -> int:
+    return int(conn.call({"cmd": "Stats"})["stats"]["residentJobs"])
+
+
+class Peak:
+    """The shard's peak memory (VmHWM) growth since the start, noted after each step."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.start = pid, _vm_hwm_kb(pid)
+        self.steps: list[tuple[str, int]] = []
+
+    def note(self, step: str) -> int:
+        grown = _vm_hwm_kb(self.pid) - self.start
+        self.steps.append((step, grown))
+        return grown
+
+
+def test_queue_wide_commands_on_20000_cold_jobs_hold_about_a_head(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    # SQLite's page cache (16 MB by default) fills as the reads walk the queue: bounded by
+    # its setting, not by the jobs, it would hide what this measures.
+    env = {"SHARDQ_ENGINE_HEAD_JOBS": str(HEAD), "SHARDQ_SQLITE_CACHE_MB": "2"}
+
+    def start() -> ShardqServer:
+        return shardq_server(shards=1, data_dir=tmp_path / "wide", env=env)
+
+    wide_scenario(start)
+
+
+def wide_scenario(start: Callable[[], ShardqServer]) -> None:
+    """The scenario, on servers `start` starts (SQLite here; PostgreSQL in
+    tests/storage/test_wide_cold_pg.py), three in turn on the same database: the pushes;
+    after a restart (a shard that holds only the heads, so its peak memory is theirs), the
+    queue-wide commands; after another, the counts they left."""
+    server = start()
+    script = Script()
+    bound = 2 * HEAD + 50
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        script.push(conn)
+    assert server.stop() == 0, server.log_tail()
+    server = start()
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        stats = conn.call({"cmd": "Stats"})["stats"]
+        assert int(stats["coldJobs"]) >= TOTAL - 2 * HEAD - 100, stats
+        assert int(stats["residentJobs"]) <= bound, stats
+        # The shard opens its reading store on its first read: that read (a lookup of the
+        # last job pushed, cold) comes before the peak is taken.
+        last = next(job_id for job_id, i in script.ids.items() if i == TOTAL - 1)
+        assert conn.call({"cmd": "GetJob", "id": last})["job"]["data"]["i"] == TOTAL - 1
+        peak = Peak(server.child_pids()["shard-0"])
+
+        # GetJobs: created-at order (push order), filtered by public state.
+        by_state: dict[str, list[int]] = {"waiting": [], "prioritized": [], "delayed": []}
+        for i in range(TOTAL):
+            by_state[script.public(i)].append(i)
+        assert _page(conn, state="waiting", limit=10) == by_state["waiting"][:10]
+        assert _page(conn, state="waiting", offset=4000, limit=10) == by_state["waiting"][4000:4010]
+        newest = list(reversed(by_state["prioritized"]))
+        assert _page(conn, state="prioritized", offset=100, limit=5, asc=False) == newest[100:105]
+        assert _page(conn, state="delayed", limit=5) == by_state["delayed"][:5]
+        both = sorted(by_state["waiting"] + by_state["delayed"])
+        peak.note("GetJobs shallow")
+        assert _page(conn, state=["waiting", "delayed"], offset=9000, limit=8) == both[9000:9008]
+        assert _resident(conn) <= bound
+        peak.note("GetJobs offset 9000")
+
+        counts = conn.call({"cmd": "GetCountsPerPriority", "queue": QUEUE})["counts"]
+        want: dict[str, int] = {}
+        for p in script.prio:
+            want[str(p)] = want.get(str(p), 0) + 1
+        assert counts == want, (counts, want)
+        assert _resident(conn) <= bound
+        peak.note("GetCountsPerPriority")
+
+        # PromoteJobs: the first 40 delayed (by run time, then push order) become waiting.
+        assert conn.call({"cmd": "PromoteJobs", "queue": QUEUE, "count": 40})["count"] == 40
+        promoted = set(by_state["delayed"][:40])
+        assert _resident(conn) <= bound + 40
+        peak.note("PromoteJobs 40")
+
+        # Clean of waiting jobs: the first 300 by push order, whatever their priority.
+        waiting = [i for i in range(TOTAL) if not script.delayed[i] or i in promoted]
+        cmd = {"cmd": "Clean", "queue": QUEUE, "state": "waiting", "grace": 0, "limit": 300}
+        reply = conn.call(cmd)
+        assert [script.ids[j] for j in reply["ids"]] == waiting[:300]
+        assert _resident(conn) <= bound + 300
+        jc = conn.call({"cmd": "GetJobCounts", "queue": QUEUE})["counts"]
+        assert jc["waiting"] + jc["prioritized"] == len(waiting) - 300, jc
+        assert jc["delayed"] == len(by_state["delayed"]) - 40, jc
+        peak.note("Clean 300")
+
+        # Drain: every waiting and delayed job left.
+        drained = conn.call({"cmd": "Drain", "queue": QUEUE})["count"]
+        assert drained == TOTAL - 300
+        jc = conn.call({"cmd": "GetJobCounts", "queue": QUEUE})["counts"]
+        assert jc["waiting"] == jc["delayed"] == jc["prioritized"] == 0, jc
+        assert conn.call({"cmd": "Count", "queue": QUEUE})["count"] == 0
+        assert _page(conn, limit=5) == []
+        assert _resident(conn) <= bound
+        grown = peak.note("Drain")
+        stats = conn.call({"cmd": "Stats"})["stats"]
+        assert int(stats["coldJobs"]) == 0, stats
+    print(f"the shard's peak memory grew by (KB, cumulative): {peak.steps}")
+    assert grown < PEAK_GROWTH_KB, grown
+    failed = [line for line in server.logs() if line.get("level") in ("error", "critical")]
+    assert not failed, failed[:3]
+    assert server.stop() == 0, server.log_tail()
+
+    # Nothing comes back after a restart: the deletions were stored, cold rows included.
+    server = start()
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        jc = conn.call({"cmd": "GetJobCounts", "queue": QUEUE})["counts"]
+        assert jc["waiting"] == jc["delayed"] == jc["prioritized"] == 0, jc
+    assert server.stop() == 0, server.log_tail()
