@@ -133,16 +133,21 @@ class MemoryBudget:
             return _NOTHING
         return self._look(n, now)
 
+    def prepare(self, counts: Mapping[str, ColdCounts]) -> None:
+        """At start (or a load of gained partitions), before `Engine.restore`: install the
+        head if storage holds cold jobs (a shard that had passed its budget), so that the
+        restore watches the rows still marked cold as the head's restore does."""
+        if self.engine.head is None and any(c.waiting or c.delayed for c in counts.values()):
+            self._size(self._install(), cold=counts)
+
     def restore_cold(
         self, counts: Mapping[str, ColdCounts], now: int, *, max_seq: int
     ) -> list[Mutation]:
-        """At start, after `Engine.restore` of the jobs that are not cold: install the head
-        if storage holds cold jobs (a shard that had passed its budget), and restore them."""
-        if self.engine.head is None:
-            if not any(c.waiting or c.delayed for c in counts.values()):
-                return []
-            self._install()
-            self._size(self.engine.head, cold=counts)
+        """After `Engine.restore` of the jobs that are not cold: the head (if `prepare` or a
+        look installed it) takes the cold counts and pages its heads in."""
+        if self.engine.head is None and not any(c.waiting or c.delayed for c in counts.values()):
+            return []
+        self.prepare(counts)
         head = self.engine.head
         assert head is not None
         return head.restore_cold(counts, now, max_seq=max_seq)

@@ -110,3 +110,35 @@ def test_a_small_backlog_stays_in_memory(shardq_server: Factory, tmp_path: Path)
     assert 0 < metrics['shardq_shard_resident_bytes{shard="0"}'] < 16 << 20
     assert stats["residentJobs"] == 5_000 and stats["coldJobs"] == 0
     assert server.stop() == 0, server.log_tail()
+
+
+def test_a_restart_of_a_shard_past_its_budget_reads_its_heads_back(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    """Stopped with most of its backlog cold, a shard under a memory budget installs its
+    head before it restores the jobs, keeps the cold ones in storage, and drains in order."""
+    data, total = tmp_path / "restart", 30_000
+    env = {"SHARDQ_SHARD_MEMORY_MB": str(BUDGET_MB)}
+    server = shardq_server(shards=1, data_dir=data, env=env)
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        for start in range(0, total, BATCH):
+            jobs = [
+                {"data": {"i": i, "pad": PAD}, "removeOnComplete": True}
+                for i in range(start, start + BATCH)
+            ]
+            conn.call({"cmd": "PUSHB", "queue": QUEUE, "jobs": jobs})
+        cold = int(conn.call({"cmd": "Stats"})["stats"]["coldJobs"])
+    assert cold > total // 2, cold
+    assert server.stop() == 0, server.log_tail()
+    server = shardq_server(shards=1, data_dir=data, env=env)
+    restored = server.find_log("cold backlog restored")
+    assert restored is not None and restored["cold_jobs"] >= cold, restored
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        assert conn.call({"cmd": "GetJobCounts", "queue": QUEUE})["counts"]["waiting"] == total
+        assert int(conn.call({"cmd": "Stats"})["stats"]["residentJobs"]) < total // 2
+        order: list[int] = []
+        while jobs := conn.call({"cmd": "PULLB", "queue": QUEUE, "count": 500})["jobs"]:
+            order += [j["data"]["i"] for j in jobs]
+            conn.call({"cmd": "ACKB", "ids": [j["id"] for j in jobs]})
+    assert order == list(range(total))
+    assert server.stop() == 0, server.log_tail()

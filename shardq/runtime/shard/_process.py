@@ -51,6 +51,7 @@ from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._takeover import Holdings, initial_partitions
 from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Storage
+from shardq.storage._cold_reads import ColdCounts
 
 __all__ = ["ShardProcess", "main"]
 
@@ -279,7 +280,13 @@ class ShardProcess:
         engine = self.core.engine
         paging = engine.head is not None or engine.memory is not None
         # Under a head or memory budget the cold waiting and delayed jobs stay in storage
-        # (paged in); a memory budget installs the head if there are any (`restore_cold`).
+        # (paged in). A memory budget installs the head before the jobs are restored if
+        # storage holds any (it had passed the budget): the restore watches cold-marked rows.
+        started = time.monotonic()
+        counts = {name: store.cold_counts(name) for name in sorted(names)} if paging else {}
+        progress.beat()
+        if engine.memory is not None:
+            engine.memory.prepare(counts)
         records = store.load_jobs(queues=names, completed_from=floor, hot_only=paging)
         # By shard, not by `names`: a schedule's queue may hold no job or config yet.
         crons = [c for c in store.load_crons() if mine(c["queue"])]
@@ -288,21 +295,18 @@ class ShardProcess:
         own = (rec for rec in records if mine(rec["queue"]))
         recovered = self.core.recover(progress.count(own), queues, now, crons, hooks)
         if paging:
-            recovered += self._restore_cold(store, names, now, progress)
+            recovered += self._restore_cold(store, counts, now, started)
         outbox = store.load_flow_outbox()
         self.core.engine.flows.load_outbox(n for n in outbox if mine(n["cq"]))
         if floor is not None and starting:  # a gained partition's were its owner's
             recovered += self._delete_stale(store.stale_completed(floor, names), now)
         return progress.loaded, len(queues), recovered
 
-    def _restore_cold(self, store: Storage, names: set[str], now: int, progress: Progress) -> int:
+    def _restore_cold(
+        self, store: Storage, counts: Mapping[str, ColdCounts], now: int, started: float
+    ) -> int:
         """Under a head or memory budget: each queue's cold counts to the engine, which pages
         its heads in. Returns the mutations that made (hot jobs sorting after a head go cold)."""
-        started = time.monotonic()
-        counts = {}
-        for name in sorted(names):
-            counts[name] = store.cold_counts(name)
-            progress.beat()
         made = self.core.restore_cold(counts, now, store.max_seq())
         cold = sum(c.waiting + c.delayed for c in counts.values())
         if not cold and self.core.engine.head is None:
