@@ -129,7 +129,7 @@ SHARD_MEMORY = ("residentBytes", "memoryBudgetBytes", "memoryOver")
 
 
 def _memory(lists: list[list[int]], shard: int) -> str:
-    """`12 / 256` (MiB), `12 / off` without a budget, `300 / 256 over` when pinned jobs pass it."""
+    """`12 / 256` (MiB), `off` without a budget, `300 / 256 over` when pinned jobs pass it."""
     estimate, budget, over = (v[shard] if shard < len(v) else 0 for v in lists)
     if not budget:
         return "off"

@@ -97,8 +97,9 @@ def test_a_shard_keeps_its_jobs_under_8_mib_and_drains_in_order(
 
 
 def test_a_small_backlog_stays_in_memory(shardq_server: Factory, tmp_path: Path) -> None:
-    """Under the default budget (256 MiB) 5,000 jobs fit: nothing goes cold, no head."""
-    server = shardq_server(shards=1, data_dir=tmp_path / "small")
+    """Under a budget of 256 MiB 5,000 jobs fit: nothing goes cold, no head."""
+    env = {"SHARDQ_SHARD_MEMORY_MB": "256"}
+    server = shardq_server(shards=1, data_dir=tmp_path / "small", env=env)
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         for start in range(0, 5_000, BATCH):
             jobs = [{"data": {"i": i}} for i in range(start, start + BATCH)]
