@@ -41,7 +41,7 @@ class Sample:
     workers: list[dict[str, Any]]
     paused: dict[str, bool] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)
-    # Metrics' per-shard lists: residentJobs, coldJobs (head budget), inFlight.
+    # Metrics' per-shard lists: residentJobs, coldJobs (head budget), memory, inFlight.
     shards: dict[str, list[int]] = field(default_factory=dict)
 
 
@@ -107,17 +107,33 @@ def render(url: str, sample: Sample) -> Group:
 
 
 def _shards(sample: Sample) -> Table:
-    """One row per shard: jobs in memory, jobs cold in storage (head budget), requests in
-    flight."""
+    """One row per shard: jobs in memory, jobs cold in storage (head budget), the estimate
+    of what its resident jobs take against its memory budget (MiB; "over" once jobs that
+    cannot go cold alone pass it), requests in flight."""
     table = Table(title="shards", expand=False)
     columns = (("resident", "residentJobs"), ("cold", "coldJobs"), ("in flight", "inFlight"))
     table.add_column("shard")
-    for title, _ in columns:
+    for title, _ in columns[:2]:
         table.add_column(title, justify="right")
+    table.add_column("memory MiB / budget", justify="right")
+    table.add_column(columns[2][0], justify="right")
     lists = [sample.shards.get(key, []) for _, key in columns]
+    memory = [sample.shards.get(key, []) for key in SHARD_MEMORY]
     for shard in range(max((len(v) for v in lists), default=0)):
-        table.add_row(str(shard), *(f"{v[shard]:,}" if shard < len(v) else "-" for v in lists))
+        cells = [f"{v[shard]:,}" if shard < len(v) else "-" for v in lists]
+        table.add_row(str(shard), cells[0], cells[1], _memory(memory, shard), cells[2])
     return table
+
+
+SHARD_MEMORY = ("residentBytes", "memoryBudgetBytes", "memoryOver")
+
+
+def _memory(lists: list[list[int]], shard: int) -> str:
+    """`12 / 256` (MiB), `off` without a budget, `300 / 256 over` when pinned jobs pass it."""
+    estimate, budget, over = (v[shard] if shard < len(v) else 0 for v in lists)
+    if not budget:
+        return "off"
+    return f"{estimate >> 20:,} / {budget >> 20:,}" + (" over" if over else "")
 
 
 def top(

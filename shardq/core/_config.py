@@ -57,12 +57,14 @@ class EngineConfig:
     # Minutes of per-queue pushed/completed/failed counts and wait/run time buckets kept for
     # the dashboard's charts (GetJobCounts `history`); at most ~42 KB per busy queue an hour.
     max_history_minutes: int = 60
-    # -- the head budget (issue 22, `_head.py`)
-    # Waiting jobs, and delayed jobs, each queue keeps in memory; the rest stay in the cold
-    # backlog (storage) and are paged in as the head runs low. A count of jobs, not bytes:
-    # the engine holds jobs as objects and knows no job's size, while the runtime does
-    # (it derives this from shard_memory_mb). 0: every job in memory (no backlog needed).
+    # -- the head budget (issue 22, `_head.py`, `_budget.py`)
+    # Waiting jobs, and delayed jobs, each queue keeps in memory at most; the rest stay in
+    # the cold backlog (storage) and are paged in as the head runs low. 0: no such cap (every
+    # job in memory, unless the shard's memory budget, `shard_memory_mb`, sizes the heads).
     head_jobs: int = 0
+    # The smallest head the memory budget gives a queue with a backlog: at least the largest
+    # PULLB count workers use, or each full batch pull pages in.
+    head_min_jobs: int = 1_000
     # About how many stored bytes one page-in reads at most (the storage's page bound).
     head_page_bytes: int = 4 << 20
 

@@ -48,6 +48,7 @@ from shardq.errors import CommandError
 from shardq.protocol._schema import REGISTRY, Checker, Command
 
 from ._admin import QueueAdmin
+from ._budget import MemoryBudget
 from ._cold import ColdBacklog
 from ._cold_wide import WIDE, ColdWide
 from ._config import EngineConfig
@@ -230,6 +231,7 @@ class Engine:
         seed: int | None = None,
         compact_pulls: bool = False,
         backlog: ColdBacklog | None = None,
+        memory_bytes: int = 0,
     ) -> None:
         store = self.store = JobStore(config, seed=seed)
         self.config = store.config
@@ -261,6 +263,12 @@ class Engine:
             if backlog is None:
                 raise ValueError("engine config head_jobs needs a cold backlog to page from")
             self._install_head(ColdHead(store, backlog))
+        # A memory budget (`_budget.py`, 0: off) installs the head itself once needed.
+        self.memory: MemoryBudget | None = None
+        if memory_bytes:
+            if backlog is None:
+                raise ValueError("a memory budget needs a cold backlog to page from")
+            self.memory = MemoryBudget(self, backlog, memory_bytes)
 
     def _install_head(self, head: ColdHead) -> None:
         """Under a head budget (`_head.py`): the head's hooks replace a few bound methods

@@ -190,6 +190,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "spin_auto_cut_us": _ranged(0, MAX_SPIN_US),  # 0: never cut a spin short
     "memory_release_idle_ms": _ranged(0, 3_600_000, ms=True),  # 0: never
     "memory_release_grow_mb": _ranged(1, 1 << 20),
+    # Up to 1 TiB; 0: no memory budget (every job in memory).
+    "shard_memory_mb": _ranged(0, 1 << 20),
     # -- crash and stats (issue 10): an hour of one-second buckets is plenty for a rate.
     "stats_rate_window_s": _ranged(1, 3600),
     # -- isolation (writer and shard storage)

@@ -52,7 +52,8 @@ class SupervisorSettings:
 
 @dataclass(frozen=True, slots=True)
 class ProcessSettings:
-    """What every child process reads: logging, the stop drain, spinning, the test clock."""
+    """What every child process reads: logging, the stop drain, spinning, the test clock,
+    and the shards' memory budget (which the monitoring reports too)."""
 
     shutdown_timeout_ms: int = 30_000  # bunqueue's SHUTDOWN_TIMEOUT_MS: the active-job drain
     log_format: str = "auto"
@@ -79,6 +80,12 @@ class ProcessSettings:
     # C heap, if it grew at least `memory_release_grow_mb` since its last release.
     memory_release_idle_ms: int = 2_000
     memory_release_grow_mb: int = 8
+    # The memory budget of each shard's resident jobs, in MiB (issue 22; docs/runtime.md,
+    # "The memory budget"): past it the queues with the longest backlogs keep only their
+    # heads in memory and the rest cold, in storage. 0: every job in memory.
+    # 0 by default until the whole suite has run with 256 (docs/runtime.md, "Why 0 by
+    # default").
+    shard_memory_mb: int = 0
     # Test-only: a file whose number (seconds) every server process adds to the wall clock,
     # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
     test_clock_file: str = ""

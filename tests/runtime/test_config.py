@@ -136,6 +136,7 @@ VALID_TEXT = {
     "spin_auto_cut_us": "0",
     "memory_release_idle_ms": "500",
     "memory_release_grow_mb": "4",
+    "shard_memory_mb": "64",
     "direct_shards": "true",
     "direct_max_connections": "10",
     "stats_rate_window_s": "2",
@@ -262,6 +263,7 @@ spin_auto_max_runnable = 3
 spin_auto_cut_us = 0
 memory_release_idle_ms = 500
 memory_release_grow_mb = 4
+shard_memory_mb = 64
 direct_shards = true
 direct_max_connections = 10
 stats_rate_window_s = 2
@@ -410,6 +412,7 @@ def test_shards_auto_and_number() -> None:
         ("spin_auto_cut_us", "10001"),
         ("memory_release_idle_ms", "-1"),
         ("memory_release_grow_mb", "0"),
+        ("shard_memory_mb", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
         ("stats_rate_window_s", "0"),

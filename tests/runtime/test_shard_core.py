@@ -276,6 +276,9 @@ def test_stats_counts_this_shard(s: Shard) -> None:
         "storageStalled": 0,  # its writer keeps up
         "residentJobs": 4,  # every job in memory: no head budget
         "coldJobs": 0,
+        "memoryBudgetBytes": 0,  # no memory budget either (the engine's default)
+        "residentBytes": 0,
+        "memoryOver": 0,
     }
 
 

@@ -239,13 +239,23 @@ def metrics_reply(
         "pull": counters.pull_ms.histogram(),
         "ack": counters.ack_ms.histogram(),
     }
-    # Each shard's jobs in memory and, under a head budget, in storage only (cold).
-    shards = {
-        "inFlight": list(in_flight),
-        "residentJobs": [_stat(reply, "residentJobs") for reply in stats_replies],
-        "coldJobs": [_stat(reply, "coldJobs") for reply in stats_replies],
-    }
+    # Each shard's jobs in memory and, under a head budget, in storage only (cold); its
+    # memory budget, the estimate of what its resident jobs take, and whether jobs that
+    # cannot go cold alone pass the budget.
+    shards: dict[str, list[int]] = {"inFlight": list(in_flight)}
+    for key in SHARD_STATS:
+        shards[key] = [_stat(reply, key) for reply in stats_replies]
     return {"ok": True, "metrics": metrics, "latency": latency, "shards": shards}
+
+
+SHARD_STATS: Final = (
+    "residentJobs",
+    "coldJobs",
+    "memoryBudgetBytes",
+    "residentBytes",
+    "memoryOver",
+)
+"""The Stats counts Metrics lists per shard (`shards`)."""
 
 
 def _stat(reply: Reply, key: str) -> int:

@@ -78,6 +78,11 @@ class Snapshot:
     resident: list[int] = field(default_factory=list)
     cold: list[int] = field(default_factory=list)
     head_jobs: int = 0
+    # Per shard: the memory budget (`shard_memory_mb`, 0: off), the estimate of what its
+    # resident jobs take, and 1 while jobs that cannot go cold alone pass the budget.
+    memory_budget: list[int] = field(default_factory=list)
+    resident_bytes: list[int] = field(default_factory=list)
+    memory_over: list[int] = field(default_factory=list)
     error: str | None = None  # why the server did not answer (a restarting shard, ...)
     unreachable: list[str] = field(default_factory=list)  # nodes left out of the answer
 
@@ -144,6 +149,9 @@ class Monitor:
             tcp_connections=max(0, established(self._spec.tcp.tcp_port) - own),
             resident=_ints(_data(metrics, "shards").get("residentJobs")),
             cold=_ints(_data(metrics, "shards").get("coldJobs")),
+            memory_budget=_ints(_data(metrics, "shards").get("memoryBudgetBytes")),
+            resident_bytes=_ints(_data(metrics, "shards").get("residentBytes")),
+            memory_over=_ints(_data(metrics, "shards").get("memoryOver")),
             head_jobs=int(self._spec.engine.get("head_jobs", 0)),
             unreachable=unreachable(stats, metrics, workers),
         )
@@ -381,7 +389,8 @@ class _SnapshotCollector(Collector):
         yield from self._head()
 
     def _head(self) -> Iterator[Metric]:
-        """The head budget: its setting, and each shard's jobs in memory and cold."""
+        """The head and memory budgets: their settings, each shard's jobs in memory and cold,
+        and the estimate of the bytes its resident jobs take."""
         snap = self._snap
         yield GaugeMetricFamily(
             "shardq_head_jobs",
@@ -391,6 +400,21 @@ class _SnapshotCollector(Collector):
         for name, doc, values in (
             ("shardq_shard_resident_jobs", "Jobs a shard holds in memory", snap.resident),
             ("shardq_shard_cold_jobs", "Jobs a shard left in storage (head budget)", snap.cold),
+            (
+                "shardq_shard_memory_budget_bytes",
+                "A shard's memory budget for its resident jobs (shard_memory_mb; 0: off)",
+                snap.memory_budget,
+            ),
+            (
+                "shardq_shard_resident_bytes",
+                "The estimate of what a shard's resident jobs take (under a memory budget)",
+                snap.resident_bytes,
+            ),
+            (
+                "shardq_shard_memory_over",
+                "1 while jobs that cannot go cold alone pass a shard's memory budget",
+                snap.memory_over,
+            ),
         ):
             family = GaugeMetricFamily(name, doc, labels=["shard"])
             for shard, count in enumerate(values):

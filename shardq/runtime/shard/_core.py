@@ -38,7 +38,7 @@ from shardq.runtime.shard._commands import (
 )
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
-from shardq.runtime.shard._memory import release_memory
+from shardq.runtime.shard._memory import BudgetCheck, release_memory
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
 from shardq.runtime.shard._writer_batches import Item, WriterBatches
 
@@ -113,6 +113,8 @@ class ShardCore:
             hard_max_bytes=frame_max_bytes - _MESSAGE_ROOM,
         )
         self._tick_after = 0  # no timer pass before this time (ms): the last one raised
+        # Under a memory budget, its check after each turn (`_memory.BudgetCheck`).
+        self._budget = BudgetCheck(index, engine, self._absorb)
         self._finished: set[str] = set()
         self.polls = LongPolls()
         engine.cron.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
@@ -187,12 +189,20 @@ class ShardCore:
         """Under a head budget, after `recover`: the queues' cold counts (`cold_counts` of the
         store) and its highest seq to the engine's head; return how many mutations that made
         (they go out with the next `finish_turn`)."""
-        head = self.engine.head
-        if head is None:
+        memory, head = self.engine.memory, self.engine.head
+        if memory is not None:
+            muts = memory.restore_cold(counts, now, max_seq=max_seq)
+        elif head is not None:
+            muts = head.restore_cold(counts, now, max_seq=max_seq)
+        else:
             return 0
-        muts = head.restore_cold(counts, now, max_seq=max_seq)
         self._muts.extend(muts)
         return len(muts)
+
+    def head_jobs(self) -> int:
+        """The per-queue head size in force (0: every job in memory)."""
+        head = self.engine.head
+        return head.budget if head is not None else 0
 
     def forget_rows(self, row_keys: Iterable[str]) -> None:
         """Delete stored job rows the engine never loaded (recovery's stale completed rows);
@@ -233,7 +243,7 @@ class ShardCore:
         batch holding its job was handed to the writer.
         """
         self.event_tap.now = now
-        for step in (self._tick, self._serve_polls, self._serve_waits):
+        for step in (self._tick, self._serve_polls, self._serve_waits, self._budget.fit):
             try:
                 step(now)
             except Exception:
@@ -415,6 +425,12 @@ class ShardCore:
         totals["residentJobs"] = len(self.engine.jobs)
         head = self.engine.head
         totals["coldJobs"] = head.cold_total() if head is not None else 0
+        # The memory budget (0: off), the estimate of what the resident jobs take, and
+        # whether jobs that cannot go cold alone pass it (`core._budget`).
+        memory = self.engine.memory
+        totals["memoryBudgetBytes"] = memory.budget if memory is not None else 0
+        totals["residentBytes"] = memory.resident_bytes() if memory is not None else 0
+        totals["memoryOver"] = int(memory.over) if memory is not None else 0
         return {"ok": True, "stats": totals}
 
     # -- long-polls ------------------------------------------------------------------------

@@ -25,7 +25,10 @@ import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
+import structlog
+
 from shardq.core import Engine
+from shardq.core._mutations import Mutation
 from shardq.core._packed import pack_completed
 from shardq.runtime._giveback import (
     GiveBackSettings,
@@ -35,11 +38,13 @@ from shardq.runtime._giveback import (
     rss_bytes,
 )
 
-__all__ = ["MemoryReturner", "malloc_trim", "release_memory"]
+__all__ = ["BudgetCheck", "MemoryReturner", "malloc_trim", "release_memory"]
 
 # Below this many jobs at the high-water mark a release is not worth its pause: what a
 # smaller backlog leaves behind is a few tens of MB.
 RELEASE_FROM = 100_000
+
+_log = structlog.get_logger()
 
 
 def compact_engine(engine: Engine) -> list[MutableMapping[Any, Any]]:
@@ -118,3 +123,37 @@ class MemoryReturner:
         """Collect, rebuild the engine's big tables at their size, and trim the C heap."""
         self.idle.release(rss_bytes(), "halved", jobs=held, high_water=self._high)
         self._high = held
+
+
+class BudgetCheck:
+    """The memory budget's check after each turn (`shardq.core._budget`): it sends the
+    longest backlogs' tails cold once the shard's jobs pass the budget; the mutations go to
+    `absorb`, with the turn's. Logs once when jobs that cannot go cold alone pass the budget,
+    and once when the shard is back under it."""
+
+    def __init__(
+        self, index: int, engine: Engine, absorb: Callable[[list[Mutation], tuple[()]], None]
+    ) -> None:
+        self._index = index
+        self._engine = engine
+        self._absorb = absorb
+        self._over = False  # the budget's `over`, as last logged
+
+    def fit(self, now: int) -> None:
+        memory = self._engine.memory
+        if memory is None:
+            return
+        muts = memory.check(now)
+        if muts:
+            self._absorb(muts, ())
+        if memory.over is self._over:
+            return
+        self._over = memory.over
+        if memory.over:
+            event, log = "memory budget passed by jobs that stay in memory", _log.warning
+        else:
+            event, log = "memory budget kept again", _log.info
+        head = self._engine.head
+        log(event, shard=self._index, budget_mb=memory.budget >> 20,
+            estimate_mb=memory.resident_bytes() >> 20, jobs=len(self._engine.jobs),
+            head_jobs=head.budget if head is not None else 0)  # fmt: skip

@@ -53,6 +53,7 @@ from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._takeover import Holdings, initial_partitions
 from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Storage
+from shardq.storage._cold_reads import ColdCounts
 
 __all__ = ["ShardProcess", "main"]
 
@@ -78,11 +79,15 @@ class ShardProcess:
         config = EngineConfig(**spec.engine)
         # Under a head budget the engine pages its cold jobs in through the shard's own store
         # (`shard._backlog`), opened on first use and kept; None keeps every job in memory.
+        # A memory budget (`shard_memory_mb`) installs the head only once the shard's jobs
+        # pass it (`shardq.core._budget`); the store is opened on the first read all the same.
         self._backlog: StoreBacklog | None = None
-        if config.head_jobs:
+        memory = spec.process.shard_memory_mb << 20
+        if config.head_jobs or memory:
             opener = partial(open_storage, spec, capped=False)
-            self._backlog = StoreBacklog(opener, spec.index, config.head_jobs)
-        engine = Engine(config, compact_pulls=True, backlog=self._backlog)
+            logged = config.head_jobs or config.head_min_jobs
+            self._backlog = StoreBacklog(opener, spec.index, logged)
+        engine = Engine(config, compact_pulls=True, backlog=self._backlog, memory_bytes=memory)
         self.core = ShardCore(
             spec.index,
             engine,
@@ -256,8 +261,10 @@ class ShardProcess:
 
     def _storage(self) -> AbstractContextManager[Storage]:
         """The store to load from: under a head budget the backlog's (kept open after),
-        otherwise one opened for the load and closed after it."""
-        if self._backlog is not None:
+        otherwise one opened for the load and closed after it (a memory budget that has not
+        installed the head loads as without one: on PostgreSQL, loads of gained partitions
+        through the kept connection made a takeover mid-flow time out, test_flow_nodes)."""
+        if self._backlog is not None and self.core.engine.head is not None:
             return nullcontext(self._backlog.store)
         return open_storage(self.spec, capped=False)
 
@@ -285,35 +292,42 @@ class ShardProcess:
         progress.beat()
         floor = store.completed_floor(self.core.engine.config.max_completed, names)
         progress.beat()
-        head = self.core.engine.head
-        # Under a head budget the cold waiting and delayed jobs stay in storage (paged in).
-        records = store.load_jobs(queues=names, completed_from=floor, hot_only=head is not None)
+        engine = self.core.engine
+        paging = engine.head is not None or engine.memory is not None
+        # Under a head or memory budget the cold waiting and delayed jobs stay in storage
+        # (paged in). A memory budget installs the head before the jobs are restored if
+        # storage holds any (it had passed the budget): the restore watches cold-marked rows.
+        started = time.monotonic()
+        counts = {name: store.cold_counts(name) for name in sorted(names)} if paging else {}
+        progress.beat()
+        if engine.memory is not None:
+            engine.memory.prepare(counts)
+        records = store.load_jobs(queues=names, completed_from=floor, hot_only=paging)
         # By shard, not by `names`: a schedule's queue may hold no job or config yet.
         crons = [c for c in store.load_crons() if mine(c["queue"])]
         # Shard 0 owns the webhook registry (shardq.core._webhooks); they belong to no queue.
         hooks = store.load_webhooks() if spec.index == 0 and starting else []
         own = (rec for rec in records if mine(rec["queue"]))
         recovered = self.core.recover(progress.count(own), queues, now, crons, hooks)
-        if head is not None:
-            recovered += self._restore_cold(store, names, now, progress)
+        if paging:
+            recovered += self._restore_cold(store, counts, now, started)
         outbox = store.load_flow_outbox()
         self.core.engine.flows.load_outbox(n for n in outbox if mine(n["cq"]))
         if floor is not None and starting:  # a gained partition's were its owner's
             recovered += self._delete_stale(store.stale_completed(floor, names), now)
         return progress.loaded, len(queues), recovered
 
-    def _restore_cold(self, store: Storage, names: set[str], now: int, progress: Progress) -> int:
-        """Under a head budget: each queue's cold counts to the engine, which pages its heads
-        in. Returns the mutations that made (hot jobs sorting after a head go cold)."""
-        started = time.monotonic()
-        counts = {}
-        for name in sorted(names):
-            counts[name] = store.cold_counts(name)
-            progress.beat()
+    def _restore_cold(
+        self, store: Storage, counts: Mapping[str, ColdCounts], now: int, started: float
+    ) -> int:
+        """Under a head or memory budget: each queue's cold counts to the engine, which pages
+        its heads in. Returns the mutations that made (hot jobs sorting after a head go cold)."""
         made = self.core.restore_cold(counts, now, store.max_seq())
         cold = sum(c.waiting + c.delayed for c in counts.values())
+        if not cold and self.core.engine.head is None:
+            return made  # a memory budget never passed: nothing cold, no head
         _log.info("cold backlog restored", queues=len(counts), cold_jobs=cold,
-                  head_jobs=self.core.engine.config.head_jobs, mutations=made,
+                  head_jobs=self.core.head_jobs(), mutations=made,
                   ms=round((time.monotonic() - started) * 1000))  # fmt: skip
         return made
 

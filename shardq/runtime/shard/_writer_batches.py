@@ -98,8 +98,8 @@ class WriterBatches:
         self.resent_rounds = 0
         # Under a head budget: (seq, the head's mark) for each turn that sent a batch; the
         # `done` covering seq tells the head that its cold writes up to the mark are stored
-        # (`shardq.core._head`: its reads of the backlog show them from then on).
-        self._head = engine.head
+        # (`shardq.core._head`: its reads of the backlog show them from then on). The head
+        # is read from the engine each time: a memory budget installs it while running.
         self._marks: deque[tuple[int, int]] = deque()
 
     @property
@@ -175,7 +175,7 @@ class WriterBatches:
     def mark_head(self) -> None:
         """After a turn's batches went out: the head's mark for every mutation made so far,
         confirmed with the `done` of the last batch sent."""
-        head = self._head
+        head = self._engine.head
         if head is None or self.seq <= self.committed:
             return
         if self._marks and self._marks[-1][0] == self.seq:
@@ -277,8 +277,9 @@ class WriterBatches:
             mark = marks.popleft()[1]
             while marks and marks[0][0] <= seq:
                 mark = marks.popleft()[1]
-            assert self._head is not None
-            self._head.committed(mark)
+            head = self._engine.head
+            assert head is not None
+            head.committed(mark)
 
     def on_fail(self, msg: dict[str, Any], now: int) -> None:
         seq = msg.get("seq")
