@@ -22,7 +22,7 @@ this module unless a PostgreSQL store is opened.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -313,6 +313,13 @@ class PostgresStore(ColdReads):
         """Nothing to release (see `free_pages`): 0."""
         self._connection()
         return 0
+
+    def set_progress(self, beat: Callable[[], None] | None) -> None:
+        """Does nothing: a statement runs in the server while the client waits in libpq, and
+        psycopg has no hook that calls back meanwhile (a second thread could beat, but the
+        shard's link to the supervisor belongs to its main thread). A starting shard still
+        beats between statements."""
+        del beat
 
     def new_connection(self) -> Conn:
         """Another autocommit connection to the same database and schema, for a thread of its
