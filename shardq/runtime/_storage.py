@@ -7,15 +7,27 @@ file at `data_path` with the writer's SQLite settings, as always.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Final
+
 from shardq.runtime._spec import ChildSpec
 from shardq.storage import Storage, Store, open_postgres
 
-__all__ = ["open_storage", "storage_place"]
+__all__ = ["BEAT_EVERY_S", "every", "open_storage", "storage_place"]
+
+BEAT_EVERY_S: Final = 0.25
+"""How often a child busy opening its store tells the supervisor it is alive: well inside
+the shortest `ready_timeout_ms` (1 s)."""
 
 
-def open_storage(spec: ChildSpec, *, capped: bool) -> Storage:
+def open_storage(
+    spec: ChildSpec, *, capped: bool, progress: Callable[[], None] | None = None
+) -> Storage:
     """Open (and migrate) the configured store. `capped`: apply `max_db_bytes` (the writer
-    does; a shard only reads). Raises `StorageError`."""
+    does; a shard only reads). `progress`: called now and then during SQLite's migrations
+    (`Store.open`; PostgreSQL's run statements the client cannot interrupt, and it is not
+    called). Raises `StorageError`."""
     settings = spec.writer
     if settings.storage_url:
         return open_postgres(settings.storage_url)
@@ -25,7 +37,23 @@ def open_storage(spec: ChildSpec, *, capped: bool) -> Storage:
         max_bytes=(settings.max_db_bytes or None) if capped else None,
         cache_mb=settings.sqlite_cache_mb,
         mmap_mb=settings.sqlite_mmap_mb,
+        progress=progress,
     )
+
+
+def every(beat: Callable[[], None], seconds: float) -> Callable[[], None]:
+    """`beat`, called at most once per `seconds` (a cheap clock check otherwise): for a
+    progress callback that SQLite may call hundreds of times a second."""
+    due = time.monotonic()
+
+    def throttled() -> None:
+        nonlocal due
+        now = time.monotonic()
+        if now >= due:
+            due = now + seconds
+            beat()
+
+    return throttled
 
 
 def storage_place(spec: ChildSpec) -> str:

@@ -38,7 +38,7 @@ in tests/storage/contract/ runs the same tests against every backend):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from types import TracebackType
 from typing import Protocol
 
@@ -195,6 +195,13 @@ class Storage(Protocol):
     def release_memory(self) -> None:
         """Hand back what the connection caches in this process (SQLite's page cache), when
         the owner is idle; the store stays usable and refills it on use."""
+        ...
+
+    def set_progress(self, beat: Callable[[], None] | None) -> None:
+        """Have `beat` called now and then while one of this store's statements runs (None:
+        no more), so that a starting shard whose single read lasts long still tells the
+        supervisor it is alive. `beat` must be cheap and must not use the store; it throttles
+        itself. A backend that cannot call back during a statement does nothing."""
         ...
 
     def close(self) -> None:

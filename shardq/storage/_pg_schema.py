@@ -22,6 +22,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.rows import TupleRow
 
+from shardq.storage import _schema
 from shardq.storage._errors import StorageError, StorageFull, StorageRejected
 from shardq.storage._progress import migration_step
 
@@ -30,7 +31,10 @@ __all__ = [
     "COLD_VERSION",
     "DELTAS_VERSION",
     "GROUPS_VERSION",
+    "HOT_SEQ_CONDITIONS",
     "MIGRATIONS",
+    "SEQ_INDEXES",
+    "SEQ_VERSION",
     "Conn",
     "migrate",
     "pg_error",
@@ -142,6 +146,27 @@ def _v6_cold_backlog(conn: Conn) -> None:
     )
 
 
+def _v7_seq_by_temperature(conn: Conn) -> None:
+    # The SQLite schema's version 10 (`_schema._v10_seq_by_temperature` says why): the seq
+    # index split in three partial ones, so that a budgeted start reads its hot rows and its
+    # completed window without walking the cold backlog. An update that changes `state` was
+    # no HOT update already (the cold indexes' conditions name it), so a hot row's writes
+    # touch one seq index as before.
+    conn.execute("DROP INDEX IF EXISTS jobs_seq_ord")
+    for name, condition in SEQ_INDEXES.items():
+        conn.execute(f"CREATE INDEX {name} ON jobs (seq, ord) WHERE {condition}")
+
+
+SEQ_INDEXES: dict[str, str] = dict(
+    zip(
+        ("jobs_seq_ord", "jobs_cold_seq", "jobs_taken_seq"),
+        _schema.SEQ_INDEXES.values(),
+        strict=True,
+    )
+)
+"""The seq indexes from `SEQ_VERSION` on: the condition of each (`_schema.SEQ_INDEXES`)."""
+HOT_SEQ_CONDITIONS: tuple[str, ...] = (SEQ_INDEXES["jobs_seq_ord"], SEQ_INDEXES["jobs_taken_seq"])
+"""The conditions of the hot set's seq indexes (all but the cold backlog's)."""
 DELTAS_VERSION = 3
 """The schema version that added `job_deltas`."""
 GROUPS_VERSION = 4
@@ -150,6 +175,8 @@ CLUSTER_VERSION = 5
 """The schema version that added the cluster's tables (`cluster_nodes`, `partition_leases`)."""
 COLD_VERSION = 6
 """The schema version that added the cold columns and their indexes (`_v6_cold_backlog`)."""
+SEQ_VERSION = 7
+"""The schema version that split the seq index by temperature (`_v7_seq_by_temperature`)."""
 
 # Append only. A schema's version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -159,6 +186,7 @@ MIGRATIONS: list[Migration] = [
     _v4_queue_groups,
     _v5_cluster,
     _v6_cold_backlog,
+    _v7_seq_by_temperature,
 ]
 
 

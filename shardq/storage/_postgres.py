@@ -22,7 +22,7 @@ this module unless a PostgreSQL store is opened.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -196,20 +196,28 @@ class PostgresStore(ColdReads):
         if completed_from is not None:
             where += " AND (state <> 'completed' OR seq >= %s)"
             params = (*params, completed_from)
-        if hot_only and self._version >= _pg_schema.COLD_VERSION:
-            where += " AND " + HOT_SET
-        columns = "SELECT seq, ord, rec, patch, id FROM jobs WHERE"
-        first = f"{columns} {where} ORDER BY seq, ord LIMIT %s"
-        more = f"{columns} (seq, ord) > (%s, %s) AND {where} ORDER BY seq, ord LIMIT %s"
-        rows = self._rows("loading jobs", first, (*params, page_size))
+        if self._version >= _pg_schema.SEQ_VERSION:  # the split seq indexes (`_seq_reads`)
+            conditions = _pg_schema.HOT_SEQ_CONDITIONS if hot_only else _ALL_SEQ
+            first = more = _split_page(where, conditions)
+            each = (len(conditions), params, page_size)
+            rows = self._rows("loading jobs", first, _split_params(_FIRST, *each))
+        else:
+            if hot_only and self._version >= _pg_schema.COLD_VERSION:
+                where += " AND " + HOT_SET
+            columns = "SELECT seq, ord, rec, patch, id FROM jobs WHERE"
+            first = f"{columns} {where} ORDER BY seq, ord LIMIT %s"
+            more = f"{columns} (seq, ord) > (%s, %s) AND {where} ORDER BY seq, ord LIMIT %s"
+            each = None
+            rows = self._rows("loading jobs", first, (*params, page_size))
         while rows:
             ops = self._page_deltas([row[4] for row in rows])
             for _seq, _ord, rec, patch, row_id in rows:
                 yield self._decode_row(rec, patch, ops.get(row_id, ()))
             if len(rows) < page_size:
                 return
-            last_seq, last_ord = rows[-1][0], rows[-1][1]
-            rows = self._rows("loading jobs", more, (last_seq, last_ord, *params, page_size))
+            last = (rows[-1][0], rows[-1][1])
+            args = (*last, *params, page_size) if each is None else _split_params(last, *each)
+            rows = self._rows("loading jobs", more, args)
 
     def queue_names(self) -> set[str]:
         """The name of every queue that has a stored job, config or configured group."""
@@ -220,7 +228,11 @@ class PostgresStore(ColdReads):
 
     def max_seq(self) -> int:
         """The highest seq of any stored job, 0 if there is none."""
-        (seq,) = self._rows("reading the highest seq", "SELECT max(seq) FROM jobs", ())[0]
+        sql = "SELECT max(seq) FROM jobs"
+        if self._version >= _pg_schema.SEQ_VERSION:  # the last entry of each seq index
+            one = "(SELECT seq FROM jobs WHERE {} ORDER BY seq DESC LIMIT 1)"
+            sql = "SELECT greatest(" + ", ".join(one.format(c) for c in _ALL_SEQ) + ")"
+        (seq,) = self._rows("reading the highest seq", sql, ())[0]
         return 0 if seq is None else int(seq)
 
     def completed_floor(self, keep: int, queues: Collection[str] | None = None) -> int | None:
@@ -229,10 +241,20 @@ class PostgresStore(ColdReads):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         where, params = _filter(queues)
-        sql = (
-            f"SELECT seq FROM jobs WHERE state = 'completed' AND {where}"
-            " ORDER BY seq DESC LIMIT 1 OFFSET %s"
-        )
+        if self._version >= _pg_schema.SEQ_VERSION:  # the hot set's seq indexes only
+            one = (
+                "(SELECT seq FROM jobs WHERE {c} AND state = 'completed' AND {w}"
+                " ORDER BY seq DESC LIMIT %s)"
+            )
+            hot = _pg_schema.HOT_SEQ_CONDITIONS
+            sql = " UNION ALL ".join(one.format(c=c, w=where) for c in hot)
+            sql += " ORDER BY 1 DESC LIMIT 1 OFFSET %s"
+            params = (*params, keep + 1) * len(hot)
+        else:
+            sql = (
+                f"SELECT seq FROM jobs WHERE state = 'completed' AND {where}"
+                " ORDER BY seq DESC LIMIT 1 OFFSET %s"
+            )
         rows = self._rows("finding the retained completed jobs", sql, (*params, keep))
         # Row `keep` (0-based) is the newest one past the window: the window starts above it.
         return int(rows[0][0]) + 1 if rows else None
@@ -313,6 +335,13 @@ class PostgresStore(ColdReads):
         """Nothing to release (see `free_pages`): 0."""
         self._connection()
         return 0
+
+    def set_progress(self, beat: Callable[[], None] | None) -> None:
+        """Does nothing: a statement runs in the server while the client waits in libpq, and
+        psycopg has no hook that calls back meanwhile (a second thread could beat, but the
+        shard's link to the supervisor belongs to its main thread). A starting shard still
+        beats between statements."""
+        del beat
 
     def new_connection(self) -> Conn:
         """Another autocommit connection to the same database and schema, for a thread of its
@@ -416,6 +445,29 @@ class PostgresStore(ColdReads):
             return merge_row(rec, patch, ops)
         except (ValueError, msgpack.UnpackException) as e:
             raise StorageError(f"{self!r}: a stored job record is corrupt: {e}") from e
+
+
+_FIRST = (-(1 << 63), -(1 << 63))
+"""The (seq, ord) cursor before every row."""
+_ALL_SEQ = tuple(_pg_schema.SEQ_INDEXES.values())
+
+
+def _split_page(where: str, conditions: Sequence[str]) -> str:
+    """A page in (seq, ord) order over the seq indexes of `conditions` (SQLite's
+    `_seq_reads.page_sql`): each part repeats its index's condition and reads at most the
+    page's rows from it in order; the few rows they return are merged."""
+    one = (
+        "(SELECT seq, ord, rec, patch, id FROM jobs WHERE {c} AND (seq, ord) > (%s, %s)"
+        " AND {w} ORDER BY seq, ord LIMIT %s)"
+    )
+    union = " UNION ALL ".join(one.format(c=c, w=where) for c in conditions)
+    return f"{union} ORDER BY 1, 2 LIMIT %s"
+
+
+def _split_params(
+    cursor: tuple[int, int], parts: int, params: tuple[Any, ...], limit: int
+) -> tuple[Any, ...]:
+    return (*(*cursor, *params, limit) * parts, limit)
 
 
 def _as_storage_error(exc: Exception, action: str) -> StorageError:

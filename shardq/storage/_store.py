@@ -37,6 +37,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _schema, _vacuum
+from shardq.storage import _seq_reads as _seq
 from shardq.storage._coalesce import Stored, coalesce, remember
 from shardq.storage._cold_reads import HOT_SET, SQLITE, ColdReads
 from shardq.storage._contract import Storage
@@ -63,6 +64,9 @@ _GROUPS_VERSION = 8
 MAX_FILTER_QUEUES = 1000
 # Ids of stale completed rows are handed out this many at a time (a few hundred KB).
 STALE_PAGE = 10_000
+# SQLite calls `set_progress`'s beat once per this many virtual-machine steps of a statement:
+# about 12,000 rows of a scan (10-20 ms), so the beat's own clock check costs nothing measurable.
+PROGRESS_STEPS = 100_000
 
 
 class Store(ColdReads):
@@ -97,6 +101,8 @@ class Store(ColdReads):
         # replacing a job needs no look there, and recovery merges no ops.
         # (A store opened at an older schema version, as tests do, has no such table.)
         self._delta_rows = self._count_deltas() if version >= _schema.DELTAS_VERSION else 0
+        # Reads in seq order go over the split seq indexes (`_seq_reads`) from this version on.
+        self._split_seq = version >= _schema.SEQ_VERSION
 
     @classmethod
     def open(
@@ -109,6 +115,7 @@ class Store(ColdReads):
         patch_floor: int = DEFAULT_PATCH_FLOOR,
         cache_mb: int = _schema.DEFAULT_CACHE_MB,
         mmap_mb: int = _schema.DEFAULT_MMAP_MB,
+        progress: Callable[[], None] | None = None,
     ) -> Store:
         """Open (creating it if needed) the database at `path` and migrate it.
 
@@ -118,7 +125,9 @@ class Store(ColdReads):
         `cache_records` bounds the jobs whose row summary is kept in memory (0 = none).
         `patch_floor`: a job's patch is folded into its record once it is longer than both
         the record and this many bytes. `cache_mb` and `mmap_mb` size SQLite's page cache
-        and memory map (`_schema.configure`).
+        and memory map (`_schema.configure`). `progress` is called now and then while the
+        migrations run (`set_progress`; the writer tells the supervisor it is alive: building
+        an index over millions of rows is one long statement).
 
         Raises `StorageError` if the directory cannot be created or written, the file is not a
         SQLite database, its schema is newer than this code knows, or `synchronous` is unknown.
@@ -138,7 +147,10 @@ class Store(ColdReads):
                 cache_mb=cache_mb,
                 mmap_mb=mmap_mb,
             )
+            if progress is not None:
+                conn.set_progress_handler(_beating(progress), PROGRESS_STEPS)
             version = _schema.migrate(conn)
+            conn.set_progress_handler(None, 0)
         except Exception as e:
             conn.close()
             if isinstance(e, StorageError):
@@ -216,19 +228,42 @@ class Store(ColdReads):
         if completed_from is not None:
             where += " AND (state != 'completed' OR seq >= ?)"
             params = (*params, completed_from)
+        if self._split_seq:
+            yield from self._load_split(where, params, page_size, hot_only)
+            return
         if hot_only and self._version >= _schema.COLD_VERSION:
             where += " AND " + HOT_SET
         first, more = _first_page(where), _next_page(where)
         with_ops = self._ids_with_deltas()
         rows = self._read_page(first, (*params, page_size))
         while rows:
-            ops = self._page_deltas(rows, with_ops)
-            for _seq, _rowid, rec, patch, row_id in rows:
-                yield self._decode_row(rec, patch, ops.get(row_id, ()))
+            yield from self._decode_page(rows, with_ops)
             if len(rows) < page_size:
                 return
             last_seq, last_rowid, _, _, _ = rows[-1]
             rows = self._read_page(more, (last_seq, last_rowid, *params, page_size))
+
+    def _load_split(
+        self, where: str, params: tuple[Any, ...], page_size: int, hot_only: bool
+    ) -> Iterator[Record]:
+        """`load_jobs` over the split seq indexes (`_seq_reads`): the hot set's two, or all."""
+        if where == _NOTHING:  # no queue: SQLite finds no plan for a part that names its index
+            return
+        indexes = _seq.parts(hot_only)
+        sql = _seq.page_sql(where, indexes)
+        with_ops = self._ids_with_deltas()
+        cursor = _seq.FIRST
+        while True:
+            rows = self._read_page(sql, _seq.page_params(cursor, params, page_size, indexes))
+            yield from self._decode_page(rows, with_ops)
+            if len(rows) < page_size:
+                return
+            cursor = (rows[-1][0], rows[-1][1])
+
+    def _decode_page(self, rows: list[Any], with_ops: set[str]) -> Iterator[Record]:
+        ops = self._page_deltas(rows, with_ops)
+        for _s, _rowid, rec, patch, row_id in rows:
+            yield self._decode_row(rec, patch, ops.get(row_id, ()))
 
     def queue_names(self) -> set[str]:
         """The name of every queue that has a stored job, config or configured group.
@@ -253,9 +288,15 @@ class Store(ColdReads):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         where, params = _filter(queues)
-        sql = _completed_floor(where)
+        if where == _NOTHING:
+            return None
+        if self._split_seq:  # the hot set's seq indexes only, never the backlog's
+            sql = _seq.completed_floor_sql(where)
+            args: tuple[Any, ...] = (*params, keep + 1) * len(_schema.HOT_SEQ_INDEXES)
+        else:
+            sql, args = _completed_floor(where), params
         with self._reading("finding the retained completed jobs"):
-            row = self._conn.execute(sql, (*params, keep)).fetchone()
+            row = self._conn.execute(sql, (*args, keep)).fetchone()
         # Row `keep` (0-based) is the newest one past the window: the window starts above it.
         return None if row is None else int(row[0]) + 1
 
@@ -354,7 +395,8 @@ class Store(ColdReads):
         A recovering engine continues its counter above it. Raises `StorageError` on failure.
         """
         with self._reading("reading the highest seq"):
-            (seq,) = self._conn.execute("SELECT max(seq) FROM jobs").fetchone()
+            sql = _seq.max_seq_sql() if self._split_seq else "SELECT max(seq) FROM jobs"
+            (seq,) = self._conn.execute(sql).fetchone()
             return 0 if seq is None else int(seq)
 
     def checkpoint(self, *, wait: bool = True) -> bool:
@@ -428,6 +470,14 @@ class Store(ColdReads):
         """Free this connection's page cache (`PRAGMA shrink_memory`); up to `cache_mb`."""
         with self._reading("releasing memory"):
             self._conn.execute("PRAGMA shrink_memory")
+
+    def set_progress(self, beat: Callable[[], None] | None) -> None:
+        """Call `beat` every `PROGRESS_STEPS` steps of any statement of this connection (None:
+        stop). A beat that raises is logged by nothing and aborts nothing: it is swallowed."""
+        if beat is None:
+            self._conn.set_progress_handler(None, 0)
+        else:
+            self._conn.set_progress_handler(_beating(beat), PROGRESS_STEPS)
 
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise `StorageError`."""
@@ -518,6 +568,18 @@ class Store(ColdReads):
             raise wrap_error(e, f"{self._path}: {action}") from e
 
 
+def _beating(beat: Callable[[], None]) -> Callable[[], int]:
+    """`beat` as SQLite's progress handler: whatever it raises is swallowed, and it never
+    aborts the statement (a non-zero return would)."""
+
+    def handler() -> int:
+        with contextlib.suppress(Exception):
+            beat()
+        return 0
+
+    return handler
+
+
 def _first_page(where: str) -> str:
     return f"SELECT seq, rowid, rec, patch, id FROM jobs WHERE {where} ORDER BY seq, rowid LIMIT ?"
 
@@ -546,12 +608,16 @@ _STALE_OF_QUEUE = (
 )
 
 
+_NOTHING = "0"
+"""`_filter`'s condition for no queue at all."""
+
+
 def _filter(queues: Collection[str] | None) -> tuple[str, tuple[Any, ...]]:
     """A WHERE condition (and its parameters) keeping the jobs of `queues`."""
     if queues is None or len(queues) > MAX_FILTER_QUEUES:
         return "1", ()
     if not queues:
-        return "0", ()
+        return _NOTHING, ()
     names = tuple(sorted(queues))
     # The unary `+` keeps SQLite off the `queue` index: through it, every page of a seq-ordered
     # read would sort all of the queues' rows again. The seq index reads them in order, and the

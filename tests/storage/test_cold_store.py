@@ -15,7 +15,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 import pytest
 
-from shardq.storage import MutationEncoder, StorageRejected, Store, _write
+from shardq.storage import MutationEncoder, StorageRejected, Store, _seq_reads, _write
 from shardq.storage._cold import HOT, cold_mark, cold_state
 from shardq.storage._write import join_patch
 
@@ -110,14 +110,17 @@ def test_custom_id_lookup_is_a_primary_key_read(store: Store) -> None:
     assert "USING INDEX sqlite_autoindex_jobs_1" in plan, plan
 
 
-def test_hot_only_loading_walks_the_seq_index_and_decodes_no_cold_job(store: Store) -> None:
-    # A shard's start under a budget: the rows come in seq order off the seq index, never
-    # sorted, and a cold waiting or delayed row is skipped on its columns, never decoded.
-    # (It is still visited: see docs/runtime.md for what that costs on a million.)
-    sql = "SELECT seq, rowid, rec, patch, id FROM jobs WHERE 1 AND "
-    sql += "(cold IS NULL OR state NOT IN ('waiting', 'delayed')) ORDER BY seq, rowid LIMIT 5"
-    plan = " | ".join(str(r[-1]) for r in store._conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
-    assert "USING INDEX idx_jobs_seq" in plan and "TEMP B-TREE" not in plan, plan
+def test_hot_only_loading_reads_the_hot_seq_indexes_and_decodes_no_cold_job(
+    store: Store,
+) -> None:
+    # A shard's start under a budget: the rows come in seq order off the hot set's two seq
+    # indexes (`_seq_reads`), each read in order; the backlog's index is never read, and no
+    # cold waiting or delayed row is visited, let alone decoded.
+    sql = _seq_reads.page_sql("1", _seq_reads.parts(hot_only=True))
+    params = _seq_reads.page_params(_seq_reads.FIRST, (), 5, _seq_reads.parts(hot_only=True))
+    plan = " | ".join(str(r[-1]) for r in store._conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+    assert "USING INDEX idx_jobs_seq" in plan and "USING INDEX idx_jobs_taken_seq" in plan, plan
+    assert "idx_jobs_cold_seq" not in plan and "SCAN jobs" not in plan, plan
     decoded: list[bytes] = []
     real = store._decode_row
 
@@ -133,6 +136,33 @@ def test_hot_only_loading_walks_the_seq_index_and_decodes_no_cold_job(store: Sto
     assert len(decoded) == len(loaded) == 70
     assert all(r["id"].startswith("h") for r in loaded)
     assert [r["seq"] for r in loaded] == sorted(r["seq"] for r in loaded)
+
+
+def _start_steps(store: Store) -> int:
+    """SQLite's virtual-machine steps (in hundreds) of a budgeted start's two reads."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    store._conn.set_progress_handler(count, 100)
+    try:
+        assert store.completed_floor(5) is None
+        assert len(list(store.load_jobs(hot_only=True))) == 70
+    finally:
+        store._conn.set_progress_handler(None, 0)
+    return steps
+
+
+def test_a_budgeted_start_costs_the_same_whatever_the_backlog(store: Store) -> None:
+    # The window of completed jobs and the hot set, read with 70 cold rows and then with
+    # 20,070: the same work (a walk of the backlog would take 100s of steps per 1,000 rows).
+    small = _start_steps(store)
+    more = [_rec(f"x{i}", 5000 + i, state="delayed" if i % 2 else "waiting") for i in range(20_000)]
+    store.apply(MutationEncoder().encode([("put", r) for r in more]))
+    assert _start_steps(store) <= small + 5, small
 
 
 # --- what a hot push costs -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from shardq.core import Engine
-from shardq.storage import MutationEncoder, Store, _schema, _store, _write
+from shardq.storage import MutationEncoder, Store, _schema, _seq_reads, _store, _write
 
 Rec = dict[str, Any]
 V3_INDEXES = (("queue",), ("seq",))
@@ -28,7 +28,8 @@ COLD_INDEXES = (
     ("queue", E, "seq", "id", "gid", "cold", "state"),
     ("queue", "ukey", "seq"),
 )
-NEWEST_INDEXES = tuple(sorted(V3_INDEXES + COLD_INDEXES))
+# Version 10 splits the seq index in three partial ones (`_schema.SEQ_INDEXES`).
+NEWEST_INDEXES = tuple(sorted((("queue",),) + (("seq",),) * 3 + COLD_INDEXES))
 V2_INDEXES = (("queue", "state", "seq"), ("seq",), ("state",))
 
 
@@ -124,29 +125,29 @@ def test_the_migration_runs_once_and_is_recorded(
 
 _SHARD_QUEUES = ("qa", "qb", "qc")
 _SHARD_FILTER = _store._filter(_SHARD_QUEUES)[0]
+_RECOVERY_FILTER = f"{_SHARD_FILTER} AND (state != 'completed' OR seq >= ?)"
 
 _STATEMENTS: dict[str, tuple[str, tuple[Any, ...], str]] = {
     # name: (sql, parameters, the index its plan must use)
-    "recovery, first page": (_store._first_page("1"), (10,), "idx_jobs_seq"),
-    "recovery, next page": (_store._next_page("1"), (1, 1, 10), "idx_jobs_seq"),
-    # A shard's recovery: its queues, and completed jobs only from the retained window on.
-    "recovery of a shard, first page": (
-        _store._first_page(f"{_SHARD_FILTER} AND (state != 'completed' OR seq >= ?)"),
-        (*_SHARD_QUEUES, 5, 10),
-        "idx_jobs_seq",
-    ),
-    "recovery of a shard, next page": (
-        _store._next_page(f"{_SHARD_FILTER} AND (state != 'completed' OR seq >= ?)"),
-        (1, 1, *_SHARD_QUEUES, 5, 10),
-        "idx_jobs_seq",
-    ),
+    # Reads in seq order go over the split seq indexes (`_seq_reads`), each part its own;
+    # the shard's filter and the retained window of completed jobs ride along.
+    **{
+        f"recovery, {which}": (
+            _seq_reads.page_sql(_RECOVERY_FILTER, _seq_reads.parts(which == "hot set")),
+            _seq_reads.page_params(
+                (1, 1), (*_SHARD_QUEUES, 5), 10, _seq_reads.parts(which == "hot set")
+            ),
+            "idx_jobs_seq",
+        )
+        for which in ("hot set", "every job")
+    },
     "retained completed window": (
-        _store._completed_floor(_SHARD_FILTER),
-        (*_SHARD_QUEUES, 100),
-        "idx_jobs_seq",
+        _seq_reads.completed_floor_sql(_SHARD_FILTER),
+        (*_SHARD_QUEUES, 101, *_SHARD_QUEUES, 101, 100),
+        "idx_jobs_taken_seq",
     ),
     "stale completed rows of a queue": (_store._STALE_OF_QUEUE, ("q", 5, 0, 10), "idx_jobs_queue"),
-    "highest seq": ("SELECT max(seq) FROM jobs", (), "idx_jobs_seq"),
+    "highest seq": (_seq_reads.max_seq_sql(), (), "idx_jobs_cold_seq"),
     "obliterate": (_write._DELETE_QUEUE_JOBS, ("q",), "idx_jobs_queue"),
     "count by state": (
         "SELECT state, count(*) FROM jobs WHERE queue = ? GROUP BY state",
@@ -184,6 +185,12 @@ def test_every_job_read_uses_an_index(tmp_path: Path, name: str) -> None:
     assert any(f"INDEX {index}" in step for step in plan), plan
     # A plain `SCAN jobs` (no index) reads the whole table.
     assert not any(step.startswith("SCAN jobs") and "INDEX" not in step for step in plan), plan
-    # A sort would read every matching row again for each page of a paged read.
-    if name.startswith(("recovery", "retained", "stale")):
+    # A sort would read every matching row again for each page of a paged read; the reads in
+    # seq order sort only the rows each part's LIMIT let through, to merge them.
+    if name.startswith("stale"):
         assert not any("TEMP B-TREE" in step for step in plan), plan
+    if name.startswith(("recovery", "retained", "highest")):
+        used = {i for i in _schema.SEQ_INDEXES for step in plan if f"INDEX {i} " in f"{step} "}
+        backlog = name != "recovery, every job" and name != "highest seq"
+        assert "idx_jobs_cold_seq" not in used if backlog else "idx_jobs_cold_seq" in used, plan
+        assert not any(step.startswith("SCAN jobs") and "INDEX" not in step for step in plan)

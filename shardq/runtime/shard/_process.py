@@ -282,10 +282,22 @@ class ShardProcess:
         kept them on disk) are deleted. Progress goes to the log and the supervisor every
         second.
         """
-        spec = self.spec
         starting = parts is None
         progress = Progress(self.sup if starting else None)
         progress.beat()
+        # A single statement can outlast `ready_timeout_ms` on a big store: beat inside it too.
+        store.set_progress(progress.tick)
+        try:
+            return self._load_with(store, now, parts, progress)
+        finally:
+            store.set_progress(None)
+
+    def _load_with(
+        self, store: Storage, now: int, parts: frozenset[int] | None, progress: Progress
+    ) -> tuple[int, int, int]:
+        """`_load`'s reads, `progress` counting them."""
+        spec = self.spec
+        starting = parts is None
         mine = self._owner(parts)
         names = {n for n in store.queue_names() if mine(n)}
         queues = {n: cfg for n, cfg in store.load_queues().items() if n in names}

@@ -48,6 +48,12 @@ class Progress:
         if self._sup is not None:
             self._sup.progress(loaded=self.loaded)
 
+    def tick(self) -> None:
+        """Report if `PROGRESS_EVERY_S` has passed since the last report: cheap enough to be
+        called from inside a long store statement (`Storage.set_progress`)."""
+        if time.monotonic() >= self._next:
+            self._report(self.loaded)
+
     def count(self, records: Iterator[Record]) -> Iterator[Record]:
         loaded = self.loaded
         for rec in records:

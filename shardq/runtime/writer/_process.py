@@ -43,7 +43,7 @@ from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import AUTO, AdaptiveSpin, auto_spin, spin_until
 from shardq.runtime._spin import STATS as SPIN_STATS
-from shardq.runtime._storage import open_storage, storage_place
+from shardq.runtime._storage import BEAT_EVERY_S, every, open_storage, storage_place
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.runtime.writer._isolate import apply_isolating
@@ -497,7 +497,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
     try:
-        store = open_storage(spec, capped=True)
+        # A migration can build an index over millions of rows: the supervisor hears from
+        # us meanwhile, as from a shard that loads them.
+        store = open_storage(spec, capped=True, progress=every(link.progress, BEAT_EVERY_S))
     except StorageError as e:
         log.error("cannot open the database", path=storage_place(spec), error=str(e))
         link.fatal(str(e))

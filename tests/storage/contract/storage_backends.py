@@ -32,6 +32,11 @@ class Backend(Protocol):
         ...
 
     @property
+    def cold_version(self) -> int:
+        """The schema version that added the cold columns."""
+        ...
+
+    @property
     def stale_page(self) -> int:
         """The most row keys one list of `stale_completed` may hold."""
         ...
@@ -73,6 +78,10 @@ class SqliteBackend:
         return len(_schema.MIGRATIONS)
 
     @property
+    def cold_version(self) -> int:
+        return _schema.COLD_VERSION
+
+    @property
     def stale_page(self) -> int:
         return _store.STALE_PAGE
 
@@ -108,6 +117,12 @@ class PostgresBackend:
         from shardq.storage import _pg_schema
 
         return len(_pg_schema.MIGRATIONS)
+
+    @property
+    def cold_version(self) -> int:
+        from shardq.storage import _pg_schema
+
+        return _pg_schema.COLD_VERSION
 
     @property
     def stale_page(self) -> int:

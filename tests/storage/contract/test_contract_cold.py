@@ -487,7 +487,7 @@ def test_a_byte_bound_stops_a_page_at_the_row_that_reaches_it(storage: Storage) 
 def test_an_older_stores_jobs_stay_hot_on_migration(backend: Backend) -> None:
     # Written without the cold columns (the version before them), then migrated: the rows
     # already stored are hot (nothing fills them), and the store takes cold rows at once.
-    previous = backend.latest_version - 1
+    previous = backend.cold_version - 1
     with backend.open_at_version(previous) as old:
         run = _Run(old, 4)
         _drive(run)

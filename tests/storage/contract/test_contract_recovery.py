@@ -271,3 +271,21 @@ def test_a_store_newer_than_the_code_is_refused(backend: Backend) -> None:
         pass
     with pytest.raises(StorageError, match="newer"):
         backend.open_at_version(backend.latest_version - 1)
+
+
+# --- a beat during long statements (`set_progress`) ------------------------------------------
+
+
+def test_a_progress_beat_changes_no_read_and_can_be_cleared(storage: Storage) -> None:
+    # SQLite calls the beat inside its statements; PostgreSQL cannot and ignores it. Either
+    # way the reads return what they return without one, and None takes it off again.
+    storage.apply([("put", job(f"j{n}", seq=n)) for n in range(1, 2001)])
+    beats: list[int] = []
+    storage.set_progress(lambda: beats.append(1))
+    with_beat = [r["id"] for r in storage.load_jobs(page_size=2000)]
+    assert storage.completed_floor(1) is None
+    storage.set_progress(None)
+    seen = len(beats)
+    without = [r["id"] for r in storage.load_jobs(page_size=2000)]
+    assert with_beat == without == [f"j{n}" for n in range(1, 2001)]
+    assert len(beats) == seen  # cleared: no beat since
