@@ -83,9 +83,7 @@ class ProcessSettings:
     # The memory budget of each shard's resident jobs, in MiB (issue 22; docs/runtime.md,
     # "The memory budget"): past it the queues with the longest backlogs keep only their
     # heads in memory and the rest cold, in storage. 0: every job in memory.
-    # 0 by default until the whole suite has run with 256 (docs/runtime.md, "Why 0 by
-    # default").
-    shard_memory_mb: int = 0
+    shard_memory_mb: int = 256
     # Test-only: a file whose number (seconds) every server process adds to the wall clock,
     # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
     test_clock_file: str = ""

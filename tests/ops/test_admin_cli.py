@@ -162,7 +162,7 @@ def test_top_draws_rates_queues_and_workers_on_a_terminal(server: ShardqServer) 
     assert "images" in screen and "50" in screen  # the queue and its depth
     assert "resizer" in screen  # the registered worker
     assert "resident" in screen and "cold" in screen  # the shards' jobs in memory and not
-    assert "budget" in screen and "off" in screen  # no memory budget by default
+    assert "budget" in screen and "/ 256" in screen  # the default memory budget, 256 MiB
 
 
 def _run_on_pty(args: list[str]) -> str:
