@@ -122,7 +122,9 @@ class Sampler(threading.Thread):
 
 def _server_rss() -> dict[str, float] | None:
     for pid in _children(os.getpid()):
-        if " start " in _cmdline(pid):
+        # `shardq start` replaces itself with the supervisor once its arguments are checked
+        cmd = _cmdline(pid)
+        if " start " in cmd or "shardq.runtime.supervisor" in cmd:
             return rss_by_role(pid)
     return None
 
