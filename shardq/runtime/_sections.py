@@ -61,8 +61,9 @@ class ProcessSettings:
     # How long the front end and the shards busy-poll after their last message before they
     # sleep (microseconds; 0 = never spin). Spinning trades CPU for latency: one request in
     # flight skips the wake-ups of idle processes (`_spin.py`, BENCHMARKS.md section 4).
-    # "auto": spin only while messages come closer together than `spin_auto_max_us`.
-    spin_us: int | str = 0
+    # "auto" (the default): spin only while messages come closer together than
+    # `spin_auto_max_us` and the machine has an idle CPU; an idle server sleeps at once.
+    spin_us: int | str = "auto"
     # The gap between messages under which "auto" spins, and how long it spins at most after
     # the last one (microseconds). Above a few round trips of one request in flight (130 to
     # 320 us on a 2-core VM), below the gaps of a trickle.

@@ -37,9 +37,9 @@ def call(server: ShardqServer, command: dict[str, object]) -> None:
         conn.close()
 
 
-@pytest.mark.parametrize("spin_us", [0, 500])
+@pytest.mark.parametrize("spin_us", [0, 500, "auto"])
 def test_idle_server_uses_under_2_percent_cpu(
-    shardq_server: Callable[..., ShardqServer], spin_us: int
+    shardq_server: Callable[..., ShardqServer], spin_us: int | str
 ) -> None:
     """Also with `spin_us`: spinning ends `spin_us` after the last message, then they sleep."""
     server = shardq_server(shards=2, env={"SHARDQ_SPIN_US": str(spin_us)})

@@ -250,7 +250,7 @@ def test_spin_policy_for_each_setting() -> None:
 
 
 def test_spin_us_auto_in_the_config() -> None:
-    assert load_config(env={}).process.spin_us == 0
+    assert load_config(env={}).process.spin_us == "auto"
     assert load_config(env={}).process.spin_auto_max_us == 500
     assert load_config(env={}).process.spin_auto_max_runnable == 0
     runnable = load_config(env={"SHARDQ_SPIN_AUTO_MAX_RUNNABLE": "3"}).process
