@@ -32,8 +32,8 @@ mutations grow with the jobs removed, the jobs held in memory do not.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterator, Mapping
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Final
 
 from ._admin import _CLEAN_STATES, _finished_at
@@ -73,11 +73,10 @@ one of 200 by 1 MB); none joins the head."""
 
 Handler = Callable[[Effects, Mapping[str, Any], int], dict[str, Any]]
 _BOTH: Final = frozenset((WAITING, DELAYED))
-# The public states of a GetJobs filter that cold jobs in each state can have.
-_COLD_PUBLIC: Final = (
-    (WAITING, frozenset(("waiting", "prioritized"))),
-    (DELAYED, frozenset(("delayed",))),
-)
+# The public states cold jobs can have (GetJobs' filter), as the storage's reads name them;
+# and those of each state.
+_KINDS: Final = ("waiting", "prioritized", "delayed")
+_STATE_KINDS: Final = {WAITING: ("waiting", "prioritized"), DELAYED: ("delayed",)}
 
 
 def _counted(rec: Record) -> bool:
@@ -91,8 +90,12 @@ def _seq(job: Job) -> int:
     return job.seq
 
 
-def _made(job: Job) -> tuple[int, int]:
-    return (job.created_at, job.seq)
+def _made(job: Job) -> tuple[int, int, str]:
+    return (job.created_at, job.seq, job.key)
+
+
+def _by_seq(job: Job) -> tuple[int, str]:
+    return (job.seq, job.key)
 
 
 class ColdWide:
@@ -180,10 +183,10 @@ class ColdWide:
     def get_jobs(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         cold = self._cold(cmd.get("queue"))
         wanted = _wanted_states(cmd.get("state"))
-        states = [s for s, names in _COLD_PUBLIC if wanted is None or not wanted.isdisjoint(names)]
-        if cold is None or not states:
+        kinds = [k for k in _KINDS if wanted is None or k in wanted]
+        if cold is None or not kinds:
             return self.originals["GetJobs"](fx, cmd, now)
-        q, h = cold
+        q = cold[0]
         text = cmd.get("name")
         text = text if isinstance(text, str) and text else None
 
@@ -198,13 +201,53 @@ class ColdWide:
         offset = max(as_int(cmd.get("offset"), 0), 0)
         limit = max(as_int(cmd.get("limit"), 100), 0)
         first = offset + limit
-        # The cold jobs that may make the page, as (created at, seq, id): a deep page keeps
-        # `offset + limit` of these, not the jobs; the page's own jobs are read again by key.
-        found = ((j.created_at, j.seq, j.id) for s in states for j in self.scan(q, h, s) if fits(j))
-        pick = heapq.nlargest if desc else heapq.nsmallest
-        top = pick(first, found) if first else []
+        # The first `offset + limit` cold jobs in the command's order, read in that order
+        # through the storage's index (`page_made`): a deep page keeps (created at, seq, id)
+        # of these, not the jobs; the page's own jobs are read again by key.
+        top: list[tuple[int, int, str]] = []
+        if first:
+            walk = self._walk(q, "page_made", kinds, _made, fits, desc=desc, size=first)
+            top = [(j.created_at, j.seq, j.id) for j in islice(walk, first)]
         page = sorted(held + top, reverse=desc)[offset:first]  # type: ignore[operator]
         return {"ok": True, "jobs": [job_view(self._job(q, entry[2])) for entry in page]}
+
+    def _walk(
+        self,
+        q: QueueState,
+        read: str,
+        kinds: list[str],
+        key: Callable[[Job], tuple[Any, ...]],
+        wanted: Callable[[Job], bool],
+        *,
+        size: int,
+        desc: bool = False,
+        made_by: int | None = None,
+    ) -> Iterator[Job]:
+        """The cold jobs of `q` of the public states `kinds` that `wanted` takes, in the order
+        of the storage's read `read` ("page_made": GetJobs' order, reversed if `desc`;
+        "page_by_seq": by seq, created at or before `made_by`), pages of about `size` jobs
+        (within `SCAN_PAGE`), the kept records merged in (`Pager.walk`)."""
+        head = self.head
+        pager = head.pager
+        pager.sweep(head.heads.values())
+        size = min(MAX_LIMIT, max(SCAN_PAGE[0], min(SCAN_PAGE[1], size)))
+        backlog, fences, name = pager.backlog, head.fences, q.name
+
+        def page(after: tuple[Any, ...] | None) -> Any:
+            bytes_ = pager.page_bytes
+            if read == "page_made":
+                return backlog.page_made(
+                    name, kinds, after, limit=size, desc=desc, max_bytes=bytes_
+                )
+            return backlog.page_by_seq(
+                name, kinds, after, limit=size, made_by=made_by, max_bytes=bytes_
+            )
+
+        for job in pager.walk(name, page, key, wanted, desc):
+            fence = fences.get(job.id) if fences else None
+            if fence is not None:
+                job.delivery, job.token, job.leased = fence
+            yield job
 
     def _job(self, q: QueueState, job: Job | str) -> Job:
         """`job`, or the cold job of `q` with id `job` read back by key."""
@@ -294,14 +337,20 @@ class ColdWide:
         ]
         held.sort(key=_seq)
         # A cold job is waiting or delayed: it finished at its creation (`_finished_at`).
-        found = (
-            j
-            for s in states
-            if s in _BOTH
-            for j in self.scan(q, h, s)
-            if now - j.created_at >= grace
-        )
-        chosen = sorted(held[:limit] + heapq.nsmallest(limit, found, key=_seq), key=_seq)
+        # The first `limit` of them by seq created at or before `now - grace`, read in that
+        # order through the storage's index (`page_by_seq`).
+        kinds = [k for s in states if s in _BOTH for k in _STATE_KINDS[s]]
+
+        def old_enough(job: Job) -> bool:
+            return job.state in states and now - job.created_at >= grace
+
+        found: list[Job] = []
+        if limit:
+            walk = self._walk(
+                q, "page_by_seq", kinds, _by_seq, old_enough, size=limit, made_by=now - grace
+            )
+            found = list(islice(walk, limit))
+        chosen = sorted(held[:limit] + found, key=_seq)
         ids: list[str] = []
         pending = self.head.pager.pending
         epoch = self.head.pager.epoch

@@ -177,7 +177,7 @@ def test_a_hot_push_binds_and_decodes_nothing_for_the_cold_columns(
     encoded = MutationEncoder().encode([("put", hot), ("upd", "a", {"state": "active"})])
     assert len(encoded[0]) == 8 and encoded[1][3] == {"state": "active"}  # as before them
     cold = MutationEncoder().encode([("put", {**hot, "cold": 1})])
-    assert cold[0][8] == [0, "g", "u"]  # a cold put carries its fields beside its bytes
+    assert cold[0][8] == [0, "g", "u", 0]  # a cold put carries its fields beside its bytes
 
     def no_decode(*args: Any) -> Any:
         raise AssertionError("a hot row was decoded for its cold columns")
@@ -193,13 +193,15 @@ def test_a_hot_push_binds_and_decodes_nothing_for_the_cold_columns(
 
 def test_the_columns_of_a_record_and_its_patch() -> None:
     rec = pack(_rec("a", 1, lifo=True, groupId="g", uniqueKey="u"))
-    assert cold_state(rec, b"") == (1, 1, "g", "u")
+    assert cold_state(rec, b"") == (1, 1, "g", "u", 0)  # no createdAt: made 0
     patch = join_patch([{"lifo": False}, {"state": "active"}], pack)
-    assert cold_state(rec, patch) == (1, 0, "g", "u")
+    assert cold_state(rec, patch) == (1, 0, "g", "u", 0)
+    made = pack(_rec("a", 1, createdAt=T0 - 5))
+    assert cold_state(made, patch) == (1, 0, None, None, T0 - 5)
     plain = pack({k: v for k, v in _rec("a", 1, groupId="g").items() if k != "cold"})
     assert cold_state(plain, b"") == HOT
-    assert cold_state(plain, join_patch([{"cold": 1}], pack)) == (1, 0, "g", None)
-    assert cold_state({"cold": 1, "uniqueKey": 5}, b"") == (1, 0, None, None)  # not a string
+    assert cold_state(plain, join_patch([{"cold": 1}], pack)) == (1, 0, "g", None, 0)
+    assert cold_state({"cold": 1, "uniqueKey": 5}, b"") == (1, 0, None, None, 0)  # not a string
 
 
 def test_a_change_is_marked_only_if_it_names_a_cold_field() -> None:
@@ -212,12 +214,13 @@ def test_a_change_is_marked_only_if_it_names_a_cold_field() -> None:
 def test_a_corrupt_record_or_patch_keeps_what_could_be_read() -> None:
     rec = pack(_rec("a", 1, groupId="g"))
     cut = join_patch([{"lifo": True}], pack)[:-1]
-    assert cold_state(rec, cut) == (1, 0, "g", None)
+    assert cold_state(rec, cut) == (1, 0, "g", None, 0)
     assert cold_state(b"\xc1", join_patch([{"cold": 1, "groupId": "h"}], pack)) == (
         1,
         0,
         "h",
         None,
+        0,
     )
 
 
