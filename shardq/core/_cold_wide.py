@@ -7,18 +7,23 @@ memory: whatever the backlog's size, a command holds at most one page of cold jo
 (`head_jobs` records and `head_page_bytes`), plus what its reply names.
 
 - **GetJobs**: the held jobs that match, merged with the `offset + limit` first cold ones in
-  the command's order (created at, then seq), read page by page and kept in a bounded heap:
-  memory O(offset + limit); the reads walk the queue's cold jobs in the states it asks for.
+  the command's order (created at, then seq), read in that order off the storage's index of
+  the cold backlog by creation time (`page_made`), backwards for a descending page: memory
+  and reads O(offset + limit) (plus the held jobs a read skips, and the jobs a name filter
+  turns down), whatever the backlog.
 - **GetCountsPerPriority**: the held jobs' counts plus the storage's count of the cold ones
   by priority (a GROUP BY over the cold indexes), corrected by key for the rows a read would
   not take as they are stored (kept records, tombstones, jobs held): no record is paged.
 - **PromoteJobs**: pages in only the delayed jobs it promotes (cold delayed jobs all sort
   after the held ones, `QueueHead.dcur`), until `count` of them are held.
-- **Clean** (waiting or delayed): the first `limit` matching jobs by seq, the cold ones kept in
-  a bounded heap while the backlog is read; those removed are deleted by key, each leaving a
-  tombstone until the deletion is committed.
-- **Drain**: every cold job of the queue is deleted by key as its page is read, counted as it
-  goes; one tombstone for the queue (`Pager.drop`) hides the stored rows until the commit.
+- **Clean** (waiting or delayed): the first `limit` matching jobs by seq, the cold ones read
+  in seq order off the storage's index, only those created `grace` or more ago
+  (`page_by_seq`, which skips the younger ones in the index): reads O(limit). Those removed
+  are deleted by key, each leaving a tombstone until the deletion is committed.
+- **Drain**: every cold job of the queue is deleted by key, its key read off the index
+  (`cold_keys`: seq, row key and uniqueKey; no record read or decoded), so the shard's work
+  is a few microseconds a job; one tombstone for the queue (`Pager.drop`) hides the stored
+  rows until the commit.
 - **Obliterate**: the writer's `qdel` deletes the queue's rows, cold ones too: nothing is read
   but the owners of the queue's uniqueKey claims that are not held (their claims go with them);
   one tombstone for the queue hides its stored rows until the `qdel` is committed.
@@ -70,6 +75,9 @@ SCAN_PAGE: Final = (64, 1000)
 stored bytes. The cold jobs a queue-wide command holds at once, decoded (a few KB each in
 Python objects: a page of 1,000 jobs of 400-byte data raised a shard's peak by 8 to 17 MB,
 one of 200 by 1 MB); none joins the head."""
+
+KEY_PAGE: Final = 5000
+"""Row keys per read of Drain (`cold_keys`): a seq, a key and a uniqueKey each, no record."""
 
 Handler = Callable[[Effects, Mapping[str, Any], int], dict[str, Any]]
 _BOTH: Final = frozenset((WAITING, DELAYED))
@@ -137,27 +145,6 @@ class ColdWide:
             q.ids.clear()
             q.ids.update(dict.fromkeys(ordered))
         return (q, h) if h.waiting or h.delayed else None
-
-    def scan(self, q: QueueState, h: QueueHead, state: str) -> Iterator[Job]:
-        """Every cold job of `q` in `state` (waiting ungrouped, or delayed), in delivery
-        order, read a page at a time; none is held. The caller may remove them as it goes
-        (their rows stay as read until its mutations are committed)."""
-        head = self.head
-        pager = head.pager
-        pager.sweep(head.heads.values())
-        cur = h.wcur if state == WAITING else h.dcur
-        size = min(MAX_LIMIT, max(SCAN_PAGE[0], min(SCAN_PAGE[1], head.budget)))
-        fences = head.fences
-        while True:
-            jobs, end, _ = pager.page(q.name, state, cur, size)
-            if not jobs:
-                return
-            for job in jobs:
-                fence = fences.get(job.id) if fences else None
-                if fence is not None:
-                    job.delivery, job.token, job.leased = fence
-            yield from jobs
-            cur = end
 
     def _forget(self, fx: Effects, q: QueueState, h: QueueHead, job: Job) -> None:
         """Remove cold job `job` (not held): its counts, its claim, its row."""
@@ -370,11 +357,18 @@ class ColdWide:
         if cold is None:
             return reply
         q, h = cold
+        head = self.head
+        head.pager.sweep(head.heads.values())
+        fences, unique, name = head.fences, self.store.unique, q.name
         removed = 0
-        for state in (WAITING, DELAYED):
-            for job in self.scan(q, h, state):
-                self._forget(fx, q, h, job)
-                removed += 1
+        # The cold jobs' row keys, read off the index (`cold_keys`): no record is decoded.
+        # Their counts leave the queue together below.
+        for row, job_id, ukey in head.pager.keys(name, KEY_PAGE):
+            fences.pop(job_id, None)
+            if ukey is not None and unique.get((name, ukey)) == job_id:
+                del unique[(name, ukey)]
+            fx.mutations.append(("del", row))
+            removed += 1
         # Counts that no read bears out (drifted) follow the reads, as a page-in does.
         q.counts[WAITING] -= h.waiting
         q.counts[DELAYED] -= h.delayed

@@ -252,6 +252,21 @@ class ColdReads(ABC):
             params = (queue, made_by)
         return self._cold_page(_SEQ_KEY, "cold_by_seq", where, params, after, limit, max_bytes)
 
+    def cold_keys(
+        self, queue: str, after: Cursor | None = None, *, limit: int
+    ) -> list[tuple[int, str, str | None]]:
+        """The next cold ungrouped waiting and cold delayed jobs of `queue` by seq, then row
+        key, strictly after `after` (`(seq, row key)`), as (seq, row key, uniqueKey): Drain's
+        read, which removes them by key. No record is read or decoded: a few microseconds of
+        the database's own time a job, where a page decodes each record."""
+        _check_limit(limit)
+        d = self._COLD_DIALECT
+        where = f"queue = {d.mark} AND {COLD_BACKLOG} AND ({_kinds(KINDS)})"
+        select = f"SELECT seq, {d.row_id}, ukey FROM {d.jobs('cold_by_seq')} WHERE {where}"
+        rows = self._rows_after(select, ("seq", d.row_id), (queue,), after, limit)
+        self.cold_rows_read += len(rows)
+        return [(int(seq), str(key), ukey) for seq, key, ukey in rows]
+
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
         """The cold job of `queue` pushed with this custom id, or None (also for a hot one):
         its row key is the id joined to its queue, so this is one primary-key read."""

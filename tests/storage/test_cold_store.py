@@ -165,6 +165,79 @@ def test_a_budgeted_start_costs_the_same_whatever_the_backlog(store: Store) -> N
     assert _start_steps(store) <= small + 5, small
 
 
+# --- the queue-wide reads (`page_made`, `page_by_seq`) ----------------------------------------
+
+ALL = ("waiting", "prioritized", "delayed")
+
+
+@pytest.mark.parametrize(
+    ("name", "index"),
+    [
+        ("made", "idx_jobs_cold_made"),
+        ("made_after", "idx_jobs_cold_made"),
+        ("made_desc", "idx_jobs_cold_made"),
+        ("made_desc_after", "idx_jobs_cold_made"),
+        ("made_prioritized", "idx_jobs_cold_made"),
+        ("by_seq", "idx_jobs_cold_by_seq"),
+        ("by_seq_after", "idx_jobs_cold_by_seq"),
+        ("by_seq_made_by", "idx_jobs_cold_by_seq"),
+    ],
+)
+def test_each_queue_wide_read_reads_its_index_in_order(store: Store, name: str, index: str) -> None:
+    first = store.page_made("q", ALL, limit=1).after
+    last = store.page_made("q", ALL, limit=1, desc=True).after
+    seq = store.page_by_seq("q", ALL, limit=1).after
+    reads = {
+        "made": lambda: store.page_made("q", ALL, limit=2),
+        "made_after": lambda: store.page_made("q", ALL, first, limit=2),
+        "made_desc": lambda: store.page_made("q", ALL, limit=2, desc=True),
+        "made_desc_after": lambda: store.page_made("q", ALL, last, limit=2, desc=True),
+        "made_prioritized": lambda: store.page_made("q", ["prioritized"], limit=2),
+        "by_seq": lambda: store.page_by_seq("q", ["waiting", "prioritized"], limit=2),
+        "by_seq_after": lambda: store.page_by_seq("q", ALL, seq, limit=2),
+        "by_seq_made_by": lambda: store.page_by_seq("q", ALL, limit=2, made_by=T0),
+    }
+    for plan in _plans(store, reads[name]):
+        assert f"USING INDEX {index}" in plan or f"USING COVERING INDEX {index}" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan  # read in the index's order, never sorted
+        if name.endswith("_after"):  # a seek to the cursor, not a walk from the queue's head
+            assert ">?)" in plan or "<?)" in plan, plan
+
+
+def _wide_cost(store: Store) -> tuple[int, int]:
+    """SQLite's virtual-machine steps (in hundreds) and the rows read of a GetJobs page of 10
+    (first and last in creation order) and of Clean's first 10 by seq."""
+    steps, rows = 0, store.cold_rows_read
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    store._conn.set_progress_handler(count, 100)
+    try:
+        assert len(store.page_made("q", ALL, limit=10).records) == 10
+        assert len(store.page_made("q", ALL, limit=10, desc=True).records) == 10
+        assert len(store.page_by_seq("q", ALL, limit=10, made_by=T0).records) == 10
+    finally:
+        store._conn.set_progress_handler(None, 0)
+    return steps, store.cold_rows_read - rows
+
+
+def test_a_queue_wide_page_costs_its_rows_whatever_the_backlog(store: Store) -> None:
+    # GetJobs' page and Clean's first jobs with 70 cold rows and then with 20,070: the same
+    # rows read and the same work (reading the backlog takes 100s of steps per 1,000 rows).
+    small_steps, small_rows = _wide_cost(store)
+    more = [
+        _rec(f"x{i}", 5000 + i, state="delayed" if i % 2 else "waiting", createdAt=T0 - i)
+        for i in range(20_000)
+    ]
+    store.apply(MutationEncoder().encode([("put", r) for r in more]))
+    steps, rows = _wide_cost(store)
+    assert rows == small_rows <= 30
+    assert steps <= small_steps + 5, (small_steps, steps)
+
+
 # --- what a hot push costs -------------------------------------------------------------------
 
 pack = msgpack.Packer(use_bin_type=True).pack

@@ -140,6 +140,11 @@ class StoreBacklog:
 
         return self._page("by_seq", queue, read)
 
+    def cold_keys(
+        self, queue: str, after: Cursor | None = None, *, limit: int
+    ) -> list[tuple[int, str, str | None]]:
+        return self._read(lambda s: s.cold_keys(queue, after, limit=limit))
+
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
         return self._read(lambda s: s.get_by_custom_id(queue, custom_id))
 

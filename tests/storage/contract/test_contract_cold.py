@@ -606,3 +606,20 @@ def test_an_upgrade_fills_the_creation_times_of_the_cold_rows(backend: Backend) 
             page = store.page_made(queue, list(kinds), limit=MAX_LIMIT, desc=True)
             assert [_key(r) for r in page.records] == keys
         assert sum(len(keys) for keys in want.values()) > 20
+
+
+def test_cold_keys_are_drains_jobs_by_seq_without_records(storage: Storage) -> None:
+    run = _wide_run(storage, 4)
+    for queue in (QUEUE, PLAIN):
+        mine = sorted(_wide_jobs(run, queue, KINDS[-1]), key=lambda j: (j.seq, j.key))
+        want = [(j.seq, j.key, j.unique_key) for j in mine]
+        got: list[tuple[int, str, str | None]] = []
+        after: Cursor | None = None
+        while True:
+            keys = storage.cold_keys(queue, after, limit=3)
+            got.extend(keys)
+            if len(keys) < 3:
+                break
+            after = keys[-1][:2]
+        assert got == want
+        assert len(want) > 10 and any(k[2] for k in want)
