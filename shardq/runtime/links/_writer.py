@@ -126,6 +126,11 @@ class ShardConnections:
         self._write(conn)
         return True
 
+    def idle(self, shard: int) -> bool:
+        """Whether a connection speaks for `shard` and has nothing waiting to be sent."""
+        conn = self._by_shard.get(shard)
+        return conn is not None and not conn.out
+
     def writable(self, fd: int) -> None:
         conn = self._conns.get(fd)
         if conn is not None:
