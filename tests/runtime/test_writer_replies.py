@@ -1,0 +1,181 @@
+"""Durable replies go from the writer straight to the front end (issue 24, docs/runtime.md).
+
+The unit tests drive the shard's core and the writer's flush buffer directly: a durable batch
+carries its replies, the writer confirms them in its `done` (`answered`) and the shard then
+drops its copy; every case where the writer cannot deliver them leaves them to the shard.
+The server test stops the shard once it has handed its batch over: the push is answered all
+the same, by the writer, and not before the commit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+from shardq_harness import ShardqServer, poll_until
+from wire_clients import Tcp
+
+from shardq.core import Engine
+from shardq.runtime import _messages as msgs
+from shardq.runtime.links._control import unpack
+from shardq.runtime.shard._core import ShardCore
+from shardq.runtime.writer._flush import FlushBuffer
+
+T0 = 1_700_000_000_000
+DURABLE = {"cmd": "PUSH", "queue": "q", "data": 1, "durable": True}
+
+
+def _turn(
+    core: ShardCore, cmds: list[dict[str, Any]], conn: str = "t1.1", first_rid: int = 1
+) -> list[tuple[str, dict[str, Any]]]:
+    items = [[conn, rid, cmd] for rid, cmd in enumerate(cmds, first_rid)]
+    core.handle({"t": "req", "items": items}, T0)
+    return core.finish_turn(T0)
+
+
+def _front_replies(out: list[tuple[str, dict[str, Any]]]) -> list[list[Any]]:
+    return [item for dest, msg in out if dest == "front" and msg["t"] == "rep"
+            for item in msg["items"]]  # fmt: skip
+
+
+def _writer(out: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [msg for dest, msg in out if dest == "writer"]
+
+
+# -- the shard -------------------------------------------------------------------------------
+
+
+def test_a_durable_batch_carries_its_reply_and_the_writers_done_settles_it() -> None:
+    core = ShardCore(0, Engine(seed=1))
+    out = _turn(core, [DURABLE])
+    (batch,) = _writer(out)
+    assert _front_replies(out) == []  # nothing before the commit
+    rep = unpack(batch["rep"])
+    assert rep["t"] == "rep" and [item[:2] for item in rep["items"]] == [["t1.1", 1]]
+    assert rep["items"][0][2]["ok"] is True
+    # The writer says it delivers them: the shard sends nothing, and the job is deliverable.
+    core.handle({"t": "done", "seq": batch["seq"], "answered": [batch["seq"]]}, T0)
+    out = core.finish_turn(T0)
+    assert _front_replies(out) == []
+    pulled = _turn(core, [{"cmd": "PULL", "queue": "q"}], first_rid=2)
+    assert _front_replies(pulled)[0][2]["job"]["id"] == rep["items"][0][2]["id"]
+
+
+def test_a_done_that_does_not_name_the_batch_leaves_the_reply_to_the_shard() -> None:
+    core = ShardCore(0, Engine(seed=1))
+    (batch,) = _writer(_turn(core, [DURABLE]))
+    core.handle({"t": "done", "seq": batch["seq"]}, T0)  # the front end's link was down
+    (item,) = _front_replies(core.finish_turn(T0))
+    assert item[:2] == ["t1.1", 1] and item[2]["ok"] is True
+
+
+def test_a_resent_batch_leaves_its_reply_to_the_shard() -> None:
+    core = ShardCore(0, Engine(seed=1))
+    (batch,) = _writer(_turn(core, [DURABLE]))
+    core.handle({"t": "writer-up"}, T0)  # the writer died before committing it
+    (resent,) = _writer(core.finish_turn(T0))
+    assert resent["seq"] == batch["seq"] and "rep" not in resent
+    core.handle({"t": "done", "seq": batch["seq"]}, T0)
+    assert [i[:2] for i in _front_replies(core.finish_turn(T0))] == [["t1.1", 1]]
+
+
+def test_replies_the_writer_may_not_have_sent_are_sent_again_when_a_writer_comes_back() -> None:
+    """A writer killed between its `done` and its `rep`: the shard has dropped its copy, but
+    keeps the last `done`'s answered replies and sends them once a writer is back (the front
+    end ignores a reply it already delivered)."""
+    core = ShardCore(0, Engine(seed=1))
+    (batch,) = _writer(_turn(core, [DURABLE]))
+    core.handle({"t": "done", "seq": batch["seq"], "answered": [batch["seq"]]}, T0)
+    assert _front_replies(core.finish_turn(T0)) == []
+    core.handle({"t": "writer-up"}, T0)
+    assert [i[:2] for i in _front_replies(core.finish_turn(T0))] == [["t1.1", 1]]
+    # A later `done` proves the writer lived past its `rep`: nothing is kept from before.
+    (second,) = _writer(_turn(core, [DURABLE], first_rid=2))
+    core.handle({"t": "done", "seq": second["seq"], "answered": [second["seq"]]}, T0)
+    (third,) = _writer(_turn(core, [DURABLE], first_rid=3))
+    core.handle({"t": "done", "seq": third["seq"], "answered": [third["seq"]]}, T0)
+    core.finish_turn(T0)
+    core.handle({"t": "writer-up"}, T0)
+    assert [i[:2] for i in _front_replies(core.finish_turn(T0))] == [["t1.1", 3]]
+
+
+def test_buffered_pushes_and_a_direct_ports_requests_carry_no_reply() -> None:
+    core = ShardCore(0, Engine(seed=1))
+    (batch,) = _writer(_turn(core, [{"cmd": "PUSH", "queue": "q", "data": 1}]))
+    assert "rep" not in batch
+    # A direct port's requests (negative rids) are this shard's own to answer.
+    (batch,) = _writer(_turn(core, [DURABLE], conn="d1", first_rid=-5))
+    assert "rep" not in batch
+
+
+def test_a_refused_put_is_answered_by_the_shard_with_the_error() -> None:
+    core = ShardCore(0, Engine(seed=1))
+    (batch,) = _writer(_turn(core, [DURABLE]))
+    put = next(m for m in batch["muts"] if m[0] == "putb")
+    core.handle({"t": "rejected", "seq": batch["seq"], "items": [["put", put[1], "bad"]]}, T0)
+    core.handle({"t": "done", "seq": batch["seq"]}, T0)  # the writer names no refused batch
+    (item,) = _front_replies(core.finish_turn(T0))
+    assert item[2]["ok"] is False and "Storage rejected job" in item[2]["error"]
+
+
+# -- the writer's buffer ----------------------------------------------------------------------
+
+
+def test_the_writer_hands_over_the_replies_of_current_unrefused_batches_only() -> None:
+    buffer = FlushBuffer(60.0, 100)
+    buffer.add_muts(0, 1, [["del", "a"]], 0.0, urgent=True, rep=b"r1")
+    buffer.add_muts(0, 2, [["del", "b"]], 0.0, urgent=True, rep=b"r2")
+    buffer.add_muts(1, 1, [["del", "c"]], 0.0, urgent=True, rep=b"r3")
+    buffer.add_muts(1, 2, [["del", "d"]], 0.0)
+    assert buffer.replies({(0, 2)}) == [(0, 1, b"r1"), (1, 1, b"r3")]
+    out = buffer.committed({0: [1], 1: [1]})
+    assert out == [(0, msgs.done(2, answered=[1])), (1, msgs.done(2, answered=[1]))]
+    # A shard restarted (a sync): its previous process's batch has nobody waiting.
+    buffer.add_muts(0, 3, [["del", "e"]], 0.0, urgent=True, rep=b"old")
+    buffer.add_sync(0, 0, 0.0)
+    assert buffer.replies(set()) == []
+    assert buffer.committed() == [(0, msgs.done(0, synced=True))]
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+def _stop(pid: int, stopped: list[int]) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    stopped.append(pid)
+
+
+def test_a_durable_push_is_answered_by_the_writer_after_its_commit(
+    shardq_server: Any,
+) -> None:
+    """The writer paused: the push waits. The shard then stopped too, once it handed its batch
+    over: only the writer can answer, and it does once it commits."""
+    server: ShardqServer = shardq_server(shards=1)
+    pids = server.child_pids()
+    producer, probe = Tcp(server.tcp_address), Tcp(server.tcp_address)
+    stopped: list[int] = []
+    try:
+        _stop(pids["writer"], stopped)
+        (push,) = producer.send(dict(DURABLE, queue="wr"))
+        poll_until(lambda: probe.call({"cmd": "Count", "queue": "wr"})["count"] == 1, 5.0,
+                   "the shard to take the push")  # fmt: skip
+        _stop(pids["shard-0"], stopped)
+        with pytest.raises(TimeoutError):  # not before the commit
+            producer.wait(push, timeout=0.5)
+        os.kill(pids["writer"], signal.SIGCONT)
+        stopped.remove(pids["writer"])
+        started = time.monotonic()
+        reply = producer.wait(push, timeout=10)
+        assert reply["ok"] is True and time.monotonic() - started < 10
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)  # never leave a stopped process behind
+    # Once the shard runs again the job is there, and deliverable.
+    pulled = probe.call({"cmd": "PULL", "queue": "wr"})
+    assert pulled["job"]["id"] == reply["id"]
+    producer.close()
+    probe.close()
+    assert server.stop() == 0
