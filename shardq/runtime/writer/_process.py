@@ -4,7 +4,8 @@ Run as `python -m shardq.runtime.writer --spec '<json>'` by the supervisor. It l
 `spec.writer_link_path` (Unix stream links, `links._writer`) and takes `muts`, `flush` and
 `sync` messages from the shards; it commits what it received as one `Storage.apply` per flush
 (the policy is `_flush`) and confirms back on each shard's link with `done` (or `fail` while
-the disk is full). See docs/runtime.md for the messages. Shards send job records
+the disk is full); the replies a committed durable batch carried go to the front end, whose
+own connection to the listener says `front` (`_deliver`). See docs/runtime.md for the messages. Shards send job records
 and changes msgpack-encoded inside the message (`shardq.storage._encode`), so decoding a
 message decodes no job.
 
