@@ -1,7 +1,7 @@
 """One durable PUSH in flight, counted per server process (issue 24): wake-ups, CPU, latency.
 
     python -m bench.durable_hops [--builds a=PYTHON,b=PYTHON] [--requests 3000]
-                                 [--rounds 3] [--spin auto] [--json P]
+                                 [--rounds 3] [--spin auto] [--realtime PRIO] [--json P]
 
 For each build (a label and the interpreter of a checkout, whose `shardq_cli` it runs), starts
 `shardq start --shards 2` (the other settings default), and one client with a raw TCP socket
@@ -10,7 +10,9 @@ client) sends PUSH one at a time, durable and then buffered. Per request it repo
 front end, each shard and the writer apart (from /proc, every thread of the process): the
 voluntary context switches (a sleep that a message ended: a wake-up) and the CPU time, and the
 client's wall time (p50, p99). Builds alternate within each round (A, B, A, B), so they share
-the machine's load; the load average is printed with every row.
+the machine's load; the load average is printed with every row. `--realtime PRIO` runs the
+client and the servers under SCHED_FIFO (as `bench compare --realtime`), so that other work on
+a shared machine cannot preempt them.
 """
 
 from __future__ import annotations
@@ -188,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--spin", default="auto")
     parser.add_argument("--modes", default="durable,buffered")
+    parser.add_argument("--realtime", type=int, default=0, metavar="PRIO")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
+    if args.realtime:  # inherited by the servers this process starts
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(args.realtime))
     builds = [b.split("=", 1) for b in args.builds.split(",")]
     rows: list[dict[str, Any]] = []
     for k in range(args.rounds):
@@ -200,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in args.modes.split(","):
                     got = _measure(server, mode == "durable", args.requests)
                     load = os.getloadavg()[0]
-                    row = {"round": k + 1, "build": label, "mode": mode, "load1": load, **got}
+                    row = {"round": k + 1, "build": label, "mode": mode, "load1": load,
+                           "realtime": args.realtime, **got}  # fmt: skip
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:

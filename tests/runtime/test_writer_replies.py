@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from typing import Any
 
@@ -102,6 +103,20 @@ def test_replies_the_writer_may_not_have_sent_are_sent_again_when_a_writer_comes
     assert [i[:2] for i in _front_replies(core.finish_turn(T0))] == [["t1.1", 3]]
 
 
+def test_the_shard_may_leave_the_link_unread_only_while_the_writer_answers_all() -> None:
+    core = ShardCore(0, Engine(seed=1))
+    assert not core.batches.only_delivered_elsewhere()  # nothing awaited
+    (batch,) = _writer(_turn(core, [DURABLE]))
+    assert core.batches.only_delivered_elsewhere()
+    _turn(core, [{"cmd": "PUSH", "queue": "q", "data": 2}], first_rid=2)  # a buffered batch
+    assert not core.batches.only_delivered_elsewhere()
+    core.handle({"t": "done", "seq": core.seq, "answered": [batch["seq"]]}, T0)
+    core.finish_turn(T0)
+    assert not core.batches.only_delivered_elsewhere()
+    _turn(core, [DURABLE], conn="d1", first_rid=-3)  # a direct port's: the shard answers
+    assert not core.batches.only_delivered_elsewhere()
+
+
 def test_buffered_pushes_and_a_direct_ports_requests_carry_no_reply() -> None:
     core = ShardCore(0, Engine(seed=1))
     (batch,) = _writer(_turn(core, [{"cmd": "PUSH", "queue": "q", "data": 1}]))
@@ -178,4 +193,36 @@ def test_a_durable_push_is_answered_by_the_writer_after_its_commit(
     assert pulled["job"]["id"] == reply["id"]
     producer.close()
     probe.close()
+    assert server.stop() == 0
+
+
+def _unread_bytes(pid: int) -> int:
+    """Bytes waiting unread in the Unix stream sockets of process `pid` (`ss`)."""
+    out = subprocess.run(["ss", "-x", "-p", "-H"], capture_output=True, text=True, check=True)
+    return sum(int(line.split()[2]) for line in out.stdout.splitlines()
+               if f"pid={pid}," in line and line.startswith("u_str"))  # fmt: skip
+
+
+def test_the_writers_confirmation_waits_unread_for_the_shards_next_request(
+    shardq_server: Any,
+) -> None:
+    """The writer answers the push, so its confirmation need not wake the shard: it waits
+    in the shard's socket until the next request, which reads it first (one wake-up per
+    sequential durable push instead of two). The wait is set long for the test."""
+    server: ShardqServer = shardq_server(
+        shards=1, env={"SHARDQ_SPIN_US": "0", "SHARDQ_WRITER_CONFIRM_WAIT_MS": "1000"}
+    )
+    shard = server.child_pids()["shard-0"]
+    tcp = Tcp(server.tcp_address)
+    assert tcp.call(dict(DURABLE, queue="ryw"))["ok"]
+    time.sleep(0.3)  # a shard that read its link at once would have read it by now
+    assert _unread_bytes(shard) > 0  # the writer's `done`, unread
+    assert tcp.call({"cmd": "PULL", "queue": "ryw"})["job"] is not None
+    assert _unread_bytes(shard) == 0
+    # Read your writes: the next request reads the confirmation first, so a job is
+    # deliverable by the time its pusher asks for it, push after push.
+    for i in range(20):
+        job_id = tcp.call(dict(DURABLE, queue="ryw", data=i))["id"]
+        assert tcp.call({"cmd": "PULL", "queue": "ryw"})["job"]["id"] == job_id
+    tcp.close()
     assert server.stop() == 0

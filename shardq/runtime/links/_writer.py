@@ -7,8 +7,9 @@ link plus a commit, and over ZeroMQ each direction also woke both sides' I/O thr
 
 Writer side (`ShardConnections`): any number of connections; a connection belongs to the shard
 whose index its messages carry (the writer calls `claim`), and the front end's connection,
-whose `front` message names `FRONT_END_SHARD`, takes the durable replies the writer hands over. Writes never block: confirmations
-that do not fit in the socket wait in a per-connection buffer, sent when it turns writable.
+whose `front` message names `FRONT_END_SHARD`, takes the durable replies the writer hands
+over. Writes never block: confirmations that do not fit in the socket wait in a
+per-connection buffer, sent when it turns writable.
 
 Shard side (`WriterLink`): one connection. Sends never block: what the socket does not take
 waits in the link's buffer (`pending`), sent as the socket turns writable (`flush`), and

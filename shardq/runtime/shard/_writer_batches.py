@@ -113,6 +113,18 @@ class WriterBatches:
         # is read from the engine each time: a memory budget installs it while running.
         self._marks: deque[tuple[int, int]] = deque()
 
+    def only_delivered_elsewhere(self) -> bool:
+        """True while something awaits the writer and all of it is durable batches whose
+        replies ride with them (the writer delivers those): no reply of this shard's waits
+        on the writer's next message. Checked each turn, so only a few batches are looked at:
+        more in flight means a busy shard, which reads its link at once anyway."""
+        unconfirmed = self._unconfirmed
+        if not unconfirmed or len(unconfirmed) > 4 or len(self._held) > 4:
+            return False
+        return all("rep" in msg for _, msg in unconfirmed) and all(
+            riding for _, _, riding in self._held
+        )
+
     @property
     def awaiting_commit(self) -> bool:
         """True while some sent batch is not confirmed by the writer yet."""

@@ -5,9 +5,9 @@ Run as `python -m shardq.runtime.writer --spec '<json>'` by the supervisor. It l
 `sync` messages from the shards; it commits what it received as one `Storage.apply` per flush
 (the policy is `_flush`) and confirms back on each shard's link with `done` (or `fail` while
 the disk is full); the replies a committed durable batch carried go to the front end, whose
-own connection to the listener says `front` (`_deliver`). See docs/runtime.md for the messages. Shards send job records
-and changes msgpack-encoded inside the message (`shardq.storage._encode`), so decoding a
-message decodes no job.
+own connection to the listener says `front` (`_deliver`). See docs/runtime.md for the
+messages. Shards send job records and changes msgpack-encoded inside the message
+(`shardq.storage._encode`), so decoding a message decodes no job.
 
 Idle-silent: with nothing waiting it blocks in `poll` with no timeout, and wakes for a message
 or a signal only; but once after its start and after its last commit (`vacuum_idle_ms`
