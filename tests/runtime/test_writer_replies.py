@@ -163,12 +163,35 @@ def _stop(pid: int, stopped: list[int]) -> None:
     stopped.append(pid)
 
 
+def _front_end_replaced(server: ShardqServer) -> None:
+    """kill -9 the front end and wait until its replacement serves."""
+    old = server.child_pids()["frontend"]
+    os.kill(old, signal.SIGKILL)
+
+    def serving() -> bool:
+        try:
+            fresh = Tcp(server.tcp_address, timeout=1)
+            fresh.call({"cmd": "Ping"}, timeout=1)
+        except OSError:
+            return False
+        fresh.close()
+        return server.child_pids().get("frontend") not in (None, old)
+
+    poll_until(serving, 20, "the restarted front end", detail=server.log_tail)
+
+
+@pytest.mark.parametrize("front_end_restarted", [False, True])
 def test_a_durable_push_is_answered_by_the_writer_after_its_commit(
-    shardq_server: Any,
+    shardq_server: Any, front_end_restarted: bool
 ) -> None:
     """The writer paused: the push waits. The shard then stopped too, once it handed its batch
-    over: only the writer can answer, and it does once it commits."""
+    over: only the writer can answer, and it does once it commits. A front end restarted
+    after a kill -9 links to the writer again."""
     server: ShardqServer = shardq_server(shards=1)
+    if front_end_restarted:
+        _front_end_replaced(server)
+        # Its link to the writer comes up in the background, just after it serves.
+        server.wait_for_log("writer link reconnected", pid=server.child_pids()["frontend"])
     pids = server.child_pids()
     producer, probe = Tcp(server.tcp_address), Tcp(server.tcp_address)
     stopped: list[int] = []
@@ -218,7 +241,6 @@ def test_the_writers_confirmation_waits_unread_for_the_shards_next_request(
     time.sleep(0.3)  # a shard that read its link at once would have read it by now
     assert _unread_bytes(shard) > 0  # the writer's `done`, unread
     assert tcp.call({"cmd": "PULL", "queue": "ryw"})["job"] is not None
-    assert _unread_bytes(shard) == 0
     # Read your writes: the next request reads the confirmation first, so a job is
     # deliverable by the time its pusher asks for it, push after push.
     for i in range(20):
