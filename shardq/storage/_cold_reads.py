@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from shardq.core._mutations import ROW_KEY_SEP, Record
+from shardq.storage import _cold_count_table
 
 __all__ = [
     "CHUNK",
@@ -147,6 +148,8 @@ class ColdReads(ABC):
     methods below and sets its `_COLD_DIALECT`."""
 
     _COLD_DIALECT: Dialect = SQLITE
+    _counts_table: bool = False
+    """Whether the schema keeps the cold counts in their table (`_cold_count_table`)."""
 
     def page_waiting(
         self,
@@ -207,12 +210,30 @@ class ColdReads(ABC):
 
     def cold_counts(self, queue: str) -> ColdCounts:
         """The cold waiting and delayed jobs of `queue`, per group too, and the ungrouped
-        waiting ones with a priority. Counted over the paging indexes (no record is read):
-        linear in those jobs, for a shard's start."""
+        waiting ones with a priority. From the `cold_counts` table (`_cold_count_table`: a
+        few rows, whatever the backlog) where the schema has it, else counted over the paging
+        indexes (no record is read, but one entry per cold job)."""
+        m = self._COLD_DIALECT.mark
+        action = f"counting the cold jobs of queue {queue!r}"
+        if self._counts_table:
+            rows = self._cold_rows(action, _cold_count_table.read_counts(m), (queue,))
+            totals, groups = _cold_count_table.to_counts(rows)
+        else:
+            totals, groups = self._count_over_indexes(action, queue)
+        return ColdCounts(
+            totals["waiting"],
+            totals["delayed"],
+            groups["waiting"],
+            groups["delayed"],
+            totals["prioritized"],
+        )
+
+    def _count_over_indexes(
+        self, action: str, queue: str
+    ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        """`cold_counts` of a schema without the table: one read per paging index."""
         d = self._COLD_DIALECT
         m = d.mark
-        action = f"counting the cold jobs of queue {queue!r}"
-        # One read per index: ungrouped waiting, grouped waiting per group, delayed per group.
         sql = (
             f"SELECT 'waiting', NULL, count(*) FROM {d.jobs('waiting')}"
             f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
@@ -231,13 +252,7 @@ class ColdReads(ABC):
             totals[state] += int(n)
             if gid is not None:
                 groups[state][gid] = int(n)
-        return ColdCounts(
-            totals["waiting"],
-            totals["delayed"],
-            groups["waiting"],
-            groups["delayed"],
-            totals["prioritized"],
-        )
+        return totals, groups
 
     def cold_priorities(self, queue: str) -> dict[int | float, int]:
         """The cold ungrouped waiting and the cold delayed jobs of `queue`, counted by

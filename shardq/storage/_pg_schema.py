@@ -22,13 +22,14 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from shardq.storage import _schema
+from shardq.storage import _cold_count_table, _schema
 from shardq.storage._errors import StorageError, StorageFull, StorageRejected
 from shardq.storage._progress import migration_step
 
 __all__ = [
     "CLUSTER_VERSION",
     "COLD_VERSION",
+    "COUNTS_VERSION",
     "DELTAS_VERSION",
     "GROUPS_VERSION",
     "HOT_SEQ_CONDITIONS",
@@ -157,6 +158,14 @@ def _v7_seq_by_temperature(conn: Conn) -> None:
         conn.execute(f"CREATE INDEX {name} ON jobs (seq, ord) WHERE {condition}")
 
 
+def _v8_cold_counts(conn: Conn) -> None:
+    # The SQLite schema's version 11 (`_schema._v11_cold_counts` says why): the cold counts
+    # kept by triggers in a table of their own, the rows already cold counted once here.
+    for statement in _cold_count_table.PG_MIGRATION:
+        conn.execute(statement)
+    conn.execute(_cold_count_table.PG_FILL)
+
+
 SEQ_INDEXES: dict[str, str] = dict(
     zip(
         ("jobs_seq_ord", "jobs_cold_seq", "jobs_taken_seq"),
@@ -177,6 +186,8 @@ COLD_VERSION = 6
 """The schema version that added the cold columns and their indexes (`_v6_cold_backlog`)."""
 SEQ_VERSION = 7
 """The schema version that split the seq index by temperature (`_v7_seq_by_temperature`)."""
+COUNTS_VERSION = 8
+"""The schema version that keeps the cold counts in a table (`_v8_cold_counts`)."""
 
 # Append only. A schema's version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -187,6 +198,7 @@ MIGRATIONS: list[Migration] = [
     _v5_cluster,
     _v6_cold_backlog,
     _v7_seq_by_temperature,
+    _v8_cold_counts,
 ]
 
 

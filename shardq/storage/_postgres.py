@@ -84,6 +84,7 @@ class PostgresStore(ColdReads):
         self._patch_floor = patch_floor
         # Whether `job_deltas` may hold a row: while not, a put or delete needs no look there.
         self._deltas_exist = version >= _pg_schema.DELTAS_VERSION and self._any_deltas()
+        self._counts_table = version >= _pg_schema.COUNTS_VERSION
         self.fence: Fence | None = None
         """Set by a node among several (shardq.cluster): every batch then checks, in its own
         transaction, that this node still holds the partitions it writes."""

@@ -103,6 +103,7 @@ class Store(ColdReads):
         self._delta_rows = self._count_deltas() if version >= _schema.DELTAS_VERSION else 0
         # Reads in seq order go over the split seq indexes (`_seq_reads`) from this version on.
         self._split_seq = version >= _schema.SEQ_VERSION
+        self._counts_table = version >= _schema.COUNTS_VERSION
 
     @classmethod
     def open(
