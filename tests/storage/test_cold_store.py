@@ -151,7 +151,8 @@ def test_hot_only_loading_reads_the_hot_seq_indexes_and_decodes_no_cold_job(
 
 def _start_steps(store: Store, cold: int) -> int:
     """SQLite's virtual-machine steps (in hundreds) of a budgeted start's reads that could
-    grow with the backlog: the completed window, the hot set, the cold counts, the top seq."""
+    grow with the backlog: the completed window, the hot set, the cold counts, the top seq,
+    the queue names."""
     steps = 0
 
     def count() -> int:
@@ -166,6 +167,7 @@ def _start_steps(store: Store, cold: int) -> int:
         counts = store.cold_counts("q")
         assert counts.waiting + counts.delayed == cold
         assert store.max_seq() > 0
+        assert store.queue_names() == {"q"}
     finally:
         store._conn.set_progress_handler(None, 0)
     return steps
