@@ -27,10 +27,10 @@ from typing import Any, Final
 __all__ = [
     "PG_FILL",
     "PG_MIGRATION",
-    "SQLITE_FILL",
     "SQLITE_MIGRATION",
     "TABLE_SQL",
     "read_counts",
+    "table_rows",
     "to_counts",
 ]
 
@@ -104,14 +104,32 @@ SQLITE_MIGRATION: Final[tuple[str, ...]] = (
     f" WHEN ({_OLD} OR {_NEW}) AND NOT ({_same_key('IS')})"
     f" BEGIN {_sq_sub('old', _OLD)} {_sq_add('new', _NEW)} END",
 )
-"""The statements of SQLite's migration (`_schema._v11_cold_counts`), before its fill."""
+"""The statements of SQLite's migration (`_schema._v11_cold_counts`), before its fill
+(`table_rows`)."""
 
 _FILL = (
     "INSERT INTO cold_counts SELECT {values}, count(*) FROM jobs AS j"
     " WHERE {counted} GROUP BY 1, 2, 3, 4, 5"
 )
-SQLITE_FILL: Final = _FILL.format(values=_key_values("j", _SQ_CAST), counted=_COUNTED.format(r="j"))
-"""The counts of the rows already stored (one pass over the cold backlog, at the upgrade)."""
+
+
+def table_rows(
+    queue: str, totals: dict[str, int], groups: dict[str, dict[str, int]]
+) -> list[tuple[str, str, int, str, int, int]]:
+    """One queue's rows of the table from its counts over the paging indexes (the upgrade's
+    fill on SQLite, queue by queue: a GROUP BY over the jobs themselves read every cold row
+    and sorted them all). Counts of 0 make no row."""
+    plain = totals["waiting"] - sum(groups["waiting"].values())
+    delayed_plain = totals["delayed"] - sum(groups["delayed"].values())
+    rows = [
+        (queue, "waiting", 0, "", 0, plain - totals["prioritized"]),
+        (queue, "waiting", 0, "", 1, totals["prioritized"]),
+        (queue, "delayed", 0, "", 0, delayed_plain),
+    ]
+    for state, per in groups.items():
+        rows += [(queue, state, 1, gid, 0, n) for gid, n in per.items()]
+    return [row for row in rows if row[-1] > 0]
+
 
 # -- PostgreSQL: one trigger function, three triggers ---------------------------------------
 

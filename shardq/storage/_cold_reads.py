@@ -46,8 +46,10 @@ __all__ = [
     "ColdPage",
     "ColdReads",
     "Cursor",
+    "count_over_indexes_sql",
     "delayed_cursor",
     "group_cursor",
+    "over_indexes_counts",
     "waiting_cursor",
 ]
 
@@ -232,27 +234,8 @@ class ColdReads(ABC):
         self, action: str, queue: str
     ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
         """`cold_counts` of a schema without the table: one read per paging index."""
-        d = self._COLD_DIALECT
-        m = d.mark
-        sql = (
-            f"SELECT 'waiting', NULL, count(*) FROM {d.jobs('waiting')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
-            f" UNION ALL SELECT 'prioritized', NULL, count(*) FROM {d.jobs('waiting')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
-            f" AND {_WAITING_KEY[0]} < 0"
-            f" UNION ALL SELECT 'waiting', gid, count(*) FROM {d.jobs('group_waiting')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
-            " GROUP BY gid"
-            f" UNION ALL SELECT 'delayed', gid, count(*) FROM {d.jobs('delayed')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'delayed' GROUP BY gid"
-        )
-        totals = {"waiting": 0, "delayed": 0, "prioritized": 0}
-        groups: dict[str, dict[str, int]] = {"waiting": {}, "delayed": {}}
-        for state, gid, n in self._cold_rows(action, sql, (queue,) * 4):
-            totals[state] += int(n)
-            if gid is not None:
-                groups[state][gid] = int(n)
-        return totals, groups
+        sql = count_over_indexes_sql(self._COLD_DIALECT)
+        return over_indexes_counts(self._cold_rows(action, sql, (queue,) * 4))
 
     def cold_priorities(self, queue: str) -> dict[int | float, int]:
         """The cold ungrouped waiting and the cold delayed jobs of `queue`, counted by
@@ -382,6 +365,40 @@ class ColdReads(ABC):
     @abstractmethod
     def _decode_row(self, rec: bytes, patch: bytes, ops: Iterable[bytes] = ()) -> Record:
         """A stored job's record (`_write.merge_row`). Raises `StorageError` if corrupt."""
+
+
+def count_over_indexes_sql(d: Dialect) -> str:
+    """One queue's cold counts over the paging indexes alone (no row read, one index entry
+    per cold job), its queue parameter four times: ('waiting', NULL, ungrouped waiting),
+    ('prioritized', NULL, those with a priority above 0), ('waiting', gid, n) per group,
+    ('delayed', gid or NULL, n)."""
+    m = d.mark
+    return (
+        f"SELECT 'waiting', NULL, count(*) FROM {d.jobs('waiting')}"
+        f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
+        f" UNION ALL SELECT 'prioritized', NULL, count(*) FROM {d.jobs('waiting')}"
+        f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
+        f" AND {_WAITING_KEY[0]} < 0"
+        f" UNION ALL SELECT 'waiting', gid, count(*) FROM {d.jobs('group_waiting')}"
+        f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
+        " GROUP BY gid"
+        f" UNION ALL SELECT 'delayed', gid, count(*) FROM {d.jobs('delayed')}"
+        f" WHERE queue = {m} AND cold = 1 AND state = 'delayed' GROUP BY gid"
+    )
+
+
+def over_indexes_counts(
+    rows: Iterable[Sequence[Any]],
+) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """The rows of `count_over_indexes_sql` as totals (waiting, delayed, prioritized) and
+    per-group counts (waiting, delayed)."""
+    totals = {"waiting": 0, "delayed": 0, "prioritized": 0}
+    groups: dict[str, dict[str, int]] = {"waiting": {}, "delayed": {}}
+    for state, gid, n in rows:
+        totals[state] += int(n)
+        if gid is not None:
+            groups[state][gid] = int(n)
+    return totals, groups
 
 
 def _check_limit(limit: int) -> None:

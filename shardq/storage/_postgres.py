@@ -31,7 +31,7 @@ import psycopg
 from psycopg import conninfo
 
 from shardq.core._mutations import Mutation, Record
-from shardq.storage import _pg_schema
+from shardq.storage import _pg_schema, _schema
 from shardq.storage._coalesce import Plan, Stored, coalesce, remember
 from shardq.storage._cold_reads import HOT_SET, POSTGRES, ColdReads
 from shardq.storage._contract import Storage
@@ -40,7 +40,6 @@ from shardq.storage._errors import StorageError
 from shardq.storage._pg_fence import FENCE_SQL, Fence, check, plan_queues
 from shardq.storage._pg_schema import Conn, pg_error
 from shardq.storage._pg_write import Writes, read_deltas, write_plan
-from shardq.storage._store import QUEUE_NAMES_SQL
 from shardq.storage._write import decode, merge_row
 
 __all__ = ["PostgresStore"]
@@ -223,8 +222,8 @@ class PostgresStore(ColdReads):
 
     def queue_names(self) -> set[str]:
         """The name of every queue that has a stored job, config or configured group."""
-        # The distinct queues of `jobs` by one seek of its `queue` index each (`_store`'s).
-        sql = f"{QUEUE_NAMES_SQL} UNION SELECT name FROM queue_state"
+        # The distinct queues of `jobs` by one seek of its `queue` index each.
+        sql = f"{_schema.QUEUE_NAMES_SQL} UNION SELECT name FROM queue_state"
         if self._version >= _pg_schema.GROUPS_VERSION:
             sql += " UNION SELECT DISTINCT queue FROM queue_groups"
         return {name for (name,) in self._rows("listing queues", sql, ())}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.storage import _cold_count_table
+from shardq.storage._cold_reads import SQLITE, count_over_indexes_sql, over_indexes_counts
 from shardq.storage._errors import StorageError, wrap_error
 from shardq.storage._progress import migration_step
 from shardq.storage._tx import transaction
@@ -297,10 +298,24 @@ def _v11_cold_counts(db: Database) -> None:
     # start reads a few rows. The rows already cold are counted once, here.
     for statement in _cold_count_table.SQLITE_MIGRATION:
         db.execute(statement)
-    db.execute(_cold_count_table.SQLITE_FILL)
+    # Each queue's counts over the paging indexes alone, as the start counted them.
+    count = count_over_indexes_sql(SQLITE)
+    for (queue,) in db.execute(QUEUE_NAMES_SQL).fetchall():
+        totals, groups = over_indexes_counts(db.execute(count, (queue,) * 4).fetchall())
+        rows = _cold_count_table.table_rows(queue, totals, groups)
+        db.conn.executemany("INSERT INTO cold_counts VALUES (?, ?, ?, ?, ?, ?)", rows)
 
 
 Migration = Callable[["Database"], None]
+
+QUEUE_NAMES_SQL = (
+    "WITH RECURSIVE q(name) AS (SELECT (SELECT min(queue) FROM jobs) UNION ALL"
+    " SELECT (SELECT min(queue) FROM jobs WHERE queue > q.name) FROM q WHERE q.name IS NOT NULL)"
+    " SELECT name FROM q WHERE name IS NOT NULL"
+)
+"""The distinct queues of `jobs`, one seek of its `queue` index each (a skip scan): a shard's
+start reads them, and `SELECT DISTINCT queue` read every entry of that index (0.3 s of CPU at
+8,000,000 jobs, in every shard). The same SQL runs on PostgreSQL."""
 
 SEQ_INDEXES: dict[str, str] = {
     "idx_jobs_seq": "cold IS NULL",
