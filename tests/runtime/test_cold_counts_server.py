@@ -153,6 +153,8 @@ def test_cold_counts_stay_exact_through_kill_9_of_the_writer_and_the_shard(
     restored = server.find_log("cold backlog restored")
     cold = sum(c.waiting + c.delayed for c in table.values())
     assert restored is not None and restored["cold_jobs"] == cold, restored
+    steps = server.find_log("shard load steps", role="shard-0")
+    assert steps is not None and "cold_counts_ms" in steps and "load_jobs_ms" in steps, steps
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         after = {q: conn.call({"cmd": "GetJobCounts", "queue": q})["counts"] for q in QUEUES}
     assert server.stop() == 0, server.log_tail()
