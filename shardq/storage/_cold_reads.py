@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from shardq.core._mutations import ROW_KEY_SEP, Record
+from shardq.storage import _cold_count_table
 
 __all__ = [
     "CHUNK",
@@ -47,8 +48,10 @@ __all__ = [
     "ColdPage",
     "ColdReads",
     "Cursor",
+    "count_over_indexes_sql",
     "delayed_cursor",
     "group_cursor",
+    "over_indexes_counts",
     "waiting_cursor",
 ]
 
@@ -170,6 +173,8 @@ class ColdReads(ABC):
     """Rows the pages have read from the database since the store opened (every cold index
     read by a page counts): what a test bounds to show a read costs its page, not the
     backlog."""
+    _counts_table: bool = False
+    """Whether the schema keeps the cold counts in their table (`_cold_count_table`)."""
 
     def page_waiting(
         self,
@@ -284,30 +289,16 @@ class ColdReads(ABC):
 
     def cold_counts(self, queue: str) -> ColdCounts:
         """The cold waiting and delayed jobs of `queue`, per group too, and the ungrouped
-        waiting ones with a priority. Counted over the paging indexes (no record is read):
-        linear in those jobs, for a shard's start."""
-        d = self._COLD_DIALECT
-        m = d.mark
+        waiting ones with a priority. From the `cold_counts` table (`_cold_count_table`: a
+        few rows, whatever the backlog) where the schema has it, else counted over the paging
+        indexes (no record is read, but one entry per cold job)."""
+        m = self._COLD_DIALECT.mark
         action = f"counting the cold jobs of queue {queue!r}"
-        # One read per index: ungrouped waiting, grouped waiting per group, delayed per group.
-        sql = (
-            f"SELECT 'waiting', NULL, count(*) FROM {d.jobs('waiting')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
-            f" UNION ALL SELECT 'prioritized', NULL, count(*) FROM {d.jobs('waiting')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
-            f" AND {_WAITING_KEY[0]} < 0"
-            f" UNION ALL SELECT 'waiting', gid, count(*) FROM {d.jobs('group_waiting')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
-            " GROUP BY gid"
-            f" UNION ALL SELECT 'delayed', gid, count(*) FROM {d.jobs('delayed')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'delayed' GROUP BY gid"
-        )
-        totals = {"waiting": 0, "delayed": 0, "prioritized": 0}
-        groups: dict[str, dict[str, int]] = {"waiting": {}, "delayed": {}}
-        for state, gid, n in self._cold_rows(action, sql, (queue,) * 4):
-            totals[state] += int(n)
-            if gid is not None:
-                groups[state][gid] = int(n)
+        if self._counts_table:
+            rows = self._cold_rows(action, _cold_count_table.read_counts(m), (queue,))
+            totals, groups = _cold_count_table.to_counts(rows)
+        else:
+            totals, groups = self._count_over_indexes(action, queue)
         return ColdCounts(
             totals["waiting"],
             totals["delayed"],
@@ -315,6 +306,13 @@ class ColdReads(ABC):
             groups["delayed"],
             totals["prioritized"],
         )
+
+    def _count_over_indexes(
+        self, action: str, queue: str
+    ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        """`cold_counts` of a schema without the table: one read per paging index."""
+        sql = count_over_indexes_sql(self._COLD_DIALECT)
+        return over_indexes_counts(self._cold_rows(action, sql, (queue,) * 4))
 
     def cold_priorities(self, queue: str) -> dict[int | float, int]:
         """The cold ungrouped waiting and the cold delayed jobs of `queue`, counted by
@@ -449,6 +447,40 @@ class ColdReads(ABC):
     @abstractmethod
     def _decode_row(self, rec: bytes, patch: bytes, ops: Iterable[bytes] = ()) -> Record:
         """A stored job's record (`_write.merge_row`). Raises `StorageError` if corrupt."""
+
+
+def count_over_indexes_sql(d: Dialect) -> str:
+    """One queue's cold counts over the paging indexes alone (no row read, one index entry
+    per cold job), its queue parameter four times: ('waiting', NULL, ungrouped waiting),
+    ('prioritized', NULL, those with a priority above 0), ('waiting', gid, n) per group,
+    ('delayed', gid or NULL, n)."""
+    m = d.mark
+    return (
+        f"SELECT 'waiting', NULL, count(*) FROM {d.jobs('waiting')}"
+        f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
+        f" UNION ALL SELECT 'prioritized', NULL, count(*) FROM {d.jobs('waiting')}"
+        f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
+        f" AND {_WAITING_KEY[0]} < 0"
+        f" UNION ALL SELECT 'waiting', gid, count(*) FROM {d.jobs('group_waiting')}"
+        f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
+        " GROUP BY gid"
+        f" UNION ALL SELECT 'delayed', gid, count(*) FROM {d.jobs('delayed')}"
+        f" WHERE queue = {m} AND cold = 1 AND state = 'delayed' GROUP BY gid"
+    )
+
+
+def over_indexes_counts(
+    rows: Iterable[Sequence[Any]],
+) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """The rows of `count_over_indexes_sql` as totals (waiting, delayed, prioritized) and
+    per-group counts (waiting, delayed)."""
+    totals = {"waiting": 0, "delayed": 0, "prioritized": 0}
+    groups: dict[str, dict[str, int]] = {"waiting": {}, "delayed": {}}
+    for state, gid, n in rows:
+        totals[state] += int(n)
+        if gid is not None:
+            groups[state][gid] = int(n)
+    return totals, groups
 
 
 def _check_limit(limit: int) -> None:

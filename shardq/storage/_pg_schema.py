@@ -22,13 +22,14 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from shardq.storage import _schema
+from shardq.storage import _cold_count_table, _schema
 from shardq.storage._errors import StorageError, StorageFull, StorageRejected
 from shardq.storage._progress import migration_step
 
 __all__ = [
     "CLUSTER_VERSION",
     "COLD_VERSION",
+    "COUNTS_VERSION",
     "DELTAS_VERSION",
     "GROUPS_VERSION",
     "HOT_SEQ_CONDITIONS",
@@ -176,6 +177,14 @@ MADE_INDEXES: dict[str, str] = {
 """The indexes of the queue-wide cold reads (`_schema.MADE_INDEXES`), by name: columns."""
 
 
+def _v9_cold_counts(conn: Conn) -> None:
+    # The SQLite schema's version 12 (`_schema._v12_cold_counts` says why): the cold counts
+    # kept by triggers in a table of their own, the rows already cold counted once here.
+    for statement in _cold_count_table.PG_MIGRATION:
+        conn.execute(statement)
+    conn.execute(_cold_count_table.PG_FILL)
+
+
 SEQ_INDEXES: dict[str, str] = dict(
     zip(
         ("jobs_seq_ord", "jobs_cold_seq", "jobs_taken_seq"),
@@ -207,6 +216,9 @@ def cold_columns(version: int) -> int:
     return 4 if version >= COLD_VERSION else 0
 
 
+COUNTS_VERSION = 9
+"""The schema version that keeps the cold counts in a table (`_v9_cold_counts`)."""
+
 # Append only. A schema's version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
     _v1_jobs,
@@ -217,6 +229,7 @@ MIGRATIONS: list[Migration] = [
     _v6_cold_backlog,
     _v7_seq_by_temperature,
     _v8_cold_made,
+    _v9_cold_counts,
 ]
 
 

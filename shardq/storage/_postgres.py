@@ -31,7 +31,7 @@ import psycopg
 from psycopg import conninfo
 
 from shardq.core._mutations import Mutation, Record
-from shardq.storage import _pg_schema
+from shardq.storage import _pg_schema, _schema
 from shardq.storage._coalesce import Plan, Stored, coalesce, remember
 from shardq.storage._cold_reads import HOT_SET, POSTGRES, ColdReads
 from shardq.storage._contract import Storage
@@ -84,6 +84,7 @@ class PostgresStore(ColdReads):
         self._patch_floor = patch_floor
         # Whether `job_deltas` may hold a row: while not, a put or delete needs no look there.
         self._deltas_exist = version >= _pg_schema.DELTAS_VERSION and self._any_deltas()
+        self._counts_table = version >= _pg_schema.COUNTS_VERSION
         self.fence: Fence | None = None
         """Set by a node among several (shardq.cluster): every batch then checks, in its own
         transaction, that this node still holds the partitions it writes."""
@@ -221,7 +222,8 @@ class PostgresStore(ColdReads):
 
     def queue_names(self) -> set[str]:
         """The name of every queue that has a stored job, config or configured group."""
-        sql = "SELECT DISTINCT queue FROM jobs UNION SELECT name FROM queue_state"
+        # The distinct queues of `jobs` by one seek of its `queue` index each.
+        sql = f"{_schema.QUEUE_NAMES_SQL} UNION SELECT name FROM queue_state"
         if self._version >= _pg_schema.GROUPS_VERSION:
             sql += " UNION SELECT DISTINCT queue FROM queue_groups"
         return {name for (name,) in self._rows("listing queues", sql, ())}

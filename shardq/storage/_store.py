@@ -103,6 +103,7 @@ class Store(ColdReads):
         self._delta_rows = self._count_deltas() if version >= _schema.DELTAS_VERSION else 0
         # Reads in seq order go over the split seq indexes (`_seq_reads`) from this version on.
         self._split_seq = version >= _schema.SEQ_VERSION
+        self._counts_table = version >= _schema.COUNTS_VERSION
 
     @classmethod
     def open(
@@ -268,10 +269,11 @@ class Store(ColdReads):
     def queue_names(self) -> set[str]:
         """The name of every queue that has a stored job, config or configured group.
 
-        Reads the `queue` index only, never a row. Raises `StorageError` if the read fails.
+        Seeks the `queue` index once per queue (`_schema.QUEUE_NAMES_SQL`), never reads a row.
+        Raises `StorageError` if the read fails.
         """
         with self._reading("listing queues"):
-            names = {q for (q,) in self._conn.execute("SELECT DISTINCT queue FROM jobs")}
+            names = {q for (q,) in self._conn.execute(_schema.QUEUE_NAMES_SQL)}
             names.update(n for (n,) in self._conn.execute("SELECT name FROM queue_state"))
             if self.schema_version >= _GROUPS_VERSION:
                 # A queue whose only trace is a configured group (its key's first column).

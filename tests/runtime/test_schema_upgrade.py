@@ -33,6 +33,12 @@ def _back_to_version_2(path: Path) -> None:
         conn.execute("DROP TABLE job_deltas")  # version 7
         conn.execute("DELETE FROM meta WHERE key = 'delta_encoding'")
         conn.execute("DROP TABLE queue_groups")  # version 8
+        for trigger in ("insert", "delete", "update"):  # version 12: the cold counts' table
+            conn.execute(f"DROP TRIGGER cold_counts_{trigger}")
+        conn.execute("DROP TABLE cold_counts")
+        for index in ("cold_made", "cold_by_seq"):  # version 11: `made` and its indexes
+            conn.execute(f"DROP INDEX idx_jobs_{index}")
+        conn.execute("ALTER TABLE jobs DROP COLUMN made")
         for index in ("seq", "cold_seq", "taken_seq"):  # version 10: the seq index in parts
             conn.execute(f"DROP INDEX idx_jobs_{index}")
         conn.execute("CREATE INDEX idx_jobs_seq ON jobs (seq)")
@@ -82,7 +88,9 @@ def test_a_version_2_database_is_upgraded_and_recovered(shardq_server: Factory) 
         info = store.describe()
     newest = len(_schema.MIGRATIONS)
     assert info.version == newest
-    # v3's indexes, v9's partial ones (tests/storage/test_cold_store.py), v10's seq in three.
+    # v3's indexes, v9's partial ones (tests/storage/test_cold_store.py), v10's seq in three,
+    # v11's two queue-wide cold reads; v12's cold counts table.
     assert ("queue",) in info.indexes["jobs"] and info.indexes["jobs"].count(("seq",)) == 3
-    assert len(info.indexes["jobs"]) == 8
+    assert len(info.indexes["jobs"]) == 10
+    assert "cold_counts" in info.columns
     assert "cron_jobs" in info.columns

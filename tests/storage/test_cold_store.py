@@ -97,7 +97,18 @@ def test_each_page_and_lookup_reads_its_index_in_order(store: Store, name: str, 
             assert ">?)" in plan, plan
 
 
-def test_counts_read_only_the_indexes(store: Store) -> None:
+def test_counts_read_the_queues_rows_of_their_table_and_no_job(store: Store) -> None:
+    # From schema 12 on the triggers keep the counts (`_cold_count_table`): one seek of the
+    # table's primary key, none of `jobs` or its indexes.
+    (plan,) = _plans(store, lambda: store.cold_counts("q"))
+    assert "SEARCH cold_counts USING PRIMARY KEY (queue=?)" in plan, plan
+    assert "jobs" not in plan, plan
+    counts = store.cold_counts("q")
+    assert (counts.waiting, counts.delayed, counts.group_waiting) == (60, 10, {"grp": 10})
+
+
+def test_counts_of_a_schema_without_the_table_read_only_the_indexes(store: Store) -> None:
+    store._counts_table = False  # as a store opened at schema 9 or 10 reads them
     (plan,) = _plans(store, lambda: store.cold_counts("q"))
     for index in ("idx_jobs_waiting", "idx_jobs_group_waiting", "idx_jobs_delayed"):
         assert f"USING COVERING INDEX {index}" in plan, plan
@@ -138,8 +149,10 @@ def test_hot_only_loading_reads_the_hot_seq_indexes_and_decodes_no_cold_job(
     assert [r["seq"] for r in loaded] == sorted(r["seq"] for r in loaded)
 
 
-def _start_steps(store: Store) -> int:
-    """SQLite's virtual-machine steps (in hundreds) of a budgeted start's two reads."""
+def _start_steps(store: Store, cold: int) -> int:
+    """SQLite's virtual-machine steps (in hundreds) of a budgeted start's reads that could
+    grow with the backlog: the completed window, the hot set, the cold counts, the top seq,
+    the queue names."""
     steps = 0
 
     def count() -> int:
@@ -151,18 +164,23 @@ def _start_steps(store: Store) -> int:
     try:
         assert store.completed_floor(5) is None
         assert len(list(store.load_jobs(hot_only=True))) == 70
+        counts = store.cold_counts("q")
+        assert counts.waiting + counts.delayed == cold
+        assert store.max_seq() > 0
+        assert store.queue_names() == {"q"}
     finally:
         store._conn.set_progress_handler(None, 0)
     return steps
 
 
 def test_a_budgeted_start_costs_the_same_whatever_the_backlog(store: Store) -> None:
-    # The window of completed jobs and the hot set, read with 70 cold rows and then with
-    # 20,070: the same work (a walk of the backlog would take 100s of steps per 1,000 rows).
-    small = _start_steps(store)
+    # The window of completed jobs, the hot set and the cold counts, read with 70 cold rows
+    # and then with 20,070: the same work (a walk of the backlog, or a count over its index
+    # entries, would take 100s of steps per 1,000 rows).
+    small = _start_steps(store, 70)
     more = [_rec(f"x{i}", 5000 + i, state="delayed" if i % 2 else "waiting") for i in range(20_000)]
     store.apply(MutationEncoder().encode([("put", r) for r in more]))
-    assert _start_steps(store) <= small + 5, small
+    assert _start_steps(store, 20_070) <= small + 5, small
 
 
 # --- the queue-wide reads (`page_made`, `page_by_seq`) ----------------------------------------

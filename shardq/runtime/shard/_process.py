@@ -303,9 +303,9 @@ class ShardProcess:
         mine = self._owner(parts)
         names = {n for n in store.queue_names() if mine(n)}
         queues = {n: cfg for n, cfg in store.load_queues().items() if n in names}
-        progress.beat()
+        progress.mark("queues")
         floor = store.completed_floor(self.core.engine.config.max_completed, names)
-        progress.beat()
+        progress.mark("completed_floor")
         engine = self.core.engine
         paging = engine.head is not None or engine.memory is not None
         # Under a head or memory budget the cold waiting and delayed jobs stay in storage
@@ -313,7 +313,7 @@ class ShardProcess:
         # storage holds any (it had passed the budget): the restore watches cold-marked rows.
         started = time.monotonic()
         counts = {name: store.cold_counts(name) for name in sorted(names)} if paging else {}
-        progress.beat()
+        progress.mark("cold_counts")
         if engine.memory is not None:
             engine.memory.prepare(counts)
         records = store.load_jobs(queues=names, completed_from=floor, hot_only=paging)
@@ -323,12 +323,16 @@ class ShardProcess:
         hooks = store.load_webhooks() if spec.index == 0 and starting else []
         own = (rec for rec in records if mine(rec["queue"]))
         recovered = self.core.recover(progress.count(own), queues, now, crons, hooks)
+        progress.mark("load_jobs")
         if paging:
             recovered += self._restore_cold(store, counts, now, started)
+            progress.mark("restore_cold")
         outbox = store.load_flow_outbox()
         self.core.engine.flows.load_outbox(n for n in outbox if mine(n["cq"]))
         if floor is not None and starting:  # a gained partition's were its owner's
             recovered += self._delete_stale(store.stale_completed(floor, names), now)
+        progress.mark("outbox_and_stale")
+        _log.info("shard load steps", **{f"{k}_ms": v for k, v in progress.steps.items()})
         return progress.loaded, len(queues), recovered
 
     def _restore_cold(

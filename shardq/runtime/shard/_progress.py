@@ -42,6 +42,16 @@ class Progress:
         self._started = time.monotonic()
         self._next = self._started + PROGRESS_EVERY_S
         self._next_log = self._started + self._log_every
+        # The load's steps so far and the milliseconds each took (`mark`), for the log.
+        self.steps: dict[str, int] = {}
+        self._step_at = self._started
+
+    def mark(self, step: str) -> None:
+        """`step` of the load just ended: note its time and tell the supervisor."""
+        now = time.monotonic()
+        self.steps[step] = round((now - self._step_at) * 1000)
+        self._step_at = now
+        self.beat()
 
     def beat(self) -> None:
         """Tell the supervisor the load goes on (between its first statements)."""
@@ -71,4 +81,5 @@ class Progress:
         if now >= self._next_log:
             self._next_log = now + self._log_every
             rate = loaded / max(now - self._started, 1e-9)
-            _log.info("shard recovering", loaded=loaded, jobs_per_s=round(rate))
+            after = next(reversed(self.steps), None)  # the step under way follows this one
+            _log.info("shard recovering", loaded=loaded, jobs_per_s=round(rate), after=after)

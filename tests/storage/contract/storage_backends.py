@@ -37,6 +37,11 @@ class Backend(Protocol):
         ...
 
     @property
+    def counts_version(self) -> int:
+        """The schema version that keeps the cold counts in a table (`_cold_count_table`)."""
+        ...
+
+    @property
     def stale_page(self) -> int:
         """The most row keys one list of `stale_completed` may hold."""
         ...
@@ -82,6 +87,10 @@ class SqliteBackend:
         return _schema.COLD_VERSION
 
     @property
+    def counts_version(self) -> int:
+        return _schema.COUNTS_VERSION
+
+    @property
     def stale_page(self) -> int:
         return _store.STALE_PAGE
 
@@ -123,6 +132,12 @@ class PostgresBackend:
         from shardq.storage import _pg_schema
 
         return _pg_schema.COLD_VERSION
+
+    @property
+    def counts_version(self) -> int:
+        from shardq.storage import _pg_schema
+
+        return _pg_schema.COUNTS_VERSION
 
     @property
     def stale_page(self) -> int:

@@ -1,0 +1,189 @@
+"""The `cold_counts` table: each queue's cold backlog counted as its rows change.
+
+A shard under a memory budget starts by asking storage how many cold waiting and delayed jobs
+each of its queues holds (`ColdReads.cold_counts`: Count and GetJobCounts answer from these
+counts and the head, exactly, in O(1)). Counting them over the paging indexes reads one index
+entry per cold job: 2.2 s of a start at 10,000,000 jobs, growing with the backlog. From
+`_schema.COUNTS_VERSION` (PostgreSQL `_pg_schema.COUNTS_VERSION`) on, triggers on `jobs` keep
+the counts in a table of their own, in the same transaction as the rows they count, whoever
+writes them (the writer's batches, an obliterate, `shardq storage copy`), so a crash can never
+leave them apart. A start reads a queue's few rows of it.
+
+One row per queue, state ('waiting' or 'delayed'), group (`grouped` 0 with `gid` '' for no
+group: a NULL cannot take part in a primary key) and `prio`, which is 1 for the ungrouped
+waiting jobs with a priority above 0 (GetJobCounts' `prioritized`) and 0 otherwise. A row is
+deleted when its count reaches 0, so the table holds only the groups that have a cold job.
+
+The rows counted are exactly those `cold_counts` counted over the indexes: `cold = 1` and
+`state` waiting or delayed. Only an insert or a delete of such a row, or an update that
+changes one of the key's columns of a row that is or was one, touches the table: a hot row's
+writes evaluate the triggers' conditions and nothing more.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+__all__ = [
+    "PG_FILL",
+    "PG_MIGRATION",
+    "SQLITE_MIGRATION",
+    "TABLE_SQL",
+    "read_counts",
+    "table_rows",
+    "to_counts",
+]
+
+TABLE_SQL: Final = (
+    "CREATE TABLE cold_counts (queue TEXT NOT NULL, state TEXT NOT NULL,"
+    " grouped INTEGER NOT NULL, gid TEXT NOT NULL, prio INTEGER NOT NULL,"
+    " n BIGINT NOT NULL, PRIMARY KEY (queue, state, grouped, gid, prio))"
+)
+"""The table; SQLite adds WITHOUT ROWID (the key is the row)."""
+
+_COUNTED = "{r}.cold = 1 AND {r}.state IN ('waiting', 'delayed')"
+_PRIO = "({r}.state = 'waiting' AND {r}.gid IS NULL AND coalesce({r}.priority, 0) > 0)"
+_KEY_COLUMNS = "queue, state, cold, gid, priority"
+
+
+def _same_key(same: str) -> str:
+    """True if an update changed none of the key's columns (its count stays where it was);
+    `same` is the backend's NULL-safe equality."""
+    return " AND ".join(f"old.{c} {same} new.{c}" for c in _KEY_COLUMNS.split(", "))
+
+
+def _key_values(r: str, prio_cast: str) -> str:
+    prio = _PRIO.format(r=r)
+    return (
+        f"{r}.queue, {r}.state, CASE WHEN {r}.gid IS NULL THEN 0 ELSE 1 END,"
+        f" coalesce({r}.gid, ''), {prio_cast.format(prio)}"
+    )
+
+
+def _key_match(r: str, prio_cast: str) -> str:
+    prio = _PRIO.format(r=r)
+    return (
+        f"queue = {r}.queue AND state = {r}.state"
+        f" AND grouped = CASE WHEN {r}.gid IS NULL THEN 0 ELSE 1 END"
+        f" AND gid = coalesce({r}.gid, '') AND prio = {prio_cast.format(prio)}"
+    )
+
+
+# -- SQLite: three triggers --------------------------------------------------------------
+
+_SQ_CAST = "{}"  # a comparison is already 0 or 1
+
+
+def _sq_add(r: str, when: str = "1") -> str:
+    return (
+        f"INSERT INTO cold_counts SELECT {_key_values(r, _SQ_CAST)}, 1 WHERE {when}"
+        " ON CONFLICT DO UPDATE SET n = n + 1;"
+    )
+
+
+def _sq_sub(r: str, when: str = "1") -> str:
+    match = f"{when} AND {_key_match(r, _SQ_CAST)}"
+    return (
+        f"DELETE FROM cold_counts WHERE {match} AND n <= 1;"
+        f" UPDATE cold_counts SET n = n - 1 WHERE {match};"
+    )
+
+
+_OLD, _NEW = _COUNTED.format(r="old"), _COUNTED.format(r="new")
+SQLITE_MIGRATION: Final[tuple[str, ...]] = (
+    TABLE_SQL + " WITHOUT ROWID",
+    f"CREATE TRIGGER cold_counts_insert AFTER INSERT ON jobs WHEN {_NEW}"
+    f" BEGIN {_sq_add('new')} END",
+    f"CREATE TRIGGER cold_counts_delete AFTER DELETE ON jobs WHEN {_OLD}"
+    f" BEGIN {_sq_sub('old')} END",
+    # An update takes the old row's count off and adds the new one's, each only if that row
+    # is counted, and only if a key column changed. One trigger, not one per side: every
+    # trigger that fires costs a call per row, and a change of state (a pull, an ack) is an
+    # update of every job's row.
+    f"CREATE TRIGGER cold_counts_update AFTER UPDATE OF {_KEY_COLUMNS} ON jobs"
+    f" WHEN ({_OLD} OR {_NEW}) AND NOT ({_same_key('IS')})"
+    f" BEGIN {_sq_sub('old', _OLD)} {_sq_add('new', _NEW)} END",
+)
+"""The statements of SQLite's migration (`_schema._v12_cold_counts`), before its fill
+(`table_rows`)."""
+
+_FILL = (
+    "INSERT INTO cold_counts SELECT {values}, count(*) FROM jobs AS j"
+    " WHERE {counted} GROUP BY 1, 2, 3, 4, 5"
+)
+
+
+def table_rows(
+    queue: str, totals: dict[str, int], groups: dict[str, dict[str, int]]
+) -> list[tuple[str, str, int, str, int, int]]:
+    """One queue's rows of the table from its counts over the paging indexes (the upgrade's
+    fill on SQLite, queue by queue: a GROUP BY over the jobs themselves read every cold row
+    and sorted them all). Counts of 0 make no row."""
+    plain = totals["waiting"] - sum(groups["waiting"].values())
+    delayed_plain = totals["delayed"] - sum(groups["delayed"].values())
+    rows = [
+        (queue, "waiting", 0, "", 0, plain - totals["prioritized"]),
+        (queue, "waiting", 0, "", 1, totals["prioritized"]),
+        (queue, "delayed", 0, "", 0, delayed_plain),
+    ]
+    for state, per in groups.items():
+        rows += [(queue, state, 1, gid, 0, n) for gid, n in per.items()]
+    return [row for row in rows if row[-1] > 0]
+
+
+# -- PostgreSQL: one trigger function, three triggers ---------------------------------------
+
+_PG_CAST = "CASE WHEN {} THEN 1 ELSE 0 END"
+_PG_FUNCTION = f"""
+CREATE FUNCTION shardq_cold_counts() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        IF {_COUNTED.format(r="OLD")} THEN
+            DELETE FROM cold_counts WHERE {_key_match("OLD", _PG_CAST)} AND n <= 1;
+            UPDATE cold_counts SET n = n - 1 WHERE {_key_match("OLD", _PG_CAST)};
+        END IF;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        IF {_COUNTED.format(r="NEW")} THEN
+            INSERT INTO cold_counts VALUES ({_key_values("NEW", _PG_CAST)}, 1)
+            ON CONFLICT (queue, state, grouped, gid, prio)
+            DO UPDATE SET n = cold_counts.n + 1;
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$
+"""
+PG_MIGRATION: Final[tuple[str, ...]] = (
+    TABLE_SQL,
+    _PG_FUNCTION,
+    "CREATE TRIGGER cold_counts_insert AFTER INSERT ON jobs FOR EACH ROW"
+    f" WHEN ({_COUNTED.format(r='NEW')}) EXECUTE FUNCTION shardq_cold_counts()",
+    "CREATE TRIGGER cold_counts_delete AFTER DELETE ON jobs FOR EACH ROW"
+    f" WHEN ({_COUNTED.format(r='OLD')}) EXECUTE FUNCTION shardq_cold_counts()",
+    f"CREATE TRIGGER cold_counts_update AFTER UPDATE OF {_KEY_COLUMNS} ON jobs FOR EACH ROW"
+    f" WHEN (({_COUNTED.format(r='OLD')} OR {_COUNTED.format(r='NEW')})"
+    f" AND NOT ({_same_key('IS NOT DISTINCT FROM')})) EXECUTE FUNCTION shardq_cold_counts()",
+)
+"""The statements of PostgreSQL's migration (`_pg_schema._v9_cold_counts`), before its fill."""
+PG_FILL: Final = _FILL.format(values=_key_values("j", _PG_CAST), counted=_COUNTED.format(r="j"))
+
+
+def read_counts(mark: str) -> str:
+    """The read of one queue's rows (`mark`: the backend's parameter placeholder)."""
+    return f"SELECT state, grouped, gid, prio, n FROM cold_counts WHERE queue = {mark}"
+
+
+def to_counts(rows: list[Any]) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """A queue's rows of `cold_counts` as the totals (waiting, delayed, prioritized) and the
+    per-group counts (waiting, delayed)."""
+    totals = {"waiting": 0, "delayed": 0, "prioritized": 0}
+    groups: dict[str, dict[str, int]] = {"waiting": {}, "delayed": {}}
+    for state, grouped, gid, prio, n in rows:
+        count = int(n)
+        totals[state] += count
+        if prio:
+            totals["prioritized"] += count
+        if grouped:
+            per = groups[state]
+            per[gid] = per.get(gid, 0) + count
+    return totals, groups
