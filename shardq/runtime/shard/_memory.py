@@ -40,6 +40,9 @@ from shardq.runtime._giveback import (
 
 __all__ = ["BudgetCheck", "MemoryReturner", "malloc_trim", "release_memory"]
 
+# How often the memory budget reads the process's RSS (/proc/self/statm: some microseconds).
+RSS_EVERY_MS = 50
+
 # Below this many jobs at the high-water mark a release is not worth its pause: what a
 # smaller backlog leaves behind is a few tens of MB.
 RELEASE_FROM = 100_000
@@ -138,11 +141,20 @@ class BudgetCheck:
         self._engine = engine
         self._absorb = absorb
         self._over = False  # the budget's `over`, as last logged
+        # The budget also watches the process (`shardq.core._budget`): its RSS above what it
+        # was here, before any job was loaded (the idle baseline), read every `RSS_EVERY_MS`.
+        self._next_read = 0
+        if engine.memory is not None:
+            baseline = rss_bytes()
+            engine.memory.process_bytes = lambda: max(0, rss_bytes() - baseline)
 
     def fit(self, now: int) -> None:
         memory = self._engine.memory
         if memory is None:
             return
+        if now >= self._next_read:
+            self._next_read = now + RSS_EVERY_MS
+            memory.observe()
         muts = memory.check(now)
         if muts:
             self._absorb(muts, ())
