@@ -150,8 +150,9 @@ class MemoryBudget:
         return int(self.job_bytes + self.data_bytes)
 
     def resident_bytes(self) -> int:
-        """The estimate of what the resident jobs take, scaled to the process (`scale`)."""
-        return int(len(self.engine.store.jobs) * self.job_estimate * self.scale)
+        """The estimate of what the resident jobs take (not scaled: the process's own RSS
+        is in `/prometheus` per process)."""
+        return len(self.engine.store.jobs) * self.job_estimate
 
     # -- what the runtime calls ------------------------------------------------------------
 

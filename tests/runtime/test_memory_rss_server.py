@@ -69,6 +69,9 @@ def test_a_shard_holds_its_process_near_its_budget_through_push_restart_and_drai
         stats = conn.call({"cmd": "Stats"})["stats"]
         pushed = _status(shard, "VmHWM")
     assert int(stats["coldJobs"]) > TOTAL // 2, stats
+    # Visible: the shard says when the process, not the estimate, cut its heads.
+    cut = server.find_log("memory budget cut the heads to fit the process")
+    assert cut is not None and cut["process_mb"] >= BUDGET_MB, server.log_tail()
     assert server.stop() == 0, server.log_tail()
 
     server = shardq_server(shards=1, data_dir=data, env=env)

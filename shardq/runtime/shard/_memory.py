@@ -141,6 +141,7 @@ class BudgetCheck:
         self._engine = engine
         self._absorb = absorb
         self._over = False  # the budget's `over`, as last logged
+        self._scale = 1.0  # the budget's `scale`, as last logged (logged as it rises a quarter)
         # The budget also watches the process (`shardq.core._budget`): its RSS above what it
         # was here, before any job was loaded (the idle baseline), read every `RSS_EVERY_MS`.
         self._next_read = 0
@@ -158,6 +159,13 @@ class BudgetCheck:
         muts = memory.check(now)
         if muts:
             self._absorb(muts, ())
+        if memory.scale > 1.25 * self._scale:
+            self._scale = memory.scale
+            head = self._engine.head
+            _log.info("memory budget cut the heads to fit the process", shard=self._index,
+                      budget_mb=memory.budget >> 20, process_mb=memory.used >> 20,
+                      scale=round(memory.scale, 2),
+                      head_jobs=head.budget if head is not None else 0)  # fmt: skip
         if memory.over is self._over:
             return
         self._over = memory.over
