@@ -141,7 +141,9 @@ class BudgetCheck:
         self._engine = engine
         self._absorb = absorb
         self._over = False  # the budget's `over`, as last logged
-        self._scale = 1.0  # the budget's `scale`, as last logged (logged as it rises a quarter)
+        # The budget's `scale` as last logged: logged over the budget, each time it rose by
+        # a quarter.
+        self._scale = 1.0
         # The budget also watches the process (`shardq.core._budget`): its RSS above what it
         # was here, before any job was loaded (the idle baseline), read every `RSS_EVERY_MS`.
         self._next_read = 0
@@ -159,7 +161,7 @@ class BudgetCheck:
         muts = memory.check(now)
         if muts:
             self._absorb(muts, ())
-        if memory.scale > 1.25 * self._scale:
+        if memory.used > memory.budget and memory.scale > 1.25 * self._scale:
             self._scale = memory.scale
             head = self._engine.head
             _log.info("memory budget cut the heads to fit the process", shard=self._index,
