@@ -32,12 +32,33 @@ back (a drain), `N` grows again, and the heads page more in as they run low.
 If the pinned jobs alone (or heads at their floor) exceed the budget, `over` turns True and
 stays so until the estimate is back under: the runtime logs it once and exposes it. No work
 is refused.
+
+The process, not only the estimate: what a shard's RSS holds beyond its resident jobs
+(records kept until their commit, messages in flight, the heap's free blocks, and jobs read
+back from storage, which cost more than pushed ones) made a shard given 128 MB reach 267 MB
+after a push of 1,000,000 jobs, 356 MB after a restart (bench/results/2026-12-05-s8-rss-peak.md).
+So the runtime hands the budget a reader of the process's resident bytes above its idle
+baseline (`process_bytes`, /proc/self/statm) and calls `observe` at a short cadence. The
+budget turns that into `scale`: the measured bytes per estimated byte (at least 1), which
+multiplies the job estimate, so `cap` (and the heads) shrink until the process, not only the
+estimate, fits:
+
+- while the process is under the budget, `scale` follows it at each look so that what is
+  left of the budget takes jobs at the estimate (`cap = n + (budget - used) / estimate`);
+  it falls back to 1 once a release gave the memory back;
+- once the process is over the budget, `scale` only rises, and only when the process grew
+  since it was last set (by `budget / 32`): freed memory stays resident (arenas), so a
+  process that stopped growing is not cut again for memory it can reuse.
+
+`observe` makes a look due when the process passed the budget and grew, so the heads are cut
+within one cadence of the process passing it, whatever the job count does. The floor stays
+`head_min_jobs` per head: under memory that will not come back the heads shrink to it.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from itertools import islice
 from typing import Final, Protocol
 
@@ -60,6 +81,8 @@ WEIGHT_MAX: Final = 1024
 """Measured jobs the mean remembers at most: it follows a change of data size."""
 WALK_MAX: Final = 2048
 """Objects one data measure visits at most; past it the rest counts as its encoded size."""
+SCALE_MAX: Final = 64.0
+"""The most `scale` rises to (a process far over its budget with few jobs: heads at floor)."""
 
 _NOTHING: Final[list[Mutation]] = []
 
@@ -108,6 +131,13 @@ class MemoryBudget:
         self.cap = max(1, budget // job_bytes)  # the jobs that fit, at the current mean
         self.over = False  # pinned jobs (or heads at their floor) alone pass the budget
         self.trims = 0  # times the heads were cut to fit
+        # The process's resident bytes above its idle baseline (None: not watched), the last
+        # read of it, and the measured bytes per estimated byte (module docstring).
+        self.process_bytes: Callable[[], int] | None = None
+        self.used = 0
+        self.scale = 1.0
+        self._used_at = 0  # `used` when `scale` was last set
+        self._due = False  # `observe` asks for a look at the next `check`
         # The count outside of which `check` looks again (a look sets both).
         self._lo = 0
         self._hi = min(LOOK_EVERY, self.cap + 1)
@@ -116,11 +146,12 @@ class MemoryBudget:
 
     @property
     def job_estimate(self) -> int:
-        """The bytes one resident job is taken to cost now."""
+        """The bytes one resident job is taken to cost now (before `scale`)."""
         return int(self.job_bytes + self.data_bytes)
 
     def resident_bytes(self) -> int:
-        """The estimate of what the resident jobs take."""
+        """The estimate of what the resident jobs take (not scaled: the process's own RSS
+        is in `/prometheus` per process)."""
         return len(self.engine.store.jobs) * self.job_estimate
 
     # -- what the runtime calls ------------------------------------------------------------
@@ -129,9 +160,23 @@ class MemoryBudget:
         """After a turn: look again if the job count moved enough; cut the heads if the
         estimate passed the budget. Returns the mutations that made (tails sent cold)."""
         n = len(self.engine.store.jobs)
-        if self._lo <= n < self._hi:
+        if self._lo <= n < self._hi and not self._due:
             return _NOTHING
+        self._due = False
         return self._look(n, now)
+
+    def observe(self) -> None:
+        """Read the process's bytes (`process_bytes`); make a look due at the next `check` if
+        it passed the budget and grew since `scale` was last set, or if it is under the
+        budget with `scale` raised and moved (module docstring). Cheap: one read."""
+        if self.process_bytes is None:
+            return
+        self.used = used = self.process_bytes()
+        margin = self.budget // 32
+        if used > self.budget:
+            self._due = self._due or used > self._used_at + margin
+        elif self.scale > 1.0 and abs(used - self._used_at) > margin:
+            self._due = True
 
     def prepare(self, counts: Mapping[str, ColdCounts]) -> None:
         """At start (or a load of gained partitions), before `Engine.restore`: install the
@@ -150,12 +195,18 @@ class MemoryBudget:
         self.prepare(counts)
         head = self.engine.head
         assert head is not None
+        # Size the heads on what the restore loaded (at `prepare` no queue existed yet, so
+        # they sat at their floor): measured, scaled to the process, hot jobs counted in.
+        if self.process_bytes is not None:
+            self.used = self.process_bytes()
+        self._measure(len(self.engine.store.jobs))
+        self._size(head, cold=counts)
         return head.restore_cold(counts, now, max_seq=max_seq)
 
     # -- looking ---------------------------------------------------------------------------
 
     def _look(self, n: int, now: int) -> list[Mutation]:
-        self._measure()
+        self._measure(n)
         out: list[Mutation] = []
         head = self.engine.head
         if n > self.cap:
@@ -168,21 +219,43 @@ class MemoryBudget:
             n = len(self.engine.store.jobs)
         elif head is not None and head.cold_total():
             self._size(head)  # the heads may grow back as the backlog drains
-        self.over = n > self.cap
+        # The jobs alone, on the estimate (not the process): what `over` has always said.
+        self.over = n > max(1, self.budget // self.job_estimate)
         step = max(LOOK_EVERY, n // 8)
         self._lo = max(0, n - step)
         self._hi = min(n + step, self.cap + 1) if not self.over else n + step
         return out
 
-    def _measure(self) -> None:
-        """Average the data size of the newest `SAMPLE` resident jobs into the mean."""
+    def _measure(self, n: int) -> None:
+        """Average the data size of the newest `SAMPLE` resident jobs into the mean, scale
+        to the process (`_calibrate`), and set `cap`."""
         jobs = self.engine.store.jobs
         sizes = [data_size(job.data) for job in islice(reversed(jobs.values()), SAMPLE)]
         if sizes:
             w = self._weight
             self.data_bytes = (self.data_bytes * w + sum(sizes)) / (w + len(sizes))
             self._weight = min(w + len(sizes), WEIGHT_MAX)
-        self.cap = max(1, self.budget // self.job_estimate)
+        self._calibrate(n)
+        self.cap = max(1, int(self.budget / (self.job_estimate * self.scale)))
+
+    def _calibrate(self, n: int) -> None:
+        """Set `scale` from the last read of the process (module docstring)."""
+        if self.process_bytes is None:
+            return
+        used = self.used
+        # Records the head keeps until their commit cost about a job each: counted in, so a
+        # slow writer's lag is not taken for the resident jobs' cost.
+        head = self.engine.head
+        held = (n + (head.pending_count() if head is not None else 0)) * self.job_estimate
+        if used <= self.budget:
+            # What is left of the budget takes jobs at the estimate: cap = n + left / estimate.
+            self.scale = min(SCALE_MAX, max(1.0, self.budget / max(held + self.budget - used, 1)))
+        elif used > self._used_at + self.budget // 32:
+            ratio = used / max(held, self.budget // 8, 1)
+            self.scale = min(SCALE_MAX, max(self.scale, ratio))
+        else:
+            return
+        self._used_at = used
 
     def _install(self) -> ColdHead:
         engine = self.engine
@@ -212,9 +285,13 @@ class MemoryBudget:
         for name, q in self.engine.store.queues.items():
             cw, cd = head.cold_counts(name)
             if cold is not None and name in cold:
+                # At start: the queue's counts do not hold its cold jobs yet.
                 cw, cd = cold[name].waiting, cold[name].delayed
-            hot_w = max(0, min(q.counts[WAITING] - cw, len(q.ready)))
-            hot_d = max(0, q.counts[DELAYED] - cd)
+                hot_w = min(q.counts[WAITING], len(q.ready))
+                hot_d = q.counts[DELAYED]
+            else:
+                hot_w = max(0, min(q.counts[WAITING] - cw, len(q.ready)))
+                hot_d = max(0, q.counts[DELAYED] - cd)
             yield hot_w, cw
             yield hot_d, cd
 

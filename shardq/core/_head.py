@@ -132,8 +132,11 @@ class ColdHead:
             q.prioritized += prioritized
             q.counts[WAITING] += cold.waiting - grouped
             q.counts[DELAYED] += cold.delayed
-            self._page_waiting(q, h, self.budget)
-            self._page_delayed(q, h, self.budget)
+            # Up to the budget with the hot jobs the restore loaded (a head that fit before
+            # the restart fits again): a budget more would send its tail straight back cold,
+            # a write and a kept record per job. Hot jobs after the cursor still leave.
+            self._page_waiting(q, h, 0)
+            self._page_delayed(q, h, self.budget - (q.counts[DELAYED] - h.delayed))
             self._recheck(q, h)
         self.settle(out, now)
         return out

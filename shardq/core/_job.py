@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias
@@ -370,12 +371,16 @@ class Job:
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Job:
-        job = cls(rec["id"], rec["queue"], int(rec["seq"]))
-        job.name = rec.get("name") or "default"
+        # A decoded record holds its own copy of every string and number: the queue, state
+        # and name are shared (interned), and equal timestamps share one object, as a pushed
+        # job's do. A restart loads the hot jobs this way: some 200 bytes less each.
+        job = cls(rec["id"], _shared(rec["queue"]), int(rec["seq"]))
+        job.name = _shared(rec.get("name") or "default")
         job.data = rec.get("data")
         job.priority = rec.get("priority") or 0
-        job.created_at = rec.get("createdAt") or 0
-        job.run_at = rec.get("runAt") or 0
+        job.created_at = created = rec.get("createdAt") or 0
+        run_at = rec.get("runAt") or 0
+        job.run_at = created if run_at == created else run_at
         job.started_at = rec.get("startedAt")
         job.completed_at = rec.get("completedAt")
         job.attempts = rec.get("attempts") or 0
@@ -383,12 +388,13 @@ class Job:
         job.progress = rec.get("progress") or 0
         job.progress_message = rec.get("progressMessage")
         job.stacktrace = rec.get("stacktrace")
-        job.last_heartbeat = rec.get("lastHeartbeat") or job.created_at
+        beat = rec.get("lastHeartbeat") or created
+        job.last_heartbeat = created if beat == created else beat
         job.stall_count = rec.get("stallCount") or 0
         job.children_completed = rec.get("childrenCompleted") or 0
         job.lifo = bool(rec.get("lifo"))
         job.timeline = tuple([_timeline_entry(e) for e in rec.get("timeline") or ()])
-        job.state = rec["state"]
+        job.state = _shared(rec["state"])
         job.failed_reason = rec.get("failedReason")
         job.dlq = rec.get("dlq")
         job.dlq_retries = rec.get("dlqRetries") or 0
@@ -477,6 +483,37 @@ def timeline_view(timeline: Iterable[tuple[str, int, int | None]]) -> list[dict[
         else {"state": state, "timestamp": timestamp, "attempt": attempt}
         for state, timestamp, attempt in timeline
     ]
+
+
+# The engine fields a record may leave out when they hold these values: `from_record` reads
+# a missing one as exactly this (`slim_record`).
+_DEFAULTS: Final[Mapping[str, Any]] = {
+    "name": "default", "priority": 0, "startedAt": None, "completedAt": None, "attempts": 0,
+    "maxAttempts": DEFAULT_MAX_ATTEMPTS, "progress": 0, "progressMessage": None,
+    "stacktrace": None, "stallCount": 0, "childrenCompleted": 0, "lifo": False,
+    "timeline": [], "failedReason": None, "dlq": None, "dlqRetries": 0, "logs": None,
+    "logsAdded": 0, "dedupUntil": None, "hasResult": False,
+}  # fmt: skip
+assert _NOT_OPTIONS.issuperset(_DEFAULTS), "only engine fields may be left out"
+_NONE: Final = object()
+
+
+def slim_record(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """`rec` without the engine fields that hold their default (`_DEFAULTS`): a third of the
+    map for a job pushed without options, and `from_record` reads it back as the same job.
+    What the head keeps of a job it sent cold until the commit shows it (`_pager.Pager.keep`)."""
+    out = {}
+    for k, v in rec.items():
+        d = _DEFAULTS.get(k, _NONE)
+        if d is not _NONE and (v is d or (type(v) is type(d) and v == d)):
+            continue
+        out[k] = v
+    return out
+
+
+def _shared(text: Any) -> Any:
+    """`text`, interned if it is a string (a queue, state or job name read back)."""
+    return sys.intern(text) if type(text) is str else text
 
 
 def _timeline_entry(entry: Any) -> tuple[str, int, int | None]:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from ._cold import ColdBacklog, ColdPage, Cursor, delayed_cursor, waiting_cursor
-from ._job import Job
+from ._job import Job, slim_record
 from ._lifecycle import DELAYED, WAITING
 from ._mutations import ROW_KEY_SEP, Mutation, Record, job_id_of
 
@@ -207,7 +207,8 @@ class Pager:
 
     def keep(self, rec: Record) -> None:
         """A record the engine just sent cold."""
-        self.pending[row_of(rec)] = (self.epoch, rec)
+        # Slim: with a slow writer tens of thousands wait for their commit (module doc).
+        self.pending[row_of(rec)] = (self.epoch, slim_record(rec))
 
     def sweep(self, heads: Iterable[QueueHead]) -> None:
         """Jobs paged in that have left memory since: tombstones until their commit, so a

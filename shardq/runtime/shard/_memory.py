@@ -40,6 +40,9 @@ from shardq.runtime._giveback import (
 
 __all__ = ["BudgetCheck", "MemoryReturner", "malloc_trim", "release_memory"]
 
+# How often the memory budget reads the process's RSS (/proc/self/statm: some microseconds).
+RSS_EVERY_MS = 50
+
 # Below this many jobs at the high-water mark a release is not worth its pause: what a
 # smaller backlog leaves behind is a few tens of MB.
 RELEASE_FROM = 100_000
@@ -138,14 +141,33 @@ class BudgetCheck:
         self._engine = engine
         self._absorb = absorb
         self._over = False  # the budget's `over`, as last logged
+        # The budget's `scale` as last logged: logged over the budget, each time it rose by
+        # a quarter.
+        self._scale = 1.0
+        # The budget also watches the process (`shardq.core._budget`): its RSS above what it
+        # was here, before any job was loaded (the idle baseline), read every `RSS_EVERY_MS`.
+        self._next_read = 0
+        if engine.memory is not None:
+            baseline = rss_bytes()
+            engine.memory.process_bytes = lambda: max(0, rss_bytes() - baseline)
 
     def fit(self, now: int) -> None:
         memory = self._engine.memory
         if memory is None:
             return
+        if now >= self._next_read:
+            self._next_read = now + RSS_EVERY_MS
+            memory.observe()
         muts = memory.check(now)
         if muts:
             self._absorb(muts, ())
+        if memory.used > memory.budget and memory.scale > 1.25 * self._scale:
+            self._scale = memory.scale
+            head = self._engine.head
+            _log.info("memory budget cut the heads to fit the process", shard=self._index,
+                      budget_mb=memory.budget >> 20, process_mb=memory.used >> 20,
+                      scale=round(memory.scale, 2),
+                      head_jobs=head.budget if head is not None else 0)  # fmt: skip
         if memory.over is self._over:
             return
         self._over = memory.over
