@@ -26,8 +26,10 @@ What the front end does for a PUSH, and what happens to it here:
   them through the front end;
 - a PUSH for a queue another shard owns: refused likewise (a client with a stale shard count);
 - the Metrics counters and the job cache (id -> shard) of the front end: not fed. Stats counts
-  the direct requests (`directRequests`); an id-only command for a job pushed here is found by
-  asking every shard, as for an id the cache forgot;
+  the direct requests (`directRequests`), the pushes answered ok (`directPushed`, which the
+  front end adds to Metrics' `totalPushed`) and their rate (`directPushPerSec`, added to
+  `pushPerSec`); an id-only command for a job pushed here is found by asking every shard, as
+  for an id the cache forgot;
 - job events: the shard's own event tap sees the push, as any other;
 - durable pushes: answered after the writer's commit, through the same held replies.
 
@@ -52,6 +54,7 @@ from shardq.errors import ProtocolError
 from shardq.protocol import FrameDecoder, check_command, encode_js, error_reply
 from shardq.protocol._direct import direct_refused, shard_of
 from shardq.runtime import _messages as msgs
+from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
 
 __all__ = ["DIRECT_CONN_PREFIX", "DirectPort", "why_not_open"]
@@ -114,6 +117,7 @@ class DirectPort:
         frame_s: float = 0.0,
         idle_close_s: float = 0.0,
         max_in_flight: int = 1 << 62,
+        rate_window_s: int = 5,
     ) -> None:
         """Listen on an ephemeral port of `host`. Raises `OSError` if it cannot be bound.
 
@@ -121,6 +125,7 @@ class DirectPort:
         and finish each later frame within `frame_s` of reading its first bytes, and is closed
         when it has nothing in flight and sent nothing for `idle_close_s` (0: no bound); it is
         read no further while `max_in_flight` of its requests wait for their replies.
+        `rate_window_s`: the window of the push rate `stats` gives (`stats_rate_window_s`).
         """
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, 0), family=family, backlog=128)
@@ -146,7 +151,23 @@ class DirectPort:
         self.inflight: dict[int, str] = {}  # rid -> conn name, until the reply is taken
         self._req_ids: dict[int, object] = {}  # rid -> the client's reqId
         self.served = 0  # requests taken to the engine (Stats' directRequests)
+        self.pushed = 0  # pushes answered ok (directPushed)
+        self._rates = RateWindow(rate_window_s, width=1)
         poller.register(self._listener.fileno(), zmq.POLLIN)
+
+    def stats(self) -> dict[str, int | float]:
+        """This port's counts for the shard's Stats (summed over shards by the front end)."""
+        self._mark()
+        return {
+            "directRequests": self.served,
+            "directPushed": self.pushed,
+            "directPushPerSec": self._rates.per_second()[0],
+        }
+
+    def _mark(self) -> None:
+        second = int(time.monotonic())
+        if second != self._rates.second:
+            self._rates.advance(second, (self.pushed,))
 
     def announcement(self) -> msgs.DirectMsg:
         """The message telling the front end this port."""
@@ -321,6 +342,7 @@ class DirectPort:
         inflight = self.inflight
         rest: list[Any] = []
         out: dict[str, list[dict[str, Any]]] = {}
+        pushed = 0
         for item in msg["items"]:
             rid = item[1]
             name = inflight.pop(rid, None) if type(rid) is int and rid < 0 else None
@@ -328,10 +350,15 @@ class DirectPort:
                 rest.append(item)
                 continue
             reply = item[2]
+            if reply.get("ok") is True:
+                pushed += 1
             req = self._req_ids.pop(rid, None)
             if req is not None:
                 reply["reqId"] = req
             out.setdefault(name, []).append(reply)
+        if pushed:
+            self._mark()  # before counting: these replies belong to this second
+            self.pushed += pushed
         for name, replies in out.items():
             conn = self._by_name.get(name)
             if conn is not None:  # else gone: the reply goes nowhere, as for a closed TCP peer

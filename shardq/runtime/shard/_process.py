@@ -165,8 +165,9 @@ class ShardProcess:
             frame_s=max(tcp.tcp_idle_timeout_ms, 0) / 1000,
             idle_close_s=tcp.tcp_idle_close_ms / 1000,
             max_in_flight=tcp.max_in_flight_per_connection,
+            rate_window_s=spec.frontend.stats_rate_window_s,
         )
-        self.core.direct_requests = 0
+        self.core.direct_stats = direct.stats
         _log.info("direct port open", host=tcp.host, port=direct.port)
         return direct
 
@@ -513,7 +514,6 @@ class ShardProcess:
             items = direct.serve(ready)
             if items:
                 messages.append(dict(msgs.req(items)))
-                self.core.direct_requests = direct.served
         return messages
 
     def _poll(self, timeout_ms: int | None) -> list[tuple[Any, int]]:
