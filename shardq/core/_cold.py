@@ -19,7 +19,7 @@ A cursor is the key of the last job paged in; a page is what comes strictly afte
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from ._job import Job
@@ -98,6 +98,38 @@ class ColdBacklog(Protocol):
         self, queue: str, after: Cursor | None = None, *, limit: int, max_bytes: int = ...
     ) -> ColdPage:
         """The next delayed jobs of `queue` by run time, then seq."""
+
+    def page_made(
+        self,
+        queue: str,
+        kinds: Collection[str],
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        desc: bool = ...,
+        max_bytes: int = ...,
+    ) -> ColdPage:
+        """The next jobs of `queue` of the public states `kinds` ("waiting", "prioritized",
+        "delayed") by (created at, seq, row key), reversed if `desc` (GetJobs' order)."""
+
+    def page_by_seq(
+        self,
+        queue: str,
+        kinds: Collection[str],
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        made_by: int | None = ...,
+        max_bytes: int = ...,
+    ) -> ColdPage:
+        """The next jobs of `queue` of the public states `kinds` by (seq, row key), created
+        at or before `made_by` if given (Clean's order)."""
+
+    def cold_keys(
+        self, queue: str, after: Cursor | None = None, *, limit: int
+    ) -> list[tuple[int, str, str | None]]:
+        """The next ungrouped waiting and delayed jobs of `queue` by (seq, row key), as
+        (seq, row key, uniqueKey): no record (Drain's read)."""
 
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
         """The stored job of `queue` pushed with this custom id, or None."""

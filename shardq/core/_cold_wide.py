@@ -7,18 +7,23 @@ memory: whatever the backlog's size, a command holds at most one page of cold jo
 (`head_jobs` records and `head_page_bytes`), plus what its reply names.
 
 - **GetJobs**: the held jobs that match, merged with the `offset + limit` first cold ones in
-  the command's order (created at, then seq), read page by page and kept in a bounded heap:
-  memory O(offset + limit); the reads walk the queue's cold jobs in the states it asks for.
+  the command's order (created at, then seq), read in that order off the storage's index of
+  the cold backlog by creation time (`page_made`), backwards for a descending page: memory
+  and reads O(offset + limit) (plus the held jobs a read skips, and the jobs a name filter
+  turns down), whatever the backlog.
 - **GetCountsPerPriority**: the held jobs' counts plus the storage's count of the cold ones
   by priority (a GROUP BY over the cold indexes), corrected by key for the rows a read would
   not take as they are stored (kept records, tombstones, jobs held): no record is paged.
 - **PromoteJobs**: pages in only the delayed jobs it promotes (cold delayed jobs all sort
   after the held ones, `QueueHead.dcur`), until `count` of them are held.
-- **Clean** (waiting or delayed): the first `limit` matching jobs by seq, the cold ones kept in
-  a bounded heap while the backlog is read; those removed are deleted by key, each leaving a
-  tombstone until the deletion is committed.
-- **Drain**: every cold job of the queue is deleted by key as its page is read, counted as it
-  goes; one tombstone for the queue (`Pager.drop`) hides the stored rows until the commit.
+- **Clean** (waiting or delayed): the first `limit` matching jobs by seq, the cold ones read
+  in seq order off the storage's index, only those created `grace` or more ago
+  (`page_by_seq`, which skips the younger ones in the index): reads O(limit). Those removed
+  are deleted by key, each leaving a tombstone until the deletion is committed.
+- **Drain**: every cold job of the queue is deleted by key, its key read off the index
+  (`cold_keys`: seq, row key and uniqueKey; no record read or decoded), so the shard's work
+  is a few microseconds a job; one tombstone for the queue (`Pager.drop`) hides the stored
+  rows until the commit.
 - **Obliterate**: the writer's `qdel` deletes the queue's rows, cold ones too: nothing is read
   but the owners of the queue's uniqueKey claims that are not held (their claims go with them);
   one tombstone for the queue hides its stored rows until the `qdel` is committed.
@@ -32,8 +37,8 @@ mutations grow with the jobs removed, the jobs held in memory do not.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterator, Mapping
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Final
 
 from ._admin import _CLEAN_STATES, _finished_at
@@ -71,13 +76,15 @@ stored bytes. The cold jobs a queue-wide command holds at once, decoded (a few K
 Python objects: a page of 1,000 jobs of 400-byte data raised a shard's peak by 8 to 17 MB,
 one of 200 by 1 MB); none joins the head."""
 
+KEY_PAGE: Final = 5000
+"""Row keys per read of Drain (`cold_keys`): a seq, a key and a uniqueKey each, no record."""
+
 Handler = Callable[[Effects, Mapping[str, Any], int], dict[str, Any]]
 _BOTH: Final = frozenset((WAITING, DELAYED))
-# The public states of a GetJobs filter that cold jobs in each state can have.
-_COLD_PUBLIC: Final = (
-    (WAITING, frozenset(("waiting", "prioritized"))),
-    (DELAYED, frozenset(("delayed",))),
-)
+# The public states cold jobs can have (GetJobs' filter), as the storage's reads name them;
+# and those of each state.
+_KINDS: Final = ("waiting", "prioritized", "delayed")
+_STATE_KINDS: Final = {WAITING: ("waiting", "prioritized"), DELAYED: ("delayed",)}
 
 
 def _counted(rec: Record) -> bool:
@@ -91,8 +98,12 @@ def _seq(job: Job) -> int:
     return job.seq
 
 
-def _made(job: Job) -> tuple[int, int]:
-    return (job.created_at, job.seq)
+def _made(job: Job) -> tuple[int, int, str]:
+    return (job.created_at, job.seq, job.key)
+
+
+def _by_seq(job: Job) -> tuple[int, str]:
+    return (job.seq, job.key)
 
 
 class ColdWide:
@@ -135,27 +146,6 @@ class ColdWide:
             q.ids.update(dict.fromkeys(ordered))
         return (q, h) if h.waiting or h.delayed else None
 
-    def scan(self, q: QueueState, h: QueueHead, state: str) -> Iterator[Job]:
-        """Every cold job of `q` in `state` (waiting ungrouped, or delayed), in delivery
-        order, read a page at a time; none is held. The caller may remove them as it goes
-        (their rows stay as read until its mutations are committed)."""
-        head = self.head
-        pager = head.pager
-        pager.sweep(head.heads.values())
-        cur = h.wcur if state == WAITING else h.dcur
-        size = min(MAX_LIMIT, max(SCAN_PAGE[0], min(SCAN_PAGE[1], head.budget)))
-        fences = head.fences
-        while True:
-            jobs, end, _ = pager.page(q.name, state, cur, size)
-            if not jobs:
-                return
-            for job in jobs:
-                fence = fences.get(job.id) if fences else None
-                if fence is not None:
-                    job.delivery, job.token, job.leased = fence
-            yield from jobs
-            cur = end
-
     def _forget(self, fx: Effects, q: QueueState, h: QueueHead, job: Job) -> None:
         """Remove cold job `job` (not held): its counts, its claim, its row."""
         if job.state == WAITING:
@@ -180,10 +170,10 @@ class ColdWide:
     def get_jobs(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         cold = self._cold(cmd.get("queue"))
         wanted = _wanted_states(cmd.get("state"))
-        states = [s for s, names in _COLD_PUBLIC if wanted is None or not wanted.isdisjoint(names)]
-        if cold is None or not states:
+        kinds = [k for k in _KINDS if wanted is None or k in wanted]
+        if cold is None or not kinds:
             return self.originals["GetJobs"](fx, cmd, now)
-        q, h = cold
+        q = cold[0]
         text = cmd.get("name")
         text = text if isinstance(text, str) and text else None
 
@@ -198,13 +188,53 @@ class ColdWide:
         offset = max(as_int(cmd.get("offset"), 0), 0)
         limit = max(as_int(cmd.get("limit"), 100), 0)
         first = offset + limit
-        # The cold jobs that may make the page, as (created at, seq, id): a deep page keeps
-        # `offset + limit` of these, not the jobs; the page's own jobs are read again by key.
-        found = ((j.created_at, j.seq, j.id) for s in states for j in self.scan(q, h, s) if fits(j))
-        pick = heapq.nlargest if desc else heapq.nsmallest
-        top = pick(first, found) if first else []
+        # The first `offset + limit` cold jobs in the command's order, read in that order
+        # through the storage's index (`page_made`): a deep page keeps (created at, seq, id)
+        # of these, not the jobs; the page's own jobs are read again by key.
+        top: list[tuple[int, int, str]] = []
+        if first:
+            walk = self._walk(q, "page_made", kinds, _made, fits, desc=desc, size=first)
+            top = [(j.created_at, j.seq, j.id) for j in islice(walk, first)]
         page = sorted(held + top, reverse=desc)[offset:first]  # type: ignore[operator]
         return {"ok": True, "jobs": [job_view(self._job(q, entry[2])) for entry in page]}
+
+    def _walk(
+        self,
+        q: QueueState,
+        read: str,
+        kinds: list[str],
+        key: Callable[[Job], tuple[Any, ...]],
+        wanted: Callable[[Job], bool],
+        *,
+        size: int,
+        desc: bool = False,
+        made_by: int | None = None,
+    ) -> Iterator[Job]:
+        """The cold jobs of `q` of the public states `kinds` that `wanted` takes, in the order
+        of the storage's read `read` ("page_made": GetJobs' order, reversed if `desc`;
+        "page_by_seq": by seq, created at or before `made_by`), pages of about `size` jobs
+        (within `SCAN_PAGE`), the kept records merged in (`Pager.walk`)."""
+        head = self.head
+        pager = head.pager
+        pager.sweep(head.heads.values())
+        size = min(MAX_LIMIT, max(SCAN_PAGE[0], min(SCAN_PAGE[1], size)))
+        backlog, fences, name = pager.backlog, head.fences, q.name
+
+        def page(after: tuple[Any, ...] | None) -> Any:
+            bytes_ = pager.page_bytes
+            if read == "page_made":
+                return backlog.page_made(
+                    name, kinds, after, limit=size, desc=desc, max_bytes=bytes_
+                )
+            return backlog.page_by_seq(
+                name, kinds, after, limit=size, made_by=made_by, max_bytes=bytes_
+            )
+
+        for job in pager.walk(name, page, key, wanted, desc):
+            fence = fences.get(job.id) if fences else None
+            if fence is not None:
+                job.delivery, job.token, job.leased = fence
+            yield job
 
     def _job(self, q: QueueState, job: Job | str) -> Job:
         """`job`, or the cold job of `q` with id `job` read back by key."""
@@ -294,14 +324,20 @@ class ColdWide:
         ]
         held.sort(key=_seq)
         # A cold job is waiting or delayed: it finished at its creation (`_finished_at`).
-        found = (
-            j
-            for s in states
-            if s in _BOTH
-            for j in self.scan(q, h, s)
-            if now - j.created_at >= grace
-        )
-        chosen = sorted(held[:limit] + heapq.nsmallest(limit, found, key=_seq), key=_seq)
+        # The first `limit` of them by seq created at or before `now - grace`, read in that
+        # order through the storage's index (`page_by_seq`).
+        kinds = [k for s in states if s in _BOTH for k in _STATE_KINDS[s]]
+
+        def old_enough(job: Job) -> bool:
+            return job.state in states and now - job.created_at >= grace
+
+        found: list[Job] = []
+        if limit:
+            walk = self._walk(
+                q, "page_by_seq", kinds, _by_seq, old_enough, size=limit, made_by=now - grace
+            )
+            found = list(islice(walk, limit))
+        chosen = sorted(held[:limit] + found, key=_seq)
         ids: list[str] = []
         pending = self.head.pager.pending
         epoch = self.head.pager.epoch
@@ -321,11 +357,18 @@ class ColdWide:
         if cold is None:
             return reply
         q, h = cold
+        head = self.head
+        head.pager.sweep(head.heads.values())
+        fences, unique, name = head.fences, self.store.unique, q.name
         removed = 0
-        for state in (WAITING, DELAYED):
-            for job in self.scan(q, h, state):
-                self._forget(fx, q, h, job)
-                removed += 1
+        # The cold jobs' row keys, read off the index (`cold_keys`): no record is decoded.
+        # Their counts leave the queue together below.
+        for row, job_id, ukey in head.pager.keys(name, KEY_PAGE):
+            fences.pop(job_id, None)
+            if ukey is not None and unique.get((name, ukey)) == job_id:
+                del unique[(name, ukey)]
+            fx.mutations.append(("del", row))
+            removed += 1
         # Counts that no read bears out (drifted) follow the reads, as a page-in does.
         q.counts[WAITING] -= h.waiting
         q.counts[DELAYED] -= h.delayed

@@ -15,10 +15,11 @@ names is read (a kept record still is: it is newer than the removal).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
-from ._cold import ColdBacklog, Cursor, delayed_cursor, waiting_cursor
+from ._cold import ColdBacklog, ColdPage, Cursor, delayed_cursor, waiting_cursor
 from ._job import Job
 from ._lifecycle import DELAYED, WAITING
 from ._mutations import ROW_KEY_SEP, Mutation, Record, job_id_of
@@ -282,6 +283,80 @@ class Pager:
         return found
 
     # -- pages ------------------------------------------------------------------------------
+
+    def walk(
+        self,
+        queue: str,
+        read: Callable[[Cursor | None], ColdPage],
+        key: Callable[[Job], Cursor],
+        wanted: Callable[[Job], bool],
+        desc: bool = False,
+    ) -> Iterator[Job]:
+        """The cold jobs of `queue` that `wanted` takes, in the order `read` pages the stored
+        ones in (`key`: a job's cursor in that order; `desc`: `read` goes backwards), the kept
+        records merged in; none is held. Lazy: a caller that stops early reads only the
+        pages it consumed. The caller runs `sweep` first, and changes nothing the walk reads
+        (kept records, tombstones, the jobs held) until it is done with it."""
+        jobs = self.jobs
+        kept: list[Job] = []
+        for _, rec in self.pending.values():
+            if rec is None or rec.get("queue") != queue or rec["id"] in jobs or not is_cold(rec):
+                continue
+            job = job_of(rec)
+            if eligible(job) and wanted(job):
+                kept.append(job)
+        kept.sort(key=key, reverse=desc)
+        stored = self._stored(read, wanted)
+        return heapq.merge(kept, stored, key=key, reverse=desc) if kept else stored
+
+    def keys(self, queue: str, limit: int) -> Iterator[tuple[str, str, str | None]]:
+        """Every cold ungrouped waiting and cold delayed job of `queue`, as (row key, job id,
+        uniqueKey), `limit` stored ones a read, by seq (the kept records first): no record
+        is read or decoded. As `walk`, the caller runs `sweep` first and changes nothing
+        this reads until it is done."""
+        jobs = self.jobs
+        pending = self.pending
+        for rec in [r for _, r in pending.values() if r is not None and r.get("queue") == queue]:
+            if rec["id"] in jobs or not is_cold(rec) or not eligible(job_of(rec)):
+                continue
+            yield row_of(rec), rec["id"], rec.get("uniqueKey")
+        dropped = self.dropped.get(queue)
+        if dropped is not None and (dropped[1] is None or {WAITING, DELAYED} <= dropped[1]):
+            return  # a queue's tombstone hides every stored row these would read
+        after: Cursor | None = None
+        while True:
+            rows = self.backlog.cold_keys(queue, after, limit=limit)
+            for _, row, ukey in rows:
+                job_id = job_id_of(row)
+                if row in pending or job_id in jobs:
+                    continue
+                yield row, job_id, ukey
+            if len(rows) < limit:
+                return
+            after = rows[-1][:2]
+
+    def _stored(
+        self, read: Callable[[Cursor | None], ColdPage], wanted: Callable[[Job], bool]
+    ) -> Iterator[Job]:
+        """The stored jobs of `walk`: a row a kept record or tombstone answers for, or whose
+        job is held, or that a queue's tombstone hides, is skipped."""
+        jobs = self.jobs
+        pending = self.pending
+        after: Cursor | None = None
+        while True:
+            page = read(after)
+            for rec in page.records:
+                if row_of(rec) in pending or rec["id"] in jobs or not is_cold(rec):
+                    continue
+                if self.dropped and self.gone(rec):
+                    continue
+                rec.pop(COLD, None)  # a record read for this walk only: no copy needed
+                job = Job.from_record(rec)
+                if wanted(job):
+                    yield job
+            if page.done or page.after is None:
+                return
+            after = page.after
 
     def page(
         self, queue: str, state: str, cur: Cursor | None, limit: int

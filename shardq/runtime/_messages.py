@@ -37,6 +37,7 @@ __all__ = [
     "FLOW",
     "FLOWACK",
     "FLUSH",
+    "FRONT",
     "LISTEN",
     "LOADED",
     "MESSAGES",
@@ -64,6 +65,7 @@ __all__ = [
     "FlowMsg",
     "FlowackMsg",
     "FlushMsg",
+    "FrontMsg",
     "ListenMsg",
     "LoadedMsg",
     "Message",
@@ -92,6 +94,7 @@ __all__ = [
     "flow",
     "flowack",
     "flush",
+    "front",
     "listen",
     "loaded",
     "muts",
@@ -141,6 +144,10 @@ DONE: Final = "done"
 FAIL: Final = "fail"
 REJECTED: Final = "rejected"
 WRITER_UP: Final = "writer-up"
+# Front end -> writer: the link on which the writer hands durable replies straight over.
+FRONT: Final = "front"
+# The `shard` a `front` message names: the front end's link on the writer's side.
+FRONT_END_SHARD: Final = -1
 
 
 # -- shapes ----------------------------------------------------------------------------------
@@ -279,6 +286,9 @@ class MutsMsg(TypedDict):
     muts: list[Any]
     durable: NotRequired[bool]
     upto: NotRequired[int]
+    # A durable batch's replies, packed as the `rep` message the front end takes: the writer
+    # hands it to the front end itself once the batch is committed (docs/runtime.md).
+    rep: NotRequired[bytes]
 
 
 class FlushMsg(TypedDict):
@@ -297,6 +307,14 @@ class DoneMsg(TypedDict):
     t: Literal["done"]
     seq: int
     sync: NotRequired[bool]
+    # The seqs whose `rep` the writer hands to the front end right after this `done`.
+    answered: NotRequired[list[int]]
+
+
+class FrontMsg(TypedDict):
+    t: Literal["front"]
+    shard: int  # FRONT_END_SHARD
+    seq: int  # 0
 
 
 class FailMsg(TypedDict):
@@ -353,7 +371,13 @@ MESSAGES: Final[tuple[Message, ...]] = (
         "shard",
         "the partitions (and epochs) this node holds now: load, drop",
     ),
-    Message(REP, RepMsg, "shard", "front end", "replies `[conn, rid, reply]`"),
+    Message(
+        REP,
+        RepMsg,
+        "shard (the writer: a durable batch's, packed by its shard)",
+        "front end",
+        "replies `[conn, rid, reply]`",
+    ),
     Message(EVENTS, EventsMsg, "shard", "front end", "one turn's job events"),
     Message(CANCEL, CancelMsg, "shard", "front end", "active jobs cancelled this turn"),
     Message(DRAINED, DrainedMsg, "shard", "front end", "no active job left after `drain`"),
@@ -365,14 +389,28 @@ MESSAGES: Final[tuple[Message, ...]] = (
         MutsMsg,
         "shard",
         "writer",
-        "mutations to commit (`durable`: a reply waits; `upto`: its run's last seq)",
+        "mutations to commit (`durable`: a reply waits; `upto`: its run's last seq; "
+        "`rep`: its replies, for the front end)",
     ),
     Message(FLUSH, FlushMsg, "shard", "writer", "commit what is buffered up to `seq` now"),
     Message(SYNC, SyncMsg, "shard", "writer", "confirm once all up to `seq` is committed"),
-    Message(DONE, DoneMsg, "writer", "shard", "committed up to `seq`"),
+    Message(
+        DONE,
+        DoneMsg,
+        "writer",
+        "shard",
+        "committed up to `seq` (`answered`: batches whose `rep` the writer sends)",
+    ),
     Message(FAIL, FailMsg, "writer", "shard", "batch `seq` cannot be committed"),
     Message(REJECTED, RejectedMsg, "writer", "shard", "mutations of batch `seq` refused"),
     Message(WRITER_UP, WriterUpMsg, "shard (its own loop)", "shard", "a writer link came back"),
+    Message(
+        FRONT,
+        FrontMsg,
+        "front end",
+        "writer",
+        "this link is the front end's: committed durable replies come on it",
+    ),
 )
 
 
@@ -478,10 +516,13 @@ def sync(shard: int, seq: int) -> SyncMsg:
     return {"t": SYNC, "shard": shard, "seq": seq}
 
 
-def done(seq: int, *, synced: bool = False) -> DoneMsg:
+def done(seq: int, *, synced: bool = False, answered: list[int] | None = None) -> DoneMsg:
     # "sync": true marks the answer to a sync, so a starting shard can tell it from a `done`
     # still queued for its previous process.
-    return {"t": DONE, "seq": seq, "sync": True} if synced else {"t": DONE, "seq": seq}
+    msg: DoneMsg = {"t": DONE, "seq": seq, "sync": True} if synced else {"t": DONE, "seq": seq}
+    if answered:
+        msg["answered"] = answered
+    return msg
 
 
 def fail(seq: int, error: str, *, dropped: bool = False) -> FailMsg:
@@ -497,3 +538,7 @@ def rejected(seq: int, items: list[list[Any]]) -> RejectedMsg:
 
 def writer_up() -> WriterUpMsg:
     return {"t": WRITER_UP}
+
+
+def front() -> FrontMsg:
+    return {"t": FRONT, "shard": FRONT_END_SHARD, "seq": 0}

@@ -227,6 +227,12 @@ class LinkSettings:
     # without an acknowledgement: long enough for a restarting shard to come back without a
     # storm of resends, short enough that a flow is not held up noticeably by one loss.
     flow_resend_ms: int = 1_000
+    # While every batch a shard awaits is a durable one whose replies the writer delivers to
+    # the front end itself, the shard leaves the writer's confirmations unread for up to this
+    # long (ms): the next request reads them first, so a sequential durable client costs the
+    # shard one wake-up per push instead of two. A confirmation that needs the shard (a
+    # refused push, a writer restart) waits at most this long; 0 reads them at once.
+    writer_confirm_wait_ms: int = 2
     # A reply batch is cut into link frames of at most this; a reply bigger than it alone is
     # refused ("Reply too large"): a bunqueue client refuses a frame over 64 MiB anyway.
     link_max_frame_bytes: int = 64 * 1024 * 1024

@@ -78,7 +78,8 @@ class Row:
 
     `values` set: the job was put in this batch; write `rec` and `patch` as its whole row, with
     `values` (the column fields, in `COLUMN_FIELDS` order) as its columns; a cold row's go on
-    with its `lifo`, `gid` and `ukey` (or `REFILL` alone: set them from the merged record).
+    with its `lifo`, `gid`, `ukey` and `made` (or `REFILL` alone: set them from the merged
+    record).
     `values` None: a stored job this batch updates; set the column fields in `changed` and
     append `patch` to its stored patch. `stored` is what was known of it before the batch.
     `kept`: patch entries already stored, written back before `patch` (see `_write`).
@@ -440,10 +441,10 @@ def _engine_put(index: int, rec: Record) -> _Op:
 def _cold_putb(index: int, mutation: tuple[Any, ...] | list[Any]) -> _Op:
     """A cold record's `putb` (`_encode`): its cold fields after its record."""
     _, key, queue, state, priority, run_at, seq, rec, cold = mutation
-    if type(key) is str and type(rec) is bytes and type(cold) in (list, tuple) and len(cold) == 3:
-        lifo, gid, ukey = cold
-        if lifo in (0, 1) and _str_or_none(gid) and _str_or_none(ukey):
-            return "put", key, [queue, state, priority, run_at, seq, lifo, gid, ukey], rec
+    if type(key) is str and type(rec) is bytes and type(cold) in (list, tuple) and len(cold) == 4:
+        lifo, gid, ukey, made = cold
+        if lifo in (0, 1) and _str_or_none(gid) and _str_or_none(ukey) and type(made) is int:
+            return "put", key, [queue, state, priority, run_at, seq, lifo, gid, ukey, made], rec
     raise StorageRejected(f"mutation #{index} (putb) is malformed: {mutation!r:.200}")
 
 

@@ -30,7 +30,7 @@ holds a patch sorts by its merged state, the same as a job whose record was just
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -38,8 +38,10 @@ from shardq.core._mutations import ROW_KEY_SEP, Record
 
 __all__ = [
     "CHUNK",
+    "COLD_BACKLOG",
     "DEFAULT_MAX_BYTES",
     "HOT_SET",
+    "KINDS",
     "MAX_LIMIT",
     "ColdCounts",
     "ColdPage",
@@ -72,6 +74,23 @@ _WAITING_KEY = (
 )
 _GROUP_KEY = ("(coalesce(priority, 0))", "(coalesce(run_at, 0))", "seq")
 _DELAYED_KEY = ("(coalesce(run_at, 0))", "seq")
+_MADE_KEY = ("made", "seq")
+_SEQ_KEY = ("seq",)
+COLD_BACKLOG: Final = "cold = 1 AND state IN ('waiting', 'delayed')"
+"""The condition of the queue-wide indexes (`_schema.COLD_BACKLOG`), repeated by their reads."""
+KINDS: Final[dict[str, str]] = {
+    "waiting": "(state = 'waiting' AND gid IS NULL AND coalesce(priority, 0) <= 0)",
+    "prioritized": "(state = 'waiting' AND gid IS NULL AND coalesce(priority, 0) > 0)",
+    "delayed": "state = 'delayed'",
+}
+"""The public states of the queue-wide reads: the cold rows of each (GetJobs' `state`)."""
+
+
+def _kinds(kinds: Collection[str]) -> str:
+    unknown = set(kinds) - KINDS.keys()
+    if unknown or not kinds:
+        raise ValueError(f"kinds must be some of {sorted(KINDS)}, got {sorted(kinds)}")
+    return " OR ".join(KINDS[k] for k in sorted(set(kinds)))
 
 
 @dataclass(frozen=True)
@@ -147,6 +166,10 @@ class ColdReads(ABC):
     methods below and sets its `_COLD_DIALECT`."""
 
     _COLD_DIALECT: Dialect = SQLITE
+    cold_rows_read: int = 0
+    """Rows the pages have read from the database since the store opened (every cold index
+    read by a page counts): what a test bounds to show a read costs its page, not the
+    backlog."""
 
     def page_waiting(
         self,
@@ -189,6 +212,60 @@ class ColdReads(ABC):
         `page_waiting`)."""
         where = "queue = {m} AND cold = 1 AND state = 'delayed'"
         return self._cold_page(_DELAYED_KEY, "delayed", where, (queue,), after, limit, max_bytes)
+
+    def page_made(
+        self,
+        queue: str,
+        kinds: Collection[str],
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        desc: bool = False,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> ColdPage:
+        """The next cold jobs of `queue` of the public states `kinds` ("waiting",
+        "prioritized": ungrouped waiting jobs without and with a priority; "delayed") in
+        GetJobs' order: created at, then seq, then row key; `desc` reverses it. The cursor is
+        `(created at, seq, row key)`. Reads `limit` rows, not the backlog (`_v11_cold_made`)."""
+        where = f"queue = {{m}} AND {COLD_BACKLOG} AND ({_kinds(kinds)})"
+        params = (queue,)
+        return self._cold_page(_MADE_KEY, "cold_made", where, params, after, limit, max_bytes, desc)
+
+    def page_by_seq(
+        self,
+        queue: str,
+        kinds: Collection[str],
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        made_by: int | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> ColdPage:
+        """The next cold jobs of `queue` of the public states `kinds` (as `page_made`) by seq,
+        then row key (Clean's order), created at or before `made_by` if given. The cursor is
+        `(seq, row key)`. A row created after `made_by` is skipped in the index (its columns
+        hold `made`), never read from the table."""
+        where = f"queue = {{m}} AND {COLD_BACKLOG} AND ({_kinds(kinds)})"
+        params: tuple[Any, ...] = (queue,)
+        if made_by is not None:
+            where += " AND made <= {m}"
+            params = (queue, made_by)
+        return self._cold_page(_SEQ_KEY, "cold_by_seq", where, params, after, limit, max_bytes)
+
+    def cold_keys(
+        self, queue: str, after: Cursor | None = None, *, limit: int
+    ) -> list[tuple[int, str, str | None]]:
+        """The next cold ungrouped waiting and cold delayed jobs of `queue` by seq, then row
+        key, strictly after `after` (`(seq, row key)`), as (seq, row key, uniqueKey): Drain's
+        read, which removes them by key. No record is read or decoded: a few microseconds of
+        the database's own time a job, where a page decodes each record."""
+        _check_limit(limit)
+        d = self._COLD_DIALECT
+        where = f"queue = {d.mark} AND {COLD_BACKLOG} AND ({_kinds(KINDS)})"
+        select = f"SELECT seq, {d.row_id}, ukey FROM {d.jobs('cold_by_seq')} WHERE {where}"
+        rows = self._rows_after(select, ("seq", d.row_id), (queue,), after, limit)
+        self.cold_rows_read += len(rows)
+        return [(int(seq), str(key), ukey) for seq, key, ukey in rows]
 
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
         """The cold job of `queue` pushed with this custom id, or None (also for a hot one):
@@ -272,6 +349,7 @@ class ColdReads(ABC):
         after: Cursor | None,
         limit: int,
         max_bytes: int,
+        desc: bool = False,
     ) -> ColdPage:
         _check_limit(limit)
         if max_bytes < 1:
@@ -287,7 +365,8 @@ class ColdReads(ABC):
         size, cursor, done = 0, after, False
         while True:
             chunk = min(CHUNK, limit - len(rows))
-            got = self._rows_after(select, columns, params, cursor, chunk)
+            got = self._rows_after(select, columns, params, cursor, chunk, desc)
+            self.cold_rows_read += len(got)
             for row in got:
                 rows.append(row)
                 size += len(row[width]) + len(row[width + 1])
@@ -311,8 +390,10 @@ class ColdReads(ABC):
         params: tuple[Any, ...],
         cursor: Cursor | None,
         count: int,
+        desc: bool = False,
     ) -> list[Any]:
-        """Up to `count` rows in order strictly after `cursor`.
+        """Up to `count` rows in order strictly after `cursor` (`desc`: in reverse order,
+        strictly before it).
 
         "After (k1, ..., kn)" is read as n ranges, each the rows equal to the cursor on a
         prefix of the key and greater on the next column, from the longest prefix to the
@@ -324,14 +405,15 @@ class ColdReads(ABC):
         expression it holds equal instead of reading the index in order."""
         action = "paging cold jobs in"
         mark = self._COLD_DIALECT.mark
+        way, beyond = (" DESC", "<") if desc else ("", ">")
         if cursor is None:
-            sql = f"{select} ORDER BY {', '.join(columns)} LIMIT {mark}"
+            sql = f"{select} ORDER BY {', '.join(c + way for c in columns)} LIMIT {mark}"
             return self._cold_rows(action, sql, (*params, count))
         rows: list[Any] = []
         for depth in range(len(columns) - 1, -1, -1):
             terms = [f"{column} = {mark}" for column in columns[:depth]]
-            terms.append(f"{columns[depth]} > {mark}")
-            order = ", ".join(columns[depth:])
+            terms.append(f"{columns[depth]} {beyond} {mark}")
+            order = ", ".join(c + way for c in columns[depth:])
             sql = f"{select} AND {' AND '.join(terms)} ORDER BY {order} LIMIT {mark}"
             bound = (*params, *cursor[: depth + 1], count - len(rows))
             rows.extend(self._cold_rows(action, sql, bound))

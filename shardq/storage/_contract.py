@@ -28,8 +28,9 @@ in tests/storage/contract/ runs the same tests against every backend):
   its own instance opened beside the writer's: it sees every batch committed before.
 - Opening creates or migrates the schema to the backend's latest version, keeps what an older
   store held, and refuses a store newer than the code.
-- The cold backlog's reads (`page_waiting`, `page_group`, `page_delayed`, `get_by_custom_id`,
-  `find_unique`, `cold_counts`; `shardq.storage._cold_reads` says the orders) see only the
+- The cold backlog's reads (`page_waiting`, `page_group`, `page_delayed`, `page_made`,
+  `page_by_seq`, `cold_keys`, `get_by_custom_id`, `find_unique`, `cold_counts`;
+  `shardq.storage._cold_reads` says the orders) see only the
   cold jobs, those whose record as stored has `"cold"` true (a put of a record with it, or an
   `upd` setting it; `shardq.storage._cold`). They read the records as `get_job` does (patch
   and deltas merged), in exactly the engine's delivery order, through an index each, and
@@ -103,6 +104,46 @@ class Storage(Protocol):
         self, queue: str, after: Cursor | None = None, *, limit: int, max_bytes: int = ...
     ) -> ColdPage:
         """The next cold delayed jobs of `queue` by run time, then seq (as `page_waiting`)."""
+        ...
+
+    def page_made(
+        self,
+        queue: str,
+        kinds: Collection[str],
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        desc: bool = ...,
+        max_bytes: int = ...,
+    ) -> ColdPage:
+        """The next cold jobs of `queue` of the public states `kinds` ("waiting",
+        "prioritized": ungrouped waiting jobs without and with a priority; "delayed") in
+        GetJobs' order: created at, then seq, then row key, backwards if `desc`; the cursor is
+        `(created at, seq, row key)`. Bounded as `page_waiting`, read over an index: the cost
+        of a page is its rows (and the rows held in memory it skips), not the backlog."""
+        ...
+
+    def page_by_seq(
+        self,
+        queue: str,
+        kinds: Collection[str],
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        made_by: int | None = ...,
+        max_bytes: int = ...,
+    ) -> ColdPage:
+        """The next cold jobs of `queue` of the public states `kinds` (as `page_made`) by
+        seq, then row key (Clean's order), created at or before `made_by` if given; the
+        cursor is `(seq, row key)`. Bounded as `page_waiting`."""
+        ...
+
+    def cold_keys(
+        self, queue: str, after: Cursor | None = None, *, limit: int
+    ) -> list[tuple[int, str, str | None]]:
+        """The next cold ungrouped waiting and cold delayed jobs of `queue` by seq, then row
+        key, after the cursor `after` (`(seq, row key)`): at most `limit` (1 to `MAX_LIMIT`)
+        of (seq, row key, uniqueKey), no record read."""
         ...
 
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:

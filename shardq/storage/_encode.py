@@ -22,7 +22,7 @@ exactly those `upd`s in that order. A run is cut at `max_group_keys` keys and at
 change map. `columns` holds the column fields the changes set, under their record names
 (`queue`, `state`, `priority`, `runAt`, `seq`), and is usually `{"state": ...}`; a change
 that names a cold field adds `cold` there (`shardq.storage._cold` says what it holds). A cold
-record's put (`"cold"` true) carries the three fields of its cold columns the same way. "del",
+record's put (`"cold"` true) carries the four fields of its cold columns the same way. "del",
 "queue" and "qdel" are small and pass through unchanged, as does any mutation the encoder
 cannot vouch for (a missing row key, a mistyped column field): the writer then rejects it with
 the same error as before. A batch may mix both forms; `Store.apply` takes either.

@@ -32,10 +32,13 @@ __all__ = [
     "DELTAS_VERSION",
     "GROUPS_VERSION",
     "HOT_SEQ_CONDITIONS",
+    "MADE_INDEXES",
+    "MADE_VERSION",
     "MIGRATIONS",
     "SEQ_INDEXES",
     "SEQ_VERSION",
     "Conn",
+    "cold_columns",
     "migrate",
     "pg_error",
 ]
@@ -157,6 +160,22 @@ def _v7_seq_by_temperature(conn: Conn) -> None:
         conn.execute(f"CREATE INDEX {name} ON jobs (seq, ord) WHERE {condition}")
 
 
+def _v8_cold_made(conn: Conn) -> None:
+    # The SQLite schema's version 11 (`_schema._v11_cold_made` says why): `made` on cold rows,
+    # filled for those stored before, and the two indexes of the queue-wide cold reads.
+    conn.execute("ALTER TABLE jobs ADD COLUMN made bigint")
+    _schema.backfill_made(conn, "%s")
+    for name, columns in MADE_INDEXES.items():
+        conn.execute(f"CREATE INDEX {name} ON jobs ({columns}) WHERE {_schema.COLD_BACKLOG}")
+
+
+MADE_INDEXES: dict[str, str] = {
+    "jobs_cold_made": 'queue, made, seq, id COLLATE "C"',
+    "jobs_cold_by_seq": 'queue, seq, id COLLATE "C"',
+}
+"""The indexes of the queue-wide cold reads (`_schema.MADE_INDEXES`), by name: columns."""
+
+
 SEQ_INDEXES: dict[str, str] = dict(
     zip(
         ("jobs_seq_ord", "jobs_cold_seq", "jobs_taken_seq"),
@@ -177,6 +196,16 @@ COLD_VERSION = 6
 """The schema version that added the cold columns and their indexes (`_v6_cold_backlog`)."""
 SEQ_VERSION = 7
 """The schema version that split the seq index by temperature (`_v7_seq_by_temperature`)."""
+MADE_VERSION = 8
+"""The schema version that added `made` and the queue-wide cold indexes (`_v8_cold_made`)."""
+
+
+def cold_columns(version: int) -> int:
+    """How many cold columns (`_cold`) a jobs table of schema `version` has."""
+    if version >= MADE_VERSION:
+        return 5
+    return 4 if version >= COLD_VERSION else 0
+
 
 # Append only. A schema's version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -187,6 +216,7 @@ MIGRATIONS: list[Migration] = [
     _v5_cluster,
     _v6_cold_backlog,
     _v7_seq_by_temperature,
+    _v8_cold_made,
 ]
 
 

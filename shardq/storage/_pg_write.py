@@ -23,6 +23,7 @@ from shardq.storage._coalesce import Plan, Stored
 from shardq.storage._cold import cold_state
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._write import (
+    COLD_COLUMNS,
     HOT_ROW,
     Pack,
     Refill,
@@ -58,6 +59,17 @@ _UPSERT_JOB = (
 # A cold record's put: the same with its cold columns.
 _UPSERT_COLD_JOB = (
     "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch, cold, lifo, gid,"
+    " ukey, made) SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[],"
+    " %b::bigint[], %b::bigint[], %b::bytea[], %b::bytea[], %b::smallint[], %b::smallint[],"
+    " %b::text[], %b::text[], %b::bigint[])"
+    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
+    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
+    " rec = excluded.rec, patch = excluded.patch, cold = excluded.cold, lifo = excluded.lifo,"
+    " gid = excluded.gid, ukey = excluded.ukey, made = excluded.made"
+)
+# The same at a schema with the cold columns but not yet `made` (versions 6 and 7).
+_UPSERT_COLD_JOB_V6 = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch, cold, lifo, gid,"
     " ukey) SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[],"
     " %b::bigint[], %b::bigint[], %b::bytea[], %b::bytea[], %b::smallint[], %b::smallint[],"
     " %b::text[], %b::text[])"
@@ -75,7 +87,8 @@ _UPSERT_PLAIN_JOB = (
     " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
     " rec = excluded.rec, patch = excluded.patch"
 )
-_SET_COLD = "UPDATE jobs SET cold = %s, lifo = %s, gid = %s, ukey = %s WHERE id = %s"
+_SET_COLD = "UPDATE jobs SET cold = %s, lifo = %s, gid = %s, ukey = %s, made = %s WHERE id = %s"
+_SET_COLD_V6 = "UPDATE jobs SET cold = %s, lifo = %s, gid = %s, ukey = %s WHERE id = %s"
 _DELETE_JOBS = "DELETE FROM jobs WHERE id = ANY(%s::text[])"
 _DELETE_DELTAS = "DELETE FROM job_deltas WHERE id = ANY(%s::text[])"
 _INSERT_DELTA = "INSERT INTO job_deltas (id, d) VALUES (%s, %s)"
@@ -135,7 +148,7 @@ def write_plan(
     patch_floor: int,
     deltas_exist: bool,
     *,
-    cold: bool = True,
+    cold: int = COLD_COLUMNS,
 ) -> dict[str, Stored | None]:
     """Queue the statements that write `plan`; return what is now known of every job it
     touched (None: the row is gone). `deltas_exist`: whether `job_deltas` may hold a row.
@@ -170,7 +183,7 @@ def _write_jobs(
     patch_floor: int,
     deltas_exist: bool,
     known: dict[str, Stored | None],
-    cold: bool,
+    cold: int,
 ) -> None:
     deleted: list[str] = []
     whole: list[tuple[Any, ...]] = []
@@ -202,7 +215,7 @@ def _write_jobs(
         run_at = names.index("runAt") if "runAt" in names else -1
         writes.one(sql, _columns(rows, priority_at, run_at))
     if refill and cold:
-        _refill(writes, refill)
+        _refill(writes, refill, cold)
     if ops:
         writes.many(_INSERT_DELTA, list(ops), deltas=1)
     if to_fold:
@@ -210,7 +223,7 @@ def _write_jobs(
 
 
 def _write_whole(
-    writes: Writes, whole: list[tuple[Any, ...]], cold_rows: list[tuple[Any, ...]], cold: bool
+    writes: Writes, whole: list[tuple[Any, ...]], cold_rows: list[tuple[Any, ...]], cold: int
 ) -> None:
     """Upsert the rows put in the batch (`_write._write_whole`)."""
     if not cold:
@@ -219,11 +232,14 @@ def _write_whole(
         return
     if whole:
         writes.one(_UPSERT_JOB, _columns(whole, *_WHOLE_NUMBERS))
-    if cold_rows:
+    if cold_rows and cold < COLD_COLUMNS:
+        rows = [one[: HOT_ROW + cold] for one in cold_rows]
+        writes.one(_UPSERT_COLD_JOB_V6, _columns(rows, *_WHOLE_NUMBERS))
+    elif cold_rows:
         writes.one(_UPSERT_COLD_JOB, _columns(cold_rows, *_WHOLE_NUMBERS))
 
 
-def _refill(writes: Writes, refill: Refill) -> None:
+def _refill(writes: Writes, refill: Refill, cold: int) -> None:
     """Set the cold columns of the stored jobs a change in the batch marked from their merged
     records (`_write._refill`), read after the batch's updates (sent before this read)."""
     sql = "SELECT id, rec, patch FROM jobs WHERE id = ANY(%s::text[])"
@@ -233,9 +249,9 @@ def _refill(writes: Writes, refill: Refill) -> None:
             continue
         only_cold = "" if mark else " AND cold = 1"
         rows = writes.conn.execute(sql + only_cold, (ids,), binary=True).fetchall()
-        sets = [(*cold_state(rec, patch), job_id) for job_id, rec, patch in rows]
+        sets = [(*cold_state(rec, patch)[:cold], job_id) for job_id, rec, patch in rows]
         if sets:
-            writes.many(_SET_COLD, sets)
+            writes.many(_SET_COLD if cold == COLD_COLUMNS else _SET_COLD_V6, sets)
 
 
 # The columns of a whole row (the id first, then `COLUMN_FIELDS`) an array must be made

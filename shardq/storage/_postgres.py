@@ -148,7 +148,7 @@ class PostgresStore(ColdReads):
                         fence_rows.execute(FENCE_SQL, fenced)  # no row counted
                     known = write_plan(
                         writes, plan, self._packer.pack, self._patch_floor, self._deltas_exist,
-                        cold=self._version >= _pg_schema.COLD_VERSION,
+                        cold=_pg_schema.cold_columns(self._version),
                     )  # fmt: skip
                 if fenced is not None:
                     # Synced, not committed: a partition lost rolls the whole batch back.

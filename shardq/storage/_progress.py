@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import structlog
 
-__all__ = ["migration_step"]
+__all__ = ["migration_progress", "migration_step"]
 
 _log = structlog.get_logger("shardq.storage")
 T = TypeVar("T")
@@ -26,3 +26,8 @@ def migration_step(backend: str, version: int, run: Callable[[], T]) -> T:
     elapsed_ms = round((time.perf_counter() - started) * 1000)
     _log.info("schema_migrated", backend=backend, version=version + 1, elapsed_ms=elapsed_ms)
     return result
+
+
+def migration_progress(step: str, rows: int) -> None:
+    """A migration that goes through rows (`step` names what it does) has done `rows`."""
+    _log.info("schema_migration_progress", step=step, rows=rows)

@@ -12,12 +12,14 @@ import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
+from shardq.storage._cold import cold_state
+from shardq.storage._cold_reads import COLD_BACKLOG
 from shardq.storage._errors import StorageError, wrap_error
-from shardq.storage._progress import migration_step
+from shardq.storage._progress import migration_progress, migration_step
 from shardq.storage._tx import transaction
 
 if TYPE_CHECKING:
@@ -26,9 +28,14 @@ if TYPE_CHECKING:
     from sqlite_utils import Database
 
 __all__ = [
+    "COLD_BACKLOG",
+    "MADE_INDEXES",
+    "MADE_VERSION",
     "MIGRATIONS",
     "SYNCHRONOUS_MODES",
     "SchemaInfo",
+    "backfill_made",
+    "cold_columns",
     "configure",
     "database",
     "describe",
@@ -289,7 +296,53 @@ def _v10_seq_by_temperature(db: Database) -> None:
         db.execute(f"CREATE INDEX {name} ON jobs (seq) WHERE {condition}")
 
 
+def _v11_cold_made(db: Database) -> None:
+    # The queue-wide reads of a shard under a memory budget (`_cold_reads.page_made`,
+    # `page_by_seq`): GetJobs' first page in creation order and Clean's oldest jobs by seq,
+    # read through an index in O(the page) rather than by reading every cold job of the
+    # queue. A cold row keeps its record's `createdAt` in `made` (`_cold`); both indexes are
+    # partial on the cold backlog (cold waiting and delayed rows), so a hot row's writes
+    # touch neither and a budget pays two entries per cold job. Their trailing columns are
+    # what the reads filter on, so that a row they skip is never read from the table. The
+    # cold rows stored before get `made` from their records here (`backfill_made`).
+    db.execute("ALTER TABLE jobs ADD COLUMN made INTEGER")
+    backfill_made(db.conn, "?")
+    for name, columns in MADE_INDEXES.items():
+        db.execute(f"CREATE INDEX {name} ON jobs ({columns}) WHERE {COLD_BACKLOG}")
+
+
+def backfill_made(conn: Any, mark: str) -> int:
+    """Set `made` on every cold row from its record (a migration), a chunk of rows by id at a
+    time (over the primary key, in its own collation), progress logged; the rows set.
+    `mark`: the parameter placeholder."""
+    read = (
+        f"SELECT id, rec, patch FROM jobs WHERE id > {mark} AND cold = 1"
+        f" ORDER BY id LIMIT {BACKFILL_CHUNK}"
+    )
+    write = f"UPDATE jobs SET made = {mark} WHERE id = {mark}"
+    done, last = 0, ""
+    while True:
+        rows = conn.execute(read, [last]).fetchall()
+        if not rows:
+            return done
+        sets = [(cold_state(bytes(r), bytes(p))[4] or 0, job_id) for job_id, r, p in rows]
+        cursor = conn.cursor()
+        cursor.executemany(write, sets)
+        done += len(rows)
+        last = rows[-1][0]
+        if done % (BACKFILL_CHUNK * 50) == 0:
+            migration_progress("made", done)
+
+
 Migration = Callable[["Database"], None]
+
+MADE_INDEXES: dict[str, str] = {
+    "idx_jobs_cold_made": "queue, made, seq, id, cold, state, gid, priority",
+    "idx_jobs_cold_by_seq": "queue, seq, id, made, cold, state, gid, priority",
+}
+"""The indexes of the queue-wide reads of the cold backlog (`_v11_cold_made`): columns."""
+BACKFILL_CHUNK = 2000
+"""Rows per read of `backfill_made`."""
 
 SEQ_INDEXES: dict[str, str] = {
     "idx_jobs_seq": "cold IS NULL",
@@ -307,6 +360,16 @@ COLD_VERSION = 9
 """The schema version that added the cold columns and their indexes (`_v9_cold_backlog`)."""
 SEQ_VERSION = 10
 """The schema version that split the seq index by temperature (`_v10_seq_by_temperature`)."""
+MADE_VERSION = 11
+"""The schema version that added `made` and the queue-wide cold indexes (`_v11_cold_made`)."""
+
+
+def cold_columns(version: int) -> int:
+    """How many cold columns (`_cold`) a jobs table of schema `version` has."""
+    if version >= MADE_VERSION:
+        return 5
+    return 4 if version >= COLD_VERSION else 0
+
 
 # Append only. The database's schema version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -320,6 +383,7 @@ MIGRATIONS: list[Migration] = [
     _v8_queue_groups,
     _v9_cold_backlog,
     _v10_seq_by_temperature,
+    _v11_cold_made,
 ]
 
 

@@ -193,7 +193,7 @@ class Store(ColdReads):
             plan = coalesce(mutations, self._fetch_stored)
             written, known, delta_rows = write_plan(
                 self._conn, plan, self._packer.pack, self._patch_floor, self._delta_rows > 0,
-                cold=self._version >= _schema.COLD_VERSION,
+                cold=_schema.cold_columns(self._version),
             )  # fmt: skip
         self._delta_rows = max(0, self._delta_rows + delta_rows)
         self._cache = remember(self._cache, self._cache_limit, plan, known)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import sqlite3
 import struct
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Any
+from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
@@ -44,6 +44,7 @@ from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._rows import SHARED_MIN, run_keys, run_rows
 
 __all__ = [
+    "COLD_COLUMNS",
     "FETCH_CHUNK",
     "HOT_ROW",
     "Pack",
@@ -88,6 +89,12 @@ _UPSERT_JOB = (
 # A cold record's put: the same with its cold columns.
 _UPSERT_COLD_JOB = (
     "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch, cold, lifo, gid,"
+    f" ukey, made) VALUES {{rows}}{_UPSERT_SET}, cold = excluded.cold, lifo = excluded.lifo,"
+    " gid = excluded.gid, ukey = excluded.ukey, made = excluded.made"
+)
+# The same at a schema with the cold columns but not yet `made` (versions 9 and 10).
+_UPSERT_COLD_JOB_V9 = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch, cold, lifo, gid,"
     f" ukey) VALUES {{rows}}{_UPSERT_SET}, cold = excluded.cold, lifo = excluded.lifo,"
     " gid = excluded.gid, ukey = excluded.ukey"
 )
@@ -96,7 +103,10 @@ _UPSERT_PLAIN_JOB = (
     "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch) VALUES {rows}"
     + _UPSERT_SET
 )
-_SET_COLD = "UPDATE jobs SET cold = ?, lifo = ?, gid = ?, ukey = ? WHERE id = ?"
+_SET_COLD = "UPDATE jobs SET cold = ?, lifo = ?, gid = ?, ukey = ?, made = ? WHERE id = ?"
+_SET_COLD_V9 = "UPDATE jobs SET cold = ?, lifo = ?, gid = ?, ukey = ? WHERE id = ?"
+COLD_COLUMNS: Final = 5
+"""The cold columns of the newest schema (`_cold`): `cold`, `lifo`, `gid`, `ukey`, `made`."""
 _COLUMNS = len(COLUMN_FIELDS)
 # The length of a hot row's tuple from `whole_row` (id, column fields, rec, patch).
 HOT_ROW = 3 + len(COLUMN_FIELDS)
@@ -143,12 +153,13 @@ def write_plan(
     patch_floor: int,
     deltas_exist: bool,
     *,
-    cold: bool = True,
+    cold: int = COLD_COLUMNS,
 ) -> tuple[int, dict[str, Stored | None], int]:
     """Write `plan`; return the rows written, what is now known of every job it touched
     (None: the row is gone) and the change in the number of `job_deltas` rows.
     `deltas_exist`: whether that table may hold a row (if not, no job's ops need deleting).
-    `cold`: whether the table has the cold columns (`_cold`; every schema since they came).
+    `cold`: how many of the cold columns (`_cold`) the table has: 0 before they came, 4
+    before `made` came, else `COLD_COLUMNS`.
     Raises what sqlite3 and msgpack raise, and `StorageError` for a row whose column fields
     are missing or mistyped; the caller's transaction rolls back."""
     written = delta_rows = 0
@@ -177,7 +188,7 @@ def _write_jobs(
     patch_floor: int,
     deltas_exist: bool,
     known: dict[str, Stored | None],
-    cold: bool,
+    cold: int,
 ) -> tuple[int, int]:
     """Write the plan's job rows and ops; (rows written, change in `job_deltas` rows)."""
     written = delta_rows = 0
@@ -209,7 +220,7 @@ def _write_jobs(
     for names, rows in updates.items():
         written += _write_updates(conn, names, rows)
     if refill and cold:
-        _refill(conn, refill)
+        _refill(conn, refill, cold)
     if ops:
         insert_deltas(conn, ops)
         written += len(ops)
@@ -264,22 +275,25 @@ def _write_whole(
     conn: sqlite3.Connection,
     whole: list[tuple[Any, ...]],
     cold_rows: list[tuple[Any, ...]],
-    cold: bool,
+    cold: int,
 ) -> int:
     """Upsert the rows put in the batch: hot ones and cold ones (`whole_row`). `cold`: the
-    table has the cold columns (else the cold rows are written without them)."""
+    cold columns the table has (`write_plan`; the cold rows are written with those only)."""
     written = 0
     if not cold:
         rows = whole + [one[:HOT_ROW] for one in cold_rows]
         return run_rows(conn, _UPSERT_PLAIN_JOB, HOT_ROW, rows)
     if whole:
         written += run_rows(conn, _UPSERT_JOB, HOT_ROW, whole)
-    if cold_rows:
-        written += run_rows(conn, _UPSERT_COLD_JOB, HOT_ROW + 4, cold_rows)
+    if cold_rows and cold < COLD_COLUMNS:
+        rows = [one[: HOT_ROW + cold] for one in cold_rows]
+        written += run_rows(conn, _UPSERT_COLD_JOB_V9, HOT_ROW + cold, rows)
+    elif cold_rows:
+        written += run_rows(conn, _UPSERT_COLD_JOB, HOT_ROW + COLD_COLUMNS, cold_rows)
     return written
 
 
-def _refill(conn: sqlite3.Connection, refill: Refill) -> None:
+def _refill(conn: sqlite3.Connection, refill: Refill, cold: int) -> None:
     """Set the cold columns of the stored jobs a change in the batch marked (`_cold`) from
     their merged records, read after the batch's updates: a change that made a job cold
     (mark 1) sets them on any row, another one (mark 0) only on a row that is cold."""
@@ -289,8 +303,8 @@ def _refill(conn: sqlite3.Connection, refill: Refill) -> None:
         for chunk in chunks(ids, FETCH_CHUNK):
             sql = f"SELECT id, rec, patch FROM jobs WHERE id IN ({', '.join('?' * len(chunk))})"
             rows = conn.execute(sql + only_cold, chunk).fetchall()
-            sets = [(*cold_state(rec, patch), job_id) for job_id, rec, patch in rows]
-            conn.executemany(_SET_COLD, sets)
+            sets = [(*cold_state(rec, patch)[:cold], job_id) for job_id, rec, patch in rows]
+            conn.executemany(_SET_COLD if cold == COLD_COLUMNS else _SET_COLD_V9, sets)
 
 
 def _obliterate(conn: sqlite3.Connection, plan: Plan, deltas_exist: bool) -> tuple[int, int]:
@@ -313,7 +327,7 @@ def whole_row(
     patch_floor: int,
     known: dict[str, Stored | None],
 ) -> tuple[Any, ...]:
-    """The tuple a put's row is written with: `HOT_ROW` long for a hot record, with the four
+    """The tuple a put's row is written with: `HOT_ROW` long for a hot record, with the five
     cold columns after it for a cold one (`_cold`)."""
     check_values(job_id, values)
     rec = row.rec if type(row.rec) is bytes else pack(row.rec)

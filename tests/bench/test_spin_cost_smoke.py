@@ -26,7 +26,10 @@ def test_spin_cost_reports_every_process_and_the_spins(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith(("| pipe", "| single"))]
     assert [row.split("|")[1:3] for row in rows] == [
-        [" pipe ", " 0 "], [" pipe ", " auto "], [" single ", " 0 "], [" single ", " auto "]
+        [" pipe ", " 0 "],
+        [" pipe ", " auto "],
+        [" single ", " 0 "],
+        [" single ", " auto "],
     ]
     results = json.loads(out.read_text())
     for result in results:

@@ -50,6 +50,29 @@ def delayed_key(rec: Record) -> Cursor:
     return (rec.get("runAt") or 0, int(rec["seq"]), _row_key(rec))
 
 
+def made_key(rec: Record) -> Cursor:
+    return (rec.get("createdAt") or 0, int(rec["seq"]), _row_key(rec))
+
+
+class _Reversed:
+    """A string that sorts in reverse (a descending page's row key)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __lt__(self, other: _Reversed) -> bool:
+        return self.text > other.text
+
+    def __gt__(self, other: _Reversed) -> bool:
+        return self.text < other.text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Reversed) and self.text == other.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+
 def _copy(rec: Record) -> Record:
     out: Record = msgpack.unpackb(msgpack.packb(rec), raw=False, strict_map_key=False)
     return out
@@ -128,6 +151,69 @@ class ModelBacklog:
         self, queue: str, after: Cursor | None = None, *, limit: int, max_bytes: int = 4 << 20
     ) -> Page:
         return self._page(self._cold(queue, "delayed"), delayed_key, after, limit, max_bytes)
+
+    def _kinds(self, queue: str, kinds: Any) -> list[Record]:
+        assert kinds and set(kinds) <= {"waiting", "prioritized", "delayed"}, kinds
+        out = []
+        for rec in self._cold(queue, "waiting") + self._cold(queue, "delayed"):
+            if rec["state"] == "delayed":
+                kind = "delayed"
+            elif rec.get("groupId") is not None:
+                continue
+            else:
+                kind = "prioritized" if (rec.get("priority") or 0) > 0 else "waiting"
+            if kind in kinds:
+                out.append(rec)
+        return out
+
+    def page_made(
+        self,
+        queue: str,
+        kinds: Any,
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        desc: bool = False,
+        max_bytes: int = 4 << 20,
+    ) -> Page:
+        recs = self._kinds(queue, kinds)
+        if not desc:
+            return self._page(recs, made_key, after, limit, max_bytes)
+
+        def backwards(rec: Record) -> Cursor:
+            made, seq, row = made_key(rec)
+            return (-made, -seq, _Reversed(row))
+
+        flipped = None if after is None else (-after[0], -after[1], _Reversed(after[2]))
+        page = self._page(recs, backwards, flipped, limit, max_bytes)
+        last = made_key(page.records[-1]) if page.records else None
+        return Page(page.records, last, page.done)
+
+    def page_by_seq(
+        self,
+        queue: str,
+        kinds: Any,
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        made_by: int | None = None,
+        max_bytes: int = 4 << 20,
+    ) -> Page:
+        recs = self._kinds(queue, kinds)
+        if made_by is not None:
+            recs = [r for r in recs if (r.get("createdAt") or 0) <= made_by]
+        return self._page(recs, lambda r: (int(r["seq"]), _row_key(r)), after, limit, max_bytes)
+
+    def cold_keys(
+        self, queue: str, after: Cursor | None = None, *, limit: int
+    ) -> list[tuple[int, str, str | None]]:
+        assert 1 <= limit <= 100_000
+        self.reads += 1
+        recs = self._kinds(queue, ("waiting", "prioritized", "delayed"))
+        keys = sorted((int(r["seq"]), _row_key(r), r.get("uniqueKey")) for r in recs)
+        if after is not None:
+            keys = [k for k in keys if k[:2] > tuple(after)]
+        return keys[:limit]
 
     def get_job(self, job_id: str) -> Record | None:
         self.reads += 1

@@ -157,6 +157,7 @@ VALID_TEXT = {
     "writer_batch_max_bytes": "1048576",
     "writer_batch_max_mutations": "2000",
     "flow_resend_ms": "300",
+    "writer_confirm_wait_ms": "5",
     "flow_children_grace_ms": "2000",
     "flow_children_watch_max": "10",
     "ready_timeout_ms": "5000",
@@ -283,6 +284,7 @@ writer_backlog_max_bytes = 33554432
 writer_batch_max_bytes = 1048576
 writer_batch_max_mutations = 2000
 flow_resend_ms = 300
+writer_confirm_wait_ms = 5
 flow_children_grace_ms = 2000
 flow_children_watch_max = 10
 ready_timeout_ms = 5000

@@ -30,9 +30,7 @@ def _start(factory: Factory, **kwargs: Any) -> ShardqServer:
 
 
 def _queue_on(shard: int, prefix: str) -> str:
-    return next(
-        q for q in (f"{prefix}-{i}" for i in range(1000)) if shard_of(q, SHARDS) == shard
-    )
+    return next(q for q in (f"{prefix}-{i}" for i in range(1000)) if shard_of(q, SHARDS) == shard)
 
 
 def _work(conn: TcpConnection, queue: str, result: Callable[[dict[str, Any]], Any]) -> str:
@@ -46,9 +44,7 @@ def _work(conn: TcpConnection, queue: str, result: Callable[[dict[str, Any]], An
     return str(job["id"])
 
 
-def _flow(
-    parent_q: str, child_qs: list[str], tag: str = "", **child_opts: Any
-) -> dict[str, Any]:
+def _flow(parent_q: str, child_qs: list[str], tag: str = "", **child_opts: Any) -> dict[str, Any]:
     """A PUSHF of parent `{tag}P` on `parent_q` and children `{tag}c<i>` on `child_qs`."""
     parent = f"{tag}P"
     children = [f"{tag}c{i}" for i in range(len(child_qs))]
@@ -162,8 +158,10 @@ def test_failure_policies_across_shards(shardq_server: Factory) -> None:
         assert conn.call(_flow(parent_q, [child_q], "n", maxAttempts=1))["ok"]
         fail_one(conn)
         poll_until(
-            lambda: conn.call({"cmd": "GetFailedChildrenValues", "id": "nP"})["values"]
-            == {"nc0": "boom"},
+            lambda: (
+                conn.call({"cmd": "GetFailedChildrenValues", "id": "nP"})["values"]
+                == {"nc0": "boom"}
+            ),
             10,
             "the failure recorded",
         )

@@ -76,6 +76,7 @@ SAMPLES: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
         {"t": "rejected", "seq": 4, "items": [["put", "j", "e"]]},
     ),
     (msgs.writer_up, (), {"t": "writer-up"}),
+    (msgs.front, (), {"t": "front", "shard": -1, "seq": 0}),
 ]
 
 

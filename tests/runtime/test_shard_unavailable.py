@@ -57,4 +57,3 @@ def test_requests_to_a_dying_shard_are_answered_unavailable(shardq_server: Facto
         missing = conn.call({"cmd": "GetJob", "id": "nope"}, check=False)
         assert missing == {"ok": False, "error": "Job not found", "reqId": missing["reqId"]}
     assert server.stop() == 0
-

@@ -125,9 +125,7 @@ def test_auto_spin_sleeps_while_the_machine_has_no_idle_cpu(
     the same quick Pings that keep the front end awake above now find it asleep each time."""
     server = shardq_server(shards=2, env={"SHARDQ_SPIN_US": "auto"})
     hog = f"import time\nend = time.monotonic() + {HOG_S}\nwhile time.monotonic() < end: pass"
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", hog]) for _ in range((os.cpu_count() or 1) + 2)
-    ]
+    hogs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range((os.cpu_count() or 1) + 2)]
     try:
         time.sleep(0.2)  # the hogs are running
         per_ping = pings_per_sleep(server)

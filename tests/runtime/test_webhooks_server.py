@@ -107,12 +107,14 @@ def test_signed_deliveries_enable_disable_remove(
             )
             listed = {h["id"]: h for h in tcp.call({"cmd": "ListWebhooks"})["data"]["webhooks"]}
             poll_until(
-                lambda: next(
-                    h
-                    for h in tcp.call({"cmd": "ListWebhooks"})["data"]["webhooks"]
-                    if h["id"] == hook
-                )["successCount"]
-                >= 3,
+                lambda: (
+                    next(
+                        h
+                        for h in tcp.call({"cmd": "ListWebhooks"})["data"]["webhooks"]
+                        if h["id"] == hook
+                    )["successCount"]
+                    >= 3
+                ),
                 10,
                 "successCount reported back",
             )
@@ -205,9 +207,7 @@ def test_a_dead_receiver_does_not_slow_pushes(
     shardq_server: Callable[..., ShardqServer],
 ) -> None:
     # Retries far apart: every delivery stays pending, so the bound is reached.
-    server = start(
-        shardq_server, SHARDQ_WEBHOOK_MAX_PENDING="500", WEBHOOK_RETRY_DELAY_MS="60000"
-    )
+    server = start(shardq_server, SHARDQ_WEBHOOK_MAX_PENDING="500", WEBHOOK_RETRY_DELAY_MS="60000")
     tcp = Tcp(server.tcp_address)
     try:
         baseline = _push_rate(tcp, "dead-q", 2.0)

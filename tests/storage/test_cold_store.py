@@ -165,6 +165,79 @@ def test_a_budgeted_start_costs_the_same_whatever_the_backlog(store: Store) -> N
     assert _start_steps(store) <= small + 5, small
 
 
+# --- the queue-wide reads (`page_made`, `page_by_seq`) ----------------------------------------
+
+ALL = ("waiting", "prioritized", "delayed")
+
+
+@pytest.mark.parametrize(
+    ("name", "index"),
+    [
+        ("made", "idx_jobs_cold_made"),
+        ("made_after", "idx_jobs_cold_made"),
+        ("made_desc", "idx_jobs_cold_made"),
+        ("made_desc_after", "idx_jobs_cold_made"),
+        ("made_prioritized", "idx_jobs_cold_made"),
+        ("by_seq", "idx_jobs_cold_by_seq"),
+        ("by_seq_after", "idx_jobs_cold_by_seq"),
+        ("by_seq_made_by", "idx_jobs_cold_by_seq"),
+    ],
+)
+def test_each_queue_wide_read_reads_its_index_in_order(store: Store, name: str, index: str) -> None:
+    first = store.page_made("q", ALL, limit=1).after
+    last = store.page_made("q", ALL, limit=1, desc=True).after
+    seq = store.page_by_seq("q", ALL, limit=1).after
+    reads = {
+        "made": lambda: store.page_made("q", ALL, limit=2),
+        "made_after": lambda: store.page_made("q", ALL, first, limit=2),
+        "made_desc": lambda: store.page_made("q", ALL, limit=2, desc=True),
+        "made_desc_after": lambda: store.page_made("q", ALL, last, limit=2, desc=True),
+        "made_prioritized": lambda: store.page_made("q", ["prioritized"], limit=2),
+        "by_seq": lambda: store.page_by_seq("q", ["waiting", "prioritized"], limit=2),
+        "by_seq_after": lambda: store.page_by_seq("q", ALL, seq, limit=2),
+        "by_seq_made_by": lambda: store.page_by_seq("q", ALL, limit=2, made_by=T0),
+    }
+    for plan in _plans(store, reads[name]):
+        assert f"USING INDEX {index}" in plan or f"USING COVERING INDEX {index}" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan  # read in the index's order, never sorted
+        if name.endswith("_after"):  # a seek to the cursor, not a walk from the queue's head
+            assert ">?)" in plan or "<?)" in plan, plan
+
+
+def _wide_cost(store: Store) -> tuple[int, int]:
+    """SQLite's virtual-machine steps (in hundreds) and the rows read of a GetJobs page of 10
+    (first and last in creation order) and of Clean's first 10 by seq."""
+    steps, rows = 0, store.cold_rows_read
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    store._conn.set_progress_handler(count, 100)
+    try:
+        assert len(store.page_made("q", ALL, limit=10).records) == 10
+        assert len(store.page_made("q", ALL, limit=10, desc=True).records) == 10
+        assert len(store.page_by_seq("q", ALL, limit=10, made_by=T0).records) == 10
+    finally:
+        store._conn.set_progress_handler(None, 0)
+    return steps, store.cold_rows_read - rows
+
+
+def test_a_queue_wide_page_costs_its_rows_whatever_the_backlog(store: Store) -> None:
+    # GetJobs' page and Clean's first jobs with 70 cold rows and then with 20,070: the same
+    # rows read and the same work (reading the backlog takes 100s of steps per 1,000 rows).
+    small_steps, small_rows = _wide_cost(store)
+    more = [
+        _rec(f"x{i}", 5000 + i, state="delayed" if i % 2 else "waiting", createdAt=T0 - i)
+        for i in range(20_000)
+    ]
+    store.apply(MutationEncoder().encode([("put", r) for r in more]))
+    steps, rows = _wide_cost(store)
+    assert rows == small_rows <= 30
+    assert steps <= small_steps + 5, (small_steps, steps)
+
+
 # --- what a hot push costs -------------------------------------------------------------------
 
 pack = msgpack.Packer(use_bin_type=True).pack
@@ -177,7 +250,7 @@ def test_a_hot_push_binds_and_decodes_nothing_for_the_cold_columns(
     encoded = MutationEncoder().encode([("put", hot), ("upd", "a", {"state": "active"})])
     assert len(encoded[0]) == 8 and encoded[1][3] == {"state": "active"}  # as before them
     cold = MutationEncoder().encode([("put", {**hot, "cold": 1})])
-    assert cold[0][8] == [0, "g", "u"]  # a cold put carries its fields beside its bytes
+    assert cold[0][8] == [0, "g", "u", 0]  # a cold put carries its fields beside its bytes
 
     def no_decode(*args: Any) -> Any:
         raise AssertionError("a hot row was decoded for its cold columns")
@@ -193,13 +266,15 @@ def test_a_hot_push_binds_and_decodes_nothing_for_the_cold_columns(
 
 def test_the_columns_of_a_record_and_its_patch() -> None:
     rec = pack(_rec("a", 1, lifo=True, groupId="g", uniqueKey="u"))
-    assert cold_state(rec, b"") == (1, 1, "g", "u")
+    assert cold_state(rec, b"") == (1, 1, "g", "u", 0)  # no createdAt: made 0
     patch = join_patch([{"lifo": False}, {"state": "active"}], pack)
-    assert cold_state(rec, patch) == (1, 0, "g", "u")
+    assert cold_state(rec, patch) == (1, 0, "g", "u", 0)
+    made = pack(_rec("a", 1, createdAt=T0 - 5))
+    assert cold_state(made, patch) == (1, 0, None, None, T0 - 5)
     plain = pack({k: v for k, v in _rec("a", 1, groupId="g").items() if k != "cold"})
     assert cold_state(plain, b"") == HOT
-    assert cold_state(plain, join_patch([{"cold": 1}], pack)) == (1, 0, "g", None)
-    assert cold_state({"cold": 1, "uniqueKey": 5}, b"") == (1, 0, None, None)  # not a string
+    assert cold_state(plain, join_patch([{"cold": 1}], pack)) == (1, 0, "g", None, 0)
+    assert cold_state({"cold": 1, "uniqueKey": 5}, b"") == (1, 0, None, None, 0)  # not a string
 
 
 def test_a_change_is_marked_only_if_it_names_a_cold_field() -> None:
@@ -212,12 +287,13 @@ def test_a_change_is_marked_only_if_it_names_a_cold_field() -> None:
 def test_a_corrupt_record_or_patch_keeps_what_could_be_read() -> None:
     rec = pack(_rec("a", 1, groupId="g"))
     cut = join_patch([{"lifo": True}], pack)[:-1]
-    assert cold_state(rec, cut) == (1, 0, "g", None)
+    assert cold_state(rec, cut) == (1, 0, "g", None, 0)
     assert cold_state(b"\xc1", join_patch([{"cold": 1, "groupId": "h"}], pack)) == (
         1,
         0,
         "h",
         None,
+        0,
     )
 
 

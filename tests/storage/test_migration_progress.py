@@ -43,7 +43,7 @@ def test_a_migration_over_many_rows_calls_progress_inside_its_statements(
         beats += 1
 
     with Store.open(tmp_path / "q.db", progress=beat) as store:
-        assert store.schema_version == _schema.SEQ_VERSION
+        assert store.schema_version == len(_schema.MIGRATIONS)
         after = beats
         assert len(list(store.load_jobs())) == 60_000
     assert after >= 3 and beats == after  # during the migration only, not after it
@@ -51,3 +51,32 @@ def test_a_migration_over_many_rows_calls_progress_inside_its_statements(
 
 def _job(n: int) -> dict[str, Any]:
     return {"id": f"j{n}", "queue": "q", "state": "waiting", "seq": n, "data": {"n": n}}
+
+
+def test_filling_made_beats_logs_progress_and_fills_every_cold_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Version 11 decodes every cold row once to fill `made` (`_schema.backfill_made`): the
+    # writer beats through it and it logs its progress, and every cold row gets its record's
+    # creation time (a hot one none).
+    total = 2 * _schema.BACKFILL_CHUNK * 50 + 10  # two progress lines
+    with monkeypatch.context() as m:
+        m.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[: _schema.MADE_VERSION - 1])
+        with Store.open(tmp_path / "q.db") as old:
+            for start in range(0, total, 20_000):
+                rows = range(start, min(start + 20_000, total))
+                old.apply([("put", {**_job(n), "cold": 1, "createdAt": 7 * n}) for n in rows])
+            old.apply([("put", {**_job(total), "createdAt": 5})])
+    beats = 0
+
+    def beat() -> None:
+        nonlocal beats
+        beats += 1
+
+    with capture_logs() as logs, Store.open(tmp_path / "q.db", progress=beat) as store:
+        assert store.schema_version == _schema.MADE_VERSION
+        rows = store._conn.execute("SELECT made, seq, cold FROM jobs ORDER BY seq").fetchall()
+    assert rows == [(7 * n, n, 1) for n in range(total)] + [(None, total, None)]
+    progress = [e["rows"] for e in logs if e["event"] == "schema_migration_progress"]
+    assert progress == [_schema.BACKFILL_CHUNK * 50, 2 * _schema.BACKFILL_CHUNK * 50]
+    assert beats >= 3

@@ -28,8 +28,13 @@ COLD_INDEXES = (
     ("queue", E, "seq", "id", "gid", "cold", "state"),
     ("queue", "ukey", "seq"),
 )
-# Version 10 splits the seq index in three partial ones (`_schema.SEQ_INDEXES`).
-NEWEST_INDEXES = tuple(sorted((("queue",),) + (("seq",),) * 3 + COLD_INDEXES))
+# Version 10 splits the seq index in three partial ones (`_schema.SEQ_INDEXES`); version 11
+# adds the queue-wide reads' two (`_schema.MADE_INDEXES`).
+MADE_INDEXES = (
+    ("queue", "made", "seq", "id", "cold", "state", "gid", "priority"),
+    ("queue", "seq", "id", "made", "cold", "state", "gid", "priority"),
+)
+NEWEST_INDEXES = tuple(sorted((("queue",),) + (("seq",),) * 3 + COLD_INDEXES + MADE_INDEXES))
 V2_INDEXES = (("queue", "state", "seq"), ("seq",), ("state",))
 
 

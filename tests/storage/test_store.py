@@ -107,12 +107,15 @@ def test_new_database_gets_the_schema_and_records_its_migrations(store: Store) -
         ("lifo", "INTEGER", False),
         ("gid", "TEXT", False),
         ("ukey", "TEXT", False),
+        # Its creation time, for the queue-wide reads (v11).
+        ("made", "INTEGER", False),
     )
     # Recovery pages through `seq`; obliterate finds a queue's rows through `queue` (v3); the
     # cold backlog's reads have partial indexes of their own (v9, tests/storage/test_cold_store.py);
-    # the seq index is three partial ones from v10 (`_schema.SEQ_INDEXES`).
+    # the seq index is three partial ones from v10 (`_schema.SEQ_INDEXES`); the queue-wide
+    # reads of the cold backlog have two from v11 (`_schema.MADE_INDEXES`).
     assert ("queue",) in info.indexes["jobs"] and info.indexes["jobs"].count(("seq",)) == 3
-    assert len(info.indexes["jobs"]) == 8
+    assert len(info.indexes["jobs"]) == 10
     assert info.columns["queue_state"] == (("name", "TEXT", False), ("cfg", "BLOB", True))
     assert {"jobs", "queue_state", "meta", "migrations"} <= set(info.columns)
 

@@ -7,10 +7,11 @@ lifetime counters behind `Metrics`.
 
 Receives: client frames; on one Unix stream link per shard (`shardq.runtime.links`) `rep`,
 `events`, `cancel`, `drained`, `flow`, `loaded` and `direct` (a shard's direct port);
-`shard-down` and `shard-up` from the supervisor (and from its own link watcher).
+`shard-down` and `shard-up` from the supervisor (and from its own link watcher); `rep` from
+the writer (committed durable pushes' replies) on its own link to the writer.
 
 Sends: `req`, `close`, `drain`, `listen`, `workers`, `flowack` and `parts` to the shards on
-the links;
+the links; `front` to the writer;
 replies and job events to the clients; `ready` and `fatal` to the supervisor.
 """
 

@@ -54,7 +54,8 @@ class _Link(asyncio.Protocol):
         try:
             payloads = self._splitter.feed(data)
         except ValueError as e:
-            _log.error("corrupt shard link; closing it", shard=self.index, error=str(e))
+            name = self._links.name
+            _log.error(f"corrupt {name} link; closing it", **{name: self.index}, error=str(e))
             if self.transport is not None:
                 self.transport.close()
             return
@@ -93,7 +94,11 @@ class ShardLinks:
         on_up: Callable[[int], None],
         on_blocked: Callable[[bool], None],
         max_frame: int = MAX_FRAME_BYTES,
+        name: str = "shard",
     ) -> None:
+        """`name`: what the logs call the other end (the front end also links to the writer
+        this way, to take the durable replies it delivers)."""
+        self.name = name
         self._paths = paths
         self._max_frame = max_frame
         self._loop = loop
@@ -155,7 +160,7 @@ class ShardLinks:
             self._links[link.index] = None
         self.blocked_changed()
         if not self._closing:
-            _log.warning("shard link lost; reconnecting", shard=link.index)
+            _log.warning(f"{self.name} link lost; reconnecting", **{self.name: link.index})
             self._on_down(link.index)
             self._retry(link.index)
 
@@ -179,7 +184,7 @@ class ShardLinks:
                 except OSError:
                     await asyncio.sleep(_RETRY_PAUSE_S)
                 else:
-                    _log.info("shard link reconnected", shard=index)
+                    _log.info(f"{self.name} link reconnected", **{self.name: index})
         finally:
             self._retrying.discard(index)
 

@@ -56,7 +56,7 @@ from shardq.runtime.frontend._links import ShardLinks
 from shardq.runtime.frontend._monitoring import MonitoringCommands
 from shardq.runtime.frontend._tcp import TcpGateway, TcpLimits
 from shardq.runtime.frontend._zmq import ZmqGateway
-from shardq.runtime.links._control import unpack
+from shardq.runtime.links._control import pack, unpack
 
 __all__ = ["Frontend", "main"]
 
@@ -83,6 +83,18 @@ class Frontend:
             on_up=self._link_up,
             on_blocked=self._shards_blocked,
             max_frame=spec.links.link_max_frame_bytes,
+        )
+        # The writer hands the replies of committed durable pushes straight over (one hop
+        # less than through their shard, docs/runtime.md). Connected in the background and
+        # again whenever it drops; while it is down the shards answer them, as they can.
+        self._writer_link = ShardLinks(
+            [spec.writer_link_path],
+            loop,
+            on_message=self._on_writer_message,
+            on_down=_nothing,
+            on_up=self._writer_up,
+            on_blocked=_nothing,
+            name="writer",
         )
         self.dispatcher = Dispatcher(
             spec.shards,
@@ -175,6 +187,7 @@ class Frontend:
         spec = self.spec
         self._inbox.bind(spec.endpoint("front"))
         await self._links.connect_all()
+        self._writer_link.reconnect(0)
         self._server = await self.loop.create_server(
             self.tcp.factory, spec.tcp.host, spec.tcp.tcp_port, reuse_address=True,
             backlog=self._backlog, ssl=_server_tls(spec),
@@ -239,6 +252,15 @@ class Frontend:
 
     def _link_up(self, shard: int) -> None:
         self.dispatcher.on_shard_message(msgs.shard_up(shard))
+
+    def _writer_up(self, _index: int) -> None:
+        self._writer_link.send(0, pack(msgs.front()))  # the writer learns who we are
+
+    def _on_writer_message(self, msg: dict[str, Any]) -> None:
+        if msg.get("t") == msgs.REP:  # the only kind the writer sends here
+            self.dispatcher.on_shard_message(msg)
+        else:
+            _log.warning("unexpected message on the writer link dropped", t=msg.get("t"))
 
     async def _read_supervisor(self) -> None:
         """The supervisor's messages: a restarted shard is up (reconnect), or one died."""
@@ -352,6 +374,7 @@ class Frontend:
         self.tcp.close_all()
         self.zmq.close()
         self._links.close()
+        self._writer_link.close()
         if self.forwarder is not None:
             self.forwarder.close()
         if self.relay is not None:
@@ -425,3 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     selector = SpinningSelector(policy)
     with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selector)) as runner:
         return runner.run(serve(spec))
+
+
+def _nothing(_value: object) -> None:
+    """The writer link's up/down and back-pressure: nothing to do (it sends one message)."""

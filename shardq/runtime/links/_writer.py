@@ -6,8 +6,10 @@ link plus a commit, and over ZeroMQ each direction also woke both sides' I/O thr
 2-core machine those wake-ups cost more than the commit itself.
 
 Writer side (`ShardConnections`): any number of connections; a connection belongs to the shard
-whose index its messages carry (the writer calls `claim`). Writes never block: confirmations
-that do not fit in the socket wait in a per-connection buffer, sent when it turns writable.
+whose index its messages carry (the writer calls `claim`), and the front end's connection,
+whose `front` message names `FRONT_END_SHARD`, takes the durable replies the writer hands
+over. Writes never block: confirmations that do not fit in the socket wait in a
+per-connection buffer, sent when it turns writable.
 
 Shard side (`WriterLink`): one connection. Sends never block: what the socket does not take
 waits in the link's buffer (`pending`), sent as the socket turns writable (`flush`), and
@@ -125,6 +127,11 @@ class ShardConnections:
         conn.out += frame(data)
         self._write(conn)
         return True
+
+    def idle(self, shard: int) -> bool:
+        """Whether a connection speaks for `shard` and has nothing waiting to be sent."""
+        conn = self._by_shard.get(shard)
+        return conn is not None and not conn.out
 
     def writable(self, fd: int) -> None:
         conn = self._conns.get(fd)

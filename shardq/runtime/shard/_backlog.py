@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Final, TypeVar
 
 import structlog
@@ -107,6 +107,47 @@ class StoreBacklog:
             return s.page_delayed(queue, after, limit=limit, max_bytes=max_bytes)
 
         return self._page("delayed", queue, read)
+
+    def page_made(
+        self,
+        queue: str,
+        kinds: Collection[str],
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        desc: bool = False,
+        max_bytes: int = 4 << 20,
+    ) -> ColdPage:
+        def read(s: Storage) -> ColdPage:
+            return s.page_made(queue, kinds, after, limit=limit, desc=desc, max_bytes=max_bytes)
+
+        return self._page("made", queue, read)
+
+    def page_by_seq(
+        self,
+        queue: str,
+        kinds: Collection[str],
+        after: Cursor | None = None,
+        *,
+        limit: int,
+        made_by: int | None = None,
+        max_bytes: int = 4 << 20,
+    ) -> ColdPage:
+        def read(s: Storage) -> ColdPage:
+            return s.page_by_seq(
+                queue, kinds, after, limit=limit, made_by=made_by, max_bytes=max_bytes
+            )
+
+        return self._page("by_seq", queue, read)
+
+    def cold_keys(
+        self, queue: str, after: Cursor | None = None, *, limit: int
+    ) -> list[tuple[int, str, str | None]]:
+        # A drain's read of row keys: counted and logged as a run of page-ins is.
+        started = time.monotonic()
+        keys = self._read(lambda s: s.cold_keys(queue, after, limit=limit))
+        self._progress(started, time.monotonic(), len(keys), queue)
+        return keys
 
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
         return self._read(lambda s: s.get_by_custom_id(queue, custom_id))

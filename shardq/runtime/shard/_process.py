@@ -13,6 +13,7 @@ orders the shutdown with SIGTERM. SIGTERM ends the loop; the shard then waits (a
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import signal
 import sys
@@ -128,6 +129,7 @@ class ShardProcess:
         )
         self._writer = WriterLink(spec.writer_link_path)
         self._writer.connect()
+        self._confirm_wait_ms = spec.links.writer_confirm_wait_ms
         self._next_connect = 0.0
         self._link_fds: set[int] = set()
         self.sup = SupervisorLink(self._ctx, spec)
@@ -490,16 +492,16 @@ class ShardProcess:
         if not self._writer.connected:
             timeout_ms = min(timeout_ms or RECONNECT_EVERY_MS, RECONNECT_EVERY_MS)
         writer_fd = self._writer.fd()
-        if writer_fd is not None:
-            # Unsent batches wait for the socket to take them: wake when it can.
-            out = zmq.POLLOUT if self._writer.pending else 0
-            self._poller.modify(writer_fd, zmq.POLLIN | out)
+        quiet = writer_fd is not None and self._arm_writer(writer_fd)
+        if quiet:
+            wait = self._confirm_wait_ms
+            timeout_ms = wait if timeout_ms is None else min(timeout_ms, wait)
         ready = dict(self._poll(timeout_ms))
         if self._signals.fileno() in ready and self._signals.drain():
             self._stop = True
         messages: list[dict[str, Any]] = []
-        if writer_fd is not None and writer_fd in ready:
-            if ready[writer_fd] & zmq.POLLOUT:
+        if writer_fd is not None and (quiet or writer_fd in ready):
+            if ready.get(writer_fd, 0) & zmq.POLLOUT:
                 self._writer.flush()
             for data in self._writer.readable():
                 self._decode(data, messages)
@@ -515,6 +517,29 @@ class ShardProcess:
             if items:
                 messages.append(dict(msgs.req(items)))
         return messages
+
+    def _arm_writer(self, writer_fd: int) -> bool:
+        """Set what the poll watches on the writer link; True if its input may wait unread
+        (`_confirmations_can_wait`: the link is then out of the poll for input)."""
+        quiet = self._confirmations_can_wait()
+        # Unsent batches wait for the socket to take them: wake when it can. (Flags of 0
+        # take the descriptor out of the poll until a later turn puts it back.)
+        out = zmq.POLLOUT if self._writer.pending else 0
+        self._poller.modify(writer_fd, (0 if quiet else zmq.POLLIN) | out)
+        return quiet
+
+    def _confirmations_can_wait(self) -> bool:
+        """Whether the writer's next message may wait, unread, for this shard's next wake-up
+        (at most `writer_confirm_wait_ms`): only the writer's confirmation of durable pushes
+        whose replies it delivers itself is due, and no long-poll could take their jobs. The
+        turn that wakes next reads the link before anything else ("writer messages come
+        before front-end requests"), so a client that got its reply and asks for the job
+        finds it confirmed."""
+        return (
+            self._confirm_wait_ms > 0
+            and not len(self.core.polls)
+            and self.core.batches.only_delivered_elsewhere()
+        )
 
     def _poll(self, timeout_ms: int | None) -> list[tuple[Any, int]]:
         """`poll`, after spinning as `spin_us` says when it would otherwise sleep."""
@@ -552,7 +577,8 @@ class ShardProcess:
         if writer_fd is not None:
             fds.add(writer_fd)
         for fd in self._link_fds - fds:
-            self._poller.unregister(fd)
+            with contextlib.suppress(KeyError):  # a quiet writer link is out of the poll
+                self._poller.unregister(fd)
         new = fds - self._link_fds
         for fd in new:
             self._poller.register(fd, zmq.POLLIN)

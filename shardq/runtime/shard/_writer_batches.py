@@ -5,6 +5,13 @@
 pushed until the `done` that covers their batch, and takes the writer's answers: `done`,
 `fail`, `rejected`, and `writer-up` from the shard's own loop.
 
+A durable batch's replies ride with it (`rep`, packed as the front end's `rep` message): once
+the batch is committed the writer hands them to the front end itself, one hop before this
+shard could, and its `done` lists the batch (`answered`), so the shard drops its copy. The
+last `done`'s answered replies are kept until the next one: a writer killed between its
+`done` and its `rep` leaves them to the shard, which sends them when a writer is back (the
+front end ignores a reply it already delivered).
+
 It also handles what storage refuses. Two ways a mutation can fail to reach the disk: this
 shard cannot encode it (an integer past 64 bits in a job's data ...), or the writer refuses it
 (`fail`: a durable batch dropped on a full disk; `rejected`: single mutations the store could
@@ -27,6 +34,7 @@ import structlog
 from shardq.core import Engine, Mutation, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.runtime import _messages as msgs
+from shardq.runtime.links._control import pack
 from shardq.runtime.shard._batches import cut_batches, fits_one_batch
 from shardq.runtime.shard._salvage import names_job, pack_mutations
 from shardq.storage import MutationEncoder, describe
@@ -86,8 +94,11 @@ class WriterBatches:
         # so a restarted writer gets them again ("writer-up"). Bounded by the writer's
         # back-pressure: a writer that stops reading stops this shard's sends.
         self._unconfirmed: deque[tuple[int, msgs.MutsMsg]] = deque()
-        # Replies of durable requests, sent once the `done` covering their seq comes.
-        self._held: deque[tuple[int, list[Item]]] = deque()
+        # Replies of durable requests, sent once the `done` covering their seq comes:
+        # (seq, replies, whether they rode with batch seq for the writer to deliver).
+        self._held: deque[tuple[int, list[Item], bool]] = deque()
+        # The replies the writer said it delivers, as of the last `done` (module docstring).
+        self._answered: list[Item] = []
         # Jobs the engine holds until their batch's `done`: (seq, job ids), in seq order.
         self._holding: deque[tuple[int, list[str]]] = deque()
         self.resend_due = False  # the writer came back: resend every unconfirmed batch
@@ -101,6 +112,18 @@ class WriterBatches:
         # (`shardq.core._head`: its reads of the backlog show them from then on). The head
         # is read from the engine each time: a memory budget installs it while running.
         self._marks: deque[tuple[int, int]] = deque()
+
+    def only_delivered_elsewhere(self) -> bool:
+        """True while something awaits the writer and all of it is durable batches whose
+        replies ride with them (the writer delivers those): no reply of this shard's waits
+        on the writer's next message. Checked each turn, so only a few batches are looked at:
+        more in flight means a busy shard, which reads its link at once anyway."""
+        unconfirmed = self._unconfirmed
+        if not unconfirmed or len(unconfirmed) > 4 or len(self._held) > 4:
+            return False
+        return all("rep" in msg for _, msg in unconfirmed) and all(
+            riding for _, _, riding in self._held
+        )
 
     @property
     def awaiting_commit(self) -> bool:
@@ -120,13 +143,13 @@ class WriterBatches:
         """One segment of a turn (`ShardCore._cut`) to `out`: its mutations as `muts`
         batches, its durable `replies` held until their commit, the engine's `held_ids`
         confirmed then."""
-        if muts:
-            self._send_muts(out, durable, muts, replies)
+        last = self._send_muts(out, durable, muts, replies) if muts else None
         if replies:
             # Even a durable push that wrote nothing (a duplicate) waits for the latest seq:
             # the job it returned may sit in a batch the writer has not committed yet.
             if self.committed < self.seq:
-                self._held.append((self.seq, replies))
+                riding = last is not None and durable and self._attach(last, replies)
+                self._held.append((self.seq, replies, riding))
                 if self._urged < self.seq:
                     # It waits on buffered batches only (a durable duplicate wrote nothing):
                     # without this, their commit would wait out the flush interval.
@@ -137,9 +160,26 @@ class WriterBatches:
         if held_ids:
             self._holding.append((self.seq, held_ids))
 
+    def _attach(self, msg: msgs.MutsMsg, replies: list[Item]) -> bool:
+        """Let the writer deliver `replies` once `msg` is committed: True if they ride with
+        it. Only the front end's requests (positive rids; a direct port's are this shard's
+        to answer), and only while the batch stays well inside its byte bound."""
+        if not all(type(item[1]) is int and item[1] > 0 for item in replies):
+            return False
+        try:
+            packed = pack(msgs.rep(replies))
+        except (TypeError, ValueError, OverflowError):
+            return False
+        room = min(self._batch_max_bytes, self._hard_max_bytes) - self.encoder.encoded_bytes
+        if len(packed) > room // 2:
+            return False
+        msg["rep"] = packed
+        return True
+
     def _send_muts(
         self, out: list[tuple[str, Any]], durable: bool, muts: list[Mutation], replies: list[Item]
-    ) -> None:
+    ) -> msgs.MutsMsg | None:
+        """Send a segment's mutations; return its batch if it went as one (else None)."""
         encoder = self.encoder
         try:
             encoded = encoder.encode(muts)
@@ -171,6 +211,7 @@ class WriterBatches:
             self._unconfirmed.append((self.seq, msg))
             if durable and len(batches) > 1:
                 msg["upto"] = last  # the replies wait on the last (`on_fail`)
+        return msg if len(batches) == 1 else None
 
     def mark_head(self) -> None:
         """After a turn's batches went out: the head's mark for every mutation made so far,
@@ -185,6 +226,11 @@ class WriterBatches:
     def resends(self) -> list[msgs.MutsMsg]:
         """Every unconfirmed batch, in order, for a writer that came back (`resend_due`)."""
         self.resend_due = False
+        for _, msg in self._unconfirmed:
+            # The writer that was to deliver these replies is gone; this shard answers them
+            # on the new writer's `done` (a reply may have been delivered already: the front
+            # end ignores a second one).
+            msg.pop("rep", None)
         return [msg for _, msg in self._unconfirmed]
 
     # -- what cannot be encoded ------------------------------------------------------------
@@ -263,8 +309,15 @@ class WriterBatches:
         unconfirmed, held, holding = self._unconfirmed, self._held, self._holding
         while unconfirmed and unconfirmed[0][0] <= committed:
             unconfirmed.popleft()
+        answered = msg.get("answered")
+        delivered = frozenset(answered) if type(answered) is list else frozenset()
+        self._answered = []
         while held and held[0][0] <= committed:
-            self._replies.extend(held.popleft()[1])
+            held_seq, items, riding = held.popleft()
+            if riding and held_seq in delivered:
+                self._answered.extend(items)  # the writer sends them (module docstring)
+            else:
+                self._replies.extend(items)
         while holding and holding[0][0] <= committed:
             self._woken.update(self._engine.store.confirm(holding.popleft()[1]))
         self._marks_through(committed)
@@ -348,7 +401,7 @@ class WriterBatches:
         push are deleted too, so that a client that retries it creates no duplicate."""
         self._absorb(self._engine.store.forget((job_id,), stored=False), ())
         refused = {"ok": False, "error": f"Storage rejected job {job_id}: {error}"}
-        for held_seq, items in self._held:
+        for held_seq, items, _riding in self._held:
             if held_seq != seq:
                 continue
             for item in items:
@@ -372,6 +425,10 @@ class WriterBatches:
         )
 
     def on_writer_up(self, msg: dict[str, Any], now: int) -> None:
+        if self._answered:
+            # The writer may have died between its `done` and its `rep`: send them too.
+            self._replies.extend(self._answered)
+            self._answered = []
         if self._unconfirmed:
             first = self._unconfirmed[0][0]
             rounds = self.resent_rounds + 1 if self._resent_first == first else 1

@@ -5,9 +5,10 @@ per-shard epochs and sequence numbers it has committed, and the status file the 
 reads (`<run dir>/writer-status.json`).
 
 Receives: `muts`, `flush` and `sync` from every shard on its Unix stream listener
-(`shardq.runtime.links`).
+(`shardq.runtime.links`), and `front` from the front end on the same listener.
 
-Sends: `done`, `fail` and `rejected` to each shard; `ready` and `fatal` to the supervisor.
+Sends: `done`, `fail` and `rejected` to each shard; `rep` (committed durable pushes' replies,
+as their shard packed them) to the front end; `ready` and `fatal` to the supervisor.
 """
 
 # Nothing imported here: `python -m` imports this package before its `__main__`, which

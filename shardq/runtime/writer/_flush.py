@@ -16,7 +16,7 @@ gone, not their data.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ class _Batch:
     told_fail: bool = False
     nbytes: int = 0  # the frame it came in
     ops: int = 0  # job mutations it stands for (an `updm` counts each of its jobs)
+    rep: bytes | None = None  # its replies, for the front end once committed (`replies`)
 
 
 class FlushBuffer:
@@ -101,9 +102,11 @@ class FlushBuffer:
         *,
         urgent: bool = False,
         nbytes: int = 0,
+        rep: bytes | None = None,
     ) -> list[Outgoing]:
         """Buffer one batch of a shard (a `muts` message). `urgent`: a durable reply waits on
         it, so the next flush is due at once (whatever else has arrived shares that commit).
+        `rep`: the replies waiting on it, packed for the front end (`replies`).
 
         While storage is full, a durable batch is not buffered at all: its `fail` is returned
         at once (its pushes are answered now, not after the retry backoff, and the shard
@@ -114,7 +117,9 @@ class FlushBuffer:
             return [(shard, msgs.fail(seq, FULL_REASON))]
         ops = len(mutations) + _grouped(mutations)
         self._batches.append(
-            _Batch(shard, epoch, seq, len(mutations), durable=urgent, nbytes=nbytes, ops=ops)
+            _Batch(
+                shard, epoch, seq, len(mutations), durable=urgent, nbytes=nbytes, ops=ops, rep=rep
+            )
         )
         self._bytes += nbytes
         self._ops += ops
@@ -181,14 +186,31 @@ class FlushBuffer:
 
     # -- outcome
 
-    def committed(self) -> list[Outgoing]:
-        """The waiting batches are committed: clear them; return `done` per shard (and syncs)."""
+    def replies(self, refused: Collection[tuple[int, int]]) -> list[tuple[int, int, bytes]]:
+        """The replies the waiting batches carry, as `(shard, seq, rep message)`, for the
+        front end once they are committed: only a shard's current process's (an older one's
+        requests were answered when it died), and none of a batch with a mutation `refused`
+        (its `(shard, seq)`: the shard turns that reply into an error)."""
+        return [
+            (batch.shard, batch.seq, batch.rep)
+            for batch in self._batches
+            if batch.rep is not None
+            and batch.epoch == self._epochs.get(batch.shard, 0)
+            and (batch.shard, batch.seq) not in refused
+        ]
+
+    def committed(self, answered: Mapping[int, list[int]] | None = None) -> list[Outgoing]:
+        """The waiting batches are committed: clear them; return `done` per shard (and syncs).
+        `answered`: per shard, the seqs whose replies the writer delivers (`replies`)."""
         latest: dict[int, int] = {}
         for batch in self._batches:
             if batch.epoch == self._epochs.get(batch.shard, 0):
                 latest[batch.shard] = max(batch.seq, latest.get(batch.shard, batch.seq))
         out = self._synced_dones()
-        out.extend((shard, msgs.done(seq)) for shard, seq in latest.items())
+        told = answered or {}
+        out.extend(
+            (shard, msgs.done(seq, answered=told.get(shard))) for shard, seq in latest.items()
+        )
         self._forget_all()
         self.storage_full = False
         return out

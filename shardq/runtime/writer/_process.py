@@ -4,9 +4,10 @@ Run as `python -m shardq.runtime.writer --spec '<json>'` by the supervisor. It l
 `spec.writer_link_path` (Unix stream links, `links._writer`) and takes `muts`, `flush` and
 `sync` messages from the shards; it commits what it received as one `Storage.apply` per flush
 (the policy is `_flush`) and confirms back on each shard's link with `done` (or `fail` while
-the disk is full). See docs/runtime.md for the messages. Shards send job records
-and changes msgpack-encoded inside the message (`shardq.storage._encode`), so decoding a
-message decodes no job.
+the disk is full); the replies a committed durable batch carried go to the front end, whose
+own connection to the listener says `front` (`_deliver`). See docs/runtime.md for the
+messages. Shards send job records and changes msgpack-encoded inside the message
+(`shardq.storage._encode`), so decoding a message decodes no job.
 
 Idle-silent: with nothing waiting it blocks in `poll` with no timeout, and wakes for a message
 or a signal only; but once after its start and after its last commit (`vacuum_idle_ms`
@@ -141,7 +142,10 @@ class Writer:
             msgs.MUTS: self._on_muts,
             msgs.SYNC: self._on_sync,
             msgs.FLUSH: self._on_flush,
+            msgs.FRONT: self._on_front,
         }
+        # (shard, seq) of the batches whose mutations the last flush refused (`rejected`).
+        self._refused: set[tuple[int, int]] = set()
 
     @property
     def buffer(self) -> FlushBuffer:
@@ -261,8 +265,18 @@ class Writer:
         urgent = message.get("durable") is True
         if urgent and self._spin is not None:
             self._spin.note(time.perf_counter())
-        self._send(self._buffer.add_muts(shard, seq, muts, now, urgent=urgent, nbytes=size))
+        rep = message.get("rep")
+        rep = rep if urgent and type(rep) is bytes else None
+        added = self._buffer.add_muts(shard, seq, muts, now, urgent=urgent, nbytes=size, rep=rep)
+        self._send(added)
         return True
+
+    def _on_front(
+        self, message: dict[str, Any], shard: int, seq: int, now: float, size: int
+    ) -> bool:
+        # `_handle` claimed the connection for FRONT_END_SHARD: committed durable replies
+        # go there from now on (`_deliver`).
+        return shard == msgs.FRONT_END_SHARD
 
     def _on_sync(
         self, message: dict[str, Any], shard: int, seq: int, now: float, size: int
@@ -280,6 +294,7 @@ class Writer:
         """Commit everything waiting as one transaction; True if it committed."""
         buffer = self._buffer
         started = self._clock()
+        self._refused.clear()
         try:
             rows = self._commit(buffer.mutations())
         except StorageFenced as e:
@@ -311,8 +326,24 @@ class Writer:
             rows=rows,
             ms=round((self._clock() - started) * 1000, 2),
         )
-        self._send(buffer.committed())
+        self._deliver(buffer)
         return True
+
+    def _deliver(self, buffer: FlushBuffer) -> None:
+        """Confirm the commit to the shards, then hand the durable replies it settles to
+        the front end (one hop less than through their shard). The `done` goes first, so a
+        shard has it before a client that got its reply can ask that shard for the job; it
+        names the batches whose replies follow (`answered`), so their shard drops its copy.
+        Only while the front end's link is connected and keeping up: otherwise the shards
+        answer, as they always can."""
+        front = msgs.FRONT_END_SHARD
+        replies = buffer.replies(self._refused) if self._links.idle(front) else []
+        answered: dict[int, list[int]] = {}
+        for shard, seq, _rep in replies:
+            answered.setdefault(shard, []).append(seq)
+        self._send(buffer.committed(answered))
+        for _shard, _seq, rep in replies:
+            self._links.send(front, rep)
 
     def _commit(self, mutations: list[Mutation]) -> int:
         """Apply the buffer; if SQLite rejects its values, commit all but the mutations at
@@ -333,6 +364,7 @@ class Writer:
         by_batch: dict[tuple[int, int], list[list[Any]]] = {}
         for index, error in found:
             shard, seq, current = self._buffer.owner(index)
+            self._refused.add((shard, seq))
             kind, key = describe(mutations[index])
             log.error(
                 "mutation rejected",
