@@ -11,9 +11,14 @@ Falling back: a shard that cannot be reached (a restarted shard listens on a new
 connection that broke before the request was written, and a refusal (`DIRECT_REFUSED`: the
 shard does not serve it, nothing was applied) all send the push through the front end, and the
 direct path rests for `REFRESH_S` before the connection asks Hello again (`RECHECK_S` after a
-Hello that offered no ports). A connection lost after the push was written is raised, as
-through the front end (`ConnectionLost(sent=True)`), and so is a reply that does not come in
-time (`CommandTimeout`): the push may have been applied, so it is not silently sent twice.
+Hello that offered no ports); each failure in a row doubles the rest, up to `RECHECK_S`. A
+port that could not be connected to (a firewall, a proxy in front of the server) is not tried
+again by this connection: pushes for its shard go through the front end until a Hello (asked
+every `RECHECK_S` meanwhile) offers that shard another port (a restart). A direct connection
+the shard closed while it waited for nothing (`tcp_idle_close_ms`) is opened again at once. A
+connection lost after the push was written is raised, as through the front end
+(`ConnectionLost(sent=True)`), and so is a reply that does not come in time
+(`CommandTimeout`): the push may have been applied, so it is not silently sent twice.
 """
 
 from __future__ import annotations
@@ -89,6 +94,9 @@ class _Routes:
         self.shards = 0
         self._addresses: list[Endpoint] = []
         self._ask_at = 0.0  # monotonic: when to (re)learn the ports; 0 = at the next push
+        self._failures = 0  # in a row, since the last push that went direct
+        self._unreachable: set[int] = set()  # ports a connect to failed
+        self._recheck_at = 0.0  # monotonic: when a Hello may bring others for them
         self.used = 0  # pushes answered on the direct path (for tests and benchmarks)
 
     @property
@@ -114,6 +122,8 @@ class _Routes:
             self.shards, self._addresses = 0, []
             return
         self.shards = got[0]
+        self._unreachable &= set(got[1])  # only the ports still announced
+        self._recheck_at = time.monotonic() + RECHECK_S
         # Plain TCP on the server's host, whichever transport the connection itself uses.
         self._addresses = [
             dataclasses.replace(self._endpoint, scheme="tcp", port=p) for p in got[1]
@@ -122,13 +132,31 @@ class _Routes:
     def _rest(self) -> None:
         """The direct path failed: through the front end for a while, then ask again."""
         self._addresses = []
-        self._ask_at = time.monotonic() + REFRESH_S
+        self._failures += 1
+        rest = min(REFRESH_S * 2 ** min(self._failures - 1, 16), RECHECK_S)
+        self._ask_at = time.monotonic() + rest
+
+    def _unreached(self, address: Endpoint) -> None:
+        """No connection to `address` could be made: not tried again (a restarted shard gets a
+        new port, which a later Hello brings)."""
+        self._unreachable.add(address.port)
+        self._rest()
+
+    def _answered(self) -> None:
+        self.used += 1
+        self._failures = 0
 
     def _address(self, queue: str) -> tuple[int, Endpoint] | None:
         if not self._addresses:
             return None
         shard = shard_of(queue, self.shards)
-        return shard, self._addresses[shard]
+        address = self._addresses[shard]
+        if address.port in self._unreachable:
+            if time.monotonic() >= self._recheck_at:
+                self._addresses = []  # the next push asks Hello again (`due`)
+                self._ask_at = 0.0
+            return None
+        return shard, address
 
 
 class DirectRoutes(_Routes):
@@ -161,7 +189,7 @@ class DirectRoutes(_Routes):
         if _refused(reply):
             self._rest()
             return None
-        self.used += 1
+        self._answered()
         return reply
 
     def _transport(self, shard: int, address: Endpoint) -> SyncTransport | None:
@@ -169,15 +197,13 @@ class DirectRoutes(_Routes):
             transport = self._open.get(shard)
             if transport is not None and transport.alive:
                 return transport
-            if transport is not None:  # closed by the shard: restarted, or it went away
+            if transport is not None:  # closed by the shard: idle, restarted or gone
                 transport.close()
                 del self._open[shard]
-                self._rest()
-                return None
-            try:
+            try:  # a restarted shard's old port refuses this at once
                 transport = SyncTcpTransport(address, self._connect_timeout, ClientSecurity())
             except ConnectionLost:
-                self._rest()
+                self._unreached(address)
                 return None
             try:
                 wait_replies(transport, [_PROBE], self._connect_timeout)
@@ -219,12 +245,11 @@ class AsyncDirectRoutes(_Routes):
         shard, address = found
         transport = self._open.get(shard)
         if transport is None or not transport.alive:
-            if transport is not None:  # closed by the shard: restarted, or it went away
-                await self._drop(shard, transport)
-                return None
+            if transport is not None:  # closed by the shard: idle, restarted or gone
+                del self._open[shard]
+                await transport.close()
             opened = await self._connect(address)
             if opened is None:
-                self._rest()
                 return None
             transport = self._open.get(shard)
             if transport is not None and transport.alive:  # another task opened it meanwhile
@@ -241,19 +266,22 @@ class AsyncDirectRoutes(_Routes):
         if _refused(reply):
             self._rest()
             return None
-        self.used += 1
+        self._answered()
         return reply
 
     async def _connect(self, address: Endpoint) -> AsyncTransport | None:
-        """A new connection to a direct port that answered the probe, or None."""
+        """A new connection to a direct port that answered the probe, or None (then the
+        direct path rests)."""
         try:
             opened = await AsyncTcpTransport.open(address, self._connect_timeout, ClientSecurity())
         except ConnectionLost:
+            self._unreached(address)
             return None
         try:
             await wait_replies_async(opened, [_PROBE], self._connect_timeout)
         except (ConnectionLost, CommandTimeout):
             await opened.close()
+            self._rest()
             return None
         return opened
 

@@ -148,9 +148,9 @@ class TcpSettings:
     auth_failure_max_delay_ms: int = 30_000
     # The direct path (docs/runtime.md): each shard listens on a TCP port of its own (an
     # ephemeral one on `host`, announced in the Hello reply) where shardq's client sends single
-    # pushes without the front end's hop. Off unless set; never with auth_tokens, TLS or a
-    # cluster, whose checks live in the front end.
-    direct_shards: bool = False
+    # pushes without the front end's hop. On by default; never opened with auth_tokens, TLS,
+    # a rate limit or PostgreSQL (a cluster), whose checks live in the front end.
+    direct_shards: bool = True
     # Connections one shard's direct port holds at once; past it a new one is closed at once
     # (the client then pushes through the front end). Frames and unread replies are bounded
     # by max_frame_bytes and tcp_max_write_backlog_bytes, as on the TCP port.

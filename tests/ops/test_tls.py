@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import bunqueue
 import msgpack
@@ -23,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from ops_helpers import run_cli
-from shardq_harness import ShardqServer
+from shardq_harness import ShardqServer, listening
 from wire_clients import Tcp
 
 from shardq.client import AsyncQueue, ConnectionLost, Queue
@@ -194,6 +195,36 @@ def test_plain_and_unverified_clients_are_refused_clearly(
     # TLS, but the server's self-signed certificate is not trusted: verification fails.
     untrusted = run_cli(["status", "--url", f"tls://127.0.0.1:{server.tcp_port}"])
     assert untrusted.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+
+
+def test_tls_alone_keeps_the_shards_direct_ports_closed(tmp_path: Path) -> None:
+    """The direct port is plain TCP: with TLS on the TCP port (and no token) it would be a
+    way around TLS, so no shard opens it, even with `direct_shards` on."""
+    cert, key = _self_signed(tmp_path)
+    env = {"TLS_CERT_FILE": str(cert), "TLS_KEY_FILE": str(key), "SHARDQ_DIRECT_SHARDS": "true"}
+    with ShardqServer(tmp_path / "data", shards=2, env=env).start() as server:
+        context = ssl.create_default_context(cafile=str(cert))
+        with (
+            socket.create_connection(("127.0.0.1", server.tcp_port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
+        ):
+            body = msgpack.packb({"cmd": "Hello", "protocolVersion": 3, "reqId": "h"})
+            sock.sendall(struct.pack(">I", len(body)) + body)
+            hello = _read_reply(sock)
+        assert hello["ok"] is True and "directPorts" not in hello
+        assert server.find_log("direct port not opened: auth_tokens or TLS are set")
+        shards = [pid for name, pid in server.child_pids().items() if name.startswith("shard")]
+        assert len(shards) == 2 and all(listening(pid) == set() for pid in shards)
+
+
+def _read_reply(sock: ssl.SSLSocket) -> dict[str, Any]:
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {data!r}"
+        data += chunk
+    reply: dict[str, Any] = msgpack.unpackb(data[4:])
+    return reply
 
 
 def _start_fails(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

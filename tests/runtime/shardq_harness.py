@@ -31,7 +31,10 @@ from typing import Any
 
 from shardq.runtime._sections import KEY_SECTION
 
-__all__ = ["LogLine", "ServerError", "ShardqServer", "free_port", "free_ports", "poll_until"]
+__all__ = [
+    "LogLine", "ServerError", "ShardqServer", "free_port", "free_ports", "listening",
+    "poll_until",
+]  # fmt: skip
 
 LogLine = dict[str, Any]
 POLL_S = 0.02
@@ -47,6 +50,30 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    """The TCP (v4 and v6) addresses process `pid` listens on, as (address, port), read from
+    /proc (Linux): its socket descriptors matched with the kernel's LISTEN sockets."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found: set[tuple[str, int]] = set()
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        for line in lines:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hex_addr, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_addr)
+            # /proc prints the address as 32-bit words in host (little-endian) order.
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.add((socket.inet_ntop(family, raw), int(hex_port, 16)))
+    return found
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

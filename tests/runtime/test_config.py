@@ -55,6 +55,8 @@ def test_defaults() -> None:
     assert c.supervisor.max_restarts_per_minute == 5
     assert c.tcp.max_frame_bytes == 64 * 1024 * 1024
     assert c.tcp.tcp_idle_timeout_ms == 60000
+    # the direct path: shardq's client pushes one job straight to its shard (one hop)
+    assert c.tcp.direct_shards is True
     assert c.engine == {} and c.engine_config == EngineConfig()
 
 
@@ -136,7 +138,7 @@ VALID_TEXT = {
     "memory_release_idle_ms": "500",
     "memory_release_grow_mb": "4",
     "shard_memory_mb": "64",
-    "direct_shards": "true",
+    "direct_shards": "false",
     "direct_max_connections": "10",
     "stats_rate_window_s": "2",
     # -- isolation (writer and shard storage)
@@ -264,7 +266,7 @@ spin_auto_cut_us = 0
 memory_release_idle_ms = 500
 memory_release_grow_mb = 4
 shard_memory_mb = 64
-direct_shards = true
+direct_shards = false
 direct_max_connections = 10
 stats_rate_window_s = 2
 storage_retry_max_ms = 250

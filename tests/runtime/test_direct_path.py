@@ -17,7 +17,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
-from shardq_harness import ShardqServer, poll_until
+from shardq_harness import ShardqServer, free_port, listening, poll_until
 
 from shardq.client import Queue
 from shardq.client._connection import AsyncConnection, Connection
@@ -298,16 +298,39 @@ def test_past_the_connection_cap_the_client_falls_back(shardq_server: Factory) -
             assert counts["waiting"] == 2
 
 
-def test_off_by_default_and_the_client_goes_through_the_front_end(
+def _shard_listens(server: ShardqServer) -> dict[str, set[tuple[str, int]]]:
+    return {
+        name: listening(pid)
+        for name, pid in server.child_pids().items()
+        if name.startswith("shard")
+    }
+
+
+def test_on_by_default_on_the_configured_host_only(shardq_server: Factory) -> None:
+    server = shardq_server(shards=2)  # no setting: the default
+    ports = _hello(server)[HELLO_DIRECT]
+    # Each shard listens on its announced port, on the TCP port's host, and nowhere else.
+    assert _shard_listens(server) == {
+        "shard-0": {("127.0.0.1", ports[0])},
+        "shard-1": {("127.0.0.1", ports[1])},
+    }
+    with Connection(_url(server)) as conn:
+        assert conn.call({"cmd": "PUSH", "queue": "plain", "data": 1})["ok"]
+        assert conn.direct is not None and conn.direct.used == 1
+    assert _direct_requests(server) == 1
+
+
+def test_off_when_configured_off_and_the_client_goes_through_the_front_end(
     shardq_server: Factory,
 ) -> None:
-    server = shardq_server(shards=2)
+    server = shardq_server(shards=2, env={"SHARDQ_DIRECT_SHARDS": "false"})
     with Connection(_url(server)) as conn:
         hello = conn.call({"cmd": "Hello", "protocolVersion": 3})
         assert HELLO_DIRECT not in hello and HELLO_SHARDS not in hello
         assert conn.call({"cmd": "PUSH", "queue": "plain", "data": 1})["ok"]
         assert conn.direct is not None and conn.direct.used == 0
         assert "directRequests" not in conn.call({"cmd": "Stats"})["stats"]
+    assert _shard_listens(server) == {"shard-0": set(), "shard-1": set()}
 
 
 def test_not_opened_with_auth_tokens(shardq_server: Factory) -> None:
@@ -317,6 +340,60 @@ def test_not_opened_with_auth_tokens(shardq_server: Factory) -> None:
         assert HELLO_DIRECT not in hello
         assert conn.direct is None  # a client with a token never takes the direct path
     assert server.find_log("direct port not opened: auth_tokens or TLS are set") is not None
+    # No port a client without the token could push through.
+    assert _shard_listens(server) == {"shard-0": set()}
+
+
+def test_not_opened_with_a_rate_limit(shardq_server: Factory) -> None:
+    env = {**DIRECT_ENV, "SHARDQ_RATE_LIMIT_WINDOW_MS": "60000"}
+    server = shardq_server(shards=1, env=env)
+    with Connection(_url(server)) as conn:
+        assert HELLO_DIRECT not in conn.call({"cmd": "Hello", "protocolVersion": 3})
+        assert conn.call({"cmd": "PUSH", "queue": "limited", "data": 1})["ok"]
+        assert conn.direct is not None and conn.direct.used == 0
+    assert server.find_log("direct port not opened: a rate limit is set") is not None
+    assert _shard_listens(server) == {"shard-0": set()}
+
+
+def test_a_connection_closed_idle_is_opened_again_at_once(shardq_server: Factory) -> None:
+    server = shardq_server(shards=1, env={**DIRECT_ENV, "SHARDQ_TCP_IDLE_CLOSE_MS": "200"})
+    _hello(server)
+    with Connection(_url(server)) as conn:
+        assert conn.call({"cmd": "PUSH", "queue": "idle", "data": 1})["ok"]
+        assert conn.direct is not None and conn.direct.used == 1
+        server.wait_for_log("direct connection closed: idle", WAIT_S)
+        # Not a restart: the shard's port still serves, so the push goes direct again.
+        assert conn.call({"cmd": "PUSH", "queue": "idle", "data": 2})["ok"]
+        assert conn.direct.used == 2
+    assert _direct_requests(server) == 2
+
+
+def test_a_port_that_cannot_be_reached_is_not_tried_again(shardq_server: Factory) -> None:
+    server = shardq_server(shards=2, env=DIRECT_ENV)
+    ports = _hello(server)[HELLO_DIRECT]
+    dead = free_port()  # nothing listens there: a firewall or a proxy's view of the port
+    queues = [_queue_on(0, "unreached"), _queue_on(1, "unreached")]
+    with Connection(_url(server)) as conn:
+        direct = conn.direct
+        assert direct is not None
+        assert conn.call({"cmd": "Ping"})["ok"]  # connected: its own Hello is behind it
+        direct.learn({HELLO_SHARDS: 2, HELLO_DIRECT: [dead, ports[1]]})
+        assert conn.call({"cmd": "PUSH", "queue": queues[0], "data": 1})["ok"]
+        assert direct.used == 0  # through the front end, no error
+        # A Hello naming the same port again: its shard's pushes go to the front end without
+        # a new attempt (a failed one would make the whole path rest), the other shard's direct.
+        direct.learn({HELLO_SHARDS: 2, HELLO_DIRECT: [dead, ports[1]]})
+        for i in range(3):
+            assert conn.call({"cmd": "PUSH", "queue": queues[0], "data": i})["ok"]
+            assert conn.call({"cmd": "PUSH", "queue": queues[1], "data": i})["ok"]
+        assert direct.used == 3
+        # The port the server announces now is another: tried, and direct again.
+        direct.learn({HELLO_SHARDS: 2, HELLO_DIRECT: ports})
+        assert conn.call({"cmd": "PUSH", "queue": queues[0], "data": 9})["ok"]
+        assert direct.used == 4
+        counts = [conn.call({"cmd": "Count", "queue": q})["count"] for q in queues]
+        assert counts == [5, 3]
+    assert _direct_requests(server) == 4
 
 
 @pytest.mark.parametrize(
@@ -334,3 +411,26 @@ def test_which_commands_the_client_sends_direct(
     commands: list[dict[str, Any]], queue: str | None
 ) -> None:
     assert direct_queue(commands) == queue
+
+
+def test_metrics_and_stats_count_the_direct_pushes(shardq_server: Factory) -> None:
+    server = shardq_server(shards=2, env=DIRECT_ENV)
+    _hello(server)
+    queue = _queue_on(1, "counted")
+    with Connection(_url(server)) as conn:
+        for i in range(6):
+            assert conn.call({"cmd": "PUSH", "queue": queue, "data": i})["ok"]
+        pipelined = [{"cmd": "PUSH", "queue": queue, "data": i} for i in range(4)]
+        assert all(r["ok"] for r in conn.call_many(pipelined))  # through the front end
+        assert conn.direct is not None and conn.direct.used == 6
+        assert conn.call({"cmd": "Metrics"})["metrics"]["totalPushed"] == 10
+        stats = conn.call({"cmd": "Stats"})["stats"]
+        assert stats["directPushed"] == 6 and "directPushPerSec" not in stats
+        # 10 pushes over the default 5 s window, once their seconds have ended.
+        window = 5
+
+        def rate() -> float | None:
+            got = float(conn.call({"cmd": "Stats"})["stats"]["pushPerSec"])
+            return got if got == 10 / window else None
+
+        poll_until(rate, WAIT_S, "pushPerSec to count both paths")

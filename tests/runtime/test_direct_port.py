@@ -129,3 +129,81 @@ def test_a_silent_or_slow_connection_is_closed() -> None:
             sock.close()
     finally:
         direct.close()
+
+
+def _read_frames(sock: socket.socket, count: int) -> list[dict[str, Any]]:
+    unpacker = msgpack.Unpacker()
+    data, replies = b"", []
+    while len(replies) < count:
+        chunk = sock.recv(65536)
+        assert chunk, "closed"
+        data += chunk
+        while len(data) >= 4 and len(data) >= 4 + (size := struct.unpack(">I", data[:4])[0]):
+            unpacker.feed(data[4 : 4 + size])
+            replies.append(unpacker.unpack())
+            data = data[4 + size :]
+    return replies
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    finally:
+        sock.setblocking(True)
+
+
+def test_past_its_in_flight_cap_a_connection_is_read_no_further() -> None:
+    poller = zmq.Poller()
+    direct = DirectPort(
+        "127.0.0.1", 0, 1, poller, max_connections=4, max_frame_bytes=1 << 20,
+        max_write_bytes=0, max_in_flight=2,
+    )  # fmt: skip
+    try:
+        with socket.create_connection(("127.0.0.1", direct.port), timeout=5) as sock:
+            sock.sendall(_frame({"cmd": "PUSH", "queue": "q", "data": 0, "reqId": "0"}))
+            first = _serve_until(direct, poller, 1)
+            sock.sendall(_frame({"cmd": "PUSH", "queue": "q", "data": 1, "reqId": "1"}))
+            first += _serve_until(direct, poller, 1)
+            assert len(first) == 2  # the cap: the connection is not read now
+            sock.sendall(_frame({"cmd": "PUSH", "queue": "q", "data": 2, "reqId": "2"}))
+            assert _serve_until(direct, poller, 1) == []
+            # One reply leaves one in flight, half the cap: read again, the waiting push taken.
+            direct.take(msgs.rep([[first[0][0], first[0][1], {"ok": True, "id": "a"}]]))
+            assert _read(sock) == {"ok": True, "id": "a", "reqId": "0"}
+            (third,) = _serve_until(direct, poller, 1)
+            assert third[2]["data"] == 2
+            replies = [[item[0], item[1], {"ok": True}] for item in (first[1], third)]
+            assert direct.take(msgs.rep(replies)) is None
+            assert [r["reqId"] for r in _read_frames(sock, 2)] == ["1", "2"]
+    finally:
+        direct.close()
+
+
+def test_with_idle_close_a_connection_waiting_for_nothing_is_closed() -> None:
+    poller = zmq.Poller()
+    direct = DirectPort(
+        "127.0.0.1", 0, 1, poller, max_connections=4, max_frame_bytes=1 << 20,
+        max_write_bytes=0, handshake_s=30, idle_close_s=0.2,
+    )  # fmt: skip
+    try:
+        answered = socket.create_connection(("127.0.0.1", direct.port), timeout=5)
+        waiting = socket.create_connection(("127.0.0.1", direct.port), timeout=5)
+        answered.sendall(_frame({"cmd": "PUSH", "queue": "q", "data": 1}))
+        (item,) = _serve_until(direct, poller, 1)
+        waiting.sendall(_frame({"cmd": "PUSH", "queue": "q", "data": 2}))
+        assert len(_serve_until(direct, poller, 1)) == 1
+        direct.take(msgs.rep([[item[0], item[1], {"ok": True}]]))
+        assert _read(answered) == {"ok": True}
+        deadline = time.monotonic() + 10
+        while not _closed(answered) and time.monotonic() < deadline:
+            direct.serve(dict(poller.poll(direct.poll_timeout(500))))
+        assert _closed(answered)  # idle: nothing in flight, nothing sent
+        assert not _closed(waiting)  # its push waits for the engine's reply
+        assert len(direct._conns) == 1
+        for sock in (answered, waiting):
+            sock.close()
+    finally:
+        direct.close()

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compat"))
 
 from bun_scripts import run_script
-from shardq_harness import ShardqServer, free_port, poll_until
+from shardq_harness import ShardqServer, free_port, listening, poll_until
 
 from shardq.client import AsyncClusterConnection, ClusterConnection, Queue, TcpConnection
 from shardq.cluster import partition_of
@@ -164,6 +164,18 @@ def test_a_push_through_the_other_node_lands_on_the_owner(
     assert [str(r[0]) for r in rows] == [str(pushed["id"])]
     assert _forwards(a) == before + 2
     assert _forwards(b) == 0  # B answered both itself
+
+
+def test_no_shard_opens_a_direct_port_on_a_shared_database(nodes: Nodes) -> None:
+    """The partition guard lives in the front end: a shard's direct port would take a push
+    for a partition another node holds, so with PostgreSQL no shard opens one (the setting
+    is on by default)."""
+    for node in nodes[:2]:
+        assert node.find_log("direct port not opened: the store is PostgreSQL (a cluster)")
+        shards = [pid for name, pid in node.child_pids().items() if name.startswith("shard")]
+        assert shards and all(listening(pid) == set() for pid in shards)
+        with TcpConnection(*node.tcp_address, timeout=15) as conn:
+            assert "directPorts" not in conn.call({"cmd": "Hello", "protocolVersion": 3})
 
 
 def test_get_job_and_ack_by_id_through_the_node_that_does_not_hold_the_job(

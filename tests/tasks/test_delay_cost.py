@@ -44,21 +44,43 @@ def app(task_url: str) -> Iterator[App]:
 
 
 class _Recorder:
-    """Wraps a transport's `request`: records the commands it accepted to send (a command
-    that cannot be encoded raises there, before anything is written)."""
+    """Wraps the `request` of every transport a connection sends on: the front end's, and
+    each shard's direct one (docs/runtime.md, "The direct path") as the connection opens it.
+    Records the commands they accepted to send (a command that cannot be encoded raises
+    there, before anything is written). A direct connection's opening probe is sent before
+    the transport is handed out, so it is not recorded: it carries no job."""
 
     def __init__(self, connection: Connection) -> None:
         connection.connect()
         transport = connection._transport
         assert transport is not None
-        self._request = transport.request
-        transport.request = self  # type: ignore[method-assign]
         self.batches: list[list[Mapping[str, Any]]] = []
+        self._wrapped: set[int] = set()
+        self._wrap(transport)
+        direct = connection.direct
+        if direct is not None:
+            opened = direct._transport
 
-    def __call__(self, commands: Sequence[Mapping[str, Any]]) -> Any:
-        sent = self._request(commands)
-        self.batches.append(list(commands))
-        return sent
+            def transport_of(shard: int, address: Any) -> Any:
+                found = opened(shard, address)
+                if found is not None:
+                    self._wrap(found)
+                return found
+
+            direct._transport = transport_of  # type: ignore[method-assign]
+
+    def _wrap(self, transport: Any) -> None:
+        if id(transport) in self._wrapped:
+            return
+        self._wrapped.add(id(transport))
+        request = transport.request
+
+        def record(commands: Sequence[Mapping[str, Any]]) -> Any:
+            sent = request(commands)
+            self.batches.append(list(commands))
+            return sent
+
+        transport.request = record
 
 
 def _calls_per_call(fn: Any) -> tuple[float, dict[str, float]]:
@@ -85,6 +107,9 @@ def test_delay_writes_one_push_with_the_task_options(app: App) -> None:
     third = later.delay(4)  # the override did not leak into the task's cached options
 
     assert [[c["cmd"] for c in batch] for batch in recorder.batches] == [["PUSH"]] * 4
+    # Straight to the queue's shard (the direct path, on by default): still one PUSH each.
+    direct = app.queue("delay-cost").connection.direct
+    assert direct is not None and direct.used == 4
     pushes = [batch[0] for batch in recorder.batches]
     assert [p["data"] for p in pushes] == [{"args": [n], "kwargs": {}} for n in (1, 2, 3, 4)]
     expected = {"maxAttempts": 4, "backoff": 500, "timeout": 30_000, "delay": 60_000,

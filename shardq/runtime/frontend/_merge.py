@@ -169,8 +169,10 @@ def merge_stats(
     replies: Sequence[Reply], uptime_ms: int, rates: tuple[float, float] = (0.0, 0.0)
 ) -> Reply:
     """Stats over every shard: counts summed, plus the front end's uptime and its
-    (`pushPerSec`, `pullPerSec`) `rates`: every push and pull passes through the front end, so
-    it counts them (`_metrics.Counters`), not the shards."""
+    (`pushPerSec`, `pullPerSec`) `rates`: every push and pull but the single pushes on the
+    shards' direct ports passes through the front end, so it counts them
+    (`_metrics.Counters`); the shards add the rate of their direct ones
+    (`directPushPerSec`)."""
     error = first_error(replies)
     if error is not None:
         return error
@@ -179,7 +181,9 @@ def merge_stats(
         for key, value in (reply.get("stats") or {}).items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 stats[key] = stats.get(key, 0) + value
-    stats.update(uptime=uptime_ms, pushPerSec=rates[0], pullPerSec=rates[1])
+    direct = stats.pop("directPushPerSec", 0)
+    push = round(rates[0] + direct, 2) if direct else rates[0]
+    stats.update(uptime=uptime_ms, pushPerSec=push, pullPerSec=rates[1])
     return {"ok": True, "stats": stats}
 
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from shardq.protocol._prepacked import IDS_KEY
+from shardq.runtime._rates import RateWindow
 from shardq.runtime.frontend._replies import StandIn
 
 __all__ = ["COUNTED_COMMANDS", "Counters", "RateWindow", "memory_usage_mb", "metrics_reply"]
@@ -84,45 +85,6 @@ class _Average:
 
     def mean(self) -> float:
         return self.total / self.count if self.count else 0.0
-
-
-class RateWindow:
-    """Per-second rates of lifetime counters over the last `window_s` whole seconds.
-
-    It keeps the counters' values at the start of each of the last `window_s + 1` seconds; a
-    rate is the difference between the newest mark and the one `window_s` seconds older. So
-    the counters themselves stay plain integers, and the only work per counted reply is
-    checking whether a new second began. The second in progress is not counted: a rate read
-    early in a second would otherwise dip. bunqueue averages since the previous read instead,
-    which makes its rate depend on how often someone asks; this one does not.
-    """
-
-    __slots__ = ("_marks", "second", "window_s")
-
-    def __init__(self, window_s: int, width: int) -> None:
-        if window_s < 1:
-            raise ValueError(f"window_s must be at least 1, got {window_s}")
-        self.window_s = window_s
-        self._marks: list[tuple[int, ...]] = [(0,) * width] * (window_s + 1)
-        self.second = 0  # the newest second marked
-
-    def advance(self, second: int, counts: tuple[int, ...]) -> None:
-        """`second` began with the counters at `counts`, as did every second skipped since the
-        last mark (nothing was counted in them)."""
-        size = len(self._marks)
-        for past in range(max(self.second + 1, second - size + 1), second + 1):
-            self._marks[past % size] = counts
-        self.second = second
-
-    def per_second(self) -> tuple[float, ...]:
-        """Each counter's mean rate over the window before the newest second, to 0.01 (as
-        bunqueue rounds it)."""
-        size = len(self._marks)
-        newest, oldest = (
-            self._marks[self.second % size],
-            self._marks[(self.second - self.window_s) % size],
-        )
-        return tuple(round((a - b) / self.window_s, 2) for a, b in zip(newest, oldest, strict=True))
 
 
 class Counters:
@@ -203,6 +165,10 @@ def memory_usage_mb() -> float:
         return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def metrics_reply(
     counters: Counters,
     stats_replies: Sequence[Reply],
@@ -219,8 +185,11 @@ def metrics_reply(
         if isinstance(value, int) and not isinstance(value, bool):
             failed += value
     push, pull = counters.push_ms.mean(), counters.pull_ms.mean()
+    # Single pushes on the shards' direct ports (`shard._direct`) pass no front end: each
+    # shard counts those it answered ok.
+    direct = sum(_int((r.get("stats") or {}).get("directPushed")) for r in stats_replies)
     metrics = {
-        "totalPushed": counters.pushed,
+        "totalPushed": counters.pushed + direct,
         "totalPulled": counters.pulled,
         "totalCompleted": counters.completed,
         "totalFailed": failed,

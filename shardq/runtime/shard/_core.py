@@ -120,9 +120,9 @@ class ShardCore:
         engine.cron.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
         self.waits = JobWaits()
         self.event_tap = EventTap()  # job events, built only while the front end listens
-        # Requests taken on this shard's direct port (`shard._direct`), None while it has none:
-        # Stats reports them as `directRequests` then.
-        self.direct_requests: int | None = None
+        # This shard's direct port's counts for Stats (`DirectPort.stats`), None while it has
+        # none.
+        self.direct_stats: Callable[[], dict[str, int | float]] | None = None
         # The commands the shard answers itself rather than the engine: one lookup per request.
         self._own_commands: dict[object, OwnCommand] = {
             "PULL": self._pull,
@@ -409,7 +409,7 @@ class ShardCore:
         return outcome.reply
 
     def _stats(self, now: int) -> dict[str, Any]:
-        totals = dict.fromkeys(("waiting", *_COUNT_KEYS, "dlq"), 0)
+        totals: dict[str, int | float] = dict.fromkeys(("waiting", *_COUNT_KEYS, "dlq"), 0)
         for name in self.engine.apply({"cmd": "ListQueues"}, now).reply.get("queues", ()):
             counts = self.engine.apply({"cmd": "GetJobCounts", "queue": name}, now).reply["counts"]
             totals["waiting"] += counts["waiting"] + counts["prioritized"] + counts["paused"]
@@ -419,8 +419,8 @@ class ShardCore:
         # Summed by the front end: how many shards see their writer stalled (the HTTP port's
         # /health turns degraded on it; the writer cannot say so while it does not run).
         totals["storageStalled"] = int(self.storage_stalled or self.batches.resend_failing)
-        if self.direct_requests is not None:
-            totals["directRequests"] = self.direct_requests
+        if self.direct_stats is not None:
+            totals.update(self.direct_stats())
         # Jobs held in memory, and under a head budget the cold ones left in storage.
         totals["residentJobs"] = len(self.engine.jobs)
         head = self.engine.head

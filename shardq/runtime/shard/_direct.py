@@ -15,15 +15,21 @@ What the front end does for a PUSH, and what happens to it here:
 - `cmd` checked (`Invalid command`), `reqId` echoed verbatim;
 - the schema and the engine's checks: in the engine, on the shard already, so a bad PUSH gets
   the same error as through the front end;
-- auth tokens, TLS, the partition guard of a cluster: all front-end state. The port is not
-  opened with tokens or TLS set, and the front end announces no port in a cluster;
+- auth tokens, TLS, the rate limit, the partition guard of a cluster: all front-end state.
+  The port is not opened with any of them set (`why_not_open`), and the front end announces
+  no port in a cluster;
+- the in-flight cap (`max_in_flight_per_connection`): past it a connection is read no further
+  until its replies bring it back to half; the idle close (`tcp_idle_close_ms`): a connection
+  with no partial frame and nothing in flight that sends nothing that long is closed;
 - flows (`parentId`, `childrenIds`: the front end checks the parents on other shards) and
   every command but PUSH: refused with `direct_refused(...)`, applied nowhere: the client sends
   them through the front end;
 - a PUSH for a queue another shard owns: refused likewise (a client with a stale shard count);
 - the Metrics counters and the job cache (id -> shard) of the front end: not fed. Stats counts
-  the direct requests (`directRequests`); an id-only command for a job pushed here is found by
-  asking every shard, as for an id the cache forgot;
+  the direct requests (`directRequests`), the pushes answered ok (`directPushed`, which the
+  front end adds to Metrics' `totalPushed`) and their rate (`directPushPerSec`, added to
+  `pushPerSec`); an id-only command for a job pushed here is found by asking every shard, as
+  for an id the cache forgot;
 - job events: the shard's own event tap sees the push, as any other;
 - durable pushes: answered after the writer's commit, through the same held replies.
 
@@ -48,8 +54,10 @@ from shardq.errors import ProtocolError
 from shardq.protocol import FrameDecoder, check_command, encode_js, error_reply
 from shardq.protocol._direct import direct_refused, shard_of
 from shardq.runtime import _messages as msgs
+from shardq.runtime._rates import RateWindow
+from shardq.runtime._sections import TcpSettings
 
-__all__ = ["DIRECT_CONN_PREFIX", "DirectPort"]
+__all__ = ["DIRECT_CONN_PREFIX", "DirectPort", "why_not_open"]
 
 DIRECT_CONN_PREFIX: Final = "direct:"
 _READ_BYTES: Final = 256 * 1024
@@ -63,8 +71,22 @@ _FLOW_FIELDS: Final = ("parentId", "childrenIds")
 _log = structlog.get_logger()
 
 
+def why_not_open(tcp: TcpSettings, *, external_store: bool) -> str:
+    """Why a shard must not open its direct port ("" if it may): a check of the front end's
+    that the port would get around."""
+    if tcp.auth_tokens or tcp.tls_cert_file:
+        return "auth_tokens or TLS are set"
+    if tcp.rate_limit_window_ms:
+        return "a rate limit is set"
+    if external_store:  # several nodes may share it: the front end's partition guard
+        return "the store is PostgreSQL (a cluster)"
+    return ""
+
+
 class _Conn:
-    __slots__ = ("closing", "deadline", "decoder", "name", "out", "sock")
+    __slots__ = (
+        "closing", "deadline", "decoder", "idle", "inflight", "name", "out", "paused", "sock"
+    )  # fmt: skip
 
     def __init__(self, sock: socket.socket, name: str, max_frame: int) -> None:
         self.sock = sock
@@ -73,6 +95,9 @@ class _Conn:
         self.out = bytearray()  # replies the socket did not take yet
         self.closing = False  # close once `out` is written (a fatal frame error)
         self.deadline: float | None = None  # monotonic s: closed unless a frame ends by then
+        self.idle = False  # the deadline is the idle close's (any byte lifts it)
+        self.inflight = 0  # requests taken to the engine, not answered yet
+        self.paused = False  # not read while `inflight` is past the cap
 
 
 class DirectPort:
@@ -90,11 +115,17 @@ class DirectPort:
         max_write_bytes: int,
         handshake_s: float = 0.0,
         frame_s: float = 0.0,
+        idle_close_s: float = 0.0,
+        max_in_flight: int = 1 << 62,
+        rate_window_s: int = 5,
     ) -> None:
         """Listen on an ephemeral port of `host`. Raises `OSError` if it cannot be bound.
 
         As on the TCP port, a connection must send a whole first frame within `handshake_s`
-        and finish each later frame within `frame_s` of reading its first bytes (0: no bound).
+        and finish each later frame within `frame_s` of reading its first bytes, and is closed
+        when it has nothing in flight and sent nothing for `idle_close_s` (0: no bound); it is
+        read no further while `max_in_flight` of its requests wait for their replies.
+        `rate_window_s`: the window of the push rate `stats` gives (`stats_rate_window_s`).
         """
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, 0), family=family, backlog=128)
@@ -108,6 +139,8 @@ class DirectPort:
         self._max_write = max_write_bytes or (1 << 62)  # 0: unbounded, as on the TCP port
         self._handshake_s = handshake_s
         self._frame_s = frame_s
+        self._idle_s = idle_close_s
+        self._max_in_flight = max_in_flight
         self._timed: set[_Conn] = set()  # connections with a deadline
         self._next_sweep = 0.0
         self._warned_at = 0.0
@@ -118,7 +151,23 @@ class DirectPort:
         self.inflight: dict[int, str] = {}  # rid -> conn name, until the reply is taken
         self._req_ids: dict[int, object] = {}  # rid -> the client's reqId
         self.served = 0  # requests taken to the engine (Stats' directRequests)
+        self.pushed = 0  # pushes answered ok (directPushed)
+        self._rates = RateWindow(rate_window_s, width=1)
         poller.register(self._listener.fileno(), zmq.POLLIN)
+
+    def stats(self) -> dict[str, int | float]:
+        """This port's counts for the shard's Stats (summed over shards by the front end)."""
+        self._mark()
+        return {
+            "directRequests": self.served,
+            "directPushed": self.pushed,
+            "directPushPerSec": self._rates.per_second()[0],
+        }
+
+    def _mark(self) -> None:
+        second = int(time.monotonic())
+        if second != self._rates.second:
+            self._rates.advance(second, (self.pushed,))
 
     def announcement(self) -> msgs.DirectMsg:
         """The message telling the front end this port."""
@@ -156,11 +205,15 @@ class DirectPort:
             return
         self._next_sweep = now + SWEEP_EVERY_S
         for conn in [c for c in self._timed if c.deadline is not None and c.deadline <= now]:
-            _log.info("direct connection closed: no whole frame in time", conn=conn.name)
+            if conn.idle:
+                _log.info("direct connection closed: idle", conn=conn.name)
+            else:
+                _log.info("direct connection closed: no whole frame in time", conn=conn.name)
             self._drop(conn)
 
-    def _deadline(self, conn: _Conn, seconds: float) -> None:
+    def _deadline(self, conn: _Conn, seconds: float, *, idle: bool = False) -> None:
         if seconds > 0:
+            conn.idle = idle
             conn.deadline = time.monotonic() + seconds
             if not self._timed:
                 self._next_sweep = time.monotonic() + SWEEP_EVERY_S
@@ -207,14 +260,34 @@ class DirectPort:
         frames = conn.decoder.feed(data)
         for frame in frames:
             self._take(conn, frame, items, replies)
-        if frames or conn.deadline is None:
+        if frames or conn.deadline is None or conn.idle:
             # A frame ended (or one began): what is left of the next one has `frame_s`.
             conn.deadline = None
             self._timed.discard(conn)
             if conn.decoder.buffered:
                 self._deadline(conn, self._frame_s)
+            else:
+                self._idle(conn)
         if replies:
             self._write(conn, b"".join(encode_js(r) for r in replies))
+        if conn.inflight >= self._max_in_flight and not conn.paused and not conn.closing:
+            conn.paused = True  # back-pressure, as on the TCP port: never an error
+            self._watch(conn)
+
+    def _idle(self, conn: _Conn) -> None:
+        """Start the idle close's clock if `conn` waits for nothing either way."""
+        if conn.inflight == 0 and conn.deadline is None and not conn.decoder.buffered:
+            self._deadline(conn, self._idle_s, idle=True)
+
+    def _watch(self, conn: _Conn) -> None:
+        """Poll `conn` for what it needs now: input unless paused, output while `out` waits."""
+        events = (0 if conn.paused else zmq.POLLIN) | (zmq.POLLOUT if conn.out else 0)
+        fd = conn.sock.fileno()
+        if events:
+            self._poller.register(fd, events)  # registering again modifies
+        else:
+            with contextlib.suppress(KeyError):
+                self._poller.unregister(fd)
 
     def _take(
         self,
@@ -246,6 +319,7 @@ class DirectPort:
         if "reqId" in frame:
             self._req_ids[rid] = frame.pop("reqId")
         self.inflight[rid] = conn.name
+        conn.inflight += 1
         self.served += 1
         items.append([conn.name, rid, frame])
 
@@ -268,6 +342,7 @@ class DirectPort:
         inflight = self.inflight
         rest: list[Any] = []
         out: dict[str, list[dict[str, Any]]] = {}
+        pushed = 0
         for item in msg["items"]:
             rid = item[1]
             name = inflight.pop(rid, None) if type(rid) is int and rid < 0 else None
@@ -275,13 +350,23 @@ class DirectPort:
                 rest.append(item)
                 continue
             reply = item[2]
+            if reply.get("ok") is True:
+                pushed += 1
             req = self._req_ids.pop(rid, None)
             if req is not None:
                 reply["reqId"] = req
             out.setdefault(name, []).append(reply)
+        if pushed:
+            self._mark()  # before counting: these replies belong to this second
+            self.pushed += pushed
         for name, replies in out.items():
             conn = self._by_name.get(name)
             if conn is not None:  # else gone: the reply goes nowhere, as for a closed TCP peer
+                conn.inflight -= len(replies)
+                if conn.paused and conn.inflight <= self._max_in_flight // 2:
+                    conn.paused = False
+                    self._watch(conn)
+                self._idle(conn)
                 self._write(conn, b"".join(encode_js(r) for r in replies))
         if not rest:
             return None
@@ -300,7 +385,7 @@ class DirectPort:
                 return
             if sent < len(data):
                 conn.out += memoryview(data)[sent:]
-                self._poller.modify(conn.sock.fileno(), zmq.POLLIN | zmq.POLLOUT)
+                self._watch(conn)
         if len(conn.out) > self._max_write:
             _log.warning("direct connection dropped: it does not read its replies",
                          conn=conn.name, unread=len(conn.out))  # fmt: skip
@@ -321,7 +406,7 @@ class DirectPort:
             if conn.closing:
                 self._drop(conn)
             else:
-                self._poller.modify(conn.sock.fileno(), zmq.POLLIN)
+                self._watch(conn)
 
     def _drop(self, conn: _Conn) -> None:
         fd = conn.sock.fileno()

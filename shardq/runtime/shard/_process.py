@@ -46,7 +46,7 @@ from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._backlog import StoreBacklog
 from shardq.runtime.shard._core import Outgoing, ShardCore
-from shardq.runtime.shard._direct import DirectPort
+from shardq.runtime.shard._direct import DirectPort, why_not_open
 from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
 from shardq.runtime.shard._progress import Progress
@@ -145,12 +145,14 @@ class ShardProcess:
 
     def _open_direct(self, spec: ChildSpec) -> DirectPort | None:
         """This shard's direct port (`shard._direct`), if `direct_shards` is on and no client
-        check lives in the front end alone (tokens, TLS). Raises `OSError` if it cannot bind."""
+        check lives in the front end alone (`why_not_open`). Raises `OSError` if it
+        cannot bind."""
         tcp = spec.tcp
         if not tcp.direct_shards:
             return None
-        if tcp.auth_tokens or tcp.tls_cert_file:
-            _log.info("direct port not opened: auth_tokens or TLS are set")
+        why = why_not_open(tcp, external_store=spec.external_store)
+        if why:
+            _log.info(f"direct port not opened: {why}")
             return None
         direct = DirectPort(
             tcp.host,
@@ -163,8 +165,11 @@ class ShardProcess:
             max_write_bytes=tcp.tcp_max_write_backlog_bytes,
             handshake_s=tcp.tcp_handshake_timeout_ms / 1000,
             frame_s=max(tcp.tcp_idle_timeout_ms, 0) / 1000,
+            idle_close_s=tcp.tcp_idle_close_ms / 1000,
+            max_in_flight=tcp.max_in_flight_per_connection,
+            rate_window_s=spec.frontend.stats_rate_window_s,
         )
-        self.core.direct_requests = 0
+        self.core.direct_stats = direct.stats
         _log.info("direct port open", host=tcp.host, port=direct.port)
         return direct
 
@@ -515,7 +520,6 @@ class ShardProcess:
             items = direct.serve(ready)
             if items:
                 messages.append(dict(msgs.req(items)))
-                self.core.direct_requests = direct.served
         return messages
 
     def _arm_writer(self, writer_fd: int) -> bool:
