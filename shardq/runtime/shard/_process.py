@@ -490,7 +490,9 @@ class ShardProcess:
             out = zmq.POLLOUT if self._writer.pending else 0
             self._poller.modify(writer_fd, zmq.POLLIN | out)
         ready = dict(self._poll(timeout_ms))
-        if self._signals.fileno() in ready and self._signals.drain():
+        if self._signals.fileno() in ready and signal.SIGTERM in self._signals.drain():
+            # Only SIGTERM stops: the wakeup descriptor reports any signal with a Python
+            # handler (a profiler's SIGUSR1, `bench/_prof`).
             self._stop = True
         messages: list[dict[str, Any]] = []
         if writer_fd is not None and writer_fd in ready:
