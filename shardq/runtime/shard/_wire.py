@@ -12,6 +12,13 @@ A PULLB from a TCP or ZeroMQ client carries a wire mode in its request's envelop
 front end), which the shard marks its reply with (`WIRE_MODE_KEY`, the shard's own key, never
 sent on): the reply is then packed here in its final form, numbers as that client's transport
 wants them, and passed through the front end as bytes (`shardq.protocol._prepacked`).
+
+For a TCP client every integer beyond 32 bits goes as a float (`shardq.protocol._jsnum`).
+The snapshots are fresh lists and maps, floated in place, but the containers they hold (a
+job's data, its stack trace) are the engine's own: they are read, and only one that holds
+such an integer is copied to be floated. (Checking the packed bytes for a 64-bit marker instead
+found one in nearly every PULLB of 100, inside some float's bytes, and decoded, walked and
+packed the whole reply again: a third of a pulled job's cost in the shard.)
 """
 
 from __future__ import annotations
@@ -24,8 +31,8 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from shardq.core import CompactJobs
 from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE
 from shardq.protocol import js_numbers
-from shardq.protocol._jsnum import JOB_TIME_KEYS, UINT32_MAX, js_job, js_timeline
-from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY, js_safe
+from shardq.protocol._jsnum import JOB_TIME_KEYS, UINT32_MAX
+from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY
 from shardq.runtime import _messages as msgs
 from shardq.runtime.links._control import exact_packer
 from shardq.runtime.links._stream import batch_overhead, split_batch
@@ -35,8 +42,16 @@ __all__ = ["FrontPacker", "pulled_ids", "reply_too_large"]
 _HOT_PAIRS: Final = 2 * len(WIRE_HOT_KEYS)
 _ID_AT: Final = 2 * WIRE_HOT_KEYS.index("id") + 1  # the id's place in a `wire_hot` list
 _TIMELINE_AT: Final = 2 * WIRE_HOT_KEYS.index("timeline") + 1
-# Where a `wire_hot` list holds the epoch-ms fields (`_jsnum.JOB_TIME_KEYS`).
+# Where a `wire_hot` list holds the epoch-ms fields (`_jsnum.JOB_TIME_KEYS`), and its other
+# values but the timeline.
 _TIMES_AT: Final = tuple(2 * WIRE_HOT_KEYS.index(k) + 1 for k in JOB_TIME_KEYS)
+_OTHERS_AT: Final = tuple(
+    i for i in range(1, _HOT_PAIRS, 2) if i not in _TIMES_AT and i != _TIMELINE_AT
+)
+_INT32_MIN: Final = -(2**31)
+# Integers msgpack can pack (64 bits): one past them stays an int, and fails to pack as before.
+_INT64_MIN: Final = -(2**63)
+_UINT64_END: Final = 2**64
 
 
 class FrontPacker:
@@ -51,9 +66,8 @@ class FrontPacker:
         self._wire_js = self._wire_maker(js=True)
 
     def _wire_maker(self, *, js: bool) -> Callable[[list[Any] | dict[str, Any]], bytes]:
-        """Packs one `CompactJobs` entry; with `js`, its timestamps become floats as `encode_js`
-        makes them (the entries are fresh snapshots, changed in place; any other large number
-        is left to `js_safe`)."""
+        """Packs one `CompactJobs` entry; with `js`, its integers beyond 32 bits become floats
+        as `encode_js` makes them (`_js_hot`, `_js_map`)."""
         pack = self._pack
         keys = list(WIRE_TEMPLATE)
         if tuple(keys[-len(WIRE_HOT_KEYS) :]) != WIRE_HOT_KEYS:
@@ -68,10 +82,10 @@ class FrontPacker:
         def wire(entry: list[Any] | dict[str, Any]) -> bytes:
             if isinstance(entry, dict):
                 if js:
-                    js_job(entry)
+                    _js_map(entry)
                 return pack(entry)
             if js:
-                _float_hot(entry)
+                _js_hot(entry)
             return head + pack(entry)[skip:]
 
         return wire
@@ -184,21 +198,93 @@ class FrontPacker:
                     ids.append(entry["id"] if isinstance(entry, dict) else entry[_ID_AT])
                     body.append(wire(entry))
             else:
-                body.append(pack(value))  # ok, tokens: no large numbers
+                body.append(pack(_js_value(value) if js else value))  # ok, tokens
         packed = b"".join(body)
-        if js:
-            packed = js_safe(packed)  # a large number in some job's data
         outer = {"ok": reply.get("ok", True), IDS_KEY: ids, WIRE_KEY: packed}
         return b"".join((self._array_header(3), pack(conn), pack(rid), pack(outer)))
 
 
-def _float_hot(entry: list[Any]) -> None:
-    """`js_job` for a `wire_hot` list: its epoch-ms values and its timeline's as floats."""
+def _js_hot(entry: list[Any]) -> None:
+    """`js_numbers` for a `wire_hot` list (fresh, changed in place): its epoch-ms values, then
+    the others, whose containers are the engine's (`_js_value`), then its fresh timeline."""
     for i in _TIMES_AT:
         value = entry[i]
         if type(value) is int and value > UINT32_MAX:
-            entry[i] = float(value)
-    js_timeline(entry[_TIMELINE_AT])
+            entry[i] = _js_int(value)
+    for i in _OTHERS_AT:
+        value = entry[i]
+        kind = type(value)
+        if kind is int:
+            if value > UINT32_MAX or value < _INT32_MIN:
+                entry[i] = _js_int(value)
+        elif (kind is dict or kind is list) and _has_large(value):
+            entry[i] = _js_copy(value)
+    _js_timeline(entry[_TIMELINE_AT])
+
+
+def _js_timeline(timeline: object) -> None:
+    """Float the large integers of a wire timeline made for this snapshot, in place."""
+    if type(timeline) is not list:
+        return
+    for step in timeline:  # [{state, timestamp, attempt?}]
+        if type(step) is not dict:
+            continue
+        for key, value in step.items():
+            if type(value) is int and (value > UINT32_MAX or value < _INT32_MIN):
+                step[key] = _js_int(value)
+
+
+def _js_map(entry: dict[str, Any]) -> None:
+    """`js_numbers` for a job's full wire map (fresh, changed in place, its timeline too; the
+    other containers it holds may be the engine's: `_js_value`)."""
+    for key, value in entry.items():
+        if key == "timeline":
+            _js_timeline(value)
+            continue
+        floated = _js_value(value)
+        if floated is not value:
+            entry[key] = floated
+
+
+def _js_value(value: Any) -> Any:
+    """`value` with its integers beyond 32 bits as floats: itself if it holds none (nothing
+    is changed in place), else a copy."""
+    kind = type(value)
+    if kind is int:
+        return _js_int(value) if value > UINT32_MAX or value < _INT32_MIN else value
+    if (kind is dict or kind is list or kind is tuple) and _has_large(value):
+        return _js_copy(value)
+    return value
+
+
+def _js_int(value: int) -> int | float:
+    return float(value) if _INT64_MIN <= value < _UINT64_END else value
+
+
+def _has_large(value: Any) -> bool:
+    """Whether `value` holds an integer beyond 32 bits, at any depth."""
+    kind = type(value)
+    if kind is int:
+        return bool(value > UINT32_MAX or value < _INT32_MIN)
+    if kind is dict:
+        value = value.values()
+    elif kind is not list and kind is not tuple:
+        return False
+    for item in value:
+        kind = type(item)
+        if kind is int:
+            if item > UINT32_MAX or item < _INT32_MIN:
+                return True
+        elif (kind is dict or kind is list or kind is tuple) and _has_large(item):
+            return True
+    return False
+
+
+def _js_copy(value: Any) -> Any:
+    """A copy of `value` as msgpack decodes it, its large integers floated: what packing it,
+    decoding that and `js_numbers` gave (raises as packing it does)."""
+    return js_numbers(msgpack.unpackb(msgpack.packb(value, use_bin_type=True), raw=False,
+                                      strict_map_key=False))  # fmt: skip
 
 
 def _entry_id(entry: list[Any] | dict[str, Any]) -> str:
