@@ -4,9 +4,11 @@ A PULLB of 100 answers 100 wire maps of 44 keys each, and building them (`Job.to
 packing them cost more than the rest of the pull. Most of each map is the same for every job
 without options (`WIRE_TEMPLATE`), so the shard's engine answers PULLB with `CompactJobs`
 (`Engine(compact_pulls=True)`): a job without options is its `Job.wire_hot` pairs, which
-`FrontPacker.pack` writes after the template's bytes, packed once. The bytes are exactly those
-of packing the wire maps (tested), so the front end and the clients see no difference; a job
-with options is in the snapshot as its full wire map.
+`FrontPacker.pack` writes after the template's bytes, packed once. Its timeline is the job's
+own tuple, which jobs pulled together share: packed once per reply, not once per job
+(`_Timelines`). The bytes are exactly those of packing the wire maps (tested), so the front
+end and the clients see no difference; a job with options is in the snapshot as its full
+wire map.
 
 A PULLB from a TCP or ZeroMQ client carries a wire mode in its request's envelope (set by the
 front end), which the shard marks its reply with (`WIRE_MODE_KEY`, the shard's own key, never
@@ -29,7 +31,7 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core import CompactJobs
-from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE
+from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE, timeline_view
 from shardq.protocol import js_numbers
 from shardq.protocol._jsnum import JOB_TIME_KEYS, UINT32_MAX
 from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY
@@ -42,12 +44,16 @@ __all__ = ["FrontPacker", "pulled_ids", "reply_too_large"]
 _HOT_PAIRS: Final = 2 * len(WIRE_HOT_KEYS)
 _ID_AT: Final = 2 * WIRE_HOT_KEYS.index("id") + 1  # the id's place in a `wire_hot` list
 _TIMELINE_AT: Final = 2 * WIRE_HOT_KEYS.index("timeline") + 1
-# Where a `wire_hot` list holds the epoch-ms fields (`_jsnum.JOB_TIME_KEYS`), and its other
-# values but the timeline.
+# Where a `wire_hot` list holds the epoch-ms fields (`_jsnum.JOB_TIME_KEYS`), and the values
+# that may hold other large integers: numbers, and the engine's containers of a client's
+# values. The rest are the engine's strings and flags (`Job`): they hold no integer.
 _TIMES_AT: Final = tuple(2 * WIRE_HOT_KEYS.index(k) + 1 for k in JOB_TIME_KEYS)
-_OTHERS_AT: Final = tuple(
-    i for i in range(1, _HOT_PAIRS, 2) if i not in _TIMES_AT and i != _TIMELINE_AT
+_TEXT_KEYS: Final = ("id", "queue", "name", "progressMessage", "lifo", "timeline")
+_VALUES_AT: Final = tuple(
+    2 * i + 1 for i, k in enumerate(WIRE_HOT_KEYS) if k not in JOB_TIME_KEYS + _TEXT_KEYS
 )
+# Timelines packed at most, kept for the jobs of the next entries that share them.
+_TIMELINES_KEPT: Final = 256
 _INT32_MIN: Final = -(2**31)
 # Integers msgpack can pack (64 bits): one past them stays an int, and fails to pack as before.
 _INT64_MIN: Final = -(2**63)
@@ -70,14 +76,16 @@ class FrontPacker:
         as `encode_js` makes them (`_js_hot`, `_js_map`)."""
         pack = self._pack
         keys = list(WIRE_TEMPLATE)
-        if tuple(keys[-len(WIRE_HOT_KEYS) :]) != WIRE_HOT_KEYS:
-            raise RuntimeError("WIRE_TEMPLATE must end with WIRE_HOT_KEYS")  # a code change
+        if tuple(keys[-len(WIRE_HOT_KEYS) :]) != WIRE_HOT_KEYS or keys[-1] != "timeline":
+            # A code change: the timeline is spliced in last (`wire`).
+            raise RuntimeError("WIRE_TEMPLATE must end with WIRE_HOT_KEYS, the timeline last")
         constant = keys[: -len(WIRE_HOT_KEYS)]
         head = self._map_header(len(keys)) + b"".join(
             pack(key) + pack(js_numbers(WIRE_TEMPLATE[key]) if js else WIRE_TEMPLATE[key])
             for key in constant
         )
         skip = len(self._array_header(_HOT_PAIRS))  # the pairs go in as a list: drop its header
+        timelines = _Timelines(pack, js=js)
 
         def wire(entry: list[Any] | dict[str, Any]) -> bytes:
             if isinstance(entry, dict):
@@ -86,7 +94,14 @@ class FrontPacker:
                 return pack(entry)
             if js:
                 _js_hot(entry)
-            return head + pack(entry)[skip:]
+            # The timeline is last: packed as nil (one byte, dropped), its bytes put instead.
+            timeline = entry[_TIMELINE_AT]
+            entry[_TIMELINE_AT] = None
+            try:
+                packed = pack(entry)
+            finally:
+                entry[_TIMELINE_AT] = timeline  # an entry may be packed twice (`_cut`)
+            return b"".join((head, packed[skip:-1], timelines.packed(timeline)))
 
         return wire
 
@@ -204,14 +219,40 @@ class FrontPacker:
         return b"".join((self._array_header(3), pack(conn), pack(rid), pack(outer)))
 
 
+class _Timelines:
+    """The packed wire form of job timelines (`timeline_view`, floated for a TCP client with
+    `js`), by the identity of the job's tuple: jobs pushed or moved together share one. Keeps
+    at most `_TIMELINES_KEPT` (each at most `TIMELINE_MAX` entries), and the tuples with them,
+    so an identity is never reused while kept."""
+
+    def __init__(self, pack: Callable[[Any], bytes], *, js: bool) -> None:
+        self._pack = pack
+        self._js = js
+        self._kept: dict[int, tuple[object, bytes]] = {}
+
+    def packed(self, timeline: Any) -> bytes:
+        kept = self._kept.get(id(timeline))
+        if kept is not None and kept[0] is timeline:
+            return kept[1]
+        view = timeline_view(timeline)
+        if self._js:
+            _js_timeline(view)
+        data = self._pack(view)
+        if len(self._kept) >= _TIMELINES_KEPT:
+            self._kept.clear()
+        self._kept[id(timeline)] = (timeline, data)
+        return data
+
+
 def _js_hot(entry: list[Any]) -> None:
-    """`js_numbers` for a `wire_hot` list (fresh, changed in place): its epoch-ms values, then
-    the others, whose containers are the engine's (`_js_value`), then its fresh timeline."""
+    """`js_numbers` for a `wire_hot` list (fresh, changed in place) but its timeline: its
+    epoch-ms values, then the others that may hold an integer, whose containers are the
+    engine's (`_js_value`)."""
     for i in _TIMES_AT:
         value = entry[i]
         if type(value) is int and value > UINT32_MAX:
-            entry[i] = _js_int(value)
-    for i in _OTHERS_AT:
+            entry[i] = float(value) if value < _UINT64_END else value
+    for i in _VALUES_AT:
         value = entry[i]
         kind = type(value)
         if kind is int:
@@ -219,11 +260,10 @@ def _js_hot(entry: list[Any]) -> None:
                 entry[i] = _js_int(value)
         elif (kind is dict or kind is list) and _has_large(value):
             entry[i] = _js_copy(value)
-    _js_timeline(entry[_TIMELINE_AT])
 
 
 def _js_timeline(timeline: object) -> None:
-    """Float the large integers of a wire timeline made for this snapshot, in place."""
+    """Float the large integers of a wire timeline made for this packing, in place."""
     if type(timeline) is not list:
         return
     for step in timeline:  # [{state, timestamp, attempt?}]
