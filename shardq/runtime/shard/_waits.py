@@ -9,10 +9,12 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-__all__ = ["JobWaits", "LongPolls", "Parked"]
+from shardq.core import Job, Mutation, job_id_of
+
+__all__ = ["JobWaits", "LongPolls", "Parked", "note_wakeups"]
 
 
 class Parked:
@@ -206,3 +208,26 @@ class JobWaits:
             else:
                 del self._by_job[job_id]
         return dropped
+
+
+def note_wakeups(
+    woken: set[str],
+    muts: list[Mutation],
+    events: Iterable[tuple[str, str, str]],
+    find: Callable[[str], Job | None],
+) -> None:
+    """Add to `woken` the queues that may have deliverable work now, for their parked
+    long-polls: "ready" events and jobs made waiting (`find` looks a job up by id)."""
+    for kind, queue, _job_id in events:
+        if kind == "ready":
+            woken.add(queue)
+    for m in muts:
+        kind = m[0]
+        if kind == "put" and m[1].get("state") == "waiting":
+            woken.add(m[1]["queue"])
+        elif kind == "upd" and m[2].get("state") == "waiting":
+            job = find(job_id_of(m[1]))
+            if job is not None:
+                woken.add(job.queue)
+        elif kind == "queue":
+            woken.add(m[1])
