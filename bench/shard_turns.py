@@ -19,15 +19,26 @@ replies back for the next request are not. The best and the median of `--repeats
 printed, in µs per job. `--profile` runs once with cProfile on over the same turns and prints
 the calls per job and the functions that take the most time (cProfile's own cost inflates
 every call, and more so for Python calls than for C work such as packing).
+
+`--instructions` counts instead the instructions per job under valgrind (cachegrind, no cache
+simulation), which do not depend on other load: each scenario runs in a child process with N
+and with 2N jobs, and the difference is divided by N. That count includes the harness's own
+work (making the requests, decoding the replies, about the same for every build), so compare
+two builds' counts with each other, not with the CPU times. To measure another build, run
+this file with that build's interpreter from its checkout:
+`cd <checkout> && PYTHONPATH=. .venv/bin/python <this file> --instructions`.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +46,8 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
+import bench
+from bench._instructions import read_totals, valgrind_wrapper
 from shardq.core import Engine
 from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY
 from shardq.runtime import _messages as msgs
@@ -204,6 +217,31 @@ def _profile(scenario: str, jobs: int, top: int) -> None:
                   f"| {name} ({where}) |")  # fmt: skip
 
 
+def _instructions(scenario: str, jobs: int) -> float:
+    """Instructions per job of `scenario`: runs of N and 2N jobs under valgrind, differenced."""
+    counts: list[int] = []
+    # The checkout whose `bench` this process runs, for the child's imports.
+    root = str(Path(bench.__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
+    }
+    with tempfile.TemporaryDirectory(prefix="shard-turns-vg-") as out:
+        for n in (jobs, 2 * jobs):
+            # This file, not `-m`: run with another build's `shardq` on the path (the
+            # harness's file alone can measure a build that does not have it).
+            args = [*valgrind_wrapper(Path(out)), sys.executable, str(Path(__file__).resolve()),
+                    "--scenario", scenario, "--jobs", str(n), "--repeats", "1"]  # fmt: skip
+            child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            _out, err = child.communicate()
+            if child.returncode != 0:
+                raise RuntimeError(f"valgrind run failed: {err[-2000:].decode(errors='replace')}")
+            # Valgrind runs the program in the process it starts as (a process the program
+            # starts, if any, writes a file of its own).
+            counts.append(read_totals(Path(out) / f"ir.{child.pid}"))
+    return (counts[1] - counts[0]) / jobs
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.shard_turns", description=__doc__)
     parser.add_argument("--scenario", default=",".join(SCENARIOS))
@@ -211,6 +249,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--instructions", action="store_true")
     args = parser.parse_args(argv)
     scenarios = args.scenario.split(",")
     for scenario in scenarios:
@@ -219,6 +258,10 @@ def main(argv: list[str]) -> int:
     for scenario in scenarios:
         if args.profile:
             _profile(scenario, args.jobs, args.top)
+            continue
+        if args.instructions:
+            print(f"{scenario}: {_instructions(scenario, args.jobs):,.0f} instructions/job",
+                  flush=True)  # fmt: skip
             continue
         runs = [run(scenario, args.jobs) for _ in range(args.repeats)]
         print(f"{scenario}: best {min(runs):.2f} median {statistics.median(runs):.2f} µs/job "
