@@ -11,8 +11,9 @@ sends it), hands it to `ShardCore.handle`, runs `finish_turn` and packs what it 
 then takes the writer's `done` for the turn's batch. The turns are those of `bench.cpu_ab`'s
 scenarios (`bench._scenarios`): `push1q` 100 PUSH per turn; `drain1q` (the fill by PUSHB not
 counted) one PULLB of 100 then its ACKB, each a turn; `ppa1q` rounds of 20 PUSHB of 100 in
-turns of 8, each round drained like `drain1q`. PULLB goes with the envelope of a TCP client
-(its reply packed in its final form, `shard._wire`).
+turns of 8, each round drained like `drain1q`. The payloads are `{"i": n}`, with n from 0 to
+99 in each PUSHB of `drain1q` and counting up in the others, as there. PULLB goes with the
+envelope of a TCP client (its reply packed in its final form, `shard._wire`).
 
 Only the shard's work is timed (`time.process_time`): making the requests and reading the
 replies back for the next request are not. The best and the median of `--repeats` runs are
@@ -190,8 +191,8 @@ def run(scenario: str, jobs: int, profiler: cProfile.Profile | None = None) -> f
     shard.profiler = profiler
     if scenario == "drain1q":
         shard.measuring = False
-        for first in range(0, jobs, 8 * BATCH):
-            shard.turn(_req([_pushb(first + r * BATCH) for r in range(8)]))
+        for _first in range(0, jobs, 8 * BATCH):  # every PUSHB the same, as `bench.cpu_ab`'s
+            shard.turn(_req([_pushb(0) for _ in range(8)]))
         shard.measuring = True
         done = _drain(shard)
     elif scenario == "ppa1q":

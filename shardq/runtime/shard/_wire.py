@@ -16,11 +16,14 @@ sent on): the reply is then packed here in its final form, numbers as that clien
 wants them, and passed through the front end as bytes (`shardq.protocol._prepacked`).
 
 For a TCP client every integer beyond 32 bits goes as a float (`shardq.protocol._jsnum`).
-The snapshots are fresh lists and maps, floated in place, but the containers they hold (a
-job's data, its stack trace) are the engine's own: they are read, and only one that holds
-such an integer is copied to be floated. (Checking the packed bytes for a 64-bit marker instead
-found one in nearly every PULLB of 100, inside some float's bytes, and decoded, walked and
-packed the whole reply again: a third of a pulled job's cost in the shard.)
+The epoch-ms fields of a job always are such integers: they are floated first. Then each job
+is packed and its bytes checked for a 64-bit marker (0xcf, 0xd3): without one, it holds no
+other large integer. With one (a large integer, or only a marker byte inside another value:
+`{"i": 207}` packs as 0xcc 0xcf), that job's values are walked and it is packed again. The
+snapshots are fresh lists and maps, floated in place, but the containers they hold (a job's
+data, its stack trace) are the engine's own: they are read, and only one that holds such an
+integer is copied to be floated. (The marker check used to run on the whole reply, and one
+marker anywhere in 100 jobs decoded, walked and packed all of them again.)
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from shardq.core import CompactJobs
 from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE, timeline_view
 from shardq.protocol import js_numbers
-from shardq.protocol._jsnum import JOB_TIME_KEYS, UINT32_MAX
+from shardq.protocol._jsnum import JOB_TIME_KEYS, UINT32_MAX, js_job
 from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY
 from shardq.runtime import _messages as msgs
 from shardq.runtime.links._control import exact_packer
@@ -55,6 +58,9 @@ _VALUES_AT: Final = tuple(
 # Timelines packed at most, kept for the jobs of the next entries that share them.
 _TIMELINES_KEPT: Final = 256
 _INT32_MIN: Final = -(2**31)
+# The first byte of a packed uint64 and int64: every integer beyond 32 bits packs as one.
+_UINT64: Final = b"\xcf"
+_INT64: Final = b"\xd3"
 # Integers msgpack can pack (64 bits): one past them stays an int, and fails to pack as before.
 _INT64_MIN: Final = -(2**63)
 _UINT64_END: Final = 2**64
@@ -73,7 +79,7 @@ class FrontPacker:
 
     def _wire_maker(self, *, js: bool) -> Callable[[list[Any] | dict[str, Any]], bytes]:
         """Packs one `CompactJobs` entry; with `js`, its integers beyond 32 bits become floats
-        as `encode_js` makes them (`_js_hot`, `_js_map`)."""
+        as `encode_js` makes them (`_js_times`, `_js_values`, `_js_map`)."""
         pack = self._pack
         keys = list(WIRE_TEMPLATE)
         if tuple(keys[-len(WIRE_HOT_KEYS) :]) != WIRE_HOT_KEYS or keys[-1] != "timeline":
@@ -89,16 +95,24 @@ class FrontPacker:
 
         def wire(entry: list[Any] | dict[str, Any]) -> bytes:
             if isinstance(entry, dict):
-                if js:
+                if not js:
+                    return pack(entry)
+                js_job(entry)  # its epoch-ms fields and its timeline's, in place
+                packed = pack(entry)
+                if _UINT64 in packed or _INT64 in packed:
                     _js_map(entry)
-                return pack(entry)
+                    packed = pack(entry)
+                return packed
             if js:
-                _js_hot(entry)
+                _js_times(entry)
             # The timeline is last: packed as nil (one byte, dropped), its bytes put instead.
             timeline = entry[_TIMELINE_AT]
             entry[_TIMELINE_AT] = None
             try:
                 packed = pack(entry)
+                if js and (_UINT64 in packed or _INT64 in packed):
+                    _js_values(entry)
+                    packed = pack(entry)
             finally:
                 entry[_TIMELINE_AT] = timeline  # an entry may be packed twice (`_cut`)
             return b"".join((head, packed[skip:-1], timelines.packed(timeline)))
@@ -213,7 +227,10 @@ class FrontPacker:
                     ids.append(entry["id"] if isinstance(entry, dict) else entry[_ID_AT])
                     body.append(wire(entry))
             else:
-                body.append(pack(_js_value(value) if js else value))  # ok, tokens
+                packed_value = pack(value)  # ok, tokens
+                if js and (_UINT64 in packed_value or _INT64 in packed_value):
+                    packed_value = pack(_js_value(value))
+                body.append(packed_value)
         packed = b"".join(body)
         outer = {"ok": reply.get("ok", True), IDS_KEY: ids, WIRE_KEY: packed}
         return b"".join((self._array_header(3), pack(conn), pack(rid), pack(outer)))
@@ -244,14 +261,18 @@ class _Timelines:
         return data
 
 
-def _js_hot(entry: list[Any]) -> None:
-    """`js_numbers` for a `wire_hot` list (fresh, changed in place) but its timeline: its
-    epoch-ms values, then the others that may hold an integer, whose containers are the
-    engine's (`_js_value`)."""
+def _js_times(entry: list[Any]) -> None:
+    """Float the epoch-ms values of a `wire_hot` list (fresh, changed in place)."""
     for i in _TIMES_AT:
         value = entry[i]
         if type(value) is int and value > UINT32_MAX:
             entry[i] = float(value) if value < _UINT64_END else value
+
+
+def _js_values(entry: list[Any]) -> None:
+    """`js_numbers` for the values of a `wire_hot` list (fresh, changed in place) that may hold
+    an integer but its epoch-ms ones (`_js_times`) and its timeline (`_Timelines`); their
+    containers are the engine's (`_js_value`)."""
     for i in _VALUES_AT:
         value = entry[i]
         kind = type(value)
