@@ -184,27 +184,28 @@ def _push(shard: Shard, jobs: int) -> int:
     return jobs
 
 
-def run(scenario: str, jobs: int, profiler: cProfile.Profile | None = None) -> float:
-    """The shard's CPU µs per job of one run of `scenario` on a fresh shard; with `profiler`,
-    profiled over the measured turns only."""
+def run(scenario: str, jobs: int, profiler: cProfile.Profile | None = None) -> tuple[float, int]:
+    """The shard's CPU µs per job of one run of `scenario` on a fresh shard, and the jobs it
+    ran; with `profiler`, profiled over the measured turns only."""
     shard = Shard()
     shard.profiler = profiler
     if scenario == "drain1q":
         shard.measuring = False
-        for _first in range(0, jobs, 8 * BATCH):  # every PUSHB the same, as `bench.cpu_ab`'s
-            shard.turn(_req([_pushb(0) for _ in range(8)]))
+        fills = [_pushb(0) for _ in range(max(jobs // BATCH, 1))]  # as `bench.cpu_ab`'s
+        for first in range(0, len(fills), 8):
+            shard.turn(_req(fills[first : first + 8]))
         shard.measuring = True
         done = _drain(shard)
     elif scenario == "ppa1q":
         done = _ppa(shard, jobs)
     else:
         done = _push(shard, jobs)
-    return shard.cpu * 1e6 / done
+    return shard.cpu * 1e6 / done, done
 
 
 def _profile(scenario: str, jobs: int, top: int) -> None:
     profiler = cProfile.Profile()
-    run(scenario, jobs, profiler)
+    _us, jobs = run(scenario, jobs, profiler)
     entries = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     calls = sum(nc for (_cc, nc, _tt, _ct, _callers) in entries.values())
     print(f"{scenario}: Python calls per job {calls / jobs:.1f}")
@@ -264,7 +265,7 @@ def main(argv: list[str]) -> int:
             print(f"{scenario}: {_instructions(scenario, args.jobs):,.0f} instructions/job",
                   flush=True)  # fmt: skip
             continue
-        runs = [run(scenario, args.jobs) for _ in range(args.repeats)]
+        runs = [run(scenario, args.jobs)[0] for _ in range(args.repeats)]
         print(f"{scenario}: best {min(runs):.2f} median {statistics.median(runs):.2f} µs/job "
               f"({', '.join(f'{r:.2f}' for r in runs)})", flush=True)  # fmt: skip
     return 0
