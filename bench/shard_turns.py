@@ -9,7 +9,8 @@ shard's own code on fixed turns: each turn decodes one packed `req` message (as 
 sends it), hands it to `ShardCore.handle`, runs `finish_turn` and packs what it returns as
 `ShardProcess._send` does (the same method, on a shard whose links only collect the bytes),
 then takes the writer's `done` for the turn's batch. The turns are those of `bench.cpu_ab`'s
-scenarios (`bench._scenarios`): `push1q` 100 PUSH per turn; `drain1q` (the fill by PUSHB not
+scenarios (`bench._scenarios`): `push1q` 100 PUSH per turn (`push8q`: over 8 queues in turn,
+all on this shard); `drain1q` (the fill by PUSHB not
 counted) one PULLB of 100 then its ACKB, each a turn; `ppa1q` rounds of 20 PUSHB of 100 in
 turns of 8, each round drained like `drain1q`. The payloads are `{"i": n}`, with n from 0 to
 99 in each PUSHB of `drain1q` and counting up in the others, as there. PULLB goes with the
@@ -60,7 +61,7 @@ from shardq.runtime.shard._process import ShardProcess
 from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Storage
 
-SCENARIOS = ("ppa1q", "push1q", "drain1q")
+SCENARIOS = ("ppa1q", "push1q", "drain1q", "push8q")
 BATCH = 100
 _NOW = 1_790_000_000_000
 
@@ -177,9 +178,12 @@ def _ppa(shard: Shard, jobs: int) -> int:
     return done
 
 
-def _push(shard: Shard, jobs: int) -> int:
+def _push(shard: Shard, jobs: int, queues: int) -> int:
     for first in range(0, jobs, BATCH):
-        cmds = [{"cmd": "PUSH", "queue": "q0", "data": {"i": first + k}} for k in range(BATCH)]
+        cmds = [
+            {"cmd": "PUSH", "queue": f"q{(first + k) % queues}", "data": {"i": first + k}}
+            for k in range(BATCH)
+        ]
         shard.turn(_req(cmds))
     return jobs
 
@@ -199,7 +203,7 @@ def run(scenario: str, jobs: int, profiler: cProfile.Profile | None = None) -> t
     elif scenario == "ppa1q":
         done = _ppa(shard, jobs)
     else:
-        done = _push(shard, jobs)
+        done = _push(shard, jobs, 8 if scenario == "push8q" else 1)
     return shard.cpu * 1e6 / done, done
 
 

@@ -393,7 +393,8 @@ class ShardCore:
             flow_part = envelope is not None and envelope.get(msgs.ENVELOPE_HOLD) is True
             if flow_part:
                 self.engine.store.hold(_new_jobs(muts))
-            if is_durable(name, cmd):
+            # A PUSH (most of them) without the call: `is_durable` says the same of it.
+            if cmd.get("durable") if name == "PUSH" else is_durable(name, cmd):
                 self._absorb(muts, outcome.events, durable=True)
                 self._durable.append([conn, rid, reply])
                 if not flow_part:
@@ -545,9 +546,9 @@ class ShardCore:
             self._muts.extend(muts)
         if self.event_tap.active:
             self.event_tap.observe(muts, events, self.engine)
-        if self.polls:
+        if self.polls.count:
             note_wakeups(self._woken, muts, events, self.engine.find)
-        if self.waits:
+        if self.waits.by_job:
             for m in muts:
                 if m[0] == "del" or (m[0] == "upd" and m[2].get("state") == "completed"):
                     self._finished.add(job_id_of(m[1]))

@@ -75,15 +75,17 @@ class LongPolls:
     def __init__(self) -> None:
         self._by_queue: dict[str, deque[Parked]] = {}
         self._deadlines = _Deadlines()
-        self._count = 0
+        # How many are parked (read it, never set it): an attribute, not only `len()`, as the
+        # shard tests it for every command (`ShardCore._absorb`) and a call costs more.
+        self.count = 0
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def park(self, parked: Parked) -> None:
         self._by_queue.setdefault(parked.key, deque()).append(parked)
         self._deadlines.add(parked)
-        self._count += 1
+        self.count += 1
 
     def waiting_on(self, queue: str) -> bool:
         return queue in self._by_queue
@@ -126,7 +128,7 @@ class LongPolls:
             parked.live = False
         self._by_queue.clear()
         self._deadlines.clear()
-        self._count = 0
+        self.count = 0
         return everyone
 
     def _all(self) -> Iterator[Parked]:
@@ -135,7 +137,7 @@ class LongPolls:
 
     def _forget(self, parked: Parked) -> None:
         parked.live = False
-        self._count -= 1
+        self.count -= 1
 
     def _remove(self, parked: Parked) -> None:
         waiters = self._by_queue.get(parked.key)
@@ -151,25 +153,27 @@ class JobWaits:
     """WaitJob requests, by job id, until the job completes or the deadline passes."""
 
     def __init__(self) -> None:
-        self._by_job: dict[str, list[Parked]] = {}
+        # The waits by job id (read it, never change it): the shard tests it for every
+        # command (`ShardCore._absorb`), where `bool(self)` would cost a call.
+        self.by_job: dict[str, list[Parked]] = {}
         self._deadlines = _Deadlines()
 
     def __bool__(self) -> bool:
-        return bool(self._by_job)
+        return bool(self.by_job)
 
     def park(self, parked: Parked) -> None:
-        self._by_job.setdefault(parked.key, []).append(parked)
+        self.by_job.setdefault(parked.key, []).append(parked)
         self._deadlines.add(parked)
 
     def waiting_for(self, job_id: str) -> bool:
-        return job_id in self._by_job
+        return job_id in self.by_job
 
     def next_deadline(self) -> int | None:
         return self._deadlines.next()
 
     def take(self, job_id: str) -> list[Parked]:
         """Remove and return the waiters of `job_id`."""
-        waiters = self._by_job.pop(job_id, [])
+        waiters = self.by_job.pop(job_id, [])
         for parked in waiters:
             parked.live = False
         return waiters
@@ -178,35 +182,35 @@ class JobWaits:
         due = self._deadlines.due(now)
         for parked in due:
             parked.live = False
-            waiters = self._by_job.get(parked.key, [])
+            waiters = self.by_job.get(parked.key, [])
             waiters.remove(parked)
             if not waiters:
-                self._by_job.pop(parked.key, None)
+                self.by_job.pop(parked.key, None)
         return due
 
     def take_gone(self, present: Callable[[str], bool]) -> list[Parked]:
         """Remove and return the waiters of the jobs not `present` any more (their queue
         left this shard with its partition)."""
         gone: list[Parked] = []
-        for job_id in [j for j in self._by_job if not present(j)]:
+        for job_id in [j for j in self.by_job if not present(j)]:
             gone.extend(self.take(job_id))
         return gone
 
     def drop_conn(self, conn: str) -> list[Parked]:
         """Remove and return every waiter of a closed connection."""
         dropped = []
-        for job_id in list(self._by_job):
+        for job_id in list(self.by_job):
             kept = []
-            for parked in self._by_job[job_id]:
+            for parked in self.by_job[job_id]:
                 if parked.conn == conn:
                     parked.live = False
                     dropped.append(parked)
                 else:
                     kept.append(parked)
             if kept:
-                self._by_job[job_id] = kept
+                self.by_job[job_id] = kept
             else:
-                del self._by_job[job_id]
+                del self.by_job[job_id]
         return dropped
 
 
