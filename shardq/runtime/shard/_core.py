@@ -41,7 +41,7 @@ from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import BudgetCheck, release_memory
 from shardq.runtime.shard._stats import shard_stats
-from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked, note_wakeups
+from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked, job_status, note_wakeups
 from shardq.runtime.shard._writer_batches import Item, WriterBatches
 
 __all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
@@ -318,7 +318,17 @@ class ShardCore:
             size = len(item) if isinstance(item, list) else 0
             if 3 <= size <= 4 and isinstance(item[0], str) and isinstance(item[2], dict):
                 envelope: Envelope = item[3] if size == 4 else None
-                if size == 3 and item[2].get("cmd") == "PUSH":
+                # A PUSH and a next one of its queue may start a run (`push_run`); the next
+                # item is read here, not in a call: pushes that alternate queues pass here.
+                nxt = items[at + 1] if at + 1 < end else None
+                if (
+                    size == 3
+                    and item[2].get("cmd") == "PUSH"
+                    and type(nxt) is list
+                    and len(nxt) == 3
+                    and type(nxt[2]) is dict
+                    and nxt[2].get("queue") == item[2].get("queue")
+                ):
                     run = push_run(items, at)
                     taken = self._push_run(items[at : at + run], now) if run > 1 else 0
                     if taken:
@@ -497,23 +507,12 @@ class ShardCore:
         if error:
             return {"ok": False, "error": error}
         job_id = cmd.get("id")
-        status = self._job_status(job_id)
+        status = job_status(self.engine, job_id)
         if status is not None:
             return status
         if int(timeout) <= 0:
             return {"ok": True, "completed": False}
         self.waits.park(Parked(conn, rid, cmd, str(job_id), now + int(timeout)))
-        return None
-
-    def _job_status(self, job_id: object) -> dict[str, Any] | None:
-        """WaitJob's answer if it is final now, None while the job may still complete."""
-        job = self.engine.find(job_id)
-        if job is None:
-            if isinstance(job_id, str) and self.engine.store.is_completed(job_id):
-                return {"ok": True, "completed": True, "result": None}
-            return {"ok": False, "error": "Job not found"}
-        if job.state == "completed":
-            return {"ok": True, "completed": True, "result": job.result if job.has_result else None}
         return None
 
     def _serve_waits(self, now: int) -> None:
@@ -522,7 +521,7 @@ class ShardCore:
             return
         for job_id in finished:
             if self.waits.waiting_for(job_id):
-                status = self._job_status(job_id)
+                status = job_status(self.engine, job_id)
                 if status is not None:
                     for parked in self.waits.take(job_id):
                         self._replies.append([parked.conn, parked.rid, status])

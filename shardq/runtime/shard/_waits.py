@@ -12,9 +12,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from shardq.core import Job, Mutation, job_id_of
+from shardq.core import Engine, Job, Mutation, job_id_of
 
-__all__ = ["JobWaits", "LongPolls", "Parked", "note_wakeups"]
+__all__ = ["JobWaits", "LongPolls", "Parked", "job_status", "note_wakeups"]
 
 
 class Parked:
@@ -235,3 +235,15 @@ def note_wakeups(
                 woken.add(job.queue)
         elif kind == "queue":
             woken.add(m[1])
+
+
+def job_status(engine: Engine, job_id: object) -> dict[str, Any] | None:
+    """WaitJob's answer if it is final now, None while the job may still complete."""
+    job = engine.find(job_id)
+    if job is None:
+        if isinstance(job_id, str) and engine.store.is_completed(job_id):
+            return {"ok": True, "completed": True, "result": None}
+        return {"ok": False, "error": "Job not found"}
+    if job.state == "completed":
+        return {"ok": True, "completed": True, "result": job.result if job.has_result else None}
+    return None
