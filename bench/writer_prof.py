@@ -1,8 +1,9 @@
-"""The writer process's Python calls and CPU time per job, in a real `shardq start`.
+"""The writer process's Python calls and CPU time per job, in a real `shardq start`
+(or another server process's, with `--role shard0`, `shard1` or `frontend`).
 
     python -m bench.writer_prof [--scenario ppa|drain1q|drain8q|push1q|push8q] [--jobs 20000]
                                 [--rounds 3] [--shards 1] [--profile] [--top 25]
-                                [--executable shardq]
+                                [--executable shardq] [--role writer]
 
 Each round starts a server on free ports with a fresh data directory and runs the scenario
 with one raw TCP client. `ppa` is push -> pull -> ack: rounds of 20 PUSHB of 100 (8 in
@@ -78,9 +79,14 @@ def _settle(pid: int) -> None:
 
 
 def run_once(
-    executable: str, scenario: str, jobs: int, shards: int, prof_dir: str | None
+    executable: str,
+    scenario: str,
+    jobs: int,
+    shards: int,
+    prof_dir: str | None,
+    role: str = "writer",
 ) -> tuple[float, int, pstats.Stats | None]:
-    """(writer CPU µs per job, jobs, the writer's profile or None) of one run."""
+    """(CPU µs per job of the process `role`, jobs, its profile or None) of one run."""
     env = {"SHARDQ_PROF_DIR": prof_dir, "PYTHONPATH": _PROF_PATH} if prof_dir else None
     with tempfile.TemporaryDirectory(prefix="writer-prof-") as data_dir:
         server, port = start_server(executable, shards, data_dir, env=env)
@@ -88,21 +94,21 @@ def run_once(
             conn = connect(port, server)
             if scenario != "ppa":
                 fill(conn, scenario, queues_of(scenario), jobs)
-            writer = next(pid for pid, role in children(server.pid) if role == "writer")
-            _settle(writer)
+            proc = next(pid for pid, name in children(server.pid) if name == role)
+            _settle(proc)
             if prof_dir:
-                os.kill(writer, signal.SIGUSR1)
-            before = cpu_seconds(writer)
+                os.kill(proc, signal.SIGUSR1)
+            before = cpu_seconds(proc)
             if scenario == "ppa":
                 done = _ppa(conn, jobs)
             else:
                 done = work(conn, scenario, queues_of(scenario), jobs)
-            _settle(writer)
-            spent = cpu_seconds(writer) - before
+            _settle(proc)
+            spent = cpu_seconds(proc) - before
             stats = None
             if prof_dir:
-                os.kill(writer, signal.SIGUSR2)
-                path = Path(prof_dir) / f"{writer}.prof"
+                os.kill(proc, signal.SIGUSR2)
+                path = Path(prof_dir) / f"{proc}.prof"
                 deadline = time.monotonic() + 30
                 while not path.exists() and time.monotonic() < deadline:
                     time.sleep(0.1)
@@ -115,10 +121,10 @@ def run_once(
     return spent * 1e6 / done, done, stats
 
 
-def _report(stats: pstats.Stats, jobs: int, top: int) -> None:
+def _report(stats: pstats.Stats, jobs: int, top: int, role: str) -> None:
     entries = stats.stats  # type: ignore[attr-defined]  # pstats keeps it undeclared
     calls = sum(nc for (_cc, nc, _tt, _ct, _callers) in entries.values())
-    print(f"writer Python calls per job: {calls / jobs:.1f} ({calls:,} calls, {jobs:,} jobs)")
+    print(f"{role} Python calls per job: {calls / jobs:.1f} ({calls:,} calls, {jobs:,} jobs)")
     for title, key in (("calls", 1), ("own time", 2)):
         rows = sorted(entries.items(), key=lambda kv: kv[1][key], reverse=True)[:top]
         print(f"\nBy {title}:\n| calls/job | own µs/job | with callees µs/job | function |")
@@ -137,23 +143,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--role", default="writer", help="writer, shard0, shard1 or frontend")
     parser.add_argument("--executable", default=str(Path(sys.executable).parent / "shardq"))
     args = parser.parse_args(argv)
     if args.profile:
         with tempfile.TemporaryDirectory(prefix="writer-prof-stats-") as prof_dir:
             us, done, stats = run_once(
-                args.executable, args.scenario, args.jobs, args.shards, prof_dir
+                args.executable, args.scenario, args.jobs, args.shards, prof_dir, args.role
             )
             assert stats is not None
-            print(f"{args.scenario}: {done:,} jobs, writer {us:.1f} µs/job (profiled)")
-            _report(stats, done, args.top)
+            print(f"{args.scenario}: {done:,} jobs, {args.role} {us:.1f} µs/job (profiled)")
+            _report(stats, done, args.top, args.role)
         return 0
     results = []
     for _ in range(args.rounds):
-        us, done, _ = run_once(args.executable, args.scenario, args.jobs, args.shards, None)
+        us, done, _ = run_once(
+            args.executable, args.scenario, args.jobs, args.shards, None, args.role
+        )
         results.append(us)
-        print(f"{args.scenario}: {done:,} jobs, writer {us:.1f} µs/job", flush=True)
-    print(f"median writer µs/job: {statistics.median(results):.1f}")
+        print(f"{args.scenario}: {done:,} jobs, {args.role} {us:.1f} µs/job", flush=True)
+    print(f"median {args.role} µs/job: {statistics.median(results):.1f}")
     return 0
 
 

@@ -41,7 +41,7 @@ that answers it, so a command costs one lookup and no call more than its handler
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
@@ -360,6 +360,23 @@ class Engine:
             self.groups.wake(fx, int(now))
         fx.reply = reply
         return fx
+
+    def push_run(
+        self, commands: Sequence[Mapping[str, Any]], now: int
+    ) -> tuple[Outcome, list[str]] | None:
+        """The PUSH commands of one queue without options that `commands` starts with
+        (`Producer.push_run`), in one pass: what `apply` of each in turn would do, their
+        mutations in one `Outcome`, and the job id of each one taken (its reply is
+        `{"ok": true, "id": ...}`); the caller applies the rest as usual. None, with nothing
+        done, under a head budget (its hooks wrap `apply`) or while a limiter or group holds
+        jobs back (`apply` wakes them after every command)."""
+        if self.head is not None or self._limit_blocked or self._group_blocked:
+            return None
+        route = self.registry.get("PUSH")
+        if route is None or route.check is not None:
+            return None
+        fx = Outcome()
+        return fx, self.produce.push_run(fx, commands, int(now))
 
     def release(self, conn: str, now: int) -> tuple[int, list[Mutation], list[Event]]:
         """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6.

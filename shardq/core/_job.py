@@ -298,7 +298,9 @@ class Job:
     def wire_hot(self) -> list[Any]:
         """What `to_wire` sets for a job without options, beyond `WIRE_TEMPLATE`'s values: a
         flat [key, value, ...] list, in the template's order (`WIRE_HOT_KEYS`). An encoder
-        can pack the rest of a wire map once for every such job."""
+        can pack the rest of a wire map once for every such job. The timeline is the job's
+        own tuple, not its wire form (`timeline_view`): it never changes in place, and jobs
+        moved together share it, so an encoder can pack it once for all of them."""
         return [
             "id", self.id,
             "queue", self.queue,
@@ -318,7 +320,7 @@ class Job:
             "stallCount", self.stall_count,
             "childrenCompleted", self.children_completed,
             "lifo", self.lifo,
-            "timeline", timeline_view(self.timeline),
+            "timeline", self.timeline,
         ]  # fmt: skip
 
     def _put_hot(self, out: dict[str, Any]) -> None:
@@ -442,9 +444,10 @@ class CompactJobs:
     """PULLB's jobs in the compact form an engine built with `compact_pulls=True` answers.
 
     Each entry is a snapshot taken when the pull ran: a job without options as its
-    `Job.wire_hot` list (the map is `WIRE_TEMPLATE` with those pairs set), any other job as its
-    full wire map. A host that packs replies itself (the shard process) packs the template once
-    for every job; `maps()` gives the plain wire maps to anyone else.
+    `Job.wire_hot` list (the map is `WIRE_TEMPLATE` with those pairs set, the timeline in its
+    wire form), any other job as its full wire map. A host that packs replies itself (the
+    shard process) packs the template once for every job; `maps()` gives the plain wire maps
+    to anyone else.
     """
 
     __slots__ = ("entries",)
@@ -471,6 +474,7 @@ class CompactJobs:
             wire["childrenIds"] = []
             wire["tags"] = []
             wire.update(zip(entry[::2], entry[1::2], strict=True))
+            wire["timeline"] = timeline_view(wire["timeline"])
             out.append(wire)
         return out
 

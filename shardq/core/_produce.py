@@ -87,6 +87,25 @@ class Producer:
         custom = custom_id_of(cmd["jobId"]) if "jobId" in cmd else None
         return {"ok": True, "id": self.push_one(fx, queue, cmd, custom, now)}
 
+    def push_run(self, fx: Effects, commands: Sequence[Mapping[str, Any]], now: int) -> list[str]:
+        """The longest run of `commands` from the first that are PUSHes of the first one's
+        queue taken by `cmd_push`'s plain path without an error, admitted in one pass: the
+        ids, sequence numbers, records and counts they would get one by one (`_push_plain`).
+        Returns their ids; the caller runs the rest, from the first one not taken, as usual."""
+        queue = commands[0].get("queue")
+        if validate_queue_name(queue):
+            return []
+        taken = 0
+        for cmd in commands:
+            if cmd.get("queue") != queue or not cmd.keys() <= _PLAIN_PUSH_KEYS:
+                break
+            if validate_data(cmd.get("data")) or validate_name(cmd):
+                break
+            taken += 1
+        if not taken:
+            return []
+        return self._push_plain(fx, str(queue), list(commands[:taken]), now, False)
+
     def _check_push(self, queue: str, cmd: Mapping[str, Any]) -> None:
         """The checks of a single push that read more than its own fields."""
         if cmd.get("repeat") is not None:

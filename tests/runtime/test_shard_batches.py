@@ -121,7 +121,9 @@ def test_a_batch_no_writer_confirms_through_restarts_degrades_the_shard() -> Non
     out = _turn(core, [durable])
     reply = next(msg for dest, msg in out if dest == "front")["items"][0][2]
     assert reply["ok"] is False and reply["error"].startswith("Storage unavailable")
-    assert core._stats(T0)["stats"]["storageStalled"] == 1  # /health says degraded
+    out = _turn(core, [{"cmd": "Stats"}])
+    stats = next(msg for dest, msg in out if dest == "front")["items"][0][2]["stats"]
+    assert stats["storageStalled"] == 1  # /health says degraded
     core.handle({"t": "done", "seq": core.seq}, T0)
     assert not core.batches.resend_failing
     out = _turn(core, [durable])

@@ -286,3 +286,33 @@ def test_malformed_messages_are_dropped(s: Shard) -> None:
     s.msg({"t": "nonsense"})
     s.msg({"t": "req", "items": [["t1", 1], "x", ["t1", 2, {"cmd": "Count", "queue": "q"}]]})
     assert list(s.replies) == [2]
+
+
+def test_a_turn_of_pushes_answers_and_stores_as_the_same_pushes_one_per_turn() -> None:
+    """Consecutive PUSHes of one queue in a turn go through the engine in one pass
+    (`Engine.push_run`); with other commands, durable, refused and optioned pushes between
+    them, the replies and the mutations sent to the writer are those of one command a turn."""
+    cmds: list[dict[str, Any]] = [
+        *({"cmd": "PUSH", "queue": "q", "data": i} for i in range(3)),
+        {"cmd": "PUSH", "queue": "q", "data": 3, "durable": True},
+        *({"cmd": "PUSH", "queue": "q", "data": {"name": "legacy", "i": i}} for i in range(2)),
+        *({"cmd": "PUSH", "queue": "other", "data": i, "name": "n"} for i in range(2)),
+        {"cmd": "PUSH", "queue": "q", "data": 6, "priority": 2},
+        {"cmd": "PUSH", "queue": "q", "data": 7, "name": 5},  # refused
+        {"cmd": "PUSH", "queue": "q", "data": 8},
+        {"cmd": "PULL", "queue": "q", "owner": "w"},
+        *({"cmd": "PUSH", "queue": "q", "data": 9 + i} for i in range(2)),
+    ]
+    together, apart = Shard(), Shard()
+    rids = together.turn(*cmds)
+    singles = [apart.turn(cmd)[0] for cmd in cmds]
+    for shard in (together, apart):
+        shard.msg({"t": "done", "seq": len(shard.batches)})  # the durable push's commit
+    assert [together.replies[r] for r in rids] == [apart.replies[r] for r in singles]
+    assert together.replies[rids[9]]["ok"] is False
+    # The first three went in one pass: jobs admitted together share their timeline (the
+    # first one was pulled since).
+    first, second = (together.core.engine.find(together.replies[r]["id"]) for r in rids[1:3])
+    assert first is not None and second is not None and first.timeline is second.timeline
+    muts = [[m for batch in shard.batches for m in batch["muts"]] for shard in (together, apart)]
+    assert muts[0] == muts[1] and len(muts[0]) == len(cmds) - 1  # a put each, the PULL's update

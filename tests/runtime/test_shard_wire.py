@@ -207,3 +207,35 @@ def test_the_request_id_is_spliced_into_a_packed_map(entries: int, req: Any) -> 
     frame = prepacked_frame(passed)
     assert FRAME_HEADER.unpack_from(frame)[0] == len(frame) - 4
     assert msgpack.unpackb(frame[4:]) == got
+
+
+@pytest.mark.parametrize("options", [{}, {"tags": ["t"], "removeOnFail": True}])
+def test_large_numbers_are_floated_in_a_copy_never_in_the_engines_job(
+    options: dict[str, Any],
+) -> None:
+    """A job's data (and its stack trace) are the engine's own objects, held by the snapshot:
+    floating its large integers for a TCP client must leave the engine's copy as it was, with
+    or without options (a wire map rather than the hot pairs), and a job without any large
+    integer is packed as it is."""
+    engine, packer = Engine(seed=1, compact_pulls=True), FrontPacker()
+    data = {"big": 2**40, "small": 7, "nested": [{"deep": -(2**35)}, 2**63], "s": "x"}
+    engine.apply({"cmd": "PUSH", "queue": "q", "data": data, **options}, T0)
+    engine.apply({"cmd": "PUSH", "queue": "q", "data": {"n": 1}, **options}, T0)
+    pull = {"cmd": "PULLB", "queue": "q", "count": 2, "owner": "w"}
+    reply = engine.apply(pull, T0 + 1).reply
+    job_id = reply["jobs"].maps()[0]["id"]
+    failed = {"cmd": "FAIL", "id": job_id, "token": reply["tokens"][0], "error": "e",
+              "stack": ["at x"]}  # fmt: skip
+    assert engine.apply(failed, T0 + 2).reply["ok"]
+    engine.apply({"cmd": "FAIL", "id": reply["jobs"].maps()[1]["id"],
+                  "token": reply["tokens"][1], "error": "e"}, T0 + 2)  # fmt: skip
+    reply = engine.apply(pull, T0 + 90_000).reply
+    expected = copy.deepcopy({**reply, "jobs": reply["jobs"].maps()})
+    body = msgpack.unpackb(_passed_through(packer, reply, JS_NUMBERS)[WIRE_KEY])
+    assert body == js_numbers(expected)
+    assert not _large_ints(body)
+    assert body["jobs"][0]["data"]["nested"] == [{"deep": float(-(2**35))}, float(2**63)]
+    job = engine.find(job_id)
+    assert job is not None and job.data == data
+    assert type(job.data["big"]) is int and type(job.data["nested"][1]) is int
+    assert type(job.data["nested"][0]["deep"]) is int

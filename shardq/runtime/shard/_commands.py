@@ -23,6 +23,7 @@ __all__ = [
     "is_durable",
     "pass_through",
     "positive_ms",
+    "push_run",
     "wait_timeout_error",
 ]
 
@@ -52,6 +53,22 @@ def positive_ms(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return 0
     return max(int(value), 0)
+
+
+def push_run(items: list[Any], at: int) -> int:
+    """How many `req` items from `at` on are PUSHes of one queue with no envelope, the first
+    one included (it is one): a run the engine may admit in one pass (`Engine.push_run`)."""
+    queue = items[at][2].get("queue")
+    end = at + 1
+    while end < len(items):
+        item = items[end]
+        if type(item) is not list or len(item) != 3 or type(item[0]) is not str:
+            break
+        cmd = item[2]
+        if type(cmd) is not dict or cmd.get("cmd") != "PUSH" or cmd.get("queue") != queue:
+            break
+        end += 1
+    return end - at
 
 
 MAY_BE_DURABLE: Final = frozenset({"PUSH", "PUSHB", "PUSHF"})

@@ -34,12 +34,14 @@ from shardq.runtime.shard._commands import (
     is_durable,
     pass_through,
     positive_ms,
+    push_run,
     wait_timeout_error,
 )
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import BudgetCheck, release_memory
-from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked
+from shardq.runtime.shard._stats import shard_stats
+from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked, job_status, note_wakeups
 from shardq.runtime.shard._writer_batches import Item, WriterBatches
 
 __all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
@@ -58,7 +60,6 @@ BATCH_MAX_BYTES: Final = LinkSettings().writer_batch_max_bytes
 BATCH_MAX_MUTATIONS: Final = LinkSettings().writer_batch_max_mutations
 # Room a `muts` message needs beyond its mutations (its map, kind, shard, seq, flags).
 _MESSAGE_ROOM: Final = 1024
-_COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
 
 
 _log = structlog.get_logger()
@@ -308,15 +309,59 @@ class ShardCore:
 
     def _on_req(self, msg: dict[str, Any], now: int) -> None:
         items = msg.get("items")
-        for item in items if isinstance(items, list) else ():
+        if not isinstance(items, list):
+            return
+        at, end = 0, len(items)
+        while at < end:
+            item = items[at]
             # [conn, rid, command], or [conn, rid, command, envelope] for the few with one.
             size = len(item) if isinstance(item, list) else 0
             if 3 <= size <= 4 and isinstance(item[0], str) and isinstance(item[2], dict):
                 envelope: Envelope = item[3] if size == 4 else None
+                # A PUSH and a next one of its queue may start a run (`push_run`); the next
+                # item is read here, not in a call: pushes that alternate queues pass here.
+                nxt = items[at + 1] if at + 1 < end else None
+                if (
+                    size == 3
+                    and item[2].get("cmd") == "PUSH"
+                    and type(nxt) is list
+                    and len(nxt) == 3
+                    and type(nxt[2]) is dict
+                    and nxt[2].get("queue") == item[2].get("queue")
+                ):
+                    run = push_run(items, at)
+                    taken = self._push_run(items[at : at + run], now) if run > 1 else 0
+                    if taken:
+                        at += taken
+                        continue
                 if envelope is None or isinstance(envelope, dict):
                     self._request(item[0], item[1], item[2], now, envelope)
+                    at += 1
                     continue
             _log.warning("malformed request item dropped")
+            at += 1
+
+    def _push_run(self, items: list[list[Any]], now: int) -> int:
+        """The PUSHes of one queue that `items` starts with, in one pass (`Engine.push_run`),
+        answered and absorbed as one by one; returns how many it took (0 while the event tap
+        watches each command, or where the engine takes none this way)."""
+        if self.event_tap.active:
+            return 0
+        try:
+            run = self.engine.push_run([item[2] for item in items], now)
+        except Exception:
+            _log.exception("command failed", command="PUSH")
+            for conn, rid, _cmd in items:
+                self._replies.append([conn, rid, {"ok": False, "error": INTERNAL_SERVER_ERROR}])
+            return len(items)
+        if run is None:
+            return 0
+        outcome, ids = run
+        self._absorb(outcome.mutations, outcome.events)
+        append = self._replies.append
+        for (conn, rid, _cmd), job_id in zip(items, ids, strict=False):
+            append([conn, rid, {"ok": True, "id": job_id}])
+        return len(ids)
 
     def _request(
         self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
@@ -358,7 +403,8 @@ class ShardCore:
             flow_part = envelope is not None and envelope.get(msgs.ENVELOPE_HOLD) is True
             if flow_part:
                 self.engine.store.hold(_new_jobs(muts))
-            if is_durable(name, cmd):
+            # A PUSH (most of them) without the call: `is_durable` says the same of it.
+            if cmd.get("durable") if name == "PUSH" else is_durable(name, cmd):
                 self._absorb(muts, outcome.events, durable=True)
                 self._durable.append([conn, rid, reply])
                 if not flow_part:
@@ -373,7 +419,9 @@ class ShardCore:
     def _stats_command(
         self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
     ) -> dict[str, Any]:
-        return self._stats(now)
+        stalled = self.storage_stalled or self.batches.resend_failing
+        direct = self.direct_stats() if self.direct_stats is not None else None
+        return shard_stats(self.engine, now, stalled=stalled, direct=direct)
 
     def _compact_memory(
         self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
@@ -407,31 +455,6 @@ class ShardCore:
         if outcome.cancels:
             self._cancels.extend(outcome.cancels)
         return outcome.reply
-
-    def _stats(self, now: int) -> dict[str, Any]:
-        totals: dict[str, int | float] = dict.fromkeys(("waiting", *_COUNT_KEYS, "dlq"), 0)
-        for name in self.engine.apply({"cmd": "ListQueues"}, now).reply.get("queues", ()):
-            counts = self.engine.apply({"cmd": "GetJobCounts", "queue": name}, now).reply["counts"]
-            totals["waiting"] += counts["waiting"] + counts["prioritized"] + counts["paused"]
-            for key in _COUNT_KEYS:
-                totals[key] += counts[key]
-        totals["dlq"] = totals["failed"]
-        # Summed by the front end: how many shards see their writer stalled (the HTTP port's
-        # /health turns degraded on it; the writer cannot say so while it does not run).
-        totals["storageStalled"] = int(self.storage_stalled or self.batches.resend_failing)
-        if self.direct_stats is not None:
-            totals.update(self.direct_stats())
-        # Jobs held in memory, and under a head budget the cold ones left in storage.
-        totals["residentJobs"] = len(self.engine.jobs)
-        head = self.engine.head
-        totals["coldJobs"] = head.cold_total() if head is not None else 0
-        # The memory budget (0: off), the estimate of what the resident jobs take, and
-        # whether jobs that cannot go cold alone pass it (`core._budget`).
-        memory = self.engine.memory
-        totals["memoryBudgetBytes"] = memory.budget if memory is not None else 0
-        totals["residentBytes"] = memory.resident_bytes() if memory is not None else 0
-        totals["memoryOver"] = int(memory.over) if memory is not None else 0
-        return {"ok": True, "stats": totals}
 
     # -- long-polls ------------------------------------------------------------------------
 
@@ -485,23 +508,12 @@ class ShardCore:
         if error:
             return {"ok": False, "error": error}
         job_id = cmd.get("id")
-        status = self._job_status(job_id)
+        status = job_status(self.engine, job_id)
         if status is not None:
             return status
         if int(timeout) <= 0:
             return {"ok": True, "completed": False}
         self.waits.park(Parked(conn, rid, cmd, str(job_id), now + int(timeout)))
-        return None
-
-    def _job_status(self, job_id: object) -> dict[str, Any] | None:
-        """WaitJob's answer if it is final now, None while the job may still complete."""
-        job = self.engine.find(job_id)
-        if job is None:
-            if isinstance(job_id, str) and self.engine.store.is_completed(job_id):
-                return {"ok": True, "completed": True, "result": None}
-            return {"ok": False, "error": "Job not found"}
-        if job.state == "completed":
-            return {"ok": True, "completed": True, "result": job.result if job.has_result else None}
         return None
 
     def _serve_waits(self, now: int) -> None:
@@ -510,7 +522,7 @@ class ShardCore:
             return
         for job_id in finished:
             if self.waits.waiting_for(job_id):
-                status = self._job_status(job_id)
+                status = job_status(self.engine, job_id)
                 if status is not None:
                     for parked in self.waits.take(job_id):
                         self._replies.append([parked.conn, parked.rid, status])
@@ -534,29 +546,12 @@ class ShardCore:
             self._muts.extend(muts)
         if self.event_tap.active:
             self.event_tap.observe(muts, events, self.engine)
-        if self.polls:
-            self._note_wakeups(muts, events)
-        if self.waits:
+        if self.polls.count:
+            note_wakeups(self._woken, muts, events, self.engine.find)
+        if self.waits.by_job:
             for m in muts:
                 if m[0] == "del" or (m[0] == "upd" and m[2].get("state") == "completed"):
                     self._finished.add(job_id_of(m[1]))
-
-    def _note_wakeups(self, muts: list[Mutation], events: Iterable[tuple[str, str, str]]) -> None:
-        """Queues that may have deliverable work now: "ready" events and jobs made waiting."""
-        woken = self._woken
-        for kind, queue, _job_id in events:
-            if kind == "ready":
-                woken.add(queue)
-        for m in muts:
-            kind = m[0]
-            if kind == "put" and m[1].get("state") == "waiting":
-                woken.add(m[1]["queue"])
-            elif kind == "upd" and m[2].get("state") == "waiting":
-                job = self.engine.find(job_id_of(m[1]))
-                if job is not None:
-                    woken.add(job.queue)
-            elif kind == "queue":
-                woken.add(m[1])
 
     # -- connections, the writer and drain -------------------------------------------------
 

@@ -501,7 +501,9 @@ class ShardProcess:
             wait = self._confirm_wait_ms
             timeout_ms = wait if timeout_ms is None else min(timeout_ms, wait)
         ready = dict(self._poll(timeout_ms))
-        if self._signals.fileno() in ready and self._signals.drain():
+        if self._signals.fileno() in ready and signal.SIGTERM in self._signals.drain():
+            # Only SIGTERM stops: the wakeup descriptor reports any signal with a Python
+            # handler (a profiler's SIGUSR1, `bench/_prof`).
             self._stop = True
         messages: list[dict[str, Any]] = []
         if writer_fd is not None and (quiet or writer_fd in ready):

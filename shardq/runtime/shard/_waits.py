@@ -9,10 +9,12 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-__all__ = ["JobWaits", "LongPolls", "Parked"]
+from shardq.core import Engine, Job, Mutation, job_id_of
+
+__all__ = ["JobWaits", "LongPolls", "Parked", "job_status", "note_wakeups"]
 
 
 class Parked:
@@ -73,15 +75,17 @@ class LongPolls:
     def __init__(self) -> None:
         self._by_queue: dict[str, deque[Parked]] = {}
         self._deadlines = _Deadlines()
-        self._count = 0
+        # How many are parked (read it, never set it): an attribute, not only `len()`, as the
+        # shard tests it for every command (`ShardCore._absorb`) and a call costs more.
+        self.count = 0
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def park(self, parked: Parked) -> None:
         self._by_queue.setdefault(parked.key, deque()).append(parked)
         self._deadlines.add(parked)
-        self._count += 1
+        self.count += 1
 
     def waiting_on(self, queue: str) -> bool:
         return queue in self._by_queue
@@ -124,7 +128,7 @@ class LongPolls:
             parked.live = False
         self._by_queue.clear()
         self._deadlines.clear()
-        self._count = 0
+        self.count = 0
         return everyone
 
     def _all(self) -> Iterator[Parked]:
@@ -133,7 +137,7 @@ class LongPolls:
 
     def _forget(self, parked: Parked) -> None:
         parked.live = False
-        self._count -= 1
+        self.count -= 1
 
     def _remove(self, parked: Parked) -> None:
         waiters = self._by_queue.get(parked.key)
@@ -149,25 +153,27 @@ class JobWaits:
     """WaitJob requests, by job id, until the job completes or the deadline passes."""
 
     def __init__(self) -> None:
-        self._by_job: dict[str, list[Parked]] = {}
+        # The waits by job id (read it, never change it): the shard tests it for every
+        # command (`ShardCore._absorb`), where `bool(self)` would cost a call.
+        self.by_job: dict[str, list[Parked]] = {}
         self._deadlines = _Deadlines()
 
     def __bool__(self) -> bool:
-        return bool(self._by_job)
+        return bool(self.by_job)
 
     def park(self, parked: Parked) -> None:
-        self._by_job.setdefault(parked.key, []).append(parked)
+        self.by_job.setdefault(parked.key, []).append(parked)
         self._deadlines.add(parked)
 
     def waiting_for(self, job_id: str) -> bool:
-        return job_id in self._by_job
+        return job_id in self.by_job
 
     def next_deadline(self) -> int | None:
         return self._deadlines.next()
 
     def take(self, job_id: str) -> list[Parked]:
         """Remove and return the waiters of `job_id`."""
-        waiters = self._by_job.pop(job_id, [])
+        waiters = self.by_job.pop(job_id, [])
         for parked in waiters:
             parked.live = False
         return waiters
@@ -176,33 +182,68 @@ class JobWaits:
         due = self._deadlines.due(now)
         for parked in due:
             parked.live = False
-            waiters = self._by_job.get(parked.key, [])
+            waiters = self.by_job.get(parked.key, [])
             waiters.remove(parked)
             if not waiters:
-                self._by_job.pop(parked.key, None)
+                self.by_job.pop(parked.key, None)
         return due
 
     def take_gone(self, present: Callable[[str], bool]) -> list[Parked]:
         """Remove and return the waiters of the jobs not `present` any more (their queue
         left this shard with its partition)."""
         gone: list[Parked] = []
-        for job_id in [j for j in self._by_job if not present(j)]:
+        for job_id in [j for j in self.by_job if not present(j)]:
             gone.extend(self.take(job_id))
         return gone
 
     def drop_conn(self, conn: str) -> list[Parked]:
         """Remove and return every waiter of a closed connection."""
         dropped = []
-        for job_id in list(self._by_job):
+        for job_id in list(self.by_job):
             kept = []
-            for parked in self._by_job[job_id]:
+            for parked in self.by_job[job_id]:
                 if parked.conn == conn:
                     parked.live = False
                     dropped.append(parked)
                 else:
                     kept.append(parked)
             if kept:
-                self._by_job[job_id] = kept
+                self.by_job[job_id] = kept
             else:
-                del self._by_job[job_id]
+                del self.by_job[job_id]
         return dropped
+
+
+def note_wakeups(
+    woken: set[str],
+    muts: list[Mutation],
+    events: Iterable[tuple[str, str, str]],
+    find: Callable[[str], Job | None],
+) -> None:
+    """Add to `woken` the queues that may have deliverable work now, for their parked
+    long-polls: "ready" events and jobs made waiting (`find` looks a job up by id)."""
+    for kind, queue, _job_id in events:
+        if kind == "ready":
+            woken.add(queue)
+    for m in muts:
+        kind = m[0]
+        if kind == "put" and m[1].get("state") == "waiting":
+            woken.add(m[1]["queue"])
+        elif kind == "upd" and m[2].get("state") == "waiting":
+            job = find(job_id_of(m[1]))
+            if job is not None:
+                woken.add(job.queue)
+        elif kind == "queue":
+            woken.add(m[1])
+
+
+def job_status(engine: Engine, job_id: object) -> dict[str, Any] | None:
+    """WaitJob's answer if it is final now, None while the job may still complete."""
+    job = engine.find(job_id)
+    if job is None:
+        if isinstance(job_id, str) and engine.store.is_completed(job_id):
+            return {"ok": True, "completed": True, "result": None}
+        return {"ok": False, "error": "Job not found"}
+    if job.state == "completed":
+        return {"ok": True, "completed": True, "result": job.result if job.has_result else None}
+    return None

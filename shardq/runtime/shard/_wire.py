@@ -4,14 +4,26 @@ A PULLB of 100 answers 100 wire maps of 44 keys each, and building them (`Job.to
 packing them cost more than the rest of the pull. Most of each map is the same for every job
 without options (`WIRE_TEMPLATE`), so the shard's engine answers PULLB with `CompactJobs`
 (`Engine(compact_pulls=True)`): a job without options is its `Job.wire_hot` pairs, which
-`FrontPacker.pack` writes after the template's bytes, packed once. The bytes are exactly those
-of packing the wire maps (tested), so the front end and the clients see no difference; a job
-with options is in the snapshot as its full wire map.
+`FrontPacker.pack` writes after the template's bytes, packed once. Its timeline is the job's
+own tuple, which jobs pulled together share: packed once per reply, not once per job
+(`_Timelines`). The bytes are exactly those of packing the wire maps (tested), so the front
+end and the clients see no difference; a job with options is in the snapshot as its full
+wire map.
 
 A PULLB from a TCP or ZeroMQ client carries a wire mode in its request's envelope (set by the
 front end), which the shard marks its reply with (`WIRE_MODE_KEY`, the shard's own key, never
 sent on): the reply is then packed here in its final form, numbers as that client's transport
 wants them, and passed through the front end as bytes (`shardq.protocol._prepacked`).
+
+For a TCP client every integer beyond 32 bits goes as a float (`shardq.protocol._jsnum`).
+The epoch-ms fields of a job always are such integers: they are floated first. Then each job
+is packed and its bytes checked for a 64-bit marker (0xcf, 0xd3): without one, it holds no
+other large integer. With one (a large integer, or only a marker byte inside another value:
+`{"i": 207}` packs as 0xcc 0xcf), that job's values are walked and it is packed again. The
+snapshots are fresh lists and maps, floated in place, but the containers they hold (a job's
+data, its stack trace) are the engine's own: they are read, and only one that holds such an
+integer is copied to be floated. (The marker check used to run on the whole reply, and one
+marker anywhere in 100 jobs decoded, walked and packed all of them again.)
 """
 
 from __future__ import annotations
@@ -22,10 +34,10 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core import CompactJobs
-from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE
+from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE, timeline_view
 from shardq.protocol import js_numbers
-from shardq.protocol._jsnum import JOB_TIME_KEYS, UINT32_MAX, js_job, js_timeline
-from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY, js_safe
+from shardq.protocol._jsnum import JOB_TIME_KEYS, UINT32_MAX, js_job
+from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY
 from shardq.runtime import _messages as msgs
 from shardq.runtime.links._control import exact_packer
 from shardq.runtime.links._stream import batch_overhead, split_batch
@@ -35,8 +47,23 @@ __all__ = ["FrontPacker", "pulled_ids", "reply_too_large"]
 _HOT_PAIRS: Final = 2 * len(WIRE_HOT_KEYS)
 _ID_AT: Final = 2 * WIRE_HOT_KEYS.index("id") + 1  # the id's place in a `wire_hot` list
 _TIMELINE_AT: Final = 2 * WIRE_HOT_KEYS.index("timeline") + 1
-# Where a `wire_hot` list holds the epoch-ms fields (`_jsnum.JOB_TIME_KEYS`).
+# Where a `wire_hot` list holds the epoch-ms fields (`_jsnum.JOB_TIME_KEYS`), and the values
+# that may hold other large integers: numbers, and the engine's containers of a client's
+# values. The rest are the engine's strings and flags (`Job`): they hold no integer.
 _TIMES_AT: Final = tuple(2 * WIRE_HOT_KEYS.index(k) + 1 for k in JOB_TIME_KEYS)
+_TEXT_KEYS: Final = ("id", "queue", "name", "progressMessage", "lifo", "timeline")
+_VALUES_AT: Final = tuple(
+    2 * i + 1 for i, k in enumerate(WIRE_HOT_KEYS) if k not in JOB_TIME_KEYS + _TEXT_KEYS
+)
+# Timelines packed at most, kept for the jobs of the next entries that share them.
+_TIMELINES_KEPT: Final = 256
+_INT32_MIN: Final = -(2**31)
+# The first byte of a packed uint64 and int64: every integer beyond 32 bits packs as one.
+_UINT64: Final = b"\xcf"
+_INT64: Final = b"\xd3"
+# Integers msgpack can pack (64 bits): one past them stays an int, and fails to pack as before.
+_INT64_MIN: Final = -(2**63)
+_UINT64_END: Final = 2**64
 
 
 class FrontPacker:
@@ -51,28 +78,44 @@ class FrontPacker:
         self._wire_js = self._wire_maker(js=True)
 
     def _wire_maker(self, *, js: bool) -> Callable[[list[Any] | dict[str, Any]], bytes]:
-        """Packs one `CompactJobs` entry; with `js`, its timestamps become floats as `encode_js`
-        makes them (the entries are fresh snapshots, changed in place; any other large number
-        is left to `js_safe`)."""
+        """Packs one `CompactJobs` entry; with `js`, its integers beyond 32 bits become floats
+        as `encode_js` makes them (`_js_times`, `_js_values`, `_js_map`)."""
         pack = self._pack
         keys = list(WIRE_TEMPLATE)
-        if tuple(keys[-len(WIRE_HOT_KEYS) :]) != WIRE_HOT_KEYS:
-            raise RuntimeError("WIRE_TEMPLATE must end with WIRE_HOT_KEYS")  # a code change
+        if tuple(keys[-len(WIRE_HOT_KEYS) :]) != WIRE_HOT_KEYS or keys[-1] != "timeline":
+            # A code change: the timeline is spliced in last (`wire`).
+            raise RuntimeError("WIRE_TEMPLATE must end with WIRE_HOT_KEYS, the timeline last")
         constant = keys[: -len(WIRE_HOT_KEYS)]
         head = self._map_header(len(keys)) + b"".join(
             pack(key) + pack(js_numbers(WIRE_TEMPLATE[key]) if js else WIRE_TEMPLATE[key])
             for key in constant
         )
         skip = len(self._array_header(_HOT_PAIRS))  # the pairs go in as a list: drop its header
+        timelines = _Timelines(pack, js=js)
 
         def wire(entry: list[Any] | dict[str, Any]) -> bytes:
             if isinstance(entry, dict):
-                if js:
-                    js_job(entry)
-                return pack(entry)
+                if not js:
+                    return pack(entry)
+                js_job(entry)  # its epoch-ms fields and its timeline's, in place
+                packed = pack(entry)
+                if _UINT64 in packed or _INT64 in packed:
+                    _js_map(entry)
+                    packed = pack(entry)
+                return packed
             if js:
-                _float_hot(entry)
-            return head + pack(entry)[skip:]
+                _js_times(entry)
+            # The timeline is last: packed as nil (one byte, dropped), its bytes put instead.
+            timeline = entry[_TIMELINE_AT]
+            entry[_TIMELINE_AT] = None
+            try:
+                packed = pack(entry)
+                if js and (_UINT64 in packed or _INT64 in packed):
+                    _js_values(entry)
+                    packed = pack(entry)
+            finally:
+                entry[_TIMELINE_AT] = timeline  # an entry may be packed twice (`_cut`)
+            return b"".join((head, packed[skip:-1], timelines.packed(timeline)))
 
         return wire
 
@@ -184,21 +227,125 @@ class FrontPacker:
                     ids.append(entry["id"] if isinstance(entry, dict) else entry[_ID_AT])
                     body.append(wire(entry))
             else:
-                body.append(pack(value))  # ok, tokens: no large numbers
+                packed_value = pack(value)  # ok, tokens
+                if js and (_UINT64 in packed_value or _INT64 in packed_value):
+                    packed_value = pack(_js_value(value))
+                body.append(packed_value)
         packed = b"".join(body)
-        if js:
-            packed = js_safe(packed)  # a large number in some job's data
         outer = {"ok": reply.get("ok", True), IDS_KEY: ids, WIRE_KEY: packed}
         return b"".join((self._array_header(3), pack(conn), pack(rid), pack(outer)))
 
 
-def _float_hot(entry: list[Any]) -> None:
-    """`js_job` for a `wire_hot` list: its epoch-ms values and its timeline's as floats."""
+class _Timelines:
+    """The packed wire form of job timelines (`timeline_view`, floated for a TCP client with
+    `js`), by the identity of the job's tuple: jobs pushed or moved together share one. Keeps
+    at most `_TIMELINES_KEPT` (each at most `TIMELINE_MAX` entries), and the tuples with them,
+    so an identity is never reused while kept."""
+
+    def __init__(self, pack: Callable[[Any], bytes], *, js: bool) -> None:
+        self._pack = pack
+        self._js = js
+        self._kept: dict[int, tuple[object, bytes]] = {}
+
+    def packed(self, timeline: Any) -> bytes:
+        kept = self._kept.get(id(timeline))
+        if kept is not None and kept[0] is timeline:
+            return kept[1]
+        view = timeline_view(timeline)
+        if self._js:
+            _js_timeline(view)
+        data = self._pack(view)
+        if len(self._kept) >= _TIMELINES_KEPT:
+            self._kept.clear()
+        self._kept[id(timeline)] = (timeline, data)
+        return data
+
+
+def _js_times(entry: list[Any]) -> None:
+    """Float the epoch-ms values of a `wire_hot` list (fresh, changed in place)."""
     for i in _TIMES_AT:
         value = entry[i]
         if type(value) is int and value > UINT32_MAX:
-            entry[i] = float(value)
-    js_timeline(entry[_TIMELINE_AT])
+            entry[i] = float(value) if value < _UINT64_END else value
+
+
+def _js_values(entry: list[Any]) -> None:
+    """`js_numbers` for the values of a `wire_hot` list (fresh, changed in place) that may hold
+    an integer but its epoch-ms ones (`_js_times`) and its timeline (`_Timelines`); their
+    containers are the engine's (`_js_value`)."""
+    for i in _VALUES_AT:
+        value = entry[i]
+        kind = type(value)
+        if kind is int:
+            if value > UINT32_MAX or value < _INT32_MIN:
+                entry[i] = _js_int(value)
+        elif (kind is dict or kind is list) and _has_large(value):
+            entry[i] = _js_copy(value)
+
+
+def _js_timeline(timeline: object) -> None:
+    """Float the large integers of a wire timeline made for this packing, in place."""
+    if type(timeline) is not list:
+        return
+    for step in timeline:  # [{state, timestamp, attempt?}]
+        if type(step) is not dict:
+            continue
+        for key, value in step.items():
+            if type(value) is int and (value > UINT32_MAX or value < _INT32_MIN):
+                step[key] = _js_int(value)
+
+
+def _js_map(entry: dict[str, Any]) -> None:
+    """`js_numbers` for a job's full wire map (fresh, changed in place, its timeline too; the
+    other containers it holds may be the engine's: `_js_value`)."""
+    for key, value in entry.items():
+        if key == "timeline":
+            _js_timeline(value)
+            continue
+        floated = _js_value(value)
+        if floated is not value:
+            entry[key] = floated
+
+
+def _js_value(value: Any) -> Any:
+    """`value` with its integers beyond 32 bits as floats: itself if it holds none (nothing
+    is changed in place), else a copy."""
+    kind = type(value)
+    if kind is int:
+        return _js_int(value) if value > UINT32_MAX or value < _INT32_MIN else value
+    if (kind is dict or kind is list or kind is tuple) and _has_large(value):
+        return _js_copy(value)
+    return value
+
+
+def _js_int(value: int) -> int | float:
+    return float(value) if _INT64_MIN <= value < _UINT64_END else value
+
+
+def _has_large(value: Any) -> bool:
+    """Whether `value` holds an integer beyond 32 bits, at any depth."""
+    kind = type(value)
+    if kind is int:
+        return bool(value > UINT32_MAX or value < _INT32_MIN)
+    if kind is dict:
+        value = value.values()
+    elif kind is not list and kind is not tuple:
+        return False
+    for item in value:
+        kind = type(item)
+        if kind is int:
+            if item > UINT32_MAX or item < _INT32_MIN:
+                return True
+        elif (kind is dict or kind is list or kind is tuple) and _has_large(item):
+            return True
+    return False
+
+
+def _js_copy(value: Any) -> Any:
+    """A copy of `value` as msgpack decodes it, its large integers floated: what packing it,
+    decoding that and `js_numbers` gave (raises as packing it does)."""
+    return js_numbers(msgpack.unpackb(msgpack.packb(value, use_bin_type=True), raw=False,
+                                      strict_map_key=False))  # fmt: skip
 
 
 def _entry_id(entry: list[Any] | dict[str, Any]) -> str:

@@ -1,0 +1,279 @@
+"""A shard's CPU per job in one process: its turns, without sockets, clock or other processes.
+
+    python -m bench.shard_turns [--scenario ppa1q,push1q,drain1q] [--jobs 20000]
+                                [--repeats 5] [--profile] [--top 40]
+
+`bench.cpu_ab` measures a real server, where a shard's CPU time per job moves by 10-20 % with
+the load on the machine and with how the front end happens to batch requests. This runs the
+shard's own code on fixed turns: each turn decodes one packed `req` message (as the front end
+sends it), hands it to `ShardCore.handle`, runs `finish_turn` and packs what it returns as
+`ShardProcess._send` does (the same method, on a shard whose links only collect the bytes),
+then takes the writer's `done` for the turn's batch. The turns are those of `bench.cpu_ab`'s
+scenarios (`bench._scenarios`): `push1q` 100 PUSH per turn (`push8q`: over 8 queues in turn,
+all on this shard); `drain1q` (the fill by PUSHB not
+counted) one PULLB of 100 then its ACKB, each a turn; `ppa1q` rounds of 20 PUSHB of 100 in
+turns of 8, each round drained like `drain1q`. The payloads are `{"i": n}`, with n from 0 to
+99 in each PUSHB of `drain1q` and counting up in the others, as there. PULLB goes with the
+envelope of a TCP client (its reply packed in its final form, `shard._wire`).
+
+Only the shard's work is timed (`time.process_time`): making the requests and reading the
+replies back for the next request are not. The best and the median of `--repeats` runs are
+printed, in µs per job. `--profile` runs once with cProfile on over the same turns and prints
+the calls per job and the functions that take the most time (cProfile's own cost inflates
+every call, and more so for Python calls than for C work such as packing).
+
+`--instructions` counts instead the instructions per job under valgrind (cachegrind, no cache
+simulation), which do not depend on other load: each scenario runs in a child process with N
+and with 2N jobs, and the difference is divided by N. That count includes the harness's own
+work (making the requests, decoding the replies, about the same for every build), so compare
+two builds' counts with each other, not with the CPU times. To measure another build, run
+this file with that build's interpreter from its checkout:
+`cd <checkout> && PYTHONPATH=. .venv/bin/python <this file> --instructions`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+
+import bench
+from bench._instructions import read_totals, valgrind_wrapper
+from shardq.core import Engine
+from shardq.protocol._prepacked import IDS_KEY, JS_NUMBERS, WIRE_KEY
+from shardq.runtime import _messages as msgs
+from shardq.runtime._sections import LinkSettings
+from shardq.runtime.links._control import pack, unpack
+from shardq.runtime.shard._backlog import StoreBacklog
+from shardq.runtime.shard._core import ShardCore
+from shardq.runtime.shard._process import ShardProcess
+from shardq.runtime.shard._wire import FrontPacker
+from shardq.storage import Storage
+
+SCENARIOS = ("ppa1q", "push1q", "drain1q", "push8q")
+BATCH = 100
+_NOW = 1_790_000_000_000
+
+
+def _no_store() -> Storage:
+    raise RuntimeError("the memory budget was reached: the harness has no store")
+
+
+class _Sink:
+    """A link that keeps the last frame sent."""
+
+    pending = 0
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send(self, data: bytes, block: bool = True) -> None:
+        self.sent.append(data)
+
+
+class Shard:
+    """A `ShardCore` with `ShardProcess._send` around it, turn by turn."""
+
+    def __init__(self) -> None:
+        # As `ShardProcess` makes it, with the default memory budget (`shard_memory_mb`); the
+        # budget is never reached here, so its backlog is never opened.
+        backlog = StoreBacklog(_no_store, 0, 0)
+        engine = Engine(seed=1, compact_pulls=True, backlog=backlog, memory_bytes=256 << 20)
+        self.core = ShardCore(0, engine)
+        proc = object.__new__(ShardProcess)
+        proc.core = self.core
+        proc._links = LinkSettings()  # the process's own fields, set by hand
+        proc._direct = None
+        proc._front_packer = FrontPacker()
+        self.front, self.writer = _Sink(), _Sink()
+        proc._front = self.front  # type: ignore[assignment]
+        proc._writer = self.writer  # type: ignore[assignment]
+        self._send = proc._send
+        self.now = _NOW
+        self.cpu = 0.0
+        self.measuring = True  # off while a drain's queue is filled
+        self.profiler: cProfile.Profile | None = None
+
+    def turn(self, data: bytes) -> list[bytes]:
+        """One loop turn for the packed `req` message `data`; the frames to the front end."""
+        self.front.sent.clear()
+        self.writer.sent.clear()
+        self.now += 1
+        profiler = self.profiler if self.measuring else None
+        if profiler is not None:
+            profiler.enable()
+        started = time.process_time()
+        core = self.core
+        core.handle(unpack(data), self.now)
+        self._send(core.finish_turn(self.now))
+        if self.writer.sent:  # the writer commits the batch: its `done` is the next turn's
+            core.handle(unpack(pack(msgs.done(core.seq))), self.now)
+            self._send(core.take_replies())
+        if self.measuring:
+            self.cpu += time.process_time() - started
+        if profiler is not None:
+            profiler.disable()
+        return self.front.sent
+
+
+def _req(cmds: list[dict[str, Any]], wire: bool = False) -> bytes:
+    items: list[list[Any]] = []
+    for i, cmd in enumerate(cmds):
+        item: list[Any] = ["c1", i, cmd]
+        if wire:
+            item.append({msgs.ENVELOPE_WIRE: JS_NUMBERS})
+        items.append(item)
+    return pack(msgs.req(items))
+
+
+def _replies(frames: list[bytes]) -> Iterator[dict[str, Any]]:
+    for data in frames:
+        msg = unpack(data)
+        if msg.get("t") == msgs.REP:
+            for _conn, _rid, reply in msg["items"]:
+                yield reply
+
+
+def _pushb(start: int) -> dict[str, Any]:
+    return {
+        "cmd": "PUSHB",
+        "queue": "q0",
+        "jobs": [{"data": {"i": start + k}} for k in range(BATCH)],
+    }
+
+
+def _drain(shard: Shard) -> int:
+    done = 0
+    while True:
+        frames = shard.turn(
+            _req([{"cmd": "PULLB", "queue": "q0", "count": BATCH, "owner": "ab"}], True)
+        )
+        reply = next(_replies(frames))
+        ids = reply[IDS_KEY]
+        if not ids:
+            return done
+        tokens = msgpack.unpackb(reply[WIRE_KEY], raw=False)["tokens"]
+        shard.turn(_req([{"cmd": "ACKB", "ids": ids, "tokens": tokens}]))
+        done += len(ids)
+
+
+def _ppa(shard: Shard, jobs: int) -> int:
+    done = 0
+    while done < jobs:
+        pushes = [_pushb(done + r * BATCH) for r in range(20)]
+        for first in range(0, len(pushes), 8):
+            shard.turn(_req(pushes[first : first + 8]))
+        done += _drain(shard)
+    return done
+
+
+def _push(shard: Shard, jobs: int, queues: int) -> int:
+    for first in range(0, jobs, BATCH):
+        cmds = [
+            {"cmd": "PUSH", "queue": f"q{(first + k) % queues}", "data": {"i": first + k}}
+            for k in range(BATCH)
+        ]
+        shard.turn(_req(cmds))
+    return jobs
+
+
+def run(scenario: str, jobs: int, profiler: cProfile.Profile | None = None) -> tuple[float, int]:
+    """The shard's CPU µs per job of one run of `scenario` on a fresh shard, and the jobs it
+    ran; with `profiler`, profiled over the measured turns only."""
+    shard = Shard()
+    shard.profiler = profiler
+    if scenario == "drain1q":
+        shard.measuring = False
+        fills = [_pushb(0) for _ in range(max(jobs // BATCH, 1))]  # as `bench.cpu_ab`'s
+        for first in range(0, len(fills), 8):
+            shard.turn(_req(fills[first : first + 8]))
+        shard.measuring = True
+        done = _drain(shard)
+    elif scenario == "ppa1q":
+        done = _ppa(shard, jobs)
+    else:
+        done = _push(shard, jobs, 8 if scenario == "push8q" else 1)
+    return shard.cpu * 1e6 / done, done
+
+
+def _profile(scenario: str, jobs: int, top: int) -> None:
+    profiler = cProfile.Profile()
+    _us, jobs = run(scenario, jobs, profiler)
+    entries = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    calls = sum(nc for (_cc, nc, _tt, _ct, _callers) in entries.values())
+    print(f"{scenario}: Python calls per job {calls / jobs:.1f}")
+    for title, key in (("own time", 2), ("with callees", 3)):
+        rows = sorted(entries.items(), key=lambda kv: kv[1][key], reverse=True)[:top]
+        print(f"\nBy {title}:\n| calls/job | own µs/job | with callees µs/job | function |")
+        print("|---:|---:|---:|---|")
+        for (path, line, name), (_cc, nc, tt, ct, _callers) in rows:
+            where = f"{Path(path).name}:{line}" if path != "~" else "C"
+            print(f"| {nc / jobs:.2f} | {tt * 1e6 / jobs:.2f} | {ct * 1e6 / jobs:.2f} "
+                  f"| {name} ({where}) |")  # fmt: skip
+
+
+def _instructions(scenario: str, jobs: int) -> float:
+    """Instructions per job of `scenario`: runs of N and 2N jobs under valgrind, differenced."""
+    counts: list[int] = []
+    # The checkout whose `bench` this process runs, for the child's imports.
+    root = str(Path(bench.__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
+    }
+    with tempfile.TemporaryDirectory(prefix="shard-turns-vg-") as out:
+        for n in (jobs, 2 * jobs):
+            # This file, not `-m`: run with another build's `shardq` on the path (the
+            # harness's file alone can measure a build that does not have it).
+            args = [*valgrind_wrapper(Path(out)), sys.executable, str(Path(__file__).resolve()),
+                    "--scenario", scenario, "--jobs", str(n), "--repeats", "1"]  # fmt: skip
+            child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            _out, err = child.communicate()
+            if child.returncode != 0:
+                raise RuntimeError(f"valgrind run failed: {err[-2000:].decode(errors='replace')}")
+            # Valgrind runs the program in the process it starts as (a process the program
+            # starts, if any, writes a file of its own).
+            counts.append(read_totals(Path(out) / f"ir.{child.pid}"))
+    return (counts[1] - counts[0]) / jobs
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.shard_turns", description=__doc__)
+    parser.add_argument("--scenario", default=",".join(SCENARIOS))
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--instructions", action="store_true")
+    args = parser.parse_args(argv)
+    scenarios = args.scenario.split(",")
+    for scenario in scenarios:
+        if scenario not in SCENARIOS:
+            parser.error(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
+    for scenario in scenarios:
+        if args.profile:
+            _profile(scenario, args.jobs, args.top)
+            continue
+        if args.instructions:
+            print(f"{scenario}: {_instructions(scenario, args.jobs):,.0f} instructions/job",
+                  flush=True)  # fmt: skip
+            continue
+        runs = [run(scenario, args.jobs)[0] for _ in range(args.repeats)]
+        print(f"{scenario}: best {min(runs):.2f} median {statistics.median(runs):.2f} µs/job "
+              f"({', '.join(f'{r:.2f}' for r in runs)})", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
