@@ -2,8 +2,8 @@
 
 Start-up (docs/runtime.md): check the data directory, lock the data path (`_lock.py`: one
 server per database), check the ports, create the run directory, bind PULL on `sup`, then
-spawn the writer, the N shards and the front end, each group only once the previous one
-reported ready, and log one `shardq ready` line with the addresses served.
+spawn the writer (with the HTTP process), the N shards and the front end, each group only
+once the previous one reported ready, and log one `shardq ready` line with the addresses served.
 
 While running, a child that exits is restarted after a backoff (100 ms doubling to 5 s); a
 child that needs more than `max_restarts_per_minute` restarts within 60 s stops the server
@@ -116,8 +116,10 @@ class Supervisor:
         self._writer = _Child("writer")
         self._shards = [_Child("shard", i) for i in range(config.shard_count)]
         self._frontend = _Child("frontend")
-        # The HTTP process starts first and stops first: /ready answers 503 while the shards
-        # recover, and a load balancer sees the server leave before its clients are cut.
+        # The HTTP process starts with the writer (neither needs the other; one after the
+        # other, its start delayed the writer's by its own) and stops first: /ready answers
+        # 503 while the shards recover, and a load balancer sees the server leave before its
+        # clients are cut.
         self._http = [_Child("http")] if config.http.http_port else []
         self._children = [self._writer, *self._shards, self._frontend, *self._http]
         self._stops = 0
@@ -206,7 +208,7 @@ class Supervisor:
     # -- start-up
 
     def _start(self) -> bool:
-        for group in (self._http, [self._writer], self._shards, [self._frontend]):
+        for group in ([*self._http, self._writer], self._shards, [self._frontend]):
             for child in group:
                 self._spawn(child)
                 child.ready_by = self._clock() + self._ready_timeout_s
