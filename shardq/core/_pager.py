@@ -364,7 +364,10 @@ class Pager:
     ) -> tuple[list[Job], Cursor | None, bool]:
         """The next cold jobs of `queue` in `state` (waiting ungrouped, or delayed) after
         `cur`, in order: (jobs, the cursor after them or None if none moved, exhausted).
-        A page of jobs held already (a read lagging) is read past."""
+        A page of jobs held already (a read lagging) is read past. At most `limit` jobs:
+        the kept records merged in (every job sent cold since the last commit, while the
+        writer lags) are cut there too, and the cursor stops at the last job returned, so
+        a refill of a few jobs never brings a whole uncommitted tail back in."""
         read = self.backlog.page_waiting if state == WAITING else self.backlog.page_delayed
         after = cur
         while True:
@@ -374,6 +377,9 @@ class Pager:
                 break
             after = page.after
         end = page.after if not page.done else None
+        if len(jobs) > limit:
+            del jobs[limit:]
+            end = None  # the rest, stored or kept, sorts after the last job returned
         if jobs:
             last = (waiting_cursor if state == WAITING else delayed_cursor)(jobs[-1])
             end = last if end is None or last > end else end
