@@ -44,6 +44,9 @@ __all__ = [
     "PARTS",
     "PROGRESS",
     "READY",
+    "RECYCLE",
+    "RECYCLED",
+    "RECYCLE_GO",
     "REJECTED",
     "REP",
     "REQ",
@@ -71,6 +74,9 @@ __all__ = [
     "PartsMsg",
     "ProgressMsg",
     "ReadyMsg",
+    "RecycleGoMsg",
+    "RecycleMsg",
+    "RecycledMsg",
     "RejectedMsg",
     "RepMsg",
     "ReqEnvelope",
@@ -98,6 +104,9 @@ __all__ = [
     "parts",
     "progress",
     "ready",
+    "recycle",
+    "recycle_go",
+    "recycled",
     "rejected",
     "rep",
     "req",
@@ -113,6 +122,7 @@ __all__ = [
 READY: Final = "ready"
 PROGRESS: Final = "progress"
 FATAL: Final = "fatal"
+RECYCLED: Final = "recycled"
 # Supervisor -> front end (and the front end's own link watcher).
 SHARD_DOWN: Final = "shard-down"
 SHARD_UP: Final = "shard-up"
@@ -124,6 +134,7 @@ LISTEN: Final = "listen"
 WORKERS: Final = "workers"
 FLOWACK: Final = "flowack"
 PARTS: Final = "parts"
+RECYCLE_GO: Final = "recycle-go"
 # Shard -> front end.
 REP: Final = "rep"
 EVENTS: Final = "events"
@@ -132,6 +143,7 @@ DRAINED: Final = "drained"
 FLOW: Final = "flow"
 LOADED: Final = "loaded"
 DIRECT: Final = "direct"
+RECYCLE: Final = "recycle"
 # Shard -> writer.
 MUTS: Final = "muts"
 FLUSH: Final = "flush"
@@ -171,6 +183,14 @@ class FatalMsg(TypedDict):
     index: int
     pid: int
     error: str
+
+
+class RecycledMsg(TypedDict):
+    t: Literal["recycled"]
+    role: str
+    index: int
+    pid: int
+    rss: int
 
 
 class ShardDownMsg(TypedDict):
@@ -231,6 +251,15 @@ class PartsMsg(TypedDict):
     t: Literal["parts"]
     held: list[int]
     epochs: list[int]
+
+
+class RecycleGoMsg(TypedDict):
+    t: Literal["recycle-go"]
+
+
+class RecycleMsg(TypedDict):
+    t: Literal["recycle"]
+    shard: int
 
 
 class RepMsg(TypedDict):
@@ -338,6 +367,13 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(READY, ReadyMsg, "every child", "supervisor", "started; serving"),
     Message(PROGRESS, ProgressMsg, "every child", "supervisor", "still working towards ready"),
     Message(FATAL, FatalMsg, "every child", "supervisor", "cannot start; about to exit"),
+    Message(
+        RECYCLED,
+        RecycledMsg,
+        "shard",
+        "supervisor",
+        "exiting to be replaced at once (`rss` bytes): not a crash",
+    ),
     Message(SHARD_DOWN, ShardDownMsg, _SUP_OR_LINK, "front end", "shard `shard` is gone"),
     Message(SHARD_UP, ShardUpMsg, _SUP_OR_LINK, "front end", "shard `shard` is back"),
     Message(REQ, ReqMsg, "front end", "shard", "client commands `[conn, rid, command, envelope?]`"),
@@ -353,6 +389,13 @@ MESSAGES: Final[tuple[Message, ...]] = (
         "shard",
         "the partitions (and epochs) this node holds now: load, drop",
     ),
+    Message(
+        RECYCLE_GO,
+        RecycleGoMsg,
+        "front end",
+        "shard",
+        "every request before this one was sent; the rest are held: stop",
+    ),
     Message(REP, RepMsg, "shard", "front end", "replies `[conn, rid, reply]`"),
     Message(EVENTS, EventsMsg, "shard", "front end", "one turn's job events"),
     Message(CANCEL, CancelMsg, "shard", "front end", "active jobs cancelled this turn"),
@@ -360,6 +403,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(FLOW, FlowMsg, "shard", "front end", "flow notices `[key, notice]` for parents"),
     Message(LOADED, LoadedMsg, "shard", "front end", "the partitions it has loaded now"),
     Message(DIRECT, DirectMsg, "shard", "front end", "this shard's direct port (`direct_shards`)"),
+    Message(RECYCLE, RecycleMsg, "shard", "front end", "about to be replaced: hold my requests"),
     Message(
         MUTS,
         MutsMsg,
@@ -402,6 +446,10 @@ def fatal(role: str, index: int, pid: int, error: str) -> FatalMsg:
     return {"t": FATAL, "role": role, "index": index, "pid": pid, "error": error}
 
 
+def recycled(role: str, index: int, pid: int, rss: int) -> RecycledMsg:
+    return {"t": RECYCLED, "role": role, "index": index, "pid": pid, "rss": rss}
+
+
 def shard_down(shard: int) -> ShardDownMsg:
     return {"t": SHARD_DOWN, "shard": shard}
 
@@ -440,6 +488,14 @@ def flowack(keys: list[Any]) -> FlowackMsg:
 
 def parts(held: list[int], epochs: list[int]) -> PartsMsg:
     return {"t": PARTS, "held": held, "epochs": epochs}
+
+
+def recycle(shard: int) -> RecycleMsg:
+    return {"t": RECYCLE, "shard": shard}
+
+
+def recycle_go() -> RecycleGoMsg:
+    return {"t": RECYCLE_GO}
 
 
 def rep(items: list[Any]) -> RepMsg:

@@ -135,6 +135,10 @@ VALID_TEXT = {
     "spin_auto_cut_us": "0",
     "memory_release_idle_ms": "500",
     "memory_release_grow_mb": "4",
+    "shard_recycle_idle_ms": "1500",
+    "shard_recycle_grow_mb": "16",
+    "shard_recycle_hold_ms": "5000",
+    "shard_recycle_hold_max_bytes": "2097152",
     "shard_memory_mb": "64",
     "direct_shards": "true",
     "direct_max_connections": "10",
@@ -163,6 +167,7 @@ VALID_TEXT = {
     "max_connections": "50",
     "max_in_flight_per_connection": "64",
     "job_cache_size": "1000",
+    "job_cache_max_mb": "2",
     "max_parked_per_connection": "5",
     "max_parked": "100",
     "tcp_max_write_backlog_bytes": "0",
@@ -262,6 +267,10 @@ spin_auto_max_runnable = 3
 spin_auto_cut_us = 0
 memory_release_idle_ms = 500
 memory_release_grow_mb = 4
+shard_recycle_idle_ms = 1500
+shard_recycle_grow_mb = 16
+shard_recycle_hold_ms = 5000
+shard_recycle_hold_max_bytes = 2097152
 shard_memory_mb = 64
 direct_shards = true
 direct_max_connections = 10
@@ -288,6 +297,7 @@ link_max_frame_bytes = 1048576
 max_connections = 50
 max_in_flight_per_connection = 64
 job_cache_size = 1000
+job_cache_max_mb = 2
 max_parked_per_connection = 5
 max_parked = 100
 tcp_max_write_backlog_bytes = 0
@@ -411,6 +421,11 @@ def test_shards_auto_and_number() -> None:
         ("spin_auto_cut_us", "10001"),
         ("memory_release_idle_ms", "-1"),
         ("memory_release_grow_mb", "0"),
+        ("shard_recycle_idle_ms", "-1"),
+        ("shard_recycle_grow_mb", "0"),
+        ("shard_recycle_hold_ms", "50"),
+        ("shard_recycle_hold_max_bytes", "1024"),
+        ("job_cache_max_mb", "-1"),
         ("shard_memory_mb", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
