@@ -47,6 +47,7 @@ __all__ = [
     "RECYCLE",
     "RECYCLED",
     "RECYCLE_GO",
+    "RECYCLE_OFF",
     "REJECTED",
     "REP",
     "REQ",
@@ -76,6 +77,7 @@ __all__ = [
     "ReadyMsg",
     "RecycleGoMsg",
     "RecycleMsg",
+    "RecycleOffMsg",
     "RecycledMsg",
     "RejectedMsg",
     "RepMsg",
@@ -106,6 +108,7 @@ __all__ = [
     "ready",
     "recycle",
     "recycle_go",
+    "recycle_off",
     "recycled",
     "rejected",
     "rep",
@@ -144,6 +147,7 @@ FLOW: Final = "flow"
 LOADED: Final = "loaded"
 DIRECT: Final = "direct"
 RECYCLE: Final = "recycle"
+RECYCLE_OFF: Final = "recycle-off"
 # Shard -> writer.
 MUTS: Final = "muts"
 FLUSH: Final = "flush"
@@ -259,6 +263,11 @@ class RecycleGoMsg(TypedDict):
 
 class RecycleMsg(TypedDict):
     t: Literal["recycle"]
+    shard: int
+
+
+class RecycleOffMsg(TypedDict):
+    t: Literal["recycle-off"]
     shard: int
 
 
@@ -404,6 +413,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(LOADED, LoadedMsg, "shard", "front end", "the partitions it has loaded now"),
     Message(DIRECT, DirectMsg, "shard", "front end", "this shard's direct port (`direct_shards`)"),
     Message(RECYCLE, RecycleMsg, "shard", "front end", "about to be replaced: hold my requests"),
+    Message(RECYCLE_OFF, RecycleOffMsg, "shard", "front end", "not replaced: send what was held"),
     Message(
         MUTS,
         MutsMsg,
@@ -496,6 +506,10 @@ def recycle(shard: int) -> RecycleMsg:
 
 def recycle_go() -> RecycleGoMsg:
     return {"t": RECYCLE_GO}
+
+
+def recycle_off(shard: int) -> RecycleOffMsg:
+    return {"t": RECYCLE_OFF, "shard": shard}
 
 
 def rep(items: list[Any]) -> RepMsg:

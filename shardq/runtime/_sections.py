@@ -275,6 +275,10 @@ class WriterSettings:
     # so small values cost nothing measurable (BENCHMARKS.md section 5). bunqueue: 64 and 256.
     sqlite_cache_mb: int = 16
     sqlite_mmap_mb: int = 0
+    # The writer's summaries of the rows it wrote last (their queue and blob lengths), so an
+    # update of a job pushed a moment ago needs no read, in MiB (about 240 bytes a job:
+    # 24 MiB holds about 100,000). 0: none. Dropped when the writer gives memory back.
+    row_cache_mb: int = 24
     # The idle writer gives the file's free pages back (`writer/_vacuum.py`): once nothing
     # committed for `vacuum_idle_ms`, a step at a time, when at least `vacuum_min_free_pages`
     # are free. The first step frees `vacuum_pages_per_step` pages (0: never vacuum); each

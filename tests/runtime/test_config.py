@@ -148,6 +148,7 @@ VALID_TEXT = {
     "storage_stall_ms": "2000",
     "max_db_bytes": "2097152",
     "sqlite_cache_mb": "64",
+    "row_cache_mb": "3",
     "sqlite_mmap_mb": "256",
     "vacuum_pages_per_step": "64",
     "vacuum_min_free_pages": "0",
@@ -279,6 +280,7 @@ storage_retry_max_ms = 250
 storage_stall_ms = 2000
 max_db_bytes = 2097152
 sqlite_cache_mb = 64
+row_cache_mb = 3
 sqlite_mmap_mb = 256
 vacuum_pages_per_step = 64
 vacuum_min_free_pages = 0
@@ -426,6 +428,7 @@ def test_shards_auto_and_number() -> None:
         ("shard_recycle_hold_ms", "50"),
         ("shard_recycle_hold_max_bytes", "1024"),
         ("job_cache_max_mb", "-1"),
+        ("row_cache_mb", "-1"),
         ("shard_memory_mb", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),

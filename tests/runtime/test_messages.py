@@ -48,6 +48,7 @@ SAMPLES: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
     ),
     (msgs.recycle, (1,), {"t": "recycle", "shard": 1}),
     (msgs.recycle_go, (), {"t": "recycle-go"}),
+    (msgs.recycle_off, (3,), {"t": "recycle-off", "shard": 3}),
     (msgs.shard_down, (2,), {"t": "shard-down", "shard": 2}),
     (msgs.shard_up, (2,), {"t": "shard-up", "shard": 2}),
     (

@@ -233,6 +233,8 @@ class ShardProcess:
             return "direct port"
         if self.core.waits or self.core.draining:
             return "parked WaitJob or draining"
+        if self.core.active_jobs():
+            return "active jobs"
         if self.core.seq == self._ready_seq:
             return "nothing written since the start"
         return None

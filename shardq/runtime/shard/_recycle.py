@@ -24,9 +24,11 @@ before recovery) plus `shard_recycle_grow_mb` plus `RECYCLE_FACTOR` times its jo
 4. the front end connects to the new process and sends it what it held; the new shard serves
    them once recovered, as it does after any restart.
 
-A shard that holds a parked WaitJob, serves a direct port, or wrote nothing since it started
-never recycles (nothing to give back, or a client that would see its connection cut); nor
-does one whose front end is not connected.
+A shard that holds an active job or a parked WaitJob, serves a direct port, or wrote nothing
+since it started never recycles (a worker's lease or a client's connection would not survive
+it, or there is nothing to give back); nor does one whose front end is not connected. If a
+request that came between its `recycle` and the `recycle-go` made a job active, it calls the
+recycle off (`recycle-off`: the front end sends what it held) and carries on.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class RecycleCheck:
     ) -> None:
         self._settings = settings
         self._estimate = estimate
-        self._blocker = blocker
+        self.blocker = blocker
         self.fresh_bytes = rss_bytes()  # before recovery: what a new process costs
         self._quiet_at: float | None = None
         self._window = (0.0, 0.0)
@@ -117,7 +119,7 @@ class RecycleCheck:
             return None
         self._quiet_at = None
         rss = rss_bytes()
-        if rss <= self.limit() or self._blocker() is not None:
+        if rss <= self.limit() or self.blocker() is not None:
             return None
         return rss
 
@@ -174,8 +176,17 @@ class ShardRecycle:
         left = max(0, math.ceil((due - time.monotonic()) * 1000))
         return left if timeout_ms is None else min(timeout_ms, left)
 
-    def go(self) -> None:
-        """`recycle-go` came: every request the front end routed here is in; stop."""
+    def go(self) -> bool:
+        """`recycle-go` came: every request the front end routed here is in. Stop, unless
+        something the shard took meanwhile forbids it (a pull made a job active): then tell
+        the front end to send the held requests (`recycle-off`) and carry on."""
+        blocked = self.check.blocker()
+        if blocked is not None:
+            self._asked_at = None
+            self._send(msgs.recycle_off(self._index))
+            _log.info("shard recycle called off", reason=blocked)
+            return False
         if not self.going:
             self.going = True
             self._on_go(rss_bytes())
+        return True
