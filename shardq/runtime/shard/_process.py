@@ -48,7 +48,7 @@ from shardq.runtime.shard._backlog import StoreBacklog
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._direct import DirectPort
 from shardq.runtime.shard._gc import tune_gc
-from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
+from shardq.runtime.shard._memory import MemoryReturner, release_memory
 from shardq.runtime.shard._progress import Progress
 from shardq.runtime.shard._recycle import RecycleCheck, RecycleSettings, ShardRecycle
 from shardq.runtime.shard._salvage import salvage_replies
@@ -211,8 +211,9 @@ class ShardProcess:
         )
         tune_gc()
         # Recovery decoded every page of records it read: hand that heap back before serving,
-        # and measure later growth from here.
-        malloc_trim()
+        # and measure later growth from here. The completed jobs it loaded are packed now
+        # (`_memory.compact_engine`), while nothing else is allocated between them.
+        release_memory(self.core.engine)
         self._memory.idle.rebase()
         self._ready_seq = self.core.seq
         self.sup.ready()
