@@ -180,7 +180,7 @@ class Dispatcher:
             msgs.SHARD_UP: self._on_shard_up,
             msgs.DIRECT: self._on_direct,
             msgs.RECYCLE: lambda msg: self.router.hold(msg.get("shard")),
-            msgs.RECYCLE_OFF: lambda msg: self.router.release(msg.get("shard")),
+            msgs.RECYCLE_OFF: lambda msg: self.router.call_off(msg.get("shard")),
             # A shard answers `parts` with `loaded`; only a node on a shared database sends
             # `parts`, and its front end takes these over (`on_shard_kind`).
             msgs.LOADED: _ignored,

@@ -268,6 +268,7 @@ class Frontend:
                     continue
                 if msg.get("t") == msgs.SHARD_UP and isinstance(msg.get("shard"), int):
                     # Up for clients only once the link is connected again (`_link_up`).
+                    self.dispatcher.router.confirm(msg["shard"])
                     self._links.reconnect(msg["shard"])
                 else:
                     self.dispatcher.on_shard_message(msg)

@@ -153,6 +153,10 @@ class Router:
         self.hold_max_bytes = 64 << 20  # `[process] shard_recycle_hold_max_bytes`
         self._holds = 0
         self._hold_ids: dict[int, int] = {}  # shard -> its hold's number (for the timeout)
+        # Held shards whose replacement the supervisor reported ready (`confirm`): only then
+        # does a link that comes up belong to it (the old process's socket may take one more
+        # connection while it exits, and drop it).
+        self._confirmed: set[int] = set()
         self._send = send
         self._loop = loop
         self._link_max = link_max_frame_bytes
@@ -499,14 +503,28 @@ class Router:
         self.flush()
         self._send(shard, pack(msgs.recycle_go()))
         self.held[shard] = 0
+        self._confirmed.discard(shard)
         self._holds += 1
         self._loop.call_later(self.hold_s, self._hold_expired, shard, self._holds)
         self._hold_ids[shard] = self._holds
         _log.info("shard recycling; holding its requests", shard=shard)
 
+    def confirm(self, shard: object) -> None:
+        """The supervisor says shard `shard`'s (replacement) process is ready."""
+        if isinstance(shard, int) and shard in self.held:
+            self._confirmed.add(shard)
+
     def release(self, shard: object) -> None:
-        """The replacement's link is up: send it what was held."""
+        """A link to `shard` is up: if it is the replacement's (`confirm`), send it what was
+        held."""
+        if shard in self.held and shard not in self._confirmed:
+            return
+        self.call_off(shard)
+
+    def call_off(self, shard: object) -> None:
+        """Send what was held for `shard` now (its recycle is over or called off)."""
         if isinstance(shard, int) and self.held.pop(shard, None) is not None:
+            self._confirmed.discard(shard)
             self.schedule_flush()
 
     def lost_while_held(self, shard: int) -> None:
@@ -532,6 +550,7 @@ class Router:
         if not isinstance(shard, int) or not 0 <= shard < self.shards:
             return
         self.held.pop(shard, None)
+        self._confirmed.discard(shard)
         self.down.add(shard)
         self._outbox[shard] = []
         self._control[shard] = []
