@@ -32,7 +32,7 @@ from shardq.core._handover import forget_queues
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
-from shardq.runtime._giveback import GiveBackSettings
+from shardq.runtime._giveback import GiveBackSettings, rss_bytes
 from shardq.runtime._logging import configure
 from shardq.runtime._ports import connection_cap
 from shardq.runtime._routing import shard_of
@@ -48,7 +48,7 @@ from shardq.runtime.shard._backlog import StoreBacklog
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._direct import DirectPort
 from shardq.runtime.shard._gc import tune_gc
-from shardq.runtime.shard._memory import MemoryReturner, release_memory
+from shardq.runtime.shard._memory import MemoryReturner
 from shardq.runtime.shard._progress import Progress
 from shardq.runtime.shard._recycle import RecycleCheck, RecycleSettings, ShardRecycle
 from shardq.runtime.shard._salvage import salvage_replies
@@ -212,8 +212,8 @@ class ShardProcess:
         tune_gc()
         # Recovery decoded every page of records it read: hand that heap back before serving,
         # and measure later growth from here. The completed jobs it loaded are packed now
-        # (`_memory.compact_engine`), while nothing else is allocated between them.
-        release_memory(self.core.engine)
+        # (`_memory.compact_engine`), and the backlog's reader closed (its page cache).
+        self._memory.idle.release(rss_bytes(), "recovered")
         self._memory.idle.rebase()
         self._ready_seq = self.core.seq
         self.sup.ready()
