@@ -67,6 +67,25 @@ def wait_for_vacuum(log_path: Path, since: float, timeout: float) -> float | Non
     return None
 
 
+def wait_for_recycle(log_path: Path, since: float, timeout: float) -> float | None:
+    """Seconds from `since` (wall clock) to the first `shard recycled` the supervisor logged
+    after it (`runtime/shard/_recycle.py`), waiting up to `timeout`; None if none came (a
+    build without the recycle never logs one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log_path.read_text(errors="replace").splitlines():
+            if '"shard recycled"' not in line:
+                continue
+            entry = json.loads(line)
+            at = _timestamp(entry.get("timestamp", ""))
+            if at >= since:
+                _note(f"shard recycled {at - since:.1f} s after the drain: {line}")
+                return round(at - since, 2)
+        time.sleep(0.2)
+    _note(f"no shard recycled within {timeout:g} s of the drain")
+    return None
+
+
 def _timestamp(text: str) -> float:
     """A log line's ISO timestamp ("2026-12-05T03:52:47.763261Z") as epoch seconds."""
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else 0.0

@@ -4,6 +4,7 @@
                                 [--head-jobs 0 1000] [--shardq [LABEL=]PATH ...] [--repeat 1]
                                 [--drain-max N] [--drain-timeout S] [--sample-every 0.5]
                                 [--trace-every 10] [--settle 5] [--vacuum-wait 0]
+                                [--recycle-wait 0]
                                 [--dir DIR] [--json PATH]
 
 Each run is one server on a fresh data directory: this checkout's server for each `--head-jobs`
@@ -33,7 +34,9 @@ With `--vacuum-wait S` (0: off), after the drain it waits up to S seconds for th
 idle vacuum to give the disk back (`bench._vacuum_wait`): for a `vacuum done` log line that
 came after the drain. It records the seconds from the drain's end to that line (`vacuum_s`,
 "-" if none came in time; 0 if no pass started: the vacuum kept up with the drain), the
-database size then, and each process's CPU seconds after the drain and then; `--settle` counts
+database size then, and each process's CPU seconds after the drain and then. With
+`--recycle-wait S` it then waits up to S seconds for a `shard recycled` log line that came
+after the drain (`recycle_s`: seconds from the drain's end; "-" if none); `--settle` counts
 from there.
 
 Progress goes to stderr, the results as tables to stdout (and JSON with `--json`, rewritten
@@ -55,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._vacuum_wait import cpu_s, wait_for_vacuum
+from bench._vacuum_wait import cpu_s, wait_for_recycle, wait_for_vacuum
 from bench.recovery import Server, _children, _cmdline, db_mb, pick_queues, push, rss_by_role
 from shardq.client import TcpConnection
 
@@ -235,6 +238,8 @@ def _push_and_restart(
         row["vacuum_s"] = wait_for_vacuum(second.log_path, drained_at, args.vacuum_wait)
         row["db_mb_vacuumed"] = db_mb(data_dir)
         row["cpu_s_vacuumed"] = cpu_s(second.proc.pid)
+    if args.recycle_wait > 0:
+        row["recycle_s"] = wait_for_recycle(second.log_path, drained_at, args.recycle_wait)
     sampler.phase = "settle"
     time.sleep(args.settle)
     row["rss_settled"] = second.rss_mb()
@@ -302,7 +307,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 print(f"# {r['label']} {key}: {[round(x, 2) for x in r[key]]}")
         print(
             f"# {r['label']} stop_s={r.get('stop_s')} ready_s={r.get('ready_s')} "
-            f"samples={r.get('samples')} drain_timed_out={r.get('drain_timed_out', False)}"
+            f"samples={r.get('samples')} drain_timed_out={r.get('drain_timed_out', False)} "
+            f"recycle_s={r.get('recycle_s')}"
         )
 
 
@@ -341,6 +347,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--trace-every", type=float, default=0.0, help="seconds between trace points (0: none)")
     add("--settle", type=float, default=5.0, help="seconds before the last RSS")
     add("--vacuum-wait", type=float, default=0.0, help="seconds to wait for the idle vacuum")
+    add("--recycle-wait", type=float, default=0.0,
+        help="then seconds to wait for a shard recycle (0: none)")  # fmt: skip
     add("--ready-timeout", type=float, default=900.0)
     add("--dir", help="where the data directories go (default: the temp dir)")
     add("--keep", action="store_true", help="keep the data directories")

@@ -84,6 +84,12 @@ class SupervisorLink:
         """Tell the supervisor this child cannot start, and why (it exits right after)."""
         self._send(msgs.fatal(self._spec.role, self._spec.index, os.getpid(), error))
 
+    def recycled(self, rss: int) -> None:
+        """Tell the supervisor this shard is stopping to be replaced at once (`rss`: its size
+        in bytes), not failing (`shard/_recycle.py`)."""
+        spec = self._spec
+        self._send(msgs.recycled(spec.role, spec.index, os.getpid(), rss))
+
     def close(self) -> None:
         """Close the socket, giving a last message a moment to leave."""
         self._sock.close(linger=_LAST_WORD_LINGER_MS)

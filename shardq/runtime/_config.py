@@ -190,6 +190,10 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "spin_auto_cut_us": _ranged(0, MAX_SPIN_US),  # 0: never cut a spin short
     "memory_release_idle_ms": _ranged(0, 3_600_000, ms=True),  # 0: never
     "memory_release_grow_mb": _ranged(1, 1 << 20),
+    "shard_recycle_idle_ms": _ranged(0, 86_400_000, ms=True),  # 0: never recycle
+    "shard_recycle_grow_mb": _ranged(1, 1 << 20),
+    "shard_recycle_hold_ms": _ranged(100, 3_600_000, ms=True),
+    "shard_recycle_hold_max_bytes": _ranged(1 << 20, 1 << 40),
     # Up to 1 TiB; 0: no memory budget (every job in memory).
     "shard_memory_mb": _ranged(0, 1 << 20),
     # -- crash and stats (issue 10): an hour of one-second buckets is plenty for a rate.
@@ -199,6 +203,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "storage_stall_ms": _ranged(100, 600_000, ms=True),
     "max_db_bytes": _db_cap,
     "sqlite_cache_mb": _ranged(1, 65_536),
+    "row_cache_mb": _ranged(0, 1 << 20),  # 0: no row summaries kept
     "sqlite_mmap_mb": _ranged(0, 1 << 20),  # 0: plain reads, no map
     # A step is one transaction: past 65,536 pages (256 MiB) it would hold up a commit for long.
     "vacuum_pages_per_step": _ranged(0, 65_536),  # 0: no vacuum
@@ -224,6 +229,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_connections": _ranged(1),
     "max_in_flight_per_connection": _ranged(1),
     "job_cache_size": _ranged(0, 100_000_000),  # 0: no cache, every id-only command fans out
+    "job_cache_max_mb": _ranged(0, 1 << 20),  # 0: no cache either
     "max_parked_per_connection": _ranged(0),  # 0: no long-poll ever parks
     "max_parked": _ranged(0),
     "tcp_max_write_backlog_bytes": _ranged(0),  # 0: unbounded, as bunqueue's 0

@@ -45,6 +45,10 @@ __all__ = [
     "PARTS",
     "PROGRESS",
     "READY",
+    "RECYCLE",
+    "RECYCLED",
+    "RECYCLE_GO",
+    "RECYCLE_OFF",
     "REJECTED",
     "REP",
     "REQ",
@@ -73,6 +77,10 @@ __all__ = [
     "PartsMsg",
     "ProgressMsg",
     "ReadyMsg",
+    "RecycleGoMsg",
+    "RecycleMsg",
+    "RecycleOffMsg",
+    "RecycledMsg",
     "RejectedMsg",
     "RepMsg",
     "ReqEnvelope",
@@ -101,6 +109,10 @@ __all__ = [
     "parts",
     "progress",
     "ready",
+    "recycle",
+    "recycle_go",
+    "recycle_off",
+    "recycled",
     "rejected",
     "rep",
     "req",
@@ -116,6 +128,7 @@ __all__ = [
 READY: Final = "ready"
 PROGRESS: Final = "progress"
 FATAL: Final = "fatal"
+RECYCLED: Final = "recycled"
 # Supervisor -> front end (and the front end's own link watcher).
 SHARD_DOWN: Final = "shard-down"
 SHARD_UP: Final = "shard-up"
@@ -127,6 +140,7 @@ LISTEN: Final = "listen"
 WORKERS: Final = "workers"
 FLOWACK: Final = "flowack"
 PARTS: Final = "parts"
+RECYCLE_GO: Final = "recycle-go"
 # Shard -> front end.
 REP: Final = "rep"
 EVENTS: Final = "events"
@@ -135,6 +149,8 @@ DRAINED: Final = "drained"
 FLOW: Final = "flow"
 LOADED: Final = "loaded"
 DIRECT: Final = "direct"
+RECYCLE: Final = "recycle"
+RECYCLE_OFF: Final = "recycle-off"
 # Shard -> writer.
 MUTS: Final = "muts"
 FLUSH: Final = "flush"
@@ -178,6 +194,14 @@ class FatalMsg(TypedDict):
     index: int
     pid: int
     error: str
+
+
+class RecycledMsg(TypedDict):
+    t: Literal["recycled"]
+    role: str
+    index: int
+    pid: int
+    rss: int
 
 
 class ShardDownMsg(TypedDict):
@@ -238,6 +262,20 @@ class PartsMsg(TypedDict):
     t: Literal["parts"]
     held: list[int]
     epochs: list[int]
+
+
+class RecycleGoMsg(TypedDict):
+    t: Literal["recycle-go"]
+
+
+class RecycleMsg(TypedDict):
+    t: Literal["recycle"]
+    shard: int
+
+
+class RecycleOffMsg(TypedDict):
+    t: Literal["recycle-off"]
+    shard: int
 
 
 class RepMsg(TypedDict):
@@ -356,6 +394,13 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(READY, ReadyMsg, "every child", "supervisor", "started; serving"),
     Message(PROGRESS, ProgressMsg, "every child", "supervisor", "still working towards ready"),
     Message(FATAL, FatalMsg, "every child", "supervisor", "cannot start; about to exit"),
+    Message(
+        RECYCLED,
+        RecycledMsg,
+        "shard",
+        "supervisor",
+        "exiting to be replaced at once (`rss` bytes): not a crash",
+    ),
     Message(SHARD_DOWN, ShardDownMsg, _SUP_OR_LINK, "front end", "shard `shard` is gone"),
     Message(SHARD_UP, ShardUpMsg, _SUP_OR_LINK, "front end", "shard `shard` is back"),
     Message(REQ, ReqMsg, "front end", "shard", "client commands `[conn, rid, command, envelope?]`"),
@@ -372,6 +417,13 @@ MESSAGES: Final[tuple[Message, ...]] = (
         "the partitions (and epochs) this node holds now: load, drop",
     ),
     Message(
+        RECYCLE_GO,
+        RecycleGoMsg,
+        "front end",
+        "shard",
+        "every request before this one was sent; the rest are held: stop",
+    ),
+    Message(
         REP,
         RepMsg,
         "shard (the writer: a durable batch's, packed by its shard)",
@@ -384,6 +436,8 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(FLOW, FlowMsg, "shard", "front end", "flow notices `[key, notice]` for parents"),
     Message(LOADED, LoadedMsg, "shard", "front end", "the partitions it has loaded now"),
     Message(DIRECT, DirectMsg, "shard", "front end", "this shard's direct port (`direct_shards`)"),
+    Message(RECYCLE, RecycleMsg, "shard", "front end", "about to be replaced: hold my requests"),
+    Message(RECYCLE_OFF, RecycleOffMsg, "shard", "front end", "not replaced: send what was held"),
     Message(
         MUTS,
         MutsMsg,
@@ -440,6 +494,10 @@ def fatal(role: str, index: int, pid: int, error: str) -> FatalMsg:
     return {"t": FATAL, "role": role, "index": index, "pid": pid, "error": error}
 
 
+def recycled(role: str, index: int, pid: int, rss: int) -> RecycledMsg:
+    return {"t": RECYCLED, "role": role, "index": index, "pid": pid, "rss": rss}
+
+
 def shard_down(shard: int) -> ShardDownMsg:
     return {"t": SHARD_DOWN, "shard": shard}
 
@@ -478,6 +536,18 @@ def flowack(keys: list[Any]) -> FlowackMsg:
 
 def parts(held: list[int], epochs: list[int]) -> PartsMsg:
     return {"t": PARTS, "held": held, "epochs": epochs}
+
+
+def recycle(shard: int) -> RecycleMsg:
+    return {"t": RECYCLE, "shard": shard}
+
+
+def recycle_go() -> RecycleGoMsg:
+    return {"t": RECYCLE_GO}
+
+
+def recycle_off(shard: int) -> RecycleOffMsg:
+    return {"t": RECYCLE_OFF, "shard": shard}
 
 
 def rep(items: list[Any]) -> RepMsg:

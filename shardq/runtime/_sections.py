@@ -81,6 +81,16 @@ class ProcessSettings:
     # C heap, if it grew at least `memory_release_grow_mb` since its last release.
     memory_release_idle_ms: int = 2_000
     memory_release_grow_mb: int = 8
+    # A shard recycle (`shard/_recycle.py`, docs/runtime.md "Memory after a drain"): a shard
+    # quiet this long after work (ms; 0 = never) whose RSS is above its fresh-process size by
+    # more than `shard_recycle_grow_mb` plus twice its jobs' estimate hands over to a fresh
+    # process. The front end holds its requests meanwhile, for at most
+    # `shard_recycle_hold_ms` and `shard_recycle_hold_max_bytes` (past either: answered
+    # "Shard unavailable", as for a shard that died).
+    shard_recycle_idle_ms: int = 5_000
+    shard_recycle_grow_mb: int = 64
+    shard_recycle_hold_ms: int = 30_000
+    shard_recycle_hold_max_bytes: int = 64 << 20
     # The memory budget of each shard's resident jobs, in MiB (issue 22; docs/runtime.md,
     # "The memory budget"): past it the queues with the longest backlogs keep only their
     # heads in memory and the rest cold, in storage. 0: every job in memory.
@@ -169,6 +179,10 @@ class FrontendSettings:
     # ids older than the last this many pushed or pulled; 100,000 covers every lease a
     # worker fleet holds at once many times over.
     job_cache_size: int = 100_000
+    # ... and in bytes (MiB; an id counts its length plus 144 bytes): long custom ids hold
+    # fewer entries. The cache is emptied when the front end gives memory back after a busy
+    # period (`memory_release_idle_ms`).
+    job_cache_max_mb: int = 32
     # Long-polls (PULL/PULLB with a timeout, WaitJob) parked per connection and per server;
     # past either, the request is answered at once as if nothing were ready. A parked
     # request costs about 1 KB across the front end and a shard.
@@ -267,6 +281,10 @@ class WriterSettings:
     # so small values cost nothing measurable (BENCHMARKS.md section 5). bunqueue: 64 and 256.
     sqlite_cache_mb: int = 16
     sqlite_mmap_mb: int = 0
+    # The writer's summaries of the rows it wrote last (their queue and blob lengths), so an
+    # update of a job pushed a moment ago needs no read, in MiB (about 240 bytes a job:
+    # 24 MiB holds about 100,000). 0: none. Dropped when the writer gives memory back.
+    row_cache_mb: int = 24
     # The idle writer gives the file's free pages back (`writer/_vacuum.py`): once nothing
     # committed for `vacuum_idle_ms`, a step at a time, when at least `vacuum_min_free_pages`
     # are free. The first step frees `vacuum_pages_per_step` pages (0: never vacuum); each

@@ -14,7 +14,11 @@ from typing import Final
 from shardq.runtime._spec import ChildSpec
 from shardq.storage import Storage, Store, open_postgres
 
-__all__ = ["BEAT_EVERY_S", "every", "open_storage", "storage_place"]
+__all__ = ["BEAT_EVERY_S", "ROW_CACHE_ENTRY_BYTES", "every", "open_storage", "storage_place"]
+
+ROW_CACHE_ENTRY_BYTES: Final = 240
+"""What one row summary of the writer's cache takes (`row_cache_mb`): its dict slot and
+tuple (142 bytes, measured with tracemalloc over 100,000) and the job id it keeps alive."""
 
 BEAT_EVERY_S: Final = 0.25
 """How often a child busy opening its store tells the supervisor it is alive: well inside
@@ -29,11 +33,13 @@ def open_storage(
     (`Store.open`; PostgreSQL's run statements the client cannot interrupt, and it is not
     called). Raises `StorageError`."""
     settings = spec.writer
+    rows = (settings.row_cache_mb << 20) // ROW_CACHE_ENTRY_BYTES
     if settings.storage_url:
-        return open_postgres(settings.storage_url)
+        return open_postgres(settings.storage_url, cache_records=rows)
     return Store.open(
         spec.data_path,
         synchronous=settings.synchronous,
+        cache_records=rows,
         max_bytes=(settings.max_db_bytes or None) if capped else None,
         cache_mb=settings.sqlite_cache_mb,
         mmap_mb=settings.sqlite_mmap_mb,

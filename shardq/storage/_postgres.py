@@ -351,7 +351,9 @@ class PostgresStore(ColdReads):
         return _connect(self._url, self._schema, _describe(self._url, self._schema))
 
     def release_memory(self) -> None:
-        """Nothing to release: PostgreSQL's caches live in the database server."""
+        """The row summaries of the jobs written last (`cache_records`): an update of one of
+        them reads its row instead, once. PostgreSQL's own caches live in its server."""
+        self._cache = {}
 
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise `StorageError`."""

@@ -469,7 +469,10 @@ class Store(ColdReads):
         return _schema.describe(self._conn)
 
     def release_memory(self) -> None:
-        """Free this connection's page cache (`PRAGMA shrink_memory`); up to `cache_mb`."""
+        """Free this connection's page cache (`PRAGMA shrink_memory`; up to `cache_mb`) and
+        the row summaries of the jobs written last (up to `cache_records`, about 250 bytes
+        each): an update of one of them reads its row instead, once."""
+        self._cache = {}
         with self._reading("releasing memory"):
             self._conn.execute("PRAGMA shrink_memory")
 

@@ -137,6 +137,10 @@ VALID_TEXT = {
     "spin_auto_cut_us": "0",
     "memory_release_idle_ms": "500",
     "memory_release_grow_mb": "4",
+    "shard_recycle_idle_ms": "1500",
+    "shard_recycle_grow_mb": "16",
+    "shard_recycle_hold_ms": "5000",
+    "shard_recycle_hold_max_bytes": "2097152",
     "shard_memory_mb": "64",
     "direct_shards": "false",
     "direct_max_connections": "10",
@@ -146,6 +150,7 @@ VALID_TEXT = {
     "storage_stall_ms": "2000",
     "max_db_bytes": "2097152",
     "sqlite_cache_mb": "64",
+    "row_cache_mb": "3",
     "sqlite_mmap_mb": "256",
     "vacuum_pages_per_step": "64",
     "vacuum_min_free_pages": "0",
@@ -166,6 +171,7 @@ VALID_TEXT = {
     "max_connections": "50",
     "max_in_flight_per_connection": "64",
     "job_cache_size": "1000",
+    "job_cache_max_mb": "2",
     "max_parked_per_connection": "5",
     "max_parked": "100",
     "tcp_max_write_backlog_bytes": "0",
@@ -265,6 +271,10 @@ spin_auto_max_runnable = 3
 spin_auto_cut_us = 0
 memory_release_idle_ms = 500
 memory_release_grow_mb = 4
+shard_recycle_idle_ms = 1500
+shard_recycle_grow_mb = 16
+shard_recycle_hold_ms = 5000
+shard_recycle_hold_max_bytes = 2097152
 shard_memory_mb = 64
 direct_shards = false
 direct_max_connections = 10
@@ -273,6 +283,7 @@ storage_retry_max_ms = 250
 storage_stall_ms = 2000
 max_db_bytes = 2097152
 sqlite_cache_mb = 64
+row_cache_mb = 3
 sqlite_mmap_mb = 256
 vacuum_pages_per_step = 64
 vacuum_min_free_pages = 0
@@ -292,6 +303,7 @@ link_max_frame_bytes = 1048576
 max_connections = 50
 max_in_flight_per_connection = 64
 job_cache_size = 1000
+job_cache_max_mb = 2
 max_parked_per_connection = 5
 max_parked = 100
 tcp_max_write_backlog_bytes = 0
@@ -415,6 +427,12 @@ def test_shards_auto_and_number() -> None:
         ("spin_auto_cut_us", "10001"),
         ("memory_release_idle_ms", "-1"),
         ("memory_release_grow_mb", "0"),
+        ("shard_recycle_idle_ms", "-1"),
+        ("shard_recycle_grow_mb", "0"),
+        ("shard_recycle_hold_ms", "50"),
+        ("shard_recycle_hold_max_bytes", "1024"),
+        ("job_cache_max_mb", "-1"),
+        ("row_cache_mb", "-1"),
         ("shard_memory_mb", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),

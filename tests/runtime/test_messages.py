@@ -41,6 +41,14 @@ SAMPLES: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
         ("writer", 0, 3, "boom"),
         {"t": "fatal", "role": "writer", "index": 0, "pid": 3, "error": "boom"},
     ),
+    (
+        msgs.recycled,
+        ("shard", 1, 8, 1 << 20),
+        {"t": "recycled", "role": "shard", "index": 1, "pid": 8, "rss": 1 << 20},
+    ),
+    (msgs.recycle, (1,), {"t": "recycle", "shard": 1}),
+    (msgs.recycle_go, (), {"t": "recycle-go"}),
+    (msgs.recycle_off, (3,), {"t": "recycle-off", "shard": 3}),
     (msgs.shard_down, (2,), {"t": "shard-down", "shard": 2}),
     (msgs.shard_up, (2,), {"t": "shard-up", "shard": 2}),
     (

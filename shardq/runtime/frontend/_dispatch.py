@@ -179,6 +179,8 @@ class Dispatcher:
             msgs.SHARD_DOWN: self._on_shard_down,
             msgs.SHARD_UP: self._on_shard_up,
             msgs.DIRECT: self._on_direct,
+            msgs.RECYCLE: lambda msg: self.router.hold(msg.get("shard")),
+            msgs.RECYCLE_OFF: lambda msg: self.router.call_off(msg.get("shard")),
             # A shard answers `parts` with `loaded`; only a node on a shared database sends
             # `parts`, and its front end takes these over (`on_shard_kind`).
             msgs.LOADED: _ignored,
@@ -390,6 +392,7 @@ class Dispatcher:
         self.down.discard(msg.get("shard"))
         self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
         self.bunqueue.presence.shard_up(msg.get("shard"))  # type: ignore[arg-type]
+        self.router.release(msg.get("shard"))  # after the `listen` above: it goes first
 
     def _on_cancel(self, msg: Mapping[str, Any]) -> None:
         self._push_cancels(msg.get("items"))

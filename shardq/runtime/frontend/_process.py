@@ -121,6 +121,9 @@ class Frontend:
             events=EventLimits.from_spec(spec),
         )
         router, handle = self.dispatcher.router, self.dispatcher.handle
+        router.hold_s = spec.process.shard_recycle_hold_ms / 1000
+        router.cache.max_bytes = spec.frontend.job_cache_max_mb << 20
+        router.hold_max_bytes = spec.process.shard_recycle_hold_max_bytes
         self.dispatcher.add_handlers(MonitoringCommands(router, handle, spec).handlers)
         orphans = self.dispatcher.flows.orphans
         orphans.grace_ms, orphans.max_watched = (
@@ -201,7 +204,7 @@ class Frontend:
         ]
         give_back = GiveBackSettings.of(spec.process)
         if give_back.enabled:
-            idle = IdleGiveBack(give_back)
+            idle = IdleGiveBack(give_back, self._compact)
             self._tasks.append(self.loop.create_task(give_back_when_quiet(idle, give_back.idle_s)))
         if self._guard is not None:
             self._tasks.append(self.loop.create_task(self._watch_cluster(self._guard)))
@@ -214,6 +217,12 @@ class Frontend:
     async def wait(self) -> None:
         """Return once the drain has finished."""
         await self._stopped.wait()
+
+    def _compact(self) -> tuple[()]:
+        """What the front end gives back besides the collection: its job-to-shard cache (a
+        miss asks every shard; the next replies fill it again)."""
+        self.dispatcher.router.cache.clear()
+        return ()
 
     def _shards_blocked(self, blocked: bool) -> None:
         self.tcp.shards_blocked(blocked)
@@ -247,7 +256,9 @@ class Frontend:
         if self._guard is not None:
             self._guard.forget(shard)
             self._publish_holding(self._guard)
-        if shard not in self.dispatcher.down:
+        if shard in self.dispatcher.router.held:
+            self.dispatcher.router.lost_while_held(shard)  # a recycle: its replacement comes
+        elif shard not in self.dispatcher.down:
             self.dispatcher.on_shard_message(msgs.shard_down(shard))
 
     def _link_up(self, shard: int) -> None:
@@ -279,6 +290,7 @@ class Frontend:
                     continue
                 if msg.get("t") == msgs.SHARD_UP and isinstance(msg.get("shard"), int):
                     # Up for clients only once the link is connected again (`_link_up`).
+                    self.dispatcher.router.confirm(msg["shard"])
                     self._links.reconnect(msg["shard"])
                 else:
                     self.dispatcher.on_shard_message(msg)

@@ -20,6 +20,8 @@ Commands bound for one shard in one loop turn leave as one `req` message, flushe
 turn with `loop.call_soon`. Each forwarded command gets an int `rid`; the shard echoes it and
 the callback registered under it gets the reply. A shard reported down answers at once (on
 the next turn) with `Shard unavailable`, and its requests in flight are answered so too.
+A shard being recycled (`hold`, `shard/_recycle.py`) is sent nothing until its replacement's
+link is up (`release`): its requests wait in its outbox, within `hold_s` and `hold_max_bytes`.
 """
 
 from __future__ import annotations
@@ -145,6 +147,16 @@ class Router:
         self.shards = shards
         self.cache = cache
         self.down: set[int] = set()  # shards the supervisor reported dead, not yet back
+        # Shards being recycled -> the bytes of the requests held for them (`hold`).
+        self.held: dict[int, int] = {}
+        self.hold_s = 30.0  # `[process] shard_recycle_hold_ms`
+        self.hold_max_bytes = 64 << 20  # `[process] shard_recycle_hold_max_bytes`
+        self._holds = 0
+        self._hold_ids: dict[int, int] = {}  # shard -> its hold's number (for the timeout)
+        # Held shards whose replacement the supervisor reported ready (`confirm`): only then
+        # does a link that comes up belong to it (the old process's socket may take one more
+        # connection while it exits, and drop it).
+        self._confirmed: set[int] = set()
         self._send = send
         self._loop = loop
         self._link_max = link_max_frame_bytes
@@ -191,7 +203,7 @@ class Router:
         """Send `cmd` to `shard` in this turn's batch for connection `conn`; `on_reply` gets its
         reply. `envelope`: what the front end says about the command beside it (a PULLB's wire
         mode, a flow part's hold), never inside the client's map."""
-        if shard in self.down:
+        if shard in self.down or (shard in self.held and self._over_hold(shard, cmd)):
             # Answered on the next turn, like a real reply: callers never see re-entrancy.
             self._loop.call_soon(on_reply, shard_unavailable(shard))
             return
@@ -429,6 +441,8 @@ class Router:
         """Send each shard its batch of this turn, then its control messages, in that order."""
         self._flush_scheduled = False
         for shard in range(self.shards):
+            if shard in self.held:
+                continue
             items = self._outbox[shard]
             if items:
                 self._outbox[shard] = []
@@ -477,10 +491,66 @@ class Router:
                 # A reply we cannot route must not stop the replies behind it.
                 _log.exception("shard reply dropped")
 
+    # -- a shard recycle (`shard/_recycle.py`) ----------------------------------------------
+
+    def hold(self, shard: object) -> None:
+        """`shard` is about to be replaced: send it what is routed to it so far, then
+        `recycle-go`, and hold the rest until `release` (or `hold_s`, then as if down)."""
+        if not isinstance(shard, int) or not 0 <= shard < self.shards:
+            return
+        if shard in self.held or shard in self.down:
+            return
+        self.flush()
+        self._send(shard, pack(msgs.recycle_go()))
+        self.held[shard] = 0
+        self._confirmed.discard(shard)
+        self._holds += 1
+        self._loop.call_later(self.hold_s, self._hold_expired, shard, self._holds)
+        self._hold_ids[shard] = self._holds
+        _log.info("shard recycling; holding its requests", shard=shard)
+
+    def confirm(self, shard: object) -> None:
+        """The supervisor says shard `shard`'s (replacement) process is ready."""
+        if isinstance(shard, int) and shard in self.held:
+            self._confirmed.add(shard)
+
+    def release(self, shard: object) -> None:
+        """A link to `shard` is up: if it is the replacement's (`confirm`), send it what was
+        held."""
+        if shard in self.held and shard not in self._confirmed:
+            return
+        self.call_off(shard)
+
+    def call_off(self, shard: object) -> None:
+        """Send what was held for `shard` now (its recycle is over or called off)."""
+        if isinstance(shard, int) and self.held.pop(shard, None) is not None:
+            self._confirmed.discard(shard)
+            self.schedule_flush()
+
+    def lost_while_held(self, shard: int) -> None:
+        """The recycled shard's link closed: answer what it was sent and did not answer (it
+        answers all before it stops; only a crash leaves any), keep what is held."""
+        unsent = {item[1] for item in self._outbox[shard]}
+        lost = [rid for rid, (s, _) in self._pending.items() if s == shard and rid not in unsent]
+        for rid in lost:
+            self._pending.pop(rid)[1](shard_unavailable(shard))
+
+    def _over_hold(self, shard: int, cmd: dict[str, Any]) -> bool:
+        held = self.held[shard] + len(packb(cmd))
+        self.held[shard] = held
+        return held > self.hold_max_bytes
+
+    def _hold_expired(self, shard: int, hold: int) -> None:
+        if shard in self.held and self._hold_ids.get(shard) == hold:
+            _log.warning("recycled shard not back in time", shard=shard, hold_s=self.hold_s)
+            self.shard_down(shard)
+
     def shard_down(self, shard: object) -> None:
         """Answer every request the dead shard holds, and those not sent to it yet."""
         if not isinstance(shard, int) or not 0 <= shard < self.shards:
             return
+        self.held.pop(shard, None)
+        self._confirmed.discard(shard)
         self.down.add(shard)
         self._outbox[shard] = []
         self._control[shard] = []

@@ -148,7 +148,11 @@ class ShardCore:
             ),
             msgs.FLOWACK: self._on_flowack,
             msgs.PARTS: self._on_parts,
+            msgs.RECYCLE_GO: self._on_recycle_go,
         }
+        # The process's hook for `recycle-go` (`shard._recycle`): whether it stops after this
+        # turn (False: something it holds forbids it now, and it carries on).
+        self.recycle_hook: Callable[[], bool] | None = None
         # The process's hook for `parts` (it loads from the store, which the core never
         # touches): called with the message, which it checks.
         self.parts_hook: Callable[[dict[str, Any], int], None] | None = None
@@ -585,6 +589,20 @@ class ShardCore:
         self._drained_sent = False
         for parked in self.polls.take_all():
             self._replies.append([parked.conn, parked.rid, empty_pull_reply(parked.cmd)])
+
+    def _on_recycle_go(self, msg: dict[str, Any], now: int) -> None:
+        """The front end holds this shard's requests from now on (`shard._recycle`): if the
+        process stops, answer the parked long-polls as their timeout would (the clients ask
+        again, of the replacement)."""
+        if self.recycle_hook is None or not self.recycle_hook():
+            return
+        for parked in self.polls.take_all():
+            self._replies.append([parked.conn, parked.rid, empty_pull_reply(parked.cmd)])
+
+    def active_jobs(self) -> int:
+        """Jobs a worker holds now (leased, or active with their lease lost)."""
+        store = self.engine.store
+        return len(store.leases) + len(store.unleased)
 
     def give_back(self, job_ids: Iterable[str], now: int) -> None:
         """Jobs a pull took whose reply could not be sent (too large for the front-end link):

@@ -155,6 +155,11 @@ class DirectPort:
         self._rates = RateWindow(rate_window_s, width=1)
         poller.register(self._listener.fileno(), zmq.POLLIN)
 
+    @property
+    def connections(self) -> int:
+        """The client connections open on this port now."""
+        return len(self._conns)
+
     def stats(self) -> dict[str, int | float]:
         """This port's counts for the shard's Stats (summed over shards by the front end)."""
         self._mark()

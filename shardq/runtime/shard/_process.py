@@ -28,11 +28,12 @@ import zmq
 
 from shardq.cluster._map import held_pairs
 from shardq.core import Engine, EngineConfig
+from shardq.core._budget import JOB_BYTES
 from shardq.core._handover import forget_queues
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
-from shardq.runtime._giveback import GiveBackSettings
+from shardq.runtime._giveback import GiveBackSettings, rss_bytes
 from shardq.runtime._logging import configure
 from shardq.runtime._ports import connection_cap
 from shardq.runtime._routing import shard_of
@@ -48,8 +49,9 @@ from shardq.runtime.shard._backlog import StoreBacklog
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._direct import DirectPort, why_not_open
 from shardq.runtime.shard._gc import tune_gc
-from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
+from shardq.runtime.shard._memory import MemoryReturner
 from shardq.runtime.shard._progress import Progress
+from shardq.runtime.shard._recycle import RecycleCheck, RecycleSettings, ShardRecycle
 from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._takeover import Holdings, initial_partitions
 from shardq.runtime.shard._wire import FrontPacker
@@ -101,6 +103,13 @@ class ShardProcess:
             GiveBackSettings.of(spec.process),
             None if self._backlog is None else self._backlog.close,
         )
+        self._recycle = ShardRecycle(
+            spec.index,
+            RecycleCheck(RecycleSettings.of(spec.process), self._jobs_estimate, self._no_recycle),
+            self._tell_front,
+            self._recycle_go,
+        )
+        self.core.recycle_hook = self._recycle.go
         # Several nodes on one database: this shard holds only its node's partitions
         # (`shard._takeover`); None on SQLite, where a node holds every queue.
         self._holdings: Holdings | None = None
@@ -110,6 +119,7 @@ class ShardProcess:
         # The `loaded` answer waits for the writer to confirm this seq: a partition this
         # shard dropped is said gone only once its last mutations are committed.
         self._report_at: int | None = None
+        self._ready_seq = 0
         self._stop = False
         self._spin = spin_policy(
             spec.process.spin_us,
@@ -208,11 +218,47 @@ class ShardProcess:
         )
         tune_gc()
         # Recovery decoded every page of records it read: hand that heap back before serving,
-        # and measure later growth from here.
-        malloc_trim()
+        # and measure later growth from here. The completed jobs it loaded are packed now
+        # (`_memory.compact_engine`), and the backlog's reader closed (its page cache).
+        self._memory.idle.release(rss_bytes(), "recovered")
         self._memory.idle.rebase()
+        self._ready_seq = self.core.seq
         self.sup.ready()
         return early
+
+    # -- recycle (`shard._recycle`) ----------------------------------------------------------
+
+    def _jobs_estimate(self) -> int:
+        """The bytes the shard's jobs are taken to need (the memory budget's estimate)."""
+        engine = self.core.engine
+        if engine.memory is not None:
+            return engine.memory.resident_bytes()
+        return len(engine.store.jobs) * JOB_BYTES
+
+    def _no_recycle(self) -> str | None:
+        """What forbids a recycle now, if anything."""
+        if self._direct is not None and self._direct.connections:
+            return "direct connections open"
+        if self.core.waits or self.core.draining:
+            return "parked WaitJob or draining"
+        if self.core.active_jobs():
+            return "active jobs"
+        if self.core.seq == self._ready_seq:
+            return "nothing written since the start"
+        return None
+
+    def _tell_front(self, msg: Mapping[str, Any]) -> bool:
+        if not self._front.fds():
+            return False
+        self._front.send(pack(msg))
+        return True
+
+    def _recycle_go(self, rss: int) -> None:
+        """The front end holds this shard's requests: tell the supervisor, then stop as for a
+        SIGTERM (the last batch is committed before the exit)."""
+        _log.info("shard recycling: stopping for a fresh process", rss_mb=round(rss / 2**20, 1))
+        self.sup.recycled(rss)
+        self._stop = True
 
     def _sync_with_writer(self) -> list[dict[str, Any]]:
         """Wait for the writer to confirm everything this shard's previous run had sent.
@@ -443,7 +489,7 @@ class ShardProcess:
             timeout = self.core.poll_timeout(self.clock.now())
             if self._direct is not None:
                 timeout = self._direct.poll_timeout(timeout)
-            messages = self._wait(self._memory.poll_timeout(timeout))
+            messages = self._wait(self._recycle.poll_timeout(self._memory.poll_timeout(timeout)))
             self._check_storage()
             now = self.clock.now()
             for msg in messages:
@@ -452,6 +498,7 @@ class ShardProcess:
             if self._report_at is not None:
                 self._report_loaded()
             self._memory.after_turn(bool(messages))
+            self._recycle.after_turn(bool(messages))
 
     def _finish(self) -> None:
         """Send the last batch and wait, within the shutdown timeout, for its commit."""

@@ -92,6 +92,8 @@ class _Child:
     exit_code: int | None = None
     fatal: str | None = None  # what the child said before failing to start
     addresses: Any = None
+    # A shard stopping to be replaced (`recycled`): (when it said so, its RSS in bytes).
+    recycle: tuple[float, int] | None = None
 
     @property
     def name(self) -> str:
@@ -140,6 +142,7 @@ class Supervisor:
             msgs.READY: self._on_ready,
             msgs.PROGRESS: self._on_progress,
             msgs.FATAL: self._on_fatal,
+            msgs.RECYCLED: self._on_recycled,
         }
 
     def run(self) -> int:
@@ -276,10 +279,14 @@ class Supervisor:
 
     def _restart(self, child: _Child, now: float) -> None:
         child.restart_at = None
-        child.restarts.append(now)
+        if child.recycle is None:
+            child.restarts.append(now)
         self._spawn(child)
         child.ready_by = now + self._ready_timeout_s
-        log.warning("child restarted", child=child.name, restarts_last_minute=len(child.restarts))
+        if child.recycle is None:
+            log.warning(
+                "child restarted", child=child.name, restarts_last_minute=len(child.restarts)
+            )
 
     def _on_exit(self, child: _Child, code: int) -> None:
         child.proc, child.ready, child.ready_by, child.exit_code = None, False, None, code
@@ -292,6 +299,11 @@ class Supervisor:
             self._failure = f"{reason}: {child.fatal}" if child.fatal else reason
             return
         now = self._clock()
+        if child.recycle is not None:
+            if code == 0:  # a recycle (`shard/_recycle.py`): replaced at once, not a crash
+                child.restart_at = now
+                return
+            child.recycle = None
         while child.restarts and now - child.restarts[0] >= RESTART_WINDOW_S:
             child.restarts.popleft()
         if len(child.restarts) >= self._config.supervisor.max_restarts_per_minute:
@@ -480,6 +492,12 @@ class Supervisor:
         child.ready, child.ready_by = True, None
         child.addresses = report.get("addresses")
         log.info("child ready", child=child.name, child_pid=report.get("pid"))
+        if child.recycle is not None:
+            started, before = child.recycle
+            child.recycle = None
+            ms = round((self._clock() - started) * 1000)
+            log.info("shard recycled", child=child.name, rss_mb_before=round(before / 2**20, 1),
+                     rss_mb_after=_rss_mb(child.proc), ms=ms)  # fmt: skip
         if child.role == "shard" and self._serving:
             self._tell_front(msgs.shard_up(child.index))
 
@@ -488,6 +506,11 @@ class Supervisor:
         # gets another full bound: only one that stops making progress is killed.
         if not child.ready and child.ready_by is not None:
             child.ready_by = self._clock() + self._ready_timeout_s
+
+    def _on_recycled(self, child: _Child, report: dict[str, Any]) -> None:
+        rss = report.get("rss")
+        if child.role == "shard" and self._serving and not self._stopping:
+            child.recycle = (self._clock(), rss if isinstance(rss, int) else 0)
 
     def _on_fatal(self, child: _Child, report: dict[str, Any]) -> None:
         child.fatal = str(report.get("error"))
@@ -506,6 +529,15 @@ def _describe_exit(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def _rss_mb(proc: subprocess.Popen[bytes] | None) -> float | None:
+    """A child's resident size in MB, from /proc (None if it cannot be read)."""
+    try:
+        with open(f"/proc/{proc.pid if proc else 0}/statm", "rb") as f:
+            return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _host_port(host: str, port: int) -> str:

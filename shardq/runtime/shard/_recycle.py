@@ -1,0 +1,193 @@
+"""A shard recycle: a shard that stays far larger than what it holds hands over to a fresh process.
+
+After a large backlog drains, a shard keeps most of the memory it grew to even after the
+idle give-back (`_giveback.py`): pymalloc cannot return an arena while one object lives in
+it, and the few survivors of a drain (the newest `max_completed` completed jobs, the queue
+tables) are spread over most of them. Measured with 1,000,000 jobs under a 128 MB budget
+(bench/results/2026-12-05-s8-rss-drain.md): 254 MB after the drain and the give-back, where a
+fresh process loading the same jobs holds a fraction of that. A fresh process is the one
+place where that memory comes back whole, and a shard's graceful stop and start lose nothing
+(its restart loads only the heads of its queues).
+
+So once a shard has been quiet for `shard_recycle_idle_ms` after a busy period (the CPU-share
+test of `IdleGiveBack`), it compares its RSS with the size it had as a fresh process (read
+before recovery) plus `shard_recycle_grow_mb` plus `RECYCLE_FACTOR` times its jobs' estimate
+(`JOB_BYTES` and the mean data size, the memory budget's). Above that, it recycles:
+
+1. it tells the front end (`recycle`), which sends every request it routed to the shard so
+   far, then `recycle-go`, and holds the shard's requests from then on;
+2. at `recycle-go` the shard answers its parked long-polls with an empty pull (the client
+   polls again, as after a timeout), commits its last batch, tells the supervisor
+   (`recycled`, with its RSS) and exits 0;
+3. the supervisor starts its replacement at once (no backoff, not counted as a restart, no
+   `shard-down` to the front end) and logs `shard recycled` with the RSS before and after;
+4. the front end connects to the new process and sends it what it held; the new shard serves
+   them once recovered, as it does after any restart.
+
+A shard that holds an active job or a parked WaitJob, has a client connected to its direct
+port, or wrote nothing since it started never recycles (a worker's lease or a client's
+connection would not survive it, or there is nothing to give back); nor does one whose front
+end is not connected. If a request that came between its `recycle` and the `recycle-go` made
+a job active (or a client connected to its direct port), it calls the recycle off
+(`recycle-off`: the front end sends what it held) and carries on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import structlog
+
+from shardq.runtime import _messages as msgs
+from shardq.runtime._giveback import QUIET_CPU_SHARE, rss_bytes
+from shardq.runtime._sections import ProcessSettings
+
+__all__ = ["RECYCLE_FACTOR", "RecycleCheck", "RecycleSettings", "ShardRecycle"]
+
+_log = structlog.get_logger()
+
+# The RSS a shard may keep per byte its jobs are estimated to take before a recycle pays:
+# a fresh process that loads them lands at about 1.2 to 1.6 times the estimate (the load's
+# transients are trimmed), so twice it, plus `grow_bytes`, never recycles a fresh shard again.
+RECYCLE_FACTOR: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RecycleSettings:
+    """`[process] shard_recycle_idle_ms` and `shard_recycle_grow_mb` (docs/runtime.md)."""
+
+    idle_s: float = 5.0  # quiet this long after work before the size is checked; 0: off
+    grow_bytes: int = 64 << 20  # the RSS kept above the fresh size and the jobs' estimate
+
+    @classmethod
+    def of(cls, process: ProcessSettings) -> RecycleSettings:
+        return cls(process.shard_recycle_idle_ms / 1000, process.shard_recycle_grow_mb << 20)
+
+    @property
+    def enabled(self) -> bool:
+        return self.idle_s > 0
+
+
+class RecycleCheck:
+    """Decides when the shard should recycle (see above); the shard does the rest.
+
+    `estimate()` gives the bytes the shard's jobs are taken to need; `blocker()` names what
+    forbids a recycle now (None: nothing). The owner calls `busy(now)` on each turn that did
+    work, sleeps no longer than `deadline()`, and asks `due(now)` after each wake.
+    """
+
+    def __init__(
+        self,
+        settings: RecycleSettings,
+        estimate: Callable[[], int],
+        blocker: Callable[[], str | None],
+    ) -> None:
+        self._settings = settings
+        self._estimate = estimate
+        self.blocker = blocker
+        self.fresh_bytes = rss_bytes()  # before recovery: what a new process costs
+        self._quiet_at: float | None = None
+        self._window = (0.0, 0.0)
+
+    def limit(self) -> int:
+        """The RSS above which the shard recycles, in bytes."""
+        s = self._settings
+        return self.fresh_bytes + s.grow_bytes + RECYCLE_FACTOR * self._estimate()
+
+    def busy(self, now: float) -> None:
+        """Work was done at `now`: check `idle_s` from now (if not armed yet)."""
+        if self._settings.enabled and self._quiet_at is None:
+            self._quiet_at = now + self._settings.idle_s
+            self._window = (now, time.process_time())
+
+    def deadline(self) -> float | None:
+        return self._quiet_at
+
+    def due(self, now: float) -> int | None:
+        """The RSS in bytes if the shard should recycle now, else None. A due check always
+        moves the deadline (re-armed after a busy window, cleared after a quiet one)."""
+        if self._quiet_at is None or now < self._quiet_at:
+            return None
+        started, cpu = self._window
+        used = time.process_time()
+        if used - cpu >= QUIET_CPU_SHARE * max(now - started, self._settings.idle_s):
+            self._quiet_at = now + self._settings.idle_s
+            self._window = (now, used)
+            return None
+        self._quiet_at = None
+        rss = rss_bytes()
+        if rss <= self.limit() or self.blocker() is not None:
+            return None
+        return rss
+
+
+# A `recycle` the front end did not answer (it restarted meanwhile) is asked again after this.
+ASK_AGAIN_S: Final = 10.0
+
+
+class ShardRecycle:
+    """The shard's side of a recycle: when to ask the front end, and the stop at `recycle-go`.
+
+    `send(msg)` sends to the front end and returns whether a front end is connected;
+    `on_go(rss)` tells the supervisor and stops the shard's loop.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        check: RecycleCheck,
+        send: Callable[[Mapping[str, Any]], bool],
+        on_go: Callable[[int], None],
+    ) -> None:
+        self._index = index
+        self.check = check
+        self._send = send
+        self._on_go = on_go
+        self._asked_at: float | None = None
+        self.rss = 0  # the RSS when it asked
+        self.going = False
+
+    def after_turn(self, worked: bool) -> None:
+        """Call once per loop turn (`worked`: it handled a message)."""
+        now = time.monotonic()
+        if worked:
+            self.check.busy(now)
+        if self._asked_at is not None and now - self._asked_at < ASK_AGAIN_S:
+            return
+        rss = self.check.due(now)
+        if rss is None or not self._send(msgs.recycle(self._index)):
+            return
+        self._asked_at, self.rss = now, rss
+        _log.info(
+            "shard recycling: asked the front end to hold its requests",
+            rss_mb=round(rss / 2**20, 1),
+            limit_mb=round(self.check.limit() / 2**20, 1),
+            fresh_mb=round(self.check.fresh_bytes / 2**20, 1),
+        )
+
+    def poll_timeout(self, timeout_ms: int | None) -> int | None:
+        """`timeout_ms`, shortened to wake when the check is due."""
+        due = self.check.deadline()
+        if due is None:
+            return timeout_ms
+        left = max(0, math.ceil((due - time.monotonic()) * 1000))
+        return left if timeout_ms is None else min(timeout_ms, left)
+
+    def go(self) -> bool:
+        """`recycle-go` came: every request the front end routed here is in. Stop, unless
+        something the shard took meanwhile forbids it (a pull made a job active): then tell
+        the front end to send the held requests (`recycle-off`) and carry on."""
+        blocked = self.check.blocker()
+        if blocked is not None:
+            self._asked_at = None
+            self._send(msgs.recycle_off(self._index))
+            _log.info("shard recycle called off", reason=blocked)
+            return False
+        if not self.going:
+            self.going = True
+            self._on_go(rss_bytes())
+        return True
