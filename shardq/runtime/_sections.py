@@ -246,7 +246,7 @@ class LinkSettings:
     # long (ms): the next request reads them first, so a sequential durable client costs the
     # shard one wake-up per push instead of two. A confirmation that needs the shard (a
     # refused push, a writer restart) waits at most this long; 0 reads them at once.
-    writer_confirm_wait_ms: int = 2
+    writer_confirm_wait_ms: int = 0
     # A reply batch is cut into link frames of at most this; a reply bigger than it alone is
     # refused ("Reply too large"): a bunqueue client refuses a frame over 64 MiB anyway.
     link_max_frame_bytes: int = 64 * 1024 * 1024
