@@ -111,6 +111,41 @@ def rss_bytes() -> int:
         return 0
 
 
+class QuietWindow:
+    """When a process has been quiet for `idle_s` after some work: `busy(now)` arms it (if it
+    is not armed yet), `deadline()` says when to look, and `due(now)` says whether the window
+    that ended was quiet (it used under `QUIET_CPU_SHARE` of a CPU). A busy window arms the
+    next one; a quiet one disarms it. `idle_s` 0: never armed."""
+
+    def __init__(self, idle_s: float) -> None:
+        self._idle_s = idle_s
+        self._quiet_at: float | None = None
+        self._window = (0.0, 0.0)  # (monotonic time, CPU time) when it was armed
+
+    def busy(self, now: float) -> None:
+        if self._idle_s > 0 and self._quiet_at is None:
+            self._quiet_at = now + self._idle_s
+            self._window = (now, time.process_time())
+
+    def deadline(self) -> float | None:
+        """When `due` has something to say (None: nothing armed)."""
+        return self._quiet_at
+
+    def due(self, now: float) -> bool:
+        """Whether a quiet window ended by `now`. Call it on every wake: a window that ended
+        always moves the deadline (armed again if it was busy, cleared if quiet)."""
+        if self._quiet_at is None or now < self._quiet_at:
+            return False
+        started, cpu = self._window
+        used = time.process_time()
+        if used - cpu >= QUIET_CPU_SHARE * max(now - started, self._idle_s):
+            self._quiet_at = now + self._idle_s
+            self._window = (now, used)
+            return False
+        self._quiet_at = None
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class GiveBackSettings:
     """`[process] memory_release_idle_ms` and `memory_release_grow_mb` (docs/runtime.md)."""
@@ -147,33 +182,23 @@ class IdleGiveBack:
         self._settings = settings
         self._tables = tables
         self._clock = clock
-        self._quiet_at: float | None = None
-        self._window = (0.0, 0.0)  # (monotonic time, CPU time) when the check was armed
+        self._window = QuietWindow(settings.idle_s if settings.enabled else 0)
         self._baseline = rss_bytes()
         self.releases = 0
 
     def busy(self, now: float) -> None:
         """Work was done at `now`: arm the check `idle_s` from now (if not armed yet)."""
-        if self._settings.enabled and self._quiet_at is None:
-            self._quiet_at = now + self._settings.idle_s
-            self._window = (now, time.process_time())
+        self._window.busy(now)
 
     def deadline(self) -> float | None:
         """When `check` has something to do (None: nothing armed)."""
-        return self._quiet_at
+        return self._window.deadline()
 
     def check(self, now: float) -> bool:
         """When due: arm again if the window was busy, else release if the process grew;
         whether it released. Call it on every wake: a due check always moves the deadline."""
-        if self._quiet_at is None or now < self._quiet_at:
+        if not self._window.due(now):
             return False
-        started, cpu = self._window
-        used = time.process_time()
-        if used - cpu >= QUIET_CPU_SHARE * max(now - started, self._settings.idle_s):
-            self._quiet_at = now + self._settings.idle_s
-            self._window = (now, used)
-            return False
-        self._quiet_at = None
         before = rss_bytes()
         if before - self._baseline < self._settings.grow_bytes:
             return False

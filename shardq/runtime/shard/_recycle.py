@@ -43,7 +43,7 @@ from typing import Any, Final
 import structlog
 
 from shardq.runtime import _messages as msgs
-from shardq.runtime._giveback import QUIET_CPU_SHARE, rss_bytes
+from shardq.runtime._giveback import QuietWindow, rss_bytes
 from shardq.runtime._sections import ProcessSettings
 
 __all__ = ["RECYCLE_FACTOR", "RecycleCheck", "RecycleSettings", "ShardRecycle"]
@@ -90,8 +90,7 @@ class RecycleCheck:
         self._estimate = estimate
         self.blocker = blocker
         self.fresh_bytes = rss_bytes()  # before recovery: what a new process costs
-        self._quiet_at: float | None = None
-        self._window = (0.0, 0.0)
+        self._window = QuietWindow(settings.idle_s if settings.enabled else 0)
 
     def limit(self) -> int:
         """The RSS above which the shard recycles, in bytes."""
@@ -100,25 +99,16 @@ class RecycleCheck:
 
     def busy(self, now: float) -> None:
         """Work was done at `now`: check `idle_s` from now (if not armed yet)."""
-        if self._settings.enabled and self._quiet_at is None:
-            self._quiet_at = now + self._settings.idle_s
-            self._window = (now, time.process_time())
+        self._window.busy(now)
 
     def deadline(self) -> float | None:
-        return self._quiet_at
+        return self._window.deadline()
 
     def due(self, now: float) -> int | None:
         """The RSS in bytes if the shard should recycle now, else None. A due check always
         moves the deadline (re-armed after a busy window, cleared after a quiet one)."""
-        if self._quiet_at is None or now < self._quiet_at:
+        if not self._window.due(now):
             return None
-        started, cpu = self._window
-        used = time.process_time()
-        if used - cpu >= QUIET_CPU_SHARE * max(now - started, self._settings.idle_s):
-            self._quiet_at = now + self._settings.idle_s
-            self._window = (now, used)
-            return None
-        self._quiet_at = None
         rss = rss_bytes()
         if rss <= self.limit() or self.blocker() is not None:
             return None
