@@ -6,12 +6,13 @@ job-to-shard cache, the parked long-polls, the worker registry, the event ring a
 lifetime counters behind `Metrics`.
 
 Receives: client frames; on one Unix stream link per shard (`shardq.runtime.links`) `rep`,
-`events`, `cancel`, `drained`, `flow`, `loaded` and `direct` (a shard's direct port);
+`events`, `cancel`, `drained`, `flow`, `loaded`, `direct` (a shard's direct port), and
+`recycle` and `recycle-off` (a shard about to be replaced, or not after all);
 `shard-down` and `shard-up` from the supervisor (and from its own link watcher); `rep` from
 the writer (committed durable pushes' replies) on its own link to the writer.
 
-Sends: `req`, `close`, `drain`, `listen`, `workers`, `flowack` and `parts` to the shards on
-the links; `front` to the writer;
+Sends: `req`, `close`, `drain`, `listen`, `workers`, `flowack`, `parts` and `recycle-go` to
+the shards on the links; `front` to the writer;
 replies and job events to the clients; `ready` and `fatal` to the supervisor.
 """
 

@@ -3,13 +3,14 @@
 Owns: its queues in memory (the engine), its parked long-polls and WaitJob requests, the
 mutation batches the writer has not confirmed yet, and the clock it hands the engine.
 
-Receives: `req`, `close`, `drain`, `listen`, `workers`, `flowack` and (several nodes on one
-database) `parts` from the front end on its link; `done`, `fail` and `rejected` from the
-writer on its writer link; `writer-up` from its own loop when that link comes back.
+Receives: `req`, `close`, `drain`, `listen`, `workers`, `flowack`, `recycle-go` and (several
+nodes on one database) `parts` from the front end on its link; `done`, `fail` and
+`rejected` from the writer on its writer link; `writer-up` from its own loop when that link
+comes back.
 
-Sends: `rep`, `events`, `cancel`, `drained`, `flow`, `loaded` and `direct` (its direct port,
-with `direct_shards` on) to the front end; `muts`, `flush` and `sync` to the writer; `ready`,
-`progress` and `fatal` to the supervisor.
+Sends: `rep`, `events`, `cancel`, `drained`, `flow`, `loaded`, `direct` (its direct port,
+with `direct_shards` on), `recycle` and `recycle-off` to the front end; `muts`, `flush` and
+`sync` to the writer; `ready`, `progress`, `fatal` and `recycled` to the supervisor.
 """
 
 # Nothing imported here: `python -m` imports this package before its `__main__`, which
