@@ -211,9 +211,7 @@ MADE_VERSION = 8
 
 def cold_columns(version: int) -> int:
     """How many cold columns (`_cold`) a jobs table of schema `version` has."""
-    if version >= MADE_VERSION:
-        return 5
-    return 4 if version >= COLD_VERSION else 0
+    return _schema.cold_columns_at(version, COLD_VERSION, MADE_VERSION)
 
 
 COUNTS_VERSION = 9

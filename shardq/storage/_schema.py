@@ -393,9 +393,15 @@ MADE_VERSION = 11
 
 def cold_columns(version: int) -> int:
     """How many cold columns (`_cold`) a jobs table of schema `version` has."""
-    if version >= MADE_VERSION:
+    return cold_columns_at(version, COLD_VERSION, MADE_VERSION)
+
+
+def cold_columns_at(version: int, cold_version: int, made_version: int) -> int:
+    """`cold_columns` for a backend whose cold columns came at `cold_version` and `made` at
+    `made_version` (PostgreSQL's numbers differ from SQLite's)."""
+    if version >= made_version:
         return 5
-    return 4 if version >= COLD_VERSION else 0
+    return 4 if version >= cold_version else 0
 
 
 COUNTS_VERSION = 12
