@@ -364,9 +364,10 @@ class Engine:
     def push_run(
         self, commands: Sequence[Mapping[str, Any]], now: int
     ) -> tuple[Outcome, list[str]] | None:
-        """The PUSH commands of one queue without options that `commands` starts with
-        (`Producer.push_run`), in one pass: what `apply` of each in turn would do, their
-        mutations in one `Outcome`, and the job id of each one taken (its reply is
+        """The PUSH commands without options that `commands` starts with, of one queue or
+        several (`Producer.push_run`), in one pass: what `apply` of each in turn would do,
+        their mutations in one `Outcome` (grouped by queue), and the job id of each one
+        taken (its reply is
         `{"ok": true, "id": ...}`); the caller applies the rest as usual. None, with nothing
         done, under a head budget (its hooks wrap `apply`) or while a limiter or group holds
         jobs back (`apply` wakes them after every command)."""

@@ -88,23 +88,59 @@ class Producer:
         return {"ok": True, "id": self.push_one(fx, queue, cmd, custom, now)}
 
     def push_run(self, fx: Effects, commands: Sequence[Mapping[str, Any]], now: int) -> list[str]:
-        """The longest run of `commands` from the first that are PUSHes of the first one's
-        queue taken by `cmd_push`'s plain path without an error, admitted in one pass: the
-        ids, sequence numbers, records and counts they would get one by one (`_push_plain`).
-        Returns their ids; the caller runs the rest, from the first one not taken, as usual."""
-        queue = commands[0].get("queue")
-        if validate_queue_name(queue):
-            return []
+        """The longest run of `commands` from the first that are PUSHes taken by `cmd_push`'s
+        plain path without an error, of one queue or several, admitted in one pass: the ids,
+        sequence numbers, records and counts they would get one by one (`_push_plain`).
+        Returns their ids; the caller runs the rest, from the first one not taken, as usual.
+        Several queues (pipelined pushes spread over queues): the jobs are built in arrival
+        order (ids and seqs as one by one), then each queue's are placed together, the queues
+        in the order they first appear; only the order of the mutations across queues differs
+        from one by one, and no two of them touch the same row."""
+        valid: set[str] = set()
         taken = 0
         for cmd in commands:
-            if cmd.get("queue") != queue or not cmd.keys() <= _PLAIN_PUSH_KEYS:
+            queue = cmd.get("queue")
+            if type(queue) is not str:
+                break  # the one-by-one path answers its error
+            if queue not in valid:
+                if validate_queue_name(queue):
+                    break
+                valid.add(queue)
+            if not cmd.keys() <= _PLAIN_PUSH_KEYS:
                 break
             if validate_data(cmd.get("data")) or validate_name(cmd):
                 break
             taken += 1
         if not taken:
             return []
-        return self._push_plain(fx, str(queue), list(commands[:taken]), now, False)
+        if len(valid) == 1:
+            return self._push_plain(fx, valid.pop(), list(commands[:taken]), now, False)
+        return self._push_mixed(fx, commands[:taken], now)
+
+    def _push_mixed(
+        self, fx: Effects, commands: Sequence[Mapping[str, Any]], now: int
+    ) -> list[str]:
+        """`push_run`'s plain PUSHes of several queues: built in order, placed per queue."""
+        new_id = self.ids.new
+        create = Job.create
+        store = self.store
+        seq = store.seq
+        ids: list[str] = []
+        by_queue: dict[str, list[Job]] = {}
+        for cmd in commands:
+            seq += 1
+            queue = cmd["queue"]
+            job = create(new_id(now), queue, seq, cmd, now)
+            ids.append(job.id)
+            group = by_queue.get(queue)
+            if group is None:
+                by_queue[queue] = [job]
+            else:
+                group.append(job)
+        store.seq = seq
+        for queue, jobs in by_queue.items():
+            store.admit_all(fx, jobs, store.queue(queue), now)
+        return ids
 
     def _check_push(self, queue: str, cmd: Mapping[str, Any]) -> None:
         """The checks of a single push that read more than its own fields."""

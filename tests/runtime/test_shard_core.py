@@ -58,7 +58,7 @@ class Shard:
             elif out["t"] == "rep":
                 for _conn, rid, reply in out["items"]:
                     assert rid not in self.replies
-                    self.replies[rid] = reply
+                    self.replies[rid] = reply  # in the order they were sent
             else:
                 assert out == {"t": "drained", "shard": 0}
                 self.drained += 1
@@ -316,3 +316,38 @@ def test_a_turn_of_pushes_answers_and_stores_as_the_same_pushes_one_per_turn() -
     assert first is not None and second is not None and first.timeline is second.timeline
     muts = [[m for batch in shard.batches for m in batch["muts"]] for shard in (together, apart)]
     assert muts[0] == muts[1] and len(muts[0]) == len(cmds) - 1  # a put each, the PULL's update
+
+
+def test_pushes_spread_over_queues_in_one_turn_are_the_same_pushes_one_per_turn() -> None:
+    """Pipelined pushes that take the queues in turn (push8q) go through the engine in one pass
+    too; a durable, a refused and an optioned push, and a PULL, between them go on their own
+    and the run goes on after them. The replies are those of one command a turn, sent in
+    arrival order; each queue's mutations are the same, in the same order."""
+    cmds: list[dict[str, Any]] = [
+        *({"cmd": "PUSH", "queue": f"q{i % 3}", "data": i} for i in range(5)),
+        {"cmd": "PUSH", "queue": "q1", "data": 5, "durable": True},
+        *({"cmd": "PUSH", "queue": f"q{i % 3}", "data": i} for i in range(6, 9)),
+        {"cmd": "PUSH", "queue": "q2", "data": 9, "name": 5},  # refused
+        {"cmd": "PUSH", "queue": "q0", "data": 10, "priority": 2},
+        *({"cmd": "PUSH", "queue": f"q{i % 3}", "data": i} for i in range(11, 14)),
+        {"cmd": "PULL", "queue": "q0", "owner": "w"},
+        *({"cmd": "PUSH", "queue": f"q{i % 3}", "data": i} for i in range(14, 20)),
+    ]
+    together, apart = Shard(), Shard()
+    rids = together.turn(*cmds)
+    singles = [apart.turn(cmd)[0] for cmd in cmds]
+    for shard in (together, apart):
+        shard.msg({"t": "done", "seq": len(shard.batches)})  # the durable push's commit
+    assert [together.replies[r] for r in rids] == [apart.replies[r] for r in singles]
+    assert [r for r in together.replies if r != rids[5]] == [r for r in rids if r != rids[5]]
+    assert together.replies[rids[9]]["ok"] is False
+    # The first five went in one pass: q0's two share their timeline.
+    first, fourth = (together.core.engine.find(together.replies[r]["id"]) for r in rids[0:4:3])
+    assert first is not None and fourth is not None and first.timeline is fourth.timeline
+    muts = [[m for batch in shard.batches for m in batch["muts"]] for shard in (together, apart)]
+    assert len(muts[0]) == len(muts[1]) == len(cmds) - 1  # a put each, the PULL's update
+    for queue in ("q0", "q1", "q2"):
+        of_queue = [
+            [m for m in shard_muts if m[0] != "putb" or m[2] == queue] for shard_muts in muts
+        ]
+        assert of_queue[0] == of_queue[1]

@@ -56,16 +56,15 @@ def positive_ms(value: object) -> int:
 
 
 def push_run(items: list[Any], at: int) -> int:
-    """How many `req` items from `at` on are PUSHes of one queue with no envelope, the first
+    """How many `req` items from `at` on are PUSHes with no envelope, of any queue, the first
     one included (it is one): a run the engine may admit in one pass (`Engine.push_run`)."""
-    queue = items[at][2].get("queue")
     end = at + 1
     while end < len(items):
         item = items[end]
         if type(item) is not list or len(item) != 3 or type(item[0]) is not str:
             break
         cmd = item[2]
-        if type(cmd) is not dict or cmd.get("cmd") != "PUSH" or cmd.get("queue") != queue:
+        if type(cmd) is not dict or cmd.get("cmd") != "PUSH":
             break
         end += 1
     return end - at

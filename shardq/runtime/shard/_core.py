@@ -322,8 +322,8 @@ class ShardCore:
             size = len(item) if isinstance(item, list) else 0
             if 3 <= size <= 4 and isinstance(item[0], str) and isinstance(item[2], dict):
                 envelope: Envelope = item[3] if size == 4 else None
-                # A PUSH and a next one of its queue may start a run (`push_run`); the next
-                # item is read here, not in a call: pushes that alternate queues pass here.
+                # A PUSH followed by another (of any queue) starts a run (`push_run`); the
+                # next item is read here, not in a call: a lone PUSH passes here.
                 nxt = items[at + 1] if at + 1 < end else None
                 if (
                     size == 3
@@ -331,13 +331,12 @@ class ShardCore:
                     and type(nxt) is list
                     and len(nxt) == 3
                     and type(nxt[2]) is dict
-                    and nxt[2].get("queue") == item[2].get("queue")
+                    and nxt[2].get("cmd") == "PUSH"
                 ):
                     run = push_run(items, at)
-                    taken = self._push_run(items[at : at + run], now) if run > 1 else 0
-                    if taken:
-                        at += taken
-                        continue
+                    self._push_items(items[at : at + run], now)
+                    at += run
+                    continue
                 if envelope is None or isinstance(envelope, dict):
                     self._request(item[0], item[1], item[2], now, envelope)
                     at += 1
@@ -345,27 +344,34 @@ class ShardCore:
             _log.warning("malformed request item dropped")
             at += 1
 
-    def _push_run(self, items: list[list[Any]], now: int) -> int:
-        """The PUSHes of one queue that `items` starts with, in one pass (`Engine.push_run`),
-        answered and absorbed as one by one; returns how many it took (0 while the event tap
-        watches each command, or where the engine takes none this way)."""
-        if self.event_tap.active:
-            return 0
-        try:
-            run = self.engine.push_run([item[2] for item in items], now)
-        except Exception:
-            _log.exception("command failed", command="PUSH")
-            for conn, rid, _cmd in items:
-                self._replies.append([conn, rid, {"ok": False, "error": INTERNAL_SERVER_ERROR}])
-            return len(items)
-        if run is None:
-            return 0
-        outcome, ids = run
-        self._absorb(outcome.mutations, outcome.events)
-        append = self._replies.append
-        for (conn, rid, _cmd), job_id in zip(items, ids, strict=False):
-            append([conn, rid, {"ok": True, "id": job_id}])
-        return len(ids)
+    def _push_items(self, items: list[list[Any]], now: int) -> None:
+        """A run of PUSH items: what the engine takes in one pass (`Engine.push_run`), answered
+        as one by one; each one it does not take (all while the event tap watches each
+        command) goes on its own, and the run goes on after it. Scanned once, not per item."""
+        commands = [item[2] for item in items]
+        done, count = 0, len(items)
+        while done < count:
+            run = None
+            if count - done > 1 and not self.event_tap.active:
+                try:
+                    run = self.engine.push_run(commands[done:] if done else commands, now)
+                except Exception:
+                    _log.exception("command failed", command="PUSH")
+                    for conn, rid, _cmd in items[done:]:
+                        error = {"ok": False, "error": INTERNAL_SERVER_ERROR}
+                        self._replies.append([conn, rid, error])
+                    return
+            if run is None or not run[1]:
+                conn, rid, cmd = items[done]
+                self._request(conn, rid, cmd, now, None)
+                done += 1
+                continue
+            outcome, ids = run
+            self._absorb(outcome.mutations, outcome.events)
+            append = self._replies.append
+            for (conn, rid, _cmd), job_id in zip(items[done:], ids, strict=False):
+                append([conn, rid, {"ok": True, "id": job_id}])
+            done += len(ids)
 
     def _request(
         self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
