@@ -49,6 +49,7 @@ MAX_FRAME_SIZE: Final = 64 * 1024 * 1024
 FRAME_HEADER: Final = struct.Struct(">I")
 """The u32 big-endian length in front of every frame body."""
 _HEADER: Final = FRAME_HEADER
+_IS_STR: Final = str.__instancecheck__
 T = TypeVar("T")
 
 # msgpackr, the encoder of bunqueue's own JS clients, writes JS `undefined` as fixext1 type 0,
@@ -96,7 +97,8 @@ def decode_body(body: bytes | memoryview) -> DecodedFrame:
         error.__cause__ = e
         error.req_id = salvage_req_id(body)
         return error
-    if not isinstance(obj, dict) or not all(isinstance(key, str) for key in obj):
+    # Keys are str or bytes (strict_map_key); checked without a Python frame per key.
+    if not isinstance(obj, dict) or not all(map(_IS_STR, obj)):
         return ProtocolError(INVALID_COMMAND_FORMAT)
     return obj
 

@@ -143,7 +143,9 @@ class _Watched(StandIn):
     __slots__ = ("_batch", "_counters", "_name", "_started")
 
     def __init__(self, counters: Counters, client: Any, name: str, batch: int) -> None:
-        super().__init__(client)
+        # `StandIn.__init__` written out: one per counted command (every PUSH).
+        self._client = client
+        self.conn = client.conn
         self._counters = counters
         self._name = name
         self._batch = batch
