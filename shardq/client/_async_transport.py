@@ -209,6 +209,11 @@ class AsyncTcpTransport(asyncio.Protocol):
         return self._dead is None
 
     @property
+    def ended(self) -> bool:
+        """`SyncTcpTransport.ended`: the server said goodbye; nothing failed was applied."""
+        return self._core.ended
+
+    @property
     def writable(self) -> bool:
         return self._writable.is_set()
 
@@ -263,6 +268,8 @@ class AsyncTcpTransport(asyncio.Protocol):
                 future.set_result(reply)
         if self._core.broken is not None:
             self._die(f"the server at {self._endpoint} sent a bad frame: {self._core.broken}")
+        elif self._core.ended:  # nothing still waiting was taken: safe to send elsewhere
+            self._die(f"the server at {self._endpoint} ended the connection", sent=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is None:
@@ -276,7 +283,7 @@ class AsyncTcpTransport(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writable.set()
 
-    def _die(self, reason: str) -> None:
+    def _die(self, reason: str, *, sent: bool = True) -> None:
         if self._dead is not None:
             return
         self._dead = reason
@@ -288,7 +295,7 @@ class AsyncTcpTransport(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
         self._deadlines.cancel()
-        fail_waiters(self._core.fail_all(), reason)
+        fail_waiters(self._core.fail_all(), reason, sent=sent)
 
 
 class AsyncZmqTransport:
