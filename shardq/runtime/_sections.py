@@ -165,6 +165,10 @@ class TcpSettings:
     # (the client then pushes through the front end). Frames and unread replies are bounded
     # by max_frame_bytes and tcp_max_write_backlog_bytes, as on the TCP port.
     direct_max_connections: int = 1_000
+    # At a stop (restart, recycle) a shard ends each direct connection with a goodbye frame
+    # once it has answered what it took from it; it waits this long at most for the clients to
+    # take those last bytes before it closes the rest (0: closes at once).
+    direct_stop_ms: int = 2_000
 
 
 @dataclass(frozen=True, slots=True)

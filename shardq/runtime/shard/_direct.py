@@ -36,13 +36,34 @@ What the front end does for a PUSH, and what happens to it here:
 Requests enter the shard as one `req` message per turn with negative rids (the front end's
 are positive), so `ShardCore` handles them as any other; `take` pulls their replies out of the
 turn's `rep` batch before it goes to the front end.
+
+At a stop (SIGTERM, a recycle) the port ends its connections cleanly, in two steps the shard
+drives (`ShardProcess._finish`):
+
+- `quiesce()`: the listener closes and no connection is read any further. Whole frames are
+  only ever taken together, at the end of a read, so the port stops at a frame boundary; the
+  bytes of a frame begun are dropped, never applied;
+- `release(conn)`, for each connection once it waits for no reply (at once, or when `take`
+  writes its last one: a durable push after its commit): its last frame is
+  `direct_goodbye()`, then FIN (`shutdown(SHUT_WR)`) once its replies are written; the socket
+  is closed when the client closes its side or has acknowledged every byte (`settled`), so
+  that the close never resets a connection whose goodbye is still on its way. A request the
+  client had no reply to before the goodbye was not taken: the client sends it again
+  through the front end, with no duplicate.
+
+`abandon()` closes, without a goodbye, the connections still waiting for a commit the writer
+did not confirm in time (their clients cannot know: `ConnectionLost(sent=True)`), and the
+shard waits at most `direct_stop_ms` for the rest to settle.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import socket
+import struct
+import termios
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -52,7 +73,7 @@ import zmq
 
 from shardq.errors import ProtocolError
 from shardq.protocol import FrameDecoder, check_command, encode_js, error_reply
-from shardq.protocol._direct import direct_refused, shard_of
+from shardq.protocol._direct import direct_goodbye, direct_refused, shard_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
@@ -65,6 +86,8 @@ _READ_BYTES: Final = 256 * 1024
 SWEEP_EVERY_S: Final = 1.0
 # At most one warning per this many seconds about connections refused at the cap.
 _WARN_EVERY_S: Final = 1.0
+# While ending connections, how often the shard looks whether their last bytes were taken.
+SETTLE_EVERY_MS: Final = 5
 # A flow's parts are checked against other shards by the front end.
 _FLOW_FIELDS: Final = ("parentId", "childrenIds")
 
@@ -85,7 +108,8 @@ def why_not_open(tcp: TcpSettings, *, external_store: bool) -> str:
 
 class _Conn:
     __slots__ = (
-        "closing", "deadline", "decoder", "idle", "inflight", "name", "out", "paused", "sock"
+        "closing", "deadline", "decoder", "ending", "idle", "inflight", "name", "out", "paused",
+        "shut", "sock",
     )  # fmt: skip
 
     def __init__(self, sock: socket.socket, name: str, max_frame: int) -> None:
@@ -98,6 +122,8 @@ class _Conn:
         self.idle = False  # the deadline is the idle close's (any byte lifts it)
         self.inflight = 0  # requests taken to the engine, not answered yet
         self.paused = False  # not read while `inflight` is past the cap
+        self.ending = False  # the goodbye is written: FIN once `out` is empty (`release`)
+        self.shut = False  # FIN sent: closed once the client took every byte (`settled`)
 
 
 class DirectPort:
@@ -153,6 +179,9 @@ class DirectPort:
         self.served = 0  # requests taken to the engine (Stats' directRequests)
         self.pushed = 0  # pushes answered ok (directPushed)
         self._rates = RateWindow(rate_window_s, width=1)
+        self.quiesced = False  # stopping: nothing is read or accepted any more (`quiesce`)
+        self._shut: set[_Conn] = set()  # FIN sent, not closed yet
+        self.released = 0  # connections ended with a goodbye
         poller.register(self._listener.fileno(), zmq.POLLIN)
 
     @property
@@ -191,15 +220,23 @@ class DirectPort:
                 if events & zmq.POLLOUT:
                     self._flush(conn)
                 if events & zmq.POLLIN and fd in conns:
-                    self._read(conn, items)
+                    if conn.shut:
+                        self._discard(conn)
+                    elif not self.quiesced:
+                        self._read(conn, items)
             elif fd == self._listener.fileno():
                 self._accept()
         if self._timed:
             self._sweep(time.monotonic())
+        if self._shut:
+            self._settle()
         return items
 
     def poll_timeout(self, timeout_ms: int | None) -> int | None:
-        """`timeout_ms`, or less so that the loop wakes for the next sweep of deadlines."""
+        """`timeout_ms`, or less so that the loop wakes for the next sweep of deadlines (or,
+        while connections end, to see whether they settled)."""
+        if self._shut:
+            return SETTLE_EVERY_MS if timeout_ms is None else min(timeout_ms, SETTLE_EVERY_MS)
         if not self._timed:
             return timeout_ms
         left = max(int((self._next_sweep - time.monotonic()) * 1000) + 1, 0)
@@ -368,11 +405,14 @@ class DirectPort:
             conn = self._by_name.get(name)
             if conn is not None:  # else gone: the reply goes nowhere, as for a closed TCP peer
                 conn.inflight -= len(replies)
-                if conn.paused and conn.inflight <= self._max_in_flight // 2:
-                    conn.paused = False
-                    self._watch(conn)
-                self._idle(conn)
+                if not self.quiesced:
+                    if conn.paused and conn.inflight <= self._max_in_flight // 2:
+                        conn.paused = False
+                        self._watch(conn)
+                    self._idle(conn)
                 self._write(conn, b"".join(encode_js(r) for r in replies))
+                if self.quiesced and conn.inflight == 0:
+                    self.release(conn)  # its last reply is out: the goodbye follows
         if not rest:
             return None
         return msgs.rep(rest)
@@ -395,8 +435,11 @@ class DirectPort:
             _log.warning("direct connection dropped: it does not read its replies",
                          conn=conn.name, unread=len(conn.out))  # fmt: skip
             self._drop(conn)
-        elif conn.closing and not conn.out:
-            self._drop(conn)
+        elif not conn.out:
+            if conn.closing:
+                self._drop(conn)
+            elif conn.ending and not conn.shut:
+                self._shut_down(conn)
 
     def _flush(self, conn: _Conn) -> None:
         try:
@@ -410,6 +453,8 @@ class DirectPort:
         if not conn.out:
             if conn.closing:
                 self._drop(conn)
+            elif conn.ending and not conn.shut:
+                self._shut_down(conn)
             else:
                 self._watch(conn)
 
@@ -419,13 +464,103 @@ class DirectPort:
             return
         self._by_name.pop(conn.name, None)
         self._timed.discard(conn)
+        self._shut.discard(conn)
         with contextlib.suppress(KeyError, zmq.ZMQError):
             self._poller.unregister(fd)
         conn.sock.close()
 
-    def close(self) -> None:
-        for conn in list(self._conns.values()):
-            self._drop(conn)
+    # -- the end, at a stop (see the module's docstring) ------------------------------------
+
+    def quiesce(self) -> None:
+        """Take no more requests: close the listener, read no connection further, and
+        `release` each connection that waits for no reply (the others are released as `take`
+        writes their last reply). Idempotent."""
+        if self.quiesced:
+            return
+        self.quiesced = True
         with contextlib.suppress(KeyError, zmq.ZMQError):
             self._poller.unregister(self._listener.fileno())
         self._listener.close()
+        self._timed.clear()
+        waiting = 0
+        for conn in list(self._conns.values()):
+            conn.deadline = None
+            conn.paused = True  # not read any more
+            if conn.inflight or conn.closing:
+                waiting += conn.inflight > 0
+                self._watch(conn)  # its replies may still wait to be written
+            else:
+                self.release(conn)
+        _log.info("direct port quiesced", connections=len(self._conns), waiting=waiting)
+
+    def release(self, conn: _Conn) -> None:
+        """End `conn`, which waits for no reply: its goodbye is its last frame, FIN follows
+        once every reply is written, and the socket is closed once the client closed its side
+        or took every byte (`_settle`)."""
+        if conn.ending or conn.closing or self._conns.get(conn.sock.fileno()) is not conn:
+            return
+        conn.ending = True
+        self.released += 1
+        self._write(conn, encode_js(direct_goodbye()))
+
+    def abandon(self) -> int:
+        """Close the connections still waiting for replies (durable pushes whose commit the
+        writer did not confirm in time, which may yet be applied: no goodbye for them).
+        Returns how many."""
+        late = [conn for conn in self._conns.values() if not conn.ending]
+        for conn in late:
+            self._drop(conn)
+        return len(late)
+
+    def _shut_down(self, conn: _Conn) -> None:
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._drop(conn)
+            return
+        conn.shut = True
+        conn.paused = False  # read, and drop, what the client still sends until it closes
+        self._shut.add(conn)
+        self._watch(conn)
+
+    def _discard(self, conn: _Conn) -> None:
+        """A frame that comes after the goodbye is never taken; the client's close (or a
+        broken connection) ends it."""
+        try:
+            data = conn.sock.recv(_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+
+    def _settle(self) -> None:
+        """Close the ended connections whose client took every byte: a close now cannot
+        reset the connection before the goodbye arrives."""
+        for conn in [c for c in self._shut if _unacknowledged(c.sock) == 0]:
+            self._drop(conn)
+
+    def close(self) -> None:
+        for conn in list(self._conns.values()):
+            self._drop(conn)
+        if not self.quiesced:
+            with contextlib.suppress(KeyError, zmq.ZMQError):
+                self._poller.unregister(self._listener.fileno())
+        self._listener.close()
+
+
+_OUTQ: Final = getattr(termios, "TIOCOUTQ", None)  # Linux's SIOCOUTQ
+
+
+def _unacknowledged(sock: socket.socket) -> int:
+    """The bytes sent on `sock` that its peer has not acknowledged (-1 if unknown: the
+    connection then ends at the client's close, or at the shard's deadline)."""
+    if _OUTQ is None:
+        return -1
+    try:
+        raw = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
+    except OSError:
+        return -1
+    outq: int = struct.unpack("i", raw)[0]
+    return outq
