@@ -230,9 +230,8 @@ class ShardProcess(ShardLoading):
         return len(engine.store.jobs) * JOB_BYTES
 
     def _no_recycle(self) -> str | None:
-        """What forbids a recycle now, if anything."""
-        if self._direct is not None and self._direct.connections:
-            return "direct connections open"
+        """What forbids a recycle now, if anything. (Clients connected to the direct port do
+        not: the stop ends their connections cleanly, `_end_direct`.)"""
         if self.core.waits or self.core.draining:
             return "parked WaitJob or draining"
         if self.core.active_jobs():
