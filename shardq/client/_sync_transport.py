@@ -158,6 +158,11 @@ class SyncTcpTransport:
         try:
             with self._send_lock:
                 self._sock.sendall(payloads[0])
+        except (BrokenPipeError, ConnectionResetError):
+            # The server closed the connection. Whether it said goodbye first (a stopping
+            # shard's direct port: then nothing unanswered was taken) is in what is left to
+            # read, so the reader decides; it sees the goodbye or the close at once.
+            pass
         except OSError as e:
             self._die(f"connection to {self._endpoint} lost while sending: {e}")
         return rids, futures
