@@ -273,7 +273,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     # -- the direct path (issue 24)
     "direct_shards": _bool,
     "direct_max_connections": _ranged(1, 1 << 20),
-    "direct_stop_ms": _ranged(0, 600_000, ms=True),
+    # Within the supervisor's 5 s grace past shutdown_timeout_ms, which SIGKILLs a late shard.
+    "direct_stop_ms": _ranged(0, 4_000, ms=True),
     "test_unanswered_command": _path_or_none,  # a command name, or "" for off
     # -- cluster (issue 23): "" = the defaults `load_config` resolves (docs/cluster.md)
     "node_id": _node_name,

@@ -439,7 +439,7 @@ def test_shards_auto_and_number() -> None:
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
         ("direct_stop_ms", "-1"),
-        ("direct_stop_ms", "600001"),
+        ("direct_stop_ms", "4001"),
         ("stats_rate_window_s", "0"),
         ("stats_rate_window_s", "3601"),
         # -- isolation (writer and shard storage)
