@@ -3,7 +3,9 @@
 A stopping shard stops reading its direct port at a frame boundary, answers every push it took
 (a durable one after its commit), then ends each connection with a goodbye frame and FIN. A
 push that had no reply by then was never taken: shardq's client sends it through the front end,
-so no push is lost or applied twice, and no caller sees the connection's loss.
+so no push is lost or applied twice, and no caller is left not knowing whether its push was
+applied (while a restarted shard is down, the front end answers `Shard unavailable`: not
+applied either).
 
 Real servers; the shard is stopped by SIGTERM and its supervisor starts it again. What a push
 answered ok is, and that nothing is there twice, is read back from the restarted server (which
