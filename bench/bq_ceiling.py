@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import signal
 import statistics
@@ -179,10 +180,11 @@ def _measure(
     after = (cpu_seconds(server), cpu_seconds(worker.pid))
     done = _record.count(path) - first
     times = sorted(t for t, _ in _record.read(path))
+    # No CPU figure when every job was done before the first look (a small N on a busy box).
     return {
         "rate": (len(times) - 1) / (times[-1] - times[0]),
-        "client_us": (after[1] - before[1]) * 1e6 / done,
-        "server_us": (after[0] - before[0]) * 1e6 / done,
+        "client_us": (after[1] - before[1]) * 1e6 / done if done else math.nan,
+        "server_us": (after[0] - before[0]) * 1e6 / done if done else math.nan,
     }
 
 
