@@ -40,6 +40,7 @@ from shardq.runtime.shard._commands import (
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import BudgetCheck, release_memory
+from shardq.runtime.shard._runs import CommandRuns
 from shardq.runtime.shard._stats import shard_stats
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked, job_status, note_wakeups
 from shardq.runtime.shard._writer_batches import Item, WriterBatches
@@ -121,6 +122,8 @@ class ShardCore:
         engine.cron.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
         self.waits = JobWaits()
         self.event_tap = EventTap()  # job events, built only while the front end listens
+        # Consecutive PUSHes of one queue, and consecutive ACKs, in one pass each.
+        self._runs = CommandRuns(engine, self.event_tap, self._absorb, self._replies)
         # This shard's direct port's counts for Stats (`DirectPort.stats`), None while it has
         # none.
         self.direct_stats: Callable[[], dict[str, int | float]] | None = None
@@ -325,16 +328,23 @@ class ShardCore:
                 # A PUSH and a next one of its queue may start a run (`push_run`); the next
                 # item is read here, not in a call: pushes that alternate queues pass here.
                 nxt = items[at + 1] if at + 1 < end else None
+                name = item[2].get("cmd")
                 if (
                     size == 3
-                    and item[2].get("cmd") == "PUSH"
+                    and name == "PUSH"
                     and type(nxt) is list
                     and len(nxt) == 3
                     and type(nxt[2]) is dict
                     and nxt[2].get("queue") == item[2].get("queue")
                 ):
                     run = push_run(items, at)
-                    taken = self._push_run(items[at : at + run], now) if run > 1 else 0
+                    taken = self._runs.pushes(items[at : at + run], now) if run > 1 else 0
+                    if taken:
+                        at += taken
+                        continue
+                elif size == 3 and name == "ACK" and type(nxt) is list and len(nxt) == 3:
+                    # Consecutive ACKs (a bunqueue Worker acks job by job): ACKB's path.
+                    taken = self._runs.acks(items, at, now)
                     if taken:
                         at += taken
                         continue
@@ -344,28 +354,6 @@ class ShardCore:
                     continue
             _log.warning("malformed request item dropped")
             at += 1
-
-    def _push_run(self, items: list[list[Any]], now: int) -> int:
-        """The PUSHes of one queue that `items` starts with, in one pass (`Engine.push_run`),
-        answered and absorbed as one by one; returns how many it took (0 while the event tap
-        watches each command, or where the engine takes none this way)."""
-        if self.event_tap.active:
-            return 0
-        try:
-            run = self.engine.push_run([item[2] for item in items], now)
-        except Exception:
-            _log.exception("command failed", command="PUSH")
-            for conn, rid, _cmd in items:
-                self._replies.append([conn, rid, {"ok": False, "error": INTERNAL_SERVER_ERROR}])
-            return len(items)
-        if run is None:
-            return 0
-        outcome, ids = run
-        self._absorb(outcome.mutations, outcome.events)
-        append = self._replies.append
-        for (conn, rid, _cmd), job_id in zip(items, ids, strict=False):
-            append([conn, rid, {"ok": True, "id": job_id}])
-        return len(ids)
 
     def _request(
         self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
