@@ -8,8 +8,10 @@ has a memory budget of `--memory-mb` (`SHARDQ_SHARD_MEMORY_MB`): one queue of N 
 priorities 0-2 (`{"i": n}` data, PUSHB of 1,000), nearly all of them cold. It records the
 push (jobs/s, and the writer's and the shard's CPU µs per job: what a cold row costs to
 write), then each queue-wide command in turn: wall ms, the shard's CPU ms (/proc utime +
-stime), the jobs resident after it. CPU is what to compare on a shared machine; the load
-average is printed beside each run.
+stime), the jobs resident after it, and the writer's work for it: its CPU ms from the command
+until it goes idle (no `IDLE_CPU_S` of CPU in `IDLE_S`), and when its CPU last moved (ms
+after the command was sent: when its deletions were committed, within `IDLE_S`). CPU is what
+to compare on a shared machine; the load average is printed beside each run.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ COMMANDS: list[tuple[str, dict[str, Any]]] = [
     ("Drain", {"cmd": "Drain"}),
 ]  # fmt: skip
 SETTLE_S = 600.0
+IDLE_S = 0.5  # the writer is idle after a window this long ...
+IDLE_CPU_S = 0.02  # ... in which it spent less CPU than this (its ticks, the metrics)
 
 
 def _stats(conn: TcpConnection) -> dict[str, Any]:
@@ -55,6 +59,19 @@ def _settle(conn: TcpConnection, total: int) -> int:
         last = cold
         time.sleep(1.0)
     raise RuntimeError(f"the cold count of {total} jobs did not settle")
+
+
+def _idle(pid: int) -> float:
+    """Wait until process `pid` spends no CPU for `IDLE_S`; the time its CPU last moved."""
+    deadline = time.monotonic() + SETTLE_S
+    last, moved = cpu_seconds(pid), time.perf_counter()
+    while time.monotonic() < deadline:
+        time.sleep(IDLE_S)
+        now = cpu_seconds(pid)
+        if now - last < IDLE_CPU_S:
+            return moved
+        last, moved = now, time.perf_counter()
+    raise RuntimeError(f"process {pid} did not go idle")
 
 
 def _push(conn: TcpConnection, total: int) -> float:
@@ -84,11 +101,18 @@ def run(executable: str, total: int, memory_mb: int) -> dict[str, Any]:
             out["writer_us"] = (cpu_seconds(writer) - before[0]) * 1e6 / total
             out["shard_us"] = (cpu_seconds(shard) - before[1]) * 1e6 / total
             for label, cmd in COMMANDS:
+                _idle(writer)
                 cpu, started = cpu_seconds(shard), time.perf_counter()
+                wrote = cpu_seconds(writer)
                 conn.call({**cmd, "queue": QUEUE})
                 wall = (time.perf_counter() - started) * 1000
                 spent = (cpu_seconds(shard) - cpu) * 1000
                 out[label] = (wall, spent, int(_stats(conn).get("residentJobs", 0)))
+                busy = _idle(writer)
+                out[f"{label} writer"] = (
+                    (busy - started) * 1000,
+                    (cpu_seconds(writer) - wrote) * 1000,
+                )
             conn.close()
         finally:
             server.send_signal(signal.SIGTERM)
@@ -103,10 +127,17 @@ def _report(name: str, total: int, result: dict[str, Any]) -> None:
         f" shard {result['shard_us']:.1f} µs/job",
         flush=True,
     )
-    print("| command | wall ms | shard CPU ms | resident after |\n|---|---:|---:|---:|")
+    print(
+        "| command | wall ms | shard CPU ms | resident after | writer busy until ms |"
+        " writer CPU ms |\n|---|---:|---:|---:|---:|---:|"
+    )
     for label, _ in COMMANDS:
         wall, cpu, resident = result[label]
-        print(f"| {label} | {wall:,.0f} | {cpu:,.0f} | {resident:,} |", flush=True)
+        busy, wrote = result[f"{label} writer"]
+        print(
+            f"| {label} | {wall:,.0f} | {cpu:,.0f} | {resident:,} | {busy:,.0f} | {wrote:,.0f} |",
+            flush=True,
+        )
 
 
 def main() -> None:
