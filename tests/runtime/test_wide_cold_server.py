@@ -260,6 +260,12 @@ def test_a_drained_cold_backlog_frees_its_keys_and_ids_and_stays_drained(
     def start() -> ShardqServer:
         return shardq_server(shards=1, data_dir=tmp_path / "drain", env=env)
 
+    drain_scenario(start)
+
+
+def drain_scenario(start: Callable[[], ShardqServer]) -> None:
+    """Drains of a cold backlog with uniqueKeys and custom ids, on servers `start` starts
+    (SQLite here; PostgreSQL in tests/storage/test_wide_cold_pg.py) on one database."""
     server = start()
     held = 2 * HEAD + 100
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
