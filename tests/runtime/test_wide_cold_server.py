@@ -226,6 +226,12 @@ def _push_drain_jobs(conn: TcpConnection) -> set[str]:
     return ids
 
 
+def _wait_job(server: ShardqServer, job_id: str) -> dict[str, Any]:
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        reply = conn.call({"cmd": "WaitJob", "id": job_id, "timeout": 45_000}, check=False)
+        return {k: v for k, v in reply.items() if k != "reqId"}
+
+
 def _by_custom_id(conn: TcpConnection, custom: str) -> int | None:
     reply = conn.call({"cmd": "GetJobByCustomId", "customId": custom}, check=False)
     return int(reply["job"]["data"]["i"]) if reply.get("ok") and reply.get("job") else None
@@ -270,8 +276,17 @@ def drain_scenario(start: Callable[[], ShardqServer]) -> None:
     held = 2 * HEAD + 100
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         assert len(_push_drain_jobs(conn)) == DRAIN_JOBS
+        # A WaitJob on a cold job is answered when the Drain removes it, not at its timeout.
+        waited: dict[str, Any] = {}
+        waiter = threading.Thread(
+            target=lambda: waited.update(_wait_job(server, "c2997")), daemon=True
+        )
+        waiter.start()
+        time.sleep(0.5)
         # The claims of the jobs that went cold are in the shard's memory.
         _drain_and_push_again(conn, held)
+        waiter.join(WAIT_S)
+        assert waited == {"ok": False, "error": "Job not found"}, waited
     assert server.stop() == 0, server.log_tail()
     server = start()
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
