@@ -20,10 +20,13 @@ memory: whatever the backlog's size, a command holds at most one page of cold jo
   in seq order off the storage's index, only those created `grace` or more ago
   (`page_by_seq`, which skips the younger ones in the index): reads O(limit). Those removed
   are deleted by key, each leaving a tombstone until the deletion is committed.
-- **Drain**: every cold job of the queue is deleted by key, its key read off the index
-  (`cold_keys`: seq, row key and uniqueKey; no record read or decoded), so the shard's work
-  is a few microseconds a job; one tombstone for the queue (`Pager.drop`) hides the stored
-  rows until the commit.
+- **Drain**: the held jobs are removed as without a budget; the cold ones with one range
+  deletion, `("qdrain", queue, seq)` (`shardq.storage._drain`): the queue's cold waiting and
+  delayed rows of seq up to the engine's counter. Nothing is read: the count is the queue's
+  cold count, the uniqueKey claims and delivery fences of the cold jobs are dropped from
+  their tables (bounded by `max_dedup_keys` and `max_finalized`), one tombstone for the queue
+  (`Pager.drop`) hides the stored rows until the commit, and until then a job the range could
+  meet in a resent batch is written whole (`ColdHead.drain_floors`).
 - **Obliterate**: the writer's `qdel` deletes the queue's rows, cold ones too: nothing is read
   but the owners of the queue's uniqueKey claims that are not held (their claims go with them);
   one tombstone for the queue hides its stored rows until the `qdel` is committed.
@@ -31,8 +34,9 @@ memory: whatever the backlog's size, a command holds at most one page of cold jo
 Every command keeps the queue's counts exact: a cold job removed leaves the cold count
 (`QueueHead`) and the queue's count together. The reads go through the head's `Pager`, so
 they merge what the engine sent cold and has not seen committed, as every page-in does.
-Drain and Clean emit one `del` per cold job they remove (the job's row key, no record): the
-mutations grow with the jobs removed, the jobs held in memory do not.
+Clean emits one `del` per cold job it removes (the job's row key, no record): the mutations
+grow with the jobs removed (at most its `limit`), the jobs held in memory do not; Drain emits
+one `qdrain` whatever the backlog.
 """
 
 from __future__ import annotations
