@@ -48,6 +48,7 @@ __all__ = [
     "delete_range",
     "delete_sqlite",
     "remember_steps",
+    "select_range",
     "statements",
     "steps",
 ]
@@ -130,7 +131,7 @@ def _drain_of(index: int, m: Sequence[Any]) -> Drain:
     raise StorageRejected(f"mutation #{index} (qdrain) must be ('qdrain', str, int): {m!r:.200}")
 
 
-def _select(mark: str, indexed: str, order: str) -> str:
+def select_range(mark: str, indexed: str, order: str) -> str:
     """The row keys of a range's next chunk, off the cold backlog's index by seq."""
     return (
         f"SELECT id FROM jobs{indexed} WHERE queue = {mark} AND cold = 1"
@@ -142,7 +143,7 @@ def _select(mark: str, indexed: str, order: str) -> str:
 def statements(mark: str, indexed: str, order: str) -> tuple[str, str]:
     """(delete the chunk's ops, delete the chunk's rows) in a dialect: its parameter
     `mark`, the index clause of the read (SQLite names it), the row key's order."""
-    select = _select(mark, indexed, order)
+    select = select_range(mark, indexed, order)
     return (
         f"DELETE FROM job_deltas WHERE id IN ({select})",
         f"DELETE FROM jobs WHERE id IN ({select})",

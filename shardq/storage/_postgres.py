@@ -33,6 +33,7 @@ from psycopg import conninfo
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _pg_schema, _schema
 from shardq.storage._coalesce import DrainInBatch, Plan, Stored, coalesce
+from shardq.storage._cold_count_table import PG_EMPTY_COUNTS, PG_SKIP_SETTING, pg_counted_delete
 from shardq.storage._cold_reads import HOT_SET, POSTGRES, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
@@ -42,6 +43,7 @@ from shardq.storage._drain import (
     apply_steps,
     delete_range,
     remember_steps,
+    select_range,
     statements,
 )
 from shardq.storage._errors import StorageError
@@ -206,11 +208,22 @@ class PostgresStore(ColdReads):
             found = conn.execute(FENCE_SQL, (parts, epochs, self.fence.node_id)).fetchall()
             check(self.fence.node_id, parts, found)
 
-        def run(sql: str, params: tuple[Any, ...]) -> int:
-            return int(conn.execute(sql, params).rowcount)
-
         sql = statements("%s", "", 'id COLLATE "C"')
-        return delete_range(run, sql, drain, deltas=self._deltas_table, chunk=self.drain_chunk)
+        counted = self._version >= _pg_schema.COUNTED_VERSION
+        if counted:
+            # The statement counts its rows, not the trigger (`_cold_count_table`).
+            sql = (sql[0], pg_counted_delete(select_range("%s", "", 'id COLLATE "C"')))
+            conn.execute("SELECT set_config(%s, 'on', true)", (PG_SKIP_SETTING,))
+
+        def run(sql: str, params: tuple[Any, ...]) -> int:
+            cur = conn.execute(sql, params)
+            return int(cur.fetchone()[0]) if sql.startswith("WITH") else int(cur.rowcount)  # type: ignore[index]
+
+        done = delete_range(run, sql, drain, deltas=self._deltas_table, chunk=self.drain_chunk)
+        if counted:
+            conn.execute("SELECT set_config(%s, 'off', true)", (PG_SKIP_SETTING,))
+            conn.execute(PG_EMPTY_COUNTS, (drain[0],))
+        return done
 
     def _fenced(self, plan: Plan) -> tuple[Any, ...]:
         """The fencing statement's parameters for `plan` (`shardq.storage._pg_fence`)."""

@@ -147,3 +147,35 @@ def test_a_long_range_is_deleted_in_chunks_and_logs_its_progress(
     assert sorted(loaded(storage)[0]) == ["hot", "late"]
     assert _counts(storage, "qa") == (1, 0)  # "late": pushed after the drain
     assert [k[1] for k in storage.cold_keys("qa", limit=10)] == ["late"]
+
+
+def test_a_range_counts_its_rows_at_the_first_counting_schema_and_after_an_upgrade(
+    backend: Backend,
+) -> None:
+    """At the first schema with the counts table (SQLite 12, PostgreSQL 9) the trigger counts
+    a range's rows; from PostgreSQL 10 on the deletion counts them itself. Both end exact,
+    also for a store upgraded in between."""
+    batch: list[Mutation] = [
+        (
+            "put",
+            job(f"j{i}", state="waiting" if i % 4 else "delayed", seq=i, cold=1, priority=i % 3),
+        )
+        for i in range(60)
+    ]
+    with backend.open_at_version(backend.counts_version) as old:
+        old.drain_chunk = 7  # type: ignore[attr-defined]
+        send(old, batch, "encoded")
+        old.apply([("qdrain", "qa", 29)])
+        assert _counts(old, "qa") == _model_counts(expected([batch, [("qdrain", "qa", 29)]]), "qa")
+    with backend.open() as store:
+        store.drain_chunk = 7  # type: ignore[attr-defined]
+        store.apply([("qdrain", "qa", 50)])
+        want = expected([batch, [("qdrain", "qa", 29)], [("qdrain", "qa", 50)]])
+        assert loaded(store)[0] == want
+        assert _counts(store, "qa") == _model_counts(want, "qa") == (7, 2)
+        c = store.cold_counts("qa")
+        assert c.prioritized == sum(
+            1 for r in want.values() if r["state"] == "waiting" and r["priority"] > 0
+        )
+        store.apply([("qdrain", "qa", 60)])
+        assert _counts(store, "qa") == (0, 0)
