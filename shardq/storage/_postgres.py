@@ -183,6 +183,7 @@ class PostgresStore(ColdReads):
             known = write_plan(
                 writes, plan, self._packer.pack, self._patch_floor, deltas,
                 cold=_pg_schema.cold_columns(self._version),
+                counted=self._version >= _pg_schema.COUNTED_VERSION,
             )  # fmt: skip
         if fenced is not None:
             # Synced, not committed: a partition lost rolls the whole batch back.
