@@ -93,8 +93,15 @@ class ColdHead:
         self.looked_up: dict[str, Record] = {}
         # The delivery fencing of cold jobs that were delivered before (a retry, a move back):
         # not in their records, as after a restart; kept here up to `max_finalized` jobs.
-        self.fences: OrderedDict[str, tuple[int, str | None, bool]] = OrderedDict()
+        # (delivery, token, leased, queue): the queue names whose Drain forgets it.
+        self.fences: OrderedDict[str, tuple[int, str | None, bool, str]] = OrderedDict()
         self.max_fences = config.max_finalized
+        # Queue -> the seq of its last Drain's `qdrain`, until that is committed: a batch
+        # resent to a restarted writer applies the range again, so a row of seq up to it
+        # that goes cold waiting or delayed meanwhile gets a put (`_redrain`), which the
+        # resent mutations re-apply after the range.
+        self.drain_floors: dict[str, int] = {}
+        self.reput: dict[str, Job] = {}
         self._enter_all: Callable[[Sequence[Job], QueueState, str], None] = store._enter_all
 
     # -- what the runtime calls ------------------------------------------------------------
@@ -227,7 +234,7 @@ class ColdHead:
         if h is None:
             return
         if h.parked:
-            _unpark(h, jobs)
+            self._unpark(h, jobs)
         if state == WAITING:
             if h.waiting:
                 for job in jobs:
@@ -317,6 +324,8 @@ class ColdHead:
         touched, self.touched = self.touched, set()
         puts: dict[str, Record] | None = None
         jobs = self.store.jobs
+        if self.reput:
+            self._reput(out)
         for job_id, rec in looked.items():
             job = jobs.get(job_id)
             if job is not None and self._unchanged(job, rec):
@@ -400,11 +409,41 @@ class ColdHead:
         if put is not None:
             put[COLD] = 1  # the record the job was just put with: kept as it is
             rec = self._drop(job, write=True, rec=put)
+        elif self.drain_floors and self._redrain(job):
+            rec = self._drop(job, write=True)
+            out.append(("put", rec))
         else:
             rec = self._drop(job, write=True)
             out.append(("upd", job.key, {COLD: 1}))
         self.pager.keep(rec)
         return puts
+
+    def _unpark(self, h: QueueHead, jobs: Sequence[Job]) -> None:
+        if self.drain_floors:
+            self.reput.update((j.id, j) for j in jobs if j.id in h.parked and self._redrain(j))
+        _unpark(h, jobs)
+
+    def _redrain(self, job: Job) -> bool:
+        """True if a `qdrain` not committed yet could meet `job`'s row, were its batch
+        resent (`drain_floors`): its cold row must then come from a put."""
+        floor = self.drain_floors.get(job.queue)
+        if floor is None:
+            return False
+        if job.queue not in self.pager.dropped:  # committed: never resent again
+            del self.drain_floors[job.queue]
+            return False
+        return job.seq <= floor
+
+    def _reput(self, out: list[Mutation]) -> None:
+        """Puts of the jobs `_entered` found back in waiting or delayed over a cold row
+        that a resent `qdrain` would meet (`drain_floors`)."""
+        reput, self.reput = self.reput, {}
+        jobs = self.store.jobs
+        for job in reput.values():
+            if jobs.get(job.id) is job:
+                rec = job.to_record()
+                rec[COLD] = 1
+                out.append(("put", rec))
 
     def _drop(self, job: Job, *, write: bool, rec: Record | None = None) -> Record:
         """Take a waiting or delayed job out of memory; it stays counted, as cold. `rec`:
@@ -425,7 +464,7 @@ class ColdHead:
             h.delayed += 1
             job.dkey = None
         if job.delivery:
-            self.fences[job.id] = (job.delivery, job.token, job.leased)
+            self.fences[job.id] = (job.delivery, job.token, job.leased, job.queue)
             if len(self.fences) > self.max_fences:
                 self.fences.popitem(last=False)
         del store.jobs[job.id]
@@ -602,7 +641,7 @@ class ColdHead:
         if self.fences:
             fence = self.fences.pop(job.id, None)
             if fence is not None:
-                job.delivery, job.token, job.leased = fence
+                job.delivery, job.token, job.leased, _ = fence
         self.store.jobs[job.id] = job
         q.ids[job.id] = None
         h.paged[job.key] = job.id

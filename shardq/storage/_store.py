@@ -38,11 +38,18 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _schema, _vacuum
 from shardq.storage import _seq_reads as _seq
-from shardq.storage._coalesce import Stored, coalesce, remember
+from shardq.storage._coalesce import DrainInBatch, Plan, Stored, coalesce
 from shardq.storage._cold_reads import HOT_SET, SQLITE, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
 from shardq.storage._deltas import delta_lengths, read_deltas
+from shardq.storage._drain import (
+    DRAIN_CHUNK_ROWS,
+    Drain,
+    apply_steps,
+    delete_sqlite,
+    remember_steps,
+)
 from shardq.storage._errors import StorageError, wrap_error
 from shardq.storage._tx import transaction
 from shardq.storage._write import FETCH_CHUNK, chunks, decode, merge_row, write_plan
@@ -104,6 +111,9 @@ class Store(ColdReads):
         # Reads in seq order go over the split seq indexes (`_seq_reads`) from this version on.
         self._split_seq = version >= _schema.SEQ_VERSION
         self._counts_table = version >= _schema.COUNTS_VERSION
+        self._deltas_table = version >= _schema.DELTAS_VERSION
+        self.drain_chunk = DRAIN_CHUNK_ROWS
+        """Rows per statement of a `qdrain`'s range deletion (`_drain`)."""
 
     @classmethod
     def open(
@@ -191,15 +201,38 @@ class Store(ColdReads):
         if not mutations:
             return 0
         with transaction(self._conn, f"applying a batch of {len(mutations)} mutations"):
-            plan = coalesce(mutations, self._fetch_stored)
-            written, known, delta_rows = write_plan(
-                self._conn, plan, self._packer.pack, self._patch_floor, self._delta_rows > 0,
-                cold=_schema.cold_columns(self._version),
-            )  # fmt: skip
+            try:
+                plan = coalesce(mutations, self._fetch_stored)
+            except DrainInBatch:
+                written, delta_rows, done = apply_steps(mutations, self._segment, self._drain)
+            else:
+                written, known, delta_rows = write_plan(
+                    self._conn, plan, self._packer.pack, self._patch_floor, self._delta_rows > 0,
+                    cold=_schema.cold_columns(self._version),
+                )  # fmt: skip
+                done = [(plan, known)]
         self._delta_rows = max(0, self._delta_rows + delta_rows)
-        self._cache = remember(self._cache, self._cache_limit, plan, known)
-        self._skipped_updates += plan.skipped
+        self._cache = remember_steps(self._cache, self._cache_limit, done)
+        self._skipped_updates += sum(p.skipped for p, _ in done if isinstance(p, Plan))
         return written
+
+    def _segment(
+        self, mutations: Sequence[Mutation], first: bool
+    ) -> tuple[int, int, Plan, dict[str, Stored | None]]:
+        """One step of a batch holding a `qdrain` (`_drain.apply_steps`)."""
+        plan = coalesce(mutations, self._fetch_stored if first else self._read_stored)
+        deltas = self._delta_rows > 0 or self._deltas_table
+        written, known, delta_rows = write_plan(
+            self._conn, plan, self._packer.pack, self._patch_floor, deltas,
+            cold=_schema.cold_columns(self._version),
+        )  # fmt: skip
+        return written, delta_rows, plan, known
+
+    def _drain(self, drain: Drain, delta_rows: int) -> tuple[int, int]:
+        """Delete a `qdrain`'s rows (`_drain.delete_sqlite`)."""
+        deltas = self._delta_rows + delta_rows > 0
+        cold = _schema.cold_columns(self._version)
+        return delete_sqlite(self._conn, cold, drain, deltas=deltas, chunk=self.drain_chunk)
 
     def load_jobs(
         self,
@@ -512,10 +545,20 @@ class Store(ColdReads):
                 ids.append(job_id)
             else:
                 found[job_id] = info
-        for chunk in chunks(ids, FETCH_CHUNK):
+        found.update(self._read_stored(ids, deltas=self._delta_rows > 0))
+        return found
+
+    def _read_stored(
+        self, ids: Collection[str], *, deltas: bool | None = None
+    ) -> dict[str, Stored]:
+        """What the rows say of `ids`, not the cache (`deltas`: whether ops may exist; None:
+        look, as a step of a batch after a `qdrain` must)."""
+        found: dict[str, Stored] = {}
+        with_ops = self._deltas_table if deltas is None else deltas
+        for chunk in chunks(list(ids), FETCH_CHUNK):
             marks = ", ".join("?" * len(chunk))
             sql = f"SELECT id, queue, length(rec), length(patch) FROM jobs WHERE id IN ({marks})"
-            sizes = delta_lengths(self._conn, chunk) if self._delta_rows else {}
+            sizes = delta_lengths(self._conn, chunk) if with_ops else {}
             for job_id, queue, rec_len, patch_len in self._conn.execute(sql, chunk):
                 found[job_id] = (queue, rec_len, patch_len, sizes.get(job_id, 0))
         return found

@@ -544,6 +544,8 @@ class ShardCore:
             for m in muts:
                 if m[0] == "del" or (m[0] == "upd" and m[2].get("state") == "completed"):
                     self._finished.add(job_id_of(m[1]))
+                elif m[0] == "qdrain":  # its cold jobs are gone, none named: look at each
+                    self._finished.update(self.waits.by_job)
 
     # -- connections, the writer and drain -------------------------------------------------
 
