@@ -144,6 +144,10 @@ VALID_TEXT = {
     "shard_memory_mb": "64",
     "direct_shards": "false",
     "direct_max_connections": "10",
+    "tcp_handoff": "false",
+    "tcp_handoff_after": "4",
+    "tcp_handoff_backoff_ms": "100",
+    "tcp_handoff_max_bytes": "8192",
     "stats_rate_window_s": "2",
     # -- isolation (writer and shard storage)
     "storage_retry_max_ms": "250",
@@ -278,6 +282,10 @@ shard_recycle_hold_max_bytes = 2097152
 shard_memory_mb = 64
 direct_shards = false
 direct_max_connections = 10
+tcp_handoff = false
+tcp_handoff_after = 4
+tcp_handoff_backoff_ms = 100
+tcp_handoff_max_bytes = 8192
 stats_rate_window_s = 2
 storage_retry_max_ms = 250
 storage_stall_ms = 2000
@@ -436,6 +444,9 @@ def test_shards_auto_and_number() -> None:
         ("shard_memory_mb", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
+        ("tcp_handoff", "maybe"),
+        ("tcp_handoff_after", "0"),
+        ("tcp_handoff_max_bytes", "100"),
         ("stats_rate_window_s", "0"),
         ("stats_rate_window_s", "3601"),
         # -- isolation (writer and shard storage)

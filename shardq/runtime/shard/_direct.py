@@ -44,7 +44,7 @@ import contextlib
 import itertools
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import structlog
@@ -56,6 +56,7 @@ from shardq.protocol._direct import direct_refused, shard_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
+from shardq.runtime.shard._handoff import HandedDecoder
 
 __all__ = ["DIRECT_CONN_PREFIX", "DirectPort", "why_not_open"]
 
@@ -91,7 +92,7 @@ class _Conn:
     def __init__(self, sock: socket.socket, name: str, max_frame: int) -> None:
         self.sock = sock
         self.name = name
-        self.decoder = FrameDecoder(max_frame)
+        self.decoder: FrameDecoder | HandedDecoder = FrameDecoder(max_frame)
         self.out = bytearray()  # replies the socket did not take yet
         self.closing = False  # close once `out` is written (a fatal frame error)
         self.deadline: float | None = None  # monotonic s: closed unless a frame ends by then
@@ -153,6 +154,13 @@ class DirectPort:
         self.served = 0  # requests taken to the engine (Stats' directRequests)
         self.pushed = 0  # pushes answered ok (directPushed)
         self._rates = RateWindow(rate_window_s, width=1)
+        # Handed-off connections (`shard._handoff`): where they go back, and where their end
+        # is told; set by the shard process when `tcp_handoff` is on.
+        self.on_handback: Callable[[socket.socket, str, bytes], bool] | None = None
+        self.on_gone: Callable[[str], None] | None = None
+        self._adopted: list[tuple[_Conn, bytes]] = []  # taken, with their bytes to read
+        self.handed_off = 0  # connections taken from the front end (Stats' handedOff)
+        self.handed_back = 0  # and given back to it (handedBack)
         poller.register(self._listener.fileno(), zmq.POLLIN)
 
     @property
@@ -167,6 +175,8 @@ class DirectPort:
             "directRequests": self.served,
             "directPushed": self.pushed,
             "directPushPerSec": self._rates.per_second()[0],
+            "handedOff": self.handed_off,
+            "handedBack": self.handed_back,
         }
 
     def _mark(self) -> None:
@@ -184,6 +194,11 @@ class DirectPort:
         """Accept and read what `ready` (the poll's result) says; return the request items
         `[conn, rid, command]` for the engine. Writes pending replies on POLLOUT."""
         items: list[list[Any]] = []
+        if self._adopted:
+            adopted, self._adopted = self._adopted, []
+            for taken, unread in adopted:
+                if self._by_name.get(taken.name) is taken:
+                    self._got(taken, unread, items)
         conns = self._conns
         for fd, events in ready.items():
             conn = conns.get(fd)
@@ -261,10 +276,18 @@ class DirectPort:
         if not data:
             self._drop(conn)
             return
+        self._got(conn, data, items)
+
+    def _got(self, conn: _Conn, data: bytes, items: list[list[Any]]) -> None:
         replies: list[dict[str, Any]] = []
-        frames = conn.decoder.feed(data)
-        for frame in frames:
-            self._take(conn, frame, items, replies)
+        decoder = conn.decoder
+        frames = decoder.feed(data)
+        if type(decoder) is HandedDecoder:
+            if self._handed_frames(conn, decoder, frames, items):
+                return  # on its way back: no deadline, no cap of ours applies
+        else:
+            for frame in frames:
+                self._take(conn, frame, items, replies)
         if frames or conn.deadline is None or conn.idle:
             # A frame ended (or one began): what is left of the next one has `frame_s`.
             conn.deadline = None
@@ -279,6 +302,87 @@ class DirectPort:
             conn.paused = True  # back-pressure, as on the TCP port: never an error
             self._watch(conn)
 
+    def _handed_frames(
+        self, conn: _Conn, decoder: HandedDecoder, frames: list[Any], items: list[list[Any]]
+    ) -> bool:
+        """A handed-off connection's frames: served up to the first this port does not
+        serve, which with all after it goes back to the front end (`shard._handoff`); True
+        if the connection goes back."""
+        served = 0
+        for frame in frames:
+            if not self._take(conn, frame, items, None):
+                decoder.returning = True
+                break
+            served += 1
+        decoder.served(served)
+        if decoder.returning:
+            conn.deadline = None
+            self._timed.discard(conn)
+            self._watch(conn)
+            self._return_if_done(conn)
+        return decoder.returning
+
+    def adopt(self, sock: socket.socket, name: str, unread: bytes) -> bool:
+        """Serve a connection the front end handed over, `unread` first; False (nothing
+        kept) at the connection cap or without a way back."""
+        if len(self._conns) >= self._max_connections or self.on_handback is None:
+            return False
+        sock.setblocking(False)
+        conn = _Conn(sock, name, self._max_frame)
+        conn.decoder = HandedDecoder(self._max_frame, b"")
+        self._conns[sock.fileno()] = conn
+        self._by_name[name] = conn
+        self._poller.register(sock.fileno(), zmq.POLLIN)
+        self.handed_off += 1
+        self._idle(conn)
+        if unread:  # read at the next `serve`: `took` goes to the front end first
+            self._adopted.append((conn, unread))
+        return True
+
+    def hand_back_all(self) -> None:
+        """Stopping: read no handed-off connection further; each goes back once its replies
+        are written."""
+        for conn in list(self._conns.values()):
+            decoder = conn.decoder
+            if type(decoder) is HandedDecoder and not decoder.returning:
+                decoder.returning = True
+                self._watch(conn)
+                self._return_if_done(conn)
+
+    def end_handed(self, wait_s: float) -> None:
+        """After the last batch: write what handed-off connections still wait to be sent
+        (within `wait_s`) and send them back; one with a request unanswered is closed."""
+        deadline = time.monotonic() + wait_s
+        for conn in [c for c in self._conns.values() if type(c.decoder) is HandedDecoder]:
+            if conn.out and not conn.inflight:
+                with contextlib.suppress(OSError):
+                    conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                    conn.sock.sendall(conn.out)
+                    conn.out.clear()
+                conn.sock.setblocking(False)
+            self._return_if_done(conn)
+            if self._by_name.get(conn.name) is conn:
+                _log.warning("handed-off connection closed unanswered at the stop", conn=conn.name)
+                self._drop(conn)
+
+    @property
+    def handed(self) -> int:
+        """Handed-off connections held now."""
+        return sum(type(c.decoder) is HandedDecoder for c in self._conns.values())
+
+    def _return_if_done(self, conn: _Conn) -> None:
+        decoder = conn.decoder
+        if conn.inflight or conn.out or type(decoder) is not HandedDecoder:
+            return
+        if not decoder.returning or self.on_handback is None:
+            return
+        self._forget(conn)
+        if self.on_handback(conn.sock, conn.name, decoder.unread()):
+            self.handed_back += 1
+        elif self.on_gone is not None:
+            self.on_gone(conn.name)
+        conn.sock.close()  # the front end has its own copy now: no FIN
+
     def _idle(self, conn: _Conn) -> None:
         """Start the idle close's clock if `conn` waits for nothing either way."""
         if conn.inflight == 0 and conn.deadline is None and not conn.decoder.buffered:
@@ -286,7 +390,9 @@ class DirectPort:
 
     def _watch(self, conn: _Conn) -> None:
         """Poll `conn` for what it needs now: input unless paused, output while `out` waits."""
-        events = (0 if conn.paused else zmq.POLLIN) | (zmq.POLLOUT if conn.out else 0)
+        returning = type(conn.decoder) is HandedDecoder and conn.decoder.returning
+        reading = not conn.paused and not returning
+        events = (zmq.POLLIN if reading else 0) | (zmq.POLLOUT if conn.out else 0)
         fd = conn.sock.fileno()
         if events:
             self._poller.register(fd, events)  # registering again modifies
@@ -299,27 +405,40 @@ class DirectPort:
         conn: _Conn,
         frame: dict[str, Any] | ProtocolError,
         items: list[list[Any]],
-        replies: list[dict[str, Any]],
-    ) -> None:
-        """One decoded frame: a request for the engine, or an answer at once."""
+        replies: list[dict[str, Any]] | None,
+    ) -> bool:
+        """One decoded frame: a request for the engine, or an answer at once; without
+        `replies` (a handed-off connection) False for any frame not taken to the engine."""
+        if replies is None:
+            name = _served_name(frame)
+            if name is None or isinstance(frame, ProtocolError):
+                return False
+            if self._refusal(name, frame) is not None:
+                return False
+            self._to_engine(conn, frame, items)
+            return True
         if isinstance(frame, ProtocolError):
             replies.append(error_reply(str(frame), frame.req_id))
             if frame.fatal:
                 conn.closing = True
-            return
+            return True
         try:
             name = check_command(frame)
         except ProtocolError as e:
             req = frame.get("reqId")
             replies.append(error_reply(str(e), req if isinstance(req, str) else None))
-            return
+            return True
         refusal = self._refusal(name, frame)
         if refusal is not None:
             reply = error_reply(direct_refused(refusal))
             if "reqId" in frame:
                 reply["reqId"] = frame["reqId"]
             replies.append(reply)
-            return
+            return True
+        self._to_engine(conn, frame, items)
+        return True
+
+    def _to_engine(self, conn: _Conn, frame: dict[str, Any], items: list[list[Any]]) -> None:
         rid = next(self._rids)
         if "reqId" in frame:
             self._req_ids[rid] = frame.pop("reqId")
@@ -373,6 +492,7 @@ class DirectPort:
                     self._watch(conn)
                 self._idle(conn)
                 self._write(conn, b"".join(encode_js(r) for r in replies))
+                self._return_if_done(conn)
         if not rest:
             return None
         return msgs.rep(rest)
@@ -412,16 +532,24 @@ class DirectPort:
                 self._drop(conn)
             else:
                 self._watch(conn)
+                self._return_if_done(conn)
 
     def _drop(self, conn: _Conn) -> None:
+        if self._forget(conn):
+            conn.sock.close()
+            if type(conn.decoder) is HandedDecoder and self.on_gone is not None:
+                self.on_gone(conn.name)
+
+    def _forget(self, conn: _Conn) -> bool:
+        """Stop tracking and polling `conn`; False if it was gone already."""
         fd = conn.sock.fileno()
         if self._conns.pop(fd, None) is None:
-            return
+            return False
         self._by_name.pop(conn.name, None)
         self._timed.discard(conn)
         with contextlib.suppress(KeyError, zmq.ZMQError):
             self._poller.unregister(fd)
-        conn.sock.close()
+        return True
 
     def close(self) -> None:
         for conn in list(self._conns.values()):
@@ -429,3 +557,13 @@ class DirectPort:
         with contextlib.suppress(KeyError, zmq.ZMQError):
             self._poller.unregister(self._listener.fileno())
         self._listener.close()
+
+
+def _served_name(frame: dict[str, Any] | ProtocolError) -> str | None:
+    """The command a well-formed frame names; None for one the front end must answer."""
+    if isinstance(frame, ProtocolError):
+        return None
+    try:
+        return check_command(frame)
+    except ProtocolError:
+        return None
