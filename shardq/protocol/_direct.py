@@ -12,9 +12,17 @@ again through the front end. The front end announces the direct ports in its Hel
 from __future__ import annotations
 
 import zlib
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
-__all__ = ["DIRECT_REFUSED", "HELLO_DIRECT", "HELLO_SHARDS", "direct_refused", "shard_of"]
+__all__ = [
+    "DIRECT_REFUSED",
+    "HELLO_DIRECT",
+    "HELLO_SHARDS",
+    "direct_refused",
+    "flow_entries",
+    "shard_of",
+]
 
 DIRECT_REFUSED: Final = "Not served on a shard's direct port"
 """The start of every refusal of the direct port: the client falls back to the front end."""
@@ -38,3 +46,12 @@ def shard_of(queue: str, shards: int) -> int:
     client) would disagree on where a queue lives.
     """
     return zlib.crc32(queue.encode("utf-8", "surrogatepass")) % shards
+
+
+def flow_entries(frame: Mapping[str, Any]) -> bool:
+    """Whether a PUSHB names a parent or children in any entry (the front end checks those, so
+    a connection handed to a shard sends such a PUSHB back to it)."""
+    jobs = frame.get("jobs")
+    if type(jobs) is not list:
+        return False  # the engine's own error, on either path
+    return any(type(job) is dict and ("parentId" in job or "childrenIds" in job) for job in jobs)

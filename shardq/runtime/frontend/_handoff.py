@@ -25,17 +25,16 @@ from __future__ import annotations
 import array
 import contextlib
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
 import structlog
 
 from shardq.protocol import DecodedFrame
-from shardq.protocol._direct import shard_of
+from shardq.protocol._direct import flow_entries, shard_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.links._control import pack, unpack
-from shardq.runtime.shard._handoff import handoff_path
 
 __all__ = ["STATEFUL", "Handoffs", "TcpConnection"]
 
@@ -83,7 +82,7 @@ class Handoffs:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        run_dir: str,
+        path: Callable[[int], str],
         *,
         after: int,
         backoff_s: float,
@@ -91,7 +90,7 @@ class Handoffs:
     ) -> None:
         self._dispatcher = dispatcher
         self._loop: Any = None  # the gateway's, set by `attach`
-        self._run_dir = run_dir
+        self._path = path  # shard index -> its handoff socket (`ChildSpec.handoff_path`)
         self.after = after
         self.backoff_s = backoff_s
         self.max_bytes = max_bytes
@@ -122,7 +121,10 @@ class Handoffs:
                 continue
             cmd = frame.get("cmd")
             queue = frame.get("queue")
-            if cmd == "PUSH" and type(queue) is str and not any(k in frame for k in _FLOW_FIELDS):
+            if type(queue) is str and (
+                (cmd == "PUSH" and not any(k in frame for k in _FLOW_FIELDS))
+                or (cmd == "PUSHB" and not flow_entries(frame))
+            ):
                 shard = shard_of(queue, self._shards)
                 if shard == conn.streak_shard:
                     conn.streak += 1
@@ -229,7 +231,7 @@ class Handoffs:
         chan = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         chan.setblocking(False)
         try:
-            chan.connect(handoff_path(self._run_dir, shard))
+            chan.connect(self._path(shard))
         except OSError:
             chan.close()
             return None

@@ -178,7 +178,7 @@ class Frontend:
             # Bunqueue connections that only push to one shard are served by it (`_handoff`).
             self.handoffs = Handoffs(
                 self.dispatcher,
-                spec.run_dir,
+                spec.handoff_path,
                 after=spec.tcp.tcp_handoff_after,
                 backoff_s=spec.tcp.tcp_handoff_backoff_ms / 1000,
                 max_bytes=spec.tcp.tcp_handoff_max_bytes,

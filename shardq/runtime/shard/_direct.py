@@ -52,7 +52,7 @@ import zmq
 
 from shardq.errors import ProtocolError
 from shardq.protocol import FrameDecoder, check_command, encode_js, error_reply
-from shardq.protocol._direct import direct_refused, shard_of
+from shardq.protocol._direct import direct_refused, flow_entries, shard_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
@@ -158,7 +158,7 @@ class DirectPort:
         # is told; set by the shard process when `tcp_handoff` is on.
         self.on_handback: Callable[[socket.socket, str, bytes], bool] | None = None
         self.on_gone: Callable[[str], None] | None = None
-        self._adopted: list[tuple[_Conn, bytes]] = []  # taken, with their bytes to read
+        self._adopted: list[_Conn] = []  # taken, their bytes not looked at yet
         self.handed_off = 0  # connections taken from the front end (Stats' handedOff)
         self.handed_back = 0  # and given back to it (handedBack)
         poller.register(self._listener.fileno(), zmq.POLLIN)
@@ -196,9 +196,9 @@ class DirectPort:
         items: list[list[Any]] = []
         if self._adopted:
             adopted, self._adopted = self._adopted, []
-            for taken, unread in adopted:
+            for taken in adopted:
                 if self._by_name.get(taken.name) is taken:
-                    self._got(taken, unread, items)
+                    self._got(taken, b"", items)
         conns = self._conns
         for fd, events in ready.items():
             conn = conns.get(fd)
@@ -329,14 +329,14 @@ class DirectPort:
             return False
         sock.setblocking(False)
         conn = _Conn(sock, name, self._max_frame)
-        conn.decoder = HandedDecoder(self._max_frame, b"")
+        conn.decoder = HandedDecoder(self._max_frame, unread)
         self._conns[sock.fileno()] = conn
         self._by_name[name] = conn
         self._poller.register(sock.fileno(), zmq.POLLIN)
         self.handed_off += 1
         self._idle(conn)
-        if unread:  # read at the next `serve`: `took` goes to the front end first
-            self._adopted.append((conn, unread))
+        if unread:  # looked at by the next `serve`: `took` goes to the front end first
+            self._adopted.append(conn)
         return True
 
     def hand_back_all(self) -> None:
@@ -413,7 +413,7 @@ class DirectPort:
             name = _served_name(frame)
             if name is None or isinstance(frame, ProtocolError):
                 return False
-            if self._refusal(name, frame) is not None:
+            if self._refusal(name, frame, bulk=True) is not None:
                 return False
             self._to_engine(conn, frame, items)
             return True
@@ -447,10 +447,15 @@ class DirectPort:
         self.served += 1
         items.append([conn.name, rid, frame])
 
-    def _refusal(self, name: str, frame: Mapping[str, Any]) -> str | None:
-        if name != "PUSH":
+    def _refusal(self, name: str, frame: Mapping[str, Any], *, bulk: bool = False) -> str | None:
+        """Why this port does not serve `frame` (None: it does). `bulk`: a PUSHB with no flow
+        entry is served too (a handed-off connection, `shard._handoff`)."""
+        if name == "PUSHB" and bulk:
+            if flow_entries(frame):
+                return "a flow's PUSHB goes through the front end"
+        elif name != "PUSH":
             return f"{name} goes through the front end"
-        if any(key in frame for key in _FLOW_FIELDS):
+        elif any(key in frame for key in _FLOW_FIELDS):
             return "a flow's PUSH goes through the front end"
         queue = frame.get("queue")
         # A queue that is not a string gets the engine's own error, as through the front end.
@@ -475,7 +480,8 @@ class DirectPort:
                 continue
             reply = item[2]
             if reply.get("ok") is True:
-                pushed += 1
+                ids = reply.get("ids")  # a PUSHB's (handed-off connections)
+                pushed += len(ids) if type(ids) is list else 1
             req = self._req_ids.pop(rid, None)
             if req is not None:
                 reply["reqId"] = req

@@ -4,7 +4,7 @@ connected to one.
 
 The front end passes the descriptor of a TCP connection whose last requests were all single
 pushes for this shard's queues, with the bytes it had read past the last whole frame, over a
-Unix SOCK_SEQPACKET socket of its own (`handoff_path`: one message per `sendmsg`, the
+Unix SOCK_SEQPACKET socket of its own (`ChildSpec.handoff_path`: one message per `sendmsg`, the
 descriptor as SCM_RIGHTS). The shard answers `took` (served from now on by the direct port's
 code, `DirectPort.adopt`) or not (the front end resumes it).
 
@@ -36,18 +36,13 @@ from shardq.protocol._frames import decode_body
 from shardq.runtime import _messages as msgs
 from shardq.runtime.links._control import pack, unpack
 
-__all__ = ["HandedDecoder", "HandoffChannel", "handoff_path"]
+__all__ = ["HandedDecoder", "HandoffChannel"]
 
 # How long a send on the channel may wait for the front end to read (then it is given up).
 _SEND_WAIT_MS: Final = 1_000
 _FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
 
 _log = structlog.get_logger()
-
-
-def handoff_path(run_dir: str, index: int) -> str:
-    """The Unix socket on which shard `index` takes handed-off connections."""
-    return f"{run_dir}/handoff-{index}"
 
 
 class HandedDecoder:

@@ -44,7 +44,7 @@ from shardq.runtime.shard._backlog import StoreBacklog
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._direct import DirectPort, why_not_open
 from shardq.runtime.shard._gc import tune_gc
-from shardq.runtime.shard._handoff import HandoffChannel, handoff_path
+from shardq.runtime.shard._handoff import HandoffChannel
 from shardq.runtime.shard._loading import ShardLoading
 from shardq.runtime.shard._memory import MemoryReturner
 from shardq.runtime.shard._recycle import RecycleCheck, RecycleSettings, ShardRecycle
@@ -184,7 +184,7 @@ class ShardProcess(ShardLoading):
         if direct is None or not spec.tcp.tcp_handoff:
             return None
         channel = HandoffChannel(
-            handoff_path(spec.run_dir, spec.index),
+            spec.handoff_path(spec.index),
             self._poller,
             direct.adopt,
             spec.tcp.tcp_handoff_max_bytes,
