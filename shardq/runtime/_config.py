@@ -277,6 +277,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "tcp_handoff_after": _ranged(1, 1_000_000),
     "tcp_handoff_backoff_ms": _ranged(0, 3_600_000, ms=True),
     "tcp_handoff_max_bytes": _ranged(4096, 1 << 20),
+    # Within the supervisor's 5 s grace past shutdown_timeout_ms, which SIGKILLs a late shard.
+    "direct_stop_ms": _ranged(0, 4_000, ms=True),
     "test_unanswered_command": _path_or_none,  # a command name, or "" for off
     # -- cluster (issue 23): "" = the defaults `load_config` resolves (docs/cluster.md)
     "node_id": _node_name,

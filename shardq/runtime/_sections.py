@@ -176,6 +176,11 @@ class TcpSettings:
     tcp_handoff_after: int = 16
     tcp_handoff_backoff_ms: int = 5_000
     tcp_handoff_max_bytes: int = 65_536
+    # At a stop (restart, recycle) a shard ends each direct connection with a goodbye frame
+    # once it has answered what it took from it; it waits this long at most for the clients to
+    # take those last bytes before it closes the rest (0: closes at once; at most 4,000, inside
+    # the supervisor's grace of 5 s past shutdown_timeout_ms).
+    direct_stop_ms: int = 2_000
 
 
 @dataclass(frozen=True, slots=True)

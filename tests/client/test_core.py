@@ -38,6 +38,7 @@ from shardq.client import (
 from shardq.client._retry import may_resend
 from shardq.client._worker_state import WorkerState
 from shardq.protocol import FrameDecoder, encode_many
+from shardq.protocol._direct import direct_goodbye
 
 
 def test_stream_replies_match_in_any_order_and_in_pieces() -> None:
@@ -73,6 +74,16 @@ def test_fail_all_and_broken_stream() -> None:
     assert core.feed(b"\x00\x00\x01\x00") == []  # a 256-byte frame: over the limit
     assert core.broken is not None and "Frame too large" in core.broken
     assert core.fail_all() == ["w"] and core.pending == 0
+
+
+def test_a_direct_ports_goodbye_ends_the_stream_and_matches_nothing() -> None:
+    core: ClientCore[str] = ClientCore(Framing.STREAM)
+    rids, _ = core.prepare([{"cmd": "PUSH"}, {"cmd": "PUSH"}], ["answered", "not taken"])
+    assert not core.ended
+    data = encode_many([{"ok": True, "id": "1", "reqId": rids[0]}, direct_goodbye()])
+    assert core.feed(data) == [("answered", {"ok": True, "id": "1", "reqId": rids[0]})]
+    assert core.ended and core.unmatched == 0
+    assert core.fail_all() == ["not taken"]  # the transport fails it `sent=False`
 
 
 def test_unencodable_command_registers_nothing() -> None:

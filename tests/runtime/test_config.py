@@ -148,6 +148,7 @@ VALID_TEXT = {
     "tcp_handoff_after": "4",
     "tcp_handoff_backoff_ms": "100",
     "tcp_handoff_max_bytes": "8192",
+    "direct_stop_ms": "500",
     "stats_rate_window_s": "2",
     # -- isolation (writer and shard storage)
     "storage_retry_max_ms": "250",
@@ -286,6 +287,7 @@ tcp_handoff = false
 tcp_handoff_after = 4
 tcp_handoff_backoff_ms = 100
 tcp_handoff_max_bytes = 8192
+direct_stop_ms = 500
 stats_rate_window_s = 2
 storage_retry_max_ms = 250
 storage_stall_ms = 2000
@@ -447,6 +449,8 @@ def test_shards_auto_and_number() -> None:
         ("tcp_handoff", "maybe"),
         ("tcp_handoff_after", "0"),
         ("tcp_handoff_max_bytes", "100"),
+        ("direct_stop_ms", "-1"),
+        ("direct_stop_ms", "4001"),
         ("stats_rate_window_s", "0"),
         ("stats_rate_window_s", "3601"),
         # -- isolation (writer and shard storage)

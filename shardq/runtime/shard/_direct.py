@@ -36,13 +36,37 @@ What the front end does for a PUSH, and what happens to it here:
 Requests enter the shard as one `req` message per turn with negative rids (the front end's
 are positive), so `ShardCore` handles them as any other; `take` pulls their replies out of the
 turn's `rep` batch before it goes to the front end.
+
+At a stop (SIGTERM, a recycle) the port ends its connections cleanly, in two steps the shard
+drives (`ShardProcess._finish`):
+
+- `quiesce()`: the listener closes and no connection is read any further. Whole frames are
+  only ever taken together, at the end of a read, so the port stops at a frame boundary; the
+  bytes of a frame begun are dropped, never applied;
+- `release(conn)`, for each connection once it waits for no reply (at once, or when `take`
+  writes its last one: a durable push after its commit): its last frame is
+  `direct_goodbye()`, then FIN (`shutdown(SHUT_WR)`) once its replies are written; the socket
+  is closed when the client closes its side or has acknowledged every byte (`settled`), so
+  that the close never resets a connection whose goodbye is still on its way. A request the
+  client had no reply to before the goodbye was not taken: the client sends it again
+  through the front end, with no duplicate.
+
+A connection the front end handed over (`shard._handoff`) gets no goodbye: once its replies
+are written it goes back to the front end, which serves it on.
+
+`abandon()` closes, without a goodbye, the connections still waiting for a commit the writer
+did not confirm in time (their clients cannot know: `ConnectionLost(sent=True)`), and the
+shard waits at most `direct_stop_ms` for the rest to settle.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import socket
+import struct
+import termios
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -52,7 +76,7 @@ import zmq
 
 from shardq.errors import ProtocolError
 from shardq.protocol import FrameDecoder, check_command, encode_js, error_reply
-from shardq.protocol._direct import direct_refused, flow_entries, shard_of
+from shardq.protocol._direct import direct_goodbye, direct_refused, flow_entries, shard_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
@@ -66,6 +90,8 @@ _READ_BYTES: Final = 256 * 1024
 SWEEP_EVERY_S: Final = 1.0
 # At most one warning per this many seconds about connections refused at the cap.
 _WARN_EVERY_S: Final = 1.0
+# While ending connections, how often the shard looks whether their last bytes were taken.
+SETTLE_EVERY_MS: Final = 5
 # A flow's parts are checked against other shards by the front end.
 _FLOW_FIELDS: Final = ("parentId", "childrenIds")
 
@@ -86,7 +112,8 @@ def why_not_open(tcp: TcpSettings, *, external_store: bool) -> str:
 
 class _Conn:
     __slots__ = (
-        "closing", "deadline", "decoder", "idle", "inflight", "name", "out", "paused", "sock"
+        "closing", "deadline", "decoder", "ending", "idle", "inflight", "name", "out", "paused",
+        "shut", "sock",
     )  # fmt: skip
 
     def __init__(self, sock: socket.socket, name: str, max_frame: int) -> None:
@@ -99,6 +126,8 @@ class _Conn:
         self.idle = False  # the deadline is the idle close's (any byte lifts it)
         self.inflight = 0  # requests taken to the engine, not answered yet
         self.paused = False  # not read while `inflight` is past the cap
+        self.ending = False  # the goodbye is written: FIN once `out` is empty (`release`)
+        self.shut = False  # FIN sent: closed once the client took every byte (`settled`)
 
 
 class DirectPort:
@@ -161,6 +190,9 @@ class DirectPort:
         self._adopted: list[_Conn] = []  # taken, their bytes not looked at yet
         self.handed_off = 0  # connections taken from the front end (Stats' handedOff)
         self.handed_back = 0  # and given back to it (handedBack)
+        self.quiesced = False  # stopping: nothing is read or accepted any more (`quiesce`)
+        self._shut: set[_Conn] = set()  # FIN sent, not closed yet
+        self.released = 0  # connections ended with a goodbye
         poller.register(self._listener.fileno(), zmq.POLLIN)
 
     @property
@@ -206,15 +238,23 @@ class DirectPort:
                 if events & zmq.POLLOUT:
                     self._flush(conn)
                 if events & zmq.POLLIN and fd in conns:
-                    self._read(conn, items)
+                    if conn.shut:
+                        self._discard(conn)
+                    elif not self.quiesced:
+                        self._read(conn, items)
             elif fd == self._listener.fileno():
                 self._accept()
         if self._timed:
             self._sweep(time.monotonic())
+        if self._shut:
+            self._settle()
         return items
 
     def poll_timeout(self, timeout_ms: int | None) -> int | None:
-        """`timeout_ms`, or less so that the loop wakes for the next sweep of deadlines."""
+        """`timeout_ms`, or less so that the loop wakes for the next sweep of deadlines (or,
+        while connections end, to see whether they settled)."""
+        if self._shut:
+            return SETTLE_EVERY_MS if timeout_ms is None else min(timeout_ms, SETTLE_EVERY_MS)
         if not self._timed:
             return timeout_ms
         left = max(int((self._next_sweep - time.monotonic()) * 1000) + 1, 0)
@@ -349,27 +389,6 @@ class DirectPort:
                 self._watch(conn)
                 self._return_if_done(conn)
 
-    def end_handed(self, wait_s: float) -> None:
-        """After the last batch: write what handed-off connections still wait to be sent
-        (within `wait_s`) and send them back; one with a request unanswered is closed."""
-        deadline = time.monotonic() + wait_s
-        for conn in [c for c in self._conns.values() if type(c.decoder) is HandedDecoder]:
-            if conn.out and not conn.inflight:
-                with contextlib.suppress(OSError):
-                    conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                    conn.sock.sendall(conn.out)
-                    conn.out.clear()
-                conn.sock.setblocking(False)
-            self._return_if_done(conn)
-            if self._by_name.get(conn.name) is conn:
-                _log.warning("handed-off connection closed unanswered at the stop", conn=conn.name)
-                self._drop(conn)
-
-    @property
-    def handed(self) -> int:
-        """Handed-off connections held now."""
-        return sum(type(c.decoder) is HandedDecoder for c in self._conns.values())
-
     def _return_if_done(self, conn: _Conn) -> None:
         decoder = conn.decoder
         if conn.inflight or conn.out or type(decoder) is not HandedDecoder:
@@ -493,12 +512,15 @@ class DirectPort:
             conn = self._by_name.get(name)
             if conn is not None:  # else gone: the reply goes nowhere, as for a closed TCP peer
                 conn.inflight -= len(replies)
-                if conn.paused and conn.inflight <= self._max_in_flight // 2:
-                    conn.paused = False
-                    self._watch(conn)
-                self._idle(conn)
+                if not self.quiesced:
+                    if conn.paused and conn.inflight <= self._max_in_flight // 2:
+                        conn.paused = False
+                        self._watch(conn)
+                    self._idle(conn)
                 self._write(conn, b"".join(encode_js(r) for r in replies))
                 self._return_if_done(conn)
+                if self.quiesced and conn.inflight == 0:
+                    self.release(conn)  # its last reply is out: the goodbye follows
         if not rest:
             return None
         return msgs.rep(rest)
@@ -521,8 +543,11 @@ class DirectPort:
             _log.warning("direct connection dropped: it does not read its replies",
                          conn=conn.name, unread=len(conn.out))  # fmt: skip
             self._drop(conn)
-        elif conn.closing and not conn.out:
-            self._drop(conn)
+        elif not conn.out:
+            if conn.closing:
+                self._drop(conn)
+            elif conn.ending and not conn.shut:
+                self._shut_down(conn)
 
     def _flush(self, conn: _Conn) -> None:
         try:
@@ -536,6 +561,8 @@ class DirectPort:
         if not conn.out:
             if conn.closing:
                 self._drop(conn)
+            elif conn.ending and not conn.shut:
+                self._shut_down(conn)
             else:
                 self._watch(conn)
                 self._return_if_done(conn)
@@ -553,16 +580,114 @@ class DirectPort:
             return False
         self._by_name.pop(conn.name, None)
         self._timed.discard(conn)
+        self._shut.discard(conn)
         with contextlib.suppress(KeyError, zmq.ZMQError):
             self._poller.unregister(fd)
         return True
 
-    def close(self) -> None:
-        for conn in list(self._conns.values()):
-            self._drop(conn)
+    # -- the end, at a stop (see the module's docstring) ------------------------------------
+
+    def quiesce(self) -> None:
+        """Take no more requests: close the listener, read no connection further, and
+        `release` each connection that waits for no reply (the others are released as `take`
+        writes their last reply). Idempotent."""
+        if self.quiesced:
+            return
+        self.quiesced = True
         with contextlib.suppress(KeyError, zmq.ZMQError):
             self._poller.unregister(self._listener.fileno())
         self._listener.close()
+        self._timed.clear()
+        waiting = 0
+        for conn in list(self._conns.values()):
+            conn.deadline = None
+            conn.paused = True  # not read any more
+            if conn.inflight or conn.closing:
+                waiting += conn.inflight > 0
+                self._watch(conn)  # its replies may still wait to be written
+            else:
+                self.release(conn)
+        _log.info("direct port quiesced", connections=len(self._conns), waiting=waiting)
+
+    def release(self, conn: _Conn) -> None:
+        """End `conn`, which waits for no reply: its goodbye is its last frame, FIN follows
+        once every reply is written, and the socket is closed once the client closed its side
+        or took every byte (`_settle`)."""
+        if conn.ending or conn.closing or self._conns.get(conn.sock.fileno()) is not conn:
+            return
+        if type(conn.decoder) is HandedDecoder:
+            conn.decoder.returning = True  # no goodbye: it goes back to the front end
+            self._return_if_done(conn)
+            return
+        conn.ending = True
+        self.released += 1
+        self._write(conn, encode_js(direct_goodbye()))
+
+    def abandon(self) -> int:
+        """Close the connections still waiting for replies (durable pushes whose commit the
+        writer did not confirm in time, which may yet be applied: no goodbye for them).
+        Returns how many."""
+        late = [
+            conn
+            for conn in self._conns.values()
+            if not conn.ending and (conn.inflight or type(conn.decoder) is not HandedDecoder)
+        ]  # a handed-off connection goes back once its replies are written
+        for conn in late:
+            self._drop(conn)
+        return len(late)
+
+    def _shut_down(self, conn: _Conn) -> None:
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._drop(conn)
+            return
+        conn.shut = True
+        conn.paused = False  # read, and drop, what the client still sends until it closes
+        self._shut.add(conn)
+        self._watch(conn)
+
+    def _discard(self, conn: _Conn) -> None:
+        """A frame that comes after the goodbye is never taken; the client's close (or a
+        broken connection) ends it."""
+        try:
+            data = conn.sock.recv(_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+
+    def _settle(self) -> None:
+        """Close the ended connections whose client took every byte: a close now cannot
+        reset the connection before the goodbye arrives."""
+        for conn in [c for c in self._shut if _unacknowledged(c.sock) == 0]:
+            self._drop(conn)
+
+    def close(self) -> None:
+        for conn in list(self._conns.values()):
+            self._drop(conn)
+        if not self.quiesced:
+            with contextlib.suppress(KeyError, zmq.ZMQError):
+                self._poller.unregister(self._listener.fileno())
+        self._listener.close()
+
+
+_OUTQ: Final = getattr(termios, "TIOCOUTQ", None)  # Linux's SIOCOUTQ
+
+
+def _unacknowledged(sock: socket.socket) -> int:
+    """The bytes sent on `sock` that its peer has not acknowledged (-1 if unknown: the
+    connection then ends at the client's close, or at the shard's deadline)."""
+    if _OUTQ is None:
+        return -1
+    try:
+        raw = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
+    except OSError:
+        return -1
+    outq: int = struct.unpack("i", raw)[0]
+    return outq
 
 
 def _served_name(frame: dict[str, Any] | ProtocolError) -> str | None:

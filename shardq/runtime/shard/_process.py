@@ -7,8 +7,9 @@ and the signals. Its loop sleeps in `zmq.Poller.poll` until a message arrives or
 deadline (engine timer, long-poll, WaitJob) is due, so an idle shard uses no CPU.
 
 SIGINT is ignored: a terminal's Ctrl+C reaches the whole process group, and the supervisor
-orders the shutdown with SIGTERM. SIGTERM ends the loop; the shard then waits (at most
-`shutdown_timeout_ms`) for the writer to confirm its last batch and exits 0.
+orders the shutdown with SIGTERM. SIGTERM ends the loop; the shard then stops reading its
+direct port (`DirectPort.quiesce`), waits (at most `shutdown_timeout_ms`) for the writer to
+confirm its last batch, ends its direct connections (at most `direct_stop_ms`) and exits 0.
 """
 
 from __future__ import annotations
@@ -208,8 +209,6 @@ class ShardProcess(ShardLoading):
             self._handoff.stopping = True
             self._direct.hand_back_all()
         self._finish()
-        if self._handoff is not None and self._direct is not None:
-            self._direct.end_handed(self.spec.process.shutdown_timeout_ms / 1000)
         return 0
 
     def _start(self) -> list[dict[str, Any]]:
@@ -252,9 +251,8 @@ class ShardProcess(ShardLoading):
         return len(engine.store.jobs) * JOB_BYTES
 
     def _no_recycle(self) -> str | None:
-        """What forbids a recycle now, if anything."""
-        if self._direct is not None and self._direct.connections > self._direct.handed:
-            return "direct connections open"
+        """What forbids a recycle now, if anything. (Clients connected to the direct port do
+        not: the stop ends their connections cleanly, `_end_direct`.)"""
         if self.core.waits or self.core.draining:
             return "parked WaitJob or draining"
         if self.core.active_jobs():
@@ -335,23 +333,47 @@ class ShardProcess(ShardLoading):
             self._recycle.after_turn(bool(messages))
 
     def _finish(self) -> None:
-        """Send the last batch and wait, within the shutdown timeout, for its commit."""
+        """Send the last batch and wait, within the shutdown timeout, for its commit; then
+        end the direct port's connections."""
+        direct = self._direct
+        if direct is not None:
+            direct.quiesce()  # every request it took was handled by the last turn
         self._send(self.core.finish_turn(self.clock.now()), block_on_front=False)
         deadline = time.monotonic() + self.spec.process.shutdown_timeout_ms / 1000
         while self.core.awaiting_commit and (left := deadline - time.monotonic()) > 0:
-            for msg in self._wait(max(int(left * 1000), 1)):
+            timeout = max(int(left * 1000), 1)
+            for msg in self._wait(timeout if direct is None else direct.poll_timeout(timeout)):
                 # Only the writer's answers count now: no request is served after the stop.
                 if msg.get("t") in (msgs.DONE, msgs.FAIL):
                     self.core.handle(msg, self.clock.now())
             self._send(self.core.take_replies(), block_on_front=False)
         if self.core.awaiting_commit:
             _log.warning("shutdown timeout before the writer confirmed", seq=self.core.seq)
+        if direct is not None:
+            self._end_direct(direct)
         _log.info(
             "shard stopped",
             seq=self.core.seq,
             committed=self.core.batches.committed,
             **SPIN_STATS.fields(),
         )
+
+    def _end_direct(self, direct: DirectPort) -> None:
+        """Wait, at most `direct_stop_ms`, for the direct connections to take their goodbye
+        (`DirectPort.release`); close those still waiting for a commit at once."""
+        started = time.monotonic()
+        abandoned = direct.abandon()
+        if abandoned:
+            _log.warning("direct connections closed with durable pushes unconfirmed",
+                         connections=abandoned)  # fmt: skip
+        deadline = started + self.spec.tcp.direct_stop_ms / 1000
+        while direct.connections and (left := deadline - time.monotonic()) > 0:
+            self._wait(direct.poll_timeout(max(int(left * 1000), 1)))  # requests: not served
+        unsettled = direct.connections
+        if direct.released or unsettled:
+            log = _log.warning if unsettled else _log.info
+            log("direct connections ended", released=direct.released, unsettled=unsettled,
+                ms=round((time.monotonic() - started) * 1000))  # fmt: skip
 
     def close(self) -> None:
         """Close every socket with linger 0 and terminate the context."""
@@ -478,7 +500,7 @@ class ShardProcess(ShardLoading):
         for fd in new:
             self._poller.register(fd, zmq.POLLIN)
         self._link_fds = fds
-        if new and self._direct is not None:
+        if new and self._direct is not None and not self._direct.quiesced:
             # A front end (re)connected: it learns this shard's direct port first.
             self._front.send(pack(self._direct.announcement()))
 
