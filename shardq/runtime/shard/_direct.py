@@ -80,7 +80,7 @@ from shardq.protocol._direct import direct_goodbye, direct_refused, flow_entries
 from shardq.runtime import _messages as msgs
 from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
-from shardq.runtime.shard._handoff import HandedDecoder
+from shardq.runtime.shard._handoff import HandedConns, HandedDecoder
 
 __all__ = ["DIRECT_CONN_PREFIX", "DirectPort", "why_not_open"]
 
@@ -130,7 +130,7 @@ class _Conn:
         self.shut = False  # FIN sent: closed once the client took every byte (`settled`)
 
 
-class DirectPort:
+class DirectPort(HandedConns):
     """The listener and connections of one shard's direct port, polled by the shard's loop."""
 
     def __init__(
@@ -305,6 +305,9 @@ class DirectPort:
             self._poller.register(sock.fileno(), zmq.POLLIN)
             self._deadline(conn, self._handshake_s)
 
+    def _make_conn(self, sock: socket.socket, name: str) -> _Conn:
+        return _Conn(sock, name, self._max_frame)
+
     def _read(self, conn: _Conn, items: list[list[Any]]) -> None:
         try:
             data = conn.sock.recv(_READ_BYTES)
@@ -341,66 +344,6 @@ class DirectPort:
         if conn.inflight >= self._max_in_flight and not conn.paused and not conn.closing:
             conn.paused = True  # back-pressure, as on the TCP port: never an error
             self._watch(conn)
-
-    def _handed_frames(
-        self, conn: _Conn, decoder: HandedDecoder, frames: list[Any], items: list[list[Any]]
-    ) -> bool:
-        """A handed-off connection's frames: served up to the first this port does not
-        serve, which with all after it goes back to the front end (`shard._handoff`); True
-        if the connection goes back."""
-        served = 0
-        for frame in frames:
-            if not self._take(conn, frame, items, None):
-                decoder.returning = True
-                break
-            served += 1
-        decoder.served(served)
-        if decoder.returning:
-            conn.deadline = None
-            self._timed.discard(conn)
-            self._watch(conn)
-            self._return_if_done(conn)
-        return decoder.returning
-
-    def adopt(self, sock: socket.socket, name: str, unread: bytes) -> bool:
-        """Serve a connection the front end handed over, `unread` first; False (nothing
-        kept) at the connection cap or without a way back."""
-        if len(self._conns) >= self._max_connections or self.on_handback is None:
-            return False
-        sock.setblocking(False)
-        conn = _Conn(sock, name, self._max_frame)
-        conn.decoder = HandedDecoder(self._max_frame, unread)
-        self._conns[sock.fileno()] = conn
-        self._by_name[name] = conn
-        self._poller.register(sock.fileno(), zmq.POLLIN)
-        self.handed_off += 1
-        self._idle(conn)
-        if unread:  # looked at by the next `serve`: `took` goes to the front end first
-            self._adopted.append(conn)
-        return True
-
-    def hand_back_all(self) -> None:
-        """Stopping: read no handed-off connection further; each goes back once its replies
-        are written."""
-        for conn in list(self._conns.values()):
-            decoder = conn.decoder
-            if type(decoder) is HandedDecoder and not decoder.returning:
-                decoder.returning = True
-                self._watch(conn)
-                self._return_if_done(conn)
-
-    def _return_if_done(self, conn: _Conn) -> None:
-        decoder = conn.decoder
-        if conn.inflight or conn.out or type(decoder) is not HandedDecoder:
-            return
-        if not decoder.returning or self.on_handback is None:
-            return
-        self._forget(conn)
-        if self.on_handback(conn.sock, conn.name, decoder.unread()):
-            self.handed_back += 1
-        elif self.on_gone is not None:
-            self.on_gone(conn.name)
-        conn.sock.close()  # the front end has its own copy now: no FIN
 
     def _idle(self, conn: _Conn) -> None:
         """Start the idle close's clock if `conn` waits for nothing either way."""

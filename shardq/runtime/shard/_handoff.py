@@ -25,7 +25,7 @@ import os
 import select
 import socket
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import structlog
 import zmq
@@ -36,7 +36,7 @@ from shardq.protocol._frames import decode_body
 from shardq.runtime import _messages as msgs
 from shardq.runtime.links._control import pack, unpack
 
-__all__ = ["HandedDecoder", "HandoffChannel"]
+__all__ = ["HandedConns", "HandedDecoder", "HandoffChannel"]
 
 # How long a send on the channel may wait for the front end to read (then it is given up).
 _SEND_WAIT_MS: Final = 1_000
@@ -92,6 +92,97 @@ class HandedDecoder:
     def unread(self) -> bytes:
         """The bytes that go back with the connection."""
         return bytes(self._buf)
+
+
+class _Port(Protocol):
+    """What `HandedConns` uses of the `DirectPort` it is part of (connections are its
+    `_Conn`s)."""
+
+    _conns: dict[int, Any]
+    _by_name: dict[str, Any]
+    _max_connections: int
+    _max_frame: int
+    _poller: zmq.Poller
+    _timed: set[Any]
+    _adopted: list[Any]
+    handed_off: int
+    handed_back: int
+    on_handback: Callable[[socket.socket, str, bytes], bool] | None
+    on_gone: Callable[[str], None] | None
+
+    def _make_conn(self, sock: socket.socket, name: str) -> Any: ...
+    def _take(
+        self, conn: Any, frame: Any, items: list[list[Any]], replies: list[dict[str, Any]] | None
+    ) -> bool: ...
+    def _watch(self, conn: Any) -> None: ...
+    def _idle(self, conn: Any) -> None: ...
+    def _forget(self, conn: Any) -> bool: ...
+    def _return_if_done(self, conn: Any) -> None: ...
+
+
+class HandedConns:
+    """The part of `DirectPort` that serves handed-off connections (a mixin: its connections
+    and their polling are the port's)."""
+
+    def _handed_frames(
+        self: _Port, conn: Any, decoder: HandedDecoder, frames: list[Any], items: list[list[Any]]
+    ) -> bool:
+        """A handed-off connection's frames: served up to the first this port does not
+        serve, which with all after it goes back to the front end (`shard._handoff`); True
+        if the connection goes back."""
+        served = 0
+        for frame in frames:
+            if not self._take(conn, frame, items, None):
+                decoder.returning = True
+                break
+            served += 1
+        decoder.served(served)
+        if decoder.returning:
+            conn.deadline = None
+            self._timed.discard(conn)
+            self._watch(conn)
+            self._return_if_done(conn)
+        return decoder.returning
+
+    def adopt(self: _Port, sock: socket.socket, name: str, unread: bytes) -> bool:
+        """Serve a connection the front end handed over, `unread` first; False (nothing
+        kept) at the connection cap or without a way back."""
+        if len(self._conns) >= self._max_connections or self.on_handback is None:
+            return False
+        sock.setblocking(False)
+        conn = self._make_conn(sock, name)
+        conn.decoder = HandedDecoder(self._max_frame, unread)
+        self._conns[sock.fileno()] = conn
+        self._by_name[name] = conn
+        self._poller.register(sock.fileno(), zmq.POLLIN)
+        self.handed_off += 1
+        self._idle(conn)
+        if unread:  # looked at by the next `serve`: `took` goes to the front end first
+            self._adopted.append(conn)
+        return True
+
+    def hand_back_all(self: _Port) -> None:
+        """Stopping: read no handed-off connection further; each goes back once its replies
+        are written."""
+        for conn in list(self._conns.values()):
+            decoder = conn.decoder
+            if type(decoder) is HandedDecoder and not decoder.returning:
+                decoder.returning = True
+                self._watch(conn)
+                self._return_if_done(conn)
+
+    def _return_if_done(self: _Port, conn: Any) -> None:
+        decoder = conn.decoder
+        if conn.inflight or conn.out or type(decoder) is not HandedDecoder:
+            return
+        if not decoder.returning or self.on_handback is None:
+            return
+        self._forget(conn)
+        if self.on_handback(conn.sock, conn.name, decoder.unread()):
+            self.handed_back += 1
+        elif self.on_gone is not None:
+            self.on_gone(conn.name)
+        conn.sock.close()  # the front end has its own copy now: no FIN
 
 
 def _recv(sock: socket.socket, limit: int) -> tuple[bytes, list[int]] | None:
