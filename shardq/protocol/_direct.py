@@ -17,6 +17,7 @@ and the client sends it again through the front end.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from typing import Any, Final
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "HELLO_SHARDS",
     "direct_goodbye",
     "direct_refused",
+    "flow_entries",
     "shard_of",
 ]
 
@@ -60,3 +62,12 @@ def shard_of(queue: str, shards: int) -> int:
     client) would disagree on where a queue lives.
     """
     return zlib.crc32(queue.encode("utf-8", "surrogatepass")) % shards
+
+
+def flow_entries(frame: Mapping[str, Any]) -> bool:
+    """Whether a PUSHB names a parent or children in any entry (the front end checks those, so
+    a connection handed to a shard sends such a PUSHB back to it)."""
+    jobs = frame.get("jobs")
+    if type(jobs) is not list:
+        return False  # the engine's own error, on either path
+    return any(type(job) is dict and ("parentId" in job or "childrenIds" in job) for job in jobs)

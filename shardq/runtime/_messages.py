@@ -38,6 +38,9 @@ __all__ = [
     "FLOWACK",
     "FLUSH",
     "FRONT",
+    "GONE",
+    "HANDBACK",
+    "HANDOFF",
     "LISTEN",
     "LOADED",
     "MESSAGES",
@@ -55,6 +58,7 @@ __all__ = [
     "SHARD_DOWN",
     "SHARD_UP",
     "SYNC",
+    "TOOK",
     "WORKERS",
     "WRITER_UP",
     "CancelMsg",
@@ -70,6 +74,9 @@ __all__ = [
     "FlowackMsg",
     "FlushMsg",
     "FrontMsg",
+    "GoneMsg",
+    "HandbackMsg",
+    "HandoffMsg",
     "ListenMsg",
     "LoadedMsg",
     "Message",
@@ -88,6 +95,7 @@ __all__ = [
     "ShardDownMsg",
     "ShardUpMsg",
     "SyncMsg",
+    "TookMsg",
     "WorkersMsg",
     "WriterUpMsg",
     "cancel",
@@ -103,6 +111,9 @@ __all__ = [
     "flowack",
     "flush",
     "front",
+    "gone",
+    "handback",
+    "handoff",
     "listen",
     "loaded",
     "muts",
@@ -119,6 +130,7 @@ __all__ = [
     "shard_down",
     "shard_up",
     "sync",
+    "took",
     "workers",
     "writer_up",
 ]
@@ -151,6 +163,11 @@ LOADED: Final = "loaded"
 DIRECT: Final = "direct"
 RECYCLE: Final = "recycle"
 RECYCLE_OFF: Final = "recycle-off"
+# Front end <-> shard over the handoff socket (`tcp_handoff`), each with a descriptor.
+HANDOFF: Final = "handoff"
+TOOK: Final = "took"
+HANDBACK: Final = "handback"
+GONE: Final = "gone"
 # Shard -> writer.
 MUTS: Final = "muts"
 FLUSH: Final = "flush"
@@ -317,6 +334,30 @@ class DirectMsg(TypedDict):
     port: int
 
 
+class HandoffMsg(TypedDict):
+    t: Literal["handoff"]
+    conn: str
+    unread: bytes  # read past the last whole frame; the TCP descriptor rides as SCM_RIGHTS
+
+
+class TookMsg(TypedDict):
+    t: Literal["took"]
+    conn: str
+    ok: bool
+
+
+class HandbackMsg(TypedDict):
+    t: Literal["handback"]
+    conn: str
+    unread: bytes  # from the first frame not served on; the descriptor rides as SCM_RIGHTS
+    more: NotRequired[bool]  # more of `unread` follows; the descriptor comes with the last
+
+
+class GoneMsg(TypedDict):
+    t: Literal["gone"]
+    conn: str
+
+
 class MutsMsg(TypedDict):
     t: Literal["muts"]
     shard: int
@@ -439,6 +480,22 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(RECYCLE, RecycleMsg, "shard", "front end", "about to be replaced: hold my requests"),
     Message(RECYCLE_OFF, RecycleOffMsg, "shard", "front end", "not replaced: send what was held"),
     Message(
+        HANDOFF,
+        HandoffMsg,
+        "front end",
+        "shard (its handoff socket)",
+        "serve this TCP connection (its descriptor) from now on (`tcp_handoff`)",
+    ),
+    Message(TOOK, TookMsg, "shard", "front end", "a handed-off connection taken (`ok`) or not"),
+    Message(
+        HANDBACK,
+        HandbackMsg,
+        "shard",
+        "front end",
+        "a handed-off connection back (its descriptor): serve it from `unread` on",
+    ),
+    Message(GONE, GoneMsg, "shard", "front end", "a handed-off connection closed"),
+    Message(
         MUTS,
         MutsMsg,
         "shard",
@@ -516,6 +573,24 @@ def close(conn: str) -> CloseMsg:
 
 def direct(shard: int, port: int) -> DirectMsg:
     return {"t": DIRECT, "shard": shard, "port": port}
+
+
+def handoff(conn: str, unread: bytes) -> HandoffMsg:
+    return {"t": HANDOFF, "conn": conn, "unread": unread}
+
+
+def took(conn: str, ok: bool) -> TookMsg:
+    return {"t": TOOK, "conn": conn, "ok": ok}
+
+
+def handback(conn: str, unread: bytes, *, more: bool = False) -> HandbackMsg:
+    if more:
+        return {"t": HANDBACK, "conn": conn, "unread": unread, "more": True}
+    return {"t": HANDBACK, "conn": conn, "unread": unread}
+
+
+def gone(conn: str) -> GoneMsg:
+    return {"t": GONE, "conn": conn}
 
 
 def drain() -> DrainMsg:

@@ -165,6 +165,17 @@ class TcpSettings:
     # (the client then pushes through the front end). Frames and unread replies are bounded
     # by max_frame_bytes and tcp_max_write_backlog_bytes, as on the TCP port.
     direct_max_connections: int = 1_000
+    # Handed-off connections (docs/runtime.md): a bunqueue TCP connection whose last
+    # tcp_handoff_after requests were all single pushes for one shard's queues is handed (its
+    # descriptor) to that shard, which serves it as a direct connection until a request it
+    # does not serve sends it back. Only where the direct port is open; after a hand-back the
+    # connection stays with the front end for tcp_handoff_backoff_ms. tcp_handoff_max_bytes
+    # bounds each message that travels with a descriptor (the bytes read past the last whole
+    # frame); a connection with more buffered is not handed off.
+    tcp_handoff: bool = True
+    tcp_handoff_after: int = 16
+    tcp_handoff_backoff_ms: int = 5_000
+    tcp_handoff_max_bytes: int = 65_536
     # At a stop (restart, recycle) a shard ends each direct connection with a goodbye frame
     # once it has answered what it took from it; it waits this long at most for the clients to
     # take those last bytes before it closes the rest (0: closes at once; at most 4,000, inside

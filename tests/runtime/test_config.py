@@ -144,6 +144,10 @@ VALID_TEXT = {
     "shard_memory_mb": "64",
     "direct_shards": "false",
     "direct_max_connections": "10",
+    "tcp_handoff": "false",
+    "tcp_handoff_after": "4",
+    "tcp_handoff_backoff_ms": "100",
+    "tcp_handoff_max_bytes": "8192",
     "direct_stop_ms": "500",
     "stats_rate_window_s": "2",
     # -- isolation (writer and shard storage)
@@ -279,6 +283,10 @@ shard_recycle_hold_max_bytes = 2097152
 shard_memory_mb = 64
 direct_shards = false
 direct_max_connections = 10
+tcp_handoff = false
+tcp_handoff_after = 4
+tcp_handoff_backoff_ms = 100
+tcp_handoff_max_bytes = 8192
 direct_stop_ms = 500
 stats_rate_window_s = 2
 storage_retry_max_ms = 250
@@ -438,6 +446,9 @@ def test_shards_auto_and_number() -> None:
         ("shard_memory_mb", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
+        ("tcp_handoff", "maybe"),
+        ("tcp_handoff_after", "0"),
+        ("tcp_handoff_max_bytes", "100"),
         ("direct_stop_ms", "-1"),
         ("direct_stop_ms", "4001"),
         ("stats_rate_window_s", "0"),

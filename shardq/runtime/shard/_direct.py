@@ -51,6 +51,9 @@ drives (`ShardProcess._finish`):
   client had no reply to before the goodbye was not taken: the client sends it again
   through the front end, with no duplicate.
 
+A connection the front end handed over (`shard._handoff`) gets no goodbye: once its replies
+are written it goes back to the front end, which serves it on.
+
 `abandon()` closes, without a goodbye, the connections still waiting for a commit the writer
 did not confirm in time (their clients cannot know: `ConnectionLost(sent=True)`), and the
 shard waits at most `direct_stop_ms` for the rest to settle.
@@ -65,7 +68,7 @@ import socket
 import struct
 import termios
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import structlog
@@ -73,10 +76,11 @@ import zmq
 
 from shardq.errors import ProtocolError
 from shardq.protocol import FrameDecoder, check_command, encode_js, error_reply
-from shardq.protocol._direct import direct_goodbye, direct_refused, shard_of
+from shardq.protocol._direct import direct_goodbye, direct_refused, flow_entries, shard_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
+from shardq.runtime.shard._handoff import HandedConns, HandedDecoder
 
 __all__ = ["DIRECT_CONN_PREFIX", "DirectPort", "why_not_open"]
 
@@ -115,7 +119,7 @@ class _Conn:
     def __init__(self, sock: socket.socket, name: str, max_frame: int) -> None:
         self.sock = sock
         self.name = name
-        self.decoder = FrameDecoder(max_frame)
+        self.decoder: FrameDecoder | HandedDecoder = FrameDecoder(max_frame)
         self.out = bytearray()  # replies the socket did not take yet
         self.closing = False  # close once `out` is written (a fatal frame error)
         self.deadline: float | None = None  # monotonic s: closed unless a frame ends by then
@@ -126,7 +130,7 @@ class _Conn:
         self.shut = False  # FIN sent: closed once the client took every byte (`settled`)
 
 
-class DirectPort:
+class DirectPort(HandedConns):
     """The listener and connections of one shard's direct port, polled by the shard's loop."""
 
     def __init__(
@@ -179,6 +183,13 @@ class DirectPort:
         self.served = 0  # requests taken to the engine (Stats' directRequests)
         self.pushed = 0  # pushes answered ok (directPushed)
         self._rates = RateWindow(rate_window_s, width=1)
+        # Handed-off connections (`shard._handoff`): where they go back, and where their end
+        # is told; set by the shard process when `tcp_handoff` is on.
+        self.on_handback: Callable[[socket.socket, str, bytes], bool] | None = None
+        self.on_gone: Callable[[str], None] | None = None
+        self._adopted: list[_Conn] = []  # taken, their bytes not looked at yet
+        self.handed_off = 0  # connections taken from the front end (Stats' handedOff)
+        self.handed_back = 0  # and given back to it (handedBack)
         self.quiesced = False  # stopping: nothing is read or accepted any more (`quiesce`)
         self._shut: set[_Conn] = set()  # FIN sent, not closed yet
         self.released = 0  # connections ended with a goodbye
@@ -196,6 +207,8 @@ class DirectPort:
             "directRequests": self.served,
             "directPushed": self.pushed,
             "directPushPerSec": self._rates.per_second()[0],
+            "handedOff": self.handed_off,
+            "handedBack": self.handed_back,
         }
 
     def _mark(self) -> None:
@@ -213,6 +226,11 @@ class DirectPort:
         """Accept and read what `ready` (the poll's result) says; return the request items
         `[conn, rid, command]` for the engine. Writes pending replies on POLLOUT."""
         items: list[list[Any]] = []
+        if self._adopted:
+            adopted, self._adopted = self._adopted, []
+            for taken in adopted:
+                if self._by_name.get(taken.name) is taken:
+                    self._got(taken, b"", items)
         conns = self._conns
         for fd, events in ready.items():
             conn = conns.get(fd)
@@ -287,6 +305,9 @@ class DirectPort:
             self._poller.register(sock.fileno(), zmq.POLLIN)
             self._deadline(conn, self._handshake_s)
 
+    def _make_conn(self, sock: socket.socket, name: str) -> _Conn:
+        return _Conn(sock, name, self._max_frame)
+
     def _read(self, conn: _Conn, items: list[list[Any]]) -> None:
         try:
             data = conn.sock.recv(_READ_BYTES)
@@ -298,10 +319,18 @@ class DirectPort:
         if not data:
             self._drop(conn)
             return
+        self._got(conn, data, items)
+
+    def _got(self, conn: _Conn, data: bytes, items: list[list[Any]]) -> None:
         replies: list[dict[str, Any]] = []
-        frames = conn.decoder.feed(data)
-        for frame in frames:
-            self._take(conn, frame, items, replies)
+        decoder = conn.decoder
+        frames = decoder.feed(data)
+        if type(decoder) is HandedDecoder:
+            if self._handed_frames(conn, decoder, frames, items):
+                return  # on its way back: no deadline, no cap of ours applies
+        else:
+            for frame in frames:
+                self._take(conn, frame, items, replies)
         if frames or conn.deadline is None or conn.idle:
             # A frame ended (or one began): what is left of the next one has `frame_s`.
             conn.deadline = None
@@ -323,7 +352,9 @@ class DirectPort:
 
     def _watch(self, conn: _Conn) -> None:
         """Poll `conn` for what it needs now: input unless paused, output while `out` waits."""
-        events = (0 if conn.paused else zmq.POLLIN) | (zmq.POLLOUT if conn.out else 0)
+        returning = type(conn.decoder) is HandedDecoder and conn.decoder.returning
+        reading = not conn.paused and not returning
+        events = (zmq.POLLIN if reading else 0) | (zmq.POLLOUT if conn.out else 0)
         fd = conn.sock.fileno()
         if events:
             self._poller.register(fd, events)  # registering again modifies
@@ -336,27 +367,40 @@ class DirectPort:
         conn: _Conn,
         frame: dict[str, Any] | ProtocolError,
         items: list[list[Any]],
-        replies: list[dict[str, Any]],
-    ) -> None:
-        """One decoded frame: a request for the engine, or an answer at once."""
+        replies: list[dict[str, Any]] | None,
+    ) -> bool:
+        """One decoded frame: a request for the engine, or an answer at once; without
+        `replies` (a handed-off connection) False for any frame not taken to the engine."""
+        if replies is None:
+            name = _served_name(frame)
+            if name is None or isinstance(frame, ProtocolError):
+                return False
+            if self._refusal(name, frame, bulk=True) is not None:
+                return False
+            self._to_engine(conn, frame, items)
+            return True
         if isinstance(frame, ProtocolError):
             replies.append(error_reply(str(frame), frame.req_id))
             if frame.fatal:
                 conn.closing = True
-            return
+            return True
         try:
             name = check_command(frame)
         except ProtocolError as e:
             req = frame.get("reqId")
             replies.append(error_reply(str(e), req if isinstance(req, str) else None))
-            return
+            return True
         refusal = self._refusal(name, frame)
         if refusal is not None:
             reply = error_reply(direct_refused(refusal))
             if "reqId" in frame:
                 reply["reqId"] = frame["reqId"]
             replies.append(reply)
-            return
+            return True
+        self._to_engine(conn, frame, items)
+        return True
+
+    def _to_engine(self, conn: _Conn, frame: dict[str, Any], items: list[list[Any]]) -> None:
         rid = next(self._rids)
         if "reqId" in frame:
             self._req_ids[rid] = frame.pop("reqId")
@@ -365,10 +409,15 @@ class DirectPort:
         self.served += 1
         items.append([conn.name, rid, frame])
 
-    def _refusal(self, name: str, frame: Mapping[str, Any]) -> str | None:
-        if name != "PUSH":
+    def _refusal(self, name: str, frame: Mapping[str, Any], *, bulk: bool = False) -> str | None:
+        """Why this port does not serve `frame` (None: it does). `bulk`: a PUSHB with no flow
+        entry is served too (a handed-off connection, `shard._handoff`)."""
+        if name == "PUSHB" and bulk:
+            if flow_entries(frame):
+                return "a flow's PUSHB goes through the front end"
+        elif name != "PUSH":
             return f"{name} goes through the front end"
-        if any(key in frame for key in _FLOW_FIELDS):
+        elif any(key in frame for key in _FLOW_FIELDS):
             return "a flow's PUSH goes through the front end"
         queue = frame.get("queue")
         # A queue that is not a string gets the engine's own error, as through the front end.
@@ -393,7 +442,8 @@ class DirectPort:
                 continue
             reply = item[2]
             if reply.get("ok") is True:
-                pushed += 1
+                ids = reply.get("ids")  # a PUSHB's (handed-off connections)
+                pushed += len(ids) if type(ids) is list else 1
             req = self._req_ids.pop(rid, None)
             if req is not None:
                 reply["reqId"] = req
@@ -411,6 +461,7 @@ class DirectPort:
                         self._watch(conn)
                     self._idle(conn)
                 self._write(conn, b"".join(encode_js(r) for r in replies))
+                self._return_if_done(conn)
                 if self.quiesced and conn.inflight == 0:
                     self.release(conn)  # its last reply is out: the goodbye follows
         if not rest:
@@ -457,17 +508,25 @@ class DirectPort:
                 self._shut_down(conn)
             else:
                 self._watch(conn)
+                self._return_if_done(conn)
 
     def _drop(self, conn: _Conn) -> None:
+        if self._forget(conn):
+            conn.sock.close()
+            if type(conn.decoder) is HandedDecoder and self.on_gone is not None:
+                self.on_gone(conn.name)
+
+    def _forget(self, conn: _Conn) -> bool:
+        """Stop tracking and polling `conn`; False if it was gone already."""
         fd = conn.sock.fileno()
         if self._conns.pop(fd, None) is None:
-            return
+            return False
         self._by_name.pop(conn.name, None)
         self._timed.discard(conn)
         self._shut.discard(conn)
         with contextlib.suppress(KeyError, zmq.ZMQError):
             self._poller.unregister(fd)
-        conn.sock.close()
+        return True
 
     # -- the end, at a stop (see the module's docstring) ------------------------------------
 
@@ -499,6 +558,10 @@ class DirectPort:
         or took every byte (`_settle`)."""
         if conn.ending or conn.closing or self._conns.get(conn.sock.fileno()) is not conn:
             return
+        if type(conn.decoder) is HandedDecoder:
+            conn.decoder.returning = True  # no goodbye: it goes back to the front end
+            self._return_if_done(conn)
+            return
         conn.ending = True
         self.released += 1
         self._write(conn, encode_js(direct_goodbye()))
@@ -507,7 +570,11 @@ class DirectPort:
         """Close the connections still waiting for replies (durable pushes whose commit the
         writer did not confirm in time, which may yet be applied: no goodbye for them).
         Returns how many."""
-        late = [conn for conn in self._conns.values() if not conn.ending]
+        late = [
+            conn
+            for conn in self._conns.values()
+            if not conn.ending and (conn.inflight or type(conn.decoder) is not HandedDecoder)
+        ]  # a handed-off connection goes back once its replies are written
         for conn in late:
             self._drop(conn)
         return len(late)
@@ -564,3 +631,13 @@ def _unacknowledged(sock: socket.socket) -> int:
         return -1
     outq: int = struct.unpack("i", raw)[0]
     return outq
+
+
+def _served_name(frame: dict[str, Any] | ProtocolError) -> str | None:
+    """The command a well-formed frame names; None for one the front end must answer."""
+    if isinstance(frame, ProtocolError):
+        return None
+    try:
+        return check_command(frame)
+    except ProtocolError:
+        return None

@@ -45,6 +45,7 @@ from shardq.runtime.shard._backlog import StoreBacklog
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._direct import DirectPort, why_not_open
 from shardq.runtime.shard._gc import tune_gc
+from shardq.runtime.shard._handoff import HandoffChannel
 from shardq.runtime.shard._loading import ShardLoading
 from shardq.runtime.shard._memory import MemoryReturner
 from shardq.runtime.shard._recycle import RecycleCheck, RecycleSettings, ShardRecycle
@@ -146,6 +147,7 @@ class ShardProcess(ShardLoading):
         self._direct: DirectPort | None = None
         self._watch_links()
         self._direct = self._open_direct(spec)
+        self._handoff = self._open_handoff(spec, self._direct)
 
     def _open_direct(self, spec: ChildSpec) -> DirectPort | None:
         """This shard's direct port (`shard._direct`), if `direct_shards` is on and no client
@@ -177,6 +179,21 @@ class ShardProcess(ShardLoading):
         _log.info("direct port open", host=tcp.host, port=direct.port)
         return direct
 
+    def _open_handoff(self, spec: ChildSpec, direct: DirectPort | None) -> HandoffChannel | None:
+        """The socket on which the front end hands this shard TCP connections
+        (`shard._handoff`), with `tcp_handoff` on and the direct port open."""
+        if direct is None or not spec.tcp.tcp_handoff:
+            return None
+        channel = HandoffChannel(
+            spec.handoff_path(spec.index),
+            self._poller,
+            direct.adopt,
+            spec.tcp.tcp_handoff_max_bytes,
+        )
+        direct.on_handback = channel.hand_back
+        direct.on_gone = channel.gone
+        return channel
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -187,6 +204,10 @@ class ShardProcess(ShardLoading):
         early = self._start()
         if not self._stop:
             self._serve(early)
+        if self._handoff is not None and self._direct is not None:
+            # Handed-off connections go back to the front end once answered (`_handoff`).
+            self._handoff.stopping = True
+            self._direct.hand_back_all()
         self._finish()
         return 0
 
@@ -361,6 +382,8 @@ class ShardProcess(ShardLoading):
         self._front.close()
         if self._direct is not None:
             self._direct.close()
+        if self._handoff is not None:
+            self._handoff.close()
         self._writer.close()
         if self._backlog is not None:
             self._backlog.close()
@@ -401,10 +424,16 @@ class ShardProcess(ShardLoading):
                     self._decode(data, messages)
         direct = self._direct
         if direct is not None:
-            items = direct.serve(ready)
+            items = self._serve_direct(direct, ready)
             if items:
                 messages.append(dict(msgs.req(items)))
         return messages
+
+    def _serve_direct(self, direct: DirectPort, ready: dict[Any, int]) -> list[list[Any]]:
+        """The direct port's requests this turn, connections handed over first."""
+        if self._handoff is not None:
+            self._handoff.serve(ready)
+        return direct.serve(ready)
 
     def _arm_writer(self, writer_fd: int) -> bool:
         """Set what the poll watches on the writer link; True if its input may wait unread
