@@ -62,11 +62,8 @@ shard waits at most `direct_stop_ms` for the rest to settle.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import socket
-import struct
-import termios
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -75,17 +72,18 @@ import structlog
 import zmq
 
 from shardq.errors import ProtocolError
-from shardq.protocol import FrameDecoder, check_command, encode_js, error_reply
-from shardq.protocol._direct import direct_goodbye, direct_refused, flow_entries, shard_of
+from shardq.protocol import check_command, encode_js, error_reply
+from shardq.protocol._direct import direct_refused, flow_entries, shard_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
+from shardq.runtime.shard._direct_conn import Conn as _Conn
+from shardq.runtime.shard._direct_stop import READ_BYTES, DirectStop
 from shardq.runtime.shard._handoff import HandedConns, HandedDecoder
 
 __all__ = ["DIRECT_CONN_PREFIX", "DirectPort", "why_not_open"]
 
 DIRECT_CONN_PREFIX: Final = "direct:"
-_READ_BYTES: Final = 256 * 1024
 # How often connections with a deadline (no whole frame yet, or a partial one) are checked.
 SWEEP_EVERY_S: Final = 1.0
 # At most one warning per this many seconds about connections refused at the cap.
@@ -110,27 +108,7 @@ def why_not_open(tcp: TcpSettings, *, external_store: bool) -> str:
     return ""
 
 
-class _Conn:
-    __slots__ = (
-        "closing", "deadline", "decoder", "ending", "idle", "inflight", "name", "out", "paused",
-        "shut", "sock",
-    )  # fmt: skip
-
-    def __init__(self, sock: socket.socket, name: str, max_frame: int) -> None:
-        self.sock = sock
-        self.name = name
-        self.decoder: FrameDecoder | HandedDecoder = FrameDecoder(max_frame)
-        self.out = bytearray()  # replies the socket did not take yet
-        self.closing = False  # close once `out` is written (a fatal frame error)
-        self.deadline: float | None = None  # monotonic s: closed unless a frame ends by then
-        self.idle = False  # the deadline is the idle close's (any byte lifts it)
-        self.inflight = 0  # requests taken to the engine, not answered yet
-        self.paused = False  # not read while `inflight` is past the cap
-        self.ending = False  # the goodbye is written: FIN once `out` is empty (`release`)
-        self.shut = False  # FIN sent: closed once the client took every byte (`settled`)
-
-
-class DirectPort(HandedConns):
+class DirectPort(DirectStop, HandedConns):
     """The listener and connections of one shard's direct port, polled by the shard's loop."""
 
     def __init__(
@@ -310,7 +288,7 @@ class DirectPort(HandedConns):
 
     def _read(self, conn: _Conn, items: list[list[Any]]) -> None:
         try:
-            data = conn.sock.recv(_READ_BYTES)
+            data = conn.sock.recv(READ_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -528,86 +506,6 @@ class DirectPort(HandedConns):
             self._poller.unregister(fd)
         return True
 
-    # -- the end, at a stop (see the module's docstring) ------------------------------------
-
-    def quiesce(self) -> None:
-        """Take no more requests: close the listener, read no connection further, and
-        `release` each connection that waits for no reply (the others are released as `take`
-        writes their last reply). Idempotent."""
-        if self.quiesced:
-            return
-        self.quiesced = True
-        with contextlib.suppress(KeyError, zmq.ZMQError):
-            self._poller.unregister(self._listener.fileno())
-        self._listener.close()
-        self._timed.clear()
-        waiting = 0
-        for conn in list(self._conns.values()):
-            conn.deadline = None
-            conn.paused = True  # not read any more
-            if conn.inflight or conn.closing:
-                waiting += conn.inflight > 0
-                self._watch(conn)  # its replies may still wait to be written
-            else:
-                self.release(conn)
-        _log.info("direct port quiesced", connections=len(self._conns), waiting=waiting)
-
-    def release(self, conn: _Conn) -> None:
-        """End `conn`, which waits for no reply: its goodbye is its last frame, FIN follows
-        once every reply is written, and the socket is closed once the client closed its side
-        or took every byte (`_settle`)."""
-        if conn.ending or conn.closing or self._conns.get(conn.sock.fileno()) is not conn:
-            return
-        if type(conn.decoder) is HandedDecoder:
-            conn.decoder.returning = True  # no goodbye: it goes back to the front end
-            self._return_if_done(conn)
-            return
-        conn.ending = True
-        self.released += 1
-        self._write(conn, encode_js(direct_goodbye()))
-
-    def abandon(self) -> int:
-        """Close the connections still waiting for replies (durable pushes whose commit the
-        writer did not confirm in time, which may yet be applied: no goodbye for them).
-        Returns how many."""
-        late = [
-            conn
-            for conn in self._conns.values()
-            if not conn.ending and (conn.inflight or type(conn.decoder) is not HandedDecoder)
-        ]  # a handed-off connection goes back once its replies are written
-        for conn in late:
-            self._drop(conn)
-        return len(late)
-
-    def _shut_down(self, conn: _Conn) -> None:
-        try:
-            conn.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            self._drop(conn)
-            return
-        conn.shut = True
-        conn.paused = False  # read, and drop, what the client still sends until it closes
-        self._shut.add(conn)
-        self._watch(conn)
-
-    def _discard(self, conn: _Conn) -> None:
-        """A frame that comes after the goodbye is never taken; the client's close (or a
-        broken connection) ends it."""
-        try:
-            data = conn.sock.recv(_READ_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._drop(conn)
-
-    def _settle(self) -> None:
-        """Close the ended connections whose client took every byte: a close now cannot
-        reset the connection before the goodbye arrives."""
-        for conn in [c for c in self._shut if _unacknowledged(c.sock) == 0]:
-            self._drop(conn)
-
     def close(self) -> None:
         for conn in list(self._conns.values()):
             self._drop(conn)
@@ -615,22 +513,6 @@ class DirectPort(HandedConns):
             with contextlib.suppress(KeyError, zmq.ZMQError):
                 self._poller.unregister(self._listener.fileno())
         self._listener.close()
-
-
-_OUTQ: Final = getattr(termios, "TIOCOUTQ", None)  # Linux's SIOCOUTQ
-
-
-def _unacknowledged(sock: socket.socket) -> int:
-    """The bytes sent on `sock` that its peer has not acknowledged (-1 if unknown: the
-    connection then ends at the client's close, or at the shard's deadline)."""
-    if _OUTQ is None:
-        return -1
-    try:
-        raw = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
-    except OSError:
-        return -1
-    outq: int = struct.unpack("i", raw)[0]
-    return outq
 
 
 def _served_name(frame: dict[str, Any] | ProtocolError) -> str | None:
