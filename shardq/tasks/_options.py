@@ -212,7 +212,11 @@ def _blame(task: str, args: Sequence[Any], kwargs: Mapping[str, Any], error: Exc
 
 def decode_payload(data: Any) -> tuple[list[Any], dict[str, Any]] | None:
     """(args, kwargs) from a job's data, or None when it is not a task call's payload."""
-    if not isinstance(data, Mapping):
+    if type(data) is dict:  # a worker's every job: no ABC checks, no copy of empty kwargs
+        args, kwargs = data.get("args", []), data.get("kwargs", {})
+        if type(args) is list and type(kwargs) is dict and not kwargs:
+            return args, {}
+    elif not isinstance(data, Mapping):
         return None
     args, kwargs = data.get("args", []), data.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, Mapping):
