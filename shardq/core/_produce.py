@@ -32,6 +32,8 @@ _PLAIN_PUSH_KEYS: Final = (PUSH_KEYS - REWRITTEN_JOB_KEYS - JOB_FIELDS - _CROSS_
 # an int in range needs no rewriting and no other check, so it keeps a push on the plain path.
 _TRACE_LIMIT: Final = "stackTraceLimit"
 _PLAIN_TRACED_KEYS: Final = _PLAIN_PUSH_KEYS | {_TRACE_LIMIT}
+_PLAIN_ENTRY_KEYS: Final = frozenset(("data", "name"))
+_PLAIN_TRACED_ENTRY_KEYS: Final = _PLAIN_ENTRY_KEYS | {_TRACE_LIMIT}
 
 
 def _plain(cmd: Mapping[str, Any]) -> bool:
@@ -40,9 +42,18 @@ def _plain(cmd: Mapping[str, Any]) -> bool:
     keys = cmd.keys()
     if keys <= _PLAIN_PUSH_KEYS:
         return True
-    if not keys <= _PLAIN_TRACED_KEYS:
-        return False
-    limit = cmd[_TRACE_LIMIT]
+    return keys <= _PLAIN_TRACED_KEYS and _plain_limit(cmd[_TRACE_LIMIT])
+
+
+def _plain_entry(entry: Mapping[str, Any]) -> bool:
+    """`_plain` for a PUSHB entry: only data, name and an int stackTraceLimit."""
+    keys = entry.keys()
+    if keys <= _PLAIN_ENTRY_KEYS:
+        return True
+    return keys <= _PLAIN_TRACED_ENTRY_KEYS and _plain_limit(entry[_TRACE_LIMIT])
+
+
+def _plain_limit(limit: object) -> bool:
     return type(limit) is int and 0 <= limit <= MAX_COUNT  # what `count` accepts, unrewritten
 
 
@@ -63,7 +74,7 @@ def _entries(entries: object) -> list[Mapping[str, Any]]:
     for index, entry in enumerate(entries):
         if type(entry) is not dict:
             raise CommandError("jobs must be an array of job objects")
-        if len(entry) != 1 or "data" not in entry:  # a bare {data} needs no rewriting
+        if not _plain_entry(entry):  # {data}, a name, an int stackTraceLimit: no rewriting
             error = normalize_job(entry)
             if error:
                 raise CommandError(f"jobs[{index}]: {error}")
@@ -175,7 +186,10 @@ class Producer:
         for index, entry in enumerate(entries):
             if "groupMaxSize" in entry:
                 sized = True
-            error = validate_job(entry, max_chars)
+            if _plain_entry(entry):  # what `validate_job` would check of it
+                error = validate_data(entry.get("data")) or validate_name(entry)
+            else:
+                error = validate_job(entry, max_chars)
             if not error and "repeat" in entry and entry["repeat"] is not None:
                 error = check_repeat(entry["repeat"])
             if error:

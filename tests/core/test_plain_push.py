@@ -10,6 +10,7 @@ and state. And whatever `_certainly_small` waves through encodes as JSON under t
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from shardq.core import Engine, EngineConfig, _options, _produce
 from shardq.core._options import MAX_DATA_CHARS, validate_data
+from shardq.protocol._schema import REWRITTEN_JOB_KEYS
 from tests.core.test_batch_paths import state_of
 
 NOW = 1_700_000_000_000
@@ -74,6 +76,25 @@ def test_the_plain_path_decides_as_the_full_passes(
         assert state_of(fast) == state_of(slow)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(batches=st.lists(st.lists(PUSH, min_size=1, max_size=5), min_size=1, max_size=4))
+def test_a_pushb_entry_on_the_plain_path_is_decided_as_by_the_full_passes(
+    batches: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = EngineConfig()
+    fast, slow = Engine(config, seed=5), Engine(config, seed=5)
+    for jobs in batches:
+        cmd = {"cmd": "PUSHB", "queue": "q", "jobs": jobs}
+        got = fast.apply(copy.deepcopy(cmd), NOW)
+        with monkeypatch.context() as patch:
+            patch.setattr(_produce, "_plain_entry", lambda entry: False)
+            expected = slow.apply(copy.deepcopy(cmd), NOW)
+        assert got.reply == expected.reply
+        assert got.mutations == expected.mutations
+        assert state_of(fast) == state_of(slow)
+
+
 def test_a_task_push_takes_the_plain_path() -> None:
     """The task API's PUSH skips the full passes, and runs in one pass with its neighbours."""
     task = {"cmd": "PUSH", "queue": "q", "name": "noop", "stackTraceLimit": 50,
@@ -88,6 +109,12 @@ def test_a_task_push_takes_the_plain_path() -> None:
     for limit in (-1, 2**53, 50.5, "50", True):
         assert not _produce._plain({**task, "stackTraceLimit": limit})
     assert not _produce._plain({**task, "priority": 1})
+    entry = {k: v for k, v in task.items() if k not in ("cmd", "queue")}
+    assert _produce._plain_entry(entry) and _produce._plain_entry({"data": 1})
+    assert not _produce._plain_entry({**entry, "stackTraceLimit": "50"})
+    assert not _produce._plain_entry({**entry, "customId": "x"})
+    # Nothing `normalize_job` rewrites can be on the plain path.
+    assert not REWRITTEN_JOB_KEYS & (_produce._PLAIN_ENTRY_KEYS | _produce._PLAIN_PUSH_KEYS)
 
 
 @settings(max_examples=300, deadline=None)
