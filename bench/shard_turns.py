@@ -13,12 +13,14 @@ scenarios (`bench._scenarios`): `push1q` 100 PUSH per turn (`push8q`: over 8 que
 all on this shard); `drain1q` (the fill by PUSHB not
 counted) one PULLB of 100 then its ACKB, each a turn; `ppa1q` rounds of 20 PUSHB of 100 in
 turns of 8, each round drained like `drain1q`. The payloads are `{"i": n}`, with n from 0 to
-99 in each PUSHB of `drain1q` and counting up in the others, as there. PULLB goes with the
-envelope of a TCP client (its reply packed in its final form, `shard._wire`). Two more
-scenarios have the shapes of bunqueue-client's calls: `worker1q` its Worker's (a PULLB of 10
-with `owner`, `lockTtl` and a long-poll `timeout`, one ACK per job with its token; a turn holds
-half a pull's ACKs, and every other turn the next PULLB), `pushb1q` its `add_bulk` (one PUSHB
-of 100 per turn, the job name inside each payload).
+99 in each PUSHB of `drain1q` and counting up in the others, as there; with `--payload task`
+each job is a task call's instead (its name, `{"args": [n], "kwargs": {}}`,
+`stackTraceLimit`). PULLB goes with the envelope of a TCP client (its reply packed in its
+final form, `shard._wire`). Two more scenarios have the shapes of bunqueue-client's calls:
+`worker1q` its Worker's (a PULLB of 10 with `owner`, `lockTtl` and a long-poll `timeout`, one
+ACK per job with its token; a turn holds half a pull's ACKs, and every other turn the next
+PULLB), `pushb1q` its `add_bulk` (one PUSHB of 100 per turn, the job name inside each
+payload).
 
 Only the shard's work is timed (`time.process_time`): making the requests and reading the
 replies back for the next request are not. The best and the median of `--repeats` runs are
@@ -66,6 +68,8 @@ from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Storage
 
 SCENARIOS = ("ppa1q", "push1q", "drain1q", "push8q", "worker1q", "pushb1q")
+PAYLOADS = ("plain", "task")
+PAYLOAD = ["plain"]  # `--payload`
 BATCH = 100
 WORKER_BATCH = 10  # bunqueue-client's Worker's `batch_size`
 _NOW = 1_790_000_000_000
@@ -150,11 +154,19 @@ def _replies(frames: list[bytes]) -> Iterator[dict[str, Any]]:
                 yield reply
 
 
+def _job(n: int) -> dict[str, Any]:
+    """One job's fields: `{"data": {"i": n}}`, or with `--payload task` a task call's (what
+    `.delay()` sends: a name, `{"args": [n], "kwargs": {}}` and `stackTraceLimit`)."""
+    if PAYLOAD[0] == "task":
+        return {"name": "noop", "data": {"args": [n], "kwargs": {}}, "stackTraceLimit": 50}
+    return {"data": {"i": n}}
+
+
 def _pushb(start: int) -> dict[str, Any]:
     return {
         "cmd": "PUSHB",
         "queue": "q0",
-        "jobs": [{"data": {"i": start + k}} for k in range(BATCH)],
+        "jobs": [_job(start + k) for k in range(BATCH)],
     }
 
 
@@ -211,7 +223,7 @@ def _ppa(shard: Shard, jobs: int) -> int:
 def _push(shard: Shard, jobs: int, queues: int) -> int:
     for first in range(0, jobs, BATCH):
         cmds = [
-            {"cmd": "PUSH", "queue": f"q{(first + k) % queues}", "data": {"i": first + k}}
+            {"cmd": "PUSH", "queue": f"q{(first + k) % queues}", **_job(first + k)}
             for k in range(BATCH)
         ]
         shard.turn(_req(cmds))
@@ -279,7 +291,8 @@ def _instructions(scenario: str, jobs: int) -> float:
             # This file, not `-m`: run with another build's `shardq` on the path (the
             # harness's file alone can measure a build that does not have it).
             args = [*valgrind_wrapper(Path(out)), sys.executable, str(Path(__file__).resolve()),
-                    "--scenario", scenario, "--jobs", str(n), "--repeats", "1"]  # fmt: skip
+                    "--scenario", scenario, "--jobs", str(n), "--repeats", "1",
+                    "--payload", PAYLOAD[0]]  # fmt: skip
             child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
             _out, err = child.communicate()
             if child.returncode != 0:
@@ -298,7 +311,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--instructions", action="store_true")
+    parser.add_argument("--payload", choices=PAYLOADS, default="plain",
+                        help="the jobs' fields: plain {i: n} data, or a task call's")  # fmt: skip
     args = parser.parse_args(argv)
+    PAYLOAD[0] = args.payload
     scenarios = args.scenario.split(",")
     for scenario in scenarios:
         if scenario not in SCENARIOS:

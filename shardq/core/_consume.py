@@ -21,8 +21,9 @@ from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
 
+from ._compact import CompactJobs
 from ._effects import Effects
-from ._job import CompactJobs, Job, backoff_delay, wire_maps
+from ._job import Job, backoff_delay, wire_maps
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
 from ._options import as_int, check_number, is_number, validate_queue_name
 from ._parts import FlowPart, GroupPart, LimiterPart

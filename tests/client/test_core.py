@@ -260,6 +260,23 @@ def test_job_from_wire_sets_every_field() -> None:
     assert Job.from_wire({}).name == "default"
 
 
+def test_job_from_wire_reads_odd_values_leniently() -> None:
+    """The usual values are taken as they are; any other goes through the lenient readers."""
+    raw = {"attempts": True, "maxAttempts": False, "createdAt": "1", "startedAt": 2.0,
+           "completedAt": True, "priority": True, "progress": 2.5, "state": 5,
+           "failedReason": "boom", "customId": 7, "name": ""}  # fmt: skip
+    job = Job.from_wire(raw)
+    assert (job.attempts, job.max_attempts, job.created_at) == (0, 1, 0)
+    assert (job.started_at, job.completed_at) == (2, 0)
+    assert type(job.started_at) is int
+    assert (job.priority, job.progress) == (True, 2.5)
+    assert (job.state, job.failed_reason, job.custom_id) == (None, "boom", None)
+    assert job.name == "default"
+    ints = Job.from_wire({"attempts": 1, "maxAttempts": 4, "createdAt": 5, "completedAt": 6})
+    assert (ints.attempts, ints.max_attempts, ints.created_at, ints.completed_at) == (1, 4, 5, 6)
+    assert ints.started_at is None
+
+
 def test_fail_command_carries_the_traceback_tail() -> None:
     state = WorkerState("q", "me", concurrency=1, lock_ttl_ms=1000)
     (lease,) = state.admit({"jobs": [{"id": "a", "stackTraceLimit": 2}], "tokens": ["t"]}, 0, 1)
