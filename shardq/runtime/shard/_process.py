@@ -32,7 +32,6 @@ from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
 from shardq.runtime._giveback import GiveBackSettings, rss_bytes
 from shardq.runtime._logging import configure
-from shardq.runtime._ports import connection_cap
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import STATS as SPIN_STATS
@@ -43,11 +42,11 @@ from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._backlog import StoreBacklog
 from shardq.runtime.shard._core import Outgoing, ShardCore
-from shardq.runtime.shard._direct import DirectPort, why_not_open
+from shardq.runtime.shard._direct import DirectPort
 from shardq.runtime.shard._gc import tune_gc
-from shardq.runtime.shard._handoff import HandoffChannel
 from shardq.runtime.shard._loading import ShardLoading
 from shardq.runtime.shard._memory import MemoryReturner
+from shardq.runtime.shard._process_direct import ShardDirect
 from shardq.runtime.shard._recycle import RecycleCheck, RecycleSettings, ShardRecycle
 from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._takeover import Holdings
@@ -63,7 +62,7 @@ _log = structlog.get_logger()
 WRITER_BACKLOG_BYTES = 8 << 20
 
 
-class ShardProcess(ShardLoading):
+class ShardProcess(ShardDirect, ShardLoading):
     """The sockets, clock and signals of one shard, around a `ShardCore`."""
 
     def __init__(self, spec: ChildSpec) -> None:
@@ -148,51 +147,6 @@ class ShardProcess(ShardLoading):
         self._watch_links()
         self._direct = self._open_direct(spec)
         self._handoff = self._open_handoff(spec, self._direct)
-
-    def _open_direct(self, spec: ChildSpec) -> DirectPort | None:
-        """This shard's direct port (`shard._direct`), if `direct_shards` is on and no client
-        check lives in the front end alone (`why_not_open`). Raises `OSError` if it
-        cannot bind."""
-        tcp = spec.tcp
-        if not tcp.direct_shards:
-            return None
-        why = why_not_open(tcp, external_store=spec.external_store)
-        if why:
-            _log.info(f"direct port not opened: {why}")
-            return None
-        direct = DirectPort(
-            tcp.host,
-            spec.index,
-            spec.shards,
-            self._poller,
-            # Like the TCP port's cap: descriptors stay free for the shard's own needs.
-            max_connections=connection_cap(tcp.direct_max_connections, tcp.reserved_fds),
-            max_frame_bytes=tcp.max_frame_bytes,
-            max_write_bytes=tcp.tcp_max_write_backlog_bytes,
-            handshake_s=tcp.tcp_handshake_timeout_ms / 1000,
-            frame_s=max(tcp.tcp_idle_timeout_ms, 0) / 1000,
-            idle_close_s=tcp.tcp_idle_close_ms / 1000,
-            max_in_flight=tcp.max_in_flight_per_connection,
-            rate_window_s=spec.frontend.stats_rate_window_s,
-        )
-        self.core.direct_stats = direct.stats
-        _log.info("direct port open", host=tcp.host, port=direct.port)
-        return direct
-
-    def _open_handoff(self, spec: ChildSpec, direct: DirectPort | None) -> HandoffChannel | None:
-        """The socket on which the front end hands this shard TCP connections
-        (`shard._handoff`), with `tcp_handoff` on and the direct port open."""
-        if direct is None or not spec.tcp.tcp_handoff:
-            return None
-        channel = HandoffChannel(
-            spec.handoff_path(spec.index),
-            self._poller,
-            direct.adopt,
-            spec.tcp.tcp_handoff_max_bytes,
-        )
-        direct.on_handback = channel.hand_back
-        direct.on_gone = channel.gone
-        return channel
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -358,23 +312,6 @@ class ShardProcess(ShardLoading):
             **SPIN_STATS.fields(),
         )
 
-    def _end_direct(self, direct: DirectPort) -> None:
-        """Wait, at most `direct_stop_ms`, for the direct connections to take their goodbye
-        (`DirectPort.release`); close those still waiting for a commit at once."""
-        started = time.monotonic()
-        abandoned = direct.abandon()
-        if abandoned:
-            _log.warning("direct connections closed with durable pushes unconfirmed",
-                         connections=abandoned)  # fmt: skip
-        deadline = started + self.spec.tcp.direct_stop_ms / 1000
-        while direct.connections and (left := deadline - time.monotonic()) > 0:
-            self._wait(direct.poll_timeout(max(int(left * 1000), 1)))  # requests: not served
-        unsettled = direct.connections
-        if direct.released or unsettled:
-            log = _log.warning if unsettled else _log.info
-            log("direct connections ended", released=direct.released, unsettled=unsettled,
-                ms=round((time.monotonic() - started) * 1000))  # fmt: skip
-
     def close(self) -> None:
         """Close every socket with linger 0 and terminate the context."""
         self._signals.close()
@@ -428,12 +365,6 @@ class ShardProcess(ShardLoading):
             if items:
                 messages.append(dict(msgs.req(items)))
         return messages
-
-    def _serve_direct(self, direct: DirectPort, ready: dict[Any, int]) -> list[list[Any]]:
-        """The direct port's requests this turn, connections handed over first."""
-        if self._handoff is not None:
-            self._handoff.serve(ready)
-        return direct.serve(ready)
 
     def _arm_writer(self, writer_fd: int) -> bool:
         """Set what the poll watches on the writer link; True if its input may wait unread
