@@ -33,6 +33,7 @@ import structlog
 from shardq.protocol import DecodedFrame
 from shardq.protocol._direct import flow_entries, shard_of
 from shardq.runtime import _messages as msgs
+from shardq.runtime._fds import descriptors_in
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.links._control import pack, unpack
 
@@ -247,7 +248,7 @@ class Handoffs:
                 return
             except OSError:
                 data, anc = b"", []
-            fds = _fds(anc)
+            fds = descriptors_in(anc)
             if not data and not fds:
                 self._lost(shard, chan)
                 return
@@ -288,13 +289,3 @@ class Handoffs:
                 self._loop.remove_reader(chan.fileno())
             chan.close()
             del self._chans[shard]
-
-
-def _fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            got = array.array("i")
-            got.frombytes(payload[: len(payload) - len(payload) % got.itemsize])
-            fds.extend(got)
-    return fds

@@ -34,6 +34,7 @@ from shardq.errors import ProtocolError
 from shardq.protocol import DecodedFrame, frame_too_large
 from shardq.protocol._frames import decode_body
 from shardq.runtime import _messages as msgs
+from shardq.runtime._fds import descriptors_in
 from shardq.runtime.links._control import pack, unpack
 
 __all__ = ["HandedConns", "HandedDecoder", "HandoffChannel"]
@@ -191,13 +192,7 @@ def _recv(sock: socket.socket, limit: int) -> tuple[bytes, list[int]] | None:
         data, ancdata, _flags, _addr = sock.recvmsg(limit, _FD_SPACE)
     except (BlockingIOError, InterruptedError):
         return None
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            got = array.array("i")
-            got.frombytes(payload[: len(payload) - len(payload) % got.itemsize])
-            fds.extend(got)
-    return data, fds
+    return data, descriptors_in(ancdata)
 
 
 class HandoffChannel:
