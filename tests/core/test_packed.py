@@ -1,10 +1,10 @@
 """Completed jobs packed into one record each (`shardq.core._packed`) answer exactly as before.
 
-A shard packs its completed jobs when it gives memory back (`shard/_memory.py`); here, on a
-real engine: every read of a completed job gives the same reply packed or not, reading one
-unpacks it in place (the engine's references stay valid), a packed job can still be changed
-(AddLog, a retry), and a job whose fields msgpack would not give back equal stays unpacked.
-"""
+A shard packs its completed jobs when it gives memory back (`shard/_memory.py`) and as it
+loads them (`Timers._load`); here, on a real engine: every read of a completed job gives the
+same reply packed or not, reading one unpacks it in place (the engine's references stay
+valid), a packed job can still be changed (AddLog, a retry), and a job whose fields msgpack
+would not give back equal stays unpacked."""
 
 from __future__ import annotations
 
