@@ -158,18 +158,28 @@ def _all_present(server: ShardqServer, name: str, ids: list[str]) -> None:
         checker.close()
 
 
-def test_a_graceful_shard_restart_hands_its_connections_back(server_factory: Factory) -> None:
-    server = server_factory(shards=2, env=ENV)
+def _handed_off_producer(
+    server: ShardqServer, shard: int, prefix: str, count: int
+) -> tuple[str, Queue, int, _Producer]:
+    """A producer of `count` pushes on a queue of `shard`, its connection handed off and 300
+    pushes served by the shard. Returns the queue's name, the client, its connection's
+    generation before the handoff and the producer (running)."""
     _announced(server)
-    name = _queue_on(1, "graceful")
-    queue = Queue(name, host=server.tcp_address[0], port=server.tcp_address[1])
+    name = _queue_on(shard, prefix)
+    queue = Queue(name, host=server.tcp_address[0], port=server.tcp_address[1], command_timeout=5)
     queue.connection.connect()
     generation = queue.connection.generation
-    producer = _Producer(queue, 5000, "g")
+    producer = _Producer(queue, count, prefix[0])
+    producer.start()
+    poll_until(lambda: _stats(server)["handedOff"] >= 1, WAIT_S, "the connection handed off")
+    poll_until(lambda: len(producer.acked) >= 300, WAIT_S, "pushes on the shard")
+    return name, queue, generation, producer
+
+
+def test_a_graceful_shard_restart_hands_its_connections_back(server_factory: Factory) -> None:
+    server = server_factory(shards=2, env=ENV)
+    name, queue, generation, producer = _handed_off_producer(server, 1, "graceful", 5000)
     try:
-        producer.start()
-        poll_until(lambda: _stats(server)["handedOff"] >= 1, WAIT_S, "the connection handed off")
-        poll_until(lambda: len(producer.acked) >= 300, WAIT_S, "pushes on the shard")
         old = _shard_pid(server, 1)
         os.kill(old, signal.SIGTERM)
         server.wait_child_replaced("shard-1", old, WAIT_S)
@@ -191,16 +201,8 @@ def test_kill9_of_a_shard_resets_its_connections_and_loses_no_ack(
     server_factory: Factory,
 ) -> None:
     server = server_factory(shards=2, env=ENV)
-    _announced(server)
-    name = _queue_on(0, "killed")
-    queue = Queue(name, host=server.tcp_address[0], port=server.tcp_address[1], command_timeout=5)
-    queue.connection.connect()
-    generation = queue.connection.generation
-    producer = _Producer(queue, 2000, "k")
+    name, queue, generation, producer = _handed_off_producer(server, 0, "killed", 2000)
     try:
-        producer.start()
-        poll_until(lambda: _stats(server)["handedOff"] >= 1, WAIT_S, "the connection handed off")
-        poll_until(lambda: len(producer.acked) >= 300, WAIT_S, "pushes on the shard")
         old = _shard_pid(server, 0)
         os.kill(old, signal.SIGKILL)
         server.wait_child_replaced("shard-0", old, WAIT_S)

@@ -145,9 +145,9 @@ def _recycled(server: ShardqServer) -> list[dict[str, Any]]:
     return [line for line in server.logs() if line.get("event") == "shard recycled"]
 
 
-def test_a_quiet_grown_shard_recycles_and_loses_nothing(
-    shardq_server: Callable[..., ShardqServer],
-) -> None:
+def _grown_server(shardq_server: Callable[..., ShardqServer]) -> tuple[ShardqServer, int]:
+    """A one-shard server whose shard grew and drained: due a recycle once quiet. Returns the
+    server and the grown shard's pid."""
     server = shardq_server(shards=1, env=RECYCLE_ENV, http_port=0)
     old_pid = server.child_pids()["shard-0"]
     conn = TcpConnection(*server.tcp_address)
@@ -155,12 +155,19 @@ def test_a_quiet_grown_shard_recycles_and_loses_nothing(
         _grow_and_drain(conn, "grow", GROW_JOBS)
     finally:
         conn.close()
+    return server, old_pid
+
+
+def test_a_quiet_grown_shard_recycles_and_loses_nothing(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    server, old_pid = _grown_server(shardq_server)
     traffic = _Traffic(server, "trickle")
     traffic.start()
     try:
-        line = poll_until(
-            lambda: _recycled(server), 60, "a shard recycle", detail=server.log_tail
-        )[0]
+        line = poll_until(lambda: _recycled(server), 60, "a shard recycle", detail=server.log_tail)[
+            0
+        ]
         time.sleep(1.0)  # some traffic to the new shard too
     finally:
         traffic.stop_pushing.set()
@@ -264,13 +271,7 @@ class _DirectTrickle:
 def test_a_shard_recycles_while_shardq_clients_stay_connected(
     shardq_server: Callable[..., ShardqServer],
 ) -> None:
-    server = shardq_server(shards=1, env=RECYCLE_ENV, http_port=0)
-    old_pid = server.child_pids()["shard-0"]
-    conn = TcpConnection(*server.tcp_address)
-    try:
-        _grow_and_drain(conn, "grow", GROW_JOBS)
-    finally:
-        conn.close()
+    server, old_pid = _grown_server(shardq_server)
     trickle = _DirectTrickle(server, "direct-trickle")
     try:
         poll_until(lambda: min(trickle.used.values()) > 0, 30, "pushes on the direct path")
