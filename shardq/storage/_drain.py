@@ -20,7 +20,8 @@ a test for it (`coalesce` raises `DrainInBatch` when it meets one, before anythi
 
 The deletion runs in statements of at most `chunk` rows (`DRAIN_CHUNK_ROWS`), in seq order,
 each deleting first the ops (`job_deltas`) of its rows; above `DRAIN_LOG_ROWS` rows it logs
-its progress after each statement (`drain_progress`) and its total (`drain_deleted`). All of
+its progress after each statement (`drain_progress`), and any deletion that removed a row logs
+its total and the statements it took (`drain_deleted`). All of
 them are in the batch's transaction: a crash rolls the whole batch back, and the shard sends
 it again.
 """
@@ -162,19 +163,21 @@ def delete_range(
     `deltas`: whether `job_deltas` may hold a row. Returns (rows deleted, ops deleted)."""
     queue, seq = drain
     params = (queue, seq, max(1, chunk))
-    rows = ops = 0
+    rows = ops = statements = 0
     started = time.monotonic()
     while True:
         if deltas:
             ops += max(run(sql[0], params), 0)
         done = max(run(sql[1], params), 0)
         rows += done
+        statements += 1
         if rows > DRAIN_LOG_ROWS and done:
             _log.info("drain_progress", queue=queue, rows=rows, ms=_ms(started))
         if done < params[2]:
             break
-    if rows > DRAIN_LOG_ROWS:
-        _log.info("drain_deleted", queue=queue, seq=seq, rows=rows, ms=_ms(started))
+    if rows:
+        _log.info("drain_deleted", queue=queue, seq=seq, rows=rows, statements=statements,
+                  ms=_ms(started))  # fmt: skip
     return rows, ops
 
 

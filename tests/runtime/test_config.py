@@ -156,6 +156,7 @@ VALID_TEXT = {
     "max_db_bytes": "2097152",
     "sqlite_cache_mb": "64",
     "row_cache_mb": "3",
+    "drain_chunk_rows": "1000",
     "sqlite_mmap_mb": "256",
     "vacuum_pages_per_step": "64",
     "vacuum_min_free_pages": "0",
@@ -294,6 +295,7 @@ storage_stall_ms = 2000
 max_db_bytes = 2097152
 sqlite_cache_mb = 64
 row_cache_mb = 3
+drain_chunk_rows = 1000
 sqlite_mmap_mb = 256
 vacuum_pages_per_step = 64
 vacuum_min_free_pages = 0
@@ -443,6 +445,7 @@ def test_shards_auto_and_number() -> None:
         ("shard_recycle_hold_max_bytes", "1024"),
         ("job_cache_max_mb", "-1"),
         ("row_cache_mb", "-1"),
+        ("drain_chunk_rows", "0"),
         ("shard_memory_mb", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),

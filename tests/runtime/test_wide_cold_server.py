@@ -261,12 +261,18 @@ def _drain_and_push_again(conn: TcpConnection, held: int) -> None:
 def test_a_drained_cold_backlog_frees_its_keys_and_ids_and_stays_drained(
     shardq_server: Factory, tmp_path: Path
 ) -> None:
-    env = {"SHARDQ_ENGINE_HEAD_JOBS": str(HEAD)}
+    # Small statements: the writer's setting reaches the range deletion (`drain_deleted`).
+    env = {"SHARDQ_ENGINE_HEAD_JOBS": str(HEAD), "SHARDQ_DRAIN_CHUNK_ROWS": "500"}
+    started: list[ShardqServer] = []
 
     def start() -> ShardqServer:
-        return shardq_server(shards=1, data_dir=tmp_path / "drain", env=env)
+        started.append(shardq_server(shards=1, data_dir=tmp_path / "drain", env=env))
+        return started[-1]
 
     drain_scenario(start)
+    deleted = [line for line in started[0].logs() if line.get("event") == "drain_deleted"]
+    assert deleted and all(d["statements"] == d["rows"] // 500 + 1 for d in deleted), deleted
+    assert any(d["rows"] > 500 for d in deleted), deleted
 
 
 def drain_scenario(start: Callable[[], ShardqServer]) -> None:
