@@ -134,6 +134,8 @@ def main(argv: list[str]) -> int:
     builds = [tuple(b.split("=", 1)) for b in args.build]
     if any(len(b) != 2 for b in builds) or os.name != "posix":
         parser.error("--build takes NAME=PATH; Linux only")
+    # A relative path (`.venv/bin/shardq`) is this directory's: the servers start elsewhere.
+    builds = [(name, os.path.abspath(path) if os.sep in path else path) for name, path in builds]
     scenarios = args.scenario.split(",")
     if unknown := set(scenarios) - set(ALL_SCENARIOS):
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")

@@ -1,6 +1,6 @@
 """A shard's CPU per job in one process: its turns, without sockets, clock or other processes.
 
-    python -m bench.shard_turns [--scenario ppa1q,push1q,drain1q] [--jobs 20000]
+    python -m bench.shard_turns [--scenario ppa1q,push1q,drain1q,worker1q,pushb1q] [--jobs 20000]
                                 [--repeats 5] [--profile] [--top 40]
 
 `bench.cpu_ab` measures a real server, where a shard's CPU time per job moves by 10-20 % with
@@ -13,8 +13,14 @@ scenarios (`bench._scenarios`): `push1q` 100 PUSH per turn (`push8q`: over 8 que
 all on this shard); `drain1q` (the fill by PUSHB not
 counted) one PULLB of 100 then its ACKB, each a turn; `ppa1q` rounds of 20 PUSHB of 100 in
 turns of 8, each round drained like `drain1q`. The payloads are `{"i": n}`, with n from 0 to
-99 in each PUSHB of `drain1q` and counting up in the others, as there. PULLB goes with the
-envelope of a TCP client (its reply packed in its final form, `shard._wire`).
+99 in each PUSHB of `drain1q` and counting up in the others, as there; with `--payload task`
+each job is a task call's instead (its name, `{"args": [n], "kwargs": {}}`,
+`stackTraceLimit`). PULLB goes with the envelope of a TCP client (its reply packed in its
+final form, `shard._wire`). Two more scenarios have the shapes of bunqueue-client's calls:
+`worker1q` its Worker's (a PULLB of 10 with `owner`, `lockTtl` and a long-poll `timeout`, one
+ACK per job with its token; a turn holds half a pull's ACKs, and every other turn the next
+PULLB), `pushb1q` its `add_bulk` (one PUSHB of 100 per turn, the job name inside each
+payload).
 
 Only the shard's work is timed (`time.process_time`): making the requests and reading the
 replies back for the next request are not. The best and the median of `--repeats` runs are
@@ -61,8 +67,11 @@ from shardq.runtime.shard._process import ShardProcess
 from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Storage
 
-SCENARIOS = ("ppa1q", "push1q", "drain1q", "push8q")
+SCENARIOS = ("ppa1q", "push1q", "drain1q", "push8q", "worker1q", "pushb1q")
+PAYLOADS = ("plain", "task")
+PAYLOAD = ["plain"]  # `--payload`
 BATCH = 100
+WORKER_BATCH = 10  # bunqueue-client's Worker's `batch_size`
 _NOW = 1_790_000_000_000
 
 
@@ -131,7 +140,7 @@ def _req(cmds: list[dict[str, Any]], wire: bool = False) -> bytes:
     items: list[list[Any]] = []
     for i, cmd in enumerate(cmds):
         item: list[Any] = ["c1", i, cmd]
-        if wire:
+        if wire and cmd.get("cmd") == "PULLB":  # as the front end: a PULLB's alone
             item.append({msgs.ENVELOPE_WIRE: JS_NUMBERS})
         items.append(item)
     return pack(msgs.req(items))
@@ -145,11 +154,19 @@ def _replies(frames: list[bytes]) -> Iterator[dict[str, Any]]:
                 yield reply
 
 
+def _job(n: int) -> dict[str, Any]:
+    """One job's fields: `{"data": {"i": n}}`, or with `--payload task` a task call's (what
+    `.delay()` sends: a name, `{"args": [n], "kwargs": {}}` and `stackTraceLimit`)."""
+    if PAYLOAD[0] == "task":
+        return {"name": "noop", "data": {"args": [n], "kwargs": {}}, "stackTraceLimit": 50}
+    return {"data": {"i": n}}
+
+
 def _pushb(start: int) -> dict[str, Any]:
     return {
         "cmd": "PUSHB",
         "queue": "q0",
-        "jobs": [{"data": {"i": start + k}} for k in range(BATCH)],
+        "jobs": [_job(start + k) for k in range(BATCH)],
     }
 
 
@@ -168,6 +185,31 @@ def _drain(shard: Shard) -> int:
         done += len(ids)
 
 
+def _worker_pull() -> dict[str, Any]:
+    return {"cmd": "PULLB", "queue": "q0", "count": WORKER_BATCH, "timeout": 5000,
+            "owner": "py-host-1-ab", "lockTtl": 30000}  # fmt: skip
+
+
+def _worker(shard: Shard, jobs: int) -> int:
+    """bunqueue-client's Worker on `jobs` waiting jobs: PULLB of 10 (owner, lockTtl, a
+    long-poll timeout), one ACK per job; each turn holds half a pull's ACKs, and every other
+    turn the next PULLB (none once all are pulled: it would park)."""
+    done = 0
+    pending: list[dict[str, Any]] = []
+    while done < jobs:
+        frames = shard.turn(_req([*pending, _worker_pull()], True))
+        reply = next(r for r in _replies(frames) if IDS_KEY in r)
+        ids = reply[IDS_KEY]
+        tokens = msgpack.unpackb(reply[WIRE_KEY], raw=False)["tokens"]
+        acks = [{"cmd": "ACK", "id": i, "token": t} for i, t in zip(ids, tokens, strict=True)]
+        half = len(acks) // 2
+        shard.turn(_req(acks[:half]))
+        pending = acks[half:]
+        done += len(ids)
+    shard.turn(_req(pending))
+    return done
+
+
 def _ppa(shard: Shard, jobs: int) -> int:
     done = 0
     while done < jobs:
@@ -181,11 +223,21 @@ def _ppa(shard: Shard, jobs: int) -> int:
 def _push(shard: Shard, jobs: int, queues: int) -> int:
     for first in range(0, jobs, BATCH):
         cmds = [
-            {"cmd": "PUSH", "queue": f"q{(first + k) % queues}", "data": {"i": first + k}}
+            {"cmd": "PUSH", "queue": f"q{(first + k) % queues}", **_job(first + k)}
             for k in range(BATCH)
         ]
         shard.turn(_req(cmds))
     return jobs
+
+
+def _pushb_turns(shard: Shard, jobs: int) -> int:
+    """One PUSHB of 100 per turn, as bunqueue-client's `add_bulk` sends it (name in data)."""
+    done = 0
+    while done < jobs:
+        jobs_ = [{"data": {"name": "noop", "t": 1.7e9 + done + k}} for k in range(BATCH)]
+        shard.turn(_req([{"cmd": "PUSHB", "queue": "q0", "jobs": jobs_}]))
+        done += BATCH
+    return done
 
 
 def run(scenario: str, jobs: int, profiler: cProfile.Profile | None = None) -> tuple[float, int]:
@@ -193,15 +245,17 @@ def run(scenario: str, jobs: int, profiler: cProfile.Profile | None = None) -> t
     ran; with `profiler`, profiled over the measured turns only."""
     shard = Shard()
     shard.profiler = profiler
-    if scenario == "drain1q":
+    if scenario in ("drain1q", "worker1q"):
         shard.measuring = False
         fills = [_pushb(0) for _ in range(max(jobs // BATCH, 1))]  # as `bench.cpu_ab`'s
         for first in range(0, len(fills), 8):
             shard.turn(_req(fills[first : first + 8]))
         shard.measuring = True
-        done = _drain(shard)
+        done = _drain(shard) if scenario == "drain1q" else _worker(shard, len(fills) * BATCH)
     elif scenario == "ppa1q":
         done = _ppa(shard, jobs)
+    elif scenario == "pushb1q":
+        done = _pushb_turns(shard, jobs)
     else:
         done = _push(shard, jobs, 8 if scenario == "push8q" else 1)
     return shard.cpu * 1e6 / done, done
@@ -237,7 +291,8 @@ def _instructions(scenario: str, jobs: int) -> float:
             # This file, not `-m`: run with another build's `shardq` on the path (the
             # harness's file alone can measure a build that does not have it).
             args = [*valgrind_wrapper(Path(out)), sys.executable, str(Path(__file__).resolve()),
-                    "--scenario", scenario, "--jobs", str(n), "--repeats", "1"]  # fmt: skip
+                    "--scenario", scenario, "--jobs", str(n), "--repeats", "1",
+                    "--payload", PAYLOAD[0]]  # fmt: skip
             child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
             _out, err = child.communicate()
             if child.returncode != 0:
@@ -256,7 +311,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--instructions", action="store_true")
+    parser.add_argument("--payload", choices=PAYLOADS, default="plain",
+                        help="the jobs' fields: plain {i: n} data, or a task call's")  # fmt: skip
     args = parser.parse_args(argv)
+    PAYLOAD[0] = args.payload
     scenarios = args.scenario.split(",")
     for scenario in scenarios:
         if scenario not in SCENARIOS:

@@ -8,7 +8,11 @@ has a memory budget of `--memory-mb` (`SHARDQ_SHARD_MEMORY_MB`): one queue of N 
 priorities 0-2 (`{"i": n}` data, PUSHB of 1,000), nearly all of them cold. It records the
 push (jobs/s, and the writer's and the shard's CPU µs per job: what a cold row costs to
 write), then each queue-wide command in turn: wall ms, the shard's CPU ms (/proc utime +
-stime), the jobs resident after it. CPU is what to compare on a shared machine; the load
+stime), the jobs resident after it, and the writer's work for it: when its writes were
+committed (ms after the command was sent until a durable push sent after its reply is
+answered: the writer commits in order) and the writer's CPU ms meanwhile. Each command starts
+with the writer idle (no `IDLE_CPU_S` of CPU in `IDLE_S`). CPU is what to compare on a shared
+machine, though a writer reading a large file from disk waits more than it computes; the load
 average is printed beside each run.
 """
 
@@ -38,6 +42,9 @@ COMMANDS: list[tuple[str, dict[str, Any]]] = [
     ("Drain", {"cmd": "Drain"}),
 ]  # fmt: skip
 SETTLE_S = 600.0
+IDLE_S = 0.5  # the writer is idle after a window this long ...
+IDLE_CPU_S = 0.02  # ... in which it spent less CPU than this (its ticks, the metrics)
+PROBE = "probe"  # a queue of its own for the durable push that times the writer
 
 
 def _stats(conn: TcpConnection) -> dict[str, Any]:
@@ -55,6 +62,19 @@ def _settle(conn: TcpConnection, total: int) -> int:
         last = cold
         time.sleep(1.0)
     raise RuntimeError(f"the cold count of {total} jobs did not settle")
+
+
+def _idle(pid: int) -> None:
+    """Wait until process `pid` spends less than `IDLE_CPU_S` of CPU in `IDLE_S`."""
+    deadline = time.monotonic() + SETTLE_S
+    last = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(IDLE_S)
+        now = cpu_seconds(pid)
+        if now - last < IDLE_CPU_S:
+            return
+        last = now
+    raise RuntimeError(f"process {pid} did not go idle")
 
 
 def _push(conn: TcpConnection, total: int) -> float:
@@ -84,11 +104,18 @@ def run(executable: str, total: int, memory_mb: int) -> dict[str, Any]:
             out["writer_us"] = (cpu_seconds(writer) - before[0]) * 1e6 / total
             out["shard_us"] = (cpu_seconds(shard) - before[1]) * 1e6 / total
             for label, cmd in COMMANDS:
+                _idle(writer)
                 cpu, started = cpu_seconds(shard), time.perf_counter()
+                wrote = cpu_seconds(writer)
                 conn.call({**cmd, "queue": QUEUE})
                 wall = (time.perf_counter() - started) * 1000
                 spent = (cpu_seconds(shard) - cpu) * 1000
                 out[label] = (wall, spent, int(_stats(conn).get("residentJobs", 0)))
+                # A durable push sent now is answered once the commit holding it, or a later
+                # one, is done: the writer applies its batches in order.
+                conn.call({"cmd": "PUSH", "queue": PROBE, "data": {}, "durable": True})
+                committed = (time.perf_counter() - started) * 1000
+                out[f"{label} writer"] = (committed, (cpu_seconds(writer) - wrote) * 1000)
             conn.close()
         finally:
             server.send_signal(signal.SIGTERM)
@@ -103,10 +130,18 @@ def _report(name: str, total: int, result: dict[str, Any]) -> None:
         f" shard {result['shard_us']:.1f} µs/job",
         flush=True,
     )
-    print("| command | wall ms | shard CPU ms | resident after |\n|---|---:|---:|---:|")
+    print(
+        "| command | wall ms | shard CPU ms | resident after | committed after ms |"
+        " writer CPU ms |\n|---|---:|---:|---:|---:|---:|"
+    )
     for label, _ in COMMANDS:
         wall, cpu, resident = result[label]
-        print(f"| {label} | {wall:,.0f} | {cpu:,.0f} | {resident:,} |", flush=True)
+        committed, wrote = result[f"{label} writer"]
+        print(
+            f"| {label} | {wall:,.0f} | {cpu:,.0f} | {resident:,} | {committed:,.0f}"
+            f" | {wrote:,.0f} |",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol, cast
@@ -49,6 +50,8 @@ __all__ = [
 Reply = dict[str, Any]
 Futures = list["asyncio.Future[Reply]"]
 DEADLINE_GRAIN: Final = 0.05  # seconds: requests whose deadlines are this close share a timer
+# What is read, at most, of a connection whose write failed (`AsyncTcpTransport._read_left`).
+_LEFT_READS: Final = 16
 
 
 class AsyncTransport(Protocol):
@@ -190,6 +193,7 @@ class AsyncTcpTransport(asyncio.Protocol):
         self._out: list[bytes] = []
         self._out_rids: list[list[str]] = []
         self._answered = False  # any bytes from the server yet (for the TLS hint)
+        self._fd: int | None = None  # the plain socket's descriptor (`_read_left`)
 
     @classmethod
     async def open(
@@ -207,6 +211,11 @@ class AsyncTcpTransport(asyncio.Protocol):
     @property
     def alive(self) -> bool:
         return self._dead is None
+
+    @property
+    def ended(self) -> bool:
+        """`SyncTcpTransport.ended`: the server said goodbye; nothing failed was applied."""
+        return self._core.ended
 
     @property
     def writable(self) -> bool:
@@ -255,6 +264,8 @@ class AsyncTcpTransport(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if transport.get_extra_info("sslcontext") is None:
+                self._fd = sock.fileno()
 
     def data_received(self, data: bytes) -> None:
         self._answered = True
@@ -263,12 +274,31 @@ class AsyncTcpTransport(asyncio.Protocol):
                 future.set_result(reply)
         if self._core.broken is not None:
             self._die(f"the server at {self._endpoint} sent a bad frame: {self._core.broken}")
+        elif self._core.ended:  # nothing still waiting was taken: safe to send elsewhere
+            self._die(f"the server at {self._endpoint} ended the connection", sent=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+            self._read_left()
         if exc is None:
             self._die(closed_message(self._endpoint, self._answered))
         else:
             self._die(f"connection to {self._endpoint} lost: {exc}")
+
+    def _read_left(self) -> None:
+        """A write failed because the server closed the connection. Whether it said goodbye
+        first (a stopping shard's direct port: nothing unanswered was taken) is in what is
+        left to read, which asyncio drops: read it here (the socket closes after this call)."""
+        for _ in range(_LEFT_READS):
+            if self._fd is None or self._dead is not None:
+                return
+            try:
+                data = os.read(self._fd, 1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            self.data_received(data)
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -276,7 +306,7 @@ class AsyncTcpTransport(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writable.set()
 
-    def _die(self, reason: str) -> None:
+    def _die(self, reason: str, *, sent: bool = True) -> None:
         if self._dead is not None:
             return
         self._dead = reason
@@ -288,7 +318,7 @@ class AsyncTcpTransport(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
         self._deadlines.cancel()
-        fail_waiters(self._core.fail_all(), reason)
+        fail_waiters(self._core.fail_all(), reason, sent=sent)
 
 
 class AsyncZmqTransport:

@@ -7,6 +7,7 @@ Every transport (sync or asyncio, TCP or ZeroMQ) is a thin adapter around one `C
     matched = core.receive(body)                       # ZeroMQ: one message
     core.forget(rids)                                  # a caller gave up (timeout)
     for waiter in core.fail_all(): ...                 # the connection broke
+    core.ended                                         # a shard's direct port said goodbye
 
 A waiter is whatever the adapter resolves when the reply comes (a future, a slot index). The
 core opens no socket, reads no clock and knows no event loop, like `shardq.protocol`. Replies
@@ -29,6 +30,7 @@ from shardq.client._errors import (
     error_from_reply,
 )
 from shardq.protocol import MAX_FRAME_SIZE, FrameCutter, encode, frame_too_large
+from shardq.protocol._direct import DIRECT_CLOSING
 
 __all__ = ["ClientCore", "Framing", "Waiter", "checked", "fail_waiters", "no_reply"]
 
@@ -89,6 +91,9 @@ class ClientCore(Generic[W]):
         """Why the peer's byte stream cannot be read any more (an oversize frame), or None."""
         self.unmatched = 0
         """Replies that matched no waiting request (late, after a timeout) or had no reqId."""
+        self.ended = False
+        """The server sent its goodbye (`protocol._direct.direct_goodbye`: a shard's direct
+        port, stopping): no request still waiting was taken, so none was applied."""
         self.on_push: Callable[[Reply], None] | None = None
         """Called with each frame the server sends unasked that names a `type` (a worker's
         `cancel`, docs/protocol.md §8), instead of counting it as unmatched."""
@@ -189,6 +194,9 @@ class ClientCore(Generic[W]):
 
     def _match(self, reply: Reply) -> tuple[W, Reply] | None:
         rid = reply.get("reqId")  # kept in the reply: raw callers may want to see it
+        if rid is None and reply.get("type") == DIRECT_CLOSING:
+            self.ended = True
+            return None
         if rid is None and self.on_push is not None and "type" in reply:
             self.on_push(reply)
             return None

@@ -19,6 +19,12 @@ the shard closed while it waited for nothing (`tcp_idle_close_ms`) is opened aga
 connection lost after the push was written is raised, as through the front end
 (`ConnectionLost(sent=True)`), and so is a reply that does not come in time
 (`CommandTimeout`): the push may have been applied, so it is not silently sent twice.
+
+A shard that stops (a restart, a recycle) ends its direct connections with a goodbye frame
+(`protocol._direct.direct_goodbye`) once it has answered every push it took: a push with no
+reply by then was not taken, so it goes through the front end (`ConnectionLost(sent=False)`
+from the transport), and the direct path rests as after any failure: the next Hello names the
+new process's port.
 """
 
 from __future__ import annotations
@@ -29,9 +35,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from shardq.client._async_transport import AsyncTcpTransport, AsyncTransport, wait_replies_async
+from shardq.client._async_transport import AsyncTcpTransport, wait_replies_async
 from shardq.client._errors import CommandTimeout, ConnectionLost
-from shardq.client._sync_transport import SyncTcpTransport, SyncTransport, wait_replies
+from shardq.client._sync_transport import SyncTcpTransport, wait_replies
 from shardq.client._url import ClientSecurity, Endpoint
 from shardq.protocol._direct import DIRECT_REFUSED, HELLO_DIRECT, HELLO_SHARDS, shard_of
 
@@ -164,7 +170,7 @@ class DirectRoutes(_Routes):
 
     def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
         super().__init__(endpoint, connect_timeout)
-        self._open: dict[int, SyncTransport] = {}
+        self._open: dict[int, SyncTcpTransport] = {}
         self._lock = threading.Lock()
 
     def call(self, queue: str, command: Mapping[str, Any], timeout: float) -> Reply | None:
@@ -192,7 +198,7 @@ class DirectRoutes(_Routes):
         self._answered()
         return reply
 
-    def _transport(self, shard: int, address: Endpoint) -> SyncTransport | None:
+    def _transport(self, shard: int, address: Endpoint) -> SyncTcpTransport | None:
         with self._lock:
             transport = self._open.get(shard)
             if transport is not None and transport.alive:
@@ -200,6 +206,9 @@ class DirectRoutes(_Routes):
             if transport is not None:  # closed by the shard: idle, restarted or gone
                 transport.close()
                 del self._open[shard]
+                if transport.ended:  # a stopping shard: its port is going away
+                    self._rest()
+                    return None
             try:  # a restarted shard's old port refuses this at once
                 transport = SyncTcpTransport(address, self._connect_timeout, ClientSecurity())
             except ConnectionLost:
@@ -214,7 +223,7 @@ class DirectRoutes(_Routes):
             self._open[shard] = transport
             return transport
 
-    def _drop(self, shard: int, transport: SyncTransport) -> None:
+    def _drop(self, shard: int, transport: SyncTcpTransport) -> None:
         with self._lock:
             if self._open.get(shard) is transport:
                 del self._open[shard]
@@ -234,7 +243,7 @@ class AsyncDirectRoutes(_Routes):
 
     def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
         super().__init__(endpoint, connect_timeout)
-        self._open: dict[int, AsyncTransport] = {}
+        self._open: dict[int, AsyncTcpTransport] = {}
 
     async def call(self, queue: str, command: Mapping[str, Any], timeout: float) -> Reply | None:
         """Push on the direct path; None when it goes through the front end instead.
@@ -248,6 +257,9 @@ class AsyncDirectRoutes(_Routes):
             if transport is not None:  # closed by the shard: idle, restarted or gone
                 del self._open[shard]
                 await transport.close()
+                if transport.ended:  # a stopping shard: its port is going away
+                    self._rest()
+                    return None
             opened = await self._connect(address)
             if opened is None:
                 return None
@@ -269,7 +281,7 @@ class AsyncDirectRoutes(_Routes):
         self._answered()
         return reply
 
-    async def _connect(self, address: Endpoint) -> AsyncTransport | None:
+    async def _connect(self, address: Endpoint) -> AsyncTcpTransport | None:
         """A new connection to a direct port that answered the probe, or None (then the
         direct path rests)."""
         try:
@@ -285,7 +297,7 @@ class AsyncDirectRoutes(_Routes):
             return None
         return opened
 
-    async def _drop(self, shard: int, transport: AsyncTransport) -> None:
+    async def _drop(self, shard: int, transport: AsyncTcpTransport) -> None:
         if self._open.get(shard) is transport:
             del self._open[shard]
         self._rest()

@@ -60,32 +60,43 @@ class Job:
     @classmethod
     def from_wire(cls, raw: Mapping[str, Any]) -> Job:
         """Build a `Job` from a wire map (missing fields get neutral defaults)."""
-        priority = raw.get("priority")
-        progress = raw.get("progress")
-        stack = raw.get("stacktrace")
+        get = raw.get
+        priority = get("priority")
+        progress = get("progress")
+        stack = get("stacktrace")
+        attempts, most = get("attempts"), get("maxAttempts")
+        created, started, completed = get("createdAt"), get("startedAt"), get("completedAt")
+        state, reason, custom = get("state"), get("failedReason"), get("customId")
         # A worker builds one Job per pulled job: fill the instance dict at once instead of
         # the frozen __init__'s 17 object.__setattr__ calls (half the cost; same object).
+        # The usual values (ints, None) are taken as they are, without a helper call each.
         job = _new(cls)
         _setattr(
             job,
             "__dict__",
             {
-                "id": str(raw.get("id", "")),
-                "queue": str(raw.get("queue", "")),
-                "name": str(raw.get("name") or "default"),
-                "data": raw.get("data"),
-                "attempts": _int(raw.get("attempts")),
-                "max_attempts": _int(raw.get("maxAttempts"), 1),
-                "priority": priority if isinstance(priority, int | float) else 0,
-                "created_at": _int(raw.get("createdAt")),
-                "started_at": _opt_int(raw.get("startedAt")),
-                "completed_at": _opt_int(raw.get("completedAt")),
-                "progress": progress if isinstance(progress, int | float) else 0,
-                "state": _opt_str(raw.get("state")),
-                "result": raw.get("returnvalue"),
-                "failed_reason": _opt_str(raw.get("failedReason")),
+                "id": str(get("id", "")),
+                "queue": str(get("queue", "")),
+                "name": str(get("name") or "default"),
+                "data": get("data"),
+                "attempts": attempts if type(attempts) is int else _int(attempts),
+                "max_attempts": most if type(most) is int else _int(most, 1),
+                "priority": (
+                    priority if type(priority) is int or isinstance(priority, int | float) else 0
+                ),
+                "created_at": created if type(created) is int else _int(created),
+                "started_at": started if started is None or type(started) is int else _int(started),
+                "completed_at": (
+                    completed if completed is None or type(completed) is int else _int(completed)
+                ),
+                "progress": (
+                    progress if type(progress) is int or isinstance(progress, int | float) else 0
+                ),
+                "state": None if state is None else _opt_str(state),
+                "result": get("returnvalue"),
+                "failed_reason": None if reason is None else _opt_str(reason),
                 "stacktrace": [str(s) for s in stack] if isinstance(stack, list) else None,
-                "custom_id": _opt_str(raw.get("customId")),
+                "custom_id": None if custom is None else _opt_str(custom),
                 "raw": raw,
             },
         )

@@ -133,6 +133,12 @@ class SyncTcpTransport:
         self._answered = False  # any bytes from the server yet (for the TLS hint)
 
     @property
+    def ended(self) -> bool:
+        """Whether the server ended the connection with its goodbye (a stopping shard's direct
+        port): the requests it failed were not applied (`ConnectionLost(sent=False)`)."""
+        return self._core.ended
+
+    @property
     def alive(self) -> bool:
         """False once the connection broke; a server that closed it is noticed here, too
         (one `poll` with no wait), so a request is not written to a closed connection."""
@@ -152,6 +158,11 @@ class SyncTcpTransport:
         try:
             with self._send_lock:
                 self._sock.sendall(payloads[0])
+        except (BrokenPipeError, ConnectionResetError):
+            # The server closed the connection. Whether it said goodbye first (a stopping
+            # shard's direct port: then nothing unanswered was taken) is in what is left to
+            # read, so the reader decides; it sees the goodbye or the close at once.
+            pass
         except OSError as e:
             self._die(f"connection to {self._endpoint} lost while sending: {e}")
         return rids, futures
@@ -197,8 +208,10 @@ class SyncTcpTransport:
             self._turns.wake_followers()
         if broken is not None:
             self._die(f"the server at {self._endpoint} sent a bad frame: {broken}")
+        elif self._core.ended:  # nothing still waiting was taken: safe to send elsewhere
+            self._die(f"the server at {self._endpoint} ended the connection", sent=False)
 
-    def _die(self, reason: str) -> None:
+    def _die(self, reason: str, *, sent: bool = True) -> None:
         with self._core_lock:
             if self._dead is not None:
                 return
@@ -207,7 +220,7 @@ class SyncTcpTransport:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
-        fail_waiters(waiting, reason)
+        fail_waiters(waiting, reason, sent=sent)
         self._turns.wake_followers()
 
 

@@ -17,12 +17,13 @@ Sends: nothing itself; each call returns the reply, the mutations the writer mus
 job events for listeners.
 """
 
+from ._compact import CompactJobs
 from ._config import EngineConfig
 from ._effects import Event, Outcome
 from ._engine import COMMANDS, INTERNAL_COMMANDS, Engine
 from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE
 from ._ids import IdFactory
-from ._job import CompactJobs, Job
+from ._job import Job
 from ._lifecycle import STATES, next_state
 from ._mutations import Mutation, Record, fold_mutations, job_id_of
 from ._query import job_view

@@ -125,12 +125,6 @@ class ColdBacklog(Protocol):
         """The next jobs of `queue` of the public states `kinds` by (seq, row key), created
         at or before `made_by` if given (Clean's order)."""
 
-    def cold_keys(
-        self, queue: str, after: Cursor | None = None, *, limit: int
-    ) -> list[tuple[int, str, str | None]]:
-        """The next ungrouped waiting and delayed jobs of `queue` by (seq, row key), as
-        (seq, row key, uniqueKey): no record (Drain's read)."""
-
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
         """The stored job of `queue` pushed with this custom id, or None."""
 

@@ -20,10 +20,13 @@ memory: whatever the backlog's size, a command holds at most one page of cold jo
   in seq order off the storage's index, only those created `grace` or more ago
   (`page_by_seq`, which skips the younger ones in the index): reads O(limit). Those removed
   are deleted by key, each leaving a tombstone until the deletion is committed.
-- **Drain**: every cold job of the queue is deleted by key, its key read off the index
-  (`cold_keys`: seq, row key and uniqueKey; no record read or decoded), so the shard's work
-  is a few microseconds a job; one tombstone for the queue (`Pager.drop`) hides the stored
-  rows until the commit.
+- **Drain**: the held jobs are removed as without a budget; the cold ones with one range
+  deletion, `("qdrain", queue, seq)` (`shardq.storage._drain`): the queue's cold waiting and
+  delayed rows of seq up to the engine's counter. Nothing is read: the count is the queue's
+  cold count, the uniqueKey claims and delivery fences of the cold jobs are dropped from
+  their tables (bounded by `max_dedup_keys` and `max_finalized`), one tombstone for the queue
+  (`Pager.drop`) hides the stored rows until the commit, and until then a job the range could
+  meet in a resent batch is written whole (`ColdHead.drain_floors`).
 - **Obliterate**: the writer's `qdel` deletes the queue's rows, cold ones too: nothing is read
   but the owners of the queue's uniqueKey claims that are not held (their claims go with them);
   one tombstone for the queue hides its stored rows until the `qdel` is committed.
@@ -31,8 +34,9 @@ memory: whatever the backlog's size, a command holds at most one page of cold jo
 Every command keeps the queue's counts exact: a cold job removed leaves the cold count
 (`QueueHead`) and the queue's count together. The reads go through the head's `Pager`, so
 they merge what the engine sent cold and has not seen committed, as every page-in does.
-Drain and Clean emit one `del` per cold job they remove (the job's row key, no record): the
-mutations grow with the jobs removed, the jobs held in memory do not.
+Clean emits one `del` per cold job it removes (the job's row key, no record): the mutations
+grow with the jobs removed (at most its `limit`), the jobs held in memory do not; Drain emits
+one `qdrain` whatever the backlog.
 """
 
 from __future__ import annotations
@@ -75,9 +79,6 @@ SCAN_PAGE: Final = (64, 1000)
 stored bytes. The cold jobs a queue-wide command holds at once, decoded (a few KB each in
 Python objects: a page of 1,000 jobs of 400-byte data raised a shard's peak by 8 to 17 MB,
 one of 200 by 1 MB); none joins the head."""
-
-KEY_PAGE: Final = 5000
-"""Row keys per read of Drain (`cold_keys`): a seq, a key and a uniqueKey each, no record."""
 
 Handler = Callable[[Effects, Mapping[str, Any], int], dict[str, Any]]
 _BOTH: Final = frozenset((WAITING, DELAYED))
@@ -233,7 +234,7 @@ class ColdWide:
         for job in pager.walk(name, page, key, wanted, desc):
             fence = fences.get(job.id) if fences else None
             if fence is not None:
-                job.delivery, job.token, job.leased = fence
+                job.delivery, job.token, job.leased, _ = fence
             yield job
 
     def _job(self, q: QueueState, job: Job | str) -> Job:
@@ -245,7 +246,7 @@ class ColdWide:
         found = job_of(rec)
         fence = self.head.fences.get(found.id)
         if fence is not None:
-            found.delivery, found.token, found.leased = fence
+            found.delivery, found.token, found.leased, _ = fence
         return found
 
     def counts_per_priority(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
@@ -359,25 +360,32 @@ class ColdWide:
         q, h = cold
         head = self.head
         head.pager.sweep(head.heads.values())
-        fences, unique, name = head.fences, self.store.unique, q.name
-        removed = 0
-        # The cold jobs' row keys, read off the index (`cold_keys`): no record is decoded.
-        # Their counts leave the queue together below.
-        for row, job_id, ukey in head.pager.keys(name, KEY_PAGE):
-            fences.pop(job_id, None)
-            if ukey is not None and unique.get((name, ukey)) == job_id:
-                del unique[(name, ukey)]
-            fx.mutations.append(("del", row))
-            removed += 1
-        # Counts that no read bears out (drifted) follow the reads, as a page-in does.
+        removed = h.waiting + h.delayed
+        self._forget_queue(q.name)
+        # One range deletion for every cold row: every job the engine has has a seq up to
+        # its counter, and one pushed after the drain a higher one.
+        seq = self.store.seq
+        fx.mutations.append(("qdrain", q.name, seq))
+        head.drain_floors[q.name] = seq
         q.counts[WAITING] -= h.waiting
         q.counts[DELAYED] -= h.delayed
         q.prioritized -= h.prioritized
         h.waiting = h.delayed = h.prioritized = 0
         self._uncursor(h)
-        self.head.pager.drop(q.name, _BOTH)
+        head.pager.drop(q.name, _BOTH)
         reply["count"] = int(reply["count"]) + removed
         return reply
+
+    def _forget_queue(self, name: str) -> None:
+        """The uniqueKey claims and delivery fences of the queue's cold jobs, which a Drain
+        removes: every job of the queue not held is one (the held ones were drained or stay
+        held), so these are read off the claim and fence tables, bounded by
+        `max_dedup_keys` and `max_finalized`, not off the backlog."""
+        jobs, unique, fences = self.store.jobs, self.store.unique, self.head.fences
+        for key in [k for k, owner in unique.items() if k[0] == name and owner not in jobs]:
+            del unique[key]
+        for job_id in [i for i, f in fences.items() if f[3] == name and i not in jobs]:
+            del fences[job_id]
 
     def obliterate(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         name = str(cmd.get("queue", ""))

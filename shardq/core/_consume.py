@@ -16,13 +16,14 @@ Fencing rules (docs/protocol.md §6.2; bunqueue's `assertLeaseToken` applies the
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
 
+from ._compact import CompactJobs
 from ._effects import Effects
-from ._job import CompactJobs, Job, backoff_delay, wire_maps
+from ._job import Job, backoff_delay, wire_maps
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
 from ._options import as_int, check_number, is_number, validate_queue_name
 from ._parts import FlowPart, GroupPart, LimiterPart
@@ -36,6 +37,8 @@ __all__ = ["Consumer", "take_ready"]
 
 FINALIZED: Final = {"ok": True, "data": {"applied": False, "reason": "already-finalized"}}
 _APPLY, _NOOP, _RETIRED = "apply", "noop", "retired"
+# A command's field check (`Route.check`): its error, or None; None when it has none.
+Check = Callable[[Mapping[str, Any]], str | None] | None
 
 
 def _not_processing(job_id: object) -> CommandError:
@@ -320,6 +323,41 @@ class Consumer:
             data = {"ignoredIds": [ids[i] for i in ignored], "ignoredIndices": ignored}
             return {"ok": True, "data": data}
         return {"ok": True}
+
+    def ack_run(
+        self, fx: Effects, commands: Iterable[Mapping[str, Any]], check: Check, now: int
+    ) -> int:
+        """The ACKs `commands` starts with that each complete an active job of their own, all
+        with a result or all without, in one pass (`complete_all`, ACKB's path): what
+        `cmd_ack` of each in turn would do. Stops before the first other one (a schema
+        error, a lease refused, a job not active or already in the run, a retired token);
+        returns how many it took, each answered `{"ok": true}`, as `cmd_ack` does."""
+        jobs: list[Job] = []
+        results: list[Any] = []
+        removes: list[object] = []
+        taken: set[str] = set()
+        with_result: bool | None = None
+        fence = self.fence
+        for cmd in commands:
+            if cmd.get("cmd") != "ACK" or (check is not None and check(cmd) is not None):
+                break
+            has = "result" in cmd
+            if with_result is not None and has is not with_result:
+                break
+            try:
+                outcome, job = fence(cmd.get("id"), cmd.get("token"))
+            except CommandError:
+                break
+            if outcome != _APPLY or job is None or job.state != ACTIVE or job.id in taken:
+                break
+            with_result = has
+            taken.add(job.id)
+            jobs.append(job)
+            results.append(cmd.get("result"))
+            removes.append(cmd.get("removeOnComplete"))
+        if jobs:
+            self.complete_all(fx, jobs, results if with_result else None, removes, now)
+        return len(jobs)
 
     def complete(
         self, fx: Effects, job: Job, source: Mapping[str, Any], key: str, remove: object, now: int

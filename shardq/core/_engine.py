@@ -379,6 +379,21 @@ class Engine:
         fx = Outcome()
         return fx, self.produce.push_run(fx, commands, int(now))
 
+    def ack_run(
+        self, commands: Iterable[Mapping[str, Any]], now: int
+    ) -> tuple[Outcome, int] | None:
+        """The ACKs `commands` starts with that complete active jobs (`Consumer.ack_run`), in
+        one pass: what `apply` of each in turn would do, their mutations and events in one
+        `Outcome`, and how many it took (each one's reply is `{"ok": true}`); the caller
+        applies the rest as usual. None, with nothing done, when `push_run` declines too."""
+        if self.head is not None or self._limit_blocked or self._group_blocked:
+            return None
+        route = self.registry.get("ACK")
+        if route is None:
+            return None
+        fx = Outcome()
+        return fx, self.consume.ack_run(fx, commands, route.check, int(now))
+
     def release(self, conn: str, now: int) -> tuple[int, list[Mutation], list[Event]]:
         """Release the jobs a closed connection held (no attempt charged): docs/protocol.md §2.6.
         Returns how many, and the mutations and job events that made."""

@@ -50,19 +50,17 @@ from typing import Any
 from ._cold import ColdBacklog, ColdCounts, delayed_cursor, waiting_cursor
 from ._effects import Effects
 from ._groups import group_of
+from ._head_paging import HeadPaging
 from ._job import Job
 from ._lifecycle import DELAYED, TERMINAL_STATES, WAITING
 from ._mutations import Mutation, Record
 from ._pager import (
     COLD,
-    MAX_LIMIT,
     Pager,
     QueueHead,
     as_stored,
     eligible,
     is_cold,
-    job_of,
-    keep_held,
     last_puts,
     row_of,
 )
@@ -73,7 +71,7 @@ from ._tables import MIN_COMPACT
 __all__ = ["ColdHead"]
 
 
-class ColdHead:
+class ColdHead(HeadPaging):
     """The head budget of one engine (see the module docstring)."""
 
     def __init__(self, store: JobStore, backlog: ColdBacklog) -> None:
@@ -93,8 +91,15 @@ class ColdHead:
         self.looked_up: dict[str, Record] = {}
         # The delivery fencing of cold jobs that were delivered before (a retry, a move back):
         # not in their records, as after a restart; kept here up to `max_finalized` jobs.
-        self.fences: OrderedDict[str, tuple[int, str | None, bool]] = OrderedDict()
+        # (delivery, token, leased, queue): the queue names whose Drain forgets it.
+        self.fences: OrderedDict[str, tuple[int, str | None, bool, str]] = OrderedDict()
         self.max_fences = config.max_finalized
+        # Queue -> the seq of its last Drain's `qdrain`, until that is committed: a batch
+        # resent to a restarted writer applies the range again, so a row of seq up to it
+        # that goes cold waiting or delayed meanwhile gets a put (`_redrain`), which the
+        # resent mutations re-apply after the range.
+        self.drain_floors: dict[str, int] = {}
+        self.reput: dict[str, Job] = {}
         self._enter_all: Callable[[Sequence[Job], QueueState, str], None] = store._enter_all
 
     # -- what the runtime calls ------------------------------------------------------------
@@ -227,7 +232,7 @@ class ColdHead:
         if h is None:
             return
         if h.parked:
-            _unpark(h, jobs)
+            self._unpark(h, jobs)
         if state == WAITING:
             if h.waiting:
                 for job in jobs:
@@ -317,6 +322,8 @@ class ColdHead:
         touched, self.touched = self.touched, set()
         puts: dict[str, Record] | None = None
         jobs = self.store.jobs
+        if self.reput:
+            self._reput(out)
         for job_id, rec in looked.items():
             job = jobs.get(job_id)
             if job is not None and self._unchanged(job, rec):
@@ -400,11 +407,41 @@ class ColdHead:
         if put is not None:
             put[COLD] = 1  # the record the job was just put with: kept as it is
             rec = self._drop(job, write=True, rec=put)
+        elif self.drain_floors and self._redrain(job):
+            rec = self._drop(job, write=True)
+            out.append(("put", rec))
         else:
             rec = self._drop(job, write=True)
             out.append(("upd", job.key, {COLD: 1}))
         self.pager.keep(rec)
         return puts
+
+    def _unpark(self, h: QueueHead, jobs: Sequence[Job]) -> None:
+        if self.drain_floors:
+            self.reput.update((j.id, j) for j in jobs if j.id in h.parked and self._redrain(j))
+        _unpark(h, jobs)
+
+    def _redrain(self, job: Job) -> bool:
+        """True if a `qdrain` not committed yet could meet `job`'s row, were its batch
+        resent (`drain_floors`): its cold row must then come from a put."""
+        floor = self.drain_floors.get(job.queue)
+        if floor is None:
+            return False
+        if job.queue not in self.pager.dropped:  # committed: never resent again
+            del self.drain_floors[job.queue]
+            return False
+        return job.seq <= floor
+
+    def _reput(self, out: list[Mutation]) -> None:
+        """Puts of the jobs `_entered` found back in waiting or delayed over a cold row
+        that a resent `qdrain` would meet (`drain_floors`)."""
+        reput, self.reput = self.reput, {}
+        jobs = self.store.jobs
+        for job in reput.values():
+            if jobs.get(job.id) is job:
+                rec = job.to_record()
+                rec[COLD] = 1
+                out.append(("put", rec))
 
     def _drop(self, job: Job, *, write: bool, rec: Record | None = None) -> Record:
         """Take a waiting or delayed job out of memory; it stays counted, as cold. `rec`:
@@ -425,7 +462,7 @@ class ColdHead:
             h.delayed += 1
             job.dkey = None
         if job.delivery:
-            self.fences[job.id] = (job.delivery, job.token, job.leased)
+            self.fences[job.id] = (job.delivery, job.token, job.leased, job.queue)
             if len(self.fences) > self.max_fences:
                 self.fences.popitem(last=False)
         del store.jobs[job.id]
@@ -514,98 +551,6 @@ class ColdHead:
             if job is not None and job.dkey is k and job.queue == q.name:
                 job.dkey = None
                 self.leaving.append(job)
-
-    # -- paging in -------------------------------------------------------------------------
-
-    def _page_waiting(self, q: QueueState, h: QueueHead, want: int) -> int:
-        """Page in the next cold waiting jobs of `q` (at least `want` if there are);
-        returns how many came in."""
-        self.pager.sweep(self.heads.values())
-        limit = min(MAX_LIMIT, max(want, self.budget - (q.counts[WAITING] - h.waiting), 1))
-        jobs, end, empty = self.pager.page(q.name, WAITING, h.wcur, limit)
-        for job in jobs:
-            h.waiting -= 1
-            q.counts[WAITING] -= 1
-            self._uncount_priority(q, h, job)
-            self._hold(q, h, job)
-        self._enter_all(jobs, q, WAITING)
-        keep_held(self.store.held, jobs)
-        if end is not None:
-            h.wcur = end
-        self._settled_cursor(q, h, empty, WAITING)
-        return len(jobs)
-
-    def _page_delayed(self, q: QueueState, h: QueueHead, want: int) -> int:
-        self.pager.sweep(self.heads.values())
-        jobs, end, empty = self.pager.page(q.name, DELAYED, h.dcur, min(MAX_LIMIT, max(want, 1)))
-        for job in jobs:
-            h.delayed -= 1
-            q.counts[DELAYED] -= 1
-            self._hold(q, h, job)
-        self._enter_all(jobs, q, DELAYED)
-        if end is not None:
-            h.dcur = end
-        self._settled_cursor(q, h, empty, DELAYED)
-        return len(jobs)
-
-    def _settled_cursor(self, q: QueueState, h: QueueHead, empty: bool, state: str) -> None:
-        """After a page: an exhausted backlog whose count says otherwise drifted (a job
-        counted cold that no read shows): the count follows the reads. Then the jobs of
-        this command waiting to leave that now sort within the head go back on a heap."""
-        if state == WAITING:
-            if empty and h.waiting:
-                q.counts[WAITING] -= h.waiting
-                q.prioritized -= h.prioritized
-                h.waiting = h.prioritized = 0
-            if not h.waiting:
-                h.wcur = None
-        else:
-            if empty and h.delayed:
-                q.counts[DELAYED] -= h.delayed
-                h.delayed = 0
-            if not h.delayed:
-                h.dcur = None
-        jobs = self.store.jobs
-        for job in self.leaving:
-            if job.queue != q.name or job.state != state or jobs.get(job.id) is not job:
-                continue
-            if not self._must_leave(job):
-                self._back_on_heap(job)
-
-    def _uncount_priority(self, q: QueueState, h: QueueHead, job: Job) -> None:
-        # A cold job with a priority is counted in `prioritized` (entering counts it again),
-        # except one counted at start, where the cold counts have no priority split.
-        if job.priority > 0 and h.prioritized > 0:
-            h.prioritized -= 1
-            q.prioritized -= 1
-
-    def _bring_in(self, rec: Record) -> Job | None:
-        """Hold one cold job (a lookup): counted as held, placed as any job entering."""
-        job = job_of(rec)
-        if not eligible(job) or job.id in self.store.jobs:
-            return None
-        q = self.store.queue(job.queue)
-        h = self.head(job.queue)
-        if job.state == WAITING:
-            h.waiting -= 1
-            q.counts[WAITING] -= 1
-            self._uncount_priority(q, h, job)
-        else:
-            h.delayed -= 1
-            q.counts[DELAYED] -= 1
-        self._hold(q, h, job)
-        self._entered((job,), q, job.state)
-        keep_held(self.store.held, (job,))
-        return job
-
-    def _hold(self, q: QueueState, h: QueueHead, job: Job) -> None:
-        if self.fences:
-            fence = self.fences.pop(job.id, None)
-            if fence is not None:
-                job.delivery, job.token, job.leased = fence
-        self.store.jobs[job.id] = job
-        q.ids[job.id] = None
-        h.paged[job.key] = job.id
 
 
 def _unpark(h: QueueHead, jobs: Sequence[Job]) -> None:

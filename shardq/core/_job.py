@@ -23,7 +23,6 @@ __all__ = [
     "TIMELINE_MAX",
     "WIRE_HOT_KEYS",
     "WIRE_TEMPLATE",
-    "CompactJobs",
     "Job",
     "Timeline",
     "backoff_delay",
@@ -438,45 +437,6 @@ def _copy_flow_fields(out: dict[str, Any]) -> None:
 def wire_maps(jobs: list[Job]) -> list[dict[str, Any]]:
     """The jobs' wire maps (`Job.to_wire`), as PULLB answers them by default."""
     return [job.to_wire() for job in jobs]
-
-
-class CompactJobs:
-    """PULLB's jobs in the compact form an engine built with `compact_pulls=True` answers.
-
-    Each entry is a snapshot taken when the pull ran: a job without options as its
-    `Job.wire_hot` list (the map is `WIRE_TEMPLATE` with those pairs set, the timeline in its
-    wire form), any other job as its full wire map. A host that packs replies itself (the
-    shard process) packs the template once for every job; `maps()` gives the plain wire maps
-    to anyone else.
-    """
-
-    __slots__ = ("entries",)
-
-    def __init__(self, entries: list[list[Any] | dict[str, Any]]) -> None:
-        self.entries = entries
-
-    @classmethod
-    def of(cls, jobs: list[Job]) -> CompactJobs:
-        return cls([job.to_wire() if job.opts else job.wire_hot() for job in jobs])
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def maps(self) -> list[dict[str, Any]]:
-        """The wire maps these entries stand for, exactly as `wire_maps` would give them."""
-        out: list[dict[str, Any]] = []
-        for entry in self.entries:
-            if isinstance(entry, dict):
-                out.append(entry)
-                continue
-            wire = _WIRE_TEMPLATE.copy()
-            wire["dependsOn"] = []
-            wire["childrenIds"] = []
-            wire["tags"] = []
-            wire.update(zip(entry[::2], entry[1::2], strict=True))
-            wire["timeline"] = timeline_view(wire["timeline"])
-            out.append(wire)
-        return out
 
 
 def timeline_view(timeline: Iterable[tuple[str, int, int | None]]) -> list[dict[str, Any]]:

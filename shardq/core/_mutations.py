@@ -13,6 +13,9 @@ record as `rowKey`), because a client may reuse a custom id on queues that diffe
 own, and their rows must not collide in the one SQLite file.
     ("queue", name, cfg)      the whole persisted config of one queue (paused, stall and DLQ config)
     ("qdel", name)            the queue was obliterated: its jobs, config and groups are gone
+    ("qdrain", name, seq)     the queue was drained: its cold waiting and delayed jobs (records
+                              with `cold` set) of seq up to `seq` are gone; its held jobs
+                              each have their own `del` (shardq.core._cold_wide)
     ("group", queue, gid, cfg) the settings of one job group of a queue (shardq.core._groups)
     ("groupdel", queue, gid)  that group holds no settings any more
     ("cron", name, rec)       the whole record of one cron schedule (shardq.core._cron)
@@ -74,6 +77,7 @@ __all__ = [
     "Mutation",
     "Record",
     "apply_delta",
+    "drained",
     "finish_deltas",
     "fold_mutations",
     "job_id_of",
@@ -116,6 +120,8 @@ def fold_mutations(
             queues.pop(m[1], None)
             for job_id in [k for k, r in records.items() if r["queue"] == m[1]]:
                 del records[job_id]
+        elif kind == "qdrain":
+            _fold_drain(records, m[1], m[2])
         elif kind == "cron":
             crons[m[1]] = dict(m[2])
         elif kind == "crondel":
@@ -129,6 +135,22 @@ def fold_mutations(
 # Kinds that change no job record or queue config here: the webhook registry and the flow
 # outbox are not job or queue state; groups are folded into `groups` on their own.
 _OUTSIDE = frozenset({"webhook", "webhookdel", "flow", "flowdel", "group", "groupdel"})
+
+
+def drained(rec: Record, queue: str, seq: int) -> bool:
+    """True if a `("qdrain", queue, seq)` deletes job record `rec`: a cold waiting or delayed
+    job of `queue` (`cold` set, as the storage's cold backlog holds it) of seq up to `seq`."""
+    return (
+        rec.get("queue") == queue
+        and bool(rec.get("cold"))
+        and rec.get("state") in ("waiting", "delayed")
+        and int(rec["seq"]) <= seq
+    )
+
+
+def _fold_drain(records: dict[str, Record], queue: str, seq: int) -> None:
+    for key in [k for k, r in records.items() if drained(r, queue, seq)]:
+        del records[key]
 
 
 def _fold_group(m: Mutation, groups: dict[str, dict[str, Record]]) -> None:

@@ -102,13 +102,33 @@ def _json_default(value: object) -> object:
 
 _ATOMIC: Final = frozenset({int, float, bool, type(None)})
 # A payload this small cannot approach MAX_DATA_CHARS, whatever escaping JSON adds (at most 6
-# characters per character of a string).
+# characters per character of a string): at most _SMALL_ITEMS values in all (those of the map
+# and of the lists and maps one level down), no string longer than _SMALL_CHARS.
 _SMALL_ITEMS: Final = 64
 _SMALL_CHARS: Final = 4096
 
 
+def _small_value(value: object) -> bool:
+    kind = type(value)
+    if kind is str:
+        return len(value) <= _SMALL_CHARS  # type: ignore[arg-type]
+    return kind in _ATOMIC
+
+
+def _flat(container: list[Any] | dict[Any, Any]) -> bool:
+    """A list or a map of plain values (one level, no containers)."""
+    if isinstance(container, list):
+        return all(map(_small_value, container))
+    for key, value in container.items():
+        if type(key) is not str or len(key) > _SMALL_CHARS or not _small_value(value):
+            return False
+    return True
+
+
 def _certainly_small(data: object) -> bool:
-    """True for a flat payload of plain values, far under the cap: no need to serialise it."""
+    """True for a payload of plain values, far under the cap: no need to serialise it. A map
+    of plain values, or of lists and maps of plain values (a task call's `{"args": [...],
+    "kwargs": {...}}`)."""
     kind = type(data)
     if kind in _ATOMIC:
         return True
@@ -116,12 +136,17 @@ def _certainly_small(data: object) -> bool:
         return len(data) <= _SMALL_CHARS  # type: ignore[arg-type]
     if kind is not dict or len(data) > _SMALL_ITEMS:  # type: ignore[arg-type]
         return False
+    budget = _SMALL_ITEMS - len(data)  # type: ignore[arg-type]
     for key, value in data.items():  # type: ignore[attr-defined]
         if type(key) is not str or len(key) > _SMALL_CHARS:
             return False
         vkind = type(value)
         if vkind is str:
             if len(value) > _SMALL_CHARS:
+                return False
+        elif vkind is list or vkind is dict:
+            budget -= len(value)
+            if budget < 0 or not _flat(value):
                 return False
         elif vkind not in _ATOMIC:
             return False

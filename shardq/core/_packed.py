@@ -28,7 +28,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from shardq.core._job import Job
 from shardq.core._lifecycle import COMPLETED
 
-__all__ = ["PackedJob", "pack_completed"]
+__all__ = ["PackedJob", "drop_result", "pack_completed", "pack_job"]
 
 # The packed fields, in blob order. `timeline` is a tuple of tuples, decoded as such.
 _LISTS: Final = ("data", "result", "logs", "stacktrace", "token")
@@ -100,21 +100,37 @@ def _pack(job: Job) -> bytes | None:
     return blob
 
 
+def pack_job(job: Job) -> bool:
+    """Pack `job` in place if it is a plain completed `Job` whose fields pack (see above);
+    whether it was packed."""
+    if type(job) is not Job or job.state != COMPLETED:
+        return False
+    blob = _pack(job)
+    if blob is None:
+        return False
+    for name in _LISTS:
+        _SLOT[name].__set__(job, None)
+    _SLOT["timeline"].__set__(job, ())
+    _DATA.__set__(job, blob)
+    job.__class__ = PackedJob
+    return True
+
+
 def pack_completed(jobs: Mapping[str, Job], ids: Iterable[str]) -> int:
     """Pack the completed jobs among `ids` (looked up in `jobs`) that are not packed yet;
     how many were packed."""
     packed = 0
     for job_id in ids:
         job = jobs.get(job_id)
-        if job is None or type(job) is not Job or job.state != COMPLETED:
-            continue
-        blob = _pack(job)
-        if blob is None:
-            continue
-        for name in _LISTS:
-            _SLOT[name].__set__(job, None)
-        _SLOT["timeline"].__set__(job, ())
-        _DATA.__set__(job, blob)
-        job.__class__ = PackedJob
-        packed += 1
+        if job is not None and pack_job(job):
+            packed += 1
     return packed
+
+
+def drop_result(job: Job) -> None:
+    """Forget `job`'s return value (the results kept are bounded, `_tables`); a packed job
+    stays packed (it is decoded, changed and packed again)."""
+    packed = type(job) is PackedJob
+    job.result, job.has_result = None, False
+    if packed:
+        pack_job(job)

@@ -310,32 +310,6 @@ class Pager:
         stored = self._stored(read, wanted)
         return heapq.merge(kept, stored, key=key, reverse=desc) if kept else stored
 
-    def keys(self, queue: str, limit: int) -> Iterator[tuple[str, str, str | None]]:
-        """Every cold ungrouped waiting and cold delayed job of `queue`, as (row key, job id,
-        uniqueKey), `limit` stored ones a read, by seq (the kept records first): no record
-        is read or decoded. As `walk`, the caller runs `sweep` first and changes nothing
-        this reads until it is done."""
-        jobs = self.jobs
-        pending = self.pending
-        for rec in [r for _, r in pending.values() if r is not None and r.get("queue") == queue]:
-            if rec["id"] in jobs or not is_cold(rec) or not eligible(job_of(rec)):
-                continue
-            yield row_of(rec), rec["id"], rec.get("uniqueKey")
-        dropped = self.dropped.get(queue)
-        if dropped is not None and (dropped[1] is None or {WAITING, DELAYED} <= dropped[1]):
-            return  # a queue's tombstone hides every stored row these would read
-        after: Cursor | None = None
-        while True:
-            rows = self.backlog.cold_keys(queue, after, limit=limit)
-            for _, row, ukey in rows:
-                job_id = job_id_of(row)
-                if row in pending or job_id in jobs:
-                    continue
-                yield row, job_id, ukey
-            if len(rows) < limit:
-                return
-            after = rows[-1][:2]
-
     def _stored(
         self, read: Callable[[Cursor | None], ColdPage], wanted: Callable[[Job], bool]
     ) -> Iterator[Job]:

@@ -18,7 +18,7 @@ from ._options import as_int, validate_data, validate_name, validate_queue_name
 from ._repeat import check_repeat, successor
 from ._state import JobStore
 from ._tables import claim_unique
-from ._validate import JOB_FIELDS, validate_job
+from ._validate import JOB_FIELDS, MAX_COUNT, validate_job
 
 __all__ = ["Producer"]
 
@@ -28,6 +28,33 @@ _CROSS_CHECKED: Final = frozenset(("repeat", "dependsOn", "childrenIds", "groupM
 # The keys of a push that nothing rewrites, checks or cross-checks beyond its queue, data
 # and name: a push with no others (the common one) skips the option passes.
 _PLAIN_PUSH_KEYS: Final = (PUSH_KEYS - REWRITTEN_JOB_KEYS - JOB_FIELDS - _CROSS_CHECKED) | {"name"}
+# The one option the task API sends with every call (shardq/tasks, for the remote traceback):
+# an int in range needs no rewriting and no other check, so it keeps a push on the plain path.
+_TRACE_LIMIT: Final = "stackTraceLimit"
+_PLAIN_TRACED_KEYS: Final = _PLAIN_PUSH_KEYS | {_TRACE_LIMIT}
+_PLAIN_ENTRY_KEYS: Final = frozenset(("data", "name"))
+_PLAIN_TRACED_ENTRY_KEYS: Final = _PLAIN_ENTRY_KEYS | {_TRACE_LIMIT}
+
+
+def _plain(cmd: Mapping[str, Any]) -> bool:
+    """Whether a PUSH carries nothing the full passes (`normalize_job`, `validate_job`,
+    `_check_push`) would rewrite or check beyond its queue, data and name."""
+    keys = cmd.keys()
+    if keys <= _PLAIN_PUSH_KEYS:
+        return True
+    return keys <= _PLAIN_TRACED_KEYS and _plain_limit(cmd[_TRACE_LIMIT])
+
+
+def _plain_entry(entry: Mapping[str, Any]) -> bool:
+    """`_plain` for a PUSHB entry: only data, name and an int stackTraceLimit."""
+    keys = entry.keys()
+    if keys <= _PLAIN_ENTRY_KEYS:
+        return True
+    return keys <= _PLAIN_TRACED_ENTRY_KEYS and _plain_limit(entry[_TRACE_LIMIT])
+
+
+def _plain_limit(limit: object) -> bool:
+    return type(limit) is int and 0 <= limit <= MAX_COUNT  # what `count` accepts, unrewritten
 
 
 def custom_id_of(value: object) -> str | None:
@@ -47,7 +74,7 @@ def _entries(entries: object) -> list[Mapping[str, Any]]:
     for index, entry in enumerate(entries):
         if type(entry) is not dict:
             raise CommandError("jobs must be an array of job objects")
-        if len(entry) != 1 or "data" not in entry:  # a bare {data} needs no rewriting
+        if not _plain_entry(entry):  # {data}, a name, an int stackTraceLimit: no rewriting
             error = normalize_job(entry)
             if error:
                 raise CommandError(f"jobs[{index}]: {error}")
@@ -67,7 +94,7 @@ class Producer:
 
     def cmd_push(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")
-        if cmd.keys() <= _PLAIN_PUSH_KEYS:  # what the full passes below would check of it
+        if _plain(cmd):  # what the full passes below would check of it
             error = validate_queue_name(queue) or validate_data(cmd.get("data"))
             error = error or validate_name(cmd)
             if error:
@@ -106,7 +133,7 @@ class Producer:
                 if validate_queue_name(queue):
                     break
                 valid.add(queue)
-            if not cmd.keys() <= _PLAIN_PUSH_KEYS:
+            if not _plain(cmd):
                 break
             if validate_data(cmd.get("data")) or validate_name(cmd):
                 break
@@ -195,7 +222,10 @@ class Producer:
         for index, entry in enumerate(entries):
             if "groupMaxSize" in entry:
                 sized = True
-            error = validate_job(entry, max_chars)
+            if _plain_entry(entry):  # what `validate_job` would check of it
+                error = validate_data(entry.get("data")) or validate_name(entry)
+            else:
+                error = validate_job(entry, max_chars)
             if not error and "repeat" in entry and entry["repeat"] is not None:
                 error = check_repeat(entry["repeat"])
             if error:

@@ -18,6 +18,7 @@ from ._config import EngineConfig
 from ._effects import Effects
 from ._job import TIMELINE_MAX, Job, Timeline
 from ._lifecycle import COMPLETED, REMOVED
+from ._packed import drop_result
 from ._queue import QueueState
 
 __all__ = [
@@ -170,7 +171,7 @@ def retain_completed(store: Tables, fx: Effects, job: Job, pending: int = 0) -> 
                 old_id, _ = results.popitem(last=False)
                 old = jobs.get(old_id)
                 if old is not None:
-                    old.result, old.has_result = None, False
+                    drop_result(old)
     trim_completed(store, fx, pending)
 
 

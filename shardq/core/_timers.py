@@ -11,9 +11,10 @@ from typing import Any
 from ._consume import Consumer
 from ._effects import Effects
 from ._job import Job, backoff_delay
-from ._lifecycle import ACTIVE, DELAYED, TERMINAL_STATES, WAITING, WAITING_CHILDREN
+from ._lifecycle import ACTIVE, COMPLETED, DELAYED, TERMINAL_STATES, WAITING, WAITING_CHILDREN
 from ._mutations import Record
 from ._options import as_int
+from ._packed import pack_job
 from ._parts import DeadLetterPart
 from ._state import JobStore
 from ._tables import claim_unique, evict_completed, push_leases, retain_completed
@@ -253,6 +254,13 @@ class Timers:
         ttl = job.opts.get("ttl")
         if ttl:
             heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
+        if job.state == COMPLETED:
+            # Packed as it is loaded, not at the release after the load: its payload, result
+            # and timeline go now, so the next records' objects reuse their memory, and what
+            # stays (the job, its record, its id) fills the allocator's arenas densely. Packed
+            # after the load, the 50,000 survivors were spread over every arena the load's
+            # transients had filled: a shard that loaded them sat at 122 MB, not ~70.
+            pack_job(job)
         return job
 
 

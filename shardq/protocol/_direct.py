@@ -7,14 +7,29 @@ command, a PUSH naming a parent or children, and a PUSH for a queue another shar
 answered with `DIRECT_REFUSED` (plus the reason) and nothing is applied: the client sends it
 again through the front end. The front end announces the direct ports in its Hello reply
 (`HELLO_SHARDS`, `HELLO_DIRECT`) only when every shard has one.
+
+A shard that stops (a restart, a recycle) ends each direct connection with one last frame,
+`direct_goodbye()`, sent once it has stopped reading the connection and answered everything it
+took from it: a request that got no reply before that frame was never taken, so never applied,
+and the client sends it again through the front end.
 """
 
 from __future__ import annotations
 
 import zlib
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
-__all__ = ["DIRECT_REFUSED", "HELLO_DIRECT", "HELLO_SHARDS", "direct_refused", "shard_of"]
+__all__ = [
+    "DIRECT_CLOSING",
+    "DIRECT_REFUSED",
+    "HELLO_DIRECT",
+    "HELLO_SHARDS",
+    "direct_goodbye",
+    "direct_refused",
+    "flow_entries",
+    "shard_of",
+]
 
 DIRECT_REFUSED: Final = "Not served on a shard's direct port"
 """The start of every refusal of the direct port: the client falls back to the front end."""
@@ -24,6 +39,15 @@ HELLO_SHARDS: Final = "shards"
 
 HELLO_DIRECT: Final = "directPorts"
 """The Hello reply's list of direct ports, by shard index (same host as the TCP port)."""
+
+
+DIRECT_CLOSING: Final = "closing"
+"""The `type` of a direct connection's last frame (`direct_goodbye`); it carries no `reqId`."""
+
+
+def direct_goodbye() -> dict[str, Any]:
+    """The last frame of a direct connection its shard ends: nothing unanswered was applied."""
+    return {"type": DIRECT_CLOSING, "message": "the shard is stopping; send again elsewhere"}
 
 
 def direct_refused(reason: str) -> str:
@@ -38,3 +62,12 @@ def shard_of(queue: str, shards: int) -> int:
     client) would disagree on where a queue lives.
     """
     return zlib.crc32(queue.encode("utf-8", "surrogatepass")) % shards
+
+
+def flow_entries(frame: Mapping[str, Any]) -> bool:
+    """Whether a PUSHB names a parent or children in any entry (the front end checks those, so
+    a connection handed to a shard sends such a PUSHB back to it)."""
+    jobs = frame.get("jobs")
+    if type(jobs) is not list:
+        return False  # the engine's own error, on either path
+    return any(type(job) is dict and ("parentId" in job or "childrenIds" in job) for job in jobs)

@@ -130,6 +130,10 @@ class FrameCutter:
         """Bytes held for a frame that is not complete yet (what a stall timer watches)."""
         return len(self._buf)
 
+    def pending(self) -> bytes:
+        """A copy of the bytes held for the incomplete frame."""
+        return bytes(self._buf)
+
     def cut(
         self, chunk: bytes | bytearray | memoryview, take: Callable[[memoryview], T]
     ) -> list[T]:
@@ -202,6 +206,11 @@ class FrameDecoder:
     def buffered(self) -> int:
         """Bytes held for a frame that is not complete yet (what a stall timer watches)."""
         return self._cutter.buffered
+
+    def pending(self) -> bytes:
+        """A copy of the bytes held for the frame that is not complete yet (what goes with a
+        connection handed to a shard, `tcp_handoff`)."""
+        return self._cutter.pending()
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[DecodedFrame]:
         """Add `data` and return every frame it completed, oldest first.

@@ -204,6 +204,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_db_bytes": _db_cap,
     "sqlite_cache_mb": _ranged(1, 65_536),
     "row_cache_mb": _ranged(0, 1 << 20),  # 0: no row summaries kept
+    "drain_chunk_rows": _ranged(1, 10_000_000),
     "sqlite_mmap_mb": _ranged(0, 1 << 20),  # 0: plain reads, no map
     # A step is one transaction: past 65,536 pages (256 MiB) it would hold up a commit for long.
     "vacuum_pages_per_step": _ranged(0, 65_536),  # 0: no vacuum
@@ -273,6 +274,12 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     # -- the direct path (issue 24)
     "direct_shards": _bool,
     "direct_max_connections": _ranged(1, 1 << 20),
+    "tcp_handoff": _bool,
+    "tcp_handoff_after": _ranged(1, 1_000_000),
+    "tcp_handoff_backoff_ms": _ranged(0, 3_600_000, ms=True),
+    "tcp_handoff_max_bytes": _ranged(4096, 1 << 20),
+    # Within the supervisor's 5 s grace past shutdown_timeout_ms, which SIGKILLs a late shard.
+    "direct_stop_ms": _ranged(0, 4_000, ms=True),
     "test_unanswered_command": _path_or_none,  # a command name, or "" for off
     # -- cluster (issue 23): "" = the defaults `load_config` resolves (docs/cluster.md)
     "node_id": _node_name,

@@ -20,7 +20,48 @@ never per command.
 """
 
 from dataclasses import dataclass
-from typing import Any, Final, Literal, NotRequired, TypedDict
+from typing import Any, Final
+
+from shardq.runtime._message_shapes import (
+    ENVELOPE_HOLD,
+    ENVELOPE_WIRE,
+    CancelMsg,
+    CloseMsg,
+    DirectMsg,
+    DoneMsg,
+    DrainedMsg,
+    DrainMsg,
+    EventsMsg,
+    FailMsg,
+    FatalMsg,
+    FlowackMsg,
+    FlowMsg,
+    FlushMsg,
+    FrontMsg,
+    GoneMsg,
+    HandbackMsg,
+    HandoffMsg,
+    ListenMsg,
+    LoadedMsg,
+    MutsMsg,
+    PartsMsg,
+    ProgressMsg,
+    ReadyMsg,
+    RecycledMsg,
+    RecycleGoMsg,
+    RecycleMsg,
+    RecycleOffMsg,
+    RejectedMsg,
+    RepMsg,
+    ReqEnvelope,
+    ReqMsg,
+    ShardDownMsg,
+    ShardUpMsg,
+    SyncMsg,
+    TookMsg,
+    WorkersMsg,
+    WriterUpMsg,
+)
 
 __all__ = [
     "CANCEL",
@@ -38,6 +79,9 @@ __all__ = [
     "FLOWACK",
     "FLUSH",
     "FRONT",
+    "GONE",
+    "HANDBACK",
+    "HANDOFF",
     "LISTEN",
     "LOADED",
     "MESSAGES",
@@ -55,6 +99,7 @@ __all__ = [
     "SHARD_DOWN",
     "SHARD_UP",
     "SYNC",
+    "TOOK",
     "WORKERS",
     "WRITER_UP",
     "CancelMsg",
@@ -70,6 +115,9 @@ __all__ = [
     "FlowackMsg",
     "FlushMsg",
     "FrontMsg",
+    "GoneMsg",
+    "HandbackMsg",
+    "HandoffMsg",
     "ListenMsg",
     "LoadedMsg",
     "Message",
@@ -88,6 +136,7 @@ __all__ = [
     "ShardDownMsg",
     "ShardUpMsg",
     "SyncMsg",
+    "TookMsg",
     "WorkersMsg",
     "WriterUpMsg",
     "cancel",
@@ -103,6 +152,9 @@ __all__ = [
     "flowack",
     "flush",
     "front",
+    "gone",
+    "handback",
+    "handoff",
     "listen",
     "loaded",
     "muts",
@@ -119,6 +171,7 @@ __all__ = [
     "shard_down",
     "shard_up",
     "sync",
+    "took",
     "workers",
     "writer_up",
 ]
@@ -151,6 +204,11 @@ LOADED: Final = "loaded"
 DIRECT: Final = "direct"
 RECYCLE: Final = "recycle"
 RECYCLE_OFF: Final = "recycle-off"
+# Front end <-> shard over the handoff socket (`tcp_handoff`), each with a descriptor.
+HANDOFF: Final = "handoff"
+TOOK: Final = "took"
+HANDBACK: Final = "handback"
+GONE: Final = "gone"
 # Shard -> writer.
 MUTS: Final = "muts"
 FLUSH: Final = "flush"
@@ -166,212 +224,7 @@ FRONT: Final = "front"
 FRONT_END_SHARD: Final = -1
 
 
-# -- shapes ----------------------------------------------------------------------------------
-# No `from __future__ import annotations` here: `NotRequired` must be a real object for the
-# TypedDicts' required keys, which the doc table is rendered from.
-
-
-class ReadyMsg(TypedDict):
-    t: Literal["ready"]
-    role: str
-    index: int
-    pid: int
-    addresses: NotRequired[dict[str, str]]
-
-
-class ProgressMsg(TypedDict):
-    t: Literal["progress"]
-    role: str
-    index: int
-    pid: int
-    loaded: NotRequired[int]
-    deleted: NotRequired[int]
-
-
-class FatalMsg(TypedDict):
-    t: Literal["fatal"]
-    role: str
-    index: int
-    pid: int
-    error: str
-
-
-class RecycledMsg(TypedDict):
-    t: Literal["recycled"]
-    role: str
-    index: int
-    pid: int
-    rss: int
-
-
-class ShardDownMsg(TypedDict):
-    t: Literal["shard-down"]
-    shard: int
-
-
-class ShardUpMsg(TypedDict):
-    t: Literal["shard-up"]
-    shard: int
-
-
-class ReqMsg(TypedDict):
-    t: Literal["req"]
-    items: list[list[Any]]
-
-
-ENVELOPE_WIRE: Final = "wire"
-ENVELOPE_HOLD: Final = "hold"
-
-
-class ReqEnvelope(TypedDict, total=False):
-    """The fourth element of a `req` item, for the few commands that need one."""
-
-    # A PULLB from a TCP (2) or ZeroMQ (1) client: the shard packs its reply in that client's
-    # final form (`shardq.protocol._prepacked`).
-    wire: int
-    # A PUSHF part of a flow spanning shards: its jobs stay held until its FlowRelease.
-    hold: bool
-
-
-class CloseMsg(TypedDict):
-    t: Literal["close"]
-    conn: str
-
-
-class DrainMsg(TypedDict):
-    t: Literal["drain"]
-
-
-class ListenMsg(TypedDict):
-    t: Literal["listen"]
-    all: bool
-    queues: list[str]
-
-
-class WorkersMsg(TypedDict):
-    t: Literal["workers"]
-    queues: list[str]
-
-
-class FlowackMsg(TypedDict):
-    t: Literal["flowack"]
-    keys: list[Any]
-
-
-class PartsMsg(TypedDict):
-    t: Literal["parts"]
-    held: list[int]
-    epochs: list[int]
-
-
-class RecycleGoMsg(TypedDict):
-    t: Literal["recycle-go"]
-
-
-class RecycleMsg(TypedDict):
-    t: Literal["recycle"]
-    shard: int
-
-
-class RecycleOffMsg(TypedDict):
-    t: Literal["recycle-off"]
-    shard: int
-
-
-class RepMsg(TypedDict):
-    t: Literal["rep"]
-    items: list[Any]
-
-
-class EventsMsg(TypedDict):
-    t: Literal["events"]
-    items: list[dict[str, Any]]
-
-
-class CancelMsg(TypedDict):
-    t: Literal["cancel"]
-    items: list[dict[str, Any]]
-
-
-class DrainedMsg(TypedDict):
-    t: Literal["drained"]
-    shard: int
-
-
-class FlowMsg(TypedDict):
-    t: Literal["flow"]
-    shard: int
-    items: list[list[Any]]
-
-
-class LoadedMsg(TypedDict):
-    t: Literal["loaded"]
-    shard: int
-    held: list[int]
-    epochs: list[int]
-
-
-class DirectMsg(TypedDict):
-    t: Literal["direct"]
-    shard: int
-    port: int
-
-
-class MutsMsg(TypedDict):
-    t: Literal["muts"]
-    shard: int
-    seq: int
-    muts: list[Any]
-    durable: NotRequired[bool]
-    upto: NotRequired[int]
-    # A durable batch's replies, packed as the `rep` message the front end takes: the writer
-    # hands it to the front end itself once the batch is committed (docs/runtime.md).
-    rep: NotRequired[bytes]
-
-
-class FlushMsg(TypedDict):
-    t: Literal["flush"]
-    shard: int
-    seq: int
-
-
-class SyncMsg(TypedDict):
-    t: Literal["sync"]
-    shard: int
-    seq: int
-
-
-class DoneMsg(TypedDict):
-    t: Literal["done"]
-    seq: int
-    sync: NotRequired[bool]
-    # The seqs whose `rep` the writer hands to the front end right after this `done`.
-    answered: NotRequired[list[int]]
-
-
-class FrontMsg(TypedDict):
-    t: Literal["front"]
-    shard: int  # FRONT_END_SHARD
-    seq: int  # 0
-
-
-class FailMsg(TypedDict):
-    t: Literal["fail"]
-    seq: int
-    error: str
-    # Set when the batch is gone for good (the node lost a partition it writes: fenced): the
-    # shard forgets it, never resends it, and waits on it no more.
-    dropped: NotRequired[bool]
-
-
-class RejectedMsg(TypedDict):
-    t: Literal["rejected"]
-    seq: int
-    items: list[list[Any]]
-
-
-class WriterUpMsg(TypedDict):
-    t: Literal["writer-up"]
+# -- shapes: `_message_shapes.py`, re-exported here -------------------------------------------
 
 
 # -- the table -------------------------------------------------------------------------------
@@ -438,6 +291,22 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(DIRECT, DirectMsg, "shard", "front end", "this shard's direct port (`direct_shards`)"),
     Message(RECYCLE, RecycleMsg, "shard", "front end", "about to be replaced: hold my requests"),
     Message(RECYCLE_OFF, RecycleOffMsg, "shard", "front end", "not replaced: send what was held"),
+    Message(
+        HANDOFF,
+        HandoffMsg,
+        "front end",
+        "shard (its handoff socket)",
+        "serve this TCP connection (its descriptor) from now on (`tcp_handoff`)",
+    ),
+    Message(TOOK, TookMsg, "shard", "front end", "a handed-off connection taken (`ok`) or not"),
+    Message(
+        HANDBACK,
+        HandbackMsg,
+        "shard",
+        "front end",
+        "a handed-off connection back (its descriptor): serve it from `unread` on",
+    ),
+    Message(GONE, GoneMsg, "shard", "front end", "a handed-off connection closed"),
     Message(
         MUTS,
         MutsMsg,
@@ -516,6 +385,24 @@ def close(conn: str) -> CloseMsg:
 
 def direct(shard: int, port: int) -> DirectMsg:
     return {"t": DIRECT, "shard": shard, "port": port}
+
+
+def handoff(conn: str, unread: bytes) -> HandoffMsg:
+    return {"t": HANDOFF, "conn": conn, "unread": unread}
+
+
+def took(conn: str, ok: bool) -> TookMsg:
+    return {"t": TOOK, "conn": conn, "ok": ok}
+
+
+def handback(conn: str, unread: bytes, *, more: bool = False) -> HandbackMsg:
+    if more:
+        return {"t": HANDBACK, "conn": conn, "unread": unread, "more": True}
+    return {"t": HANDBACK, "conn": conn, "unread": unread}
+
+
+def gone(conn: str) -> GoneMsg:
+    return {"t": GONE, "conn": conn}
 
 
 def drain() -> DrainMsg:

@@ -165,6 +165,22 @@ class TcpSettings:
     # (the client then pushes through the front end). Frames and unread replies are bounded
     # by max_frame_bytes and tcp_max_write_backlog_bytes, as on the TCP port.
     direct_max_connections: int = 1_000
+    # Handed-off connections (docs/runtime.md): a bunqueue TCP connection whose last
+    # tcp_handoff_after requests were all single pushes for one shard's queues is handed (its
+    # descriptor) to that shard, which serves it as a direct connection until a request it
+    # does not serve sends it back. Only where the direct port is open; after a hand-back the
+    # connection stays with the front end for tcp_handoff_backoff_ms. tcp_handoff_max_bytes
+    # bounds each message that travels with a descriptor (the bytes read past the last whole
+    # frame); a connection with more buffered is not handed off.
+    tcp_handoff: bool = True
+    tcp_handoff_after: int = 16
+    tcp_handoff_backoff_ms: int = 5_000
+    tcp_handoff_max_bytes: int = 65_536
+    # At a stop (restart, recycle) a shard ends each direct connection with a goodbye frame
+    # once it has answered what it took from it; it waits this long at most for the clients to
+    # take those last bytes before it closes the rest (0: closes at once; at most 4,000, inside
+    # the supervisor's grace of 5 s past shutdown_timeout_ms).
+    direct_stop_ms: int = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +301,10 @@ class WriterSettings:
     # update of a job pushed a moment ago needs no read, in MiB (about 240 bytes a job:
     # 24 MiB holds about 100,000). 0: none. Dropped when the writer gives memory back.
     row_cache_mb: int = 24
+    # Rows per statement of a Drain's range deletion of a cold backlog (`storage/_drain.py`):
+    # the deletion is one transaction, in statements of this many rows, logging its progress
+    # after each past 100,000 rows.
+    drain_chunk_rows: int = 50_000
     # The idle writer gives the file's free pages back (`writer/_vacuum.py`): once nothing
     # committed for `vacuum_idle_ms`, a step at a time, when at least `vacuum_min_free_pages`
     # are free. The first step frees `vacuum_pages_per_step` pages (0: never vacuum); each

@@ -164,6 +164,11 @@ class ChildSpec:
         """The Unix socket path on which shard `index` takes the front end's link."""
         return f"{self.run_dir}/link-{index}"
 
+    def handoff_path(self, index: int) -> str:
+        """The Unix socket path on which shard `index` takes handed-off client connections
+        (`tcp_handoff`)."""
+        return f"{self.run_dir}/handoff-{index}"
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))  # the sections too, as objects
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from shardq.runtime._spec import ChildSpec
 from shardq.storage import Storage, Store, open_postgres
+
+if TYPE_CHECKING:
+    from shardq.storage._postgres import PostgresStore
 
 __all__ = ["BEAT_EVERY_S", "ROW_CACHE_ENTRY_BYTES", "every", "open_storage", "storage_place"]
 
@@ -34,17 +37,21 @@ def open_storage(
     called). Raises `StorageError`."""
     settings = spec.writer
     rows = (settings.row_cache_mb << 20) // ROW_CACHE_ENTRY_BYTES
+    store: Store | PostgresStore
     if settings.storage_url:
-        return open_postgres(settings.storage_url, cache_records=rows)
-    return Store.open(
-        spec.data_path,
-        synchronous=settings.synchronous,
-        cache_records=rows,
-        max_bytes=(settings.max_db_bytes or None) if capped else None,
-        cache_mb=settings.sqlite_cache_mb,
-        mmap_mb=settings.sqlite_mmap_mb,
-        progress=progress,
-    )
+        store = open_postgres(settings.storage_url, cache_records=rows)
+    else:
+        store = Store.open(
+            spec.data_path,
+            synchronous=settings.synchronous,
+            cache_records=rows,
+            max_bytes=(settings.max_db_bytes or None) if capped else None,
+            cache_mb=settings.sqlite_cache_mb,
+            mmap_mb=settings.sqlite_mmap_mb,
+            progress=progress,
+        )
+    store.drain_chunk = settings.drain_chunk_rows
+    return store
 
 
 def every(beat: Callable[[], None], seconds: float) -> Callable[[], None]:

@@ -35,6 +35,7 @@ from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._errors import StorageRejected
 
 __all__ = [
+    "DrainInBatch",
     "Fetch",
     "Part",
     "Plan",
@@ -45,6 +46,12 @@ __all__ = [
     "coalesce",
     "remember",
 ]
+
+
+class DrainInBatch(Exception):
+    """`coalesce` met a `qdrain`: one plan cannot say where among the rows it deletes, so
+    the caller applies the batch in steps around each (`shardq.storage._drain.steps`)."""
+
 
 Stored = tuple[str, int, int, int]
 """What the writer knows of a stored row: (queue, length of rec, length of patch, bytes of
@@ -221,6 +228,7 @@ class _Folder:
             "del": self._del,
             "queue": self._queue,
             "qdel": self._qdel,
+            "qdrain": self._qdrain,
             "cron": self._cron,
             "crondel": self._crondel,
             "webhook": self._webhook,
@@ -341,6 +349,11 @@ class _Folder:
     def _groupdel(self, queue: str, gid: str, _b: None) -> None:
         self.plan.groups[(queue, gid)] = None
 
+    def _qdrain(self, name: str, _seq: int, _b: None) -> None:
+        # A range deletion is written where it stands among the batch's writes: the batch
+        # is applied as the steps around it instead (`shardq.storage._drain`).
+        raise DrainInBatch(name)
+
     def _qdel(self, name: str, _a: None, _b: None) -> None:
         self.plan.queues[name] = None
         self.plan.obliterated[name] = None
@@ -380,6 +393,7 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "delta": (str, dict),
     "queue": (str, dict),
     "qdel": (str,),
+    "qdrain": (str, int),
     "cron": (str, dict),
     "crondel": (str,),  # or (str, str): the name and the queue it must still be on
     "webhook": (str, dict),
@@ -495,7 +509,8 @@ def _parse_general(index: int, mutation: object) -> _Op:
         return kind, fields[0], fields[1], None
     if kind in ("putb", "updb", "updm", "dltb"):  # well-formed ones took the fast path
         raise StorageRejected(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")
-    # del, qdel, webhookdel, flowdel: a key; crondel: a name, and maybe its queue.
+    # del, qdel, webhookdel, flowdel: a key; crondel: a name, and maybe its queue; qdrain:
+    # a queue and a seq.
     return kind, fields[0], fields[1] if len(fields) == 2 else None, None
 
 

@@ -134,8 +134,12 @@ def table_rows(
 # -- PostgreSQL: one trigger function, three triggers ---------------------------------------
 
 _PG_CAST = "CASE WHEN {} THEN 1 ELSE 0 END"
-_PG_FUNCTION = f"""
-CREATE FUNCTION shardq_cold_counts() RETURNS trigger LANGUAGE plpgsql AS $$
+PG_SKIP_SETTING: Final = "shardq.counted_by_statement"
+"""A transaction-local setting: while 'on', the trigger counts nothing, the statement that
+changes the rows counts them itself (`_drain`: a range deletion of many rows, whose counts
+a trigger would update once a row, each update a new version of the same count row that
+every later one in the transaction walks past)."""
+_PG_BODY = f"""
 BEGIN
     IF TG_OP <> 'INSERT' THEN
         IF {_COUNTED.format(r="OLD")} THEN
@@ -153,9 +157,21 @@ BEGIN
     RETURN NULL;
 END $$
 """
+_PG_FUNCTION = "CREATE FUNCTION shardq_cold_counts() RETURNS trigger LANGUAGE plpgsql AS $$"
+PG_SKIPPING_FUNCTION: Final = (
+    "CREATE OR REPLACE"
+    + _PG_FUNCTION[len("CREATE") :]
+    + _PG_BODY.replace(
+        "BEGIN\n",
+        f"BEGIN\n    IF current_setting('{PG_SKIP_SETTING}', true) = 'on'"
+        " THEN RETURN NULL; END IF;\n",
+        1,
+    )
+)
+"""`_pg_schema._v10_counted_by_statement`: the function, skipping while `PG_SKIP_SETTING`."""
 PG_MIGRATION: Final[tuple[str, ...]] = (
     TABLE_SQL,
-    _PG_FUNCTION,
+    _PG_FUNCTION + _PG_BODY,
     "CREATE TRIGGER cold_counts_insert AFTER INSERT ON jobs FOR EACH ROW"
     f" WHEN ({_COUNTED.format(r='NEW')}) EXECUTE FUNCTION shardq_cold_counts()",
     "CREATE TRIGGER cold_counts_delete AFTER DELETE ON jobs FOR EACH ROW"
@@ -166,6 +182,29 @@ PG_MIGRATION: Final[tuple[str, ...]] = (
 )
 """The statements of PostgreSQL's migration (`_pg_schema._v9_cold_counts`), before its fill."""
 PG_FILL: Final = _FILL.format(values=_key_values("j", _PG_CAST), counted=_COUNTED.format(r="j"))
+
+
+def pg_counted_delete(select: str) -> str:
+    """A statement deleting the jobs whose row keys `select` reads that takes their counts off
+    `cold_counts` itself, one update per key (run while `PG_SKIP_SETTING` keeps the trigger
+    out); it returns the number of rows deleted. The rows must all be counted (cold, waiting
+    or delayed), as a range deletion's are. Keys whose count reaches 0 stay at 0 until
+    `PG_EMPTY_COUNTS` removes them."""
+    return (
+        f"WITH gone AS (DELETE FROM jobs WHERE id IN ({select})"
+        " RETURNING queue, state, gid, priority, cold),"
+        f" tally(queue, state, grouped, gid, prio, c) AS (SELECT {_key_values('gone', _PG_CAST)},"
+        " count(*) FROM gone GROUP BY 1, 2, 3, 4, 5),"
+        " taken AS (UPDATE cold_counts AS k SET n = k.n - t.c FROM tally AS t WHERE"
+        " k.queue = t.queue AND k.state = t.state AND k.grouped = t.grouped AND k.gid = t.gid"
+        " AND k.prio = t.prio RETURNING 1)"
+        " SELECT coalesce(sum(c), 0) FROM tally"
+    )
+
+
+PG_EMPTY_COUNTS: Final = "DELETE FROM cold_counts WHERE queue = %s AND n <= 0"
+"""The keys of a queue that `pg_counted_delete` brought to 0 (the trigger deletes them as it
+goes)."""
 
 
 def read_counts(mark: str) -> str:

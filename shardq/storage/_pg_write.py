@@ -21,6 +21,7 @@ from psycopg.rows import TupleRow
 from shardq.core._mutations import Record
 from shardq.storage._coalesce import Plan, Stored
 from shardq.storage._cold import cold_state
+from shardq.storage._cold_count_table import PG_SKIP_SETTING
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._write import (
     COLD_COLUMNS,
@@ -149,13 +150,15 @@ def write_plan(
     deltas_exist: bool,
     *,
     cold: int = COLD_COLUMNS,
+    counted: bool = False,
 ) -> dict[str, Stored | None]:
     """Queue the statements that write `plan`; return what is now known of every job it
     touched (None: the row is gone). `deltas_exist`: whether `job_deltas` may hold a row.
     Raises what psycopg and msgpack raise, and `StorageRejected` for a row whose column
-    fields are missing or mistyped; the caller's transaction rolls back."""
+    fields are missing or mistyped; the caller's transaction rolls back. `counted`: whether
+    the count trigger can be kept out of a statement (`_cold_count_table.PG_SKIP_SETTING`)."""
     if plan.obliterated:
-        _obliterate(writes, plan, deltas_exist)
+        _obliterate(writes, plan, deltas_exist, counted)
     known: dict[str, Stored | None] = {}
     _write_jobs(writes, plan, pack, patch_floor, deltas_exist, known, cold)
     _write_keyed(writes, plan.queues, "queue_state", ("name", "cfg"), lambda k, r: (k, pack(r)))
@@ -273,15 +276,23 @@ def _columns(rows: list[tuple[Any, ...]], priority_at: int, run_at: int) -> tupl
     return columns
 
 
-def _obliterate(writes: Writes, plan: Plan, deltas_exist: bool) -> None:
+def _obliterate(writes: Writes, plan: Plan, deltas_exist: bool, counted: bool) -> None:
     """Delete the obliterated queues' jobs, their ops and their group rows, before any row of
-    the batch is written: a put later in the batch for that queue must survive it."""
+    the batch is written: a put later in the batch for that queue must survive it. With
+    `counted`, their cold counts go with one statement, not a trigger call per row (whose
+    updates of one counts row cost quadratic time in one transaction: `_cold_count_table`)."""
     _materialize_survivors(writes.conn, plan)
     queues = (list(plan.obliterated),)
     if deltas_exist:
         sql = "DELETE FROM job_deltas WHERE id IN (SELECT id FROM jobs WHERE queue = ANY(%s))"
         writes.one(sql, queues, deltas=-1)
+    setting = writes.conn.cursor()  # not counted as rows written
+    if counted:
+        setting.execute("SELECT set_config(%s, 'on', true)", (PG_SKIP_SETTING,))
     writes.one("DELETE FROM jobs WHERE queue = ANY(%s::text[])", queues)
+    if counted:
+        setting.execute("SELECT set_config(%s, 'off', true)", (PG_SKIP_SETTING,))
+        setting.execute("DELETE FROM cold_counts WHERE queue = ANY(%s::text[])", queues)
     writes.one("DELETE FROM queue_groups WHERE queue = ANY(%s::text[])", queues)
 
 

@@ -32,10 +32,20 @@ from psycopg import conninfo
 
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _pg_schema, _schema
-from shardq.storage._coalesce import Plan, Stored, coalesce, remember
+from shardq.storage._coalesce import DrainInBatch, Plan, Stored, coalesce
+from shardq.storage._cold_count_table import PG_EMPTY_COUNTS, PG_SKIP_SETTING, pg_counted_delete
 from shardq.storage._cold_reads import HOT_SET, POSTGRES, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
+from shardq.storage._drain import (
+    DRAIN_CHUNK_ROWS,
+    Drain,
+    apply_steps,
+    delete_range,
+    remember_steps,
+    select_range,
+    statements,
+)
 from shardq.storage._errors import StorageError
 from shardq.storage._pg_fence import FENCE_SQL, Fence, check, plan_queues
 from shardq.storage._pg_schema import Conn, pg_error
@@ -85,6 +95,9 @@ class PostgresStore(ColdReads):
         # Whether `job_deltas` may hold a row: while not, a put or delete needs no look there.
         self._deltas_exist = version >= _pg_schema.DELTAS_VERSION and self._any_deltas()
         self._counts_table = version >= _pg_schema.COUNTS_VERSION
+        self._deltas_table = version >= _pg_schema.DELTAS_VERSION
+        self.drain_chunk = DRAIN_CHUNK_ROWS
+        """Rows per statement of a `qdrain`'s range deletion (`_drain`)."""
         self.fence: Fence | None = None
         """Set by a node among several (shardq.cluster): every batch then checks, in its own
         transaction, that this node still holds the partitions it writes."""
@@ -139,32 +152,79 @@ class PostgresStore(ColdReads):
         conn = self._connection()
         try:
             with conn.transaction():
-                plan = coalesce(mutations, self._fetch_stored)
-                writes = Writes(conn)
-                fenced = self._fenced(plan) if self.fence is not None else None
-                with conn.pipeline():
-                    if fenced is not None:
-                        # First in the pipeline: its locks precede every write of the batch.
-                        fence_rows = conn.cursor()
-                        fence_rows.execute(FENCE_SQL, fenced)  # no row counted
-                    known = write_plan(
-                        writes, plan, self._packer.pack, self._patch_floor, self._deltas_exist,
-                        cold=_pg_schema.cold_columns(self._version),
-                    )  # fmt: skip
-                if fenced is not None:
-                    # Synced, not committed: a partition lost rolls the whole batch back.
-                    check(fenced[2], fenced[0], fence_rows.fetchall())
+                try:
+                    plan = coalesce(mutations, self._fetch_stored)
+                except DrainInBatch:
+                    written, delta_rows, done = apply_steps(mutations, self._segment, self._drain)
+                else:
+                    writes, known = self._write(conn, plan, self._deltas_exist)
+                    done = [(plan, known)]
+                    written, delta_rows = writes.totals()
         except Exception as e:
             # The commit's outcome may be unknown (a connection lost in COMMIT): forget what
             # the cache says, and read the rows again. The writer resends the same batch.
             self._cache = {}
             self._packer.reset()
             raise _as_storage_error(e, f"applying a batch of {len(mutations)} mutations") from e
-        written, delta_rows = writes.totals()
         self._deltas_exist = self._deltas_exist or delta_rows > 0
-        self._cache = remember(self._cache, self._cache_limit, plan, known)
-        self._skipped_updates += plan.skipped
+        self._cache = remember_steps(self._cache, self._cache_limit, done)
+        self._skipped_updates += sum(p.skipped for p, _ in done if isinstance(p, Plan))
         return written
+
+    def _write(self, conn: Conn, plan: Plan, deltas: bool) -> tuple[Writes, dict[str, Any]]:
+        """Write `plan` in one pipeline, the fencing statement first (`_pg_fence`)."""
+        writes = Writes(conn)
+        fenced = self._fenced(plan) if self.fence is not None else None
+        with conn.pipeline():
+            if fenced is not None:
+                # First in the pipeline: its locks precede every write of the batch.
+                fence_rows = conn.cursor()
+                fence_rows.execute(FENCE_SQL, fenced)  # no row counted
+            known = write_plan(
+                writes, plan, self._packer.pack, self._patch_floor, deltas,
+                cold=_pg_schema.cold_columns(self._version),
+                counted=self._version >= _pg_schema.COUNTED_VERSION,
+            )  # fmt: skip
+        if fenced is not None:
+            # Synced, not committed: a partition lost rolls the whole batch back.
+            check(fenced[2], fenced[0], fence_rows.fetchall())
+        return writes, known
+
+    def _segment(self, mutations: Sequence[Mutation], first: bool) -> tuple[int, int, Plan, Any]:
+        """One step of a batch holding a `qdrain` (`_drain.apply_steps`): a later one reads
+        the rows as the steps before left them, not the cache."""
+        plan = coalesce(mutations, self._fetch_stored if first else self._read_stored)
+        writes, known = self._write(self._conn, plan, self._deltas_exist or self._deltas_table)
+        written, delta_rows = writes.totals()
+        return written, delta_rows, plan, known
+
+    def _drain(self, drain: Drain, _delta_rows: int) -> tuple[int, int]:
+        """Delete a `qdrain`'s rows (`_drain.delete_range`) over the cold backlog's index,
+        once the drained queue's partition is fenced (as a plan's queues are)."""
+        if not _pg_schema.cold_columns(self._version):
+            return 0, 0  # no column says cold: no row is
+        conn = self._conn
+        if self.fence is not None:
+            parts, epochs = self.fence.epochs_for({drain[0]})
+            found = conn.execute(FENCE_SQL, (parts, epochs, self.fence.node_id)).fetchall()
+            check(self.fence.node_id, parts, found)
+
+        sql = statements("%s", "", 'id COLLATE "C"')
+        counted = self._version >= _pg_schema.COUNTED_VERSION
+        if counted:
+            # The statement counts its rows, not the trigger (`_cold_count_table`).
+            sql = (sql[0], pg_counted_delete(select_range("%s", "", 'id COLLATE "C"')))
+            conn.execute("SELECT set_config(%s, 'on', true)", (PG_SKIP_SETTING,))
+
+        def run(sql: str, params: tuple[Any, ...]) -> int:
+            cur = conn.execute(sql, params)
+            return int(cur.fetchone()[0]) if sql.startswith("WITH") else int(cur.rowcount)  # type: ignore[index]
+
+        done = delete_range(run, sql, drain, deltas=self._deltas_table, chunk=self.drain_chunk)
+        if counted:
+            conn.execute("SELECT set_config(%s, 'off', true)", (PG_SKIP_SETTING,))
+            conn.execute(PG_EMPTY_COUNTS, (drain[0],))
+        return done
 
     def _fenced(self, plan: Plan) -> tuple[Any, ...]:
         """The fencing statement's parameters for `plan` (`shardq.storage._pg_fence`)."""
@@ -392,10 +452,19 @@ class PostgresStore(ColdReads):
                 ids.append(job_id)
             else:
                 found[job_id] = info
-        if not ids:
-            return found
+        if ids:
+            found.update(self._read_stored(ids, deltas=self._deltas_exist))
+        return found
+
+    def _read_stored(
+        self, job_ids: Collection[str], *, deltas: bool | None = None
+    ) -> dict[str, Stored]:
+        """What the rows say of `job_ids`, not the cache (`deltas`: whether ops may exist;
+        None: look, as a step of a batch after a `qdrain` must)."""
+        ids = list(job_ids)
+        found: dict[str, Stored] = {}
         sizes: dict[str, int] = {}
-        if self._deltas_exist:
+        if self._deltas_table if deltas is None else deltas:
             sql = (
                 "SELECT id, sum(octet_length(d)) FROM job_deltas WHERE id = ANY(%s::text[])"
                 " GROUP BY id"

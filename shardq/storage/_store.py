@@ -25,7 +25,6 @@ by folding it into `rec` once it outgrows the record.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -36,14 +35,22 @@ from typing import TYPE_CHECKING, Any
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core._mutations import Mutation, Record
-from shardq.storage import _schema, _vacuum
+from shardq.storage import _schema
 from shardq.storage import _seq_reads as _seq
-from shardq.storage._coalesce import Stored, coalesce, remember
+from shardq.storage._coalesce import DrainInBatch, Plan, Stored, coalesce
 from shardq.storage._cold_reads import HOT_SET, SQLITE, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
 from shardq.storage._deltas import delta_lengths, read_deltas
+from shardq.storage._drain import (
+    DRAIN_CHUNK_ROWS,
+    Drain,
+    apply_steps,
+    delete_sqlite,
+    remember_steps,
+)
 from shardq.storage._errors import StorageError, wrap_error
+from shardq.storage._store_file import PROGRESS_STEPS, StoreFile, beating
 from shardq.storage._tx import transaction
 from shardq.storage._write import FETCH_CHUNK, chunks, decode, merge_row, write_plan
 
@@ -64,12 +71,9 @@ _GROUPS_VERSION = 8
 MAX_FILTER_QUEUES = 1000
 # Ids of stale completed rows are handed out this many at a time (a few hundred KB).
 STALE_PAGE = 10_000
-# SQLite calls `set_progress`'s beat once per this many virtual-machine steps of a statement:
-# about 12,000 rows of a scan (10-20 ms), so the beat's own clock check costs nothing measurable.
-PROGRESS_STEPS = 100_000
 
 
-class Store(ColdReads):
+class Store(StoreFile, ColdReads):
     """The shardq database: jobs and queue configs, written in batches of mutations.
 
     Create one with `Store.open`. A `Store` belongs to one thread (sqlite3's default check)
@@ -104,6 +108,9 @@ class Store(ColdReads):
         # Reads in seq order go over the split seq indexes (`_seq_reads`) from this version on.
         self._split_seq = version >= _schema.SEQ_VERSION
         self._counts_table = version >= _schema.COUNTS_VERSION
+        self._deltas_table = version >= _schema.DELTAS_VERSION
+        self.drain_chunk = DRAIN_CHUNK_ROWS
+        """Rows per statement of a `qdrain`'s range deletion (`_drain`)."""
 
     @classmethod
     def open(
@@ -149,7 +156,7 @@ class Store(ColdReads):
                 mmap_mb=mmap_mb,
             )
             if progress is not None:
-                conn.set_progress_handler(_beating(progress), PROGRESS_STEPS)
+                conn.set_progress_handler(beating(progress), PROGRESS_STEPS)
             version = _schema.migrate(conn)
             conn.set_progress_handler(None, 0)
         except Exception as e:
@@ -191,15 +198,38 @@ class Store(ColdReads):
         if not mutations:
             return 0
         with transaction(self._conn, f"applying a batch of {len(mutations)} mutations"):
-            plan = coalesce(mutations, self._fetch_stored)
-            written, known, delta_rows = write_plan(
-                self._conn, plan, self._packer.pack, self._patch_floor, self._delta_rows > 0,
-                cold=_schema.cold_columns(self._version),
-            )  # fmt: skip
+            try:
+                plan = coalesce(mutations, self._fetch_stored)
+            except DrainInBatch:
+                written, delta_rows, done = apply_steps(mutations, self._segment, self._drain)
+            else:
+                written, known, delta_rows = write_plan(
+                    self._conn, plan, self._packer.pack, self._patch_floor, self._delta_rows > 0,
+                    cold=_schema.cold_columns(self._version),
+                )  # fmt: skip
+                done = [(plan, known)]
         self._delta_rows = max(0, self._delta_rows + delta_rows)
-        self._cache = remember(self._cache, self._cache_limit, plan, known)
-        self._skipped_updates += plan.skipped
+        self._cache = remember_steps(self._cache, self._cache_limit, done)
+        self._skipped_updates += sum(p.skipped for p, _ in done if isinstance(p, Plan))
         return written
+
+    def _segment(
+        self, mutations: Sequence[Mutation], first: bool
+    ) -> tuple[int, int, Plan, dict[str, Stored | None]]:
+        """One step of a batch holding a `qdrain` (`_drain.apply_steps`)."""
+        plan = coalesce(mutations, self._fetch_stored if first else self._read_stored)
+        deltas = self._delta_rows > 0 or self._deltas_table
+        written, known, delta_rows = write_plan(
+            self._conn, plan, self._packer.pack, self._patch_floor, deltas,
+            cold=_schema.cold_columns(self._version),
+        )  # fmt: skip
+        return written, delta_rows, plan, known
+
+    def _drain(self, drain: Drain, delta_rows: int) -> tuple[int, int]:
+        """Delete a `qdrain`'s rows (`_drain.delete_sqlite`)."""
+        deltas = self._delta_rows + delta_rows > 0
+        cold = _schema.cold_columns(self._version)
+        return delete_sqlite(self._conn, cold, drain, deltas=deltas, chunk=self.drain_chunk)
 
     def load_jobs(
         self,
@@ -401,73 +431,6 @@ class Store(ColdReads):
             (seq,) = self._conn.execute(sql).fetchone()
             return 0 if seq is None else int(seq)
 
-    def checkpoint(self, *, wait: bool = True) -> bool:
-        """Copy the WAL into the database file and truncate it; True if it completed.
-
-        False means a reader still needed old pages; the WAL is then only partly copied and a
-        later checkpoint finishes the job. `wait=False` gives up at once on a reader instead
-        of waiting `busy_timeout` for it (the idle writer, which must not hold up a commit).
-        Raises `StorageError` if SQLite fails.
-        """
-        with self._reading("checkpointing the WAL"):
-            if wait:
-                return self._truncate_wal()
-            (timeout,) = self._conn.execute("PRAGMA busy_timeout").fetchone()
-            self._conn.execute("PRAGMA busy_timeout = 0")
-            try:
-                return self._truncate_wal()
-            finally:
-                self._conn.execute(f"PRAGMA busy_timeout = {int(timeout)}")
-
-    def _truncate_wal(self) -> bool:
-        busy, _log, _done = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        return int(busy) == 0
-
-    @property
-    def auto_vacuum(self) -> str:
-        """The file's auto_vacuum mode: "incremental" (created by this shardq), or "none"
-        (created before; `convert_to_incremental` changes it). Raises `StorageError`."""
-        return _vacuum.auto_vacuum(self._conn)
-
-    def database_bytes(self) -> int:
-        """The file's and its WAL's sizes, in bytes (0 for a missing one)."""
-        total = 0
-        for name in (self._path, f"{self._path}-wal"):
-            with contextlib.suppress(OSError):
-                total += os.stat(name).st_size
-        return total
-
-    def free_pages(self) -> int:
-        """Pages the file holds but no row uses (SQLite's free list). Raises `StorageError`."""
-        return _vacuum.free_pages(self._conn)
-
-    def release_pages(self, pages: int) -> int:
-        """Give up to `pages` free pages back to the file system, in one short transaction;
-        return how many went (0 unless the file is in incremental mode). Raises
-        `StorageError` (`StorageFull` included) and leaves the file as it was."""
-        return _vacuum.release_pages(self._conn, pages)
-
-    def convert_to_incremental(self, progress: Callable[[float], None] | None = None) -> None:
-        """Rewrite the file once with a full VACUUM so that it can give pages back; see
-        `_vacuum.convert` (`progress(elapsed_s)` about every second). Raises `StorageError`
-        (not enough free disk, SQLite failed) and then leaves the file as it was."""
-        _vacuum.convert(self._conn, self._path, progress)
-
-    def pragmas(self) -> dict[str, object]:
-        """The connection's settings as SQLite reports them (journal_mode, synchronous ...).
-
-        Raises `StorageError` if the read fails.
-        """
-        with self._reading("reading pragmas"):
-            return _schema.read_pragmas(self._conn)
-
-    def describe(self) -> _schema.SchemaInfo:
-        """The schema as stored: version, applied migrations, columns, indexes.
-
-        Raises `StorageError` if the read fails.
-        """
-        return _schema.describe(self._conn)
-
     def release_memory(self) -> None:
         """Free this connection's page cache (`PRAGMA shrink_memory`; up to `cache_mb`) and
         the row summaries of the jobs written last (up to `cache_records`, about 250 bytes
@@ -475,14 +438,6 @@ class Store(ColdReads):
         self._cache = {}
         with self._reading("releasing memory"):
             self._conn.execute("PRAGMA shrink_memory")
-
-    def set_progress(self, beat: Callable[[], None] | None) -> None:
-        """Call `beat` every `PROGRESS_STEPS` steps of any statement of this connection (None:
-        stop). A beat that raises is logged by nothing and aborts nothing: it is swallowed."""
-        if beat is None:
-            self._conn.set_progress_handler(None, 0)
-        else:
-            self._conn.set_progress_handler(_beating(beat), PROGRESS_STEPS)
 
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise `StorageError`."""
@@ -512,10 +467,20 @@ class Store(ColdReads):
                 ids.append(job_id)
             else:
                 found[job_id] = info
-        for chunk in chunks(ids, FETCH_CHUNK):
+        found.update(self._read_stored(ids, deltas=self._delta_rows > 0))
+        return found
+
+    def _read_stored(
+        self, ids: Collection[str], *, deltas: bool | None = None
+    ) -> dict[str, Stored]:
+        """What the rows say of `ids`, not the cache (`deltas`: whether ops may exist; None:
+        look, as a step of a batch after a `qdrain` must)."""
+        found: dict[str, Stored] = {}
+        with_ops = self._deltas_table if deltas is None else deltas
+        for chunk in chunks(list(ids), FETCH_CHUNK):
             marks = ", ".join("?" * len(chunk))
             sql = f"SELECT id, queue, length(rec), length(patch) FROM jobs WHERE id IN ({marks})"
-            sizes = delta_lengths(self._conn, chunk) if self._delta_rows else {}
+            sizes = delta_lengths(self._conn, chunk) if with_ops else {}
             for job_id, queue, rec_len, patch_len in self._conn.execute(sql, chunk):
                 found[job_id] = (queue, rec_len, patch_len, sizes.get(job_id, 0))
         return found
@@ -560,29 +525,6 @@ class Store(ColdReads):
             return merge_row(rec, patch, ops)
         except (ValueError, msgpack.UnpackException) as e:
             raise StorageError(f"{self._path}: a stored job record is corrupt: {e}") from e
-
-    @contextlib.contextmanager
-    def _reading(self, action: str) -> Iterator[None]:
-        # Reads run in autocommit mode and need no transaction; only the error mapping is
-        # shared with writes. ValueError covers a corrupt msgpack blob.
-        try:
-            yield
-        except StorageError:
-            raise
-        except (sqlite3.Error, ValueError) as e:
-            raise wrap_error(e, f"{self._path}: {action}") from e
-
-
-def _beating(beat: Callable[[], None]) -> Callable[[], int]:
-    """`beat` as SQLite's progress handler: whatever it raises is swallowed, and it never
-    aborts the statement (a non-zero return would)."""
-
-    def handler() -> int:
-        with contextlib.suppress(Exception):
-            beat()
-        return 0
-
-    return handler
 
 
 def _first_page(where: str) -> str:

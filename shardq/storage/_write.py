@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sqlite3
 import struct
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
@@ -42,6 +42,7 @@ from shardq.storage._deltas import (
 )
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._rows import SHARED_MIN, run_keys, run_rows
+from shardq.storage._write_keyed import Pack, write_keyed_tables
 
 __all__ = [
     "COLD_COLUMNS",
@@ -60,7 +61,6 @@ __all__ = [
     "write_plan",
 ]
 
-Pack = Callable[[Any], bytes]
 Refill = list[tuple[str, int]]
 """Stored jobs whose cold columns are set from their merged record once the batch's updates
 are written: (job id, the mark of `_cold.cold_mark`)."""
@@ -114,11 +114,6 @@ _DELETE_JOBS = "DELETE FROM jobs WHERE id IN ({rows})"
 _DELETE_QUEUE_JOBS = "DELETE FROM jobs WHERE queue = ?"
 _DELETE_QUEUE_GROUPS = "DELETE FROM queue_groups WHERE queue = ?"
 _FOLDED = "UPDATE jobs SET rec = ?, patch = x'' WHERE id = ?"
-_UPSERT_QUEUE = (
-    "INSERT INTO queue_state (name, cfg) VALUES (?, ?)"
-    " ON CONFLICT (name) DO UPDATE SET cfg = excluded.cfg"
-)
-_DELETE_QUEUE = "DELETE FROM queue_state WHERE name = ?"
 
 
 def _update_sql(names: tuple[str, ...]) -> str:
@@ -169,15 +164,7 @@ def write_plan(
     rows, changed = _write_jobs(conn, plan, pack, patch_floor, deltas_exist, known, cold)
     written += rows
     delta_rows += changed
-    written += _write_queues(conn, plan, pack)
-    if plan.crons or plan.cron_drops:
-        written += _write_crons(conn, plan, pack)
-    if plan.webhooks:
-        written += _write_webhooks(conn, plan, pack)
-    if plan.flows:
-        written += _write_flows(conn, plan, pack)
-    if plan.groups:
-        written += _write_groups(conn, plan, pack)
+    written += write_keyed_tables(conn, plan, pack)
     return written, known, delta_rows
 
 
@@ -484,92 +471,6 @@ def _fold_stored(
         return 0
     conn.executemany(_FOLDED, folded)
     return delete_deltas(conn, [job_id for _, job_id in folded])
-
-
-def _write_keyed(
-    conn: sqlite3.Connection,
-    items: dict[str, Record | None],
-    upsert: str,
-    delete: str,
-    row: Callable[[str, Record], tuple[Any, ...]],
-) -> int:
-    """Upsert the records of `items` (a row each, from `row`) and delete the keys mapped to
-    None: the small keyed tables (queues, cron schedules, webhooks, the flow outbox)."""
-    written = 0
-    rows = [row(key, rec) for key, rec in items.items() if rec is not None]
-    if rows:
-        written += conn.executemany(upsert, rows).rowcount
-    dropped = [(key,) for key, rec in items.items() if rec is None]
-    if dropped:
-        written += conn.executemany(delete, dropped).rowcount
-    return written
-
-
-def _write_queues(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
-    return _write_keyed(
-        conn, plan.queues, _UPSERT_QUEUE, _DELETE_QUEUE, lambda name, cfg: (name, pack(cfg))
-    )
-
-
-_UPSERT_CRON = (
-    "INSERT INTO cron_jobs (name, queue, rec) VALUES (?, ?, ?)"
-    " ON CONFLICT (name) DO UPDATE SET queue = excluded.queue, rec = excluded.rec"
-)
-
-
-def _write_crons(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
-    written = 0
-    if plan.cron_drops:  # before the upserts: a schedule saved in this batch stays
-        sql = "DELETE FROM cron_jobs WHERE name = ? AND queue = ?"
-        written += conn.executemany(sql, list(plan.cron_drops)).rowcount
-    return written + _write_keyed(
-        conn, plan.crons, _UPSERT_CRON, "DELETE FROM cron_jobs WHERE name = ?",
-        lambda name, rec: (name, str(rec.get("queue")), pack(rec)),
-    )  # fmt: skip
-
-
-_UPSERT_WEBHOOK = (
-    "INSERT INTO webhooks (id, rec) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET rec = excluded.rec"
-)
-
-
-def _write_webhooks(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
-    return _write_keyed(
-        conn, plan.webhooks, _UPSERT_WEBHOOK, "DELETE FROM webhooks WHERE id = ?",
-        lambda hook_id, rec: (hook_id, pack(rec)),
-    )  # fmt: skip
-
-
-_UPSERT_FLOW = (
-    "INSERT INTO flow_outbox (key, queue, rec) VALUES (?, ?, ?)"
-    " ON CONFLICT (key) DO UPDATE SET queue = excluded.queue, rec = excluded.rec"
-)
-
-
-def _write_flows(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
-    return _write_keyed(
-        conn, plan.flows, _UPSERT_FLOW, "DELETE FROM flow_outbox WHERE key = ?",
-        lambda key, rec: (key, str(rec.get("cq")), pack(rec)),
-    )  # fmt: skip
-
-
-_UPSERT_GROUP = (
-    "INSERT INTO queue_groups (queue, gid, cfg) VALUES (?, ?, ?)"
-    " ON CONFLICT (queue, gid) DO UPDATE SET cfg = excluded.cfg"
-)
-
-
-def _write_groups(conn: sqlite3.Connection, plan: Plan, pack: Pack) -> int:
-    """One row per group whose settings changed in the batch, whatever the queue holds."""
-    written = 0
-    rows = [(q, gid, pack(cfg)) for (q, gid), cfg in plan.groups.items() if cfg is not None]
-    if rows:
-        written += conn.executemany(_UPSERT_GROUP, rows).rowcount
-    dropped = [key for key, cfg in plan.groups.items() if cfg is None]
-    if dropped:
-        sql = "DELETE FROM queue_groups WHERE queue = ? AND gid = ?"
-        written += conn.executemany(sql, dropped).rowcount
-    return written
 
 
 def fold(rec: bytes, patch: bytes, pack: Pack, ops: Iterable[bytes] = ()) -> tuple[bytes, bytes]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -71,6 +72,7 @@ class Dispatcher:
         # (the process's logging setup does not cache them): once per job it cost as much as
         # the rest of the dispatch. Bound here, after the worker configured logging.
         self._log = _log.bind()
+        self._info = _info_enabled(self._log)
 
     async def __call__(self, job: Job) -> Any:
         task = self._tasks.get(job.name)
@@ -99,10 +101,11 @@ class Dispatcher:
                          max_attempts=job.max_attempts, duration_ms=duration,
                          error=f"{type(e).__name__}: {e}")  # fmt: skip
             raise
-        duration = round((time.perf_counter() - started) * 1000, 3)
         self._counters[DONE] += 1
-        self._log.info("task done", task=task.name, job_id=job.id, attempt=attempt,
-                  duration_ms=duration)  # fmt: skip
+        if self._info:
+            duration = round((time.perf_counter() - started) * 1000, 3)
+            self._log.info("task done", task=task.name, job_id=job.id, attempt=attempt,
+                           duration_ms=duration)  # fmt: skip
         return result
 
     async def _run(self, task: Task[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -149,6 +152,7 @@ class SyncDispatcher:
         self._loop = loop
         self._counters = _LockedCounters(counters)
         self._log = _log.bind()
+        self._info = _info_enabled(self._log)
 
     def __call__(self, job: Job) -> Any:
         task = self._tasks.get(job.name)
@@ -176,8 +180,10 @@ class SyncDispatcher:
                               error=f"{type(e).__name__}: {e}")  # fmt: skip
             raise
         self._counters.add(DONE)
-        self._log.info("task done", task=task.name, job_id=job.id, attempt=job.attempts + 1,
-                       duration_ms=round((time.perf_counter() - started) * 1000, 3))  # fmt: skip
+        if self._info:  # off (`--log-level warning`): not even the call and its arguments
+            duration = round((time.perf_counter() - started) * 1000, 3)
+            self._log.info("task done", task=task.name, job_id=job.id,
+                           attempt=job.attempts + 1, duration_ms=duration)  # fmt: skip
         return result
 
     async def _in_task(self, job: Job, running: RunningJob | None) -> Any:
@@ -195,6 +201,13 @@ class SyncDispatcher:
             raise
         finally:
             running.bind_task(None)
+
+
+def _info_enabled(log: Any) -> bool:
+    """Whether `log` writes info events (the worker's `--log-level`, set before the
+    dispatchers are made); True for a logger that cannot tell."""
+    enabled = getattr(log, "is_enabled_for", None)
+    return True if enabled is None else bool(enabled(logging.INFO))
 
 
 def _inputs(job: Job, args: list[Any]) -> list[Any]:

@@ -22,6 +22,9 @@ __all__ = ["CallOptions", "TaskOptions", "decode_payload", "encode_payload", "en
 # bunqueue's default of 10 cuts most Python tracebacks down to the last two frames.
 TRACEBACK_LINES: Final = 50
 
+MERGED_CACHE_SIZE: Final = 64
+"""Sets of per-call options (`Task.apply`) whose merged options a task keeps (docs/tasks.md)."""
+
 UniqueKey = str | Callable[..., str]
 """A fixed deduplication key, or a function of the call's arguments that returns one."""
 
@@ -89,11 +92,39 @@ class TaskOptions:
         """These options with a call's overrides, and the call's custom job id."""
         if not overrides:  # `.delay()`: no copy, so the wire options cached below are reused
             return self, None
-        unknown = set(overrides) - _OPTION_NAMES
+        job_id = overrides.get("job_id")
+        rest: Mapping[str, Any] = overrides
+        if "job_id" in overrides:
+            rest = {k: v for k, v in overrides.items() if k != "job_id"}
+            if not rest:
+                return self, job_id
+        # `apply(queue=..., durable=...)` from one call site gives the same overrides every
+        # time: the merged options (and with them their wire fields, `_fixed_wire`) are
+        # kept per set of overrides, instead of a `replace` and a validation per call. The
+        # key holds each value's type, so that `attempts=True` is not taken for a cached
+        # `attempts=1` (equal and of equal hash, but refused).
+        key = (*rest.items(), *map(type, rest.values()))
+        cache = self._merged
+        try:
+            found = cache.get(key)
+        except TypeError:  # an unhashable value (refused below, or a hashable-less key)
+            return self._merge(rest), job_id
+        if found is None:
+            found = self._merge(rest)
+            if len(cache) >= MERGED_CACHE_SIZE:
+                cache.clear()  # many distinct overrides: start over, bounded
+            cache[key] = found
+        return found, job_id
+
+    def _merge(self, changes: Mapping[str, Any]) -> TaskOptions:
+        unknown = set(changes) - _OPTION_NAMES
         if unknown:
             raise TypeError(f"unknown task option(s): {', '.join(sorted(unknown))}")
-        changes: dict[str, Any] = {k: v for k, v in overrides.items() if k != "job_id"}
-        return replace(self, **changes), overrides.get("job_id")
+        return replace(self, **changes)
+
+    @cached_property
+    def _merged(self) -> dict[tuple[Any, ...], TaskOptions]:
+        return {}
 
     def job_options(
         self, args: Sequence[Any], kwargs: Mapping[str, Any], job_id: str | None
@@ -181,7 +212,11 @@ def _blame(task: str, args: Sequence[Any], kwargs: Mapping[str, Any], error: Exc
 
 def decode_payload(data: Any) -> tuple[list[Any], dict[str, Any]] | None:
     """(args, kwargs) from a job's data, or None when it is not a task call's payload."""
-    if not isinstance(data, Mapping):
+    if type(data) is dict:  # a worker's every job: no ABC checks, no copy of empty kwargs
+        args, kwargs = data.get("args", []), data.get("kwargs", {})
+        if type(args) is list and type(kwargs) is dict and not kwargs:
+            return args, {}
+    elif not isinstance(data, Mapping):
         return None
     args, kwargs = data.get("args", []), data.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, Mapping):

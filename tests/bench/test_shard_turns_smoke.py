@@ -21,7 +21,7 @@ def test_shard_turns_reports_every_scenario() -> None:
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    for scenario in ("ppa1q", "push1q", "drain1q"):
+    for scenario in ("ppa1q", "push1q", "drain1q", "worker1q", "pushb1q"):
         match = re.search(
             rf"^{scenario}: best ([0-9.]+) median ([0-9.]+) µs/job", done.stdout, re.M
         )

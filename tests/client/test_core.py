@@ -38,6 +38,7 @@ from shardq.client import (
 from shardq.client._retry import may_resend
 from shardq.client._worker_state import WorkerState
 from shardq.protocol import FrameDecoder, encode_many
+from shardq.protocol._direct import direct_goodbye
 
 
 def test_stream_replies_match_in_any_order_and_in_pieces() -> None:
@@ -73,6 +74,16 @@ def test_fail_all_and_broken_stream() -> None:
     assert core.feed(b"\x00\x00\x01\x00") == []  # a 256-byte frame: over the limit
     assert core.broken is not None and "Frame too large" in core.broken
     assert core.fail_all() == ["w"] and core.pending == 0
+
+
+def test_a_direct_ports_goodbye_ends_the_stream_and_matches_nothing() -> None:
+    core: ClientCore[str] = ClientCore(Framing.STREAM)
+    rids, _ = core.prepare([{"cmd": "PUSH"}, {"cmd": "PUSH"}], ["answered", "not taken"])
+    assert not core.ended
+    data = encode_many([{"ok": True, "id": "1", "reqId": rids[0]}, direct_goodbye()])
+    assert core.feed(data) == [("answered", {"ok": True, "id": "1", "reqId": rids[0]})]
+    assert core.ended and core.unmatched == 0
+    assert core.fail_all() == ["not taken"]  # the transport fails it `sent=False`
 
 
 def test_unencodable_command_registers_nothing() -> None:
@@ -247,6 +258,23 @@ def test_job_from_wire_sets_every_field() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.id = "b"  # type: ignore[misc]
     assert Job.from_wire({}).name == "default"
+
+
+def test_job_from_wire_reads_odd_values_leniently() -> None:
+    """The usual values are taken as they are; any other goes through the lenient readers."""
+    raw = {"attempts": True, "maxAttempts": False, "createdAt": "1", "startedAt": 2.0,
+           "completedAt": True, "priority": True, "progress": 2.5, "state": 5,
+           "failedReason": "boom", "customId": 7, "name": ""}  # fmt: skip
+    job = Job.from_wire(raw)
+    assert (job.attempts, job.max_attempts, job.created_at) == (0, 1, 0)
+    assert (job.started_at, job.completed_at) == (2, 0)
+    assert type(job.started_at) is int
+    assert (job.priority, job.progress) == (True, 2.5)
+    assert (job.state, job.failed_reason, job.custom_id) == (None, "boom", None)
+    assert job.name == "default"
+    ints = Job.from_wire({"attempts": 1, "maxAttempts": 4, "createdAt": 5, "completedAt": 6})
+    assert (ints.attempts, ints.max_attempts, ints.created_at, ints.completed_at) == (1, 4, 5, 6)
+    assert ints.started_at is None
 
 
 def test_fail_command_carries_the_traceback_tail() -> None:

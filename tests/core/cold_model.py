@@ -204,17 +204,6 @@ class ModelBacklog:
             recs = [r for r in recs if (r.get("createdAt") or 0) <= made_by]
         return self._page(recs, lambda r: (int(r["seq"]), _row_key(r)), after, limit, max_bytes)
 
-    def cold_keys(
-        self, queue: str, after: Cursor | None = None, *, limit: int
-    ) -> list[tuple[int, str, str | None]]:
-        assert 1 <= limit <= 100_000
-        self.reads += 1
-        recs = self._kinds(queue, ("waiting", "prioritized", "delayed"))
-        keys = sorted((int(r["seq"]), _row_key(r), r.get("uniqueKey")) for r in recs)
-        if after is not None:
-            keys = [k for k in keys if k[:2] > tuple(after)]
-        return keys[:limit]
-
     def get_job(self, job_id: str) -> Record | None:
         self.reads += 1
         rec = self.records.get(job_id)  # by row key, as the storage's primary key

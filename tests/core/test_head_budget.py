@@ -486,3 +486,43 @@ def test_a_queue_wide_command_holds_its_head_and_its_limit(index: int) -> None:
     pair.commit()
     pair.check()
     pair.finish()
+
+
+def test_a_drain_resent_with_the_writes_after_it_keeps_every_job_it_did_not_drain() -> None:
+    """A writer that dies after committing a Drain's batch, before confirming it, gets that
+    batch again with every one after it (the shard resends what it has not had confirmed),
+    so the `qdrain` meets the rows as those later writes left them. Jobs it did not drain
+    (pulled: their rows say cold but active) that went back to waiting over such a row since,
+    or were sent cold again, are put whole meanwhile (`ColdHead.drain_floors`): the replay
+    ends where the first application did."""
+    pair = Pair(5, 4)
+    for i in range(12):
+        pair.run({"cmd": "PUSHB", "queue": "qa", "jobs": [{"data": i * 5 + j} for j in range(5)]})
+        pair.commit()
+    pulled = pair.run({"cmd": "PULLB", "queue": "qa", "count": 6, "timeout": 0})["jobs"]
+    assert len(pulled) == 6
+    pair.commit()  # confirmed: the pulls are never resent
+    pair.run({"cmd": "Drain", "queue": "qa"})
+    # New jobs first in order: the retried ones sort after them, past the head, and go cold.
+    pair.run(
+        {
+            "cmd": "PUSHB",
+            "queue": "qa",
+            "jobs": [{"data": 100 + j, "priority": 9} for j in range(6)],
+        }
+    )
+    for job in pulled:  # the first were held from their push, the others paged in
+        pair.run({"cmd": "FAIL", "id": job["id"]})
+    resent = list(pair.backlog.queued)
+    assert any(m[0] == "qdrain" for m in resent)
+    retried = {job["id"] for job in pulled}
+    assert any(m[0] == "put" and m[1]["id"] in retried for m in resent)
+    head = pair.cold.head
+    assert head is not None
+    mark = head.mark()
+    pair.backlog.commit()  # committed, the writer dies before it says so ...
+    pair.backlog.feed(resent)
+    pair.backlog.commit()  # ... and its successor commits the same mutations again
+    head.committed(mark)
+    pair.check()
+    pair.finish()

@@ -1,10 +1,10 @@
 """Completed jobs packed into one record each (`shardq.core._packed`) answer exactly as before.
 
-A shard packs its completed jobs when it gives memory back (`shard/_memory.py`); here, on a
-real engine: every read of a completed job gives the same reply packed or not, reading one
-unpacks it in place (the engine's references stay valid), a packed job can still be changed
-(AddLog, a retry), and a job whose fields msgpack would not give back equal stays unpacked.
-"""
+A shard packs its completed jobs when it gives memory back (`shard/_memory.py`) and as it
+loads them (`Timers._load`); here, on a real engine: every read of a completed job gives the
+same reply packed or not, reading one unpacks it in place (the engine's references stay
+valid), a packed job can still be changed (AddLog, a retry), and a job whose fields msgpack
+would not give back equal stays unpacked."""
 
 from __future__ import annotations
 
@@ -113,3 +113,35 @@ def test_fields_msgpack_would_change_stay_unpacked() -> None:
     assert pack_completed(engine.jobs, engine.store.completed_order) == 0
     assert type(engine.jobs[job_id]) is Job
     assert run(engine, {"cmd": "GetJob", "id": job_id}) == before
+
+
+def restored(engine: Engine, config: EngineConfig) -> Engine:
+    """A fresh engine that loaded `engine`'s jobs from their records, as a restart does."""
+    records = [job.to_record() for job in engine.jobs.values()]
+    fresh = Engine(config, seed=3)
+    fresh.restore(records, {}, NOW)
+    return fresh
+
+
+def test_completed_jobs_are_packed_as_they_are_loaded() -> None:
+    # A restart packs each completed job as it loads it (`Timers._load`), so the load's
+    # transient objects are freed before the next record's: every answer stays the same.
+    engine, ids = completed_engine()
+    before = reads(engine, ids)
+    fresh = restored(engine, EngineConfig())
+    assert all(type(fresh.jobs[i]) is PackedJob for i in ids)
+    assert reads(fresh, ids) == before
+
+
+def test_results_evicted_at_the_load_leave_the_jobs_packed() -> None:
+    # Past `max_results` the oldest results are forgotten (`retain_completed`); a packed job
+    # loses its result and stays packed instead of being decoded for good.
+    engine, ids = completed_engine()
+    fresh = restored(engine, EngineConfig(max_results=2))
+    assert all(type(fresh.jobs[i]) is PackedJob for i in ids)
+    results = [run(fresh, {"cmd": "GetResult", "id": i}) for i in ids]
+    kept = [run(engine, {"cmd": "GetResult", "id": i}) for i in ids[-2:]]
+    assert results[-2:] == kept
+    for job_id, reply in zip(ids[:-2], results[:-2], strict=True):
+        assert fresh.jobs[job_id].has_result is False
+        assert reply.get("result") is None, reply

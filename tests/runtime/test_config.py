@@ -144,6 +144,11 @@ VALID_TEXT = {
     "shard_memory_mb": "64",
     "direct_shards": "false",
     "direct_max_connections": "10",
+    "tcp_handoff": "false",
+    "tcp_handoff_after": "4",
+    "tcp_handoff_backoff_ms": "100",
+    "tcp_handoff_max_bytes": "8192",
+    "direct_stop_ms": "500",
     "stats_rate_window_s": "2",
     # -- isolation (writer and shard storage)
     "storage_retry_max_ms": "250",
@@ -151,6 +156,7 @@ VALID_TEXT = {
     "max_db_bytes": "2097152",
     "sqlite_cache_mb": "64",
     "row_cache_mb": "3",
+    "drain_chunk_rows": "1000",
     "sqlite_mmap_mb": "256",
     "vacuum_pages_per_step": "64",
     "vacuum_min_free_pages": "0",
@@ -278,12 +284,18 @@ shard_recycle_hold_max_bytes = 2097152
 shard_memory_mb = 64
 direct_shards = false
 direct_max_connections = 10
+tcp_handoff = false
+tcp_handoff_after = 4
+tcp_handoff_backoff_ms = 100
+tcp_handoff_max_bytes = 8192
+direct_stop_ms = 500
 stats_rate_window_s = 2
 storage_retry_max_ms = 250
 storage_stall_ms = 2000
 max_db_bytes = 2097152
 sqlite_cache_mb = 64
 row_cache_mb = 3
+drain_chunk_rows = 1000
 sqlite_mmap_mb = 256
 vacuum_pages_per_step = 64
 vacuum_min_free_pages = 0
@@ -433,9 +445,15 @@ def test_shards_auto_and_number() -> None:
         ("shard_recycle_hold_max_bytes", "1024"),
         ("job_cache_max_mb", "-1"),
         ("row_cache_mb", "-1"),
+        ("drain_chunk_rows", "0"),
         ("shard_memory_mb", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
+        ("tcp_handoff", "maybe"),
+        ("tcp_handoff_after", "0"),
+        ("tcp_handoff_max_bytes", "100"),
+        ("direct_stop_ms", "-1"),
+        ("direct_stop_ms", "4001"),
         ("stats_rate_window_s", "0"),
         ("stats_rate_window_s", "3601"),
         # -- isolation (writer and shard storage)

@@ -6,6 +6,7 @@ The front end's items in a batch must pass through untouched and in order; the p
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -16,7 +17,7 @@ import msgpack  # type: ignore[import-untyped]
 import pytest
 import zmq
 
-from shardq.protocol._direct import DIRECT_REFUSED, shard_of
+from shardq.protocol._direct import DIRECT_REFUSED, direct_goodbye, shard_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime.shard._direct import DIRECT_CONN_PREFIX, DirectPort
 
@@ -207,3 +208,55 @@ def test_with_idle_close_a_connection_waiting_for_nothing_is_closed() -> None:
             sock.close()
     finally:
         direct.close()
+
+
+def _settle(direct: DirectPort, poller: zmq.Poller) -> None:
+    """Serve until every ended connection is closed (the shard's `_end_direct` loop)."""
+    deadline = time.monotonic() + 10
+    while direct.connections and time.monotonic() < deadline:
+        assert direct.serve(dict(poller.poll(direct.poll_timeout(100)))) == []
+
+
+def _read_to_close(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_quiesce_answers_what_was_taken_then_says_goodbye(
+    port: tuple[DirectPort, zmq.Poller],
+) -> None:
+    direct, poller = port
+    queue = next(f"q{i}" for i in range(100) if shard_of(f"q{i}", 2) == 0)
+    push = {"cmd": "PUSH", "queue": queue, "data": 1}
+    socks = [socket.create_connection(("127.0.0.1", direct.port), timeout=5) for _ in range(3)]
+    waiting, idle, unconfirmed = socks
+    try:
+        waiting.sendall(_frame({**push, "reqId": "w"}))
+        unconfirmed.sendall(_frame({**push, "reqId": "u"}))
+        items = _serve_until(direct, poller, 2)
+        idle.sendall(_frame({"cmd": "Ping", "reqId": "p"}))  # refused at once: waits for none
+        for _ in range(100):  # served until its answer is out
+            assert direct.serve(dict(poller.poll(50))) == []
+            if select.select([idle], [], [], 0)[0]:
+                break
+        assert _read(idle)["reqId"] == "p"
+        direct.quiesce()
+        with pytest.raises(OSError):  # the listener is closed
+            socket.create_connection(("127.0.0.1", direct.port), timeout=5).close()
+        waiting.sendall(_frame({**push, "reqId": "late"}))  # never taken
+        goodbye = direct_goodbye()
+        assert _read_frames(idle, 1) == [goodbye]  # at once: it waits for nothing
+        assert direct.serve(dict(poller.poll(100))) == []
+        mine = next(item for item in items if direct.inflight[item[1]] == items[0][0])
+        direct.take(msgs.rep([[mine[0], mine[1], {"ok": True, "id": "j1"}]]))
+        assert _read_frames(waiting, 2) == [{"ok": True, "id": "j1", "reqId": "w"}, goodbye]
+        assert direct.abandon() == 1  # the other one's commit never came: no goodbye
+        assert _read_to_close(unconfirmed) == b""
+        _settle(direct, poller)
+        assert direct.connections == 0 and direct.released == 2
+        assert _read_to_close(waiting) == b"" and _read_to_close(idle) == b""  # FIN after it
+    finally:
+        for sock in socks:
+            sock.close()

@@ -69,6 +69,10 @@ SAMPLES: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
     (msgs.drained, (1,), {"t": "drained", "shard": 1}),
     (msgs.flow, (1, [["k", {}]]), {"t": "flow", "shard": 1, "items": [["k", {}]]}),
     (msgs.direct, (1, 40000), {"t": "direct", "shard": 1, "port": 40000}),
+    (msgs.handoff, ("t1.2", b"\0\0"), {"t": "handoff", "conn": "t1.2", "unread": b"\0\0"}),
+    (msgs.took, ("t1.2", True), {"t": "took", "conn": "t1.2", "ok": True}),
+    (msgs.handback, ("t1.2", b""), {"t": "handback", "conn": "t1.2", "unread": b""}),
+    (msgs.gone, ("t1.2",), {"t": "gone", "conn": "t1.2"}),
     (
         msgs.muts,
         (0, 3, [["del", "j1"]]),

@@ -14,6 +14,7 @@ from shardq.core import Engine
 from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.shard._core import ShardCore
 from shardq.storage import Store
+from tests.core.test_batch_paths import state_of
 
 T0 = 1_700_000_000_000
 
@@ -351,3 +352,58 @@ def test_pushes_spread_over_queues_in_one_turn_are_the_same_pushes_one_per_turn(
             [m for m in shard_muts if m[0] != "putb" or m[2] == queue] for shard_muts in muts
         ]
         assert of_queue[0] == of_queue[1]
+
+
+def test_a_turn_of_acks_answers_and_stores_as_the_same_acks_one_per_turn(tmp_path: Path) -> None:
+    """Consecutive ACKs in a turn (a bunqueue Worker acks job by job) go through the engine in
+    one pass (`Engine.ack_run`); with refused ACKs, a repeated one and a PULLB between them,
+    the replies, the jobs' states and what goes to the writer are those of one ACK a turn."""
+    together, apart = Shard(), Shard()
+    pushb = {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": i} for i in range(8)]}
+    pull = {"cmd": "PULLB", "queue": "q", "count": 6, "owner": "w"}
+    for shard in (together, apart):
+        shard.call(pushb)
+    jobs = together.call(pull)
+    assert jobs == apart.call(pull)
+    ids, tokens = [j["id"] for j in jobs["jobs"]], jobs["tokens"]
+    cmds: list[dict[str, Any]] = [
+        *({"cmd": "ACK", "id": ids[i], "token": tokens[i]} for i in range(3)),
+        {"cmd": "ACK", "id": ids[3], "token": "wrong"},  # refused
+        {"cmd": "ACK", "id": ids[3], "token": tokens[3], "result": {"r": 3}},
+        {"cmd": "ACK", "id": ids[4], "token": tokens[4], "result": {"r": 4}},
+        {"cmd": "ACK", "id": ids[4], "token": tokens[4]},  # again: a no-op, ok
+        {"cmd": "PULLB", "queue": "q", "count": 2, "owner": "w"},
+        {"cmd": "ACK", "id": ids[5], "token": tokens[5], "removeOnComplete": True},
+        {"cmd": "ACK", "id": "nope", "token": "t"},  # refused
+    ]
+    runs: list[int] = []
+    ack_run = together.core.engine.ack_run
+
+    def counted(commands: Any, now: int) -> Any:
+        got = ack_run(commands, now)
+        runs.append(got[1] if got is not None else -1)
+        return got
+
+    together.core.engine.ack_run = counted  # type: ignore[method-assign]
+    rids = together.turn(*cmds)
+    singles = [apart.turn(cmd)[0] for cmd in cmds]
+    # 3 taken; the refused one declined (then answered alone); the two with a result; the
+    # repeated one declined (a no-op); after the PULLB, the last but one (the last is refused).
+    assert runs == [3, 0, 2, 0, 1]
+    assert [together.replies[r] for r in rids] == [apart.replies[r] for r in singles]
+    assert [together.replies[r]["ok"] for r in rids] == [True] * 3 + [False] + [True] * 5 + [False]
+    for shard in (together, apart):
+        assert [shard.core.engine.find(i).state for i in ids[:5]] == ["completed"] * 5
+        assert shard.core.engine.find(ids[5]) is None
+        assert shard.core.engine.find(ids[3]).result == {"r": 3}
+
+    assert state_of(together.core.engine) == state_of(apart.core.engine)
+
+    def stored(shard: Shard, name: str) -> list[dict[str, Any]]:
+        with Store.open(tmp_path / name) as store:
+            for batch in shard.batches:
+                store.apply(unpack(pack(batch))["muts"])  # as the writer receives it
+            return sorted(store.load_jobs(), key=lambda r: str(r["id"]))
+
+    assert stored(together, "together.db") == stored(apart, "apart.db")
+    assert len(together.batches) < len(apart.batches)  # one turn, one batch

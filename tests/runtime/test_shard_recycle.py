@@ -6,11 +6,14 @@ once (not a crash), and nothing a client was told is lost or refused. A trickle 
 and a parked long-poll run across the recycle: every push acknowledged is pulled exactly
 once, no request fails, and the new shard is a new, smaller process. The backlog is far
 above the shard's memory budget (4 MB), so its cold part is paged in as it drains; once all
-is quiet, every process is back under `SETTLED_MB`.
+is quiet, every process is back under `SETTLED_MB`. Clients of shardq's own, connected to
+the shard's direct port and pushing there, do not hold the recycle back: their connections
+end cleanly and their pushes go on through the front end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -18,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from shardq_harness import ShardqServer, poll_until
+from test_direct_stop import _ended, _Outcomes
 
 from shardq.client import TcpConnection
+from shardq.client._connection import AsyncConnection, Connection
 
 RECYCLE_ENV = {
     "SHARDQ_SHARD_MEMORY_MB": "4",
@@ -140,9 +145,9 @@ def _recycled(server: ShardqServer) -> list[dict[str, Any]]:
     return [line for line in server.logs() if line.get("event") == "shard recycled"]
 
 
-def test_a_quiet_grown_shard_recycles_and_loses_nothing(
-    shardq_server: Callable[..., ShardqServer],
-) -> None:
+def _grown_server(shardq_server: Callable[..., ShardqServer]) -> tuple[ShardqServer, int]:
+    """A one-shard server whose shard grew and drained: due a recycle once quiet. Returns the
+    server and the grown shard's pid."""
     server = shardq_server(shards=1, env=RECYCLE_ENV, http_port=0)
     old_pid = server.child_pids()["shard-0"]
     conn = TcpConnection(*server.tcp_address)
@@ -150,12 +155,19 @@ def test_a_quiet_grown_shard_recycles_and_loses_nothing(
         _grow_and_drain(conn, "grow", GROW_JOBS)
     finally:
         conn.close()
+    return server, old_pid
+
+
+def test_a_quiet_grown_shard_recycles_and_loses_nothing(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    server, old_pid = _grown_server(shardq_server)
     traffic = _Traffic(server, "trickle")
     traffic.start()
     try:
-        line = poll_until(
-            lambda: _recycled(server), 60, "a shard recycle", detail=server.log_tail
-        )[0]
+        line = poll_until(lambda: _recycled(server), 60, "a shard recycle", detail=server.log_tail)[
+            0
+        ]
         time.sleep(1.0)  # some traffic to the new shard too
     finally:
         traffic.stop_pushing.set()
@@ -199,4 +211,78 @@ def test_recycle_off_keeps_the_shard(shardq_server: Callable[..., ShardqServer])
         conn.close()
     assert _recycled(server) == []
     assert server.child_pids()["shard-0"] == pid
+    assert server.stop() == 0, server.log_tail()
+
+
+class _DirectTrickle:
+    """A trickle of single pushes from shardq's client, sync and asyncio, each on a connection
+    that stays open: they go to the shard's direct port."""
+
+    def __init__(self, server: ShardqServer, queue: str) -> None:
+        host, port = server.tcp_address
+        self.url = f"tcp://{host}:{port}"
+        self.queue = queue
+        self.outcomes = _Outcomes()
+        self.used = {"sync": 0, "aio": 0}  # pushes answered on the direct path
+        self.stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._sync, daemon=True),
+            threading.Thread(target=lambda: asyncio.run(self._aio()), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(30)
+            assert not t.is_alive()
+
+    def _command(self, data: str, i: int) -> dict[str, Any]:
+        return {"cmd": "PUSH", "queue": self.queue, "data": data, "durable": i % 2 == 0}
+
+    def _sync(self) -> None:
+        with Connection(self.url) as conn:
+            for i in range(10_000):
+                if self.stop.is_set():
+                    return
+                try:
+                    conn.call(self._command(f"s-{i}", i))
+                    self.outcomes.record(f"s-{i}", None)
+                except Exception as e:
+                    self.outcomes.record(f"s-{i}", e)
+                self.used["sync"] = conn.direct.used if conn.direct else 0
+                time.sleep(0.2)
+
+    async def _aio(self) -> None:
+        async with AsyncConnection(self.url) as conn:
+            for i in range(10_000):
+                if self.stop.is_set():
+                    return
+                try:
+                    await conn.call(self._command(f"a-{i}", i))
+                    self.outcomes.record(f"a-{i}", None)
+                except Exception as e:
+                    self.outcomes.record(f"a-{i}", e)
+                self.used["aio"] = conn.direct.used if conn.direct else 0
+                await asyncio.sleep(0.2)
+
+
+def test_a_shard_recycles_while_shardq_clients_stay_connected(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    server, old_pid = _grown_server(shardq_server)
+    trickle = _DirectTrickle(server, "direct-trickle")
+    try:
+        poll_until(lambda: min(trickle.used.values()) > 0, 30, "pushes on the direct path")
+        poll_until(lambda: _recycled(server), 60, "a shard recycle", detail=server.log_tail)
+        after = len(trickle.outcomes.ok)
+        poll_until(lambda: len(trickle.outcomes.ok) > after + 10, 30, "pushes after it")
+    finally:
+        trickle.join()
+    assert server.child_pids()["shard-0"] != old_pid
+    # Both connections ended with their goodbye; the front end held what came meanwhile.
+    assert _ended(server)[0]["released"] == 2
+    assert trickle.outcomes.errors == []
+    trickle.outcomes.check(server, "direct-trickle")
     assert server.stop() == 0, server.log_tail()

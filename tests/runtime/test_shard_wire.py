@@ -47,6 +47,13 @@ _entry = st.fixed_dictionaries(
         "tags": st.lists(st.text(max_size=3), max_size=2),
         "lifo": st.booleans(),
         "delay": st.sampled_from([0, 0, 10]),
+        # Shared settings keep a job compact (`_compact`), a large one floated for TCP.
+        "stackTraceLimit": st.sampled_from([50, 50, 0, 2**40]),
+        "timeout": st.sampled_from([1000, 86_400_000]),
+        "ttl": st.just(2**33),
+        "removeOnComplete": st.booleans(),
+        "backoff": st.one_of(st.just(500), st.just({"type": "fixed", "delay": 200})),
+        "jobId": st.text(min_size=1, max_size=4),
     },
 )
 
@@ -239,3 +246,27 @@ def test_large_numbers_are_floated_in_a_copy_never_in_the_engines_job(
     assert job is not None and job.data == data
     assert type(job.data["big"]) is int and type(job.data["nested"][1]) is int
     assert type(job.data["nested"][0]["deep"]) is int
+
+
+def test_a_job_with_only_shared_settings_stays_compact() -> None:
+    """The task API's jobs carry `stackTraceLimit`: their entry is the template's head with it
+    (packed once per set of settings), not a full wire map of 44 keys per job."""
+    plain, fast, packer = _pair()
+    task = {"name": "noop", "data": {"args": [1.5], "kwargs": {}}, "stackTraceLimit": 50}
+    jobs = [task, {**task, "ttl": 2**33}, {**task, "uniqueKey": "one"}, {"data": 1}]
+    probe = Engine(seed=1)  # each of them is accepted
+    assert all(probe.apply({"cmd": "PUSH", "queue": "q", **job}, T0).reply["ok"] for job in jobs)
+    for engine in (plain, fast):
+        engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, T0)
+    pull = {"cmd": "PULLB", "queue": "q", "count": 10, "owner": "w"}
+    got = fast.apply(pull, T0 + 1).reply
+    kinds = [type(entry).__name__ for entry in got["jobs"].entries]
+    assert kinds == ["tuple", "tuple", "dict", "list"]
+    assert got["jobs"].entries[0][0] == (("stackTraceLimit", 50),)
+    expected = plain.apply(pull, T0 + 1).reply
+    assert got["jobs"].maps() == expected["jobs"]
+    for mode in (PLAIN_NUMBERS, JS_NUMBERS):
+        outer = _passed_through(packer, got, mode)
+        want = js_numbers(copy.deepcopy(expected)) if mode == JS_NUMBERS else expected
+        assert outer[WIRE_KEY] == msgpack.packb(want, use_bin_type=True)
+        assert outer[IDS_KEY] == [job["id"] for job in expected["jobs"]]

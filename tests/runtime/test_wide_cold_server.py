@@ -9,12 +9,16 @@ take in memory: about 30 MB).
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardq_harness import ShardqServer
+from shardq_harness import ShardqServer, poll_until
 
 from shardq.client import TcpConnection
 
@@ -186,3 +190,218 @@ def wide_scenario(start: Callable[[], ShardqServer]) -> None:
         jc = conn.call({"cmd": "GetJobCounts", "queue": QUEUE})["counts"]
         assert jc["waiting"] == jc["delayed"] == jc["prioritized"] == 0, jc
     assert server.stop() == 0, server.log_tail()
+
+
+# -- Drain's range deletion: claims, custom ids, restarts ------------------------------------
+
+DRAIN_QUEUE = "wc-drain"
+DRAIN_JOBS = 3000
+
+
+def _drain_batch(start: int, end: int) -> list[dict[str, Any]]:
+    """Jobs `start` to `end`: a uniqueKey on every third, a custom id on every fourth, some
+    delayed, some prioritized; the same keys and ids every time."""
+    jobs: list[dict[str, Any]] = []
+    for i in range(start, end):
+        job: dict[str, Any] = {"data": {"i": i}}
+        if i % 3 == 0:
+            job["uniqueKey"] = f"u{i}"
+        if i % 4 == 1:
+            job["customId"] = f"c{i}"
+        if i % 5 == 2:
+            job["delay"] = DELAY
+        if i % 7 == 3:
+            job["priority"] = 2
+        jobs.append(job)
+    return jobs
+
+
+def _push_drain_jobs(conn: TcpConnection) -> set[str]:
+    ids: set[str] = set()
+    for start in range(0, DRAIN_JOBS, BATCH):
+        reply = conn.call(
+            {"cmd": "PUSHB", "queue": DRAIN_QUEUE, "jobs": _drain_batch(start, start + BATCH)}
+        )
+        ids.update(reply["ids"])
+    return ids
+
+
+def _wait_job(server: ShardqServer, job_id: str) -> dict[str, Any]:
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        reply = conn.call({"cmd": "WaitJob", "id": job_id, "timeout": 45_000}, check=False)
+        return {k: v for k, v in reply.items() if k != "reqId"}
+
+
+def _by_custom_id(conn: TcpConnection, custom: str) -> int | None:
+    reply = conn.call({"cmd": "GetJobByCustomId", "customId": custom}, check=False)
+    return int(reply["job"]["data"]["i"]) if reply.get("ok") and reply.get("job") else None
+
+
+def _queued(conn: TcpConnection) -> int:
+    jc = conn.call({"cmd": "GetJobCounts", "queue": DRAIN_QUEUE})["counts"]
+    return int(jc["waiting"]) + int(jc["prioritized"]) + int(jc["delayed"])
+
+
+def _drain_and_push_again(conn: TcpConnection, held: int) -> None:
+    """A Drain of the whole backlog (all but about a head cold); then the same keys and ids
+    are free: every job pushed again is a new one."""
+    stats = conn.call({"cmd": "Stats"})["stats"]
+    assert int(stats["coldJobs"]) >= DRAIN_JOBS - held, stats
+    assert conn.call({"cmd": "Drain", "queue": DRAIN_QUEUE})["count"] == DRAIN_JOBS
+    assert _queued(conn) == 0
+    assert conn.call({"cmd": "Count", "queue": DRAIN_QUEUE})["count"] == 0
+    assert int(conn.call({"cmd": "Stats"})["stats"]["coldJobs"]) == 0
+    assert _by_custom_id(conn, "c1") is None
+    ids = _push_drain_jobs(conn)
+    assert len(ids) == DRAIN_JOBS  # no push was taken for a duplicate of a drained job
+    assert _queued(conn) == DRAIN_JOBS
+    assert _by_custom_id(conn, "c1") == 1
+
+
+def test_a_drained_cold_backlog_frees_its_keys_and_ids_and_stays_drained(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    # Small statements: the writer's setting reaches the range deletion (`drain_deleted`).
+    env = {"SHARDQ_ENGINE_HEAD_JOBS": str(HEAD), "SHARDQ_DRAIN_CHUNK_ROWS": "500"}
+    started: list[ShardqServer] = []
+
+    def start() -> ShardqServer:
+        started.append(shardq_server(shards=1, data_dir=tmp_path / "drain", env=env))
+        return started[-1]
+
+    drain_scenario(start)
+    deleted = [line for line in started[0].logs() if line.get("event") == "drain_deleted"]
+    assert deleted and all(d["statements"] == d["rows"] // 500 + 1 for d in deleted), deleted
+    assert any(d["rows"] > 500 for d in deleted), deleted
+
+
+def drain_scenario(start: Callable[[], ShardqServer]) -> None:
+    """Drains of a cold backlog with uniqueKeys and custom ids, on servers `start` starts
+    (SQLite here; PostgreSQL in tests/storage/test_wide_cold_pg.py) on one database."""
+    server = start()
+    held = 2 * HEAD + 100
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        assert len(_push_drain_jobs(conn)) == DRAIN_JOBS
+        # A WaitJob on a cold job is answered when the Drain removes it, not at its timeout.
+        waited: dict[str, Any] = {}
+        waiter = threading.Thread(
+            target=lambda: waited.update(_wait_job(server, "c2997")), daemon=True
+        )
+        waiter.start()
+        time.sleep(0.5)
+        # The claims of the jobs that went cold are in the shard's memory.
+        _drain_and_push_again(conn, held)
+        waiter.join(WAIT_S)
+        assert waited == {"ok": False, "error": "Job not found"}, waited
+    assert server.stop() == 0, server.log_tail()
+    server = start()
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        # After a restart they are not: the lookups go to storage, which the drain emptied.
+        assert _queued(conn) == DRAIN_JOBS
+        _drain_and_push_again(conn, held)
+        assert conn.call({"cmd": "Drain", "queue": DRAIN_QUEUE})["count"] == DRAIN_JOBS
+    failed = [line for line in server.logs() if line.get("level") in ("error", "critical")]
+    assert not failed, failed[:3]
+    assert server.stop() == 0, server.log_tail()
+    server = start()  # nothing drained comes back
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        assert _queued(conn) == 0
+        assert conn.call({"cmd": "Count", "queue": DRAIN_QUEUE})["count"] == 0
+        assert _by_custom_id(conn, "c1") is None
+    assert server.stop() == 0, server.log_tail()
+
+
+# -- kill -9 of the writer while it applies a Drain ------------------------------------------
+
+KILL_QUEUE, SIDE_QUEUE = "wc-kill", "wc-side"
+KILL_JOBS = 30_000
+PULLED = 20
+
+
+def _side_pushes(server: ShardqServer, acked: set[str], stop: threading.Event) -> None:
+    """Durable PUSHBs of 20 to another queue until `stop`: the ids answered are acknowledged."""
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        n = 0
+        while not stop.is_set():
+            jobs = [{"data": {"n": n + k}, "durable": True} for k in range(20)]
+            n += 20
+            reply = conn.call({"cmd": "PUSHB", "queue": SIDE_QUEUE, "jobs": jobs}, check=False)
+            if reply.get("ok"):
+                acked.update(reply["ids"])
+            else:
+                assert str(reply.get("error")).startswith("Storage unavailable"), reply
+                time.sleep(0.05)
+
+
+def _counts_of(conn: TcpConnection, queue: str) -> dict[str, int]:
+    return dict(conn.call({"cmd": "GetJobCounts", "queue": queue})["counts"])
+
+
+def test_kill_9_of_the_writer_during_a_drain_loses_nothing_and_resurrects_nothing(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    env = {"SHARDQ_ENGINE_HEAD_JOBS": "50"}
+
+    def start() -> ShardqServer:
+        return shardq_server(shards=1, data_dir=tmp_path / "kill", env=env)
+
+    server = start()
+    acked: set[str] = set()
+    stop = threading.Event()
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        for begin in range(0, KILL_JOBS, BATCH):
+            jobs = [{"data": {"i": i}, "attempts": 3, "durable": True}
+                    for i in range(begin, begin + BATCH)]  # fmt: skip
+            conn.call({"cmd": "PUSHB", "queue": KILL_QUEUE, "jobs": jobs})
+        # Pulled jobs hold cold rows (paged in, then active); retried after the drain, they
+        # go back to waiting over those rows while the drain's batch may be sent again.
+        pull = {"cmd": "PULLB", "queue": KILL_QUEUE, "count": PULLED, "owner": "k"}
+        got = conn.call({**pull, "lockTtl": 600_000})
+        pulled = list(zip([j["id"] for j in got["jobs"]], got["tokens"], strict=True))
+        assert len(pulled) == PULLED
+        side = threading.Thread(target=_side_pushes, args=(server, acked, stop), daemon=True)
+        side.start()
+        poll_until(lambda: len(acked) >= 200, 60, "acknowledged pushes before the drain")
+        drained: dict[str, Any] = {}
+        drainer = threading.Thread(target=lambda: drained.update(_drain_reply(server)), daemon=True)
+        drainer.start()
+        time.sleep(0.05)
+        writer = server.child_pids()["writer"]
+        for job_id, token in pulled[: PULLED // 2]:
+            conn.call({"cmd": "FAIL", "id": job_id, "token": token, "error": "x"})
+        os.kill(writer, signal.SIGKILL)
+        for job_id, token in pulled[PULLED // 2 :]:
+            conn.call({"cmd": "FAIL", "id": job_id, "token": token, "error": "x"}, check=False)
+        server.wait_child_replaced("writer", writer, WAIT_S)
+        drainer.join(WAIT_S)
+        assert drained.get("ok"), drained
+        assert drained["count"] == KILL_JOBS - PULLED
+        poll_until(lambda: len(acked) >= 600, 60, "acknowledged pushes after the kill")
+        stop.set()
+        side.join(WAIT_S)
+        counts = _counts_of(conn, KILL_QUEUE)
+        print(f"after the kill: {counts}, {len(acked)} side pushes acknowledged")
+    assert server.stop() == 0, server.log_tail()
+    server = start()
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        # The retried jobs are back (waiting, or delayed by a backoff), none drained is.
+        counts = _counts_of(conn, KILL_QUEUE)
+        queued = counts["waiting"] + counts["prioritized"] + counts["delayed"]
+        assert (queued, counts["active"]) in ((PULLED, 0), (PULLED // 2, PULLED // 2)), counts
+        ids = {
+            j["id"]
+            for j in conn.call({"cmd": "GetJobs", "queue": KILL_QUEUE, "limit": 100})["jobs"]
+        }
+        assert ids <= {job_id for job_id, _ in pulled}, ids
+        side_ids = {
+            j["id"]
+            for j in conn.call({"cmd": "GetJobs", "queue": SIDE_QUEUE, "limit": 100_000})["jobs"]
+        }
+        lost = acked - side_ids
+        assert not lost, f"{len(lost)} acknowledged pushes lost: {sorted(lost)[:5]}"
+    assert server.stop() == 0, server.log_tail()
+
+
+def _drain_reply(server: ShardqServer) -> dict[str, Any]:
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        return dict(conn.call({"cmd": "Drain", "queue": KILL_QUEUE}, check=False))

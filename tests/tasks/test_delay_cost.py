@@ -19,6 +19,7 @@ from shardq_harness import ShardqServer
 
 from shardq import App
 from shardq.client import Connection, Queue, SerializationError
+from shardq.tasks._options import MERGED_CACHE_SIZE
 
 CALLS = 200
 # Python calls a `.delay()` may make beyond the raw `Queue.add` it wraps (14 now: delay,
@@ -142,6 +143,61 @@ def test_delay_costs_a_raw_push_and_no_per_call_option_work(app: App, task_url: 
         PER_CALL_WORK, 0
     )
     assert delay_calls - raw_calls <= MAX_EXTRA_CALLS, (delay_calls, raw_calls)
+
+
+def test_apply_with_the_same_options_builds_them_once(app: App, task_url: str) -> None:
+    """`apply(queue=..., durable=...)` at one call site: the merged options and their wire
+    fields are kept per set of overrides, not rebuilt on every call (they cost 15 µs)."""
+
+    @app.task(queue="delay-cost", attempts=2)
+    def noop(x: float) -> None:
+        return None
+
+    recorder = _Recorder(app.queue("delay-cost-apply").connection)
+    noop.apply((0.5,), queue="delay-cost-apply", priority=4)  # merged and cached
+    calls, by_name = _calls_per_call(
+        lambda: noop.apply((0.5,), queue="delay-cost-apply", priority=4)
+    )
+    assert {name: by_name.get(name, 0) for name in PER_CALL_WORK} == dict.fromkeys(PER_CALL_WORK, 0)
+    with Connection(task_url) as connection:
+        raw = Queue("delay-cost-apply", connection=connection)
+        raw_calls, _ = _calls_per_call(lambda: raw.add(noop.name, {"args": [0.5], "kwargs": {}}))
+    assert calls - raw_calls <= MAX_EXTRA_CALLS, (calls, raw_calls)
+    pushes = [batch[0] for batch in recorder.batches]
+    assert len(pushes) == 1 + CALLS
+    assert all(p["queue"] == "delay-cost-apply" and p["priority"] == 4 for p in pushes)
+    assert all(p["maxAttempts"] == 2 and "jobId" not in p for p in pushes)
+    # Another set of overrides gets its own options; the first ones are still right after.
+    other = noop.apply((1,), queue="delay-cost-apply", priority=5, job_id="apply-cache-1")
+    again = noop.apply((1,), queue="delay-cost-apply", priority=4)
+    assert recorder.batches[-2][0]["jobId"] == "apply-cache-1"
+    assert "jobId" not in recorder.batches[-1][0]
+    queue = app.queue("delay-cost-apply")
+    assert other.id == "apply-cache-1"
+    for result, priority in ((other, 5), (again, 4)):
+        job = queue.get_job(result.id)
+        assert job is not None and job.priority == priority and job.max_attempts == 2
+
+
+def test_cached_options_still_refuse_what_they_refused(app: App) -> None:
+    @app.task(queue="delay-cost")
+    def noop(x: int) -> None:
+        return None
+
+    noop.apply((1,), attempts=1)  # cached under attempts=1
+    # True == 1 and hash(True) == hash(1): the cache must not take one for the other.
+    with pytest.raises(ValueError, match="attempts must be an int"):
+        noop.apply((1,), attempts=True)
+    with pytest.raises(TypeError, match="unknown task option"):
+        noop.apply((1,), atempts=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unknown task option"):
+        noop.apply((1,), atempts=2)  # type: ignore[call-arg]  # refused again, not cached
+    # Many distinct overrides: the cache stays bounded.
+    for priority in range(3 * MERGED_CACHE_SIZE):
+        noop.options.merged({"priority": priority})
+    assert len(noop.options._merged) <= MERGED_CACHE_SIZE
+    opts, job_id = noop.options.merged({"priority": 7, "job_id": "x"})
+    assert (opts.priority, job_id) == (7, "x") and noop.options.priority is None
 
 
 def test_a_refused_argument_is_still_named_and_nothing_is_sent(app: App) -> None:

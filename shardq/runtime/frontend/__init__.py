@@ -7,12 +7,14 @@ lifetime counters behind `Metrics`.
 
 Receives: client frames; on one Unix stream link per shard (`shardq.runtime.links`) `rep`,
 `events`, `cancel`, `drained`, `flow`, `loaded`, `direct` (a shard's direct port), and
-`recycle` and `recycle-off` (a shard about to be replaced, or not after all);
+`recycle` and `recycle-off` (a shard about to be replaced, or not after all); `took`,
+`handback` and `gone` on a shard's handoff socket (`tcp_handoff`: connections it serves);
 `shard-down` and `shard-up` from the supervisor (and from its own link watcher); `rep` from
 the writer (committed durable pushes' replies) on its own link to the writer.
 
 Sends: `req`, `close`, `drain`, `listen`, `workers`, `flowack`, `parts` and `recycle-go` to
-the shards on the links; `front` to the writer;
+the shards on the links; `handoff` (a connection's descriptor) on a shard's handoff socket;
+`front` to the writer;
 replies and job events to the clients; `ready` and `fatal` to the supervisor.
 """
 

@@ -184,6 +184,10 @@ class Dispatcher:
             # A shard answers `parts` with `loaded`; only a node on a shared database sends
             # `parts`, and its front end takes these over (`on_shard_kind`).
             msgs.LOADED: _ignored,
+            # The handoff socket's answers (`_handoff`), taken by `Handoffs` when it is on.
+            msgs.TOOK: _ignored,
+            msgs.HANDBACK: _ignored,
+            msgs.GONE: _ignored,
         }
         for table in (
             CronRoutes(router).handlers,

@@ -52,6 +52,7 @@ from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._event_relay import EventRelay
 from shardq.runtime.frontend._events import EventLimits
 from shardq.runtime.frontend._forward import Forwarder, ForwardLimits, no_forward
+from shardq.runtime.frontend._handoff import Handoffs
 from shardq.runtime.frontend._links import ShardLinks
 from shardq.runtime.frontend._monitoring import MonitoringCommands
 from shardq.runtime.frontend._tcp import TcpGateway, TcpLimits
@@ -172,6 +173,18 @@ class Frontend:
             )
             hub.on_want = self.relay.set_want
         self.tcp = TcpGateway(self.dispatcher, loop, limits)
+        self.handoffs: Handoffs | None = None
+        if spec.tcp.tcp_handoff and spec.tcp.direct_shards:
+            # Bunqueue connections that only push to one shard are served by it (`_handoff`).
+            self.handoffs = Handoffs(
+                self.dispatcher,
+                spec.handoff_path,
+                after=spec.tcp.tcp_handoff_after,
+                backoff_s=spec.tcp.tcp_handoff_backoff_ms / 1000,
+                max_bytes=spec.tcp.tcp_handoff_max_bytes,
+            )
+            self.handoffs.attach(loop)
+            self.tcp.handoffs = self.handoffs
         self.zmq = ZmqGateway(self.dispatcher, self._ctx, limits)
         self._inbox = self._ctx.socket(zmq.PULL)
         self._server: asyncio.Server | None = None
@@ -384,6 +397,8 @@ class Frontend:
         if self._server is not None:
             self._server.close()
         self.tcp.close_all()
+        if self.handoffs is not None:
+            self.handoffs.close()
         self.zmq.close()
         self._links.close()
         self._writer_link.close()

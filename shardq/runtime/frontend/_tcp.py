@@ -43,6 +43,7 @@ from shardq.runtime._ports import connection_cap
 from shardq.runtime._sections import TcpSettings
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.frontend._handoff import HANDED, NONE, WANTED, Handoffs
 from shardq.runtime.frontend._limits import LogLimiter, RateWindow, rate_refusal
 
 __all__ = ["TcpConnection", "TcpGateway", "TcpLimits"]
@@ -51,6 +52,7 @@ __all__ = ["TcpConnection", "TcpGateway", "TcpLimits"]
 _PAUSED_BY_WRITES: Final = 1
 _PAUSED_BY_SHARDS: Final = 2
 _PAUSED_BY_IN_FLIGHT: Final = 4
+_PAUSED_BY_HANDOFF: Final = 8  # about to be handed to a shard (`frontend._handoff`)
 
 _log = structlog.get_logger()
 
@@ -140,6 +142,16 @@ class TcpConnection(asyncio.Protocol):
         self.greeted = False  # a whole frame has come
         self._handshake_s = limits.handshake_timeout_ms / 1000
         self._made_at = 0.0
+        # Handing the connection to a shard (`frontend._handoff`): the pushes in a row for
+        # one shard, and where the handoff stands.
+        self._handoffs = gateway.handoffs
+        self.streak = 0
+        self.streak_shard = -1
+        self.stateful = False  # sent a command that keeps state for it: never handed off
+        self.handoff_state = NONE
+        self.handoff_not_before = 0.0  # loop time: not handed off again before (a back-off)
+        self.sent_unread = b""  # what went with the descriptor, until the shard takes it
+        self._resume_unread: bytes | None = None  # set while a handed-back one reconnects
 
     @property
     def address(self) -> str:
@@ -164,6 +176,9 @@ class TcpConnection(asyncio.Protocol):
         # create_server always hands a stream protocol an `asyncio.Transport`.
         self._transport = cast(asyncio.Transport, transport)
         self.peer = transport.get_extra_info("peername")
+        if self._resume_unread is not None:
+            self._resumed()
+            return
         if not self.gateway.added(self):
             return
         now = self._made_at = self._loop.time()
@@ -193,6 +208,8 @@ class TcpConnection(asyncio.Protocol):
     def _handle(self, frames: list[DecodedFrame]) -> None:
         # Counted before handling: a command answered here is answered (and uncounted) inside
         # `handle`. Every frame gets exactly one reply.
+        if self._handoffs is not None and not self.stateful and not self.handoff_state:
+            self._handoffs.note(self, frames)
         self._in_flight += len(frames)
         handle = self.gateway.dispatcher.handle
         rate = self._rate
@@ -219,6 +236,8 @@ class TcpConnection(asyncio.Protocol):
             self.resume_reading(_PAUSED_BY_IN_FLIGHT)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.handoff_state == HANDED:
+            return  # its front-end copy closed: the shard serves it now
         self.closed = True
         self._out.clear()
         self._out_bytes = 0
@@ -302,6 +321,8 @@ class TcpConnection(asyncio.Protocol):
         self._out_bytes = 0
         transport.write(data)
         self._check_backlog()
+        if self.handoff_state == WANTED and self._handoffs is not None and not self.closed:
+            self._handoffs.ready(self)
 
     def _check_backlog(self) -> None:
         transport = self._transport
@@ -310,6 +331,83 @@ class TcpConnection(asyncio.Protocol):
             return
         if transport.get_write_buffer_size() + self._out_bytes > backlog:
             self._cut("write backlog")
+
+    # -- handing off to a shard (`frontend._handoff`) ----------------------------------------
+
+    def want_handoff(self) -> None:
+        """Read no further: hand the connection off once it is quiet."""
+        self.handoff_state = WANTED
+        self.pause_reading(_PAUSED_BY_HANDOFF)
+
+    @property
+    def busy(self) -> bool:
+        """Requests in flight or held, or replies not yet flushed."""
+        return bool(self._in_flight or self._held or self._out)
+
+    def quiet_socket(self, max_bytes: int) -> Any:
+        """The socket, if nothing is in flight, held or unwritten and at most `max_bytes` of
+        a partial frame wait; else None."""
+        transport = self._transport
+        if (
+            transport is None
+            or self.closed
+            or self.busy
+            or transport.get_write_buffer_size()
+            or self._decoder.buffered > max_bytes
+            or self._decoder.closed
+        ):
+            return None
+        return transport.get_extra_info("socket")
+
+    def take_unread(self) -> bytes:
+        """The partial frame's bytes; the decoder starts afresh."""
+        unread = self._decoder.pending()
+        self._decoder = FrameDecoder(self._decoder.max_frame_size)
+        return unread
+
+    def handoff_failed(self, unread: bytes, not_before: float) -> None:
+        """Not handed off after all: read on from where it stopped."""
+        self.handoff_state = NONE
+        self.streak = 0
+        self.handoff_not_before = not_before
+        if unread:
+            self._decoder.feed(unread)  # a partial frame: it completes nothing
+        self.resume_reading(_PAUSED_BY_HANDOFF)
+
+    def handed_over(self) -> None:
+        """The shard took it: close this copy (close, never shutdown: no FIN)."""
+        self.handoff_state = HANDED
+        self.sent_unread = b""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            transport.close()
+
+    def resume_with(self, unread: bytes, not_before: float) -> None:
+        """Handed back: the next `connection_made` resumes it, reading `unread` first."""
+        self._resume_unread = unread
+        self.handoff_not_before = not_before
+
+    def _resumed(self) -> None:
+        unread, self._resume_unread = self._resume_unread or b"", None
+        self.handoff_state = NONE
+        self.streak = 0
+        self._paused = 0
+        if self.gateway.shards_are_blocked:
+            self.pause_reading(_PAUSED_BY_SHARDS)
+        if self._idle_s > 0:
+            self._last_seen = self._loop.time()
+            self._arm(self._last_seen + self._idle_s)
+        if unread:
+            self.data_received(unread)
+
+    def lost(self) -> None:
+        """Ended while a shard held it: as if it closed here."""
+        self.handoff_state = NONE
+        self._transport = None
+        self.connection_lost(None)
 
     def pause_reading(self, reason: int) -> None:
         if not self._paused and self._transport is not None and not self.closed:
@@ -415,6 +513,7 @@ class TcpGateway:
         self.max_connections = connection_cap(limits.max_connections, limits.reserved_fds)
         self._ids = itertools.count(1)
         self._pid = os.getpid()
+        self.handoffs: Handoffs | None = None  # `tcp_handoff` (set by the process)
         self._shards_blocked = False
         self._refused_log = LogLimiter("connection refused: max_connections reached")
         self._evicted_log = LogLimiter("connection evicted: max_connections reached")
@@ -450,6 +549,10 @@ class TcpGateway:
         self._fresh.pop(connection.conn, None)
         if self.connections.pop(connection.conn, None) is not None:
             self.dispatcher.connection_closed(connection.conn)
+
+    @property
+    def shards_are_blocked(self) -> bool:
+        return self._shards_blocked
 
     def shards_blocked(self, blocked: bool) -> None:
         """A shard mailbox is full (or has room again): stop (or resume) reading requests."""

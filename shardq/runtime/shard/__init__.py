@@ -6,11 +6,13 @@ mutation batches the writer has not confirmed yet, and the clock it hands the en
 Receives: `req`, `close`, `drain`, `listen`, `workers`, `flowack`, `recycle-go` and (several
 nodes on one database) `parts` from the front end on its link; `done`, `fail` and
 `rejected` from the writer on its writer link; `writer-up` from its own loop when that link
-comes back.
+comes back; `handoff` (a client connection's descriptor, `tcp_handoff`) from the front end on
+its handoff socket.
 
 Sends: `rep`, `events`, `cancel`, `drained`, `flow`, `loaded`, `direct` (its direct port,
-with `direct_shards` on), `recycle` and `recycle-off` to the front end; `muts`, `flush` and
-`sync` to the writer; `ready`, `progress`, `fatal` and `recycled` to the supervisor.
+with `direct_shards` on), `recycle` and `recycle-off` to the front end; `took`, `handback`
+and `gone` (handed-off connections) on the handoff socket; `muts`, `flush` and `sync` to the
+writer; `ready`, `progress`, `fatal` and `recycled` to the supervisor.
 """
 
 # Nothing imported here: `python -m` imports this package before its `__main__`, which

@@ -140,15 +140,6 @@ class StoreBacklog:
 
         return self._page("by_seq", queue, read)
 
-    def cold_keys(
-        self, queue: str, after: Cursor | None = None, *, limit: int
-    ) -> list[tuple[int, str, str | None]]:
-        # A drain's read of row keys: counted and logged as a run of page-ins is.
-        started = time.monotonic()
-        keys = self._read(lambda s: s.cold_keys(queue, after, limit=limit))
-        self._progress(started, time.monotonic(), len(keys), queue)
-        return keys
-
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
         return self._read(lambda s: s.get_by_custom_id(queue, custom_id))
 

@@ -8,7 +8,7 @@ with the answers.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from shardq.core import CompactJobs
@@ -18,6 +18,7 @@ __all__ = [
     "MAY_BE_DURABLE",
     "WAIT_DEFAULT_MS",
     "WAIT_MAX_MS",
+    "acks_from",
     "empty_pull_reply",
     "got_nothing",
     "is_durable",
@@ -68,6 +69,20 @@ def push_run(items: list[Any], at: int) -> int:
             break
         end += 1
     return end - at
+
+
+def acks_from(items: list[Any], at: int) -> Iterator[dict[str, Any]]:
+    """The commands of the `req` items from `at` on while they are ACKs with no envelope, the
+    first one included (it is one): a run the engine may apply in one pass (`Engine.ack_run`).
+    Lazy: the engine reads only as far as it takes, so a turn of ACKs is read once."""
+    for index in range(at, len(items)):
+        item = items[index]
+        if type(item) is not list or len(item) != 3 or type(item[0]) is not str:
+            return
+        cmd = item[2]
+        if type(cmd) is not dict or cmd.get("cmd") != "ACK":
+            return
+        yield cmd
 
 
 MAY_BE_DURABLE: Final = frozenset({"PUSH", "PUSHB", "PUSHF"})

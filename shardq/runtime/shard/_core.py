@@ -40,6 +40,7 @@ from shardq.runtime.shard._commands import (
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import BudgetCheck, release_memory
+from shardq.runtime.shard._runs import CommandRuns
 from shardq.runtime.shard._stats import shard_stats
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked, job_status, note_wakeups
 from shardq.runtime.shard._writer_batches import Item, WriterBatches
@@ -121,6 +122,8 @@ class ShardCore:
         engine.cron.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too
         self.waits = JobWaits()
         self.event_tap = EventTap()  # job events, built only while the front end listens
+        # Consecutive PUSHes of one queue, and consecutive ACKs, in one pass each.
+        self._runs = CommandRuns(engine, self.event_tap, self._absorb, self._replies)
         # This shard's direct port's counts for Stats (`DirectPort.stats`), None while it has
         # none.
         self.direct_stats: Callable[[], dict[str, int | float]] | None = None
@@ -325,53 +328,31 @@ class ShardCore:
                 # A PUSH followed by another (of any queue) starts a run (`push_run`); the
                 # next item is read here, not in a call: a lone PUSH passes here.
                 nxt = items[at + 1] if at + 1 < end else None
+                name = item[2].get("cmd")
                 if (
                     size == 3
-                    and item[2].get("cmd") == "PUSH"
+                    and name == "PUSH"
                     and type(nxt) is list
                     and len(nxt) == 3
                     and type(nxt[2]) is dict
                     and nxt[2].get("cmd") == "PUSH"
                 ):
                     run = push_run(items, at)
-                    self._push_items(items[at : at + run], now)
+                    self._runs.pushes(items[at : at + run], now, self._request)
                     at += run
                     continue
+                elif size == 3 and name == "ACK" and type(nxt) is list and len(nxt) == 3:
+                    # Consecutive ACKs (a bunqueue Worker acks job by job): ACKB's path.
+                    taken = self._runs.acks(items, at, now)
+                    if taken:
+                        at += taken
+                        continue
                 if envelope is None or isinstance(envelope, dict):
                     self._request(item[0], item[1], item[2], now, envelope)
                     at += 1
                     continue
             _log.warning("malformed request item dropped")
             at += 1
-
-    def _push_items(self, items: list[list[Any]], now: int) -> None:
-        """A run of PUSH items: what the engine takes in one pass (`Engine.push_run`), answered
-        as one by one; each one it does not take (all while the event tap watches each
-        command) goes on its own, and the run goes on after it. Scanned once, not per item."""
-        commands = [item[2] for item in items]
-        done, count = 0, len(items)
-        while done < count:
-            run = None
-            if count - done > 1 and not self.event_tap.active:
-                try:
-                    run = self.engine.push_run(commands[done:] if done else commands, now)
-                except Exception:
-                    _log.exception("command failed", command="PUSH")
-                    for conn, rid, _cmd in items[done:]:
-                        error = {"ok": False, "error": INTERNAL_SERVER_ERROR}
-                        self._replies.append([conn, rid, error])
-                    return
-            if run is None or not run[1]:
-                conn, rid, cmd = items[done]
-                self._request(conn, rid, cmd, now, None)
-                done += 1
-                continue
-            outcome, ids = run
-            self._absorb(outcome.mutations, outcome.events)
-            append = self._replies.append
-            for (conn, rid, _cmd), job_id in zip(items[done:], ids, strict=False):
-                append([conn, rid, {"ok": True, "id": job_id}])
-            done += len(ids)
 
     def _request(
         self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
@@ -562,6 +543,8 @@ class ShardCore:
             for m in muts:
                 if m[0] == "del" or (m[0] == "upd" and m[2].get("state") == "completed"):
                     self._finished.add(job_id_of(m[1]))
+                elif m[0] == "qdrain":  # its cold jobs are gone, none named: look at each
+                    self._finished.update(self.waits.by_job)
 
     # -- connections, the writer and drain -------------------------------------------------
 

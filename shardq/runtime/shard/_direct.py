@@ -36,6 +36,27 @@ What the front end does for a PUSH, and what happens to it here:
 Requests enter the shard as one `req` message per turn with negative rids (the front end's
 are positive), so `ShardCore` handles them as any other; `take` pulls their replies out of the
 turn's `rep` batch before it goes to the front end.
+
+At a stop (SIGTERM, a recycle) the port ends its connections cleanly, in two steps the shard
+drives (`ShardProcess._finish`):
+
+- `quiesce()`: the listener closes and no connection is read any further. Whole frames are
+  only ever taken together, at the end of a read, so the port stops at a frame boundary; the
+  bytes of a frame begun are dropped, never applied;
+- `release(conn)`, for each connection once it waits for no reply (at once, or when `take`
+  writes its last one: a durable push after its commit): its last frame is
+  `direct_goodbye()`, then FIN (`shutdown(SHUT_WR)`) once its replies are written; the socket
+  is closed when the client closes its side or has acknowledged every byte (`settled`), so
+  that the close never resets a connection whose goodbye is still on its way. A request the
+  client had no reply to before the goodbye was not taken: the client sends it again
+  through the front end, with no duplicate.
+
+A connection the front end handed over (`shard._handoff`) gets no goodbye: once its replies
+are written it goes back to the front end, which serves it on.
+
+`abandon()` closes, without a goodbye, the connections still waiting for a commit the writer
+did not confirm in time (their clients cannot know: `ConnectionLost(sent=True)`), and the
+shard waits at most `direct_stop_ms` for the rest to settle.
 """
 
 from __future__ import annotations
@@ -44,27 +65,31 @@ import contextlib
 import itertools
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import structlog
 import zmq
 
 from shardq.errors import ProtocolError
-from shardq.protocol import FrameDecoder, check_command, encode_js, error_reply
-from shardq.protocol._direct import direct_refused, shard_of
+from shardq.protocol import check_command, encode_js, error_reply
+from shardq.protocol._direct import direct_refused, flow_entries, shard_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
+from shardq.runtime.shard._direct_conn import Conn as _Conn
+from shardq.runtime.shard._direct_stop import READ_BYTES, DirectStop
+from shardq.runtime.shard._handoff import HandedConns, HandedDecoder
 
 __all__ = ["DIRECT_CONN_PREFIX", "DirectPort", "why_not_open"]
 
 DIRECT_CONN_PREFIX: Final = "direct:"
-_READ_BYTES: Final = 256 * 1024
 # How often connections with a deadline (no whole frame yet, or a partial one) are checked.
 SWEEP_EVERY_S: Final = 1.0
 # At most one warning per this many seconds about connections refused at the cap.
 _WARN_EVERY_S: Final = 1.0
+# While ending connections, how often the shard looks whether their last bytes were taken.
+SETTLE_EVERY_MS: Final = 5
 # A flow's parts are checked against other shards by the front end.
 _FLOW_FIELDS: Final = ("parentId", "childrenIds")
 
@@ -83,24 +108,7 @@ def why_not_open(tcp: TcpSettings, *, external_store: bool) -> str:
     return ""
 
 
-class _Conn:
-    __slots__ = (
-        "closing", "deadline", "decoder", "idle", "inflight", "name", "out", "paused", "sock"
-    )  # fmt: skip
-
-    def __init__(self, sock: socket.socket, name: str, max_frame: int) -> None:
-        self.sock = sock
-        self.name = name
-        self.decoder = FrameDecoder(max_frame)
-        self.out = bytearray()  # replies the socket did not take yet
-        self.closing = False  # close once `out` is written (a fatal frame error)
-        self.deadline: float | None = None  # monotonic s: closed unless a frame ends by then
-        self.idle = False  # the deadline is the idle close's (any byte lifts it)
-        self.inflight = 0  # requests taken to the engine, not answered yet
-        self.paused = False  # not read while `inflight` is past the cap
-
-
-class DirectPort:
+class DirectPort(DirectStop, HandedConns):
     """The listener and connections of one shard's direct port, polled by the shard's loop."""
 
     def __init__(
@@ -153,6 +161,16 @@ class DirectPort:
         self.served = 0  # requests taken to the engine (Stats' directRequests)
         self.pushed = 0  # pushes answered ok (directPushed)
         self._rates = RateWindow(rate_window_s, width=1)
+        # Handed-off connections (`shard._handoff`): where they go back, and where their end
+        # is told; set by the shard process when `tcp_handoff` is on.
+        self.on_handback: Callable[[socket.socket, str, bytes], bool] | None = None
+        self.on_gone: Callable[[str], None] | None = None
+        self._adopted: list[_Conn] = []  # taken, their bytes not looked at yet
+        self.handed_off = 0  # connections taken from the front end (Stats' handedOff)
+        self.handed_back = 0  # and given back to it (handedBack)
+        self.quiesced = False  # stopping: nothing is read or accepted any more (`quiesce`)
+        self._shut: set[_Conn] = set()  # FIN sent, not closed yet
+        self.released = 0  # connections ended with a goodbye
         poller.register(self._listener.fileno(), zmq.POLLIN)
 
     @property
@@ -167,6 +185,8 @@ class DirectPort:
             "directRequests": self.served,
             "directPushed": self.pushed,
             "directPushPerSec": self._rates.per_second()[0],
+            "handedOff": self.handed_off,
+            "handedBack": self.handed_back,
         }
 
     def _mark(self) -> None:
@@ -184,6 +204,11 @@ class DirectPort:
         """Accept and read what `ready` (the poll's result) says; return the request items
         `[conn, rid, command]` for the engine. Writes pending replies on POLLOUT."""
         items: list[list[Any]] = []
+        if self._adopted:
+            adopted, self._adopted = self._adopted, []
+            for taken in adopted:
+                if self._by_name.get(taken.name) is taken:
+                    self._got(taken, b"", items)
         conns = self._conns
         for fd, events in ready.items():
             conn = conns.get(fd)
@@ -191,15 +216,23 @@ class DirectPort:
                 if events & zmq.POLLOUT:
                     self._flush(conn)
                 if events & zmq.POLLIN and fd in conns:
-                    self._read(conn, items)
+                    if conn.shut:
+                        self._discard(conn)
+                    elif not self.quiesced:
+                        self._read(conn, items)
             elif fd == self._listener.fileno():
                 self._accept()
         if self._timed:
             self._sweep(time.monotonic())
+        if self._shut:
+            self._settle()
         return items
 
     def poll_timeout(self, timeout_ms: int | None) -> int | None:
-        """`timeout_ms`, or less so that the loop wakes for the next sweep of deadlines."""
+        """`timeout_ms`, or less so that the loop wakes for the next sweep of deadlines (or,
+        while connections end, to see whether they settled)."""
+        if self._shut:
+            return SETTLE_EVERY_MS if timeout_ms is None else min(timeout_ms, SETTLE_EVERY_MS)
         if not self._timed:
             return timeout_ms
         left = max(int((self._next_sweep - time.monotonic()) * 1000) + 1, 0)
@@ -250,9 +283,12 @@ class DirectPort:
             self._poller.register(sock.fileno(), zmq.POLLIN)
             self._deadline(conn, self._handshake_s)
 
+    def _make_conn(self, sock: socket.socket, name: str) -> _Conn:
+        return _Conn(sock, name, self._max_frame)
+
     def _read(self, conn: _Conn, items: list[list[Any]]) -> None:
         try:
-            data = conn.sock.recv(_READ_BYTES)
+            data = conn.sock.recv(READ_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -261,10 +297,18 @@ class DirectPort:
         if not data:
             self._drop(conn)
             return
+        self._got(conn, data, items)
+
+    def _got(self, conn: _Conn, data: bytes, items: list[list[Any]]) -> None:
         replies: list[dict[str, Any]] = []
-        frames = conn.decoder.feed(data)
-        for frame in frames:
-            self._take(conn, frame, items, replies)
+        decoder = conn.decoder
+        frames = decoder.feed(data)
+        if type(decoder) is HandedDecoder:
+            if self._handed_frames(conn, decoder, frames, items):
+                return  # on its way back: no deadline, no cap of ours applies
+        else:
+            for frame in frames:
+                self._take(conn, frame, items, replies)
         if frames or conn.deadline is None or conn.idle:
             # A frame ended (or one began): what is left of the next one has `frame_s`.
             conn.deadline = None
@@ -286,7 +330,9 @@ class DirectPort:
 
     def _watch(self, conn: _Conn) -> None:
         """Poll `conn` for what it needs now: input unless paused, output while `out` waits."""
-        events = (0 if conn.paused else zmq.POLLIN) | (zmq.POLLOUT if conn.out else 0)
+        returning = type(conn.decoder) is HandedDecoder and conn.decoder.returning
+        reading = not conn.paused and not returning
+        events = (zmq.POLLIN if reading else 0) | (zmq.POLLOUT if conn.out else 0)
         fd = conn.sock.fileno()
         if events:
             self._poller.register(fd, events)  # registering again modifies
@@ -299,27 +345,40 @@ class DirectPort:
         conn: _Conn,
         frame: dict[str, Any] | ProtocolError,
         items: list[list[Any]],
-        replies: list[dict[str, Any]],
-    ) -> None:
-        """One decoded frame: a request for the engine, or an answer at once."""
+        replies: list[dict[str, Any]] | None,
+    ) -> bool:
+        """One decoded frame: a request for the engine, or an answer at once; without
+        `replies` (a handed-off connection) False for any frame not taken to the engine."""
+        if replies is None:
+            name = _served_name(frame)
+            if name is None or isinstance(frame, ProtocolError):
+                return False
+            if self._refusal(name, frame, bulk=True) is not None:
+                return False
+            self._to_engine(conn, frame, items)
+            return True
         if isinstance(frame, ProtocolError):
             replies.append(error_reply(str(frame), frame.req_id))
             if frame.fatal:
                 conn.closing = True
-            return
+            return True
         try:
             name = check_command(frame)
         except ProtocolError as e:
             req = frame.get("reqId")
             replies.append(error_reply(str(e), req if isinstance(req, str) else None))
-            return
+            return True
         refusal = self._refusal(name, frame)
         if refusal is not None:
             reply = error_reply(direct_refused(refusal))
             if "reqId" in frame:
                 reply["reqId"] = frame["reqId"]
             replies.append(reply)
-            return
+            return True
+        self._to_engine(conn, frame, items)
+        return True
+
+    def _to_engine(self, conn: _Conn, frame: dict[str, Any], items: list[list[Any]]) -> None:
         rid = next(self._rids)
         if "reqId" in frame:
             self._req_ids[rid] = frame.pop("reqId")
@@ -328,10 +387,15 @@ class DirectPort:
         self.served += 1
         items.append([conn.name, rid, frame])
 
-    def _refusal(self, name: str, frame: Mapping[str, Any]) -> str | None:
-        if name != "PUSH":
+    def _refusal(self, name: str, frame: Mapping[str, Any], *, bulk: bool = False) -> str | None:
+        """Why this port does not serve `frame` (None: it does). `bulk`: a PUSHB with no flow
+        entry is served too (a handed-off connection, `shard._handoff`)."""
+        if name == "PUSHB" and bulk:
+            if flow_entries(frame):
+                return "a flow's PUSHB goes through the front end"
+        elif name != "PUSH":
             return f"{name} goes through the front end"
-        if any(key in frame for key in _FLOW_FIELDS):
+        elif any(key in frame for key in _FLOW_FIELDS):
             return "a flow's PUSH goes through the front end"
         queue = frame.get("queue")
         # A queue that is not a string gets the engine's own error, as through the front end.
@@ -356,7 +420,8 @@ class DirectPort:
                 continue
             reply = item[2]
             if reply.get("ok") is True:
-                pushed += 1
+                ids = reply.get("ids")  # a PUSHB's (handed-off connections)
+                pushed += len(ids) if type(ids) is list else 1
             req = self._req_ids.pop(rid, None)
             if req is not None:
                 reply["reqId"] = req
@@ -368,11 +433,15 @@ class DirectPort:
             conn = self._by_name.get(name)
             if conn is not None:  # else gone: the reply goes nowhere, as for a closed TCP peer
                 conn.inflight -= len(replies)
-                if conn.paused and conn.inflight <= self._max_in_flight // 2:
-                    conn.paused = False
-                    self._watch(conn)
-                self._idle(conn)
+                if not self.quiesced:
+                    if conn.paused and conn.inflight <= self._max_in_flight // 2:
+                        conn.paused = False
+                        self._watch(conn)
+                    self._idle(conn)
                 self._write(conn, b"".join(encode_js(r) for r in replies))
+                self._return_if_done(conn)
+                if self.quiesced and conn.inflight == 0:
+                    self.release(conn)  # its last reply is out: the goodbye follows
         if not rest:
             return None
         return msgs.rep(rest)
@@ -395,8 +464,11 @@ class DirectPort:
             _log.warning("direct connection dropped: it does not read its replies",
                          conn=conn.name, unread=len(conn.out))  # fmt: skip
             self._drop(conn)
-        elif conn.closing and not conn.out:
-            self._drop(conn)
+        elif not conn.out:
+            if conn.closing:
+                self._drop(conn)
+            elif conn.ending and not conn.shut:
+                self._shut_down(conn)
 
     def _flush(self, conn: _Conn) -> None:
         try:
@@ -410,22 +482,44 @@ class DirectPort:
         if not conn.out:
             if conn.closing:
                 self._drop(conn)
+            elif conn.ending and not conn.shut:
+                self._shut_down(conn)
             else:
                 self._watch(conn)
+                self._return_if_done(conn)
 
     def _drop(self, conn: _Conn) -> None:
+        if self._forget(conn):
+            conn.sock.close()
+            if type(conn.decoder) is HandedDecoder and self.on_gone is not None:
+                self.on_gone(conn.name)
+
+    def _forget(self, conn: _Conn) -> bool:
+        """Stop tracking and polling `conn`; False if it was gone already."""
         fd = conn.sock.fileno()
         if self._conns.pop(fd, None) is None:
-            return
+            return False
         self._by_name.pop(conn.name, None)
         self._timed.discard(conn)
+        self._shut.discard(conn)
         with contextlib.suppress(KeyError, zmq.ZMQError):
             self._poller.unregister(fd)
-        conn.sock.close()
+        return True
 
     def close(self) -> None:
         for conn in list(self._conns.values()):
             self._drop(conn)
-        with contextlib.suppress(KeyError, zmq.ZMQError):
-            self._poller.unregister(self._listener.fileno())
+        if not self.quiesced:
+            with contextlib.suppress(KeyError, zmq.ZMQError):
+                self._poller.unregister(self._listener.fileno())
         self._listener.close()
+
+
+def _served_name(frame: dict[str, Any] | ProtocolError) -> str | None:
+    """The command a well-formed frame names; None for one the front end must answer."""
+    if isinstance(frame, ProtocolError):
+        return None
+    try:
+        return check_command(frame)
+    except ProtocolError:
+        return None

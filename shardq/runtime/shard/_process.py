@@ -7,8 +7,9 @@ and the signals. Its loop sleeps in `zmq.Poller.poll` until a message arrives or
 deadline (engine timer, long-poll, WaitJob) is due, so an idle shard uses no CPU.
 
 SIGINT is ignored: a terminal's Ctrl+C reaches the whole process group, and the supervisor
-orders the shutdown with SIGTERM. SIGTERM ends the loop; the shard then waits (at most
-`shutdown_timeout_ms`) for the writer to confirm its last batch and exits 0.
+orders the shutdown with SIGTERM. SIGTERM ends the loop; the shard then stops reading its
+direct port (`DirectPort.quiesce`), waits (at most `shutdown_timeout_ms`) for the writer to
+confirm its last batch, ends its direct connections (at most `direct_stop_ms`) and exits 0.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
 from shardq.runtime._giveback import GiveBackSettings, rss_bytes
 from shardq.runtime._logging import configure
-from shardq.runtime._ports import connection_cap
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import STATS as SPIN_STATS
@@ -42,10 +42,11 @@ from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._backlog import StoreBacklog
 from shardq.runtime.shard._core import Outgoing, ShardCore
-from shardq.runtime.shard._direct import DirectPort, why_not_open
+from shardq.runtime.shard._direct import DirectPort
 from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._loading import ShardLoading
 from shardq.runtime.shard._memory import MemoryReturner
+from shardq.runtime.shard._process_direct import ShardDirect
 from shardq.runtime.shard._recycle import RecycleCheck, RecycleSettings, ShardRecycle
 from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._takeover import Holdings
@@ -61,7 +62,7 @@ _log = structlog.get_logger()
 WRITER_BACKLOG_BYTES = 8 << 20
 
 
-class ShardProcess(ShardLoading):
+class ShardProcess(ShardDirect, ShardLoading):
     """The sockets, clock and signals of one shard, around a `ShardCore`."""
 
     def __init__(self, spec: ChildSpec) -> None:
@@ -145,36 +146,7 @@ class ShardProcess(ShardLoading):
         self._direct: DirectPort | None = None
         self._watch_links()
         self._direct = self._open_direct(spec)
-
-    def _open_direct(self, spec: ChildSpec) -> DirectPort | None:
-        """This shard's direct port (`shard._direct`), if `direct_shards` is on and no client
-        check lives in the front end alone (`why_not_open`). Raises `OSError` if it
-        cannot bind."""
-        tcp = spec.tcp
-        if not tcp.direct_shards:
-            return None
-        why = why_not_open(tcp, external_store=spec.external_store)
-        if why:
-            _log.info(f"direct port not opened: {why}")
-            return None
-        direct = DirectPort(
-            tcp.host,
-            spec.index,
-            spec.shards,
-            self._poller,
-            # Like the TCP port's cap: descriptors stay free for the shard's own needs.
-            max_connections=connection_cap(tcp.direct_max_connections, tcp.reserved_fds),
-            max_frame_bytes=tcp.max_frame_bytes,
-            max_write_bytes=tcp.tcp_max_write_backlog_bytes,
-            handshake_s=tcp.tcp_handshake_timeout_ms / 1000,
-            frame_s=max(tcp.tcp_idle_timeout_ms, 0) / 1000,
-            idle_close_s=tcp.tcp_idle_close_ms / 1000,
-            max_in_flight=tcp.max_in_flight_per_connection,
-            rate_window_s=spec.frontend.stats_rate_window_s,
-        )
-        self.core.direct_stats = direct.stats
-        _log.info("direct port open", host=tcp.host, port=direct.port)
-        return direct
+        self._handoff = self._open_handoff(spec, self._direct)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -186,6 +158,10 @@ class ShardProcess(ShardLoading):
         early = self._start()
         if not self._stop:
             self._serve(early)
+        if self._handoff is not None and self._direct is not None:
+            # Handed-off connections go back to the front end once answered (`_handoff`).
+            self._handoff.stopping = True
+            self._direct.hand_back_all()
         self._finish()
         return 0
 
@@ -229,9 +205,8 @@ class ShardProcess(ShardLoading):
         return len(engine.store.jobs) * JOB_BYTES
 
     def _no_recycle(self) -> str | None:
-        """What forbids a recycle now, if anything."""
-        if self._direct is not None and self._direct.connections:
-            return "direct connections open"
+        """What forbids a recycle now, if anything. (Clients connected to the direct port do
+        not: the stop ends their connections cleanly, `_end_direct`.)"""
         if self.core.waits or self.core.draining:
             return "parked WaitJob or draining"
         if self.core.active_jobs():
@@ -312,17 +287,24 @@ class ShardProcess(ShardLoading):
             self._recycle.after_turn(bool(messages))
 
     def _finish(self) -> None:
-        """Send the last batch and wait, within the shutdown timeout, for its commit."""
+        """Send the last batch and wait, within the shutdown timeout, for its commit; then
+        end the direct port's connections."""
+        direct = self._direct
+        if direct is not None:
+            direct.quiesce()  # every request it took was handled by the last turn
         self._send(self.core.finish_turn(self.clock.now()), block_on_front=False)
         deadline = time.monotonic() + self.spec.process.shutdown_timeout_ms / 1000
         while self.core.awaiting_commit and (left := deadline - time.monotonic()) > 0:
-            for msg in self._wait(max(int(left * 1000), 1)):
+            timeout = max(int(left * 1000), 1)
+            for msg in self._wait(timeout if direct is None else direct.poll_timeout(timeout)):
                 # Only the writer's answers count now: no request is served after the stop.
                 if msg.get("t") in (msgs.DONE, msgs.FAIL):
                     self.core.handle(msg, self.clock.now())
             self._send(self.core.take_replies(), block_on_front=False)
         if self.core.awaiting_commit:
             _log.warning("shutdown timeout before the writer confirmed", seq=self.core.seq)
+        if direct is not None:
+            self._end_direct(direct)
         _log.info(
             "shard stopped",
             seq=self.core.seq,
@@ -337,6 +319,8 @@ class ShardProcess(ShardLoading):
         self._front.close()
         if self._direct is not None:
             self._direct.close()
+        if self._handoff is not None:
+            self._handoff.close()
         self._writer.close()
         if self._backlog is not None:
             self._backlog.close()
@@ -377,7 +361,7 @@ class ShardProcess(ShardLoading):
                     self._decode(data, messages)
         direct = self._direct
         if direct is not None:
-            items = direct.serve(ready)
+            items = self._serve_direct(direct, ready)
             if items:
                 messages.append(dict(msgs.req(items)))
         return messages
@@ -447,7 +431,7 @@ class ShardProcess(ShardLoading):
         for fd in new:
             self._poller.register(fd, zmq.POLLIN)
         self._link_fds = fds
-        if new and self._direct is not None:
+        if new and self._direct is not None and not self._direct.quiesced:
             # A front end (re)connected: it learns this shard's direct port first.
             self._front.send(pack(self._direct.announcement()))
 

@@ -24,12 +24,13 @@ before recovery) plus `shard_recycle_grow_mb` plus `RECYCLE_FACTOR` times its jo
 4. the front end connects to the new process and sends it what it held; the new shard serves
    them once recovered, as it does after any restart.
 
-A shard that holds an active job or a parked WaitJob, has a client connected to its direct
-port, or wrote nothing since it started never recycles (a worker's lease or a client's
-connection would not survive it, or there is nothing to give back); nor does one whose front
-end is not connected. If a request that came between its `recycle` and the `recycle-go` made
-a job active (or a client connected to its direct port), it calls the recycle off
-(`recycle-off`: the front end sends what it held) and carries on.
+A shard that holds an active job or a parked WaitJob, or wrote nothing since it started, never
+recycles (a worker's lease would not survive it, or there is nothing to give back); nor does
+one whose front end is not connected. Clients connected to its direct port do not hold it
+back: its stop ends their connections cleanly (`shard._direct`, `DirectPort.quiesce`), and
+they push through the front end, which holds their pushes too. If a request that came between
+its `recycle` and the `recycle-go` made a job active, it calls the recycle off (`recycle-off`:
+the front end sends what it held) and carries on.
 """
 
 from __future__ import annotations

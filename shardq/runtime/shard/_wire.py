@@ -34,6 +34,7 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core import CompactJobs
+from shardq.core._compact import Entry, OptionItems
 from shardq.core._job import WIRE_HOT_KEYS, WIRE_TEMPLATE, timeline_view
 from shardq.protocol import js_numbers
 from shardq.protocol._jsnum import JOB_TIME_KEYS, UINT32_MAX, js_job
@@ -57,6 +58,8 @@ _VALUES_AT: Final = tuple(
 )
 # Timelines packed at most, kept for the jobs of the next entries that share them.
 _TIMELINES_KEPT: Final = 256
+# Heads of the wire map packed at most, one per set of shared options (`_compact`).
+_HEADS_KEPT: Final = 64
 _INT32_MIN: Final = -(2**31)
 # The first byte of a packed uint64 and int64: every integer beyond 32 bits packs as one.
 _UINT64: Final = b"\xcf"
@@ -77,7 +80,7 @@ class FrontPacker:
         self._wire = self._wire_maker(js=False)
         self._wire_js = self._wire_maker(js=True)
 
-    def _wire_maker(self, *, js: bool) -> Callable[[list[Any] | dict[str, Any]], bytes]:
+    def _wire_maker(self, *, js: bool) -> Callable[[Entry], bytes]:
         """Packs one `CompactJobs` entry; with `js`, its integers beyond 32 bits become floats
         as `encode_js` makes them (`_js_times`, `_js_values`, `_js_map`)."""
         pack = self._pack
@@ -86,14 +89,20 @@ class FrontPacker:
             # A code change: the timeline is spliced in last (`wire`).
             raise RuntimeError("WIRE_TEMPLATE must end with WIRE_HOT_KEYS, the timeline last")
         constant = keys[: -len(WIRE_HOT_KEYS)]
-        head = self._map_header(len(keys)) + b"".join(
-            pack(key) + pack(js_numbers(WIRE_TEMPLATE[key]) if js else WIRE_TEMPLATE[key])
-            for key in constant
-        )
+        map_header = self._map_header(len(keys))
+
+        def make_head(options: Mapping[str, Any]) -> bytes:
+            values = ((key, options.get(key, WIRE_TEMPLATE[key])) for key in constant)
+            return map_header + b"".join(
+                pack(key) + pack(js_numbers(value) if js else value) for key, value in values
+            )
+
+        head = make_head({})
+        heads: dict[OptionItems, bytes] = {}  # per set of shared options (`_compact`)
         skip = len(self._array_header(_HOT_PAIRS))  # the pairs go in as a list: drop its header
         timelines = _Timelines(pack, js=js)
 
-        def wire(entry: list[Any] | dict[str, Any]) -> bytes:
+        def wire(entry: Entry) -> bytes:
             if isinstance(entry, dict):
                 if not js:
                     return pack(entry)
@@ -103,6 +112,15 @@ class FrontPacker:
                     _js_map(entry)
                     packed = pack(entry)
                 return packed
+            start = head
+            if isinstance(entry, tuple):  # shared options: the template's head with them
+                options, entry = entry
+                found = heads.get(options)
+                if found is None:
+                    if len(heads) >= _HEADS_KEPT:
+                        heads.clear()
+                    found = heads[options] = make_head(dict(options))
+                start = found
             if js:
                 _js_times(entry)
             # The timeline is last: packed as nil (one byte, dropped), its bytes put instead.
@@ -115,7 +133,7 @@ class FrontPacker:
                     packed = pack(entry)
             finally:
                 entry[_TIMELINE_AT] = timeline  # an entry may be packed twice (`_cut`)
-            return b"".join((head, packed[skip:-1], timelines.packed(timeline)))
+            return b"".join((start, packed[skip:-1], timelines.packed(timeline)))
 
         return wire
 
@@ -191,7 +209,7 @@ class FrontPacker:
                 cut["tokens"] = tokens[:keep]
             data = self._item([conn, rid, cut])
             if len(data) <= room:
-                return data, [_entry_id(entry) for entry in entries[keep:]]
+                return data, [str(_entry_id(entry)) for entry in entries[keep:]]
             keep -= 1
         return None
 
@@ -224,7 +242,7 @@ class FrontPacker:
             if type(value) is CompactJobs:
                 body.append(self._array_header(len(value)))
                 for entry in value.entries:
-                    ids.append(entry["id"] if isinstance(entry, dict) else entry[_ID_AT])
+                    ids.append(_entry_id(entry))
                     body.append(wire(entry))
             else:
                 packed_value = pack(value)  # ok, tokens
@@ -348,15 +366,17 @@ def _js_copy(value: Any) -> Any:
                                       strict_map_key=False))  # fmt: skip
 
 
-def _entry_id(entry: list[Any] | dict[str, Any]) -> str:
-    return str(entry["id"] if isinstance(entry, dict) else entry[_ID_AT])
+def _entry_id(entry: Entry) -> Any:
+    if isinstance(entry, dict):
+        return entry["id"]
+    return entry[1][_ID_AT] if isinstance(entry, tuple) else entry[_ID_AT]
 
 
 def pulled_ids(reply: Mapping[str, Any]) -> list[str]:
     """The ids of the jobs a PULL or PULLB reply hands out (none for any other reply)."""
     jobs = reply.get("jobs")
     if type(jobs) is CompactJobs:
-        return [_entry_id(entry) for entry in jobs.entries]
+        return [str(_entry_id(entry)) for entry in jobs.entries]
     if isinstance(jobs, list):
         return [str(j["id"]) for j in jobs if isinstance(j, dict) and "id" in j]
     job = reply.get("job")

@@ -1,0 +1,291 @@
+"""Handing bunqueue TCP connections to the shard that owns their queues (`tcp_handoff`,
+docs/runtime.md "Handed-off connections"; the shard's side is `shard._handoff`).
+
+A connection is handed off when it is safe and worth it:
+- the shard's direct port is open (so no auth tokens, TLS, rate limit, PostgreSQL/cluster)
+  and the shard is neither down nor held for a recycle;
+- the connection never sent a command that leaves state in the front end or on a shard
+  for it (`STATEFUL`: Auth, pulls and their leases, event subscriptions, worker registry);
+- its last `tcp_handoff_after` requests were single pushes (no flow fields) for queues of that
+  one shard, and no hand-back happened in the last `tcp_handoff_backoff_ms`;
+- nothing is in flight, held or unwritten, and at most `tcp_handoff_max_bytes` of a partial
+  frame are buffered. The connection stops being read (a frame boundary), waits until that
+  holds, then its descriptor goes to the shard with those bytes.
+
+The front end keeps its copy, not read, until the shard answers `took`: then it closes it
+(close, never shutdown: the shard's copy keeps the connection open, no FIN). Not taken, or the
+shard's socket gone before the answer, it resumes the connection itself. A `handback`
+(descriptor + unread bytes) resumes it here with a new transport; a `gone`, or the shard's
+socket lost while it held the connection (kill -9: the client sees the connection end), ends
+it here as a close would (its leases released).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Protocol
+
+import structlog
+
+from shardq.protocol import DecodedFrame
+from shardq.protocol._direct import flow_entries, shard_of
+from shardq.runtime import _messages as msgs
+from shardq.runtime._fds import descriptors_in
+from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.links._control import pack, unpack
+
+__all__ = ["STATEFUL", "Handoffs", "TcpConnection"]
+
+# Commands after which a connection is never handed off: state in the front end or leases.
+STATEFUL: Final = frozenset(
+    {"Auth", "PULL", "PULLB", "RegisterWorker", "Heartbeat", "SubscribeEvents"}
+)
+_FLOW_FIELDS: Final = ("parentId", "childrenIds")
+# A connection's handoff state.
+NONE: Final = 0
+WANTED: Final = 1  # not read any more; handed once nothing is in flight or unwritten
+SENT: Final = 2  # the descriptor is with the shard, not yet taken
+HANDED: Final = 3  # served by the shard
+_FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
+
+_log = structlog.get_logger()
+
+
+class TcpConnection(Protocol):
+    """What a TCP connection (`_tcp.TcpConnection`) shows of itself to its handoff."""
+
+    conn: str
+    streak: int
+    streak_shard: int
+    stateful: bool
+    handoff_state: int
+    handoff_not_before: float
+    sent_unread: bytes
+
+    @property
+    def busy(self) -> bool: ...
+    def want_handoff(self) -> None: ...
+    def quiet_socket(self, max_bytes: int) -> Any: ...
+    def take_unread(self) -> bytes: ...
+    def handoff_failed(self, unread: bytes, not_before: float) -> None: ...
+    def handed_over(self) -> None: ...
+    def resume_with(self, unread: bytes, not_before: float) -> None: ...
+    def lost(self) -> None: ...
+
+
+class Handoffs:
+    """The front end's handoff sockets (one per shard, made when first needed) and the
+    connections handed through them."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        path: Callable[[int], str],
+        *,
+        after: int,
+        backoff_s: float,
+        max_bytes: int,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._loop: Any = None  # the gateway's, set by `attach`
+        self._path = path  # shard index -> its handoff socket (`ChildSpec.handoff_path`)
+        self.after = after
+        self.backoff_s = backoff_s
+        self.max_bytes = max_bytes
+        self._shards = dispatcher.shards
+        self._chans: dict[int, socket.socket] = {}
+        self._conns: dict[str, tuple[int, TcpConnection]] = {}  # SENT or HANDED, by conn
+        self._unread: dict[str, bytearray] = {}  # a hand-back's bytes, while more come
+        self.handed_off = 0  # connections taken by a shard (for tests and logs)
+        self.handed_back = 0
+        for kind, handler in (
+            (msgs.TOOK, self._on_took),
+            (msgs.HANDBACK, self._on_handback),
+            (msgs.GONE, self._on_gone),
+        ):
+            dispatcher.on_shard_kind(kind, handler)
+
+    def attach(self, loop: Any) -> None:
+        self._loop = loop
+
+    # -- deciding ----------------------------------------------------------------------------
+
+    def note(self, conn: TcpConnection, frames: list[DecodedFrame]) -> None:
+        """Count the pushes in a read's frames; past `after` of them for one shard, stop
+        reading the connection and hand it off once it is quiet (`ready`)."""
+        for frame in frames:
+            if type(frame) is not dict:
+                conn.streak = 0
+                continue
+            cmd = frame.get("cmd")
+            queue = frame.get("queue")
+            if type(queue) is str and (
+                (cmd == "PUSH" and not any(k in frame for k in _FLOW_FIELDS))
+                or (cmd == "PUSHB" and not flow_entries(frame))
+            ):
+                shard = shard_of(queue, self._shards)
+                if shard == conn.streak_shard:
+                    conn.streak += 1
+                else:
+                    conn.streak_shard, conn.streak = shard, 1
+            elif cmd in STATEFUL:
+                conn.stateful = True
+                return
+            else:
+                conn.streak = 0
+        if (
+            conn.streak >= self.after
+            and self._loop.time() >= conn.handoff_not_before
+            and self._possible(conn.streak_shard)
+        ):
+            conn.want_handoff()
+
+    def _possible(self, shard: int) -> bool:
+        ports = self._dispatcher.direct_ports
+        router = self._dispatcher.router
+        if not ports or shard not in ports:
+            return False
+        return shard not in router.down and shard not in router.held
+
+    def ready(self, conn: TcpConnection) -> None:
+        """`conn` (WANTED) flushed its replies: hand it off if nothing else is pending, or
+        give up (it is read again, and not handed off for a back-off)."""
+        if conn.busy:
+            return  # a later flush comes back here
+        shard = conn.streak_shard
+        sock = conn.quiet_socket(self.max_bytes)
+        if sock is None or not self._possible(shard):
+            conn.handoff_failed(b"", self._loop.time() + self.backoff_s)
+            return
+        unread = conn.take_unread()
+        chan = self._chan(shard)
+        data = pack(msgs.handoff(conn.conn, unread))
+        fds = array.array("i", [sock.fileno()])
+        try:
+            if chan is None:
+                raise OSError("no handoff socket")
+            chan.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        except OSError:
+            conn.handoff_failed(unread, self._loop.time() + self.backoff_s)
+            return
+        conn.sent_unread = unread
+        conn.handoff_state = SENT
+        self._conns[conn.conn] = (shard, conn)
+
+    # -- the shard's answers -----------------------------------------------------------------
+
+    def _on_took(self, msg: Mapping[str, Any]) -> None:
+        entry = self._conns.get(str(msg.get("conn")))
+        if entry is None or entry[1].handoff_state != SENT:
+            return
+        conn = entry[1]
+        if msg.get("ok") is True:
+            self.handed_off += 1
+            conn.handed_over()
+        else:
+            del self._conns[conn.conn]
+            conn.handoff_failed(conn.sent_unread, self._loop.time() + self.backoff_s)
+
+    def _on_handback(self, msg: Mapping[str, Any]) -> None:
+        name, fd = str(msg.get("conn")), msg.get("fd")
+        unread = msg.get("unread")
+        buf = self._unread.setdefault(name, bytearray())
+        if isinstance(unread, bytes):
+            buf += unread
+        if msg.get("more") is True and fd is None:
+            return
+        del self._unread[name]
+        if not isinstance(fd, int):
+            return
+        entry = self._conns.pop(name, None)
+        sock = socket.socket(fileno=fd)
+        if entry is None or entry[1].handoff_state != HANDED:
+            # Not ours (a front end restarted since): nobody here can resume it.
+            _log.warning("handed-back connection unknown here: closed", conn=name)
+            sock.close()
+            return
+        self.handed_back += 1
+        conn = entry[1]
+        conn.resume_with(bytes(buf), self._loop.time() + self.backoff_s)
+        task = self._loop.create_task(self._loop.connect_accepted_socket(lambda: conn, sock))
+
+        def resumed(task: Any) -> None:
+            if task.cancelled() or task.exception() is not None:
+                conn.lost()
+
+        task.add_done_callback(resumed)
+
+    def _on_gone(self, msg: Mapping[str, Any]) -> None:
+        entry = self._conns.pop(str(msg.get("conn")), None)
+        if entry is not None and entry[1].handoff_state == HANDED:
+            entry[1].lost()
+
+    # -- the sockets -------------------------------------------------------------------------
+
+    def _chan(self, shard: int) -> socket.socket | None:
+        chan = self._chans.get(shard)
+        if chan is not None:
+            return chan
+        chan = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        chan.setblocking(False)
+        try:
+            chan.connect(self._path(shard))
+        except OSError:
+            chan.close()
+            return None
+        self._chans[shard] = chan
+        self._loop.add_reader(chan.fileno(), self._read, shard, chan)
+        return chan
+
+    def _read(self, shard: int, chan: socket.socket) -> None:
+        while self._chans.get(shard) is chan:
+            try:
+                data, anc, _flags, _addr = chan.recvmsg(self.max_bytes + 4096, _FD_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, anc = b"", []
+            fds = descriptors_in(anc)
+            if not data and not fds:
+                self._lost(shard, chan)
+                return
+            try:
+                msg = unpack(data)
+            except ValueError:
+                msg = {}
+            for extra in fds[1:]:
+                socket.socket(fileno=extra).close()
+            if fds:
+                msg["fd"] = fds[0]
+            msg["shard"] = shard
+            if msg.get("t") in (msgs.TOOK, msgs.HANDBACK, msgs.GONE):
+                self._dispatcher.on_shard_message(msg)
+            elif fds:
+                socket.socket(fileno=fds[0]).close()
+
+    def _lost(self, shard: int, chan: socket.socket) -> None:
+        """The shard's socket closed (it stopped, or died): what it had not taken resumes
+        here; what it held is gone with it."""
+        self._chans.pop(shard, None)
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(chan.fileno())
+        chan.close()
+        for name, (owner, conn) in list(self._conns.items()):
+            if owner != shard:
+                continue
+            del self._conns[name]
+            if conn.handoff_state == SENT:
+                conn.handoff_failed(conn.sent_unread, self._loop.time() + self.backoff_s)
+            elif conn.handoff_state == HANDED:
+                _log.warning("handed-off connection lost with its shard", conn=name, shard=shard)
+                conn.lost()
+
+    def close(self) -> None:
+        for shard, chan in list(self._chans.items()):
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(chan.fileno())
+            chan.close()
+            del self._chans[shard]

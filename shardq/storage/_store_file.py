@@ -1,0 +1,127 @@
+"""The file side of `Store`: checkpoints, the free pages given back, pragmas and the schema,
+the progress beat of long statements, and the error mapping every read shares.
+
+A mixin: `Store` (`_store.py`) sets `_conn` and `_path`; nothing here writes a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from shardq.storage import _schema, _vacuum
+from shardq.storage._errors import StorageError, wrap_error
+
+__all__ = ["PROGRESS_STEPS", "StoreFile", "beating"]
+
+# SQLite calls `set_progress`'s beat once per this many virtual-machine steps of a statement:
+# about 12,000 rows of a scan (10-20 ms), so the beat's own clock check costs nothing measurable.
+PROGRESS_STEPS = 100_000
+
+
+class StoreFile:
+    """The SQLite file's upkeep and its reads' error mapping, for `Store`."""
+
+    _conn: sqlite3.Connection
+    _path: Path
+
+    def checkpoint(self, *, wait: bool = True) -> bool:
+        """Copy the WAL into the database file and truncate it; True if it completed.
+
+        False means a reader still needed old pages; the WAL is then only partly copied and a
+        later checkpoint finishes the job. `wait=False` gives up at once on a reader instead
+        of waiting `busy_timeout` for it (the idle writer, which must not hold up a commit).
+        Raises `StorageError` if SQLite fails.
+        """
+        with self._reading("checkpointing the WAL"):
+            if wait:
+                return self._truncate_wal()
+            (timeout,) = self._conn.execute("PRAGMA busy_timeout").fetchone()
+            self._conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                return self._truncate_wal()
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout = {int(timeout)}")
+
+    def _truncate_wal(self) -> bool:
+        busy, _log, _done = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return int(busy) == 0
+
+    @property
+    def auto_vacuum(self) -> str:
+        """The file's auto_vacuum mode: "incremental" (created by this shardq), or "none"
+        (created before; `convert_to_incremental` changes it). Raises `StorageError`."""
+        return _vacuum.auto_vacuum(self._conn)
+
+    def database_bytes(self) -> int:
+        """The file's and its WAL's sizes, in bytes (0 for a missing one)."""
+        total = 0
+        for name in (self._path, f"{self._path}-wal"):
+            with contextlib.suppress(OSError):
+                total += os.stat(name).st_size
+        return total
+
+    def free_pages(self) -> int:
+        """Pages the file holds but no row uses (SQLite's free list). Raises `StorageError`."""
+        return _vacuum.free_pages(self._conn)
+
+    def release_pages(self, pages: int) -> int:
+        """Give up to `pages` free pages back to the file system, in one short transaction;
+        return how many went (0 unless the file is in incremental mode). Raises
+        `StorageError` (`StorageFull` included) and leaves the file as it was."""
+        return _vacuum.release_pages(self._conn, pages)
+
+    def convert_to_incremental(self, progress: Callable[[float], None] | None = None) -> None:
+        """Rewrite the file once with a full VACUUM so that it can give pages back; see
+        `_vacuum.convert` (`progress(elapsed_s)` about every second). Raises `StorageError`
+        (not enough free disk, SQLite failed) and then leaves the file as it was."""
+        _vacuum.convert(self._conn, self._path, progress)
+
+    def pragmas(self) -> dict[str, object]:
+        """The connection's settings as SQLite reports them (journal_mode, synchronous ...).
+
+        Raises `StorageError` if the read fails.
+        """
+        with self._reading("reading pragmas"):
+            return _schema.read_pragmas(self._conn)
+
+    def describe(self) -> _schema.SchemaInfo:
+        """The schema as stored: version, applied migrations, columns, indexes.
+
+        Raises `StorageError` if the read fails.
+        """
+        return _schema.describe(self._conn)
+
+    def set_progress(self, beat: Callable[[], None] | None) -> None:
+        """Call `beat` every `PROGRESS_STEPS` steps of any statement of this connection (None:
+        stop). A beat that raises is logged by nothing and aborts nothing: it is swallowed."""
+        if beat is None:
+            self._conn.set_progress_handler(None, 0)
+        else:
+            self._conn.set_progress_handler(beating(beat), PROGRESS_STEPS)
+
+    @contextlib.contextmanager
+    def _reading(self, action: str) -> Iterator[None]:
+        # Reads run in autocommit mode and need no transaction; only the error mapping is
+        # shared with writes. ValueError covers a corrupt msgpack blob.
+        try:
+            yield
+        except StorageError:
+            raise
+        except (sqlite3.Error, ValueError) as e:
+            raise wrap_error(e, f"{self._path}: {action}") from e
+
+
+def beating(beat: Callable[[], None]) -> Callable[[], int]:
+    """`beat` as SQLite's progress handler: whatever it raises is swallowed, and it never
+    aborts the statement (a non-zero return would)."""
+
+    def handler() -> int:
+        with contextlib.suppress(Exception):
+            beat()
+        return 0
+
+    return handler

@@ -1,0 +1,140 @@
+"""The plain path of a PUSH (`_produce.cmd_push`, `push_run`) and the data check's shortcut
+(`_options._certainly_small`) must decide exactly as the full passes would.
+
+The task API's pushes (`{"args": [...], "kwargs": {...}}` and `stackTraceLimit`) once left the
+plain path for both reasons, which cost a single push about a third more shard CPU. Here one
+engine runs the pushes as they are; another runs them with the plain path turned off (every
+push through `normalize_job`, `validate_job` and `_check_push`): the same replies, mutations
+and state. And whatever `_certainly_small` waves through encodes as JSON under the cap.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shardq.core import Engine, EngineConfig, _options, _produce
+from shardq.core._options import MAX_DATA_CHARS, validate_data
+from shardq.protocol._schema import REWRITTEN_JOB_KEYS
+from tests.core.test_batch_paths import state_of
+
+NOW = 1_700_000_000_000
+
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False), st.text(max_size=8), st.binary(max_size=4),
+)  # fmt: skip
+FLAT = st.one_of(
+    st.lists(SCALARS, max_size=6),
+    st.dictionaries(st.one_of(st.text(max_size=4), st.integers(0, 3)), SCALARS, max_size=4),
+)
+DATA = st.one_of(
+    SCALARS,
+    st.fixed_dictionaries({"args": st.lists(SCALARS, max_size=4), "kwargs": st.just({})}),
+    st.dictionaries(st.text(max_size=4), st.one_of(SCALARS, FLAT, st.lists(FLAT, max_size=2))),
+)
+TRACE_LIMITS = st.one_of(
+    st.integers(0, 100), st.just(2**53 - 1), st.just(2**53), st.just(-1), st.just(50.0),
+    st.just("50"), st.just(True), st.none(),
+)  # fmt: skip
+PUSH = st.fixed_dictionaries(
+    {"data": DATA},
+    optional={"name": st.sampled_from(("noop", "", 5)), "stackTraceLimit": TRACE_LIMITS},
+)
+
+
+def _full(engine: Engine, cmd: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    with monkeypatch.context() as patch:
+        patch.setattr(_produce, "_plain", lambda cmd: False)
+        return engine.apply(cmd, NOW)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(runs=st.lists(st.lists(PUSH, min_size=1, max_size=4), min_size=1, max_size=4))
+def test_the_plain_path_decides_as_the_full_passes(
+    runs: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = EngineConfig()
+    fast, slow = Engine(config, seed=5), Engine(config, seed=5)
+    for run in runs:
+        commands = [{"cmd": "PUSH", "queue": "q", **fields} for fields in run]
+        got = fast.push_run(commands, NOW)
+        assert got is not None
+        outcome, ids = got
+        expected = [_full(slow, dict(cmd), monkeypatch) for cmd in commands]
+        assert [{"ok": True, "id": i} for i in ids] == [o.reply for o in expected[: len(ids)]]
+        assert outcome.mutations == [m for o in expected[: len(ids)] for m in o.mutations]
+        rest = [fast.apply(cmd, NOW) for cmd in commands[len(ids) :]]
+        assert [o.reply for o in rest] == [o.reply for o in expected[len(ids) :]]
+        assert [o.mutations for o in rest] == [o.mutations for o in expected[len(ids) :]]
+        assert state_of(fast) == state_of(slow)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(batches=st.lists(st.lists(PUSH, min_size=1, max_size=5), min_size=1, max_size=4))
+def test_a_pushb_entry_on_the_plain_path_is_decided_as_by_the_full_passes(
+    batches: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = EngineConfig()
+    fast, slow = Engine(config, seed=5), Engine(config, seed=5)
+    for jobs in batches:
+        cmd = {"cmd": "PUSHB", "queue": "q", "jobs": jobs}
+        got = fast.apply(copy.deepcopy(cmd), NOW)
+        with monkeypatch.context() as patch:
+            patch.setattr(_produce, "_plain_entry", lambda entry: False)
+            expected = slow.apply(copy.deepcopy(cmd), NOW)
+        assert got.reply == expected.reply
+        assert got.mutations == expected.mutations
+        assert state_of(fast) == state_of(slow)
+
+
+def test_a_task_push_takes_the_plain_path() -> None:
+    """The task API's PUSH skips the full passes, and runs in one pass with its neighbours."""
+    task = {"cmd": "PUSH", "queue": "q", "name": "noop", "stackTraceLimit": 50,
+            "data": {"args": [1.5, "a"], "kwargs": {"to": "x"}}}  # fmt: skip
+    assert _produce._plain(task)
+    assert _options._certainly_small(task["data"])
+    engine = Engine(seed=1)
+    got = engine.push_run([task, dict(task), {**task, "stackTraceLimit": "50"}], NOW)
+    assert got is not None and len(got[1]) == 2  # the string needs rewriting: not taken
+    job = engine.jobs[got[1][0]]
+    assert job.opts["stackTraceLimit"] == 50 and job.data == task["data"]
+    for limit in (-1, 2**53, 50.5, "50", True):
+        assert not _produce._plain({**task, "stackTraceLimit": limit})
+    assert not _produce._plain({**task, "priority": 1})
+    entry = {k: v for k, v in task.items() if k not in ("cmd", "queue")}
+    assert _produce._plain_entry(entry) and _produce._plain_entry({"data": 1})
+    assert not _produce._plain_entry({**entry, "stackTraceLimit": "50"})
+    assert not _produce._plain_entry({**entry, "customId": "x"})
+    # Nothing `normalize_job` rewrites can be on the plain path.
+    assert not REWRITTEN_JOB_KEYS & (_produce._PLAIN_ENTRY_KEYS | _produce._PLAIN_PUSH_KEYS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=DATA)
+def test_what_is_certainly_small_encodes_under_the_cap(data: Any) -> None:
+    if _options._certainly_small(data):
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+        assert len(text) <= MAX_DATA_CHARS
+
+
+def test_the_largest_certainly_small_payloads_are_far_under_the_cap() -> None:
+    worst = "\x01" * _options._SMALL_CHARS  # JSON writes it as \u0001: 6 characters each
+    items = _options._SMALL_ITEMS
+    nested = {worst[: -len(str(i))] + str(i): [worst] for i in range(items // 2)}
+    assert _options._certainly_small(nested)
+    assert len(json.dumps(nested, ensure_ascii=False)) < MAX_DATA_CHARS // 3
+    one_more = {**nested, "x": [worst]}
+    assert not _options._certainly_small(one_more)  # past the budget: the full check
+    assert validate_data(one_more) is None
+    deep = {"args": [[1]]}
+    assert not _options._certainly_small(deep)  # two levels down: the full check
+    assert validate_data({"args": ["x" * (MAX_DATA_CHARS + 1)]}) == "Job data too large (max 10MB)"
+    assert validate_data({"args": [{1, 2}]}) == "Job data must be JSON serializable"

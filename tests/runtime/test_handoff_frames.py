@@ -1,0 +1,199 @@
+"""Handed-off connections at the byte level (`tcp_handoff`, docs/runtime.md): a frame split
+across the handoff travels with the descriptor, frames the shard does not serve go back with
+it, and every request gets exactly one reply on the one TCP connection.
+
+Raw sockets against a real server, so that where a frame boundary falls is the test's choice.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+from shardq_harness import ShardqServer, poll_until
+
+from shardq.client._tcp import TcpConnection
+from shardq.protocol._direct import shard_of
+
+Factory = Callable[..., ShardqServer]
+AFTER = 4
+ENV = {
+    "SHARDQ_TCP_HANDOFF": "true",
+    "SHARDQ_TCP_HANDOFF_AFTER": str(AFTER),
+    "SHARDQ_TCP_HANDOFF_BACKOFF_MS": "100",
+}
+WAIT_S = 30.0
+
+
+def _queue_on(shard: int, prefix: str, shards: int = 2) -> str:
+    return next(f"{prefix}-{i}" for i in range(1000) if shard_of(f"{prefix}-{i}", shards) == shard)
+
+
+def _frame(cmd: dict[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(cmd, use_bin_type=True)
+    return struct.pack(">I", len(body)) + body
+
+
+class _Raw:
+    """One TCP connection: frames out, replies in, in order."""
+
+    def __init__(self, server: ShardqServer) -> None:
+        self.sock = socket.create_connection(server.tcp_address, timeout=WAIT_S)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buf = b""
+
+    def replies(self, count: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while len(out) < count:
+            while len(self._buf) >= 4:
+                (size,) = struct.unpack(">I", self._buf[:4])
+                if len(self._buf) < 4 + size:
+                    break
+                out.append(msgpack.unpackb(self._buf[4 : 4 + size], raw=False))
+                self._buf = self._buf[4 + size :]
+            if len(out) < count:
+                data = self.sock.recv(65536)
+                assert data, f"the connection closed after {len(out)} of {count} replies"
+                self._buf += data
+        return out
+
+    def call(self, cmds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.sock.sendall(b"".join(_frame(c) for c in cmds))
+        return self.replies(len(cmds))
+
+
+def _stats(server: ShardqServer) -> dict[str, Any]:
+    with TcpConnection(*server.tcp_address) as conn:
+        stats: dict[str, Any] = conn.call({"cmd": "Stats"})["stats"]
+        return stats
+
+
+def _started(factory: Factory, env: dict[str, str] | None = None) -> ShardqServer:
+    server = factory(shards=2, env={**ENV, **(env or {})})
+    with TcpConnection(*server.tcp_address) as conn:
+        poll_until(
+            lambda: "directPorts" in conn.call({"cmd": "Hello", "protocolVersion": 3}),
+            WAIT_S,
+            "the direct ports announced",
+        )
+    return server
+
+
+def _push(queue: str, n: int) -> dict[str, Any]:
+    return {"cmd": "PUSH", "queue": queue, "data": {"n": n}, "reqId": f"p{n}"}
+
+
+def test_a_frame_split_across_the_handoff_is_served_whole(shardq_server: Factory) -> None:
+    server = _started(shardq_server)
+    queue = _queue_on(0, "split")
+    raw = _Raw(server)
+    try:
+        # AFTER pushes and the first half of one more, in one write: the front end hands the
+        # connection off with that half in hand.
+        half = _frame(_push(queue, AFTER))
+        raw.sock.sendall(b"".join(_frame(_push(queue, i)) for i in range(AFTER)) + half[:7])
+        assert [r["reqId"] for r in raw.replies(AFTER)] == [f"p{i}" for i in range(AFTER)]
+        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+        before = _stats(server)["directRequests"]
+        raw.sock.sendall(half[7:])
+        (reply,) = raw.replies(1)
+        assert reply["ok"] is True and reply["reqId"] == f"p{AFTER}"
+        assert _stats(server)["directRequests"] == before + 1
+    finally:
+        raw.sock.close()
+
+
+def test_unserved_frames_go_back_with_the_connection_in_order(shardq_server: Factory) -> None:
+    server = _started(shardq_server)
+    mine, other = _queue_on(1, "order"), _queue_on(0, "order")
+    raw = _Raw(server)
+    try:
+        raw.call([_push(mine, i) for i in range(AFTER)])
+        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+        # One write: pushes the shard serves, then a command it does not, then more pushes
+        # (for another shard's queue too) and a partial frame; all answered once, in order.
+        tail = _frame(_push(mine, 99))
+        batch = [
+            _push(mine, 10),
+            _push(mine, 11),
+            {"cmd": "GetJobCounts", "queue": mine, "reqId": "counts"},
+            _push(mine, 12),
+            _push(other, 13),
+        ]
+        raw.sock.sendall(b"".join(_frame(c) for c in batch) + tail[:5])
+        replies = {r.get("reqId"): r for r in raw.replies(len(batch))}
+        # Each answered once (pipelined: in the order their shards answer, as ever).
+        assert sorted(replies) == ["counts", "p10", "p11", "p12", "p13"]
+        assert all(r["ok"] is True for r in replies.values())
+        assert replies["counts"]["counts"]["waiting"] == AFTER + 2
+        poll_until(lambda: _stats(server)["handedBack"] == 1, WAIT_S, "the hand-back")
+        raw.sock.sendall(tail[5:])
+        (last,) = raw.replies(1)
+        assert last["ok"] is True and last["reqId"] == "p99"
+        # Back with the front end, after the back-off it is handed off again.
+        time.sleep(0.2)
+        raw.call([_push(mine, 20 + i) for i in range(AFTER)])
+        poll_until(lambda: _stats(server)["handedOff"] == 2, WAIT_S, "the second handoff")
+    finally:
+        raw.sock.close()
+
+
+def test_bulk_pushes_are_served_by_the_shard_and_counted(shardq_server: Factory) -> None:
+    server = _started(shardq_server)
+    queue = _queue_on(1, "bulk")
+    raw = _Raw(server)
+
+    def bulk(n: int, **extra: Any) -> dict[str, Any]:
+        jobs = [{"name": "n", "data": {"n": n, "j": j}, **extra} for j in range(10)]
+        return {"cmd": "PUSHB", "queue": queue, "jobs": jobs, "reqId": f"b{n}"}
+
+    try:
+        assert all(r["ok"] for r in raw.call([bulk(i) for i in range(AFTER)]))
+        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+        before = _stats(server)["directRequests"]
+        (reply,) = raw.call([bulk(AFTER)])
+        assert reply["ok"] is True and len(reply["ids"]) == 10
+        stats = _stats(server)
+        assert stats["directRequests"] == before + 1 and stats["handedBack"] == 0
+        # A PUSHB naming a parent goes back to the front end, which checks the parent.
+        (flow,) = raw.call([bulk(99, parentId="nope", parentQueue=queue)])
+        assert flow["ok"] is False
+        assert _stats(server)["handedBack"] == 1
+        with TcpConnection(*server.tcp_address) as conn:
+            metrics = conn.call({"cmd": "Metrics"})
+            counts = conn.call({"cmd": "GetJobCounts", "queue": queue})["counts"]
+        assert counts["waiting"] == 10 * (AFTER + 1)
+        assert metrics["metrics"]["totalPushed"] == 10 * (AFTER + 1)
+    finally:
+        raw.sock.close()
+
+
+def test_a_connection_the_client_closes_is_released(shardq_server: Factory) -> None:
+    # Three connections at most: one the front end failed to release would keep a third new
+    # one out.
+    server = _started(shardq_server, {"SHARDQ_MAX_CONNECTIONS": "3"})
+    queue = _queue_on(0, "closed")
+    raw = _Raw(server)
+    raw.call([_push(queue, i) for i in range(AFTER)])
+    poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+    raw.sock.close()
+
+    def three_more() -> bool:
+        conns: list[_Raw] = []
+        try:
+            for _ in range(3):
+                conns.append(_Raw(server))
+                conns[-1].sock.settimeout(2.0)
+                assert conns[-1].call([{"cmd": "Ping", "reqId": "x"}])[0]["ok"] is True
+            return True
+        except (OSError, AssertionError):
+            return False
+        finally:
+            for conn in conns:
+                conn.sock.close()
+
+    poll_until(three_more, WAIT_S, "three new connections served (the handed one released)")
