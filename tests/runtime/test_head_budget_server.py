@@ -205,25 +205,38 @@ class Ledger:
 
 
 def _produce(server: ShardqServer, ledger: Ledger, stop: threading.Event) -> None:
-    """Durable PUSHBs of 20, priorities mixed so that new jobs sort into heads and out."""
+    """Durable PUSHBs of 20, priorities mixed so that new jobs sort into heads and out.
+
+    The connection can break: one handed to the shard (`tcp_handoff`: it only pushes) ends
+    with a killed shard. A push it carried is then unknown, as one the front end refuses; like
+    any client, the producer connects again."""
     rng = random.Random(7)
-    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
-        n = 0
-        while not stop.is_set() and len(ledger.pushed) < PUSHES:
-            jobs = [{"data": {"n": n + k}, "priority": rng.choice((0, 0, 2)),
-                     "durable": True} for k in range(20)]  # fmt: skip
-            queue = KILL_QUEUES[n % 2]
-            n += 20
-            try:
-                reply = conn.call({"cmd": "PUSHB", "queue": queue, "jobs": jobs}, check=False)
-            except (ConnectionLost, ConnectionClosed):
-                return
-            if reply.get("ok"):
-                with ledger.lock:
-                    ledger.pushed.update(reply["ids"])
-            else:
-                assert str(reply.get("error")).startswith(RETRIED), reply
-                time.sleep(0.05)
+    n = 0
+    while not stop.is_set() and len(ledger.pushed) < PUSHES:
+        with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+            n = _produce_on(conn, ledger, stop, rng, n)
+
+
+def _produce_on(
+    conn: TcpConnection, ledger: Ledger, stop: threading.Event, rng: random.Random, n: int
+) -> int:
+    """Push on `conn` until done or it breaks; returns the next job number."""
+    while not stop.is_set() and len(ledger.pushed) < PUSHES:
+        jobs = [{"data": {"n": n + k}, "priority": rng.choice((0, 0, 2)),
+                 "durable": True} for k in range(20)]  # fmt: skip
+        queue = KILL_QUEUES[n % 2]
+        n += 20
+        try:
+            reply = conn.call({"cmd": "PUSHB", "queue": queue, "jobs": jobs}, check=False)
+        except (ConnectionLost, ConnectionClosed):
+            return n
+        if reply.get("ok"):
+            with ledger.lock:
+                ledger.pushed.update(reply["ids"])
+        else:
+            assert str(reply.get("error")).startswith(RETRIED), reply
+            time.sleep(0.05)
+    return n
 
 
 def _consume_batch(conn: TcpConnection, queue: str, ledger: Ledger) -> int:
