@@ -109,6 +109,7 @@ class Store(StoreFile, ColdReads):
         self._split_seq = version >= _schema.SEQ_VERSION
         self._counts_table = version >= _schema.COUNTS_VERSION
         self._deltas_table = version >= _schema.DELTAS_VERSION
+        self._pragmas: dict[str, Any] | None = None  # how `open` configured `_conn`
         self.drain_chunk = DRAIN_CHUNK_ROWS
         """Rows per statement of a `qdrain`'s range deletion (`_drain`)."""
 
@@ -164,7 +165,14 @@ class Store(StoreFile, ColdReads):
             if isinstance(e, StorageError):
                 raise type(e)(f"opening {path}: {e}") from e
             raise wrap_error(e, f"opening {path}") from e
-        return cls(conn, path, version, cache_records, patch_floor)
+        store = cls(conn, path, version, cache_records, patch_floor)
+        store._pragmas = {
+            "synchronous": synchronous,
+            "max_bytes": max_bytes,
+            "cache_mb": cache_mb,
+            "mmap_mb": mmap_mb,
+        }
+        return store
 
     @property
     def path(self) -> Path:
@@ -434,10 +442,12 @@ class Store(StoreFile, ColdReads):
     def release_memory(self) -> None:
         """Free this connection's page cache (`PRAGMA shrink_memory`; up to `cache_mb`) and
         the row summaries of the jobs written last (up to `cache_records`, about 250 bytes
-        each): an update of one of them reads its row instead, once."""
+        each): an update of one of them reads its row instead, once. A store from `open`
+        then opens its connection again (`_reopen`). Call it only between transactions."""
         self._cache = {}
         with self._reading("releasing memory"):
             self._conn.execute("PRAGMA shrink_memory")
+            self._reopen()
 
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise `StorageError`."""

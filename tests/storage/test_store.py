@@ -7,6 +7,7 @@ to plain dicts: whatever coalescing the store does must end in the same state.
 from __future__ import annotations
 
 import copy
+import ctypes
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -529,3 +530,39 @@ def test_a_second_connection_sees_committed_batches(db_path: Path) -> None:
         writer.apply([("put", job("j1")), ("queue", "qa", {"paused": True})])
         assert reader.get_job("j1") == job("j1")
         assert reader.load_queues() == {"qa": {"paused": True}}
+
+
+# --- memory given back at idle (runtime/_giveback.py) ----------------------------------------
+
+
+def _sqlite_heap_bytes() -> int:
+    """What SQLite has allocated in this process (its own counter, all connections)."""
+    lib = ctypes.CDLL("libsqlite3.so.0")  # the library the sqlite3 module links to
+    lib.sqlite3_memory_used.restype = ctypes.c_int64
+    return int(lib.sqlite3_memory_used())
+
+
+def test_releasing_memory_frees_the_prepared_statements_and_keeps_the_settings(
+    db_path: Path,
+) -> None:
+    # What a busy writer leaves: a prepared statement per length of its multi-row INSERTs and
+    # `IN (...)` deletes. The idle release opens the connection again, which frees them
+    # (`PRAGMA shrink_memory` frees only the page cache) and must keep every PRAGMA.
+    with Store.open(db_path, synchronous="full", cache_mb=4, mmap_mb=8, max_bytes=1 << 30) as s:
+        settings = s.pragmas()
+        for k in range(1, 100):
+            ids = [f"k{k}-{i}" for i in range(k)]
+            s.apply([("put", job(j, seq=k)) for j in ids])
+            s.apply([("del", j) for j in ids])
+        s.apply([("put", job("kept", seq=1000))])
+        busy = _sqlite_heap_bytes()
+        s.release_memory()
+        released = _sqlite_heap_bytes()
+        assert s.pragmas() == settings
+        assert [r["id"] for r in s.load_jobs()] == ["kept"]
+        s.apply([("upd", "kept", {"state": "active"})])
+        assert s.get_job("kept") == job("kept", seq=1000, state="active")
+    # Measured: 0.74 MB with the statements, 0.16 MB after (0.60 MB with the page cache
+    # dropped alone).
+    assert busy > 400 << 10, busy
+    assert released < 256 << 10, (busy, released)
