@@ -59,28 +59,24 @@ def positive_ms(value: object) -> int:
 def push_run(items: list[Any], at: int) -> int:
     """How many `req` items from `at` on are PUSHes with no envelope, of any queue, the first
     one included (it is one): a run the engine may admit in one pass (`Engine.push_run`)."""
-    end = at + 1
-    while end < len(items):
-        item = items[end]
-        if type(item) is not list or len(item) != 3 or type(item[0]) is not str:
-            break
-        cmd = item[2]
-        if type(cmd) is not dict or cmd.get("cmd") != "PUSH":
-            break
-        end += 1
-    return end - at
+    return 1 + sum(1 for _ in _plain_run(items, at + 1, "PUSH"))
 
 
 def acks_from(items: list[Any], at: int) -> Iterator[dict[str, Any]]:
     """The commands of the `req` items from `at` on while they are ACKs with no envelope, the
     first one included (it is one): a run the engine may apply in one pass (`Engine.ack_run`).
     Lazy: the engine reads only as far as it takes, so a turn of ACKs is read once."""
+    return _plain_run(items, at, "ACK")
+
+
+def _plain_run(items: list[Any], at: int, name: str) -> Iterator[dict[str, Any]]:
+    """The commands of the `req` items from `at` on while they are `name`s with no envelope."""
     for index in range(at, len(items)):
         item = items[index]
         if type(item) is not list or len(item) != 3 or type(item[0]) is not str:
             return
         cmd = item[2]
-        if type(cmd) is not dict or cmd.get("cmd") != "ACK":
+        if type(cmd) is not dict or cmd.get("cmd") != name:
             return
         yield cmd
 
