@@ -39,7 +39,7 @@ from shardq.client._async_transport import AsyncTcpTransport, wait_replies_async
 from shardq.client._errors import CommandTimeout, ConnectionLost
 from shardq.client._sync_transport import SyncTcpTransport, wait_replies
 from shardq.client._url import ClientSecurity, Endpoint
-from shardq.protocol._direct import DIRECT_REFUSED, HELLO_DIRECT, HELLO_SHARDS, shard_of
+from shardq.protocol._direct import DIRECT_REFUSED, HELLO_DIRECT, HELLO_SHARDS, names_flow, shard_of
 
 __all__ = ["HELLO", "REFRESH_S", "AsyncDirectRoutes", "DirectLost", "DirectRoutes", "direct_queue"]
 
@@ -52,7 +52,6 @@ connection asks the server for the shards' ports again."""
 # A server whose Hello offers no ports (direct_shards off, a shard down, bunqueue) is asked
 # again this much later: the question costs a round trip through the front end.
 RECHECK_S: Final = 30.0
-_FLOW_FIELDS: Final = ("parentId", "childrenIds")
 # Sent once on each new direct connection, before any push: a shard at its connection cap
 # accepts and closes at once, and a push written then could not be told apart from one the
 # shard took. Any reply (the port refuses Ping) proves the connection is served.
@@ -72,7 +71,7 @@ def direct_queue(commands: Sequence[Mapping[str, Any]]) -> str | None:
     queue = cmd.get("queue")
     if cmd.get("cmd") != "PUSH" or type(queue) is not str:
         return None
-    if any(key in cmd for key in _FLOW_FIELDS):  # the front end checks a flow's parents
+    if names_flow(cmd):  # the front end checks a flow's parents
         return None
     return queue
 

@@ -28,6 +28,7 @@ __all__ = [
     "direct_goodbye",
     "direct_refused",
     "flow_entries",
+    "names_flow",
     "shard_of",
 ]
 
@@ -64,10 +65,16 @@ def shard_of(queue: str, shards: int) -> int:
     return zlib.crc32(queue.encode("utf-8", "surrogatepass")) % shards
 
 
+def names_flow(push: Mapping[str, Any]) -> bool:
+    """Whether a PUSH (or one PUSHB entry) names a parent or children: the front end checks
+    those on other shards, so such a push never goes to a shard's direct port."""
+    return "parentId" in push or "childrenIds" in push
+
+
 def flow_entries(frame: Mapping[str, Any]) -> bool:
     """Whether a PUSHB names a parent or children in any entry (the front end checks those, so
     a connection handed to a shard sends such a PUSHB back to it)."""
     jobs = frame.get("jobs")
     if type(jobs) is not list:
         return False  # the engine's own error, on either path
-    return any(type(job) is dict and ("parentId" in job or "childrenIds" in job) for job in jobs)
+    return any(type(job) is dict and names_flow(job) for job in jobs)

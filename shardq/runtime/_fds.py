@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import array
 import socket
+from typing import Final
 
-__all__ = ["descriptors_in"]
+__all__ = ["FD_SPACE", "carrying", "descriptors_in"]
+
+FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
+"""The ancillary buffer `recvmsg` needs for one descriptor."""
+
+
+def carrying(fd: int) -> list[tuple[int, int, array.array[int]]]:
+    """`sendmsg`'s ancillary data passing `fd` (none for a negative `fd`)."""
+    return [] if fd < 0 else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
 
 
 def descriptors_in(ancdata: list[tuple[int, int, bytes]]) -> list[int]:

@@ -148,14 +148,14 @@ class Store(StoreFile, ColdReads):
             conn = sqlite3.connect(path, isolation_level=None)
         except sqlite3.Error as e:
             raise wrap_error(e, f"opening {path}") from e
+        pragmas: dict[str, Any] = {
+            "synchronous": synchronous,
+            "max_bytes": max_bytes,
+            "cache_mb": cache_mb,
+            "mmap_mb": mmap_mb,
+        }
         try:
-            _schema.configure(
-                conn,
-                synchronous=synchronous,
-                max_bytes=max_bytes,
-                cache_mb=cache_mb,
-                mmap_mb=mmap_mb,
-            )
+            _schema.configure(conn, **pragmas)
             if progress is not None:
                 conn.set_progress_handler(beating(progress), PROGRESS_STEPS)
             version = _schema.migrate(conn)
@@ -166,12 +166,7 @@ class Store(StoreFile, ColdReads):
                 raise type(e)(f"opening {path}: {e}") from e
             raise wrap_error(e, f"opening {path}") from e
         store = cls(conn, path, version, cache_records, patch_floor)
-        store._pragmas = {
-            "synchronous": synchronous,
-            "max_bytes": max_bytes,
-            "cache_mb": cache_mb,
-            "mmap_mb": mmap_mb,
-        }
+        store._pragmas = pragmas  # `_reopen` configures a fresh connection alike
         return store
 
     @property

@@ -22,7 +22,6 @@ it here as a close would (its leases released).
 
 from __future__ import annotations
 
-import array
 import contextlib
 import socket
 from collections.abc import Callable, Mapping
@@ -31,9 +30,9 @@ from typing import Any, Final, Protocol
 import structlog
 
 from shardq.protocol import DecodedFrame
-from shardq.protocol._direct import flow_entries, shard_of
+from shardq.protocol._direct import flow_entries, names_flow, shard_of
 from shardq.runtime import _messages as msgs
-from shardq.runtime._fds import descriptors_in
+from shardq.runtime._fds import FD_SPACE, carrying, descriptors_in
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.links._control import pack, unpack
 
@@ -43,13 +42,11 @@ __all__ = ["STATEFUL", "Handoffs", "TcpConnection"]
 STATEFUL: Final = frozenset(
     {"Auth", "PULL", "PULLB", "RegisterWorker", "Heartbeat", "SubscribeEvents"}
 )
-_FLOW_FIELDS: Final = ("parentId", "childrenIds")
 # A connection's handoff state.
 NONE: Final = 0
 WANTED: Final = 1  # not read any more; handed once nothing is in flight or unwritten
 SENT: Final = 2  # the descriptor is with the shard, not yet taken
 HANDED: Final = 3  # served by the shard
-_FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
 
 _log = structlog.get_logger()
 
@@ -123,7 +120,7 @@ class Handoffs:
             cmd = frame.get("cmd")
             queue = frame.get("queue")
             if type(queue) is str and (
-                (cmd == "PUSH" and not any(k in frame for k in _FLOW_FIELDS))
+                (cmd == "PUSH" and not names_flow(frame))
                 or (cmd == "PUSHB" and not flow_entries(frame))
             ):
                 shard = shard_of(queue, self._shards)
@@ -163,11 +160,10 @@ class Handoffs:
         unread = conn.take_unread()
         chan = self._chan(shard)
         data = pack(msgs.handoff(conn.conn, unread))
-        fds = array.array("i", [sock.fileno()])
         try:
             if chan is None:
                 raise OSError("no handoff socket")
-            chan.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            chan.sendmsg([data], carrying(sock.fileno()))
         except OSError:
             conn.handoff_failed(unread, self._loop.time() + self.backoff_s)
             return
@@ -243,7 +239,7 @@ class Handoffs:
     def _read(self, shard: int, chan: socket.socket) -> None:
         while self._chans.get(shard) is chan:
             try:
-                data, anc, _flags, _addr = chan.recvmsg(self.max_bytes + 4096, _FD_SPACE)
+                data, anc, _flags, _addr = chan.recvmsg(self.max_bytes + 4096, FD_SPACE)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:

@@ -73,7 +73,7 @@ import zmq
 
 from shardq.errors import ProtocolError
 from shardq.protocol import check_command, encode_js, error_reply
-from shardq.protocol._direct import direct_refused, flow_entries, shard_of
+from shardq.protocol._direct import direct_refused, flow_entries, names_flow, shard_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
@@ -91,7 +91,6 @@ _WARN_EVERY_S: Final = 1.0
 # While ending connections, how often the shard looks whether their last bytes were taken.
 SETTLE_EVERY_MS: Final = 5
 # A flow's parts are checked against other shards by the front end.
-_FLOW_FIELDS: Final = ("parentId", "childrenIds")
 
 _log = structlog.get_logger()
 
@@ -395,7 +394,7 @@ class DirectPort(DirectStop, HandedConns):
                 return "a flow's PUSHB goes through the front end"
         elif name != "PUSH":
             return f"{name} goes through the front end"
-        elif any(key in frame for key in _FLOW_FIELDS):
+        elif names_flow(frame):
             return "a flow's PUSH goes through the front end"
         queue = frame.get("queue")
         # A queue that is not a string gets the engine's own error, as through the front end.

@@ -19,7 +19,6 @@ releases what it held for it.
 
 from __future__ import annotations
 
-import array
 import contextlib
 import os
 import select
@@ -34,14 +33,13 @@ from shardq.errors import ProtocolError
 from shardq.protocol import DecodedFrame, frame_too_large
 from shardq.protocol._frames import decode_body
 from shardq.runtime import _messages as msgs
-from shardq.runtime._fds import descriptors_in
+from shardq.runtime._fds import FD_SPACE, carrying, descriptors_in
 from shardq.runtime.links._control import pack, unpack
 
 __all__ = ["HandedConns", "HandedDecoder", "HandoffChannel"]
 
 # How long a send on the channel may wait for the front end to read (then it is given up).
 _SEND_WAIT_MS: Final = 1_000
-_FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
 
 _log = structlog.get_logger()
 
@@ -189,7 +187,7 @@ class HandedConns:
 def _recv(sock: socket.socket, limit: int) -> tuple[bytes, list[int]] | None:
     """One message and the descriptors it carried; None when nothing waits."""
     try:
-        data, ancdata, _flags, _addr = sock.recvmsg(limit, _FD_SPACE)
+        data, ancdata, _flags, _addr = sock.recvmsg(limit, FD_SPACE)
     except (BlockingIOError, InterruptedError):
         return None
     return data, descriptors_in(ancdata)
@@ -292,7 +290,7 @@ class HandoffChannel:
         chan = self._chan
         if chan is None:
             return False
-        anc = [] if fd < 0 else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+        anc = carrying(fd)
         data = pack(msg)
         for _ in range(2):
             try:
