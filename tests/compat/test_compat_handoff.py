@@ -197,18 +197,23 @@ def test_a_graceful_shard_restart_hands_its_connections_back(server_factory: Fac
         queue.close()
 
 
+# Enough pushes that the kill, sent once 300 are acknowledged, surely lands while the producer
+# still pushes (with 2,000 a fast run finished first: no connection to reset).
+KILL_PUSHES = 8000
+
+
 def test_kill9_of_a_shard_resets_its_connections_and_loses_no_ack(
     server_factory: Factory,
 ) -> None:
     server = server_factory(shards=2, env=ENV)
-    name, queue, generation, producer = _handed_off_producer(server, 0, "killed", 2000)
+    name, queue, generation, producer = _handed_off_producer(server, 0, "killed", KILL_PUSHES)
     try:
         old = _shard_pid(server, 0)
         os.kill(old, signal.SIGKILL)
         server.wait_child_replaced("shard-0", old, WAIT_S)
         producer.join(90)
         assert not producer.is_alive()
-        assert len(producer.acked) == 2000
+        assert len(producer.acked) == KILL_PUSHES
         # The shard held the connection: the client saw it end, and reconnected by itself
         # (bunqueue-client fails the pending add and reconnects at the next call).
         assert any(isinstance(e, ConnectionClosedError) for e in producer.errors)
