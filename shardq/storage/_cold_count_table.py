@@ -17,7 +17,10 @@ deleted when its count reaches 0, so the table holds only the groups that have a
 The rows counted are exactly those `cold_counts` counted over the indexes: `cold = 1` and
 `state` waiting or delayed. Only an insert or a delete of such a row, or an update that
 changes one of the key's columns of a row that is or was one, touches the table: a hot row's
-writes evaluate the triggers' conditions and nothing more.
+writes evaluate the triggers' conditions and nothing more. From SQLite schema 13 on
+(`SQLITE_ON_COLD`) the update trigger fires only for an UPDATE that sets `cold`, and whatever
+updates a row that may be cold sets it (the writer: `_write._HOT`); a hot row's update then
+evaluates nothing of it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "PG_FILL",
     "PG_MIGRATION",
     "SQLITE_MIGRATION",
+    "SQLITE_ON_COLD",
     "TABLE_SQL",
     "read_counts",
     "table_rows",
@@ -106,6 +110,20 @@ SQLITE_MIGRATION: Final[tuple[str, ...]] = (
 )
 """The statements of SQLite's migration (`_schema._v12_cold_counts`), before its fill
 (`table_rows`)."""
+
+SQLITE_ON_COLD: Final[tuple[str, ...]] = (
+    "DROP TRIGGER cold_counts_update",
+    # The same trigger, fired only by an UPDATE whose SET names `cold`. SQLite leaves out of a
+    # statement, when it compiles it, every UPDATE OF trigger whose columns the statement does
+    # not set; a trigger left in runs a sub-program for each row, its WHEN clause inside it.
+    # The writer's updates of hot rows (a pull's, an ack's: `state` and `patch`) so no longer
+    # pay it, and an update of a row that may be cold sets `cold = cold` to keep it (the
+    # writer's rule: `_write._HOT`).
+    f"CREATE TRIGGER cold_counts_update AFTER UPDATE OF cold ON jobs"
+    f" WHEN ({_OLD} OR {_NEW}) AND NOT ({_same_key('IS')})"
+    f" BEGIN {_sq_sub('old', _OLD)} {_sq_add('new', _NEW)} END",
+)
+"""SQLite's `_schema._v13_counted_on_cold`: the update trigger fired by `UPDATE OF cold` only."""
 
 _FILL = (
     "INSERT INTO cold_counts SELECT {values}, count(*) FROM jobs AS j"

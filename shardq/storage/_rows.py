@@ -32,33 +32,54 @@ _SQL: dict[tuple[str, int, int], str] = {}
 
 
 def run_rows(
-    conn: sqlite3.Connection, template: str, width: int, rows: Sequence[Sequence[Any]]
+    conn: sqlite3.Connection,
+    template: str,
+    width: int,
+    rows: Sequence[Sequence[Any]],
+    rest: str | None = None,
 ) -> int:
     """Run `template` over `rows` (each of `width` values) and return the rows it changed.
-    `template` holds `{rows}` where its rows go, as `(?, ...), (?, ...)`."""
+    `template` holds `{rows}` where its rows go, as `(?, ...), (?, ...)`. `rest`: a template
+    run over the same rows as well where `template` changed fewer rows than it was given
+    (`template` skips the rows it must not touch, `rest` takes them: `_write`'s hot and
+    cold updates)."""
     written = 0
     pos, count = 0, len(rows)
     for size in SIZES:
         if count - pos < size:
             continue
-        key = (template, width, size)
-        sql = _SQL.get(key)
-        if sql is None:
-            one = f"({', '.join('?' * width)})"
-            sql = _SQL[key] = template.format(rows=", ".join([one] * size))
+        sql = _sql(template, width, size)
         while count - pos >= size:
             params = list(chain.from_iterable(rows[pos : pos + size]))
-            written += conn.execute(sql, params).rowcount
+            changed = conn.execute(sql, params).rowcount
+            if rest is not None and changed < size:
+                changed += conn.execute(_sql(rest, width, size), params).rowcount
+            written += changed
             pos += size
     return written
 
 
+def _sql(template: str, width: int, size: int) -> str:
+    key = (template, width, size)
+    sql = _SQL.get(key)
+    if sql is None:
+        one = f"({', '.join('?' * width)})"
+        sql = _SQL[key] = template.format(rows=", ".join([one] * size))
+    return sql
+
+
 def run_keys(
-    conn: sqlite3.Connection, template: str, width: int, head: Sequence[Any], keys: Sequence[str]
+    conn: sqlite3.Connection,
+    template: str,
+    width: int,
+    head: Sequence[Any],
+    keys: Sequence[str],
+    rest: str | None = None,
 ) -> int:
     """Run `template` once per slice of `keys` and return the rows it changed: `head` (its
     `width` values) bound first, then the keys. `template` holds `{rows}` where the keys go,
     as `?, ?, ...`, in slices of `SIZES` like `run_rows` (so its texts are few and cached).
+    `rest`: as in `run_rows`, run over a slice whose rows `template` did not all change.
 
     For rows that all take the same values (jobs leased or acknowledged together share one
     change, `updm`): SQLite finds each row by key and evaluates the values once per statement,
@@ -70,11 +91,20 @@ def run_keys(
     for size in SIZES:
         if count - pos < size:
             continue
-        key = (template, -width, size)
-        sql = _SQL.get(key)
-        if sql is None:
-            sql = _SQL[key] = template.format(rows=", ".join("?" * size))
+        sql = _key_sql(template, width, size)
         while count - pos >= size:
-            written += conn.execute(sql, head + list(keys[pos : pos + size])).rowcount
+            params = head + list(keys[pos : pos + size])
+            changed = conn.execute(sql, params).rowcount
+            if rest is not None and changed < size:
+                changed += conn.execute(_key_sql(rest, width, size), params).rowcount
+            written += changed
             pos += size
     return written
+
+
+def _key_sql(template: str, width: int, size: int) -> str:
+    key = (template, -width, size)
+    sql = _SQL.get(key)
+    if sql is None:
+        sql = _SQL[key] = template.format(rows=", ".join("?" * size))
+    return sql

@@ -338,6 +338,8 @@ def backfill_made(conn: Any, mark: str) -> int:
         last = rows[-1][0]
         if done % (BACKFILL_CHUNK * 50) == 0:
             migration_progress("made", done)
+
+
 def _v12_cold_counts(db: Database) -> None:
     # A budgeted shard's start counted each queue's cold backlog over the paging indexes:
     # one entry read per cold job (2.2 s at 10M). Triggers now keep those counts in a table
@@ -351,6 +353,16 @@ def _v12_cold_counts(db: Database) -> None:
         totals, groups = over_indexes_counts(db.execute(count, (queue,) * 4).fetchall())
         rows = _cold_count_table.table_rows(queue, totals, groups)
         db.conn.executemany("INSERT INTO cold_counts VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+
+def _v13_counted_on_cold(db: Database) -> None:
+    # The count trigger on updates fired for every update of a job's state: a pull's and an
+    # ack's of every hot job, for a WHEN clause that is false on a hot row, at a sub-program
+    # call per row. It now fires only for an UPDATE that sets `cold`, and the writer sets
+    # `cold = cold` where a row may be cold (`_write`), so a hot row's update leaves it out.
+    # The counts and the rows stay as they are.
+    for statement in _cold_count_table.SQLITE_ON_COLD:
+        db.execute(statement)
 
 
 Migration = Callable[["Database"], None]
@@ -406,6 +418,9 @@ def cold_columns_at(version: int, cold_version: int, made_version: int) -> int:
 
 COUNTS_VERSION = 12
 """The schema version that keeps the cold counts in a table (`_v12_cold_counts`)."""
+COUNTED_ON_COLD_VERSION = 13
+"""The schema version whose count trigger on updates fires only when `cold` is set
+(`_v13_counted_on_cold`)."""
 
 # Append only. The database's schema version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -421,6 +436,7 @@ MIGRATIONS: list[Migration] = [
     _v10_seq_by_temperature,
     _v11_cold_made,
     _v12_cold_counts,
+    _v13_counted_on_cold,
 ]
 
 

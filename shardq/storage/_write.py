@@ -116,29 +116,42 @@ _DELETE_QUEUE_GROUPS = "DELETE FROM queue_groups WHERE queue = ?"
 _FOLDED = "UPDATE jobs SET rec = ?, patch = x'' WHERE id = ?"
 
 
-def _update_sql(names: tuple[str, ...]) -> str:
+_HOT, _COLD = " AND jobs.cold IS NULL", " AND jobs.cold IS NOT NULL"
+"""What an update of stored rows adds to its WHERE. From SQLite schema 13 on, the count
+trigger on updates fires only for an UPDATE whose SET names `cold` (`_cold_count_table`), so
+an UPDATE that may change a cold row's queue, state, group or priority must set `cold`, if
+only to itself. The hot rows go first, with no `cold` in the SET and so no trigger; then,
+where that changed fewer rows than it was given, the same rows again with `cold = cold` set,
+for the rows it left. A cold row is the
+budget's: it pays a second lookup; a hot batch, the usual one, pays nothing more."""
+
+
+def _update_sql(names: tuple[str, ...], cold: str = "") -> str:
     """The UPDATE of the rows whose changes set these columns: their values, the patches to
-    append and the ids come as the VALUES rows (`_rows`), joined to the rows by id."""
+    append and the ids come as the VALUES rows (`_rows`), joined to the rows by id. `cold`:
+    "" (a table without the cold columns), `_HOT` or `_COLD`."""
     sets = "".join(f"{_COLUMN[name]} = v.column{i}, " for i, name in enumerate(names, 1))
+    sets += "cold = jobs.cold, " if cold == _COLD else ""
     patch, key = len(names) + 1, len(names) + 2
     # `||` joins blobs byte for byte (as text, in this UTF-8 database); CAST keeps it a blob.
     return (
         f"UPDATE jobs SET {sets}patch = CAST(patch || v.column{patch} AS BLOB)"
-        f" FROM (VALUES {{rows}}) AS v WHERE jobs.id = v.column{key}"
+        f" FROM (VALUES {{rows}}) AS v WHERE jobs.id = v.column{key}{cold}"
     )
 
 
-def _shared_sql(names: tuple[str, ...]) -> str:
+def _shared_sql(names: tuple[str, ...], cold: str = "") -> str:
     """The UPDATE of rows that all take the same values and patch, named by id (`_rows`
-    fills in `{rows}` with the ids' parameters)."""
+    fills in `{rows}` with the ids' parameters). `cold`: as in `_update_sql`."""
     sets = "".join(f"{_COLUMN[name]} = ?, " for name in names)
-    return f"UPDATE jobs SET {sets}patch = CAST(patch || ? AS BLOB) WHERE id IN ({{rows}})"
+    sets += "cold = jobs.cold, " if cold == _COLD else ""
+    return f"UPDATE jobs SET {sets}patch = CAST(patch || ? AS BLOB) WHERE id IN ({{rows}}){cold}"
 
 
-# One statement per list of updated columns (in the order the changes named them): a few
-# hundred at most, a handful in practice.
-_UPDATE_SQL: dict[tuple[str, ...], str] = {}
-_SHARED_SQL: dict[tuple[str, ...], str] = {}
+# The statements per list of updated columns (in the order the changes named them) and
+# `cold` variant: a few hundred at most, a handful in practice.
+_UPDATE_SQL: dict[tuple[tuple[str, ...], str], str] = {}
+_SHARED_SQL: dict[tuple[tuple[str, ...], str], str] = {}
 
 
 def write_plan(
@@ -205,7 +218,7 @@ def _write_jobs(
     if whole or cold_rows:
         written += _write_whole(conn, whole, cold_rows, cold)
     for names, rows in updates.items():
-        written += _write_updates(conn, names, rows)
+        written += _write_updates(conn, names, rows, cold)
     if refill and cold:
         _refill(conn, refill, cold)
     if ops:
@@ -218,15 +231,20 @@ def _write_jobs(
 
 
 def _write_updates(
-    conn: sqlite3.Connection, names: tuple[str, ...], rows: list[tuple[Any, ...]]
+    conn: sqlite3.Connection, names: tuple[str, ...], rows: list[tuple[Any, ...]], cold: int
 ) -> int:
     """The UPDATEs of the stored rows whose changes set the columns `names`: each row is
     `(*values, patch, id)`. Rows with the same values and patch (`SHARED_MIN` or more: jobs
     leased or acknowledged together, whose changes came as one `updm`) go as one statement
-    naming their ids; the rest as one statement over a VALUES table of their own rows."""
+    naming their ids; the rest as one statement over a VALUES table of their own rows.
+    `cold`: the cold columns the table has (with them, hot rows and cold rows go apart:
+    `_HOT`)."""
     width = len(names) + 1
+    hot, rest = (_HOT, _COLD) if cold else ("", "")
+    update = _update_sql_of(names, hot)
+    update_rest = _update_sql_of(names, rest) if cold else None
     if len(rows) < SHARED_MIN:
-        return run_rows(conn, _update_sql_of(names), width + 1, rows)
+        return run_rows(conn, update, width + 1, rows, update_rest)
     shared: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     for row in rows:
         change = row[:width]
@@ -236,26 +254,30 @@ def _write_updates(
         else:
             same.append(row)
     if len(shared) == len(rows):  # no two alike: nothing to share
-        return run_rows(conn, _update_sql_of(names), width + 1, rows)
+        return run_rows(conn, update, width + 1, rows, update_rest)
     written = 0
     single: list[tuple[Any, ...]] = []
+    shared_hot = _shared_sql_of(names, hot)
+    shared_rest = _shared_sql_of(names, rest) if cold else None
     for change, same in shared.items():
         if len(same) >= SHARED_MIN:
             ids = [row[width] for row in same]
-            written += run_keys(conn, _shared_sql_of(names), width, change, ids)
+            written += run_keys(conn, shared_hot, width, change, ids, shared_rest)
         else:
             single += same
     if single:
-        written += run_rows(conn, _update_sql_of(names), width + 1, single)
+        written += run_rows(conn, update, width + 1, single, update_rest)
     return written
 
 
-def _update_sql_of(names: tuple[str, ...]) -> str:
-    return _UPDATE_SQL.get(names) or _UPDATE_SQL.setdefault(names, _update_sql(names))
+def _update_sql_of(names: tuple[str, ...], cold: str) -> str:
+    key = (names, cold)
+    return _UPDATE_SQL.get(key) or _UPDATE_SQL.setdefault(key, _update_sql(names, cold))
 
 
-def _shared_sql_of(names: tuple[str, ...]) -> str:
-    return _SHARED_SQL.get(names) or _SHARED_SQL.setdefault(names, _shared_sql(names))
+def _shared_sql_of(names: tuple[str, ...], cold: str) -> str:
+    key = (names, cold)
+    return _SHARED_SQL.get(key) or _SHARED_SQL.setdefault(key, _shared_sql(names, cold))
 
 
 def _write_whole(

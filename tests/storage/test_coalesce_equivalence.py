@@ -172,8 +172,10 @@ def test_the_comparison_fails_when_a_shared_update_drops_a_row(
     statement is made to skip the last job of each group, and the states differ."""
     real = write_module.run_keys
 
-    def drops_one(conn: sqlite3.Connection, template: str, width: int, head: Any, keys: Any) -> int:
-        return real(conn, template, width, head, keys[:-1])
+    def drops_one(
+        conn: sqlite3.Connection, template: str, width: int, head: Any, keys: Any, rest: Any
+    ) -> int:
+        return real(conn, template, width, head, keys[:-1], rest)
 
     monkeypatch.setattr(write_module, "run_keys", drops_one)
     stream = _lease_everyone()

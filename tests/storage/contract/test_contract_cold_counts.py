@@ -87,3 +87,24 @@ def test_an_upgrade_counts_the_jobs_already_cold_and_then_follows(backend: Backe
         run.storage = new
         _drive(run)  # the triggers take it from there
         _check(run, new)
+
+
+def test_an_upgrade_from_the_first_counting_schema_keeps_the_counts_and_follows(
+    backend: Backend,
+) -> None:
+    """SQLite's schema 13 fires the update trigger only for an UPDATE that sets `cold`
+    (`_cold_count_table.SQLITE_ON_COLD`): a store upgraded from the first schema with the
+    table keeps its counts, and the writer's updates of cold rows (pulls, acks, promotions of
+    jobs stored cold) keep them exact from there."""
+    run = _Run(backend.open_at_version(backend.counts_version), 7)
+    _drive(run)
+    _check(run, run.storage)
+    before = {q: _as_tuple(run.storage, q) for q in QUEUES}
+    run.storage.close()
+    with backend.open() as new:
+        assert new.schema_version == backend.latest_version
+        assert {q: _as_tuple(new, q) for q in QUEUES} == before
+        run.storage = new
+        _drive(run)
+        _check(run, new)
+        assert _as_tuple(new, QUEUE)[0] > 0
