@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sqlite3
 import struct
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
@@ -116,6 +116,12 @@ _DELETE_QUEUE_GROUPS = "DELETE FROM queue_groups WHERE queue = ?"
 _FOLDED = "UPDATE jobs SET rec = ?, patch = x'' WHERE id = ?"
 
 
+BLOB: Final = bytearray
+"""What SQLite's writer binds a record or a patch as. Python's sqlite3 binds `int`, `float`,
+`str` and `bytearray` as they are, but looks up an adapter for a `bytes` first, and the
+failed lookup costs more than copying it into a `bytearray` (0.33 against 0.18 µs per
+parameter: bench/results/2026-12-05-s10-writer-cpu.md); a `bytearray` is stored as the same
+BLOB."""
 _HOT, _COLD = " AND jobs.cold IS NULL", " AND jobs.cold IS NOT NULL"
 """What an update of stored rows adds to its WHERE. From SQLite schema 13 on, the count
 trigger on updates fires only for an UPDATE whose SET names `cold` (`_cold_count_table`), so
@@ -205,7 +211,7 @@ def _write_jobs(
             deleted.append((job_id,))
             known[job_id] = None
         elif row.values is not None:
-            one = whole_row(job_id, row, row.values, pack, patch_floor, known)
+            one = whole_row(job_id, row, row.values, pack, patch_floor, known, BLOB)
             (whole if len(one) == HOT_ROW else cold_rows).append(one)
         elif add_update(job_id, row, pack, patch_floor, updates, known, ops, refill, joined):
             to_fold.append(job_id)
@@ -262,7 +268,8 @@ def _write_updates(
     for change, same in shared.items():
         if len(same) >= SHARED_MIN:
             ids = [row[width] for row in same]
-            written += run_keys(conn, shared_hot, width, change, ids, shared_rest)
+            head = (*change[:-1], BLOB(change[-1]))  # the patch, once per statement
+            written += run_keys(conn, shared_hot, width, head, ids, shared_rest)
         else:
             single += same
     if single:
@@ -335,9 +342,11 @@ def whole_row(
     pack: Pack,
     patch_floor: int,
     known: dict[str, Stored | None],
+    blob: Callable[[bytes], Any] = bytes,
 ) -> tuple[Any, ...]:
     """The tuple a put's row is written with: `HOT_ROW` long for a hot record, with the five
-    cold columns after it for a cold one (`_cold`)."""
+    cold columns after it for a cold one (`_cold`). `blob` makes the parameters of `rec` and
+    `patch` (`BLOB`, for SQLite)."""
     check_values(job_id, values)
     rec = row.rec if type(row.rec) is bytes else pack(row.rec)
     # Most puts come with no change after them in the batch, or were stored whole before.
@@ -346,14 +355,14 @@ def whole_row(
         rec, patch = fold(rec, patch, pack)
     known[job_id] = (values[0], len(rec), len(patch), 0)
     if len(values) == _COLUMNS:
-        return (job_id, *values, rec, patch)
+        return (job_id, *values, blob(rec), blob(patch))
     columns = values[:_COLUMNS]
     if values[_COLUMNS] is REFILL:
         state = cold_state(rec, patch)
         if state[0] is None:
-            return (job_id, *columns, rec, patch)
-        return (job_id, *columns, rec, patch, *state)
-    return (job_id, *columns, rec, patch, 1, *values[_COLUMNS:])
+            return (job_id, *columns, blob(rec), blob(patch))
+        return (job_id, *columns, blob(rec), blob(patch), *state)
+    return (job_id, *columns, blob(rec), blob(patch), 1, *values[_COLUMNS:])
 
 
 def add_update(
