@@ -20,7 +20,8 @@ changes one of the key's columns of a row that is or was one, touches the table:
 writes evaluate the triggers' conditions and nothing more. From SQLite schema 13 on
 (`SQLITE_ON_COLD`) the update trigger fires only for an UPDATE that sets `cold`, and whatever
 updates a row that may be cold sets it (the writer: `_write._HOT`); a hot row's update then
-evaluates nothing of it.
+evaluates nothing of it. There is no insert trigger either: whatever inserts a row inserts
+it with `cold` NULL and sets `cold` after (the writer: `_write._MARK_COLD`).
 """
 
 from __future__ import annotations
@@ -112,6 +113,11 @@ SQLITE_MIGRATION: Final[tuple[str, ...]] = (
 (`table_rows`)."""
 
 SQLITE_ON_COLD: Final[tuple[str, ...]] = (
+    # No insert trigger: it ran its sub-program for every row put, and with any insert
+    # trigger SQLite also copies a multi-row VALUES into a temporary table before inserting
+    # it. The writer puts a cold row with `cold` NULL and then sets it (`_write._MARK_COLD`),
+    # which the update trigger counts: a hot put runs no trigger at all.
+    "DROP TRIGGER cold_counts_insert",
     "DROP TRIGGER cold_counts_update",
     # The same trigger, fired only by an UPDATE whose SET names `cold`. SQLite leaves out of a
     # statement, when it compiles it, every UPDATE OF trigger whose columns the statement does
@@ -123,7 +129,8 @@ SQLITE_ON_COLD: Final[tuple[str, ...]] = (
     f" WHEN ({_OLD} OR {_NEW}) AND NOT ({_same_key('IS')})"
     f" BEGIN {_sq_sub('old', _OLD)} {_sq_add('new', _NEW)} END",
 )
-"""SQLite's `_schema._v13_counted_on_cold`: the update trigger fired by `UPDATE OF cold` only."""
+"""SQLite's `_schema._v13_counted_on_cold`: no insert trigger, and the update trigger fired
+by `UPDATE OF cold` only."""
 
 _FILL = (
     "INSERT INTO cold_counts SELECT {values}, count(*) FROM jobs AS j"

@@ -360,7 +360,9 @@ def _v13_counted_on_cold(db: Database) -> None:
     # ack's of every hot job, for a WHEN clause that is false on a hot row, at a sub-program
     # call per row. It now fires only for an UPDATE that sets `cold`, and the writer sets
     # `cold = cold` where a row may be cold (`_write`), so a hot row's update leaves it out.
-    # The counts and the rows stay as they are.
+    # The insert trigger goes: the writer puts a cold row with `cold` NULL and then sets it,
+    # which that trigger counts, so a hot put runs none. The counts and the rows stay as
+    # they are.
     for statement in _cold_count_table.SQLITE_ON_COLD:
         db.execute(statement)
 
@@ -419,8 +421,8 @@ def cold_columns_at(version: int, cold_version: int, made_version: int) -> int:
 COUNTS_VERSION = 12
 """The schema version that keeps the cold counts in a table (`_v12_cold_counts`)."""
 COUNTED_ON_COLD_VERSION = 13
-"""The schema version whose count trigger on updates fires only when `cold` is set
-(`_v13_counted_on_cold`)."""
+"""The schema version whose count trigger on updates fires only when `cold` is set, and that
+has no count trigger on inserts (`_v13_counted_on_cold`)."""
 
 # Append only. The database's schema version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [

@@ -103,6 +103,7 @@ _UPSERT_PLAIN_JOB = (
     "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch) VALUES {rows}"
     + _UPSERT_SET
 )
+_MARK_COLD = "UPDATE jobs SET cold = 1 WHERE id IN ({rows})"
 _SET_COLD = "UPDATE jobs SET cold = ?, lifo = ?, gid = ?, ukey = ?, made = ? WHERE id = ?"
 _SET_COLD_V9 = "UPDATE jobs SET cold = ?, lifo = ?, gid = ?, ukey = ? WHERE id = ?"
 COLD_COLUMNS: Final = 5
@@ -305,7 +306,12 @@ def _write_whole(
         rows = [one[: HOT_ROW + cold] for one in cold_rows]
         written += run_rows(conn, _UPSERT_COLD_JOB_V9, HOT_ROW + cold, rows)
     elif cold_rows:
-        written += run_rows(conn, _UPSERT_COLD_JOB, HOT_ROW + COLD_COLUMNS, cold_rows)
+        # Put with `cold` NULL, then marked: no insert trigger counts (from schema 13 there is
+        # none, so that a hot put runs none), the mark's UPDATE OF cold does. A put over a
+        # stored cold row sets `cold` too, and the trigger takes that row's count off.
+        rows = [(*one[:HOT_ROW], None, *one[HOT_ROW + 1 :]) for one in cold_rows]
+        written += run_rows(conn, _UPSERT_COLD_JOB, HOT_ROW + COLD_COLUMNS, rows)
+        run_keys(conn, _MARK_COLD, 0, (), [one[0] for one in cold_rows])
     return written
 
 
