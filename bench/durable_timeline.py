@@ -2,11 +2,12 @@
 
     python -m bench.durable_timeline [--builds a=PYTHON[@KEY=VAL],b=PYTHON] [--modes durable]
                                      [--requests 2000] [--rounds 1] [--spin auto] [--gap-ms 0]
-                                     [--realtime PRIO]
+                                     [--client raw|sdk] [--realtime PRIO]
 
 Starts `shardq start --shards 2` per build (as `bench.durable_hops`, whose server and raw TCP
 client it uses: the bunqueue framing, so the connection is handed to its shard) with
-`bench/_hoptrace` on `PYTHONPATH`, which stamps the shard's and the writer's steps with
+`bench/_hoptrace` on `PYTHONPATH` (`--client sdk`: shardq's `Queue.add` instead, whose single
+pushes go to the shard's direct port), which stamps the shard's and the writer's steps with
 `time.perf_counter()` (one clock for all processes). The client sends PUSH one at a time and
 stamps its send and its receipt. Each request's stamps are the ones between those two; the
 table gives each segment's median over the requests (µs), the load average beside it:
@@ -31,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,24 @@ def _segments(
     }
 
 
+def _client(kind: str, port: int) -> tuple[Callable[[dict[str, Any]], Any], Callable[[], None]]:
+    """`raw`: a socket in the bunqueue framing (its connection is handed to the shard);
+    `sdk`: shardq's `Queue.add` (its single pushes take the shard's direct port)."""
+    if kind == "sdk":
+        from shardq.client import Queue
+
+        queue = Queue("timeline", f"tcp://127.0.0.1:{port}")
+
+        def add(command: dict[str, Any]) -> Any:
+            options = {"durable": True} if command.get("durable") else None
+            return {"ok": bool(queue.add("noop", command["data"], options))}
+
+        return add, queue.close
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return (lambda command: _call(sock, {**command, "reqId": "1"})), sock.close
+
+
 def _run(python: str, extra: dict[str, str], args: argparse.Namespace, durable: bool) -> Any:
     prefix = tempfile.mktemp(prefix="shardq-hops-")
     env = {"SHARDQ_HOPTRACE": prefix, "PYTHONPATH": _HOOK, **extra}
@@ -97,20 +117,19 @@ def _run(python: str, extra: dict[str, str], args: argparse.Namespace, durable: 
     pairs: list[tuple[float, float]] = []
     try:
         time.sleep(0.3)
-        sock = socket.create_connection(("127.0.0.1", server.port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         command: dict[str, Any] = {"cmd": "PUSH", "queue": "timeline", "data": {"n": 1}}
         if durable:
             command["durable"] = True
-        for k in range(300):  # the hand-off, the spin policies' history
-            assert _call(sock, {**command, "reqId": str(k)})["ok"]
-        for k in range(args.requests):
+        call, close = _client(args.client, server.port)
+        for _ in range(300):  # the hand-off, the spin policies' history
+            assert call(command)["ok"]
+        for _ in range(args.requests):
             start = time.perf_counter()
-            assert _call(sock, {**command, "reqId": str(k)})["ok"]
+            assert call(command)["ok"]
             pairs.append((start, time.perf_counter()))
             if args.gap_ms:
                 time.sleep(args.gap_ms / 1000)
-        sock.close()
+        close()
     finally:
         server.stop()
     events: list[tuple[float, str]] = []
@@ -137,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--spin", default="auto")
     parser.add_argument("--gap-ms", type=float, default=0.0)
+    parser.add_argument("--client", choices=("raw", "sdk"), default="raw")
     parser.add_argument("--realtime", type=int, default=0, metavar="PRIO")
     args = parser.parse_args(argv)
     if args.realtime:  # inherited by the servers this process starts
