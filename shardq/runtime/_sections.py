@@ -76,6 +76,10 @@ class ProcessSettings:
     # another task had the CPU, and a sleeping process is woken sooner than a yielding one
     # gets it back. 0 = never cut.
     spin_auto_cut_us: int = 50
+    # With "auto": a shard whose own reply waits on the writer's commit (a durable push on a
+    # direct or handed-off connection) spins for about 1.5 times its recent commit waits, at
+    # most this long (microseconds; 0 = never). Nothing waits on an idle server.
+    spin_commit_max_us: int = 500
     # Memory given back after a busy period (`_giveback.py`): once a process has been quiet
     # this long after work (ms; 0 = never), it collects, rebuilds its big dicts and trims the
     # C heap, if it grew at least `memory_release_grow_mb` since its last release.

@@ -309,24 +309,24 @@ class Writer:
             self._send(buffer.failed(e, self._clock()))
             self._report_failure(e)
             return False
-        if buffer.failures:
+        took = self._clock() - started
+        pending, batches = buffer.pending, buffer.pending_batches
+        failures, failing_since = buffer.failures, buffer.failing_since
+        # Whoever waits on this commit (a durable push's client) hears of it first; the
+        # bookkeeping below (status file, vacuum clock, logs) is nobody's wait.
+        self._deliver(buffer)
+        if failures:
             log.info(
                 "storage recovered",
-                attempts=buffer.failures + 1,
-                failing_for_ms=round((self._clock() - (buffer.failing_since or started)) * 1000),
-                mutations=buffer.pending,
+                attempts=failures + 1,
+                failing_for_ms=round((self._clock() - (failing_since or started)) * 1000),
+                mutations=pending,
             )
             self._degraded = False
-        self._status.flushed(buffer.pending, self._clock() - started)
+        self._status.flushed(pending, took)
         self._vacuum.committed(self._clock())
-        log.debug(
-            "flushed",
-            mutations=buffer.pending,
-            batches=buffer.pending_batches,
-            rows=rows,
-            ms=round((self._clock() - started) * 1000, 2),
-        )
-        self._deliver(buffer)
+        log.debug("flushed", mutations=pending, batches=batches, rows=rows,
+                  ms=round(took * 1000, 2))  # fmt: skip
         return True
 
     def _deliver(self, buffer: FlushBuffer) -> None:
