@@ -193,7 +193,9 @@ class ColdReads(ABC):
         floor = self.drain_floor(queue)
         if floor is None:
             return where, params
-        return f"{where} AND seq > {{m}}", (*params, floor)
+        # `+seq`: a filter on the index's entries, never a range of it (a second range on
+        # seq beside a cursor's made SQLite sort the page instead of reading it in order).
+        return f"{where} AND +seq > {{m}}", (*params, floor)
 
     def page_waiting(
         self,

@@ -264,7 +264,8 @@ class Store(StoreFile, StoreDrains, ColdReads):
         if completed_from is not None:
             where += " AND (state != 'completed' OR seq >= ?)"
             params = (*params, completed_from)
-        floors = {} if hot_only else self._read_floors()  # a hot row is in no Drain range
+        with self._reading("reading the pending drains"):  # a hot row is in no Drain range
+            floors = {} if hot_only else self._read_floors()
         if floors:
             yield from not_drained(self._load(where, params, page_size, hot_only), floors)
         else:
