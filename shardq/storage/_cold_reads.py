@@ -36,6 +36,7 @@ from typing import Any, Final
 
 from shardq.core._mutations import ROW_KEY_SEP, Record
 from shardq.storage import _cold_count_table
+from shardq.storage._drain_bounds import Range, past, past_params
 
 __all__ = [
     "CHUNK",
@@ -178,14 +179,17 @@ class ColdReads(ABC):
     _drain_table: bool = False
     """Whether the schema records the Drain ranges not deleted yet (`_drain_pending`)."""
 
-    def drain_floor(self, queue: str) -> int | None:
-        """The seq bound of `queue`'s Drain range still being deleted (None: none). Its
-        rows, the cold waiting and delayed ones of a seq up to it, are gone for every read."""
+    def drain_floor(self, queue: str) -> Range | None:
+        """The seq bounds of `queue`'s Drain range still being deleted (None: none). Its
+        rows, the cold waiting and delayed ones of a seq in it, are gone for every read."""
         if not self._drain_table:
             return None
-        sql = f"SELECT seq FROM drain_pending WHERE queue = {self._COLD_DIALECT.mark}"
+        sql = f"SELECT above, seq FROM drain_pending WHERE queue = {self._COLD_DIALECT.mark}"
         rows = self._cold_rows("reading the pending drains", sql, (queue,))
-        return int(rows[0][0]) if rows else None
+        if not rows:
+            return None
+        above, seq = rows[0]
+        return (None if above is None else int(above), int(seq))
 
     def _past_floor(self, queue: str, where: str, params: tuple[Any, ...]) -> tuple[str, Any]:
         """`where` and `params` of a read of `queue`'s cold waiting or delayed rows, leaving
@@ -195,7 +199,7 @@ class ColdReads(ABC):
             return where, params
         # `+seq`: a filter on the index's entries, never a range of it (a second range on
         # seq beside a cursor's made SQLite sort the page instead of reading it in order).
-        return f"{where} AND +seq > {{m}}", (*params, floor)
+        return f"{where} AND {past(floor, '+seq')}", (*params, *past_params(floor))
 
     def page_waiting(
         self,
@@ -323,8 +327,8 @@ class ColdReads(ABC):
         floor = self.drain_floor(queue)
         if floor is None:
             return where, params
-        spared = "(seq > {m} OR state NOT IN ('waiting', 'delayed'))"
-        return f"{where} AND {spared}", (*params, floor)
+        spared = f"({past(floor)} OR state NOT IN ('waiting', 'delayed'))"
+        return f"{where} AND {spared}", (*params, *past_params(floor))
 
     def cold_counts(self, queue: str) -> ColdCounts:
         """The cold waiting and delayed jobs of `queue`, per group too, and the ungrouped
@@ -337,8 +341,8 @@ class ColdReads(ABC):
         action = f"counting the cold jobs of queue {queue!r}"
         floor = self.drain_floor(queue)
         if floor is not None:
-            sql = _cold_count_table.count_after(self._COLD_DIALECT)
-            rows = self._cold_rows(action, sql, (queue, floor))
+            sql = _cold_count_table.count_after(self._COLD_DIALECT, past(floor))
+            rows = self._cold_rows(action, sql, (queue, *past_params(floor)))
             totals, groups = _cold_count_table.to_counts(rows)
         elif self._counts_table:
             rows = self._cold_rows(action, _cold_count_table.read_counts(m), (queue,))
@@ -368,16 +372,18 @@ class ColdReads(ABC):
         d = self._COLD_DIALECT
         m = d.mark
         floor = self.drain_floor(queue)
-        past = "" if floor is None else f" AND seq > {m}"  # not its pending Drain range
+        # Not its pending Drain range.
+        outside = "" if floor is None else " AND " + past(floor).format(m=m)
         sql = (
             f"SELECT {_WAITING_KEY[0]}, count(*) FROM {d.jobs('waiting')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL{past}"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL{outside}"
             f" GROUP BY {_WAITING_KEY[0]}"
             f" UNION ALL SELECT -coalesce(priority, 0), count(*) FROM {d.jobs('delayed')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'delayed'{past}"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'delayed'{outside}"
             " GROUP BY -coalesce(priority, 0)"
         )
-        params = (queue, queue) if floor is None else (queue, floor, queue, floor)
+        bounds = () if floor is None else past_params(floor)
+        params = (queue, *bounds, queue, *bounds)
         out: dict[int | float, int] = {}
         action = f"counting the cold jobs of queue {queue!r} by priority"
         for negated, n in self._cold_rows(action, sql, params):

@@ -420,10 +420,11 @@ DRAIN_VERSION = 13
 """The schema version that deletes a Drain's range in pieces after its commit
 (`_v13_drain_pending`)."""
 DRAIN_PENDING_SQL = (
-    "CREATE TABLE drain_pending (queue TEXT NOT NULL PRIMARY KEY, seq INTEGER NOT NULL)"
-    " WITHOUT ROWID"
+    "CREATE TABLE drain_pending (queue TEXT NOT NULL PRIMARY KEY, above INTEGER,"
+    " seq INTEGER NOT NULL) WITHOUT ROWID"
 )
-"""One row per queue whose Drain's range is not deleted yet: its seq bound."""
+"""One row per queue whose Drain's range is not deleted yet: its seq bounds (`above`
+exclusive, NULL for none; `seq` inclusive)."""
 
 # Append only. The database's schema version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [

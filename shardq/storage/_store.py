@@ -446,7 +446,8 @@ class Store(StoreFile, StoreDrains, ColdReads):
             sql = _seq.max_seq_sql() if self._split_seq else "SELECT max(seq) FROM jobs"
             (seq,) = self._conn.execute(sql).fetchone()
             # A pending Drain range's bound too: a job pushed after it must stay above it.
-            return max(0 if seq is None else int(seq), *self._read_floors().values(), 0)
+            bounds = [r[1] for r in self._read_floors().values()]
+            return max(0 if seq is None else int(seq), *bounds, 0)
 
     def release_memory(self) -> None:
         """Free this connection's page cache (`PRAGMA shrink_memory`; up to `cache_mb`) and

@@ -10,6 +10,7 @@ from shardq.core._mutations import Record, drained
 from shardq.storage import _drain_pending as pending
 from shardq.storage._coalesce import Plan
 from shardq.storage._drain import Drain, delete_sqlite
+from shardq.storage._drain_bounds import Range, inside
 from shardq.storage._schema import cold_columns
 from shardq.storage._tx import transaction
 
@@ -29,13 +30,13 @@ class StoreDrains:
     def _open_drains(self) -> None:
         # The ranges as committed (`pending_drains`), and as the batch being applied leaves
         # them: they become the committed ones only once its transaction did.
-        self._pending: dict[str, int] = pending.load(self._conn) if self._drain_table else {}
-        self._tentative: dict[str, int] = self._pending
+        self._pending: dict[str, Range] = pending.load(self._conn) if self._drain_table else {}
+        self._tentative: dict[str, Range] = self._pending
 
     @property
     def pending_drains(self) -> dict[str, int]:
-        """The Drain ranges not deleted yet, queue -> seq bound (a copy)."""
-        return dict(self._pending)
+        """The Drain ranges not deleted yet, queue -> seq bound."""
+        return {queue: r[1] for queue, r in self._pending.items()}
 
     def drain_step(self, max_rows: int) -> tuple[str, int, bool] | None:
         """Delete up to `max_rows` rows of the first pending range in a transaction of its
@@ -43,10 +44,10 @@ class StoreDrains:
         Raises `StorageError` (and deletes nothing) if SQLite fails."""
         if not self._pending:
             return None
-        queue, seq = min(self._pending.items())
+        queue = min(self._pending)
         after = dict(self._pending)
         with transaction(self._conn, f"deleting a piece of queue {queue!r}'s drained jobs"):
-            rows, ops = pending.piece(self._conn, (queue, seq), max_rows,
+            rows, ops = pending.piece(self._conn, queue, after[queue], max_rows,
                                       deltas=self._delta_rows > 0)  # fmt: skip
             if rows < max_rows:
                 pending.done(self._conn, after, queue)
@@ -64,7 +65,7 @@ class StoreDrains:
         """A `qdrain` of the batch: its range recorded, deleted later (`drain_step`); on a
         schema without the table, deleted now (`_drain.delete_sqlite`)."""
         if self._drain_table:
-            pending.record(self._conn, self._tentative, drain)
+            pending.record(self._conn, self._tentative, *drain)
             return 0, 0
         deltas = self._delta_rows + delta_rows > 0
         cold = cold_columns(self._version)
@@ -86,18 +87,17 @@ class StoreDrains:
         shard's reading store cannot know what the writer recorded since it opened)."""
         if cold != 1 or state not in ("waiting", "delayed") or not self._drain_table:
             return False
-        row = self._conn.execute(
-            "SELECT seq FROM drain_pending WHERE queue = ?", (queue,)
-        ).fetchone()
-        return row is not None and seq <= int(row[0])
+        sql = "SELECT above, seq FROM drain_pending WHERE queue = ?"
+        row = self._conn.execute(sql, (queue,)).fetchone()
+        return row is not None and inside((row[0], int(row[1])), seq)
 
-    def _read_floors(self) -> dict[str, int]:
+    def _read_floors(self) -> dict[str, Range]:
         return pending.load(self._conn) if self._drain_table else {}
 
 
-def not_drained(records: Iterable[Record], floors: dict[str, int]) -> Iterator[Record]:
-    """`records` without those in a pending range (`floors`: queue -> seq bound)."""
+def not_drained(records: Iterable[Record], floors: dict[str, Range]) -> Iterator[Record]:
+    """`records` without those in a pending range (`floors`: by queue)."""
     for rec in records:
-        queue = rec.get("queue")
-        if not (queue in floors and drained(rec, queue, floors[queue])):
+        r = floors.get(rec.get("queue"))  # type: ignore[arg-type]
+        if r is None or not drained(rec, rec["queue"], r[1]) or not inside(r, int(rec["seq"])):
             yield rec

@@ -87,7 +87,7 @@ def test_each_page_and_lookup_reads_its_index_in_order(
     store: Store, name: str, index: str, pending: bool
 ) -> None:
     if pending:  # a Drain range still being deleted: every read adds `seq > ?`
-        store._conn.execute("INSERT INTO drain_pending VALUES ('q', 1)")
+        store._conn.execute("INSERT INTO drain_pending VALUES ('q', 0, 1)")
     head = store.page_waiting("q", limit=1).after
     group_head = store.page_group("q", "grp", limit=1).after
     delayed_head = store.page_delayed("q", limit=1).after

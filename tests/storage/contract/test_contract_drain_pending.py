@@ -148,3 +148,30 @@ def test_an_obliterated_queue_leaves_no_range(storage: Storage) -> None:
     storage.apply([("qdel", "qb")])
     assert storage.pending_drains == {} and storage.drain_step(5) is None
     assert sorted(loaded(storage)[0]) == []
+
+
+def test_a_retried_job_below_the_pieces_is_spared_and_the_rest_stays_pending(
+    backend: Backend,
+) -> None:
+    """A job paged in and pulled keeps its cold row; retried while the range is pending, its
+    row is cold waiting again inside the range. Its seq is one the pieces passed: nothing
+    is deleted at once, the range's lower bound rises past it, the rest stays pending and
+    invisible, and the job stays."""
+    with backend.fresh().open() as store:
+        batch = _backlog()
+        batch.append(("put", job("early", state="active", seq=0, cold=1)))
+        send(store, batch, "encoded")
+        store.apply([("qdrain", "qa", N + 5)])
+        first = store.drain_step(10)
+        assert first is None or first[1] == 10
+        store.apply([("upd", "early", {"state": "waiting"})])
+        still = store.pending_drains
+        assert still in ({}, {"qa": N + 5})
+        assert _ids(store.page_waiting("qa", limit=100).records) == ["early"]
+        assert store.cold_counts("qa").waiting == 1
+        assert store.get_job("j50") is None and store.get_job("early") is not None
+        assert sorted(loaded(store)[0]) == ["act", "early", "hot", "other"]
+        while (step := store.drain_step(25)) is not None and not step[2]:
+            pass
+        assert sorted(loaded(store)[0]) == ["act", "early", "hot", "other"]
+        assert store.cold_counts("qa").waiting == 1
