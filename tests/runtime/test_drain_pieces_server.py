@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardq_harness import ShardqServer, poll_until
+from shardq_harness import ShardqServer, free_port, poll_until
+from test_vacuum_server import scrape
 from test_wide_cold_server import Factory
 
 from shardq.client import TcpConnection
@@ -76,7 +77,9 @@ def test_durable_pushes_are_answered_between_the_pieces_of_a_drain(
     shardq_server: Factory, tmp_path: Path
 ) -> None:
     total = 30_000
-    server = shardq_server(shards=1, data_dir=tmp_path / "pieces", env=_env(100))
+    server = shardq_server(
+        shards=1, data_dir=tmp_path / "pieces", env=_env(100), http_port=free_port()
+    )
     rows = Rows(server.data_path)
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         _push(conn, total, "i")
@@ -103,6 +106,12 @@ def test_durable_pushes_are_answered_between_the_pieces_of_a_drain(
     done = server.wait_for_log("drain_deleted", timeout=WAIT_S, queue=QUEUE)
     # The head's jobs (about 100) went with the Drain's batch, one `del` each.
     assert total - 300 <= done["rows"] < total and done["pieces"] >= done["rows"] // 100, done
+    # The rows deleted and the ranges left reach /prometheus (the writer's status file).
+    want = {
+        "shardq_writer_drained_rows_total": done["rows"],
+        "shardq_writer_drain_pending_queues": 0,
+    }
+    poll_until(lambda: scrape(server, want) == want, 10, f"{want} in /prometheus")
     failed = [line for line in server.logs() if line.get("level") in ("error", "critical")]
     assert not failed, failed[:3]
     assert server.stop() == 0, server.log_tail()

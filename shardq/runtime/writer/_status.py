@@ -128,8 +128,8 @@ class WriterStatus:
         """`queues` Drain ranges are left to delete."""
         changed = queues != self.drain_pending_queues
         self.drain_pending_queues = queues
-        if changed:
-            self.save()
+        if changed:  # rare: written at once, with the rows deleted so far
+            self.save(force=True)
 
     def failed(self, error: str, *, disk_full: bool) -> None:
         """A flush failed: storage is degraded until one commits."""
