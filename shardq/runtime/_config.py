@@ -206,6 +206,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "sqlite_cache_mb": _ranged(1, 65_536),
     "row_cache_mb": _ranged(0, 1 << 20),  # 0: no row summaries kept
     "drain_chunk_rows": _ranged(1, 10_000_000),
+    "drain_piece_ms": _ranged(0, 10_000, ms=True),  # 0: every piece drain_chunk_rows
     "sqlite_mmap_mb": _ranged(0, 1 << 20),  # 0: plain reads, no map
     # A step is one transaction: past 65,536 pages (256 MiB) it would hold up a commit for long.
     "vacuum_pages_per_step": _ranged(0, 65_536),  # 0: no vacuum

@@ -305,10 +305,13 @@ class WriterSettings:
     # update of a job pushed a moment ago needs no read, in MiB (about 240 bytes a job:
     # 24 MiB holds about 100,000). 0: none. Dropped when the writer gives memory back.
     row_cache_mb: int = 24
-    # Rows per statement of a Drain's range deletion of a cold backlog (`storage/_drain.py`):
-    # the deletion is one transaction, in statements of this many rows, logging its progress
-    # after each past 100,000 rows.
+    # A Drain's range of a cold backlog is deleted after its commit, in pieces between the
+    # writer's other batches, each its own transaction (`storage/_drain_pending.py`,
+    # `writer/_drain_pieces.py`): at most `drain_chunk_rows` rows, sized from the last
+    # piece's measured time to take about `drain_piece_ms` (0: always `drain_chunk_rows`),
+    # what a commit of another batch waits at most for one.
     drain_chunk_rows: int = 50_000
+    drain_piece_ms: int = 20
     # The idle writer gives the file's free pages back (`writer/_vacuum.py`): once nothing
     # committed for `vacuum_idle_ms`, a step at a time, when at least `vacuum_min_free_pages`
     # are free. The first step frees `vacuum_pages_per_step` pages (0: never vacuum); each

@@ -29,6 +29,7 @@ __all__ = [
     "PG_MIGRATION",
     "SQLITE_MIGRATION",
     "TABLE_SQL",
+    "count_after",
     "read_counts",
     "table_rows",
     "to_counts",
@@ -205,6 +206,19 @@ def pg_counted_delete(select: str) -> str:
 PG_EMPTY_COUNTS: Final = "DELETE FROM cold_counts WHERE queue = %s AND n <= 0"
 """The keys of a queue that `pg_counted_delete` brought to 0 (the trigger deletes them as it
 goes)."""
+
+
+def count_after(d: Any, outside: str) -> str:
+    """One queue's rows of the table counted over the cold backlog's index by seq, for the
+    rows whose seq meets `outside` (parameters: queue, then its own): a queue whose Drain
+    range is still being deleted (`_drain_pending`) counts only the rows outside it."""
+    prio = _PRIO.format(r="jobs")
+    return (
+        f"SELECT state, CASE WHEN gid IS NULL THEN 0 ELSE 1 END, coalesce(gid, ''),"
+        f" {_PG_CAST.format(prio)}, count(*) FROM {d.jobs('cold_by_seq')}"
+        f" WHERE queue = {d.mark} AND {_COUNTED.format(r='jobs')} AND {outside.format(m=d.mark)}"
+        " GROUP BY 1, 2, 3, 4"
+    )
 
 
 def read_counts(mark: str) -> str:

@@ -338,6 +338,8 @@ def backfill_made(conn: Any, mark: str) -> int:
         last = rows[-1][0]
         if done % (BACKFILL_CHUNK * 50) == 0:
             migration_progress("made", done)
+
+
 def _v12_cold_counts(db: Database) -> None:
     # A budgeted shard's start counted each queue's cold backlog over the paging indexes:
     # one entry read per cold job (2.2 s at 10M). Triggers now keep those counts in a table
@@ -351,6 +353,14 @@ def _v12_cold_counts(db: Database) -> None:
         totals, groups = over_indexes_counts(db.execute(count, (queue,) * 4).fetchall())
         rows = _cold_count_table.table_rows(queue, totals, groups)
         db.conn.executemany("INSERT INTO cold_counts VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+
+def _v13_drain_pending(db: Database) -> None:
+    # A Drain of a cold backlog deleted its range inside its batch: a million rows held the
+    # writer, and every other commit, for 20-50 s. The batch now records the range here and
+    # commits; the writer deletes it in short pieces afterwards, and every read leaves a
+    # pending range out (`_drain_pending`).
+    db.execute(DRAIN_PENDING_SQL)
 
 
 Migration = Callable[["Database"], None]
@@ -406,6 +416,15 @@ def cold_columns_at(version: int, cold_version: int, made_version: int) -> int:
 
 COUNTS_VERSION = 12
 """The schema version that keeps the cold counts in a table (`_v12_cold_counts`)."""
+DRAIN_VERSION = 13
+"""The schema version that deletes a Drain's range in pieces after its commit
+(`_v13_drain_pending`)."""
+DRAIN_PENDING_SQL = (
+    "CREATE TABLE drain_pending (queue TEXT NOT NULL PRIMARY KEY, above INTEGER,"
+    " seq INTEGER NOT NULL) WITHOUT ROWID"
+)
+"""One row per queue whose Drain's range is not deleted yet: its seq bounds (`above`
+exclusive, NULL for none; `seq` inclusive)."""
 
 # Append only. The database's schema version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -421,6 +440,7 @@ MIGRATIONS: list[Migration] = [
     _v10_seq_by_temperature,
     _v11_cold_made,
     _v12_cold_counts,
+    _v13_drain_pending,
 ]
 
 

@@ -158,6 +158,7 @@ VALID_TEXT = {
     "sqlite_cache_mb": "64",
     "row_cache_mb": "3",
     "drain_chunk_rows": "1000",
+    "drain_piece_ms": "5",
     "sqlite_mmap_mb": "256",
     "vacuum_pages_per_step": "64",
     "vacuum_min_free_pages": "0",
@@ -298,6 +299,7 @@ max_db_bytes = 2097152
 sqlite_cache_mb = 64
 row_cache_mb = 3
 drain_chunk_rows = 1000
+drain_piece_ms = 5
 sqlite_mmap_mb = 256
 vacuum_pages_per_step = 64
 vacuum_min_free_pages = 0
@@ -450,6 +452,7 @@ def test_shards_auto_and_number() -> None:
         ("job_cache_max_mb", "-1"),
         ("row_cache_mb", "-1"),
         ("drain_chunk_rows", "0"),
+        ("drain_piece_ms", "-1"),
         ("shard_memory_mb", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
