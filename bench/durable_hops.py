@@ -1,18 +1,21 @@
 """One durable PUSH in flight, counted per server process (issue 24): wake-ups, CPU, latency.
 
-    python -m bench.durable_hops [--builds a=PYTHON,b=PYTHON] [--requests 3000]
-                                 [--rounds 3] [--spin auto] [--realtime PRIO] [--json P]
+    python -m bench.durable_hops [--builds a=PYTHON[@KEY=VAL],b=PYTHON] [--requests 3000]
+                                 [--rounds 3] [--spin auto] [--gap-ms 0] [--realtime PRIO]
+                                 [--json P]
 
 For each build (a label and the interpreter of a checkout, whose `shardq_cli` it runs), starts
 `shardq start --shards 2` (the other settings default), and one client with a raw TCP socket
 (u32 length + msgpack, the bunqueue framing; no client library, so both builds meet the same
-client) sends PUSH one at a time, durable and then buffered. Per request it reports, for the
-front end, each shard and the writer apart (from /proc, every thread of the process): the
-voluntary context switches (a sleep that a message ended: a wake-up) and the CPU time, and the
-client's wall time (p50, p99). Builds alternate within each round (A, B, A, B), so they share
-the machine's load; the load average is printed with every row. `--realtime PRIO` runs the
-client and the servers under SCHED_FIFO (as `bench compare --realtime`), so that other work on
-a shared machine cannot preempt them.
+client) sends PUSH one at a time, durable and then buffered, `--gap-ms` apart (0: at once; a
+gap makes a trickle, whose rhythm `spin_us = "auto"` does not follow). `@KEY=VAL` after a
+build's interpreter sets an environment variable for its server only (`@SHARDQ_SPIN_US=0`). Per
+request it reports, for the front end, each shard and the writer apart (from /proc, every
+thread of the process): the voluntary context switches (a sleep that a message ended: a
+wake-up) and the CPU time, and the client's wall time (p50, p99). Builds alternate within each
+round (A, B, A, B), so they share the machine's load; the load average is printed with every row.
+`--realtime PRIO` runs the client and the servers under SCHED_FIFO (as `bench compare
+--realtime`), so that other work on a shared machine cannot preempt them.
 """
 
 from __future__ import annotations
@@ -100,17 +103,20 @@ def _snapshot(root: int) -> dict[str, tuple[int, float]]:
 
 
 class _Server:
-    def __init__(self, python: str, spin: str) -> None:
+    def __init__(self, python: str, spin: str, extra: dict[str, str] | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="shardq-dhops-"))
         self.port = free_port()
         self._log = open(self.dir / "server.log", "wb")  # noqa: SIM115
-        env = {**os.environ, "SHARDQ_SPIN_US": spin}
+        env = {**os.environ, "SHARDQ_SPIN_US": spin, **(extra or {})}
+        python = os.path.abspath(python) if os.sep in python else python
         self.proc = subprocess.Popen(
             [python, "-m", "shardq_cli.main", "start", "--host", "127.0.0.1",
              "--tcp-port", str(self.port), "--zmq-port", str(free_port()), "--http-port", "0",
              "--data-path", str(self.dir / "shardq.db"), "--shards", "2",
              "--log-format", "json"],
-            stderr=self._log, stdout=subprocess.DEVNULL, env=env,
+            # Started in its own directory: from this checkout's, `-m` would import this
+            # checkout's `shardq` whatever the interpreter (the supervisor's children too).
+            stderr=self._log, stdout=subprocess.DEVNULL, env=env, cwd=self.dir,
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -147,7 +153,7 @@ def _call(sock: socket.socket, command: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-def _measure(server: _Server, durable: bool, requests: int) -> dict[str, Any]:
+def _measure(server: _Server, durable: bool, requests: int, gap_s: float = 0.0) -> dict[str, Any]:
     sock = socket.create_connection(("127.0.0.1", server.port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     queue = f"dhops-{'durable' if durable else 'buffered'}"
@@ -164,6 +170,8 @@ def _measure(server: _Server, durable: bool, requests: int) -> dict[str, Any]:
             reply = _call(sock, {**command, "reqId": str(k)})
             times.append(time.perf_counter() - t)
             assert reply["ok"], reply
+            if gap_s:
+                time.sleep(gap_s)
         after = _snapshot(server.proc.pid)
     finally:
         sock.close()
@@ -183,6 +191,12 @@ def _measure(server: _Server, durable: bool, requests: int) -> dict[str, Any]:
     return row
 
 
+def _extra(python: str) -> dict[str, str]:
+    """The `@KEY=VAL` settings after a build's interpreter."""
+    pairs = python.split("@")[1:]
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--builds", default=f"this={sys.executable}")
@@ -190,23 +204,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--spin", default="auto")
     parser.add_argument("--modes", default="durable,buffered")
+    parser.add_argument("--gap-ms", type=float, default=0.0)
     parser.add_argument("--realtime", type=int, default=0, metavar="PRIO")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     if args.realtime:  # inherited by the servers this process starts
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(args.realtime))
     builds = [b.split("=", 1) for b in args.builds.split(",")]
+    extras = {label: _extra(python) for label, python in builds}
     rows: list[dict[str, Any]] = []
     for k in range(args.rounds):
         for label, python in builds:
-            server = _Server(python, args.spin)
+            server = _Server(python.split("@", 1)[0], args.spin, extras[label])
             try:
                 time.sleep(0.3)
                 for mode in args.modes.split(","):
-                    got = _measure(server, mode == "durable", args.requests)
+                    got = _measure(server, mode == "durable", args.requests, args.gap_ms / 1000)
                     load = os.getloadavg()[0]
                     row = {"round": k + 1, "build": label, "mode": mode, "load1": load,
-                           "realtime": args.realtime, **got}  # fmt: skip
+                           "realtime": args.realtime, "gap_ms": args.gap_ms, **got}  # fmt: skip
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:

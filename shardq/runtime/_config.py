@@ -188,6 +188,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "spin_auto_max_us": _ranged(1, MAX_SPIN_US),
     "spin_auto_max_runnable": _ranged(0, 4096),  # 0: the machine's CPUs plus one
     "spin_auto_cut_us": _ranged(0, MAX_SPIN_US),  # 0: never cut a spin short
+    "spin_commit_max_us": _ranged(0, MAX_SPIN_US),  # 0: never spin through a commit
     "memory_release_idle_ms": _ranged(0, 3_600_000, ms=True),  # 0: never
     "memory_release_grow_mb": _ranged(1, 1 << 20),
     "shard_recycle_idle_ms": _ranged(0, 86_400_000, ms=True),  # 0: never recycle
@@ -205,6 +206,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "sqlite_cache_mb": _ranged(1, 65_536),
     "row_cache_mb": _ranged(0, 1 << 20),  # 0: no row summaries kept
     "drain_chunk_rows": _ranged(1, 10_000_000),
+    "drain_piece_ms": _ranged(0, 10_000, ms=True),  # 0: every piece drain_chunk_rows
     "sqlite_mmap_mb": _ranged(0, 1 << 20),  # 0: plain reads, no map
     # A step is one transaction: past 65,536 pages (256 MiB) it would hold up a commit for long.
     "vacuum_pages_per_step": _ranged(0, 65_536),  # 0: no vacuum

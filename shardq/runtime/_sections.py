@@ -76,6 +76,10 @@ class ProcessSettings:
     # another task had the CPU, and a sleeping process is woken sooner than a yielding one
     # gets it back. 0 = never cut.
     spin_auto_cut_us: int = 50
+    # With "auto": a shard whose own reply waits on the writer's commit (a durable push on a
+    # direct or handed-off connection) spins for about 1.5 times its recent commit waits, at
+    # most this long (microseconds; 0 = never). Nothing waits on an idle server.
+    spin_commit_max_us: int = 500
     # Memory given back after a busy period (`_giveback.py`): once a process has been quiet
     # this long after work (ms; 0 = never), it collects, rebuilds its big dicts and trims the
     # C heap, if it grew at least `memory_release_grow_mb` since its last release.
@@ -301,10 +305,13 @@ class WriterSettings:
     # update of a job pushed a moment ago needs no read, in MiB (about 240 bytes a job:
     # 24 MiB holds about 100,000). 0: none. Dropped when the writer gives memory back.
     row_cache_mb: int = 24
-    # Rows per statement of a Drain's range deletion of a cold backlog (`storage/_drain.py`):
-    # the deletion is one transaction, in statements of this many rows, logging its progress
-    # after each past 100,000 rows.
+    # A Drain's range of a cold backlog is deleted after its commit, in pieces between the
+    # writer's other batches, each its own transaction (`storage/_drain_pending.py`,
+    # `writer/_drain_pieces.py`): at most `drain_chunk_rows` rows, sized from the last
+    # piece's measured time to take about `drain_piece_ms` (0: always `drain_chunk_rows`),
+    # what a commit of another batch waits at most for one.
     drain_chunk_rows: int = 50_000
+    drain_piece_ms: int = 20
     # The idle writer gives the file's free pages back (`writer/_vacuum.py`): once nothing
     # committed for `vacuum_idle_ms`, a step at a time, when at least `vacuum_min_free_pages`
     # are free. The first step frees `vacuum_pages_per_step` pages (0: never vacuum); each

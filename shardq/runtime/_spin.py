@@ -29,6 +29,7 @@ __all__ = [
     "MAX_SPIN_US",
     "STATS",
     "AdaptiveSpin",
+    "CommitSpin",
     "FixedSpin",
     "RunnableProbe",
     "SpinPolicy",
@@ -58,9 +59,10 @@ T = TypeVar("T")
 class SpinStats:
     """What this process's spinning did, for its stop log line: spins started, spins that ended
     with something to do, seconds spent spinning, spins `auto` skipped for a busy machine, and
-    spins it cut short because another task took the CPU (`spin_until`)."""
+    spins it cut short because another task took the CPU (`spin_until`), and of the spins
+    those a shard made through a commit its reply waited on (`CommitSpin`)."""
 
-    __slots__ = ("crowded", "cut", "hits", "seconds", "spins")
+    __slots__ = ("commit", "crowded", "cut", "hits", "seconds", "spins")
 
     def __init__(self) -> None:
         self.spins = 0
@@ -68,10 +70,12 @@ class SpinStats:
         self.seconds = 0.0
         self.crowded = 0
         self.cut = 0
+        self.commit = 0
 
     def fields(self) -> dict[str, int | float]:
         return {"spins": self.spins, "spin_hits": self.hits, "spin_s": round(self.seconds, 3),
-                "spins_crowded": self.crowded, "spins_cut": self.cut}  # fmt: skip
+                "spins_crowded": self.crowded, "spins_cut": self.cut,
+                "spins_commit": self.commit}  # fmt: skip
 
 
 STATS = SpinStats()  # one per process: each role runs one spinning loop
@@ -223,6 +227,100 @@ class AdaptiveSpin:
     def mean_gap_us(self) -> float:
         """The mean of the remembered gaps, outliers capped (for tests and logs)."""
         return self._sum_us / len(self._ring)
+
+
+class CommitSpin:
+    """`spin_commit_max_us`: a shard spins while one of its own replies waits on the writer's
+    commit, for about as long as the writer's last commits took (docs/runtime.md, "Spinning
+    through a commit").
+
+    `window(now, waiting)` is asked before every wait that would sleep, with whether a reply
+    of this process waits on a commit now. The first such ask after none waited starts the
+    clock (the batch has just been sent); the first ask after the replies went starts from
+    `arrived(now)`'s last time (the wake that brought the confirmation) and remembers how long
+    that commit took, whole microseconds in a ring of the last `history` (each counted as at
+    most `OUTLIER_GAPS` times `max_s`). The spin lasts until the wait's start plus 1.5 times
+    their mean, at most `max_s`; none while their mean is above `max_s` (the commits are slow:
+    a sleep's wake-up is small beside them), nor while `crowded` says the machine has no idle
+    CPU. Nothing waits on an idle server, so it never spins there.
+    """
+
+    __slots__ = ("_at", "_cap_us", "_crowded", "_cut_s", "_last", "_max_s", "_max_us",
+                 "_ring", "_since", "_sum_us")  # fmt: skip
+
+    def __init__(
+        self,
+        max_s: float,
+        history: int = HISTORY,
+        crowded: Callable[[], bool] | None = None,
+        cut_s: float = CUT_S,
+    ) -> None:
+        if max_s <= 0 or history < 1:
+            raise ValueError("need max_s > 0 and history >= 1")
+        self._max_s = max_s
+        self._max_us = max_s * 1e6
+        self._cap_us = round(OUTLIER_GAPS * self._max_us)
+        # A fresh process assumes commits as long as the bound: 1.5 times it is past it, so
+        # the first commits spin up to the bound while their times come in.
+        self._ring = [round(self._max_us)] * history
+        self._sum_us = round(self._max_us) * history
+        self._at = 0
+        self._since: float | None = None  # when the current wait on a commit started
+        self._last = 0.0  # the last wake that ended with something to do
+        self._crowded = crowded
+        self._cut_s = cut_s
+
+    def arrived(self, now: float) -> None:
+        """A wait ended at `now` with something to do (perhaps the confirmation)."""
+        self._last = now
+
+    def window(self, now: float, waiting: bool) -> float:
+        """Seconds to spin from `now` before sleeping (0: sleep at once)."""
+        since = self._since
+        if not waiting:
+            if since is not None:
+                self._since = None
+                self._remember(self._last - since)
+            return 0.0
+        if since is None:
+            self._since = since = now
+        mean_us = self._sum_us / len(self._ring)
+        if mean_us > self._max_us:
+            return 0.0
+        window = since + min(self._max_s, 1.5e-6 * mean_us) - now
+        if window <= 0.0:
+            return 0.0
+        if self._crowded is not None and self._crowded():
+            STATS.crowded += 1
+            return 0.0
+        return window
+
+    def _remember(self, took_s: float) -> None:
+        took = min(max(round(took_s * 1e6), 0), self._cap_us)
+        at = self._at
+        self._sum_us += took - self._ring[at]
+        self._ring[at] = took
+        self._at = (at + 1) % len(self._ring)
+
+    @property
+    def cut_s(self) -> float:
+        return self._cut_s
+
+    @property
+    def mean_us(self) -> float:
+        """The mean of the remembered commit waits (for tests and logs)."""
+        return self._sum_us / len(self._ring)
+
+
+def commit_spin(
+    spin_us: int | str, commit_max_us: int, max_runnable: int = 0, cut_us: int = 50
+) -> CommitSpin | None:
+    """The shard's spin through a commit: only with `spin_us = "auto"` and
+    `spin_commit_max_us` > 0 (None otherwise); the machine check and the cut as `auto`'s."""
+    if spin_us != AUTO or commit_max_us <= 0:
+        return None
+    probe = RunnableProbe(max_runnable or (os.cpu_count() or 1) + 1)
+    return CommitSpin(commit_max_us / 1e6, crowded=probe.crowded, cut_s=cut_us / 1e6)
 
 
 def auto_spin(auto_max_us: int, max_runnable: int = 0, cut_us: int = 50) -> AdaptiveSpin:

@@ -17,7 +17,7 @@ deleted when its count reaches 0, so the table holds only the groups that have a
 The rows counted are exactly those `cold_counts` counted over the indexes: `cold = 1` and
 `state` waiting or delayed. Only an insert or a delete of such a row, or an update that
 changes one of the key's columns of a row that is or was one, touches the table: a hot row's
-writes evaluate the triggers' conditions and nothing more. From SQLite schema 13 on
+writes evaluate the triggers' conditions and nothing more. From SQLite schema 14 on
 (`SQLITE_ON_COLD`) the update trigger fires only for an UPDATE that sets `cold`, and whatever
 updates a row that may be cold sets it (the writer: `_write._HOT`); a hot row's update then
 evaluates nothing of it. There is no insert trigger either: whatever inserts a row inserts
@@ -34,6 +34,7 @@ __all__ = [
     "SQLITE_MIGRATION",
     "SQLITE_ON_COLD",
     "TABLE_SQL",
+    "count_after",
     "read_counts",
     "table_rows",
     "to_counts",
@@ -129,7 +130,7 @@ SQLITE_ON_COLD: Final[tuple[str, ...]] = (
     f" WHEN ({_OLD} OR {_NEW}) AND NOT ({_same_key('IS')})"
     f" BEGIN {_sq_sub('old', _OLD)} {_sq_add('new', _NEW)} END",
 )
-"""SQLite's `_schema._v13_counted_on_cold`: no insert trigger, and the update trigger fired
+"""SQLite's `_schema._v14_counted_on_cold`: no insert trigger, and the update trigger fired
 by `UPDATE OF cold` only."""
 
 _FILL = (
@@ -230,6 +231,19 @@ def pg_counted_delete(select: str) -> str:
 PG_EMPTY_COUNTS: Final = "DELETE FROM cold_counts WHERE queue = %s AND n <= 0"
 """The keys of a queue that `pg_counted_delete` brought to 0 (the trigger deletes them as it
 goes)."""
+
+
+def count_after(d: Any, outside: str) -> str:
+    """One queue's rows of the table counted over the cold backlog's index by seq, for the
+    rows whose seq meets `outside` (parameters: queue, then its own): a queue whose Drain
+    range is still being deleted (`_drain_pending`) counts only the rows outside it."""
+    prio = _PRIO.format(r="jobs")
+    return (
+        f"SELECT state, CASE WHEN gid IS NULL THEN 0 ELSE 1 END, coalesce(gid, ''),"
+        f" {_PG_CAST.format(prio)}, count(*) FROM {d.jobs('cold_by_seq')}"
+        f" WHERE queue = {d.mark} AND {_COUNTED.format(r='jobs')} AND {outside.format(m=d.mark)}"
+        " GROUP BY 1, 2, 3, 4"
+    )
 
 
 def read_counts(mark: str) -> str:

@@ -36,6 +36,7 @@ from typing import Any, Final
 
 from shardq.core._mutations import ROW_KEY_SEP, Record
 from shardq.storage import _cold_count_table
+from shardq.storage._drain_bounds import Range, past, past_params
 
 __all__ = [
     "CHUNK",
@@ -175,6 +176,30 @@ class ColdReads(ABC):
     backlog."""
     _counts_table: bool = False
     """Whether the schema keeps the cold counts in their table (`_cold_count_table`)."""
+    _drain_table: bool = False
+    """Whether the schema records the Drain ranges not deleted yet (`_drain_pending`)."""
+
+    def drain_floor(self, queue: str) -> Range | None:
+        """The seq bounds of `queue`'s Drain range still being deleted (None: none). Its
+        rows, the cold waiting and delayed ones of a seq in it, are gone for every read."""
+        if not self._drain_table:
+            return None
+        sql = f"SELECT above, seq FROM drain_pending WHERE queue = {self._COLD_DIALECT.mark}"
+        rows = self._cold_rows("reading the pending drains", sql, (queue,))
+        if not rows:
+            return None
+        above, seq = rows[0]
+        return (None if above is None else int(above), int(seq))
+
+    def _past_floor(self, queue: str, where: str, params: tuple[Any, ...]) -> tuple[str, Any]:
+        """`where` and `params` of a read of `queue`'s cold waiting or delayed rows, leaving
+        out its pending Drain range (`drain_floor`), if any."""
+        floor = self.drain_floor(queue)
+        if floor is None:
+            return where, params
+        # `+seq`: a filter on the index's entries, never a range of it (a second range on
+        # seq beside a cursor's made SQLite sort the page instead of reading it in order).
+        return f"{where} AND {past(floor, '+seq')}", (*params, *past_params(floor))
 
     def page_waiting(
         self,
@@ -187,8 +212,10 @@ class ColdReads(ABC):
         """The next ungrouped cold waiting jobs of `queue` in delivery order, strictly after
         `after` (None: from the head). Raises `ValueError` for a bound out of range or a
         cursor of the wrong length, `StorageError` if the read fails."""
-        where = "queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
-        return self._cold_page(_WAITING_KEY, "waiting", where, (queue,), after, limit, max_bytes)
+        where, params = self._past_floor(
+            queue, "queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL", (queue,)
+        )
+        return self._cold_page(_WAITING_KEY, "waiting", where, params, after, limit, max_bytes)
 
     def page_group(
         self,
@@ -202,7 +229,7 @@ class ColdReads(ABC):
         """The next cold waiting jobs of one group of `queue`, in the group's order (as
         `page_waiting`)."""
         where = "queue = {m} AND gid = {m} AND cold = 1 AND state = 'waiting' AND gid IS NOT NULL"
-        params = (queue, group)
+        where, params = self._past_floor(queue, where, (queue, group))
         return self._cold_page(_GROUP_KEY, "group_waiting", where, params, after, limit, max_bytes)
 
     def page_delayed(
@@ -215,8 +242,9 @@ class ColdReads(ABC):
     ) -> ColdPage:
         """The next cold delayed jobs of `queue` (grouped or not) by run time (as
         `page_waiting`)."""
-        where = "queue = {m} AND cold = 1 AND state = 'delayed'"
-        return self._cold_page(_DELAYED_KEY, "delayed", where, (queue,), after, limit, max_bytes)
+        where, params = self._past_floor(queue, "queue = {m} AND cold = 1 AND state = 'delayed'",
+                                         (queue,))  # fmt: skip
+        return self._cold_page(_DELAYED_KEY, "delayed", where, params, after, limit, max_bytes)
 
     def page_made(
         self,
@@ -233,7 +261,7 @@ class ColdReads(ABC):
         GetJobs' order: created at, then seq, then row key; `desc` reverses it. The cursor is
         `(created at, seq, row key)`. Reads `limit` rows, not the backlog (`_v11_cold_made`)."""
         where = f"queue = {{m}} AND {COLD_BACKLOG} AND ({_kinds(kinds)})"
-        params = (queue,)
+        where, params = self._past_floor(queue, where, (queue,))
         return self._cold_page(_MADE_KEY, "cold_made", where, params, after, limit, max_bytes, desc)
 
     def page_by_seq(
@@ -255,6 +283,7 @@ class ColdReads(ABC):
         if made_by is not None:
             where += " AND made <= {m}"
             params = (queue, made_by)
+        where, params = self._past_floor(queue, where, params)
         return self._cold_page(_SEQ_KEY, "cold_by_seq", where, params, after, limit, max_bytes)
 
     def cold_keys(
@@ -266,35 +295,56 @@ class ColdReads(ABC):
         the database's own time a job, where a page decodes each record."""
         _check_limit(limit)
         d = self._COLD_DIALECT
-        where = f"queue = {d.mark} AND {COLD_BACKLOG} AND ({_kinds(KINDS)})"
+        where = f"queue = {{m}} AND {COLD_BACKLOG} AND ({_kinds(KINDS)})"
+        where, params = self._past_floor(queue, where, (queue,))
+        where = where.format(m=d.mark)
         select = f"SELECT seq, {d.row_id}, ukey FROM {d.jobs('cold_by_seq')} WHERE {where}"
-        rows = self._rows_after(select, ("seq", d.row_id), (queue,), after, limit)
+        rows = self._rows_after(select, ("seq", d.row_id), params, after, limit)
         self.cold_rows_read += len(rows)
         return [(int(seq), str(key), ukey) for seq, key, ukey in rows]
 
     def get_by_custom_id(self, queue: str, custom_id: str) -> Record | None:
         """The cold job of `queue` pushed with this custom id, or None (also for a hot one):
         its row key is the id joined to its queue, so this is one primary-key read."""
-        key = (f"{custom_id}{ROW_KEY_SEP}{queue}",)
-        rows = self._read_records("jobs", "id = {m} AND cold = 1", key, 1)
+        key: tuple[Any, ...] = (f"{custom_id}{ROW_KEY_SEP}{queue}",)
+        where, key = self._not_drained(queue, "id = {m} AND cold = 1", key)
+        rows = self._read_records("jobs", where, key, 1)
         return rows[0] if rows else None
 
     def find_unique(self, queue: str, unique_key: str, *, limit: int = 16) -> list[Record]:
         """The cold jobs of `queue` with this uniqueKey, in any state, oldest (lowest seq)
         first, at most `limit`: the caller decides which of them still holds the key."""
         _check_limit(limit)
-        where = "queue = {m} AND ukey = {m} AND cold = 1 ORDER BY seq LIMIT {m}"
+        where, params = self._not_drained(queue, "queue = {m} AND ukey = {m} AND cold = 1",
+                                          (queue, unique_key))  # fmt: skip
         table = self._COLD_DIALECT.jobs("unique")
-        return self._read_records(table, where, (queue, unique_key, limit), limit)
+        where = f"{where} ORDER BY seq LIMIT {{m}}"
+        return self._read_records(table, where, (*params, limit), limit)
+
+    def _not_drained(self, queue: str, where: str, params: tuple[Any, ...]) -> tuple[str, Any]:
+        """`_past_floor` for a read of cold rows in any state: only the waiting and delayed
+        ones are in a Drain's range."""
+        floor = self.drain_floor(queue)
+        if floor is None:
+            return where, params
+        spared = f"({past(floor)} OR state NOT IN ('waiting', 'delayed'))"
+        return f"{where} AND {spared}", (*params, *past_params(floor))
 
     def cold_counts(self, queue: str) -> ColdCounts:
         """The cold waiting and delayed jobs of `queue`, per group too, and the ungrouped
         waiting ones with a priority. From the `cold_counts` table (`_cold_count_table`: a
         few rows, whatever the backlog) where the schema has it, else counted over the paging
-        indexes (no record is read, but one entry per cold job)."""
+        indexes (no record is read, but one entry per cold job). A queue whose Drain range
+        is still being deleted counts only its rows above it, over the index by seq (the
+        jobs pushed after the Drain: `_drain_pending`)."""
         m = self._COLD_DIALECT.mark
         action = f"counting the cold jobs of queue {queue!r}"
-        if self._counts_table:
+        floor = self.drain_floor(queue)
+        if floor is not None:
+            sql = _cold_count_table.count_after(self._COLD_DIALECT, past(floor))
+            rows = self._cold_rows(action, sql, (queue, *past_params(floor)))
+            totals, groups = _cold_count_table.to_counts(rows)
+        elif self._counts_table:
             rows = self._cold_rows(action, _cold_count_table.read_counts(m), (queue,))
             totals, groups = _cold_count_table.to_counts(rows)
         else:
@@ -321,16 +371,22 @@ class ColdReads(ABC):
         decoded). A priority that is a whole number comes back as an int."""
         d = self._COLD_DIALECT
         m = d.mark
+        floor = self.drain_floor(queue)
+        # Not its pending Drain range.
+        outside = "" if floor is None else " AND " + past(floor).format(m=m)
         sql = (
             f"SELECT {_WAITING_KEY[0]}, count(*) FROM {d.jobs('waiting')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'waiting' AND gid IS NULL{outside}"
             f" GROUP BY {_WAITING_KEY[0]}"
             f" UNION ALL SELECT -coalesce(priority, 0), count(*) FROM {d.jobs('delayed')}"
-            f" WHERE queue = {m} AND cold = 1 AND state = 'delayed' GROUP BY -coalesce(priority, 0)"
+            f" WHERE queue = {m} AND cold = 1 AND state = 'delayed'{outside}"
+            " GROUP BY -coalesce(priority, 0)"
         )
+        bounds = () if floor is None else past_params(floor)
+        params = (queue, *bounds, queue, *bounds)
         out: dict[int | float, int] = {}
         action = f"counting the cold jobs of queue {queue!r} by priority"
-        for negated, n in self._cold_rows(action, sql, (queue, queue)):
+        for negated, n in self._cold_rows(action, sql, params):
             value = -float(negated)
             key: int | float = int(value) if value.is_integer() else value
             out[key] = out.get(key, 0) + int(n)

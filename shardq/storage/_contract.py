@@ -35,6 +35,9 @@ in tests/storage/contract/ runs the same tests against every backend):
   `upd` setting it; `shardq.storage._cold`). They read the records as `get_job` does (patch
   and deltas merged), in exactly the engine's delivery order, through an index each, and
   each is bounded in rows and bytes. A hot job costs these reads nothing when it is written.
+- A `qdrain` means its rows are gone from its commit on, for every read (the cold reads,
+  `get_job`, `load_jobs`, the counts), though a backend may delete them later, in pieces
+  (`drain_step`), across a restart too. `max_seq` is at least each pending range's bound.
 """
 
 from __future__ import annotations
@@ -68,6 +71,18 @@ class Storage(Protocol):
         stored is skipped. Raises `StorageRejected`, `StorageFull` or `StorageError`, and
         then leaves the store exactly as it was.
         """
+        ...
+
+    @property
+    def pending_drains(self) -> dict[str, int]:
+        """The Drain ranges whose rows are not deleted yet, queue -> seq bound: every read
+        leaves them out already (`shardq.storage._drain_pending`)."""
+        ...
+
+    def drain_step(self, max_rows: int) -> tuple[str, int, bool] | None:
+        """Delete up to `max_rows` rows of a pending Drain range, in a transaction of its
+        own: None if no range is pending, else (its queue, the rows deleted, whether the
+        range is done)."""
         ...
 
     def get_job(self, job_id: str) -> Record | None:

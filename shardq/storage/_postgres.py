@@ -142,6 +142,15 @@ class PostgresStore(ColdReads):
         """How many committed `upd` mutations found no job to update (since open)."""
         return self._skipped_updates
 
+    @property
+    def pending_drains(self) -> dict[str, int]:
+        """None ever: a `qdrain`'s range is deleted inside its batch here (`_drain`)."""
+        return {}
+
+    def drain_step(self, max_rows: int) -> tuple[str, int, bool] | None:
+        """Nothing to do: no range is left pending (`pending_drains`)."""
+        return None
+
     def apply(self, mutations: Sequence[Mutation]) -> int:
         """Apply one batch of mutations (engine or encoded shapes) as one transaction; return
         the rows written. Means exactly what `Store.apply` means; raises `StorageRejected`

@@ -355,7 +355,15 @@ def _v12_cold_counts(db: Database) -> None:
         db.conn.executemany("INSERT INTO cold_counts VALUES (?, ?, ?, ?, ?, ?)", rows)
 
 
-def _v13_counted_on_cold(db: Database) -> None:
+def _v13_drain_pending(db: Database) -> None:
+    # A Drain of a cold backlog deleted its range inside its batch: a million rows held the
+    # writer, and every other commit, for 20-50 s. The batch now records the range here and
+    # commits; the writer deletes it in short pieces afterwards, and every read leaves a
+    # pending range out (`_drain_pending`).
+    db.execute(DRAIN_PENDING_SQL)
+
+
+def _v14_counted_on_cold(db: Database) -> None:
     # The count trigger on updates fired for every update of a job's state: a pull's and an
     # ack's of every hot job, for a WHEN clause that is false on a hot row, at a sub-program
     # call per row. It now fires only for an UPDATE that sets `cold`, and the writer sets
@@ -420,9 +428,18 @@ def cold_columns_at(version: int, cold_version: int, made_version: int) -> int:
 
 COUNTS_VERSION = 12
 """The schema version that keeps the cold counts in a table (`_v12_cold_counts`)."""
-COUNTED_ON_COLD_VERSION = 13
+DRAIN_VERSION = 13
+"""The schema version that deletes a Drain's range in pieces after its commit
+(`_v13_drain_pending`)."""
+DRAIN_PENDING_SQL = (
+    "CREATE TABLE drain_pending (queue TEXT NOT NULL PRIMARY KEY, above INTEGER,"
+    " seq INTEGER NOT NULL) WITHOUT ROWID"
+)
+"""One row per queue whose Drain's range is not deleted yet: its seq bounds (`above`
+exclusive, NULL for none; `seq` inclusive)."""
+COUNTED_ON_COLD_VERSION = 14
 """The schema version whose count trigger on updates fires only when `cold` is set, and that
-has no count trigger on inserts (`_v13_counted_on_cold`)."""
+has no count trigger on inserts (`_v14_counted_on_cold`)."""
 
 # Append only. The database's schema version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -438,7 +455,8 @@ MIGRATIONS: list[Migration] = [
     _v10_seq_by_temperature,
     _v11_cold_made,
     _v12_cold_counts,
-    _v13_counted_on_cold,
+    _v13_drain_pending,
+    _v14_counted_on_cold,
 ]
 
 

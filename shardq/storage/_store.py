@@ -44,12 +44,11 @@ from shardq.storage._counts import count_rows
 from shardq.storage._deltas import delta_lengths, read_deltas
 from shardq.storage._drain import (
     DRAIN_CHUNK_ROWS,
-    Drain,
     apply_steps,
-    delete_sqlite,
     remember_steps,
 )
 from shardq.storage._errors import StorageError, wrap_error
+from shardq.storage._store_drain import StoreDrains, not_drained
 from shardq.storage._store_file import PROGRESS_STEPS, StoreFile, beating
 from shardq.storage._tx import transaction
 from shardq.storage._write import FETCH_CHUNK, chunks, decode, merge_row, write_plan
@@ -73,7 +72,7 @@ MAX_FILTER_QUEUES = 1000
 STALE_PAGE = 10_000
 
 
-class Store(StoreFile, ColdReads):
+class Store(StoreFile, StoreDrains, ColdReads):
     """The shardq database: jobs and queue configs, written in batches of mutations.
 
     Create one with `Store.open`. A `Store` belongs to one thread (sqlite3's default check)
@@ -111,7 +110,9 @@ class Store(StoreFile, ColdReads):
         self._deltas_table = version >= _schema.DELTAS_VERSION
         self._pragmas: dict[str, Any] | None = None  # how `open` configured `_conn`
         self.drain_chunk = DRAIN_CHUNK_ROWS
-        """Rows per statement of a `qdrain`'s range deletion (`_drain`)."""
+        """Rows per statement of a `qdrain`'s range deletion done at once (`_drain`)."""
+        self._drain_table = version >= _schema.DRAIN_VERSION
+        self._open_drains()
 
     @classmethod
     def open(
@@ -200,17 +201,16 @@ class Store(StoreFile, ColdReads):
         """
         if not mutations:
             return 0
+        self._begin_drains()
         with transaction(self._conn, f"applying a batch of {len(mutations)} mutations"):
             try:
                 plan = coalesce(mutations, self._fetch_stored)
             except DrainInBatch:
                 written, delta_rows, done = apply_steps(mutations, self._segment, self._drain)
             else:
-                written, known, delta_rows = write_plan(
-                    self._conn, plan, self._packer.pack, self._patch_floor, self._delta_rows > 0,
-                    cold=_schema.cold_columns(self._version),
-                )  # fmt: skip
+                written, delta_rows, known = self._write(plan, self._delta_rows > 0)
                 done = [(plan, known)]
+        self._commit_drains()
         self._delta_rows = max(0, self._delta_rows + delta_rows)
         self._cache = remember_steps(self._cache, self._cache_limit, done)
         self._skipped_updates += sum(p.skipped for p, _ in done if isinstance(p, Plan))
@@ -221,18 +221,20 @@ class Store(StoreFile, ColdReads):
     ) -> tuple[int, int, Plan, dict[str, Stored | None]]:
         """One step of a batch holding a `qdrain` (`_drain.apply_steps`)."""
         plan = coalesce(mutations, self._fetch_stored if first else self._read_stored)
-        deltas = self._delta_rows > 0 or self._deltas_table
+        written, delta_rows, known = self._write(plan, self._delta_rows > 0 or self._deltas_table)
+        return written, delta_rows, plan, known
+
+    def _write(self, plan: Plan, deltas: bool) -> tuple[int, int, dict[str, Stored | None]]:
+        """Write `plan` in the open transaction, settled against the pending Drain ranges
+        (`_store_drain`); returns (rows written, change in `job_deltas` rows, what it
+        learned of the rows)."""
+        self._settle_before(plan)
         written, known, delta_rows = write_plan(
             self._conn, plan, self._packer.pack, self._patch_floor, deltas,
             cold=_schema.cold_columns(self._version),
         )  # fmt: skip
-        return written, delta_rows, plan, known
-
-    def _drain(self, drain: Drain, delta_rows: int) -> tuple[int, int]:
-        """Delete a `qdrain`'s rows (`_drain.delete_sqlite`)."""
-        deltas = self._delta_rows + delta_rows > 0
-        cold = _schema.cold_columns(self._version)
-        return delete_sqlite(self._conn, cold, drain, deltas=deltas, chunk=self.drain_chunk)
+        rows, ops = self._settle_after(plan, delta_rows)
+        return written + rows, delta_rows - ops, known
 
     def load_jobs(
         self,
@@ -262,6 +264,16 @@ class Store(StoreFile, ColdReads):
         if completed_from is not None:
             where += " AND (state != 'completed' OR seq >= ?)"
             params = (*params, completed_from)
+        with self._reading("reading the pending drains"):  # a hot row is in no Drain range
+            floors = {} if hot_only else self._read_floors()
+        if floors:
+            yield from not_drained(self._load(where, params, page_size, hot_only), floors)
+        else:
+            yield from self._load(where, params, page_size, hot_only)
+
+    def _load(
+        self, where: str, params: tuple[Any, ...], page_size: int, hot_only: bool
+    ) -> Iterator[Record]:
         if self._split_seq:
             yield from self._load_split(where, params, page_size, hot_only)
             return
@@ -395,9 +407,10 @@ class Store(StoreFile, ColdReads):
     def get_job(self, job_id: str) -> Record | None:
         """The stored record of `job_id`, or None. Raises `StorageError` if the read fails."""
         with self._reading(f"reading job {job_id!r}"):
-            sql = "SELECT rec, patch FROM jobs WHERE id = ?"
+            sql = "SELECT rec, patch, queue, cold, state, seq FROM jobs WHERE id = ?"
+            sql = sql if self._drain_table else sql.replace(", queue, cold, state, seq", "")
             row = self._conn.execute(sql, (job_id,)).fetchone()
-            if row is None:
+            if row is None or (self._drain_table and self._drained_row(*row[2:])):
                 return None
             # Always looked up: a shard's reading store (the cold backlog's lookups) cannot
             # know what the writer appended since it opened (`_delta_rows` counts only its own).
@@ -432,7 +445,9 @@ class Store(StoreFile, ColdReads):
         with self._reading("reading the highest seq"):
             sql = _seq.max_seq_sql() if self._split_seq else "SELECT max(seq) FROM jobs"
             (seq,) = self._conn.execute(sql).fetchone()
-            return 0 if seq is None else int(seq)
+            # A pending Drain range's bound too: a job pushed after it must stay above it.
+            bounds = [r[1] for r in self._read_floors().values()]
+            return max(0 if seq is None else int(seq), *bounds, 0)
 
     def release_memory(self) -> None:
         """Free this connection's page cache (`PRAGMA shrink_memory`; up to `cache_mb`) and

@@ -124,7 +124,7 @@ failed lookup costs more than copying it into a `bytearray` (0.33 against 0.18 Â
 parameter: bench/results/2026-12-05-s10-writer-cpu.md); a `bytearray` is stored as the same
 BLOB."""
 _HOT, _COLD = " AND jobs.cold IS NULL", " AND jobs.cold IS NOT NULL"
-"""What an update of stored rows adds to its WHERE. From SQLite schema 13 on, the count
+"""What an update of stored rows adds to its WHERE. From SQLite schema 14 on, the count
 trigger on updates fires only for an UPDATE whose SET names `cold` (`_cold_count_table`), so
 an UPDATE that may change a cold row's queue, state, group or priority must set `cold`, if
 only to itself. The hot rows go first, with no `cold` in the SET and so no trigger; then,
@@ -306,7 +306,7 @@ def _write_whole(
         rows = [one[: HOT_ROW + cold] for one in cold_rows]
         written += run_rows(conn, _UPSERT_COLD_JOB_V9, HOT_ROW + cold, rows)
     elif cold_rows:
-        # Put with `cold` NULL, then marked: no insert trigger counts (from schema 13 there is
+        # Put with `cold` NULL, then marked: no insert trigger counts (from schema 14 there is
         # none, so that a hot put runs none), the mark's UPDATE OF cold does. A put over a
         # stored cold row sets `cold` too, and the trigger takes that row's count off.
         rows = [(*one[:HOT_ROW], None, *one[HOT_ROW + 1 :]) for one in cold_rows]

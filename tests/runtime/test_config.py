@@ -135,6 +135,7 @@ VALID_TEXT = {
     "spin_auto_max_us": "300",
     "spin_auto_max_runnable": "3",
     "spin_auto_cut_us": "0",
+    "spin_commit_max_us": "250",
     "memory_release_idle_ms": "500",
     "memory_release_grow_mb": "4",
     "shard_recycle_idle_ms": "1500",
@@ -157,6 +158,7 @@ VALID_TEXT = {
     "sqlite_cache_mb": "64",
     "row_cache_mb": "3",
     "drain_chunk_rows": "1000",
+    "drain_piece_ms": "5",
     "sqlite_mmap_mb": "256",
     "vacuum_pages_per_step": "64",
     "vacuum_min_free_pages": "0",
@@ -275,6 +277,7 @@ spin_us = 200
 spin_auto_max_us = 300
 spin_auto_max_runnable = 3
 spin_auto_cut_us = 0
+spin_commit_max_us = 250
 memory_release_idle_ms = 500
 memory_release_grow_mb = 4
 shard_recycle_idle_ms = 1500
@@ -296,6 +299,7 @@ max_db_bytes = 2097152
 sqlite_cache_mb = 64
 row_cache_mb = 3
 drain_chunk_rows = 1000
+drain_piece_ms = 5
 sqlite_mmap_mb = 256
 vacuum_pages_per_step = 64
 vacuum_min_free_pages = 0
@@ -437,6 +441,8 @@ def test_shards_auto_and_number() -> None:
         ("spin_auto_max_runnable", "4097"),
         ("spin_auto_cut_us", "-1"),
         ("spin_auto_cut_us", "10001"),
+        ("spin_commit_max_us", "-1"),
+        ("spin_commit_max_us", "10001"),
         ("memory_release_idle_ms", "-1"),
         ("memory_release_grow_mb", "0"),
         ("shard_recycle_idle_ms", "-1"),
@@ -446,6 +452,7 @@ def test_shards_auto_and_number() -> None:
         ("job_cache_max_mb", "-1"),
         ("row_cache_mb", "-1"),
         ("drain_chunk_rows", "0"),
+        ("drain_piece_ms", "-1"),
         ("shard_memory_mb", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),

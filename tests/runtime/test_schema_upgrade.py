@@ -33,7 +33,8 @@ def _back_to_version_2(path: Path) -> None:
         conn.execute("DROP TABLE job_deltas")  # version 7
         conn.execute("DELETE FROM meta WHERE key = 'delta_encoding'")
         conn.execute("DROP TABLE queue_groups")  # version 8
-        for trigger in ("delete", "update"):  # version 12: the cold counts' table (13: no
+        conn.execute("DROP TABLE drain_pending")  # version 13
+        for trigger in ("delete", "update"):  # version 12: the cold counts' table (14: no
             conn.execute(f"DROP TRIGGER cold_counts_{trigger}")  # insert trigger)
         conn.execute("DROP TABLE cold_counts")
         for index in ("cold_made", "cold_by_seq"):  # version 11: `made` and its indexes

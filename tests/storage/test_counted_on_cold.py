@@ -1,4 +1,4 @@
-"""SQLite schema 13: the cold count triggers cost a hot row's put and update nothing.
+"""SQLite schema 14: the cold count triggers cost a hot row's put and update nothing.
 
 The trigger that keeps `cold_counts` on an update fires only for an UPDATE whose SET names
 `cold` (`_cold_count_table.SQLITE_ON_COLD`), so the writer's update of hot rows (a pull's,
@@ -50,11 +50,11 @@ def test_a_hot_update_runs_no_trigger_and_a_cold_one_runs_the_count_trigger(
 
 
 def test_the_schema_before_fired_a_trigger_on_every_put_and_update(tmp_path: Path) -> None:
-    """What version 13 changed: at 12 a hot put and a hot update ran a trigger per row."""
+    """What version 14 changed: at 13 a hot put and a hot update ran a trigger per row."""
     conn = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
     _schema.configure(conn, synchronous="normal", max_bytes=None)
     db = _schema.database(conn)
-    for migration in _schema.MIGRATIONS[: _schema.COUNTS_VERSION]:
+    for migration in _schema.MIGRATIONS[: _schema.COUNTED_ON_COLD_VERSION - 1]:
         migration(db)
     shared_hot = _write._shared_sql(_STATE, _write._HOT).format(rows="?, ?")
     assert _programs(conn, shared_hot, ["active", b"", "a", "b"]) == 1

@@ -440,6 +440,7 @@ class _SnapshotCollector(Collector):
             yield CounterMetricFamily(
                 "shardq_writer_vacuumed_pages", "Pages given back to the file system", vacuumed
             )
+        yield from _drain_metrics(st.writer)
         for key, name, unit in (
             ("flushSeconds", "shardq_writer_flush_duration_seconds", "seconds"),
             ("flushMutations", "shardq_writer_flush_mutations", "mutations"),
@@ -447,6 +448,19 @@ class _SnapshotCollector(Collector):
             family = _histogram(st.writer.get(key), name, f"Writer flushes ({unit})")
             if family is not None:
                 yield family
+
+
+def _drain_metrics(writer: Mapping[str, object]) -> Iterator[Metric]:
+    """A Drain's range deleted after its commit (writer/_drain_pieces.py)."""
+    rows, pending = writer.get("drainedRows"), writer.get("drainPendingQueues")
+    if isinstance(rows, int):
+        yield CounterMetricFamily(
+            "shardq_writer_drained_rows", "Rows of drained ranges deleted after the Drain", rows
+        )
+    if isinstance(pending, int):
+        yield GaugeMetricFamily(
+            "shardq_writer_drain_pending_queues", "Drain ranges still being deleted", pending
+        )
 
 
 def _histogram(raw: object, name: str, doc: str, scale: float = 1.0) -> Metric | None:

@@ -35,7 +35,7 @@ from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import STATS as SPIN_STATS
-from shardq.runtime._spin import spin_policy, spin_until
+from shardq.runtime._spin import commit_spin, spin_policy, spin_until
 from shardq.runtime._storage import open_storage
 from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
@@ -118,6 +118,13 @@ class ShardProcess(ShardDirect, ShardLoading):
         self._spin = spin_policy(
             spec.process.spin_us,
             spec.process.spin_auto_max_us,
+            spec.process.spin_auto_max_runnable,
+            spec.process.spin_auto_cut_us,
+        )
+        # With "auto": spin while one of this shard's replies waits on a commit (`CommitSpin`).
+        self._commit_spin = commit_spin(
+            spec.process.spin_us,
+            spec.process.spin_commit_max_us,
             spec.process.spin_auto_max_runnable,
             spec.process.spin_auto_cut_us,
         )
@@ -395,12 +402,23 @@ class ShardProcess(ShardDirect, ShardLoading):
         if spin is None or timeout_ms == 0:
             return self._poller.poll(timeout_ms)
         got: list[tuple[Any, int]] = []
-        if spin_s := spin.window(time.perf_counter()):
-            got = spin_until(lambda: self._poller.poll(0), spin_s, spin.cut_s)
+        now = time.perf_counter()
+        spin_s, cut_s = spin.window(now), spin.cut_s
+        commit = self._commit_spin
+        if commit is not None:
+            commit_s = commit.window(now, self.core.batches.replies_held_here())
+            if commit_s > spin_s:
+                spin_s, cut_s = commit_s, commit.cut_s
+                SPIN_STATS.commit += 1
+        if spin_s:
+            got = spin_until(lambda: self._poller.poll(0), spin_s, cut_s)
         if not got:
             got = self._poller.poll(timeout_ms)
         if got:
-            spin.note(time.perf_counter())
+            now = time.perf_counter()
+            spin.note(now)
+            if commit is not None:
+                commit.arrived(now)
         return got
 
     @staticmethod

@@ -125,6 +125,13 @@ class WriterBatches:
             riding for _, _, riding in self._held
         )
 
+    def replies_held_here(self) -> bool:
+        """True while a reply this shard sends itself (not one riding with its batch for the
+        writer to deliver) waits on a commit, and few enough wait that this is one request
+        in flight rather than a busy shard (`CommitSpin`)."""
+        held = self._held
+        return 0 < len(held) <= 4 and not all(riding for _, _, riding in held)
+
     @property
     def awaiting_commit(self) -> bool:
         """True while some sent batch is not confirmed by the writer yet."""

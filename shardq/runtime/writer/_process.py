@@ -46,6 +46,7 @@ from shardq.runtime._spin import AUTO, AdaptiveSpin, auto_spin, spin_until
 from shardq.runtime._spin import STATS as SPIN_STATS
 from shardq.runtime._storage import BEAT_EVERY_S, every, open_storage, storage_place
 from shardq.runtime.links._writer import ShardConnections
+from shardq.runtime.writer._drain_pieces import DrainPieces
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.runtime.writer._isolate import apply_isolating
 from shardq.runtime.writer._status import WriterStatus, file_sizes
@@ -133,6 +134,9 @@ class Writer:
             max_pages_per_step=settings.vacuum_max_pages_per_step,
             clock=clock,
         )
+        # A Drain's range, deleted between the batches (`_drain_pieces`).
+        self._pieces = DrainPieces(store, self._status, max_rows=settings.drain_chunk_rows,
+                                   piece_s=settings.drain_piece_ms / 1000, clock=clock)  # fmt: skip
         # Memory grown by a busy period (decoded batches, SQLite's page cache) goes back once
         # the writer is idle (`_giveback.py`).
         give_back = GiveBackSettings.of(spec.process)
@@ -162,6 +166,8 @@ class Writer:
                 self._serve_links(events)
                 if self._buffer.due(self._clock()):
                     self._flush()
+            if self._pieces.wanted and not self._buffer.due(self._clock()):
+                self._pieces.step()  # one piece, then the links again (`_timeout_ms` 0)
             if events.keys() - {waker.fileno()}:
                 self._give_back.busy(self._clock())
             # Idle: no batch waits, nor a retry (a message that came this turn made a batch).
@@ -227,6 +233,8 @@ class Writer:
         return ()
 
     def _timeout_ms(self) -> int | None:
+        if self._pieces.wanted:
+            return 0
         deadline = self._buffer.deadline()
         if deadline is None:
             deadline = min(
@@ -309,24 +317,25 @@ class Writer:
             self._send(buffer.failed(e, self._clock()))
             self._report_failure(e)
             return False
-        if buffer.failures:
+        took = self._clock() - started
+        pending, batches = buffer.pending, buffer.pending_batches
+        failures, failing_since = buffer.failures, buffer.failing_since
+        # Whoever waits on this commit (a durable push's client) hears of it first; the
+        # bookkeeping below (status file, vacuum clock, logs) is nobody's wait.
+        self._deliver(buffer)
+        if failures:
             log.info(
                 "storage recovered",
-                attempts=buffer.failures + 1,
-                failing_for_ms=round((self._clock() - (buffer.failing_since or started)) * 1000),
-                mutations=buffer.pending,
+                attempts=failures + 1,
+                failing_for_ms=round((self._clock() - (failing_since or started)) * 1000),
+                mutations=pending,
             )
             self._degraded = False
-        self._status.flushed(buffer.pending, self._clock() - started)
+        self._status.flushed(pending, took)
         self._vacuum.committed(self._clock())
-        log.debug(
-            "flushed",
-            mutations=buffer.pending,
-            batches=buffer.pending_batches,
-            rows=rows,
-            ms=round((self._clock() - started) * 1000, 2),
-        )
-        self._deliver(buffer)
+        self._pieces.committed()
+        log.debug("flushed", mutations=pending, batches=batches, rows=rows,
+                  ms=round(took * 1000, 2))  # fmt: skip
         return True
 
     def _deliver(self, buffer: FlushBuffer) -> None:

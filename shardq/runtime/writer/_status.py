@@ -95,6 +95,9 @@ class WriterStatus:
         # back to the file system since it started.
         self.free_pages: int | None = None
         self.pages_vacuumed = 0
+        # A Drain's range deleted in pieces (`_drain_pieces`): rows so far, ranges left.
+        self.drained_rows = 0
+        self.drain_pending_queues = 0
 
     def flushed(self, mutations: int, seconds: float) -> None:
         """A flush committed; storage works (again)."""
@@ -115,6 +118,18 @@ class WriterStatus:
         self.pages_vacuumed += pages
         self.free_pages = free_pages
         self.save()
+
+    def drained(self, rows: int) -> None:
+        """A piece of a Drain's range deleted `rows` rows."""
+        self.drained_rows += rows
+        self.save()
+
+    def drain_pending(self, queues: int) -> None:
+        """`queues` Drain ranges are left to delete."""
+        changed = queues != self.drain_pending_queues
+        self.drain_pending_queues = queues
+        if changed:  # rare: written at once, with the rows deleted so far
+            self.save(force=True)
 
     def failed(self, error: str, *, disk_full: bool) -> None:
         """A flush failed: storage is degraded until one commits."""
@@ -146,6 +161,8 @@ class WriterStatus:
             "flushMutations": self.size.as_dict(),
             "freePages": self.free_pages,
             "pagesVacuumed": self.pages_vacuumed,
+            "drainedRows": self.drained_rows,
+            "drainPendingQueues": self.drain_pending_queues,
             "databaseBytes": self.database_bytes,
         }
         text = json.dumps(body).encode()

@@ -92,7 +92,7 @@ def test_an_upgrade_counts_the_jobs_already_cold_and_then_follows(backend: Backe
 def test_an_upgrade_from_the_first_counting_schema_keeps_the_counts_and_follows(
     backend: Backend,
 ) -> None:
-    """SQLite's schema 13 fires the update trigger only for an UPDATE that sets `cold`
+    """SQLite's schema 14 fires the update trigger only for an UPDATE that sets `cold`
     (`_cold_count_table.SQLITE_ON_COLD`): a store upgraded from the first schema with the
     table keeps its counts, and the writer's updates of cold rows (pulls, acks, promotions of
     jobs stored cold) keep them exact from there."""

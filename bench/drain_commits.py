@@ -1,0 +1,153 @@
+"""A Drain of a cold backlog and the writer's other commits, build against build (issue 22).
+
+    python -m bench.drain_commits --build start=/path/to/old/shardq --build new=.venv/bin/shardq
+                                  [--jobs 300000] [--rounds 2] [--memory-mb 8]
+
+Each round runs each build in turn (A, B, A, B) on a fresh `--shards 1` server whose shard
+has a memory budget of `--memory-mb`, twice on the same server: N jobs pushed to one queue
+(nearly all cold, as `bench.wide_cold` pushes them), then a Drain of it:
+
+- "alone": nothing else runs; the Drain's reply (ms), how long until the queue's rows are
+  gone from the file (read over a read-only connection of this script's own), and the
+  writer's CPU from the Drain to then (/proc utime + stime): the deletion's cost.
+- "probed": a thread sends durable pushes to another queue one after the other the whole
+  time, each answered after its commit; the longest gap between two answers while the rows
+  go is the longest a commit of another queue waited (before the Drain: the gap at rest).
+
+The load average is printed beside each run; compare the CPU columns first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import signal
+import sqlite3
+import tempfile
+import threading
+import time
+from typing import Any
+
+from bench._scenarios import children, connect, start_server
+from bench.cpu import cpu_seconds
+from bench.wide_cold import QUEUE, SETTLE_S, _idle, _push, _settle
+from shardq.client import TcpConnection
+
+PROBE = "probe"
+POLL_S = 0.05
+
+
+class Probe(threading.Thread):
+    """Durable pushes one after the other; the time of each answer."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.answers: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with TcpConnection("127.0.0.1", self.port, timeout=SETTLE_S) as conn:
+            while not self.stop.is_set():
+                conn.call({"cmd": "PUSH", "queue": PROBE, "data": {}, "durable": True})
+                self.answers.append(time.perf_counter())
+
+    def longest_gap(self, start: float, end: float) -> float:
+        """The longest time between two answers (or `start`/`end`) within [start, end], ms."""
+        times = [start, *(t for t in self.answers if start < t < end), end]
+        return max(b - a for a, b in itertools.pairwise(times)) * 1000
+
+
+def _rows_left(db: sqlite3.Connection) -> int:
+    return int(db.execute("SELECT count(*) FROM jobs WHERE queue = ?", (QUEUE,)).fetchone()[0])
+
+
+def _drain(conn: TcpConnection, db: sqlite3.Connection, writer: int) -> dict[str, float]:
+    """Drain the queue; (reply ms, ms until its rows are gone, writer CPU ms meanwhile)."""
+    cpu, started = cpu_seconds(writer), time.perf_counter()
+    conn.call({"cmd": "Drain", "queue": QUEUE})
+    reply = time.perf_counter()
+    deadline = started + SETTLE_S
+    while _rows_left(db) and time.perf_counter() < deadline:
+        time.sleep(POLL_S)
+    gone = time.perf_counter()
+    return {
+        "reply_ms": (reply - started) * 1000,
+        "gone_ms": (gone - started) * 1000,
+        "writer_cpu_ms": (cpu_seconds(writer) - cpu) * 1000,
+        "started": started,
+        "gone": gone,
+    }
+
+
+def run(executable: str, total: int, memory_mb: int) -> dict[str, Any]:
+    """One build: the two Drains (module docstring)."""
+    out: dict[str, Any] = {"load": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory(prefix="drain-commits-") as data_dir:
+        env = {"SHARDQ_SHARD_MEMORY_MB": str(memory_mb)}
+        server, port = start_server(executable, 1, data_dir, env=env)
+        try:
+            connect(port, server).close()
+            conn = TcpConnection("127.0.0.1", port, timeout=SETTLE_S)
+            writer = dict((role, pid) for pid, role in children(server.pid))["writer"]
+            db = sqlite3.connect(f"file:{data_dir}/shardq.db?mode=ro", uri=True, timeout=30)
+            _push(conn, total)
+            out["cold"] = _settle(conn, total)
+            _idle(writer)
+            out["alone"] = _drain(conn, db, writer)
+            _push(conn, total)
+            _settle(conn, total)
+            _idle(writer)
+            probe = Probe(port)
+            probe.start()
+            time.sleep(1.0)
+            rest = time.perf_counter()
+            probed = _drain(conn, db, writer)
+            probe.stop.set()
+            probe.join(SETTLE_S)
+            probed["rest_gap_ms"] = probe.longest_gap(rest - 0.9, rest)
+            probed["gap_ms"] = probe.longest_gap(probed["started"], probed["gone"])
+            probed["answers"] = sum(probed["started"] < t < probed["gone"] for t in probe.answers)
+            out["probed"] = probed
+            out["load_end"] = os.getloadavg()[0]
+            conn.close()
+            db.close()
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(120)
+    return out
+
+
+def _report(name: str, total: int, r: dict[str, Any]) -> None:
+    a, p = r["alone"], r["probed"]
+    print(
+        f"| {name} | {total:,} | {r['load']:.1f}-{r['load_end']:.1f} | {a['reply_ms']:,.0f}"
+        f" | {a['gone_ms']:,.0f} | {a['writer_cpu_ms']:,.0f} | {p['reply_ms']:,.0f}"
+        f" | {p['gone_ms']:,.0f} | {p['rest_gap_ms']:,.0f} | {p['gap_ms']:,.0f}"
+        f" | {p['answers']:,} |",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build", action="append", required=True, help="name=executable")
+    parser.add_argument("--jobs", type=int, default=300_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--memory-mb", type=int, default=8)
+    args = parser.parse_args()
+    builds = [tuple(b.split("=", 1)) for b in args.build]
+    print(
+        "| build | jobs | load | alone: reply ms | rows gone ms | writer CPU ms"
+        " | probed: reply ms | rows gone ms | longest gap at rest ms | longest gap ms"
+        " | probe answers meanwhile |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        flush=True,
+    )
+    for _ in range(args.rounds):
+        for name, executable in builds:
+            _report(name, args.jobs, run(executable, args.jobs, args.memory_mb))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Smoke test of `python -m bench.durable_timeline` and `python -m bench.durable_hops`: real
+servers, one PUSH in flight, durable and buffered.
+
+It asserts the shape of the output and that every process stamped its hops (a durable push
+crosses the writer's commit, a buffered one does not), never a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_timeline_has_every_hop_of_a_durable_push() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.durable_timeline", "--requests", "40",
+         "--modes", "durable,buffered"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = {
+        cells[0]: cells[1:]
+        for line in done.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| segment")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    for segment in ("client → shard awake", "engine", "commit (Store.apply)",
+                    "done → shard awake", "reply → client", "total"):  # fmt: skip
+        assert segment in rows, done.stdout
+    durable, buffered = 0, 1
+    assert rows["commit (Store.apply)"][durable].isdigit(), done.stdout
+    assert rows["commit (Store.apply)"][buffered] == "", done.stdout
+    assert rows["engine end → reply written"][buffered].isdigit(), done.stdout
+    assert int(rows["total"][durable]) > int(rows["commit (Store.apply)"][durable])
+
+
+def test_durable_hops_runs_each_build_in_its_own_checkout(tmp_path: Path) -> None:
+    """A build's `@KEY=VAL` reaches only its server, and the server runs from outside this
+    checkout (so the interpreter's own install decides which `shardq` it imports)."""
+    out = tmp_path / "hops.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.durable_hops", "--requests", "30", "--rounds", "1",
+         "--modes", "durable", "--gap-ms", "1",
+         "--builds", f"a={sys.executable},b={sys.executable}@SHARDQ_SPIN_COMMIT_MAX_US=0",
+         "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(out.read_text())
+    assert [(r["build"], r["mode"], r["gap_ms"]) for r in rows] == [
+        ("a", "durable", 1.0),
+        ("b", "durable", 1.0),
+    ]
+    assert all(r["shard_cpu_us"] > 0 and r["writer_wake"] > 0 for r in rows), rows
