@@ -129,8 +129,8 @@ trigger on updates fires only for an UPDATE whose SET names `cold` (`_cold_count
 an UPDATE that may change a cold row's queue, state, group or priority must set `cold`, if
 only to itself. The hot rows go first, with no `cold` in the SET and so no trigger; then,
 where that changed fewer rows than it was given, the same rows again with `cold = cold` set,
-for the rows it left. A cold row is the
-budget's: it pays a second lookup; a hot batch, the usual one, pays nothing more."""
+for the rows it left. A cold row is the budget's: it pays a second lookup; a hot batch, the
+usual one, pays nothing more."""
 
 
 def _update_sql(names: tuple[str, ...], cold: str = "") -> str:
