@@ -65,6 +65,10 @@ def shard_of(queue: str, shards: int) -> int:
     return zlib.crc32(queue.encode("utf-8", "surrogatepass")) % shards
 
 
+# The fields by which a push names a flow (`names_flow`).
+_FLOW_KEYS: Final = frozenset(("parentId", "childrenIds"))
+
+
 def names_flow(push: Mapping[str, Any]) -> bool:
     """Whether a PUSH (or one PUSHB entry) names a parent or children: the front end checks
     those on other shards, so such a push never goes to a shard's direct port."""
@@ -77,4 +81,10 @@ def flow_entries(frame: Mapping[str, Any]) -> bool:
     jobs = frame.get("jobs")
     if type(jobs) is not list:
         return False  # the engine's own error, on either path
+    try:
+        # In C, no Python frame per entry: no entry holds either key (every PUSHB asks).
+        if all(map(_FLOW_KEYS.isdisjoint, jobs)):
+            return False
+    except TypeError:
+        pass  # an entry that is not iterable: the exact test decides
     return any(type(job) is dict and names_flow(job) for job in jobs)

@@ -43,3 +43,16 @@ def test_clear_empties_it_and_its_count() -> None:
     assert len(cache) == 0 and cache.bytes == 0
     cache.learn(["c"], 1)
     assert cache.get("c") == 1 and cache.bytes == 1 + CACHE_ENTRY_BYTES
+
+
+def test_holder_names_the_one_shard_of_every_id_or_none() -> None:
+    cache = JobCache(capacity=10, max_bytes=1 << 20)
+    cache.learn(["a", "b"], 1)
+    cache.learn(["c"], 0)
+    assert cache.holder(["a", "b", "a"]) == 1
+    assert cache.holder(["c"]) == 0
+    assert cache.holder(["a", "c"]) is None  # two shards: the batch is split
+    assert cache.holder(["a", "x"]) is None  # one unknown: looked up everywhere
+    assert cache.holder([]) is None
+    assert cache.holder(["a", 1]) is None  # not a string
+    assert cache.holder(["a", ["b"]]) is None  # not even hashable

@@ -33,7 +33,7 @@ from shardq.protocol import (
     req_id,
     unknown_command,
 )
-from shardq.protocol._direct import HELLO_DIRECT, HELLO_SHARDS
+from shardq.protocol._direct import HELLO_DIRECT, HELLO_SHARDS, flow_entries
 from shardq.protocol._fields import Limits
 from shardq.protocol._prepacked import JS_NUMBERS, PLAIN_NUMBERS
 from shardq.protocol._schema import check as schema_check
@@ -264,7 +264,11 @@ class Dispatcher:
         if (
             name in _PUSHES
             and not checked
-            and ("parentId" in frame or "childrenIds" in frame or name == "PUSHB")
+            and (
+                "parentId" in frame
+                or "childrenIds" in frame
+                or (name == "PUSHB" and flow_entries(frame))
+            )
             and self.flows.check_parents(client, req, name, frame)
         ):
             return  # sent on (`checked`) once each parent it names is found

@@ -346,6 +346,13 @@ class Router:
             self.ask(0, client.conn, cmd, _Direct(self, client, req, name, 0))
             return
         ids: list[Any] = cmd["ids"]
+        shard = self.cache.holder(ids) if name == "ACKB" else None
+        if shard is not None:
+            # Every id on one shard (the usual ACKB: the jobs of one PULLB): the batch goes
+            # whole and its reply as it is, which is what splitting it into one part and
+            # combining that part's reply would give (`test_ackb_fast_path`).
+            self.ask(shard, client.conn, cmd, _Direct(self, client, req, name, shard))
+            return
         groups: dict[int, list[int]] = {}
         misses: list[int] = []
         for i, job_id in enumerate(ids):
