@@ -14,6 +14,7 @@ from ._job import Job, backoff_delay
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, TERMINAL_STATES, WAITING, WAITING_CHILDREN
 from ._mutations import Record
 from ._options import as_int
+from ._order import CompletedOrder
 from ._packed import pack_job
 from ._parts import DeadLetterPart
 from ._state import JobStore
@@ -73,7 +74,7 @@ class Timers:
 
     def _completed_expiry(self) -> int:
         """When the oldest completed job outlives completed_retention_ms."""
-        oldest = self.jobs.get(next(iter(self.store.completed_order)))
+        oldest = self.jobs.get(self.store.completed_order.oldest())
         finished = oldest.completed_at if oldest is not None else None
         return (finished or 0) + self.config.completed_retention_ms
 
@@ -81,7 +82,7 @@ class Timers:
         # completed_order is in completion order, so the expired ones are at its front.
         completed = self.store.completed_order
         while completed and self._completed_expiry() <= now:
-            evict_completed(self.store, fx, completed.popitem(last=False)[0])
+            evict_completed(self.store, fx, completed.pop_oldest())
 
     # -- deadlines -------------------------------------------------------------------------
 
@@ -239,7 +240,7 @@ class Timers:
             q.dlq = OrderedDict.fromkeys(dlq)
         jobs = self.jobs
         done = sorted(self.store.completed_order, key=lambda i: (_finished(jobs[i]), jobs[i].seq))
-        self.store.completed_order = OrderedDict.fromkeys(done)
+        self.store.completed_order = CompletedOrder(done)
 
     def _load(self, job: Job, now: int) -> Job:
         self.store.seq = max(self.store.seq, job.seq, _entry_seq(job))
