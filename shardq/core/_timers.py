@@ -202,8 +202,9 @@ class Timers:
         for name, cfg in queues.items():
             self.store.queue(name).load_config(dict(cfg))
         active: list[Job] = []
+        times: dict[int, int] = {}
         for rec in records:
-            job = self._load(Job.from_record(rec), now)
+            job = self._load(Job.from_record(rec), now, times)
             if job.state == ACTIVE:
                 active.append(job)
         for job in self.jobs.values():
@@ -229,7 +230,7 @@ class Timers:
         if job is not None:
             self.store.remove(fx, job, emit=False)
         if record is not None:
-            job = self._load(Job.from_record(record), int(now))
+            job = self._load(Job.from_record(record), int(now), {})
             if job.state == ACTIVE:
                 self.unleased[job.id] = None  # its lease went with the old copy: stall-watched
 
@@ -242,7 +243,7 @@ class Timers:
         done = sorted(self.store.completed_order, key=lambda i: (_finished(jobs[i]), jobs[i].seq))
         self.store.completed_order = CompletedOrder(done)
 
-    def _load(self, job: Job, now: int) -> Job:
+    def _load(self, job: Job, now: int, times: dict[int, int]) -> Job:
         self.store.seq = max(self.store.seq, job.seq, _entry_seq(job))
         self.jobs[job.id] = job
         q = self.store.queue(job.queue)
@@ -261,8 +262,28 @@ class Timers:
             # stays (the job, its record, its id) fills the allocator's arenas densely. Packed
             # after the load, the 50,000 survivors were spread over every arena the load's
             # transients had filled: a shard that loaded them sat at 122 MB, not ~70.
+            _share_times(job, times)
             pack_job(job)
         return job
+
+
+# The most distinct times `_share_times` remembers; past it, it starts again.
+_SHARED_TIMES = 4096
+
+
+def _share_times(job: Job, times: dict[int, int]) -> None:
+    """Give a loaded completed job the int object an earlier one had for the same creation
+    and completion time. Each decoded record has its own (32 bytes each: epoch milliseconds
+    are past the ints CPython shares), where jobs pushed in one batch, or acknowledged in one,
+    shared one object when they were live; the jobs load in admission order, so equal times
+    mostly come together, and a small table finds them."""
+    if len(times) > _SHARED_TIMES:
+        times.clear()
+    created, completed = job.created_at, job.completed_at
+    if type(created) is int:
+        job.created_at = times.setdefault(created, created)
+    if type(completed) is int:
+        job.completed_at = times.setdefault(completed, completed)
 
 
 def _entry_seq(job: Job) -> int:
