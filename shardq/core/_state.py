@@ -40,6 +40,7 @@ from ._lifecycle import (
 )
 from ._mutations import Mutation
 from ._options import as_int
+from ._order import CompletedOrder
 from ._parts import DeadLetterPart, FlowPart, LimiterPart
 from ._queue import QueueState
 from ._tables import (
@@ -95,7 +96,7 @@ class JobStore:
         self.unique: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.dependents: dict[str, set[str]] = {}
         # Completed jobs held, oldest first (evicted past config.max_completed, rows included).
-        self.completed_order: OrderedDict[str, None] = OrderedDict()
+        self.completed_order = CompletedOrder()
         self.results_order: OrderedDict[str, None] = OrderedDict()
         # Ids of completed jobs no longer in memory, for dependsOn, oldest first (bounded).
         self.dep_done: dict[str, None] = {}
@@ -406,7 +407,6 @@ class JobStore:
         self.jobs.pop(job.id, None)
         q.ids.pop(job.id, None)
         q.dlq.pop(job.id, None)
-        self.completed_order.pop(job.id, None)
         self.results_order.pop(job.id, None)
         release_unique(self, job, force=True)
         if job.state == COMPLETED:
@@ -440,7 +440,7 @@ class JobStore:
                 job.dkey = None
         elif state == COMPLETED:
             for job in jobs:
-                self.completed_order.pop(job.id, None)
+                self.completed_order.discard(job.id)
         elif state == FAILED:
             for job in jobs:
                 q.dlq.pop(job.id, None)
@@ -472,7 +472,7 @@ class JobStore:
         elif state == COMPLETED:
             completed = self.completed_order
             for job in jobs:
-                completed[job.id] = None
+                completed.append(job.id)
                 if job.opts:
                     release_unique(self, job)
             finished = q.finished or q.start_finished()

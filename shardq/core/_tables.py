@@ -18,6 +18,7 @@ from ._config import EngineConfig
 from ._effects import Effects
 from ._job import TIMELINE_MAX, Job, Timeline
 from ._lifecycle import COMPLETED, REMOVED
+from ._order import CompletedOrder
 from ._packed import drop_result
 from ._queue import QueueState
 
@@ -74,7 +75,7 @@ class Tables(Protocol):
     conn_jobs: dict[str, dict[str, int]]
     job_conn: dict[str, str]
     unique: OrderedDict[tuple[str, str], str]
-    completed_order: OrderedDict[str, None]
+    completed_order: CompletedOrder
     results_order: OrderedDict[str, None]
     dep_done: dict[str, None]
     dep_done_order: deque[str]
@@ -179,7 +180,7 @@ def trim_completed(store: Tables, fx: Effects, pending: int = 0) -> None:
     """Evict the oldest completed jobs past the cap (see `retain_completed`)."""
     completed = store.completed_order
     for _ in range(len(completed) - store.config.max_completed - pending):
-        evict_completed(store, fx, completed.popitem(last=False)[0])
+        evict_completed(store, fx, completed.pop_oldest())
 
 
 def evict_completed(store: Tables, fx: Effects, job_id: str) -> None:

@@ -145,3 +145,32 @@ def test_results_evicted_at_the_load_leave_the_jobs_packed() -> None:
     for job_id, reply in zip(ids[:-2], results[:-2], strict=True):
         assert fresh.jobs[job_id].has_result is False
         assert reply.get("result") is None, reply
+
+
+def test_times_apart_come_back_exact() -> None:
+    # `run_at`, `started_at`, `last_heartbeat` and the timeline's times are packed as offsets
+    # from one base: a delayed job, pulled late, failed once and completed later still, with
+    # every time different (and one before the base), reads back the same, packed and reloaded.
+    engine = Engine(EngineConfig(), seed=6)
+    push = {"cmd": "PUSH", "queue": "q", "data": {"d": 1}, "delay": 5_000, "timestamp": NOW - 77}
+    job_id = run(engine, push)["id"]
+    engine.apply({"cmd": "PULL", "queue": "q"}, NOW + 4_000)
+    pulled = engine.apply({"cmd": "PULL", "queue": "q"}, NOW + 6_123).reply["job"]
+    fail = {"cmd": "FAIL", "id": job_id, "token": pulled.get("token"), "error": "x"}
+    engine.apply(fail, NOW + 7_000)
+    again = engine.apply({"cmd": "PULL", "queue": "q"}, NOW + 10**7).reply["job"]
+    beat = {"cmd": "JobHeartbeat", "id": job_id, "token": again.get("token")}
+    engine.apply(beat, NOW + 10**7 + 41)
+    ack = {"cmd": "ACK", "id": job_id, "token": again.get("token"), "result": [1]}
+    assert engine.apply(ack, NOW + 10**7 + 999).reply["ok"]
+    job = engine.jobs[job_id]
+    times = (job.created_at, job.run_at, job.started_at, job.last_heartbeat, job.completed_at)
+    assert len(set(times)) == 5, times
+    assert len({entry[1] for entry in job.timeline}) >= 4, job.timeline
+    before = reads(engine, [job_id])
+    assert pack_completed(engine.jobs, [job_id]) == 1
+    assert reads(engine, [job_id]) == before
+    fresh = restored(engine, EngineConfig())
+    assert type(fresh.jobs[job_id]) is PackedJob
+    assert reads(fresh, [job_id]) == before
+    assert (fresh.jobs[job_id].run_at, fresh.jobs[job_id].last_heartbeat) == times[1:4:2]

@@ -55,9 +55,9 @@ def compact_engine(engine: Engine) -> list[MutableMapping[Any, Any]]:
     instead of a graph of objects, decoded on use), and name the engine's dicts that grow
     with its job count, to rebuild at their size."""
     pack_completed(engine.jobs, engine.store.completed_order)
+    engine.store.completed_order.compact()
     tables: list[MutableMapping[Any, Any]] = [
         engine.jobs,
-        engine.store.completed_order,
         engine.store.results_order,
         engine.store.unleased,
         engine.store.leases,
