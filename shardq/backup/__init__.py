@@ -15,27 +15,30 @@ Sends: gzipped snapshots and sidecars to the target; a restored file over the da
 while no server holds it).
 """
 
-from shardq.backup._core import (
-    BackupError,
-    BackupInfo,
-    ServerRunning,
-    list_backups,
-    lock_path,
-    prune,
-    restore,
-    take_backup,
-    verify,
-)
-from shardq.backup._schedule import (
-    EXTERNAL_STORE,
-    BackupScheduler,
-    backup_status,
-    listed_backups,
-    read_status,
-    scheduled_backups,
-)
-from shardq.backup._settings import BackupSettings
-from shardq.backup._targets import LocalTarget, ObjectInfo, S3Target, Target, open_target
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardq.backup._core import (
+        BackupError,
+        BackupInfo,
+        ServerRunning,
+        list_backups,
+        lock_path,
+        prune,
+        restore,
+        take_backup,
+        verify,
+    )
+    from shardq.backup._schedule import (
+        EXTERNAL_STORE,
+        BackupScheduler,
+        backup_status,
+        listed_backups,
+        read_status,
+        scheduled_backups,
+    )
+    from shardq.backup._settings import BackupSettings
+    from shardq.backup._targets import LocalTarget, ObjectInfo, S3Target, Target, open_target
 
 __all__ = [
     "EXTERNAL_STORE",
@@ -60,3 +63,30 @@ __all__ = [
     "take_backup",
     "verify",
 ]
+
+# Where each name lives. Imported on first use: `shardq.backup._core` pulls in the storage
+# layer and through it the whole engine (some 5 MB), which the supervisor, which only asks
+# whether backups are on (`shardq.backup._settings`), must not hold for the server's life.
+_HOME = {
+    **dict.fromkeys(
+        ("BackupError", "BackupInfo", "ServerRunning", "list_backups", "lock_path", "prune",
+         "restore", "take_backup", "verify"),
+        "_core",
+    ),
+    **dict.fromkeys(
+        ("EXTERNAL_STORE", "BackupScheduler", "backup_status", "listed_backups", "read_status",
+         "scheduled_backups"),
+        "_schedule",
+    ),
+    "BackupSettings": "_settings",
+    **dict.fromkeys(("LocalTarget", "ObjectInfo", "S3Target", "Target", "open_target"), "_targets"),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'shardq.backup' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"shardq.backup.{home}"), name)

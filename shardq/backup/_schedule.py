@@ -15,11 +15,11 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Final
 
 import structlog
 
-from shardq.backup._core import list_backups, take_backup
 from shardq.backup._settings import BackupSettings
 from shardq.backup._targets import Target, open_target, require_boto3
 
@@ -41,6 +41,14 @@ EXTERNAL_STORE: Final = (
 log = structlog.get_logger("shardq.backup")
 
 
+def _core() -> ModuleType:
+    # On first use: the snapshot code imports the storage layer and with it the engine,
+    # which the supervisor (this schedule's owner) otherwise never needs.
+    from shardq.backup import _core
+
+    return _core
+
+
 def status_path(db_path: Path) -> Path:
     return db_path.with_name(db_path.name + ".backup-status.json")
 
@@ -58,7 +66,7 @@ def listed_backups(target: Target) -> list[dict[str, Any]]:
     """The committed backups, oldest first, as `shardq backup list` and `Backup` show them."""
     return [
         {"key": o.key, "size": o.size, "modified": o.modified.isoformat()}
-        for o in list_backups(target)
+        for o in _core().list_backups(target)
     ]
 
 
@@ -119,7 +127,9 @@ class BackupScheduler:
         started = time.time()
         status: dict[str, Any] = {**read_status(self.db_path), "last_attempt_at": started}
         try:
-            info = take_backup(self.db_path, open_target(self.settings), self.settings.retention)
+            info = _core().take_backup(
+                self.db_path, open_target(self.settings), self.settings.retention
+            )
         except Exception as e:  # a failed run must not end the schedule
             log.error("scheduled backup failed", error=str(e))
             status["last_error"] = str(e)

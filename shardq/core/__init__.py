@@ -17,16 +17,19 @@ Sends: nothing itself; each call returns the reply, the mutations the writer mus
 job events for listeners.
 """
 
-from ._compact import CompactJobs
-from ._config import EngineConfig
-from ._effects import Event, Outcome
-from ._engine import COMMANDS, INTERNAL_COMMANDS, Engine
-from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE
-from ._ids import IdFactory
-from ._job import Job
-from ._lifecycle import STATES, next_state
-from ._mutations import Mutation, Record, fold_mutations, job_id_of
-from ._query import job_view
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._compact import CompactJobs
+    from ._config import EngineConfig
+    from ._effects import Event, Outcome
+    from ._engine import COMMANDS, INTERNAL_COMMANDS, Engine
+    from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE
+    from ._ids import IdFactory
+    from ._job import Job
+    from ._lifecycle import STATES, next_state
+    from ._mutations import Mutation, Record, fold_mutations, job_id_of
+    from ._query import job_view
 
 __all__ = [
     "COMMANDS",
@@ -49,3 +52,39 @@ __all__ = [
     "job_view",
     "next_state",
 ]
+
+# Where each name lives, imported on first use: the supervisor and the HTTP process read the
+# engine's settings (`_config`) and the mutation shapes without needing the engine itself, and
+# importing it (croniter and dateutil with it) costs each of them some 4 MB for good.
+_HOME = {
+    "CompactJobs": "_compact",
+    "EngineConfig": "_config",
+    "Event": "_effects",
+    "Outcome": "_effects",
+    "COMMANDS": "_engine",
+    "INTERNAL_COMMANDS": "_engine",
+    "Engine": "_engine",
+    "FLOW_HELD": "_flows",
+    "FLOW_NOTIFY": "_flows",
+    "FLOW_RELEASE": "_flows",
+    "IdFactory": "_ids",
+    "Job": "_job",
+    "STATES": "_lifecycle",
+    "next_state": "_lifecycle",
+    "Mutation": "_mutations",
+    "Record": "_mutations",
+    "fold_mutations": "_mutations",
+    "job_id_of": "_mutations",
+    "job_view": "_query",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'shardq.core' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"shardq.core.{home}"), name)
+    globals()[name] = value  # found directly from now on
+    return value

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardq.storage._contract import Storage
-from shardq.storage._encode import MutationEncoder, describe
 from shardq.storage._errors import StorageError, StorageFenced, StorageFull, StorageRejected
-from shardq.storage._schema import SYNCHRONOUS_MODES, SchemaInfo
-from shardq.storage._store import Store
 
 if TYPE_CHECKING:
+    from shardq.storage._contract import Storage
+    from shardq.storage._encode import MutationEncoder, describe
     from shardq.storage._postgres import PostgresStore
+    from shardq.storage._schema import SYNCHRONOUS_MODES, SchemaInfo
+    from shardq.storage._store import Store
 
 __all__ = [
     "SYNCHRONOUS_MODES",
@@ -63,3 +63,27 @@ def open_postgres(url: str, **options: Any) -> PostgresStore:
             "PostgreSQL storage needs psycopg: pip install 'shardq[postgres]'"
         ) from e
     return PostgresStore.open(url, **options)
+
+
+# Where the rest lives, imported on first use: the errors alone (above) are what the front end
+# and the HTTP process need, and the store, its encoder and schema (the engine with them) cost
+# a process that never opens the database some 5 MB for good.
+_HOME = {
+    "Storage": "_contract",
+    "MutationEncoder": "_encode",
+    "describe": "_encode",
+    "SYNCHRONOUS_MODES": "_schema",
+    "SchemaInfo": "_schema",
+    "Store": "_store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'shardq.storage' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"shardq.storage.{home}"), name)
+    globals()[name] = value  # found directly from now on
+    return value

@@ -36,7 +36,7 @@ import structlog
 import zmq
 
 from shardq._version import __version__
-from shardq.backup import scheduled_backups
+from shardq.backup._schedule import scheduled_backups
 from shardq.runtime import _messages as msgs
 from shardq.runtime._config import ConfigError, ServerConfig, load_config, resolve_node
 from shardq.runtime._logging import configure

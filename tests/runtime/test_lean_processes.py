@@ -1,0 +1,116 @@
+"""Issue 22, point 3: the processes that hold no jobs stay near their idle size.
+
+- What a role imports at its start is what it keeps for the server's life. The supervisor
+  only supervises, reads the config and asks whether backups are on; the HTTP process
+  speaks to the front end as a client. Neither runs the engine nor opens the database, and
+  the engine (croniter and dateutil with it) and the store cost each of them some 3 MB for
+  good (`shardq.core`, `shardq.storage` and `shardq.backup` import their parts on first use).
+  Checked in a fresh interpreter doing exactly what the role's `__main__` does before it
+  runs: `skip_extras()`, then the role's `_process` module.
+- The writer after a load: once quiet it gives back what the busy period grew
+  (`runtime/_giveback.py`, the SQLite connection opened again), to within a bound of its
+  size as a fresh process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from shardq_harness import ShardqServer, poll_until
+
+from shardq.client import TcpConnection
+
+# Modules a role must not hold: the engine's, the store's, the snapshot code's, and the
+# libraries only they use.
+ENGINE_AND_STORE = (
+    "shardq.core._engine",
+    "shardq.storage._store",
+    "shardq.storage._write",
+    "shardq.backup._core",
+    "croniter",
+    "dateutil",
+)
+MUST_NOT_IMPORT = {
+    "supervisor": (*ENGINE_AND_STORE, "shardq.client", "aiohttp"),
+    "http": ENGINE_AND_STORE,
+}
+
+# The writer after 15,000 jobs pushed and drained, once it has given memory back (2-core
+# VM, python 3.11, load average 30): 11 MB above its size as a fresh process (36 MB),
+# against 20.6 MB (twice) with no release (`SHARDQ_MEMORY_RELEASE_IDLE_MS=0`).
+WRITER_GROWTH_BOUND_MB = 16
+JOBS = 15_000
+
+
+def imported_by(role: str) -> set[str]:
+    """The modules `python -m shardq.runtime.<role>` has imported when it starts running."""
+    code = (
+        "import sys\n"
+        "from shardq.runtime._lean import skip_extras\n"
+        "skip_extras()\n"
+        f"import shardq.runtime.{role}._process\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("role", sorted(MUST_NOT_IMPORT))
+def test_a_role_that_holds_no_jobs_imports_neither_the_engine_nor_the_store(role: str) -> None:
+    modules = imported_by(role)
+    assert f"shardq.runtime.{role}._process" in modules
+    assert "shardq.runtime._spec" in modules  # it got as far as the role's own modules
+    assert sorted(set(MUST_NOT_IMPORT[role]) & modules) == []
+
+
+def test_the_writer_and_the_shard_still_import_what_they_use() -> None:
+    # The lazy package inits must not leave a role without its parts at start (they would
+    # then be imported in the middle of the first busy period, among its transient objects).
+    assert {"shardq.storage._store", "shardq.storage._write"} <= imported_by("writer")
+    assert {"shardq.core._engine", "croniter"} <= imported_by("shard")
+
+
+def vm_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_the_writer_gives_back_what_a_load_grew(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    env = {"SHARDQ_MEMORY_RELEASE_IDLE_MS": "500", "SHARDQ_MEMORY_RELEASE_GROW_MB": "2"}
+    server = shardq_server(shards=1, env=env)
+    writer = server.child_pids()["writer"]
+    time.sleep(0.5)  # start-up's last allocations
+    fresh = vm_rss_mb(writer)
+    host, port = server.tcp_address
+    with TcpConnection(host, port) as conn:
+        for b in range(JOBS // 1000):
+            jobs = [{"name": "j", "data": {"i": b * 1000 + i}} for i in range(1000)]
+            assert conn.call({"cmd": "PUSHB", "queue": "lean", "jobs": jobs})["ok"]
+        for _ in range(JOBS // 1000 + 5):
+            pulled = conn.call({"cmd": "PULLB", "queue": "lean", "count": 1000})["jobs"]
+            if not pulled:
+                break
+            assert conn.call({"cmd": "ACKB", "ids": [job["id"] for job in pulled]})["ok"]
+        assert conn.call({"cmd": "Count", "queue": "lean"})["count"] == 0
+
+    def released() -> bool:
+        return any(
+            line.get("event") == "memory given back" and line.get("role") == "writer"
+            for line in server.logs()
+        )
+
+    poll_until(released, 60, "the writer's idle release")
+    settled = vm_rss_mb(writer)
+    assert settled - fresh < WRITER_GROWTH_BOUND_MB, (fresh, settled)
+    assert server.stop() == 0, server.log_tail()
