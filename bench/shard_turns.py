@@ -63,6 +63,7 @@ from shardq.runtime._sections import LinkSettings
 from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.shard._backlog import StoreBacklog
 from shardq.runtime.shard._core import ShardCore
+from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._process import ShardProcess
 from shardq.runtime.shard._wire import FrontPacker
 from shardq.storage import Storage
@@ -97,6 +98,10 @@ class Shard:
     def __init__(self) -> None:
         # As `ShardProcess` makes it, with the default memory budget (`shard_memory_mb`); the
         # budget is never reached here, so its backlog is never opened.
+        # The collector's thresholds of a shard process (`ShardProcess.__init__`): with
+        # CPython's defaults a young collection ran every 700 allocations here, which a
+        # real shard never pays.
+        tune_gc()
         backlog = StoreBacklog(_no_store, 0, 0)
         engine = Engine(seed=1, compact_pulls=True, backlog=backlog, memory_bytes=256 << 20)
         self.core = ShardCore(0, engine)

@@ -21,6 +21,7 @@ from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
 
+from . import _tables
 from ._compact import CompactJobs
 from ._effects import Effects
 from ._job import Job, backoff_delay, wire_maps
@@ -186,7 +187,7 @@ class Consumer:
 
     def activate_all(
         self, fx: Effects, jobs: list[Job], grant: _Grant, now: int
-    ) -> list[str | None]:
+    ) -> Sequence[str | None]:
         """`activate` for distinct waiting jobs of one queue (PULLB): one lifecycle pass for
         all of them and one lease-heap entry for all their leases."""
         for job in jobs:
@@ -196,10 +197,16 @@ class Consumer:
         first = jobs[0]
         changes = {"startedAt": now, "lastHeartbeat": now}
         self.store.move_run(fx, jobs, first.state, first.queue, "pull", now, changes)
-        hold = self._hold
-        tokens = [hold(job, grant, now) for job in jobs]
-        if grant.owner is not None:
-            push_leases(self.store, now + grant.ttl, jobs)
+        if grant.owner is None:
+            return [self._hold(job, grant, now) for job in jobs]
+        # `_hold` of each job in one pass: the same tokens, leases, tracked connection, timeouts.
+        tokens = self.ids.tokens(len(jobs))
+        _tables.lease_all(self.store, self.leases, jobs, tokens, grant.owner, grant.conn,
+                          grant.ttl, grant.track, now)  # fmt: skip
+        for job in jobs:
+            if job.opts:
+                self._arm_timeout(job, now)
+        push_leases(self.store, now + grant.ttl, jobs)
         return tokens
 
     def _hold(self, job: Job, grant: _Grant, now: int) -> str | None:

@@ -60,3 +60,10 @@ class IdFactory:
         """
         self._tokens += 1
         return "%s%x" % (self._token_prefix, self._tokens)  # noqa: UP031
+
+    def tokens(self, count: int) -> list[str]:
+        """`count` tokens, as `count` calls of `token` would make them."""
+        first = self._tokens + 1
+        self._tokens += count
+        prefix = self._token_prefix
+        return ["%s%x" % (prefix, n) for n in range(first, first + count)]  # noqa: UP031

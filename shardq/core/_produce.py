@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final, TypeGuard, cast
 
 from shardq.errors import CommandError
 from shardq.protocol._schema import REWRITTEN_JOB_KEYS, normalize_job, push_allowed
@@ -55,6 +55,24 @@ def _plain_entry(entry: Mapping[str, Any]) -> bool:
 
 def _plain_limit(limit: object) -> bool:
     return type(limit) is int and 0 <= limit <= MAX_COUNT  # what `count` accepts, unrewritten
+
+
+def _data_only(entries: object) -> TypeGuard[list[Mapping[str, Any]]]:
+    """Whether a PUSHB's jobs are all `{"data": ...}` with valid data, at least one (what
+    `bunqueue-client`'s `add_bulk` and a bulk push without options send): then `_entries`,
+    the custom-id scan and `_validate_batch` have nothing to say, and it is admitted as
+    `cmd_pushb`'s plain path with `data_only` would. Raises the first entry's data error as
+    `_validate_batch` would (there is no other error for such a batch)."""
+    if type(entries) is not list or not entries:
+        return False
+    for entry in entries:
+        if type(entry) is not dict or len(entry) != 1 or "data" not in entry:
+            return False
+    for index, entry in enumerate(entries):
+        error = validate_data(entry["data"])
+        if error:
+            raise CommandError(f"jobs[{index}]: {error}")
+    return True
 
 
 def custom_id_of(value: object) -> str | None:
@@ -185,7 +203,10 @@ class Producer:
         error = validate_queue_name(queue)
         if error:
             raise CommandError(error)
-        entries = _entries(cmd.get("jobs"))
+        jobs = cmd.get("jobs")
+        if _data_only(jobs):  # what the passes below would check of it, in one
+            return {"ok": True, "ids": self._push_plain(fx, str(queue), jobs, now, True)}
+        entries = _entries(jobs)
         customs: list[str | None] = []
         plain = True  # no custom id, no uniqueKey: no entry can be a duplicate
         data_only = True  # every entry is {"data": ...}

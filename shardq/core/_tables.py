@@ -103,6 +103,29 @@ def push_leases(store: Tables, expires_at: int, jobs: Sequence[Job]) -> None:
     heapq.heappush(store.lease_heap, entry)
 
 
+def lease_all(
+    store: Tables,
+    leases: dict[str, Lease],
+    jobs: Sequence[Job],
+    tokens: Sequence[str],
+    owner: str,
+    conn: str | None,
+    ttl: int,
+    track: object,
+    now: int,
+) -> None:
+    """Lease each of `jobs` just moved to active to `owner` with its token, and track it
+    under the connection `track` (as `track_conn`): a pull's `_consume._hold`, one pass."""
+    owned = store.conn_jobs.setdefault(track, {}) if isinstance(track, str) else None
+    job_conn = store.job_conn
+    for job, token in zip(jobs, tokens, strict=True):
+        job.token, job.leased = token, True
+        leases[job.id] = Lease(token, owner, conn, now, ttl)
+        if owned is not None:
+            owned[job.id] = job.delivery
+            job_conn[job.id] = track  # type: ignore[assignment]  # a str: `owned` says so
+
+
 def track_conn(store: Tables, conn: object, job: Job) -> None:
     if isinstance(conn, str):
         store.conn_jobs.setdefault(conn, {})[job.id] = job.delivery

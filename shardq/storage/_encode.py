@@ -102,7 +102,12 @@ class MutationEncoder:
         # The `updb` or `updm` of `last` that a next `upd` of it may join: its index in `out`,
         # its keys (None while it is still an `updb`) and its bytes so far.
         group_at, group, group_bytes = -1, None, 0
-        for m in mutations:
+        max_keys, max_bytes = self._max_keys, self._max_bytes
+        muts = mutations if type(mutations) is list else list(mutations)
+        at, end = 0, len(muts)
+        while at < end:
+            m = muts[at]
+            at += 1
             kind = m[0] if m else None
             if kind == "upd" and len(m) == 3:
                 key, changes = m[1], m[2]
@@ -113,10 +118,14 @@ class MutationEncoder:
                         if group is None:  # the second of a run: the `updb` becomes an `updm`
                             group = [out[group_at][1]]
                             out[group_at] = ("updm", *last_enc, group)
-                        group.append(key)
-                        size += len(key) + UPDM_KEY_BYTES
-                        group_bytes += len(key) + UPDM_KEY_BYTES
-                        if len(group) >= self._max_keys or group_bytes >= self._max_bytes:
+                        # This key, and the `upd`s of the same map right after it (a PULLB's
+                        # or an ACKB's jobs) without a pass of this loop each (`_run_keys`).
+                        taken, added = _run_keys(muts, at - 1, last, group, max_keys - len(group),
+                                                 max_bytes - group_bytes)  # fmt: skip
+                        at += taken - 1
+                        size += added
+                        group_bytes += added
+                        if len(group) >= max_keys or group_bytes >= max_bytes:
                             group_at = -1  # full: the next one starts a run of its own
                         continue
                     if last_enc is not None:
@@ -141,6 +150,32 @@ class MutationEncoder:
             unencoded += 1
         self.encoded_bytes, self.unencoded = size, unencoded
         return out
+
+
+def _run_keys(
+    muts: list[Mutation], at: int, changes: object, group: list[str], keys: int, room: int
+) -> tuple[int, int]:
+    """Append to `group` the key of `muts[at]` (an `upd` of `changes`) and of the `upd`s of
+    that same map that follow it, up to `keys` keys and until their bytes reach `room`, as
+    `encode`'s loop would one by one. Only the engine's own tuples are taken: a list or any
+    other shape ends the run, for `encode` to look at. Returns how many it took (at least
+    one) and their bytes."""
+    key = muts[at][1]
+    taken = added = 0
+    end = len(muts)
+    while True:
+        group.append(key)
+        added += len(key) + UPDM_KEY_BYTES
+        taken += 1
+        at += 1
+        if taken >= keys or added >= room or at == end:
+            return taken, added
+        m = muts[at]
+        if type(m) is not tuple or len(m) != 3 or m[2] is not changes:
+            return taken, added
+        key = m[1]
+        if m[0] != "upd" or type(key) is not str:
+            return taken, added
 
 
 def _encode_put(rec: object, pack: Any) -> Mutation | None:

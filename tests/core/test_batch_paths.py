@@ -347,3 +347,50 @@ def test_data_only_batch_records_are_the_jobs_records() -> None:
         assert rec == engine.jobs[job_id].to_record()
         assert list(rec) == list(engine.jobs[job_id].to_record())
     assert engine.jobs[reply["ids"][1]].name == "legacy"
+
+
+def _held_by_conns(engine: Engine) -> dict[str, Any]:
+    """What a pull on a connection leaves beyond `state_of`: the tracked connections and the
+    armed timeouts."""
+    return {
+        "conn_jobs": {c: dict(jobs) for c, jobs in engine.store.conn_jobs.items()},
+        "job_conn": dict(engine.store.job_conn),
+        "timeouts": sorted(engine.consume.timeouts),
+        **state_of(engine),
+    }
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    entries=st.lists(
+        st.fixed_dictionaries({"data": st.integers(0, 9)}, optional={"timeout": st.just(5_000)}),
+        min_size=1,
+        max_size=8,
+    ),
+    pulls=st.lists(
+        st.tuples(st.integers(1, 4), st.sampled_from(("w1", "w2")), st.booleans()),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_a_pullb_on_a_connection_leases_and_tracks_as_pulls_one_by_one(
+    entries: list[dict[str, Any]], pulls: list[tuple[int, str, bool]]
+) -> None:
+    """PULLB with an owner leases its jobs in one pass (`_tables.lease_all`): the same tokens,
+    leases, connection tables and timeouts as a PULL per job, and a close releases the same."""
+    batch, single = Engine(seed=3), Engine(seed=3)
+    now = 1_000_000
+    for engine in (batch, single):
+        engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": entries}, now)
+    for count, owner, detach in pulls:
+        extra = {"owner": owner, "detach": True} if detach else {"owner": owner}
+        got = batch.apply({"cmd": "PULLB", "queue": "q", "count": count, **extra}, now, "c1")
+        replies = [
+            single.apply({"cmd": "PULL", "queue": "q", **extra}, now, "c1").reply
+            for _ in range(count)
+        ]
+        taken = [r for r in replies if r["job"] is not None]
+        assert got.reply["tokens"] == [r["token"] for r in taken]
+        assert _held_by_conns(batch) == _held_by_conns(single)
+    assert batch.release("c1", now + 1) == single.release("c1", now + 1)
+    assert _held_by_conns(batch) == _held_by_conns(single)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from shardq.core import Engine, EngineConfig, _options, _produce
 from shardq.core._options import MAX_DATA_CHARS, validate_data
+from shardq.protocol._fields import MAX_NESTING
 from shardq.protocol._schema import REWRITTEN_JOB_KEYS
 from tests.core.test_batch_paths import state_of
 
@@ -138,3 +139,46 @@ def test_the_largest_certainly_small_payloads_are_far_under_the_cap() -> None:
     assert not _options._certainly_small(deep)  # two levels down: the full check
     assert validate_data({"args": ["x" * (MAX_DATA_CHARS + 1)]}) == "Job data too large (max 10MB)"
     assert validate_data({"args": [{1, 2}]}) == "Job data must be JSON serializable"
+
+
+_DEEP: Any = 1
+for _ in range(MAX_NESTING + 2):
+    _DEEP = [_DEEP]
+_BAD_DATA = st.sampled_from((_DEEP, {1, 2}))  # nested too deeply, not JSON
+DATA_ONLY = st.fixed_dictionaries({"data": st.one_of(DATA, DATA, DATA, _BAD_DATA)})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(
+    batches=st.lists(
+        st.lists(DATA_ONLY, max_size=6) | st.lists(st.one_of(DATA_ONLY, PUSH), max_size=4),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_a_data_only_pushb_is_decided_as_by_the_general_path(
+    batches: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PUSHB of `{"data": ...}` entries only skips `_entries`, the custom-id scan and
+    `_validate_batch` (`_produce._data_only`): the same replies (the first bad entry's error
+    included), mutations and state as with that shortcut turned off."""
+    config = EngineConfig()
+    fast, slow = Engine(config, seed=5), Engine(config, seed=5)
+    for jobs in batches:
+        cmd = {"cmd": "PUSHB", "queue": "q", "jobs": jobs}
+        got = fast.apply(copy.deepcopy(cmd), NOW)
+        with monkeypatch.context() as patch:
+            patch.setattr(_produce, "_data_only", lambda entries: False)
+            expected = slow.apply(copy.deepcopy(cmd), NOW)
+        assert got.reply == expected.reply
+        assert got.mutations == expected.mutations
+        assert state_of(fast) == state_of(slow)
+
+
+def test_a_data_only_pushb_takes_the_shortcut() -> None:
+    assert _produce._data_only([{"data": 1}, {"data": {"i": 2}}])
+    for jobs in ([], [{"data": 1, "name": "x"}], [{"data": 1}, {"priority": 1}], {"data": 1}):
+        assert not _produce._data_only(jobs)
+    with pytest.raises(_produce.CommandError, match=r"^jobs\[1\]: Job data must be JSON"):
+        _produce._data_only([{"data": 1}, {"data": {1}}])

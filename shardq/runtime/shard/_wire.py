@@ -29,7 +29,7 @@ marker anywhere in 100 jobs decoded, walked and packed all of them again.)
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
@@ -68,6 +68,9 @@ _INT64: Final = b"\xd3"
 _INT64_MIN: Final = -(2**63)
 _UINT64_END: Final = 2**64
 
+_WireAll: TypeAlias = Callable[[list[Entry], list[Any], list[bytes]], None]
+"""`wire_all` of `FrontPacker._wire_maker`: entries, the ids and the body it appends to."""
+
 
 class FrontPacker:
     """Packs what a shard sends the front end, `CompactJobs` included."""
@@ -77,12 +80,13 @@ class FrontPacker:
         lenient = msgpack.Packer(use_bin_type=True)
         self._map_header: Callable[[int], bytes] = lenient.pack_map_header
         self._array_header: Callable[[int], bytes] = lenient.pack_array_header
-        self._wire = self._wire_maker(js=False)
-        self._wire_js = self._wire_maker(js=True)
+        self._wire, self._wire_all = self._wire_maker(js=False)
+        self._wire_js, self._wire_all_js = self._wire_maker(js=True)
 
-    def _wire_maker(self, *, js: bool) -> Callable[[Entry], bytes]:
+    def _wire_maker(self, *, js: bool) -> tuple[Callable[[Entry], bytes], _WireAll]:
         """Packs one `CompactJobs` entry; with `js`, its integers beyond 32 bits become floats
-        as `encode_js` makes them (`_js_times`, `_js_values`, `_js_map`)."""
+        as `encode_js` makes them (`_js_times`, `_js_values`, `_js_map`). And the same for
+        every entry of a reply, with their ids (`wire_all`)."""
         pack = self._pack
         keys = list(WIRE_TEMPLATE)
         if tuple(keys[-len(WIRE_HOT_KEYS) :]) != WIRE_HOT_KEYS or keys[-1] != "timeline":
@@ -135,7 +139,7 @@ class FrontPacker:
                 entry[_TIMELINE_AT] = timeline  # an entry may be packed twice (`_cut`)
             return b"".join((start, packed[skip:-1], timelines.packed(timeline)))
 
-        return wire
+        return wire, _wire_all(wire, head, skip, timelines, js=js)
 
     def pack(self, msg: Mapping[str, Any]) -> bytes:
         """`msg` as `_control.pack` would encode it, were its `CompactJobs` lists of wire maps."""
@@ -232,7 +236,7 @@ class FrontPacker:
         """A PULLB reply packed in its final form, inside the map the front end passes on."""
         pack = self._pack
         js = reply[WIRE_MODE_KEY] == JS_NUMBERS
-        wire = self._wire_js if js else self._wire
+        wire_all = self._wire_all_js if js else self._wire_all
         ids: list[Any] = []
         body = [self._map_header(len(reply) - 1)]
         for key, value in reply.items():
@@ -241,9 +245,7 @@ class FrontPacker:
             body.append(pack(key))
             if type(value) is CompactJobs:
                 body.append(self._array_header(len(value)))
-                for entry in value.entries:
-                    ids.append(_entry_id(entry))
-                    body.append(wire(entry))
+                wire_all(value.entries, ids, body)
             else:
                 packed_value = pack(value)  # ok, tokens
                 if js and (_UINT64 in packed_value or _INT64 in packed_value):
@@ -261,7 +263,7 @@ class _Timelines:
     so an identity is never reused while kept."""
 
     def __init__(self, pack: Callable[[Any], bytes], *, js: bool) -> None:
-        self._pack = pack
+        self.pack = pack
         self._js = js
         self._kept: dict[int, tuple[object, bytes]] = {}
 
@@ -272,11 +274,50 @@ class _Timelines:
         view = timeline_view(timeline)
         if self._js:
             _js_timeline(view)
-        data = self._pack(view)
+        data = self.pack(view)
         if len(self._kept) >= _TIMELINES_KEPT:
             self._kept.clear()
         self._kept[id(timeline)] = (timeline, data)
         return data
+
+
+def _wire_all(
+    wire: Callable[[Entry], bytes], head: bytes, skip: int, timelines: _Timelines, *, js: bool
+) -> _WireAll:
+    """`wire` for every entry of a reply (`FrontPacker._wire_maker`), the ids too."""
+    pack = timelines.pack
+
+    def wire_all(entries: list[Entry], ids: list[Any], body: list[bytes]) -> None:
+        """`wire` of each entry onto `body` and its id onto `ids`: a job without options
+        (a plain `wire_hot` list, most of them) written out here, without a call each,
+        the timeline its neighbour shares taken without a lookup."""
+        last: object = None
+        last_packed = b""
+        for entry in entries:
+            if type(entry) is not list:
+                ids.append(_entry_id(entry))
+                body.append(wire(entry))
+                continue
+            ids.append(entry[_ID_AT])
+            if js:
+                for i in _TIMES_AT:  # `_js_times`
+                    value = entry[i]
+                    if type(value) is int and value > UINT32_MAX:
+                        entry[i] = float(value) if value < _UINT64_END else value
+            timeline = entry[_TIMELINE_AT]
+            entry[_TIMELINE_AT] = None
+            try:
+                packed = pack(entry)
+                if js and (_UINT64 in packed or _INT64 in packed):
+                    _js_values(entry)
+                    packed = pack(entry)
+            finally:
+                entry[_TIMELINE_AT] = timeline
+            if timeline is not last:
+                last, last_packed = timeline, timelines.packed(timeline)
+            body.append(b"".join((head, packed[skip:-1], last_packed)))
+
+    return wire_all
 
 
 def _js_times(entry: list[Any]) -> None:
