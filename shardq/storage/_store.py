@@ -50,10 +50,17 @@ from shardq.storage._drain import (
 from shardq.storage._errors import StorageError, wrap_error
 from shardq.storage._store_drain import StoreDrains, not_drained
 from shardq.storage._store_file import PROGRESS_STEPS, StoreFile, beating
+from shardq.storage._store_loads import (
+    _NOTHING,
+    GROUPS_VERSION,
+    MAX_FILTER_QUEUES,
+    StoreLoads,
+    _filter,
+)
 from shardq.storage._tx import transaction
-from shardq.storage._write import FETCH_CHUNK, chunks, decode, merge_row, write_plan
+from shardq.storage._write import FETCH_CHUNK, chunks, merge_row, write_plan
 
-__all__ = ["Store"]
+__all__ = ["MAX_FILTER_QUEUES", "Store"]
 
 # Recovery holds one page of decoded records at a time; 1000 keeps that to a few MB.
 DEFAULT_PAGE_SIZE = 1000
@@ -63,16 +70,9 @@ DEFAULT_CACHE_RECORDS = 100_000
 # A patch is folded into its record once longer than both the record and this many bytes.
 DEFAULT_PATCH_FLOOR = 1024
 
-# The schema version that gave job groups their own table (`_schema._v8_queue_groups`).
-_GROUPS_VERSION = 8
-# A recovery filter names a shard's queues in one `IN (...)`; past this many it is left to the
-# caller (SQLite allows 32,766 parameters, and a long list costs more than it filters).
-MAX_FILTER_QUEUES = 1000
-# Ids of stale completed rows are handed out this many at a time (a few hundred KB).
-STALE_PAGE = 10_000
 
 
-class Store(StoreFile, StoreDrains, ColdReads):
+class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
     """The shardq database: jobs and queue configs, written in batches of mutations.
 
     Create one with `Store.open`. A `Store` belongs to one thread (sqlite3's default check)
@@ -320,89 +320,11 @@ class Store(StoreFile, StoreDrains, ColdReads):
         with self._reading("listing queues"):
             names = {q for (q,) in self._conn.execute(_schema.QUEUE_NAMES_SQL)}
             names.update(n for (n,) in self._conn.execute("SELECT name FROM queue_state"))
-            if self.schema_version >= _GROUPS_VERSION:
+            if self.schema_version >= GROUPS_VERSION:
                 # A queue whose only trace is a configured group (its key's first column).
                 sql = "SELECT DISTINCT queue FROM queue_groups"
                 names.update(q for (q,) in self._conn.execute(sql))
             return names
-
-    def completed_floor(self, keep: int, queues: Collection[str] | None = None) -> int | None:
-        """The seq from which the newest `keep` completed jobs (of `queues`) are stored, or
-        None if there are at most `keep`: the `completed_from` that loads just those.
-
-        Raises `StorageError` if the read fails; `ValueError` if `keep` < 1.
-        """
-        if keep < 1:
-            raise ValueError(f"keep must be at least 1, got {keep}")
-        where, params = _filter(queues)
-        if where == _NOTHING:
-            return None
-        if self._split_seq:  # the hot set's seq indexes only, never the backlog's
-            sql = _seq.completed_floor_sql(where)
-            args: tuple[Any, ...] = (*params, keep + 1) * len(_schema.HOT_SEQ_INDEXES)
-        else:
-            sql, args = _completed_floor(where), params
-        with self._reading("finding the retained completed jobs"):
-            row = self._conn.execute(sql, (*args, keep)).fetchone()
-        # Row `keep` (0-based) is the newest one past the window: the window starts above it.
-        return None if row is None else int(row[0]) + 1
-
-    def stale_completed(
-        self, below: int, queues: Collection[str] | None = None
-    ) -> Iterator[list[str]]:
-        """The row keys of completed jobs (of `queues`) with a seq below `below`, in lists of
-        at most `STALE_PAGE`: rows left by a retention that kept them on disk, to delete.
-
-        Raises `StorageError` (while iterating) if a read fails.
-        """
-        if queues is None or len(queues) > MAX_FILTER_QUEUES:
-            yield from self._stale_pages(_STALE_ALL, (below,))
-            return
-        # One queue at a time: a range of the `queue` index, already in rowid order.
-        for queue in sorted(queues):
-            yield from self._stale_pages(_STALE_OF_QUEUE, (queue, below))
-
-    def _stale_pages(self, sql: str, params: tuple[Any, ...]) -> Iterator[list[str]]:
-        last = -1
-        while True:
-            rows = self._read_page(sql, (*params, last, STALE_PAGE))
-            if not rows:
-                return
-            yield [key for key, _ in rows]
-            last = rows[-1][1]
-
-    def load_queues(self) -> dict[str, Record]:
-        """Every stored queue config, by queue name, with its groups' settings (their own
-        rows) as a "groups" map, gid -> settings (`fold_mutations` gives the same shape).
-        Raises `StorageError` if the read fails."""
-        with self._reading("loading queue configs"):
-            rows = self._conn.execute("SELECT name, cfg FROM queue_state").fetchall()
-            queues: dict[str, Record] = {name: decode(cfg) for name, cfg in rows}
-            if self.schema_version < _GROUPS_VERSION:
-                return queues  # an older schema (tests open one): groups live in the configs
-            sql = "SELECT queue, gid, cfg FROM queue_groups ORDER BY queue, gid"
-            for queue, gid, cfg in self._conn.execute(sql):
-                queues.setdefault(queue, {}).setdefault("groups", {})[gid] = decode(cfg)
-            return queues
-
-    def load_crons(self) -> list[Record]:
-        """Every stored cron schedule record. Raises `StorageError` if the read fails."""
-        with self._reading("loading cron schedules"):
-            rows = self._conn.execute("SELECT rec FROM cron_jobs ORDER BY name").fetchall()
-            return [decode(rec) for (rec,) in rows]
-
-    def load_webhooks(self) -> list[Record]:
-        """Every stored webhook record. Raises `StorageError` if the read fails."""
-        with self._reading("loading webhooks"):
-            rows = self._conn.execute("SELECT rec FROM webhooks ORDER BY id").fetchall()
-            return [decode(rec) for (rec,) in rows]
-
-    def load_flow_outbox(self) -> list[Record]:
-        """Every flow notice not acknowledged yet (docs/protocol.md §20). Raises
-        `StorageError` if the read fails."""
-        with self._reading("loading the flow outbox"):
-            rows = self._conn.execute("SELECT rec FROM flow_outbox ORDER BY key").fetchall()
-            return [decode(rec) for (rec,) in rows]
 
     def get_job(self, job_id: str) -> Record | None:
         """The stored record of `job_id`, or None. Raises `StorageError` if the read fails."""
@@ -556,40 +478,6 @@ def _next_page(where: str) -> str:
         f"SELECT seq, rowid, rec, patch, id FROM jobs WHERE (seq, rowid) > (?, ?) AND {where}"
         " ORDER BY seq, rowid LIMIT ?"
     )
-
-
-def _completed_floor(where: str) -> str:
-    return (
-        f"SELECT seq FROM jobs WHERE state = 'completed' AND {where}"
-        " ORDER BY seq DESC LIMIT 1 OFFSET ?"
-    )
-
-
-_STALE_ALL = (
-    "SELECT id, rowid FROM jobs WHERE state = 'completed' AND seq < ?"
-    " AND rowid > ? ORDER BY rowid LIMIT ?"
-)
-_STALE_OF_QUEUE = (
-    "SELECT id, rowid FROM jobs WHERE queue = ? AND state = 'completed' AND seq < ?"
-    " AND rowid > ? ORDER BY rowid LIMIT ?"
-)
-
-
-_NOTHING = "0"
-"""`_filter`'s condition for no queue at all."""
-
-
-def _filter(queues: Collection[str] | None) -> tuple[str, tuple[Any, ...]]:
-    """A WHERE condition (and its parameters) keeping the jobs of `queues`."""
-    if queues is None or len(queues) > MAX_FILTER_QUEUES:
-        return "1", ()
-    if not queues:
-        return _NOTHING, ()
-    names = tuple(sorted(queues))
-    # The unary `+` keeps SQLite off the `queue` index: through it, every page of a seq-ordered
-    # read would sort all of the queues' rows again. The seq index reads them in order, and the
-    # rows of other queues cost a comparison each, not a decode.
-    return f"+queue IN ({', '.join('?' * len(names))})", names
 
 
 def _prepare_directory(directory: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from shardq.core import Engine
-from shardq.storage import MutationEncoder, Store, _schema, _seq_reads, _store, _write
+from shardq.storage import MutationEncoder, Store, _schema, _seq_reads, _store_loads, _write
 
 Rec = dict[str, Any]
 V3_INDEXES = (("queue",), ("seq",))
@@ -129,7 +129,7 @@ def test_the_migration_runs_once_and_is_recorded(
 # -- every statement the store runs reads through an index ---------------------------------------
 
 _SHARD_QUEUES = ("qa", "qb", "qc")
-_SHARD_FILTER = _store._filter(_SHARD_QUEUES)[0]
+_SHARD_FILTER = _store_loads._filter(_SHARD_QUEUES)[0]
 _RECOVERY_FILTER = f"{_SHARD_FILTER} AND (state != 'completed' OR seq >= ?)"
 
 _STATEMENTS: dict[str, tuple[str, tuple[Any, ...], str]] = {
@@ -151,7 +151,11 @@ _STATEMENTS: dict[str, tuple[str, tuple[Any, ...], str]] = {
         (*_SHARD_QUEUES, 101, *_SHARD_QUEUES, 101, 100),
         "idx_jobs_taken_seq",
     ),
-    "stale completed rows of a queue": (_store._STALE_OF_QUEUE, ("q", 5, 0, 10), "idx_jobs_queue"),
+    "stale completed rows of a queue": (
+        _store_loads._STALE_OF_QUEUE,
+        ("q", 5, 0, 10),
+        "idx_jobs_queue",
+    ),
     "highest seq": (_seq_reads.max_seq_sql(), (), "idx_jobs_cold_seq"),
     "obliterate": (_write._DELETE_QUEUE_JOBS, ("q",), "idx_jobs_queue"),
     "count by state": (

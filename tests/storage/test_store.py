@@ -487,9 +487,9 @@ def test_load_jobs_reads_only_the_named_queues_and_the_completed_window(
 def test_stale_completed_pages_cover_every_row(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardq.storage import _store
+    from shardq.storage import _store_loads
 
-    monkeypatch.setattr(_store, "STALE_PAGE", 7)
+    monkeypatch.setattr(_store_loads, "STALE_PAGE", 7)
     store.apply([("put", job(f"j{i:03d}", state="completed", seq=i)) for i in range(50)])
     pages = list(store.stale_completed(40))
     assert all(len(p) <= 7 for p in pages)

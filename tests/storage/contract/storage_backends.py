@@ -18,7 +18,7 @@ from unittest import mock
 
 from pg_server import postgres_wanted, shared_server
 
-from shardq.storage import Storage, Store, _schema, _store
+from shardq.storage import Storage, Store, _schema, _store_loads
 
 
 class Backend(Protocol):
@@ -92,7 +92,7 @@ class SqliteBackend:
 
     @property
     def stale_page(self) -> int:
-        return _store.STALE_PAGE
+        return _store_loads.STALE_PAGE
 
     def open(self) -> Storage:
         return Store.open(self.path)
