@@ -15,7 +15,9 @@ Sends: gzipped snapshots and sidecars to the target; a restored file over the da
 while no server holds it).
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from shardq._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from shardq.backup._core import (
@@ -83,10 +85,4 @@ _HOME = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'shardq.backup' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"shardq.backup.{home}"), name)
+__getattr__ = lazy_exports(__name__, _HOME, globals())

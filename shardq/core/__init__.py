@@ -17,7 +17,9 @@ Sends: nothing itself; each call returns the reply, the mutations the writer mus
 job events for listeners.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from shardq._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._compact import CompactJobs
@@ -79,12 +81,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'shardq.core' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"shardq.core.{home}"), name)
-    globals()[name] = value  # found directly from now on
-    return value
+__getattr__ = lazy_exports(__name__, _HOME, globals())

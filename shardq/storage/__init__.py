@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from shardq._lazy import lazy_exports
 from shardq.storage._errors import StorageError, StorageFenced, StorageFull, StorageRejected
 
 if TYPE_CHECKING:
@@ -78,12 +79,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'shardq.storage' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"shardq.storage.{home}"), name)
-    globals()[name] = value  # found directly from now on
-    return value
+__getattr__ = lazy_exports(__name__, _HOME, globals())
