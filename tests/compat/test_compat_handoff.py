@@ -214,10 +214,17 @@ def test_kill9_of_a_shard_resets_its_connections_and_loses_no_ack(
         producer.join(90)
         assert not producer.is_alive()
         assert len(producer.acked) == KILL_PUSHES
-        # The shard held the connection: the client saw it end, and reconnected by itself
-        # (bunqueue-client fails the pending add and reconnects at the next call).
-        assert any(isinstance(e, ConnectionClosedError) for e in producer.errors)
-        assert queue.connection.generation > generation
+        # The shard held the connection: the client saw it end and connected again by itself.
+        # bunqueue-client's reader thread tears the connection down at the end: an add in
+        # flight fails with ConnectionClosedError (and is retried); between two adds nothing
+        # fails and the next call reconnects. Which one happens is a race (a CI run under
+        # parallel load saw the second), so the reconnection is what is checked.
+        assert queue.connection.generation > generation, producer.errors[:5]
+        # Besides that end, only the front end's answer while the new shard process starts.
+        assert all(
+            isinstance(e, ConnectionClosedError) or str(e).startswith("Shard unavailable")
+            for e in producer.errors
+        ), producer.errors
         _all_present(server, name, producer.acked)
     finally:
         queue.close()
