@@ -55,4 +55,6 @@ def test_durable_hops_runs_each_build_in_its_own_checkout(tmp_path: Path) -> Non
         ("a", "durable", 1.0),
         ("b", "durable", 1.0),
     ]
-    assert all(r["shard_cpu_us"] > 0 and r["writer_wake"] > 0 for r in rows), rows
+    # Wake-ups are counted exactly (context switches); CPU only in clock ticks, which 30
+    # requests may not reach (a CI run read 0 µs), so it is not required here.
+    assert all(r["p50_us"] > 0 and r["server_wake"] > 0 for r in rows), rows

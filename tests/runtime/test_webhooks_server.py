@@ -220,8 +220,10 @@ def test_a_dead_receiver_does_not_slow_pushes(
             "deliveries to the dead receiver",
         )
         loaded = _push_rate(tcp, "dead-q", 2.0)
-        # Loose: the HTTP process now works hard on the same 2 cores, but no push waits on it.
-        assert loaded > baseline * 0.3, (baseline, loaded)
+        # Loose: the HTTP process now works hard on the same 2 cores, but no push waits on it
+        # (a push waiting on a delivery would fall to a few per second; a CI run with the
+        # faster pushes of late saw 0.299 of a 38,500/s baseline).
+        assert loaded > baseline * 0.2, (baseline, loaded)
         poll_until(
             lambda: metric(server, 'shardq_webhook_deliveries_total{outcome="dropped"}') > 0,
             10,
