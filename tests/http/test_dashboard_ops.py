@@ -254,6 +254,9 @@ def test_workers_are_named_by_what_they_serve(server: ShardqServer, page: Page) 
 def test_cluster_page_shows_this_node_alone_on_sqlite(server: ShardqServer, page: Page) -> None:
     # Without PostgreSQL the node is alone and holds every partition (docs/cluster.md).
     page.goto(server.http_url + "/")
+    # The queues view drawn first: a click before its first fetch answered can see that
+    # answer draw the queues over the cluster view (seen twice in CI; noted as a dashboard bug).
+    expect(page.get_by_role("heading", name="Queues")).to_be_visible()
     page.get_by_role("link", name="Cluster").click()
     rows = page.locator('[data-testid="cluster"] tbody tr')
     expect(rows).to_have_count(1)
