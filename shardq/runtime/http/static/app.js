@@ -388,7 +388,14 @@ async function refreshHeader() {
   lastTotals = { ...metrics, at: now };
 }
 
+// Each route() is numbered: only the newest one draws. A view's fetches can answer after the
+// user moved on (a click on another view, a search): the older view's answer is then dropped,
+// its error too, and never drawn over the view asked for since.
+let routes = 0;
+let drawn = 0;
+
 async function route() {
+  const mine = ++routes;
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   let content;
   try {
@@ -401,11 +408,14 @@ async function route() {
     else if (parts[0] === "crons") content = await cronsView();
     else if (parts[0] === "cluster") content = await clusterView();
     else content = await queuesView();
+    if (mine !== routes) return;  // stale: a newer route() draws its own view
     showError(null);
     view.replaceChildren(...[content].flat(2).filter((n) => n !== ""));
     await refreshHeader();
   } catch (error) {
-    showError(error);
+    if (mine === routes) showError(error);
+  } finally {
+    if (mine === routes) drawn = mine;
   }
 }
 
@@ -424,5 +434,7 @@ document.getElementById("search").addEventListener("submit", (event) => {
   else location.hash = target;
 });
 window.addEventListener("hashchange", route);
-setInterval(() => { if (!document.hidden) route(); }, 5000);
+// The refresh waits for the last route() to finish: on a server slower than the period, a
+// refresh started every time would make each one stale before it could draw.
+setInterval(() => { if (!document.hidden && drawn === routes) route(); }, 5000);
 route();
