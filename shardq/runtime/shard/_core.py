@@ -16,7 +16,6 @@ Things the engine does not do and the shard adds (docs/runtime.md):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from functools import partial
 from typing import Any, Final, TypeAlias
 
 import structlog
@@ -28,21 +27,17 @@ from shardq.runtime._sections import LinkSettings
 from shardq.runtime.links._stream import MAX_FRAME_BYTES
 from shardq.runtime.shard._commands import (
     MAY_BE_DURABLE,
-    WAIT_DEFAULT_MS,
     empty_pull_reply,
-    got_nothing,
     is_durable,
-    pass_through,
-    positive_ms,
     push_run,
-    wait_timeout_error,
 )
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import BudgetCheck, release_memory
+from shardq.runtime.shard._parked import ParkedRequests
 from shardq.runtime.shard._runs import CommandRuns
 from shardq.runtime.shard._stats import shard_stats
-from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked, job_status, note_wakeups
+from shardq.runtime.shard._waits import JobWaits, LongPolls, note_wakeups
 from shardq.runtime.shard._writer_batches import Item, WriterBatches
 
 __all__ = ["Outgoing", "ShardCore", "empty_pull_reply"]
@@ -66,7 +61,7 @@ _MESSAGE_ROOM: Final = 1024
 _log = structlog.get_logger()
 
 
-class ShardCore:
+class ShardCore(ParkedRequests):
     """The request side of one shard: engine, durable holds, long-polls, WaitJob, drain."""
 
     def __init__(
@@ -446,79 +441,6 @@ class ShardCore:
         if outcome.cancels:
             self._cancels.extend(outcome.cancels)
         return outcome.reply
-
-    # -- long-polls ------------------------------------------------------------------------
-
-    def _pull(
-        self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
-    ) -> dict[str, Any] | None:
-        if self.draining:
-            return empty_pull_reply(cmd)
-        reply = self._apply(cmd, now, conn)
-        wire = None if envelope is None else envelope.get(msgs.ENVELOPE_WIRE)
-        timeout = positive_ms(cmd.get("timeout"))
-        if timeout and got_nothing(cmd, reply):
-            queue = str(cmd.get("queue"))
-            self.polls.park(Parked(conn, rid, cmd, queue, now + timeout, wire))
-            return None
-        return pass_through(wire, reply)
-
-    def _serve_polls(self, now: int) -> None:
-        # Emptied in place (`self.batches` holds this set), after a snapshot: serving a pull
-        # may wake queues for the next turn.
-        if not self.polls:
-            self._woken.clear()
-            return
-        woken = tuple(self._woken)
-        self._woken.clear()
-        for queue in woken:
-            if self.polls.waiting_on(queue):
-                self.polls.retry(queue, partial(self._retry_pull, now))
-        for parked in self.polls.expire(now):
-            self._replies.append([parked.conn, parked.rid, empty_pull_reply(parked.cmd)])
-
-    def _retry_pull(self, now: int, parked: Parked) -> bool:
-        try:
-            reply = self._apply(parked.cmd, now, parked.conn)
-        except Exception:
-            _log.exception("command failed", command=parked.cmd.get("cmd"))
-            reply = {"ok": False, "error": INTERNAL_SERVER_ERROR}
-        if got_nothing(parked.cmd, reply):
-            return False
-        self._replies.append([parked.conn, parked.rid, pass_through(parked.wire, reply)])
-        return True
-
-    # -- WaitJob ---------------------------------------------------------------------------
-
-    def _wait_job(
-        self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope
-    ) -> dict[str, Any] | None:
-        timeout = cmd.get("timeout")
-        timeout = WAIT_DEFAULT_MS if timeout is None else timeout
-        error = wait_timeout_error(timeout)
-        if error:
-            return {"ok": False, "error": error}
-        job_id = cmd.get("id")
-        status = job_status(self.engine, job_id)
-        if status is not None:
-            return status
-        if int(timeout) <= 0:
-            return {"ok": True, "completed": False}
-        self.waits.park(Parked(conn, rid, cmd, str(job_id), now + int(timeout)))
-        return None
-
-    def _serve_waits(self, now: int) -> None:
-        finished, self._finished = self._finished, set()
-        if not self.waits:
-            return
-        for job_id in finished:
-            if self.waits.waiting_for(job_id):
-                status = job_status(self.engine, job_id)
-                if status is not None:
-                    for parked in self.waits.take(job_id):
-                        self._replies.append([parked.conn, parked.rid, status])
-        for parked in self.waits.expire(now):
-            self._replies.append([parked.conn, parked.rid, {"ok": True, "completed": False}])
 
     # -- what a turn changed ---------------------------------------------------------------
 

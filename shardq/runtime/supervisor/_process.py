@@ -17,7 +17,6 @@ a timeout only while a restart or a ready deadline is pending: an idle superviso
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
 import os
 import secrets
@@ -25,9 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +39,7 @@ from shardq.runtime._config import ConfigError, ServerConfig, load_config, resol
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ROLE_SECTIONS, ChildSpec
+from shardq.runtime.supervisor._child import _Child, _describe_exit, _die_with_parent, _rss_mb
 from shardq.runtime.supervisor._lock import DataLock
 from shardq.runtime.supervisor._preflight import (
     StartupError,
@@ -68,7 +66,6 @@ RESTART_WINDOW_S = 60.0
 # On top of shutdown_timeout_ms (the front end's drain): time for a child to finish exiting.
 STOP_GRACE_S = 5.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 log = structlog.get_logger()
 
@@ -77,27 +74,6 @@ Context = zmq.Context[zmq.Socket[bytes]]
 
 class _KillSwitch(Exception):
     """A second stop signal: every child was SIGKILLed; unwind to the exit."""
-
-
-@dataclass
-class _Child:
-    role: str
-    index: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-    ready: bool = False
-    # A (re)started child must report ready, or progress, by then; progress moves it on.
-    ready_by: float | None = None
-    restart_at: float | None = None
-    restarts: deque[float] = field(default_factory=deque)
-    exit_code: int | None = None
-    fatal: str | None = None  # what the child said before failing to start
-    addresses: Any = None
-    # A shard stopping to be replaced (`recycled`): (when it said so, its RSS in bytes).
-    recycle: tuple[float, int] | None = None
-
-    @property
-    def name(self) -> str:
-        return f"shard-{self.index}" if self.role == "shard" else self.role
 
 
 class Supervisor:
@@ -522,44 +498,8 @@ class Supervisor:
         return None
 
 
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def _rss_mb(proc: subprocess.Popen[bytes] | None) -> float | None:
-    """A child's resident size in MB, from /proc (None if it cannot be read)."""
-    try:
-        with open(f"/proc/{proc.pid if proc else 0}/statm", "rb") as f:
-            return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _die_with_parent(parent: int) -> Callable[[], None] | None:
-    """A `preexec_fn` that makes the kernel SIGKILL the child if the supervisor dies.
-
-    An orphaned child would keep the ports and the database; killing it is what a crash of
-    the whole tree means, and every durability promise already holds across that.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing may be imported after fork
-
-    def arm() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the supervisor died before the prctl took effect
-            os._exit(1)
-
-    return arm
 
 
 def resolve_log_format(fmt: object) -> object:

@@ -35,7 +35,6 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 import structlog
 import zmq
 
-from shardq.core import Mutation, job_id_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._giveback import GiveBackSettings, IdleGiveBack
@@ -48,7 +47,7 @@ from shardq.runtime._storage import BEAT_EVERY_S, every, open_storage, storage_p
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._drain_pieces import DrainPieces
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
-from shardq.runtime.writer._isolate import apply_isolating
+from shardq.runtime.writer._rejected import RejectedMutations
 from shardq.runtime.writer._status import WriterStatus, file_sizes
 from shardq.runtime.writer._vacuum import IdleVacuum, convert_old_file
 from shardq.storage import (
@@ -56,16 +55,13 @@ from shardq.storage import (
     StorageError,
     StorageFenced,
     StorageFull,
-    StorageRejected,
     Store,
-    describe,
 )
 
 __all__ = ["Writer", "main"]
 
 EXIT_OK, EXIT_UNFLUSHED, EXIT_USAGE, EXIT_NO_DATABASE = 0, 1, 2, 3
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_JOB_KINDS = frozenset({"put", "upd", "del"})
 
 log = structlog.get_logger()
 
@@ -75,7 +71,7 @@ _Handler = Callable[[dict[str, Any], int, int, float, int], bool]
 Context = zmq.Context[zmq.Socket[bytes]]
 
 
-class Writer:
+class Writer(RejectedMutations):
     """Owns the storage and the shards' links; `run()` is the process's loop.
 
     The storage is any backend that meets `shardq.storage.Storage`; `main` opens the SQLite
@@ -353,66 +349,6 @@ class Writer:
         self._send(buffer.committed(answered))
         for _shard, _seq, rep in replies:
             self._links.send(front, rep)
-
-    def _commit(self, mutations: list[Mutation]) -> int:
-        """Apply the buffer; if SQLite rejects its values, commit all but the mutations at
-        fault and report those (`rejected`, before the `done` that covers their batch).
-        Raises a transient `StorageError` (the caller retries the whole buffer)."""
-        try:
-            return self._store.apply(mutations)
-        except StorageRejected as e:
-            log.warning("batch rejected; isolating the mutations at fault", error=str(e))
-            rows, found = apply_isolating(self._store.apply, mutations, e)
-        self._send(self._rejections(mutations, found))
-        return rows
-
-    def _rejections(
-        self, mutations: list[Mutation], found: list[tuple[int, StorageRejected]]
-    ) -> list[Outgoing]:
-        """Log each rejected mutation; return one `rejected` message per batch concerned."""
-        by_batch: dict[tuple[int, int], list[list[Any]]] = {}
-        for index, error in found:
-            shard, seq, current = self._buffer.owner(index)
-            self._refused.add((shard, seq))
-            kind, key = describe(mutations[index])
-            log.error(
-                "mutation rejected",
-                shard=shard,
-                seq=seq,
-                kind=kind,
-                job_id=job_id_of(key) if key and kind in _JOB_KINDS else None,
-                key=key,
-                error=str(error),
-            )
-            if current:
-                by_batch.setdefault((shard, seq), []).extend(
-                    self._rejected_items(mutations[index], kind, key, str(error))
-                )
-        return [(shard, msgs.rejected(seq, items)) for (shard, seq), items in by_batch.items()]
-
-    def _rejected_items(
-        self, mutation: Mutation, kind: str, key: str | None, error: str
-    ) -> list[list[Any]]:
-        """The `rejected` items of one mutation: one per job of an `updm` (`_encode`)."""
-        keys: list[Any] = [key]
-        if mutation[0] == "updm" and len(mutation) == 4 and isinstance(mutation[3], list):
-            keys = [k for k in mutation[3] if isinstance(k, str)]
-        items: list[list[Any]] = []
-        for one in keys:
-            item: list[Any] = [kind, one, error]
-            if kind == "upd" and one is not None:
-                # The shard's copy of the job holds changes the disk never will: it
-                # takes the stored record back (None if the job is not stored).
-                item.append(self._stored(one))
-            items.append(item)
-        return items
-
-    def _stored(self, row_key: str) -> Any:
-        try:
-            return self._store.get_job(row_key)
-        except StorageError as e:
-            log.warning("cannot read a rejected job back", key=row_key, error=str(e))
-            return None
 
     def _report_failure(self, error: StorageError) -> None:
         buffer = self._buffer
