@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import selectors
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
 __all__ = [
@@ -156,6 +156,50 @@ class RunnableProbe:
             self._fd = None
 
 
+class _Ring:
+    """The last `history` samples of a time, whole microseconds each (at least 0, at most
+    `cap_us`), and their mean: what `AdaptiveSpin` and `CommitSpin` remember."""
+
+    __slots__ = ("_at", "_cap_us", "_samples", "_sum_us")
+
+    def __init__(self, history: int, fill_us: int, cap_us: int) -> None:
+        self._samples = [fill_us] * history
+        self._sum_us = fill_us * history
+        self._at = 0
+        self._cap_us = cap_us
+
+    def add(self, seconds: float) -> None:
+        sample = min(max(round(seconds * 1e6), 0), self._cap_us)
+        at = self._at
+        self._sum_us += sample - self._samples[at]
+        self._samples[at] = sample
+        self._at = (at + 1) % len(self._samples)
+
+    @property
+    def mean_us(self) -> float:
+        return self._sum_us / len(self._samples)
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._samples)
+
+
+def _spin_left(
+    start: float, spin_s: float, now: float, crowded: Callable[[], bool] | None
+) -> float:
+    """Seconds left of a spin of `spin_s` from `start` at `now`; 0 once it is over, or while
+    `crowded` says the machine has no idle CPU (counted in `STATS.crowded`)."""
+    window = start + spin_s - now
+    if window <= 0.0:
+        return 0.0
+    if crowded is not None and crowded():
+        STATS.crowded += 1
+        return 0.0
+    return window
+
+
 class AdaptiveSpin:
     """`spin_us = "auto"`: spin only while the messages keep coming close together.
 
@@ -171,10 +215,7 @@ class AdaptiveSpin:
     has no idle CPU, the window is 0.
     """
 
-    __slots__ = (
-        "_at", "_cap_us", "_crowded", "_cut_s", "_last", "_max_gap_s", "_max_gap_us", "_ring",
-        "_sum_us",
-    )  # fmt: skip
+    __slots__ = ("_crowded", "_cut_s", "_last", "_max_gap_s", "_max_gap_us", "_ring")
 
     def __init__(
         self,
@@ -187,37 +228,24 @@ class AdaptiveSpin:
             raise ValueError("need max_gap_s > 0 and history >= 1")
         self._max_gap_s = max_gap_s
         self._max_gap_us = max_gap_s * 1e6
-        self._cap_us = round(OUTLIER_GAPS * self._max_gap_us)
+        cap_us = round(OUTLIER_GAPS * self._max_gap_us)
         # A fresh process has seen only long gaps: it sleeps until a rhythm shows.
-        self._ring = [self._cap_us] * history
-        self._sum_us = self._cap_us * history
-        self._at = 0
+        self._ring = _Ring(history, cap_us, cap_us)
         self._last: float | None = None
         self._crowded = crowded
         self._cut_s = cut_s
 
     def note(self, now: float) -> None:
         last, self._last = self._last, now
-        if last is None:
-            return
-        gap = min(round((now - last) * 1e6), self._cap_us)
-        at = self._at
-        self._sum_us += gap - self._ring[at]
-        self._ring[at] = gap
-        self._at = (at + 1) % len(self._ring)
+        if last is not None:
+            self._ring.add(now - last)
 
     def window(self, now: float) -> float:
         last = self._last
-        mean_us = self._sum_us / len(self._ring)
+        mean_us = self._ring.mean_us
         if last is None or mean_us > self._max_gap_us:
             return 0.0
-        window = last + min(self._max_gap_s, 2e-6 * mean_us) - now
-        if window <= 0.0:
-            return 0.0
-        if self._crowded is not None and self._crowded():
-            STATS.crowded += 1
-            return 0.0
-        return window
+        return _spin_left(last, min(self._max_gap_s, 2e-6 * mean_us), now, self._crowded)
 
     @property
     def cut_s(self) -> float:
@@ -226,7 +254,7 @@ class AdaptiveSpin:
     @property
     def mean_gap_us(self) -> float:
         """The mean of the remembered gaps, outliers capped (for tests and logs)."""
-        return self._sum_us / len(self._ring)
+        return self._ring.mean_us
 
 
 class CommitSpin:
@@ -245,8 +273,7 @@ class CommitSpin:
     CPU. Nothing waits on an idle server, so it never spins there.
     """
 
-    __slots__ = ("_at", "_cap_us", "_crowded", "_cut_s", "_last", "_max_s", "_max_us",
-                 "_ring", "_since", "_sum_us")  # fmt: skip
+    __slots__ = ("_crowded", "_cut_s", "_last", "_max_s", "_max_us", "_ring", "_since")
 
     def __init__(
         self,
@@ -259,12 +286,9 @@ class CommitSpin:
             raise ValueError("need max_s > 0 and history >= 1")
         self._max_s = max_s
         self._max_us = max_s * 1e6
-        self._cap_us = round(OUTLIER_GAPS * self._max_us)
         # A fresh process assumes commits as long as the bound: 1.5 times it is past it, so
         # the first commits spin up to the bound while their times come in.
-        self._ring = [round(self._max_us)] * history
-        self._sum_us = round(self._max_us) * history
-        self._at = 0
+        self._ring = _Ring(history, round(self._max_us), round(OUTLIER_GAPS * self._max_us))
         self._since: float | None = None  # when the current wait on a commit started
         self._last = 0.0  # the last wake that ended with something to do
         self._crowded = crowded
@@ -280,27 +304,14 @@ class CommitSpin:
         if not waiting:
             if since is not None:
                 self._since = None
-                self._remember(self._last - since)
+                self._ring.add(self._last - since)
             return 0.0
         if since is None:
             self._since = since = now
-        mean_us = self._sum_us / len(self._ring)
+        mean_us = self._ring.mean_us
         if mean_us > self._max_us:
             return 0.0
-        window = since + min(self._max_s, 1.5e-6 * mean_us) - now
-        if window <= 0.0:
-            return 0.0
-        if self._crowded is not None and self._crowded():
-            STATS.crowded += 1
-            return 0.0
-        return window
-
-    def _remember(self, took_s: float) -> None:
-        took = min(max(round(took_s * 1e6), 0), self._cap_us)
-        at = self._at
-        self._sum_us += took - self._ring[at]
-        self._ring[at] = took
-        self._at = (at + 1) % len(self._ring)
+        return _spin_left(since, min(self._max_s, 1.5e-6 * mean_us), now, self._crowded)
 
     @property
     def cut_s(self) -> float:
@@ -309,7 +320,7 @@ class CommitSpin:
     @property
     def mean_us(self) -> float:
         """The mean of the remembered commit waits (for tests and logs)."""
-        return self._sum_us / len(self._ring)
+        return self._ring.mean_us
 
 
 def commit_spin(
