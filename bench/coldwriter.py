@@ -30,7 +30,6 @@ import argparse
 import pickle
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +75,7 @@ def encode(out: Path) -> None:
 def write(out: Path, scenario: str, size: int, timing: bool, version: int | None) -> None:
     from unittest import mock
 
-    from shardq.runtime.writer._flush import FlushBuffer
+    from bench.writer import replay
     from shardq.storage import Store, _schema
 
     frames = pickle.loads((out / f"{scenario}-{size}.frames").read_bytes())
@@ -86,18 +85,7 @@ def write(out: Path, scenario: str, size: int, timing: bool, version: int | None
         mock.patch.object(_schema, "MIGRATIONS", migrations),
         Store.open(Path(tmp) / "w.db") as store,
     ):
-        buffer = FlushBuffer(0.010, FLUSH_MAX)
-        start = time.process_time()
-        for frame in frames:
-            msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-            buffer.add_muts(msg["shard"], msg["seq"], msg["muts"], 0.0)
-            if buffer.full():
-                store.apply(buffer.mutations())
-                buffer.committed()
-        if buffer.pending:
-            store.apply(buffer.mutations())
-            buffer.committed()
-        spent = time.process_time() - start
+        spent = replay(store, frames, FLUSH_MAX)
     if timing:
         print(f"{scenario} {size} {spent:.4f}")
 

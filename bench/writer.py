@@ -112,18 +112,24 @@ def encode(turns: list[list[Mutation]]) -> tuple[list[bytes], float]:
 def write(frames: list[bytes], flush_max: int = FLUSH_MAX) -> float:
     """The writer's part: unpack, buffer, commit. Returns the CPU seconds."""
     with tempfile.TemporaryDirectory() as tmp, Store.open(Path(tmp) / "w.db") as store:
-        buffer = FlushBuffer(0.010, flush_max)
-        start = time.process_time()
-        for frame in frames:
-            msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-            buffer.add_muts(msg["shard"], msg["seq"], msg["muts"], 0.0)
-            if buffer.full():
-                store.apply(buffer.mutations())
-                buffer.committed()
-        if buffer.pending:
+        return replay(store, frames, flush_max)
+
+
+def replay(store: Store, frames: list[bytes], flush_max: int = FLUSH_MAX) -> float:
+    """The writer's loop over `frames` into `store`: unpack, buffer, commit each full buffer
+    and the rest. Returns the CPU seconds it took."""
+    buffer = FlushBuffer(0.010, flush_max)
+    start = time.process_time()
+    for frame in frames:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        buffer.add_muts(msg["shard"], msg["seq"], msg["muts"], 0.0)
+        if buffer.full():
             store.apply(buffer.mutations())
             buffer.committed()
-        return time.process_time() - start
+    if buffer.pending:
+        store.apply(buffer.mutations())
+        buffer.committed()
+    return time.process_time() - start
 
 
 def bench_writer(jobs: int, repeats: int, flush_max: int = FLUSH_MAX) -> list[dict[str, Any]]:

@@ -37,10 +37,9 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 import structlog
 
-from bench.writer import FLUSH_MAX, T0, _encode
+from bench.writer import T0, _encode, replay
 from shardq.core import Engine, Mutation
 from shardq.runtime import _messages as msgs
-from shardq.runtime.writer._flush import FlushBuffer
 from shardq.storage import Store
 from shardq.storage._schema import configure
 
@@ -100,18 +99,7 @@ def _write(frames: list[bytes], path: Path, log: list[Statement] | None) -> floa
         sqlite3.connect = connect
     with store:
         store._conn.log = log  # type: ignore[attr-defined]
-        buffer = FlushBuffer(0.010, FLUSH_MAX)
-        start = time.process_time()
-        for frame in frames:
-            msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-            buffer.add_muts(msg["shard"], msg["seq"], msg["muts"], 0.0)
-            if buffer.full():
-                store.apply(buffer.mutations())
-                buffer.committed()
-        if buffer.pending:
-            store.apply(buffer.mutations())
-            buffer.committed()
-        return time.process_time() - start
+        return replay(store, frames)
 
 
 def record(out: Path, jobs: int, roc: bool) -> None:
