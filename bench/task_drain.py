@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # run as a file from another checkout: use its `b
     sys.path.insert(0, os.getcwd())
 
 from bench.compare._record import RECORD_ENV, count, read
-from bench.tasks_cpu import Server, cpu_s, tree
+from bench.tasks_cpu import Server, cpu_s, stop_worker, tree
 
 __all__ = ["main"]
 
@@ -130,12 +130,7 @@ def _round(server: Server, args: argparse.Namespace, tag: str) -> dict[str, floa
         for tracer in tracers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 tracer.wait(15)
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop_worker(worker)
         q.close()
         app.close()
     done = sorted(t for t, _ in read(str(records)))

@@ -86,6 +86,16 @@ class Server:
         time.sleep(0.3)  # the writer's flush of the last jobs
 
 
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a worker process and wait for it; SIGKILL it after 30 s."""
+    worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+
+
 def _push_round(server: Server, calls: int, tag: str) -> dict[str, list[float]]:
     from bench.compare.peer_shardq import app, noop
     from shardq.client import Queue
@@ -142,12 +152,7 @@ def _drain_round(server: Server, jobs: int, tag: str) -> list[float]:
         done = read(str(records))
         span = done[-1][0] - done[0][0] if len(done) > 1 else float("nan")
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop_worker(worker)
         app.close()
     return [len(done) / span, w_cpu / len(done) * 1e6, s_cpu / len(done) * 1e6]
 
