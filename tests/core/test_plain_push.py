@@ -77,23 +77,31 @@ def test_the_plain_path_decides_as_the_full_passes(
         assert state_of(fast) == state_of(slow)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-          HealthCheck.function_scoped_fixture])  # fmt: skip
-@given(batches=st.lists(st.lists(PUSH, min_size=1, max_size=5), min_size=1, max_size=4))
-def test_a_pushb_entry_on_the_plain_path_is_decided_as_by_the_full_passes(
-    batches: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+def _decided_as_without(
+    shortcut: str, batches: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two engines fed the same PUSHBs, one with the `_produce` shortcut `shortcut` turned
+    off (it answers False): the same replies, mutations and state."""
     config = EngineConfig()
     fast, slow = Engine(config, seed=5), Engine(config, seed=5)
     for jobs in batches:
         cmd = {"cmd": "PUSHB", "queue": "q", "jobs": jobs}
         got = fast.apply(copy.deepcopy(cmd), NOW)
         with monkeypatch.context() as patch:
-            patch.setattr(_produce, "_plain_entry", lambda entry: False)
+            patch.setattr(_produce, shortcut, lambda _: False)
             expected = slow.apply(copy.deepcopy(cmd), NOW)
         assert got.reply == expected.reply
         assert got.mutations == expected.mutations
         assert state_of(fast) == state_of(slow)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(batches=st.lists(st.lists(PUSH, min_size=1, max_size=5), min_size=1, max_size=4))
+def test_a_pushb_entry_on_the_plain_path_is_decided_as_by_the_full_passes(
+    batches: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _decided_as_without(_produce._plain_entry.__name__, batches, monkeypatch)
 
 
 def test_a_task_push_takes_the_plain_path() -> None:
@@ -163,17 +171,7 @@ def test_a_data_only_pushb_is_decided_as_by_the_general_path(
     """A PUSHB of `{"data": ...}` entries only skips `_entries`, the custom-id scan and
     `_validate_batch` (`_produce._data_only`): the same replies (the first bad entry's error
     included), mutations and state as with that shortcut turned off."""
-    config = EngineConfig()
-    fast, slow = Engine(config, seed=5), Engine(config, seed=5)
-    for jobs in batches:
-        cmd = {"cmd": "PUSHB", "queue": "q", "jobs": jobs}
-        got = fast.apply(copy.deepcopy(cmd), NOW)
-        with monkeypatch.context() as patch:
-            patch.setattr(_produce, "_data_only", lambda entries: False)
-            expected = slow.apply(copy.deepcopy(cmd), NOW)
-        assert got.reply == expected.reply
-        assert got.mutations == expected.mutations
-        assert state_of(fast) == state_of(slow)
+    _decided_as_without(_produce._data_only.__name__, batches, monkeypatch)
 
 
 def test_a_data_only_pushb_takes_the_shortcut() -> None:

@@ -33,7 +33,7 @@ from shardq.runtime._sections import KEY_SECTION
 
 __all__ = [
     "LogLine", "ServerError", "ShardqServer", "free_port", "free_ports", "listening",
-    "poll_until",
+    "poll_until", "rss_bytes",
 ]  # fmt: skip
 
 LogLine = dict[str, Any]
@@ -50,6 +50,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def rss_bytes(pid: int) -> int:
+    """Process `pid`'s resident memory now (VmRSS of /proc/<pid>/status), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def listening(pid: int) -> set[tuple[str, int]]:

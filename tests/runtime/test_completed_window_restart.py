@@ -19,10 +19,9 @@ before the restart.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from shardq_harness import ShardqServer
+from shardq_harness import ShardqServer, rss_bytes
 
 from shardq.client import TcpConnection
 from shardq.runtime._routing import shard_of
@@ -54,13 +53,6 @@ def _push_and_drain(conn: TcpConnection, queue: str) -> list[str]:
         assert conn.call({"cmd": "ACKB", "ids": ids, "results": results})["ok"]
         done += ids
     return done
-
-
-def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def _answers(conn: TcpConnection, queue: str, ids: list[str]) -> list[Any]:
@@ -100,7 +92,7 @@ def test_reloaded_completed_jobs_cost_a_few_hundred_bytes_each(
     assert server.stop() == 0, server.log_tail()
     server.start(timeout=120)
     pids = server.child_pids()
-    held, empty = _rss_bytes(pids["shard-0"]), _rss_bytes(pids["shard-1"])
+    held, empty = rss_bytes(pids["shard-0"]), rss_bytes(pids["shard-1"])
     per_job = (held - empty) / N
     assert per_job < PER_JOB_BYTES, (held, empty, per_job)
     conn = TcpConnection(*server.tcp_address, timeout=30)

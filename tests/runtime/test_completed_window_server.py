@@ -12,10 +12,9 @@ and the completed jobs still answer GetJob and GetResult as they did before the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from shardq_harness import ShardqServer, poll_until
+from shardq_harness import ShardqServer, poll_until, rss_bytes
 
 from shardq.client import TcpConnection
 
@@ -50,13 +49,6 @@ def _push_and_drain(conn: TcpConnection, queue: str) -> list[str]:
         results = [{"sum": job["data"]["i"] * 2, "tag": PAD[:40]} for job in pulled]
         assert conn.call({"cmd": "ACKB", "ids": ids, "results": results})["ok"]
         done += ids
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def _recycled(server: ShardqServer) -> list[dict[str, Any]]:
@@ -99,7 +91,7 @@ def test_a_recycled_shard_holds_its_completed_window_at_its_size(
             30,
             "the new shard's release after its load",
         )
-        rss = _rss_mb(new_pid)
+        rss = rss_bytes(new_pid) / 2**20
         assert rss < EMPTY_MB + WINDOW_MB, (rss, _recycled(server))
         assert _answers(conn, sample) == before
         counts = conn.call({"cmd": "GetJobCounts", "queue": "window"})

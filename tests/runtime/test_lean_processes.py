@@ -18,10 +18,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-from shardq_harness import ShardqServer, poll_until
+from shardq_harness import ShardqServer, poll_until, rss_bytes
 
 from shardq.client import TcpConnection
 
@@ -77,13 +76,6 @@ def test_the_writer_and_the_shard_still_import_what_they_use() -> None:
     assert {"shardq.core._engine", "croniter"} <= imported_by("shard")
 
 
-def vm_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for {pid}")
-
-
 def test_the_writer_gives_back_what_a_load_grew(
     shardq_server: Callable[..., ShardqServer],
 ) -> None:
@@ -91,7 +83,7 @@ def test_the_writer_gives_back_what_a_load_grew(
     server = shardq_server(shards=1, env=env)
     writer = server.child_pids()["writer"]
     time.sleep(0.5)  # start-up's last allocations
-    fresh = vm_rss_mb(writer)
+    fresh = rss_bytes(writer) / 2**20
     host, port = server.tcp_address
     with TcpConnection(host, port) as conn:
         for b in range(JOBS // 1000):
@@ -111,6 +103,6 @@ def test_the_writer_gives_back_what_a_load_grew(
         )
 
     poll_until(released, 60, "the writer's idle release")
-    settled = vm_rss_mb(writer)
+    settled = rss_bytes(writer) / 2**20
     assert settled - fresh < WRITER_GROWTH_BOUND_MB, (fresh, settled)
     assert server.stop() == 0, server.log_tail()

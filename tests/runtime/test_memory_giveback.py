@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from shardq_harness import ShardqServer, free_port, poll_until
+from shardq_harness import ShardqServer, free_port, poll_until, rss_bytes
 
 from shardq.client import TcpConnection
 
@@ -23,13 +23,6 @@ from shardq.client import TcpConnection
 # the extras and the command line's modules they were 56 to 67 MB, and 72 MB.
 IDLE_BOUND_MB = 50
 HTTP_IDLE_BOUND_MB = 64
-
-
-def vm_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def test_an_idle_server_imports_only_what_it_uses(
@@ -44,7 +37,7 @@ def test_an_idle_server_imports_only_what_it_uses(
         maps = Path(f"/proc/{pid}/maps").read_text()
         assert "numpy" not in maps, f"{name} loaded numpy"
     time.sleep(1.0)  # start-up's last allocations
-    sizes = {name: vm_rss_mb(pid) for name, pid in pids.items()}
+    sizes = {name: rss_bytes(pid) / 2**20 for name, pid in pids.items()}
     too_big = {
         name: round(mb, 1)
         for name, mb in sizes.items()
