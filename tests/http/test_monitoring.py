@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from http_helpers import get, request
@@ -104,3 +105,36 @@ def test_json_metrics_stats_and_prometheus_on_metrics(server: ShardqServer) -> N
     # A Prometheus server pointed at /metrics asks for text and gets the exposition format.
     text = scrape(server, "/metrics", headers={"Accept": "text/plain;version=0.0.4;q=1"})
     assert "bunqueue_jobs_pushed_total" in text
+
+
+def _documented_metrics() -> set[str]:
+    """The metric names of docs/http.md's Prometheus table, `{a,b}` alternatives expanded."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "http.md").read_text()
+    table = text.split("### Prometheus metrics", 1)[1].split("\n\n#", 1)[0]
+    names: set[str] = set()
+    for cell in re.findall(r"^\| `([^|]+)` \|", table, flags=re.MULTILINE):
+        for one in cell.split("`, `"):
+            # A trailing `{queue}` or `{role,pid}` names labels; `_{a,b}` alternatives.
+            one = re.sub(r"(?<!_)\{[a-z,]+\}$", "", one.strip("`"))
+            names.update(_expand(one))
+    return names
+
+
+def _expand(pattern: str) -> list[str]:
+    match = re.search(r"\{([a-z0-9_]+(?:,[a-z0-9_]+)+)\}", pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    return [n for part in match.group(1).split(",") for n in _expand(head + part + tail)]
+
+
+def test_every_prometheus_family_is_in_the_docs_table(server: ShardqServer) -> None:
+    # Each family /prometheus serves is listed in docs/http.md by the name a scrape shows
+    # (a counter with its `_total`); a family added without its row fails here.
+    answer = get(server.http_url, "/prometheus")
+    assert answer.status == 200, answer.text
+    served: set[str] = set()
+    for family in text_string_to_metric_families(answer.text):
+        served.add(f"{family.name}_total" if family.type == "counter" else family.name)
+    documented = _documented_metrics()
+    assert served - documented == set(), sorted(served - documented)
