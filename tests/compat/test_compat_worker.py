@@ -218,6 +218,13 @@ def test_ack_batching(clients: Clients, qname: str) -> None:
     assert sent.count("ACKB") < 60
 
 
+# What the registry's waits allow: a heartbeat every 0.2 s, a closed connection seen at once
+# on a quiet machine; 5 s was too short when parallel CI jobs loaded the 2 cores (the server's
+# processes and the client's threads all wait their turn), and a registry that never updates
+# still fails after this long.
+BUSY_S = 20
+
+
 def test_worker_registry(clients: Clients, qname: str) -> None:
     queue = clients.queue(qname)
 
@@ -225,6 +232,9 @@ def test_worker_registry(clients: Clients, qname: str) -> None:
         return [w for w in queue.get_workers() if qname in w["queues"]]
 
     worker = clients.worker(qname, lambda job: None, concurrency=3, heartbeat_interval_s=0.2)
+    # bunqueue-client's worker is ready once its RegisterWorker was answered, or failed (a
+    # timeout under a loaded CI machine), in which case it registers again on its next poll.
+    poll_until(lambda: len(mine()) == 1, BUSY_S, "the worker's registration")
     (entry,) = mine()
     assert entry["id"] == worker.worker_id and entry["name"] == worker.name
     assert entry["concurrency"] == 3 and entry["status"] == "active"
@@ -233,7 +243,7 @@ def test_worker_registry(clients: Clients, qname: str) -> None:
     job = queue.add("one")
     queue.wait_for_job(job.id, 10_000)
     # The worker's Heartbeat reports its counters.
-    poll_until(lambda: mine()[0]["processedJobs"] == 1, 5, "a heartbeat with processed=1")
+    poll_until(lambda: mine()[0]["processedJobs"] == 1, BUSY_S, "a heartbeat with processed=1")
     # RegisterWorker is an upsert: registering the same id again keeps one entry. (A raw
     # socket here: bunqueue-client's close() does not always send FIN at once, as its reader
     # thread still sits in recv() on the socket.)
@@ -263,7 +273,7 @@ def test_worker_registry(clients: Clients, qname: str) -> None:
         other.close()
     # A closed connection takes the workers it registered with it (not the one it re-registered:
     # that one stays with the connection that registered it first); Worker.close unregisters.
-    poll_until(lambda: {w["id"] for w in mine()} == {worker.worker_id}, 5, "'raw' to go")
+    poll_until(lambda: {w["id"] for w in mine()} == {worker.worker_id}, BUSY_S, "'raw' to go")
     assert worker.close(timeout=10)
     assert mine() == []
     with pytest.raises(Exception, match="Worker not found"):
