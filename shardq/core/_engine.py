@@ -21,8 +21,9 @@ of the jobs' tables, and the only code that changes a job's state (`admit`, `mov
 `dead`, `revive`; its bookkeeping that changes no state is functions in `_tables.py`). Every
 other part is a component the engine builds and holds by attribute, holding the store and the
 other components it calls. The job operations: `produce` (`Producer`, `_produce.py`),
-`consume` (`Consumer`, `_consume.py`), `control` (`JobControl`, `_control.py`), `admin`
-(`QueueAdmin`, `_admin.py`), `query` (`Queries`, `_query.py`), `introspect`
+`consume` (`Consumer`, `_consume.py`, its lease renewals in `_renew.py`), `control`
+(`JobControl`, `_control.py`), `admin` (`QueueAdmin`, `_admin.py`), `query` (`Queries`,
+`_query.py`), `introspect`
 (`Introspection`, `_introspect.py`) and `timers` (`Timers`, `_timers.py`). The features:
 `limiter` (`QueueLimiter`, `_limits.py`), `groups` (`JobGroups`, `_group_ops.py`), `flows`
 (`Flows`, `_flows.py`), `dead_letters` (`DeadLetters`, `_dlq.py`), `cron` (`CronScheduler`,
