@@ -11,9 +11,13 @@ runs.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import re
 import sqlite3
 from pathlib import Path
 
+import shardq.storage
 from shardq.storage import Store, _schema, _write
 
 _STATE = ("state",)
@@ -61,3 +65,59 @@ def test_the_schema_before_fired_a_trigger_on_every_put_and_update(tmp_path: Pat
     assert _programs(conn, _INSERT, _ROW) == 1
     assert _programs(conn, _write._UPSERT_JOB.format(rows=_ROWS), _PUT) == 2
     conn.close()
+
+
+# The columns of a `cold_counts` key a statement can change (`_cold_count_table`); `cold`
+# itself and `made`, `lifo`, `ukey`, `rec`, `patch`, `run_at`, `seq` are no part of it.
+_KEY_COLUMNS = {"queue", "state", "priority", "gid"}
+
+
+def _set_columns(sql: str) -> set[str]:
+    """The columns the SET of an UPDATE (or an upsert's DO UPDATE) assigns."""
+    sets = re.split(r"\bSET\b", sql, maxsplit=1)[1]
+    sets = re.split(r"\b(?:WHERE|FROM)\b", sets, maxsplit=1)[0]
+    return {m.group(1) for m in re.finditer(r"(?:^|,)\s*(\w+)\s*=", sets)}
+
+
+def _writes_of_jobs() -> dict[str, str]:
+    """Every statement text of the SQLite storage modules that updates rows of `jobs`, by
+    where it comes from, with the writer's generated updates of each kind."""
+    found: dict[str, str] = {}
+    for module in pkgutil.iter_modules(shardq.storage.__path__):
+        if "pg" in module.name or "postgres" in module.name:
+            continue  # PostgreSQL's triggers fire on every update of the key's columns
+        loaded = importlib.import_module(f"shardq.storage.{module.name}")
+        for name, value in vars(loaded).items():
+            texts = value if isinstance(value, tuple) else (value,)
+            for i, text in enumerate(texts):
+                if isinstance(text, str) and (
+                    re.search(r"\bUPDATE\s+jobs\b", text)
+                    or re.search(r"\bINSERT INTO jobs\b.*\bDO UPDATE SET\b", text, re.S)
+                ):
+                    found[f"{module.name}.{name}[{i}]"] = text
+    for names in (_STATE, ("queue", "state", "priority", "runAt", "seq")):
+        for variant in ("", _write._HOT, _write._COLD):
+            found[f"_update_sql{names}{variant}"] = _write._update_sql(names, variant)
+            found[f"_shared_sql{names}{variant}"] = _write._shared_sql(names, variant)
+    return found
+
+
+def test_every_update_of_a_counted_column_sets_cold_or_is_for_hot_rows_only() -> None:
+    # Schema 14's rule (`_write._HOT`): the count trigger fires only for an UPDATE that sets
+    # `cold`, so one that can change a cold row's queue, state, group or priority must set
+    # `cold` (if only to itself), or touch hot rows only (`cold IS NULL`). A new statement
+    # that does neither would let the counts drift; it fails here.
+    statements = _writes_of_jobs()
+    assert "_write._MARK_COLD[0]" in statements and "_write._UPSERT_JOB[0]" in statements
+    # Exempt: the tables older than the cold columns have no counts at all (tests build them),
+    # and the unconditional variant of the generated updates serves only those tables.
+    exempt = {"_write._UPSERT_PLAIN_JOB[0]", *(k for k in statements if k.endswith(")"))}
+    wrong = {
+        where: sql
+        for where, sql in statements.items()
+        if where not in exempt
+        and _set_columns(sql) & _KEY_COLUMNS
+        and "cold" not in _set_columns(sql)
+        and "cold IS NULL" not in sql
+    }
+    assert wrong == {}
