@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import selectors
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 __all__ = [
@@ -157,33 +157,25 @@ class RunnableProbe:
 
 
 class _Ring:
-    """The last `history` samples of a time, whole microseconds each (at least 0, at most
-    `cap_us`), and their mean: what `AdaptiveSpin` and `CommitSpin` remember."""
+    """The last `history` samples of a time, whole microseconds each (at most `_cap_us`),
+    and their sum: what `AdaptiveSpin` and `CommitSpin` remember. A base class, not a member,
+    so that the loops' every wait reads `_sum_us` without a call (`window`)."""
 
-    __slots__ = ("_at", "_cap_us", "_samples", "_sum_us")
+    __slots__ = ("_at", "_cap_us", "_ring", "_sum_us")
 
-    def __init__(self, history: int, fill_us: int, cap_us: int) -> None:
-        self._samples = [fill_us] * history
+    def _fill(self, history: int, fill_us: int, cap_us: int) -> None:
+        self._ring = [fill_us] * history
         self._sum_us = fill_us * history
         self._at = 0
         self._cap_us = cap_us
 
-    def add(self, seconds: float) -> None:
-        sample = min(max(round(seconds * 1e6), 0), self._cap_us)
+    def _add(self, seconds: float) -> None:
+        sample = round(seconds * 1e6)
+        sample = self._cap_us if sample > self._cap_us else 0 if sample < 0 else sample
         at = self._at
-        self._sum_us += sample - self._samples[at]
-        self._samples[at] = sample
-        self._at = (at + 1) % len(self._samples)
-
-    @property
-    def mean_us(self) -> float:
-        return self._sum_us / len(self._samples)
-
-    def __len__(self) -> int:
-        return len(self._samples)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._samples)
+        self._sum_us += sample - self._ring[at]
+        self._ring[at] = sample
+        self._at = (at + 1) % len(self._ring)
 
 
 def _spin_left(
@@ -200,7 +192,7 @@ def _spin_left(
     return window
 
 
-class AdaptiveSpin:
+class AdaptiveSpin(_Ring):
     """`spin_us = "auto"`: spin only while the messages keep coming close together.
 
     It remembers the last `history` gaps between two noted arrivals (whole microseconds, each
@@ -215,7 +207,7 @@ class AdaptiveSpin:
     has no idle CPU, the window is 0.
     """
 
-    __slots__ = ("_crowded", "_cut_s", "_last", "_max_gap_s", "_max_gap_us", "_ring")
+    __slots__ = ("_crowded", "_cut_s", "_last", "_max_gap_s", "_max_gap_us")
 
     def __init__(
         self,
@@ -230,7 +222,7 @@ class AdaptiveSpin:
         self._max_gap_us = max_gap_s * 1e6
         cap_us = round(OUTLIER_GAPS * self._max_gap_us)
         # A fresh process has seen only long gaps: it sleeps until a rhythm shows.
-        self._ring = _Ring(history, cap_us, cap_us)
+        self._fill(history, cap_us, cap_us)
         self._last: float | None = None
         self._crowded = crowded
         self._cut_s = cut_s
@@ -238,11 +230,11 @@ class AdaptiveSpin:
     def note(self, now: float) -> None:
         last, self._last = self._last, now
         if last is not None:
-            self._ring.add(now - last)
+            self._add(now - last)
 
     def window(self, now: float) -> float:
         last = self._last
-        mean_us = self._ring.mean_us
+        mean_us = self._sum_us / len(self._ring)
         if last is None or mean_us > self._max_gap_us:
             return 0.0
         return _spin_left(last, min(self._max_gap_s, 2e-6 * mean_us), now, self._crowded)
@@ -254,10 +246,10 @@ class AdaptiveSpin:
     @property
     def mean_gap_us(self) -> float:
         """The mean of the remembered gaps, outliers capped (for tests and logs)."""
-        return self._ring.mean_us
+        return self._sum_us / len(self._ring)
 
 
-class CommitSpin:
+class CommitSpin(_Ring):
     """`spin_commit_max_us`: a shard spins while one of its own replies waits on the writer's
     commit, for about as long as the writer's last commits took (docs/runtime.md, "Spinning
     through a commit").
@@ -273,7 +265,7 @@ class CommitSpin:
     CPU. Nothing waits on an idle server, so it never spins there.
     """
 
-    __slots__ = ("_crowded", "_cut_s", "_last", "_max_s", "_max_us", "_ring", "_since")
+    __slots__ = ("_crowded", "_cut_s", "_last", "_max_s", "_max_us", "_since")
 
     def __init__(
         self,
@@ -288,7 +280,7 @@ class CommitSpin:
         self._max_us = max_s * 1e6
         # A fresh process assumes commits as long as the bound: 1.5 times it is past it, so
         # the first commits spin up to the bound while their times come in.
-        self._ring = _Ring(history, round(self._max_us), round(OUTLIER_GAPS * self._max_us))
+        self._fill(history, round(self._max_us), round(OUTLIER_GAPS * self._max_us))
         self._since: float | None = None  # when the current wait on a commit started
         self._last = 0.0  # the last wake that ended with something to do
         self._crowded = crowded
@@ -304,11 +296,11 @@ class CommitSpin:
         if not waiting:
             if since is not None:
                 self._since = None
-                self._ring.add(self._last - since)
+                self._add(self._last - since)
             return 0.0
         if since is None:
             self._since = since = now
-        mean_us = self._ring.mean_us
+        mean_us = self._sum_us / len(self._ring)
         if mean_us > self._max_us:
             return 0.0
         return _spin_left(since, min(self._max_s, 1.5e-6 * mean_us), now, self._crowded)
@@ -320,7 +312,7 @@ class CommitSpin:
     @property
     def mean_us(self) -> float:
         """The mean of the remembered commit waits (for tests and logs)."""
-        return self._ring.mean_us
+        return self._sum_us / len(self._ring)
 
 
 def commit_spin(

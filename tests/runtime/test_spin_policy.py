@@ -122,7 +122,7 @@ def test_the_memory_is_bounded() -> None:
     assert len(policy._ring) == HISTORY
     assert all(isinstance(gap, int) for gap in policy._ring)
     # the ring holds the last HISTORY gaps exactly (integers: the sum does not drift)
-    assert policy._ring._sum_us == sum(policy._ring)
+    assert policy._sum_us == sum(policy._ring)
 
 
 def test_a_crowded_machine_stops_the_spin_and_an_idle_core_restarts_it() -> None:
