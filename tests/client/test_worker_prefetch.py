@@ -88,11 +88,15 @@ def test_prefetched_job_outlives_its_lease_ttl(clients: Clients) -> None:
     def handler(job: Job) -> str:
         runs.append((job.id, job.attempts))
         if job.name == "slow":
-            time.sleep(1.5)  # the others wait in the buffer for > 3 lease TTLs
+            time.sleep(4.0)  # the others wait in the buffer for > 3 lease TTLs
         return "ok"
 
-    worker = clients.worker(queue.name, handler, prefetch=3, lock_ttl_ms=400).start()
-    queue.wait_until_finished(timeout=15)
+    # A 1.2 s lease, renewed every 0.4 s (a third of it): a waiting job starts while its last
+    # renewal left less than 1.08 s ago. With 400 ms (renewals every 133 ms, 360 ms to start
+    # in), one heartbeat late by a quarter of a second on a loaded CI machine was enough to
+    # skip a job, which is the lapsed-lease control's case, not this one's.
+    worker = clients.worker(queue.name, handler, prefetch=3, lock_ttl_ms=1_200).start()
+    queue.wait_until_finished(timeout=30)
     stats = worker.close()
 
     assert runs == [(slow, 0)] + [(i, 0) for i in waiting], "each ran once, on its first lease"
