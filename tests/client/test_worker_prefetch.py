@@ -93,7 +93,7 @@ def test_prefetched_job_outlives_its_lease_ttl(clients: Clients) -> None:
 
     # A 1.2 s lease, renewed every 0.4 s (a third of it): a waiting job starts while its last
     # renewal left less than 1.08 s ago. With 400 ms (renewals every 133 ms, 360 ms to start
-    # in), one heartbeat late by a quarter of a second on a loaded CI machine was enough to
+    # in), one heartbeat late by a quarter of a second on a loaded CI machine is enough to
     # skip a job, which is the lapsed-lease control's case, not this one's.
     worker = clients.worker(queue.name, handler, prefetch=3, lock_ttl_ms=1_200).start()
     queue.wait_until_finished(timeout=30)
