@@ -27,8 +27,8 @@ from shardq_harness import ShardqServer, poll_until
 from wire_clients import Tcp
 
 TOKEN = "overload-token"
-# Was 2 s, which this test failed now and then in CI while parallel jobs loaded the 2 cores
-# (a durable PUSH waits on a commit, and every process waits its turn for a core). A client
+# Was 2 s; these tests failed now and then in CI while parallel jobs loaded the 2 cores, and
+# a durable PUSH waits on a commit, every process its turn for a core. A client
 # stalled behind an abuse waits for the abuse to end (the flood runs 10 s) or forever: 5 s
 # still tells the two apart.
 ROUND_TRIP_S = 5.0
