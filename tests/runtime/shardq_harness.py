@@ -32,8 +32,15 @@ from typing import Any
 from shardq.runtime._sections import KEY_SECTION
 
 __all__ = [
-    "LogLine", "ServerError", "ShardqServer", "free_port", "free_ports", "listening",
-    "poll_until", "rss_bytes",
+    "LogLine",
+    "ServerError",
+    "ShardqServer",
+    "completed_answers",
+    "free_port",
+    "free_ports",
+    "listening",
+    "poll_until",
+    "rss_bytes",
 ]  # fmt: skip
 
 LogLine = dict[str, Any]
@@ -58,6 +65,21 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for {pid}")
+
+
+def completed_answers(conn: Any, ids: Sequence[str], *, states: bool = False) -> list[Any]:
+    """What the server answers for each of `ids`, completed jobs: GetJob's job (asserted
+    completed), GetResult's result and, with `states`, GetState's state. `conn`: a
+    `shardq.client.TcpConnection`, or anything with its `call`."""
+    out: list[Any] = []
+    for job_id in ids:
+        job = conn.call({"cmd": "GetJob", "id": job_id})["job"]
+        assert job["state"] == "completed", job
+        out.append(job)
+        out.append(conn.call({"cmd": "GetResult", "id": job_id}).get("result"))
+        if states:
+            out.append(conn.call({"cmd": "GetState", "id": job_id}).get("state"))
+    return out
 
 
 def listening(pid: int) -> set[tuple[str, int]]:

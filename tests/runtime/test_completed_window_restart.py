@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shardq_harness import ShardqServer, rss_bytes
+from shardq_harness import ShardqServer, completed_answers, rss_bytes
 
 from shardq.client import TcpConnection
 from shardq.runtime._routing import shard_of
@@ -56,13 +56,7 @@ def _push_and_drain(conn: TcpConnection, queue: str) -> list[str]:
 
 
 def _answers(conn: TcpConnection, queue: str, ids: list[str]) -> list[Any]:
-    out: list[Any] = []
-    for job_id in ids:
-        job = conn.call({"cmd": "GetJob", "id": job_id})["job"]
-        assert job["state"] == "completed", job
-        out.append(job)
-        out.append(conn.call({"cmd": "GetResult", "id": job_id}).get("result"))
-        out.append(conn.call({"cmd": "GetState", "id": job_id}).get("state"))
+    out = completed_answers(conn, ids, states=True)
     for offset in (0, N - 50):
         page = {"cmd": "GetJobs", "queue": queue, "state": "completed", "offset": offset,
                 "limit": 50, "asc": True}  # fmt: skip

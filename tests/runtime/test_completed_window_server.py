@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shardq_harness import ShardqServer, poll_until, rss_bytes
+from shardq_harness import ShardqServer, completed_answers, poll_until, rss_bytes
 
 from shardq.client import TcpConnection
 
@@ -55,16 +55,6 @@ def _recycled(server: ShardqServer) -> list[dict[str, Any]]:
     return [line for line in server.logs() if line.get("event") == "shard recycled"]
 
 
-def _answers(conn: TcpConnection, ids: list[str]) -> list[Any]:
-    out: list[Any] = []
-    for job_id in ids:
-        job = conn.call({"cmd": "GetJob", "id": job_id})["job"]
-        assert job["state"] == "completed", job
-        out.append(job)
-        out.append(conn.call({"cmd": "GetResult", "id": job_id}).get("result"))
-    return out
-
-
 def test_a_recycled_shard_holds_its_completed_window_at_its_size(
     shardq_server: Callable[..., ShardqServer],
 ) -> None:
@@ -74,7 +64,7 @@ def test_a_recycled_shard_holds_its_completed_window_at_its_size(
     try:
         done = _push_and_drain(conn, "window")
         sample = [done[-KEEP], done[-KEEP // 2], done[-1]]
-        before = _answers(conn, sample)
+        before = completed_answers(conn, sample)
         # The newest results are kept (`max_results`), the older ones are not.
         newest = before[-2]["data"]["i"]
         assert before[-1] == {"sum": 2 * newest, "tag": PAD[:40]}, before
@@ -93,7 +83,7 @@ def test_a_recycled_shard_holds_its_completed_window_at_its_size(
         )
         rss = rss_bytes(new_pid) / 2**20
         assert rss < EMPTY_MB + WINDOW_MB, (rss, _recycled(server))
-        assert _answers(conn, sample) == before
+        assert completed_answers(conn, sample) == before
         counts = conn.call({"cmd": "GetJobCounts", "queue": "window"})
         assert counts["counts"]["completed"] == KEEP, counts
     finally:
