@@ -370,7 +370,9 @@ class PostgresStore(PgDrains, ColdReads):
     def row_counts(self) -> dict[str, int]:
         """Rows of each table recovery reads, and jobs per state (`_counts.count_rows`):
         what `shardq storage copy` compares. Raises `StorageError` if a read fails."""
-        return count_rows(lambda sql: self._rows("counting rows", sql, ()))
+        return count_rows(
+            lambda sql: self._rows("counting rows", sql, ()), drained=self._drain_table
+        )
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Nothing to fold: PostgreSQL manages its own log. True."""
