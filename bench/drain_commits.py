@@ -40,7 +40,7 @@ from typing import Any
 from bench._pg_server import PostgresServer
 from bench._scenarios import children, connect, start_server
 from bench.cpu import cpu_seconds
-from bench.wide_cold import QUEUE, SETTLE_S, _idle, _push, _settle
+from bench.wide_cold import BATCH, QUEUE, SETTLE_S, _idle, _settle
 from shardq.client import TcpConnection
 
 PROBE = "probe"
@@ -54,18 +54,44 @@ class Probe(threading.Thread):
         super().__init__(daemon=True)
         self.port = port
         self.answers: list[float] = []
+        self.refused: list[float] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         with TcpConnection("127.0.0.1", self.port, timeout=SETTLE_S) as conn:
             while not self.stop.is_set():
-                conn.call({"cmd": "PUSH", "queue": PROBE, "data": {}, "durable": True})
-                self.answers.append(time.perf_counter())
+                cmd = {"cmd": "PUSH", "queue": PROBE, "data": {}, "durable": True}
+                ok = conn.call(cmd, check=False).get("ok")
+                # A refusal (on PostgreSQL: the node's lease lapsed) is not a commit.
+                (self.answers if ok else self.refused).append(time.perf_counter())
+                if not ok:
+                    time.sleep(POLL_S)
 
     def longest_gap(self, start: float, end: float) -> float:
         """The longest time between two answers (or `start`/`end`) within [start, end], ms."""
         times = [start, *(t for t in self.answers if start < t < end), end]
         return max(b - a for a, b in itertools.pairwise(times)) * 1000
+
+
+def _call(conn: TcpConnection, cmd: dict[str, Any]) -> dict[str, Any]:
+    """`cmd`'s reply, sent again while the node does not serve the queue (on PostgreSQL: its
+    partition's lease being taken or renewed)."""
+    deadline = time.perf_counter() + SETTLE_S
+    while True:
+        reply = conn.call(cmd, check=False)
+        error = str(reply.get("error", ""))
+        if reply.get("ok") or not error.startswith("Partition unavailable"):
+            return reply
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{cmd['cmd']} refused for {SETTLE_S} s: {error}")
+        time.sleep(POLL_S)
+
+
+def _push(conn: TcpConnection, total: int) -> None:
+    """`wide_cold`'s push, each PUSHB sent again while refused (`_call`)."""
+    for start in range(0, total, BATCH):
+        jobs = [{"data": {"i": i}, "priority": i % 3} for i in range(start, start + BATCH)]
+        _call(conn, {"cmd": "PUSHB", "queue": QUEUE, "jobs": jobs})
 
 
 Left = Callable[[], int]
@@ -107,7 +133,7 @@ def _drain(
     meanwhile)."""
     server_cpu = pg.cpu_seconds() if pg is not None else 0.0
     cpu, started = cpu_seconds(writer), time.perf_counter()
-    conn.call({"cmd": "Drain", "queue": QUEUE})
+    _call(conn, {"cmd": "Drain", "queue": QUEUE})
     reply = time.perf_counter()
     deadline = started + SETTLE_S
     while left() and time.perf_counter() < deadline:
@@ -163,6 +189,7 @@ def run(executable: str, total: int, memory_mb: int, pg: PostgresServer | None) 
             probed["rest_gap_ms"] = probe.longest_gap(rest - 0.9, rest)
             probed["gap_ms"] = probe.longest_gap(probed["started"], probed["gone"])
             probed["answers"] = sum(probed["started"] < t < probed["gone"] for t in probe.answers)
+            probed["refused"] = len(probe.refused)
             out["probed"] = probed
             out["load_end"] = os.getloadavg()[0]
             conn.close()
@@ -179,7 +206,7 @@ def _report(name: str, total: int, r: dict[str, Any]) -> None:
         f" | {a['gone_ms']:,.0f} | {a['writer_cpu_ms']:,.0f} | {a['pg_cpu_ms']:,.0f}"
         f" | {p['reply_ms']:,.0f}"
         f" | {p['gone_ms']:,.0f} | {p['rest_gap_ms']:,.0f} | {p['gap_ms']:,.0f}"
-        f" | {p['answers']:,} |",
+        f" | {p['answers']:,} | {p['refused']:,} |",
         flush=True,
     )
 
@@ -196,8 +223,8 @@ def main() -> None:
     print(
         "| build | jobs | load | alone: reply ms | rows gone ms | writer CPU ms"
         " | PostgreSQL CPU ms | probed: reply ms | rows gone ms | longest gap at rest ms"
-        " | longest gap ms | probe answers meanwhile |"
-        "\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " | longest gap ms | probe answers meanwhile | probe pushes refused |"
+        "\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         flush=True,
     )
     pg = PostgresServer().start() if args.postgres else None
