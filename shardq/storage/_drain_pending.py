@@ -63,6 +63,7 @@ __all__ = [
     "finish_to",
     "load",
     "piece",
+    "piece_top",
     "record",
     "settle_after",
     "settle_before",
@@ -146,19 +147,35 @@ def piece(
 ) -> tuple[int, int]:
     """Delete up to `rows` rows of `queue`'s range `r`, in seq order, sparing `keep` (in the
     caller's transaction); returns (rows deleted, ops deleted)."""
+    got, ops, _top = piece_top(conn, queue, r, rows, deltas=deltas, keep=keep, d=d)
+    return got, ops
+
+
+def piece_top(
+    conn: Db,
+    queue: str,
+    r: Range,
+    rows: int,
+    *,
+    deltas: bool,
+    keep: Collection[str] = (),
+    d: PendingSql = SQLITE_PENDING,
+) -> tuple[int, int, int | None]:
+    """`piece`, and the highest seq it deleted where the backend says (PostgreSQL's counted
+    deletion does; None otherwise)."""
     ops_sql, rows_sql = _statements(r, len(keep), d)
     lower = () if r[0] is None else (r[0],)
     params = (queue, r[1], *lower, *keep, max(1, rows))
     ops = max(conn.execute(ops_sql, params).rowcount, 0) if deltas else 0
     if not d.counted:
-        return max(conn.execute(rows_sql, params).rowcount, 0), ops
+        return max(conn.execute(rows_sql, params).rowcount, 0), ops, None
     # The statement counts its rows, not the trigger (`_cold_count_table`).
     conn.execute(f"SELECT set_config({d.mark}, 'on', true)", (PG_SKIP_SETTING,))
-    got = int(conn.execute(rows_sql, params).fetchone()[0])
+    got, top = conn.execute(rows_sql, params).fetchone()
     conn.execute(f"SELECT set_config({d.mark}, 'off', true)", (PG_SKIP_SETTING,))
     if got:
         conn.execute(PG_EMPTY_COUNTS, (queue,))
-    return got, ops
+    return int(got), ops, None if top is None else int(top)
 
 
 def done(conn: Db, pending: dict[str, Range], queue: str, d: PendingSql = SQLITE_PENDING) -> None:

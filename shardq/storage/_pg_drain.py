@@ -89,15 +89,33 @@ class PgDrains:
                 if row is None:
                     after.pop(queue, None)
                 else:
-                    after[queue] = (None if row[0] is None else int(row[0]), int(row[1]))
-                    rows, _ops = pending.piece(conn, queue, after[queue], max_rows,
-                                               deltas=self._deltas_table, d=PG)  # fmt: skip
+                    r = after[queue] = (None if row[0] is None else int(row[0]), int(row[1]))
+                    deltas = self._deltas_table
+                    rows, _ops, top = pending.piece_top(
+                        conn, queue, r, max_rows, deltas=deltas, d=PG
+                    )
                     if rows < max_rows:
                         pending.done(conn, after, queue, PG)
+                    elif top is not None:
+                        self._passed(after, queue, top - 1)
         except Exception as e:
             raise pg_error(e, f"deleting a piece of queue {queue!r}'s drained jobs") from e
         self._pending = after
         return queue, rows, queue not in after
+
+    def _passed(self, after: dict[str, Range], queue: str, below: int) -> None:
+        """A piece deleted every row of `queue`'s range up to seq `below` (in its seq order;
+        `below` is one less than its last row's, in case of a tie): the range now starts
+        above it. PostgreSQL keeps a deleted row's index entries until a vacuum, and the
+        next piece's read of the index then starts past them: from the range's lower bound
+        it walked every entry the earlier pieces left (200,000 rows: 20 s of the server's
+        CPU against 1.4 s deleted at once)."""
+        above, seq = after[queue]
+        if above is not None and below <= above:
+            return
+        sql = "UPDATE drain_pending SET above = %s WHERE queue = %s"
+        self._conn.execute(sql, (below, queue))
+        after[queue] = (below, seq)
 
     def _holds(self, queue: str) -> bool:
         fence = self.fence
