@@ -213,18 +213,18 @@ PG_FILL: Final = _FILL.format(values=_key_values("j", _PG_CAST), counted=_COUNTE
 def pg_counted_delete(select: str) -> str:
     """A statement deleting the jobs whose row keys `select` reads that takes their counts off
     `cold_counts` itself, one update per key (run while `PG_SKIP_SETTING` keeps the trigger
-    out); it returns the number of rows deleted. The rows must all be counted (cold, waiting
-    or delayed), as a range deletion's are. Keys whose count reaches 0 stay at 0 until
-    `PG_EMPTY_COUNTS` removes them."""
+    out); it returns the number of rows deleted and the highest seq among them. The rows must
+    all be counted (cold, waiting or delayed), as a range deletion's are. Keys whose count
+    reaches 0 stay at 0 until `PG_EMPTY_COUNTS` removes them."""
     return (
         f"WITH gone AS (DELETE FROM jobs WHERE id IN ({select})"
-        " RETURNING queue, state, gid, priority, cold),"
+        " RETURNING queue, state, gid, priority, cold, seq),"
         f" tally(queue, state, grouped, gid, prio, c) AS (SELECT {_key_values('gone', _PG_CAST)},"
         " count(*) FROM gone GROUP BY 1, 2, 3, 4, 5),"
         " taken AS (UPDATE cold_counts AS k SET n = k.n - t.c FROM tally AS t WHERE"
         " k.queue = t.queue AND k.state = t.state AND k.grouped = t.grouped AND k.gid = t.gid"
         " AND k.prio = t.prio RETURNING 1)"
-        " SELECT coalesce(sum(c), 0) FROM tally"
+        " SELECT coalesce(sum(c), 0), (SELECT max(seq) FROM gone) FROM tally"
     )
 
 

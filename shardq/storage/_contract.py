@@ -76,7 +76,8 @@ class Storage(Protocol):
     @property
     def pending_drains(self) -> dict[str, int]:
         """The Drain ranges whose rows are not deleted yet, queue -> seq bound: every read
-        leaves them out already (`shardq.storage._drain_pending`)."""
+        leaves them out already (`shardq.storage._drain_pending`). On a database several
+        nodes share, those of the partitions this node holds (`shardq.storage._pg_drain`)."""
         ...
 
     def drain_step(self, max_rows: int) -> tuple[str, int, bool] | None:

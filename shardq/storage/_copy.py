@@ -11,6 +11,10 @@ appended changes and delta rows (log lines, children's results) arrive folded in
 
 Afterwards the rows of every table recovery reads, and the jobs per state, are counted on both
 sides (`row_counts`); `CopyResult.mismatches` names any that differ.
+
+A Drain's range still being deleted in the source (`_drain_pending`) is not copied: recovery
+does not read its rows, nor do the counts count them (`_counts.DRAINED_SQL`), and the target
+starts with nothing pending.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A Drain's range deleted in pieces after its commit: the pending ranges (SQLite).
+"""A Drain's range deleted in pieces after its commit: the pending ranges (both backends).
 
 A `qdrain` of a million cold rows deleted inside its batch's transaction held the writer for
 the whole deletion (8.6 s of CPU, 20-50 s at load): no other batch of any shard committed
@@ -33,93 +33,159 @@ deleted at once, in that batch's transaction, sparing the rows the batch wrote
 
 The record is durable and written in the `qdrain`'s own commit: a writer killed in the middle
 of the deletion finds the range at its next open and goes on, and nothing drained is ever
-visible in between. PostgreSQL still deletes the range inside the batch (`_postgres`): no
-range is ever pending there.
+visible in between.
+
+PostgreSQL keeps the same table from its schema 11 (`_pg_schema.DRAIN_VERSION`), and runs the
+same statements in its dialect (`PendingSql`: `POSTGRES_PENDING`); its pieces take the rows'
+counts off `cold_counts` themselves (`_cold_count_table.pg_counted_delete`), and several nodes
+share its table, each working only the ranges of the partitions it holds (`_pg_drain`).
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
 
 import structlog
 
 from shardq.storage._coalesce import Plan
+from shardq.storage._cold_count_table import PG_EMPTY_COUNTS, PG_SKIP_SETTING, pg_counted_delete
 from shardq.storage._drain_bounds import Range, inside
 
 __all__ = [
+    "POSTGRES_PENDING",
+    "SQLITE_PENDING",
+    "Db",
+    "PendingSql",
     "done",
     "finish_to",
     "load",
     "piece",
+    "piece_top",
     "record",
     "settle_after",
     "settle_before",
 ]
 
-_COLD = "queue = ? AND cold = 1 AND state IN ('waiting', 'delayed')"
-_INDEXED = " INDEXED BY idx_jobs_cold_by_seq"
+
+class Db(Protocol):
+    """What these functions use of a connection: sqlite3's and psycopg's both have it."""
+
+    def execute(self, sql: Any, params: Any = ..., /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class PendingSql:
+    """What the statements of the pending ranges differ in between the backends."""
+
+    mark: str
+    """The parameter placeholder."""
+    indexed: str
+    """The clause naming the cold backlog's index by seq (SQLite's `INDEXED BY`), or ''."""
+    order: str
+    """The row key as the index orders it."""
+    greatest: str
+    """The function of the larger of two values."""
+    counted: bool
+    """True: a piece takes its rows' counts off `cold_counts` itself (PostgreSQL, whose
+    trigger would update one count row once a deleted row); else the triggers do."""
+
+    def cold(self) -> str:
+        return f"queue = {self.mark} AND cold = 1 AND state IN ('waiting', 'delayed')"
+
+
+SQLITE_PENDING: Final = PendingSql("?", " INDEXED BY idx_jobs_cold_by_seq", "id", "max", False)
+POSTGRES_PENDING: Final = PendingSql("%s", "", 'id COLLATE "C"', "greatest", True)
 
 _log = structlog.get_logger("shardq.storage")
 
 
-def load(conn: sqlite3.Connection) -> dict[str, Range]:
+def load(conn: Db) -> dict[str, Range]:
     """The pending ranges by queue."""
     sql = "SELECT queue, above, seq FROM drain_pending"
-    return {q: (None if a is None else int(a), int(s)) for q, a, s in conn.execute(sql)}
+    rows = conn.execute(sql).fetchall()
+    return {q: (None if a is None else int(a), int(s)) for q, a, s in rows}
 
 
-def record(conn: sqlite3.Connection, pending: dict[str, Range], queue: str, seq: int) -> None:
+def record(
+    conn: Db, pending: dict[str, Range], queue: str, seq: int, d: PendingSql = SQLITE_PENDING
+) -> None:
     """Record a `qdrain`'s range (in the caller's transaction; `pending` is updated too): a
     queue's range already pending grows to every seq up to the higher bound."""
+    m = d.mark
     conn.execute(
-        "INSERT INTO drain_pending VALUES (?, NULL, ?)"
-        " ON CONFLICT (queue) DO UPDATE SET seq = max(seq, excluded.seq), above = NULL",
+        f"INSERT INTO drain_pending VALUES ({m}, NULL, {m}) ON CONFLICT (queue) DO UPDATE"
+        f" SET seq = {d.greatest}(drain_pending.seq, excluded.seq), above = NULL",
         (queue, seq),
     )
     pending[queue] = (None, max(seq, pending.get(queue, (None, seq))[1]))
 
 
-def _statements(r: Range, keep: int) -> tuple[str, str]:
-    lower = "" if r[0] is None else " AND seq > ?"
-    spared = f" AND id NOT IN ({', '.join('?' * keep)})" if keep else ""
+def _statements(r: Range, keep: int, d: PendingSql) -> tuple[str, str]:
+    m = d.mark
+    lower = "" if r[0] is None else f" AND seq > {m}"
+    spared = f" AND id NOT IN ({', '.join([m] * keep)})" if keep else ""
     select = (
-        f"SELECT id FROM jobs{_INDEXED} WHERE {_COLD} AND seq <= ?{lower}{spared}"
-        " ORDER BY seq, id LIMIT ?"
+        f"SELECT id FROM jobs{d.indexed} WHERE {d.cold()} AND seq <= {m}{lower}{spared}"
+        f" ORDER BY seq, {d.order} LIMIT {m}"
     )
-    return (
-        f"DELETE FROM job_deltas WHERE id IN ({select})",
-        f"DELETE FROM jobs WHERE id IN ({select})",
-    )
+    rows = pg_counted_delete(select) if d.counted else f"DELETE FROM jobs WHERE id IN ({select})"
+    return f"DELETE FROM job_deltas WHERE id IN ({select})", rows
 
 
 def piece(
-    conn: sqlite3.Connection,
+    conn: Db,
     queue: str,
     r: Range,
     rows: int,
     *,
     deltas: bool,
     keep: Collection[str] = (),
+    d: PendingSql = SQLITE_PENDING,
 ) -> tuple[int, int]:
     """Delete up to `rows` rows of `queue`'s range `r`, in seq order, sparing `keep` (in the
     caller's transaction); returns (rows deleted, ops deleted)."""
-    ops_sql, rows_sql = _statements(r, len(keep))
+    got, ops, _top = piece_top(conn, queue, r, rows, deltas=deltas, keep=keep, d=d)
+    return got, ops
+
+
+def piece_top(
+    conn: Db,
+    queue: str,
+    r: Range,
+    rows: int,
+    *,
+    deltas: bool,
+    keep: Collection[str] = (),
+    d: PendingSql = SQLITE_PENDING,
+) -> tuple[int, int, int | None]:
+    """`piece`, and the highest seq it deleted where the backend says (PostgreSQL's counted
+    deletion does; None otherwise)."""
+    ops_sql, rows_sql = _statements(r, len(keep), d)
     lower = () if r[0] is None else (r[0],)
     params = (queue, r[1], *lower, *keep, max(1, rows))
     ops = max(conn.execute(ops_sql, params).rowcount, 0) if deltas else 0
-    return max(conn.execute(rows_sql, params).rowcount, 0), ops
+    if not d.counted:
+        return max(conn.execute(rows_sql, params).rowcount, 0), ops, None
+    # The statement counts its rows, not the trigger (`_cold_count_table`).
+    conn.execute(f"SELECT set_config({d.mark}, 'on', true)", (PG_SKIP_SETTING,))
+    got, top = conn.execute(rows_sql, params).fetchone()
+    conn.execute(f"SELECT set_config({d.mark}, 'off', true)", (PG_SKIP_SETTING,))
+    if got:
+        conn.execute(PG_EMPTY_COUNTS, (queue,))
+    return int(got), ops, None if top is None else int(top)
 
 
-def done(conn: sqlite3.Connection, pending: dict[str, Range], queue: str) -> None:
+def done(conn: Db, pending: dict[str, Range], queue: str, d: PendingSql = SQLITE_PENDING) -> None:
     """The range of `queue` is deleted: forget it (in the caller's transaction)."""
-    conn.execute("DELETE FROM drain_pending WHERE queue = ?", (queue,))
+    conn.execute(f"DELETE FROM drain_pending WHERE queue = {d.mark}", (queue,))
     pending.pop(queue, None)
 
 
 def finish_to(
-    conn: sqlite3.Connection,
+    conn: Db,
     pending: dict[str, Range],
     queue: str,
     top: int,
@@ -127,6 +193,7 @@ def finish_to(
     deltas: bool,
     chunk: int,
     keep: Collection[str],
+    d: PendingSql = SQLITE_PENDING,
 ) -> tuple[int, int]:
     """Delete `queue`'s range up to seq `top` now, sparing `keep`, and raise its lower bound
     to `top` (the range is done if that is its upper bound); returns (rows, ops deleted)."""
@@ -135,15 +202,16 @@ def finish_to(
     rows = ops = 0
     started = time.monotonic()
     while True:
-        got, gone = piece(conn, queue, part, chunk, deltas=deltas, keep=keep)
+        got, gone = piece(conn, queue, part, chunk, deltas=deltas, keep=keep, d=d)
         rows += got
         ops += gone
         if got < chunk:
             break
     if top >= seq:
-        done(conn, pending, queue)
+        done(conn, pending, queue, d)
     else:
-        conn.execute("UPDATE drain_pending SET above = ? WHERE queue = ?", (top, queue))
+        m = d.mark
+        conn.execute(f"UPDATE drain_pending SET above = {m} WHERE queue = {m}", (top, queue))
         pending[queue] = (top, seq)
     _log.info("drain_spared", queue=queue, spared=len(keep), below=top, rows=rows,
               ms=round((time.monotonic() - started) * 1000))  # fmt: skip
@@ -151,14 +219,16 @@ def finish_to(
 
 
 def _in_range(
-    conn: sqlite3.Connection, ids: list[str], queue: str, r: Range
+    conn: Db, ids: list[str], queue: str, r: Range, d: PendingSql
 ) -> list[tuple[str, int]]:
     """The (row key, seq) of those of `ids` whose rows are in `queue`'s range `r`."""
     found: list[tuple[str, int]] = []
     for at in range(0, len(ids), 500):
         chunk = ids[at : at + 500]
-        sql = f"SELECT id, seq FROM jobs WHERE id IN ({', '.join('?' * len(chunk))}) AND {_COLD}"
-        found += [(i, int(s)) for i, s in conn.execute(sql, (*chunk, queue)) if inside(r, s)]
+        marks = ", ".join([d.mark] * len(chunk))
+        sql = f"SELECT id, seq FROM jobs WHERE id IN ({marks}) AND {d.cold()}"
+        rows = conn.execute(sql, (*chunk, queue)).fetchall()
+        found += [(i, int(s)) for i, s in rows if inside(r, int(s))]
     return found
 
 
@@ -175,30 +245,39 @@ def _by_queue(plan: Plan, pending: dict[str, Range], updates: bool) -> dict[str,
     return out
 
 
-def settle_before(conn: sqlite3.Connection, pending: dict[str, Range], plan: Plan) -> None:
+def settle_before(
+    conn: Db, pending: dict[str, Range], plan: Plan, d: PendingSql = SQLITE_PENDING
+) -> None:
     """Before `plan` is written: an update of a row still in a pending range is an update
     of a drained job; it becomes the range's deletion of that row, and is skipped."""
     for queue, ids in _by_queue(plan, pending, updates=True).items():
-        for key, _seq in _in_range(conn, ids, queue, pending[queue]):
+        for key, _seq in _in_range(conn, ids, queue, pending[queue], d):
             plan.jobs[key] = None
             plan.skipped += 1
 
 
 def settle_after(
-    conn: sqlite3.Connection, pending: dict[str, Range], plan: Plan, *, deltas: bool, chunk: int
+    conn: Db,
+    pending: dict[str, Range],
+    plan: Plan,
+    *,
+    deltas: bool,
+    chunk: int,
+    d: PendingSql = SQLITE_PENDING,
 ) -> tuple[int, int]:
     """After `plan` is written: an obliterated queue has no range left; rows `plan` left in
     a pending range were written after the `qdrain`, so the range up to their seqs goes now
     and they stay below it (`finish_to`). Returns (rows deleted, ops deleted)."""
     rows = ops = 0
     for queue in [q for q in plan.obliterated if q in pending]:
-        done(conn, pending, queue)
+        done(conn, pending, queue, d)
     for queue, ids in _by_queue(plan, pending, updates=False).items():
-        kept = _in_range(conn, ids, queue, pending[queue])
+        kept = _in_range(conn, ids, queue, pending[queue], d)
         if kept:
             top = max(seq for _key, seq in kept)
             keys = [key for key, _seq in kept]
-            got, gone = finish_to(conn, pending, queue, top, deltas=deltas, chunk=chunk, keep=keys)
+            got, gone = finish_to(conn, pending, queue, top, deltas=deltas, chunk=chunk,
+                                  keep=keys, d=d)  # fmt: skip
             rows += got
             ops += gone
     return rows, ops

@@ -45,19 +45,28 @@ class Fence:
         self._held = held
         self._cache: dict[str, int] = {}  # queue -> partition: names repeat batch after batch
 
+    def held(self) -> Mapping[int, int]:
+        """{partition: epoch} held now (a new mapping whenever the lease thread changed it)."""
+        return self._held()
+
+    def holds(self, queue: str) -> bool:
+        """True if this node holds the partition of `queue` now."""
+        return self._partition(queue) in self._held()
+
+    def _partition(self, queue: str) -> int:
+        cache = self._cache
+        part = cache.get(queue)
+        if part is None:
+            if len(cache) >= 100_000:
+                cache.clear()  # bounded: a name costs ~100 bytes
+            part = cache[queue] = partition_of(queue, self.partitions)
+        return part
+
     def epochs_for(self, queues: Collection[str]) -> tuple[list[int], list[int]]:
         """(partitions, epochs) the batch must still hold. Raises `StorageFenced` at once for
         a partition this node does not hold now (nothing is sent to the database)."""
         held = self._held()
-        cache = self._cache
-        parts: set[int] = set()
-        for queue in queues:
-            part = cache.get(queue)
-            if part is None:
-                if len(cache) >= 100_000:
-                    cache.clear()  # bounded: a name costs ~100 bytes
-                part = cache[queue] = partition_of(queue, self.partitions)
-            parts.add(part)
+        parts = {self._partition(queue) for queue in queues}
         lost = sorted(p for p in parts if p not in held)
         if lost:
             raise StorageFenced(

@@ -31,6 +31,7 @@ __all__ = [
     "COLD_VERSION",
     "COUNTS_VERSION",
     "DELTAS_VERSION",
+    "DRAIN_VERSION",
     "GROUPS_VERSION",
     "HOT_SEQ_CONDITIONS",
     "MADE_INDEXES",
@@ -193,6 +194,16 @@ def _v10_counted_by_statement(conn: Conn) -> None:
     conn.execute(_cold_count_table.PG_SKIPPING_FUNCTION)
 
 
+def _v11_drain_pending(conn: Conn) -> None:
+    # The SQLite schema's version 13 (`_schema._v13_drain_pending` says why): a Drain's batch
+    # records its range here and commits; the writer deletes the rows in short pieces after,
+    # and every read leaves a pending range out (`_drain_pending`, `_pg_drain`). Deleted inside
+    # the batch, 200,000 cold rows held every other commit of the node, and the rows' locks.
+    conn.execute(
+        "CREATE TABLE drain_pending (queue text PRIMARY KEY, above bigint, seq bigint NOT NULL)"
+    )
+
+
 SEQ_INDEXES: dict[str, str] = dict(
     zip(
         ("jobs_seq_ord", "jobs_cold_seq", "jobs_taken_seq"),
@@ -226,6 +237,9 @@ COUNTS_VERSION = 9
 """The schema version that keeps the cold counts in a table (`_v9_cold_counts`)."""
 COUNTED_VERSION = 10
 """The schema version whose count trigger a statement can keep out (`_v10_...`)."""
+DRAIN_VERSION = 11
+"""The schema version that deletes a Drain's range in pieces after its commit
+(`_v11_drain_pending`)."""
 
 # Append only. A schema's version is the number of migrations applied to it.
 MIGRATIONS: list[Migration] = [
@@ -239,6 +253,7 @@ MIGRATIONS: list[Migration] = [
     _v8_cold_made,
     _v9_cold_counts,
     _v10_counted_by_statement,
+    _v11_drain_pending,
 ]
 
 

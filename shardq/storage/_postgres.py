@@ -33,23 +33,17 @@ from psycopg import conninfo
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _pg_schema, _schema
 from shardq.storage._coalesce import DrainInBatch, Plan, Stored, coalesce
-from shardq.storage._cold_count_table import PG_EMPTY_COUNTS, PG_SKIP_SETTING, pg_counted_delete
 from shardq.storage._cold_reads import HOT_SET, POSTGRES, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
-from shardq.storage._drain import (
-    DRAIN_CHUNK_ROWS,
-    Drain,
-    apply_steps,
-    delete_range,
-    remember_steps,
-    select_range,
-    statements,
-)
+from shardq.storage._drain import DRAIN_CHUNK_ROWS, apply_steps, remember_steps
+from shardq.storage._drain_bounds import Range
 from shardq.storage._errors import StorageError
+from shardq.storage._pg_drain import PgDrains
 from shardq.storage._pg_fence import FENCE_SQL, Fence, check, plan_queues
 from shardq.storage._pg_schema import Conn, pg_error
 from shardq.storage._pg_write import Writes, read_deltas, write_plan
+from shardq.storage._store_drain import not_drained
 from shardq.storage._write import decode, merge_row
 
 __all__ = ["PostgresStore"]
@@ -63,7 +57,7 @@ STALE_PAGE = 10_000
 DEFAULT_CONNECT_TIMEOUT_S = 10
 
 
-class PostgresStore(ColdReads):
+class PostgresStore(PgDrains, ColdReads):
     """The shardq tables in one PostgreSQL database (and schema), written in batches.
 
     Create one with `PostgresStore.open`. A store holds one connection and belongs to one
@@ -97,10 +91,11 @@ class PostgresStore(ColdReads):
         self._counts_table = version >= _pg_schema.COUNTS_VERSION
         self._deltas_table = version >= _pg_schema.DELTAS_VERSION
         self.drain_chunk = DRAIN_CHUNK_ROWS
-        """Rows per statement of a `qdrain`'s range deletion (`_drain`)."""
+        """Rows per statement of a range deletion done in a batch (`_drain`, `_pg_drain`)."""
         self.fence: Fence | None = None
         """Set by a node among several (shardq.cluster): every batch then checks, in its own
         transaction, that this node still holds the partitions it writes."""
+        self._open_drains()
 
     @classmethod
     def open(
@@ -142,15 +137,6 @@ class PostgresStore(ColdReads):
         """How many committed `upd` mutations found no job to update (since open)."""
         return self._skipped_updates
 
-    @property
-    def pending_drains(self) -> dict[str, int]:
-        """None ever: a `qdrain`'s range is deleted inside its batch here (`_drain`)."""
-        return {}
-
-    def drain_step(self, max_rows: int) -> tuple[str, int, bool] | None:
-        """Nothing to do: no range is left pending (`pending_drains`)."""
-        return None
-
     def apply(self, mutations: Sequence[Mutation]) -> int:
         """Apply one batch of mutations (engine or encoded shapes) as one transaction; return
         the rows written. Means exactly what `Store.apply` means; raises `StorageRejected`
@@ -161,27 +147,31 @@ class PostgresStore(ColdReads):
         conn = self._connection()
         try:
             with conn.transaction():
+                self._begin_drains()
                 try:
                     plan = coalesce(mutations, self._fetch_stored)
                 except DrainInBatch:
                     written, delta_rows, done = apply_steps(mutations, self._segment, self._drain)
                 else:
-                    writes, known = self._write(conn, plan, self._deltas_exist)
+                    written, delta_rows, known = self._write(conn, plan, self._deltas_exist)
                     done = [(plan, known)]
-                    written, delta_rows = writes.totals()
         except Exception as e:
             # The commit's outcome may be unknown (a connection lost in COMMIT): forget what
             # the cache says, and read the rows again. The writer resends the same batch.
             self._cache = {}
             self._packer.reset()
             raise _as_storage_error(e, f"applying a batch of {len(mutations)} mutations") from e
+        self._commit_drains()
         self._deltas_exist = self._deltas_exist or delta_rows > 0
         self._cache = remember_steps(self._cache, self._cache_limit, done)
         self._skipped_updates += sum(p.skipped for p, _ in done if isinstance(p, Plan))
         return written
 
-    def _write(self, conn: Conn, plan: Plan, deltas: bool) -> tuple[Writes, dict[str, Any]]:
-        """Write `plan` in one pipeline, the fencing statement first (`_pg_fence`)."""
+    def _write(self, conn: Conn, plan: Plan, deltas: bool) -> tuple[int, int, dict[str, Any]]:
+        """Write `plan` in one pipeline, the fencing statement first (`_pg_fence`), settled
+        against the pending Drain ranges (`_pg_drain`); returns (rows written, change in
+        `job_deltas` rows, what it learned of the rows)."""
+        self._settle_before(plan)
         writes = Writes(conn)
         fenced = self._fenced(plan) if self.fence is not None else None
         with conn.pipeline():
@@ -197,43 +187,18 @@ class PostgresStore(ColdReads):
         if fenced is not None:
             # Synced, not committed: a partition lost rolls the whole batch back.
             check(fenced[2], fenced[0], fence_rows.fetchall())
-        return writes, known
+        written, delta_rows = writes.totals()
+        rows, ops = self._settle_after(plan)
+        return written + rows, delta_rows - ops, known
 
     def _segment(self, mutations: Sequence[Mutation], first: bool) -> tuple[int, int, Plan, Any]:
         """One step of a batch holding a `qdrain` (`_drain.apply_steps`): a later one reads
         the rows as the steps before left them, not the cache."""
         plan = coalesce(mutations, self._fetch_stored if first else self._read_stored)
-        writes, known = self._write(self._conn, plan, self._deltas_exist or self._deltas_table)
-        written, delta_rows = writes.totals()
+        written, delta_rows, known = self._write(
+            self._conn, plan, self._deltas_exist or self._deltas_table
+        )
         return written, delta_rows, plan, known
-
-    def _drain(self, drain: Drain, _delta_rows: int) -> tuple[int, int]:
-        """Delete a `qdrain`'s rows (`_drain.delete_range`) over the cold backlog's index,
-        once the drained queue's partition is fenced (as a plan's queues are)."""
-        if not _pg_schema.cold_columns(self._version):
-            return 0, 0  # no column says cold: no row is
-        conn = self._conn
-        if self.fence is not None:
-            parts, epochs = self.fence.epochs_for({drain[0]})
-            found = conn.execute(FENCE_SQL, (parts, epochs, self.fence.node_id)).fetchall()
-            check(self.fence.node_id, parts, found)
-
-        sql = statements("%s", "", 'id COLLATE "C"')
-        counted = self._version >= _pg_schema.COUNTED_VERSION
-        if counted:
-            # The statement counts its rows, not the trigger (`_cold_count_table`).
-            sql = (sql[0], pg_counted_delete(select_range("%s", "", 'id COLLATE "C"')))
-            conn.execute("SELECT set_config(%s, 'on', true)", (PG_SKIP_SETTING,))
-
-        def run(sql: str, params: tuple[Any, ...]) -> int:
-            cur = conn.execute(sql, params)
-            return int(cur.fetchone()[0]) if sql.startswith("WITH") else int(cur.rowcount)  # type: ignore[index]
-
-        done = delete_range(run, sql, drain, deltas=self._deltas_table, chunk=self.drain_chunk)
-        if counted:
-            conn.execute("SELECT set_config(%s, 'off', true)", (PG_SKIP_SETTING,))
-            conn.execute(PG_EMPTY_COUNTS, (drain[0],))
-        return done
 
     def _fenced(self, plan: Plan) -> tuple[Any, ...]:
         """The fencing statement's parameters for `plan` (`shardq.storage._pg_fence`)."""
@@ -266,6 +231,13 @@ class PostgresStore(ColdReads):
         if completed_from is not None:
             where += " AND (state <> 'completed' OR seq >= %s)"
             params = (*params, completed_from)
+        floors = {} if hot_only else self._read_floors()  # a hot row is in no Drain range
+        records = self._load(where, params, page_size, hot_only)
+        yield from not_drained(records, floors) if floors else records
+
+    def _load(
+        self, where: str, params: tuple[Any, ...], page_size: int, hot_only: bool
+    ) -> Iterator[Record]:
         if self._version >= _pg_schema.SEQ_VERSION:  # the split seq indexes (`_seq_reads`)
             conditions = _pg_schema.HOT_SEQ_CONDITIONS if hot_only else _ALL_SEQ
             first = more = _split_page(where, conditions)
@@ -304,7 +276,17 @@ class PostgresStore(ColdReads):
             one = "(SELECT seq FROM jobs WHERE {} ORDER BY seq DESC LIMIT 1)"
             sql = "SELECT greatest(" + ", ".join(one.format(c) for c in _ALL_SEQ) + ")"
         (seq,) = self._rows("reading the highest seq", sql, ())[0]
-        return 0 if seq is None else int(seq)
+        # A pending Drain range's bound too: a job pushed after it must stay above it.
+        bounds = [r[1] for r in self._read_floors().values()]
+        return max(0 if seq is None else int(seq), *bounds, 0)
+
+    def _read_floors(self) -> dict[str, Range]:
+        """Every pending Drain range, as the table holds it (any node's)."""
+        if not self._drain_table:
+            return {}
+        sql = "SELECT queue, above, seq FROM drain_pending"
+        rows = self._rows("reading the pending drains", sql, ())
+        return {q: (None if a is None else int(a), int(s)) for q, a, s in rows}
 
     def completed_floor(self, keep: int, queues: Collection[str] | None = None) -> int | None:
         """The seq from which the newest `keep` completed jobs (of `queues`) are stored, or
@@ -375,9 +357,12 @@ class PostgresStore(ColdReads):
 
     def get_job(self, job_id: str) -> Record | None:
         """The stored record under row key `job_id`, or None."""
-        sql = "SELECT rec, patch FROM jobs WHERE id = %s"
+        sql = "SELECT rec, patch, queue, cold, state, seq FROM jobs WHERE id = %s"
         rows = self._rows(f"reading job {job_id!r}", sql, (job_id,))
         if not rows:
+            return None
+        queue, cold, state, seq = rows[0][2:]
+        if cold == 1 and self._drained_row(self.drain_floor(queue), cold, state, seq):
             return None
         ops = self._page_deltas([job_id]).get(job_id, ())
         return self._decode_row(rows[0][0], rows[0][1], ops)
@@ -385,7 +370,9 @@ class PostgresStore(ColdReads):
     def row_counts(self) -> dict[str, int]:
         """Rows of each table recovery reads, and jobs per state (`_counts.count_rows`):
         what `shardq storage copy` compares. Raises `StorageError` if a read fails."""
-        return count_rows(lambda sql: self._rows("counting rows", sql, ()))
+        return count_rows(
+            lambda sql: self._rows("counting rows", sql, ()), drained=self._drain_table
+        )
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Nothing to fold: PostgreSQL manages its own log. True."""

@@ -357,7 +357,8 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         with self._reading("counting rows"):
             sql = "SELECT name FROM sqlite_master WHERE type = 'table'"
             present = {name for (name,) in self._conn.execute(sql)}
-            return count_rows(lambda q: self._conn.execute(q).fetchall(), present)
+            return count_rows(lambda q: self._conn.execute(q).fetchall(), present,
+                              drained="drain_pending" in present)  # fmt: skip
 
     def max_seq(self) -> int:
         """The highest seq of any stored job, 0 if there is none.

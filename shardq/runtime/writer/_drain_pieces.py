@@ -9,10 +9,14 @@ from the last one's measured rate to take about `drain_piece_ms`, at most twice 
 at most `drain_chunk_rows` (`drain_piece_ms` 0: every piece `drain_chunk_rows`).
 
 A pending range found at the start (a writer killed mid-deletion) is worked down the same
-way. A piece that fails (storage failing) is retried after the next commit. Progress goes to
-the log: `drain_progress` about once a second per range, `drain_deleted` when it is done
-(rows, pieces, the longest piece, wall and CPU time); the rows deleted and the ranges left
-go to the writer's status file (`shardq_writer_drained_rows`, `..._drain_pending_queues`).
+way. On PostgreSQL a range may also come with a partition (a takeover: the last owner died
+or handed it over in the middle of a deletion), with no batch of this node to notice it: the
+writer then looks again every `look_s` (a lease round) while it has nothing to delete. A
+piece that fails (storage failing, a partition moved) is retried after the next commit (or
+look). Progress goes to the log: `drain_progress` about once a second per range,
+`drain_deleted` when it is done (rows, pieces, the longest piece, wall and CPU time); the
+rows deleted and the ranges left go to the writer's status file
+(`shardq_writer_drained_rows`, `..._drain_pending_queues`).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class DrainPieces:
         *,
         max_rows: int,
         piece_s: float,
+        look_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
@@ -69,6 +74,8 @@ class DrainPieces:
         self._clock = clock
         self._size = self._max if piece_s <= 0 else min(self._max, FIRST_PIECE_ROWS)
         self._ranges: dict[str, _Range] = {}
+        self._look_s = look_s
+        self._next_look = 0.0
         self.wanted = self._look()
 
     def committed(self) -> None:
@@ -76,7 +83,18 @@ class DrainPieces:
         if not self.wanted:
             self.wanted = self._look()
 
+    def deadline(self) -> float | None:
+        """When to look for ranges again (None: not until a commit)."""
+        return None if self.wanted or self._look_s is None else self._next_look
+
+    def tick(self, now: float) -> None:
+        """Look for ranges if it is time (`look_s`)."""
+        if not self.wanted and self._look_s is not None and now >= self._next_look:
+            self.wanted = self._look()
+
     def _look(self) -> bool:
+        if self._look_s is not None:
+            self._next_look = self._clock() + self._look_s
         try:
             pending = self._store.pending_drains
         except StorageError:

@@ -131,8 +131,11 @@ class Writer(RejectedMutations):
             clock=clock,
         )
         # A Drain's range, deleted between the batches (`_drain_pieces`).
+        # On PostgreSQL, a range a takeover brings is looked for every lease round.
+        look_s = spec.cluster.lease_ms / 3000 if settings.storage_url else None
         self._pieces = DrainPieces(store, self._status, max_rows=settings.drain_chunk_rows,
-                                   piece_s=settings.drain_piece_ms / 1000, clock=clock)  # fmt: skip
+                                   piece_s=settings.drain_piece_ms / 1000, look_s=look_s,
+                                   clock=clock)  # fmt: skip
         # Memory grown by a busy period (decoded batches, SQLite's page cache) goes back once
         # the writer is idle (`_giveback.py`).
         give_back = GiveBackSettings.of(spec.process)
@@ -162,6 +165,7 @@ class Writer(RejectedMutations):
                 self._serve_links(events)
                 if self._buffer.due(self._clock()):
                     self._flush()
+            self._pieces.tick(self._clock())
             if self._pieces.wanted and not self._buffer.due(self._clock()):
                 self._pieces.step()  # one piece, then the links again (`_timeout_ms` 0)
             if events.keys() - {waker.fileno()}:
@@ -233,10 +237,8 @@ class Writer(RejectedMutations):
             return 0
         deadline = self._buffer.deadline()
         if deadline is None:
-            deadline = min(
-                (d for d in (self._vacuum.deadline(), self._give_back.deadline()) if d is not None),
-                default=None,
-            )
+            waits = (self._vacuum.deadline(), self._give_back.deadline(), self._pieces.deadline())
+            deadline = min((d for d in waits if d is not None), default=None)
         if deadline is None:
             return None  # nothing waits: sleep until a message or a signal
         return max(0, math.ceil((deadline - self._clock()) * 1000))
