@@ -38,6 +38,26 @@ def test_the_timeline_has_every_hop_of_a_durable_push() -> None:
     assert int(rows["total"][durable]) > int(rows["commit (Store.apply)"][durable])
 
 
+def test_the_timeline_of_a_durable_bulk_push_through_bunqueue_client() -> None:
+    """`--bulk 20 --client bqc`: bunqueue-client's `add_bulk` (its connection handed to the
+    shard), every job durable; the writer's steps inside the commit are stamped."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.durable_timeline", "--requests", "20", "--bulk", "20",
+         "--client", "bqc", "--modes", "durable"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = {
+        cells[0]: cells[1]
+        for line in done.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| segment")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    for segment in ("writer decodes the batch", "coalesce", "row writes", "COMMIT and after",
+                    "commit (Store.apply)", "shard awake → reply written"):  # fmt: skip
+        assert rows.get(segment, "").isdigit(), done.stdout
+
+
 def test_durable_hops_runs_each_build_in_its_own_checkout(tmp_path: Path) -> None:
     """A build's `@KEY=VAL` reaches only its server, and the server runs from outside this
     checkout (so the interpreter's own install decides which `shardq` it imports)."""
