@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardq.core import Engine, EngineConfig, _options, _produce
+from shardq.core import Engine, EngineConfig, _job, _options, _produce
 from shardq.core._options import MAX_DATA_CHARS, validate_data
 from shardq.protocol._fields import MAX_NESTING
 from shardq.protocol._schema import REWRITTEN_JOB_KEYS
@@ -146,13 +146,20 @@ for _ in range(MAX_NESTING + 2):
     _DEEP = [_DEEP]
 _BAD_DATA = st.sampled_from((_DEEP, {1, 2}))  # nested too deeply, not JSON
 DATA_ONLY = st.fixed_dictionaries({"data": st.one_of(DATA, DATA, DATA, _BAD_DATA)})
+# A durable bulk push's entries (`_job.payload_only`), and near misses of that shape.
+DURABLE = st.fixed_dictionaries(
+    {"data": st.one_of(DATA, DATA, DATA, _BAD_DATA),
+     "durable": st.sampled_from((True, True, True, False, 1, None, "yes"))},
+)  # fmt: skip
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(
     batches=st.lists(
-        st.lists(DATA_ONLY, max_size=6) | st.lists(st.one_of(DATA_ONLY, PUSH), max_size=4),
+        st.lists(DATA_ONLY, max_size=6)
+        | st.lists(DURABLE, max_size=6)
+        | st.lists(st.one_of(DATA_ONLY, PUSH, DURABLE), max_size=4),
         min_size=1,
         max_size=4,
     )
@@ -160,9 +167,11 @@ DATA_ONLY = st.fixed_dictionaries({"data": st.one_of(DATA, DATA, DATA, _BAD_DATA
 def test_a_data_only_pushb_is_decided_as_by_the_general_path(
     batches: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A PUSHB of `{"data": ...}` entries only skips `_entries`, the custom-id scan and
-    `_validate_batch` (`_produce._data_only`): the same replies (the first bad entry's error
-    included), mutations and state as with that shortcut turned off."""
+    """A PUSHB of `{"data": ...}` entries only, or of `{"data": ..., "durable": true}` only,
+    skips `_entries`, the custom-id scan and `_validate_batch` (`_produce._data_only`), and
+    its jobs are built as payloads (`_job.payload_only`) and recorded alike: the same replies
+    (the first bad entry's error included), mutations and state as with those shortcuts
+    turned off."""
     config = EngineConfig()
     fast, slow = Engine(config, seed=5), Engine(config, seed=5)
     for jobs in batches:
@@ -170,6 +179,8 @@ def test_a_data_only_pushb_is_decided_as_by_the_general_path(
         got = fast.apply(copy.deepcopy(cmd), NOW)
         with monkeypatch.context() as patch:
             patch.setattr(_produce, "_data_only", lambda entries: False)
+            patch.setattr(_produce, "payload_only", lambda fields: False)
+            patch.setattr(_job, "payload_only", lambda fields: False)
             expected = slow.apply(copy.deepcopy(cmd), NOW)
         assert got.reply == expected.reply
         assert got.mutations == expected.mutations
@@ -178,7 +189,10 @@ def test_a_data_only_pushb_is_decided_as_by_the_general_path(
 
 def test_a_data_only_pushb_takes_the_shortcut() -> None:
     assert _produce._data_only([{"data": 1}, {"data": {"i": 2}}])
-    for jobs in ([], [{"data": 1, "name": "x"}], [{"data": 1}, {"priority": 1}], {"data": 1}):
+    assert _produce._data_only([{"data": 1, "durable": True}, {"data": 2, "durable": True}])
+    for jobs in ([], [{"data": 1, "name": "x"}], [{"data": 1}, {"priority": 1}], {"data": 1},
+                 [{"data": 1}, {"data": 2, "durable": True}], [{"data": 1, "durable": 1}],
+                 [{"data": 1, "durable": False}], [{"durable": True, "name": "x"}]):  # fmt: skip
         assert not _produce._data_only(jobs)
     with pytest.raises(_produce.CommandError, match=r"^jobs\[1\]: Job data must be JSON"):
         _produce._data_only([{"data": 1}, {"data": {1}}])
