@@ -53,6 +53,7 @@ def _install() -> None:
     from shardq.runtime.shard import _core as shard_core
     from shardq.runtime.shard import _direct as shard_direct
     from shardq.runtime.shard import _process as shard_process
+    from shardq.runtime.shard import _writer_batches as shard_batches
     from shardq.runtime.writer import _process as writer_process
     from shardq.storage import _store as store
 
@@ -69,6 +70,7 @@ def _install() -> None:
         _wrap(shard_process.ShardProcess, "_pack_reply", "s.pack0", "s.pack1")
         _wrap(shard_core.ShardCore, "_flush_mutations", "s.flushm0", "s.flushm1")
         _wrap(shard_core.ShardCore, "take_replies", "s.takerep0", "s.takerep1")
+        _wrap(shard_batches.WriterBatches, "on_done", "s.done0", "s.done1")
     writer = writer_process.Writer
     _wrap(writer, "_poll", "w.poll0", "w.poll1")
     _wrap(writer, "_flush", "w.flush0", "w.flush1")
