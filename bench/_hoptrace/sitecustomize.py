@@ -71,6 +71,10 @@ def _install() -> None:
         _wrap(shard_core.ShardCore, "_flush_mutations", "s.flushm0", "s.flushm1")
         _wrap(shard_core.ShardCore, "take_replies", "s.takerep0", "s.takerep1")
         _wrap(shard_batches.WriterBatches, "on_done", "s.done0", "s.done1")
+        _wrap(store.Store, "_commit_drains", "w.cdrain0", None)
+        _wrap(store, "remember_steps", "w.remember0", "w.remember1")
+        _wrap(writer_process.FlushBuffer, "committed", "w.committed0", "w.committed1")
+        _wrap(writer_process.Writer, "_send", "w.send0", "w.send1")
     writer = writer_process.Writer
     _wrap(writer, "_poll", "w.poll0", "w.poll1")
     _wrap(writer, "_flush", "w.flush0", "w.flush1")

@@ -78,3 +78,16 @@ def test_durable_hops_runs_each_build_in_its_own_checkout(tmp_path: Path) -> Non
     # Wake-ups are counted exactly (context switches); CPU only in clock ticks, which 30
     # requests may not reach (a CI run read 0 µs), so it is not required here.
     assert all(r["p50_us"] > 0 and r["server_wake"] > 0 for r in rows), rows
+
+
+def test_durable_hops_counts_a_durable_bulk_push(tmp_path: Path) -> None:
+    """`--bulk N`: a PUSHB of N durable jobs per request, counted per request."""
+    out = tmp_path / "hops.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.durable_hops", "--requests", "20", "--rounds", "1",
+         "--modes", "durable", "--bulk", "10", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    (row,) = json.loads(out.read_text())
+    assert row["bulk"] == 10 and row["p50_us"] > 0 and row["server_wake"] > 0, row
