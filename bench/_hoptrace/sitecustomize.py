@@ -54,6 +54,7 @@ def _install() -> None:
     from shardq.runtime.shard import _direct as shard_direct
     from shardq.runtime.shard import _process as shard_process
     from shardq.runtime.shard import _writer_batches as shard_batches
+    from shardq.runtime.writer import _flush as writer_flush
     from shardq.runtime.writer import _process as writer_process
     from shardq.storage import _store as store
 
@@ -73,7 +74,7 @@ def _install() -> None:
         _wrap(shard_batches.WriterBatches, "on_done", "s.done0", "s.done1")
         _wrap(store.Store, "_commit_drains", "w.cdrain0", None)
         _wrap(store, "remember_steps", "w.remember0", "w.remember1")
-        _wrap(writer_process.FlushBuffer, "committed", "w.committed0", "w.committed1")
+        _wrap(writer_flush.FlushBuffer, "committed", "w.committed0", "w.committed1")
         _wrap(writer_process.Writer, "_send", "w.send0", "w.send1")
     writer = writer_process.Writer
     _wrap(writer, "_poll", "w.poll0", "w.poll1")
