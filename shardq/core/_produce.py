@@ -59,22 +59,23 @@ def _plain_limit(limit: object) -> bool:
 
 def _data_only(entries: object) -> TypeGuard[list[Mapping[str, Any]]]:
     """Whether a PUSHB's jobs are all `{"data": ...}` with valid data, at least one (what
-    `bunqueue-client`'s `add_bulk` and a bulk push without options send), or all
-    `{"data": ..., "durable": true}` (the same, durable: `payload_only`): then `_entries`,
+    `bunqueue-client`'s `add_bulk` and a bulk push without options send), or all of one
+    such shape with a `name` and/or `"durable": true` (`payload_only`): then `_entries`,
     the custom-id scan and `_validate_batch` have nothing to say, and it is admitted as
-    `cmd_pushb`'s plain path with `alike` would. Raises the first entry's data error as
-    `_validate_batch` would (there is no other error for such a batch)."""
+    `cmd_pushb`'s plain path with `alike` would. Raises the first entry's data or name error
+    as `_validate_batch` would (there is no other error for such a batch)."""
     if type(entries) is not list or not entries:
         return False
     first = entries[0]
     if type(first) is not dict:
         return False
-    size = len(first)
+    keys = first.keys()
     for entry in entries:
-        if type(entry) is not dict or len(entry) != size or not payload_only(entry):
+        if type(entry) is not dict or entry.keys() != keys or not payload_only(entry):
             return False
+    named = "name" in keys
     for index, entry in enumerate(entries):
-        error = validate_data(entry["data"])
+        error = validate_data(entry["data"]) or (validate_name(entry) if named else None)
         if error:
             raise CommandError(f"jobs[{index}]: {error}")
     return True
@@ -214,15 +215,15 @@ class Producer:
         entries = _entries(jobs)
         customs: list[str | None] = []
         plain = True  # no custom id, no uniqueKey: no entry can be a duplicate
-        # Every entry is {"data": ...}, or every one {"data": ..., "durable": true}: their
-        # jobs differ only in id, name, data and seq (`admit_all`'s `alike`).
+        # Every entry has the same keys of `payload_only`'s (data, perhaps a name and
+        # durable true): their jobs differ only in id, name, data and seq (`admit_all`).
         alike = entries and payload_only(entries[0])
-        size = len(entries[0]) if entries else 0
+        keys = entries[0].keys() if entries else None
         for entry in entries:
             custom = custom_id_of(entry["customId"]) if "customId" in entry else None
             if custom is not None or isinstance(entry.get("uniqueKey"), str):
                 plain = False
-            if alike and (len(entry) != size or not payload_only(entry)):
+            if alike and (entry.keys() != keys or not payload_only(entry)):
                 alike = False
             customs.append(custom)
         queue = str(queue)
@@ -338,8 +339,8 @@ class Producer:
         """Admit validated entries that have neither a custom id nor a uniqueKey: none of them
         can be a duplicate, so they are built first and placed in one pass (as `push_one`
         would, one by one: the same ids, sequence numbers and records). `alike`: every
-        entry is just {"data": ...}, or every one {"data": ..., "durable": true}
-        (`payload_only`), so the jobs differ only in id, name, data and seq."""
+        entry has the same keys, those of `payload_only` (data, perhaps a name and durable
+        true), so the jobs differ only in id, name, data and seq."""
         new_id = self.ids.new
         create = Job.create
         store = self.store

@@ -150,6 +150,11 @@ DATA_ONLY = st.fixed_dictionaries({"data": st.one_of(DATA, DATA, DATA, _BAD_DATA
 DURABLE = st.fixed_dictionaries(
     {"data": st.one_of(DATA, DATA, DATA, _BAD_DATA),
      "durable": st.sampled_from((True, True, True, False, 1, None, "yes"))},
+    optional={"name": st.sampled_from(("noop", "noop", "", 5, None))},
+)  # fmt: skip
+NAMED = st.fixed_dictionaries(  # shardq's own add_bulk: a name with every entry
+    {"data": st.one_of(DATA, DATA, DATA, _BAD_DATA),
+     "name": st.sampled_from(("noop", "other", "noop", "", 5, None, "x" * 257))},
 )  # fmt: skip
 
 
@@ -159,7 +164,8 @@ DURABLE = st.fixed_dictionaries(
     batches=st.lists(
         st.lists(DATA_ONLY, max_size=6)
         | st.lists(DURABLE, max_size=6)
-        | st.lists(st.one_of(DATA_ONLY, PUSH, DURABLE), max_size=4),
+        | st.lists(NAMED, max_size=6)
+        | st.lists(st.one_of(DATA_ONLY, PUSH, DURABLE, NAMED), max_size=4),
         min_size=1,
         max_size=4,
     )
@@ -167,11 +173,11 @@ DURABLE = st.fixed_dictionaries(
 def test_a_data_only_pushb_is_decided_as_by_the_general_path(
     batches: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A PUSHB of `{"data": ...}` entries only, or of `{"data": ..., "durable": true}` only,
-    skips `_entries`, the custom-id scan and `_validate_batch` (`_produce._data_only`), and
-    its jobs are built as payloads (`_job.payload_only`) and recorded alike: the same replies
-    (the first bad entry's error included), mutations and state as with those shortcuts
-    turned off."""
+    """A PUSHB of `{"data": ...}` entries only, or of entries all with the same keys among
+    data, name and `"durable": true`, skips `_entries`, the custom-id scan and
+    `_validate_batch` (`_produce._data_only`), and its jobs are built as payloads
+    (`_job.payload_only`) and recorded alike: the same replies (the first bad entry's error
+    included), mutations and state as with those shortcuts turned off."""
     config = EngineConfig()
     fast, slow = Engine(config, seed=5), Engine(config, seed=5)
     for jobs in batches:
@@ -190,9 +196,15 @@ def test_a_data_only_pushb_is_decided_as_by_the_general_path(
 def test_a_data_only_pushb_takes_the_shortcut() -> None:
     assert _produce._data_only([{"data": 1}, {"data": {"i": 2}}])
     assert _produce._data_only([{"data": 1, "durable": True}, {"data": 2, "durable": True}])
-    for jobs in ([], [{"data": 1, "name": "x"}], [{"data": 1}, {"priority": 1}], {"data": 1},
+    assert _produce._data_only([{"data": 1, "name": "a"}, {"data": 2, "name": "b"}])
+    assert _produce._data_only([{"data": 1, "name": "a", "durable": True}])
+    for jobs in ([], [{"data": 1}, {"priority": 1}], {"data": 1},
+                 [{"data": 1, "name": "x"}, {"data": 2}],
                  [{"data": 1}, {"data": 2, "durable": True}], [{"data": 1, "durable": 1}],
-                 [{"data": 1, "durable": False}], [{"durable": True, "name": "x"}]):  # fmt: skip
+                 [{"data": 1, "durable": False}], [{"durable": True, "name": "x"}],
+                 [{"data": 1, "name": "x"}, {"data": 2, "durable": True}]):  # fmt: skip
         assert not _produce._data_only(jobs)
     with pytest.raises(_produce.CommandError, match=r"^jobs\[1\]: Job data must be JSON"):
         _produce._data_only([{"data": 1}, {"data": {1}}])
+    with pytest.raises(_produce.CommandError, match=r"^jobs\[1\]: Job name must be"):
+        _produce._data_only([{"data": 1, "name": "a"}, {"data": 2, "name": ""}])
