@@ -2,7 +2,7 @@
 
     python -m bench.durable_hops [--builds a=PYTHON[@KEY=VAL],b=PYTHON] [--requests 3000]
                                  [--rounds 3] [--spin auto] [--gap-ms 0] [--realtime PRIO]
-                                 [--json P]
+                                 [--bulk N] [--json P]
 
 For each build (a label and the interpreter of a checkout, whose `shardq_cli` it runs), starts
 `shardq start --shards 2` (the other settings default), and one client with a raw TCP socket
@@ -15,7 +15,9 @@ thread of the process): the voluntary context switches (a sleep that a message e
 wake-up) and the CPU time, and the client's wall time (p50, p99). Builds alternate within each
 round (A, B, A, B), so they share the machine's load; the load average is printed with every row.
 `--realtime PRIO` runs the client and the servers under SCHED_FIFO (as `bench compare
---realtime`), so that other work on a shared machine cannot preempt them.
+--realtime`), so that other work on a shared machine cannot preempt them. `--bulk N` sends a
+PUSHB of N jobs (each durable in the durable mode) instead of a PUSH; the counts stay per
+request.
 """
 
 from __future__ import annotations
@@ -153,12 +155,18 @@ def _call(sock: socket.socket, command: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-def _measure(server: _Server, durable: bool, requests: int, gap_s: float = 0.0) -> dict[str, Any]:
+def _measure(
+    server: _Server, durable: bool, requests: int, gap_s: float = 0.0, bulk: int = 0
+) -> dict[str, Any]:
     sock = socket.create_connection(("127.0.0.1", server.port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     queue = f"dhops-{'durable' if durable else 'buffered'}"
     command: dict[str, Any] = {"cmd": "PUSH", "queue": queue, "data": {"n": 1}}
-    if durable:
+    if bulk:
+        entry = {"durable": True} if durable else {}
+        command = {"cmd": "PUSHB", "queue": queue,
+                   "jobs": [{"data": {"n": k}, **entry} for k in range(bulk)]}  # fmt: skip
+    elif durable:
         command["durable"] = True
     try:
         for k in range(_WARM):
@@ -206,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="durable,buffered")
     parser.add_argument("--gap-ms", type=float, default=0.0)
     parser.add_argument("--realtime", type=int, default=0, metavar="PRIO")
+    parser.add_argument("--bulk", type=int, default=0, metavar="N")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     if args.realtime:  # inherited by the servers this process starts
@@ -219,10 +228,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 time.sleep(0.3)
                 for mode in args.modes.split(","):
-                    got = _measure(server, mode == "durable", args.requests, args.gap_ms / 1000)
+                    got = _measure(server, mode == "durable", args.requests,
+                                   args.gap_ms / 1000, args.bulk)  # fmt: skip
                     load = os.getloadavg()[0]
                     row = {"round": k + 1, "build": label, "mode": mode, "load1": load,
-                           "realtime": args.realtime, "gap_ms": args.gap_ms, **got}  # fmt: skip
+                           "realtime": args.realtime, "gap_ms": args.gap_ms, "bulk": args.bulk,
+                           **got}  # fmt: skip
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:

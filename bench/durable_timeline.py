@@ -2,15 +2,16 @@
 
     python -m bench.durable_timeline [--builds a=PYTHON[@KEY=VAL],b=PYTHON] [--modes durable]
                                      [--requests 2000] [--rounds 1] [--spin auto] [--gap-ms 0]
-                                     [--client raw|sdk] [--realtime PRIO]
+                                     [--client raw|sdk|bqc] [--bulk N] [--realtime PRIO]
 
 Starts `shardq start --shards 2` per build (as `bench.durable_hops`, whose server and raw TCP
 client it uses: the bunqueue framing, so the connection is handed to its shard) with
 `bench/_hoptrace` on `PYTHONPATH` (`--client sdk`: shardq's `Queue.add` instead, whose single
-pushes go to the shard's direct port), which stamps the shard's and the writer's steps with
-`time.perf_counter()` (one clock for all processes). The client sends PUSH one at a time and
-stamps its send and its receipt. Each request's stamps are the ones between those two; the
-table gives each segment's median over the requests (µs), the load average beside it:
+pushes go to the shard's direct port; `--client bqc`: bunqueue-client's `Queue.add`/`add_bulk`,
+whose connection is handed off as the raw socket's), which stamps the shard's and the writer's
+steps with `time.perf_counter()` (one clock for all processes). The client sends PUSH one at a
+time and stamps its send and its receipt. Each request's stamps are the ones between those two;
+the table gives each segment's median over the requests (µs), the load average beside it:
 
   client → shard awake · shard reads the request · engine · turn's end → batch sent ·
   batch → writer awake · writer awake → commit starts · commit (`Store.apply`) · commit →
@@ -19,6 +20,12 @@ table gives each segment's median over the requests (µs), the load average besi
 (for a buffered push the writer's segments do not occur: "engine end → reply written"
 instead). The stamps cost about a microsecond each, so the sum is a little above the plain
 round trip; use `bench.durable_hops` for latency and CPU without them.
+
+The writer's steps are stamped apart as well (indented rows): decoding the batch, and inside
+`Store.apply` the coalescing, the row writes, then COMMIT and what follows it. `--bulk N` sends
+a PUSHB of N jobs per call instead of a PUSH (issue 24's durable bulk push). With
+`SHARDQ_HOPTRACE_FINE=1` in a build's environment the hook stamps the parts of a shard's turn
+too (encoding its batch, taking and packing its replies), for a closer look at the raw stamps.
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ __all__ = ["main"]
 _HOOK = str(Path(__file__).resolve().parent / "_hoptrace")
 _SEGMENTS = (
     "client → shard awake", "shard reads the request", "engine", "turn's end → batch sent",
-    "batch → writer awake", "writer awake → commit starts", "commit (Store.apply)",
+    "batch → writer awake", "writer awake → commit starts", "  writer decodes the batch",
+    "commit (Store.apply)", "  coalesce", "  row writes", "  COMMIT and after",
     "commit → done sent", "done → shard awake", "shard awake → reply written",
     "engine end → reply written", "reply → client", "total",
 )  # fmt: skip
@@ -73,6 +81,9 @@ def _segments(
     w_woke, applied0 = _first(stamps, "w.poll1"), _first(stamps, "w.apply0")
     applied1, done = _first(stamps, "w.apply1"), _first(stamps, "w.deliver1")
     rep0 = _last(stamps, "s.rep0")
+    dec0, dec1 = _first(stamps, "w.handle0"), _first(stamps, "w.handle1")
+    coal0, wrote0 = _first(stamps, "w.coal0"), _first(stamps, "w.write0")
+    wrote1 = _first(stamps, "w.write1")
     woke_done = max((t for t in stamps.get("s.poll1", []) if rep0 and done and done < t < rep0),
                     default=None)  # fmt: skip
     return {
@@ -82,7 +93,11 @@ def _segments(
         "turn's end → batch sent": _gap(handled1, sent) if durable else None,
         "batch → writer awake": _gap(sent, w_woke) if durable else None,
         "writer awake → commit starts": _gap(w_woke, applied0) if durable else None,
+        "  writer decodes the batch": _gap(dec0, dec1) if durable else None,
         "commit (Store.apply)": _gap(applied0, applied1) if durable else None,
+        "  coalesce": _gap(coal0, wrote0) if durable else None,
+        "  row writes": _gap(wrote0, wrote1) if durable else None,
+        "  COMMIT and after": _gap(wrote1, applied1) if durable else None,
         "commit → done sent": _gap(applied1, done) if durable else None,
         "done → shard awake": _gap(done, woke_done) if durable else None,
         "shard awake → reply written": _gap(woke_done, wrote) if durable else None,
@@ -94,7 +109,10 @@ def _segments(
 
 def _client(kind: str, port: int) -> tuple[Callable[[dict[str, Any]], Any], Callable[[], None]]:
     """`raw`: a socket in the bunqueue framing (its connection is handed to the shard);
-    `sdk`: shardq's `Queue.add` (its single pushes take the shard's direct port)."""
+    `sdk`: shardq's `Queue.add` (its single pushes take the shard's direct port); `bqc`:
+    bunqueue-client (the compare's client; its connection is handed off as `raw`'s)."""
+    if kind == "bqc":
+        return _bunqueue_client(port)
     if kind == "sdk":
         from shardq.client import Queue
 
@@ -110,6 +128,32 @@ def _client(kind: str, port: int) -> tuple[Callable[[dict[str, Any]], Any], Call
     return (lambda command: _call(sock, {**command, "reqId": "1"})), sock.close
 
 
+def _bunqueue_client(port: int) -> tuple[Callable[[dict[str, Any]], Any], Callable[[], None]]:
+    from bunqueue import Queue
+
+    queue = Queue("timeline", host="127.0.0.1", port=port)
+
+    def add(command: dict[str, Any]) -> Any:
+        if command["cmd"] == "PUSHB":
+            return {"ok": bool(queue.add_bulk([{"name": "noop", **j} for j in command["jobs"]]))}
+        options = {"durable": True} if command.get("durable") else {}
+        return {"ok": bool(queue.add("noop", command["data"], **options))}
+
+    return add, queue.close
+
+
+def _command(durable: bool, bulk: int) -> dict[str, Any]:
+    """A PUSH, or with `bulk` a PUSHB of that many jobs (durable: each of them)."""
+    if bulk:
+        entry: dict[str, Any] = {"durable": True} if durable else {}
+        jobs = [{"data": {"n": k}, **entry} for k in range(bulk)]
+        return {"cmd": "PUSHB", "queue": "timeline", "jobs": jobs}
+    command: dict[str, Any] = {"cmd": "PUSH", "queue": "timeline", "data": {"n": 1}}
+    if durable:
+        command["durable"] = True
+    return command
+
+
 def _run(python: str, extra: dict[str, str], args: argparse.Namespace, durable: bool) -> Any:
     prefix = tempfile.mktemp(prefix="shardq-hops-")
     env = {"SHARDQ_HOPTRACE": prefix, "PYTHONPATH": _HOOK, **extra}
@@ -117,9 +161,7 @@ def _run(python: str, extra: dict[str, str], args: argparse.Namespace, durable: 
     pairs: list[tuple[float, float]] = []
     try:
         time.sleep(0.3)
-        command: dict[str, Any] = {"cmd": "PUSH", "queue": "timeline", "data": {"n": 1}}
-        if durable:
-            command["durable"] = True
+        command = _command(durable, args.bulk)
         call, close = _client(args.client, server.port)
         for _ in range(300):  # the hand-off, the spin policies' history
             assert call(command)["ok"]
@@ -156,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--spin", default="auto")
     parser.add_argument("--gap-ms", type=float, default=0.0)
-    parser.add_argument("--client", choices=("raw", "sdk"), default="raw")
+    parser.add_argument("--client", choices=("raw", "sdk", "bqc"), default="raw")
+    parser.add_argument("--bulk", type=int, default=0, metavar="N")
     parser.add_argument("--realtime", type=int, default=0, metavar="PRIO")
     args = parser.parse_args(argv)
     if args.realtime:  # inherited by the servers this process starts

@@ -53,6 +53,8 @@ def _install() -> None:
     from shardq.runtime.shard import _core as shard_core
     from shardq.runtime.shard import _direct as shard_direct
     from shardq.runtime.shard import _process as shard_process
+    from shardq.runtime.shard import _writer_batches as shard_batches
+    from shardq.runtime.writer import _flush as writer_flush
     from shardq.runtime.writer import _process as writer_process
     from shardq.storage import _store as store
 
@@ -64,11 +66,24 @@ def _install() -> None:
     _wrap(shard_core.ShardCore, "finish_turn", "s.fin0", "s.fin1")
     _wrap(writer_link.WriterLink, "send", "s.muts0", "s.muts1")
     _wrap(shard_direct.DirectPort, "_write", "s.rep0", "s.rep1")
+    if os.environ.get("SHARDQ_HOPTRACE_FINE"):  # the turn's parts, for a closer look
+        _wrap(shard_direct.DirectPort, "take", "s.take0", "s.take1")
+        _wrap(shard_process.ShardProcess, "_pack_reply", "s.pack0", "s.pack1")
+        _wrap(shard_core.ShardCore, "_flush_mutations", "s.flushm0", "s.flushm1")
+        _wrap(shard_core.ShardCore, "take_replies", "s.takerep0", "s.takerep1")
+        _wrap(shard_batches.WriterBatches, "on_done", "s.done0", "s.done1")
+        _wrap(store.Store, "_commit_drains", "w.cdrain0", None)
+        _wrap(store, "remember_steps", "w.remember0", "w.remember1")
+        _wrap(writer_flush.FlushBuffer, "committed", "w.committed0", "w.committed1")
+        _wrap(writer_process.Writer, "_send", "w.send0", "w.send1")
     writer = writer_process.Writer
     _wrap(writer, "_poll", "w.poll0", "w.poll1")
     _wrap(writer, "_flush", "w.flush0", "w.flush1")
     _wrap(writer, "_deliver", "w.deliver0", "w.deliver1")
+    _wrap(writer, "_handle", "w.handle0", "w.handle1")
     _wrap(store.Store, "apply", "w.apply0", "w.apply1")
+    _wrap(store, "coalesce", "w.coal0", None)
+    _wrap(store.Store, "_write", "w.write0", "w.write1")
 
 
 if _PREFIX:

@@ -26,6 +26,7 @@ __all__ = [
     "Job",
     "Timeline",
     "backoff_delay",
+    "payload_only",
     "wire_maps",
 ]
 
@@ -225,12 +226,18 @@ class Job:
     ) -> Job:
         """A new job from validated push fields (see `_validate.validate_job`)."""
         job = cls(job_id, queue, seq)
-        if len(fields) == 1 and not custom and "data" in fields:
-            # Just the payload (a PUSHB entry without options): every other field is default.
+        if not custom and payload_only(fields):
+            # Just the payload (a PUSHB entry without options), perhaps named or durable:
+            # every other field is default.
             job.data = data = fields["data"]
-            if type(data) is dict:
+            name = fields.get("name")
+            if isinstance(name, str) and name:
+                job.name = name
+            elif type(data) is dict:
                 job.name = _legacy_name(data)
             job.created_at = job.last_heartbeat = job.run_at = now
+            if "durable" in fields:
+                job.opts = {"durable": True}  # as `_options` has it; each job its own
             return job
         get = fields.get
         job.data = data = get("data")
@@ -485,6 +492,18 @@ def _timeline_entry(entry: Any) -> tuple[str, int, int | None]:
         return (entry["state"], entry["timestamp"], entry.get("attempt"))
     state, timestamp, attempt = entry
     return (state, timestamp, attempt)
+
+
+def payload_only(fields: Mapping[str, Any]) -> bool:
+    """Whether a push's fields are `{"data": ...}`, perhaps with a `name` and `"durable":
+    true` (a bulk push without options, durable or not: bunqueue-client's `add_bulk` sends
+    data and durable, shardq's the name too): its job is its payload, its name and the
+    defaults, `durable` kept in `opts` as `_options` keeps it. Nothing else is checked of
+    such a push than its data and name (`durable` true is a valid flag)."""
+    size = len(fields)
+    if size == 1 or "data" not in fields:
+        return size == 1 and "data" in fields
+    return size - 1 == ("name" in fields) + (fields.get("durable") is True)
 
 
 def _number(value: object, default: float) -> float:

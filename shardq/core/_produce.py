@@ -12,7 +12,7 @@ from shardq.protocol._schema import REWRITTEN_JOB_KEYS, normalize_job, push_allo
 from ._effects import Effects
 from ._graph import graph_error
 from ._groups import group_size_error
-from ._job import Job
+from ._job import Job, payload_only
 from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
 from ._options import as_int, validate_data, validate_name, validate_queue_name
 from ._repeat import check_repeat, successor
@@ -59,17 +59,23 @@ def _plain_limit(limit: object) -> bool:
 
 def _data_only(entries: object) -> TypeGuard[list[Mapping[str, Any]]]:
     """Whether a PUSHB's jobs are all `{"data": ...}` with valid data, at least one (what
-    `bunqueue-client`'s `add_bulk` and a bulk push without options send): then `_entries`,
+    `bunqueue-client`'s `add_bulk` and a bulk push without options send), or all of one
+    such shape with a `name` and/or `"durable": true` (`payload_only`): then `_entries`,
     the custom-id scan and `_validate_batch` have nothing to say, and it is admitted as
-    `cmd_pushb`'s plain path with `data_only` would. Raises the first entry's data error as
-    `_validate_batch` would (there is no other error for such a batch)."""
+    `cmd_pushb`'s plain path with `alike` would. Raises the first entry's data or name error
+    as `_validate_batch` would (there is no other error for such a batch)."""
     if type(entries) is not list or not entries:
         return False
+    first = entries[0]
+    if type(first) is not dict:
+        return False
+    keys = first.keys()
     for entry in entries:
-        if type(entry) is not dict or len(entry) != 1 or "data" not in entry:
+        if type(entry) is not dict or entry.keys() != keys or not payload_only(entry):
             return False
+    named = "name" in keys
     for index, entry in enumerate(entries):
-        error = validate_data(entry["data"])
+        error = validate_data(entry["data"]) or (validate_name(entry) if named else None)
         if error:
             raise CommandError(f"jobs[{index}]: {error}")
     return True
@@ -209,19 +215,22 @@ class Producer:
         entries = _entries(jobs)
         customs: list[str | None] = []
         plain = True  # no custom id, no uniqueKey: no entry can be a duplicate
-        data_only = True  # every entry is {"data": ...}
+        # Every entry has the same keys of `payload_only`'s (data, perhaps a name and
+        # durable true): their jobs differ only in id, name, data and seq (`admit_all`).
+        alike = entries and payload_only(entries[0])
+        keys = entries[0].keys() if entries else None
         for entry in entries:
             custom = custom_id_of(entry["customId"]) if "customId" in entry else None
             if custom is not None or isinstance(entry.get("uniqueKey"), str):
                 plain = False
-            if len(entry) != 1 or "data" not in entry:
-                data_only = False
+            if alike and (entry.keys() != keys or not payload_only(entry)):
+                alike = False
             customs.append(custom)
         queue = str(queue)
         if self._validate_batch(entries, customs):
             self._check_group_sizes(queue, entries)
         if plain and entries:
-            return {"ok": True, "ids": self._push_plain(fx, queue, entries, now, data_only)}
+            return {"ok": True, "ids": self._push_plain(fx, queue, entries, now, bool(alike))}
         ids: list[str] = []
         for index, entry in enumerate(entries):
             try:
@@ -325,12 +334,13 @@ class Producer:
         return job.id
 
     def _push_plain(
-        self, fx: Effects, queue: str, entries: list[Mapping[str, Any]], now: int, data_only: bool
+        self, fx: Effects, queue: str, entries: list[Mapping[str, Any]], now: int, alike: bool
     ) -> list[str]:
         """Admit validated entries that have neither a custom id nor a uniqueKey: none of them
         can be a duplicate, so they are built first and placed in one pass (as `push_one`
-        would, one by one: the same ids, sequence numbers and records). `data_only`: every
-        entry is just {"data": ...}, so the jobs differ only in id, name, data and seq."""
+        would, one by one: the same ids, sequence numbers and records). `alike`: every
+        entry has the same keys, those of `payload_only` (data, perhaps a name and durable
+        true), so the jobs differ only in id, name, data and seq."""
         new_id = self.ids.new
         create = Job.create
         store = self.store
@@ -340,7 +350,7 @@ class Producer:
             seq += 1
             jobs.append(create(new_id(now), queue, seq, entry, now))
         store.seq = seq
-        store.admit_all(fx, jobs, store.queue(queue), now, alike=data_only)
+        store.admit_all(fx, jobs, store.queue(queue), now, alike=alike)
         return [job.id for job in jobs]
 
     def _live_owner(self, queue: str, key: str, now: int) -> Job | None:

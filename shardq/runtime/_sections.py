@@ -79,7 +79,7 @@ class ProcessSettings:
     # With "auto": a shard whose own reply waits on the writer's commit (a durable push on a
     # direct or handed-off connection) spins for about 1.5 times its recent commit waits, at
     # most this long (microseconds; 0 = never). Nothing waits on an idle server.
-    spin_commit_max_us: int = 500
+    spin_commit_max_us: int = 1500
     # Memory given back after a busy period (`_giveback.py`): once a process has been quiet
     # this long after work (ms; 0 = never), it collects, rebuilds its big dicts and trims the
     # C heap, if it grew at least `memory_release_grow_mb` since its last release.

@@ -38,6 +38,26 @@ def test_the_timeline_has_every_hop_of_a_durable_push() -> None:
     assert int(rows["total"][durable]) > int(rows["commit (Store.apply)"][durable])
 
 
+def test_the_timeline_of_a_durable_bulk_push_through_bunqueue_client() -> None:
+    """`--bulk 20 --client bqc`: bunqueue-client's `add_bulk` (its connection handed to the
+    shard), every job durable; the writer's steps inside the commit are stamped."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.durable_timeline", "--requests", "20", "--bulk", "20",
+         "--client", "bqc", "--modes", "durable"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = {
+        cells[0]: cells[1]
+        for line in done.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| segment")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    for segment in ("writer decodes the batch", "coalesce", "row writes", "COMMIT and after",
+                    "commit (Store.apply)", "shard awake → reply written"):  # fmt: skip
+        assert rows.get(segment, "").isdigit(), done.stdout
+
+
 def test_durable_hops_runs_each_build_in_its_own_checkout(tmp_path: Path) -> None:
     """A build's `@KEY=VAL` reaches only its server, and the server runs from outside this
     checkout (so the interpreter's own install decides which `shardq` it imports)."""
@@ -58,3 +78,16 @@ def test_durable_hops_runs_each_build_in_its_own_checkout(tmp_path: Path) -> Non
     # Wake-ups are counted exactly (context switches); CPU only in clock ticks, which 30
     # requests may not reach (a CI run read 0 µs), so it is not required here.
     assert all(r["p50_us"] > 0 and r["server_wake"] > 0 for r in rows), rows
+
+
+def test_durable_hops_counts_a_durable_bulk_push(tmp_path: Path) -> None:
+    """`--bulk N`: a PUSHB of N durable jobs per request, counted per request."""
+    out = tmp_path / "hops.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.durable_hops", "--requests", "20", "--rounds", "1",
+         "--modes", "durable", "--bulk", "10", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    (row,) = json.loads(out.read_text())
+    assert row["bulk"] == 10 and row["p50_us"] > 0 and row["server_wake"] > 0, row

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardq.core import Engine, EngineConfig, _options, _produce
+from shardq.core import Engine, EngineConfig, _job, _options, _produce
 from shardq.core._options import MAX_DATA_CHARS, validate_data
 from shardq.protocol._fields import MAX_NESTING
 from shardq.protocol._schema import REWRITTEN_JOB_KEYS
@@ -78,17 +78,20 @@ def test_the_plain_path_decides_as_the_full_passes(
 
 
 def _decided_as_without(
-    shortcut: str, batches: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+    shortcuts: list[tuple[object, str]],
+    batches: list[list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Two engines fed the same PUSHBs, one with the `_produce` shortcut `shortcut` turned
-    off (it answers False): the same replies, mutations and state."""
+    """Two engines fed the same PUSHBs, one with each shortcut `(module, name)` turned off
+    (it answers False): the same replies, mutations and state."""
     config = EngineConfig()
     fast, slow = Engine(config, seed=5), Engine(config, seed=5)
     for jobs in batches:
         cmd = {"cmd": "PUSHB", "queue": "q", "jobs": jobs}
         got = fast.apply(copy.deepcopy(cmd), NOW)
         with monkeypatch.context() as patch:
-            patch.setattr(_produce, shortcut, lambda _: False)
+            for module, name in shortcuts:
+                patch.setattr(module, name, lambda _: False)
             expected = slow.apply(copy.deepcopy(cmd), NOW)
         assert got.reply == expected.reply
         assert got.mutations == expected.mutations
@@ -101,7 +104,7 @@ def _decided_as_without(
 def test_a_pushb_entry_on_the_plain_path_is_decided_as_by_the_full_passes(
     batches: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _decided_as_without(_produce._plain_entry.__name__, batches, monkeypatch)
+    _decided_as_without([(_produce, _produce._plain_entry.__name__)], batches, monkeypatch)
 
 
 def test_a_task_push_takes_the_plain_path() -> None:
@@ -154,13 +157,26 @@ for _ in range(MAX_NESTING + 2):
     _DEEP = [_DEEP]
 _BAD_DATA = st.sampled_from((_DEEP, {1, 2}))  # nested too deeply, not JSON
 DATA_ONLY = st.fixed_dictionaries({"data": st.one_of(DATA, DATA, DATA, _BAD_DATA)})
+# A durable bulk push's entries (`_job.payload_only`), and near misses of that shape.
+DURABLE = st.fixed_dictionaries(
+    {"data": st.one_of(DATA, DATA, DATA, _BAD_DATA),
+     "durable": st.sampled_from((True, True, True, False, 1, None, "yes"))},
+    optional={"name": st.sampled_from(("noop", "noop", "", 5, None))},
+)  # fmt: skip
+NAMED = st.fixed_dictionaries(  # shardq's own add_bulk: a name with every entry
+    {"data": st.one_of(DATA, DATA, DATA, _BAD_DATA),
+     "name": st.sampled_from(("noop", "other", "noop", "", 5, None, "x" * 257))},
+)  # fmt: skip
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(
     batches=st.lists(
-        st.lists(DATA_ONLY, max_size=6) | st.lists(st.one_of(DATA_ONLY, PUSH), max_size=4),
+        st.lists(DATA_ONLY, max_size=6)
+        | st.lists(DURABLE, max_size=6)
+        | st.lists(NAMED, max_size=6)
+        | st.lists(st.one_of(DATA_ONLY, PUSH, DURABLE, NAMED), max_size=4),
         min_size=1,
         max_size=4,
     )
@@ -168,15 +184,30 @@ DATA_ONLY = st.fixed_dictionaries({"data": st.one_of(DATA, DATA, DATA, _BAD_DATA
 def test_a_data_only_pushb_is_decided_as_by_the_general_path(
     batches: list[list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A PUSHB of `{"data": ...}` entries only skips `_entries`, the custom-id scan and
-    `_validate_batch` (`_produce._data_only`): the same replies (the first bad entry's error
-    included), mutations and state as with that shortcut turned off."""
-    _decided_as_without(_produce._data_only.__name__, batches, monkeypatch)
+    """A PUSHB of `{"data": ...}` entries only, or of entries all with the same keys among
+    data, name and `"durable": true`, skips `_entries`, the custom-id scan and
+    `_validate_batch` (`_produce._data_only`), and its jobs are built as payloads
+    (`_job.payload_only`) and recorded alike: the same replies (the first bad entry's error
+    included), mutations and state as with those shortcuts turned off."""
+    _decided_as_without(
+        [(_produce, "_data_only"), (_produce, "payload_only"), (_job, "payload_only")],
+        batches,
+        monkeypatch,
+    )
 
 
 def test_a_data_only_pushb_takes_the_shortcut() -> None:
     assert _produce._data_only([{"data": 1}, {"data": {"i": 2}}])
-    for jobs in ([], [{"data": 1, "name": "x"}], [{"data": 1}, {"priority": 1}], {"data": 1}):
+    assert _produce._data_only([{"data": 1, "durable": True}, {"data": 2, "durable": True}])
+    assert _produce._data_only([{"data": 1, "name": "a"}, {"data": 2, "name": "b"}])
+    assert _produce._data_only([{"data": 1, "name": "a", "durable": True}])
+    for jobs in ([], [{"data": 1}, {"priority": 1}], {"data": 1},
+                 [{"data": 1, "name": "x"}, {"data": 2}],
+                 [{"data": 1}, {"data": 2, "durable": True}], [{"data": 1, "durable": 1}],
+                 [{"data": 1, "durable": False}], [{"durable": True, "name": "x"}],
+                 [{"data": 1, "name": "x"}, {"data": 2, "durable": True}]):  # fmt: skip
         assert not _produce._data_only(jobs)
     with pytest.raises(_produce.CommandError, match=r"^jobs\[1\]: Job data must be JSON"):
         _produce._data_only([{"data": 1}, {"data": {1}}])
+    with pytest.raises(_produce.CommandError, match=r"^jobs\[1\]: Job name must be"):
+        _produce._data_only([{"data": 1, "name": "a"}, {"data": 2, "name": ""}])

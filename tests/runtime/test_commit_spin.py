@@ -108,7 +108,7 @@ def test_only_auto_spins_through_commits() -> None:
 
 
 def test_spin_commit_max_us_in_the_config() -> None:
-    assert load_config(env={}).process.spin_commit_max_us == 500
+    assert load_config(env={}).process.spin_commit_max_us == 1500
     assert load_config(env={"SHARDQ_SPIN_COMMIT_MAX_US": "0"}).process.spin_commit_max_us == 0
     for bad in ("-1", "10001", "soon"):
         with pytest.raises(ConfigError, match="spin_commit_max_us"):

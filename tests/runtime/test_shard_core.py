@@ -48,7 +48,7 @@ class Shard:
         self.core.handle(msg, self.now)
         self.end()
 
-    def end(self) -> None:
+    def end(self, *, after_send: bool = True) -> None:
         for dest, out in self.core.finish_turn(self.now):
             if dest == "writer" and out["t"] == "flush":
                 assert out["shard"] == 0
@@ -63,6 +63,8 @@ class Shard:
             else:
                 assert out == {"t": "drained", "shard": 0}
                 self.drained += 1
+        if after_send:
+            self.core.after_send()  # as the shard process does once the turn is sent
 
     def call(self, cmd: dict[str, Any], conn: str = "t1") -> dict[str, Any]:
         (rid,) = self.turn(cmd, conn=conn)
@@ -118,6 +120,36 @@ def test_durable_push_waits_for_the_writer(s: Shard) -> None:
     assert durable not in s.replies
     s.msg({"t": "done", "seq": 2})
     assert s.replies[durable]["ok"] and s.replies[durable]["id"]
+
+
+def test_a_durable_push_is_answered_before_its_jobs_are_released(s: Shard) -> None:
+    """The turn that takes the writer's `done` sends the durable reply while the jobs are
+    still held; `after_send` releases them, so the client's round trip does not wait on
+    that. Nothing can take them in between: a request handled in the same turn as the
+    `done`, or a parked long-poll, gets them released first."""
+    jobs = [{"data": k, "durable": True} for k in range(3)]
+    (rid,) = s.turn({"cmd": "PUSHB", "queue": "q", "jobs": jobs})
+    held = s.core.engine.store.held
+    s.core.handle({"t": "done", "seq": s.core.batches.seq}, s.now)
+    s.end(after_send=False)
+    assert s.replies[rid]["ok"] and set(s.replies[rid]["ids"]) <= held  # answered, still held
+    s.core.after_send()
+    assert not held
+    assert s.call({"cmd": "PULL", "queue": "q"})["job"]["data"] == 0
+    # A request in the turn of the `done`: the jobs are released before it runs.
+    (rid,) = s.turn({"cmd": "PUSHB", "queue": "q", "jobs": jobs})
+    s.core.handle({"t": "done", "seq": s.core.batches.seq}, s.now)
+    pull = {"cmd": "PULLB", "queue": "q", "count": 9}
+    s.core.handle({"t": "req", "items": [["t1", 99, pull]]}, s.now)
+    s.end(after_send=False)
+    assert [j["data"] for j in s.replies[99]["jobs"]] == [1, 2, 0, 1, 2] and s.replies[rid]["ok"]
+    # A long-poll parked before the push gets its job in the turn of the `done`.
+    (poll,) = s.turn({"cmd": "PULL", "queue": "q", "timeout": 5000})
+    (rid,) = s.turn({"cmd": "PUSH", "queue": "q", "data": "x", "durable": True})
+    assert poll not in s.replies and rid not in s.replies
+    s.core.handle({"t": "done", "seq": s.core.batches.seq}, s.now)
+    s.end(after_send=False)
+    assert s.replies[poll]["job"]["data"] == "x" and s.replies[rid]["ok"]
 
 
 def test_durable_bulk_push_and_failed_commit(s: Shard) -> None:

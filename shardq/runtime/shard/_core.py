@@ -1,12 +1,15 @@
 """One shard's message handling, turn by turn, with no sockets and no clock.
 
 The shard process (`shard/_process.py`) is a thin shell around `ShardCore`: each loop turn it feeds
-every message it drained with `handle(msg, now)`, then calls `finish_turn(now)` and sends what
-that returns. One turn yields at most one `muts` message to the writer (group commit) and one
-`rep` batch to the front end.
+every message it drained with `handle(msg, now)`, then calls `finish_turn(now)`, sends what
+that returns, and calls `after_send()`. One turn yields at most one `muts` message to the writer
+(group commit) and one `rep` batch to the front end.
 
 Things the engine does not do and the shard adds (docs/runtime.md):
-- durable pushes: their ok reply is held until the writer's `done` covers the turn's seq;
+- durable pushes: their ok reply is held until the writer's `done` covers the turn's seq; their
+  jobs are held from delivery until then too, and released once the replies the `done` freed
+  are sent (`after_send`), or before anything else needs them: a request, or a parked
+  long-poll at the turn's end;
 - long-poll PULL/PULLB: parked per queue until work arrives there or the timeout passes;
 - WaitJob: parked until the job completes or the timeout passes;
 - Stats: this shard's counts, which the front end sums over all shards;
@@ -159,6 +162,9 @@ class ShardCore(ParkedRequests):
 
     def handle(self, msg: dict[str, Any], now: int) -> None:
         """Take one internal message. Never raises: a malformed message is logged and dropped."""
+        if self.batches.confirm_pending:
+            # Committed jobs become deliverable before any message that could ask for them.
+            self.batches.confirm_committed()
         handler = self._handlers.get(msg.get("t"))  # type: ignore[arg-type]
         if handler is None:
             _log.warning("unknown internal message dropped", t=msg.get("t"))
@@ -246,6 +252,8 @@ class ShardCore(ParkedRequests):
         batch holding its job was handed to the writer.
         """
         self.event_tap.now = now
+        if self.polls.count and self.batches.confirm_pending:
+            self.batches.confirm_committed()  # a parked long-poll may take them this turn
         for step in (self._tick, self._serve_polls, self._serve_waits, self._budget.fit):
             try:
                 step(now)
@@ -271,6 +279,13 @@ class ShardCore(ParkedRequests):
             out.append(("front", msgs.drained(self.index)))
             self._drained_sent = True
         return out
+
+    def after_send(self) -> None:
+        """The turn's output is sent: make the jobs of the commits it answered deliverable
+        (`WriterBatches.confirm_committed`). Off a durable push's round trip, as its reply
+        went first; a request handled later finds them deliverable (`handle`)."""
+        if self.batches.confirm_pending:
+            self.batches.confirm_committed()
 
     def take_replies(self) -> list[Outgoing]:
         """The replies ready to go, as at most one `rep` batch; nothing else runs."""

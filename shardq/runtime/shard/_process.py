@@ -288,6 +288,7 @@ class ShardProcess(ShardDirect, ShardLoading):
             for msg in messages:
                 self.core.handle(msg, now)
             self._send(self.core.finish_turn(now))
+            self.core.after_send()
             if self._report_at is not None:
                 self._report_loaded()
             self._memory.after_turn(bool(messages))

@@ -101,6 +101,10 @@ class WriterBatches:
         self._answered: list[Item] = []
         # Jobs the engine holds until their batch's `done`: (seq, job ids), in seq order.
         self._holding: deque[tuple[int, list[str]]] = deque()
+        # Jobs whose batch a `done` covered, made deliverable once the turn's replies are
+        # written (`confirm_committed`): a durable push's client is not kept waiting while
+        # its jobs go onto the ready heap. Nothing is handed out meanwhile (`ShardCore`).
+        self._confirm_later: list[list[str]] = []
         self.resend_due = False  # the writer came back: resend every unconfirmed batch
         # The oldest unconfirmed seq and how many times it was resent: a batch no writer
         # confirms however often it is resent degrades the shard instead of being retried
@@ -326,8 +330,23 @@ class WriterBatches:
             else:
                 self._replies.extend(items)
         while holding and holding[0][0] <= committed:
-            self._woken.update(self._engine.store.confirm(holding.popleft()[1]))
+            self._confirm_later.append(holding.popleft()[1])
         self._marks_through(committed)
+
+    @property
+    def confirm_pending(self) -> bool:
+        """Whether a `done` left committed jobs held (`confirm_committed` not called yet)."""
+        return bool(self._confirm_later)
+
+    def confirm_committed(self) -> None:
+        """Make the jobs of the batches the writer confirmed deliverable (`on_done` leaves
+        them held until now); the queues that got ready jobs go into `woken`."""
+        later = self._confirm_later
+        if later:
+            confirm = self._engine.store.confirm
+            for ids in later:
+                self._woken.update(confirm(ids))
+            later.clear()
 
     def _marks_through(self, seq: int) -> None:
         """Tell the head the mutations marked up to `seq` are settled (its backlog reads no
