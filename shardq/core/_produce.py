@@ -61,7 +61,7 @@ def _data_only(entries: object) -> TypeGuard[list[Mapping[str, Any]]]:
     """Whether a PUSHB's jobs are all `{"data": ...}` with valid data, at least one (what
     `bunqueue-client`'s `add_bulk` and a bulk push without options send): then `_entries`,
     the custom-id scan and `_validate_batch` have nothing to say, and it is admitted as
-    `cmd_pushb`'s plain path with `data_only` would. Raises the first entry's data error as
+    `cmd_pushb`'s plain path would. Raises the first entry's data error as
     `_validate_batch` would (there is no other error for such a batch)."""
     if type(entries) is not list or not entries:
         return False
@@ -159,7 +159,7 @@ class Producer:
         if not taken:
             return []
         if len(valid) == 1:
-            return self._push_plain(fx, valid.pop(), list(commands[:taken]), now, False)
+            return self._push_plain(fx, valid.pop(), list(commands[:taken]), now)
         return self._push_mixed(fx, commands[:taken], now)
 
     def _push_mixed(
@@ -205,23 +205,20 @@ class Producer:
             raise CommandError(error)
         jobs = cmd.get("jobs")
         if _data_only(jobs):  # what the passes below would check of it, in one
-            return {"ok": True, "ids": self._push_plain(fx, str(queue), jobs, now, True)}
+            return {"ok": True, "ids": self._push_plain(fx, str(queue), jobs, now)}
         entries = _entries(jobs)
         customs: list[str | None] = []
         plain = True  # no custom id, no uniqueKey: no entry can be a duplicate
-        data_only = True  # every entry is {"data": ...}
         for entry in entries:
             custom = custom_id_of(entry["customId"]) if "customId" in entry else None
             if custom is not None or isinstance(entry.get("uniqueKey"), str):
                 plain = False
-            if len(entry) != 1 or "data" not in entry:
-                data_only = False
             customs.append(custom)
         queue = str(queue)
         if self._validate_batch(entries, customs):
             self._check_group_sizes(queue, entries)
         if plain and entries:
-            return {"ok": True, "ids": self._push_plain(fx, queue, entries, now, data_only)}
+            return {"ok": True, "ids": self._push_plain(fx, queue, entries, now)}
         ids: list[str] = []
         for index, entry in enumerate(entries):
             try:
@@ -325,12 +322,11 @@ class Producer:
         return job.id
 
     def _push_plain(
-        self, fx: Effects, queue: str, entries: list[Mapping[str, Any]], now: int, data_only: bool
+        self, fx: Effects, queue: str, entries: list[Mapping[str, Any]], now: int
     ) -> list[str]:
         """Admit validated entries that have neither a custom id nor a uniqueKey: none of them
         can be a duplicate, so they are built first and placed in one pass (as `push_one`
-        would, one by one: the same ids, sequence numbers and records). `data_only`: every
-        entry is just {"data": ...}, so the jobs differ only in id, name, data and seq."""
+        would, one by one: the same ids, sequence numbers and records)."""
         new_id = self.ids.new
         create = Job.create
         store = self.store
@@ -340,7 +336,7 @@ class Producer:
             seq += 1
             jobs.append(create(new_id(now), queue, seq, entry, now))
         store.seq = seq
-        store.admit_all(fx, jobs, store.queue(queue), now, alike=data_only)
+        store.admit_all(fx, jobs, store.queue(queue), now)
         return [job.id for job in jobs]
 
     def _live_owner(self, queue: str, key: str, now: int) -> Job | None:
