@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeGuard, cast
 
 from shardq.errors import CommandError
@@ -159,7 +159,7 @@ class Producer:
         if not taken:
             return []
         if len(valid) == 1:
-            return self._push_plain(fx, valid.pop(), list(commands[:taken]), now)
+            return self._push_plain(fx, valid.pop(), list(commands[:taken]), now, Job.create_plain)
         return self._push_mixed(fx, commands[:taken], now)
 
     def _push_mixed(
@@ -167,7 +167,7 @@ class Producer:
     ) -> list[str]:
         """`push_run`'s plain PUSHes of several queues: built in order, placed per queue."""
         new_id = self.ids.new
-        create = Job.create
+        create = Job.create_plain  # plain PUSHes (`_plain`): no time, priority or attempts
         store = self.store
         seq = store.seq
         ids: list[str] = []
@@ -322,13 +322,18 @@ class Producer:
         return job.id
 
     def _push_plain(
-        self, fx: Effects, queue: str, entries: list[Mapping[str, Any]], now: int
+        self,
+        fx: Effects,
+        queue: str,
+        entries: list[Mapping[str, Any]],
+        now: int,
+        create: Callable[[str, str, int, Mapping[str, Any], int], Job] = Job.create,
     ) -> list[str]:
         """Admit validated entries that have neither a custom id nor a uniqueKey: none of them
         can be a duplicate, so they are built first and placed in one pass (as `push_one`
-        would, one by one: the same ids, sequence numbers and records)."""
+        would, one by one: the same ids, sequence numbers and records). `create`: how each
+        job is made (`Job.create_plain` for plain PUSHes, whose fields it reads fewer of)."""
         new_id = self.ids.new
-        create = Job.create
         store = self.store
         seq = store.seq
         jobs: list[Job] = []
