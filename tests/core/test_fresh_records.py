@@ -41,8 +41,7 @@ COMMAND = st.one_of(
     st.builds(
         lambda q, jobs: {"cmd": "PUSHB", "queue": q, "jobs": jobs},
         st.sampled_from("qr"),
-        st.lists(st.one_of(st.builds(lambda d: {"data": d}, DATA), FIELDS), min_size=1,
-                 max_size=4),
+        st.lists(st.one_of(st.builds(lambda d: {"data": d}, DATA), FIELDS), min_size=1, max_size=4),
     ),
 )
 # The time of each command: the same as before, the same value as another object, or later.
