@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeGuard, cast
 
 from shardq.errors import CommandError
@@ -62,8 +62,8 @@ def _data_only(entries: object) -> TypeGuard[list[Mapping[str, Any]]]:
     `bunqueue-client`'s `add_bulk` and a bulk push without options send), or all of one
     such shape with a `name` and/or `"durable": true` (`payload_only`): then `_entries`,
     the custom-id scan and `_validate_batch` have nothing to say, and it is admitted as
-    `cmd_pushb`'s plain path with `alike` would. Raises the first entry's data or name error
-    as `_validate_batch` would (there is no other error for such a batch)."""
+    `cmd_pushb`'s plain path would. Raises the first entry's data or name error as
+    `_validate_batch` would (there is no other error for such a batch)."""
     if type(entries) is not list or not entries:
         return False
     first = entries[0]
@@ -165,7 +165,7 @@ class Producer:
         if not taken:
             return []
         if len(valid) == 1:
-            return self._push_plain(fx, valid.pop(), list(commands[:taken]), now, False)
+            return self._push_plain(fx, valid.pop(), list(commands[:taken]), now, Job.create_plain)
         return self._push_mixed(fx, commands[:taken], now)
 
     def _push_mixed(
@@ -173,7 +173,7 @@ class Producer:
     ) -> list[str]:
         """`push_run`'s plain PUSHes of several queues: built in order, placed per queue."""
         new_id = self.ids.new
-        create = Job.create
+        create = Job.create_plain  # plain PUSHes (`_plain`): no time, priority or attempts
         store = self.store
         seq = store.seq
         ids: list[str] = []
@@ -211,26 +211,20 @@ class Producer:
             raise CommandError(error)
         jobs = cmd.get("jobs")
         if _data_only(jobs):  # what the passes below would check of it, in one
-            return {"ok": True, "ids": self._push_plain(fx, str(queue), jobs, now, True)}
+            return {"ok": True, "ids": self._push_plain(fx, str(queue), jobs, now)}
         entries = _entries(jobs)
         customs: list[str | None] = []
         plain = True  # no custom id, no uniqueKey: no entry can be a duplicate
-        # Every entry has the same keys of `payload_only`'s (data, perhaps a name and
-        # durable true): their jobs differ only in id, name, data and seq (`admit_all`).
-        alike = entries and payload_only(entries[0])
-        keys = entries[0].keys() if entries else None
         for entry in entries:
             custom = custom_id_of(entry["customId"]) if "customId" in entry else None
             if custom is not None or isinstance(entry.get("uniqueKey"), str):
                 plain = False
-            if alike and (entry.keys() != keys or not payload_only(entry)):
-                alike = False
             customs.append(custom)
         queue = str(queue)
         if self._validate_batch(entries, customs):
             self._check_group_sizes(queue, entries)
         if plain and entries:
-            return {"ok": True, "ids": self._push_plain(fx, queue, entries, now, bool(alike))}
+            return {"ok": True, "ids": self._push_plain(fx, queue, entries, now)}
         ids: list[str] = []
         for index, entry in enumerate(entries):
             try:
@@ -334,15 +328,18 @@ class Producer:
         return job.id
 
     def _push_plain(
-        self, fx: Effects, queue: str, entries: list[Mapping[str, Any]], now: int, alike: bool
+        self,
+        fx: Effects,
+        queue: str,
+        entries: list[Mapping[str, Any]],
+        now: int,
+        create: Callable[[str, str, int, Mapping[str, Any], int], Job] = Job.create,
     ) -> list[str]:
         """Admit validated entries that have neither a custom id nor a uniqueKey: none of them
         can be a duplicate, so they are built first and placed in one pass (as `push_one`
-        would, one by one: the same ids, sequence numbers and records). `alike`: every
-        entry has the same keys, those of `payload_only` (data, perhaps a name and durable
-        true), so the jobs differ only in id, name, data and seq."""
+        would, one by one: the same ids, sequence numbers and records). `create`: how each
+        job is made (`Job.create_plain` for plain PUSHes, whose fields it reads fewer of)."""
         new_id = self.ids.new
-        create = Job.create
         store = self.store
         seq = store.seq
         jobs: list[Job] = []
@@ -350,7 +347,7 @@ class Producer:
             seq += 1
             jobs.append(create(new_id(now), queue, seq, entry, now))
         store.seq = seq
-        store.admit_all(fx, jobs, store.queue(queue), now, alike=alike)
+        store.admit_all(fx, jobs, store.queue(queue), now)
         return [job.id for job in jobs]
 
     def _live_owner(self, queue: str, key: str, now: int) -> Job | None:

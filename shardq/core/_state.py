@@ -26,6 +26,7 @@ from shardq.errors import CommandError
 
 from ._config import EngineConfig
 from ._effects import Effects
+from ._fresh import FreshRecords
 from ._ids import IdFactory
 from ._job import Job, Timeline
 from ._lifecycle import (
@@ -80,6 +81,7 @@ class JobStore:
         self.config = config or EngineConfig()
         self.rng = random.Random(seed)
         self.ids = IdFactory(self.rng)
+        self.fresh = FreshRecords()  # admitted jobs' records, encoded as they are made
         self.seq = 0
         self.jobs: dict[str, Job] = {}
         self.queues: dict[str, QueueState] = {}
@@ -201,17 +203,11 @@ class JobStore:
         job.state = state
         job.timeline = ((state, now, None),)
         self._enter_all((job,), q, state)
-        fx.mutations.append(("put", job.to_record()))
+        fx.mutations.append(("put", self.fresh.record(job)))
 
-    def admit_all(
-        self, fx: Effects, jobs: Sequence[Job], q: QueueState, now: int, *, alike: bool = False
-    ) -> None:
-        """Place new jobs of queue `q`, in order, and emit their full records.
-
-        `alike`: the jobs were built from `{"data": ...}` entries at the same time, so their
-        records differ only in id, name, data and seq; each is a copy of the first with those
-        four fields set (payloads are read-only, so they share the timeline list).
-        """
+    def admit_all(self, fx: Effects, jobs: Sequence[Job], q: QueueState, now: int) -> None:
+        """Place new jobs of queue `q`, in order, and emit their full records (those of jobs
+        without options made with their encoding, `FreshRecords`)."""
         all_jobs = self.jobs
         ids = q.ids
         out = fx.mutations
@@ -248,19 +244,9 @@ class JobStore:
                     heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
         if waiting:
             self._enter_all(waiting, q, WAITING)
-        if alike and len(waiting) == len(jobs) > 1:
-            first = jobs[0].to_record()
-            out.append(("put", first))
-            for job in jobs[1:]:
-                rec = first.copy()
-                rec["id"] = job.id
-                rec["name"] = job.name
-                rec["data"] = job.data
-                rec["seq"] = job.seq
-                out.append(("put", rec))
-            return
+        fresh = self.fresh.record  # a job without options: its record comes encoded
         for job in jobs:
-            out.append(("put", job.to_record()))
+            out.append(("put", job.to_record() if job.opts else fresh(job)))
 
     def move(self, fx: Effects, job: Job, event: str, now: int, changes: dict[str, Any]) -> None:
         """Apply a lifecycle event and emit the changed fields.

@@ -38,6 +38,7 @@ from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
+from shardq.core._fresh import FRESH_KEYS, PackedRecord
 from shardq.core._mutations import Mutation
 from shardq.storage._cold import COLD_COLUMN, COLD_KEYS, cold_mark, cold_of
 
@@ -179,9 +180,20 @@ def _run_keys(
 
 
 def _encode_put(rec: object, pack: Any) -> Mutation | None:
-    """The `putb` of a record, or None if it has no row key or a mistyped column field."""
+    """The `putb` of a record, or None if it has no row key or a mistyped column field.
+
+    A record the engine made with its encoding (`PackedRecord`, a fresh job's) is not packed
+    again while it holds the keys it was made with: its only later change adds a key."""
+    if type(rec) is PackedRecord:
+        if len(rec) == FRESH_KEYS:
+            return _encode_fresh(rec)
+        return _encode_record(rec, pack)
     if type(rec) is not dict:
         return None
+    return _encode_record(rec, pack)
+
+
+def _encode_record(rec: dict[str, Any], pack: Any) -> Mutation | None:
     key = rec.get("rowKey") or rec.get("id")
     queue, state, seq = rec.get("queue"), rec.get("state"), rec.get("seq")
     if type(key) is str and type(queue) is str and type(state) is str and type(seq) is int:
@@ -189,6 +201,15 @@ def _encode_put(rec: object, pack: Any) -> Mutation | None:
             columns = (key, queue, state, rec.get("priority"), rec.get("runAt"), seq)
             return ("putb", *columns, pack(rec), cold_of(rec))
         return ("putb", key, queue, state, rec.get("priority"), rec.get("runAt"), seq, pack(rec))
+    return None
+
+
+def _encode_fresh(rec: PackedRecord) -> Mutation | None:
+    """`_encode_put` of a fresh job's record: its own bytes, no cold field (it has no key
+    beyond the fresh ones), the row key its id."""
+    key, queue, state, seq = rec["id"], rec["queue"], rec["state"], rec["seq"]
+    if type(key) is str and type(queue) is str and type(state) is str and type(seq) is int:
+        return ("putb", key, queue, state, rec["priority"], rec["runAt"], seq, rec.packed)
     return None
 
 

@@ -1,0 +1,123 @@
+"""A fresh job's record is made with its encoding (`shardq.core._fresh`), and the shard's
+encoder sends those bytes instead of packing the record (`shardq.storage._encode`). Both must
+be exactly what the general path makes: `Job.to_record()` (the same keys, order, values and
+types) and its msgpack, and the same `putb` from the encoder.
+
+The pushes vary every field the record's remembered runs depend on (queue, name, priority,
+delay, timestamp, lifo, maxAttempts) and the time, including a time equal to the last one but
+another int object, so that a remembered run is reused exactly when it may be.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shardq.core import Engine
+from shardq.core._fresh import FreshRecords, PackedRecord
+from shardq.core._job import Job
+from shardq.storage._cold import COLD_COLUMN
+from shardq.storage._encode import MutationEncoder
+from tests.core.test_plain_push import DATA
+
+NOW = 1_700_000_000_000
+
+FIELDS = st.fixed_dictionaries(
+    {"data": DATA},
+    optional={
+        "name": st.sampled_from(("a", "b", "é")),
+        "priority": st.sampled_from((0, 1, 7)),
+        "delay": st.sampled_from((0, 10, 1000)),
+        "timestamp": st.sampled_from((NOW - 5, NOW)),
+        "lifo": st.booleans(),
+        "maxAttempts": st.sampled_from((1, 3, 5)),
+    },
+)
+COMMAND = st.one_of(
+    st.builds(lambda q, f: {"cmd": "PUSH", "queue": q, **f}, st.sampled_from("qr"), FIELDS),
+    st.builds(
+        lambda q, jobs: {"cmd": "PUSHB", "queue": q, "jobs": jobs},
+        st.sampled_from("qr"),
+        st.lists(st.one_of(st.builds(lambda d: {"data": d}, DATA), FIELDS), min_size=1, max_size=4),
+    ),
+)
+# The time of each command: the same as before, the same value as another object, or later.
+STEPS = st.sampled_from(("same", "copy", "later"))
+
+
+def _pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def _check_put(engine: Engine, rec: Any) -> None:
+    job = engine.find(rec["id"])
+    assert job is not None
+    general = job.to_record()
+    assert list(rec.items()) == list(general.items())
+    assert _pack(rec) == _pack(general)  # types too: 0, 0.0 and False pack differently
+    if job.opts:
+        assert type(rec) is dict
+        return
+    assert type(rec) is PackedRecord
+    assert rec.packed == _pack(general)
+    fast = MutationEncoder().encode([("put", rec)])
+    assert fast == MutationEncoder().encode([("put", general)])
+    assert fast[0][0] == "putb"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(turns=st.lists(st.tuples(STEPS, st.lists(COMMAND, min_size=1, max_size=4)), max_size=5))
+def test_a_fresh_record_and_its_bytes_are_the_general_paths(
+    turns: list[tuple[str, list[dict[str, Any]]]],
+) -> None:
+    engine = Engine(seed=3)
+    now = NOW
+    puts = 0
+    for step, commands in turns:
+        if step == "later":
+            now += 7
+        elif step == "copy":
+            now = int(str(now))  # equal, not the same object: the runs must not care
+        for cmd in commands:
+            outcome = engine.apply(cmd, now)
+            for m in outcome.mutations:
+                if m[0] == "put":
+                    _check_put(engine, m[1])
+                    puts += 1
+    assert puts <= sum(len(c.get("jobs", (0,))) for _, cs in turns for c in cs)
+
+
+def test_a_record_that_went_cold_is_encoded_from_its_values() -> None:
+    """The head marks a put's record cold in place (`ColdHead._evict`): a key more, so the
+    encoder packs it as it packs any record, cold columns included."""
+    engine = Engine(seed=3)
+    (put,) = engine.apply({"cmd": "PUSH", "queue": "q", "data": {"i": 1}}, NOW).mutations
+    rec = put[1]
+    assert type(rec) is PackedRecord
+    rec[COLD_COLUMN] = 1
+    got = MutationEncoder().encode([("put", rec)])
+    assert got == MutationEncoder().encode([("put", dict(rec))])
+    assert got[0][7] == _pack(dict(rec)) != rec.packed
+    assert len(got[0]) == 9  # the cold columns
+
+
+def test_a_value_msgpack_cannot_take_gives_the_plain_record() -> None:
+    """Its encoding error stays the encoder's to report (the shard's `_encode_each`), and the
+    runs it remembers are left as they were."""
+    fresh = FreshRecords()
+    good = Job.create("a", "q", 1, {"data": {"i": 1}}, NOW)
+    good.timeline = (("waiting", NOW, None),)
+    first = fresh.record(good)
+    bad = Job.create("b", "q", 2, {"data": {"x": object()}, "name": "other"}, NOW)
+    bad.timeline = good.timeline
+    rec = fresh.record(bad)
+    assert type(rec) is dict
+    assert rec == bad.to_record()
+    again = Job.create("c", "q", 3, {"data": {"i": 3}}, NOW)
+    again.timeline = good.timeline
+    after = fresh.record(again)
+    assert type(first) is PackedRecord and type(after) is PackedRecord
+    assert after.packed == _pack(again.to_record())
