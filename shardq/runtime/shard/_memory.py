@@ -199,7 +199,8 @@ class BudgetCheck:
         if self.trims & (self.trims - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: a log line
             _log.info("memory budget trimmed the heap", shard=self._index, trims=self.trims,
                       trimmed_mb=round(self.trimmed_bytes / 2**20, 1),
-                      process_mb=after >> 20, budget_mb=memory.budget >> 20)  # fmt: skip
+                      process_mb_before=used >> 20, process_mb=after >> 20,
+                      budget_mb=memory.budget >> 20)  # fmt: skip
 
     def fit(self, now: int) -> None:
         memory = self._engine.memory
