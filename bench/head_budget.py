@@ -2,7 +2,8 @@
 
     python -m bench.head_budget [--jobs 1000000] [--batch 1000] [--shards 2]
                                 [--head-jobs 0 1000] [--shardq [LABEL=]PATH ...] [--repeat 1]
-                                [--drain-max N] [--drain-timeout S] [--sample-every 0.5]
+                                [--drain-max N] [--drain-timeout S] [--drain-conns 1]
+                                [--sample-every 0.5]
                                 [--trace-every 10] [--settle 5] [--vacuum-wait 0]
                                 [--recycle-wait 0]
                                 [--dir DIR] [--json PATH]
@@ -20,6 +21,10 @@ order (A B B A), so a drift of the machine's load falls on both sides. Each run:
    supervisor's start to the first answered `Ping` on the TCP port is the restart time;
 3. drain the queues with PULLB of `--batch` and ACKB, queue after queue: all of them, or with
    `--drain-max` that many jobs (a quarter from each queue), and never past `--drain-timeout`.
+   With `--drain-conns N` (at most the 4 queues) N connections drain at once, each its share
+   of the queues: N requests in flight instead of one, the pressure a drain puts on the shard
+   on a quiet machine reproduced on a loaded one (the shard's turns, and the writer's lag,
+   grow with it).
 
 At each moment (after the push, after the restart, after the drain, `--settle` seconds later,
 and stopped) the RSS of every process is read from /proc, and the database size (file, WAL,
@@ -161,10 +166,35 @@ def drain_some(
     return done, done / max(time.perf_counter() - start, 1e-9), timed_out
 
 
+def drain_parallel(
+    port: int, queues: list[str], batch: int, limit: int, timeout: float, conns: int
+) -> tuple[int, float, bool]:
+    """`drain_some` on `conns` connections at once, each its share of `queues` (and of
+    `limit`): (drained, jobs per second over all of them, whether any timed out)."""
+    if conns <= 1:
+        return drain_some(port, queues, batch, limit, timeout)
+    shares = [queues[k::conns] for k in range(conns)]
+    results: list[tuple[int, float, bool]] = []
+    start = time.perf_counter()
+
+    def one(share: list[str]) -> None:
+        part = limit * len(share) // len(queues) if limit else 0
+        results.append(drain_some(port, share, batch, part, timeout))
+
+    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in shares if s]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 60)
+    done = sum(r[0] for r in results)
+    return done, done / max(time.perf_counter() - start, 1e-9), any(r[2] for r in results)
+
+
 def run_one(args: argparse.Namespace, build: Build) -> dict[str, Any]:
     """One full run (push, restart, drain) of `build`."""
     data_dir = Path(tempfile.mkdtemp(prefix="shardq-head-", dir=args.dir))
     row: dict[str, Any] = {"label": build.label, "head_jobs": build.head_jobs, "jobs": args.jobs,
+                           "drain_conns": args.drain_conns,
                            "command": build.command, "queues": pick_queues("one", args.shards),
                            "load_before": os.getloadavg()}  # fmt: skip
     sampler = Sampler(data_dir, args.sample_every, args.trace_every, build.label)
@@ -223,8 +253,8 @@ def _push_and_restart(
     row["load_after_restart"] = os.getloadavg()
     _note(f"{build.label}: first Ping after {row.get('first_ping_s')} s; draining")
     sampler.phase = "drain"
-    drained, rate, timed_out = drain_some(
-        second.tcp_port, queues, args.batch, args.drain_max, args.drain_timeout
+    drained, rate, timed_out = drain_parallel(
+        second.tcp_port, queues, args.batch, args.drain_max, args.drain_timeout, args.drain_conns
     )
     drained_at = time.time()
     row["drained"], row["drain_jobs_per_s"] = drained, round(rate)
@@ -343,6 +373,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--repeat", type=int, default=1, help="run the list this many times (A B, B A, ...)")
     add("--drain-max", type=int, default=0, help="drain at most this many jobs (0: all)")
     add("--drain-timeout", type=float, default=3600.0, help="stop draining after this long")
+    add("--drain-conns", type=int, default=1, choices=range(1, 5),
+        help="connections draining at once, each its share of the 4 queues")  # fmt: skip
     add("--sample-every", type=float, default=0.5, help="seconds between RSS samples")
     add("--trace-every", type=float, default=0.0, help="seconds between trace points (0: none)")
     add("--settle", type=float, default=5.0, help="seconds before the last RSS")

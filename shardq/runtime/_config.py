@@ -197,6 +197,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "shard_recycle_hold_max_bytes": _ranged(1 << 20, 1 << 40),
     # Up to 1 TiB; 0: no memory budget (every job in memory).
     "shard_memory_mb": _ranged(0, 1 << 20),
+    "shard_memory_trim_ms": _ranged(0, 3_600_000, ms=True),  # 0: never trim under pressure
     # -- crash and stats (issue 10): an hour of one-second buckets is plenty for a rate.
     "stats_rate_window_s": _ranged(1, 3600),
     # -- isolation (writer and shard storage)

@@ -99,6 +99,10 @@ class ProcessSettings:
     # "The memory budget"): past it the queues with the longest backlogs keep only their
     # heads in memory and the rest cold, in storage. 0: every job in memory.
     shard_memory_mb: int = 256
+    # While a shard's process is over that budget, it hands the C heap's free pages back to
+    # the kernel (`malloc_trim`) at most this often (ms; 0 = never), and only after it grew
+    # by a 32nd of the budget since the last time (docs/runtime.md, "The memory budget").
+    shard_memory_trim_ms: int = 1_000
     # Test-only: a file whose number (seconds) every server process adds to the wall clock,
     # re-read at each wall-clock read ("" = off, `time.time` itself; docs/runtime.md, "Time").
     test_clock_file: str = ""

@@ -143,6 +143,7 @@ VALID_TEXT = {
     "shard_recycle_hold_ms": "5000",
     "shard_recycle_hold_max_bytes": "2097152",
     "shard_memory_mb": "64",
+    "shard_memory_trim_ms": "250",
     "direct_shards": "false",
     "direct_max_connections": "10",
     "tcp_handoff": "false",
@@ -285,6 +286,7 @@ shard_recycle_grow_mb = 16
 shard_recycle_hold_ms = 5000
 shard_recycle_hold_max_bytes = 2097152
 shard_memory_mb = 64
+shard_memory_trim_ms = 250
 direct_shards = false
 direct_max_connections = 10
 tcp_handoff = false
@@ -454,6 +456,7 @@ def test_shards_auto_and_number() -> None:
         ("drain_chunk_rows", "0"),
         ("drain_piece_ms", "-1"),
         ("shard_memory_mb", "-1"),
+        ("shard_memory_trim_ms", "-1"),
         ("direct_shards", "maybe"),
         ("direct_max_connections", "0"),
         ("tcp_handoff", "maybe"),

@@ -13,6 +13,7 @@ import pytest
 from shardq.core import Engine, EngineConfig
 from shardq.runtime.shard import _memory
 from shardq.runtime.shard._memory import MemoryReturner, malloc_trim
+from tests.core.cold_model import ModelBacklog
 
 NOW = 1_700_000_000_000
 
@@ -56,3 +57,38 @@ def test_a_drain_releases_memory_without_changing_state(monkeypatch: pytest.Monk
 def test_malloc_trim_is_found_on_this_glibc_system() -> None:
     # The servers this project runs on are glibc Linux; a silent False would lose the trim.
     assert malloc_trim() is True
+
+
+def test_a_shard_over_its_budget_trims_the_heap_at_most_so_often_and_only_once_it_grew() -> None:
+    """`BudgetCheck`'s trim (`[process] shard_memory_trim_ms`): only while the process is
+    over the budget, at most every `trim_every_ms`, and only after it grew by a 32nd of the
+    budget since the last trim. The process's bytes are scripted here (the real trim runs);
+    tests/runtime/test_memory_trim_server.py shows it on a real shard."""
+    budget = 32 << 20
+    engine = Engine(EngineConfig(), seed=1, backlog=ModelBacklog(), memory_bytes=budget)
+    check = _memory.BudgetCheck(0, engine, lambda muts, events: None, trim_every_ms=1_000)
+    memory = engine.memory
+    assert memory is not None
+    reads = [budget // 2]
+    memory.process_bytes = lambda: reads[0]
+    now = 10_000
+
+    def step(used: int, dt: int = _memory.RSS_EVERY_MS) -> int:
+        nonlocal now
+        reads[0] = used
+        for _ in range(2):  # a read, then the check that acts on it
+            now += dt
+            check.fit(now)
+        return check.trims
+
+    assert step(budget // 2) == 0  # under the budget: never
+    assert step(budget + (8 << 20)) == 1  # over it: trimmed
+    assert step(budget + (16 << 20)) == 1  # grew, but within the interval
+    assert step(budget + (16 << 20), dt=600) == 2  # the interval passed, and it grew
+    assert step(budget + (16 << 20), dt=600) == 2  # no growth since: not again
+    assert step(budget + (24 << 20), dt=600) == 3
+    off = _memory.BudgetCheck(0, engine, lambda muts, events: None, trim_every_ms=0)
+    for _ in range(4):
+        now += 2_000
+        off.fit(now)
+    assert off.trims == 0

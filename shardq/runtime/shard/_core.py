@@ -36,7 +36,7 @@ from shardq.runtime.shard._commands import (
 )
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
-from shardq.runtime.shard._memory import BudgetCheck, release_memory
+from shardq.runtime.shard._memory import TRIM_EVERY_MS, BudgetCheck, release_memory
 from shardq.runtime.shard._parked import ParkedRequests
 from shardq.runtime.shard._runs import CommandRuns
 from shardq.runtime.shard._stats import shard_stats
@@ -76,10 +76,12 @@ class ShardCore(ParkedRequests):
         batch_max_bytes: int = BATCH_MAX_BYTES,
         batch_max_mutations: int = BATCH_MAX_MUTATIONS,
         frame_max_bytes: int = MAX_FRAME_BYTES,
+        memory_trim_ms: int = TRIM_EVERY_MS,
     ) -> None:
         """`batch_max_bytes` and `batch_max_mutations` bound each `muts` message to the
         writer; `frame_max_bytes` is the largest frame the writer takes: a mutation that
-        cannot fit one is refused to its client (`WriterBatches._refuse_too_large`)."""
+        cannot fit one is refused to its client (`WriterBatches._refuse_too_large`);
+        `memory_trim_ms` is `[process] shard_memory_trim_ms` (`_memory.BudgetCheck`)."""
         self.index = index
         self.engine = engine
         self.flows = FlowRelay(index, engine, flow_resend_ms)
@@ -114,7 +116,7 @@ class ShardCore(ParkedRequests):
         )
         self._tick_after = 0  # no timer pass before this time (ms): the last one raised
         # Under a memory budget, its check after each turn (`_memory.BudgetCheck`).
-        self._budget = BudgetCheck(index, engine, self._absorb)
+        self._budget = BudgetCheck(index, engine, self._absorb, trim_every_ms=memory_trim_ms)
         self._finished: set[str] = set()
         self.polls = LongPolls()
         engine.cron.workers.pull_waiting = self.polls.waiting_on  # a parked pull is a worker too

@@ -91,6 +91,7 @@ class ShardProcess(ShardDirect, ShardLoading):
             flow_resend_ms=spec.links.flow_resend_ms,
             batch_max_bytes=spec.links.writer_batch_max_bytes,
             batch_max_mutations=spec.links.writer_batch_max_mutations,
+            memory_trim_ms=spec.process.shard_memory_trim_ms,
         )
         self._memory = MemoryReturner(
             engine,
