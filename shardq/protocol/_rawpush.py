@@ -1,0 +1,149 @@
+"""A PUSHB passed to its shard as the client's own bytes (issue 24, `pushb_pass_through`).
+
+The front end needs little of a PUSHB: its `reqId`, its queue (for the shard) and the certainty
+that no entry names a flow (`parentId`, `childrenIds`: the front end checks those parents
+first). Decoding every pushed job only to pack it again for the shard cost the front end about
+4,600 instructions a job. `peek_pushb` reads just those fields off the body (its other values
+are skipped in C, not built) and the front end sends the body on as it is; the shard decodes
+it once, with the same decoder (`decode_raw_pushb`).
+
+What the general path does must not change, reply for reply. A body is passed through only
+when all of these hold, and otherwise it takes the general path (decoded here):
+
+- it is a map whose `cmd` is the str "PUSHB" and whose `queue` is a str, each named once;
+- neither `parentId` nor `childrenIds` occurs anywhere in its bytes (a byte search: a key in a
+  msgpack map is its UTF-8 bytes, so a body without them names no flow);
+- it nests no deeper than the general path can carry: the front end packs a decoded command
+  three levels down in its `req` batch (`{t, items: [[conn, rid, command]]}`), and the shard
+  must unpack that batch; a body 3 levels deeper is what msgpack must still unpack (checked by
+  skipping the body behind three one-element array headers, no object built).
+
+What only the full decode finds (a string that is not UTF-8, a refused extension type, a
+non-str key) is found by the shard: it then answers `raw_refused`, and the front end sends
+the body down the general path, which answers it as it always did. The shard has changed
+nothing by then.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypeAlias
+
+import msgpack  # type: ignore[import-untyped]
+
+from shardq.protocol._errors import INVALID_COMMAND_FORMAT
+from shardq.protocol._frames import DecodedFrame, _ext_hook, decode_body
+
+__all__ = [
+    "RAW_REFUSED",
+    "Incoming",
+    "RawPush",
+    "decode_or_peek",
+    "decode_raw_pushb",
+    "peek_pushb",
+    "raw_refused",
+]
+
+# Three one-element arrays: the depth of a command inside the front end's `req` batch.
+_DEPTH_OF_BATCH: Final = b"\x91\x91\x91"
+# A fixstr "PUSHB": every PUSHB body holds it (a str8 form would be odd; it takes the
+# general path). Searched first, so that other commands pay one byte search.
+_PUSHB_FIXSTR: Final = b"\xa5PUSHB"
+_FLOW_KEYS: Final = (b"parentId", b"childrenIds")
+_PEEKED: Final = frozenset({"cmd", "queue", "reqId"})
+# The first byte of a msgpack map: fixmap, map16, map32.
+_MAP_FIRST: Final = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
+
+RAW_REFUSED: Final = "rawRefused"
+"""The key of a shard's reply to a passed-through body it could not take (`raw_refused`);
+never sent to a client (the front end answers through the general path instead)."""
+
+
+class RawPush:
+    """A PUSHB body bound for its shard undecoded: the bytes, its queue and its `reqId`."""
+
+    __slots__ = ("body", "has_req", "queue", "req")
+
+    def __init__(self, body: bytes, queue: str, req: Any, has_req: bool) -> None:
+        self.body = body
+        self.queue = queue
+        self.req = req  # the client's `reqId`, verbatim (any type), when `has_req`
+        self.has_req = has_req
+
+
+def _shallow_enough(body: bytes) -> bool:
+    """Whether `body` decoded and packed three levels down would still unpack."""
+    unpacker = msgpack.Unpacker(max_buffer_size=len(body) + len(_DEPTH_OF_BATCH))
+    unpacker.feed(_DEPTH_OF_BATCH)
+    unpacker.feed(body)
+    unpacker.skip()  # raises on nesting past msgpack's limit, a bad format or a short body
+    return bool(unpacker.tell() == len(body) + len(_DEPTH_OF_BATCH))
+
+
+def _fields(body: bytes) -> dict[str, Any] | None:
+    """`cmd`, `queue` and `reqId` of the top-level map (None if one appears twice)."""
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        strict_map_key=True,
+        ext_hook=_ext_hook,
+        timestamp=1,
+        max_buffer_size=len(body),
+    )
+    unpacker.feed(body)
+    found: dict[str, Any] = {}
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        if type(key) is str and key in _PEEKED:
+            if key in found:
+                return None  # the decoder keeps the last: leave that to the general path
+            found[key] = unpacker.unpack()
+        else:
+            unpacker.skip()
+    return found
+
+
+def peek_pushb(view: bytes | memoryview) -> RawPush | None:
+    """The body as a `RawPush` if it may be passed to its shard undecoded, else None (then it
+    takes the general path: `decode_body`). Never raises."""
+    if not view or view[0] not in _MAP_FIRST:
+        return None
+    body = bytes(view)
+    if _PUSHB_FIXSTR not in body or _FLOW_KEYS[0] in body or _FLOW_KEYS[1] in body:
+        return None
+    try:
+        if not _shallow_enough(body):
+            return None
+        found = _fields(body)
+    except Exception:
+        return None
+    if found is None or found.get("cmd") != "PUSHB":
+        return None
+    queue = found.get("queue")
+    if type(queue) is not str:
+        return None
+    return RawPush(body, queue, found.get("reqId"), "reqId" in found)
+
+
+def decode_raw_pushb(body: bytes) -> dict[str, Any] | None:
+    """The shard's decode of a passed-through body: the command map as the general path would
+    have sent it (the client's map without `reqId`), or None when the decoder refuses the body
+    or it is not the PUSHB it was peeked as (the front end then takes the general path)."""
+    cmd = decode_body(body)
+    if type(cmd) is not dict or cmd.get("cmd") != "PUSHB" or type(cmd.get("queue")) is not str:
+        return None
+    cmd.pop("reqId", None)
+    return cmd
+
+
+def raw_refused() -> dict[str, Any]:
+    """The shard's reply to a passed-through body it did not take (`decode_raw_pushb`)."""
+    return {"ok": False, "error": INVALID_COMMAND_FORMAT, RAW_REFUSED: True}
+
+
+Incoming: TypeAlias = DecodedFrame | RawPush
+"""A client frame as the front end's TCP and ZeroMQ ports hand it on."""
+
+
+def decode_or_peek(view: memoryview | bytes) -> Incoming:
+    """A frame body as a `RawPush` when it may pass undecoded (`peek_pushb`), else decoded."""
+    raw = peek_pushb(view)
+    return raw if raw is not None else decode_body(view)
