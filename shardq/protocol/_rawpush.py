@@ -7,21 +7,20 @@ first). Decoding every pushed job only to pack it again for the shard cost the f
 are skipped in C, not built) and the front end sends the body on as it is; the shard decodes
 it once, with the same decoder (`decode_raw_pushb`).
 
-What the general path does must not change, reply for reply. A body is passed through only
-when all of these hold, and otherwise it takes the general path (decoded here):
+What the general path does must not change, reply for reply. The front end passes a body
+through only when it is a map whose `cmd` is the str "PUSHB" and whose `queue` is a str, neither
+named twice (the decoder keeps the last), and when neither `parentId` nor `childrenIds` occurs
+anywhere in its bytes (a key in a msgpack map is its UTF-8 bytes, so such a body names no flow).
+Once `cmd` and `queue` are read, the rest of the map is not even skipped where the bytes of
+`cmd`, `queue` and `reqId` occur no more: no such key can follow.
 
-- it is a map whose `cmd` is the str "PUSHB" and whose `queue` is a str, each named once;
-- neither `parentId` nor `childrenIds` occurs anywhere in its bytes (a byte search: a key in a
-  msgpack map is its UTF-8 bytes, so a body without them names no flow);
-- it nests no deeper than the general path can carry: the front end packs a decoded command
-  three levels down in its `req` batch (`{t, items: [[conn, rid, command]]}`), and the shard
-  must unpack that batch; a body 3 levels deeper is what msgpack must still unpack (checked by
-  skipping the body behind three one-element array headers, no object built).
-
-What only the full decode finds (a string that is not UTF-8, a refused extension type, a
-non-str key) is found by the shard: it then answers `raw_refused`, and the front end sends
-the body down the general path, which answers it as it always did. The shard has changed
-nothing by then.
+Everything else the general path would refuse, the shard finds in its one decode: a string
+that is not UTF-8, a refused extension type, a non-str key, bytes after the map, and nesting
+too deep for the general path's `req` batch (which carries the decoded map three levels down,
+`{t, items: [[conn, rid, command]]}`: the shard decodes the body behind three one-element
+array headers, so msgpack's depth limit falls where it fell). It then answers `raw_refused`,
+having changed nothing, and the front end sends the body down the general path, which answers
+it as it always did.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from typing import Any, Final, TypeAlias
 import msgpack  # type: ignore[import-untyped]
 
 from shardq.protocol._errors import INVALID_COMMAND_FORMAT
-from shardq.protocol._frames import DecodedFrame, _ext_hook, decode_body
+from shardq.protocol._frames import _IS_STR, DecodedFrame, _ext_hook, _unpack, decode_body
 
 __all__ = [
     "RAW_REFUSED",
@@ -50,6 +49,7 @@ _DEPTH_OF_BATCH: Final = b"\x91\x91\x91"
 _PUSHB_FIXSTR: Final = b"\xa5PUSHB"
 _FLOW_KEYS: Final = (b"parentId", b"childrenIds")
 _PEEKED: Final = frozenset({"cmd", "queue", "reqId"})
+_PEEKED_BYTES: Final = tuple(name.encode() for name in sorted(_PEEKED))
 # The first byte of a msgpack map: fixmap, map16, map32.
 _MAP_FIRST: Final = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 
@@ -70,15 +70,6 @@ class RawPush:
         self.has_req = has_req
 
 
-def _shallow_enough(body: bytes) -> bool:
-    """Whether `body` decoded and packed three levels down would still unpack."""
-    unpacker = msgpack.Unpacker(max_buffer_size=len(body) + len(_DEPTH_OF_BATCH))
-    unpacker.feed(_DEPTH_OF_BATCH)
-    unpacker.feed(body)
-    unpacker.skip()  # raises on nesting past msgpack's limit, a bad format or a short body
-    return bool(unpacker.tell() == len(body) + len(_DEPTH_OF_BATCH))
-
-
 def _fields(body: bytes) -> dict[str, Any] | None:
     """`cmd`, `queue` and `reqId` of the top-level map (None if one appears twice)."""
     unpacker = msgpack.Unpacker(
@@ -96,9 +87,17 @@ def _fields(body: bytes) -> dict[str, Any] | None:
             if key in found:
                 return None  # the decoder keeps the last: leave that to the general path
             found[key] = unpacker.unpack()
+        elif "cmd" in found and "queue" in found and _none_after(body, unpacker.tell()):
+            break  # no key read here can follow: the rest is the shard's to decode
         else:
             unpacker.skip()
     return found
+
+
+def _none_after(body: bytes, at: int) -> bool:
+    """Whether no `cmd`, `queue` or `reqId` key can start at or after `at` (their bytes do
+    not occur there, in any string encoding)."""
+    return all(body.find(name, at) < 0 for name in _PEEKED_BYTES)
 
 
 def peek_pushb(view: bytes | memoryview) -> RawPush | None:
@@ -110,8 +109,6 @@ def peek_pushb(view: bytes | memoryview) -> RawPush | None:
     if _PUSHB_FIXSTR not in body or _FLOW_KEYS[0] in body or _FLOW_KEYS[1] in body:
         return None
     try:
-        if not _shallow_enough(body):
-            return None
         found = _fields(body)
     except Exception:
         return None
@@ -127,8 +124,18 @@ def decode_raw_pushb(body: bytes) -> dict[str, Any] | None:
     """The shard's decode of a passed-through body: the command map as the general path would
     have sent it (the client's map without `reqId`), or None when the decoder refuses the body
     or it is not the PUSHB it was peeked as (the front end then takes the general path)."""
-    cmd = decode_body(body)
-    if type(cmd) is not dict or cmd.get("cmd") != "PUSHB" or type(cmd.get("queue")) is not str:
+    try:
+        # Three levels down, as the general path's `req` batch carries the decoded map: a body
+        # nested too deep for that is refused here (the general path answers it).
+        cmd = _unpack(_DEPTH_OF_BATCH + body)[0][0][0]
+    except ValueError:
+        return None
+    if (
+        type(cmd) is not dict
+        or not all(map(_IS_STR, cmd))
+        or cmd.get("cmd") != "PUSHB"
+        or type(cmd.get("queue")) is not str
+    ):
         return None
     cmd.pop("reqId", None)
     return cmd

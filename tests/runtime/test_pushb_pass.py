@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from shardq_harness import ShardqServer
 
 from shardq.protocol import FRAME_HEADER
-from shardq.protocol._rawpush import peek_pushb
+from shardq.protocol._rawpush import decode_raw_pushb, peek_pushb
 
 REPLY_S = 20.0  # a loaded 2-core machine; a 10 MB body decodes in well under that
 # Job ids: UUIDs, or a custom id as given (a custom id here is `c-...`, kept as it is).
@@ -317,13 +317,24 @@ def test_random_pushbs_answer_as_the_general_path(
 
 
 def test_peek_passes_plain_pushbs_and_leaves_the_rest() -> None:
-    """What the front end passes through undecoded, and what it leaves to the general path."""
+    """What the front end passes through undecoded, what it leaves to the general path, and
+    what the shard's one decode sends back there."""
     plain = _pack({"cmd": "PUSHB", "queue": QA, "jobs": [{"data": 1}], "reqId": 5})
     raw = peek_pushb(memoryview(plain))
     assert raw is not None and (raw.queue, raw.req, raw.has_req) == (QA, 5, True)
     assert raw.body == plain
+    assert decode_raw_pushb(raw.body) == {"cmd": "PUSHB", "queue": QA, "jobs": [{"data": 1}]}
     raw = peek_pushb(_pack({"cmd": "PUSHB", "queue": QA, "jobs": []}))
     assert raw is not None and raw.has_req is False
+    # The jobs are not skipped when no cmd, queue or reqId can follow them.
+    first = [
+        (_pack("cmd"), _pack("PUSHB")),
+        (_pack("reqId"), _pack("r")),
+        (_pack("queue"), _pack(QA)),
+    ]
+    raw = peek_pushb(_map([*first, (_pack("jobs"), b"\x91\xc1")]))
+    assert raw is not None and raw.req == "r"
+    assert peek_pushb(_pushb(QA, b"\x91\xc1") + _pack("reqId") + _pack("r")) is None
     left: list[bytes] = [
         _pack({"cmd": "PUSH", "queue": QA, "data": 1}),
         _pack({"cmd": "PUSHB", "queue": 1, "jobs": []}),
@@ -331,12 +342,17 @@ def test_peek_passes_plain_pushbs_and_leaves_the_rest() -> None:
         _pack({"cmd": "PUSHB", "queue": QA, "jobs": [{"data": 1, "parentId": "p"}]}),
         _pack({"cmd": "PUSHB", "queue": QA, "jobs": [], "childrenIds": []}),
         _pushb(QA, _pack([]), (_pack("cmd"), _pack("PUSHB"))),
-        _pushb(QA, _jobs_with(_deep(1019))),
-        _pushb(QA, _pack([])) + b"\xc0",
-        _pushb(QA, _pack([]))[:-1],
         _pack(["PUSHB"]),
         b"",
     ]
     assert [peek_pushb(body) for body in left] == [None] * len(left)
-    # One level shallower still packs inside the front end's batch: it passes.
-    assert peek_pushb(_pushb(QA, _jobs_with(_deep(1018)))) is not None
+    refused: list[bytes] = [
+        _pushb(QA, _jobs_with(_deep(1019))),  # too deep for the general path's batch
+        _pushb(QA, _pack([])) + b"\xc0",
+        _pushb(QA, _pack([]))[:-1],
+        _pushb(QA, _jobs_with(b"\xa2\xff\xfe")),
+        _pushb(QA, _pack([]), (b"\x01", _pack(1))),
+    ]
+    assert [decode_raw_pushb(body) for body in refused] == [None] * len(refused)
+    # One level shallower still fits the general path's batch: the shard takes it.
+    assert decode_raw_pushb(_pushb(QA, _jobs_with(_deep(1018)))) is not None
