@@ -7,8 +7,10 @@ first). Decoding every pushed job only to pack it again for the shard cost the f
 are skipped in C, not built) and the front end sends the body on as it is; the shard decodes
 it once, with the same decoder (`decode_raw_pushb`).
 
-What the general path does must not change, reply for reply. The front end passes a body
-through only when it is a map whose `cmd` is the str "PUSHB" and whose `queue` is a str, neither
+What the general path does must not change, reply for reply. The front end looks closer only
+at a body that opens `{"cmd": "PUSHB", ...` (a fixmap, `cmd` first as clients write it; any
+other order takes the general path), and passes it through only when it is a map whose `cmd`
+is the str "PUSHB" and whose `queue` is a str, neither
 named twice (the decoder keeps the last), and when neither `parentId` nor `childrenIds` occurs
 anywhere in its bytes (a key in a msgpack map is its UTF-8 bytes, so such a body names no flow).
 Once `cmd` and `queue` are read, the rest of the map is not even skipped where the bytes of
@@ -44,14 +46,14 @@ __all__ = [
 
 # Three one-element arrays: the depth of a command inside the front end's `req` batch.
 _DEPTH_OF_BATCH: Final = b"\x91\x91\x91"
-# A fixstr "PUSHB": every PUSHB body holds it (a str8 form would be odd; it takes the
-# general path). Searched first, so that other commands pay one byte search.
-_PUSHB_FIXSTR: Final = b"\xa5PUSHB"
+# What a PUSHB body opens with after its fixmap header: `cmd` as a fixstr, "PUSHB" as one.
+_HEAD: Final = b"\xa3cmd\xa5PUSHB"
+_HEAD_END: Final = 1 + len(_HEAD)
+_PUSHB_AT: Final = 5  # the fixstr header of the command's name (PUSH: 0xa4; PULLB: 0xa5)
+_FIXSTR5: Final = 0xA5
 _FLOW_KEYS: Final = (b"parentId", b"childrenIds")
 _PEEKED: Final = frozenset({"cmd", "queue", "reqId"})
 _PEEKED_BYTES: Final = tuple(name.encode() for name in sorted(_PEEKED))
-# The first byte of a msgpack map: fixmap, map16, map32.
-_MAP_FIRST: Final = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 
 RAW_REFUSED: Final = "rawRefused"
 """The key of a shard's reply to a passed-through body it could not take (`raw_refused`);
@@ -103,10 +105,8 @@ def _none_after(body: bytes, at: int) -> bool:
 def peek_pushb(view: bytes | memoryview) -> RawPush | None:
     """The body as a `RawPush` if it may be passed to its shard undecoded, else None (then it
     takes the general path: `decode_body`). Never raises."""
-    if not view or view[0] not in _MAP_FIRST:
-        return None
     body = bytes(view)
-    if _PUSHB_FIXSTR not in body or _FLOW_KEYS[0] in body or _FLOW_KEYS[1] in body:
+    if _FLOW_KEYS[0] in body or _FLOW_KEYS[1] in body:
         return None
     try:
         found = _fields(body)
@@ -151,6 +151,11 @@ Incoming: TypeAlias = DecodedFrame | RawPush
 
 
 def decode_or_peek(view: memoryview | bytes) -> Incoming:
-    """A frame body as a `RawPush` when it may pass undecoded (`peek_pushb`), else decoded."""
-    raw = peek_pushb(view)
-    return raw if raw is not None else decode_body(view)
+    """A frame body as a `RawPush` when it may pass undecoded (`peek_pushb`), else decoded.
+    Only a body that opens `{"cmd": "PUSHB", ...` (a map of under 16 keys, `cmd` first, as
+    clients write it) is looked at closer: every other command pays two byte tests."""
+    if len(view) > _HEAD_END and view[_PUSHB_AT] == _FIXSTR5 and view[1:_HEAD_END] == _HEAD:
+        raw = peek_pushb(view)
+        if raw is not None:
+            return raw
+    return decode_body(view)
