@@ -64,7 +64,12 @@ def _counted_run(executable: str, scenario: str, jobs: int, shards: int) -> dict
         wrapper = valgrind_wrapper(Path(data_dir))
         # A child that starts this slowly would be killed as stuck (a build without the
         # setting has a fixed 30 s, which a loaded machine can meet under valgrind).
-        slow = {"SHARDQ_READY_TIMEOUT_MS": str(_CONNECT_TIMEOUT_S * 1000)}
+        # Likewise a stop: a child still stopping past shutdown_timeout_ms (and the
+        # supervisor's grace) is SIGKILLed and leaves no count.
+        slow = {
+            "SHARDQ_READY_TIMEOUT_MS": str(_CONNECT_TIMEOUT_S * 1000),
+            "SHARDQ_SHUTDOWN_TIMEOUT_MS": str(_STOP_TIMEOUT_S * 1000 // 2),
+        }
         server, port = start_server(executable, shards, data_dir, wrapper=wrapper, env=slow)
         try:
             conn = connect(port, server, timeout_s=_CONNECT_TIMEOUT_S)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar, cast
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -225,10 +225,18 @@ class FrameDecoder:
         Never raises for any content of `data`. Bytes of an incomplete frame stay buffered
         until more data arrives; at EOF they are simply discarded with the decoder.
         """
+        return self.feed_with(data, decode_body)
+
+    def feed_with(
+        self, data: bytes | bytearray | memoryview, take: Callable[[memoryview], T]
+    ) -> list[T | ProtocolError]:
+        """`feed`, each body made an item by `take` (`decode_body`, or the front end's
+        `decode_or_peek`, which passes a PUSHB on undecoded); the fatal error as in `feed`."""
         cutter = self._cutter
         if cutter.oversize is not None:
             return []
-        frames: list[DecodedFrame] = cutter.cut(data, decode_body)
+        # The same list (invariance alone stops mypy from seeing it widened).
+        frames = cast("list[T | ProtocolError]", cutter.cut(data, take))
         if cutter.oversize is not None:
             limit = cutter.max_frame_size
             frames.append(ProtocolError(frame_too_large(cutter.oversize, limit), fatal=True))

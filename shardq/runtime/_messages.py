@@ -11,7 +11,9 @@ into docs/runtime.md (its `--check` mode fails when the two differ).
 A `req` item is `[conn, rid, command]` or `[conn, rid, command, envelope]`: the command map is
 the client's (without its `reqId`), and what the front end adds travels beside it: the
 connection and the request id in the item, and the rare flags (`ReqEnvelope`: a PULLB's wire
-mode, a flow part's hold) in a fourth element that only the commands needing one carry.
+mode, a flow part's hold) in a fourth element that only the commands needing one carry. A
+PUSHB passed through (`pushb_pass_through`) is `[conn, rid, body]`: the client's frame body as
+bytes, which the shard decodes (`shardq.protocol._rawpush`).
 
 A received message is untrusted until its handler has looked at it: handlers still take a
 plain `dict[str, Any]` and check what they read, and these types describe what a sender

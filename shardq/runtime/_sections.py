@@ -184,6 +184,11 @@ class TcpSettings:
     tcp_handoff_after: int = 16
     tcp_handoff_backoff_ms: int = 5_000
     tcp_handoff_max_bytes: int = 65_536
+    # A PUSHB from a TCP or ZeroMQ client goes to its shard as the client's bytes, decoded
+    # once there (docs/runtime.md): the front end reads only its queue and reqId. Those that
+    # name a flow, nest very deep or that the shard cannot decode go the general way. Always
+    # off on a node among several (PostgreSQL), whose partition guard reads the command.
+    pushb_pass_through: bool = True
     # At a stop (restart, recycle) a shard ends each direct connection with a goodbye frame
     # once it has answered what it took from it; it waits this long at most for the clients to
     # take those last bytes before it closes the rest (0: closes at once; at most 4,000, inside

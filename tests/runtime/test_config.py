@@ -150,6 +150,7 @@ VALID_TEXT = {
     "tcp_handoff_after": "4",
     "tcp_handoff_backoff_ms": "100",
     "tcp_handoff_max_bytes": "8192",
+    "pushb_pass_through": "false",
     "direct_stop_ms": "500",
     "stats_rate_window_s": "2",
     # -- isolation (writer and shard storage)
@@ -293,6 +294,7 @@ tcp_handoff = false
 tcp_handoff_after = 4
 tcp_handoff_backoff_ms = 100
 tcp_handoff_max_bytes = 8192
+pushb_pass_through = false
 direct_stop_ms = 500
 stats_rate_window_s = 2
 storage_retry_max_ms = 250

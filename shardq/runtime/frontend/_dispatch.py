@@ -27,8 +27,8 @@ from shardq.errors import ProtocolError
 from shardq.protocol import (
     INTERNAL_SERVER_ERROR,
     NOT_AUTHENTICATED,
-    DecodedFrame,
     check_command,
+    decode_body,
     error_reply,
     req_id,
     unknown_command,
@@ -36,6 +36,7 @@ from shardq.protocol import (
 from shardq.protocol._direct import HELLO_DIRECT, HELLO_SHARDS, flow_entries
 from shardq.protocol._fields import Limits
 from shardq.protocol._prepacked import JS_NUMBERS, PLAIN_NUMBERS
+from shardq.protocol._rawpush import Incoming, RawPush
 from shardq.protocol._schema import check as schema_check
 from shardq.runtime import _clock
 from shardq.runtime import _messages as msgs
@@ -60,6 +61,7 @@ __all__ = ["Client", "Dispatcher", "Reply"]
 
 _PULLS: Final = frozenset({"PULL", "PULLB"})
 _PUSHES: Final = frozenset({"PUSH", "PUSHB"})  # may name a parent that must exist (_flows)
+_NO_FIELDS: Final[dict[str, Any]] = {}  # what `before_route` reads of a passed-through PUSHB
 # Connections remembered for the cancels pushed to them: the bound of the Auth failure records,
 # for the same reason (a TCP one leaves when it closes; ZeroMQ peers never say goodbye).
 MAX_PULLERS: Final = MAX_AUTH_FAILURE_RECORDS
@@ -152,6 +154,9 @@ class Dispatcher:
             internal_token=internal_token,
         )
         self._unanswered = unanswered_command  # test-only (ServerConfig.test_unanswered_command)
+        # `[tcp] pushb_pass_through`: a PUSHB read as a `RawPush` goes to its shard undecoded.
+        # Off on a node among several (`guard_partitions`): the guard reads the decoded map.
+        self.pass_pushb = True
         self.drained: set[int] = set()
         self.all_drained = asyncio.Event()
         self.release_on_close = True
@@ -217,8 +222,11 @@ class Dispatcher:
 
     # -- frames in -------------------------------------------------------------------------
 
-    def handle(self, client: Client, frame: DecodedFrame) -> None:
+    def handle(self, client: Client, frame: Incoming) -> None:
         """Answer or forward one decoded frame. Never raises for any frame content."""
+        if isinstance(frame, RawPush):
+            self._raw_push(client, frame)
+            return
         if isinstance(frame, ProtocolError):
             client.send(error_reply(str(frame), frame.req_id))
             if frame.fatal:
@@ -236,6 +244,28 @@ class Dispatcher:
             # A bug met by one command must not cost the connection the commands behind it.
             _log.exception("command failed", command=name)
             self.answer(client, req, error_reply(INTERNAL_SERVER_ERROR))
+
+    def _raw_push(self, client: Client, raw: RawPush) -> None:
+        """A PUSHB to its shard as the client's bytes (`protocol._rawpush`): what `_dispatch`
+        and `_to_shard` do with a PUSHB that names no flow, without its map. Anything else
+        that could make a difference (no authentication yet, pass-through off, the test-only
+        unanswered command) and a body the shard refuses take the general path."""
+        if not (self.pass_pushb and client.authenticated) or self._unanswered == "PUSHB":
+            self.handle(client, decode_body(raw.body))
+            return
+        req = raw.req if raw.has_req else NO_REQ_ID
+        try:
+            routed = self.bunqueue.before_route(client, req, "PUSHB", _NO_FIELDS)
+            if routed is not None:
+                self.router.route_raw(routed, req, raw, partial(self._raw_refused, client, raw))
+        except Exception:
+            _log.exception("command failed", command="PUSHB")
+            self.answer(client, req, error_reply(INTERNAL_SERVER_ERROR))
+
+    def _raw_refused(self, client: Client, raw: RawPush) -> None:
+        """The shard did not take a passed-through body (it changed nothing): it goes the
+        general path, which answers it as it always did."""
+        self.handle(client, decode_body(raw.body))
 
     def _dispatch(self, client: Client, req: object, name: str, frame: dict[str, Any]) -> None:
         if name == "Auth":
@@ -299,6 +329,7 @@ class Dispatcher:
         may send a refused command to its holder instead (True: it did, `_forward.py`)."""
         unguarded = self._to_shard
         self.direct_ports = None
+        self.pass_pushb = False  # `refused` and `forward` read the decoded map
 
         def refused(client: Client, req: object, name: str, frame: dict[str, Any]) -> bool:
             queue = frame.get("queue")
@@ -337,6 +368,7 @@ class Dispatcher:
         """Several nodes: a WaitJob whose job passes to another node while it waits is routed
         again, to wherever the job is then (`_rewait.py`)."""
         self._route = rewaiting(self.router.route, loop, lease_s)
+        self.pass_pushb = False  # every command through `_route`, as a node among several
 
     def _park(self, client: Client, cmd: dict[str, Any]) -> Client:
         """A long-poll within the caps holds a slot until it is answered; past them it is

@@ -29,8 +29,8 @@ from typing import Any, Final, Protocol
 
 import structlog
 
-from shardq.protocol import DecodedFrame
 from shardq.protocol._direct import flow_entries, names_flow, shard_of
+from shardq.protocol._rawpush import Incoming, RawPush
 from shardq.runtime import _messages as msgs
 from shardq.runtime._fds import FD_SPACE, carrying, descriptors_in
 from shardq.runtime.frontend._dispatch import Dispatcher
@@ -110,19 +110,24 @@ class Handoffs:
 
     # -- deciding ----------------------------------------------------------------------------
 
-    def note(self, conn: TcpConnection, frames: list[DecodedFrame]) -> None:
+    def note(self, conn: TcpConnection, frames: list[Incoming]) -> None:
         """Count the pushes in a read's frames; past `after` of them for one shard, stop
         reading the connection and hand it off once it is quiet (`ready`)."""
         for frame in frames:
-            if type(frame) is not dict:
+            cmd: object
+            queue: object
+            if type(frame) is RawPush:  # a PUSHB of a queue that names no flow
+                cmd, queue, plain = "PUSHB", frame.queue, True
+            elif type(frame) is dict:
+                cmd, queue = frame.get("cmd"), frame.get("queue")
+                plain = type(queue) is str and (
+                    (cmd == "PUSH" and not names_flow(frame))
+                    or (cmd == "PUSHB" and not flow_entries(frame))
+                )
+            else:
                 conn.streak = 0
                 continue
-            cmd = frame.get("cmd")
-            queue = frame.get("queue")
-            if type(queue) is str and (
-                (cmd == "PUSH" and not names_flow(frame))
-                or (cmd == "PUSHB" and not flow_entries(frame))
-            ):
+            if type(queue) is str and plain:
                 shard = shard_of(queue, self._shards)
                 if shard == conn.streak_shard:
                     conn.streak += 1

@@ -13,6 +13,7 @@ from typing import Any, Final
 import structlog
 
 from shardq.protocol import RATE_LIMIT_EXCEEDED, error_reply
+from shardq.protocol._rawpush import RawPush
 
 __all__ = [
     "PARKING_COMMANDS",
@@ -59,6 +60,8 @@ def rate_refusal(frame: object) -> dict[str, Any]:
     reply = error_reply(RATE_LIMIT_EXCEEDED)
     if isinstance(frame, dict) and "reqId" in frame:
         reply["reqId"] = frame["reqId"]
+    elif isinstance(frame, RawPush) and frame.has_req:
+        reply["reqId"] = frame.req
     return reply
 
 

@@ -134,6 +134,7 @@ class Frontend:
         self.dispatcher.add_handlers(BackupCommand(spec).handlers)
         self.dispatcher.add_handlers(ClusterCommand(spec, self._forwards).handlers)
         self.dispatcher.limits = schema_limits(spec.engine)
+        self.dispatcher.pass_pushb = spec.tcp.pushb_pass_through  # before `guard_partitions`
         # asyncio accepts up to a whole backlog of connections before any reaches the gateway,
         # so one burst's worth of descriptors is kept free too, and the burst kept to a quarter
         # of what the limit leaves: at the cap an accept never fails for want of a descriptor.

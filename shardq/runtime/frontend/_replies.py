@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+from shardq.protocol._rawpush import RAW_REFUSED
 from shardq.runtime.frontend._limits import ParkedSlots
 from shardq.runtime.frontend._merge import SHARD_UNAVAILABLE, is_found
 
@@ -16,6 +17,7 @@ __all__ = [
     "Gather",
     "OnReply",
     "ParkedClient",
+    "RawReply",
     "Reply",
     "StandIn",
     "answer",
@@ -45,6 +47,29 @@ def answer(client: Client, req: object, reply: Reply) -> None:
     if req is not NO_REQ_ID:
         reply["reqId"] = req
     client.send(reply)
+
+
+class RawReply:
+    """The reply of a PUSHB passed to its shard as bytes (`Router.route_raw`): learned and
+    sent as `_Direct` sends a PUSHB's; one the shard marks `RAW_REFUSED` (it did not take
+    the body, and changed nothing) goes to `refused` instead."""
+
+    __slots__ = ("client", "learn", "refused", "req")
+
+    def __init__(
+        self, learn: OnReply, client: Client, req: object, refused: Callable[[], None]
+    ) -> None:
+        self.learn = learn
+        self.client = client
+        self.req = req
+        self.refused = refused
+
+    def __call__(self, reply: Reply) -> None:
+        if RAW_REFUSED in reply:
+            self.refused()
+            return
+        self.learn(reply)
+        answer(self.client, self.req, reply)
 
 
 class FirstFound:

@@ -36,6 +36,7 @@ import structlog
 from msgpack import packb  # type: ignore[import-untyped]
 
 from shardq.protocol import error_reply
+from shardq.protocol._rawpush import RawPush
 from shardq.runtime import _messages as msgs
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._commands import ID_BATCH_COMMANDS, ID_COMMANDS
@@ -48,7 +49,15 @@ from shardq.runtime.frontend._merge import (
     shard_unavailable,
     sub_batch,
 )
-from shardq.runtime.frontend._replies import Client, FirstFound, Gather, OnReply, Reply, answer
+from shardq.runtime.frontend._replies import (
+    Client,
+    FirstFound,
+    Gather,
+    OnReply,
+    RawReply,
+    Reply,
+    answer,
+)
 from shardq.runtime.links._control import pack
 from shardq.runtime.links._stream import MAX_FRAME_BYTES, split_batch
 
@@ -196,13 +205,14 @@ class Router:
         self,
         shard: int,
         conn: str,
-        cmd: dict[str, Any],
+        cmd: dict[str, Any] | bytes,
         on_reply: OnReply,
         envelope: msgs.ReqEnvelope | None = None,
     ) -> None:
         """Send `cmd` to `shard` in this turn's batch for connection `conn`; `on_reply` gets its
         reply. `envelope`: what the front end says about the command beside it (a PULLB's wire
-        mode, a flow part's hold), never inside the client's map."""
+        mode, a flow part's hold), never inside the client's map. `cmd` as bytes: a PUSHB's
+        body passed through (`route_raw`)."""
         if shard in self.down or (shard in self.held and self._over_hold(shard, cmd)):
             # Answered on the next turn, like a real reply: callers never see re-entrancy.
             self._loop.call_soon(on_reply, shard_unavailable(shard))
@@ -312,6 +322,15 @@ class Router:
         else:
             # A queue command without a usable queue: any shard gives the engine's error.
             self.ask(0, client.conn, cmd, _Direct(self, client, req, name, 0), envelope)
+
+    def route_raw(
+        self, client: Client, req: object, raw: RawPush, refused: Callable[[], None]
+    ) -> None:
+        """A PUSHB as the client's bytes (`protocol._rawpush`) to the shard of its queue, as
+        `route` sends a PUSHB map; `refused` if the shard does not take the body."""
+        shard = shard_of(raw.queue, self.shards)
+        on_reply = RawReply(partial(self.learn, "PUSHB", shard), client, req, refused)
+        self.ask(shard, client.conn, raw.body, on_reply)
 
     def _by_id(self, client: Client, req: object, name: str, cmd: dict[str, Any]) -> None:
         key = cmd.get(_ID_FIELDS.get(name, "id"))
@@ -542,8 +561,8 @@ class Router:
         for rid in lost:
             self._pending.pop(rid)[1](shard_unavailable(shard))
 
-    def _over_hold(self, shard: int, cmd: dict[str, Any]) -> bool:
-        held = self.held[shard] + len(packb(cmd))
+    def _over_hold(self, shard: int, cmd: dict[str, Any] | bytes) -> bool:
+        held = self.held[shard] + (len(cmd) if type(cmd) is bytes else len(packb(cmd)))
         self.held[shard] = held
         return held > self.hold_max_bytes
 

@@ -32,13 +32,15 @@ import asyncio
 import copy
 import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import structlog
 
-from shardq.protocol import DecodedFrame, FrameDecoder, encode_js
+from shardq.protocol import FrameDecoder, decode_body, encode_js
 from shardq.protocol._prepacked import JS_NUMBERS, WIRE_KEY, prepacked_frame
+from shardq.protocol._rawpush import Incoming, decode_or_peek
 from shardq.runtime._ports import connection_cap
 from shardq.runtime._sections import TcpSettings
 from shardq.runtime._spec import ChildSpec
@@ -116,6 +118,11 @@ class TcpConnection(asyncio.Protocol):
             if self._authenticated
             else min(limits.max_frame_bytes, limits.unauthenticated_max_frame_bytes)
         )
+        # A PUSHB passes to its shard undecoded (`protocol._rawpush`) when the dispatcher may.
+        dispatcher = gateway.dispatcher
+        self._take: Callable[[memoryview], Incoming] = (
+            decode_or_peek if dispatcher.pass_pushb else decode_body
+        )
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._out_bytes = 0  # in `_out`
@@ -125,7 +132,7 @@ class TcpConnection(asyncio.Protocol):
         self._paused = 0
         self._in_flight = 0
         self._max_in_flight = limits.max_in_flight
-        self._held: list[DecodedFrame] = []  # frames read past the in-flight cap
+        self._held: list[Incoming] = []  # frames read past the in-flight cap
         self._resume_scheduled = False
         self._rate = (
             RateWindow(limits.rate_window_ms, limits.rate_max_requests)
@@ -189,7 +196,7 @@ class TcpConnection(asyncio.Protocol):
             self._arm(self._last_seen + self._idle_s)
 
     def data_received(self, data: bytes) -> None:
-        frames = self._decoder.feed(data)
+        frames = self._decoder.feed_with(data, self._take)
         if frames and not self.greeted:
             self.greeted = True
             self.gateway.greeted(self)
@@ -205,7 +212,7 @@ class TcpConnection(asyncio.Protocol):
         if self._decoder.buffered or self._partial_since is not None or self._idle_s:
             self._watch_time(bool(frames))
 
-    def _handle(self, frames: list[DecodedFrame]) -> None:
+    def _handle(self, frames: list[Incoming]) -> None:
         # Counted before handling: a command answered here is answered (and uncounted) inside
         # `handle`. Every frame gets exactly one reply.
         if self._handoffs is not None and not self.stateful and not self.handoff_state:

@@ -36,8 +36,9 @@ import zmq
 import zmq.asyncio
 
 from shardq.errors import ProtocolError
-from shardq.protocol import DecodedFrame, decode_body, frame_too_large
+from shardq.protocol import decode_body, frame_too_large
 from shardq.protocol._prepacked import PLAIN_NUMBERS, WIRE_KEY, prepacked_body
+from shardq.protocol._rawpush import Incoming, decode_or_peek
 from shardq.runtime.frontend._dispatch import Dispatcher
 from shardq.runtime.frontend._limits import RateWindow, rate_refusal
 from shardq.runtime.frontend._tcp import TcpLimits
@@ -77,7 +78,7 @@ class ZmqPeer:
         self.envelope: list[bytes] = [identity]
         self.rate = rate
         self.in_flight = 0  # messages handed to the dispatcher and not answered yet
-        self.held: deque[DecodedFrame] = deque()  # messages past the in-flight cap
+        self.held: deque[Incoming] = deque()  # messages past the in-flight cap
         self.address = ""  # the source address of its latest message, when libzmq says
         self.internal = False
         self.no_forward = 0  # `NoForward` (frontend._forward): 0 forwards
@@ -196,7 +197,7 @@ class ZmqGateway:
             return
         self._handle(peer, frame)
 
-    def _handle(self, peer: ZmqPeer, frame: DecodedFrame) -> None:
+    def _handle(self, peer: ZmqPeer, frame: Incoming) -> None:
         peer.in_flight += 1  # before: a command answered here is answered inside `handle`
         # The same rate limit as a TCP connection's, per identity.
         if peer.rate is not None and not peer.rate.allow(time.monotonic()):
@@ -238,14 +239,15 @@ class ZmqGateway:
             self._peers.move_to_end(identity)
         return peer
 
-    def _decode(self, body: bytes, authenticated: bool) -> DecodedFrame:
+    def _decode(self, body: bytes, authenticated: bool) -> Incoming:
         limit = self._max if authenticated else self._max_unauthenticated
         if len(body) > limit:
             # Not fatal: a ROUTER cannot close one peer. libzmq has buffered the message
             # already, but it is refused before decoding.
             return ProtocolError(frame_too_large(len(body), limit))
         # The protocol holds the one definition of a valid body; a message is one frame body.
-        return decode_body(body)
+        # A PUSHB may pass to its shard undecoded (`protocol._rawpush`).
+        return decode_or_peek(body) if self.dispatcher.pass_pushb else decode_body(body)
 
     def send(self, envelope: list[bytes], reply: dict[str, Any]) -> None:
         body = prepacked_body(reply) if WIRE_KEY in reply else pack(reply)  # the shard's bytes

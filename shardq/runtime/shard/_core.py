@@ -25,6 +25,7 @@ import structlog
 
 from shardq.core import FLOW_NOTIFY, FLOW_RELEASE, Engine, Mutation, Record, job_id_of
 from shardq.protocol import INTERNAL_SERVER_ERROR, WAIT_MOVED
+from shardq.protocol._rawpush import decode_raw_pushb, raw_refused
 from shardq.runtime import _messages as msgs
 from shardq.runtime._sections import LinkSettings
 from shardq.runtime.links._stream import MAX_FRAME_BYTES
@@ -363,8 +364,20 @@ class ShardCore(ParkedRequests):
                     self._request(item[0], item[1], item[2], now, envelope)
                     at += 1
                     continue
+            elif size == 3 and type(item[2]) is bytes and isinstance(item[0], str):
+                self._raw_pushb(item[0], item[1], item[2], now)
+                at += 1
+                continue
             _log.warning("malformed request item dropped")
             at += 1
+
+    def _raw_pushb(self, conn: str, rid: int, body: bytes, now: int) -> None:
+        """A PUSHB passed on as the client's bytes (`protocol._rawpush`), decoded here once."""
+        cmd = decode_raw_pushb(body)
+        if cmd is not None:
+            self._request(conn, rid, cmd, now, None)
+        else:  # changed nothing: the front end answers it the general way
+            self._replies.append([conn, rid, raw_refused()])
 
     def _request(
         self, conn: str, rid: int, cmd: dict[str, Any], now: int, envelope: Envelope

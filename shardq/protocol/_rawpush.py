@@ -1,0 +1,161 @@
+"""A PUSHB passed to its shard as the client's own bytes (issue 24, `pushb_pass_through`).
+
+The front end needs little of a PUSHB: its `reqId`, its queue (for the shard) and the certainty
+that no entry names a flow (`parentId`, `childrenIds`: the front end checks those parents
+first). Decoding every pushed job only to pack it again for the shard cost the front end about
+4,600 instructions a job. `peek_pushb` reads just those fields off the body (its other values
+are skipped in C, not built) and the front end sends the body on as it is; the shard decodes
+it once, with the same decoder (`decode_raw_pushb`).
+
+What the general path does must not change, reply for reply. The front end looks closer only
+at a body that opens `{"cmd": "PUSHB", ...` (a fixmap, `cmd` first as clients write it; any
+other order takes the general path), and passes it through only when it is a map whose `cmd`
+is the str "PUSHB" and whose `queue` is a str, neither
+named twice (the decoder keeps the last), and when neither `parentId` nor `childrenIds` occurs
+anywhere in its bytes (a key in a msgpack map is its UTF-8 bytes, so such a body names no flow).
+Once `cmd` and `queue` are read, the rest of the map is not even skipped where the bytes of
+`cmd`, `queue` and `reqId` occur no more: no such key can follow.
+
+Everything else the general path would refuse, the shard finds in its one decode: a string
+that is not UTF-8, a refused extension type, a non-str key, bytes after the map, and nesting
+too deep for the general path's `req` batch (which carries the decoded map three levels down,
+`{t, items: [[conn, rid, command]]}`: the shard decodes the body behind three one-element
+array headers, so msgpack's depth limit falls where it fell). It then answers `raw_refused`,
+having changed nothing, and the front end sends the body down the general path, which answers
+it as it always did.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypeAlias
+
+import msgpack  # type: ignore[import-untyped]
+
+from shardq.protocol._errors import INVALID_COMMAND_FORMAT
+from shardq.protocol._frames import _IS_STR, DecodedFrame, _ext_hook, _unpack, decode_body
+
+__all__ = [
+    "RAW_REFUSED",
+    "Incoming",
+    "RawPush",
+    "decode_or_peek",
+    "decode_raw_pushb",
+    "peek_pushb",
+    "raw_refused",
+]
+
+# Three one-element arrays: the depth of a command inside the front end's `req` batch.
+_DEPTH_OF_BATCH: Final = b"\x91\x91\x91"
+# What a PUSHB body opens with after its fixmap header: `cmd` as a fixstr, "PUSHB" as one.
+_HEAD: Final = b"\xa3cmd\xa5PUSHB"
+_HEAD_END: Final = 1 + len(_HEAD)
+_PUSHB_AT: Final = 5  # the fixstr header of the command's name (PUSH: 0xa4; PULLB: 0xa5)
+_FIXSTR5: Final = 0xA5
+_FLOW_KEYS: Final = (b"parentId", b"childrenIds")
+_PEEKED: Final = frozenset({"cmd", "queue", "reqId"})
+_PEEKED_BYTES: Final = tuple(name.encode() for name in sorted(_PEEKED))
+
+RAW_REFUSED: Final = "rawRefused"
+"""The key of a shard's reply to a passed-through body it could not take (`raw_refused`);
+never sent to a client (the front end answers through the general path instead)."""
+
+
+class RawPush:
+    """A PUSHB body bound for its shard undecoded: the bytes, its queue and its `reqId`."""
+
+    __slots__ = ("body", "has_req", "queue", "req")
+
+    def __init__(self, body: bytes, queue: str, req: Any, has_req: bool) -> None:
+        self.body = body
+        self.queue = queue
+        self.req = req  # the client's `reqId`, verbatim (any type), when `has_req`
+        self.has_req = has_req
+
+
+def _fields(body: bytes) -> dict[str, Any] | None:
+    """`cmd`, `queue` and `reqId` of the top-level map (None if one appears twice)."""
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        strict_map_key=True,
+        ext_hook=_ext_hook,
+        timestamp=1,
+        max_buffer_size=len(body),
+    )
+    unpacker.feed(body)
+    found: dict[str, Any] = {}
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        if type(key) is str and key in _PEEKED:
+            if key in found:
+                return None  # the decoder keeps the last: leave that to the general path
+            found[key] = unpacker.unpack()
+        elif "cmd" in found and "queue" in found and _none_after(body, unpacker.tell()):
+            break  # no key read here can follow: the rest is the shard's to decode
+        else:
+            unpacker.skip()
+    return found
+
+
+def _none_after(body: bytes, at: int) -> bool:
+    """Whether no `cmd`, `queue` or `reqId` key can start at or after `at` (their bytes do
+    not occur there, in any string encoding)."""
+    return all(body.find(name, at) < 0 for name in _PEEKED_BYTES)
+
+
+def peek_pushb(view: bytes | memoryview) -> RawPush | None:
+    """The body as a `RawPush` if it may be passed to its shard undecoded, else None (then it
+    takes the general path: `decode_body`). Never raises."""
+    body = bytes(view)
+    if _FLOW_KEYS[0] in body or _FLOW_KEYS[1] in body:
+        return None
+    try:
+        found = _fields(body)
+    except Exception:
+        return None
+    if found is None or found.get("cmd") != "PUSHB":
+        return None
+    queue = found.get("queue")
+    if type(queue) is not str:
+        return None
+    return RawPush(body, queue, found.get("reqId"), "reqId" in found)
+
+
+def decode_raw_pushb(body: bytes) -> dict[str, Any] | None:
+    """The shard's decode of a passed-through body: the command map as the general path would
+    have sent it (the client's map without `reqId`), or None when the decoder refuses the body
+    or it is not the PUSHB it was peeked as (the front end then takes the general path)."""
+    try:
+        # Three levels down, as the general path's `req` batch carries the decoded map: a body
+        # nested too deep for that is refused here (the general path answers it).
+        cmd = _unpack(_DEPTH_OF_BATCH + body)[0][0][0]
+    except ValueError:
+        return None
+    if (
+        type(cmd) is not dict
+        or not all(map(_IS_STR, cmd))
+        or cmd.get("cmd") != "PUSHB"
+        or type(cmd.get("queue")) is not str
+    ):
+        return None
+    cmd.pop("reqId", None)
+    return cmd
+
+
+def raw_refused() -> dict[str, Any]:
+    """The shard's reply to a passed-through body it did not take (`decode_raw_pushb`)."""
+    return {"ok": False, "error": INVALID_COMMAND_FORMAT, RAW_REFUSED: True}
+
+
+Incoming: TypeAlias = DecodedFrame | RawPush
+"""A client frame as the front end's TCP and ZeroMQ ports hand it on."""
+
+
+def decode_or_peek(view: memoryview | bytes) -> Incoming:
+    """A frame body as a `RawPush` when it may pass undecoded (`peek_pushb`), else decoded.
+    Only a body that opens `{"cmd": "PUSHB", ...` (a map of under 16 keys, `cmd` first, as
+    clients write it) is looked at closer: every other command pays two byte tests."""
+    if len(view) > _HEAD_END and view[_PUSHB_AT] == _FIXSTR5 and view[1:_HEAD_END] == _HEAD:
+        raw = peek_pushb(view)
+        if raw is not None:
+            return raw
+    return decode_body(view)
