@@ -4,8 +4,10 @@ written, whatever its size falls on among the statement sizes."""
 from __future__ import annotations
 
 import gc
+import sqlite3
 from pathlib import Path
 
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 import pytest
 
 from shardq.storage import MutationEncoder, Store
@@ -61,3 +63,36 @@ def test_a_written_batch_leaves_nothing_for_the_cyclic_collector(tmp_path: Path)
             assert gc.collect() == 0
         finally:
             gc.enable()
+
+
+def test_jobs_updated_together_take_their_own_columns_whatever_bytes_they_share(
+    tmp_path: Path,
+) -> None:
+    # The writer checks and joins the change of jobs updated together once (`_write.add_update`
+    # by the identities of their parts). CPython has one object per 1-byte bytes value, so two
+    # `updb`s of the same 1-byte change map share it with different column fields: each job
+    # must still take its own. And an `updm`'s jobs, which do share one change, all take it.
+    encode = MutationEncoder().encode
+    recs = [{"id": f"j{i}", "queue": "q", "state": "waiting", "seq": i} for i in range(8)]
+    empty = msgpack.packb({})
+    assert len(empty) == 1
+    with Store.open(tmp_path / "shared.db") as store:
+        store.apply(encode([("put", r) for r in recs]))
+        store.apply(
+            [
+                ("updb", "j0", empty, {"state": "active"}),
+                ("updb", "j1", empty, {"state": "delayed", "priority": 3}),
+                ("updm", msgpack.packb({"state": "completed"}), {"state": "completed"},
+                 [f"j{i}" for i in range(2, 8)]),
+            ]  # fmt: skip
+        )
+        conn = sqlite3.connect(tmp_path / "shared.db")
+        try:
+            rows = conn.execute("SELECT id, state, priority FROM jobs ORDER BY seq").fetchall()
+        finally:
+            conn.close()
+    assert rows == [
+        ("j0", "active", None),
+        ("j1", "delayed", 3),
+        *[(f"j{i}", "completed", None) for i in range(2, 8)],
+    ]
