@@ -78,13 +78,13 @@ def test_jobs_updated_together_take_their_own_columns_whatever_bytes_they_share(
     assert len(empty) == 1
     with Store.open(tmp_path / "shared.db") as store:
         store.apply(encode([("put", r) for r in recs]))
+        done = msgpack.packb({"state": "completed"})
         store.apply(
             [
                 ("updb", "j0", empty, {"state": "active"}),
                 ("updb", "j1", empty, {"state": "delayed", "priority": 3}),
-                ("updm", msgpack.packb({"state": "completed"}), {"state": "completed"},
-                 [f"j{i}" for i in range(2, 8)]),
-            ]  # fmt: skip
+                ("updm", done, {"state": "completed"}, [f"j{i}" for i in range(2, 8)]),
+            ]
         )
         conn = sqlite3.connect(tmp_path / "shared.db")
         try:
