@@ -206,7 +206,7 @@ def _write_jobs(
     to_fold: list[str] = []
     ops: list[tuple[str, bytes]] = []
     refill: Refill = []
-    joined: dict[tuple[int, ...], bytes] = {}
+    joined: Shared = {}
     for job_id, row in plan.jobs.items():
         if row is None:
             deleted.append((job_id,))
@@ -371,6 +371,12 @@ def whole_row(
     return (job_id, *columns, blob(rec), blob(patch), 1, *values[_COLUMNS:])
 
 
+Shared = dict[tuple[int, ...], "tuple[tuple[str, ...], tuple[Any, ...]] | None"]
+"""The changes of stored rows joined so far for one plan (`add_update`), by the identities of
+their parts: (the columns they set, their values and the joined patch), or None for parts
+that may not name one change."""
+
+
 def add_update(
     job_id: str,
     row: Row,
@@ -380,41 +386,36 @@ def add_update(
     known: dict[str, Stored | None],
     ops: list[tuple[str, bytes]],
     refill: Refill,
-    joined: dict[tuple[int, ...], bytes] | None = None,
+    joined: Shared | None = None,
 ) -> bool:
     """Queue the UPDATE of a stored row (none if only ops came) and its ops, and in `refill`
     the row if a change named a cold field (`_cold`); True if its patch or its ops are now
-    due to be folded. `joined`: the patches joined so far for this plan, by the identities of
-    their parts (jobs updated together share their change objects, so their patches are
-    joined once); its parts live as long as the plan, so an identity names one part."""
+    due to be folded. `joined`: the changes of the rows done so far for this plan (`Shared`):
+    jobs updated together (an `updm`) share their change objects, so their columns are
+    checked and their patch joined once, not once per job."""
     assert row.stored is not None
     queue, rec_len, patch_len, delta_len = row.stored
     changed = row.changed
     if row.patch or changed:
-        if joined is None:
-            patch = join_patch(row.patch, pack)
-        else:
+        shared = None
+        if joined is not None and COLD_COLUMN not in changed:
             key = tuple(map(id, row.patch))
-            found = joined.get(key)
-            if found is None:
-                found = joined[key] = join_patch(row.patch, pack)
-            patch = found
-        if COLD_COLUMN in changed:
-            refill.append((job_id, changed.pop(COLD_COLUMN)))
-        if changed:
-            check_columns(job_id, changed)
-            names = tuple(changed)
-            params = (*changed.values(), patch, job_id)
-            if "queue" in changed:
-                queue = changed["queue"]
+            shared = joined.get(key, _UNSEEN)
+            if shared is _UNSEEN:
+                shared = joined[key] = _shared_change(job_id, row, pack)
+        if shared is not None:
+            names, head = shared
+            params = (*head, job_id)
         else:
-            names, params = (), (patch, job_id)
+            names, params = _own_change(job_id, row, pack, refill)
+        if "queue" in changed:
+            queue = changed["queue"]
         rows = updates.get(names)
         if rows is None:
             updates[names] = [params]
         else:
             rows.append(params)
-        patch_len += len(patch)
+        patch_len += len(params[-2])
     if row.deltas:
         for op in row.deltas:
             blob = op if type(op) is bytes else pack(op)
@@ -425,6 +426,38 @@ def add_update(
         grown = patch_len
     known[job_id] = (queue, rec_len, patch_len, delta_len)
     return grown > patch_floor and grown > rec_len
+
+
+_UNSEEN: Any = object()
+
+
+def _shared_change(
+    job_id: str, row: Row, pack: Pack
+) -> tuple[tuple[str, ...], tuple[Any, ...]] | None:
+    """A stored row's change, for every row whose patch has the same parts (`Shared`): its
+    column fields and their values, then its joined patch. A row's `changed` follows from the
+    mutations that made its patch (a stored row starts with none), and each part is one
+    mutation's object: a change map of the engine's (its columns are read from it) or the
+    bytes an encoded one came in. But CPython keeps one object for every bytes value of 0 or
+    1 byte, so such a part may stand for mutations with different column fields: None."""
+    for part in row.patch:
+        if type(part) is bytes and len(part) < 2:
+            return None
+    changed = row.changed
+    check_columns(job_id, changed)
+    return tuple(changed), (*changed.values(), join_patch(row.patch, pack))
+
+
+def _own_change(
+    job_id: str, row: Row, pack: Pack, refill: Refill
+) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """A stored row's change on its own: (its column fields, their values, its patch, its id)."""
+    changed = row.changed
+    patch = join_patch(row.patch, pack)
+    if COLD_COLUMN in changed:
+        refill.append((job_id, changed.pop(COLD_COLUMN)))
+    check_columns(job_id, changed)
+    return tuple(changed), (*changed.values(), patch, job_id)
 
 
 def join_patch(parts: list[Part], pack: Pack) -> bytes:

@@ -3,8 +3,11 @@ written, whatever its size falls on among the statement sizes."""
 
 from __future__ import annotations
 
+import gc
+import sqlite3
 from pathlib import Path
 
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 import pytest
 
 from shardq.storage import MutationEncoder, Store
@@ -34,3 +37,62 @@ def test_puts_updates_and_deletes_of_any_count_reach_every_row(tmp_path: Path, c
 def test_the_sizes_end_with_one_row() -> None:
     # Any count is a sum of them, so no row is left out.
     assert SIZES[-1] == 1 and list(SIZES) == sorted(SIZES, reverse=True)
+
+
+def test_a_written_batch_leaves_nothing_for_the_cyclic_collector(tmp_path: Path) -> None:
+    # The writer keeps the collector out of a flush (`_no_collection`): a batch's plan and rows
+    # must go by reference counting when it is written, or each flush leaves its rows for a
+    # collection that costs more than building them (every kind of mutation is in the batch).
+    encode = MutationEncoder().encode
+    recs = [{"id": f"j{i}", "queue": "q", "state": "waiting", "seq": i} for i in range(300)]
+    change = {"state": "active"}
+    batch = [
+        *encode([("put", r) for r in recs]),
+        *encode([("upd", r["id"], change) for r in recs]),
+        ("queue", "q", {"paused": False}),
+        ("del", "j0"),
+        ("delta", "j1", {"log": ["line", 10, 1]}),
+    ]
+    with Store.open(tmp_path / "gc.db") as store:
+        store.apply(encode([("put", r) for r in recs]))
+        gc.collect()
+        gc.disable()
+        try:
+            store.apply(batch)
+            store.apply(encode([("upd", r["id"], {"state": "completed"}) for r in recs]))
+            assert gc.collect() == 0
+        finally:
+            gc.enable()
+
+
+def test_jobs_updated_together_take_their_own_columns_whatever_bytes_they_share(
+    tmp_path: Path,
+) -> None:
+    # The writer checks and joins the change of jobs updated together once (`_write.add_update`
+    # by the identities of their parts). CPython has one object per 1-byte bytes value, so two
+    # `updb`s of the same 1-byte change map share it with different column fields: each job
+    # must still take its own. And an `updm`'s jobs, which do share one change, all take it.
+    encode = MutationEncoder().encode
+    recs = [{"id": f"j{i}", "queue": "q", "state": "waiting", "seq": i} for i in range(8)]
+    empty = msgpack.packb({})
+    assert len(empty) == 1
+    with Store.open(tmp_path / "shared.db") as store:
+        store.apply(encode([("put", r) for r in recs]))
+        done = msgpack.packb({"state": "completed"})
+        store.apply(
+            [
+                ("updb", "j0", empty, {"state": "active"}),
+                ("updb", "j1", empty, {"state": "delayed", "priority": 3}),
+                ("updm", done, {"state": "completed"}, [f"j{i}" for i in range(2, 8)]),
+            ]
+        )
+        conn = sqlite3.connect(tmp_path / "shared.db")
+        try:
+            rows = conn.execute("SELECT id, state, priority FROM jobs ORDER BY seq").fetchall()
+        finally:
+            conn.close()
+    assert rows == [
+        ("j0", "active", None),
+        ("j1", "delayed", 3),
+        *[(f"j{i}", "completed", None) for i in range(2, 8)],
+    ]
