@@ -40,7 +40,9 @@ def cpu_s(supervisor: int) -> dict[str, float]:
 
 def wait_for_vacuum(log_path: Path, since: float, timeout: float) -> float | None:
     """Seconds from `since` (wall clock) to the first `vacuum done` the writer logged after
-    it, waiting up to `timeout`; None if none came. Notes each `vacuum progress` line."""
+    it, waiting up to `timeout`; None if none came. Notes each `vacuum progress` line. A pass
+    that started before `since` and had not logged its `vacuum done` by then is waited for
+    (its progress lines may come less often than `NOTHING_LEFT_S`)."""
     deadline = time.monotonic() + timeout
     seen, started = 0, False
     while time.monotonic() < deadline:
@@ -50,7 +52,8 @@ def wait_for_vacuum(log_path: Path, since: float, timeout: float) -> float | Non
                 continue
             entry = json.loads(line)
             at = _timestamp(entry.get("timestamp", ""))
-            if at < since:
+            if at < since:  # a pass still running at `since` is one to wait for
+                started = entry["event"] != "vacuum done"
                 continue
             if entry["event"] == "vacuum done":
                 _note(f"vacuum done {at - since:.1f} s after the drain: {line}")

@@ -6,7 +6,8 @@
                                 [--sample-every 0.5]
                                 [--trace-every 10] [--settle 5] [--vacuum-wait 0]
                                 [--recycle-wait 0]
-                                [--dir DIR] [--json PATH]
+                                [--dir DIR] [--json PATH] [--progress-every 10]
+    python -m bench.head_budget --from-dir DIR [...the same options, but --jobs...]
 
 Each run is one server on a fresh data directory: this checkout's server for each `--head-jobs`
 value (0: no budget, every job in memory; above 0: `[engine] head_jobs`, given as
@@ -44,6 +45,16 @@ database size then, and each process's CPU seconds after the drain and then. Wit
 after the drain (`recycle_s`: seconds from the drain's end; "-" if none); `--settle` counts
 from there.
 
+With `--from-dir DIR` (a directory `--keep` left behind, e.g. 10,000,000 jobs that took most
+of an hour to push), step 1 is a start on DIR with no push: its moment "after push" is the
+state once that start is ready (`first_start_s`: its first Ping), and `jobs` is the sum of
+`Count` over the queues then. Steps 2 and 3 and the later moments run as above, on DIR itself:
+a drain empties it. Its log files are numbered after those already there, and it is never
+removed. Every build given runs on the same DIR in turn, so give one.
+
+During the drain a progress line goes to stderr every `--progress-every` seconds: jobs
+drained, jobs left, the rate since the last line, and each process's RSS.
+
 Progress goes to stderr, the results as tables to stdout (and JSON with `--json`, rewritten
 after every run).
 """
@@ -59,6 +70,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,11 +149,39 @@ def _server_rss() -> dict[str, float] | None:
     return None
 
 
+class DrainProgress:
+    """Called with the jobs drained so far after each batch; every `every` seconds notes them,
+    the jobs left of `total`, the rate since the last note and each process's RSS."""
+
+    def __init__(self, label: str, total: int, every: float) -> None:
+        self.label, self.total, self.every = label, total, every
+        self.notes = 0
+        self._last_t, self._last_done = time.monotonic(), 0
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if self.every <= 0 or now - self._last_t < self.every:
+            return
+        rate = (done - self._last_done) / (now - self._last_t)
+        self._last_t, self._last_done = now, done
+        self.notes += 1
+        rss = _server_rss() or {}
+        _note(f"{self.label} drain: {done:,} drained, {max(self.total - done, 0):,} left, "
+              f"{rate:,.0f} jobs/s, load {os.getloadavg()[0]:.1f}, "
+              f"RSS MB {({k: round(v) for k, v in rss.items()})}")  # fmt: skip
+
+
 def drain_some(
-    port: int, queues: list[str], batch: int, limit: int, timeout: float
+    port: int,
+    queues: list[str],
+    batch: int,
+    limit: int,
+    timeout: float,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[int, float, bool]:
     """PULLB + ACKB queue after queue, at most `limit` jobs in all (0: every job; a quarter of
-    it from each queue) and never past `timeout` seconds: (drained, jobs per second, timed out)."""
+    it from each queue) and never past `timeout` seconds: (drained, jobs per second, timed out).
+    `progress` is called with the jobs drained so far after each batch."""
     start = time.perf_counter()
     deadline, done, timed_out = start + timeout, 0, False
     per_queue = -(-limit // len(queues)) if limit else 0
@@ -162,26 +202,47 @@ def drain_some(
                     ack["tokens"] = reply["tokens"]
                 conn.call(ack)
                 taken += len(ids)
+                if progress is not None:
+                    progress(done + taken)
             done += taken
     return done, done / max(time.perf_counter() - start, 1e-9), timed_out
 
 
 def drain_parallel(
-    port: int, queues: list[str], batch: int, limit: int, timeout: float, conns: int
+    port: int,
+    queues: list[str],
+    batch: int,
+    limit: int,
+    timeout: float,
+    conns: int,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[int, float, bool]:
     """`drain_some` on `conns` connections at once, each its share of `queues` (and of
-    `limit`): (drained, jobs per second over all of them, whether any timed out)."""
+    `limit`): (drained, jobs per second over all of them, whether any timed out). `progress`
+    is called with the jobs drained on all connections so far."""
     if conns <= 1:
-        return drain_some(port, queues, batch, limit, timeout)
+        return drain_some(port, queues, batch, limit, timeout, progress)
     shares = [queues[k::conns] for k in range(conns)]
     results: list[tuple[int, float, bool]] = []
     start = time.perf_counter()
+    lock, totals = threading.Lock(), [0] * conns
 
-    def one(share: list[str]) -> None:
+    def noted(k: int) -> Callable[[int], None]:
+        def note(done: int) -> None:
+            with lock:
+                totals[k] = done
+                if progress is not None:
+                    progress(sum(totals))
+
+        return note
+
+    def one(k: int, share: list[str]) -> None:
         part = limit * len(share) // len(queues) if limit else 0
-        results.append(drain_some(port, share, batch, part, timeout))
+        results.append(drain_some(port, share, batch, part, timeout, noted(k)))
 
-    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in shares if s]
+    threads = [
+        threading.Thread(target=one, args=(k, s), daemon=True) for k, s in enumerate(shares) if s
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -192,7 +253,10 @@ def drain_parallel(
 
 def run_one(args: argparse.Namespace, build: Build) -> dict[str, Any]:
     """One full run (push, restart, drain) of `build`."""
-    data_dir = Path(tempfile.mkdtemp(prefix="shardq-head-", dir=args.dir))
+    if args.from_dir:
+        data_dir = Path(args.from_dir)
+    else:
+        data_dir = Path(tempfile.mkdtemp(prefix="shardq-head-", dir=args.dir))
     row: dict[str, Any] = {"label": build.label, "head_jobs": build.head_jobs, "jobs": args.jobs,
                            "drain_conns": args.drain_conns,
                            "command": build.command, "queues": pick_queues("one", args.shards),
@@ -209,7 +273,7 @@ def run_one(args: argparse.Namespace, build: Build) -> dict[str, Any]:
             server.stop()
         row["sampled_peaks"] = sampler.close()
         row["samples"], row["trace"] = sampler.samples, sampler.trace
-        if not args.keep:
+        if not args.keep and not args.from_dir:
             shutil.rmtree(data_dir, ignore_errors=True)
     return row
 
@@ -223,12 +287,17 @@ def _push_and_restart(
     servers: list[Server],
 ) -> None:
     shards, queues, env = str(args.shards), row["queues"], build.env()
-    first = Server(data_dir, shards, args.ready_timeout, 1, env=env, command=build.command)
+    run = _first_log_number(data_dir)
+    first = Server(data_dir, shards, args.ready_timeout, run, probe_ready=bool(args.from_dir),
+                   env=env, command=build.command)  # fmt: skip
     servers.append(first)
     if first.error:
         raise RuntimeError(f"{build.label} first start: {first.error}")
-    _note(f"{build.label}: pushing {args.jobs:,} jobs")
-    row["push_jobs_per_s"] = round(push(first.tcp_port, queues, args.jobs, args.batch))
+    if args.from_dir:
+        _count_saved(first, queues, row)
+    else:
+        _note(f"{build.label}: pushing {args.jobs:,} jobs")
+        row["push_jobs_per_s"] = round(push(first.tcp_port, queues, args.jobs, args.batch))
     row["rss_after_push"] = first.rss_mb()
     row["db_mb_after_push"] = db_mb(data_dir)
     row["peak_first_run"] = first.rss_mb("VmHWM")
@@ -239,7 +308,7 @@ def _push_and_restart(
     row["stop_s"] = round(time.monotonic() - t0, 2)
     _note(f"{build.label}: stopped in {row['stop_s']} s; restarting")
     sampler.phase = "restart"
-    second = Server(data_dir, shards, args.ready_timeout, 2, probe_ready=True, env=env,
+    second = Server(data_dir, shards, args.ready_timeout, run + 1, probe_ready=True, env=env,
                     command=build.command)  # fmt: skip
     servers.append(second)
     row["ready_s"] = None if second.ready_s is None else round(second.ready_s, 2)
@@ -253,9 +322,18 @@ def _push_and_restart(
     row["load_after_restart"] = os.getloadavg()
     _note(f"{build.label}: first Ping after {row.get('first_ping_s')} s; draining")
     sampler.phase = "drain"
+    expected = min(row["jobs"], args.drain_max or row["jobs"])
+    progress = DrainProgress(build.label, expected, args.progress_every)
     drained, rate, timed_out = drain_parallel(
-        second.tcp_port, queues, args.batch, args.drain_max, args.drain_timeout, args.drain_conns
+        second.tcp_port,
+        queues,
+        args.batch,
+        args.drain_max,
+        args.drain_timeout,
+        args.drain_conns,
+        progress,
     )
+    row["progress_notes"] = progress.notes
     drained_at = time.time()
     row["drained"], row["drain_jobs_per_s"] = drained, round(rate)
     if timed_out:
@@ -278,6 +356,23 @@ def _push_and_restart(
     row["load_settled"] = os.getloadavg()
     row["final_exit"] = second.stop()
     row["db_mb_after_stop"] = db_mb(data_dir)
+
+
+def _first_log_number(data_dir: Path) -> int:
+    """1 on a fresh directory; on a saved one, a number past its servers' logs (kept)."""
+    numbers = [int(p.stem.removeprefix("server-")) for p in data_dir.glob("server-*.log")
+               if p.stem.removeprefix("server-").isdigit()]  # fmt: skip
+    return max(numbers, default=0) + 1
+
+
+def _count_saved(first: Server, queues: list[str], row: dict[str, Any]) -> None:
+    """`--from-dir`: the time to the first start's first Ping, and the jobs waiting then."""
+    if first.ping is not None and first.ping.answered_s is not None:
+        row["first_start_s"] = round(first.ping.answered_s, 2)
+    with TcpConnection("127.0.0.1", first.tcp_port, timeout=300) as conn:
+        row["jobs"] = sum(int(conn.call({"cmd": "Count", "queue": q})["count"]) for q in queues)
+    _note(f"{row['label']}: started on {first.data_dir} in {row.get('first_start_s')} s, "
+          f"{row['jobs']:,} jobs waiting")  # fmt: skip
 
 
 def _note(text: str) -> None:
@@ -336,7 +431,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             if key in r:
                 print(f"# {r['label']} {key}: {[round(x, 2) for x in r[key]]}")
         print(
-            f"# {r['label']} stop_s={r.get('stop_s')} ready_s={r.get('ready_s')} "
+            f"# {r['label']} first_start_s={r.get('first_start_s')} stop_s={r.get('stop_s')} "
+            f"ready_s={r.get('ready_s')} "
             f"samples={r.get('samples')} drain_timed_out={r.get('drain_timed_out', False)} "
             f"recycle_s={r.get('recycle_s')}"
         )
@@ -385,7 +481,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--dir", help="where the data directories go (default: the temp dir)")
     add("--keep", action="store_true", help="keep the data directories")
     add("--json", dest="json_path")
+    add("--from-dir", help="start on this saved data directory (no push); a drain empties it")
+    add("--progress-every", type=float, default=10.0,
+        help="seconds between drain progress lines (0: none)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.from_dir and not (Path(args.from_dir) / "shardq.db").exists():
+        parser.error(f"--from-dir {args.from_dir} holds no shardq.db")
     if min(args.jobs, args.batch, args.shards, args.repeat) < 1:
         parser.error("--jobs, --batch, --shards and --repeat must be at least 1")
     if any(h < 0 for h in args.head_jobs) or min(args.settle, args.drain_max, args.vacuum_wait) < 0:
@@ -399,8 +500,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    jobs = f"from {args.from_dir}" if args.from_dir else args.jobs
     print(f"# python {platform.python_version()}, {os.cpu_count()} CPUs, {args.shards} shards, "
-          f"jobs={args.jobs}, batch={args.batch}, all on shard 0's queues")  # fmt: skip
+          f"jobs={jobs}, batch={args.batch}, all on shard 0's queues")  # fmt: skip
     rows: list[dict[str, Any]] = []
     for build in builds(args):
         rows.append(run_one(args, build))

@@ -46,3 +46,39 @@ def test_head_budget_bench_measures_every_phase(tmp_path: Path) -> None:
         assert sampled["push"]["shard0"] > 0 and row["trace"]
     assert "| head_jobs=100 | 3,000 |" in done.stdout  # the table row of the budgeted run
     assert "| other | 3,000 |" in done.stdout
+
+
+def test_head_budget_from_dir_runs_the_later_moments_on_a_saved_directory(tmp_path: Path) -> None:
+    """A run that keeps its directory with jobs left (`--keep --drain-max`), then `--from-dir`
+    on it: no push, the jobs waiting counted, progress lines during the drain, every later
+    moment measured, the directory drained and left in place with its first logs."""
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    keep = subprocess.run(
+        [sys.executable, "-m", "bench.head_budget", "--jobs", str(JOBS), "--batch", "500",
+         "--head-jobs", "100", "--drain-max", "1000", "--keep", "--settle", "0",
+         "--dir", str(saved)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert keep.returncode == 0, keep.stdout[-2000:] + keep.stderr[-4000:]
+    (data,) = saved.iterdir()
+    out = tmp_path / "from.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.head_budget", "--from-dir", str(data), "--batch", "100",
+         "--head-jobs", "100", "--settle", "0", "--vacuum-wait", "10", "--sample-every", "0.1",
+         "--progress-every", "0.01", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "error" not in row and "push_jobs_per_s" not in row
+    assert row["jobs"] == JOBS - 1000 and row["drained"] == JOBS - 1000
+    assert row["first_start_s"] > 0 and row["first_ping_s"] > 0 and row["progress_notes"] > 0
+    assert " left, " in done.stderr and "jobs waiting" in done.stderr
+    for phase in ("rss_after_push", "rss_after_restart", "rss_after_drain", "rss_settled"):
+        assert {"writer", "shard0", "shard1", "frontend"} <= set(row[phase])
+    assert row["db_mb_after_drain"] > 0 and row["vacuum_s"] is not None
+    assert row["stop_exit"] == 0 and row["final_exit"] == 0
+    logs = sorted(p.name for p in data.glob("server-*.log"))
+    assert logs == ["server-1.log", "server-2.log", "server-3.log", "server-4.log"]
+    assert f"| head_jobs=100 | {JOBS - 1000:,} | - |" in done.stdout
