@@ -32,7 +32,9 @@ and stopped) the RSS of every process is read from /proc, and the database size 
 shared memory). Each process's `VmHWM` (its peak) is read before each SIGTERM. A sampler thread
 reads every process's RSS every `--sample-every` seconds through the whole run (its start, the
 push, the stop, the restart, the drain, the final stop): the largest value seen per phase and
-process is kept, so a short peak of a process that has exited since is seen too. Every
+process is kept, so a short peak of a process that has exited since is seen too; it also
+reads every process's `VmHWM` at each sample, so the largest peak of any process (a spike
+between two samples included, a recycled shard's old process too) is reported. Every
 `--trace-every` seconds it also notes the RSS and the database size (stderr and the JSON), to
 show what grows with the backlog.
 
@@ -75,6 +77,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench._server import rss_kb
 from bench._vacuum_wait import cpu_s, wait_for_recycle, wait_for_vacuum
 from bench.recovery import Server, _children, _cmdline, db_mb, pick_queues, push, rss_by_role
 from shardq.client import TcpConnection
@@ -109,6 +112,9 @@ class Sampler(threading.Thread):
             data_dir, every, trace_every, label)  # fmt: skip
         self.phase = "push"
         self.peaks: dict[str, dict[str, float]] = {}
+        # Each process's own peak (VmHWM) as last read before it exited: a spike between two
+        # samples counts too, and a shard that recycles keeps the peak of its old process.
+        self.hwm: dict[int, tuple[str, float]] = {}
         self.trace: list[dict[str, Any]] = []
         self.samples = 0
         self._done = threading.Event()
@@ -121,6 +127,7 @@ class Sampler(threading.Thread):
             if rss is None:
                 continue
             self.samples += 1
+            self._note_hwm()
             peak = self.peaks.setdefault(self.phase, {})
             for role, mb in rss.items():
                 peak[role] = max(peak.get(role, 0.0), mb)
@@ -134,19 +141,39 @@ class Sampler(threading.Thread):
                     f"{self.label} {self.phase} t={point['t']} s db={point['db_mb']} MB rss={rss}"
                 )
 
+    def _note_hwm(self) -> None:
+        supervisor = _server_pid()
+        if supervisor is None:
+            return
+        for pid in (supervisor, *_children(supervisor)):
+            try:
+                mb = rss_kb(pid, "VmHWM") / 1024
+            except OSError:
+                continue  # it ended between the listing and the read
+            self.hwm[pid] = (_cmdline(pid).split(" --")[0], mb)
+
+    def largest_hwm(self) -> tuple[str, float]:
+        """The command and VmHWM in MB of the process whose peak was the largest."""
+        return max(self.hwm.values(), key=lambda v: v[1], default=("", 0.0))
+
     def close(self) -> dict[str, dict[str, float]]:
         self._done.set()
         self.join(timeout=30)
         return self.peaks
 
 
-def _server_rss() -> dict[str, float] | None:
+def _server_pid() -> int | None:
     for pid in _children(os.getpid()):
         # `shardq start` replaces itself with the supervisor once its arguments are checked
         cmd = _cmdline(pid)
         if " start " in cmd or "shardq.runtime.supervisor" in cmd:
-            return rss_by_role(pid)
+            return pid
     return None
+
+
+def _server_rss() -> dict[str, float] | None:
+    pid = _server_pid()
+    return None if pid is None else rss_by_role(pid)
 
 
 class DrainProgress:
@@ -273,6 +300,7 @@ def run_one(args: argparse.Namespace, build: Build) -> dict[str, Any]:
             server.stop()
         row["sampled_peaks"] = sampler.close()
         row["samples"], row["trace"] = sampler.samples, sampler.trace
+        row["largest_hwm"] = sampler.largest_hwm()
         if not args.keep and not args.from_dir:
             shutil.rmtree(data_dir, ignore_errors=True)
     return row
@@ -391,6 +419,13 @@ def _largest(rss: dict[str, float] | None) -> float | None:
     return max((v for n, v in (rss or {}).items() if n != "total"), default=None)
 
 
+def _print_hwm(r: dict[str, Any]) -> None:
+    if "largest_hwm" in r:
+        cmd, mb = r["largest_hwm"]
+        print(f"# {r['label']} largest VmHWM of any process, read at each sample: "
+              f"{mb:.1f} MB ({cmd})")  # fmt: skip
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     print("| run | jobs | push jobs/s | first Ping s | drained | drain jobs/s"
           " | RSS total MB push / restart / drain / settled | largest process MB, same"
@@ -436,6 +471,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"samples={r.get('samples')} drain_timed_out={r.get('drain_timed_out', False)} "
             f"recycle_s={r.get('recycle_s')}"
         )
+        _print_hwm(r)
 
 
 def builds(args: argparse.Namespace) -> list[Build]:
