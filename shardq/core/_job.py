@@ -229,13 +229,7 @@ class Job:
         if not custom and payload_only(fields):
             # Just the payload (a PUSHB entry without options), perhaps named or durable:
             # every other field is default.
-            job.data = data = fields["data"]
-            name = fields.get("name")
-            if isinstance(name, str) and name:
-                job.name = name
-            elif type(data) is dict:
-                job.name = _legacy_name(data)
-            job.created_at = job.last_heartbeat = job.run_at = now
+            job._payload(fields, now)
             if "durable" in fields:
                 job.opts = {"durable": True}  # as `_options` has it; each job its own
             return job
@@ -272,16 +266,21 @@ class Job:
         """`create` (without a custom id) of fields that set no time, delay, priority,
         attempts or lifo, as a plain PUSH's (`_produce._plain`): the same job, fewer lookups."""
         job = cls(job_id, queue, seq)
-        job.data = data = fields.get("data")
-        name = fields.get("name")
-        if isinstance(name, str) and name:
-            job.name = name
-        elif type(data) is dict:
-            job.name = _legacy_name(data)
-        job.created_at = job.last_heartbeat = job.run_at = now
+        job._payload(fields, now)
         if not _OPTION_KEYS.isdisjoint(fields):
             job.opts = _options(fields, None)
         return job
+
+    def _payload(self, fields: Mapping[str, Any], now: int) -> None:
+        """The data, the name (given, or the data's legacy one) and the times of a job pushed
+        `now` without a timestamp or delay."""
+        self.data = data = fields.get("data")
+        name = fields.get("name")
+        if isinstance(name, str) and name:
+            self.name = name
+        elif type(data) is dict:
+            self.name = _legacy_name(data)
+        self.created_at = self.last_heartbeat = self.run_at = now
 
     @property
     def custom_id(self) -> str | None:
