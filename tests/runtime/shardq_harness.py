@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -52,11 +53,9 @@ class ServerError(AssertionError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read it back, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port that was free a moment ago, below the kernel's ephemeral range (see
+    `free_ports`)."""
+    return free_ports(1, host)[0]
 
 
 def rss_bytes(pid: int) -> int:
@@ -106,12 +105,41 @@ def listening(pid: int) -> set[tuple[str, int]]:
     return found
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct free ports (held open together while choosing, so they differ)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+# Ports the tests pick lie below the kernel's ephemeral range (32768-60999 by default), so no
+# socket bound to port 0 (a shard's direct port, a client's outgoing connection) can take one
+# between the pick and the server's bind. CI lost a run to exactly that: a shard's direct port
+# got the port picked for the front end a moment before.
+_PICK_LOW, _PICK_HIGH = 20000, 32767
+# Not the module `random`: a plugin that seeds it alike in every xdist worker would have the
+# workers pick the same ports.
+_RANDOM = random.SystemRandom()
+
+
+def _ephemeral_low() -> int:
     try:
-        for s in socks:
-            s.bind((host, 0))
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports that were free a moment ago, chosen at random below the
+    ephemeral range (held open together while choosing, so they differ)."""
+    high = min(_PICK_HIGH, _ephemeral_low() - 1)
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(200 * count):
+            if len(socks) == count:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, _RANDOM.randint(_PICK_LOW, high)))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        if len(socks) < count:
+            raise ServerError(f"no {count} free ports in {_PICK_LOW}-{high}")
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
@@ -228,7 +256,7 @@ class ShardqServer:
             except ServerError as e:
                 # Another process took a port picked here between the pick and the bind
                 # (seen once in CI on a ZeroMQ port): pick again, on a first start only.
-                taken = "Address already in use" in str(e)
+                taken = "address already in use" in str(e).lower()
                 if attempt == 2 or not (taken and self._auto_ports and not self._started_once):
                     raise
                 self.tcp_port, self.zmq_port = free_ports(2, self.host)
