@@ -6,7 +6,7 @@ meanwhile. From `_schema.DRAIN_VERSION` on, the batch holding the `qdrain` only 
 range, `(queue, seq)`, in the table `drain_pending` (one row per queue; a second Drain of the
 queue raises its seq) and commits at once. Its rows are the queue's cold waiting and delayed
 ones of seq up to `seq` and above `above` (NULL, none, until rows are spared: below). The
-writer then deletes the range's rows in pieces, each its own short transaction (`piece`),
+writer then deletes the range's rows in pieces, each its own short transaction (`piece_top`),
 between its other batches; the piece that finds the range empty deletes its row of
 `drain_pending` in the same transaction.
 
@@ -62,7 +62,6 @@ __all__ = [
     "done",
     "finish_to",
     "load",
-    "piece",
     "piece_top",
     "record",
     "settle_after",
@@ -135,22 +134,6 @@ def _statements(r: Range, keep: int, d: PendingSql) -> tuple[str, str]:
     return f"DELETE FROM job_deltas WHERE id IN ({select})", rows
 
 
-def piece(
-    conn: Db,
-    queue: str,
-    r: Range,
-    rows: int,
-    *,
-    deltas: bool,
-    keep: Collection[str] = (),
-    d: PendingSql = SQLITE_PENDING,
-) -> tuple[int, int]:
-    """Delete up to `rows` rows of `queue`'s range `r`, in seq order, sparing `keep` (in the
-    caller's transaction); returns (rows deleted, ops deleted)."""
-    got, ops, _top = piece_top(conn, queue, r, rows, deltas=deltas, keep=keep, d=d)
-    return got, ops
-
-
 def piece_top(
     conn: Db,
     queue: str,
@@ -161,8 +144,9 @@ def piece_top(
     keep: Collection[str] = (),
     d: PendingSql = SQLITE_PENDING,
 ) -> tuple[int, int, int | None]:
-    """`piece`, and the highest seq it deleted where the backend says (PostgreSQL's counted
-    deletion does; None otherwise)."""
+    """Delete up to `rows` rows of `queue`'s range `r`, in seq order, sparing `keep` (in the
+    caller's transaction); returns (rows deleted, ops deleted, the highest seq deleted where
+    the backend says: PostgreSQL's counted deletion does, None otherwise)."""
     ops_sql, rows_sql = _statements(r, len(keep), d)
     lower = () if r[0] is None else (r[0],)
     params = (queue, r[1], *lower, *keep, max(1, rows))
@@ -202,7 +186,7 @@ def finish_to(
     rows = ops = 0
     started = time.monotonic()
     while True:
-        got, gone = piece(conn, queue, part, chunk, deltas=deltas, keep=keep, d=d)
+        got, gone, _top = piece_top(conn, queue, part, chunk, deltas=deltas, keep=keep, d=d)
         rows += got
         ops += gone
         if got < chunk:

@@ -47,8 +47,8 @@ class StoreDrains:
         queue = min(self._pending)
         after = dict(self._pending)
         with transaction(self._conn, f"deleting a piece of queue {queue!r}'s drained jobs"):
-            rows, ops = pending.piece(self._conn, queue, after[queue], max_rows,
-                                      deltas=self._delta_rows > 0)  # fmt: skip
+            rows, ops, _top = pending.piece_top(self._conn, queue, after[queue], max_rows,
+                                                deltas=self._delta_rows > 0)  # fmt: skip
             if rows < max_rows:
                 pending.done(self._conn, after, queue)
         self._pending = after
