@@ -1,8 +1,10 @@
-"""Fixtures shared by the storage suites: the PostgreSQL test server's lifetime.
+"""Fixtures shared by the storage suites: the PostgreSQL test server's lifetime, and the
+shardq servers a test starts on it (`servers`).
 
 tests/storage goes on `sys.path` for `pg_server` (the suites below import it, and later ones
-elsewhere can put this directory on their path the same way). The server starts on the first
-test that needs it and stops when the session ends.
+elsewhere can put this directory on their path the same way), and tests/runtime for the
+`shardq_harness`. The PostgreSQL server starts on the first test that needs it and stops when
+the session ends.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
 from pg_server import postgres_wanted, stop_shared_server
+from shardq_harness import ShardqServer
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -23,6 +27,16 @@ def _stop_postgres() -> Iterator[None]:
     """Stop the PostgreSQL server, if a test started one, when the session ends."""
     yield
     stop_shared_server()
+
+
+@pytest.fixture
+def servers() -> Iterator[list[ShardqServer]]:
+    """The shardq servers a test appends as it starts them (several, or one started again
+    after a kill), each closed when the test ends, passed or not."""
+    made: list[ShardqServer] = []
+    yield made
+    for server in made:
+        server.close()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

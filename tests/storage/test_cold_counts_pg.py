@@ -5,10 +5,8 @@ tests/runtime/test_cold_counts_server.py with the server's storage on a database
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from pg_server import new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
@@ -19,14 +17,6 @@ from test_cold_counts_server import ENV, crash_scenario
 from shardq.storage._postgres import PostgresStore
 
 NEEDS_POSTGRES = True
-
-
-@pytest.fixture
-def servers() -> Iterator[list[ShardqServer]]:
-    made: list[ShardqServer] = []
-    yield made
-    for server in made:
-        server.close()
 
 
 def test_cold_counts_on_postgres_stay_exact_through_kill_9(

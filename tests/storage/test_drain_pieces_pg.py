@@ -15,12 +15,10 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 from pg_server import lease_owners, new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
@@ -51,14 +49,6 @@ class Rows:
     def pending(self) -> dict[str, int]:
         rows = self.db.execute("SELECT queue, seq FROM drain_pending").fetchall()
         return {str(q): int(s) for q, s in rows}
-
-
-@pytest.fixture
-def servers() -> Iterator[list[ShardqServer]]:
-    made: list[ShardqServer] = []
-    yield made
-    for server in made:
-        server.close()
 
 
 def _env(url: str, piece_rows: int, piece_ms: int = 0) -> dict[str, str]:

@@ -6,10 +6,9 @@ uniqueKeys and custom ids (the writer's range deletion on PostgreSQL)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from pg_server import new_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
@@ -18,14 +17,6 @@ from shardq_harness import ShardqServer
 from test_wide_cold_server import HEAD, drain_scenario, wide_scenario
 
 NEEDS_POSTGRES = True
-
-
-@pytest.fixture
-def servers() -> Iterator[list[ShardqServer]]:
-    made: list[ShardqServer] = []
-    yield made
-    for server in made:
-        server.close()
 
 
 def _starter(tmp_path: Path, servers: list[ShardqServer], name: str) -> Callable[[], ShardqServer]:
