@@ -36,7 +36,8 @@ WORK_MB = 64
 BOUND = (BUDGET_MB + WORK_MB) << 20
 
 
-def _status(pid: int, field: str) -> int:
+def status(pid: int, field: str) -> int:
+    """A /proc/<pid>/status field in bytes (`VmRSS`, `VmHWM`; test_memory_trim_server too)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -61,13 +62,13 @@ def test_a_shard_holds_its_process_near_its_budget_through_push_restart_and_drai
     data, env = tmp_path / "rss", {"SHARDQ_SHARD_MEMORY_MB": str(BUDGET_MB)}
     server = shardq_server(shards=1, data_dir=data, env=env)
     shard = server.child_pids()["shard-0"]
-    idle = _status(shard, "VmRSS")
+    idle = status(shard, "VmRSS")
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         for start in range(0, TOTAL, BATCH):
             jobs = [{"data": {"i": i}} for i in range(start, start + BATCH)]
             conn.call({"cmd": "PUSHB", "queue": QUEUE, "jobs": jobs})
         stats = conn.call({"cmd": "Stats"})["stats"]
-        pushed = _status(shard, "VmHWM")
+        pushed = status(shard, "VmHWM")
     assert int(stats["coldJobs"]) > TOTAL // 2, stats
     # Visible: the shard says when the process, not the estimate, cut its heads.
     cut = server.find_log("memory budget cut the heads to fit the process")
@@ -76,12 +77,12 @@ def test_a_shard_holds_its_process_near_its_budget_through_push_restart_and_drai
 
     server = shardq_server(shards=1, data_dir=data, env=env)
     shard = server.child_pids()["shard-0"]
-    restarted = _status(shard, "VmHWM")
+    restarted = status(shard, "VmHWM")
     restored = server.find_log("cold backlog restored")
     assert restored is not None, server.log_tail()
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         order = _drain(conn, DRAIN)
-        drained = _status(shard, "VmHWM")
+        drained = status(shard, "VmHWM")
         waiting = conn.call({"cmd": "GetJobCounts", "queue": QUEUE})["counts"]["waiting"]
     peaks = {"push": pushed, "restart": restarted, "drain": drained}
     print(f"idle {idle >> 20} MiB; peaks above it (MiB):",

@@ -13,30 +13,17 @@ and its work in flight, and every job is delivered once, in order per queue.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
-from shardq_harness import ShardqServer
+from test_memory_rss_server import BOUND, BUDGET_MB, WAIT_S, Factory, status
 
 from shardq.client import TcpConnection
 
-Factory = Callable[..., ShardqServer]
-BUDGET_MB = 16
+# The budget, the bound above idle (the budget and the work in flight) and the waits are
+# test_memory_rss_server.py's: the same shard, drained harder.
 QUEUES = [f"trim-q{k}" for k in range(4)]
 PER_QUEUE = 10_000
 BATCH = 500
-WAIT_S = 120.0
-# As in test_memory_rss_server.py: beside the budget, a shard holds its work in flight.
-WORK_MB = 64
-BOUND = (BUDGET_MB + WORK_MB) << 20
-
-
-def _status(pid: int, field: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) << 10
-    raise AssertionError(f"no {field} for {pid}")
 
 
 def _drain(address: tuple[str, int], queue: str, into: dict[str, list[int]]) -> None:
@@ -61,7 +48,7 @@ def test_a_shard_over_its_budget_trims_the_heap_while_four_connections_drain(
     }
     server = shardq_server(shards=1, data_dir=tmp_path / "trim", env=env)
     shard = server.child_pids()["shard-0"]
-    idle = _status(shard, "VmRSS")
+    idle = status(shard, "VmRSS")
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         for queue in QUEUES:
             for start in range(0, PER_QUEUE, 1_000):
@@ -77,7 +64,7 @@ def test_a_shard_over_its_budget_trims_the_heap_while_four_connections_drain(
         t.start()
     for t in threads:
         t.join(WAIT_S)
-    peak = _status(shard, "VmHWM")
+    peak = status(shard, "VmHWM")
     trimmed = server.find_log("memory budget trimmed the heap")
     print(f"idle {idle >> 20} MiB, peak above it {(peak - idle) >> 20} MiB; first trim:", trimmed)
     assert trimmed is not None and trimmed["budget_mb"] == BUDGET_MB, server.log_tail()
