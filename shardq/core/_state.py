@@ -4,7 +4,8 @@
 uniqueKey claims, the memory of completed jobs) and the primitives every operation uses to
 change them: `admit`, `admit_all`, `move`, `move_all`, `remove`, `dead`, `revive`. They keep
 the counts, heaps, indexes and the mutation stream consistent in one place. The bookkeeping
-over the tables that changes no job's state is functions in `_tables.py`.
+over the tables that changes no job's state is functions in `_tables.py`; the dependencies
+and the dead letters (`dead`, `cap_dlq`) are a base class in `_deps_dlq.py`.
 
 The job operations (produce, consume, control, admin, query, introspect, timers) and the
 feature components (limits, groups, flows, dead letters, cron) are components that hold the
@@ -25,6 +26,7 @@ from typing import Any, TypeAlias
 from shardq.errors import CommandError
 
 from ._config import EngineConfig
+from ._deps_dlq import DepsAndDeadLetters
 from ._effects import Effects
 from ._fresh import FreshRecords
 from ._ids import IdFactory
@@ -40,7 +42,6 @@ from ._lifecycle import (
     next_state,
 )
 from ._mutations import Mutation
-from ._options import as_int
 from ._order import CompletedOrder
 from ._parts import DeadLetterPart, FlowPart, LimiterPart
 from ._queue import QueueState
@@ -49,7 +50,6 @@ from ._tables import (
     Lease,
     claim_unique,
     delivery_key,
-    dlq_entry,
     extended,
     release_unique,
     remember_completion,
@@ -62,7 +62,7 @@ __all__ = ["Changes", "JobStore", "Lease", "delivery_key"]
 Changes: TypeAlias = Sequence[dict[str, Any]] | dict[str, Any]
 
 
-class JobStore:
+class JobStore(DepsAndDeadLetters):
     """One shard's jobs: their tables and the primitives that change a job's state."""
 
     # The components this store tells about its jobs, set by `Engine` (`_engine.py`) once it
@@ -497,66 +497,6 @@ class JobStore:
     def _owns_delayed(self, key: tuple[Any, ...]) -> bool:
         job = self.jobs.get(key[-1])
         return job is not None and job.dkey is key
-
-    # -- dependencies ----------------------------------------------------------------------
-
-    def blocked_by_deps(self, job: Job) -> bool:
-        if job.opts.get("childrenIds"):
-            return self.flows.blocked(job)
-        deps = job.opts.get("dependsOn")
-        if not deps:
-            return False
-        pending = [d for d in deps if not self.is_completed(d)]
-        for dep in pending:
-            self.dependents.setdefault(dep, set()).add(job.id)
-        return bool(pending)
-
-    def release_dependents(self, fx: Effects, job_id: str, now: int) -> None:
-        if not self.dependents:
-            return
-        for child_id in sorted(self.dependents.pop(job_id, ())):
-            child = self.jobs.get(child_id)
-            if child is None or child.state != WAITING_CHILDREN:
-                continue
-            if child.opts.get("childrenIds"):
-                if not self.flows.blocked(child):
-                    self.requeue_or_delay(fx, child, "release", now, {})
-                continue
-            if all(self.is_completed(d) for d in child.opts.get("dependsOn") or ()):
-                self.requeue_or_delay(fx, child, "release", now, {})
-
-    # -- dead letters ----------------------------------------------------------------------
-
-    def dead(
-        self,
-        fx: Effects,
-        job: Job,
-        reason: str,
-        now: int,
-        changes: dict[str, Any],
-        remove: object = None,
-    ) -> None:
-        """Send a job to its queue's DLQ (or drop it when removeOnFail says so)."""
-        if remove is None:
-            remove = job.opts.get("removeOnFail")
-        if job.opts and "parentId" in job.opts:
-            job.failed_reason = job.failed_reason or reason
-            self.flows.child_finished(fx, job, "failed", now)
-        if remove:
-            self.remove(fx, job)
-            return
-        q = self.queue(job.queue)
-        job.dlq = dlq_entry(job, reason, now, q.dlq_config.get("maxAge"), self.next_seq())
-        changes["dlq"] = job.dlq
-        self.move(fx, job, "dead", now, changes)
-        fx.events.append(("dead", job.queue, job.id))
-        self.cap_dlq(fx, q)
-
-    def cap_dlq(self, fx: Effects, q: QueueState) -> None:
-        limit = as_int(q.dlq_config.get("maxEntries"), 10_000)
-        while len(q.dlq) > max(limit, 0):
-            oldest = next(iter(q.dlq))
-            self.remove(fx, self.jobs[oldest])
 
     def revive(self, fx: Effects, job: Job, now: int, *, auto: bool = False) -> None:
         """Give a failed or completed job a fresh run (RetryDlq, RetryCompleted, MoveToWait).
