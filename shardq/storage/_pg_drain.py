@@ -33,6 +33,7 @@ from shardq.storage._cold_count_table import PG_EMPTY_COUNTS, PG_SKIP_SETTING, p
 from shardq.storage._drain import Drain, delete_range, select_range, statements
 from shardq.storage._drain_bounds import Range, inside
 from shardq.storage._drain_pending import POSTGRES_PENDING as PG
+from shardq.storage._errors import StorageError
 from shardq.storage._pg_fence import FENCE_SQL, Fence, check
 from shardq.storage._pg_schema import Conn, pg_error
 
@@ -98,6 +99,8 @@ class PgDrains:
                         pending.done(conn, after, queue, PG)
                     elif top is not None:
                         self._passed(after, queue, top - 1)
+        except StorageError:
+            raise  # `StorageFenced` (the partition moved), or no connection to be had
         except Exception as e:
             raise pg_error(e, f"deleting a piece of queue {queue!r}'s drained jobs") from e
         self._pending = after
@@ -129,7 +132,14 @@ class PgDrains:
         held = fence.held()
         if held is self._seen or not held:
             return
-        self._pending = pending.load(self._connection())
+        try:
+            self._pending = pending.load(self._connection())
+        except StorageError:
+            raise
+        except Exception as e:
+            # A connection lost (a PostgreSQL restart takes the partitions and then gives
+            # them back) is a `StorageError` like any other read's: the writer retries.
+            raise pg_error(e, "reading the pending drains") from e
         self._seen = held
 
     def _fence_queue(self, queue: str) -> None:

@@ -120,12 +120,13 @@ class PostgresStore(PgDrains, ColdReads):
         conn = _connect(url, schema, where)
         try:
             version = _pg_schema.migrate(conn, schema)
+            # Inside: making the store reads the pending Drain ranges (`_pg_drain`).
+            return cls(url, schema, conn, version, cache_records, patch_floor)
         except Exception as e:
             conn.close()
             if isinstance(e, StorageError):
                 raise type(e)(f"opening {where}: {e}") from e
             raise pg_error(e, f"opening {where}") from e
-        return cls(url, schema, conn, version, cache_records, patch_floor)
 
     @property
     def schema_version(self) -> int:

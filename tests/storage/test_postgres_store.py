@@ -19,7 +19,15 @@ import pytest
 from pg_server import shared_server
 
 from shardq.core._mutations import Mutation
-from shardq.storage import StorageError, StorageRejected, Store, open_postgres
+from shardq.storage import (
+    StorageError,
+    StorageFenced,
+    StorageRejected,
+    Store,
+    _drain_pending,
+    open_postgres,
+)
+from shardq.storage._pg_fence import Fence
 from shardq.storage._pg_schema import MIGRATIONS
 from shardq.storage._postgres import PostgresStore
 
@@ -73,6 +81,55 @@ def test_a_lost_connection_is_transient_and_the_next_apply_reconnects(
     assert not isinstance(lost.value, StorageRejected)  # the writer keeps it and retries
     assert store.apply(batch) >= 2  # the retry, on a new connection
     assert [(r["id"], r["state"]) for r in store.load_jobs()] == [("a", "active"), ("b", "waiting")]
+
+
+def _fenced_with_a_range(store: PostgresStore) -> list[dict[int, int]]:
+    """`store` as a node holding every one of 4 partitions (by its fence; the lease table has
+    no row), with a Drain range of queue qa pending: the fence's `held()` mapping is the
+    list's one item (replaced whole, as the lease thread does)."""
+    store._conn.execute("INSERT INTO drain_pending VALUES ('qa', NULL, 5)")
+    held = [{p: 1 for p in range(4)}]
+    store.fence = Fence("node-t", 4, lambda: held[0])
+    return held
+
+
+def test_a_lost_connection_while_the_pending_drains_are_read_again_is_a_storage_error(
+    store: PostgresStore,
+) -> None:
+    """The writer's drain pieces catch `StorageError` (`writer._drain_pieces`): the ranges
+    read again after a change of partitions must fail as one, and reconnect after."""
+    held = _fenced_with_a_range(store)
+    assert store.pending_drains == {"qa": 5}
+    pid = store._conn.info.backend_pid
+    with psycopg.connect(shared_server().url(), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    held[0] = dict(held[0])  # the partitions changed: the ranges are read again
+    with pytest.raises(StorageError):
+        store.pending_drains  # noqa: B018
+    assert store.pending_drains == {"qa": 5}  # on a new connection
+
+
+def test_a_drain_piece_of_a_partition_no_longer_held_is_fenced(store: PostgresStore) -> None:
+    """A piece is fenced as a batch is: the database says the partition moved (here: no
+    lease row names this node), and the piece raises `StorageFenced`, deleting nothing."""
+    _fenced_with_a_range(store)
+    with pytest.raises(StorageFenced):
+        store.drain_step(10)
+    assert store.pending_drains == {"qa": 5}
+
+
+def test_a_failed_read_of_the_pending_drains_at_open_is_a_storage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Opening reads the pending Drain ranges after the migration: a connection lost there
+    fails the open as a `StorageError`, as one lost during the migration does."""
+
+    def lost(conn: Any) -> None:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(_drain_pending, "load", lost)
+    with pytest.raises(StorageError, match="opening"):
+        open_postgres(shared_server().url(), schema=f"t_{uuid.uuid4().hex[:12]}")
 
 
 def test_rows_written_are_counted_as_the_sqlite_store_counts_them(
