@@ -46,6 +46,14 @@ __all__ = [
 
 LogLine = dict[str, Any]
 POLL_S = 0.02
+# How long a start may take to "shardq ready". A start is 1.2 s of CPU with one shard and
+# 2.2 s with four (measured: supervisor 0.45 s, writer 0.2, each shard 0.3, front end 0.3;
+# nearly all of it Python importing the package), in three steps one after the other
+# (writer, then the shards, then the front end). At load 10 on the 2-core machine it took
+# 5.4 s (one shard) to 10.8 s (four): every step waits its turn for a CPU. At load 24 (CI's
+# `-n 2` beside other runs) that stretch more than doubles, so 30 s failed starts that were
+# only slow; a server that cannot start still fails, later.
+START_S = 90.0
 
 
 class ServerError(AssertionError):
@@ -239,7 +247,7 @@ class ShardqServer:
         env.update(self.extra_env)
         return env
 
-    def start(self, *, wait: bool = True, timeout: float = 30.0) -> ShardqServer:
+    def start(self, *, wait: bool = True, timeout: float = START_S) -> ShardqServer:
         """Spawn the supervisor; with `wait`, return once it logged "shardq ready".
 
         Raises `ServerError` if it exits or is not ready within `timeout` seconds.
@@ -272,7 +280,7 @@ class ShardqServer:
                 self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
             )
 
-    def wait_ready(self, timeout: float = 30.0) -> LogLine:
+    def wait_ready(self, timeout: float = START_S) -> LogLine:
         """The "shardq ready" line of this run. Raises `ServerError` if the supervisor exits
         first or `timeout` seconds pass."""
 
