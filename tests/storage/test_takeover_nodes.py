@@ -11,6 +11,7 @@ Short leases (1500 ms) keep each test to seconds. Deselected with SHARDQ_TEST_PO
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -32,6 +33,17 @@ from shardq.cluster import partition_of
 NEEDS_POSTGRES = True
 LEASE_MS = 1500
 ROUND_S = LEASE_MS / 3000  # one renewal round
+# What a busy 2-core machine (load 24: CI's `-n 2` beside other runs) adds to a hand-over's
+# two steps. The survivor's lease thread wakes on the NOTIFY (or at its next round) and runs
+# a round: a thread's wake-up there is some hundreds of ms late. Bounded so that the take
+# still tells a release from a lapse: a lapsed lease is taken at least LEASE_MS - ROUND_S
+# after the release would have been (the last renewal is at most a round before it).
+WAKE_S = 0.4
+assert ROUND_S + WAKE_S < LEASE_MS / 1000 - ROUND_S
+# Then its shards load the partitions' queues: Python work proportional to the jobs, about
+# 100 ms idle, ten times that and more at load 24. Not what the hand-over promises (docs/
+# cluster.md: "within milliseconds of the release plus the load"), so only bounded loosely.
+LOAD_S = 10.0
 PARTS = 16
 QUEUES = [f"tq{i}" for i in range(24)]
 JOBS = 10  # per queue
@@ -134,11 +146,18 @@ def _drain(clients: Clients, queues: Iterable[str]) -> list[str]:
     return delivered
 
 
-def _log_time(node: ShardqServer, event: str, *, last: bool = False) -> float:
+def _log_line(node: ShardqServer, event: str, *, last: bool = False) -> dict[str, Any]:
     lines = [line for line in node.logs(this_run=False) if line.get("event") == event]
     assert lines, f"no {event!r} in {node.data_dir}"
-    stamp = str(lines[-1 if last else 0]["timestamp"]).replace("Z", "+00:00")
-    return datetime.fromisoformat(stamp).timestamp()
+    return lines[-1 if last else 0]
+
+
+def _time_of(line: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+
+def _log_time(node: ShardqServer, event: str, *, last: bool = False) -> float:
+    return _time_of(_log_line(node, event, last=last))
 
 
 def _queue_in(parts: set[int]) -> list[str]:
@@ -199,14 +218,23 @@ def test_a_joining_node_loads_its_share_and_sigterm_hands_the_rest_over(
         clients.close()
         clients = Clients([b])
         for queue in _queue_in(a_parts):
-            clients.call({"cmd": "GetJobCounts", "queue": queue}, timeout=2 * ROUND_S + 1)
+            clients.call({"cmd": "GetJobCounts", "queue": queue}, timeout=LOAD_S)
         served = time.monotonic() - stopped
-        # The hand-over gap, by the two nodes' own clocks (one machine): a's release to the
-        # end of b's load of the same partitions.
-        gap = _log_time(b, "partitions loaded", last=True) - _log_time(a, "partitions released")
-        print(f"hand-over: b loaded a's partitions {gap * 1000:.0f} ms after a released them; "
-              f"served {served * 1000:.0f} ms after a exited")  # fmt: skip
-        assert 0 <= gap < ROUND_S, gap
+        # The hand-over, by the two nodes' own clocks (one machine): a's release, the start
+        # of b's round that took the partitions (its `ms` is the round's length), the end of
+        # b's load of them. The take is the hand-over's promise; the load is work.
+        released = _log_time(a, "partitions released")
+        acquired = _log_line(b, "partitions acquired", last=True)
+        took = _time_of(acquired) - acquired["ms"] / 1000 - released
+        gap = _log_time(b, "partitions loaded", last=True) - released
+        print(f"hand-over: b's round took a's partitions {took * 1000:.0f} ms after a released "
+              f"them, loaded them {gap * 1000:.0f} ms after; served {served * 1000:.0f} ms "
+              f"after a exited; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+        assert acquired["count"] == len(a_parts), acquired
+        # A round of b's own that began just before the release may take them: then `took`
+        # is below 0.
+        assert took < ROUND_S + WAKE_S, took
+        assert 0 <= gap < ROUND_S + WAKE_S + LOAD_S, gap
         delivered = _drain(clients, QUEUES)
     finally:
         clients.close()
