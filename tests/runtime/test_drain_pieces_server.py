@@ -13,8 +13,9 @@ import os
 import signal
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from shardq_harness import ShardqServer, free_port, poll_until
 from test_vacuum_server import scrape
@@ -120,21 +121,50 @@ def test_durable_pushes_are_answered_between_the_pieces_of_a_drain(
 def test_kill_9_of_the_shard_and_the_writer_mid_deletion_loses_and_resurrects_nothing(
     shardq_server: Factory, tmp_path: Path
 ) -> None:
-    total, after_count = 40_000, 1_500
-
     def start() -> ShardqServer:
         return shardq_server(shards=1, data_dir=tmp_path / "kill", env=_env(20))
 
+    kill_9_mid_deletion(start, lambda server: Rows(server.data_path), 40_000, 1_500)
+
+
+class RowsLike(Protocol):
+    def left(self) -> int: ...
+
+    def pending(self) -> dict[str, int]: ...
+
+
+Call = Callable[[TcpConnection, dict[str, Any]], dict[str, Any]]
+
+
+def kill_9_mid_deletion(
+    start: Callable[[], ShardqServer],
+    rows_of: Callable[[ShardqServer], RowsLike],
+    total: int,
+    after_count: int,
+    *,
+    push: Callable[[TcpConnection, int, str], list[str]] = _push,
+    call: Call = lambda conn, cmd: conn.call(cmd),
+    pieces_first: bool = False,
+    serving: Callable[[TcpConnection], None] = lambda conn: None,
+) -> None:
+    """`total` cold jobs pushed and drained, `after_count` pushed after the Drain, then a
+    kill -9 of the shard and the writer while the rows go (`pieces_first`: once the pieces
+    have started): after the restart and after a stop and start, every job pushed after the
+    Drain is there and none drained is, and the range's deletion resumed and ended.
+    `serving` waits until a restarted node serves the queue (PostgreSQL: its partitions)."""
     server = start()
-    rows = Rows(server.data_path)
+    rows = rows_of(server)
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
-        drained = _push(conn, total, "i")
+        drained = push(conn, total, "i")
         _cold_settled(conn, total - 300)
-        assert conn.call({"cmd": "Drain", "queue": QUEUE})["count"] == total
-        after = _push(conn, after_count, "after")  # seqs above the range, most of them cold
+        assert call(conn, {"cmd": "Drain", "queue": QUEUE})["count"] == total
+        after = push(conn, after_count, "after")  # seqs above the range, most of them cold
         pending = rows.pending()
         left = rows.left()
     assert QUEUE in pending and left > after_count, (pending, left)
+    if pieces_first:
+        poll_until(lambda: rows.left() < left - 200, WAIT_S, "the pieces to start")
+        left = rows.left()
     pids = server.child_pids()
     os.kill(pids["shard-0"], signal.SIGKILL)
     os.kill(pids["writer"], signal.SIGKILL)
@@ -143,6 +173,7 @@ def test_kill_9_of_the_shard_and_the_writer_mid_deletion_loses_and_resurrects_no
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         print(f"killed with {left - after_count} drained rows left; after the restart"
               f" {rows.left() - after_count}")  # fmt: skip
+        serving(conn)
         _check(conn, drained, after)
         poll_until(lambda: not rows.pending(), WAIT_S, "the deletion to resume and end")
         assert rows.left() == after_count
@@ -150,6 +181,7 @@ def test_kill_9_of_the_shard_and_the_writer_mid_deletion_loses_and_resurrects_no
     assert server.stop() == 0, server.log_tail()
     server = start()
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        serving(conn)
         _check(conn, drained, after)
     assert server.stop() == 0, server.log_tail()
 
