@@ -14,11 +14,11 @@ import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Callable
 
 from shardq_harness import ShardqServer, poll_until
 from test_handoff_frames import ENV, WAIT_S, _frame, _Raw, _started, _stats
+from test_writer_restart import answered_through_a_writer_kill
 
 from shardq.client._tcp import TcpConnection
 
@@ -103,18 +103,7 @@ def test_durable_bulk_pushes_answered_ok_survive_a_writer_kill(shardq_server: Fa
     thread = threading.Thread(target=produce, daemon=True)
     thread.start()
     poll_until(lambda: len(ids) >= 500, WAIT_S, "durable bulk pushes answered")
-    writer = server.child_pids()["writer"]
-    os.kill(writer, signal.SIGKILL)
-    server.wait_child_replaced("writer", writer, 20)
-    before = len(ids)
-    deadline = time.monotonic() + 20
-    while len(ids) < before + 500 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    stop.set()
-    thread.join(30)
-    assert not thread.is_alive(), "a durable bulk push was never answered"
-    assert errors == []
-    assert len(ids) >= before + 500, "durable bulk pushes stopped being answered"
+    answered_through_a_writer_kill(server, ids, errors, stop, thread, 500, "durable bulk pushes")
     raw.sock.close()
     assert server.stop() == 0
 

@@ -34,6 +34,32 @@ def _producer(
             i += 1
 
 
+def answered_through_a_writer_kill(
+    server: ShardqServer,
+    ids: list[str],
+    errors: list[str],
+    stop: threading.Event,
+    thread: threading.Thread,
+    more: int,
+    what: str,
+) -> None:
+    """Kill -9 the writer while `thread` pushes (answered ids into `ids`, refusals into
+    `errors`) until `stop`: at least `more` answers follow the restarted writer, none is an
+    error, and the push in flight when `stop` is set is answered too."""
+    writer = server.child_pids()["writer"]
+    os.kill(writer, signal.SIGKILL)
+    server.wait_child_replaced("writer", writer, 20)
+    before = len(ids)
+    deadline = time.monotonic() + 20
+    while len(ids) < before + more and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    thread.join(30)
+    assert not thread.is_alive(), f"one of the {what} was never answered"
+    assert errors == []
+    assert len(ids) >= before + more, f"{what} stopped being answered after the restart"
+
+
 def test_durable_pushes_in_flight_survive_a_writer_kill(shardq_server: Factory) -> None:
     assert {shard_of(q, 2) for q in QUEUES} == {0, 1}
     server = shardq_server(shards=2)
@@ -45,18 +71,7 @@ def test_durable_pushes_in_flight_survive_a_writer_kill(shardq_server: Factory) 
     deadline = time.monotonic() + 10
     while len(ids) < 50 and time.monotonic() < deadline:
         time.sleep(0.01)
-    writer = server.child_pids()["writer"]
-    os.kill(writer, signal.SIGKILL)
-    server.wait_child_replaced("writer", writer, 20)
-    before = len(ids)
-    deadline = time.monotonic() + 20
-    while len(ids) < before + 50 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    stop.set()
-    thread.join(30)
-    assert not thread.is_alive(), "a durable push was never answered"
-    assert errors == []
-    assert len(ids) >= before + 50, "durable pushes stopped being answered after the restart"
+    answered_through_a_writer_kill(server, ids, errors, stop, thread, 50, "durable pushes")
     assert server.stop() == 0
 
     again = shardq_server(shards=2)
