@@ -23,6 +23,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
+import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shardq_harness import ShardqServer
@@ -92,16 +93,38 @@ class _Raw:
         assert len(data) == 4 + FRAME_HEADER.unpack_from(data)[0], "one reply at a time"
         return data
 
-    def ask(self, cmd: dict[str, Any]) -> Any:
-        reply = self.call(_pack(cmd))
-        return msgpack.unpackb(reply[4:], raw=False, strict_map_key=False)
+
+class _ZRaw:
+    """One ZeroMQ DEALER: a body out as one message, its one reply back (as `_Raw` returns
+    it: behind a frame header, so that both transports compare alike)."""
+
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.connect(endpoint)
+
+    def call(self, body: bytes) -> bytes:
+        self.sock.send(body)
+        assert self.sock.poll(int(REPLY_S * 1000)), "no reply in time"
+        (reply,) = self.sock.recv_multipart()
+        assert not self.sock.poll(0), "one reply at a time"
+        return FRAME_HEADER.pack(len(reply)) + reply
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
 
 
 class _Pair:
-    """The same server twice: with the pass-through, and without."""
+    """The same server twice: with the pass-through, and without (over TCP, or ZeroMQ)."""
 
-    def __init__(self, on: ShardqServer, off: ShardqServer) -> None:
-        self.on, self.off = _Raw(on.tcp_address), _Raw(off.tcp_address)
+    def __init__(
+        self, on: ShardqServer, off: ShardqServer, ctx: zmq.Context[Any] | None = None
+    ) -> None:
+        self.on: _Raw | _ZRaw
+        self.off: _Raw | _ZRaw
+        if ctx is None:
+            self.on, self.off = _Raw(on.tcp_address), _Raw(off.tcp_address)
+        else:
+            self.on, self.off = _ZRaw(ctx, on.zmq_endpoint), _ZRaw(ctx, off.zmq_endpoint)
         self.ids: tuple[dict[bytes, int], dict[bytes, int]] = ({}, {})
         self.sent = 0
 
@@ -126,7 +149,8 @@ class _Pair:
         differ (both pulled in the same order: priority, then arrival)."""
         got = []
         for conn in (self.on, self.off):
-            pulled = conn.ask({"cmd": "PULLB", "queue": queue, "count": 1000, "owner": "t"})
+            cmd = {"cmd": "PULLB", "queue": queue, "count": 1000, "owner": "t"}
+            pulled = msgpack.unpackb(conn.call(_pack(cmd))[4:], raw=False, strict_map_key=False)
             assert pulled["ok"] is True, pulled
             got.append([_stable(job) for job in pulled["jobs"]])
         assert got[0] == got[1]
@@ -147,22 +171,28 @@ def _stable(job: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Pair]:
-    servers = []
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ShardqServer]]:
+    """With the pass-through, and without."""
+    made: list[ShardqServer] = []
     try:
         for on in ("true", "false"):
             env = {"SHARDQ_PUSHB_PASS_THROUGH": on, "SHARDQ_TCP_HANDOFF": "false"}
             data = tmp_path_factory.mktemp(f"pass-{on}")
-            servers.append(ShardqServer(Path(data), shards=2, env=env).start())
-        pair = _Pair(servers[0], servers[1])
-        yield pair
-        pair.on.sock.close()
-        pair.off.sock.close()
-        for server in servers:
+            made.append(ShardqServer(Path(data), shards=2, env=env).start())
+        yield made
+        for server in made:
             assert server.stop() == 0
     finally:
-        for server in servers:
+        for server in made:
             server.close()
+
+
+@pytest.fixture(scope="module")
+def pair(servers: list[ShardqServer]) -> Iterator[_Pair]:
+    pair = _Pair(servers[0], servers[1])
+    yield pair
+    pair.on.sock.close()
+    pair.off.sock.close()
 
 
 def _cases() -> list[bytes]:
@@ -251,6 +281,22 @@ def test_named_pushbs_answer_as_the_general_path(pair: _Pair) -> None:
     assert any("nested too deeply" in e for e in errors)
     pair.jobs(QA)
     pair.jobs(QB)
+
+
+def test_named_pushbs_answer_as_the_general_path_over_zeromq(servers: list[ShardqServer]) -> None:
+    """The ZeroMQ port peeks at a PUSHB as the TCP port does (`ZmqGateway._decode`): the same
+    bodies, the same replies, the same jobs."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    pair = _Pair(servers[0], servers[1], ctx)
+    try:
+        replies = [pair.same(_with_req(body, n)) for n, body in enumerate(_cases())]
+        assert sum(b"\xa2ok\xc3" in r for r in replies) >= 15  # `ok: true` replies
+        pair.jobs(QA)
+        pair.jobs(QB)
+    finally:
+        pair.on.close()
+        pair.off.close()
+        ctx.term()
 
 
 # -- Hypothesis: random jobs and options, and bodies cut or spoiled --------------------------
