@@ -46,13 +46,15 @@ __all__ = [
 
 LogLine = dict[str, Any]
 POLL_S = 0.02
-# How long a start may take to "shardq ready". A start is 1.2 s of CPU with one shard and
-# 2.2 s with four (measured: supervisor 0.45 s, writer 0.2, each shard 0.3, front end 0.3;
-# nearly all of it Python importing the package), in three steps one after the other
-# (writer, then the shards, then the front end). At load 10 on the 2-core machine it took
-# 5.4 s (one shard) to 10.8 s (four): every step waits its turn for a CPU. At load 24 (CI's
-# `-n 2` beside other runs) that stretch more than doubles, so 30 s failed starts that were
-# only slow; a server that cannot start still fails, later.
+# How long a start may take to "shardq ready". A start is 1.2-1.3 s of CPU with one shard and
+# 2.2-2.4 s with four (measured: supervisor 0.45-0.5 s, writer 0.2, each shard 0.3, front end
+# 0.3; nearly all of it Python importing the package), in three steps one after the other
+# (writer, then the shards, then the front end), each waiting its turn for a CPU. On the
+# 2-core machine it took 5.4-5.5 s with one shard and 10.8-10.9 s with four, alike at load
+# 10 and at load 24: a third of the old 30 s already for four shards, quiet as one start is.
+# Several starting at once (a three-node test, CI's two workers, kill -9 restarts) and a
+# busy disk stretch it further: 30 s failed starts that were only slow. A server that cannot
+# start still fails, later.
 START_S = 90.0
 
 
