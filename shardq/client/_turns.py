@@ -9,10 +9,11 @@ reply: a request costs the wake-up of no thread but the caller.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 __all__ = ["Turns", "resolve"]
@@ -22,7 +23,8 @@ Reply = dict[str, Any]
 
 def resolve(matched: Sequence[tuple[Future[Reply], Reply]]) -> None:
     for future, reply in matched:
-        if not future.done():
+        # Asking `done()` first took the future's lock a second time on every reply.
+        with contextlib.suppress(InvalidStateError):  # failed meanwhile (a broken connection)
             future.set_result(reply)
 
 
@@ -30,7 +32,11 @@ class Turns:
     """Who reads now: at most one leader; the other waiting threads sleep as followers."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()  # guards `_reading` and `_followers`
+        # Guards `_reading` and `_followers`. Taken as the plain lock (`with self._lock`, no
+        # Python frame) on every request, twice or three times; the condition only to sleep
+        # and to wake. Nothing takes it twice, so it need not be reentrant.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._reading = False
         self._followers = 0  # threads waiting on `_cond` for their replies
 
@@ -57,27 +63,27 @@ class Turns:
 
     def lead(self) -> bool:
         """Become the reader if nobody reads; the caller must `step_down` after."""
-        with self._cond:
+        with self._lock:
             if self._reading:
                 return False
             self._reading = True
             return True
 
     def step_down(self) -> None:
-        with self._cond:
+        with self._lock:
             self._reading = False
             if self._followers:  # one takes over the reading; all check their replies
                 self._cond.notify_all()
 
     def wake_followers(self) -> None:
         """Tell the followers that replies were resolved (or the connection died)."""
-        with self._cond:
+        with self._lock:
             if self._followers:
                 self._cond.notify_all()
 
     def _follow(self, future: Future[Reply], timeout: float) -> None:
         """Wait while another thread reads, until it resolves `future` or steps down."""
-        with self._cond:
+        with self._lock:
             if self._reading and not future.done():
                 self._followers += 1
                 try:

@@ -146,3 +146,37 @@ def test_a_restart_between_requests_is_noticed_before_the_next_is_sent(
                 time.sleep(0.1)
         assert reply["ok"] is True
         assert conn.generation >= 2
+
+
+def _python_lock_entries(call: Callable[[], object], n: int) -> float:
+    """`with` on a `threading.Condition` (a Python frame each) per `call()`, under cProfile."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(n):
+        call()
+    profile.disable()
+    stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    entered = sum(
+        row[1]
+        for (path, _line, name), row in stats.items()
+        if name == "__enter__" and path.endswith("threading.py")
+    )
+    return entered / n
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "zmq"])
+def test_taking_turns_costs_a_request_no_python_level_lock(
+    server: ShardqServer, scheme: str
+) -> None:
+    """The readers' turns (`_turns.Turns`) are taken with the plain lock, in C, and a reply
+    resolves its future without asking `done()` first: 12 condition entries a request once, 6
+    now, all of them the reply future's own (`concurrent.futures.Future` takes its condition
+    in `done`, `set_result` and `result`)."""
+    with Connection(url_of(server, scheme)) as connection:
+        queue = Queue("hops-locks", connection=connection)
+        queue.add("warm", {"i": 0})
+        per_request = _python_lock_entries(lambda: queue.add("job", {"i": 1}), REQUESTS)
+    assert per_request <= 6, per_request

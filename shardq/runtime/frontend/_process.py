@@ -38,6 +38,7 @@ from shardq.protocol._fields import schema_limits
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._curve import read_curve_secret
+from shardq.runtime._gcstats import GcClock
 from shardq.runtime._giveback import GiveBackSettings, IdleGiveBack, give_back_when_quiet
 from shardq.runtime._logging import configure
 from shardq.runtime._ports import AuthThrottle, descriptor_limit
@@ -65,6 +66,7 @@ _BURST: Final = 1000  # shard messages taken per wake-up before the loop gets a 
 _TCP_BACKLOG: Final = 1024
 
 _log = structlog.get_logger()
+GC_CLOCK: Final = GcClock()
 
 
 class Frontend:
@@ -385,7 +387,7 @@ class Frontend:
         # Leases are not released: jobs still active are charged by the next start's recovery.
         self.dispatcher.release_on_close = False
         self.tcp.close_all()
-        _log.info("front end stopped", **SPIN_STATS.fields())
+        _log.info("front end stopped", **SPIN_STATS.fields(), **GC_CLOCK.fields())
         self._stopped.set()
 
     async def close(self) -> None:
@@ -444,6 +446,7 @@ async def serve(spec: ChildSpec) -> int:
             frontend.sup.fatal(f"front end cannot bind: {e}")
             return 1
         frontend.sup.ready(addresses=addresses)
+        GC_CLOCK.install()
         _log.info(
             "front end ready",
             spin_us=spec.process.spin_us,

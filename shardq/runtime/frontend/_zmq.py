@@ -50,6 +50,8 @@ MAX_PEERS: Final = 100_000  # identities whose auth state is remembered
 _BURST: Final = 1000  # messages taken per wake-up before the loop gets a turn
 
 _log = structlog.get_logger()
+# `zmq.POLLIN` is an `enum.IntFlag`: `&` on it builds a new flag in Python (about 0.5 µs).
+_POLLIN: Final = int(zmq.POLLIN)
 
 
 class ZmqPeer:
@@ -164,7 +166,7 @@ class ZmqGateway:
             await asyncio.sleep(0)
 
     def _readable(self) -> bool:
-        return bool(int(self._sync.get(zmq.EVENTS)) & zmq.POLLIN)
+        return bool(int(self._sync.get(zmq.EVENTS)) & _POLLIN)
 
     def _drain(self) -> None:
         """Take up to a burst of waiting messages (stops while the shards push back)."""
