@@ -121,6 +121,7 @@ class ShardProcess(ShardDirect, ShardLoading):
             spec.process.spin_auto_max_us,
             spec.process.spin_auto_max_runnable,
             spec.process.spin_auto_cut_us,
+            spec.process.spin_auto_cut_turns,
         )
         # With "auto": spin while one of this shard's replies waits on a commit (`CommitSpin`).
         self._commit_spin = commit_spin(
@@ -128,6 +129,7 @@ class ShardProcess(ShardDirect, ShardLoading):
             spec.process.spin_commit_max_us,
             spec.process.spin_auto_max_runnable,
             spec.process.spin_auto_cut_us,
+            spec.process.spin_auto_cut_turns,
         )
         self._ctx = zmq.Context()
         # Requests come from, and replies go to, the front end over this link (`links._stream`);
@@ -405,15 +407,15 @@ class ShardProcess(ShardDirect, ShardLoading):
             return self._poller.poll(timeout_ms)
         got: list[tuple[Any, int]] = []
         now = time.perf_counter()
-        spin_s, cut_s = spin.window(now), spin.cut_s
+        spin_s, cut_s, cut_turns = spin.window(now), spin.cut_s, spin.cut_turns
         commit = self._commit_spin
         if commit is not None:
             commit_s = commit.window(now, self.core.batches.replies_held_here())
             if commit_s > spin_s:
-                spin_s, cut_s = commit_s, commit.cut_s
+                spin_s, cut_s, cut_turns = commit_s, commit.cut_s, commit.cut_turns
                 SPIN_STATS.commit += 1
         if spin_s:
-            got = spin_until(lambda: self._poller.poll(0), spin_s, cut_s)
+            got = spin_until(lambda: self._poller.poll(0), spin_s, cut_s, cut_turns)
         if not got:
             got = self._poller.poll(timeout_ms)
         if got:
