@@ -58,7 +58,8 @@ CUT_S = 50e-6
 # process's core and then blocks on the very request the spin waits for; cutting there made
 # the writer sleep through every durable batch of a client with 50 µs of Python per push
 # (shardq's own: 297 against 227 µs per push, bench/results/2026-12-05-s12-durable-single.md).
-# A second long turn in the same spin is a busy CPU, and the spin ends.
+# The turn is spared only if the machine check (`crowded`) still finds an idle CPU after it; a
+# second long turn in the same spin is a busy CPU, and the spin ends.
 CUT_TURNS = 2
 T = TypeVar("T")
 
@@ -109,6 +110,11 @@ class SpinPolicy(Protocol):
         """How many turns longer than `cut_s` end a spin (`spin_until`)."""
         ...
 
+    @property
+    def crowded(self) -> Callable[[], bool] | None:
+        """Whether the machine has no idle CPU now (asked after a long turn), or None."""
+        ...
+
 
 class FixedSpin:
     """`spin_us = N`: always spin N microseconds before sleeping."""
@@ -131,6 +137,10 @@ class FixedSpin:
     @property
     def cut_turns(self) -> int:
         return 1
+
+    @property
+    def crowded(self) -> Callable[[], bool] | None:
+        return None
 
 
 class RunnableProbe:
@@ -266,6 +276,10 @@ class AdaptiveSpin(_Ring):
         return self._cut_turns
 
     @property
+    def crowded(self) -> Callable[[], bool] | None:
+        return self._crowded
+
+    @property
     def mean_gap_us(self) -> float:
         """The mean of the remembered gaps, outliers capped (for tests and logs)."""
         return self._sum_us / len(self._ring)
@@ -338,6 +352,10 @@ class CommitSpin(_Ring):
         return self._cut_turns
 
     @property
+    def crowded(self) -> Callable[[], bool] | None:
+        return self._crowded
+
+    @property
     def mean_us(self) -> float:
         """The mean of the remembered commit waits (for tests and logs)."""
         return self._sum_us / len(self._ring)
@@ -388,11 +406,17 @@ def spin_policy(
 
 
 def spin_until(
-    poll_now: Callable[[], list[T]], spin_s: float, cut_s: float = 0.0, cut_turns: int = 1
+    poll_now: Callable[[], list[T]],
+    spin_s: float,
+    cut_s: float = 0.0,
+    cut_turns: int = 1,
+    crowded: Callable[[], bool] | None = None,
 ) -> list[T]:
     """Call `poll_now` (a zero-timeout poll) until it returns something or `spin_s` passes,
     or, with `cut_s` > 0, until `cut_turns` of its turns (poll and yield) took longer than
-    `cut_s` each: other tasks had the CPU meanwhile, and the caller had better sleep.
+    `cut_s` each: other tasks had the CPU meanwhile, and the caller had better sleep. A long
+    turn short of `cut_turns` ends the spin too if `crowded` says the machine has no idle CPU
+    now: the task that had the CPU is then not the round trip's own.
 
     Returns its last result, empty if the spin ended with nothing.
     """
@@ -402,9 +426,10 @@ def spin_until(
     while True:
         got = poll_now()
         now = time.perf_counter()
+        cut = False
         if cut_s > 0.0 and now - prev > cut_s:
             long_turns += 1
-        cut = long_turns >= cut_turns
+            cut = long_turns >= cut_turns or (crowded is not None and crowded())
         if got or now >= end or cut:
             STATS.spins += 1
             STATS.hits += bool(got)
@@ -437,6 +462,7 @@ class SpinningSelector(selectors.EpollSelector):
                 spin_s,
                 policy.cut_s,
                 policy.cut_turns,
+                policy.crowded,
             )
             if spin_s
             else []

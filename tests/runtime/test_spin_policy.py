@@ -253,6 +253,39 @@ def test_a_spin_survives_one_long_turn_and_ends_at_the_second() -> None:
     assert STATS.cut == cut_before + 1
 
 
+def test_a_long_turn_on_a_crowded_machine_ends_the_spin_at_once() -> None:
+    """The one long turn is spared only while the machine has an idle CPU: asked after it,
+    a crowded machine ends the spin there (the task that ran was not the round trip's)."""
+    calls: list[float] = []
+    asked: list[bool] = []
+
+    def poll_now() -> list[int]:
+        calls.append(time.perf_counter())
+        if len(calls) == 3:
+            time.sleep(0.3)
+        return []
+
+    def crowded() -> bool:
+        asked.append(True)
+        return True
+
+    cut_before = STATS.cut
+    assert spin_until(poll_now, 5.0, cut_s=0.1, cut_turns=2, crowded=crowded) == []
+    assert len(calls) == 3 and asked == [True]  # asked once, after the long turn only
+    assert STATS.cut == cut_before + 1
+    # with room on the machine the same turn is spared, and the spin runs its window
+    calls.clear()
+    started = time.perf_counter()
+    assert spin_until(poll_now, 0.6, cut_s=0.1, cut_turns=2, crowded=lambda: False) == []
+    assert len(calls) > 3 and time.perf_counter() - started >= 0.6
+    assert STATS.cut == cut_before + 1
+    # the policies hand their machine check to the spin; `spin_us = N` has none
+    probe = RunnableProbe(4096)
+    assert AdaptiveSpin(MAX_GAP, crowded=probe.crowded).crowded == probe.crowded
+    assert FixedSpin(200 * US).crowded is None
+    probe.close()
+
+
 def test_only_auto_cuts_its_spins() -> None:
     assert FixedSpin(200 * US).cut_s == 0.0
     assert FixedSpin(200 * US).cut_turns == 1

@@ -209,7 +209,9 @@ class Writer(RejectedMutations):
         timeout = self._timeout_ms()
         spin = self._spin
         if spin is not None and timeout != 0 and (spin_s := spin.window(time.perf_counter())):
-            got = spin_until(lambda: poller.poll(0), spin_s, spin.cut_s, spin.cut_turns)
+            got = spin_until(
+                lambda: poller.poll(0), spin_s, spin.cut_s, spin.cut_turns, spin.crowded
+            )
             return dict(got or poller.poll(timeout))
         return dict(poller.poll(timeout))
 
