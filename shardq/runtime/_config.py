@@ -188,6 +188,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "spin_auto_max_us": _ranged(1, MAX_SPIN_US),
     "spin_auto_max_runnable": _ranged(0, 4096),  # 0: the machine's CPUs plus one
     "spin_auto_cut_us": _ranged(0, MAX_SPIN_US),  # 0: never cut a spin short
+    "spin_auto_cut_turns": _ranged(1, 1000),  # 1: the first long turn cuts the spin
     "spin_commit_max_us": _ranged(0, MAX_SPIN_US),  # 0: never spin through a commit
     "memory_release_idle_ms": _ranged(0, 3_600_000, ms=True),  # 0: never
     "memory_release_grow_mb": _ranged(1, 1 << 20),

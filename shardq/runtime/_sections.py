@@ -76,6 +76,10 @@ class ProcessSettings:
     # another task had the CPU, and a sleeping process is woken sooner than a yielding one
     # gets it back. 0 = never cut.
     spin_auto_cut_us: int = 50
+    # How many turns longer than `spin_auto_cut_us` end one spin: the first is often the round
+    # trip's own client or peer running its burst on this core, spared while the machine has
+    # an idle CPU (1 = cut at the first).
+    spin_auto_cut_turns: int = 2
     # With "auto": a shard whose own reply waits on the writer's commit (a durable push on a
     # direct or handed-off connection) spins for about 1.5 times its recent commit waits, at
     # most this long (microseconds; 0 = never). Nothing waits on an idle server.

@@ -53,6 +53,14 @@ OUTLIER_GAPS = 4
 # process that sleeps is woken with priority when its message comes, one that yielded waits
 # its turn behind whatever took the CPU. The default of `spin_auto_cut_us`.
 CUT_S = 50e-6
+# How many such long turns end a spin (`spin_auto_cut_turns`' default). One is most often a
+# round trip's own peer: on 2 CPUs the client (or the shard) runs its burst on the spinning
+# process's core and then blocks on the very request the spin waits for; cutting there made
+# the writer sleep through every durable batch of a client with 50 µs of Python per push
+# (shardq's own: 297 against 227 µs per push, bench/results/2026-12-05-s12-durable-single.md).
+# The turn is spared only if the machine check (`crowded`) still finds an idle CPU after it; a
+# second long turn in the same spin is a busy CPU, and the spin ends.
+CUT_TURNS = 2
 T = TypeVar("T")
 
 
@@ -97,6 +105,16 @@ class SpinPolicy(Protocol):
         """A spin turn longer than this ends the spin (0: never; see `spin_until`)."""
         ...
 
+    @property
+    def cut_turns(self) -> int:
+        """How many turns longer than `cut_s` end a spin (`spin_until`)."""
+        ...
+
+    @property
+    def crowded(self) -> Callable[[], bool] | None:
+        """Whether the machine has no idle CPU now (asked after a long turn), or None."""
+        ...
+
 
 class FixedSpin:
     """`spin_us = N`: always spin N microseconds before sleeping."""
@@ -115,6 +133,14 @@ class FixedSpin:
     @property
     def cut_s(self) -> float:
         return 0.0  # `spin_us = N` spins N µs, as it always did
+
+    @property
+    def cut_turns(self) -> int:
+        return 1
+
+    @property
+    def crowded(self) -> Callable[[], bool] | None:
+        return None
 
 
 class RunnableProbe:
@@ -207,7 +233,7 @@ class AdaptiveSpin(_Ring):
     has no idle CPU, the window is 0.
     """
 
-    __slots__ = ("_crowded", "_cut_s", "_last", "_max_gap_s", "_max_gap_us")
+    __slots__ = ("_crowded", "_cut_s", "_cut_turns", "_last", "_max_gap_s", "_max_gap_us")
 
     def __init__(
         self,
@@ -215,9 +241,10 @@ class AdaptiveSpin(_Ring):
         history: int = HISTORY,
         crowded: Callable[[], bool] | None = None,
         cut_s: float = CUT_S,
+        cut_turns: int = CUT_TURNS,
     ) -> None:
-        if max_gap_s <= 0 or history < 1:
-            raise ValueError("need max_gap_s > 0 and history >= 1")
+        if max_gap_s <= 0 or history < 1 or cut_turns < 1:
+            raise ValueError("need max_gap_s > 0, history >= 1 and cut_turns >= 1")
         self._max_gap_s = max_gap_s
         self._max_gap_us = max_gap_s * 1e6
         cap_us = round(OUTLIER_GAPS * self._max_gap_us)
@@ -226,6 +253,7 @@ class AdaptiveSpin(_Ring):
         self._last: float | None = None
         self._crowded = crowded
         self._cut_s = cut_s
+        self._cut_turns = cut_turns
 
     def note(self, now: float) -> None:
         last, self._last = self._last, now
@@ -242,6 +270,14 @@ class AdaptiveSpin(_Ring):
     @property
     def cut_s(self) -> float:
         return self._cut_s
+
+    @property
+    def cut_turns(self) -> int:
+        return self._cut_turns
+
+    @property
+    def crowded(self) -> Callable[[], bool] | None:
+        return self._crowded
 
     @property
     def mean_gap_us(self) -> float:
@@ -265,7 +301,7 @@ class CommitSpin(_Ring):
     CPU. Nothing waits on an idle server, so it never spins there.
     """
 
-    __slots__ = ("_crowded", "_cut_s", "_last", "_max_s", "_max_us", "_since")
+    __slots__ = ("_crowded", "_cut_s", "_cut_turns", "_last", "_max_s", "_max_us", "_since")
 
     def __init__(
         self,
@@ -273,9 +309,10 @@ class CommitSpin(_Ring):
         history: int = HISTORY,
         crowded: Callable[[], bool] | None = None,
         cut_s: float = CUT_S,
+        cut_turns: int = CUT_TURNS,
     ) -> None:
-        if max_s <= 0 or history < 1:
-            raise ValueError("need max_s > 0 and history >= 1")
+        if max_s <= 0 or history < 1 or cut_turns < 1:
+            raise ValueError("need max_s > 0, history >= 1 and cut_turns >= 1")
         self._max_s = max_s
         self._max_us = max_s * 1e6
         # A fresh process assumes commits as long as the bound: 1.5 times it is past it, so
@@ -285,6 +322,7 @@ class CommitSpin(_Ring):
         self._last = 0.0  # the last wake that ended with something to do
         self._crowded = crowded
         self._cut_s = cut_s
+        self._cut_turns = cut_turns
 
     def arrived(self, now: float) -> None:
         """A wait ended at `now` with something to do (perhaps the confirmation)."""
@@ -310,36 +348,56 @@ class CommitSpin(_Ring):
         return self._cut_s
 
     @property
+    def cut_turns(self) -> int:
+        return self._cut_turns
+
+    @property
+    def crowded(self) -> Callable[[], bool] | None:
+        return self._crowded
+
+    @property
     def mean_us(self) -> float:
         """The mean of the remembered commit waits (for tests and logs)."""
         return self._sum_us / len(self._ring)
 
 
 def commit_spin(
-    spin_us: int | str, commit_max_us: int, max_runnable: int = 0, cut_us: int = 50
+    spin_us: int | str,
+    commit_max_us: int,
+    max_runnable: int = 0,
+    cut_us: int = 50,
+    cut_turns: int = CUT_TURNS,
 ) -> CommitSpin | None:
     """The shard's spin through a commit: only with `spin_us = "auto"` and
     `spin_commit_max_us` > 0 (None otherwise); the machine check and the cut as `auto`'s."""
     if spin_us != AUTO or commit_max_us <= 0:
         return None
     probe = RunnableProbe(max_runnable or (os.cpu_count() or 1) + 1)
-    return CommitSpin(commit_max_us / 1e6, crowded=probe.crowded, cut_s=cut_us / 1e6)
+    return CommitSpin(commit_max_us / 1e6, crowded=probe.crowded, cut_s=cut_us / 1e6,
+                      cut_turns=cut_turns)  # fmt: skip
 
 
-def auto_spin(auto_max_us: int, max_runnable: int = 0, cut_us: int = 50) -> AdaptiveSpin:
+def auto_spin(
+    auto_max_us: int, max_runnable: int = 0, cut_us: int = 50, cut_turns: int = CUT_TURNS
+) -> AdaptiveSpin:
     """`spin_us = "auto"`'s policy: `spin_auto_max_us`, `spin_auto_max_runnable` (0: the
-    machine's CPUs plus one, the round trip's own next hop) and `spin_auto_cut_us` (0: never
-    cut a spin short); docs/runtime.md."""
+    machine's CPUs plus one, the round trip's own next hop), `spin_auto_cut_us` (0: never
+    cut a spin short) and `spin_auto_cut_turns`; docs/runtime.md."""
     probe = RunnableProbe(max_runnable or (os.cpu_count() or 1) + 1)
-    return AdaptiveSpin(auto_max_us / 1e6, crowded=probe.crowded, cut_s=cut_us / 1e6)
+    return AdaptiveSpin(auto_max_us / 1e6, crowded=probe.crowded, cut_s=cut_us / 1e6,
+                        cut_turns=cut_turns)  # fmt: skip
 
 
 def spin_policy(
-    spin_us: int | str, auto_max_us: int, max_runnable: int = 0, cut_us: int = 50
+    spin_us: int | str,
+    auto_max_us: int,
+    max_runnable: int = 0,
+    cut_us: int = 50,
+    cut_turns: int = CUT_TURNS,
 ) -> SpinPolicy | None:
     """The policy for the `spin_us` setting: None for 0 (never spin)."""
     if spin_us == AUTO:
-        return auto_spin(auto_max_us, max_runnable, cut_us)
+        return auto_spin(auto_max_us, max_runnable, cut_us, cut_turns)
     if isinstance(spin_us, int) and spin_us > 0:
         return FixedSpin(spin_us / 1e6)
     if spin_us == 0:
@@ -347,19 +405,31 @@ def spin_policy(
     raise ValueError(f'spin_us must be "auto" or 0 to {MAX_SPIN_US}, got {spin_us!r}')
 
 
-def spin_until(poll_now: Callable[[], list[T]], spin_s: float, cut_s: float = 0.0) -> list[T]:
+def spin_until(
+    poll_now: Callable[[], list[T]],
+    spin_s: float,
+    cut_s: float = 0.0,
+    cut_turns: int = 1,
+    crowded: Callable[[], bool] | None = None,
+) -> list[T]:
     """Call `poll_now` (a zero-timeout poll) until it returns something or `spin_s` passes,
-    or, with `cut_s` > 0, until one turn (poll and yield) took longer than `cut_s`: another
-    task had the CPU meanwhile, and the caller had better sleep.
+    or, with `cut_s` > 0, until `cut_turns` of its turns (poll and yield) took longer than
+    `cut_s` each: other tasks had the CPU meanwhile, and the caller had better sleep. A long
+    turn short of `cut_turns` ends the spin too if `crowded` says the machine has no idle CPU
+    now: the task that had the CPU is then not the round trip's own.
 
     Returns its last result, empty if the spin ended with nothing.
     """
     start = prev = time.perf_counter()
     end = start + spin_s
+    long_turns = 0
     while True:
         got = poll_now()
         now = time.perf_counter()
-        cut = cut_s > 0.0 and now - prev > cut_s
+        cut = False
+        if cut_s > 0.0 and now - prev > cut_s:
+            long_turns += 1
+            cut = long_turns >= cut_turns or (crowded is not None and crowded())
         if got or now >= end or cut:
             STATS.spins += 1
             STATS.hits += bool(got)
@@ -387,7 +457,13 @@ class SpinningSelector(selectors.EpollSelector):
         policy = self._policy
         spin_s = policy.window(time.perf_counter())
         got = (
-            spin_until(lambda: super(SpinningSelector, self).select(0), spin_s, policy.cut_s)
+            spin_until(
+                lambda: super(SpinningSelector, self).select(0),
+                spin_s,
+                policy.cut_s,
+                policy.cut_turns,
+                policy.crowded,
+            )
             if spin_s
             else []
         )

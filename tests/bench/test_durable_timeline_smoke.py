@@ -91,3 +91,22 @@ def test_durable_hops_counts_a_durable_bulk_push(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     (row,) = json.loads(out.read_text())
     assert row["bulk"] == 10 and row["p50_us"] > 0 and row["server_wake"] > 0, row
+
+
+def test_durable_spin_reports_each_client_and_the_writers_spins() -> None:
+    """`python -m bench.durable_spin`: a line per client and build, with the writer's spin
+    counts from its stop line (a durable push goes through its commit)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.durable_spin", "--requests", "30", "--rounds", "1",
+         "--clients", "raw,sdk", "--builds",
+         f"turns1={sys.executable}@SHARDQ_SPIN_AUTO_CUT_TURNS=1,turns2={sys.executable}"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "r1 raw turns1", "r1 raw turns2", "r1 sdk turns1", "r1 sdk turns2",
+    ], done.stdout  # fmt: skip
+    for line in lines:
+        assert " jobs/s, " in line and "µs/push" in line, line
+        assert "; writer spins " in line and "; shard spins " in line, line

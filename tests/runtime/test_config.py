@@ -135,6 +135,7 @@ VALID_TEXT = {
     "spin_auto_max_us": "300",
     "spin_auto_max_runnable": "3",
     "spin_auto_cut_us": "0",
+    "spin_auto_cut_turns": "3",
     "spin_commit_max_us": "250",
     "memory_release_idle_ms": "500",
     "memory_release_grow_mb": "4",
@@ -279,6 +280,7 @@ spin_us = 200
 spin_auto_max_us = 300
 spin_auto_max_runnable = 3
 spin_auto_cut_us = 0
+spin_auto_cut_turns = 3
 spin_commit_max_us = 250
 memory_release_idle_ms = 500
 memory_release_grow_mb = 4
@@ -445,6 +447,8 @@ def test_shards_auto_and_number() -> None:
         ("spin_auto_max_runnable", "4097"),
         ("spin_auto_cut_us", "-1"),
         ("spin_auto_cut_us", "10001"),
+        ("spin_auto_cut_turns", "0"),
+        ("spin_auto_cut_turns", "1001"),
         ("spin_commit_max_us", "-1"),
         ("spin_commit_max_us", "10001"),
         ("memory_release_idle_ms", "-1"),

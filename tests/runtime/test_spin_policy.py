@@ -16,12 +16,15 @@ from shardq.runtime._config import ConfigError, load_config
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import (
     CUT_S,
+    CUT_TURNS,
     HISTORY,
     STATS,
     AdaptiveSpin,
+    CommitSpin,
     FixedSpin,
     RunnableProbe,
     SpinningSelector,
+    commit_spin,
     spin_policy,
     spin_until,
 )
@@ -218,12 +221,82 @@ def test_a_spin_whose_cpu_was_taken_stops_at_once() -> None:
     assert STATS.cut == cut_before + 1
 
 
+def test_a_spin_survives_one_long_turn_and_ends_at_the_second() -> None:
+    """`cut_turns` = 2: one long turn (the round trip's own client ran on this core) leaves
+    the spin going; the second ends it (a busy CPU)."""
+    calls: list[float] = []
+    stalls = {3, 6}
+
+    def poll_now() -> list[int]:
+        calls.append(time.perf_counter())
+        if len(calls) in stalls:
+            time.sleep(0.3)  # the yield handed the CPU away
+        return []
+
+    cut_before = STATS.cut
+    started = time.perf_counter()
+    assert spin_until(poll_now, 5.0, cut_s=0.1, cut_turns=2) == []
+    assert len(calls) == 6 and time.perf_counter() - started < 3.0
+    assert STATS.cut == cut_before + 1
+    # and a message that comes after the first long turn is found by the spin
+    calls.clear()
+    stalls.clear()
+    stalls.add(2)
+
+    def poll_message() -> list[int]:
+        calls.append(time.perf_counter())
+        if len(calls) == 2:
+            time.sleep(0.3)
+        return [1] if len(calls) == 4 else []
+
+    assert spin_until(poll_message, 5.0, cut_s=0.1, cut_turns=2) == [1]
+    assert STATS.cut == cut_before + 1
+
+
+def test_a_long_turn_on_a_crowded_machine_ends_the_spin_at_once() -> None:
+    """The one long turn is spared only while the machine has an idle CPU: asked after it,
+    a crowded machine ends the spin there (the task that ran was not the round trip's)."""
+    calls: list[float] = []
+    asked: list[bool] = []
+
+    def poll_now() -> list[int]:
+        calls.append(time.perf_counter())
+        if len(calls) == 3:
+            time.sleep(0.3)
+        return []
+
+    def crowded() -> bool:
+        asked.append(True)
+        return True
+
+    cut_before = STATS.cut
+    assert spin_until(poll_now, 5.0, cut_s=0.1, cut_turns=2, crowded=crowded) == []
+    assert len(calls) == 3 and asked == [True]  # asked once, after the long turn only
+    assert STATS.cut == cut_before + 1
+    # with room on the machine the same turn is spared, and the spin runs its window
+    calls.clear()
+    started = time.perf_counter()
+    assert spin_until(poll_now, 0.6, cut_s=0.1, cut_turns=2, crowded=lambda: False) == []
+    assert len(calls) > 3 and time.perf_counter() - started >= 0.6
+    assert STATS.cut == cut_before + 1
+    # the policies hand their machine check to the spin; `spin_us = N` has none
+    probe = RunnableProbe(4096)
+    assert AdaptiveSpin(MAX_GAP, crowded=probe.crowded).crowded == probe.crowded
+    assert FixedSpin(200 * US).crowded is None
+    probe.close()
+
+
 def test_only_auto_cuts_its_spins() -> None:
     assert FixedSpin(200 * US).cut_s == 0.0
+    assert FixedSpin(200 * US).cut_turns == 1
     assert AdaptiveSpin(MAX_GAP).cut_s == CUT_S
-    auto = spin_policy("auto", 500, 0, 80)
-    assert auto is not None and auto.cut_s == pytest.approx(80 * US)
-    assert load_config(env={}).process.spin_auto_cut_us == 50
+    assert AdaptiveSpin(MAX_GAP).cut_turns == CUT_TURNS == 2
+    auto = spin_policy("auto", 500, 0, 80, 3)
+    assert auto is not None and auto.cut_s == pytest.approx(80 * US) and auto.cut_turns == 3
+    commit = commit_spin("auto", 1500, 0, 80, 4)
+    assert commit is not None and commit.cut_turns == 4
+    process = load_config(env={}).process
+    assert (process.spin_auto_cut_us, process.spin_auto_cut_turns) == (50, 2)
 
 
 def test_bad_parameters_are_refused() -> None:
@@ -233,6 +306,10 @@ def test_bad_parameters_are_refused() -> None:
         AdaptiveSpin(MAX_GAP, history=0)
     with pytest.raises(ValueError):
         RunnableProbe(0)
+    with pytest.raises(ValueError):
+        AdaptiveSpin(MAX_GAP, cut_turns=0)
+    with pytest.raises(ValueError):
+        CommitSpin(MAX_GAP, cut_turns=0)
 
 
 def test_spin_policy_for_each_setting() -> None:

@@ -473,6 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec.process.spin_auto_max_us,
         spec.process.spin_auto_max_runnable,
         spec.process.spin_auto_cut_us,
+        spec.process.spin_auto_cut_turns,
     )
     if policy is None:
         return asyncio.run(serve(spec))

@@ -35,7 +35,7 @@ from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import STATS as SPIN_STATS
-from shardq.runtime._spin import commit_spin, spin_policy, spin_until
+from shardq.runtime._spin import CommitSpin, SpinPolicy, commit_spin, spin_policy, spin_until
 from shardq.runtime._storage import open_storage
 from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
@@ -125,6 +125,7 @@ class ShardProcess(ShardDirect, ShardLoading):
             spec.process.spin_auto_max_us,
             spec.process.spin_auto_max_runnable,
             spec.process.spin_auto_cut_us,
+            spec.process.spin_auto_cut_turns,
         )
         # With "auto": spin while one of this shard's replies waits on a commit (`CommitSpin`).
         self._commit_spin = commit_spin(
@@ -132,6 +133,7 @@ class ShardProcess(ShardDirect, ShardLoading):
             spec.process.spin_commit_max_us,
             spec.process.spin_auto_max_runnable,
             spec.process.spin_auto_cut_us,
+            spec.process.spin_auto_cut_turns,
         )
         self._ctx = zmq.Context()
         # Requests come from, and replies go to, the front end over this link (`links._stream`);
@@ -409,15 +411,17 @@ class ShardProcess(ShardDirect, ShardLoading):
             return self._poller.poll(timeout_ms)
         got: list[tuple[Any, int]] = []
         now = time.perf_counter()
-        spin_s, cut_s = spin.window(now), spin.cut_s
+        policy: SpinPolicy | CommitSpin = spin
+        spin_s = spin.window(now)
         commit = self._commit_spin
         if commit is not None:
             commit_s = commit.window(now, self.core.batches.replies_held_here())
             if commit_s > spin_s:
-                spin_s, cut_s = commit_s, commit.cut_s
+                policy, spin_s = commit, commit_s
                 SPIN_STATS.commit += 1
         if spin_s:
-            got = spin_until(lambda: self._poller.poll(0), spin_s, cut_s)
+            got = spin_until(lambda: self._poller.poll(0), spin_s, policy.cut_s,
+                             policy.cut_turns, policy.crowded)  # fmt: skip
         if not got:
             got = self._poller.poll(timeout_ms)
         if got:

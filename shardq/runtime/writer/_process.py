@@ -108,6 +108,7 @@ class Writer(RejectedMutations):
                 process.spin_auto_max_us,
                 process.spin_auto_max_runnable,
                 process.spin_auto_cut_us,
+                process.spin_auto_cut_turns,
             )
             if process.spin_us == AUTO
             else None
@@ -208,7 +209,9 @@ class Writer(RejectedMutations):
         timeout = self._timeout_ms()
         spin = self._spin
         if spin is not None and timeout != 0 and (spin_s := spin.window(time.perf_counter())):
-            got = spin_until(lambda: poller.poll(0), spin_s, spin.cut_s)
+            got = spin_until(
+                lambda: poller.poll(0), spin_s, spin.cut_s, spin.cut_turns, spin.crowded
+            )
             return dict(got or poller.poll(timeout))
         return dict(poller.poll(timeout))
 
