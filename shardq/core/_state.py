@@ -26,7 +26,7 @@ from shardq.errors import CommandError
 
 from ._config import EngineConfig
 from ._effects import Effects
-from ._fresh import FreshRecords
+from ._fresh import DURABLE_ONLY, FreshRecords
 from ._ids import IdFactory
 from ._job import Job, Timeline
 from ._lifecycle import (
@@ -244,9 +244,15 @@ class JobStore:
                     heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
         if waiting:
             self._enter_all(waiting, q, WAITING)
-        fresh = self.fresh.record  # a job without options: its record comes encoded
+        fresh = self.fresh.record  # a job without options, or durable only: encoded already
         for job in jobs:
-            out.append(("put", job.to_record() if job.opts else fresh(job)))
+            opts = job.opts
+            if not opts:
+                out.append(("put", fresh(job)))
+            elif opts == DURABLE_ONLY:  # bunqueue-client's durable add_bulk
+                out.append(("put", fresh(job, True)))
+            else:
+                out.append(("put", job.to_record()))
 
     def move(self, fx: Effects, job: Job, event: str, now: int, changes: dict[str, Any]) -> None:
         """Apply a lifecycle event and emit the changed fields.
