@@ -106,6 +106,9 @@ class JobStore:
         self.finalized: OrderedDict[str, str] = OrderedDict()
         # Jobs of durable pushes whose commit is not confirmed yet: never delivered (`hold`).
         self.held: set[str] = set()
+        # While a durable PUSHB runs (the shard sets it): its jobs are held as they are
+        # admitted, so never put on the ready heap before their commit, and listed here.
+        self.holding: list[str] | None = None
         # Under a head budget (`_head.py`): bring a cold job in by id (and queue, for a
         # custom id), or the cold owner of a uniqueKey; None without a budget.
         self.cold_lookup: Callable[[str, str | None], Job | None] | None = None
@@ -158,6 +161,14 @@ class JobStore:
             if job is not None:
                 job.hkey = None  # its heap entry is dead from now on (lazy deletion)
 
+    def _hold_new(self, jobs: Iterable[Job]) -> None:
+        """`hold` of jobs being admitted in a durable PUSHB (`holding`): off the heap at once."""
+        holding = self.holding
+        if holding is not None:
+            ids = [job.id for job in jobs]
+            self.held.update(ids)
+            holding.extend(ids)
+
     def confirm(self, job_ids: Iterable[str]) -> set[str]:
         """The commit of these held jobs is confirmed: make them deliverable. Returns the
         queues that got ready jobs (a parked long-poll there may now be served)."""
@@ -202,6 +213,8 @@ class JobStore:
         state = DELAYED if job.run_at > now else WAITING
         job.state = state
         job.timeline = ((state, now, None),)
+        if self.holding is not None:
+            self._hold_new((job,))
         self._enter_all((job,), q, state)
         fx.mutations.append(("put", self.fresh.record(job)))
 
@@ -213,6 +226,8 @@ class JobStore:
         out = fx.mutations
         q.pushed += len(jobs)
         (q.history or q.start_history()).pushed(len(jobs), now, self.config.max_history_minutes)
+        if self.holding is not None:
+            self._hold_new(jobs)
         waiting: list[Job] = []
         entry: tuple[str, int, None] | None = None
         timeline: Timeline = ()

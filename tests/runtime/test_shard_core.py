@@ -439,3 +439,41 @@ def test_a_turn_of_acks_answers_and_stores_as_the_same_acks_one_per_turn(tmp_pat
 
     assert stored(together, "together.db") == stored(apart, "apart.db")
     assert len(together.batches) < len(apart.batches)  # one turn, one batch
+
+
+@pytest.mark.parametrize(
+    "jobs",
+    [
+        [{"data": k, "durable": True} for k in range(3)],  # bunqueue-client's add_bulk
+        [{"data": 0, "durable": True}, {"data": 1}, {"data": 2, "customId": "c"}],  # one by one
+    ],
+)
+def test_a_durable_bulk_pushs_jobs_enter_the_ready_heap_once(
+    s: Shard, jobs: list[dict[str, Any]]
+) -> None:
+    """They are held as they are admitted (`JobStore.holding`): no heap entry before their
+    commit is confirmed, one after it (not a dead one and a live one)."""
+    (rid,) = s.turn({"cmd": "PUSHB", "queue": "q", "jobs": jobs})
+    store = s.core.engine.store
+    ready = store.queues["q"].ready
+    assert rid not in s.replies and len(store.held) == 3 and len(ready) == 0
+    assert s.call({"cmd": "PULL", "queue": "q"})["job"] is None
+    s.msg({"t": "done", "seq": s.core.batches.seq})
+    assert s.replies[rid]["ok"] and not store.held and len(ready) == 3
+    pulled = s.call({"cmd": "PULLB", "queue": "q", "count": 9})["jobs"]
+    assert [j["data"] for j in pulled] == [0, 1, 2]
+
+
+def test_a_durable_bulk_push_refused_after_its_first_job_leaves_that_job_deliverable(
+    s: Shard,
+) -> None:
+    """A PUSHB keeps the entries admitted before the one refused (bunqueue's semantics); no
+    `done` will confirm them, so they are not held."""
+    dedup = {"uniqueKey": "k", "dedup": {"ttl": 60_000, "extend": True}}
+    assert s.call({"cmd": "PUSH", "queue": "q", "data": "owner", **dedup})["ok"]
+    assert s.call({"cmd": "PULL", "queue": "q"})["job"]["data"] == "owner"  # active
+    jobs = [{"data": "first", "durable": True, "customId": "c1"}, {"data": "dup", **dedup}]
+    reply = s.call({"cmd": "PUSHB", "queue": "q", "jobs": jobs})
+    assert not reply["ok"] and "jobs[1]" in reply["error"]
+    assert not s.core.engine.store.held
+    assert s.call({"cmd": "PULL", "queue": "q"})["job"]["id"] == "c1"
