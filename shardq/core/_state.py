@@ -173,14 +173,19 @@ class JobStore:
         """The commit of these held jobs is confirmed: make them deliverable. Returns the
         queues that got ready jobs (a parked long-poll there may now be served)."""
         held, jobs = self.held, self.jobs
-        ready: set[str] = set()
+        ready: dict[str, dict[str, Job]] = {}  # per queue, in one call (a PUSHB's 100 jobs)
         for job_id in job_ids:
             held.discard(job_id)
             job = jobs.get(job_id)
             if job is not None and job.state == WAITING and job.hkey is None:
-                self.queues[job.queue].push_ready_all((job,))
-                ready.add(job.queue)
-        return ready
+                run = ready.get(job.queue)
+                if run is None:
+                    ready[job.queue] = {job_id: job}
+                else:
+                    run[job_id] = job
+        for name, run in ready.items():
+            self.queues[name].push_ready_all(run.values())
+        return set(ready)
 
     def forget(self, job_ids: Iterable[str], *, stored: bool) -> list[Mutation]:
         """Drop jobs as if they had never been pushed: their push could not be committed.

@@ -477,3 +477,28 @@ def test_a_durable_bulk_push_refused_after_its_first_job_leaves_that_job_deliver
     assert not reply["ok"] and "jobs[1]" in reply["error"]
     assert not s.core.engine.store.held
     assert s.call({"cmd": "PULL", "queue": "q"})["job"]["id"] == "c1"
+
+
+def test_confirmed_jobs_of_several_queues_each_enter_their_heap_once(s: Shard) -> None:
+    """`JobStore.confirm` puts a commit's jobs on their queues' heaps, one call per queue: a
+    job named twice is still put once, and the order is the heap's (priority, then seq)."""
+    entries = {q: [{"data": f"{q}{k}", "durable": True} for k in (0, 1, 2)] for q in ("qa", "qb")}
+    pushes: list[dict[str, Any]] = [
+        {"cmd": "PUSHB", "queue": q, "jobs": jobs} for q, jobs in entries.items()
+    ]
+    pushes.append({"cmd": "PUSH", "queue": "qa", "data": "urgent", "priority": 5, "durable": True})
+    rids = s.turn(*pushes)
+    store = s.core.engine.store
+    qa, qb = store.queues["qa"], store.queues["qb"]
+    assert len(store.held) == 7 and not any(rid in s.replies for rid in rids)
+    def live(q: Any) -> int:
+        return sum(1 for key in q.ready if store.jobs[key[-1]].hkey is key)
+
+    assert live(qa) == 0 and len(qb.ready) == 0
+    twice = next(i for i in store.held if store.jobs[i].queue == "qb")
+    assert store.confirm([*store.held, twice]) == {"qa", "qb"}
+    assert not store.held and live(qa) == 4 and len(qb.ready) == 3
+    pulled = s.call({"cmd": "PULLB", "queue": "qa", "count": 9})["jobs"]
+    assert [j["data"] for j in pulled] == ["urgent", "qa0", "qa1", "qa2"]
+    pulled = s.call({"cmd": "PULLB", "queue": "qb", "count": 9})["jobs"]
+    assert [j["data"] for j in pulled] == ["qb0", "qb1", "qb2"]
