@@ -12,6 +12,7 @@ import pytest
 
 from shardq.core import Engine
 from shardq.runtime.links._control import pack, unpack
+from shardq.runtime.shard._commands import is_durable
 from shardq.runtime.shard._core import ShardCore
 from shardq.storage import Store
 from tests.core.test_batch_paths import state_of
@@ -502,3 +503,18 @@ def test_confirmed_jobs_of_several_queues_each_enter_their_heap_once(s: Shard) -
     assert [j["data"] for j in pulled] == ["urgent", "qa0", "qa1", "qa2"]
     pulled = s.call({"cmd": "PULLB", "queue": "qb", "count": 9})["jobs"]
     assert [j["data"] for j in pulled] == ["qb0", "qb1", "qb2"]
+
+
+@pytest.mark.parametrize(
+    ("jobs", "durable"),
+    [
+        ([{"data": 1}, {"data": 2}], False),
+        ([{"data": 1}, {"data": 2, "durable": True}], True),
+        ([{"data": 1, "durable": 0}, {"data": 2, "durable": False}], False),
+        ([1, "durable", {"data": 3, "durable": 1}], True),  # entries the engine refuses
+        ([[{"a": 1}], {"data": 3, "durable": True}], True),  # an unhashable item: exact test
+        (["durable", [1]], False),
+    ],
+)
+def test_a_pushb_is_durable_if_an_entry_says_so(jobs: list[Any], durable: bool) -> None:
+    assert is_durable("PUSHB", {"cmd": "PUSHB", "queue": "q", "jobs": jobs}) is durable

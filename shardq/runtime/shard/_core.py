@@ -411,9 +411,10 @@ class ShardCore(ParkedRequests):
         if own is not None:
             return own(conn, rid, cmd, now, envelope)
         store = self.engine.store
-        # A durable PUSHB's jobs are held as they are admitted (`JobStore.holding`).
-        holding = None if name != "PUSHB" or envelope else _holding(cmd)
-        store.holding = holding
+        # Whether a PUSHB outside a flow is durable is known before the engine runs it: its
+        # jobs are then held as they are admitted (`JobStore.holding`).
+        durable = is_durable(name, cmd) if name == "PUSHB" and not envelope else None
+        holding = store.holding = [] if durable else None
         try:
             outcome = self.engine.apply(cmd, now, conn)
         finally:
@@ -426,8 +427,10 @@ class ShardCore(ParkedRequests):
             flow_part = envelope is not None and envelope.get(msgs.ENVELOPE_HOLD) is True
             if flow_part:
                 store.hold(_new_jobs(muts))
-            # A PUSH (most of them) without the call: `is_durable` says the same of it.
-            if cmd.get("durable") if name == "PUSH" else is_durable(name, cmd):
+            if durable is None:
+                # A PUSH (most of them) without the call: `is_durable` says the same of it.
+                durable = cmd.get("durable") if name == "PUSH" else is_durable(name, cmd)
+            if durable:
                 self._absorb(muts, outcome.events, durable=True)
                 self._durable.append([conn, rid, reply])
                 if not flow_part:
@@ -568,11 +571,6 @@ class ShardCore(ParkedRequests):
                 given += 1
         if given:
             _log.warning("pulled jobs put back: their reply was too large", jobs=given)
-
-
-def _holding(cmd: Mapping[str, Any]) -> list[str] | None:
-    """A list for the jobs a PUSHB admits if it is durable (else None)."""
-    return [] if is_durable("PUSHB", cmd) else None
 
 
 def _new_jobs(muts: list[Mutation]) -> list[str]:
