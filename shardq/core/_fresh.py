@@ -13,10 +13,15 @@ joining the bytes of the three fields that differ to the encoded runs of fields 
 Those runs are remembered from one job to the next (the last one of each, so nothing grows),
 and encoded again only when a job's shared fields differ from the previous job's.
 
-The encoder uses `packed` in place of packing the record while the record still has the 28 keys
-it was made with (`FRESH_KEYS`): the only change the engine makes to a put's record after
-emitting it is adding `cold` (`ColdHead._evict`), which adds a key. Anything that would change
-a value must make a new record (`to_record`) instead, as every path does today.
+A job whose only option is `durable` (what bunqueue-client's `add_bulk` sends with each entry
+of a durable bulk push) has the same record with `"durable": true` in front, as `to_record`
+puts its options first: `record(job, durable=True)` makes that one, one key more, the same way.
+
+The encoder uses `packed` in place of packing the record while the record still has the keys
+it was made with (`PackedRecord.made_keys`: `FRESH_KEYS`, one more when durable): the only
+change the engine makes to a put's record after emitting it is adding `cold`
+(`ColdHead._evict`), which adds a key. Anything that would change a value must make a new
+record (`to_record`) instead, as every path does today.
 """
 
 from __future__ import annotations
@@ -28,17 +33,23 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from ._job import _RECORD_TEMPLATE, Job
 
-__all__ = ["FRESH_KEYS", "FreshRecords", "PackedRecord"]
+__all__ = ["DURABLE_ONLY", "FRESH_KEYS", "FreshRecords", "PackedRecord"]
 
 FRESH_KEYS: Final = len(_RECORD_TEMPLATE)
 """How many keys a fresh record has (a record of a job without options, result or row key)."""
 
 
+DURABLE_ONLY: Final = {"durable": True}
+"""The options of a job pushed with `durable` alone (compared with `==`, never handed out)."""
+
+
 class PackedRecord(dict[str, Any]):
-    """A job record and `packed`, its msgpack encoding (`use_bin_type=True`) as made."""
+    """A job record and `packed`, its msgpack encoding (`use_bin_type=True`) as made, with
+    `made_keys` keys (the encoder uses `packed` only while the record has no other)."""
 
-    __slots__ = ("packed",)
+    __slots__ = ("made_keys", "packed")
 
+    made_keys: int
     packed: bytes
 
 
@@ -73,8 +84,13 @@ def _run(pairs: list[tuple[str, Any]]) -> bytes:
     return bytes(packer.bytes())
 
 
-# The header of a map of `FRESH_KEYS` entries and the key "id"; the entries after seq.
+# The header of a map of `FRESH_KEYS` entries and the key "id"; the entries after seq. A durable
+# job's: one entry more, `"durable": true` first.
 _HEAD: Final = b"\xde" + FRESH_KEYS.to_bytes(2, "big") + msgpack.packb("id")
+_DURABLE_HEAD: Final = (
+    b"\xde" + (FRESH_KEYS + 1).to_bytes(2, "big") + _run([("durable", True), ("id", None)])[:-1]
+)
+_DURABLE_TEMPLATE: Final[dict[str, Any]] = {**DURABLE_ONLY, **_FRESH_TEMPLATE}
 _END: Final = _run(list(_TAIL))
 _DATA_KEY: Final = msgpack.packb("data")
 _SEQ_KEY: Final = msgpack.packb("seq")
@@ -93,10 +109,12 @@ class FreshRecords:
         self._middle_of: tuple[Any, ...] = ()
         self._middle = b""
 
-    def record(self, job: Job) -> dict[str, Any]:
+    def record(self, job: Job, durable: bool = False) -> dict[str, Any]:
         """`job.to_record()` with its encoding, for a job as `Job.create` made it without
-        options or a custom id, then placed (its state and timeline set)."""
-        rec = PackedRecord(_FRESH_TEMPLATE)
+        options or a custom id, then placed (its state and timeline set); `durable`: made
+        with `durable` its one option (`DURABLE_ONLY`)."""
+        rec = PackedRecord(_DURABLE_TEMPLATE if durable else _FRESH_TEMPLATE)
+        rec.made_keys = FRESH_KEYS + durable
         rec["id"] = job.id
         rec["queue"] = job.queue
         rec["name"] = job.name
@@ -111,15 +129,16 @@ class FreshRecords:
         rec["state"] = job.state
         rec["seq"] = job.seq
         try:
-            rec.packed = self._encode(job, rec)
+            rec.packed = self._encode(job, rec, _DURABLE_HEAD if durable else _HEAD)
         except (TypeError, ValueError, OverflowError):
             # A value msgpack cannot take: the plain record, for the encoder to report as it
             # reports any other (`shardq.runtime.shard._writer_batches`).
             return dict(rec)
         return rec
 
-    def _encode(self, job: Job, rec: PackedRecord) -> bytes:
-        """`rec`'s msgpack (`rec` was just made from `job`)."""
+    def _encode(self, job: Job, rec: PackedRecord, head: bytes) -> bytes:
+        """`rec`'s msgpack (`rec` was just made from `job`; `head` its map's header and the
+        keys before the id's value)."""
         queue, name = rec["queue"], rec["name"]
         named = self._named_of
         if named is None or named[0] != queue or named[1] != name:
@@ -146,5 +165,5 @@ class FreshRecords:
             self._middle_of = (job.timeline, created, run_at, beat, priority, attempts, lifo, state)
         pack = self._pack
         return b"".join(
-            (_HEAD, pack(job.id), self._named, pack(job.data), self._middle, pack(job.seq), _END)
+            (head, pack(job.id), self._named, pack(job.data), self._middle, pack(job.seq), _END)
         )

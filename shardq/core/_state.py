@@ -28,7 +28,7 @@ from shardq.errors import CommandError
 from ._config import EngineConfig
 from ._deps_dlq import DepsAndDeadLetters
 from ._effects import Effects
-from ._fresh import FreshRecords
+from ._fresh import DURABLE_ONLY, FreshRecords
 from ._ids import IdFactory
 from ._job import Job, Timeline
 from ._lifecycle import (
@@ -106,6 +106,9 @@ class JobStore(DepsAndDeadLetters):
         self.finalized: OrderedDict[str, str] = OrderedDict()
         # Jobs of durable pushes whose commit is not confirmed yet: never delivered (`hold`).
         self.held: set[str] = set()
+        # While a durable PUSHB runs (the shard sets it): its jobs are held as they are
+        # admitted, so never put on the ready heap before their commit, and listed here.
+        self.holding: list[str] | None = None
         # Under a head budget (`_head.py`): bring a cold job in by id (and queue, for a
         # custom id), or the cold owner of a uniqueKey; None without a budget.
         self.cold_lookup: Callable[[str, str | None], Job | None] | None = None
@@ -158,18 +161,31 @@ class JobStore(DepsAndDeadLetters):
             if job is not None:
                 job.hkey = None  # its heap entry is dead from now on (lazy deletion)
 
+    def _hold_new(self, jobs: Iterable[Job]) -> None:
+        """`hold` of jobs being admitted in a durable PUSHB (`holding`): off the heap at once."""
+        holding = self.holding
+        if holding is not None:
+            ids = [job.id for job in jobs]
+            self.held.update(ids)
+            holding.extend(ids)
+
     def confirm(self, job_ids: Iterable[str]) -> set[str]:
         """The commit of these held jobs is confirmed: make them deliverable. Returns the
         queues that got ready jobs (a parked long-poll there may now be served)."""
         held, jobs = self.held, self.jobs
-        ready: set[str] = set()
+        ready: dict[str, dict[str, Job]] = {}  # per queue, in one call (a PUSHB's 100 jobs)
         for job_id in job_ids:
             held.discard(job_id)
             job = jobs.get(job_id)
             if job is not None and job.state == WAITING and job.hkey is None:
-                self.queues[job.queue].push_ready_all((job,))
-                ready.add(job.queue)
-        return ready
+                run = ready.get(job.queue)
+                if run is None:
+                    ready[job.queue] = {job_id: job}
+                else:
+                    run[job_id] = job
+        for name, run in ready.items():
+            self.queues[name].push_ready_all(run.values())
+        return set(ready)
 
     def forget(self, job_ids: Iterable[str], *, stored: bool) -> list[Mutation]:
         """Drop jobs as if they had never been pushed: their push could not be committed.
@@ -202,6 +218,8 @@ class JobStore(DepsAndDeadLetters):
         state = DELAYED if job.run_at > now else WAITING
         job.state = state
         job.timeline = ((state, now, None),)
+        if self.holding is not None:
+            self._hold_new((job,))
         self._enter_all((job,), q, state)
         fx.mutations.append(("put", self.fresh.record(job)))
 
@@ -213,6 +231,8 @@ class JobStore(DepsAndDeadLetters):
         out = fx.mutations
         q.pushed += len(jobs)
         (q.history or q.start_history()).pushed(len(jobs), now, self.config.max_history_minutes)
+        if self.holding is not None:
+            self._hold_new(jobs)
         waiting: list[Job] = []
         entry: tuple[str, int, None] | None = None
         timeline: Timeline = ()
@@ -244,9 +264,15 @@ class JobStore(DepsAndDeadLetters):
                     heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
         if waiting:
             self._enter_all(waiting, q, WAITING)
-        fresh = self.fresh.record  # a job without options: its record comes encoded
+        fresh = self.fresh.record  # a job without options, or durable only: encoded already
         for job in jobs:
-            out.append(("put", job.to_record() if job.opts else fresh(job)))
+            opts = job.opts
+            if not opts:
+                out.append(("put", fresh(job)))
+            elif opts == DURABLE_ONLY:  # bunqueue-client's durable add_bulk
+                out.append(("put", fresh(job, True)))
+            else:
+                out.append(("put", job.to_record()))
 
     def move(self, fx: Effects, job: Job, event: str, now: int, changes: dict[str, Any]) -> None:
         """Apply a lifecycle event and emit the changed fields.

@@ -73,6 +73,11 @@ class Storage(Protocol):
         """
         ...
 
+    def settle(self) -> None:
+        """Finish what the last `apply` left for later that nobody waits on (the row cache's
+        update); `apply` does it first in any case. Never raises."""
+        ...
+
     @property
     def pending_drains(self) -> dict[str, int]:
         """The Drain ranges whose rows are not deleted yet, queue -> seq bound: every read

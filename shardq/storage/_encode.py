@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
-from shardq.core._fresh import FRESH_KEYS, PackedRecord
+from shardq.core._fresh import PackedRecord
 from shardq.core._mutations import Mutation
 from shardq.storage._cold import COLD_COLUMN, COLD_KEYS, cold_mark, cold_of
 
@@ -185,7 +185,7 @@ def _encode_put(rec: object, pack: Any) -> Mutation | None:
     A record the engine made with its encoding (`PackedRecord`, a fresh job's) is not packed
     again while it holds the keys it was made with: its only later change adds a key."""
     if type(rec) is PackedRecord:
-        if len(rec) == FRESH_KEYS:
+        if len(rec) == rec.made_keys:
             return _encode_fresh(rec)
         return _encode_record(rec, pack)
     if type(rec) is not dict:

@@ -36,7 +36,7 @@ from shardq.storage._coalesce import DrainInBatch, Plan, Stored, coalesce
 from shardq.storage._cold_reads import HOT_SET, POSTGRES, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
-from shardq.storage._drain import DRAIN_CHUNK_ROWS, apply_steps, remember_steps
+from shardq.storage._drain import DRAIN_CHUNK_ROWS, Done, apply_steps, remember_steps
 from shardq.storage._drain_bounds import Range
 from shardq.storage._errors import StorageError
 from shardq.storage._pg_drain import PgDrains
@@ -85,6 +85,7 @@ class PostgresStore(PgDrains, ColdReads):
         # of a job pushed a moment ago needs no read. Valid while this is the only writer.
         self._cache: dict[str, Stored] = {}
         self._cache_limit = cache_records
+        self._unsettled: Done | None = None  # the last commit's, until `settle`
         self._patch_floor = patch_floor
         # Whether `job_deltas` may hold a row: while not, a put or delete needs no look there.
         self._deltas_exist = version >= _pg_schema.DELTAS_VERSION and self._any_deltas()
@@ -145,6 +146,7 @@ class PostgresStore(PgDrains, ColdReads):
         and `StorageError` otherwise, and then nothing of the batch is stored."""
         if not mutations:
             return 0
+        self.settle()
         conn = self._connection()
         try:
             with conn.transaction():
@@ -164,9 +166,15 @@ class PostgresStore(PgDrains, ColdReads):
             raise _as_storage_error(e, f"applying a batch of {len(mutations)} mutations") from e
         self._commit_drains()
         self._deltas_exist = self._deltas_exist or delta_rows > 0
-        self._cache = remember_steps(self._cache, self._cache_limit, done)
+        self._unsettled = done
         self._skipped_updates += sum(p.skipped for p, _ in done if isinstance(p, Plan))
         return written
+
+    def settle(self) -> None:
+        """As `Store.settle`: the cache learns the last commit's rows."""
+        done, self._unsettled = self._unsettled, None
+        if done is not None:
+            self._cache = remember_steps(self._cache, self._cache_limit, done)
 
     def _write(self, conn: Conn, plan: Plan, deltas: bool) -> tuple[int, int, dict[str, Any]]:
         """Write `plan` in one pipeline, the fencing statement first (`_pg_fence`), settled
@@ -410,7 +418,7 @@ class PostgresStore(PgDrains, ColdReads):
     def release_memory(self) -> None:
         """The row summaries of the jobs written last (`cache_records`): an update of one of
         them reads its row instead, once. PostgreSQL's own caches live in its server."""
-        self._cache = {}
+        self._cache, self._unsettled = {}, None
 
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise `StorageError`."""

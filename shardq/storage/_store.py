@@ -44,6 +44,7 @@ from shardq.storage._counts import count_rows
 from shardq.storage._deltas import delta_lengths, read_deltas
 from shardq.storage._drain import (
     DRAIN_CHUNK_ROWS,
+    Done,
     apply_steps,
     remember_steps,
 )
@@ -99,6 +100,8 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         # A plain dict in use order (a touched job is moved to the end), trimmed in halves.
         self._cache: dict[str, Stored] = {}
         self._cache_limit = cache_records
+        # What the last commit taught the cache, until `settle` (or the next batch) learns it.
+        self._unsettled: Done | None = None
         self._patch_floor = patch_floor
         # Rows in `job_deltas` (shardq.storage._deltas): while there are none, deleting or
         # replacing a job needs no look there, and recovery merges no ops.
@@ -201,6 +204,7 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         """
         if not mutations:
             return 0
+        self.settle()
         self._begin_drains()
         with transaction(self._conn, f"applying a batch of {len(mutations)} mutations"):
             try:
@@ -212,9 +216,17 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
                 done = [(plan, known)]
         self._commit_drains()
         self._delta_rows = max(0, self._delta_rows + delta_rows)
-        self._cache = remember_steps(self._cache, self._cache_limit, done)
+        self._unsettled = done  # `settle`: after the writer has sent its `done`
         self._skipped_updates += sum(p.skipped for p, _ in done if isinstance(p, Plan))
         return written
+
+    def settle(self) -> None:
+        """Update the cache of row summaries with what the last `apply` wrote. `apply` does
+        it first itself; the writer calls it once it has confirmed the commit, so that no
+        durable push waits on it."""
+        done, self._unsettled = self._unsettled, None
+        if done is not None:
+            self._cache = remember_steps(self._cache, self._cache_limit, done)
 
     def _segment(
         self, mutations: Sequence[Mutation], first: bool
@@ -377,7 +389,7 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         the row summaries of the jobs written last (up to `cache_records`, about 250 bytes
         each): an update of one of them reads its row instead, once. A store from `open`
         then opens its connection again (`_reopen`). Call it only between transactions."""
-        self._cache = {}
+        self._cache, self._unsettled = {}, None
         with self._reading("releasing memory"):
             self._conn.execute("PRAGMA shrink_memory")
             self._reopen()

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardq.core import Engine
-from shardq.core._fresh import FreshRecords, PackedRecord
+from shardq.core._fresh import FRESH_KEYS, FreshRecords, PackedRecord
 from shardq.core._job import Job
 from shardq.storage._cold import COLD_COLUMN
 from shardq.storage._encode import MutationEncoder
@@ -34,14 +34,18 @@ FIELDS = st.fixed_dictionaries(
         "timestamp": st.sampled_from((NOW - 5, NOW)),
         "lifo": st.booleans(),
         "maxAttempts": st.sampled_from((1, 3, 5)),
+        "durable": st.booleans(),
     },
 )
+# What bunqueue-client's `add_bulk` sends for each job of a durable bulk push.
+DURABLE_ENTRY = st.builds(lambda d: {"data": d, "durable": True}, DATA)
 COMMAND = st.one_of(
     st.builds(lambda q, f: {"cmd": "PUSH", "queue": q, **f}, st.sampled_from("qr"), FIELDS),
     st.builds(
         lambda q, jobs: {"cmd": "PUSHB", "queue": q, "jobs": jobs},
         st.sampled_from("qr"),
-        st.lists(st.one_of(st.builds(lambda d: {"data": d}, DATA), FIELDS), min_size=1, max_size=4),
+        st.lists(st.one_of(st.builds(lambda d: {"data": d}, DATA), FIELDS, DURABLE_ENTRY),
+                 min_size=1, max_size=4),
     ),
 )
 # The time of each command: the same as before, the same value as another object, or later.
@@ -58,10 +62,10 @@ def _check_put(engine: Engine, rec: Any) -> None:
     general = job.to_record()
     assert list(rec.items()) == list(general.items())
     assert _pack(rec) == _pack(general)  # types too: 0, 0.0 and False pack differently
-    if job.opts:
+    if job.opts and job.opts != {"durable": True}:
         assert type(rec) is dict
         return
-    assert type(rec) is PackedRecord
+    assert type(rec) is PackedRecord  # durable its only option: made with its bytes too
     assert rec.packed == _pack(general)
     fast = MutationEncoder().encode([("put", rec)])
     assert fast == MutationEncoder().encode([("put", general)])
@@ -121,3 +125,22 @@ def test_a_value_msgpack_cannot_take_gives_the_plain_record() -> None:
     after = fresh.record(again)
     assert type(first) is PackedRecord and type(after) is PackedRecord
     assert after.packed == _pack(again.to_record())
+
+
+def test_a_durable_bulk_push_from_bunqueue_client_gets_fresh_records() -> None:
+    """`add_bulk([{name, data, durable: True}, ...])` sends `{"data": {...}, "durable": true}`
+    per job: each record is made with its bytes, `durable` first as `to_record` has it, and
+    the encoder sends those bytes (until a key is added, as the cold mark does)."""
+    engine = Engine(seed=5)
+    jobs = [{"data": {"name": "noop", "t": 1.5 + i}, "durable": True} for i in range(3)]
+    outcome = engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, NOW)
+    puts = [m[1] for m in outcome.mutations if m[0] == "put"]
+    assert len(puts) == 3
+    for rec in puts:
+        assert type(rec) is PackedRecord and len(rec) == FRESH_KEYS + 1
+        assert next(iter(rec)) == "durable" and rec["durable"] is True
+        _check_put(engine, rec)
+    rec = puts[0]
+    rec[COLD_COLUMN] = 1
+    got = MutationEncoder().encode([("put", rec)])
+    assert got[0][7] == _pack(dict(rec)) != rec.packed

@@ -12,6 +12,7 @@ import pytest
 
 from shardq.core import Engine
 from shardq.runtime.links._control import pack, unpack
+from shardq.runtime.shard._commands import is_durable
 from shardq.runtime.shard._core import ShardCore
 from shardq.storage import Store
 from tests.core.test_batch_paths import state_of
@@ -439,3 +440,81 @@ def test_a_turn_of_acks_answers_and_stores_as_the_same_acks_one_per_turn(tmp_pat
 
     assert stored(together, "together.db") == stored(apart, "apart.db")
     assert len(together.batches) < len(apart.batches)  # one turn, one batch
+
+
+@pytest.mark.parametrize(
+    "jobs",
+    [
+        [{"data": k, "durable": True} for k in range(3)],  # bunqueue-client's add_bulk
+        [{"data": 0, "durable": True}, {"data": 1}, {"data": 2, "customId": "c"}],  # one by one
+    ],
+)
+def test_a_durable_bulk_pushs_jobs_enter_the_ready_heap_once(
+    s: Shard, jobs: list[dict[str, Any]]
+) -> None:
+    """They are held as they are admitted (`JobStore.holding`): no heap entry before their
+    commit is confirmed, one after it (not a dead one and a live one)."""
+    (rid,) = s.turn({"cmd": "PUSHB", "queue": "q", "jobs": jobs})
+    store = s.core.engine.store
+    ready = store.queues["q"].ready
+    assert rid not in s.replies and len(store.held) == 3 and len(ready) == 0
+    assert s.call({"cmd": "PULL", "queue": "q"})["job"] is None
+    s.msg({"t": "done", "seq": s.core.batches.seq})
+    assert s.replies[rid]["ok"] and not store.held and len(ready) == 3
+    pulled = s.call({"cmd": "PULLB", "queue": "q", "count": 9})["jobs"]
+    assert [j["data"] for j in pulled] == [0, 1, 2]
+
+
+def test_a_durable_bulk_push_refused_after_its_first_job_leaves_that_job_deliverable(
+    s: Shard,
+) -> None:
+    """A PUSHB keeps the entries admitted before the one refused (bunqueue's semantics); no
+    `done` will confirm them, so they are not held."""
+    dedup = {"uniqueKey": "k", "dedup": {"ttl": 60_000, "extend": True}}
+    assert s.call({"cmd": "PUSH", "queue": "q", "data": "owner", **dedup})["ok"]
+    assert s.call({"cmd": "PULL", "queue": "q"})["job"]["data"] == "owner"  # active
+    jobs = [{"data": "first", "durable": True, "customId": "c1"}, {"data": "dup", **dedup}]
+    reply = s.call({"cmd": "PUSHB", "queue": "q", "jobs": jobs})
+    assert not reply["ok"] and "jobs[1]" in reply["error"]
+    assert not s.core.engine.store.held
+    assert s.call({"cmd": "PULL", "queue": "q"})["job"]["id"] == "c1"
+
+
+def test_confirmed_jobs_of_several_queues_each_enter_their_heap_once(s: Shard) -> None:
+    """`JobStore.confirm` puts a commit's jobs on their queues' heaps, one call per queue: a
+    job named twice is still put once, and the order is the heap's (priority, then seq)."""
+    entries = {q: [{"data": f"{q}{k}", "durable": True} for k in (0, 1, 2)] for q in ("qa", "qb")}
+    pushes: list[dict[str, Any]] = [
+        {"cmd": "PUSHB", "queue": q, "jobs": jobs} for q, jobs in entries.items()
+    ]
+    pushes.append({"cmd": "PUSH", "queue": "qa", "data": "urgent", "priority": 5, "durable": True})
+    rids = s.turn(*pushes)
+    store = s.core.engine.store
+    qa, qb = store.queues["qa"], store.queues["qb"]
+    assert len(store.held) == 7 and not any(rid in s.replies for rid in rids)
+    def live(q: Any) -> int:
+        return sum(1 for key in q.ready if store.jobs[key[-1]].hkey is key)
+
+    assert live(qa) == 0 and len(qb.ready) == 0
+    twice = next(i for i in store.held if store.jobs[i].queue == "qb")
+    assert store.confirm([*store.held, twice]) == {"qa", "qb"}
+    assert not store.held and live(qa) == 4 and len(qb.ready) == 3
+    pulled = s.call({"cmd": "PULLB", "queue": "qa", "count": 9})["jobs"]
+    assert [j["data"] for j in pulled] == ["urgent", "qa0", "qa1", "qa2"]
+    pulled = s.call({"cmd": "PULLB", "queue": "qb", "count": 9})["jobs"]
+    assert [j["data"] for j in pulled] == ["qb0", "qb1", "qb2"]
+
+
+@pytest.mark.parametrize(
+    ("jobs", "durable"),
+    [
+        ([{"data": 1}, {"data": 2}], False),
+        ([{"data": 1}, {"data": 2, "durable": True}], True),
+        ([{"data": 1, "durable": 0}, {"data": 2, "durable": False}], False),
+        ([1, "durable", {"data": 3, "durable": 1}], True),  # entries the engine refuses
+        ([[{"a": 1}], {"data": 3, "durable": True}], True),  # an unhashable item: exact test
+        (["durable", [1]], False),
+    ],
+)
+def test_a_pushb_is_durable_if_an_entry_says_so(jobs: list[Any], durable: bool) -> None:
+    assert is_durable("PUSHB", {"cmd": "PUSHB", "queue": "q", "jobs": jobs}) is durable

@@ -333,21 +333,45 @@ _mutations = st.one_of(
 @given(
     batches=st.lists(st.lists(_mutations, max_size=12), min_size=1, max_size=6),
     cache=st.sampled_from((0, 2, 20_000)),  # no record cache, constant eviction, no eviction
+    settles=st.lists(st.booleans(), min_size=6, max_size=6),  # as the writer does, or not
 )
 def test_random_batches_match_the_reference_model(
-    batches: list[list[tuple[Any, ...]]], cache: int
+    batches: list[list[tuple[Any, ...]]], cache: int, settles: list[bool]
 ) -> None:
     model = Model()
     with (
         tempfile.TemporaryDirectory() as tmp,
         Store.open(Path(tmp) / "h.db", cache_records=cache) as store,
     ):
-        for batch in batches:
+        for batch, settle in zip(batches, settles, strict=False):
             pristine = copy.deepcopy(batch)
             store.apply(batch)
+            if settle:
+                store.settle()
             model.apply(batch)
             assert batch == pristine
             assert_matches(store, model, page_size=3)
+
+
+def test_the_row_cache_learns_a_commit_when_settled_or_before_the_next_batch(
+    store: Store,
+) -> None:
+    """The writer confirms a commit before the cache's update (`settle`), so a durable push
+    does not wait on it; the next batch never sees the cache without it."""
+    reads: list[str] = []
+    store._conn.set_trace_callback(lambda sql: reads.append(sql) if "SELECT" in sql else None)
+    store.apply([("put", job("j1"))])
+    assert "j1" not in store._cache
+    store.settle()
+    assert "j1" in store._cache
+    store.apply([("put", job("j2"))])
+    store.apply([("upd", "j2", {"progress": 5}), ("upd", "j1", {"progress": 6})])
+    assert not [sql for sql in reads if "FROM jobs" in sql]  # both known: no row read
+    store.release_memory()  # forgets an unsettled commit too
+    store.settle()
+    assert "j2" not in store._cache
+    stored = [store.get_job(key) for key in ("j1", "j2")]
+    assert [rec["progress"] for rec in stored if rec is not None] == [6, 5]
 
 
 # --- failed batches ----------------------------------------------------------------------------

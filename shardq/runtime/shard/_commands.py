@@ -83,6 +83,7 @@ def _plain_run(items: list[Any], at: int, name: str) -> Iterator[dict[str, Any]]
 
 MAY_BE_DURABLE: Final = frozenset({"PUSH", "PUSHB", "PUSHF"})
 """The commands `is_durable` can answer True for."""
+_DURABLE_KEY: Final = frozenset(("durable",))
 
 
 def is_durable(name: object, cmd: Mapping[str, Any]) -> bool:
@@ -92,6 +93,11 @@ def is_durable(name: object, cmd: Mapping[str, Any]) -> bool:
         jobs = cmd.get("jobs")
         if not isinstance(jobs, list):
             return False
+        try:
+            if all(map(_DURABLE_KEY.isdisjoint, jobs)):  # in C: no entry has the key
+                return False
+        except TypeError:
+            pass  # an entry that is not iterable, or holds what cannot be hashed
         for e in jobs:
             # Entries are plain dicts off the wire; the ABC check is only the fallback.
             if (type(e) is dict or isinstance(e, Mapping)) and e.get("durable"):

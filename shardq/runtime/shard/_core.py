@@ -410,7 +410,15 @@ class ShardCore(ParkedRequests):
         own = self._own_commands.get(name)
         if own is not None:
             return own(conn, rid, cmd, now, envelope)
-        outcome = self.engine.apply(cmd, now, conn)
+        store = self.engine.store
+        # Whether a PUSHB outside a flow is durable is known before the engine runs it: its
+        # jobs are then held as they are admitted (`JobStore.holding`).
+        durable = is_durable(name, cmd) if name == "PUSHB" and not envelope else None
+        holding = store.holding = [] if durable else None
+        try:
+            outcome = self.engine.apply(cmd, now, conn)
+        finally:
+            store.holding = None
         reply, muts = outcome.reply, outcome.mutations
         if outcome.cancels:
             self._cancels.extend(outcome.cancels)
@@ -418,17 +426,22 @@ class ShardCore(ParkedRequests):
             # A flow's part on this shard stays held until its FlowRelease.
             flow_part = envelope is not None and envelope.get(msgs.ENVELOPE_HOLD) is True
             if flow_part:
-                self.engine.store.hold(_new_jobs(muts))
-            # A PUSH (most of them) without the call: `is_durable` says the same of it.
-            if cmd.get("durable") if name == "PUSH" else is_durable(name, cmd):
+                store.hold(_new_jobs(muts))
+            if durable is None:
+                # A PUSH (most of them) without the call: `is_durable` says the same of it.
+                durable = cmd.get("durable") if name == "PUSH" else is_durable(name, cmd)
+            if durable:
                 self._absorb(muts, outcome.events, durable=True)
                 self._durable.append([conn, rid, reply])
                 if not flow_part:
                     # Its new jobs are not deliverable before their commit is confirmed.
-                    new = _new_jobs(muts)
-                    self.engine.store.hold(new)
+                    new = _new_jobs(muts) if holding is None else holding
+                    if holding is None:
+                        store.hold(new)
                     self._durable_ids.extend(new)
                 return None
+        if holding:  # refused after admitting some: they are buffered pushes' jobs now
+            self._woken.update(store.confirm(holding))
         self._absorb(muts, outcome.events)
         return reply
 

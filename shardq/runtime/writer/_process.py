@@ -324,6 +324,7 @@ class Writer(RejectedMutations):
         # Whoever waits on this commit (a durable push's client) hears of it first; the
         # bookkeeping below (status file, vacuum clock, logs) is nobody's wait.
         self._deliver(buffer)
+        self._store.settle()  # the row cache's update, off the durable pushes' wait
         if failures:
             log.info(
                 "storage recovered",
