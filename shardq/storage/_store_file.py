@@ -29,7 +29,7 @@ class StoreFile:
     _conn: sqlite3.Connection
     _pragmas: dict[str, Any] | None
     _path: Path
-    _opened: int = 0  # connections opened after the first (`change_mark`)
+    _changes_before: int = 0  # rows the connections closed before this one changed
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Copy the WAL into the database file and truncate it; True if it completed.
@@ -87,10 +87,11 @@ class StoreFile:
             )
             return pages, free, size
 
-    def change_mark(self) -> tuple[int, int]:
-        """Changes with this store since it opened: the same mark twice means nothing was
-        written in between (a rebuild's copy is then still the whole database)."""
-        return self._opened, self._conn.total_changes
+    def change_mark(self) -> int:
+        """Rows this store changed since it opened (through all its connections): the same
+        mark twice means nothing was written in between (a rebuild's copy is then still the
+        whole database)."""
+        return self._changes_before + self._conn.total_changes
 
     def swap_in(self, copy: Path) -> bool:
         """Replace the database file with `copy` (a compact copy of it, `_rebuild`), as one
@@ -107,6 +108,7 @@ class StoreFile:
         with _rebuild.swap_guard(self._path, exclusive=True) as alone:
             if not alone or not self.checkpoint(wait=False):
                 return False
+            self._changes_before += self._conn.total_changes
             self._conn.close()  # the last connection: the empty WAL and its index go
             try:
                 wal = Path(f"{self._path}-wal")
@@ -128,7 +130,6 @@ class StoreFile:
         except sqlite3.Error as e:
             raise wrap_error(e, f"reopening {self._path}") from e
         self._conn = fresh
-        self._opened += 1
 
     def convert_to_incremental(self, progress: Callable[[float], None] | None = None) -> None:
         """Rewrite the file once with a full VACUUM so that it can give pages back; see
@@ -179,8 +180,8 @@ class StoreFile:
         except BaseException:
             fresh.close()
             raise
+        self._changes_before += self._conn.total_changes
         old, self._conn = self._conn, fresh
-        self._opened += 1
         old.close()
 
     @contextlib.contextmanager

@@ -170,6 +170,7 @@ VALID_TEXT = {
     "vacuum_rebuild_min_free_pages": "4096",
     "vacuum_rebuild_min_free_percent": "30",
     "vacuum_rebuild_disk_margin_mb": "16",
+    "vacuum_rebuild_idle_ms": "500",
     "vacuum_convert_max_bytes": "0",
     "writer_backlog_max_bytes": "33554432",
     "writer_batch_max_bytes": "1048576",
@@ -316,6 +317,7 @@ vacuum_max_pages_per_step = 512
 vacuum_rebuild_min_free_pages = 4096
 vacuum_rebuild_min_free_percent = 30
 vacuum_rebuild_disk_margin_mb = 16
+vacuum_rebuild_idle_ms = 500
 vacuum_convert_max_bytes = 0
 writer_backlog_max_bytes = 33554432
 writer_batch_max_bytes = 1048576

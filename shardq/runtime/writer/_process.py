@@ -131,6 +131,7 @@ class Writer(RejectedMutations):
             max_pages_per_step=settings.vacuum_max_pages_per_step,
             clock=clock,
             rebuild=rebuild_of(store, settings, clock),
+            rebuild_idle_s=settings.vacuum_rebuild_idle_ms / 1000,
         )
         # A Drain's range, deleted between the batches (`_drain_pieces`).
         # On PostgreSQL, a range a takeover brings is looked for every lease round.

@@ -50,7 +50,7 @@ class RebuildSettings:
 class _Copy:
     """A copy under way in its thread."""
 
-    mark: tuple[int, int]  # the store's change mark when it started
+    mark: int  # the store's change mark when it started
     started: float
     conn_ready: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)

@@ -99,6 +99,7 @@ class IdleVacuum:
         max_pages_per_step: int = 0,
         clock: Callable[[], float] = time.monotonic,
         rebuild: FileRebuild | None = None,
+        rebuild_idle_s: float = 1.0,
     ) -> None:
         self._store = store
         self._path = data_path
@@ -119,6 +120,8 @@ class IdleVacuum:
         self._rebuild_failed = False  # until the next commit: incremental steps only
         self._stale = 0  # rebuilds in a row that a commit made useless
         self._steps_until = 0.0  # steps, not rebuilds, until then (after `_MAX_STALE`)
+        self._rebuild_idle_s = rebuild_idle_s
+        self._looked_at = 0.0  # when `_rebuild_due` last counted the pages
         self._next_at = 0.0  # no step before (a rebuild's poll, or its retry)
 
     def committed(self, now: float) -> None:
@@ -146,8 +149,8 @@ class IdleVacuum:
                 self._start()
             elif self._pass.rebuild:
                 self._rebuilding(self._pass)
-            elif self._steps_until and self._clock() >= self._steps_until:
-                self._steps_until, self._pass = 0.0, None  # a rebuild may take over
+            elif self._rebuild_due(self._pass):
+                self._pass = None  # the next step starts the rebuild
             else:
                 self._release()
         except StorageError as e:
@@ -175,6 +178,27 @@ class IdleVacuum:
         self._pass = _Pass(now, sizes, logged=now, free=free)
         self._release()
 
+    def _rebuild_due(self, done: _Pass) -> bool:
+        """Whether a pass of steps should give way to a rebuild: the writer has been idle
+        for `rebuild_idle_s` and the free list calls for one (looked at once a second)."""
+        now = self._clock()
+        if (
+            self._rebuild is None
+            or self._rebuild_failed
+            or not isinstance(self._store, Store)
+            or now < self._steps_until
+            or now - self._since < self._rebuild_idle_s
+            or now - self._looked_at < 1.0
+        ):
+            return False
+        self._looked_at = now
+        pages, free, _size = self._store.page_counts()
+        if not self._rebuild.wanted(pages, free):
+            return False
+        log.info("vacuum steps give way to a rebuild", pages=done.pages, steps=done.steps,
+                 free_pages=free, ms=round((now - done.started) * 1000))  # fmt: skip
+        return True
+
     def _start_rebuild(self, free: int, sizes: dict[str, int], now: float) -> bool:
         rebuild = self._rebuild
         if rebuild is None or self._rebuild_failed or not isinstance(self._store, Store):
@@ -182,7 +206,8 @@ class IdleVacuum:
         pages, free, page_size = self._store.page_counts()
         if not rebuild.wanted(pages, free):
             return False
-        if now < self._steps_until or not rebuild.start(pages, free, page_size):
+        idle = now - self._since >= self._rebuild_idle_s
+        if not idle or now < self._steps_until or not rebuild.start(pages, free, page_size):
             # Steps on a long free list: each page costs more (the module's docstring), so
             # they start at one page and grow to what `vacuum_step_ms` allows.
             self._size = 1
