@@ -10,12 +10,14 @@ leaves. A rebuild is linear in what is live instead:
    transaction on one snapshot: the writer keeps committing meanwhile. The copy keeps the
    page size and `auto_vacuum = INCREMENTAL`, is fsynced, and has no WAL of its own.
 2. `Store.swap_in` (in the writer, idle, and only if nothing committed since the copy's
-   snapshot): close the database (its WAL, checkpointed just before, goes with it), rename the
-   copy over it, fsync the directory, reopen and configure (WAL mode again).
+   snapshot): close the database (its WAL, checkpointed just before, goes with it), give it a
+   second name (`<db>.retired`, a hard link), rename the copy over it, fsync the directory,
+   reopen and configure. The old file is unlinked afterwards, outside the pause.
 
 A crash at any point leaves one whole database under the name: before the rename the old
 file (closed or not, with its WAL), after it the new one, already fsynced and holding every
-committed row. A leftover `<db>.rebuild` is removed when the writer starts (`remove_leftover`).
+committed row. A leftover `<db>.rebuild` or `<db>.retired` is removed when the writer starts
+(`remove_leftover`).
 
 Backups (`_backup.snapshot`) open the database on their own connection from other processes.
 A file renamed over while such a connection is open would leave it sharing the `-wal` and
@@ -41,6 +43,7 @@ __all__ = [
     "open_copier",
     "rebuild_path",
     "remove_leftover",
+    "retired_path",
     "swap_guard",
 ]
 
@@ -50,6 +53,12 @@ def rebuild_path(db: Path) -> Path:
     return db.with_name(db.name + ".rebuild")
 
 
+def retired_path(db: Path) -> Path:
+    """The old file's second name during a swap: removing an 8 GB file takes the file system
+    a while, so the swap only renames, and the old file is unlinked outside the pause."""
+    return db.with_name(db.name + ".retired")
+
+
 def _lock_path(db: Path) -> Path:
     return db.with_name(db.name + ".swap-lock")
 
@@ -57,7 +66,8 @@ def _lock_path(db: Path) -> Path:
 def remove_leftover(db: Path) -> list[str]:
     """Delete a copy that a crash or a failed rebuild left beside `db`; return the names."""
     gone = []
-    for path in (rebuild_path(db), rebuild_path(db).with_name(rebuild_path(db).name + "-journal")):
+    copy = rebuild_path(db)
+    for path in (copy, copy.with_name(copy.name + "-journal"), retired_path(db)):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             gone.append(path.name)
@@ -108,6 +118,13 @@ def copy_into(conn: sqlite3.Connection, dest: Path) -> int:
     """
     try:
         conn.execute("VACUUM INTO ?", (str(dest),))
+        # The copy comes in rollback-journal mode; switching it to WAL here spares the swap
+        # that write (and its fsync). Closing the only connection removes its empty WAL.
+        fresh = sqlite3.connect(dest, isolation_level=None)
+        try:
+            fresh.execute("PRAGMA journal_mode = WAL")
+        finally:
+            fresh.close()
         fd = os.open(dest, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -98,7 +98,8 @@ class StoreFile:
         pause: checkpoint, close, rename, fsync the directory, reopen. Call it only when
         nothing was written since the copy's snapshot, outside a transaction.
 
-        Returns False, leaving everything as it was, when another connection (a backup)
+        The old file is left as `_rebuild.retired_path` for the caller to unlink outside the
+        pause. Returns False, leaving everything as it was, when another connection (a backup)
         holds the swap lock or a reader keeps the WAL from being emptied. Raises
         `StorageError` if the file cannot be replaced (the old one is reopened) or the new one
         cannot be opened.
@@ -114,6 +115,9 @@ class StoreFile:
                 wal = Path(f"{self._path}-wal")
                 if wal.exists() and wal.stat().st_size > 0:
                     raise StorageError(f"{wal} still holds frames after the close")
+                retired = _rebuild.retired_path(self._path)
+                retired.unlink(missing_ok=True)
+                os.link(self._path, retired)  # so that the rename frees no blocks
                 os.replace(copy, self._path)
                 _rebuild.fsync_directory(self._path.parent)
             except (OSError, StorageError) as e:

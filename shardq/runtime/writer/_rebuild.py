@@ -30,7 +30,13 @@ import structlog
 
 from shardq.runtime._sections import WriterSettings
 from shardq.storage import Storage, StorageError, Store
-from shardq.storage._rebuild import copy_into, open_copier, rebuild_path, remove_leftover
+from shardq.storage._rebuild import (
+    copy_into,
+    open_copier,
+    rebuild_path,
+    remove_leftover,
+    retired_path,
+)
 
 __all__ = ["FileRebuild", "RebuildSettings", "rebuild_of"]
 
@@ -150,6 +156,11 @@ class FileRebuild:
             copy.checkpointed = False
             return "busy"
         self._copy = None
+        # Unlinking the old file frees its blocks: seconds for gigabytes, outside the GIL.
+        threading.Thread(
+            target=retired_path(self._store.path).unlink, kwargs={"missing_ok": True},
+            name="vacuum-unlink", daemon=True,
+        ).start()  # fmt: skip
         return "swapped"
 
     def _drop(self, copy: _Copy, why: str) -> str:
