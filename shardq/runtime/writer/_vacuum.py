@@ -29,6 +29,11 @@ SQLite keeps between its own checkpoints (1000 pages): 10 to 60 ms measured ther
 The writer's loop (`_process`) owns the timing: `deadline` is when a step is due (None: no
 pass is wanted), `step` runs one.
 
+A long free list makes each step's pages dearer (SQLite looks for every page it frees along the
+list): when it is long and most of the file, a pass copies the live pages into a compact file
+and swaps that in instead (`_rebuild.FileRebuild`), once the writer has been idle for
+`vacuum_rebuild_idle_ms`; in shorter gaps steps run, starting at one page.
+
 A file made before shardq vacuumed (auto_vacuum NONE) has nothing a step frees: at start-up,
 before the writer reports ready, `convert_old_file` rewrites it once with a full VACUUM if it
 is at most `vacuum_convert_max_bytes` (about 60 MB/s on the test machine), else logs how to.
