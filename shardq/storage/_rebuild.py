@@ -105,7 +105,8 @@ def open_copier(db: Path) -> sqlite3.Connection:
             f"{db.resolve().as_uri()}?mode=rw", uri=True, isolation_level=None,
             check_same_thread=False,
         )  # fmt: skip
-        conn.execute("PRAGMA busy_timeout = 0")
+        # It runs in its own thread: it may wait out a checkpoint's moment of exclusive lock.
+        conn.execute("PRAGMA busy_timeout = 5000")
     except sqlite3.Error as e:
         raise wrap_error(e, f"opening {db} to rebuild it") from e
     return conn

@@ -122,7 +122,6 @@ class IdleVacuum:
         self._since = clock()  # the last commit, or the start
         self._pass: _Pass | None = None
         self._rebuild = rebuild if pages_per_step > 0 else None
-        self._rebuild_failed = False  # until the next commit: incremental steps only
         self._stale = 0  # rebuilds in a row that a commit made useless
         self._steps_until = 0.0  # steps, not rebuilds, until then (after `_MAX_STALE`)
         self._rebuild_idle_s = rebuild_idle_s
@@ -133,7 +132,6 @@ class IdleVacuum:
         """A batch committed at `now`: a pass is wanted once the writer is idle again."""
         self._since = now
         self._wanted = self._pages > 0
-        self._rebuild_failed = False
         if self._pass is not None:
             self._pass.paused += 1
         if self._rebuild is not None:
@@ -189,7 +187,6 @@ class IdleVacuum:
         now = self._clock()
         if (
             self._rebuild is None
-            or self._rebuild_failed
             or not isinstance(self._store, Store)
             or now < self._steps_until
             or now - self._since < self._rebuild_idle_s
@@ -206,7 +203,7 @@ class IdleVacuum:
 
     def _start_rebuild(self, free: int, sizes: dict[str, int], now: float) -> bool:
         rebuild = self._rebuild
-        if rebuild is None or self._rebuild_failed or not isinstance(self._store, Store):
+        if rebuild is None or not isinstance(self._store, Store):
             return False
         pages, free, page_size = self._store.page_counts()
         if not rebuild.wanted(pages, free):
@@ -246,11 +243,10 @@ class IdleVacuum:
             self._finish(done)
         elif state in ("stale", "failed"):
             self._pass, self._next_at = None, 0.0  # started over at the next idle time
-            self._rebuild_failed = state == "failed"
-            self._stale = self._stale + 1 if state == "stale" else 0
-            if self._stale >= _MAX_STALE:
-                log.info("vacuum rebuilds keep going stale: incremental steps for a while",
-                         stale=self._stale, steps_s=_STEPS_FOR_S)  # fmt: skip
+            self._stale = self._stale + 1 if state == "stale" else _MAX_STALE
+            if self._stale >= _MAX_STALE:  # failed, or stale too often
+                log.info("vacuum rebuild set aside: incremental steps for a while",
+                         why=state, steps_s=_STEPS_FOR_S)  # fmt: skip
                 self._stale, self._steps_until = 0, now + _STEPS_FOR_S
 
     def _release(self) -> None:
