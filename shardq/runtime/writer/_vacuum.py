@@ -295,7 +295,9 @@ class IdleVacuum:
     def _finish(self, done: _Pass) -> None:
         self._wanted, self._pass = False, None
         started = self._clock()
-        complete = self._store.checkpoint(wait=False)
+        # A swapped-in file starts with an empty WAL: a checkpoint would only wait on the
+        # file system, busy freeing the old file's blocks (150-210 ms measured at 10M).
+        complete = done.rebuild or self._store.checkpoint(wait=False)
         checkpoint_s = self._clock() - started
         self._status.save(force=True)  # the last step's figures, which a throttle may hold
         after = file_sizes(self._path)
