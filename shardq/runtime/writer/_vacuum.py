@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -78,6 +78,7 @@ class _Pass:
     logged: float = 0.0  # when it last logged its progress (monotonic seconds)
     free: int = 0  # free pages when it started
     rebuild: bool = False  # by a rebuild (`FileRebuild`), not incremental steps
+    polls: dict[str, float] = field(default_factory=dict)  # a rebuild's longest look, by state
 
 
 class IdleVacuum:
@@ -233,6 +234,7 @@ class IdleVacuum:
         state = rebuild.poll()
         now = self._clock()
         done.longest = max(done.longest, now - started)
+        done.polls[state] = max(done.polls.get(state, 0.0), now - started)
         self._next_at = now + (_BUSY_RETRY_S if state == "busy" else _POLL_S)
         if state == "checkpointed":
             self._next_at = now  # the swap is the next idle step
@@ -314,7 +316,8 @@ class IdleVacuum:
             checkpoint_ms=round(checkpoint_s * 1000, 2),
             database_bytes_before=done.before["database_bytes"],
             wal_bytes_before=done.before["wal_bytes"],
-            **({"swap_ms": round(self._rebuild.last_swap_s * 1000, 2)}
+            **({"swap_ms": round(self._rebuild.last_swap_s * 1000, 2),
+                "longest_ms": {k: round(v * 1000, 2) for k, v in done.polls.items()}}
                if done.rebuild and self._rebuild is not None else {}),
             **after,
         )
