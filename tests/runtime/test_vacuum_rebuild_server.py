@@ -105,6 +105,7 @@ def test_a_long_free_list_is_rebuilt_while_durable_pushes_are_answered(
         assert conn.call({"cmd": "GetJob", "id": more["id"]})["job"]["data"] == {"n": -1}
     assert server.stop() == 0, server.log_tail()
     assert not Path(f"{path}.rebuild").exists()
+    assert not Path(f"{path}.retired").exists()  # the old file, unlinked after the swap
     check_file(path, "light", len(pushed) + 1)
 
 
