@@ -216,6 +216,10 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "vacuum_idle_ms": _ranged(10, 3_600_000, ms=True),
     "vacuum_step_ms": _ranged(0, 10_000, ms=True),  # 0: every step vacuum_pages_per_step
     "vacuum_max_pages_per_step": _ranged(1, 65_536),
+    "vacuum_rebuild_min_free_pages": _ranged(0, 1 << 40),  # 0: never rebuild
+    "vacuum_rebuild_min_free_percent": _ranged(0, 100),
+    "vacuum_rebuild_idle_ms": _ranged(10, 3_600_000, ms=True),
+    "vacuum_rebuild_disk_margin_mb": _ranged(0, 1 << 20),
     "vacuum_convert_max_bytes": _ranged(0, 1 << 50),  # 0: never convert
     # Above the 8 MiB past which a shard starts waiting for its writer (`shard/_process.py`).
     "writer_backlog_max_bytes": _ranged(16 << 20, 1 << 40),

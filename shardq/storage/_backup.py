@@ -3,7 +3,9 @@
 `snapshot` runs `VACUUM INTO` on its own connection. In WAL mode that is a read transaction:
 it copies one consistent state of the database while the writer keeps committing (the writer
 is never blocked; only a checkpoint waits for the reader to finish). The copy is compact and
-has no WAL of its own, so the single file is the whole backup. `check_database` is what a
+has no WAL of its own, so the single file is the whole backup. While it runs it holds the
+swap lock shared, so that the writer's vacuum does not rename a rebuilt file over the database
+under it (`_rebuild`). `check_database` is what a
 restore runs on a candidate before it may replace the live file.
 """
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from shardq.storage._errors import StorageError
+from shardq.storage._rebuild import swap_guard
 
 __all__ = ["SQLITE_HEADER", "check_database", "snapshot"]
 
@@ -38,11 +41,14 @@ def snapshot(db_path: Path, dest: Path) -> None:
     if not db_path.exists():
         raise StorageError(f"no database at {db_path}")
     try:
-        conn = _connect(db_path, read_only=False)
-        try:
-            conn.execute("VACUUM INTO ?", (str(dest),))
-        finally:
-            conn.close()
+        # The writer's idle vacuum may rename a compact copy over the live file; it does not
+        # while this connection is open (`_rebuild.swap_guard`).
+        with swap_guard(db_path, exclusive=False):
+            conn = _connect(db_path, read_only=False)
+            try:
+                conn.execute("VACUUM INTO ?", (str(dest),))
+            finally:
+                conn.close()
     except sqlite3.Error as e:
         raise StorageError(f"VACUUM INTO {dest} failed: {e}") from e
     try:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from shardq.storage import _schema, _vacuum
+from shardq.storage import _rebuild, _schema, _vacuum
 from shardq.storage._errors import StorageError, wrap_error
 
 __all__ = ["PROGRESS_STEPS", "StoreFile", "beating"]
@@ -29,6 +29,7 @@ class StoreFile:
     _conn: sqlite3.Connection
     _pragmas: dict[str, Any] | None
     _path: Path
+    _changes_before: int = 0  # rows the connections closed before this one changed
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Copy the WAL into the database file and truncate it; True if it completed.
@@ -75,6 +76,64 @@ class StoreFile:
         return how many went (0 unless the file is in incremental mode). Raises
         `StorageError` (`StorageFull` included) and leaves the file as it was."""
         return _vacuum.release_pages(self._conn, pages)
+
+    def page_counts(self) -> tuple[int, int, int]:
+        """The file's pages, the free ones among them, and the page size in bytes. Raises
+        `StorageError`."""
+        with self._reading("counting pages"):
+            pages, free, size = (
+                int(self._conn.execute(f"PRAGMA {name}").fetchone()[0])
+                for name in ("page_count", "freelist_count", "page_size")
+            )
+            return pages, free, size
+
+    def change_mark(self) -> int:
+        """Rows this store changed since it opened (through all its connections): the same
+        mark twice means nothing was written in between (a rebuild's copy is then still the
+        whole database)."""
+        return self._changes_before + self._conn.total_changes
+
+    def swap_in(self, copy: Path) -> bool:
+        """Replace the database file with `copy` (a compact copy of it, `_rebuild`), as one
+        pause: checkpoint, close, rename, fsync the directory, reopen. Call it only when
+        nothing was written since the copy's snapshot, outside a transaction.
+
+        The old file is left as `_rebuild.retired_path` for the caller to unlink outside the
+        pause. Returns False, leaving everything as it was, when another connection (a backup)
+        holds the swap lock or a reader keeps the WAL from being emptied. Raises
+        `StorageError` if the file cannot be replaced (the old one is reopened) or the new one
+        cannot be opened.
+        """
+        if self._pragmas is None:
+            raise StorageError("a store on a caller's connection cannot swap its file")
+        with _rebuild.swap_guard(self._path, exclusive=True) as alone:
+            if not alone or not self.checkpoint(wait=False):
+                return False
+            self._changes_before += self._conn.total_changes
+            self._conn.close()  # the last connection: the empty WAL and its index go
+            try:
+                wal = Path(f"{self._path}-wal")
+                if wal.exists() and wal.stat().st_size > 0:
+                    raise StorageError(f"{wal} still holds frames after the close")
+                retired = _rebuild.retired_path(self._path)
+                retired.unlink(missing_ok=True)
+                os.link(self._path, retired)  # so that the rename frees no blocks
+                os.replace(copy, self._path)
+                _rebuild.fsync_directory(self._path.parent)
+            except (OSError, StorageError) as e:
+                self._reconnect()
+                raise StorageError(f"swapping {copy} in: {e}") from e
+            self._reconnect()
+        return True
+
+    def _reconnect(self) -> None:
+        assert self._pragmas is not None
+        try:
+            fresh = sqlite3.connect(self._path, isolation_level=None)
+            _schema.configure(fresh, **self._pragmas)
+        except sqlite3.Error as e:
+            raise wrap_error(e, f"reopening {self._path}") from e
+        self._conn = fresh
 
     def convert_to_incremental(self, progress: Callable[[float], None] | None = None) -> None:
         """Rewrite the file once with a full VACUUM so that it can give pages back; see
@@ -125,6 +184,7 @@ class StoreFile:
         except BaseException:
             fresh.close()
             raise
+        self._changes_before += self._conn.total_changes
         old, self._conn = self._conn, fresh
         old.close()
 

@@ -168,6 +168,10 @@ VALID_TEXT = {
     "vacuum_idle_ms": "250",
     "vacuum_step_ms": "0",
     "vacuum_max_pages_per_step": "512",
+    "vacuum_rebuild_min_free_pages": "4096",
+    "vacuum_rebuild_min_free_percent": "30",
+    "vacuum_rebuild_disk_margin_mb": "16",
+    "vacuum_rebuild_idle_ms": "500",
     "vacuum_convert_max_bytes": "0",
     "writer_backlog_max_bytes": "33554432",
     "writer_batch_max_bytes": "1048576",
@@ -312,6 +316,10 @@ vacuum_min_free_pages = 0
 vacuum_idle_ms = 250
 vacuum_step_ms = 0
 vacuum_max_pages_per_step = 512
+vacuum_rebuild_min_free_pages = 4096
+vacuum_rebuild_min_free_percent = 30
+vacuum_rebuild_disk_margin_mb = 16
+vacuum_rebuild_idle_ms = 500
 vacuum_convert_max_bytes = 0
 writer_backlog_max_bytes = 33554432
 writer_batch_max_bytes = 1048576

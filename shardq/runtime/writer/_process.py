@@ -47,6 +47,7 @@ from shardq.runtime._storage import BEAT_EVERY_S, every, open_storage, storage_p
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._drain_pieces import DrainPieces
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
+from shardq.runtime.writer._rebuild import rebuild_of
 from shardq.runtime.writer._rejected import RejectedMutations
 from shardq.runtime.writer._status import WriterStatus, file_sizes
 from shardq.runtime.writer._vacuum import IdleVacuum, convert_old_file
@@ -130,6 +131,8 @@ class Writer(RejectedMutations):
             step_s=settings.vacuum_step_ms / 1000,
             max_pages_per_step=settings.vacuum_max_pages_per_step,
             clock=clock,
+            rebuild=rebuild_of(store, settings, clock),
+            rebuild_idle_s=settings.vacuum_rebuild_idle_ms / 1000,
         )
         # A Drain's range, deleted between the batches (`_drain_pieces`).
         # On PostgreSQL, a range a takeover brings is looked for every lease round.
@@ -384,6 +387,7 @@ class Writer(RejectedMutations):
     def _shutdown(self, waker: SignalWaker) -> int:
         deadline = self._clock() + self._spec.process.shutdown_timeout_ms / 1000
         log.info("writer stopping", waiting_mutations=self._buffer.pending, **SPIN_STATS.fields())
+        self._vacuum.stop()  # a rebuild's copy would hold the final checkpoint back
         while True:
             self._drain_everything()
             if self._buffer.pending_batches == 0 or self._flush():
