@@ -22,14 +22,13 @@ constant.
 from __future__ import annotations
 
 import sqlite3
-import struct
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core._mutations import Record, apply_delta, finish_deltas
-from shardq.storage._coalesce import Part, Plan, Row, Stored, check_columns, check_values
+from shardq.storage._coalesce import Plan, Row, Stored, check_columns, check_values
 from shardq.storage._cold import COLD_COLUMN, REFILL, cold_state
 from shardq.storage._deltas import (
     DELTA_KEY,
@@ -41,6 +40,9 @@ from shardq.storage._deltas import (
     wrap,
 )
 from shardq.storage._encode import COLUMN_FIELDS
+from shardq.storage._patch import FRAME as _FRAME
+from shardq.storage._patch import join_patch, merged_for
+from shardq.storage._patch import read_frame as _read_frame
 from shardq.storage._rows import SHARED_MIN, run_keys, run_rows
 from shardq.storage._write_keyed import Pack, write_keyed_tables
 
@@ -67,10 +69,6 @@ are written: (job id, the mark of `_cold.cold_mark`)."""
 
 # Stays under SQLite's historical 999 bound parameters per statement.
 FETCH_CHUNK = 500
-# Bytes of the length in front of each patch entry (see `join_patch`).
-_FRAME = 4
-_frame = struct.Struct(">I").pack
-_read_frame = struct.Struct(">I").unpack_from
 
 _COLUMN = {name: "run_at" if name == "runAt" else name for name in COLUMN_FIELDS}
 # The statements over the rows put in a batch (`_rows.run_rows` fills in `{rows}`).
@@ -225,7 +223,7 @@ def _write_jobs(
     if whole or cold_rows:
         written += _write_whole(conn, whole, cold_rows, cold)
     for names, rows in updates.items():
-        written += _write_updates(conn, names, rows, cold)
+        written += _write_updates(conn, names, rows, cold, pack, known)
     if refill and cold:
         _refill(conn, refill, cold)
     if ops:
@@ -238,12 +236,18 @@ def _write_jobs(
 
 
 def _write_updates(
-    conn: sqlite3.Connection, names: tuple[str, ...], rows: list[tuple[Any, ...]], cold: int
+    conn: sqlite3.Connection,
+    names: tuple[str, ...],
+    rows: list[tuple[Any, ...]],
+    cold: int,
+    pack: Pack,
+    known: dict[str, Stored | None],
 ) -> int:
     """The UPDATEs of the stored rows whose changes set the columns `names`: each row is
     `(*values, patch, id)`. Rows with the same values and patch (`SHARED_MIN` or more: jobs
     leased or acknowledged together, whose changes came as one `updm`) go as one statement
-    naming their ids; the rest as one statement over a VALUES table of their own rows.
+    naming their ids, their patch's entries merged into one (`_patch`, and their lengths in
+    `known` with it); the rest as one statement over a VALUES table of their own rows.
     `cold`: the cold columns the table has (with them, hot rows and cold rows go apart:
     `_HOT`)."""
     width = len(names) + 1
@@ -269,7 +273,8 @@ def _write_updates(
     for change, same in shared.items():
         if len(same) >= SHARED_MIN:
             ids = [row[width] for row in same]
-            head = (*change[:-1], BLOB(change[-1]))  # the patch, once per statement
+            patch = merged_for(change[-1], pack, ids, known)
+            head = (*change[:-1], BLOB(patch))  # the patch, once per statement
             written += run_keys(conn, shared_hot, width, head, ids, shared_rest)
         else:
             single += same
@@ -458,26 +463,6 @@ def _own_change(
         refill.append((job_id, changed.pop(COLD_COLUMN)))
     check_columns(job_id, changed)
     return tuple(changed), (*changed.values(), patch, job_id)
-
-
-def join_patch(parts: list[Part], pack: Pack) -> bytes:
-    """The patch entries of `parts`: each a 4-byte big-endian length, then the change map.
-
-    The length makes every entry one exact `unpackb`: a streaming unpacker would take a patch
-    cut short for the start of a longer one and say nothing.
-    """
-    if len(parts) <= 2:  # the common cases (a lease, a completion, or both), without a list
-        joined = b""
-        for part in parts:
-            blob = part if type(part) is bytes else pack(part)
-            joined += _frame(len(blob)) + blob
-        return joined
-    out = []
-    for part in parts:
-        blob = part if type(part) is bytes else pack(part)
-        out.append(_frame(len(blob)))
-        out.append(blob)
-    return b"".join(out)
 
 
 def _materialize_survivors(conn: sqlite3.Connection, plan: Plan) -> None:
