@@ -9,10 +9,11 @@ acknowledged in one flush window has two (the lease names `startedAt`, `lastHear
 `timeline` again), and merged they are about a third shorter: 209 bytes against 140 for a
 `ppa1q` job, which SQLite then writes in the row, the WAL and the database file.
 
-Only patches that jobs share are merged (`_write._write_updates`, once per statement of
-`SHARED_MIN` or more rows named by id), so the decode and encode cost once per group of jobs
-updated together, not once per job; a patch with a delta op (`DELTA_KEY`) or anything but
-maps in it is left as it is.
+Only a patch made of change maps that `updm`s of `SHARED_MIN` jobs or more brought
+(`Plan.shared`) is merged, in `_write._shared_change`, which runs once per set of such parts:
+the decode and encode cost once per group of jobs updated together, not once per job (the
+length the writer remembers of each row is then the merged one). A patch with a delta op
+(`DELTA_KEY`) or anything but maps in it is left as it is.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
-from shardq.storage._coalesce import Part, Stored
+from shardq.storage._coalesce import Part
 from shardq.storage._deltas import DELTA_KEY
 from shardq.storage._write_keyed import Pack
 
-__all__ = ["FRAME", "join_patch", "merged_for", "merged_patch", "read_frame"]
+__all__ = ["FRAME", "join_patch", "merged_patch", "read_frame"]
 
 FRAME = 4
 """Bytes of the length in front of each patch entry (see `join_patch`)."""
@@ -52,21 +53,6 @@ def join_patch(parts: list[Part], pack: Pack) -> bytes:
         out.append(_frame(len(blob)))
         out.append(blob)
     return b"".join(out)
-
-
-def merged_for(patch: bytes, pack: Pack, ids: list[str], known: dict[str, Stored | None]) -> bytes:
-    """The patch to write for `ids`, which all share `patch`: `merged_patch` if that is
-    shorter, with the patch lengths `add_update` put in `known` for them taken down by what
-    it saved."""
-    merged = merged_patch(patch, pack)
-    if merged is None:
-        return patch
-    saved = len(patch) - len(merged)
-    for job_id in ids:
-        info = known[job_id]
-        if info is not None:
-            known[job_id] = (info[0], info[1], info[2] - saved, info[3])
-    return merged
 
 
 def merged_patch(patch: bytes, pack: Pack) -> bytes | None:

@@ -41,7 +41,7 @@ from shardq.storage._deltas import (
 )
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._patch import FRAME as _FRAME
-from shardq.storage._patch import join_patch, merged_for
+from shardq.storage._patch import join_patch, merged_patch
 from shardq.storage._patch import read_frame as _read_frame
 from shardq.storage._rows import SHARED_MIN, run_keys, run_rows
 from shardq.storage._write_keyed import Pack, write_keyed_tables
@@ -212,7 +212,9 @@ def _write_jobs(
         elif row.values is not None:
             one = whole_row(job_id, row, row.values, pack, patch_floor, known, BLOB)
             (whole if len(one) == HOT_ROW else cold_rows).append(one)
-        elif add_update(job_id, row, pack, patch_floor, updates, known, ops, refill, joined):
+        elif add_update(
+            job_id, row, pack, patch_floor, updates, known, ops, refill, joined, plan.shared
+        ):
             to_fold.append(job_id)
     if deltas_exist and (deleted or whole or cold_rows):
         # A put replaces the whole record, ops included (a batch resent to a new writer).
@@ -223,7 +225,7 @@ def _write_jobs(
     if whole or cold_rows:
         written += _write_whole(conn, whole, cold_rows, cold)
     for names, rows in updates.items():
-        written += _write_updates(conn, names, rows, cold, pack, known)
+        written += _write_updates(conn, names, rows, cold)
     if refill and cold:
         _refill(conn, refill, cold)
     if ops:
@@ -236,18 +238,12 @@ def _write_jobs(
 
 
 def _write_updates(
-    conn: sqlite3.Connection,
-    names: tuple[str, ...],
-    rows: list[tuple[Any, ...]],
-    cold: int,
-    pack: Pack,
-    known: dict[str, Stored | None],
+    conn: sqlite3.Connection, names: tuple[str, ...], rows: list[tuple[Any, ...]], cold: int
 ) -> int:
     """The UPDATEs of the stored rows whose changes set the columns `names`: each row is
     `(*values, patch, id)`. Rows with the same values and patch (`SHARED_MIN` or more: jobs
     leased or acknowledged together, whose changes came as one `updm`) go as one statement
-    naming their ids, their patch's entries merged into one (`_patch`, and their lengths in
-    `known` with it); the rest as one statement over a VALUES table of their own rows.
+    naming their ids; the rest as one statement over a VALUES table of their own rows.
     `cold`: the cold columns the table has (with them, hot rows and cold rows go apart:
     `_HOT`)."""
     width = len(names) + 1
@@ -273,8 +269,7 @@ def _write_updates(
     for change, same in shared.items():
         if len(same) >= SHARED_MIN:
             ids = [row[width] for row in same]
-            patch = merged_for(change[-1], pack, ids, known)
-            head = (*change[:-1], BLOB(patch))  # the patch, once per statement
+            head = (*change[:-1], BLOB(change[-1]))  # the patch, once per statement
             written += run_keys(conn, shared_hot, width, head, ids, shared_rest)
         else:
             single += same
@@ -392,12 +387,14 @@ def add_update(
     ops: list[tuple[str, bytes]],
     refill: Refill,
     joined: Shared | None = None,
+    shared_parts: Collection[int] = (),
 ) -> bool:
     """Queue the UPDATE of a stored row (none if only ops came) and its ops, and in `refill`
     the row if a change named a cold field (`_cold`); True if its patch or its ops are now
     due to be folded. `joined`: the changes of the rows done so far for this plan (`Shared`):
     jobs updated together (an `updm`) share their change objects, so their columns are
-    checked and their patch joined once, not once per job."""
+    checked and their patch joined once, not once per job; and merged into one entry once
+    where every part is one of `shared_parts` (`Plan.shared`, `_patch`)."""
     assert row.stored is not None
     queue, rec_len, patch_len, delta_len = row.stored
     changed = row.changed
@@ -407,7 +404,7 @@ def add_update(
             key = tuple(map(id, row.patch))
             shared = joined.get(key, _UNSEEN)
             if shared is _UNSEEN:
-                shared = joined[key] = _shared_change(job_id, row, pack)
+                shared = joined[key] = _shared_change(job_id, row, pack, shared_parts)
         if shared is not None:
             names, head = shared
             params = (*head, job_id)
@@ -437,10 +434,11 @@ _UNSEEN: Any = object()
 
 
 def _shared_change(
-    job_id: str, row: Row, pack: Pack
+    job_id: str, row: Row, pack: Pack, shared_parts: Collection[int]
 ) -> tuple[tuple[str, ...], tuple[Any, ...]] | None:
     """A stored row's change, for every row whose patch has the same parts (`Shared`): its
-    column fields and their values, then its joined patch. A row's `changed` follows from the
+    column fields and their values, then its joined patch (merged into one entry if every
+    part is one of `shared_parts`, `_patch`). A row's `changed` follows from the
     mutations that made its patch (a stored row starts with none), and each part is one
     mutation's object: a change map of the engine's (its columns are read from it) or the
     bytes an encoded one came in. But CPython keeps one object for every bytes value of 0 or
@@ -450,7 +448,10 @@ def _shared_change(
             return None
     changed = row.changed
     check_columns(job_id, changed)
-    return tuple(changed), (*changed.values(), join_patch(row.patch, pack))
+    patch = join_patch(row.patch, pack)
+    if len(row.patch) > 1 and all(id(part) in shared_parts for part in row.patch):
+        patch = merged_patch(patch, pack) or patch
+    return tuple(changed), (*changed.values(), patch)
 
 
 def _own_change(
