@@ -33,6 +33,7 @@ from shardq.storage._cold import COLD_COLUMN, REFILL, cold_mark, cold_of
 from shardq.storage._deltas import wrap
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._errors import StorageRejected
+from shardq.storage._rows import SHARED_MIN
 
 __all__ = [
     "DrainInBatch",
@@ -137,6 +138,10 @@ class Plan:
     """Queues whose stored jobs are deleted before `jobs` is written (an ordered set)."""
     skipped: int = 0
     """`upd` and `delta` mutations that found no job to update."""
+    shared: set[int] = field(default_factory=set)
+    """The identities of the change maps `updm`s of `SHARED_MIN` jobs or more brought: a
+    stored job's patch made only of such parts is merged into one entry once for all the
+    jobs that share it (`_write._shared_change`, `_patch`)."""
 
 
 def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
@@ -150,7 +155,8 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
     # or deletes it first. The first kind seen per job says which (queue kinds are never first
     # kinds of a job id: they are kept apart by `_JOB_KINDS`).
     first: dict[str, str] = {}
-    for kind, key, _a, _b in ops:
+    shared: set[int] = set()
+    for kind, key, _a, changes in ops:
         if kind in _JOB_KINDS:
             if key not in first:  # operators, not `setdefault`: no call per job
                 first[key] = kind
@@ -158,8 +164,11 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
             for one in key:
                 if one not in first:
                     first[one] = "upd"
+            if len(key) >= SHARED_MIN:
+                shared.add(id(changes))
     wanted = [key for key, kind in first.items() if kind == "upd" or kind == "delta"]
     folder = _Folder(fetch(wanted))
+    folder.plan.shared = shared
     folder.fold(ops)
     return folder.plan
 

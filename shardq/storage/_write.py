@@ -22,14 +22,13 @@ constant.
 from __future__ import annotations
 
 import sqlite3
-import struct
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core._mutations import Record, apply_delta, finish_deltas
-from shardq.storage._coalesce import Part, Plan, Row, Stored, check_columns, check_values
+from shardq.storage._coalesce import Plan, Row, Stored, check_columns, check_values
 from shardq.storage._cold import COLD_COLUMN, REFILL, cold_state
 from shardq.storage._deltas import (
     DELTA_KEY,
@@ -41,6 +40,9 @@ from shardq.storage._deltas import (
     wrap,
 )
 from shardq.storage._encode import COLUMN_FIELDS
+from shardq.storage._patch import FRAME as _FRAME
+from shardq.storage._patch import join_patch, merged_patch
+from shardq.storage._patch import read_frame as _read_frame
 from shardq.storage._rows import SHARED_MIN, run_keys, run_rows
 from shardq.storage._write_keyed import Pack, write_keyed_tables
 
@@ -67,10 +69,6 @@ are written: (job id, the mark of `_cold.cold_mark`)."""
 
 # Stays under SQLite's historical 999 bound parameters per statement.
 FETCH_CHUNK = 500
-# Bytes of the length in front of each patch entry (see `join_patch`).
-_FRAME = 4
-_frame = struct.Struct(">I").pack
-_read_frame = struct.Struct(">I").unpack_from
 
 _COLUMN = {name: "run_at" if name == "runAt" else name for name in COLUMN_FIELDS}
 # The statements over the rows put in a batch (`_rows.run_rows` fills in `{rows}`).
@@ -214,7 +212,9 @@ def _write_jobs(
         elif row.values is not None:
             one = whole_row(job_id, row, row.values, pack, patch_floor, known, BLOB)
             (whole if len(one) == HOT_ROW else cold_rows).append(one)
-        elif add_update(job_id, row, pack, patch_floor, updates, known, ops, refill, joined):
+        elif add_update(
+            job_id, row, pack, patch_floor, updates, known, ops, refill, joined, plan.shared
+        ):
             to_fold.append(job_id)
     if deltas_exist and (deleted or whole or cold_rows):
         # A put replaces the whole record, ops included (a batch resent to a new writer).
@@ -387,12 +387,14 @@ def add_update(
     ops: list[tuple[str, bytes]],
     refill: Refill,
     joined: Shared | None = None,
+    shared_parts: Collection[int] = (),
 ) -> bool:
     """Queue the UPDATE of a stored row (none if only ops came) and its ops, and in `refill`
     the row if a change named a cold field (`_cold`); True if its patch or its ops are now
     due to be folded. `joined`: the changes of the rows done so far for this plan (`Shared`):
     jobs updated together (an `updm`) share their change objects, so their columns are
-    checked and their patch joined once, not once per job."""
+    checked and their patch joined once, not once per job; and merged into one entry once
+    where every part is one of `shared_parts` (`Plan.shared`, `_patch`)."""
     assert row.stored is not None
     queue, rec_len, patch_len, delta_len = row.stored
     changed = row.changed
@@ -402,7 +404,7 @@ def add_update(
             key = tuple(map(id, row.patch))
             shared = joined.get(key, _UNSEEN)
             if shared is _UNSEEN:
-                shared = joined[key] = _shared_change(job_id, row, pack)
+                shared = joined[key] = _shared_change(job_id, row, pack, shared_parts)
         if shared is not None:
             names, head = shared
             params = (*head, job_id)
@@ -432,10 +434,11 @@ _UNSEEN: Any = object()
 
 
 def _shared_change(
-    job_id: str, row: Row, pack: Pack
+    job_id: str, row: Row, pack: Pack, shared_parts: Collection[int]
 ) -> tuple[tuple[str, ...], tuple[Any, ...]] | None:
     """A stored row's change, for every row whose patch has the same parts (`Shared`): its
-    column fields and their values, then its joined patch. A row's `changed` follows from the
+    column fields and their values, then its joined patch (merged into one entry if every
+    part is one of `shared_parts`, `_patch`). A row's `changed` follows from the
     mutations that made its patch (a stored row starts with none), and each part is one
     mutation's object: a change map of the engine's (its columns are read from it) or the
     bytes an encoded one came in. But CPython keeps one object for every bytes value of 0 or
@@ -445,7 +448,10 @@ def _shared_change(
             return None
     changed = row.changed
     check_columns(job_id, changed)
-    return tuple(changed), (*changed.values(), join_patch(row.patch, pack))
+    patch = join_patch(row.patch, pack)
+    if len(row.patch) > 1 and all(id(part) in shared_parts for part in row.patch):
+        patch = merged_patch(patch, pack) or patch
+    return tuple(changed), (*changed.values(), patch)
 
 
 def _own_change(
@@ -458,26 +464,6 @@ def _own_change(
         refill.append((job_id, changed.pop(COLD_COLUMN)))
     check_columns(job_id, changed)
     return tuple(changed), (*changed.values(), patch, job_id)
-
-
-def join_patch(parts: list[Part], pack: Pack) -> bytes:
-    """The patch entries of `parts`: each a 4-byte big-endian length, then the change map.
-
-    The length makes every entry one exact `unpackb`: a streaming unpacker would take a patch
-    cut short for the start of a longer one and say nothing.
-    """
-    if len(parts) <= 2:  # the common cases (a lease, a completion, or both), without a list
-        joined = b""
-        for part in parts:
-            blob = part if type(part) is bytes else pack(part)
-            joined += _frame(len(blob)) + blob
-        return joined
-    out = []
-    for part in parts:
-        blob = part if type(part) is bytes else pack(part)
-        out.append(_frame(len(blob)))
-        out.append(blob)
-    return b"".join(out)
 
 
 def _materialize_survivors(conn: sqlite3.Connection, plan: Plan) -> None:
