@@ -463,9 +463,8 @@ class JobStore:
                     q.prioritized += 1
             q.push_ready_all(jobs)
         elif state == COMPLETED:
-            completed = self.completed_order
+            self.completed_order.extend([job.id for job in jobs])
             for job in jobs:
-                completed.append(job.id)
                 if job.opts:
                     release_unique(self, job)
             finished = q.finished or q.start_finished()
