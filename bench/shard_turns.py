@@ -24,7 +24,10 @@ payload).
 
 Only the shard's work is timed (`time.process_time`): making the requests and reading the
 replies back for the next request are not. The best and the median of `--repeats` runs are
-printed, in µs per job. `--profile` runs once with cProfile on over the same turns and prints
+printed, in µs per job. `--steps` splits that time by the turn's first command (PULLB,
+ACKB, PUSHB, ...) and by step: `handle` (the engine's commands), `finish_turn` (the batch
+for the writer), `send` (packing the replies, a PULLB's jobs included) and `done` (the
+writer's confirmation). `--profile` runs once with cProfile on over the same turns and prints
 the calls per job and the functions that take the most time (cProfile's own cost inflates
 every call, and more so for Python calls than for C work such as packing).
 
@@ -118,6 +121,8 @@ class Shard:
         self.cpu = 0.0
         self.measuring = True  # off while a drain's queue is filled
         self.profiler: cProfile.Profile | None = None
+        # CPU seconds of the measured turns by (the turn's first command, step): `--steps`.
+        self.steps: dict[tuple[str, str], float] = {}
 
     def turn(self, data: bytes) -> list[bytes]:
         """One loop turn for the packed `req` message `data`; the frames to the front end."""
@@ -127,15 +132,26 @@ class Shard:
         profiler = self.profiler if self.measuring else None
         if profiler is not None:
             profiler.enable()
-        started = time.process_time()
+        msg = unpack(data)
+        clock = time.process_time
+        started = clock()
         core = self.core
-        core.handle(unpack(data), self.now)
-        self._send(core.finish_turn(self.now))
+        core.handle(msg, self.now)
+        handled = clock()
+        replies = core.finish_turn(self.now)
+        finished = clock()
+        self._send(replies)
+        sent = clock()
         if self.writer.sent:  # the writer commits the batch: its `done` is the next turn's
             core.handle(unpack(pack(msgs.done(core.seq))), self.now)
             self._send(core.take_replies())
         if self.measuring:
-            self.cpu += time.process_time() - started
+            ended = clock()
+            self.cpu += ended - started
+            kind = str(msg["items"][0][2].get("cmd")) if msg.get("items") else "?"
+            for step, took in (("handle", handled - started), ("finish_turn", finished - handled),
+                               ("send", sent - finished), ("done", ended - sent)):  # fmt: skip
+                self.steps[(kind, step)] = self.steps.get((kind, step), 0.0) + took
         if profiler is not None:
             profiler.disable()
         return self.front.sent
@@ -245,9 +261,15 @@ def _pushb_turns(shard: Shard, jobs: int) -> int:
     return done
 
 
-def run(scenario: str, jobs: int, profiler: cProfile.Profile | None = None) -> tuple[float, int]:
+def run(
+    scenario: str,
+    jobs: int,
+    profiler: cProfile.Profile | None = None,
+    steps: dict[tuple[str, str], float] | None = None,
+) -> tuple[float, int]:
     """The shard's CPU µs per job of one run of `scenario` on a fresh shard, and the jobs it
-    ran; with `profiler`, profiled over the measured turns only."""
+    ran; with `profiler`, profiled over the measured turns only; with `steps`, the µs per job
+    of each step of its turns put there (`Shard.steps`)."""
     shard = Shard()
     shard.profiler = profiler
     if scenario in ("drain1q", "worker1q"):
@@ -263,7 +285,24 @@ def run(scenario: str, jobs: int, profiler: cProfile.Profile | None = None) -> t
         done = _pushb_turns(shard, jobs)
     else:
         done = _push(shard, jobs, 8 if scenario == "push8q" else 1)
+    if steps is not None:
+        steps.update({key: took * 1e6 / done for key, took in shard.steps.items()})
     return shard.cpu * 1e6 / done, done
+
+
+def _steps(scenario: str, jobs: int, repeats: int) -> None:
+    """The median over `repeats` runs of each step's µs per job, by the turn's command."""
+    runs: list[dict[tuple[str, str], float]] = []
+    for _ in range(repeats):
+        runs.append({})
+        run(scenario, jobs, steps=runs[-1])
+    print(f"{scenario}: µs per job by turn and step, median of {repeats}\n"
+          "| turn | step | µs/job |\n|---|---|---:|")  # fmt: skip
+    for key in sorted(runs[0]):
+        median = statistics.median(r.get(key, 0.0) for r in runs)
+        print(f"| {key[0]} | {key[1]} | {median:.2f} |")
+    totals = [sum(r.values()) for r in runs]
+    print(f"| all | all | {statistics.median(totals):.2f} |", flush=True)
 
 
 def _profile(scenario: str, jobs: int, top: int) -> None:
@@ -316,6 +355,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--instructions", action="store_true")
+    parser.add_argument("--steps", action="store_true",
+                        help="µs per job of each step (handle, finish_turn, send, the "
+                        "writer's done) by the turn's first command")  # fmt: skip
     parser.add_argument("--payload", choices=PAYLOADS, default="plain",
                         help="the jobs' fields: plain {i: n} data, or a task call's")  # fmt: skip
     args = parser.parse_args(argv)
@@ -327,6 +369,9 @@ def main(argv: list[str]) -> int:
     for scenario in scenarios:
         if args.profile:
             _profile(scenario, args.jobs, args.top)
+            continue
+        if args.steps:
+            _steps(scenario, args.jobs, args.repeats)
             continue
         if args.instructions:
             print(f"{scenario}: {_instructions(scenario, args.jobs):,.0f} instructions/job",

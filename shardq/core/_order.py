@@ -62,6 +62,11 @@ class CompletedOrder:
         self._ids.append(job_id)
         self._live += 1
 
+    def extend(self, job_ids: list[str]) -> None:
+        """`append` of each of `job_ids`, in order (a batch completed together)."""
+        self._ids.extend(job_ids)
+        self._live += len(job_ids)
+
     def discard(self, job_id: str) -> None:
         """Take `job_id`'s live entry out of the order (it must be there)."""
         self._gone[job_id] = self._gone.get(job_id, 0) + 1

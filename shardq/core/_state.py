@@ -53,7 +53,6 @@ from ._tables import (
     extended,
     release_unique,
     remember_completion,
-    untrack_conn,
 )
 
 __all__ = ["Changes", "JobStore", "Lease", "delivery_key"]
@@ -461,12 +460,20 @@ class JobStore(DepsAndDeadLetters):
         """What leaving the active state undoes: the lease (or the stall watch) and the
         connection that held the job."""
         leases, unleased = self.leases, self.unleased
+        job_conn, conn_jobs = self.job_conn, self.conn_jobs
         for job in jobs:
-            if self.job_conn:
-                untrack_conn(self, job)
-            leases.pop(job.id, None)
+            job_id = job.id
+            if job_conn:  # `untrack_conn`, written out: a pull's jobs share one connection
+                conn = job_conn.pop(job_id, None)
+                if conn is not None:
+                    owned = conn_jobs.get(conn)
+                    if owned is not None:
+                        owned.pop(job_id, None)
+                        if not owned:
+                            del conn_jobs[conn]
+            leases.pop(job_id, None)
             if unleased:
-                unleased.pop(job.id, None)
+                unleased.pop(job_id, None)
 
     def _enter_all(self, jobs: Sequence[Job], q: QueueState, state: str) -> None:
         """Set up what being in `state` takes for each job (the jobs' state is `state`).
@@ -482,9 +489,8 @@ class JobStore(DepsAndDeadLetters):
                     q.prioritized += 1
             q.push_ready_all(jobs)
         elif state == COMPLETED:
-            completed = self.completed_order
+            self.completed_order.extend([job.id for job in jobs])
             for job in jobs:
-                completed.append(job.id)
                 if job.opts:
                     release_unique(self, job)
             finished = q.finished or q.start_finished()

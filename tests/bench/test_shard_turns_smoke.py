@@ -1,6 +1,7 @@
 """Smoke tests of the shard's CPU benchmarks: `python -m bench.shard_turns` (the shard's turns
-in one process) and `python -m bench.writer_prof --role shard0 --profile` (cProfile in a real
-server's shard, switched on and off by SIGUSR1 and SIGUSR2, which must not stop the shard).
+in one process, whole or by step) and `python -m bench.writer_prof --role shard0 --profile`
+(cProfile in a real server's shard, switched on and off by SIGUSR1 and SIGUSR2, which must not
+stop the shard).
 
 Small N; they assert the shape of the report, never a speed.
 """
@@ -39,6 +40,24 @@ def test_shard_turns_profiles() -> None:
     calls = re.search(r"^drain1q: Python calls per job ([0-9.]+)", done.stdout, re.M)
     assert calls is not None and 10 < float(calls.group(1)) < 1000, done.stdout
     assert "| handle (_core.py:" in done.stdout  # the shard's own turn, by callees
+
+
+def test_shard_turns_splits_a_drain_by_turn_and_step() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.shard_turns", "--jobs", "400", "--scenario", "drain1q",
+         "--steps", "--repeats", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    steps = dict(
+        ((turn, step), float(us))
+        for turn, step, us in re.findall(r"^\| (\w+) \| (\w+) \| ([0-9.]+) \|$", done.stdout, re.M)
+    )
+    for turn in ("PULLB", "ACKB"):
+        for step in ("handle", "finish_turn", "send"):
+            assert (turn, step) in steps, done.stdout
+    assert steps[("PULLB", "send")] > 0 and steps[("all", "all")] > steps[("PULLB", "send")]
+    assert ("PUSHB", "handle") not in steps  # the fill is not measured
 
 
 def test_a_real_shard_is_profiled_between_the_signals() -> None:

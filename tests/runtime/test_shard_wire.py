@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardq.core import CompactJobs, Engine
-from shardq.core._job import WIRE_HOT_KEYS
+from shardq.core._job import WIRE_HOT_KEYS, Job
 from shardq.protocol import FRAME_HEADER, js_numbers
 from shardq.protocol._prepacked import (
     IDS_KEY,
@@ -270,3 +270,31 @@ def test_a_job_with_only_shared_settings_stays_compact() -> None:
         want = js_numbers(copy.deepcopy(expected)) if mode == JS_NUMBERS else expected
         assert outer[WIRE_KEY] == msgpack.packb(want, use_bin_type=True)
         assert outer[IDS_KEY] == [job["id"] for job in expected["jobs"]]
+
+
+def test_jobs_whose_fields_are_equal_but_pack_differently_each_get_their_own_bytes() -> None:
+    """A reply's jobs share the bytes of their hot fields after the data while those fields
+    hold the same values (`_wire_all`); 1, 1.0 and True are equal in Python but pack as an
+    int, a float and a flag, so a priority, a progress or a message that differs only so
+    must still be packed per job, as must values beyond 32 bits that a TCP client gets as
+    floats. The jobs are made by hand: the engine's own commands never leave such neighbours
+    (a retried job has a stack trace of its own, which is packed per job anyway)."""
+    timeline = (("waiting", T0, None),)
+    values: list[tuple[Any, Any, Any]] = [  # priority, progress, progressMessage
+        (1, 1, None), (1.0, 1, None), (1, 1.0, None), (1, True, None), (1, 1, 1),
+        (1, 1, 1.0), (1, 1, True), (2**40, 1, None), (2**40, 2**35, None), (1, 2**35, None),
+    ]  # fmt: skip
+    jobs = []
+    for n, (priority, progress, message) in enumerate(values):
+        job = Job.create(f"id-{n}", "q", n + 1, {"data": {"i": n}}, T0)
+        job.priority, job.progress, job.progress_message = priority, progress, message
+        job.timeline, job.started_at, job.last_heartbeat = timeline, T0 + 5, T0 + 5
+        jobs.append(job)
+    packer = FrontPacker()
+    for mode in (PLAIN_NUMBERS, JS_NUMBERS):
+        compact = CompactJobs.of(jobs)
+        expected = {"ok": True, "jobs": compact.maps()}
+        outer = _passed_through(packer, {"ok": True, "jobs": compact}, mode)
+        want = js_numbers(copy.deepcopy(expected)) if mode == JS_NUMBERS else expected
+        assert outer[WIRE_KEY] == msgpack.packb(want, use_bin_type=True)
+        assert outer[IDS_KEY] == [job.id for job in jobs]

@@ -16,13 +16,16 @@ sent on): the reply is then packed here in its final form, numbers as that clien
 wants them, and passed through the front end as bytes (`shardq.protocol._prepacked`).
 
 For a TCP client every integer beyond 32 bits goes as a float (`shardq.protocol._jsnum`).
-The epoch-ms fields of a job always are such integers: they are floated first. Then each job
-is packed and its bytes checked for a 64-bit marker (0xcf, 0xd3): without one, it holds no
-other large integer. With one (a large integer, or only a marker byte inside another value:
-`{"i": 207}` packs as 0xcc 0xcf), that job's values are walked and it is packed again. The
-snapshots are fresh lists and maps, floated in place, but the containers they hold (a job's
-data, its stack trace) are the engine's own: they are read, and only one that holds such an
-integer is copied to be floated. (The marker check used to run on the whole reply, and one
+The epoch-ms fields of a job always are such integers. A reply's jobs are packed piece by
+piece (`_wire_all`): the id and the data of each, and the rest of the hot fields once for a
+run of jobs that share them, floated where they must be; the data's bytes are checked for a
+64-bit marker (0xcf, 0xd3), and only data with one is walked and packed again. A job packed
+on its own (`wire`) has its epoch-ms fields floated first, and then its bytes checked for a
+marker: without one, it holds no other large integer. With one (a large integer, or only a
+marker byte inside another value: `{"i": 207}` packs as 0xcc 0xcf), that job's values are
+walked and it is packed again. The containers a snapshot holds (a job's data, its stack
+trace) are the engine's own: they are read, and only one that holds such an integer is
+copied to be floated. (The marker check used to run on the whole reply, and one
 marker anywhere in 100 jobs decoded, walked and packed all of them again.)
 """
 
@@ -48,6 +51,20 @@ __all__ = ["FrontPacker", "pulled_ids", "reply_too_large"]
 _HOT_PAIRS: Final = 2 * len(WIRE_HOT_KEYS)
 _ID_AT: Final = 2 * WIRE_HOT_KEYS.index("id") + 1  # the id's place in a `wire_hot` list
 _TIMELINE_AT: Final = 2 * WIRE_HOT_KEYS.index("timeline") + 1
+# Where `wire_all` cuts a `wire_hot` list (each a key's place; its value follows): the id,
+# the queue and name, the data, and the rest up to the timeline, the last.
+_QUEUE_AT: Final = 2 * WIRE_HOT_KEYS.index("queue")
+_NAME_AT: Final = 2 * WIRE_HOT_KEYS.index("name")
+_DATA_AT: Final = 2 * WIRE_HOT_KEYS.index("data")
+_REST_AT: Final = 2 * WIRE_HOT_KEYS.index("priority")
+if WIRE_HOT_KEYS[:5] != ("id", "queue", "name", "data", "priority"):
+    raise RuntimeError("wire_all cuts WIRE_HOT_KEYS as id, queue, name, data, priority, ...")
+# The values a client's number or text sets, which a run of jobs shares only as one object.
+_PRIORITY_AT: Final = 2 * WIRE_HOT_KEYS.index("priority") + 1
+_PROGRESS_AT: Final = 2 * WIRE_HOT_KEYS.index("progress") + 1
+_MESSAGE_AT: Final = 2 * WIRE_HOT_KEYS.index("progressMessage") + 1
+_STACK_AT: Final = 2 * WIRE_HOT_KEYS.index("stacktrace") + 1
+_UNSET: Final = object()
 # Where a `wire_hot` list holds the epoch-ms fields (`_jsnum.JOB_TIME_KEYS`), and the values
 # that may hold other large integers: numbers, and the engine's containers of a client's
 # values. The rest are the engine's strings and flags (`Job`): they hold no integer.
@@ -62,8 +79,10 @@ _TIMELINES_KEPT: Final = 256
 _HEADS_KEPT: Final = 64
 _INT32_MIN: Final = -(2**31)
 # The first byte of a packed uint64 and int64: every integer beyond 32 bits packs as one.
-_UINT64: Final = b"\xcf"
-_INT64: Final = b"\xd3"
+# Ints, not one-byte strings: `0xCF in data` is a plain byte search, where `b"\xcf" in data`
+# first tries the needle as a number, and its failure costs about ten times the search.
+_UINT64: Final = 0xCF
+_INT64: Final = 0xD3
 # Integers msgpack can pack (64 bits): one past them stays an int, and fails to pack as before.
 _INT64_MIN: Final = -(2**63)
 _UINT64_END: Final = 2**64
@@ -102,7 +121,7 @@ class FrontPacker:
             )
 
         head = make_head({})
-        heads: dict[OptionItems, bytes] = {}  # per set of shared options (`_compact`)
+        head_of = _Heads(head, make_head).of
         skip = len(self._array_header(_HOT_PAIRS))  # the pairs go in as a list: drop its header
         timelines = _Timelines(pack, js=js)
 
@@ -119,12 +138,7 @@ class FrontPacker:
             start = head
             if isinstance(entry, tuple):  # shared options: the template's head with them
                 options, entry = entry
-                found = heads.get(options)
-                if found is None:
-                    if len(heads) >= _HEADS_KEPT:
-                        heads.clear()
-                    found = heads[options] = make_head(dict(options))
-                start = found
+                start = head_of(options)
             if js:
                 _js_times(entry)
             # The timeline is last: packed as nil (one byte, dropped), its bytes put instead.
@@ -139,7 +153,7 @@ class FrontPacker:
                 entry[_TIMELINE_AT] = timeline  # an entry may be packed twice (`_cut`)
             return b"".join((start, packed[skip:-1], timelines.packed(timeline)))
 
-        return wire, _wire_all(wire, head, skip, timelines, js=js)
+        return wire, _wire_all(wire, head_of, self._array_header, timelines, js=js)
 
     def pack(self, msg: Mapping[str, Any]) -> bytes:
         """`msg` as `_control.pack` would encode it, were its `CompactJobs` lists of wire maps."""
@@ -256,6 +270,26 @@ class FrontPacker:
         return b"".join((self._array_header(3), pack(conn), pack(rid), pack(outer)))
 
 
+class _Heads:
+    """The template's head, and one per set of shared options (`_compact`), at most
+    `_HEADS_KEPT` of those."""
+
+    def __init__(self, head: bytes, make: Callable[[Mapping[str, Any]], bytes]) -> None:
+        self._head = head
+        self._make = make
+        self._kept: dict[OptionItems, bytes] = {}
+
+    def of(self, options: OptionItems | None) -> bytes:
+        if options is None:
+            return self._head
+        found = self._kept.get(options)
+        if found is None:
+            if len(self._kept) >= _HEADS_KEPT:
+                self._kept.clear()
+            found = self._kept[options] = self._make(dict(options))
+        return found
+
+
 class _Timelines:
     """The packed wire form of job timelines (`timeline_view`, floated for a TCP client with
     `js`), by the identity of the job's tuple: jobs pushed or moved together share one. Keeps
@@ -282,42 +316,92 @@ class _Timelines:
 
 
 def _wire_all(
-    wire: Callable[[Entry], bytes], head: bytes, skip: int, timelines: _Timelines, *, js: bool
+    wire: Callable[[Entry], bytes],
+    head_of: Callable[[OptionItems | None], bytes],
+    array_header: Callable[[int], bytes],
+    timelines: _Timelines,
+    *,
+    js: bool,
 ) -> _WireAll:
-    """`wire` for every entry of a reply (`FrontPacker._wire_maker`), the ids too."""
+    """`wire` for every entry of a reply (`FrontPacker._wire_maker`), the ids too.
+
+    A job's bytes are its head (the template's constant keys), its id, its queue and name,
+    its data, the rest of its hot fields and its timeline. Jobs pulled together mostly share
+    all but their id and data: the queue and name, and the rest (times, counts, flags), are
+    packed once for a run of jobs that hold the same values, and only the id and the data are
+    packed per job. "The same" is equality for the engine's own integers and flags, and
+    identity for what a client's number may set (priority, progress, its message, the stack
+    trace), as 1, 1.0 and True are equal and pack differently."""
     pack = timelines.pack
+    k_id = pack("id")
+    k_data = pack("data")
+    names_skip = len(array_header(_DATA_AT - 1 - _QUEUE_AT + 1))
+    rest_skip = len(array_header(_TIMELINE_AT - _REST_AT))
 
     def wire_all(entries: list[Entry], ids: list[Any], body: list[bytes]) -> None:
-        """`wire` of each entry onto `body` and its id onto `ids`: a job without options
-        (a plain `wire_hot` list, most of them) written out here, without a call each,
-        the timeline its neighbour shares taken without a lookup."""
-        last: object = None
-        last_packed = b""
+        """`wire` of each entry onto `body` and its id onto `ids`: a job without options or
+        with shared options only (most of them) written out here, without a call each."""
+        last_timeline: object = None
+        timeline_bytes = b""
+        last_head: object = None
+        start = b""
+        queue: object = None
+        name: object = None
+        names = b""
+        rest: list[Any] | None = None
+        # The last run's values that must be the same objects (`_PRIORITY_AT` and after),
+        # first a marker no job holds, so the first job packs its own.
+        priority = progress = message = stack = _UNSET
+        rest_bytes = b""
         for entry in entries:
-            if type(entry) is not list:
+            options = None
+            if type(entry) is tuple:
+                options, entry = entry
+            elif type(entry) is not list:
                 ids.append(_entry_id(entry))
                 body.append(wire(entry))
                 continue
-            ids.append(entry[_ID_AT])
-            if js:
-                for i in _TIMES_AT:  # `_js_times`
-                    value = entry[i]
-                    if type(value) is int and value > UINT32_MAX:
-                        entry[i] = float(value) if value < _UINT64_END else value
+            job_id = entry[_ID_AT]
+            if type(job_id) is not str:  # not the engine's: the general path
+                ids.append(job_id)
+                body.append(wire(entry if options is None else (options, entry)))
+                continue
+            ids.append(job_id)
+            if options is not last_head or not start:
+                last_head, start = options, head_of(options) + k_id
+            if entry[_QUEUE_AT + 1] is not queue or entry[_NAME_AT + 1] is not name:
+                queue, name = entry[_QUEUE_AT + 1], entry[_NAME_AT + 1]
+                names = pack(entry[_QUEUE_AT:_DATA_AT])[names_skip:]
+            data = pack(entry[_DATA_AT + 1])
+            if js and (_UINT64 in data or _INT64 in data):
+                data = pack(_js_value(entry[_DATA_AT + 1]))
+            now_rest = entry[_REST_AT:_TIMELINE_AT]  # its last, the timeline's key
+            if (
+                now_rest != rest
+                or entry[_PRIORITY_AT] is not priority
+                or entry[_PROGRESS_AT] is not progress
+                or entry[_MESSAGE_AT] is not message
+                or entry[_STACK_AT] is not stack
+            ):
+                rest = now_rest
+                priority, progress = entry[_PRIORITY_AT], entry[_PROGRESS_AT]
+                message, stack = entry[_MESSAGE_AT], entry[_STACK_AT]
+                rest_bytes = _pack_rest(pack, now_rest, js)[rest_skip:]
             timeline = entry[_TIMELINE_AT]
-            entry[_TIMELINE_AT] = None
-            try:
-                packed = pack(entry)
-                if js and (_UINT64 in packed or _INT64 in packed):
-                    _js_values(entry)
-                    packed = pack(entry)
-            finally:
-                entry[_TIMELINE_AT] = timeline
-            if timeline is not last:
-                last, last_packed = timeline, timelines.packed(timeline)
-            body.append(b"".join((head, packed[skip:-1], last_packed)))
+            if timeline is not last_timeline:
+                last_timeline, timeline_bytes = timeline, timelines.packed(timeline)
+            body.append(b"".join((start, pack(job_id), names, k_data, data, rest_bytes,
+                                  timeline_bytes)))  # fmt: skip
 
     return wire_all
+
+
+def _pack_rest(pack: Callable[[Any], bytes], rest: list[Any], js: bool) -> bytes:
+    """The hot pairs from the priority to the flags (`_REST_AT`), packed as a list; with `js`
+    their integers beyond 32 bits as floats (`_js_value`), in a copy."""
+    if js:
+        rest = [_js_value(value) for value in rest]
+    return pack(rest)
 
 
 def _js_times(entry: list[Any]) -> None:
