@@ -27,8 +27,10 @@ UINT32_MAX: Final = 2**32 - 1
 # The job fields that hold epoch milliseconds. Other large numbers (a long `ttl`, a `repeat`
 # end date) are rare and are caught by the marker check after packing.
 JOB_TIME_KEYS: Final = ("createdAt", "runAt", "startedAt", "completedAt", "lastHeartbeat")
-_UINT64: Final = b"\xcf"
-_INT64: Final = b"\xd3"
+# Ints, not one-byte strings: `0xCF in body` is a plain byte search, where `b"\xcf" in body`
+# first tries the needle as a number, and that costs about ten times the search.
+_UINT64: Final = 0xCF
+_INT64: Final = 0xD3
 
 
 def js_numbers(value: Any) -> Any:

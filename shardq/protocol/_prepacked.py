@@ -44,8 +44,10 @@ the request's envelope); `shard._wire` drops it when it packs the reply."""
 PLAIN_NUMBERS: Final = 1  # msgpack's own integers (ZeroMQ clients)
 JS_NUMBERS: Final = 2  # integers beyond 32 bits as float64 (TCP: bunqueue's clients)
 
-_UINT64: Final = b"\xcf"
-_INT64: Final = b"\xd3"
+# Ints, not one-byte strings: `0xCF in body` is a plain byte search, where `b"\xcf" in body`
+# first tries the needle as a number, and that costs about ten times the search.
+_UINT64: Final = 0xCF
+_INT64: Final = 0xD3
 # The lengths in msgpack's map16 and map32 headers (`_map_size`), not frame headers.
 _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
