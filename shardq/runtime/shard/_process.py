@@ -199,6 +199,8 @@ class ShardProcess(ShardDirect, ShardLoading):
         # (`_memory.compact_engine`), and the backlog's reader closed (its page cache).
         self._memory.idle.release(rss_bytes(), "recovered")
         self._memory.idle.rebase()
+        # What the loaded jobs took per estimated byte: what a fresh process needs.
+        self._recycle.check.calibrate(rss_bytes())
         self._ready_seq = self.core.seq
         self.sup.ready()
         return early
