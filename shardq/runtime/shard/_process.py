@@ -207,12 +207,13 @@ class ShardProcess(ShardDirect, ShardLoading):
 
     # -- recycle (`shard._recycle`) ----------------------------------------------------------
 
-    def _jobs_estimate(self) -> int:
-        """The bytes the shard's jobs are taken to need (the memory budget's estimate)."""
+    def _jobs_estimate(self) -> tuple[int, int]:
+        """The bytes the shard's jobs are taken to need (the memory budget's estimate): its
+        completed window's, and the other jobs'."""
         engine = self.core.engine
-        if engine.memory is not None:
-            return engine.memory.resident_bytes()
-        return len(engine.store.jobs) * JOB_BYTES
+        each = engine.memory.job_estimate if engine.memory is not None else JOB_BYTES
+        done = len(engine.store.completed_order)
+        return done * each, max(0, len(engine.store.jobs) - done) * each
 
     def _no_recycle(self) -> str | None:
         """What forbids a recycle now, if anything. (Clients connected to the direct port do

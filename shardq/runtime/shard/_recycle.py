@@ -12,10 +12,12 @@ place where that memory comes back whole, and a shard's graceful stop and start 
 So once a shard has been quiet for `shard_recycle_idle_ms` after a busy period (the CPU-share
 test of `IdleGiveBack`), it compares its RSS with what a fresh process holding its jobs would
 take, plus `shard_recycle_grow_mb`. A fresh process takes the size it had before recovery
-(`fresh_bytes`) plus `factor` times its jobs' estimate (`JOB_BYTES` and the mean data size,
-the memory budget's). `factor` is measured once, after the start's recovery: the RSS the
-loaded jobs took per estimated byte (at least `RECYCLE_FACTOR`, at most `FACTOR_MAX`, and
-`RECYCLE_FACTOR` when the load was too small to measure). Above that, it recycles:
+(`fresh_bytes`), plus its completed window's estimate (`JOB_BYTES` and the mean data size,
+the memory budget's; a fresh process packs them, `shardq.core._packed`, and holds them at
+0.7-0.8 times it), plus `factor` times its other jobs' estimate. `factor` is measured once,
+after the start's recovery: the RSS the loaded jobs other than completed ones took per
+estimated byte (at least `RECYCLE_FACTOR`, at most `FACTOR_MAX`, and `RECYCLE_FACTOR` when
+they were too few to measure). Above that, it recycles:
 
 1. it tells the front end (`recycle`), which sends every request it routed to the shard so
    far, then `recycle-go`, and holds the shard's requests from then on;
@@ -61,12 +63,12 @@ __all__ = [
 
 _log = structlog.get_logger()
 
-# The RSS a fresh process is taken to need per byte its jobs are estimated to take, at least.
-# Measured after a drain: a fresh shard loading the 50,000 jobs of the completed window lands
-# at about 0.75 times their estimate (they are packed, `shardq.core._packed`, which the
-# estimate does not count), and one whose heads fill the budget at about its `scale`. Twice
-# the estimate, as before, plus 64 MB, left a shard at 135-158 MB after a drain of ten
-# million where a fresh one holds about 70 (bench/results/2026-12-05-s12-settle.md).
+# The RSS a fresh process is taken to need per byte its jobs other than completed ones are
+# estimated to take, at least. Measured: a start that loaded 72,000 hot waiting jobs took 2.2
+# to 2.7 times their estimate; a fresh shard holding the 50,000 completed jobs of the window
+# takes about 0.8 times theirs (counted at 1). Twice the whole estimate, as before, plus
+# 64 MB, left a shard at 135-158 MB after a drain of ten million where a fresh one holds
+# about 70 (bench/results/2026-12-05-s12-settle.md).
 RECYCLE_FACTOR: Final = 1.0
 # The most `factor` is measured at (a start whose RSS grew for another reason than its jobs).
 FACTOR_MAX: Final = 4.0
@@ -94,7 +96,8 @@ class RecycleSettings:
 class RecycleCheck:
     """Decides when the shard should recycle (see above); the shard does the rest.
 
-    `estimate()` gives the bytes the shard's jobs are taken to need; `blocker()` names what
+    `estimate()` gives the bytes the shard's jobs are taken to need (its completed window's,
+    its other jobs'); `blocker()` names what
     forbids a recycle now (None: nothing). The owner calls `busy(now)` on each turn that did
     work, sleeps no longer than `deadline()`, and asks `due(now)` after each wake.
     """
@@ -102,7 +105,7 @@ class RecycleCheck:
     def __init__(
         self,
         settings: RecycleSettings,
-        estimate: Callable[[], int],
+        estimate: Callable[[], tuple[int, int]],
         blocker: Callable[[], str | None],
     ) -> None:
         self._settings = settings
@@ -116,14 +119,15 @@ class RecycleCheck:
     def calibrate(self, rss: int) -> None:
         """`rss`: the process's size after its start's recovery and release. Measure
         `factor` from it (see the module docstring)."""
-        estimate = self._estimate()
-        if estimate >= CALIBRATE_FROM:
-            measured = (rss - self.fresh_bytes) / estimate
+        done, other = self._estimate()
+        if other >= CALIBRATE_FROM:
+            measured = (rss - self.fresh_bytes - done) / other
             self.factor = min(FACTOR_MAX, max(RECYCLE_FACTOR, measured))
 
     def limit(self) -> int:
         """The RSS above which the shard recycles, in bytes."""
-        return self.fresh_bytes + self._settings.grow_bytes + int(self.factor * self._estimate())
+        done, other = self._estimate()
+        return self.fresh_bytes + self._settings.grow_bytes + done + int(self.factor * other)
 
     def busy(self, now: float) -> None:
         """Work was done at `now`: check `idle_s` from now (if not armed yet)."""
