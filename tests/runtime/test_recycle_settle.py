@@ -5,8 +5,9 @@ A shard that keeps a completed window of 20,000 jobs and drained 60,000 stays at
 after its idle give-back, where a fresh process holding the same window takes 49-50 MB (35 to
 36 MB empty, measured on the 2-core VM). The limit it used to recycle at, its fresh size plus
 64 MB plus twice its jobs' estimate (about 17 MB here), was about 134 MB: it never recycled.
-With the defaults now (16 MB above the fresh size plus the estimate times the factor its
-start measured, at least 1) it recycles and the new process holds about 50 MB.
+With the defaults now (16 MB above what a fresh process holding its jobs takes: its size,
+plus the completed window's estimate, plus the other jobs' times the factor its start
+measured) it recycles and the new process holds about 50 MB.
 """
 
 from __future__ import annotations
