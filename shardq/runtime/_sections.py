@@ -90,13 +90,13 @@ class ProcessSettings:
     memory_release_idle_ms: int = 2_000
     memory_release_grow_mb: int = 8
     # A shard recycle (`shard/_recycle.py`, docs/runtime.md "Memory after a drain"): a shard
-    # quiet this long after work (ms; 0 = never) whose RSS is above its fresh-process size by
-    # more than `shard_recycle_grow_mb` plus twice its jobs' estimate hands over to a fresh
-    # process. The front end holds its requests meanwhile, for at most
+    # quiet this long after work (ms; 0 = never) whose RSS is more than `shard_recycle_grow_mb`
+    # above what a fresh process holding its jobs would take hands over to a fresh process.
+    # The front end holds its requests meanwhile, for at most
     # `shard_recycle_hold_ms` and `shard_recycle_hold_max_bytes` (past either: answered
     # "Shard unavailable", as for a shard that died).
     shard_recycle_idle_ms: int = 5_000
-    shard_recycle_grow_mb: int = 64
+    shard_recycle_grow_mb: int = 16
     shard_recycle_hold_ms: int = 30_000
     shard_recycle_hold_max_bytes: int = 64 << 20
     # The memory budget of each shard's resident jobs, in MiB (issue 22; docs/runtime.md,

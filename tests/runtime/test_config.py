@@ -140,7 +140,7 @@ VALID_TEXT = {
     "memory_release_idle_ms": "500",
     "memory_release_grow_mb": "4",
     "shard_recycle_idle_ms": "1500",
-    "shard_recycle_grow_mb": "16",
+    "shard_recycle_grow_mb": "24",
     "shard_recycle_hold_ms": "5000",
     "shard_recycle_hold_max_bytes": "2097152",
     "shard_memory_mb": "64",
@@ -289,7 +289,7 @@ spin_commit_max_us = 250
 memory_release_idle_ms = 500
 memory_release_grow_mb = 4
 shard_recycle_idle_ms = 1500
-shard_recycle_grow_mb = 16
+shard_recycle_grow_mb = 24
 shard_recycle_hold_ms = 5000
 shard_recycle_hold_max_bytes = 2097152
 shard_memory_mb = 64

@@ -205,18 +205,21 @@ class ShardProcess(ShardDirect, ShardLoading):
         # (`_memory.compact_engine`), and the backlog's reader closed (its page cache).
         self._memory.idle.release(rss_bytes(), "recovered")
         self._memory.idle.rebase()
+        # What the loaded jobs took per estimated byte: what a fresh process needs.
+        self._recycle.check.calibrate(rss_bytes())
         self._ready_seq = self.core.seq
         self.sup.ready()
         return early
 
     # -- recycle (`shard._recycle`) ----------------------------------------------------------
 
-    def _jobs_estimate(self) -> int:
-        """The bytes the shard's jobs are taken to need (the memory budget's estimate)."""
+    def _jobs_estimate(self) -> tuple[int, int]:
+        """The bytes the shard's jobs are taken to need (the memory budget's estimate): its
+        completed window's, and the other jobs'."""
         engine = self.core.engine
-        if engine.memory is not None:
-            return engine.memory.resident_bytes()
-        return len(engine.store.jobs) * JOB_BYTES
+        each = engine.memory.job_estimate if engine.memory is not None else JOB_BYTES
+        done = len(engine.store.completed_order)
+        return done * each, max(0, len(engine.store.jobs) - done) * each
 
     def _no_recycle(self) -> str | None:
         """What forbids a recycle now, if anything. (Clients connected to the direct port do

@@ -10,9 +10,14 @@ place where that memory comes back whole, and a shard's graceful stop and start 
 (its restart loads only the heads of its queues).
 
 So once a shard has been quiet for `shard_recycle_idle_ms` after a busy period (the CPU-share
-test of `IdleGiveBack`), it compares its RSS with the size it had as a fresh process (read
-before recovery) plus `shard_recycle_grow_mb` plus `RECYCLE_FACTOR` times its jobs' estimate
-(`JOB_BYTES` and the mean data size, the memory budget's). Above that, it recycles:
+test of `IdleGiveBack`), it compares its RSS with what a fresh process holding its jobs would
+take, plus `shard_recycle_grow_mb`. A fresh process takes the size it had before recovery
+(`fresh_bytes`), plus its completed window's estimate (`JOB_BYTES` and the mean data size,
+the memory budget's; a fresh process packs them, `shardq.core._packed`, and holds them at
+0.7-0.8 times it), plus `factor` times its other jobs' estimate. `factor` is measured once,
+after the start's recovery: the RSS the loaded jobs other than completed ones took per
+estimated byte (at least `RECYCLE_FACTOR`, at most `FACTOR_MAX`, and `RECYCLE_FACTOR` when
+they were too few to measure). Above that, it recycles:
 
 1. it tells the front end (`recycle`), which sends every request it routed to the shard so
    far, then `recycle-go`, and holds the shard's requests from then on;
@@ -47,14 +52,29 @@ from shardq.runtime import _messages as msgs
 from shardq.runtime._giveback import QuietWindow, rss_bytes
 from shardq.runtime._sections import ProcessSettings
 
-__all__ = ["RECYCLE_FACTOR", "RecycleCheck", "RecycleSettings", "ShardRecycle"]
+__all__ = [
+    "CALIBRATE_FROM",
+    "FACTOR_MAX",
+    "RECYCLE_FACTOR",
+    "RecycleCheck",
+    "RecycleSettings",
+    "ShardRecycle",
+]
 
 _log = structlog.get_logger()
 
-# The RSS a shard may keep per byte its jobs are estimated to take before a recycle pays:
-# a fresh process that loads them lands at about 1.2 to 1.6 times the estimate (the load's
-# transients are trimmed), so twice it, plus `grow_bytes`, never recycles a fresh shard again.
-RECYCLE_FACTOR: Final = 2
+# The RSS a fresh process is taken to need per byte its jobs other than completed ones are
+# estimated to take, at least. Measured: a start that loaded 72,000 hot waiting jobs took 2.2
+# to 2.7 times their estimate; a fresh shard holding the 50,000 completed jobs of the window
+# takes about 0.8 times theirs (counted at 1). Twice the whole estimate, as before, plus
+# 64 MB, left a shard at 135-158 MB after a drain of ten million where a fresh one holds
+# about 70 (bench/results/2026-12-05-s12-settle.md).
+RECYCLE_FACTOR: Final = 1.0
+# The most `factor` is measured at (a start whose RSS grew for another reason than its jobs).
+FACTOR_MAX: Final = 4.0
+# A start whose jobs are estimated under this many bytes measures no `factor` (too small a
+# load: the RSS it adds is mostly the process's own).
+CALIBRATE_FROM: Final = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +82,7 @@ class RecycleSettings:
     """`[process] shard_recycle_idle_ms` and `shard_recycle_grow_mb` (docs/runtime.md)."""
 
     idle_s: float = 5.0  # quiet this long after work before the size is checked; 0: off
-    grow_bytes: int = 64 << 20  # the RSS kept above the fresh size and the jobs' estimate
+    grow_bytes: int = 16 << 20  # the RSS kept above what a fresh process would take
 
     @classmethod
     def of(cls, process: ProcessSettings) -> RecycleSettings:
@@ -76,7 +96,8 @@ class RecycleSettings:
 class RecycleCheck:
     """Decides when the shard should recycle (see above); the shard does the rest.
 
-    `estimate()` gives the bytes the shard's jobs are taken to need; `blocker()` names what
+    `estimate()` gives the bytes the shard's jobs are taken to need (its completed window's,
+    its other jobs'); `blocker()` names what
     forbids a recycle now (None: nothing). The owner calls `busy(now)` on each turn that did
     work, sleeps no longer than `deadline()`, and asks `due(now)` after each wake.
     """
@@ -84,19 +105,29 @@ class RecycleCheck:
     def __init__(
         self,
         settings: RecycleSettings,
-        estimate: Callable[[], int],
+        estimate: Callable[[], tuple[int, int]],
         blocker: Callable[[], str | None],
     ) -> None:
         self._settings = settings
         self._estimate = estimate
         self.blocker = blocker
         self.fresh_bytes = rss_bytes()  # before recovery: what a new process costs
+        self.factor = RECYCLE_FACTOR  # RSS per estimated byte of a fresh process's jobs
         self._window = QuietWindow(settings.idle_s if settings.enabled else 0)
+        self._declined: str | None = None  # the last reason logged for not recycling
+
+    def calibrate(self, rss: int) -> None:
+        """`rss`: the process's size after its start's recovery and release. Measure
+        `factor` from it (see the module docstring)."""
+        done, other = self._estimate()
+        if other >= CALIBRATE_FROM:
+            measured = (rss - self.fresh_bytes - done) / other
+            self.factor = min(FACTOR_MAX, max(RECYCLE_FACTOR, measured))
 
     def limit(self) -> int:
         """The RSS above which the shard recycles, in bytes."""
-        s = self._settings
-        return self.fresh_bytes + s.grow_bytes + RECYCLE_FACTOR * self._estimate()
+        done, other = self._estimate()
+        return self.fresh_bytes + self._settings.grow_bytes + done + int(self.factor * other)
 
     def busy(self, now: float) -> None:
         """Work was done at `now`: check `idle_s` from now (if not armed yet)."""
@@ -110,10 +141,17 @@ class RecycleCheck:
         moves the deadline (re-armed after a busy window, cleared after a quiet one)."""
         if not self._window.due(now):
             return None
-        rss = rss_bytes()
-        if rss <= self.limit() or self.blocker() is not None:
-            return None
-        return rss
+        rss, limit = rss_bytes(), self.limit()
+        reason = "under the limit" if rss <= limit else self.blocker()
+        if reason is None:
+            self._declined = None
+            return rss
+        if reason != self._declined:  # once per change: an idle server checks every window
+            self._declined = reason
+            _log.info("shard not recycling", reason=reason, rss_mb=round(rss / 2**20, 1),
+                      limit_mb=round(limit / 2**20, 1), factor=round(self.factor, 2),
+                      fresh_mb=round(self.fresh_bytes / 2**20, 1))  # fmt: skip
+        return None
 
 
 # A `recycle` the front end did not answer (it restarted meanwhile) is asked again after this.
@@ -158,6 +196,7 @@ class ShardRecycle:
             rss_mb=round(rss / 2**20, 1),
             limit_mb=round(self.check.limit() / 2**20, 1),
             fresh_mb=round(self.check.fresh_bytes / 2**20, 1),
+            factor=round(self.check.factor, 2),
         )
 
     def poll_timeout(self, timeout_ms: int | None) -> int | None:
