@@ -184,10 +184,28 @@ class RunnableProbe:
 
 class _Ring:
     """The last `history` samples of a time, whole microseconds each (at most `_cap_us`),
-    and their sum: what `AdaptiveSpin` and `CommitSpin` remember. A base class, not a member,
-    so that the loops' every wait reads `_sum_us` without a call (`window`)."""
+    and their sum: what `AdaptiveSpin` and `CommitSpin` remember, with what ends their spins
+    (`crowded`, `cut_s`, `cut_turns`). A base class, not a member, so that the loops' every
+    wait reads `_sum_us` without a call (`window`)."""
 
-    __slots__ = ("_at", "_cap_us", "_ring", "_sum_us")
+    __slots__ = ("_at", "_cap_us", "_crowded", "_cut_s", "_cut_turns", "_ring", "_sum_us")
+
+    def _cuts(self, crowded: Callable[[], bool] | None, cut_s: float, cut_turns: int) -> None:
+        self._crowded = crowded
+        self._cut_s = cut_s
+        self._cut_turns = cut_turns
+
+    @property
+    def cut_s(self) -> float:
+        return self._cut_s
+
+    @property
+    def cut_turns(self) -> int:
+        return self._cut_turns
+
+    @property
+    def crowded(self) -> Callable[[], bool] | None:
+        return self._crowded
 
     def _fill(self, history: int, fill_us: int, cap_us: int) -> None:
         self._ring = [fill_us] * history
@@ -233,7 +251,7 @@ class AdaptiveSpin(_Ring):
     has no idle CPU, the window is 0.
     """
 
-    __slots__ = ("_crowded", "_cut_s", "_cut_turns", "_last", "_max_gap_s", "_max_gap_us")
+    __slots__ = ("_last", "_max_gap_s", "_max_gap_us")
 
     def __init__(
         self,
@@ -251,9 +269,7 @@ class AdaptiveSpin(_Ring):
         # A fresh process has seen only long gaps: it sleeps until a rhythm shows.
         self._fill(history, cap_us, cap_us)
         self._last: float | None = None
-        self._crowded = crowded
-        self._cut_s = cut_s
-        self._cut_turns = cut_turns
+        self._cuts(crowded, cut_s, cut_turns)
 
     def note(self, now: float) -> None:
         last, self._last = self._last, now
@@ -266,18 +282,6 @@ class AdaptiveSpin(_Ring):
         if last is None or mean_us > self._max_gap_us:
             return 0.0
         return _spin_left(last, min(self._max_gap_s, 2e-6 * mean_us), now, self._crowded)
-
-    @property
-    def cut_s(self) -> float:
-        return self._cut_s
-
-    @property
-    def cut_turns(self) -> int:
-        return self._cut_turns
-
-    @property
-    def crowded(self) -> Callable[[], bool] | None:
-        return self._crowded
 
     @property
     def mean_gap_us(self) -> float:
@@ -301,7 +305,7 @@ class CommitSpin(_Ring):
     CPU. Nothing waits on an idle server, so it never spins there.
     """
 
-    __slots__ = ("_crowded", "_cut_s", "_cut_turns", "_last", "_max_s", "_max_us", "_since")
+    __slots__ = ("_last", "_max_s", "_max_us", "_since")
 
     def __init__(
         self,
@@ -320,9 +324,7 @@ class CommitSpin(_Ring):
         self._fill(history, round(self._max_us), round(OUTLIER_GAPS * self._max_us))
         self._since: float | None = None  # when the current wait on a commit started
         self._last = 0.0  # the last wake that ended with something to do
-        self._crowded = crowded
-        self._cut_s = cut_s
-        self._cut_turns = cut_turns
+        self._cuts(crowded, cut_s, cut_turns)
 
     def arrived(self, now: float) -> None:
         """A wait ended at `now` with something to do (perhaps the confirmation)."""
@@ -342,18 +344,6 @@ class CommitSpin(_Ring):
         if mean_us > self._max_us:
             return 0.0
         return _spin_left(since, min(self._max_s, 1.5e-6 * mean_us), now, self._crowded)
-
-    @property
-    def cut_s(self) -> float:
-        return self._cut_s
-
-    @property
-    def cut_turns(self) -> int:
-        return self._cut_turns
-
-    @property
-    def crowded(self) -> Callable[[], bool] | None:
-        return self._crowded
 
     @property
     def mean_us(self) -> float:

@@ -19,12 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shardq_harness import ShardqServer
+from test_vacuum_server import BATCH, PAD, file_bytes, push_and_drain
 
 from shardq.client import TcpConnection
 
 Factory = Callable[..., ShardqServer]
-BATCH = 500
-PAD = "x" * 1000  # about 1 KB of payload per job
 # The rebuild's pause (the swap: a close, a rename, a directory fsync and a reopen) measured
 # 2-10 ms here; a durable push also waits for its own commit, which on a loaded 2-core machine
 # (load averages of 10 and more while other suites run) takes tens of ms, and for the idle
@@ -34,29 +33,6 @@ ENV = {"SHARDQ_VACUUM_REBUILD_MIN_FREE_PAGES": "2048"}
 # Between two pushes of the light load: longer than the 1 s of idle a pass (and a copy) waits
 # for, so that one starts in each gap and no pass of steps runs in the drain's short pauses.
 GAP_S = 1.5
-
-
-def file_bytes(path: Path) -> int:
-    wal = path.with_name(path.name + "-wal")
-    return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
-
-
-def push_and_drain(conn: TcpConnection, queue: str, jobs: int, path: Path) -> int:
-    """Push `jobs` durable 1 KB jobs that leave on completion, drain them; return the peak
-    size of the files meanwhile."""
-    for start in range(0, jobs, BATCH):
-        batch = [
-            {"data": {"i": start + i, "pad": PAD}, "durable": True, "removeOnComplete": True}
-            for i in range(BATCH)
-        ]
-        assert len(conn.call({"cmd": "PUSHB", "queue": queue, "jobs": batch})["ids"]) == BATCH
-    peak = file_bytes(path)
-    assert peak > jobs * 1000  # the payloads are on disk
-    for _ in range(0, jobs, BATCH):
-        pulled = conn.call({"cmd": "PULLB", "queue": queue, "count": BATCH})["jobs"]
-        assert len(pulled) == BATCH
-        assert conn.call({"cmd": "ACKB", "ids": [job["id"] for job in pulled]})["ok"]
-    return max(peak, file_bytes(path))
 
 
 def check_file(path: Path, queue: str, count: int) -> None:
