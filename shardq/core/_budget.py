@@ -287,10 +287,10 @@ class MemoryBudget:
             if cold is not None and name in cold:
                 # At start: the queue's counts do not hold its cold jobs yet.
                 cw, cd = cold[name].waiting, cold[name].delayed
-                hot_w = min(q.counts[WAITING], len(q.ready))
+                hot_w = min(q.counts[WAITING], q.ready_len())
                 hot_d = q.counts[DELAYED]
             else:
-                hot_w = max(0, min(q.counts[WAITING] - cw, len(q.ready)))
+                hot_w = max(0, min(q.counts[WAITING] - cw, q.ready_len()))
                 hot_d = max(0, q.counts[DELAYED] - cd)
             yield hot_w, cw
             yield hot_d, cd

@@ -476,7 +476,7 @@ class ColdHead(HeadPaging):
         hot = q.counts[WAITING] - (h.waiting if h else 0)
         # The ready heap holds ungrouped jobs only (and dead entries): under the budget, no
         # scan. After one it holds its live entries only, so the next is as cheap.
-        if hot > self.budget and len(q.ready) > self.budget:
+        if hot > self.budget and q.ready_len() > self.budget:
             jobs = self.store.jobs
             live = sorted(k for k in q.ready if q._owns(k))
             # The cut falls after the last job that must stay in memory (a TTL, a flow):
@@ -493,7 +493,7 @@ class ColdHead(HeadPaging):
                 for job in tail:
                     puts = self._evict(out, job, puts)
             q.ready = [k for k in live if q._owns(k)]  # sorted: a heap
-        elif len(q.ready) > 2 * max(hot, self.budget) + MIN_COMPACT:
+        elif q.ready_len() > 2 * max(hot, self.budget) + MIN_COMPACT:
             # Jobs sent cold leave dead entries (their push put them on the heap first); the
             # queue compacts against its counts, which count them, so it is done here.
             q.ready = [k for k in q.ready if q._owns(k)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
@@ -40,11 +40,18 @@ class QueueState:
     The ready heap uses lazy deletion: an entry is live only while it is the very tuple the job
     holds in `hkey`, so cancelling or reprioritising a job never searches the heap. The heap is
     rebuilt once dead entries outnumber live ones, which keeps memory bounded.
+
+    Keys that arrive in order (a FIFO queue without priorities or delays, the usual case) go
+    on the `lane`, a deque kept sorted, instead of the heap: a pull takes the smaller of the
+    two heads, so the order is the heap's alone, and popping the lane's head costs no sift.
+    Code outside this class sees one heap, `ready`: reading it first folds the lane into the
+    heap, so paging and rebuilding it (`_head`) never miss a lane entry.
     """
 
     name: str
     jobs: dict[str, Job]
-    ready: list[tuple[Any, ...]] = field(default_factory=list)
+    heap: list[tuple[Any, ...]] = field(default_factory=list)
+    lane: deque[tuple[Any, ...]] = field(default_factory=deque)
     ids: dict[str, None] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATES, 0))
     prioritized: int = 0
@@ -113,9 +120,29 @@ class QueueState:
 
     # -- heaps -----------------------------------------------------------------------------
 
+    @property
+    def ready(self) -> list[tuple[Any, ...]]:
+        """The ready heap with the lane folded into it (for code that scans or rebuilds it)."""
+        if self.lane:
+            self.heap.extend(self.lane)
+            self.lane.clear()
+            heapify(self.heap)
+        return self.heap
+
+    @ready.setter
+    def ready(self, heap: list[tuple[Any, ...]]) -> None:
+        self.heap = heap
+        self.lane.clear()
+
+    def ready_len(self) -> int:
+        """Entries (live or dead) on the heap and the lane, without folding them."""
+        return len(self.heap) + len(self.lane)
+
     def push_ready_all(self, jobs: Iterable[Job]) -> None:
-        """Put waiting jobs on the ready heap (each job holds its live entry in `hkey`)."""
-        heap = self.ready
+        """Put waiting jobs on the ready heap or lane (each job holds its live entry in
+        `hkey`): a key after the lane's last goes on the lane, any other on the heap."""
+        heap = self.heap
+        lane = self.lane
         held = self.held
         if self.groups is not None:
             jobs = self.groups.divert(jobs, held)
@@ -128,17 +155,26 @@ class QueueState:
             else:
                 key = (-job.priority, 1, job.run_at, job.seq, job.id)
             job.hkey = key
-            heappush(heap, key)
+            if not lane or lane[-1] < key:
+                lane.append(key)
+            else:
+                heappush(heap, key)
         self._maybe_compact_ready()
 
     def pop_ready_many(self, count: int) -> list[Job]:
-        """Take up to `count` (at least 1) waiting jobs off the ready heap, best first
-        (ungrouped jobs only: grouped ones wait on their group's heap)."""
-        heap = self.ready
+        """Take up to `count` (at least 1) waiting jobs off the ready heap and lane, best
+        first (ungrouped jobs only: grouped ones wait on their group's heap)."""
+        heap = self.heap
+        lane = self.lane
         jobs = self.jobs
         taken: list[Job] = []
-        while heap:
-            key = heappop(heap)
+        while True:
+            if lane:
+                key = heappop(heap) if heap and heap[0] < lane[0] else lane.popleft()
+            elif heap:
+                key = heappop(heap)
+            else:
+                break
             job = jobs.get(key[-1])
             if job is not None and job.hkey is key and job.state == WAITING:
                 job.hkey = None
@@ -148,9 +184,12 @@ class QueueState:
         return taken
 
     def _maybe_compact_ready(self) -> None:
-        if len(self.ready) > 64 and len(self.ready) > 2 * self.live_ready():
-            self.ready = [k for k in self.ready if self._owns(k)]
-            heapify(self.ready)
+        size = len(self.heap) + len(self.lane)
+        if size > 64 and size > 2 * self.live_ready():
+            owns = self._owns
+            self.heap = [k for k in self.heap if owns(k)]
+            heapify(self.heap)
+            self.lane = deque(k for k in self.lane if owns(k))  # still sorted
 
     def watch_group(self, job: Job) -> None:
         """Start the group table at the queue's first grouped job (`job` has options)."""

@@ -75,3 +75,34 @@ def test_prioritized_delayed_job_jumps_ahead_once_due(d: Driver) -> None:
     d.push(data="plain", at=0)
     d.push(data="urgent", at=0, delay=10, priority=9)
     assert _drain(d, 10) == ["urgent", "plain"]
+
+
+def _lane_order_case(d: Driver, seed: int) -> None:
+    """Random pushes (in order, with priorities, LIFO, earlier timestamps) and pulls between
+    them: every pull takes the job a sorted model says is best, so neither the ready lane nor
+    its merge with the heap may deliver out of order."""
+    import random
+
+    rnd = random.Random(seed)
+    model: list[tuple[tuple[int, int, int, int], int]] = []
+    for seq in range(300):
+        if model and rnd.random() < 0.3:
+            job, _ = d.pull(at=1000, owner=None)
+            best = min(model)
+            model.remove(best)
+            assert job is not None and job["data"] == best[1], (seed, seq)
+            continue
+        kind = rnd.random()
+        prio = rnd.choice((0, 0, 0, 1, 5)) if kind < 0.3 else 0
+        lifo = 0.3 <= kind < 0.4
+        run_at = rnd.randrange(0, 1000) if 0.4 <= kind < 0.5 else 1000
+        d.push(data=seq, priority=prio, lifo=lifo, timestamp=run_at, at=1000)
+        key = (-prio, 0, -seq, seq) if lifo else (-prio, 1, run_at, seq)
+        model.append((key, seq))
+    model.sort()
+    assert _drain(d, 1000) == [data for _, data in model], seed
+
+
+def test_ready_lane_and_heap_merge_in_order(d: Driver) -> None:
+    for seed in range(4):
+        _lane_order_case(d, seed)
