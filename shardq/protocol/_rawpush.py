@@ -16,6 +16,15 @@ anywhere in its bytes (a key in a msgpack map is its UTF-8 bytes, so such a body
 Once `cmd` and `queue` are read, the rest of the map is not even skipped where the bytes of
 `cmd`, `queue` and `reqId` occur no more: no such key can follow.
 
+Clients put `reqId` last, after the jobs. Skipping the jobs to reach it cost the front end
+about 790 instructions a job, so the front end reads it off the body's end instead
+(`tail_req`): when the only `reqId` bytes in the body are a fixstr key at the end followed by a
+str or int that ends the body, and no `cmd` or `queue` bytes follow the jobs, that is the
+`reqId` if the top-level map has one at all. Whether it is, is only known after a full decode
+(the bytes could close the last job's data, or lie inside a string), so the shard, in its one
+decode, refuses a body whose `tail_req` is not its top-level `reqId`, type and value alike
+(the general path then answers it), whether or not the front end used the guess.
+
 Everything else the general path would refuse, the shard finds in its one decode: a string
 that is not UTF-8, a refused extension type, a non-str key, bytes after the map, and nesting
 too deep for the general path's `req` batch (which carries the decoded map three levels down,
@@ -42,6 +51,7 @@ __all__ = [
     "decode_raw_pushb",
     "peek_pushb",
     "raw_refused",
+    "tail_req",
 ]
 
 # Three one-element arrays: the depth of a command inside the front end's `req` batch.
@@ -54,6 +64,13 @@ _FIXSTR5: Final = 0xA5
 _FLOW_KEYS: Final = (b"parentId", b"childrenIds")
 _PEEKED: Final = frozenset({"cmd", "queue", "reqId"})
 _PEEKED_BYTES: Final = tuple(name.encode() for name in sorted(_PEEKED))
+_HEAD_BYTES: Final = (b"cmd", b"queue")
+_REQ: Final = b"reqId"
+_FIXSTR_REQ: Final = 0xA5  # the fixstr header byte before a `reqId` key
+# The header sizes of a str8, str16 and str32 (its length field follows the first byte).
+_SIZED: Final = {0xD9: 2, 0xDA: 3, 0xDB: 5}
+_INTS: Final = {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9, 0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9}
+_MISSING: Final = object()
 
 RAW_REFUSED: Final = "rawRefused"
 """The key of a shard's reply to a passed-through body it could not take (`raw_refused`);
@@ -91,6 +108,8 @@ def _fields(body: bytes) -> dict[str, Any] | None:
             found[key] = unpacker.unpack()
         elif "cmd" in found and "queue" in found and _none_after(body, unpacker.tell()):
             break  # no key read here can follow: the rest is the shard's to decode
+        elif "cmd" in found and "queue" in found and _last_req(body, unpacker.tell(), found):
+            break  # the `reqId` read off the end; the shard confirms it (`decode_raw_pushb`)
         else:
             unpacker.skip()
     return found
@@ -100,6 +119,51 @@ def _none_after(body: bytes, at: int) -> bool:
     """Whether no `cmd`, `queue` or `reqId` key can start at or after `at` (their bytes do
     not occur there, in any string encoding)."""
     return all(body.find(name, at) < 0 for name in _PEEKED_BYTES)
+
+
+def _last_req(body: bytes, at: int, found: dict[str, Any]) -> bool:
+    """Whether `found` took its `reqId` from the body's end (`tail_req`): only when no `cmd`
+    or `queue` key can start at or after `at`, and none was read yet."""
+    if "reqId" in found or any(body.find(name, at) >= 0 for name in _HEAD_BYTES):
+        return False
+    tail = tail_req(body)
+    if tail is None or tail[0] < at:
+        return False
+    found["reqId"] = tail[1]
+    return True
+
+
+def _value_size(body: bytes, at: int) -> int:
+    """The size of the str or int whose header is at `at` (0 if it is neither, or cut)."""
+    head = body[at]
+    if head < 0x80 or head >= 0xE0:
+        return 1
+    if 0xA0 <= head < 0xC0:
+        return 1 + head - 0xA0
+    if head in _INTS:
+        return _INTS[head]
+    if head in _SIZED:
+        start = _SIZED[head]
+        return start + int.from_bytes(body[at + 1 : at + start], "big")
+    return 0
+
+
+def tail_req(body: bytes) -> tuple[int, str | int] | None:
+    """Where the first `reqId` bytes of `body` start and the str or int after them, when they
+    follow a fixstr header and the value ends the body, else None. Only a guess at the
+    top-level `reqId` (the bytes may sit in a job's data, or in a string): the shard checks it
+    against its decode (`decode_raw_pushb`). Never raises."""
+    at = body.find(_REQ)
+    value_at = at + len(_REQ)
+    if at < 1 or body[at - 1] != _FIXSTR_REQ or value_at >= len(body):
+        return None
+    if value_at + _value_size(body, value_at) != len(body):
+        return None
+    try:
+        value = msgpack.unpackb(body[value_at:], raw=False)
+    except Exception:
+        return None  # a str that is not UTF-8: the general path answers it
+    return (at, value) if type(value) in (str, int) else None
 
 
 def peek_pushb(view: bytes | memoryview) -> RawPush | None:
@@ -137,7 +201,10 @@ def decode_raw_pushb(body: bytes) -> dict[str, Any] | None:
         or type(cmd.get("queue")) is not str
     ):
         return None
-    cmd.pop("reqId", None)
+    req = cmd.pop("reqId", _MISSING)
+    tail = tail_req(body)
+    if tail is not None and (type(req) is not type(tail[1]) or req != tail[1]):
+        return None  # the front end may have answered with a `reqId` the map does not hold
     return cmd
 
 
