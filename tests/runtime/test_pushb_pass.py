@@ -258,6 +258,8 @@ def _cases() -> list[bytes]:
         _pushb(QA, job([{"data": {"reqId": "inner"}}])),
         _pushb(QB, job([{"data": ["reqId", 3]}])),
         _pushb(QA, job([{"data": b"\xa5reqId\xcf"}]), req="q"),
+        _pushb(QB, job([{"data": 1}]), req=b"\xa5reqId\xa1x"),
+        _pushb(QA, job([{"data": 1}]), req="r" * 300),  # past the tail's reach: skipped to
         _pushb(QA, job([{"data": {"reqId": "inner"}}]), req="outer"),
         _pushb(QB, job([{"data": 1}]), req=2**64 - 1),
         _pushb(QB, job([{"data": 1}]), req=-(2**63)),
@@ -400,9 +402,14 @@ def test_peek_passes_plain_pushbs_and_leaves_the_rest() -> None:
         raw = peek_pushb(fake)
         assert raw is not None and raw.has_req is True
         assert decode_raw_pushb(fake) is None
-    # ... or holds with another type or value (the bytes sat inside a bin, then a real reqId).
-    trick = _pushb(QA, _pack([{"data": b"\xa5reqId\xcf"}]), req="q")
-    assert trick.endswith(b"\xa5reqId\xa1q") and decode_raw_pushb(trick) is None
+    # ... or holds with another type or value (the bytes sit inside a bin reqId).
+    trick = _pushb(QA, _pack([{"data": 1}]), req=b"\xa5reqId\xa1x")
+    raw = peek_pushb(trick)
+    assert raw is not None and raw.req == "x" and decode_raw_pushb(trick) is None
+    # The last reqId bytes are the guess: earlier ones (in a bin here) do not matter.
+    early = _pushb(QA, _pack([{"data": b"\xa5reqId\xcf"}]), req="q")
+    raw = peek_pushb(early)
+    assert raw is not None and raw.req == "q" and decode_raw_pushb(early) is not None
     assert decode_raw_pushb(_pushb(QA, _pack([{"data": 1}]), req=7)) is not None
     left: list[bytes] = [
         _pack({"cmd": "PUSH", "queue": QA, "data": 1}),
