@@ -155,8 +155,12 @@ def tail_req(body: bytes) -> tuple[int, str | int] | None:
         return None
     if value_at + _value_size(body, value_at) != len(body):
         return None
+    head = body[value_at]
     try:
-        value = msgpack.unpackb(body[value_at:], raw=False)
+        if 0xA0 <= head < 0xC0:  # a fixstr, as clients send: no unpacker call
+            value: Any = body[value_at + 1 :].decode()
+        else:
+            value = msgpack.unpackb(body[value_at:], raw=False)
     except Exception:
         return None  # a str that is not UTF-8: the general path answers it
     return (at, value) if type(value) in (str, int) else None
