@@ -16,6 +16,15 @@ anywhere in its bytes (a key in a msgpack map is its UTF-8 bytes, so such a body
 Once `cmd` and `queue` are read, the rest of the map is not even skipped where the bytes of
 `cmd`, `queue` and `reqId` occur no more: no such key can follow.
 
+Clients put `reqId` last, after the jobs. Skipping the jobs to reach it cost the front end
+about 790 instructions a job, so the front end reads it off the body's end instead
+(`tail_req`): when the last `reqId` bytes in the body follow a fixstr header and are followed
+by a str or int that ends the body, and no `cmd` or `queue` bytes follow the jobs, that is the
+`reqId` if the top-level map has one at all. Whether it is, is only known after a full decode
+(the bytes could close the last job's data, or lie inside a string), so the shard, in its one
+decode, refuses a body whose `tail_req` is not its top-level `reqId`, type and value alike
+(the general path then answers it), whether or not the front end used the guess.
+
 Everything else the general path would refuse, the shard finds in its one decode: a string
 that is not UTF-8, a refused extension type, a non-str key, bytes after the map, and nesting
 too deep for the general path's `req` batch (which carries the decoded map three levels down,
@@ -42,6 +51,7 @@ __all__ = [
     "decode_raw_pushb",
     "peek_pushb",
     "raw_refused",
+    "tail_req",
 ]
 
 # Three one-element arrays: the depth of a command inside the front end's `req` batch.
@@ -53,7 +63,15 @@ _PUSHB_AT: Final = 5  # the fixstr header of the command's name (PUSH: 0xa4; PUL
 _FIXSTR5: Final = 0xA5
 _FLOW_KEYS: Final = (b"parentId", b"childrenIds")
 _PEEKED: Final = frozenset({"cmd", "queue", "reqId"})
-_PEEKED_BYTES: Final = tuple(name.encode() for name in sorted(_PEEKED))
+_REQ: Final = b"reqId"
+_FIXSTR_REQ: Final = 0xA5  # the fixstr header byte before a `reqId` key
+# The header sizes of a str8, str16 and str32 (its length field follows the first byte).
+_SIZED: Final = {0xD9: 2, 0xDA: 3, 0xDB: 5}
+_INTS: Final = {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9, 0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9}
+_MISSING: Final = object()
+# How far from the end `tail_req` looks for a `reqId` key: its bytes and a str of up to 256
+# bytes (a longer reqId, rare, makes the front end skip the jobs as before).
+_TAIL_MAX: Final = len(_REQ) + 3 + 256
 
 RAW_REFUSED: Final = "rawRefused"
 """The key of a shard's reply to a passed-through body it could not take (`raw_refused`);
@@ -89,17 +107,63 @@ def _fields(body: bytes) -> dict[str, Any] | None:
             if key in found:
                 return None  # the decoder keeps the last: leave that to the general path
             found[key] = unpacker.unpack()
-        elif "cmd" in found and "queue" in found and _none_after(body, unpacker.tell()):
-            break  # no key read here can follow: the rest is the shard's to decode
+        elif "cmd" in found and "queue" in found and _settled(body, unpacker.tell(), found):
+            break  # no key read here can follow, or the `reqId` was read off the end
         else:
             unpacker.skip()
     return found
 
 
-def _none_after(body: bytes, at: int) -> bool:
-    """Whether no `cmd`, `queue` or `reqId` key can start at or after `at` (their bytes do
-    not occur there, in any string encoding)."""
-    return all(body.find(name, at) < 0 for name in _PEEKED_BYTES)
+def _settled(body: bytes, at: int, found: dict[str, Any]) -> bool:
+    """Whether the rest of the map from `at` need not be read: no `cmd` or `queue` key can
+    start there (their bytes do not occur there, in any string encoding), and either no
+    `reqId` key can, or none was read yet and one ends the body (`tail_req`: then `found`
+    takes it, and the shard confirms it in `decode_raw_pushb`)."""
+    if body.find(b"cmd", at) >= 0 or body.find(b"queue", at) >= 0:
+        return False
+    if "reqId" not in found:
+        tail = tail_req(body)
+        if tail is not None and tail[0] >= at:
+            found["reqId"] = tail[1]
+            return True
+    return body.find(_REQ, at) < 0
+
+
+def _value_size(body: bytes, at: int) -> int:
+    """The size of the str or int whose header is at `at` (0 if it is neither, or cut)."""
+    head = body[at]
+    if head < 0x80 or head >= 0xE0:
+        return 1
+    if 0xA0 <= head < 0xC0:
+        return 1 + head - 0xA0
+    if head in _INTS:
+        return _INTS[head]
+    if head in _SIZED:
+        start = _SIZED[head]
+        return start + int.from_bytes(body[at + 1 : at + start], "big")
+    return 0
+
+
+def tail_req(body: bytes) -> tuple[int, str | int] | None:
+    """Where the last `reqId` bytes of `body` start and the str or int after them, when they
+    follow a fixstr header and the value ends the body, else None. Only a guess at the
+    top-level `reqId` (the bytes may sit in a job's data, or in a string): the shard checks it
+    against its decode (`decode_raw_pushb`). Reads only the body's end. Never raises."""
+    at = body.rfind(_REQ, max(0, len(body) - _TAIL_MAX))
+    value_at = at + len(_REQ)
+    if at < 1 or body[at - 1] != _FIXSTR_REQ or value_at >= len(body):
+        return None
+    if value_at + _value_size(body, value_at) != len(body):
+        return None
+    head = body[value_at]
+    try:
+        if 0xA0 <= head < 0xC0:  # a fixstr, as clients send: no unpacker call
+            value: Any = body[value_at + 1 :].decode()
+        else:
+            value = msgpack.unpackb(body[value_at:], raw=False)
+    except Exception:
+        return None  # a str that is not UTF-8: the general path answers it
+    return (at, value) if type(value) in (str, int) else None
 
 
 def peek_pushb(view: bytes | memoryview) -> RawPush | None:
@@ -137,7 +201,10 @@ def decode_raw_pushb(body: bytes) -> dict[str, Any] | None:
         or type(cmd.get("queue")) is not str
     ):
         return None
-    cmd.pop("reqId", None)
+    req = cmd.pop("reqId", _MISSING)
+    tail = tail_req(body)
+    if tail is not None and (type(req) is not type(tail[1]) or req != tail[1]):
+        return None  # the front end may have answered with a `reqId` the map does not hold
     return cmd
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from shardq.runtime.frontend._merge import CACHE_ENTRY_BYTES, JobCache
 
 
@@ -34,6 +36,27 @@ def test_learning_an_id_again_counts_it_once() -> None:
     cache.learn(["a"], 1)
     assert cache.bytes == 2 * (1 + CACHE_ENTRY_BYTES)
     assert cache.get("a") == 1
+
+
+class _CountingDict(OrderedDict[str, int]):
+    moves = 0
+
+    def move_to_end(self, key: str, last: bool = True) -> None:
+        type(self).moves += 1
+        super().move_to_end(key, last)
+
+
+def test_learning_keeps_the_newest_last_and_moves_only_known_ids() -> None:
+    cache = JobCache(capacity=3, max_bytes=1 << 20)
+    counted = _CountingDict()
+    cache._shards = counted
+    cache.learn(["a", "b", "c"], 0)
+    assert _CountingDict.moves == 0  # new ids go in at the end by themselves
+    cache.learn(["a"], 1)  # learned again: now the newest
+    assert _CountingDict.moves == 1
+    cache.learn(["d"], 2)  # drops the oldest, which is "b" now, not "a"
+    assert list(counted) == ["c", "a", "d"]
+    assert cache.get("b") is None and cache.get("a") == 1
 
 
 def test_clear_empties_it_and_its_count() -> None:

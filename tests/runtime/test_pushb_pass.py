@@ -254,6 +254,16 @@ def _cases() -> list[bytes]:
         _pushb(QA, job([{"data": 1}]), req={"n": [1]}),
         _pushb(QA, job([{"data": 1}]), req=None),
         _pushb(QA, job([{"data": 1}]), req="r-plain"),
+        # The end of the body looks like a reqId the top-level map does not hold.
+        _pushb(QA, job([{"data": {"reqId": "inner"}}])),
+        _pushb(QB, job([{"data": ["reqId", 3]}])),
+        _pushb(QA, job([{"data": b"\xa5reqId\xcf"}]), req="q"),
+        _pushb(QB, job([{"data": 1}]), req=b"\xa5reqId\xa1x"),
+        _pushb(QA, job([{"data": 1}]), req="r" * 300),  # past the tail's reach: skipped to
+        _pushb(QA, job([{"data": {"reqId": "inner"}}]), req="outer"),
+        _pushb(QB, job([{"data": 1}]), req=2**64 - 1),
+        _pushb(QB, job([{"data": 1}]), req=-(2**63)),
+        _pushb(QA, job([{"data": 1}]), req="é" * 40),
         # A map16 header and no reqId at all (`_with_req` adds none here).
         b"\xde\x00\x03" + _pushb(QB, job([{"data": "no reqId"}]))[1:],
     ]
@@ -380,7 +390,27 @@ def test_peek_passes_plain_pushbs_and_leaves_the_rest() -> None:
     ]
     raw = peek_pushb(_map([*first, (_pack("jobs"), b"\x91\xc1")]))
     assert raw is not None and raw.req == "r"
-    assert peek_pushb(_pushb(QA, b"\x91\xc1") + _pack("reqId") + _pack("r")) is None
+    # A reqId after the jobs is read off the body's end: the jobs are not skipped (this body's
+    # one job is a byte no decoder takes), and the shard, which decodes it, refuses it.
+    tail = _map([*first[::2], (_pack("jobs"), b"\x91\xc1"), first[1]])
+    raw = peek_pushb(tail)
+    assert raw is not None and (raw.queue, raw.req, raw.has_req) == (QA, "r", True)
+    assert decode_raw_pushb(tail) is None
+    # The shard refuses a body whose end looks like a reqId the map does not hold.
+    for data in ({"reqId": "inner"}, ["reqId", 3], {"reqId": 2**64 - 1}):
+        fake = _pack({"cmd": "PUSHB", "queue": QA, "jobs": [{"data": data}]})
+        raw = peek_pushb(fake)
+        assert raw is not None and raw.has_req is True
+        assert decode_raw_pushb(fake) is None
+    # ... or holds with another type or value (the bytes sit inside a bin reqId).
+    trick = _pushb(QA, _pack([{"data": 1}]), req=b"\xa5reqId\xa1x")
+    raw = peek_pushb(trick)
+    assert raw is not None and raw.req == "x" and decode_raw_pushb(trick) is None
+    # The last reqId bytes are the guess: earlier ones (in a bin here) do not matter.
+    early = _pushb(QA, _pack([{"data": b"\xa5reqId\xcf"}]), req="q")
+    raw = peek_pushb(early)
+    assert raw is not None and raw.req == "q" and decode_raw_pushb(early) is not None
+    assert decode_raw_pushb(_pushb(QA, _pack([{"data": 1}]), req=7)) is not None
     left: list[bytes] = [
         _pack({"cmd": "PUSH", "queue": QA, "data": 1}),
         _pack({"cmd": "PUSHB", "queue": 1, "jobs": []}),

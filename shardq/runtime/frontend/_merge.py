@@ -82,14 +82,19 @@ class JobCache:
         return first
 
     def learn(self, job_ids: Sequence[object], shard: int) -> None:
+        """Remember each str id's shard, as the newest entry. A new id goes in at the end by
+        itself: only an id learned again (a pull after its push) is moved there, which saves
+        the ordered dict's `move_to_end` on every pushed job."""
         shards = self._shards
         size = self.bytes
         for job_id in job_ids:
-            if isinstance(job_id, str):
-                if job_id not in shards:
+            if type(job_id) is str:  # ids come decoded from msgpack: never a str subclass
+                if job_id in shards:
+                    shards[job_id] = shard
+                    shards.move_to_end(job_id)
+                else:
                     size += len(job_id) + CACHE_ENTRY_BYTES
-                shards[job_id] = shard
-                shards.move_to_end(job_id)
+                    shards[job_id] = shard
         while shards and (len(shards) > self.capacity or size > self.max_bytes):
             size -= len(shards.popitem(last=False)[0]) + CACHE_ENTRY_BYTES
         self.bytes = size
