@@ -68,6 +68,7 @@ def test_jobs_leased_and_acknowledged_together_store_one_merged_change(tmp_path:
         assert {i: store.get_job(i) for i in ids} == want
         assert store.count_by_state("qa") == {"completed": 8}
         # What the writer remembers of each row is the patch it wrote, not the one it joined.
+        store.settle()  # the row cache learns a commit after it (the writer: after its `done`)
         assert {i: store._cache[i][2] for i in ids} == {i: len(p) for i, p in patches.items()}
         # The next change is appended after the merged one, as to any patch.
         store.apply(encode([("upd", i, {"progress": 5}) for i in ids]))
