@@ -34,7 +34,10 @@ def test_the_timeline_has_every_hop_of_a_durable_push() -> None:
     durable, buffered = 0, 1
     assert rows["commit (Store.apply)"][durable].isdigit(), done.stdout
     assert rows["commit (Store.apply)"][buffered] == "", done.stdout
-    assert rows["engine end → reply written"][buffered].isdigit(), done.stdout
+    # Stamped only where the shard writes the reply itself (a handed-off connection): a CI run
+    # once lacked the row altogether; the output then says which stamps were there.
+    engine_to_reply = rows.get("engine end → reply written", ["", ""])
+    assert engine_to_reply[buffered].isdigit(), done.stdout + done.stderr[-4000:]
     assert int(rows["total"][durable]) > int(rows["commit (Store.apply)"][durable])
 
 
