@@ -16,6 +16,7 @@ back to the pids in the supervisor's log.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -123,6 +124,10 @@ _PICK_LOW, _PICK_HIGH = 20000, 32767
 # Not the module `random`: a plugin that seeds it alike in every xdist worker would have the
 # workers pick the same ports.
 _RANDOM = random.SystemRandom()
+# Ports handed out lately by this process: a test picks its ports in several calls (TCP and
+# ZeroMQ, then HTTP, then another node's), and none of them is bound until the server starts,
+# so two random picks could be the same port (CI saw tcp_port and http_port both 29040).
+_GIVEN: collections.deque[int] = collections.deque(maxlen=2000)
 
 
 def _ephemeral_low() -> int:
@@ -141,16 +146,21 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         for _ in range(200 * count):
             if len(socks) == count:
                 break
+            port = _RANDOM.randint(_PICK_LOW, high)
+            if port in _GIVEN:
+                continue
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
-                s.bind((host, _RANDOM.randint(_PICK_LOW, high)))
+                s.bind((host, port))
             except OSError:
                 s.close()
                 continue
             socks.append(s)
         if len(socks) < count:
             raise ServerError(f"no {count} free ports in {_PICK_LOW}-{high}")
-        return [s.getsockname()[1] for s in socks]
+        ports = [s.getsockname()[1] for s in socks]
+        _GIVEN.extend(ports)
+        return ports
     finally:
         for s in socks:
             s.close()
