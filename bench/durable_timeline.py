@@ -15,11 +15,13 @@ the table gives each segment's median over the requests (µs), the load average 
 
   client → shard awake · shard reads the request · engine · turn's end → batch sent ·
   batch → writer awake · writer awake → commit starts · commit (`Store.apply`) · commit →
-  `done` sent · `done` → shard awake · shard awake → reply written · reply → client
+  `done` sent · `done` → shard awake · shard awake → reply write · reply write → client
 
-(for a buffered push the writer's segments do not occur: "engine end → reply written"
-instead). The stamps cost about a microsecond each, so the sum is a little above the plain
-round trip; use `bench.durable_hops` for latency and CPU without them.
+(for a buffered push the writer's segments do not occur: "engine end → reply write" instead).
+"Reply write" is where the shard's write call for the reply starts: its end is no hop, since
+the client can have the reply, and have sent its next request, before that call returns.
+The stamps cost about a microsecond each, so the sum is a little above the plain round trip;
+use `bench.durable_hops` for latency and CPU without them.
 
 The writer's steps are stamped apart as well (indented rows): decoding the batch, and inside
 `Store.apply` the coalescing, the row writes, then COMMIT and what follows it. `--bulk N` sends
@@ -55,8 +57,8 @@ _SEGMENTS = (
     "client → shard awake", "shard reads the request", "engine", "turn's end → batch sent",
     "batch → writer awake", "writer awake → commit starts", "  writer decodes the batch",
     "commit (Store.apply)", "  coalesce", "  row writes", "  COMMIT and after",
-    "commit → done sent", "done → shard awake", "shard awake → reply written",
-    "engine end → reply written", "reply → client", "total",
+    "commit → done sent", "done → shard awake", "shard awake → reply write",
+    "engine end → reply write", "reply write → client", "total",
 )  # fmt: skip
 
 
@@ -77,14 +79,15 @@ def _segments(
 ) -> dict[str, float | None]:
     woke, read = _first(stamps, "s.poll1"), _first(stamps, "s.wait1")
     handled0, handled1 = _first(stamps, "s.handle0"), _first(stamps, "s.handle1")
-    sent, wrote = _first(stamps, "s.muts1"), _last(stamps, "s.rep1")
+    # The write's start, not its end: the end of the previous request's write can fall in this
+    # request's window, and this one's after it (the client read the reply first).
+    sent, wrote = _first(stamps, "s.muts1"), _first(stamps, "s.rep0")
     w_woke, applied0 = _first(stamps, "w.poll1"), _first(stamps, "w.apply0")
     applied1, done = _first(stamps, "w.apply1"), _first(stamps, "w.deliver1")
-    rep0 = _last(stamps, "s.rep0")
     dec0, dec1 = _first(stamps, "w.handle0"), _first(stamps, "w.handle1")
     coal0, wrote0 = _first(stamps, "w.coal0"), _first(stamps, "w.write0")
     wrote1 = _first(stamps, "w.write1")
-    woke_done = max((t for t in stamps.get("s.poll1", []) if rep0 and done and done < t < rep0),
+    woke_done = max((t for t in stamps.get("s.poll1", []) if wrote and done and done < t < wrote),
                     default=None)  # fmt: skip
     return {
         "client → shard awake": _gap(c0, woke),
@@ -100,9 +103,9 @@ def _segments(
         "  COMMIT and after": _gap(wrote1, applied1) if durable else None,
         "commit → done sent": _gap(applied1, done) if durable else None,
         "done → shard awake": _gap(done, woke_done) if durable else None,
-        "shard awake → reply written": _gap(woke_done, wrote) if durable else None,
-        "engine end → reply written": None if durable else _gap(handled1, wrote),
-        "reply → client": _gap(wrote, c1),
+        "shard awake → reply write": _gap(woke_done, wrote) if durable else None,
+        "engine end → reply write": None if durable else _gap(handled1, wrote),
+        "reply write → client": _gap(wrote, c1),
         "total": (c1 - c0) * 1e6,
     }
 
