@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from shardq_harness import ShardqServer
 
+from bench.delay import calls_by_function
 from shardq.client import Connection, ConnectionLost, Queue
 
 REQUESTS = 200
@@ -150,21 +151,11 @@ def test_a_restart_between_requests_is_noticed_before_the_next_is_sent(
 
 def _python_lock_entries(call: Callable[[], object], n: int) -> float:
     """`with` on a `threading.Condition` (a Python frame each) per `call()`, under cProfile."""
-    import cProfile
-    import pstats
-
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(n):
-        call()
-    profile.disable()
-    stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
-    entered = sum(
-        row[1]
-        for (path, _line, name), row in stats.items()
+    return sum(
+        count
+        for (path, _line, name), count in calls_by_function(call, n).items()
         if name == "__enter__" and path.endswith("threading.py")
     )
-    return entered / n
 
 
 @pytest.mark.parametrize("scheme", ["tcp", "zmq"])

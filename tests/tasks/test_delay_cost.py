@@ -8,15 +8,14 @@ every call, 60 Python calls more than the raw push it wraps (bench/results/2026-
 
 from __future__ import annotations
 
-import cProfile
 import os
-import pstats
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
 from shardq_harness import ShardqServer
 
+from bench.delay import calls_by_function
 from shardq import App
 from shardq.client import Connection, Queue, SerializationError
 from shardq.tasks._options import MERGED_CACHE_SIZE
@@ -89,15 +88,9 @@ class _Recorder:
 
 
 def _calls_per_call(fn: Any) -> tuple[float, dict[str, float]]:
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(CALLS):
-        fn()
-    profile.disable()
-    stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     by_name: dict[str, float] = {}
-    for (_file, _line, name), row in stats.items():
-        by_name[name] = by_name.get(name, 0) + row[1] / CALLS
+    for (_file, _line, name), count in calls_by_function(fn, CALLS).items():
+        by_name[name] = by_name.get(name, 0) + count
     return sum(by_name.values()), by_name
 
 
