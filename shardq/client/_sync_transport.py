@@ -42,6 +42,12 @@ Futures = list["Future[Reply]"]
 # The read buffer each TCP connection keeps. A reply larger than this (a PULLB of big jobs)
 # is read in several pieces; the frame cutter joins them.
 _RECV_BYTES: Final = 256 * 1024
+FRESH_S: Final = 0.001
+"""A shard's direct connection that wrote a request less than this long ago is not asked
+whether the shard closed it before the next one (`SyncTcpTransport.fresh`). A shard closes a
+direct connection on purpose in two ways: for idleness (`tcp_idle_close_ms`, 1 ms at the
+least), counted from its reply to the last request, which cannot have come yet; and at a
+stop, after a goodbye, which the read of the reply finds (then nothing unanswered was taken)."""
 
 
 class SyncTransport(Protocol):
@@ -97,9 +103,13 @@ class SyncTcpTransport:
     """One TCP connection, read by the threads that wait on it (`Turns`): no reader thread.
 
     Writes happen in the calling thread. The socket is blocking, with the kernel's send and
-    receive timeouts instead of Python's (which would `poll` before every `send` and `recv`):
-    readiness is polled once per read, by the leader, and replies are read into one buffer
-    the connection keeps (a fresh megabyte per `recv` cost an mmap and a munmap).
+    receive timeouts instead of Python's (which would `poll` before every `send` and `recv`).
+    The leader reads with one blocking `recv` while its deadline is further off than the
+    receive timeout (the timeout ends it empty-handed), else it polls once with the deadline
+    first; replies are read into one buffer the connection keeps (a fresh megabyte per `recv`
+    cost an mmap and a munmap). A request is thus a `send` and a `recv`, after the owner's
+    liveness look (`alive`, a `poll` with no wait), which the direct path skips on a
+    connection that wrote a request less than `FRESH_S` ago (`fresh`).
     """
 
     releases_on_close = True
@@ -111,15 +121,21 @@ class SyncTcpTransport:
             sock = connect_tcp(endpoint, connect_timeout, security)
             # A send that cannot progress for this long (a peer that stopped reading) breaks
             # the connection instead of blocking a caller forever; so does a TLS record that
-            # stops halfway. Reads wait in `poll`, with the caller's deadline.
+            # stops halfway. A read whose deadline is further off blocks in `recv` itself
+            # (the timeout ends it with nothing read); a nearer one waits in `poll` first.
             sock.settimeout(None)
-            stall = _timeval(max(connect_timeout, 1.0))
+            stall_s = max(connect_timeout, 1.0)
+            stall = _timeval(stall_s)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, stall)
         except OSError as e:
             raise ConnectionLost(f"cannot connect to {endpoint}: {e}", sent=False) from e
         self._sock = sock
         self._tls = isinstance(sock, ssl.SSLSocket)
+        # A read that may wait this long needs no `poll` first: the kernel's receive timeout
+        # ends it (`_read`).
+        self._stall_s = stall_s
+        self._sent_at = 0.0  # monotonic: when the last request was written (`fresh`)
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
         self._buffer = bytearray(_RECV_BYTES)
@@ -149,12 +165,20 @@ class SyncTcpTransport:
                 self._turns.step_down()
         return self._dead is None
 
+    @property
+    def fresh(self) -> bool:
+        """True while the connection is not known to be broken and wrote a request less than
+        `FRESH_S` ago: a caller sending back to back to a shard's direct port need not ask
+        the socket whether it was closed (`alive`, a `poll` per request)."""
+        return self._dead is None and time.monotonic() - self._sent_at < FRESH_S
+
     def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
         futures: list[Future[Reply]] = [Future() for _ in commands]
         with self._core_lock:
             if self._dead is not None:
                 raise ConnectionLost(self._dead, sent=False)
             rids, payloads = self._core.prepare(commands, futures)
+            self._sent_at = time.monotonic()
         try:
             with self._send_lock:
                 self._sock.sendall(payloads[0])
@@ -188,11 +212,16 @@ class SyncTcpTransport:
     def _read(self, timeout: float) -> None:
         """Wait up to `timeout` s for data; resolve the replies it completes. Leader only."""
         try:
-            # TLS may hold decrypted bytes the socket no longer shows as readable.
-            pending = self._tls and self._sock.pending() > 0  # type: ignore[attr-defined]
-            if not pending and not self._poll.poll(math.ceil(timeout * 1000)):
-                return
+            if self._tls or timeout < self._stall_s:
+                # TLS may hold decrypted bytes the socket no longer shows as readable.
+                pending = self._tls and self._sock.pending() > 0  # type: ignore[attr-defined]
+                if not pending and not self._poll.poll(math.ceil(timeout * 1000)):
+                    return
+            # Otherwise one blocking read, no `poll` before it: it returns with data, at a
+            # close, or after the receive timeout (`_stall_s`) with nothing.
             size = self._sock.recv_into(self._buffer)
+        except BlockingIOError:  # the receive timeout passed: nothing came
+            return
         except OSError as e:
             self._die(f"connection to {self._endpoint} lost: {e}")
             return
