@@ -3,10 +3,10 @@
 Each is a thin adapter around a `ClientCore`, with no thread of its own: the threads waiting
 for replies take turns reading the socket (`shardq.client._turns`), so a lone caller writes
 its request and reads its reply itself, and no second thread is woken per request. Callers
-get one `concurrent.futures.Future` per command and wait with a deadline, so many requests
-from many threads are in flight on one connection. A transport lives for one connection:
-once it breaks, every waiting request fails with `ConnectionLost` and the owner opens a new
-one. The ZeroMQ transport is in `shardq.client._sync_zmq`.
+get one `Pending` per command (`_turns`: a reply slot, lighter than a `Future`) and wait with
+a deadline, so many requests from many threads are in flight on one connection. A transport
+lives for one connection: once it breaks, every waiting request fails with `ConnectionLost`
+and the owner opens a new one. The ZeroMQ transport is in `shardq.client._sync_zmq`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ import struct
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any, Final, Protocol
 
 from shardq.client._core import ClientCore, Framing, fail_waiters, no_reply
 from shardq.client._errors import ConnectionLost
 from shardq.client._sockets import connect_tcp
 from shardq.client._sync_zmq import SyncZmqTransport
-from shardq.client._turns import Turns, resolve
+from shardq.client._turns import Pending, Turns, resolve
 from shardq.client._url import ClientSecurity, Endpoint, closed_message
 
 __all__ = [
@@ -38,7 +37,7 @@ __all__ = [
 ]
 
 Reply = dict[str, Any]
-Futures = list["Future[Reply]"]
+Futures = list[Pending]
 # The read buffer each TCP connection keeps. A reply larger than this (a PULLB of big jobs)
 # is read in several pieces; the frame cutter joins them.
 _RECV_BYTES: Final = 256 * 1024
@@ -141,7 +140,7 @@ class SyncTcpTransport:
         self._buffer = bytearray(_RECV_BYTES)
         self._view = memoryview(self._buffer)
         self._endpoint = endpoint
-        self._core: ClientCore[Future[Reply]] = ClientCore(Framing.STREAM)
+        self._core: ClientCore[Pending] = ClientCore(Framing.STREAM)
         self._core_lock = threading.Lock()  # short sections only; never held during I/O
         self._send_lock = threading.Lock()  # keeps the frames of concurrent writers whole
         self._turns = Turns()
@@ -173,7 +172,7 @@ class SyncTcpTransport:
         return self._dead is None and time.monotonic() - self._sent_at < FRESH_S
 
     def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
-        futures: list[Future[Reply]] = [Future() for _ in commands]
+        futures = [Pending() for _ in commands]
         with self._core_lock:
             if self._dead is not None:
                 raise ConnectionLost(self._dead, sent=False)
@@ -202,7 +201,7 @@ class SyncTcpTransport:
         """Close the connection; requests still waiting fail with `ConnectionLost`."""
         self._die("the connection was closed by the client")
 
-    def _read_until(self, future: Future[Reply], deadline: float) -> None:
+    def _read_until(self, future: Pending, deadline: float) -> None:
         while not future.done() and self._dead is None:
             left = deadline - time.monotonic()
             if left <= 0:
