@@ -159,7 +159,7 @@ def measure(server: ShardqProcess, calls: int, durable: bool, strace: bool) -> d
     servers = []
     for pid in pids:
         voluntary, involuntary, cpu = (a - b for a, b in zip(after[pid], before[pid], strict=True))
-        if voluntary or involuntary or cpu:
+        if max(voluntary, involuntary) / calls >= 0.005 or cpu / calls >= 0.5e-6:
             servers.append({"role": _role(pid), "voluntary": voluntary / calls,
                             "involuntary": involuntary / calls,
                             "cpu_us": cpu / calls * 1e6})  # fmt: skip
