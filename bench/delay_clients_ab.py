@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -128,7 +129,9 @@ def _client(spec: str) -> Client:
     label, sep, python = spec.partition("=")
     if not sep or not label or not python:
         raise argparse.ArgumentTypeError(f"want label=/path/to/python, got {spec!r}")
-    return Client(label, python)
+    # Absolute, not resolved: a venv's interpreter is a symlink that must stay one. The
+    # clients run in "/", so that `python -c` finds no checkout in its working directory.
+    return Client(label, os.path.abspath(python))
 
 
 def main(argv: list[str] | None = None) -> int:
