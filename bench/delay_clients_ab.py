@@ -112,7 +112,7 @@ def render(clients: list[Client]) -> str:
            "|---|---:|---:|---:|"]  # fmt: skip
     for c in clients:
         rates, cpus = [r[0] for r in c.rounds], [r[1] for r in c.rounds]
-        low, _, high = statistics.quantiles(rates, n=4)
+        low, _, high = statistics.quantiles(rates, n=4, method="inclusive")
         out.append(f"| {c.label} | {statistics.median(rates):,.0f} ({low:,.0f}-{high:,.0f}) | "
                    f"{statistics.median(cpus):.1f} | {min(cpus):.1f} |")  # fmt: skip
     base = clients[0]
