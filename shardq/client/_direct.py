@@ -15,7 +15,10 @@ Hello that offered no ports); each failure in a row doubles the rest, up to `REC
 port that could not be connected to (a firewall, a proxy in front of the server) is not tried
 again by this connection: pushes for its shard go through the front end until a Hello (asked
 every `RECHECK_S` meanwhile) offers that shard another port (a restart). A direct connection
-the shard closed while it waited for nothing (`tcp_idle_close_ms`) is opened again at once. A
+the shard closed while it waited for nothing (`tcp_idle_close_ms`) is opened again at once;
+whether the shard closed it is asked of the socket before a push (a `poll` with no wait),
+except on a connection that wrote a push less than `FRESH_S` ago (a caller pushing back to
+back), which the idle close cannot have reached yet (`SyncTcpTransport.fresh`). A
 connection lost after the push was written is raised, as through the front end
 (`ConnectionLost(sent=True)`), and so is a reply that does not come in time
 (`CommandTimeout`): the push may have been applied, so it is not silently sent twice.
@@ -200,7 +203,7 @@ class DirectRoutes(_Routes):
     def _transport(self, shard: int, address: Endpoint) -> SyncTcpTransport | None:
         with self._lock:
             transport = self._open.get(shard)
-            if transport is not None and transport.alive:
+            if transport is not None and (transport.fresh or transport.alive):
                 return transport
             if transport is not None:  # closed by the shard: idle, restarted or gone
                 transport.close()

@@ -3,10 +3,10 @@
 Each is a thin adapter around a `ClientCore`, with no thread of its own: the threads waiting
 for replies take turns reading the socket (`shardq.client._turns`), so a lone caller writes
 its request and reads its reply itself, and no second thread is woken per request. Callers
-get one `concurrent.futures.Future` per command and wait with a deadline, so many requests
-from many threads are in flight on one connection. A transport lives for one connection:
-once it breaks, every waiting request fails with `ConnectionLost` and the owner opens a new
-one. The ZeroMQ transport is in `shardq.client._sync_zmq`.
+get one `Pending` per command (`_turns`: a reply slot, lighter than a `Future`) and wait with
+a deadline, so many requests from many threads are in flight on one connection. A transport
+lives for one connection: once it breaks, every waiting request fails with `ConnectionLost`
+and the owner opens a new one. The ZeroMQ transport is in `shardq.client._sync_zmq`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ import struct
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any, Final, Protocol
 
 from shardq.client._core import ClientCore, Framing, fail_waiters, no_reply
 from shardq.client._errors import ConnectionLost
 from shardq.client._sockets import connect_tcp
 from shardq.client._sync_zmq import SyncZmqTransport
-from shardq.client._turns import Turns, resolve
+from shardq.client._turns import Pending, Turns, resolve
 from shardq.client._url import ClientSecurity, Endpoint, closed_message
 
 __all__ = [
@@ -38,10 +37,16 @@ __all__ = [
 ]
 
 Reply = dict[str, Any]
-Futures = list["Future[Reply]"]
+Futures = list[Pending]
 # The read buffer each TCP connection keeps. A reply larger than this (a PULLB of big jobs)
 # is read in several pieces; the frame cutter joins them.
 _RECV_BYTES: Final = 256 * 1024
+FRESH_S: Final = 0.001
+"""A shard's direct connection that wrote a request less than this long ago is not asked
+whether the shard closed it before the next one (`SyncTcpTransport.fresh`). A shard closes a
+direct connection on purpose in two ways: for idleness (`tcp_idle_close_ms`, 1 ms at the
+least), counted from its reply to the last request, which cannot have come yet; and at a
+stop, after a goodbye, which the read of the reply finds (then nothing unanswered was taken)."""
 
 
 class SyncTransport(Protocol):
@@ -97,9 +102,13 @@ class SyncTcpTransport:
     """One TCP connection, read by the threads that wait on it (`Turns`): no reader thread.
 
     Writes happen in the calling thread. The socket is blocking, with the kernel's send and
-    receive timeouts instead of Python's (which would `poll` before every `send` and `recv`):
-    readiness is polled once per read, by the leader, and replies are read into one buffer
-    the connection keeps (a fresh megabyte per `recv` cost an mmap and a munmap).
+    receive timeouts instead of Python's (which would `poll` before every `send` and `recv`).
+    The leader reads with one blocking `recv` while its deadline is further off than the
+    receive timeout (the timeout ends it empty-handed), else it polls once with the deadline
+    first; replies are read into one buffer the connection keeps (a fresh megabyte per `recv`
+    cost an mmap and a munmap). A request is thus a `send` and a `recv`, after the owner's
+    liveness look (`alive`, a `poll` with no wait), which the direct path skips on a
+    connection that wrote a request less than `FRESH_S` ago (`fresh`).
     """
 
     releases_on_close = True
@@ -111,21 +120,27 @@ class SyncTcpTransport:
             sock = connect_tcp(endpoint, connect_timeout, security)
             # A send that cannot progress for this long (a peer that stopped reading) breaks
             # the connection instead of blocking a caller forever; so does a TLS record that
-            # stops halfway. Reads wait in `poll`, with the caller's deadline.
+            # stops halfway. A read whose deadline is further off blocks in `recv` itself
+            # (the timeout ends it with nothing read); a nearer one waits in `poll` first.
             sock.settimeout(None)
-            stall = _timeval(max(connect_timeout, 1.0))
+            stall_s = max(connect_timeout, 1.0)
+            stall = _timeval(stall_s)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, stall)
         except OSError as e:
             raise ConnectionLost(f"cannot connect to {endpoint}: {e}", sent=False) from e
         self._sock = sock
         self._tls = isinstance(sock, ssl.SSLSocket)
+        # A read that may wait this long needs no `poll` first: the kernel's receive timeout
+        # ends it (`_read`).
+        self._stall_s = stall_s
+        self._sent_at = 0.0  # monotonic: when the last request was written (`fresh`)
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
         self._buffer = bytearray(_RECV_BYTES)
         self._view = memoryview(self._buffer)
         self._endpoint = endpoint
-        self._core: ClientCore[Future[Reply]] = ClientCore(Framing.STREAM)
+        self._core: ClientCore[Pending] = ClientCore(Framing.STREAM)
         self._core_lock = threading.Lock()  # short sections only; never held during I/O
         self._send_lock = threading.Lock()  # keeps the frames of concurrent writers whole
         self._turns = Turns()
@@ -149,12 +164,20 @@ class SyncTcpTransport:
                 self._turns.step_down()
         return self._dead is None
 
+    @property
+    def fresh(self) -> bool:
+        """True while the connection is not known to be broken and wrote a request less than
+        `FRESH_S` ago: a caller sending back to back to a shard's direct port need not ask
+        the socket whether it was closed (`alive`, a `poll` per request)."""
+        return self._dead is None and time.monotonic() - self._sent_at < FRESH_S
+
     def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
-        futures: list[Future[Reply]] = [Future() for _ in commands]
+        futures = [Pending() for _ in commands]
         with self._core_lock:
             if self._dead is not None:
                 raise ConnectionLost(self._dead, sent=False)
             rids, payloads = self._core.prepare(commands, futures)
+            self._sent_at = time.monotonic()
         try:
             with self._send_lock:
                 self._sock.sendall(payloads[0])
@@ -178,7 +201,7 @@ class SyncTcpTransport:
         """Close the connection; requests still waiting fail with `ConnectionLost`."""
         self._die("the connection was closed by the client")
 
-    def _read_until(self, future: Future[Reply], deadline: float) -> None:
+    def _read_until(self, future: Pending, deadline: float) -> None:
         while not future.done() and self._dead is None:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -188,11 +211,16 @@ class SyncTcpTransport:
     def _read(self, timeout: float) -> None:
         """Wait up to `timeout` s for data; resolve the replies it completes. Leader only."""
         try:
-            # TLS may hold decrypted bytes the socket no longer shows as readable.
-            pending = self._tls and self._sock.pending() > 0  # type: ignore[attr-defined]
-            if not pending and not self._poll.poll(math.ceil(timeout * 1000)):
-                return
+            if self._tls or timeout < self._stall_s:
+                # TLS may hold decrypted bytes the socket no longer shows as readable.
+                pending = self._tls and self._sock.pending() > 0  # type: ignore[attr-defined]
+                if not pending and not self._poll.poll(math.ceil(timeout * 1000)):
+                    return
+            # Otherwise one blocking read, no `poll` before it: it returns with data, at a
+            # close, or after the receive timeout (`_stall_s`) with nothing.
             size = self._sock.recv_into(self._buffer)
+        except BlockingIOError:  # the receive timeout passed: nothing came
+            return
         except OSError as e:
             self._die(f"connection to {self._endpoint} lost: {e}")
             return

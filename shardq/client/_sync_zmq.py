@@ -25,7 +25,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any, Final
 
 import zmq
@@ -40,13 +39,13 @@ from shardq.client._sockets import (
     monitor_socket,
     new_dealer,
 )
-from shardq.client._turns import Turns, resolve
+from shardq.client._turns import Pending, Turns, resolve
 from shardq.client._url import ClientSecurity, Endpoint
 
 __all__ = ["SyncZmqTransport"]
 
 Reply = dict[str, Any]
-Futures = list["Future[Reply]"]
+Futures = list[Pending]
 _CLOSE_WAIT_S: Final = 5.0  # how long close() waits for a reading thread to let go
 
 
@@ -80,7 +79,7 @@ class SyncZmqTransport:
         self._monitor_poll = select.poll()
         self._monitor_poll.register(self._monitor_fd, select.POLLIN)
         self._drained = True  # DEALER: `recv` said "nothing" since the last send (see `_poll`)
-        self._core: ClientCore[Future[Reply]] = ClientCore(Framing.MESSAGE)
+        self._core: ClientCore[Pending] = ClientCore(Framing.MESSAGE)
         self._lock = threading.Lock()  # the core, the outbox and `_dead`; never held in I/O
         self._io = threading.Lock()  # whoever holds it may use the DEALER and its monitor
         self._outbox: deque[tuple[list[str], list[bytes]]] = deque()
@@ -108,7 +107,7 @@ class SyncZmqTransport:
         return self._dead is None
 
     def request(self, commands: Sequence[Mapping[str, Any]]) -> tuple[list[str], Futures]:
-        futures: list[Future[Reply]] = [Future() for _ in commands]
+        futures = [Pending() for _ in commands]
         with self._lock:
             if self._dead is not None:
                 raise ConnectionLost(self._dead, sent=False)
@@ -160,7 +159,7 @@ class SyncZmqTransport:
             reason = self._dead or f"no handshake with {self._endpoint} within {timeout:g} s"
             raise ConnectionLost(f"cannot connect to {self._endpoint}: {reason}", sent=False)
 
-    def _read_until(self, future: Future[Reply], deadline: float) -> None:
+    def _read_until(self, future: Pending, deadline: float) -> None:
         """This thread's turn to read: hold the socket until `future` is done."""
         with self._io:
             try:

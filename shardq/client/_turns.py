@@ -9,23 +9,64 @@ reply: a request costs the wake-up of no thread but the caller.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import InvalidStateError
 from typing import Any
 
-__all__ = ["Turns", "resolve"]
+__all__ = ["Pending", "Turns", "resolve"]
 
 Reply = dict[str, Any]
 
 
-def resolve(matched: Sequence[tuple[Future[Reply], Reply]]) -> None:
-    for future, reply in matched:
-        # Asking `done()` first took the future's lock a second time on every reply.
-        with contextlib.suppress(InvalidStateError):  # failed meanwhile (a broken connection)
-            future.set_result(reply)
+class Pending:
+    """One request's reply, or why it cannot come: what a blocking transport hands its caller.
+
+    The part of `concurrent.futures.Future` the transports use, without its condition and
+    lock (a `Future` took its condition in `__init__`, `done`, `set_result` and `result`,
+    some twenty Python calls a request): threads wait on the turns' condition (`Turns`), and
+    exactly one path settles a request, the match of its reply or the failure of the
+    connection, each after taking it out of the core's table under the transport's lock. The
+    first outcome set stays; a later one is ignored."""
+
+    __slots__ = ("_done", "_error", "_reply")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._reply: Reply | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, reply: Reply) -> None:
+        if not self._done:
+            self._reply = reply
+            self._done = True
+
+    def set_exception(self, exception: BaseException) -> None:
+        if not self._done:
+            self._error = exception
+            self._done = True
+
+    def result(self) -> Reply:
+        """The reply. Raises the exception set instead, or `InvalidStateError` if neither
+        was set yet."""
+        if self._error is not None:
+            raise self._error
+        if self._reply is None:
+            raise InvalidStateError("no reply yet")
+        return self._reply
+
+    def exception(self) -> BaseException | None:
+        """The exception set, or None (a reply, or nothing yet)."""
+        return self._error
+
+
+def resolve(matched: Sequence[tuple[Pending, Reply]]) -> None:
+    for pending, reply in matched:
+        pending.set_result(reply)
 
 
 class Turns:
@@ -42,9 +83,9 @@ class Turns:
 
     def wait(
         self,
-        futures: Sequence[Future[Reply]],
+        futures: Sequence[Pending],
         deadline: float,
-        read_until: Callable[[Future[Reply], float], None],
+        read_until: Callable[[Pending, float], None],
     ) -> None:
         """Return once every future is done, reading with `read_until(future, deadline)`
         while this thread leads. Raises `TimeoutError` at `deadline` (monotonic)."""
@@ -81,7 +122,7 @@ class Turns:
             if self._followers:
                 self._cond.notify_all()
 
-    def _follow(self, future: Future[Reply], timeout: float) -> None:
+    def _follow(self, future: Pending, timeout: float) -> None:
         """Wait while another thread reads, until it resolves `future` or steps down."""
         with self._lock:
             if self._reading and not future.done():

@@ -145,3 +145,25 @@ def test_a_reader_that_leaves_hands_the_reading_over(server: ShardqServer, schem
         assert elapsed < 3.0, f"B waited {elapsed:.1f} s: nobody read its reply after A left"
         # Over ZeroMQ closing releases no lease: an active job would hold up the server's stop.
         conn.call({"cmd": "ACK", "id": reply["job"]["id"]})
+
+
+def test_a_read_that_outlasts_the_receive_timeout_keeps_waiting(server: ShardqServer) -> None:
+    """A TCP read whose deadline is further off than the socket's receive timeout (the connect
+    timeout, 1 s here) blocks in `recv` with no poll first; the timeout ends that `recv` with
+    nothing read, which is no loss: the reader reads again until its deadline."""
+    name = f"sr-{time.monotonic_ns()}"
+    with (
+        Connection(url_of(server, "tcp"), timeout=10.0, connect_timeout=1.0) as conn,
+        Queue(name, url=url_of(server, "tcp")) as q,
+    ):
+        conn.call({"cmd": "Ping"})
+        pusher = threading.Timer(2.5, lambda: q.add("late", {"n": 1}))
+        pusher.start()
+        try:
+            # Held by the server until the push, 2.5 s on: two receive timeouts pass.
+            reply = conn.call({"cmd": "PULL", "queue": name, "timeout": 8000}, timeout=10.0)
+        finally:
+            pusher.join(5)
+        assert reply["job"]["name"] == "late"
+        assert conn.generation == 1, "the connection stayed up"
+        conn.call({"cmd": "ACK", "id": reply["job"]["id"]})

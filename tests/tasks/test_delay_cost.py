@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -292,3 +293,30 @@ def test_a_forked_child_sends_on_a_connection_of_its_own(url: str) -> None:
         noop.delay(2)  # the parent's connection is untouched
         assert app.queue("delay-cost-fork").connection is parent_connection
         assert app.queue("delay-cost-fork").counts().waiting == 3
+
+
+def test_threads_sharing_an_app_each_get_their_own_jobs(url: str) -> None:
+    """Many threads `.delay()` on one app, so on one direct connection to the shard: a caller
+    that reads for the others (the reader's turn) hands each reply to its own caller, and a
+    push skips the liveness poll only while the connection is in use, never mixing replies."""
+    threads, calls = 8, 60
+    queue_name = f"delay-threads-{os.getpid()}"
+    with App(url=url) as app:
+
+        @app.task(queue=queue_name)
+        def tagged(thread: int, call: int) -> None:
+            return None
+
+        def enqueue(thread: int) -> list[tuple[int, int, str]]:
+            return [(thread, i, tagged.delay(thread, i).id) for i in range(calls)]
+
+        with ThreadPoolExecutor(threads) as pool:
+            sent = [row for rows in pool.map(enqueue, range(threads), timeout=120) for row in rows]
+        connection = app.queue(queue_name).connection
+        assert connection.direct is not None and connection.direct.used == threads * calls
+        queue = app.queue(queue_name)
+        assert len({job_id for _, _, job_id in sent}) == threads * calls
+        for thread, call, job_id in sent:
+            job = queue.get_job(job_id)
+            assert job is not None and job.data["args"] == [thread, call], (thread, call, job)
+        assert queue.counts().waiting == threads * calls
