@@ -270,7 +270,7 @@ class _Folder:
                             if COLD_COLUMN in columns:
                                 _cold_stored_change(row.changed, columns)
                             else:
-                                row.changed.update(columns)
+                                row.changed |= columns  # an operator: no method call
                         elif COLD_COLUMN in columns:
                             _cold_change(values, columns)
                         else:
