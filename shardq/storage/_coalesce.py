@@ -69,6 +69,9 @@ Part = bytes | Record
 # ("updm", [job id, ...], columns, changes): that `upd` of each job in turn)
 _Op = tuple[str, str, Any, Any]
 
+# The `changed` of every put's row: a put's columns are in its `values`, so nothing adds to
+# it (a row made whole from a stored one gets a new map, `_write.absorb_survivor`).
+_NO_CHANGES: dict[str, Any] = {}
 # A dict lookup's "no such key", where None means "deleted".
 _ABSENT: Any = object()
 # Fields every stored record must carry: they fill NOT NULL columns.
@@ -93,6 +96,11 @@ class Row:
     `kept`: patch entries already stored, written back before `patch` (see `_write`).
     `deltas`: `delta` ops to append to a stored job's `job_deltas` rows (a job put in this
     batch takes its ops into `patch` instead: its whole row is written anyway).
+
+    Two or three rows are made per job a batch touches, so a row allocates only what its kind
+    uses: a put's `changed` and every row's `deltas` start as one shared empty container,
+    which nothing writes to (`changed` is only set on a stored job's row; `deltas` is replaced
+    by a list of its own at its first op, `_Folder._delta`).
     """
 
     __slots__ = ("changed", "deltas", "kept", "patch", "rec", "stored", "values")
@@ -102,9 +110,9 @@ class Row:
         self.rec = rec
         self.stored = stored
         self.patch: list[Part] = []
-        self.changed: dict[str, Any] = {}
+        self.changed: dict[str, Any] = _NO_CHANGES if stored is None else {}
         self.kept = b""
-        self.deltas: list[Part] = []
+        self.deltas: Sequence[Part] = ()
 
     @property
     def queue(self) -> Any:
@@ -262,7 +270,7 @@ class _Folder:
                             if COLD_COLUMN in columns:
                                 _cold_stored_change(row.changed, columns)
                             else:
-                                row.changed.update(columns)
+                                row.changed |= columns  # an operator: no method call
                         elif COLD_COLUMN in columns:
                             _cold_change(values, columns)
                         else:
@@ -278,7 +286,11 @@ class _Folder:
         if row is None:
             return
         if row.values is None:
-            row.deltas.append(op)
+            deltas = row.deltas
+            if type(deltas) is list:
+                deltas.append(op)
+            else:
+                row.deltas = [op]
         else:
             row.patch.append(wrap(op))  # a patch entry may hold a delta op (`_deltas`)
 

@@ -19,7 +19,7 @@ The rows counted are exactly those `cold_counts` counted over the indexes: `cold
 changes one of the key's columns of a row that is or was one, touches the table: a hot row's
 writes evaluate the triggers' conditions and nothing more. From SQLite schema 14 on
 (`SQLITE_ON_COLD`) the update trigger fires only for an UPDATE that sets `cold`, and whatever
-updates a row that may be cold sets it (the writer: `_write._HOT`); a hot row's update then
+updates a row that may be cold sets it (the writer: `_write_updates.HOT`); a hot row's update then
 evaluates nothing of it. There is no insert trigger either: whatever inserts a row inserts
 it with `cold` NULL and sets `cold` after (the writer: `_write._MARK_COLD`).
 """
@@ -125,7 +125,7 @@ SQLITE_ON_COLD: Final[tuple[str, ...]] = (
     # not set; a trigger left in runs a sub-program for each row, its WHEN clause inside it.
     # The writer's updates of hot rows (a pull's, an ack's: `state` and `patch`) so no longer
     # pay it, and an update of a row that may be cold sets `cold = cold` to keep it (the
-    # writer's rule: `_write._HOT`).
+    # writer's rule: `_write_updates.HOT`).
     f"CREATE TRIGGER cold_counts_update AFTER UPDATE OF cold ON jobs"
     f" WHEN ({_OLD} OR {_NEW}) AND NOT ({_same_key('IS')})"
     f" BEGIN {_sq_sub('old', _OLD)} {_sq_add('new', _NEW)} END",

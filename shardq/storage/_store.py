@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -412,9 +412,17 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
     def __repr__(self) -> str:
         return f"Store({str(self._path)!r})"
 
-    def _fetch_stored(self, job_ids: Collection[str]) -> dict[str, Stored]:
-        found: dict[str, Stored] = {}
+    def _fetch_stored(self, job_ids: Collection[str]) -> Mapping[str, Stored]:
+        """What is known of the stored rows of `job_ids` (`_coalesce.Fetch`): the cache itself
+        when it knows them all (the usual case: the rows a batch updates were mostly written
+        lately), so nothing is copied per job; else the cached ones and the rest read."""
         cache = self._cache
+        for job_id in job_ids:
+            if job_id not in cache:
+                break
+        else:
+            return cache  # read only: `settle` replaces or changes it after the commit
+        found: dict[str, Stored] = {}
         ids: list[str] = []
         for job_id in job_ids:
             info = cache.get(job_id)

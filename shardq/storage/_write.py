@@ -43,8 +43,9 @@ from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._patch import FRAME as _FRAME
 from shardq.storage._patch import join_patch, merged_patch
 from shardq.storage._patch import read_frame as _read_frame
-from shardq.storage._rows import SHARED_MIN, run_keys, run_rows
+from shardq.storage._rows import run_keys, run_rows
 from shardq.storage._write_keyed import Pack, write_keyed_tables
+from shardq.storage._write_updates import BLOB, Group, Updates, write_groups, write_updates
 
 __all__ = [
     "COLD_COLUMNS",
@@ -70,7 +71,6 @@ are written: (job id, the mark of `_cold.cold_mark`)."""
 # Stays under SQLite's historical 999 bound parameters per statement.
 FETCH_CHUNK = 500
 
-_COLUMN = {name: "run_at" if name == "runAt" else name for name in COLUMN_FIELDS}
 # The statements over the rows put in a batch (`_rows.run_rows` fills in `{rows}`).
 _UPSERT_SET = (
     " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
@@ -115,50 +115,6 @@ _DELETE_QUEUE_GROUPS = "DELETE FROM queue_groups WHERE queue = ?"
 _FOLDED = "UPDATE jobs SET rec = ?, patch = x'' WHERE id = ?"
 
 
-BLOB: Final = bytearray
-"""What SQLite's writer binds a record or a patch as. Python's sqlite3 binds `int`, `float`,
-`str` and `bytearray` as they are, but looks up an adapter for a `bytes` first, and the
-failed lookup costs more than copying it into a `bytearray` (0.33 against 0.18 µs per
-parameter: bench/results/2026-12-05-s10-writer-cpu.md); a `bytearray` is stored as the same
-BLOB."""
-_HOT, _COLD = " AND jobs.cold IS NULL", " AND jobs.cold IS NOT NULL"
-"""What an update of stored rows adds to its WHERE. From SQLite schema 14 on, the count
-trigger on updates fires only for an UPDATE whose SET names `cold` (`_cold_count_table`), so
-an UPDATE that may change a cold row's queue, state, group or priority must set `cold`, if
-only to itself. The hot rows go first, with no `cold` in the SET and so no trigger; then,
-where that changed fewer rows than it was given, the same rows again with `cold = cold` set,
-for the rows it left. A cold row is the budget's: it pays a second lookup; a hot batch, the
-usual one, pays nothing more."""
-
-
-def _update_sql(names: tuple[str, ...], cold: str = "") -> str:
-    """The UPDATE of the rows whose changes set these columns: their values, the patches to
-    append and the ids come as the VALUES rows (`_rows`), joined to the rows by id. `cold`:
-    "" (a table without the cold columns), `_HOT` or `_COLD`."""
-    sets = "".join(f"{_COLUMN[name]} = v.column{i}, " for i, name in enumerate(names, 1))
-    sets += "cold = jobs.cold, " if cold == _COLD else ""
-    patch, key = len(names) + 1, len(names) + 2
-    # `||` joins blobs byte for byte (as text, in this UTF-8 database); CAST keeps it a blob.
-    return (
-        f"UPDATE jobs SET {sets}patch = CAST(patch || v.column{patch} AS BLOB)"
-        f" FROM (VALUES {{rows}}) AS v WHERE jobs.id = v.column{key}{cold}"
-    )
-
-
-def _shared_sql(names: tuple[str, ...], cold: str = "") -> str:
-    """The UPDATE of rows that all take the same values and patch, named by id (`_rows`
-    fills in `{rows}` with the ids' parameters). `cold`: as in `_update_sql`."""
-    sets = "".join(f"{_COLUMN[name]} = ?, " for name in names)
-    sets += "cold = jobs.cold, " if cold == _COLD else ""
-    return f"UPDATE jobs SET {sets}patch = CAST(patch || ? AS BLOB) WHERE id IN ({{rows}}){cold}"
-
-
-# The statements per list of updated columns (in the order the changes named them) and
-# `cold` variant: a few hundred at most, a handful in practice.
-_UPDATE_SQL: dict[tuple[tuple[str, ...], str], str] = {}
-_SHARED_SQL: dict[tuple[tuple[str, ...], str], str] = {}
-
-
 def write_plan(
     conn: sqlite3.Connection,
     plan: Plan,
@@ -200,7 +156,7 @@ def _write_jobs(
     deleted: list[tuple[str]] = []
     whole: list[tuple[Any, ...]] = []
     cold_rows: list[tuple[Any, ...]] = []
-    updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    updates: Updates = {}
     to_fold: list[str] = []
     ops: list[tuple[str, bytes]] = []
     refill: Refill = []
@@ -224,8 +180,10 @@ def _write_jobs(
         written += run_rows(conn, _DELETE_JOBS, 1, deleted)
     if whole or cold_rows:
         written += _write_whole(conn, whole, cold_rows, cold)
+    if joined:
+        written += write_groups(conn, joined.values(), updates, cold)
     for names, rows in updates.items():
-        written += _write_updates(conn, names, rows, cold)
+        written += write_updates(conn, names, rows, cold)
     if refill and cold:
         _refill(conn, refill, cold)
     if ops:
@@ -235,57 +193,6 @@ def _write_jobs(
     if to_fold:
         delta_rows -= _fold_stored(conn, to_fold, pack, known)
     return written, delta_rows
-
-
-def _write_updates(
-    conn: sqlite3.Connection, names: tuple[str, ...], rows: list[tuple[Any, ...]], cold: int
-) -> int:
-    """The UPDATEs of the stored rows whose changes set the columns `names`: each row is
-    `(*values, patch, id)`. Rows with the same values and patch (`SHARED_MIN` or more: jobs
-    leased or acknowledged together, whose changes came as one `updm`) go as one statement
-    naming their ids; the rest as one statement over a VALUES table of their own rows.
-    `cold`: the cold columns the table has (with them, hot rows and cold rows go apart:
-    `_HOT`)."""
-    width = len(names) + 1
-    hot, rest = (_HOT, _COLD) if cold else ("", "")
-    update = _update_sql_of(names, hot)
-    update_rest = _update_sql_of(names, rest) if cold else None
-    if len(rows) < SHARED_MIN:
-        return run_rows(conn, update, width + 1, rows, update_rest)
-    shared: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
-    for row in rows:
-        change = row[:width]
-        same = shared.get(change)
-        if same is None:
-            shared[change] = [row]
-        else:
-            same.append(row)
-    if len(shared) == len(rows):  # no two alike: nothing to share
-        return run_rows(conn, update, width + 1, rows, update_rest)
-    written = 0
-    single: list[tuple[Any, ...]] = []
-    shared_hot = _shared_sql_of(names, hot)
-    shared_rest = _shared_sql_of(names, rest) if cold else None
-    for change, same in shared.items():
-        if len(same) >= SHARED_MIN:
-            ids = [row[width] for row in same]
-            head = (*change[:-1], BLOB(change[-1]))  # the patch, once per statement
-            written += run_keys(conn, shared_hot, width, head, ids, shared_rest)
-        else:
-            single += same
-    if single:
-        written += run_rows(conn, update, width + 1, single, update_rest)
-    return written
-
-
-def _update_sql_of(names: tuple[str, ...], cold: str) -> str:
-    key = (names, cold)
-    return _UPDATE_SQL.get(key) or _UPDATE_SQL.setdefault(key, _update_sql(names, cold))
-
-
-def _shared_sql_of(names: tuple[str, ...], cold: str) -> str:
-    key = (names, cold)
-    return _SHARED_SQL.get(key) or _SHARED_SQL.setdefault(key, _shared_sql(names, cold))
 
 
 def _write_whole(
@@ -353,7 +260,9 @@ def whole_row(
     """The tuple a put's row is written with: `HOT_ROW` long for a hot record, with the five
     cold columns after it for a cold one (`_cold`). `blob` makes the parameters of `rec` and
     `patch` (`BLOB`, for SQLite)."""
-    check_values(job_id, values)
+    # `check_values`'s test inline (it raises naming the field): this runs for every put.
+    if type(values[0]) is not str or type(values[1]) is not str or type(values[4]) is not int:
+        check_values(job_id, values)
     rec = row.rec if type(row.rec) is bytes else pack(row.rec)
     # Most puts come with no change after them in the batch, or were stored whole before.
     patch = row.kept + join_patch(row.patch, pack) if row.patch else row.kept
@@ -371,10 +280,10 @@ def whole_row(
     return (job_id, *columns, blob(rec), blob(patch), 1, *values[_COLUMNS:])
 
 
-Shared = dict[tuple[int, ...], "tuple[tuple[str, ...], tuple[Any, ...]] | None"]
+Shared = dict[tuple[int, ...], "Group | None"]
 """The changes of stored rows joined so far for one plan (`add_update`), by the identities of
-their parts: (the columns they set, their values and the joined patch), or None for parts
-that may not name one change."""
+their parts: the `Group` of the rows that take it, or None for parts that may not name one
+change."""
 
 
 def add_update(
@@ -382,7 +291,7 @@ def add_update(
     row: Row,
     pack: Pack,
     patch_floor: int,
-    updates: dict[tuple[str, ...], list[tuple[Any, ...]]],
+    updates: Updates,
     known: dict[str, Stored | None],
     ops: list[tuple[str, bytes]],
     refill: Refill,
@@ -394,7 +303,8 @@ def add_update(
     due to be folded. `joined`: the changes of the rows done so far for this plan (`Shared`):
     jobs updated together (an `updm`) share their change objects, so their columns are
     checked and their patch joined once, not once per job; and merged into one entry once
-    where every part is one of `shared_parts` (`Plan.shared`, `_patch`)."""
+    where every part is one of `shared_parts` (`Plan.shared`, `_patch`). Such a row's id
+    goes into its change's `Group` (`_write_updates.write_groups`), not into `updates`."""
     assert row.stored is not None
     queue, rec_len, patch_len, delta_len = row.stored
     changed = row.changed
@@ -406,18 +316,18 @@ def add_update(
             if shared is _UNSEEN:
                 shared = joined[key] = _shared_change(job_id, row, pack, shared_parts)
         if shared is not None:
-            names, head = shared
-            params = (*head, job_id)
+            shared[2].append(job_id)
+            patch_len += len(shared[1][-1])
         else:
             names, params = _own_change(job_id, row, pack, refill)
+            rows = updates.get(names)
+            if rows is None:
+                updates[names] = [params]
+            else:
+                rows.append(params)
+            patch_len += len(params[-2])
         if "queue" in changed:
             queue = changed["queue"]
-        rows = updates.get(names)
-        if rows is None:
-            updates[names] = [params]
-        else:
-            rows.append(params)
-        patch_len += len(params[-2])
     if row.deltas:
         for op in row.deltas:
             blob = op if type(op) is bytes else pack(op)
@@ -435,7 +345,7 @@ _UNSEEN: Any = object()
 
 def _shared_change(
     job_id: str, row: Row, pack: Pack, shared_parts: Collection[int]
-) -> tuple[tuple[str, ...], tuple[Any, ...]] | None:
+) -> Group | None:
     """A stored row's change, for every row whose patch has the same parts (`Shared`): its
     column fields and their values, then its joined patch (merged into one entry if every
     part is one of `shared_parts`, `_patch`). A row's `changed` follows from the
@@ -451,7 +361,7 @@ def _shared_change(
     patch = join_patch(row.patch, pack)
     if len(row.patch) > 1 and all(id(part) in shared_parts for part in row.patch):
         patch = merged_patch(patch, pack) or patch
-    return tuple(changed), (*changed.values(), patch)
+    return tuple(changed), (*changed.values(), patch), []
 
 
 def _own_change(

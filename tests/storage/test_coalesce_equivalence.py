@@ -2,7 +2,7 @@
 
 The writer folds a flush window's mutations into the net write of each row (`_coalesce`) and
 writes rows that share one change (jobs leased or acknowledged together, an `updm`) with one
-statement (`_write._write_updates`). Here the same random stream goes into two SQLite stores:
+statement (`_write_updates.write_updates`). Here the same random stream goes into two SQLite stores:
 one mutation per batch (nothing to coalesce), and cut into random batches through the shard's
 encoder. Every row of every table must then be the same: the columns (queue, state, priority,
 run_at, seq, the cold columns) and the record as loaded. The stream favours what coalescing
@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_records import Rec, job
 
-import shardq.storage._write as write_module
+import shardq.storage._write_updates as write_module
 from shardq.core import Mutation
 from shardq.storage import MutationEncoder, Store
 

@@ -3,7 +3,7 @@
 The trigger that keeps `cold_counts` on an update fires only for an UPDATE whose SET names
 `cold` (`_cold_count_table.SQLITE_ON_COLD`), so the writer's update of hot rows (a pull's,
 an ack's) compiles without it, and its update of the rows it left (cold ones) sets `cold` to
-keep it (`_write._HOT`). There is no insert trigger: a cold row is put with `cold` NULL and
+keep it (`_write_updates.HOT`). There is no insert trigger: a cold row is put with `cold` NULL and
 then marked (`_write._MARK_COLD`), which the update trigger counts. The counts themselves
 are checked by the storage contract (test_contract_cold_counts); here, what each statement
 runs.
@@ -18,7 +18,7 @@ import sqlite3
 from pathlib import Path
 
 import shardq.storage
-from shardq.storage import Store, _schema, _write
+from shardq.storage import Store, _schema, _write, _write_updates
 
 _STATE = ("state",)
 _INSERT = "INSERT INTO jobs (id, queue, state, seq, rec) VALUES (?, ?, ?, ?, ?)"
@@ -38,10 +38,10 @@ def test_a_hot_update_runs_no_trigger_and_a_cold_one_runs_the_count_trigger(
     with Store.open(tmp_path / "s.db") as store:
         assert store.schema_version == _schema.COUNTED_ON_COLD_VERSION
         conn = store._conn
-        shared_hot = _write._shared_sql(_STATE, _write._HOT).format(rows="?, ?")
-        shared_cold = _write._shared_sql(_STATE, _write._COLD).format(rows="?, ?")
-        own_hot = _write._update_sql(_STATE, _write._HOT).format(rows="(?, ?, ?)")
-        own_cold = _write._update_sql(_STATE, _write._COLD).format(rows="(?, ?, ?)")
+        shared_hot = _write_updates._shared_sql(_STATE, _write_updates.HOT).format(rows="?, ?")
+        shared_cold = _write_updates._shared_sql(_STATE, _write_updates.COLD).format(rows="?, ?")
+        own_hot = _write_updates._update_sql(_STATE, _write_updates.HOT).format(rows="(?, ?, ?)")
+        own_cold = _write_updates._update_sql(_STATE, _write_updates.COLD).format(rows="(?, ?, ?)")
         params: list[object] = ["active", b"", "a", "b"]
         assert _programs(conn, shared_hot, params) == 0
         assert _programs(conn, shared_cold, params) == 1
@@ -60,7 +60,7 @@ def test_the_schema_before_fired_a_trigger_on_every_put_and_update(tmp_path: Pat
     db = _schema.database(conn)
     for migration in _schema.MIGRATIONS[: _schema.COUNTED_ON_COLD_VERSION - 1]:
         migration(db)
-    shared_hot = _write._shared_sql(_STATE, _write._HOT).format(rows="?, ?")
+    shared_hot = _write_updates._shared_sql(_STATE, _write_updates.HOT).format(rows="?, ?")
     assert _programs(conn, shared_hot, ["active", b"", "a", "b"]) == 1
     assert _programs(conn, _INSERT, _ROW) == 1
     assert _programs(conn, _write._UPSERT_JOB.format(rows=_ROWS), _PUT) == 2
@@ -96,14 +96,14 @@ def _writes_of_jobs() -> dict[str, str]:
                 ):
                     found[f"{module.name}.{name}[{i}]"] = text
     for names in (_STATE, ("queue", "state", "priority", "runAt", "seq")):
-        for variant in ("", _write._HOT, _write._COLD):
-            found[f"_update_sql{names}{variant}"] = _write._update_sql(names, variant)
-            found[f"_shared_sql{names}{variant}"] = _write._shared_sql(names, variant)
+        for variant in ("", _write_updates.HOT, _write_updates.COLD):
+            found[f"_update_sql{names}{variant}"] = _write_updates._update_sql(names, variant)
+            found[f"_shared_sql{names}{variant}"] = _write_updates._shared_sql(names, variant)
     return found
 
 
 def test_every_update_of_a_counted_column_sets_cold_or_is_for_hot_rows_only() -> None:
-    # Schema 14's rule (`_write._HOT`): the count trigger fires only for an UPDATE that sets
+    # Schema 14's rule (`_write_updates.HOT`): the count trigger fires only for an UPDATE that sets
     # `cold`, so one that can change a cold row's queue, state, group or priority must set
     # `cold` (if only to itself), or touch hot rows only (`cold IS NULL`). A new statement
     # that does neither would let the counts drift; it fails here.

@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 
 from shardq.core import Engine
-from shardq.storage import MutationEncoder, Store, _schema, _seq_reads, _store_loads, _write
+from shardq.storage import (
+    MutationEncoder,
+    Store,
+    _schema,
+    _seq_reads,
+    _store_loads,
+    _write,
+    _write_updates,
+)
 
 Rec = dict[str, Any]
 V3_INDEXES = (("queue",), ("seq",))
@@ -171,7 +179,7 @@ _STATEMENTS: dict[str, tuple[str, tuple[Any, ...], str]] = {
     ),
     "fold": (_write._FOLDED, (b"", "j"), "sqlite_autoindex_jobs_1"),
     "update": (
-        _write._update_sql(("state",)).format(rows="(?, ?, ?), (?, ?, ?)"),
+        _write_updates._update_sql(("state",)).format(rows="(?, ?, ?), (?, ?, ?)"),
         ("s", b"", "j", "t", b"", "k"),
         "sqlite_autoindex_jobs_1",
     ),
