@@ -103,7 +103,7 @@ class ProcessSettings:
     # writer on SQLite quiet this long after work (ms; 0 = never), with nothing waiting, whose
     # RSS is more than `writer_recycle_grow_mb` above its size at its start, stops and is
     # replaced at once; the shards resend what it had not confirmed, as after any restart.
-    writer_recycle_idle_ms: int = 10_000
+    writer_recycle_idle_ms: int = 5_000
     writer_recycle_grow_mb: int = 16
     # The memory budget of each shard's resident jobs, in MiB (issue 22; docs/runtime.md,
     # "The memory budget"): past it the queues with the longest backlogs keep only their

@@ -83,7 +83,11 @@ def test_the_writer_and_the_shard_still_import_what_they_use() -> None:
 def test_the_writer_gives_back_what_a_load_grew(
     shardq_server: Callable[..., ShardqServer],
 ) -> None:
-    env = {"SHARDQ_MEMORY_RELEASE_IDLE_MS": "500", "SHARDQ_MEMORY_RELEASE_GROW_MB": "2"}
+    env = {
+        "SHARDQ_MEMORY_RELEASE_IDLE_MS": "500",
+        "SHARDQ_MEMORY_RELEASE_GROW_MB": "2",
+        "SHARDQ_WRITER_RECYCLE_IDLE_MS": "0",  # the same process throughout
+    }
     server = shardq_server(shards=1, env=env)
     writer = server.child_pids()["writer"]
     time.sleep(0.5)  # start-up's last allocations

@@ -43,7 +43,7 @@ _log = structlog.get_logger()
 class WriterRecycleSettings:
     """`[process] writer_recycle_idle_ms` and `writer_recycle_grow_mb` (docs/runtime.md)."""
 
-    idle_s: float = 10.0  # quiet this long after work before the size is checked; 0: off
+    idle_s: float = 5.0  # quiet this long after work before the size is checked; 0: off
     grow_bytes: int = 16 << 20  # the RSS kept above the writer's size at its start
 
     @classmethod
