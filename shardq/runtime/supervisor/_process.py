@@ -269,6 +269,10 @@ class Supervisor:
         how = _describe_exit(code)
         if self._stopping:
             log.info("child stopped", child=child.name, exit=how)
+            if child is self._writer and code == 0 and any(s.proc for s in self._shards):
+                # It recycled as the stop began (`writer/_recycle.py`): the shards' last
+                # batches still need a writer.
+                self._spawn(child)
             return
         if not self._serving:
             reason = f"{child.name} exited during start-up ({how})"

@@ -14,9 +14,9 @@ or a signal only; but once after its start and after its last commit (`vacuum_id
 later), to give the file's free pages back a step at a time (`_vacuum`) while no message
 waits.
 
-Exit codes: 0 after a clean shutdown; 1 if waiting mutations could not be committed before
-the shutdown timeout (or a second SIGTERM); 2 for a bad command line; 3 if the database
-cannot be opened or the writer's socket cannot be bound.
+Exit codes: 0 after a clean shutdown (or a recycle, `_recycle`); 1 if waiting mutations could
+not be committed before the shutdown timeout (or a second SIGTERM); 2 for a bad command line;
+3 if the database cannot be opened or the writer's socket cannot be bound.
 """
 
 from __future__ import annotations
