@@ -85,8 +85,8 @@ class SupervisorLink:
         self._send(msgs.fatal(self._spec.role, self._spec.index, os.getpid(), error))
 
     def recycled(self, rss: int) -> None:
-        """Tell the supervisor this shard is stopping to be replaced at once (`rss`: its size
-        in bytes), not failing (`shard/_recycle.py`)."""
+        """Tell the supervisor this shard or writer is stopping to be replaced at once (`rss`:
+        its size in bytes), not failing (`shard/_recycle.py`, `writer/_recycle.py`)."""
         spec = self._spec
         self._send(msgs.recycled(spec.role, spec.index, os.getpid(), rss))
 

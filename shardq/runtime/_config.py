@@ -196,6 +196,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "shard_recycle_grow_mb": _ranged(1, 1 << 20),
     "shard_recycle_hold_ms": _ranged(100, 3_600_000, ms=True),
     "shard_recycle_hold_max_bytes": _ranged(1 << 20, 1 << 40),
+    "writer_recycle_idle_ms": _ranged(0, 86_400_000, ms=True),  # 0: never recycle
+    "writer_recycle_grow_mb": _ranged(1, 1 << 20),
     # Up to 1 TiB; 0: no memory budget (every job in memory).
     "shard_memory_mb": _ranged(0, 1 << 20),
     "shard_memory_trim_ms": _ranged(0, 3_600_000, ms=True),  # 0: never trim under pressure

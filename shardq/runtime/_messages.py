@@ -252,7 +252,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(
         RECYCLED,
         RecycledMsg,
-        "shard",
+        "shard, writer",
         "supervisor",
         "exiting to be replaced at once (`rss` bytes): not a crash",
     ),

@@ -99,6 +99,12 @@ class ProcessSettings:
     shard_recycle_grow_mb: int = 16
     shard_recycle_hold_ms: int = 30_000
     shard_recycle_hold_max_bytes: int = 64 << 20
+    # A writer recycle (`writer/_recycle.py`, docs/runtime.md "Memory after a drain"): a
+    # writer on SQLite quiet this long after work (ms; 0 = never), with nothing waiting, whose
+    # RSS is more than `writer_recycle_grow_mb` above its size at its start, stops and is
+    # replaced at once; the shards resend what it had not confirmed, as after any restart.
+    writer_recycle_idle_ms: int = 5_000
+    writer_recycle_grow_mb: int = 16
     # The memory budget of each shard's resident jobs, in MiB (issue 22; docs/runtime.md,
     # "The memory budget"): past it the queues with the longest backlogs keep only their
     # heads in memory and the rest cold, in storage. 0: every job in memory.

@@ -143,6 +143,8 @@ VALID_TEXT = {
     "shard_recycle_grow_mb": "24",
     "shard_recycle_hold_ms": "5000",
     "shard_recycle_hold_max_bytes": "2097152",
+    "writer_recycle_idle_ms": "2500",
+    "writer_recycle_grow_mb": "12",
     "shard_memory_mb": "64",
     "shard_memory_trim_ms": "250",
     "direct_shards": "false",
@@ -292,6 +294,8 @@ shard_recycle_idle_ms = 1500
 shard_recycle_grow_mb = 24
 shard_recycle_hold_ms = 5000
 shard_recycle_hold_max_bytes = 2097152
+writer_recycle_idle_ms = 2500
+writer_recycle_grow_mb = 12
 shard_memory_mb = 64
 shard_memory_trim_ms = 250
 direct_shards = false
@@ -465,6 +469,8 @@ def test_shards_auto_and_number() -> None:
         ("shard_recycle_grow_mb", "0"),
         ("shard_recycle_hold_ms", "50"),
         ("shard_recycle_hold_max_bytes", "1024"),
+        ("writer_recycle_idle_ms", "-1"),
+        ("writer_recycle_grow_mb", "0"),
         ("job_cache_max_mb", "-1"),
         ("row_cache_mb", "-1"),
         ("drain_chunk_rows", "0"),

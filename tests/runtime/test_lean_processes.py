@@ -7,6 +7,9 @@
   good (`shardq.core`, `shardq.storage` and `shardq.backup` import their parts on first use).
   Checked in a fresh interpreter doing exactly what the role's `__main__` does before it
   runs: `skip_extras()`, then the role's `_process` module.
+- The roles that run no event loop (the supervisor, the writer, the shards) never load
+  asyncio, which structlog imports (`runtime/_lean.py`, `defer_asyncio`): its C extension
+  and ssl's are not in their address space after a start, a load and its give-back.
 - The writer after a load: once quiet it gives back what the busy period grew
   (`runtime/_giveback.py`, the SQLite connection opened again), to within a bound of its
   size as a fresh process.
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from shardq_harness import ShardqServer, poll_until, rss_bytes
@@ -79,7 +83,11 @@ def test_the_writer_and_the_shard_still_import_what_they_use() -> None:
 def test_the_writer_gives_back_what_a_load_grew(
     shardq_server: Callable[..., ShardqServer],
 ) -> None:
-    env = {"SHARDQ_MEMORY_RELEASE_IDLE_MS": "500", "SHARDQ_MEMORY_RELEASE_GROW_MB": "2"}
+    env = {
+        "SHARDQ_MEMORY_RELEASE_IDLE_MS": "500",
+        "SHARDQ_MEMORY_RELEASE_GROW_MB": "2",
+        "SHARDQ_WRITER_RECYCLE_IDLE_MS": "0",  # the same process throughout
+    }
     server = shardq_server(shards=1, env=env)
     writer = server.child_pids()["writer"]
     time.sleep(0.5)  # start-up's last allocations
@@ -105,4 +113,35 @@ def test_the_writer_gives_back_what_a_load_grew(
     poll_until(released, 60, "the writer's idle release")
     settled = rss_bytes(writer) / 2**20
     assert settled - fresh < WRITER_GROWTH_BOUND_MB, (fresh, settled)
+    assert server.stop() == 0, server.log_tail()
+
+
+def _mapped(pid: int) -> set[str]:
+    """The file names of the shared objects mapped into process `pid`."""
+    lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {line.split()[-1].rsplit("/", 1)[-1] for line in lines if ".so" in line}
+
+
+def test_the_roles_without_an_event_loop_never_load_asyncio(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    env = {"SHARDQ_MEMORY_RELEASE_IDLE_MS": "300", "SHARDQ_MEMORY_RELEASE_GROW_MB": "1"}
+    server = shardq_server(shards=1, env=env)
+    host, port = server.tcp_address
+    with TcpConnection(host, port) as conn:
+        jobs = [{"name": "j", "data": {"i": i}} for i in range(2000)]
+        assert conn.call({"cmd": "PUSHB", "queue": "lean", "jobs": jobs, "durable": True})["ok"]
+        for _ in range(2):
+            pulled = conn.call({"cmd": "PULLB", "queue": "lean", "count": 1000})["jobs"]
+            assert conn.call({"cmd": "ACKB", "ids": [job["id"] for job in pulled]})["ok"]
+        assert conn.call({"cmd": "Count", "queue": "lean"})["count"] == 0
+    poll_until(lambda: server.find_log("memory given back", role="writer"), 30,
+               "the writer's idle release")  # fmt: skip
+    pids = {"supervisor": server.pid, **server.child_pids()}
+    front = _mapped(pids["frontend"])
+    assert any(name.startswith("_asyncio.") for name in front), sorted(front)
+    for role in ("supervisor", "writer", "shard-0"):
+        loaded = {n for n in _mapped(pids[role]) if n.startswith(("_asyncio.", "_ssl."))}
+        assert loaded == set(), (role, loaded)
+    assert server.find_log("asyncio imported on first use") is None
     assert server.stop() == 0, server.log_tail()

@@ -50,7 +50,13 @@ def test_an_idle_server_imports_only_what_it_uses(
 def test_memory_is_given_back_after_a_busy_period(
     shardq_server: Callable[..., ShardqServer],
 ) -> None:
-    env = {"SHARDQ_MEMORY_RELEASE_IDLE_MS": "500", "SHARDQ_MEMORY_RELEASE_GROW_MB": "2"}
+    env = {
+        "SHARDQ_MEMORY_RELEASE_IDLE_MS": "500",
+        "SHARDQ_MEMORY_RELEASE_GROW_MB": "2",
+        # The writer stays: a recycle (tests/runtime/test_writer_recycle.py) would make the
+        # shards resend and reconnect, work after which they may give back again.
+        "SHARDQ_WRITER_RECYCLE_IDLE_MS": "0",
+    }
     # With the HTTP process on (the default), which asks the shards for counts every second:
     # those requests must not count as work, or a shard would never be quiet.
     server = shardq_server(shards=2, env=env, http_port=free_port())

@@ -2,9 +2,10 @@
 
 import sys
 
-from shardq.runtime._lean import skip_extras
+from shardq.runtime._lean import defer_asyncio, skip_extras
 
 skip_extras()  # before the role's imports
+defer_asyncio()  # it runs no event loop
 
 from shardq.runtime.shard._process import main  # noqa: E402
 

@@ -8,9 +8,10 @@ the JSON object of `shardq start`'s flags (the config keys they set; never a tok
 
 import sys
 
-from shardq.runtime._lean import skip_extras
+from shardq.runtime._lean import defer_asyncio, skip_extras
 
 skip_extras()  # before the role's imports
+defer_asyncio()  # it runs no event loop
 
 import argparse  # noqa: E402
 import json  # noqa: E402

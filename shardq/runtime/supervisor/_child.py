@@ -32,7 +32,8 @@ class _Child:
     exit_code: int | None = None
     fatal: str | None = None  # what the child said before failing to start
     addresses: Any = None
-    # A shard stopping to be replaced (`recycled`): (when it said so, its RSS in bytes).
+    # A shard or the writer stopping to be replaced (`recycled`): (when it said so, its RSS
+    # in bytes).
     recycle: tuple[float, int] | None = None
 
     @property

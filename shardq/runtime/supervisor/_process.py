@@ -269,6 +269,10 @@ class Supervisor:
         how = _describe_exit(code)
         if self._stopping:
             log.info("child stopped", child=child.name, exit=how)
+            if child is self._writer and code == 0 and any(s.proc for s in self._shards):
+                # It recycled as the stop began (`writer/_recycle.py`): the shards' last
+                # batches still need a writer.
+                self._spawn(child)
             return
         if not self._serving:
             reason = f"{child.name} exited during start-up ({how})"
@@ -276,7 +280,8 @@ class Supervisor:
             return
         now = self._clock()
         if child.recycle is not None:
-            if code == 0:  # a recycle (`shard/_recycle.py`): replaced at once, not a crash
+            if code == 0:  # a recycle (`shard/_recycle.py`, `writer/_recycle.py`): replaced
+                # at once, not a crash
                 child.restart_at = now
                 return
             child.recycle = None
@@ -472,8 +477,9 @@ class Supervisor:
             started, before = child.recycle
             child.recycle = None
             ms = round((self._clock() - started) * 1000)
-            log.info("shard recycled", child=child.name, rss_mb_before=round(before / 2**20, 1),
-                     rss_mb_after=_rss_mb(child.proc), ms=ms)  # fmt: skip
+            log.info(f"{child.role} recycled", child=child.name,
+                     rss_mb_before=round(before / 2**20, 1), rss_mb_after=_rss_mb(child.proc),
+                     ms=ms)  # fmt: skip
         if child.role == "shard" and self._serving:
             self._tell_front(msgs.shard_up(child.index))
 
@@ -485,7 +491,7 @@ class Supervisor:
 
     def _on_recycled(self, child: _Child, report: dict[str, Any]) -> None:
         rss = report.get("rss")
-        if child.role == "shard" and self._serving and not self._stopping:
+        if child.role in ("shard", "writer") and self._serving and not self._stopping:
             child.recycle = (self._clock(), rss if isinstance(rss, int) else 0)
 
     def _on_fatal(self, child: _Child, report: dict[str, Any]) -> None:

@@ -14,9 +14,9 @@ or a signal only; but once after its start and after its last commit (`vacuum_id
 later), to give the file's free pages back a step at a time (`_vacuum`) while no message
 waits.
 
-Exit codes: 0 after a clean shutdown; 1 if waiting mutations could not be committed before
-the shutdown timeout (or a second SIGTERM); 2 for a bad command line; 3 if the database
-cannot be opened or the writer's socket cannot be bound.
+Exit codes: 0 after a clean shutdown (or a recycle, `_recycle`); 1 if waiting mutations could
+not be committed before the shutdown timeout (or a second SIGTERM); 2 for a bad command line;
+3 if the database cannot be opened or the writer's socket cannot be bound.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._drain_pieces import DrainPieces
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.runtime.writer._rebuild import rebuild_of
+from shardq.runtime.writer._recycle import WriterRecycle, WriterRecycleSettings
 from shardq.runtime.writer._rejected import RejectedMutations
 from shardq.runtime.writer._status import WriterStatus, file_sizes
 from shardq.runtime.writer._vacuum import IdleVacuum, convert_old_file
@@ -89,6 +90,7 @@ class Writer(RejectedMutations):
         *,
         clock: Callable[[], float] = time.monotonic,
         vacuum: bool = True,
+        on_recycle: Callable[[int], None] | None = None,
     ) -> None:
         self._spec = spec
         self._store = store
@@ -144,6 +146,13 @@ class Writer(RejectedMutations):
         # the writer is idle (`_giveback.py`).
         give_back = GiveBackSettings.of(spec.process)
         self._give_back = IdleGiveBack(give_back, self._compact, clock=clock)
+        # What the give-back cannot return, a fresh writer does (`_recycle.py`): on SQLite
+        # only (on PostgreSQL the writer holds the node's partition leases).
+        recycle = WriterRecycleSettings.of(spec.process)
+        if on_recycle is None or settings.storage_url:
+            recycle = WriterRecycleSettings(idle_s=0)
+        self._recycle = WriterRecycle(recycle, self._recycle_blocker)
+        self._on_recycle = on_recycle
         # What the shards send: one handler per kind; False drops the message as malformed.
         self._handlers: dict[object, _Handler] = {
             msgs.MUTS: self._on_muts,
@@ -174,11 +183,39 @@ class Writer(RejectedMutations):
                 self._pieces.step()  # one piece, then the links again (`_timeout_ms` 0)
             if events.keys() - {waker.fileno()}:
                 self._give_back.busy(self._clock())
+                self._recycle.busy(self._clock())
             # Idle: no batch waits, nor a retry (a message that came this turn made a batch).
             if self._buffer.deadline() is None and self._vacuum.due(self._clock()):
                 self._vacuum.step()
             self._give_back.check(self._clock())
+            if self._recycling():
+                break
         return self._shutdown(waker)
+
+    def _recycling(self) -> bool:
+        """Whether the writer stops now to be replaced by a fresh process (`_recycle.py`):
+        the supervisor is told before the loop ends."""
+        rss = self._recycle.due(self._clock())
+        if rss is None or self._on_recycle is None:
+            return False
+        log.info("writer recycling", rss_mb=round(rss / 2**20, 1),
+                 limit_mb=round(self._recycle.limit / 2**20, 1),
+                 fresh_mb=round(self._recycle.fresh_bytes / 2**20, 1))  # fmt: skip
+        self._on_recycle(rss)
+        return True
+
+    def _recycle_blocker(self) -> str | None:
+        """What keeps the writer from recycling now (None: nothing): work waiting, or
+        confirmations a shard has not taken yet."""
+        if self._buffer.pending_batches or self._buffer.deadline() is not None:
+            return "batches waiting"
+        if self._vacuum.deadline() is not None:
+            return "vacuum pass wanted"
+        if self._pieces.wanted or self._pieces.deadline() is not None:
+            return "drain range waiting"
+        if self._links.waiting_fds():
+            return "replies not sent"
+        return None
 
     def close(self) -> None:
         """Close the links. Unsent confirmations are dropped: the writer stops after the
@@ -243,7 +280,8 @@ class Writer(RejectedMutations):
             return 0
         deadline = self._buffer.deadline()
         if deadline is None:
-            waits = (self._vacuum.deadline(), self._give_back.deadline(), self._pieces.deadline())
+            waits = (self._vacuum.deadline(), self._give_back.deadline(),
+                     self._pieces.deadline(), self._recycle.deadline())  # fmt: skip
             deadline = min((d for d in waits if d is not None), default=None)
         if deadline is None:
             return None  # nothing waits: sleep until a message or a signal
@@ -503,7 +541,9 @@ def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
             else "server"
         )
         try:
-            writer = Writer(spec, store, vacuum=auto_vacuum == "incremental")
+            writer = Writer(
+                spec, store, vacuum=auto_vacuum == "incremental", on_recycle=link.recycled
+            )
         except OSError as e:
             endpoint = spec.writer_link_path
             log.error("cannot bind the writer socket", endpoint=endpoint, error=str(e))
