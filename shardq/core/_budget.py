@@ -210,10 +210,10 @@ class MemoryBudget:
         """At start, no head larger than the largest one the restore loaded (the heads the
         shard held when it stopped, which fitted then): a restart reads no page past them,
         and the looks that follow grow the heads an eighth at a time (`_grow`) while the
-        process has room, as they do in a drain. A start that paged every head up to its size at once
-        overshot the budget before its first look could cut it (1,000,000 jobs under 128
-        MB: 72,000 hot jobs loaded, 30,000 to 40,000 paged in, 42,000 to 51,000 sent back
-        cold)."""
+        process has room, as they do in a drain. A start that paged every head up to its
+        size at once overshot the budget before its first look could cut it (1,000,000
+        jobs under 128 MB: 72,000 hot jobs loaded, 30,000 to 40,000 paged in, 42,000 to
+        51,000 sent back cold)."""
         loaded = max((hot for hot, _ in self._demands(head, counts)), default=0)
         # One more: the restore reads at least one cold job per head, to find its cursor.
         size = max(self.engine.config.head_min_jobs, min(head.budget, loaded + 1))
