@@ -58,6 +58,10 @@ class CompletedOrder:
                 continue
             yield job_id
 
+    def newest(self) -> Iterator[str]:
+        """The ids, newest first, stale entries included (a reader looks each one up)."""
+        return reversed(self._ids)
+
     def append(self, job_id: str) -> None:
         self._ids.append(job_id)
         self._live += 1
