@@ -216,7 +216,8 @@ class MemoryBudget:
         51,000 sent back cold)."""
         loaded = max((hot for hot, _ in self._demands(head, counts)), default=0)
         # One more: the restore reads at least one cold job per head, to find its cursor.
-        size = max(self.engine.config.head_min_jobs, min(head.budget, loaded + 1))
+        # Never above the size `_size` gave (an explicit `head_jobs` caps it, floor included).
+        size = min(head.budget, max(self.engine.config.head_min_jobs, loaded + 1))
         head.budget = size
         head.low = max(1, size // 2)
 

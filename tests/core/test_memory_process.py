@@ -116,7 +116,8 @@ def test_a_process_that_stopped_growing_is_not_cut_again() -> None:
 
 def test_the_heads_grow_back_once_memory_was_given_back() -> None:
     """Back under its budget (a release handed memory back) the scale follows the process
-    down again, and the heads page more in."""
+    down again, and the heads page more in: an eighth (at least `head_min_jobs`) per look,
+    so that each growth is measured on the process before the next."""
     pair, proc = _watched(40)
     _push(pair, 0, 36)
     proc.used = 4 * pair.memory.budget
@@ -126,9 +127,19 @@ def test_the_heads_grow_back_once_memory_was_given_back() -> None:
     proc.used = pair.memory.budget // 2
     _observe(pair)
     assert pair.memory.scale < 2 and pair.memory.cap > low
-    _push(pair, 36, 1)  # a turn: the heads page in up to their new size
-    assert len(pair.cold.jobs) > low
-    assert _drain(pair) == list(range(37))
+    head = pair.cold.head
+    assert head is not None
+    pushed, sizes = 36, [head.budget]
+    while len(pair.cold.jobs) <= low and pushed < 60:
+        _push(pair, pushed, 1)  # a turn: the heads page in as they run low
+        pushed += 1
+        # The process moves: each move makes a look due, and each look grows the heads.
+        proc.used = pair.memory.budget // (2 + pushed % 2)
+        _observe(pair)
+        sizes.append(head.budget)
+    assert len(pair.cold.jobs) > low, sizes
+    assert all(b <= a + max(a // 8, 1) for a, b in zip(sizes, sizes[1:], strict=False)), sizes
+    assert _drain(pair) == list(range(pushed))
     pair.finish()
 
 
