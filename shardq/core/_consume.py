@@ -219,7 +219,7 @@ class Consumer(LeaseRenewal):
         job.token = token = self.ids.token()
         if grant.owner is not None:
             job.leased = True
-            self.leases[job.id] = Lease(token, grant.owner, grant.conn, now, grant.ttl)
+            self.leases[job.id] = Lease(grant.owner, grant.conn, now, grant.ttl)
         else:
             job.leased = False
             self.unleased[job.id] = None
@@ -266,8 +266,9 @@ class Consumer(LeaseRenewal):
         ):
             return _RETIRED, None
         if job.state == ACTIVE:
-            lease = self.leases.get(job.id)
-            if lease is None:
+            # Active and leased: it has a lease (the store's invariant), whose token is the
+            # job's (`Lease`).
+            if not job.leased:
                 # A delivery without an owner: any token it carries must be this delivery's.
                 # (An active job recovered from disk has no token yet: nothing to fence with.)
                 if token and job.token is not None and token != job.token:
@@ -275,7 +276,7 @@ class Consumer(LeaseRenewal):
                 return _APPLY, job
             if not isinstance(token, str) or not token:
                 raise CommandError(f"Lock token required for job {job.id}")
-            if token != lease.token:
+            if token != job.token:
                 raise CommandError(f"Invalid or expired lock token for job {job.id}")
             return _APPLY, job
         return self._fence_inactive(job, token)
@@ -329,19 +330,20 @@ class Consumer(LeaseRenewal):
 
         An active job's own lease token is the common case: it is checked here, without a
         call; anything else goes through `fence`, in order, so the same error is raised.
+        An active job whose delivery was leased has a lease (the store's invariant), and the
+        lease's token is the job's (`Lease`): the check reads the job alone.
         """
         todo: dict[Job, int] = {}
         ignored: list[int] = []
-        jobs, leases, finalized, fence = self.jobs, self.leases, self.finalized, self.fence
+        jobs, finalized, fence = self.jobs, self.finalized, self.fence
         for i, (job_id, token) in enumerate(zip(ids, tokens, strict=True)):
             if type(token) is str and type(job_id) is str:
                 job = jobs.get(job_id)
-                lease = leases.get(job_id)
                 if (
                     job is not None
-                    and lease is not None
+                    and token == job.token
+                    and job.leased
                     and job.state == ACTIVE
-                    and token == lease.token
                     and not (finalized and finalized.get(token) == job_id)
                 ):
                     if job not in todo:

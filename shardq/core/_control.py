@@ -166,7 +166,7 @@ class JobControl:
             return
         if not isinstance(token, str) or not token:
             raise CommandError(f"Lock token required for job {job.id}")
-        if token != lease.token:
+        if token != job.token:  # the lease's token (`Lease`)
             raise CommandError(f"Invalid or expired lock token for job {job.id}")
 
     # -- progress and logs -----------------------------------------------------------------

@@ -67,11 +67,15 @@ def _data_only(entries: object) -> TypeGuard[list[Mapping[str, Any]]]:
     if type(entries) is not list or not entries:
         return False
     first = entries[0]
-    if type(first) is not dict:
+    if type(first) is not dict or not payload_only(first):
         return False
+    # Entries with the first's keys are payload-only as it is, but for `durable`'s value.
     keys = first.keys()
+    durable = "durable" in keys
     for entry in entries:
-        if type(entry) is not dict or entry.keys() != keys or not payload_only(entry):
+        if type(entry) is not dict or entry.keys() != keys:
+            return False
+        if durable and entry["durable"] is not True:
             return False
     named = "name" in keys
     for index, entry in enumerate(entries):
@@ -211,7 +215,10 @@ class Producer:
             raise CommandError(error)
         jobs = cmd.get("jobs")
         if _data_only(jobs):  # what the passes below would check of it, in one
-            return {"ok": True, "ids": self._push_plain(fx, str(queue), jobs, now)}
+            # Payload-only fields set no time, priority or attempts: `create_plain` makes
+            # the job `create` would, without asking `payload_only` again for each.
+            made = self._push_plain(fx, str(queue), jobs, now, Job.create_plain)
+            return {"ok": True, "ids": made}
         entries = _entries(jobs)
         customs: list[str | None] = []
         plain = True  # no custom id, no uniqueKey: no entry can be a duplicate
@@ -338,7 +345,8 @@ class Producer:
         """Admit validated entries that have neither a custom id nor a uniqueKey: none of them
         can be a duplicate, so they are built first and placed in one pass (as `push_one`
         would, one by one: the same ids, sequence numbers and records). `create`: how each
-        job is made (`Job.create_plain` for plain PUSHes, whose fields it reads fewer of)."""
+        job is made (`Job.create_plain` for plain PUSHes and payload-only PUSHB entries,
+        whose fields it reads fewer of)."""
         new_id = self.ids.new
         store = self.store
         seq = store.seq

@@ -40,12 +40,11 @@ class LeaseRenewal:
             return True
         lease = self.leases.get(job.id)
         # A lapsed lease cannot be renewed (bunqueue): the holder may still ACK it, not extend it.
-        if lease is None or token != lease.token or lease.expires_at <= now:
+        if lease is None or token != job.token or lease.expires_at <= now:
             return False
-        if is_number(duration) and duration > 0:
-            lease.ttl = int(duration)
-        lease.expires_at = now + lease.ttl
-        lease.renewals += 1
+        # A new record: the old one may be the lease of the other jobs of the same pull.
+        ttl = int(duration) if is_number(duration) and duration > 0 else None
+        self.leases[job.id] = lease.renewed(now, ttl)
         job.last_heartbeat = now
         return True
 
@@ -65,10 +64,10 @@ class LeaseRenewal:
 
     def cmd_extend_lock(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         job_id, token = cmd.get("id"), cmd.get("token")
-        lease = self.leases.get(job_id) if isinstance(job_id, str) else None
-        if lease is None or (token is not None and token != lease.token):
+        job = self.jobs.get(job_id) if isinstance(job_id, str) and job_id in self.leases else None
+        if job is None or (token is not None and token != job.token):
             raise CommandError("Lock not found or invalid token")
-        self._renew(job_id, lease.token, cmd.get("duration"), now)
+        self._renew(job_id, job.token, cmd.get("duration"), now)
         return {"ok": True}
 
     def cmd_extend_locks(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:

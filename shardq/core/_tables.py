@@ -51,17 +51,28 @@ def delivery_key(job: Job) -> str:
 
 
 class Lease:
-    """A fenced claim on an active job, granted by a pull with an owner."""
+    """A fenced claim on active jobs, granted by a pull with an owner.
 
-    __slots__ = ("conn", "expires_at", "owner", "renewals", "token", "ttl")
+    One record stands for every job of that pull: a PULLB of 100 makes one, not 100. The
+    token a claim is fenced with is each job's own (`Job.token`, set with the lease and
+    changed only by a later delivery, which ends the lease first): while a job has a lease,
+    its token is the one the holder must show. A renewal changes one job's claim only, so
+    it gives that job a record of its own (`renewed`); nothing changes a record once made.
+    """
 
-    def __init__(self, token: str, owner: str, conn: str | None, now: int, ttl: int) -> None:
-        self.token = token
+    __slots__ = ("conn", "expires_at", "owner", "renewals", "ttl")
+
+    def __init__(self, owner: str, conn: str | None, now: int, ttl: int, renewals: int = 0) -> None:
         self.owner = owner
         self.conn = conn
         self.ttl = ttl
         self.expires_at = now + ttl
-        self.renewals = 0
+        self.renewals = renewals
+
+    def renewed(self, now: int, ttl: int | None = None) -> Lease:
+        """This claim renewed at `now` for `ttl` (None: its own TTL again), as a new record."""
+        ttl = self.ttl if ttl is None else ttl
+        return Lease(self.owner, self.conn, now, ttl, self.renewals + 1)
 
 
 class Tables(Protocol):
@@ -115,12 +126,14 @@ def lease_all(
     now: int,
 ) -> None:
     """Lease each of `jobs` just moved to active to `owner` with its token, and track it
-    under the connection `track` (as `track_conn`): a pull's `_consume._hold`, one pass."""
+    under the connection `track` (as `track_conn`): a pull's `_consume._hold`, one pass, and
+    one `Lease` record for all of them."""
     owned = store.conn_jobs.setdefault(track, {}) if isinstance(track, str) else None
     job_conn = store.job_conn
+    lease = Lease(owner, conn, now, ttl)
     for job, token in zip(jobs, tokens, strict=True):
         job.token, job.leased = token, True
-        leases[job.id] = Lease(token, owner, conn, now, ttl)
+        leases[job.id] = lease
         if owned is not None:
             owned[job.id] = job.delivery
             job_conn[job.id] = track  # type: ignore[assignment]  # a str: `owned` says so

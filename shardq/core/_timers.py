@@ -99,7 +99,7 @@ class Timers:
         due.sort()
         for _, job_id, token in due:
             lease = self.leases.get(job_id)
-            if lease is None or lease.token != token:
+            if lease is None or self.jobs[job_id].token != token:  # the lease's token (`Lease`)
                 continue
             if lease.expires_at > now:
                 push_leases(self.store, lease.expires_at, [self.jobs[job_id]])

@@ -114,7 +114,7 @@ def state_of(engine: Engine) -> dict[str, Any]:
         "queues": queues,
         "delayed": [k[-1] for k in delayed],
         "leases": {
-            i: (lease.token, lease.owner, lease.conn, lease.expires_at, lease.ttl)
+            i: (lease.owner, lease.conn, lease.expires_at, lease.ttl, lease.renewals)
             for i, lease in engine.store.leases.items()
         },
         "unleased": list(engine.store.unleased),

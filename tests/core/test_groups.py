@@ -88,7 +88,10 @@ def test_group_concurrency_caps_active_jobs_and_an_ack_wakes_the_queue() -> None
 
 
 def _token(t: G, job_id: str) -> str:
-    return t.engine.store.leases[job_id].token
+    assert job_id in t.engine.store.leases
+    token = t.engine.jobs[job_id].token
+    assert token is not None
+    return token
 
 
 def test_group_rate_limit_sets_a_deadline_and_reopens() -> None:

@@ -254,3 +254,35 @@ def test_extend_locks_counts(d: Driver) -> None:
     d.tick(30_000)
     assert [d.state(i) for i in ids] == ["active", "active", "waiting"]
     assert d.ok({"cmd": "ExtendLocks"}) == {"ok": True, "count": 0}
+
+
+# -- the leases of one pull ----------------------------------------------------------------------
+
+
+def test_renewing_one_job_of_a_pull_leaves_the_others_lease_alone(d: Driver) -> None:
+    """The jobs of one PULLB share one lease record: a renewal, an extension or a connection's
+    release of one of them must not reach the others."""
+    ids = [d.push() for _ in range(4)]
+    pulled = d.ok(
+        {"cmd": "PULLB", "queue": "q", "count": 4, "owner": "w", "lockTtl": 1000}, 0, "c1"
+    )
+    tokens = pulled["tokens"]
+    d.ok({"cmd": "JobHeartbeat", "id": ids[0], "token": tokens[0], "duration": 5000}, 100)
+    d.ok({"cmd": "ExtendLock", "id": ids[1], "token": tokens[1], "duration": 3000}, 100)
+    d.tick(1000)
+    assert [d.state(i) for i in ids] == ["active", "active", "waiting", "waiting"]
+    # The two others lapsed: delivered again, their old tokens refused, the new ones taken.
+    again = d.ok({"cmd": "PULLB", "queue": "q", "count": 4, "owner": "v"}, 1001, "c2")
+    assert [job["id"] for job in again["jobs"]] == ids[2:]
+    stale = {"cmd": "ACKB", "ids": ids[2:], "tokens": tokens[2:]}
+    assert d.err(stale, 1002).startswith("Invalid or expired lock token")
+    assert d.err({"cmd": "ACK", "id": ids[2], "token": tokens[2]}, 1002).startswith(
+        "Invalid or expired lock token"
+    )
+    d.ok({"cmd": "ACKB", "ids": ids[2:], "tokens": again["tokens"]}, 1003)
+    # Closing the first connection releases nothing: its two jobs were renewed.
+    assert d.engine.release("c1", 1004)[0] == 0
+    d.tick(3100)
+    assert [d.state(i) for i in ids] == ["active", "waiting", "completed", "completed"]
+    d.tick(5100)
+    assert d.state(ids[0]) == "waiting"

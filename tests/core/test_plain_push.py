@@ -205,6 +205,9 @@ def test_a_data_only_pushb_takes_the_shortcut() -> None:
                  [{"data": 1, "name": "x"}, {"data": 2}],
                  [{"data": 1}, {"data": 2, "durable": True}], [{"data": 1, "durable": 1}],
                  [{"data": 1, "durable": False}], [{"durable": True, "name": "x"}],
+                 [{"data": 1, "durable": True}, {"data": 2, "durable": False}],
+                 [{"data": 1, "name": "x", "durable": True},
+                  {"data": 2, "name": "y", "durable": 1}],
                  [{"data": 1, "name": "x"}, {"data": 2, "durable": True}]):  # fmt: skip
         assert not _produce._data_only(jobs)
     with pytest.raises(_produce.CommandError, match=r"^jobs\[1\]: Job data must be JSON"):

@@ -71,8 +71,8 @@ class EngineMachine(RuleBasedStateMachine):
         return reply
 
     def current_token(self, job_id: str) -> str | None:
-        lease = self.engine.store.leases.get(job_id)
-        return lease.token if lease else None
+        # A job that has a lease holds its token (`Lease`).
+        return self.engine.jobs[job_id].token if job_id in self.engine.store.leases else None
 
     def forget_superseded(self) -> None:
         """Move held leases that are no longer current into the stale list."""
@@ -338,6 +338,10 @@ class EngineMachine(RuleBasedStateMachine):
                     current[job_id] = token
         for job_id in self.engine.store.leases:
             assert self.engine.jobs[job_id].state == ACTIVE
+        # ACKB's fence reads `leased` instead of the lease table: they must agree.
+        for job in self.engine.jobs.values():
+            leased = job.state == ACTIVE and job.leased
+            assert leased == (job.id in self.engine.store.leases), (job.id, job.state)
 
     @invariant()
     def attempts_bounded(self) -> None:
