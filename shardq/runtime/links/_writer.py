@@ -232,15 +232,25 @@ class ShardConnections:
 class WriterLink:
     """A shard's end: one connection to the writer, re-made when it drops."""
 
-    def __init__(self, path: str, bell_path: str | None = None, unrung_max: int = 0) -> None:
+    def __init__(
+        self,
+        path: str,
+        bell_path: str | None = None,
+        unrung_max: int = 0,
+        unrung_max_ops: int = 0,
+    ) -> None:
         """`bell_path`: the writer's bell listener, None for no bell (a writer that reads
-        every batch at once); `unrung_max`: the bytes sent at most between two rings."""
+        every batch at once); `unrung_max`, `unrung_max_ops`: the bytes and the mutations
+        sent at most between two rings (the latter the writer's `flush_max_mutations`, so
+        that the count still starts a flush early)."""
         self._path = path
         self._bell_path = bell_path
         self._sock: socket.socket | None = None
         self._bell: socket.socket | None = None
         self._unrung_max = unrung_max
         self._unrung = 0  # bytes sent since the last ring
+        self._unrung_max_ops = unrung_max_ops
+        self._unrung_ops = 0  # mutations sent since the last ring
         self._splitter = FrameSplitter()
         self._out = bytearray()  # what the socket has not taken yet (whole frames)
         self._waiting_since: float | None = None  # when `_out` last became non-empty
@@ -275,7 +285,7 @@ class WriterLink:
         bell = self._bell
         if bell is None:
             return
-        self._unrung = 0
+        self._unrung = self._unrung_ops = 0
         try:
             bell.send(_RING)
         except BlockingIOError:
@@ -303,13 +313,20 @@ class WriterLink:
         since = self._waiting_since
         return 0.0 if since is None or not self._out else now - since
 
-    def send(self, data: bytes, urgent: bool = False) -> bool:
-        """Queue one frame and write what the socket takes now; never blocks. False if the
-        link is down (the frame is dropped). `urgent`: someone waits on it, so the writer is
-        rung; so it is whenever bytes are left waiting."""
+    def send(self, data: bytes, urgent: bool = False, ops: int = 0) -> bool:
+        """Queue one frame (of `ops` mutations) and write what the socket takes now; never
+        blocks. False if the link is down (the frame is dropped). `urgent`: someone waits on
+        it, so the writer is rung; so it is whenever bytes are left waiting, and past the
+        bounds of what is sent unrung."""
         sent = self._send(data)
         self._unrung += len(data)
-        if sent and (urgent or self._out or self._unrung > self._unrung_max):
+        self._unrung_ops += ops
+        if sent and (
+            urgent
+            or self._out
+            or self._unrung > self._unrung_max
+            or self._unrung_ops >= self._unrung_max_ops
+        ):
             self.ring()
         return sent and self._sock is not None
 

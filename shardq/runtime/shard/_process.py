@@ -147,7 +147,10 @@ class ShardProcess(ShardDirect, ShardLoading):
         )
         lazy = spec.links.writer_lazy_read_bytes
         self._writer = WriterLink(
-            spec.writer_link_path, spec.writer_bell_path if lazy else None, lazy
+            spec.writer_link_path,
+            spec.writer_bell_path if lazy else None,
+            lazy,
+            spec.writer.flush_max_mutations,
         )
         self._writer.connect()
         self._confirm_wait_ms = spec.links.writer_confirm_wait_ms
@@ -495,7 +498,9 @@ class ShardProcess(ShardDirect, ShardLoading):
                 except (TypeError, ValueError, OverflowError):
                     # Only the shard's own `muts` go to the writer.
                     data = pack(self.core.batches.salvage_batch(cast(msgs.MutsMsg, msg)))
-                self._writer.send(data, urgent=self._rings_for(msg))
+                muts = msg.get("muts")
+                ops = len(muts) if isinstance(muts, list) else 0
+                self._writer.send(data, urgent=self._rings_for(msg), ops=ops)
         if self._writer.pending > WRITER_BACKLOG_BYTES:
             self._wait_for_writer()
 
