@@ -11,6 +11,7 @@ from typing import Any
 from shardq_harness import ShardqServer
 
 from shardq.client import TcpConnection
+from shardq.runtime._routing import shard_of
 
 PUSHES = 300
 PAIRS = 40
@@ -20,6 +21,7 @@ PAIRS = 40
 MAX_READS_PER_PUSH = 0.25
 # Wake-ups, not spins: the count is the writer's reads.
 QUIET = {"SHARDQ_SPIN_US": "0", "SHARDQ_FLUSH_INTERVAL_MS": "100"}
+ANSWER_S = 20.0  # a durable reply's limit: a third of a window that never ends here
 
 
 def writer_stopping(server: ShardqServer) -> dict[str, Any]:
@@ -84,3 +86,27 @@ def test_durable_push_behind_buffered_ones_rings_and_survives_kill9(
         count = conn.call({"cmd": "Count", "queue": "mixed"})
         assert count["ok"] and count["count"] >= 3 * PAIRS, count  # a buffered one may be lost
     assert restarted.stop() == 0, restarted.log_tail()
+
+
+def test_durable_pushes_are_answered_while_a_window_of_a_minute_is_pending(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    """Only the bell or a link left in the writer's poll can get a durable push committed
+    before the window ends; either left unread would wait the whole minute."""
+    env = {"SHARDQ_SPIN_US": "0", "SHARDQ_FLUSH_INTERVAL_MS": "60000"}
+    server = shardq_server(shards=2, env=env)
+    first = next(f"a{i}" for i in range(1000) if shard_of(f"a{i}", 2) == 0)
+    other = next(f"b{i}" for i in range(1000) if shard_of(f"b{i}", 2) == 1)
+    with TcpConnection(*server.tcp_address, timeout=ANSWER_S) as conn:
+        for n in range(3):
+            # After a buffered batch the first shard's link is left unread: a durable push on
+            # the other shard is read as it comes (its shard has nothing unconfirmed and does
+            # not ring), and one on the first shard rings.
+            for queue in (other, first):
+                buffered = conn.call({"cmd": "PUSH", "queue": first, "data": {"n": n}})
+                assert buffered["ok"], buffered
+                push = {"cmd": "PUSH", "queue": queue, "data": {"n": n}, "durable": True}
+                reply = conn.call(push)
+                assert reply["ok"] and reply["id"], reply
+    assert server.stop() == 0, server.log_tail()
+    assert writer_stopping(server)["rings"] >= 1, writer_stopping(server)
