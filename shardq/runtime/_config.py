@@ -230,6 +230,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "writer_batch_max_mutations": _ranged(1, 1_000_000),
     "flow_resend_ms": _ranged(10, 600_000, ms=True),
     "writer_confirm_wait_ms": _ranged(0, 1_000, ms=True),
+    "writer_lazy_read_bytes": _ranged(0, 64 << 20),  # 0: the writer reads every batch at once
     "flow_children_grace_ms": _ranged(0, 86_400_000, ms=True),
     "flow_children_watch_max": _ranged(0, 10_000_000),
     # -- recovery: at least a second, so that a child's progress reports can keep it alive.

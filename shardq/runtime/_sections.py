@@ -286,6 +286,11 @@ class LinkSettings:
     # shard one wake-up per push instead of two. A confirmation that needs the shard (a
     # refused push, a writer restart) waits at most this long; 0 reads them at once.
     writer_confirm_wait_ms: int = 0
+    # The most bytes a shard sends its writer without waking it: while a group commit is
+    # pending the writer leaves buffered batches unread until its deadline, and a shard rings
+    # its bell (links/_writer.py) for a durable batch, past this many bytes unrung, or when
+    # its link has a backlog. 0: no bells, the writer reads every batch as it comes.
+    writer_lazy_read_bytes: int = 64 * 1024
     # A reply batch is cut into link frames of at most this; a reply bigger than it alone is
     # refused ("Reply too large"): a bunqueue client refuses a frame over 64 MiB anyway.
     link_max_frame_bytes: int = 64 * 1024 * 1024

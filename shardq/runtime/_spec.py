@@ -160,6 +160,12 @@ class ChildSpec:
         """The Unix socket path on which the writer takes the shards' links."""
         return f"{self.run_dir}/link-writer"
 
+    @property
+    def writer_bell_path(self) -> str:
+        """The Unix socket path on which the writer takes the shards' bells: a byte there
+        asks it to read its links now (`links._writer`)."""
+        return f"{self.run_dir}/bell-writer"
+
     def link_path(self, index: int) -> str:
         """The Unix socket path on which shard `index` takes the front end's link."""
         return f"{self.run_dir}/link-{index}"

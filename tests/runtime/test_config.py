@@ -180,6 +180,7 @@ VALID_TEXT = {
     "writer_batch_max_mutations": "2000",
     "flow_resend_ms": "300",
     "writer_confirm_wait_ms": "5",
+    "writer_lazy_read_bytes": "4096",
     "flow_children_grace_ms": "2000",
     "flow_children_watch_max": "10",
     "ready_timeout_ms": "5000",
@@ -330,6 +331,7 @@ writer_batch_max_bytes = 1048576
 writer_batch_max_mutations = 2000
 flow_resend_ms = 300
 writer_confirm_wait_ms = 5
+writer_lazy_read_bytes = 4096
 flow_children_grace_ms = 2000
 flow_children_watch_max = 10
 ready_timeout_ms = 5000

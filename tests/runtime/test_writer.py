@@ -386,9 +386,11 @@ def test_the_default_count_starts_a_flush_early_and_a_durable_batch_at_once(
     writer_process: Callable[..., WriterProcess],
 ) -> None:
     # An interval that never ends: only the count (ServerConfig's default) or a durable batch
-    # can start a flush.
+    # can start a flush. These shard ends ring no bell: the writer reads every batch at once
+    # (with bells, a shard rings once it has sent the count, `links._writer`).
     count = ServerConfig().writer.flush_max_mutations
-    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=count)
+    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=count,
+                       writer_lazy_read_bytes=0)  # fmt: skip
     w.ready()
     puts = [put(n) for n in range(1, count + 1)]
     fifth = count // 5

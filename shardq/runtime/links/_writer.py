@@ -19,6 +19,16 @@ for the writer, but never longer than the bound, and past the bound it refuses d
 instead of blocking every client with a writer that does not read. While disconnected, sends
 are dropped: the shard keeps every unconfirmed batch and resends them all when the link is
 back (`reconnected()` is its cue, the old "writer-up").
+
+Bells. Besides its link, each shard holds a second connection to the writer's bell listener
+(`ChildSpec.writer_bell_path`), which carries single bytes, no frames. While a group commit is
+pending, the writer leaves a link over which a buffered batch came unread until the commit's
+deadline (docs/runtime.md, `writer_lazy_read_bytes`): buffered batches wait for that commit
+anyway, and reading each as it came woke the writer once per push. A shard therefore rings
+after sending what someone waits on while such a batch may be unconfirmed (a durable batch, a
+`flush`, a `sync`), whenever its link has a backlog (the socket did not take everything, or
+took some of it later) and past `unrung_max` bytes sent unrung; the writer reads every link
+when a bell rings. The bytes are sent before the bell, so they are there to read then.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ from shardq.runtime.links._stream import (
 __all__ = ["ShardConnections", "WriterLink"]
 
 _READ_SIZE: Final = 1 << 20
+_BELL_READ: Final = 4096  # a bell's bytes mean nothing: read as many, at most, per turn
+_RING: Final = b"!"
 RECONNECT_EVERY_MS: Final = 20
 
 _log = structlog.get_logger()
@@ -60,11 +72,53 @@ class _Conn:
 class ShardConnections:
     """The writer's end: a listener and the shards' connections, all non-blocking."""
 
-    def __init__(self, path: str) -> None:
-        """Bind and listen on `path` (a stale socket file is replaced). Raises `OSError`."""
+    def __init__(self, path: str, bell_path: str | None = None) -> None:
+        """Bind and listen on `path`, and on `bell_path` for the shards' bells if given (a
+        stale socket file is replaced). Raises `OSError`."""
         self._listener = prepare_listener(path)
         self._conns: dict[int, _Conn] = {}  # by descriptor
         self._by_shard: dict[int, _Conn] = {}
+        self._bell_listener = None if bell_path is None else prepare_listener(bell_path)
+        self._bells: dict[int, socket.socket] = {}  # by descriptor
+
+    def bell_fds(self) -> list[int]:
+        """The bell listener and the bells (poll them for reading, always)."""
+        if self._bell_listener is None:
+            return []
+        return [self._bell_listener.fileno(), *self._bells]
+
+    def heard(self, fd: int) -> bool:
+        """Serve bell descriptor `fd` (from `bell_fds`): True if a bell rang, so the links
+        are to be read now. A new bell is accepted; a closed one is dropped."""
+        listener = self._bell_listener
+        if listener is not None and fd == listener.fileno():
+            self._accept_bells(listener)
+            return False
+        bell = self._bells.get(fd)
+        if bell is None:
+            return False
+        try:
+            rang = bool(bell.recv(_BELL_READ))
+        except BlockingIOError:
+            return False
+        except OSError:
+            rang = False
+        if not rang:  # closed: its shard went away, or reconnects with a new one
+            del self._bells[fd]
+            bell.close()
+        return rang
+
+    def _accept_bells(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                sock, _addr = listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                _log.warning("shard bell accept failed", error=str(e))
+                return
+            sock.setblocking(False)
+            self._bells[sock.fileno()] = sock
 
     def listener_fd(self) -> int:
         return self._listener.fileno()
@@ -77,18 +131,20 @@ class ShardConnections:
         """Connections with buffered output (poll them for writing)."""
         return [fd for fd, conn in self._conns.items() if conn.out]
 
-    def accept(self) -> None:
-        """Take every pending connection."""
+    def accept(self) -> list[int]:
+        """Take every pending connection; their descriptors."""
+        new: list[int] = []
         while True:
             try:
                 sock, _addr = self._listener.accept()
             except BlockingIOError:
-                return
+                return new
             except OSError as e:
                 _log.warning("shard link accept failed", error=str(e))
-                return
+                return new
             sock.setblocking(False)
             self._conns[sock.fileno()] = _Conn(sock)
+            new.append(sock.fileno())
 
     def readable(self, fd: int, limit: int = _READ_SIZE) -> list[tuple[int, bytes]]:
         """Read what connection `fd` has (about `limit` bytes at most); (fd, payload) pairs."""
@@ -128,6 +184,11 @@ class ShardConnections:
         self._write(conn)
         return True
 
+    def fd_of(self, shard: int) -> int | None:
+        """The descriptor of the connection that speaks for `shard`, if one does."""
+        conn = self._by_shard.get(shard)
+        return None if conn is None else conn.sock.fileno()
+
     def idle(self, shard: int) -> bool:
         """Whether a connection speaks for `shard` and has nothing waiting to be sent."""
         conn = self._by_shard.get(shard)
@@ -144,6 +205,11 @@ class ShardConnections:
         self._conns.clear()
         self._by_shard.clear()
         self._listener.close()
+        for bell in self._bells.values():
+            bell.close()
+        self._bells.clear()
+        if self._bell_listener is not None:
+            self._bell_listener.close()
 
     def _write(self, conn: _Conn) -> None:
         try:
@@ -166,9 +232,25 @@ class ShardConnections:
 class WriterLink:
     """A shard's end: one connection to the writer, re-made when it drops."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        bell_path: str | None = None,
+        unrung_max: int = 0,
+        unrung_max_ops: int = 0,
+    ) -> None:
+        """`bell_path`: the writer's bell listener, None for no bell (a writer that reads
+        every batch at once); `unrung_max`, `unrung_max_ops`: the bytes and the mutations
+        sent at most between two rings (the latter the writer's `flush_max_mutations`, so
+        that the count still starts a flush early)."""
         self._path = path
+        self._bell_path = bell_path
         self._sock: socket.socket | None = None
+        self._bell: socket.socket | None = None
+        self._unrung_max = unrung_max
+        self._unrung = 0  # bytes sent since the last ring
+        self._unrung_max_ops = unrung_max_ops
+        self._unrung_ops = 0  # mutations sent since the last ring
         self._splitter = FrameSplitter()
         self._out = bytearray()  # what the socket has not taken yet (whole frames)
         self._waiting_since: float | None = None  # when `_out` last became non-empty
@@ -184,18 +266,32 @@ class WriterLink:
         """Try once to connect; True on success (and at once if already connected)."""
         if self._sock is not None:
             return True
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(self._path)
-        except OSError as e:
-            sock.close()
-            if e.errno not in (errno.ENOENT, errno.ECONNREFUSED):
-                _log.warning("cannot connect to the writer", error=str(e))
+        sock = _connect(self._path)
+        if sock is None:
             return False
-        sock.setblocking(False)
+        # The bell first: a writer must not take a link it cannot wake (`ShardConnections`).
+        if self._bell_path is not None:
+            bell = _connect(self._bell_path)
+            if bell is None:
+                sock.close()
+                return False
+            self._bell = bell
         self._sock = sock
         self._splitter = FrameSplitter()
         return True
+
+    def ring(self) -> None:
+        """Ask the writer to read its links now. A full bell is a bell already ringing."""
+        bell = self._bell
+        if bell is None:
+            return
+        self._unrung = self._unrung_ops = 0
+        try:
+            bell.send(_RING)
+        except BlockingIOError:
+            pass
+        except OSError as e:
+            self._drop(f"bell failed: {e}")
 
     def readable(self) -> list[bytes]:
         """Read everything waiting; whole payloads out. A closed link is noted, not raised."""
@@ -217,9 +313,24 @@ class WriterLink:
         since = self._waiting_since
         return 0.0 if since is None or not self._out else now - since
 
-    def send(self, data: bytes) -> bool:
-        """Queue one frame and write what the socket takes now; never blocks. False if the
-        link is down (the frame is dropped)."""
+    def send(self, data: bytes, urgent: bool = False, ops: int = 0) -> bool:
+        """Queue one frame (of `ops` mutations) and write what the socket takes now; never
+        blocks. False if the link is down (the frame is dropped). `urgent`: someone waits on
+        it, so the writer is rung; so it is whenever bytes are left waiting, and past the
+        bounds of what is sent unrung."""
+        sent = self._send(data)
+        self._unrung += len(data)
+        self._unrung_ops += ops
+        if sent and (
+            urgent
+            or self._out
+            or self._unrung > self._unrung_max
+            or self._unrung_ops >= self._unrung_max_ops
+        ):
+            self.ring()
+        return sent and self._sock is not None
+
+    def _send(self, data: bytes) -> bool:
         sock = self._sock
         if sock is None:
             return False
@@ -244,17 +355,22 @@ class WriterLink:
         sock = self._sock
         if sock is None:
             return False
+        moved = False
         while self._out:
             try:
                 sent = sock.send(self._out)
             except BlockingIOError:
-                return True
+                break
             except OSError as e:
                 self._drop(f"write failed: {e}")
                 return False
             del self._out[:sent]
+            moved = True
             self._waiting_since = time.monotonic()  # the writer reads: the wait starts over
-        return True
+        if moved:
+            # What a backlog held may be what someone waits on: the writer reads it now.
+            self.ring()
+        return self._sock is not None
 
     def wait_writable(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the socket to take more, then write what it takes."""
@@ -269,9 +385,16 @@ class WriterLink:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._close_bell()
         self._out.clear()
 
+    def _close_bell(self) -> None:
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
+
     def _drop(self, reason: str) -> None:
+        self._close_bell()
         if self._sock is not None:
             _log.warning("writer link lost", reason=reason)
             self._sock.close()
@@ -279,3 +402,17 @@ class WriterLink:
         # A frame cut short cannot continue on a new connection; the shard resends what the
         # writer did not confirm.
         self._out.clear()
+
+
+def _connect(path: str) -> socket.socket | None:
+    """A non-blocking connection to the writer's socket at `path`; None if it is not there."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as e:
+        sock.close()
+        if e.errno not in (errno.ENOENT, errno.ECONNREFUSED):
+            _log.warning("cannot connect to the writer", error=str(e))
+        return None
+    sock.setblocking(False)
+    return sock

@@ -145,7 +145,13 @@ class ShardProcess(ShardDirect, ShardLoading):
             spec.link_path(spec.index),
             max(spec.links.link_max_frame_bytes, spec.tcp.max_frame_bytes + LINK_ENVELOPE_BYTES),
         )
-        self._writer = WriterLink(spec.writer_link_path)
+        lazy = spec.links.writer_lazy_read_bytes
+        self._writer = WriterLink(
+            spec.writer_link_path,
+            spec.writer_bell_path if lazy else None,
+            lazy,
+            spec.writer.flush_max_mutations,
+        )
         self._writer.connect()
         self._confirm_wait_ms = spec.links.writer_confirm_wait_ms
         self._next_connect = 0.0
@@ -252,12 +258,12 @@ class ShardProcess(ShardDirect, ShardLoading):
         served, in order, once recovery is done.
         """
         sync = pack(msgs.sync(self.spec.index, 0))
-        self._writer.send(sync)  # if the link is down, the writer-up below resends it
+        self._writer.send(sync, urgent=True)  # if the link is down, the writer-up resends it
         early: list[dict[str, Any]] = []
 
         def resend(msg: dict[str, Any]) -> bool:
             # A writer (re)started: one that died may have taken our sync with it.
-            self._writer.send(sync)
+            self._writer.send(sync, urgent=True)
             return False
 
         def wait_on(msg: dict[str, Any]) -> bool:
@@ -492,9 +498,22 @@ class ShardProcess(ShardDirect, ShardLoading):
                 except (TypeError, ValueError, OverflowError):
                     # Only the shard's own `muts` go to the writer.
                     data = pack(self.core.batches.salvage_batch(cast(msgs.MutsMsg, msg)))
-                self._writer.send(data)
+                muts = msg.get("muts")
+                ops = len(muts) if isinstance(muts, list) else 0
+                self._writer.send(data, urgent=self._rings_for(msg), ops=ops)
         if self._writer.pending > WRITER_BACKLOG_BYTES:
             self._wait_for_writer()
+
+    def _rings_for(self, msg: Mapping[str, Any]) -> bool:
+        """Whether to ring the writer's bell after `msg`: someone waits on it, and the writer
+        may be leaving this link unread. It does so only after a buffered batch came over it,
+        until its next commit; a durable batch behind confirmed ones is read as it comes."""
+        kind = msg.get("t")
+        if kind == msgs.MUTS:
+            seq = msg.get("seq")
+            earlier_unconfirmed = not isinstance(seq, int) or self.core.batches.committed < seq - 1
+            return msg.get("durable") is True and earlier_unconfirmed
+        return kind in (msgs.FLUSH, msgs.SYNC)
 
     def _wait_for_writer(self) -> None:
         """Back-pressure with a bound: wait while the writer leaves too much unread, but only

@@ -102,7 +102,16 @@ class Writer(RejectedMutations):
             # What a shard may hold unsent for its writer, the writer may hold uncommitted.
             max_buffered_bytes=spec.links.writer_backlog_max_bytes,
         )
-        self._links = ShardConnections(spec.writer_link_path)
+        # With bells, a pending group commit's buffered batches are read at its deadline, not
+        # one wake-up each as they come (`links._writer`, `_lazy`).
+        self._bells = spec.links.writer_lazy_read_bytes > 0
+        self._muted: set[int] = set()  # links a buffered batch came over since the last flush
+        # For the stop line: reads of a shard link that brought messages, and bells heard.
+        self._link_reads = 0
+        self._rings = 0
+        self._links = ShardConnections(
+            spec.writer_link_path, spec.writer_bell_path if self._bells else None
+        )
         # With adaptive spinning the writer spins too, but it follows durable batches only:
         # they are the messages someone waits on; buffered ones wait for a flush anyway.
         process = spec.process
@@ -177,6 +186,8 @@ class Writer(RejectedMutations):
             with _no_collection():
                 self._serve_links(events)
                 if self._buffer.due(self._clock()):
+                    if self._bells:
+                        self._read_links(events)  # what waited unread for this commit
                     self._flush()
             self._pieces.tick(self._clock())
             if self._pieces.wanted and not self._buffer.due(self._clock()):
@@ -230,12 +241,17 @@ class Writer(RejectedMutations):
         poller = select.poll()
         poller.register(waker.fileno(), select.POLLIN)
         reading = self._buffer.accepting
+        links = self._links
         if reading:
-            poller.register(self._links.listener_fd(), select.POLLIN)
-            for fd in self._links.conn_fds():
+            poller.register(links.listener_fd(), select.POLLIN)
+            for fd in links.bell_fds():
                 poller.register(fd, select.POLLIN)
-        for fd in self._links.waiting_fds():
-            if reading:
+        muted = self._muted if self._lazy() else set()
+        watched = [fd for fd in links.conn_fds() if fd not in muted] if reading else []
+        for fd in watched:
+            poller.register(fd, select.POLLIN)
+        for fd in links.waiting_fds():
+            if fd in watched:
                 poller.modify(fd, select.POLLIN | select.POLLOUT)
             else:
                 poller.register(fd, select.POLLOUT)
@@ -255,17 +271,47 @@ class Writer(RejectedMutations):
             return dict(got or poller.poll(timeout))
         return dict(poller.poll(timeout))
 
+    def _lazy(self) -> bool:
+        """Whether to leave the links unread until the pending commit's deadline: only with
+        bells (a shard wakes the writer for what it must read now), and only for a group
+        commit's wait, not once it is due nor during a failing commit's backoff."""
+        if not self._bells or self._buffer.failures:
+            return False
+        deadline = self._buffer.deadline()
+        return deadline is not None and deadline > self._clock()
+
     def _serve_links(self, events: dict[int, int]) -> None:
         links = self._links
+        bells = links.bell_fds()
+        rang = False
         for fd, mask in events.items():
             if fd == links.listener_fd():
-                links.accept()
+                self._muted.difference_update(links.accept())  # a closed link's descriptor
+                continue
+            if fd in bells:
+                rang = links.heard(fd) or rang
                 continue
             if mask & select.POLLOUT:
                 links.writable(fd)
             if mask & ~select.POLLOUT and self._buffer.accepting:
-                for conn, frame in links.readable(fd):
-                    self._handle(frame, conn)
+                self._read(fd)
+        if rang:
+            self._rings += 1
+            self._read_links(events)
+
+    def _read_links(self, events: dict[int, int]) -> None:
+        """Read the links left unread while `_lazy` (`_muted`) that this turn did not read."""
+        for fd in list(self._muted):
+            if events.get(fd, 0) & ~select.POLLOUT or not self._buffer.accepting:
+                continue  # read this turn already
+            self._read(fd)
+
+    def _read(self, fd: int) -> None:
+        frames = self._links.readable(fd)
+        if frames:
+            self._link_reads += 1
+        for conn, frame in frames:
+            self._handle(frame, conn)
 
     def _compact(self) -> tuple[()]:
         """What the writer gives back besides the collection: SQLite's page cache."""
@@ -318,6 +364,9 @@ class Writer(RejectedMutations):
         rep = message.get("rep")
         rep = rep if urgent and type(rep) is bytes else None
         added = self._buffer.add_muts(shard, seq, muts, now, urgent=urgent, nbytes=size, rep=rep)
+        fd = self._links.fd_of(shard) if self._bells and not urgent else None
+        if fd is not None:
+            self._muted.add(fd)
         self._send(added)
         return True
 
@@ -345,6 +394,7 @@ class Writer(RejectedMutations):
         buffer = self._buffer
         started = self._clock()
         self._refused.clear()
+        self._muted.clear()  # its shards read their `done` before leaving a link unread again
         try:
             rows = self._commit(buffer.mutations())
         except StorageFenced as e:
@@ -424,7 +474,8 @@ class Writer(RejectedMutations):
 
     def _shutdown(self, waker: SignalWaker) -> int:
         deadline = self._clock() + self._spec.process.shutdown_timeout_ms / 1000
-        log.info("writer stopping", waiting_mutations=self._buffer.pending, **SPIN_STATS.fields())
+        log.info("writer stopping", waiting_mutations=self._buffer.pending,
+                 link_reads=self._link_reads, rings=self._rings, **SPIN_STATS.fields())  # fmt: skip
         self._vacuum.stop()  # a rebuild's copy would hold the final checkpoint back
         while True:
             self._drain_everything()
