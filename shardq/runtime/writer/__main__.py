@@ -7,6 +7,6 @@ from shardq.runtime._lean import defer_asyncio, skip_extras
 skip_extras()  # before the role's imports
 defer_asyncio()  # it runs no event loop
 
-from shardq.runtime.writer._process import main  # noqa: E402
+from shardq.runtime.writer._main import main  # noqa: E402
 
 sys.exit(main())
