@@ -18,7 +18,7 @@ from shardq_harness import ShardqServer
 
 from bench.delay import calls_by_function
 from shardq import App
-from shardq.client import Connection, Queue, SerializationError
+from shardq.client import Connection, Queue, SerializationError, _sync_transport
 from shardq.tasks._options import MERGED_CACHE_SIZE
 
 CALLS = 200
@@ -126,6 +126,14 @@ def test_delay_writes_one_push_with_the_task_options(app: App) -> None:
     assert override.id == "delay-cost-override"
 
 
+@pytest.fixture
+def steady_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection skips its liveness poll only within `FRESH_S` of its last push, so under
+    load the two sides of a count would poll unequally: counted here, neither polls."""
+    monkeypatch.setattr(_sync_transport, "FRESH_S", 3600.0)
+
+
+@pytest.mark.usefixtures("steady_polls")
 def test_delay_costs_a_raw_push_and_no_per_call_option_work(app: App, task_url: str) -> None:
     @app.task(queue="delay-cost", attempts=2, backoff=1.0)
     def noop(x: float) -> None:
@@ -146,6 +154,7 @@ def test_delay_costs_a_raw_push_and_no_per_call_option_work(app: App, task_url: 
     assert delay_calls - raw_calls <= MAX_DELAY_EXTRA_CALLS, (delay_calls, raw_calls)
 
 
+@pytest.mark.usefixtures("steady_polls")
 def test_apply_with_the_same_options_builds_them_once(app: App, task_url: str) -> None:
     """`apply(queue=..., durable=...)` at one call site: the merged options and their wire
     fields are kept per set of overrides, not rebuilt on every call (they cost 15 µs)."""

@@ -123,6 +123,11 @@ class RecycleCheck:
         if other >= CALIBRATE_FROM:
             measured = (rss - self.fresh_bytes - done) / other
             self.factor = min(FACTOR_MAX, max(RECYCLE_FACTOR, measured))
+        else:
+            # Too few jobs to measure by: what the jobs do not explain is what the start
+            # itself costs, the modules the storage loaded included (psycopg and asyncio on
+            # PostgreSQL come after the size above was read), and a fresh process pays it too.
+            self.fresh_bytes = max(self.fresh_bytes, rss - done - int(self.factor * other))
 
     def limit(self) -> int:
         """The RSS above which the shard recycles, in bytes."""
