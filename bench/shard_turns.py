@@ -91,7 +91,7 @@ class _Sink:
     def __init__(self) -> None:
         self.sent: list[bytes] = []
 
-    def send(self, data: bytes, block: bool = True) -> None:
+    def send(self, data: bytes, block: bool = True, urgent: bool = False, ops: int = 0) -> None:
         self.sent.append(data)
 
 
