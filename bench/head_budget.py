@@ -118,22 +118,33 @@ class Sampler(threading.Thread):
         self.trace: list[dict[str, Any]] = []
         self.samples = 0
         self._done = threading.Event()
-        self._t0 = time.monotonic()
+        self._t0 = self._next_trace = time.monotonic()
+        self._lock = threading.RLock()  # `enter` samples from the caller's thread
 
     def run(self) -> None:
-        next_trace = self._t0
         while not self._done.wait(self.every):
+            self._sample()
+
+    def enter(self, phase: str) -> None:
+        """End the current phase with one sample of its own (a phase shorter than `every`,
+        a small drain, would have none), then sample under `phase`."""
+        with self._lock:
+            self._sample()
+            self.phase = phase
+
+    def _sample(self) -> None:
+        with self._lock:
             rss = _server_rss()
             if rss is None:
-                continue
+                return
             self.samples += 1
             self._note_hwm()
             peak = self.peaks.setdefault(self.phase, {})
             for role, mb in rss.items():
                 peak[role] = max(peak.get(role, 0.0), mb)
             now = time.monotonic()
-            if self.trace_every > 0 and now >= next_trace:
-                next_trace = now + self.trace_every
+            if self.trace_every > 0 and now >= self._next_trace:
+                self._next_trace = now + self.trace_every
                 point = {"t": round(now - self._t0, 1), "phase": self.phase, "rss": rss,
                          "db_mb": db_mb(self.data_dir)}  # fmt: skip
                 self.trace.append(point)
@@ -330,12 +341,12 @@ def _push_and_restart(
     row["db_mb_after_push"] = db_mb(data_dir)
     row["peak_first_run"] = first.rss_mb("VmHWM")
     row["load_after_push"] = os.getloadavg()
-    sampler.phase = "stop"
+    sampler.enter("stop")
     t0 = time.monotonic()
     row["stop_exit"] = first.stop()
     row["stop_s"] = round(time.monotonic() - t0, 2)
     _note(f"{build.label}: stopped in {row['stop_s']} s; restarting")
-    sampler.phase = "restart"
+    sampler.enter("restart")
     second = Server(data_dir, shards, args.ready_timeout, run + 1, probe_ready=True, env=env,
                     command=build.command)  # fmt: skip
     servers.append(second)
@@ -349,7 +360,7 @@ def _push_and_restart(
     row["db_mb_after_restart"] = db_mb(data_dir)
     row["load_after_restart"] = os.getloadavg()
     _note(f"{build.label}: first Ping after {row.get('first_ping_s')} s; draining")
-    sampler.phase = "drain"
+    sampler.enter("drain")
     expected = min(row["jobs"], args.drain_max or row["jobs"])
     progress = DrainProgress(build.label, expected, args.progress_every)
     drained, rate, timed_out = drain_parallel(
@@ -376,7 +387,7 @@ def _push_and_restart(
         row["cpu_s_vacuumed"] = cpu_s(second.proc.pid)
     if args.recycle_wait > 0:
         row["recycle_s"] = wait_for_recycle(second.log_path, drained_at, args.recycle_wait)
-    sampler.phase = "settle"
+    sampler.enter("settle")
     time.sleep(args.settle)
     row["rss_settled"] = second.rss_mb()
     row["db_mb_settled"] = db_mb(data_dir)
