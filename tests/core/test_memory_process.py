@@ -11,6 +11,7 @@ back from storage (`Job.from_record`): smaller, and the same job.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import replace
 from typing import Any
@@ -138,7 +139,7 @@ def test_the_heads_grow_back_once_memory_was_given_back() -> None:
         _observe(pair)
         sizes.append(head.budget)
     assert len(pair.cold.jobs) > low, sizes
-    assert all(b <= a + max(a // 8, 1) for a, b in zip(sizes, sizes[1:], strict=False)), sizes
+    assert all(b <= a + max(a // 8, 1) for a, b in itertools.pairwise(sizes)), sizes
     assert _drain(pair) == list(range(pushed))
     pair.finish()
 
