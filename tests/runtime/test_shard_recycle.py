@@ -60,6 +60,7 @@ class _Traffic:
     recording what was acknowledged, what was pulled, and any error."""
 
     def __init__(self, server: ShardqServer, queue: str) -> None:
+        self._detail = server.log_tail
         self.host, self.port = server.tcp_address
         self.queue = queue
         self.pushed: list[str] = []
@@ -80,6 +81,29 @@ class _Traffic:
         for t in self._threads:
             t.join(30)
             assert not t.is_alive()
+
+    def across(self, happened: Callable[[], list[dict[str, Any]]], what: str) -> dict[str, Any]:
+        """Run the traffic until `happened` returns a log line (waiting up to 60 s for `what`),
+        a second beyond it, then until every acknowledged push was pulled; checks that none was
+        lost or failed and returns the line."""
+        self.start()
+        try:
+            line: dict[str, Any] = poll_until(happened, 60, what, detail=self._detail)[0]
+            time.sleep(1.0)  # some traffic through the new process too
+        finally:
+            self.stop_pushing.set()
+        poll_until(
+            lambda: len(self.pulled) >= len(self.pushed),
+            30,
+            "every acknowledged push pulled",
+            detail=lambda: f"pushed {len(self.pushed)} pulled {len(self.pulled)}",
+        )
+        self.stop_pulling.set()
+        self.join()
+        assert self.errors == []
+        assert sorted(self.pulled) == sorted(self.pushed)
+        assert len(self.pushed) >= 10
+        return line
 
     def _guard(self, body: Callable[[TcpConnection], None]) -> None:
         conn = TcpConnection(self.host, self.port, timeout=20)
@@ -162,26 +186,7 @@ def test_a_quiet_grown_shard_recycles_and_loses_nothing(
     shardq_server: Callable[..., ShardqServer],
 ) -> None:
     server, old_pid = _grown_server(shardq_server)
-    traffic = _Traffic(server, "trickle")
-    traffic.start()
-    try:
-        line = poll_until(lambda: _recycled(server), 60, "a shard recycle", detail=server.log_tail)[
-            0
-        ]
-        time.sleep(1.0)  # some traffic to the new shard too
-    finally:
-        traffic.stop_pushing.set()
-    poll_until(
-        lambda: len(traffic.pulled) >= len(traffic.pushed),
-        30,
-        "every acknowledged push pulled",
-        detail=lambda: f"pushed {len(traffic.pushed)} pulled {len(traffic.pulled)}",
-    )
-    traffic.stop_pulling.set()
-    traffic.join()
-    assert traffic.errors == []
-    assert sorted(traffic.pulled) == sorted(traffic.pushed)
-    assert len(traffic.pushed) >= 10
+    line = _Traffic(server, "trickle").across(lambda: _recycled(server), "a shard recycle")
     assert line["child"] == "shard-0"
     assert line["rss_mb_after"] < min(line["rss_mb_before"], FRESH_SHARD_MB)
     # Replaced, not restarted after a crash: a new process, no restart counted, no shard-down.
