@@ -41,8 +41,8 @@ import structlog
 from shardq.runtime._sections import ProcessSettings
 
 __all__ = [
-    "GiveBackSettings",
     "IdleGiveBack",
+    "IdleGrowth",
     "give_back_when_quiet",
     "malloc_trim",
     "rebuild",
@@ -147,16 +147,36 @@ class QuietWindow:
 
 
 @dataclass(frozen=True, slots=True)
-class GiveBackSettings:
-    """`[process] memory_release_idle_ms` and `memory_release_grow_mb` (docs/runtime.md)."""
+class IdleGrowth:
+    """When a process acts on the memory a busy period left: once quiet for `idle_s` after work
+    (0: never), if it holds more than `grow_bytes` beyond its reference size. One shape for the
+    give-back here and the shard's and the writer's recycles; each reads its two `[process]`
+    keys (docs/runtime.md)."""
 
-    idle_s: float = 2.0  # quiet this long after work before the size is checked; 0: off
-    grow_bytes: int = 8 << 20  # release only if the process grew this much since the last
+    idle_s: float = 2.0
+    grow_bytes: int = 8 << 20
 
     @classmethod
-    def of(cls, process: ProcessSettings) -> GiveBackSettings:
-        """The settings from the `[process]` section."""
-        return cls(process.memory_release_idle_ms / 1000, process.memory_release_grow_mb << 20)
+    def give_back(cls, process: ProcessSettings) -> IdleGrowth:
+        """`memory_release_idle_ms` and `memory_release_grow_mb`: the growth since the last
+        release (or the start)."""
+        return cls._of(process.memory_release_idle_ms, process.memory_release_grow_mb)
+
+    @classmethod
+    def shard_recycle(cls, process: ProcessSettings) -> IdleGrowth:
+        """`shard_recycle_idle_ms` and `shard_recycle_grow_mb`: the growth beyond what a fresh
+        shard would take."""
+        return cls._of(process.shard_recycle_idle_ms, process.shard_recycle_grow_mb)
+
+    @classmethod
+    def writer_recycle(cls, process: ProcessSettings) -> IdleGrowth:
+        """`writer_recycle_idle_ms` and `writer_recycle_grow_mb`: the growth beyond the
+        writer's size at its start."""
+        return cls._of(process.writer_recycle_idle_ms, process.writer_recycle_grow_mb)
+
+    @classmethod
+    def _of(cls, idle_ms: float, grow_mb: int) -> IdleGrowth:
+        return cls(idle_ms / 1000, grow_mb << 20)
 
     @property
     def enabled(self) -> bool:
@@ -174,7 +194,7 @@ class IdleGiveBack:
 
     def __init__(
         self,
-        settings: GiveBackSettings,
+        settings: IdleGrowth,
         tables: Callable[[], Iterable[MutableMapping[Any, Any]]] | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from shardq.runtime._giveback import GiveBackSettings, IdleGiveBack, malloc_trim, rss_bytes
+from shardq.runtime._giveback import IdleGiveBack, IdleGrowth, malloc_trim, rss_bytes
 
 MB = 1 << 20
 
@@ -20,7 +20,7 @@ class Clock:
 
 def test_nothing_is_armed_until_work_and_nothing_released_without_growth() -> None:
     clock = Clock()
-    give_back = IdleGiveBack(GiveBackSettings(idle_s=2.0, grow_bytes=64 * MB), clock=clock)
+    give_back = IdleGiveBack(IdleGrowth(idle_s=2.0, grow_bytes=64 * MB), clock=clock)
     assert give_back.deadline() is None  # an idle process is never woken for this
     assert not give_back.check(clock.now + 100)
     give_back.busy(clock.now)
@@ -41,7 +41,7 @@ def test_a_process_that_grew_releases_once_per_busy_period() -> None:
         return [table]
 
     malloc_trim()  # what earlier tests freed would take the allocation below, unseen
-    give_back = IdleGiveBack(GiveBackSettings(idle_s=1.0, grow_bytes=4 * MB), tables, clock=clock)
+    give_back = IdleGiveBack(IdleGrowth(idle_s=1.0, grow_bytes=4 * MB), tables, clock=clock)
     grown = [bytearray(1024) for _ in range(16 * 1024)]  # 16 MB, touched: resident
     assert rss_bytes() > 0
     give_back.busy(clock.now)
@@ -59,7 +59,7 @@ def test_a_busy_window_arms_it_again() -> None:
     # second): the CPU time used over the window decides.
     clock = Clock()
     malloc_trim()  # what earlier tests freed would take the allocation below, unseen
-    give_back = IdleGiveBack(GiveBackSettings(idle_s=1.0, grow_bytes=MB), clock=clock)
+    give_back = IdleGiveBack(IdleGrowth(idle_s=1.0, grow_bytes=MB), clock=clock)
     give_back.busy(clock.now)
     give_back.busy(clock.now + 0.5)  # already armed: the deadline stays
     assert give_back.deadline() == clock.now + 1.0
@@ -75,6 +75,6 @@ def test_a_busy_window_arms_it_again() -> None:
 
 
 def test_zero_idle_time_turns_it_off() -> None:
-    give_back = IdleGiveBack(GiveBackSettings(idle_s=0.0, grow_bytes=1))
+    give_back = IdleGiveBack(IdleGrowth(idle_s=0.0, grow_bytes=1))
     give_back.busy(1.0)
     assert give_back.deadline() is None and not give_back.check(1e9)

@@ -39,7 +39,7 @@ from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._curve import read_curve_secret
 from shardq.runtime._gcstats import GcClock
-from shardq.runtime._giveback import GiveBackSettings, IdleGiveBack, give_back_when_quiet
+from shardq.runtime._giveback import IdleGiveBack, IdleGrowth, give_back_when_quiet
 from shardq.runtime._logging import configure
 from shardq.runtime._ports import AuthThrottle, descriptor_limit
 from shardq.runtime._spec import ChildSpec
@@ -218,7 +218,7 @@ class Frontend:
             self.loop.create_task(self._read_supervisor()),
             self.loop.create_task(self.zmq.run()),
         ]
-        give_back = GiveBackSettings.of(spec.process)
+        give_back = IdleGrowth.give_back(spec.process)
         if give_back.enabled:
             idle = IdleGiveBack(give_back, self._compact)
             self._tasks.append(self.loop.create_task(give_back_when_quiet(idle, give_back.idle_s)))

@@ -32,8 +32,8 @@ from shardq.core._budget import MemoryBudget
 from shardq.core._mutations import Mutation
 from shardq.core._packed import pack_completed, pack_job
 from shardq.runtime._giveback import (
-    GiveBackSettings,
     IdleGiveBack,
+    IdleGrowth,
     malloc_trim,
     release,
     rss_bytes,
@@ -86,7 +86,7 @@ class MemoryReturner:
     def __init__(
         self,
         engine: Engine,
-        settings: GiveBackSettings | None = None,
+        settings: IdleGrowth | None = None,
         on_release: Callable[[], None] | None = None,
     ) -> None:
         """`on_release` runs first at each release: the shard closes its backlog's store
@@ -94,7 +94,7 @@ class MemoryReturner:
         self._engine = engine
         self._high = len(engine.jobs)
         self._on_release = on_release
-        self.idle = IdleGiveBack(settings or GiveBackSettings(), self._compact)
+        self.idle = IdleGiveBack(settings or IdleGrowth(), self._compact)
 
     def _compact(self) -> list[MutableMapping[Any, Any]]:
         if self._on_release is not None:

@@ -30,7 +30,7 @@ from shardq.core._budget import JOB_BYTES
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
-from shardq.runtime._giveback import GiveBackSettings, rss_bytes
+from shardq.runtime._giveback import IdleGrowth, rss_bytes
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
@@ -47,7 +47,7 @@ from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._loading import ShardLoading
 from shardq.runtime.shard._memory import MemoryReturner
 from shardq.runtime.shard._process_direct import ShardDirect
-from shardq.runtime.shard._recycle import RecycleCheck, RecycleSettings, ShardRecycle
+from shardq.runtime.shard._recycle import RecycleCheck, ShardRecycle
 from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._takeover import Holdings
 from shardq.runtime.shard._wire import FrontPacker
@@ -99,12 +99,14 @@ class ShardProcess(ShardDirect, ShardLoading):
         )
         self._memory = MemoryReturner(
             engine,
-            GiveBackSettings.of(spec.process),
+            IdleGrowth.give_back(spec.process),
             None if self._backlog is None else self._backlog.close,
         )
         self._recycle = ShardRecycle(
             spec.index,
-            RecycleCheck(RecycleSettings.of(spec.process), self._jobs_estimate, self._no_recycle),
+            RecycleCheck(
+                IdleGrowth.shard_recycle(spec.process), self._jobs_estimate, self._no_recycle
+            ),
             self._tell_front,
             self._recycle_go,
         )

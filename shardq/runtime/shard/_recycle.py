@@ -43,21 +43,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
 
 from shardq.runtime import _messages as msgs
-from shardq.runtime._giveback import QuietWindow, rss_bytes
-from shardq.runtime._sections import ProcessSettings
+from shardq.runtime._giveback import IdleGrowth, QuietWindow, rss_bytes
 
 __all__ = [
     "CALIBRATE_FROM",
     "FACTOR_MAX",
     "RECYCLE_FACTOR",
     "RecycleCheck",
-    "RecycleSettings",
     "ShardRecycle",
 ]
 
@@ -77,22 +74,6 @@ FACTOR_MAX: Final = 4.0
 CALIBRATE_FROM: Final = 16 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class RecycleSettings:
-    """`[process] shard_recycle_idle_ms` and `shard_recycle_grow_mb` (docs/runtime.md)."""
-
-    idle_s: float = 5.0  # quiet this long after work before the size is checked; 0: off
-    grow_bytes: int = 16 << 20  # the RSS kept above what a fresh process would take
-
-    @classmethod
-    def of(cls, process: ProcessSettings) -> RecycleSettings:
-        return cls(process.shard_recycle_idle_ms / 1000, process.shard_recycle_grow_mb << 20)
-
-    @property
-    def enabled(self) -> bool:
-        return self.idle_s > 0
-
-
 class RecycleCheck:
     """Decides when the shard should recycle (see above); the shard does the rest.
 
@@ -104,7 +85,7 @@ class RecycleCheck:
 
     def __init__(
         self,
-        settings: RecycleSettings,
+        settings: IdleGrowth,
         estimate: Callable[[], tuple[int, int]],
         blocker: Callable[[], str | None],
     ) -> None:

@@ -35,7 +35,7 @@ import structlog
 import zmq
 
 from shardq.runtime import _messages as msgs
-from shardq.runtime._giveback import GiveBackSettings, IdleGiveBack
+from shardq.runtime._giveback import IdleGiveBack, IdleGrowth
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import AUTO, AdaptiveSpin, auto_spin, spin_until
@@ -44,7 +44,7 @@ from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._drain_pieces import DrainPieces
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.runtime.writer._rebuild import rebuild_of
-from shardq.runtime.writer._recycle import WriterRecycle, WriterRecycleSettings
+from shardq.runtime.writer._recycle import WriterRecycle
 from shardq.runtime.writer._rejected import RejectedMutations
 from shardq.runtime.writer._status import WriterStatus, file_sizes
 from shardq.runtime.writer._vacuum import IdleVacuum
@@ -64,7 +64,6 @@ log = structlog.get_logger()
 
 # (message, shard, seq, now, frame size) -> whether the message was well formed.
 _Handler = Callable[[dict[str, Any], int, int, float, int], bool]
-
 
 
 class Writer(RejectedMutations):
@@ -147,13 +146,13 @@ class Writer(RejectedMutations):
                                    clock=clock)  # fmt: skip
         # Memory grown by a busy period (decoded batches, SQLite's page cache) goes back once
         # the writer is idle (`_giveback.py`).
-        give_back = GiveBackSettings.of(spec.process)
+        give_back = IdleGrowth.give_back(spec.process)
         self._give_back = IdleGiveBack(give_back, self._compact, clock=clock)
         # What the give-back cannot return, a fresh writer does (`_recycle.py`): on SQLite
         # only (on PostgreSQL the writer holds the node's partition leases).
-        recycle = WriterRecycleSettings.of(spec.process)
+        recycle = IdleGrowth.writer_recycle(spec.process)
         if on_recycle is None or settings.storage_url:
-            recycle = WriterRecycleSettings(idle_s=0)
+            recycle = IdleGrowth(idle_s=0)
         self._recycle = WriterRecycle(recycle, self._recycle_blocker)
         self._on_recycle = on_recycle
         # What the shards send: one handler per kind; False drops the message as malformed.

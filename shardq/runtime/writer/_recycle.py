@@ -27,32 +27,14 @@ leases, which a stop hands to another node.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import structlog
 
-from shardq.runtime._giveback import QuietWindow, rss_bytes
-from shardq.runtime._sections import ProcessSettings
+from shardq.runtime._giveback import IdleGrowth, QuietWindow, rss_bytes
 
-__all__ = ["WriterRecycle", "WriterRecycleSettings"]
+__all__ = ["WriterRecycle"]
 
 _log = structlog.get_logger()
-
-
-@dataclass(frozen=True, slots=True)
-class WriterRecycleSettings:
-    """`[process] writer_recycle_idle_ms` and `writer_recycle_grow_mb` (docs/runtime.md)."""
-
-    idle_s: float = 5.0  # quiet this long after work before the size is checked; 0: off
-    grow_bytes: int = 16 << 20  # the RSS kept above the writer's size at its start
-
-    @classmethod
-    def of(cls, process: ProcessSettings) -> WriterRecycleSettings:
-        return cls(process.writer_recycle_idle_ms / 1000, process.writer_recycle_grow_mb << 20)
-
-    @property
-    def enabled(self) -> bool:
-        return self.idle_s > 0
 
 
 class WriterRecycle:
@@ -63,7 +45,7 @@ class WriterRecycle:
     `due(now)` after each wake: the RSS in bytes when it should stop to be replaced.
     """
 
-    def __init__(self, settings: WriterRecycleSettings, blocker: Callable[[], str | None]) -> None:
+    def __init__(self, settings: IdleGrowth, blocker: Callable[[], str | None]) -> None:
         self._settings = settings
         self._blocker = blocker
         self.fresh_bytes = rss_bytes()  # the store open, before any batch: a fresh writer
