@@ -10,6 +10,8 @@
 - The roles that run no event loop (the supervisor, the writer, the shards) never load
   asyncio, which structlog imports (`runtime/_lean.py`, `defer_asyncio`): its C extension
   and ssl's are not in their address space after a start, a load and its give-back.
+- The supervisor does not load OpenSSL's libcrypto (`_hashlib`, 3.6 MB resident): it makes
+  its internal token from `os.urandom`, not through `secrets`, which imports `hmac`.
 - The writer after a load: once quiet it gives back what the busy period grew
   (`runtime/_giveback.py`, the SQLite connection opened again), to within a bound of its
   size as a fresh process.
@@ -39,7 +41,7 @@ ENGINE_AND_STORE = (
     "dateutil",
 )
 MUST_NOT_IMPORT = {
-    "supervisor": (*ENGINE_AND_STORE, "shardq.client", "aiohttp"),
+    "supervisor": (*ENGINE_AND_STORE, "shardq.client", "aiohttp", "_hashlib", "secrets"),
     "http": ENGINE_AND_STORE,
 }
 
@@ -143,5 +145,8 @@ def test_the_roles_without_an_event_loop_never_load_asyncio(
     for role in ("supervisor", "writer", "shard-0"):
         loaded = {n for n in _mapped(pids[role]) if n.startswith(("_asyncio.", "_ssl."))}
         assert loaded == set(), (role, loaded)
+    for role in ("supervisor", "shard-0"):  # nor OpenSSL's libcrypto (the writer's migration does)
+        crypto = {n for n in _mapped(pids[role]) if n.startswith(("_hashlib.", "libcrypto"))}
+        assert crypto == set(), (role, crypto)
     assert server.find_log("asyncio imported on first use") is None
     assert server.stop() == 0, server.log_tail()
