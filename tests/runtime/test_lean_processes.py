@@ -5,6 +5,8 @@
   speaks to the front end as a client. Neither runs the engine nor opens the database, and
   the engine (croniter and dateutil with it) and the store cost each of them some 3 MB for
   good (`shardq.core`, `shardq.storage` and `shardq.backup` import their parts on first use).
+  Nor does the front end: it routes by the engine's command names (`core/_names.py`), and
+  validates flows and webhooks with the engine's small checks, never with the engine.
   Checked in a fresh interpreter doing exactly what the role's `__main__` does before it
   runs: `skip_extras()`, then the role's `_process` module.
 - The roles that run no event loop (the supervisor, the writer, the shards) never load
@@ -43,6 +45,7 @@ ENGINE_AND_STORE = (
 MUST_NOT_IMPORT = {
     "supervisor": (*ENGINE_AND_STORE, "shardq.client", "aiohttp", "_hashlib", "secrets"),
     "http": ENGINE_AND_STORE,
+    "frontend": (*ENGINE_AND_STORE, "zoneinfo"),
 }
 
 # The writer after 15,000 jobs pushed and drained, once it has given memory back (2-core
