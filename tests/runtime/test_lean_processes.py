@@ -13,7 +13,9 @@
   asyncio, which structlog imports (`runtime/_lean.py`, `defer_asyncio`): its C extension
   and ssl's are not in their address space after a start, a load and its give-back.
 - The supervisor does not load OpenSSL's libcrypto (`_hashlib`, 3.6 MB resident): it makes
-  its internal token from `os.urandom`, not through `secrets`, which imports `hmac`.
+  its internal token from `os.urandom`, not through `secrets`, which imports `hmac`. Nor
+  sqlite3 and the schema: its config check reads the synchronous modes and the writer's
+  buffer bound from modules that import nothing (`storage/_modes.py`, `writer/_bounds.py`).
 - The writer after a load: once quiet it gives back what the busy period grew
   (`runtime/_giveback.py`, the SQLite connection opened again), to within a bound of its
   size as a fresh process.
@@ -43,7 +45,15 @@ ENGINE_AND_STORE = (
     "dateutil",
 )
 MUST_NOT_IMPORT = {
-    "supervisor": (*ENGINE_AND_STORE, "shardq.client", "aiohttp", "_hashlib", "secrets"),
+    "supervisor": (
+        *ENGINE_AND_STORE,
+        "shardq.client",
+        "aiohttp",
+        "_hashlib",
+        "secrets",
+        "sqlite3",
+        "shardq.storage._schema",
+    ),
     "http": ENGINE_AND_STORE,
     "frontend": (*ENGINE_AND_STORE, "zoneinfo"),
 }
