@@ -25,12 +25,12 @@ if TYPE_CHECKING:
     from ._compact import CompactJobs
     from ._config import EngineConfig
     from ._effects import Event, Outcome
-    from ._engine import COMMANDS, INTERNAL_COMMANDS, Engine
-    from ._flows import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE
+    from ._engine import Engine
     from ._ids import IdFactory
     from ._job import Job
     from ._lifecycle import STATES, next_state
     from ._mutations import Mutation, Record, fold_mutations, job_id_of
+    from ._names import COMMANDS, FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, INTERNAL_COMMANDS
     from ._query import job_view
 
 __all__ = [
@@ -63,12 +63,12 @@ _HOME = {
     "EngineConfig": "_config",
     "Event": "_effects",
     "Outcome": "_effects",
-    "COMMANDS": "_engine",
-    "INTERNAL_COMMANDS": "_engine",
+    "COMMANDS": "_names",
+    "INTERNAL_COMMANDS": "_names",
     "Engine": "_engine",
-    "FLOW_HELD": "_flows",
-    "FLOW_NOTIFY": "_flows",
-    "FLOW_RELEASE": "_flows",
+    "FLOW_HELD": "_names",
+    "FLOW_NOTIFY": "_names",
+    "FLOW_RELEASE": "_names",
     "IdFactory": "_ids",
     "Job": "_job",
     "STATES": "_lifecycle",

@@ -27,21 +27,12 @@ from ._graph import graph_error
 from ._job import Job
 from ._lifecycle import ACTIVE, COMPLETED, FAILED, QUEUED_STATES, WAITING_CHILDREN
 from ._mutations import Mutation
+from ._names import FLOW_HELD, FLOW_NOTIFY, FLOW_RELEASE, PENDING_PARENT
 from ._produce import Producer
 from ._state import JobStore
 
 __all__ = ["FLOW_HELD", "FLOW_NOTIFY", "FLOW_RELEASE", "Flows", "notice_key"]
 
-FLOW_NOTIFY: Final = "FlowNotify"
-"""Internal command: notices for parents this shard holds (never accepted from a client)."""
-FLOW_RELEASE: Final = "FlowRelease"
-"""Internal command: the jobs of a PUSHF held until every shard admitted its part."""
-FLOW_HELD: Final = "FlowHeld"
-"""Internal command: which of these ids this shard holds (or saw complete): the front end's
-look for the children a parent still waits for (`shardq.runtime.frontend._orphans`)."""
-
-# A child's parentId before bunqueue-client 0.1.5's UpdateParent links it to the real one.
-PENDING_PARENT: Final = "pending"
 _POLICIES: Final = (
     ("failParentOnFailure", "fail"),
     ("ignoreDependencyOnFailure", "ignore"),

@@ -22,6 +22,7 @@ from ._consume import take_ready
 from ._effects import Effects
 from ._groups import Group, GroupTable
 from ._job import Job
+from ._names import GROUP_COMMANDS
 from ._options import _validate_group_id, is_number, validate_queue_name
 from ._queue import QueueState
 from ._queue_limits import QueueLimits
@@ -29,22 +30,6 @@ from ._state import JobStore
 
 __all__ = ["GROUP_COMMANDS", "JobGroups"]
 
-GROUP_COMMANDS: dict[str, str] = {
-    "GetGroupJobsCount": "cmd_get_group_jobs_count",
-    "GetGroupsJobsCount": "cmd_get_groups_jobs_count",
-    "GetGroupActiveCount": "cmd_get_group_active_count",
-    "SetGroupRateLimit": "cmd_set_group_rate_limit",
-    "GetGroupRateLimit": "cmd_get_group_rate_limit",
-    "RemoveGroupRateLimit": "cmd_remove_group_rate_limit",
-    "GetGroupRateLimitTtl": "cmd_get_group_rate_limit_ttl",
-    "SetGroupConcurrency": "cmd_set_group_concurrency",
-    "GetGroupConcurrency": "cmd_get_group_concurrency",
-    "RemoveGroupConcurrency": "cmd_remove_group_concurrency",
-    "PauseGroup": "cmd_pause_group",
-    "ResumeGroup": "cmd_resume_group",
-    "IsGroupPaused": "cmd_is_group_paused",
-    "RateLimitGroup": "cmd_rate_limit_group",
-}
 
 # bunqueue's clients send counts as JavaScript numbers: the largest exact integer.
 _MAX_SAFE = 2**53 - 1

@@ -65,8 +65,8 @@ from shardq.runtime._sections import (
     sections_from_keys,
 )
 from shardq.runtime._spin import AUTO, MAX_SPIN_US
-from shardq.runtime.writer._flush import MAX_BUFFERED_MUTATIONS
-from shardq.storage import SYNCHRONOUS_MODES
+from shardq.runtime.writer._bounds import MAX_BUFFERED_MUTATIONS
+from shardq.storage._modes import SYNCHRONOUS_MODES
 
 __all__ = ["ConfigError", "ServerConfig", "load_config", "resolve_node"]
 

@@ -25,13 +25,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shardq._lazy import lazy_exports
-from shardq.storage._errors import StorageError, StorageFenced, StorageFull, StorageRejected
 
 if TYPE_CHECKING:
     from shardq.storage._contract import Storage
     from shardq.storage._encode import MutationEncoder, describe
+    from shardq.storage._errors import StorageError, StorageFenced, StorageFull, StorageRejected
+    from shardq.storage._modes import SYNCHRONOUS_MODES
     from shardq.storage._postgres import PostgresStore
-    from shardq.storage._schema import SYNCHRONOUS_MODES, SchemaInfo
+    from shardq.storage._schema import SchemaInfo
     from shardq.storage._store import Store
 
 __all__ = [
@@ -55,6 +56,8 @@ def open_postgres(url: str, **options: Any) -> PostgresStore:
     Raises `StorageError` naming the extra to install when psycopg is missing, and whatever
     `PostgresStore.open` raises.
     """
+    from shardq.storage._errors import StorageError
+
     try:
         from shardq.storage._postgres import PostgresStore
     except ImportError as e:
@@ -66,14 +69,19 @@ def open_postgres(url: str, **options: Any) -> PostgresStore:
     return PostgresStore.open(url, **options)
 
 
-# Where the rest lives, imported on first use: the errors alone (above) are what the front end
-# and the HTTP process need, and the store, its encoder and schema (the engine with them) cost
-# a process that never opens the database some 5 MB for good.
+# Where each name lives, imported on first use: the errors (sqlite3 with them) are what the
+# front end and the HTTP process need, the synchronous modes what the supervisor's config check
+# needs, and the store, its encoder and schema (the engine with them) cost a process that
+# never opens the database some 5 MB for good.
 _HOME = {
     "Storage": "_contract",
     "MutationEncoder": "_encode",
     "describe": "_encode",
-    "SYNCHRONOUS_MODES": "_schema",
+    "StorageError": "_errors",
+    "StorageFenced": "_errors",
+    "StorageFull": "_errors",
+    "StorageRejected": "_errors",
+    "SYNCHRONOUS_MODES": "_modes",
     "SchemaInfo": "_schema",
     "Store": "_store",
 }

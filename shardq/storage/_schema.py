@@ -25,6 +25,7 @@ from shardq.storage._cold_reads import (
     over_indexes_counts,
 )
 from shardq.storage._errors import StorageError, wrap_error
+from shardq.storage._modes import SYNCHRONOUS_MODES
 from shardq.storage._progress import migration_progress, migration_step
 from shardq.storage._tx import transaction
 
@@ -49,12 +50,6 @@ __all__ = [
     "read_pragmas",
 ]
 
-SYNCHRONOUS_MODES: Mapping[str, str] = {
-    # In WAL mode NORMAL survives a crash of any process (the commit is in the OS page cache)
-    # but a power loss can drop the last commits; FULL fsyncs every commit and survives that too.
-    "normal": "NORMAL",
-    "full": "FULL",
-}
 
 PAGE_SIZE = 4096  # bunqueue's value; also the page size of the usual filesystems.
 

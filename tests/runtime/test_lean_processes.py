@@ -5,11 +5,17 @@
   speaks to the front end as a client. Neither runs the engine nor opens the database, and
   the engine (croniter and dateutil with it) and the store cost each of them some 3 MB for
   good (`shardq.core`, `shardq.storage` and `shardq.backup` import their parts on first use).
+  Nor does the front end: it routes by the engine's command names (`core/_names.py`), and
+  validates flows and webhooks with the engine's small checks, never with the engine.
   Checked in a fresh interpreter doing exactly what the role's `__main__` does before it
   runs: `skip_extras()`, then the role's `_process` module.
 - The roles that run no event loop (the supervisor, the writer, the shards) never load
   asyncio, which structlog imports (`runtime/_lean.py`, `defer_asyncio`): its C extension
   and ssl's are not in their address space after a start, a load and its give-back.
+- The supervisor does not load OpenSSL's libcrypto (`_hashlib`, 3.6 MB resident): it makes
+  its internal token from `os.urandom`, not through `secrets`, which imports `hmac`. Nor
+  sqlite3 and the schema: its config check reads the synchronous modes and the writer's
+  buffer bound from modules that import nothing (`storage/_modes.py`, `writer/_bounds.py`).
 - The writer after a load: once quiet it gives back what the busy period grew
   (`runtime/_giveback.py`, the SQLite connection opened again), to within a bound of its
   size as a fresh process.
@@ -39,8 +45,17 @@ ENGINE_AND_STORE = (
     "dateutil",
 )
 MUST_NOT_IMPORT = {
-    "supervisor": (*ENGINE_AND_STORE, "shardq.client", "aiohttp"),
+    "supervisor": (
+        *ENGINE_AND_STORE,
+        "shardq.client",
+        "aiohttp",
+        "_hashlib",
+        "secrets",
+        "sqlite3",
+        "shardq.storage._schema",
+    ),
     "http": ENGINE_AND_STORE,
+    "frontend": (*ENGINE_AND_STORE, "zoneinfo"),
 }
 
 # The writer after 15,000 jobs pushed and drained, once it has given memory back (2-core
@@ -143,5 +158,8 @@ def test_the_roles_without_an_event_loop_never_load_asyncio(
     for role in ("supervisor", "writer", "shard-0"):
         loaded = {n for n in _mapped(pids[role]) if n.startswith(("_asyncio.", "_ssl."))}
         assert loaded == set(), (role, loaded)
+    for role in ("supervisor", "shard-0"):  # nor OpenSSL's libcrypto (the writer's migration does)
+        crypto = {n for n in _mapped(pids[role]) if n.startswith(("_hashlib.", "libcrypto"))}
+        assert crypto == set(), (role, crypto)
     assert server.find_log("asyncio imported on first use") is None
     assert server.stop() == 0, server.log_tail()

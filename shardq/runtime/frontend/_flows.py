@@ -29,8 +29,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shardq.core import FLOW_NOTIFY
-from shardq.core._flows import PENDING_PARENT
 from shardq.core._graph import flow_reference_error, graph_error
+from shardq.core._names import PENDING_PARENT
 from shardq.runtime import _messages as msgs
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._flow_nodes import (

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -107,8 +106,10 @@ class Supervisor:
         self._run_dir = Path()
         # Proves to the front end that a connection is the HTTP process's internal link (its
         # WebhookSync and AuthCheck): made afresh for each run, handed over only in the specs
-        # (stdin), and only to the two processes that use it.
-        self._internal_token = secrets.token_hex(32)
+        # (stdin), and only to the two processes that use it. 32 bytes of `os.urandom`, as
+        # `secrets.token_hex` makes them: `secrets` imports `hmac`, and with it OpenSSL's
+        # libcrypto (3.6 MB resident for the supervisor's life, used for nothing else here).
+        self._internal_token = os.urandom(32).hex()
         self._poller = zmq.Poller()
         self._sup: zmq.Socket[bytes] | None = None
         self._front: zmq.Socket[bytes] | None = None

@@ -22,6 +22,7 @@ from typing import Any
 
 from shardq.core import Mutation
 from shardq.runtime import _messages as msgs
+from shardq.runtime.writer._bounds import MAX_BUFFERED_BYTES, MAX_BUFFERED_MUTATIONS
 from shardq.storage import StorageError, StorageFull
 
 __all__ = ["MAX_BUFFERED_MUTATIONS", "FlushBuffer", "Outgoing"]
@@ -29,12 +30,6 @@ __all__ = ["MAX_BUFFERED_MUTATIONS", "FlushBuffer", "Outgoing"]
 Outgoing = tuple[int, Mapping[str, Any]]
 """A message for a shard: (shard index, message map)."""
 
-# While storage fails, the writer stops reading its socket past this many waiting mutations,
-# so the shards' sends block (back-pressure) instead of the writer's memory growing without
-# bound: at roughly 1 KB per mutation this is about 100 MB.
-MAX_BUFFERED_MUTATIONS = 100_000
-# ... and past this many bytes of them (the frames they came in): mutations may be large.
-MAX_BUFFERED_BYTES = 256 << 20
 RETRY_FIRST_S = 0.1  # the issue's backoff: 100 ms, doubling ...
 RETRY_MAX_S = 30.0  # ... up to 30 s
 
