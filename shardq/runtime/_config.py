@@ -225,6 +225,8 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "vacuum_convert_max_bytes": _ranged(0, 1 << 50),  # 0: never convert
     # Above the 8 MiB past which a shard starts waiting for its writer (`shard/_process.py`).
     "writer_backlog_max_bytes": _ranged(16 << 20, 1 << 40),
+    # At least one batch of a few ordinary jobs; up to what the unsent cap allows.
+    "writer_unconfirmed_max_bytes": _ranged(64 * 1024, 1 << 40),
     # Well under the writer's 256 MiB frame limit; at least a few ordinary jobs per batch.
     "writer_batch_max_bytes": _ranged(64 * 1024, 64 << 20),
     "writer_batch_max_mutations": _ranged(1, 1_000_000),

@@ -271,6 +271,11 @@ class LinkSettings:
     # at most `storage_stall_ms` (then refuses durable pushes and serves on); at it the
     # shard waits for the writer whatever the time: its memory stays bounded.
     writer_backlog_max_bytes: int = 256 << 20
+    # Bytes of batches a shard has sent and its writer not yet confirmed (held for a resend
+    # by the shard, read and waiting for its transaction in the writer): past it, while the
+    # writer reads, the shard reads no request until a commit brings it back under. Twice
+    # `writer_batch_max_bytes`: a full batch is made while the one before it commits.
+    writer_unconfirmed_max_bytes: int = 8 << 20
     # A shard's mutations go to the writer in batches of at most this many bytes and this many
     # mutations (one larger mutation goes alone): a burst never builds a batch the writer's
     # frame limit (256 MiB) must refuse, and one batch never holds the writer for long.

@@ -176,6 +176,7 @@ VALID_TEXT = {
     "vacuum_rebuild_idle_ms": "500",
     "vacuum_convert_max_bytes": "0",
     "writer_backlog_max_bytes": "33554432",
+    "writer_unconfirmed_max_bytes": "1048576",
     "writer_batch_max_bytes": "1048576",
     "writer_batch_max_mutations": "2000",
     "flow_resend_ms": "300",
@@ -327,6 +328,7 @@ vacuum_rebuild_disk_margin_mb = 16
 vacuum_rebuild_idle_ms = 500
 vacuum_convert_max_bytes = 0
 writer_backlog_max_bytes = 33554432
+writer_unconfirmed_max_bytes = 1048576
 writer_batch_max_bytes = 1048576
 writer_batch_max_mutations = 2000
 flow_resend_ms = 300

@@ -41,6 +41,7 @@ from shardq.runtime.links._control import pack, unpack
 from shardq.runtime.links._stream import LINK_ENVELOPE_BYTES, FrontLink
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._backlog import StoreBacklog
+from shardq.runtime.shard._commit_bound import WRITER_BACKLOG_BYTES, WriterBounds
 from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._direct import DirectPort
 from shardq.runtime.shard._gc import tune_gc
@@ -61,12 +62,8 @@ _log = structlog.get_logger()
 _POLLIN: Final = int(zmq.POLLIN)
 _POLLOUT: Final = int(zmq.POLLOUT)
 
-# Unsent bytes to the writer past which a shard waits for it, for at most `storage_stall_ms`
-# (past `writer_backlog_max_bytes` it waits whatever the time: its memory is bounded).
-WRITER_BACKLOG_BYTES = 8 << 20
 
-
-class ShardProcess(ShardDirect, ShardLoading):
+class ShardProcess(ShardDirect, ShardLoading, WriterBounds):
     """The sockets, clock and signals of one shard, around a `ShardCore`."""
 
     def __init__(self, spec: ChildSpec) -> None:
@@ -156,6 +153,7 @@ class ShardProcess(ShardDirect, ShardLoading):
         )
         self._writer.connect()
         self._confirm_wait_ms = spec.links.writer_confirm_wait_ms
+        self._commit_waits = 0  # turns spent over `writer_unconfirmed_max_bytes`
         self._next_connect = 0.0
         self._link_fds: set[int] = set()
         self.sup = SupervisorLink(self._ctx, spec)
@@ -300,7 +298,11 @@ class ShardProcess(ShardDirect, ShardLoading):
             timeout = self.core.poll_timeout(self.clock.now())
             if self._direct is not None:
                 timeout = self._direct.poll_timeout(timeout)
-            messages = self._wait(self._recycle.poll_timeout(self._memory.poll_timeout(timeout)))
+            timeout = self._recycle.poll_timeout(self._memory.poll_timeout(timeout))
+            if self._over_unconfirmed():
+                messages = self._wait_for_commit(timeout)  # no request read (`_commit_bound`)
+            else:
+                messages = self._wait(timeout)
             self._check_storage()
             now = self.clock.now()
             for msg in messages:
@@ -335,6 +337,8 @@ class ShardProcess(ShardDirect, ShardLoading):
             "shard stopped",
             seq=self.core.seq,
             committed=self.core.batches.committed,
+            unconfirmed_peak_bytes=self.core.batches.unconfirmed_peak,
+            commit_waits=self._commit_waits,
             **SPIN_STATS.fields(),
         )
 
@@ -501,7 +505,10 @@ class ShardProcess(ShardDirect, ShardLoading):
                     # Only the shard's own `muts` go to the writer.
                     data = pack(self.core.batches.salvage_batch(cast(msgs.MutsMsg, msg)))
                 muts = msg.get("muts")
-                ops = len(muts) if isinstance(muts, list) else 0
+                ops = 0
+                if isinstance(muts, list):
+                    ops = len(muts)
+                    self.core.batches.sized(msg["seq"], len(data))
                 self._writer.send(data, urgent=self._rings_for(msg), ops=ops)
         if self._writer.pending > WRITER_BACKLOG_BYTES:
             self._wait_for_writer()
@@ -516,43 +523,6 @@ class ShardProcess(ShardDirect, ShardLoading):
             earlier_unconfirmed = not isinstance(seq, int) or self.core.batches.committed < seq - 1
             return msg.get("durable") is True and earlier_unconfirmed
         return kind in (msgs.FLUSH, msgs.SYNC)
-
-    def _wait_for_writer(self) -> None:
-        """Back-pressure with a bound: wait while the writer leaves too much unread, but only
-        until it has left it unread for `storage_stall_ms`; past that, the shard serves on
-        (refusing durable pushes, `_check_storage`) unless the backlog reaches its hard cap."""
-        bound_s = self._links.storage_stall_ms / 1000
-        writer = self._writer
-        while writer.pending > WRITER_BACKLOG_BYTES:
-            left = bound_s - writer.stalled_for(time.monotonic())
-            if left <= 0:
-                if writer.pending < self._links.writer_backlog_max_bytes:
-                    return
-                left = bound_s  # over the hard cap: memory comes first, wait again
-            writer.wait_writable(left)
-            # `_stop`: the SIGTERM was already taken (the last batch goes out while stopping),
-            # so the descriptor says nothing; `_finish` bounds that wait by the shutdown timeout.
-            if self._stop or self._signals_pending():
-                return
-
-    def _signals_pending(self) -> bool:
-        poller = zmq.Poller()
-        poller.register(self._signals.fileno(), zmq.POLLIN)
-        return bool(poller.poll(0))
-
-    def _check_storage(self) -> None:
-        stalled_ms = self._writer.stalled_for(time.monotonic()) * 1000
-        stalled = stalled_ms > self._links.storage_stall_ms
-        if stalled != self.core.storage_stalled:
-            self.core.storage_stalled = stalled
-            if stalled:
-                _log.error(
-                    "storage degraded: the writer is not reading; durable pushes are refused",
-                    stalled_ms=round(stalled_ms),
-                    unsent_bytes=self._writer.pending,
-                )
-            else:
-                _log.warning("storage recovered: the writer reads again")
 
     def _pack_reply(self, msg: Mapping[str, Any]) -> tuple[bytes, Mapping[str, Any]]:
         """Pack a message for the front end, and the message the bytes stand for: if a reply

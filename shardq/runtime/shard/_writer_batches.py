@@ -94,6 +94,12 @@ class WriterBatches:
         # so a restarted writer gets them again ("writer-up"). Bounded by the writer's
         # back-pressure: a writer that stops reading stops this shard's sends.
         self._unconfirmed: deque[tuple[int, msgs.MutsMsg]] = deque()
+        # Their packed sizes (`sized`), and the sum: what the writer holds uncommitted for
+        # this shard, or its socket, or this shard's link; past `writer_unconfirmed_max_bytes`
+        # the shard reads no request until a `done` brings it back under (docs/runtime.md).
+        self._sizes: dict[int, int] = {}
+        self.unconfirmed_bytes = 0
+        self.unconfirmed_peak = 0  # the largest `unconfirmed_bytes` seen, for the stop line
         # Replies of durable requests, sent once the `done` covering their seq comes:
         # (seq, replies, whether they rode with batch seq for the writer to deliver).
         self._held: deque[tuple[int, list[Item], bool]] = deque()
@@ -135,6 +141,19 @@ class WriterBatches:
         in flight rather than a busy shard (`CommitSpin`)."""
         held = self._held
         return 0 < len(held) <= 4 and not all(riding for _, _, riding in held)
+
+    def sized(self, seq: int, nbytes: int) -> None:
+        """Batch `seq` went out packed in `nbytes` (again, if resent): counted in
+        `unconfirmed_bytes` until its `done`."""
+        if seq <= self.committed:
+            return
+        self.unconfirmed_bytes += nbytes - self._sizes.get(seq, 0)
+        self._sizes[seq] = nbytes
+        if self.unconfirmed_bytes > self.unconfirmed_peak:
+            self.unconfirmed_peak = self.unconfirmed_bytes
+
+    def _unsize(self, seq: int) -> None:
+        self.unconfirmed_bytes -= self._sizes.pop(seq, 0)
 
     @property
     def awaiting_commit(self) -> bool:
@@ -319,7 +338,7 @@ class WriterBatches:
         self.committed = committed = max(self.committed, seq)
         unconfirmed, held, holding = self._unconfirmed, self._held, self._holding
         while unconfirmed and unconfirmed[0][0] <= committed:
-            unconfirmed.popleft()
+            self._unsize(unconfirmed.popleft()[0])
         answered = msg.get("answered")
         delivered = frozenset(answered) if type(answered) is list else frozenset()
         self._answered = []
@@ -388,6 +407,9 @@ class WriterBatches:
         wait for a `done` that never comes (a node frozen past its lease served none of the
         partitions it took back). Their jobs are not stored: the partitions they belong to are
         dropped from memory by the `parts` message that follows the loss."""
+        for s, _ in self._unconfirmed:
+            if s <= seq:
+                self._unsize(s)
         self._unconfirmed = deque((s, m) for s, m in self._unconfirmed if s > seq)
         self._holding = deque((s, ids) for s, ids in self._holding if s > seq)
         self.committed = max(self.committed, seq)
@@ -400,6 +422,7 @@ class WriterBatches:
         if batch is None or not batch.get("durable"):
             return  # a buffered batch: the writer keeps it and commits it later
         self._unconfirmed = deque((s, m) for s, m in self._unconfirmed if s != seq)
+        self._unsize(seq)
         self._holding = deque((s, ids) for s, ids in self._holding if s != seq)
         puts = [key for kind, key in map(describe, batch["muts"]) if kind == "put" and key]
         self._absorb(self._engine.store.forget([job_id_of(key) for key in puts], stored=False), ())
