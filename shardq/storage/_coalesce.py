@@ -98,9 +98,10 @@ class Row:
     batch takes its ops into `patch` instead: its whole row is written anyway).
 
     Two or three rows are made per job a batch touches, so a row allocates only what its kind
-    uses: a put's `changed` and every row's `deltas` start as one shared empty container,
-    which nothing writes to (`changed` is only set on a stored job's row; `deltas` is replaced
-    by a list of its own at its first op, `_Folder._delta`).
+    uses: a put's `changed` and every row's `patch` and `deltas` start as one shared empty
+    container, which nothing writes to (`changed` is only set on a stored job's row; `patch`
+    and `deltas` are replaced by a list of their own at their first entry, `_Folder.fold`
+    and `_Folder._delta`: most puts are written before any change follows them).
     """
 
     __slots__ = ("changed", "deltas", "kept", "patch", "rec", "stored", "values")
@@ -109,7 +110,7 @@ class Row:
         self.values = values
         self.rec = rec
         self.stored = stored
-        self.patch: list[Part] = []
+        self.patch: Sequence[Part] = ()
         self.changed: dict[str, Any] = _NO_CHANGES if stored is None else {}
         self.kept = b""
         self.deltas: Sequence[Part] = ()
@@ -263,16 +264,17 @@ class _Folder:
                     elif row is None:  # deleted earlier in the batch
                         self.plan.skipped += 1
                         continue
-                    row.patch.append(changes)
+                    patch = row.patch
+                    if type(patch) is list:
+                        patch.append(changes)
+                    else:
+                        row.patch = [changes]
                     if columns:
                         values = row.values
-                        if values is None:
-                            if COLD_COLUMN in columns:
-                                _cold_stored_change(row.changed, columns)
-                            else:
-                                row.changed |= columns  # an operator: no method call
-                        elif COLD_COLUMN in columns:
-                            _cold_change(values, columns)
+                        if COLD_COLUMN in columns:  # rare: a call
+                            _cold_fold(row, columns)
+                        elif values is None:
+                            row.changed |= columns  # an operator: no method call
                         else:
                             for name, value in columns.items():
                                 values[_INDEX[name]] = value
@@ -292,7 +294,12 @@ class _Folder:
             else:
                 row.deltas = [op]
         else:
-            row.patch.append(wrap(op))  # a patch entry may hold a delta op (`_deltas`)
+            # A patch entry may hold a delta op (`_deltas`).
+            patch = row.patch
+            if type(patch) is list:
+                patch.append(wrap(op))
+            else:
+                row.patch = [wrap(op)]
 
     def _row(self, job_id: str, row: Any = _ABSENT) -> Row | None:
         """The plan's row of `job_id`, made from its stored summary if need be; None (and
@@ -390,6 +397,14 @@ _DISPATCH: dict[str, Callable[[_Folder, str, Any, Any], None]] = {
     "group": _Folder._group,
     "groupdel": _Folder._groupdel,
 }
+
+
+def _cold_fold(row: Row, columns: Mapping[str, Any]) -> None:
+    """Fold a change that names a cold field into `row` (`_cold_change`, `_cold_stored_change`)."""
+    if row.values is None:
+        _cold_stored_change(row.changed, columns)
+    else:
+        _cold_change(row.values, columns)
 
 
 def _cold_change(values: list[Any], columns: Mapping[str, Any]) -> None:

@@ -19,6 +19,7 @@ length the writer remembers of each row is then the merged one). A patch with a 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
@@ -35,7 +36,7 @@ _frame = struct.Struct(">I").pack
 read_frame = struct.Struct(">I").unpack_from
 
 
-def join_patch(parts: list[Part], pack: Pack) -> bytes:
+def join_patch(parts: Sequence[Part], pack: Pack) -> bytes:
     """The patch entries of `parts`: each a 4-byte big-endian length, then the change map.
 
     The length makes every entry one exact `unpackb`: a streaming unpacker would take a patch

@@ -113,6 +113,9 @@ _DELETE_JOBS = "DELETE FROM jobs WHERE id IN ({rows})"
 _DELETE_QUEUE_JOBS = "DELETE FROM jobs WHERE queue = ?"
 _DELETE_QUEUE_GROUPS = "DELETE FROM queue_groups WHERE queue = ?"
 _FOLDED = "UPDATE jobs SET rec = ?, patch = x'' WHERE id = ?"
+# The empty patch of every put row written without one: one object for them all (sqlite3
+# only reads a parameter, nothing else holds the row tuples).
+_NO_PATCH: Final = BLOB()
 
 
 def write_plan(
@@ -165,21 +168,30 @@ def _write_jobs(
         if row is None:
             deleted.append((job_id,))
             known[job_id] = None
-        elif row.values is not None:
-            one = whole_row(job_id, row, row.values, pack, patch_floor, known, BLOB)
+        elif (values := row.values) is not None:
+            rec = row.rec
+            if (
+                type(rec) is bytes
+                and not row.patch
+                and not row.kept
+                and len(values) == _COLUMNS
+                and type(values[0]) is str
+                and type(values[1]) is str
+                and type(values[4]) is int
+            ):
+                # The usual put: a hot record, encoded, that no change followed in the batch
+                # (`whole_row`'s result, without the call: this runs for most puts).
+                known[job_id] = (values[0], len(rec), 0, 0)
+                whole.append((job_id, *values, BLOB(rec), _NO_PATCH))
+                continue
+            one = whole_row(job_id, row, values, pack, patch_floor, known, BLOB)
             (whole if len(one) == HOT_ROW else cold_rows).append(one)
         elif add_update(
             job_id, row, pack, patch_floor, updates, known, ops, refill, joined, plan.shared
         ):
             to_fold.append(job_id)
-    if deltas_exist and (deleted or whole or cold_rows):
-        # A put replaces the whole record, ops included (a batch resent to a new writer).
-        gone = [k for (k,) in deleted] + [w[0] for w in whole] + [w[0] for w in cold_rows]
-        delta_rows -= delete_deltas(conn, gone)
-    if deleted:
-        written += run_rows(conn, _DELETE_JOBS, 1, deleted)
-    if whole or cold_rows:
-        written += _write_whole(conn, whole, cold_rows, cold)
+    if deleted or whole or cold_rows:
+        written, delta_rows = _write_replaced(conn, deleted, whole, cold_rows, deltas_exist, cold)
     if joined:
         written += write_groups(conn, joined.values(), updates, cold)
     for names, rows in updates.items():
@@ -192,6 +204,28 @@ def _write_jobs(
         delta_rows += len(ops)
     if to_fold:
         delta_rows -= _fold_stored(conn, to_fold, pack, known)
+    return written, delta_rows
+
+
+def _write_replaced(
+    conn: sqlite3.Connection,
+    deleted: list[tuple[str]],
+    whole: list[tuple[Any, ...]],
+    cold_rows: list[tuple[Any, ...]],
+    deltas_exist: bool,
+    cold: int,
+) -> tuple[int, int]:
+    """Delete the `deleted` rows and write the whole ones (`_write_whole`), and delete the
+    ops of both; (rows written, change in `job_deltas` rows)."""
+    written = delta_rows = 0
+    if deltas_exist:
+        # A put replaces the whole record, ops included (a batch resent to a new writer).
+        gone = [k for (k,) in deleted] + [w[0] for w in whole] + [w[0] for w in cold_rows]
+        delta_rows -= delete_deltas(conn, gone)
+    if deleted:
+        written += run_rows(conn, _DELETE_JOBS, 1, deleted)
+    if whole or cold_rows:
+        written += _write_whole(conn, whole, cold_rows, cold)
     return written, delta_rows
 
 

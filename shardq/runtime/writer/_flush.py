@@ -319,7 +319,8 @@ def _grouped(mutations: list[Any]) -> int:  # what came off the wire: anything
     extra = 0
     m: Any
     for m in mutations:  # anything may come: a malformed one is the store's to reject
-        if type(m) is list and len(m) == 4 and m[0] == "updm" and type(m[3]) is list:
+        # `m and`, not a len(): a call for every mutation, and nearly all are not `updm`s.
+        if type(m) is list and m and m[0] == "updm" and len(m) == 4 and type(m[3]) is list:
             extra += max(len(m[3]) - 1, 0)
     return extra
 
