@@ -71,3 +71,15 @@ def test_a_real_shard_is_profiled_between_the_signals() -> None:
     assert re.search(r"^push1q: 500 jobs, shard0 [0-9.]+ µs/job \(profiled\)", done.stdout, re.M)
     calls = re.search(r"^shard0 Python calls per job: ([0-9.]+)", done.stdout, re.M)
     assert calls is not None and float(calls.group(1)) > 5, done.stdout
+
+
+def test_shard_turns_runs_with_cold_caches() -> None:
+    """`--cold` writes over memory before every turn: the turns still run and are timed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.shard_turns", "--jobs", "400", "--scenario", "drain1q",
+         "--repeats", "1", "--cold", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = re.search(r"^drain1q: best [0-9.]+ median [0-9.]+ µs/job", done.stdout, re.M)
+    assert line is not None, done.stdout

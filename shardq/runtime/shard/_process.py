@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Final, cast
+from typing import Any, cast
 
 import structlog
 import zmq
@@ -48,6 +48,7 @@ from shardq.runtime.shard._gc import tune_gc
 from shardq.runtime.shard._loading import ShardLoading
 from shardq.runtime.shard._memory import MemoryReturner
 from shardq.runtime.shard._process_direct import ShardDirect
+from shardq.runtime.shard._process_writer import POLLOUT, ShardWriterSide
 from shardq.runtime.shard._recycle import RecycleCheck, ShardRecycle
 from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._takeover import Holdings
@@ -57,13 +58,9 @@ __all__ = ["ShardProcess", "main"]
 
 
 _log = structlog.get_logger()
-# The poll flags as plain ints: pyzmq's are `enum.IntFlag` members, and `events & zmq.POLLIN`
-# on one builds a new flag in Python (about 0.5 µs; one or two every turn, `_wait`).
-_POLLIN: Final = int(zmq.POLLIN)
-_POLLOUT: Final = int(zmq.POLLOUT)
 
 
-class ShardProcess(ShardDirect, ShardLoading, WriterBounds):
+class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
     """The sockets, clock and signals of one shard, around a `ShardCore`."""
 
     def __init__(self, spec: ChildSpec) -> None:
@@ -379,7 +376,7 @@ class ShardProcess(ShardDirect, ShardLoading, WriterBounds):
             self._stop = True
         messages: list[dict[str, Any]] = []
         if writer_fd is not None and (quiet or writer_fd in ready):
-            if ready.get(writer_fd, 0) & _POLLOUT:
+            if ready.get(writer_fd, 0) & POLLOUT:
                 self._writer.flush()
             for data in self._writer.readable():
                 self._decode(data, messages)
@@ -395,29 +392,6 @@ class ShardProcess(ShardDirect, ShardLoading, WriterBounds):
             if items:
                 messages.append(dict(msgs.req(items)))
         return messages
-
-    def _arm_writer(self, writer_fd: int) -> bool:
-        """Set what the poll watches on the writer link; True if its input may wait unread
-        (`_confirmations_can_wait`: the link is then out of the poll for input)."""
-        quiet = self._confirmations_can_wait()
-        # Unsent batches wait for the socket to take them: wake when it can. (Flags of 0
-        # take the descriptor out of the poll until a later turn puts it back.)
-        out = _POLLOUT if self._writer.pending else 0
-        self._poller.modify(writer_fd, (0 if quiet else _POLLIN) | out)
-        return quiet
-
-    def _confirmations_can_wait(self) -> bool:
-        """Whether the writer's next message may wait, unread, for this shard's next wake-up
-        (at most `writer_confirm_wait_ms`): only the writer's confirmation of durable pushes
-        whose replies it delivers itself is due, and no long-poll could take their jobs. The
-        turn that wakes next reads the link before anything else ("writer messages come
-        before front-end requests"), so a client that got its reply and asks for the job
-        finds it confirmed."""
-        return (
-            self._confirm_wait_ms > 0
-            and not len(self.core.polls)
-            and self.core.batches.only_delivered_elsewhere()
-        )
 
     def _poll(self, timeout_ms: int | None) -> list[tuple[Any, int]]:
         """`poll`, after spinning as `spin_us` says when it would otherwise sleep."""
@@ -452,13 +426,6 @@ class ShardProcess(ShardDirect, ShardLoading, WriterBounds):
             into.append(unpack(data))
         except ValueError:
             _log.warning("undecodable internal message dropped", size=len(data))
-
-    def _reconnect_writer(self) -> bool:
-        now = time.monotonic()
-        if now < self._next_connect:
-            return False
-        self._next_connect = now + RECONNECT_EVERY_MS / 1000
-        return self._writer.connect()
 
     def _watch_links(self) -> None:
         # The links' descriptors change when the front end connects or goes away, and when
@@ -512,17 +479,6 @@ class ShardProcess(ShardDirect, ShardLoading, WriterBounds):
                 self._writer.send(data, urgent=self._rings_for(msg), ops=ops)
         if self._writer.pending > WRITER_BACKLOG_BYTES:
             self._wait_for_writer()
-
-    def _rings_for(self, msg: Mapping[str, Any]) -> bool:
-        """Whether to ring the writer's bell after `msg`: someone waits on it, and the writer
-        may be leaving this link unread. It does so only after a buffered batch came over it,
-        until its next commit; a durable batch behind confirmed ones is read as it comes."""
-        kind = msg.get("t")
-        if kind == msgs.MUTS:
-            seq = msg.get("seq")
-            earlier_unconfirmed = not isinstance(seq, int) or self.core.batches.committed < seq - 1
-            return msg.get("durable") is True and earlier_unconfirmed
-        return kind in (msgs.FLUSH, msgs.SYNC)
 
     def _pack_reply(self, msg: Mapping[str, Any]) -> tuple[bytes, Mapping[str, Any]]:
         """Pack a message for the front end, and the message the bytes stand for: if a reply
