@@ -109,10 +109,22 @@ def load(conn: Db) -> dict[str, Range]:
 
 
 def record(
-    conn: Db, pending: dict[str, Range], queue: str, seq: int, d: PendingSql = SQLITE_PENDING
-) -> None:
+    conn: Db,
+    pending: dict[str, Range],
+    queue: str,
+    seq: int,
+    d: PendingSql = SQLITE_PENDING,
+    *,
+    deltas: bool,
+    chunk: int,
+) -> tuple[int, int]:
     """Record a `qdrain`'s range (in the caller's transaction; `pending` is updated too): a
-    queue's range already pending grows to every seq up to the higher bound."""
+    queue's range already pending grows to every seq up to the higher bound. Returns (rows,
+    ops deleted): none, unless the range pending has spared rows (`finish_to`) and `seq` is
+    not above its lower bound (`_drain_below`)."""
+    above = pending[queue][0] if queue in pending else None
+    if above is not None and seq <= above:
+        return _drain_below(conn, queue, seq, deltas=deltas, chunk=chunk, d=d)
     m = d.mark
     conn.execute(
         f"INSERT INTO drain_pending VALUES ({m}, NULL, {m}) ON CONFLICT (queue) DO UPDATE"
@@ -120,6 +132,23 @@ def record(
         (queue, seq),
     )
     pending[queue] = (None, max(seq, pending.get(queue, (None, seq))[1]))
+    return 0, 0
+
+
+def _drain_below(
+    conn: Db, queue: str, seq: int, *, deltas: bool, chunk: int, d: PendingSql
+) -> tuple[int, int]:
+    """A `qdrain` of `queue` up to `seq`, not above the lower bound of its pending range: the
+    rows it meets were written after that range's rows up to its bound were deleted (spared,
+    or later), and rows of seq between `seq` and the bound are not its. Dropping the bound
+    would put those back in the range, so its rows are deleted now and the range stays."""
+    rows = ops = 0
+    while True:
+        got, gone, _top = piece_top(conn, queue, (None, seq), chunk, deltas=deltas, d=d)
+        rows += got
+        ops += gone
+        if got < max(1, chunk):
+            return rows, ops
 
 
 def _statements(r: Range, keep: int, d: PendingSql) -> tuple[str, str]:
