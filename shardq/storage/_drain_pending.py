@@ -4,7 +4,8 @@ A `qdrain` of a million cold rows deleted inside its batch's transaction held th
 the whole deletion (8.6 s of CPU, 20-50 s at load): no other batch of any shard committed
 meanwhile. From `_schema.DRAIN_VERSION` on, the batch holding the `qdrain` only records the
 range, `(queue, seq)`, in the table `drain_pending` (one row per queue; a second Drain of the
-queue raises its seq) and commits at once. Its rows are the queue's cold waiting and delayed
+queue raises its seq, or, not above the range's lower bound, deletes at once: `record`) and
+commits at once. Its rows are the queue's cold waiting and delayed
 ones of seq up to `seq` and above `above` (NULL, none, until rows are spared: below). The
 writer then deletes the range's rows in pieces, each its own short transaction (`piece_top`),
 between its other batches; the piece that finds the range empty deletes its row of
