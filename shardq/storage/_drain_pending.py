@@ -4,7 +4,8 @@ A `qdrain` of a million cold rows deleted inside its batch's transaction held th
 the whole deletion (8.6 s of CPU, 20-50 s at load): no other batch of any shard committed
 meanwhile. From `_schema.DRAIN_VERSION` on, the batch holding the `qdrain` only records the
 range, `(queue, seq)`, in the table `drain_pending` (one row per queue; a second Drain of the
-queue raises its seq) and commits at once. Its rows are the queue's cold waiting and delayed
+queue raises its seq, or, not above the range's lower bound, deletes at once: `record`) and
+commits at once. Its rows are the queue's cold waiting and delayed
 ones of seq up to `seq` and above `above` (NULL, none, until rows are spared: below). The
 writer then deletes the range's rows in pieces, each its own short transaction (`piece_top`),
 between its other batches; the piece that finds the range empty deletes its row of
@@ -109,10 +110,22 @@ def load(conn: Db) -> dict[str, Range]:
 
 
 def record(
-    conn: Db, pending: dict[str, Range], queue: str, seq: int, d: PendingSql = SQLITE_PENDING
-) -> None:
+    conn: Db,
+    pending: dict[str, Range],
+    queue: str,
+    seq: int,
+    d: PendingSql = SQLITE_PENDING,
+    *,
+    deltas: bool,
+    chunk: int,
+) -> tuple[int, int]:
     """Record a `qdrain`'s range (in the caller's transaction; `pending` is updated too): a
-    queue's range already pending grows to every seq up to the higher bound."""
+    queue's range already pending grows to every seq up to the higher bound. Returns (rows,
+    ops deleted): none, unless the range pending has spared rows (`finish_to`) and `seq` is
+    not above its lower bound (`_drain_below`)."""
+    above = pending[queue][0] if queue in pending else None
+    if above is not None and seq <= above:
+        return _drain_below(conn, queue, seq, deltas=deltas, chunk=chunk, d=d)
     m = d.mark
     conn.execute(
         f"INSERT INTO drain_pending VALUES ({m}, NULL, {m}) ON CONFLICT (queue) DO UPDATE"
@@ -120,6 +133,23 @@ def record(
         (queue, seq),
     )
     pending[queue] = (None, max(seq, pending.get(queue, (None, seq))[1]))
+    return 0, 0
+
+
+def _drain_below(
+    conn: Db, queue: str, seq: int, *, deltas: bool, chunk: int, d: PendingSql
+) -> tuple[int, int]:
+    """A `qdrain` of `queue` up to `seq`, not above the lower bound of its pending range: the
+    rows it meets were written after that range's rows up to its bound were deleted (spared,
+    or later), and rows of seq between `seq` and the bound are not its. Dropping the bound
+    would put those back in the range, so its rows are deleted now and the range stays."""
+    rows = ops = 0
+    while True:
+        got, gone, _top = piece_top(conn, queue, (None, seq), chunk, deltas=deltas, d=d)
+        rows += got
+        ops += gone
+        if got < max(1, chunk):
+            return rows, ops
 
 
 def _statements(r: Range, keep: int, d: PendingSql) -> tuple[str, str]:

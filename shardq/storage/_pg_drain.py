@@ -167,8 +167,8 @@ class PgDrains:
             return 0, 0  # no column says cold: no row is
         self._fence_queue(drain[0])
         if self._drain_table:
-            pending.record(self._conn, self._tentative, *drain, PG)
-            return 0, 0
+            return pending.record(self._conn, self._tentative, *drain, PG,
+                                  deltas=self._deltas_table, chunk=self.drain_chunk)  # fmt: skip
         return self._delete_now(drain)
 
     def _delete_now(self, drain: Drain) -> tuple[int, int]:

@@ -64,10 +64,10 @@ class StoreDrains:
     def _drain(self, drain: Drain, delta_rows: int) -> tuple[int, int]:
         """A `qdrain` of the batch: its range recorded, deleted later (`drain_step`); on a
         schema without the table, deleted now (`_drain.delete_sqlite`)."""
-        if self._drain_table:
-            pending.record(self._conn, self._tentative, *drain)
-            return 0, 0
         deltas = self._delta_rows + delta_rows > 0
+        if self._drain_table:
+            return pending.record(self._conn, self._tentative, *drain, deltas=deltas,
+                                  chunk=self.drain_chunk)  # fmt: skip
         cold = cold_columns(self._version)
         return delete_sqlite(self._conn, cold, drain, deltas=deltas, chunk=self.drain_chunk)
 

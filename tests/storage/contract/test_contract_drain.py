@@ -11,6 +11,7 @@ mutations, that only the drained queue's cold backlog goes.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -186,3 +187,33 @@ def test_a_range_counts_its_rows_at_the_first_counting_schema_and_after_an_upgra
         )
         store.apply([("qdrain", "qa", 60)])
         assert _counts(store, "qa") == (0, 0)
+
+
+# --- a second drain of a queue whose range spared rows ---------------------------------------
+
+_SPARING_RUN: list[Mutation] = [
+    *[("put", job("a", "qa", "waiting", 0))] * 3,
+    ("qdrain", "qa", 2),  # `a` is not cold: the range spares it
+    ("put", job("a", "qa", "waiting", 0)),
+    ("put", job("a", "qa", "waiting", 1, cold=1)),  # cold in the range, written after it
+    ("qdrain", "qa", 0),  # below `a`'s seq: `a` stays
+]
+
+
+@pytest.mark.parametrize("cut", [(), (4,), (4, 6)], ids=["one-batch", "two", "three"])
+@pytest.mark.parametrize("chunk", [1, 50_000])
+def test_a_drain_below_the_rows_a_pending_range_spared_keeps_them(
+    storage: Storage, cut: tuple[int, ...], chunk: int
+) -> None:
+    # A second `qdrain` of a queue whose pending range has spared rows written after the
+    # first deletes only up to its own seq: the spared rows above it stay.
+    storage.drain_chunk = chunk  # type: ignore[attr-defined]
+    bounds = [0, *cut, len(_SPARING_RUN)]
+    batches = [_SPARING_RUN[a:b] for a, b in pairwise(bounds)]
+    for batch in batches:
+        send(storage, batch, "engine")
+    want = expected(batches)
+    assert want["a"]["seq"] == 1 and want["a"]["cold"] == 1
+    assert loaded(storage)[0] == want
+    assert storage.get_job("a") == want["a"]
+    assert _counts(storage, "qa") == _model_counts(want, "qa") == (1, 0)
