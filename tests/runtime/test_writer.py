@@ -327,6 +327,11 @@ def writer_process(short_tmp: Path) -> Iterator[Callable[..., WriterProcess]]:
     made: list[WriterProcess] = []
 
     def make(data_path: Path | None = None, **spec: Any) -> WriterProcess:
+        # These shard ends ring no bell, so the writer reads every batch as it comes: a lazy
+        # writer would leave a buffered batch unread until its flush deadline, and whether the
+        # batches after the first were read with it would depend on timing (`links._writer`
+        # rings once a shard has sent the flush count; tests of the lazy reads run real shards).
+        spec.setdefault("writer_lazy_read_bytes", 0)
         proc = WriterProcess(short_tmp, data_path or short_tmp / "db" / "shardq.db", **spec)
         made.append(proc)
         return proc
@@ -386,11 +391,9 @@ def test_the_default_count_starts_a_flush_early_and_a_durable_batch_at_once(
     writer_process: Callable[..., WriterProcess],
 ) -> None:
     # An interval that never ends: only the count (ServerConfig's default) or a durable batch
-    # can start a flush. These shard ends ring no bell: the writer reads every batch at once
-    # (with bells, a shard rings once it has sent the count, `links._writer`).
+    # can start a flush (the fixture's writer reads every batch at once).
     count = ServerConfig().writer.flush_max_mutations
-    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=count,
-                       writer_lazy_read_bytes=0)  # fmt: skip
+    w = writer_process(flush_interval_ms=60_000, flush_max_mutations=count)
     w.ready()
     puts = [put(n) for n in range(1, count + 1)]
     fifth = count // 5
