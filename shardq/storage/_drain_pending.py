@@ -20,8 +20,9 @@ While a range is pending its rows are still in `jobs`, and every read treats the
   (pushed after the Drain, or spared) over the cold backlog's index by seq; the
   `cold_counts` table itself keeps counting every row present, and its triggers take each
   deleted row off as the pieces go, so it is exact again when the range is done;
-- `get_job` returns None for a row in a range; `load_jobs` leaves them out; `max_seq` is at
-  least every pending seq, so a restarted shard numbers its new jobs above every range.
+- `get_job` returns None for a row in a range (the row and its range read in one statement,
+  `_drain_bounds.BY_ID`); `load_jobs` leaves them out; `max_seq` is at least every
+  pending seq, so a restarted shard numbers its new jobs above every range.
 
 What the ranges cannot tell apart is a row written after the `qdrain` that lands in the range
 (a job of the queue of a seq up to the bound, made cold waiting or delayed later: a retry

@@ -31,7 +31,7 @@ from shardq.storage import _pg_schema
 from shardq.storage._coalesce import Plan
 from shardq.storage._cold_count_table import PG_EMPTY_COUNTS, PG_SKIP_SETTING, pg_counted_delete
 from shardq.storage._drain import Drain, delete_range, select_range, statements
-from shardq.storage._drain_bounds import Range, inside
+from shardq.storage._drain_bounds import Range
 from shardq.storage._drain_pending import POSTGRES_PENDING as PG
 from shardq.storage._errors import StorageError
 from shardq.storage._pg_fence import FENCE_SQL, Fence, check
@@ -201,9 +201,3 @@ class PgDrains:
             return 0, 0
         return pending.settle_after(self._conn, self._tentative, plan, deltas=self._deltas_table,
                                     chunk=self.drain_chunk, d=PG)  # fmt: skip
-
-    def _drained_row(self, floor: Range | None, cold: Any, state: str, seq: int) -> bool:
-        """True if a row with these columns is in its queue's pending range `floor`."""
-        if floor is None or cold != 1 or state not in ("waiting", "delayed"):
-            return False
-        return inside(floor, seq)

@@ -37,7 +37,7 @@ from shardq.storage._cold_reads import HOT_SET, POSTGRES, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
 from shardq.storage._drain import DRAIN_CHUNK_ROWS, Done, apply_steps, remember_steps
-from shardq.storage._drain_bounds import Range
+from shardq.storage._drain_bounds import BY_ID, Range, drained_row
 from shardq.storage._errors import StorageError
 from shardq.storage._pg_drain import PgDrains
 from shardq.storage._pg_fence import FENCE_SQL, Fence, check, plan_queues
@@ -366,12 +366,10 @@ class PostgresStore(PgDrains, ColdReads):
 
     def get_job(self, job_id: str) -> Record | None:
         """The stored record under row key `job_id`, or None."""
-        sql = "SELECT rec, patch, queue, cold, state, seq FROM jobs WHERE id = %s"
+        # With the pending range of its queue, in the same statement (`BY_ID` says why).
+        sql = BY_ID.format(m="%s") if self._drain_table else _GET_JOB
         rows = self._rows(f"reading job {job_id!r}", sql, (job_id,))
-        if not rows:
-            return None
-        queue, cold, state, seq = rows[0][2:]
-        if cold == 1 and self._drained_row(self.drain_floor(queue), cold, state, seq):
+        if not rows or (self._drain_table and drained_row(*rows[0][2:])):
             return None
         ops = self._page_deltas([job_id]).get(job_id, ())
         return self._decode_row(rows[0][0], rows[0][1], ops)
@@ -525,6 +523,8 @@ class PostgresStore(PgDrains, ColdReads):
             raise StorageError(f"{self!r}: a stored job record is corrupt: {e}") from e
 
 
+_GET_JOB = "SELECT rec, patch FROM jobs WHERE id = %s"
+"""A job's row by its key, on a schema without pending Drain ranges."""
 _FIRST = (-(1 << 63), -(1 << 63))
 """The (seq, ord) cursor before every row."""
 _ALL_SEQ = tuple(_pg_schema.SEQ_INDEXES.values())

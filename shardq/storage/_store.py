@@ -48,6 +48,7 @@ from shardq.storage._drain import (
     apply_steps,
     remember_steps,
 )
+from shardq.storage._drain_bounds import BY_ID, drained_row
 from shardq.storage._errors import StorageError, wrap_error
 from shardq.storage._store_drain import StoreDrains, not_drained
 from shardq.storage._store_file import PROGRESS_STEPS, StoreFile, beating
@@ -341,10 +342,10 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
     def get_job(self, job_id: str) -> Record | None:
         """The stored record of `job_id`, or None. Raises `StorageError` if the read fails."""
         with self._reading(f"reading job {job_id!r}"):
-            sql = "SELECT rec, patch, queue, cold, state, seq FROM jobs WHERE id = ?"
-            sql = sql if self._drain_table else sql.replace(", queue, cold, state, seq", "")
+            # With the pending range of its queue, in the same statement (`BY_ID` says why).
+            sql = BY_ID.format(m="?") if self._drain_table else _GET_JOB
             row = self._conn.execute(sql, (job_id,)).fetchone()
-            if row is None or (self._drain_table and self._drained_row(*row[2:])):
+            if row is None or (self._drain_table and drained_row(*row[2:])):
                 return None
             # Always looked up: a shard's reading store (the cold backlog's lookups) cannot
             # know what the writer appended since it opened (`_delta_rows` counts only its own).
@@ -488,6 +489,10 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
             return merge_row(rec, patch, ops)
         except (ValueError, msgpack.UnpackException) as e:
             raise StorageError(f"{self._path}: a stored job record is corrupt: {e}") from e
+
+
+_GET_JOB = "SELECT rec, patch FROM jobs WHERE id = ?"
+"""A job's row by its key, on a schema without pending Drain ranges."""
 
 
 def _first_page(where: str) -> str:

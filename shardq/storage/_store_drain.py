@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from shardq.core._mutations import Record, drained
 from shardq.storage import _drain_pending as pending
@@ -81,15 +80,6 @@ class StoreDrains:
         deltas = self._delta_rows + delta_rows > 0
         return pending.settle_after(self._conn, self._tentative, plan, deltas=deltas,
                                     chunk=self.drain_chunk)  # fmt: skip
-
-    def _drained_row(self, queue: str, cold: Any, state: str, seq: int) -> bool:
-        """True if a row with these columns is in a pending range (read from the table: a
-        shard's reading store cannot know what the writer recorded since it opened)."""
-        if cold != 1 or state not in ("waiting", "delayed") or not self._drain_table:
-            return False
-        sql = "SELECT above, seq FROM drain_pending WHERE queue = ?"
-        row = self._conn.execute(sql, (queue,)).fetchone()
-        return row is not None and inside((row[0], int(row[1])), seq)
 
     def _read_floors(self) -> dict[str, Range]:
         return pending.load(self._conn) if self._drain_table else {}

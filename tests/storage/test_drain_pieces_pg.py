@@ -150,6 +150,45 @@ def test_kill_9_of_the_shard_and_the_writer_mid_deletion_on_postgres(
                         pieces_first=True, serving=serving)  # fmt: skip
 
 
+def test_get_job_of_the_rows_the_next_pieces_delete_never_sees_a_drained_job(
+    tmp_path: Path, servers: list[ShardqServer]
+) -> None:
+    """GetJob, again and again, of the rows the writer's next pieces delete, until the range
+    is gone: a piece deletes its rows and raises the range's lower bound past them in one
+    commit, and a read by id that met one (the row read before it, the range after) answered
+    a drained job (`storage/_drain_bounds.BY_ID`). No kill: the shard's own record of the
+    Drain hides its rows only until the writer confirms it, the range alone after that."""
+    total = 20_000
+    url = new_database("dpf")
+    server = ShardqServer(tmp_path / "n", shards=1, env=_env(url, 20))
+    servers.append(server.start())
+    rows = Rows(url)
+    front = "SELECT id FROM jobs WHERE queue = %s ORDER BY seq LIMIT 40"  # about two pieces
+    seen: list[str] = []
+    asked = 0
+    with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
+        _push(conn, total, "i")
+        _cold_settled(conn, total - 300)
+        assert _call(conn, {"cmd": "Drain", "queue": QUEUE})["count"] == total
+        poll_until(lambda: QUEUE in rows.pending(), WAIT_S, "the range to be recorded")
+        deadline = time.monotonic() + WAIT_S
+        for _ in range(total):
+            ids = [str(i) for (i,) in rows.db.execute(front, (QUEUE,)).fetchall()]
+            if not ids or time.monotonic() > deadline:
+                break
+            for job_id in ids:
+                reply: dict[str, Any] = conn.call({"cmd": "GetJob", "id": job_id}, check=False)
+                asked += 1
+                if reply.get("job"):
+                    seen.append(job_id)
+    print(f"{asked} GetJobs at the deletion front; {len(seen)} saw a drained job"
+          f" (load {os.getloadavg()[0]:.1f})")  # fmt: skip
+    assert not seen, seen[:5]
+    assert rows.left() == 0 and asked >= 100, asked  # the reads went on until the range ended
+    poll_until(lambda: not rows.pending(), WAIT_S, "the range to end")
+    assert server.stop() == 0, server.log_tail()
+
+
 def _held_by(url: str, node: str) -> set[int]:
     return {p for p, o in lease_owners(url).items() if o == node}
 

@@ -173,3 +173,47 @@ def test_a_retried_job_below_the_pieces_is_spared_and_the_rest_stays_pending(
             pass
         assert sorted(loaded(store)[0]) == ["act", "early", "hot", "other"]
         assert store.cold_counts("qa").waiting == 1
+
+
+class _PieceAfterFirstRead:
+    """A reading store's connection that lets the writer's store delete a piece of the range
+    right after the first statement of the next read (`arm`): the moment a cold job's read
+    by id meets a piece, which a shard and the writer, two processes, can reach any time."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._piece: Any = None
+
+    def arm(self, piece: Any) -> None:
+        self._piece = piece
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        cursor = self._conn.execute(*args, **kwargs)
+        piece, self._piece = self._piece, None
+        if piece is not None:
+            piece()
+        return cursor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def test_a_read_by_id_that_meets_a_piece_never_sees_a_drained_job(backend: Backend) -> None:
+    """A read by id of a drained job whose row a piece deletes while the read runs: the read
+    sees the row and its range as one moment did, never the row before the piece and the
+    range after it (a piece raises the range's lower bound past its rows, and the last one
+    removes the range). 40 rows a piece: 40, 40, then the last 10, which ends the range."""
+    place = backend.fresh()
+    with place.open() as writer, place.open() as reader:
+        send(writer, _backlog(), "encoded")
+        writer.apply([("qdrain", "qa", N + 5)])
+        send(writer, _late(), "encoded")
+        conn = reader._conn = _PieceAfterFirstRead(reader._conn)  # type: ignore[attr-defined]
+        steps: list[tuple[str, int, bool] | None] = []
+        for first in (1, 41, 81):  # the first row of the piece that meets the read
+            conn.arm(lambda: steps.append(writer.drain_step(40)))
+            assert reader.get_job(f"j{first}") is None, first
+            assert reader.get_job(f"j{first + 1}") is None, first
+        assert steps == [("qa", 40, False), ("qa", 40, False), ("qa", 10, True)]
+        assert reader.get_job("late1") is not None
+        assert sorted(loaded(reader)[0]) == ["act", "hot", "late1", "late2", "late3", "other"]
