@@ -360,7 +360,7 @@ class WriterSettings:
     # cost more the longer the list) but rebuilt: a compact copy made beside the database
     # while the writer serves, swapped in at an idle moment (`writer/_rebuild.py`), when the
     # disk holds the live pages plus `vacuum_rebuild_disk_margin_mb`. The copy starts once
-    # nothing committed for `vacuum_rebuild_idle_ms` (steps run in shorter gaps).
+    # nothing committed for `vacuum_rebuild_idle_ms` (nothing runs in shorter gaps).
     vacuum_rebuild_min_free_pages: int = 65_536
     vacuum_rebuild_idle_ms: int = 1000
     vacuum_rebuild_min_free_percent: int = 50

@@ -3,7 +3,8 @@
 Incremental steps cost more per page the longer the free list (`shardq.storage._rebuild`):
 after a 10M-job drain they would take an hour. When a pass finds at least
 `vacuum_rebuild_min_free_pages` free pages making at least `vacuum_rebuild_min_free_percent`
-of the file, `IdleVacuum` hands it to `FileRebuild` instead:
+of the file, or more than `vacuum_step_max_free_pages` (on which no step may run), `IdleVacuum`
+hands it to `FileRebuild` instead:
 
 - `start` checks the disk (the live pages plus `vacuum_rebuild_disk_margin_mb` must be free
   beside the database), notes the store's change mark and starts a thread that copies the

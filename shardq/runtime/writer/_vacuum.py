@@ -32,7 +32,11 @@ pass is wanted), `step` runs one.
 A long free list makes each step's pages dearer (SQLite looks for every page it frees along the
 list): when it is long and most of the file, a pass copies the live pages into a compact file
 and swaps that in instead (`_rebuild.FileRebuild`), once the writer has been idle for
-`vacuum_rebuild_idle_ms` (nothing runs in shorter gaps then).
+`vacuum_rebuild_idle_ms` (nothing runs in shorter gaps then). No step ever runs on a list
+longer than `vacuum_step_max_free_pages` (`_too_long`, checked before every step: commits
+between two steps lengthen it), where even one page could hold a commit up past
+`vacuum_step_ms`: when copies went stale or none can be made, such a list waits (`_hold`)
+until the copy is tried again.
 
 A file made before shardq vacuumed (auto_vacuum NONE) has nothing a step frees: at start-up,
 before the writer reports ready, `convert_old_file` rewrites it once with a full VACUUM if it
