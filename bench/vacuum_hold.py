@@ -38,7 +38,7 @@ from typing import Any
 
 from bench._server import ShardqProcess, free_port, log_entries
 from bench._vacuum_wait import _timestamp
-from shardq.client import TcpConnection
+from shardq.client import ConnectionLost, TcpConnection
 
 BATCH = 500
 
@@ -107,7 +107,7 @@ def run_build(name: str, shardq: str, template: Path, args: argparse.Namespace) 
 
 def _trickle(port: int, every: float, seconds: float) -> list[float]:
     took: list[float] = []
-    with TcpConnection("127.0.0.1", port, timeout=60) as conn:
+    with _connect(port) as conn:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             sent = time.monotonic()
@@ -117,6 +117,15 @@ def _trickle(port: int, every: float, seconds: float) -> list[float]:
             assert reply["ok"], reply
             time.sleep(max(0.0, every - (time.monotonic() - sent)))
     return took
+
+
+def _connect(port: int) -> TcpConnection:
+    for _ in range(100):  # the TCP port may open a moment after the ready line
+        try:
+            return TcpConnection("127.0.0.1", port, timeout=60)
+        except ConnectionLost:
+            time.sleep(0.05)
+    return TcpConnection("127.0.0.1", port, timeout=60)
 
 
 def _wait_for(log_path: Path, event: str, timeout: float, since: float = 0.0) -> float | None:

@@ -398,10 +398,12 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
     def close(self) -> None:
         """Close the connection (idempotent), then release the swap lock it kept (if any).
         Later calls raise `StorageError`."""
-        self._conn.close()
-        if self._swap_lock is not None:
-            os.close(self._swap_lock)
-            self._swap_lock = None
+        try:
+            self._conn.close()
+        finally:
+            if self._swap_lock is not None:
+                os.close(self._swap_lock)
+                self._swap_lock = None
 
     def keep_swap_lock(self, fd: int | None) -> None:
         """Release `fd` (`_rebuild.hold_shared`'s, taken before this store's connection
