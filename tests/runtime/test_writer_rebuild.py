@@ -92,8 +92,7 @@ def test_a_long_free_list_is_copied_after_the_idle_time_and_swapped_in(tmp_path:
 def make_three_copies_stale(store: Store, vacuum: IdleVacuum, clock: Clock) -> None:
     for n in range(3):
         clock.now += REBUILD_IDLE_S
-        vacuum.step()  # starts a copy
-        assert Path(f"{store.path}.rebuild").exists() or vacuum.deadline() == clock.now + 0.05
+        vacuum.step()  # starts a copy (the callers check the log said so)
         store.apply([("put", job(f"new{n}", 5000 + n))])  # a commit during the copy
         vacuum.committed(clock.now)
         clock.now += REBUILD_IDLE_S
