@@ -218,6 +218,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "vacuum_idle_ms": _ranged(10, 3_600_000, ms=True),
     "vacuum_step_ms": _ranged(0, 10_000, ms=True),  # 0: every step vacuum_pages_per_step
     "vacuum_max_pages_per_step": _ranged(1, 65_536),
+    "vacuum_step_max_free_pages": _ranged(0, 1 << 40),  # 0: steps on a list of any length
     "vacuum_rebuild_min_free_pages": _ranged(0, 1 << 40),  # 0: never rebuild
     "vacuum_rebuild_min_free_percent": _ranged(0, 100),
     "vacuum_rebuild_idle_ms": _ranged(10, 3_600_000, ms=True),
@@ -369,7 +370,9 @@ def load_config(
     if values.get("auth_token_file"):
         tokens = _read_token_file(str(values["auth_token_file"]))
         values["auth_tokens"] = (*values.get("auth_tokens", ()), *tokens)
-    return ServerConfig.from_keys(values, engine)
+    config = ServerConfig.from_keys(values, engine)
+    _check_vacuum(config)
+    return config
 
 
 def resolve_node(config: ServerConfig) -> ServerConfig:
@@ -384,6 +387,19 @@ def resolve_node(config: ServerConfig) -> ServerConfig:
         shown = name if host in ("0.0.0.0", "::", "") else host
         advertise = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
     return config.with_keys(node_id=node_id, advertise=advertise)
+
+
+def _check_vacuum(config: ServerConfig) -> None:
+    """A free list too long for steps (`vacuum_step_max_free_pages`) but too short for a
+    rebuild (`vacuum_rebuild_min_free_pages`) would never be given back."""
+    steps = config.value("vacuum_step_max_free_pages")
+    rebuild = config.value("vacuum_rebuild_min_free_pages")
+    if 0 < steps < rebuild:
+        raise ConfigError(
+            f"vacuum_step_max_free_pages ({steps}) is below vacuum_rebuild_min_free_pages"
+            f" ({rebuild}): a free list between the two would never be given back; raise the"
+            " first, lower the second, or set the first to 0 (steps on a list of any length)"
+        )
 
 
 def _check_tls(values: Mapping[str, Any]) -> None:

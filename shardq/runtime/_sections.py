@@ -351,12 +351,16 @@ class WriterSettings:
     vacuum_idle_ms: int = 100
     vacuum_step_ms: int = 10
     vacuum_max_pages_per_step: int = 4096
+    # No step runs on a free list longer than this (0: no limit): each page a step frees is
+    # looked for along the list, so one page there could hold a commit up past
+    # `vacuum_step_ms`. Such a list waits for the rebuild below, whatever share of the file.
+    vacuum_step_max_free_pages: int = 65_536
     # A free list of at least `vacuum_rebuild_min_free_pages` (0: never) making at least
     # `vacuum_rebuild_min_free_percent` of the file is not stepped through (a step's pages
     # cost more the longer the list) but rebuilt: a compact copy made beside the database
     # while the writer serves, swapped in at an idle moment (`writer/_rebuild.py`), when the
     # disk holds the live pages plus `vacuum_rebuild_disk_margin_mb`. The copy starts once
-    # nothing committed for `vacuum_rebuild_idle_ms` (steps run in shorter gaps).
+    # nothing committed for `vacuum_rebuild_idle_ms` (nothing runs in shorter gaps).
     vacuum_rebuild_min_free_pages: int = 65_536
     vacuum_rebuild_idle_ms: int = 1000
     vacuum_rebuild_min_free_percent: int = 50

@@ -7,12 +7,15 @@ file at `data_path` with the writer's SQLite settings, as always.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from shardq.runtime._spec import ChildSpec
 from shardq.storage import Storage, Store, open_postgres
+from shardq.storage._rebuild import hold_shared
 
 if TYPE_CHECKING:
     from shardq.storage._postgres import PostgresStore
@@ -41,15 +44,24 @@ def open_storage(
     if settings.storage_url:
         store = open_postgres(settings.storage_url, cache_records=rows)
     else:
-        store = Store.open(
-            spec.data_path,
-            synchronous=settings.synchronous,
-            cache_records=rows,
-            max_bytes=(settings.max_db_bytes or None) if capped else None,
-            cache_mb=settings.sqlite_cache_mb,
-            mmap_mb=settings.sqlite_mmap_mb,
-            progress=progress,
-        )
+        # A shard's reads (`capped` False) keep the writer from swapping a rebuilt file in
+        # under them while their connection is open (`storage._rebuild.hold_shared`).
+        lock = None if capped else hold_shared(Path(spec.data_path))
+        try:
+            store = Store.open(
+                spec.data_path,
+                synchronous=settings.synchronous,
+                cache_records=rows,
+                max_bytes=(settings.max_db_bytes or None) if capped else None,
+                cache_mb=settings.sqlite_cache_mb,
+                mmap_mb=settings.sqlite_mmap_mb,
+                progress=progress,
+            )
+        except BaseException:
+            if lock is not None:
+                os.close(lock)
+            raise
+        store.keep_swap_lock(lock)
     store.drain_chunk = settings.drain_chunk_rows
     return store
 

@@ -19,10 +19,11 @@ file (closed or not, with its WAL), after it the new one, already fsynced and ho
 committed row. A leftover `<db>.rebuild` or `<db>.retired` is removed when the writer starts
 (`remove_leftover`).
 
-Backups (`_backup.snapshot`) open the database on their own connection from other processes.
-A file renamed over while such a connection is open would leave it sharing the `-wal` and
-`-shm` names with the new file, so both sides take `swap_guard`'s lock on `<db>.swap-lock`:
-a backup holds it shared while its connection is open; the swap takes it exclusive without
+Backups (`_backup.snapshot`) and shards (their load at start-up, their cold reads) open the
+database on their own connections from other processes. A file renamed over while such a
+connection is open would leave it sharing the `-wal` and `-shm` names with the new file, so
+both sides take `swap_guard`'s lock on `<db>.swap-lock`: a backup or a shard's store
+(`hold_shared`) holds it shared while its connection is open; the swap takes it exclusive without
 waiting, and when a backup holds it the swap is simply tried again at the next idle time.
 """
 
@@ -40,6 +41,7 @@ from shardq.storage._errors import StorageError, wrap_error
 __all__ = [
     "copy_into",
     "fsync_directory",
+    "hold_shared",
     "open_copier",
     "rebuild_path",
     "remove_leftover",
@@ -95,6 +97,23 @@ def swap_guard(db: Path, *, exclusive: bool) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def hold_shared(db: Path) -> int | None:
+    """Take `swap_guard`'s lock shared for a connection about to open `db` and kept open
+    for a while (a shard's reads); return the descriptor holding it, for `os.close` once the
+    connection is closed (None: a directory where no lock file can be made, where no writer
+    can swap a file either). Waits for a swap under way (a few ms)."""
+    try:
+        fd = os.open(_lock_path(db), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_copier(db: Path) -> sqlite3.Connection:

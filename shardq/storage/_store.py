@@ -117,6 +117,7 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         """Rows per statement of a `qdrain`'s range deletion done at once (`_drain`)."""
         self._drain_table = version >= _schema.DRAIN_VERSION
         self._open_drains()
+        self._swap_lock: int | None = None  # `keep_swap_lock`'s descriptor
 
     @classmethod
     def open(
@@ -396,8 +397,19 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
             self._reopen()
 
     def close(self) -> None:
-        """Close the connection (idempotent). Later calls raise `StorageError`."""
-        self._conn.close()
+        """Close the connection (idempotent), then release the swap lock it kept (if any).
+        Later calls raise `StorageError`."""
+        try:
+            self._conn.close()
+        finally:
+            if self._swap_lock is not None:
+                os.close(self._swap_lock)
+                self._swap_lock = None
+
+    def keep_swap_lock(self, fd: int | None) -> None:
+        """Release `fd` (`_rebuild.hold_shared`'s, taken before this store's connection
+        opened) when the store closes: until then the writer cannot swap the file."""
+        self._swap_lock = fd
 
     def __enter__(self) -> Store:
         return self

@@ -170,6 +170,7 @@ VALID_TEXT = {
     "vacuum_idle_ms": "250",
     "vacuum_step_ms": "0",
     "vacuum_max_pages_per_step": "512",
+    "vacuum_step_max_free_pages": "131072",
     "vacuum_rebuild_min_free_pages": "4096",
     "vacuum_rebuild_min_free_percent": "30",
     "vacuum_rebuild_disk_margin_mb": "16",
@@ -322,6 +323,7 @@ vacuum_min_free_pages = 0
 vacuum_idle_ms = 250
 vacuum_step_ms = 0
 vacuum_max_pages_per_step = 512
+vacuum_step_max_free_pages = 131072
 vacuum_rebuild_min_free_pages = 4096
 vacuum_rebuild_min_free_percent = 30
 vacuum_rebuild_disk_margin_mb = 16
@@ -505,11 +507,23 @@ def test_shards_auto_and_number() -> None:
         ("flow_children_grace_ms", "86400001"),
         ("flow_children_watch_max", "-1"),
         ("ready_timeout_ms", "999"),
+        ("vacuum_step_max_free_pages", "-1"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=key):
         load_config(env={}, flags={key: value})
+
+
+def test_a_free_list_too_long_for_steps_and_too_short_for_a_rebuild_is_rejected() -> None:
+    # Lists between the two would never be given back.
+    env = {"SHARDQ_VACUUM_STEP_MAX_FREE_PAGES": "1000"}
+    with pytest.raises(ConfigError, match=r"vacuum_step_max_free_pages \(1000\) is below"):
+        load_config(env=env)
+    rebuild_off = load_config(env={**env, "SHARDQ_VACUUM_REBUILD_MIN_FREE_PAGES": "0"})
+    assert rebuild_off.value("vacuum_step_max_free_pages") == 1000
+    no_limit = load_config(env={"SHARDQ_VACUUM_STEP_MAX_FREE_PAGES": "0"})
+    assert no_limit.value("vacuum_step_max_free_pages") == 0
 
 
 def test_bad_flag_names_the_flag() -> None:

@@ -5,7 +5,8 @@
   its snapshot; swapped in, the store serves the compact file in WAL mode and incremental
   auto_vacuum, with every row.
 - A backup's connection (the shared swap lock) keeps the swap from happening; it is then a
-  no-op, and succeeds once the backup is gone.
+  no-op, and succeeds once the backup is gone. So does a shard's store (`open_storage` for a
+  reader), from its opening to its close.
 - A process killed at each point of the swap (before the rename, after it, after the
   directory's fsync) leaves a whole database holding every row, old file or new.
 """
@@ -22,6 +23,8 @@ from pathlib import Path
 import pytest
 from storage_records import job
 
+from shardq.runtime._spec import ChildSpec
+from shardq.runtime._storage import open_storage
 from shardq.storage import Store
 from shardq.storage._rebuild import (
     copy_into,
@@ -116,6 +119,26 @@ def test_a_backup_connection_keeps_the_swap_off(tmp_path: Path) -> None:
         assert ids(store) == kept()
 
 
+def test_a_shards_store_keeps_the_swap_off_while_it_is_open(tmp_path: Path) -> None:
+    # Renamed over under a shard's connection (its load at start-up), the file left the
+    # shard reading a malformed schema through the shared -wal and -shm names.
+    path = tmp_path / "shardq.db"
+    spec = ChildSpec(role="shard", run_dir=str(tmp_path), data_path=str(path), shards=1)
+    with mostly_free(path) as store:
+        copy = copy_of(path)
+        reader = open_storage(spec, capped=False)
+        assert sorted(rec["id"] for rec in reader.load_jobs()) == kept()
+        assert not store.swap_in(copy)  # nothing happened
+        assert copy.exists() and ids(store) == kept()
+        reader.close()
+        assert store.swap_in(copy)
+        assert ids(store) == kept()
+        again = open_storage(spec, capped=False)  # opens the new file, and locks again
+        assert sorted(rec["id"] for rec in again.load_jobs()) == kept()
+        assert not store.swap_in(copy_of(path))
+        again.close()
+
+
 def test_a_leftover_copy_is_removed(tmp_path: Path) -> None:
     path = tmp_path / "shardq.db"
     with mostly_free(path):
@@ -127,6 +150,8 @@ def test_a_leftover_copy_is_removed(tmp_path: Path) -> None:
 _SWAP_AND_DIE = """
 import os, signal, sys
 from pathlib import Path
+from shardq.runtime._spec import ChildSpec
+from shardq.runtime._storage import open_storage
 from shardq.storage import Store
 from shardq.storage import _rebuild, _store_file
 

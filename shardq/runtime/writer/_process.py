@@ -137,6 +137,7 @@ class Writer(RejectedMutations):
             clock=clock,
             rebuild=rebuild_of(store, settings, clock),
             rebuild_idle_s=settings.vacuum_rebuild_idle_ms / 1000,
+            max_free_pages=settings.vacuum_step_max_free_pages,
         )
         # A Drain's range, deleted between the batches (`_drain_pieces`).
         # On PostgreSQL, a range a takeover brings is looked for every lease round.

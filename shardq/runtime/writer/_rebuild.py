@@ -3,7 +3,8 @@
 Incremental steps cost more per page the longer the free list (`shardq.storage._rebuild`):
 after a 10M-job drain they would take an hour. When a pass finds at least
 `vacuum_rebuild_min_free_pages` free pages making at least `vacuum_rebuild_min_free_percent`
-of the file, `IdleVacuum` hands it to `FileRebuild` instead:
+of the file, or more than `vacuum_step_max_free_pages` (on which no step may run), `IdleVacuum`
+hands it to `FileRebuild` instead:
 
 - `start` checks the disk (the live pages plus `vacuum_rebuild_disk_margin_mb` must be free
   beside the database), notes the store's change mark and starts a thread that copies the
@@ -45,11 +46,14 @@ log = structlog.get_logger()
 
 @dataclass(frozen=True, slots=True)
 class RebuildSettings:
-    """When a pass rebuilds rather than steps (`min_free_pages` 0: never)."""
+    """When a pass rebuilds rather than steps (`min_free_pages` 0: never). A list longer
+    than `steps_max_free_pages` (0: no such limit), on which no step may run, is rebuilt
+    whatever share of the file it is."""
 
     min_free_pages: int = 0
     min_free_percent: int = 50
     disk_margin_bytes: int = 64 << 20
+    steps_max_free_pages: int = 0
 
 
 @dataclass(slots=True)
@@ -92,7 +96,9 @@ class FileRebuild:
     def wanted(self, pages: int, free: int) -> bool:
         """Whether a free list of `free` pages in a file of `pages` calls for a rebuild."""
         s = self._settings
-        return 0 < s.min_free_pages <= free and free * 100 >= s.min_free_percent * pages
+        if not 0 < s.min_free_pages <= free:
+            return False
+        return free * 100 >= s.min_free_percent * pages or 0 < s.steps_max_free_pages < free
 
     def start(self, pages: int, free: int, page_size: int) -> bool:
         """Start copying; False (logged) if the disk lacks room for the copy."""
@@ -193,6 +199,7 @@ def rebuild_of(
         settings.vacuum_rebuild_min_free_pages,
         settings.vacuum_rebuild_min_free_percent,
         settings.vacuum_rebuild_disk_margin_mb << 20,
+        settings.vacuum_step_max_free_pages,
     )
     return FileRebuild(store, wanted, clock)
 

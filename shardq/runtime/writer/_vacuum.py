@@ -32,7 +32,11 @@ pass is wanted), `step` runs one.
 A long free list makes each step's pages dearer (SQLite looks for every page it frees along the
 list): when it is long and most of the file, a pass copies the live pages into a compact file
 and swaps that in instead (`_rebuild.FileRebuild`), once the writer has been idle for
-`vacuum_rebuild_idle_ms` (nothing runs in shorter gaps then).
+`vacuum_rebuild_idle_ms` (nothing runs in shorter gaps then). No step ever runs on a list
+longer than `vacuum_step_max_free_pages` (`_too_long`, checked before every step: commits
+between two steps lengthen it), where even one page could hold a commit up past
+`vacuum_step_ms`: when copies went stale or none can be made, such a list waits (`_hold`)
+until the copy is tried again.
 
 A file made before shardq vacuumed (auto_vacuum NONE) has nothing a step frees: at start-up,
 before the writer reports ready, `convert_old_file` rewrites it once with a full VACUUM if it
@@ -106,6 +110,7 @@ class IdleVacuum:
         clock: Callable[[], float] = time.monotonic,
         rebuild: FileRebuild | None = None,
         rebuild_idle_s: float = 1.0,
+        max_free_pages: int = 0,
     ) -> None:
         self._store = store
         self._path = data_path
@@ -128,6 +133,9 @@ class IdleVacuum:
         self._rebuild_idle_s = rebuild_idle_s
         self._looked_at = 0.0  # when `_rebuild_due` last counted the pages
         self._next_at = 0.0  # no step before (a rebuild's poll, or its retry)
+        self._max_free = max_free_pages  # no step on a longer free list (0: no limit)
+        self._held = False  # the hold under way was logged (`_hold`)
+        self.holds = 0  # times a step was wanted on a list too long for one
 
     def committed(self, now: float) -> None:
         """A batch committed at `now`: a pass is wanted once the writer is idle again."""
@@ -155,6 +163,8 @@ class IdleVacuum:
                 self._rebuilding(self._pass)
             elif self._rebuild_due(self._pass):
                 self._pass = None  # the next step starts the rebuild
+            elif self._too_long(self._store.free_pages()):
+                self._pass = None  # commits lengthened the list: the next step decides anew
             else:
                 self._release()
         except StorageError as e:
@@ -178,6 +188,11 @@ class IdleVacuum:
         now = self._clock()
         if self._start_rebuild(free, sizes, now):
             return
+        if self._too_long(free):  # and no rebuild to wait for: until the next commit
+            self._hold(free, "no rebuild", None)
+            self._wanted = False
+            return
+        self._held = False
         log.info("vacuum started", free_pages=free, pages_per_step=self._size, **sizes)
         self._pass = _Pass(now, sizes, logged=now, free=free)
         self._release()
@@ -216,15 +231,36 @@ class IdleVacuum:
             self._next_at = self._since + self._rebuild_idle_s
             return True
         if now < self._steps_until or not rebuild.start(pages, free, page_size):
+            if self._too_long(free):
+                # Not even one page: the copy is tried again after a while, steps never.
+                why = "copies went stale" if now < self._steps_until else "no copy"
+                self._steps_until = max(self._steps_until, now + _STEPS_FOR_S)
+                self._next_at = self._steps_until
+                self._hold(free, why, self._steps_until - now)
+                return True
             # Steps after all (copies kept going stale, failed, or no disk for one): each page
             # costs more on a long list, so they start at one page and grow to what
             # `vacuum_step_ms` allows.
             self._size = 1
             return False
+        self._held = False
         log.info("vacuum started", way="rebuild", free_pages=free, pages=pages, **sizes)
         self._pass = _Pass(now, sizes, logged=now, free=free, rebuild=True)
         self._next_at = now + _POLL_S
         return True
+
+    def _too_long(self, free: int) -> bool:
+        """Whether a free list of `free` pages is too long for a step to run on."""
+        return 0 < self._max_free < free
+
+    def _hold(self, free: int, why: str, retry_s: float | None) -> None:
+        """No step on this list (`vacuum_step_max_free_pages`): logged once per hold."""
+        self.holds += 1
+        if not self._held:
+            self._held = True
+            log.info("vacuum steps held: the free list is too long for one",
+                     free_pages=free, step_max_free_pages=self._max_free, why=why,
+                     retry_s=None if retry_s is None else round(retry_s, 1))  # fmt: skip
 
     def _rebuilding(self, done: _Pass) -> None:
         """One look at the rebuild under way (`FileRebuild.poll`), and what follows from it."""
