@@ -84,6 +84,9 @@ def measure_counts(
     `profile_env(work_dir)`); per role, shards summed: the system calls per request
     (`<role>_syscalls`, and by name `<role>_sys` where at least 0.05) and the Python function
     calls per request (`<role>_pycalls`)."""
+    # The profiles start before strace attaches and stop after it has detached: a signal that
+    # comes while strace detaches from a process can be lost (a profile then never stopped).
+    _signal_all(processes, signal.SIGUSR1, profile)
     tracers = []
     for role, pid in processes:
         path = work_dir / f"strace-{role}-{pid}.txt"
@@ -92,16 +95,15 @@ def measure_counts(
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         tracers.append((role, path, tracer))
-    _signal_all(processes, signal.SIGUSR1, profile)
     time.sleep(_ATTACH_S)
     try:
         requests = run()
     finally:
-        _signal_all(processes, signal.SIGUSR2, profile)
         for _, _, tracer in tracers:
             tracer.send_signal(signal.SIGINT)  # our own strace: it detaches and summarises
         for _, _, tracer in tracers:
             tracer.wait(_STOP_TIMEOUT_S)
+        _signal_all(processes, signal.SIGUSR2, profile)
     row = _syscalls_row([(role, path) for role, path, _ in tracers], requests)
     if profile:
         row.update(_pycalls_row(processes, work_dir, requests))
