@@ -97,10 +97,10 @@ class FdPoller:
     def poll(self, timeout: int | float | None = None) -> list[tuple[int, int]]:
         """Wait up to `timeout` ms (None or negative: until something comes) and return
         (descriptor, ZeroMQ events) for each one ready."""
-        if timeout is not None:
-            timeout = -1 if timeout < 0 else int(timeout)
+        if timeout.__class__ is float:  # pyzmq truncates; `select.poll` would round up
+            timeout = int(timeout)
+        got = self._poll.poll(timeout)  # None or negative: no timeout, as pyzmq's
+        if not got:
+            return got
         table = _REVENTS
-        return [
-            (fd, table[revents] if revents < 64 else _to_zmq(revents))
-            for fd, revents in self._poll.poll(timeout)
-        ]
+        return [(fd, table[revents] if revents < 64 else _to_zmq(revents)) for fd, revents in got]
