@@ -15,16 +15,16 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
+import zmq
 
 from shardq.protocol._direct import DIRECT_REFUSED, direct_goodbye, shard_of
 from shardq.runtime import _messages as msgs
-from shardq.runtime._fdpoll import FdPoller
 from shardq.runtime.shard._direct import DIRECT_CONN_PREFIX, DirectPort
 
 
 @pytest.fixture
-def port() -> Iterator[tuple[DirectPort, FdPoller]]:
-    poller = FdPoller()
+def port() -> Iterator[tuple[DirectPort, zmq.Poller]]:
+    poller = zmq.Poller()
     direct = DirectPort(
         "127.0.0.1", 0, 2, poller, max_connections=4, max_frame_bytes=1 << 20, max_write_bytes=0
     )
@@ -37,7 +37,7 @@ def _frame(cmd: dict[str, Any]) -> bytes:
     return struct.pack(">I", len(body)) + body
 
 
-def _serve_until(direct: DirectPort, poller: FdPoller, want: int) -> list[list[Any]]:
+def _serve_until(direct: DirectPort, poller: zmq.Poller, want: int) -> list[list[Any]]:
     items: list[list[Any]] = []
     deadline = time.monotonic() + 10
     while len(items) < want and time.monotonic() < deadline:
@@ -56,7 +56,7 @@ def _read(sock: socket.socket) -> dict[str, Any]:
 
 
 def test_pushes_become_requests_and_replies_leave_the_batch(
-    port: tuple[DirectPort, FdPoller],
+    port: tuple[DirectPort, zmq.Poller],
 ) -> None:
     direct, poller = port
     queue = next(f"q{i}" for i in range(100) if shard_of(f"q{i}", 2) == 0)
@@ -84,7 +84,7 @@ def test_pushes_become_requests_and_replies_leave_the_batch(
         assert _read(sock) == {"ok": True, "id": "j2"}
 
 
-def test_connections_past_the_cap_are_closed(port: tuple[DirectPort, FdPoller]) -> None:
+def test_connections_past_the_cap_are_closed(port: tuple[DirectPort, zmq.Poller]) -> None:
     direct, poller = port
     socks = [socket.create_connection(("127.0.0.1", direct.port), timeout=5) for _ in range(5)]
     try:
@@ -106,7 +106,7 @@ def test_connections_past_the_cap_are_closed(port: tuple[DirectPort, FdPoller]) 
 
 
 def test_a_silent_or_slow_connection_is_closed() -> None:
-    poller = FdPoller()
+    poller = zmq.Poller()
     direct = DirectPort(
         "127.0.0.1", 0, 1, poller, max_connections=4, max_frame_bytes=1 << 20,
         max_write_bytes=0, handshake_s=0.2, frame_s=0.2,
@@ -157,7 +157,7 @@ def _closed(sock: socket.socket) -> bool:
 
 
 def test_past_its_in_flight_cap_a_connection_is_read_no_further() -> None:
-    poller = FdPoller()
+    poller = zmq.Poller()
     direct = DirectPort(
         "127.0.0.1", 0, 1, poller, max_connections=4, max_frame_bytes=1 << 20,
         max_write_bytes=0, max_in_flight=2,
@@ -184,7 +184,7 @@ def test_past_its_in_flight_cap_a_connection_is_read_no_further() -> None:
 
 
 def test_with_idle_close_a_connection_waiting_for_nothing_is_closed() -> None:
-    poller = FdPoller()
+    poller = zmq.Poller()
     direct = DirectPort(
         "127.0.0.1", 0, 1, poller, max_connections=4, max_frame_bytes=1 << 20,
         max_write_bytes=0, handshake_s=30, idle_close_s=0.2,
@@ -210,7 +210,7 @@ def test_with_idle_close_a_connection_waiting_for_nothing_is_closed() -> None:
         direct.close()
 
 
-def _settle(direct: DirectPort, poller: FdPoller) -> None:
+def _settle(direct: DirectPort, poller: zmq.Poller) -> None:
     """Serve until every ended connection is closed (the shard's `_end_direct` loop)."""
     deadline = time.monotonic() + 10
     while direct.connections and time.monotonic() < deadline:
@@ -225,7 +225,7 @@ def _read_to_close(sock: socket.socket) -> bytes:
 
 
 def test_quiesce_answers_what_was_taken_then_says_goodbye(
-    port: tuple[DirectPort, FdPoller],
+    port: tuple[DirectPort, zmq.Poller],
 ) -> None:
     direct, poller = port
     queue = next(f"q{i}" for i in range(100) if shard_of(f"q{i}", 2) == 0)
@@ -263,7 +263,7 @@ def test_quiesce_answers_what_was_taken_then_says_goodbye(
 
 
 def test_a_push_costs_the_port_no_enum_flag_arithmetic(
-    port: tuple[DirectPort, FdPoller],
+    port: tuple[DirectPort, zmq.Poller],
 ) -> None:
     """pyzmq's poll flags are `enum.IntFlag`s: `events & zmq.POLLIN` built a new flag in
     Python (about 0.5 µs) twice per read, and `_watch` once more; the port tests plain ints."""

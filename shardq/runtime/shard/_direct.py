@@ -5,9 +5,8 @@ front end -> client); straight to the shard it is two. With `direct_shards` on, 
 listens on an ephemeral TCP port on the front end's `host`, speaking the same frames as the
 TCP port (u32 length + msgpack, `reqId` echoed), and tells the front end its port over the
 link (`{"t": "direct"}`), which announces all of them in its Hello reply. The listener and its
-connections are plain non-blocking sockets in the shard's own poll (`_fdpoll.FdPoller`): a
-ZeroMQ ROUTER would add libzmq's I/O thread, two more wake-ups per request, the very cost this
-removes.
+connections are plain non-blocking sockets in the shard's own `zmq.Poller`: a ZeroMQ ROUTER
+would add libzmq's I/O thread, two more wake-ups per request, the very cost this removes.
 
 What the front end does for a PUSH, and what happens to it here:
 
@@ -76,7 +75,6 @@ from shardq.errors import ProtocolError
 from shardq.protocol import check_command, encode_js, error_reply
 from shardq.protocol._direct import direct_refused, flow_entries, names_flow, shard_of
 from shardq.runtime import _messages as msgs
-from shardq.runtime._fdpoll import FdPoller
 from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
 from shardq.runtime.shard._direct_conn import Conn as _Conn
@@ -122,7 +120,7 @@ class DirectPort(DirectStop, HandedConns):
         host: str,
         index: int,
         shards: int,
-        poller: FdPoller,
+        poller: zmq.Poller,
         *,
         max_connections: int,
         max_frame_bytes: int,

@@ -20,7 +20,6 @@ import zmq
 
 from shardq.protocol import encode_js
 from shardq.protocol._direct import direct_goodbye
-from shardq.runtime._fdpoll import FdPoller
 from shardq.runtime.shard._direct_conn import Conn as _Conn
 from shardq.runtime.shard._handoff import HandedDecoder
 
@@ -38,7 +37,7 @@ class DirectStop:
     _conns: dict[int, _Conn]
     _timed: set[_Conn]
     _shut: set[_Conn]
-    _poller: FdPoller
+    _poller: zmq.Poller
     _listener: socket.socket
 
     if TYPE_CHECKING:

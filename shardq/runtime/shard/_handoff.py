@@ -33,7 +33,6 @@ from shardq.errors import ProtocolError
 from shardq.protocol import DecodedFrame, frame_too_large
 from shardq.protocol._frames import decode_body
 from shardq.runtime import _messages as msgs
-from shardq.runtime._fdpoll import FdPoller
 from shardq.runtime._fds import FD_SPACE, carrying, descriptors_in
 from shardq.runtime.links._control import pack, unpack
 
@@ -102,7 +101,7 @@ class _Port(Protocol):
     _by_name: dict[str, Any]
     _max_connections: int
     _max_frame: int
-    _poller: FdPoller
+    _poller: zmq.Poller
     _timed: set[Any]
     _adopted: list[Any]
     handed_off: int
@@ -203,7 +202,7 @@ class HandoffChannel:
     def __init__(
         self,
         path: str,
-        poller: FdPoller,
+        poller: zmq.Poller,
         adopt: Callable[[socket.socket, str, bytes], bool],
         max_bytes: int,
     ) -> None:

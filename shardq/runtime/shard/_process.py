@@ -3,8 +3,8 @@
     python -m shardq.runtime.shard --spec '<ChildSpec JSON>'
 
 The process is a shell around `ShardCore`: it owns the sockets (docs/runtime.md), the clock
-and the signals. Its loop sleeps in `FdPoller.poll` (`_fdpoll`) until a message arrives or the
-next deadline (engine timer, long-poll, WaitJob) is due, so an idle shard uses no CPU.
+and the signals. Its loop sleeps in `zmq.Poller.poll` until a message arrives or the next
+deadline (engine timer, long-poll, WaitJob) is due, so an idle shard uses no CPU.
 
 SIGINT is ignored: a terminal's Ctrl+C reaches the whole process group, and the supervisor
 orders the shutdown with SIGTERM. SIGTERM ends the loop; the shard then stops reading its
@@ -30,7 +30,6 @@ from shardq.core._budget import JOB_BYTES
 from shardq.runtime import _messages as msgs
 from shardq.runtime._child import SpecError, SupervisorLink, parse_spec_args
 from shardq.runtime._clock import AnchoredClock
-from shardq.runtime._fdpoll import FdPoller
 from shardq.runtime._giveback import IdleGrowth, rss_bytes
 from shardq.runtime._logging import configure
 from shardq.runtime._signals import SignalWaker
@@ -159,7 +158,7 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
         # blocked poll at once and never runs code in the middle of a turn.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self._signals = SignalWaker([signal.SIGTERM])
-        self._poller = FdPoller()
+        self._poller = zmq.Poller()
         self._poller.register(self._signals.fileno(), zmq.POLLIN)
         self._direct: DirectPort | None = None
         self._watch_links()

@@ -10,8 +10,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
+import zmq
 
-from shardq.runtime._fdpoll import FdPoller
 from shardq.runtime._ports import connection_cap
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.shard._core import ShardCore
@@ -28,7 +28,7 @@ class ShardDirect:
 
     spec: ChildSpec
     core: ShardCore
-    _poller: FdPoller
+    _poller: zmq.Poller
     _handoff: HandoffChannel | None
 
     if TYPE_CHECKING:

@@ -16,7 +16,6 @@ from typing import Any, Final
 import zmq
 
 from shardq.runtime import _messages as msgs
-from shardq.runtime._fdpoll import FdPoller
 from shardq.runtime._sections import LinkSettings
 from shardq.runtime.links._writer import RECONNECT_EVERY_MS, WriterLink
 from shardq.runtime.shard._core import ShardCore
@@ -35,7 +34,7 @@ class ShardWriterSide:
     core: ShardCore
     _links: LinkSettings
     _writer: WriterLink
-    _poller: FdPoller
+    _poller: zmq.Poller
     _confirm_wait_ms: int
     _next_connect: float
 
