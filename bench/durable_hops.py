@@ -2,7 +2,7 @@
 
     python -m bench.durable_hops [--builds a=PYTHON[@KEY=VAL],b=PYTHON] [--requests 3000]
                                  [--rounds 3] [--spin auto] [--gap-ms 0] [--realtime PRIO]
-                                 [--bulk N] [--json P]
+                                 [--bulk N] [--counts] [--json P]
 
 For each build (a label and the interpreter of a checkout, whose `shardq_cli` it runs), starts
 `shardq start --shards 2` (the other settings default), and one client with a raw TCP socket
@@ -18,6 +18,12 @@ round (A, B, A, B), so they share the machine's load; the load average is printe
 --realtime`), so that other work on a shared machine cannot preempt them. `--bulk N` sends a
 PUSHB of N jobs (each durable in the durable mode) instead of a PUSH; the counts stay per
 request.
+
+`--counts` adds, per process role, counts that do not depend on the machine's load
+(`bench/_counts.py`): after each mode's timed requests, as many again with every server
+process under `strace -f -c` and profiled, giving the system calls per request (by name too)
+and the Python function calls per request. They are the same from run to run with
+`--spin 0`; with spinning, a spin's polls count too.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import msgpack  # type: ignore[import-untyped]
 if __package__ in (None, ""):
     sys.path.insert(0, os.getcwd())
 
+from bench._counts import have_strace, measure_counts, profile_env
 from bench._server import free_port, log_entries
 
 __all__ = ["main"]
@@ -105,11 +112,15 @@ def _snapshot(root: int) -> dict[str, tuple[int, float]]:
 
 
 class _Server:
-    def __init__(self, python: str, spin: str, extra: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, python: str, spin: str, extra: dict[str, str] | None = None, counts: bool = False
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="shardq-dhops-"))
         self.port = free_port()
         self._log = open(self.dir / "server.log", "wb")  # noqa: SIM115
         env = {**os.environ, "SHARDQ_SPIN_US": spin, **(extra or {})}
+        if counts:
+            env.update(profile_env(self.dir))
         python = os.path.abspath(python) if os.sep in python else python
         self.proc = subprocess.Popen(
             [python, "-m", "shardq_cli.main", "start", "--host", "127.0.0.1",
@@ -155,11 +166,7 @@ def _call(sock: socket.socket, command: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-def _measure(
-    server: _Server, durable: bool, requests: int, gap_s: float = 0.0, bulk: int = 0
-) -> dict[str, Any]:
-    sock = socket.create_connection(("127.0.0.1", server.port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def _command(durable: bool, bulk: int) -> dict[str, Any]:
     queue = f"dhops-{'durable' if durable else 'buffered'}"
     command: dict[str, Any] = {"cmd": "PUSH", "queue": queue, "data": {"n": 1}}
     if bulk:
@@ -168,6 +175,43 @@ def _measure(
                    "jobs": [{"data": {"n": k}, **entry} for k in range(bulk)]}  # fmt: skip
     elif durable:
         command["durable"] = True
+    return command
+
+
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _counted(server: _Server, durable: bool, requests: int, bulk: int = 0) -> dict[str, Any]:
+    """`--counts`: system calls and Python calls per request, per role (`bench/_counts.py`),
+    on a connection of its own, after the same warm-up as the timed requests (so that it was
+    handed to its shard, as theirs)."""
+    command = _command(durable, bulk)
+    sock = _connect(server.port)
+
+    def run() -> int:
+        for k in range(requests):
+            reply = _call(sock, {**command, "reqId": str(k)})
+            assert reply["ok"], reply
+        return requests
+
+    try:
+        for k in range(_WARM):
+            assert _call(sock, {**command, "reqId": str(k)})["ok"]
+        processes = [(role, pid) for pid in _children(server.proc.pid)
+                     if (role := _role(pid)) is not None]  # fmt: skip
+        return measure_counts(processes, server.dir, run)
+    finally:
+        sock.close()
+
+
+def _measure(
+    server: _Server, durable: bool, requests: int, gap_s: float = 0.0, bulk: int = 0
+) -> dict[str, Any]:
+    sock = _connect(server.port)
+    command = _command(durable, bulk)
     try:
         for k in range(_WARM):
             assert _call(sock, {**command, "reqId": str(k)})["ok"]
@@ -215,8 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-ms", type=float, default=0.0)
     parser.add_argument("--realtime", type=int, default=0, metavar="PRIO")
     parser.add_argument("--bulk", type=int, default=0, metavar="N")
+    parser.add_argument(
+        "--counts",
+        action="store_true",
+        help="also system calls and Python calls per request (strace, cProfile)",
+    )
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
+    if args.counts and not have_strace():
+        parser.error("--counts needs strace")
     if args.realtime:  # inherited by the servers this process starts
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(args.realtime))
     builds = [b.split("=", 1) for b in args.builds.split(",")]
@@ -224,12 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for k in range(args.rounds):
         for label, python in builds:
-            server = _Server(python.split("@", 1)[0], args.spin, extras[label])
+            server = _Server(python.split("@", 1)[0], args.spin, extras[label], args.counts)
             try:
                 time.sleep(0.3)
                 for mode in args.modes.split(","):
                     got = _measure(server, mode == "durable", args.requests,
                                    args.gap_ms / 1000, args.bulk)  # fmt: skip
+                    if args.counts:
+                        got.update(_counted(server, mode == "durable", args.requests, args.bulk))
                     load = os.getloadavg()[0]
                     row = {"round": k + 1, "build": label, "mode": mode, "load1": load,
                            "realtime": args.realtime, "gap_ms": args.gap_ms, "bulk": args.bulk,

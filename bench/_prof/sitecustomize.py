@@ -24,9 +24,12 @@ def _install(directory: str) -> None:
     running = False
 
     def start(_signum: int, _frame: FrameType | None) -> None:
-        nonlocal running
+        nonlocal running, profiler
         if not running:
             running = True
+            # A fresh count for every SIGUSR1: a second pair of signals (`bench.durable_hops
+            # --counts`, one pair per mode) counts only what came between them.
+            profiler = cProfile.Profile()
             profiler.enable()
 
     def stop(_signum: int = 0, _frame: FrameType | None = None) -> None:

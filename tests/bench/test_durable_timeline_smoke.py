@@ -96,6 +96,28 @@ def test_durable_hops_counts_a_durable_bulk_push(tmp_path: Path) -> None:
     assert row["bulk"] == 10 and row["p50_us"] > 0 and row["server_wake"] > 0, row
 
 
+def test_durable_hops_counts_calls_per_request_and_role(tmp_path: Path) -> None:
+    """`--counts`: system calls (strace) and Python calls (cProfile) per request, per role. A
+    durable push reaches the writer, which commits; a buffered one is answered by its shard
+    alone, so the writer's share of it is far below a commit's (about one commit per window)."""
+    out = tmp_path / "hops.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.durable_hops", "--requests", "60", "--rounds", "1",
+         "--modes", "durable,buffered", "--spin", "0", "--counts", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    durable, buffered = json.loads(out.read_text())
+    assert (durable["mode"], buffered["mode"]) == ("durable", "buffered")
+    for row in (durable, buffered):
+        assert row["shard_syscalls"] >= 2 and row["shard_pycalls"] > 10, row
+        assert sum(row["shard_sys"].values()) <= row["shard_syscalls"], row
+    # Each durable push is a commit of its own; the two passes count apart (a profile per
+    # pair of signals, not one that adds up).
+    assert durable["writer_syscalls"] >= 2 and durable["writer_pycalls"] > 10, durable
+    assert buffered["writer_pycalls"] < durable["writer_pycalls"] / 2, (durable, buffered)
+
+
 def test_durable_spin_reports_each_client_and_the_writers_spins() -> None:
     """`python -m bench.durable_spin`: a line per client and build, with the writer's spin
     counts from its stop line (a durable push goes through its commit)."""
