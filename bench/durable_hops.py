@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import struct
@@ -138,8 +139,10 @@ class _Server:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.05)
+        tail = (self.dir / "server.log").read_bytes()[-2000:].decode(errors="replace")
         self.stop()
-        raise RuntimeError("server did not start")
+        self.remove()
+        raise RuntimeError(f"server did not start; its log ends with:\n{tail}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -150,6 +153,10 @@ class _Server:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+    def remove(self) -> None:
+        """Delete the server's directory (its database, log and profiles), once stopped."""
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _call(sock: socket.socket, command: dict[str, Any]) -> dict[str, Any]:
@@ -291,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps(row), flush=True)
             finally:
                 server.stop()
+                server.remove()
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(rows, indent=2))
     return 0

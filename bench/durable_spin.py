@@ -62,6 +62,7 @@ def _run(python: str, client: str, args: argparse.Namespace) -> str:
         f"{cpu / n * 1e6:.0f} µs/push, load {os.getloadavg()[0]:.1f}"
     )
     stops = [e for e in log_entries(server.dir / "server.log") if "spins" in e]
+    server.remove()
     writer = [e for e in stops if e.get("event") == "writer stopping"]
     shards = [e for e in stops if e.get("event") == "shard stopped"]
     if writer:

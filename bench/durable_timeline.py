@@ -177,6 +177,7 @@ def _run(python: str, extra: dict[str, str], args: argparse.Namespace, durable: 
         close()
     finally:
         server.stop()
+        server.remove()
     events: list[tuple[float, str]] = []
     for path in glob.glob(prefix + ".*"):
         with open(path) as f:
