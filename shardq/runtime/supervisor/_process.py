@@ -2,8 +2,10 @@
 
 Start-up (docs/runtime.md): check the data directory, lock the data path (`_lock.py`: one
 server per database), check the ports, create the run directory, bind PULL on `sup`, then
-spawn the writer (with the HTTP process), the N shards and the front end, each group only
-once the previous one reported ready, and log one `shardq ready` line with the addresses served.
+start the writer, the N shards (with the HTTP process) and the front end, each group only
+once the previous one reported ready, and log one `shardq ready` line with the addresses
+served. A child is spawned a step ahead of its turn: it imports its modules meanwhile and
+then waits for its spec on stdin, which the supervisor writes when its turn comes.
 
 While running, a child that exits is restarted after a backoff (100 ms doubling to 5 s); a
 child that needs more than `max_restarts_per_minute` restarts within 60 s stops the server
@@ -93,8 +95,8 @@ class Supervisor:
         self._writer = _Child("writer")
         self._shards = [_Child("shard", i) for i in range(config.shard_count)]
         self._frontend = _Child("frontend")
-        # The HTTP process starts with the writer (neither needs the other; one after the
-        # other, its start delayed the writer's by its own) and stops first: /ready answers
+        # The HTTP process starts with the shards (it needs no other child; awaited only
+        # before `shardq ready`, it delays nobody's start) and stops first: /ready answers
         # 503 while the shards recover, and a load balancer sees the server leave before its
         # clients are cut.
         self._http = [_Child("http")] if config.http.http_port else []
@@ -188,11 +190,27 @@ class Supervisor:
     # -- start-up
 
     def _start(self) -> bool:
-        for group in ([*self._http, self._writer], self._shards, [self._frontend]):
-            for child in group:
-                self._spawn(child)
+        # A child imports its modules first (a good part of a second of CPU each), then
+        # waits for its spec on stdin; the specs are handed over in the start order: the
+        # writer, the shards once it is ready (it migrated the database they read), the front
+        # end once every shard is (it links to them, and a Ping it answers means recovery is
+        # over). The shards are spawned with the writer and the others once the shards have
+        # their specs, so that the imports overlap the writer's start and a shard's recovery
+        # instead of coming one after the other, and do not all compete for the CPU at once.
+        # The HTTP process needs no other child: it starts with the shards.
+        # (specs handed over, children spawned to wait, children awaited)
+        steps: tuple[tuple[list[_Child], list[_Child], list[_Child]], ...] = (
+            ([self._writer], [*self._shards], [self._writer]),
+            ([*self._shards, *self._http], [self._frontend], self._shards),
+            ([self._frontend], [], [self._frontend, *self._http]),
+        )
+        for start, spawn, awaited in steps:
+            for child in start:
+                self._spawn(child)  # a child spawned at the step before only takes its spec
                 child.ready_by = self._clock() + self._ready_timeout_s
-            if not self._await_ready(group):
+            for child in spawn:
+                self._spawn(child, hold=True)
+            if self._failure is not None or not self._await_ready(awaited):
                 return False
         return True
 
@@ -266,8 +284,12 @@ class Supervisor:
             )
 
     def _on_exit(self, child: _Child, code: int) -> None:
+        held, child.held = child.held, False
         child.proc, child.ready, child.ready_by, child.exit_code = None, False, None, code
         how = _describe_exit(code)
+        if self._stopping and held:
+            log.info("child stopped before its start", child=child.name)
+            return
         if self._stopping:
             log.info("child stopped", child=child.name, exit=how)
             if child is self._writer and code == 0 and any(s.proc for s in self._shards):
@@ -325,6 +347,11 @@ class Supervisor:
         return clean
 
     def _stop_group(self, group: Iterable[_Child], timeout: float) -> bool:
+        for child in group:
+            if child.held and child.proc is not None:
+                # Never handed its spec (the start stopped before its turn): it holds nothing.
+                self._signal(child, signal.SIGKILL)
+                self._reap(child, wait=True)
         running = [child for child in group if child.proc is not None]
         for child in running:
             self._signal(child, signal.SIGTERM)
@@ -348,8 +375,13 @@ class Supervisor:
 
     # -- processes
 
-    def _spawn(self, child: _Child) -> None:
-        spec = self._spec(child)
+    def _spawn(self, child: _Child, *, hold: bool = False) -> None:
+        """Start `child`'s process and hand it its spec; with `hold`, leave it waiting for
+        the spec once it has imported its modules (a later `_spawn` hands it over)."""
+        if child.held and child.proc is not None:
+            if not hold:
+                self._hand_over(child)
+            return
         # The spec goes through stdin, not argv: it holds the auth tokens, and a command line
         # is readable by every local user (ps, /proc/<pid>/cmdline).
         argv = [*self._command(child.role), "--spec", "-"]
@@ -367,11 +399,20 @@ class Supervisor:
         except OSError as e:  # no memory, no pids left, a missing interpreter ...
             self._failure = f"cannot start {child.name}: {e}"
             return
+        child.held = True
+        if not hold:
+            self._hand_over(child)
+
+    def _hand_over(self, child: _Child) -> None:
+        """Write `child`'s spec to its stdin: from there on it does its role's work."""
+        if child.proc is None or not child.held:
+            return
+        child.held = False
         stdin = child.proc.stdin
         if stdin is not None:
             # A few KB: far below a pipe's buffer, so this never blocks on the child.
             with contextlib.suppress(BrokenPipeError):
-                stdin.write(spec.to_json().encode())
+                stdin.write(self._spec(child).to_json().encode())
             with contextlib.suppress(BrokenPipeError):
                 stdin.close()
         log.info("child started", child=child.name, child_pid=child.proc.pid)
