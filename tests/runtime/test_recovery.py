@@ -209,9 +209,12 @@ def test_a_stop_during_recovery_ends_the_front_end_waiting_for_its_turn(
     shard = server.wait_for_log("child started", timeout=60, child="shard-0")
     writer = server.find_log("child started", child="writer")
     assert writer is not None
-    # The front end is spawned while the shard recovers: it imports its modules, then waits
-    # for its spec (stdin), which the supervisor writes only once every shard is ready.
-    waiting = _children(server.pid) - {int(shard["child_pid"]), int(writer["child_pid"])}
+    # The front end is spawned once the shard runs: it imports its modules, then waits for
+    # its spec (stdin), which the supervisor writes only once every shard is ready.
+    known = {int(shard["child_pid"]), int(writer["child_pid"])}
+    waiting: set[int] = poll_until(
+        lambda: _children(server.pid) - known, 30, "the front end to be spawned"
+    )
     assert len(waiting) == 1, waiting
     poll_until(lambda: _catches_sigterm(int(shard["child_pid"])), 30, "the shard's SIGTERM handler")
     assert server.find_log("shard recovered") is None  # still recovering: the stop comes now

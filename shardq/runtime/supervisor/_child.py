@@ -38,6 +38,7 @@ class _Child:
     # Spawned ahead of its turn at start-up: the process imports its modules and then waits
     # for its spec on stdin, which the supervisor writes once the children it needs are ready.
     held: bool = False
+    progressed: bool = False  # it reported progress since it was spawned
 
     @property
     def name(self) -> str:

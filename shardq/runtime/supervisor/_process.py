@@ -4,8 +4,9 @@ Start-up (docs/runtime.md): check the data directory, lock the data path (`_lock
 server per database), check the ports, create the run directory, bind PULL on `sup`, then
 start the writer, the N shards (with the HTTP process) and the front end, each group only
 once the previous one reported ready, and log one `shardq ready` line with the addresses
-served. A child is spawned a step ahead of its turn: it imports its modules meanwhile and
-then waits for its spec on stdin, which the supervisor writes when its turn comes.
+served. A child is spawned a step ahead of its turn (once the children of the step before
+run): it imports its modules meanwhile and then waits for its spec on stdin, which the
+supervisor writes when its turn comes.
 
 While running, a child that exits is restarted after a backoff (100 ms doubling to 5 s); a
 child that needs more than `max_restarts_per_minute` restarts within 60 s stops the server
@@ -194,11 +195,12 @@ class Supervisor:
         # waits for its spec on stdin; the specs are handed over in the start order: the
         # writer, the shards once it is ready (it migrated the database they read), the front
         # end once every shard is (it links to them, and a Ping it answers means recovery is
-        # over). The shards are spawned with the writer and the others once the shards have
-        # their specs, so that the imports overlap the writer's start and a shard's recovery
-        # instead of coming one after the other, and do not all compete for the CPU at once.
+        # over). The shards are spawned once the writer runs (its imports done, it reports
+        # progress) and the front end once the shards do, so that the imports overlap the
+        # writer's open and the shards' recovery instead of coming one after the other, and
+        # do not compete with the imports of the child whose turn it is.
         # The HTTP process needs no other child: it starts with the shards.
-        # (specs handed over, children spawned to wait, children awaited)
+        # (specs handed over, children spawned to wait once those run, children awaited)
         steps: tuple[tuple[list[_Child], list[_Child], list[_Child]], ...] = (
             ([self._writer], [*self._shards], [self._writer]),
             ([*self._shards, *self._http], [self._frontend], self._shards),
@@ -208,9 +210,13 @@ class Supervisor:
             for child in start:
                 self._spawn(child)  # a child spawned at the step before only takes its spec
                 child.ready_by = self._clock() + self._ready_timeout_s
+            if self._failure is not None:
+                return False
+            if spawn and not self._await(awaited, lambda c: c.ready or c.progressed):
+                return False
             for child in spawn:
                 self._spawn(child, hold=True)
-            if self._failure is not None or not self._await_ready(awaited):
+            if self._failure is not None or not self._await(awaited, lambda c: c.ready):
                 return False
         return True
 
@@ -218,8 +224,10 @@ class Supervisor:
     def _ready_timeout_s(self) -> float:
         return self._config.supervisor.ready_timeout_ms / 1000
 
-    def _await_ready(self, group: list[_Child]) -> bool:
-        while not all(child.ready for child in group):
+    def _await(self, group: list[_Child], done: Callable[[_Child], bool]) -> bool:
+        """Pump until `done` holds for every child of `group`; False on a stop signal, a
+        failure, or a child past its ready bound."""
+        while not all(done(child) for child in group):
             if self._stops or self._failure is not None:
                 return False
             waiting = [child for child in group if not child.ready]
@@ -386,6 +394,7 @@ class Supervisor:
         # is readable by every local user (ps, /proc/<pid>/cmdline).
         argv = [*self._command(child.role), "--spec", "-"]
         child.ready, child.fatal, child.exit_code = False, None, None
+        child.progressed = False
         try:
             child.proc = subprocess.Popen(
                 argv,
@@ -526,6 +535,7 @@ class Supervisor:
             self._tell_front(msgs.shard_up(child.index))
 
     def _on_progress(self, child: _Child, report: dict[str, Any]) -> None:
+        child.progressed = True
         # A child that is still working towards ready (a shard loading a large backlog)
         # gets another full bound: only one that stops making progress is killed.
         if not child.ready and child.ready_by is not None:
