@@ -40,6 +40,13 @@ class _Child:
     held: bool = False
     progressed: bool = False  # it reported progress since it was spawned
 
+    def is_ready(self) -> bool:
+        return self.ready
+
+    def running(self) -> bool:
+        """It reported progress or ready: its imports are done, it works."""
+        return self.ready or self.progressed
+
     @property
     def name(self) -> str:
         return f"shard-{self.index}" if self.role == "shard" else self.role

@@ -2,7 +2,7 @@
 
 Start-up (docs/runtime.md): check the data directory, lock the data path (`_lock.py`: one
 server per database), check the ports, create the run directory, bind PULL on `sup`, then
-start the writer, the N shards (with the HTTP process) and the front end, each group only
+start the writer (with the HTTP process), the N shards and the front end, each group only
 once the previous one reported ready, and log one `shardq ready` line with the addresses
 served. A child is spawned a step ahead of its turn (once the children of the step before
 run): it imports its modules meanwhile and then waits for its spec on stdin, which the
@@ -96,8 +96,8 @@ class Supervisor:
         self._writer = _Child("writer")
         self._shards = [_Child("shard", i) for i in range(config.shard_count)]
         self._frontend = _Child("frontend")
-        # The HTTP process starts with the shards (it needs no other child; awaited only
-        # before `shardq ready`, it delays nobody's start) and stops first: /ready answers
+        # The HTTP process starts with the writer (it needs no other child; awaited only
+        # before the front end starts, it holds back no shard) and stops first: /ready answers
         # 503 while the shards recover, and a load balancer sees the server leave before its
         # clients are cut.
         self._http = [_Child("http")] if config.http.http_port else []
@@ -191,42 +191,47 @@ class Supervisor:
     # -- start-up
 
     def _start(self) -> bool:
-        # A child imports its modules first (a good part of a second of CPU each), then
-        # waits for its spec on stdin; the specs are handed over in the start order: the
-        # writer, the shards once it is ready (it migrated the database they read), the front
-        # end once every shard is (it links to them, and a Ping it answers means recovery is
-        # over). The shards are spawned once the writer runs (its imports done, it reports
-        # progress) and the front end once the shards do, so that the imports overlap the
-        # writer's open and the shards' recovery instead of coming one after the other, and
-        # do not compete with the imports of the child whose turn it is.
-        # The HTTP process needs no other child: it starts with the shards.
-        # (specs handed over, children spawned to wait once those run, children awaited)
-        steps: tuple[tuple[list[_Child], list[_Child], list[_Child]], ...] = (
-            ([self._writer], [*self._shards], [self._writer]),
-            ([*self._shards, *self._http], [self._frontend], self._shards),
-            ([self._frontend], [], [self._frontend, *self._http]),
+        # The specs go in the start order: the writer, the shards once it is ready (it
+        # migrated the database they read), the front end once every shard is (it links to
+        # them, and a Ping it answers means recovery is over). Each is spawned a step ahead
+        # (`_prespawn`), once the step before runs, so that its imports overlap that step's
+        # work, not its imports. The HTTP process needs no other child: it starts with the
+        # writer, and is ready before the front end starts (/ready: 503 while shards recover).
+        writer, shards, front, http = [self._writer], self._shards, [self._frontend], self._http
+        return (
+            self._begin([*writer, *http])
+            and self._await(writer, _Child.running)
+            and self._prespawn(shards)
+            and self._await(writer, _Child.is_ready)
+            and self._begin(shards)
+            and self._await(shards, _Child.running)
+            and self._prespawn(front)
+            and self._await([*shards, *http], _Child.is_ready)
+            and self._begin(front)
+            and self._await(front, _Child.is_ready)
         )
-        for start, spawn, awaited in steps:
-            for child in start:
-                self._spawn(child)  # a child spawned at the step before only takes its spec
-                child.ready_by = self._clock() + self._ready_timeout_s
-            if self._failure is not None:
-                return False
-            if spawn and not self._await(awaited, lambda c: c.ready or c.progressed):
-                return False
-            for child in spawn:
-                self._spawn(child, hold=True)
-            if self._failure is not None or not self._await(awaited, lambda c: c.ready):
-                return False
-        return True
+
+    def _begin(self, group: list[_Child]) -> bool:
+        """Start `group` (a child spawned ahead only takes its spec), each with its ready
+        bound; False if one could not be spawned."""
+        for child in group:
+            self._spawn(child)
+            child.ready_by = self._clock() + self._ready_timeout_s
+        return self._failure is None
+
+    def _prespawn(self, group: list[_Child]) -> bool:
+        """Spawn `group` to import its modules and wait for its spec (`_begin` hands it
+        over); False if one could not be spawned."""
+        for child in group:
+            self._spawn(child, hold=True)
+        return self._failure is None
 
     @property
     def _ready_timeout_s(self) -> float:
         return self._config.supervisor.ready_timeout_ms / 1000
 
     def _await(self, group: list[_Child], done: Callable[[_Child], bool]) -> bool:
-        """Pump until `done` holds for every child of `group`; False on a stop signal, a
-        failure, or a child past its ready bound."""
+        """Pump until `done` holds for every child of `group` (False: a stop, a failure)."""
         while not all(done(child) for child in group):
             if self._stops or self._failure is not None:
                 return False
