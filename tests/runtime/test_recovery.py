@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from shardq_harness import ShardqServer
+from shardq_harness import ShardqServer, poll_until
 
 from shardq.client import TcpConnection
 from shardq.core import Engine
@@ -183,3 +183,43 @@ def test_a_shard_that_stops_making_progress_is_killed(
     failure = server.find_log("shardq is stopping after a failure")
     assert failure is not None
     assert "shard-0 did not report ready or progress within 3 s" in failure["reason"]
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether `pid` installed its SIGTERM handler (bit 15 of SigCgt in /proc): a child
+    stopped before that dies of the signal, which counts as an unclean stop."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+def _children(pid: int) -> set[int]:
+    return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
+def test_a_stop_during_recovery_ends_the_front_end_waiting_for_its_turn(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_backlog(data / "shardq.db", BACKLOG)
+    server = shardq_server(shards=1, start=False)
+    server.start(wait=False)
+    shard = server.wait_for_log("child started", timeout=60, child="shard-0")
+    writer = server.find_log("child started", child="writer")
+    assert writer is not None
+    # The front end is spawned once the shard runs: it imports its modules, then waits for
+    # its spec (stdin), which the supervisor writes only once every shard is ready.
+    known = {int(shard["child_pid"]), int(writer["child_pid"])}
+    waiting: set[int] = poll_until(
+        lambda: _children(server.pid) - known, 30, "the front end to be spawned"
+    )
+    assert len(waiting) == 1, waiting
+    poll_until(lambda: _catches_sigterm(int(shard["child_pid"])), 30, "the shard's SIGTERM handler")
+    assert server.find_log("shard recovered") is None  # still recovering: the stop comes now
+    assert server.stop() == 0  # what was never handed its spec does not fail the stop
+    events = [(line["event"], line.get("child")) for line in server.logs()]
+    assert ("child stopped before its start", "frontend") in events
+    assert ("child started", "frontend") not in events
+    assert not any(Path(f"/proc/{pid}").exists() for pid in waiting)

@@ -6,6 +6,8 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -230,3 +232,28 @@ def test_a_long_data_dir_gets_a_short_run_dir(shardq_server: Factory, tmp_path: 
     assert len(str(run_dir)) < 60 and run_dir.is_dir()
     assert server.stop() == 0
     assert not run_dir.exists() and not (deep / f"run-{server.pid}").is_symlink()
+
+
+def _cli(*args: str) -> tuple[str, set[str]]:
+    """`shardq ARGS` run with `-X importtime`: its output and the modules it imported."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "shardq_cli.main", *args],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    return done.stdout, imported
+
+
+def test_shardq_start_imports_none_of_the_other_commands_modules() -> None:
+    # The server's start waits for the command line: `start` loads only what it needs.
+    out, imported = _cli("start", "--help")
+    assert "Start the server" in out
+    assert not {"shardq_cli._admin", "shardq.client", "shardq_cli._storage"} & imported
+    # Every other invocation has every command.
+    out, imported = _cli("--help")
+    assert "status" in out and "storage" in out and "start" in out
+    assert "shardq_cli._admin" in imported

@@ -297,6 +297,10 @@ class WriterProcess:
 
     def ready(self) -> dict[str, Any]:
         line = self.recv(self.sup)
+        for _ in range(100):  # the progress reports before it (it runs, it migrates ...)
+            if line.get("t") != "progress":
+                break
+            line = self.recv(self.sup)
         if line.get("t") == "ready":
             # A ready writer listens: each shard connects, which is how it learns the writer
             # is up (docs/runtime.md).
@@ -345,6 +349,9 @@ def writer_process(short_tmp: Path) -> Iterator[Callable[..., WriterProcess]]:
 
 def test_reports_ready_to_the_supervisor(writer_process: Callable[..., WriterProcess]) -> None:
     w = writer_process()
+    # First that it runs (its imports done; the supervisor spawns the shards then), before it
+    # opens the database.
+    assert w.recv(w.sup) == {"t": "progress", "role": "writer", "index": 0, "pid": w.proc.pid}
     assert w.ready() == {"t": "ready", "role": "writer", "index": 0, "pid": w.proc.pid}
 
 

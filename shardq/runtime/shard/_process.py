@@ -203,6 +203,10 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
             spin_us=self.spec.process.spin_us,
         )
         tune_gc()
+        self._ready_seq = self.core.seq
+        # Ready before the heap goes back: the front end starts now, and the few requests
+        # that reach this shard before the release below is over wait for it in the link.
+        self.sup.ready()
         # Recovery decoded every page of records it read: hand that heap back before serving,
         # and measure later growth from here. The completed jobs it loaded are packed now
         # (`_memory.compact_engine`), and the backlog's reader closed (its page cache).
@@ -210,8 +214,6 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
         self._memory.idle.rebase()
         # What the loaded jobs took per estimated byte: what a fresh process needs.
         self._recycle.check.calibrate(rss_bytes())
-        self._ready_seq = self.core.seq
-        self.sup.ready()
         return early
 
     # -- recycle (`shard._recycle`) ----------------------------------------------------------

@@ -35,6 +35,17 @@ class _Child:
     # A shard or the writer stopping to be replaced (`recycled`): (when it said so, its RSS
     # in bytes).
     recycle: tuple[float, int] | None = None
+    # Spawned ahead of its turn at start-up: the process imports its modules and then waits
+    # for its spec on stdin, which the supervisor writes once the children it needs are ready.
+    held: bool = False
+    progressed: bool = False  # it reported progress since it was spawned
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+    def running(self) -> bool:
+        """It reported progress or ready: its imports are done, it works."""
+        return self.ready or self.progressed
 
     @property
     def name(self) -> str:

@@ -2,8 +2,11 @@
 
 Start-up (docs/runtime.md): check the data directory, lock the data path (`_lock.py`: one
 server per database), check the ports, create the run directory, bind PULL on `sup`, then
-spawn the writer (with the HTTP process), the N shards and the front end, each group only
-once the previous one reported ready, and log one `shardq ready` line with the addresses served.
+start the writer (with the HTTP process), the N shards and the front end, each group only
+once the previous one reported ready, and log one `shardq ready` line with the addresses
+served. A child is spawned a step ahead of its turn (once the children of the step before
+run): it imports its modules meanwhile and then waits for its spec on stdin, which the
+supervisor writes when its turn comes.
 
 While running, a child that exits is restarted after a backoff (100 ms doubling to 5 s); a
 child that needs more than `max_restarts_per_minute` restarts within 60 s stops the server
@@ -93,8 +96,8 @@ class Supervisor:
         self._writer = _Child("writer")
         self._shards = [_Child("shard", i) for i in range(config.shard_count)]
         self._frontend = _Child("frontend")
-        # The HTTP process starts with the writer (neither needs the other; one after the
-        # other, its start delayed the writer's by its own) and stops first: /ready answers
+        # The HTTP process starts with the writer (it needs no other child; awaited only
+        # before the front end starts, it holds back no shard) and stops first: /ready answers
         # 503 while the shards recover, and a load balancer sees the server leave before its
         # clients are cut.
         self._http = [_Child("http")] if config.http.http_port else []
@@ -188,20 +191,48 @@ class Supervisor:
     # -- start-up
 
     def _start(self) -> bool:
-        for group in ([*self._http, self._writer], self._shards, [self._frontend]):
-            for child in group:
-                self._spawn(child)
-                child.ready_by = self._clock() + self._ready_timeout_s
-            if not self._await_ready(group):
-                return False
-        return True
+        # The specs go in the start order: the writer, the shards once it is ready (it
+        # migrated the database they read), the front end once every shard is (it links to
+        # them, and a Ping it answers means recovery is over). Each is spawned a step ahead
+        # (`_prespawn`), once the step before runs, so that its imports overlap that step's
+        # work, not its imports. The HTTP process needs no other child: it starts with the
+        # writer, and is ready before the front end starts (/ready: 503 while shards recover).
+        writer, shards, front, http = [self._writer], self._shards, [self._frontend], self._http
+        return (
+            self._begin([*writer, *http])
+            and self._await(writer, _Child.running)
+            and self._prespawn(shards)
+            and self._await(writer, _Child.is_ready)
+            and self._begin(shards)
+            and self._await(shards, _Child.running)
+            and self._prespawn(front)
+            and self._await([*shards, *http], _Child.is_ready)
+            and self._begin(front)
+            and self._await(front, _Child.is_ready)
+        )
+
+    def _begin(self, group: list[_Child]) -> bool:
+        """Start `group` (a child spawned ahead only takes its spec), each with its ready
+        bound; False if one could not be spawned."""
+        for child in group:
+            self._spawn(child)
+            child.ready_by = self._clock() + self._ready_timeout_s
+        return self._failure is None
+
+    def _prespawn(self, group: list[_Child]) -> bool:
+        """Spawn `group` to import its modules and wait for its spec (`_begin` hands it
+        over); False if one could not be spawned."""
+        for child in group:
+            self._spawn(child, hold=True)
+        return self._failure is None
 
     @property
     def _ready_timeout_s(self) -> float:
         return self._config.supervisor.ready_timeout_ms / 1000
 
-    def _await_ready(self, group: list[_Child]) -> bool:
-        while not all(child.ready for child in group):
+    def _await(self, group: list[_Child], done: Callable[[_Child], bool]) -> bool:
+        """Pump until `done` holds for every child of `group` (False: a stop, a failure)."""
+        while not all(done(child) for child in group):
             if self._stops or self._failure is not None:
                 return False
             waiting = [child for child in group if not child.ready]
@@ -266,8 +297,12 @@ class Supervisor:
             )
 
     def _on_exit(self, child: _Child, code: int) -> None:
+        held, child.held = child.held, False
         child.proc, child.ready, child.ready_by, child.exit_code = None, False, None, code
         how = _describe_exit(code)
+        if self._stopping and held:
+            log.info("child stopped before its start", child=child.name)
+            return
         if self._stopping:
             log.info("child stopped", child=child.name, exit=how)
             if child is self._writer and code == 0 and any(s.proc for s in self._shards):
@@ -325,6 +360,11 @@ class Supervisor:
         return clean
 
     def _stop_group(self, group: Iterable[_Child], timeout: float) -> bool:
+        for child in group:
+            if child.held and child.proc is not None:
+                # Never handed its spec (the start stopped before its turn): it holds nothing.
+                self._signal(child, signal.SIGKILL)
+                self._reap(child, wait=True)
         running = [child for child in group if child.proc is not None]
         for child in running:
             self._signal(child, signal.SIGTERM)
@@ -348,12 +388,18 @@ class Supervisor:
 
     # -- processes
 
-    def _spawn(self, child: _Child) -> None:
-        spec = self._spec(child)
+    def _spawn(self, child: _Child, *, hold: bool = False) -> None:
+        """Start `child`'s process and hand it its spec; with `hold`, leave it waiting for
+        the spec once it has imported its modules (a later `_spawn` hands it over)."""
+        if child.held and child.proc is not None:
+            if not hold:
+                self._hand_over(child)
+            return
         # The spec goes through stdin, not argv: it holds the auth tokens, and a command line
         # is readable by every local user (ps, /proc/<pid>/cmdline).
         argv = [*self._command(child.role), "--spec", "-"]
         child.ready, child.fatal, child.exit_code = False, None, None
+        child.progressed = False
         try:
             child.proc = subprocess.Popen(
                 argv,
@@ -367,11 +413,20 @@ class Supervisor:
         except OSError as e:  # no memory, no pids left, a missing interpreter ...
             self._failure = f"cannot start {child.name}: {e}"
             return
+        child.held = True
+        if not hold:
+            self._hand_over(child)
+
+    def _hand_over(self, child: _Child) -> None:
+        """Write `child`'s spec to its stdin: from there on it does its role's work."""
+        if child.proc is None or not child.held:
+            return
+        child.held = False
         stdin = child.proc.stdin
         if stdin is not None:
             # A few KB: far below a pipe's buffer, so this never blocks on the child.
             with contextlib.suppress(BrokenPipeError):
-                stdin.write(spec.to_json().encode())
+                stdin.write(self._spec(child).to_json().encode())
             with contextlib.suppress(BrokenPipeError):
                 stdin.close()
         log.info("child started", child=child.name, child_pid=child.proc.pid)
@@ -485,6 +540,7 @@ class Supervisor:
             self._tell_front(msgs.shard_up(child.index))
 
     def _on_progress(self, child: _Child, report: dict[str, Any]) -> None:
+        child.progressed = True
         # A child that is still working towards ready (a shard loading a large backlog)
         # gets another full bound: only one that stops making progress is killed.
         if not child.ready and child.ready_by is not None:

@@ -51,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(spec: ChildSpec, link: SupervisorLink, waker: SignalWaker) -> int:
+    # Running (imports done): the supervisor spawns the shards now, whose imports then
+    # overlap the open, and gives the open a ready bound of its own.
+    link.progress()
     try:
         # A migration can build an index over millions of rows: the supervisor hears from
         # us meanwhile, as from a shard that loads them.
