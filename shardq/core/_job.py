@@ -433,7 +433,9 @@ class Job:
         job.logs_added = rec.get("logsAdded") or len(rec.get("logs") or ())
         job.dedup_until = rec.get("dedupUntil")
         job.has_result = bool(rec.get("hasResult", "returnvalue" in rec))
-        job.opts = {k: v for k, v in rec.items() if k not in _NOT_OPTIONS} or NO_OPTIONS
+        # Most records carry no option: one set difference tells, not a test per key.
+        if rec.keys() - _NOT_OPTIONS:
+            job.opts = {k: v for k, v in rec.items() if k not in _NOT_OPTIONS}
         if "flowPending" in job.opts:
             # In memory an ordered set: a child's result removes its id in O(1).
             opts: dict[str, Any] = job.opts  # type: ignore[assignment]

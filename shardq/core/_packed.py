@@ -173,10 +173,12 @@ def from_record(rec: Mapping[str, Any]) -> tuple[Job, bytes | None]:
 def _pack_record(rec: Mapping[str, Any], job: Job) -> bytes | None:
     """The blob `_pack` makes for the job `Job.from_record(rec)` (whose times `job` holds),
     or None where `_pack` gives None or this cannot tell it would not."""
-    times = [job.run_at, job.started_at, job.last_heartbeat]
-    if any(t is not None and type(t) is not int for t in times):
+    run_at, started, beat = times = [job.run_at, job.started_at, job.last_heartbeat]
+    if type(run_at) is not int or (started is not None and type(started) is not int):
         return None
-    base = next((t for t in times if t is not None), 0)
+    if beat is not None and type(beat) is not int:
+        return None
+    base = run_at  # the first time that is not None, as `_offsets` takes it
     flat: list[Any] = []
     for entry in rec.get("timeline") or ():
         # A state that is not a string could decode as another value (an int is an index).

@@ -290,7 +290,8 @@ def _share_times(job: Job, times: dict[int, int]) -> None:
 
 
 def _entry_seq(job: Job) -> int:
-    return as_int((job.dlq or {}).get("entrySeq"), job.seq)
+    dlq = job.dlq
+    return as_int(dlq.get("entrySeq"), job.seq) if dlq else job.seq
 
 
 def _finished(job: Job) -> int:
