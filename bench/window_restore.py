@@ -1,6 +1,7 @@
 """The completed window's restore in one process: Python calls and time per restored job.
 
     python -m bench.window_restore [--jobs 50000] [--repeats 3] [--profile]
+                                   [--save PATH | --restore-only PATH]
 
 A real engine completes `--jobs` jobs (PUSHB, PULLB, ACKB with a small result, in batches of
 500), their records are taken as the storage hands them back (msgpack-encoded and decoded
@@ -8,6 +9,11 @@ again), and `Engine.restore` loads them into a fresh engine `--repeats` times. R
 Python function calls per restored job (`sys.setprofile`, one run) and the time per job
 (the median of the repeats, the collector off as a shard's recovery runs with a high
 threshold). `--profile` prints the top of a cProfile by own time.
+
+For an instruction count (valgrind): `--save PATH` writes the records (msgpack) and stops;
+`--restore-only PATH` reads them and restores them once, nothing else. Under
+`valgrind --tool=cachegrind --cache-sim=no`, the difference between two files of N and 2N
+jobs, divided by N, is the count per job of reading the file's record and restoring it.
 """
 
 from __future__ import annotations
@@ -81,8 +87,19 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--save", metavar="PATH")
+    parser.add_argument("--restore-only", metavar="PATH")
     args = parser.parse_args()
+    if args.restore_only:
+        gc.disable()  # as a shard's recovery runs
+        with open(args.restore_only, "rb") as f:
+            restore(msgpack.unpackb(f.read(), raw=False, strict_map_key=False))
+        return
     recs = records(args.jobs)
+    if args.save:
+        with open(args.save, "wb") as f:
+            f.write(msgpack.packb(recs, use_bin_type=True))
+        return
     completed = sum(1 for r in recs if r["state"] == "completed")
     gc.disable()
     n_calls = calls(copy.deepcopy(recs))
