@@ -37,7 +37,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from shardq.core._job import Job
 from shardq.core._lifecycle import COMPLETED, STATES
 
-__all__ = ["PackedJob", "drop_result", "pack_completed", "pack_job"]
+__all__ = ["PackedJob", "drop_result", "from_record", "pack_completed", "pack_job", "pack_with"]
 
 # The packed fields, in blob order. `timeline` is a tuple of tuples, decoded as such.
 _LISTS: Final = ("data", "result", "logs", "stacktrace", "token")
@@ -148,6 +148,69 @@ def _pack(job: Job) -> bytes | None:
     if back != values or back_times != times or back_timeline != timeline:
         return None
     return blob
+
+
+def from_record(rec: Mapping[str, Any]) -> tuple[Job, bytes | None]:
+    """`Job.from_record(rec)` and, for a completed job whose fields pack, its blob, which
+    `pack_with` puts in once the job is entered (the store's entry reads its times).
+
+    The blob is made from the record's values, as `_pack` would make it from the job
+    `Job.from_record` builds, and checked the same way (decoded, compared), without the
+    job's payload, result, logs and timeline ever being set: only its times are, so
+    entering it reads them. Any record this does not take the short way (another state, a
+    timeline entry that is not a list of a state name, an int time and an attempt, a
+    value that does not pack or come back equal) gets `Job.from_record` and None."""
+    if rec.get("state") != COMPLETED:
+        return Job.from_record(rec), None
+    job = Job.from_record_lean(rec)
+    job.load_times(rec)
+    blob = _pack_record(rec, job)
+    if blob is None:
+        return Job.from_record(rec), None
+    return job, blob
+
+
+def _pack_record(rec: Mapping[str, Any], job: Job) -> bytes | None:
+    """The blob `_pack` makes for the job `Job.from_record(rec)` (whose times `job` holds),
+    or None where `_pack` gives None or this cannot tell it would not."""
+    run_at, started, beat = times = [job.run_at, job.started_at, job.last_heartbeat]
+    if type(run_at) is not int or (started is not None and type(started) is not int):
+        return None
+    if beat is not None and type(beat) is not int:
+        return None
+    base = run_at  # the first time that is not None, as `_offsets` takes it
+    flat: list[Any] = []
+    for entry in rec.get("timeline") or ():
+        # A state that is not a string could decode as another value (an int is an index).
+        if (type(entry) is not list and type(entry) is not tuple) or len(entry) != 3:
+            return None
+        state, at, attempt = entry
+        if type(state) is not str or type(at) is not int:
+            return None
+        flat += (_CODE.get(state, state), at - base, attempt)
+    result = rec.get("returnvalue") if job.has_result else None
+    values = [rec.get("data"), result, rec.get("logs"), rec.get("stacktrace"), None]
+    record = [values, base, [None if t is None else t - base for t in times], flat]
+    try:
+        blob: bytes = _packer.pack(record)
+    except (TypeError, ValueError, OverflowError):
+        _packer.reset()
+        return None
+    if len(blob) > MAX_RECORD_BYTES:
+        return None
+    # What `_pack` checks: the values, the times and the timeline come back equal. The times
+    # are ints, so each equals its offset's sum with the base exactly when the offsets are
+    # equal; the states are strings, so each decodes to itself or from its code.
+    back = msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True)
+    return blob if back == record else None
+
+
+def pack_with(job: Job, blob: bytes) -> None:
+    """Pack `job`, made by `from_record` with `blob`, in place (as `pack_job` would)."""
+    for name in _TIMES:
+        _SLOT[name].__set__(job, None)
+    _DATA.__set__(job, blob)
+    job.__class__ = PackedJob
 
 
 def pack_job(job: Job) -> bool:

@@ -15,7 +15,7 @@ from ._lifecycle import ACTIVE, COMPLETED, DELAYED, TERMINAL_STATES, WAITING, WA
 from ._mutations import Record
 from ._options import as_int
 from ._order import CompletedOrder
-from ._packed import pack_job
+from ._packed import from_record, pack_job, pack_with
 from ._parts import DeadLetterPart
 from ._state import JobStore
 from ._tables import claim_unique, evict_completed, push_leases, retain_completed
@@ -204,7 +204,7 @@ class Timers:
         active: list[Job] = []
         times: dict[int, int] = {}
         for rec in records:
-            job = self._load(Job.from_record(rec), now, times)
+            job = self._load(*from_record(rec), now, times)
             if job.state == ACTIVE:
                 active.append(job)
         for job in self.jobs.values():
@@ -230,7 +230,7 @@ class Timers:
         if job is not None:
             self.store.remove(fx, job, emit=False)
         if record is not None:
-            job = self._load(Job.from_record(record), int(now), {})
+            job = self._load(Job.from_record(record), None, int(now), {})
             if job.state == ACTIVE:
                 self.unleased[job.id] = None  # its lease went with the old copy: stall-watched
 
@@ -243,7 +243,7 @@ class Timers:
         done = sorted(self.store.completed_order, key=lambda i: (_finished(jobs[i]), jobs[i].seq))
         self.store.completed_order = CompletedOrder(done)
 
-    def _load(self, job: Job, now: int, times: dict[int, int]) -> Job:
+    def _load(self, job: Job, blob: bytes | None, now: int, times: dict[int, int]) -> Job:
         self.store.seq = max(self.store.seq, job.seq, _entry_seq(job))
         self.jobs[job.id] = job
         q = self.store.queue(job.queue)
@@ -263,7 +263,10 @@ class Timers:
             # after the load, the 50,000 survivors were spread over every arena the load's
             # transients had filled: a shard that loaded them sat at 122 MB, not ~70.
             _share_times(job, times)
-            pack_job(job)
+            if blob is not None:
+                pack_with(job, blob)  # made from its record (`_packed.from_record`)
+            else:
+                pack_job(job)
         return job
 
 
@@ -287,7 +290,8 @@ def _share_times(job: Job, times: dict[int, int]) -> None:
 
 
 def _entry_seq(job: Job) -> int:
-    return as_int((job.dlq or {}).get("entrySeq"), job.seq)
+    dlq = job.dlq
+    return as_int(dlq.get("entrySeq"), job.seq) if dlq else job.seq
 
 
 def _finished(job: Job) -> int:
