@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import math
 import select
 import signal
@@ -64,6 +65,12 @@ log = structlog.get_logger()
 
 # (message, shard, seq, now, frame size) -> whether the message was well formed.
 _Handler = Callable[[dict[str, Any], int, int, float, int], bool]
+
+
+def _debug_enabled() -> bool:
+    """Whether the configured logger writes debug lines (the level is set once, at start)."""
+    enabled = getattr(log.bind(), "is_enabled_for", None)
+    return True if enabled is None else bool(enabled(logging.DEBUG))
 
 
 class Writer(RejectedMutations):
@@ -165,6 +172,9 @@ class Writer(RejectedMutations):
         }
         # (shard, seq) of the batches whose mutations the last flush refused (`rejected`).
         self._refused: set[tuple[int, int]] = set()
+        # Whether the per-commit debug line is written, asked once: a call on the module's
+        # logger binds a new logger each time (3 µs) even when it then drops the line.
+        self._debug = _debug_enabled()
 
     @property
     def buffer(self) -> FlushBuffer:
@@ -421,8 +431,9 @@ class Writer(RejectedMutations):
         self._status.flushed(pending, took)
         self._vacuum.committed(self._clock())
         self._pieces.committed()
-        log.debug("flushed", mutations=pending, batches=batches, rows=rows,
-                  ms=round(took * 1000, 2))  # fmt: skip
+        if self._debug:
+            log.debug("flushed", mutations=pending, batches=batches, rows=rows,
+                      ms=round(took * 1000, 2))  # fmt: skip
         return True
 
     def _deliver(self, buffer: FlushBuffer) -> None:
