@@ -44,6 +44,7 @@ from shardq.runtime._spin import STATS as SPIN_STATS
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._drain_pieces import DrainPieces
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
+from shardq.runtime.writer._pollset import PollSet
 from shardq.runtime.writer._rebuild import rebuild_of
 from shardq.runtime.writer._recycle import WriterRecycle
 from shardq.runtime.writer._rejected import RejectedMutations
@@ -172,6 +173,7 @@ class Writer(RejectedMutations):
         }
         # (shard, seq) of the batches whose mutations the last flush refused (`rejected`).
         self._refused: set[tuple[int, int]] = set()
+        self._poll_set = PollSet()
         # Whether the per-commit debug line is written, asked once: a call on the module's
         # logger binds a new logger each time (3 µs) even when it then drops the line.
         self._debug = _debug_enabled()
@@ -240,25 +242,23 @@ class Writer(RejectedMutations):
     # -- the loop
 
     def _poll(self, waker: SignalWaker) -> dict[int, int]:
-        # Rebuilt each turn: connections come and go, and input is not read at all while the
-        # buffer is full (storage failing), so the shards' blocking sends push back.
-        poller = select.poll()
-        poller.register(waker.fileno(), select.POLLIN)
+        # Worked out each turn (`_pollset`): connections come and go, and input is not read
+        # at all while the buffer is full (storage failing), so the shards' blocking sends
+        # push back.
+        wanted = {waker.fileno(): select.POLLIN}
         reading = self._buffer.accepting
         links = self._links
         if reading:
-            poller.register(links.listener_fd(), select.POLLIN)
+            wanted[links.listener_fd()] = select.POLLIN
             for fd in links.bell_fds():
-                poller.register(fd, select.POLLIN)
-        muted = self._muted if self._lazy() else set()
-        watched = [fd for fd in links.conn_fds() if fd not in muted] if reading else []
-        for fd in watched:
-            poller.register(fd, select.POLLIN)
+                wanted[fd] = select.POLLIN
+            muted = self._muted if self._lazy() else ()
+            for fd in links.conn_fds():
+                if fd not in muted:
+                    wanted[fd] = select.POLLIN
         for fd in links.waiting_fds():
-            if fd in watched:
-                poller.modify(fd, select.POLLIN | select.POLLOUT)
-            else:
-                poller.register(fd, select.POLLOUT)
+            wanted[fd] = wanted.get(fd, 0) | select.POLLOUT
+        poller = self._poll_set.watch(wanted)
         if reading != self._reading:
             self._reading = reading
             if not reading:
