@@ -27,6 +27,7 @@ once at the end of a busy period.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -102,11 +103,36 @@ def release(tables: Callable[[], Iterable[MutableMapping[Any, Any]]] | None = No
     return malloc_trim()
 
 
+class _Statm:
+    """/proc/self/statm kept open: a read is one `pread` at offset 0 (the kernel renders the
+    file anew on each read from its start), where opening it each time cost nine system calls
+    (open, fstat, ioctl, lseek, read, read, close and Python's buffering). The descriptor is
+    not inherited by a started program (Python opens it close-on-exec) and is dropped in a
+    forked child, whose /proc/self is another process."""
+
+    def __init__(self) -> None:
+        self._fd = -1
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd = -1
+
+    def read(self) -> bytes:
+        if self._fd < 0:
+            self._fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+        return os.pread(self._fd, 256, 0)
+
+
+_STATM = _Statm()
+
+
 def rss_bytes() -> int:
     """This process's resident set size, from /proc/self/statm (0 where there is none)."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
+        return int(_STATM.read().split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):
         return 0
 

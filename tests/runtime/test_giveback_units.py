@@ -3,6 +3,7 @@ release itself runs for real on the server: test_memory_giveback.py)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from shardq.runtime._giveback import IdleGiveBack, IdleGrowth, malloc_trim, rss_bytes
@@ -78,3 +79,40 @@ def test_zero_idle_time_turns_it_off() -> None:
     give_back = IdleGiveBack(IdleGrowth(idle_s=0.0, grow_bytes=1))
     give_back.busy(1.0)
     assert give_back.deadline() is None and not give_back.check(1e9)
+
+
+def _statm_rss() -> int:
+    """The resident size read the plain way: the file opened anew."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_rss_follows_growth_and_shrinking_through_the_kept_descriptor() -> None:
+    rss_bytes()  # the descriptor is open from here on
+    before = rss_bytes()
+    block = bytearray(96 * MB)  # zero-filled: every page touched
+    grown = rss_bytes()
+    assert grown - before >= 90 * MB
+    assert abs(grown - _statm_rss()) < 8 * MB
+    del block
+    malloc_trim()
+    assert grown - rss_bytes() >= 90 * MB  # the same descriptor sees the pages go back
+
+
+def test_a_forked_child_reads_its_own_size_not_its_parents() -> None:
+    rss_bytes()  # opened in the parent before the fork
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its growth as seen by rss_bytes, then leave at once
+        try:
+            before = rss_bytes()
+            block = bytearray(96 * MB)
+            os.write(write, str(rss_bytes() - before).encode())
+            del block
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        child_growth = int(pipe.read())
+    os.waitpid(pid, 0)
+    assert child_growth >= 90 * MB  # the parent's statm would not have grown

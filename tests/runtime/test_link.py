@@ -284,3 +284,47 @@ def test_a_split_batch_keeps_every_item_in_order_under_the_limit(
         assert len(data) <= limit or len(msg["items"]) == 1
         got.extend(msg["items"])
     assert got == items
+
+
+def _accept_all(shard: FrontLink) -> None:
+    """One poll of the shard's descriptors, serving what is ready (accepts included)."""
+    ready, _, _ = select.select(shard.fds(), [], [], 2.0)
+    assert ready, "nothing was ready"
+    for fd in ready:
+        shard.readable(fd)
+
+
+def test_the_polled_descriptors_follow_the_connection(tmp_path: Path) -> None:
+    path = str(tmp_path / "link-0")
+    shard = FrontLink(path, max_frame=1024)
+    listener_only = shard.fds()
+    assert len(listener_only) == 1
+    first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    second = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        first.connect(path)
+        _accept_all(shard)
+        with_first = shard.fds()
+        assert len(with_first) == 2 and with_first[0] == listener_only[0]
+        assert listener_only == [listener_only[0]]  # a list handed out earlier did not change
+        second.connect(path)  # a new front end replaces the first
+        _accept_all(shard)
+        with_second = shard.fds()
+        assert len(with_second) == 2 and with_second == shard.fds()
+        assert first.recv(1) == b""  # the first was closed by the shard
+        # A frame over the limit drops the link: only the listener is polled again.
+        second.sendall(struct.pack(">I", 4096) + b"x" * 4096)
+        _accept_all(shard)
+        assert shard.fds() == listener_only
+        # It still accepts: a third connection is heard on the listener.
+        third = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with third:
+            third.connect(path)
+            _accept_all(shard)
+            assert len(shard.fds()) == 2
+            assert shard.send(pack({"t": "rep", "items": []}))
+    finally:
+        first.close()
+        second.close()
+        shard.close()
+    assert shard.fds() == []  # closed: nothing to poll

@@ -149,13 +149,18 @@ class FrontLink:
         self._conn: socket.socket | None = None
         self._max = max_frame
         self._splitter = FrameSplitter(max_frame)
+        self._fds = [self._listener.fileno()]
 
     def fds(self) -> list[int]:
-        """The descriptors to poll for reading: the listener and the connection, if any."""
-        fds = [self._listener.fileno()]
-        if self._conn is not None:
-            fds.append(self._conn.fileno())
-        return fds
+        """The descriptors to poll for reading: the listener and the connection, if any (none
+        once closed). Kept, not built per call (a shard asks twice a loop turn); a change
+        makes a new list, so one being iterated stays as it was. Not to be mutated."""
+        return self._fds
+
+    def _set_conn(self, conn: socket.socket | None) -> None:
+        self._conn = conn
+        listener = self._listener.fileno()
+        self._fds = [listener] if conn is None else [listener, conn.fileno()]
 
     def readable(self, fd: int) -> list[bytes]:
         """`fd` (one of `fds()`) is ready: accept or read; return the complete payloads."""
@@ -190,8 +195,9 @@ class FrontLink:
         """Close the connection and the listener (idempotent)."""
         if self._conn is not None:
             self._conn.close()
-            self._conn = None
+            self._set_conn(None)
         self._listener.close()
+        self._fds = []
 
     def _accept(self) -> None:
         while True:
@@ -205,14 +211,14 @@ class FrontLink:
             if self._conn is not None:
                 self._drop("a new front end connected")
             conn.setblocking(False)
-            self._conn = conn
+            self._set_conn(conn)
             self._splitter = FrameSplitter(self._max)
 
     def _drop(self, reason: str) -> None:
         if self._conn is not None:
             _log.info("front end link closed", reason=reason)
             self._conn.close()
-            self._conn = None
+            self._set_conn(None)
             self._splitter = FrameSplitter(self._max)
 
 

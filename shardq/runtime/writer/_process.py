@@ -21,13 +21,13 @@ not be committed before the shutdown timeout (or a second SIGTERM); 2 for a bad 
 
 from __future__ import annotations
 
-import contextlib
 import gc
+import logging
 import math
 import select
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
@@ -43,6 +43,7 @@ from shardq.runtime._spin import STATS as SPIN_STATS
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._drain_pieces import DrainPieces
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
+from shardq.runtime.writer._pollset import PollSet
 from shardq.runtime.writer._rebuild import rebuild_of
 from shardq.runtime.writer._recycle import WriterRecycle
 from shardq.runtime.writer._rejected import RejectedMutations
@@ -64,6 +65,12 @@ log = structlog.get_logger()
 
 # (message, shard, seq, now, frame size) -> whether the message was well formed.
 _Handler = Callable[[dict[str, Any], int, int, float, int], bool]
+
+
+def _debug_enabled() -> bool:
+    """Whether the configured logger writes debug lines (the level is set once, at start)."""
+    enabled = getattr(log.bind(), "is_enabled_for", None)
+    return True if enabled is None else bool(enabled(logging.DEBUG))
 
 
 class Writer(RejectedMutations):
@@ -165,6 +172,10 @@ class Writer(RejectedMutations):
         }
         # (shard, seq) of the batches whose mutations the last flush refused (`rejected`).
         self._refused: set[tuple[int, int]] = set()
+        self._poll_set = PollSet()
+        # Whether the per-commit debug line is written, asked once: a call on the module's
+        # logger binds a new logger each time (3 µs) even when it then drops the line.
+        self._debug = _debug_enabled()
 
     @property
     def buffer(self) -> FlushBuffer:
@@ -177,7 +188,7 @@ class Writer(RejectedMutations):
             events = self._poll(waker)
             if waker.fileno() in events and _stop_requested(waker.drain()):
                 break
-            with _no_collection():
+            with _no_collection:
                 self._serve_links(events)
                 if self._buffer.due(self._clock()):
                     if self._bells:
@@ -230,25 +241,23 @@ class Writer(RejectedMutations):
     # -- the loop
 
     def _poll(self, waker: SignalWaker) -> dict[int, int]:
-        # Rebuilt each turn: connections come and go, and input is not read at all while the
-        # buffer is full (storage failing), so the shards' blocking sends push back.
-        poller = select.poll()
-        poller.register(waker.fileno(), select.POLLIN)
+        # Worked out each turn (`_pollset`): connections come and go, and input is not read
+        # at all while the buffer is full (storage failing), so the shards' blocking sends
+        # push back.
+        wanted = {waker.fileno(): select.POLLIN}
         reading = self._buffer.accepting
         links = self._links
         if reading:
-            poller.register(links.listener_fd(), select.POLLIN)
+            wanted[links.listener_fd()] = select.POLLIN
             for fd in links.bell_fds():
-                poller.register(fd, select.POLLIN)
-        muted = self._muted if self._lazy() else set()
-        watched = [fd for fd in links.conn_fds() if fd not in muted] if reading else []
-        for fd in watched:
-            poller.register(fd, select.POLLIN)
+                wanted[fd] = select.POLLIN
+            muted = self._muted if self._lazy() else ()
+            for fd in links.conn_fds():
+                if fd not in muted:
+                    wanted[fd] = select.POLLIN
         for fd in links.waiting_fds():
-            if fd in watched:
-                poller.modify(fd, select.POLLIN | select.POLLOUT)
-            else:
-                poller.register(fd, select.POLLOUT)
+            wanted[fd] = wanted.get(fd, 0) | select.POLLOUT
+        poller = self._poll_set.watch(wanted)
         if reading != self._reading:
             self._reading = reading
             if not reading:
@@ -421,8 +430,9 @@ class Writer(RejectedMutations):
         self._status.flushed(pending, took)
         self._vacuum.committed(self._clock())
         self._pieces.committed()
-        log.debug("flushed", mutations=pending, batches=batches, rows=rows,
-                  ms=round(took * 1000, 2))  # fmt: skip
+        if self._debug:
+            log.debug("flushed", mutations=pending, batches=batches, rows=rows,
+                      ms=round(took * 1000, 2))  # fmt: skip
         return True
 
     def _deliver(self, buffer: FlushBuffer) -> None:
@@ -510,22 +520,33 @@ class Writer(RejectedMutations):
                     self._handle(frame, conn)
 
 
-@contextlib.contextmanager
-def _no_collection() -> Iterator[None]:
+class _NoCollection:
     """Keep the cyclic garbage collector out of reading and flushing a batch.
 
     Decoding and applying a batch build a few container objects per mutation that all die when
     the flush ends. A young collection in the middle walks every one still alive and promotes
     them to be walked again: 10-13 % of the writer's CPU. None of them forms a cycle, so
     collections wait until the turn is over; the allocation count they run on carries over.
+
+    One instance serves every turn (`_no_collection`), not nested: a plain class, where a
+    generator-based context manager cost five more Python calls a turn.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
+
+    __slots__ = ("_was_enabled",)
+
+    def __init__(self) -> None:
+        self._was_enabled = False
+
+    def __enter__(self) -> None:
+        self._was_enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._was_enabled:
             gc.enable()
+
+
+_no_collection = _NoCollection()
 
 
 def _is_int(value: object) -> TypeGuard[int]:
