@@ -85,6 +85,9 @@ def test_reloaded_completed_jobs_cost_a_few_hundred_bytes_each(
         conn.close()
     assert server.stop() == 0, server.log_tail()
     server.start(timeout=120)
+    # A shard reports ready before it hands its recovery's heap back: measure after that.
+    for role in ("shard-0", "shard-1"):
+        server.wait_for_log("memory given back", timeout=60, role=role, reason="recovered")
     pids = server.child_pids()
     held, empty = rss_bytes(pids["shard-0"]), rss_bytes(pids["shard-1"])
     per_job = (held - empty) / N

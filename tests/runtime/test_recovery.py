@@ -16,6 +16,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from shardq_harness import ShardqServer, poll_until
 
@@ -169,13 +170,8 @@ def test_a_shard_recovering_longer_than_the_ready_timeout_is_not_killed(
 def test_a_shard_that_stops_making_progress_is_killed(
     shardq_server: Factory, tmp_path: Path
 ) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    _write_backlog(data / "shardq.db", BACKLOG)
     env = {"SHARDQ_READY_TIMEOUT_MS": str(READY_TIMEOUT_MS)}
-    server = shardq_server(shards=1, start=False, env=env)
-    server.start(wait=False)
-    started = server.wait_for_log("child started", timeout=60, child="shard-0")
+    server, started = _recovering(shardq_server, tmp_path, env)
     server.wait_for_log("shard recovering", timeout=120)
     # A shard that hangs mid-recovery: it neither reports ready nor progress any more.
     os.kill(int(started["child_pid"]), signal.SIGSTOP)
@@ -183,6 +179,19 @@ def test_a_shard_that_stops_making_progress_is_killed(
     failure = server.find_log("shardq is stopping after a failure")
     assert failure is not None
     assert "shard-0 did not report ready or progress within 3 s" in failure["reason"]
+
+
+def _recovering(
+    shardq_server: Factory, tmp_path: Path, env: dict[str, str]
+) -> tuple[ShardqServer, dict[str, Any]]:
+    """A one-shard server started on a backlog of BACKLOG jobs, not waited for: the server
+    and the log line of its shard's start (`child_pid`)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_backlog(data / "shardq.db", BACKLOG)
+    server = shardq_server(shards=1, start=False, env=env)
+    server.start(wait=False)
+    return server, server.wait_for_log("child started", timeout=60, child="shard-0")
 
 
 def _catches_sigterm(pid: int) -> bool:
@@ -201,12 +210,7 @@ def _children(pid: int) -> set[int]:
 def test_a_stop_during_recovery_ends_the_front_end_waiting_for_its_turn(
     shardq_server: Factory, tmp_path: Path
 ) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    _write_backlog(data / "shardq.db", BACKLOG)
-    server = shardq_server(shards=1, start=False)
-    server.start(wait=False)
-    shard = server.wait_for_log("child started", timeout=60, child="shard-0")
+    server, shard = _recovering(shardq_server, tmp_path, {})
     writer = server.find_log("child started", child="writer")
     assert writer is not None
     # The front end is spawned once the shard runs: it imports its modules, then waits for
