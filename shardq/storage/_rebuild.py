@@ -84,16 +84,14 @@ def swap_guard(db: Path, *, exclusive: bool) -> Iterator[bool]:
     Exclusive (the swap): does not wait; yields False when someone holds it shared.
     """
     try:
-        fd = os.open(_lock_path(db), os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:  # a directory nobody may write to: no writer can swap a file there
+        fd = _take_lock(db, exclusive=exclusive)
+    except BlockingIOError:
+        yield False
+        return
+    if fd is None:  # a directory nobody may write to: no writer can swap a file there
         yield not exclusive
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
-        except BlockingIOError:
-            yield False
-            return
         yield True
     finally:
         os.close(fd)  # closing the descriptor releases the lock
@@ -104,12 +102,18 @@ def hold_shared(db: Path) -> int | None:
     for a while (a shard's reads); return the descriptor holding it, for `os.close` once the
     connection is closed (None: a directory where no lock file can be made, where no writer
     can swap a file either). Waits for a swap under way (a few ms)."""
+    return _take_lock(db, exclusive=False)
+
+
+def _take_lock(db: Path, *, exclusive: bool) -> int | None:
+    """The descriptor holding `db`'s swap lock (None: no lock file can be made there).
+    Exclusive does not wait and raises `BlockingIOError` when someone holds it shared."""
     try:
         fd = os.open(_lock_path(db), os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
     except OSError:
         os.close(fd)
         raise

@@ -16,7 +16,6 @@ command's arrival at the front end to its reply.
 from __future__ import annotations
 
 import bisect
-import os
 import resource
 import sys
 import time
@@ -24,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from shardq.protocol._prepacked import IDS_KEY
+from shardq.runtime._giveback import rss_bytes
 from shardq.runtime._rates import RateWindow
 from shardq.runtime.frontend._replies import StandIn
 
@@ -158,13 +158,11 @@ class _Watched(StandIn):
 
 def memory_usage_mb() -> float:
     """This process's resident memory in MiB (bunqueue reports its own heap here)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            resident_pages = int(f.read().split()[1])
-        return resident_pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
-    except (OSError, ValueError, IndexError):
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, bytes on macOS
-        return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+    rss = rss_bytes()
+    if rss:
+        return rss / (1024 * 1024)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, bytes on macOS
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
 def _int(value: object) -> int:

@@ -16,7 +16,7 @@ defer_asyncio()  # it runs no event loop
 import argparse  # noqa: E402
 import json  # noqa: E402
 
-from shardq.runtime.supervisor._process import main  # noqa: E402
+from shardq.runtime.supervisor._main import main  # noqa: E402
 
 parser = argparse.ArgumentParser(prog="python -m shardq.runtime.supervisor")
 parser.add_argument("--config", default=None)

@@ -35,10 +35,8 @@ import structlog
 import zmq
 
 from shardq._version import __version__
-from shardq.backup._schedule import scheduled_backups
 from shardq.runtime import _messages as msgs
-from shardq.runtime._config import ConfigError, ServerConfig, load_config, resolve_node
-from shardq.runtime._logging import configure
+from shardq.runtime._config import ServerConfig
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ROLE_SECTIONS, ChildSpec
 from shardq.runtime.supervisor._child import _Child, _describe_exit, _die_with_parent, _rss_mb
@@ -52,7 +50,7 @@ from shardq.runtime.supervisor._preflight import (
     remove_stale_run_dirs,
 )
 
-__all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "EXIT_OK", "Supervisor", "main"]
+__all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "EXIT_OK", "Supervisor"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG = 0, 1, 2
 
@@ -563,45 +561,3 @@ class Supervisor:
 
 def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def resolve_log_format(fmt: object) -> object:
-    """`auto` (or no choice) becomes console lines on a terminal and JSON otherwise."""
-    if fmt in (None, "auto"):
-        return "console" if sys.stderr.isatty() else "json"
-    return fmt
-
-
-def main(
-    config_file: str | os.PathLike[str] | None = None,
-    flags: Mapping[str, object] | None = None,
-    env: Mapping[str, str] | None = None,
-) -> int:
-    """`shardq start`: resolve the config, configure logging, run the supervisor.
-
-    Returns the exit code: 0 after a clean shutdown, 1 on a failure (logged), 2 for a bad
-    configuration (logged, naming the key).
-    """
-    try:
-        config = load_config(config_file, env=env, flags=flags)
-    except ConfigError as e:
-        requested = resolve_log_format((flags or {}).get("log_format"))
-        configure("supervisor", requested if requested in ("json", "console") else "json")
-        log.error("invalid configuration", error=str(e))
-        return EXIT_CONFIG
-    # Resolved here, once: the children write to the supervisor's stderr, and must agree.
-    config = config.with_keys(log_format=str(resolve_log_format(config.process.log_format)))
-    config = resolve_node(config)  # the node's names, one for all its processes
-    configure("supervisor", config.process.log_format, config.process.log_level)
-    try:
-        backups = scheduled_backups(
-            Path(config.supervisor.data_path), env, external_store=bool(config.writer.storage_url)
-        )
-    except ValueError as e:
-        log.error("invalid configuration", error=str(e))
-        return EXIT_CONFIG
-    try:
-        return Supervisor(config).run()
-    finally:
-        if backups is not None:
-            backups.stop()
