@@ -38,6 +38,17 @@ def test_an_app_that_cannot_be_loaded_exits_2() -> None:
         assert proc.returncode == 2 and message in err, err
 
 
+def test_out_of_range_prefetch_exits_2() -> None:
+    for args, message in [
+        (["--prefetch", "-1"], b"--prefetch must be in 0..10000, got -1"),
+        (["--prefetch", "100", "--prefetch-max", "50"],
+         b"--prefetch-max must be in --prefetch (100)..10000, got 50"),
+    ]:  # fmt: skip
+        proc = _worker("sample_tasks:app", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 2 and message in err, err
+
+
 def test_status_line_on_a_terminal(sample_app: Any, url: str) -> None:
     master, slave = pty.openpty()
     proc = _worker("sample_tasks:app", "--url", url, "--queues", "status",
