@@ -281,6 +281,7 @@ def test_job_from_wire_sets_every_field() -> None:
         created_at=1_700_000_000_000, started_at=10, completed_at=None, progress=50, state=None,
         result=None, failed_reason=None, stacktrace=["x"], custom_id="c", raw=raw,
     )  # fmt: skip
+    assert type(job.created_at) is int, "an epoch-ms float (a TCP client's) is made an int"
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.id = "b"  # type: ignore[misc]
     assert Job.from_wire({}).name == "default"
