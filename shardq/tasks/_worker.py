@@ -65,7 +65,7 @@ class WorkerSettings:
     processes: int = 1
     # Per queue and process: the SDK's buffer, grown up to `prefetch_max` while the tasks
     # finish faster than a pull's round trip (a queue of quick tasks is pulled in batches of
-    # up to about 130 instead of 40: a third less CPU a job in the server and the worker).
+    # up to about 130 instead of 40: a fifth less CPU a job in the server and the worker).
     prefetch: int = DEFAULT_PREFETCH
     prefetch_max: int | None = None  # None: TASK_PREFETCH_MAX, or `prefetch` if above it
     grace: float = 30.0  # bunqueue's SHUTDOWN_TIMEOUT_MS default
