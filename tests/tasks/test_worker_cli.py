@@ -54,20 +54,24 @@ def test_prefetch_flags_bound_the_jobs_a_worker_holds(
 ) -> None:
     """`--prefetch 0 --prefetch-max 0`: a worker leases only what its 2 slots run (by default
     it would hold all 20 jobs at once)."""
-    queue = sample_app.queue("batch")
+    queue = sample_app.queue("batch")  # shared with other tests: left empty, as found
     queue.obliterate()
     log = tmp_path / "done.log"
     results = [sample_tasks.record.delay(str(log), f"job-{i}", 0.1) for i in range(20)]
     worker = start_worker(url, "--queues", "batch", "--concurrency", "2",
                           "--prefetch", "0", "--prefetch-max", "0")  # fmt: skip
     active: list[int] = []
-    deadline = time.monotonic() + 20
-    while not log.exists() or len(log.read_text().split()) < 10:
-        assert time.monotonic() < deadline, worker.tail()
-        active.append(queue.counts().active)
-        time.sleep(0.02)
-    assert [r.get(timeout=20) for r in results] == [f"job-{i}" for i in range(20)]
-    assert worker.stop(signal.SIGTERM) == 0, worker.tail()
+    try:
+        deadline = time.monotonic() + 20
+        while not log.exists() or len(log.read_text().split()) < 10:
+            assert time.monotonic() < deadline, worker.tail()
+            active.append(queue.counts().active)
+            time.sleep(0.02)
+        assert [r.get(timeout=20) for r in results] == [f"job-{i}" for i in range(20)]
+        assert worker.stop(signal.SIGTERM) == 0, worker.tail()
+    finally:
+        worker.stop(signal.SIGKILL)
+        queue.obliterate()
     assert 0 < max(active) <= 2, active
 
 
