@@ -239,6 +239,14 @@ def worker(
         int, typer.Option(help="Tasks run at once per queue and process (threads or coroutines).")
     ] = 4,
     processes: Annotated[int, typer.Option(help="Worker processes (forked).")] = 1,
+    prefetch: Annotated[
+        int | None,
+        typer.Option(help="Jobs leased ahead of the free slots, per queue and process (64)."),
+    ] = None,
+    prefetch_max: Annotated[
+        int | None,
+        typer.Option(help="What --prefetch grows to while tasks outrun a pull (default 256)."),
+    ] = None,
     grace: Annotated[
         float, typer.Option(help="Seconds running tasks get to finish after SIGTERM/Ctrl+C.")
     ] = 30.0,
@@ -255,6 +263,7 @@ def worker(
     """
     import sys
 
+    from shardq.client._worker_config import DEFAULT_PREFETCH
     from shardq.runtime._logging import configure
     from shardq.tasks._worker import AppNotFound, WorkerSettings, exit_now, load_app, run
 
@@ -264,6 +273,8 @@ def worker(
             queues=tuple(q.strip() for q in (queues or "").split(",") if q.strip()),
             concurrency=concurrency,
             processes=processes,
+            prefetch=DEFAULT_PREFETCH if prefetch is None else prefetch,
+            prefetch_max=prefetch_max,
             grace=grace,
             url=url,
             log_format=log_format.value,

@@ -86,6 +86,7 @@ class AsyncWorker:
             cfg.lock_ttl_ms,
             cfg.ack_batch_size,
             cfg.prefetch,
+            cfg.prefetch_max,
         )
         self._conn = AsyncConnection(
             cfg.url,
@@ -238,6 +239,7 @@ class AsyncWorker:
         leases = await self._pull(count, long_poll, stop, idle_exit)
         if self._stopping.is_set():
             return 0  # leases stay held; _shutdown releases them
+        self._state.adapt(count, len(leases), runner.waiting)
         if leases:
             runner.submit(leases)
         elif idle_exit and long_poll and await self._idle():

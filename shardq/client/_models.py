@@ -69,7 +69,8 @@ class Job:
         state, reason, custom = get("state"), get("failedReason"), get("customId")
         # A worker builds one Job per pulled job: fill the instance dict at once instead of
         # the frozen __init__'s 17 object.__setattr__ calls (half the cost; same object).
-        # The usual values (ints, None) are taken as they are, without a helper call each.
+        # The usual values (ints, None) are taken as they are, without a helper call each, and
+        # so are the epoch-ms floats a TCP client gets (docs/protocol.md §2.2), made ints.
         job = _new(cls)
         _setattr(
             job,
@@ -84,8 +85,20 @@ class Job:
                 "priority": (
                     priority if type(priority) is int or isinstance(priority, int | float) else 0
                 ),
-                "created_at": created if type(created) is int else _int(created),
-                "started_at": started if started is None or type(started) is int else _int(started),
+                "created_at": (
+                    created
+                    if type(created) is int
+                    else int(created)
+                    if type(created) is float
+                    else _int(created)
+                ),
+                "started_at": (
+                    started
+                    if started is None or type(started) is int
+                    else int(started)
+                    if type(started) is float
+                    else _int(started)
+                ),
                 "completed_at": (
                     completed if completed is None or type(completed) is int else _int(completed)
                 ),

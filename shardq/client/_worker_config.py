@@ -40,6 +40,7 @@ class WorkerOptions(TypedDict, total=False):
     tls_ca_file: str | None
     tls_context: ssl.SSLContext | None
     prefetch: int
+    prefetch_max: int | None
     ack_batch: bool
     ack_batch_size: int
     ack_flush_interval: float
@@ -72,6 +73,13 @@ class WorkerConfig:
       the server hands it out again), and is given back to the queue at once on `close()`.
       A prefetched job's `timeout` counts from the pull. 0 pulls only for free handlers
       (best for long jobs shared by many workers).
+    - `prefetch_max`: above `prefetch`, the buffer grows for fast jobs: when two pulls'
+      replies in a row find the buffer empty (the handlers ran out of jobs during the round
+      trips) and the queue had more, the next pulls ask for twice as many, up to
+      `prefetch_max`; when a reply finds more than a quarter of that still waiting, it
+      halves again, down to `prefetch`. Slow jobs never grow it. The worker then holds at
+      most `concurrency + prefetch_max` unfinished jobs. None (the default): a fixed
+      `prefetch`.
     - `ack_batch`: buffer ACKs and send them as one ACKB when `ack_batch_size` are waiting,
       `ack_flush_interval` seconds after the first, with the next pull (in the same write,
       ahead of it), and on close. A crash loses at most the unsent ACKs: those jobs run
@@ -99,6 +107,7 @@ class WorkerConfig:
     tls_ca_file: str | None = None
     tls_context: ssl.SSLContext | None = None
     prefetch: int = DEFAULT_PREFETCH
+    prefetch_max: int | None = None
     ack_batch: bool = True
     ack_batch_size: int = 100
     ack_flush_interval: float = 0.005
@@ -120,6 +129,9 @@ class WorkerConfig:
             ("concurrency", _is_int(self.concurrency) and self.concurrency >= 1, "an int >= 1"),
             ("prefetch", _is_int(self.prefetch) and 0 <= self.prefetch <= MAX_PREFETCH,
              f"an int in 0..{MAX_PREFETCH}"),
+            ("prefetch_max", self.prefetch_max is None or (_is_int(self.prefetch_max)
+             and _is_int(self.prefetch) and self.prefetch <= self.prefetch_max <= MAX_PREFETCH),
+             f"None or an int in prefetch..{MAX_PREFETCH}"),
             ("ack_batch", isinstance(self.ack_batch, bool), "a bool"),
             ("ack_batch_size", _is_int(self.ack_batch_size) and 1 <= self.ack_batch_size <= 1000,
              "an int in 1..1000"),

@@ -7,6 +7,8 @@ decides what to ask for and what to send:
 - at most `concurrency + prefetch` jobs are *unfinished* (pulled, handler not returned yet);
   a pull asks for the difference, and only once the buffer of jobs not started yet is down
   to half of `prefetch`, so that pulls come in batches (with `prefetch` 0: the free slots);
+  with a `prefetch_max`, the prefetch in force (`window`) doubles while replies find the
+  handlers out of jobs, and halves while they find plenty still waiting (`adapt`);
 - every job pulled is *held* until its ACK or FAIL is answered, or it is released: held jobs
   are what heartbeats renew and what a close gives back;
 - a finished job's ACK may wait in the ACK buffer; the driver sends that buffer ahead of the
@@ -97,6 +99,7 @@ class WorkerState:
     lock_ttl_ms: int
     ack_batch_size: int = 100
     prefetch: int = 0
+    prefetch_max: int | None = None
     held: dict[str, Lease] = field(default_factory=dict)
     unfinished: int = 0
     acks: list[tuple[Lease, Any]] = field(default_factory=list)
@@ -104,13 +107,16 @@ class WorkerState:
 
     @property
     def capacity(self) -> int:
-        """The most unfinished jobs this worker holds at once."""
-        return self.concurrency + self.prefetch
+        """The most unfinished jobs this worker holds at once, for now."""
+        return self.concurrency + self.window
 
     def __post_init__(self) -> None:
         ttl = self.lock_ttl_ms / 1000
         self.lease_window_s = ttl - min(LEASE_MARGIN_S, ttl / 10)
         """How long after a lease was granted or renewed a waiting job may still start."""
+        self.window = self.prefetch
+        """The prefetch in force: `prefetch`, or up to `prefetch_max` for fast jobs."""
+        self._starved = False  # the last pull's reply found the buffer empty (`adapt`)
 
     def stats(self) -> WorkerStats:
         c = self.counters
@@ -121,19 +127,38 @@ class WorkerState:
     def pull_count(self, waiting: int) -> int:
         """How many jobs to pull now, with `waiting` of the unfinished jobs not started yet.
 
-        None while more than half of `prefetch` would still wait once the idle handlers took
-        theirs (nor with no room under the bound). Otherwise the room, but at most the idle
-        handlers' share plus half of `prefetch`: a pull then leaves room for the next one to
-        go out as soon as its jobs arrive, so a refill is always on its way while handlers
-        work (two pulls take turns, like double buffering).
+        None while more than half of the prefetch (`window`) would still wait once the idle
+        handlers took theirs (nor with no room under the bound). Otherwise the room, but at
+        most the idle handlers' share plus half of the prefetch: a pull then leaves room for
+        the next one to go out as soon as its jobs arrive, so a refill is always on its way
+        while handlers work (two pulls take turns, like double buffering).
         """
         room = self.capacity - self.unfinished
         if room <= 0:
             return 0
         idle = max(0, self.concurrency - (self.unfinished - waiting))
-        if waiting - idle > self.prefetch // 2:
+        if waiting - idle > self.window // 2:
             return 0
-        return min(room, self.concurrency + (self.prefetch + 1) // 2, MAX_PULL)
+        return min(room, self.concurrency + (self.window + 1) // 2, MAX_PULL)
+
+    def adapt(self, asked: int, got: int, waiting: int) -> None:
+        """A pull for `asked` jobs brought `got`, and found `waiting` still in the buffer.
+
+        Empty, with the queue not drained (a full reply), twice in a row: the handlers run
+        out of jobs during each round trip, so the next pulls ask for more (up to
+        `prefetch_max`). Once is no sign: a worker's first pull always finds nothing. More
+        than a quarter of the window still there: the jobs outlast a round trip, and the
+        buffer shrinks back toward `prefetch`, so slow jobs are not hoarded.
+        """
+        most = self.prefetch_max
+        if most is None or most <= self.prefetch:
+            return
+        starved = waiting == 0 and got >= asked
+        if starved and self._starved:
+            self.window = min(most, max(1, 2 * self.window))
+        elif waiting > self.window // 4:
+            self.window = max(self.prefetch, self.window // 2)
+        self._starved = starved
 
     def pull_command(self, count: int, timeout_ms: int) -> dict[str, Any]:
         """PULLB for `count` jobs with a long-poll of `timeout_ms`, an owner and a lease TTL."""

@@ -203,6 +203,32 @@ def test_worker_state_prefetch_bound_and_refills() -> None:
     assert len(second) == 4
 
 
+def test_worker_state_prefetch_grows_for_fast_jobs_and_shrinks_for_slow_ones() -> None:
+    state = WorkerState("q", "me", concurrency=2, lock_ttl_ms=1000, prefetch=8, prefetch_max=32)
+    assert state.capacity == 10 and state.pull_count(0) == 6
+    state.adapt(6, 6, 0)
+    assert state.window == 8, "a first pull always finds the buffer empty: no sign yet"
+    state.adapt(6, 6, 0)
+    assert state.window == 16 and state.capacity == 18, "twice out of jobs: pull more"
+    assert state.pull_count(0) == 10, "the idle handlers' share plus half of the window"
+    state.adapt(10, 4, 0)
+    assert state.window == 16, "a short reply: the queue ran dry, not the buffer"
+    for window in (16, 32, 32):
+        state.adapt(10, 10, 0)
+        assert state.window == window, "capped at prefetch_max"
+    state.adapt(18, 18, 8)
+    assert state.window == 32, "a quarter of the window still waiting: keep it"
+    state.adapt(18, 18, 9)
+    assert state.window == 16, "jobs outlast the round trip: give some back"
+    for _ in range(3):
+        state.adapt(10, 10, 8)
+    assert state.window == 8, "never below prefetch"
+    fixed = WorkerState("q", "me", concurrency=2, lock_ttl_ms=1000, prefetch=8)
+    for _ in range(3):
+        fixed.adapt(6, 6, 0)
+    assert fixed.window == 8 and fixed.capacity == 10, "no prefetch_max: a fixed buffer"
+
+
 def test_worker_state_without_prefetch_pulls_for_idle_handlers() -> None:
     state = WorkerState("q", "me", concurrency=3, lock_ttl_ms=1000)
     leases = state.admit(_jobs(3), 0.0, 1)
@@ -255,6 +281,7 @@ def test_job_from_wire_sets_every_field() -> None:
         created_at=1_700_000_000_000, started_at=10, completed_at=None, progress=50, state=None,
         result=None, failed_reason=None, stacktrace=["x"], custom_id="c", raw=raw,
     )  # fmt: skip
+    assert type(job.created_at) is int, "an epoch-ms float (a TCP client's) is made an int"
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.id = "b"  # type: ignore[misc]
     assert Job.from_wire({}).name == "default"

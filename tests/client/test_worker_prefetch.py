@@ -21,6 +21,7 @@ from shardq_harness import ShardqServer
 from shardq.client import Connection, Job, JobOptions, WorkerConfig
 
 REPO = Path(__file__).resolve().parents[2]
+PREFETCH_MAX_RANGE = "prefetch_max must be None or an int in prefetch..10000"
 
 
 def owner_of(worker: Any) -> str:
@@ -199,6 +200,55 @@ def test_exactly_the_right_jobs_complete(clients: Clients) -> None:
             assert (job.state, job.result) == ("completed", {"double": i * 2})
 
 
+def _active_sampler(queue: Any, every: int) -> tuple[list[int], Any]:
+    """A handler that runs each job once (counted) and reads the queue's active count every
+    `every` jobs: the server's view of how many jobs the worker holds."""
+    calls: Counter[str] = Counter()
+    active: list[int] = []
+    lock = threading.Lock()
+
+    def handler(job: Job) -> None:
+        with lock:
+            calls[job.id] += 1
+            sample = sum(calls.values()) % every == 0
+        if sample:
+            active.append(queue.counts().active)
+
+    handler.calls = calls  # type: ignore[attr-defined]
+    return active, handler
+
+
+def test_prefetch_grows_for_fast_jobs(clients: Clients) -> None:
+    """Without growth this worker never holds more than 2 + 4 jobs (the server's active count
+    never passes it); quick jobs make it pull up to 2 + 64 at a time, each job still once."""
+    queue = clients.queue()
+    ids = queue.add_bulk([("n", i) for i in range(3000)])
+    active, handler = _active_sampler(queue, 100)
+    worker = clients.worker(queue.name, handler, concurrency=2, prefetch=4, prefetch_max=64)
+    stats = worker.run_until_idle(timeout=60)
+    assert set(handler.calls) == set(ids) and set(handler.calls.values()) == {1}
+    assert (stats.processed, stats.lost, stats.expired) == (3000, 0, 0)
+    assert max(active) > 6, f"the buffer never grew: active counts {active}"
+    assert max(active) <= 66, "never past concurrency + prefetch_max"
+
+
+def test_prefetch_does_not_grow_for_slow_jobs(clients: Clients) -> None:
+    """A job outlasts a round trip: the buffer stays at `prefetch`, so slow jobs are not
+    hoarded (the first pull, which always finds the buffer empty, is no reason to grow)."""
+    queue = clients.queue()
+    queue.add_bulk([("n", i) for i in range(8)])
+    active: list[int] = []
+
+    def slow(job: Job) -> None:
+        active.append(queue.counts().active)
+        time.sleep(0.2)
+
+    worker = clients.worker(queue.name, slow, concurrency=1, prefetch=2, prefetch_max=64)
+    stats = worker.run_until_idle(timeout=30)
+    assert stats.processed == 8
+    assert max(active) <= 3, f"slow jobs were hoarded: active counts {active}"
+
+
 def test_ack_per_job_still_works(clients: Clients) -> None:
     queue = clients.queue()
     ids = queue.add_bulk([("n", i) for i in range(50)])
@@ -287,6 +337,8 @@ def test_worker_registers_and_unregisters(clients: Clients, server: ShardqServer
     [
         ("prefetch", -1, "prefetch must be an int in 0..10000, got -1"),
         ("prefetch", 2.5, "prefetch must be an int in 0..10000, got 2.5"),
+        ("prefetch_max", 63, f"{PREFETCH_MAX_RANGE}, got 63"),
+        ("prefetch_max", 10_001, f"{PREFETCH_MAX_RANGE}, got 10001"),
         ("ack_batch", "yes", "ack_batch must be a bool, got 'yes'"),
         ("ack_batch_size", 0, "ack_batch_size must be an int in 1..1000, got 0"),
         ("ack_flush_interval", 0, "ack_flush_interval must be seconds > 0, got 0"),

@@ -38,6 +38,43 @@ def test_an_app_that_cannot_be_loaded_exits_2() -> None:
         assert proc.returncode == 2 and message in err, err
 
 
+def test_out_of_range_prefetch_exits_2() -> None:
+    for args, message in [
+        (["--prefetch", "-1"], b"--prefetch must be in 0..10000, got -1"),
+        (["--prefetch", "100", "--prefetch-max", "50"],
+         b"--prefetch-max must be in --prefetch (100)..10000, got 50"),
+    ]:  # fmt: skip
+        proc = _worker("sample_tasks:app", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 2 and message in err, err
+
+
+def test_prefetch_flags_bound_the_jobs_a_worker_holds(
+    start_worker: Callable[..., WorkerProcess], sample_app: Any, url: str, tmp_path: Path
+) -> None:
+    """`--prefetch 0 --prefetch-max 0`: a worker leases only what its 2 slots run (by default
+    it would hold all 20 jobs at once)."""
+    queue = sample_app.queue("batch")  # shared with other tests: left empty, as found
+    queue.obliterate()
+    log = tmp_path / "done.log"
+    results = [sample_tasks.record.delay(str(log), f"job-{i}", 0.1) for i in range(20)]
+    worker = start_worker(url, "--queues", "batch", "--concurrency", "2",
+                          "--prefetch", "0", "--prefetch-max", "0")  # fmt: skip
+    active: list[int] = []
+    try:
+        deadline = time.monotonic() + 20
+        while not log.exists() or len(log.read_text().split()) < 10:
+            assert time.monotonic() < deadline, worker.tail()
+            active.append(queue.counts().active)
+            time.sleep(0.02)
+        assert [r.get(timeout=20) for r in results] == [f"job-{i}" for i in range(20)]
+        assert worker.stop(signal.SIGTERM) == 0, worker.tail()
+    finally:
+        worker.stop(signal.SIGKILL)
+        queue.obliterate()
+    assert 0 < max(active) <= 2, active
+
+
 def test_status_line_on_a_terminal(sample_app: Any, url: str) -> None:
     master, slave = pty.openpty()
     proc = _worker("sample_tasks:app", "--url", url, "--queues", "status",
