@@ -14,7 +14,7 @@ from ._graph import graph_error
 from ._groups import group_size_error
 from ._job import Job, payload_only
 from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
-from ._options import as_int, validate_data, validate_name, validate_queue_name
+from ._options import _certainly_small, as_int, validate_data, validate_name, validate_queue_name
 from ._repeat import check_repeat, successor
 from ._state import JobStore
 from ._tables import claim_unique
@@ -78,7 +78,10 @@ def _data_only(entries: object) -> TypeGuard[list[Mapping[str, Any]]]:
         if durable and entry["durable"] is not True:
             return False
     named = "name" in keys
+    small = _certainly_small  # what `validate_data` waves through first, without its call
     for index, entry in enumerate(entries):
+        if not named and small(entry["data"]):
+            continue
         error = validate_data(entry["data"]) or (validate_name(entry) if named else None)
         if error:
             raise CommandError(f"jobs[{index}]: {error}")
@@ -215,10 +218,7 @@ class Producer:
             raise CommandError(error)
         jobs = cmd.get("jobs")
         if _data_only(jobs):  # what the passes below would check of it, in one
-            # Payload-only fields set no time, priority or attempts: `create_plain` makes
-            # the job `create` would, without asking `payload_only` again for each.
-            made = self._push_plain(fx, str(queue), jobs, now, Job.create_plain)
-            return {"ok": True, "ids": made}
+            return {"ok": True, "ids": self._push_payloads(fx, str(queue), jobs, now)}
         entries = _entries(jobs)
         customs: list[str | None] = []
         plain = True  # no custom id, no uniqueKey: no entry can be a duplicate
@@ -357,6 +357,20 @@ class Producer:
         store.seq = seq
         store.admit_all(fx, jobs, store.queue(queue), now)
         return [job.id for job in jobs]
+
+    def _push_payloads(
+        self, fx: Effects, queue: str, entries: list[Mapping[str, Any]], now: int
+    ) -> list[str]:
+        """`_push_plain` of a `_data_only` PUSHB's entries (payload-only fields set no time,
+        priority or attempts: `create_plain` makes the job `create` would): the same ids,
+        jobs and records, each step once for all the entries (`IdFactory.new_many`,
+        `Job.create_payloads`)."""
+        store = self.store
+        ids = self.ids.new_many(now, len(entries))
+        jobs = Job.create_payloads(ids, queue, store.seq, entries, now)
+        store.seq += len(jobs)
+        store.admit_all(fx, jobs, store.queue(queue), now)
+        return ids
 
     def _live_owner(self, queue: str, key: str, now: int) -> Job | None:
         unique = self.store.unique

@@ -28,7 +28,7 @@ from shardq.errors import CommandError
 from ._config import EngineConfig
 from ._deps_dlq import DepsAndDeadLetters
 from ._effects import Effects
-from ._fresh import DURABLE_ONLY, FreshRecords
+from ._fresh import FreshRecords
 from ._ids import IdFactory
 from ._job import Job, Timeline
 from ._lifecycle import (
@@ -263,15 +263,9 @@ class JobStore(DepsAndDeadLetters):
                     heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
         if waiting:
             self._enter_all(waiting, q, WAITING)
-        fresh = self.fresh.record  # a job without options, or durable only: encoded already
-        for job in jobs:
-            opts = job.opts
-            if not opts:
-                out.append(("put", fresh(job)))
-            elif opts == DURABLE_ONLY:  # bunqueue-client's durable add_bulk
-                out.append(("put", fresh(job, True)))
-            else:
-                out.append(("put", job.to_record()))
+        # Jobs without options, or durable only (bunqueue-client's durable add_bulk): their
+        # records are made with their bytes.
+        self.fresh.put_all(jobs, out)
 
     def move(self, fx: Effects, job: Job, event: str, now: int, changes: dict[str, Any]) -> None:
         """Apply a lifecycle event and emit the changed fields.
