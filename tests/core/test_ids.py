@@ -43,3 +43,33 @@ def test_new_many_carries_a_full_millisecond_into_the_next() -> None:
     assert ids == sorted(ids) and len(set(ids)) == 5000
     assert all(UUID7.match(job_id) for job_id in ids)
     assert ids[0][:13] != ids[-1][:13]  # the time prefix moved on
+
+
+def _reference(seed: int, times: list[int]) -> list[str]:
+    """The ids of RFC 9562 method 1 as `IdFactory` defines them, formatted the plain way:
+    48 bits of milliseconds, version 7, a 12-bit counter seeded with 11 random bits each new
+    millisecond, variant 10 and 62 random bits."""
+    rng = random.Random(seed)
+    rng.getrandbits(64)  # the factory's lease-token prefix, drawn first
+    last, counter, out = -1, 0, []
+    for now in times:
+        if now > last:
+            last, counter = now, rng.getrandbits(11)
+        else:
+            counter += 1
+            if counter > 0xFFF:
+                last, counter = last + 1, rng.getrandbits(11)
+        rand = rng.getrandbits(62)
+        ms, hi, lo = f"{last:012x}", 0x8000 | rand >> 48, rand & (1 << 48) - 1
+        out.append(f"{ms[:8]}-{ms[8:]}-7{counter:03x}-{hi:04x}-{lo:012x}")
+    return out
+
+
+def test_the_ids_are_uuid7_fields_in_hex() -> None:
+    """Every field lands in its place (the counter's digits and the random bits are looked up
+    and converted, not formatted, in `IdFactory`)."""
+    times = [NOW] * 5000 + [NOW + 1] * 3 + [NOW - 2] * 2 + [NOW + 9]
+    ids = IdFactory(random.Random(11))
+    assert [ids.new(now) for now in times] == _reference(11, times)
+    bulk = IdFactory(random.Random(11))
+    assert bulk.new_many(NOW, 5000) == _reference(11, times)[:5000]
