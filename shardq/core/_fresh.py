@@ -154,10 +154,24 @@ class FreshRecords:
             opts = job.opts
             if opts and opts != DURABLE_ONLY:
                 out.append(("put", job.to_record()))
-                last = None
+                last, prev = None, None
                 continue
             durable = bool(opts)
-            if last is None or prev is None or not _shares(prev, job, durable):
+            if not (  # `job` shares `prev`'s fields (see above), one test each
+                last is not None
+                and prev is not None
+                and job.timeline is prev.timeline
+                and job.created_at is prev.created_at
+                and job.run_at is prev.run_at
+                and job.last_heartbeat is prev.last_heartbeat
+                and job.priority is prev.priority
+                and job.max_attempts is prev.max_attempts
+                and job.lifo is prev.lifo
+                and job.state is prev.state
+                and job.name == prev.name
+                and job.queue == prev.queue
+                and bool(prev.opts) is durable
+            ):
                 rec = self.record(job, durable)
                 out.append(("put", rec))
                 last, prev = (rec, job) if type(rec) is PackedRecord else (None, None)
@@ -211,20 +225,3 @@ class FreshRecords:
             (head, pack(job.id), self._named, pack(job.data), self._middle, pack(job.seq), _END)
         )
 
-
-def _shares(prev: Job, job: Job, durable: bool) -> bool:
-    """Whether `job`'s record differs from `prev`'s (made by `FreshRecords.record` with the
-    same `durable`) only in the id, data, timeline and seq, and packs with its runs."""
-    return (
-        job.timeline is prev.timeline
-        and job.created_at is prev.created_at
-        and job.run_at is prev.run_at
-        and job.last_heartbeat is prev.last_heartbeat
-        and job.priority is prev.priority
-        and job.max_attempts is prev.max_attempts
-        and job.lifo is prev.lifo
-        and job.state is prev.state
-        and job.name == prev.name
-        and job.queue == prev.queue
-        and bool(prev.opts) is durable
-    )

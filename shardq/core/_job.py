@@ -286,11 +286,12 @@ class Job:
             seq += 1
             job = cls(job_id, queue, seq)
             job.data = data = entry["data"]
+            # The given name, else the data's (`_legacy_name`, inline), else the default.
             name = entry["name"] if named else None
+            if not (isinstance(name, str) and name) and type(data) is dict:
+                name = data.get("name")
             if isinstance(name, str) and name:
                 job.name = name
-            elif type(data) is dict:
-                job.name = _legacy_name(data)
             job.created_at = job.last_heartbeat = job.run_at = now
             if durable:
                 job.opts = {"durable": True}  # as `_options` has it; each job its own
