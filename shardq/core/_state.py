@@ -28,7 +28,7 @@ from shardq.errors import CommandError
 from ._config import EngineConfig
 from ._deps_dlq import DepsAndDeadLetters
 from ._effects import Effects
-from ._fresh import FreshRecords
+from ._fresh import DURABLE_ONLY, FreshRecords
 from ._ids import IdFactory
 from ._job import Job, Timeline
 from ._lifecycle import (
@@ -238,10 +238,13 @@ class JobStore(DepsAndDeadLetters):
         for job in jobs:
             all_jobs[job.id] = job
             ids[job.id] = None
+            # Options admission reads (a group, dependencies, a TTL): not `durable` alone,
+            # which each job of bunqueue-client's durable add_bulk has.
             opts = job.opts
-            if opts and q.groups is None and opts.get("groupId") is not None:
+            read = opts and opts != DURABLE_ONLY
+            if read and q.groups is None and opts.get("groupId") is not None:
                 q.watch_group(job)
-            if opts and self.blocked_by_deps(job):
+            if read and self.blocked_by_deps(job):
                 state = WAITING_CHILDREN
             else:
                 state = DELAYED if job.run_at > now else WAITING
@@ -257,7 +260,7 @@ class JobStore(DepsAndDeadLetters):
                 waiting.append(job)
             else:
                 self._enter_all((job,), q, state)
-            if opts:
+            if read:
                 ttl = opts.get("ttl")
                 if ttl:
                     heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
