@@ -271,33 +271,6 @@ class Job:
             job.opts = _options(fields, None)
         return job
 
-    @classmethod
-    def create_payloads(
-        cls, ids: list[str], queue: str, seq: int, entries: list[Mapping[str, Any]], now: int
-    ) -> list[Job]:
-        """`create_plain` of each of `entries` with `ids[i]` and sequence number `seq + 1 + i`,
-        for entries with the same keys, `payload_only` (a bulk push without options): the same
-        jobs, without a call and an options test per job."""
-        jobs: list[Job] = []
-        append = jobs.append
-        first = entries[0] if entries else {}
-        named, durable = "name" in first, "durable" in first
-        for job_id, entry in zip(ids, entries, strict=True):
-            seq += 1
-            job = cls(job_id, queue, seq)
-            job.data = data = entry["data"]
-            # The given name, else the data's (`_legacy_name`, inline), else the default.
-            name = entry["name"] if named else None
-            if not (isinstance(name, str) and name) and type(data) is dict:
-                name = data.get("name")
-            if isinstance(name, str) and name:
-                job.name = name
-            job.created_at = job.last_heartbeat = job.run_at = now
-            if durable:
-                job.opts = {"durable": True}  # as `_options` has it; each job its own
-            append(job)
-        return jobs
-
     def _payload(self, fields: Mapping[str, Any], now: int) -> None:
         """The data, the name (given, or the data's legacy one) and the times of a job pushed
         `now` without a timestamp or delay."""
