@@ -1,7 +1,7 @@
 """A shard's CPU per PUSHB of 100 as bunqueue-client's `add_bulk` sends it, in one process.
 
     python -m bench.pushb_turns [--builds a=PYTHON,b=PYTHON] [--modes durable,buffered]
-                                [--calls 300] [--rounds 3]
+                                [--calls 300] [--rounds 3] [--instructions]
 
 For each build (a label and the interpreter of a checkout) a child process drives that
 checkout's `ShardCore` with a real `Engine`, no sockets: per call it decodes the request's
@@ -11,14 +11,21 @@ mode), runs the turn, takes the batch for the writer and the reply, and, when du
 writer's `done` and the turn that releases the jobs. The figure is the process's CPU time per
 call (`time.process_time`), after 50 calls not counted. Builds alternate within each round (A,
 B, A, B), so they share the machine's load; the load average is printed with every row.
+
+With `--instructions` each child runs under valgrind (cachegrind, no cache simulation) twice,
+with `--calls` and with twice as many calls, and the figure is the difference in instructions
+divided by `--calls`: the instructions per call, which other load on the machine does not move
+(start-up, imports and the warm-up calls cancel out). One round is enough.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
 _NOW = 1_790_000_000_000
@@ -58,18 +65,48 @@ def _one(mode: str, calls: int) -> float:
     return (time.process_time() - start) / calls * 1e6
 
 
+def _instructions(python: str, mode: str, calls: int) -> tuple[int, str]:
+    """Instructions per call of one build's child, by valgrind (see the module's doc)."""
+    totals: list[int] = []
+    where = ""
+    with tempfile.TemporaryDirectory(prefix="pushb-ir-") as tmp:
+        for n in (calls, 2 * calls):
+            out_file = os.path.join(tmp, f"ir.{n}")
+            argv = ["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                    f"--cachegrind-out-file={out_file}",
+                    python, __file__, "--one", mode, "--calls", str(n)]  # fmt: skip
+            run = subprocess.run(argv, capture_output=True, text=True, check=True, cwd="/")
+            where = [line for line in run.stderr.splitlines() if line.startswith("/")][-1]
+            with open(out_file, "rb") as f:
+                found = re.search(rb"^summary: (\d+)", f.read(), re.M)
+            if found is None:
+                raise RuntimeError(f"no instruction count in {out_file}")
+            totals.append(int(found.group(1)))
+    return (totals[1] - totals[0]) // calls, where
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--builds", default=f"this={sys.executable}")
     parser.add_argument("--modes", default="durable,buffered")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--instructions", action="store_true",
+                        help="instructions per call under valgrind, not CPU time")  # fmt: skip
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: the mode to run
     args = parser.parse_args(argv)
     if args.one:
         print(f"{_one(args.one, args.calls):.0f}")
         return 0
     builds = [item.split("=", 1) for item in args.builds.split(",")]
+    if args.instructions:
+        print("| mode | build (checkout) | instructions per PUSHB of 100 |")
+        print("|---|---|---:|")
+        for mode in args.modes.split(","):
+            for label, python in builds:
+                count, where = _instructions(python, mode, args.calls)
+                print(f"| {mode} | {label} ({where}) | {count:,} |")
+        return 0
     print("| round | mode | build (checkout) | CPU µs per PUSHB of 100 | load1 |")
     print("|---|---|---|---:|---:|")
     for round_no in range(1, args.rounds + 1):

@@ -26,12 +26,13 @@ record (`to_record`) instead, as every path does today.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from ._job import _RECORD_TEMPLATE, Job
+from ._mutations import Mutation
 
 __all__ = ["DURABLE_ONLY", "FRESH_KEYS", "FreshRecords", "PackedRecord"]
 
@@ -136,6 +137,62 @@ class FreshRecords:
             return dict(rec)
         return rec
 
+    def put_all(self, jobs: Iterable[Job], out: list[Mutation]) -> None:
+        """Append to `out` a `put` of each job's record, in order: `record`'s for a job
+        without options or with `durable` alone, `to_record`'s for any other.
+
+        A fresh job whose shared fields (queue, name, times, defaults, timeline and state) are
+        those of the job before it (the jobs of one admission: the very same objects, compared
+        by identity as `_encode` compares them) gets a copy of that job's record with its own
+        id, data, timeline and seq, and its bytes from the runs that job left: the record and
+        the bytes `record` makes, without setting and comparing the shared fields again."""
+        last: PackedRecord | None = None  # the previous job's record, made here
+        prev: Job | None = None  # the previous job, while `last` is its record
+        pack = self._pack
+        heads = (_HEAD, _DURABLE_HEAD)
+        for job in jobs:
+            opts = job.opts
+            if opts and opts != DURABLE_ONLY:
+                out.append(("put", job.to_record()))
+                last, prev = None, None
+                continue
+            durable = bool(opts)
+            if not (  # `job` shares `prev`'s fields (see above), one test each
+                last is not None
+                and prev is not None
+                and job.timeline is prev.timeline
+                and job.created_at is prev.created_at
+                and job.run_at is prev.run_at
+                and job.last_heartbeat is prev.last_heartbeat
+                and job.priority is prev.priority
+                and job.max_attempts is prev.max_attempts
+                and job.lifo is prev.lifo
+                and job.state is prev.state
+                and job.name == prev.name
+                and job.queue == prev.queue
+                and bool(prev.opts) is durable
+            ):
+                rec = self.record(job, durable)
+                out.append(("put", rec))
+                last, prev = (rec, job) if type(rec) is PackedRecord else (None, None)
+                continue
+            rec = PackedRecord(last)
+            rec["id"] = job_id = job.id
+            rec["data"] = data = job.data
+            rec["timeline"] = list(job.timeline)
+            rec["seq"] = seq = job.seq
+            rec.made_keys = last.made_keys
+            try:
+                rec.packed = b"".join(
+                    (heads[durable], pack(job_id), self._named, pack(data), self._middle,
+                     pack(seq), _END)
+                )  # fmt: skip
+            except (TypeError, ValueError, OverflowError):
+                out.append(("put", dict(rec)))  # as `record` gives it; `last` stays the run's
+                continue
+            out.append(("put", rec))
+            prev = job
+
     def _encode(self, job: Job, rec: PackedRecord, head: bytes) -> bytes:
         """`rec`'s msgpack (`rec` was just made from `job`; `head` its map's header and the
         keys before the id's value)."""
@@ -167,3 +224,4 @@ class FreshRecords:
         return b"".join(
             (head, pack(job.id), self._named, pack(job.data), self._middle, pack(job.seq), _END)
         )
+

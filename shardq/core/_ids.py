@@ -7,11 +7,16 @@ can make id generation reproducible by seeding it.
 from __future__ import annotations
 
 import random
+from typing import Final
 
 __all__ = ["IdFactory"]
 
 _RAND_A_MAX = 0xFFF
-_LOW48 = (1 << 48) - 1
+_VARIANT = 1 << 63  # the variant bits 10, over 62 random bits
+# The version digit 7 and the counter's first hex digit; its last two and their dash. Looked
+# up, not formatted: `%x` formatting was about half of an id's cost (a bulk push makes 100).
+_VERSION_HI: Final = tuple(f"7{n:x}" for n in range(16))
+_COUNTER_LO: Final = tuple(f"{n:02x}-" for n in range(256))
 
 
 class IdFactory:
@@ -40,11 +45,35 @@ class IdFactory:
             self._counter += 1
             if self._counter > _RAND_A_MAX:
                 self._advance(self._last_ms + 1)
-        rand = self._rng.getrandbits(62)
-        # Variant bits 10 on top of 62 random bits; the time prefix is cached per millisecond.
-        # %-formatting: about twice as fast as an f-string with format specs (one id per job).
-        hi, lo = 0x8000 | rand >> 48, rand & _LOW48
-        return "%s7%03x-%04x-%012x" % (self._prefix, self._counter, hi, lo)  # noqa: UP031
+        # The time prefix is cached per millisecond; the last 16 hex digits are the variant
+        # and the random bits, `hex` putting the dash after the first 4.
+        rand = self._rng.getrandbits(62) | _VARIANT
+        counter = self._counter
+        return "".join((self._prefix, _VERSION_HI[counter >> 8], _COUNTER_LO[counter & 0xFF],
+                        rand.to_bytes(8, "big").hex("-", 6)))  # fmt: skip
+
+    def new_many(self, now_ms: int, count: int) -> list[str]:
+        """`count` ids, as `count` calls of `new` would make them (the same random draws in
+        the same order): a bulk push's, in one call."""
+        ms = int(now_ms)
+        draw = self._rng.getrandbits
+        out: list[str] = []
+        append = out.append
+        last, counter, prefix = self._last_ms, self._counter, self._prefix
+        for _ in range(count):
+            if ms > last:
+                self._advance(ms)
+                last, counter, prefix = self._last_ms, self._counter, self._prefix
+            else:
+                counter += 1
+                if counter > _RAND_A_MAX:
+                    self._advance(last + 1)
+                    last, counter, prefix = self._last_ms, self._counter, self._prefix
+            rand = draw(62) | _VARIANT
+            append("".join((prefix, _VERSION_HI[counter >> 8], _COUNTER_LO[counter & 0xFF],
+                            rand.to_bytes(8, "big").hex("-", 6))))  # fmt: skip
+        self._counter = counter
+        return out
 
     def _advance(self, ms: int) -> None:
         self._last_ms = ms

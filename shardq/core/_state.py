@@ -238,10 +238,13 @@ class JobStore(DepsAndDeadLetters):
         for job in jobs:
             all_jobs[job.id] = job
             ids[job.id] = None
+            # Options admission reads (a group, dependencies, a TTL): not `durable` alone,
+            # which each job of bunqueue-client's durable add_bulk has.
             opts = job.opts
-            if opts and q.groups is None and opts.get("groupId") is not None:
+            read = opts and opts != DURABLE_ONLY
+            if read and q.groups is None and opts.get("groupId") is not None:
                 q.watch_group(job)
-            if opts and self.blocked_by_deps(job):
+            if read and self.blocked_by_deps(job):
                 state = WAITING_CHILDREN
             else:
                 state = DELAYED if job.run_at > now else WAITING
@@ -257,21 +260,15 @@ class JobStore(DepsAndDeadLetters):
                 waiting.append(job)
             else:
                 self._enter_all((job,), q, state)
-            if opts:
+            if read:
                 ttl = opts.get("ttl")
                 if ttl:
                     heapq.heappush(self.ttl_heap, (job.created_at + int(ttl), job.id, job.seq))
         if waiting:
             self._enter_all(waiting, q, WAITING)
-        fresh = self.fresh.record  # a job without options, or durable only: encoded already
-        for job in jobs:
-            opts = job.opts
-            if not opts:
-                out.append(("put", fresh(job)))
-            elif opts == DURABLE_ONLY:  # bunqueue-client's durable add_bulk
-                out.append(("put", fresh(job, True)))
-            else:
-                out.append(("put", job.to_record()))
+        # Jobs without options, or durable only (bunqueue-client's durable add_bulk): their
+        # records are made with their bytes.
+        self.fresh.put_all(jobs, out)
 
     def move(self, fx: Effects, job: Job, event: str, now: int, changes: dict[str, Any]) -> None:
         """Apply a lifecycle event and emit the changed fields.

@@ -144,3 +144,52 @@ def test_a_durable_bulk_push_from_bunqueue_client_gets_fresh_records() -> None:
     rec[COLD_COLUMN] = 1
     got = MutationEncoder().encode([("put", rec)])
     assert got[0][7] == _pack(dict(rec)) != rec.packed
+
+
+# A job's fields as a push gives them: payload only, durable only, or any of FIELDS.
+JOB_FIELDS = st.one_of(st.builds(lambda d: {"data": d}, DATA), DURABLE_ENTRY, FIELDS)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fields=st.lists(JOB_FIELDS, max_size=8), bad=st.sets(st.integers(0, 7)))
+def test_put_all_makes_each_record_and_its_bytes_as_to_record(
+    fields: list[dict[str, Any]], bad: set[int]
+) -> None:
+    """`FreshRecords.put_all` copies the previous job's record for a job that shares its
+    fields: every record still has `to_record`'s items and bytes, whatever the jobs before it
+    were (other names, times, options, or data msgpack cannot take, which gives the plain
+    record and leaves the next job's bytes right)."""
+    timeline = (("waiting", NOW, None),)
+    jobs = []
+    for i, given_fields in enumerate(fields):
+        if i in bad:
+            given_fields = {**given_fields, "data": {"x": object()}}
+        job = Job.create(f"j{i}", "q", i + 1, given_fields, NOW)
+        job.timeline, job.state = timeline, "waiting"
+        jobs.append(job)
+    out: list[Any] = []
+    FreshRecords().put_all(jobs, out)
+    assert len(out) == len(jobs)
+    for i, (job, (kind, rec)) in enumerate(zip(jobs, out, strict=True)):
+        general = job.to_record()
+        assert kind == "put"
+        assert list(rec.items()) == list(general.items())
+        fresh = not job.opts or job.opts == {"durable": True}
+        if i in bad or not fresh:
+            assert type(rec) is dict
+            continue
+        assert type(rec) is PackedRecord
+        assert rec.packed == _pack(general)
+
+
+def test_a_bulk_push_from_bunqueue_client_gets_fresh_records_with_their_bytes() -> None:
+    """bunqueue-client's `add_bulk` of 100 (`{"data": {"name", "t"}}` each, durable or not):
+    every record is made with its bytes, and they are `to_record`'s."""
+    engine = Engine(seed=9)
+    for extra in ({}, {"durable": True}):
+        jobs = [{"data": {"name": "noop", "t": 1.5 + i}, **extra} for i in range(100)]
+        outcome = engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": jobs}, NOW)
+        puts = [m[1] for m in outcome.mutations if m[0] == "put"]
+        assert len(puts) == 100
+        for rec in puts:
+            _check_put(engine, rec)
