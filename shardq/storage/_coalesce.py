@@ -34,6 +34,7 @@ from shardq.storage._deltas import wrap
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._errors import StorageRejected
 from shardq.storage._rows import SHARED_MIN
+from shardq.storage._runs import Run
 
 __all__ = [
     "DrainInBatch",
@@ -45,6 +46,7 @@ __all__ = [
     "check_columns",
     "check_values",
     "coalesce",
+    "expand_runs",
     "remember",
 ]
 
@@ -123,6 +125,14 @@ class Row:
         assert self.stored is not None
         return self.changed.get("queue", self.stored[0])
 
+    @classmethod
+    def of_run(cls, run: Run, stored: Stored) -> Row:
+        """The row of a stored job that `run`'s changes alone touched so far (`_runs`)."""
+        row = cls(None, None, stored)
+        row.patch = list(run.patch)
+        row.changed = dict(run.changed)
+        return row
+
 
 @dataclass
 class Plan:
@@ -151,10 +161,18 @@ class Plan:
     """The identities of the change maps `updm`s of `SHARED_MIN` jobs or more brought: a
     stored job's patch made only of such parts is merged into one entry once for all the
     jobs that share it (`_write._shared_change`, `_patch`)."""
+    runs: dict[str, Run] = field(default_factory=dict)
+    """Stored jobs that only `updm`s touched, by id: the `Run` of their changes (`_runs`).
+    An id that is in `jobs` as well was put or deleted after them: `jobs` holds what it
+    is. Empty unless `coalesce` was asked for runs."""
+    stored: Mapping[str, Stored] = field(default_factory=dict)
+    """What was known of the stored rows the batch updates (`Fetch`'s answer)."""
 
 
-def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
+def coalesce(mutations: Sequence[Mutation], fetch: Fetch, *, runs: bool = False) -> Plan:
     """Fold `mutations` (in order) into a `Plan`; `fetch` reads what is known of stored rows.
+    `runs`: keep the stored jobs only `updm`s touch in `Plan.runs` (for a writer that takes
+    them, `_write.add_runs`), not as rows.
 
     Input records are never modified. Raises `StorageRejected` naming the first malformed
     mutation (unknown kind, wrong arity, wrong types, a `put` record without an id).
@@ -176,7 +194,7 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
             if len(key) >= SHARED_MIN:
                 shared.add(id(changes))
     wanted = [key for key, kind in first.items() if kind == "upd" or kind == "delta"]
-    folder = _Folder(fetch(wanted))
+    folder = _Folder(fetch(wanted), runs)
     folder.plan.shared = shared
     folder.fold(ops)
     return folder.plan
@@ -237,33 +255,26 @@ def _bad_field(job_id: str, name: str, kind: type, value: Any) -> None:
 
 
 class _Folder:
-    def __init__(self, stored: Mapping[str, Stored]) -> None:
-        self.plan = Plan()
+    def __init__(self, stored: Mapping[str, Stored], runs: bool = False) -> None:
+        self.plan = Plan(stored=stored)
         self._stored = stored
+        self._runs = runs
 
     def fold(self, ops: list[_Op]) -> None:
         """Fold the parsed ops in order. The two kinds nearly every batch is made of, a put
         and an update, are folded here inline: the writer's cost per job is mostly calls."""
         jobs = self.plan.jobs
         dispatch = _DISPATCH
-        stored = self._stored
-        obliterated = self.plan.obliterated
         for op in ops:
             kind = op[0]
             if kind == "upd" or kind == "updm":
                 changes, columns = op[3], op[2]
-                for key in (op[1],) if kind == "upd" else op[1]:
-                    row = jobs.get(key, _ABSENT)
-                    if row is _ABSENT:  # first touched here: a stored job, inline (`_row`)
-                        info = stored.get(key)
-                        if info is not None and (not obliterated or info[0] not in obliterated):
-                            row = jobs[key] = Row(None, None, info)
-                        else:
-                            self.plan.skipped += 1
+                for key in self._keys(op):
+                    row = jobs.get(key)
+                    if row is None:  # first touched here, in a run so far, or deleted
+                        row = self._row(key)
+                        if row is None:
                             continue
-                    elif row is None:  # deleted earlier in the batch
-                        self.plan.skipped += 1
-                        continue
                     patch = row.patch
                     if type(patch) is list:
                         patch.append(changes)
@@ -278,10 +289,54 @@ class _Folder:
                         else:
                             for name, value in columns.items():
                                 values[_INDEX[name]] = value
-            elif kind == "put":
+            elif kind == "put":  # (a run may still name the job: `Plan.runs`)
                 jobs[op[1]] = Row(op[2], op[3], None)
             else:
                 dispatch[kind](self, op[1], op[2], op[3])
+
+    def _keys(self, op: _Op) -> Sequence[str]:
+        """The keys of an `upd` or `updm` that `fold` takes into rows: all of them, or, for
+        an `updm` where the plan keeps runs, those with a row in the plan (or deleted in the
+        batch), the others folded into runs here (`_run_updates`). Not into runs: a change
+        that names a cold field (a call each, `_cold_fold`), and one that is a 0- or 1-byte
+        bytes object (CPython keeps one of each: it may stand for different columns)."""
+        if op[0] == "upd":
+            return (op[1],)
+        keys: Any = op[1]  # an `updm`'s: a list of keys (`_Op`)
+        columns, changes = op[2], op[3]
+        if self._runs and COLD_COLUMN not in columns and len(changes) > 1:
+            return self._run_updates(keys, columns, changes)
+        return keys  # type: ignore[no-any-return]
+
+    def _run_updates(self, keys: list[str], columns: dict[str, Any], changes: bytes) -> list[str]:
+        """Fold an `updm` into runs (`_runs`): a stored job it touches first joins one new
+        run, a job in a run moves to that run's successor. Returns the keys left for `fold`
+        to take into their rows: those with a row in the plan (or deleted in the batch)."""
+        jobs, runs, stored = self.plan.jobs, self.plan.runs, self._stored
+        obliterated = self.plan.obliterated
+        first: Run | None = None
+        rest: list[str] = []
+        # The jobs of one run come one after the other: its successor is asked for once.
+        before: Run | None = None
+        after: Any = None  # `before`'s successor
+        for key in keys:
+            if key in jobs:
+                rest.append(key)
+                continue
+            run = runs.get(key)
+            if run is not None:
+                if run is not before:
+                    before, after = run, run.then(changes, columns)
+                runs[key] = after
+                continue
+            info = stored.get(key)
+            if info is None or (obliterated and info[0] in obliterated):
+                self.plan.skipped += 1
+            elif first is None:
+                first = runs[key] = Run([changes], columns)
+            else:
+                runs[key] = first
+        return rest
 
     def _delta(self, job_id: str, _a: None, op: Part) -> None:
         row = self._row(job_id)
@@ -308,6 +363,9 @@ class _Folder:
         jobs = self.plan.jobs
         if row is _ABSENT:
             row = jobs.get(job_id, _ABSENT)
+        if row is _ABSENT and job_id in self.plan.runs:
+            run = self.plan.runs.pop(job_id)
+            row = jobs[job_id] = Row.of_run(run, self._stored[job_id])
         if row is _ABSENT:
             stored = self._stored.get(job_id)
             if stored is None or stored[0] in self.plan.obliterated:
@@ -367,6 +425,7 @@ class _Folder:
         raise DrainInBatch(name)
 
     def _qdel(self, name: str, _a: None, _b: None) -> None:
+        expand_runs(self.plan)  # rare: its rows are looked at one by one below
         self.plan.queues[name] = None
         self.plan.obliterated[name] = None
         groups = self.plan.groups
@@ -375,6 +434,16 @@ class _Folder:
         jobs = self.plan.jobs
         for job_id in [j for j, row in jobs.items() if row is not None and row.queue == name]:
             jobs[job_id] = None
+
+
+def expand_runs(plan: Plan) -> None:
+    """Turn `plan`'s runs into the rows they stand for (`Row.of_run`), for a step that reads
+    `Plan.jobs` row by row: an obliterate, a pending Drain range (`_drain_pending`)."""
+    runs, stored, jobs = plan.runs, plan.stored, plan.jobs
+    for job_id, run in runs.items():
+        if job_id not in jobs:  # else put or deleted after the run's changes
+            jobs[job_id] = Row.of_run(run, stored[job_id])
+    runs.clear()
 
 
 # The kinds `fold` does not fold inline. Functions, not a map of the folder's bound methods
