@@ -68,7 +68,6 @@ Fetch = Callable[[Collection[str]], Mapping[str, Stored]]
 Part = bytes | Record
 """A record or change map: encoded already, or still the engine's dict."""
 
-
 # The `changed` of every put's row: a put's columns are in its `values`, so nothing adds to
 # it (a row made whole from a stored one gets a new map, `_write.absorb_survivor`).
 _NO_CHANGES: dict[str, Any] = {}
@@ -355,9 +354,9 @@ class _Folder:
                 row.patch = [wrap(op)]
 
     def _row(self, job_id: str, row: Any = _ABSENT) -> Row | None:
-        """The plan's row of `job_id`, made from its stored summary if need be; None (and
-        counted as skipped) if the job does not exist at this point of the batch. `row`:
-        what the plan holds for it, if the caller looked already."""
+        """The plan's row of `job_id`, made from its run (`Plan.runs`) or its stored summary
+        if need be; None (and counted as skipped) if the job does not exist at this point of
+        the batch. `row`: what the plan holds for it, if the caller looked already."""
         jobs = self.plan.jobs
         if row is _ABSENT:
             row = jobs.get(job_id, _ABSENT)
