@@ -262,16 +262,24 @@ class _Folder:
         and an update, are folded here inline: the writer's cost per job is mostly calls."""
         jobs = self.plan.jobs
         dispatch = _DISPATCH
+        stored = self._stored
+        obliterated = self.plan.obliterated
         for op in ops:
             kind = op[0]
             if kind == "upd" or kind == "updm":
                 changes, columns = op[3], op[2]
                 for key in self._keys(op):
-                    row = jobs.get(key)
-                    if row is None:  # first touched here, in a run so far, or deleted
-                        row = self._row(key)
-                        if row is None:
+                    row = jobs.get(key, _ABSENT)
+                    if row is _ABSENT:  # first touched here: a stored job, inline (`_row`)
+                        info = stored.get(key)
+                        if info is not None and (not obliterated or info[0] not in obliterated):
+                            row = jobs[key] = Row(None, None, info)
+                        else:
+                            self.plan.skipped += 1
                             continue
+                    elif row is None:  # deleted earlier in the batch
+                        self.plan.skipped += 1
+                        continue
                     patch = row.patch
                     if type(patch) is list:
                         patch.append(changes)
@@ -296,14 +304,29 @@ class _Folder:
         an `updm` where the plan keeps runs, those with a row in the plan (or deleted in the
         batch), the others folded into runs here (`_run_updates`). Not into runs: a change
         that names a cold field (a call each, `_cold_fold`), and one that is a 0- or 1-byte
-        bytes object (CPython keeps one of each: it may stand for different columns)."""
+        bytes object (CPython keeps one of each: it may stand for different columns). A job
+        of a run that `fold` takes is given its row first (`_unrun`)."""
+        runs = self.plan.runs
         if op[0] == "upd":
+            if op[1] in runs:
+                self._unrun(op[1])
             return (op[1],)
         keys: Any = op[1]  # an `updm`'s: a list of keys (`_Op`)
         columns, changes = op[2], op[3]
         if self._runs and COLD_COLUMN not in columns and len(changes) > 1:
             return self._run_updates(keys, columns, changes)
+        if runs:
+            for key in keys:
+                if key in runs:
+                    self._unrun(key)
         return keys  # type: ignore[no-any-return]
+
+    def _unrun(self, key: str) -> None:
+        """Give a job of a run its row (`Row.of_run`), for `fold` to take a change into;
+        unless the plan holds its row or its deletion already (`Plan.runs`)."""
+        jobs = self.plan.jobs
+        if key not in jobs:
+            jobs[key] = Row.of_run(self.plan.runs.pop(key), self._stored[key])
 
     def _run_updates(self, keys: list[str], columns: dict[str, Any], changes: bytes) -> list[str]:
         """Fold an `updm` into runs (`_runs`): a stored job it touches first joins one new
