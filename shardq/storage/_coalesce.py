@@ -29,11 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardq.core._mutations import Mutation, Record
-from shardq.storage._cold import COLD_COLUMN, REFILL, cold_mark, cold_of
+from shardq.storage._cold import COLD_COLUMN, REFILL
 from shardq.storage._deltas import wrap
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._errors import StorageRejected
+from shardq.storage._parse import Op as _Op
+from shardq.storage._parse import parse
 from shardq.storage._rows import SHARED_MIN
+from shardq.storage._runs import Run
 
 __all__ = [
     "DrainInBatch",
@@ -45,6 +48,7 @@ __all__ = [
     "check_columns",
     "check_values",
     "coalesce",
+    "expand_runs",
     "remember",
 ]
 
@@ -63,11 +67,6 @@ Fetch = Callable[[Collection[str]], Mapping[str, Stored]]
 
 Part = bytes | Record
 """A record or change map: encoded already, or still the engine's dict."""
-
-# A parsed mutation: (kind, job id or queue name, columns / cfg / None, record / changes / None)
-# (an `upd` always carries its column fields as a map, empty if it sets none; an `updm` is
-# ("updm", [job id, ...], columns, changes): that `upd` of each job in turn)
-_Op = tuple[str, str, Any, Any]
 
 # The `changed` of every put's row: a put's columns are in its `values`, so nothing adds to
 # it (a row made whole from a stored one gets a new map, `_write.absorb_survivor`).
@@ -123,6 +122,14 @@ class Row:
         assert self.stored is not None
         return self.changed.get("queue", self.stored[0])
 
+    @classmethod
+    def of_run(cls, run: Run, stored: Stored) -> Row:
+        """The row of a stored job that `run`'s changes alone touched so far (`_runs`)."""
+        row = cls(None, None, stored)
+        row.patch = list(run.patch)
+        row.changed = dict(run.changed)
+        return row
+
 
 @dataclass
 class Plan:
@@ -151,15 +158,23 @@ class Plan:
     """The identities of the change maps `updm`s of `SHARED_MIN` jobs or more brought: a
     stored job's patch made only of such parts is merged into one entry once for all the
     jobs that share it (`_write._shared_change`, `_patch`)."""
+    runs: dict[str, Run] = field(default_factory=dict)
+    """Stored jobs that only `updm`s touched, by id: the `Run` of their changes (`_runs`).
+    An id that is in `jobs` as well was put or deleted after them: `jobs` holds what it
+    is. Empty unless `coalesce` was asked for runs."""
+    stored: Mapping[str, Stored] = field(default_factory=dict)
+    """What was known of the stored rows the batch updates (`Fetch`'s answer)."""
 
 
-def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
+def coalesce(mutations: Sequence[Mutation], fetch: Fetch, *, runs: bool = False) -> Plan:
     """Fold `mutations` (in order) into a `Plan`; `fetch` reads what is known of stored rows.
+    `runs`: keep the stored jobs only `updm`s touch in `Plan.runs` (for a writer that takes
+    them, `_write.add_runs`), not as rows.
 
     Input records are never modified. Raises `StorageRejected` naming the first malformed
     mutation (unknown kind, wrong arity, wrong types, a `put` record without an id).
     """
-    ops = [_parse(index, mutation) for index, mutation in enumerate(mutations)]
+    ops = [parse(index, mutation) for index, mutation in enumerate(mutations)]
     # Only jobs first touched by an `upd` need their stored row: any other op on a job replaces
     # or deletes it first. The first kind seen per job says which (queue kinds are never first
     # kinds of a job id: they are kept apart by `_JOB_KINDS`).
@@ -176,7 +191,7 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch) -> Plan:
             if len(key) >= SHARED_MIN:
                 shared.add(id(changes))
     wanted = [key for key, kind in first.items() if kind == "upd" or kind == "delta"]
-    folder = _Folder(fetch(wanted))
+    folder = _Folder(fetch(wanted), runs)
     folder.plan.shared = shared
     folder.fold(ops)
     return folder.plan
@@ -237,9 +252,10 @@ def _bad_field(job_id: str, name: str, kind: type, value: Any) -> None:
 
 
 class _Folder:
-    def __init__(self, stored: Mapping[str, Stored]) -> None:
-        self.plan = Plan()
+    def __init__(self, stored: Mapping[str, Stored], runs: bool = False) -> None:
+        self.plan = Plan(stored=stored)
         self._stored = stored
+        self._runs = runs
 
     def fold(self, ops: list[_Op]) -> None:
         """Fold the parsed ops in order. The two kinds nearly every batch is made of, a put
@@ -252,7 +268,7 @@ class _Folder:
             kind = op[0]
             if kind == "upd" or kind == "updm":
                 changes, columns = op[3], op[2]
-                for key in (op[1],) if kind == "upd" else op[1]:
+                for key in self._keys(op):
                     row = jobs.get(key, _ABSENT)
                     if row is _ABSENT:  # first touched here: a stored job, inline (`_row`)
                         info = stored.get(key)
@@ -278,10 +294,69 @@ class _Folder:
                         else:
                             for name, value in columns.items():
                                 values[_INDEX[name]] = value
-            elif kind == "put":
+            elif kind == "put":  # (a run may still name the job: `Plan.runs`)
                 jobs[op[1]] = Row(op[2], op[3], None)
             else:
                 dispatch[kind](self, op[1], op[2], op[3])
+
+    def _keys(self, op: _Op) -> Sequence[str]:
+        """The keys of an `upd` or `updm` that `fold` takes into rows: all of them, or, for
+        an `updm` where the plan keeps runs, those with a row in the plan (or deleted in the
+        batch), the others folded into runs here (`_run_updates`). Not into runs: a change
+        that names a cold field (a call each, `_cold_fold`), and one that is a 0- or 1-byte
+        bytes object (CPython keeps one of each: it may stand for different columns). A job
+        of a run that `fold` takes is given its row first (`_unrun`)."""
+        runs = self.plan.runs
+        if op[0] == "upd":
+            if op[1] in runs:
+                self._unrun(op[1])
+            return (op[1],)
+        keys: Any = op[1]  # an `updm`'s: a list of keys (`_Op`)
+        columns, changes = op[2], op[3]
+        if self._runs and COLD_COLUMN not in columns and len(changes) > 1:
+            return self._run_updates(keys, columns, changes)
+        if runs:
+            for key in keys:
+                if key in runs:
+                    self._unrun(key)
+        return keys  # type: ignore[no-any-return]
+
+    def _unrun(self, key: str) -> None:
+        """Give a job of a run its row (`Row.of_run`), for `fold` to take a change into;
+        unless the plan holds its row or its deletion already (`Plan.runs`)."""
+        jobs = self.plan.jobs
+        if key not in jobs:
+            jobs[key] = Row.of_run(self.plan.runs.pop(key), self._stored[key])
+
+    def _run_updates(self, keys: list[str], columns: dict[str, Any], changes: bytes) -> list[str]:
+        """Fold an `updm` into runs (`_runs`): a stored job it touches first joins one new
+        run, a job in a run moves to that run's successor. Returns the keys left for `fold`
+        to take into their rows: those with a row in the plan (or deleted in the batch)."""
+        jobs, runs, stored = self.plan.jobs, self.plan.runs, self._stored
+        obliterated = self.plan.obliterated
+        first: Run | None = None
+        rest: list[str] = []
+        # The jobs of one run come one after the other: its successor is asked for once.
+        before: Run | None = None
+        after: Any = None  # `before`'s successor
+        for key in keys:
+            if key in jobs:
+                rest.append(key)
+                continue
+            run = runs.get(key)
+            if run is not None:
+                if run is not before:
+                    before, after = run, run.then(changes, columns)
+                runs[key] = after
+                continue
+            info = stored.get(key)
+            if info is None or (obliterated and info[0] in obliterated):
+                self.plan.skipped += 1
+            elif first is None:
+                first = runs[key] = Run([changes], columns)
+            else:
+                runs[key] = first
+        return rest
 
     def _delta(self, job_id: str, _a: None, op: Part) -> None:
         row = self._row(job_id)
@@ -302,12 +377,15 @@ class _Folder:
                 row.patch = [wrap(op)]
 
     def _row(self, job_id: str, row: Any = _ABSENT) -> Row | None:
-        """The plan's row of `job_id`, made from its stored summary if need be; None (and
-        counted as skipped) if the job does not exist at this point of the batch. `row`:
-        what the plan holds for it, if the caller looked already."""
+        """The plan's row of `job_id`, made from its run (`Plan.runs`) or its stored summary
+        if need be; None (and counted as skipped) if the job does not exist at this point of
+        the batch. `row`: what the plan holds for it, if the caller looked already."""
         jobs = self.plan.jobs
         if row is _ABSENT:
             row = jobs.get(job_id, _ABSENT)
+        if row is _ABSENT and job_id in self.plan.runs:
+            run = self.plan.runs.pop(job_id)
+            row = jobs[job_id] = Row.of_run(run, self._stored[job_id])
         if row is _ABSENT:
             stored = self._stored.get(job_id)
             if stored is None or stored[0] in self.plan.obliterated:
@@ -367,6 +445,7 @@ class _Folder:
         raise DrainInBatch(name)
 
     def _qdel(self, name: str, _a: None, _b: None) -> None:
+        expand_runs(self.plan)  # rare: its rows are looked at one by one below
         self.plan.queues[name] = None
         self.plan.obliterated[name] = None
         groups = self.plan.groups
@@ -375,6 +454,16 @@ class _Folder:
         jobs = self.plan.jobs
         for job_id in [j for j, row in jobs.items() if row is not None and row.queue == name]:
             jobs[job_id] = None
+
+
+def expand_runs(plan: Plan) -> None:
+    """Turn `plan`'s runs into the rows they stand for (`Row.of_run`), for a step that reads
+    `Plan.jobs` row by row: an obliterate, a pending Drain range (`_drain_pending`)."""
+    runs, stored, jobs = plan.runs, plan.stored, plan.jobs
+    for job_id, run in runs.items():
+        if job_id not in jobs:  # else put or deleted after the run's changes
+            jobs[job_id] = Row.of_run(run, stored[job_id])
+    runs.clear()
 
 
 # The kinds `fold` does not fold inline. Functions, not a map of the folder's bound methods
@@ -427,137 +516,3 @@ def _cold_stored_change(changed: dict[str, Any], columns: Mapping[str, Any]) -> 
 
 _COLUMNS = len(COLUMN_FIELDS)
 _JOB_KINDS = frozenset({"put", "upd", "delta", "del"})
-# kind -> the types of the fields after the kind
-_SHAPES: dict[str, tuple[type, ...]] = {
-    "put": (dict,),
-    "upd": (str, dict),
-    "del": (str,),
-    "delta": (str, dict),
-    "queue": (str, dict),
-    "qdel": (str,),
-    "qdrain": (str, int),
-    "cron": (str, dict),
-    "crondel": (str,),  # or (str, str): the name and the queue it must still be on
-    "webhook": (str, dict),
-    "webhookdel": (str,),
-    "flow": (str, dict),
-    "flowdel": (str,),
-    "group": (str, str, dict),
-    "groupdel": (str, str),
-    "putb": (str, object, object, object, object, object, bytes),
-    "updb": (str, bytes, dict),
-    "updm": (bytes, dict, list),
-    "dltb": (str, bytes),
-}
-_CRONDEL_ON_QUEUE: tuple[type, ...] = (str, str)
-
-
-def _parse(index: int, mutation: object) -> _Op:
-    # The encoded shapes are the writer's hot path: checked inline, before the general case
-    # (unpacking checks the arity; a try costs nothing until it raises).
-    if type(mutation) is list or type(mutation) is tuple:
-        kind = mutation[0] if mutation else None
-        try:
-            if kind == "updb":
-                _, key, changes, columns = mutation
-                if type(key) is str and type(changes) is bytes and type(columns) is dict:
-                    return "upd", key, columns, changes
-            elif kind == "updm":
-                _, changes, columns, keys = mutation
-                if type(changes) is bytes and type(columns) is dict and _all_str(keys):
-                    return "updm", keys, columns, changes
-            elif kind == "putb":
-                _, key, queue, state, priority, run_at, seq, rec = mutation
-                if type(key) is str and type(rec) is bytes:
-                    return "put", key, [queue, state, priority, run_at, seq], rec
-            elif kind == "del":
-                _, key = mutation
-                if type(key) is str:
-                    return "del", key, None, None
-            elif kind == "dltb":
-                _, key, op = mutation
-                if type(key) is str and type(op) is bytes:
-                    return "delta", key, None, op
-        except ValueError:
-            pass  # the wrong arity: the general case names the mistake
-    return _parse_general(index, mutation)
-
-
-def _engine_put(index: int, rec: Record) -> _Op:
-    """The engine's shape of a put: the column fields (and a cold record's) are in it."""
-    job_id = rec.get("rowKey") or rec.get("id")
-    if not isinstance(job_id, str):
-        raise StorageRejected(f"mutation #{index} (put): record field 'id' must be str")
-    values = [rec.get(name) for name in COLUMN_FIELDS]
-    if rec.get(COLD_COLUMN):
-        values += cold_of(rec)
-    return "put", job_id, values, rec
-
-
-def _cold_putb(index: int, mutation: tuple[Any, ...] | list[Any]) -> _Op:
-    """A cold record's `putb` (`_encode`): its cold fields after its record."""
-    _, key, queue, state, priority, run_at, seq, rec, cold = mutation
-    if type(key) is str and type(rec) is bytes and type(cold) in (list, tuple) and len(cold) == 4:
-        lifo, gid, ukey, made = cold
-        if lifo in (0, 1) and _str_or_none(gid) and _str_or_none(ukey) and type(made) is int:
-            return "put", key, [queue, state, priority, run_at, seq, lifo, gid, ukey, made], rec
-    raise StorageRejected(f"mutation #{index} (putb) is malformed: {mutation!r:.200}")
-
-
-def _str_or_none(value: object) -> bool:
-    return value is None or type(value) is str
-
-
-def _all_str(keys: object) -> bool:
-    if type(keys) is not list:
-        return False
-    for key in keys:  # noqa: SIM110  # all() over a generator costs a call per key
-        if type(key) is not str:
-            return False
-    return True
-
-
-def _parse_general(index: int, mutation: object) -> _Op:
-    if not isinstance(mutation, tuple | list) or not mutation:
-        raise StorageRejected(f"mutation #{index} is not a non-empty tuple: {mutation!r:.200}")
-    kind = mutation[0]
-    fields = mutation[1:]
-    shape = _shape(kind, len(fields))
-    if shape is None:
-        raise StorageRejected(f"mutation #{index} has unknown kind {kind!r:.100}")
-    if kind == "putb" and len(fields) == len(shape) + 1:
-        return _cold_putb(index, mutation)
-    if len(fields) != len(shape) or not all(map(isinstance, fields, shape)):
-        expected = ", ".join(t.__name__ for t in shape)
-        raise StorageRejected(
-            f"mutation #{index} ({kind}) must be ({kind!r}, {expected}): {mutation!r:.200}"
-        )
-    if kind == "put":
-        return _engine_put(index, fields[0])
-    if kind == "upd":  # the engine's shape: the column fields are in the changes
-        changes = fields[1]
-        columns = {n: changes[n] for n in COLUMN_FIELDS if n in changes}
-        mark = cold_mark(changes)
-        if mark is not None:
-            columns[COLD_COLUMN] = mark
-        return kind, fields[0], columns, changes
-    if kind == "delta":
-        return kind, fields[0], None, fields[1]
-    if kind in ("queue", "cron", "webhook", "flow"):
-        return kind, fields[0], fields[1], None
-    if kind == "group":
-        return kind, fields[0], fields[1], fields[2]
-    if kind == "groupdel":
-        return kind, fields[0], fields[1], None
-    if kind in ("putb", "updb", "updm", "dltb"):  # well-formed ones took the fast path
-        raise StorageRejected(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")
-    # del, qdel, webhookdel, flowdel: a key; crondel: a name, and maybe its queue; qdrain:
-    # a queue and a seq.
-    return kind, fields[0], fields[1] if len(fields) == 2 else None, None
-
-
-def _shape(kind: object, count: int) -> tuple[type, ...] | None:
-    """The types of a mutation's fields after its kind (None: an unknown kind)."""
-    if kind == "crondel" and count == 2:
-        return _CRONDEL_ON_QUEUE
-    return _SHAPES.get(kind) if isinstance(kind, str) else None

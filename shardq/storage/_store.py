@@ -37,7 +37,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from shardq.core._mutations import Mutation, Record
 from shardq.storage import _schema
 from shardq.storage import _seq_reads as _seq
-from shardq.storage._coalesce import DrainInBatch, Plan, Stored, coalesce
+from shardq.storage._coalesce import DrainInBatch, Plan, Stored, coalesce, expand_runs
 from shardq.storage._cold_reads import HOT_SET, SQLITE, ColdReads
 from shardq.storage._contract import Storage
 from shardq.storage._counts import count_rows
@@ -71,7 +71,6 @@ DEFAULT_PAGE_SIZE = 1000
 DEFAULT_CACHE_RECORDS = 100_000
 # A patch is folded into its record once longer than both the record and this many bytes.
 DEFAULT_PATCH_FLOOR = 1024
-
 
 
 class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
@@ -210,7 +209,7 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         self._begin_drains()
         with transaction(self._conn, f"applying a batch of {len(mutations)} mutations"):
             try:
-                plan = coalesce(mutations, self._fetch_stored)
+                plan = coalesce(mutations, self._fetch_stored, runs=True)
             except DrainInBatch:
                 written, delta_rows, done = apply_steps(mutations, self._segment, self._drain)
             else:
@@ -234,7 +233,7 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         self, mutations: Sequence[Mutation], first: bool
     ) -> tuple[int, int, Plan, dict[str, Stored | None]]:
         """One step of a batch holding a `qdrain` (`_drain.apply_steps`)."""
-        plan = coalesce(mutations, self._fetch_stored if first else self._read_stored)
+        plan = coalesce(mutations, self._fetch_stored if first else self._read_stored, runs=True)
         written, delta_rows, known = self._write(plan, self._delta_rows > 0 or self._deltas_table)
         return written, delta_rows, plan, known
 
@@ -242,6 +241,8 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         """Write `plan` in the open transaction, settled against the pending Drain ranges
         (`_store_drain`); returns (rows written, change in `job_deltas` rows, what it
         learned of the rows)."""
+        if self._tentative:
+            expand_runs(plan)  # the pending ranges look at the plan's rows one by one
         self._settle_before(plan)
         written, known, delta_rows = write_plan(
             self._conn, plan, self._packer.pack, self._patch_floor, deltas,

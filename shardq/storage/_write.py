@@ -28,7 +28,14 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core._mutations import Record, apply_delta, finish_deltas
-from shardq.storage._coalesce import Plan, Row, Stored, check_columns, check_values
+from shardq.storage._coalesce import (
+    Plan,
+    Row,
+    Stored,
+    check_columns,
+    check_values,
+    expand_runs,
+)
 from shardq.storage._cold import COLD_COLUMN, REFILL, cold_state
 from shardq.storage._deltas import (
     DELTA_KEY,
@@ -44,6 +51,7 @@ from shardq.storage._patch import FRAME as _FRAME
 from shardq.storage._patch import join_patch, merged_patch
 from shardq.storage._patch import read_frame as _read_frame
 from shardq.storage._rows import run_keys, run_rows
+from shardq.storage._runs import Run
 from shardq.storage._write_keyed import Pack, write_keyed_tables
 from shardq.storage._write_updates import BLOB, Group, Updates, write_groups, write_updates
 
@@ -53,6 +61,7 @@ __all__ = [
     "HOT_ROW",
     "Pack",
     "Refill",
+    "add_runs",
     "add_update",
     "chunks",
     "decode",
@@ -136,6 +145,7 @@ def write_plan(
     are missing or mistyped; the caller's transaction rolls back."""
     written = delta_rows = 0
     if plan.obliterated:
+        expand_runs(plan)  # a run's stored queue may be one of them (`_materialize_survivors`)
         written, delta_rows = _obliterate(conn, plan, deltas_exist)
     known: dict[str, Stored | None] = {}
     rows, changed = _write_jobs(conn, plan, pack, patch_floor, deltas_exist, known, cold)
@@ -190,6 +200,8 @@ def _write_jobs(
             job_id, row, pack, patch_floor, updates, known, ops, refill, joined, plan.shared
         ):
             to_fold.append(job_id)
+    if plan.runs:
+        add_runs(plan, pack, patch_floor, known, joined, to_fold)
     if deleted or whole or cold_rows:
         written, delta_rows = _write_replaced(conn, deleted, whole, cold_rows, deltas_exist, cold)
     if joined:
@@ -377,8 +389,45 @@ def add_update(
 _UNSEEN: Any = object()
 
 
+def add_runs(
+    plan: Plan,
+    pack: Pack,
+    patch_floor: int,
+    known: dict[str, Stored | None],
+    joined: Shared,
+    to_fold: list[str],
+) -> None:
+    """`add_update` of every job in `plan.runs` (`_runs`): each run's change is made once
+    (`_shared_change`, keyed in `joined` as a row with the same parts would be), and each
+    job only adds its id to it, its summary to `known` and, if its patch is now due to be
+    folded, its id to `to_fold`."""
+    stored, jobs = plan.stored, plan.jobs
+    last: Any = None
+    ids: list[str] = []
+    grow, moved = 0, None
+    for job_id, run in plan.runs.items():
+        if job_id in jobs:  # put or deleted after the run's changes: `jobs` says what it is
+            continue
+        if run is not last:
+            last = run
+            key = tuple(map(id, run.patch))
+            group = joined.get(key, _UNSEEN)
+            if group is _UNSEEN:
+                group = joined[key] = _shared_change(job_id, run, pack, plan.shared)
+            # A run's parts are never 0- or 1-byte bytes objects (`_coalesce`): never None.
+            assert group is not None
+            ids, grow = group[2], len(group[1][-1])
+            moved = run.changed.get("queue")
+        ids.append(job_id)
+        queue, rec_len, patch_len, delta_len = stored[job_id]
+        patch_len += grow
+        known[job_id] = (queue if moved is None else moved, rec_len, patch_len, delta_len)
+        if patch_len > patch_floor and patch_len > rec_len:
+            to_fold.append(job_id)
+
+
 def _shared_change(
-    job_id: str, row: Row, pack: Pack, shared_parts: Collection[int]
+    job_id: str, row: Row | Run, pack: Pack, shared_parts: Collection[int]
 ) -> Group | None:
     """A stored row's change, for every row whose patch has the same parts (`Shared`): its
     column fields and their values, then its joined patch (merged into one entry if every

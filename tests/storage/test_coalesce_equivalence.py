@@ -20,13 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_records import Rec, job
 
+import shardq.storage._store as store_module
 import shardq.storage._write_updates as write_module
 from shardq.core import Mutation
 from shardq.storage import MutationEncoder, Store
+from shardq.storage._coalesce import Plan, Stored, coalesce
 
 _IDS = [f"j{i}" for i in range(10)]
 _QUEUES = ["qa", "qb"]
@@ -220,3 +223,100 @@ def test_a_run_is_cut_at_the_key_bound_either_way() -> None:
     assert [m[3] for m in groups] == [_IDS[0:2], _IDS[2:4], _IDS[4:6]]
     assert groups == MutationEncoder(max_group_keys=2).encode([list(m) for m in stream])
     assert groups != MutationEncoder(max_group_keys=3).encode([list(m) for m in stream])
+
+
+def _summaries(path: Path, stream: list[Mutation], bounds: list[int]) -> tuple[Any, Any]:
+    """The rows and the writer's row summaries (`Store._cache`: queue and blob lengths, what
+    decides when a patch is folded) after `stream` in the batches `bounds` delimit."""
+    encoder = MutationEncoder(max_group_keys=500, max_group_bytes=1 << 20)
+    with Store.open(path, patch_floor=64) as store:
+        for start, end in itertools.pairwise(bounds):
+            store.apply(_wire(encoder.encode(copy.deepcopy(stream[start:end]))))
+        store.settle()
+        return state_of(store), dict(store._cache)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=_streams, cuts=st.lists(st.integers(0, 200), max_size=6))
+def test_runs_leave_the_rows_and_summaries_that_rows_of_their_own_leave(
+    steps: list[list[Mutation]], cuts: list[int]
+) -> None:
+    """Stored jobs that only `updm`s touch are kept as runs (`_runs`), not rows: the database
+    and the summaries the writer keeps of each row must come out as with a row per job (the
+    property above would not see a wrong summary: folding keeps a record's content)."""
+    stream = [m for step in steps for m in step]
+    ends = [sum(map(len, steps[: i + 1])) for i in range(len(steps))]
+    bounds = sorted({0, len(stream), *(ends[c % len(ends)] for c in cuts)})
+    with tempfile.TemporaryDirectory() as tmp:
+        with_runs = _summaries(Path(tmp) / "runs.db", stream, bounds)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(store_module, "coalesce", _without_runs)
+            assert _summaries(Path(tmp) / "rows.db", stream, bounds) == with_runs
+
+
+def _without_runs(mutations: Any, fetch: Any, *, runs: bool = False) -> Plan:
+    return coalesce(mutations, fetch)
+
+
+@pytest.mark.parametrize("cut", [10, 18])  # leased and completed in one batch, or in two
+def test_jobs_leased_and_completed_by_runs_keep_the_summaries_of_rows(
+    tmp_path: Path, cut: int
+) -> None:
+    """The summaries after runs, against rows of their own, where every stored job's
+    updates come as runs (the property above meets such batches now and then)."""
+    stream = _lease_everyone()
+    bounds = sorted({0, 10, cut, len(stream)})
+    with_runs = _summaries(tmp_path / "runs.db", stream, bounds)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store_module, "coalesce", _without_runs)
+        assert _summaries(tmp_path / "rows.db", stream, bounds) == with_runs
+
+
+def _stored(keys: list[str]) -> dict[str, Stored]:
+    return {key: ("qa", 300, 0, 0) for key in keys}
+
+
+def test_jobs_updated_by_the_same_updms_share_one_run() -> None:
+    """A PULLB's and an ACKB's `updm` over stored jobs: one run for the jobs both touched,
+    one for those only leased, and no row for any of them."""
+    stream = [("upd", key, _SHARED[0]) for key in _IDS[:8]]
+    stream += [("upd", key, _SHARED[1]) for key in _IDS[:6]]
+    batch = _wire(MutationEncoder().encode(stream))
+    plan = coalesce(batch, _stored, runs=True)
+    assert plan.jobs == {}
+    assert list(plan.runs) == _IDS[:8]
+    both, leased = plan.runs[_IDS[0]], plan.runs[_IDS[7]]
+    assert all(plan.runs[key] is both for key in _IDS[:6])
+    assert plan.runs[_IDS[6]] is leased
+    assert both.patch == [leased.patch[0], batch[1][1]]
+    assert both.changed == {"state": "completed"}
+    rows = coalesce(batch, _stored)
+    assert rows.runs == {} and list(rows.jobs) == _IDS[:8]
+
+
+@pytest.mark.parametrize(
+    "then",
+    [
+        [("upd", "j1", {"state": "failed", "failedReason": "own"})],
+        [("delta", "j1", {"log": ["line", 3, 1]})],
+        [("del", "j1")],
+        [("put", job("j1", "qb", "waiting", 60))],
+        [("del", "j1"), ("upd", "j1", _SHARED[2])],
+        [("qdel", "qa"), ("put", job("j2", "qa", "waiting", 61))],
+        [("del", "j1"), ("qdel", "qb")],  # the runs become rows: not the deleted one
+        [("upd", key, _SHARED[4]) for key in _IDS[:3]],  # a cold mark: rows, not runs
+    ],
+)
+def test_a_job_of_a_run_touched_otherwise_ends_as_one_by_one(
+    tmp_path: Path, then: list[Mutation]
+) -> None:
+    """Each way a job of a run (leased and completed in the same batch) is touched next in
+    that batch turns it into its row first: the rows come out as written one by one."""
+    stream: list[Mutation] = [("put", job(key, "qa", "waiting", i)) for i, key in enumerate(_IDS)]
+    lives = [("upd", key, _SHARED[0]) for key in _IDS[:5]]
+    lives += [("upd", key, _SHARED[1]) for key in _IDS[:5]]
+    stream += [*lives, *then, ("upd", "j1", _SHARED[3])]
+    bounds = [0, len(_IDS), len(stream)]
+    assert in_batches(tmp_path / "b.db", stream, bounds, 1024) == one_by_one(
+        tmp_path / "o.db", stream
+    )
