@@ -283,6 +283,21 @@ class ShardCore(ParkedRequests):
             self._drained_sent = True
         return out
 
+    def early_out(self) -> list[Outgoing]:
+        """What a client waits on, to send before `finish_turn` runs the turn's timers and
+        parked requests: the turn's batches when one holds durable pushes (their commit is
+        the wait), and the replies ready once no mutation of the turn is left unsent (a
+        `done` released them). Nothing while a resend is due: the resent batches go first
+        (`finish_turn`). `finish_turn` sends whatever comes later in the same order."""
+        if self.batches.resend_due:
+            return []
+        out: list[Outgoing] = []
+        if self._durable or self._segments:
+            self._flush_mutations(out)
+        if self._replies and not self._muts:
+            out.extend(self.take_replies())
+        return out
+
     def after_send(self) -> None:
         """The turn's output is sent: make the jobs of the commits it answered deliverable
         (`WriterBatches.confirm_committed`). Off a durable push's round trip, as its reply
