@@ -313,7 +313,7 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
             if messages:
                 # A durable push's batch, or the replies a `done` released, before the
                 # turn's timers and parked requests: a client waits on them.
-                self._send(self.core.early_out())
+                self._send(self.core.early_out(now))
             self._send(self.core.finish_turn(now))
             self.core.after_send()
             if self._report_at is not None:
