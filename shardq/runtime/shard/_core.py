@@ -289,11 +289,15 @@ class ShardCore(ParkedRequests):
         batches = bool(self._durable or self._segments)
         if not batches and (self._muts or not self._replies):
             return []
-        out: list[Outgoing] = [("front", m) for m in self.event_tap.take()]
+        out: list[Outgoing] = []
+        if self.event_tap.active:  # it records events only then
+            out.extend(("front", m) for m in self.event_tap.take())
         if batches:
             self._flush_mutations(out)
-        self._notices(out, now)
-        out.extend(self.take_replies())
+        if self._cancels or self.flows.flows.new:  # due resends can wait for `finish_turn`
+            self._notices(out, now)
+        if self._replies:
+            out.extend(self.take_replies())
         return out
 
     def after_send(self) -> None:

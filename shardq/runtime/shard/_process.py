@@ -310,10 +310,11 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
             now = self.clock.now()
             for msg in messages:
                 self.core.handle(msg, now)
-            if messages:
-                # A durable push's batch, or the replies a `done` released, before the
-                # turn's timers and parked requests: a client waits on them.
-                self._send(self.core.early_out(now))
+            # A durable push's batch, or the replies a `done` released, before the turn's
+            # timers and parked requests: a client waits on them.
+            first = self.core.early_out(now) if messages else None
+            if first:
+                self._send(first)
             self._send(self.core.finish_turn(now))
             self.core.after_send()
             if self._report_at is not None:
