@@ -32,6 +32,9 @@ _PLAIN_PUSH_KEYS: Final = (PUSH_KEYS - REWRITTEN_JOB_KEYS - JOB_FIELDS - _CROSS_
 # an int in range needs no rewriting and no other check, so it keeps a push on the plain path.
 _TRACE_LIMIT: Final = "stackTraceLimit"
 _PLAIN_TRACED_KEYS: Final = _PLAIN_PUSH_KEYS | {_TRACE_LIMIT}
+# A single PUSH may also carry `"durable": true` (bunqueue-client's durable add): a valid flag
+# that `Job.create` keeps in `opts` as the full passes would (`_plain_single`).
+_PLAIN_SINGLE_KEYS: Final = _PLAIN_TRACED_KEYS | {"durable"}
 _PLAIN_ENTRY_KEYS: Final = frozenset(("data", "name"))
 _PLAIN_TRACED_ENTRY_KEYS: Final = _PLAIN_ENTRY_KEYS | {_TRACE_LIMIT}
 
@@ -43,6 +46,18 @@ def _plain(cmd: Mapping[str, Any]) -> bool:
     if keys <= _PLAIN_PUSH_KEYS:
         return True
     return keys <= _PLAIN_TRACED_KEYS and _plain_limit(cmd[_TRACE_LIMIT])
+
+
+def _plain_single(cmd: Mapping[str, Any]) -> bool:
+    """`_plain`, or as plain but for `"durable": true`: for `cmd_push` alone. A run of pushes
+    (`push_run`) answers each at once, where a durable push's reply waits for its commit, so
+    `push_run` keeps to `_plain`."""
+    keys = cmd.keys()
+    if keys <= _PLAIN_PUSH_KEYS:
+        return True
+    if not keys <= _PLAIN_SINGLE_KEYS or cmd.get("durable", True) is not True:
+        return False
+    return _TRACE_LIMIT not in keys or _plain_limit(cmd[_TRACE_LIMIT])
 
 
 def _plain_entry(entry: Mapping[str, Any]) -> bool:
@@ -152,7 +167,7 @@ class Producer:
 
     def cmd_push(self, fx: Effects, cmd: Mapping[str, Any], now: int) -> dict[str, Any]:
         queue = cmd.get("queue")
-        if _plain(cmd):  # what the full passes below would check of it
+        if _plain_single(cmd):  # what the full passes below would check of it
             error = validate_queue_name(queue) or validate_data(cmd.get("data"))
             error = error or validate_name(cmd)
             if error:

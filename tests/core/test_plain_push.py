@@ -77,6 +77,53 @@ def test_the_plain_path_decides_as_the_full_passes(
         assert state_of(fast) == state_of(slow)
 
 
+# bunqueue-client's durable add, and near misses of its `durable`.
+SINGLE = st.fixed_dictionaries(
+    {"data": DATA},
+    optional={"name": st.sampled_from(("noop", "", 5)), "stackTraceLimit": TRACE_LIMITS,
+              "durable": st.sampled_from((True, True, True, False, 1, None, "yes", [1]))},
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(pushes=st.lists(SINGLE, min_size=1, max_size=6))
+def test_a_single_durable_push_on_the_plain_path_is_decided_as_by_the_full_passes(
+    pushes: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone PUSH with `"durable": true` skips the full passes (`_produce._plain_single`):
+    the same replies (errors included), mutations and state, `durable` kept in the job's
+    options, as with the shortcut turned off."""
+    config = EngineConfig()
+    fast, slow = Engine(config, seed=5), Engine(config, seed=5)
+    for fields in pushes:
+        cmd = {"cmd": "PUSH", "queue": "q", **fields}
+        got = fast.apply(copy.deepcopy(cmd), NOW)
+        with monkeypatch.context() as patch:
+            patch.setattr(_produce, "_plain_single", lambda _: False)
+            expected = slow.apply(copy.deepcopy(cmd), NOW)
+        assert got.reply == expected.reply
+        assert got.mutations == expected.mutations
+        assert state_of(fast) == state_of(slow)
+
+
+def test_a_durable_push_takes_the_single_plain_path_and_never_a_run() -> None:
+    """A durable PUSH is plain for `cmd_push` only: a run (`push_run`) answers its pushes at
+    once, where a durable one waits for its commit."""
+    push = {"cmd": "PUSH", "queue": "q", "data": {"n": 1}, "durable": True}
+    assert _produce._plain_single(push) and not _produce._plain(push)
+    assert _produce._plain_single({**push, "stackTraceLimit": 5})
+    for durable in (False, 1, None, "yes"):
+        assert not _produce._plain_single({**push, "durable": durable})
+    assert not _produce._plain_single({**push, "stackTraceLimit": "5"})
+    assert not _produce._plain_single({**push, "priority": 1})
+    engine = Engine(seed=1)
+    run = engine.push_run([push, dict(push)], NOW)
+    assert run is not None and run[1] == [] and not engine.jobs  # none taken
+    got = engine.apply(dict(push), NOW)
+    assert got.reply["ok"] and engine.jobs[got.reply["id"]].opts == {"durable": True}
+
+
 def _decided_as_without(
     shortcuts: list[tuple[object, str]],
     batches: list[list[dict[str, Any]]],

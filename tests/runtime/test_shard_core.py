@@ -49,8 +49,11 @@ class Shard:
         self.core.handle(msg, self.now)
         self.end()
 
-    def end(self, *, after_send: bool = True) -> None:
-        for dest, out in self.core.finish_turn(self.now):
+    def end(self, *, after_send: bool = True, handled: bool = True) -> None:
+        """End the turn as the shard process does: what a client waits on first (after a turn
+        that handled messages), then the rest of the turn."""
+        early = self.core.early_out(self.now) if handled else []
+        for dest, out in [*early, *self.core.finish_turn(self.now)]:
             if dest == "writer" and out["t"] == "flush":
                 assert out["shard"] == 0
                 self.flushes.append(out["seq"])
@@ -73,7 +76,7 @@ class Shard:
 
     def advance(self, ms: int) -> None:
         self.now += ms
-        self.end()
+        self.end(handled=False)
 
 
 @pytest.fixture
@@ -121,6 +124,56 @@ def test_durable_push_waits_for_the_writer(s: Shard) -> None:
     assert durable not in s.replies
     s.msg({"t": "done", "seq": 2})
     assert s.replies[durable]["ok"] and s.replies[durable]["id"]
+
+
+def test_what_a_client_waits_on_goes_before_the_rest_of_the_turn(s: Shard) -> None:
+    """`early_out`: a durable push's batch leaves before the turn's timers and parked
+    requests run, and so does the reply a `done` released; a buffered push's reply waits
+    for its batch, which leaves with the rest of the turn (`finish_turn`)."""
+    core = s.core
+    durable = {"cmd": "PUSH", "queue": "q", "data": 1, "durable": True}
+    core.handle({"t": "req", "items": [["t1", 1, durable]]}, s.now)
+    (early,) = core.early_out(s.now)
+    assert early[0] == "writer" and early[1]["t"] == "muts" and early[1]["durable"] is True
+    assert core.finish_turn(s.now) == []  # nothing left: no second batch, no reply yet
+    core.after_send()
+    core.handle({"t": "done", "seq": early[1]["seq"]}, s.now)
+    (early,) = core.early_out(s.now)
+    assert early[0] == "front" and early[1]["t"] == "rep"
+    assert [item[1] for item in early[1]["items"]] == [1] and early[1]["items"][0][2]["ok"]
+    assert core.finish_turn(s.now) == []
+    core.after_send()
+    core.handle({"t": "req", "items": [["t1", 2, {"cmd": "PUSH", "queue": "q", "data": 2}]]},
+                s.now)  # fmt: skip
+    assert core.early_out(s.now) == []  # its batch first, in the turn's order
+    assert [(dest, out["t"]) for dest, out in core.finish_turn(s.now)] == [
+        ("writer", "muts"),
+        ("front", "rep"),
+    ]
+    # A delayed job due in a durable push's turn: its promotion goes in a batch of its own,
+    # after the durable one.
+    core.handle({"t": "req", "items": [["t1", 3, {"cmd": "PUSH", "queue": "q", "data": 3,
+                                                   "delay": 10}]]}, s.now)  # fmt: skip
+    core.finish_turn(s.now)
+    s.now += 20
+    core.handle({"t": "req", "items": [["t1", 4, {**durable, "data": 4}]]}, s.now)
+    (early,) = core.early_out(s.now)
+    assert early[1]["durable"] is True and len(early[1]["muts"]) == 1
+    (late,) = core.finish_turn(s.now)
+    assert late[0] == "writer" and "durable" not in late[1] and late[1]["seq"] > early[1]["seq"]
+    # With listeners, a turn's job events go before its batches and replies, as ever.
+    core.handle({"t": "listen", "all": True}, s.now)
+    core.handle({"t": "req", "items": [["t1", 5, {**durable, "data": 5}],
+                                       ["t1", 6, {"cmd": "PUSH", "queue": "q", "data": 6}]]},
+                s.now)  # fmt: skip
+    early = core.early_out(s.now)
+    assert [(dest, out["t"], out.get("durable")) for dest, out in early] == [
+        ("front", "events", None),
+        ("writer", "muts", True),
+        ("writer", "muts", None),
+        ("front", "rep", None),
+    ]
+    assert [item[1] for item in early[-1][1]["items"]] == [6]  # the buffered one's, after both
 
 
 def test_a_durable_push_is_answered_before_its_jobs_are_released(s: Shard) -> None:

@@ -270,17 +270,34 @@ class ShardCore(ParkedRequests):
             # so a batch the old writer did commit is harmless to apply again.
             out.extend(("writer", msg) for msg in self.batches.resends())
         self._flush_mutations(out)
-        # After the batch that stores them: a notice never reaches a parent before the
-        # child's outcome it reports is on its way to disk.
-        out.extend(("front", msg) for msg in self.flows.take(now))
-        if self._cancels:
-            # After the batch that dead-letters them: the worker is told of a settled fact.
-            notices, self._cancels = self._cancels, []
-            out.append(("front", msgs.cancel(notices)))
+        self._notices(out, now)
         out.extend(self.take_replies())
         if self.draining and not self._drained_sent and self.engine.query.active_count() == 0:
             out.append(("front", msgs.drained(self.index)))
             self._drained_sent = True
+        return out
+
+    def early_out(self, now: int) -> list[Outgoing]:
+        """What a client waits on, to send before `finish_turn` runs the turn's timers and
+        parked requests: the turn's batches when one holds durable pushes (their commit is
+        the wait), and the replies ready once no mutation of the turn is left unsent (a
+        `done` released them). In `finish_turn`'s order: the turn's job events, the batches,
+        the notices that follow them, the replies. Nothing while a resend is due (the resent
+        batches go first, `finish_turn`); `finish_turn` sends whatever comes later."""
+        if self.batches.resend_due:
+            return []
+        batches = bool(self._durable or self._segments)
+        if not batches and (self._muts or not self._replies):
+            return []
+        out: list[Outgoing] = []
+        if self.event_tap.active:  # it records events only then
+            out.extend(("front", m) for m in self.event_tap.take())
+        if batches:
+            self._flush_mutations(out)
+        if self._cancels or self.flows.flows.new:  # due resends can wait for `finish_turn`
+            self._notices(out, now)
+        if self._replies:
+            out.extend(self.take_replies())
         return out
 
     def after_send(self) -> None:
@@ -289,6 +306,16 @@ class ShardCore(ParkedRequests):
         went first; a request handled later finds them deliverable (`handle`)."""
         if self.batches.confirm_pending:
             self.batches.confirm_committed()
+
+    def _notices(self, out: list[Outgoing], now: int) -> None:
+        """The turn's flow notices and cancel notices, after its batches, before its replies."""
+        # After the batch that stores them: a notice never reaches a parent before the
+        # child's outcome it reports is on its way to disk.
+        out.extend(("front", msg) for msg in self.flows.take(now))
+        if self._cancels:
+            # After the batch that dead-letters them: the worker is told of a settled fact.
+            notices, self._cancels = self._cancels, []
+            out.append(("front", msgs.cancel(notices)))
 
     def take_replies(self) -> list[Outgoing]:
         """The replies ready to go, as at most one `rep` batch; nothing else runs."""

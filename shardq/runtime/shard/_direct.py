@@ -442,7 +442,10 @@ class DirectPort(DirectStop, HandedConns):
                         conn.paused = False
                         self._watch(conn)
                     self._idle(conn)
-                self._write(conn, b"".join(encode_js(r) for r in replies))
+                # One reply (a client waiting on each) needs no join.
+                one = len(replies) == 1
+                data = encode_js(replies[0]) if one else b"".join(map(encode_js, replies))
+                self._write(conn, data)
                 self._return_if_done(conn)
                 if self.quiesced and conn.inflight == 0:
                     self.release(conn)  # its last reply is out: the goodbye follows

@@ -153,6 +153,10 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
         self._commit_waits = 0  # turns spent over `writer_unconfirmed_max_bytes`
         self._next_connect = 0.0
         self._link_fds: set[int] = set()
+        # What `_watch_links` saw last (the front link's list, the writer's descriptor), and
+        # the flags the writer's descriptor is polled with (`_arm_writer`; None: unknown).
+        self._watched: tuple[list[int] | None, int | None] = (None, None)
+        self._writer_flags: int | None = None
         self.sup = SupervisorLink(self._ctx, spec)
         # SIGTERM arrives as bytes on a socket pair that the poll watches, so it wakes a
         # blocked poll at once and never runs code in the middle of a turn.
@@ -306,6 +310,11 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
             now = self.clock.now()
             for msg in messages:
                 self.core.handle(msg, now)
+            # A durable push's batch, or the replies a `done` released, before the turn's
+            # timers and parked requests: a client waits on them.
+            first = self.core.early_out(now) if messages else None
+            if first:
+                self._send(first)
             self._send(self.core.finish_turn(now))
             self.core.after_send()
             if self._report_at is not None:
@@ -431,9 +440,15 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
 
     def _watch_links(self) -> None:
         # The links' descriptors change when the front end connects or goes away, and when
-        # the writer link drops and is made again.
-        fds = set(self._front.fds())
+        # the writer link drops and is made again. The front link makes a new list when its
+        # descriptors change: the same list and writer descriptor as last turn, nothing to do.
+        front = self._front.fds()
         writer_fd = self._writer.fd()
+        if front is self._watched[0] and writer_fd == self._watched[1]:
+            return
+        self._watched = (front, writer_fd)
+        self._writer_flags = None  # registered anew below, or gone
+        fds = set(front)
         if writer_fd is not None:
             fds.add(writer_fd)
         for fd in self._link_fds - fds:

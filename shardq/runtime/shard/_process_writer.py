@@ -37,6 +37,7 @@ class ShardWriterSide:
     _poller: zmq.Poller
     _confirm_wait_ms: int
     _next_connect: float
+    _writer_flags: int | None
 
     def _arm_writer(self, writer_fd: int) -> bool:
         """Set what the poll watches on the writer link; True if its input may wait unread
@@ -44,8 +45,10 @@ class ShardWriterSide:
         quiet = self._confirmations_can_wait()
         # Unsent batches wait for the socket to take them: wake when it can. (Flags of 0
         # take the descriptor out of the poll until a later turn puts it back.)
-        out = POLLOUT if self._writer.pending else 0
-        self._poller.modify(writer_fd, (0 if quiet else POLLIN) | out)
+        flags = (0 if quiet else POLLIN) | (POLLOUT if self._writer.pending else 0)
+        if flags != self._writer_flags:  # most turns poll it as the last one did
+            self._writer_flags = flags
+            self._poller.modify(writer_fd, flags)
         return quiet
 
     def _confirmations_can_wait(self) -> bool:

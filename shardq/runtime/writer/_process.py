@@ -28,7 +28,7 @@ import select
 import signal
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeGuard
+from typing import Any
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 import structlog
@@ -347,7 +347,8 @@ class Writer(RejectedMutations):
             return
         kind, shard, seq = message.get("t"), message.get("shard"), message.get("seq")
         now = self._clock()
-        if not (_is_int(shard) and _is_int(seq)):
+        # Plain ints only (a bool is not a seq): what msgpack decodes, checked without a call.
+        if type(shard) is not int or type(seq) is not int:
             log.error("dropped a message without shard and seq", kind=kind)
             return
         self._links.claim(conn, shard)
@@ -547,10 +548,6 @@ class _NoCollection:
 
 
 _no_collection = _NoCollection()
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _stop_requested(signals: list[int]) -> bool:
