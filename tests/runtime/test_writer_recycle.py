@@ -95,6 +95,23 @@ def test_a_quiet_grown_writer_recycles_and_loses_nothing(
     assert server.stop() == 0, server.log_tail()
 
 
+def test_a_vacuum_pass_only_wanted_does_not_hold_the_recycle_off(
+    shardq_server: Callable[..., ShardqServer],
+) -> None:
+    # Every commit makes a pass wanted for the writer's next idle moment. With that moment
+    # longer than the trickle's gaps (a commit every 250 ms), a pass is wanted at every
+    # check and never starts: the recycle must not wait for it (the new writer starts with
+    # one wanted). It once did, and a steady trickle could hold the writer off for good.
+    env = {**RECYCLE_ENV, "SHARDQ_VACUUM_IDLE_MS": "5000"}
+    server, _done = _grown_server(shardq_server, env)
+    line = _Traffic(server, "trickle").across(lambda: _recycled(server), "a writer recycle")
+    assert line["child"] == "writer"
+    assert server.find_log("vacuum started") is None  # no pass ran, none held it off
+    declined = [e for e in server.logs() if e.get("event") == "writer not recycling"]
+    assert all(e["reason"] != "vacuum pass wanted" for e in declined), declined
+    assert server.stop() == 0, server.log_tail()
+
+
 def test_writer_recycle_off_keeps_the_writer(shardq_server: Callable[..., ShardqServer]) -> None:
     env = {**RECYCLE_ENV, "SHARDQ_WRITER_RECYCLE_IDLE_MS": "0"}
     server, _done = _grown_server(shardq_server, env)

@@ -225,8 +225,11 @@ class Writer(RejectedMutations):
         confirmations a shard has not taken yet."""
         if self._buffer.pending_batches or self._buffer.deadline() is not None:
             return "batches waiting"
-        if self._vacuum.deadline() is not None:
-            return "vacuum pass wanted"
+        # A pass under way, not one merely wanted: every commit makes one wanted for when
+        # the writer is next idle, and the new writer starts with one wanted (a steady
+        # trickle of commits would otherwise hold the recycle off for good).
+        if self._vacuum.under_way:
+            return "vacuum pass under way"
         if self._pieces.wanted or self._pieces.deadline() is not None:
             return "drain range waiting"
         if self._links.waiting_fds():

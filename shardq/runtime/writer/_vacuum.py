@@ -146,6 +146,11 @@ class IdleVacuum:
         if self._rebuild is not None:
             self._rebuild.committed()
 
+    @property
+    def under_way(self) -> bool:
+        """Whether a pass (steps or a rebuild) has started and not ended."""
+        return self._pass is not None
+
     def deadline(self) -> float | None:
         """When the next step is due (monotonic seconds), or None if no pass is wanted."""
         return max(self._since + self._idle_s, self._next_at) if self._wanted else None
