@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -261,3 +262,40 @@ def test_a_data_only_pushb_takes_the_shortcut() -> None:
         _produce._data_only([{"data": 1}, {"data": {1}}])
     with pytest.raises(_produce.CommandError, match=r"^jobs\[1\]: Job name must be"):
         _produce._data_only([{"data": 1, "name": "a"}, {"data": 2, "name": ""}])
+
+
+_NAMES = st.one_of(st.none(), st.just(""), st.just("given"), st.integers(0, 3))
+_DATA = st.one_of(
+    st.none(),
+    st.integers(0, 9),
+    st.just("text"),
+    st.fixed_dictionaries({}, optional={"name": _NAMES, "n": st.integers(0, 9)}),
+)
+
+
+@given(
+    st.lists(_DATA, min_size=1, max_size=6),
+    st.sampled_from([(), ("name",), ("durable",), ("name", "durable")]),
+    _NAMES,
+)
+def test_a_payload_only_pushb_builds_the_jobs_create_plain_builds(
+    datas: list[Any], keys: tuple[str, ...], name: Any
+) -> None:
+    # `_produce._payload_jobs` inlines `Job.create_plain` for a bulk push's entries (all with
+    # the same keys): every slot of every job must come out as create_plain makes it.
+    entries: list[Mapping[str, Any]] = []
+    for data in datas:
+        entry: dict[str, Any] = {"data": data}
+        if "name" in keys:
+            entry["name"] = name
+        if "durable" in keys:
+            entry["durable"] = True
+        entries.append(entry)
+    ids = [f"id-{n}" for n in range(len(entries))]
+    built = _produce._payload_jobs(ids, "q", 10, entries, 1_000)
+    for n, (job, entry) in enumerate(zip(built, entries, strict=True)):
+        plain = _job.Job.create_plain(ids[n], "q", 11 + n, entry, 1_000)
+        slots = _job.Job.__slots__
+        assert {s: getattr(job, s, None) for s in slots} == {
+            s: getattr(plain, s, None) for s in slots
+        }, entry
