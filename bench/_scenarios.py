@@ -79,14 +79,36 @@ def start_server(
     )
     if "--http-port" in help_text.stdout:
         args += ["--http-port", "0"]
-    server = subprocess.Popen(
-        args,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=data_dir,
-        env={**os.environ, **(env or {})},
-    )
+    # The server's stderr (warnings and worse) goes to a file in the data dir, so that a server
+    # that dies at start says why (`connect` adds the file's tail to its error).
+    stderr_path = os.path.join(data_dir, "server-stderr.log")
+    with open(stderr_path, "wb") as stderr:
+        server = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            cwd=data_dir,
+            env={**os.environ, **(env or {})},
+        )
+    _STDERR_LOGS[server.pid] = stderr_path
     return server, tcp
+
+
+_STDERR_LOGS: dict[int, str] = {}
+"""The stderr file of each server `start_server` started, by its pid."""
+
+
+def stderr_tail(server: subprocess.Popen[bytes], lines: int = 20) -> str:
+    """The last `lines` lines of what `server` (started by `start_server`) wrote to stderr."""
+    path = _STDERR_LOGS.get(server.pid)
+    if path is None:
+        return "(not started by start_server: no stderr on record)"
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError as e:
+        return f"(its stderr file {path} could not be read: {e})"
+    return "\n".join(text.splitlines()[-lines:]) or "(its stderr is empty)"
 
 
 def connect(port: int, server: subprocess.Popen[bytes], timeout_s: float = 60) -> TcpConnection:
@@ -96,8 +118,9 @@ def connect(port: int, server: subprocess.Popen[bytes], timeout_s: float = 60) -
             conn = TcpConnection("127.0.0.1", port)
             conn.call({"cmd": "Ping"})
             return conn
-        except (OSError, ConnectionLost):
+        except (OSError, ConnectionLost) as e:
             if server.poll() is not None or time.monotonic() > deadline:
+                e.add_note(f"server exit code {server.poll()}; stderr:\n{stderr_tail(server)}")
                 raise
             time.sleep(0.1)
 

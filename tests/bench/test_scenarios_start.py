@@ -1,0 +1,32 @@
+"""`bench._scenarios.start_server` keeps the server's stderr: a bench whose server dies at start
+says why (`connect` adds the stderr's tail to the error it raises)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench._scenarios import connect, start_server, stderr_tail
+from shardq.client import ConnectionLost
+
+SHARDQ = shutil.which("shardq") or str(Path(sys.executable).with_name("shardq"))
+
+
+def test_a_server_that_dies_at_start_says_why(tmp_path: Path) -> None:
+    first, port = start_server(SHARDQ, 1, str(tmp_path))
+    try:
+        connect(port, first).close()
+        # A second server on the same data dir refuses to start: the data file is locked.
+        second, second_port = start_server(SHARDQ, 1, str(tmp_path))
+        with pytest.raises((OSError, ConnectionLost)) as raised:
+            connect(second_port, second, timeout_s=30)
+        assert second.wait(timeout=10) != 0
+        notes = "\n".join(getattr(raised.value, "__notes__", []))
+        assert "is in use by another shardq server" in notes
+        assert "is in use by another shardq server" in stderr_tail(second)
+    finally:
+        first.terminate()
+        first.wait(timeout=30)
