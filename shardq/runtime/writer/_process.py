@@ -288,10 +288,11 @@ class Writer(RejectedMutations):
 
     def _serve_links(self, events: dict[int, int]) -> None:
         links = self._links
-        bells = links.bell_fds()
+        bells = links.bell_fds() if self._bells else ()
+        listener = links.listener_fd()
         rang = False
         for fd, mask in events.items():
-            if fd == links.listener_fd():
+            if fd == listener:
                 self._muted.difference_update(links.accept())  # a closed link's descriptor
                 continue
             if fd in bells:
@@ -448,6 +449,9 @@ class Writer(RejectedMutations):
         answer, as they always can."""
         front = msgs.FRONT_END_SHARD
         replies = buffer.replies(self._refused) if self._links.idle(front) else []
+        if not replies:  # the usual case: the shards answer their own (a handed-off link)
+            self._send(buffer.committed())
+            return
         answered: dict[int, list[int]] = {}
         for shard, seq, _rep in replies:
             answered.setdefault(shard, []).append(seq)
