@@ -202,18 +202,8 @@ class FlushBuffer:
     def committed(self, answered: Mapping[int, list[int]] | None = None) -> list[Outgoing]:
         """The waiting batches are committed: clear them; return `done` per shard (and syncs).
         `answered`: per shard, the seqs whose replies the writer delivers (`replies`)."""
-        batches = self._batches
-        if len(batches) == 1 and not self._syncs:
-            # A lone batch (a durable push's own commit): its `done`, without the general
-            # bookkeeping below. The confirmation is on the durable path's critical wait.
-            (batch,) = batches
-            out: list[Outgoing] = []
-            if batch.epoch == self._epochs.get(batch.shard, 0):
-                told = answered.get(batch.shard) if answered else None
-                out.append((batch.shard, msgs.done(batch.seq, answered=told)))
-            self._forget_all()
-            self.storage_full = False
-            return out
+        if len(self._batches) == 1 and not self._syncs:
+            return self._lone_committed(answered)
         latest: dict[int, int] = {}
         for batch in self._batches:
             if batch.epoch == self._epochs.get(batch.shard, 0):
@@ -223,6 +213,18 @@ class FlushBuffer:
         out.extend(
             (shard, msgs.done(seq, answered=told.get(shard))) for shard, seq in latest.items()
         )
+        self._forget_all()
+        self.storage_full = False
+        return out
+
+    def _lone_committed(self, answered: Mapping[int, list[int]] | None) -> list[Outgoing]:
+        """`committed` for a lone batch and no sync (a durable push's own commit): its
+        `done`, without the per-shard bookkeeping; the shard's client waits on it."""
+        batch = self._batches[0]
+        out: list[Outgoing] = []
+        if batch.epoch == self._epochs.get(batch.shard, 0):
+            told = answered.get(batch.shard) if answered else None
+            out.append((batch.shard, msgs.done(batch.seq, answered=told)))
         self._forget_all()
         self.storage_full = False
         return out

@@ -184,29 +184,41 @@ class Writer(RejectedMutations):
 
     def run(self, waker: SignalWaker) -> int:
         """Serve until SIGTERM/SIGINT, then flush, checkpoint and return the exit code."""
+        waker_fd = waker.fileno()
+        buffer, clock = self._buffer, self._clock
         while True:
             events = self._poll(waker)
-            if waker.fileno() in events and _stop_requested(waker.drain()):
+            if waker_fd in events and _stop_requested(waker.drain()):
                 break
             with _no_collection:
                 self._serve_links(events)
-                if self._buffer.due(self._clock()):
+                if buffer.due(clock()):
                     if self._bells:
                         self._read_links(events)  # what waited unread for this commit
                     self._flush()
-            self._pieces.tick(self._clock())
-            if self._pieces.wanted and not self._buffer.due(self._clock()):
-                self._pieces.step()  # one piece, then the links again (`_timeout_ms` 0)
-            if events.keys() - {waker.fileno()}:
-                self._give_back.busy(self._clock())
-                self._recycle.busy(self._clock())
-            # Idle: no batch waits, nor a retry (a message that came this turn made a batch).
-            if self._buffer.deadline() is None and self._vacuum.due(self._clock()):
-                self._vacuum.step()
-            self._give_back.check(self._clock())
+            self._after_turn(events, waker_fd)
             if self._recycling():
                 break
         return self._shutdown(waker)
+
+    def _after_turn(self, events: dict[int, int], waker_fd: int) -> None:
+        """What a turn does once its batches are read and committed: a piece of a Drain's
+        range, the idle vacuum, the memory give-back. One clock reading serves it all but a
+        piece's own (nobody waits on these; a commit's confirmation is already out)."""
+        now = self._clock()
+        pieces, buffer = self._pieces, self._buffer
+        pieces.tick(now)
+        if pieces.wanted and not buffer.due(now):
+            pieces.step()  # one piece, then the links again (`_timeout_ms` 0)
+            now = self._clock()
+        if len(events) > (waker_fd in events):  # a link's event, not only a signal
+            self._give_back.busy(now)
+            self._recycle.busy(now)
+        # Idle: no batch waits, nor a retry (a message that came this turn made a batch).
+        if buffer.deadline() is None and self._vacuum.due(now):
+            self._vacuum.step()
+            now = self._clock()
+        self._give_back.check(now)
 
     def _recycling(self) -> bool:
         """Whether the writer stops now to be replaced by a fresh process (`_recycle.py`):
