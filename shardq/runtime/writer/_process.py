@@ -389,7 +389,8 @@ class Writer(RejectedMutations):
         fd = self._links.fd_of(shard) if self._bells and not urgent else None
         if fd is not None:
             self._muted.add(fd)
-        self._send(added)
+        if added:  # a `fail` at once while storage is full; nothing otherwise
+            self._send(added)
         return True
 
     def _on_front(
