@@ -9,7 +9,8 @@ then takes everything with PULLB 100 + ACKB on every queue at once; `*8q` spread
 8 queues. The extra scenarios (`EXTRA`, run only when named): `ppa1q` measures the whole life
 of a job, rounds of 20 PUSHB of 100 (8 in flight) each drained before the next, so a job's put,
 lease and completion may share one flush window of the writer; a `_roc` suffix pushes every
-job with `removeOnComplete`.
+job with `removeOnComplete`. `dpush1q` sends N durable PUSH one at a time, each waiting for its
+reply (issue 24's durable single push: one commit per job).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from shardq.client import ConnectionLost, TcpConnection
 
 SCENARIOS = ("push1q", "push8q", "drain1q", "drain8q")
-EXTRA = ("drain1q_roc", "drain8q_roc", "ppa1q", "ppa1q_roc")
+EXTRA = ("drain1q_roc", "drain8q_roc", "ppa1q", "ppa1q_roc", "dpush1q")
 """Scenarios run only when named (not in the default list of `bench.cpu_ab`)."""
 ALL_SCENARIOS = SCENARIOS + EXTRA
 # Jobs pushed per round of a `ppa*` scenario (20 PUSHB of `BATCH`).
@@ -170,6 +171,10 @@ def drain(conn: TcpConnection, queues: list[str]) -> int:
 def work(conn: TcpConnection, scenario: str, queues: list[str], jobs: int) -> int:
     if scenario.startswith("ppa"):
         return _ppa(conn, scenario, queues[0], jobs)
+    if scenario == "dpush1q":
+        for i in range(jobs):
+            conn.call({"cmd": "PUSH", "queue": queues[0], "data": {"i": i}, "durable": True})
+        return jobs
     if scenario.startswith("push"):
         pushes = (
             {"cmd": "PUSH", "queue": queues[i % len(queues)], "data": {"i": i}} for i in range(jobs)

@@ -13,8 +13,10 @@ time, `drain*` first fills the queues with PUSHB (not measured) and then takes e
 PULLB 100 + ACKB on every queue at once. `*8q` spreads the jobs over 8 queues. Run only
 when named: `ppa1q` (push, pull and ack all measured, in rounds of 2,000 jobs) and the `_roc`
 variants `drain1q_roc`, `drain8q_roc`, `ppa1q_roc` (every job pushed with
-`removeOnComplete`). The CPU time of each child process (user + system, from /proc) is read
-before and after and divided by N.
+`removeOnComplete`), and `dpush1q` (N durable PUSH one at a time, each waiting for its reply:
+one commit per job, issue 24; run it with `SHARDQ_SPIN_US=0`, or spins count as work). The
+CPU time of each child process (user + system, from /proc) is read before and after and
+divided by N.
 
 Why this and not `bench compare`: on a shared VM the wall-clock rate of the same build moves
 by 2x within an hour, so two `compare` runs one after the other cannot resolve a 10 %

@@ -180,8 +180,23 @@ class ShardConnections:
         conn = self._by_shard.get(shard)
         if conn is None:
             return False
-        conn.out += frame(data)
-        self._write(conn)
+        if conn.out:  # behind what waits: in order, after it
+            conn.out += frame(data)
+            self._write(conn)
+            return True
+        # Nothing waits (nearly always: a `done` per commit): the frame goes straight to the
+        # socket, and only what it does not take is kept, without copying the frame through
+        # the buffer first.
+        whole = frame(data)
+        try:
+            sent = conn.sock.send(whole)
+        except BlockingIOError:
+            sent = 0
+        except OSError as e:
+            self._drop(conn, f"write failed: {e}")
+            return True
+        if sent < len(whole):
+            conn.out += whole[sent:]
         return True
 
     def fd_of(self, shard: int) -> int | None:

@@ -76,6 +76,7 @@ class FlushBuffer:
         # policy as it was.
         self._ops = 0
         self._batches: list[_Batch] = []
+        self._with_replies = 0  # waiting batches that carry replies (`rep`)
         self._syncs: list[tuple[int, int, int]] = []  # (shard, epoch, seq)
         self._first_at: float | None = None
         self._urgent = False
@@ -118,6 +119,8 @@ class FlushBuffer:
         )
         self._bytes += nbytes
         self._ops += ops
+        if rep is not None:
+            self._with_replies += 1
         self._muts.extend(mutations)
         if self._first_at is None:
             self._first_at = now
@@ -186,6 +189,8 @@ class FlushBuffer:
         front end once they are committed: only a shard's current process's (an older one's
         requests were answered when it died), and none of a batch with a mutation `refused`
         (its `(shard, seq)`: the shard turns that reply into an error)."""
+        if not self._with_replies:
+            return []  # the usual case: no batch carries any (a shard answers its own)
         return [
             (batch.shard, batch.seq, batch.rep)
             for batch in self._batches
@@ -197,6 +202,8 @@ class FlushBuffer:
     def committed(self, answered: Mapping[int, list[int]] | None = None) -> list[Outgoing]:
         """The waiting batches are committed: clear them; return `done` per shard (and syncs).
         `answered`: per shard, the seqs whose replies the writer delivers (`replies`)."""
+        if len(self._batches) == 1 and not self._syncs:
+            return self._lone_committed(answered)
         latest: dict[int, int] = {}
         for batch in self._batches:
             if batch.epoch == self._epochs.get(batch.shard, 0):
@@ -206,6 +213,18 @@ class FlushBuffer:
         out.extend(
             (shard, msgs.done(seq, answered=told.get(shard))) for shard, seq in latest.items()
         )
+        self._forget_all()
+        self.storage_full = False
+        return out
+
+    def _lone_committed(self, answered: Mapping[int, list[int]] | None) -> list[Outgoing]:
+        """`committed` for a lone batch and no sync (a durable push's own commit): its
+        `done`, without the per-shard bookkeeping; the shard's client waits on it."""
+        batch = self._batches[0]
+        out: list[Outgoing] = []
+        if batch.epoch == self._epochs.get(batch.shard, 0):
+            told = answered.get(batch.shard) if answered else None
+            out.append((batch.shard, msgs.done(batch.seq, answered=told)))
         self._forget_all()
         self.storage_full = False
         return out
@@ -262,6 +281,7 @@ class FlushBuffer:
         self._bytes = 0
         self._ops = 0
         self._batches.clear()
+        self._with_replies = 0
         self._syncs.clear()
         self._first_at = None
         self._urgent = False
@@ -282,6 +302,7 @@ class FlushBuffer:
         if len(kept) == len(self._batches):
             return
         self._batches, self._muts = kept, muts
+        self._with_replies = sum(batch.rep is not None for batch in kept)
         self._bytes = sum(batch.nbytes for batch in kept)
         self._ops = sum(batch.ops for batch in kept)
         if not kept:

@@ -184,29 +184,41 @@ class Writer(RejectedMutations):
 
     def run(self, waker: SignalWaker) -> int:
         """Serve until SIGTERM/SIGINT, then flush, checkpoint and return the exit code."""
+        waker_fd = waker.fileno()
+        buffer, clock = self._buffer, self._clock
         while True:
             events = self._poll(waker)
-            if waker.fileno() in events and _stop_requested(waker.drain()):
+            if waker_fd in events and _stop_requested(waker.drain()):
                 break
             with _no_collection:
                 self._serve_links(events)
-                if self._buffer.due(self._clock()):
+                if buffer.due(clock()):
                     if self._bells:
                         self._read_links(events)  # what waited unread for this commit
                     self._flush()
-            self._pieces.tick(self._clock())
-            if self._pieces.wanted and not self._buffer.due(self._clock()):
-                self._pieces.step()  # one piece, then the links again (`_timeout_ms` 0)
-            if events.keys() - {waker.fileno()}:
-                self._give_back.busy(self._clock())
-                self._recycle.busy(self._clock())
-            # Idle: no batch waits, nor a retry (a message that came this turn made a batch).
-            if self._buffer.deadline() is None and self._vacuum.due(self._clock()):
-                self._vacuum.step()
-            self._give_back.check(self._clock())
+            self._after_turn(events, waker_fd)
             if self._recycling():
                 break
         return self._shutdown(waker)
+
+    def _after_turn(self, events: dict[int, int], waker_fd: int) -> None:
+        """What a turn does once its batches are read and committed: a piece of a Drain's
+        range, the idle vacuum, the memory give-back. One clock reading serves it all but a
+        piece's own (nobody waits on these; a commit's confirmation is already out)."""
+        now = self._clock()
+        pieces, buffer = self._pieces, self._buffer
+        pieces.tick(now)
+        if pieces.wanted and not buffer.due(now):
+            pieces.step()  # one piece, then the links again (`_timeout_ms` 0)
+            now = self._clock()
+        if len(events) > (waker_fd in events):  # a link's event, not only a signal
+            self._give_back.busy(now)
+            self._recycle.busy(now)
+        # Idle: no batch waits, nor a retry (a message that came this turn made a batch).
+        if buffer.deadline() is None and self._vacuum.due(now):
+            self._vacuum.step()
+            now = self._clock()
+        self._give_back.check(now)
 
     def _recycling(self) -> bool:
         """Whether the writer stops now to be replaced by a fresh process (`_recycle.py`):
@@ -288,10 +300,11 @@ class Writer(RejectedMutations):
 
     def _serve_links(self, events: dict[int, int]) -> None:
         links = self._links
-        bells = links.bell_fds()
+        bells = links.bell_fds() if self._bells else ()
+        listener = links.listener_fd()
         rang = False
         for fd, mask in events.items():
-            if fd == links.listener_fd():
+            if fd == listener:
                 self._muted.difference_update(links.accept())  # a closed link's descriptor
                 continue
             if fd in bells:
@@ -334,7 +347,9 @@ class Writer(RejectedMutations):
         if deadline is None:
             waits = (self._vacuum.deadline(), self._give_back.deadline(),
                      self._pieces.deadline(), self._recycle.deadline())  # fmt: skip
-            deadline = min((d for d in waits if d is not None), default=None)
+            for wait in waits:  # the earliest; a loop, not min() over a generator (5 calls)
+                if wait is not None and (deadline is None or wait < deadline):
+                    deadline = wait
         if deadline is None:
             return None  # nothing waits: sleep until a message or a signal
         return max(0, math.ceil((deadline - self._clock()) * 1000))
@@ -374,7 +389,8 @@ class Writer(RejectedMutations):
         fd = self._links.fd_of(shard) if self._bells and not urgent else None
         if fd is not None:
             self._muted.add(fd)
-        self._send(added)
+        if added:  # a `fail` at once while storage is full; nothing otherwise
+            self._send(added)
         return True
 
     def _on_front(
@@ -448,6 +464,9 @@ class Writer(RejectedMutations):
         answer, as they always can."""
         front = msgs.FRONT_END_SHARD
         replies = buffer.replies(self._refused) if self._links.idle(front) else []
+        if not replies:  # the usual case: the shards answer their own (a handed-off link)
+            self._send(buffer.committed())
+            return
         answered: dict[int, list[int]] = {}
         for shard, seq, _rep in replies:
             answered.setdefault(shard, []).append(seq)
