@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from shardq.core._mutations import Mutation, fold_mutations
+from shardq.core._record import fill_record
 from shardq.storage import Storage
 
 Rec = dict[str, Any]
@@ -35,7 +36,8 @@ def expected(batches: Iterable[list[Mutation]]) -> State:
             flows[m[1]] = m[2]
         elif m[0] == "flowdel":
             flows.pop(m[1], None)
-    return jobs, queues, crons, hooks, flows
+    # A store gives a record back with the fields it leaves out at their default put back.
+    return {k: fill_record(rec) for k, rec in jobs.items()}, queues, crons, hooks, flows
 
 
 def loaded(store: Storage, *, page_size: int = 1000) -> State:
