@@ -57,7 +57,7 @@ def job(job_id: str, queue: str = "qa", state: str = "waiting", seq: int = 1, **
     rec: Rec = {"id": job_id, "queue": queue, "state": state, "seq": seq, "priority": 0}
     rec.update(runAt=1_700_000_000_000, attempts=0, data={"n": seq}, logs=None, logsAdded=0)
     rec.update(extra)
-    return rec
+    return fill_record(rec)  # as a store reads it back (the defaults put back)
 
 
 def log_op(n: int, cap: int = 3) -> dict[str, Any]:
