@@ -26,7 +26,9 @@ NUMBER = st.sampled_from((0, 0.0, 1, 2.5, -3))
 ENTRY = st.tuples(st.sampled_from(("waiting", "active", "completed")), st.integers(NOW, NOW + 99),
                   st.one_of(st.none(), st.integers(0, 5)))  # fmt: skip
 LOG = st.fixed_dictionaries({"timestamp": st.integers(0, 9), "message": st.text(max_size=5)})
-OPTS = st.sampled_from(({}, {"durable": True}, {"tags": ["a"], "removeOnComplete": True}, {"customId": "c"}))
+OPTS = st.sampled_from(
+    ({}, {"durable": True}, {"tags": ["a"], "removeOnComplete": True}, {"customId": "c"})
+)
 
 
 @st.composite
@@ -55,7 +57,8 @@ def jobs(draw: st.DrawFn) -> Job:
     job.logs_added = len(job.logs or ()) + draw(st.integers(0, 2))
     job.dedup_until = draw(TIME)
     job.has_result = draw(st.booleans())
-    job.result = draw(st.one_of(st.none(), st.just(0), st.just({"r": 1}))) if job.has_result else None
+    if job.has_result:
+        job.result = draw(st.one_of(st.none(), st.just(0), st.just({"r": 1})))
     job.opts = dict(draw(OPTS))
     if "customId" in job.opts:
         job.key = f"{job.id}\x00{job.queue}"
@@ -95,3 +98,18 @@ def test_a_record_leaves_out_exactly_the_defaults_and_reads_back_as_the_same_job
         if blob is not None:
             pack_with(back, blob)
         _same(back, job)
+
+
+def test_a_dropped_result_stays_dropped() -> None:
+    """A result dropped from a stored record (`{"returnvalue": None, "hasResult": False}`, the
+    change `_state` writes) keeps its `hasResult`: a missing one reads as whether the record
+    holds a `returnvalue` (records written before `hasResult`)."""
+    job = Job.create("j", "q", 1, {"data": 1}, NOW)
+    rec = {**job.to_record(), "returnvalue": None, "hasResult": False}
+    slim = drop_defaults(dict(rec))
+    assert slim["hasResult"] is False
+    assert fill_record(slim)["hasResult"] is False
+    assert Job.from_record(slim).has_result is False
+    old = {k: v for k, v in fill_record(job.to_record()).items() if k != "hasResult"}
+    assert fill_record({**old, "returnvalue": 7})["hasResult"] is True
+    assert fill_record(dict(old))["hasResult"] is False

@@ -5,7 +5,7 @@ server that wrote it gave about its jobs (`test_full_records.py` reads both).
 The files in `data/full_records/` were made by running this module with the build of
 d4dc0e5 (the last one writing full records):
 
-    python tests/runtime/full_records.py /path/to/that/venv/bin/shardq tests/runtime/data/full_records
+    python tests/runtime/full_records.py /that/venv/bin/shardq tests/runtime/data/full_records
 
 It starts that build on a temporary data dir, runs `scenario` (jobs waiting, prioritised,
 LIFO, delayed, completed with and without a result, failed into the DLQ, retried and delayed
@@ -26,11 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+from shardq_harness import ShardqServer  # beside this file: on the path of a script and a test
 
-sys.path.insert(0, str(Path(__file__).parent))
-from shardq_harness import ShardqServer  # noqa: E402
-
-from shardq.client import TcpConnection  # noqa: E402
+from shardq.client import TcpConnection
 
 DAY_MS = 86_400_000
 DATA = Path(__file__).parent / "data" / "full_records"
@@ -149,9 +147,8 @@ def make(shardq: str, out: Path, work: Path) -> None:
 
 
 if __name__ == "__main__":
-    import tempfile
-
     import os
+    import tempfile
 
     target = Path(sys.argv[2]).resolve()
     with tempfile.TemporaryDirectory(prefix="sq-full-") as tmp:
