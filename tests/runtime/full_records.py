@@ -2,10 +2,10 @@
 the fields at their default (docs/runtime.md, "The stored job record"), and the replies the
 server that wrote it gave about its jobs (`test_full_records.py` reads both).
 
-The files in `data/full_records/` were made by running this module with the build of
+The files in `fixtures/full_records/` were made by running this module with the build of
 d4dc0e5 (the last one writing full records):
 
-    python tests/runtime/full_records.py /that/venv/bin/shardq tests/runtime/data/full_records
+    python tests/runtime/full_records.py /that/venv/bin/shardq tests/runtime/fixtures/full_records
 
 It starts that build on a temporary data dir, runs `scenario` (jobs waiting, prioritised,
 LIFO, delayed, completed with and without a result, failed into the DLQ, retried and delayed
@@ -31,7 +31,7 @@ from shardq_harness import ShardqServer  # beside this file: on the path of a sc
 from shardq.client import TcpConnection
 
 DAY_MS = 86_400_000
-DATA = Path(__file__).parent / "data" / "full_records"
+DATA = Path(__file__).parent / "fixtures" / "full_records"
 
 
 class BuildServer(ShardqServer):

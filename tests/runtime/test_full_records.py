@@ -1,7 +1,7 @@
 """Records written with every key (before records left out the fields at their default) read
 exactly as they did, and the records written now read back as they were written.
 
-`data/full_records/` holds a database that the build of d4dc0e5 wrote and the replies that
+`fixtures/full_records/` holds a database that the build of d4dc0e5 wrote and the replies that
 server gave about its jobs (`full_records.py` made both). This build opens a copy of it with
 its clock set to the moment the replies were taken (the test-only `test_clock_file`: no
 delay runs out, no TTL passes) and must give the very same replies, then again after its own
