@@ -1,15 +1,17 @@
 """A new job's record made together with its msgpack encoding, at admission.
 
 Every admitted job is put with its whole record (`Job.to_record`), and a shard encodes that
-record for its writer (`shardq.storage._encode`): 28 keys and values packed one by one, the
-largest single cost of a pushed job in the shard. Yet a job just made by `Job.create` without
+record for its writer (`shardq.storage._encode`): a dozen keys and values packed one by one
+(the fields at their default are left out, `_record`), the largest single cost of a pushed job
+in the shard. Yet a job just made by `Job.create` without
 options differs from the next one in only a few of them: its id, data and seq (and its name
 and queue); its times, state and timeline are shared with the jobs admitted with it, and the
 fields of its later life (attempts, progress, logs, result ...) all hold their defaults.
 
 `FreshRecords.record` builds such a job's record as `to_record` would (the same keys in the
 same order, the same values) as a `PackedRecord`: a dict that also holds its encoding, made by
-joining the bytes of the three fields that differ to the encoded runs of fields between them.
+joining the bytes of the three fields that differ to the encoded runs of fields between them
+(`_join`).
 Those runs are remembered from one job to the next (the last one of each, so nothing grows),
 and encoded again only when a job's shared fields differ from the previous job's.
 
@@ -18,7 +20,7 @@ of a durable bulk push) has the same record with `"durable": true` in front, as 
 puts its options first: `record(job, durable=True)` makes that one, one key more, the same way.
 
 The encoder uses `packed` in place of packing the record while the record still has the keys
-it was made with (`PackedRecord.made_keys`: `FRESH_KEYS`, one more when durable): the only
+it was made with (`PackedRecord.made_keys`): the only
 change the engine makes to a put's record after emitting it is adding `cold`
 (`ColdHead._evict`), which adds a key. Anything that would change a value must make a new
 record (`to_record`) instead, as every path does today.
@@ -31,13 +33,11 @@ from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
-from ._job import _RECORD_TEMPLATE, Job
+from ._job import Job
 from ._mutations import Mutation
+from ._record import DEFAULT_MAX_ATTEMPTS
 
-__all__ = ["DURABLE_ONLY", "FRESH_KEYS", "FreshRecords", "PackedRecord"]
-
-FRESH_KEYS: Final = len(_RECORD_TEMPLATE)
-"""How many keys a fresh record has (a record of a job without options, result or row key)."""
+__all__ = ["DURABLE_ONLY", "FreshRecords", "PackedRecord"]
 
 
 DURABLE_ONLY: Final = {"durable": True}
@@ -54,26 +54,12 @@ class PackedRecord(dict[str, Any]):
     packed: bytes
 
 
-# The fields between data and seq, in record order: shared by the jobs admitted together.
+# The fields between data and seq, in record order, that a fresh job may hold other than at
+# their default: shared by the jobs admitted together. The others (`startedAt`, `attempts`,
+# ..., and all after seq) hold their default, which a record leaves out (`_record`).
 _MIDDLE: Final = (
-    "priority", "createdAt", "runAt", "startedAt", "completedAt", "attempts", "maxAttempts",
-    "progress", "progressMessage", "stacktrace", "lastHeartbeat", "stallCount",
-    "childrenCompleted", "lifo", "timeline", "state",
+    "priority", "createdAt", "runAt", "maxAttempts", "lastHeartbeat", "lifo", "timeline", "state"
 )  # fmt: skip
-# The fields after seq: their defaults, for every fresh job.
-_TAIL: Final = (
-    ("failedReason", None), ("dlq", None), ("dlqRetries", 0), ("logs", None),
-    ("logsAdded", 0), ("dedupUntil", None), ("hasResult", False),
-)  # fmt: skip
-# The record of a fresh job before its own fields are set: the defaults `to_record` writes.
-_FRESH_TEMPLATE: Final[dict[str, Any]] = {
-    **_RECORD_TEMPLATE,
-    "startedAt": None, "completedAt": None, "attempts": 0, "progress": 0,
-    "progressMessage": None, "stacktrace": None, "stallCount": 0, "childrenCompleted": 0,
-    **dict(_TAIL),
-}  # fmt: skip
-assert list(_FRESH_TEMPLATE) == list(_RECORD_TEMPLATE), "the record's key order"
-assert list(_FRESH_TEMPLATE)[3 : 5 + len(_MIDDLE)] == ["data", *_MIDDLE, "seq"]
 
 
 def _run(pairs: list[tuple[str, Any]]) -> bytes:
@@ -85,16 +71,21 @@ def _run(pairs: list[tuple[str, Any]]) -> bytes:
     return bytes(packer.bytes())
 
 
-# The header of a map of `FRESH_KEYS` entries and the key "id"; the entries after seq. A durable
-# job's: one entry more, `"durable": true` first.
-_HEAD: Final = b"\xde" + FRESH_KEYS.to_bytes(2, "big") + msgpack.packb("id")
-_DURABLE_HEAD: Final = (
-    b"\xde" + (FRESH_KEYS + 1).to_bytes(2, "big") + _run([("durable", True), ("id", None)])[:-1]
+# By whether the job is durable and by its record's number of keys (a fresh record has at
+# most 14, a fixmap's header is one byte): the map's header and the entries before the id's
+# value (`"durable": true` first for a durable job, as `to_record` puts options first).
+_HEADS: Final = tuple(
+    tuple(bytes((0x80 | n,)) + prefix + msgpack.packb("id") for n in range(16))
+    for prefix in (b"", _run([("durable", True)]))
 )
-_DURABLE_TEMPLATE: Final[dict[str, Any]] = {**DURABLE_ONLY, **_FRESH_TEMPLATE}
-_END: Final = _run(list(_TAIL))
 _DATA_KEY: Final = msgpack.packb("data")
 _SEQ_KEY: Final = msgpack.packb("seq")
+
+
+def _join(head: bytes, pack: Callable[[Any], bytes], job_id: str, named: bytes, data: Any,
+          middle: bytes, seq: int) -> bytes:  # fmt: skip
+    """A fresh record's bytes: its header, its own id, data and seq, the runs between."""
+    return b"".join((head, pack(job_id), named, pack(data), middle, pack(seq)))
 
 
 class FreshRecords:
@@ -113,24 +104,32 @@ class FreshRecords:
     def record(self, job: Job, durable: bool = False) -> dict[str, Any]:
         """`job.to_record()` with its encoding, for a job as `Job.create` made it without
         options or a custom id, then placed (its state and timeline set); `durable`: made
-        with `durable` its one option (`DURABLE_ONLY`)."""
-        rec = PackedRecord(_DURABLE_TEMPLATE if durable else _FRESH_TEMPLATE)
-        rec.made_keys = FRESH_KEYS + durable
+        with `durable` its one option (`DURABLE_ONLY`). Fields at their default are left
+        out as `to_record` leaves them out (`_record.drop_defaults`)."""
+        rec = PackedRecord(DURABLE_ONLY) if durable else PackedRecord()
         rec["id"] = job.id
         rec["queue"] = job.queue
-        rec["name"] = job.name
+        if job.name != "default":
+            rec["name"] = job.name
         rec["data"] = job.data
-        rec["priority"] = job.priority
+        # Only exactly the default is left out: 0.0 is not 0, which packs differently.
+        priority, attempts, lifo = job.priority, job.max_attempts, job.lifo
+        if priority != 0 or type(priority) is not int:
+            rec["priority"] = priority
         rec["createdAt"] = job.created_at
         rec["runAt"] = job.run_at
-        rec["maxAttempts"] = job.max_attempts
+        if attempts != DEFAULT_MAX_ATTEMPTS or type(attempts) is not int:
+            rec["maxAttempts"] = attempts
         rec["lastHeartbeat"] = job.last_heartbeat
-        rec["lifo"] = job.lifo
-        rec["timeline"] = list(job.timeline)
+        if lifo is not False:
+            rec["lifo"] = lifo
+        if job.timeline:
+            rec["timeline"] = list(job.timeline)
         rec["state"] = job.state
         rec["seq"] = job.seq
+        rec.made_keys = len(rec)
         try:
-            rec.packed = self._encode(job, rec, _DURABLE_HEAD if durable else _HEAD)
+            rec.packed = self._encode(job, rec, _HEADS[durable][len(rec)])
         except (TypeError, ValueError, OverflowError):
             # A value msgpack cannot take: the plain record, for the encoder to report as it
             # reports any other (`shardq.runtime.shard._writer_batches`).
@@ -148,8 +147,8 @@ class FreshRecords:
         the bytes `record` makes, without setting and comparing the shared fields again."""
         last: PackedRecord | None = None  # the previous job's record, made here
         prev: Job | None = None  # the previous job, while `last` is its record
+        head = b""  # `last`'s header
         pack = self._pack
-        heads = (_HEAD, _DURABLE_HEAD)
         for job in jobs:
             opts = job.opts
             if opts and opts != DURABLE_ONLY:
@@ -174,19 +173,20 @@ class FreshRecords:
             ):
                 rec = self.record(job, durable)
                 out.append(("put", rec))
-                last, prev = (rec, job) if type(rec) is PackedRecord else (None, None)
+                if type(rec) is PackedRecord:
+                    last, prev, head = rec, job, _HEADS[durable][len(rec)]
+                else:
+                    last, prev = None, None
                 continue
             rec = PackedRecord(last)
             rec["id"] = job_id = job.id
             rec["data"] = data = job.data
-            rec["timeline"] = list(job.timeline)
+            if job.timeline:
+                rec["timeline"] = list(job.timeline)
             rec["seq"] = seq = job.seq
             rec.made_keys = last.made_keys
             try:
-                rec.packed = b"".join(
-                    (heads[durable], pack(job_id), self._named, pack(data), self._middle,
-                     pack(seq), _END)
-                )  # fmt: skip
+                rec.packed = _join(head, pack, job_id, self._named, data, self._middle, seq)
             except (TypeError, ValueError, OverflowError):
                 out.append(("put", dict(rec)))  # as `record` gives it; `last` stays the run's
                 continue
@@ -196,11 +196,12 @@ class FreshRecords:
     def _encode(self, job: Job, rec: PackedRecord, head: bytes) -> bytes:
         """`rec`'s msgpack (`rec` was just made from `job`; `head` its map's header and the
         keys before the id's value)."""
-        queue, name = rec["queue"], rec["name"]
+        queue, name = job.queue, job.name
         named = self._named_of
         if named is None or named[0] != queue or named[1] != name:
             # The bytes before their key: a failed encoding leaves both as they were.
-            self._named = _run([("queue", queue), ("name", name)]) + _DATA_KEY
+            pairs = [("queue", queue)] if name == "default" else [("queue", queue), ("name", name)]
+            self._named = _run(pairs) + _DATA_KEY
             self._named_of = (queue, name)
         # Compared by identity: the jobs of one admission hold the very same objects, and
         # identity cannot take 0 for 0.0 or False, which pack differently.
@@ -218,10 +219,6 @@ class FreshRecords:
             and m[6] is lifo
             and m[7] is state
         ):
-            self._middle = _run([(key, rec[key]) for key in _MIDDLE]) + _SEQ_KEY
+            self._middle = _run([(key, rec[key]) for key in _MIDDLE if key in rec]) + _SEQ_KEY
             self._middle_of = (job.timeline, created, run_at, beat, priority, attempts, lifo, state)
-        pack = self._pack
-        return b"".join(
-            (head, pack(job.id), self._named, pack(job.data), self._middle, pack(job.seq), _END)
-        )
-
+        return _join(head, self._pack, job.id, self._named, job.data, self._middle, job.seq)

@@ -65,6 +65,7 @@ from ._pager import (
     row_of,
 )
 from ._queue import QueueState
+from ._record import fill_record
 from ._state import JobStore
 from ._tables import MIN_COMPACT
 
@@ -394,7 +395,8 @@ class ColdHead(HeadPaging):
         if not self._must_leave(job):
             return False
         old = {k: v for k, v in rec.items() if k != COLD}
-        return bool(as_stored(job.to_record()) == as_stored(old))
+        # Either may leave out fields at their default (`_record`): compared whole.
+        return bool(as_stored(fill_record(job.to_record())) == as_stored(fill_record(old)))
 
     def _evict(
         self, out: list[Mutation], job: Job, puts: dict[str, Record] | None

@@ -17,6 +17,14 @@ from typing import Any, Final, TypeAlias
 from ._lifecycle import WAITING
 from ._mutations import ROW_KEY_SEP
 from ._options import as_int, is_number
+from ._record import (
+    DEFAULT_MAX_ATTEMPTS,
+    ENGINE_KEYS,
+    HOT_KEYS,
+    RECORD_DEFAULTS,
+    RECORD_TEMPLATE,
+    drop_defaults,
+)
 
 __all__ = [
     "DEFAULT_MAX_BACKOFF_MS",
@@ -30,7 +38,6 @@ __all__ = [
     "wire_maps",
 ]
 
-DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_BACKOFF_MS: Final = 1000
 # bunqueue caps every computed backoff at one hour unless backoff.maxDelay says otherwise.
 DEFAULT_MAX_BACKOFF_MS: Final = 3_600_000
@@ -81,36 +88,15 @@ _WIRE_DEFAULTS: Final[dict[str, Any]] = {
     "stackTraceLimit": DEFAULT_STACK_TRACE_LIMIT,
 }
 
-_HOT: Final = (
-    "id",
-    "queue",
-    "name",
-    "data",
-    "priority",
-    "createdAt",
-    "runAt",
-    "startedAt",
-    "completedAt",
-    "attempts",
-    "maxAttempts",
-    "progress",
-    "progressMessage",
-    "stacktrace",
-    "lastHeartbeat",
-    "stallCount",
-    "childrenCompleted",
-    "lifo",
-    "timeline",
-)
-_ENGINE: Final = (
-    "state", "seq", "failedReason", "dlq", "dlqRetries", "logs", "logsAdded", "dedupUntil"
-)  # fmt: skip
+_HOT: Final = HOT_KEYS
+_ENGINE: Final = ENGINE_KEYS
 # The options of a job that has none: one shared, read-only empty map instead of an empty dict
 # per job (the engine keeps up to 50,000 completed jobs, and the GC visits what they hold).
 NO_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({})
 # "cold": the storage's mark of a job stored outside the engine's memory (`_head.py`); a job
 # paged in and then pulled keeps it in its row, and a restart reads that row back.
 _NOT_OPTIONS: Final = frozenset((*_HOT, *_ENGINE, "returnvalue", "hasResult", "rowKey", "cold"))
+assert _NOT_OPTIONS.issuperset(RECORD_DEFAULTS), "only engine fields may be left out"
 # Every key of a wire map, resp. of a record, of a job without options, in order: copying one
 # and filling it in is cheaper than building the map key by key.
 _WIRE_TEMPLATE: Final[dict[str, Any]] = {**_WIRE_DEFAULTS, **dict.fromkeys(_HOT)}
@@ -118,7 +104,6 @@ WIRE_TEMPLATE: Final[Mapping[str, Any]] = MappingProxyType(_WIRE_TEMPLATE)
 """The keys of every wire map in order, with the values of a job without options; the ones
 in `WIRE_HOT_KEYS` (at the end) vary per job."""
 WIRE_HOT_KEYS: Final = _HOT
-_RECORD_TEMPLATE: Final[dict[str, Any]] = dict.fromkeys((*_HOT, *_ENGINE, "hasResult"))
 
 
 class Job:
@@ -370,9 +355,10 @@ class Job:
     def to_record(self) -> dict[str, Any]:
         """The persisted record: the wire map plus the engine fields (see `_mutations`).
 
-        Options left at their defaults are not stored; `to_wire` fills them back in.
+        Options left at their defaults are not stored; `to_wire` fills them back in. Nor are
+        the fields holding their default (`_record`): a reader fills them back in.
         """
-        rec = dict(self.opts) if self.opts else _RECORD_TEMPLATE.copy()
+        rec = dict(self.opts) if self.opts else dict(RECORD_TEMPLATE)
         self._put_hot(rec)
         rec["timeline"] = list(self.timeline)
         rec["state"] = self.state
@@ -392,7 +378,7 @@ class Job:
             rec["returnvalue"] = self.result
         if self.key != self.id:
             rec["rowKey"] = self.key
-        return rec
+        return drop_defaults(rec)
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Job:
@@ -484,32 +470,6 @@ def timeline_view(timeline: Iterable[tuple[str, int, int | None]]) -> list[dict[
         else {"state": state, "timestamp": timestamp, "attempt": attempt}
         for state, timestamp, attempt in timeline
     ]
-
-
-# The engine fields a record may leave out when they hold these values: `from_record` reads
-# a missing one as exactly this (`slim_record`).
-_DEFAULTS: Final[Mapping[str, Any]] = {
-    "name": "default", "priority": 0, "startedAt": None, "completedAt": None, "attempts": 0,
-    "maxAttempts": DEFAULT_MAX_ATTEMPTS, "progress": 0, "progressMessage": None,
-    "stacktrace": None, "stallCount": 0, "childrenCompleted": 0, "lifo": False,
-    "timeline": [], "failedReason": None, "dlq": None, "dlqRetries": 0, "logs": None,
-    "logsAdded": 0, "dedupUntil": None, "hasResult": False,
-}  # fmt: skip
-assert _NOT_OPTIONS.issuperset(_DEFAULTS), "only engine fields may be left out"
-_NONE: Final = object()
-
-
-def slim_record(rec: Mapping[str, Any]) -> dict[str, Any]:
-    """`rec` without the engine fields that hold their default (`_DEFAULTS`): a third of the
-    map for a job pushed without options, and `from_record` reads it back as the same job.
-    What the head keeps of a job it sent cold until the commit shows it (`_pager.Pager.keep`)."""
-    out = {}
-    for k, v in rec.items():
-        d = _DEFAULTS.get(k, _NONE)
-        if d is not _NONE and (v is d or (type(v) is type(d) and v == d)):
-            continue
-        out[k] = v
-    return out
 
 
 def _shared(text: Any) -> Any:

@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from ._cold import ColdBacklog, ColdPage, Cursor, delayed_cursor, waiting_cursor
-from ._job import Job, slim_record
+from ._job import Job
 from ._lifecycle import DELAYED, WAITING
 from ._mutations import ROW_KEY_SEP, Mutation, Record, job_id_of
+from ._record import slim_record
 
 __all__ = [
     "COLD",

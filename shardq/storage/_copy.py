@@ -28,6 +28,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from shardq.core._flows import notice_key
 from shardq.core._mutations import Mutation, Record
+from shardq.core._record import drop_defaults
 from shardq.storage._contract import Storage
 from shardq.storage._counts import COUNTED_TABLES
 from shardq.storage._encode import MutationEncoder
@@ -195,7 +196,7 @@ def _rows(source: Storage, page: int) -> Iterator[tuple[str, Mutation]]:
             raise StorageError(f"a stored flow notice has no {e}: {notice!r:.200}") from None
         yield "flow_outbox", ("flow", key, notice)
     for rec in source.load_jobs(page_size=page):
-        yield "jobs", ("put", rec)
+        yield "jobs", ("put", drop_defaults(rec))  # written as a shard writes a record
 
 
 def _key(rec: Record, field: str, what: str) -> str:

@@ -198,9 +198,10 @@ def _encode_record(rec: dict[str, Any], pack: Any) -> Mutation | None:
     queue, state, seq = rec.get("queue"), rec.get("state"), rec.get("seq")
     if type(key) is str and type(queue) is str and type(state) is str and type(seq) is int:
         if rec.get(COLD_COLUMN):  # a job the engine keeps on disk only (`_cold`)
-            columns = (key, queue, state, rec.get("priority"), rec.get("runAt"), seq)
+            columns = (key, queue, state, rec.get("priority", 0), rec.get("runAt"), seq)
             return ("putb", *columns, pack(rec), cold_of(rec))
-        return ("putb", key, queue, state, rec.get("priority"), rec.get("runAt"), seq, pack(rec))
+        priority = rec.get("priority", 0)  # a record leaves a default out (`core._record`)
+        return ("putb", key, queue, state, priority, rec.get("runAt"), seq, pack(rec))
     return None
 
 
@@ -209,7 +210,8 @@ def _encode_fresh(rec: PackedRecord) -> Mutation | None:
     beyond the fresh ones), the row key its id."""
     key, queue, state, seq = rec["id"], rec["queue"], rec["state"], rec["seq"]
     if type(key) is str and type(queue) is str and type(state) is str and type(seq) is int:
-        return ("putb", key, queue, state, rec["priority"], rec["runAt"], seq, rec.packed)
+        priority = rec.get("priority", 0)  # left out at its default (`core._record`)
+        return ("putb", key, queue, state, priority, rec["runAt"], seq, rec.packed)
     return None
 
 

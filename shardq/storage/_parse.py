@@ -80,6 +80,7 @@ def _engine_put(index: int, rec: Record) -> Op:
     if not isinstance(job_id, str):
         raise StorageRejected(f"mutation #{index} (put): record field 'id' must be str")
     values = [rec.get(name) for name in COLUMN_FIELDS]
+    values[2] = rec.get("priority", 0)  # left out at its default (`core._record`)
     if rec.get(COLD_COLUMN):
         values += cold_of(rec)
     return "put", job_id, values, rec

@@ -28,6 +28,7 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core._mutations import Record, apply_delta, finish_deltas
+from shardq.core._record import drop_defaults, fill_record
 from shardq.storage._coalesce import (
     Plan,
     Row,
@@ -527,14 +528,21 @@ def fold(rec: bytes, patch: bytes, pack: Pack, ops: Iterable[bytes] = ()) -> tup
     patch; unchanged if one is corrupt (folding is only an optimisation: recovery reports
     the corruption). The caller deletes the folded ops."""
     try:
-        return pack(merge_row(rec, patch, ops)), b""
+        # Written as records are written: without the fields at their default.
+        return pack(drop_defaults(_merged(rec, patch, ops))), b""
     except (ValueError, TypeError, msgpack.UnpackException):
         return rec, patch
 
 
 def merge_row(rec: bytes, patch: bytes, ops: Iterable[bytes] = ()) -> Record:
-    """A stored job's record: `rec` decoded, `patch` merged in, then its ops applied.
-    Raises what `merge_patch` raises, and `ValueError` for a bad op."""
+    """A stored job's record as every reader takes it: `rec` decoded, `patch` merged in,
+    then its ops applied, and the fields a record leaves out at their default put back
+    (`core._record.fill_record`). Raises what `merge_patch` raises, and `ValueError` for a
+    bad op."""
+    return fill_record(_merged(rec, patch, ops))
+
+
+def _merged(rec: bytes, patch: bytes, ops: Iterable[bytes]) -> Record:
     return apply_ops(merge_patch(decode(rec), patch), ops, decode)
 
 

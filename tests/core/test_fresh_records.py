@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardq.core import Engine
-from shardq.core._fresh import FRESH_KEYS, FreshRecords, PackedRecord
+from shardq.core._fresh import FreshRecords, PackedRecord
 from shardq.core._job import Job
 from shardq.storage._cold import COLD_COLUMN
 from shardq.storage._encode import MutationEncoder
@@ -137,7 +137,10 @@ def test_a_durable_bulk_push_from_bunqueue_client_gets_fresh_records() -> None:
     puts = [m[1] for m in outcome.mutations if m[0] == "put"]
     assert len(puts) == 3
     for rec in puts:
-        assert type(rec) is PackedRecord and len(rec) == FRESH_KEYS + 1
+        assert type(rec) is PackedRecord and list(rec) == [
+            "durable", "id", "queue", "name", "data", "createdAt", "runAt", "lastHeartbeat",
+            "timeline", "state", "seq",
+        ]  # fmt: skip
         assert next(iter(rec)) == "durable" and rec["durable"] is True
         _check_put(engine, rec)
     rec = puts[0]

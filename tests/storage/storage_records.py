@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardq.core._record import fill_record
+
 Rec = dict[str, Any]
 
 
@@ -12,4 +14,4 @@ def job(job_id: str, queue: str = "qa", state: str = "waiting", seq: int = 1, **
     rec: Rec = {"id": job_id, "queue": queue, "state": state, "seq": seq}
     rec.update(priority=0, runAt=1_700_000_000_000, attempts=0, data={"n": seq}, tags=["t"])
     rec.update(extra)
-    return rec
+    return fill_record(rec)  # as a store reads it back (the defaults put back)

@@ -19,6 +19,7 @@ import pytest
 from pg_server import shared_server
 
 from shardq.core._mutations import Mutation
+from shardq.core._record import fill_record
 from shardq.storage import (
     StorageError,
     StorageFenced,
@@ -38,7 +39,7 @@ def _job(job_id: str, seq: int = 1, **extra: Any) -> dict[str, Any]:
     rec: dict[str, Any] = {"id": job_id, "queue": "qa", "state": "waiting", "seq": seq}
     rec.update(priority=0, runAt=1_700_000_000_000, data={"n": seq})
     rec.update(extra)
-    return rec
+    return fill_record(rec)  # as a store reads it back (the defaults put back)
 
 
 def _putb(rec: dict[str, Any], run_at: int) -> Mutation:

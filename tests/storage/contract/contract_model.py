@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from shardq.core._mutations import Mutation, fold_mutations
+from shardq.core._record import fill_record
 from shardq.storage import Storage
 
 Rec = dict[str, Any]
@@ -35,7 +36,8 @@ def expected(batches: Iterable[list[Mutation]]) -> State:
             flows[m[1]] = m[2]
         elif m[0] == "flowdel":
             flows.pop(m[1], None)
-    return jobs, queues, crons, hooks, flows
+    # A store gives a record back with the fields it leaves out at their default put back.
+    return {k: fill_record(rec) for k, rec in jobs.items()}, queues, crons, hooks, flows
 
 
 def loaded(store: Storage, *, page_size: int = 1000) -> State:
@@ -55,7 +57,7 @@ def job(job_id: str, queue: str = "qa", state: str = "waiting", seq: int = 1, **
     rec: Rec = {"id": job_id, "queue": queue, "state": state, "seq": seq, "priority": 0}
     rec.update(runAt=1_700_000_000_000, attempts=0, data={"n": seq}, logs=None, logsAdded=0)
     rec.update(extra)
-    return rec
+    return fill_record(rec)  # as a store reads it back (the defaults put back)
 
 
 def log_op(n: int, cap: int = 3) -> dict[str, Any]:
