@@ -9,7 +9,7 @@ waiting; WaitJobs whose job moved with a dropped partition are told so.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import structlog
@@ -17,18 +17,13 @@ import structlog
 from shardq.core import Engine, Mutation
 from shardq.protocol import WAIT_MOVED
 from shardq.runtime.shard._commands import empty_pull_reply
+from shardq.runtime.shard._parked import ApplyCommand
 from shardq.runtime.shard._waits import JobWaits, LongPolls
 from shardq.runtime.shard._writer_batches import Item
 
 __all__ = ["ConnectionsAndDrain"]
 
 _log = structlog.get_logger()
-
-
-class _Apply(Protocol):
-    def __call__(
-        self, cmd: Mapping[str, Any], now: int, conn: str | None = None
-    ) -> dict[str, Any]: ...
 
 
 class _Absorb(Protocol):
@@ -52,7 +47,7 @@ class ConnectionsAndDrain:
     _drained_sent: bool
     recycle_hook: Callable[[], bool] | None
     parts_hook: Callable[[dict[str, Any], int], None] | None
-    _apply: _Apply
+    _apply: ApplyCommand
     _absorb: _Absorb
 
     def _on_close(self, msg: dict[str, Any], now: int) -> None:
