@@ -161,23 +161,6 @@ class QueueState:
                 heappush(heap, key)
         self._maybe_compact_ready()
 
-    def push_ready_due(self, jobs: list[Job], now: int) -> None:
-        """`push_ready_all` of new jobs without priority or lifo, due `now`, in increasing
-        `seq` (a payload-only PUSHB's): their keys increase, so after the lane's last they
-        all go on the lane in one step."""
-        if self.groups is not None or self.held or not jobs:
-            self.push_ready_all(jobs)
-            return
-        keys = [(0, 1, now, job.seq, job.id) for job in jobs]  # `push_ready_all`'s, priority 0
-        lane = self.lane
-        if lane and not lane[-1] < keys[0]:
-            self.push_ready_all(jobs)
-            return
-        for job, key in zip(jobs, keys, strict=True):
-            job.hkey = key
-        lane.extend(keys)
-        self._maybe_compact_ready()
-
     def pop_ready_many(self, count: int) -> list[Job]:
         """Take up to `count` (at least 1) waiting jobs off the ready heap and lane, best
         first (ungrouped jobs only: grouped ones wait on their group's heap)."""

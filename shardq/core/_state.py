@@ -274,21 +274,18 @@ class JobStore(DepsAndDeadLetters):
         self, fx: Effects, ids: list[str], jobs: list[Job], q: QueueState, now: int
     ) -> None:
         """`admit_all` of new jobs (ids `ids`) that options do not place (none, or `durable`
-        alone), without priority or lifo and due `now`, each already in the waiting state
+        alone) and that are due `now`, each already in the waiting state
         with the timeline `((WAITING, now, None),)`, shared (a payload-only PUSHB's,
         `_produce._payload_jobs`): the same tables, heaps, counts and records, the tables
-        filled in C and the heap keys made in one pass."""
+        filled in C."""
         self.jobs.update(zip(ids, jobs, strict=True))
         q.ids.update(dict.fromkeys(ids))
         q.pushed += len(jobs)
         (q.history or q.start_history()).pushed(len(jobs), now, self.config.max_history_minutes)
         if self.holding is not None:
             self._hold_new(jobs)
-        # `_enter_all` of the waiting state for jobs without priority, due now.
-        q.counts[WAITING] += len(jobs)
-        if q.groups is not None:
-            q.groups.entered(jobs, WAITING, 1)
-        q.push_ready_due(jobs, now)
+        # Through the attribute: a head budget wraps it (`_head.ColdHead.install`).
+        self._enter_all(jobs, q, WAITING)
         self.fresh.put_all(jobs, fx.mutations)
 
     def move(self, fx: Effects, job: Job, event: str, now: int, changes: dict[str, Any]) -> None:

@@ -397,10 +397,10 @@ def test_a_pullb_on_a_connection_leases_and_tracks_as_pulls_one_by_one(
 
 
 def test_a_payload_only_pushb_is_pulled_in_order_after_any_queued_job() -> None:
-    """A payload-only PUSHB puts its heap keys on the ready lane in one step, which keeps the
-    lane sorted only after a lane whose last key is below its first: after a job of negative
-    priority, or one pushed at a later time (a clock stepped back), the keys must go where one
-    push at a time puts them, and pulls take the jobs in the same order."""
+    """A payload-only PUSHB admits its jobs on a path of its own (`JobStore.admit_waiting`):
+    after a job of negative priority, or one pushed at a later time (a clock stepped back), its
+    heap keys must go where one push at a time puts them, and pulls take the jobs in the same
+    order."""
     for first, at in (({"data": "low", "priority": -1}, 1_000), ({"data": "later"}, 5_000)):
         batch, single = Engine(seed=4), Engine(seed=4)
         entries = [{"data": i} for i in range(5)]
