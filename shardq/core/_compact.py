@@ -14,6 +14,7 @@ A job's wire map (`Job.to_wire`) is `WIRE_TEMPLATE` with the job's options and i
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Final, TypeAlias
 
 from ._job import _BOOL_OPTS, _WIRE_DEFAULTS, _WIRE_TEMPLATE, Job, timeline_view
@@ -29,6 +30,7 @@ SHARED_OPTIONS: Final = frozenset(_SETTINGS) & frozenset(_WIRE_DEFAULTS)
 """Options whose values many jobs share (no ids, keys or lists): a job with only these keeps
 the compact form."""
 _PLAIN: Final = frozenset((int, float, bool))
+_OPTIONS_OF: Final = attrgetter("opts")
 
 
 def shared_options(opts: Any) -> OptionItems | None:
@@ -54,6 +56,8 @@ class CompactJobs:
 
     @classmethod
     def of(cls, jobs: list[Job]) -> CompactJobs:
+        if not any(map(_OPTIONS_OF, jobs)):  # the common pull: no job has options
+            return cls(list(map(Job.wire_hot, jobs)))
         entries: list[Entry] = []
         for job in jobs:
             opts = job.opts

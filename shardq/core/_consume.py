@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import repeat
 from typing import Any, Final, NamedTuple
 
 from shardq.errors import CommandError
@@ -33,7 +34,15 @@ from ._queue import QueueState
 from ._queue_limits import QueueLimits
 from ._renew import LeaseRenewal
 from ._state import JobStore
-from ._tables import Lease, delivery_key, push_leases, retain_completed, track_conn, trim_completed
+from ._tables import (
+    Lease,
+    arm_timeout,
+    delivery_key,
+    push_leases,
+    retain_completed,
+    track_conn,
+    trim_completed,
+)
 
 __all__ = ["Consumer", "take_ready"]
 
@@ -192,23 +201,23 @@ class Consumer(LeaseRenewal):
     ) -> Sequence[str | None]:
         """`activate` for distinct waiting jobs of one queue (PULLB): one lifecycle pass for
         all of them and one lease-heap entry for all their leases."""
-        for job in jobs:
-            job.started_at = now
-            job.last_heartbeat = now
-            job.delivery += 1
         first = jobs[0]
         changes = {"startedAt": now, "lastHeartbeat": now}
-        self.store.move_run(fx, jobs, first.state, first.queue, "pull", now, changes)
         if grant.owner is None:
+            for job in jobs:
+                job.started_at = now
+                job.last_heartbeat = now
+                job.delivery += 1
+            self.store.move_run(fx, jobs, first.state, first.queue, "pull", now, changes)
             return [self._hold(job, grant, now) for job in jobs]
-        # `_hold` of each job in one pass: the same tokens, leases, tracked connection, timeouts.
+        # The move reads none of the fields a delivery sets: `lease_all` sets them, and does
+        # `_hold` of each job, in the same pass (the same tokens, leases, tracked connection,
+        # timeouts).
+        self.store.move_run(fx, jobs, first.state, first.queue, "pull", now, changes)
         tokens = self.ids.tokens(len(jobs))
         _tables.lease_all(self.store, self.leases, jobs, tokens, grant.owner, grant.conn,
                           grant.ttl, grant.track, now)  # fmt: skip
-        for job in jobs:
-            if job.opts:
-                self._arm_timeout(job, now)
-        push_leases(self.store, now + grant.ttl, jobs)
+        push_leases(self.store, now + grant.ttl, jobs, tokens)
         return tokens
 
     def _hold(self, job: Job, grant: _Grant, now: int) -> str | None:
@@ -226,13 +235,8 @@ class Consumer(LeaseRenewal):
         if grant.track is not None:
             track_conn(self.store, grant.track, job)
         if job.opts:
-            self._arm_timeout(job, now)
+            arm_timeout(self.store, job, now)
         return token if job.leased else None
-
-    def _arm_timeout(self, job: Job, now: int) -> None:
-        timeout = job.opts.get("timeout")
-        if timeout:
-            heapq.heappush(self.timeouts, (now + int(timeout), job.id, job.delivery))
 
     def promote_due(self, fx: Effects, now: int) -> None:
         """Move every delayed job whose run time has come to its ready heap."""
@@ -317,7 +321,8 @@ class Consumer(LeaseRenewal):
             jobs = list(todo)
             picks = todo.values()
             values = None if extras["results"] is None else [results[i] for i in picks]
-            self.complete_all(fx, jobs, values, [removes[i] for i in picks], now)
+            chosen = None if extras["removeOnCompletes"] is None else [removes[i] for i in picks]
+            self.complete_all(fx, jobs, values, chosen, now)
         if ignored:
             data = {"ignoredIds": [ids[i] for i in ignored], "ignoredIndices": ignored}
             return {"ok": True, "data": data}
@@ -408,13 +413,14 @@ class Consumer(LeaseRenewal):
         fx: Effects,
         jobs: list[Job],
         results: Sequence[Any] | None,
-        removes: Sequence[object],
+        removes: Sequence[object] | None,
         now: int,
     ) -> None:
         """`complete` for distinct jobs (ACKB), as completing them one by one would.
 
         `results[i]` is the result of `jobs[i]` (None: no result given); `removes[i]` its
-        removeOnComplete override (None: the job's own option).
+        removeOnComplete override (None: the job's own option; `removes` None: no override
+        for any of them).
         """
         if results is None:
             for job in jobs:
@@ -427,17 +433,20 @@ class Consumer(LeaseRenewal):
         # Then, per job, what `complete` does after the move (`_settle`). With no dependents to
         # release, nothing to remove and no result to keep, only the cache cap is left, and
         # trimming it once evicts the same jobs in the same order.
+        overrides: Iterable[object] = repeat(None, len(jobs)) if removes is None else removes
         if not self.dependents:
-            for job, remove in zip(jobs, removes, strict=True):
+            for job, remove in zip(jobs, overrides, strict=True):
                 if job.has_result or remove or (remove is None and job.opts):
                     break
             else:
                 trim_completed(self.store, fx)
                 return
+            if removes is None:
+                overrides = repeat(None, len(jobs))  # the first pass used it up
         # The jobs after this one completed early: each eviction below leaves room for them,
         # so the same jobs are evicted at the same point as one completion at a time would.
         pending = len(jobs)
-        for job, remove in zip(jobs, removes, strict=True):
+        for job, remove in zip(jobs, overrides, strict=True):
             pending -= 1
             self._settle(fx, job, remove, now, pending)
 

@@ -20,6 +20,7 @@ __all__ = [
     "MAX_DATA_CHARS",
     "MAX_NESTING",
     "as_int",
+    "certainly_small",
     "check_number",
     "job_options_error",
     "too_deep",
@@ -125,18 +126,18 @@ def _flat(container: list[Any] | dict[Any, Any]) -> bool:
     return True
 
 
-def _certainly_small(data: object) -> bool:
+def certainly_small(data: object) -> bool:
     """True for a payload of plain values, far under the cap: no need to serialise it. A map
     of plain values, or of lists and maps of plain values (a task call's `{"args": [...],
     "kwargs": {...}}`)."""
     kind = type(data)
-    if kind in _ATOMIC:
-        return True
-    if kind is str:
-        return len(data) <= _SMALL_CHARS  # type: ignore[arg-type]
-    if kind is not dict or len(data) > _SMALL_ITEMS:  # type: ignore[arg-type]
-        return False
+    if kind is not dict:  # a map is the common payload: tested first
+        if kind is str:
+            return len(data) <= _SMALL_CHARS  # type: ignore[arg-type]
+        return kind in _ATOMIC
     budget = _SMALL_ITEMS - len(data)  # type: ignore[arg-type]
+    if budget < 0:
+        return False
     for key, value in data.items():  # type: ignore[attr-defined]
         if type(key) is not str or len(key) > _SMALL_CHARS:
             return False
@@ -154,7 +155,7 @@ def _certainly_small(data: object) -> bool:
 
 
 def validate_data(data: object) -> str | None:
-    if _certainly_small(data):
+    if certainly_small(data):
         return None
     if too_deep(data):
         return "Invalid data: nested too deeply"

@@ -13,8 +13,8 @@ from ._effects import Effects
 from ._graph import graph_error
 from ._groups import group_size_error
 from ._job import Job, payload_only
-from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
-from ._options import _certainly_small, as_int, validate_data, validate_name, validate_queue_name
+from ._lifecycle import QUEUED_STATES, TERMINAL_STATES, WAITING
+from ._options import as_int, certainly_small, validate_data, validate_name, validate_queue_name
 from ._repeat import check_repeat, successor
 from ._state import JobStore
 from ._tables import claim_unique
@@ -93,7 +93,7 @@ def _data_only(entries: object) -> TypeGuard[list[Mapping[str, Any]]]:
         if durable and entry["durable"] is not True:
             return False
     named = "name" in keys
-    small = _certainly_small  # what `validate_data` waves through first, without its call
+    small = certainly_small  # what `validate_data` waves through first, without its call
     for index, entry in enumerate(entries):
         if not named and small(entry["data"]):
             continue
@@ -108,14 +108,17 @@ def _payload_jobs(
 ) -> list[Job]:
     """`Job.create_plain` of each of `entries` with `ids[i]` and sequence number `seq + 1 + i`,
     for `_data_only` entries (the same keys, `payload_only`): the same jobs, without a call
-    and an options test per job."""
+    and an options test per job. Each is waiting, with the one timeline all of them get when
+    admitted (`JobStore.admit_waiting`)."""
     jobs: list[Job] = []
     append = jobs.append
     first = entries[0] if entries else {}
     named, durable = "name" in first, "durable" in first
+    timeline = ((WAITING, now, None),)
     for job_id, entry in zip(ids, entries, strict=True):
         seq += 1
         job = Job(job_id, queue, seq)
+        job.timeline = timeline
         job.data = data = entry["data"]
         # The given name, else the data's (`_job._legacy_name`, inline), else the default.
         name = entry["name"] if named else None
@@ -221,17 +224,15 @@ class Producer:
         self, fx: Effects, commands: Sequence[Mapping[str, Any]], now: int
     ) -> list[str]:
         """`push_run`'s plain PUSHes of several queues: built in order, placed per queue."""
-        new_id = self.ids.new
         create = Job.create_plain  # plain PUSHes (`_plain`): no time, priority or attempts
         store = self.store
         seq = store.seq
-        ids: list[str] = []
+        ids = self.ids.new_many(now, len(commands))
         by_queue: dict[str, list[Job]] = {}
-        for cmd in commands:
+        for job_id, cmd in zip(ids, commands, strict=True):
             seq += 1
             queue = cmd["queue"]
-            job = create(new_id(now), queue, seq, cmd, now)
-            ids.append(job.id)
+            job = create(job_id, queue, seq, cmd, now)
             group = by_queue.get(queue)
             if group is None:
                 by_queue[queue] = [job]
@@ -389,13 +390,12 @@ class Producer:
         would, one by one: the same ids, sequence numbers and records). `create`: how each
         job is made (`Job.create_plain` for plain PUSHes and payload-only PUSHB entries,
         whose fields it reads fewer of)."""
-        new_id = self.ids.new
         store = self.store
         seq = store.seq
         jobs: list[Job] = []
-        for entry in entries:
+        for job_id, entry in zip(self.ids.new_many(now, len(entries)), entries, strict=True):
             seq += 1
-            jobs.append(create(new_id(now), queue, seq, entry, now))
+            jobs.append(create(job_id, queue, seq, entry, now))
         store.seq = seq
         store.admit_all(fx, jobs, store.queue(queue), now)
         return [job.id for job in jobs]
@@ -411,7 +411,7 @@ class Producer:
         ids = self.ids.new_many(now, len(entries))
         jobs = _payload_jobs(ids, queue, store.seq, entries, now)
         store.seq += len(jobs)
-        store.admit_all(fx, jobs, store.queue(queue), now)
+        store.admit_waiting(fx, ids, jobs, store.queue(queue), now)
         return ids
 
     def _live_owner(self, queue: str, key: str, now: int) -> Job | None:

@@ -270,6 +270,24 @@ class JobStore(DepsAndDeadLetters):
         # records are made with their bytes.
         self.fresh.put_all(jobs, out)
 
+    def admit_waiting(
+        self, fx: Effects, ids: list[str], jobs: list[Job], q: QueueState, now: int
+    ) -> None:
+        """`admit_all` of new jobs (ids `ids`) that options do not place (none, or `durable`
+        alone) and that are due `now`, each already in the waiting state
+        with the timeline `((WAITING, now, None),)`, shared (a payload-only PUSHB's,
+        `_produce._payload_jobs`): the same tables, heaps, counts and records, the tables
+        filled in C."""
+        self.jobs.update(zip(ids, jobs, strict=True))
+        q.ids.update(dict.fromkeys(ids))
+        q.pushed += len(jobs)
+        (q.history or q.start_history()).pushed(len(jobs), now, self.config.max_history_minutes)
+        if self.holding is not None:
+            self._hold_new(jobs)
+        # Through the attribute: a head budget wraps it (`_head.ColdHead.install`).
+        self._enter_all(jobs, q, WAITING)
+        self.fresh.put_all(jobs, fx.mutations)
+
     def move(self, fx: Effects, job: Job, event: str, now: int, changes: dict[str, Any]) -> None:
         """Apply a lifecycle event and emit the changed fields.
 
@@ -458,16 +476,22 @@ class JobStore(DepsAndDeadLetters):
         connection that held the job."""
         leases, unleased = self.leases, self.unleased
         job_conn, conn_jobs = self.job_conn, self.conn_jobs
+        # `untrack_conn`, written out: a pull's jobs share one connection, whose table of
+        # jobs is looked up once for a run of them.
+        last: str | None = None
+        owned: dict[str, int] | None = None
         for job in jobs:
             job_id = job.id
-            if job_conn:  # `untrack_conn`, written out: a pull's jobs share one connection
+            if job_conn:
                 conn = job_conn.pop(job_id, None)
                 if conn is not None:
-                    owned = conn_jobs.get(conn)
+                    if conn is not last:
+                        last, owned = conn, conn_jobs.get(conn)
                     if owned is not None:
                         owned.pop(job_id, None)
                         if not owned:
                             del conn_jobs[conn]
+                            owned = None
             leases.pop(job_id, None)
             if unleased:
                 unleased.pop(job_id, None)

@@ -26,6 +26,7 @@ __all__ = [
     "MIN_COMPACT",
     "Lease",
     "Tables",
+    "arm_timeout",
     "claim_unique",
     "delivery_key",
     "dlq_entry",
@@ -83,6 +84,7 @@ class Tables(Protocol):
     queues: dict[str, QueueState]
     lease_heap: list[tuple[Any, ...]]
     lease_entries: int
+    timeouts: list[tuple[int, str, int]]
     conn_jobs: dict[str, dict[str, int]]
     job_conn: dict[str, str]
     unique: OrderedDict[tuple[str, str], str]
@@ -95,9 +97,11 @@ class Tables(Protocol):
 # -- leases ----------------------------------------------------------------------------
 
 
-def push_leases(store: Tables, expires_at: int, jobs: Sequence[Job]) -> None:
+def push_leases(
+    store: Tables, expires_at: int, jobs: Sequence[Job], tokens: Sequence[str] | None = None
+) -> None:
     """Schedule the expiry check of leases granted together (to `jobs`, with the tokens
-    they hold now): one heap entry for all of them.
+    they hold now, which `tokens` may give in their order): one heap entry for all of them.
 
     An entry is (expiresAt, entry number, job id, token), or with tuples of ids and tokens
     for several leases. The entry number keeps the ids out of heap comparisons. Entries go
@@ -109,9 +113,16 @@ def push_leases(store: Tables, expires_at: int, jobs: Sequence[Job]) -> None:
         entry: tuple[Any, ...] = (expires_at, store.lease_entries, job.id, job.token)
     else:
         ids = tuple([job.id for job in jobs])
-        tokens = tuple([job.token for job in jobs])
-        entry = (expires_at, store.lease_entries, ids, tokens)
+        held = tuple([job.token for job in jobs]) if tokens is None else tuple(tokens)
+        entry = (expires_at, store.lease_entries, ids, held)
     heapq.heappush(store.lease_heap, entry)
+
+
+def arm_timeout(store: Tables, job: Job, now: int) -> None:
+    """Schedule the timeout of a job just delivered, if its options set one."""
+    timeout = job.opts.get("timeout")
+    if timeout:
+        heapq.heappush(store.timeouts, (now + int(timeout), job.id, job.delivery))
 
 
 def lease_all(
@@ -125,18 +136,24 @@ def lease_all(
     track: object,
     now: int,
 ) -> None:
-    """Lease each of `jobs` just moved to active to `owner` with its token, and track it
-    under the connection `track` (as `track_conn`): a pull's `_consume._hold`, one pass, and
-    one `Lease` record for all of them."""
+    """Deliver each of `jobs` just moved to active (its start, heartbeat and delivery count),
+    lease it to `owner` with its token, track it under the connection `track` (as
+    `track_conn`) and arm its timeout: a pull's `_consume._hold`, one pass, and one `Lease`
+    record for all of them."""
     owned = store.conn_jobs.setdefault(track, {}) if isinstance(track, str) else None
     job_conn = store.job_conn
     lease = Lease(owner, conn, now, ttl)
     for job, token in zip(jobs, tokens, strict=True):
+        job.started_at = job.last_heartbeat = now
+        job.delivery = delivery = job.delivery + 1
         job.token, job.leased = token, True
-        leases[job.id] = lease
+        job_id = job.id
+        leases[job_id] = lease
         if owned is not None:
-            owned[job.id] = job.delivery
-            job_conn[job.id] = track  # type: ignore[assignment]  # a str: `owned` says so
+            owned[job_id] = delivery
+            job_conn[job_id] = track  # type: ignore[assignment]  # a str: `owned` says so
+        if job.opts:
+            arm_timeout(store, job, now)
 
 
 def track_conn(store: Tables, conn: object, job: Job) -> None:

@@ -394,3 +394,24 @@ def test_a_pullb_on_a_connection_leases_and_tracks_as_pulls_one_by_one(
         assert _held_by_conns(batch) == _held_by_conns(single)
     assert batch.release("c1", now + 1) == single.release("c1", now + 1)
     assert _held_by_conns(batch) == _held_by_conns(single)
+
+
+def test_a_payload_only_pushb_is_pulled_in_order_after_any_queued_job() -> None:
+    """A payload-only PUSHB admits its jobs on a path of its own (`JobStore.admit_waiting`):
+    after a job of negative priority, or one pushed at a later time (a clock stepped back), its
+    heap keys must go where one push at a time puts them, and pulls take the jobs in the same
+    order."""
+    for first, at in (({"data": "low", "priority": -1}, 1_000), ({"data": "later"}, 5_000)):
+        batch, single = Engine(seed=4), Engine(seed=4)
+        entries = [{"data": i} for i in range(5)]
+        for engine in (batch, single):
+            engine.apply({"cmd": "PUSH", "queue": "q", **first}, at)
+        batch.apply({"cmd": "PUSHB", "queue": "q", "jobs": entries}, 1_000)
+        for entry in entries:
+            single.apply({"cmd": "PUSH", "queue": "q", **entry}, 1_000)
+        pulls = []
+        for engine in (batch, single):
+            reply = engine.apply({"cmd": "PULLB", "queue": "q", "count": 10}, 6_000).reply
+            pulls.append([job["data"] for job in reply["jobs"]])
+        assert pulls[0] == pulls[1], first
+        assert len(pulls[0]) == 6

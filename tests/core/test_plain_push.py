@@ -1,11 +1,11 @@
 """The plain path of a PUSH (`_produce.cmd_push`, `push_run`) and the data check's shortcut
-(`_options._certainly_small`) must decide exactly as the full passes would.
+(`_options.certainly_small`) must decide exactly as the full passes would.
 
 The task API's pushes (`{"args": [...], "kwargs": {...}}` and `stackTraceLimit`) once left the
 plain path for both reasons, which cost a single push about a third more shard CPU. Here one
 engine runs the pushes as they are; another runs them with the plain path turned off (every
 push through `normalize_job`, `validate_job` and `_check_push`): the same replies, mutations
-and state. And whatever `_certainly_small` waves through encodes as JSON under the cap.
+and state. And whatever `certainly_small` waves through encodes as JSON under the cap.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def test_a_task_push_takes_the_plain_path() -> None:
     task = {"cmd": "PUSH", "queue": "q", "name": "noop", "stackTraceLimit": 50,
             "data": {"args": [1.5, "a"], "kwargs": {"to": "x"}}}  # fmt: skip
     assert _produce._plain(task)
-    assert _options._certainly_small(task["data"])
+    assert _options.certainly_small(task["data"])
     engine = Engine(seed=1)
     got = engine.push_run([task, dict(task), {**task, "stackTraceLimit": "50"}], NOW)
     assert got is not None and len(got[1]) == 2  # the string needs rewriting: not taken
@@ -180,7 +180,7 @@ def test_a_task_push_takes_the_plain_path() -> None:
 @settings(max_examples=300, deadline=None)
 @given(data=DATA)
 def test_what_is_certainly_small_encodes_under_the_cap(data: Any) -> None:
-    if _options._certainly_small(data):
+    if _options.certainly_small(data):
         text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
         assert len(text) <= MAX_DATA_CHARS
 
@@ -189,13 +189,13 @@ def test_the_largest_certainly_small_payloads_are_far_under_the_cap() -> None:
     worst = "\x01" * _options._SMALL_CHARS  # JSON writes it as \u0001: 6 characters each
     items = _options._SMALL_ITEMS
     nested = {worst[: -len(str(i))] + str(i): [worst] for i in range(items // 2)}
-    assert _options._certainly_small(nested)
+    assert _options.certainly_small(nested)
     assert len(json.dumps(nested, ensure_ascii=False)) < MAX_DATA_CHARS // 3
     one_more = {**nested, "x": [worst]}
-    assert not _options._certainly_small(one_more)  # past the budget: the full check
+    assert not _options.certainly_small(one_more)  # past the budget: the full check
     assert validate_data(one_more) is None
     deep = {"args": [[1]]}
-    assert not _options._certainly_small(deep)  # two levels down: the full check
+    assert not _options.certainly_small(deep)  # two levels down: the full check
     assert validate_data({"args": ["x" * (MAX_DATA_CHARS + 1)]}) == "Job data too large (max 10MB)"
     assert validate_data({"args": [{1, 2}]}) == "Job data must be JSON serializable"
 
@@ -295,6 +295,9 @@ def test_a_payload_only_pushb_builds_the_jobs_create_plain_builds(
     built = _produce._payload_jobs(ids, "q", 10, entries, 1_000)
     for n, (job, entry) in enumerate(zip(built, entries, strict=True)):
         plain = _job.Job.create_plain(ids[n], "q", 11 + n, entry, 1_000)
+        # The timeline `admit_all` gives a job it finds due, one object for all of them.
+        plain.timeline = (("waiting", 1_000, None),)
+        assert job.timeline is built[0].timeline
         slots = _job.Job.__slots__
         assert {s: getattr(job, s, None) for s in slots} == {
             s: getattr(plain, s, None) for s in slots

@@ -24,7 +24,7 @@ from typing import Any, Final, TypeAlias
 import structlog
 
 from shardq.core import FLOW_NOTIFY, FLOW_RELEASE, Engine, Mutation, Record, job_id_of
-from shardq.protocol import INTERNAL_SERVER_ERROR, WAIT_MOVED
+from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.protocol._rawpush import decode_raw_pushb, raw_refused
 from shardq.runtime import _messages as msgs
 from shardq.runtime._sections import LinkSettings
@@ -35,6 +35,7 @@ from shardq.runtime.shard._commands import (
     is_durable,
     push_run,
 )
+from shardq.runtime.shard._connections import ConnectionsAndDrain
 from shardq.runtime.shard._events import EventTap
 from shardq.runtime.shard._flows import FlowRelay
 from shardq.runtime.shard._memory import TRIM_EVERY_MS, BudgetCheck, release_memory
@@ -65,7 +66,7 @@ _MESSAGE_ROOM: Final = 1024
 _log = structlog.get_logger()
 
 
-class ShardCore(ParkedRequests):
+class ShardCore(ParkedRequests, ConnectionsAndDrain):
     """The request side of one shard: engine, durable holds, long-polls, WaitJob, drain."""
 
     def __init__(
@@ -537,67 +538,6 @@ class ShardCore(ParkedRequests):
                     self._finished.add(job_id_of(m[1]))
                 elif m[0] == "qdrain":  # its cold jobs are gone, none named: look at each
                     self._finished.update(self.waits.by_job)
-
-    # -- connections, the writer and drain -------------------------------------------------
-
-    def _on_close(self, msg: dict[str, Any], now: int) -> None:
-        conn = msg.get("conn")
-        if not isinstance(conn, str):
-            return
-        # Answered (into the void: the connection is gone) rather than forgotten, so that the
-        # front end frees their entries in its tables of requests in flight and parked.
-        for parked in self.polls.drop_conn(conn):
-            self._replies.append([conn, parked.rid, empty_pull_reply(parked.cmd)])
-        for parked in self.waits.drop_conn(conn):
-            self._replies.append([conn, parked.rid, {"ok": True, "completed": False}])
-        _released, muts, events = self.engine.release(conn, now)
-        self._absorb(muts, events)
-
-    def release_moved_waits(self) -> int:
-        """Answer the WaitJobs whose job left with a dropped partition: `WAIT_MOVED`, which
-        the front end that took the client's WaitJob asks again (docs/cluster.md)."""
-        gone = self.waits.take_gone(lambda job_id: self.engine.find(job_id) is not None)
-        for parked in gone:
-            self._replies.append([parked.conn, parked.rid, {"ok": False, "error": WAIT_MOVED}])
-        return len(gone)
-
-    def _on_parts(self, msg: dict[str, Any], now: int) -> None:
-        if self.parts_hook is not None:
-            self.parts_hook(msg, now)
-
-    def _on_drain(self, msg: dict[str, Any], now: int) -> None:
-        self.draining = True
-        self._drained_sent = False
-        for parked in self.polls.take_all():
-            self._replies.append([parked.conn, parked.rid, empty_pull_reply(parked.cmd)])
-
-    def _on_recycle_go(self, msg: dict[str, Any], now: int) -> None:
-        """The front end holds this shard's requests from now on (`shard._recycle`): if the
-        process stops, answer the parked long-polls as their timeout would (the clients ask
-        again, of the replacement)."""
-        if self.recycle_hook is None or not self.recycle_hook():
-            return
-        for parked in self.polls.take_all():
-            self._replies.append([parked.conn, parked.rid, empty_pull_reply(parked.cmd)])
-
-    def active_jobs(self) -> int:
-        """Jobs a worker holds now (leased, or active with their lease lost)."""
-        store = self.engine.store
-        return len(store.leases) + len(store.unleased)
-
-    def give_back(self, job_ids: Iterable[str], now: int) -> None:
-        """Jobs a pull took whose reply could not be sent (too large for the front-end link):
-        back to waiting, as if never pulled (no attempt is charged)."""
-        given = 0
-        for job_id in job_ids:
-            job = self.engine.find(job_id)
-            if job is None or job.state != "active":
-                continue
-            cmd = {"cmd": "MoveToWait", "id": job_id, "token": job.token}
-            if self._apply(cmd, now).get("ok"):
-                given += 1
-        if given:
-            _log.warning("pulled jobs put back: their reply was too large", jobs=given)
 
 
 def _new_jobs(muts: list[Mutation]) -> list[str]:

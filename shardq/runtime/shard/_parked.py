@@ -28,12 +28,14 @@ from shardq.runtime.shard._commands import (
 from shardq.runtime.shard._waits import JobWaits, LongPolls, Parked, job_status
 from shardq.runtime.shard._writer_batches import Item
 
-__all__ = ["ParkedRequests"]
+__all__ = ["ApplyCommand", "ParkedRequests"]
 
 _log = structlog.get_logger()
 
 
-class _Apply(Protocol):
+class ApplyCommand(Protocol):
+    """`ShardCore._apply`: a command through the engine, its outcome absorbed."""
+
     def __call__(
         self, cmd: Mapping[str, Any], now: int, conn: str | None = None
     ) -> dict[str, Any]: ...
@@ -49,7 +51,7 @@ class ParkedRequests:
     _replies: list[Item]
     _woken: set[str]
     _finished: set[str]
-    _apply: _Apply
+    _apply: ApplyCommand
 
     # -- long-polls ------------------------------------------------------------------------
 
