@@ -108,12 +108,33 @@ class JobCache:
         return first
 
     def learn(self, job_ids: Sequence[object], shard: int) -> None:
-        """Remember each str id's shard, in the young generation."""
-        # Ids come decoded from msgpack: a non-str one (a broken reply) is only skipped.
-        ids = job_ids if all(map(_IS_STR, job_ids)) else [i for i in job_ids if _IS_STR(i)]
-        if not ids or self.capacity <= 0 or self.max_bytes <= 0:
+        """Remember each str id's shard, in the young generation. Ids come decoded from
+        msgpack: a non-str one (a broken reply) is only skipped."""
+        if self.capacity <= 0 or self.max_bytes <= 0:
             return
         young = self._young
+        if len(job_ids) == 1:  # a single push's reply: cheaper without the iterators
+            job_id = job_ids[0]
+            if not _IS_STR(job_id):
+                return
+            if job_id not in young:
+                self._young_bytes += len(job_id) + CACHE_ENTRY_BYTES
+            young[job_id] = shard
+        elif not self._learn_many(young, job_ids, shard):
+            return
+        if (
+            len(young) * 2 >= self.capacity
+            or self._young_bytes * 2 >= self.max_bytes
+            or len(young) + len(self._old) > self.capacity
+            or self._young_bytes + self._old_bytes > self.max_bytes
+        ):
+            self._age()
+
+    def _learn_many(self, young: dict[str, int], job_ids: Sequence[object], shard: int) -> bool:
+        """`learn` for a reply of several ids: one `dict.update`; False if none is a str."""
+        ids = job_ids if all(map(_IS_STR, job_ids)) else [i for i in job_ids if _IS_STR(i)]
+        if not ids:
+            return False
         before = len(young)
         young.update(zip(cast("Sequence[str]", ids), repeat(shard)))
         added = len(young) - before
@@ -124,13 +145,7 @@ class JobCache:
             if added != len(ids):
                 chars = chars * added // len(ids)
             self._young_bytes += chars + added * CACHE_ENTRY_BYTES
-        if (
-            len(young) * 2 >= self.capacity
-            or self._young_bytes * 2 >= self.max_bytes
-            or len(young) + len(self._old) > self.capacity
-            or self._young_bytes + self._old_bytes > self.max_bytes
-        ):
-            self._age()
+        return True
 
     def _age(self) -> None:
         """The young generation becomes the old one, the old one is dropped; an old one over
