@@ -115,7 +115,7 @@ class JobCache:
         young = self._young
         if len(job_ids) == 1:  # a single push's reply: cheaper without the iterators
             job_id = job_ids[0]
-            if not _IS_STR(job_id):
+            if not isinstance(job_id, str):
                 return
             if job_id not in young:
                 self._young_bytes += len(job_id) + CACHE_ENTRY_BYTES
