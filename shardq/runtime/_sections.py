@@ -187,7 +187,8 @@ class TcpSettings:
     # tcp_handoff_after requests were all single pushes for one shard's queues is handed (its
     # descriptor) to that shard, which serves it as a direct connection until a request it
     # does not serve sends it back. Only where the direct port is open; after a hand-back the
-    # connection stays with the front end for tcp_handoff_backoff_ms. tcp_handoff_max_bytes
+    # connection stays with the front end for tcp_handoff_backoff_ms (waived once per back-off
+    # for a connection whose requests since are all pushes for another shard). tcp_handoff_max_bytes
     # bounds each message that travels with a descriptor (the bytes read past the last whole
     # frame); a connection with more buffered is not handed off.
     tcp_handoff: bool = True
@@ -215,8 +216,9 @@ class FrontendSettings:
     stats_rate_window_s: int = 5
     # Which shard holds a job, for commands that carry only its id (GetJob, ACK by id ...).
     # A miss asks every shard, so the cap trades memory (about 200 bytes an id) for fan-out on
-    # ids older than the last this many pushed or pulled; 100,000 covers every lease a
-    # worker fleet holds at once many times over.
+    # older ids: the newest half of this many pushed or pulled are always kept (two
+    # generations, the older dropped whole); 100,000 covers every lease a worker fleet holds
+    # at once many times over.
     job_cache_size: int = 100_000
     # ... and in bytes (MiB; an id counts its length plus 144 bytes): long custom ids hold
     # fewer entries. The cache is emptied when the front end gives memory back after a busy

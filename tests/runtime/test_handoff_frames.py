@@ -197,3 +197,34 @@ def test_a_connection_the_client_closes_is_released(shardq_server: Factory) -> N
                 conn.sock.close()
 
     poll_until(three_more, WAIT_S, "three new connections served (the handed one released)")
+
+
+def test_a_connection_that_moves_to_another_shards_queues_follows_once(
+    shardq_server: Factory,
+) -> None:
+    # A back-off far longer than the test: only the waiver can hand the connection on.
+    server = _started(shardq_server, {"SHARDQ_TCP_HANDOFF_BACKOFF_MS": "600000"})
+    first, second = _queue_on(1, "moves"), _queue_on(0, "moves")
+    raw = _Raw(server)
+    try:
+        assert all(r["ok"] for r in raw.call([_push(first, i) for i in range(AFTER)]))
+        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff to shard 1")
+        # Pushes for shard 0's queue alone: shard 1 hands the connection back, and the front
+        # end hands it on to shard 0 without waiting out the back-off.
+        assert all(r["ok"] for r in raw.call([_push(second, 10 + i) for i in range(AFTER + 1)]))
+        poll_until(lambda: _stats(server)["handedOff"] == 2, WAIT_S, "the handoff to shard 0")
+        assert _stats(server)["handedBack"] == 1
+        # Moving again within the back-off: back to the front end, which keeps it.
+        for batch in range(2):
+            pushes = [_push(first, 20 + 10 * batch + i) for i in range(AFTER + 1)]
+            assert all(r["ok"] for r in raw.call(pushes))
+        stats = _stats(server)
+        assert (stats["handedOff"], stats["handedBack"]) == (2, 2)
+        with TcpConnection(*server.tcp_address) as conn:
+            waiting = [
+                conn.call({"cmd": "GetJobCounts", "queue": q})["counts"]["waiting"]
+                for q in (first, second)
+            ]
+        assert waiting == [AFTER + 2 * (AFTER + 1), AFTER + 1]
+    finally:
+        raw.sock.close()

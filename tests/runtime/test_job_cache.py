@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from shardq.runtime.frontend._merge import CACHE_ENTRY_BYTES, JobCache
 
 
@@ -38,25 +36,41 @@ def test_learning_an_id_again_counts_it_once() -> None:
     assert cache.get("a") == 1
 
 
-class _CountingDict(OrderedDict[str, int]):
-    moves = 0
+def test_an_id_learned_again_outlives_the_ids_learned_before_that() -> None:
+    cache = JobCache(capacity=4, max_bytes=1 << 20)
+    cache.learn(["a"], 0)
+    cache.learn(["b"], 0)
+    cache.learn(["a"], 1)  # learned again (a pull after its push): young again
+    cache.learn(["c"], 0)
+    assert cache.get("b") is None  # learned before "a" was learned again: dropped first
+    assert cache.get("a") == 1 and cache.get("c") == 0
+    assert len(cache) <= 4
 
-    def move_to_end(self, key: str, last: bool = True) -> None:
-        type(self).moves += 1
-        super().move_to_end(key, last)
+
+def test_the_newest_half_is_always_kept_within_both_bounds() -> None:
+    per_id = 10 + CACHE_ENTRY_BYTES
+    for capacity, max_bytes in ((1_000, 1 << 20), (100_000, 700 * per_id)):
+        cache = JobCache(capacity=capacity, max_bytes=max_bytes)
+        kept = min(capacity, max_bytes // per_id) // 2
+        learned: list[str] = []
+        for batch in range(100):  # bounded: 7,000 ids, 70 a reply (generations overshoot)
+            ids = [f"{batch * 70 + k:010d}" for k in range(70)]
+            cache.learn(ids, batch % 2)
+            learned += ids
+            assert len(cache) <= capacity and cache.bytes <= max_bytes
+            newest = learned[-(kept - 70) :]
+            assert [cache.get(i) for i in newest] == [int(i) // 70 % 2 for i in newest]
+        assert cache.get(learned[0]) is None  # the oldest went
 
 
-def test_learning_keeps_the_newest_last_and_moves_only_known_ids() -> None:
-    cache = JobCache(capacity=3, max_bytes=1 << 20)
-    counted = _CountingDict()
-    cache._shards = counted
-    cache.learn(["a", "b", "c"], 0)
-    assert _CountingDict.moves == 0  # new ids go in at the end by themselves
-    cache.learn(["a"], 1)  # learned again: now the newest
-    assert _CountingDict.moves == 1
-    cache.learn(["d"], 2)  # drops the oldest, which is "b" now, not "a"
-    assert list(counted) == ["c", "a", "d"]
-    assert cache.get("b") is None and cache.get("a") == 1
+def test_holder_reads_the_old_generation_too() -> None:
+    cache = JobCache(capacity=4, max_bytes=1 << 20)
+    cache.learn(["a", "b"], 1)  # half the bound: now the old generation
+    cache.learn(["c"], 0)
+    assert cache.holder(["a", "b"]) == 1
+    assert cache.holder(["a", "c"]) is None  # two shards
+    cache.learn(["a"], 0)  # learned again, elsewhere: the young entry wins
+    assert cache.holder(["a", "c"]) == 0
 
 
 def test_clear_empties_it_and_its_count() -> None:

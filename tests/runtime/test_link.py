@@ -134,7 +134,7 @@ class _Events:
         self.up: list[int] = []
         self.blocked: list[bool] = []
 
-    def links(self, path: Path) -> ShardLinks:
+    def links(self, path: Path, max_frame: int = MAX_FRAME_BYTES) -> ShardLinks:
         return ShardLinks(
             [str(path)],
             asyncio.get_running_loop(),
@@ -142,6 +142,7 @@ class _Events:
             on_down=self.down.append,
             on_up=self.up.append,
             on_blocked=self.blocked.append,
+            max_frame=max_frame,
         )
 
 
@@ -197,6 +198,42 @@ def test_both_ends_talk_push_back_and_notice_loss(tmp_path: Path) -> None:
         assert unpack(drain) == {"t": "drain"}
         links.close()
         restarted.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_front_end_takes_every_good_message_and_drops_a_link_over_its_limit(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "link-0"
+
+    async def scenario() -> None:
+        shard = FrontLink(str(path))
+        events = _Events()
+        links = events.links(path, max_frame=400_000)
+        await links.connect_all()
+        ready, _, _ = await asyncio.to_thread(select.select, shard.fds(), [], [], 5.0)
+        for fd in ready:
+            shard.readable(fd)  # accepts the front end
+        # A pass-through reply's bytes, over several reads: each message is decoded from
+        # the read's own buffer, and what it decoded stays whole after the reads that follow.
+        wire = bytes(range(256)) * 1000
+        frames = [pack({"t": "rep", "n": n, "wire": wire}) for n in range(3)]
+        frames += [b"\xc1", pack({"t": "rep", "n": 3})]  # not msgpack: dropped alone
+        for data in frames:  # a blocking send: from a thread, while this loop reads
+            assert await asyncio.to_thread(shard.send, data)
+        await _until(lambda: len(events.messages) == 4, "the four good messages")
+        assert [m["n"] for m in events.messages] == [0, 1, 2, 3]
+        assert all(m["wire"] == wire for m in events.messages[:3])
+        assert events.down == []
+        # A frame over the front end's limit: the link is corrupt, dropped, then made again.
+        sending = asyncio.to_thread(shard.send, pack({"t": "rep", "wire": wire * 2}))
+        sent = asyncio.ensure_future(sending)
+        await _until(lambda: events.down == [0], "the link to drop")
+        await sent  # a write cut short by the drop: False, or True if it all fit
+        assert len(events.messages) == 4
+        links.close()
+        shard.close()
 
     asyncio.run(scenario())
 

@@ -7,7 +7,10 @@ A connection is handed off when it is safe and worth it:
 - the connection never sent a command that leaves state in the front end or on a shard
   for it (`STATEFUL`: Auth, pulls and their leases, event subscriptions, worker registry);
 - its last `tcp_handoff_after` requests were single pushes (no flow fields) for queues of that
-  one shard, and no hand-back happened in the last `tcp_handoff_backoff_ms`;
+  one shard, and no hand-back happened in the last `tcp_handoff_backoff_ms`, or the last one
+  came from another shard and every request since was such a push (the client moved on to
+  another shard's queues: the back-off is waived, once per back-off, so a client that keeps
+  moving does not make the connection go back and forth);
 - nothing is in flight, held or unwritten, and at most `tcp_handoff_max_bytes` of a partial
   frame are buffered. The connection stops being read (a frame boundary), waits until that
   holds, then its descriptor goes to the shard with those bytes.
@@ -60,6 +63,8 @@ class TcpConnection(Protocol):
     stateful: bool
     handoff_state: int
     handoff_not_before: float
+    handed_back_by: int
+    waive_not_before: float
     sent_unread: bytes
 
     @property
@@ -69,7 +74,7 @@ class TcpConnection(Protocol):
     def take_unread(self) -> bytes: ...
     def handoff_failed(self, unread: bytes, not_before: float) -> None: ...
     def handed_over(self) -> None: ...
-    def resume_with(self, unread: bytes, not_before: float) -> None: ...
+    def resume_with(self, unread: bytes, not_before: float, shard: int) -> None: ...
     def lost(self) -> None: ...
 
 
@@ -124,26 +129,36 @@ class Handoffs:
                     (cmd == "PUSH" and not names_flow(frame))
                     or (cmd == "PUSHB" and not flow_entries(frame))
                 )
-            else:
-                conn.streak = 0
-                continue
+            else:  # a frame refused undecoded: a reset, as any command but a push
+                cmd = queue = None
+                plain = False
             if type(queue) is str and plain:
                 shard = shard_of(queue, self._shards)
                 if shard == conn.streak_shard:
                     conn.streak += 1
                 else:
                     conn.streak_shard, conn.streak = shard, 1
-            elif cmd in STATEFUL:
+                continue
+            if cmd in STATEFUL:
                 conn.stateful = True
                 return
-            else:
-                conn.streak = 0
-        if (
-            conn.streak >= self.after
-            and self._loop.time() >= conn.handoff_not_before
-            and self._possible(conn.streak_shard)
-        ):
-            conn.want_handoff()
+            conn.streak = 0
+            conn.handed_back_by = -1  # not only pushes since the hand-back: no waiver
+        if conn.streak >= self.after and self._possible(conn.streak_shard):
+            now = self._loop.time()
+            if now >= conn.handoff_not_before or self._waived(conn, now):
+                conn.want_handoff()
+
+    def _waived(self, conn: TcpConnection, now: float) -> bool:
+        """Whether the back-off after a hand-back gives way: `conn` was handed back by another
+        shard than the one its pushes are for now, and only pushes came since; once per
+        `backoff_s` (a client that keeps moving between shards stays here)."""
+        by = conn.handed_back_by
+        if by < 0 or by == conn.streak_shard or now < conn.waive_not_before:
+            return False
+        conn.handed_back_by = -1
+        conn.waive_not_before = now + self.backoff_s
+        return True
 
     def _possible(self, shard: int) -> bool:
         ports = self._dispatcher.direct_ports
@@ -210,7 +225,7 @@ class Handoffs:
             return
         self.handed_back += 1
         conn = entry[1]
-        conn.resume_with(bytes(buf), self._loop.time() + self.backoff_s)
+        conn.resume_with(bytes(buf), self._loop.time() + self.backoff_s, entry[0])
         task = self._loop.create_task(self._loop.connect_accepted_socket(lambda: conn, sock))
 
         def resumed(task: Any) -> None:

@@ -20,9 +20,9 @@ from typing import Any, Final
 
 import structlog
 
-from shardq.protocol import frame
+from shardq.protocol import FrameCutter, frame
 from shardq.runtime.links._control import unpack
-from shardq.runtime.links._stream import MAX_FRAME_BYTES, FrameSplitter
+from shardq.runtime.links._stream import MAX_FRAME_BYTES
 
 __all__ = ["ShardLinks"]
 
@@ -43,7 +43,7 @@ class _Link(asyncio.Protocol):
         self.index = index
         self.transport: asyncio.Transport | None = None
         self.paused = False
-        self._splitter = FrameSplitter(max_frame)
+        self._cutter = FrameCutter(max_frame)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -51,21 +51,20 @@ class _Link(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        try:
-            payloads = self._splitter.feed(data)
-        except ValueError as e:
-            name = self._links.name
-            _log.error(f"corrupt {name} link; closing it", **{name: self.index}, error=str(e))
+        # Each message decoded straight from the read's bytes, not from a copy of its own (a
+        # PULLB's reply is ~70 KB; what msgpack decodes owns its bytes).
+        cutter = self._cutter
+        msgs = cutter.cut(data, _decoded)
+        if cutter.oversize is not None:
+            name, limit = self._links.name, cutter.max_frame_size
+            error = f"internal frame of {cutter.oversize} bytes exceeds {limit}"
+            _log.error(f"corrupt {name} link; closing it", **{name: self.index}, error=error)
             if self.transport is not None:
                 self.transport.close()
             return
-        for payload in payloads:
-            try:
-                msg = unpack(payload)
-            except ValueError:
-                _log.warning("undecodable internal message dropped", size=len(payload))
-                continue
-            self._links.on_message(msg)
+        for msg in msgs:
+            if msg is not None:
+                self._links.on_message(msg)
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -79,6 +78,16 @@ class _Link(asyncio.Protocol):
         self.transport = None
         self.paused = False
         self._links.lost(self)
+
+
+def _decoded(body: memoryview) -> dict[str, Any] | None:
+    """One message from its frame body (valid only during the call); None, logged, if it
+    does not decode."""
+    try:
+        return unpack(body)
+    except ValueError:
+        _log.warning("undecodable internal message dropped", size=len(body))
+        return None
 
 
 class ShardLinks:

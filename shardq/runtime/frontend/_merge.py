@@ -5,8 +5,8 @@ Nothing here touches a socket; `_dispatch` wires these into the request flow.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
 from typing import Any, Final, cast
 
 from shardq.protocol._prepacked import IDS_KEY
@@ -42,9 +42,17 @@ class JobCache:
     """Which shard holds a job id, for commands that carry only the id.
 
     Bounded in entries (`job_cache_size`) and in bytes (`job_cache_max_mb`, each id counted
-    as its length plus `CACHE_ENTRY_BYTES`): the entry learned longest ago is dropped first.
-    A miss is never wrong, only slower (the front end then asks every shard), so eviction is
-    safe, and so is `clear` when the front end gives memory back after a busy period.
+    as its length plus `CACHE_ENTRY_BYTES`). Two generations of plain dicts: a reply's ids go
+    into the young one in one `dict.update`, without a Python frame per id (this runs for every
+    push and pull reply of a front end with several shards, and the ordered dict it replaced,
+    one `move_to_end` or insertion per id, was the largest part of the front end's CPU on
+    push -> pull -> ack). Once the young one holds half the bound, or both together pass it,
+    it becomes the old one and the old one is dropped whole. A lookup asks the young one, then
+    the old. So the ids learned longest ago go first (a generation at a time), about the
+    newest half of the bound is always kept, and an id learned again (a pull after its push)
+    is young again. A miss is never wrong, only slower (the front end then asks every shard),
+    so eviction is safe, and so is `clear` when the front end gives memory back after a busy
+    period.
     """
 
     def __init__(
@@ -52,52 +60,109 @@ class JobCache:
     ) -> None:
         self.capacity = capacity
         self.max_bytes = max_bytes
-        self.bytes = 0  # the estimate of what the entries take
-        self._shards: OrderedDict[str, int] = OrderedDict()
+        self._young: dict[str, int] = {}
+        self._old: dict[str, int] = {}
+        self._young_bytes = 0  # the estimate of what each generation's entries take
+        self._old_bytes = 0
 
     def __len__(self) -> int:
-        return len(self._shards)
+        """Entries held: an id in both generations counts twice, as it takes memory twice."""
+        return len(self._young) + len(self._old)
+
+    @property
+    def bytes(self) -> int:
+        """The estimate of what the entries take."""
+        return self._young_bytes + self._old_bytes
 
     def get(self, job_id: object) -> int | None:
-        return self._shards.get(job_id) if isinstance(job_id, str) else None
+        if not isinstance(job_id, str):
+            return None
+        shard = self._young.get(job_id)
+        return shard if shard is not None else self._old.get(job_id)
 
     def clear(self) -> None:
         """Forget every job: the shards dropped queues (a partition passed to another node),
-        or the front end gives memory back (a new table, so the old one's memory goes)."""
-        self._shards = OrderedDict()
-        self.bytes = 0
+        or the front end gives memory back (new tables, so the old ones' memory goes)."""
+        self._young, self._old = {}, {}
+        self._young_bytes = self._old_bytes = 0
 
     def holder(self, job_ids: Sequence[object]) -> int | None:
         """The one shard that holds every id of `job_ids`, by the cache; None when an id is
         missing, not a string, or the ids lie on several shards (or there are none).
 
-        One lookup per id without a Python frame per id (`map` over the dict's own `get`):
-        this runs for every ACKB of a front end with several shards."""
+        One lookup per id without a Python frame per id (`map` over the young dict's own
+        `get`) when the young generation knows every id, as it does for the usual ACKB (the
+        jobs of a PULLB just answered): this runs for every ACKB of a front end with several
+        shards."""
         if not job_ids or not all(map(_IS_STR, job_ids)):
             return None
-        found = list(map(self._shards.get, cast("Sequence[str]", job_ids)))
+        ids = cast("Sequence[str]", job_ids)
+        found: list[int | None] = list(map(self._young.get, ids))
+        if None in found:
+            if not self._old:
+                return None
+            found = list(map(self.get, ids))
         first = found[0]
         if first is None or found.count(first) != len(found):
             return None
         return first
 
     def learn(self, job_ids: Sequence[object], shard: int) -> None:
-        """Remember each str id's shard, as the newest entry. A new id goes in at the end by
-        itself: only an id learned again (a pull after its push) is moved there, which saves
-        the ordered dict's `move_to_end` on every pushed job."""
-        shards = self._shards
-        size = self.bytes
-        for job_id in job_ids:
-            if type(job_id) is str:  # ids come decoded from msgpack: never a str subclass
-                if job_id in shards:
-                    shards[job_id] = shard
-                    shards.move_to_end(job_id)
-                else:
-                    size += len(job_id) + CACHE_ENTRY_BYTES
-                    shards[job_id] = shard
-        while shards and (len(shards) > self.capacity or size > self.max_bytes):
-            size -= len(shards.popitem(last=False)[0]) + CACHE_ENTRY_BYTES
-        self.bytes = size
+        """Remember each str id's shard, in the young generation. Ids come decoded from
+        msgpack: a non-str one (a broken reply) is only skipped."""
+        if self.capacity <= 0 or self.max_bytes <= 0:
+            return
+        young = self._young
+        if len(job_ids) == 1:  # a single push's reply: cheaper without the iterators
+            job_id = job_ids[0]
+            if not isinstance(job_id, str):
+                return
+            if job_id not in young:
+                self._young_bytes += len(job_id) + CACHE_ENTRY_BYTES
+            young[job_id] = shard
+        elif not self._learn_many(young, job_ids, shard):
+            return
+        if (
+            len(young) * 2 >= self.capacity
+            or self._young_bytes * 2 >= self.max_bytes
+            or len(young) + len(self._old) > self.capacity
+            or self._young_bytes + self._old_bytes > self.max_bytes
+        ):
+            self._age()
+
+    def _learn_many(self, young: dict[str, int], job_ids: Sequence[object], shard: int) -> bool:
+        """`learn` for a reply of several ids: one `dict.update`; False if none is a str."""
+        ids = job_ids if all(map(_IS_STR, job_ids)) else [i for i in job_ids if _IS_STR(i)]
+        if not ids:
+            return False
+        before = len(young)
+        young.update(zip(cast("Sequence[str]", ids), repeat(shard)))
+        added = len(young) - before
+        if added:
+            # Exact unless some ids were there already (learned again, or twice in one
+            # reply): then the new ones are taken to be of the batch's mean length.
+            chars = sum(map(len, cast("Sequence[str]", ids)))
+            if added != len(ids):
+                chars = chars * added // len(ids)
+            self._young_bytes += chars + added * CACHE_ENTRY_BYTES
+        return True
+
+    def _age(self) -> None:
+        """The young generation becomes the old one, the old one is dropped; an old one over
+        the whole bound by itself (one reply with more ids than that) keeps only its newest."""
+        old, self._young = self._young, {}
+        size, self._young_bytes = self._young_bytes, 0
+        if len(old) > self.capacity or size > self.max_bytes:
+            kept: list[str] = []
+            size = 0
+            for job_id in reversed(old):
+                cost = len(job_id) + CACHE_ENTRY_BYTES
+                if len(kept) >= self.capacity or size + cost > self.max_bytes:
+                    break
+                kept.append(job_id)
+                size += cost
+            old = {job_id: old[job_id] for job_id in reversed(kept)}
+        self._old, self._old_bytes = old, size
 
 
 def _job_id(job: object) -> list[object]:

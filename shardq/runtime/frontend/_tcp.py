@@ -157,6 +157,10 @@ class TcpConnection(asyncio.Protocol):
         self.stateful = False  # sent a command that keeps state for it: never handed off
         self.handoff_state = NONE
         self.handoff_not_before = 0.0  # loop time: not handed off again before (a back-off)
+        # The shard that handed it back, while only pushes came since (-1: none, or others
+        # came), and when a hand-back's back-off may be waived again (`Handoffs._waived`).
+        self.handed_back_by = -1
+        self.waive_not_before = 0.0
         self.sent_unread = b""  # what went with the descriptor, until the shard takes it
         self._resume_unread: bytes | None = None  # set while a handed-back one reconnects
 
@@ -392,10 +396,12 @@ class TcpConnection(asyncio.Protocol):
         if transport is not None:
             transport.close()
 
-    def resume_with(self, unread: bytes, not_before: float) -> None:
-        """Handed back: the next `connection_made` resumes it, reading `unread` first."""
+    def resume_with(self, unread: bytes, not_before: float, shard: int) -> None:
+        """Handed back by `shard`: the next `connection_made` resumes it, reading `unread`
+        first."""
         self._resume_unread = unread
         self.handoff_not_before = not_before
+        self.handed_back_by = shard
 
     def _resumed(self) -> None:
         unread, self._resume_unread = self._resume_unread or b"", None

@@ -52,7 +52,7 @@ def _lenient(value: object) -> object:
     raise TypeError(f"can not serialize {type(value).__name__!r} object")
 
 
-def unpack(data: bytes) -> dict[str, Any]:
+def unpack(data: bytes | memoryview) -> dict[str, Any]:
     """Decode one internal message.
 
     Raises `ValueError` if `data` is not a msgpack map. Job payloads may carry non-string map
