@@ -137,16 +137,35 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def _worker_range() -> tuple[int, int]:
+    """The ports this test process picks from: below the ephemeral range, and, under
+    pytest-xdist, a slice of its own. `_GIVEN` keeps one process from picking a port twice,
+    but two workers once picked the same port a moment apart and the second server found it
+    taken (CI: "port 30314 on 127.0.0.1 (tcp_port) is already in use")."""
+    low, high = _PICK_LOW, min(_PICK_HIGH, _ephemeral_low() - 1)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    try:
+        index = int(worker.removeprefix("gw"))
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    except ValueError:
+        return low, high
+    if not 0 <= index < count:
+        return low, high
+    width = (high - low + 1) // count
+    return low + index * width, low + (index + 1) * width - 1
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """`count` distinct ports that were free a moment ago, chosen at random below the
-    ephemeral range (held open together while choosing, so they differ)."""
-    high = min(_PICK_HIGH, _ephemeral_low() - 1)
+    ephemeral range, from this xdist worker's slice of it (held open together while
+    choosing, so they differ)."""
+    low, high = _worker_range()
     socks: list[socket.socket] = []
     try:
         for _ in range(200 * count):
             if len(socks) == count:
                 break
-            port = _RANDOM.randint(_PICK_LOW, high)
+            port = _RANDOM.randint(low, high)
             if port in _GIVEN:
                 continue
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -157,7 +176,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
                 continue
             socks.append(s)
         if len(socks) < count:
-            raise ServerError(f"no {count} free ports in {_PICK_LOW}-{high}")
+            raise ServerError(f"no {count} free ports in {low}-{high}")
         ports = [s.getsockname()[1] for s in socks]
         _GIVEN.extend(ports)
         return ports
@@ -276,7 +295,9 @@ class ShardqServer:
             except ServerError as e:
                 # Another process took a port picked here between the pick and the bind
                 # (seen once in CI on a ZeroMQ port): pick again, on a first start only.
-                taken = "address already in use" in str(e).lower()
+                # The supervisor's own check says "port N on HOST (tcp_port) is already in
+                # use"; a listener's bind failure says "Address already in use".
+                taken = "already in use" in str(e).lower()
                 if attempt == 2 or not (taken and self._auto_ports and not self._started_once):
                     raise
                 self.tcp_port, self.zmq_port = free_ports(2, self.host)
