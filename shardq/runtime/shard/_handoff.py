@@ -108,6 +108,7 @@ class _Port(Protocol):
     handed_back: int
     on_handback: Callable[[socket.socket, str, bytes], bool] | None
     on_gone: Callable[[str], None] | None
+    unpark: Callable[[str], None] | None
 
     def _make_conn(self, sock: socket.socket, name: str) -> Any: ...
     def _take(
@@ -140,6 +141,8 @@ class HandedConns:
             conn.deadline = None
             self._timed.discard(conn)
             self._watch(conn)
+            if conn.inflight and self.unpark is not None:
+                self.unpark(conn.name)  # its long-polls answered now, as their timeout would
             self._return_if_done(conn)
         return decoder.returning
 
@@ -168,6 +171,8 @@ class HandedConns:
             if type(decoder) is HandedDecoder and not decoder.returning:
                 decoder.returning = True
                 self._watch(conn)
+                if conn.inflight and self.unpark is not None:
+                    self.unpark(conn.name)
                 self._return_if_done(conn)
 
     def _return_if_done(self: _Port, conn: Any) -> None:

@@ -1,0 +1,193 @@
+"""Worker connections handed off (`tcp_handoff`, docs/runtime.md "Handed-off connections"):
+a connection whose last requests were pushes, pulls and acks for one shard is served by that
+shard, PULLB and ACKB included (`shard._direct_work`), with the replies the front end would
+send; its leases end as a closed connection's do, its long-polls never hold a hand-back or a
+stop, the cancels of its jobs reach it, and a kill -9 of its shard loses nothing acknowledged.
+
+Raw sockets against real servers, so that the bytes of each reply are the test's to compare.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+from shardq_harness import ShardqServer, poll_until
+
+from shardq.client._tcp import TcpConnection
+from shardq.protocol._direct import shard_of
+
+Factory = Callable[..., ShardqServer]
+AFTER = 4
+ENV = {
+    "SHARDQ_TCP_HANDOFF": "true",
+    "SHARDQ_TCP_HANDOFF_AFTER": str(AFTER),
+    "SHARDQ_TCP_HANDOFF_BACKOFF_MS": "100",
+}
+WAIT_S = 30.0
+# Values that differ between two runs of the same commands: ids, tokens, times.
+VOLATILE = frozenset({"id", "jobId", "ids", "token", "tokens", "createdAt", "timestamp",
+                      "startedAt", "processedOn", "runAt", "lockedUntil", "time", "timeline",
+                      "lastHeartbeat", "completedAt", "finishedOn"})  # fmt: skip
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+_UUID_B = re.compile(_UUID.pattern.encode())
+
+
+def _queue_on(shard: int, prefix: str, shards: int = 2) -> str:
+    return next(f"{prefix}-{i}" for i in range(1000) if shard_of(f"{prefix}-{i}", shards) == shard)
+
+
+def _frame(cmd: dict[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(cmd, use_bin_type=True)
+    return struct.pack(">I", len(body)) + body
+
+
+class _Raw:
+    """One TCP connection: frames out, reply bodies (the bytes) in, in order."""
+
+    def __init__(self, server: ShardqServer) -> None:
+        self.sock = socket.create_connection(server.tcp_address, timeout=WAIT_S)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buf = b""
+
+    def bodies(self, count: int) -> list[bytes]:
+        out: list[bytes] = []
+        while len(out) < count:
+            while len(self._buf) >= 4:
+                (size,) = struct.unpack(">I", self._buf[:4])
+                if len(self._buf) < 4 + size:
+                    break
+                out.append(self._buf[4 : 4 + size])
+                self._buf = self._buf[4 + size :]
+            if len(out) < count:
+                data = self.sock.recv(65536)
+                assert data, f"the connection closed after {len(out)} of {count} replies"
+                self._buf += data
+        return out
+
+    def replies(self, count: int) -> list[dict[str, Any]]:
+        return [msgpack.unpackb(b, raw=False) for b in self.bodies(count)]
+
+    def send(self, cmds: list[dict[str, Any]]) -> None:
+        self.sock.sendall(b"".join(_frame(c) for c in cmds))
+
+    def call(self, cmds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.send(cmds)
+        return self.replies(len(cmds))
+
+
+def _stats(server: ShardqServer) -> dict[str, Any]:
+    with TcpConnection(*server.tcp_address) as conn:
+        stats: dict[str, Any] = conn.call({"cmd": "Stats"})["stats"]
+        return stats
+
+
+def _call(server: ShardqServer, cmd: dict[str, Any]) -> dict[str, Any]:
+    with TcpConnection(*server.tcp_address) as conn:
+        reply: dict[str, Any] = conn.call(cmd)
+        return reply
+
+
+def _started(
+    factory: Factory, env: dict[str, str] | None = None, data_dir: Path | None = None
+) -> ShardqServer:
+    server = factory(shards=2, env={**ENV, **(env or {})}, data_dir=data_dir)
+    with TcpConnection(*server.tcp_address) as conn:
+        poll_until(
+            lambda: "directPorts" in conn.call({"cmd": "Hello", "protocolVersion": 3}),
+            WAIT_S,
+            "the direct ports announced",
+        )
+    return server
+
+
+def _fill(server: ShardqServer, queue: str, n: int) -> None:
+    jobs = [{"name": "w", "data": {"n": i, "big": 2**40 + i}} for i in range(n)]
+    reply = _call(server, {"cmd": "PUSHB", "queue": queue, "jobs": jobs})
+    assert reply["ok"] is True, reply
+
+
+def _shape(value: Any, key: str = "") -> Any:
+    """`value` with what differs between runs (`VOLATILE`) reduced to its type; a map as
+    its items in order, so that key order counts."""
+    if key in VOLATILE:
+        return type(value).__name__
+    if isinstance(value, dict):
+        return [(k, _shape(v, k)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [_shape(v) for v in value]
+    if isinstance(value, str):
+        return _UUID.sub("<id>", value)  # a job id inside an error
+    return (type(value).__name__, value)  # 2**40 and 2.0**40: not the same bytes
+
+
+def _worker_round(raw: _Raw, queue: str, n: int, tag: str) -> list[bytes]:
+    """PULLB `n` then ACKB of what came: the reply bodies."""
+    raw.send([{"cmd": "PULLB", "queue": queue, "count": n, "owner": "w1", "reqId": f"{tag}p"}])
+    (pulled,) = raw.bodies(1)
+    reply = msgpack.unpackb(pulled, raw=False)
+    ids = [j["id"] for j in reply["jobs"]]
+    raw.send([{"cmd": "ACKB", "ids": ids, "tokens": reply["tokens"], "reqId": f"{tag}a"}])
+    return [pulled, *raw.bodies(1)]
+
+
+def _script(server: ShardqServer, queue: str) -> tuple[list[bytes], dict[str, Any]]:
+    """The same worker's requests against `server`: the reply bodies, and its Stats."""
+    _fill(server, queue, 40)
+    raw = _Raw(server)
+    try:
+        bodies: list[bytes] = []
+        for r in range(AFTER):  # enough for a handoff (pulls and acks for one shard)
+            bodies += _worker_round(raw, queue, 3, f"r{r}")
+        time.sleep(0.2)  # a handoff, if any, has happened
+        bodies += _worker_round(raw, queue, 5, "big")
+        # PULL and ACK, a stale token (fenced), an ACKB naming a job done already.
+        raw.send([{"cmd": "PULL", "queue": queue, "owner": "w1", "reqId": 7}])
+        (pulled,) = raw.bodies(1)
+        job = msgpack.unpackb(pulled, raw=False)
+        raw.send([{"cmd": "ACK", "id": job["job"]["id"], "token": "stale", "reqId": 8}])
+        raw.send([{"cmd": "ACK", "id": job["job"]["id"], "token": job["token"], "reqId": 9},
+                  {"cmd": "PULLB", "queue": queue, "count": 2, "owner": "w1", "reqId": 10}])  # fmt: skip
+        bodies += [pulled, *raw.bodies(3)]
+        last = msgpack.unpackb(bodies[-1], raw=False)
+        ids = [j["id"] for j in last["jobs"]]
+        raw.send([{"cmd": "ACKB", "ids": ids, "tokens": ["x", "y"], "reqId": "badtok"},
+                  {"cmd": "ACKB", "ids": ids, "tokens": last["tokens"], "reqId": "ok"},
+                  {"cmd": "ACKB", "ids": ids, "tokens": last["tokens"], "reqId": "again"},
+                  {"cmd": "PULLB", "queue": queue, "count": 100, "reqId": "rest"},
+                  {"cmd": "PULLB", "queue": queue, "count": 5, "reqId": "empty"}])  # fmt: skip
+        bodies += raw.bodies(5)
+        return bodies, _stats(server)
+    finally:
+        raw.sock.close()
+
+
+def test_a_handed_off_worker_gets_the_front_ends_replies(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    queue = _queue_on(1, "same")
+    handed, handed_stats = _script(_started(shardq_server), queue)
+    off = _started(shardq_server, {"SHARDQ_TCP_HANDOFF": "false"}, tmp_path / "off")
+    kept, kept_stats = _script(off, queue)
+    assert handed_stats["handedOff"] >= 1 and kept_stats["handedOff"] == 0
+    assert handed_stats["directRequests"] >= 12  # the pulls and acks after the handoff
+    assert [_shape(msgpack.unpackb(b, raw=False)) for b in handed] == [
+        _shape(msgpack.unpackb(b, raw=False)) for b in kept
+    ]
+    # The bytes too, where no id, token or time lies in them.
+    for a, b in zip(handed, kept, strict=True):
+        reply = msgpack.unpackb(a, raw=False)
+        if not reply.get("jobs") and not reply.get("job"):
+            assert _UUID_B.sub(b"-" * 36, a) == _UUID_B.sub(b"-" * 36, b), reply
