@@ -191,3 +191,144 @@ def test_a_handed_off_worker_gets_the_front_ends_replies(
         reply = msgpack.unpackb(a, raw=False)
         if not reply.get("jobs") and not reply.get("job"):
             assert _UUID_B.sub(b"-" * 36, a) == _UUID_B.sub(b"-" * 36, b), reply
+
+
+def _handed_worker(server: ShardqServer, queue: str, *, rounds: int = AFTER) -> _Raw:
+    """A connection that pulled and acked one job at a time `rounds` times, handed off."""
+    before = _stats(server)["handedOff"]
+    raw = _Raw(server)
+    for r in range(rounds):
+        _worker_round(raw, queue, 1, f"h{r}")
+    poll_until(lambda: _stats(server)["handedOff"] > before, WAIT_S, "the handoff")
+    return raw
+
+
+def _counts(server: ShardqServer, queue: str) -> dict[str, int]:
+    counts: dict[str, int] = _call(server, {"cmd": "GetJobCounts", "queue": queue})["counts"]
+    return counts
+
+
+def _pull(raw: _Raw, queue: str, n: int, **extra: Any) -> dict[str, Any]:
+    cmd = {"cmd": "PULLB", "queue": queue, "count": n, "owner": "w", "lockTtl": 600_000}
+    (reply,) = raw.call([{**cmd, **extra}])
+    assert reply["ok"] is True, reply
+    return reply
+
+
+def test_a_handed_off_workers_leases_are_released_when_it_closes(shardq_server: Factory) -> None:
+    server = _started(shardq_server)
+    queue = _queue_on(1, "leases")
+    _fill(server, queue, 30)
+    # One closes while its shard holds it; one is handed back first, then closes.
+    first = _handed_worker(server, queue)
+    assert len(_pull(first, queue, 5)["jobs"]) == 5
+    second = _handed_worker(server, queue)
+    assert len(_pull(second, queue, 5)["jobs"]) == 5
+    (counts,) = second.call([{"cmd": "GetJobCounts", "queue": queue}])  # not the shard's
+    poll_until(lambda: _stats(server)["handedBack"] == 1, WAIT_S, "the hand-back")
+    assert counts["counts"]["active"] == 10
+    first.sock.close()
+    second.sock.close()
+    # Back to waiting long before their 10-minute lease: released at the close.
+    acked = 2 * AFTER
+    poll_until(lambda: _counts(server, queue)["active"] == 0, WAIT_S, "the leases released")
+    counts = _counts(server, queue)
+    assert (counts["waiting"], counts["completed"]) == (30 - acked, acked)
+
+
+def test_a_parked_long_poll_does_not_hold_a_hand_back(shardq_server: Factory) -> None:
+    server = _started(shardq_server)
+    queue = _queue_on(1, "parked")
+    _fill(server, queue, AFTER)
+    raw = _handed_worker(server, queue)
+    try:
+        # Parked in the shard (the queue is empty) for a minute, past the socket's timeout:
+        # the request the shard does not serve must not wait for it.
+        raw.send([{"cmd": "PULLB", "queue": queue, "count": 1, "timeout": 60_000, "reqId": "lp"}])
+        time.sleep(0.3)
+        raw.send([{"cmd": "GetJobCounts", "queue": queue, "reqId": "counts"}])
+        replies = {r["reqId"]: r for r in raw.replies(2)}
+        assert replies["lp"] == {"ok": True, "jobs": [], "reqId": "lp"}
+        assert replies["counts"]["counts"]["completed"] == AFTER
+        assert _stats(server)["handedBack"] == 1
+        # The front end serves it on, long-polls included.
+        _fill(server, queue, 1)
+        got = _pull(raw, queue, 1, timeout=5_000)
+        assert len(got["jobs"]) == 1
+    finally:
+        raw.sock.close()
+
+
+def test_a_stopping_shard_answers_a_parked_long_poll_and_hands_back(
+    shardq_server: Factory,
+) -> None:
+    server = _started(shardq_server)
+    queue = _queue_on(1, "stop")
+    _fill(server, queue, AFTER)
+    raw = _handed_worker(server, queue)
+    try:
+        raw.send([{"cmd": "PULLB", "queue": queue, "count": 1, "timeout": 60_000, "reqId": "lp"}])
+        time.sleep(0.3)
+        old = server.child_pids()["shard-1"]
+        os.kill(old, signal.SIGTERM)
+        (reply,) = raw.replies(1)
+        assert reply == {"ok": True, "jobs": [], "reqId": "lp"}
+        server.wait_child_replaced("shard-1", old)
+        # The same connection, with the front end now: served by the new shard process.
+        _fill(server, queue, 1)
+        got = _pull(raw, queue, 1)
+        assert len(got["jobs"]) == 1
+    finally:
+        raw.sock.close()
+
+
+def test_a_handed_off_worker_is_told_its_job_was_cancelled(shardq_server: Factory) -> None:
+    server = _started(shardq_server)
+    queue = _queue_on(1, "cancel")
+    _fill(server, queue, AFTER + 1)
+    raw = _handed_worker(server, queue)
+    try:
+        (job,) = _pull(raw, queue, 1)["jobs"]
+        reply = _call(server, {"cmd": "Cancel", "id": job["id"], "active": True, "reason": "r"})
+        assert reply["ok"] is True, reply
+        (notice,) = raw.replies(1)  # unasked
+        assert notice == {"type": "cancel", "jobId": job["id"], "queue": queue,
+                          "reason": notice.get("reason")}, notice  # fmt: skip
+        assert "r" in str(notice["reason"])
+        assert _stats(server)["handedBack"] == 0  # written by the shard holding it
+    finally:
+        raw.sock.close()
+
+
+def test_kill9_of_the_shard_holding_a_worker_loses_nothing_acknowledged(
+    shardq_server: Factory,
+) -> None:
+    server = _started(shardq_server)
+    queue = _queue_on(1, "kill")
+    jobs = [{"name": "w", "data": {"n": i}} for i in range(30)]
+    assert _call(server, {"cmd": "PUSHB", "queue": queue, "jobs": jobs, "durable": True})["ok"]
+    raw = _handed_worker(server, queue)
+    try:
+        # Acked through the shard, then committed (the flush window is milliseconds).
+        _worker_round(raw, queue, 6, "acked")
+        held = _pull(raw, queue, 5)["jobs"]
+        assert len(held) == 5
+        time.sleep(0.5)
+        old = server.child_pids()["shard-1"]
+        os.kill(old, signal.SIGKILL)
+        raw.sock.settimeout(WAIT_S)
+        try:
+            assert raw.sock.recv(65536) == b""  # the connection ends with its shard
+        except ConnectionResetError:
+            pass
+        server.wait_child_replaced("shard-1", old)
+    finally:
+        raw.sock.close()
+    acked = AFTER + 6
+    # The leased jobs come back (active at a crash: waiting again, one attempt more).
+    poll_until(lambda: _counts(server, queue)["active"] == 0, WAIT_S, "the leases back")
+    counts = _counts(server, queue)
+    assert (counts["waiting"], counts["completed"]) == (30 - acked, acked)
+    for job in held:
+        got = _call(server, {"cmd": "GetJob", "id": job["id"]})["job"]
+        assert got["attemptsMade"] == 1, got
