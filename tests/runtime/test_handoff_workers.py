@@ -169,7 +169,10 @@ def _script(server: ShardqServer, queue: str) -> tuple[list[bytes], dict[str, An
                   {"cmd": "PULLB", "queue": queue, "count": 100, "reqId": "rest"},
                   {"cmd": "PULLB", "queue": queue, "count": 5, "reqId": "empty"}])  # fmt: skip
         bodies += raw.bodies(5)
-        return bodies, _stats(server)
+        metrics = _call(server, {"cmd": "Metrics"})["metrics"]
+        stats = _stats(server)
+        stats["metrics"] = [metrics[k] for k in ("totalPulled", "totalCompleted")]
+        return bodies, stats
     finally:
         raw.sock.close()
 
@@ -183,6 +186,9 @@ def test_a_handed_off_worker_gets_the_front_ends_replies(
     kept, kept_stats = _script(off, queue)
     assert handed_stats["handedOff"] >= 1 and kept_stats["handedOff"] == 0
     assert handed_stats["directRequests"] >= 12  # the pulls and acks after the handoff
+    # Metrics counts them wherever they were served.
+    assert handed_stats["metrics"] == kept_stats["metrics"]
+    assert handed_stats["metrics"][0] == 40
     assert [_shape(msgpack.unpackb(b, raw=False)) for b in handed] == [
         _shape(msgpack.unpackb(b, raw=False)) for b in kept
     ]
