@@ -4,13 +4,16 @@ docs/runtime.md "Handed-off connections"; the shard's side is `shard._handoff`).
 A connection is handed off when it is safe and worth it:
 - the shard's direct port is open (so no auth tokens, TLS, rate limit, PostgreSQL/cluster)
   and the shard is neither down nor held for a recycle;
-- the connection never sent a command that leaves state in the front end or on a shard
-  for it (`STATEFUL`: Auth, pulls and their leases, event subscriptions, worker registry);
-- its last `tcp_handoff_after` requests were single pushes (no flow fields) for queues of that
-  one shard, and no hand-back happened in the last `tcp_handoff_backoff_ms`, or the last one
-  came from another shard and every request since was such a push (the client moved on to
-  another shard's queues: the back-off is waived, once per back-off, so a client that keeps
-  moving does not make the connection go back and forth);
+- the connection never sent a command that leaves state in the front end for it
+  (`STATEFUL`: Auth, event subscriptions, worker registry). Pulls do not: their leases are
+  the shard's, under the connection's id, which the handed-off connection keeps;
+- its last `tcp_handoff_after` requests were ones that shard serves: pushes (no flow fields)
+  and pulls for its queues, ACK/ACKB of jobs the job cache places there (`_shard_for`); no
+  long-poll of it waits here nor comes in the read (the connection would not be read until
+  it is answered); and no hand-back happened in the last `tcp_handoff_backoff_ms`, or the
+  last one came from another shard and every request since was such a request (the client
+  moved on to another shard's queues: the back-off is waived, once per back-off, so a client
+  that keeps moving does not make the connection go back and forth);
 - nothing is in flight, held or unwritten, and at most `tcp_handoff_max_bytes` of a partial
   frame are buffered. The connection stops being read (a frame boundary), waits until that
   holds, then its descriptor goes to the shard with those bytes.
