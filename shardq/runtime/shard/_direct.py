@@ -392,7 +392,8 @@ class DirectPort(DirectStop, HandedConns, HandedWork):
         self._to_engine(conn, frame, items)
         return True
 
-    def _to_engine(self, conn: _Conn, frame: dict[str, Any], items: list[list[Any]]) -> None:
+    def _to_engine(self, conn: _Conn, frame: dict[str, Any], items: list[list[Any]]) -> int:
+        """Take `frame` to the engine (this turn's `items`); its rid."""
         rid = next(self._rids)
         if "reqId" in frame:
             self._req_ids[rid] = frame.pop("reqId")
@@ -400,6 +401,7 @@ class DirectPort(DirectStop, HandedConns, HandedWork):
         conn.inflight += 1
         self.served += 1
         items.append([conn.name, rid, frame])
+        return rid
 
     def _refusal(self, name: str, frame: Mapping[str, Any], *, bulk: bool = False) -> str | None:
         """Why this port does not serve `frame` (None: it does). `bulk`: a PUSHB with no flow

@@ -65,16 +65,13 @@ class HandedWork:
 
     _index: int
     _shards: int
-    _rids: Any
-    _req_ids: dict[int, object]
-    inflight: dict[int, str]
-    served: int
     _by_name: dict[str, Any]
 
     if TYPE_CHECKING:
 
         def _write(self, conn: Any, data: bytes) -> None: ...
         def _mark(self) -> None: ...
+        def _to_engine(self, conn: Any, frame: dict[str, Any], items: list[list[Any]]) -> int: ...
 
     def _work_init(self) -> None:
         # Set by the shard process: whether this shard holds a job in memory, the packer of a
@@ -107,20 +104,13 @@ class HandedWork:
     def _work_to_engine(
         self, conn: Any, name: str, frame: dict[str, Any], items: list[list[Any]]
     ) -> None:
-        rid = next(self._rids)
-        if "reqId" in frame:
-            self._req_ids[rid] = frame.pop("reqId")
-        self.inflight[rid] = conn.name
-        conn.inflight += 1
-        self.served += 1
+        rid = self._to_engine(conn, frame, items)
         ids = frame.get("ids")
         self._work[rid] = (name, len(ids) if name == "ACKB" and type(ids) is list else 0)
         if name in PULLS and _parks(frame) and not self._take_slot(conn.name, rid):
             frame["timeout"] = 0  # past the caps: answered at once, as the front end does
         if name == "PULLB":
-            items.append([conn.name, rid, frame, _WIRE_JS])
-        else:
-            items.append([conn.name, rid, frame])
+            items[-1].append(_WIRE_JS)  # [conn, rid, command, envelope]
 
     def _take_slot(self, conn: str, rid: int) -> bool:
         held = self._slots_by_conn.get(conn, 0)
