@@ -263,4 +263,4 @@ def test_kill9_of_the_shard_holding_a_worker_loses_nothing_acknowledged(
     assert (back, counts["completed"], counts["failed"]) == (30 - acked, acked, 0), counts
     for job in held:
         got = _call(server, {"cmd": "GetJob", "id": job["id"]})["job"]
-        assert got["attemptsMade"] == 1, got
+        assert got["attempts"] == 1, got
