@@ -264,3 +264,24 @@ def test_kill9_of_the_shard_holding_a_worker_loses_nothing_acknowledged(
     for job in held:
         got = _call(server, {"cmd": "GetJob", "id": job["id"]})["job"]
         assert got["attempts"] == 1, got
+
+
+def test_a_connection_with_a_long_poll_waiting_in_the_front_end_stays_there(
+    shardq_server: Factory,
+) -> None:
+    server = _started(shardq_server)
+    empty, pushed = _queue_on(1, "idle"), _queue_on(1, "busy")
+    raw = _Raw(server)
+    try:
+        # Parked in the front end's shard for a minute: handing the connection off would stop
+        # reading it until then, and the pushes behind it would wait as long.
+        raw.send([{"cmd": "PULLB", "queue": empty, "count": 1, "timeout": 60_000, "reqId": "lp"}])
+        for i in range(2 * AFTER):
+            (reply,) = raw.call([{"cmd": "PUSH", "queue": pushed, "data": i, "reqId": i}])
+            assert reply["ok"] is True and reply["reqId"] == i, reply
+        assert _stats(server)["handedOff"] == 0
+        _fill(server, empty, 1)
+        (polled,) = raw.replies(1)
+        assert polled["reqId"] == "lp" and len(polled["jobs"]) == 1
+    finally:
+        raw.sock.close()
