@@ -88,12 +88,13 @@ def _script(server: ShardqServer, queue: str) -> tuple[list[bytes], dict[str, An
         bodies += [pulled, *raw.bodies(3)]
         last = msgpack.unpackb(bodies[-1], raw=False)
         ids = [j["id"] for j in last["jobs"]]
-        raw.send([{"cmd": "ACKB", "ids": ids, "tokens": ["x", "y"], "reqId": "badtok"},
+        raw.send([{"cmd": "ACKB", "ids": ids, "tokens": [1, 2], "reqId": "schema"},
+                  {"cmd": "ACKB", "ids": ids, "tokens": ["x", "y"], "reqId": "badtok"},
                   {"cmd": "ACKB", "ids": ids, "tokens": last["tokens"], "reqId": "ok"},
                   {"cmd": "ACKB", "ids": ids, "tokens": last["tokens"], "reqId": "again"},
                   {"cmd": "PULLB", "queue": queue, "count": 100, "reqId": "rest"},
                   {"cmd": "PULLB", "queue": queue, "count": 5, "reqId": "empty"}])  # fmt: skip
-        bodies += raw.bodies(5)
+        bodies += raw.bodies(6)
         metrics = _call(server, {"cmd": "Metrics"})["metrics"]
         stats = _stats(server)
         stats["metrics"] = [metrics[k] for k in ("totalPulled", "totalCompleted")]
