@@ -69,6 +69,10 @@ class _Raw:
     def send(self, cmds: list[dict[str, Any]]) -> None:
         self.sock.sendall(b"".join(_frame(c) for c in cmds))
 
+    def call_bodies(self, cmds: list[dict[str, Any]]) -> list[bytes]:
+        self.send(cmds)
+        return self.bodies(len(cmds))
+
     def call(self, cmds: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.send(cmds)
         return self.replies(len(cmds))

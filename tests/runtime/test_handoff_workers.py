@@ -95,6 +95,19 @@ def _script(server: ShardqServer, queue: str) -> tuple[list[bytes], dict[str, An
                   {"cmd": "PULLB", "queue": queue, "count": 100, "reqId": "rest"},
                   {"cmd": "PULLB", "queue": queue, "count": 5, "reqId": "empty"}])  # fmt: skip
         bodies += raw.bodies(6)
+        # A job of the other shard's: not this shard's to ack (back to the front end).
+        other = _queue_on(0, "same")
+        _fill(server, other, 2)
+        got = _call(server, {"cmd": "PULLB", "queue": other, "count": 2, "owner": "w2"})
+        bodies += raw.call_bodies([{"cmd": "ACK", "id": got["jobs"][0]["id"],
+                                    "token": got["tokens"][0], "reqId": "other"}])  # fmt: skip
+        # Handed off again (pushes), then an ACKB of the other shard's job: back again.
+        time.sleep(0.3)
+        pushes = [{"cmd": "PUSH", "queue": queue, "data": i, "reqId": i} for i in range(AFTER)]
+        bodies += raw.call_bodies(pushes)
+        time.sleep(0.3)
+        bodies += raw.call_bodies([{"cmd": "ACKB", "ids": [got["jobs"][1]["id"]],
+                                    "tokens": [got["tokens"][1]], "reqId": "otherb"}])  # fmt: skip
         metrics = _call(server, {"cmd": "Metrics"})["metrics"]
         stats = _stats(server)
         stats["metrics"] = [metrics[k] for k in ("totalPulled", "totalCompleted")]
@@ -114,7 +127,8 @@ def test_a_handed_off_worker_gets_the_front_ends_replies(
     assert handed_stats["directRequests"] >= 12  # the pulls and acks after the handoff
     # Metrics counts them wherever they were served.
     assert handed_stats["metrics"] == kept_stats["metrics"]
-    assert handed_stats["metrics"][0] == 40
+    assert handed_stats["metrics"][0] == 42  # the other shard's jobs too
+    assert handed_stats["handedOff"] == 2 and handed_stats["handedBack"] == 2
     assert [_shape(msgpack.unpackb(b, raw=False)) for b in handed] == [
         _shape(msgpack.unpackb(b, raw=False)) for b in kept
     ]
