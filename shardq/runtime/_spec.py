@@ -30,12 +30,14 @@ __all__ = ["ROLE_SECTIONS", "ChildSpec"]
 # Role -> the sections of `ServerConfig` it reads ("engine": the engine overrides). The shard
 # reads `tcp` for `max_frame_bytes` only (a link frame holds a client's largest frame) and
 # `cluster` for the partition count (it holds only its node's partitions on PostgreSQL) and
-# `frontend` for `stats_rate_window_s` (its direct port's push rate in Stats); the
+# `frontend` for `stats_rate_window_s` (its direct port's push rate in Stats) and the
+# long-poll caps, and `events` for `events_subscriber_buffer_bytes` (the cancels its
+# handed-off connections get, `shard._direct_work`); the
 # front end reads `http` for the monitoring commands, built by the HTTP process's views
 # (`metrics_max_queues` caps Prometheus' series there too).
 ROLE_SECTIONS: dict[str, tuple[str, ...]] = {
     "writer": ("process", "links", "writer", "cluster"),
-    "shard": ("process", "links", "writer", "tcp", "engine", "cluster", "frontend"),
+    "shard": ("process", "links", "writer", "tcp", "engine", "cluster", "frontend", "events"),
     "frontend": (
         "process",
         "tcp",

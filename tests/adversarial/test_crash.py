@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from shardq_harness import ShardqServer, poll_until
 
-from shardq.client import ClientError, TcpConnection
+from shardq.client import ClientError, ConnectionLost, TcpConnection
 from shardq.runtime._routing import shard_of
 
 N = 2
@@ -134,9 +134,13 @@ class Ledger:
 class LoadThread(threading.Thread):
     """A loop on its own connection until `halt` or the connection dies (a tree kill)."""
 
+    # Whether a connection that ends is opened again once (a worker's: below).
+    reconnects = False
+
     def __init__(self, server: ShardqServer, ledger: Ledger, halt: threading.Event) -> None:
         super().__init__(daemon=True)
-        self.conn = TcpConnection(*server.tcp_address, timeout=RECOVER_S)
+        self.address = server.tcp_address
+        self.conn = TcpConnection(*self.address, timeout=RECOVER_S)
         self.ledger = ledger
         self.halt = halt
         self.ended: BaseException | None = None
@@ -144,7 +148,13 @@ class LoadThread(threading.Thread):
     def run(self) -> None:
         try:
             while not self.halt.is_set():
-                self.turn()
+                try:
+                    self.turn()
+                except ConnectionLost:
+                    if not self.reconnects:
+                        raise
+                    self.conn.close()  # its shard was killed: as bunqueue-client, reconnect
+                    self.conn = TcpConnection(*self.address, timeout=RECOVER_S)
         except (ClientError, OSError) as e:
             self.ended = e
         finally:
@@ -182,7 +192,13 @@ class Producer(LoadThread):
 
 
 class Worker(LoadThread):
-    """PULLB with an owner, ACKB what came, then a durable PUSH as the acks' commit barrier."""
+    """PULLB with an owner, ACKB what came, then a durable PUSH as the acks' commit barrier.
+
+    Its requests are all for one shard, so the front end hands its connection to that shard
+    (`tcp_handoff`, docs/runtime.md "Handed-off connections"), and a kill -9 of the shard ends
+    it: it connects again (once per loss; a server that is gone ends it)."""
+
+    reconnects = True
 
     def __init__(self, *args: Any, shard: int, queue: str) -> None:
         super().__init__(*args)

@@ -11,6 +11,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -39,21 +40,22 @@ def _frame(cmd: dict[str, Any]) -> bytes:
 
 
 class _Raw:
-    """One TCP connection: frames out, replies in, in order."""
+    """One TCP connection: frames out, replies (or their bodies) in, in order."""
 
     def __init__(self, server: ShardqServer) -> None:
         self.sock = socket.create_connection(server.tcp_address, timeout=WAIT_S)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = b""
 
-    def replies(self, count: int) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def bodies(self, count: int) -> list[bytes]:
+        """The next `count` reply frames' bodies, as the server wrote them."""
+        out: list[bytes] = []
         while len(out) < count:
             while len(self._buf) >= 4:
                 (size,) = struct.unpack(">I", self._buf[:4])
                 if len(self._buf) < 4 + size:
                     break
-                out.append(msgpack.unpackb(self._buf[4 : 4 + size], raw=False))
+                out.append(self._buf[4 : 4 + size])
                 self._buf = self._buf[4 + size :]
             if len(out) < count:
                 data = self.sock.recv(65536)
@@ -61,8 +63,18 @@ class _Raw:
                 self._buf += data
         return out
 
-    def call(self, cmds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def replies(self, count: int) -> list[dict[str, Any]]:
+        return [msgpack.unpackb(body, raw=False) for body in self.bodies(count)]
+
+    def send(self, cmds: list[dict[str, Any]]) -> None:
         self.sock.sendall(b"".join(_frame(c) for c in cmds))
+
+    def call_bodies(self, cmds: list[dict[str, Any]]) -> list[bytes]:
+        self.send(cmds)
+        return self.bodies(len(cmds))
+
+    def call(self, cmds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.send(cmds)
         return self.replies(len(cmds))
 
 
@@ -72,8 +84,10 @@ def _stats(server: ShardqServer) -> dict[str, Any]:
         return stats
 
 
-def _started(factory: Factory, env: dict[str, str] | None = None) -> ShardqServer:
-    server = factory(shards=2, env={**ENV, **(env or {})})
+def _started(
+    factory: Factory, env: dict[str, str] | None = None, data_dir: Path | None = None
+) -> ShardqServer:
+    server = factory(shards=2, env={**ENV, **(env or {})}, data_dir=data_dir)
     with TcpConnection(*server.tcp_address) as conn:
         poll_until(
             lambda: "directPorts" in conn.call({"cmd": "Hello", "protocolVersion": 3}),

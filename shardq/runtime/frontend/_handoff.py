@@ -4,13 +4,16 @@ docs/runtime.md "Handed-off connections"; the shard's side is `shard._handoff`).
 A connection is handed off when it is safe and worth it:
 - the shard's direct port is open (so no auth tokens, TLS, rate limit, PostgreSQL/cluster)
   and the shard is neither down nor held for a recycle;
-- the connection never sent a command that leaves state in the front end or on a shard
-  for it (`STATEFUL`: Auth, pulls and their leases, event subscriptions, worker registry);
-- its last `tcp_handoff_after` requests were single pushes (no flow fields) for queues of that
-  one shard, and no hand-back happened in the last `tcp_handoff_backoff_ms`, or the last one
-  came from another shard and every request since was such a push (the client moved on to
-  another shard's queues: the back-off is waived, once per back-off, so a client that keeps
-  moving does not make the connection go back and forth);
+- the connection never sent a command that leaves state in the front end for it
+  (`STATEFUL`: Auth, event subscriptions, worker registry). Pulls do not: their leases are
+  the shard's, under the connection's id, which the handed-off connection keeps;
+- its last `tcp_handoff_after` requests were ones that shard serves: pushes (no flow fields)
+  and pulls for its queues, ACK/ACKB of jobs the job cache places there (`_shard_for`); no
+  long-poll of it waits here nor comes in the read (the connection would not be read until
+  it is answered); and no hand-back happened in the last `tcp_handoff_backoff_ms`, or the
+  last one came from another shard and every request since was such a request (the client
+  moved on to another shard's queues: the back-off is waived, once per back-off, so a client
+  that keeps moving does not make the connection go back and forth);
 - nothing is in flight, held or unwritten, and at most `tcp_handoff_max_bytes` of a partial
   frame are buffered. The connection stops being read (a frame boundary), waits until that
   holds, then its descriptor goes to the shard with those bytes.
@@ -37,14 +40,16 @@ from shardq.protocol._rawpush import Incoming, RawPush
 from shardq.runtime import _messages as msgs
 from shardq.runtime._fds import FD_SPACE, carrying, descriptors_in
 from shardq.runtime.frontend._dispatch import Dispatcher
+from shardq.runtime.frontend._limits import parks
 from shardq.runtime.links._control import pack, unpack
 
 __all__ = ["STATEFUL", "Handoffs", "TcpConnection"]
 
-# Commands after which a connection is never handed off: state in the front end or leases.
-STATEFUL: Final = frozenset(
-    {"Auth", "PULL", "PULLB", "RegisterWorker", "Heartbeat", "SubscribeEvents"}
-)
+# Commands after which a connection is never handed off: state in the front end for it.
+# (A pull's leases are a shard's, under the connection's id, which a handed-off connection
+# keeps: `close` releases them wherever the connection ends.)
+STATEFUL: Final = frozenset({"Auth", "RegisterWorker", "Heartbeat", "SubscribeEvents"})
+_PULLS: Final = frozenset({"PULL", "PULLB"})
 # A connection's handoff state.
 NONE: Final = 0
 WANTED: Final = 1  # not read any more; handed once nothing is in flight or unwritten
@@ -115,25 +120,39 @@ class Handoffs:
 
     # -- deciding ----------------------------------------------------------------------------
 
+    def _shard_for(self, frame: Incoming) -> tuple[object, int]:
+        """(command, the shard that could serve `frame` on a handed-off connection, or -1):
+        a push without flow fields or a pull, by its queue; an ACK or ACKB by the shard of
+        its (first) job, as the job cache knows it (the shard checks every job)."""
+        if type(frame) is RawPush:  # a PUSHB of a queue that names no flow
+            return "PUSHB", shard_of(frame.queue, self._shards)
+        if type(frame) is not dict:  # a frame refused undecoded: a reset
+            return None, -1
+        cmd, queue = frame.get("cmd"), frame.get("queue")
+        if type(queue) is str and (
+            (cmd == "PUSH" and not names_flow(frame))
+            or (cmd == "PUSHB" and not flow_entries(frame))
+            or cmd in _PULLS
+        ):
+            return cmd, shard_of(queue, self._shards)
+        if cmd == "ACK" or cmd == "ACKB":
+            ids = frame.get("ids") if cmd == "ACKB" else [frame.get("id")]
+            if type(ids) is list and ids and type(ids[0]) is str:
+                shard = self._dispatcher.cache.get(ids[0])
+                return cmd, -1 if shard is None else shard
+        return cmd, -1
+
     def note(self, conn: TcpConnection, frames: list[Incoming]) -> None:
-        """Count the pushes in a read's frames; past `after` of them for one shard, stop
-        reading the connection and hand it off once it is quiet (`ready`)."""
+        """Count the requests a shard could serve in a read's frames (pushes, pulls, acks);
+        past `after` of them for one shard, stop reading the connection and hand it off once
+        it is quiet (`ready`). Not while a long-poll of its waits here: reading would stop
+        until it is answered."""
+        polls = False
         for frame in frames:
-            cmd: object
-            queue: object
-            if type(frame) is RawPush:  # a PUSHB of a queue that names no flow
-                cmd, queue, plain = "PUSHB", frame.queue, True
-            elif type(frame) is dict:
-                cmd, queue = frame.get("cmd"), frame.get("queue")
-                plain = type(queue) is str and (
-                    (cmd == "PUSH" and not names_flow(frame))
-                    or (cmd == "PUSHB" and not flow_entries(frame))
-                )
-            else:  # a frame refused undecoded: a reset, as any command but a push
-                cmd = queue = None
-                plain = False
-            if type(queue) is str and plain:
-                shard = shard_of(queue, self._shards)
+            cmd, shard = self._shard_for(frame)
+            if shard >= 0:
+                if cmd in _PULLS and type(frame) is dict and parks(str(cmd), frame):
+                    polls = True
                 if shard == conn.streak_shard:
                     conn.streak += 1
                 else:
@@ -144,6 +163,8 @@ class Handoffs:
                 return
             conn.streak = 0
             conn.handed_back_by = -1  # not only pushes since the hand-back: no waiver
+        if polls or self._dispatcher.parked.held(conn.conn):
+            return
         if conn.streak >= self.after and self._possible(conn.streak_shard):
             now = self._loop.time()
             if now >= conn.handoff_not_before or self._waived(conn, now):

@@ -284,7 +284,9 @@ def merge_stats(
                 stats[key] = stats.get(key, 0) + value
     direct = stats.pop("directPushPerSec", 0)
     push = round(rates[0] + direct, 2) if direct else rates[0]
-    stats.update(uptime=uptime_ms, pushPerSec=push, pullPerSec=rates[1])
+    direct_pulls = stats.pop("directPullPerSec", 0)  # handed-off connections' pulls
+    pull = round(rates[1] + direct_pulls, 2) if direct_pulls else rates[1]
+    stats.update(uptime=uptime_ms, pushPerSec=push, pullPerSec=pull)
     return {"ok": True, "stats": stats}
 
 

@@ -187,11 +187,14 @@ def metrics_reply(
     push, pull = counters.push_ms.mean(), counters.pull_ms.mean()
     # Single pushes on the shards' direct ports (`shard._direct`) pass no front end: each
     # shard counts those it answered ok.
-    direct = sum(_int((r.get("stats") or {}).get("directPushed")) for r in stats_replies)
+    # Likewise the pulls and acks of connections handed off to a shard (`shard._direct_work`).
+    def direct(key: str) -> int:
+        return sum(_int((r.get("stats") or {}).get(key)) for r in stats_replies)
+
     metrics = {
-        "totalPushed": counters.pushed + direct,
-        "totalPulled": counters.pulled,
-        "totalCompleted": counters.completed,
+        "totalPushed": counters.pushed + direct("directPushed"),
+        "totalPulled": counters.pulled + direct("directPulled"),
+        "totalCompleted": counters.completed + direct("directCompleted"),
         "totalFailed": failed,
         "avgLatencyMs": round((push + pull) / 2, 2),
         "avgProcessingMs": round(counters.ack_ms.mean(), 2),

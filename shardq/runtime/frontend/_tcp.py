@@ -45,7 +45,7 @@ from shardq.runtime._ports import connection_cap
 from shardq.runtime._sections import TcpSettings
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.frontend._dispatch import Dispatcher
-from shardq.runtime.frontend._handoff import HANDED, NONE, WANTED, Handoffs
+from shardq.runtime.frontend._handoff import HANDED, NONE, SENT, WANTED, Handoffs
 from shardq.runtime.frontend._limits import LogLimiter, RateWindow, rate_refusal
 
 __all__ = ["TcpConnection", "TcpGateway", "TcpLimits"]
@@ -295,7 +295,8 @@ class TcpConnection(asyncio.Protocol):
         """Queue a server-initiated event frame (no reply to anything: in flight is
         untouched); False, and nothing queued, while `limit` bytes wait unread for the peer."""
         transport = self._transport
-        if self.closed or transport is None:
+        if self.closed or transport is None or self.handoff_state == SENT:
+            # SENT: the shard may be writing to it already (HANDED: no transport here).
             return False
         if transport.get_write_buffer_size() + self._out_bytes > limit:
             return False

@@ -63,6 +63,12 @@ class ConnectionsAndDrain:
         _released, muts, events = self.engine.release(conn, now)
         self._absorb(muts, events)
 
+    def unpark(self, conn: str) -> None:
+        """Answer `conn`'s parked long-polls now, empty, as their timeout would: a connection
+        handed back to the front end waits for every reply first (`shard._handoff`)."""
+        for parked in self.polls.drop_conn(conn):
+            self._replies.append([conn, parked.rid, empty_pull_reply(parked.cmd)])
+
     def release_moved_waits(self) -> int:
         """Answer the WaitJobs whose job left with a dropped partition: `WAIT_MOVED`, which
         the front end that took the client's WaitJob asks again (docs/cluster.md)."""

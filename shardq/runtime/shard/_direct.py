@@ -79,6 +79,7 @@ from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
 from shardq.runtime.shard._direct_conn import Conn as _Conn
 from shardq.runtime.shard._direct_stop import READ_BYTES, DirectStop
+from shardq.runtime.shard._direct_work import WORK, HandedWork
 from shardq.runtime.shard._handoff import HandedConns, HandedDecoder
 
 __all__ = ["DIRECT_CONN_PREFIX", "DirectPort", "why_not_open"]
@@ -112,7 +113,7 @@ def why_not_open(tcp: TcpSettings, *, external_store: bool) -> str:
     return ""
 
 
-class DirectPort(DirectStop, HandedConns):
+class DirectPort(DirectStop, HandedConns, HandedWork):
     """The listener and connections of one shard's direct port, polled by the shard's loop."""
 
     def __init__(
@@ -164,7 +165,8 @@ class DirectPort(DirectStop, HandedConns):
         self._req_ids: dict[int, object] = {}  # rid -> the client's reqId
         self.served = 0  # requests taken to the engine (Stats' directRequests)
         self.pushed = 0  # pushes answered ok (directPushed)
-        self._rates = RateWindow(rate_window_s, width=1)
+        self._rates = RateWindow(rate_window_s, width=2)  # pushes, and pulls (`HandedWork`)
+        self._work_init()
         # Handed-off connections (`shard._handoff`): where they go back, and where their end
         # is told; set by the shard process when `tcp_handoff` is on.
         self.on_handback: Callable[[socket.socket, str, bytes], bool] | None = None
@@ -189,6 +191,9 @@ class DirectPort(DirectStop, HandedConns):
             "directRequests": self.served,
             "directPushed": self.pushed,
             "directPushPerSec": self._rates.per_second()[0],
+            "directPulled": self.pulled,
+            "directCompleted": self.completed,
+            "directPullPerSec": self._rates.per_second()[1],
             "handedOff": self.handed_off,
             "handedBack": self.handed_back,
         }
@@ -196,7 +201,7 @@ class DirectPort(DirectStop, HandedConns):
     def _mark(self) -> None:
         second = int(time.monotonic())
         if second != self._rates.second:
-            self._rates.advance(second, (self.pushed,))
+            self._rates.advance(second, (self.pushed, self.pulled))
 
     def announcement(self) -> msgs.DirectMsg:
         """The message telling the front end this port."""
@@ -357,6 +362,11 @@ class DirectPort(DirectStop, HandedConns):
             name = _served_name(frame)
             if name is None or isinstance(frame, ProtocolError):
                 return False
+            if name in WORK:
+                if not self._serves_work(name, frame):
+                    return False
+                self._work_to_engine(conn, name, frame, items)
+                return True
             if self._refusal(name, frame, bulk=True) is not None:
                 return False
             self._to_engine(conn, frame, items)
@@ -382,7 +392,8 @@ class DirectPort(DirectStop, HandedConns):
         self._to_engine(conn, frame, items)
         return True
 
-    def _to_engine(self, conn: _Conn, frame: dict[str, Any], items: list[list[Any]]) -> None:
+    def _to_engine(self, conn: _Conn, frame: dict[str, Any], items: list[list[Any]]) -> int:
+        """Take `frame` to the engine (this turn's `items`); its rid."""
         rid = next(self._rids)
         if "reqId" in frame:
             self._req_ids[rid] = frame.pop("reqId")
@@ -390,6 +401,7 @@ class DirectPort(DirectStop, HandedConns):
         conn.inflight += 1
         self.served += 1
         items.append([conn.name, rid, frame])
+        return rid
 
     def _refusal(self, name: str, frame: Mapping[str, Any], *, bulk: bool = False) -> str | None:
         """Why this port does not serve `frame` (None: it does). `bulk`: a PUSHB with no flow
@@ -423,7 +435,9 @@ class DirectPort(DirectStop, HandedConns):
                 rest.append(item)
                 continue
             reply = item[2]
-            if reply.get("ok") is True:
+            if self._work and rid in self._work:
+                self._work_done(rid, reply)  # a pull or ack (handed-off connections)
+            elif reply.get("ok") is True:
                 ids = reply.get("ids")  # a PUSHB's (handed-off connections)
                 pushed += len(ids) if type(ids) is list else 1
             req = self._req_ids.pop(rid, None)
@@ -444,7 +458,8 @@ class DirectPort(DirectStop, HandedConns):
                     self._idle(conn)
                 # One reply (a client waiting on each) needs no join.
                 one = len(replies) == 1
-                data = encode_js(replies[0]) if one else b"".join(map(encode_js, replies))
+                encode = self._encode
+                data = encode(replies[0]) if one else b"".join(map(encode, replies))
                 self._write(conn, data)
                 self._return_if_done(conn)
                 if self.quiesced and conn.inflight == 0:

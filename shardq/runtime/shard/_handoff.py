@@ -2,11 +2,12 @@
 connections"): bunqueue-client, which knows nothing of the direct ports, served as if it had
 connected to one.
 
-The front end passes the descriptor of a TCP connection whose last requests were all single
-pushes for this shard's queues, with the bytes it had read past the last whole frame, over a
-Unix SOCK_SEQPACKET socket of its own (`ChildSpec.handoff_path`: one message per `sendmsg`, the
-descriptor as SCM_RIGHTS). The shard answers `took` (served from now on by the direct port's
-code, `DirectPort.adopt`) or not (the front end resumes it).
+The front end passes the descriptor of a TCP connection whose last requests were all pushes,
+pulls and acks for this shard (`_direct_work` serves the pulls and acks), with the bytes it
+had read past the last whole frame, over a Unix SOCK_SEQPACKET socket of its own
+(`ChildSpec.handoff_path`: one message per `sendmsg`, the descriptor as SCM_RIGHTS). The
+shard answers `took` (served from now on by the direct port's code, `DirectPort.adopt`) or
+not (the front end resumes it).
 
 Whatever the direct port does not serve (another command, another shard's queue, a frame it
 cannot decode) sends the connection back: reading stops at that frame, and once every reply
@@ -108,6 +109,7 @@ class _Port(Protocol):
     handed_back: int
     on_handback: Callable[[socket.socket, str, bytes], bool] | None
     on_gone: Callable[[str], None] | None
+    unpark: Callable[[str], None] | None
 
     def _make_conn(self, sock: socket.socket, name: str) -> Any: ...
     def _take(
@@ -140,6 +142,8 @@ class HandedConns:
             conn.deadline = None
             self._timed.discard(conn)
             self._watch(conn)
+            if conn.inflight and self.unpark is not None:
+                self.unpark(conn.name)  # its long-polls answered now, as their timeout would
             self._return_if_done(conn)
         return decoder.returning
 
@@ -168,6 +172,8 @@ class HandedConns:
             if type(decoder) is HandedDecoder and not decoder.returning:
                 decoder.returning = True
                 self._watch(conn)
+                if conn.inflight and self.unpark is not None:
+                    self.unpark(conn.name)
                 self._return_if_done(conn)
 
     def _return_if_done(self: _Port, conn: Any) -> None:

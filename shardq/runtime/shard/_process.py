@@ -467,9 +467,9 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
         direct = self._direct
         for dest, msg in out:
             if dest == "front":
-                if direct is not None and direct.inflight and msg.get("t") == msgs.REP:
+                if direct is not None:
                     # The direct port's replies go straight to their clients.
-                    rest = direct.take(msg)
+                    rest = self._direct_out(direct, msg)
                     if rest is None:
                         continue
                     msg = rest

@@ -7,16 +7,19 @@ port and the socket themselves.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import structlog
 import zmq
 
+from shardq.runtime import _messages as msgs
 from shardq.runtime._ports import connection_cap
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime.shard._core import ShardCore
 from shardq.runtime.shard._direct import DirectPort, why_not_open
 from shardq.runtime.shard._handoff import HandoffChannel
+from shardq.runtime.shard._wire import FrontPacker
 
 __all__ = ["ShardDirect"]
 
@@ -30,6 +33,7 @@ class ShardDirect:
     core: ShardCore
     _poller: zmq.Poller
     _handoff: HandoffChannel | None
+    _front_packer: FrontPacker
 
     if TYPE_CHECKING:
 
@@ -78,7 +82,17 @@ class ShardDirect:
         )
         direct.on_handback = channel.hand_back
         direct.on_gone = channel.gone
+        # Workers' pulls and acks (`_direct_work`): what the front end would know or do.
+        direct.holds_job = self._holds_job
+        direct.final_body = self._front_packer.final_body
+        direct.unpark = self.core.unpark
+        direct.max_parked_per_connection = spec.frontend.max_parked_per_connection
+        direct.max_parked = spec.frontend.max_parked
+        direct.event_buffer_bytes = spec.events.events_subscriber_buffer_bytes
         return channel
+
+    def _holds_job(self, job_id: object) -> bool:
+        return type(job_id) is str and job_id in self.core.engine.store.jobs
 
     def _end_direct(self, direct: DirectPort) -> None:
         """Wait, at most `direct_stop_ms`, for the direct connections to take their goodbye
@@ -96,6 +110,18 @@ class ShardDirect:
             log = _log.warning if unsettled else _log.info
             log("direct connections ended", released=direct.released, unsettled=unsettled,
                 ms=round((time.monotonic() - started) * 1000))  # fmt: skip
+
+    @staticmethod
+    def _direct_out(direct: DirectPort, msg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """What of `msg`, bound for the front end, is left once the direct port took its
+        clients' part: its replies, and the cancels of jobs its handed-off connections hold
+        (None: nothing is left)."""
+        kind = msg.get("t")
+        if kind == msgs.REP and direct.inflight:
+            return direct.take(msg)
+        if kind == msgs.CANCEL and direct.handed_off:
+            return direct.push_cancels(msg)
+        return msg
 
     def _serve_direct(self, direct: DirectPort, ready: dict[Any, int]) -> list[list[Any]]:
         """The direct port's requests this turn, connections handed over first."""

@@ -249,6 +249,18 @@ class FrontPacker:
     def _pass_through(self, conn: str, rid: int, reply: dict[str, Any]) -> bytes:
         """A PULLB reply packed in its final form, inside the map the front end passes on."""
         pack = self._pack
+        ids, packed = self._final(reply)
+        outer = {"ok": reply.get("ok", True), IDS_KEY: ids, WIRE_KEY: packed}
+        return b"".join((self._array_header(3), pack(conn), pack(rid), pack(outer)))
+
+    def final_body(self, reply: dict[str, Any]) -> bytes:
+        """A marked PULLB reply (`WIRE_MODE_KEY`) packed in its final form, no `reqId`: the
+        body the front end would pass on, for a handed-off connection (`shard._handoff`)."""
+        return self._final(reply)[1]
+
+    def _final(self, reply: dict[str, Any]) -> tuple[list[Any], bytes]:
+        """The ids of a marked PULLB reply's jobs, and the reply packed in its final form."""
+        pack = self._pack
         js = reply[WIRE_MODE_KEY] == JS_NUMBERS
         wire_all = self._wire_all_js if js else self._wire_all
         ids: list[Any] = []
@@ -265,9 +277,7 @@ class FrontPacker:
                 if js and (_UINT64 in packed_value or _INT64 in packed_value):
                     packed_value = pack(_js_value(value))
                 body.append(packed_value)
-        packed = b"".join(body)
-        outer = {"ok": reply.get("ok", True), IDS_KEY: ids, WIRE_KEY: packed}
-        return b"".join((self._array_header(3), pack(conn), pack(rid), pack(outer)))
+        return ids, b"".join(body)
 
 
 class _Heads:

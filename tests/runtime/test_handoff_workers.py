@@ -1,0 +1,302 @@
+"""Worker connections handed off (`tcp_handoff`, docs/runtime.md "Handed-off connections"):
+a connection whose last requests were pushes, pulls and acks for one shard is served by that
+shard, PULLB and ACKB included (`shard._direct_work`), with the replies the front end would
+send; its leases end as a closed connection's do, its long-polls never hold a hand-back or a
+stop, the cancels of its jobs reach it, and a kill -9 of its shard loses nothing acknowledged.
+
+Raw sockets against real servers, so that the bytes of each reply are the test's to compare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+from shardq_harness import ShardqServer, poll_until
+from test_handoff_frames import AFTER, WAIT_S, Factory, _queue_on, _Raw, _started, _stats
+
+from shardq.client._tcp import TcpConnection
+
+# VOLATILE: values that differ between two runs of the same commands: ids, tokens, times.
+VOLATILE = frozenset({"id", "jobId", "ids", "token", "tokens", "createdAt", "timestamp",
+                      "startedAt", "processedOn", "runAt", "lockedUntil", "time", "timeline",
+                      "lastHeartbeat", "completedAt", "finishedOn"})  # fmt: skip
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_UUID_B = re.compile(_UUID.pattern.encode())
+
+
+def _call(server: ShardqServer, cmd: dict[str, Any]) -> dict[str, Any]:
+    with TcpConnection(*server.tcp_address) as conn:
+        reply: dict[str, Any] = conn.call(cmd)
+        return reply
+
+
+def _fill(server: ShardqServer, queue: str, n: int) -> None:
+    jobs = [{"name": "w", "data": {"n": i, "big": 2**40 + i}} for i in range(n)]
+    reply = _call(server, {"cmd": "PUSHB", "queue": queue, "jobs": jobs})
+    assert reply["ok"] is True, reply
+
+
+def _shape(value: Any, key: str = "") -> Any:
+    """`value` with what differs between runs (`VOLATILE`) reduced to its type; a map as
+    its items in order, so that key order counts."""
+    if key in VOLATILE:
+        return type(value).__name__
+    if isinstance(value, dict):
+        return [(k, _shape(v, k)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [_shape(v) for v in value]
+    if isinstance(value, str):
+        return _UUID.sub("<id>", value)  # a job id inside an error
+    return (type(value).__name__, value)  # 2**40 and 2.0**40: not the same bytes
+
+
+def _worker_round(raw: _Raw, queue: str, n: int, tag: str) -> list[bytes]:
+    """PULLB `n` then ACKB of what came: the reply bodies."""
+    raw.send([{"cmd": "PULLB", "queue": queue, "count": n, "owner": "w1", "reqId": f"{tag}p"}])
+    (pulled,) = raw.bodies(1)
+    reply = msgpack.unpackb(pulled, raw=False)
+    ids = [j["id"] for j in reply["jobs"]]
+    raw.send([{"cmd": "ACKB", "ids": ids, "tokens": reply["tokens"], "reqId": f"{tag}a"}])
+    return [pulled, *raw.bodies(1)]
+
+
+def _script(server: ShardqServer, queue: str) -> tuple[list[bytes], dict[str, Any]]:
+    """The same worker's requests against `server`: the reply bodies, and its Stats."""
+    _fill(server, queue, 40)
+    raw = _Raw(server)
+    try:
+        bodies: list[bytes] = []
+        for r in range(AFTER):  # enough for a handoff (pulls and acks for one shard)
+            bodies += _worker_round(raw, queue, 3, f"r{r}")
+        time.sleep(0.2)  # a handoff, if any, has happened
+        bodies += _worker_round(raw, queue, 5, "big")
+        # PULL and ACK, a stale token (fenced), an ACKB naming a job done already.
+        raw.send([{"cmd": "PULL", "queue": queue, "owner": "w1", "reqId": 7}])
+        (pulled,) = raw.bodies(1)
+        job = msgpack.unpackb(pulled, raw=False)
+        raw.send([{"cmd": "ACK", "id": job["job"]["id"], "token": "stale", "reqId": 8}])
+        raw.send([{"cmd": "ACK", "id": job["job"]["id"], "token": job["token"], "reqId": 9},
+                  {"cmd": "PULLB", "queue": queue, "count": 2, "owner": "w1",
+                   "reqId": 10}])  # fmt: skip
+        bodies += [pulled, *raw.bodies(3)]
+        last = msgpack.unpackb(bodies[-1], raw=False)
+        ids = [j["id"] for j in last["jobs"]]
+        raw.send([{"cmd": "ACKB", "ids": ids, "tokens": [1, 2], "reqId": "schema"},
+                  {"cmd": "ACKB", "ids": ids, "tokens": ["x", "y"], "reqId": "badtok"},
+                  {"cmd": "ACKB", "ids": ids, "tokens": last["tokens"], "reqId": "ok"},
+                  {"cmd": "ACKB", "ids": ids, "tokens": last["tokens"], "reqId": "again"},
+                  {"cmd": "PULLB", "queue": queue, "count": 100, "reqId": "rest"},
+                  {"cmd": "PULLB", "queue": queue, "count": 5, "reqId": "empty"}])  # fmt: skip
+        bodies += raw.bodies(6)
+        # A job of the other shard's: not this shard's to ack (back to the front end).
+        other = _queue_on(0, "same")
+        _fill(server, other, 2)
+        got = _call(server, {"cmd": "PULLB", "queue": other, "count": 2, "owner": "w2"})
+        bodies += raw.call_bodies([{"cmd": "ACK", "id": got["jobs"][0]["id"],
+                                    "token": got["tokens"][0], "reqId": "other"}])  # fmt: skip
+        # Handed off again (pushes), then an ACKB of the other shard's job: back again.
+        time.sleep(0.3)
+        pushes = [{"cmd": "PUSH", "queue": queue, "data": i, "reqId": i} for i in range(AFTER)]
+        bodies += raw.call_bodies(pushes)
+        time.sleep(0.3)
+        bodies += raw.call_bodies([{"cmd": "ACKB", "ids": [got["jobs"][1]["id"]],
+                                    "tokens": [got["tokens"][1]], "reqId": "otherb"}])  # fmt: skip
+        metrics = _call(server, {"cmd": "Metrics"})["metrics"]
+        stats = _stats(server)
+        stats["metrics"] = [metrics[k] for k in ("totalPulled", "totalCompleted")]
+        return bodies, stats
+    finally:
+        raw.sock.close()
+
+
+def test_a_handed_off_worker_gets_the_front_ends_replies(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    queue = _queue_on(1, "same")
+    handed, handed_stats = _script(_started(shardq_server), queue)
+    off = _started(shardq_server, {"SHARDQ_TCP_HANDOFF": "false"}, tmp_path / "off")
+    kept, kept_stats = _script(off, queue)
+    assert handed_stats["handedOff"] >= 1 and kept_stats["handedOff"] == 0
+    assert handed_stats["directRequests"] >= 12  # the pulls and acks after the handoff
+    # Metrics counts them wherever they were served.
+    assert handed_stats["metrics"] == kept_stats["metrics"]
+    assert handed_stats["metrics"][0] == 42  # the other shard's jobs too
+    assert handed_stats["handedOff"] == 2 and handed_stats["handedBack"] == 2
+    assert [_shape(msgpack.unpackb(b, raw=False)) for b in handed] == [
+        _shape(msgpack.unpackb(b, raw=False)) for b in kept
+    ]
+    # The bytes too, where no id, token or time lies in them.
+    for a, b in zip(handed, kept, strict=True):
+        reply = msgpack.unpackb(a, raw=False)
+        if not reply.get("jobs") and not reply.get("job"):
+            assert _UUID_B.sub(b"-" * 36, a) == _UUID_B.sub(b"-" * 36, b), reply
+
+
+def _handed_worker(server: ShardqServer, queue: str, *, rounds: int = AFTER) -> _Raw:
+    """A connection that pulled and acked one job at a time `rounds` times, handed off."""
+    before = _stats(server)["handedOff"]
+    raw = _Raw(server)
+    for r in range(rounds):
+        _worker_round(raw, queue, 1, f"h{r}")
+    poll_until(lambda: _stats(server)["handedOff"] > before, WAIT_S, "the handoff")
+    return raw
+
+
+def _counts(server: ShardqServer, queue: str) -> dict[str, int]:
+    counts: dict[str, int] = _call(server, {"cmd": "GetJobCounts", "queue": queue})["counts"]
+    return counts
+
+
+def _pull(raw: _Raw, queue: str, n: int, **extra: Any) -> dict[str, Any]:
+    cmd = {"cmd": "PULLB", "queue": queue, "count": n, "owner": "w", "lockTtl": 600_000}
+    (reply,) = raw.call([{**cmd, **extra}])
+    assert reply["ok"] is True, reply
+    return reply
+
+
+def test_a_handed_off_workers_leases_are_released_when_it_closes(shardq_server: Factory) -> None:
+    server = _started(shardq_server)
+    queue = _queue_on(1, "leases")
+    _fill(server, queue, 30)
+    # One closes while its shard holds it; one is handed back first, then closes.
+    first = _handed_worker(server, queue)
+    assert len(_pull(first, queue, 5)["jobs"]) == 5
+    second = _handed_worker(server, queue)
+    assert len(_pull(second, queue, 5)["jobs"]) == 5
+    (counts,) = second.call([{"cmd": "GetJobCounts", "queue": queue}])  # not the shard's
+    poll_until(lambda: _stats(server)["handedBack"] == 1, WAIT_S, "the hand-back")
+    assert counts["counts"]["active"] == 10
+    first.sock.close()
+    second.sock.close()
+    # Back to waiting long before their 10-minute lease: released at the close.
+    acked = 2 * AFTER
+    poll_until(lambda: _counts(server, queue)["active"] == 0, WAIT_S, "the leases released")
+    counts = _counts(server, queue)
+    assert (counts["waiting"], counts["completed"]) == (30 - acked, acked)
+
+
+def _parked(factory: Factory, prefix: str) -> tuple[ShardqServer, str, _Raw]:
+    """A handed-off worker whose long-poll is parked in the shard (its queue is empty) for a
+    minute, past the socket's timeout: nothing may wait for it."""
+    server = _started(factory)
+    queue = _queue_on(1, prefix)
+    _fill(server, queue, AFTER)
+    raw = _handed_worker(server, queue)
+    raw.send([{"cmd": "PULLB", "queue": queue, "count": 1, "timeout": 60_000, "reqId": "lp"}])
+    time.sleep(0.3)
+    return server, queue, raw
+
+
+def test_a_parked_long_poll_does_not_hold_a_hand_back(shardq_server: Factory) -> None:
+    server, queue, raw = _parked(shardq_server, "parked")
+    try:
+        # The request the shard does not serve waits for no long-poll.
+        raw.send([{"cmd": "GetJobCounts", "queue": queue, "reqId": "counts"}])
+        replies = {r["reqId"]: r for r in raw.replies(2)}
+        assert replies["lp"] == {"ok": True, "jobs": [], "reqId": "lp"}
+        assert replies["counts"]["counts"]["completed"] == AFTER
+        assert _stats(server)["handedBack"] == 1
+        # The front end serves it on, long-polls included.
+        _fill(server, queue, 1)
+        got = _pull(raw, queue, 1, timeout=5_000)
+        assert len(got["jobs"]) == 1
+    finally:
+        raw.sock.close()
+
+
+def test_a_stopping_shard_answers_a_parked_long_poll_and_hands_back(
+    shardq_server: Factory,
+) -> None:
+    server, queue, raw = _parked(shardq_server, "stop")
+    try:
+        old = server.child_pids()["shard-1"]
+        os.kill(old, signal.SIGTERM)
+        (reply,) = raw.replies(1)
+        assert reply == {"ok": True, "jobs": [], "reqId": "lp"}
+        server.wait_child_replaced("shard-1", old)
+        # The same connection, with the front end now: served by the new shard process.
+        _fill(server, queue, 1)
+        got = _pull(raw, queue, 1)
+        assert len(got["jobs"]) == 1
+    finally:
+        raw.sock.close()
+
+
+def test_a_handed_off_worker_is_told_its_job_was_cancelled(shardq_server: Factory) -> None:
+    server = _started(shardq_server)
+    queue = _queue_on(1, "cancel")
+    _fill(server, queue, AFTER + 1)
+    raw = _handed_worker(server, queue)
+    try:
+        (job,) = _pull(raw, queue, 1)["jobs"]
+        reply = _call(server, {"cmd": "Cancel", "id": job["id"], "active": True, "reason": "r"})
+        assert reply["ok"] is True, reply
+        (notice,) = raw.replies(1)  # unasked
+        assert notice == {"type": "cancel", "jobId": job["id"], "queue": queue,
+                          "reason": notice.get("reason")}, notice  # fmt: skip
+        assert "r" in str(notice["reason"])
+        assert _stats(server)["handedBack"] == 0  # written by the shard holding it
+    finally:
+        raw.sock.close()
+
+
+def test_kill9_of_the_shard_holding_a_worker_loses_nothing_acknowledged(
+    shardq_server: Factory,
+) -> None:
+    server = _started(shardq_server)
+    queue = _queue_on(1, "kill")
+    jobs = [{"name": "w", "data": {"n": i}} for i in range(30)]
+    assert _call(server, {"cmd": "PUSHB", "queue": queue, "jobs": jobs, "durable": True})["ok"]
+    raw = _handed_worker(server, queue)
+    try:
+        # Acked through the shard, then committed (the flush window is milliseconds).
+        _worker_round(raw, queue, 6, "acked")
+        held = _pull(raw, queue, 5)["jobs"]
+        assert len(held) == 5
+        time.sleep(0.5)
+        old = server.child_pids()["shard-1"]
+        os.kill(old, signal.SIGKILL)
+        raw.sock.settimeout(WAIT_S)
+        with contextlib.suppress(ConnectionResetError):
+            assert raw.sock.recv(65536) == b""  # the connection ends with its shard
+        server.wait_child_replaced("shard-1", old)
+    finally:
+        raw.sock.close()
+    acked = AFTER + 6
+    # The leased jobs come back (active at a crash: one attempt more).
+    poll_until(lambda: _counts(server, queue)["active"] == 0, WAIT_S, "the leases back")
+    counts = _counts(server, queue)
+    # Waiting, or delayed by the retry backoff of an attempt lost in a crash.
+    back = counts["waiting"] + counts["delayed"]
+    assert (back, counts["completed"], counts["failed"]) == (30 - acked, acked, 0), counts
+    for job in held:
+        got = _call(server, {"cmd": "GetJob", "id": job["id"]})["job"]
+        assert got["attempts"] == 1, got
+
+
+def test_a_connection_with_a_long_poll_waiting_in_the_front_end_stays_there(
+    shardq_server: Factory,
+) -> None:
+    server = _started(shardq_server)
+    empty, pushed = _queue_on(1, "idle"), _queue_on(1, "busy")
+    raw = _Raw(server)
+    try:
+        # Parked in the front end's shard for a minute: handing the connection off would stop
+        # reading it until then, and the pushes behind it would wait as long.
+        raw.send([{"cmd": "PULLB", "queue": empty, "count": 1, "timeout": 60_000, "reqId": "lp"}])
+        for i in range(2 * AFTER):
+            (reply,) = raw.call([{"cmd": "PUSH", "queue": pushed, "data": i, "reqId": i}])
+            assert reply["ok"] is True and reply["reqId"] == i, reply
+        assert _stats(server)["handedOff"] == 0
+        _fill(server, empty, 1)
+        (polled,) = raw.replies(1)
+        assert polled["reqId"] == "lp" and len(polled["jobs"]) == 1
+    finally:
+        raw.sock.close()
