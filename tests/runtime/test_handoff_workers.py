@@ -300,3 +300,49 @@ def test_a_connection_with_a_long_poll_waiting_in_the_front_end_stays_there(
         assert polled["reqId"] == "lp" and len(polled["jobs"]) == 1
     finally:
         raw.sock.close()
+
+
+def _big_pull(server: ShardqServer, queue: str) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """Ten 300 KB jobs, a handoff, then one PULLB of all ten (3 MB, over a 1 MiB link): the
+    jobs its reply carried, the queue's counts, and Stats (with Metrics' `totalPulled`)."""
+    jobs = [{"name": "big", "data": "b" * 300_000} for _ in range(10)]
+    assert _call(server, {"cmd": "PUSHB", "queue": queue, "jobs": jobs})["ok"] is True
+    raw = _Raw(server)
+    try:
+        # Small pushes for another queue of the shard earn the handoff (big ones would not:
+        # a partial frame past `tcp_handoff_max_bytes` keeps the connection in the front end).
+        pushes = [{"cmd": "PUSH", "queue": _queue_on(1, "cutx"), "data": i, "reqId": i}
+                  for i in range(AFTER + 1)]  # fmt: skip
+        assert all(r["ok"] for r in raw.call(pushes))
+        time.sleep(0.3)  # a handoff, if any, has happened
+        (reply,) = raw.call([{"cmd": "PULLB", "queue": queue, "count": 10, "owner": "w",
+                                "reqId": "big"}])
+        assert reply["ok"] is True and reply["reqId"] == "big", reply
+        assert len(reply["tokens"]) == len(reply["jobs"])
+        counts = _call(server, {"cmd": "GetJobCounts", "queue": queue})["counts"]
+        stats = _stats(server)
+        stats["pulled"] = _call(server, {"cmd": "Metrics"})["metrics"]["totalPulled"]
+        return len(reply["jobs"]), counts, stats
+    finally:
+        raw.sock.close()
+
+
+def test_a_handed_off_pullb_too_large_for_the_link_is_cut_as_the_link_cuts_it(
+    shardq_server: Factory, tmp_path: Path
+) -> None:
+    # With no link to cross, a handed-off connection's PULLB reply is still cut at
+    # `link_max_frame_bytes`: a worker asking for more than that gets what fits, every time,
+    # where a reply past the write backlog would cut its connection (and it would ask again).
+    small = {"SHARDQ_LINK_MAX_FRAME_BYTES": str(1 << 20)}
+    queue = _queue_on(1, "cut")
+    handed = _big_pull(_started(shardq_server, small), queue)
+    off = _started(shardq_server, {**small, "SHARDQ_TCP_HANDOFF": "false"}, tmp_path / "off")
+    kept = _big_pull(off, queue)
+    assert handed[2]["handedOff"] == 1 and kept[2]["handedOff"] == 0
+    assert handed[2]["directPulled"] == handed[0] and kept[2]["directPulled"] == 0
+    sent = handed[0]
+    assert 0 < sent < 10 and sent == kept[0]
+    # The others are back to waiting, not active with no worker holding them.
+    for _, counts, stats in (handed, kept):
+        assert counts["waiting"] == 10 - sent and counts["active"] == sent, counts
+        assert stats["pulled"] == sent

@@ -36,6 +36,7 @@ from shardq.protocol._direct import shard_of
 from shardq.protocol._prepacked import JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY, prepacked_frame
 from shardq.runtime import _messages as msgs
 from shardq.runtime.shard._handoff import HandedDecoder
+from shardq.runtime.shard._wire import pulled_ids, reply_too_large
 
 __all__ = ["HandedWork"]
 
@@ -85,6 +86,13 @@ class HandedWork:
         self._work: dict[int, tuple[str, int]] = {}  # rid -> (command, ACKB size) in flight
         self._slots: dict[int, str] = {}  # rid of a parkable pull -> its connection
         self._slots_by_conn: dict[str, int] = {}
+        # A PULLB reply larger than the front-end link would carry (`link_max_frame_bytes`
+        # less a batch's overhead) is cut as the link cuts it (`FrontPacker.fit_final`); the
+        # ids of the jobs not sent wait in `unsent` to be given back.
+        self.fit_final: Callable[[dict[str, Any], int], tuple[bytes, list[str]] | None] | None
+        self.fit_final = None
+        self.reply_room = 1 << 62
+        self.unsent: list[str] = []
         self.pulled = 0  # jobs handed out on handed-off connections (directPulled)
         self.completed = 0  # and completed by their ACK/ACKB (directCompleted)
 
@@ -154,10 +162,29 @@ class HandedWork:
         if WIRE_MODE_KEY not in reply or self.final_body is None:
             return encode_js(reply)
         req = reply.pop("reqId", _NO_REQ)
-        passed: dict[str, Any] = {WIRE_KEY: self.final_body(reply)}
+        body = self.final_body(reply)
+        if len(body) > self.reply_room:
+            fitted = self._fit(reply, len(body))
+            if fitted is None:
+                error = {"ok": False, "error": reply_too_large(len(body), self.reply_room)}
+                if req is not _NO_REQ:
+                    error["reqId"] = req
+                return encode_js(error)
+            body = fitted
+        passed: dict[str, Any] = {WIRE_KEY: body}
         if req is not _NO_REQ:
             passed["reqId"] = req
         return prepacked_frame(passed)
+
+    def _fit(self, reply: dict[str, Any], size: int) -> bytes | None:
+        """A PULLB reply over `reply_room` cut as the front-end link would cut it: the jobs
+        that fit (None if none does); the others go back to waiting (`unsent`)."""
+        _log.warning("reply too large for the front-end link", size=size, handed_off=True)
+        fitted = self.fit_final(reply, self.reply_room) if self.fit_final else None
+        left = pulled_ids(reply) if fitted is None else fitted[1]
+        self.unsent.extend(left)
+        self.pulled -= len(left)
+        return None if fitted is None else fitted[0]
 
     def push_cancels(self, msg: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """Write the `cancel` notices of a `cancel` message whose connection is handed off

@@ -469,7 +469,7 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
             if dest == "front":
                 if direct is not None:
                     # The direct port's replies go straight to their clients.
-                    rest = self._direct_out(direct, msg)
+                    rest = self._direct_out(direct, msg, block_on_front)
                     if rest is None:
                         continue
                     msg = rest

@@ -14,9 +14,11 @@ import structlog
 import zmq
 
 from shardq.runtime import _messages as msgs
+from shardq.runtime._clock import AnchoredClock
 from shardq.runtime._ports import connection_cap
 from shardq.runtime._spec import ChildSpec
-from shardq.runtime.shard._core import ShardCore
+from shardq.runtime.links._stream import batch_overhead
+from shardq.runtime.shard._core import Outgoing, ShardCore
 from shardq.runtime.shard._direct import DirectPort, why_not_open
 from shardq.runtime.shard._handoff import HandoffChannel
 from shardq.runtime.shard._wire import FrontPacker
@@ -34,10 +36,12 @@ class ShardDirect:
     _poller: zmq.Poller
     _handoff: HandoffChannel | None
     _front_packer: FrontPacker
+    clock: AnchoredClock
 
     if TYPE_CHECKING:
 
         def _wait(self, timeout_ms: int | None) -> list[dict[str, Any]]: ...
+        def _send(self, out: list[Outgoing], *, block_on_front: bool = True) -> None: ...
 
     def _open_direct(self, spec: ChildSpec) -> DirectPort | None:
         """This shard's direct port (`shard._direct`), if `direct_shards` is on and no client
@@ -85,6 +89,8 @@ class ShardDirect:
         # Workers' pulls and acks (`_direct_work`): what the front end would know or do.
         direct.holds_job = self._holds_job
         direct.final_body = self._front_packer.final_body
+        direct.fit_final = self._front_packer.fit_final
+        direct.reply_room = spec.links.link_max_frame_bytes - batch_overhead()
         direct.unpark = self.core.unpark
         direct.max_parked_per_connection = spec.frontend.max_parked_per_connection
         direct.max_parked = spec.frontend.max_parked
@@ -111,14 +117,23 @@ class ShardDirect:
             log("direct connections ended", released=direct.released, unsettled=unsettled,
                 ms=round((time.monotonic() - started) * 1000))  # fmt: skip
 
-    @staticmethod
-    def _direct_out(direct: DirectPort, msg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    def _direct_out(
+        self, direct: DirectPort, msg: Mapping[str, Any], block_on_front: bool
+    ) -> Mapping[str, Any] | None:
         """What of `msg`, bound for the front end, is left once the direct port took its
         clients' part: its replies, and the cancels of jobs its handed-off connections hold
         (None: nothing is left)."""
         kind = msg.get("t")
         if kind == msgs.REP and direct.inflight:
-            return direct.take(msg)
+            rest = direct.take(msg)
+            if direct.unsent:
+                # Pulled but cut from a reply too large (`HandedWork._fit`): back to waiting,
+                # not active with no worker holding them, as `_send_split` does.
+                ids, direct.unsent = direct.unsent, []
+                now = self.clock.now()
+                self.core.give_back(ids, now)
+                self._send(self.core.finish_turn(now), block_on_front=block_on_front)
+            return rest
         if kind == msgs.CANCEL and direct.handed_off:
             return direct.push_cancels(msg)
         return msg

@@ -212,6 +212,17 @@ class FrontPacker:
         """A PULLB reply with only the first jobs that fit in `room`, packed, and the ids of
         the others; None if not even the first one fits."""
         conn, rid, reply = item
+        return self._fit(reply, room, lambda cut: self._item([conn, rid, cut]))
+
+    def fit_final(self, reply: dict[str, Any], room: int) -> tuple[bytes, list[str]] | None:
+        """`final_body` of a marked PULLB reply with only the first jobs that fit in `room`,
+        and the ids of the others; None if not even the first one fits. For a handed-off
+        connection, whose replies cross no link: the same cut the link would make."""
+        return self._fit(reply, room, self.final_body)
+
+    def _fit(
+        self, reply: dict[str, Any], room: int, packed: Callable[[dict[str, Any]], bytes]
+    ) -> tuple[bytes, list[str]] | None:
         entries: list[Any] = reply["jobs"].entries
         tokens = reply.get("tokens")
         # Each job's own bytes (as packed for a TCP client), and room for its id and token.
@@ -225,7 +236,7 @@ class FrontPacker:
             cut["jobs"] = CompactJobs(entries[:keep])
             if isinstance(tokens, list):
                 cut["tokens"] = tokens[:keep]
-            data = self._item([conn, rid, cut])
+            data = packed(cut)
             if len(data) <= room:
                 return data, [str(_entry_id(entry)) for entry in entries[keep:]]
             keep -= 1
