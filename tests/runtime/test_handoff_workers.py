@@ -315,8 +315,9 @@ def _big_pull(server: ShardqServer, queue: str) -> tuple[int, dict[str, Any], di
                   for i in range(AFTER + 1)]  # fmt: skip
         assert all(r["ok"] for r in raw.call(pushes))
         time.sleep(0.3)  # a handoff, if any, has happened
-        (reply,) = raw.call([{"cmd": "PULLB", "queue": queue, "count": 10, "owner": "w",
-                                "reqId": "big"}])
+        (reply,) = raw.call(
+            [{"cmd": "PULLB", "queue": queue, "count": 10, "owner": "w", "reqId": "big"}]
+        )
         assert reply["ok"] is True and reply["reqId"] == "big", reply
         assert len(reply["tokens"]) == len(reply["jobs"])
         counts = _call(server, {"cmd": "GetJobCounts", "queue": queue})["counts"]
