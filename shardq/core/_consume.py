@@ -422,27 +422,26 @@ class Consumer(LeaseRenewal):
         removeOnComplete override (None: the job's own option; `removes` None: no override
         for any of them).
         """
+        # Then, per job, what `complete` does after the move (`_settle`). With no dependents to
+        # release, nothing to remove and no result to keep, only the cache cap is left, and
+        # trimming it once evicts the same jobs in the same order. Without results and
+        # overrides, whether any job keeps a result or has options (which the move does not
+        # change) is seen as the jobs are stamped.
+        plain = results is None and removes is None
         if results is None:
             for job in jobs:
                 job.completed_at = now
+                if job.has_result or job.opts:
+                    plain = False
             self.store.move_all(fx, jobs, "ack", now, {"completedAt": now})
         else:
             finish = self._finish
             changes = [finish(job, now, True, r) for job, r in zip(jobs, results, strict=True)]
             self.store.move_all(fx, jobs, "ack", now, changes)
-        # Then, per job, what `complete` does after the move (`_settle`). With no dependents to
-        # release, nothing to remove and no result to keep, only the cache cap is left, and
-        # trimming it once evicts the same jobs in the same order.
+        if not self.dependents and (plain or _settled(jobs, removes)):
+            trim_completed(self.store, fx)
+            return
         overrides: Iterable[object] = repeat(None, len(jobs)) if removes is None else removes
-        if not self.dependents:
-            for job, remove in zip(jobs, overrides, strict=True):
-                if job.has_result or remove or (remove is None and job.opts):
-                    break
-            else:
-                trim_completed(self.store, fx)
-                return
-            if removes is None:
-                overrides = repeat(None, len(jobs))  # the first pass used it up
         # The jobs after this one completed early: each eviction below leaves room for them,
         # so the same jobs are evicted at the same point as one completion at a time would.
         pending = len(jobs)
@@ -567,3 +566,14 @@ def _positive(value: object, default: int) -> int:
     if is_number(value) and value > 0:
         return int(value)
     return default
+
+
+def _settled(jobs: list[Job], removes: Sequence[object] | None) -> bool:
+    """Whether completing `jobs` (with `removes[i]` the removeOnComplete override of
+    `jobs[i]`, None: the job's own option) leaves nothing to settle per job: no result kept,
+    nothing removed."""
+    overrides: Iterable[object] = repeat(None, len(jobs)) if removes is None else removes
+    for job, remove in zip(jobs, overrides, strict=True):
+        if job.has_result or remove or (remove is None and job.opts):
+            return False
+    return True

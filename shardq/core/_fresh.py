@@ -147,8 +147,9 @@ class FreshRecords:
         the bytes `record` makes, without setting and comparing the shared fields again."""
         last: PackedRecord | None = None  # the previous job's record, made here
         prev: Job | None = None  # the previous job, while `last` is its record
-        head = b""  # `last`'s header
+        head = named = middle = b""  # `last`'s header, and the runs `record` left for it
         pack = self._pack
+        join = b"".join
         for job in jobs:
             opts = job.opts
             if opts and opts != DURABLE_ONLY:
@@ -175,18 +176,19 @@ class FreshRecords:
                 out.append(("put", rec))
                 if type(rec) is PackedRecord:
                     last, prev, head = rec, job, _HEADS[durable][len(rec)]
+                    named, middle = self._named, self._middle
                 else:
                     last, prev = None, None
                 continue
+            # A copy of `last`: its timeline list too, the same tuple's (records are read-only,
+            # as the payloads jobs moved together share, `JobStore.move_run`).
             rec = PackedRecord(last)
             rec["id"] = job_id = job.id
             rec["data"] = data = job.data
-            if job.timeline:
-                rec["timeline"] = list(job.timeline)
             rec["seq"] = seq = job.seq
             rec.made_keys = last.made_keys
-            try:
-                rec.packed = _join(head, pack, job_id, self._named, data, self._middle, seq)
+            try:  # `_join`, inline
+                rec.packed = join((head, pack(job_id), named, pack(data), middle, pack(seq)))
             except (TypeError, ValueError, OverflowError):
                 out.append(("put", dict(rec)))  # as `record` gives it; `last` stays the run's
                 continue

@@ -58,7 +58,7 @@ class IdFactory:
         the same order): a bulk push's, in one call."""
         ms = int(now_ms)
         draw = self._rng.getrandbits
-        text = _id_text
+        counter_text, variant = _COUNTER_TEXT, _VARIANT
         out: list[str] = []
         append = out.append
         last, counter, prefix = self._last_ms, self._counter, self._prefix
@@ -71,7 +71,9 @@ class IdFactory:
                 if counter > _RAND_A_MAX:
                     self._advance(last + 1)
                     last, counter, prefix = self._last_ms, self._counter, self._prefix
-            append(text(prefix, counter, draw(62)))
+            # `_id_text`, inline: a call per id was about a tenth of a bulk push's ids.
+            rand = (draw(62) | variant).to_bytes(8, "big")
+            append(prefix + counter_text[counter] + rand.hex("-", 6))
         self._counter = counter
         return out
 

@@ -122,9 +122,9 @@ def _payload_jobs(
         job.data = data = entry["data"]
         # The given name, else the data's (`_job._legacy_name`, inline), else the default.
         name = entry["name"] if named else None
-        if not (isinstance(name, str) and name) and type(data) is dict:
+        if not (named and isinstance(name, str) and name) and type(data) is dict:
             name = data.get("name")
-        if isinstance(name, str) and name:
+        if name is not None and isinstance(name, str) and name:  # most data has no name
             job.name = name
         job.created_at = job.last_heartbeat = job.run_at = now
         if durable:

@@ -142,10 +142,12 @@ class MutationEncoder:
                     size += len(m[1]) + len(blob)
                     continue
             elif kind == "put" and len(m) == 2:
-                put = _encode_put(m[1], pack)
-                if put is not None:
-                    append(put)
-                    size += len(put[1]) + len(put[7])
+                # This put and the fresh jobs' puts right after it (a PUSHB's), without a pass
+                # of this loop and two calls each (`_fresh_puts`).
+                taken, added = _puts(muts, at - 1, out, pack)
+                if taken:
+                    at += taken - 1
+                    size += added
                     continue
             append(m)
             unencoded += 1
@@ -177,6 +179,51 @@ def _run_keys(
         key = m[1]
         if m[0] != "upd" or type(key) is not str:
             return taken, added
+
+
+def _puts(muts: list[Mutation], at: int, out: list[Mutation], pack: Any) -> tuple[int, int]:
+    """Append to `out` the `putb` of the `put` at `muts[at]` and of the fresh jobs' puts right
+    after it (`_fresh_puts`). Returns how many it took (none if the first has no row key or a
+    mistyped column field: `encode` leaves it as it is) and the bytes of their keys and
+    records."""
+    taken, added = _fresh_puts(muts, at, out)
+    if taken:
+        return taken, added
+    put = _encode_put(muts[at][1], pack)
+    if put is None:
+        return 0, 0
+    out.append(put)
+    return 1, len(put[1]) + len(put[7])
+
+
+def _fresh_puts(muts: list[Mutation], at: int, out: list[Mutation]) -> tuple[int, int]:
+    """Append to `out` the `putb` of each fresh job's `put` from `muts[at]` on (a record still
+    as made with its bytes, `_encode_fresh`), as `encode`'s loop would one by one, until a
+    mutation of any other kind or shape (an engine tuple `("put", PackedRecord)` with its
+    made keys and well-typed columns only). Returns how many it took (perhaps none) and the
+    bytes of their keys and records."""
+    taken = added = 0
+    end = len(muts)
+    append = out.append
+    while at < end:
+        m = muts[at]
+        if type(m) is not tuple or len(m) != 2 or m[0] != "put":
+            break
+        rec = m[1]
+        if type(rec) is not PackedRecord or len(rec) != rec.made_keys:
+            break
+        key, queue, state, seq = rec["id"], rec["queue"], rec["state"], rec["seq"]
+        if type(key) is not str or type(queue) is not str or type(state) is not str:
+            break
+        if type(seq) is not int:
+            break
+        packed = rec.packed
+        # The priority is left out at its default (`core._record`).
+        append(("putb", key, queue, state, rec.get("priority", 0), rec["runAt"], seq, packed))
+        added += len(key) + len(packed)
+        taken += 1
+        at += 1
+    return taken, added
 
 
 def _encode_put(rec: object, pack: Any) -> Mutation | None:

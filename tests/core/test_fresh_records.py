@@ -196,3 +196,29 @@ def test_a_bulk_push_from_bunqueue_client_gets_fresh_records_with_their_bytes() 
         assert len(puts) == 100
         for rec in puts:
             _check_put(engine, rec)
+
+
+def test_a_batch_with_runs_of_fresh_puts_encodes_as_their_plain_records() -> None:
+    """The encoder takes a run of fresh puts (a PUSHB's) in one pass (`_encode._fresh_puts`):
+    a batch mixing such runs with other puts and updates encodes exactly as the same batch
+    whose records are plain dicts (every put packed on its own), with the same sizes."""
+    engine = Engine(seed=3)
+    batch: list[Any] = []
+    pushb = {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": {"i": i}} for i in range(5)]}
+    batch += engine.apply(pushb, NOW).mutations
+    batch += engine.apply({"cmd": "PUSH", "queue": "q", "data": 1, "priority": 3}, NOW).mutations
+    batch += engine.apply({"cmd": "PULLB", "queue": "q", "count": 2}, NOW + 1).mutations
+    batch += engine.apply({**pushb, "queue": "r"}, NOW + 2).mutations
+    cold = engine.apply({"cmd": "PUSH", "queue": "r", "data": 2}, NOW + 2).mutations
+    cold[0][1][COLD_COLUMN] = 1  # went cold: a key more, packed as any record
+    batch += cold
+    batch.append(["put", batch[1][1]])  # not the engine's tuple: the loop's general path
+    batch += engine.apply({**pushb, "queue": "s"}, NOW + 3).mutations
+    fresh = sum(1 for m in batch if type(m[1]) is PackedRecord and len(m[1]) == m[1].made_keys)
+    assert fresh == 17  # all but the cold one (the list-shaped one too)
+    plain = [(m[0], dict(m[1])) if m[0] == "put" else m for m in batch]
+    encoder, general = MutationEncoder(), MutationEncoder()
+    got = encoder.encode(batch)
+    assert got == general.encode(plain)
+    assert [m[0] for m in got].count("putb") == 18
+    assert (encoder.encoded_bytes, encoder.unencoded) == (general.encoded_bytes, 0)
