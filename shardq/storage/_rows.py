@@ -18,10 +18,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from itertools import chain
-from operator import itemgetter
 from typing import Any, Final
 
-__all__ = ["SHARED_MIN", "SIZES", "run_keys", "run_puts", "run_rows"]
+__all__ = ["SHARED_MIN", "SIZES", "run_keys", "run_rows"]
 
 SIZES: Final = (256, 64, 16, 4, 1)
 """Rows per statement: a batch of n rows takes at most n // 256 + 9 statements."""
@@ -56,69 +55,6 @@ def run_rows(
             if rest is not None and changed < size:
                 changed += conn.execute(_sql(rest, width, size), params).rowcount
             written += changed
-            pos += size
-    return written
-
-
-# A put row's own values where its run shares the rest (`run_puts`): id, seq, rec, patch.
-_OWN: Final = itemgetter(0, 5, 6, 7)
-_OWN_WIDTH: Final = 4
-
-
-def run_puts(
-    conn: sqlite3.Connection, shared: str, plain: str, rows: Sequence[Sequence[Any]]
-) -> int:
-    """`run_rows` of `plain` over put rows `(id, queue, state, priority, run_at, seq, rec,
-    patch)`, where a run of `SHARED_MIN` or more consecutive rows with the same queue, state,
-    priority and run_at (the jobs of one PUSHB) goes by `shared` instead: those four values
-    bound once per statement, then each row's id, seq, rec and patch (`shared` holds `{rows}`
-    where those go, as `(?, ?, ?, ?), ...`). Rows are written in their order, so new rows
-    take their rowids as by `plain` alone. A statement binds half the values and SQLite
-    copies a third of the columns per row (bench/results/2026-12-06-s18-writerppa.md).
-    Equal values are bound once for all: an int and a float or bool that compare equal may
-    stand for each other, which the columns' affinities (REAL priority, INTEGER run_at)
-    store as the same value anyway; a different type of another kind starts a new run."""
-    written = done = 0
-    start, count = 0, len(rows)
-    while start < count:
-        head = rows[start]
-        queue, state, priority, run_at = head[1], head[2], head[3], head[4]
-        kinds = (type(priority), type(run_at))
-        end = start + 1
-        while end < count:
-            row = rows[end]
-            if (row[4] != run_at or row[3] != priority or row[2] != state or row[1] != queue
-                    or (type(row[3]), type(row[4])) != kinds):  # fmt: skip
-                break
-            end += 1
-        if end - start >= SHARED_MIN:
-            if done < start:
-                written += run_rows(conn, plain, len(head), rows[done:start])
-            written += _run_shared(conn, shared, [queue, state, priority, run_at], rows, start, end)
-            done = end
-        start = end
-    if done < count:
-        written += run_rows(conn, plain, len(rows[done]), rows[done:])
-    return written
-
-
-def _run_shared(
-    conn: sqlite3.Connection,
-    template: str,
-    head: list[Any],
-    rows: Sequence[Sequence[Any]],
-    pos: int,
-    end: int,
-) -> int:
-    """`run_puts`'s statements over `rows[pos:end]`, which share the values `head`."""
-    written = 0
-    for size in SIZES:
-        if end - pos < size:
-            continue
-        sql = _sql(template, _OWN_WIDTH, size)
-        while end - pos >= size:
-            params = head + list(chain.from_iterable(map(_OWN, rows[pos : pos + size])))
-            written += conn.execute(sql, params).rowcount
             pos += size
     return written
 

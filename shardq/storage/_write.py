@@ -51,7 +51,7 @@ from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._patch import FRAME as _FRAME
 from shardq.storage._patch import join_patch, merged_patch
 from shardq.storage._patch import read_frame as _read_frame
-from shardq.storage._rows import run_keys, run_puts, run_rows
+from shardq.storage._rows import run_keys, run_rows
 from shardq.storage._runs import Run
 from shardq.storage._write_keyed import Pack, write_keyed_tables
 from shardq.storage._write_updates import BLOB, Group, Updates, write_groups, write_updates
@@ -93,13 +93,6 @@ _UPSERT_JOB = (
     # changed, and keeps the rowid (and so the tie order among equal seqs) stable. A put
     # replaces the whole row: one of a hot record leaves the cold columns NULL (`_cold`).
     f"{_UPSERT_SET}, cold = NULL, lifo = NULL, gid = NULL, ukey = NULL"
-)
-# The same for rows that share their queue, state, priority and run_at (`_rows.run_puts`).
-_UPSERT_SHARED_JOB = (
-    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch)"
-    " SELECT column1, ?, ?, ?, ?, column2, column3, column4 FROM (VALUES {rows})"
-    # `WHERE true`: SQLite's grammar needs a WHERE before an upsert's ON CONFLICT.
-    f" WHERE true{_UPSERT_SET}, cold = NULL, lifo = NULL, gid = NULL, ukey = NULL"
 )
 # A cold record's put: the same with its cold columns.
 _UPSERT_COLD_JOB = (
@@ -262,7 +255,7 @@ def _write_whole(
         rows = whole + [one[:HOT_ROW] for one in cold_rows]
         return run_rows(conn, _UPSERT_PLAIN_JOB, HOT_ROW, rows)
     if whole:
-        written += run_puts(conn, _UPSERT_SHARED_JOB, _UPSERT_JOB, whole)
+        written += run_rows(conn, _UPSERT_JOB, HOT_ROW, whole)
     if cold_rows and cold < COLD_COLUMNS:
         rows = [one[: HOT_ROW + cold] for one in cold_rows]
         written += run_rows(conn, _UPSERT_COLD_JOB_V9, HOT_ROW + cold, rows)
