@@ -88,18 +88,24 @@ def run_keys(
     written = 0
     pos, count = 0, len(keys)
     head = list(head)
-    for size in SIZES:
-        if count - pos < size:
-            continue
-        sql = _key_sql(template, width, size)
-        while count - pos >= size:
-            params = head + list(keys[pos : pos + size])
-            changed = conn.execute(sql, params).rowcount
-            if rest is not None and changed < size:
-                changed += conn.execute(_key_sql(rest, width, size), params).rowcount
-            written += changed
-            pos += size
+    while pos < count:
+        take = min(count - pos, SIZES[0])
+        size = _PADDED[take]
+        part = list(keys[pos : pos + take])
+        if size > take:
+            part += [part[-1]] * (size - take)
+        params = head + part
+        changed = conn.execute(_key_sql(template, width, size), params).rowcount
+        if rest is not None and changed < take:
+            changed += conn.execute(_key_sql(rest, width, size), params).rowcount
+        written += changed
+        pos += take
     return written
+
+
+# The statement size `run_keys` takes for n keys: the smallest power of two from 1 to 256
+# that holds them, the rest of it filled with the last key again.
+_PADDED: Final = [0] + [1 << (n - 1).bit_length() for n in range(1, SIZES[0] + 1)]
 
 
 def _key_sql(template: str, width: int, size: int) -> str:

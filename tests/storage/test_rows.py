@@ -96,3 +96,33 @@ def test_jobs_updated_together_take_their_own_columns_whatever_bytes_they_share(
         ("j1", "delayed", 3),
         *[(f"j{i}", "completed", 0) for i in range(2, 8)],
     ]
+
+
+def test_puts_sharing_their_columns_keep_each_value_and_their_order(tmp_path: Path) -> None:
+    # Puts of a batch go as statements of many rows (`run_rows`), whatever their columns:
+    # runs of rows with the same queue, state, priority and run_at (a PUSHB's) among others.
+    # Every row must hold its own values, and new rows take their rowids in put order.
+    encode = MutationEncoder().encode
+    shapes = [("a", "waiting", 0, 5)] * 70 + [("a", "delayed", 0, 9)] * 2
+    shapes += [("b", "waiting", 2, 5)] * 5 + [("a", "waiting", 0.5, 5)] * 3
+    shapes += [("a", "waiting", 0, 5)] * 300 + [("c", "waiting", 0, None)] * 4
+    recs = [
+        {"id": f"j{i}", "queue": q, "state": s, "priority": p, "runAt": r, "seq": 1000 - i}
+        for i, (q, s, p, r) in enumerate(shapes)
+    ]
+    with Store.open(tmp_path / "shared.db") as store:
+        assert store.apply(encode([("put", r) for r in recs])) == len(recs)
+        # A put over stored rows (a batch resent to a new writer) replaces them in place.
+        again = [{**r, "state": "active"} for r in recs[:10]]
+        assert store.apply(encode([("put", r) for r in again])) == 10
+    with sqlite3.connect(tmp_path / "shared.db") as conn:
+        rows = conn.execute(
+            "SELECT id, queue, state, priority, run_at, seq, rec FROM jobs ORDER BY rowid"
+        ).fetchall()
+    assert [row[0] for row in rows] == [r["id"] for r in recs]
+    stored = ["active"] * 10 + [r["state"] for r in recs[10:]]
+    assert [row[1:6] for row in rows] == [
+        (r["queue"], state, r["priority"], r["runAt"], r["seq"])
+        for r, state in zip(recs, stored, strict=True)
+    ]
+    assert [msgpack.unpackb(row[6])["id"] for row in rows] == [r["id"] for r in recs]
