@@ -7,7 +7,9 @@ PULLB 100 + ACKB until the queue is empty. After `--seconds` it finishes its rou
 the writer has committed everything (its CPU clock stops moving), and reads each process's CPU
 time from /proc. Dividing by the jobs of the whole run counts the work a lagging writer does
 after the client is done, which a jobs/s window misses. CPU time, unlike jobs/s, barely moves
-when other work shares the machine. Linux only (/proc).
+when other work shares the machine. Linux only (/proc). The client's one connection talks to
+one shard only, so the front end hands it to that shard after a few requests (`tcp_handoff`):
+the front end's column then reads about 0.
 """
 
 from __future__ import annotations

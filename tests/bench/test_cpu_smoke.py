@@ -22,4 +22,6 @@ def test_cpu_bench_reports_every_process() -> None:
     assert len(median) == 1
     cells = [float(c.replace(",", "")) for c in median[0].strip("| \n").split("|")[1:]]
     writer, shards, frontend, client, jobs_per_s = cells
-    assert writer > 0 and shards > 0 and frontend > 0 and client > 0 and jobs_per_s > 0
+    # The front end's column is there, but may read 0: its one connection pushes, pulls and
+    # acks for one shard, so the front end hands it to that shard (`tcp_handoff`).
+    assert writer > 0 and shards > 0 and frontend >= 0 and client > 0 and jobs_per_s > 0
