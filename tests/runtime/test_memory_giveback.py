@@ -56,6 +56,10 @@ def test_memory_is_given_back_after_a_busy_period(
         # The writer stays: a recycle (tests/runtime/test_writer_recycle.py) would make the
         # shards resend and reconnect, work after which they may give back again.
         "SHARDQ_WRITER_RECYCLE_IDLE_MS": "0",
+        # The front end must do the busy period's work too: with the handoff on, this one
+        # connection (one queue, so one shard) would be served by its shard alone, and the
+        # front end would have nothing to give back.
+        "SHARDQ_TCP_HANDOFF": "false",
     }
     # With the HTTP process on (the default), which asks the shards for counts every second:
     # those requests must not count as work, or a shard would never be quiet.
