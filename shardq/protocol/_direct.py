@@ -29,6 +29,7 @@ __all__ = [
     "direct_refused",
     "flow_entries",
     "names_flow",
+    "parks",
     "shard_of",
 ]
 
@@ -88,3 +89,13 @@ def flow_entries(frame: Mapping[str, Any]) -> bool:
     except TypeError:
         pass  # an entry that is not iterable: the exact test decides
     return any(type(job) is dict and names_flow(job) for job in jobs)
+
+
+def parks(name: str, cmd: Mapping[str, Any]) -> bool:
+    """True if `cmd` may be parked by its shard: a PULL/PULLB with a positive timeout, or a
+    WaitJob whose timeout is absent (bunqueue's 30 s default) or positive. The front end and
+    a shard serving a handed-off connection both decide with it."""
+    timeout = cmd.get("timeout")
+    if timeout is None:
+        return name == "WaitJob"  # bunqueue's default: 30 s
+    return type(timeout) in (int, float) and timeout > 0  # NaN and bools never park

@@ -13,6 +13,7 @@ from typing import Any, Final
 import structlog
 
 from shardq.protocol import RATE_LIMIT_EXCEEDED, error_reply
+from shardq.protocol._direct import parks
 from shardq.protocol._rawpush import RawPush
 
 __all__ = [
@@ -63,15 +64,6 @@ def rate_refusal(frame: object) -> dict[str, Any]:
     elif isinstance(frame, RawPush) and frame.has_req:
         reply["reqId"] = frame.req
     return reply
-
-
-def parks(name: str, cmd: dict[str, Any]) -> bool:
-    """True if `cmd` may be parked by its shard: a PULL/PULLB with a positive timeout, or a
-    WaitJob whose timeout is absent (bunqueue's 30 s default) or positive."""
-    timeout = cmd.get("timeout")
-    if timeout is None:
-        return name == "WaitJob"  # bunqueue's default: 30 s
-    return type(timeout) in (int, float) and timeout > 0  # NaN and bools never park
 
 
 class ParkedSlots:

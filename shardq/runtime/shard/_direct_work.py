@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from shardq.protocol import encode_js
-from shardq.protocol._direct import shard_of
+from shardq.protocol._direct import parks, shard_of
 from shardq.protocol._prepacked import JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY, prepacked_frame
 from shardq.runtime import _messages as msgs
 from shardq.runtime.shard._handoff import HandedDecoder
@@ -48,12 +48,6 @@ _ACKB_ARRAYS: Final = ("tokens", "results", "removeOnCompletes")  # `frontend._m
 _NO_REQ: Final = object()
 
 _log = structlog.get_logger()
-
-
-def _parks(cmd: Mapping[str, Any]) -> bool:
-    """A pull that may be parked (`frontend._limits.parks`): a positive timeout."""
-    timeout = cmd.get("timeout")
-    return (type(timeout) is int or type(timeout) is float) and timeout > 0
 
 
 def _aligned(cmd: Mapping[str, Any], ids: list[Any]) -> bool:
@@ -115,7 +109,7 @@ class HandedWork:
         rid = self._to_engine(conn, frame, items)
         ids = frame.get("ids")
         self._work[rid] = (name, len(ids) if name == "ACKB" and type(ids) is list else 0)
-        if name in PULLS and _parks(frame) and not self._take_slot(conn.name, rid):
+        if name in PULLS and parks(name, frame) and not self._take_slot(conn.name, rid):
             frame["timeout"] = 0  # past the caps: answered at once, as the front end does
         if name == "PULLB":
             items[-1].append(_WIRE_JS)  # [conn, rid, command, envelope]
