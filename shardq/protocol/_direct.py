@@ -12,6 +12,11 @@ A shard that stops (a restart, a recycle) ends each direct connection with one l
 `direct_goodbye()`, sent once it has stopped reading the connection and answered everything it
 took from it: a request that got no reply before that frame was never taken, so never applied,
 and the client sends it again through the front end.
+
+A batch command over job ids (`BATCH_ARRAYS`) is split by position only when it is `aligned`:
+the front end splits it across shards by that test, and a shard serving a handed-off
+connection serves an ACKB itself only when it passes (otherwise one shard answers, with the
+engine's exact error).
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 __all__ = [
+    "BATCH_ARRAYS",
     "DIRECT_CLOSING",
     "DIRECT_REFUSED",
     "HELLO_DIRECT",
     "HELLO_SHARDS",
+    "aligned",
     "direct_goodbye",
     "direct_refused",
     "flow_entries",
@@ -99,3 +106,24 @@ def parks(name: str, cmd: Mapping[str, Any]) -> bool:
     if timeout is None:
         return name == "WaitJob"  # bunqueue's default: 30 s
     return type(timeout) in (int, float) and timeout > 0  # NaN and bools never park
+
+
+BATCH_ARRAYS: Final[dict[str, tuple[str, ...]]] = {
+    "ACKB": ("tokens", "results", "removeOnCompletes"),
+    "JobHeartbeatB": ("tokens",),
+    "ExtendLocks": ("tokens", "durations"),
+}
+"""The arrays that run alongside `ids`, position by position, per batch command."""
+
+
+def aligned(name: str, cmd: Mapping[str, Any]) -> bool:
+    """Whether batch command `cmd` can be split by position: `ids` is a list and, for ACKB,
+    every array given has its length (otherwise one shard answers, with the engine's exact
+    error). The front end and a shard serving a handed-off connection both decide with it."""
+    ids = cmd.get("ids")
+    if type(ids) is not list:
+        return False
+    if name != "ACKB":
+        return True
+    arrays = (cmd.get(key) for key in BATCH_ARRAYS[name])
+    return all(a is None or (type(a) is list and len(a) == len(ids)) for a in arrays)

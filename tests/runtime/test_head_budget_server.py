@@ -35,12 +35,14 @@ BUDGET = {"SHARDQ_ENGINE_HEAD_JOBS": str(HEAD)}
 # The script's queues: priorities; LIFO and FIFO mixed; delays; custom ids and uniqueKeys.
 PRIO, LIFO, DELAY, KEYS = "hb-prio", "hb-lifo", "hb-delay", "hb-keys"
 QUEUES = (PRIO, LIFO, DELAY, KEYS)
-# The delays are far apart against the time the delayed queue's pushes take (well under a
-# second), so their order is the same on both servers: each delay's jobs by seq.
-# The first delay also outlasts the pushes and the lookups (3.5 s on a loaded machine under
-# the budget, whose GetJobs pages each read the queue's cold jobs): a delayed job promoted
-# during the lookups on one server and not the other would change their answers.
-DELAYS = (0, 12_000, 15_000)
+# No delayed job comes due during the pushes and lookups, on either server: a job promoted
+# on one and not the other would change their answers. Those took 28.4 s under the budget on
+# a loaded 2-core machine (load average 15; its GetJobs pages read the queue's cold jobs),
+# past the 12 s the first delay once was. So the delays are hours, and the script promotes
+# the delayed jobs itself (PromoteJobs, which pages in the cold ones) before the drain. The
+# two delays are far apart against the delayed queue's pushes, so the promotion's order
+# (due time, then seq) is the same on both servers: each delay's jobs by seq.
+DELAYS = (0, 3_600_000, 3_900_000)
 BATCH = 1000
 WAIT_S = 30.0
 
@@ -141,14 +143,14 @@ def _drain(conn: TcpConnection) -> dict[str, list[int]]:
 def _run_script(server: ShardqServer) -> tuple[dict[str, Any], dict[str, list[int]], int]:
     """Push the script, look up, drain: (lookups, delivery order, cold jobs after the push)."""
     script = _script()
+    delayed = sum(1 for job in script[DELAY] if job.get("delay"))
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
-        started = time.monotonic()
         ids = _push_all(conn, script)
         cold = int(conn.call({"cmd": "Stats"})["stats"]["coldJobs"])
         lookups = _lookups(conn, ids)
-        # Every delayed job is due before the drain: the drain's order is then the queues'.
-        remaining = max(DELAYS) / 1000 - (time.monotonic() - started) + 0.5
-        time.sleep(max(remaining, 0))
+        # Every delayed job is waiting before the drain: the drain's order is then the queues'.
+        promote = {"cmd": "PromoteJobs", "queue": DELAY, "count": delayed}
+        assert conn.call(promote)["count"] == delayed
         order = _drain(conn)
         counts = [conn.call({"cmd": "GetJobCounts", "queue": q})["counts"] for q in QUEUES]
         assert all(c["waiting"] == c["delayed"] == c["active"] == 0 for c in counts), counts

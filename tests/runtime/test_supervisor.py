@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,57 @@ def test_shardq_start_imports_none_of_the_other_commands_modules() -> None:
     out, imported = _cli("--help")
     assert "status" in out and "storage" in out and "start" in out
     assert "shardq_cli._admin" in imported
+
+
+def _sigterm_state(pid: int) -> tuple[bool, bool]:
+    """(whether `pid` installed a SIGTERM handler, whether a SIGTERM waits for it), from the
+    SigCgt and ShdPnd/SigPnd masks of /proc."""
+    masks = dict(
+        line.split(":", 1)
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith(("SigCgt:", "ShdPnd:", "SigPnd:"))
+    )
+    bit = 1 << (signal.SIGTERM - 1)
+    pending = int(masks["ShdPnd"], 16) | int(masks["SigPnd"], 16)
+    return bool(int(masks["SigCgt"], 16) & bit), bool(pending & bit)
+
+
+def _new_writer(server: ShardqServer, old: set[int]) -> int | None:
+    """A child of the supervisor not in `old` that runs the writer's program (past its exec:
+    before it, the forked copy has the supervisor's handlers), as /proc shows it at once."""
+    task = Path(f"/proc/{server.pid}/task/{server.pid}/children")
+    for pid in {int(p) for p in task.read_text().split()} - old:
+        try:
+            if b"shardq.runtime.writer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_a_stop_that_ends_a_writer_still_importing_is_clean(shardq_server: Factory) -> None:
+    """A stop that comes while the supervisor starts the writer again (after a crash here;
+    after a recycle in `test_writer_recycle`): its SIGTERM ends a writer still importing its
+    modules, which held nothing. That stop is clean (exit 0); it once exited 1."""
+    server = shardq_server(shards=1)
+    # Catch a restarted writer before its SIGTERM handler (its imports take a good part of a
+    # second of CPU; /proc shows it at once): a few tries at most.
+    for _ in range(3):
+        children = set(server.child_pids().values())
+        old = server.child_pids()["writer"]
+        os.kill(old, signal.SIGKILL)
+        new: int = poll_until(partial(_new_writer, server, children), WAIT_S, "a new writer")
+        os.kill(new, signal.SIGSTOP)
+        if not _sigterm_state(new)[0]:
+            break
+        os.kill(new, signal.SIGCONT)
+        server.wait_child_replaced("writer", old, WAIT_S)
+    else:
+        raise AssertionError("no restarted writer was caught before its SIGTERM handler")
+    os.kill(server.pid, signal.SIGTERM)  # the stop, as `server.stop()` begins it
+    # The stop reaches the writer last: its SIGTERM waits in the stopped process.
+    poll_until(lambda: _sigterm_state(new)[1], WAIT_S, "the stop's SIGTERM to the writer")
+    os.kill(new, signal.SIGCONT)  # and ends it, by the signal's default action
+    assert server.wait_exit(WAIT_S) == 0, server.log_tail()
+    stopped = server.find_log("child stopped", child="writer")
+    assert stopped is not None and stopped["exit"] == "killed by SIGTERM", stopped

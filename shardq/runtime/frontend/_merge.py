@@ -9,14 +9,13 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
 from typing import Any, Final, cast
 
+from shardq.protocol._direct import BATCH_ARRAYS
 from shardq.protocol._prepacked import IDS_KEY
 from shardq.runtime._sections import FrontendSettings
 
 __all__ = [
-    "BATCH_ARRAYS",
     "SHARD_UNAVAILABLE",
     "JobCache",
-    "aligned",
     "combine_batch",
     "is_found",
     "learned_ids",
@@ -291,25 +290,6 @@ def merge_stats(
 
 
 # -- commands over many job ids ------------------------------------------------------------
-
-BATCH_ARRAYS: Final[dict[str, tuple[str, ...]]] = {
-    "ACKB": ("tokens", "results", "removeOnCompletes"),
-    "JobHeartbeatB": ("tokens",),
-    "ExtendLocks": ("tokens", "durations"),
-}
-"""The arrays that run alongside `ids`, position by position, per batch command."""
-
-
-def aligned(name: str, cmd: Mapping[str, Any]) -> bool:
-    """Whether `cmd` can be split by position: `ids` is a list and, for ACKB, every array
-    given has its length (otherwise one shard answers, with the engine's exact error)."""
-    ids = cmd.get("ids")
-    if not isinstance(ids, list):
-        return False
-    if name != "ACKB":
-        return True
-    arrays = (cmd.get(key) for key in BATCH_ARRAYS[name])
-    return all(a is None or (isinstance(a, list) and len(a) == len(ids)) for a in arrays)
 
 
 def sub_batch(name: str, cmd: Mapping[str, Any], indices: Sequence[int]) -> dict[str, Any]:

@@ -36,13 +36,13 @@ import structlog
 from msgpack import packb  # type: ignore[import-untyped]
 
 from shardq.protocol import error_reply
+from shardq.protocol._direct import aligned
 from shardq.protocol._rawpush import RawPush
 from shardq.runtime import _messages as msgs
 from shardq.runtime._routing import shard_of
 from shardq.runtime.frontend._commands import ID_BATCH_COMMANDS, ID_COMMANDS
 from shardq.runtime.frontend._merge import (
     JobCache,
-    aligned,
     combine_batch,
     is_found,
     learned_ids,

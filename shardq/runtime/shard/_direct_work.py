@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from shardq.protocol import encode_js
-from shardq.protocol._direct import parks, shard_of
+from shardq.protocol._direct import aligned, parks, shard_of
 from shardq.protocol._prepacked import JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY, prepacked_frame
 from shardq.runtime import _messages as msgs
 from shardq.runtime.shard._handoff import HandedDecoder
@@ -44,15 +44,9 @@ PULLS: Final = frozenset({"PULL", "PULLB"})
 WORK: Final = frozenset({"PULL", "PULLB", "ACK", "ACKB"})
 # The envelope the front end gives a TCP client's PULLB (`frontend._dispatch._pass_through`).
 _WIRE_JS: Final[msgs.ReqEnvelope] = {msgs.ENVELOPE_WIRE: JS_NUMBERS}
-_ACKB_ARRAYS: Final = ("tokens", "results", "removeOnCompletes")  # `frontend._merge.aligned`
 _NO_REQ: Final = object()
 
 _log = structlog.get_logger()
-
-
-def _aligned(cmd: Mapping[str, Any], ids: list[Any]) -> bool:
-    arrays = (cmd.get(key) for key in _ACKB_ARRAYS)
-    return all(a is None or (type(a) is list and len(a) == len(ids)) for a in arrays)
 
 
 class HandedWork:
@@ -101,7 +95,7 @@ class HandedWork:
         if name == "ACK":
             return holds(frame.get("id"))
         ids = frame.get("ids")
-        return type(ids) is list and bool(ids) and _aligned(frame, ids) and all(map(holds, ids))
+        return type(ids) is list and bool(ids) and aligned(name, frame) and all(map(holds, ids))
 
     def _work_to_engine(
         self, conn: Any, name: str, frame: dict[str, Any], items: list[list[Any]]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["_Child", "_describe_exit", "_die_with_parent", "_rss_mb"]
+__all__ = ["_Child", "_before_its_handler", "_describe_exit", "_die_with_parent", "_rss_mb"]
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -50,6 +50,16 @@ class _Child:
     @property
     def name(self) -> str:
         return f"shard-{self.index}" if self.role == "shard" else self.role
+
+
+def _before_its_handler(child: _Child) -> bool:
+    """Whether a stop's SIGTERM may end `child` by the signal's default action and lose
+    nothing: a writer or shard that reported neither progress nor ready since its spawn (one
+    the supervisor started again as the stop came: after a recycle, a crash) may still be
+    importing its modules. Each installs its SIGTERM handler before it opens the database,
+    its direct port or reads a request, so dying of the signal proves it held nothing (and
+    the front end, stopped first, sends it nothing any more)."""
+    return child.role in ("writer", "shard") and not child.ready and not child.progressed
 
 
 def _describe_exit(code: int) -> str:

@@ -39,7 +39,13 @@ from shardq.runtime import _messages as msgs
 from shardq.runtime._config import ServerConfig
 from shardq.runtime._signals import SignalWaker
 from shardq.runtime._spec import ROLE_SECTIONS, ChildSpec
-from shardq.runtime.supervisor._child import _Child, _describe_exit, _die_with_parent, _rss_mb
+from shardq.runtime.supervisor._child import (
+    _before_its_handler,
+    _Child,
+    _describe_exit,
+    _die_with_parent,
+    _rss_mb,
+)
 from shardq.runtime.supervisor._lock import DataLock
 from shardq.runtime.supervisor._preflight import (
     StartupError,
@@ -364,6 +370,9 @@ class Supervisor:
                 self._signal(child, signal.SIGKILL)
                 self._reap(child, wait=True)
         running = [child for child in group if child.proc is not None]
+        # Killed by this SIGTERM before its handler was installed (`_before_its_handler`):
+        # stopped cleanly, as one never handed its spec.
+        starting = {id(child) for child in running if _before_its_handler(child)}
         for child in running:
             self._signal(child, signal.SIGTERM)
         deadline = self._clock() + timeout
@@ -376,7 +385,10 @@ class Supervisor:
                     self._reap(child, wait=True)
                 return False
             self._pump(deadline)
-        return all(child.exit_code == 0 for child in running)
+        return all(
+            child.exit_code == 0 or (id(child) in starting and child.exit_code == -signal.SIGTERM)
+            for child in running
+        )
 
     def _kill_all(self) -> None:
         for child in self._children:
