@@ -188,7 +188,8 @@ class TcpSettings:
     # descriptor) to that shard, which serves it as a direct connection until a request it
     # does not serve sends it back. Only where the direct port is open; after a hand-back the
     # connection stays with the front end for tcp_handoff_backoff_ms (waived once per back-off
-    # for a connection whose requests since are all pushes for another shard). tcp_handoff_max_bytes
+    # for a connection whose requests since are all pushes for another shard, or that came
+    # back for a worker-registry command: RegisterWorker, Heartbeat). tcp_handoff_max_bytes
     # bounds each message that travels with a descriptor (the bytes read past the last whole
     # frame); a connection with more buffered is not handed off.
     tcp_handoff: bool = True

@@ -50,14 +50,18 @@ def test_upsert_job_scheduler(shared_server: ShardqServer) -> None:
 
 
 def test_rate_limited_worker(shared_server: ShardqServer) -> None:
-    """A queue limited to 2 per second: no 1 s window sees a third job start, all 6 run."""
+    """A queue limited to 2 per second: no 1 s window of the server's clock hands out a third
+    job, all 6 run. (Where they start on the client depends on how long each reply took too:
+    the first ones may cross the front end, later ones come from a shard that was handed the
+    connection, several ms sooner on a loaded machine.)"""
     got = run_script("rate_limited", shared_server.tcp_address[1])
     assert got["done"] is True and got["errors"] == []
-    starts = sorted(got["starts"])
-    assert len(starts) == 6
+    assert len(got["starts"]) == 6
+    pulled = sorted(got["pulled"])  # each job's processedOn: the server's startedAt
+    assert len(pulled) == 6
     for a, b in combinations(range(6), 2):
-        if b - a >= 2:  # three starts a, .., b inside one window would break the limit
-            assert starts[b] - starts[a] >= 1000 - 50, starts  # 50 ms: two clocks' rounding
+        if b - a >= 2:  # three jobs a, .., b handed out inside one window break the limit
+            assert pulled[b] - pulled[a] >= 1000, pulled
 
 
 def test_default_worker_reports_no_error(shared_server: ShardqServer) -> None:

@@ -23,10 +23,12 @@ from test_handoff_frames import AFTER, WAIT_S, Factory, _queue_on, _Raw, _starte
 
 from shardq.client._tcp import TcpConnection
 
-# VOLATILE: values that differ between two runs of the same commands: ids, tokens, times.
+# VOLATILE: values that differ between two runs of the same commands: ids, tokens, times
+# (the worker registry's too, `test_handoff_registry.py`).
 VOLATILE = frozenset({"id", "jobId", "ids", "token", "tokens", "createdAt", "timestamp",
                       "startedAt", "processedOn", "runAt", "lockedUntil", "time", "timeline",
-                      "lastHeartbeat", "completedAt", "finishedOn"})  # fmt: skip
+                      "lastHeartbeat", "completedAt", "finishedOn", "lastSeen",
+                      "uptime"})  # fmt: skip
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _UUID_B = re.compile(_UUID.pattern.encode())
 

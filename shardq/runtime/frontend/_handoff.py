@@ -5,10 +5,14 @@ A connection is handed off when it is safe and worth it:
 - the shard's direct port is open (so no auth tokens, TLS, rate limit, PostgreSQL/cluster)
   and the shard is neither down nor held for a recycle;
 - the connection never sent a command that leaves state in the front end for it
-  (`STATEFUL`: Auth, event subscriptions, worker registry). Pulls do not: their leases are
-  the shard's, under the connection's id, which the handed-off connection keeps;
+  (`STATEFUL`: Auth, event subscriptions). Pulls do not: their leases are the shard's, under
+  the connection's id, which the handed-off connection keeps. Nor does the worker registry
+  (`_workers`): it keys a worker on that id too, and a handed-off connection's end reaches
+  it as any close (`gone`). Its commands (`REGISTRY`) are the front end's: a shard hands the
+  connection back for one, and that hand-back starts no back-off (`_on_handback`);
 - its last `tcp_handoff_after` requests were ones that shard serves: pushes (no flow fields)
-  and pulls for its queues, ACK/ACKB of jobs the job cache places there (`_shard_for`); no
+  and pulls for its queues, ACK/ACKB and the lease renewals (JobHeartbeat, JobHeartbeatB,
+  ExtendLock) of jobs the job cache places there (`_shard_for`); no
   long-poll of it waits here nor comes in the read (the connection would not be read until
   it is answered); and no hand-back happened in the last `tcp_handoff_backoff_ms`, or the
   last one came from another shard and every request since was such a request (the client
@@ -23,7 +27,7 @@ The front end keeps its copy, not read, until the shard answers `took`: then it 
 shard's socket gone before the answer, it resumes the connection itself. A `handback`
 (descriptor + unread bytes) resumes it here with a new transport; a `gone`, or the shard's
 socket lost while it held the connection (kill -9: the client sees the connection end), ends
-it here as a close would (its leases released).
+it here as a close would (its leases released, its registered workers forgotten).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any, Final, Protocol
 import structlog
 
 from shardq.protocol._direct import flow_entries, names_flow, shard_of
+from shardq.protocol._frames import decode_body
 from shardq.protocol._rawpush import Incoming, RawPush
 from shardq.runtime import _messages as msgs
 from shardq.runtime._fds import FD_SPACE, carrying, descriptors_in
@@ -47,9 +52,20 @@ __all__ = ["STATEFUL", "Handoffs", "TcpConnection"]
 
 # Commands after which a connection is never handed off: state in the front end for it.
 # (A pull's leases are a shard's, under the connection's id, which a handed-off connection
-# keeps: `close` releases them wherever the connection ends.)
-STATEFUL: Final = frozenset({"Auth", "RegisterWorker", "Heartbeat", "SubscribeEvents"})
+# keeps: `close` releases them wherever the connection ends. The worker registry keys its
+# workers on that id as well, and forgets them at that close.)
+STATEFUL: Final = frozenset({"Auth", "SubscribeEvents"})
+# The worker registry's commands from a worker (bunqueue-client's `Worker` registers at its
+# start and sends `Heartbeat` every 10 s): answered here, so a shard hands the connection
+# back for one, and that hand-back starts no back-off.
+REGISTRY: Final = frozenset({"RegisterWorker", "Heartbeat", "UnregisterWorker"})
+# A hand-back's first frame is looked at only up to this size (a RegisterWorker is ~200 bytes).
+_REGISTRY_FRAME_MAX: Final = 4096
 _PULLS: Final = frozenset({"PULL", "PULLB"})
+# Commands naming one job (`id`) or many (`ids`) that the job's shard serves on a handed-off
+# connection when it holds them (`shard._direct_work`): placed by the job cache.
+_BY_ID: Final = frozenset({"ACK", "JobHeartbeat", "ExtendLock"})
+_BY_IDS: Final = frozenset({"ACKB", "JobHeartbeatB"})
 # A connection's handoff state.
 NONE: Final = 0
 WANTED: Final = 1  # not read any more; handed once nothing is in flight or unwritten
@@ -122,8 +138,8 @@ class Handoffs:
 
     def _shard_for(self, frame: Incoming) -> tuple[object, int]:
         """(command, the shard that could serve `frame` on a handed-off connection, or -1):
-        a push without flow fields or a pull, by its queue; an ACK or ACKB by the shard of
-        its (first) job, as the job cache knows it (the shard checks every job)."""
+        a push without flow fields or a pull, by its queue; an ACK, ACKB or lease renewal by
+        the shard of its (first) job, as the job cache knows it (the shard checks every job)."""
         if type(frame) is RawPush:  # a PUSHB of a queue that names no flow
             return "PUSHB", shard_of(frame.queue, self._shards)
         if type(frame) is not dict:  # a frame refused undecoded: a reset
@@ -135,8 +151,8 @@ class Handoffs:
             or cmd in _PULLS
         ):
             return cmd, shard_of(queue, self._shards)
-        if cmd == "ACK" or cmd == "ACKB":
-            ids = frame.get("ids") if cmd == "ACKB" else [frame.get("id")]
+        if cmd in _BY_ID or cmd in _BY_IDS:
+            ids = frame.get("ids") if cmd in _BY_IDS else [frame.get("id")]
             if type(ids) is list and ids and type(ids[0]) is str:
                 shard = self._dispatcher.cache.get(ids[0])
                 return cmd, -1 if shard is None else shard
@@ -246,7 +262,7 @@ class Handoffs:
             return
         self.handed_back += 1
         conn = entry[1]
-        conn.resume_with(bytes(buf), self._loop.time() + self.backoff_s, entry[0])
+        conn.resume_with(bytes(buf), self._not_before(conn, buf), entry[0])
         task = self._loop.create_task(self._loop.connect_accepted_socket(lambda: conn, sock))
 
         def resumed(task: Any) -> None:
@@ -254,6 +270,17 @@ class Handoffs:
                 conn.lost()
 
         task.add_done_callback(resumed)
+
+    def _not_before(self, conn: TcpConnection, unread: bytearray) -> float:
+        """When a connection handed back with `unread` may be handed off again: after the
+        back-off, or at once if it came back for a worker-registry command (a worker's
+        periodic `Heartbeat`), once per back-off (a client that sends them all the time
+        stays here)."""
+        now: float = self._loop.time()
+        if now >= conn.waive_not_before and _first_command(unread) in REGISTRY:
+            conn.waive_not_before = now + self.backoff_s
+            return now
+        return now + self.backoff_s
 
     def _on_gone(self, msg: Mapping[str, Any]) -> None:
         entry = self._conns.pop(str(msg.get("conn")), None)
@@ -326,3 +353,13 @@ class Handoffs:
                 self._loop.remove_reader(chan.fileno())
             chan.close()
             del self._chans[shard]
+
+
+def _first_command(unread: bytearray) -> object:
+    """The command of the first frame of a hand-back's bytes, the frame the shard did not
+    serve (None unless it is whole and small, as a registry command is)."""
+    size = int.from_bytes(unread[:4], "big")
+    if len(unread) < 4 or len(unread) < 4 + size or size > _REGISTRY_FRAME_MAX:
+        return None
+    frame = decode_body(bytes(unread[4 : 4 + size]))
+    return frame.get("cmd") if type(frame) is dict else None

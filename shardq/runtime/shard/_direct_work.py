@@ -4,9 +4,11 @@ connections"), beside the pushes. A mixin of `DirectPort` (`_direct.py`).
 
 What the front end does for these commands, and what is done here instead:
 
-- which shard: a pull for a queue of this shard, an ACK or ACKB whose every job this shard
-  holds in memory (a leased job always is); anything else goes back to the front end, which
-  routes it as before;
+- which shard: a pull for a queue of this shard, an ACK or ACKB, or a lease renewal
+  (JobHeartbeat, JobHeartbeatB, ExtendLock), whose every job this shard holds in memory (a
+  leased job always is); anything else goes back to the front end, which routes it as before
+  (the worker registry's RegisterWorker and Heartbeat among them: the front end answers them
+  and hands the connection off again at once, `frontend._handoff`);
 - a PULLB's reply is packed in its final form by the shard's `FrontPacker` (the envelope the
   front end would give it: bunqueue's JavaScript numbers) and its `reqId` spliced in first,
   as the front end splices it (`protocol._prepacked`): the same bytes either way;
@@ -41,7 +43,12 @@ from shardq.runtime.shard._wire import pulled_ids, reply_too_large
 __all__ = ["HandedWork"]
 
 PULLS: Final = frozenset({"PULL", "PULLB"})
-WORK: Final = frozenset({"PULL", "PULLB", "ACK", "ACKB"})
+# A worker's lease renewals (bunqueue-client's `Worker` sends a JobHeartbeatB of its active
+# jobs every 10 s; its `Job` sends JobHeartbeat and ExtendLock): the engine's replies as they
+# are, as the front end passes them on (its split and combined JobHeartbeatB is the same).
+_RENEWALS: Final = frozenset({"JobHeartbeat", "JobHeartbeatB", "ExtendLock"})
+_ONE_JOB: Final = frozenset({"ACK", "JobHeartbeat", "ExtendLock"})  # by `id`; else by `ids`
+WORK: Final = frozenset({"PULL", "PULLB", "ACK", "ACKB"}) | _RENEWALS
 # The envelope the front end gives a TCP client's PULLB (`frontend._dispatch._pass_through`).
 _WIRE_JS: Final[msgs.ReqEnvelope] = {msgs.ENVELOPE_WIRE: JS_NUMBERS}
 _NO_REQ: Final = object()
@@ -92,7 +99,7 @@ class HandedWork:
         holds = self.holds_job
         if holds is None or self.final_body is None:
             return False
-        if name == "ACK":
+        if name in _ONE_JOB:
             return holds(frame.get("id"))
         ids = frame.get("ids")
         return type(ids) is list and bool(ids) and aligned(name, frame) and all(map(holds, ids))
@@ -126,7 +133,7 @@ class HandedWork:
                 self._slots_by_conn[conn] = held
             else:
                 del self._slots_by_conn[conn]
-        if reply.get("ok") is not True:
+        if reply.get("ok") is not True or name in _RENEWALS:
             return
         if name in PULLS:
             self._mark()  # before counting: these jobs belong to this second

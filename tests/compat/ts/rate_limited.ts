@@ -7,8 +7,12 @@ const queue = new Queue(name, { connection });
 await queue.setGlobalRateLimitAsync(2, 1000);
 await queue.addBulk(Array.from({ length: 6 }, (_, i) => ({ name: "r", data: { i } })));
 const starts: number[] = [];
+const pulled: number[] = []; // the server's clock: when it handed each job out
 const errors: string[] = [];
-const worker = new Worker(name, async () => { starts.push(Date.now()); }, {
+const worker = new Worker(name, async (job) => {
+  starts.push(Date.now());
+  pulled.push(Number(job.processedOn));
+}, {
   connection,
   concurrency: 4,
   skipStalledCheck: true,
@@ -16,4 +20,4 @@ const worker = new Worker(name, async () => { starts.push(Date.now()); }, {
 worker.on("error", (err) => errors.push(String(err)));
 const done = await until(() => starts.length >= 6, 20_000);
 await worker.close();
-report({ done, starts, errors });
+report({ done, starts, pulled, errors });
