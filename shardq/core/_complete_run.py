@@ -5,8 +5,9 @@ completion stamp (and whether any job keeps a result or has options), `move_all`
 they share a state and a queue, `_leave_all`'s lease release, `move_run`'s state, timeline and
 `upd`, and `_enter_all`'s completed order and options. For the common ACKB, whose jobs
 `_fence_all` already saw active, leased, of one queue, without options or a result, those
-facts are known when its check ends, and `complete_leased` does the rest in one loop: the
-same tables, counts, timelines and mutations, in the same order, as that path.
+facts are known when its check ends, and `complete_leased` does the rest in two loops (the
+release, then the stamp, state, timeline and `upd` with the completed order): the same tables,
+counts, timelines and mutations, in the same order, as that path.
 """
 
 from __future__ import annotations
@@ -35,13 +36,10 @@ def complete_leased(store: JobStore, fx: Effects, jobs: Sequence[Job], now: int)
     q.completed += count
     counts = q.counts
     counts[ACTIVE] -= count
-    leases, unleased = store.leases, store.unleased
-    job_conn, conn_jobs = store.job_conn, store.conn_jobs
+    store._release_all(jobs)  # their leases and connections (`_leave_all` of the active)
     out = fx.mutations.append
     done: list[str] = []
     mark = done.append
-    last: str | None = None  # the connection `owned` belongs to (`_release_all`)
-    owned: dict[str, int] | None = None
     entry = (COMPLETED, now, jobs[0].attempts)
     before: Any = None
     after: Any = ()
@@ -49,19 +47,6 @@ def complete_leased(store: JobStore, fx: Effects, jobs: Sequence[Job], now: int)
     for job in jobs:
         job_id = job.id
         job.completed_at = now
-        if job_conn:  # `_release_all`, inline
-            conn = job_conn.pop(job_id, None)
-            if conn is not None:
-                if conn is not last:
-                    last, owned = conn, conn_jobs.get(conn)
-                if owned is not None:
-                    owned.pop(job_id, None)
-                    if not owned:
-                        del conn_jobs[conn]
-                        owned = None
-        leases.pop(job_id, None)
-        if unleased:
-            unleased.pop(job_id, None)
         job.state = COMPLETED  # `move_run`'s loop, inline
         if job.attempts != entry[2]:
             entry = (COMPLETED, now, job.attempts)
