@@ -24,6 +24,7 @@ from shardq.errors import CommandError
 
 from . import _tables
 from ._compact import CompactJobs
+from ._complete_run import complete_leased
 from ._effects import Effects
 from ._job import Job, backoff_delay, wire_maps
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
@@ -316,22 +317,29 @@ class Consumer(LeaseRenewal):
             if values is not None and (not isinstance(values, list) or len(values) != len(ids)):
                 raise CommandError(f"ACKB {name} length must match ids length")
         tokens, results, removes = (extras[k] or [None] * len(ids) for k in extras)
-        todo, ignored = self._fence_all(ids, tokens)
+        todo, ignored, simple = self._fence_all(ids, tokens)
+        plain = simple and extras["results"] is None and extras["removeOnCompletes"] is None
+        # The common ACKB in one pass (`_complete_run`), else as any other.
+        if plain and len(todo) > 1 and not self.dependents:
+            todo = {} if complete_leased(self.store, fx, list(todo), now) else todo
         if todo:
-            jobs = list(todo)
             picks = todo.values()
             values = None if extras["results"] is None else [results[i] for i in picks]
             chosen = None if extras["removeOnCompletes"] is None else [removes[i] for i in picks]
-            self.complete_all(fx, jobs, values, chosen, now)
+            self.complete_all(fx, list(todo), values, chosen, now)
         if ignored:
             data = {"ignoredIds": [ids[i] for i in ignored], "ignoredIndices": ignored}
             return {"ok": True, "data": data}
         return {"ok": True}
 
-    def _fence_all(self, ids: list[Any], tokens: list[Any]) -> tuple[dict[Job, int], list[int]]:
+    def _fence_all(
+        self, ids: list[Any], tokens: list[Any]
+    ) -> tuple[dict[Job, int], list[int], bool]:
         """`fence` of each (id, token) of an ACKB, every lease checked before anything is
         applied: the jobs to complete, each once with the index of its first ACK (a repeated
-        id is a second ACK of the same delivery), and the indexes of retired deliveries.
+        id is a second ACK of the same delivery), the indexes of retired deliveries, and
+        whether every job to complete is active and leased, of the first one's queue, with
+        neither options nor a result kept (what `complete_leased` takes).
 
         An active job's own lease token is the common case: it is checked here, without a
         call; anything else goes through `fence`, in order, so the same error is raised.
@@ -341,6 +349,8 @@ class Consumer(LeaseRenewal):
         todo: dict[Job, int] = {}
         ignored: list[int] = []
         jobs, finalized, fence = self.jobs, self.finalized, self.fence
+        simple = True
+        queue: str | None = None
         for i, (job_id, token) in enumerate(zip(ids, tokens, strict=True)):
             if type(token) is str and type(job_id) is str:
                 job = jobs.get(job_id)
@@ -353,14 +363,20 @@ class Consumer(LeaseRenewal):
                 ):
                     if job not in todo:
                         todo[job] = i
+                        if job.queue != queue:
+                            simple = simple and queue is None
+                            queue = job.queue
+                        if job.opts or job.has_result:
+                            simple = False
                     continue
+            simple = False
             outcome, found = fence(job_id, token)
             if outcome == _APPLY:
                 if found is not None and found.state != COMPLETED and found not in todo:
                     todo[found] = i
             elif outcome == _RETIRED:
                 ignored.append(i)
-        return todo, ignored
+        return todo, ignored, simple
 
     def ack_run(
         self, fx: Effects, commands: Iterable[Mapping[str, Any]], check: Check, now: int

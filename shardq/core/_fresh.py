@@ -28,12 +28,13 @@ record (`to_record`) instead, as every path does today.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from ._job import Job
+from ._lifecycle import WAITING
 from ._mutations import Mutation
 from ._record import DEFAULT_MAX_ATTEMPTS
 
@@ -194,6 +195,68 @@ class FreshRecords:
                 continue
             out.append(("put", rec))
             prev = job
+
+    def payload_jobs(
+        self, ids: list[str], queue: str, seq: int, entries: list[Mapping[str, Any]], now: int
+    ) -> tuple[list[Job], list[Mutation]]:
+        """The jobs of a payload-only PUSHB's entries (all of one shape: `{"data": ...}`, with
+        a `name` and/or `"durable": true`; `_produce._data_only`), `ids[i]` and sequence
+        number `seq + 1 + i` each, waiting with the one timeline all of them get when
+        admitted (`JobStore.admit_waiting`); and their `put`s, in order: what
+        `Job.create_plain` of each and then `put_all` of them make, in one pass.
+
+        Such jobs share every field a record holds but their id, data, seq and name (their
+        queue, times, defaults, timeline and state are the very same objects), so a job named
+        as the one before it gets a copy of that job's record (`put_all`'s copy) without the
+        comparisons `put_all` makes to know it."""
+        jobs: list[Job] = []
+        append = jobs.append
+        puts: list[Mutation] = []
+        put = puts.append
+        first = entries[0] if entries else {}
+        named, durable = "name" in first, "durable" in first
+        timeline = ((WAITING, now, None),)
+        last: PackedRecord | None = None  # the previous job's record, while a copy may follow
+        last_name = ""
+        head = named_run = middle = b""  # `last`'s header, and the runs `record` left for it
+        pack = self._pack
+        join = b"".join
+        for job_id, entry in zip(ids, entries, strict=True):
+            seq += 1
+            job = Job(job_id, queue, seq)
+            job.timeline = timeline
+            job.data = data = entry["data"]
+            # The given name, else the data's (`_job._legacy_name`, inline), else the default.
+            name = entry["name"] if named else None
+            if not (named and isinstance(name, str) and name) and type(data) is dict:
+                name = data.get("name")
+            if name is not None and isinstance(name, str) and name:  # most data has no name
+                job.name = name
+            job.created_at = job.last_heartbeat = job.run_at = now
+            if durable:
+                job.opts = {"durable": True}  # as `_options` has it; each job its own
+            append(job)
+            if last is None or job.name != last_name:
+                rec = self.record(job, durable)
+                put(("put", rec))
+                if type(rec) is PackedRecord:
+                    last, last_name, head = rec, job.name, _HEADS[durable][len(rec)]
+                    named_run, middle = self._named, self._middle
+                else:
+                    last = None
+                continue
+            rec = PackedRecord(last)  # `put_all`'s copy
+            rec["id"] = job_id
+            rec["data"] = data
+            rec["seq"] = seq
+            rec.made_keys = last.made_keys
+            try:
+                rec.packed = join((head, pack(job_id), named_run, pack(data), middle, pack(seq)))
+            except (TypeError, ValueError, OverflowError):
+                put(("put", dict(rec)))  # as `record` gives it; `last` stays the run's
+                continue
+            put(("put", rec))
+        return jobs, puts
 
     def _encode(self, job: Job, rec: PackedRecord, head: bytes) -> bytes:
         """`rec`'s msgpack (`rec` was just made from `job`; `head` its map's header and the

@@ -13,7 +13,7 @@ from ._effects import Effects
 from ._graph import graph_error
 from ._groups import group_size_error
 from ._job import Job, payload_only
-from ._lifecycle import QUEUED_STATES, TERMINAL_STATES, WAITING
+from ._lifecycle import QUEUED_STATES, TERMINAL_STATES
 from ._options import as_int, certainly_small, validate_data, validate_name, validate_queue_name
 from ._repeat import check_repeat, successor
 from ._state import JobStore
@@ -101,36 +101,6 @@ def _data_only(entries: object) -> TypeGuard[list[Mapping[str, Any]]]:
         if error:
             raise CommandError(f"jobs[{index}]: {error}")
     return True
-
-
-def _payload_jobs(
-    ids: list[str], queue: str, seq: int, entries: list[Mapping[str, Any]], now: int
-) -> list[Job]:
-    """`Job.create_plain` of each of `entries` with `ids[i]` and sequence number `seq + 1 + i`,
-    for `_data_only` entries (the same keys, `payload_only`): the same jobs, without a call
-    and an options test per job. Each is waiting, with the one timeline all of them get when
-    admitted (`JobStore.admit_waiting`)."""
-    jobs: list[Job] = []
-    append = jobs.append
-    first = entries[0] if entries else {}
-    named, durable = "name" in first, "durable" in first
-    timeline = ((WAITING, now, None),)
-    for job_id, entry in zip(ids, entries, strict=True):
-        seq += 1
-        job = Job(job_id, queue, seq)
-        job.timeline = timeline
-        job.data = data = entry["data"]
-        # The given name, else the data's (`_job._legacy_name`, inline), else the default.
-        name = entry["name"] if named else None
-        if not (named and isinstance(name, str) and name) and type(data) is dict:
-            name = data.get("name")
-        if name is not None and isinstance(name, str) and name:  # most data has no name
-            job.name = name
-        job.created_at = job.last_heartbeat = job.run_at = now
-        if durable:
-            job.opts = {"durable": True}  # as `_options` has it; each job its own
-        append(job)
-    return jobs
 
 
 def custom_id_of(value: object) -> str | None:
@@ -406,12 +376,12 @@ class Producer:
         """`_push_plain` of a `_data_only` PUSHB's entries (payload-only fields set no time,
         priority or attempts: `create_plain` makes the job `create` would): the same ids,
         jobs and records, each step once for all the entries (`IdFactory.new_many`,
-        `_payload_jobs`)."""
+        `FreshRecords.payload_jobs`)."""
         store = self.store
         ids = self.ids.new_many(now, len(entries))
-        jobs = _payload_jobs(ids, queue, store.seq, entries, now)
+        jobs, puts = store.fresh.payload_jobs(ids, queue, store.seq, entries, now)
         store.seq += len(jobs)
-        store.admit_waiting(fx, ids, jobs, store.queue(queue), now)
+        store.admit_waiting(fx, ids, jobs, store.queue(queue), now, puts)
         return ids
 
     def _live_owner(self, queue: str, key: str, now: int) -> Job | None:

@@ -271,13 +271,19 @@ class JobStore(DepsAndDeadLetters):
         self.fresh.put_all(jobs, out)
 
     def admit_waiting(
-        self, fx: Effects, ids: list[str], jobs: list[Job], q: QueueState, now: int
+        self,
+        fx: Effects,
+        ids: list[str],
+        jobs: list[Job],
+        q: QueueState,
+        now: int,
+        puts: list[Mutation],
     ) -> None:
         """`admit_all` of new jobs (ids `ids`) that options do not place (none, or `durable`
         alone) and that are due `now`, each already in the waiting state
         with the timeline `((WAITING, now, None),)`, shared (a payload-only PUSHB's,
-        `_produce._payload_jobs`): the same tables, heaps, counts and records, the tables
-        filled in C."""
+        `FreshRecords.payload_jobs`), and `puts` their records' puts: the same tables, heaps,
+        counts and records, the tables filled in C."""
         self.jobs.update(zip(ids, jobs, strict=True))
         q.ids.update(dict.fromkeys(ids))
         q.pushed += len(jobs)
@@ -286,7 +292,7 @@ class JobStore(DepsAndDeadLetters):
             self._hold_new(jobs)
         # Through the attribute: a head budget wraps it (`_head.ColdHead.install`).
         self._enter_all(jobs, q, WAITING)
-        self.fresh.put_all(jobs, fx.mutations)
+        fx.mutations.extend(puts)
 
     def move(self, fx: Effects, job: Job, event: str, now: int, changes: dict[str, Any]) -> None:
         """Apply a lifecycle event and emit the changed fields.

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardq.core import Engine, EngineConfig, _job, _options, _produce
+from shardq.core._fresh import FreshRecords
 from shardq.core._options import MAX_DATA_CHARS, validate_data
 from shardq.protocol._fields import MAX_NESTING
 from shardq.protocol._schema import REWRITTEN_JOB_KEYS
@@ -281,8 +282,9 @@ _DATA = st.one_of(
 def test_a_payload_only_pushb_builds_the_jobs_create_plain_builds(
     datas: list[Any], keys: tuple[str, ...], name: Any
 ) -> None:
-    # `_produce._payload_jobs` inlines `Job.create_plain` for a bulk push's entries (all with
-    # the same keys): every slot of every job must come out as create_plain makes it.
+    # `FreshRecords.payload_jobs` inlines `Job.create_plain` for a bulk push's entries (all
+    # with the same keys): every slot of every job must come out as create_plain makes it,
+    # and its puts as `put_all` of those jobs makes them.
     entries: list[Mapping[str, Any]] = []
     for data in datas:
         entry: dict[str, Any] = {"data": data}
@@ -292,7 +294,13 @@ def test_a_payload_only_pushb_builds_the_jobs_create_plain_builds(
             entry["durable"] = True
         entries.append(entry)
     ids = [f"id-{n}" for n in range(len(entries))]
-    built = _produce._payload_jobs(ids, "q", 10, entries, 1_000)
+    built, puts = FreshRecords().payload_jobs(ids, "q", 10, entries, 1_000)
+    want: list[Any] = []
+    FreshRecords().put_all(built, want)
+    assert puts == want
+    assert [(type(m[1]), getattr(m[1], "packed", None)) for m in puts] == [
+        (type(m[1]), getattr(m[1], "packed", None)) for m in want
+    ]
     for n, (job, entry) in enumerate(zip(built, entries, strict=True)):
         plain = _job.Job.create_plain(ids[n], "q", 11 + n, entry, 1_000)
         # The timeline `admit_all` gives a job it finds due, one object for all of them.
