@@ -24,7 +24,6 @@ from shardq.errors import CommandError
 
 from . import _tables
 from ._compact import CompactJobs
-from ._complete_run import complete_leased
 from ._effects import Effects
 from ._job import Job, backoff_delay, wire_maps
 from ._lifecycle import ACTIVE, COMPLETED, DELAYED, WAITING
@@ -318,15 +317,11 @@ class Consumer(LeaseRenewal):
                 raise CommandError(f"ACKB {name} length must match ids length")
         tokens, results, removes = (extras[k] or [None] * len(ids) for k in extras)
         todo, ignored, simple = self._fence_all(ids, tokens)
-        plain = simple and extras["results"] is None and extras["removeOnCompletes"] is None
-        # The common ACKB in one pass (`_complete_run`), else as any other.
-        if plain and len(todo) > 1 and not self.dependents:
-            todo = {} if complete_leased(self.store, fx, list(todo), now) else todo
         if todo:
             picks = todo.values()
             values = None if extras["results"] is None else [results[i] for i in picks]
             chosen = None if extras["removeOnCompletes"] is None else [removes[i] for i in picks]
-            self.complete_all(fx, list(todo), values, chosen, now)
+            self.complete_all(fx, list(todo), values, chosen, now, simple)
         if ignored:
             data = {"ignoredIds": [ids[i] for i in ignored], "ignoredIndices": ignored}
             return {"ok": True, "data": data}
@@ -339,7 +334,7 @@ class Consumer(LeaseRenewal):
         applied: the jobs to complete, each once with the index of its first ACK (a repeated
         id is a second ACK of the same delivery), the indexes of retired deliveries, and
         whether every job to complete is active and leased, of the first one's queue, with
-        neither options nor a result kept (what `complete_leased` takes).
+        neither options nor a result kept (`complete_all`'s `checked`).
 
         An active job's own lease token is the common case: it is checked here, without a
         call; anything else goes through `fence`, in order, so the same error is raised.
@@ -431,12 +426,15 @@ class Consumer(LeaseRenewal):
         results: Sequence[Any] | None,
         removes: Sequence[object] | None,
         now: int,
+        checked: bool = False,
     ) -> None:
         """`complete` for distinct jobs (ACKB), as completing them one by one would.
 
         `results[i]` is the result of `jobs[i]` (None: no result given); `removes[i]` its
         removeOnComplete override (None: the job's own option; `removes` None: no override
-        for any of them).
+        for any of them). `checked`: the caller saw every job active, of one queue, with
+        neither options nor a result kept (ACKB's `_fence_all`), so none of that is looked at
+        again: the jobs move as one run.
         """
         # Then, per job, what `complete` does after the move (`_settle`). With no dependents to
         # release, nothing to remove and no result to keep, only the cache cap is left, and
@@ -444,7 +442,12 @@ class Consumer(LeaseRenewal):
         # overrides, whether any job keeps a result or has options (which the move does not
         # change) is seen as the jobs are stamped.
         plain = results is None and removes is None
-        if results is None:
+        if plain and checked:
+            for job in jobs:
+                job.completed_at = now
+            queue = jobs[0].queue
+            self.store.move_run(fx, jobs, ACTIVE, queue, "ack", now, {"completedAt": now})
+        elif results is None:
             for job in jobs:
                 job.completed_at = now
                 if job.has_result or job.opts:

@@ -1,7 +1,8 @@
-"""PUSHBs and ACKBs on their one-pass paths (`FreshRecords.payload_jobs`, `_complete_run`) in
-one flush window, the writer killed with SIGKILL before that window's commit: the shard
-resends the batches, and after a restart every job reads back exactly as it read before the
-kill (a mutation those paths forgot, or encoded differently, shows as a job that differs).
+"""PUSHBs and ACKBs on their one-pass paths (`FreshRecords.payload_jobs`, a checked ACKB's
+`Consumer.complete_all`) in one flush window, the writer killed with SIGKILL before that
+window's commit: the shard resends the batches, and after a restart every job reads back
+exactly as it read before the kill (a mutation those paths forgot, or encoded differently,
+shows as a job that differs).
 """
 
 from __future__ import annotations
