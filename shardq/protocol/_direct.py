@@ -13,10 +13,9 @@ A shard that stops (a restart, a recycle) ends each direct connection with one l
 took from it: a request that got no reply before that frame was never taken, so never applied,
 and the client sends it again through the front end.
 
-A batch command over job ids (`BATCH_ARRAYS`) is split by position only when it is `aligned`:
-the front end splits it across shards by that test, and a shard serving a handed-off
-connection serves an ACKB itself only when it passes (otherwise one shard answers, with the
-engine's exact error).
+A batch command over job ids (`BATCH_ARRAYS`) is split by position across shards by the front
+end only when it is `aligned`; a shard serving a handed-off connection serves one itself only
+when all its arrays `lines_up` with its ids (otherwise it goes back to the front end).
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ __all__ = [
     "direct_goodbye",
     "direct_refused",
     "flow_entries",
+    "lines_up",
     "names_flow",
     "parks",
     "shard_of",
@@ -117,13 +117,20 @@ BATCH_ARRAYS: Final[dict[str, tuple[str, ...]]] = {
 
 
 def aligned(name: str, cmd: Mapping[str, Any]) -> bool:
-    """Whether batch command `cmd` can be split by position: `ids` is a list and, for ACKB,
-    every array given has its length (otherwise one shard answers, with the engine's exact
-    error). The front end and a shard serving a handed-off connection both decide with it."""
+    """Whether the front end splits batch command `cmd` by position: `ids` is a list and, for
+    ACKB, every array given has its length (otherwise one shard answers, with the engine's
+    exact error)."""
+    if name == "ACKB":
+        return lines_up(name, cmd)
+    return type(cmd.get("ids")) is list
+
+
+def lines_up(name: str, cmd: Mapping[str, Any]) -> bool:
+    """Whether `ids` is a list and every array of `BATCH_ARRAYS[name]` given has its length.
+    A shard serves a handed-off connection's batch only then; the front end answers any
+    other as it always did."""
     ids = cmd.get("ids")
     if type(ids) is not list:
         return False
-    if name != "ACKB":
-        return True
     arrays = (cmd.get(key) for key in BATCH_ARRAYS[name])
     return all(a is None or (type(a) is list and len(a) == len(ids)) for a in arrays)

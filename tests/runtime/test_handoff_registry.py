@@ -148,3 +148,31 @@ def test_a_handed_off_workers_renewals_keep_its_lease(shardq_server: Factory) ->
         assert job["attempts"] == 0  # its lease never lapsed
     finally:
         raw.sock.close()
+
+
+def test_a_renewal_whose_tokens_do_not_line_up_goes_back_to_the_front_end(
+    shardq_server: Factory,
+) -> None:
+    """A JobHeartbeatB with fewer tokens than ids is the front end's to answer (docs/runtime.md,
+    "lease renewals"): the shard hands the connection back with it, and the reply is the one
+    a connection the front end serves gets for the same command."""
+    server = _started(shardq_server, LONG_BACKOFF)
+    queue = _queue_on(1, "short")
+    _fill(server, queue, AFTER + 3)
+    raw = _Raw(server)
+    try:
+        for r in range(AFTER):
+            _worker_round(raw, queue, 1, f"r{r}")
+        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+        (got,) = raw.call([{"cmd": "PULLB", "queue": queue, "count": 3, "owner": WORKER,
+                            "lockTtl": 60_000}])  # fmt: skip
+        short = {"cmd": "JobHeartbeatB", "ids": [j["id"] for j in got["jobs"]],
+                 "tokens": got["tokens"][:1]}  # fmt: skip
+        assert _stats(server)["handedBack"] == 0
+        (handed,) = raw.call([short])
+        assert _stats(server)["handedBack"] == 1  # the shard did not serve it
+        served = _call(server, short)  # a fresh connection: the front end's
+        served.pop("reqId", None)
+        assert handed == served, (handed, served)
+    finally:
+        raw.sock.close()

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from shardq.protocol import encode_js
-from shardq.protocol._direct import aligned, parks, shard_of
+from shardq.protocol._direct import lines_up, parks, shard_of
 from shardq.protocol._prepacked import JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY, prepacked_frame
 from shardq.runtime import _messages as msgs
 from shardq.runtime.shard._handoff import HandedDecoder
@@ -102,7 +102,7 @@ class HandedWork:
         if name in _ONE_JOB:
             return holds(frame.get("id"))
         ids = frame.get("ids")
-        return type(ids) is list and bool(ids) and aligned(name, frame) and all(map(holds, ids))
+        return type(ids) is list and bool(ids) and lines_up(name, frame) and all(map(holds, ids))
 
     def _work_to_engine(
         self, conn: Any, name: str, frame: dict[str, Any], items: list[list[Any]]
