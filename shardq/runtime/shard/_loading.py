@@ -47,6 +47,7 @@ class ShardLoading:
     _holdings: Holdings | None
     _report_at: int | None
     _send: Callable[..., None]
+    _stop_asked: Callable[[], bool]
 
     def _recover(self, now: int) -> tuple[int, int, int]:
         """Load this shard's stored queues and jobs; return (jobs, queues, recovery mutations).
@@ -83,10 +84,11 @@ class ShardLoading:
         are never decoded). Records stream from the store one page at a time, in seq order,
         straight into the engine. Completed rows beyond the window (left by a version that
         kept them on disk) are deleted. Progress goes to the log and the supervisor every
-        second.
+        second. A stop asked while a starting shard loads ends the load (`LoadStopped`):
+        nothing it did is sent, as if the shard had been killed there.
         """
         starting = parts is None
-        progress = Progress(self.sup if starting else None)
+        progress = Progress(self.sup, self._stop_asked) if starting else Progress(None)
         progress.beat()
         # A single statement can outlast `ready_timeout_ms` on a big store: beat inside it too.
         store.set_progress(progress.tick)

@@ -49,6 +49,7 @@ from shardq.runtime.shard._loading import ShardLoading
 from shardq.runtime.shard._memory import MemoryReturner
 from shardq.runtime.shard._process_direct import ShardDirect
 from shardq.runtime.shard._process_writer import POLLOUT, ShardWriterSide
+from shardq.runtime.shard._progress import LoadStopped
 from shardq.runtime.shard._recycle import RecycleCheck, ShardRecycle
 from shardq.runtime.shard._salvage import salvage_replies
 from shardq.runtime.shard._takeover import Holdings
@@ -116,6 +117,9 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
         self._report_at: int | None = None
         self._ready_seq = 0
         self._stop = False
+        # A stop came during the start's load (`_loading.LoadStopped`): the engine holds part
+        # of the jobs, so nothing of it is sent, as if the shard had been killed then.
+        self._abandoned = False
         self._spin = spin_policy(
             spec.process.spin_us,
             spec.process.spin_auto_max_us,
@@ -177,6 +181,9 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
         Raises `StorageError` if the database cannot be read for recovery.
         """
         early = self._start()
+        if self._abandoned:
+            self._end_unstarted()
+            return 0
         if not self._stop:
             self._serve(early)
         if self._handoff is not None and self._direct is not None:
@@ -196,7 +203,13 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
             return early
         started = time.monotonic()
         now = self.clock.now()
-        jobs, queues, recovered = self._recover(now)
+        try:
+            jobs, queues, recovered = self._recover(now)
+        except LoadStopped as stopped:
+            self._abandoned = True
+            ms = round((time.monotonic() - started) * 1000)
+            _log.info("shard stopped while recovering", step=str(stopped), ms=ms)
+            return []
         self._send(self.core.finish_turn(now))
         _log.info(
             "shard recovered",
@@ -349,6 +362,21 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
             commit_waits=self._commit_waits,
             **SPIN_STATS.fields(),
         )
+
+    def _stop_asked(self) -> bool:
+        """Whether SIGTERM has come (read from the signal descriptor without waiting): the
+        check a starting shard's load makes now and then (`_progress.Progress`)."""
+        if signal.SIGTERM in self._signals.drain():
+            self._stop = True
+        return self._stop
+
+    def _end_unstarted(self) -> None:
+        """The stop of a shard that stopped while recovering: it answered no request, so only
+        the direct port's connections (parked while it loaded) end."""
+        if self._direct is not None:
+            self._direct.quiesce()
+            self._end_direct(self._direct)
+        _log.info("shard stopped", seq=self.core.seq, recovered=False)
 
     def close(self) -> None:
         """Close every socket with linger 0 and terminate the context."""

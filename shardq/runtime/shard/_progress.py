@@ -8,14 +8,14 @@ that the supervisor never takes a shard at work for a stalled one.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import structlog
 
 from shardq.core import Record
 from shardq.runtime._child import SupervisorLink
 
-__all__ = ["LOG_PROGRESS_EVERY_S", "PROGRESS_EVERY_S", "Progress"]
+__all__ = ["LOG_PROGRESS_EVERY_S", "PROGRESS_EVERY_S", "LoadStopped", "Progress"]
 
 # A recovering shard tells the supervisor how far it got this often: well inside the shortest
 # `ready_timeout_ms` (1 s), so a shard at work is never taken for a stalled one.
@@ -28,15 +28,29 @@ _CLOCK_EVERY = 1000
 _log = structlog.get_logger()
 
 
+class LoadStopped(Exception):
+    """A stop came while a starting shard loaded: the load ends where it was (`Progress`)."""
+
+
 class Progress:
     """Counts the records a recovery loads and reports the count: to the supervisor (which
     waits on a child that makes progress) every `PROGRESS_EVERY_S`, to the log every
-    `LOG_PROGRESS_EVERY_S`."""
+    `LOG_PROGRESS_EVERY_S`.
 
-    def __init__(self, sup: SupervisorLink | None) -> None:
+    With `stopping` (a starting shard's "has SIGTERM come?"), asked at each report and at
+    each step's end, the load raises `LoadStopped` at the next record or step once it says
+    yes: a stop then waits at most one report period, plus a statement that returns no row
+    meanwhile, instead of the whole load.
+    """
+
+    def __init__(
+        self, sup: SupervisorLink | None, stopping: Callable[[], bool] | None = None
+    ) -> None:
         # None: a load while serving (a gained partition), shown in the log only, every
         # second, as the supervisor has nothing to wait for then.
         self._sup = sup
+        self._stopping = stopping
+        self.stopped = False  # `stopping` said yes
         self._log_every = LOG_PROGRESS_EVERY_S if sup is not None else 1.0
         self.loaded = 0
         self._started = time.monotonic()
@@ -52,6 +66,9 @@ class Progress:
         self.steps[step] = round((now - self._step_at) * 1000)
         self._step_at = now
         self.beat()
+        if self.stopped or (self._stopping is not None and self._stopping()):
+            self.stopped = True
+            raise LoadStopped(step)
 
     def beat(self) -> None:
         """Tell the supervisor the load goes on (between its first statements)."""
@@ -70,6 +87,9 @@ class Progress:
             loaded += 1
             if not loaded % _CLOCK_EVERY and time.monotonic() >= self._next:
                 self._report(loaded)
+                if self.stopped:
+                    self.loaded = loaded - 1  # this record was not handed on
+                    raise LoadStopped("records")
             yield rec
         self.loaded = loaded
 
@@ -78,6 +98,10 @@ class Progress:
         self._next = now + PROGRESS_EVERY_S
         if self._sup is not None:
             self._sup.progress(loaded=loaded)
+        if self._stopping is not None and self._stopping():
+            # Raised by `count` or `mark`, not here: `tick` runs inside a store statement,
+            # whose progress hook swallows what it raises.
+            self.stopped = True
         if now >= self._next_log:
             self._next_log = now + self._log_every
             rate = loaded / max(now - self._started, 1e-9)
