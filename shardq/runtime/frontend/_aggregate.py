@@ -33,6 +33,7 @@ from typing import Any, Final
 
 import structlog
 
+from shardq.runtime._latency import histogram_mean, sum_histograms
 from shardq.runtime.frontend._forward import NODE_FIELD
 from shardq.runtime.frontend._replies import Client, Reply
 from shardq.runtime.frontend._router import Router
@@ -93,31 +94,6 @@ def merge_node_queues(local: Reply, peers: list[Reply]) -> Reply:
     return {"ok": True, "queues": sorted(names)}
 
 
-def _histograms(raw: Sequence[object]) -> dict[str, Any] | None:
-    """Histograms `{bounds, counts, sum}` with the same bounds, summed; None if none fits."""
-    merged: dict[str, Any] | None = None
-    for value in raw:
-        h = _map(value)
-        counts, bounds = h.get("counts"), h.get("bounds")
-        if not isinstance(counts, list) or not isinstance(bounds, list):
-            continue
-        total = h.get("sum")
-        if merged is None:
-            merged = {"bounds": list(bounds), "counts": list(counts), "sum": total or 0}
-        elif bounds == merged["bounds"] and len(counts) == len(merged["counts"]):
-            merged["counts"] = [a + b for a, b in zip(merged["counts"], counts, strict=True)]
-            merged["sum"] += total if _number(total) else 0
-    return merged
-
-
-def _mean(histogram: Mapping[str, Any] | None) -> float:
-    if not histogram:
-        return 0.0
-    count = sum(c for c in histogram.get("counts") or () if _number(c))
-    total = histogram.get("sum")
-    return total / count if count and isinstance(total, int | float) else 0.0
-
-
 def merge_node_metrics(local: Reply, peers: list[Reply]) -> Reply:
     """The legacy Metrics of every node: counters and memory summed, latency histograms summed
     and the averages read from them (as one front end computes its own), bunqueue's two
@@ -127,13 +103,13 @@ def merge_node_metrics(local: Reply, peers: list[Reply]) -> Reply:
     metrics = _summed([_map(r.get("metrics")) for r in replies])
     latency: dict[str, Any] = {}
     for kind in ("push", "pull", "ack"):
-        merged = _histograms([_map(r.get("latency")).get(kind) for r in replies])
+        merged = sum_histograms([_map(r.get("latency")).get(kind) for r in replies])
         if merged is not None:
             latency[kind] = merged
-    push, pull = _mean(latency.get("push")), _mean(latency.get("pull"))
+    push, pull = histogram_mean(latency.get("push")), histogram_mean(latency.get("pull"))
     metrics.update(
         avgLatencyMs=round((push + pull) / 2, 2),
-        avgProcessingMs=round(_mean(latency.get("ack")), 2),
+        avgProcessingMs=round(histogram_mean(latency.get("ack")), 2),
         sqliteSizeMb=0,
         activeConnections=0,
     )

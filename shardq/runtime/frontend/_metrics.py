@@ -10,12 +10,12 @@ happen inside a shard (stall, timeout), so `totalFailed` is the shards' DLQ tota
 Averages follow bunqueue's `latencyTracker`: `avgLatencyMs` is the mean of the push and pull
 averages (a pull is timed only when it delivered a job, long-poll wait included) and
 `avgProcessingMs` the ACK average, both rounded to 0.01 ms. Here they are measured from the
-command's arrival at the front end to its reply.
+command's arrival at the front end to its reply, or, for a command a shard served itself (its
+direct port, a connection handed to it), from its arrival at the shard (`shardq.runtime._latency`).
 """
 
 from __future__ import annotations
 
-import bisect
 import resource
 import sys
 import time
@@ -24,10 +24,18 @@ from typing import Any, Final
 
 from shardq.protocol._prepacked import IDS_KEY
 from shardq.runtime._giveback import rss_bytes
+from shardq.runtime._latency import LATENCY_BOUNDS_MS, Latency, histogram_mean, sum_histograms
 from shardq.runtime._rates import RateWindow
 from shardq.runtime.frontend._replies import StandIn
 
-__all__ = ["COUNTED_COMMANDS", "Counters", "RateWindow", "memory_usage_mb", "metrics_reply"]
+__all__ = [
+    "COUNTED_COMMANDS",
+    "LATENCY_BOUNDS_MS",
+    "Counters",
+    "RateWindow",
+    "memory_usage_mb",
+    "metrics_reply",
+]
 
 Reply = dict[str, Any]
 
@@ -59,34 +67,6 @@ def _acked(name: str, reply: Mapping[str, Any], batch: int) -> int:
     return batch - (len(ignored) if isinstance(ignored, list) else 0)
 
 
-# Upper bounds (ms) of the latency buckets the HTTP port exposes as Prometheus histograms:
-# from a pipelined command's tenth of a millisecond to a long-poll's seconds.
-LATENCY_BOUNDS_MS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0,
-                            5000.0)  # fmt: skip
-
-
-class _Average:
-    """A mean, plus a bucket count per `LATENCY_BOUNDS_MS` bound (the last one is +Inf)."""
-
-    __slots__ = ("buckets", "count", "total")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0.0
-        self.buckets = [0] * (len(LATENCY_BOUNDS_MS) + 1)
-
-    def add(self, ms: float) -> None:
-        self.count += 1
-        self.total += ms
-        self.buckets[bisect.bisect_left(LATENCY_BOUNDS_MS, ms)] += 1
-
-    def histogram(self) -> dict[str, Any]:
-        return {"bounds": list(LATENCY_BOUNDS_MS), "counts": list(self.buckets), "sum": self.total}
-
-    def mean(self) -> float:
-        return self.total / self.count if self.count else 0.0
-
-
 class Counters:
     """Lifetime push/pull/ack counts and latencies seen by this front end, and the push and
     pull rates over the last `rate_window_s` seconds (`Stats`' `pushPerSec`, `pullPerSec`)."""
@@ -95,9 +75,9 @@ class Counters:
         self.pushed = 0
         self.pulled = 0
         self.completed = 0
-        self.push_ms = _Average()
-        self.pull_ms = _Average()
-        self.ack_ms = _Average()
+        self.push_ms = Latency()
+        self.pull_ms = Latency()
+        self.ack_ms = Latency()
         self._rates = RateWindow(rate_window_s, width=2)
 
     def watch(self, client: Any, name: str, cmd: Mapping[str, Any]) -> _Watched:
@@ -184,7 +164,14 @@ def metrics_reply(
         value = (reply.get("stats") or {}).get("failed")
         if isinstance(value, int) and not isinstance(value, bool):
             failed += value
-    push, pull = counters.push_ms.mean(), counters.pull_ms.mean()
+    # The front end's timings, and those of the commands the shards served themselves (their
+    # direct ports and handed-off connections): one histogram per kind, summed by bucket.
+    latency: dict[str, Any] = {}
+    for kind, own in (("push", counters.push_ms), ("pull", counters.pull_ms),
+                      ("ack", counters.ack_ms)):  # fmt: skip
+        served = [_shard_latency(r, kind) for r in stats_replies]
+        latency[kind] = sum_histograms([own.histogram(), *served])
+    push, pull = histogram_mean(latency["push"]), histogram_mean(latency["pull"])
     # Single pushes on the shards' direct ports (`shard._direct`) pass no front end: each
     # shard counts those it answered ok.
     # Likewise the pulls and acks of connections handed off to a shard (`shard._direct_work`).
@@ -197,7 +184,7 @@ def metrics_reply(
         "totalCompleted": counters.completed + direct("directCompleted"),
         "totalFailed": failed,
         "avgLatencyMs": round((push + pull) / 2, 2),
-        "avgProcessingMs": round(counters.ack_ms.mean(), 2),
+        "avgProcessingMs": round(histogram_mean(latency["ack"]), 2),
         "memoryUsageMb": memory_mb,
         # bunqueue 2.9.5 answers these two as constant zeros.
         "sqliteSizeMb": 0,
@@ -206,11 +193,6 @@ def metrics_reply(
     # Beside `metrics`, whose keys are bunqueue's: the latency histograms (ms) and the shards'
     # requests in flight, for the HTTP port's Prometheus exposition. A bunqueue client reads
     # only `metrics`.
-    latency = {
-        "push": counters.push_ms.histogram(),
-        "pull": counters.pull_ms.histogram(),
-        "ack": counters.ack_ms.histogram(),
-    }
     # Each shard's jobs in memory and, under a head budget, in storage only (cold); its
     # memory budget, the estimate of what its resident jobs take, and whether jobs that
     # cannot go cold alone pass the budget.
@@ -218,6 +200,12 @@ def metrics_reply(
     for key in SHARD_STATS:
         shards[key] = [_stat(reply, key) for reply in stats_replies]
     return {"ok": True, "metrics": metrics, "latency": latency, "shards": shards}
+
+
+def _shard_latency(reply: Reply, kind: str) -> object:
+    """A shard's histogram of `kind` in its Stats reply (`directLatency`), if any."""
+    latency = (reply.get("stats") or {}).get("directLatency")
+    return latency.get(kind) if isinstance(latency, Mapping) else None
 
 
 SHARD_STATS: Final = (

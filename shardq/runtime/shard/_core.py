@@ -128,7 +128,7 @@ class ShardCore(ParkedRequests, ConnectionsAndDrain):
         self._runs = CommandRuns(engine, self.event_tap, self._absorb, self._replies)
         # This shard's direct port's counts for Stats (`DirectPort.stats`), None while it has
         # none.
-        self.direct_stats: Callable[[], dict[str, int | float]] | None = None
+        self.direct_stats: Callable[[], dict[str, Any]] | None = None
         # The commands the shard answers itself rather than the engine: one lookup per request.
         self._own_commands: dict[object, OwnCommand] = {
             "PULL": self._pull,

@@ -27,9 +27,10 @@ What the front end does for a PUSH, and what happens to it here:
 - a PUSH for a queue another shard owns: refused likewise (a client with a stale shard count);
 - the Metrics counters and the job cache (id -> shard) of the front end: not fed. Stats counts
   the direct requests (`directRequests`), the pushes answered ok (`directPushed`, which the
-  front end adds to Metrics' `totalPushed`) and their rate (`directPushPerSec`, added to
-  `pushPerSec`); an id-only command for a job pushed here is found by asking every shard, as
-  for an id the cache forgot;
+  front end adds to Metrics' `totalPushed`), their rate (`directPushPerSec`, added to
+  `pushPerSec`) and their latency histogram (`directLatency`, which Metrics sums with its
+  own, `runtime._latency`); an id-only command for a job pushed here is found by asking
+  every shard, as for an id the cache forgot;
 - job events: the shard's own event tap sees the push, as any other;
 - durable pushes: answered after the writer's commit, through the same held replies.
 
@@ -75,6 +76,7 @@ from shardq.errors import ProtocolError
 from shardq.protocol import check_command, encode_js, error_reply
 from shardq.protocol._direct import direct_refused, flow_entries, names_flow, shard_of
 from shardq.runtime import _messages as msgs
+from shardq.runtime._latency import Latency
 from shardq.runtime._rates import RateWindow
 from shardq.runtime._sections import TcpSettings
 from shardq.runtime.shard._direct_conn import Conn as _Conn
@@ -164,6 +166,11 @@ class DirectPort(DirectStop, HandedConns, HandedWork):
         self.inflight: dict[int, str] = {}  # rid -> conn name, until the reply is taken
         self._req_ids: dict[int, object] = {}  # rid -> the client's reqId
         self.served = 0  # requests taken to the engine (Stats' directRequests)
+        # When each request in flight arrived (`perf_counter`, read once a `serve`), for the
+        # latency histograms of what this port answers ok (Stats' directLatency).
+        self._arrived: dict[int, float] = {}
+        self._now = 0.0
+        self.push_ms = Latency()
         self.pushed = 0  # pushes answered ok (directPushed)
         self._rates = RateWindow(rate_window_s, width=2)  # pushes, and pulls (`HandedWork`)
         self._work_init()
@@ -184,8 +191,10 @@ class DirectPort(DirectStop, HandedConns, HandedWork):
         """The client connections open on this port now."""
         return len(self._conns)
 
-    def stats(self) -> dict[str, int | float]:
-        """This port's counts for the shard's Stats (summed over shards by the front end)."""
+    def stats(self) -> dict[str, Any]:
+        """This port's counts for the shard's Stats (summed over shards by the front end),
+        and the latency histograms of what it answered (`directLatency`, which `Metrics`
+        adds to the front end's own)."""
         self._mark()
         return {
             "directRequests": self.served,
@@ -196,6 +205,11 @@ class DirectPort(DirectStop, HandedConns, HandedWork):
             "directPullPerSec": self._rates.per_second()[1],
             "handedOff": self.handed_off,
             "handedBack": self.handed_back,
+            "directLatency": {
+                "push": self.push_ms.histogram(),
+                "pull": self.pull_ms.histogram(),
+                "ack": self.ack_ms.histogram(),
+            },
         }
 
     def _mark(self) -> None:
@@ -213,6 +227,7 @@ class DirectPort(DirectStop, HandedConns, HandedWork):
         """Accept and read what `ready` (the poll's result) says; return the request items
         `[conn, rid, command]` for the engine. Writes pending replies on POLLOUT."""
         items: list[list[Any]] = []
+        self._now = time.perf_counter()
         if self._adopted:
             adopted, self._adopted = self._adopted, []
             for taken in adopted:
@@ -398,6 +413,7 @@ class DirectPort(DirectStop, HandedConns, HandedWork):
         if "reqId" in frame:
             self._req_ids[rid] = frame.pop("reqId")
         self.inflight[rid] = conn.name
+        self._arrived[rid] = self._now
         conn.inflight += 1
         self.served += 1
         items.append([conn.name, rid, frame])
@@ -428,6 +444,7 @@ class DirectPort(DirectStop, HandedConns, HandedWork):
         rest: list[Any] = []
         out: dict[str, list[dict[str, Any]]] = {}
         pushed = 0
+        now = time.perf_counter()
         for item in msg["items"]:
             rid = item[1]
             name = inflight.pop(rid, None) if type(rid) is int and rid < 0 else None
@@ -435,11 +452,13 @@ class DirectPort(DirectStop, HandedConns, HandedWork):
                 rest.append(item)
                 continue
             reply = item[2]
+            ms = (now - self._arrived.pop(rid, now)) * 1000.0
             if self._work and rid in self._work:
-                self._work_done(rid, reply)  # a pull or ack (handed-off connections)
+                self._work_done(rid, reply, ms)  # a pull or ack (handed-off connections)
             elif reply.get("ok") is True:
                 ids = reply.get("ids")  # a PUSHB's (handed-off connections)
                 pushed += len(ids) if type(ids) is list else 1
+                self.push_ms.add(ms)
             req = self._req_ids.pop(rid, None)
             if req is not None:
                 reply["reqId"] = req

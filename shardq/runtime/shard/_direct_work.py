@@ -37,6 +37,7 @@ from shardq.protocol import encode_js
 from shardq.protocol._direct import lines_up, parks, shard_of
 from shardq.protocol._prepacked import JS_NUMBERS, WIRE_KEY, WIRE_MODE_KEY, prepacked_frame
 from shardq.runtime import _messages as msgs
+from shardq.runtime._latency import Latency
 from shardq.runtime.shard._handoff import HandedDecoder
 from shardq.runtime.shard._wire import pulled_ids, reply_too_large
 
@@ -90,6 +91,10 @@ class HandedWork:
         self.unsent: list[str] = []
         self.pulled = 0  # jobs handed out on handed-off connections (directPulled)
         self.completed = 0  # and completed by their ACK/ACKB (directCompleted)
+        # Their timings, as the front end's `Metrics` counts them: a pull that delivered, an
+        # ACK or ACKB answered ok (Stats' directLatency, `DirectPort.stats`).
+        self.pull_ms = Latency()
+        self.ack_ms = Latency()
 
     def _serves_work(self, name: str, frame: Mapping[str, Any]) -> bool:
         """Whether this shard serves pull or ack `frame` of a handed-off connection."""
@@ -123,8 +128,9 @@ class HandedWork:
         self._slots[rid] = conn
         return True
 
-    def _work_done(self, rid: int, reply: Mapping[str, Any]) -> None:
-        """Count an answered pull or ack (Metrics), and free its long-poll slot."""
+    def _work_done(self, rid: int, reply: Mapping[str, Any], ms: float) -> None:
+        """Count an answered pull or ack (Metrics), `ms` after it arrived, and free its
+        long-poll slot."""
         name, batch = self._work.pop(rid)
         conn = self._slots.pop(rid, None)
         if conn is not None:
@@ -137,12 +143,17 @@ class HandedWork:
             return
         if name in PULLS:
             self._mark()  # before counting: these jobs belong to this second
-        if name == "PULLB":
-            jobs = reply.get("jobs")
-            self.pulled += len(jobs) if jobs is not None else 0
-        elif name == "PULL":
-            self.pulled += 1 if isinstance(reply.get("job"), Mapping) else 0
+        if name in PULLS:
+            if name == "PULLB":
+                jobs = reply.get("jobs")
+                delivered = len(jobs) if jobs is not None else 0
+            else:
+                delivered = 1 if isinstance(reply.get("job"), Mapping) else 0
+            if delivered:
+                self.pulled += delivered
+                self.pull_ms.add(ms)
         else:
+            self.ack_ms.add(ms)
             data = reply.get("data")
             if name == "ACK":
                 skipped = isinstance(data, Mapping) and data.get("applied") is False

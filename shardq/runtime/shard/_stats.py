@@ -12,11 +12,12 @@ _COUNT_KEYS: Final = ("active", "delayed", "completed", "failed")
 
 
 def shard_stats(
-    engine: Engine, now: int, *, stalled: bool, direct: dict[str, int | float] | None
+    engine: Engine, now: int, *, stalled: bool, direct: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The Stats reply of one shard. `stalled`: this shard sees its writer stalled (storage
-    degraded); `direct`: its direct port's counts (`_direct`), None while it has none."""
-    totals: dict[str, int | float] = dict.fromkeys(("waiting", *_COUNT_KEYS, "dlq"), 0)
+    degraded); `direct`: its direct port's counts and latency histograms (`_direct`), None
+    while it has none."""
+    totals: dict[str, Any] = dict.fromkeys(("waiting", *_COUNT_KEYS, "dlq"), 0)
     for name in engine.apply({"cmd": "ListQueues"}, now).reply.get("queues", ()):
         counts = engine.apply({"cmd": "GetJobCounts", "queue": name}, now).reply["counts"]
         totals["waiting"] += counts["waiting"] + counts["prioritized"] + counts["paused"]
