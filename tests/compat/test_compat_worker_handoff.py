@@ -190,9 +190,13 @@ def test_a_worker_past_its_heartbeats_is_served_by_its_shard_again(
     """Each Heartbeat takes the connection back to the front end, whose answer used to keep it
     there while the Worker's long-poll waited on the empty queue: now it goes back to its
     shard at once (that long-poll answered empty, as its timeout would)."""
-    server, clients = _started(server_factory)
+    # Handed off after 50 requests for its shard: its first jobs' acks and pulls earn that,
+    # its pulls on the empty queue (one a second) would take most of a minute.
+    server = server_factory(shards=2, env={**ENV, "SHARDQ_TCP_HANDOFF_AFTER": "50"})
+    _announced(server)
+    clients = Clients(server)
     queue = _queue_on(1, "wstay")
-    first = _fill(server, queue, [{"name": "n", "data": {"i": i}} for i in range(20)])
+    first = _fill(server, queue, [{"name": "n", "data": {"i": i}} for i in range(60)])
     ran: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
 

@@ -315,6 +315,26 @@ def test_a_long_poll_waiting_in_the_front_end_is_answered_empty_at_the_handoff(
         raw.sock.close()
 
 
+def test_a_connection_with_a_job_wait_in_the_front_end_stays_there(
+    shardq_server: Factory,
+) -> None:
+    """A WaitJob parked in the front end is not a long-poll `unpark` answers: handing the
+    connection off would stop reading it until the wait ends, and the pushes behind it would
+    wait as long."""
+    server = _started(shardq_server)
+    pushed = _queue_on(1, "waitq")
+    job_id = _call(server, {"cmd": "PUSH", "queue": pushed, "data": 0})["id"]
+    raw = _Raw(server)
+    try:
+        raw.send([{"cmd": "WaitJob", "id": job_id, "timeout": 60_000, "reqId": "wait"}])
+        for i in range(2 * AFTER):
+            (reply,) = raw.call([{"cmd": "PUSH", "queue": pushed, "data": i, "reqId": i}])
+            assert reply["ok"] is True and reply["reqId"] == i, reply
+        assert _stats(server)["handedOff"] == 0
+    finally:
+        raw.sock.close()
+
+
 def _big_pull(server: ShardqServer, queue: str) -> tuple[int, dict[str, Any], dict[str, Any]]:
     """Ten 300 KB jobs, a handoff, then one PULLB of all ten (3 MB, over a 1 MiB link): the
     jobs its reply carried, the queue's counts, and Stats (with Metrics' `totalPulled`)."""
