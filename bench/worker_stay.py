@@ -1,6 +1,6 @@
 """Where a long-running bunqueue-client `Worker` is served: its shard or the front end.
 
-    python -m bench.worker_stay [--seconds 30] [--rate 400] [--heartbeat 10] [--json PATH]
+    python -m bench.worker_stay [--seconds 30] [--rate 400] [--heartbeat 10]
 
 One `shardq start --shards 2` (`tcp_handoff` on, the defaults otherwise); one bunqueue-client
 0.1.5 `Worker` (concurrency 50, its default 5 s long-poll and `--heartbeat` period) on one
@@ -117,12 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rate", type=int, default=400)
     parser.add_argument("--heartbeat", type=float, default=10.0)
-    parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
-    row = run(args.seconds, args.rate, args.heartbeat)
-    print(json.dumps(row), flush=True)
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(row, indent=2))
+    print(json.dumps(run(args.seconds, args.rate, args.heartbeat)), flush=True)
     return 0
 
 
