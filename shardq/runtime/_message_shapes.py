@@ -45,6 +45,7 @@ __all__ = [
     "ShardUpMsg",
     "SyncMsg",
     "TookMsg",
+    "UnparkMsg",
     "WorkersMsg",
     "WriterUpMsg",
 ]
@@ -114,6 +115,11 @@ class ReqEnvelope(TypedDict, total=False):
 
 class CloseMsg(TypedDict):
     t: Literal["close"]
+    conn: str
+
+
+class UnparkMsg(TypedDict):
+    t: Literal["unpark"]
     conn: str
 
 

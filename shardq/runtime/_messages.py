@@ -61,6 +61,7 @@ from shardq.runtime._message_shapes import (
     ShardUpMsg,
     SyncMsg,
     TookMsg,
+    UnparkMsg,
     WorkersMsg,
     WriterUpMsg,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "SHARD_UP",
     "SYNC",
     "TOOK",
+    "UNPARK",
     "WORKERS",
     "WRITER_UP",
     "CancelMsg",
@@ -139,6 +141,7 @@ __all__ = [
     "ShardUpMsg",
     "SyncMsg",
     "TookMsg",
+    "UnparkMsg",
     "WorkersMsg",
     "WriterUpMsg",
     "cancel",
@@ -174,6 +177,7 @@ __all__ = [
     "shard_up",
     "sync",
     "took",
+    "unpark",
     "workers",
     "writer_up",
 ]
@@ -190,6 +194,7 @@ SHARD_UP: Final = "shard-up"
 # Front end -> shard.
 REQ: Final = "req"
 CLOSE: Final = "close"
+UNPARK: Final = "unpark"
 DRAIN: Final = "drain"
 LISTEN: Final = "listen"
 WORKERS: Final = "workers"
@@ -260,6 +265,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(SHARD_UP, ShardUpMsg, _SUP_OR_LINK, "front end", "shard `shard` is back"),
     Message(REQ, ReqMsg, "front end", "shard", "client commands `[conn, rid, command, envelope?]`"),
     Message(CLOSE, CloseMsg, "front end", "shard", "a client connection closed"),
+    Message(UNPARK, UnparkMsg, "front end", "shard", "answer its parked long-polls now, empty"),
     Message(DRAIN, DrainMsg, "front end", "shard", "stop handing out jobs"),
     Message(LISTEN, ListenMsg, "front end", "shard", "the queues with event subscribers"),
     Message(WORKERS, WorkersMsg, "front end", "shard", "the queues with a registered worker"),
@@ -383,6 +389,10 @@ def req(items: list[list[Any]]) -> ReqMsg:
 
 def close(conn: str) -> CloseMsg:
     return {"t": CLOSE, "conn": conn}
+
+
+def unpark(conn: str) -> UnparkMsg:
+    return {"t": UNPARK, "conn": conn}
 
 
 def direct(shard: int, port: int) -> DirectMsg:

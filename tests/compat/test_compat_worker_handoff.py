@@ -182,3 +182,49 @@ def test_heartbeats_keep_a_handed_off_workers_long_job(server_factory: Factory) 
         assert stats["handedOff"] >= 1 and stats["directPulled"] >= 1, stats
     finally:
         clients.close()
+
+
+def test_a_worker_past_its_heartbeats_is_served_by_its_shard_again(
+    server_factory: Factory,
+) -> None:
+    """Each Heartbeat takes the connection back to the front end, whose answer used to keep it
+    there while the Worker's long-poll waited on the empty queue: now it goes back to its
+    shard at once (that long-poll answered empty, as its timeout would)."""
+    # Handed off after 50 requests for its shard: its first jobs' acks and pulls earn that,
+    # its pulls on the empty queue (one a second) would take most of a minute.
+    server = server_factory(shards=2, env={**ENV, "SHARDQ_TCP_HANDOFF_AFTER": "50"})
+    _announced(server)
+    clients = Clients(server)
+    queue = _queue_on(1, "wstay")
+    first = _fill(server, queue, [{"name": "n", "data": {"i": i}} for i in range(60)])
+    ran: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+
+    def process(job: Job) -> None:
+        with lock:
+            ran[job.id] += 1
+
+    try:
+        worker = clients.worker(
+            queue, process, concurrency=5, heartbeat_interval_s=0.3, poll_timeout_ms=1000
+        )
+        poll_until(lambda: len(ran) == len(first), WAIT_S, "the first jobs")
+
+        def on_shard_past_heartbeats() -> bool:
+            stats = _stats(server)
+            assert worker.worker_id in _workers(server)  # listed throughout
+            return bool(stats["handedBack"] >= 3 and _handed_now(server) == 1)
+
+        # Three Heartbeats took it back; it waits on the empty queue on its shard again.
+        poll_until(on_shard_past_heartbeats, WAIT_S, "the worker back on its shard")
+        pulled = _stats(server)["directPulled"]
+        more = _fill(server, queue, [{"name": "m", "data": {"i": i}} for i in range(30)])
+        poll_until(lambda: len(ran) == len(first) + len(more), WAIT_S, "the later jobs")
+        assert set(ran) == {*first, *more} and set(ran.values()) == {1}  # every job once
+        # Most on its shard (a Heartbeat's moment in the front end may serve one PULLB there).
+        assert _stats(server)["directPulled"] - pulled >= len(more) // 2
+        assert worker.worker_id in _workers(server)
+        worker.close(timeout=10)
+        assert worker.worker_id not in _workers(server)
+    finally:
+        clients.close()

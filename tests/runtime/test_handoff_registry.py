@@ -1,9 +1,9 @@
 """A registered worker's connection handed off (`tcp_handoff`, docs/runtime.md "Handed-off
 connections"): the worker registry's commands (RegisterWorker, Heartbeat, UnregisterWorker)
 are the front end's, and leave no state that keeps the connection there; the shard serves the
-lease renewals (JobHeartbeat, JobHeartbeatB, ExtendLock) of the jobs it holds; a hand-back for
-a registry command starts no back-off. The replies are the front end's, byte for byte where no
-id, token or time lies in them.
+lease renewals (JobHeartbeat, JobHeartbeatB, ExtendLock, ExtendLocks) of the jobs it holds; a
+hand-back for a registry command starts no back-off. The replies are the front end's, byte
+for byte where no id, token or time lies in them.
 
 Raw sockets against real servers, so that the bytes of each reply are the test's to compare.
 """
@@ -53,11 +53,15 @@ def _renewals(raw: _Raw, queue: str) -> list[bytes]:
               {"cmd": "ExtendLock", "id": ids[1], "token": tokens[1], "duration": 90_000,
                "reqId": "ext"},
               {"cmd": "ExtendLock", "id": ids[1], "token": "stale", "reqId": "extstale"},
+              {"cmd": "ExtendLocks", "ids": ids, "tokens": tokens,
+               "durations": [90_000, 80_000, 70_000], "reqId": "exts"},
+              {"cmd": "ExtendLocks", "ids": ids, "tokens": [tokens[0], "y", "z"],
+               "durations": [90_000, 1, 2], "reqId": "extsx"},
               {"cmd": "ACKB", "ids": ids, "tokens": tokens, "reqId": "done"},
               {"cmd": "JobHeartbeatB", "ids": ids, "tokens": tokens, "reqId": "hbbdone"},
               {"cmd": "JobHeartbeat", "id": ids[2], "token": tokens[2], "reqId": "hbdone"},
               ])  # fmt: skip
-    return [pulled, *raw.bodies(10)]
+    return [pulled, *raw.bodies(12)]
 
 
 def _script(server: ShardqServer, queue: str) -> tuple[list[bytes], dict[str, Any]]:
@@ -109,6 +113,7 @@ def test_a_registered_workers_connection_is_handed_off_with_the_same_replies(
     assert by_req["hbb"]["data"] == {"ok": True, "count": 3}
     assert by_req["hbbx"]["data"] == {"ok": True, "count": 0}
     assert by_req["hbstale"]["ok"] is False and by_req["extstale"]["ok"] is False
+    assert by_req["exts"]["count"] == 3 and by_req["extsx"]["count"] == 1
     # The registry saw the Heartbeat's counters, and the worker is gone once unregistered.
     listed = [r for r in replies if "workers" in (r.get("data") or {})]
     assert [[w["id"] for w in r["data"]["workers"]] for r in listed] == [[WORKER], []]
@@ -133,9 +138,10 @@ def test_a_handed_off_workers_renewals_keep_its_lease(shardq_server: Factory) ->
             {"cmd": "JobHeartbeatB", "ids": [job["id"]], "tokens": [token]},
             {"cmd": "JobHeartbeat", "id": job["id"], "token": token},
             {"cmd": "ExtendLock", "id": job["id"], "token": token, "duration": 1_000},
+            {"cmd": "ExtendLocks", "ids": [job["id"]], "tokens": [token], "durations": [1_000]},
         ]
         for i in range(12):
-            (reply,) = raw.call([renewals[i % 3]])
+            (reply,) = raw.call([renewals[i % 4]])
             assert reply["ok"] is True, reply
             time.sleep(0.25)
         # Nobody else got it, and its worker's ACK is taken.

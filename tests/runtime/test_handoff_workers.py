@@ -283,23 +283,54 @@ def test_kill9_of_the_shard_holding_a_worker_loses_nothing_acknowledged(
         assert got["attempts"] == 1, got
 
 
-def test_a_connection_with_a_long_poll_waiting_in_the_front_end_stays_there(
+def test_a_long_poll_waiting_in_the_front_end_is_answered_empty_at_the_handoff(
     shardq_server: Factory,
 ) -> None:
+    """A long-poll parked in the front end would hold the connection there (it is not read
+    while it is handed off): the front end has it answered at once, empty, as its timeout
+    would (`unpark`), and the connection goes to its shard, where the next pull is served."""
     server = _started(shardq_server)
     empty, pushed = _queue_on(1, "idle"), _queue_on(1, "busy")
     raw = _Raw(server)
     try:
-        # Parked in the front end's shard for a minute: handing the connection off would stop
-        # reading it until then, and the pushes behind it would wait as long.
         raw.send([{"cmd": "PULLB", "queue": empty, "count": 1, "timeout": 60_000, "reqId": "lp"}])
+        time.sleep(0.3)  # parked
+        replies = []
+        for i in range(2 * AFTER):
+            replies += raw.call([{"cmd": "PUSH", "queue": pushed, "data": i, "reqId": i}])
+        missing = 2 * AFTER + 1 - len(replies)  # one reply a request: the long-poll's too
+        if missing > 0:
+            replies += raw.replies(missing)
+        by_req = {r["reqId"]: r for r in replies}
+        assert by_req.pop("lp") == {"ok": True, "jobs": [], "reqId": "lp"}
+        assert sorted(by_req) == list(range(2 * AFTER))
+        assert all(r["ok"] is True for r in by_req.values())
+        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+        _fill(server, empty, 1)
+        (polled,) = raw.call([{"cmd": "PULLB", "queue": empty, "count": 1, "timeout": 5_000}])
+        assert len(polled["jobs"]) == 1
+        stats = _stats(server)
+        assert (stats["directPulled"], stats["handedBack"]) == (1, 0), stats
+    finally:
+        raw.sock.close()
+
+
+def test_a_connection_with_a_job_wait_in_the_front_end_stays_there(
+    shardq_server: Factory,
+) -> None:
+    """A WaitJob parked in the front end is not a long-poll `unpark` answers: handing the
+    connection off would stop reading it until the wait ends, and the pushes behind it would
+    wait as long."""
+    server = _started(shardq_server)
+    pushed = _queue_on(1, "waitq")
+    job_id = _call(server, {"cmd": "PUSH", "queue": pushed, "data": 0})["id"]
+    raw = _Raw(server)
+    try:
+        raw.send([{"cmd": "WaitJob", "id": job_id, "timeout": 60_000, "reqId": "wait"}])
         for i in range(2 * AFTER):
             (reply,) = raw.call([{"cmd": "PUSH", "queue": pushed, "data": i, "reqId": i}])
             assert reply["ok"] is True and reply["reqId"] == i, reply
         assert _stats(server)["handedOff"] == 0
-        _fill(server, empty, 1)
-        (polled,) = raw.replies(1)
-        assert polled["reqId"] == "lp" and len(polled["jobs"]) == 1
     finally:
         raw.sock.close()
 

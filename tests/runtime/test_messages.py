@@ -57,6 +57,7 @@ SAMPLES: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
         {"t": "req", "items": [["t1", 1, {"cmd": "Ping"}]]},
     ),
     (msgs.close, ("t1",), {"t": "close", "conn": "t1"}),
+    (msgs.unpark, ("t1",), {"t": "unpark", "conn": "t1"}),
     (msgs.drain, (), {"t": "drain"}),
     (msgs.listen, (False, ["q"]), {"t": "listen", "all": False, "queues": ["q"]}),
     (msgs.workers, (["q"],), {"t": "workers", "queues": ["q"]}),

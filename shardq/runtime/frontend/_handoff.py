@@ -9,12 +9,14 @@ A connection is handed off when it is safe and worth it:
   the connection's id, which the handed-off connection keeps. Nor does the worker registry
   (`_workers`): it keys a worker on that id too, and a handed-off connection's end reaches
   it as any close (`gone`). Its commands (`REGISTRY`) are the front end's: a shard hands the
-  connection back for one, and that hand-back starts no back-off (`_on_handback`);
-- its last `tcp_handoff_after` requests were ones that shard serves: pushes (no flow fields)
-  and pulls for its queues, ACK/ACKB and the lease renewals (JobHeartbeat, JobHeartbeatB,
-  ExtendLock) of jobs the job cache places there (`_shard_for`); no
-  long-poll of it waits here nor comes in the read (the connection would not be read until
-  it is answered); and no hand-back happened in the last `tcp_handoff_backoff_ms`, or the
+  connection back for one, and that hand-back starts no back-off and keeps the connection's
+  count, so it goes back once that command is answered (`_on_handback`);
+- its last `tcp_handoff_after` requests were ones that shard serves (the registry's neither
+  count nor break the run): pushes (no flow fields) and pulls for its queues, ACK/ACKB and
+  the lease renewals (JobHeartbeat, JobHeartbeatB, ExtendLock, ExtendLocks) of jobs the job
+  cache places there (`_shard_for`); a long-poll of it waiting here or in the read is
+  answered empty at once (`unpark`: the connection is not read until it is answered); and
+  no hand-back happened in the last `tcp_handoff_backoff_ms`, or the
   last one came from another shard and every request since was such a request (the client
   moved on to another shard's queues: the back-off is waived, once per back-off, so a client
   that keeps moving does not make the connection go back and forth);
@@ -65,7 +67,7 @@ _PULLS: Final = frozenset({"PULL", "PULLB"})
 # Commands naming one job (`id`) or many (`ids`) that the job's shard serves on a handed-off
 # connection when it holds them (`shard._direct_work`): placed by the job cache.
 _BY_ID: Final = frozenset({"ACK", "JobHeartbeat", "ExtendLock"})
-_BY_IDS: Final = frozenset({"ACKB", "JobHeartbeatB"})
+_BY_IDS: Final = frozenset({"ACKB", "JobHeartbeatB", "ExtendLocks"})
 # A connection's handoff state.
 NONE: Final = 0
 WANTED: Final = 1  # not read any more; handed once nothing is in flight or unwritten
@@ -82,6 +84,7 @@ class TcpConnection(Protocol):
     streak: int
     streak_shard: int
     stateful: bool
+    waited: bool
     handoff_state: int
     handoff_not_before: float
     handed_back_by: int
@@ -95,7 +98,7 @@ class TcpConnection(Protocol):
     def take_unread(self) -> bytes: ...
     def handoff_failed(self, unread: bytes, not_before: float) -> None: ...
     def handed_over(self) -> None: ...
-    def resume_with(self, unread: bytes, not_before: float, shard: int) -> None: ...
+    def resume_with(self, unread: bytes, not_before: float, shard: int, streak: int) -> None: ...
     def lost(self) -> None: ...
 
 
@@ -161,8 +164,10 @@ class Handoffs:
     def note(self, conn: TcpConnection, frames: list[Incoming]) -> None:
         """Count the requests a shard could serve in a read's frames (pushes, pulls, acks);
         past `after` of them for one shard, stop reading the connection and hand it off once
-        it is quiet (`ready`). Not while a long-poll of its waits here: reading would stop
-        until it is answered."""
+        it is quiet (`ready`). The worker registry's commands are answered here but tie
+        nothing here: they leave the count as it is. A long-poll of the connection's, waiting
+        here or in the read, is answered at once, empty (`unpark`), as its timeout would: the
+        connection goes only once every reply is written."""
         polls = False
         for frame in frames:
             cmd, shard = self._shard_for(frame)
@@ -177,14 +182,29 @@ class Handoffs:
             if cmd in STATEFUL:
                 conn.stateful = True
                 return
+            if cmd in REGISTRY:
+                continue
+            if cmd == "WaitJob":
+                conn.waited = True
             conn.streak = 0
             conn.handed_back_by = -1  # not only pushes since the hand-back: no waiver
-        if polls or self._dispatcher.parked.held(conn.conn):
-            return
+        held = polls or self._dispatcher.parked.held(conn.conn)
+        if held and conn.waited:
+            return  # a WaitJob may be what waits here: `unpark` does not answer it
         if conn.streak >= self.after and self._possible(conn.streak_shard):
             now = self._loop.time()
             if now >= conn.handoff_not_before or self._waived(conn, now):
                 conn.want_handoff()
+                if held:
+                    self._unpark(conn.conn)
+
+    def _unpark(self, conn: str) -> None:
+        """Have every shard answer `conn`'s parked long-polls now, empty (after the requests
+        of this turn, so a pull in the read that made it wanted is among them)."""
+        router = self._dispatcher.router
+        for shard in range(self._shards):
+            if shard not in router.down:
+                router.control(shard, msgs.unpark(conn))
 
     def _waived(self, conn: TcpConnection, now: float) -> bool:
         """Whether the back-off after a hand-back gives way: `conn` was handed back by another
@@ -262,7 +282,11 @@ class Handoffs:
             return
         self.handed_back += 1
         conn = entry[1]
-        conn.resume_with(bytes(buf), self._not_before(conn, buf), entry[0])
+        not_before = self._not_before(conn, buf)
+        # Back for a registry command (a worker's Heartbeat): it goes to its shard again as
+        # soon as that is answered, its count kept (`note`), not after `after` more requests.
+        streak = self.after if not_before <= self._loop.time() else 0
+        conn.resume_with(bytes(buf), not_before, entry[0], streak)
         task = self._loop.create_task(self._loop.connect_accepted_socket(lambda: conn, sock))
 
         def resumed(task: Any) -> None:

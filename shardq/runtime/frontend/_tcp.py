@@ -163,6 +163,8 @@ class TcpConnection(asyncio.Protocol):
         self.waive_not_before = 0.0
         self.sent_unread = b""  # what went with the descriptor, until the shard takes it
         self._resume_unread: bytes | None = None  # set while a handed-back one reconnects
+        self._resume_streak = 0  # its count of requests for its shard, when it resumes
+        self.waited = False  # it sent a WaitJob: a long-poll here keeps it here (`Handoffs`)
 
     @property
     def address(self) -> str:
@@ -397,17 +399,19 @@ class TcpConnection(asyncio.Protocol):
         if transport is not None:
             transport.close()
 
-    def resume_with(self, unread: bytes, not_before: float, shard: int) -> None:
+    def resume_with(self, unread: bytes, not_before: float, shard: int, streak: int) -> None:
         """Handed back by `shard`: the next `connection_made` resumes it, reading `unread`
-        first."""
+        first, its count of requests for `shard` at `streak`."""
         self._resume_unread = unread
         self.handoff_not_before = not_before
         self.handed_back_by = shard
+        self._resume_streak = streak
+        self.streak_shard = shard
 
     def _resumed(self) -> None:
         unread, self._resume_unread = self._resume_unread or b"", None
         self.handoff_state = NONE
-        self.streak = 0
+        self.streak, self._resume_streak = self._resume_streak, 0
         self._paused = 0
         if self.gateway.shards_are_blocked:
             self.pause_reading(_PAUSED_BY_SHARDS)

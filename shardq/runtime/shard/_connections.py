@@ -65,7 +65,8 @@ class ConnectionsAndDrain:
 
     def unpark(self, conn: str) -> None:
         """Answer `conn`'s parked long-polls now, empty, as their timeout would: a connection
-        handed back to the front end waits for every reply first (`shard._handoff`)."""
+        handed back to the front end, or off to a shard (`unpark`), waits for every reply
+        first (`shard._handoff`, `frontend._handoff`)."""
         for parked in self.polls.drop_conn(conn):
             self._replies.append([conn, parked.rid, empty_pull_reply(parked.cmd)])
 

@@ -142,6 +142,7 @@ class ShardCore(ParkedRequests, ConnectionsAndDrain):
         self._handlers: dict[str, Callable[[dict[str, Any], int], None]] = {
             msgs.REQ: self._on_req,
             msgs.CLOSE: self._on_close,
+            msgs.UNPARK: lambda msg, now: self.unpark(str(msg.get("conn"))),
             msgs.DONE: self.batches.on_done,
             msgs.FAIL: self.batches.on_fail,
             msgs.REJECTED: self.batches.on_rejected,

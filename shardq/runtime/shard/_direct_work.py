@@ -5,10 +5,10 @@ connections"), beside the pushes. A mixin of `DirectPort` (`_direct.py`).
 What the front end does for these commands, and what is done here instead:
 
 - which shard: a pull for a queue of this shard, an ACK or ACKB, or a lease renewal
-  (JobHeartbeat, JobHeartbeatB, ExtendLock), whose every job this shard holds in memory (a
-  leased job always is); anything else goes back to the front end, which routes it as before
-  (the worker registry's RegisterWorker and Heartbeat among them: the front end answers them
-  and hands the connection off again at once, `frontend._handoff`);
+  (JobHeartbeat, JobHeartbeatB, ExtendLock, ExtendLocks), whose every job this shard holds
+  in memory (a leased job always is); anything else goes back to the front end, which
+  routes it as before (the worker registry's RegisterWorker and Heartbeat among them: the
+  front end answers them and hands the connection off again at once, `frontend._handoff`);
 - a PULLB's reply is packed in its final form by the shard's `FrontPacker` (the envelope the
   front end would give it: bunqueue's JavaScript numbers) and its `reqId` spliced in first,
   as the front end splices it (`protocol._prepacked`): the same bytes either way;
@@ -45,9 +45,10 @@ __all__ = ["HandedWork"]
 
 PULLS: Final = frozenset({"PULL", "PULLB"})
 # A worker's lease renewals (bunqueue-client's `Worker` sends a JobHeartbeatB of its active
-# jobs every 10 s; its `Job` sends JobHeartbeat and ExtendLock): the engine's replies as they
-# are, as the front end passes them on (its split and combined JobHeartbeatB is the same).
-_RENEWALS: Final = frozenset({"JobHeartbeat", "JobHeartbeatB", "ExtendLock"})
+# jobs every 10 s; its `Job` sends JobHeartbeat and ExtendLock; ExtendLocks is the batch of
+# ExtendLock): the engine's replies as they are, as the front end passes them on (its split
+# and combined JobHeartbeatB and ExtendLocks are the same).
+_RENEWALS: Final = frozenset({"JobHeartbeat", "JobHeartbeatB", "ExtendLock", "ExtendLocks"})
 _ONE_JOB: Final = frozenset({"ACK", "JobHeartbeat", "ExtendLock"})  # by `id`; else by `ids`
 WORK: Final = frozenset({"PULL", "PULLB", "ACK", "ACKB"}) | _RENEWALS
 # The envelope the front end gives a TCP client's PULLB (`frontend._dispatch._pass_through`).
