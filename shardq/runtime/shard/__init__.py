@@ -3,8 +3,8 @@
 Owns: its queues in memory (the engine), its parked long-polls and WaitJob requests, the
 mutation batches the writer has not confirmed yet, and the clock it hands the engine.
 
-Receives: `req`, `close`, `drain`, `listen`, `workers`, `flowack`, `recycle-go` and (several
-nodes on one database) `parts` from the front end on its link; `done`, `fail` and
+Receives: `req`, `close`, `unpark`, `drain`, `listen`, `workers`, `flowack`, `recycle-go` and
+(several nodes on one database) `parts` from the front end on its link; `done`, `fail` and
 `rejected` from the writer on its writer link; `writer-up` from its own loop when that link
 comes back; `handoff` (a client connection's descriptor, `tcp_handoff`) from the front end on
 its handoff socket.
