@@ -32,6 +32,7 @@ from ._parts import FlowPart, GroupPart, LimiterPart
 from ._produce import Producer
 from ._queue import QueueState
 from ._queue_limits import QueueLimits
+from ._ready import unexpired
 from ._renew import LeaseRenewal
 from ._state import JobStore
 from ._tables import (
@@ -44,7 +45,7 @@ from ._tables import (
     trim_completed,
 )
 
-__all__ = ["Consumer", "take_ready"]
+__all__ = ["Consumer"]
 
 FINALIZED: Final = {"ok": True, "data": {"applied": False, "reason": "already-finalized"}}
 _APPLY, _NOOP, _RETIRED = "apply", "noop", "retired"
@@ -165,7 +166,7 @@ class Consumer(LeaseRenewal):
         taken = q.pop_ready_many(count)
         for job in taken:
             if job.opts and job.opts.get("ttl"):
-                return _unexpired(self.store, fx, q, taken, count, now)
+                return unexpired(self.store, fx, q, taken, count, now)
         return taken
 
     def _take_limited(
@@ -380,12 +381,18 @@ class Consumer(LeaseRenewal):
         with a result or all without, in one pass (`complete_all`, ACKB's path): what
         `cmd_ack` of each in turn would do. Stops before the first other one (a schema
         error, a lease refused, a job not active or already in the run, a retired token);
-        returns how many it took, each answered `{"ok": true}`, as `cmd_ack` does."""
+        returns how many it took, each answered `{"ok": true}`, as `cmd_ack` does.
+
+        ACKs without a result or removeOnComplete, of jobs of one queue without options or a
+        kept result (bunqueue-client's Worker's, one per job), are what ACKB's `_fence_all`
+        calls `simple`: they move as one run (`complete_all`'s `checked`), as ACKB's do."""
         jobs: list[Job] = []
         results: list[Any] = []
         removes: list[object] = []
         taken: set[str] = set()
         with_result: bool | None = None
+        simple = True  # every remove None and every job bare, of the first one's queue
+        queue: str | None = None
         fence = self.fence
         for cmd in commands:
             if cmd.get("cmd") != "ACK" or (check is not None and check(cmd) is not None):
@@ -403,8 +410,19 @@ class Consumer(LeaseRenewal):
             taken.add(job.id)
             jobs.append(job)
             results.append(cmd.get("result"))
-            removes.append(cmd.get("removeOnComplete"))
-        if jobs:
+            remove = cmd.get("removeOnComplete")
+            removes.append(remove)
+            if remove is not None or job.opts or job.has_result:
+                simple = False
+            elif queue is None:
+                queue = job.queue
+            elif job.queue != queue:
+                simple = False
+        if not jobs:
+            return 0
+        if simple and not with_result:
+            self.complete_all(fx, jobs, None, None, now, checked=True)
+        else:
             self.complete_all(fx, jobs, results if with_result else None, removes, now)
         return len(jobs)
 
@@ -548,32 +566,6 @@ class _Grant(NamedTuple):
     ttl: int
     conn: str | None
     track: str | None  # the connection that releases the job on close (None when detached)
-
-
-def take_ready(store: JobStore, fx: Effects, q: QueueState, count: int, now: int) -> list[Job]:
-    """Up to `count` jobs off `q`'s ready heap, best first, whatever its limits and groups
-    (`Consumer.take_many` applies those); TTL-expired ones are dropped on the way."""
-    taken = q.pop_ready_many(count)
-    for job in taken:
-        if job.opts and job.opts.get("ttl"):
-            return _unexpired(store, fx, q, taken, count, now)
-    return taken  # nothing to check: no job carries a TTL
-
-
-def _unexpired(
-    store: JobStore, fx: Effects, q: QueueState, taken: list[Job], count: int, now: int
-) -> list[Job]:
-    """`taken` without its TTL-expired jobs (moved to expired), topped up from the heap."""
-    live: list[Job] = []
-    while taken:
-        for job in taken:
-            ttl = job.opts.get("ttl") if job.opts else None
-            if ttl and now >= job.created_at + ttl:
-                store.move(fx, job, "expire", now, {})
-            else:
-                live.append(job)
-        taken = q.pop_ready_many(count - len(live)) if len(live) < count else []
-    return live
 
 
 def _owner(cmd: Mapping[str, Any]) -> str | None:

@@ -18,7 +18,6 @@ from typing import Any
 from shardq.errors import CommandError
 
 from ._bounds import span_error
-from ._consume import take_ready
 from ._effects import Effects
 from ._groups import Group, GroupTable
 from ._job import Job
@@ -26,6 +25,7 @@ from ._names import GROUP_COMMANDS
 from ._options import _validate_group_id, is_number, validate_queue_name
 from ._queue import QueueState
 from ._queue_limits import QueueLimits
+from ._ready import take_ready
 from ._state import JobStore
 
 __all__ = ["GROUP_COMMANDS", "JobGroups"]

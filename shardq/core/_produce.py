@@ -87,13 +87,20 @@ def _data_only(entries: object) -> TypeGuard[list[Mapping[str, Any]]]:
     # Entries with the first's keys are payload-only as it is, but for `durable`'s value.
     keys = first.keys()
     durable = "durable" in keys
+    # In the same pass, whether every entry is unnamed with data `validate_data` waves
+    # through first (`certainly_small`): then there is nothing to check, the common case.
+    checks = "name" in keys
+    small = certainly_small
     for entry in entries:
         if type(entry) is not dict or entry.keys() != keys:
             return False
         if durable and entry["durable"] is not True:
             return False
+        if not checks and not small(entry["data"]):
+            checks = True
+    if not checks:
+        return True
     named = "name" in keys
-    small = certainly_small  # what `validate_data` waves through first, without its call
     for index, entry in enumerate(entries):
         if not named and small(entry["data"]):
             continue

@@ -198,9 +198,9 @@ def _puts(muts: list[Mutation], at: int, out: list[Mutation], pack: Any) -> tupl
 
 def _fresh_puts(muts: list[Mutation], at: int, out: list[Mutation]) -> tuple[int, int]:
     """Append to `out` the `putb` of each fresh job's `put` from `muts[at]` on (a record still
-    as made with its bytes, `_encode_fresh`), as `encode`'s loop would one by one, until a
-    mutation of any other kind or shape (an engine tuple `("put", PackedRecord)` with its
-    made keys and well-typed columns only). Returns how many it took (perhaps none) and the
+    as made, whose `putb` was made with it, `_encode_fresh`), as `encode`'s loop would one by
+    one, until a mutation of any other kind or shape (an engine tuple `("put", PackedRecord)`
+    with its made keys and a `putb` only). Returns how many it took (perhaps none) and the
     bytes of their keys and records."""
     taken = added = 0
     end = len(muts)
@@ -212,15 +212,11 @@ def _fresh_puts(muts: list[Mutation], at: int, out: list[Mutation]) -> tuple[int
         rec = m[1]
         if type(rec) is not PackedRecord or len(rec) != rec.made_keys:
             break
-        key, queue, state, seq = rec["id"], rec["queue"], rec["state"], rec["seq"]
-        if type(key) is not str or type(queue) is not str or type(state) is not str:
+        putb = rec.putb
+        if putb is None:
             break
-        if type(seq) is not int:
-            break
-        packed = rec.packed
-        # The priority is left out at its default (`core._record`).
-        append(("putb", key, queue, state, rec.get("priority", 0), rec["runAt"], seq, packed))
-        added += len(key) + len(packed)
+        append(putb)
+        added += len(putb[1]) + len(putb[7])
         taken += 1
         at += 1
     return taken, added
@@ -253,13 +249,10 @@ def _encode_record(rec: dict[str, Any], pack: Any) -> Mutation | None:
 
 
 def _encode_fresh(rec: PackedRecord) -> Mutation | None:
-    """`_encode_put` of a fresh job's record: its own bytes, no cold field (it has no key
-    beyond the fresh ones), the row key its id."""
-    key, queue, state, seq = rec["id"], rec["queue"], rec["state"], rec["seq"]
-    if type(key) is str and type(queue) is str and type(state) is str and type(seq) is int:
-        priority = rec.get("priority", 0)  # left out at its default (`core._record`)
-        return ("putb", key, queue, state, priority, rec["runAt"], seq, rec.packed)
-    return None
+    """`_encode_put` of a fresh job's record: the `putb` made with it (`PackedRecord.putb`:
+    its own bytes, no cold field as it has no key beyond the fresh ones, the row key its id),
+    None if a column field is mistyped."""
+    return rec.putb
 
 
 def _encode_changes(changes: object, pack: Any) -> tuple[bytes, dict[str, Any]] | None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardq.core import Engine, EngineConfig, Mutation, fold_mutations
+from shardq.storage._encode import MutationEncoder
 from tests.core.test_batch_paths import state_of
 
 # What each ACK of the list does with the delivery it is given (its index into the pulled jobs).
@@ -27,6 +29,10 @@ CONFIGS = st.sampled_from(
     (EngineConfig(), EngineConfig(max_completed=2, max_results=1), EngineConfig(max_completed=1))
 )
 NOW = 1_700_000_000_000
+
+
+def _pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
 
 
 def _ack(kind: str, job_id: str, token: str | None) -> dict[str, Any]:
@@ -151,3 +157,54 @@ def test_a_run_is_declined_while_a_limiter_holds_jobs_back() -> None:
     assert engine.limiter.blocked == {"q"}  # the second job is held back by the limit
     ack = {"cmd": "ACK", "id": pulled["job"]["id"], "token": pulled["token"]}
     assert engine.ack_run(iter([ack]), NOW) is None
+
+
+def _worker_engine(queues: str) -> tuple[Engine, list[tuple[str, str]]]:
+    """An engine whose worker `w1` pulled 4 jobs of each of `queues`, with their tokens, the
+    queues' deliveries interleaved (q, r, q, r, ...)."""
+    engine = Engine(seed=9)
+    pulled: list[list[tuple[str, str]]] = []
+    for at, queue in enumerate(queues):
+        jobs = [{"data": {"i": i}} for i in range(4)]
+        assert engine.apply({"cmd": "PUSHB", "queue": queue, "jobs": jobs}, NOW + at).reply["ok"]
+        pull = {"cmd": "PULLB", "queue": queue, "count": 4, "owner": "w1"}
+        reply = engine.apply(pull, NOW + 10 + at).reply
+        pulled.append([(j["id"], t) for j, t in zip(reply["jobs"], reply["tokens"], strict=True)])
+    return engine, [d for group in zip(*pulled, strict=True) for d in group]
+
+
+def test_a_workers_acks_are_the_mutations_and_state_of_their_ackb() -> None:
+    """bunqueue-client's Worker sends one ACK per job. A run of such ACKs of one queue moves
+    as ACKB's checked run does (`complete_all(..., checked=True)`): the same mutations, byte
+    for byte once encoded for the writer, and the same state as the ACKB of those ids and
+    tokens."""
+    run, deliveries = _worker_engine("q")
+    ackb, same = _worker_engine("q")
+    assert deliveries == same
+    acks = [{"cmd": "ACK", "id": job_id, "token": token} for job_id, token in deliveries]
+    got = run.ack_run(iter(acks), NOW + 20)
+    assert got is not None and got[1] == len(acks)
+    ids, tokens = [d[0] for d in deliveries], [d[1] for d in deliveries]
+    batch = ackb.apply({"cmd": "ACKB", "queue": "q", "ids": ids, "tokens": tokens}, NOW + 20)
+    assert batch.reply == {"ok": True}
+    assert got[0].mutations == batch.mutations
+    assert _pack(MutationEncoder().encode(got[0].mutations)) == _pack(
+        MutationEncoder().encode(batch.mutations)
+    )
+    assert state_of(run) == state_of(ackb)
+
+
+def test_a_run_of_acks_over_two_queues_is_its_acks_one_by_one() -> None:
+    """ACKs of two queues' jobs, interleaved, in one run: not one queue's run, so each job
+    leaves its own queue's counts, as one ACK at a time does."""
+    run, deliveries = _worker_engine("qr")
+    slow, _ = _worker_engine("qr")
+    acks = [{"cmd": "ACK", "id": job_id, "token": token} for job_id, token in deliveries]
+    got = run.ack_run(iter(acks), NOW + 20)
+    assert got is not None and got[1] == len(acks)
+    expected = [slow.apply(ack, NOW + 20) for ack in acks]
+    assert all(o.reply == {"ok": True} for o in expected)
+    assert fold_mutations(list(got[0].mutations)) == fold_mutations(
+        [m for o in expected for m in o.mutations]
+    )
+    assert state_of(run) == state_of(slow)
