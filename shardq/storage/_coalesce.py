@@ -291,8 +291,6 @@ class _Folder:
             kind = op[0]
             if kind == "upd" or kind == "updm":
                 changes, columns = op[3], op[2]
-                if kind == "updm" and len(op[1]) >= SHARED_MIN:
-                    self.plan.shared.add(id(changes))
                 for key in self._keys(op):
                     row = jobs.get(key, _ABSENT)
                     if row is _ABSENT:  # first touched here: a stored job, inline (`_row`)
@@ -338,7 +336,8 @@ class _Folder:
         batch), the others folded into runs here (`_run_updates`). Not into runs: a change
         that names a cold field (a call each, `_cold_fold`), and one that is a 0- or 1-byte
         bytes object (CPython keeps one of each: it may stand for different columns). A job
-        of a run that `fold` takes is given its row first (`_unrun`)."""
+        of a run that `fold` takes is given its row first (`_unrun`). An `updm` of
+        `SHARED_MIN` keys or more adds its change map to `Plan.shared`."""
         runs = self.plan.runs
         if op[0] == "upd":
             if op[1] in runs:
@@ -346,6 +345,8 @@ class _Folder:
             return (op[1],)
         keys: Any = op[1]  # an `updm`'s: a list of keys (`_Op`)
         columns, changes = op[2], op[3]
+        if len(keys) >= SHARED_MIN:
+            self.plan.shared.add(id(changes))
         if self._runs and COLD_COLUMN not in columns and len(changes) > 1:
             return self._run_updates(keys, columns, changes)
         if runs:
