@@ -166,21 +166,38 @@ class Plan:
     """What was known of the stored rows the batch updates (`Fetch`'s answer)."""
 
 
-def coalesce(mutations: Sequence[Mutation], fetch: Fetch, *, runs: bool = False) -> Plan:
+def coalesce(
+    mutations: Sequence[Mutation],
+    fetch: Fetch,
+    *,
+    runs: bool = False,
+    cached: Mapping[str, Stored] | None = None,
+) -> Plan:
     """Fold `mutations` (in order) into a `Plan`; `fetch` reads what is known of stored rows.
     `runs`: keep the stored jobs only `updm`s touch in `Plan.runs` (for a writer that takes
-    them, `_write.add_runs`), not as rows.
+    them, `_write.add_runs`), not as rows. `cached`: what the caller knows of stored rows
+    already (its cache, `Fetch`'s answer when it holds every row asked for): the batch is
+    first folded against it alone, in one pass, and only where it misses a job the batch
+    updates is it folded again, after `fetch` read the rows (the plan is the same).
 
     Input records are never modified. Raises `StorageRejected` naming the first malformed
     mutation (unknown kind, wrong arity, wrong types, a `put` record without an id).
     """
     ops = [parse(index, mutation) for index, mutation in enumerate(mutations)]
+    if cached:
+        folder = _Folder(cached, runs, complete=False)
+        try:
+            folder.fold(ops)
+        except _Missed:
+            # The fold may have changed the column values of the ops' puts: parsed anew.
+            ops = [parse(index, mutation) for index, mutation in enumerate(mutations)]
+        else:
+            return folder.plan
     # Only jobs first touched by an `upd` need their stored row: any other op on a job replaces
     # or deletes it first. The first kind seen per job says which (queue kinds are never first
     # kinds of a job id: they are kept apart by `_JOB_KINDS`).
     first: dict[str, str] = {}
-    shared: set[int] = set()
-    for kind, key, _a, changes in ops:
+    for kind, key, _a, _changes in ops:
         if kind in _JOB_KINDS:
             if key not in first:  # operators, not `setdefault`: no call per job
                 first[key] = kind
@@ -188,13 +205,14 @@ def coalesce(mutations: Sequence[Mutation], fetch: Fetch, *, runs: bool = False)
             for one in key:
                 if one not in first:
                     first[one] = "upd"
-            if len(key) >= SHARED_MIN:
-                shared.add(id(changes))
     wanted = [key for key, kind in first.items() if kind == "upd" or kind == "delta"]
     folder = _Folder(fetch(wanted), runs)
-    folder.plan.shared = shared
     folder.fold(ops)
     return folder.plan
+
+
+class _Missed(Exception):
+    """A fold against a cache (`coalesce`'s `cached`) met a job the cache does not know."""
 
 
 def remember(
@@ -252,10 +270,15 @@ def _bad_field(job_id: str, name: str, kind: type, value: Any) -> None:
 
 
 class _Folder:
-    def __init__(self, stored: Mapping[str, Stored], runs: bool = False) -> None:
+    def __init__(
+        self, stored: Mapping[str, Stored], runs: bool = False, *, complete: bool = True
+    ) -> None:
         self.plan = Plan(stored=stored)
         self._stored = stored
         self._runs = runs
+        # False: `stored` may miss a stored job, so a job it misses raises `_Missed` instead
+        # of being skipped as one that does not exist.
+        self._complete = complete
 
     def fold(self, ops: list[_Op]) -> None:
         """Fold the parsed ops in order. The two kinds nearly every batch is made of, a put
@@ -275,7 +298,7 @@ class _Folder:
                         if info is not None and (not obliterated or info[0] not in obliterated):
                             row = jobs[key] = Row(None, None, info)
                         else:
-                            self.plan.skipped += 1
+                            self._skip(info)
                             continue
                     elif row is None:  # deleted earlier in the batch
                         self.plan.skipped += 1
@@ -299,13 +322,22 @@ class _Folder:
             else:
                 dispatch[kind](self, op[1], op[2], op[3])
 
+    def _skip(self, info: Stored | None) -> None:
+        """Count an update of a job that does not exist at this point of the batch: not
+        stored (`info` None) or its stored queue obliterated. Raises `_Missed` if `info` is
+        None and the stored rows known may miss it."""
+        if info is None and not self._complete:
+            raise _Missed
+        self.plan.skipped += 1
+
     def _keys(self, op: _Op) -> Sequence[str]:
         """The keys of an `upd` or `updm` that `fold` takes into rows: all of them, or, for
         an `updm` where the plan keeps runs, those with a row in the plan (or deleted in the
         batch), the others folded into runs here (`_run_updates`). Not into runs: a change
         that names a cold field (a call each, `_cold_fold`), and one that is a 0- or 1-byte
         bytes object (CPython keeps one of each: it may stand for different columns). A job
-        of a run that `fold` takes is given its row first (`_unrun`)."""
+        of a run that `fold` takes is given its row first (`_unrun`). An `updm` of
+        `SHARED_MIN` keys or more adds its change map to `Plan.shared`."""
         runs = self.plan.runs
         if op[0] == "upd":
             if op[1] in runs:
@@ -313,6 +345,8 @@ class _Folder:
             return (op[1],)
         keys: Any = op[1]  # an `updm`'s: a list of keys (`_Op`)
         columns, changes = op[2], op[3]
+        if len(keys) >= SHARED_MIN:
+            self.plan.shared.add(id(changes))
         if self._runs and COLD_COLUMN not in columns and len(changes) > 1:
             return self._run_updates(keys, columns, changes)
         if runs:
@@ -351,7 +385,7 @@ class _Folder:
                 continue
             info = stored.get(key)
             if info is None or (obliterated and info[0] in obliterated):
-                self.plan.skipped += 1
+                self._skip(info)
             elif first is None:
                 first = runs[key] = Run([changes], columns)
             else:
@@ -390,7 +424,7 @@ class _Folder:
             stored = self._stored.get(job_id)
             if stored is None or stored[0] in self.plan.obliterated:
                 # Never stored, or untouched until now, so its stored queue was obliterated.
-                self.plan.skipped += 1
+                self._skip(stored)
                 return None
             row = jobs[job_id] = Row(None, None, stored)
         elif row is None:

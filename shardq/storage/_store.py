@@ -209,7 +209,7 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         self._begin_drains()
         with transaction(self._conn, f"applying a batch of {len(mutations)} mutations"):
             try:
-                plan = coalesce(mutations, self._fetch_stored, runs=True)
+                plan = coalesce(mutations, self._fetch_stored, runs=True, cached=self._cache)
             except DrainInBatch:
                 written, delta_rows, done = apply_steps(mutations, self._segment, self._drain)
             else:

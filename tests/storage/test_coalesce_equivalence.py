@@ -225,11 +225,14 @@ def test_a_run_is_cut_at_the_key_bound_either_way() -> None:
     assert groups != MutationEncoder(max_group_keys=3).encode([list(m) for m in stream])
 
 
-def _summaries(path: Path, stream: list[Mutation], bounds: list[int]) -> tuple[Any, Any]:
+def _summaries(
+    path: Path, stream: list[Mutation], bounds: list[int], cache: int = 100_000
+) -> tuple[Any, Any]:
     """The rows and the writer's row summaries (`Store._cache`: queue and blob lengths, what
-    decides when a patch is folded) after `stream` in the batches `bounds` delimit."""
+    decides when a patch is folded) after `stream` in the batches `bounds` delimit.
+    `cache`: the row summaries the store keeps (`cache_records`)."""
     encoder = MutationEncoder(max_group_keys=500, max_group_bytes=1 << 20)
-    with Store.open(path, patch_floor=64) as store:
+    with Store.open(path, patch_floor=64, cache_records=cache) as store:
         for start, end in itertools.pairwise(bounds):
             store.apply(_wire(encoder.encode(copy.deepcopy(stream[start:end]))))
         store.settle()
@@ -254,8 +257,53 @@ def test_runs_leave_the_rows_and_summaries_that_rows_of_their_own_leave(
             assert _summaries(Path(tmp) / "rows.db", stream, bounds) == with_runs
 
 
-def _without_runs(mutations: Any, fetch: Any, *, runs: bool = False) -> Plan:
+def _without_runs(
+    mutations: Any, fetch: Any, *, runs: bool = False, cached: Any = None
+) -> Plan:
     return coalesce(mutations, fetch)
+
+
+def _without_cache(mutations: Any, fetch: Any, *, runs: bool = False, cached: Any = None) -> Plan:
+    return coalesce(mutations, fetch, runs=runs)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=_streams,
+    cuts=st.lists(st.integers(0, 200), max_size=6),
+    cache=st.sampled_from((2, 5, 100_000)),
+)
+def test_a_batch_folded_against_the_cache_leaves_what_one_folded_after_a_fetch_leaves(
+    steps: list[list[Mutation]], cuts: list[int], cache: int
+) -> None:
+    """`Store.apply` folds a batch against its cache of row summaries first (`coalesce`'s
+    `cached`) and folds it again after a fetch only where the cache misses a job the batch
+    updates: with a cache of every row, of a few (misses, folded again) or of two, the rows
+    and summaries must come out as from a fold after the fetch alone."""
+    stream = [m for step in steps for m in step]
+    ends = [sum(map(len, steps[: i + 1])) for i in range(len(steps))]
+    bounds = sorted({0, len(stream), *(ends[c % len(ends)] for c in cuts)})
+    with tempfile.TemporaryDirectory() as tmp:
+        cached = _summaries(Path(tmp) / "cached.db", stream, bounds, cache)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(store_module, "coalesce", _without_cache)
+            assert _summaries(Path(tmp) / "fetched.db", stream, bounds, cache) == cached
+
+
+def test_a_job_the_cache_misses_is_fetched_not_skipped() -> None:
+    """A cache that misses a stored job the batch updates: the fold against it stops and
+    the batch is folded after the fetch, which finds the job (a job neither knows is
+    skipped, as before)."""
+    stream = [("upd", key, _SHARED[0]) for key in _IDS[:6]]
+    batch = _wire(MutationEncoder().encode(stream))
+    cached = _stored(_IDS[:4])
+    plan = coalesce(batch, lambda keys: _stored([k for k in keys if k != "j5"]), cached=cached)
+    assert sorted(plan.jobs) == _IDS[:5]
+    assert plan.skipped == 1
+    assert plan.stored is not cached
+    plan = coalesce(batch, lambda keys: _stored([]), runs=True, cached=_stored(_IDS[:6]))
+    assert sorted(plan.runs) == _IDS[:6]
+    assert plan.stored == _stored(_IDS[:6])
 
 
 @pytest.mark.parametrize("cut", [10, 18])  # leased and completed in one batch, or in two
