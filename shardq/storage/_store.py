@@ -230,9 +230,10 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         pending and no job has ops: if its plan is one hot row with nothing after it, which
         `write_plan` writes with one statement, that statement runs on its own in autocommit
         mode, where SQLite commits it as it would the same statement between BEGIN IMMEDIATE
-        and COMMIT (same WAL frames, same sync) and rolls it back whole if it fails; the two
-        statements and the transaction's Python cost about 7 % of the writer's instructions
-        per durable push (BENCHMARKS.md). Any other plan is written in a transaction."""
+        and COMMIT (same WAL frames, same sync) and rolls it back whole if it fails. The two
+        statements and the transaction's Python cost about 6 % of the writer's instructions
+        a durable push (bench/results/2026-12-06-s20-dwriter.md). Any other plan is written
+        in a transaction."""
         action = "applying a batch of 1 mutations"
         self._begin_drains()  # none is pending: `_write` settles against none
         try:
