@@ -206,51 +206,44 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         if not mutations:
             return 0
         self.settle()
-        if len(mutations) == 1 and not self._delta_rows and not self._pending:
-            first = mutations[0]  # as it came off the wire: `coalesce` rejects a bad one
-            if type(first) in (tuple, list) and first and first[0] == "putb":
-                return self._apply_lone_put(mutations)
         self._begin_drains()
-        with transaction(self._conn, f"applying a batch of {len(mutations)} mutations"):
-            try:
-                plan = coalesce(mutations, self._fetch_stored, runs=True, cached=self._cache)
-            except DrainInBatch:
-                written, delta_rows, done = apply_steps(mutations, self._segment, self._drain)
+        action = f"applying a batch of {len(mutations)} mutations"
+        one = self._one_put(mutations)
+        # A plan of one hot row and nothing else is one statement: autocommit commits it
+        # alone (`transaction`'s `single`), 6 % of the writer's instructions a durable push
+        # fewer than BEGIN IMMEDIATE and COMMIT around it (bench/results/2026-12-06-s20-dwriter.md).
+        done: Done
+        with transaction(self._conn, action, single=one is not None and lone_row(one)):
+            if one is not None:
+                written, delta_rows, known = self._write(one, False)
+                done = [(one, known)]
             else:
-                written, delta_rows, known = self._write(plan, self._delta_rows > 0)
-                done = [(plan, known)]
+                try:
+                    plan = coalesce(mutations, self._fetch_stored, runs=True, cached=self._cache)
+                except DrainInBatch:
+                    written, delta_rows, done = apply_steps(mutations, self._segment, self._drain)
+                else:
+                    written, delta_rows, known = self._write(plan, self._delta_rows > 0)
+                    done = [(plan, known)]
         self._commit_drains()
         self._delta_rows = max(0, self._delta_rows + delta_rows)
         self._unsettled = done  # `settle`: after the writer has sent its `done`
         self._skipped_updates += sum(p.skipped for p, _ in done if isinstance(p, Plan))
         return written
 
-    def _apply_lone_put(self, mutations: Sequence[Mutation]) -> int:
-        """`apply` of a batch of one encoded put (a lone durable push) when no Drain range is
-        pending and no job has ops: if its plan is one hot row with nothing after it, which
-        `write_plan` writes with one statement, that statement runs on its own in autocommit
-        mode, where SQLite commits it as it would the same statement between BEGIN IMMEDIATE
-        and COMMIT (same WAL frames, same sync) and rolls it back whole if it fails. The two
-        statements and the transaction's Python cost about 6 % of the writer's instructions
-        a durable push (bench/results/2026-12-06-s20-dwriter.md). Any other plan is written
-        in a transaction."""
-        action = "applying a batch of 1 mutations"
-        self._begin_drains()  # none is pending: `_write` settles against none
+    def _one_put(self, mutations: Sequence[Mutation]) -> Plan | None:
+        """The plan of a batch of one encoded put (a lone durable push) when no Drain range
+        is pending and no job has ops; None for any other batch, and for one `coalesce`
+        rejects (`apply` coalesces it again in its transaction, which reports the error)."""
+        if len(mutations) != 1 or self._delta_rows or self._pending:
+            return None
+        first = mutations[0]  # as it came off the wire
+        if type(first) not in (tuple, list) or not first or first[0] != "putb":
+            return None
         try:
-            plan = coalesce(mutations, self._fetch_stored, runs=True)
-            if not lone_row(plan):
-                with transaction(self._conn, action):
-                    written, delta_rows, known = self._write(plan, False)
-            else:
-                written, delta_rows, known = self._write(plan, False)
-        except StorageError:
-            raise
-        except Exception as e:
-            raise wrap_error(e, action) from e
-        self._delta_rows = max(0, delta_rows)
-        self._unsettled = [(plan, known)]
-        self._skipped_updates += plan.skipped
-        return written
+            return coalesce(mutations, self._fetch_stored, runs=True)
+        except Exception:
+            return None
 
     def settle(self) -> None:
         """Update the cache of row summaries with what the last `apply` wrote. `apply` does
