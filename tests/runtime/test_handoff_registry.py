@@ -15,9 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
-from shardq_harness import ShardqServer, poll_until
-from test_handoff_frames import AFTER, WAIT_S, Factory, _queue_on, _Raw, _started, _stats
-from test_handoff_workers import _UUID_B, VOLATILE, _call, _fill, _shape, _worker_round
+from shardq_harness import ShardqServer
+from test_handoff_frames import AFTER, Factory, _queue_on, _Raw, _started, _stats
+from test_handoff_workers import (
+    _UUID_B,
+    VOLATILE,
+    _call,
+    _fill,
+    _handed_worker,
+    _shape,
+    _worker_round,
+)
 
 # A back-off no test waits out: a connection handed off again after a hand-back owes it to
 # the registry's waiver.
@@ -124,11 +132,8 @@ def test_a_handed_off_workers_renewals_keep_its_lease(shardq_server: Factory) ->
     server = _started(shardq_server)
     queue = _queue_on(1, "lease")
     _fill(server, queue, AFTER + 1)
-    raw = _Raw(server)
+    raw = _handed_worker(server, queue)
     try:
-        for r in range(AFTER):
-            _worker_round(raw, queue, 1, f"r{r}")
-        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
         completed = _stats(server)["directCompleted"]
         (got,) = raw.call([{"cmd": "PULLB", "queue": queue, "count": 1, "owner": WORKER,
                             "lockTtl": 1_000}])  # fmt: skip
@@ -165,11 +170,8 @@ def test_a_renewal_whose_tokens_do_not_line_up_goes_back_to_the_front_end(
     server = _started(shardq_server, LONG_BACKOFF)
     queue = _queue_on(1, "short")
     _fill(server, queue, AFTER + 3)
-    raw = _Raw(server)
+    raw = _handed_worker(server, queue)
     try:
-        for r in range(AFTER):
-            _worker_round(raw, queue, 1, f"r{r}")
-        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
         (got,) = raw.call([{"cmd": "PULLB", "queue": queue, "count": 3, "owner": WORKER,
                             "lockTtl": 60_000}])  # fmt: skip
         short = {"cmd": "JobHeartbeatB", "ids": [j["id"] for j in got["jobs"]],
