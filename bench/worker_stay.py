@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
 import threading
 import time
@@ -27,27 +25,21 @@ from typing import Any
 
 from bench._server import ShardqProcess
 from bench.direct_hops import _TICK, _tree
+from bench.durable_hops import _role
 
 __all__ = ["main"]
 
 
-def _listener(port: int) -> int:
-    """The PID listening on TCP `port` (the front end), or -1."""
-    out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True)
-    found = re.search(r"pid=(\d+)", out.stdout)
-    return int(found.group(1)) if found else -1
-
-
-def _cpu_by_role(root: int, port: int) -> dict[str, float]:
-    """CPU seconds of the server's front end and of its other processes (shards, writer)."""
+def _cpu_by_role(root: int) -> dict[str, float]:
+    """CPU seconds of the server's front end and of its other processes (shards, writer),
+    told apart by their command line (`durable_hops._role`)."""
     out: dict[str, float] = {}
-    front = _listener(port)
     for pid in _tree(root):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
-        role = "frontend" if pid == front else "others"
+        role = "frontend" if _role(pid) == "frontend" else "others"
         fields = stat.rsplit(")", 1)[1].split()
         out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
     return out
@@ -82,7 +74,7 @@ def run(seconds: float, rate: int, heartbeat: float) -> dict[str, Any]:
 
     try:
         time.sleep(1.0)  # the direct ports announced
-        before = _cpu_by_role(server.proc.pid, server.tcp_port)
+        before = _cpu_by_role(server.proc.pid)
         worker = Worker("stay", process, host="127.0.0.1", port=server.tcp_port,
                         concurrency=50, heartbeat_interval_s=heartbeat)  # fmt: skip
         stop = threading.Event()
@@ -95,7 +87,7 @@ def run(seconds: float, rate: int, heartbeat: float) -> dict[str, Any]:
         finally:
             stop.set()
             worker.close(timeout=10)
-        after = _cpu_by_role(server.proc.pid, server.tcp_port)
+        after = _cpu_by_role(server.proc.pid)
     finally:
         server.stop()
     jobs = max(1, ran[0])
