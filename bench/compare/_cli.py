@@ -3,14 +3,19 @@
     python -m bench compare [--quick] [--peers shardq,bunqueue,huey,rq,celery,dramatiq,arq,
                                                saq,taskiq]
                             [--jobs N] [--repeats K] [--scenarios a,b] [--cache-dir DIR]
-                            [--out-dir DIR] [--label NAME]
+                            [--out-dir DIR] [--label NAME] [--interleave]
 
 The task-API scenarios of issue 15 (every Python peer through its own task API and worker
 command, shardq through `shardq.App` and `shardq worker`): `--scenarios
 tasks_push_single,tasks_push_bulk_100,tasks_drain_2p`.
 
 Scenario-major order: each scenario runs on every peer before the next one starts, so a change
-in the machine's background load hits all peers of a scenario alike.
+in the machine's background load hits all peers of a scenario alike. Within a scenario each
+contestant runs all its repeats before the next one starts, unless `--interleave`: then the
+contestants take turns, one repeat each, round by round, and the ratio table also gives each
+ratio per round (the two sides measured seconds apart) and their median. Use it for the rows
+of one request at a time, whose rate moves by tens of per cent as the machine's speed drifts
+over a minute.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -134,6 +139,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="",
         help="appended to the file names: <date>-<label>.json (e.g. issue15)",
     )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="run each scenario round by round: one repeat of every contestant, then the next "
+        "round, so the two sides of a ratio are measured seconds apart; the ratio table then also "
+        "gives the median of the per-round ratios (not with --quick, whose shared servers would "
+        "see each round's queues again)",
+    )
     parser.add_argument("--drain-window", type=float, default=None, help="seconds (default 5)")
     parser.add_argument(
         "--realtime",
@@ -166,6 +179,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         offered_rate=args.rate or base.offered_rate,
         offered_seconds=base.offered_seconds,
         quick=base.quick,
+        interleave=args.interleave,
     )
 
 
@@ -233,24 +247,66 @@ def measure_all(
 ) -> list[Row]:
     rows: list[Row] = []
     for sc in scenarios:
-        for c in contestants:
-            if not c.supports(sc):
-                continue
-            label = f"{sc.key} / {c.peer} / {c.client_for(sc)}"
-            log(f"running {label}")
-            started, load = time.monotonic(), os.getloadavg()[0]
-            try:
-                m = c.measure(sc, run.settings, procs)
-            except Exception as e:  # one broken peer must not lose the others' results
-                run.note(f"{label} failed: {type(e).__name__}: {str(e)[-800:]}")
-                m = Measurement(note="failed")
-            row = Row.build(sc, c.peer, c.client_for(sc), c.mode(sc), sc.jobs(run.settings), m)
-            row.load_avg_1m = round(load, 2)
-            row.seconds = round(time.monotonic() - started, 1)
-            rows.append(row)
-            log(f"  {row.median if row.median is None else round(row.median, 1)} {row.unit} "
-                f"({row.seconds} s, load {load:.2f})")  # fmt: skip
+        playing = [c for c in contestants if c.supports(sc)]
+        if run.settings.interleave:
+            rows += _interleaved(sc, playing, run, procs)
+        else:
+            rows += [_whole_row(sc, c, run, procs) for c in playing]
     return rows
+
+
+def _whole_row(sc: Scenario, c: Contestant, run: Run, procs: Procs) -> Row:
+    """Every repeat of one contestant, one after another."""
+    started, load = time.monotonic(), os.getloadavg()[0]
+    m = _measure(sc, c, run.settings, procs, run, "")
+    return _row(sc, c, run, m, load, time.monotonic() - started)
+
+
+def _interleaved(sc: Scenario, playing: list[Contestant], run: Run, procs: Procs) -> list[Row]:
+    """One repeat of each contestant in turn, round after round (--interleave): the two sides of
+    a ratio are measured seconds apart, so a change in the machine's speed between rounds
+    moves both. Each sample keeps its round, which pairs it with the other side's."""
+    one = replace(run.settings, repeats=1)
+    merged = [Measurement() for _ in playing]
+    rounds: list[list[int]] = [[] for _ in playing]
+    spent = [0.0 for _ in playing]
+    load = os.getloadavg()[0]
+    for r in range(run.settings.repeats):
+        for i, c in enumerate(playing):
+            started = time.monotonic()
+            m = _measure(sc, c, one, procs, run, f" (round {r + 1} of {run.settings.repeats})")
+            spent[i] += time.monotonic() - started
+            merged[i].samples += m.samples
+            rounds[i] += [r] * len(m.samples)
+            for key, values in m.extra.items():
+                merged[i].extra.setdefault(key, []).extend(values)
+            merged[i].note = merged[i].note or m.note
+    rows = [_row(sc, c, run, merged[i], load, spent[i]) for i, c in enumerate(playing)]
+    for row, taken in zip(rows, rounds, strict=True):
+        row.rounds = taken
+    return rows
+
+
+def _measure(
+    sc: Scenario, c: Contestant, settings: Settings, procs: Procs, run: Run, which: str
+) -> Measurement:
+    label = f"{sc.key} / {c.peer} / {c.client_for(sc)}"
+    log(f"running {label}{which}")
+    try:
+        m = c.measure(sc, settings, procs)
+    except Exception as e:  # one broken peer must not lose the others' results
+        run.note(f"{label}{which} failed: {type(e).__name__}: {str(e)[-800:]}")
+        return Measurement(note="failed")
+    log(f"  {[round(x, 1) for x in m.samples]} {sc.unit}")
+    return m
+
+
+def _row(sc: Scenario, c: Contestant, run: Run, m: Measurement, load: float,
+         seconds: float) -> Row:  # fmt: skip
+    row = Row.build(sc, c.peer, c.client_for(sc), c.mode(sc), sc.jobs(run.settings), m)
+    row.load_avg_1m = round(load, 2)
+    row.seconds = round(seconds, 1)
+    return row
 
 
 def describe_commands(run: Run, procs_commands: dict[str, list[str]]) -> None:
@@ -332,6 +388,8 @@ def _go_realtime(priority: int, run: Run) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.interleave and args.quick:
+        raise SystemExit("--interleave needs a fresh server for each round: drop --quick")
     if args.render:
         return render(args.render)
     started = time.monotonic()
@@ -340,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(settings_from(args), notes=list(METHOD_NOTES))
     if args.realtime:
         _go_realtime(args.realtime, run)
+    if args.interleave:
+        run.note("--interleave: the contestants of a scenario took turns, one repeat each, round "
+                 "by round; 'per round' pairs the samples of one round")  # fmt: skip
     peers = choose_peers(args)
     scenarios = choose_scenarios(args)
     procs = Procs()

@@ -27,6 +27,7 @@ class Settings:
     offered_rate: float = 100.0  # jobs/s for the latency scenario
     offered_seconds: float = 3.0
     quick: bool = False
+    interleave: bool = False  # one repeat of every contestant in turn, round by round
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class Row:
     note: str = ""
     load_avg_1m: float | None = None  # the machine's 1-minute load average as the row started
     seconds: float | None = None  # wall time of the whole row, servers and workers included
+    rounds: list[int] | None = None  # --interleave: the round each sample was measured in
 
     @classmethod
     def build(cls, sc: Scenario, peer: str, client: str, mode: str, jobs: int,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ class Ratio:
     other_peer: str
     ratio: float
     target: float | None  # None: reported for information (shardq's SDK against another client)
+    per_round: list[float] = field(default_factory=list)  # --interleave: the ratio of each round
 
     @property
     def met(self) -> bool | None:
@@ -52,6 +54,15 @@ def _python_target(sc: Scenario) -> float:
     return 5.0 if sc.kind == "drain" else 1.0
 
 
+def _per_round(sc: Scenario, mine: Row, theirs: Row) -> list[float]:
+    """The ratio of each round both sides measured (rows of an --interleave run), in order."""
+    if not mine.rounds or not theirs.rounds:
+        return []
+    other = dict(zip(theirs.rounds, theirs.samples, strict=True))
+    return [_better(sc, s, other[r]) for r, s in zip(mine.rounds, mine.samples, strict=True)
+            if r in other and s > 0 and other[r] > 0]  # fmt: skip
+
+
 def _find(rows: list[Row], scenario: str, peer: str, client: str | None = None) -> Row | None:
     for row in rows:
         wanted = client is None or row.client.startswith(client)
@@ -72,7 +83,8 @@ def _vs_bunqueue(sc: Scenario, rows: list[Row]) -> Iterable[Ratio]:
             label = client if same else "shardq-sdk vs bunqueue-client"
             yield Ratio(sc.key, "bunqueue", label, mine.median, theirs.median, "bunqueue",
                         _better(sc, mine.median, theirs.median),
-                        _bunqueue_target(sc) if same else None)  # fmt: skip
+                        _bunqueue_target(sc) if same else None,
+                        _per_round(sc, mine, theirs))  # fmt: skip
 
 
 def _vs_python(sc: Scenario, rows: list[Row]) -> Iterable[Ratio]:
@@ -84,7 +96,7 @@ def _vs_python(sc: Scenario, rows: list[Row]) -> Iterable[Ratio]:
     scored = [(_better(sc, mine.median, p.median or 0.0), p) for p in peers]
     ratio, best = min(scored, key=lambda pair: pair[0])  # the fastest peer = shardq's worst ratio
     yield Ratio(sc.key, "fastest Python peer", mine.client, mine.median, best.median or 0.0,
-                best.peer, ratio, _python_target(sc))  # fmt: skip
+                best.peer, ratio, _python_target(sc), _per_round(sc, mine, best))  # fmt: skip
 
 
 def _vs_each_peer(sc: Scenario, rows: list[Row]) -> Iterable[Ratio]:
@@ -95,7 +107,8 @@ def _vs_each_peer(sc: Scenario, rows: list[Row]) -> Iterable[Ratio]:
     for p in rows:
         if p.scenario == sc.key and p.peer in PY_PEERS and p.median:
             yield Ratio(sc.key, p.peer, mine.client, mine.median, p.median, p.peer,
-                        _better(sc, mine.median, p.median), None)  # fmt: skip
+                        _better(sc, mine.median, p.median), None,
+                        _per_round(sc, mine, p))  # fmt: skip
 
 
 def ratios(rows: list[Row]) -> list[Ratio]:
@@ -138,18 +151,26 @@ def _results_table(rows: list[Row]) -> list[str]:
 
 
 def _ratio_table(items: list[Ratio]) -> list[str]:
-    lines = [
-        "| scenario | against | client | shardq | other | ratio | target | met |",
-        "|---|---|---|---:|---:|---:|---:|---|",
-    ]
+    rounds = any(r.per_round for r in items)
+    head = "| scenario | against | client | shardq | other | ratio | target | met |"
+    rule = "|---|---|---|---:|---:|---:|---:|---|"
+    if rounds:
+        head += " per round | median per round |"
+        rule += "---|---:|"
+    lines = [head, rule]
     for r in items:
         other = f"{r.other_peer} {r.other:,.1f}" if r.other_peer else f"{r.other:,.1f}"
         target = "-" if r.target is None else f"{r.target:.1f}x"
         met = {None: "(info)", True: "yes", False: "**no**"}[r.met]
-        lines.append(
+        line = (
             f"| {r.scenario} | {r.against} | {r.client} | {r.shardq:,.1f} | {other} | "
             f"{r.ratio:.2f}x | {target} | {met} |"
         )
+        if rounds:
+            each = " ".join(f"{x:.2f}" for x in r.per_round) or "-"
+            middle = f"{statistics.median(r.per_round):.2f}x" if r.per_round else "-"
+            line += f" {each} | {middle} |"
+        lines.append(line)
     return lines
 
 
