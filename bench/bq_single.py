@@ -1,6 +1,7 @@
 """Where the µs of one bunqueue-client push go, against shardq and bunqueue (issue 24).
 
-    python -m bench.bq_single [--requests 2000] [--rounds 4] [--spin auto,0] [--json P]
+    python -m bench.bq_single [--requests 2000] [--rounds 4] [--spin auto,0] [--no-bunqueue]
+                              [--json P]
 
 `bench compare`'s `push_single` row is bunqueue-client 0.1.5's `Queue.add` in a loop: one
 PUSH in flight on one connection. That client sends from the caller's thread and waits on a
@@ -17,6 +18,8 @@ the servers round by round, measures per call:
 - `raw`: the same frame bytes (bunqueue-client's own `encode_command`) from a one-thread
   client that sends, then reads the reply on the same thread: the server plus the wire,
   with no thread hand-off;
+- `sdk`: shardq's own blocking client (`Connection.call(PUSH)`), the client with which
+  `bench.latency_table` measures both servers;
 
 each as p50, mean, p90 and p99 µs, the median over rounds. The compare's jobs/s is one over
 the mean, so the tail counts in it as much as the median. Beside them, per call: the
@@ -48,7 +51,7 @@ if __package__ in (None, ""):
 from bench.compare._procs import Procs, start_bunqueue, start_shardq
 from bench.direct_hops import server_counts
 
-__all__ = ["main", "raw_calls", "reply_of_push", "split_calls"]
+__all__ = ["main", "raw_calls", "reply_of_push", "sdk_calls", "split_calls"]
 
 HOST = "127.0.0.1"
 _WARM = 50  # past shardq's `tcp_handoff_after` (16): the connection is the shard's
@@ -137,6 +140,25 @@ def raw_calls(port: int, queue: str, n: int) -> Samples:
     return {"raw": out}
 
 
+def sdk_calls(port: int, queue: str, n: int) -> Samples:
+    """`n` sequential `Connection.call(PUSH)` of shardq's blocking client, as
+    `bench.latency_table` measures both servers (seconds each)."""
+    from shardq.client import Connection
+
+    conn = Connection(f"tcp://{HOST}:{port}")
+    out: list[float] = []
+    try:
+        for i in range(_WARM + n):
+            command = {"cmd": "PUSH", "queue": queue, "data": {"name": "noop", "t": time.time()}}
+            start = time.perf_counter()
+            conn.call(command)
+            if i >= _WARM:
+                out.append(time.perf_counter() - start)
+    finally:
+        conn.close()
+    return {"sdk": out}
+
+
 def reply_of_push(port: int, queue: str) -> dict[str, Any]:
     """The bytes a server answers one PUSH with: their length, frames and keys."""
     with _raw(port) as sock:
@@ -167,7 +189,7 @@ def _counted(root: int, fn: Callable[[], Samples], n: int) -> tuple[Samples, dic
 def _round(servers: dict[str, tuple[int, int]], n: int, r: int) -> list[dict[str, Any]]:
     rows = []
     for name, (port, root) in servers.items():
-        for kind, fn in (("bqc", split_calls), ("raw", raw_calls)):
+        for kind, fn in (("bqc", split_calls), ("raw", raw_calls), ("sdk", sdk_calls)):
             queue = f"bqs-{kind}-{r}"
             samples, counts = _counted(root, lambda: fn(port, queue, n), n)
             stats = {part: _stats(xs) for part, xs in samples.items()}
@@ -178,7 +200,7 @@ def _round(servers: dict[str, tuple[int, int]], n: int, r: int) -> list[dict[str
     return rows
 
 
-def _start(procs: Procs, spins: list[str]) -> dict[str, tuple[int, int]]:
+def _start(procs: Procs, spins: list[str], bunqueue: bool) -> dict[str, tuple[int, int]]:
     servers: dict[str, tuple[int, int]] = {}
     saved = os.environ.get("SHARDQ_SPIN_US")
     try:
@@ -190,8 +212,9 @@ def _start(procs: Procs, spins: list[str]) -> dict[str, tuple[int, int]]:
         os.environ.pop("SHARDQ_SPIN_US", None)
         if saved is not None:
             os.environ["SHARDQ_SPIN_US"] = saved
-    bq = start_bunqueue(procs)
-    servers["bunqueue"] = (bq.port, bq.proc.pid)
+    if bunqueue:
+        bq = start_bunqueue(procs)
+        servers["bunqueue"] = (bq.port, bq.proc.pid)
     return servers
 
 
@@ -233,11 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--spin", default="auto", help="SHARDQ_SPIN_US values, comma-separated")
+    parser.add_argument("--no-bunqueue", action="store_true", help="shardq only")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     procs = Procs()
     try:
-        servers = _start(procs, args.spin.split(","))
+        servers = _start(procs, args.spin.split(","), not args.no_bunqueue)
         replies = {name: reply_of_push(port, "bqs-reply") for name, (port, _) in servers.items()}
         rows = [row for r in range(args.rounds) for row in _round(servers, args.requests, r)]
     finally:
