@@ -24,8 +24,8 @@ the servers round by round, measures per call:
 each as p50, mean, p90 and p99 µs, the median over rounds. The compare's jobs/s is one over
 the mean, so the tail counts in it as much as the median. Beside them, per call: the
 server's wake-ups (voluntary context switches over every thread of its process tree) and
-CPU (the connect and the warm-up's calls included), and the reply's bytes for one PUSH. The counts do not depend on the machine's load;
-the times do (say `uptime` with them).
+CPU (the connect and the warm-up's calls included), and the reply's bytes for one PUSH.
+The counts do not depend on the machine's load; the times do (say `uptime` with them).
 """
 
 from __future__ import annotations
@@ -174,10 +174,12 @@ def _stats(xs: list[float]) -> dict[str, float]:
     return {"p50": at(0.5), "mean": statistics.mean(s) * 1e6, "p90": at(0.9), "p99": at(0.99)}
 
 
-def _counted(root: int, fn: Callable[[], Samples], n: int) -> tuple[Samples, dict[str, float]]:
+def _counted(
+    root: int, fn: Callable[[int, str, int], Samples], port: int, queue: str, n: int
+) -> tuple[Samples, dict[str, float]]:
     switches0, cpu0 = server_counts(root)
     me0 = time.process_time()
-    samples = fn()
+    samples = fn(port, queue, n)
     switches1, cpu1 = server_counts(root)
     calls = n + _WARM  # the warm-up's calls are inside the counted span
     counts = {"server wake-ups": (switches1 - switches0) / calls,
@@ -191,7 +193,7 @@ def _round(servers: dict[str, tuple[int, int]], n: int, r: int) -> list[dict[str
     for name, (port, root) in servers.items():
         for kind, fn in (("bqc", split_calls), ("raw", raw_calls), ("sdk", sdk_calls)):
             queue = f"bqs-{kind}-{r}"
-            samples, counts = _counted(root, lambda: fn(port, queue, n), n)
+            samples, counts = _counted(root, fn, port, queue, n)
             stats = {part: _stats(xs) for part, xs in samples.items()}
             rows.append({"server": name, "client": kind, "round": r, "stats": stats, **counts})
             print(f"  {name:14s} {kind} r{r}: " + ", ".join(
