@@ -24,7 +24,10 @@ the servers round by round, measures per call:
 each as p50, mean, p90 and p99 µs, the median over rounds. The compare's jobs/s is one over
 the mean, so the tail counts in it as much as the median. Beside them, per call: the
 server's wake-ups (voluntary context switches over every thread of its process tree) and
-CPU (the connect and the warm-up's calls included), and the reply's bytes for one PUSH.
+CPU (the connect and the warm-up's calls included); for shardq, the mean time a push spent
+in its shard (`Metrics`' push histogram: from the turn that read it to just before its
+reply's write; the rest of a `raw` call is the client, the wire and the wake-ups); and the
+reply's bytes for one PUSH.
 The counts do not depend on the machine's load; the times do (say `uptime` with them).
 """
 
@@ -56,6 +59,8 @@ __all__ = ["main", "raw_calls", "reply_of_push", "sdk_calls", "split_calls"]
 HOST = "127.0.0.1"
 _WARM = 50  # past shardq's `tcp_handoff_after` (16): the connection is the shard's
 Samples = dict[str, list[float]]
+_BUNQUEUE_ROOT = [0]  # bunqueue's PID, once started: it has no push timing to ask for
+_COUNTS = ("server wake-ups", "server CPU µs", "client CPU µs", "shard µs")
 
 
 def _arrivals() -> list[float]:
@@ -170,21 +175,45 @@ def reply_of_push(port: int, queue: str) -> dict[str, Any]:
 
 def _stats(xs: list[float]) -> dict[str, float]:
     s = sorted(xs)
-    at = lambda q: s[min(len(s) - 1, int(q * len(s)))] * 1e6  # noqa: E731
+
+    def at(q: float) -> float:
+        return s[min(len(s) - 1, int(q * len(s)))] * 1e6
+
     return {"p50": at(0.5), "mean": statistics.mean(s) * 1e6, "p90": at(0.9), "p99": at(0.99)}
+
+
+def _push_timing(port: int, shardq: bool) -> tuple[float, int]:
+    """shardq's own push timing so far (`Metrics`' push histogram: sum in ms, count): for a
+    push on a shard's direct port or handed-off connection, from the turn that read it to
+    just before its reply's write. (0, 0) for bunqueue, which has no such count."""
+    if not shardq:
+        return 0.0, 0
+    from shardq.client import Connection
+
+    conn = Connection(f"tcp://{HOST}:{port}")
+    try:
+        push = conn.call({"cmd": "Metrics"})["latency"]["push"]
+    finally:
+        conn.close()
+    return float(push["sum"]), int(sum(push["counts"]))
 
 
 def _counted(
     root: int, fn: Callable[[int, str, int], Samples], port: int, queue: str, n: int
 ) -> tuple[Samples, dict[str, float]]:
+    shardq = root != _BUNQUEUE_ROOT[0]
+    ms0, count0 = _push_timing(port, shardq)
     switches0, cpu0 = server_counts(root)
     me0 = time.process_time()
     samples = fn(port, queue, n)
     switches1, cpu1 = server_counts(root)
+    ms1, count1 = _push_timing(port, shardq)
     calls = n + _WARM  # the warm-up's calls are inside the counted span
+    pushes = count1 - count0
     counts = {"server wake-ups": (switches1 - switches0) / calls,
               "server CPU µs": (cpu1 - cpu0) / calls * 1e6,
-              "client CPU µs": (time.process_time() - me0) / calls * 1e6}  # fmt: skip
+              "client CPU µs": (time.process_time() - me0) / calls * 1e6,
+              "shard µs": (ms1 - ms0) / pushes * 1e3 if pushes else 0.0}  # fmt: skip
     return samples, counts
 
 
@@ -217,6 +246,7 @@ def _start(procs: Procs, spins: list[str], bunqueue: bool) -> dict[str, tuple[in
     if bunqueue:
         bq = start_bunqueue(procs)
         servers["bunqueue"] = (bq.port, bq.proc.pid)
+        _BUNQUEUE_ROOT[0] = bq.proc.pid
     return servers
 
 
@@ -229,22 +259,22 @@ def _median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         stats = {part: {stat: statistics.median(r["stats"][part][stat] for r in mine)
                         for stat in parts[part]} for part in parts}  # fmt: skip
         counts = {k: statistics.median(r[k] for r in mine)
-                  for k in ("server wake-ups", "server CPU µs", "client CPU µs")}  # fmt: skip
+                  for k in _COUNTS}  # fmt: skip
         out.append({"server": server, "client": client, "stats": stats, **counts})
     return out
 
 
 def render(medians: list[dict[str, Any]], replies: dict[str, Any]) -> str:
     lines = ["| server | client | part | p50 µs | mean µs | p90 µs | p99 µs | server wake-ups "
-             "/ call | server CPU µs / call | client CPU µs / call |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "/ call | server CPU µs / call | client CPU µs / call | shard µs / push |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for row in medians:
         for part, s in row["stats"].items():
             lines.append(
                 f"| {row['server']} | {row['client']} | {part} | {s['p50']:.0f} | "
                 f"{s['mean']:.0f} | {s['p90']:.0f} | {s['p99']:.0f} | "
                 f"{row['server wake-ups']:.2f} | {row['server CPU µs']:.0f} | "
-                f"{row['client CPU µs']:.0f} |"
+                f"{row['client CPU µs']:.0f} | {row['shard µs']:.0f} |"
             )
     lines.append("")
     for name, reply in replies.items():
