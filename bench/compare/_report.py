@@ -137,6 +137,8 @@ def _results_table(rows: list[Row]) -> list[str]:
     ]
     for row in rows:
         notes = [row.note] if row.note else []
+        if "p50_us" in row.extra:
+            notes.append(f"p50 {row.extra['p50_us']['median']:,.0f} µs a call (median of repeats)")
         if "p99_ms" in row.extra:
             notes.append(f"p99 {row.extra['p99_ms']['median']:,.1f} ms (median of repeats)")
         unit = "ms p50" if row.unit == "ms" else row.unit

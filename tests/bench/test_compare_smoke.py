@@ -100,3 +100,22 @@ def test_realtime_refused_is_a_clear_error() -> None:
     )  # fmt: skip
     assert done.returncode == 1
     assert "--realtime 100: cannot switch to SCHED_FIFO" in done.stderr
+
+
+def test_single_push_rows_carry_the_median_call(tmp_path: Path) -> None:
+    # jobs/s is one over the mean call: the bunqueue-client single rows also give the median
+    # call (issue 24), so a run can be read without its tail.
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "compare", "--quick", "--peers", "shardq",
+         "--scenarios", "push_single,durable_single", "--out-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    rows = [r for r in report["rows"] if r["client"] == "bunqueue-client"]
+    assert {r["scenario"] for r in rows} == {"push_single", "durable_single"}, report["rows"]
+    for row in rows:
+        p50 = row["extra"]["p50_us"]["median"]
+        # A positive time, within 1.5 times the slowest repeat's mean call.
+        assert 0 < p50 <= 1e6 / row["min"] * 1.5, row
+    assert "µs a call (median of repeats)" in next(tmp_path.glob("*.md")).read_text()
