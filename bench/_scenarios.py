@@ -10,7 +10,8 @@ then takes everything with PULLB 100 + ACKB on every queue at once; `*8q` spread
 of a job, rounds of 20 PUSHB of 100 (8 in flight) each drained before the next, so a job's put,
 lease and completion may share one flush window of the writer; a `_roc` suffix pushes every
 job with `removeOnComplete`. `dpush1q` sends N durable PUSH one at a time, each waiting for its
-reply (issue 24's durable single push: one commit per job).
+reply (issue 24's durable single push: one commit per job); `spush1q` the same without
+`durable` (issue 24's single push: one request, one reply, nothing to batch).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from shardq.client import ConnectionLost, TcpConnection
 
 SCENARIOS = ("push1q", "push8q", "drain1q", "drain8q")
-EXTRA = ("drain1q_roc", "drain8q_roc", "ppa1q", "ppa1q_roc", "dpush1q")
+EXTRA = ("drain1q_roc", "drain8q_roc", "ppa1q", "ppa1q_roc", "dpush1q", "spush1q")
 """Scenarios run only when named (not in the default list of `bench.cpu_ab`)."""
 ALL_SCENARIOS = SCENARIOS + EXTRA
 # Jobs pushed per round of a `ppa*` scenario (20 PUSHB of `BATCH`).
@@ -171,9 +172,10 @@ def drain(conn: TcpConnection, queues: list[str]) -> int:
 def work(conn: TcpConnection, scenario: str, queues: list[str], jobs: int) -> int:
     if scenario.startswith("ppa"):
         return _ppa(conn, scenario, queues[0], jobs)
-    if scenario == "dpush1q":
+    if scenario in ("dpush1q", "spush1q"):
+        durable = {"durable": True} if scenario == "dpush1q" else {}
         for i in range(jobs):
-            conn.call({"cmd": "PUSH", "queue": queues[0], "data": {"i": i}, "durable": True})
+            conn.call({"cmd": "PUSH", "queue": queues[0], "data": {"i": i}, **durable})
         return jobs
     if scenario.startswith("push"):
         pushes = (

@@ -14,7 +14,8 @@ PULLB 100 + ACKB on every queue at once. `*8q` spreads the jobs over 8 queues. R
 when named: `ppa1q` (push, pull and ack all measured, in rounds of 2,000 jobs) and the `_roc`
 variants `drain1q_roc`, `drain8q_roc`, `ppa1q_roc` (every job pushed with
 `removeOnComplete`), and `dpush1q` (N durable PUSH one at a time, each waiting for its reply:
-one commit per job, issue 24; run it with `SHARDQ_SPIN_US=0`, or spins count as work). The
+one commit per job, issue 24; run it with `SHARDQ_SPIN_US=0`, or spins count as work), and
+`spush1q` (the same without `durable`: the single push's own turn in each process). The
 CPU time of each child process (user + system, from /proc) is read before and after and
 divided by N.
 
