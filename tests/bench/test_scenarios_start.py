@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench._scenarios import connect, start_server, stderr_tail
+from bench._scenarios import connect, queues_of, start_server, stderr_tail, work
 from shardq.client import ConnectionLost
 
 SHARDQ = shutil.which("shardq") or str(Path(sys.executable).with_name("shardq"))
@@ -30,3 +30,21 @@ def test_a_server_that_dies_at_start_says_why(tmp_path: Path) -> None:
     finally:
         first.terminate()
         first.wait(timeout=30)
+
+
+@pytest.mark.parametrize(("scenario", "durable"), [("spush1q", False), ("dpush1q", True)])
+def test_one_at_a_time_scenarios_push_n_jobs_as_their_mode_says(
+    tmp_path: Path, scenario: str, durable: bool
+) -> None:
+    """`spush1q` and `dpush1q` (`bench.cpu_ab`): N single PUSHes, buffered or durable."""
+    server, port = start_server(SHARDQ, 1, str(tmp_path))
+    try:
+        conn = connect(port, server)
+        assert work(conn, scenario, queues_of(scenario), 30) == 30
+        listed = conn.call({"cmd": "GetJobs", "queue": "q0", "state": "waiting", "limit": 100})
+        assert len(listed["jobs"]) == 30
+        assert {job["durable"] for job in listed["jobs"]} == {durable}
+        conn.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
