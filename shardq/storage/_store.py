@@ -50,6 +50,7 @@ from shardq.storage._drain import (
 )
 from shardq.storage._drain_bounds import BY_ID, drained_row
 from shardq.storage._errors import StorageError, wrap_error
+from shardq.storage._lone import NO_PLAN, lone_known, lone_put, lone_sql
 from shardq.storage._store_drain import StoreDrains, not_drained
 from shardq.storage._store_file import PROGRESS_STEPS, StoreFile, beating
 from shardq.storage._store_loads import (
@@ -60,7 +61,6 @@ from shardq.storage._store_loads import (
     _filter,
 )
 from shardq.storage._tx import autocommit, transaction
-from shardq.storage._lone import NO_PLAN, lone_known, lone_put, lone_sql
 from shardq.storage._write import FETCH_CHUNK, chunks, merge_row, write_plan
 
 __all__ = ["MAX_FILTER_QUEUES", "Store"]
