@@ -50,6 +50,7 @@ from shardq.storage._drain import (
 )
 from shardq.storage._drain_bounds import BY_ID, drained_row
 from shardq.storage._errors import StorageError, wrap_error
+from shardq.storage._lone import NO_PLAN, lone_known, lone_put, lone_sql
 from shardq.storage._store_drain import StoreDrains, not_drained
 from shardq.storage._store_file import PROGRESS_STEPS, StoreFile, beating
 from shardq.storage._store_loads import (
@@ -59,8 +60,8 @@ from shardq.storage._store_loads import (
     StoreLoads,
     _filter,
 )
-from shardq.storage._tx import transaction
-from shardq.storage._write import FETCH_CHUNK, chunks, lone_row, merge_row, write_plan
+from shardq.storage._tx import autocommit, transaction
+from shardq.storage._write import FETCH_CHUNK, chunks, merge_row, write_plan
 
 __all__ = ["MAX_FILTER_QUEUES", "Store"]
 
@@ -117,6 +118,7 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         self._drain_table = version >= _schema.DRAIN_VERSION
         self._open_drains()
         self._swap_lock: int | None = None  # `keep_swap_lock`'s descriptor
+        self._lone_sql = lone_sql(_schema.cold_columns(version))  # `_apply_lone_put`
 
     @classmethod
     def open(
@@ -206,44 +208,36 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         if not mutations:
             return 0
         self.settle()
+        if not (self._delta_rows or self._pending):
+            row = lone_put(mutations)
+            if row is not None:
+                return self._apply_lone_put(row)
         self._begin_drains()
         action = f"applying a batch of {len(mutations)} mutations"
-        one = self._one_put(mutations)
-        # A plan of one hot row and nothing else is one statement: autocommit commits it
-        # alone (`transaction`'s `single`), 6 % of the writer's instructions a durable push
-        # fewer than BEGIN IMMEDIATE and COMMIT around it (bench/results/2026-12-06-s20-dwriter.md).
         done: Done
-        with transaction(self._conn, action, single=one is not None and lone_row(one)):
-            if one is not None:
-                written, delta_rows, known = self._write(one, False)
-                done = [(one, known)]
+        with transaction(self._conn, action):
+            try:
+                plan = coalesce(mutations, self._fetch_stored, runs=True, cached=self._cache)
+            except DrainInBatch:
+                written, delta_rows, done = apply_steps(mutations, self._segment, self._drain)
             else:
-                try:
-                    plan = coalesce(mutations, self._fetch_stored, runs=True, cached=self._cache)
-                except DrainInBatch:
-                    written, delta_rows, done = apply_steps(mutations, self._segment, self._drain)
-                else:
-                    written, delta_rows, known = self._write(plan, self._delta_rows > 0)
-                    done = [(plan, known)]
+                written, delta_rows, known = self._write(plan, self._delta_rows > 0)
+                done = [(plan, known)]
         self._commit_drains()
         self._delta_rows = max(0, self._delta_rows + delta_rows)
         self._unsettled = done  # `settle`: after the writer has sent its `done`
         self._skipped_updates += sum(p.skipped for p, _ in done if isinstance(p, Plan))
         return written
 
-    def _one_put(self, mutations: Sequence[Mutation]) -> Plan | None:
-        """The plan of a batch of one encoded put (a lone durable push) when no Drain range
-        is pending and no job has ops; None for any other batch, and for one `coalesce`
-        rejects (`apply` coalesces it again in its transaction, which reports the error)."""
-        if len(mutations) != 1 or self._delta_rows or self._pending:
-            return None
-        first = mutations[0]  # as it came off the wire
-        if type(first) not in (tuple, list) or not first or first[0] != "putb":
-            return None
-        try:
-            return coalesce(mutations, self._fetch_stored, runs=True)
-        except Exception:
-            return None
+    def _apply_lone_put(self, row: tuple[Any, ...]) -> int:
+        """A batch of one encoded hot put (a lone durable push, `_lone`) while no Drain range
+        is pending and no job has ops: its one upsert, which SQLite's autocommit commits as
+        it ends (the same write lock, WAL frames and sync as BEGIN IMMEDIATE ... COMMIT; 6 %
+        of the writer's instructions a durable push fewer, bench/results/2026-12-06-s20-dwriter.md)
+        and rolls back whole if it fails, without the coalescing and the plan of `apply`."""
+        written = autocommit(self._conn, self._lone_sql, row, "applying a batch of 1 mutations")
+        self._unsettled = [(NO_PLAN, lone_known(row))]
+        return written
 
     def settle(self) -> None:
         """Update the cache of row summaries with what the last `apply` wrote. `apply` does

@@ -68,7 +68,6 @@ __all__ = [
     "decode",
     "fold",
     "join_patch",
-    "lone_row",
     "merge_patch",
     "merge_row",
     "whole_row",
@@ -155,25 +154,6 @@ def write_plan(
     delta_rows += changed
     written += write_keyed_tables(conn, plan, pack)
     return written, known, delta_rows
-
-
-def lone_row(plan: Plan) -> bool:
-    """Whether `write_plan` writes `plan` with one statement (`Store` runs it without a
-    transaction of its own): one put of a hot record, encoded, that no change followed, and
-    nothing else. The caller knows no job has ops (else the put deletes them first)."""
-    if len(plan.jobs) != 1 or plan.runs or plan.obliterated or plan.queues or plan.groups:
-        return False
-    if plan.crons or plan.cron_drops or plan.webhooks or plan.flows:
-        return False
-    (row,) = plan.jobs.values()
-    return (
-        row is not None
-        and row.values is not None
-        and len(row.values) == _COLUMNS
-        and type(row.rec) is bytes
-        and not row.patch
-        and not row.kept
-    )
 
 
 def _write_jobs(

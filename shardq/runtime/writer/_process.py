@@ -112,6 +112,7 @@ class Writer(RejectedMutations):
         self._links = ShardConnections(
             spec.writer_link_path, spec.writer_bell_path if self._bells else None
         )
+        self._listener_fd = self._links.listener_fd()  # the listener's, for its whole life
         # With adaptive spinning the writer spins too, but it follows durable batches only:
         # they are the messages someone waits on; buffered ones wait for a flush anyway.
         process = spec.process
@@ -173,6 +174,8 @@ class Writer(RejectedMutations):
         # (shard, seq) of the batches whose mutations the last flush refused (`rejected`).
         self._refused: set[tuple[int, int]] = set()
         self._poll_set = PollSet()
+        # One packer for every confirmation: `msgpack.packb` builds a new one each call.
+        self._pack = msgpack.Packer(use_bin_type=True).pack
         # Whether the per-commit debug line is written, asked once: a call on the module's
         # logger binds a new logger each time (3 µs) even when it then drops the line.
         self._debug = _debug_enabled()
@@ -187,12 +190,13 @@ class Writer(RejectedMutations):
         waker_fd = waker.fileno()
         buffer, clock = self._buffer, self._clock
         while True:
-            events = self._poll(waker)
+            events = self._poll(waker_fd)
             if waker_fd in events and _stop_requested(waker.drain()):
                 break
             with _no_collection:
                 self._serve_links(events)
-                if buffer.due(clock()):
+                deadline = buffer.deadline()  # `due`, without its call
+                if deadline is not None and clock() >= deadline:
                     if self._bells:
                         self._read_links(events)  # what waited unread for this commit
                     self._flush()
@@ -255,15 +259,15 @@ class Writer(RejectedMutations):
 
     # -- the loop
 
-    def _poll(self, waker: SignalWaker) -> dict[int, int]:
+    def _poll(self, waker_fd: int) -> dict[int, int]:
         # Worked out each turn (`_pollset`): connections come and go, and input is not read
         # at all while the buffer is full (storage failing), so the shards' blocking sends
         # push back.
-        wanted = {waker.fileno(): select.POLLIN}
+        wanted = {waker_fd: select.POLLIN}
         reading = self._buffer.accepting
         links = self._links
         if reading:
-            wanted[links.listener_fd()] = select.POLLIN
+            wanted[self._listener_fd] = select.POLLIN
             for fd in links.bell_fds():
                 wanted[fd] = select.POLLIN
             muted = self._muted if self._lazy() else ()
@@ -301,7 +305,7 @@ class Writer(RejectedMutations):
     def _serve_links(self, events: dict[int, int]) -> None:
         links = self._links
         bells = links.bell_fds() if self._bells else ()
-        listener = links.listener_fd()
+        listener = self._listener_fd
         rang = False
         for fd, mask in events.items():
             if fd == listener:
@@ -495,7 +499,7 @@ class Writer(RejectedMutations):
         for shard, message in messages:
             # Never blocks: what does not fit waits in the link's buffer. A confirmation is
             # cumulative, so one for a shard that is not connected (it died) is simply dropped.
-            self._links.send(shard, msgpack.packb(message, use_bin_type=True))
+            self._links.send(shard, self._pack(message))
 
     # -- shutdown
 

@@ -100,13 +100,19 @@ class WriterStatus:
         self.drain_pending_queues = 0
 
     def flushed(self, mutations: int, seconds: float) -> None:
-        """A flush committed; storage works (again)."""
-        changed = self.degraded
-        self.degraded = self.disk_full = False
-        self.error = self.since_ms = None
-        self.duration.observe(seconds)
-        self.size.observe(mutations)
-        self.save(force=changed)
+        """A flush committed; storage works (again). Once a commit, a durable push's too:
+        the histograms' `observe` and `save`'s check of the clock inline (three calls)."""
+        changed = self.degraded  # `failed` set it with the error: they clear together
+        if changed:
+            self.degraded = self.disk_full = False
+            self.error = self.since_ms = None
+        duration, size = self.duration, self.size
+        duration.counts[bisect.bisect_left(duration.bounds, seconds)] += 1
+        duration.sum += seconds
+        size.counts[bisect.bisect_left(size.bounds, mutations)] += 1
+        size.sum += mutations
+        if changed or self._clock() - self._written_at >= _WRITE_EVERY_S:
+            self.save(force=True)
 
     def vacuum_checked(self, free_pages: int) -> None:
         """The idle writer counted the free pages (and may vacuum them)."""
