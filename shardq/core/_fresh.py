@@ -243,14 +243,16 @@ class FreshRecords:
         join = b"".join
         for job_id, entry in zip(ids, entries, strict=True):
             seq += 1
-            data = entry["data"]
+            job = Job(job_id, queue, seq)
+            job.timeline = timeline
+            job.data = data = entry["data"]
             # The given name, else the data's (`_job._legacy_name`, inline), else the default.
             name = entry["name"] if named else None
             if not (named and isinstance(name, str) and name) and type(data) is dict:
                 name = data.get("name")
-            if name is None or not isinstance(name, str) or not name:  # most data has no name
-                name = "default"
-            job = Job(job_id, queue, seq, data, name, now, timeline)
+            if name is not None and isinstance(name, str) and name:  # most data has no name
+                job.name = name
+            job.created_at = job.last_heartbeat = job.run_at = now
             if durable:
                 job.opts = {"durable": True}  # as `_options` has it; each job its own
             append(job)

@@ -148,30 +148,18 @@ class Job:
         "token",
     )
 
-    def __init__(
-        self,
-        job_id: str,
-        queue: str,
-        seq: int,
-        data: Any = None,
-        name: str = "default",
-        now: int = 0,
-        timeline: Timeline = (),
-    ) -> None:
-        """A job with every field at its default but those given: `now` its creation, run
-        and heartbeat time (a fresh job's, as a payload PUSHB makes it: `_fresh`), each field
-        set once."""
+    def __init__(self, job_id: str, queue: str, seq: int) -> None:
         self.id = job_id
         # The row this job is stored under: its id, which is unique across the server, except
         # for a custom id, which a client may reuse on queues that other shards own.
         self.key = job_id
         self.queue = queue
         self.seq = seq
-        self.name = name
-        self.data: Any = data
+        self.name = "default"
+        self.data: Any = None
         self.priority: float = 0
-        self.created_at = now
-        self.run_at = now
+        self.created_at = 0
+        self.run_at = 0
         self.started_at: int | None = None
         self.completed_at: int | None = None
         self.attempts = 0
@@ -179,7 +167,7 @@ class Job:
         self.progress: float = 0
         self.progress_message: str | None = None
         self.stacktrace: list[str] | None = None
-        self.last_heartbeat = now
+        self.last_heartbeat = 0
         self.stall_count = 0
         self.children_completed = 0
         self.lifo = False
@@ -188,7 +176,7 @@ class Job:
         # keeps up to 50,000 completed jobs that collections walk. Jobs admitted and moved
         # together share their timeline (`JobStore.move_run` extends it). `timeline_view`
         # gives the wire form.
-        self.timeline: Timeline = timeline
+        self.timeline: Timeline = ()
         self.opts: Mapping[str, Any] = NO_OPTIONS
         self.state = WAITING
         self.failed_reason: str | None = None
