@@ -374,6 +374,20 @@ class Consumer(LeaseRenewal):
                 ignored.append(i)
         return todo, ignored, simple
 
+    def _leased(self, job_id: object, token: object) -> Job | None:
+        """The active job `job_id` whose lease `token` holds, when `fence` would apply it
+        for its own lease's token (the common ACK); None for anything else, which `fence`
+        then classifies (`_fence_all`'s check, as a call)."""
+        if type(token) is not str or type(job_id) is not str:
+            return None
+        job = self.jobs.get(job_id)
+        if job is None or token != job.token or not job.leased or job.state != ACTIVE:
+            return None
+        finalized = self.finalized
+        if finalized and finalized.get(token) == job_id:
+            return None
+        return job
+
     def ack_run(
         self, fx: Effects, commands: Iterable[Mapping[str, Any]], check: Check, now: int
     ) -> int:
@@ -393,18 +407,23 @@ class Consumer(LeaseRenewal):
         with_result: bool | None = None
         simple = True  # every remove None and every job bare, of the first one's queue
         queue: str | None = None
-        fence = self.fence
+        fence, leased = self.fence, self._leased
         for cmd in commands:
             if cmd.get("cmd") != "ACK" or (check is not None and check(cmd) is not None):
                 break
             has = "result" in cmd
             if with_result is not None and has is not with_result:
                 break
-            try:
-                outcome, job = fence(cmd.get("id"), cmd.get("token"))
-            except CommandError:
-                break
-            if outcome != _APPLY or job is None or job.state != ACTIVE or job.id in taken:
+            job_id, token = cmd.get("id"), cmd.get("token")
+            job = leased(job_id, token)
+            if job is None:
+                try:
+                    outcome, job = fence(job_id, token)
+                except CommandError:
+                    break
+                if outcome != _APPLY or job is None or job.state != ACTIVE:
+                    break
+            if job.id in taken:
                 break
             with_result = has
             taken.add(job.id)

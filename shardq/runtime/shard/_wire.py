@@ -361,7 +361,8 @@ def _wire_all(
 
     def wire_all(entries: list[Entry], ids: list[Any], body: list[bytes]) -> None:
         """`wire` of each entry onto `body` and its id onto `ids`: a job without options or
-        with shared options only (most of them) written out here, without a call each."""
+        with shared options only (most of them) written out here, without a call each, as
+        the pieces its bytes are the join of (`body` is joined whole)."""
         last_timeline: object = None
         timeline_bytes = b""
         last_head: object = None
@@ -374,6 +375,7 @@ def _wire_all(
         # first a marker no job holds, so the first job packs its own.
         priority = progress = message = stack = _UNSET
         rest_bytes = b""
+        extend = body.extend
         for entry in entries:
             options = None
             if type(entry) is tuple:
@@ -411,8 +413,8 @@ def _wire_all(
             timeline = entry[_TIMELINE_AT]
             if timeline is not last_timeline:
                 last_timeline, timeline_bytes = timeline, timelines.packed(timeline)
-            body.append(b"".join((start, pack(job_id), names, k_data, data, rest_bytes,
-                                  timeline_bytes)))  # fmt: skip
+            # Its pieces, not their join: the reply's own join copies them once.
+            extend((start, pack(job_id), names, k_data, data, rest_bytes, timeline_bytes))
 
     return wire_all
 
