@@ -128,8 +128,9 @@ def test_durable_push_waits_for_the_writer(s: Shard) -> None:
 
 def test_what_a_client_waits_on_goes_before_the_rest_of_the_turn(s: Shard) -> None:
     """`early_out`: a durable push's batch leaves before the turn's timers and parked
-    requests run, and so does the reply a `done` released; a buffered push's reply waits
-    for its batch, which leaves with the rest of the turn (`finish_turn`)."""
+    requests run, and so does the reply a `done` released; a buffered push's reply leaves
+    early too, right after its batch, and a timer due in the same turn sends its own batch
+    with the rest of the turn (`finish_turn`)."""
     core = s.core
     durable = {"cmd": "PUSH", "queue": "q", "data": 1, "durable": True}
     core.handle({"t": "req", "items": [["t1", 1, durable]]}, s.now)
@@ -145,11 +146,23 @@ def test_what_a_client_waits_on_goes_before_the_rest_of_the_turn(s: Shard) -> No
     core.after_send()
     core.handle({"t": "req", "items": [["t1", 2, {"cmd": "PUSH", "queue": "q", "data": 2}]]},
                 s.now)  # fmt: skip
-    assert core.early_out(s.now) == []  # its batch first, in the turn's order
-    assert [(dest, out["t"]) for dest, out in core.finish_turn(s.now)] == [
-        ("writer", "muts"),
-        ("front", "rep"),
-    ]
+    early = core.early_out(s.now)  # its batch first, in the turn's order, then its reply
+    assert [(dest, out["t"]) for dest, out in early] == [("writer", "muts"), ("front", "rep")]
+    assert [item[1] for item in early[1][1]["items"]] == [2]
+    assert core.finish_turn(s.now) == []
+    core.after_send()
+    # A buffered push in the turn a delayed job comes due: the push's batch and ok first,
+    # the promotion in a batch of its own after them.
+    core.handle({"t": "req", "items": [["t1", 7, {"cmd": "PUSH", "queue": "q", "data": 7,
+                                                   "delay": 10}]]}, s.now)  # fmt: skip
+    core.finish_turn(s.now)
+    s.now += 20
+    core.handle({"t": "req", "items": [["t1", 8, {"cmd": "PUSH", "queue": "q", "data": 8}]]},
+                s.now)  # fmt: skip
+    first, reply = core.early_out(s.now)
+    assert first[0] == "writer" and len(first[1]["muts"]) == 1 and reply[0] == "front"
+    (late,) = core.finish_turn(s.now)
+    assert late[0] == "writer" and late[1]["seq"] > first[1]["seq"]
     # A delayed job due in a durable push's turn: its promotion goes in a batch of its own,
     # after the durable one.
     core.handle({"t": "req", "items": [["t1", 3, {"cmd": "PUSH", "queue": "q", "data": 3,

@@ -282,19 +282,21 @@ class ShardCore(ParkedRequests, ConnectionsAndDrain):
     def early_out(self, now: int) -> list[Outgoing]:
         """What a client waits on, to send before `finish_turn` runs the turn's timers and
         parked requests: the turn's batches when one holds durable pushes (their commit is
-        the wait), and the replies ready once no mutation of the turn is left unsent (a
-        `done` released them). In `finish_turn`'s order: the turn's job events, the batches,
-        the notices that follow them, the replies. Nothing while a resend is due (the resent
-        batches go first, `finish_turn`); `finish_turn` sends whatever comes later."""
+        the wait), and the turn's replies with the batch of the mutations made so far before
+        them (a buffered push's ok waits on nothing but its batch being handed over; a timer
+        that fires later in the turn sends its own). In `finish_turn`'s order: the turn's job
+        events, the batches, the notices that follow them, the replies. Nothing while a
+        resend is due (the resent batches go first, `finish_turn`); `finish_turn` sends
+        whatever comes later."""
         if self.batches.resend_due:
             return []
         batches = bool(self._durable or self._segments)
-        if not batches and (self._muts or not self._replies):
+        if not batches and not self._replies:
             return []
         out: list[Outgoing] = []
         if self.event_tap.active:  # it records events only then
             out.extend(("front", m) for m in self.event_tap.take())
-        if batches:
+        if batches or self._muts:
             self._flush_mutations(out)
         if self._cancels or self.flows.flows.new:  # due resends can wait for `finish_turn`
             self._notices(out, now)

@@ -323,8 +323,9 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
             now = self.clock.now()
             for msg in messages:
                 self.core.handle(msg, now)
-            # A durable push's batch, or the replies a `done` released, before the turn's
-            # timers and parked requests: a client waits on them.
+            # The turn's batches and replies (a durable push's batch, a buffered push's batch
+            # and ok, the replies a `done` released) before its timers and parked requests:
+            # a client waits on them.
             first = self.core.early_out(now) if messages else None
             if first:
                 self._send(first)
