@@ -68,6 +68,10 @@ _PULLS: Final = frozenset({"PULL", "PULLB"})
 # connection when it holds them (`shard._direct_work`): placed by the job cache.
 _BY_ID: Final = frozenset({"ACK", "JobHeartbeat", "ExtendLock"})
 _BY_IDS: Final = frozenset({"ACKB", "JobHeartbeatB", "ExtendLocks"})
+# How many times the cancel of a job held through the front end goes to the shard a handed-off
+# connection is with (`forward_cancels`): a shard that no longer holds the connection (handed
+# back, closed, not yet taken) returns it, and it goes where the connection is then.
+MAX_CANCEL_HOPS: Final = 3
 # A connection's handoff state.
 NONE: Final = 0
 WANTED: Final = 1  # not read any more; handed once nothing is in flight or unwritten
@@ -127,6 +131,7 @@ class Handoffs:
         self._unread: dict[str, bytearray] = {}  # a hand-back's bytes, while more come
         self.handed_off = 0  # connections taken by a shard (for tests and logs)
         self.handed_back = 0
+        dispatcher.forward_cancels = self.forward_cancels
         for kind, handler in (
             (msgs.TOOK, self._on_took),
             (msgs.HANDBACK, self._on_handback),
@@ -310,6 +315,33 @@ class Handoffs:
         entry = self._conns.pop(str(msg.get("conn")), None)
         if entry is not None and entry[1].handoff_state == HANDED:
             entry[1].lost()
+
+    # -- cancels -----------------------------------------------------------------------------
+
+    def forward_cancels(self, items: list[Any]) -> list[Any]:
+        """Send each `cancel` item of a connection a shard holds (or is being handed) to that
+        shard (`cancel-for`), which writes it as its own; return the others, for the front
+        end to push. An item comes back from a shard that no longer holds its connection;
+        after `MAX_CANCEL_HOPS` forwards it is dropped with a warning, as for a worker that
+        does not read."""
+        if not self._conns:
+            return items
+        rest: list[Any] = []
+        by_shard: dict[int, list[dict[str, Any]]] = {}
+        for item in items:
+            entry = self._conns.get(str(item.get("conn"))) if type(item) is dict else None
+            if entry is None:
+                rest.append(item)
+                continue
+            hops = item.get("hops", 0)
+            if type(hops) is not int or hops >= MAX_CANCEL_HOPS:
+                _log.warning("cancel not pushed: its connection kept moving",
+                             conn=item.get("conn"), job_id=item.get("jobId"))  # fmt: skip
+                continue
+            by_shard.setdefault(entry[0], []).append({**item, "hops": hops + 1})
+        for shard, group in by_shard.items():
+            self._dispatcher.router.control(shard, msgs.cancel_for(group))
+        return rest
 
     # -- the sockets -------------------------------------------------------------------------
 
