@@ -164,6 +164,8 @@ class Dispatcher:
         # The cancels of connections a shard serves now go to it (`Handoffs.forward_cancels`):
         # given the items, it returns those left for this process to push.
         self.forward_cancels: Callable[[list[Any]], list[Any]] | None = None
+        # Told of each shard's direct port as it is announced (`Handoffs.link`).
+        self.direct_announced: Callable[[int], None] | None = None
         # The shards' direct ports (`shard._direct`), announced by each shard; Hello hands
         # them to clients while every shard has one and is up. None in a cluster: the
         # partition guard lives here, and a direct push would pass it by.
@@ -427,6 +429,8 @@ class Dispatcher:
         shard, port = msg.get("shard"), msg.get("port")
         if self.direct_ports is not None and type(shard) is int and type(port) is int:
             self.direct_ports[shard] = port
+            if self.direct_announced is not None:
+                self.direct_announced(shard)
 
     def _on_events(self, msg: Mapping[str, Any]) -> None:
         self.events.on_events(msg.get("items"))

@@ -29,12 +29,17 @@ The front end keeps its copy, not read, until the shard answers `took`: then it 
 shard's socket gone before the answer, it resumes the connection itself. A `handback`
 (descriptor + unread bytes) resumes it here with a new transport; a `gone`, or the shard's
 socket lost while it held the connection (kill -9: the client sees the connection end), ends
-it here as a close would (its leases released, its registered workers forgotten).
+it here as a close would (its leases released, its registered workers forgotten). A `gone` or
+a hand-back of an earlier front end's connection (this one restarted) releases it too.
+
+The cancel of a job a handed-off connection holds on another shard reaches the front end,
+which sends it to the shard holding the connection (`forward_cancels`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
@@ -132,6 +137,8 @@ class Handoffs:
         self.handed_off = 0  # connections taken by a shard (for tests and logs)
         self.handed_back = 0
         dispatcher.forward_cancels = self.forward_cancels
+        dispatcher.direct_announced = self.link
+        self._own = f"t{os.getpid()}."  # this process's TCP connection ids (`_tcp`)
         for kind, handler in (
             (msgs.TOOK, self._on_took),
             (msgs.HANDBACK, self._on_handback),
@@ -284,6 +291,7 @@ class Handoffs:
             # Not ours (a front end restarted since): nobody here can resume it.
             _log.warning("handed-back connection unknown here: closed", conn=name)
             sock.close()
+            self._release_foreign(name)
             return
         self.handed_back += 1
         conn = entry[1]
@@ -312,9 +320,26 @@ class Handoffs:
         return now + self.backoff_s
 
     def _on_gone(self, msg: Mapping[str, Any]) -> None:
-        entry = self._conns.pop(str(msg.get("conn")), None)
-        if entry is not None and entry[1].handoff_state == HANDED:
+        name = str(msg.get("conn"))
+        entry = self._conns.pop(name, None)
+        if entry is None:
+            self._release_foreign(name)
+        elif entry[1].handoff_state == HANDED:
             entry[1].lost()
+
+    def _release_foreign(self, name: str) -> None:
+        """A connection of a front end before this one (it restarted) ended at a shard, or
+        here: release its leases on every shard as its own front end would have (a shard
+        remembers those that ended while no front end was linked, `tcp_handoff_gone_max`)."""
+        if not name.startswith(self._own):
+            self._dispatcher.connection_closed(name)
+
+    def link(self, shard: int) -> None:
+        """`shard` announced its direct port (it started, or this front end did): connect its
+        handoff socket now, not at the first handoff, so that it reports at once the
+        connections that ended while no front end was linked (`_on_gone`)."""
+        if self._loop is not None and shard not in self._chans:
+            self._chan(shard)
 
     # -- cancels -----------------------------------------------------------------------------
 
