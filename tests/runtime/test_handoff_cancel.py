@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,44 @@ def test_a_cancel_of_a_job_held_on_another_shard_reaches_the_handed_off_worker(
         assert len(got["jobs"]) == 1
         assert _stats(server)["handedBack"] == 0
     finally:
+        raw.sock.close()
+
+
+def test_a_cancel_that_reaches_a_shard_after_the_connection_left_it_follows_it(
+    shardq_server: Factory,
+) -> None:
+    server = _started(shardq_server)
+    elsewhere, here = _queue_on(0, "xback"), _queue_on(1, "xhere")
+    _fill(server, elsewhere, 1)
+    _fill(server, here, AFTER)
+    raw = _Raw(server)
+    shard = server.child_pids()["shard-1"]
+    stopped = False
+    try:
+        (job,) = _pull(raw, elsewhere, 1)["jobs"]
+        for r in range(AFTER):
+            _worker_round(raw, here, 1, f"h{r}")
+        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+        # Shard 1 stopped: the front end sends it the cancel (`cancel-for`), and the worker a
+        # request it does not serve. Both wait for it; once it runs, it hands the connection
+        # back first (the same turn), so the cancel finds it gone and returns to the front
+        # end, which holds the connection then, or sends it on until it does.
+        os.kill(shard, signal.SIGSTOP)
+        stopped = True
+        reply = _call(server, {"cmd": "Cancel", "id": job["id"], "active": True, "reason": "r"})
+        assert reply["ok"] is True, reply
+        raw.send([{"cmd": "GetJobCounts", "queue": elsewhere, "reqId": "c"}])
+        time.sleep(0.3)
+        os.kill(shard, signal.SIGCONT)
+        stopped = False
+        got = raw.replies(2)
+        notices = [r for r in got if r.get("type") == "cancel"]
+        assert [n["jobId"] for n in notices] == [job["id"]], got
+        assert [r["reqId"] for r in got if "reqId" in r] == ["c"], got
+        assert _stats(server)["handedBack"] == 1
+    finally:
+        if stopped:
+            os.kill(shard, signal.SIGCONT)
         raw.sock.close()
 
 
