@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from shardq_harness import ShardqServer, poll_until
 from test_handoff_frames import AFTER, WAIT_S, Factory, _queue_on, _Raw, _started, _stats
 from test_handoff_workers import _call, _counts, _fill, _pull, _worker_round
@@ -24,24 +25,31 @@ from shardq.client._errors import ClientError
 from shardq.client._tcp import TcpConnection
 
 
+def _handed_holding(server: ShardqServer, prefix: str, more: int) -> tuple[_Raw, str, str, str]:
+    """A connection that leased one job through the front end on shard 0, then was handed
+    off to shard 1 by its pulls and acks there (`more` jobs are left on shard 1): the
+    connection, the job's id, shard 0's queue and shard 1's."""
+    elsewhere, here = _queue_on(0, f"{prefix}far"), _queue_on(1, f"{prefix}near")
+    _fill(server, elsewhere, 1)
+    _fill(server, here, AFTER + more)
+    raw = _Raw(server)
+    (job,) = _pull(raw, elsewhere, 1)["jobs"]
+    for r in range(AFTER):
+        _worker_round(raw, here, 1, f"h{r}")
+    poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+    return raw, str(job["id"]), elsewhere, here
+
+
 def test_a_cancel_of_a_job_held_on_another_shard_reaches_the_handed_off_worker(
     shardq_server: Factory,
 ) -> None:
     server = _started(shardq_server)
-    elsewhere, here = _queue_on(0, "xfar"), _queue_on(1, "xnear")
-    _fill(server, elsewhere, 1)
-    _fill(server, here, AFTER + 1)
-    raw = _Raw(server)
+    raw, job_id, elsewhere, here = _handed_holding(server, "x", 1)
     try:
-        # X leased through the front end on shard 0, then the connection goes to shard 1.
-        (job,) = _pull(raw, elsewhere, 1)["jobs"]
-        for r in range(AFTER):
-            _worker_round(raw, here, 1, f"h{r}")
-        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
-        reply = _call(server, {"cmd": "Cancel", "id": job["id"], "active": True, "reason": "r"})
+        reply = _call(server, {"cmd": "Cancel", "id": job_id, "active": True, "reason": "r"})
         assert reply["ok"] is True, reply
         (notice,) = raw.replies(1)  # unasked, written by shard 1
-        assert notice == {"type": "cancel", "jobId": job["id"], "queue": elsewhere,
+        assert notice == {"type": "cancel", "jobId": job_id, "queue": elsewhere,
                           "reason": notice.get("reason")}, notice  # fmt: skip
         assert "r" in str(notice["reason"])
         assert _stats(server)["handedBack"] == 0  # no hand-back delivered it
@@ -58,24 +66,17 @@ def test_a_cancel_that_reaches_a_shard_after_the_connection_left_it_follows_it(
     shardq_server: Factory,
 ) -> None:
     server = _started(shardq_server)
-    elsewhere, here = _queue_on(0, "xback"), _queue_on(1, "xhere")
-    _fill(server, elsewhere, 1)
-    _fill(server, here, AFTER)
-    raw = _Raw(server)
+    raw, job_id, elsewhere, _here = _handed_holding(server, "b", 0)
     shard = server.child_pids()["shard-1"]
     stopped = False
     try:
-        (job,) = _pull(raw, elsewhere, 1)["jobs"]
-        for r in range(AFTER):
-            _worker_round(raw, here, 1, f"h{r}")
-        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
         # Shard 1 stopped: the front end sends it the cancel (`cancel-for`), and the worker a
         # request it does not serve. Both wait for it; once it runs, it hands the connection
         # back first (the same turn), so the cancel finds it gone and returns to the front
         # end, which holds the connection then, or sends it on until it does.
         os.kill(shard, signal.SIGSTOP)
         stopped = True
-        reply = _call(server, {"cmd": "Cancel", "id": job["id"], "active": True, "reason": "r"})
+        reply = _call(server, {"cmd": "Cancel", "id": job_id, "active": True, "reason": "r"})
         assert reply["ok"] is True, reply
         raw.send([{"cmd": "GetJobCounts", "queue": elsewhere, "reqId": "c"}])
         time.sleep(0.3)
@@ -83,7 +84,7 @@ def test_a_cancel_that_reaches_a_shard_after_the_connection_left_it_follows_it(
         stopped = False
         got = raw.replies(2)
         notices = [r for r in got if r.get("type") == "cancel"]
-        assert [n["jobId"] for n in notices] == [job["id"]], got
+        assert [n["jobId"] for n in notices] == [job_id], got
         assert [r["reqId"] for r in got if "reqId" in r] == ["c"], got
         assert _stats(server)["handedBack"] == 1
     finally:
@@ -110,14 +111,7 @@ def _front_end_back(server: ShardqServer, old: int) -> bool:
 def _leasing_worker(server: ShardqServer) -> tuple[_Raw, str, str]:
     """A connection handed off to shard 1 holding leases of 10 minutes: one taken through
     the front end on shard 0, two by shard 1; and those queues."""
-    elsewhere, here = _queue_on(0, "gfar"), _queue_on(1, "gnear")
-    _fill(server, elsewhere, 1)
-    _fill(server, here, AFTER + 2)
-    raw = _Raw(server)
-    assert len(_pull(raw, elsewhere, 1)["jobs"]) == 1
-    for r in range(AFTER):
-        _worker_round(raw, here, 1, f"h{r}")
-    poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+    raw, _job_id, elsewhere, here = _handed_holding(server, "g", 2)
     assert len(_pull(raw, here, 2)["jobs"]) == 2
     return raw, elsewhere, here
 
@@ -141,31 +135,22 @@ def _released(server: ShardqServer, elsewhere: str, here: str) -> None:
     assert _counts(server, here)["waiting"] == 2
 
 
-def test_a_worker_that_ends_while_the_front_end_restarts_gives_its_jobs_back_at_once(
-    shardq_server: Factory,
+@pytest.mark.parametrize("ends", ["closed while it is down", "handed back after"])
+def test_a_handed_off_worker_that_ends_around_a_front_end_restart_gives_its_jobs_back(
+    shardq_server: Factory, ends: str
 ) -> None:
     server = _started(shardq_server)
     raw, elsewhere, here = _leasing_worker(server)
     try:
         old = _kill_front_end(server)
-    finally:
-        raw.sock.close()  # ends at shard 1 with no front end to tell: remembered there
-    poll_until(lambda: _front_end_back(server, old), WAIT_S, "the restarted front end")
-    _released(server, elsewhere, here)
-
-
-def test_a_worker_handed_back_to_a_restarted_front_end_gives_its_jobs_back(
-    shardq_server: Factory,
-) -> None:
-    server = _started(shardq_server)
-    raw, elsewhere, here = _leasing_worker(server)
-    try:
-        old = _kill_front_end(server)
+        if ends == "closed while it is down":
+            raw.sock.close()  # ends at shard 1 with no front end to tell: remembered there
         poll_until(lambda: _front_end_back(server, old), WAIT_S, "the restarted front end")
-        # A request shard 1 does not serve: back to a front end that does not know the
-        # connection, which closes it (the client reconnects) and releases what it held.
-        raw.send([{"cmd": "GetJobCounts", "queue": elsewhere, "reqId": "c"}])
-        assert raw.sock.recv(65536) == b""
+        if ends == "handed back after":
+            # A request shard 1 does not serve: back to a front end that does not know the
+            # connection, which closes it (the client reconnects) and releases what it held.
+            raw.send([{"cmd": "GetJobCounts", "queue": elsewhere, "reqId": "c"}])
+            assert raw.sock.recv(65536) == b""
         _released(server, elsewhere, here)
     finally:
         raw.sock.close()
