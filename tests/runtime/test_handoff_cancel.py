@@ -32,11 +32,12 @@ def _handed_holding(server: ShardqServer, prefix: str, more: int) -> tuple[_Raw,
     elsewhere, here = _queue_on(0, f"{prefix}far"), _queue_on(1, f"{prefix}near")
     _fill(server, elsewhere, 1)
     _fill(server, here, AFTER + more)
+    before = _stats(server)["handedOff"]
     raw = _Raw(server)
     (job,) = _pull(raw, elsewhere, 1)["jobs"]
     for r in range(AFTER):
         _worker_round(raw, here, 1, f"h{r}")
-    poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+    poll_until(lambda: _stats(server)["handedOff"] > before, WAIT_S, "the handoff")
     return raw, str(job["id"]), elsewhere, here
 
 
@@ -108,10 +109,10 @@ def _front_end_back(server: ShardqServer, old: int) -> bool:
     return server.child_pids().get("frontend") not in (None, old)
 
 
-def _leasing_worker(server: ShardqServer) -> tuple[_Raw, str, str]:
+def _leasing_worker(server: ShardqServer, prefix: str = "g") -> tuple[_Raw, str, str]:
     """A connection handed off to shard 1 holding leases of 10 minutes: one taken through
     the front end on shard 0, two by shard 1; and those queues."""
-    raw, _job_id, elsewhere, here = _handed_holding(server, "g", 2)
+    raw, _job_id, elsewhere, here = _handed_holding(server, prefix, 2)
     assert len(_pull(raw, here, 2)["jobs"]) == 2
     return raw, elsewhere, here
 
@@ -123,10 +124,14 @@ def _kill_front_end(server: ShardqServer) -> int:
     return old
 
 
+def _active(server: ShardqServer, elsewhere: str, here: str) -> int:
+    return _counts(server, here)["active"] + _counts(server, elsewhere)["active"]
+
+
 def _released(server: ShardqServer, elsewhere: str, here: str) -> None:
     """Every lease of the worker released on both shards, long before its lockTtl."""
     poll_until(
-        lambda: _counts(server, here)["active"] + _counts(server, elsewhere)["active"] == 0,
+        lambda: _active(server, elsewhere, here) == 0,
         WAIT_S,
         "the leases released",
         detail=server.log_tail,
@@ -154,3 +159,23 @@ def test_a_handed_off_worker_that_ends_around_a_front_end_restart_gives_its_jobs
         _released(server, elsewhere, here)
     finally:
         raw.sock.close()
+
+
+def test_a_shard_remembers_at_most_tcp_handoff_gone_max_ended_connections(
+    shardq_server: Factory,
+) -> None:
+    server = _started(shardq_server, {"SHARDQ_TCP_HANDOFF_GONE_MAX": "1"})
+    old_raw, *old_queues = _leasing_worker(server, "g1")
+    new_raw, *new_queues = _leasing_worker(server, "g2")
+    try:
+        old = _kill_front_end(server)
+        old_raw.sock.close()
+        time.sleep(0.3)  # shard 1 sees it end first: the one it forgets for the newer
+        new_raw.sock.close()
+        poll_until(lambda: _front_end_back(server, old), WAIT_S, "the restarted front end")
+        _released(server, *new_queues)
+        time.sleep(0.5)  # reported oldest first: had it been kept, it would be released
+        assert _active(server, *old_queues) == 3  # left to its lockTtl (10 minutes)
+    finally:
+        old_raw.sock.close()
+        new_raw.sock.close()
