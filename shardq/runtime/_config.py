@@ -292,6 +292,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "tcp_handoff_after": _ranged(1, 1_000_000),
     "tcp_handoff_backoff_ms": _ranged(0, 3_600_000, ms=True),
     "tcp_handoff_max_bytes": _ranged(4096, 1 << 20),
+    "tcp_handoff_gone_max": _ranged(0, 1_000_000),
     "pushb_pass_through": _bool,
     # Within the supervisor's 5 s grace past shutdown_timeout_ms, which SIGKILLs a late shard.
     "direct_stop_ms": _ranged(0, 4_000, ms=True),

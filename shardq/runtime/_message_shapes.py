@@ -11,6 +11,7 @@ from typing import Any, Final, Literal, NotRequired, TypedDict
 __all__ = [
     "ENVELOPE_HOLD",
     "ENVELOPE_WIRE",
+    "CancelForMsg",
     "CancelMsg",
     "CloseMsg",
     "DirectMsg",
@@ -121,6 +122,11 @@ class CloseMsg(TypedDict):
 class UnparkMsg(TypedDict):
     t: Literal["unpark"]
     conn: str
+
+
+class CancelForMsg(TypedDict):
+    t: Literal["cancel-for"]
+    items: list[dict[str, Any]]
 
 
 class DrainMsg(TypedDict):

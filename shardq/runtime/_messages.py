@@ -27,6 +27,7 @@ from typing import Any, Final
 from shardq.runtime._message_shapes import (
     ENVELOPE_HOLD,
     ENVELOPE_WIRE,
+    CancelForMsg,
     CancelMsg,
     CloseMsg,
     DirectMsg,
@@ -68,6 +69,7 @@ from shardq.runtime._message_shapes import (
 
 __all__ = [
     "CANCEL",
+    "CANCEL_FOR",
     "CLOSE",
     "DIRECT",
     "DONE",
@@ -106,6 +108,7 @@ __all__ = [
     "UNPARK",
     "WORKERS",
     "WRITER_UP",
+    "CancelForMsg",
     "CancelMsg",
     "CloseMsg",
     "DirectMsg",
@@ -145,6 +148,7 @@ __all__ = [
     "WorkersMsg",
     "WriterUpMsg",
     "cancel",
+    "cancel_for",
     "close",
     "direct",
     "done",
@@ -195,6 +199,7 @@ SHARD_UP: Final = "shard-up"
 REQ: Final = "req"
 CLOSE: Final = "close"
 UNPARK: Final = "unpark"
+CANCEL_FOR: Final = "cancel-for"
 DRAIN: Final = "drain"
 LISTEN: Final = "listen"
 WORKERS: Final = "workers"
@@ -266,6 +271,13 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message(REQ, ReqMsg, "front end", "shard", "client commands `[conn, rid, command, envelope?]`"),
     Message(CLOSE, CloseMsg, "front end", "shard", "a client connection closed"),
     Message(UNPARK, UnparkMsg, "front end", "shard", "answer its parked long-polls now, empty"),
+    Message(
+        CANCEL_FOR,
+        CancelForMsg,
+        "front end",
+        "shard",
+        "`cancel` items for connections handed off to this shard: write them",
+    ),
     Message(DRAIN, DrainMsg, "front end", "shard", "stop handing out jobs"),
     Message(LISTEN, ListenMsg, "front end", "shard", "the queues with event subscribers"),
     Message(WORKERS, WorkersMsg, "front end", "shard", "the queues with a registered worker"),
@@ -393,6 +405,10 @@ def close(conn: str) -> CloseMsg:
 
 def unpark(conn: str) -> UnparkMsg:
     return {"t": UNPARK, "conn": conn}
+
+
+def cancel_for(items: list[dict[str, Any]]) -> CancelForMsg:
+    return {"t": CANCEL_FOR, "items": items}
 
 
 def direct(shard: int, port: int) -> DirectMsg:

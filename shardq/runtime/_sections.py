@@ -191,11 +191,15 @@ class TcpSettings:
     # for a connection whose requests since are all pushes for another shard, or that came
     # back for a worker-registry command: RegisterWorker, Heartbeat). tcp_handoff_max_bytes
     # bounds each message that travels with a descriptor (the bytes read past the last whole
-    # frame); a connection with more buffered is not handed off.
+    # frame); a connection with more buffered is not handed off. tcp_handoff_gone_max: the
+    # handed-off connections that ended while no front end was linked (it was restarting)
+    # that a shard remembers, to report them once one links, so that their leases are
+    # released then rather than at their lockTtl (0: none remembered).
     tcp_handoff: bool = True
     tcp_handoff_after: int = 16
     tcp_handoff_backoff_ms: int = 5_000
     tcp_handoff_max_bytes: int = 65_536
+    tcp_handoff_gone_max: int = 10_000
     # A PUSHB from a TCP or ZeroMQ client goes to its shard as the client's bytes, decoded
     # once there (docs/runtime.md): the front end reads only its queue and reqId. Those that
     # name a flow, nest very deep or that the shard cannot decode go the general way. Always

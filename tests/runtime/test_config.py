@@ -153,6 +153,7 @@ VALID_TEXT = {
     "tcp_handoff_after": "4",
     "tcp_handoff_backoff_ms": "100",
     "tcp_handoff_max_bytes": "8192",
+    "tcp_handoff_gone_max": "50",
     "pushb_pass_through": "false",
     "direct_stop_ms": "500",
     "stats_rate_window_s": "2",
@@ -307,6 +308,7 @@ tcp_handoff = false
 tcp_handoff_after = 4
 tcp_handoff_backoff_ms = 100
 tcp_handoff_max_bytes = 8192
+tcp_handoff_gone_max = 50
 pushb_pass_through = false
 direct_stop_ms = 500
 stats_rate_window_s = 2
@@ -487,6 +489,7 @@ def test_shards_auto_and_number() -> None:
         ("direct_max_connections", "0"),
         ("tcp_handoff", "maybe"),
         ("tcp_handoff_after", "0"),
+        ("tcp_handoff_gone_max", "-1"),
         ("tcp_handoff_max_bytes", "100"),
         ("direct_stop_ms", "-1"),
         ("direct_stop_ms", "4001"),

@@ -58,6 +58,11 @@ SAMPLES: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
     ),
     (msgs.close, ("t1",), {"t": "close", "conn": "t1"}),
     (msgs.unpark, ("t1",), {"t": "unpark", "conn": "t1"}),
+    (
+        msgs.cancel_for,
+        ([{"conn": "t1", "hops": 1}],),
+        {"t": "cancel-for", "items": [{"conn": "t1", "hops": 1}]},
+    ),
     (msgs.drain, (), {"t": "drain"}),
     (msgs.listen, (False, ["q"]), {"t": "listen", "all": False, "queues": ["q"]}),
     (msgs.workers, (["q"],), {"t": "workers", "queues": ["q"]}),

@@ -12,9 +12,9 @@ Receives: client frames; on one Unix stream link per shard (`shardq.runtime.link
 `shard-down` and `shard-up` from the supervisor (and from its own link watcher); `rep` from
 the writer (committed durable pushes' replies) on its own link to the writer.
 
-Sends: `req`, `close`, `unpark`, `drain`, `listen`, `workers`, `flowack`, `parts` and
-`recycle-go` to the shards on the links; `handoff` (a connection's descriptor) on a shard's
-handoff socket; `front` to the writer;
+Sends: `req`, `close`, `unpark`, `cancel-for` (cancels for a connection a shard serves),
+`drain`, `listen`, `workers`, `flowack`, `parts` and `recycle-go` to the shards on the links;
+`handoff` (a connection's descriptor) on a shard's handoff socket; `front` to the writer;
 replies and job events to the clients; `ready` and `fatal` to the supervisor.
 """
 

@@ -161,6 +161,11 @@ class Dispatcher:
         self.all_drained = asyncio.Event()
         self.release_on_close = True
         self._pullers: dict[str, Client] = {}  # conn -> a client that pulled (`_push_cancels`)
+        # The cancels of connections a shard serves now go to it (`Handoffs.forward_cancels`):
+        # given the items, it returns those left for this process to push.
+        self.forward_cancels: Callable[[list[Any]], list[Any]] | None = None
+        # Told of each shard's direct port as it is announced (`Handoffs.link`).
+        self.direct_announced: Callable[[int], None] | None = None
         # The shards' direct ports (`shard._direct`), announced by each shard; Hello hands
         # them to clients while every shard has one and is up. None in a cluster: the
         # partition guard lives here, and a direct push would pass it by.
@@ -424,6 +429,8 @@ class Dispatcher:
         shard, port = msg.get("shard"), msg.get("port")
         if self.direct_ports is not None and type(shard) is int and type(port) is int:
             self.direct_ports[shard] = port
+            if self.direct_announced is not None:
+                self.direct_announced(shard)
 
     def _on_events(self, msg: Mapping[str, Any]) -> None:
         self.events.on_events(msg.get("items"))
@@ -454,8 +461,14 @@ class Dispatcher:
     def _push_cancels(self, items: object) -> None:
         """Tell the connections running these jobs that they were cancelled
         (`Cancel {active: true}`): `{type: "cancel", jobId, queue, reason}`, unasked, like an
-        event. A connection gone or not reading misses it; the job is dead-lettered anyway."""
-        for item in items if isinstance(items, list) else ():
+        event; those of a connection handed off to a shard are sent to that shard, which
+        writes them. A connection gone or not reading misses it; the job is dead-lettered
+        anyway."""
+        if not isinstance(items, list):
+            return
+        if self.forward_cancels is not None:
+            items = self.forward_cancels(items)
+        for item in items:
             if not isinstance(item, dict):
                 continue
             client = self._pullers.get(str(item.get("conn")))

@@ -29,12 +29,17 @@ The front end keeps its copy, not read, until the shard answers `took`: then it 
 shard's socket gone before the answer, it resumes the connection itself. A `handback`
 (descriptor + unread bytes) resumes it here with a new transport; a `gone`, or the shard's
 socket lost while it held the connection (kill -9: the client sees the connection end), ends
-it here as a close would (its leases released, its registered workers forgotten).
+it here as a close would (its leases released, its registered workers forgotten). A `gone` or
+a hand-back of an earlier front end's connection (this one restarted) releases it too.
+
+The cancel of a job a handed-off connection holds on another shard reaches the front end,
+which sends it to the shard holding the connection (`forward_cancels`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
@@ -68,6 +73,10 @@ _PULLS: Final = frozenset({"PULL", "PULLB"})
 # connection when it holds them (`shard._direct_work`): placed by the job cache.
 _BY_ID: Final = frozenset({"ACK", "JobHeartbeat", "ExtendLock"})
 _BY_IDS: Final = frozenset({"ACKB", "JobHeartbeatB", "ExtendLocks"})
+# How many times the cancel of a job held through the front end goes to the shard a handed-off
+# connection is with (`forward_cancels`): a shard that no longer holds the connection (handed
+# back, closed, not yet taken) returns it, and it goes where the connection is then.
+MAX_CANCEL_HOPS: Final = 3
 # A connection's handoff state.
 NONE: Final = 0
 WANTED: Final = 1  # not read any more; handed once nothing is in flight or unwritten
@@ -127,6 +136,9 @@ class Handoffs:
         self._unread: dict[str, bytearray] = {}  # a hand-back's bytes, while more come
         self.handed_off = 0  # connections taken by a shard (for tests and logs)
         self.handed_back = 0
+        dispatcher.forward_cancels = self.forward_cancels
+        dispatcher.direct_announced = self.link
+        self._own = f"t{os.getpid()}."  # this process's TCP connection ids (`_tcp`)
         for kind, handler in (
             (msgs.TOOK, self._on_took),
             (msgs.HANDBACK, self._on_handback),
@@ -279,6 +291,7 @@ class Handoffs:
             # Not ours (a front end restarted since): nobody here can resume it.
             _log.warning("handed-back connection unknown here: closed", conn=name)
             sock.close()
+            self._release_foreign(name)
             return
         self.handed_back += 1
         conn = entry[1]
@@ -307,9 +320,53 @@ class Handoffs:
         return now + self.backoff_s
 
     def _on_gone(self, msg: Mapping[str, Any]) -> None:
-        entry = self._conns.pop(str(msg.get("conn")), None)
-        if entry is not None and entry[1].handoff_state == HANDED:
+        name = str(msg.get("conn"))
+        entry = self._conns.pop(name, None)
+        if entry is None:
+            self._release_foreign(name)
+        elif entry[1].handoff_state == HANDED:
             entry[1].lost()
+
+    def _release_foreign(self, name: str) -> None:
+        """A connection of a front end before this one (it restarted) ended at a shard, or
+        here: release its leases on every shard as its own front end would have (a shard
+        remembers those that ended while no front end was linked, `tcp_handoff_gone_max`)."""
+        if not name.startswith(self._own):
+            self._dispatcher.connection_closed(name)
+
+    def link(self, shard: int) -> None:
+        """`shard` announced its direct port (it started, or this front end did): connect its
+        handoff socket now, not at the first handoff, so that it reports at once the
+        connections that ended while no front end was linked (`_on_gone`)."""
+        if self._loop is not None and shard not in self._chans:
+            self._chan(shard)
+
+    # -- cancels -----------------------------------------------------------------------------
+
+    def forward_cancels(self, items: list[Any]) -> list[Any]:
+        """Send each `cancel` item of a connection a shard holds (or is being handed) to that
+        shard (`cancel-for`), which writes it as its own; return the others, for the front
+        end to push. An item comes back from a shard that no longer holds its connection;
+        after `MAX_CANCEL_HOPS` forwards it is dropped with a warning, as for a worker that
+        does not read."""
+        if not self._conns:
+            return items
+        rest: list[Any] = []
+        by_shard: dict[int, list[dict[str, Any]]] = {}
+        for item in items:
+            entry = self._conns.get(str(item.get("conn"))) if type(item) is dict else None
+            if entry is None:
+                rest.append(item)
+                continue
+            hops = item.get("hops", 0)
+            if type(hops) is not int or hops >= MAX_CANCEL_HOPS:
+                _log.warning("cancel not pushed: its connection kept moving",
+                             conn=item.get("conn"), job_id=item.get("jobId"))  # fmt: skip
+                continue
+            by_shard.setdefault(entry[0], []).append({**item, "hops": hops + 1})
+        for shard, group in by_shard.items():
+            self._dispatcher.router.control(shard, msgs.cancel_for(group))
+        return rest
 
     # -- the sockets -------------------------------------------------------------------------
 

@@ -297,10 +297,12 @@ class TcpConnection(asyncio.Protocol):
         """Queue a server-initiated event frame (no reply to anything: in flight is
         untouched); False, and nothing queued, while `limit` bytes wait unread for the peer."""
         transport = self._transport
-        if self.closed or transport is None or self.handoff_state == SENT:
+        resuming = transport is None and self._resume_unread is not None
+        if self.closed or (transport is None and not resuming) or self.handoff_state == SENT:
             # SENT: the shard may be writing to it already (HANDED: no transport here).
             return False
-        if transport.get_write_buffer_size() + self._out_bytes > limit:
+        buffered = 0 if transport is None else transport.get_write_buffer_size()
+        if buffered + self._out_bytes > limit:
             return False
         data = frames.get("tcp")
         if data is None:
@@ -308,7 +310,7 @@ class TcpConnection(asyncio.Protocol):
             data = frames["tcp"] = encode_js(copy.deepcopy(msg))
         self._out.append(data)
         self._out_bytes += len(data)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not resuming:  # resuming: flushed by `_resumed`
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
         return True
@@ -420,6 +422,10 @@ class TcpConnection(asyncio.Protocol):
             self._arm(self._last_seen + self._idle_s)
         if unread:
             self.data_received(unread)
+        if self._out and not self._flush_scheduled and not self.closed:
+            # A cancel pushed while the descriptor was on its way back (`push_event`).
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
 
     def lost(self) -> None:
         """Ended while a shard held it: as if it closed here."""

@@ -143,6 +143,7 @@ class ShardCore(ParkedRequests, ConnectionsAndDrain):
             msgs.REQ: self._on_req,
             msgs.CLOSE: self._on_close,
             msgs.UNPARK: lambda msg, now: self.unpark(str(msg.get("conn"))),
+            msgs.CANCEL_FOR: self._on_cancel_for,
             msgs.DONE: self.batches.on_done,
             msgs.FAIL: self.batches.on_fail,
             msgs.REJECTED: self.batches.on_rejected,
@@ -181,6 +182,14 @@ class ShardCore(ParkedRequests, ConnectionsAndDrain):
             # Requests have their own guard (`_request`); this is for the rest (a close, the
             # writer's answers): one bad message must not take the shard's queues down.
             _log.exception("internal message failed", t=msg.get("t"))
+
+    def _on_cancel_for(self, msg: dict[str, Any], now: int) -> None:
+        """Cancels of jobs another shard holds, for connections handed off here: sent out
+        as this shard's own (`_notices`), so the direct port writes each to its connection
+        (`HandedWork.push_cancels`) and the front end gets back those it does not hold."""
+        items = msg.get("items")
+        if type(items) is list:
+            self._cancels.extend(item for item in items if type(item) is dict)
 
     def recover(
         self,

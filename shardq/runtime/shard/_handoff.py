@@ -15,7 +15,8 @@ before it is written the descriptor goes back (`back`) with the unread bytes fro
 on, which the front end feeds to its own decoder first. A graceful stop (SIGTERM, the idle
 recycle) sends every handed connection back the same way after the last batch's replies. A
 handed connection that closes or is cut here is reported `gone`, so that the front end
-releases what it held for it.
+releases what it held for it; with no front end linked (it is restarting), it is remembered
+(`tcp_handoff_gone_max`) and reported to the next one that connects.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ __all__ = ["HandedConns", "HandedDecoder", "HandoffChannel"]
 
 # How long a send on the channel may wait for the front end to read (then it is given up).
 _SEND_WAIT_MS: Final = 1_000
+# A connection id longer than this is not remembered to be reported `gone` later (the front
+# end's are `t<pid>.<n>`): with `tcp_handoff_gone_max`, the bound of their bytes.
+_MAX_CONN_ID: Final = 64
 
 _log = structlog.get_logger()
 
@@ -211,6 +215,7 @@ class HandoffChannel:
         poller: zmq.Poller,
         adopt: Callable[[socket.socket, str, bytes], bool],
         max_bytes: int,
+        gone_max: int = 0,
     ) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a previous run's
@@ -224,6 +229,11 @@ class HandoffChannel:
         self._max_bytes = max_bytes
         self._chan: socket.socket | None = None
         self.stopping = False  # no more connections taken
+        # Connections that ended with no front end to tell (`gone`), oldest first: reported
+        # to the next front end that connects (`tcp_handoff_gone_max` of them at most).
+        self._gone_max = gone_max
+        self._unreported: dict[str, None] = {}
+        self.gone_forgotten = 0  # past the bound: their leases wait for their lockTtl
         poller.register(self._listener.fileno(), zmq.POLLIN)
 
     def fds(self) -> tuple[int, ...]:
@@ -245,6 +255,7 @@ class HandoffChannel:
             sock.setblocking(False)
             self._chan = sock
             self._poller.register(sock.fileno(), zmq.POLLIN)
+            self._report_gone()
 
     def _read(self, chan: socket.socket) -> None:
         while self._chan is chan:
@@ -288,8 +299,34 @@ class HandoffChannel:
         return self.send(msgs.handback(conn, pieces[-1]), sock.fileno())
 
     def gone(self, conn: str) -> None:
-        """A handed-off connection closed here: the front end releases what it held for it."""
-        self.send(msgs.gone(conn))
+        """A handed-off connection closed here: the front end releases what it held for it.
+        With no front end to tell (it is restarting), it is told the next that connects."""
+        if not self.send(msgs.gone(conn)):
+            self._remember(conn)
+
+    def _remember(self, conn: str) -> None:
+        unreported = self._unreported
+        if self._gone_max <= 0 or len(conn) > _MAX_CONN_ID:
+            return
+        if len(unreported) >= self._gone_max:
+            del unreported[next(iter(unreported))]
+            self.gone_forgotten += 1
+            if self.gone_forgotten == 1:
+                _log.warning("ended handed-off connections past tcp_handoff_gone_max: "
+                             "the oldest forgotten, their leases kept to lockTtl")  # fmt: skip
+        unreported[conn] = None
+
+    def _report_gone(self) -> None:
+        """Tell a front end that connected which connections ended while none was there: it
+        releases their leases on every shard (a `close` each)."""
+        unreported = self._unreported
+        if unreported:
+            _log.info("reporting handed-off connections that ended", count=len(unreported))
+        while unreported and self._chan is not None:
+            conn = next(iter(unreported))
+            if not self.send(msgs.gone(conn)):
+                return  # the channel is closed: kept for the next
+            del unreported[conn]
 
     def send(self, msg: msgs.TookMsg | msgs.HandbackMsg | msgs.GoneMsg, fd: int = -1) -> bool:
         """Send one message (with `fd`, if given) to the front end; False if it cannot."""

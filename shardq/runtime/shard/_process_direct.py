@@ -83,6 +83,7 @@ class ShardDirect:
             self._poller,
             direct.adopt,
             spec.tcp.tcp_handoff_max_bytes,
+            spec.tcp.tcp_handoff_gone_max,
         )
         direct.on_handback = channel.hand_back
         direct.on_gone = channel.gone
