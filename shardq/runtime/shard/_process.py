@@ -310,31 +310,42 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
         for msg in early:
             self.core.handle(msg, now)
         self._send(self.core.finish_turn(now))
+        # A turn reads the clock three times: before its wait, after it (the turn's `now`)
+        # and at its end (the idle checks'). Every check a turn makes is a compare unless its
+        # source holds something (docs/runtime.md, "A shard's turn").
+        core, clock, memory, recycle = self.core, self.clock, self._memory, self._recycle
+        direct = self._direct
         while not self._stop:
-            timeout = self.core.poll_timeout(self.clock.now())
-            if self._direct is not None:
-                timeout = self._direct.poll_timeout(timeout)
-            timeout = self._recycle.poll_timeout(self._memory.poll_timeout(timeout))
+            mono = time.monotonic()
+            timeout = core.poll_timeout(clock.at(mono))
+            if direct is not None:
+                timeout = direct.poll_timeout(timeout)
+            timeout = recycle.poll_timeout(memory.poll_timeout(timeout, mono), mono)
             if self._over_unconfirmed():
                 messages = self._wait_for_commit(timeout)  # no request read (`_commit_bound`)
             else:
                 messages = self._wait(timeout)
-            self._check_storage()
-            now = self.clock.now()
+            mono = time.monotonic()
+            self._check_storage(mono)
+            now = clock.at(mono)
             for msg in messages:
-                self.core.handle(msg, now)
+                core.handle(msg, now)
             # The turn's batches and replies (a durable push's batch, a buffered push's batch
             # and ok, the replies a `done` released) before its timers and parked requests:
             # a client waits on them.
-            first = self.core.early_out(now) if messages else None
+            first = core.early_out(now) if messages else None
             if first:
                 self._send(first)
-            self._send(self.core.finish_turn(now))
-            self.core.after_send()
+            last = core.finish_turn(now)
+            if last:
+                self._send(last)
+            core.after_send()
             if self._report_at is not None:
                 self._report_loaded()
-            self._memory.after_turn(bool(messages))
-            self._recycle.after_turn(bool(messages))
+            mono = time.monotonic()
+            worked = bool(messages)
+            memory.after_turn(worked, mono)
+            recycle.after_turn(worked, mono)
 
     def _finish(self) -> None:
         """Send the last batch and wait, within the shutdown timeout, for its commit; then
