@@ -51,7 +51,8 @@ def test_a_drain_releases_memory_without_changing_state(monkeypatch: pytest.Monk
     assert first["data"] == 0
     drain_some(engine, "b", 20)
     assert engine.apply({"cmd": "GetJobCounts", "queue": "b"}, NOW).reply["counts"]["waiting"] == 0
-    returner.after_turn(True, time.monotonic())  # the high-water mark is 1,900 now: below RELEASE_FROM
+    # The high-water mark is 1,900 now: below RELEASE_FROM.
+    returner.after_turn(True, time.monotonic())
     assert returner.releases == 1
 
 
