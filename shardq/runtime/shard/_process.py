@@ -337,9 +337,7 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
             first = core.early_out(now) if messages else None
             if first:
                 self._send(first)
-            last = core.finish_turn(now)
-            if last:
-                self._send(last)
+            self._send(core.finish_turn(now))  # even empty: it waits on a writer's backlog
             core.after_send()
             if self._report_at is not None:
                 self._report_loaded()
