@@ -312,9 +312,23 @@ class Engine:
         return fx.events, fx.mutations
 
     def next_deadline(self) -> int | None:
-        """When `tick` next has work to do, or None when nothing is scheduled."""
+        """When `tick` next has work to do, or None when nothing is scheduled.
+
+        The shard asks twice a turn: a component is asked only when its own tables say it may
+        have a deadline (each `deadline()` returns None without them), so a turn with nothing
+        scheduled makes one call here and one in `Timers.next_deadline`."""
         deadline = self.timers.next_deadline()
-        for due in (self.limiter.deadline(), self.groups.deadline(), self.cron.deadline()):
+        limiter = self.limiter
+        if limiter.expiries or limiter.reopen or limiter.blocked:
+            due = limiter.deadline()
+            if due is not None and (deadline is None or due < deadline):
+                deadline = due
+        if self._group_blocked:
+            due = self.groups.deadline()
+            if due is not None and (deadline is None or due < deadline):
+                deadline = due
+        if self.cron.schedules:
+            due = self.cron.deadline()
             if due is not None and (deadline is None or due < deadline):
                 deadline = due
         return deadline

@@ -61,16 +61,22 @@ class Timers:
 
     def next_deadline(self) -> int | None:
         """When `tick` next has work to do, or None when nothing is scheduled."""
-        heaps = (self.store.delayed, self.lease_heap, self.timeouts, self.ttl_heap)
-        times: list[int] = [h[0][0] for h in heaps if h]
-        if self.unleased:
-            times.append(self.next_stall_check)
-        dlq = self.dead_letters.deadline()
-        if dlq is not None:
-            times.append(dlq)
+        # Runs twice per shard turn: no list of candidates, and no call for what is empty.
+        deadline: int | None = None
+        for heap in (self.store.delayed, self.lease_heap, self.timeouts, self.ttl_heap):
+            if heap and (deadline is None or heap[0][0] < deadline):
+                deadline = heap[0][0]
+        if self.unleased and (deadline is None or self.next_stall_check < deadline):
+            deadline = self.next_stall_check
+        if self.dead_letters.queues:  # else no DLQ holds an entry (`DeadLetterPart.any`)
+            dlq = self.dead_letters.deadline()
+            if dlq is not None and (deadline is None or dlq < deadline):
+                deadline = dlq
         if self.config.completed_retention_ms and self.store.completed_order:
-            times.append(self._completed_expiry())
-        return min(times) if times else None
+            expiry = self._completed_expiry()
+            if deadline is None or expiry < deadline:
+                deadline = expiry
+        return deadline
 
     def _completed_expiry(self) -> int:
         """When the oldest completed job outlives completed_retention_ms."""

@@ -77,3 +77,8 @@ class AnchoredClock:
     def now(self) -> int:
         """Milliseconds since the epoch, as of the anchor plus the monotonic time since."""
         return int(self._wall_ms + (time.monotonic() - self._mono) * 1000.0)
+
+    def at(self, mono: float) -> int:
+        """`now()` as of `mono`, a `time.monotonic()` the caller read: one read of the clock
+        serves a turn's every use."""
+        return int(self._wall_ms + (mono - self._mono) * 1000.0)

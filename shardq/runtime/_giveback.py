@@ -145,30 +145,33 @@ class QuietWindow:
 
     def __init__(self, idle_s: float) -> None:
         self._idle_s = idle_s
-        self._quiet_at: float | None = None
+        self.enabled = idle_s > 0  # else `busy` never arms it
+        # When `due` has something to say (read it, never set it): a loop that runs every
+        # turn compares against it instead of calling `deadline` and `due`.
+        self.quiet_at: float | None = None
         self._window = (0.0, 0.0)  # (monotonic time, CPU time) when it was armed
 
     def busy(self, now: float) -> None:
-        if self._idle_s > 0 and self._quiet_at is None:
-            self._quiet_at = now + self._idle_s
+        if self._idle_s > 0 and self.quiet_at is None:
+            self.quiet_at = now + self._idle_s
             self._window = (now, time.process_time())
 
     def deadline(self) -> float | None:
         """When `due` has something to say (None: nothing armed)."""
-        return self._quiet_at
+        return self.quiet_at
 
     def due(self, now: float) -> bool:
         """Whether a quiet window ended by `now`. Call it on every wake: a window that ended
         always moves the deadline (armed again if it was busy, cleared if quiet)."""
-        if self._quiet_at is None or now < self._quiet_at:
+        if self.quiet_at is None or now < self.quiet_at:
             return False
         started, cpu = self._window
         used = time.process_time()
         if used - cpu >= QUIET_CPU_SHARE * max(now - started, self._idle_s):
-            self._quiet_at = now + self._idle_s
+            self.quiet_at = now + self._idle_s
             self._window = (now, used)
             return False
-        self._quiet_at = None
+        self.quiet_at = None
         return True
 
 
@@ -228,22 +231,22 @@ class IdleGiveBack:
         self._settings = settings
         self._tables = tables
         self._clock = clock
-        self._window = QuietWindow(settings.idle_s if settings.enabled else 0)
+        self.window = QuietWindow(settings.idle_s if settings.enabled else 0)
         self._baseline = rss_bytes()
         self.releases = 0
 
     def busy(self, now: float) -> None:
         """Work was done at `now`: arm the check `idle_s` from now (if not armed yet)."""
-        self._window.busy(now)
+        self.window.busy(now)
 
     def deadline(self) -> float | None:
         """When `check` has something to do (None: nothing armed)."""
-        return self._window.deadline()
+        return self.window.deadline()
 
     def check(self, now: float) -> bool:
         """When due: arm again if the window was busy, else release if the process grew;
         whether it released. Call it on every wake: a due check always moves the deadline."""
-        if not self._window.due(now):
+        if not self.window.due(now):
             return False
         before = rss_bytes()
         if before - self._baseline < self._settings.grow_bytes:

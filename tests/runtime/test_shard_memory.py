@@ -7,6 +7,7 @@ count has halved from a large high-water mark, shrinks the tables, and changes n
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
@@ -31,15 +32,15 @@ def test_a_drain_releases_memory_without_changing_state(monkeypatch: pytest.Monk
     for queue, n in (("a", 2000), ("b", 1800)):
         jobs = [{"data": i} for i in range(n)]
         engine.apply({"cmd": "PUSHB", "queue": queue, "jobs": jobs}, NOW)
-        returner.after_turn()
+        returner.after_turn(True, time.monotonic())
     assert returner.releases == 0
     jobs_table = engine.jobs
     size_full = sys.getsizeof(engine.jobs)
     drain_some(engine, "a", 15)  # 3,800 -> 2,400 jobs held: not yet halved
-    returner.after_turn()
+    returner.after_turn(True, time.monotonic())
     assert returner.releases == 0
     drain_some(engine, "a", 5)  # -> 1,900 (1,800 of "b" and 100 completed): halved
-    returner.after_turn()
+    returner.after_turn(True, time.monotonic())
     assert returner.releases == 1
     assert engine.jobs is jobs_table  # rebuilt in place: the queues share this dict
     assert sys.getsizeof(engine.jobs) < size_full  # a table sized for 1,900, not 3,800
@@ -50,7 +51,8 @@ def test_a_drain_releases_memory_without_changing_state(monkeypatch: pytest.Monk
     assert first["data"] == 0
     drain_some(engine, "b", 20)
     assert engine.apply({"cmd": "GetJobCounts", "queue": "b"}, NOW).reply["counts"]["waiting"] == 0
-    returner.after_turn()  # the high-water mark is 1,900 now: below RELEASE_FROM
+    # The high-water mark is 1,900 now: below RELEASE_FROM.
+    returner.after_turn(True, time.monotonic())
     assert returner.releases == 1
 
 

@@ -125,8 +125,10 @@ class WriterBounds:
         poller.register(self._signals.fileno(), zmq.POLLIN)
         return bool(poller.poll(0))
 
-    def _check_storage(self) -> None:
-        stalled_ms = self._writer.stalled_for(time.monotonic()) * 1000
+    def _check_storage(self, now: float) -> None:
+        """Whether the writer has left this shard's batches unread past `storage_stall_ms`
+        (`now`: `time.monotonic()`); a change is logged and told to the core."""
+        stalled_ms = self._writer.stalled_for(now) * 1000
         stalled = stalled_ms > self._links.storage_stall_ms
         if stalled != self.core.storage_stalled:
             self.core.storage_stalled = stalled

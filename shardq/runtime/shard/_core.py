@@ -234,18 +234,24 @@ class ShardCore(ParkedRequests, ConnectionsAndDrain):
 
     def poll_timeout(self, now: int) -> int | None:
         """Milliseconds until something is due (timer, long-poll, WaitJob), None for never."""
-        timer = self.engine.next_deadline()
-        candidates = (
-            None if timer is None else max(timer, self._tick_after),
-            self.polls.next_deadline(),
-            self.waits.next_deadline(),
-            self.flows.next_deadline(),
-        )
-        due = [d for d in candidates if d is not None]
-        if not due:
+        # Once per turn: a source is asked only when it holds something (its heap of parked
+        # requests, answered ones included, or its due notices), and no list is built.
+        due = self.engine.next_deadline()
+        if due is not None and due < self._tick_after:
+            due = self._tick_after
+        for parked in (self.polls, self.waits):
+            if parked.deadlines:
+                at = parked.next_deadline()
+                if at is not None and (due is None or at < due):
+                    due = at
+        if self.flows.due:
+            at = self.flows.next_deadline()
+            if at is not None and (due is None or at < due):
+                due = at
+        if due is None:
             return None
         # Clamped: a deadline computed from an extreme input must not overflow the poll call.
-        return int(min(max(min(due) - now, 0), MAX_SLEEP_MS))
+        return int(min(max(due - now, 0), MAX_SLEEP_MS))
 
     @property
     def seq(self) -> int:
@@ -268,21 +274,30 @@ class ShardCore(ParkedRequests, ConnectionsAndDrain):
         self.event_tap.now = now
         if self.polls.count and self.batches.confirm_pending:
             self.batches.confirm_committed()  # a parked long-poll may take them this turn
-        for step in (self._tick, self._serve_polls, self._serve_waits, self._budget.fit):
-            try:
-                step(now)
-            except Exception:
-                # A timer or a parked request that raises is logged and skipped, never fatal:
-                # the rest of the turn (replies, mutations) still goes out.
-                _log.exception("shard step failed", step=step.__name__)
-        out: list[Outgoing] = [("front", m) for m in self.event_tap.take()]
+        # Each step runs only when it has something to do (most turns: none of them), and
+        # each is guarded on its own (`_step`).
+        deadline = self.engine.next_deadline()
+        if deadline is not None and deadline <= now and now >= self._tick_after:
+            self._step(self._tick, now)
+        if self.polls.count or self._woken:
+            self._step(self._serve_polls, now)
+        if self._finished or self.waits.by_job:
+            self._step(self._serve_waits, now)
+        if self.engine.memory is not None:
+            self._step(self._budget.fit, now)
+        out: list[Outgoing] = []
+        if self.event_tap.items:
+            out.extend(("front", m) for m in self.event_tap.take())
         if self.batches.resend_due:
             # Resent in order and before anything new: every mutation carries absolute values,
             # so a batch the old writer did commit is harmless to apply again.
             out.extend(("writer", msg) for msg in self.batches.resends())
-        self._flush_mutations(out)
-        self._notices(out, now)
-        out.extend(self.take_replies())
+        if self._muts or self._durable or self._segments:
+            self._flush_mutations(out)
+        if self._cancels or self.flows.due or self.flows.flows.new:
+            self._notices(out, now)
+        if self._replies:
+            out.extend(self.take_replies())
         if self.draining and not self._drained_sent and self.engine.query.active_count() == 0:
             out.append(("front", msgs.drained(self.index)))
             self._drained_sent = True
@@ -340,13 +355,21 @@ class ShardCore(ParkedRequests, ConnectionsAndDrain):
         replies.clear()
         return [("front", msgs.rep(batch))]
 
+    @staticmethod
+    def _step(step: Callable[[int], None], now: int) -> None:
+        """One step of `finish_turn`. A timer or a parked request that raises is logged and
+        skipped, never fatal: the rest of the turn (replies, mutations) still goes out."""
+        try:
+            step(now)
+        except Exception:
+            _log.exception("shard step failed", step=step.__name__)
+
     def _tick(self, now: int) -> None:
-        deadline = self.engine.next_deadline()
-        if deadline is not None and deadline <= now and now >= self._tick_after:
-            self._tick_after = now + TICK_RETRY_MS  # held off only if the tick raises
-            events, muts = self.engine.tick(now)
-            self._tick_after = 0
-            self._absorb(muts, events)
+        """The engine's due timers (`finish_turn` calls it once one is due)."""
+        self._tick_after = now + TICK_RETRY_MS  # held off only if the tick raises
+        events, muts = self.engine.tick(now)
+        self._tick_after = 0
+        self._absorb(muts, events)
 
     def _flush_mutations(self, out: list[Outgoing]) -> None:
         if self._muts or self._durable:

@@ -43,7 +43,8 @@ class EventTap:
         self.now = 0  # the time of the message being handled (ms), set by the shard
         self._all = False
         self._queues: frozenset[str] = frozenset()
-        self._items: list[dict[str, Any]] = []
+        # This turn's events (read it, never change it): the turn takes them only if any.
+        self.items: list[dict[str, Any]] = []
         self._cmd: Mapping[str, Any] | None = None
         self._before: dict[str, tuple[str, str]] = {}  # job id -> (queue, state) before
         self._pushed: set[str] = set()
@@ -187,15 +188,15 @@ class EventTap:
         # `typeof timestamp === "number"`, and decodes a 64-bit msgpack integer as a BigInt.
         event = {"eventType": kind, "queue": queue, "jobId": job_id, "timestamp": float(self.now)}
         event.update(extra)
-        self._items.append(event)
+        self.items.append(event)
 
     # -- out -------------------------------------------------------------------------------
 
     def take(self) -> list[msgs.EventsMsg]:
         """This turn's events as `events` messages for the front end (usually one or none)."""
-        if not self._items:
+        if not self.items:
             return []
-        items, self._items = self._items, []
+        items, self.items = self.items, []
         out: list[msgs.EventsMsg] = []
         batch: list[dict[str, Any]] = []
         size = 0

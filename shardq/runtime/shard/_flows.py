@@ -28,14 +28,15 @@ class FlowRelay:
         self.index = index
         self.flows = engine.flows
         self.resend_ms = resend_ms
-        self._due: dict[str, int] = {}
+        # When each notice is due again (read it, never replace it: the shard's poll tests it).
+        self.due: dict[str, int] = {}
 
     def next_deadline(self) -> int | None:
-        return min(self._due.values()) if self._due else None
+        return min(self.due.values()) if self.due else None
 
     def take(self, now: int) -> list[msgs.FlowMsg]:
         """The `flow` messages to send now: new notices, and those unacknowledged too long."""
-        due = self._due
+        due = self.due
         if not due and not self.flows.new:
             return []  # every turn of a shard without flows ends here
         outbox = self.flows.outbox
@@ -56,4 +57,4 @@ class FlowRelay:
 
     def acked(self, keys: list[Any]) -> None:
         for key in keys:
-            self._due.pop(key, None)
+            self.due.pop(key, None)

@@ -21,7 +21,6 @@ the front end and the writer use too); both triggers release the same way.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -106,25 +105,29 @@ class MemoryReturner:
         """How many releases ran, from either trigger."""
         return self.idle.releases
 
-    def after_turn(self, worked: bool = True) -> None:
-        """Call once per loop turn (`worked`: it handled a message): cheap unless a release
-        is due."""
-        now = time.monotonic()
-        if worked:
-            self.idle.busy(now)
-        self.idle.check(now)
+    def after_turn(self, worked: bool, now: float) -> None:
+        """Call once per loop turn (`worked`: it handled a message; `now`: `time.monotonic()`):
+        a compare or two unless the window is to be armed or has ended."""
+        window = self.idle.window
+        at = window.quiet_at
+        if at is None:
+            if worked and window.enabled:
+                window.busy(now)
+        elif now >= at:
+            self.idle.check(now)
         held = len(self._engine.jobs)
         if held > self._high:
             self._high = held
         elif self._high >= RELEASE_FROM and held <= self._high // 2:
             self.release(held)
 
-    def poll_timeout(self, timeout_ms: int | None) -> int | None:
-        """`timeout_ms`, shortened to wake when an idle release is due."""
-        due = self.idle.deadline()
+    def poll_timeout(self, timeout_ms: int | None, now: float) -> int | None:
+        """`timeout_ms`, shortened to wake when an idle release is due (`now`:
+        `time.monotonic()`)."""
+        due = self.idle.window.quiet_at
         if due is None:
             return timeout_ms
-        left = max(0, math.ceil((due - time.monotonic()) * 1000))
+        left = max(0, math.ceil((due - now) * 1000))
         return left if timeout_ms is None else min(timeout_ms, left)
 
     def release(self, held: int) -> None:

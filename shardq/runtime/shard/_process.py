@@ -159,15 +159,16 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
         self._link_fds: set[int] = set()
         # What `_watch_links` saw last (the front link's list, the writer's descriptor), and
         # the flags the writer's descriptor is polled with (`_arm_writer`; None: unknown).
-        self._watched: tuple[list[int] | None, int | None] = (None, None)
+        self._watched: tuple[list[int], int | None] = ([], None)
         self._writer_flags: int | None = None
         self.sup = SupervisorLink(self._ctx, spec)
         # SIGTERM arrives as bytes on a socket pair that the poll watches, so it wakes a
         # blocked poll at once and never runs code in the middle of a turn.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self._signals = SignalWaker([signal.SIGTERM])
+        self._signal_fd = self._signals.fileno()  # its socket's, for the shard's life
         self._poller = zmq.Poller()
-        self._poller.register(self._signals.fileno(), zmq.POLLIN)
+        self._poller.register(self._signal_fd, zmq.POLLIN)
         self._direct: DirectPort | None = None
         self._watch_links()
         self._direct = self._open_direct(spec)
@@ -310,31 +311,40 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
         for msg in early:
             self.core.handle(msg, now)
         self._send(self.core.finish_turn(now))
+        # A turn reads the clock three times: before its wait, after it (the turn's `now`)
+        # and at its end (the idle checks'). Every check a turn makes is a compare unless its
+        # source holds something (docs/runtime.md, "A shard's turn").
+        core, clock, memory, recycle = self.core, self.clock, self._memory, self._recycle
+        direct = self._direct
         while not self._stop:
-            timeout = self.core.poll_timeout(self.clock.now())
-            if self._direct is not None:
-                timeout = self._direct.poll_timeout(timeout)
-            timeout = self._recycle.poll_timeout(self._memory.poll_timeout(timeout))
+            mono = time.monotonic()
+            timeout = core.poll_timeout(clock.at(mono))
+            if direct is not None:
+                timeout = direct.poll_timeout(timeout)
+            timeout = recycle.poll_timeout(memory.poll_timeout(timeout, mono), mono)
             if self._over_unconfirmed():
                 messages = self._wait_for_commit(timeout)  # no request read (`_commit_bound`)
             else:
                 messages = self._wait(timeout)
-            self._check_storage()
-            now = self.clock.now()
+            mono = time.monotonic()
+            self._check_storage(mono)
+            now = clock.at(mono)
             for msg in messages:
-                self.core.handle(msg, now)
+                core.handle(msg, now)
             # The turn's batches and replies (a durable push's batch, a buffered push's batch
             # and ok, the replies a `done` released) before its timers and parked requests:
             # a client waits on them.
-            first = self.core.early_out(now) if messages else None
+            first = core.early_out(now) if messages else None
             if first:
                 self._send(first)
-            self._send(self.core.finish_turn(now))
-            self.core.after_send()
+            self._send(core.finish_turn(now))  # even empty: it waits on a writer's backlog
+            core.after_send()
             if self._report_at is not None:
                 self._report_loaded()
-            self._memory.after_turn(bool(messages))
-            self._recycle.after_turn(bool(messages))
+            mono = time.monotonic()
+            worked = bool(messages)
+            memory.after_turn(worked, mono)
+            recycle.after_turn(worked, mono)
 
     def _finish(self) -> None:
         """Send the last batch and wait, within the shutdown timeout, for its commit; then
@@ -402,15 +412,16 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
         reported as `{"t": "writer-up"}`: the cue to resend what no writer confirmed.
         """
         self._watch_links()
-        if not self._writer.connected:
+        # The front link's descriptors and the writer's, as `_watch_links` just saw them.
+        front_fds, writer_fd = self._watched
+        if writer_fd is None:  # the writer link is down
             timeout_ms = min(timeout_ms or RECONNECT_EVERY_MS, RECONNECT_EVERY_MS)
-        writer_fd = self._writer.fd()
         quiet = writer_fd is not None and self._arm_writer(writer_fd)
         if quiet:
             wait = self._confirm_wait_ms
             timeout_ms = wait if timeout_ms is None else min(timeout_ms, wait)
         ready = dict(self._poll(timeout_ms))
-        if self._signals.fileno() in ready and signal.SIGTERM in self._signals.drain():
+        if self._signal_fd in ready and signal.SIGTERM in self._signals.drain():
             # Only SIGTERM stops: the wakeup descriptor reports any signal with a Python
             # handler (a profiler's SIGUSR1, `bench/_prof`).
             self._stop = True
@@ -422,7 +433,7 @@ class ShardProcess(ShardDirect, ShardLoading, ShardWriterSide, WriterBounds):
                 self._decode(data, messages)
         if not self._writer.connected and self._reconnect_writer():
             messages.append(dict(msgs.writer_up()))  # a plain map, as decoded ones are
-        for fd in self._front.fds():
+        for fd in front_fds:
             if fd in ready:
                 for data in self._front.readable(fd):
                     self._decode(data, messages)

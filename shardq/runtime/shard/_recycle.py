@@ -41,7 +41,6 @@ the front end sends what it held) and carries on.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -94,7 +93,7 @@ class RecycleCheck:
         self.blocker = blocker
         self.fresh_bytes = rss_bytes()  # before recovery: what a new process costs
         self.factor = RECYCLE_FACTOR  # RSS per estimated byte of a fresh process's jobs
-        self._window = QuietWindow(settings.idle_s if settings.enabled else 0)
+        self.window = QuietWindow(settings.idle_s if settings.enabled else 0)
         self._declined: str | None = None  # the last reason logged for not recycling
 
     def calibrate(self, rss: int) -> None:
@@ -117,15 +116,15 @@ class RecycleCheck:
 
     def busy(self, now: float) -> None:
         """Work was done at `now`: check `idle_s` from now (if not armed yet)."""
-        self._window.busy(now)
+        self.window.busy(now)
 
     def deadline(self) -> float | None:
-        return self._window.deadline()
+        return self.window.deadline()
 
     def due(self, now: float) -> int | None:
         """The RSS in bytes if the shard should recycle now, else None. A due check always
         moves the deadline (re-armed after a busy window, cleared after a quiet one)."""
-        if not self._window.due(now):
+        if not self.window.due(now):
             return None
         rss, limit = rss_bytes(), self.limit()
         reason = "under the limit" if rss <= limit else self.blocker()
@@ -166,11 +165,17 @@ class ShardRecycle:
         self.rss = 0  # the RSS when it asked
         self.going = False
 
-    def after_turn(self, worked: bool) -> None:
-        """Call once per loop turn (`worked`: it handled a message)."""
-        now = time.monotonic()
-        if worked:
-            self.check.busy(now)
+    def after_turn(self, worked: bool, now: float) -> None:
+        """Call once per loop turn (`worked`: it handled a message; `now`: `time.monotonic()`):
+        a compare or two unless the check's window is to be armed or has ended."""
+        window = self.check.window
+        at = window.quiet_at
+        if at is None:
+            if worked and window.enabled:
+                window.busy(now)
+            return
+        if now < at:
+            return  # `check.due` has nothing to say yet
         if self._asked_at is not None and now - self._asked_at < ASK_AGAIN_S:
             return
         rss = self.check.due(now)
@@ -185,12 +190,12 @@ class ShardRecycle:
             factor=round(self.check.factor, 2),
         )
 
-    def poll_timeout(self, timeout_ms: int | None) -> int | None:
-        """`timeout_ms`, shortened to wake when the check is due."""
-        due = self.check.deadline()
+    def poll_timeout(self, timeout_ms: int | None, now: float) -> int | None:
+        """`timeout_ms`, shortened to wake when the check is due (`now`: `time.monotonic()`)."""
+        due = self.check.window.quiet_at
         if due is None:
             return timeout_ms
-        left = max(0, math.ceil((due - time.monotonic()) * 1000))
+        left = max(0, math.ceil((due - now) * 1000))
         return left if timeout_ms is None else min(timeout_ms, left)
 
     def go(self) -> bool:

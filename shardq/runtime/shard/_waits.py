@@ -44,21 +44,22 @@ class _Deadlines:
     """A heap of parked requests by deadline, with lazy deletion of answered ones."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, Parked]] = []
+        # The heap (read it, never change it): empty, nothing is parked and `next` is None.
+        self.heap: list[tuple[int, int, Parked]] = []
         self._order = itertools.count()
 
     def add(self, parked: Parked) -> None:
-        heapq.heappush(self._heap, (parked.deadline, next(self._order), parked))
+        heapq.heappush(self.heap, (parked.deadline, next(self._order), parked))
 
     def next(self) -> int | None:
-        heap = self._heap
+        heap = self.heap
         while heap and not heap[0][2].live:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
     def due(self, now: int) -> list[Parked]:
         """Pop the live entries whose deadline is at or before `now`, oldest first."""
-        heap, out = self._heap, []
+        heap, out = self.heap, []
         while heap and heap[0][0] <= now:
             parked = heapq.heappop(heap)[2]
             if parked.live:
@@ -66,7 +67,7 @@ class _Deadlines:
         return out
 
     def clear(self) -> None:
-        self._heap.clear()
+        self.heap.clear()
 
 
 class LongPolls:
@@ -75,6 +76,8 @@ class LongPolls:
     def __init__(self) -> None:
         self._by_queue: dict[str, deque[Parked]] = {}
         self._deadlines = _Deadlines()
+        # Their deadlines' heap (read it, never change it): the shard's poll looks at it first.
+        self.deadlines = self._deadlines.heap
         # How many are parked (read it, never set it): an attribute, not only `len()`, as the
         # shard tests it for every command (`ShardCore._absorb`) and a call costs more.
         self.count = 0
@@ -157,6 +160,8 @@ class JobWaits:
         # command (`ShardCore._absorb`), where `bool(self)` would cost a call.
         self.by_job: dict[str, list[Parked]] = {}
         self._deadlines = _Deadlines()
+        # Their deadlines' heap (read it, never change it): the shard's poll looks at it first.
+        self.deadlines = self._deadlines.heap
 
     def __bool__(self) -> bool:
         return bool(self.by_job)
