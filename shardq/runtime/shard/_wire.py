@@ -163,7 +163,10 @@ class FrontPacker:
             return self._pack(msg)
         except TypeError:
             items = msg.get("items") if msg.get("t") == msgs.REP and len(msg) == 2 else None
-            if type(items) is not list or not any(_has_packed(item) for item in items):
+            # Which items hold `CompactJobs`, looked at once (a Worker's turn of ACKs and its
+            # next PULLB: every reply but the last is plain).
+            marks = list(map(_has_packed, items)) if type(items) is list else None
+            if not marks or True not in marks:
                 raise
         pack = self._pack
         out = [self._map_header(2)]
@@ -171,8 +174,9 @@ class FrontPacker:
             out.append(pack(key))
             if value is items:
                 out.append(self._array_header(len(items)))
-                for item in items:
-                    out.append(self._item(item) if _has_packed(item) else pack(item))
+                item_of = self._item
+                for item, packed in zip(items, marks, strict=True):
+                    out.append(item_of(item) if packed else pack(item))
             else:
                 out.append(pack(value))
         return b"".join(out)
