@@ -383,8 +383,8 @@ def _wire_all(
         # The places as locals: read per job, where a global costs more than a local.
         id_at, queue_at, name_at, data_at = _ID_AT, _QUEUE_AT + 1, _NAME_AT + 1, _DATA_AT + 1
         rest_at, values_at, timeline_at = _REST_AT, _REST_AT + 1, _TIMELINE_AT
-        priority_at, progress_at, message_at, stack_at = (
-            _PRIORITY_AT, _PROGRESS_AT, _MESSAGE_AT, _STACK_AT)
+        priority_at, progress_at = _PRIORITY_AT, _PROGRESS_AT
+        message_at, stack_at = _MESSAGE_AT, _STACK_AT
         uint64, int64 = _UINT64, _INT64
         for entry in entries:
             options = None
