@@ -298,3 +298,27 @@ def test_jobs_whose_fields_are_equal_but_pack_differently_each_get_their_own_byt
         want = js_numbers(copy.deepcopy(expected)) if mode == JS_NUMBERS else expected
         assert outer[WIRE_KEY] == msgpack.packb(want, use_bin_type=True)
         assert outer[IDS_KEY] == [job.id for job in jobs]
+
+
+@pytest.mark.parametrize("key", [k for k in WIRE_HOT_KEYS if k not in ("id", "timeline")])
+@pytest.mark.parametrize("mode", [PLAIN_NUMBERS, JS_NUMBERS])
+def test_jobs_of_one_pull_that_differ_in_one_hot_field_each_pack_their_own(
+    key: str, mode: int
+) -> None:
+    """Jobs pulled together share their packed hot fields only while every value is the same:
+    a third job whose one field differs from the first two gets its own bytes."""
+    engine, packer = Engine(seed=3, compact_pulls=True), FrontPacker()
+    engine.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": i} for i in range(3)]}, T0)
+    reply = engine.apply({"cmd": "PULLB", "queue": "q", "count": 3}, T0 + 1).reply
+    entries = reply["jobs"].entries
+    at = 2 * WIRE_HOT_KEYS.index(key) + 1
+    value = entries[2][at]
+    entries[2][at] = (
+        "other" if isinstance(value, str) or value is None else not value
+        if isinstance(value, bool) else value + 7
+    )  # fmt: skip
+    want = {"ok": True, "jobs": CompactJobs(entries).maps()}
+    outer = _passed_through(packer, {"ok": True, "jobs": CompactJobs(entries)}, mode)
+    expected = js_numbers(copy.deepcopy(want)) if mode == JS_NUMBERS else want
+    assert outer[WIRE_KEY] == msgpack.packb(expected, use_bin_type=True)
+    assert msgpack.unpackb(outer[WIRE_KEY])["jobs"][2][key] == entries[2][at]

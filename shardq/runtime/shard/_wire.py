@@ -163,7 +163,10 @@ class FrontPacker:
             return self._pack(msg)
         except TypeError:
             items = msg.get("items") if msg.get("t") == msgs.REP and len(msg) == 2 else None
-            if type(items) is not list or not any(_has_packed(item) for item in items):
+            # Which items hold `CompactJobs`, looked at once (a Worker's turn of ACKs and its
+            # next PULLB: every reply but the last is plain).
+            marks = list(map(_has_packed, items)) if type(items) is list else None
+            if not marks or True not in marks:
                 raise
         pack = self._pack
         out = [self._map_header(2)]
@@ -171,8 +174,9 @@ class FrontPacker:
             out.append(pack(key))
             if value is items:
                 out.append(self._array_header(len(items)))
-                for item in items:
-                    out.append(self._item(item) if _has_packed(item) else pack(item))
+                item_of = self._item
+                for item, packed in zip(items, marks, strict=True):
+                    out.append(item_of(item) if packed else pack(item))
             else:
                 out.append(pack(value))
         return b"".join(out)
@@ -376,6 +380,12 @@ def _wire_all(
         priority = progress = message = stack = _UNSET
         rest_bytes = b""
         extend = body.extend
+        # The places as locals: read per job, where a global costs more than a local.
+        id_at, queue_at, name_at, data_at = _ID_AT, _QUEUE_AT + 1, _NAME_AT + 1, _DATA_AT + 1
+        rest_at, values_at, timeline_at = _REST_AT, _REST_AT + 1, _TIMELINE_AT
+        priority_at, progress_at = _PRIORITY_AT, _PROGRESS_AT
+        message_at, stack_at = _MESSAGE_AT, _STACK_AT
+        uint64, int64 = _UINT64, _INT64
         for entry in entries:
             options = None
             if type(entry) is tuple:
@@ -384,7 +394,7 @@ def _wire_all(
                 ids.append(_entry_id(entry))
                 body.append(wire(entry))
                 continue
-            job_id = entry[_ID_AT]
+            job_id = entry[id_at]
             if type(job_id) is not str:  # not the engine's: the general path
                 ids.append(job_id)
                 body.append(wire(entry if options is None else (options, entry)))
@@ -392,25 +402,26 @@ def _wire_all(
             ids.append(job_id)
             if options is not last_head or not start:
                 last_head, start = options, head_of(options) + k_id
-            if entry[_QUEUE_AT + 1] is not queue or entry[_NAME_AT + 1] is not name:
-                queue, name = entry[_QUEUE_AT + 1], entry[_NAME_AT + 1]
+            if entry[queue_at] is not queue or entry[name_at] is not name:
+                queue, name = entry[queue_at], entry[name_at]
                 names = pack(entry[_QUEUE_AT:_DATA_AT])[names_skip:]
-            data = pack(entry[_DATA_AT + 1])
-            if js and (_UINT64 in data or _INT64 in data):
-                data = pack(_js_value(entry[_DATA_AT + 1]))
-            now_rest = entry[_REST_AT:_TIMELINE_AT]  # its last, the timeline's key
+            data = pack(entry[data_at])
+            if js and (uint64 in data or int64 in data):
+                data = pack(_js_value(entry[data_at]))
+            # Their values only (the keys are the same strings in every list).
+            now_rest = entry[values_at:timeline_at:2]
             if (
                 now_rest != rest
-                or entry[_PRIORITY_AT] is not priority
-                or entry[_PROGRESS_AT] is not progress
-                or entry[_MESSAGE_AT] is not message
-                or entry[_STACK_AT] is not stack
+                or entry[priority_at] is not priority
+                or entry[progress_at] is not progress
+                or entry[message_at] is not message
+                or entry[stack_at] is not stack
             ):
                 rest = now_rest
-                priority, progress = entry[_PRIORITY_AT], entry[_PROGRESS_AT]
-                message, stack = entry[_MESSAGE_AT], entry[_STACK_AT]
-                rest_bytes = _pack_rest(pack, now_rest, js)[rest_skip:]
-            timeline = entry[_TIMELINE_AT]
+                priority, progress = entry[priority_at], entry[progress_at]
+                message, stack = entry[message_at], entry[stack_at]
+                rest_bytes = _pack_rest(pack, entry[rest_at:timeline_at], js)[rest_skip:]
+            timeline = entry[timeline_at]
             if timeline is not last_timeline:
                 last_timeline, timeline_bytes = timeline, timelines.packed(timeline)
             # Its pieces, not their join: the reply's own join copies them once.
