@@ -80,6 +80,10 @@ class ShardConnections:
         self._by_shard: dict[int, _Conn] = {}
         self._bell_listener = None if bell_path is None else prepare_listener(bell_path)
         self._bells: dict[int, socket.socket] = {}  # by descriptor
+        # Changes whenever the descriptors to poll do: a connection or a bell comes or goes,
+        # or a connection's unsent output appears or is all sent (`waiting_fds`). The writer
+        # keeps its poll set while it stays the same.
+        self.generation = 0
 
     def bell_fds(self) -> list[int]:
         """The bell listener and the bells (poll them for reading, always)."""
@@ -106,6 +110,7 @@ class ShardConnections:
         if not rang:  # closed: its shard went away, or reconnects with a new one
             del self._bells[fd]
             bell.close()
+            self.generation += 1
         return rang
 
     def _accept_bells(self, listener: socket.socket) -> None:
@@ -119,6 +124,7 @@ class ShardConnections:
                 return
             sock.setblocking(False)
             self._bells[sock.fileno()] = sock
+            self.generation += 1
 
     def listener_fd(self) -> int:
         return self._listener.fileno()
@@ -145,6 +151,7 @@ class ShardConnections:
             sock.setblocking(False)
             self._conns[sock.fileno()] = _Conn(sock)
             new.append(sock.fileno())
+            self.generation += 1
 
     def readable(self, fd: int, limit: int = _READ_SIZE) -> list[tuple[int, bytes]]:
         """Read what connection `fd` has (about `limit` bytes at most); (fd, payload) pairs."""
@@ -197,6 +204,7 @@ class ShardConnections:
             return True
         if sent < len(whole):
             conn.out += whole[sent:]
+            self.generation += 1  # to be watched for writing
         return True
 
     def fd_of(self, shard: int) -> int | None:
@@ -235,10 +243,13 @@ class ShardConnections:
             self._drop(conn, f"write failed: {e}")
             return
         del conn.out[:sent]
+        if not conn.out:
+            self.generation += 1  # all sent: no longer watched for writing
 
     def _drop(self, conn: _Conn, reason: str) -> None:
         _log.info("shard link closed", shard=conn.shard, reason=reason)
         self._conns.pop(conn.sock.fileno(), None)
+        self.generation += 1
         if conn.shard is not None and self._by_shard.get(conn.shard) is conn:
             del self._by_shard[conn.shard]
         conn.sock.close()
