@@ -442,6 +442,7 @@ class Writer(RejectedMutations):
         took = self._clock() - started
         pending, batches = buffer.pending, buffer.pending_batches
         failures, failing_since = buffer.failures, buffer.failing_since
+        drains = buffer.drains  # `committed` (in `_deliver`) clears it
         # Whoever waits on this commit (a durable push's client) hears of it first; the
         # bookkeeping below (status file, vacuum clock, logs) is nobody's wait.
         self._deliver(buffer)
@@ -458,7 +459,7 @@ class Writer(RejectedMutations):
         vacuum_at = self._vacuum.committed(self._clock())
         if vacuum_at is not None and vacuum_at < self._idle.at:
             self._idle.at = vacuum_at
-        self._pieces.committed()
+        self._pieces.committed(drains)
         if self._debug:
             log.debug("flushed", mutations=pending, batches=batches, rows=rows,
                       ms=round(took * 1000, 2))  # fmt: skip
