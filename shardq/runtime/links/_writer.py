@@ -41,8 +41,9 @@ from typing import Final
 
 import structlog
 
-from shardq.protocol import frame, send_frame
+from shardq.protocol import FRAME_HEADER, frame, send_frame
 from shardq.runtime.links._stream import (
+    MAX_FRAME_BYTES,
     FrameSplitter,
     prepare_listener,
     read_buffer,
@@ -54,17 +55,20 @@ __all__ = ["ShardConnections", "WriterLink"]
 _READ_SIZE: Final = 1 << 20
 _BELL_READ: Final = 4096  # a bell's bytes mean nothing: read as many, at most, per turn
 _RING: Final = b"!"
+_HEADER_SIZE: Final = FRAME_HEADER.size
+_UNPACK_HEADER: Final = FRAME_HEADER.unpack_from
 RECONNECT_EVERY_MS: Final = 20
 
 _log = structlog.get_logger()
 
 
 class _Conn:
-    __slots__ = ("out", "shard", "sock", "splitter")
+    __slots__ = ("held", "out", "shard", "sock", "splitter")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.splitter = FrameSplitter()
+        self.held = False  # whether the splitter holds the start of a frame
         self.out = bytearray()
         self.shard: int | None = None
 
@@ -158,7 +162,9 @@ class ShardConnections:
         conn = self._conns.get(fd)
         if conn is None:
             return []
-        view = read_buffer()[:limit]  # not a fresh `recv(limit)` allocation per read
+        view = read_buffer()  # not a fresh `recv(limit)` allocation per read
+        if limit < _READ_SIZE:
+            view = view[:limit]
         try:
             n = conn.sock.recv_into(view)
         except BlockingIOError:
@@ -169,11 +175,20 @@ class ShardConnections:
         if not n:
             self._drop(conn, "shard closed the link")
             return []
+        if n > _HEADER_SIZE and not conn.held:
+            # Nearly always one whole frame (a batch, then the shard waits for its `done`):
+            # its payload, without the splitter's general cutting.
+            (size,) = _UNPACK_HEADER(view)
+            if size == n - _HEADER_SIZE and size <= MAX_FRAME_BYTES:
+                return [(fd, bytes(view[_HEADER_SIZE:n]))]
+        splitter = conn.splitter
         try:
-            return [(fd, payload) for payload in conn.splitter.feed(view[:n])]
+            frames = [(fd, payload) for payload in splitter.feed(view[:n])]
         except ValueError as e:
             self._drop(conn, str(e))
             return []
+        conn.held = splitter.buffered > 0
+        return frames
 
     def claim(self, fd: int, shard: int) -> None:
         """Connection `fd` speaks for `shard`; its confirmations go there from now on."""

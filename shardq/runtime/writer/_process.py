@@ -204,7 +204,7 @@ class Writer(RejectedMutations):
                 self._serve_links(events)
                 deadline = buffer.deadline()  # `due`, without its call
                 if deadline is not None and clock() >= deadline:
-                    if self._bells:
+                    if self._muted:
                         self._read_links(events)  # what waited unread for this commit
                     self._flush()
             if self._after_turn(events, waker_fd):
@@ -439,7 +439,8 @@ class Writer(RejectedMutations):
             self._send(buffer.failed(e, self._clock()))
             self._report_failure(e)
             return False
-        took = self._clock() - started
+        ended = self._clock()
+        took = ended - started
         pending, batches = buffer.pending, buffer.pending_batches
         failures, failing_since = buffer.failures, buffer.failing_since
         drains = buffer.drains  # `committed` (in `_deliver`) clears it
@@ -456,7 +457,7 @@ class Writer(RejectedMutations):
             )
             self._degraded = False
         self._status.flushed(pending, took)
-        vacuum_at = self._vacuum.committed(self._clock())
+        vacuum_at = self._vacuum.committed(ended)  # a wait's start: a moment early is as good
         if vacuum_at is not None and vacuum_at < self._idle.at:
             self._idle.at = vacuum_at
         self._pieces.committed(drains)
