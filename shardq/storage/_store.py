@@ -207,7 +207,8 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         """
         if not mutations:
             return 0
-        self.settle()
+        if self._unsettled is not None:  # `settle`'s own test, without its call
+            self.settle()
         if not (self._delta_rows or self._pending):
             row = lone_put(mutations)
             if row is not None:

@@ -120,6 +120,11 @@ class FrameSplitter:
     def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
         self._cutter = FrameCutter(max_frame)
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held for a frame that is not complete yet."""
+        return self._cutter.buffered
+
     def feed(self, chunk: bytes | memoryview) -> list[bytes]:
         """Add `chunk`; return every payload now complete. `chunk` is not kept: it may be a
         view of a buffer the caller reuses.

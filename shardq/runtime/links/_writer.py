@@ -41,8 +41,9 @@ from typing import Final
 
 import structlog
 
-from shardq.protocol import frame, send_frame
+from shardq.protocol import FRAME_HEADER, frame, send_frame
 from shardq.runtime.links._stream import (
+    MAX_FRAME_BYTES,
     FrameSplitter,
     prepare_listener,
     read_buffer,
@@ -54,17 +55,20 @@ __all__ = ["ShardConnections", "WriterLink"]
 _READ_SIZE: Final = 1 << 20
 _BELL_READ: Final = 4096  # a bell's bytes mean nothing: read as many, at most, per turn
 _RING: Final = b"!"
+_HEADER_SIZE: Final = FRAME_HEADER.size
+_UNPACK_HEADER: Final = FRAME_HEADER.unpack_from
 RECONNECT_EVERY_MS: Final = 20
 
 _log = structlog.get_logger()
 
 
 class _Conn:
-    __slots__ = ("out", "shard", "sock", "splitter")
+    __slots__ = ("held", "out", "shard", "sock", "splitter")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.splitter = FrameSplitter()
+        self.held = False  # whether the splitter holds the start of a frame
         self.out = bytearray()
         self.shard: int | None = None
 
@@ -80,6 +84,10 @@ class ShardConnections:
         self._by_shard: dict[int, _Conn] = {}
         self._bell_listener = None if bell_path is None else prepare_listener(bell_path)
         self._bells: dict[int, socket.socket] = {}  # by descriptor
+        # Changes whenever the descriptors to poll do: a connection or a bell comes or goes,
+        # or a connection's unsent output appears or is all sent (`waiting_fds`). The writer
+        # keeps its poll set while it stays the same.
+        self.generation = 0
 
     def bell_fds(self) -> list[int]:
         """The bell listener and the bells (poll them for reading, always)."""
@@ -106,6 +114,7 @@ class ShardConnections:
         if not rang:  # closed: its shard went away, or reconnects with a new one
             del self._bells[fd]
             bell.close()
+            self.generation += 1
         return rang
 
     def _accept_bells(self, listener: socket.socket) -> None:
@@ -119,6 +128,7 @@ class ShardConnections:
                 return
             sock.setblocking(False)
             self._bells[sock.fileno()] = sock
+            self.generation += 1
 
     def listener_fd(self) -> int:
         return self._listener.fileno()
@@ -145,13 +155,16 @@ class ShardConnections:
             sock.setblocking(False)
             self._conns[sock.fileno()] = _Conn(sock)
             new.append(sock.fileno())
+            self.generation += 1
 
     def readable(self, fd: int, limit: int = _READ_SIZE) -> list[tuple[int, bytes]]:
         """Read what connection `fd` has (about `limit` bytes at most); (fd, payload) pairs."""
         conn = self._conns.get(fd)
         if conn is None:
             return []
-        view = read_buffer()[:limit]  # not a fresh `recv(limit)` allocation per read
+        view = read_buffer()  # not a fresh `recv(limit)` allocation per read
+        if limit < _READ_SIZE:
+            view = view[:limit]
         try:
             n = conn.sock.recv_into(view)
         except BlockingIOError:
@@ -162,11 +175,20 @@ class ShardConnections:
         if not n:
             self._drop(conn, "shard closed the link")
             return []
+        if n > _HEADER_SIZE and not conn.held:
+            # Nearly always one whole frame (a batch, then the shard waits for its `done`):
+            # its payload, without the splitter's general cutting.
+            (size,) = _UNPACK_HEADER(view)
+            if size == n - _HEADER_SIZE and size <= MAX_FRAME_BYTES:
+                return [(fd, bytes(view[_HEADER_SIZE:n]))]
+        splitter = conn.splitter
         try:
-            return [(fd, payload) for payload in conn.splitter.feed(view[:n])]
+            frames = [(fd, payload) for payload in splitter.feed(view[:n])]
         except ValueError as e:
             self._drop(conn, str(e))
             return []
+        conn.held = splitter.buffered > 0
+        return frames
 
     def claim(self, fd: int, shard: int) -> None:
         """Connection `fd` speaks for `shard`; its confirmations go there from now on."""
@@ -197,6 +219,7 @@ class ShardConnections:
             return True
         if sent < len(whole):
             conn.out += whole[sent:]
+            self.generation += 1  # to be watched for writing
         return True
 
     def fd_of(self, shard: int) -> int | None:
@@ -235,10 +258,13 @@ class ShardConnections:
             self._drop(conn, f"write failed: {e}")
             return
         del conn.out[:sent]
+        if not conn.out:
+            self.generation += 1  # all sent: no longer watched for writing
 
     def _drop(self, conn: _Conn, reason: str) -> None:
         _log.info("shard link closed", shard=conn.shard, reason=reason)
         self._conns.pop(conn.sock.fileno(), None)
+        self.generation += 1
         if conn.shard is not None and self._by_shard.get(conn.shard) is conn:
             del self._by_shard[conn.shard]
         conn.sock.close()

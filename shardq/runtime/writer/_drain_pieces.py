@@ -76,11 +76,14 @@ class DrainPieces:
         self._ranges: dict[str, _Range] = {}
         self._look_s = look_s
         self._next_look = 0.0
+        self._retry = False  # a piece or a look failed: look again after the next commit
         self.wanted = self._look()
 
-    def committed(self) -> None:
-        """A batch committed: it may have recorded a range (or a failed piece may go on)."""
-        if not self.wanted:
+    def committed(self, drains: bool) -> None:
+        """A batch committed; `drains`: it held a `qdrain`, so it may have recorded a range.
+        Only then, or after a failed piece or look, are the ranges looked at: a commit
+        without a `qdrain` records none (a takeover's ranges are `tick`'s)."""
+        if (drains or self._retry) and not self.wanted:
             self.wanted = self._look()
 
     def deadline(self) -> float | None:
@@ -98,7 +101,9 @@ class DrainPieces:
         try:
             pending = self._store.pending_drains
         except StorageError:
+            self._retry = True
             return False
+        self._retry = False
         self._status.drain_pending(len(pending))
         return bool(pending)
 
@@ -111,6 +116,7 @@ class DrainPieces:
         except StorageError as e:
             log.warning("drain piece failed; retried after the next commit", error=str(e))
             self.wanted = False
+            self._retry = True
             return
         if got is None:
             self.wanted = False

@@ -77,6 +77,9 @@ class FlushBuffer:
         self._ops = 0
         self._batches: list[_Batch] = []
         self._with_replies = 0  # waiting batches that carry replies (`rep`)
+        self.drains = False
+        """Whether a waiting batch holds a `qdrain` (its commit may record a range to delete
+        in pieces, `_drain_pieces`; read before `committed` clears it)."""
         self._syncs: list[tuple[int, int, int]] = []  # (shard, epoch, seq)
         self._first_at: float | None = None
         self._urgent = False
@@ -111,7 +114,10 @@ class FlushBuffer:
         epoch = self._epoch(shard, seq, restart=False)
         if urgent and self.storage_full and now < self._probe_at:
             return [(shard, msgs.fail(seq, FULL_REASON))]
-        ops = len(mutations) + _grouped(mutations)
+        extra, drains = _scan(mutations)
+        ops = len(mutations) + extra
+        if drains:
+            self.drains = True
         self._batches.append(
             _Batch(
                 shard, epoch, seq, len(mutations), durable=urgent, nbytes=nbytes, ops=ops, rep=rep
@@ -282,6 +288,7 @@ class FlushBuffer:
         self._ops = 0
         self._batches.clear()
         self._with_replies = 0
+        self.drains = False
         self._syncs.clear()
         self._first_at = None
         self._urgent = False
@@ -335,15 +342,21 @@ class FlushBuffer:
         return epoch
 
 
-def _grouped(mutations: list[Any]) -> int:  # what came off the wire: anything
-    """How many more job mutations the `updm`s among `mutations` stand for than their count."""
+def _scan(mutations: list[Any]) -> tuple[int, bool]:  # what came off the wire: anything
+    """How many more job mutations the `updm`s among `mutations` stand for than their count,
+    and whether one of them is a `qdrain`."""
     extra = 0
+    drains = False
     m: Any
     for m in mutations:  # anything may come: a malformed one is the store's to reject
         # `m and`, not a len(): a call for every mutation, and nearly all are not `updm`s.
-        if type(m) is list and m and m[0] == "updm" and len(m) == 4 and type(m[3]) is list:
-            extra += max(len(m[3]) - 1, 0)
-    return extra
+        if type(m) is list and m:
+            kind = m[0]
+            if kind == "updm" and len(m) == 4 and type(m[3]) is list:
+                extra += max(len(m[3]) - 1, 0)
+            elif kind == "qdrain":
+                drains = True
+    return extra, drains
 
 
 # The reason a shard puts after "Storage unavailable: " in a failed durable reply.

@@ -3,10 +3,12 @@
 Which descriptors the writer waits on changes with its state: links come and go, a link is
 left unread while its batch waits for the group commit (`_lazy`), no input is read at all
 while the flush buffer is full, and a link with unsent output is watched for writing. So
-the wanted set is worked out every turn, as a dict of descriptor to event mask, and compared
-with the one registered: only when they differ is the `select.poll` object changed. Most
-turns change nothing, and a turn then costs no `register` calls (one per descriptor before,
-eight a turn on a two-shard server) and no new pollfd array.
+the wanted set is worked out, as a dict of descriptor to event mask, and compared with the
+one registered: only when they differ is the `select.poll` object changed. The writer works
+it out only when something it depends on changed (`Writer._poll`'s key: the links'
+`generation`, which moves when a link or a bell comes or goes or a link's unsent output
+appears or is all sent; whether input is read; which links are left unread): most turns
+neither build the dict nor call the links for their descriptors.
 
 `poll(2)` keeps nothing in the kernel between calls, so a registration is only a row of the
 array the next call passes: a descriptor that closed is unregistered the turn after, when it
@@ -16,6 +18,9 @@ is no longer wanted, before the next wait.
 from __future__ import annotations
 
 import select
+from collections.abc import Collection
+
+from shardq.runtime.links._writer import ShardConnections
 
 __all__ = ["PollSet"]
 
@@ -37,6 +42,31 @@ class PollSet:
                     poller.register(fd, mask)  # registers, or changes the mask
             self._registered = dict(wanted)
         return self.poller
+
+    def watch_links(
+        self,
+        links: ShardConnections,
+        waker_fd: int,
+        listener_fd: int,
+        reading: bool,
+        unread: Collection[int],
+    ) -> frozenset[int]:
+        """Watch the waker, and while `reading` the listener, the bells and every link but
+        the `unread` ones for input; every link with unsent output for writing. The bells'
+        descriptors."""
+        wanted = {waker_fd: select.POLLIN}
+        bells = links.bell_fds()
+        if reading:
+            wanted[listener_fd] = select.POLLIN
+            for fd in bells:
+                wanted[fd] = select.POLLIN
+            for fd in links.conn_fds():
+                if fd not in unread:
+                    wanted[fd] = select.POLLIN
+        for fd in links.waiting_fds():
+            wanted[fd] = wanted.get(fd, 0) | select.POLLOUT
+        self.watch(wanted)
+        return frozenset(bells)
 
     def registered(self) -> dict[int, int]:
         """What is registered now (for tests)."""

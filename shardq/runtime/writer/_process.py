@@ -43,6 +43,7 @@ from shardq.runtime._spin import STATS as SPIN_STATS
 from shardq.runtime.links._writer import ShardConnections
 from shardq.runtime.writer._drain_pieces import DrainPieces
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
+from shardq.runtime.writer._idle import IdleTimers
 from shardq.runtime.writer._pollset import PollSet
 from shardq.runtime.writer._rebuild import rebuild_of
 from shardq.runtime.writer._recycle import WriterRecycle
@@ -164,6 +165,7 @@ class Writer(RejectedMutations):
             recycle = IdleGrowth(idle_s=0)
         self._recycle = WriterRecycle(recycle, self._recycle_blocker)
         self._on_recycle = on_recycle
+        self._idle = IdleTimers(self._vacuum, self._give_back, self._pieces, self._recycle, clock)
         # What the shards send: one handler per kind; False drops the message as malformed.
         self._handlers: dict[object, _Handler] = {
             msgs.MUTS: self._on_muts,
@@ -174,6 +176,11 @@ class Writer(RejectedMutations):
         # (shard, seq) of the batches whose mutations the last flush refused (`rejected`).
         self._refused: set[tuple[int, int]] = set()
         self._poll_set = PollSet()
+        # The poll set is worked out again only when this changes (`_poll`): the links'
+        # generation, whether input is read, and while lazy, which links are left unread.
+        self._poll_key: tuple[int, bool, int] = (-1, False, -1)
+        self._muted_gen = 0  # counts the changes of `_muted`
+        self._bell_fds: frozenset[int] = frozenset()  # as of the poll set
         # One packer for every confirmation: `msgpack.packb` builds a new one each call.
         self._pack = msgpack.Packer(use_bin_type=True).pack
         # Whether the per-commit debug line is written, asked once: a call on the module's
@@ -197,37 +204,34 @@ class Writer(RejectedMutations):
                 self._serve_links(events)
                 deadline = buffer.deadline()  # `due`, without its call
                 if deadline is not None and clock() >= deadline:
-                    if self._bells:
+                    if self._muted:
                         self._read_links(events)  # what waited unread for this commit
                     self._flush()
-            self._after_turn(events, waker_fd)
-            if self._recycling():
+            if self._after_turn(events, waker_fd):
                 break
         return self._shutdown(waker)
 
-    def _after_turn(self, events: dict[int, int], waker_fd: int) -> None:
+    def _after_turn(self, events: dict[int, int], waker_fd: int) -> bool:
         """What a turn does once its batches are read and committed: a piece of a Drain's
-        range, the idle vacuum, the memory give-back. One clock reading serves it all but a
-        piece's own (nobody waits on these; a commit's confirmation is already out)."""
+        range, then whatever of the idle timers is due (`_idle`: the vacuum, the memory
+        give-back, the recycle), with one compare when none is. True: the writer recycles.
+        Nobody waits on these; a commit's confirmation is already out."""
         now = self._clock()
-        pieces, buffer = self._pieces, self._buffer
-        pieces.tick(now)
-        if pieces.wanted and not buffer.due(now):
-            pieces.step()  # one piece, then the links again (`_timeout_ms` 0)
+        idle = self._idle
+        if self._pieces.wanted and not self._buffer.due(now):
+            self._pieces.step()  # one piece, then the links again (`_timeout_ms` 0)
+            idle.at = 0.0  # a range done: the next look's deadline is to be worked out
             now = self._clock()
-        if len(events) > (waker_fd in events):  # a link's event, not only a signal
-            self._give_back.busy(now)
-            self._recycle.busy(now)
+        if not idle.armed and len(events) > (waker_fd in events):  # a link's event
+            idle.arm(now)
+        if now < idle.at:
+            return False
         # Idle: no batch waits, nor a retry (a message that came this turn made a batch).
-        if buffer.deadline() is None and self._vacuum.due(now):
-            self._vacuum.step()
-            now = self._clock()
-        self._give_back.check(now)
+        return self._recycling(idle.turn(now, self._buffer.deadline() is not None))
 
-    def _recycling(self) -> bool:
+    def _recycling(self, rss: int | None) -> bool:
         """Whether the writer stops now to be replaced by a fresh process (`_recycle.py`):
         the supervisor is told before the loop ends."""
-        rss = self._recycle.due(self._clock())
         if rss is None or self._on_recycle is None:
             return False
         log.info("writer recycling", rss_mb=round(rss / 2**20, 1),
@@ -260,30 +264,16 @@ class Writer(RejectedMutations):
     # -- the loop
 
     def _poll(self, waker_fd: int) -> dict[int, int]:
-        # Worked out each turn (`_pollset`): connections come and go, and input is not read
-        # at all while the buffer is full (storage failing), so the shards' blocking sends
-        # push back.
-        wanted = {waker_fd: select.POLLIN}
+        # The poll set is kept while its key stays the same (`_pollset`): connections come
+        # and go, and input is not read at all while the buffer is full (storage failing),
+        # so the shards' blocking sends push back.
         reading = self._buffer.accepting
-        links = self._links
-        if reading:
-            wanted[self._listener_fd] = select.POLLIN
-            for fd in links.bell_fds():
-                wanted[fd] = select.POLLIN
-            muted = self._muted if self._lazy() else ()
-            for fd in links.conn_fds():
-                if fd not in muted:
-                    wanted[fd] = select.POLLIN
-        for fd in links.waiting_fds():
-            wanted[fd] = wanted.get(fd, 0) | select.POLLOUT
-        poller = self._poll_set.watch(wanted)
-        if reading != self._reading:
-            self._reading = reading
-            if not reading:
-                log.warning(
-                    "writer buffer full; shards are blocked until storage recovers",
-                    waiting_mutations=self._buffer.pending,
-                )
+        lazy = self._lazy() if reading and self._muted else False
+        key = (self._links.generation, reading, self._muted_gen if lazy else -1)
+        if key != self._poll_key:
+            self._poll_key = key
+            self._watch(waker_fd, reading, lazy)
+        poller = self._poll_set.poller
         timeout = self._timeout_ms()
         spin = self._spin
         if spin is not None and timeout != 0 and (spin_s := spin.window(time.perf_counter())):
@@ -292,6 +282,19 @@ class Writer(RejectedMutations):
             )
             return dict(got or poller.poll(timeout))
         return dict(poller.poll(timeout))
+
+    def _watch(self, waker_fd: int, reading: bool, lazy: bool) -> None:
+        """Register what the writer waits on now (`_poll`, when its key changed)."""
+        self._bell_fds = self._poll_set.watch_links(
+            self._links, waker_fd, self._listener_fd, reading, self._muted if lazy else ()
+        )
+        if reading != self._reading:
+            self._reading = reading
+            if not reading:
+                log.warning(
+                    "writer buffer full; shards are blocked until storage recovers",
+                    waiting_mutations=self._buffer.pending,
+                )
 
     def _lazy(self) -> bool:
         """Whether to leave the links unread until the pending commit's deadline: only with
@@ -304,7 +307,7 @@ class Writer(RejectedMutations):
 
     def _serve_links(self, events: dict[int, int]) -> None:
         links = self._links
-        bells = links.bell_fds() if self._bells else ()
+        bells = self._bell_fds
         listener = self._listener_fd
         rang = False
         for fd, mask in events.items():
@@ -349,14 +352,11 @@ class Writer(RejectedMutations):
             return 0
         deadline = self._buffer.deadline()
         if deadline is None:
-            waits = (self._vacuum.deadline(), self._give_back.deadline(),
-                     self._pieces.deadline(), self._recycle.deadline())  # fmt: skip
-            for wait in waits:  # the earliest; a loop, not min() over a generator (5 calls)
-                if wait is not None and (deadline is None or wait < deadline):
-                    deadline = wait
-        if deadline is None:
-            return None  # nothing waits: sleep until a message or a signal
-        return max(0, math.ceil((deadline - self._clock()) * 1000))
+            deadline = self._idle.at  # the idle timers' earliest (`_idle`)
+            if deadline == math.inf:
+                return None  # nothing waits: sleep until a message or a signal
+        wait = math.ceil((deadline - self._clock()) * 1000)
+        return wait if wait > 0 else 0
 
     def _handle(self, frame: bytes, conn: int) -> None:
         try:
@@ -391,8 +391,9 @@ class Writer(RejectedMutations):
         rep = rep if urgent and type(rep) is bytes else None
         added = self._buffer.add_muts(shard, seq, muts, now, urgent=urgent, nbytes=size, rep=rep)
         fd = self._links.fd_of(shard) if self._bells and not urgent else None
-        if fd is not None:
+        if fd is not None and fd not in self._muted:
             self._muted.add(fd)
+            self._muted_gen += 1
         if added:  # a `fail` at once while storage is full; nothing otherwise
             self._send(added)
         return True
@@ -421,7 +422,9 @@ class Writer(RejectedMutations):
         buffer = self._buffer
         started = self._clock()
         self._refused.clear()
-        self._muted.clear()  # its shards read their `done` before leaving a link unread again
+        if self._muted:  # its shards read their `done` before leaving a link unread again
+            self._muted.clear()
+            self._muted_gen += 1
         try:
             rows = self._commit(buffer.mutations())
         except StorageFenced as e:
@@ -436,9 +439,11 @@ class Writer(RejectedMutations):
             self._send(buffer.failed(e, self._clock()))
             self._report_failure(e)
             return False
-        took = self._clock() - started
+        ended = self._clock()
+        took = ended - started
         pending, batches = buffer.pending, buffer.pending_batches
         failures, failing_since = buffer.failures, buffer.failing_since
+        drains = buffer.drains  # `committed` (in `_deliver`) clears it
         # Whoever waits on this commit (a durable push's client) hears of it first; the
         # bookkeeping below (status file, vacuum clock, logs) is nobody's wait.
         self._deliver(buffer)
@@ -452,8 +457,10 @@ class Writer(RejectedMutations):
             )
             self._degraded = False
         self._status.flushed(pending, took)
-        self._vacuum.committed(self._clock())
-        self._pieces.committed()
+        vacuum_at = self._vacuum.committed(ended)  # a wait's start: a moment early is as good
+        if vacuum_at is not None and vacuum_at < self._idle.at:
+            self._idle.at = vacuum_at
+        self._pieces.committed(drains)
         if self._debug:
             log.debug("flushed", mutations=pending, batches=batches, rows=rows,
                       ms=round(took * 1000, 2))  # fmt: skip

@@ -137,14 +137,16 @@ class IdleVacuum:
         self._held = False  # the hold under way was logged (`_hold`)
         self.holds = 0  # times a step was wanted on a list too long for one
 
-    def committed(self, now: float) -> None:
-        """A batch committed at `now`: a pass is wanted once the writer is idle again."""
+    def committed(self, now: float) -> float | None:
+        """A batch committed at `now`: a pass is wanted once the writer is idle again. Returns
+        `deadline()` (the writer's `IdleTimers.at` is lowered to it, without another call)."""
         self._since = now
-        self._wanted = self._pages > 0
+        self._wanted = wanted = self._pages > 0
         if self._pass is not None:
             self._pass.paused += 1
         if self._rebuild is not None:
             self._rebuild.committed()
+        return max(now + self._idle_s, self._next_at) if wanted else None
 
     @property
     def under_way(self) -> bool:
