@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -78,10 +78,35 @@ def test_unreachable_server_is_connection_lost(transport: str, mode: str) -> Non
         close()
 
 
+# The kill -9 tests run once per transport and client kind; each kills the server and starts
+# it again (same ports, same data), so the next case can take it as it is left instead of
+# starting one of its own: queues and workers are each case's own, and so is the connection
+# whose reconnects a case counts.
+@pytest.fixture(scope="module")
+def kill9_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    with ShardqServer(tmp_path_factory.mktemp("kill9") / "data", shards=2).start() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    data = tmp_path_factory.mktemp("auth") / "data"
+    with ShardqServer(data, env={"AUTH_TOKENS": "s3cret,other"}).start() as server:
+        yield server
+
+
+def _running(server: ShardqServer) -> ShardqServer:
+    """`server`, started again if a case before this one left it killed (it failed between
+    its kill and its restart)."""
+    if server.returncode is not None:
+        server.start()
+    return server
+
+
 def test_reconnect_after_kill9_and_restart(
-    shardq_server: Callable[..., ShardqServer], make_clients: Callable[[ShardqServer], Clients]
+    kill9_server: ShardqServer, make_clients: Callable[[ShardqServer], Clients]
 ) -> None:
-    server = shardq_server(shards=2)
+    server = _running(kill9_server)
     clients = make_clients(server)
     queue = clients.queue()
     fast_retry = JobOptions(backoff_ms=10)  # recovered jobs retry after ~20 ms, not ~2 s
@@ -117,9 +142,9 @@ def list_workers(url: str) -> set[str]:
 
 
 def test_auth_token_is_sent_on_every_connect(
-    shardq_server: Callable[..., ShardqServer], make_clients: Callable[[ShardqServer], Clients]
+    auth_server: ShardqServer, make_clients: Callable[[ShardqServer], Clients]
 ) -> None:
-    server = shardq_server(env={"AUTH_TOKENS": "s3cret,other"})
+    server = _running(auth_server)
     clients = make_clients(server)
     anonymous = clients.queue(retry=None)
     with pytest.raises(AuthenticationFailed, match="Not authenticated"):
