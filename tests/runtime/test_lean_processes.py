@@ -9,6 +9,10 @@
   validates flows and webhooks with the engine's small checks, never with the engine.
   Checked in a fresh interpreter doing exactly what the role's `__main__` does before it
   runs: `skip_extras()`, then the role's `_process` module.
+- The front end and the HTTP process use a few of the client's modules (the sans-IO core and
+  its errors; the async connection and event stream): `shardq.client` imports its parts on
+  first use, so neither loads the queues, workers and cluster connections (a fifth of the
+  front end's start-up instructions).
 - The roles that run no event loop (the supervisor, the writer, the shards) never load
   asyncio, which structlog imports (`runtime/_lean.py`, `defer_asyncio`): its C extension
   and ssl's are not in their address space after a start, a load and its give-back.
@@ -44,6 +48,14 @@ ENGINE_AND_STORE = (
     "croniter",
     "dateutil",
 )
+# The client's parts that no server process uses (`shardq.client` loads them on first use).
+CLIENT_UNUSED = (
+    "shardq.client._queue",
+    "shardq.client._worker",
+    "shardq.client._async_queue",
+    "shardq.client._async_worker",
+    "shardq.client._cluster",
+)
 MUST_NOT_IMPORT = {
     "supervisor": (
         *ENGINE_AND_STORE,
@@ -54,8 +66,8 @@ MUST_NOT_IMPORT = {
         "sqlite3",
         "shardq.storage._schema",
     ),
-    "http": ENGINE_AND_STORE,
-    "frontend": (*ENGINE_AND_STORE, "zoneinfo"),
+    "http": (*ENGINE_AND_STORE, *CLIENT_UNUSED),
+    "frontend": (*ENGINE_AND_STORE, *CLIENT_UNUSED, "shardq.client._connection", "zoneinfo"),
 }
 
 # The writer after 15,000 jobs pushed and drained, once it has given memory back (2-core
