@@ -257,7 +257,7 @@ def test_a_stop_during_recovery_ends_the_front_end_waiting_for_its_turn(
     server, shard = _recovering(shardq_server, env)
     writer = server.find_log("child started", child="writer")
     assert writer is not None
-    # The front end is spawned once the shard runs: it imports its modules, then waits for
+    # The front end is spawned once the writer runs: it imports its modules, then waits for
     # its spec (stdin), which the supervisor writes only once every shard is ready.
     known = {int(shard["child_pid"]), int(writer["child_pid"])}
     waiting: set[int] = poll_until(

@@ -57,6 +57,11 @@ def test_starts_in_order_logs_one_ready_line_and_stops_cleanly(shardq_server: Fa
     order = [step for step in sup if step[0] in ("child started", "child ready")]
     assert order[:2] == [("child started", "writer"), ("child ready", "writer")]
     assert order[-2:] == [("child started", "frontend"), ("child ready", "frontend")]
+    # The shards and the front end are spawned ahead together once the writer runs, so the
+    # front end imports while the writer opens and the shards start, not after them.
+    ahead = [child for event, child in sup if event == "child spawned ahead"]
+    assert ahead == ["shard-0", "shard-1", "frontend"]
+    assert sup.index(("child spawned ahead", "frontend")) < sup.index(("child started", "shard-0"))
     assert [e for e, _ in sup].count("shardq ready") == 1
     stopped = [child for event, child in sup if event == "child stopped"]
     assert stopped[0] == "frontend" and stopped[-1] == "writer"  # docs/runtime.md's order

@@ -4,8 +4,8 @@ Start-up (docs/runtime.md): check the data directory, lock the data path (`_lock
 server per database), check the ports, create the run directory, bind PULL on `sup`, then
 start the writer (with the HTTP process), the N shards and the front end, each group only
 once the previous one reported ready, and log one `shardq ready` line with the addresses
-served. A child is spawned a step ahead of its turn (once the children of the step before
-run): it imports its modules meanwhile and then waits for its spec on stdin, which the
+served. The shards and the front end are spawned ahead of their turn (once the writer
+runs): each imports its modules meanwhile and then waits for its spec on stdin, which the
 supervisor writes when its turn comes.
 
 While running, a child that exits is restarted after a backoff (100 ms doubling to 5 s); a
@@ -197,19 +197,20 @@ class Supervisor:
     def _start(self) -> bool:
         # The specs go in the start order: the writer, the shards once it is ready (it
         # migrated the database they read), the front end once every shard is (it links to
-        # them, and a Ping it answers means recovery is over). Each is spawned a step ahead
-        # (`_prespawn`), once the step before runs, so that its imports overlap that step's
-        # work, not its imports. The HTTP process needs no other child: it starts with the
+        # them, and a Ping it answers means recovery is over). The shards and the front end
+        # are spawned ahead (`_prespawn`) as soon as the writer runs (its imports done), so
+        # that their imports overlap the writer's open and each other's. The front end was
+        # spawned only once the shards ran, which on a small database is a few ms before
+        # they are ready: all of its imports (a third of a start) were on the critical path
+        # while a core sat idle. The HTTP process needs no other child: it starts with the
         # writer, and is ready before the front end starts (/ready: 503 while shards recover).
         writer, shards, front, http = [self._writer], self._shards, [self._frontend], self._http
         return (
             self._begin([*writer, *http])
             and self._await(writer, _Child.running)
-            and self._prespawn(shards)
+            and self._prespawn([*shards, *front])
             and self._await(writer, _Child.is_ready)
             and self._begin(shards)
-            and self._await(shards, _Child.running)
-            and self._prespawn(front)
             and self._await([*shards, *http], _Child.is_ready)
             and self._begin(front)
             and self._await(front, _Child.is_ready)
@@ -228,6 +229,8 @@ class Supervisor:
         over); False if one could not be spawned."""
         for child in group:
             self._spawn(child, hold=True)
+            if child.proc is not None:
+                log.info("child spawned ahead", child=child.name, child_pid=child.proc.pid)
         return self._failure is None
 
     @property
