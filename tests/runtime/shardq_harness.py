@@ -47,6 +47,11 @@ __all__ = [
 
 LogLine = dict[str, Any]
 POLL_S = 0.02
+# The step of the waits every test makes at least once (a start's "shardq ready", a stop's
+# exit): finer than POLL_S, as a start is some 0.5 s on a quiet machine and a stop 0.2 s, and
+# each wait checks only the log's size or the process's state until something changed.
+# (`Popen.wait(timeout)` itself sleeps in steps doubling up to 50 ms.)
+QUICK_POLL_S = 0.005
 # How long a start may take to "shardq ready". A start is 1.2-1.3 s of CPU with one shard and
 # 2.2-2.4 s with four (measured: supervisor 0.45-0.5 s, writer 0.2, each shard 0.3, front end
 # 0.3; nearly all of it Python importing the package), in three steps one after the other
@@ -186,10 +191,15 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def poll_until(
-    condition: Callable[[], Any], timeout: float, what: str, *, detail: Callable[[], str] = str
+    condition: Callable[[], Any],
+    timeout: float,
+    what: str,
+    *,
+    detail: Callable[[], str] = str,
+    step: float = POLL_S,
 ) -> Any:
-    """Call `condition` until it returns something truthy (returned) or `timeout` seconds pass
-    (raises `ServerError` naming `what`, followed by `detail()`)."""
+    """Call `condition` every `step` seconds until it returns something truthy (returned) or
+    `timeout` seconds pass (raises `ServerError` naming `what`, followed by `detail()`)."""
     deadline = time.monotonic() + timeout
     while True:
         result = condition()
@@ -197,7 +207,7 @@ def poll_until(
             return result
         if time.monotonic() >= deadline:
             raise ServerError(f"timed out after {timeout:g} s waiting for {what}\n{detail()}")
-        time.sleep(POLL_S)
+        time.sleep(step)
 
 
 class ShardqServer:
@@ -317,24 +327,44 @@ class ShardqServer:
         """The "shardq ready" line of this run. Raises `ServerError` if the supervisor exits
         first or `timeout` seconds pass."""
 
+        seen = -1
+
         def ready() -> LogLine | None:
-            line = self.find_log("shardq ready")
-            if line is None and self._proc().poll() is not None:
+            nonlocal seen
+            exited = self._proc().poll() is not None  # before the read: its last lines count
+            size = self.log_path.stat().st_size if self.log_path.exists() else 0
+            line = None
+            if size != seen or exited:
+                seen = size
+                line = self.find_log("shardq ready")
+            if line is None and exited:
                 raise ServerError(
                     f"shardq exited with code {self._proc().returncode} before it was ready\n"
                     + self.log_tail()
                 )
             return line
 
-        self.ready_line = poll_until(ready, timeout, '"shardq ready"', detail=self.log_tail)
+        self.ready_line = poll_until(
+            ready, timeout, '"shardq ready"', detail=self.log_tail, step=QUICK_POLL_S
+        )
         return self.ready_line
 
     def wait_exit(self, timeout: float = 30.0) -> int:
         """Wait for the supervisor to exit; its exit code. Raises `ServerError` on timeout."""
         try:
-            return self._proc().wait(timeout)
+            return self._wait(timeout)
         except subprocess.TimeoutExpired:
             raise ServerError(f"shardq still runs after {timeout:g} s\n{self.log_tail()}") from None
+
+    def _wait(self, timeout: float) -> int:
+        """`Popen.wait(timeout)` in QUICK_POLL_S steps (raises `subprocess.TimeoutExpired`)."""
+        proc = self._proc()
+        deadline = time.monotonic() + timeout
+        while (code := proc.poll()) is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            time.sleep(QUICK_POLL_S)
+        return code
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Send `sig` to the supervisor and wait for it to exit; its exit code.
@@ -345,7 +375,7 @@ class ShardqServer:
         if proc.poll() is None:
             proc.send_signal(sig)
         try:
-            return proc.wait(timeout)
+            return self._wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill9_tree()
             raise ServerError(
