@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import structlog
 
-__all__ = ["migration_progress", "migration_step"]
+__all__ = ["migration_progress", "migration_step", "schema_creation"]
 
 _log = structlog.get_logger("shardq.storage")
 T = TypeVar("T")
@@ -25,6 +25,15 @@ def migration_step(backend: str, version: int, run: Callable[[], T]) -> T:
     result = run()
     elapsed_ms = round((time.perf_counter() - started) * 1000)
     _log.info("schema_migrated", backend=backend, version=version + 1, elapsed_ms=elapsed_ms)
+    return result
+
+
+def schema_creation(backend: str, version: int, run: Callable[[], T]) -> T:
+    """Make a new database's schema at `version` in one step (`_schema_fresh.py`), logged."""
+    started = time.perf_counter()
+    result = run()
+    elapsed_ms = round((time.perf_counter() - started) * 1000)
+    _log.info("schema_created", backend=backend, version=version, elapsed_ms=elapsed_ms)
     return result
 
 

@@ -4,6 +4,10 @@ Migrations are an ordered list of functions. Migration `MIGRATIONS[i]` takes a d
 version `i` to version `i + 1`, and the `migrations` table records every version applied. Each
 migration runs in its own transaction together with its record, so a crash mid-migration leaves
 the previous version intact. Never edit a released migration; append a new one.
+
+A new file (no table at all) gets the newest schema in one transaction from the script in
+`_schema_fresh.py`, made from a migrated file; after appending a migration, make that script
+again (`tests/storage/test_fresh_schema.py` prints it), or new files migrate step by step.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.storage import _cold_count_table
+from shardq.storage import _schema_fresh as fresh
 from shardq.storage._cold import cold_state
 from shardq.storage._cold_reads import (
     COLD_BACKLOG,
@@ -26,7 +31,7 @@ from shardq.storage._cold_reads import (
 )
 from shardq.storage._errors import StorageError, wrap_error
 from shardq.storage._modes import SYNCHRONOUS_MODES
-from shardq.storage._progress import migration_progress, migration_step
+from shardq.storage._progress import migration_progress, migration_step, schema_creation
 from shardq.storage._tx import transaction
 
 if TYPE_CHECKING:
@@ -472,6 +477,8 @@ def migrate(conn: sqlite3.Connection, db: Database | None = None) -> int:
     ones stay).
     """
     with transaction(conn, "creating the migrations table"):
+        if _create_fresh(conn):
+            return len(MIGRATIONS)
         conn.execute(
             "CREATE TABLE IF NOT EXISTS migrations ("
             "version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
@@ -495,6 +502,28 @@ def migrate(conn: sqlite3.Connection, db: Database | None = None) -> int:
                 "INSERT INTO migrations (version, applied_at) VALUES (?, datetime('now'))",
                 [version + 1],
             )
+
+
+def _create_fresh(conn: sqlite3.Connection) -> bool:
+    """On a file that holds no table yet, make the newest schema at once from its script
+    (`_schema_fresh.py`: no sqlite-utils, one transaction); False if the file is not new or
+    the script is older than the migrations known here (then they run one by one)."""
+    if len(MIGRATIONS) != fresh.VERSION:
+        return False
+    if conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is not None:
+        return False
+
+    def create() -> None:
+        for statement in fresh.STATEMENTS:
+            conn.execute(statement)
+        conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", fresh.META_ROWS)
+        conn.executemany(
+            "INSERT INTO migrations (version, applied_at) VALUES (?, datetime('now'))",
+            [(version,) for version in range(1, fresh.VERSION + 1)],
+        )
+
+    schema_creation("sqlite", fresh.VERSION, create)
+    return True
 
 
 def _current_version(conn: sqlite3.Connection) -> int:

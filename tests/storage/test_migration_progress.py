@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,11 @@ from shardq.storage._store import Store
 
 
 def test_each_migration_step_is_logged_with_its_time(tmp_path: Path) -> None:
+    # A file that is not new (a new one gets the newest schema in one step,
+    # `test_fresh_schema.py`): an empty `migrations` table, version 0.
+    conn = sqlite3.connect(tmp_path / "q.db")
+    conn.execute("CREATE TABLE migrations (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
+    conn.close()
     with capture_logs() as logs, Store.open(tmp_path / "q.db"):
         pass
     started = [e["to"] for e in logs if e["event"] == "schema_migrating"]
