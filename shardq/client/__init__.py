@@ -32,44 +32,49 @@ Sends: bunqueue command maps to the server's TCP or ZeroMQ port (PUSH, PULL, ACK
 results and job handles back to the caller.
 """
 
-from shardq.client._async_queue import AsyncQueue, async_join
-from shardq.client._async_worker import AsyncWorker, Handler
-from shardq.client._cluster import AsyncClusterConnection, ClusterConnection
-from shardq.client._connection import AsyncConnection, Connection
-from shardq.client._core import ClientCore, Framing, checked
-from shardq.client._current import JobCancelled, RunningJob, current_job
-from shardq.client._errors import (
-    TRANSIENT_ERRORS,
-    AuthenticationFailed,
-    ClientClosed,
-    ClientError,
-    CommandTimeout,
-    ConnectionLost,
-    DeadLettered,
-    InternalServerError,
-    JobFailed,
-    LeaseLost,
-    NotFound,
-    RateLimited,
-    SerializationError,
-    ServerError,
-    StorageUnavailable,
-    TransientServerError,
-    UnrecoverableError,
-    WaitTimeout,
-    error_from_reply,
-    is_transient,
-)
-from shardq.client._events import AsyncEventStream, EventStream, QueueEvent
-from shardq.client._models import DlqEntry, Job, JobCounts, JobOptions
-from shardq.client._ops import BulkJob
-from shardq.client._queue import Queue, join
-from shardq.client._retry import RetryPolicy
-from shardq.client._tcp import CommandFailed, ConnectionClosed, TcpConnection
-from shardq.client._url import DEFAULT_URL, Endpoint, parse_url
-from shardq.client._worker import Worker
-from shardq.client._worker_config import WorkerConfig, WorkerOptions
-from shardq.client._worker_state import WorkerStats
+from typing import TYPE_CHECKING
+
+from shardq._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ._async_queue import AsyncQueue, async_join
+    from ._async_worker import AsyncWorker, Handler
+    from ._cluster import AsyncClusterConnection, ClusterConnection
+    from ._connection import AsyncConnection, Connection
+    from ._core import ClientCore, Framing, checked
+    from ._current import JobCancelled, RunningJob, current_job
+    from ._errors import (
+        TRANSIENT_ERRORS,
+        AuthenticationFailed,
+        ClientClosed,
+        ClientError,
+        CommandTimeout,
+        ConnectionLost,
+        DeadLettered,
+        InternalServerError,
+        JobFailed,
+        LeaseLost,
+        NotFound,
+        RateLimited,
+        SerializationError,
+        ServerError,
+        StorageUnavailable,
+        TransientServerError,
+        UnrecoverableError,
+        WaitTimeout,
+        error_from_reply,
+        is_transient,
+    )
+    from ._events import AsyncEventStream, EventStream, QueueEvent
+    from ._models import DlqEntry, Job, JobCounts, JobOptions
+    from ._ops import BulkJob
+    from ._queue import Queue, join
+    from ._retry import RetryPolicy
+    from ._tcp import CommandFailed, ConnectionClosed, TcpConnection
+    from ._url import DEFAULT_URL, Endpoint, parse_url
+    from ._worker import Worker
+    from ._worker_config import WorkerConfig, WorkerOptions
+    from ._worker_state import WorkerStats
 
 __all__ = [
     "DEFAULT_URL",
@@ -128,3 +133,68 @@ __all__ = [
     "join",
     "parse_url",
 ]
+
+# Where each name lives, imported on first use: `Queue` alone needs neither the asyncio
+# classes, the worker, ZeroMQ's event streams nor structlog, and the `shardq` command line and
+# web applications that only push paid for all of them at import
+# (tests/test_import_boundary.py).
+_HOME = {
+    "DEFAULT_URL": "_url",
+    "TRANSIENT_ERRORS": "_errors",
+    "AsyncClusterConnection": "_cluster",
+    "AsyncConnection": "_connection",
+    "AsyncEventStream": "_events",
+    "AsyncQueue": "_async_queue",
+    "AsyncWorker": "_async_worker",
+    "AuthenticationFailed": "_errors",
+    "BulkJob": "_ops",
+    "ClientClosed": "_errors",
+    "ClientCore": "_core",
+    "ClientError": "_errors",
+    "ClusterConnection": "_cluster",
+    "CommandFailed": "_tcp",
+    "CommandTimeout": "_errors",
+    "Connection": "_connection",
+    "ConnectionClosed": "_tcp",
+    "ConnectionLost": "_errors",
+    "DeadLettered": "_errors",
+    "DlqEntry": "_models",
+    "Endpoint": "_url",
+    "EventStream": "_events",
+    "Framing": "_core",
+    "Handler": "_async_worker",
+    "InternalServerError": "_errors",
+    "Job": "_models",
+    "JobCancelled": "_current",
+    "JobCounts": "_models",
+    "JobFailed": "_errors",
+    "JobOptions": "_models",
+    "LeaseLost": "_errors",
+    "NotFound": "_errors",
+    "Queue": "_queue",
+    "QueueEvent": "_events",
+    "RateLimited": "_errors",
+    "RetryPolicy": "_retry",
+    "RunningJob": "_current",
+    "SerializationError": "_errors",
+    "ServerError": "_errors",
+    "StorageUnavailable": "_errors",
+    "TcpConnection": "_tcp",
+    "TransientServerError": "_errors",
+    "UnrecoverableError": "_errors",
+    "WaitTimeout": "_errors",
+    "Worker": "_worker",
+    "WorkerConfig": "_worker_config",
+    "WorkerOptions": "_worker_config",
+    "WorkerStats": "_worker_state",
+    "async_join": "_async_queue",
+    "checked": "_core",
+    "current_job": "_current",
+    "error_from_reply": "_errors",
+    "is_transient": "_errors",
+    "join": "_queue",
+    "parse_url": "_url",
+}
+
+
+__getattr__ = lazy_exports(__name__, _HOME, globals())
