@@ -39,7 +39,6 @@ RETRY_FIRST_S = 0.5  # first pause before writing the schedules again; doubles u
 RETRY_MAX_S = 5.0
 
 
-
 def _log() -> Any:
     """The tasks' logger. structlog (and croniter, below) are imported when a worker writes
     schedules or an app declares a cron: a web application that only sends tasks imports
@@ -47,6 +46,7 @@ def _log() -> Any:
     import structlog
 
     return structlog.get_logger("shardq.tasks")
+
 
 # The task options a schedule's jobs keep (the server passes these on, docs/protocol.md §15.1).
 _JOB_OPTIONS = ("maxAttempts", "backoff", "timeout")
