@@ -15,19 +15,21 @@ import json
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Annotated, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from shardq.client import Connection, ConnectionLost
 from shardq.client._url import DEFAULT_URL, client_security
-from shardq.core._validate import validate_job
 from shardq.errors import ShardqError
-from shardq.protocol._schema import job_options_error, push_allowed
 
 from ._format import print_job
+
+if TYPE_CHECKING:
+    from shardq.client import Connection
+
+# The client, rich and the server's job checks are imported by the commands that use them:
+# every `shardq` invocation imports this module, and `--help`, `--version` or a refused
+# argument need none of them (tests/test_import_boundary.py).
 
 __all__ = [
     "COUNT_STATES",
@@ -102,6 +104,8 @@ def session(url: str, token: str | None) -> Iterator[Connection]:
     A server that cannot be reached gets the hint to start one; every other error names the
     URL once (the client's own messages already name it when they are about the connection).
     """
+    from shardq.client import Connection, ConnectionLost
+
     try:
         client_security()  # SHARDQ_ZMQ_SERVER_KEY is checked here, so its error is not the url's
     except ValueError as e:
@@ -163,6 +167,9 @@ def print_json(value: Any) -> None:
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=title)
     for name in columns:
         table.add_column(name, overflow="fold")
@@ -367,6 +374,9 @@ def push(
     if name is not None:
         command["name"] = name
     # The server's own declaration, before anything is sent: aliases, unknown keys, bounds.
+    from shardq.core._validate import validate_job
+    from shardq.protocol._schema import job_options_error, push_allowed
+
     error = job_options_error(command, push_allowed("PUSH")) or validate_job(command, 1024)
     if error:
         fail(f"--options: {error}", 2)

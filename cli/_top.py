@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
-
-from shardq.client import Connection
 
 from ._admin import Token, Url, list_queues, paused_queues, queue_counts, session
+
+if TYPE_CHECKING:  # rich is imported when `top` draws: every other command goes without it
+    from rich.console import Group
+    from rich.table import Table
+
+    from shardq.client import Connection
 
 __all__ = ["Sample", "render", "top"]
 
@@ -75,6 +75,10 @@ def _rate(sample: Sample, name: str) -> str:
 
 def render(url: str, sample: Sample) -> Group:
     """The screen for one sample: a header line, the queues table, the workers table."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     s, m = sample.stats, sample.metrics
     header = Text.assemble(
         ("shardq top ", "bold"),
@@ -110,6 +114,8 @@ def _shards(sample: Sample) -> Table:
     """One row per shard: jobs in memory, jobs cold in storage (head budget), the estimate
     of what its resident jobs take against its memory budget (MiB; "over" once jobs that
     cannot go cold alone pass it), requests in flight."""
+    from rich.table import Table
+
     table = Table(title="shards", expand=False)
     columns = (("resident", "residentJobs"), ("cold", "coldJobs"), ("in flight", "inFlight"))
     table.add_column("shard")
@@ -145,6 +151,9 @@ def top(
     ] = 0,
 ) -> None:
     """A live view of throughput, queue depth and workers (Ctrl+C to quit)."""
+    from rich.console import Console
+    from rich.live import Live
+
     console = Console()
     with session(url, token) as conn:
         sample = read_sample(conn, None)

@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING
 from shardq._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from shardq.client._async_queue import AsyncQueue, async_join
-    from shardq.client._async_worker import AsyncWorker, Handler
-    from shardq.client._cluster import AsyncClusterConnection, ClusterConnection
-    from shardq.client._connection import AsyncConnection, Connection
-    from shardq.client._core import ClientCore, Framing, checked
-    from shardq.client._current import JobCancelled, RunningJob, current_job
-    from shardq.client._errors import (
+    from ._async_queue import AsyncQueue, async_join
+    from ._async_worker import AsyncWorker, Handler
+    from ._cluster import AsyncClusterConnection, ClusterConnection
+    from ._connection import AsyncConnection, Connection
+    from ._core import ClientCore, Framing, checked
+    from ._current import JobCancelled, RunningJob, current_job
+    from ._errors import (
         TRANSIENT_ERRORS,
         AuthenticationFailed,
         ClientClosed,
@@ -65,16 +65,16 @@ if TYPE_CHECKING:
         error_from_reply,
         is_transient,
     )
-    from shardq.client._events import AsyncEventStream, EventStream, QueueEvent
-    from shardq.client._models import DlqEntry, Job, JobCounts, JobOptions
-    from shardq.client._ops import BulkJob
-    from shardq.client._queue import Queue, join
-    from shardq.client._retry import RetryPolicy
-    from shardq.client._tcp import CommandFailed, ConnectionClosed, TcpConnection
-    from shardq.client._url import DEFAULT_URL, Endpoint, parse_url
-    from shardq.client._worker import Worker
-    from shardq.client._worker_config import WorkerConfig, WorkerOptions
-    from shardq.client._worker_state import WorkerStats
+    from ._events import AsyncEventStream, EventStream, QueueEvent
+    from ._models import DlqEntry, Job, JobCounts, JobOptions
+    from ._ops import BulkJob
+    from ._queue import Queue, join
+    from ._retry import RetryPolicy
+    from ._tcp import CommandFailed, ConnectionClosed, TcpConnection
+    from ._url import DEFAULT_URL, Endpoint, parse_url
+    from ._worker import Worker
+    from ._worker_config import WorkerConfig, WorkerOptions
+    from ._worker_state import WorkerStats
 
 __all__ = [
     "DEFAULT_URL",
@@ -134,11 +134,14 @@ __all__ = [
     "parse_url",
 ]
 
-# Where each name lives, imported on first use: the server's front end and HTTP process use
-# a few of the client's modules (the sans-IO core, the async connection and event stream)
-# and would otherwise import all of them (the sync and async queues, workers, cluster
-# connections, ...) at every start.
+# Where each name lives, imported on first use: `Queue` alone needs neither the asyncio
+# classes, the worker, ZeroMQ's event streams nor structlog, and the `shardq` command line and
+# web applications that only push paid for all of them at import
+# (tests/test_import_boundary.py); the server's front end and HTTP process use a few of the
+# client's modules and imported all of them at every start (tests/runtime/test_lean_processes.py).
 _HOME = {
+    "DEFAULT_URL": "_url",
+    "TRANSIENT_ERRORS": "_errors",
     "AsyncClusterConnection": "_cluster",
     "AsyncConnection": "_connection",
     "AsyncEventStream": "_events",
@@ -155,7 +158,6 @@ _HOME = {
     "Connection": "_connection",
     "ConnectionClosed": "_tcp",
     "ConnectionLost": "_errors",
-    "DEFAULT_URL": "_url",
     "DeadLettered": "_errors",
     "DlqEntry": "_models",
     "Endpoint": "_url",
@@ -178,7 +180,6 @@ _HOME = {
     "SerializationError": "_errors",
     "ServerError": "_errors",
     "StorageUnavailable": "_errors",
-    "TRANSIENT_ERRORS": "_errors",
     "TcpConnection": "_tcp",
     "TransientServerError": "_errors",
     "UnrecoverableError": "_errors",

@@ -15,11 +15,13 @@ resolves is handed down to the sockets, which read nothing themselves:
 from __future__ import annotations
 
 import os
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:  # ssl is imported for a `tls://` endpoint or a given context alone
+    import ssl
 
 __all__ = [
     "DEFAULT_URL",
@@ -106,6 +108,8 @@ class ClientSecurity:
             return None
         if self.tls is not None:
             return self.tls
+        import ssl
+
         return ssl.create_default_context(cafile=self.tls_ca_file or None)
 
 
@@ -134,6 +138,12 @@ def client_security(
             f"{origin} must be the server's CURVE public key in Z85 (40 characters, the "
             f"contents of `shardq zmq-keygen`'s server.public), got {len(key)} characters"
         )
-    if tls_context is not None and not isinstance(tls_context, ssl.SSLContext):
+    if tls_context is not None and not _is_ssl_context(tls_context):
         raise ValueError(f"tls_context must be an ssl.SSLContext, got {tls_context!r}")
     return ClientSecurity(key, tls_ca_file.strip(), tls_context)
+
+
+def _is_ssl_context(value: object) -> bool:
+    import ssl
+
+    return isinstance(value, ssl.SSLContext)

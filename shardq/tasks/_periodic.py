@@ -26,9 +26,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import structlog
-from croniter import croniter
-
 from shardq.client import Connection, is_transient
 from shardq.errors import ShardqError
 from shardq.tasks._options import encode_payload
@@ -41,7 +38,15 @@ __all__ = ["Schedule", "ScheduleWriter", "sync_schedules"]
 RETRY_FIRST_S = 0.5  # first pause before writing the schedules again; doubles up to the next
 RETRY_MAX_S = 5.0
 
-_log = structlog.get_logger("shardq.tasks")
+
+def _log() -> Any:
+    """The tasks' logger. structlog (and croniter, below) are imported when a worker writes
+    schedules or an app declares a cron: a web application that only sends tasks imports
+    `shardq.tasks` without them (tests/test_import_boundary.py)."""
+    import structlog
+
+    return structlog.get_logger("shardq.tasks")
+
 
 # The task options a schedule's jobs keep (the server passes these on, docs/protocol.md §15.1).
 _JOB_OPTIONS = ("maxAttempts", "backoff", "timeout")
@@ -62,6 +67,8 @@ class Schedule:
         if (self.cron is None) == (self.every is None):
             raise ValueError("periodic() takes a cron expression or every=<seconds>, not both")
         if self.cron is not None:
+            from croniter import croniter
+
             fields = self.cron.split() if isinstance(self.cron, str) else []
             if len(fields) not in (5, 6) or not croniter.is_valid(
                 self.cron, second_at_beginning=len(fields) == 6
@@ -141,11 +148,11 @@ class ScheduleWriter:
         except ShardqError as e:
             if not is_transient(e):
                 raise
-            _log.warning("cannot write the periodic tasks' schedules yet; retrying",
-                         error=f"{type(e).__name__}: {e}")  # fmt: skip
+            _log().warning("cannot write the periodic tasks' schedules yet; retrying",
+                           error=f"{type(e).__name__}: {e}")  # fmt: skip
             return False
         if written:
-            _log.info("schedules written", tasks=written)
+            _log().info("schedules written", tasks=written)
         return True
 
     def keep_trying(self) -> None:
@@ -165,7 +172,7 @@ class ScheduleWriter:
                 if self.write():
                     return
             except ShardqError as e:
-                _log.error("the server refused the periodic tasks' schedules",
-                           error=f"{type(e).__name__}: {e}")  # fmt: skip
+                _log().error("the server refused the periodic tasks' schedules",
+                             error=f"{type(e).__name__}: {e}")  # fmt: skip
                 return
             pause = min(2 * pause, RETRY_MAX_S)

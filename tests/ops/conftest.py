@@ -20,8 +20,9 @@ if str(_RUNTIME) not in sys.path:
 from shardq_harness import ShardqServer  # noqa: E402
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ShardqServer]:
-    """A started one-shard server, SIGKILLed at teardown if it still runs."""
-    with ShardqServer(tmp_path / "data", shards=1).start() as srv:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """A started one-shard server, shared by a module's tests (each uses queues of its own: a
+    start costs more than most of these tests), SIGKILLed at teardown if it still runs."""
+    with ShardqServer(tmp_path_factory.mktemp("server") / "data", shards=1).start() as srv:
         yield srv

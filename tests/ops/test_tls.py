@@ -66,9 +66,11 @@ def _self_signed(directory: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-@pytest.fixture
-def tls_server(tmp_path: Path) -> Iterator[tuple[ShardqServer, Path]]:
-    """A server with TLS on its TCP port and a token read from a file; (server, cert)."""
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ShardqServer, Path]]:
+    """A server with TLS on its TCP port and a token read from a file; (server, cert). One for
+    the module's tests, which use queues of their own ("secure", "tickets", "q")."""
+    tmp_path = tmp_path_factory.mktemp("tls")
     cert, key = _self_signed(tmp_path)
     tokens = tmp_path / "tokens"
     tokens.write_text("# one token a line\ns3cret-token\n")
@@ -157,7 +159,7 @@ import sys
 import bunqueue
 port, cert = int(sys.argv[1]), sys.argv[2]
 producers = [
-    bunqueue.Queue("secure", host="127.0.0.1", port=port, token="s3cret-token",
+    bunqueue.Queue("tickets", host="127.0.0.1", port=port, token="s3cret-token",
                    tls={"ca_file": cert}, command_timeout=30.0)
     for _ in range(40)
 ]
