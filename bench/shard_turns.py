@@ -48,9 +48,14 @@ the shard sent the same frames, byte for byte, so the replay does the same shard
 run that made it (hash seed included: the children share one `PYTHONHASHSEED`, the parent's
 or a random one). The count covers the turn as `Shard.turn` runs it: unpacking the `req` as
 the shard process does, the engine, the writer's batch, packing the replies, and the writer's
-`done` (its small message packed here). `--with-harness` counts the whole run instead, the
-harness's requests and reply decoding included (the count before session 23: a PULLB reply's
-44-key job maps alone cost about 67 k instructions a job to decode). To measure another
+`done` (its small message packed here). The cyclic collector is off in the counted replay
+(`--gc` leaves it on): a collection comes every so many allocations, and whether one more
+full collection falls into the run of 2N jobs moved one build's count by 10 % (85.9 k, 77.1 k
+and 86.3 k a ppa1q job for three builds whose code differed by about 1 k); the collector's
+cost is the shard's, but it is its own lever (`shard._gc`). `--with-harness` counts the
+whole run instead, the harness's requests and reply decoding included, the collector on (the
+count before session 23: a PULLB reply's 44-key job maps alone cost about 67 k instructions a
+job to decode). To measure another
 build, run this file with that build's interpreter from its checkout:
 `cd <checkout> && PYTHONPATH=. .venv/bin/python <this file> --instructions`.
 """
@@ -59,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import hashlib
 import os
 import pickle
@@ -371,11 +377,14 @@ def _record(scenario: str, jobs: int, path: Path) -> None:
     path.write_bytes(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _replay(path: Path, check: bool) -> None:
+def _replay(path: Path, check: bool, collect: bool = False) -> None:
     """Replay the turns `_record` wrote to `path` into a fresh shard, and nothing else; with
-    `check`, fail unless the shard sent the same frames (`--replay`, `--check`)."""
+    `check`, fail unless the shard sent the same frames (`--replay`, `--check`). The cyclic
+    collector is off unless `collect` (`--gc`)."""
     record = pickle.loads(path.read_bytes())
     shard = Shard()
+    if not collect:
+        gc.disable()
     if check:
         shard.digest = hashlib.sha256()
     turn = shard.turn
@@ -394,7 +403,9 @@ def _child(args: list[str], env: dict[str, str]) -> int:
     return child.pid
 
 
-def _instructions(scenario: str, jobs: int, with_harness: bool = False) -> float:
+def _instructions(
+    scenario: str, jobs: int, with_harness: bool = False, collect: bool = False
+) -> float:
     """Instructions per job of the shard's turns in `scenario`, replayed under valgrind from a
     recorded run of N and of 2N jobs, differenced; `with_harness`: of the whole run."""
     counts: list[int] = []
@@ -418,7 +429,8 @@ def _instructions(scenario: str, jobs: int, with_harness: bool = False) -> float
                 turns = str(Path(out) / f"turns.{n}")
                 _child([*me, *runs, "--record", turns], env)
                 _child([*me, "--replay", turns, "--check"], env)
-                pid = _child([*valgrind_wrapper(Path(out)), *me, "--replay", turns], env)
+                gc_on = ["--gc"] if collect else []
+                pid = _child([*valgrind_wrapper(Path(out)), *me, "--replay", turns, *gc_on], env)
             # Valgrind runs the program in the process it starts as (a process the program
             # starts, if any, writes a file of its own).
             counts.append(read_totals(Path(out) / f"ir.{pid}"))
@@ -444,13 +456,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--with-harness", action="store_true",
                         help="with --instructions: count the whole run, the harness's "
                         "requests and reply decoding included")  # fmt: skip
+    parser.add_argument("--gc", action="store_true",
+                        help="with --instructions: leave the cyclic collector on in the "
+                        "counted replay (its collections make the count jump)")  # fmt: skip
     parser.add_argument("--record", type=Path, metavar="FILE", help=argparse.SUPPRESS)
     parser.add_argument("--replay", type=Path, metavar="FILE", help=argparse.SUPPRESS)
     parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     PAYLOAD[0] = args.payload
     if args.replay is not None:  # `--instructions`' children
-        _replay(args.replay, args.check)
+        _replay(args.replay, args.check, args.gc)
         return 0
     COLD_MB[0] = args.cold
     scenarios = args.scenario.split(",")
@@ -468,7 +483,7 @@ def main(argv: list[str]) -> int:
             _record(scenario, args.jobs, args.record)
             continue
         if args.instructions:
-            count = _instructions(scenario, args.jobs, args.with_harness)
+            count = _instructions(scenario, args.jobs, args.with_harness, args.gc)
             print(f"{scenario}: {count:,.0f} instructions/job", flush=True)
             continue
         runs = [run(scenario, args.jobs)[0] for _ in range(args.repeats)]
