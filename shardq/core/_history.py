@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from operator import attrgetter
 from typing import Any, Final
 
 from ._job import Job
@@ -30,9 +29,6 @@ MINUTE_MS: Final = 60_000
 TIME_BOUNDS_MS: Final = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000,
                          30_000, 60_000, 300_000, 1_800_000)  # fmt: skip
 _BUCKETS: Final = len(TIME_BOUNDS_MS) + 1
-_STARTED_AT: Final = attrgetter("started_at")
-_COMPLETED_AT: Final = attrgetter("completed_at")
-_RUN_AT: Final = attrgetter("run_at")
 
 
 class _Minute:
@@ -88,20 +84,6 @@ class QueueHistory:
         if wait is None or run is None:
             wait = entry.wait = [0] * _BUCKETS
             run = entry.run = [0] * _BUCKETS
-        # Jobs pushed, pulled and completed together (an ACKB of a PULLB's jobs) share their
-        # three times: one bucket each for all of them, seen in passes of C.
-        if len(jobs) > 1:
-            starts, dones, runs_at = (
-                set(map(_STARTED_AT, jobs)),
-                set(map(_COMPLETED_AT, jobs)),
-                set(map(_RUN_AT, jobs)),
-            )
-            if len(starts) == 1 and len(dones) == 1 and len(runs_at) == 1:
-                started, done, run_at = starts.pop(), dones.pop(), runs_at.pop()
-                if started is not None and done is not None:
-                    wait[bisect_left(TIME_BOUNDS_MS, started - run_at)] += len(jobs)
-                    run[bisect_left(TIME_BOUNDS_MS, done - started)] += len(jobs)
-                    return
         # Per job, so bucketed by runs: jobs pulled together share their run time, and jobs
         # pushed together their wait, so a batch bisects about once per run, not per job.
         last_wait = last_run = -1  # a start value whose bucket (the first) is right anyway

@@ -21,7 +21,6 @@ import heapq
 import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
-from operator import attrgetter
 from typing import Any, TypeAlias
 
 from shardq.errors import CommandError
@@ -57,9 +56,6 @@ from ._tables import (
 )
 
 __all__ = ["Changes", "JobStore", "Lease", "delivery_key"]
-
-_ID_OF = attrgetter("id")
-_OPTS_OF = attrgetter("opts")
 
 # The changes of a batch move: one dict per job, or one dict for all of them.
 Changes: TypeAlias = Sequence[dict[str, Any]] | dict[str, Any]
@@ -520,7 +516,15 @@ class JobStore(DepsAndDeadLetters):
                     q.prioritized += 1
             q.push_ready_all(jobs)
         elif state == COMPLETED:
-            self._enter_completed(jobs, q)
+            self.completed_order.extend([job.id for job in jobs])
+            for job in jobs:
+                if job.opts:
+                    release_unique(self, job)
+            finished = q.finished or q.start_finished()
+            at = jobs[0].completed_at or 0
+            finished.note("completed", len(jobs), at, self.config.max_metric_minutes)
+            history = q.history or q.start_history()
+            history.completed(jobs, at, self.config.max_history_minutes)
         elif state == DELAYED:
             delayed = self.delayed
             for job in jobs:
@@ -539,18 +543,6 @@ class JobStore(DepsAndDeadLetters):
             finished.note("failed", len(jobs), at, self.config.max_metric_minutes)
             history = q.history or q.start_history()
             history.failed(len(jobs), at, self.config.max_history_minutes)
-
-    def _enter_completed(self, jobs: Sequence[Job], q: QueueState) -> None:
-        self.completed_order.extend(list(map(_ID_OF, jobs)))
-        if any(map(_OPTS_OF, jobs)):  # most completions have none: one pass of C
-            for job in jobs:
-                if job.opts:
-                    release_unique(self, job)
-        finished = q.finished or q.start_finished()
-        at = jobs[0].completed_at or 0
-        finished.note("completed", len(jobs), at, self.config.max_metric_minutes)
-        history = q.history or q.start_history()
-        history.completed(jobs, at, self.config.max_history_minutes)
 
     def _maybe_compact_delayed(self) -> None:
         # Checked only when the heap doubles past its last compacted size, so a delayed push

@@ -111,37 +111,3 @@ def test_a_restart_rebuilds_completions_and_failures_not_pushes() -> None:
     ((at, pushed, done, failed, wait, run),) = reply["history"]["minutes"]
     assert (at, pushed, done, failed) == (START, 0, 1, 1)
     assert wait is not None and run is not None and sum(wait) == sum(run) == 1
-
-
-def _acked_history(batch: bool) -> dict[str, Any]:
-    """Five jobs pushed together, pulled together 25 ms later and completed together 700 ms
-    after that, by one ACKB (`batch`) or by an ACK each; then one more job pulled alone and
-    acked on its own 3 ms later."""
-    q = Q()
-    q.cmd(cmd="PUSHB", queue="q", jobs=[{"data": n} for n in range(5)])
-    q.now += 25
-    pulled = q.cmd(cmd="PULLB", queue="q", count=5, owner="w")
-    ids, tokens = [job["id"] for job in pulled["jobs"]], pulled["tokens"]
-    q.now += 700
-    if batch:
-        assert q.cmd(cmd="ACKB", ids=ids, tokens=tokens)["ok"]
-    else:
-        for job_id, token in zip(ids, tokens, strict=True):
-            assert q.cmd(cmd="ACK", id=job_id, token=token)["ok"]
-    q.cmd(cmd="PUSH", queue="q", data="late")
-    one = q.cmd(cmd="PULL", queue="q", owner="w")
-    q.now += 3
-    assert q.cmd(cmd="ACK", id=one["job"]["id"], token=one["token"])["ok"]
-    return q.history()
-
-
-def test_jobs_completed_together_land_in_the_buckets_each_would() -> None:
-    """An ACKB of jobs that share their times counts them in one step (`QueueHistory
-    .completed`): the same buckets as completing them one at a time."""
-    batch, single = _acked_history(True), _acked_history(False)
-    assert batch == single
-    bounds = batch["bounds"]
-    ((_t, _pushed, done, _failed, wait, run),) = batch["minutes"]
-    assert done == 6
-    assert wait[bucket(bounds, 25)] == 5 and wait[bucket(bounds, 0)] == 1
-    assert run[bucket(bounds, 700)] == 5 and run[bucket(bounds, 3)] == 1
