@@ -34,8 +34,6 @@ The meaning is exactly that of the engine's shapes (`shardq.core._mutations`): `
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import repeat
-from operator import is_, itemgetter
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
@@ -64,10 +62,6 @@ part of its `writer_batch_max_bytes`)."""
 
 COLUMN_FIELDS: Final[tuple[str, ...]] = ("queue", "state", "priority", "runAt", "seq")
 """The record fields that the `jobs` table also keeps in columns, for queries and recovery order."""
-
-_KIND_OF: Final = itemgetter(0)
-_KEY_OF: Final = itemgetter(1)
-_CHANGES_OF: Final = itemgetter(2)
 
 # Column fields that are NOT NULL in the table, and the type each must have.
 _TYPED: Final[tuple[tuple[str, type], ...]] = (("queue", str), ("state", str), ("seq", int))
@@ -168,14 +162,7 @@ def _run_keys(
     that same map that follow it, up to `keys` keys and until their bytes reach `room`, as
     `encode`'s loop would one by one. Only the engine's own tuples are taken: a list or any
     other shape ends the run, for `encode` to look at. Returns how many it took (at least
-    one) and their bytes.
-
-    A PULLB's or an ACKB's run (a hundred `upd`s of one map) is looked at a pass of C at a
-    time (`_whole_run`); a run that ends early in its bytes or on an odd shape one by one."""
-    whole = _whole_run(muts, at, changes, keys, room)
-    if whole is not None:
-        group.extend(whole)
-        return len(whole), sum(map(len, whole)) + UPDM_KEY_BYTES * len(whole)
+    one) and their bytes."""
     key = muts[at][1]
     taken = added = 0
     end = len(muts)
@@ -192,38 +179,6 @@ def _run_keys(
         key = m[1]
         if m[0] != "upd" or type(key) is not str:
             return taken, added
-
-
-def _whole_run(
-    muts: list[Mutation], at: int, changes: object, keys: int, room: int
-) -> list[str] | None:
-    """The keys `_run_keys`' loop would take from `muts[at]` on, when every mutation it looks
-    at is an engine tuple `("upd", key, changes)` with a str key and the keys' bytes stay under
-    `room` until the run's end; None for anything else (the loop then decides)."""
-    run = muts[at : at + keys]
-    if not run or type(run[0]) is not tuple:
-        return None
-    try:
-        same = list(map(is_, map(_CHANGES_OF, run), repeat(changes)))
-    except (IndexError, KeyError, TypeError):  # a shape without a third item: the loop's
-        return None
-    if False in same:
-        run = run[: same.index(False)]
-    # Where the loop stops after the run, it stops on the first mutation that is not an
-    # engine tuple of three items or not of `changes`: all of those are in `run` now, or it
-    # ended at `keys` or the end. Inside it, each must be a tuple of three, an `upd` with a
-    # str key (the loop stops earlier on one that is not: left to it).
-    key_list = list(map(_KEY_OF, run))
-    if (
-        set(map(type, run)) != {tuple}
-        or set(map(len, run)) != {3}
-        or set(map(_KIND_OF, run)) != {"upd"}
-        or set(map(type, key_list)) != {str}
-    ):
-        return None
-    if sum(map(len, key_list)) + UPDM_KEY_BYTES * len(key_list) >= room:
-        return None  # cut by bytes, perhaps inside the run: the loop finds where
-    return key_list
 
 
 def _puts(muts: list[Mutation], at: int, out: list[Mutation], pack: Any) -> tuple[int, int]:
