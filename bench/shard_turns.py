@@ -37,12 +37,26 @@ same cores, and each turn starts with caches those processes have filled; run ba
 here, the turns find their own data still cached. With `--cold 8` the same turns cost about a
 third more CPU (the same instructions: it is the shard's own cache misses).
 
-`--instructions` counts instead the instructions per job under valgrind (cachegrind, no cache
-simulation), which do not depend on other load: each scenario runs in a child process with N
-and with 2N jobs, and the difference is divided by N. That count includes the harness's own
-work (making the requests, decoding the replies, about the same for every build), so compare
-two builds' counts with each other, not with the CPU times. To measure another build, run
-this file with that build's interpreter from its checkout:
+`--instructions` counts instead the instructions per job of the shard's own work under
+valgrind (cachegrind, no cache simulation), which do not depend on other load. For each of N
+and 2N jobs a plain child runs the scenario as above and records every turn's `req` message
+(the ACKs carry the ids and tokens the replies gave) and a digest of every frame the shard
+sent; then a child under valgrind replays those messages into a fresh shard and does nothing
+else: it makes no requests and decodes no replies. The difference of the two counts divided
+by N is the count per job. A third child replays each recording without valgrind and checks
+the shard sent the same frames, byte for byte, so the replay does the same shard work as the
+run that made it (hash seed included: the children share one `PYTHONHASHSEED`, the parent's
+or a random one). The count covers the turn as `Shard.turn` runs it: unpacking the `req` as
+the shard process does, the engine, the writer's batch, packing the replies, and the writer's
+`done` (its small message packed here). The cyclic collector is off in the counted replay
+(`--gc` leaves it on): a collection comes every so many allocations, and whether one more
+full collection falls into the run of 2N jobs moved one build's count by 10 % (85.9 k, 77.1 k
+and 86.3 k a ppa1q job for three builds whose code differed by about 1 k); the collector's
+cost is the shard's, but it is its own lever (`shard._gc`). `--with-harness` counts the
+whole run instead, the harness's requests and reply decoding included, the collector on (the
+count before session 23: a PULLB reply's 44-key job maps alone cost about 67 k instructions a
+job to decode). To measure another
+build, run this file with that build's interpreter from its checkout:
 `cd <checkout> && PYTHONPATH=. .venv/bin/python <this file> --instructions`.
 """
 
@@ -50,8 +64,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
+import hashlib
 import os
+import pickle
 import pstats
+import random
 import statistics
 import subprocess
 import sys
@@ -132,11 +150,17 @@ class Shard:
         self.steps: dict[tuple[str, str], float] = {}
         # `--cold`: written over before every turn, outside the timed part (`_evict`).
         self.cold = bytearray(COLD_MB[0] << 20)
+        # `--record`: every turn's `req` message; `--record`/`--check`: a digest of every
+        # frame sent to the front end and the writer.
+        self.log: list[bytes] | None = None
+        self.digest: Any = None
 
     def turn(self, data: bytes) -> list[bytes]:
         """One loop turn for the packed `req` message `data`; the frames to the front end."""
         self.front.sent.clear()
         self.writer.sent.clear()
+        if self.log is not None:
+            self.log.append(data)
         self.now += 1
         if self.cold:
             _evict(self.cold)
@@ -165,6 +189,10 @@ class Shard:
                 self.steps[(kind, step)] = self.steps.get((kind, step), 0.0) + took
         if profiler is not None:
             profiler.disable()
+        if self.digest is not None:
+            for frame in (*self.writer.sent, *self.front.sent):
+                self.digest.update(len(frame).to_bytes(4, "little"))
+                self.digest.update(frame)
         return self.front.sent
 
 
@@ -283,11 +311,12 @@ def run(
     jobs: int,
     profiler: cProfile.Profile | None = None,
     steps: dict[tuple[str, str], float] | None = None,
+    shard: Shard | None = None,
 ) -> tuple[float, int]:
-    """The shard's CPU µs per job of one run of `scenario` on a fresh shard, and the jobs it
-    ran; with `profiler`, profiled over the measured turns only; with `steps`, the µs per job
-    of each step of its turns put there (`Shard.steps`)."""
-    shard = Shard()
+    """The shard's CPU µs per job of one run of `scenario` on a fresh shard (or on `shard`),
+    and the jobs it ran; with `profiler`, profiled over the measured turns only; with `steps`,
+    the µs per job of each step of its turns put there (`Shard.steps`)."""
+    shard = Shard() if shard is None else shard
     shard.profiler = profiler
     if scenario in ("drain1q", "worker1q"):
         shard.measuring = False
@@ -338,8 +367,47 @@ def _profile(scenario: str, jobs: int, top: int) -> None:
                   f"| {name} ({where}) |")  # fmt: skip
 
 
-def _instructions(scenario: str, jobs: int) -> float:
-    """Instructions per job of `scenario`: runs of N and 2N jobs under valgrind, differenced."""
+def _record(scenario: str, jobs: int, path: Path) -> None:
+    """Run `scenario` and write to `path` every turn's `req` message, the digest of the frames
+    the shard sent, and the jobs it ran (`--record`)."""
+    shard = Shard()
+    shard.log, shard.digest = [], hashlib.sha256()
+    _us, done = run(scenario, jobs, shard=shard)
+    record = {"turns": shard.log, "digest": shard.digest.hexdigest(), "jobs": done}
+    path.write_bytes(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _replay(path: Path, check: bool, collect: bool = False) -> None:
+    """Replay the turns `_record` wrote to `path` into a fresh shard, and nothing else; with
+    `check`, fail unless the shard sent the same frames (`--replay`, `--check`). The cyclic
+    collector is off unless `collect` (`--gc`)."""
+    record = pickle.loads(path.read_bytes())
+    shard = Shard()
+    if not collect:
+        gc.disable()
+    if check:
+        shard.digest = hashlib.sha256()
+    turn = shard.turn
+    for data in record["turns"]:
+        turn(data)
+    if check and shard.digest.hexdigest() != record["digest"]:
+        raise SystemExit(f"{path}: the replay sent other frames than the recorded run")
+
+
+def _child(args: list[str], env: dict[str, str]) -> int:
+    """Run `args` to the end; its pid. Fails with its stderr's tail if it fails."""
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    _out, err = child.communicate()
+    if child.returncode != 0:
+        raise RuntimeError(f"{args[-4:]} failed: {err[-2000:].decode(errors='replace')}")
+    return child.pid
+
+
+def _instructions(
+    scenario: str, jobs: int, with_harness: bool = False, collect: bool = False
+) -> float:
+    """Instructions per job of the shard's turns in `scenario`, replayed under valgrind from a
+    recorded run of N and of 2N jobs, differenced; `with_harness`: of the whole run."""
     counts: list[int] = []
     # The checkout whose `bench` this process runs, for the child's imports.
     root = str(Path(bench.__file__).resolve().parents[1])
@@ -347,20 +415,25 @@ def _instructions(scenario: str, jobs: int) -> float:
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
     }
+    # The recording and its replays must order sets and dicts of strings alike.
+    env.setdefault("PYTHONHASHSEED", str(random.randrange(1 << 32)))
+    # This file, not `-m`: run with another build's `shardq` on the path (the harness's file
+    # alone can measure a build that does not have it).
+    me = [sys.executable, str(Path(__file__).resolve())]
     with tempfile.TemporaryDirectory(prefix="shard-turns-vg-") as out:
         for n in (jobs, 2 * jobs):
-            # This file, not `-m`: run with another build's `shardq` on the path (the
-            # harness's file alone can measure a build that does not have it).
-            args = [*valgrind_wrapper(Path(out)), sys.executable, str(Path(__file__).resolve()),
-                    "--scenario", scenario, "--jobs", str(n), "--repeats", "1",
-                    "--payload", PAYLOAD[0]]  # fmt: skip
-            child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-            _out, err = child.communicate()
-            if child.returncode != 0:
-                raise RuntimeError(f"valgrind run failed: {err[-2000:].decode(errors='replace')}")
+            runs = ["--scenario", scenario, "--jobs", str(n), "--payload", PAYLOAD[0]]
+            if with_harness:
+                pid = _child([*valgrind_wrapper(Path(out)), *me, *runs, "--repeats", "1"], env)
+            else:
+                turns = str(Path(out) / f"turns.{n}")
+                _child([*me, *runs, "--record", turns], env)
+                _child([*me, "--replay", turns, "--check"], env)
+                gc_on = ["--gc"] if collect else []
+                pid = _child([*valgrind_wrapper(Path(out)), *me, "--replay", turns, *gc_on], env)
             # Valgrind runs the program in the process it starts as (a process the program
             # starts, if any, writes a file of its own).
-            counts.append(read_totals(Path(out) / f"ir.{child.pid}"))
+            counts.append(read_totals(Path(out) / f"ir.{pid}"))
     return (counts[1] - counts[0]) / jobs
 
 
@@ -380,8 +453,20 @@ def main(argv: list[str]) -> int:
                         "turn then starts with cold caches, as in a real shard")  # fmt: skip
     parser.add_argument("--payload", choices=PAYLOADS, default="plain",
                         help="the jobs' fields: plain {i: n} data, or a task call's")  # fmt: skip
+    parser.add_argument("--with-harness", action="store_true",
+                        help="with --instructions: count the whole run, the harness's "
+                        "requests and reply decoding included")  # fmt: skip
+    parser.add_argument("--gc", action="store_true",
+                        help="with --instructions: leave the cyclic collector on in the "
+                        "counted replay (its collections make the count jump)")  # fmt: skip
+    parser.add_argument("--record", type=Path, metavar="FILE", help=argparse.SUPPRESS)
+    parser.add_argument("--replay", type=Path, metavar="FILE", help=argparse.SUPPRESS)
+    parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     PAYLOAD[0] = args.payload
+    if args.replay is not None:  # `--instructions`' children
+        _replay(args.replay, args.check, args.gc)
+        return 0
     COLD_MB[0] = args.cold
     scenarios = args.scenario.split(",")
     for scenario in scenarios:
@@ -394,9 +479,12 @@ def main(argv: list[str]) -> int:
         if args.steps:
             _steps(scenario, args.jobs, args.repeats)
             continue
+        if args.record is not None:
+            _record(scenario, args.jobs, args.record)
+            continue
         if args.instructions:
-            print(f"{scenario}: {_instructions(scenario, args.jobs):,.0f} instructions/job",
-                  flush=True)  # fmt: skip
+            count = _instructions(scenario, args.jobs, args.with_harness, args.gc)
+            print(f"{scenario}: {count:,.0f} instructions/job", flush=True)
             continue
         runs = [run(scenario, args.jobs)[0] for _ in range(args.repeats)]
         print(f"{scenario}: best {min(runs):.2f} median {statistics.median(runs):.2f} µs/job "

@@ -57,7 +57,21 @@ class CompactJobs:
     @classmethod
     def of(cls, jobs: list[Job]) -> CompactJobs:
         if not any(map(_OPTIONS_OF, jobs)):  # the common pull: no job has options
-            return cls(list(map(Job.wire_hot, jobs)))
+            # `Job.wire_hot` of each, written out: a call per job (from `map` a frame of its
+            # own) cost more than building the list (tests/runtime/test_shard_wire.py).
+            return cls([
+                [
+                    "id", j.id, "queue", j.queue, "name", j.name, "data", j.data,
+                    "priority", j.priority, "createdAt", j.created_at, "runAt", j.run_at,
+                    "startedAt", j.started_at, "completedAt", j.completed_at,
+                    "attempts", j.attempts, "maxAttempts", j.max_attempts,
+                    "progress", j.progress, "progressMessage", j.progress_message,
+                    "stacktrace", j.stacktrace, "lastHeartbeat", j.last_heartbeat,
+                    "stallCount", j.stall_count, "childrenCompleted", j.children_completed,
+                    "lifo", j.lifo, "timeline", j.timeline,
+                ]
+                for j in jobs
+            ])  # fmt: skip
         entries: list[Entry] = []
         for job in jobs:
             opts = job.opts

@@ -96,5 +96,5 @@ class IdFactory:
         """`count` tokens, as `count` calls of `token` would make them."""
         first = self._tokens + 1
         self._tokens += count
-        prefix = self._token_prefix
-        return ["%s%x" % (prefix, n) for n in range(first, first + count)]  # noqa: UP031
+        # The prefix is hex digits and a dash: no `%` in it to escape.
+        return list(map((self._token_prefix + "%x").__mod__, range(first, first + count)))

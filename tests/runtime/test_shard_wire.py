@@ -132,6 +132,17 @@ def test_the_hot_pairs_are_the_hot_keys_in_order() -> None:
     assert tuple(job.wire_hot()[::2]) == WIRE_HOT_KEYS
 
 
+def test_a_pull_without_options_snapshots_each_jobs_wire_hot() -> None:
+    """`CompactJobs.of` writes `Job.wire_hot` out for jobs without options: the same lists,
+    every hot field its own value."""
+    jobs = [Job(f"id{n}", f"q{n}", n) for n in range(2)]
+    slots = {"id", "queue", "seq", "opts"}
+    for n, job in enumerate(jobs):
+        for i, field in enumerate(sorted(set(Job.__slots__) - slots)):
+            setattr(job, field, (n, i))  # a value no other field of any job holds
+    assert CompactJobs.of(jobs).entries == [job.wire_hot() for job in jobs]
+
+
 def test_a_compact_pull_is_a_snapshot_of_the_jobs_when_they_were_pulled() -> None:
     """The shard packs a turn's replies after the whole turn ran: an ACK later in the same turn
     must not change what the earlier PULLB answered."""
