@@ -58,8 +58,22 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ShardqServer]:
+    """A server of its own, for the flood: the jobs it pushes stay in the shards' memory."""
     with ShardqServer(tmp_path / "data", shards=2, env=_env()).start() as started:
         yield started
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """One server for the abuses that leave nothing behind: every connection they open is
+    closed before they end (the parked long-polls' slots coming back is checked), and each
+    waits for a log line no other abuse writes. `Watch` checks, for each, that every process
+    is the one this server started, and their memory with the abuses before it counted.
+    Started once instead of once per test; stopped cleanly (exit 0) at the end."""
+    data = tmp_path_factory.mktemp("overload") / "data"
+    with ShardqServer(data, shards=2, env=_env()).start() as started:
+        yield started
+        assert started.stop() == 0, started.log_tail()
 
 
 def _rss_mb(pid: int) -> float:
@@ -156,7 +170,8 @@ def _frame(msg: dict[str, Any]) -> bytes:
     return struct.pack(">I", len(body)) + body
 
 
-def test_thousands_of_parked_long_polls_stay_capped(server: ShardqServer) -> None:
+def test_thousands_of_parked_long_polls_stay_capped(shared: ShardqServer) -> None:
+    server = shared
     with Watch(server) as watch:
         pollers = [_authed(server) for _ in range(PARKED_TOTAL // PARKED_PER_CONNECTION)]
         # 2,000 long-polls of a minute each, parked across 20 connections: all fit the caps.
@@ -272,7 +287,8 @@ def _closed_by_peer(sock: socket.socket, deadline: float) -> bool:
     return False
 
 
-def test_slow_drip_partial_frames_are_cut_from_their_first_byte(server: ShardqServer) -> None:
+def test_slow_drip_partial_frames_are_cut_from_their_first_byte(shared: ShardqServer) -> None:
+    server = shared
     with Watch(server) as watch:
         drips = [socket.create_connection(server.tcp_address) for _ in range(10)]
         body = msgpack.packb({"cmd": "Ping", "pad": "p" * 1000}, use_bin_type=True)
@@ -310,7 +326,8 @@ def test_slow_drip_partial_frames_are_cut_from_their_first_byte(server: ShardqSe
     watch.check()
 
 
-def test_connections_past_the_cap_are_refused(server: ShardqServer) -> None:
+def test_connections_past_the_cap_are_refused(shared: ShardqServer) -> None:
+    server = shared
     with Watch(server) as watch:
         held = [socket.create_connection(server.tcp_address) for _ in range(MAX_CONNECTIONS + 20)]
         # The server holds at most MAX_CONNECTIONS (the healthy client is one); the others
@@ -352,7 +369,8 @@ def _closed_of(socks: list[socket.socket], want: int, timeout: float) -> int:
     return len(closed)
 
 
-def test_unauthenticated_peers_cannot_send_big_frames(server: ShardqServer) -> None:
+def test_unauthenticated_peers_cannot_send_big_frames(shared: ShardqServer) -> None:
+    server = shared
     with Watch(server) as watch:
         peers = []
         for _ in range(8):
