@@ -89,13 +89,23 @@ def start(tmp_path: Path, **env: str) -> ShardqServer:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
-    """One server with `FAST` alone, for the tests that need nothing else: each starts with no
-    webhook registered, in the list and in the HTTP process's view (`none_registered`), and
-    removes its own at the end (`remove_all`), so that none delivers another's events or
-    counts another's webhooks. Started once instead of once per test; stopped cleanly (exit
-    0) at the end."""
-    with start(tmp_path_factory.mktemp("hooks")) as server:
+def names(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared server's test resolver file (`{"host": "address"}`, read at each lookup;
+    a name not in it is looked up as usual): empty until a test writes the names it needs."""
+    path = tmp_path_factory.mktemp("names") / "resolve.json"
+    path.write_text("{}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, names: Path) -> Iterator[ShardqServer]:
+    """One server with `FAST` and the test resolver file `names`, for the tests that need
+    nothing else: each starts with no webhook registered, in the list and in the HTTP
+    process's view (`none_registered`), and removes its own at the end (`remove_all`), so
+    that none delivers another's events or counts another's webhooks. Started once instead of
+    once per test; stopped cleanly (exit 0) at the end."""
+    data = tmp_path_factory.mktemp("hooks")
+    with start(data, SHARDQ_TEST_RESOLVE_FILE=str(names)) as server:
         yield server
         assert server.stop() == 0, server.log_tail()
 
@@ -256,13 +266,13 @@ def test_redirect_to_a_refused_target_is_not_followed(shared: ShardqServer) -> N
             tcp.close()
 
 
-def test_dns_rebinding_is_refused_at_delivery(tmp_path: Path) -> None:
-    names = tmp_path / "resolve.json"
+def test_dns_rebinding_is_refused_at_delivery(shared: ShardqServer, names: Path) -> None:
     names.write_text(json.dumps({"hooks.rebind.test": "127.0.0.1"}))
-    server = start(tmp_path, SHARDQ_TEST_RESOLVE_FILE=str(names))
+    server = shared
     tcp = Tcp(server.tcp_address)
     with Target("127.0.0.1") as allowed, Target("127.0.0.2", port=allowed.port) as internal:
         try:
+            none_registered(server, tcp)
             url = f"http://hooks.rebind.test:{allowed.port}/hook"
             hook = add_hook(tcp, url, ["job.completed"], queue="rebind")
             assert hook["ok"], hook
@@ -286,8 +296,8 @@ def test_dns_rebinding_is_refused_at_delivery(tmp_path: Path) -> None:
             assert internal.hits == []
             assert len(allowed.hits) == delivered
         finally:
+            remove_all(tcp)
             tcp.close()
-            server.stop()
 
 
 def rss_kb(pid: int) -> int:
