@@ -103,11 +103,14 @@ def _started(
 
 
 @contextlib.contextmanager
-def shared_server(tmp: pytest.TempPathFactory, name: str) -> Iterator[ShardqServer]:
-    """One two-shard server with `ENV` for a module's tests that neither kill, stop nor
-    reconfigure it (each has queues of its own and reads Stats' handoff counts as
+def shared_server(
+    tmp: pytest.TempPathFactory, name: str, env: dict[str, str] | None = None
+) -> Iterator[ShardqServer]:
+    """One two-shard server with `ENV` (and `env`) for a module's tests that neither kill,
+    stop nor reconfigure it (each has queues of its own and reads Stats' handoff counts as
     differences from `_settled`); stopped cleanly (exit 0) at the end."""
-    with ShardqServer(tmp.mktemp(name) / "data", shards=2, env=dict(ENV)).start() as server:
+    data = tmp.mktemp(name) / "data"
+    with ShardqServer(data, shards=2, env={**ENV, **(env or {})}).start() as server:
         yield _announced(server)
         assert server.stop() == 0, server.log_tail()
 
