@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,40 @@ def start(tmp_path: Path, **env: str) -> ShardqServer:
     return server.start(timeout=90)
 
 
+@pytest.fixture(scope="module")
+def names(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared server's test resolver file (`{"host": "address"}`, read at each lookup;
+    a name not in it is looked up as usual): empty until a test writes the names it needs."""
+    path = tmp_path_factory.mktemp("names") / "resolve.json"
+    path.write_text("{}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, names: Path) -> Iterator[ShardqServer]:
+    """One server with `FAST` and the test resolver file `names`, for the tests that need
+    nothing else: each starts with no webhook registered, in the list and in the HTTP
+    process's view (`none_registered`), and removes its own at the end (`remove_all`), so
+    that none delivers another's events or counts another's webhooks. Started once instead of
+    once per test; stopped cleanly (exit 0) at the end."""
+    data = tmp_path_factory.mktemp("hooks")
+    with start(data, SHARDQ_TEST_RESOLVE_FILE=str(names)) as server:
+        yield server
+        assert server.stop() == 0, server.log_tail()
+
+
+def none_registered(server: ShardqServer, tcp: Tcp) -> None:
+    assert tcp.call({"cmd": "ListWebhooks"})["data"]["webhooks"] == []
+    poll_until(
+        lambda: metric(server, "bunqueue_webhooks_registered") == 0, 10, "no webhook registered"
+    )
+
+
+def remove_all(tcp: Tcp) -> None:
+    for hook in tcp.call({"cmd": "ListWebhooks"})["data"]["webhooks"]:
+        assert tcp.call({"cmd": "RemoveWebhook", "webhookId": hook["id"]})["ok"]
+
+
 def metric(server: ShardqServer, name: str) -> float:
     with urllib.request.urlopen(server.http_url + "/prometheus", timeout=10) as r:
         text = r.read().decode()
@@ -105,10 +139,11 @@ def hook_counts(tcp: Tcp, hook_id: str) -> tuple[int, int]:
     return int(mine["successCount"]), int(mine["failureCount"])
 
 
-def test_registration_does_no_dns_and_malformed_urls_are_answered(tmp_path: Path) -> None:
-    server = start(tmp_path)
+def test_registration_does_no_dns_and_malformed_urls_are_answered(shared: ShardqServer) -> None:
+    server = shared
     tcp = Tcp(server.tcp_address)
     try:
+        none_registered(server, tcp)
         # .invalid never resolves: registering it proves no lookup is made.
         for url in ("https://example.com/hook", "https://hooks.never-resolves.invalid/hook"):
             reply = add_hook(tcp, url, ["job.completed"])
@@ -141,13 +176,14 @@ def test_registration_does_no_dns_and_malformed_urls_are_answered(tmp_path: Path
         conn.close()
         assert len(tcp.call({"cmd": "ListWebhooks"})["data"]["webhooks"]) == 2
     finally:
+        remove_all(tcp)
         tcp.close()
-        server.stop()
 
 
-def test_webhook_sync_is_refused_to_every_client(tmp_path: Path) -> None:
-    server = start(tmp_path)
+def test_webhook_sync_is_refused_to_every_client(shared: ShardqServer) -> None:
+    server = shared
     tcp = Tcp(server.tcp_address)
+    none_registered(server, tcp)
     ctx: zmq.Context[Any] = zmq.Context()
     dealer = Dealer(ctx, server.zmq_endpoint)
     forged = {"cmd": "WebhookSync", "tally": [["x", 10**6, 0, 1]]}
@@ -183,8 +219,8 @@ def test_webhook_sync_is_refused_to_every_client(tmp_path: Path) -> None:
     finally:
         dealer.close()
         ctx.term()
+        remove_all(tcp)
         tcp.close()
-        server.stop()
 
 
 def complete_one(tcp: Tcp, queue: str, result: Any = None) -> str:
@@ -197,14 +233,15 @@ def complete_one(tcp: Tcp, queue: str, result: Any = None) -> str:
     return job_id
 
 
-def test_redirect_to_a_refused_target_is_not_followed(tmp_path: Path) -> None:
+def test_redirect_to_a_refused_target_is_not_followed(shared: ShardqServer) -> None:
     async def redirect(request: web.Request) -> web.StreamResponse:
         return web.Response(status=307, headers={"Location": inner.url})
 
-    server = start(tmp_path)
+    server = shared
     tcp = Tcp(server.tcp_address)
     with Target("127.0.0.2") as inner, Target("127.0.0.1", redirect) as outer:
         try:
+            none_registered(server, tcp)
             # The rules refuse the inner target outright ...
             refused = add_hook(tcp, inner.url, ["job.completed"])
             assert not refused["ok"] and "loopback address" in refused["error"]
@@ -225,17 +262,17 @@ def test_redirect_to_a_refused_target_is_not_followed(tmp_path: Path) -> None:
             # Not retried: a redirect answers the same the next time.
             assert len(outer.hits) == hook_counts(tcp, hook_id)[1]
         finally:
+            remove_all(tcp)
             tcp.close()
-            server.stop()
 
 
-def test_dns_rebinding_is_refused_at_delivery(tmp_path: Path) -> None:
-    names = tmp_path / "resolve.json"
+def test_dns_rebinding_is_refused_at_delivery(shared: ShardqServer, names: Path) -> None:
     names.write_text(json.dumps({"hooks.rebind.test": "127.0.0.1"}))
-    server = start(tmp_path, SHARDQ_TEST_RESOLVE_FILE=str(names))
+    server = shared
     tcp = Tcp(server.tcp_address)
     with Target("127.0.0.1") as allowed, Target("127.0.0.2", port=allowed.port) as internal:
         try:
+            none_registered(server, tcp)
             url = f"http://hooks.rebind.test:{allowed.port}/hook"
             hook = add_hook(tcp, url, ["job.completed"], queue="rebind")
             assert hook["ok"], hook
@@ -259,8 +296,8 @@ def test_dns_rebinding_is_refused_at_delivery(tmp_path: Path) -> None:
             assert internal.hits == []
             assert len(allowed.hits) == delivered
         finally:
+            remove_all(tcp)
             tcp.close()
-            server.stop()
 
 
 def rss_kb(pid: int) -> int:

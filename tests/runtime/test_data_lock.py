@@ -7,7 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,19 @@ def _serves(server: ShardqServer) -> bool:
         client.close()
 
 
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """The server holding the lock, for the tests whose second start is refused before any
+    child (nothing of the first changes): started once instead of once per test, and it still
+    serves and stops cleanly (exit 0) at the end. Each second server has a log dir of its
+    own."""
+    data = tmp_path_factory.mktemp("first") / "data"
+    with ShardqServer(data).start() as server:
+        yield server
+        assert _serves(server)
+        assert server.stop() == 0, server.log_tail()
+
+
 def _refused(second: ShardqServer) -> str:
     """Start `second`, expect exit 1 before any child; return its error line."""
     second.start(wait=False)
@@ -43,9 +56,8 @@ def _refused(second: ShardqServer) -> str:
 
 @pytest.mark.parametrize("same_ports", [False, True])
 def test_a_second_server_on_the_same_data_path_exits_1_naming_path_and_pid(
-    shardq_server: Factory, tmp_path: Path, same_ports: bool
+    first: ShardqServer, shardq_server: Factory, tmp_path: Path, same_ports: bool
 ) -> None:
-    first = shardq_server()
     assert _lock_file(first).read_text().strip() == str(first.pid)
     ports = {"tcp_port": first.tcp_port, "zmq_port": first.zmq_port} if same_ports else {}
     # Its own log dir, the same database file.
@@ -56,19 +68,17 @@ def test_a_second_server_on_the_same_data_path_exits_1_naming_path_and_pid(
     # Named as the operator gave it, whatever the ports: the data path is the conflict.
     assert str(first.data_path) in error and f"PID {first.pid}" in error, error
     assert _serves(first)  # the first server did not notice
-    assert first.stop() == 0
 
 
 def test_a_symlinked_spelling_of_the_data_path_is_the_same_server(
-    shardq_server: Factory, tmp_path: Path
+    first: ShardqServer, shardq_server: Factory, tmp_path: Path
 ) -> None:
-    first = shardq_server()
     alias = tmp_path / "alias.db"  # another name for the same database file
     alias.symlink_to(first.data_path)
     second = shardq_server(start=False, data_dir=tmp_path / "second", data_path=alias)
     error = _refused(second)
     assert str(alias) in error and f"PID {first.pid}" in error, error
-    assert first.stop() == 0
+    assert _serves(first)
 
 
 def test_a_lock_held_by_another_process_blocks_the_start(

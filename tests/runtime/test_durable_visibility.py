@@ -21,11 +21,22 @@ from shardq.runtime._routing import shard_of
 T0 = 1_700_000_000_000
 
 
+@pytest.fixture(scope="module")
+def one_shard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """One single-shard server for the tests that pause its writer (and let it go on before
+    they end; `paused_writer`), each with a queue of its own (vis, buf). Started once instead
+    of once per test; stopped cleanly (exit 0) at the end."""
+    data = tmp_path_factory.mktemp("visibility") / "data"
+    with ShardqServer(data, shards=1).start() as server:
+        yield server
+        assert server.stop() == 0, server.log_tail()
+
+
 @pytest.fixture
 def paused_writer(
-    shardq_server: Callable[..., ShardqServer],
+    one_shard: ShardqServer,
 ) -> Iterator[tuple[ShardqServer, Callable[[bool], None]]]:
-    server = shardq_server(shards=1)
+    server = one_shard
     writer = server.child_pids()["writer"]
     stopped = [False]
 
@@ -59,7 +70,6 @@ def test_a_durable_job_is_pulled_only_after_its_commit(
     assert worker.wait(parked)["job"]["id"] == job_id
     producer.close()
     worker.close()
-    assert server.stop() == 0
 
 
 def test_buffered_pushes_stay_deliverable_at_once(
@@ -72,7 +82,6 @@ def test_buffered_pushes_stay_deliverable_at_once(
     assert tcp.call({"cmd": "PULL", "queue": "buf"})["job"]["id"] == job_id
     pause(False)
     tcp.close()
-    assert server.stop() == 0
 
 
 @pytest.mark.parametrize("shards", [1, 2])

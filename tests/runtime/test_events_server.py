@@ -6,11 +6,12 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
+import pytest
 import zmq
 from shardq_harness import ShardqServer, poll_until
 from wire_clients import Dealer, Tcp
@@ -37,14 +38,24 @@ def _events(sub: Tcp, count: int, timeout: float = 10.0) -> list[Reply]:
     return out
 
 
+@pytest.fixture(scope="module")
+def events_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """One two-shard server for the tests that subscribe to queues of their own (ev and
+    other, fx, two: no test pushes to another's queue, and none subscribes to all queues)
+    and change nothing server-wide. Started once instead of once per test; stopped cleanly
+    (exit 0) at the end."""
+    data = tmp_path_factory.mktemp("events") / "data"
+    with ShardqServer(data, shards=2).start() as server:
+        yield server
+        assert server.stop() == 0, server.log_tail()
+
+
 def _kinds(frames: list[Reply], job_id: str) -> list[str]:
     return [f["event"]["eventType"] for f in frames if f["event"]["jobId"] == job_id]
 
 
-def test_subscriber_sees_a_jobs_lifecycle_in_order(
-    shardq_server: Callable[..., ShardqServer],
-) -> None:
-    server = shardq_server(shards=2)
+def test_subscriber_sees_a_jobs_lifecycle_in_order(events_server: ShardqServer) -> None:
+    server = events_server
     sub, worker = Tcp(server.tcp_address), Tcp(server.tcp_address)
     try:
         assert sub.call({"cmd": "SubscribeEvents", "queue": "ev"}) == {"ok": True}
@@ -73,10 +84,8 @@ def test_subscriber_sees_a_jobs_lifecycle_in_order(
         worker.close()
 
 
-def test_failed_retried_removed_and_duplicated(
-    shardq_server: Callable[..., ShardqServer],
-) -> None:
-    server = shardq_server()
+def test_failed_retried_removed_and_duplicated(events_server: ShardqServer) -> None:
+    server = events_server
     sub, c = Tcp(server.tcp_address), Tcp(server.tcp_address)
     try:
         assert sub.call({"cmd": "SubscribeEvents", "queue": "fx"})["ok"]
@@ -117,10 +126,8 @@ def test_failed_retried_removed_and_duplicated(
         c.close()
 
 
-def test_two_subscribers_and_zeromq_get_the_same_events(
-    shardq_server: Callable[..., ShardqServer],
-) -> None:
-    server = shardq_server(shards=2)
+def test_two_subscribers_and_zeromq_get_the_same_events(events_server: ShardqServer) -> None:
+    server = events_server
     ctx = zmq.Context()
     a, b, c = Tcp(server.tcp_address), Tcp(server.tcp_address), Tcp(server.tcp_address)
     dealer = Dealer(ctx, server.zmq_endpoint)

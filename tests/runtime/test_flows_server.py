@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -27,6 +27,18 @@ SHARDS = 4
 def _start(factory: Factory, **kwargs: Any) -> ShardqServer:
     # Four shards on a shared two-core machine can take a while to come up.
     return factory(shards=SHARDS, start=False, **kwargs).start(timeout=90)
+
+
+@pytest.fixture(scope="module")
+def four_shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """One four-shard server for the tests that neither kill nor restart a shard: each uses
+    queues of its own (its prefixes) and job ids of its own (its `_flow` tag; ids are
+    server-wide). Started once instead of once per test; stopped cleanly (exit 0) at the
+    end."""
+    data = tmp_path_factory.mktemp("flows") / "data"
+    with ShardqServer(data, shards=SHARDS).start(timeout=90) as server:
+        yield server
+        assert server.stop() == 0, server.log_tail()
 
 
 def _queue_on(shard: int, prefix: str) -> str:
@@ -69,32 +81,32 @@ def _served(conn: TcpConnection, queues: list[str]) -> bool:
 
 
 def test_a_flow_across_four_shards_completes_and_reads_its_childrens_values(
-    shardq_server: Factory,
+    four_shards: ShardqServer,
 ) -> None:
     parent_q = _queue_on(0, "fp")
     child_qs = [_queue_on(s, "fc") for s in (1, 2, 3)]
-    server = _start(shardq_server)
+    server = four_shards
     with TcpConnection(*server.tcp_address) as conn:
-        reply = conn.call(_flow(parent_q, child_qs))
+        reply = conn.call(_flow(parent_q, child_qs, "t"))
         assert reply["ok"], reply
-        assert [j["id"] for j in reply["data"]["jobs"]] == ["P", "c0", "c1", "c2"]
-        assert _state(conn, "P") == "waiting-children"
+        assert [j["id"] for j in reply["data"]["jobs"]] == ["tP", "tc0", "tc1", "tc2"]
+        assert _state(conn, "tP") == "waiting-children"
         for queue in child_qs:
             _work(conn, queue, lambda job: {"from": job["data"]["n"]})
-        poll_until(lambda: _state(conn, "P") == "waiting", 10, "the parent released")
-        values = conn.call({"cmd": "GetChildrenValues", "id": "P"})["data"]["values"]
-        assert values == {f"c{i}": {"from": f"c{i}"} for i in range(3)}
-        assert conn.call({"cmd": "GetJob", "id": "P"})["job"]["childrenCompleted"] == 3
+        poll_until(lambda: _state(conn, "tP") == "waiting", 10, "the parent released")
+        values = conn.call({"cmd": "GetChildrenValues", "id": "tP"})["data"]["values"]
+        assert values == {f"tc{i}": {"from": f"tc{i}"} for i in range(3)}
+        assert conn.call({"cmd": "GetJob", "id": "tP"})["job"]["childrenCompleted"] == 3
         _work(conn, parent_q, lambda job: "done")
-        assert _state(conn, "P") == "completed"
+        assert _state(conn, "tP") == "completed"
 
 
-def test_the_legacy_sequence_across_shards(shardq_server: Factory) -> None:
+def test_the_legacy_sequence_across_shards(four_shards: ShardqServer) -> None:
     """bunqueue-client 0.1.5's order: children first (parent "pending"), the parent with
     childrenIds and dependsOn naming them, then one UpdateParent per child. A child that
     finished before its UpdateParent still counts."""
     parent_q, child_q = _queue_on(2, "lp"), _queue_on(3, "lc")
-    server = _start(shardq_server)
+    server = four_shards
     with TcpConnection(*server.tcp_address) as conn:
         ids = []
         for i in range(2):
@@ -112,9 +124,9 @@ def test_the_legacy_sequence_across_shards(shardq_server: Factory) -> None:
         assert values == {early: 10, late: 20}
 
 
-def test_failure_policies_across_shards(shardq_server: Factory) -> None:
+def test_failure_policies_across_shards(four_shards: ShardqServer) -> None:
     parent_q, child_q = _queue_on(1, "pp"), _queue_on(2, "pc")
-    server = _start(shardq_server)
+    server = four_shards
 
     def fail_one(conn: TcpConnection) -> None:
         pulled = conn.call({"cmd": "PULL", "queue": child_q, "owner": "w", "timeout": 5000})
@@ -168,17 +180,19 @@ def test_failure_policies_across_shards(shardq_server: Factory) -> None:
         assert _state(conn, "nP") == "waiting-children"
 
 
-def test_pushf_refused_on_one_shard_leaves_nothing_anywhere(shardq_server: Factory) -> None:
+def test_pushf_refused_on_one_shard_leaves_nothing_anywhere(four_shards: ShardqServer) -> None:
     parent_q, ok_q, bad_q = _queue_on(0, "ap"), _queue_on(1, "ac"), _queue_on(2, "ab")
-    server = _start(shardq_server)
+    server = four_shards
     with TcpConnection(*server.tcp_address) as conn:
-        flow = _flow(parent_q, [ok_q, bad_q])
+        for part in ("xP", "xc0", "xc1"):  # nothing of another test's answers for its ids
+            assert _state(conn, part) == "unknown"
+        flow = _flow(parent_q, [ok_q, bad_q], "x")
         flow["jobs"][2]["input"]["priority"] = "high"  # refused by bad_q's shard
         reply = conn.call(flow, check=False)
         assert reply["ok"] is False, reply
         assert reply["error"] == "jobs[2]: priority must be a number"
         poll_until(
-            lambda: all(_state(conn, i) == "unknown" for i in ("P", "c0", "c1")),
+            lambda: all(_state(conn, i) == "unknown" for i in ("xP", "xc0", "xc1")),
             10,
             "every part cancelled",
         )
@@ -186,20 +200,21 @@ def test_pushf_refused_on_one_shard_leaves_nothing_anywhere(shardq_server: Facto
             assert conn.call({"cmd": "Count", "queue": queue})["count"] == 0
 
 
-def test_remove_unprocessed_children_reaches_other_shards(shardq_server: Factory) -> None:
+def test_remove_unprocessed_children_reaches_other_shards(four_shards: ShardqServer) -> None:
     parent_q = _queue_on(0, "up")
     child_qs = [_queue_on(1, "uc"), _queue_on(2, "uc"), _queue_on(3, "uc")]
-    server = _start(shardq_server)
+    server = four_shards
     with TcpConnection(*server.tcp_address) as conn:
-        assert conn.call(_flow(parent_q, child_qs))["ok"]
-        pulled = conn.call({"cmd": "PULL", "queue": child_qs[0], "owner": "w"})  # c0 runs
-        assert conn.call({"cmd": "RemoveUnprocessedChildren", "id": "P"})["ok"] is True
-        assert [_state(conn, c) for c in ("c0", "c1", "c2")] == ["active", "unknown", "unknown"]
-        assert _state(conn, "P") == "waiting-children"
-        conn.call({"cmd": "ACK", "id": "c0", "token": pulled["token"], "result": 0})
-        poll_until(lambda: _state(conn, "P") == "waiting", 10, "the parent released")
-        values = conn.call({"cmd": "GetChildrenValues", "id": "P"})["data"]["values"]
-        assert values == {"c0": 0}
+        assert conn.call(_flow(parent_q, child_qs, "u"))["ok"]
+        pulled = conn.call({"cmd": "PULL", "queue": child_qs[0], "owner": "w"})  # uc0 runs
+        assert conn.call({"cmd": "RemoveUnprocessedChildren", "id": "uP"})["ok"] is True
+        states = [_state(conn, c) for c in ("uc0", "uc1", "uc2")]
+        assert states == ["active", "unknown", "unknown"]
+        assert _state(conn, "uP") == "waiting-children"
+        conn.call({"cmd": "ACK", "id": "uc0", "token": pulled["token"], "result": 0})
+        poll_until(lambda: _state(conn, "uP") == "waiting", 10, "the parent released")
+        values = conn.call({"cmd": "GetChildrenValues", "id": "uP"})["data"]["values"]
+        assert values == {"uc0": 0}
 
 
 @pytest.mark.parametrize("victim", ["parent", "child"])

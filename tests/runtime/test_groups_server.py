@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -49,6 +49,17 @@ class Worker(threading.Thread):
         self.conn.close()
 
 
+@pytest.fixture(scope="module")
+def one_shard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """One single-shard server for the tests whose groups live in queues of their own (fair,
+    capped, slow, p: every group setting, job and worker is one queue's). Started once
+    instead of once per test; stopped cleanly (exit 0) at the end."""
+    data = tmp_path_factory.mktemp("groups") / "data"
+    with ShardqServer(data, shards=1).start() as server:
+        yield server
+        assert server.stop() == 0, server.log_tail()
+
+
 def _push(conn: TcpConnection, queue: str, group: str, labels: list[str], **extra: Any) -> None:
     jobs = [{"data": {"label": label}, "groupId": group, **extra} for label in labels]
     reply = conn.call({"cmd": "PUSHB", "queue": queue, "jobs": jobs})
@@ -76,8 +87,8 @@ def _stop(conn: TcpConnection, queue: str, workers: list[Worker]) -> None:
         assert not w.is_alive()
 
 
-def test_two_groups_share_a_queue_fairly(shardq_server: Factory) -> None:
-    server = shardq_server(shards=1)
+def test_two_groups_share_a_queue_fairly(one_shard: ShardqServer) -> None:
+    server = one_shard
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         # all of A is pushed before any of B: FIFO would serve 30 A first
         _push(conn, "fair", "A", [f"A{i}" for i in range(30)])
@@ -98,8 +109,8 @@ def test_two_groups_share_a_queue_fairly(shardq_server: Factory) -> None:
     assert [label for label in order if label[0] == "B"] == [f"B{i}" for i in range(10)]
 
 
-def test_a_group_concurrency_cap_is_never_exceeded(shardq_server: Factory) -> None:
-    server = shardq_server(shards=1)
+def test_a_group_concurrency_cap_is_never_exceeded(one_shard: ShardqServer) -> None:
+    server = one_shard
     lock = threading.Lock()
     running = {"A": 0, "B": 0}
     peak = {"A": 0, "B": 0}
@@ -136,8 +147,8 @@ def test_a_group_concurrency_cap_is_never_exceeded(shardq_server: Factory) -> No
     assert peak == {"A": 2, "B": 1}  # reached, never passed
 
 
-def test_a_group_rate_limit_is_never_exceeded_over_five_seconds(shardq_server: Factory) -> None:
-    server = shardq_server(shards=1)
+def test_a_group_rate_limit_is_never_exceeded_over_five_seconds(one_shard: ShardqServer) -> None:
+    server = one_shard
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         cmd = {"cmd": "SetGroupRateLimit", "queue": "slow", "groupId": "A", "max": 5}
         assert conn.call({**cmd, "duration": 1000})["ok"]
@@ -159,9 +170,9 @@ def test_a_group_rate_limit_is_never_exceeded_over_five_seconds(shardq_server: F
 
 
 def test_a_paused_group_is_skipped_and_resuming_serves_a_parked_pull(
-    shardq_server: Factory,
+    one_shard: ShardqServer,
 ) -> None:
-    server = shardq_server(shards=1)
+    server = one_shard
     with TcpConnection(*server.tcp_address, timeout=WAIT_S) as conn:
         reply = conn.call({"cmd": "PauseGroup", "queue": "p", "groupId": "A"})
         assert reply["data"] == {"changed": True}

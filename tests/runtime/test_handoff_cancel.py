@@ -13,12 +13,23 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from shardq_harness import ShardqServer, poll_until
-from test_handoff_frames import AFTER, WAIT_S, Factory, _queue_on, _Raw, _started, _stats
+from test_handoff_frames import (
+    AFTER,
+    WAIT_S,
+    Factory,
+    _queue_on,
+    _Raw,
+    _settled,
+    _started,
+    _stats,
+    shared_server,
+)
 from test_handoff_workers import _call, _counts, _fill, _pull, _worker_round
 
 from shardq.client._errors import ClientError
@@ -41,10 +52,19 @@ def _handed_holding(server: ShardqServer, prefix: str, more: int) -> tuple[_Raw,
     return raw, str(job["id"]), elsewhere, here
 
 
+@pytest.fixture(scope="module")
+def cancel_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """Shared by the two cancel tests (queues xfar/xnear and bfar/bnear; the second stops
+    shard 1 for 0.3 s and lets it go on, in `finally` too): one server start fewer."""
+    with shared_server(tmp_path_factory, "cancel") as server:
+        yield server
+
+
 def test_a_cancel_of_a_job_held_on_another_shard_reaches_the_handed_off_worker(
-    shardq_server: Factory,
+    cancel_server: ShardqServer,
 ) -> None:
-    server = _started(shardq_server)
+    server = cancel_server
+    back = _settled(server)["handedBack"]
     raw, job_id, elsewhere, here = _handed_holding(server, "x", 1)
     try:
         reply = _call(server, {"cmd": "Cancel", "id": job_id, "active": True, "reason": "r"})
@@ -53,20 +73,21 @@ def test_a_cancel_of_a_job_held_on_another_shard_reaches_the_handed_off_worker(
         assert notice == {"type": "cancel", "jobId": job_id, "queue": elsewhere,
                           "reason": notice.get("reason")}, notice  # fmt: skip
         assert "r" in str(notice["reason"])
-        assert _stats(server)["handedBack"] == 0  # no hand-back delivered it
+        assert _stats(server)["handedBack"] == back  # no hand-back delivered it
         assert _counts(server, elsewhere)["active"] == 0
         # The worker goes on with shard 1, the connection still handed off.
         got: dict[str, Any] = _pull(raw, here, 1)
         assert len(got["jobs"]) == 1
-        assert _stats(server)["handedBack"] == 0
+        assert _stats(server)["handedBack"] == back
     finally:
         raw.sock.close()
 
 
 def test_a_cancel_that_reaches_a_shard_after_the_connection_left_it_follows_it(
-    shardq_server: Factory,
+    cancel_server: ShardqServer,
 ) -> None:
-    server = _started(shardq_server)
+    server = cancel_server
+    back = _settled(server)["handedBack"]
     raw, job_id, elsewhere, _here = _handed_holding(server, "b", 0)
     shard = server.child_pids()["shard-1"]
     stopped = False
@@ -87,7 +108,7 @@ def test_a_cancel_that_reaches_a_shard_after_the_connection_left_it_follows_it(
         notices = [r for r in got if r.get("type") == "cancel"]
         assert [n["jobId"] for n in notices] == [job_id], got
         assert [r["reqId"] for r in got if "reqId" in r] == ["c"], got
-        assert _stats(server)["handedBack"] == 1
+        assert _stats(server)["handedBack"] == back + 1
     finally:
         if stopped:
             os.kill(shard, signal.SIGCONT)

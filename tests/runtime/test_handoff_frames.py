@@ -7,14 +7,16 @@ Raw sockets against a real server, so that where a frame boundary falls is the t
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
+import pytest
 from shardq_harness import ShardqServer, poll_until
 
 from shardq.client._tcp import TcpConnection
@@ -84,10 +86,7 @@ def _stats(server: ShardqServer) -> dict[str, Any]:
         return stats
 
 
-def _started(
-    factory: Factory, env: dict[str, str] | None = None, data_dir: Path | None = None
-) -> ShardqServer:
-    server = factory(shards=2, env={**ENV, **(env or {})}, data_dir=data_dir)
+def _announced(server: ShardqServer) -> ShardqServer:
     with TcpConnection(*server.tcp_address) as conn:
         poll_until(
             lambda: "directPorts" in conn.call({"cmd": "Hello", "protocolVersion": 3}),
@@ -97,13 +96,57 @@ def _started(
     return server
 
 
+def _started(
+    factory: Factory, env: dict[str, str] | None = None, data_dir: Path | None = None
+) -> ShardqServer:
+    return _announced(factory(shards=2, env={**ENV, **(env or {})}, data_dir=data_dir))
+
+
+@contextlib.contextmanager
+def shared_server(
+    tmp: pytest.TempPathFactory, name: str, env: dict[str, str] | None = None
+) -> Iterator[ShardqServer]:
+    """One two-shard server with `ENV` (and `env`) for a module's tests that neither kill,
+    stop nor reconfigure it (each has queues of its own and reads Stats' handoff counts as
+    differences from `_settled`); stopped cleanly (exit 0) at the end."""
+    data = tmp.mktemp(name) / "data"
+    with ShardqServer(data, shards=2, env={**ENV, **(env or {})}).start() as server:
+        yield _announced(server)
+        assert server.stop() == 0, server.log_tail()
+
+
+def _settled(server: ShardqServer) -> dict[str, Any]:
+    """Stats once `handedOff` and `handedBack` have stayed put for 0.3 s: a connection an
+    earlier test on the server closed (or handed back) moves them no more, so that what a
+    test reads after it is its own doing."""
+    last: tuple[int, int] | None = None
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        stats = _stats(server)
+        now = (stats["handedOff"], stats["handedBack"])
+        if now == last:
+            return stats
+        assert time.monotonic() < deadline, f"the handoff counts never settled: {now}"
+        last = now
+        time.sleep(0.3)
+
+
 def _push(queue: str, n: int) -> dict[str, Any]:
     return {"cmd": "PUSH", "queue": queue, "data": {"n": n}, "reqId": f"p{n}"}
 
 
-def test_a_frame_split_across_the_handoff_is_served_whole(shardq_server: Factory) -> None:
-    server = _started(shardq_server)
+@pytest.fixture(scope="module")
+def frames_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """Shared by the three tests below with the default settings (queues split, order and
+    bulk): two server starts fewer."""
+    with shared_server(tmp_path_factory, "frames") as server:
+        yield server
+
+
+def test_a_frame_split_across_the_handoff_is_served_whole(frames_server: ShardqServer) -> None:
+    server = frames_server
     queue = _queue_on(0, "split")
+    off = _settled(server)["handedOff"]
     raw = _Raw(server)
     try:
         # AFTER pushes and the first half of one more, in one write: the front end hands the
@@ -111,7 +154,7 @@ def test_a_frame_split_across_the_handoff_is_served_whole(shardq_server: Factory
         half = _frame(_push(queue, AFTER))
         raw.sock.sendall(b"".join(_frame(_push(queue, i)) for i in range(AFTER)) + half[:7])
         assert [r["reqId"] for r in raw.replies(AFTER)] == [f"p{i}" for i in range(AFTER)]
-        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+        poll_until(lambda: _stats(server)["handedOff"] == off + 1, WAIT_S, "the handoff")
         before = _stats(server)["directRequests"]
         raw.sock.sendall(half[7:])
         (reply,) = raw.replies(1)
@@ -121,13 +164,17 @@ def test_a_frame_split_across_the_handoff_is_served_whole(shardq_server: Factory
         raw.sock.close()
 
 
-def test_unserved_frames_go_back_with_the_connection_in_order(shardq_server: Factory) -> None:
-    server = _started(shardq_server)
+def test_unserved_frames_go_back_with_the_connection_in_order(
+    frames_server: ShardqServer,
+) -> None:
+    server = frames_server
     mine, other = _queue_on(1, "order"), _queue_on(0, "order")
+    settled = _settled(server)
+    off, back = settled["handedOff"], settled["handedBack"]
     raw = _Raw(server)
     try:
         raw.call([_push(mine, i) for i in range(AFTER)])
-        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+        poll_until(lambda: _stats(server)["handedOff"] == off + 1, WAIT_S, "the handoff")
         # One write: pushes the shard serves, then a command it does not, then more pushes
         # (for another shard's queue too) and a partial frame; all answered once, in order.
         tail = _frame(_push(mine, 99))
@@ -144,21 +191,25 @@ def test_unserved_frames_go_back_with_the_connection_in_order(shardq_server: Fac
         assert sorted(replies) == ["counts", "p10", "p11", "p12", "p13"]
         assert all(r["ok"] is True for r in replies.values())
         assert replies["counts"]["counts"]["waiting"] == AFTER + 2
-        poll_until(lambda: _stats(server)["handedBack"] == 1, WAIT_S, "the hand-back")
+        poll_until(lambda: _stats(server)["handedBack"] == back + 1, WAIT_S, "the hand-back")
         raw.sock.sendall(tail[5:])
         (last,) = raw.replies(1)
         assert last["ok"] is True and last["reqId"] == "p99"
         # Back with the front end, after the back-off it is handed off again.
         time.sleep(0.2)
         raw.call([_push(mine, 20 + i) for i in range(AFTER)])
-        poll_until(lambda: _stats(server)["handedOff"] == 2, WAIT_S, "the second handoff")
+        poll_until(lambda: _stats(server)["handedOff"] == off + 2, WAIT_S, "the second handoff")
     finally:
         raw.sock.close()
 
 
-def test_bulk_pushes_are_served_by_the_shard_and_counted(shardq_server: Factory) -> None:
-    server = _started(shardq_server)
+def test_bulk_pushes_are_served_by_the_shard_and_counted(frames_server: ShardqServer) -> None:
+    server = frames_server
     queue = _queue_on(1, "bulk")
+    settled = _settled(server)
+    off, back = settled["handedOff"], settled["handedBack"]
+    with TcpConnection(*server.tcp_address) as conn:
+        pushed = conn.call({"cmd": "Metrics"})["metrics"]["totalPushed"]
     raw = _Raw(server)
 
     def bulk(n: int, **extra: Any) -> dict[str, Any]:
@@ -167,21 +218,21 @@ def test_bulk_pushes_are_served_by_the_shard_and_counted(shardq_server: Factory)
 
     try:
         assert all(r["ok"] for r in raw.call([bulk(i) for i in range(AFTER)]))
-        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+        poll_until(lambda: _stats(server)["handedOff"] == off + 1, WAIT_S, "the handoff")
         before = _stats(server)["directRequests"]
         (reply,) = raw.call([bulk(AFTER)])
         assert reply["ok"] is True and len(reply["ids"]) == 10
         stats = _stats(server)
-        assert stats["directRequests"] == before + 1 and stats["handedBack"] == 0
+        assert stats["directRequests"] == before + 1 and stats["handedBack"] == back
         # A PUSHB naming a parent goes back to the front end, which checks the parent.
         (flow,) = raw.call([bulk(99, parentId="nope", parentQueue=queue)])
         assert flow["ok"] is False
-        assert _stats(server)["handedBack"] == 1
+        assert _stats(server)["handedBack"] == back + 1
         with TcpConnection(*server.tcp_address) as conn:
             metrics = conn.call({"cmd": "Metrics"})
             counts = conn.call({"cmd": "GetJobCounts", "queue": queue})["counts"]
         assert counts["waiting"] == 10 * (AFTER + 1)
-        assert metrics["metrics"]["totalPushed"] == 10 * (AFTER + 1)
+        assert metrics["metrics"]["totalPushed"] - pushed == 10 * (AFTER + 1)
     finally:
         raw.sock.close()
 

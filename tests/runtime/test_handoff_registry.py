@@ -11,12 +11,23 @@ Raw sockets against real servers, so that the bytes of each reply are the test's
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
+import pytest
 from shardq_harness import ShardqServer
-from test_handoff_frames import AFTER, Factory, _queue_on, _Raw, _started, _stats
+from test_handoff_frames import (
+    AFTER,
+    Factory,
+    _queue_on,
+    _Raw,
+    _settled,
+    _started,
+    _stats,
+    shared_server,
+)
 from test_handoff_workers import (
     _UUID_B,
     VOLATILE,
@@ -31,6 +42,19 @@ from test_handoff_workers import (
 # the registry's waiver.
 LONG_BACKOFF = {"SHARDQ_TCP_HANDOFF_BACKOFF_MS": "600000"}
 WORKER = "w-reg-1"
+_COUNTED = ("handedOff", "handedBack", "directPulled", "directCompleted")
+
+
+@pytest.fixture(scope="module")
+def registry_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """Shared by the first two tests (queues reg and lease; only the first registers a
+    worker, and it unregisters it; each reads Stats' counts as differences): one server
+    start fewer. With `LONG_BACKOFF`: the lease test is never handed back, so a back-off
+    changes nothing of it. The short-tokens test keeps its own: a job it leased stays active
+    after its connection closes (until its lockTtl), which holds a clean stop for the whole
+    shutdown timeout."""
+    with shared_server(tmp_path_factory, "registry", LONG_BACKOFF) as server:
+        yield server
 
 
 def _volatile(value: Any) -> bool:
@@ -73,7 +97,9 @@ def _renewals(raw: _Raw, queue: str) -> list[bytes]:
 
 
 def _script(server: ShardqServer, queue: str) -> tuple[list[bytes], dict[str, Any]]:
-    """A registered worker's requests against `server`: the reply bodies, and Stats."""
+    """A registered worker's requests against `server`: the reply bodies, and what they
+    added to Stats' `_COUNTED`."""
+    settled = _settled(server)
     _fill(server, queue, 40)
     raw = _Raw(server)
     try:
@@ -92,16 +118,17 @@ def _script(server: ShardqServer, queue: str) -> tuple[list[bytes], dict[str, An
         bodies += raw.call_bodies([{"cmd": "UnregisterWorker", "workerId": WORKER},
                                    {"cmd": "ListWorkers"},
                                    {"cmd": "UnregisterWorker", "workerId": WORKER}])  # fmt: skip
-        return bodies, _stats(server)
+        now = _stats(server)
+        return bodies, {k: now[k] - settled[k] for k in _COUNTED}
     finally:
         raw.sock.close()
 
 
 def test_a_registered_workers_connection_is_handed_off_with_the_same_replies(
-    shardq_server: Factory, tmp_path: Path
+    registry_server: ShardqServer, shardq_server: Factory, tmp_path: Path
 ) -> None:
     queue = _queue_on(1, "reg")
-    handed, handed_stats = _script(_started(shardq_server, LONG_BACKOFF), queue)
+    handed, handed_stats = _script(registry_server, queue)
     off = _started(shardq_server, {**LONG_BACKOFF, "SHARDQ_TCP_HANDOFF": "false"}, tmp_path / "off")
     kept, kept_stats = _script(off, queue)
     assert kept_stats["handedOff"] == 0 and kept_stats["directPulled"] == 0
@@ -128,9 +155,10 @@ def test_a_registered_workers_connection_is_handed_off_with_the_same_replies(
     assert listed[0]["data"]["workers"][0]["processedJobs"] == 11
 
 
-def test_a_handed_off_workers_renewals_keep_its_lease(shardq_server: Factory) -> None:
-    server = _started(shardq_server)
+def test_a_handed_off_workers_renewals_keep_its_lease(registry_server: ShardqServer) -> None:
+    server = registry_server
     queue = _queue_on(1, "lease")
+    back = _settled(server)["handedBack"]
     _fill(server, queue, AFTER + 1)
     raw = _handed_worker(server, queue)
     try:
@@ -154,7 +182,7 @@ def test_a_handed_off_workers_renewals_keep_its_lease(shardq_server: Factory) ->
         (acked,) = raw.call([{"cmd": "ACK", "id": job["id"], "token": token}])
         assert acked["ok"] is True and (acked.get("data") or {}).get("applied") is not False
         stats = _stats(server)
-        assert stats["handedBack"] == 0 and stats["directCompleted"] == completed + 1, stats
+        assert stats["handedBack"] == back and stats["directCompleted"] == completed + 1, stats
         job = _call(server, {"cmd": "GetJob", "id": job["id"]})["job"]
         assert job["attempts"] == 0  # its lease never lapsed
     finally:

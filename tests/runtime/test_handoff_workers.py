@@ -14,12 +14,24 @@ import os
 import re
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
+import pytest
 from shardq_harness import ShardqServer, poll_until
-from test_handoff_frames import AFTER, WAIT_S, Factory, _queue_on, _Raw, _started, _stats
+from test_handoff_frames import (
+    AFTER,
+    WAIT_S,
+    Factory,
+    _queue_on,
+    _Raw,
+    _settled,
+    _started,
+    _stats,
+    shared_server,
+)
 
 from shardq.client._tcp import TcpConnection
 
@@ -69,8 +81,22 @@ def _worker_round(raw: _Raw, queue: str, n: int, tag: str) -> list[bytes]:
     return [pulled, *raw.bodies(1)]
 
 
+@pytest.fixture(scope="module")
+def workers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """Shared by the six tests that neither kill nor stop a process of it (queues same,
+    leases, parked, cancel, idle and busy, waitq): five server starts fewer."""
+    with shared_server(tmp_path_factory, "workers") as server:
+        yield server
+
+
+_COUNTED = ("handedOff", "handedBack", "directRequests")
+
+
 def _script(server: ShardqServer, queue: str) -> tuple[list[bytes], dict[str, Any]]:
-    """The same worker's requests against `server`: the reply bodies, and its Stats."""
+    """The same worker's requests against `server`: the reply bodies, and what they added
+    to its Stats' `_COUNTED` and Metrics' totalPulled and totalCompleted."""
+    settled = _settled(server)
+    was = _call(server, {"cmd": "Metrics"})["metrics"]
     _fill(server, queue, 40)
     raw = _Raw(server)
     try:
@@ -111,18 +137,19 @@ def _script(server: ShardqServer, queue: str) -> tuple[list[bytes], dict[str, An
         bodies += raw.call_bodies([{"cmd": "ACKB", "ids": [got["jobs"][1]["id"]],
                                     "tokens": [got["tokens"][1]], "reqId": "otherb"}])  # fmt: skip
         metrics = _call(server, {"cmd": "Metrics"})["metrics"]
-        stats = _stats(server)
-        stats["metrics"] = [metrics[k] for k in ("totalPulled", "totalCompleted")]
+        now = _stats(server)
+        stats: dict[str, Any] = {k: now[k] - settled[k] for k in _COUNTED}
+        stats["metrics"] = [metrics[k] - was[k] for k in ("totalPulled", "totalCompleted")]
         return bodies, stats
     finally:
         raw.sock.close()
 
 
 def test_a_handed_off_worker_gets_the_front_ends_replies(
-    shardq_server: Factory, tmp_path: Path
+    workers_server: ShardqServer, shardq_server: Factory, tmp_path: Path
 ) -> None:
     queue = _queue_on(1, "same")
-    handed, handed_stats = _script(_started(shardq_server), queue)
+    handed, handed_stats = _script(workers_server, queue)
     off = _started(shardq_server, {"SHARDQ_TCP_HANDOFF": "false"}, tmp_path / "off")
     kept, kept_stats = _script(off, queue)
     assert handed_stats["handedOff"] >= 1 and kept_stats["handedOff"] == 0
@@ -163,9 +190,12 @@ def _pull(raw: _Raw, queue: str, n: int, **extra: Any) -> dict[str, Any]:
     return reply
 
 
-def test_a_handed_off_workers_leases_are_released_when_it_closes(shardq_server: Factory) -> None:
-    server = _started(shardq_server)
+def test_a_handed_off_workers_leases_are_released_when_it_closes(
+    workers_server: ShardqServer,
+) -> None:
+    server = workers_server
     queue = _queue_on(1, "leases")
+    back = _settled(server)["handedBack"]
     _fill(server, queue, 30)
     # One closes while its shard holds it; one is handed back first, then closes.
     first = _handed_worker(server, queue)
@@ -173,7 +203,7 @@ def test_a_handed_off_workers_leases_are_released_when_it_closes(shardq_server: 
     second = _handed_worker(server, queue)
     assert len(_pull(second, queue, 5)["jobs"]) == 5
     (counts,) = second.call([{"cmd": "GetJobCounts", "queue": queue}])  # not the shard's
-    poll_until(lambda: _stats(server)["handedBack"] == 1, WAIT_S, "the hand-back")
+    poll_until(lambda: _stats(server)["handedBack"] == back + 1, WAIT_S, "the hand-back")
     assert counts["counts"]["active"] == 10
     first.sock.close()
     second.sock.close()
@@ -184,10 +214,9 @@ def test_a_handed_off_workers_leases_are_released_when_it_closes(shardq_server: 
     assert (counts["waiting"], counts["completed"]) == (30 - acked, acked)
 
 
-def _parked(factory: Factory, prefix: str) -> tuple[ShardqServer, str, _Raw]:
+def _parked(server: ShardqServer, prefix: str) -> tuple[ShardqServer, str, _Raw]:
     """A handed-off worker whose long-poll is parked in the shard (its queue is empty) for a
     minute, past the socket's timeout: nothing may wait for it."""
-    server = _started(factory)
     queue = _queue_on(1, prefix)
     _fill(server, queue, AFTER)
     raw = _handed_worker(server, queue)
@@ -196,15 +225,16 @@ def _parked(factory: Factory, prefix: str) -> tuple[ShardqServer, str, _Raw]:
     return server, queue, raw
 
 
-def test_a_parked_long_poll_does_not_hold_a_hand_back(shardq_server: Factory) -> None:
-    server, queue, raw = _parked(shardq_server, "parked")
+def test_a_parked_long_poll_does_not_hold_a_hand_back(workers_server: ShardqServer) -> None:
+    back = _settled(workers_server)["handedBack"]
+    server, queue, raw = _parked(workers_server, "parked")
     try:
         # The request the shard does not serve waits for no long-poll.
         raw.send([{"cmd": "GetJobCounts", "queue": queue, "reqId": "counts"}])
         replies = {r["reqId"]: r for r in raw.replies(2)}
         assert replies["lp"] == {"ok": True, "jobs": [], "reqId": "lp"}
         assert replies["counts"]["counts"]["completed"] == AFTER
-        assert _stats(server)["handedBack"] == 1
+        assert _stats(server)["handedBack"] == back + 1
         # The front end serves it on, long-polls included.
         _fill(server, queue, 1)
         got = _pull(raw, queue, 1, timeout=5_000)
@@ -216,7 +246,7 @@ def test_a_parked_long_poll_does_not_hold_a_hand_back(shardq_server: Factory) ->
 def test_a_stopping_shard_answers_a_parked_long_poll_and_hands_back(
     shardq_server: Factory,
 ) -> None:
-    server, queue, raw = _parked(shardq_server, "stop")
+    server, queue, raw = _parked(_started(shardq_server), "stop")
     try:
         old = server.child_pids()["shard-1"]
         os.kill(old, signal.SIGTERM)
@@ -231,9 +261,10 @@ def test_a_stopping_shard_answers_a_parked_long_poll_and_hands_back(
         raw.sock.close()
 
 
-def test_a_handed_off_worker_is_told_its_job_was_cancelled(shardq_server: Factory) -> None:
-    server = _started(shardq_server)
+def test_a_handed_off_worker_is_told_its_job_was_cancelled(workers_server: ShardqServer) -> None:
+    server = workers_server
     queue = _queue_on(1, "cancel")
+    back = _settled(server)["handedBack"]
     _fill(server, queue, AFTER + 1)
     raw = _handed_worker(server, queue)
     try:
@@ -244,7 +275,7 @@ def test_a_handed_off_worker_is_told_its_job_was_cancelled(shardq_server: Factor
         assert notice == {"type": "cancel", "jobId": job["id"], "queue": queue,
                           "reason": notice.get("reason")}, notice  # fmt: skip
         assert "r" in str(notice["reason"])
-        assert _stats(server)["handedBack"] == 0  # written by the shard holding it
+        assert _stats(server)["handedBack"] == back  # written by the shard holding it
     finally:
         raw.sock.close()
 
@@ -284,13 +315,14 @@ def test_kill9_of_the_shard_holding_a_worker_loses_nothing_acknowledged(
 
 
 def test_a_long_poll_waiting_in_the_front_end_is_answered_empty_at_the_handoff(
-    shardq_server: Factory,
+    workers_server: ShardqServer,
 ) -> None:
     """A long-poll parked in the front end would hold the connection there (it is not read
     while it is handed off): the front end has it answered at once, empty, as its timeout
     would (`unpark`), and the connection goes to its shard, where the next pull is served."""
-    server = _started(shardq_server)
+    server = workers_server
     empty, pushed = _queue_on(1, "idle"), _queue_on(1, "busy")
+    settled = _settled(server)
     raw = _Raw(server)
     try:
         raw.send([{"cmd": "PULLB", "queue": empty, "count": 1, "timeout": 60_000, "reqId": "lp"}])
@@ -305,24 +337,28 @@ def test_a_long_poll_waiting_in_the_front_end_is_answered_empty_at_the_handoff(
         assert by_req.pop("lp") == {"ok": True, "jobs": [], "reqId": "lp"}
         assert sorted(by_req) == list(range(2 * AFTER))
         assert all(r["ok"] is True for r in by_req.values())
-        poll_until(lambda: _stats(server)["handedOff"] == 1, WAIT_S, "the handoff")
+        poll_until(
+            lambda: _stats(server)["handedOff"] == settled["handedOff"] + 1, WAIT_S, "the handoff"
+        )
         _fill(server, empty, 1)
         (polled,) = raw.call([{"cmd": "PULLB", "queue": empty, "count": 1, "timeout": 5_000}])
         assert len(polled["jobs"]) == 1
         stats = _stats(server)
-        assert (stats["directPulled"], stats["handedBack"]) == (1, 0), stats
+        got = (stats[k] - settled[k] for k in ("directPulled", "handedBack"))
+        assert tuple(got) == (1, 0), (stats, settled)
     finally:
         raw.sock.close()
 
 
 def test_a_connection_with_a_job_wait_in_the_front_end_stays_there(
-    shardq_server: Factory,
+    workers_server: ShardqServer,
 ) -> None:
     """A WaitJob parked in the front end is not a long-poll `unpark` answers: handing the
     connection off would stop reading it until the wait ends, and the pushes behind it would
     wait as long."""
-    server = _started(shardq_server)
+    server = workers_server
     pushed = _queue_on(1, "waitq")
+    off = _settled(server)["handedOff"]
     job_id = _call(server, {"cmd": "PUSH", "queue": pushed, "data": 0})["id"]
     raw = _Raw(server)
     try:
@@ -330,7 +366,7 @@ def test_a_connection_with_a_job_wait_in_the_front_end_stays_there(
         for i in range(2 * AFTER):
             (reply,) = raw.call([{"cmd": "PUSH", "queue": pushed, "data": i, "reqId": i}])
             assert reply["ok"] is True and reply["reqId"] == i, reply
-        assert _stats(server)["handedOff"] == 0
+        assert _stats(server)["handedOff"] == off
     finally:
         raw.sock.close()
 

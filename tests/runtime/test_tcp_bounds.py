@@ -4,14 +4,28 @@ in-flight cap (back-pressure, never an error), and the idle close."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 import zmq
 from shardq_harness import ShardqServer
 from wire_clients import Dealer, Tcp
 
 Factory = Callable[..., ShardqServer]
+IN_FLIGHT_ENV = {"SHARDQ_MAX_IN_FLIGHT_PER_CONNECTION": "4"}
+
+
+@pytest.fixture(scope="module")
+def capped_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """One server with an in-flight cap of 4 per connection and no tokens, for the tests that
+    change nothing server-wide: each uses a queue and connections of its own, and what it
+    checks is per connection. Started once instead of once per test; stopped cleanly (exit 0)
+    at the end."""
+    data = tmp_path_factory.mktemp("capped") / "data"
+    with ShardqServer(data, env=IN_FLIGHT_ENV).start() as server:
+        yield server
+        assert server.stop() == 0, server.log_tail()
 
 
 def test_bunqueues_rate_limit_answers_past_the_window(shardq_server: Factory) -> None:
@@ -38,13 +52,13 @@ def test_bunqueues_rate_limit_answers_past_the_window(shardq_server: Factory) ->
 
 
 def test_a_connection_past_its_in_flight_cap_waits_instead_of_failing(
-    shardq_server: Factory,
+    capped_server: ShardqServer,
 ) -> None:
-    server = shardq_server(env={"SHARDQ_MAX_IN_FLIGHT_PER_CONNECTION": "4"})
+    server = capped_server
     # Four WaitJobs of 1.5 s fill the cap; the Ping sent behind them is read
     # only once they are answered, and is then answered normally.
     tcp = Tcp(server.tcp_address, timeout=15)
-    job = tcp.call({"cmd": "PUSH", "queue": "q", "data": 2})["id"]
+    job = tcp.call({"cmd": "PUSH", "queue": "in-flight-tcp", "data": 2})["id"]
     started = time.monotonic()
     waits = tcp.send(*({"cmd": "WaitJob", "id": job, "timeout": 1500} for _ in range(4)))
     (ping,) = tcp.send({"cmd": "Ping"})
@@ -52,7 +66,6 @@ def test_a_connection_past_its_in_flight_cap_waits_instead_of_failing(
     assert time.monotonic() - started >= 1.2, "the Ping was read past the in-flight cap"
     assert all(tcp.wait(w) == {"ok": True, "completed": False} for w in waits)
     tcp.close()
-    assert server.stop() == 0
 
 
 def test_an_idle_connection_is_closed_when_configured(shardq_server: Factory) -> None:
@@ -92,23 +105,21 @@ def test_the_pre_auth_frame_cap_lifts_after_auth(shardq_server: Factory) -> None
     assert server.stop() == 0
 
 
-def test_failed_auth_closes_only_when_tokens_are_set(shardq_server: Factory) -> None:
+def test_failed_auth_closes_only_when_tokens_are_set(capped_server: ShardqServer) -> None:
     # Without tokens every Auth fails (bunqueue's answer), and there is nothing to guess:
     # the connection stays open however many a client sends.
-    server = shardq_server()
-    tcp = Tcp(server.tcp_address)
+    tcp = Tcp(capped_server.tcp_address)
     replies = [tcp.call({"cmd": "Auth", "token": f"t{i}"}) for i in range(5)]
     assert all(r == {"ok": False, "error": "Invalid token"} for r in replies)
     assert tcp.call({"cmd": "Ping"})["ok"]
     tcp.close()
-    assert server.stop() == 0
 
 
-def test_a_zeromq_peer_past_its_in_flight_cap_waits_too(shardq_server: Factory) -> None:
-    server = shardq_server(env={"SHARDQ_MAX_IN_FLIGHT_PER_CONNECTION": "4"})
+def test_a_zeromq_peer_past_its_in_flight_cap_waits_too(capped_server: ShardqServer) -> None:
+    server = capped_server
     ctx: zmq.Context[Any] = zmq.Context()
     dealer = Dealer(ctx, server.zmq_endpoint)
-    job = dealer.call({"cmd": "PUSH", "queue": "q", "data": 1})["id"]
+    job = dealer.call({"cmd": "PUSH", "queue": "in-flight-zmq", "data": 1})["id"]
     started = time.monotonic()
     waits = [dealer.send({"cmd": "WaitJob", "id": job, "timeout": 1500}) for _ in range(4)]
     ping = dealer.send({"cmd": "Ping"})
@@ -125,4 +136,3 @@ def test_a_zeromq_peer_past_its_in_flight_cap_waits_too(shardq_server: Factory) 
     dealer.close()
     other.close()
     ctx.term()
-    assert server.stop() == 0

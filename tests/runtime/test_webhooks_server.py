@@ -8,7 +8,7 @@ import itertools
 import re
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -30,6 +30,32 @@ FAST = {
 def start(factory: Callable[..., ShardqServer], **env: str) -> ShardqServer:
     server = factory(shards=2, http_port=free_port(), env={**FAST, **env}, start=False)
     return server.start(timeout=90)  # the shared 2-core machine can be slow to start four
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """One server with `FAST` and four attempts a delivery, for the tests that need nothing
+    else: each starts with no webhook registered, in the list and in the HTTP process's view
+    (`none_registered`), and removes its own at the end (`remove_all`), so that none delivers
+    another's events or counts another's webhooks. Started once instead of once per test;
+    stopped cleanly (exit 0) at the end."""
+    data = tmp_path_factory.mktemp("hooks") / "data"
+    env = {**FAST, "WEBHOOK_MAX_RETRIES": "4"}
+    with ShardqServer(data, shards=2, http_port=free_port(), env=env).start(timeout=90) as server:
+        yield server
+        assert server.stop() == 0, server.log_tail()
+
+
+def none_registered(server: ShardqServer, tcp: Tcp) -> None:
+    assert tcp.call({"cmd": "ListWebhooks"})["data"]["webhooks"] == []
+    poll_until(
+        lambda: metric(server, "bunqueue_webhooks_registered") == 0, 10, "no webhook registered"
+    )
+
+
+def remove_all(tcp: Tcp) -> None:
+    for hook in tcp.call({"cmd": "ListWebhooks"})["data"]["webhooks"]:
+        assert tcp.call({"cmd": "RemoveWebhook", "webhookId": hook["id"]})["ok"]
 
 
 def metric(server: ShardqServer, name: str) -> float:
@@ -67,13 +93,12 @@ def prime(tcp: Tcp, rx: ThreadedReceiver, queue: str) -> None:
         time.sleep(0.05)
 
 
-def test_signed_deliveries_enable_disable_remove(
-    shardq_server: Callable[..., ShardqServer],
-) -> None:
-    server = start(shardq_server)
+def test_signed_deliveries_enable_disable_remove(shared: ShardqServer) -> None:
+    server = shared
     tcp = Tcp(server.tcp_address)
     with ThreadedReceiver() as rx, ThreadedReceiver() as marker:
         try:
+            none_registered(server, tcp)
             events = ["job.pushed", "job.started", "job.completed"]
             hook = add_hook(tcp, rx.url, events, queue="wh", secret=SECRET)
             add_hook(tcp, marker.url, ["job.pushed"], queue="marks")
@@ -148,6 +173,7 @@ def test_signed_deliveries_enable_disable_remove(
                 hook
             ]
         finally:
+            remove_all(tcp)
             tcp.close()
 
 
@@ -170,13 +196,13 @@ def test_webhooks_survive_a_restart(shardq_server: Callable[..., ShardqServer]) 
         tcp.close()
 
 
-def test_failing_receiver_is_retried_with_backoff(
-    shardq_server: Callable[..., ShardqServer],
-) -> None:
-    server = start(shardq_server, WEBHOOK_MAX_RETRIES="4")
+def test_failing_receiver_is_retried_with_backoff(shared: ShardqServer) -> None:
+    server = shared
     tcp = Tcp(server.tcp_address)
     with ThreadedReceiver(fail_first=3) as rx:
         try:
+            none_registered(server, tcp)
+            retries = max(0.0, metric(server, "shardq_webhook_retries_total"))  # -1: none yet
             add_hook(tcp, rx.url, ["job.pushed"], queue="retry-q")
             synced(server, 1)
             prime(tcp, rx, "retry-q")
@@ -187,8 +213,11 @@ def test_failing_receiver_is_retried_with_backoff(
             # 100, 200, then 400 ms: doubling (a linear backoff would wait 300 ms last).
             assert gaps[0] >= 0.09 and gaps[1] >= 0.19 and gaps[2] >= 0.39, gaps
             assert len({h.body for h in hits}) == 1
-            poll_until(lambda: metric(server, "shardq_webhook_retries_total") >= 3, 10, "retries")
+            poll_until(
+                lambda: metric(server, "shardq_webhook_retries_total") >= retries + 3, 10, "retries"
+            )
         finally:
+            remove_all(tcp)
             tcp.close()
 
 
