@@ -121,6 +121,16 @@ def _reaped(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists()
 
 
+def _exited(pid: int) -> bool:
+    """Whether `pid` exited with every thread, reaped or not: a zombie whose other threads are
+    gone holds no socket any more (its parent may be stopped and not reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state == "Z" and os.listdir(f"/proc/{pid}/task") == [str(pid)]
+    except OSError:
+        return True
+
+
 def _front_end_back(server: ShardqServer, old: int) -> bool:
     try:
         with TcpConnection(*server.tcp_address, timeout=1) as conn:
@@ -188,15 +198,23 @@ def test_a_shard_remembers_at_most_tcp_handoff_gone_max_ended_connections(
     server = _started(shardq_server, {"SHARDQ_TCP_HANDOFF_GONE_MAX": "1"})
     old_raw, *old_queues = _leasing_worker(server, "g1")
     new_raw, *new_queues = _leasing_worker(server, "g2")
+    # The supervisor is stopped while both connections end, so no front end is back before
+    # the second one ends (a restart takes only ~0.1 s of backoff and a fast start).
+    os.kill(server.pid, signal.SIGSTOP)
     try:
-        old = _kill_front_end(server)
+        old = server.child_pids()["frontend"]
+        os.kill(old, signal.SIGKILL)
+        poll_until(lambda: _exited(old), WAIT_S, "the front end's death")
         old_raw.sock.close()
         time.sleep(0.3)  # shard 1 sees it end first: the one it forgets for the newer
         new_raw.sock.close()
+        time.sleep(0.3)
+        os.kill(server.pid, signal.SIGCONT)
         poll_until(lambda: _front_end_back(server, old), WAIT_S, "the restarted front end")
         _released(server, *new_queues)
         time.sleep(0.5)  # reported oldest first: had it been kept, it would be released
         assert _active(server, *old_queues) == 3  # left to its lockTtl (10 minutes)
     finally:
+        os.kill(server.pid, signal.SIGCONT)
         old_raw.sock.close()
         new_raw.sock.close()
