@@ -11,7 +11,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 import pytest
 
-from shardq.storage import MutationEncoder, Store
+from shardq.storage import MutationEncoder, StorageRejected, Store
 from shardq.storage._rows import SIZES
 
 
@@ -158,3 +158,26 @@ def test_puts_with_and_without_a_patch_in_one_batch_keep_put_order_and_empty_pat
         "j0": "waiting", "j1": "waiting", "j2": "active", "j3": "active",
         "n0": "waiting", "n1": "active", "n2": "waiting", "n3": "waiting",
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["putb", 5, "q", "waiting", 0, 0, 1, b"\x80"],  # an id that is not a string
+        ["putb", "k", "q", "waiting", 0, 0, 1, "\x80"],  # a record that is not bytes
+        ["putb", "k", "q", "waiting", 0, 0, 1],  # one field short
+    ],
+)
+def test_an_encoded_put_off_the_wire_is_checked_before_it_is_written(
+    tmp_path: Path, bad: list[Any]
+) -> None:
+    # A batch's puts are parsed without a call each (`_parse.parse_all`): a malformed one
+    # still goes to the general parse, which rejects the batch, which changes nothing.
+    rec = {"id": "a", "queue": "q", "state": "waiting", "seq": 1}
+    good = MutationEncoder().encode([("put", rec)])
+    wire = msgpack.unpackb(msgpack.packb(good, use_bin_type=True), raw=False)
+    with Store.open(tmp_path / "bad.db") as store:
+        store.apply(wire)
+        with pytest.raises(StorageRejected, match=r"mutation #1 \(putb\)"):
+            store.apply([*wire, bad])
+        assert [r["id"] for r in store.load_jobs()] == ["a"]
