@@ -34,7 +34,7 @@ from shardq.storage._deltas import wrap
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._errors import StorageRejected
 from shardq.storage._parse import Op as _Op
-from shardq.storage._parse import parse
+from shardq.storage._parse import parse_all
 from shardq.storage._rows import SHARED_MIN
 from shardq.storage._runs import Run
 
@@ -183,14 +183,14 @@ def coalesce(
     Input records are never modified. Raises `StorageRejected` naming the first malformed
     mutation (unknown kind, wrong arity, wrong types, a `put` record without an id).
     """
-    ops = [parse(index, mutation) for index, mutation in enumerate(mutations)]
+    ops = parse_all(mutations)
     if cached:
         folder = _Folder(cached, runs, complete=False)
         try:
             folder.fold(ops)
         except _Missed:
             # The fold may have changed the column values of the ops' puts: parsed anew.
-            ops = [parse(index, mutation) for index, mutation in enumerate(mutations)]
+            ops = parse_all(mutations)
         else:
             return folder.plan
     # Only jobs first touched by an `upd` need their stored row: any other op on a job replaces

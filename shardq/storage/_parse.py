@@ -4,6 +4,7 @@ malformed one on the general path, which names the mistake (`StorageRejected`)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from shardq.core._mutations import Record
@@ -11,7 +12,7 @@ from shardq.storage._cold import COLD_COLUMN, cold_mark, cold_of
 from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._errors import StorageRejected
 
-__all__ = ["Op", "parse"]
+__all__ = ["Op", "parse", "parse_all"]
 
 Op = tuple[str, str, Any, Any]
 """A parsed mutation: (kind, job id or queue name, columns / cfg / None, record / changes /
@@ -41,6 +42,23 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "dltb": (str, bytes),
 }
 _CRONDEL_ON_QUEUE: tuple[type, ...] = (str, str)
+
+
+def parse_all(mutations: Sequence[object]) -> list[Op]:
+    """`parse` of each of `mutations`, in order. An encoded hot put (`putb`: the kind, the
+    id, the five column fields, the record), a batch's usual mutation, is parsed here without
+    the call: its column fields are one slice of it (a list of their own, as `parse` gives)."""
+    return [
+        ("put", m[1], m[2:7], m[7])
+        if type(m) is list and len(m) == _PUTB and m[0] == "putb" and type(m[1]) is str
+        and type(m[7]) is bytes
+        else parse(index, m)
+        for index, m in enumerate(mutations)
+    ]  # fmt: skip
+
+
+# A hot `putb`'s length (`_encode`); a cold record's has its cold fields after the record.
+_PUTB = 8
 
 
 def parse(index: int, mutation: object) -> Op:

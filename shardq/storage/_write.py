@@ -119,6 +119,14 @@ COLD_COLUMNS: Final = 5
 _COLUMNS = len(COLUMN_FIELDS)
 # The length of a hot row's tuple from `whole_row` (id, column fields, rec, patch).
 HOT_ROW = 3 + len(COLUMN_FIELDS)
+# The usual put's row (`_write_jobs`): `patch` left to its default, the empty blob, which
+# `excluded.patch` is too. One bound parameter a put fewer; the row stored is the same.
+_UPSERT_FRESH_JOB = (
+    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec) VALUES {rows}"
+    f"{_UPSERT_SET}, cold = NULL, lifo = NULL, gid = NULL, ukey = NULL"
+)
+# The length of a row tuple of the usual put (`_write_jobs`): a hot row without its patch.
+_FRESH_ROW = HOT_ROW - 1
 _DELETE_JOBS = "DELETE FROM jobs WHERE id IN ({rows})"
 _DELETE_QUEUE_JOBS = "DELETE FROM jobs WHERE queue = ?"
 _DELETE_QUEUE_GROUPS = "DELETE FROM queue_groups WHERE queue = ?"
@@ -175,6 +183,7 @@ def _write_jobs(
     ops: list[tuple[str, bytes]] = []
     refill: Refill = []
     joined: Shared = {}
+    fresh = 0  # the rows of `whole` without their patch (`_FRESH_ROW` long)
     for job_id, row in plan.jobs.items():
         if row is None:
             deleted.append((job_id,))
@@ -193,7 +202,8 @@ def _write_jobs(
                 # The usual put: a hot record, encoded, that no change followed in the batch
                 # (`whole_row`'s result, without the call: this runs for most puts).
                 known[job_id] = (values[0], len(rec), 0, 0)
-                whole.append((job_id, *values, BLOB(rec), _NO_PATCH))
+                whole.append((job_id, *values, BLOB(rec)))
+                fresh += 1
                 continue
             one = whole_row(job_id, row, values, pack, patch_floor, known, BLOB)
             (whole if len(one) == HOT_ROW else cold_rows).append(one)
@@ -204,7 +214,9 @@ def _write_jobs(
     if plan.runs:
         add_runs(plan, pack, patch_floor, known, joined, to_fold)
     if deleted or whole or cold_rows:
-        written, delta_rows = _write_replaced(conn, deleted, whole, cold_rows, deltas_exist, cold)
+        written, delta_rows = _write_replaced(
+            conn, deleted, (whole, fresh), cold_rows, deltas_exist, cold
+        )
     if joined:
         written += write_groups(conn, joined.values(), updates, cold)
     for names, rows in updates.items():
@@ -223,14 +235,19 @@ def _write_jobs(
 def _write_replaced(
     conn: sqlite3.Connection,
     deleted: list[tuple[str]],
-    whole: list[tuple[Any, ...]],
+    put: tuple[list[tuple[Any, ...]], int],
     cold_rows: list[tuple[Any, ...]],
     deltas_exist: bool,
     cold: int,
 ) -> tuple[int, int]:
-    """Delete the `deleted` rows and write the whole ones (`_write_whole`), and delete the
-    ops of both; (rows written, change in `job_deltas` rows)."""
+    """Delete the `deleted` rows and write the whole ones (`_write_whole`; `put`: the hot
+    ones and how many of them go without their patch), and delete the ops of both; (rows
+    written, change in `job_deltas` rows)."""
     written = delta_rows = 0
+    whole, fresh = put
+    if fresh and fresh < len(whole):
+        # In the plan's order, which gives new rows their rowids: one statement for all.
+        whole = [one if len(one) == HOT_ROW else (*one, _NO_PATCH) for one in whole]
     if deltas_exist:
         # A put replaces the whole record, ops included (a batch resent to a new writer).
         gone = [k for (k,) in deleted] + [w[0] for w in whole] + [w[0] for w in cold_rows]
@@ -251,6 +268,12 @@ def _write_whole(
     """Upsert the rows put in the batch: hot ones and cold ones (`whole_row`). `cold`: the
     cold columns the table has (`write_plan`; the cold rows are written with those only)."""
     written = 0
+    if whole and len(whole[0]) == _FRESH_ROW:  # all of them are (`_write_replaced`)
+        if not cold:
+            whole = [(*one, _NO_PATCH) for one in whole]
+        else:
+            written += run_rows(conn, _UPSERT_FRESH_JOB, _FRESH_ROW, whole)
+            whole = []
     if not cold:
         rows = whole + [one[:HOT_ROW] for one in cold_rows]
         return run_rows(conn, _UPSERT_PLAIN_JOB, HOT_ROW, rows)

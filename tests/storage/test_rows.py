@@ -6,11 +6,12 @@ from __future__ import annotations
 import gc
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 import pytest
 
-from shardq.storage import MutationEncoder, Store
+from shardq.storage import MutationEncoder, StorageRejected, Store
 from shardq.storage._rows import SIZES
 
 
@@ -126,3 +127,57 @@ def test_puts_sharing_their_columns_keep_each_value_and_their_order(tmp_path: Pa
         for r, state in zip(recs, stored, strict=True)
     ]
     assert [msgpack.unpackb(row[6])["id"] for row in rows] == [r["id"] for r in recs]
+
+
+def test_puts_with_and_without_a_patch_in_one_batch_keep_put_order_and_empty_patches(
+    tmp_path: Path,
+) -> None:
+    # A put no change followed goes without its empty patch (the column's default, `_write`);
+    # a batch that also holds a put with a patch writes all of them as one statement, so new
+    # rows still take their rowids in put order, and a put over a stored row clears its patch.
+    encode = MutationEncoder().encode
+
+    def rec(key: str) -> dict[str, object]:
+        return {"id": key, "queue": "q", "state": "waiting", "seq": 1, "priority": 0}
+
+    with Store.open(tmp_path / "mixed.db", patch_floor=1 << 20) as store:
+        store.apply(encode([("put", rec(f"j{i}")) for i in range(4)]))
+        store.apply(encode([("upd", f"j{i}", {"state": "active"}) for i in range(4)]))
+        mixed: list[Any] = [("put", rec("n0")), ("put", rec("j0")), ("put", rec("n1"))]
+        mixed += [("upd", "n1", {"state": "active"}), ("put", rec("n2"))]
+        store.apply(encode(mixed))
+        store.apply(encode([("put", rec("j1")), ("put", rec("n3"))]))  # fresh puts alone
+        states = {r["id"]: r["state"] for r in store.load_jobs()}
+    with sqlite3.connect(tmp_path / "mixed.db") as conn:
+        rows = conn.execute("SELECT id, patch, typeof(patch) FROM jobs ORDER BY rowid").fetchall()
+    assert [row[0] for row in rows] == ["j0", "j1", "j2", "j3", "n0", "n1", "n2", "n3"]
+    assert all(kind == "blob" for _, _, kind in rows)
+    patches = {key: bytes(patch) for key, patch, _ in rows}
+    assert [key for key, patch in patches.items() if patch] == ["j2", "j3", "n1"]
+    assert states == {
+        "j0": "waiting", "j1": "waiting", "j2": "active", "j3": "active",
+        "n0": "waiting", "n1": "active", "n2": "waiting", "n3": "waiting",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["putb", 5, "q", "waiting", 0, 0, 1, b"\x80"],  # an id that is not a string
+        ["putb", "k", "q", "waiting", 0, 0, 1, "\x80"],  # a record that is not bytes
+        ["putb", "k", "q", "waiting", 0, 0, 1],  # one field short
+    ],
+)
+def test_an_encoded_put_off_the_wire_is_checked_before_it_is_written(
+    tmp_path: Path, bad: list[Any]
+) -> None:
+    # A batch's puts are parsed without a call each (`_parse.parse_all`): a malformed one
+    # still goes to the general parse, which rejects the batch, which changes nothing.
+    rec = {"id": "a", "queue": "q", "state": "waiting", "seq": 1}
+    good = MutationEncoder().encode([("put", rec)])
+    wire = msgpack.unpackb(msgpack.packb(good, use_bin_type=True), raw=False)
+    with Store.open(tmp_path / "bad.db") as store:
+        store.apply(wire)
+        with pytest.raises(StorageRejected, match=r"mutation #1 \(putb\)"):
+            store.apply([*wire, bad])
+        assert [r["id"] for r in store.load_jobs()] == ["a"]
