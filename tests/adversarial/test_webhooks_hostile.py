@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import re
 import threading
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import pytest
 import zmq
 from aiohttp import web
 from shardq_harness import ShardqServer, free_port, poll_until
+from test_webhooks_server import metric, none_registered, remove_all
 from wire_clients import Dealer, Tcp
 
 pytestmark = pytest.mark.timeout(180)
@@ -108,25 +107,6 @@ def shared(tmp_path_factory: pytest.TempPathFactory, names: Path) -> Iterator[Sh
     with start(data, SHARDQ_TEST_RESOLVE_FILE=str(names)) as server:
         yield server
         assert server.stop() == 0, server.log_tail()
-
-
-def none_registered(server: ShardqServer, tcp: Tcp) -> None:
-    assert tcp.call({"cmd": "ListWebhooks"})["data"]["webhooks"] == []
-    poll_until(
-        lambda: metric(server, "bunqueue_webhooks_registered") == 0, 10, "no webhook registered"
-    )
-
-
-def remove_all(tcp: Tcp) -> None:
-    for hook in tcp.call({"cmd": "ListWebhooks"})["data"]["webhooks"]:
-        assert tcp.call({"cmd": "RemoveWebhook", "webhookId": hook["id"]})["ok"]
-
-
-def metric(server: ShardqServer, name: str) -> float:
-    with urllib.request.urlopen(server.http_url + "/prometheus", timeout=10) as r:
-        text = r.read().decode()
-    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else -1.0
 
 
 def add_hook(tcp: Tcp, url: str, events: list[str], **fields: Any) -> dict[str, Any]:
