@@ -145,7 +145,9 @@ def test_the_file_shrinks_after_a_drain_while_a_light_load_goes_on(
     pushed: list[str] = []
     with TcpConnection(*server.tcp_address, timeout=30) as conn:
         peak = push_and_drain(conn, "big", JOBS, path)
-        deadline = time.monotonic() + 20
+        # A second or two alone; inside a CI run of the whole suite (-n 2) one was still at
+        # 47 % of its peak after 20 s, its passes moving on: the bound is only a bound.
+        deadline = time.monotonic() + 60
         while file_bytes(path) > peak // 5 and time.monotonic() < deadline:
             reply = conn.call({"cmd": "PUSH", "queue": "light", "data": {"n": len(pushed)},
                                "durable": True})  # fmt: skip
