@@ -26,7 +26,7 @@ from shardq_harness import ShardqServer, poll_until
 
 from shardq.client import TcpConnection
 from shardq.core import Engine
-from shardq.runtime.shard._progress import LOG_PROGRESS_EVERY_S
+from shardq.runtime.shard._progress import LOG_PROGRESS_EVERY_S, PROGRESS_EVERY_S
 from shardq.storage import Store
 
 Factory = Callable[..., ShardqServer]
@@ -229,7 +229,13 @@ def test_a_shard_that_stops_making_progress_is_killed(
     bound_s = max(3, math.ceil(3 * start_s))
     env = {"SHARDQ_READY_TIMEOUT_MS": str(bound_s * 1000)}
     server, started = _recovering(shardq_server, env)
-    server.wait_for_log("shard recovering", timeout=120)
+    # Its recovery begins once its direct port is open and takes 1.6 s or more here; after two
+    # progress reports' time it has reported progress (every PROGRESS_EVERY_S, to the
+    # supervisor) and is still loading. ("shard recovering" is logged only every 2 s: a
+    # recovery of 2.1 s on a quiet machine logged none, and the test waited for it in vain.)
+    server.wait_for_log("direct port open", timeout=120, role="shard-0")
+    time.sleep(2 * PROGRESS_EVERY_S)
+    assert server.find_log("shard recovered") is None, "recovered before it could be stopped"
     # A shard that hangs mid-recovery: it neither reports ready nor progress any more.
     os.kill(int(started["child_pid"]), signal.SIGSTOP)
     assert server.wait_exit(timeout=60 + bound_s) == 1
