@@ -8,7 +8,9 @@ it is that user's.
 
 The binaries are found through `pg_config --bindir`, else the newest
 /usr/lib/postgresql/*/bin; without them `PostgresServer()` raises, saying what to install.
-The tests' fixtures (tests/storage/pg_server.py) and bench.storage_pg build on it.
+The tests' fixtures (tests/storage/pg_server.py) and bench.storage_pg build on it. A watcher
+process (`_pg_watch.py`) stops the server and deletes its directory if the process that started
+it dies without stopping it (a test run killed with SIGKILL).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -66,6 +69,7 @@ class PostgresServer:
         self.port = 0
         self._user = _server_user()
         self._running = False
+        self._watcher: subprocess.Popen[bytes] | None = None
 
     @property
     def superuser(self) -> str:
@@ -97,6 +101,7 @@ class PostgresServer:
             try:
                 self._run("pg_ctl", *args, "-w", "-t", str(_START_TIMEOUT_S), "start")
                 self._running = True
+                self._watch()
                 # The port the running postmaster listens on, from its pid file (line 4): a
                 # start that timed out on a loaded machine may still have come up, on the
                 # earlier attempt's port, and a later `pg_ctl start` then reports that one.
@@ -109,6 +114,16 @@ class PostgresServer:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    def _watch(self) -> None:
+        """Start `_pg_watch.py`, which stops the server if this process dies without `stop`."""
+        postmaster = (self.data / "postmaster.pid").read_text().split()[0]
+        watcher = Path(__file__).with_name("_pg_watch.py")
+        self._watcher = subprocess.Popen(
+            [sys.executable, str(watcher), str(os.getpid()), str(self.root), postmaster],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, cwd="/",
+        )  # fmt: skip
 
     def _listening_port(self) -> int:
         lines = (self.data / "postmaster.pid").read_text().splitlines()
@@ -137,6 +152,10 @@ class PostgresServer:
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and delete its directory; idempotent."""
+        if self._watcher is not None:
+            self._watcher.terminate()
+            self._watcher.wait()
+            self._watcher = None
         if self._running:
             self._running = False
             with contextlib.suppress(RuntimeError):
