@@ -12,7 +12,10 @@ GIL. To measure that bound, this starts the very same worker process
 (`bench.compare._bq_worker`) against a stand-in server in another process: an asyncio
 `Protocol` that answers from memory (`PULLB` with up to `count` canned jobs of the shape
 shardq sends, `ACK` and everything else with `{"ok": true}`), with no routing, no storage and
-no other process. It is a measuring device, not a queue: it checks nothing.
+no other process. It is a measuring device, not a queue: it checks nothing. Its replies have the
+keys, order and sizes of shardq's (`tests/bench/test_standin_replies.py` compares them), and a
+job pushed to it (`PUSH`, `PUSHB`) can be pulled, so `python -m bench compare --peers
+shardq,bunqueue,standin` fills and drains it like a server: the same ceiling in the same run.
 
 Printed per repeat: the drain rate (jobs/s between the first and the last completion, as
 `bench compare`) and the CPU time per job of the worker process and of the stand-in, over the
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +49,14 @@ REPO = Path(__file__).resolve().parents[1]
 _HEADER = struct.Struct(">I")
 
 
-def _job(n: int) -> dict[str, Any]:
-    """A job as shardq's PULLB reply to bunqueue-client holds it (every field it sends)."""
+def _job_id(n: int) -> str:
+    """An id as long as shardq's (a UUIDv7 string, 36 characters)."""
+    return f"00000000-0000-7000-8000-{n:012x}"
+
+
+def _job(job_id: str, queue: str) -> dict[str, Any]:
+    """A job as shardq's PULLB reply to bunqueue-client holds it (every field it sends, in its
+    order; `tests/bench/test_standin_replies.py` compares the two replies)."""
     now = time.time() * 1000
     return {
         "backoff": 1000, "backoffConfig": None, "ttl": None, "timeout": None,
@@ -56,7 +66,7 @@ def _job(n: int) -> dict[str, Any]:
         "removeOnComplete": False, "removeOnFail": False, "durable": False,
         "failParentOnFailure": False, "removeDependencyOnFailure": False,
         "continueParentOnFailure": False, "ignoreDependencyOnFailure": False, "customId": None,
-        "stackTraceLimit": 10, "id": f"job-{n}", "queue": "q", "name": "noop",
+        "stackTraceLimit": 10, "id": job_id, "queue": queue, "name": "noop",
         "data": {"name": "noop", "t": time.time()}, "priority": 0, "createdAt": now,
         "runAt": now, "startedAt": now, "completedAt": None, "attempts": 0, "maxAttempts": 3,
         "progress": 0, "progressMessage": None, "stacktrace": None, "lastHeartbeat": now,
@@ -66,11 +76,34 @@ def _job(n: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class _StandIn(asyncio.Protocol):
-    """Answers each frame at once; hands out `jobs` jobs in all, then empty pulls."""
+@dataclass
+class Stock:
+    """What every connection of one stand-in shares: the jobs of each queue not handed out yet
+    (`--jobs` in queue `q` at the start, plus one per job pushed) and the last id given."""
 
-    def __init__(self, jobs: list[int]) -> None:
-        self._left = jobs  # one list shared by every connection: [jobs not handed out yet]
+    left: dict[str, int]
+    last_id: int = 0
+
+    def add(self, queue: str, count: int) -> list[str]:
+        self.left[queue] = self.left.get(queue, 0) + count
+        return self.ids(count)
+
+    def take(self, queue: str, count: int) -> int:
+        count = min(count, self.left.get(queue, 0))
+        self.left[queue] = self.left.get(queue, 0) - count
+        return count
+
+    def ids(self, count: int) -> list[str]:
+        self.last_id += count
+        return [_job_id(self.last_id - k) for k in range(count, 0, -1)]
+
+
+class _StandIn(asyncio.Protocol):
+    """Answers each frame at once, as shardq would, from the shared `Stock`; empty pulls once
+    it is out of jobs. The replies have the keys, order and sizes of shardq's."""
+
+    def __init__(self, stock: Stock) -> None:
+        self._stock = stock
         self._buf = b""
         self._transport: asyncio.Transport | None = None
 
@@ -94,17 +127,27 @@ class _StandIn(asyncio.Protocol):
             self._transport.write(b"".join(out))
 
     def _answer(self, cmd: dict[str, Any]) -> dict[str, Any] | None:
+        name, req, queue = cmd.get("cmd"), cmd.get("reqId"), str(cmd.get("queue", "q"))
+        if name == "PULLB":
+            return self._pull(cmd, queue)
+        if name == "PUSH":  # a pushed job can be pulled: `bench compare` fills the stand-in
+            return {"ok": True, "id": self._stock.add(queue, 1)[0], "reqId": req}
+        if name == "PUSHB":
+            return {"ok": True, "ids": self._stock.add(queue, len(cmd.get("jobs") or ())),
+                    "reqId": req}  # fmt: skip
+        return {"ok": True, "reqId": req}  # ACK and everything else, as shardq's ACK reply
+
+    def _pull(self, cmd: dict[str, Any], queue: str) -> dict[str, Any] | None:
         reply: dict[str, Any] = {"reqId": cmd.get("reqId"), "ok": True}
-        if cmd.get("cmd") == "PULLB":
-            count = min(int(cmd.get("count", 1)), self._left[0])
-            if not count:  # drained: a long-poll that times out (shortened), as a server would
-                loop = asyncio.get_running_loop()
-                loop.call_later(0.1, self._late, {**reply, "jobs": [], "tokens": []})
-                return None
-            start = self._left[0]
-            self._left[0] -= count
-            reply["jobs"] = [_job(start - k) for k in range(count)]
-            reply["tokens"] = [f"t{start - k}" for k in range(count)]
+        count = self._stock.take(queue, int(cmd.get("count", 1)))
+        if not count:  # drained: a long-poll that times out (shortened), as a server would
+            loop = asyncio.get_running_loop()
+            loop.call_later(0.1, self._late, {**reply, "jobs": [], "tokens": []})
+            return None
+        ids = self._stock.ids(count)
+        reply["jobs"] = [_job(job_id, queue) for job_id in ids]
+        # A lease token as shardq's: the shard's 16 hex digits, a dash, a serial number.
+        reply["tokens"] = [f"5eed5eed5eed5eed-{self._stock.last_id - k}" for k in range(count)]
         return reply
 
     def _late(self, reply: dict[str, Any]) -> None:
@@ -121,9 +164,9 @@ def serve(port_file: str, jobs: int) -> None:
     """The stand-in server: listen on a free port, write it to `port_file`, serve forever."""
 
     async def main() -> None:
-        left = [jobs]
+        stock = Stock({"q": jobs})  # the queue of `once`'s worker
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: _StandIn(left), "127.0.0.1", 0)
+        server = await loop.create_server(lambda: _StandIn(stock), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         Path(port_file).write_text(str(port))
         await server.serve_forever()

@@ -20,7 +20,7 @@ from typing import Any
 
 from bench.compare import _drain
 from bench.compare._model import Measurement, Scenario, Settings
-from bench.compare._procs import Child, Procs, start_bunqueue, start_shardq
+from bench.compare._procs import Child, Procs, start_bunqueue, start_shardq, start_standin
 from shardq.client import TcpConnection
 
 __all__ = ["MODES", "BqContestant", "BqTarget", "Servers", "job_data", "server"]
@@ -39,6 +39,9 @@ MODES = {
     "SQLite WAL synchronous=NORMAL",
     ("bunqueue", "durable"): "durable: INSERT before the reply, SQLite WAL synchronous=NORMAL "
     "(survives a process crash)",
+    ("standin", "buffered"): "not a queue: a measuring device (python -m bench.bq_ceiling's "
+    "stand-in) that answers from memory with shardq's reply shapes and stores nothing; its rate "
+    "is the client's own ceiling on this machine",
 }
 
 
@@ -48,8 +51,8 @@ def job_data() -> dict[str, Any]:
 
 
 def _start(procs: Procs, peer: str) -> tuple[int, Callable[[], None]]:
-    if peer == "bunqueue":
-        child = start_bunqueue(procs)
+    if peer in ("bunqueue", "standin"):
+        child = start_bunqueue(procs) if peer == "bunqueue" else start_standin(procs)
         return child.port, lambda: procs.stop(child)
     sq = start_shardq(procs, synchronous="full" if peer == "shardq-fsync" else "normal")
     return sq.tcp_port, lambda: procs.stop_shardq(sq)
@@ -57,7 +60,8 @@ def _start(procs: Procs, peer: str) -> tuple[int, Callable[[], None]]:
 
 @contextmanager
 def server(procs: Procs, peer: str) -> Iterator[int]:
-    """Start `peer` (shardq, shardq-fsync or bunqueue) on random ports; yield its TCP port."""
+    """Start `peer` (shardq, shardq-fsync, bunqueue or the stand-in) on random ports; yield
+    its TCP port."""
     port, stop = _start(procs, peer)
     try:
         yield port
@@ -96,7 +100,9 @@ def bqc_single(
     port: int, queues: Sequence[str], n: int, durable: bool, m: Measurement | None = None
 ) -> float:
     """jobs/s of `n` sequential `Queue.add` calls; into `m`, the median call's µs (`p50_us`):
-    the jobs/s is one over the mean call, which the tail moves as much as the median."""
+    the jobs/s is one over the mean call, which the tail moves as much as the median; and the
+    CPU µs a call of this process, every thread (`client_cpu_us`; the harness does nothing
+    else meanwhile)."""
     from bunqueue import Queue
 
     q = Queue(queues[0], host=HOST, port=port)
@@ -104,14 +110,17 @@ def bqc_single(
     stamps = [0.0] * (n + 1)
     try:
         opts = {"durable": True} if durable else {}
+        cpu = time.process_time()
         stamps[0] = clock()
         for i in range(1, n + 1):
             q.add("noop", {"t": time.time()}, **opts)
             stamps[i] = clock()
+        cpu = time.process_time() - cpu
     finally:
         q.close()
     if m is not None and n:
         m.add_extra("p50_us", statistics.median(b - a for a, b in itertools.pairwise(stamps)) * 1e6)
+        m.add_extra("client_cpu_us", cpu * 1e6 / n)
     return n / (stamps[n] - stamps[0])
 
 
@@ -260,7 +269,7 @@ class BqContestant:
     """One server (`peer`) with one client: `bunqueue-client`, `raw`, `shardq-sdk` or
     `shardq-tasks` (the task API, `shardq.App`)."""
 
-    peer: str  # shardq | shardq-fsync | bunqueue
+    peer: str  # shardq | shardq-fsync | bunqueue | standin (bunqueue-client only)
     client: str
     servers: Servers
 
@@ -294,6 +303,8 @@ class BqContestant:
             return self.peer == "shardq" and self.client == "shardq-tasks"
         if self.peer == "shardq-fsync":
             return sc.mode == "durable" and self._runner(sc) is not None
+        if self.peer == "standin":  # the client's ceiling: its Worker drains, its single push
+            return sc.kind == "drain" or (sc.kind == "push" and sc.mode == "buffered")
         if sc.kind in ("drain", "latency"):
             return self.client != "raw"
         return self._runner(sc) is not None

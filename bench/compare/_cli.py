@@ -1,9 +1,14 @@
 """`python -m bench compare`: run every scenario on every peer, then write the report.
 
-    python -m bench compare [--quick] [--peers shardq,bunqueue,huey,rq,celery,dramatiq,arq,
-                                               saq,taskiq]
+    python -m bench compare [--quick] [--peers shardq,bunqueue,standin,huey,rq,celery,dramatiq,
+                                               arq,saq,taskiq]
                             [--jobs N] [--repeats K] [--scenarios a,b] [--cache-dir DIR]
                             [--out-dir DIR] [--label NAME] [--interleave]
+
+`standin` is not a queue but a measuring device: `bench.bq_ceiling`'s stand-in server, which
+answers from memory with shardq's reply shapes. Driven by bunqueue-client on its single push and
+its Worker drains, its rows are that client's own ceiling in the same run; the report gives
+shardq's share of it and each peer's client CPU per job.
 
 The task-API scenarios of issue 15 (every Python peer through its own task API and worker
 command, shardq through `shardq.App` and `shardq worker`): `--scenarios
@@ -40,7 +45,7 @@ from bench.compare._pypeers import PY_PEERS, PyPeer
 
 __all__ = ["main"]
 
-ALL_PEERS = ("shardq", "bunqueue", *PY_PEERS)
+ALL_PEERS = ("shardq", "bunqueue", "standin", *PY_PEERS)
 METHOD_NOTES = (
     "Each scenario gets a fresh server process and data dir (bunqueue, shardq, Redis, or a "
     "huey SQLite file); each repeat uses fresh queue names. --quick shares one server.",
@@ -60,6 +65,11 @@ METHOD_NOTES = (
     "concurrency x 20 jobs/s whatever the server: compare servers on the raw drains too.",
     "The 8-queue scenarios run on shardq and bunqueue only (one Redis or SQLite file serves "
     "every queue of the Python peers).",
+)
+STANDIN_NOTE = (
+    "standin is a measuring device, not a queue: python -m bench.bq_ceiling's stand-in server "
+    "answers every request at once from memory (shardq's reply shapes and sizes), checks and "
+    "stores nothing. Its rows are bunqueue-client's own ceiling on this machine, in this run."
 )
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -219,6 +229,9 @@ def bq_contestants(peers: list[str], servers: Servers, run: Run, cache: Path) ->
             run.note(f"bunqueue skipped: {e}")
         else:
             out += [BqContestant("bunqueue", c, servers) for c in ("bunqueue-client", "raw")]
+    if "standin" in peers:  # not a queue: bunqueue-client's own ceiling (bench.bq_ceiling)
+        out.append(BqContestant("standin", "bunqueue-client", servers))
+        run.note(STANDIN_NOTE)
     return out
 
 

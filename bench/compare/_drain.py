@@ -19,7 +19,7 @@ from typing import Protocol
 
 from bench.compare import _record
 from bench.compare._model import Measurement, Settings, percentile
-from bench.compare._procs import Child, Procs
+from bench.compare._procs import Child, Procs, cpu_of
 
 __all__ = ["DrainTarget", "drain_once", "latency_once"]
 
@@ -43,6 +43,8 @@ class DrainTarget(Protocol):
 class _Wait:
     done: int
     first_at: float | None
+    done_at_first: int = 0  # the records seen at the first look that found any
+    cpu_at_first: float = 0.0  # the worker's CPU seconds then (all its processes)
 
 
 def _wait_for(record_file: Path, n: int, worker: Child, window_s: float) -> _Wait:
@@ -50,10 +52,13 @@ def _wait_for(record_file: Path, n: int, worker: Child, window_s: float) -> _Wai
     path = str(record_file)
     start = time.monotonic()
     first_at: float | None = None
+    at_first = (0, 0.0)
     while True:
         done = _record.count(path)
         now = time.monotonic()
         if done and first_at is None:
+            members = worker.members()  # the slow part first: CPU and count then read together
+            at_first = (_record.count(path), cpu_of(members))
             first_at = now
         if done >= n:
             break
@@ -64,7 +69,7 @@ def _wait_for(record_file: Path, n: int, worker: Child, window_s: float) -> _Wai
         if not worker.alive():
             raise RuntimeError(f"{worker.name} exited:\n{worker.log_tail()}")
         time.sleep(0.02)
-    return _Wait(_record.count(path), first_at)
+    return _Wait(_record.count(path), first_at, *at_first)
 
 
 def drain_once(
@@ -81,13 +86,18 @@ def drain_once(
     target.fill(n, queues)
     worker = target.start_workers(procs, concurrency, queues, record_file)
     with procs.running(worker):
-        _wait_for(record_file, n, worker, settings.drain_window_s)
+        got = _wait_for(record_file, n, worker, settings.drain_window_s)
+        members = worker.members()
+        done = _record.count(str(record_file)) - got.done_at_first
+        cpu = cpu_of(members) - got.cpu_at_first
     times = sorted(t for t, _ in _record.read(str(record_file)))
     if len(times) < 2 or times[-1] <= times[0]:
         raise RuntimeError(f"{worker.name}: {len(times)} jobs completed, no rate:\n"
                            f"{worker.log_tail()}")  # fmt: skip
     m.samples.append((len(times) - 1) / (times[-1] - times[0]))
     m.add_extra("completed", float(len(times)))
+    if done > 0:  # none when every job was done by the first look (a small N)
+        m.add_extra("client_cpu_us", cpu * 1e6 / done)
 
 
 def latency_once(

@@ -25,15 +25,18 @@ from typing import IO
 from bench._server import ShardqProcess, free_port
 from bench.compare._bunqueue import DROPPED_ENV, BunqueueInstall, ensure_bunqueue, server_env
 from bench.compare._env import default_cache
+from bench.cpu import cpu_seconds
 
 __all__ = [
     "Child",
     "Procs",
+    "cpu_of",
     "free_port",
     "redis_command",
     "start_bunqueue",
     "start_redis",
     "start_shardq",
+    "start_standin",
     "wait_port",
 ]
 
@@ -57,6 +60,19 @@ class Child:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def members(self) -> list[int]:
+        """The live processes of the group the child leads (a forked pool too), or the child
+        alone if it leads none. Scans /proc: call it before a time-critical read."""
+        if not self.group:
+            return [self.pid]
+        found = []
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    if _pgrp(entry.name) == self.pid:
+                        found.append(int(entry.name))
+        return found
 
     def log_tail(self, lines: int = 15) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -83,6 +99,20 @@ class Child:
                 os.killpg(self.proc.pid, sig)
             else:
                 os.kill(self.proc.pid, sig)
+
+
+def cpu_of(pids: Sequence[int]) -> float:
+    """User + system CPU seconds of `pids`, every thread, from /proc; a process gone is 0."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
+
+
+def _pgrp(pid: str) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[2])
 
 
 @dataclass
@@ -216,6 +246,22 @@ def start_bunqueue(procs: Procs) -> Child:
     child = procs.spawn("bunqueue", install.argv, env=env, cwd=data_dir, port=port, group=False,
                         drop_env=DROPPED_ENV)  # fmt: skip
     wait_port(port, child, timeout=120.0)
+    return child
+
+
+def start_standin(procs: Procs) -> Child:
+    """`bench.bq_ceiling`'s stand-in server (answers from memory, stores nothing) on a free
+    port, with no jobs: `bench compare` fills it by pushing, as it fills a server."""
+    port_file = procs.tempdir("bench-standin-") / "port"
+    repo = Path(__file__).resolve().parents[2]
+    args = [sys.executable, "-m", "bench.bq_ceiling", "--serve", str(port_file), "--jobs", "0"]
+    child = procs.spawn("standin", args, env={"PYTHONPATH": str(repo)}, cwd=repo)
+    deadline = time.monotonic() + 60.0
+    while not (port_file.exists() and port_file.read_text()):
+        if not child.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the stand-in did not start:\n{child.log_tail()}")
+        time.sleep(0.02)
+    child.port = int(port_file.read_text())
     return child
 
 

@@ -14,6 +14,8 @@ from bench.compare._model import SCENARIOS, Row, Scenario
 __all__ = ["Ratio", "markdown", "ratios", "write"]
 
 PY_PEERS = ("huey", "rq", "celery", "dramatiq", "arq", "saq", "taskiq")
+STANDIN = "standin"  # bench.bq_ceiling's stand-in: the client's ceiling, not a queue
+_KIND = {s.key: s.kind for s in SCENARIOS}
 SHARDQ_CLIENT_PREFERENCE = ("shardq-sdk", "bunqueue-client", "raw", "shardq-tasks")
 
 
@@ -111,13 +113,62 @@ def _vs_each_peer(sc: Scenario, rows: list[Row]) -> Iterable[Ratio]:
                         _per_round(sc, mine, p))  # fmt: skip
 
 
+def _vs_standin(sc: Scenario, rows: list[Row]) -> Iterable[Ratio]:
+    """shardq against the stand-in, both through bunqueue-client: the share of the client's own
+    ceiling that shardq reaches (for information: the stand-in is not a queue)."""
+    mine = _find(rows, sc.key, "shardq", "bunqueue-client")
+    ceiling = _find(rows, sc.key, STANDIN)
+    if mine and ceiling and mine.median and ceiling.median:
+        yield Ratio(sc.key, "stand-in (the client's ceiling)", "bunqueue-client", mine.median,
+                    ceiling.median, STANDIN, _better(sc, mine.median, ceiling.median), None,
+                    _per_round(sc, mine, ceiling))  # fmt: skip
+
+
 def ratios(rows: list[Row]) -> list[Ratio]:
     out: list[Ratio] = []
     for sc in SCENARIOS:
         out.extend(_vs_bunqueue(sc, rows))
         out.extend(_vs_python(sc, rows))
         out.extend(_vs_each_peer(sc, rows))
+        out.extend(_vs_standin(sc, rows))
     return out
+
+
+CEILING_TEXT = (
+    "The `standin` rows are a measuring device, not a queue: `python -m bench.bq_ceiling`'s "
+    "stand-in server answers every request at once from memory, with replies of the shape and "
+    "size shardq sends (the same job fields, ids and lease tokens), and stores nothing. "
+    "Driven by the same bunqueue-client as shardq and bunqueue, its rate is what that client "
+    "reaches on this machine against a server that costs next to nothing: no server, however "
+    "fast, goes past it with this client. 'of the ceiling' is a row's rate over the stand-in's; "
+    "'at most' is the stand-in's rate over bunqueue's, the highest ratio against bunqueue this "
+    "client can show. The CPU figures are the client's own (the worker process for a drain, "
+    "the pushing process for a single push), per job, from the kernel's counters."
+)
+
+
+def _cpu_note(row: Row) -> str:
+    cpu = row.extra.get("client_cpu_us")
+    return f" (client CPU {cpu['median']:,.0f} µs a job)" if cpu else ""
+
+
+def _ceiling_lines(rows: list[Row]) -> list[str]:
+    lines: list[str] = []
+    for ceiling in rows:
+        if ceiling.peer != STANDIN or not ceiling.median:
+            continue
+        parts = [f"stand-in {_num(ceiling.median, ceiling.unit)} {ceiling.unit}"
+                 f"{_cpu_note(ceiling)}"]  # fmt: skip
+        for peer in ("shardq", "bunqueue"):
+            row = _find(rows, ceiling.scenario, peer, "bunqueue-client")
+            if row and row.median:
+                parts.append(f"{peer} {row.median / ceiling.median:.2f} of the ceiling"
+                             f"{_cpu_note(row)}")  # fmt: skip
+        theirs = _find(rows, ceiling.scenario, "bunqueue", "bunqueue-client")
+        if theirs and theirs.median:
+            parts.append(f"at most {ceiling.median / theirs.median:.2f}x bunqueue with this client")
+        lines.append(f"- {ceiling.scenario}, {ceiling.client}: " + "; ".join(parts))
+    return ["## The client's ceiling (stand-in)", "", CEILING_TEXT, "", *lines, ""] if lines else []
 
 
 def _num(value: float | None, unit: str) -> str:
@@ -139,6 +190,9 @@ def _results_table(rows: list[Row]) -> list[str]:
         notes = [row.note] if row.note else []
         if "p50_us" in row.extra:
             notes.append(f"p50 {row.extra['p50_us']['median']:,.0f} µs a call (median of repeats)")
+        if "client_cpu_us" in row.extra:
+            who = "worker" if _KIND.get(row.scenario) == "drain" else "client"
+            notes.append(f"{who} CPU {row.extra['client_cpu_us']['median']:,.0f} µs a job")
         if "p99_ms" in row.extra:
             notes.append(f"p99 {row.extra['p99_ms']['median']:,.1f} ms (median of repeats)")
         unit = "ms p50" if row.unit == "ms" else row.unit
@@ -199,6 +253,7 @@ def markdown(report: dict[str, Any], rows: list[Row], items: list[Ratio]) -> str
         "",
         *_ratio_table(items),
         "",
+        *_ceiling_lines(rows),
         "## Durability modes",
         "",
         *[f"- {peer}: {mode}" for peer, mode in report["modes"].items()],
