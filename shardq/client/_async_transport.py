@@ -29,15 +29,15 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing, fail_waiters, no_reply
 from shardq.client._errors import ConnectionLost
-from shardq.client._sockets import (
+from shardq.client._sockets import connect_tcp_async
+from shardq.client._url import ClientSecurity, Endpoint, closed_message
+from shardq.client._zmq_sockets import (
     MONITOR_EVENTS,
     close_monitored,
-    connect_tcp_async,
     dealer_event,
     monitor_socket,
     new_dealer,
 )
-from shardq.client._url import ClientSecurity, Endpoint, closed_message
 
 __all__ = [
     "DEADLINE_GRAIN",

@@ -32,15 +32,15 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing, fail_waiters
 from shardq.client._errors import ConnectionLost
-from shardq.client._sockets import (
+from shardq.client._turns import Pending, Turns, resolve
+from shardq.client._url import ClientSecurity, Endpoint
+from shardq.client._zmq_sockets import (
     MONITOR_EVENTS,
     close_monitored,
     dealer_event,
     monitor_socket,
     new_dealer,
 )
-from shardq.client._turns import Pending, Turns, resolve
-from shardq.client._url import ClientSecurity, Endpoint
 
 __all__ = ["SyncZmqTransport"]
 

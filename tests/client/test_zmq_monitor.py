@@ -14,14 +14,14 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from shardq.client._sockets import (
+from shardq.client._url import parse_url
+from shardq.client._zmq_sockets import (
     close_monitored,
     dealer_event,
     detach_monitor,
     handshake_failed,
     monitor_socket,
 )
-from shardq.client._url import parse_url
 
 Context = zmq.Context[zmq.Socket[bytes]]
 _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
