@@ -25,7 +25,6 @@ from typing import Any, Final, Protocol, cast
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing, fail_waiters, no_reply
 from shardq.client._errors import ConnectionLost
@@ -35,6 +34,7 @@ from shardq.client._zmq_sockets import (
     MONITOR_EVENTS,
     close_monitored,
     dealer_event,
+    monitor_event,
     monitor_socket,
     new_dealer,
 )
@@ -449,7 +449,7 @@ class AsyncZmqTransport:
     async def _watch(self) -> None:
         try:
             while True:
-                event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+                event = monitor_event(await self._monitor.recv_multipart())
                 self._on_event(event)
         except zmq.ZMQError as e:
             self._die(f"ZeroMQ monitor error on {self._endpoint}: {e}")

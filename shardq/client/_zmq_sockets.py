@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import struct
 from typing import Any, Final
 
 import zmq
@@ -24,6 +25,7 @@ __all__ = [
     "dealer_event",
     "detach_monitor",
     "handshake_failed",
+    "monitor_event",
     "monitor_socket",
     "new_dealer",
 ]
@@ -80,6 +82,22 @@ def monitor_socket(sock: zmq.Socket[Any], events: int) -> Any:
     """
     addr = f"inproc://shardq-monitor-{os.getpid()}-{next(_monitor_ids)}"
     return sock.get_monitor_socket(events, addr=addr)
+
+
+def monitor_event(frames: list[bytes]) -> int:
+    """The event of a monitor message: its first frame is a 16-bit event id and a 32-bit
+    value (libzmq's `zmq_socket_monitor`), its second the endpoint.
+
+    pyzmq's `zmq.utils.monitor.parse_monitor_message` reads the same, but its module imports
+    `zmq.asyncio`, and with it asyncio and ssl, into every blocking ZeroMQ client.
+
+    Raises:
+        RuntimeError: not a monitor message (as pyzmq's parser).
+    """
+    if len(frames) != 2 or len(frames[0]) != 6:
+        raise RuntimeError(f"Invalid event message format: {frames}")
+    event: int = struct.unpack("=Hi", frames[0])[0]
+    return event
 
 
 def close_monitored(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
