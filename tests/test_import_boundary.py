@@ -16,6 +16,7 @@ parts a caller uses, not the whole client.
   asyncio, ZeroMQ nor ssl; over `zmq://` ZeroMQ but not asyncio (`zmq.asyncio`, which pyzmq's
   monitor parser imports). Checked against a real server: the push is answered, and the
   transport's own module was loaded, so the check saw the path that was taken.
+- A command given options loads no pydantic, which typer 0.29 imports to coerce them.
 
 Each check runs a fresh interpreter, so what it sees is what a user's process loads.
 """
@@ -250,3 +251,5 @@ def test_a_command_served_over_tcp_loads_no_asyncio_zmq_or_ssl(
     assert "shardq.client._sync_transport" in modules, out  # it reached the server
     assert "cannot connect" not in out
     assert sorted(set(NOT_ON_THE_TCP_PATH) & modules) == []
+    # typer 0.29 imports pydantic to coerce any option given (pyproject.toml holds it below).
+    assert "pydantic" not in modules
