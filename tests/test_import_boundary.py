@@ -14,8 +14,9 @@ parts a caller uses, not the whole client.
 - A blocking connection imports what its URL needs, when it connects: over `tcp://` (a web
   process's `Queue.add` or `.delay()`, every `shardq` command that talks to a server) neither
   asyncio, ZeroMQ nor ssl; over `zmq://` ZeroMQ but not asyncio (`zmq.asyncio`, which pyzmq's
-  monitor parser imports). Checked against a real server: the push is answered, and the
-  transport's own module was loaded, so the check saw the path that was taken.
+  monitor parser imports); an asyncio `tcp://` connection no ZeroMQ. Checked against a real
+  server: the push is answered, and the transport's own module was loaded, so the check saw the
+  path that was taken.
 - A command given options loads no pydantic, which typer 0.29 imports to coerce them.
 
 Each check runs a fresh interpreter, so what it sees is what a user's process loads.
@@ -238,9 +239,24 @@ def test_a_blocking_zmq_push_loads_zmq_but_no_asyncio(server: ShardqServer) -> N
     )
     modules = pushed_with(code)
     assert {"zmq", "shardq.client._sync_zmq"} <= modules
-    assert (
-        sorted({"asyncio", "zmq.asyncio", "ssl", "shardq.client._async_transport"} & modules) == []
+    async_parts = {"asyncio", "zmq.asyncio", "ssl", "shardq.client._async_transport"}
+    assert sorted(async_parts & modules) == []
+
+
+def test_an_asyncio_tcp_push_loads_no_zmq(server: ShardqServer) -> None:
+    url = urls(server)["tcp"]
+    code = (
+        "import asyncio\n"
+        "from shardq.client import AsyncQueue\n"
+        "async def push():\n"
+        f"    async with AsyncQueue('imports', url={url!r}) as queue:\n"
+        "        return await queue.add('n', {'a': 1})\n"
+        "job_id = asyncio.run(push())"
     )
+    modules = pushed_with(code)
+    assert "shardq.client._async_transport" in modules  # it connected over asyncio TCP
+    zmq_parts = {"zmq", "shardq.client._async_zmq", "shardq.client._zmq_sockets"}
+    assert sorted(zmq_parts & modules) == []
 
 
 @pytest.mark.parametrize("args", [["status"], ["queue", "list"], ["push", "imports", "{}"]])

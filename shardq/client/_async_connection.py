@@ -5,10 +5,8 @@ authenticates and retries the same way, shares its settings), for one event loop
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import Callable, Sequence
-
-import zmq.asyncio
+from typing import TYPE_CHECKING
 
 from shardq.client._async_direct import AsyncDirectRoutes
 from shardq.client._async_events import AsyncEventStream
@@ -25,6 +23,11 @@ from shardq.client._direct import HELLO, DirectLost, direct_queue
 from shardq.client._errors import ClientClosed, ClientError, CommandTimeout, ConnectionLost
 from shardq.client._retry import RetryPolicy
 from shardq.client._url import DEFAULT_URL, client_security
+
+if TYPE_CHECKING:  # a `tcp://` connection imports no ZeroMQ
+    import ssl
+
+    import zmq.asyncio
 
 __all__ = ["AsyncConnection", "Submitted"]
 

@@ -12,9 +12,10 @@ connection opens comes from there, with the same TLS context and CURVE key:
 An event link waits for the first frame the server sends instead of a reply to a request, so
 it carries no `ClientCore`: what its frames mean is `_events._Feed`'s (sans-IO) business.
 
-What a `tcp://` or `tls://` link needs is imported here; ZeroMQ (`_sync_zmq`, `_zmq_links`)
-and asyncio (`_async_transport`) are imported by the methods that open such a link, so a
-blocking TCP client loads neither (tests/test_import_boundary.py).
+What a `tcp://` or `tls://` link needs is imported here; ZeroMQ (`_sync_zmq`, `_async_zmq`,
+`_zmq_links`) and asyncio (`_async_transport`) are imported by the methods that open such a
+link, so a blocking TCP client loads neither, an asyncio one no ZeroMQ
+(tests/test_import_boundary.py).
 """
 
 from __future__ import annotations
@@ -63,11 +64,13 @@ class Transports:
 
     async def open_async(self, zmq_context: zmq.asyncio.Context | None = None) -> AsyncTransport:
         """An asyncio command transport. Raises what `open_sync` raises."""
-        from shardq.client._async_transport import AsyncTcpTransport, AsyncZmqTransport
+        from shardq.client._async_transport import AsyncTcpTransport
 
         endpoint, timeout, security = self.endpoint, self.connect_timeout, self.security
         if endpoint.scheme == "tcp":
             return await AsyncTcpTransport.open(endpoint, timeout, security)
+        from shardq.client._async_zmq import AsyncZmqTransport
+
         return await AsyncZmqTransport.open(endpoint, timeout, zmq_context, security)
 
     def open_events(self, hello: Sequence[Frame]) -> EventLink:
