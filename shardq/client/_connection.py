@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # a blocking TCP connection imports neither (tests/test_impor
 
     import zmq
 
-__all__ = ["Connection", "check_all"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "DEFAULT_TIMEOUT", "Connection", "Settings", "check_all"]
 
 Reply = dict[str, Any]
 Command = Mapping[str, Any]
