@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 from urllib.parse import urlsplit
 
-import click
 import typer
 
 import shardq
@@ -85,7 +84,7 @@ def run() -> None:
     """The `shardq` console script: the app, with no traceback for anything it did not expect."""
     try:
         app()
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, typer.Abort):  # typer vendors click: its Abort, not click's
         typer.echo("shardq: interrupted", err=True)
         sys.exit(130)
     except OSError as e:  # a file or directory that is missing, exists, or cannot be written

@@ -11,6 +11,13 @@ parts a caller uses, not the whole client.
 - Every `shardq` command imports `shardq_cli._admin`; `--version`, `--help` and a refused
   argument import no client connection, and `--version` not rich either: the client and rich
   are imported by the commands that talk to a server or draw a table.
+- A blocking connection imports what its URL needs, when it connects: over `tcp://` (a web
+  process's `Queue.add` or `.delay()`, every `shardq` command that talks to a server) neither
+  asyncio, ZeroMQ nor ssl; over `zmq://` ZeroMQ but not asyncio (`zmq.asyncio`, which pyzmq's
+  monitor parser imports); an asyncio `tcp://` connection no ZeroMQ. Checked against a real
+  server: the push is answered, and the transport's own module was loaded, so the check saw the
+  path that was taken.
+- A command given options loads no pydantic, which typer 0.29 imports to coerce them.
 
 Each check runs a fresh interpreter, so what it sees is what a user's process loads.
 """
@@ -21,11 +28,18 @@ import ast
 import importlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import shardq.client
+
+_RUNTIME = Path(__file__).resolve().parent / "runtime"
+if str(_RUNTIME) not in sys.path:
+    sys.path.insert(0, str(_RUNTIME))
+
+from shardq_harness import ShardqServer  # noqa: E402
 
 # What only a worker, an asyncio caller or a log line needs.
 WORKER_AND_LOGGING = (
@@ -38,6 +52,17 @@ WORKER_AND_LOGGING = (
 )
 # What a command that sends nothing needs no more than a web application does.
 CLIENT_CONNECTION = ("shardq.client._connection", "shardq.client._queue", "asyncio", "zmq", "ssl")
+# What a blocking `tcp://` connection needs none of: an event loop, ZeroMQ, TLS (`tls://`
+# alone imports ssl), and the client's modules that bring them.
+NOT_ON_THE_TCP_PATH = (
+    "asyncio",
+    "zmq",
+    "ssl",
+    "shardq.client._async_connection",
+    "shardq.client._async_transport",
+    "shardq.client._sync_zmq",
+    "shardq.client._zmq_sockets",
+)
 
 
 def imported_after(code: str) -> set[str]:
@@ -47,6 +72,35 @@ def imported_after(code: str) -> set[str]:
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return set(done.stdout.split())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    with ShardqServer(tmp_path_factory.mktemp("imports") / "data").start() as srv:
+        yield srv
+        assert srv.stop() == 0, srv.log_tail()
+
+
+def urls(server: ShardqServer) -> dict[str, str]:
+    host, port = server.tcp_address
+    return {"tcp": f"tcp://{host}:{port}", "zmq": f"zmq://{host}:{server.zmq_port}"}
+
+
+def pushed_with(code: str) -> set[str]:
+    """The modules a fresh interpreter held once it had run `code`, which sets `job_id`; the
+    push must have been answered with one."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"{code}\nimport sys\nprint('pushed', job_id)\n"
+            "print('\\n'.join(sorted(sys.modules)), file=sys.stderr)",
+        ],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert done.stdout.startswith("pushed "), done.stdout
+    assert len(done.stdout.split()[1]) > 0
+    return set(done.stderr.split())
 
 
 def cli_imports(*args: str) -> tuple[str, set[str]]:
@@ -139,6 +193,7 @@ def test_a_command_that_sends_nothing_loads_no_client_connection(
     assert shown in out
     assert "shardq_cli._admin" in modules  # every command was registered
     assert sorted(set(CLIENT_CONNECTION) & modules) == []
+    assert "click" not in modules  # typer vendors its own; click's package is 12 modules more
     if args == ["--version"]:
         assert sorted({"rich", "shardq.core._validate", "shardq.protocol._schema"} & modules) == []
 
@@ -147,3 +202,71 @@ def test_a_command_that_talks_to_a_server_loads_the_client() -> None:
     # Nothing listens on port 9: the command fails, after it made its connection.
     _, modules = cli_imports("status", "--url", "tcp://127.0.0.1:9")
     assert "shardq.client._connection" in modules
+
+
+def test_a_blocking_tcp_push_loads_no_asyncio_zmq_or_ssl(server: ShardqServer) -> None:
+    url = urls(server)["tcp"]
+    code = (
+        "from shardq.client import Queue\n"
+        f"queue = Queue('imports', url={url!r})\n"
+        "job_id = queue.add('n', {'a': 1})\n"
+        "queue.close()"
+    )
+    modules = pushed_with(code)
+    assert "shardq.client._sync_transport" in modules  # it connected over TCP
+    assert sorted(set(NOT_ON_THE_TCP_PATH) & modules) == []
+
+
+def test_a_task_sent_with_delay_over_tcp_loads_no_asyncio_zmq_or_ssl(server: ShardqServer) -> None:
+    url = urls(server)["tcp"]
+    code = (
+        "from shardq import App\n"
+        f"app = App(url={url!r})\n"
+        "echo = app.task(lambda x: x, name='echo')\n"
+        "job_id = echo.delay(1).id"
+    )
+    modules = pushed_with(code)
+    assert "shardq.client._sync_transport" in modules
+    assert sorted(set(NOT_ON_THE_TCP_PATH) & modules) == []
+
+
+def test_a_blocking_zmq_push_loads_zmq_but_no_asyncio(server: ShardqServer) -> None:
+    url = urls(server)["zmq"]
+    code = (
+        "from shardq.client import Queue\n"
+        f"queue = Queue('imports', url={url!r})\n"
+        "job_id = queue.add('n', {'a': 1})\n"
+        "queue.close()"
+    )
+    modules = pushed_with(code)
+    assert {"zmq", "shardq.client._sync_zmq"} <= modules
+    async_parts = {"asyncio", "zmq.asyncio", "ssl", "shardq.client._async_transport"}
+    assert sorted(async_parts & modules) == []
+
+
+def test_an_asyncio_tcp_push_loads_no_zmq(server: ShardqServer) -> None:
+    url = urls(server)["tcp"]
+    code = (
+        "import asyncio\n"
+        "from shardq.client import AsyncQueue\n"
+        "async def push():\n"
+        f"    async with AsyncQueue('imports', url={url!r}) as queue:\n"
+        "        return await queue.add('n', {'a': 1})\n"
+        "job_id = asyncio.run(push())"
+    )
+    modules = pushed_with(code)
+    assert "shardq.client._async_transport" in modules  # it connected over asyncio TCP
+    zmq_parts = {"zmq", "shardq.client._async_zmq", "shardq.client._zmq_sockets"}
+    assert sorted(zmq_parts & modules) == []
+
+
+@pytest.mark.parametrize("args", [["status"], ["queue", "list"], ["push", "imports", "{}"]])
+def test_a_command_served_over_tcp_loads_no_asyncio_zmq_or_ssl(
+    server: ShardqServer, args: list[str]
+) -> None:
+    out, modules = cli_imports(*args, "--url", urls(server)["tcp"])
+    assert "shardq.client._sync_transport" in modules, out  # it reached the server
+    assert "cannot connect" not in out
+    assert sorted(set(NOT_ON_THE_TCP_PATH) & modules) == []
+    # typer 0.29 imports pydantic to coerce any option given (pyproject.toml holds it below).
+    assert "pydantic" not in modules

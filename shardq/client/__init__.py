@@ -37,10 +37,13 @@ from typing import TYPE_CHECKING
 from shardq._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from ._async_cluster import AsyncClusterConnection
+    from ._async_connection import AsyncConnection
+    from ._async_events import AsyncEventStream
     from ._async_queue import AsyncQueue, async_join
     from ._async_worker import AsyncWorker, Handler
-    from ._cluster import AsyncClusterConnection, ClusterConnection
-    from ._connection import AsyncConnection, Connection
+    from ._cluster import ClusterConnection
+    from ._connection import Connection
     from ._core import ClientCore, Framing, checked
     from ._current import JobCancelled, RunningJob, current_job
     from ._errors import (
@@ -65,7 +68,7 @@ if TYPE_CHECKING:
         error_from_reply,
         is_transient,
     )
-    from ._events import AsyncEventStream, EventStream, QueueEvent
+    from ._events import EventStream, QueueEvent
     from ._models import DlqEntry, Job, JobCounts, JobOptions
     from ._ops import BulkJob
     from ._queue import Queue, join
@@ -142,9 +145,9 @@ __all__ = [
 _HOME = {
     "DEFAULT_URL": "_url",
     "TRANSIENT_ERRORS": "_errors",
-    "AsyncClusterConnection": "_cluster",
-    "AsyncConnection": "_connection",
-    "AsyncEventStream": "_events",
+    "AsyncClusterConnection": "_async_cluster",
+    "AsyncConnection": "_async_connection",
+    "AsyncEventStream": "_async_events",
     "AsyncQueue": "_async_queue",
     "AsyncWorker": "_async_worker",
     "AuthenticationFailed": "_errors",

@@ -9,9 +9,11 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from shardq.client import _ops as ops
-from shardq.client._connection import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, AsyncConnection
+from shardq.client._async_connection import AsyncConnection
+from shardq.client._async_events import AsyncEventCallbacks, AsyncEventStream
+from shardq.client._connection import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
 from shardq.client._errors import JobFailed, WaitTimeout
-from shardq.client._events import AsyncEventCallbacks, AsyncEventStream, QueueEvent
+from shardq.client._events import QueueEvent
 from shardq.client._models import DlqEntry, Job, JobCounts
 from shardq.client._ops import BulkJob, Op, Options
 from shardq.client._queue import (

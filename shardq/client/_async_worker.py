@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Unpack
 
-from shardq.client._connection import AsyncConnection, Submitted
+from shardq.client._async_connection import AsyncConnection, Submitted
 from shardq.client._errors import (
     ClientError,
     SerializationError,

@@ -1,4 +1,5 @@
-"""Connections that go to the node holding a queue: `ClusterConnection`, `AsyncClusterConnection`.
+"""Connections that go to the node holding a queue: `ClusterConnection` here, its asyncio twin
+`AsyncClusterConnection` in `shardq.client._async_cluster`.
 
 Several shardq nodes on one PostgreSQL database (docs/cluster.md) split the queues by
 partition. Any node answers any command (it forwards what another node holds), at the cost of
@@ -24,17 +25,25 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
-from shardq.client._connection import AsyncConnection, Command, Connection, Reply, _check_all
+from shardq.client._connection import Command, Connection, Reply, check_all
 from shardq.protocol._partitions import partition_of
 
-__all__ = ["MAX_NODES", "AsyncClusterConnection", "ClusterConnection"]
+__all__ = [
+    "MAX_NODES",
+    "NO_FORWARD",
+    "STATUS",
+    "ClusterConnection",
+    "ClusterMap",
+    "by_target",
+    "node_url",
+]
 
 MAX_NODES: Final = 64
-_NO_FORWARD: Final = {"cmd": "NoForward"}
-_STATUS: Final = {"cmd": "ClusterStatus"}
+NO_FORWARD: Final = {"cmd": "NoForward"}
+STATUS: Final = {"cmd": "ClusterStatus"}
 
 
-class _Map:
+class ClusterMap:
     """Which node a command goes to (sans-IO): the partitions learned from `MOVED`."""
 
     def __init__(self) -> None:
@@ -74,14 +83,14 @@ class _Map:
         return False
 
 
-def _groups(targets: Sequence[str | None]) -> dict[str | None, list[int]]:
+def by_target(targets: Sequence[str | None]) -> dict[str | None, list[int]]:
     groups: dict[str | None, list[int]] = {}
     for i, target in enumerate(targets):
         groups.setdefault(target, []).append(i)
     return groups
 
 
-def _node_url(tls: bool, address: str) -> str:
+def node_url(tls: bool, address: str) -> str:
     """Another node's TCP port (`MOVED` names it), with TLS when the seed URL had it."""
     return f"{'tls' if tls else 'tcp'}://{address}"
 
@@ -92,7 +101,7 @@ class ClusterConnection(Connection):
     def __init__(self, url: str = "tcp://127.0.0.1:6789", **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self._kwargs = {k: v for k, v in kwargs.items() if k != "zmq_context"}
-        self.map = _Map()
+        self.map = ClusterMap()
         self._asked = False
         self._nodes: dict[str, Connection] = {}
         self._nodes_lock = threading.Lock()
@@ -116,20 +125,20 @@ class ClusterConnection(Connection):
             for i, reply in zip(again, self._send(redo, [self.map.target(c) for c in redo],
                                                   options), strict=True):  # fmt: skip
                 replies[i] = reply
-        return _check_all(replies, check)
+        return check_all(replies, check)
 
     def _ask_status(self) -> None:
         self._asked = True
-        status = super().call_many([_STATUS], check=False)[0]
+        status = super().call_many([STATUS], check=False)[0]
         if self.map.status(status):
-            self.hello = [_NO_FORWARD]  # sent again on every reconnect
-            super().call_many([_NO_FORWARD])
+            self.hello = [NO_FORWARD]  # sent again on every reconnect
+            super().call_many([NO_FORWARD])
 
     def _send(
         self, commands: Sequence[Command], targets: list[str | None], options: dict[str, Any]
     ) -> list[Reply]:
         replies: list[Reply] = [{}] * len(commands)
-        for target, indices in _groups(targets).items():
+        for target, indices in by_target(targets).items():
             part = [commands[i] for i in indices]
             if target is None:
                 got = super().call_many(part, check=False, **options)
@@ -146,9 +155,9 @@ class ClusterConnection(Connection):
             if node is None:
                 if len(self._nodes) >= MAX_NODES:
                     self._nodes.pop(next(iter(self._nodes))).close()
-                url = _node_url(self.endpoint.tls, address)
+                url = node_url(self.endpoint.tls, address)
                 node = self._nodes[address] = Connection(url, **self._kwargs)
-                node.hello = [_NO_FORWARD]
+                node.hello = [NO_FORWARD]
             return node
 
     def close(self) -> None:
@@ -156,73 +165,3 @@ class ClusterConnection(Connection):
         nodes, self._nodes = list(self._nodes.values()), {}
         for node in nodes:
             node.close()
-
-
-class AsyncClusterConnection(AsyncConnection):
-    """An `AsyncConnection` that follows `MOVED` (see the module docstring)."""
-
-    def __init__(self, url: str = "tcp://127.0.0.1:6789", **kwargs: Any) -> None:
-        super().__init__(url, **kwargs)
-        self._kwargs = {k: v for k, v in kwargs.items() if k != "zmq_context"}
-        self.map = _Map()
-        self._asked = False
-        self._nodes: dict[str, AsyncConnection] = {}
-
-    async def call_many(
-        self,
-        commands: Sequence[Command],
-        *,
-        timeout: float | None = None,
-        wait: float = 0.0,
-        idempotent: bool = True,
-        check: bool = True,
-    ) -> list[Reply]:
-        if not self._asked:
-            await self._ask_status()
-        options = {"timeout": timeout, "wait": wait, "idempotent": idempotent}
-        replies = await self._send(commands, [self.map.target(c) for c in commands], options)
-        again = [i for i, reply in enumerate(replies) if self.map.learn(reply)]
-        if again:
-            redo = [commands[i] for i in again]
-            targets = [self.map.target(c) for c in redo]
-            for i, reply in zip(again, await self._send(redo, targets, options), strict=True):
-                replies[i] = reply
-        return _check_all(replies, check)
-
-    async def _ask_status(self) -> None:
-        self._asked = True
-        status = (await super().call_many([_STATUS], check=False))[0]
-        if self.map.status(status):
-            self.hello = [_NO_FORWARD]
-            await super().call_many([_NO_FORWARD])
-
-    async def _send(
-        self, commands: Sequence[Command], targets: list[str | None], options: dict[str, Any]
-    ) -> list[Reply]:
-        replies: list[Reply] = [{}] * len(commands)
-        for target, indices in _groups(targets).items():
-            part = [commands[i] for i in indices]
-            if target is None:
-                got = await super().call_many(part, check=False, **options)
-            else:
-                self.map.direct += len(part)
-                got = await (await self._node(target)).call_many(part, check=False, **options)
-            for i, reply in zip(indices, got, strict=True):
-                replies[i] = reply
-        return replies
-
-    async def _node(self, address: str) -> AsyncConnection:
-        node = self._nodes.get(address)
-        if node is None:
-            if len(self._nodes) >= MAX_NODES:
-                await self._nodes.pop(next(iter(self._nodes))).close()
-            url = _node_url(self.endpoint.tls, address)
-            node = self._nodes[address] = AsyncConnection(url, **self._kwargs)
-            node.hello = [_NO_FORWARD]
-        return node
-
-    async def close(self) -> None:
-        await super().close()
-        nodes, self._nodes = list(self._nodes.values()), {}
-        for node in nodes:
-            await node.close()

@@ -1,4 +1,5 @@
-"""Connections that reconnect, authenticate and retry: `Connection` and `AsyncConnection`.
+"""Connections that reconnect, authenticate and retry: `Connection` here, its asyncio twin
+`AsyncConnection` in `shardq.client._async_connection`.
 
 A connection opens its transport (TCP or ZeroMQ, from the URL) on first use, sends `Auth`
 first on every (re)connect when it has a token, and after a loss opens a new transport on the
@@ -8,29 +9,21 @@ resolved once, in the constructor, into one `Transports` factory that opens its 
 transports and, in event mode (`events()`), its event streams. A failed command is retried
 only when its error is on the transient allowlist and sending it again cannot apply it twice
 (see `RetryPolicy` and `may_resend`).
+
+A blocking connection imports what its URL needs when it opens its transport: a `tcp://` one
+loads neither asyncio nor ZeroMQ (nor ssl, unless `tls://`), which a web process's first
+`.delay()` and every `shardq` command that talks to a server would pay for at import.
 """
 
 from __future__ import annotations
 
-import asyncio
-import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import zmq
-import zmq.asyncio
-
-from shardq.client._async_transport import AsyncTransport, wait_replies_async
 from shardq.client._core import checked
-from shardq.client._direct import (
-    HELLO,
-    AsyncDirectRoutes,
-    DirectLost,
-    DirectRoutes,
-    direct_queue,
-)
+from shardq.client._direct import HELLO, DirectLost, DirectRoutes, direct_queue
 from shardq.client._errors import (
     ClientClosed,
     ClientError,
@@ -38,13 +31,18 @@ from shardq.client._errors import (
     ConnectionLost,
     ServerError,
 )
-from shardq.client._events import AsyncEventStream, EventStream
+from shardq.client._events import EventStream
 from shardq.client._factory import Transports
 from shardq.client._retry import RetryPolicy
 from shardq.client._sync_transport import SyncTransport, wait_replies
 from shardq.client._url import DEFAULT_URL, ClientSecurity, Endpoint, client_security, parse_url
 
-__all__ = ["AsyncConnection", "Connection", "Submitted"]
+if TYPE_CHECKING:  # a blocking TCP connection imports neither (tests/test_import_boundary.py)
+    import ssl
+
+    import zmq
+
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "DEFAULT_TIMEOUT", "Connection", "Settings", "check_all"]
 
 Reply = dict[str, Any]
 Command = Mapping[str, Any]
@@ -53,7 +51,7 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_CONNECT_TIMEOUT = 5.0
 
 
-class _Settings:
+class Settings:
     """What both connection kinds share: where, who, how long, how to retry, how secured."""
 
     def __init__(
@@ -109,11 +107,11 @@ class _Settings:
         return self.retry.allows(error, attempt, idempotent=idempotent)
 
 
-def _check_all(replies: list[Reply], check: bool) -> list[Reply]:
+def check_all(replies: list[Reply], check: bool) -> list[Reply]:
     return [checked(reply) for reply in replies] if check else replies
 
 
-class Connection(_Settings):
+class Connection(Settings):
     """A blocking, pipelining connection to a shardq server; safe to share between threads.
 
     `url` is `tcp://host:port` (bunqueue framing), `tls://host:port` (the same over TLS) or
@@ -210,7 +208,7 @@ class Connection(_Settings):
         attempt = 0
         while True:
             try:
-                return _check_all(self._attempt(commands, limit), check)
+                return check_all(self._attempt(commands, limit), check)
             except ClientError as e:
                 if not self.may_retry(e, attempt, idempotent, len(commands)):
                     raise
@@ -290,7 +288,7 @@ class Connection(_Settings):
             transport = self.transports.open_sync(self._zmq_context)
             try:
                 auth = self.auth_commands()
-                _check_all(wait_replies(transport, auth, self.connect_timeout), True)
+                check_all(wait_replies(transport, auth, self.connect_timeout), True)
                 if self.direct is not None:
                     self._learn_direct(self.direct, transport)
             except BaseException:
@@ -299,215 +297,3 @@ class Connection(_Settings):
             self._transport = transport
             self.generation += 1
             return transport
-
-
-class AsyncConnection(_Settings):
-    """The asyncio twin of `Connection`: pipelining, reconnecting, for one event loop."""
-
-    def __init__(
-        self,
-        url: str = DEFAULT_URL,
-        *,
-        token: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        retry: RetryPolicy | None = None,
-        zmq_context: zmq.asyncio.Context | None = None,
-        tls_context: ssl.SSLContext | None = None,
-        zmq_server_key: str | None = None,
-        tls_ca_file: str | None = None,
-        direct: bool = True,
-    ) -> None:
-        security = client_security(
-            zmq_server_key=zmq_server_key, tls_ca_file=tls_ca_file, tls_context=tls_context
-        )
-        super().__init__(url, token, timeout, connect_timeout, retry, security)
-        self._zmq_context = zmq_context
-        self._transport: AsyncTransport | None = None
-        # Single pushes straight to their shard, when the server offers it (`_direct`).
-        self.direct = (
-            AsyncDirectRoutes(self.endpoint, connect_timeout)
-            if self.direct_wanted(direct)
-            else None
-        )
-        self._lock = asyncio.Lock()
-        self._closed = False
-        # Frames the server sends unasked on this connection (a worker's cancels).
-        self.on_push: Callable[[Reply], None] | None = None
-
-    async def __aenter__(self) -> AsyncConnection:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    @property
-    def live(self) -> bool:
-        """True while a transport is open and usable (no reconnect needed for the next call)."""
-        transport = self._transport
-        return transport is not None and transport.alive and not self._closed
-
-    async def connect(self) -> None:
-        """Open the connection now. Raises what `Connection.connect` raises."""
-        await self._ensure()
-
-    async def call(
-        self,
-        command: Command,
-        *,
-        timeout: float | None = None,
-        wait: float = 0.0,
-        idempotent: bool = True,
-    ) -> Reply:
-        """Send one command and return its reply. Raises what `Connection.call` raises."""
-        replies = await self.call_many([command], timeout=timeout, wait=wait, idempotent=idempotent)
-        return replies[0]
-
-    async def call_many(
-        self,
-        commands: Sequence[Command],
-        *,
-        timeout: float | None = None,
-        wait: float = 0.0,
-        idempotent: bool = True,
-        check: bool = True,
-    ) -> list[Reply]:
-        """Pipeline `commands`; replies in order. Raises what `Connection.call` raises.
-
-        On a live connection the commands are written before this coroutine first yields, so
-        commands from one task leave in the order they were called.
-        """
-        limit = (self.timeout if timeout is None else timeout) + wait
-        attempt = 0
-        while True:
-            try:
-                return _check_all(await self._attempt(commands, limit), check)
-            except ClientError as e:
-                if not self.may_retry(e, attempt, idempotent, len(commands)):
-                    raise
-            await asyncio.sleep(self.retry.delay(attempt))
-            attempt += 1
-
-    def submit(
-        self, commands: Sequence[Command], *, timeout: float | None = None
-    ) -> Submitted | None:
-        """Write `commands` now, on the live transport, and return a handle to await their
-        replies with; None when there is no live transport (use `call_many`, which connects).
-
-        No retries: the caller decides what a failure means.
-
-        Raises:
-            SerializationError: a command cannot be encoded (nothing was sent).
-        """
-        transport = self._transport
-        if transport is None or not transport.alive or self._closed:
-            return None
-        limit = self.timeout if timeout is None else timeout
-        try:
-            rids, futures = transport.submit(commands, limit)
-        except ConnectionLost:
-            return None
-        return Submitted(transport, rids, futures)
-
-    def events(self, queue: str | None, *, since: int | None = None) -> AsyncEventStream:
-        """This connection in event mode (see `Connection.events`), for asyncio."""
-        return AsyncEventStream(
-            self.endpoint,
-            queue,
-            self.token,
-            connect_timeout=self.connect_timeout,
-            since=since,
-            security=self.security,
-        )
-
-    async def close(self) -> None:
-        """Close the connection; later calls raise `ClientClosed`. Idempotent."""
-        self._closed = True
-        transport, self._transport = self._transport, None
-        if transport is not None:
-            await transport.close()
-        if self.direct is not None:
-            await self.direct.close()
-
-    async def _attempt(self, commands: Sequence[Command], timeout: float) -> list[Reply]:
-        transport = self._transport
-        if transport is None or not transport.alive or self._closed:
-            transport = await self._ensure()
-        direct = self.direct
-        try:
-            if direct is not None and (queue := direct_queue(commands)) is not None:
-                if direct.due():
-                    direct.learn((await wait_replies_async(transport, [HELLO], timeout))[0])
-                # A direct connection lost raises from here: the front end's stays open.
-                reply = await direct.call(queue, commands[0], timeout)
-                if reply is not None:
-                    return [reply]
-            return await wait_replies_async(transport, commands, timeout)
-        except ConnectionLost as e:
-            if isinstance(e, DirectLost):
-                raise
-            await transport.close()
-            raise
-
-    async def _learn_direct(self, direct: AsyncDirectRoutes, transport: AsyncTransport) -> None:
-        """`Connection._learn_direct`, for asyncio."""
-        try:
-            hello = (await wait_replies_async(transport, [HELLO], self._ask_s))[0]
-        except CommandTimeout:
-            hello = {}
-        direct.learn(hello)
-
-    async def _ensure(self) -> AsyncTransport:
-        async with self._lock:
-            if self._closed:
-                raise ClientClosed(f"the connection to {self.endpoint} was closed")
-            transport = self._transport
-            if transport is not None and transport.alive:
-                return transport
-            if transport is not None:
-                await transport.close()
-            self._transport = None
-            transport = await self.transports.open_async(self._zmq_context)
-            try:
-                auth = self.auth_commands()
-                _check_all(await wait_replies_async(transport, auth, self.connect_timeout), True)
-                if self.direct is not None:
-                    await self._learn_direct(self.direct, transport)
-            except BaseException:
-                await transport.close()
-                raise
-            if self.on_push is not None:
-                transport.listen(self.on_push)
-            self._transport = transport
-            self.generation += 1
-            return transport
-
-
-class Submitted:
-    """Commands `AsyncConnection.submit` wrote; `await replies()` for their answers."""
-
-    __slots__ = ("_futures", "_rids", "_transport")
-
-    def __init__(
-        self, transport: AsyncTransport, rids: list[str], futures: list[asyncio.Future[Reply]]
-    ) -> None:
-        self._transport = transport
-        self._rids = rids
-        self._futures = futures
-
-    async def replies(self, *, check: bool = True) -> list[Reply]:
-        """The replies in order.
-
-        Raises:
-            ServerError: with `check`, the first `ok: false` reply.
-            CommandTimeout: some reply did not come in time.
-            ConnectionLost: the connection broke first (it is closed; the next call reconnects).
-        """
-        try:
-            replies = [await future for future in self._futures]
-        except ConnectionLost:
-            await self._transport.close()
-            raise
-        finally:
-            self._transport.forget(self._rids)
-        return _check_all(replies, check)

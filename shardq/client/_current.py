@@ -8,13 +8,15 @@ waits on `wait_cancelled`), and an async handler's task is cancelled as well.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardq.client._errors import UnrecoverableError
 from shardq.client._models import Job
+
+if TYPE_CHECKING:  # only an async handler's worker binds a task: it imported asyncio
+    import asyncio
 
 __all__ = ["JobCancelled", "RunningJob", "current_job"]
 

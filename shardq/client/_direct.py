@@ -28,6 +28,9 @@ A shard that stops (a restart, a recycle) ends its direct connections with a goo
 reply by then was not taken, so it goes through the front end (`ConnectionLost(sent=False)`
 from the transport), and the direct path rests as after any failure: the next Hello names the
 new process's port.
+
+The asyncio connections (`AsyncDirectRoutes`) are in `shardq.client._async_direct`: a blocking
+client does not import asyncio.
 """
 
 from __future__ import annotations
@@ -38,13 +41,21 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from shardq.client._async_transport import AsyncTcpTransport, wait_replies_async
 from shardq.client._errors import CommandTimeout, ConnectionLost
 from shardq.client._sync_transport import SyncTcpTransport, wait_replies
 from shardq.client._url import ClientSecurity, Endpoint
 from shardq.protocol._direct import DIRECT_REFUSED, HELLO_DIRECT, HELLO_SHARDS, names_flow, shard_of
 
-__all__ = ["HELLO", "REFRESH_S", "AsyncDirectRoutes", "DirectLost", "DirectRoutes", "direct_queue"]
+__all__ = [
+    "HELLO",
+    "PROBE",
+    "REFRESH_S",
+    "DirectLost",
+    "DirectRoutes",
+    "Routes",
+    "direct_queue",
+    "refused",
+]
 
 Reply = dict[str, Any]
 
@@ -58,7 +69,7 @@ RECHECK_S: Final = 30.0
 # Sent once on each new direct connection, before any push: a shard at its connection cap
 # accepts and closes at once, and a push written then could not be told apart from one the
 # shard took. Any reply (the port refuses Ping) proves the connection is served.
-_PROBE: Final[Mapping[str, Any]] = {"cmd": "Ping"}
+PROBE: Final[Mapping[str, Any]] = {"cmd": "Ping"}
 
 
 class DirectLost(ConnectionLost):
@@ -88,12 +99,12 @@ def _ports(hello: Reply) -> tuple[int, list[int]] | None:
     return shards, ports
 
 
-def _refused(reply: Reply) -> bool:
+def refused(reply: Reply) -> bool:
     error = reply.get("error")
     return reply.get("ok") is False and isinstance(error, str) and error.startswith(DIRECT_REFUSED)
 
 
-class _Routes:
+class Routes:
     """What both kinds share: the ports, which shard, and when to ask again."""
 
     def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
@@ -167,7 +178,7 @@ class _Routes:
         return shard, address
 
 
-class DirectRoutes(_Routes):
+class DirectRoutes(Routes):
     """The blocking connections to the shards' direct ports, opened on first use."""
 
     def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
@@ -194,7 +205,7 @@ class DirectRoutes(_Routes):
             if e.sent:
                 raise DirectLost(str(e), sent=True) from e
             return None
-        if _refused(reply):
+        if refused(reply):
             self._rest()
             return None
         self._answered()
@@ -217,7 +228,7 @@ class DirectRoutes(_Routes):
                 self._unreached(address)
                 return None
             try:
-                wait_replies(transport, [_PROBE], self._connect_timeout)
+                wait_replies(transport, [PROBE], self._connect_timeout)
             except (ConnectionLost, CommandTimeout):
                 transport.close()
                 self._rest()
@@ -238,75 +249,3 @@ class DirectRoutes(_Routes):
             self._addresses = []
         for transport in open_.values():
             transport.close()
-
-
-class AsyncDirectRoutes(_Routes):
-    """The asyncio connections to the shards' direct ports, opened on first use."""
-
-    def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
-        super().__init__(endpoint, connect_timeout)
-        self._open: dict[int, AsyncTcpTransport] = {}
-
-    async def call(self, queue: str, command: Mapping[str, Any], timeout: float) -> Reply | None:
-        """Push on the direct path; None when it goes through the front end instead.
-        Raises what `DirectRoutes.call` raises."""
-        found = self._address(queue)
-        if found is None:
-            return None
-        shard, address = found
-        transport = self._open.get(shard)
-        if transport is None or not transport.alive:
-            if transport is not None:  # closed by the shard: idle, restarted or gone
-                del self._open[shard]
-                await transport.close()
-                if transport.ended:  # a stopping shard: its port is going away
-                    self._rest()
-                    return None
-            opened = await self._connect(address)
-            if opened is None:
-                return None
-            transport = self._open.get(shard)
-            if transport is not None and transport.alive:  # another task opened it meanwhile
-                await opened.close()
-            else:
-                transport = self._open[shard] = opened
-        try:
-            reply = (await wait_replies_async(transport, [command], timeout))[0]
-        except ConnectionLost as e:
-            await self._drop(shard, transport)
-            if e.sent:
-                raise DirectLost(str(e), sent=True) from e
-            return None
-        if _refused(reply):
-            self._rest()
-            return None
-        self._answered()
-        return reply
-
-    async def _connect(self, address: Endpoint) -> AsyncTcpTransport | None:
-        """A new connection to a direct port that answered the probe, or None (then the
-        direct path rests)."""
-        try:
-            opened = await AsyncTcpTransport.open(address, self._connect_timeout, ClientSecurity())
-        except ConnectionLost:
-            self._unreached(address)
-            return None
-        try:
-            await wait_replies_async(opened, [_PROBE], self._connect_timeout)
-        except (ConnectionLost, CommandTimeout):
-            await opened.close()
-            self._rest()
-            return None
-        return opened
-
-    async def _drop(self, shard: int, transport: AsyncTcpTransport) -> None:
-        if self._open.get(shard) is transport:
-            del self._open[shard]
-        self._rest()
-        await transport.close()
-
-    async def close(self) -> None:
-        open_, self._open = self._open, {}
-        self._addresses = []
-        for transport in open_.values():
-            await transport.close()

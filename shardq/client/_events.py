@@ -12,7 +12,8 @@ a link of its own (bunqueue's TS `QueueEvents` does the same), opened by the con
 `Transports` with the same address and security, because the server pushes event frames there
 without a `reqId`, which would only be noise among a connection's replies. The blocking and
 asyncio streams share the sans-IO `_Feed` (hello, replies, events, last id, gap) and differ
-only in their link's I/O. A stream sends `Auth` (with a token) and `SubscribeEvents`, then
+only in their link's I/O (the asyncio ones are in `shardq.client._async_events`: a blocking
+client imports no asyncio). A stream sends `Auth` (with a token) and `SubscribeEvents`, then
 reads events. When its link breaks it reconnects and resubscribes with `since` set to the last
 event id it saw, so the server replays what the ring still holds (docs/protocol.md §18);
 `gap` on the first event after that says some events were lost in between.
@@ -20,29 +21,28 @@ event id it saw, so the server replays what the ring still holds (docs/protocol.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import ssl
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
-
-import zmq
+from typing import TYPE_CHECKING, Any, Final
 
 from shardq.client._errors import ConnectionLost, error_from_reply
-from shardq.client._factory import AsyncEventLink, EventLink, Transports
+from shardq.client._factory import EventLink, Transports
 from shardq.client._url import ClientSecurity, Endpoint, client_security
 
+if TYPE_CHECKING:
+    import ssl
+
 __all__ = [
-    "AsyncEventCallbacks",
-    "AsyncEventStream",
     "EventCallbacks",
     "EventStream",
+    "Listener",
+    "Listeners",
     "QueueEvent",
     "parse_event",
+    "stream_transports",
 ]
 
 # bunqueue's wire names -> the names BullMQ's (and bunqueue's TS) QueueEvents emit.
@@ -168,7 +168,7 @@ class _Feed:
         return event
 
 
-def _transports(
+def stream_transports(
     endpoint: Endpoint,
     connect_timeout: float,
     security: ClientSecurity | None,
@@ -213,7 +213,7 @@ class EventStream:
         self.endpoint = endpoint
         self._feed = _Feed(queue, token, since)
         self._connect_timeout = connect_timeout
-        self._transports = _transports(
+        self._transports = stream_transports(
             endpoint, connect_timeout, security, tls_context, zmq_server_key, tls_ca_file
         )
         self._link: EventLink | None = None
@@ -263,7 +263,7 @@ class EventStream:
             try:
                 link = self._ensure()
                 self._feed.take_all(link.read(1.0 if left is None else min(left, 1.0)))
-            except (OSError, zmq.ZMQError, ConnectionLost):
+            except (OSError, ConnectionLost):  # a ZeroMQ link raises ConnectionLost
                 self._reconnect()
         return ready.popleft()
 
@@ -282,7 +282,7 @@ class EventStream:
             try:
                 self.subscribe()
                 return
-            except (OSError, zmq.ZMQError, ConnectionLost):
+            except (OSError, ConnectionLost):  # a ZeroMQ link raises ConnectionLost
                 self._drop()
                 delay = min(delay * 2, RECONNECT_MAX_S)
         raise ConnectionLost(f"cannot resubscribe to events at {self.endpoint}")
@@ -301,7 +301,7 @@ class EventStream:
 Listener = Callable[[QueueEvent], object]
 
 
-class _Listeners:
+class Listeners:
     """The listeners `on` and `off` keep, by event name, for both kinds of callbacks; a
     listener's error is kept in `errors` (the last 100)."""
 
@@ -320,7 +320,7 @@ class _Listeners:
             return [fn for name, fn in self._listeners if event.matches(name)]
 
 
-class EventCallbacks(_Listeners):
+class EventCallbacks(Listeners):
     """`Queue.on(name, fn)`: a thread reads an `EventStream` and calls the listeners of each
     event, in order. A listener that raises is skipped for that event (and the error kept in
     `errors`, the last 100), never stops the others."""
@@ -362,154 +362,3 @@ class EventCallbacks(_Listeners):
             self._stream.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-
-
-# -- asyncio --------------------------------------------------------------------------------
-
-
-class AsyncEventStream:
-    """The asyncio twin of `EventStream`: `async for event in queue.events()`."""
-
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        queue: str | None,
-        token: str | None = None,
-        *,
-        connect_timeout: float = 5.0,
-        since: int | None = None,
-        tls_context: ssl.SSLContext | None = None,
-        zmq_server_key: str | None = None,
-        tls_ca_file: str | None = None,
-        security: ClientSecurity | None = None,
-    ) -> None:
-        self.endpoint = endpoint
-        self._feed = _Feed(queue, token, since)
-        self._connect_timeout = connect_timeout
-        self._transports = _transports(
-            endpoint, connect_timeout, security, tls_context, zmq_server_key, tls_ca_file
-        )
-        self._link: AsyncEventLink | None = None
-        self.closed = False
-
-    async def __aenter__(self) -> AsyncEventStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def __aiter__(self) -> AsyncEventStream:
-        return self
-
-    async def __anext__(self) -> QueueEvent:
-        event = await self.get()
-        if event is None:
-            raise StopAsyncIteration
-        return event
-
-    @property
-    def last_id(self) -> int | None:
-        return self._feed.last_id
-
-    async def subscribe(self) -> None:
-        """Connect and subscribe now. Raises `ConnectionLost` or the server's refusal."""
-        link = await self._ensure()
-        deadline = time.monotonic() + self._connect_timeout
-        while not self._feed.subscribed:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ConnectionLost(f"no SubscribeEvents reply from {self.endpoint}")
-            self._feed.take_all(await link.read(left))
-
-    async def get(self, timeout: float | None = None) -> QueueEvent | None:
-        """The next event; None after `timeout` seconds, or once closed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        ready = self._feed.ready
-        while not ready:
-            if self.closed:
-                return None
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            try:
-                await self.subscribe()
-                link = await self._ensure()
-                self._feed.take_all(await link.read(1.0 if left is None else min(left, 1.0)))
-            except (OSError, zmq.ZMQError, ConnectionLost):
-                await self._reconnect()
-        return ready.popleft()
-
-    async def _ensure(self) -> AsyncEventLink:
-        if self._link is None:
-            self._link = await self._transports.open_events_async(self._feed.hello())
-        return self._link
-
-    async def _reconnect(self) -> None:
-        self._drop()
-        delay = RECONNECT_FIRST_S
-        for _ in range(RECONNECT_ATTEMPTS):
-            if self.closed:
-                return
-            await asyncio.sleep(delay)
-            try:
-                await self.subscribe()
-                return
-            except (OSError, zmq.ZMQError, ConnectionLost):
-                self._drop()
-                delay = min(delay * 2, RECONNECT_MAX_S)
-        raise ConnectionLost(f"cannot resubscribe to events at {self.endpoint}")
-
-    def _drop(self) -> None:
-        link, self._link = self._link, None
-        if link is not None:
-            link.close()
-
-    async def close(self) -> None:
-        """Close the subscription connection. Idempotent."""
-        self.closed = True
-        self._drop()
-
-
-class AsyncEventCallbacks(_Listeners):
-    """`await AsyncQueue.on(name, fn)`: a task reads an `AsyncEventStream` and calls the
-    listeners of each event in order (awaiting those that return awaitables). A listener that
-    raises is skipped for that event (the error kept in `errors`, the last 100)."""
-
-    def __init__(self, make_stream: Callable[[], AsyncEventStream]) -> None:
-        super().__init__()
-        self._make_stream = make_stream
-        self._task: asyncio.Task[None] | None = None
-        self._stream: AsyncEventStream | None = None
-
-    async def on(self, name: str, listener: Listener) -> None:
-        with self._lock:
-            self._listeners.append((name, listener))
-        if self._task is None:
-            self._stream = self._make_stream()
-            await self._stream.subscribe()
-            self._task = asyncio.get_running_loop().create_task(self._run(self._stream))
-
-    async def _run(self, stream: AsyncEventStream) -> None:
-        while not stream.closed:
-            try:
-                event = await stream.get()
-            except Exception as e:  # the stream gave up: keep why, stop
-                self.errors.append(e)
-                return
-            if event is None:
-                return
-            for fn in self._for(event):
-                try:
-                    result = fn(event)
-                    if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                        await result
-                except Exception as e:
-                    self.errors.append(e)
-
-    async def close(self) -> None:
-        if self._stream is not None:
-            await self._stream.close()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task

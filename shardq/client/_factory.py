@@ -11,29 +11,35 @@ connection opens comes from there, with the same TLS context and CURVE key:
 
 An event link waits for the first frame the server sends instead of a reply to a request, so
 it carries no `ClientCore`: what its frames mean is `_events._Feed`'s (sans-IO) business.
+
+What a `tcp://` or `tls://` link needs is imported here; ZeroMQ (`_sync_zmq`, `_async_zmq`,
+`_zmq_links`) and asyncio (`_async_transport`) are imported by the methods that open such a
+link, so a blocking TCP client loads neither, an asyncio one no ZeroMQ
+(tests/test_import_boundary.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-import msgpack  # type: ignore[import-untyped]
-import zmq
-import zmq.asyncio
-
-from shardq.client._async_transport import AsyncTcpTransport, AsyncTransport, AsyncZmqTransport
 from shardq.client._errors import ConnectionLost
-from shardq.client._sockets import connect_tcp, new_dealer, open_tcp_stream
+from shardq.client._sockets import connect_tcp, open_tcp_stream
 from shardq.client._sync_transport import SyncTcpTransport, SyncTransport
-from shardq.client._sync_zmq import SyncZmqTransport
 from shardq.client._url import ClientSecurity, Endpoint
 from shardq.protocol import FrameDecoder, encode_many
 
-__all__ = ["AsyncEventLink", "EventLink", "Transports"]
+if TYPE_CHECKING:
+    import asyncio
+
+    import zmq
+    import zmq.asyncio
+
+    from shardq.client._async_transport import AsyncTransport
+
+__all__ = ["AsyncEventLink", "EventLink", "Transports", "closed_link"]
 
 Frame = dict[str, Any]
 _EVENT_READ_BYTES: Final = 1 << 16
@@ -52,56 +58,51 @@ class Transports:
         cannot be reached (or its handshake fails) within the connect timeout."""
         if self.endpoint.scheme == "tcp":
             return SyncTcpTransport(self.endpoint, self.connect_timeout, self.security)
+        from shardq.client._sync_zmq import SyncZmqTransport
+
         return SyncZmqTransport(self.endpoint, self.connect_timeout, zmq_context, self.security)
 
     async def open_async(self, zmq_context: zmq.asyncio.Context | None = None) -> AsyncTransport:
         """An asyncio command transport. Raises what `open_sync` raises."""
+        from shardq.client._async_transport import AsyncTcpTransport
+
         endpoint, timeout, security = self.endpoint, self.connect_timeout, self.security
         if endpoint.scheme == "tcp":
             return await AsyncTcpTransport.open(endpoint, timeout, security)
+        from shardq.client._async_zmq import AsyncZmqTransport
+
         return await AsyncZmqTransport.open(endpoint, timeout, zmq_context, security)
 
     def open_events(self, hello: Sequence[Frame]) -> EventLink:
-        """A blocking event link that has sent `hello`. Raises OSError or ZMQError."""
+        """A blocking event link that has sent `hello`. Raises OSError, or ConnectionLost
+        (a ZeroMQ error)."""
         if self.endpoint.scheme == "zmq":
-            # Not IMMEDIATE: the hello waits in the pipe for the handshake instead of failing.
-            dealer = new_dealer(zmq.Context.instance(), self.security, immediate=False)
-            dealer.connect(self.endpoint.zmq_address)
-            link: EventLink = _ZmqEventLink(dealer)
-        else:
-            link = _TcpEventLink(
-                self.endpoint, connect_tcp(self.endpoint, self.connect_timeout, self.security)
-            )
+            from shardq.client._zmq_links import open_zmq_link
+
+            return open_zmq_link(self.endpoint, self.security, hello)
+        sock = connect_tcp(self.endpoint, self.connect_timeout, self.security)
+        link = _TcpEventLink(self.endpoint, sock)
         link.send(hello)
         return link
 
     async def open_events_async(self, hello: Sequence[Frame]) -> AsyncEventLink:
-        """An asyncio event link that has sent `hello`. Raises OSError, ZMQError or
-        TimeoutError (no TCP connection within the connect timeout)."""
+        """An asyncio event link that has sent `hello`. Raises OSError, ConnectionLost (a
+        ZeroMQ error) or TimeoutError (no TCP connection within the connect timeout)."""
+        import asyncio
+
         if self.endpoint.scheme == "zmq":
-            ctx = zmq.asyncio.Context.instance()
-            dealer = new_dealer(ctx, self.security, immediate=False)
-            dealer.connect(self.endpoint.zmq_address)
-            link: AsyncEventLink = _AsyncZmqEventLink(dealer)
-        else:
-            reader, writer = await asyncio.wait_for(
-                open_tcp_stream(self.endpoint, self.security), self.connect_timeout
-            )
-            link = _AsyncTcpEventLink(self.endpoint, reader, writer)
+            from shardq.client._zmq_links import open_zmq_link_async
+
+            return await open_zmq_link_async(self.endpoint, self.security, hello)
+        reader, writer = await asyncio.wait_for(
+            open_tcp_stream(self.endpoint, self.security), self.connect_timeout
+        )
+        link = _AsyncTcpEventLink(self.endpoint, reader, writer)
         await link.send(hello)
         return link
 
 
-def _unpack(body: bytes) -> object:
-    return msgpack.unpackb(body, raw=False)
-
-
-def _pack(frame: Frame) -> bytes:
-    data: bytes = msgpack.packb(frame, use_bin_type=True)
-    return data
-
-
-def _closed(endpoint: Endpoint) -> ConnectionLost:
+def closed_link(endpoint: Endpoint) -> ConnectionLost:
     return ConnectionLost(f"the server at {endpoint} closed the event connection")
 
 
@@ -134,28 +135,11 @@ class _TcpEventLink(EventLink):
         except TimeoutError:
             return []
         if not data:
-            raise _closed(self._endpoint)
+            raise closed_link(self._endpoint)
         return list(self._decoder.feed(data))
 
     def close(self) -> None:
         self._sock.close()
-
-
-class _ZmqEventLink(EventLink):
-    def __init__(self, dealer: zmq.Socket[Any]) -> None:
-        self._dealer = dealer
-
-    def send(self, frames: Sequence[Frame]) -> None:
-        for frame in frames:
-            self._dealer.send(_pack(frame))
-
-    def read(self, timeout: float) -> list[object]:
-        if self._dealer.poll(int(timeout * 1000)):
-            return [_unpack(self._dealer.recv_multipart()[-1])]
-        return []
-
-    def close(self) -> None:
-        self._dealer.close(linger=0)
 
 
 class AsyncEventLink(Protocol):
@@ -183,30 +167,15 @@ class _AsyncTcpEventLink(AsyncEventLink):
         self._writer.write(encode_many(list(frames)))
 
     async def read(self, timeout: float) -> list[object]:
+        import asyncio  # loaded: this runs in an event loop
+
         try:
             data = await asyncio.wait_for(self._reader.read(_EVENT_READ_BYTES), timeout)
         except TimeoutError:
             return []
         if not data:
-            raise _closed(self._endpoint)
+            raise closed_link(self._endpoint)
         return list(self._decoder.feed(data))
 
     def close(self) -> None:
         self._writer.close()
-
-
-class _AsyncZmqEventLink(AsyncEventLink):
-    def __init__(self, dealer: zmq.asyncio.Socket) -> None:
-        self._dealer = dealer
-
-    async def send(self, frames: Sequence[Frame]) -> None:
-        for frame in frames:
-            await self._dealer.send_multipart([_pack(frame)])
-
-    async def read(self, timeout: float) -> list[object]:
-        if await self._dealer.poll(int(timeout * 1000)):
-            return [_unpack((await self._dealer.recv_multipart())[-1])]
-        return []
-
-    def close(self) -> None:
-        self._dealer.close(linger=0)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import ssl
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from shardq.client import _ops as ops
 from shardq.client._connection import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Connection
@@ -15,6 +14,9 @@ from shardq.client._models import DlqEntry, Job, JobCounts
 from shardq.client._ops import BulkJob, Op, Options
 from shardq.client._retry import RetryPolicy
 from shardq.client._url import DEFAULT_URL
+
+if TYPE_CHECKING:  # loaded for `tls://` alone (`_url.ClientSecurity.tls_for`)
+    import ssl
 
 __all__ = ["Queue", "dead_lettered", "join", "validate_queue_name"]
 

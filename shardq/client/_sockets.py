@@ -1,54 +1,30 @@
-"""The one place the client opens its sockets: TCP (with TLS for `tls://`) and ZeroMQ DEALERs
-(with CURVE when the server's key is known), for commands and event streams, blocking and
-asyncio alike.
+"""Where the client opens its TCP sockets (with TLS for `tls://`), for commands and event
+streams, blocking and asyncio alike; its ZeroMQ DEALERs come from `shardq.client._zmq_sockets`.
 
 How a socket is secured comes in as a `ClientSecurity`, resolved from the user's
 configuration where that is read (`shardq.client._url.client_security`): nothing here reads
 the environment. An event stream opens its sockets here too, with its connection's
 `ClientSecurity`, so events reach a CURVE or TLS server exactly as commands do.
+
+This module imports neither asyncio nor ZeroMQ: a blocking TCP client (`Queue`, `.delay()`,
+the `shardq` command line) loads neither (tests/test_import_boundary.py). The asyncio functions
+import asyncio when they run, which only an event loop does.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import itertools
-import os
 import socket
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
-
-import zmq
+from typing import TYPE_CHECKING, TypeVar
 
 from shardq.client._url import ClientSecurity, Endpoint
 
-__all__ = [
-    "HANDSHAKE_FAILED",
-    "MONITOR_EVENTS",
-    "ClientSecurity",
-    "close_monitored",
-    "connect_tcp",
-    "connect_tcp_async",
-    "dealer_event",
-    "detach_monitor",
-    "handshake_failed",
-    "monitor_socket",
-    "new_dealer",
-    "open_tcp_stream",
-]
+if TYPE_CHECKING:
+    import asyncio
 
-_P = TypeVar("_P", bound=asyncio.BaseProtocol)
-HANDSHAKE_FAILED: Final = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-MONITOR_EVENTS: Final = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_CONNECT_RETRIED
-    | HANDSHAKE_FAILED
-)
+__all__ = ["ClientSecurity", "connect_tcp", "connect_tcp_async", "open_tcp_stream"]
+
+_P = TypeVar("_P", bound="asyncio.BaseProtocol")
 
 
 def connect_tcp(endpoint: Endpoint, timeout: float, security: ClientSecurity) -> socket.socket:
@@ -69,6 +45,8 @@ async def connect_tcp_async(
     endpoint: Endpoint, security: ClientSecurity, protocol: Callable[[], _P]
 ) -> tuple[asyncio.Transport, _P]:
     """`loop.create_connection` to `endpoint`, with TLS for `tls://`. The caller bounds it."""
+    import asyncio
+
     context = security.tls_for(endpoint)
     transport, proto = await asyncio.get_running_loop().create_connection(
         protocol,
@@ -87,96 +65,12 @@ async def open_tcp_stream(
     endpoint: Endpoint, security: ClientSecurity
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """`asyncio.open_connection` to `endpoint`, with TLS for `tls://`. The caller bounds it."""
+    import asyncio
+
     context = security.tls_for(endpoint)
     return await asyncio.open_connection(
         endpoint.host,
         endpoint.port,
         ssl=context,
         server_hostname=endpoint.host if context is not None else None,
-    )
-
-
-def new_dealer(ctx: zmq.Context[Any], security: ClientSecurity, *, immediate: bool = True) -> Any:
-    """A DEALER of `ctx` (sync or asyncio) set up for `security`; the caller connects it.
-
-    `immediate`: keep messages off a pipe with no completed connection (commands want a clear
-    failure; an event stream queues its subscription until the handshake instead).
-    """
-    sock = ctx.socket(zmq.DEALER)
-    if security.zmq_server_key:
-        # CURVE: the server proves it holds the secret of this public key, and the traffic is
-        # encrypted. The client's own key pair is throwaway: clients prove who they are with
-        # Auth tokens, not keys.
-        public, secret = zmq.curve_keypair()
-        sock.curve_serverkey = security.zmq_server_key.encode()
-        sock.curve_publickey = public
-        sock.curve_secretkey = secret
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IMMEDIATE, 1 if immediate else 0)
-    # Pipelined bulk work may queue thousands of messages; the command timeout bounds them.
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    # ZMTP heartbeats notice a peer that vanished without a FIN (a pulled cable, a frozen
-    # host) within ~15 s, so waiting requests fail instead of waiting out their timeout.
-    sock.setsockopt(zmq.HEARTBEAT_IVL, 5000)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 15000)
-    return sock
-
-
-_monitor_ids = itertools.count()
-
-
-def monitor_socket(sock: zmq.Socket[Any], events: int) -> Any:
-    """`sock.get_monitor_socket(events)` on an address no other socket can hold.
-
-    pyzmq names the inproc endpoint after the socket's file descriptor; a descriptor is reused
-    as soon as a socket closes, while the context may not have unbound the old monitor yet, so
-    a new connection could fail with "Address already in use".
-    """
-    addr = f"inproc://shardq-monitor-{os.getpid()}-{next(_monitor_ids)}"
-    return sock.get_monitor_socket(events, addr=addr)
-
-
-def close_monitored(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
-    """Close a socket and its monitor: the monitor is detached first (`detach_monitor`)."""
-    detach_monitor(sock, monitor)
-    sock.close(linger=0)
-
-
-def detach_monitor(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
-    """Stop `sock` reporting events, then close the `monitor` socket that read them.
-
-    libzmq's I/O thread writes monitor events with a blocking send. If the monitor's reading
-    end were closed while the socket still reports (a reconnect attempt to a dead server, a
-    disconnect), that thread would block for good, and with it every socket of the context:
-    later connections would never handshake.
-    """
-    with contextlib.suppress(zmq.ZMQError):
-        sock.disable_monitor()
-    monitor.close(linger=0)
-
-
-def dealer_event(event: int, handshaken: bool, endpoint: Endpoint) -> tuple[bool, str | None]:
-    """What a command DEALER's monitor `event` means, for both transports: whether the
-    handshake is done now, and why the connection is dead (None: it is not).
-
-    Before the first handshake a refused connect or a failed handshake ends the attempt (else
-    ZeroMQ would retry quietly until the connect timeout); after it, a disconnect ends the
-    connection, so waiting requests fail at once and the next call reconnects with `Auth`.
-    """
-    if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-        return True, None
-    if event == zmq.EVENT_DISCONNECTED:
-        return handshaken, f"connection to {endpoint} lost"
-    if not handshaken and event == zmq.EVENT_CONNECT_RETRIED:
-        return False, f"connection to {endpoint} refused"
-    if not handshaken and event & HANDSHAKE_FAILED:
-        return False, handshake_failed(endpoint)
-    return handshaken, None
-
-
-def handshake_failed(endpoint: Endpoint) -> str:
-    return (
-        f"ZeroMQ handshake with {endpoint} failed (a CURVE server needs `zmq_server_key` "
-        "(or SHARDQ_ZMQ_SERVER_KEY) set to its public key; a plain one must not have it)"
     )

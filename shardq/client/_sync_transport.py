@@ -6,7 +6,8 @@ its request and reads its reply itself, and no second thread is woken per reques
 get one `Pending` per command (`_turns`: a reply slot, lighter than a `Future`) and wait with
 a deadline, so many requests from many threads are in flight on one connection. A transport
 lives for one connection: once it breaks, every waiting request fails with `ConnectionLost`
-and the owner opens a new one. The ZeroMQ transport is in `shardq.client._sync_zmq`.
+and the owner opens a new one. The ZeroMQ transport is in `shardq.client._sync_zmq`, which
+only a `zmq://` connection imports: this module loads neither ZeroMQ, asyncio nor ssl.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import contextlib
 import math
 import select
 import socket
-import ssl
 import struct
 import threading
 import time
@@ -25,16 +25,10 @@ from typing import Any, Final, Protocol
 from shardq.client._core import ClientCore, Framing, fail_waiters, no_reply
 from shardq.client._errors import ConnectionLost
 from shardq.client._sockets import connect_tcp
-from shardq.client._sync_zmq import SyncZmqTransport
 from shardq.client._turns import Pending, Turns, resolve
 from shardq.client._url import ClientSecurity, Endpoint, closed_message
 
-__all__ = [
-    "SyncTcpTransport",
-    "SyncTransport",
-    "SyncZmqTransport",
-    "wait_replies",
-]
+__all__ = ["SyncTcpTransport", "SyncTransport", "wait_replies"]
 
 Reply = dict[str, Any]
 Futures = list[Pending]
@@ -130,7 +124,7 @@ class SyncTcpTransport:
         except OSError as e:
             raise ConnectionLost(f"cannot connect to {endpoint}: {e}", sent=False) from e
         self._sock = sock
-        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._tls = endpoint.tls  # `connect_tcp` wrapped it in TLS (no `import ssl` to ask)
         # A read that may wait this long needs no `poll` first: the kernel's receive timeout
         # ends it (`_read`).
         self._stall_s = stall_s

@@ -28,19 +28,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from shardq.client._core import ClientCore, Framing, fail_waiters
 from shardq.client._errors import ConnectionLost
-from shardq.client._sockets import (
+from shardq.client._turns import Pending, Turns, resolve
+from shardq.client._url import ClientSecurity, Endpoint
+from shardq.client._zmq_sockets import (
     MONITOR_EVENTS,
     close_monitored,
     dealer_event,
+    monitor_event,
     monitor_socket,
     new_dealer,
 )
-from shardq.client._turns import Pending, Turns, resolve
-from shardq.client._url import ClientSecurity, Endpoint
 
 __all__ = ["SyncZmqTransport"]
 
@@ -202,7 +202,7 @@ class SyncZmqTransport:
                 frames = self._monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            event = parse_monitor_message(frames)["event"]
+            event = monitor_event(frames)
             handshaken, dead = dealer_event(event, self._handshaken, self._endpoint)
             self._handshaken = handshaken
             if dead is not None:

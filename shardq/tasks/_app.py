@@ -16,7 +16,6 @@ opened again in a forked child, which must not share its parent's socket).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import os
 import sys
@@ -363,6 +362,8 @@ def _round_trip(value: Any) -> Any:
 def _call(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
     if not inspect.iscoroutinefunction(fn):
         return fn(*args, **kwargs)
+    import asyncio  # here: an app that sends tasks (`.delay()`) need not load it
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -14,14 +14,15 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from shardq.client._sockets import (
+from shardq.client._url import parse_url
+from shardq.client._zmq_sockets import (
     close_monitored,
     dealer_event,
     detach_monitor,
     handshake_failed,
+    monitor_event,
     monitor_socket,
 )
-from shardq.client._url import parse_url
 
 Context = zmq.Context[zmq.Socket[bytes]]
 _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
@@ -77,6 +78,21 @@ def test_a_detached_monitor_lets_the_socket_keep_reporting(
     time.sleep(0.3)  # the socket retries about 30 times with nobody reading its monitor
     sock.close(linger=0)
     assert still_delivers(context), "the context's I/O thread is blocked"
+
+
+def test_a_monitor_message_reads_as_pyzmq_reads_it(context: Context) -> None:
+    # `monitor_event` replaces pyzmq's parser, whose module imports asyncio (and ssl).
+    from zmq.utils.monitor import parse_monitor_message
+
+    sock, monitor = retrying_dealer(context)
+    assert monitor.poll(5000), "no second retry event"
+    frames = monitor.recv_multipart()
+    assert monitor_event(frames) == parse_monitor_message(frames)["event"]
+    assert monitor_event(frames) == zmq.EVENT_CONNECT_RETRIED
+    assert monitor_event([b"\x00\x40" + bytes(4), b"tcp://x"]) == 0x4000  # high event ids
+    with pytest.raises(RuntimeError, match="Invalid event message"):
+        monitor_event([b"short", b"tcp://x"])
+    close_monitored(sock, monitor)
 
 
 def test_close_monitored_leaves_the_context_usable(context: Context) -> None:

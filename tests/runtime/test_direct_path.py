@@ -20,7 +20,8 @@ import pytest
 from shardq_harness import ShardqServer, free_port, listening, poll_until
 
 from shardq.client import Queue
-from shardq.client._connection import AsyncConnection, Connection
+from shardq.client._async_connection import AsyncConnection
+from shardq.client._connection import Connection
 from shardq.client._direct import REFRESH_S, direct_queue
 from shardq.client._tcp import TcpConnection
 from shardq.protocol._direct import DIRECT_REFUSED, HELLO_DIRECT, HELLO_SHARDS, shard_of

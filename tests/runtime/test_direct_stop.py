@@ -31,8 +31,9 @@ from shardq_harness import ShardqServer, poll_until
 from test_direct_path import DIRECT_ENV, WAIT_S, _hello, _queue_on, _url
 
 from shardq.client import ConnectionLost, TcpConnection
+from shardq.client._async_connection import AsyncConnection
 from shardq.client._async_transport import AsyncTcpTransport, wait_replies_async
-from shardq.client._connection import AsyncConnection, Connection
+from shardq.client._connection import Connection
 from shardq.client._sync_transport import SyncTcpTransport, wait_replies
 from shardq.client._url import ClientSecurity, parse_url
 from shardq.protocol._direct import DIRECT_CLOSING, HELLO_DIRECT

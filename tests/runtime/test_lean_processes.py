@@ -55,6 +55,7 @@ CLIENT_UNUSED = (
     "shardq.client._async_queue",
     "shardq.client._async_worker",
     "shardq.client._cluster",
+    "shardq.client._async_cluster",
 )
 MUST_NOT_IMPORT = {
     "supervisor": (
@@ -67,7 +68,13 @@ MUST_NOT_IMPORT = {
         "shardq.storage._schema",
     ),
     "http": (*ENGINE_AND_STORE, *CLIENT_UNUSED),
-    "frontend": (*ENGINE_AND_STORE, *CLIENT_UNUSED, "shardq.client._connection", "zoneinfo"),
+    "frontend": (
+        *ENGINE_AND_STORE,
+        *CLIENT_UNUSED,
+        "shardq.client._connection",
+        "shardq.client._async_connection",
+        "zoneinfo",
+    ),
 }
 
 # The writer after 15,000 jobs pushed and drained, once it has given memory back (2-core

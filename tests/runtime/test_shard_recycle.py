@@ -24,7 +24,8 @@ from shardq_harness import ShardqServer, poll_until
 from test_direct_stop import _ended, _Outcomes
 
 from shardq.client import TcpConnection
-from shardq.client._connection import AsyncConnection, Connection
+from shardq.client._async_connection import AsyncConnection
+from shardq.client._connection import Connection
 
 RECYCLE_ENV = {
     "SHARDQ_SHARD_MEMORY_MB": "4",
