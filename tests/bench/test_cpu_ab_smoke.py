@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from shardq.client import ServerError, TcpConnection
 
 REPO = Path(__file__).resolve().parents[2]
 SHARDQ = str(Path(sys.executable).parent / "shardq")
@@ -80,14 +83,13 @@ def test_children_are_told_apart_by_command_line_after_a_restart(tmp_path: Path)
     shard, and the front end as the front end (start order would swap them)."""
     import os
     import signal
-    import time
 
     sys.path.insert(0, str(REPO))
     from bench._scenarios import children, connect, start_server
 
     server, port = start_server(SHARDQ, 2, str(tmp_path))
     try:
-        connect(port, server).close()
+        conn = connect(port, server)
         before = dict(children(server.pid))
         shard = next(pid for pid, role in before.items() if role == "shard0")
         os.kill(shard, signal.SIGKILL)
@@ -105,6 +107,22 @@ def test_children_are_told_apart_by_command_line_after_a_restart(tmp_path: Path)
         for pid, role in after:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 assert f"shardq.runtime.{role.rstrip('01')}".encode() in f.read()
+        # Stopped only once the new shard serves: a SIGTERM while it is still restarting
+        # leaves the front end waiting out its whole drain timeout (30 s) for that shard.
+        _wait_until_every_shard_answers(conn)
+        conn.close()
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
+
+
+def _wait_until_every_shard_answers(conn: TcpConnection) -> None:
+    """Stats asks every shard; "Shard unavailable" until a restarted one is back (bounded)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            conn.call({"cmd": "Stats"})
+            return
+        except ServerError as e:
+            assert "unavailable" in str(e) and time.monotonic() < deadline, e
+        time.sleep(0.05)

@@ -146,13 +146,19 @@ class _Pair:
 
     def jobs(self, queue: str) -> list[Any]:
         """Every job of `queue` pulled from each server, without what time and ids make
-        differ (both pulled in the same order: priority, then arrival)."""
+        differ (both pulled in the same order: priority, then arrival), then acked: a
+        ZeroMQ peer never closes, so its leases would stay active until their lock ran out
+        (30 s), and the shared servers' stop would wait for them."""
         got = []
         for conn in (self.on, self.off):
             cmd = {"cmd": "PULLB", "queue": queue, "count": 1000, "owner": "t"}
             pulled = msgpack.unpackb(conn.call(_pack(cmd))[4:], raw=False, strict_map_key=False)
             assert pulled["ok"] is True, pulled
             got.append([_stable(job) for job in pulled["jobs"]])
+            ids = [job["id"] for job in pulled["jobs"]]
+            ack = {"cmd": "ACKB", "ids": ids, "tokens": pulled["tokens"]}
+            acked = msgpack.unpackb(conn.call(_pack(ack))[4:], raw=False, strict_map_key=False)
+            assert acked["ok"] is True, acked
         assert got[0] == got[1]
         return got[0]
 

@@ -281,10 +281,15 @@ def _sigterm_state(pid: int) -> tuple[bool, bool]:
 def _new_writer(server: ShardqServer, old: set[int]) -> int | None:
     """A child of the supervisor not in `old` that runs the writer's program (past its exec:
     before it, the forked copy has the supervisor's handlers), as /proc shows it at once."""
+    return _new_child(server, old, "writer")
+
+
+def _new_child(server: ShardqServer, old: set[int], role: str) -> int | None:
+    """A child of the supervisor not in `old` that runs `shardq.runtime.<role>`."""
     task = Path(f"/proc/{server.pid}/task/{server.pid}/children")
     for pid in {int(p) for p in task.read_text().split()} - old:
         try:
-            if b"shardq.runtime.writer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if f"shardq.runtime.{role}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return pid
         except OSError:
             continue
@@ -317,3 +322,26 @@ def test_a_stop_that_ends_a_writer_still_importing_is_clean(shardq_server: Facto
     assert server.wait_exit(WAIT_S) == 0, server.log_tail()
     stopped = server.find_log("child stopped", child="writer")
     assert stopped is not None and stopped["exit"] == "killed by SIGTERM", stopped
+
+
+def test_a_stop_while_a_shard_restarts_ends_when_it_is_drained(shardq_server: Factory) -> None:
+    """A stop that comes while a crashed shard starts again: the front end's `drain` to it was
+    lost with the old process, so the new one is asked once it is up, and the stop ends when
+    it reports drained. It once waited out the whole `shutdown_timeout_ms` (30 s)."""
+    server = shardq_server(shards=2)
+    children = set(server.child_pids().values())
+    os.kill(server.child_pids()["shard-0"], signal.SIGKILL)
+    new: int = poll_until(
+        partial(_new_child, server, children, "shard"), WAIT_S, "a new shard", step=0.002
+    )
+    os.kill(new, signal.SIGSTOP)  # held while it imports, long before it can be up
+    os.kill(server.pid, signal.SIGTERM)
+    poll_until(lambda: server.find_log("front end draining"), WAIT_S, "the front end's drain")
+    os.kill(new, signal.SIGCONT)
+    assert server.wait_exit(WAIT_S) == 0, server.log_tail()  # WAIT_S: half the drain timeout
+    events = [(line["event"], line.get("shard")) for line in server.logs()]
+    # The drain began while shard 0 was down: its link came back after it.
+    assert events.index(("front end draining", None)) < events.index(
+        ("shard link reconnected", 0)
+    ), events
+    assert ("drain timeout; closing with jobs active", None) not in events, events

@@ -159,6 +159,7 @@ class Dispatcher:
         self.pass_pushb = True
         self.drained: set[int] = set()
         self.all_drained = asyncio.Event()
+        self.draining = False
         self.release_on_close = True
         self._pullers: dict[str, Client] = {}  # conn -> a client that pulled (`_push_cancels`)
         # The cancels of connections a shard serves now go to it (`Handoffs.forward_cancels`):
@@ -440,6 +441,8 @@ class Dispatcher:
         self.events.shard_up(msg.get("shard"))  # type: ignore[arg-type]
         self.bunqueue.presence.shard_up(msg.get("shard"))  # type: ignore[arg-type]
         self.router.release(msg.get("shard"))  # after the `listen` above: it goes first
+        if self.draining:  # a shard restarted during the drain never got its `drain`
+            self.router.control(msg.get("shard"), msgs.drain())  # type: ignore[arg-type]
 
     def _on_cancel(self, msg: Mapping[str, Any]) -> None:
         self._push_cancels(msg.get("items"))
@@ -493,6 +496,8 @@ class Dispatcher:
             self.router.control(shard, msgs.close(conn))
 
     def start_drain(self) -> None:
-        """Ask every shard to stop handing out jobs; `all_drained` is set once all report."""
+        """Ask every shard to stop handing out jobs; `all_drained` is set once all report.
+        A shard that is down now misses its `drain`: it is asked again when it is back."""
+        self.draining = True
         for shard in range(self.shards):
             self.router.control(shard, msgs.drain())
