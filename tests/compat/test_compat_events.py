@@ -40,17 +40,29 @@ def test_worker_events_of_0_1_5(clients: Clients, qname: str) -> None:
             raise ValueError("nope")
         return {"ok": 1}
 
-    good = queue.add("good", {}).id
-    bad = queue.add("bad", {"fail": True}, attempts=1).id
     worker = clients.worker(qname, process)
     for name in ("active", "progress", "completed", "failed"):
         worker.on(name, note(name))
+    # Pushed once the listeners are on: a worker that ran a job before `on` would never emit.
+    good = queue.add("good", {}).id
+    bad = queue.add("bad", {"fail": True}, attempts=1).id
     poll_until(lambda: queue.get_state(bad) in ("failed", "dlq"), 20, "the bad job to fail")
     poll_until(lambda: queue.get_state(good) == "completed", 20, "the good job to complete")
-    with lock:
-        by_job = {(name, job) for name, job in seen}
-    assert {("completed", good), ("failed", bad)} <= by_job
-    assert ("progress", good) in by_job
+
+    def by_job() -> set[tuple[str, Any]]:
+        with lock:
+            return {(name, job) for name, job in seen}
+
+    # The worker emits "completed" and "failed" after the server's reply, so after the state
+    # above changed: wait for the events themselves (a loaded machine saw the state first).
+    poll_until(
+        lambda: {("completed", good), ("failed", bad)} <= by_job(),
+        20,
+        "the worker's completed and failed events",
+        detail=lambda: str(sorted(by_job(), key=str)),
+    )
+    assert {("completed", good), ("failed", bad)} <= by_job()
+    assert ("progress", good) in by_job()
 
 
 def test_a_subscribed_0_1_5_connection_keeps_working(clients: Clients, qname: str) -> None:

@@ -170,8 +170,10 @@ def test_long_poll_is_answered_by_a_push(connect: Callable[[], Tcp]) -> None:
     started = time.monotonic()
     job_id = producer.call({"cmd": "PUSH", "queue": queue, "data": 1})["id"]
     reply = waiter.wait(req, timeout=5)
+    # The pushed job, well before the poll's 10 s timeout (which answers no job): the push
+    # woke it. Not a tighter bound: a loaded machine stalls a shard for seconds.
     assert reply["job"]["id"] == job_id and reply["token"]
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 5
 
 
 def test_long_poll_times_out_empty(connect: Callable[[], Tcp]) -> None:
