@@ -20,10 +20,10 @@ bytes an update, 39 as a key of an `updm`) and most of what the writer decoded f
 exactly those `upd`s in that order. A run is cut at `max_group_keys` keys and at about
 `max_group_bytes` bytes of keys and map, so one stays far inside a shard's batch bounds.
 
-`putm` is the same for the jobs of one admission (a PUSHB's): consecutive fresh jobs' `put`s
-whose queue, state, priority and run_at are the very same objects (or equal ints) go as one
-mutation with those four once, and each job's row key, seq and record in three lists of one
-length: exactly the `putb` of each in that order. It saves the shard packing, and the writer
+`putm` is the same for fresh jobs' puts (a PUSHB's, or a turn's PUSHes): consecutive ones
+whose queue, state, priority and run_at are equal (priority and run_at ints: `_runs_of`) go as
+one mutation with those four once, and each job's row key, seq and record in three lists of
+one length: exactly the `putb` of each in that order. It saves the shard packing, and the writer
 unpacking, parsing and checking, five values and a list header a job. A run is cut as an
 `updm` is; a lone fresh put and a cold record's put stay `putb`s.
 
@@ -43,6 +43,8 @@ The meaning is exactly that of the engine's shapes (`shardq.core._mutations`): `
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
@@ -218,16 +220,13 @@ def _fresh_puts(
     """Append to `out` the writer's form of each fresh job's `put` from `muts[at]` on (a
     record still as made, whose `putb` was made with it, `_encode_fresh`), until a mutation
     of any other kind or shape (an engine tuple `("put", PackedRecord)` with its made keys
-    and a `putb` only): a `putm` for each run of them that shares its column values
-    (`_run_of`, by identity, or equal ints: `_same_int`), a `putb` for a run of one. Returns
-    how many it took (perhaps none) and the bytes of their keys and records (with
-    `PUTM_JOB_BYTES` for each job of a `putm`)."""
-    taken = added = 0
+    and a `putb` only): a `putm` for each run of them with equal column values (`_runs_of`),
+    a `putb` for a run of one. Returns how many it took (perhaps none) and the bytes of their
+    keys and records (with `PUTM_JOB_BYTES` for each job of a `putm`)."""
+    start = at
     end = len(muts)
-    run: list[tuple[Any, ...]] = []
-    append = run.append
-    head: tuple[Any, ...] = ()
-    run_bytes = 0
+    putbs: list[tuple[Any, ...]] = []
+    append = putbs.append
     while at < end:
         m = muts[at]
         if type(m) is not tuple or len(m) != 2 or m[0] != "put":
@@ -238,50 +237,46 @@ def _fresh_puts(
         putb = rec.putb
         if putb is None:
             break
-        size = len(putb[1]) + len(putb[7])
-        if not (  # the run's columns, compared by identity (`putm`), and its bounds
-            run
-            and putb[2] is head[2]
-            and putb[3] is head[3]
-            and (putb[4] is head[4] or _same_int(putb[4], head[4]))
-            and (putb[5] is head[5] or _same_int(putb[5], head[5]))
-            and len(run) < keys
-            and run_bytes < room
-        ):
-            if run:
-                added += _run_of(run, out)
-            head, run_bytes = putb, 0
-            run = [putb]
-            append = run.append
-        else:
-            append(putb)
-        run_bytes += size
-        added += size
-        taken += 1
+        append(putb)
         at += 1
-    if run:
-        added += _run_of(run, out)
-    return taken, added
+    if not putbs:
+        return 0, 0
+    if len(putbs) == 1:
+        out.append(putbs[0])
+        return 1, len(putbs[0][1]) + len(putbs[0][7])
+    added = 0
+    # Runs of equal queue, state, priority and run_at, found in C (`_runs_of` checks types).
+    for _, run in groupby(putbs, _COLUMNS_OF):
+        added += _runs_of(list(run), out, keys, room)
+    return at - start, added
 
 
-def _same_int(one: object, other: object) -> bool:
-    """Whether two column values are equal ints (the delayed jobs of one PUSHB have equal
-    run_ats, each its own object): what they store and pack is then the same. Any other
-    type is compared by identity only (0.0 and -0.0 are equal floats)."""
-    return type(one) is int and type(other) is int and one == other
+_COLUMNS_OF: Final = itemgetter(2, 3, 4, 5)
+_INT: Final = frozenset((int,))
 
 
-def _run_of(run: list[tuple[Any, ...]], out: list[Mutation]) -> int:
-    """Append to `out` the `putm` of `run` (`putb`s sharing their column objects), or its
-    `putb` if it holds one. Returns the bytes a `putm` adds beyond keys and records."""
+def _runs_of(run: list[tuple[Any, ...]], out: list[Mutation], keys: int, room: int) -> int:
+    """Append to `out` the `putm` of `run` (`putb`s whose column values are equal), or its
+    `putb` if it holds one; several if it is over `keys` jobs or about `room` bytes, and a
+    `putb` each if its priorities or run_ats are not all ints (equal values of other types
+    may store differently: 0, 0.0 and False, 0.0 and -0.0). Returns the bytes of their keys
+    and records, with `PUTM_JOB_BYTES` for each job of a `putm`."""
     if len(run) == 1:
         out.append(run[0])
-        return 0
-    head = run[0]
+        return len(run[0][1]) + len(run[0][7])
     # One transposition in C: the keys, seqs and records of the run (tuples, packed as arrays).
-    _, row_keys, _, _, _, _, seqs, recs = zip(*run, strict=True)
+    _, row_keys, _, _, priorities, run_ats, seqs, recs = zip(*run, strict=True)
+    size = sum(map(len, row_keys)) + sum(map(len, recs))
+    if set(map(type, priorities)) != _INT or set(map(type, run_ats)) != _INT:
+        out.extend(run)
+        return size
+    size += PUTM_JOB_BYTES * len(run)
+    if len(run) > keys or size > room:  # rare: a huge PUSHB, in pieces
+        half = max(1, min(keys, len(run) // 2))
+        return _runs_of(run[:half], out, keys, room) + _runs_of(run[half:], out, keys, room)
+    head = run[0]
     out.append(("putm", head[2], head[3], head[4], head[5], row_keys, seqs, recs))
-    return PUTM_JOB_BYTES * len(run)
+    return size
 
 
 def _encode_put(rec: object, pack: Any) -> Mutation | None:
