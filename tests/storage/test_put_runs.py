@@ -154,3 +154,15 @@ def test_a_putm_of_the_wrong_arity_is_rejected_naming_it(tmp_path: Path) -> None
         pytest.raises(StorageRejected, match=r"mutation #0 \(putm\) must be"),
     ):
         store.apply([_putm()[:7]])
+
+
+def test_equal_column_values_of_other_types_do_not_make_a_run() -> None:
+    """0 and 0.0 are equal but store differently: puts whose columns differ so stay `putb`s,
+    each with its own value. (The engine gives a fresh job an int priority: one is made
+    here by hand.)"""
+    muts = _pushb("q", [{"data": {"i": i}} for i in range(3)], Engine(seed=2))
+    assert [m[0] for m in MutationEncoder().encode(muts)] == ["putm"]
+    rec = muts[1][1]
+    rec.putb = (*rec.putb[:4], 0.0, *rec.putb[5:])
+    encoded = MutationEncoder().encode(muts)
+    assert [(m[0], type(m[4])) for m in encoded] == [("putb", int), ("putb", float), ("putb", int)]
