@@ -166,3 +166,28 @@ def test_equal_column_values_of_other_types_do_not_make_a_run() -> None:
     rec.putb = (*rec.putb[:4], 0.0, *rec.putb[5:])
     encoded = MutationEncoder().encode(muts)
     assert [(m[0], type(m[4])) for m in encoded] == [("putb", int), ("putb", float), ("putb", int)]
+
+
+def test_a_batch_of_puts_only_stores_the_rows_the_general_path_stores(tmp_path: Path) -> None:
+    """A batch of fresh jobs' `putm`s and hot `putb`s only is written without a plan
+    (`_put_only`): the rows, their order (rowids) and what the store learns of them are the
+    general path's (here taken by a `del` of no job at the batch's end), and a job put twice
+    in a batch takes the general path, which keeps its last put."""
+    engine = Engine(seed=4)
+    muts = _pushb("qa", [{"data": {"i": i}} for i in range(6)], engine)
+    muts += engine.apply({"cmd": "PUSH", "queue": "qc", "data": 1, "priority": 2}, NOW).mutations
+    muts += _pushb("qb", [{"data": {"i": i}, "priority": 5} for i in range(3)], engine)
+    encoded = MutationEncoder().encode(muts)
+    assert [m[0] for m in encoded] == ["putm", "putb", "putm"]
+    ids = [m[1]["id"] for m in muts]
+    fast, general = tmp_path / "fast.db", tmp_path / "general.db"
+    with Store.open(fast) as one, Store.open(general) as other:
+        assert one.apply(encoded) == other.apply([*encoded, ("del", "nobody")]) == 10
+        again = [encoded[1], ["putb", *encoded[1][1:6], 99, encoded[1][7]]]  # put twice
+        assert one.apply(again) == other.apply([*again, ("del", "nobody")])
+        for store in (one, other):  # what the puts taught the row cache: each update finds it
+            store.apply([("upd", job_id, {"state": "active"}) for job_id in ids])
+        assert one.skipped_updates == other.skipped_updates == 0
+    assert _rows(fast) == _rows(general)
+    assert [r[1] for r in _rows(fast)] == ids
+    assert [r[6] for r in _rows(fast) if r[1] == ids[6]] == [99]
