@@ -28,7 +28,7 @@ from shardq._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from shardq.storage._contract import Storage
-    from shardq.storage._encode import MutationEncoder, describe
+    from shardq.storage._encode import MutationEncoder, describe, put_keys
     from shardq.storage._errors import StorageError, StorageFenced, StorageFull, StorageRejected
     from shardq.storage._modes import SYNCHRONOUS_MODES
     from shardq.storage._postgres import PostgresStore
@@ -47,6 +47,7 @@ __all__ = [
     "Store",
     "describe",
     "open_postgres",
+    "put_keys",
 ]
 
 
@@ -77,6 +78,7 @@ _HOME = {
     "Storage": "_contract",
     "MutationEncoder": "_encode",
     "describe": "_encode",
+    "put_keys": "_encode",
     "StorageError": "_errors",
     "StorageFenced": "_errors",
     "StorageFull": "_errors",

@@ -21,7 +21,7 @@ writes evaluate the triggers' conditions and nothing more. From SQLite schema 14
 (`SQLITE_ON_COLD`) the update trigger fires only for an UPDATE that sets `cold`, and whatever
 updates a row that may be cold sets it (the writer: `_write_updates.HOT`); a hot row's update then
 evaluates nothing of it. There is no insert trigger either: whatever inserts a row inserts
-it with `cold` NULL and sets `cold` after (the writer: `_write._MARK_COLD`).
+it with `cold` NULL and sets `cold` after (the writer: `_write_puts._MARK_COLD`).
 """
 
 from __future__ import annotations

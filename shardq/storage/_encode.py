@@ -7,6 +7,8 @@ columns beside the bytes, so the writer stores the bytes as they came and never 
     ("putb", row_key, queue, state, priority, run_at, seq, rec)  for ("put", rec)
     ("putb", row_key, queue, state, priority, run_at, seq, rec, [lifo, gid, ukey])
                                                                  for a cold record's put
+    ("putm", queue, state, priority, run_at, [row_key, ...], [seq, ...], [rec, ...])
+                                                                 for a run of fresh `put`s
     ("updb", row_key, changes, columns)                          for ("upd", row_key, changes)
     ("updm", changes, columns, [row_key, ...])                   for a run of such `upd`s
     ("dltb", row_key, op)                                        for ("delta", row_key, op)
@@ -17,6 +19,13 @@ columns and the list around each key made up most of what a drained job cost on 
 bytes an update, 39 as a key of an `updm`) and most of what the writer decoded for it. It is
 exactly those `upd`s in that order. A run is cut at `max_group_keys` keys and at about
 `max_group_bytes` bytes of keys and map, so one stays far inside a shard's batch bounds.
+
+`putm` is the same for fresh jobs' puts (a PUSHB's, or a turn's PUSHes): consecutive ones
+whose queue, state, priority and run_at are equal (priority and run_at ints: `_runs_of`) go as
+one mutation with those four once, and each job's row key, seq and record in three lists of
+one length: exactly the `putb` of each in that order. It saves the shard packing, and the writer
+unpacking, parsing and checking, five values and a list header a job. A run is cut as an
+`updm` is; a lone fresh put and a cold record's put stay `putb`s.
 
 `rec` and `changes` are the msgpack encodings (`use_bin_type=True`) of the engine's record and
 change map. `columns` holds the column fields the changes set, under their record names
@@ -34,6 +43,8 @@ The meaning is exactly that of the engine's shapes (`shardq.core._mutations`): `
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
@@ -46,14 +57,19 @@ __all__ = [
     "COLUMN_FIELDS",
     "DEFAULT_GROUP_BYTES",
     "DEFAULT_GROUP_KEYS",
+    "PUTM_JOB_BYTES",
     "UPDM_KEY_BYTES",
     "MutationEncoder",
     "describe",
+    "put_keys",
 ]
 
 UPDM_KEY_BYTES: Final = 5
 """Bytes an `updm` spends around each of its keys (a string header), counted in
 `encoded_bytes` with the key: a shard's batch bounds need no allowance per key."""
+PUTM_JOB_BYTES: Final = 20
+"""Bytes a `putm` spends on each job beyond its key and record (the key's and the record's
+headers, its seq), counted in `encoded_bytes` as `UPDM_KEY_BYTES` is."""
 DEFAULT_GROUP_KEYS: Final = 1000
 """At most this many keys in one `updm` (a shard passes its `writer_batch_max_mutations`)."""
 DEFAULT_GROUP_BYTES: Final = 64 * 1024
@@ -144,7 +160,7 @@ class MutationEncoder:
             elif kind == "put" and len(m) == 2:
                 # This put and the fresh jobs' puts right after it (a PUSHB's), without a pass
                 # of this loop and two calls each (`_fresh_puts`).
-                taken, added = _puts(muts, at - 1, out, pack)
+                taken, added = _puts(muts, at - 1, out, pack, max_keys, max_bytes)
                 if taken:
                     at += taken - 1
                     size += added
@@ -181,12 +197,14 @@ def _run_keys(
             return taken, added
 
 
-def _puts(muts: list[Mutation], at: int, out: list[Mutation], pack: Any) -> tuple[int, int]:
-    """Append to `out` the `putb` of the `put` at `muts[at]` and of the fresh jobs' puts right
-    after it (`_fresh_puts`). Returns how many it took (none if the first has no row key or a
-    mistyped column field: `encode` leaves it as it is) and the bytes of their keys and
-    records."""
-    taken, added = _fresh_puts(muts, at, out)
+def _puts(
+    muts: list[Mutation], at: int, out: list[Mutation], pack: Any, keys: int, room: int
+) -> tuple[int, int]:
+    """Append to `out` the `putb` of the `put` at `muts[at]`, or the `putm`s and `putb`s of
+    the fresh jobs' puts from it on (`_fresh_puts`, runs of at most `keys` jobs and about
+    `room` bytes). Returns how many it took (none if the first has no row key or a mistyped
+    column field: `encode` leaves it as it is) and the bytes of their keys and records."""
+    taken, added = _fresh_puts(muts, at, out, keys, room)
     if taken:
         return taken, added
     put = _encode_put(muts[at][1], pack)
@@ -196,15 +214,19 @@ def _puts(muts: list[Mutation], at: int, out: list[Mutation], pack: Any) -> tupl
     return 1, len(put[1]) + len(put[7])
 
 
-def _fresh_puts(muts: list[Mutation], at: int, out: list[Mutation]) -> tuple[int, int]:
-    """Append to `out` the `putb` of each fresh job's `put` from `muts[at]` on (a record still
-    as made, whose `putb` was made with it, `_encode_fresh`), as `encode`'s loop would one by
-    one, until a mutation of any other kind or shape (an engine tuple `("put", PackedRecord)`
-    with its made keys and a `putb` only). Returns how many it took (perhaps none) and the
-    bytes of their keys and records."""
-    taken = added = 0
+def _fresh_puts(
+    muts: list[Mutation], at: int, out: list[Mutation], keys: int, room: int
+) -> tuple[int, int]:
+    """Append to `out` the writer's form of each fresh job's `put` from `muts[at]` on (a
+    record still as made, whose `putb` was made with it, `_encode_fresh`), until a mutation
+    of any other kind or shape (an engine tuple `("put", PackedRecord)` with its made keys
+    and a `putb` only): a `putm` for each run of them with equal column values (`_runs_of`),
+    a `putb` for a run of one. Returns how many it took (perhaps none) and the bytes of their
+    keys and records (with `PUTM_JOB_BYTES` for each job of a `putm`)."""
+    start = at
     end = len(muts)
-    append = out.append
+    putbs: list[tuple[Any, ...]] = []
+    append = putbs.append
     while at < end:
         m = muts[at]
         if type(m) is not tuple or len(m) != 2 or m[0] != "put":
@@ -216,10 +238,45 @@ def _fresh_puts(muts: list[Mutation], at: int, out: list[Mutation]) -> tuple[int
         if putb is None:
             break
         append(putb)
-        added += len(putb[1]) + len(putb[7])
-        taken += 1
         at += 1
-    return taken, added
+    if not putbs:
+        return 0, 0
+    if len(putbs) == 1:
+        out.append(putbs[0])
+        return 1, len(putbs[0][1]) + len(putbs[0][7])
+    added = 0
+    # Runs of equal queue, state, priority and run_at, found in C (`_runs_of` checks types).
+    for _, run in groupby(putbs, _COLUMNS_OF):
+        added += _runs_of(list(run), out, keys, room)
+    return at - start, added
+
+
+_COLUMNS_OF: Final = itemgetter(2, 3, 4, 5)
+_INT: Final = frozenset((int,))
+
+
+def _runs_of(run: list[tuple[Any, ...]], out: list[Mutation], keys: int, room: int) -> int:
+    """Append to `out` the `putm` of `run` (`putb`s whose column values are equal), or its
+    `putb` if it holds one; several if it is over `keys` jobs or about `room` bytes, and a
+    `putb` each if its priorities or run_ats are not all ints (equal values of other types
+    may store differently: 0, 0.0 and False, 0.0 and -0.0). Returns the bytes of their keys
+    and records, with `PUTM_JOB_BYTES` for each job of a `putm`."""
+    if len(run) == 1:
+        out.append(run[0])
+        return len(run[0][1]) + len(run[0][7])
+    # One transposition in C: the keys, seqs and records of the run (tuples, packed as arrays).
+    _, row_keys, _, _, priorities, run_ats, seqs, recs = zip(*run, strict=True)
+    size = sum(map(len, row_keys)) + sum(map(len, recs))
+    if set(map(type, priorities)) != _INT or set(map(type, run_ats)) != _INT:
+        out.extend(run)
+        return size
+    size += PUTM_JOB_BYTES * len(run)
+    if len(run) > keys or size > room:  # rare: a huge PUSHB, in pieces
+        half = max(1, min(keys, len(run) // 2))
+        return _runs_of(run[:half], out, keys, room) + _runs_of(run[half:], out, keys, room)
+    head = run[0]
+    out.append(("putm", head[2], head[3], head[4], head[5], row_keys, seqs, recs))
+    return size
 
 
 def _encode_put(rec: object, pack: Any) -> Mutation | None:
@@ -286,11 +343,28 @@ def describe(mutation: object) -> tuple[str, str | None]:
     key: Any = mutation[1] if len(mutation) > 1 else None
     if kind == "put" and isinstance(key, dict):
         key = key.get("rowKey") or key.get("id")
-    if kind == "updm":
-        keys = mutation[3] if len(mutation) > 3 else None
-        key = keys[0] if isinstance(keys, list) and keys else None  # the first of its jobs
-    kind = {"putb": "put", "updb": "upd", "updm": "upd", "dltb": "delta"}.get(kind, kind)
+    if kind == "updm" or kind == "putm":
+        keys = mutation[_KEYS_AT[kind]] if len(mutation) > _KEYS_AT[kind] else None
+        key = keys[0] if isinstance(keys, list | tuple) and keys else None  # its first job's
+    kind = _KINDS.get(kind, kind) if isinstance(kind, str) else kind
     return (
         kind if isinstance(kind, str) else "?",
         key if isinstance(key, str) else None,
     )
+
+
+# The engine's kind of each encoded kind, and where an `updm`'s or a `putm`'s keys are.
+_KINDS: Final = {"putb": "put", "putm": "put", "updb": "upd", "updm": "upd", "dltb": "delta"}
+_KEYS_AT: Final = {"updm": 3, "putm": 5}
+
+
+def put_keys(mutation: object) -> list[str]:
+    """The row keys of the jobs a mutation in either shape puts: one for a `put` or a `putb`,
+    each of a `putm`'s; none for any other kind (or a malformed one)."""
+    kind, key = describe(mutation)
+    if kind != "put":
+        return []
+    if mutation[0] == "putm":  # type: ignore[index]  # `describe` saw a list or tuple
+        keys = mutation[5]  # type: ignore[index]
+        return [one for one in keys if isinstance(one, str)]
+    return [key] if key is not None else []

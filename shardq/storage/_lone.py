@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from shardq.core._mutations import Mutation
 from shardq.storage._coalesce import Plan, Stored
-from shardq.storage._write import _NO_PATCH, _UPSERT_JOB, _UPSERT_PLAIN_JOB, HOT_ROW
+from shardq.storage._write_puts import _NO_PATCH, _UPSERT_JOB, _UPSERT_PLAIN_JOB, HOT_ROW
 from shardq.storage._write_updates import BLOB
 
 __all__ = ["NO_PLAN", "lone_known", "lone_put", "lone_sql"]
@@ -33,7 +33,8 @@ NO_PLAN: Final = Plan()
 
 
 def lone_sql(cold: int) -> str:
-    """The upsert of one hot row on a jobs table with `cold` cold columns (`_write_whole`)."""
+    """The upsert of one hot row on a jobs table with `cold` cold columns
+    (`_write_puts._write_whole`)."""
     return _UPSERT if cold else _UPSERT_PLAIN
 
 

@@ -4,7 +4,7 @@ malformed one on the general path, which names the mistake (`StorageRejected`)."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardq.core._mutations import Record
@@ -17,7 +17,9 @@ __all__ = ["Op", "parse", "parse_all"]
 Op = tuple[str, str, Any, Any]
 """A parsed mutation: (kind, job id or queue name, columns / cfg / None, record / changes /
 None). An `upd` always carries its column fields as a map, empty if it sets none; an `updm`
-is ("updm", [job id, ...], columns, changes): that `upd` of each job in turn."""
+is ("updm", [job id, ...], columns, changes): that `upd` of each job in turn; a `putm` is
+("putm", [job id, ...], [queue, state, priority, run_at], ([seq, ...], [record, ...])): the
+`put` of each job in turn, the four column values shared (`_encode`)."""
 
 # kind -> the types of the fields after the kind
 _SHAPES: dict[str, tuple[type, ...]] = {
@@ -39,6 +41,7 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "putb": (str, object, object, object, object, object, bytes),
     "updb": (str, bytes, dict),
     "updm": (bytes, dict, list),
+    "putm": (object,) * 7,  # its lists are checked on the fast path
     "dltb": (str, bytes),
 }
 _CRONDEL_ON_QUEUE: tuple[type, ...] = (str, str)
@@ -104,7 +107,7 @@ def _engine_put(index: int, rec: Record) -> Op:
     return "put", job_id, values, rec
 
 
-def _cold_putb(index: int, mutation: tuple[Any, ...] | list[Any]) -> Op:
+def _cold_putb(index: int, mutation: Sequence[Any]) -> Op:
     """A cold record's `putb` (`_encode`): its cold fields after its record."""
     _, key, queue, state, priority, run_at, seq, rec, cold = mutation
     if type(key) is str and type(rec) is bytes and type(cold) in (list, tuple) and len(cold) == 4:
@@ -127,6 +130,31 @@ def _all_str(keys: object) -> bool:
     return True
 
 
+def _putm(index: int, mutation: Sequence[Any]) -> Op:
+    """A `putm`'s op (one a batch, taken by the general path after its arity was checked):
+    its keys all strings and its records all bytes, as a `putb`'s are checked, its lists of
+    one length; else `StorageRejected`."""
+    _, queue, state, priority, run_at, keys, seqs, recs = mutation
+    if _all_of(keys, str) and _all_of(recs, bytes) and _same_length(keys, seqs, recs):
+        return "putm", keys, [queue, state, priority, run_at], (seqs, recs)
+    raise StorageRejected(f"mutation #{index} (putm) is malformed: {mutation!r:.200}")
+
+
+def _all_of(items: object, kind: type) -> bool:
+    """Whether `items` is a non-empty list or tuple of `kind`s only (a `putm`'s keys, records)."""
+    if (type(items) is not list and type(items) is not tuple) or not items:
+        return False
+    for item in items:  # noqa: SIM110  # as `_all_str`
+        if type(item) is not kind:
+            return False
+    return True
+
+
+def _same_length(keys: Any, seqs: object, recs: Any) -> bool:
+    """Whether a `putm`'s seqs are a list or tuple as long as its keys and records."""
+    return (type(seqs) is list or type(seqs) is tuple) and len(keys) == len(seqs) == len(recs)
+
+
 def _parse_general(index: int, mutation: object) -> Op:
     if not isinstance(mutation, tuple | list) or not mutation:
         raise StorageRejected(f"mutation #{index} is not a non-empty tuple: {mutation!r:.200}")
@@ -135,8 +163,9 @@ def _parse_general(index: int, mutation: object) -> Op:
     shape = _shape(kind, len(fields))
     if shape is None:
         raise StorageRejected(f"mutation #{index} has unknown kind {kind!r:.100}")
-    if kind == "putb" and len(fields) == len(shape) + 1:
-        return _cold_putb(index, mutation)
+    form = _PUT_FORMS.get((kind, len(fields)))  # a cold record's `putb`, a `putm`
+    if form is not None:
+        return form(index, mutation)
     if len(fields) != len(shape) or not all(map(isinstance, fields, shape)):
         expected = ", ".join(t.__name__ for t in shape)
         raise StorageRejected(
@@ -159,11 +188,19 @@ def _parse_general(index: int, mutation: object) -> Op:
         return kind, fields[0], fields[1], fields[2]
     if kind == "groupdel":
         return kind, fields[0], fields[1], None
-    if kind in ("putb", "updb", "updm", "dltb"):  # well-formed ones took the fast path
+    if kind in ("putb", "putm", "updb", "updm", "dltb"):  # well-formed ones took the fast path
         raise StorageRejected(f"mutation #{index} ({kind}) is malformed: {mutation!r:.200}")
     # del, qdel, webhookdel, flowdel: a key; crondel: a name, and maybe its queue; qdrain:
     # a queue and a seq.
     return kind, fields[0], fields[1] if len(fields) == 2 else None, None
+
+
+# The encoded puts the general path takes by their kind and count of fields: a cold record's
+# `putb` (its cold fields after its record) and a `putm` (not on the fast path: one a batch).
+_PUT_FORMS: dict[tuple[object, int], Callable[[int, Sequence[Any]], Op]] = {
+    ("putb", 8): _cold_putb,
+    ("putm", 7): _putm,
+}
 
 
 def _shape(kind: object, count: int) -> tuple[type, ...] | None:

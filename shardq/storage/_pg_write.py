@@ -228,7 +228,7 @@ def _write_jobs(
 def _write_whole(
     writes: Writes, whole: list[tuple[Any, ...]], cold_rows: list[tuple[Any, ...]], cold: int
 ) -> None:
-    """Upsert the rows put in the batch (`_write._write_whole`)."""
+    """Upsert the rows put in the batch (`_write_puts._write_whole`)."""
     if not cold:
         rows = whole + [one[:HOT_ROW] for one in cold_rows]
         writes.one(_UPSERT_PLAIN_JOB, _columns(rows, *_WHOLE_NUMBERS))

@@ -51,6 +51,7 @@ from shardq.storage._drain import (
 from shardq.storage._drain_bounds import BY_ID, drained_row
 from shardq.storage._errors import StorageError, wrap_error
 from shardq.storage._lone import NO_PLAN, lone_known, lone_put, lone_sql
+from shardq.storage._put_only import put_rows, write_put_rows
 from shardq.storage._store_drain import StoreDrains, not_drained
 from shardq.storage._store_file import PROGRESS_STEPS, StoreFile, beating
 from shardq.storage._store_loads import (
@@ -62,6 +63,7 @@ from shardq.storage._store_loads import (
 )
 from shardq.storage._tx import autocommit, transaction
 from shardq.storage._write import FETCH_CHUNK, chunks, merge_row, write_plan
+from shardq.storage._write_puts import COLD_COLUMNS
 
 __all__ = ["MAX_FILTER_QUEUES", "Store"]
 
@@ -119,6 +121,7 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         self._open_drains()
         self._swap_lock: int | None = None  # `keep_swap_lock`'s descriptor
         self._lone_sql = lone_sql(_schema.cold_columns(version))  # `_apply_lone_put`
+        self._cold = _schema.cold_columns(version)  # `_apply_puts`: the newest schema's only
 
     @classmethod
     def open(
@@ -213,6 +216,9 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
             row = lone_put(mutations)
             if row is not None:
                 return self._apply_lone_put(row)
+            puts = put_rows(mutations) if self._cold == COLD_COLUMNS else None
+            if puts is not None:
+                return self._apply_puts(*puts)
         self._begin_drains()
         action = f"applying a batch of {len(mutations)} mutations"
         done: Done
@@ -238,6 +244,14 @@ class Store(StoreFile, StoreDrains, StoreLoads, ColdReads):
         and rolls back whole if it fails, without the coalescing and the plan of `apply`."""
         written = autocommit(self._conn, self._lone_sql, row, "applying a batch of 1 mutations")
         self._unsettled = [(NO_PLAN, lone_known(row))]
+        return written
+
+    def _apply_puts(self, rows: list[tuple[Any, ...]], known: dict[str, Stored | None]) -> int:
+        """A batch of fresh jobs' puts only (`_put_only`) while no Drain range is pending and
+        no job has ops: their rows, written as `write_plan` writes them, without the plan."""
+        with transaction(self._conn, f"applying a batch of {len(rows)} puts"):
+            written = write_put_rows(self._conn, rows)
+        self._unsettled = [(NO_PLAN, known)]
         return written
 
     def settle(self) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Any, Final
+from typing import Any
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
@@ -51,9 +51,9 @@ from shardq.storage._encode import COLUMN_FIELDS
 from shardq.storage._patch import FRAME as _FRAME
 from shardq.storage._patch import join_patch, merged_patch
 from shardq.storage._patch import read_frame as _read_frame
-from shardq.storage._rows import run_keys, run_rows
 from shardq.storage._runs import Run
 from shardq.storage._write_keyed import Pack, write_keyed_tables
+from shardq.storage._write_puts import COLD_COLUMNS, HOT_ROW, write_replaced
 from shardq.storage._write_updates import BLOB, Group, Updates, write_groups, write_updates
 
 __all__ = [
@@ -80,60 +80,13 @@ are written: (job id, the mark of `_cold.cold_mark`)."""
 
 # Stays under SQLite's historical 999 bound parameters per statement.
 FETCH_CHUNK = 500
+_COLUMNS = len(COLUMN_FIELDS)
 
-# The statements over the rows put in a batch (`_rows.run_rows` fills in `{rows}`).
-_UPSERT_SET = (
-    " ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, state = excluded.state,"
-    " priority = excluded.priority, run_at = excluded.run_at, seq = excluded.seq,"
-    " rec = excluded.rec, patch = excluded.patch"
-)
-_UPSERT_JOB = (
-    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch) VALUES {rows}"
-    # An in-place update, unlike INSERT OR REPLACE, rewrites only the indexes whose columns
-    # changed, and keeps the rowid (and so the tie order among equal seqs) stable. A put
-    # replaces the whole row: one of a hot record leaves the cold columns NULL (`_cold`).
-    f"{_UPSERT_SET}, cold = NULL, lifo = NULL, gid = NULL, ukey = NULL"
-)
-# A cold record's put: the same with its cold columns.
-_UPSERT_COLD_JOB = (
-    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch, cold, lifo, gid,"
-    f" ukey, made) VALUES {{rows}}{_UPSERT_SET}, cold = excluded.cold, lifo = excluded.lifo,"
-    " gid = excluded.gid, ukey = excluded.ukey, made = excluded.made"
-)
-# The same at a schema with the cold columns but not yet `made` (versions 9 and 10).
-_UPSERT_COLD_JOB_V9 = (
-    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch, cold, lifo, gid,"
-    f" ukey) VALUES {{rows}}{_UPSERT_SET}, cold = excluded.cold, lifo = excluded.lifo,"
-    " gid = excluded.gid, ukey = excluded.ukey"
-)
-# A store at a schema older than the cold columns (tests build one) writes rows without them.
-_UPSERT_PLAIN_JOB = (
-    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec, patch) VALUES {rows}"
-    + _UPSERT_SET
-)
-_MARK_COLD = "UPDATE jobs SET cold = 1 WHERE id IN ({rows})"
 _SET_COLD = "UPDATE jobs SET cold = ?, lifo = ?, gid = ?, ukey = ?, made = ? WHERE id = ?"
 _SET_COLD_V9 = "UPDATE jobs SET cold = ?, lifo = ?, gid = ?, ukey = ? WHERE id = ?"
-COLD_COLUMNS: Final = 5
-"""The cold columns of the newest schema (`_cold`): `cold`, `lifo`, `gid`, `ukey`, `made`."""
-_COLUMNS = len(COLUMN_FIELDS)
-# The length of a hot row's tuple from `whole_row` (id, column fields, rec, patch).
-HOT_ROW = 3 + len(COLUMN_FIELDS)
-# The usual put's row (`_write_jobs`): `patch` left to its default, the empty blob, which
-# `excluded.patch` is too. One bound parameter a put fewer; the row stored is the same.
-_UPSERT_FRESH_JOB = (
-    "INSERT INTO jobs (id, queue, state, priority, run_at, seq, rec) VALUES {rows}"
-    f"{_UPSERT_SET}, cold = NULL, lifo = NULL, gid = NULL, ukey = NULL"
-)
-# The length of a row tuple of the usual put (`_write_jobs`): a hot row without its patch.
-_FRESH_ROW = HOT_ROW - 1
-_DELETE_JOBS = "DELETE FROM jobs WHERE id IN ({rows})"
 _DELETE_QUEUE_JOBS = "DELETE FROM jobs WHERE queue = ?"
 _DELETE_QUEUE_GROUPS = "DELETE FROM queue_groups WHERE queue = ?"
 _FOLDED = "UPDATE jobs SET rec = ?, patch = x'' WHERE id = ?"
-# The empty patch of every put row written without one: one object for them all (sqlite3
-# only reads a parameter, nothing else holds the row tuples).
-_NO_PATCH: Final = BLOB()
 
 
 def write_plan(
@@ -183,7 +136,7 @@ def _write_jobs(
     ops: list[tuple[str, bytes]] = []
     refill: Refill = []
     joined: Shared = {}
-    fresh = 0  # the rows of `whole` without their patch (`_FRESH_ROW` long)
+    fresh = 0  # the rows of `whole` without their patch (`FRESH_ROW` long)
     for job_id, row in plan.jobs.items():
         if row is None:
             deleted.append((job_id,))
@@ -214,7 +167,7 @@ def _write_jobs(
     if plan.runs:
         add_runs(plan, pack, patch_floor, known, joined, to_fold)
     if deleted or whole or cold_rows:
-        written, delta_rows = _write_replaced(
+        written, delta_rows = write_replaced(
             conn, deleted, (whole, fresh), cold_rows, deltas_exist, cold
         )
     if joined:
@@ -230,66 +183,6 @@ def _write_jobs(
     if to_fold:
         delta_rows -= _fold_stored(conn, to_fold, pack, known)
     return written, delta_rows
-
-
-def _write_replaced(
-    conn: sqlite3.Connection,
-    deleted: list[tuple[str]],
-    put: tuple[list[tuple[Any, ...]], int],
-    cold_rows: list[tuple[Any, ...]],
-    deltas_exist: bool,
-    cold: int,
-) -> tuple[int, int]:
-    """Delete the `deleted` rows and write the whole ones (`_write_whole`; `put`: the hot
-    ones and how many of them go without their patch), and delete the ops of both; (rows
-    written, change in `job_deltas` rows)."""
-    written = delta_rows = 0
-    whole, fresh = put
-    if fresh and fresh < len(whole):
-        # In the plan's order, which gives new rows their rowids: one statement for all.
-        whole = [one if len(one) == HOT_ROW else (*one, _NO_PATCH) for one in whole]
-    if deltas_exist:
-        # A put replaces the whole record, ops included (a batch resent to a new writer).
-        gone = [k for (k,) in deleted] + [w[0] for w in whole] + [w[0] for w in cold_rows]
-        delta_rows -= delete_deltas(conn, gone)
-    if deleted:
-        written += run_rows(conn, _DELETE_JOBS, 1, deleted)
-    if whole or cold_rows:
-        written += _write_whole(conn, whole, cold_rows, cold)
-    return written, delta_rows
-
-
-def _write_whole(
-    conn: sqlite3.Connection,
-    whole: list[tuple[Any, ...]],
-    cold_rows: list[tuple[Any, ...]],
-    cold: int,
-) -> int:
-    """Upsert the rows put in the batch: hot ones and cold ones (`whole_row`). `cold`: the
-    cold columns the table has (`write_plan`; the cold rows are written with those only)."""
-    written = 0
-    if whole and len(whole[0]) == _FRESH_ROW:  # all of them are (`_write_replaced`)
-        if not cold:
-            whole = [(*one, _NO_PATCH) for one in whole]
-        else:
-            written += run_rows(conn, _UPSERT_FRESH_JOB, _FRESH_ROW, whole)
-            whole = []
-    if not cold:
-        rows = whole + [one[:HOT_ROW] for one in cold_rows]
-        return run_rows(conn, _UPSERT_PLAIN_JOB, HOT_ROW, rows)
-    if whole:
-        written += run_rows(conn, _UPSERT_JOB, HOT_ROW, whole)
-    if cold_rows and cold < COLD_COLUMNS:
-        rows = [one[: HOT_ROW + cold] for one in cold_rows]
-        written += run_rows(conn, _UPSERT_COLD_JOB_V9, HOT_ROW + cold, rows)
-    elif cold_rows:
-        # Put with `cold` NULL, then marked: no insert trigger counts (from schema 14 there is
-        # none, so that a hot put runs none), the mark's UPDATE OF cold does. A put over a
-        # stored cold row sets `cold` too, and the trigger takes that row's count off.
-        rows = [(*one[:HOT_ROW], None, *one[HOT_ROW + 1 :]) for one in cold_rows]
-        written += run_rows(conn, _UPSERT_COLD_JOB, HOT_ROW + COLD_COLUMNS, rows)
-        run_keys(conn, _MARK_COLD, 0, (), [one[0] for one in cold_rows])
-    return written
 
 
 def _refill(conn: sqlite3.Connection, refill: Refill, cold: int) -> None:

@@ -20,7 +20,7 @@ from shardq.core import Engine
 from shardq.core._fresh import FreshRecords, PackedRecord
 from shardq.core._job import Job
 from shardq.storage._cold import COLD_COLUMN
-from shardq.storage._encode import MutationEncoder
+from shardq.storage._encode import PUTM_JOB_BYTES, MutationEncoder
 from tests.core.test_plain_push import DATA
 
 NOW = 1_700_000_000_000
@@ -202,9 +202,11 @@ def test_a_bulk_push_from_bunqueue_client_gets_fresh_records_with_their_bytes() 
 
 
 def test_a_batch_with_runs_of_fresh_puts_encodes_as_their_plain_records() -> None:
-    """The encoder takes a run of fresh puts (a PUSHB's) in one pass (`_encode._fresh_puts`):
-    a batch mixing such runs with other puts and updates encodes exactly as the same batch
-    whose records are plain dicts (every put packed on its own), with the same sizes."""
+    """The encoder takes a run of fresh puts (a PUSHB's) in one pass (`_encode._fresh_puts`),
+    as one `putm` each: a batch mixing such runs with other puts and updates encodes exactly
+    as the same batch whose records are plain dicts (every put packed on its own, a `putb`)
+    once each `putm` is written out as the `putb`s it stands for, with the same sizes and
+    `PUTM_JOB_BYTES` for each job of a `putm`."""
     engine = Engine(seed=3)
     batch: list[Any] = []
     pushb = {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": {"i": i}} for i in range(5)]}
@@ -222,6 +224,23 @@ def test_a_batch_with_runs_of_fresh_puts_encodes_as_their_plain_records() -> Non
     plain = [(m[0], dict(m[1])) if m[0] == "put" else m for m in batch]
     encoder, general = MutationEncoder(), MutationEncoder()
     got = encoder.encode(batch)
-    assert got == general.encode(plain) and _pack(got) == _pack(general.encode(plain))
-    assert [m[0] for m in got].count("putb") == 18
-    assert (encoder.encoded_bytes, encoder.unencoded) == (general.encoded_bytes, 0)
+    want = general.encode(plain)
+    assert _putbs(got) == want and _pack(_putbs(got)) == _pack(want)
+    assert [m[0] for m in got].count("putb") == 3  # the PUSH, the cold one, the list-shaped one
+    runs = [len(m[5]) for m in got if m[0] == "putm"]
+    assert runs == [5, 5, 5]
+    extra = PUTM_JOB_BYTES * sum(runs)
+    assert (encoder.encoded_bytes, encoder.unencoded) == (general.encoded_bytes + extra, 0)
+
+
+def _putbs(encoded: list[Any]) -> list[Any]:
+    """`encoded` with each `putm` written out as the `putb` of each of its jobs."""
+    out: list[Any] = []
+    for m in encoded:
+        if m[0] != "putm":
+            out.append(m)
+            continue
+        _, queue, state, priority, run_at, keys, seqs, recs = m
+        for key, seq, rec in zip(keys, seqs, recs, strict=True):
+            out.append(("putb", key, queue, state, priority, run_at, seq, rec))
+    return out

@@ -87,7 +87,7 @@ def s() -> Shard:
 def test_one_turn_sends_one_batch_of_mutations(s: Shard) -> None:
     rids = s.turn(*({"cmd": "PUSH", "queue": "q", "data": i} for i in range(5)))
     assert all(s.replies[r]["ok"] for r in rids)
-    assert len(s.batches) == 1 and len(s.batches[0]["muts"]) == 5
+    assert len(s.batches) == 1 and len(putbs(s.batches[0]["muts"])) == 5
     s.turn({"cmd": "Count", "queue": "q"})
     assert len(s.batches) == 1  # a turn without mutations sends nothing to the writer
 
@@ -414,7 +414,10 @@ def test_a_turn_of_pushes_answers_and_stores_as_the_same_pushes_one_per_turn() -
     # first one was pulled since).
     first, second = (together.core.engine.find(together.replies[r]["id"]) for r in rids[1:3])
     assert first is not None and second is not None and first.timeline is second.timeline
-    muts = [[m for batch in shard.batches for m in batch["muts"]] for shard in (together, apart)]
+    # A `putm` of a run of puts with equal columns (`_encode`): the `putb` of each, in order.
+    muts = [
+        putbs([m for batch in shard.batches for m in batch["muts"]]) for shard in (together, apart)
+    ]
     assert muts[0] == muts[1] and len(muts[0]) == len(cmds) - 1  # a put each, the PULL's update
 
 
@@ -444,7 +447,9 @@ def test_pushes_spread_over_queues_in_one_turn_are_the_same_pushes_one_per_turn(
     # The first five went in one pass: q0's two share their timeline.
     first, fourth = (together.core.engine.find(together.replies[r]["id"]) for r in rids[0:4:3])
     assert first is not None and fourth is not None and first.timeline is fourth.timeline
-    muts = [[m for batch in shard.batches for m in batch["muts"]] for shard in (together, apart)]
+    muts = [
+        putbs([m for batch in shard.batches for m in batch["muts"]]) for shard in (together, apart)
+    ]
     assert len(muts[0]) == len(muts[1]) == len(cmds) - 1  # a put each, the PULL's update
     for queue in ("q0", "q1", "q2"):
         of_queue = [
@@ -558,6 +563,7 @@ def test_confirmed_jobs_of_several_queues_each_enter_their_heap_once(s: Shard) -
     store = s.core.engine.store
     qa, qb = store.queues["qa"], store.queues["qb"]
     assert len(store.held) == 7 and not any(rid in s.replies for rid in rids)
+
     def live(q: Any) -> int:
         return sum(1 for key in q.ready if store.jobs[key[-1]].hkey is key)
 
@@ -584,3 +590,17 @@ def test_confirmed_jobs_of_several_queues_each_enter_their_heap_once(s: Shard) -
 )
 def test_a_pushb_is_durable_if_an_entry_says_so(jobs: list[Any], durable: bool) -> None:
     assert is_durable("PUSHB", {"cmd": "PUSHB", "queue": "q", "jobs": jobs}) is durable
+
+
+def putbs(muts: list[Any]) -> list[Any]:
+    """`muts` with each `putm` written out as the `putb` of each of its jobs (`_encode`), as
+    a list each, as the writer receives a `putb`."""
+    out: list[Any] = []
+    for m in muts:
+        if m[0] != "putm":
+            out.append(m)
+            continue
+        _, queue, state, priority, run_at, keys, seqs, recs = m
+        for key, seq, rec in zip(keys, seqs, recs, strict=True):
+            out.append(("putb", key, queue, state, priority, run_at, seq, rec))
+    return out

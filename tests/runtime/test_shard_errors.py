@@ -21,6 +21,7 @@ from shardq.core import Engine
 from shardq.protocol import INTERNAL_SERVER_ERROR
 from shardq.runtime.links._control import unpack
 from shardq.runtime.shard._core import TICK_RETRY_MS, ShardCore
+from shardq.storage import put_keys
 
 HUGE = 1e300  # int(1e300) fits no 64-bit field: msgpack, SQLite and poll all refuse it
 
@@ -44,7 +45,8 @@ def test_a_rejected_durable_push_is_answered_with_an_error_and_forgotten(s: Shar
 def test_a_rejected_bulk_entry_fails_the_push_and_deletes_its_siblings(s: Shard) -> None:
     jobs = [{"data": n, "durable": True} for n in range(3)]
     (rid,) = s.turn({"cmd": "PUSHB", "queue": "q", "jobs": jobs})
-    keys = [m[1] for m in s.batches[0]["muts"]]
+    keys = [key for m in s.batches[0]["muts"] for key in put_keys(m)]  # one `putm`
+    assert len(keys) == 3
     s.msg({"t": "rejected", "seq": 1, "items": [["put", keys[1], "OverflowError"]]})
     s.msg({"t": "done", "seq": 1})
     assert s.replies[rid]["ok"] is False
@@ -74,7 +76,11 @@ def test_a_push_that_cannot_be_encoded_fails_alone(s: Shard) -> None:
     assert s.replies[good]["ok"] and s.replies[after]["ok"]
     assert s.replies[bad]["ok"] is False
     assert s.core.engine.find("p1") is None
-    assert len(s.batches[0]["muts"]) == 2  # the two good puts went to the writer
+    # The two good puts went to the writer (as one `putm`: their columns are equal).
+    assert [key for m in s.batches[0]["muts"] for key in put_keys(m)] == [
+        s.replies[good]["id"],
+        s.replies[after]["id"],
+    ]
 
 
 # -- the real server

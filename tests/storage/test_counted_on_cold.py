@@ -4,7 +4,7 @@ The trigger that keeps `cold_counts` on an update fires only for an UPDATE whose
 `cold` (`_cold_count_table.SQLITE_ON_COLD`), so the writer's update of hot rows (a pull's,
 an ack's) compiles without it, and its update of the rows it left (cold ones) sets `cold` to
 keep it (`_write_updates.HOT`). There is no insert trigger: a cold row is put with `cold` NULL and
-then marked (`_write._MARK_COLD`), which the update trigger counts. The counts themselves
+then marked (`_write_puts._MARK_COLD`), which the update trigger counts. The counts themselves
 are checked by the storage contract (test_contract_cold_counts); here, what each statement
 runs.
 """
@@ -18,12 +18,12 @@ import sqlite3
 from pathlib import Path
 
 import shardq.storage
-from shardq.storage import Store, _schema, _write, _write_updates
+from shardq.storage import Store, _schema, _write_puts, _write_updates
 
 _STATE = ("state",)
 _INSERT = "INSERT INTO jobs (id, queue, state, seq, rec) VALUES (?, ?, ?, ?, ?)"
 _ROW: list[object] = ["a", "q", "waiting", 1, b"\x80"]
-_ROWS = f"({', '.join('?' * _write.HOT_ROW)})"
+_ROWS = f"({', '.join('?' * _write_puts.HOT_ROW)})"
 _PUT: list[object] = ["a", "q", "waiting", 0, 0, 1, b"\x80", b""]
 
 
@@ -49,8 +49,8 @@ def test_a_hot_update_runs_no_trigger_and_a_cold_one_runs_the_count_trigger(
         assert _programs(conn, own_cold, params[:3]) == 1
         assert _programs(conn, _INSERT, _ROW) == 0  # no insert trigger
         # The put's ON CONFLICT branch sets `cold`: the update trigger, for a conflict only.
-        assert _programs(conn, _write._UPSERT_JOB.format(rows=_ROWS), _PUT) == 1
-        assert _programs(conn, _write._MARK_COLD.format(rows="?"), ["a"]) == 1
+        assert _programs(conn, _write_puts._UPSERT_JOB.format(rows=_ROWS), _PUT) == 1
+        assert _programs(conn, _write_puts._MARK_COLD.format(rows="?"), ["a"]) == 1
 
 
 def test_the_schema_before_fired_a_trigger_on_every_put_and_update(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_the_schema_before_fired_a_trigger_on_every_put_and_update(tmp_path: Pat
     shared_hot = _write_updates._shared_sql(_STATE, _write_updates.HOT).format(rows="?, ?")
     assert _programs(conn, shared_hot, ["active", b"", "a", "b"]) == 1
     assert _programs(conn, _INSERT, _ROW) == 1
-    assert _programs(conn, _write._UPSERT_JOB.format(rows=_ROWS), _PUT) == 2
+    assert _programs(conn, _write_puts._UPSERT_JOB.format(rows=_ROWS), _PUT) == 2
     conn.close()
 
 
@@ -108,14 +108,14 @@ def test_every_update_of_a_counted_column_sets_cold_or_is_for_hot_rows_only() ->
     # `cold` (if only to itself), or touch hot rows only (`cold IS NULL`). A new statement
     # that does neither would let the counts drift; it fails here.
     statements = _writes_of_jobs()
-    assert "_write._MARK_COLD[0]" in statements and "_write._UPSERT_JOB[0]" in statements
+    assert "_write_puts._MARK_COLD[0]" in statements and "_write_puts._UPSERT_JOB[0]" in statements
     # Exempt: the tables older than the cold columns have no counts at all (tests build them),
     # and the unconditional variant of the generated updates serves only those tables.
     # The plain upsert is exempt wherever it is used, with any number of rows (`_lone`'s is
     # the template formatted for one).
-    head, tail = _write._UPSERT_PLAIN_JOB.split("{rows}")
+    head, tail = _write_puts._UPSERT_PLAIN_JOB.split("{rows}")
     plain = {k for k, sql in statements.items() if sql.startswith(head) and sql.endswith(tail)}
-    assert "_write._UPSERT_PLAIN_JOB[0]" in plain and "_lone._UPSERT_PLAIN[0]" in plain
+    assert "_write_puts._UPSERT_PLAIN_JOB[0]" in plain and "_lone._UPSERT_PLAIN[0]" in plain
     exempt = {*plain, *(k for k in statements if k.endswith(")"))}
     wrong = {
         where: sql

@@ -23,6 +23,7 @@ from shardq.storage import (
     _seq_reads,
     _store_loads,
     _write,
+    _write_puts,
     _write_updates,
 )
 
@@ -173,7 +174,7 @@ _STATEMENTS: dict[str, tuple[str, tuple[Any, ...], str]] = {
     ),
     # The writer's statements over many rows (`_rows`), here over two.
     "delete jobs": (
-        _write._DELETE_JOBS.format(rows="(?), (?)"),
+        _write_puts._DELETE_JOBS.format(rows="(?), (?)"),
         ("j", "k"),
         "sqlite_autoindex_jobs_1",
     ),

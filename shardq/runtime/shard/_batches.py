@@ -21,7 +21,7 @@ from typing import Final
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from shardq.core import Mutation
-from shardq.storage._encode import UPDM_KEY_BYTES
+from shardq.storage._encode import PUTM_JOB_BYTES, UPDM_KEY_BYTES
 
 __all__ = [
     "ENCODED_ALLOWANCE",
@@ -82,6 +82,10 @@ def mutation_sizes(mutations: Sequence[Mutation]) -> list[int]:
                 last_columns, last_columns_size = columns, _columns_bytes(columns)
             keys = sum(len(key) + UPDM_KEY_BYTES for key in m[3])
             append(MUTATION_OVERHEAD + len(m[1]) + last_columns_size + keys)
+        elif kind == "putm":  # a run of fresh jobs' puts: their keys and records, each framed
+            queue = m[1]
+            jobs = sum(map(len, m[5])) + sum(map(len, m[7])) + PUTM_JOB_BYTES * len(m[5])
+            append(MUTATION_OVERHEAD + (len(queue) if type(queue) is str else 9) + jobs)
         elif kind == "dltb":
             append(MUTATION_OVERHEAD + len(m[1]) + len(m[2]))
         else:

@@ -37,7 +37,7 @@ from shardq.runtime import _messages as msgs
 from shardq.runtime.links._control import pack
 from shardq.runtime.shard._batches import cut_batches, fits_one_batch
 from shardq.runtime.shard._salvage import names_job, pack_mutations
-from shardq.storage import MutationEncoder, describe
+from shardq.storage import MutationEncoder, describe, put_keys
 
 __all__ = ["MAX_RESEND_ROUNDS", "Absorb", "Item", "WriterBatches"]
 
@@ -424,7 +424,7 @@ class WriterBatches:
         self._unconfirmed = deque((s, m) for s, m in self._unconfirmed if s != seq)
         self._unsize(seq)
         self._holding = deque((s, ids) for s, ids in self._holding if s != seq)
-        puts = [key for kind, key in map(describe, batch["muts"]) if kind == "put" and key]
+        puts = [key for m in batch["muts"] for key in put_keys(m)]  # each of a `putm`'s
         self._absorb(self._engine.store.forget([job_id_of(key) for key in puts], stored=False), ())
 
     def on_rejected(self, msg: dict[str, Any], now: int) -> None:

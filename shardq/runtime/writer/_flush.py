@@ -43,7 +43,7 @@ class _Batch:
     durable: bool = False  # a durable reply waits on it: dropped, not kept, when storage is full
     told_fail: bool = False
     nbytes: int = 0  # the frame it came in
-    ops: int = 0  # job mutations it stands for (an `updm` counts each of its jobs)
+    ops: int = 0  # job mutations it stands for (an `updm` or a `putm` counts each of its jobs)
     rep: bytes | None = None  # its replies, for the front end once committed (`replies`)
 
 
@@ -71,9 +71,9 @@ class FlushBuffer:
         self._max_bytes = max_buffered_bytes
         self._bytes = 0  # of the batches waiting
         self._muts: list[Mutation] = []
-        # What the count bounds apply to: the mutations waiting, each job of an `updm` counted
-        # (`shardq.storage._encode`), so that a shard grouping its updates leaves the flush
-        # policy as it was.
+        # What the count bounds apply to: the mutations waiting, each job of an `updm` or a
+        # `putm` counted (`shardq.storage._encode`), so that a shard grouping its updates and
+        # puts leaves the flush policy as it was.
         self._ops = 0
         self._batches: list[_Batch] = []
         self._with_replies = 0  # waiting batches that carry replies (`rep`)
@@ -151,7 +151,7 @@ class FlushBuffer:
 
     @property
     def pending(self) -> int:
-        """Mutations waiting for a commit (each job of an `updm` counted)."""
+        """Mutations waiting for a commit (each job of an `updm` or a `putm` counted)."""
         return self._ops
 
     @property
@@ -342,9 +342,12 @@ class FlushBuffer:
         return epoch
 
 
+_PUTM = 8  # a `putm`'s length: its keys are at 5 (`shardq.storage._encode`)
+
+
 def _scan(mutations: list[Any]) -> tuple[int, bool]:  # what came off the wire: anything
-    """How many more job mutations the `updm`s among `mutations` stand for than their count,
-    and whether one of them is a `qdrain`."""
+    """How many more job mutations the `updm`s and `putm`s among `mutations` stand for than
+    their count, and whether one of them is a `qdrain`."""
     extra = 0
     drains = False
     m: Any
@@ -354,6 +357,8 @@ def _scan(mutations: list[Any]) -> tuple[int, bool]:  # what came off the wire: 
             kind = m[0]
             if kind == "updm" and len(m) == 4 and type(m[3]) is list:
                 extra += max(len(m[3]) - 1, 0)
+            elif kind == "putm" and len(m) == _PUTM and type(m[5]) is list:
+                extra += max(len(m[5]) - 1, 0)
             elif kind == "qdrain":
                 drains = True
     return extra, drains

@@ -18,7 +18,7 @@ from shardq.core import Mutation, job_id_of
 from shardq.runtime import _messages as msgs
 from shardq.runtime.writer._flush import FlushBuffer, Outgoing
 from shardq.runtime.writer._isolate import apply_isolating
-from shardq.storage import Storage, StorageError, StorageRejected, describe
+from shardq.storage import Storage, StorageError, StorageRejected, describe, put_keys
 
 __all__ = ["RejectedMutations"]
 
@@ -74,10 +74,13 @@ class RejectedMutations:
     def _rejected_items(
         self, mutation: Mutation, kind: str, key: str | None, error: str
     ) -> list[list[Any]]:
-        """The `rejected` items of one mutation: one per job of an `updm` (`_encode`)."""
+        """The `rejected` items of one mutation: one per job of an `updm` or a `putm`
+        (`_encode`)."""
         keys: list[Any] = [key]
         if mutation[0] == "updm" and len(mutation) == 4 and isinstance(mutation[3], list):
             keys = [k for k in mutation[3] if isinstance(k, str)]
+        elif mutation[0] == "putm":
+            keys = put_keys(mutation) or keys
         items: list[list[Any]] = []
         for one in keys:
             item: list[Any] = [kind, one, error]
