@@ -24,7 +24,9 @@ The stamps cost about a microsecond each, so the sum is a little above the plain
 use `bench.durable_hops` for latency and CPU without them.
 
 The writer's steps are stamped apart as well (indented rows): decoding the batch, and inside
-`Store.apply` the coalescing, the row writes, then COMMIT and what follows it. `--bulk N` sends
+`Store.apply` the coalescing, the row writes, then COMMIT and what follows it (a batch of
+fresh puts only, such as a PUSHB's, has no plan to coalesce: its `coalesce` row is the making
+of its rows, `_put_only`). `--bulk N` sends
 a PUSHB of N jobs per call instead of a PUSH (issue 24's durable bulk push). With
 `SHARDQ_HOPTRACE_FINE=1` in a build's environment the hook stamps the parts of a shard's turn
 too (encoding its batch, taking and packing its replies), for a closer look at the raw stamps.

@@ -11,7 +11,9 @@ step (`time.thread_time`, so other processes' load moves it less than wall time)
 - `buffer`: `FlushBuffer.add_muts` and the flush policy;
 - `coalesce`: parsing the mutations and folding them into a plan (`_coalesce`), without the
   SQL of its reads;
-- `rows`: building the rows and parameters of the plan (`_write`, `_rows`), without SQL;
+- `rows`: building the rows and parameters of the plan (`_write`, `_rows`), without SQL; a
+  batch of fresh puts only has no plan, and its rows are made by `put_rows` (`_put_only`),
+  parse included, so its `coalesce` reads 0;
 - `sql`: every statement but BEGIN and COMMIT, as sqlite3 runs it (binding included);
 - `begin`, `commit`: the transaction's two statements;
 - `remember`: the writer's cache of row summaries after the commit;
@@ -101,9 +103,13 @@ def _connection_class(split: _Split) -> type:
 @contextmanager
 def _patched(split: _Split) -> Iterator[None]:
     """Time `Store.apply`'s steps: coalesce, write the plan, remember."""
-    names = ("coalesce", "write_plan", "remember_steps")
+    names = ("coalesce", "write_plan", "remember_steps", "put_rows")
     saved = {name: getattr(store_module, name) for name in names}
-    steps = {"coalesce": "coalesce", "write_plan": "rows", "remember_steps": "remember"}
+    # A batch of fresh puts only skips the plan: its rows are made by `put_rows` (`_put_only`).
+    steps = {
+        "coalesce": "coalesce", "write_plan": "rows", "remember_steps": "remember",
+        "put_rows": "rows",
+    }  # fmt: skip
 
     def timed(name: str) -> Callable[..., Any]:
         inner = saved[name]

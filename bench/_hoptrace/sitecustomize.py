@@ -84,6 +84,9 @@ def _install() -> None:
     _wrap(store.Store, "apply", "w.apply0", "w.apply1")
     _wrap(store, "coalesce", "w.coal0", None)
     _wrap(store.Store, "_write", "w.write0", "w.write1")
+    # A batch of fresh puts only (`_put_only`): its rows made, then written, without a plan.
+    _wrap(store, "put_rows", "w.coal0", None)
+    _wrap(store, "write_put_rows", "w.write0", "w.write1")
 
 
 if _PREFIX:
