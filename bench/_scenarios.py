@@ -17,10 +17,10 @@ reply (issue 24's durable single push: one commit per job); `spush1q` the same w
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 
+from bench._server import free_ports
 from shardq.client import ConnectionLost, TcpConnection
 
 SCENARIOS = ("push1q", "push8q", "drain1q", "drain8q")
@@ -30,13 +30,6 @@ ALL_SCENARIOS = SCENARIOS + EXTRA
 # Jobs pushed per round of a `ppa*` scenario (20 PUSHB of `BATCH`).
 PPA_ROUND = 20
 BATCH = 100
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def children(pid: int) -> list[tuple[int, str]]:
@@ -70,9 +63,9 @@ def start_server(
 ) -> tuple[subprocess.Popen[bytes], int]:
     """A server of `executable` on free ports, run under `wrapper` (a command prefix) if set,
     with `env` added to the environment."""
-    tcp = free_port()
+    tcp, zmq = free_ports(2)
     args = [*wrapper, executable, "start", "--shards", str(shards), "--tcp-port", str(tcp),
-            "--zmq-port", str(free_port()), "--data-path", f"{data_dir}/shardq.db",
+            "--zmq-port", str(zmq), "--data-path", f"{data_dir}/shardq.db",
             "--log-level", "warning"]  # fmt: skip
     # In the data dir, not here: `python -m` puts the working directory first on the import
     # path, and in a checkout that would run this checkout's code under any build's name.

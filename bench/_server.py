@@ -14,14 +14,26 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["ShardqProcess", "free_port", "log_entries", "rss_kb"]
+__all__ = ["ShardqProcess", "free_port", "free_ports", "log_entries", "rss_kb"]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A port of 127.0.0.1 that was free a moment ago."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports of 127.0.0.1 that were free a moment ago: their sockets are held
+    open together while they are chosen. (Two `free_port()` calls in a row may return the same
+    port: the kernel can hand a just-closed ephemeral port out again.)"""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def rss_kb(pid: int, field: str = "VmRSS") -> int:
@@ -54,8 +66,7 @@ class ShardqProcess:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="shardq-bench-"))
-        self.tcp_port = free_port()
-        self.zmq_port = free_port()
+        self.tcp_port, self.zmq_port = free_ports(2)
         self._log: IO[bytes] = open(self.dir / "server.log", "wb")  # noqa: SIM115
         args = [
             sys.executable, "-m", "shardq_cli.main", "start",

@@ -48,7 +48,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.getcwd())
 
 from bench._counts import have_strace, measure_counts, profile_env
-from bench._server import free_port, log_entries
+from bench._server import free_ports, log_entries
 
 __all__ = ["main"]
 
@@ -117,7 +117,7 @@ class _Server:
         self, python: str, spin: str, extra: dict[str, str] | None = None, counts: bool = False
     ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="shardq-dhops-"))
-        self.port = free_port()
+        self.port, zmq_port = free_ports(2)
         self._log = open(self.dir / "server.log", "wb")  # noqa: SIM115
         env = {**os.environ, "SHARDQ_SPIN_US": spin, **(extra or {})}
         if counts:
@@ -125,7 +125,7 @@ class _Server:
         python = os.path.abspath(python) if os.sep in python else python
         self.proc = subprocess.Popen(
             [python, "-m", "shardq_cli.main", "start", "--host", "127.0.0.1",
-             "--tcp-port", str(self.port), "--zmq-port", str(free_port()), "--http-port", "0",
+             "--tcp-port", str(self.port), "--zmq-port", str(zmq_port), "--http-port", "0",
              "--data-path", str(self.dir / "shardq.db"), "--shards", "2",
              "--log-format", "json"],
             # Started in its own directory: from this checkout's, `-m` would import this

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from bench._server import ShardqProcess, free_port
+from bench._server import ShardqProcess, free_port, free_ports
 from bench.compare._bunqueue import DROPPED_ENV, BunqueueInstall, ensure_bunqueue, server_env
 from bench.compare._env import default_cache
 from bench.cpu import cpu_seconds
@@ -239,7 +239,7 @@ def start_bunqueue(procs: Procs) -> Child:
     install = procs.bunqueue
     if install is None:
         install = procs.bunqueue = ensure_bunqueue(default_cache(), _stderr)
-    port, http = free_port(), free_port()
+    port, http = free_ports(2)
     data_dir = procs.tempdir("bench-bunqueue-data-")
     env = {**server_env(port, http, data_dir / "bunqueue.db"), **SHUTDOWN_ENV}
     # Its data dir as the working dir: no stray bunqueue.config.* of ours is picked up.
