@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +83,12 @@ def server_rows(name: str, port: int, requests: int) -> list[Row]:
 
 
 def _echo_unix(path: str) -> None:
+    # The path appears only once the socket listens: bound under another name, then renamed, so
+    # a client that sees the path never connects between bind and listen (refused).
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(path + ".bound")
     listener.listen(1)
+    os.rename(path + ".bound", path)
     conn, _ = listener.accept()
     poller = select.poll()
     poller.register(conn, select.POLLIN)
@@ -132,39 +137,53 @@ def floor_rows(requests: int) -> list[Row]:
     here = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     rows = []
     unix_path = str(here / "echo.sock")
-    echo = subprocess.Popen([sys.executable, "-m", "bench.latency", "--echo-unix", unix_path])
-    try:
+    with _echo_child("--echo-unix", unix_path):
         _wait_for(Path(unix_path))
         samples = asyncio.run(_unix_client(unix_path, requests))
         rows.append({"peer": "floor", "path": "Unix socket echo (asyncio <-> poll)",
                      **_summary(samples)})  # fmt: skip
-    finally:
-        echo.wait(10)
     inbound, outbound = f"ipc://{here}/in", f"ipc://{here}/out"
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     pull.bind(outbound)
     push.connect(inbound)
-    echo = subprocess.Popen(
-        [sys.executable, "-m", "bench.latency", "--echo-zmq", inbound, outbound]
-    )
     try:
-        push.send(b"warm")
-        pull.recv()
-        samples = []
-        for _ in range(requests):
-            started = time.perf_counter()
-            push.send(b"x" * 100)
-            pull.recv()
-            samples.append(time.perf_counter() - started)
-        rows.append({"peer": "floor", "path": "ZeroMQ PUSH/PULL ipc echo", **_summary(samples)})
-        push.send(b"stop")
+        with _echo_child("--echo-zmq", inbound, outbound):
+            rows.append({"peer": "floor", "path": "ZeroMQ PUSH/PULL ipc echo",
+                         **_summary(_zmq_samples(push, pull, requests))})  # fmt: skip
+            push.send(b"stop")
     finally:
-        echo.wait(10)
         pull.close(linger=0)
         push.close(linger=0)
         ctx.term()
     return rows
+
+
+def _zmq_samples(push: zmq.Socket[bytes], pull: zmq.Socket[bytes], requests: int) -> list[float]:
+    push.send(b"warm")
+    pull.recv()
+    samples = []
+    for _ in range(requests):
+        started = time.perf_counter()
+        push.send(b"x" * 100)
+        pull.recv()
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+@contextlib.contextmanager
+def _echo_child(*args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """An echo process that is gone when the block ends. It exits by itself once its client is
+    done; if it has not within 10 s, or the block failed, it is killed. A child left running
+    would hold the caller's output pipes open, and whoever reads them would wait forever."""
+    echo = subprocess.Popen([sys.executable, "-m", "bench.latency", *args])
+    try:
+        yield echo
+        echo.wait(10)
+    finally:
+        if echo.poll() is None:
+            echo.kill()
+            echo.wait()
 
 
 def _wait_for(path: Path, timeout: float = 10.0) -> None:

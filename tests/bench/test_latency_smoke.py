@@ -6,9 +6,13 @@ shardq only, a few requests, one repeat; it asserts the shape of the report, nev
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,3 +55,27 @@ def test_latency_refuses_an_unknown_peer() -> None:
         check=False,
     )
     assert done.returncode == 2 and "unknown peers: redis" in done.stderr
+
+
+def test_the_unix_echo_path_appears_only_once_it_listens(tmp_path: Path) -> None:
+    """CI once saw the floor's client refused: it connected between the echo's bind and listen."""
+    from bench.latency import _echo_child, _wait_for
+
+    path = tmp_path / "echo.sock"
+    with _echo_child("--echo-unix", str(path)):
+        _wait_for(path)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(path))  # refused if the path came before listen
+            client.sendall(b"ping")
+            assert client.recv(16) == b"ping"
+
+
+def test_an_echo_child_is_killed_when_its_block_fails(tmp_path: Path) -> None:
+    """A child left running holds the caller's pipes: the smoke test then waited 120 s, not 1."""
+    from bench.latency import _echo_child
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError), _echo_child("--echo-unix", str(tmp_path / "e.sock")) as echo:
+        raise RuntimeError("the client failed")
+    assert echo.poll() is not None
+    assert time.monotonic() - started < 9  # killed, not waited out (its wait is 10 s)
