@@ -23,7 +23,14 @@ from shardq_harness import ShardqServer
 from shardq.client import TcpConnection
 from shardq.cluster._map import NodeInfo, write_map
 from shardq.runtime.frontend._flows import _Watching
-from shardq.runtime.frontend._forward import PEER, Forwarder, ForwardLimits, PeerLink, _relay
+from shardq.runtime.frontend._forward import (
+    _RETRY_S,
+    PEER,
+    Forwarder,
+    ForwardLimits,
+    PeerLink,
+    _relay,
+)
 from shardq.runtime.frontend._limits import ParkedSlots
 from shardq.runtime.frontend._metrics import Counters, _Watched
 from shardq.runtime.frontend._orphans import OrphanWatch
@@ -133,18 +140,40 @@ def test_a_peer_that_stops_reading_cannot_grow_the_unsent_buffer_past_the_bound(
 
 
 def test_an_unreachable_peer_answers_at_once_and_is_retried_after_a_second() -> None:
+    """Connection attempts are counted, not timed: a forward sent inside the backoff is
+    answered without one, and the next attempt starts at least `_RETRY_S` after the last one
+    failed (a loaded machine only makes that gap longer). At least two attempts are seen."""
+
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
+        attempts: list[tuple[float, float]] = []  # (started, failed), loop time
+        connect = loop.create_connection
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            started = loop.time()
+            try:
+                return await connect(*args, **kwargs)
+            finally:
+                attempts.append((started, loop.time()))
+
+        loop.create_connection = counted  # type: ignore[method-assign]
         link = PeerLink("127.0.0.1:9", loop, ForwardLimits(node="peer-a"))  # discard: closed
-        first = await _send(link, [{"cmd": "Ping"}])
-        started = time.monotonic()
-        second = await _send(link, [{"cmd": "Ping"}])
-        assert time.monotonic() - started < 0.5  # no new connection tried yet
-        for reply in (first, second):
-            assert reply[0]["error"].startswith(
+        replies: list[dict[str, Any]] = []
+        without_attempt = 0
+        deadline = loop.time() + 20 * _RETRY_S
+        while len(attempts) < 2 and loop.time() < deadline:  # bounded: about 400 sends
+            before = len(attempts)
+            replies += await _send(link, [{"cmd": "Ping"}])
+            without_attempt += len(attempts) == before
+            await asyncio.sleep(_RETRY_S / 20)
+        link.close()
+        assert len(attempts) == 2, attempts  # retried once the backoff had passed
+        assert without_attempt >= 1, "every forward tried a new connection"
+        assert attempts[1][0] - attempts[0][1] >= _RETRY_S, attempts  # none inside it
+        for reply in replies:
+            assert reply["error"].startswith(
                 "Node unavailable: node 127.0.0.1:9 cannot be reached (ConnectionRefusedError"
             ), reply
-        link.close()
 
     asyncio.run(scenario())
 
