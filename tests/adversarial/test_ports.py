@@ -54,6 +54,20 @@ BASE_ENV = {
 }
 
 
+def _setting_s(name: str) -> float:
+    return int(BASE_ENV[name]) / 1000
+
+
+HEADER_S = _setting_s("SHARDQ_HTTP_HEADER_TIMEOUT_MS")
+KEEPALIVE_S = _setting_s("SHARDQ_HTTP_KEEPALIVE_TIMEOUT_MS")
+TCP_HANDSHAKE_S = _setting_s("SHARDQ_TCP_HANDSHAKE_TIMEOUT_MS")
+ZMQ_HANDSHAKE_S = _setting_s("SHARDQ_ZMQ_HANDSHAKE_TIMEOUT_MS")
+# What a loaded 2-core CI machine may add to a timeout the server promises (a process
+# descheduled for seconds): a connection is checked closed within its timeout plus SLACK_S. A
+# connection the timeout does not close at all stays open past any such bound.
+SLACK_S = 8.0
+
+
 def _start(tmp: Path, env: dict[str, str], **kwargs: object) -> ShardqServer:
     server = ShardqServer(tmp, shards=1, http_port=free_port(), env=env, **kwargs)  # type: ignore[arg-type]
     with low_nofile(NOFILE):
@@ -83,37 +97,59 @@ def _http_pid(server: ShardqServer) -> int:
 
 def test_http_silent_connection_closed_within_header_timeout(server: ShardqServer) -> None:
     with _connect(server.http_port) as sock:
-        assert closed_within(sock, 4.0) < 4.0
+        closed_within(sock, HEADER_S + SLACK_S)
 
 
 def test_http_dripped_headers_closed_within_header_timeout(server: ShardqServer) -> None:
     with _connect(server.http_port) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
-        # One header line every 0.3 s never completes the request: closed all the same.
-        took = closed_within(sock, 4.0, drip=b"X-Drip: 1\r\n", every=0.3)
-        assert took < 3.0
+        # One header line every 0.3 s, until it is closed: a timer that each line pushed back
+        # would never close it.
+        closed_within(sock, HEADER_S + SLACK_S, drip=b"X-Drip: 1\r\n", every=0.3)
 
 
 def test_http_idle_keepalive_closed(server: ShardqServer) -> None:
     with _connect(server.http_port) as sock:
         status, _ = raw_request(sock, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert status == 200
-        assert closed_within(sock, 5.0) < 5.0
+        closed_within(sock, KEEPALIVE_S + SLACK_S)
+
+
+PATIENT_S = 120.0  # the header and keep-alive timeouts of `patient_server`
+
+
+@pytest.fixture(scope="module")
+def patient_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """Like `server`, but its idle connections are not closed for PATIENT_S: at its cap only
+    eviction can make room."""
+    timeouts = {
+        "SHARDQ_HTTP_HEADER_TIMEOUT_MS": str(int(PATIENT_S * 1000)),
+        "SHARDQ_HTTP_KEEPALIVE_TIMEOUT_MS": str(int(PATIENT_S * 1000)),
+    }
+    srv = _start(tmp_path_factory.mktemp("ports-patient"), {**BASE_ENV, **timeouts})
+    try:
+        yield srv
+    finally:
+        srv.close()
 
 
 def test_http_health_answers_with_more_idle_connections_than_descriptors(
-    server: ShardqServer,
+    patient_server: ShardqServer,
 ) -> None:
     # More silent connections than the HTTP process has descriptors for: each new one evicts
-    # the oldest idle one, so /health (and a REST route) still answer at once.
+    # the oldest idle one, so /health (and a REST route) still answer at once, that is while
+    # every idle connection is within its header timeout (PATIENT_S): none has made room by
+    # timing out, whatever a loaded machine did to the times. (On `server`, with 1 s, the
+    # timeouts free room too, so "at once" was a wall-time bound.)
+    server = patient_server
+    opened = time.monotonic()
     idle = [_connect(server.http_port) for _ in range(NOFILE + NOFILE // 13)]
     try:
         time.sleep(0.2)
-        started = time.monotonic()
         assert http_get(server.http_port, "/health") == 200
         assert http_get(server.http_port, "/ready") == 200
         assert http_get(server.http_port, "/queues/q/count", TOKEN) == 200
-        assert time.monotonic() - started < 3.0
+        assert time.monotonic() - opened < PATIENT_S
         # The TCP port, in another process, answers too.
         client = Tcp(server.tcp_address, timeout=5)
         try:
@@ -131,11 +167,11 @@ def test_http_health_answers_with_more_idle_connections_than_descriptors(
 
 def test_tcp_silent_and_dripping_connections_closed(server: ShardqServer) -> None:
     with socket.create_connection(server.tcp_address, timeout=5) as sock:
-        assert closed_within(sock, 4.0) < 4.0
+        closed_within(sock, TCP_HANDSHAKE_S + SLACK_S)
     with socket.create_connection(server.tcp_address, timeout=5) as sock:
         # A frame header announcing 100 bytes, then one byte every 0.3 s: never a whole frame.
         sock.sendall(b"\x00\x00\x00\x64")
-        assert closed_within(sock, 4.0, drip=b"\x80", every=0.3) < 3.0
+        closed_within(sock, TCP_HANDSHAKE_S + SLACK_S, drip=b"\x80", every=0.3)
 
 
 def test_tcp_ping_answers_at_the_connection_cap(server: ShardqServer) -> None:
@@ -167,7 +203,7 @@ def test_tcp_ping_answers_at_the_connection_cap(server: ShardqServer) -> None:
 def test_zmq_silent_connection_dropped_by_handshake_timeout(server: ShardqServer) -> None:
     port = int(server.zmq_endpoint.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        assert closed_within(sock, 4.0) < 4.0
+        closed_within(sock, ZMQ_HANDSHAKE_S + SLACK_S)
 
 
 # -- bodies and JSON -------------------------------------------------------------------------
@@ -184,17 +220,21 @@ def _post(port: int, path: str, body: bytes, headers: str = "") -> tuple[int, di
     return status, json.loads(answer)
 
 
-def test_body_over_the_limit_refused_before_it_is_read(server: ShardqServer) -> None:
+def test_body_over_the_limit_refused_before_it_is_read(patient_server: ShardqServer) -> None:
+    # On `patient_server`: with `server`'s 1 s header timeout a stall of the HTTP process
+    # between the accept and the read of these headers had the connection reset.
+    server = patient_server
     head = (
         "POST /queues/q/jobs HTTP/1.1\r\nHost: x\r\n"
         f"Authorization: Bearer {TOKEN}\r\nContent-Length: {60 << 20}\r\n\r\n"
     ).encode()
     with _connect(server.http_port) as sock:
-        started = time.monotonic()
-        status, body = raw_request(sock, head)  # not a byte of the 60 MB sent
+        # Not a byte of the 60 MB is ever sent, so the answer cannot follow a read of it: a
+        # server that tried to read it first answers 408 at its body timeout, not 413. No
+        # wall-time bound needed.
+        status, body = raw_request(sock, head)
         assert status == 413
         assert "too large" in json.loads(body)["error"]
-        assert time.monotonic() - started < 2.0
 
 
 def test_concurrent_chunked_bodies_are_cut_while_read(server: ShardqServer) -> None:
@@ -339,12 +379,12 @@ def _tls(port: int) -> ssl.SSLSocket:
 
 def test_https_silent_before_and_after_handshake_closed(tls_server: ShardqServer) -> None:
     with _connect(tls_server.http_port) as sock:
-        assert closed_within(sock, 4.0) < 4.0
+        closed_within(sock, HEADER_S + SLACK_S)
     with _tls(tls_server.http_port) as sock:
-        assert closed_within(sock, 4.0) < 4.0
+        closed_within(sock, HEADER_S + SLACK_S)
     with _tls(tls_server.http_port) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
-        assert closed_within(sock, 4.0, drip=b"X-Drip: 1\r\n", every=0.3) < 3.0
+        closed_within(sock, HEADER_S + SLACK_S, drip=b"X-Drip: 1\r\n", every=0.3)
 
 
 def test_https_health_answers_past_the_descriptor_limit(tls_server: ShardqServer) -> None:
