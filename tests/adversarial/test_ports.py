@@ -62,6 +62,7 @@ HEADER_S = _setting_s("SHARDQ_HTTP_HEADER_TIMEOUT_MS")
 KEEPALIVE_S = _setting_s("SHARDQ_HTTP_KEEPALIVE_TIMEOUT_MS")
 TCP_HANDSHAKE_S = _setting_s("SHARDQ_TCP_HANDSHAKE_TIMEOUT_MS")
 ZMQ_HANDSHAKE_S = _setting_s("SHARDQ_ZMQ_HANDSHAKE_TIMEOUT_MS")
+BACKEND_S = _setting_s("SHARDQ_HTTP_BACKEND_TIMEOUT_MS")
 # What a loaded 2-core CI machine may add to a timeout the server promises (a process
 # descheduled for seconds): a connection is checked closed within its timeout plus SLACK_S. A
 # connection the timeout does not close at all stays open past any such bound.
@@ -349,7 +350,8 @@ def test_unanswered_requests_do_not_leak_the_backend_link(server: ShardqServer) 
     statuses = asyncio.run(run())
     assert statuses[:20] == [503] * 20
     assert statuses[20] == 200
-    assert time.monotonic() - started < 8.0
+    # Each 503 comes at the backend timeout (they wait side by side), not at any longer one.
+    assert time.monotonic() - started < BACKEND_S + SLACK_S
     assert server.find_log("http backend link retired") is not None
     for _ in range(3):  # and again: every retired link's slots come back
         assert http_get(server.http_port, "/queues/q/count", TOKEN) == 200
@@ -417,15 +419,15 @@ def auth_server(tmp_path: Path) -> Iterator[ShardqServer]:
         yield srv
 
 
-def _tcp_attempts(server: ShardqServer, seconds: float) -> int:
-    """Wrong tokens checked (answered `Invalid token`) in `seconds`, reconnecting whenever the
-    server closes the connection after its third failure."""
+def _tcp_attempts(server: ShardqServer, seconds: float, at_most: int = 1 << 30) -> int:
+    """Wrong tokens checked (answered `Invalid token`) in `seconds` (stopping at `at_most`),
+    reconnecting whenever the server closes the connection after its third failure."""
     tried = 0
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and tried < at_most:
         client = Tcp(server.tcp_address, timeout=5)
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and tried < at_most:
                 reply = client.call({"cmd": "Auth", "token": f"guess{tried}"}, timeout=5)
                 assert reply == {"ok": False, "error": "Invalid token"}
                 tried += 1
@@ -439,9 +441,12 @@ def _tcp_attempts(server: ShardqServer, seconds: float) -> int:
 def test_brute_force_slowed_across_reconnects_and_ports(auth_server: ShardqServer) -> None:
     # Before: about 4,000 guesses a second over fresh TCP connections. Now 3 free failures,
     # then turns 0.1, 0.2, 0.4, 0.8 s apart (capped at 2 s here) for the address, whichever
-    # port or connection.
-    tcp_tried = _tcp_attempts(auth_server, 2.0)
-    assert 3 <= tcp_tried <= 10
+    # port or connection. The free three are counted without a window (a loaded machine could
+    # stall the server through a 2 s one); the 2 s window after them holds at most 7 more
+    # (a stall there only makes fewer).
+    assert _tcp_attempts(auth_server, 30.0, at_most=3) == 3
+    tcp_tried = 3 + _tcp_attempts(auth_server, 2.0)
+    assert tcp_tried <= 10
     # The same address over ZeroMQ, a fresh identity for every guess: still waiting its turn.
     ctx = zmq.Context()
     try:
