@@ -16,7 +16,8 @@ parts a caller uses, not the whole client.
   asyncio, ZeroMQ nor ssl; over `zmq://` ZeroMQ but not asyncio (`zmq.asyncio`, which pyzmq's
   monitor parser imports); an asyncio `tcp://` connection no ZeroMQ. Checked against a real
   server: the push is answered, and the transport's own module was loaded, so the check saw the
-  path that was taken.
+  path that was taken. Worker settings (`WorkerConfig`) read beside such a push load no ssl
+  either.
 - A command given options loads no pydantic, which typer 0.29 imports to coerce them.
 
 Each check runs a fresh interpreter, so what it sees is what a user's process loads.
@@ -227,6 +228,22 @@ def test_a_task_sent_with_delay_over_tcp_loads_no_asyncio_zmq_or_ssl(server: Sha
     )
     modules = pushed_with(code)
     assert "shardq.client._sync_transport" in modules
+    assert sorted(set(NOT_ON_THE_TCP_PATH) & modules) == []
+
+
+def test_worker_settings_beside_a_blocking_tcp_push_load_no_ssl(server: ShardqServer) -> None:
+    # A process that checks its workers' settings (`WorkerConfig`, as a deployment's config
+    # module may) and pushes over `tcp://`: the settings module imports ssl only for mypy.
+    url = urls(server)["tcp"]
+    code = (
+        "from shardq.client import Queue, WorkerConfig\n"
+        f"config = WorkerConfig(url={url!r}, prefetch=8)\n"
+        "queue = Queue('imports', url=config.url)\n"
+        "job_id = queue.add('n', {'a': 1})\n"
+        "queue.close()"
+    )
+    modules = pushed_with(code)
+    assert {"shardq.client._worker_config", "shardq.client._sync_transport"} <= modules
     assert sorted(set(NOT_ON_THE_TCP_PATH) & modules) == []
 
 

@@ -357,7 +357,9 @@ def _package_version(path: Path) -> str | None:
 def build_report(run: Run, rows: list[Row], command: str, started: float) -> dict[str, Any]:
     unique: dict[str, str] = {}
     for r in rows:
-        unique.setdefault(f"{r.peer} ({r.mode.split(':', 1)[0]})", r.mode)
+        # "buffered: group commit ..." under "shardq (buffered)": the label said once.
+        label, _, what = r.mode.partition(": ")
+        unique.setdefault(f"{r.peer} ({label})", what or r.mode)
     return {
         "date": dt.date.today().isoformat(),
         "command": command,

@@ -5,14 +5,16 @@ from __future__ import annotations
 import math
 import os
 import socket
-import ssl
 import uuid
 from dataclasses import dataclass, field
-from typing import Final, TypedDict
+from typing import TYPE_CHECKING, Final, TypedDict
 
 from shardq.client._connection import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
 from shardq.client._retry import RetryPolicy
 from shardq.client._url import DEFAULT_URL, parse_url
+
+if TYPE_CHECKING:  # `tls://` alone needs ssl: its connection imports it when it connects
+    import ssl
 
 __all__ = ["DEFAULT_PREFETCH", "WorkerConfig", "WorkerOptions"]
 

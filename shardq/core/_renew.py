@@ -21,6 +21,10 @@ from ._tables import Lease
 
 __all__ = ["LeaseRenewal"]
 
+# `store.orphans` is pruned at a close only once it holds more than this many (and twice as
+# many as the last prune left).
+ORPHANS_PRUNE_MIN = 1024
+
 
 class LeaseRenewal:
     """HEARTBEAT(B), EXTENDLOCK(S) and the release of a closed connection's jobs."""
@@ -83,9 +87,11 @@ class LeaseRenewal:
         """Give back a closed connection's jobs, charging no attempt (docs/protocol.md §2.6).
 
         A job whose lease was renewed at least once stays active: a pooled client may be
-        heartbeating it over another connection, and lease expiry reclaims it otherwise.
+        heartbeating it over another connection, and lease expiry reclaims it otherwise. It
+        is noted in `store.orphans` with its lease record then (`idle_orphans`).
         """
         released = 0
+        orphans = self.store.orphans
         for job_id, delivery in sorted(self.conn_jobs.pop(conn, {}).items()):
             self.job_conn.pop(job_id, None)
             job = self.jobs.get(job_id)
@@ -93,8 +99,29 @@ class LeaseRenewal:
                 continue
             lease = self.leases.get(job_id)
             if lease is not None and lease.renewals > 0:
+                orphans[job_id] = lease
                 continue
             self.store.move(fx, job, "requeue", now, {})
             fx.events.append(("ready", job.queue, job.id))
             released += 1
+        if len(orphans) > self.store.orphans_checked_at:
+            self._prune_orphans()
         return released
+
+    def idle_orphans(self) -> int:
+        """How many jobs kept active at their connection's close still have the lease they
+        had then: active with no open connection holding them and not renewed since, so no
+        worker shows it still has them. A graceful stop's drain does not wait for these
+        (docs/runtime.md, "Graceful shutdown"): they stay active and the next start
+        recovers them (docs/protocol.md §4.12)."""
+        return self._prune_orphans()
+
+    def _prune_orphans(self) -> int:
+        """Forget the orphans that were acked, failed, lapsed, delivered again or renewed
+        since their close, and return how many are left. Called at a close once the table
+        doubled since the last prune, so it costs O(1) a close amortized."""
+        orphans, leases = self.store.orphans, self.leases
+        for job_id in [j for j, lease in orphans.items() if leases.get(j) is not lease]:
+            del orphans[job_id]
+        self.store.orphans_checked_at = max(ORPHANS_PRUNE_MIN, 2 * len(orphans))
+        return len(orphans)

@@ -94,6 +94,10 @@ class JobStore(DepsAndDeadLetters):
         self.unleased: dict[str, None] = {}
         self.conn_jobs: dict[str, dict[str, int]] = {}
         self.job_conn: dict[str, str] = {}
+        # Jobs kept active at their connection's close (a renewed lease, docs/protocol.md
+        # §2.6), each with the lease record it had then: a later renewal replaces the record.
+        self.orphans: dict[str, Lease] = {}
+        self.orphans_checked_at = 1024  # `_renew._prune_orphans`
         self.unique: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.dependents: dict[str, set[str]] = {}
         # Completed jobs held, oldest first (evicted past config.max_completed, rows included).

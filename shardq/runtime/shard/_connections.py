@@ -88,6 +88,20 @@ class ConnectionsAndDrain:
         for parked in self.polls.take_all():
             self._replies.append([parked.conn, parked.rid, empty_pull_reply(parked.cmd)])
 
+    def drained_now(self) -> bool:
+        """Whether a draining shard holds no job a worker may still finish: none active but
+        those kept past their connection's close and not renewed since (`idle_orphans`),
+        which no open connection holds and no worker showed it still has. Those stay active
+        and the next start recovers them (docs/runtime.md, "Graceful shutdown")."""
+        engine = self.engine
+        active = engine.query.active_count()
+        if active == 0:
+            return True
+        if active > len(engine.store.orphans) or active > engine.consume.idle_orphans():
+            return False
+        _log.info("drained; leases of closed connections left to the next start", jobs=active)
+        return True
+
     def _on_recycle_go(self, msg: dict[str, Any], now: int) -> None:
         """The front end holds this shard's requests from now on (`shard._recycle`): if the
         process stops, answer the parked long-polls as their timeout would (the clients ask

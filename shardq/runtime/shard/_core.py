@@ -298,7 +298,7 @@ class ShardCore(ParkedRequests, ConnectionsAndDrain):
             self._notices(out, now)
         if self._replies:
             out.extend(self.take_replies())
-        if self.draining and not self._drained_sent and self.engine.query.active_count() == 0:
+        if self.draining and not self._drained_sent and self.drained_now():
             out.append(("front", msgs.drained(self.index)))
             self._drained_sent = True
         return out
