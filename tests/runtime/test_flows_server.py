@@ -31,12 +31,14 @@ def _start(factory: Factory, **kwargs: Any) -> ShardqServer:
 
 @pytest.fixture(scope="module")
 def four_shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
-    """One four-shard server for the tests that neither kill nor restart a shard: each uses
-    queues of its own (its prefixes) and job ids of its own (its `_flow` tag; ids are
-    server-wide). Started once instead of once per test; stopped cleanly (exit 0) at the
-    end."""
+    """One four-shard server for the tests that do not restart the server (a shard SIGKILLed
+    by a test is back before it ends): each uses queues of its own (its prefixes) and job ids
+    of its own (its `_flow` tag; ids are server-wide). Started once instead of once per
+    test; stopped cleanly (exit 0) at the end. Flow notices are resent after 200 ms (the
+    default is longer) for the shard-kill tests: a shard killed with notices in flight."""
     data = tmp_path_factory.mktemp("flows") / "data"
-    with ShardqServer(data, shards=SHARDS).start(timeout=90) as server:
+    env = {"SHARDQ_FLOW_RESEND_MS": "200"}
+    with ShardqServer(data, shards=SHARDS, env=env).start(timeout=90) as server:
         yield server
         assert server.stop() == 0, server.log_tail()
 
@@ -219,16 +221,17 @@ def test_remove_unprocessed_children_reaches_other_shards(four_shards: ShardqSer
 
 @pytest.mark.parametrize("victim", ["parent", "child"])
 def test_a_shard_killed_mid_flow_still_counts_each_child_once(
-    shardq_server: Factory, victim: str
+    four_shards: ShardqServer, victim: str
 ) -> None:
     """SIGKILL the parent's shard (notices in flight, some applied, some not) or a child's
     shard (its outbox not acknowledged yet) while children complete; once the shard is back,
     every child counted exactly once and the values are all there."""
-    parent_q = _queue_on(0, "kp")
-    child_qs = [_queue_on(s, "kc") for s in (1, 2, 3)] * 4  # twelve children, three shards
-    server = _start(shardq_server, env={"SHARDQ_FLOW_RESEND_MS": "200"})
+    tag = f"kill-{victim}-"  # each case's own queues and ids on the shared server
+    parent_q = _queue_on(0, f"{tag}p")
+    child_qs = [_queue_on(s, f"{tag}c") for s in (1, 2, 3)] * 4  # twelve children, three shards
+    server = four_shards
     with TcpConnection(*server.tcp_address) as conn:
-        assert conn.call(_flow(parent_q, child_qs))["ok"]
+        assert conn.call(_flow(parent_q, child_qs, tag))["ok"]
         for queue in child_qs[:6]:
             _work(conn, queue, lambda job: job["data"]["n"])
         name = "shard-0" if victim == "parent" else "shard-1"
@@ -244,12 +247,12 @@ def test_a_shard_killed_mid_flow_still_counts_each_child_once(
         for queue in child_qs[6:]:
             if victim == "child" and shard_of(queue, SHARDS) == 1:
                 _work(conn, queue, lambda job: job["data"]["n"])
-        poll_until(lambda: _state(conn, "P") == "waiting", 20, "the parent released",
+        poll_until(lambda: _state(conn, f"{tag}P") == "waiting", 20, "the parent released",
                    detail=server.log_tail)  # fmt: skip
-        job = conn.call({"cmd": "GetJob", "id": "P"})["job"]
+        job = conn.call({"cmd": "GetJob", "id": f"{tag}P"})["job"]
         assert job["childrenCompleted"] == 12
-        values = conn.call({"cmd": "GetChildrenValues", "id": "P"})["data"]["values"]
-        assert values == {f"c{i}": f"c{i}" for i in range(12)}
+        values = conn.call({"cmd": "GetChildrenValues", "id": f"{tag}P"})["data"]["values"]
+        assert values == {f"{tag}c{i}": f"{tag}c{i}" for i in range(12)}
 
 
 def test_a_parent_waits_across_a_restart(shardq_server: Factory) -> None:

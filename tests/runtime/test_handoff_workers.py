@@ -15,7 +15,6 @@ import re
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -81,11 +80,25 @@ def _worker_round(raw: _Raw, queue: str, n: int, tag: str) -> list[bytes]:
     return [pulled, *raw.bodies(1)]
 
 
+# Replies over 1 MiB are cut on both module servers (`_big_pull`); every other reply of the
+# module's tests is a few KB.
+SMALL_LINK = {"SHARDQ_LINK_MAX_FRAME_BYTES": str(1 << 20)}
+
+
 @pytest.fixture(scope="module")
 def workers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
-    """Shared by the six tests that neither kill nor stop a process of it (queues same,
-    leases, parked, cancel, idle and busy, waitq): five server starts fewer."""
-    with shared_server(tmp_path_factory, "workers") as server:
+    """Shared by the seven tests that neither kill nor stop a process of it (queues same,
+    leases, parked, cancel, idle and busy, waitq, cut): six server starts fewer."""
+    with shared_server(tmp_path_factory, "workers", SMALL_LINK) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def off_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardqServer]:
+    """The same with `tcp_handoff` off, which the tests compare against (same, cut): two
+    server starts fewer."""
+    off = {**SMALL_LINK, "SHARDQ_TCP_HANDOFF": "false"}
+    with shared_server(tmp_path_factory, "off", off) as server:
         yield server
 
 
@@ -146,12 +159,11 @@ def _script(server: ShardqServer, queue: str) -> tuple[list[bytes], dict[str, An
 
 
 def test_a_handed_off_worker_gets_the_front_ends_replies(
-    workers_server: ShardqServer, shardq_server: Factory, tmp_path: Path
+    workers_server: ShardqServer, off_server: ShardqServer
 ) -> None:
     queue = _queue_on(1, "same")
     handed, handed_stats = _script(workers_server, queue)
-    off = _started(shardq_server, {"SHARDQ_TCP_HANDOFF": "false"}, tmp_path / "off")
-    kept, kept_stats = _script(off, queue)
+    kept, kept_stats = _script(off_server, queue)
     assert handed_stats["handedOff"] >= 1 and kept_stats["handedOff"] == 0
     assert handed_stats["directRequests"] >= 12  # the pulls and acks after the handoff
     # Metrics counts them wherever they were served.
@@ -373,7 +385,10 @@ def test_a_connection_with_a_job_wait_in_the_front_end_stays_there(
 
 def _big_pull(server: ShardqServer, queue: str) -> tuple[int, dict[str, Any], dict[str, Any]]:
     """Ten 300 KB jobs, a handoff, then one PULLB of all ten (3 MB, over a 1 MiB link): the
-    jobs its reply carried, the queue's counts, and Stats (with Metrics' `totalPulled`)."""
+    jobs its reply carried, the queue's counts, and what it added to Stats' `handedOff` and
+    `directPulled` and to Metrics' `totalPulled` (`pulled`)."""
+    settled = _settled(server)
+    was = _call(server, {"cmd": "Metrics"})["metrics"]["totalPulled"]
     jobs = [{"name": "big", "data": "b" * 300_000} for _ in range(10)]
     assert _call(server, {"cmd": "PUSHB", "queue": queue, "jobs": jobs})["ok"] is True
     raw = _Raw(server)
@@ -390,24 +405,23 @@ def _big_pull(server: ShardqServer, queue: str) -> tuple[int, dict[str, Any], di
         assert reply["ok"] is True and reply["reqId"] == "big", reply
         assert len(reply["tokens"]) == len(reply["jobs"])
         counts = _call(server, {"cmd": "GetJobCounts", "queue": queue})["counts"]
-        stats = _stats(server)
-        stats["pulled"] = _call(server, {"cmd": "Metrics"})["metrics"]["totalPulled"]
+        now = _stats(server)
+        stats = {k: now[k] - settled[k] for k in ("handedOff", "directPulled")}
+        stats["pulled"] = _call(server, {"cmd": "Metrics"})["metrics"]["totalPulled"] - was
         return len(reply["jobs"]), counts, stats
     finally:
         raw.sock.close()
 
 
 def test_a_handed_off_pullb_too_large_for_the_link_is_cut_as_the_link_cuts_it(
-    shardq_server: Factory, tmp_path: Path
+    workers_server: ShardqServer, off_server: ShardqServer
 ) -> None:
     # With no link to cross, a handed-off connection's PULLB reply is still cut at
     # `link_max_frame_bytes`: a worker asking for more than that gets what fits, every time,
     # where a reply past the write backlog would cut its connection (and it would ask again).
-    small = {"SHARDQ_LINK_MAX_FRAME_BYTES": str(1 << 20)}
     queue = _queue_on(1, "cut")
-    handed = _big_pull(_started(shardq_server, small), queue)
-    off = _started(shardq_server, {**small, "SHARDQ_TCP_HANDOFF": "false"}, tmp_path / "off")
-    kept = _big_pull(off, queue)
+    handed = _big_pull(workers_server, queue)
+    kept = _big_pull(off_server, queue)
     assert handed[2]["handedOff"] == 1 and kept[2]["handedOff"] == 0
     assert handed[2]["directPulled"] == handed[0] and kept[2]["directPulled"] == 0
     sent = handed[0]

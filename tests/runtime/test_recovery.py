@@ -161,28 +161,44 @@ def _seconds(line: dict[str, Any]) -> float:
     return datetime.fromisoformat(str(line["timestamp"])).timestamp()
 
 
+def _slowest_child_start(server: ShardqServer) -> float:
+    """The slowest start of a child other than the shard in `server`'s run, from its spec to
+    its ready, in seconds."""
+    starts: dict[tuple[str, str], float] = {}
+    for line in server.logs():
+        if line.get("event") in ("child started", "child ready") and line.get("child"):
+            starts.setdefault((line["event"], line["child"]), _seconds(line))
+    others = {child for event, child in starts if child != "shard-0"}
+    assert others >= {"writer", "frontend"}, starts
+    return max(starts[("child ready", c)] - starts[("child started", c)] for c in others)
+
+
 def _start_costs(server: ShardqServer) -> tuple[float, float]:
     """What this machine takes now, measured on a one-shard server started with the default
     ready bound on BACKLOG jobs (and stopped here): (the slowest start of a child other than
-    the shard, from its spec to its ready, in seconds; the shard's recovery, in seconds).
+    the shard, `_slowest_child_start`; the shard's recovery, in seconds).
 
     A ready bound must lie between the two for a slow-recovery test: every other child must
     start within it, the recovery must outlast it. Both grow with the machine's load, so a
     fixed bound does not: 1 s was too short for the writer's start at a load average of 12
     (`writer did not report ready or progress within 1 s`), 3 s too (the same, within 3 s)."""
     server.start(timeout=180)
-    logs = server.logs()
-    starts: dict[tuple[str, str], float] = {}
-    for line in logs:
-        if line.get("event") in ("child started", "child ready") and line.get("child"):
-            starts.setdefault((line["event"], line["child"]), _seconds(line))
-    others = {child for event, child in starts if child != "shard-0"}
-    assert others >= {"writer", "frontend"}, starts
-    slowest = max(starts[("child ready", c)] - starts[("child started", c)] for c in others)
+    slowest = _slowest_child_start(server)
     recovered = server.find_log("shard recovered")
     assert recovered is not None and recovered["jobs"] == BACKLOG, recovered
     assert server.stop() == 0, server.log_tail()
     return slowest, recovered["ms"] / 1000
+
+
+def _child_start_cost(server: ShardqServer) -> float:
+    """`_slowest_child_start` now, on a one-shard server started (and stopped here) on an
+    empty database: the writer and the front end start alike beside any backlog (the writer
+    before the shard loads, the front end once it is ready), and the empty one costs no
+    BACKLOG recovery, which at a load average of 12 took 30 s."""
+    server.start(timeout=180)
+    slowest = _slowest_child_start(server)
+    assert server.stop() == 0, server.log_tail()
+    return slowest
 
 
 def test_a_shard_recovering_longer_than_the_ready_timeout_is_not_killed(
@@ -225,7 +241,7 @@ def test_a_shard_that_stops_making_progress_is_killed(
     _copy_backlog(backlog, _data_dir(tmp_path))
     # Above what starting the other children takes now (3 s, or three times their slowest
     # start on a loaded machine); the recovery may be shorter: it is stopped midway.
-    start_s, _ = _start_costs(shardq_server(shards=1, start=False))
+    start_s = _child_start_cost(shardq_server(shards=1, start=False, data_dir=tmp_path / "costs"))
     bound_s = max(3, math.ceil(3 * start_s))
     env = {"SHARDQ_READY_TIMEOUT_MS": str(bound_s * 1000)}
     server, started = _recovering(shardq_server, env)
@@ -242,6 +258,11 @@ def test_a_shard_that_stops_making_progress_is_killed(
     failure = server.find_log("shardq is stopping after a failure")
     assert failure is not None
     assert f"shard-0 did not report ready or progress within {bound_s} s" in failure["reason"]
+    # Taken for hung, it is killed as the stop begins: the stop does not send it a SIGTERM
+    # it cannot act on and wait out `shutdown_timeout_ms` for it.
+    killed = server.find_log("child neither ready nor progressing in time; killing it")
+    assert killed is not None and killed["child"] == "shard-0", server.log_tail()
+    assert server.find_log("children did not stop in time") is None, server.log_tail()
 
 
 def _data_dir(tmp_path: Path) -> Path:

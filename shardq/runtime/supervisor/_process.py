@@ -110,6 +110,10 @@ class Supervisor:
         self._serving = False  # "shardq ready" was logged: exits now mean restarts
         self._stopping = False
         self._failure: str | None = None
+        # Children that missed their ready bound at start: SIGKILLed as the stop begins
+        # (`_shutdown`), as `_serve` kills one later on; a SIGTERM would find a hung child no
+        # more able to stop than to start, and the stop would wait out shutdown_timeout_ms.
+        self._hung: list[_Child] = []
         self._run_dir = Path()
         # Proves to the front end that a connection is the HTTP process's internal link (its
         # WebhookSync and AuthCheck): made afresh for each run, handed over only in the specs
@@ -245,10 +249,10 @@ class Supervisor:
             waiting = [child for child in group if not child.ready]
             deadline = min((c.ready_by for c in waiting if c.ready_by is not None), default=None)
             if deadline is not None and self._clock() >= deadline:
-                late = ", ".join(c.name for c in waiting if c.ready_by == deadline)
+                self._hung = [c for c in waiting if c.ready_by == deadline]
                 self._failure = (
-                    f"{late} did not report ready or progress within "
-                    f"{self._ready_timeout_s:g} s (ready_timeout_ms)"
+                    f"{', '.join(c.name for c in self._hung)} did not report ready or progress"
+                    f" within {self._ready_timeout_s:g} s (ready_timeout_ms)"
                 )
                 return False
             self._pump(deadline)
@@ -360,6 +364,13 @@ class Supervisor:
             self._spawn(self._writer)
         for child in self._children:
             child.restart_at = child.ready_by = None
+        for child in self._hung:
+            if child.proc is not None:
+                log.error("child neither ready nor progressing in time; killing it",
+                          child=child.name,
+                          ready_timeout_ms=self._config.supervisor.ready_timeout_ms)  # fmt: skip
+                self._signal(child, signal.SIGKILL)
+                self._reap(child, wait=True)
         timeout = self._config.process.shutdown_timeout_ms / 1000 + STOP_GRACE_S
         clean = True
         for group in ([self._frontend, *self._http], self._shards, [self._writer]):
