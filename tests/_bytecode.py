@@ -31,9 +31,13 @@ __all__ = ["subprocess_bytecode"]
 def subprocess_bytecode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """For the module's tests: child interpreters write and reuse bytecode under the session's
     temporary directory. Module-scoped, so it is in place before the module's servers start,
-    and it ends with the module. A PYTHONPYCACHEPREFIX set by the caller is kept."""
+    and it ends with the module. Without PYTHONDONTWRITEBYTECODE nothing changes (Python's own
+    `__pycache__` serves); a PYTHONPYCACHEPREFIX set by the caller is kept."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        yield
+        return
     with pytest.MonkeyPatch.context() as patch:
-        patch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+        patch.delenv("PYTHONDONTWRITEBYTECODE")
         if not os.environ.get("PYTHONPYCACHEPREFIX"):
             patch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path_factory.getbasetemp() / "pycache"))
         yield
