@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import signal
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,23 +191,40 @@ def once(jobs: int, concurrency: int) -> dict[str, float]:
     """One drain of `jobs` by the worker against a fresh stand-in: rate and CPU µs per job."""
     with tempfile.TemporaryDirectory(prefix="bq-ceiling-") as tmp:
         port_file, record_file = Path(tmp) / "port", Path(tmp) / "done.rec"
-        server = subprocess.Popen(
-            [sys.executable, "-m", "bench.bq_ceiling", "--serve", str(port_file),
-             "--jobs", str(jobs)], cwd=REPO)  # fmt: skip
-        worker: subprocess.Popen[bytes] | None = None
-        try:
+        with _children() as children:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "bench.bq_ceiling", "--serve", str(port_file),
+                 "--jobs", str(jobs)], cwd=REPO)  # fmt: skip
+            children.append(server)
             port = _wait_port(port_file, server)
             env = {**os.environ, _record.RECORD_ENV: str(record_file), "PYTHONPATH": str(REPO)}
             worker = subprocess.Popen(
                 [sys.executable, "-m", "bench.compare._bq_worker", "--port", str(port),
                  "--queues", "q", "--concurrency", str(concurrency)],
                 env=env, cwd=REPO, stdout=subprocess.DEVNULL)  # fmt: skip
+            children.insert(0, worker)  # stopped first: the server's clients go before it
             return _measure(str(record_file), jobs, server.pid, worker)
-        finally:
-            for child in (worker, server):
-                if child is not None:
-                    child.send_signal(signal.SIGTERM)
-                    child.wait(10)
+
+
+@contextlib.contextmanager
+def _children(grace: float = 10.0) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Child processes (the caller appends them) that are all gone when the block ends, however
+    it ends: each is sent SIGTERM, waited for at most `grace` seconds, then killed. One that
+    ignored SIGTERM (the worker traps it, and is deaf to it while it connects) once stopped the
+    others from being signalled at all, and a child left running holds this process's stdout
+    and stderr open: whoever reads them to the end waits for ever."""
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        yield children
+    finally:
+        for child in children:
+            child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(grace)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
 
 
 def _measure(

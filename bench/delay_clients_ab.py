@@ -16,6 +16,7 @@ the load. The server is shared, so this compares clients only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -78,10 +79,19 @@ class Client:
         rate, cpu = json.loads(self._out().readline())
         self.rounds.append((float(rate), float(cpu)))
 
-    def stop(self) -> None:
-        if self.proc is not None:
+    def stop(self, grace: float = 60.0) -> None:
+        """Close its stdin (it exits at the end of its input); killed if it has not within
+        `grace` seconds (stuck in a call, or not reading). A client left running holds this
+        process's stderr open, and whoever reads it to the end waits for ever."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError):  # a client that died: nothing reads the pipe
             self._in().close()
-            self.proc.wait(60)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
     def _in(self) -> IO[str]:
         assert self.proc is not None and self.proc.stdin is not None

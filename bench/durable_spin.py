@@ -1,17 +1,18 @@
 """Sequential durable pushes through a client, and what each process's spin did (issue 24).
 
     python -m bench.durable_spin [--builds a=PYTHON[@KEY=VAL],b=PYTHON] [--clients bqc,sdk,raw]
-                                 [--requests 3000] [--rounds 3] [--buffered] [--realtime PRIO]
+                                 [--requests 3000] [--warm 300] [--rounds 3] [--buffered]
+                                 [--realtime PRIO]
 
 For each round, client and build in turn (builds alternate: A, B, A, B), starts `shardq start
 --shards 2` as `bench.durable_hops` does (`@KEY=VAL` sets a variable for that server only:
 `@SHARDQ_SPIN_AUTO_CUT_TURNS=1`) and sends `--requests` durable pushes one at a time through
 the client (`bench.durable_timeline`'s: `bqc` is bunqueue-client, the compare's client; `sdk`
-shardq's `Queue.add`; `raw` a socket), after 300 not counted. One line per run: pushes per
-second, µs per push, the client's CPU per push (all its threads), the load average, and from
-the stop lines of the writer and the busy shard their spins (started, ended with a message,
-cut short by long turns, skipped for a crowded machine). A writer whose spins are mostly cut
-sleeps through the batches it waits for and commits each one cold.
+shardq's `Queue.add`; `raw` a socket), after `--warm` (300) not counted. One line per run:
+pushes per second, µs per push, the client's CPU per push (all its threads), the load average,
+and from the stop lines of the writer and the busy shard their spins (started, ended with a
+message, cut short by long turns, skipped for a crowded machine). A writer whose spins are
+mostly cut sleeps through the batches it waits for and commits each one cold.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ from bench.durable_timeline import _client, _command
 
 __all__ = ["main"]
 
-_WARM = 300
-
 
 def _spins(entry: dict[str, Any]) -> str:
     return (
@@ -47,7 +46,7 @@ def _run(python: str, client: str, args: argparse.Namespace) -> str:
         time.sleep(0.3)
         call, close = _client(client, server.port)
         command = _command(not args.buffered, 0)
-        for _ in range(_WARM):
+        for _ in range(args.warm):
             assert call(command)["ok"]
         started, cpu = time.perf_counter(), time.process_time()
         for _ in range(args.requests):
@@ -77,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--builds", default=f"this={sys.executable}")
     parser.add_argument("--clients", default="bqc,sdk")
     parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--warm", type=int, default=300, help="pushes before the counted ones")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--buffered", action="store_true", help="buffered pushes instead")
     parser.add_argument("--realtime", type=int, default=0, metavar="PRIO")

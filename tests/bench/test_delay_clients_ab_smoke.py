@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,3 +30,19 @@ def test_two_clients_are_reported_round_by_round() -> None:
         assert row is not None and int(row.group(1).replace(",", "")) > 0, done.stdout
     assert re.search(r"b against a, round by round: faster in \d/2, less client CPU in \d/2",
                      done.stdout), done.stdout  # fmt: skip
+
+
+def test_a_client_that_does_not_exit_is_killed(tmp_path: Path) -> None:
+    """A client stuck (here one that ignores the end of its input) is killed after its grace:
+    left running, it holds the bench's stderr and the test above waits out its 120 s."""
+    from bench.delay_clients_ab import Client
+
+    stuck = tmp_path / "stuck-python"
+    stuck.write_text("#!/bin/sh\necho ready\nexec sleep 60\n")
+    stuck.chmod(0o755)
+    client = Client("stuck", str(stuck))
+    client.start("tcp://127.0.0.1:1")  # it reads "ready", as from a warmed-up client
+    started = time.monotonic()
+    client.stop(grace=1.0)
+    assert client.proc is not None and client.proc.poll() == -9
+    assert time.monotonic() - started < 30  # killed, not waited out

@@ -126,8 +126,8 @@ def test_durable_spin_reports_each_client_and_the_writers_spins() -> None:
     """`python -m bench.durable_spin`: a line per client and build, with the writer's spin
     counts from its stop line (a durable push goes through its commit)."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.durable_spin", "--requests", "30", "--rounds", "1",
-         "--clients", "raw,sdk", "--builds",
+        [sys.executable, "-m", "bench.durable_spin", "--requests", "30", "--warm", "20",
+         "--rounds", "1", "--clients", "raw,sdk", "--builds",
          f"turns1={sys.executable}@SHARDQ_SPIN_AUTO_CUT_TURNS=1,turns2={sys.executable}"],
         cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
