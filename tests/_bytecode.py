@@ -7,11 +7,11 @@ shardq's source again: about 0.4 s of CPU of each server's start and stop (1.25 
 module's tests start a bytecode cache under the session's temporary directory (never in the
 checkout). What the processes do is unchanged; only where they find their compiled code.
 
-Used by tests/ops, tests/bench, tests/soak, tests/tasks and tests/compat, whose tests pass with
-it. Not yet elsewhere: with shardq compiled once, a server starts faster, and a test that relies
-on a slow start loses its window (tests/http/test_http_lifecycle.py's `/ready is 503` test
-failed 3 runs in 4 with it, and 2 in 4 at the start commit with bytecode cached, as on most
-machines).
+Used by tests/ops, tests/bench, tests/soak, tests/tasks, tests/compat and tests/http, whose
+tests pass with it. Not yet elsewhere: with shardq compiled once, a server starts faster, and a
+test that relied on a slow start loses its window (tests/http/test_http_lifecycle.py's `/ready
+is 503` test failed 3 runs in 4 with it, and 2 in 4 with bytecode cached as on most machines,
+until it held the writer instead of racing it).
 
 A directory's conftest.py uses it as an autouse fixture:
 
