@@ -32,6 +32,7 @@ TOKEN = "overload-token"
 # stalled behind an abuse waits for the abuse to end (the flood runs 10 s) or forever: 5 s
 # still tells the two apart.
 ROUND_TRIP_S = 5.0
+FLOOD_S = 30.0  # the longest a flood waits for the healthy client's round trips
 # Each process idles at 30-60 MB; the abuses below would take the front end far past this
 # without the bounds (eight unauthenticated 64 MiB frames alone took it to 514 MB).
 RSS_LIMIT_MB = 200
@@ -225,16 +226,18 @@ def test_a_client_that_floods_and_never_reads_is_cut(server: ShardqServer) -> No
     big = setup.call({"cmd": "PUSH", "queue": QUEUE, "data": "z" * 64_000, "durable": True})
     setup.close()
     with Watch(server) as watch:
-        # First a flood of small pushes for 3 s, never reading a reply: the server stops
-        # reading it (its replies back up, and its requests in flight reach the cap), so the
-        # healthy client's round trips do not queue behind it.
+        # First a flood of small pushes, never reading a reply, until the healthy client made
+        # 3 round trips (each within ROUND_TRIP_S, `Watch.check`): the server stops reading it
+        # (its replies back up, and its requests in flight reach the cap), so the healthy
+        # client's round trips do not queue behind it. Counted, not timed: a stall of the
+        # server only makes the flood last longer (FLOOD_S at most).
         pusher = socket.create_connection(server.tcp_address)
         pusher.sendall(_frame({"cmd": "Auth", "token": TOKEN}))
         pushes = _frame({"cmd": "PUSH", "queue": "flood", "data": "f" * 100}) * 500
         pusher.settimeout(0.2)
         before = watch.round_trips
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + FLOOD_S
+        while watch.round_trips - before < 3 and time.monotonic() < deadline:
             try:
                 pusher.sendall(pushes)
             except TimeoutError:
@@ -242,7 +245,8 @@ def test_a_client_that_floods_and_never_reads_is_cut(server: ShardqServer) -> No
             except OSError:
                 # Its unread replies passed `tcp_max_write_backlog_bytes` first and the server
                 # cut it (a fast server on a quiet machine): what the second flood shows, early.
-                time.sleep(max(0.0, deadline - time.monotonic()))
+                while watch.round_trips - before < 3 and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 break
         assert watch.round_trips - before >= 3, "healthy round trips stalled behind a flood"
         pusher.close()

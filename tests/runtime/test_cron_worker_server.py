@@ -26,6 +26,41 @@ def fired(conn: TcpConnection) -> int:
     return len(conn.call({"cmd": "GetJobs", "queue": QUEUE, "limit": 100_000})["jobs"])
 
 
+def cron_get(conn: TcpConnection) -> dict[str, Any]:
+    cron: dict[str, Any] = conn.call({"cmd": "CronGet", "name": "needs-worker"})["cron"]
+    return cron
+
+
+def wait_for_slot(conn: TcpConnection, at: int) -> dict[str, Any]:
+    """The schedule once its slot due at `at` (ms) or a later one was handled."""
+    seen: list[dict[str, Any]] = []
+
+    def handled() -> bool:
+        seen.append(cron_get(conn))
+        return (seen[-1]["lastRun"] or 0) >= at
+
+    poll_until(
+        handled, WAIT_S, f"the slot due at {at} to be handled", detail=lambda: str(seen[-1:])
+    )
+    return seen[-1]
+
+
+def wait_for_skip(conn: TcpConnection) -> dict[str, Any]:
+    """The schedule once a slot was handled with no fire: between two readings `lastRun`
+    moved and `executions` did not."""
+    seen = [cron_get(conn)]
+
+    def skipped() -> bool:
+        seen.append(cron_get(conn))
+        before, now = seen[-2], seen[-1]
+        return bool(
+            now["lastRun"] != before["lastRun"] and now["executions"] == before["executions"]
+        )
+
+    poll_until(skipped, WAIT_S, "a slot skipped", detail=lambda: str(seen[-2:]))
+    return seen[-1]
+
+
 def test_a_schedule_skips_its_slots_while_no_worker_serves_its_queue(
     shardq_server: Factory,
 ) -> None:
@@ -36,8 +71,8 @@ def test_a_schedule_skips_its_slots_while_no_worker_serves_its_queue(
             {**schedule, "repeatEvery": 1000, "skipIfNoWorker": True, "preventOverlap": False}
         )["cron"]
         assert made["skipIfNoWorker"] is True
-        time.sleep(2.5)  # two slots come and go
-        handled = conn.call({"cmd": "CronGet", "name": "needs-worker"})["cron"]
+        # Two slots come and go (each one's `lastRun`, set when it is handled, fired or not).
+        handled = wait_for_slot(conn, made["nextRun"] + 1000)
         assert handled["lastRun"] is not None and handled["lastRun"] >= made["nextRun"]
         assert (fired(conn), handled["executions"]) == (0, 0)
 
@@ -46,12 +81,13 @@ def test_a_schedule_skips_its_slots_while_no_worker_serves_its_queue(
             reg = {"cmd": "RegisterWorker", "name": "w", "queues": [QUEUE], "workerId": "w-1"}
             assert worker.call(reg)["data"]["workerId"] == "w-1"
             poll_until(lambda: fired(conn) >= 2, WAIT_S, "2 jobs fired", detail=server.log_tail)
-        # Its connection closed: the registration went with it, and so do the fires.
-        time.sleep(1.2)  # a slot already under way when the worker left may still fire
+        # Its connection closed: the registration went with it, and so do the fires. A slot
+        # already under way when the worker left may still fire: the first slot handled
+        # without a fire shows the leaving taken in; then two more slots come and go.
+        skipped = wait_for_skip(conn)
         stopped = fired(conn)
-        time.sleep(2.5)
+        after = wait_for_slot(conn, skipped["lastRun"] + 2000)
         assert fired(conn) == stopped
-        after = conn.call({"cmd": "CronGet", "name": "needs-worker"})["cron"]
         assert after["executions"] == stopped
 
         # A worker that only pulls (no RegisterWorker) counts while its pull waits.

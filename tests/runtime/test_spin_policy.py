@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shardq.runtime import _spin
 from shardq.runtime._config import ConfigError, load_config
 from shardq.runtime._spec import ChildSpec
 from shardq.runtime._spin import (
@@ -196,47 +197,70 @@ def test_an_unreadable_load_never_counts_as_crowded(tmp_path: Path, text: str) -
     assert (missing.runnable(), missing.crowded()) == (None, False)
 
 
-def test_a_spin_whose_cpu_was_taken_stops_at_once() -> None:
+class FakeClock:
+    """`_spin`'s `time` in the tests that time a spin's turns: each reading is 1 ms after the
+    last, `sleep` moves it on by its length, and nothing else does. A stall of this process
+    (a loaded machine) then neither makes an ordinary turn long nor stretches a spin."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.001
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(_spin, "time", fake)
+    return fake
+
+
+def test_a_spin_whose_cpu_was_taken_stops_at_once(clock: FakeClock) -> None:
     """A turn that took far longer than a poll and a yield: another task ran meanwhile."""
     calls = []
 
     def poll_now() -> list[int]:
-        calls.append(time.perf_counter())
+        calls.append(clock.perf_counter())
         if len(calls) == 3:
-            time.sleep(0.4)  # as if the yield had handed the CPU away for 400 ms
+            clock.sleep(0.4)  # as if the yield had handed the CPU away for 400 ms
         return []
 
     # A cut far above an ordinary turn, even on a loaded test machine, and a stall far above
     # the cut: only the third turn can end the spin.
     cut_before = STATS.cut
-    started = time.perf_counter()
+    started = clock.perf_counter()
     assert spin_until(poll_now, 5.0, cut_s=0.1) == []
-    assert len(calls) == 3 and time.perf_counter() - started < 2.0
+    assert len(calls) == 3 and clock.perf_counter() - started < 2.0
     assert STATS.cut == cut_before + 1
     # without a cut the same stall does not end it: it spins its whole window
     calls.clear()
-    started = time.perf_counter()
+    started = clock.perf_counter()
     assert spin_until(poll_now, 0.6) == []
-    assert len(calls) > 3 and time.perf_counter() - started >= 0.6
+    assert len(calls) > 3 and clock.perf_counter() - started >= 0.6
     assert STATS.cut == cut_before + 1
 
 
-def test_a_spin_survives_one_long_turn_and_ends_at_the_second() -> None:
+def test_a_spin_survives_one_long_turn_and_ends_at_the_second(clock: FakeClock) -> None:
     """`cut_turns` = 2: one long turn (the round trip's own client ran on this core) leaves
     the spin going; the second ends it (a busy CPU)."""
     calls: list[float] = []
     stalls = {3, 6}
 
     def poll_now() -> list[int]:
-        calls.append(time.perf_counter())
+        calls.append(clock.perf_counter())
         if len(calls) in stalls:
-            time.sleep(0.3)  # the yield handed the CPU away
+            clock.sleep(0.3)  # the yield handed the CPU away
         return []
 
     cut_before = STATS.cut
-    started = time.perf_counter()
+    started = clock.perf_counter()
     assert spin_until(poll_now, 5.0, cut_s=0.1, cut_turns=2) == []
-    assert len(calls) == 6 and time.perf_counter() - started < 3.0
+    assert len(calls) == 6 and clock.perf_counter() - started < 3.0
     assert STATS.cut == cut_before + 1
     # and a message that comes after the first long turn is found by the spin
     calls.clear()
@@ -244,25 +268,25 @@ def test_a_spin_survives_one_long_turn_and_ends_at_the_second() -> None:
     stalls.add(2)
 
     def poll_message() -> list[int]:
-        calls.append(time.perf_counter())
+        calls.append(clock.perf_counter())
         if len(calls) == 2:
-            time.sleep(0.3)
+            clock.sleep(0.3)
         return [1] if len(calls) == 4 else []
 
     assert spin_until(poll_message, 5.0, cut_s=0.1, cut_turns=2) == [1]
     assert STATS.cut == cut_before + 1
 
 
-def test_a_long_turn_on_a_crowded_machine_ends_the_spin_at_once() -> None:
+def test_a_long_turn_on_a_crowded_machine_ends_the_spin_at_once(clock: FakeClock) -> None:
     """The one long turn is spared only while the machine has an idle CPU: asked after it,
     a crowded machine ends the spin there (the task that ran was not the round trip's)."""
     calls: list[float] = []
     asked: list[bool] = []
 
     def poll_now() -> list[int]:
-        calls.append(time.perf_counter())
+        calls.append(clock.perf_counter())
         if len(calls) == 3:
-            time.sleep(0.3)
+            clock.sleep(0.3)
         return []
 
     def crowded() -> bool:
@@ -275,9 +299,9 @@ def test_a_long_turn_on_a_crowded_machine_ends_the_spin_at_once() -> None:
     assert STATS.cut == cut_before + 1
     # with room on the machine the same turn is spared, and the spin runs its window
     calls.clear()
-    started = time.perf_counter()
+    started = clock.perf_counter()
     assert spin_until(poll_now, 0.6, cut_s=0.1, cut_turns=2, crowded=lambda: False) == []
-    assert len(calls) > 3 and time.perf_counter() - started >= 0.6
+    assert len(calls) > 3 and clock.perf_counter() - started >= 0.6
     assert STATS.cut == cut_before + 1
     # the policies hand their machine check to the spin; `spin_us = N` has none
     probe = RunnableProbe(4096)

@@ -226,6 +226,37 @@ def _unread_bytes(pid: int) -> int:
                if f"pid={pid}," in line and line.startswith("u_str"))  # fmt: skip
 
 
+CONFIRM_WAIT_MS = 1000  # `writer_confirm_wait_ms`, its longest
+UNREAD_S = 0.3  # unread this long: a shard that read its link at once would have read it
+UNREAD_TRIES = 5  # pushes; one whose samples a stall spread out (or a writer stalled past
+# the shard's wake-up, which then reads it) proves nothing either way, so the next is tried
+
+
+def _unread_samples(pid: int) -> list[tuple[float, int]]:
+    """(when, unread bytes) of the shard's sockets, every 20 ms for twice the confirm wait:
+    long enough to see a confirmation a stalled writer sent late."""
+    samples: list[tuple[float, int]] = []
+    deadline = time.monotonic() + 2 * CONFIRM_WAIT_MS / 1000
+    while time.monotonic() < deadline:
+        samples.append((time.monotonic(), _unread_bytes(pid)))
+        time.sleep(0.02)
+    return samples
+
+
+def _held_unread(samples: list[tuple[float, int]]) -> bool:
+    """Whether bytes were seen waiting unread in samples `UNREAD_S` or more apart, with no
+    sample between that saw them read."""
+    since = None
+    for at, unread in samples:
+        if not unread:
+            since = None
+        elif since is None:
+            since = at
+        elif at - since >= UNREAD_S:
+            return True
+    return False
+
+
 def test_the_writers_confirmation_waits_unread_for_the_shards_next_request(
     shardq_server: Any,
 ) -> None:
@@ -233,14 +264,23 @@ def test_the_writers_confirmation_waits_unread_for_the_shards_next_request(
     in the shard's socket until the next request, which reads it first (one wake-up per
     sequential durable push instead of two). The wait is set long for the test."""
     server: ShardqServer = shardq_server(
-        shards=1, env={"SHARDQ_SPIN_US": "0", "SHARDQ_WRITER_CONFIRM_WAIT_MS": "1000"}
+        shards=1,
+        env={"SHARDQ_SPIN_US": "0", "SHARDQ_WRITER_CONFIRM_WAIT_MS": str(CONFIRM_WAIT_MS)},
     )
     shard = server.child_pids()["shard-0"]
     tcp = Tcp(server.tcp_address)
-    assert tcp.call(dict(DURABLE, queue="ryw"))["ok"]
-    time.sleep(0.3)  # a shard that read its link at once would have read it by now
-    assert _unread_bytes(shard) > 0  # the writer's `done`, unread
-    assert tcp.call({"cmd": "PULL", "queue": "ryw"})["job"] is not None
+    seen: list[list[tuple[float, int]]] = []
+    # Pushes only, each to a queue of its own: a pull's own mutation would be a buffered
+    # batch, which puts the writer link back in the shard's poll.
+    for attempt in range(UNREAD_TRIES):
+        assert tcp.call(dict(DURABLE, queue=f"ryw-{attempt}"))["ok"]
+        seen.append(_unread_samples(shard))
+        if _held_unread(seen[-1]):
+            break
+    unread = [f"{sum(1 for _, n in tried if n)}/{len(tried)}" for tried in seen]
+    assert _held_unread(seen[-1]), f"the writer's `done` was read at once (unread in {unread})"
+    for attempt in range(len(seen)):
+        assert tcp.call({"cmd": "PULL", "queue": f"ryw-{attempt}"})["job"] is not None
     # Read your writes: the next request reads the confirmation first, so a job is
     # deliverable by the time its pusher asks for it, push after push.
     for i in range(20):

@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,25 @@ def test_a_node_with_another_partition_count_is_refused(
     assert "node-c" not in {n["id"] for n in _cluster(_a)["nodes"]}
 
 
+ROUND_S = LEASE_MS / 3 / 1000  # a node's lease round: every third of a lease
+SLACK_S = 0.75  # a round late on a loaded machine (broken: a lease or more late)
+
+
+def _last_expiry(url: str, owner: str) -> float | None:
+    """When the last of `owner`'s leases expires (epoch seconds, the database's clock, this
+    machine's); None if it holds none."""
+    with psycopg.connect(url) as db:
+        (at,) = db.execute(
+            "SELECT max(extract(epoch FROM expires_at)) FROM partition_leases WHERE owner = %s",
+            (owner,),
+        ).fetchone() or (None,)
+    return None if at is None else float(at)
+
+
+def _logged_at(line: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(line["timestamp"])).timestamp()
+
+
 def test_kill_9_leaves_every_partition_to_the_survivor_within_the_lease(
     two_nodes: tuple[ShardqServer, ShardqServer, str],
 ) -> None:
@@ -215,16 +235,28 @@ def test_kill_9_leaves_every_partition_to_the_survivor_within_the_lease(
         "both nodes to hold partitions",
     )
     dead_parts = {p for p, owner in lease_owners(url).items() if owner == "node-a"}
+    renewed = _last_expiry(url, "node-a")
+    killed_at = time.time()  # just before the kill: a stall after it only counts less
     a.kill9_tree()
-    killed = time.monotonic()
-    # A lease, plus one renewal round of the survivor, plus the test's own polling slack.
+    # a's last renewal stands until then; read before the kill too, in case this test stalls
+    # until b has taken them all (a renewal between the two readings makes it later)
+    expired_at = _last_expiry(url, "node-a") or renewed
+    assert expired_at is not None
     poll_until(
         lambda: lease_owners(url) == dict.fromkeys(range(PARTS), "node-b"),
-        (LEASE_MS + LEASE_MS / 3) / 1000 + 1.5,
+        TAKEOVER_S,
         "node-b to own every partition",
         detail=lambda: str(lease_owners(url)),
     )
-    assert time.monotonic() - killed < (LEASE_MS + LEASE_MS / 3) / 1000 + 1.5
+    # Taken within a renewal round of the survivor after the dead leases expired (plus
+    # SLACK_S for that round's own lateness on a loaded machine): timed by the database's
+    # expiry and b's own log of the take, so a stall of this test or of its polling does not
+    # count.
+    taken = [line for line in b.logs(strict=False) if line["event"] == "partitions acquired"]
+    taken_at = _logged_at(taken[-1]) if taken else 0.0
+    assert taken_at > killed_at, taken
+    late = taken_at - expired_at
+    assert late < ROUND_S + SLACK_S, f"taken {late:.2f} s after the dead leases expired"
     poll_until(lambda: _held(b).get("node-b") == PARTS, 2 * LEASE_MS / 1000, "/cluster to show it")
     # The survivor serves a queue of the dead node's partitions (once its front end has read
     # the new map, a fraction of a lease later).

@@ -34,6 +34,9 @@ log = structlog.get_logger()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MIN_CAP: Final = 4
+# How long a connection whose header timer fired still has to start the request whose bytes
+# already came (a few of the event loop's turns).
+HEADER_GRACE_S: Final = 0.05
 
 
 def http_caps(max_connections: int, max_streams: int, reserved_fds: int) -> tuple[int, int]:
@@ -44,12 +47,13 @@ def http_caps(max_connections: int, max_streams: int, reserved_fds: int) -> tupl
 
 
 class _Conn:
-    __slots__ = ("busy", "timer", "transport")
+    __slots__ = ("busy", "graced", "timer", "transport")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.timer: asyncio.TimerHandle | None = None
         self.busy = 0  # requests in progress (a stream's lasts as long as the stream)
+        self.graced = False  # the header timer fired once and gave its grace
 
 
 class ConnectionGuard:
@@ -116,9 +120,18 @@ class ConnectionGuard:
 
     def _headers_late(self, handler: Any) -> None:
         conn = self._conns.get(handler)
-        if conn is not None and conn.busy == 0:
-            conn.timer = None
-            self._drop(handler, conn)
+        if conn is None or conn.busy != 0:
+            return
+        if not conn.graced:
+            # After a stall of this process past the timer, headers that came in time are
+            # read in the very turn the timer fires, and their request starts a turn or two
+            # later (cancelling this timer): one short grace for them, then the close.
+            conn.graced = True
+            loop = asyncio.get_running_loop()
+            conn.timer = loop.call_later(HEADER_GRACE_S, self._headers_late, handler)
+            return
+        conn.timer = None
+        self._drop(handler, conn)
 
     def _lost(self, handler: Any) -> None:
         conn = self._conns.pop(handler, None)
