@@ -28,7 +28,8 @@ printed, in µs per job. `--steps` splits that time by the turn's first command 
 ACKB, PUSHB, ...) and by step: `handle` (the engine's commands), `finish_turn` (the batch
 for the writer), `send` (packing the replies, a PULLB's jobs included) and `done` (the
 writer's confirmation). `--profile` runs once with cProfile on over the same turns and prints
-the calls per job and the functions that take the most time (cProfile's own cost inflates
+the calls per job and the functions that take the most CPU time (`time.process_time` is its
+timer, so time the process spent preempted counts nowhere; cProfile's own cost inflates
 every call, and more so for Python calls than for C work such as packing).
 
 `--cold MB` writes over MB of memory before every turn, outside the timed part. A real shard
@@ -352,7 +353,12 @@ def _steps(scenario: str, jobs: int, repeats: int) -> None:
 
 
 def _profile(scenario: str, jobs: int, top: int) -> None:
-    profiler = cProfile.Profile()
+    # CPU time, as the runs measure. cProfile's default wall clock charged the time the
+    # process waited for a core to whatever was on the stack: beside 3 CPU-bound loops on
+    # its core, a 400-job drain gave `time.process_time` (the turns' own clock reads, system
+    # calls the kernel switches at) 108-255 µs a job against `handle`'s 8, and a wait that
+    # fell in the packing of the replies could push `handle` out of a top 5.
+    profiler = cProfile.Profile(time.process_time)
     _us, jobs = run(scenario, jobs, profiler)
     entries = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     calls = sum(nc for (_cc, nc, _tt, _ct, _callers) in entries.values())
