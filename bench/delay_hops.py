@@ -20,6 +20,7 @@ with that checkout's interpreter, e.g. `cd ../main && python <this file>`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,18 +134,20 @@ def _syscalls(path: Path, calls: int) -> dict[str, float]:
 def measure(server: ShardqProcess, calls: int, durable: bool, strace: bool) -> dict[str, Any]:
     """Run the client against `server`; its counts per call, and each busy server process's."""
     url = f"tcp://127.0.0.1:{server.tcp_port}"
-    client = subprocess.Popen(
-        [sys.executable, "-c", _CLIENT, url, "1" if durable else "0", str(calls), str(WARM_UP)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),
-    )  # fmt: skip
-    assert client.stdin is not None and client.stdout is not None
-    tracer, trace = None, Path(tempfile.mkdtemp(prefix="delay-hops-")) / "strace.txt"
-    try:
+    trace = Path(tempfile.mkdtemp(prefix="delay-hops-")) / "strace.txt"
+    with _children() as children:
+        client = subprocess.Popen(
+            [sys.executable, "-c", _CLIENT, url, "1" if durable else "0", str(calls),
+             str(WARM_UP)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),
+        )  # fmt: skip
+        children.append(client)
+        assert client.stdin is not None and client.stdout is not None
         if client.stdout.readline().strip() != "ready":
             raise RuntimeError("the client did not start")
         if strace:
             command = ["strace", "-c", "-f", "-o", str(trace), "-p", str(client.pid)]
-            tracer = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+            children.append(subprocess.Popen(command, stderr=subprocess.DEVNULL))
             time.sleep(1.0)  # attached (strace prints nothing to wait for)
         pids = [p for p in _descendants(server.proc.pid) if p != server.proc.pid]
         before = {pid: _sample(pid) for pid in pids}
@@ -151,11 +155,6 @@ def measure(server: ShardqProcess, calls: int, durable: bool, strace: bool) -> d
         client.stdin.flush()
         result: dict[str, Any] = json.loads(client.stdout.readline())
         after = {pid: _sample(pid) for pid in pids}
-    finally:
-        client.stdin.close()
-        client.wait(60)
-        if tracer is not None:
-            tracer.wait(60)
     servers = []
     for pid in pids:
         voluntary, involuntary, cpu = (a - b for a, b in zip(after[pid], before[pid], strict=True))
@@ -167,6 +166,47 @@ def measure(server: ShardqProcess, calls: int, durable: bool, strace: bool) -> d
     if strace:
         result["syscalls"] = _syscalls(trace, calls)
     return result
+
+
+@contextlib.contextmanager
+def _children(grace: float = 60.0) -> Iterator[list[subprocess.Popen[Any]]]:
+    """Child processes (the caller appends them: the client, then strace) that are all gone
+    when the block ends, however it ends. After a block that went through, each has `grace`
+    seconds to exit by itself (the client once it printed its counts and its stdin closed,
+    strace once the client is gone, writing its table as it exits); then it is killed and
+    `RuntimeError` raised. After a block that failed they are killed at once: a client whose
+    stdin closes before its "go" runs all its calls first, and a child left running holds
+    this process's stdout and stderr open, so whoever reads them to the end (the smoke test)
+    waits out its whole timeout."""
+    children: list[subprocess.Popen[Any]] = []
+    late: list[str] = []
+    try:
+        yield children
+    except BaseException:
+        for child in children:
+            _kill(child)
+        raise
+    finally:
+        deadline = time.monotonic() + grace
+        for child in children:
+            if child.stdin is not None:
+                with contextlib.suppress(BrokenPipeError):  # a client killed above
+                    child.stdin.close()
+            try:
+                child.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                late.append(f"pid {child.pid}")
+                _kill(child)
+            if child.stdout is not None:
+                child.stdout.close()
+    if late:
+        raise RuntimeError(f"killed after {grace:g} s: {', '.join(late)}")
+
+
+def _kill(child: subprocess.Popen[Any]) -> None:
+    if child.poll() is None:
+        child.kill()
+        child.wait()
 
 
 def render(result: dict[str, Any], strace: bool) -> str:
