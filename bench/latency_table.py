@@ -140,8 +140,16 @@ def run_load(port: int, window: int, rate: float, seconds: float, out: str) -> N
 
 
 @contextmanager
-def busy(port: int, args: argparse.Namespace, here: Path) -> Iterator[dict[str, float]]:
-    """A load process on `port` while the block runs; yields {"rate": jobs/s} after it."""
+def busy(
+    port: int, args: argparse.Namespace, here: Path, grace: float = 30.0
+) -> Iterator[dict[str, float]]:
+    """A load process on `port` while the block runs; yields {"rate": jobs/s} after it.
+
+    The load is gone when the block ends, however it ends: SIGTERM, then a kill after
+    `grace` seconds (it stops between two windows of PUSHes; a server that stopped answering
+    holds it up to its client's 30 s timeout). One left running holds this process's stdout
+    and stderr open, and whoever reads them to the end waits for ever. A load killed so
+    writes no rate: the rows' `load_rate` is then 0."""
     out = here / f"load-{time.monotonic_ns()}.json"
     cap = 3600.0  # a safety bound: the parent stops it long before
     argv = [sys.executable, str(Path(__file__).resolve()), "--load", str(port),
@@ -153,7 +161,11 @@ def busy(port: int, args: argparse.Namespace, here: Path) -> Iterator[dict[str, 
         yield result
     finally:
         proc.terminate()
-        proc.wait(60)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         if out.exists():
             result.update(json.loads(out.read_text()))
 
