@@ -7,15 +7,16 @@ shardq's source again: about 0.4 s of CPU of each server's start and stop (1.25 
 module's tests start a bytecode cache under the session's temporary directory (never in the
 checkout). What the processes do is unchanged; only where they find their compiled code.
 
-Used by tests/ops, tests/bench, tests/soak, tests/tasks, tests/compat and tests/http, whose
-tests pass with it. Not yet elsewhere: with shardq compiled once, a server starts faster, and a
-test that relied on a slow start loses its window (tests/http/test_http_lifecycle.py's `/ready
-is 503` test failed 3 runs in 4 with it, and 2 in 4 with bytecode cached as on most machines,
-until it held the writer instead of racing it).
+Used by every test module, through tests/conftest.py: a module that starts no process only has
+two variables set and put back. A server starts faster with shardq compiled once, and a test
+that relied on a slow start loses its window (tests/http/test_http_lifecycle.py's `/ready is
+503` test failed 3 runs in 4 with it, and 2 in 4 with bytecode cached as on most machines,
+until it held the writer instead of racing it); such a test holds a process or waits for a
+condition instead. A directory that must run without it overrides the fixture by its name in
+its own conftest.py.
 
-A directory's conftest.py uses it as an autouse fixture:
-
-    from _bytecode import subprocess_bytecode  # noqa: F401  (autouse)
+Session-scoped fixtures (tests/client's and tests/http's shared `server`) are set up before
+any module's, so the server they start compiles its own bytecode, once per worker.
 """
 
 from __future__ import annotations

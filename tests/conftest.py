@@ -11,6 +11,7 @@ the short files, which fill both workers. Within a file the order is unchanged.
 from __future__ import annotations
 
 import pytest
+from _bytecode import subprocess_bytecode  # noqa: F401  (autouse: see tests/_bytecode.py)
 from _file_order import COSTS, costliest_first, file_costs
 
 

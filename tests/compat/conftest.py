@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _bytecode import subprocess_bytecode  # noqa: F401  (autouse: see tests/_bytecode.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 

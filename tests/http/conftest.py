@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _bytecode import subprocess_bytecode  # noqa: F401  (autouse: see tests/_bytecode.py)
 
 _RUNTIME = Path(__file__).resolve().parent.parent / "runtime"
 if str(_RUNTIME) not in sys.path:

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _bytecode import subprocess_bytecode  # noqa: F401  (autouse: see tests/_bytecode.py)
 
 _RUNTIME = Path(__file__).resolve().parent.parent / "runtime"
 if str(_RUNTIME) not in sys.path:

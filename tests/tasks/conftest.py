@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _bytecode import subprocess_bytecode  # noqa: F401  (autouse: see tests/_bytecode.py)
 
 _HERE = Path(__file__).resolve().parent
 _RUNTIME = _HERE.parent / "runtime"
