@@ -213,9 +213,8 @@ def test_a_blocking_tcp_push_loads_no_asyncio_zmq_or_ssl(server: ShardqServer) -
         "job_id = queue.add('n', {'a': 1})\n"
         "queue.close()"
     )
-    modules = pushed_with(code)
+    modules = _on_the_tcp_path(code)
     assert "shardq.client._sync_transport" in modules  # it connected over TCP
-    assert sorted(set(NOT_ON_THE_TCP_PATH) & modules) == []
 
 
 def test_a_task_sent_with_delay_over_tcp_loads_no_asyncio_zmq_or_ssl(server: ShardqServer) -> None:
@@ -226,9 +225,7 @@ def test_a_task_sent_with_delay_over_tcp_loads_no_asyncio_zmq_or_ssl(server: Sha
         "echo = app.task(lambda x: x, name='echo')\n"
         "job_id = echo.delay(1).id"
     )
-    modules = pushed_with(code)
-    assert "shardq.client._sync_transport" in modules
-    assert sorted(set(NOT_ON_THE_TCP_PATH) & modules) == []
+    assert "shardq.client._sync_transport" in _on_the_tcp_path(code)
 
 
 def test_worker_settings_beside_a_blocking_tcp_push_load_no_ssl(server: ShardqServer) -> None:
@@ -242,9 +239,16 @@ def test_worker_settings_beside_a_blocking_tcp_push_load_no_ssl(server: ShardqSe
         "job_id = queue.add('n', {'a': 1})\n"
         "queue.close()"
     )
-    modules = pushed_with(code)
+    modules = _on_the_tcp_path(code)
     assert {"shardq.client._worker_config", "shardq.client._sync_transport"} <= modules
+
+
+def _on_the_tcp_path(code: str) -> set[str]:
+    """The modules `code` loaded (`pushed_with`), checked to hold none the blocking TCP path
+    must not load (`NOT_ON_THE_TCP_PATH`)."""
+    modules = pushed_with(code)
     assert sorted(set(NOT_ON_THE_TCP_PATH) & modules) == []
+    return modules
 
 
 def test_a_blocking_zmq_push_loads_zmq_but_no_asyncio(server: ShardqServer) -> None:
